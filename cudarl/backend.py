@@ -1,0 +1,111 @@
+"""Backend selection: CuPy when a CUDA device is usable, NumPy otherwise.
+
+``CUDARL_BACKEND=numpy|cupy`` forces a choice. Asking for ``cupy`` on a machine without a
+usable GPU raises :class:`BackendError` with one sentence saying why, never a traceback from
+inside CuPy.
+"""
+from __future__ import annotations
+
+import functools
+import os
+from dataclasses import dataclass
+from types import ModuleType
+
+import numpy as np
+
+ENV_VAR = "CUDARL_BACKEND"
+CHOICES = ("numpy", "cupy")
+
+
+class BackendError(RuntimeError):
+    """The requested backend cannot be used on this machine."""
+
+
+@dataclass(frozen=True)
+class Backend:
+    """The array module in use and what it runs on.
+
+    Attributes:
+        name: ``"numpy"`` or ``"cupy"``.
+        xp: the array module (``numpy`` or ``cupy``).
+        device: a human-readable device name (``"cpu"`` or the GPU's name).
+        compute_capability: e.g. ``"90"`` for an H200; ``None`` on the CPU.
+    """
+
+    name: str
+    xp: ModuleType
+    device: str
+    compute_capability: str | None = None
+
+    @property
+    def is_gpu(self) -> bool:
+        return self.name == "cupy"
+
+
+def cupy_unavailable_reason() -> str | None:
+    """Why CuPy cannot run here, or ``None`` if it can. Never raises."""
+    try:
+        import cupy  # noqa: F401
+    except Exception as exc:  # ImportError, or a broken CUDA install raising at import
+        return f"CuPy is not importable ({type(exc).__name__}: {exc}); install cudarl[cuda13] or cudarl[cuda12]"
+    try:
+        n = cupy.cuda.runtime.getDeviceCount()
+    except Exception as exc:
+        return f"no usable CUDA device ({type(exc).__name__}: {exc})"
+    if n < 1:
+        return "no CUDA device is visible"
+    return None
+
+
+def _make_cupy() -> Backend:
+    import cupy
+
+    dev = cupy.cuda.Device()
+    props = cupy.cuda.runtime.getDeviceProperties(dev.id)
+    name = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
+    return Backend("cupy", cupy, name, dev.compute_capability)
+
+
+def select(requested: str | None = None) -> Backend:
+    """Pick a backend. ``requested`` overrides ``$CUDARL_BACKEND``; ``None``/``"auto"`` chooses."""
+    choice = requested if requested not in (None, "", "auto") else os.environ.get(ENV_VAR, "auto")
+    choice = choice.strip().lower()
+    if choice not in CHOICES + ("auto",):
+        raise BackendError(f"{ENV_VAR}={choice!r} is not one of numpy, cupy, auto")
+    if choice == "numpy":
+        return Backend("numpy", np, "cpu")
+    reason = cupy_unavailable_reason()
+    if choice == "cupy":
+        if reason is not None:
+            raise BackendError(f"the cupy backend was requested but {reason}")
+        return _make_cupy()
+    return Backend("numpy", np, "cpu") if reason is not None else _make_cupy()
+
+
+@functools.lru_cache(maxsize=None)
+def _cached(requested: str | None, env: str | None) -> Backend:
+    return select(requested)
+
+
+def get(requested: str | None = None) -> Backend:
+    """The process-wide backend (cached per request and environment value)."""
+    return _cached(requested, os.environ.get(ENV_VAR))
+
+
+def get_array_module(*arrays) -> ModuleType:
+    """``cupy`` if any argument is a CuPy array, else ``numpy`` (without importing CuPy)."""
+    for a in arrays:
+        if type(a).__module__.startswith("cupy"):
+            import cupy
+
+            return cupy
+    return np
+
+
+def to_numpy(a) -> np.ndarray:
+    """A host copy of ``a`` (NumPy passes through). Never call inside a capture."""
+    if isinstance(a, np.ndarray):
+        return a
+    if hasattr(a, "get"):
+        return a.get()
+    return np.asarray(a)

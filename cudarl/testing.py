@@ -1,0 +1,66 @@
+"""The one parity comparison, poisoning, and GPU availability for tests and benchmarks.
+
+Parity is judged by ``||actual - expected|| / ||expected||`` with a per-dtype tolerance
+(DESIGN.md); integers and anything declared bitwise must match exactly.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .backend import cupy_unavailable_reason, to_numpy
+
+#: Relative-norm tolerances by kind (DESIGN.md: float32 1e-5 unless the math says otherwise).
+TOLERANCE = {"float64": 1e-12, "float32": 1e-5, "tf32": 2e-3}
+
+
+def rel_error(actual, expected) -> float:
+    """``||a - e||_2 / ||e||_2`` in float64 (``||a - e||`` when ``e`` is all zeros)."""
+    a = np.asarray(to_numpy(actual), dtype=np.float64)
+    e = np.asarray(to_numpy(expected), dtype=np.float64)
+    num = float(np.linalg.norm((a - e).ravel()))
+    den = float(np.linalg.norm(e.ravel()))
+    return num / den if den > 0 else num
+
+
+def assert_parity(actual, expected, *, kind: str | None = None, rtol: float | None = None, what: str = "output") -> float:
+    """Assert shape, dtype and values agree; return the relative error.
+
+    ``kind`` picks a tolerance from :data:`TOLERANCE` (default: by ``expected``'s dtype);
+    integer and boolean arrays must be equal. NaN or inf in ``actual`` always fails, and an
+    all-zero ``expected`` is refused (it hides unwritten outputs).
+    """
+    a, e = to_numpy(actual), to_numpy(expected)
+    assert a.shape == e.shape, f"{what}: shape {a.shape} != {e.shape}"
+    assert a.dtype == e.dtype, f"{what}: dtype {a.dtype} != {e.dtype}"
+    if a.dtype.kind in "iub":
+        bad = np.flatnonzero(a.ravel() != e.ravel())
+        assert bad.size == 0, f"{what}: {bad.size} of {a.size} elements differ, first at flat index {bad[0]}: {a.ravel()[bad[0]]} != {e.ravel()[bad[0]]}"
+        return 0.0
+    assert np.all(np.isfinite(a) | ~np.isfinite(e)), f"{what}: non-finite values where the reference is finite"
+    assert np.any(e != 0), f"{what}: the reference is all zeros; test on data that can show a difference"
+    tol = rtol if rtol is not None else TOLERANCE[kind or str(e.dtype)]
+    err = rel_error(a, e)
+    assert err <= tol, f"{what}: relative error {err:.3e} > {tol:.1e}"
+    return err
+
+
+def assert_bitwise(actual, expected, what: str = "output") -> None:
+    """Assert two arrays are identical bit for bit (graphed vs eager, repeated runs)."""
+    a, e = np.ascontiguousarray(to_numpy(actual)), np.ascontiguousarray(to_numpy(expected))
+    assert a.shape == e.shape and a.dtype == e.dtype, f"{what}: {a.shape}/{a.dtype} vs {e.shape}/{e.dtype}"
+    ab, eb = a.view(np.uint8), e.view(np.uint8)
+    bad = np.flatnonzero(ab != eb)
+    assert bad.size == 0, f"{what}: {bad.size} bytes differ (first at byte {bad[0]})"
+
+
+def poison(arr) -> None:
+    """Fill an output buffer with NaN (floats) or 0xA5 bytes (integers) before a launch."""
+    if arr.dtype.kind == "f":
+        arr.fill(np.nan)
+    else:
+        arr.view(np.uint8).fill(0xA5) if isinstance(arr, np.ndarray) else arr.view("uint8").fill(0xA5)
+
+
+def gpu_skip_reason() -> str | None:
+    """Why GPU tests cannot run here (``None`` if they can)."""
+    return cupy_unavailable_reason()

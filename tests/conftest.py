@@ -1,0 +1,38 @@
+"""GPU tests carry ``@pytest.mark.gpu`` and are skipped, with the reason shown, without a GPU."""
+import os
+
+import pytest
+
+from cudarl.testing import gpu_skip_reason
+
+
+def pytest_collection_modifyitems(config, items):
+    reason = gpu_skip_reason()
+    if reason is None:
+        return
+    skip = pytest.mark.skip(reason=f"GPU test: {reason}")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+def pytest_report_header(config):
+    reason = gpu_skip_reason()
+    return "cudarl GPU tests: " + ("enabled" if reason is None else f"SKIPPED ({reason})")
+
+
+@pytest.fixture
+def cp():
+    """The cupy module, for GPU tests."""
+    import cupy
+
+    return cupy
+
+
+@pytest.fixture
+def rng(request):
+    """A NumPy generator seeded from the test's name, so each test has fixed, distinct draws."""
+    import numpy as np
+    import zlib
+
+    return np.random.default_rng(zlib.crc32(request.node.nodeid.encode()))
