@@ -1,0 +1,25 @@
+// util: whole-word fills, host-to-device scalar writes, device-side counter increments.
+// Twin: cudarl/reference/util.py. Launchers: cudarl/ops/util.py.
+#include <cudarl/philox.cuh>
+
+using cudarl::u32;
+using cudarl::u64;
+
+// fill_u32: dst[i] = value for i < n. One thread per 32-bit word (DESIGN rule 7: whole-word
+// clears). Reads nothing, writes 4n bytes.
+extern "C" __global__ void cudarl_util_fill_u32(u32* __restrict__ dst, long long n, u32 value) {
+  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
+    dst[i] = value;
+}
+
+// set_u64: *dst = bits. One thread. Writes 8 bytes. Host updates of DeviceScalars go through
+// this kernel so they are ordered on the stream with the graph replays that read them.
+extern "C" __global__ void cudarl_util_set_u64(u64* __restrict__ dst, u64 bits) {
+  if (blockIdx.x == 0 && threadIdx.x == 0) *dst = bits;
+}
+
+// add_i64: *dst += by. One thread, a plain read-modify-write (no atomics: one writer).
+// Captured in a graph it advances a step counter on the device at every replay.
+extern "C" __global__ void cudarl_util_add_i64(long long* __restrict__ dst, long long by) {
+  if (blockIdx.x == 0 && threadIdx.x == 0) *dst += by;
+}

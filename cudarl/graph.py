@@ -1,0 +1,199 @@
+"""Step graphs: a sequence of named phases captured once into a CUDA graph and replayed.
+
+A phase is a callable with no arguments that enqueues work on the graph's stream (CuPy's
+current stream while phases run). During :meth:`StepGraph.capture`:
+
+* kernels resolve from modules of the graph's own context (``cudarl.kernels``), so a
+  captured function handle is never launched eagerly nor shared with another graph;
+* any CuPy allocation raises (DESIGN.md rule 9: a graph that baked in a pooled address would
+  later write into someone else's array);
+* a host synchronisation ends the capture cleanly and raises :class:`GraphCaptureError`
+  naming the phase; the stream stays usable.
+
+On the NumPy backend there are no graphs: :meth:`replay` runs the phases in order, with the
+same state machine (capture before replay), so the CPU path is the same program.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from contextlib import contextmanager
+from typing import Callable, Sequence
+
+from . import backend as _backend
+from . import kernels
+
+Phase = tuple[str, Callable[[], None]]
+
+
+class GraphError(RuntimeError):
+    """The graph API was used out of order or with bad arguments."""
+
+
+class GraphCaptureError(GraphError):
+    """A phase failed while being captured; the capture was abandoned."""
+
+
+def _validate_phases(phases: Sequence[Phase]) -> list[Phase]:
+    phases = list(phases)
+    if not phases:
+        raise GraphError("phases: a graph needs at least one phase")
+    seen = set()
+    for i, ph in enumerate(phases):
+        if not (isinstance(ph, tuple) and len(ph) == 2 and isinstance(ph[0], str) and callable(ph[1])):
+            raise GraphError(f"phases[{i}] must be a (name, callable) pair, got {ph!r}")
+        if not ph[0] or ph[0] in seen:
+            raise GraphError(f"phases[{i}]: phase names must be unique and non-empty, got {ph[0]!r}")
+        seen.add(ph[0])
+    return phases
+
+
+@contextmanager
+def _no_allocation(where: Callable[[], str]):
+    import cupy
+
+    def refuse(size):
+        raise GraphCaptureError(f"{where()}: allocation of {size} bytes inside a capture; allocate every buffer before capture (DESIGN.md rule 9)")
+
+    with cupy.cuda.using_allocator(refuse):
+        yield
+
+
+class StepGraph:
+    """Named phases, run eagerly or captured and replayed on a dedicated stream.
+
+    Args:
+        name: the graph's name; also the kernel context of its captured launches.
+        phases: ``[(phase_name, fn), ...]``, run in order.
+        stream: the CuPy stream to capture on (default: a new non-blocking stream).
+        xp: ``numpy`` or ``cupy`` (default: the process backend).
+    """
+
+    def __init__(self, name: str, phases: Sequence[Phase], *, stream=None, xp=None):
+        kernels.check_context(name)
+        if name == kernels.UNGRAPHED:
+            raise GraphError("name: 'ungraphed' is reserved for eager launches")
+        self.name = name
+        self.phases = _validate_phases(phases)
+        self.xp = xp if xp is not None else _backend.get().xp
+        self.is_gpu = self.xp.__name__ == "cupy"
+        self.stream = None
+        if self.is_gpu:
+            import cupy
+
+            self.stream = stream if stream is not None else cupy.cuda.Stream(non_blocking=True)
+        self._graph = None
+        self._captured = False
+        self._phase = None
+
+    @property
+    def captured(self) -> bool:
+        return self._captured
+
+    def _run(self, phases: Sequence[Phase]) -> None:
+        for pname, fn in phases:
+            self._phase = pname
+            fn()
+        self._phase = None
+
+    def run_eager(self) -> None:
+        """Run every phase now, with ungraphed kernels (the reference for graphed == eager)."""
+        if not self.is_gpu:
+            self._run(self.phases)
+            return
+        if self.stream.is_capturing():
+            raise GraphError(f"graph {self.name!r}: run_eager while its stream is capturing")
+        with self.stream, kernels.use_context(kernels.UNGRAPHED):
+            self._run(self.phases)
+
+    def _capture(self, phases: Sequence[Phase], context: str):
+        import cupy
+
+        from . import blas
+
+        if self.stream.is_capturing():
+            raise GraphError(f"graph {self.name!r}: capture while its stream is already capturing")
+        blas.prepare(self.stream)  # cuBLAS handle + workspace must exist before capture
+        where = lambda: f"graph {self.name!r}, phase {self._phase!r}"  # noqa: E731
+        rt = cupy.cuda.runtime
+        mode = getattr(rt, "streamCaptureModeThreadLocal", 1)
+        with self.stream:
+            self.stream.begin_capture(mode)
+            try:
+                with kernels.use_context(context), _no_allocation(where):
+                    self._run(phases)
+            except BaseException as exc:
+                failed = where()
+                self._phase = None
+                try:
+                    self.stream.end_capture()
+                except Exception:
+                    pass  # an invalidated capture refuses to end cleanly; the stream is out of capture now
+                if isinstance(exc, GraphCaptureError):
+                    raise
+                raise GraphCaptureError(f"{failed}: failed during capture ({type(exc).__name__}: {exc}); "
+                                        "a host synchronisation or host read cannot be captured") from exc
+            graph = self.stream.end_capture()
+        return graph
+
+    def capture(self) -> None:
+        """Capture every phase into one graph (replacing any earlier capture)."""
+        if not self.is_gpu:
+            self._captured = True
+            return
+        self._graph = self._capture(self.phases, self.name)
+        self._captured = True
+
+    def replay(self) -> None:
+        """Launch the captured graph on :attr:`stream` (NumPy: run the phases)."""
+        if not self._captured:
+            raise GraphError(f"graph {self.name!r}: replay before capture; call capture() first")
+        if not self.is_gpu:
+            self._run(self.phases)
+            return
+        self._graph.launch(self.stream)
+
+    def synchronize(self) -> None:
+        if self.is_gpu:
+            self.stream.synchronize()
+
+    def profile(self, repeats: int = 20) -> dict[str, float]:
+        """Median milliseconds per phase and for the whole graph.
+
+        On the GPU each phase is captured alone, in a context of its own
+        (``<graph>.<phase>``, so no handle is shared with the whole-step graph), and its replays
+        are timed with events. On the NumPy backend phases are timed with a host clock.
+        """
+        if repeats < 1:
+            raise GraphError("repeats must be at least 1")
+        out: dict[str, float] = {}
+        if not self.is_gpu:
+            for pname, fn in self.phases:
+                ts = []
+                for _ in range(repeats):
+                    t0 = time.perf_counter()
+                    fn()
+                    ts.append((time.perf_counter() - t0) * 1e3)
+                out[pname] = statistics.median(ts)
+            out["total"] = sum(out.values())
+            return out
+        import cupy
+
+        def time_graph(g) -> float:
+            g.launch(self.stream)  # warm
+            start, end = cupy.cuda.Event(), cupy.cuda.Event()
+            ts = []
+            for _ in range(repeats):
+                start.record(self.stream)
+                g.launch(self.stream)
+                end.record(self.stream)
+                end.synchronize()
+                ts.append(cupy.cuda.get_elapsed_time(start, end))
+            return statistics.median(ts)
+
+        for pname, fn in self.phases:
+            g = self._capture([(pname, fn)], f"{self.name}.{pname}")
+            out[pname] = time_graph(g)
+        if self._captured:
+            out["total"] = time_graph(self._graph)
+        return out

@@ -1,0 +1,188 @@
+"""Device scalars the kernels read, and pinned host memory the host reads.
+
+* :class:`DeviceScalars` holds counters, sizes and schedules in device memory so that a graph
+  replay sees their current values (DESIGN.md rule 2; the seed system baked a capture-time
+  buffer size into its graphs). The host updates a slot between replays with a stream-ordered
+  kernel; kernels increment counters on the device.
+* :class:`PinnedReadback` is mapped pinned host memory that kernels write through its device
+  pointer. The host reads it only through :meth:`PinnedReadback.read`, which waits on the event
+  recorded after the writing kernel (DESIGN.md rule 4; the seed system read before the device
+  wrote).
+
+Both work on the NumPy backend with the same state machine, so misuse fails on the CPU too.
+"""
+from __future__ import annotations
+
+import ctypes
+
+import numpy as np
+
+from . import backend as _backend
+
+
+class ReadbackError(RuntimeError):
+    """A host read of device values was attempted where it cannot be correct."""
+
+
+def _is_cupy(xp) -> bool:
+    return xp.__name__ == "cupy"
+
+
+def _refuse_if_capturing(what: str, stream=None) -> None:
+    import cupy
+
+    s = stream if stream is not None else cupy.cuda.get_current_stream()
+    if s.is_capturing():
+        raise ReadbackError(f"{what} inside a graph capture: a host synchronisation cannot be captured; do it between replays")
+
+
+_SLOT_TYPES = (np.int64, np.uint64, np.float32, np.float64, np.int32, np.uint32)
+
+
+class DeviceScalars:
+    """Named scalars in one device buffer of 8-byte slots.
+
+    Args:
+        spec: ``{name: dtype}``; dtypes among int64, uint64, float32, float64, int32, uint32.
+        xp: ``numpy`` or ``cupy`` (default: the process backend).
+        initial: optional ``{name: value}``.
+
+    ``view(name)`` is a 1-element array (of the slot's dtype) to pass to kernels as a pointer.
+    """
+
+    def __init__(self, spec: dict, xp=None, initial: dict | None = None):
+        if not spec:
+            raise ValueError("spec: at least one scalar is needed")
+        self.xp = xp if xp is not None else _backend.get().xp
+        self.dtypes = {}
+        for name, dt in spec.items():
+            dt = np.dtype(dt)
+            if dt.type not in _SLOT_TYPES:
+                raise ValueError(f"spec[{name!r}]: dtype {dt} is not a supported scalar type")
+            self.dtypes[name] = dt
+        self.names = tuple(self.dtypes)
+        self.buffer = self.xp.zeros(len(self.names), dtype=np.uint64)
+        self._views = {}
+        for i, name in enumerate(self.names):
+            dt = self.dtypes[name]
+            self._views[name] = self.buffer[i : i + 1].view(dt)[:1]
+        for name, value in (initial or {}).items():
+            self.set(name, value)
+
+    def view(self, name: str):
+        """The device slot of ``name``: a 1-element array kernels read (and may write)."""
+        try:
+            return self._views[name]
+        except KeyError:
+            raise KeyError(f"no device scalar {name!r} (have {', '.join(self.names)})") from None
+
+    @staticmethod
+    def _bits(dt: np.dtype, value) -> int:
+        v = np.zeros(1, dtype=np.uint64)
+        try:
+            cast = dt.type(value)
+        except (OverflowError, ValueError, TypeError) as exc:
+            raise ValueError(f"value {value!r} does not fit {dt}: {exc}") from None
+        if dt.kind in "iu" and int(cast) != int(value):
+            raise ValueError(f"value {value!r} does not fit {dt}")
+        v.view(np.uint8)[: dt.itemsize] = np.frombuffer(np.array([cast], dtype=dt).tobytes(), dtype=np.uint8)
+        return int(v[0])
+
+    def set(self, name: str, value, stream=None) -> None:
+        """Write ``value`` into slot ``name``, ordered on ``stream`` (not inside a capture)."""
+        dt = self.view(name).dtype
+        bits = self._bits(dt, value)
+        i = self.names.index(name)
+        if not _is_cupy(self.xp):
+            self.buffer[i] = np.uint64(bits)
+            return
+        _refuse_if_capturing(f"DeviceScalars.set({name!r})", stream)
+        from .ops import util
+
+        util.set_u64(self.buffer[i : i + 1], bits, stream=stream)
+
+    def get(self, name: str):
+        """The current value of ``name`` as a NumPy scalar (synchronises; for debugging and checkpoints)."""
+        v = self.view(name)
+        if _is_cupy(self.xp):
+            _refuse_if_capturing(f"DeviceScalars.get({name!r})")
+            return v.get()[0]
+        return v[0].copy()
+
+    def state_dict(self) -> dict:
+        return {name: self.get(name) for name in self.names}
+
+    def load_state_dict(self, state: dict) -> None:
+        missing = set(self.names) - set(state)
+        if missing:
+            raise KeyError(f"state is missing device scalars: {sorted(missing)}")
+        for name in self.names:
+            self.set(name, state[name])
+
+
+class PinnedReadback:
+    """``n`` values of ``dtype`` in mapped pinned host memory, written by kernels, read by the host.
+
+    Kernels write into :attr:`device`. After the launch (or graph replay) that writes it, call
+    :meth:`mark_written` on the same stream; :meth:`read` waits on that event and returns a copy.
+    A read with no recorded write raises instead of returning whatever the memory held.
+    """
+
+    def __init__(self, n: int, dtype=np.float32, xp=None):
+        if int(n) < 1:
+            raise ValueError(f"n: need at least one value, got {n}")
+        self.xp = xp if xp is not None else _backend.get().xp
+        self.n, self.dtype = int(n), np.dtype(dtype)
+        self._event = None
+        self._marked = False
+        self._hptr = None
+        if _is_cupy(self.xp):
+            import cupy
+
+            rt = cupy.cuda.runtime
+            nbytes = self.n * self.dtype.itemsize
+            self._hptr = rt.hostAlloc(nbytes, 2)  # cudaHostAllocMapped
+            dptr = rt.hostGetDevicePointer(self._hptr, 0)
+            raw = (ctypes.c_uint8 * nbytes).from_address(self._hptr)
+            self.host = np.frombuffer(raw, dtype=self.dtype, count=self.n)
+            mem = cupy.cuda.UnownedMemory(dptr, nbytes, self)
+            self.device = cupy.ndarray((self.n,), dtype=self.dtype, memptr=cupy.cuda.MemoryPointer(mem, 0))
+            self._event = cupy.cuda.Event(block=False, disable_timing=True)
+        else:
+            self.host = np.zeros(self.n, dtype=self.dtype)
+            self.device = self.host
+
+    def mark_written(self, stream=None) -> None:
+        """Record that the work enqueued so far on ``stream`` writes :attr:`device`."""
+        if self._event is not None:
+            import cupy
+
+            s = stream if stream is not None else cupy.cuda.get_current_stream()
+            _refuse_if_capturing("PinnedReadback.mark_written", s)
+            self._event.record(s)
+        self._marked = True
+
+    def ready(self) -> bool:
+        """True when the last recorded write has completed (never blocks)."""
+        if not self._marked:
+            return False
+        return True if self._event is None else bool(self._event.done)
+
+    def read(self) -> np.ndarray:
+        """Wait for the recorded write, then return a NumPy copy of the values."""
+        if not self._marked:
+            raise ReadbackError("PinnedReadback.read() before any write was recorded: call mark_written(stream) after the writing launch")
+        if self._event is not None:
+            _refuse_if_capturing("PinnedReadback.read")
+            self._event.synchronize()
+        return self.host.copy()
+
+    def __del__(self):
+        if self._hptr is not None:
+            try:
+                import cupy
+
+                cupy.cuda.runtime.freeHost(self._hptr)
+            except Exception:
+                pass
+            self._hptr = None

@@ -1,0 +1,44 @@
+"""util family: fills, scalar sets and device-side increments."""
+import numpy as np
+import pytest
+
+from cudarl.reference import util as ref
+
+
+def test_reference_ops():
+    a = np.arange(5, dtype=np.float32)
+    ref.fill_u32(a, 0)
+    assert not a.any()
+    ref.fill_u32(a, 0x3F800000)
+    assert (a == 1.0).all()
+    b = np.zeros(1, np.uint64)
+    ref.set_u64(b, 2**63 + 5)
+    assert int(b[0]) == 2**63 + 5
+    c = np.array([41], np.int64)
+    ref.add_i64(c, 1)
+    assert c[0] == 42
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n", [1, 7, 256, 257, 100_003])
+def test_gpu_fill_matches_reference(cp, n):
+    from cudarl.ops import util as ops
+    from cudarl.testing import assert_bitwise
+
+    x = cp.arange(n, dtype=np.float32) + 1
+    ops.fill_u32(x.view(np.uint32), 0xBF800000)
+    expected = np.arange(n, dtype=np.float32) + 1
+    ref.fill_u32(expected, 0xBF800000)
+    assert_bitwise(x, expected)
+
+
+@pytest.mark.gpu
+def test_gpu_set_and_add(cp):
+    from cudarl.ops import util as ops
+
+    b = cp.zeros(1, np.uint64)
+    ops.set_u64(b, 2**63 + 5)
+    c = cp.asarray(np.array([41], np.int64))
+    ops.add_i64(c, 1)
+    ops.add_i64(c, -3)
+    assert int(b.get()[0]) == 2**63 + 5 and int(c.get()[0]) == 39

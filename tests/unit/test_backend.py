@@ -1,0 +1,53 @@
+import numpy as np
+import pytest
+
+from cudarl import backend
+from cudarl.testing import gpu_skip_reason
+
+
+def test_forced_numpy(monkeypatch):
+    monkeypatch.setenv("CUDARL_BACKEND", "numpy")
+    b = backend.select()
+    assert b.name == "numpy" and b.xp is np and not b.is_gpu and b.device == "cpu"
+
+
+def test_argument_overrides_environment(monkeypatch):
+    monkeypatch.setenv("CUDARL_BACKEND", "cupy")
+    assert backend.select("numpy").name == "numpy"
+
+
+def test_auto_picks_what_the_machine_has(monkeypatch):
+    monkeypatch.delenv("CUDARL_BACKEND", raising=False)
+    b = backend.select()
+    assert b.name == ("numpy" if gpu_skip_reason() else "cupy")
+
+
+def test_forced_cupy_is_one_clear_error_without_gpu(monkeypatch):
+    monkeypatch.setenv("CUDARL_BACKEND", "cupy")
+    reason = gpu_skip_reason()
+    if reason is None:
+        assert backend.select().name == "cupy"
+    else:
+        with pytest.raises(backend.BackendError, match="cupy backend was requested but"):
+            backend.select()
+
+
+def test_forced_cupy_error_when_cupy_cannot_import(monkeypatch):
+    # Simulate a machine with no CuPy at all, whatever this one has.
+    monkeypatch.setattr(backend, "cupy_unavailable_reason", lambda: "CuPy is not importable (ImportError: x)")
+    with pytest.raises(backend.BackendError, match="CuPy is not importable"):
+        backend.select("cupy")
+    assert backend.select("auto").name == "numpy"
+
+
+def test_bad_value_is_rejected(monkeypatch):
+    monkeypatch.setenv("CUDARL_BACKEND", "tpu")
+    with pytest.raises(backend.BackendError, match="not one of numpy, cupy, auto"):
+        backend.select()
+
+
+def test_get_array_module_and_to_numpy():
+    a = np.arange(3)
+    assert backend.get_array_module(a, 1.0) is np
+    assert backend.to_numpy(a) is a
+    assert backend.to_numpy([1, 2]).tolist() == [1, 2]

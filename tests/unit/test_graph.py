@@ -1,0 +1,194 @@
+"""StepGraph: API misuse on the CPU; capture, replay, isolation and failure handling on the GPU."""
+import numpy as np
+import pytest
+
+from cudarl import kernels
+from cudarl.graph import GraphCaptureError, GraphError, StepGraph
+
+
+def test_cpu_replay_requires_capture_and_runs_phases_in_order():
+    log = []
+    g = StepGraph("train", [("a", lambda: log.append("a")), ("b", lambda: log.append("b"))], xp=np)
+    with pytest.raises(GraphError, match="replay before capture"):
+        g.replay()
+    g.run_eager()
+    g.capture()
+    g.replay()
+    assert log == ["a", "b", "a", "b"] and g.captured
+
+
+@pytest.mark.parametrize("phases,match", [
+    ([], "at least one phase"),
+    ([("a", 1)], r"phases\[0\] must be a \(name, callable\) pair"),
+    ([("a", print), ("a", print)], "unique"),
+    ([("", print)], "unique and non-empty"),
+    (["a"], "pair"),
+])
+def test_bad_phases(phases, match):
+    with pytest.raises(GraphError, match=match):
+        StepGraph("train", phases, xp=np)
+
+
+def test_reserved_and_invalid_names():
+    with pytest.raises(GraphError, match="reserved"):
+        StepGraph("ungraphed", [("a", print)], xp=np)
+    with pytest.raises(kernels.KernelError):
+        StepGraph("bad name", [("a", print)], xp=np)
+
+
+def test_profile_cpu_times_every_phase():
+    g = StepGraph("train", [("a", lambda: None), ("b", lambda: sum(range(100)))], xp=np)
+    p = g.profile(repeats=3)
+    assert set(p) == {"a", "b", "total"} and all(v >= 0 for v in p.values())
+    with pytest.raises(GraphError):
+        g.profile(repeats=0)
+
+
+# --- GPU -------------------------------------------------------------------------------------
+
+@pytest.mark.gpu
+def test_gpu_module_isolation(cp):
+    """A kernel loaded for two contexts comes from two modules with distinct function handles."""
+    fu = kernels.get_function("util", "add_i64", kernels.UNGRAPHED)
+    fg = kernels.get_function("util", "add_i64", "train")
+    fc = kernels.get_function("util", "add_i64", "collect")
+    assert kernels.get_module("util", "train") is not kernels.get_module("util", kernels.UNGRAPHED)
+    ptrs = {fu.kernel.ptr, fg.kernel.ptr, fc.kernel.ptr}
+    assert len(ptrs) == 3, "function handles shared between contexts"
+    mods = {fu.kernel.module.ptr, fg.kernel.module.ptr, fc.kernel.module.ptr}
+    assert len(mods) == 3, "CUmodule shared between contexts"
+    assert kernels.get_function("util", "add_i64", "train") is fg  # cached
+
+
+def _step_phases(cp, state):
+    from cudarl import blas
+    from cudarl.ops import philox, testing, util
+
+    def sample():
+        philox.uniform(state["u"], 99, state["counter"].view(np.uint64), 1)
+
+    def mix():
+        blas.gemm(state["u"].reshape(64, 32), state["w"], state["h"])
+        testing.axpb(state["h"], 0.5, 0.25)
+
+    def advance():
+        util.add_i64(state["counter"], 1)
+
+    return [("sample", sample), ("mix", mix), ("advance", advance)]
+
+
+def _fresh_state(cp):
+    rng = np.random.default_rng(0)
+    return {"u": cp.zeros(64 * 32, np.float32), "w": cp.asarray(rng.standard_normal((32, 16)).astype(np.float32)),
+            "h": cp.zeros((64, 16), np.float32), "counter": cp.zeros(1, np.int64)}
+
+
+@pytest.mark.gpu
+def test_gpu_graphed_equals_eager_bitwise(cp):
+    from cudarl.testing import assert_bitwise
+
+    eager, graphed = _fresh_state(cp), _fresh_state(cp)
+    ge = StepGraph("eagerref", _step_phases(cp, eager))
+    gg = StepGraph("stepgraph", _step_phases(cp, graphed))
+    gg.capture()
+    outs = []
+    for _ in range(5):
+        ge.run_eager()
+        gg.replay()
+        gg.synchronize(), ge.synchronize()
+        assert_bitwise(gg_h := graphed["h"], eager["h"], "graphed vs eager")
+        outs.append(gg_h.get())
+    assert int(graphed["counter"].get()[0]) == 5
+    assert not np.array_equal(outs[0], outs[1]), "the device counter must change the draws between replays"
+
+
+@pytest.mark.gpu
+def test_gpu_size_read_from_device_memory(cp):
+    """Captured at size N1, replayed after the host sets N2: the kernel sees N2 (no baked sizes)."""
+    from cudarl.ops import testing
+    from cudarl.pinned import DeviceScalars
+
+    sizes = DeviceScalars({"n": np.int64}, cp, initial={"n": 10})
+    out = cp.full(1000, np.nan, np.float32)
+    g = StepGraph("sized", [("iota", lambda: testing.iota_sized(out, sizes.view("n")))])
+    g.capture()
+    g.replay()
+    g.synchronize()
+    assert int((out.get() > 0).sum()) == 10
+    sizes.set("n", 777, stream=g.stream)
+    g.replay()
+    g.synchronize()
+    got = out.get()
+    assert int((got > 0).sum()) == 777 and got[776] == 777.0 and got[777] == 0.0
+
+
+@pytest.mark.gpu
+def test_gpu_host_sync_during_capture_is_a_clear_error_and_stream_survives(cp):
+    from cudarl.ops import testing
+
+    x = cp.ones(8, np.float32)
+
+    def bad():
+        testing.axpb(x, 2.0, 0.0)
+        x.get()  # a host read: cannot be captured
+
+    g = StepGraph("badsync", [("ok", lambda: testing.axpb(x, 1.0, 1.0)), ("bad", bad)])
+    with pytest.raises(GraphCaptureError, match="phase 'bad'"):
+        g.capture()
+    assert not g.captured and not g.stream.is_capturing()
+    with pytest.raises(GraphError, match="replay before capture"):
+        g.replay()
+    with g.stream:
+        testing.axpb(x, 1.0, 1.0)
+    g.stream.synchronize()
+    assert x.get().tolist() == [2.0] * 8  # the captured-but-discarded work never ran
+
+
+@pytest.mark.gpu
+def test_gpu_allocation_inside_capture_is_refused(cp):
+    def alloc():
+        cp.empty(1024, np.float32)
+
+    g = StepGraph("alloc", [("alloc", alloc)])
+    with pytest.raises(GraphCaptureError, match="allocation of .* inside a capture"):
+        g.capture()
+    assert not g.stream.is_capturing()
+
+
+@pytest.mark.gpu
+def test_gpu_ungraphed_launch_into_capture_is_refused(cp):
+    from cudarl.ops import testing
+
+    x = cp.ones(8, np.float32)
+    s = cp.cuda.Stream(non_blocking=True)
+    with s:
+        s.begin_capture()
+        try:
+            with pytest.raises(kernels.KernelError, match="outside cudarl.graph"):
+                testing.axpb(x, 1.0, 1.0, stream=s)
+        finally:
+            s.end_capture()
+    with kernels.use_context("train"):
+        with pytest.raises(kernels.KernelError, match="not capturing"):
+            testing.axpb(x, 1.0, 1.0)
+
+
+@pytest.mark.gpu
+def test_gpu_launch_helper_refuses_bad_pointers(cp):
+    from cudarl.ops import testing
+
+    with pytest.raises(kernels.KernelError, match="dtype float64"):
+        testing.axpb(cp.ones(4, np.float64), 1.0, 0.0)
+    with pytest.raises(kernels.KernelError, match="not C-contiguous"):
+        testing.axpb(cp.ones(8, np.float32)[::2], 1.0, 0.0)
+    with pytest.raises(kernels.KernelError, match="null pointer"):
+        testing.iota_sized(cp.ones(4, np.float32), cp.empty(0, np.int64))
+
+
+@pytest.mark.gpu
+def test_gpu_profile_times_each_phase(cp):
+    state = _fresh_state(cp)
+    g = StepGraph("profiled", _step_phases(cp, state))
+    g.capture()
+    p = g.profile(repeats=5)
+    assert set(p) == {"sample", "mix", "advance", "total"} and all(v > 0 for v in p.values())
