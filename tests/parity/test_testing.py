@@ -1,0 +1,40 @@
+"""testing family: the helper kernels the foundation's GPU guarantees are proven with."""
+import numpy as np
+import pytest
+
+from cudarl.reference import testing as ref
+
+
+def test_reference_iota_sized_and_axpb():
+    out = np.full(6, np.nan, np.float32)
+    ref.iota_sized(out, np.array([4], np.int64))
+    assert out.tolist() == [1, 2, 3, 4, 0, 0]
+    x = np.array([1.0, -2.0], np.float32)
+    ref.axpb(x, 3.0, 0.5)
+    assert x.tolist() == [3.5, -5.5]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n,cap", [(0, 1), (1, 1), (300, 1000), (1000, 1000)])
+def test_gpu_iota_sized(cp, n, cap):
+    from cudarl.ops import testing as ops
+    from cudarl.testing import assert_bitwise
+
+    out = cp.full(cap, np.nan, np.float32)
+    ops.iota_sized(out, cp.asarray(np.array([n], np.int64)))
+    expected = np.empty(cap, np.float32)
+    ref.iota_sized(expected, np.array([n], np.int64))
+    assert_bitwise(out, expected)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n", [1, 7, 257, 100_000])
+def test_gpu_axpb(cp, rng, n):
+    from cudarl.ops import testing as ops
+    from cudarl.testing import assert_parity
+
+    x = rng.standard_normal(n).astype(np.float32)
+    d = cp.asarray(x)
+    ops.axpb(d, 1.25, -0.5)
+    ref.axpb(x, 1.25, -0.5)
+    assert_parity(d, x)

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# On a GPU host: run the GPU-marked tests and every benchmark, write docs/gpu-report.md.
+#   CUDARL_COMMIT=<sha> OUT=<dir> bash tools/gpu_check.sh [--torch-compile] [--only-tests]
+# Logs and the report go to $OUT (default: /tmp/cudarl-gpu) and the report also to docs/gpu-report.md.
+# Prints a short table last. Budget: under 8 minutes on an H200.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/cudarl-gpu}
+BENCH_DIR=${BENCH_DIR:-/tmp/cudarl-bench}
+mkdir -p "$OUT" "$BENCH_DIR"
+export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}$PWD PYTHONUNBUFFERED=1
+COMMIT=${CUDARL_COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}
+EXTRA=""; ONLY_TESTS=0
+for a in "$@"; do
+  case "$a" in
+    --torch-compile) EXTRA="--torch-compile" ;;
+    --only-tests) ONLY_TESTS=1 ;;
+  esac
+done
+start=$(date +%s)
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > "$OUT/gpu.txt" 2>&1 || true
+echo "== GPU tests ($(cat "$OUT/gpu.txt"))"
+timeout 420 python3 -m pytest -m gpu -q -p no:cacheprovider --junitxml="$OUT/junit.xml" -o junit_family=xunit2 \
+  ${PYTEST_ARGS:-} tests 2>&1 | tee "$OUT/pytest.log" | tail -n 40
+if [ "$ONLY_TESTS" = 0 ]; then
+  : > "$OUT/bench.log"
+  for b in tools/bench_*.py; do
+    name=$(basename "$b" .py)
+    echo "== $name" | tee -a "$OUT/bench.log"
+    timeout 240 python3 "$b" --out "$BENCH_DIR/$name.json" $EXTRA 2>&1 | tee -a "$OUT/bench.log" | tail -n 30
+  done
+fi
+python3 tools/gpu_report.py --commit "$COMMIT" --junit "$OUT/junit.xml" --bench-dir "$BENCH_DIR" \
+  --gpu-file "$OUT/gpu.txt" --seconds $(( $(date +%s) - start )) --out "$OUT/gpu-report.md" --bench-json "$OUT/bench.json"
+cp "$OUT/gpu-report.md" docs/gpu-report.md 2>/dev/null || true
+echo "== summary"
+python3 tools/gpu_report.py --summary-only --junit "$OUT/junit.xml" --bench-dir "$BENCH_DIR"

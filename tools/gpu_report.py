@@ -1,0 +1,126 @@
+#!/usr/bin/env python3
+"""Write docs/gpu-report.md from a pytest JUnit XML and the benchmark JSON files.
+
+Each benchmark JSON holds {"benchmark": name, "rows": [{"case": ..., "metric": ..., "value": ..., "unit": ..., "target": ...}], ...}.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import platform
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+
+def junit_counts(path: Path) -> dict:
+    c = {"passed": 0, "failed": 0, "errors": 0, "skipped": 0, "failures": []}
+    if not path.is_file():
+        c["missing"] = True
+        return c
+    root = ET.parse(path).getroot()
+    for tc in root.iter("testcase"):
+        name = f"{tc.get('classname')}::{tc.get('name')}"
+        if tc.find("failure") is not None:
+            c["failed"] += 1
+            c["failures"].append(name)
+        elif tc.find("error") is not None:
+            c["errors"] += 1
+            c["failures"].append(name)
+        elif tc.find("skipped") is not None:
+            c["skipped"] += 1
+        else:
+            c["passed"] += 1
+    return c
+
+
+def load_benches(d: Path) -> list[dict]:
+    out = []
+    for p in sorted(d.glob("*.json")) if d.is_dir() else []:
+        try:
+            out.append(json.loads(p.read_text()))
+        except json.JSONDecodeError as exc:
+            out.append({"benchmark": p.stem, "error": f"unreadable JSON: {exc}", "rows": []})
+    return out
+
+
+def bench_table(benches: list[dict]) -> str:
+    lines = ["| benchmark | case | metric | value | unit | target |", "|---|---|---|---|---|---|"]
+    for b in benches:
+        if b.get("error"):
+            lines.append(f"| {b.get('benchmark')} | ERROR | {b['error']} | | | |")
+        for r in b.get("rows", []):
+            v = r.get("value")
+            vs = f"{v:.4g}" if isinstance(v, (int, float)) else str(v)
+            lines.append(f"| {b.get('benchmark')} | {r.get('case', '')} | {r.get('metric', '')} | {vs} | {r.get('unit', '')} | {r.get('target', '')} |")
+    return "\n".join(lines)
+
+
+def versions() -> dict:
+    v = {"python": platform.python_version()}
+    try:
+        import cupy
+
+        v["cupy"] = cupy.__version__
+        v["cuda_runtime"] = cupy.cuda.runtime.runtimeGetVersion()
+        v["cuda_driver"] = cupy.cuda.runtime.driverGetVersion()
+    except Exception as exc:  # report what we can
+        v["cupy"] = f"unavailable ({exc})"
+    try:
+        import numpy
+
+        v["numpy"] = numpy.__version__
+    except Exception:
+        pass
+    return v
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--commit", default="unknown")
+    ap.add_argument("--junit", type=Path, required=True)
+    ap.add_argument("--bench-dir", type=Path, required=True)
+    ap.add_argument("--gpu-file", type=Path)
+    ap.add_argument("--seconds", type=int, default=0)
+    ap.add_argument("--out", type=Path)
+    ap.add_argument("--bench-json", type=Path)
+    ap.add_argument("--summary-only", action="store_true")
+    a = ap.parse_args()
+    c = junit_counts(a.junit)
+    benches = load_benches(a.bench_dir)
+    if a.summary_only:
+        print(f"GPU tests: {c['passed']} passed, {c['failed'] + c['errors']} failed, {c['skipped']} skipped")
+        for f in c["failures"][:30]:
+            print(f"  FAILED {f}")
+        print(bench_table(benches))
+        return 0
+    gpu = a.gpu_file.read_text().strip() if a.gpu_file and a.gpu_file.is_file() else "unknown"
+    v = versions()
+    md = [
+        "# GPU report",
+        "",
+        "Written by `tools/gpu_check.sh` on a GPU host. CI has no GPU; this file is the record that the kernels run.",
+        "",
+        f"- commit: `{a.commit}`",
+        f"- date: {_dt.datetime.now(_dt.timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}",
+        f"- GPU: {gpu}",
+        f"- versions: " + ", ".join(f"{k} {val}" for k, val in v.items()),
+        f"- wall time of the check: {a.seconds} s",
+        "",
+        "## GPU tests (`pytest -m gpu`)",
+        "",
+        f"**{c['passed']} passed, {c['failed'] + c['errors']} failed, {c['skipped']} skipped**" + (" (no JUnit file: the test run did not finish)" if c.get("missing") else ""),
+        "",
+    ]
+    md += [f"- FAILED `{f}`" for f in c["failures"]]
+    md += ["", "## Benchmarks", "", bench_table(benches), ""]
+    if a.out:
+        a.out.write_text("\n".join(md))
+    if a.bench_json:
+        a.bench_json.write_text(json.dumps({"commit": a.commit, "gpu": gpu, "versions": v, "tests": c, "benchmarks": benches}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
