@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # On a GPU host: run the GPU-marked tests and every benchmark, write docs/gpu-report.md.
 #   CUDARL_COMMIT=<sha> OUT=<dir> bash tools/gpu_check.sh [--torch-compile] [--only-tests]
+# Optional: TEST_PATHS (default tests), BENCHES (default tools/bench_*.py), PYTEST_ARGS.
 # Logs and the report go to $OUT (default: /tmp/cudarl-gpu) and the report also to docs/gpu-report.md.
 # Prints a short table last. Budget: under 8 minutes on an H200.
 set -uo pipefail
@@ -21,10 +22,10 @@ start=$(date +%s)
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > "$OUT/gpu.txt" 2>&1 || true
 echo "== GPU tests ($(cat "$OUT/gpu.txt"))"
 timeout 420 python3 -m pytest -m gpu -q -p no:cacheprovider --junitxml="$OUT/junit.xml" -o junit_family=xunit2 \
-  ${PYTEST_ARGS:-} tests 2>&1 | tee "$OUT/pytest.log" | tail -n 40
+  ${PYTEST_ARGS:-} ${TEST_PATHS:-tests} 2>&1 | tee "$OUT/pytest.log" | tail -n 40
 if [ "$ONLY_TESTS" = 0 ]; then
   : > "$OUT/bench.log"
-  for b in tools/bench_*.py; do
+  for b in ${BENCHES:-tools/bench_*.py}; do
     name=$(basename "$b" .py)
     echo "== $name" | tee -a "$OUT/bench.log"
     timeout 240 python3 "$b" --out "$BENCH_DIR/$name.json" $EXTRA 2>&1 | tee -a "$OUT/bench.log" | tail -n 30
