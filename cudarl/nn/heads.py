@@ -1,0 +1,144 @@
+"""Heads over the state embedding ``psi [B, D]``: dueling C51, IQN, and the plan head.
+
+Each head follows the layer conventions of :mod:`cudarl.nn.layers`: the loss writes the
+gradient of the head's output into the buffer named by :meth:`grad_name`, and
+``backward(psi, ws, dpsi, accumulate)`` overwrites the head's parameter gradients and writes
+(or adds into) ``dpsi``.
+"""
+from __future__ import annotations
+
+from .layers import Linear, Module
+from .params import ParamLayout, Workspace
+
+
+class C51Head(Module):
+    """Dueling C51 (Bellemare et al. 2017; Wang et al. 2016): logits ``[B, A, atoms]``.
+
+    One GEMM gives the value stream ``V [B, atoms]`` and the advantage stream
+    ``Adv [B, A, atoms]`` (``va [B, (1 + A) atoms]``), combined per atom as
+    ``logits = V + Adv - mean_a Adv``. Softmax over atoms is the loss's business.
+    """
+
+    def __init__(self, name: str, d: int, n_actions: int, atoms: int = 51, tf32: bool = False):
+        self.name, self.d, self.n_actions, self.atoms = name, int(d), int(n_actions), int(atoms)
+        self.va = Linear(f"{name}.va", d, (1 + n_actions) * atoms, act="identity", init="xavier", tf32=tf32)
+        self.children = [self.va]
+
+    def declare(self, layout: ParamLayout, ws_spec: list) -> None:
+        self.va.declare(layout, ws_spec)
+        shape = (self.n_actions, self.atoms)
+        ws_spec += [(f"{self.name}.logits", shape, False), (f"{self.name}.dlogits", shape, False)]
+
+    @property
+    def grad_name(self) -> str:
+        return f"{self.name}.dlogits"
+
+    def forward(self, psi, ws: Workspace):
+        B = psi.shape[0]
+        va = self.va.forward(psi, ws)
+        logits = ws.rows(f"{self.name}.logits", B)
+        self.ops.dueling_forward(va, logits)
+        return logits
+
+    def backward(self, psi, ws: Workspace, dpsi=None, accumulate: bool = False) -> None:
+        B = psi.shape[0]
+        self.ops.dueling_backward(ws.rows(self.grad_name, B), ws.rows(f"{self.va.name}.dout", B))
+        self.va.backward(psi, ws, dpsi, accumulate)
+
+
+class IQNHead(Module):
+    """Implicit quantile network head (Dabney et al. 2018): quantile values ``[B, N, A]``.
+
+    ``cos[b, n, i] = cos(pi i tau[b, n])`` (i = 0..n_cos-1), ``phi = relu(cos W_phi + b_phi)``
+    ``[B*N, D]``, ``h = psi[b] * phi[b, n]``, ``q = h W_out + b_out`` ``[B*N, A]``. ``tau`` is
+    input (not differentiated): write it into ``ws[<name>.tau]`` ``[B, N]`` (e.g. with
+    :meth:`sample_tau`) or pass it to :meth:`forward`.
+    """
+
+    def __init__(self, name: str, d: int, n_actions: int, n_quantiles: int = 32, n_cos: int = 64, tf32: bool = False):
+        self.name, self.d, self.n_actions = name, int(d), int(n_actions)
+        self.n_quantiles, self.n_cos = int(n_quantiles), int(n_cos)
+        N = self.n_quantiles
+        self.phi = Linear(f"{name}.phi", n_cos, d, act="relu", init="he", rows=N, tf32=tf32)
+        self.out = Linear(f"{name}.out", d, n_actions, act="identity", init="xavier", rows=N, tf32=tf32)
+        self.children = [self.phi, self.out]
+
+    def declare(self, layout: ParamLayout, ws_spec: list) -> None:
+        self.phi.declare(layout, ws_spec)
+        self.out.declare(layout, ws_spec)
+        N = self.n_quantiles
+        ws_spec += [(f"{self.name}.tau", (N,), False), (f"{self.name}.cos", (N, self.n_cos), True),
+                    (f"{self.name}.h", (N, self.d), True), (f"{self.name}.dh", (N, self.d), True)]
+
+    @property
+    def grad_name(self) -> str:
+        return f"{self.out.name}.dout"
+
+    def sample_tau(self, ws: Workspace, B: int, counter, seed: int, stream_id: int = 0x1A):
+        """Draw ``tau [B, N]`` from Philox ``(seed, counter[0], stream_id)`` into the workspace."""
+        tau = ws.rows(f"{self.name}.tau", B)
+        self.ops.iqn_sample_tau(tau, counter, seed, stream_id)
+        return tau
+
+    def forward(self, psi, ws: Workspace, tau=None):
+        B, N = psi.shape[0], self.n_quantiles
+        if tau is None:
+            tau = ws.rows(f"{self.name}.tau", B)
+        elif tau.shape != (B, N):
+            raise ValueError(f"{self.name}: tau must be [{B}, {N}], got {tau.shape}")
+        cos = ws.rows(f"{self.name}.cos", B)
+        self.ops.iqn_cos_embed(tau, cos)
+        phi = self.phi.forward(cos, ws)
+        h = ws.rows(f"{self.name}.h", B)
+        self.ops.iqn_mix_forward(psi, phi, h)
+        q = self.out.forward(h, ws)
+        return q.reshape(B, N, self.n_actions)
+
+    def backward(self, psi, ws: Workspace, dpsi=None, accumulate: bool = False) -> None:
+        if dpsi is None or accumulate:
+            raise ValueError(f"{self.name}: IQN backward overwrites dpsi; give it a buffer and run it first")
+        B = psi.shape[0]
+        h, dh = ws.rows(f"{self.name}.h", B), ws.rows(f"{self.name}.dh", B)
+        self.out.backward(h, ws, dh)
+        phi = ws.rows(f"{self.phi.name}.out", B)
+        self.ops.iqn_mix_backward(dh, psi, phi, dpsi, ws.rows(f"{self.phi.name}.dout", B))
+        self.phi.backward(ws.rows(f"{self.name}.cos", B), ws, None)
+
+
+class PlanHead(Module):
+    """Conviction and readiness, both sigmoid outputs in [0, 1]: ``plan [B, 2]``.
+
+    ``scale(ws)`` is the readiness gate: conviction where readiness >= 0.5, else exactly 1.
+    At initialisation the weights are Xavier times ``gain=0.01`` and the readiness bias is
+    ``-4`` (readiness ~ 0.018), so the gate starts closed and conviction cannot shrink rewards
+    before the head has learned (the seed's bug: every reward times ~0.1 at init).
+    """
+
+    THRESHOLD = 0.5
+
+    def __init__(self, name: str, d: int, gain: float = 0.01, readiness_bias: float = -4.0, tf32: bool = False):
+        self.name, self.d = name, int(d)
+        self.lin = Linear(f"{name}.lin", d, 2, act="sigmoid", init="xavier", gain=gain,
+                          bias_init=(0.0, readiness_bias), tf32=tf32)
+        self.children = [self.lin]
+
+    def declare(self, layout: ParamLayout, ws_spec: list) -> None:
+        self.lin.declare(layout, ws_spec)
+        ws_spec += [(f"{self.name}.scale", (), False)]
+
+    @property
+    def grad_name(self) -> str:
+        return f"{self.lin.name}.dout"
+
+    def forward(self, psi, ws: Workspace):
+        return self.lin.forward(psi, ws)
+
+    def scale(self, ws: Workspace, B: int | None = None):
+        """Gate into ``ws[<name>.scale]`` ``[B]``; returns it."""
+        B = ws.batch if B is None else B
+        out = ws.rows(f"{self.name}.scale", B)
+        self.ops.plan_gate(ws.rows(f"{self.lin.name}.out", B), out, self.THRESHOLD)
+        return out
+
+    def backward(self, psi, ws: Workspace, dpsi=None, accumulate: bool = True) -> None:
+        self.lin.backward(psi, ws, dpsi, accumulate)

@@ -1,0 +1,140 @@
+"""Layers with hand-written backward passes: Linear (+ fused bias/activation), LayerNorm, MLP.
+
+A layer declares its parameters in a :class:`ParamLayout` and its buffers in a
+:class:`Workspace`, is bound to the parameter and gradient views of one flat buffer pair,
+then runs ``forward`` / ``backward`` over a workspace without allocating.
+
+Conventions (every layer): ``forward(x, ws)`` writes ``ws[<name>.out]`` ``[B, n_out]``;
+the gradient of the loss w.r.t. that output is expected in ``ws[<name>.dout]`` (written by
+the layer above or the loss); ``backward(x, ws, dx)`` *overwrites* this layer's parameter
+gradients, consumes ``dout`` (it may be overwritten), and writes ``dx`` if one is given
+(``accumulate=True`` adds into it instead, for an input shared by two consumers).
+ReLU is fused into the epilogue of Linear and of LayerNorm (``act="relu"``).
+"""
+from __future__ import annotations
+
+from ..reference.nn import ACTS
+from .params import ParamLayout, Workspace, matmul
+
+
+class Module:
+    """Base: holds the parameter/gradient views and the op table once bound."""
+
+    name: str
+
+    def bind(self, P: dict, G: dict, ops) -> None:
+        self.P, self.G, self.ops = P, G, ops
+        for child in getattr(self, "children", ()):
+            child.bind(P, G, ops)
+
+
+class Linear(Module):
+    """``out = act(x @ W + b)``. x ``[B, n_in]``, W ``[n_in, n_out]``, b ``[n_out]``, out ``[B, n_out]``.
+
+    Backward: ``dz = dout * act'(out)``, ``dW = x^T dz``, ``db = sum_b dz``, ``dx = dz W^T``.
+    """
+
+    def __init__(self, name: str, n_in: int, n_out: int, act: str = "relu", init: str | None = None,
+                 gain: float = 1.0, bias_init=0.0, tf32: bool = False, rows: int = 1):
+        if act not in ACTS:
+            raise ValueError(f"{name}: activation {act!r} not in {sorted(ACTS)}")
+        self.name, self.n_in, self.n_out, self.act = name, int(n_in), int(n_out), ACTS[act]
+        self.init = init or ("he" if act == "relu" else "xavier")
+        self.gain, self.bias_init, self.tf32 = gain, bias_init, tf32
+        self.rows = int(rows)  # input rows per sample: IQN's layers see [B * N, n_in]
+
+    def declare(self, layout: ParamLayout, ws_spec: list) -> None:
+        layout.add(f"{self.name}.weight", (self.n_in, self.n_out), (self.init, self.gain), decay=True)
+        binit = ("values", tuple(self.bias_init)) if isinstance(self.bias_init, (tuple, list)) else ("const", self.bias_init)
+        layout.add(f"{self.name}.bias", (self.n_out,), binit)
+        row = (self.n_out,) if self.rows == 1 else (self.rows, self.n_out)
+        ws_spec += [(f"{self.name}.out", row, self.rows > 1), (f"{self.name}.dout", row, self.rows > 1)]
+
+    def forward(self, x, ws: Workspace):
+        y = ws.rows(f"{self.name}.out", x.shape[0] // self.rows)
+        matmul(x, self.P[f"{self.name}.weight"], y, tf32=self.tf32)
+        self.ops.bias_act_forward(y, self.P[f"{self.name}.bias"], y, self.act)
+        return y
+
+    def backward(self, x, ws: Workspace, dx=None, accumulate: bool = False) -> None:
+        B = x.shape[0] // self.rows
+        y, dy = ws.rows(f"{self.name}.out", B), ws.rows(f"{self.name}.dout", B)
+        self.ops.bias_act_backward(dy, y, dy, self.G[f"{self.name}.bias"], self.act)
+        matmul(x, dy, self.G[f"{self.name}.weight"], trans_a=True, tf32=self.tf32)
+        if dx is not None:
+            matmul(dy, self.P[f"{self.name}.weight"], dx, trans_b=True, beta=1.0 if accumulate else 0.0, tf32=self.tf32)
+
+
+class LayerNorm(Module):
+    """``out = act(gamma * (x - mu) / sqrt(var + eps) + beta)`` over the last axis. x, out ``[B, n]``."""
+
+    def __init__(self, name: str, n: int, act: str = "identity", eps: float = 1e-5):
+        self.name, self.n, self.act, self.eps = name, int(n), ACTS[act], float(eps)
+
+    def declare(self, layout: ParamLayout, ws_spec: list) -> None:
+        layout.add(f"{self.name}.gamma", (self.n,), ("const", 1.0))
+        layout.add(f"{self.name}.beta", (self.n,), ("const", 0.0))
+        ws_spec += [(f"{self.name}.out", (self.n,), False), (f"{self.name}.dout", (self.n,), False),
+                    (f"{self.name}.mean", (), False), (f"{self.name}.rstd", (), False)]
+
+    def forward(self, x, ws: Workspace):
+        B = x.shape[0]
+        out = ws.rows(f"{self.name}.out", B)
+        self.ops.layernorm_forward(x, self.P[f"{self.name}.gamma"], self.P[f"{self.name}.beta"], out,
+                                   ws.rows(f"{self.name}.mean", B), ws.rows(f"{self.name}.rstd", B), self.eps, self.act)
+        return out
+
+    def backward(self, x, ws: Workspace, dx=None, accumulate: bool = False) -> None:
+        if dx is None or accumulate:
+            raise ValueError(f"{self.name}: LayerNorm backward writes dx (no accumulate); give it a buffer")
+        B = x.shape[0]
+        self.ops.layernorm_backward(ws.rows(f"{self.name}.dout", B), ws.rows(f"{self.name}.out", B), x,
+                                    self.P[f"{self.name}.gamma"], ws.rows(f"{self.name}.mean", B),
+                                    ws.rows(f"{self.name}.rstd", B), dx, self.G[f"{self.name}.gamma"],
+                                    self.G[f"{self.name}.beta"], self.act)
+
+
+class MLP(Module):
+    """Encoder over the flattened feature window: ``[B, n_in] -> [B, hidden[-1]]``.
+
+    Each hidden layer is ``Linear -> ReLU`` or, with ``layernorm=True``,
+    ``Linear -> LayerNorm -> ReLU`` (the ReLU fused into the LayerNorm kernel).
+    """
+
+    def __init__(self, name: str, n_in: int, hidden=(256, 256), layernorm: bool = False, tf32: bool = False):
+        if not hidden:
+            raise ValueError(f"{name}: at least one hidden layer")
+        self.name, self.n_in, self.hidden = name, int(n_in), tuple(int(h) for h in hidden)
+        self.children: list[Module] = []
+        d = self.n_in
+        for i, h in enumerate(self.hidden):
+            if layernorm:
+                self.children.append(Linear(f"{name}.{i}", d, h, act="identity", init="he", tf32=tf32))
+                self.children.append(LayerNorm(f"{name}.{i}.ln", h, act="relu"))
+            else:
+                self.children.append(Linear(f"{name}.{i}", d, h, act="relu", tf32=tf32))
+            d = h
+        self.n_out = d
+
+    @property
+    def out_name(self) -> str:
+        return self.children[-1].name
+
+    def declare(self, layout: ParamLayout, ws_spec: list) -> None:
+        for c in self.children:
+            c.declare(layout, ws_spec)
+
+    def forward(self, x, ws: Workspace):
+        h = x
+        for c in self.children:
+            h = c.forward(h, ws)
+        return h
+
+    def backward(self, x, ws: Workspace, dx=None) -> None:
+        """Gradient of the output expected in ``ws[<out_name>.dout]``; ``dx`` optional ``[B, n_in]``."""
+        B = x.shape[0]
+        for i in range(len(self.children) - 1, -1, -1):
+            c = self.children[i]
+            inp = x if i == 0 else ws.rows(f"{self.children[i - 1].name}.out", B)
+            below = dx if i == 0 else ws.rows(f"{self.children[i - 1].name}.dout", B)
+            c.backward(inp, ws, below)

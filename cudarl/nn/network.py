@@ -1,0 +1,113 @@
+"""``QNetwork``: MLP encoder + distributional head (+ optional plan head) over one flat buffer."""
+from __future__ import annotations
+
+import numpy as np
+
+from ..backend import to_numpy
+from .heads import C51Head, IQNHead, PlanHead
+from .layers import MLP
+from .params import ParamLayout, Workspace, is_numpy, nn_ops
+
+#: Head registry (STYLE.md: a dict, not an if/elif chain).
+HEADS = {
+    "c51": lambda d, kw: C51Head("head", d, kw["n_actions"], kw.get("atoms", 51), tf32=kw.get("tf32", False)),
+    "iqn": lambda d, kw: IQNHead("head", d, kw["n_actions"], kw.get("n_quantiles", 32), kw.get("n_cos", 64), tf32=kw.get("tf32", False)),
+}
+
+
+class QNetwork:
+    """Encoder ``[B, n_in] -> psi [B, D]``, then the head, and optionally the plan head on ``psi``.
+
+    Args:
+        n_in: input features (the flattened window, ``window * features``).
+        hidden: encoder widths; ``layernorm`` inserts LayerNorm before each ReLU.
+        head: ``"c51"`` (logits ``[B, A, atoms]``) or ``"iqn"`` (quantiles ``[B, N, A]``).
+        plan: add the plan head (conviction, readiness ``[B, 2]``).
+        xp, dtype: backend and float type (float64 only on NumPy, for gradient checks).
+        max_batch: rows of the default workspace :attr:`ws`.
+        seed: Philox seed of the initialisation.
+
+    Buffers: :attr:`params` and :attr:`grads`, flat ``[layout.padded_size]``; :attr:`P` and
+    :attr:`G` their named views (see :mod:`cudarl.nn.params` for the layout).
+    """
+
+    def __init__(self, n_in: int, n_actions: int, *, hidden=(256, 256), head: str = "c51", layernorm: bool = False,
+                 plan: bool = False, atoms: int = 51, n_quantiles: int = 32, n_cos: int = 64, xp=np,
+                 dtype=np.float32, max_batch: int = 512, seed: int = 0, tf32: bool = False):
+        if head not in HEADS:
+            raise ValueError(f"head {head!r} not in {sorted(HEADS)}")
+        if np.dtype(dtype) != np.float32 and not is_numpy(xp):
+            raise ValueError("the GPU backend is float32 only")
+        self.xp, self.dtype, self.ops = xp, np.dtype(dtype), nn_ops(xp)
+        self.config = dict(n_in=n_in, n_actions=n_actions, hidden=tuple(hidden), head=head, layernorm=layernorm,
+                           plan=plan, atoms=atoms, n_quantiles=n_quantiles, n_cos=n_cos, tf32=tf32)
+        self.encoder = MLP("enc", n_in, hidden, layernorm=layernorm, tf32=tf32)
+        self.head = HEADS[head](self.encoder.n_out, self.config)
+        self.plan = PlanHead("plan", self.encoder.n_out, tf32=tf32) if plan else None
+        self.modules = [m for m in (self.encoder, self.head, self.plan) if m is not None]
+        self.layout = ParamLayout()
+        self._ws_spec: list = []
+        for m in self.modules:
+            m.declare(self.layout, self._ws_spec)
+        self.params = xp.asarray(self.layout.init_host(seed, self.dtype))
+        self.grads = xp.zeros(self.layout.padded_size, dtype=self.dtype)
+        self.P, self.G = self.layout.views(self.params), self.layout.views(self.grads)
+        for m in self.modules:
+            m.bind(self.P, self.G, self.ops)
+        self.ws = self.new_workspace(max_batch)
+
+    def new_workspace(self, max_batch: int) -> Workspace:
+        """A workspace for batches up to ``max_batch`` (one per concurrent forward, e.g. s and s')."""
+        ws = Workspace(self.xp, self.dtype, max_batch)
+        for name, row, merge in self._ws_spec:
+            ws.add(name, row, merge=merge)
+        return ws
+
+    def forward(self, x, ws: Workspace | None = None, tau=None) -> dict:
+        """x ``[B, n_in]`` -> ``{"q": logits [B, A, atoms] | quantiles [B, N, A], "plan": [B, 2]}``."""
+        ws = ws or self.ws
+        ws.set_batch(x.shape[0])
+        self._x = x
+        psi = self.encoder.forward(x, ws)
+        out = {"q": self.head.forward(psi, ws, tau) if isinstance(self.head, IQNHead) else self.head.forward(psi, ws)}
+        if self.plan is not None:
+            out["plan"] = self.plan.forward(psi, ws)
+        return out
+
+    def grad_outputs(self, ws: Workspace | None = None) -> dict:
+        """The buffers the loss writes ``dL/d(output)`` into, shaped like :meth:`forward`'s outputs."""
+        ws = ws or self.ws
+        out = {"q": ws.rows(self.head.grad_name).reshape(self.forward_shape(ws.batch))}
+        if self.plan is not None:
+            out["plan"] = ws.rows(self.plan.grad_name)
+        return out
+
+    def forward_shape(self, B: int) -> tuple:
+        h = self.head
+        return (B, h.n_actions, h.atoms) if isinstance(h, C51Head) else (B, h.n_quantiles, h.n_actions)
+
+    def backward(self, x=None, ws: Workspace | None = None, dx=None) -> None:
+        """Overwrite :attr:`grads` from the gradients in :meth:`grad_outputs` (last forward on ``ws``)."""
+        ws = ws or self.ws
+        x = self._x if x is None else x
+        psi = ws.rows(f"{self.encoder.out_name}.out")
+        dpsi = ws.rows(f"{self.encoder.out_name}.dout")
+        self.head.backward(psi, ws, dpsi, accumulate=False)
+        if self.plan is not None:
+            self.plan.backward(psi, ws, dpsi, accumulate=True)
+        self.encoder.backward(x, ws, dx)
+
+    # --- checkpoints ------------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        return {"params": to_numpy(self.params).copy(), "layout": [(e.name, e.offset, e.shape) for e in self.layout.entries]}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Copy into the existing buffer (same address, so captured graphs stay valid)."""
+        mine = [(e.name, e.offset, e.shape) for e in self.layout.entries]
+        theirs = [(n, int(o), tuple(s)) for n, o, s in state["layout"]]
+        if mine != theirs:
+            raise ValueError("state_dict layout does not match this network's layout")
+        p = np.asarray(state["params"], dtype=self.dtype)
+        if p.shape != self.params.shape:
+            raise ValueError(f"params shape {p.shape} != {self.params.shape}")
+        self.params[...] = self.xp.asarray(p)

@@ -1,0 +1,171 @@
+"""NumPy twin of ``cuda_src/nn.cu``: layer and head kernels, forward and backward.
+
+Every function writes into the buffers it is given (like the launchers in
+``cudarl/ops/nn.py``) and works in the dtype of those buffers, so the same code is the
+float32 CPU backend and, with float64 buffers, the finite-difference oracle.
+
+Activations are coded as integers shared with the kernels: ``0`` identity, ``1`` ReLU,
+``2`` sigmoid. Derivatives are taken from the activation's *output* ``y``:
+``relu'(y) = [y > 0]``, ``sigmoid'(y) = y (1 - y)``.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from . import philox
+
+IDENTITY, RELU, SIGMOID = 0, 1, 2
+ACTS = {"identity": IDENTITY, "relu": RELU, "sigmoid": SIGMOID}
+
+
+def _act(z: np.ndarray, act: int) -> np.ndarray:
+    if act == IDENTITY:
+        return z
+    if act == RELU:
+        return np.maximum(z, z.dtype.type(0))
+    if act == SIGMOID:
+        one = z.dtype.type(1)
+        return one / (one + np.exp(-z))
+    raise ValueError(f"unknown activation code {act}")
+
+
+def _act_grad(dout: np.ndarray, y: np.ndarray, act: int) -> np.ndarray:
+    if act == IDENTITY:
+        return dout.copy()
+    if act == RELU:
+        return np.where(y > 0, dout, dout.dtype.type(0))
+    if act == SIGMOID:
+        return dout * (y * (y.dtype.type(1) - y))
+    raise ValueError(f"unknown activation code {act}")
+
+
+def bias_act_forward(y: np.ndarray, bias: np.ndarray, out: np.ndarray, act: int) -> None:
+    """``out = act(y + bias)``. y, out ``[B, N]``; bias ``[N]``. ``out`` may alias ``y``."""
+    out[...] = _act(y + bias, act)
+
+
+def bias_act_backward(dout: np.ndarray, out: np.ndarray, dz: np.ndarray, dbias: np.ndarray, act: int) -> None:
+    """``dz = dout * act'(out)``, ``dbias = sum_b dz[b]``.
+
+    dout, out, dz ``[B, N]`` (``dz`` may alias ``dout``); dbias ``[N]`` (overwritten).
+    """
+    g = _act_grad(dout, out, act)
+    dz[...] = g
+    dbias[...] = g.sum(axis=0)
+
+
+def layernorm_forward(x, gamma, beta, out, mean, rstd, eps: float, act: int) -> None:
+    """Row LayerNorm then activation (Ba et al. 2016).
+
+    ``mu = mean_j x``, ``var = mean_j (x - mu)^2``, ``rstd = 1/sqrt(var + eps)``,
+    ``out = act(gamma * (x - mu) * rstd + beta)``.
+    x, out ``[B, N]``; gamma, beta ``[N]``; mean, rstd ``[B]`` (written, kept for backward).
+    """
+    mu = x.mean(axis=1)
+    d = x - mu[:, None]
+    var = (d * d).mean(axis=1)
+    r = x.dtype.type(1) / np.sqrt(var + x.dtype.type(eps))
+    mean[...] = mu
+    rstd[...] = r
+    out[...] = _act(d * r[:, None] * gamma + beta, act)
+
+
+def layernorm_backward(dout, out, x, gamma, mean, rstd, dx, dgamma, dbeta, act: int) -> None:
+    """Backward of :func:`layernorm_forward`.
+
+    With ``dy = dout * act'(out)`` and ``xhat = (x - mu) rstd``:
+    ``dgamma = sum_b dy xhat``, ``dbeta = sum_b dy``,
+    ``dx = rstd (g - mean_j g - xhat mean_j(g xhat))`` where ``g = dy gamma``.
+    dx ``[B, N]`` (overwritten); dgamma, dbeta ``[N]`` (overwritten).
+    """
+    dy = _act_grad(dout, out, act)
+    xhat = (x - mean[:, None]) * rstd[:, None]
+    dgamma[...] = (dy * xhat).sum(axis=0)
+    dbeta[...] = dy.sum(axis=0)
+    g = dy * gamma
+    dx[...] = rstd[:, None] * (g - g.mean(axis=1, keepdims=True) - xhat * (g * xhat).mean(axis=1, keepdims=True))
+
+
+def dueling_forward(va: np.ndarray, logits: np.ndarray) -> None:
+    """Dueling combine per atom (Wang et al. 2016, applied to C51 logits).
+
+    ``va [B, (1 + A) * Z]`` holds the value stream ``V [B, Z]`` then the advantage stream
+    ``Adv [B, A, Z]``; ``logits[b, a, z] = (V[b, z] + Adv[b, a, z]) - (sum_a' Adv[b, a', z]) / A``.
+    logits ``[B, A, Z]`` (written).
+    """
+    B, A, Z = logits.shape
+    v = va[:, :Z]
+    adv = va[:, Z:].reshape(B, A, Z)
+    s = adv[:, 0, :].copy()
+    for a in range(1, A):  # the kernel's order
+        s = s + adv[:, a, :]
+    logits[...] = (v[:, None, :] + adv) - (s / va.dtype.type(A))[:, None, :]
+
+
+def dueling_backward(dlogits: np.ndarray, dva: np.ndarray) -> None:
+    """``dV[b, z] = sum_a dL[b, a, z]``; ``dAdv[b, a, z] = dL[b, a, z] - dV[b, z] / A``. dva ``[B, (1+A) Z]``."""
+    B, A, Z = dlogits.shape
+    s = dlogits[:, 0, :].copy()
+    for a in range(1, A):
+        s = s + dlogits[:, a, :]
+    dva[:, :Z] = s
+    dva[:, Z:] = (dlogits - (s / dva.dtype.type(A))[:, None, :]).reshape(B, A * Z)
+
+
+def iqn_sample_tau(tau: np.ndarray, counter: np.ndarray, seed: int, stream_id: int) -> None:
+    """Quantile fractions ``tau[b, n] = uniform(seed, counter[0], stream_id)[b * N + n]`` in [0, 1).
+
+    tau ``[B, N]`` float32 (written); counter ``[1]`` uint64 (read, a step counter).
+    """
+    tau[...] = philox.uniform(seed, int(counter[0]), stream_id, tau.size).reshape(tau.shape).astype(tau.dtype)
+
+
+def iqn_cos_embed(tau: np.ndarray, cos: np.ndarray) -> None:
+    """Cosine embedding of IQN (Dabney et al. 2018): ``cos[b*N + n, i] = cos(pi * i * tau[b, n])``, i = 0..C-1.
+
+    Computed in float64 and rounded once, as the kernel does. tau ``[B, N]``; cos ``[B*N, C]``.
+    """
+    C = cos.shape[1]
+    ang = np.pi * np.arange(C, dtype=np.float64)[None, :] * tau.reshape(-1, 1).astype(np.float64)
+    cos[...] = np.cos(ang).astype(cos.dtype)
+
+
+def iqn_mix_forward(psi: np.ndarray, phi: np.ndarray, h: np.ndarray) -> None:
+    """Multiplicative interaction ``h[b*N + n, d] = psi[b, d] * phi[b*N + n, d]``.
+
+    psi ``[B, D]``; phi, h ``[B*N, D]``.
+    """
+    B, D = psi.shape
+    N = phi.shape[0] // B
+    h[...] = (phi.reshape(B, N, D) * psi[:, None, :]).reshape(B * N, D)
+
+
+def iqn_mix_backward(dh: np.ndarray, psi: np.ndarray, phi: np.ndarray, dpsi: np.ndarray, dphi: np.ndarray) -> None:
+    """``dphi = dh * psi[b]``; ``dpsi[b, d] = sum_n dh[b, n, d] phi[b, n, d]`` (n ascending).
+
+    dpsi ``[B, D]`` and dphi ``[B*N, D]`` are overwritten.
+    """
+    B, D = psi.shape
+    N = phi.shape[0] // B
+    dh3, phi3 = dh.reshape(B, N, D), phi.reshape(B, N, D)
+    acc = dh3[:, 0, :] * phi3[:, 0, :]
+    for n in range(1, N):
+        acc = acc + dh3[:, n, :] * phi3[:, n, :]
+    dphi[...] = (dh3 * psi[:, None, :]).reshape(B * N, D)
+    dpsi[...] = acc
+
+
+def plan_gate(plan: np.ndarray, scale: np.ndarray, threshold: float = 0.5) -> None:
+    """Readiness gate of the plan head.
+
+    ``plan [B, 2]`` holds (conviction, readiness), both in [0, 1]. ``scale[b] = conviction[b]`` if
+    ``readiness[b] >= threshold`` else exactly ``1``: conviction may scale a reward or a position
+    only once the plan head is ready (the seed scaled every reward by ~0.1 at init).
+    """
+    scale[...] = np.where(plan[:, 1] >= plan.dtype.type(threshold), plan[:, 0], scale.dtype.type(1))
+
+
+def plan_gate_backward(dscale: np.ndarray, plan: np.ndarray, dplan: np.ndarray, threshold: float = 0.5) -> None:
+    """``dplan[:, 0] = dscale * [readiness >= threshold]``; ``dplan[:, 1] = 0`` (the gate is a step)."""
+    dplan[:, 0] = np.where(plan[:, 1] >= plan.dtype.type(threshold), dscale, dscale.dtype.type(0))
+    dplan[:, 1] = 0

@@ -1,0 +1,192 @@
+"""Finite-difference gradient checks, in float64, of every layer and head and of QNetwork.
+
+The loss is ``L = sum(out * R)`` for a fixed random ``R``; the hand-written backward must
+match central differences ``(L(p + h e_i) - L(p - h e_i)) / 2h`` (h = 1e-6) over every
+parameter and the input, to a relative error of at most 1e-6.
+"""
+import numpy as np
+import pytest
+
+from cudarl.nn import C51Head, IQNHead, LayerNorm, Linear, MLP, ParamLayout, PlanHead, QNetwork, Workspace
+from cudarl.reference import nn as ref
+
+H = 1e-6
+TOL = 1e-6
+
+
+def fd_rel_error(fd, an):
+    return np.linalg.norm(fd - an) / max(np.linalg.norm(an), 1e-300)
+
+
+def build(module, B, rng):
+    layout, spec = ParamLayout(), []
+    module.declare(layout, spec)
+    params = layout.init_host(7, np.float64)
+    params += 0.1 * rng.standard_normal(params.shape)  # biases and gammas away from 0 and 1
+    grads = np.zeros_like(params)
+    module.bind(layout.views(params), layout.views(grads), ref)
+    ws = Workspace(np, np.float64, B)
+    for name, row, merge in spec:
+        ws.add(name, row, merge=merge)
+    ws.set_batch(B)
+    return params, grads, ws
+
+
+def check(forward, backward, params, grads, x, rng, d_in=True):
+    """forward() -> output array; backward(R, dx) writes grads and dx. Returns (param err, input err)."""
+    R = rng.standard_normal(forward().shape)
+
+    def loss():
+        return float(np.sum(forward() * R))
+
+    loss()
+    dx = np.zeros_like(x) if d_in else None
+    grads[...] = np.nan  # every gradient must be written, not accumulated into stale values
+    backward(R, dx)
+    used = ~np.isnan(grads)
+    fd = np.zeros_like(params)
+    for i in np.flatnonzero(used):
+        old = params[i]
+        params[i] = old + H
+        lp = loss()
+        params[i] = old - H
+        lm = loss()
+        params[i] = old
+        fd[i] = (lp - lm) / (2 * H)
+    errs = [fd_rel_error(fd[used], grads[used])]
+    assert used.sum() > 0
+    if d_in:
+        fdx = np.zeros_like(x)
+        for i in range(x.size):
+            old = x.flat[i]
+            x.flat[i] = old + H
+            lp = loss()
+            x.flat[i] = old - H
+            lm = loss()
+            x.flat[i] = old
+            fdx.flat[i] = (lp - lm) / (2 * H)
+        errs.append(fd_rel_error(fdx, dx))
+    return errs
+
+
+@pytest.mark.parametrize("act", ["identity", "relu", "sigmoid"])
+def test_linear_fd(act, rng):
+    m = Linear("lin", 5, 4, act=act)
+    params, grads, ws = build(m, 3, rng)
+    x = rng.standard_normal((3, 5))
+
+    def bwd(R, dx):
+        ws.rows("lin.dout")[...] = R
+        m.backward(x, ws, dx)
+
+    errs = check(lambda: m.forward(x, ws), bwd, params, grads, x, rng)
+    assert max(errs) <= TOL, errs
+
+
+@pytest.mark.parametrize("act", ["identity", "relu"])
+def test_layernorm_fd(act, rng):
+    m = LayerNorm("ln", 6, act=act)
+    params, grads, ws = build(m, 4, rng)
+    x = 2.0 * rng.standard_normal((4, 6)) + 0.5
+
+    def bwd(R, dx):
+        ws.rows("ln.dout")[...] = R
+        m.backward(x, ws, dx)
+
+    errs = check(lambda: m.forward(x, ws), bwd, params, grads, x, rng)
+    assert max(errs) <= TOL, errs
+
+
+@pytest.mark.parametrize("layernorm", [False, True])
+def test_mlp_fd(layernorm, rng):
+    m = MLP("enc", 7, (6, 5), layernorm=layernorm)
+    params, grads, ws = build(m, 3, rng)
+    x = rng.standard_normal((3, 7))
+
+    def bwd(R, dx):
+        ws.rows(f"{m.out_name}.dout")[...] = R
+        m.backward(x, ws, dx)
+
+    errs = check(lambda: m.forward(x, ws), bwd, params, grads, x, rng)
+    assert max(errs) <= TOL, errs
+
+
+def test_c51_head_fd(rng):
+    m = C51Head("head", 6, 3, atoms=5)
+    params, grads, ws = build(m, 4, rng)
+    psi = rng.standard_normal((4, 6))
+
+    def bwd(R, dpsi):
+        ws.rows(m.grad_name)[...] = R
+        m.backward(psi, ws, dpsi)
+
+    errs = check(lambda: m.forward(psi, ws), bwd, params, grads, psi, rng)
+    assert max(errs) <= TOL, errs
+
+
+def test_iqn_head_fd(rng):
+    m = IQNHead("head", 6, 3, n_quantiles=4, n_cos=8)
+    params, grads, ws = build(m, 3, rng)
+    psi = rng.standard_normal((3, 6))
+    tau = rng.uniform(size=(3, 4))
+
+    def bwd(R, dpsi):
+        ws.rows(m.grad_name)[...] = R.reshape(3 * 4, 3)
+        m.backward(psi, ws, dpsi)
+
+    errs = check(lambda: m.forward(psi, ws, tau), bwd, params, grads, psi, rng)
+    assert max(errs) <= TOL, errs
+
+
+def test_plan_head_fd(rng):
+    m = PlanHead("plan", 6, gain=1.0, readiness_bias=0.3)
+    params, grads, ws = build(m, 5, rng)
+    psi = rng.standard_normal((5, 6))
+
+    def bwd(R, dpsi):
+        ws.rows(m.grad_name)[...] = R
+        dpsi[...] = 0
+        m.backward(psi, ws, dpsi, accumulate=True)
+
+    errs = check(lambda: m.forward(psi, ws), bwd, params, grads, psi, rng)
+    assert max(errs) <= TOL, errs
+
+
+@pytest.mark.parametrize("head,layernorm", [("c51", False), ("c51", True), ("iqn", False), ("iqn", True)])
+def test_qnetwork_fd(head, layernorm, rng):
+    net = QNetwork(6, 3, hidden=(7, 5), head=head, layernorm=layernorm, plan=True, atoms=4, n_quantiles=3,
+                   n_cos=5, dtype=np.float64, max_batch=3, seed=3)
+    net.params += 0.1 * rng.standard_normal(net.params.shape)
+    net.P["plan.lin.weight"][...] *= 50.0  # make the plan head's contribution to dpsi visible
+    x = rng.standard_normal((3, 6))
+    tau = rng.uniform(size=(3, 3))
+    Rq, Rp = rng.standard_normal(net.forward_shape(3)), rng.standard_normal((3, 2))
+
+    def loss():
+        o = net.forward(x, tau=tau)
+        return float(np.sum(o["q"] * Rq) + np.sum(o["plan"] * Rp))
+
+    loss()
+    g = net.grad_outputs()
+    g["q"][...] = Rq
+    g["plan"][...] = Rp
+    net.grads[...] = np.nan
+    dx = np.zeros_like(x)
+    net.backward(x, dx=dx)
+    used = np.zeros(net.params.shape, bool)
+    for e in net.layout.entries:
+        used[e.offset : e.offset + e.size] = True
+    assert not np.isnan(net.grads[used]).any(), "a parameter gradient was not written"
+    fd = np.zeros_like(net.params)
+    for i in np.flatnonzero(used):
+        old = net.params[i]
+        net.params[i] = old + H
+        lp = loss()
+        net.params[i] = old - H
+        lm = loss()
+        net.params[i] = old
+        fd[i] = (lp - lm) / (2 * H)
+    assert fd_rel_error(fd[used], net.grads[used]) <= TOL
+    for e in net.layout.entries:  # per tensor, so a small tensor's error is not hidden by a big one
+        sl = slice(e.offset, e.offset + e.size)
+        assert fd_rel_error(fd[sl], net.grads[sl]) <= 1e-5, e.name
