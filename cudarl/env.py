@@ -1,0 +1,227 @@
+"""``TradingEnv``: N trading environments stepping together on the device.
+
+The env owns its device buffers and composes the ops of the ``env`` family
+(``cudarl.ops.env`` on the GPU, ``cudarl.reference.env`` on the CPU); the semantics are in
+``cudarl/reference/env.py`` and ``docs/env.md``. A collection step is::
+
+    env.act(q, epsilon)        # epsilon-greedy from Q [N, A] -> env.actions
+    env.record(transitions)    # optional: real + counterfactual + mirror rows, before the step
+    env.step()                 # reward, done, next obs; ended episodes reset on the device
+
+Every call only launches kernels into buffers allocated at construction, so the sequence can
+be captured by ``cudarl.graph.StepGraph``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import backend as _backend
+from .reference import env as ref
+from .reference.env import EnvData, EnvParams, EnvState, Transitions
+
+__all__ = ["EnvConfig", "TradingEnv", "Transitions", "EnvState"]
+
+
+@dataclass(frozen=True)
+class EnvConfig:
+    """How the environments trade. Validated at construction."""
+
+    n_envs: int = 4096
+    """Environments stepping together (>= 1)."""
+    episode_len: int = 1024
+    """Steps per episode (>= 1); the data window must hold ``episode_len + 2`` bars."""
+    n_actions: int = 3
+    """Target-position levels, evenly spaced from -1 (short) to +1 (long); 3 is short/flat/long."""
+    levels: tuple[float, ...] | None = None
+    """Explicit target positions instead of the even spacing (length ``n_actions``, increasing)."""
+    fill: str = "open"
+    """Where a decision made at close[t] is filled: ``"open"`` (open[t+1]) or ``"close"`` (close[t+1])."""
+    cost_bps: float = 1.0
+    """Commission per unit of position change, in basis points (``cudarl.costs``)."""
+    slippage_bps: float = 0.0
+    """Slippage per unit of position change, in basis points (``cudarl.costs``)."""
+    hold_cap: int = 64
+    """The hold feature ``min(hold, hold_cap) / hold_cap`` saturates here (>= 1)."""
+    stagger: bool = True
+    """Draw the first episode's length uniformly in [1, episode_len] so episode ends spread out."""
+    counterfactual: bool = False
+    """``record`` writes one row per other action (the prices do not depend on the agent)."""
+    mirror: bool = False
+    """``record`` writes the directional mirror row (needs antisymmetric levels)."""
+    seed: int = 0
+    """Philox seed of resets, episode starts and exploration (0 <= seed < 2**64)."""
+
+    def __post_init__(self):
+        def need(ok, msg):
+            if not ok:
+                raise ValueError(f"EnvConfig: {msg}")
+
+        need(int(self.n_envs) >= 1, f"n_envs must be >= 1, got {self.n_envs}")
+        need(1 <= int(self.episode_len) < 2**31, f"episode_len must be >= 1, got {self.episode_len}")
+        need(int(self.n_actions) >= 2, f"n_actions must be >= 2, got {self.n_actions}")
+        need(self.fill in ("open", "close"), f"fill must be 'open' or 'close', got {self.fill!r}")
+        need(np.isfinite(self.cost_bps) and self.cost_bps >= 0, f"cost_bps must be >= 0, got {self.cost_bps}")
+        need(np.isfinite(self.slippage_bps) and self.slippage_bps >= 0, f"slippage_bps must be >= 0, got {self.slippage_bps}")
+        need(int(self.hold_cap) >= 1, f"hold_cap must be >= 1, got {self.hold_cap}")
+        need(0 <= int(self.seed) < 2**64, f"seed must be in [0, 2**64), got {self.seed}")
+        if self.levels is not None:
+            lv = np.asarray(self.levels, dtype=np.float64)
+            need(lv.shape == (self.n_actions,), f"levels has {lv.size} entries, n_actions is {self.n_actions}")
+            need(bool(np.all(np.isfinite(lv))) and bool(np.all(np.diff(lv) > 0)), f"levels must be finite and increasing, got {self.levels}")
+        if self.mirror:
+            lv = self.position_levels()
+            need(np.array_equal(lv[::-1], -lv), f"mirror needs antisymmetric levels (levels[A-1-a] == -levels[a]), got {lv.tolist()}")
+
+    def position_levels(self) -> np.ndarray:
+        """The target position of each action: float32 ``[n_actions]``."""
+        if self.levels is None:
+            return ref.position_levels(self.n_actions)
+        return np.asarray(self.levels, dtype=np.float32)
+
+    @property
+    def rows_per_step(self) -> int:
+        """Transition rows per env per step written by ``record``."""
+        return ref.rows_per_step(self.n_actions, self.counterfactual, self.mirror)
+
+
+def _as_f32(name: str, a, ndim: int) -> np.ndarray:
+    a = np.asarray(_backend.to_numpy(a))
+    if a.ndim != ndim:
+        raise ValueError(f"{name}: expected a {ndim}-d array, got shape {list(a.shape)}")
+    if a.dtype.kind != "f":
+        raise ValueError(f"{name}: expected floats, got {a.dtype}")
+    return np.ascontiguousarray(a, dtype=np.float32)
+
+
+def _check_prices(name: str, px: np.ndarray, lo: int, hi: int) -> None:
+    bad = np.flatnonzero(~(np.isfinite(px[lo:hi]) & (px[lo:hi] > 0)))
+    if bad.size:
+        raise ValueError(f"{name}: bar {lo + bad[0]} has price {px[lo + bad[0]]!r}; prices must be finite and positive")
+
+
+class TradingEnv:
+    """``config.n_envs`` environments over one market, stepping together.
+
+    Args:
+        open, close: float (cast to float32) ``[T]`` prices.
+        features: float (cast to float32) ``[T, F]``, computed causally (row t known at close[t]).
+        return_sign: bool ``[F]``, True on columns whose sign follows the market's direction
+            (the mirror negates them).
+        config: :class:`EnvConfig`.
+        t_begin, t_end: the bars the env may use, ``[t_begin, t_end)`` (default: all).
+        backend: ``"numpy"``, ``"cupy"`` or ``None`` (the process backend).
+
+    Buffers (arrays of the backend, allocated here and never reallocated):
+        ``obs`` float32 ``[N, F+2]``, ``reward`` and ``done`` float32 ``[N]``, ``actions`` int32
+        ``[N]``, ``scale`` float32 ``[N]`` (ones), ``state`` (:class:`EnvState`).
+    """
+
+    def __init__(self, open, close, features, return_sign, config: EnvConfig = EnvConfig(), *,
+                 t_begin: int = 0, t_end: int | None = None, backend: str | None = None):
+        self.config = config
+        be = _backend.get(backend)
+        self.xp, self.is_gpu = be.xp, be.is_gpu
+        if self.is_gpu:
+            from .ops import env as ops
+        else:
+            ops = ref
+        self._ops = ops
+        open_, close = _as_f32("open", open, 1), _as_f32("close", close, 1)
+        feats = _as_f32("features", features, 2)
+        t_n, f_n = feats.shape
+        if open_.shape != (t_n,) or close.shape != (t_n,):
+            raise ValueError(f"open {list(open_.shape)} and close {list(close.shape)} must both be [T] with T = {t_n} (features rows)")
+        sign_mask = np.asarray(_backend.to_numpy(return_sign))
+        if sign_mask.dtype != np.bool_ or sign_mask.shape != (f_n,):
+            raise ValueError(f"return_sign: expected bool [{f_n}], got {sign_mask.dtype} {list(sign_mask.shape)}")
+        t_end = t_n if t_end is None else int(t_end)
+        t_begin = int(t_begin)
+        if not (0 <= t_begin < t_end <= t_n):
+            raise ValueError(f"need 0 <= t_begin < t_end <= T={t_n}, got t_begin={t_begin}, t_end={t_end}")
+        n_starts = t_end - t_begin - config.episode_len - 1
+        if n_starts < 1:
+            raise ValueError(f"the window [{t_begin}, {t_end}) has {t_end - t_begin} bars; episode_len={config.episode_len} needs at least {config.episode_len + 2}")
+        _check_prices("open" if config.fill == "open" else "close", open_ if config.fill == "open" else close, t_begin, t_end)
+        bad = np.argwhere(~np.isfinite(feats[t_begin:t_end]))
+        if bad.size:
+            raise ValueError(f"features: row {t_begin + bad[0][0]}, column {bad[0][1]} is not finite")
+        self.t_begin, self.t_end = t_begin, t_end
+        self.n_envs, self.n_features, self.n_actions = config.n_envs, f_n, config.n_actions
+        self.obs_dim = f_n + ref.N_POSITION_FEATURES
+        self.params = EnvParams(t_begin, n_starts, config.episode_len, config.hold_cap, config.stagger,
+                                float(config.cost_bps), float(config.slippage_bps), int(config.seed),
+                                config.counterfactual, config.mirror)
+        xp, n = self.xp, self.n_envs
+        ret = ref.bar_returns(open_, close, config.fill)
+        self.data = EnvData(xp.asarray(feats), xp.asarray(ret), xp.asarray(config.position_levels()),
+                            xp.asarray(np.where(sign_mask, np.float32(-1), np.float32(1)).astype(np.float32)))
+        self.state = EnvState(xp.zeros(n, np.int32), xp.zeros(n, np.int32), xp.zeros(n, np.int32),
+                              xp.zeros(n, np.float32), xp.zeros(n, np.int32), xp.zeros(n, np.uint64))
+        self.obs = xp.zeros((n, self.obs_dim), np.float32)
+        self.reward = xp.zeros(n, np.float32)
+        self.done = xp.zeros(n, np.float32)
+        self.actions = xp.zeros(n, np.int32)
+        self.scale = xp.ones(n, np.float32)
+        self.reset()
+
+    # --- ops ----------------------------------------------------------------------------------------
+    def reset(self) -> None:
+        """Start a new episode in every env (draws keyed by each env's step counter); writes ``obs``."""
+        self._ops.reset(self.state, self.obs, self.data, self.params)
+
+    def act(self, q, epsilon, out=None):
+        """Epsilon-greedy actions from ``q`` float32 ``[N, A]`` and ``epsilon`` float32 ``[1]``
+        (e.g. a ``DeviceScalars`` view); writes ``out`` (default ``self.actions``) and returns it."""
+        out = self.actions if out is None else out
+        self._ops.act(out, q, epsilon, self.state.count, self.params)
+        return out
+
+    def record(self, out: Transitions, actions=None, scale=None) -> Transitions:
+        """Write the coming step's transitions into ``out`` (``rows_per_step * N`` rows); call
+        before :meth:`step` with the same ``actions`` and ``scale``."""
+        self._ops.record(out, self.state, self._actions(actions), self._scale(scale), self.data, self.params)
+        return out
+
+    def step(self, actions=None, scale=None) -> None:
+        """Move to the targets of ``actions`` int32 ``[N]`` (default ``self.actions``), sized by
+        ``scale`` float32 ``[N]`` in [0, 1] (the plan head's conviction; default ones); writes
+        ``state``, ``obs``, ``reward``, ``done``."""
+        self._ops.step(self.state, self.obs, self.reward, self.done, self._actions(actions), self._scale(scale),
+                       self.data, self.params)
+
+    def _actions(self, actions):
+        return self.actions if actions is None else actions
+
+    def _scale(self, scale):
+        return self.scale if scale is None else scale
+
+    # --- buffers and state ------------------------------------------------------------------------
+    @property
+    def rows_per_step(self) -> int:
+        return self.config.rows_per_step
+
+    def make_transitions(self) -> Transitions:
+        """A :class:`Transitions` buffer sized for one :meth:`record` (allocate before any capture)."""
+        return Transitions.allocate(self.xp, self.rows_per_step * self.n_envs, self.obs_dim)
+
+    def state_dict(self) -> dict:
+        """Host copies of the state and the last outputs (for checkpoints; not inside a capture)."""
+        out = {f"state.{k}": _backend.to_numpy(v).copy() for k, v in self.state._asdict().items()}
+        out.update(obs=_backend.to_numpy(self.obs).copy(), actions=_backend.to_numpy(self.actions).copy(),
+                   scale=_backend.to_numpy(self.scale).copy())
+        return out
+
+    def load_state_dict(self, sd: dict) -> None:
+        """Restore :meth:`state_dict` into the existing buffers (their addresses stay the same)."""
+        dst = {**{f"state.{k}": v for k, v in self.state._asdict().items()},
+               "obs": self.obs, "actions": self.actions, "scale": self.scale}
+        missing = sorted(set(dst) - set(sd))
+        if missing:
+            raise KeyError(f"env state is missing {missing}")
+        for k, buf in dst.items():
+            src = np.asarray(sd[k])
+            if src.shape != tuple(buf.shape) or src.dtype != buf.dtype:
+                raise ValueError(f"env state {k}: {src.dtype} {list(src.shape)} does not fit {buf.dtype} {list(buf.shape)}")
+            buf[...] = self.xp.asarray(src)

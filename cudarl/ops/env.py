@@ -1,0 +1,133 @@
+"""Launchers for cuda_src/env.cu (twin and semantics: cudarl/reference/env.py).
+
+Same op names and signatures as the reference; each checks shapes and dtypes, then launches.
+They write only into the buffers they are given and never allocate, synchronise or read device
+values, so they are capture-safe. ``params`` holds constants baked into the launch (fixed for
+an env's lifetime); everything that changes between replays (the state, the step counters,
+epsilon, the conviction scale) is read from device memory.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..kernels import blocks_for, launch
+from ..reference.env import EnvData, EnvParams, EnvState, Transitions, rows_per_step
+
+_THREADS = 256
+_WARPS = _THREADS // 32
+
+_STATE_SIG = "i32* t, i32* start, i32* steps_left, f32* position, i32* hold"
+
+
+def _check(name: str, a, dtype, shape: tuple) -> None:
+    if a.dtype != np.dtype(dtype) or tuple(a.shape) != tuple(shape):
+        raise ValueError(f"{name}: expected {np.dtype(dtype)} {list(shape)}, got {a.dtype} {list(a.shape)}")
+    if not a.flags.c_contiguous:
+        raise ValueError(f"{name}: must be C-contiguous")
+
+
+def _check_state(state: EnvState) -> int:
+    n = state.t.shape[0]
+    for name, dt in (("t", np.int32), ("start", np.int32), ("steps_left", np.int32), ("position", np.float32),
+                     ("hold", np.int32), ("count", np.uint64)):
+        _check(f"state.{name}", getattr(state, name), dt, (n,))
+    return n
+
+
+def _check_data(data: EnvData) -> tuple[int, int, int]:
+    if data.features.ndim != 2:
+        raise ValueError(f"data.features: expected float32 [T, F], got shape {list(data.features.shape)}")
+    t_n, f_n = data.features.shape
+    a_n = data.levels.shape[0]
+    _check("data.features", data.features, np.float32, (t_n, f_n))
+    _check("data.ret", data.ret, np.float32, (t_n,))
+    _check("data.levels", data.levels, np.float32, (a_n,))
+    _check("data.sign", data.sign, np.float32, (f_n,))
+    return t_n, f_n, a_n
+
+
+def _check_params(params: EnvParams, t_n: int) -> None:
+    if not (0 <= params.t_begin and params.n_starts >= 1 and params.episode_len >= 1 and params.hold_cap >= 1):
+        raise ValueError(f"params out of range: {params}")
+    if params.t_begin + params.n_starts + params.episode_len + 1 > t_n:
+        raise ValueError(f"params need {params.t_begin + params.n_starts + params.episode_len + 1} bars, data has {t_n}")
+
+
+def reset(state: EnvState, obs, data: EnvData, params: EnvParams, stream=None) -> None:
+    """Start a new episode in every env; writes ``state`` (not ``count``) and ``obs`` float32 ``[N, F+2]``."""
+    n = _check_state(state)
+    t_n, f_n, _ = _check_data(data)
+    _check_params(params, t_n)
+    _check("obs", obs, np.float32, (n, f_n + 2))
+    launch("env", "reset", blocks_for(n, _WARPS), _THREADS,
+           _STATE_SIG + ", const u64* count, f32* obs, const f32* features, i32 n_envs, i32 n_features, "
+           "i32 t_begin, i32 n_starts, i32 episode_len, i32 hold_cap, i32 stagger, u64 seed",
+           (*state[:5], state.count, obs, data.features, n, f_n, params.t_begin, params.n_starts,
+            params.episode_len, params.hold_cap, int(bool(params.stagger)), int(params.seed)), stream=stream)
+
+
+def step(state: EnvState, obs, reward_out, done_out, actions, scale, data: EnvData, params: EnvParams,
+         stream=None) -> None:
+    """Advance every env one bar (see the reference); writes ``state``, ``obs``, ``reward_out``, ``done_out``.
+
+    Args:
+        actions: int32 ``[N]``; scale: float32 ``[N]``; obs: float32 ``[N, F+2]``;
+        reward_out, done_out: float32 ``[N]``.
+    """
+    n = _check_state(state)
+    t_n, f_n, a_n = _check_data(data)
+    _check_params(params, t_n)
+    _check("obs", obs, np.float32, (n, f_n + 2))
+    _check("reward_out", reward_out, np.float32, (n,))
+    _check("done_out", done_out, np.float32, (n,))
+    _check("actions", actions, np.int32, (n,))
+    _check("scale", scale, np.float32, (n,))
+    launch("env", "step", blocks_for(n, _WARPS), _THREADS,
+           _STATE_SIG + ", u64* count, f32* obs, f32* reward, f32* done, const i32* actions, const f32* scale, "
+           "const f32* features, const f32* ret, const f32* levels, i32 n_envs, i32 n_features, i32 n_actions, "
+           "i32 t_begin, i32 n_starts, i32 episode_len, i32 hold_cap, f32 rate, u64 seed",
+           (*state[:5], state.count, obs, reward_out, done_out, actions, scale, data.features, data.ret, data.levels,
+            n, f_n, a_n, params.t_begin, params.n_starts, params.episode_len, params.hold_cap, params.rate,
+            int(params.seed)), stream=stream)
+
+
+def record(out: Transitions, state: EnvState, actions, scale, data: EnvData, params: EnvParams, stream=None) -> None:
+    """Write this step's transitions into ``out`` (layout: :class:`~cudarl.reference.env.Transitions`).
+
+    Call before :func:`step`, with the same ``actions`` (int32 ``[N]``) and ``scale`` (float32 ``[N]``).
+    """
+    n = _check_state(state)
+    t_n, f_n, a_n = _check_data(data)
+    _check_params(params, t_n)
+    g_n = rows_per_step(a_n, params.counterfactual, params.mirror)
+    m = g_n * n
+    _check("out.obs", out.obs, np.float32, (m, f_n + 2))
+    _check("out.action", out.action, np.int32, (m,))
+    _check("out.reward", out.reward, np.float32, (m,))
+    _check("out.next_obs", out.next_obs, np.float32, (m, f_n + 2))
+    _check("out.done", out.done, np.float32, (m,))
+    _check("actions", actions, np.int32, (n,))
+    _check("scale", scale, np.float32, (n,))
+    launch("env", "record", blocks_for(m, _WARPS), _THREADS,
+           "f32* obs_out, i32* action_out, f32* reward_out, f32* next_obs_out, f32* done_out, const i32* t, "
+           "const i32* steps_left, const f32* position, const i32* hold, const i32* actions, const f32* scale, "
+           "const f32* features, const f32* ret, const f32* levels, const f32* sign, i32 n_envs, i32 n_features, "
+           "i32 n_actions, i32 hold_cap, f32 rate, i32 counterfactual, i32 mirror",
+           (out.obs, out.action, out.reward, out.next_obs, out.done, state.t, state.steps_left, state.position,
+            state.hold, actions, scale, data.features, data.ret, data.levels, data.sign, n, f_n, a_n,
+            params.hold_cap, params.rate, int(bool(params.counterfactual)), int(bool(params.mirror))), stream=stream)
+
+
+def act(actions, q, epsilon, count, params: EnvParams, stream=None) -> None:
+    """Epsilon-greedy ``actions`` int32 ``[N]`` from ``q`` float32 ``[N, A]``, ``epsilon`` float32 ``[1]``
+    (device memory) and the envs' counters ``count`` uint64 ``[N]``."""
+    if q.ndim != 2:
+        raise ValueError(f"q: expected float32 [N, A], got shape {list(q.shape)}")
+    n, a_n = q.shape
+    _check("q", q, np.float32, (n, a_n))
+    _check("actions", actions, np.int32, (n,))
+    _check("epsilon", epsilon, np.float32, (1,))
+    _check("count", count, np.uint64, (n,))
+    launch("env", "act", blocks_for(n, _THREADS), _THREADS,
+           "i32* actions, const f32* q, const f32* epsilon, const u64* count, i32 n_envs, i32 n_actions, u64 seed",
+           (actions, q, epsilon, count, n, a_n, int(params.seed)), stream=stream)

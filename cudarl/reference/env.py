@@ -1,0 +1,355 @@
+"""NumPy twin of cuda_src/env.cu: N trading environments stepping together.
+
+The semantics live here (the CUDA kernels follow them bit for bit; docs/env.md explains them):
+
+* Time. Bar ``t`` is observed through ``close[t]``. A target position chosen at ``t`` is filled
+  at ``fill[t]`` (``open[t+1]``, or ``close[t+1]`` with ``fill="close"``) and held until the
+  next fill, so it earns ``ret[t] = fill[t+1] / fill[t] - 1`` (:func:`bar_returns`). A
+  transition at ``t`` therefore needs bars up to ``t + 2``.
+* Reward (``cudarl.costs``, the model the evaluation uses), in float32::
+
+      r_t = p_t * ret[t] - (cost_bps + slippage_bps) * 1e-4 * |p_t - p_{t-1}|
+
+  with ``p_t = levels[a_t] * scale`` (``scale`` is 1, or the plan head's conviction).
+* Observation of env i (float32 ``[F + 2]``): ``features[t]``, the position held entering the
+  step ``p_{t-1}``, and ``min(hold, hold_cap) / hold_cap`` where ``hold`` counts the steps the
+  position has been held (0 after a reset; after a step ``hold + 1`` if the position did not
+  change, else 1).
+* Episodes. ``episode_len`` steps from a start ``s`` drawn uniformly from
+  ``[t_begin, t_begin + n_starts)``, ``n_starts = t_end - t_begin - episode_len - 1``. The step
+  whose ``steps_left`` reaches 0 reports ``done = 1`` and resets the env on the spot (flat,
+  ``hold = 0``, new start). :func:`reset` (all envs) may stagger the first episode's length
+  uniformly in ``[1, episode_len]`` so that episode ends spread out.
+* Randomness. Philox4x32-10 keyed by ``(seed, count[i], stream_id)`` where ``count[i]`` is env
+  i's own device-side step counter (steps taken since construction, incremented by
+  :func:`step`), so no two envs or steps share draws and no global counter is raced:
+
+  - :func:`reset` (stream :data:`STREAM_RESET`, counter ``count[i]``): draws ``2i`` (start)
+    and ``2i + 1`` (staggered length);
+  - an episode end in :func:`step` (stream :data:`STREAM_EPISODE`, counter ``count[i] + 1``,
+    the new count): draw ``i`` (start);
+  - :func:`act` (stream :data:`STREAM_ACT`, counter ``count[i]``): draws ``2i`` (explore?) and
+    ``2i + 1`` (random action).
+
+  An integer below ``n`` is ``(x * n) >> 32`` of a 32-bit draw ``x``.
+* Out-of-range actions are clamped into ``[0, n_actions)`` (the kernel cannot raise).
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+from .. import costs
+from . import philox
+
+STREAM_RESET = 0x656E7630  # "env0"
+STREAM_EPISODE = 0x656E7631  # "env1"
+STREAM_ACT = 0x656E7632  # "env2"
+#: Columns after the features in an observation: position, hold fraction.
+N_POSITION_FEATURES = 2
+F32 = np.float32
+
+
+class EnvState(NamedTuple):
+    """Per-env state, every array ``[N]``; the env's only mutable memory besides its outputs.
+
+    Attributes:
+        t: int32, the bar observed now (the obs is ``features[t]``).
+        start: int32, the first bar of the current episode.
+        steps_left: int32, steps left in the episode (>= 1 between steps).
+        position: float32, the position held entering the step (``p_{t-1}``).
+        hold: int32, steps the position has been held (0 after a reset).
+        count: uint64, steps this env has taken since construction (the Philox counter).
+    """
+
+    t: object
+    start: object
+    steps_left: object
+    position: object
+    hold: object
+    count: object
+
+
+class EnvData(NamedTuple):
+    """Read-only market data.
+
+    Attributes:
+        features: float32 ``[T, F]``, causal features (row t known at close[t]).
+        ret: float32 ``[T]``, :func:`bar_returns`.
+        levels: float32 ``[A]``, the target position of each action.
+        sign: float32 ``[F]``, -1 on return-sign columns (negated by the mirror), +1 elsewhere.
+    """
+
+    features: object
+    ret: object
+    levels: object
+    sign: object
+
+
+class EnvParams(NamedTuple):
+    """Constants of one env (fixed for its lifetime, so they may be baked into a graph).
+
+    Attributes:
+        t_begin: first bar an episode may start at.
+        n_starts: number of possible starts (>= 1).
+        episode_len: steps per episode (>= 1).
+        hold_cap: the hold feature saturates at this many steps (>= 1).
+        stagger: whether :func:`reset` staggers the first episode's length.
+        cost_bps, slippage_bps: the cost model (``cudarl.costs``).
+        seed: the Philox seed (uint64).
+        counterfactual: whether :func:`record` writes rows for the other actions.
+        mirror: whether :func:`record` writes the directional mirror row.
+    """
+
+    t_begin: int
+    n_starts: int
+    episode_len: int
+    hold_cap: int
+    stagger: bool
+    cost_bps: float
+    slippage_bps: float
+    seed: int
+    counterfactual: bool
+    mirror: bool
+
+    @property
+    def rate(self) -> np.float32:
+        """Cost per unit of position change, float32 (what the kernels receive)."""
+        return F32((float(self.cost_bps) + float(self.slippage_bps)) * 1e-4)
+
+
+class Transitions(NamedTuple):
+    """Rows of experience, struct of arrays; ``M = rows_per_step * N`` rows per env step.
+
+    Row ``g * N + i`` is group ``g`` of env i: group 0 the real transition, groups
+    ``1 .. A-1`` (with counterfactuals) the action ``(a + g) % A``, the last group (with the
+    mirror) the directional mirror.
+
+    Attributes:
+        obs: float32 ``[M, F + 2]``.
+        action: int32 ``[M]``.
+        reward: float32 ``[M]``.
+        next_obs: float32 ``[M, F + 2]``, the true next observation (before any reset).
+        done: float32 ``[M]``, 1.0 where the episode ended at this step.
+    """
+
+    obs: object
+    action: object
+    reward: object
+    next_obs: object
+    done: object
+
+    @staticmethod
+    def allocate(xp, n_rows: int, obs_dim: int) -> "Transitions":
+        return Transitions(xp.zeros((n_rows, obs_dim), F32), xp.zeros(n_rows, np.int32), xp.zeros(n_rows, F32),
+                           xp.zeros((n_rows, obs_dim), F32), xp.zeros(n_rows, F32))
+
+
+# --- helpers shared by both backends --------------------------------------------------------------
+def bar_returns(open_: np.ndarray, close: np.ndarray, fill: str = "open") -> np.ndarray:
+    """``ret[t] = fill[t+1] / fill[t] - 1`` with ``fill[t] = open[t+1]`` (or ``close[t+1]``).
+
+    Args:
+        open_, close: float32 ``[T]`` prices.
+        fill: ``"open"`` or ``"close"``.
+    Returns:
+        float32 ``[T]``; the last two entries (no transition can use them) are 0.
+    """
+    if fill not in ("open", "close"):
+        raise ValueError(f"fill must be 'open' or 'close', got {fill!r}")
+    px = np.asarray(open_ if fill == "open" else close, dtype=F32)
+    ret = np.zeros(px.shape[0], dtype=F32)
+    if px.shape[0] >= 3:
+        ret[:-2] = px[2:] / px[1:-1] - F32(1)
+    return ret
+
+
+def position_levels(n_actions: int) -> np.ndarray:
+    """``A`` evenly spaced positions from -1 to 1, exactly antisymmetric: float32 ``[A]``.
+
+    ``levels[A-1-a] == -levels[a]`` bit for bit, so the mirror of action a is action A-1-a.
+    """
+    if int(n_actions) < 2:
+        raise ValueError(f"n_actions must be at least 2, got {n_actions}")
+    a = int(n_actions)
+    lv = np.array([-1.0 + 2.0 * k / (a - 1) for k in range(a)], dtype=np.float64).astype(F32)
+    lv[a - 1 - np.arange(a // 2)] = -lv[: a // 2]
+    if a % 2:
+        lv[a // 2] = F32(0)
+    return lv
+
+
+def reward(prev_position, position, ret, params: EnvParams, compute_dtype=F32):
+    """The env's reward, exactly ``cudarl.costs.bar_net_return`` in ``compute_dtype``."""
+    c = np.dtype(compute_dtype).type
+    return costs.bar_net_return(np.asarray(prev_position).astype(c), np.asarray(position).astype(c),
+                                np.asarray(ret).astype(c), params.cost_bps, params.slippage_bps)
+
+
+def hold_feature(hold: np.ndarray, hold_cap: int) -> np.ndarray:
+    """``min(hold, hold_cap) / hold_cap``: float32 ``[N]``."""
+    return np.minimum(hold, hold_cap).astype(F32) / F32(hold_cap)
+
+
+def _philox_per_env(seed: int, counters: np.ndarray, stream_id: int, b: np.ndarray) -> np.ndarray:
+    """Block ``b[i]`` of stream ``(seed, counters[i], stream_id)``: uint32 ``[N, 4]``."""
+    c = np.asarray(counters, dtype=np.uint64)
+    ctr = np.empty(c.shape + (4,), dtype=np.uint32)
+    ctr[:, 0] = np.asarray(b, dtype=np.uint32)
+    ctr[:, 1] = np.uint32(stream_id)
+    ctr[:, 2] = (c & np.uint64(0xFFFFFFFF)).astype(np.uint32)
+    ctr[:, 3] = (c >> np.uint64(32)).astype(np.uint32)
+    return philox.philox4x32(ctr, philox.key_of(seed))
+
+
+def _below(x: np.ndarray, n) -> np.ndarray:
+    """``(x * n) >> 32``: an integer in ``[0, n)`` from a uint32 draw (int32 ``[N]``)."""
+    return ((x.astype(np.uint64) * np.uint64(n)) >> np.uint64(32)).astype(np.int32)
+
+
+def _lane(blocks: np.ndarray, lanes: np.ndarray) -> np.ndarray:
+    return blocks[np.arange(blocks.shape[0]), lanes]
+
+
+def write_obs(obs: np.ndarray, features: np.ndarray, t: np.ndarray, position: np.ndarray, hold: np.ndarray,
+              hold_cap: int, sign: np.ndarray | None = None) -> None:
+    """``obs[i] = [features[t[i]] (* sign), position[i], hold_feature(hold[i])]``; obs float32 ``[N, F+2]``."""
+    f = features.shape[1]
+    rows = features[t]
+    obs[:, :f] = rows if sign is None else rows * sign
+    obs[:, f] = position
+    obs[:, f + 1] = hold_feature(hold, hold_cap)
+
+
+# --- the ops ---------------------------------------------------------------------------------------
+def reset(state: EnvState, obs: np.ndarray, data: EnvData, params: EnvParams) -> None:
+    """Start a new episode in every env and write its observation.
+
+    Writes ``state.t, start, steps_left, position (0), hold (0)`` and ``obs`` float32
+    ``[N, F+2]``; reads ``state.count`` (uint64 ``[N]``) as the Philox counter.
+    """
+    n = state.t.shape[0]
+    i = np.arange(n, dtype=np.int64)
+    blk = _philox_per_env(params.seed, state.count, STREAM_RESET, i >> 1)
+    lane = 2 * (i & 1)
+    s = params.t_begin + _below(_lane(blk, lane), params.n_starts)
+    if params.stagger:
+        steps = 1 + _below(_lane(blk, lane + 1), params.episode_len)
+    else:
+        steps = np.full(n, params.episode_len, dtype=np.int32)
+    state.t[:] = s
+    state.start[:] = s
+    state.steps_left[:] = steps
+    state.position[:] = F32(0)
+    state.hold[:] = 0
+    write_obs(obs, data.features, state.t, state.position, state.hold, params.hold_cap)
+
+
+def _target(actions: np.ndarray, scale: np.ndarray, levels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    a = np.clip(actions, 0, levels.shape[0] - 1).astype(np.int32)
+    return a, (levels[a] * scale).astype(F32)
+
+
+def step(state: EnvState, obs: np.ndarray, reward_out: np.ndarray, done_out: np.ndarray, actions: np.ndarray,
+         scale: np.ndarray, data: EnvData, params: EnvParams) -> None:
+    """Move every env to its target position, earn the reward, advance one bar, reset ended episodes.
+
+    Args:
+        actions: int32 ``[N]`` action indices (clamped into ``[0, A)``).
+        scale: float32 ``[N]`` position scale in [0, 1] (ones when conviction sizing is off).
+    Writes:
+        every field of ``state``; ``obs`` float32 ``[N, F+2]`` (the next observation, after a
+        reset where one happened); ``reward_out`` float32 ``[N]``; ``done_out`` float32 ``[N]``.
+    """
+    n = state.t.shape[0]
+    _, p = _target(actions, scale, data.levels)
+    prev = state.position.copy()
+    r = reward(prev, p, data.ret[state.t], params)
+    hold = np.where(p == prev, state.hold + 1, 1).astype(np.int32)
+    t = (state.t + 1).astype(np.int32)
+    steps_left = (state.steps_left - 1).astype(np.int32)
+    count = state.count + np.uint64(1)
+    done = steps_left == 0
+    i = np.arange(n, dtype=np.int64)
+    blk = _philox_per_env(params.seed, count, STREAM_EPISODE, i >> 2)
+    s = (params.t_begin + _below(_lane(blk, i & 3), params.n_starts)).astype(np.int32)
+    state.t[:] = np.where(done, s, t)
+    state.start[:] = np.where(done, s, state.start)
+    state.steps_left[:] = np.where(done, params.episode_len, steps_left)
+    state.position[:] = np.where(done, F32(0), p)
+    state.hold[:] = np.where(done, 0, hold)
+    state.count[:] = count
+    reward_out[:] = r
+    done_out[:] = done.astype(F32)
+    write_obs(obs, data.features, state.t, state.position, state.hold, params.hold_cap)
+
+
+def rows_per_step(n_actions: int, counterfactual: bool, mirror: bool) -> int:
+    """Row groups :func:`record` writes per env step: the real one, ``A-1`` counterfactual, 1 mirror."""
+    return 1 + (int(n_actions) - 1 if counterfactual else 0) + (1 if mirror else 0)
+
+
+def record(out: Transitions, state: EnvState, actions: np.ndarray, scale: np.ndarray, data: EnvData,
+           params: EnvParams) -> None:
+    """Write this step's transitions (real, counterfactual, mirror) before :func:`step` runs.
+
+    Prices do not depend on the agent, so the reward of any other action is exact. The mirror
+    negates the return-sign feature columns, the positions and the market's return; its reward
+    is computed directly in the mirrored market (``(-p) * (-ret) - rate * |-p + p_prev|``), never
+    by negating the real reward.
+
+    Args:
+        out: :class:`Transitions` with ``rows_per_step * N`` rows (see its layout).
+        state: the state before the step (read only).
+        actions, scale: exactly what will be passed to :func:`step`.
+    """
+    n, a_n = state.t.shape[0], data.levels.shape[0]
+    g_n = rows_per_step(a_n, params.counterfactual, params.mirror)
+    if out.action.shape[0] != g_n * n:
+        raise ValueError(f"out has {out.action.shape[0]} rows; this env writes {g_n} x {n}")
+    a_real = np.clip(actions, 0, a_n - 1).astype(np.int32)
+    t, prev, hold = state.t, state.position, state.hold
+    done = (state.steps_left == 1).astype(F32)
+    ret = data.ret[t]
+    groups = [(a_real, False)]
+    if params.counterfactual:
+        groups += [((a_real + g) % a_n, False) for g in range(1, a_n)]
+    if params.mirror:
+        groups.append((a_n - 1 - a_real, True))
+    for g, (a, mirrored) in enumerate(groups):
+        rows = slice(g * n, (g + 1) * n)
+        p = (data.levels[a] * scale).astype(F32)
+        prev_g, ret_g = (-prev, -ret) if mirrored else (prev, ret)
+        sign = data.sign if mirrored else None
+        out.action[rows] = a
+        out.reward[rows] = reward(prev_g, p, ret_g, params)
+        out.done[rows] = done
+        write_obs(out.obs[rows], data.features, t, prev_g, hold, params.hold_cap, sign)
+        hold_next = np.where(p == prev_g, hold + 1, 1)
+        write_obs(out.next_obs[rows], data.features, t + 1, p, hold_next, params.hold_cap, sign)
+
+
+def act(actions: np.ndarray, q: np.ndarray, epsilon: np.ndarray, count: np.ndarray, params: EnvParams) -> None:
+    """Epsilon-greedy actions from Q values.
+
+    Args:
+        actions: int32 ``[N]``, written.
+        q: float32 ``[N, A]``.
+        epsilon: float32 ``[1]`` (device memory on the GPU, so a graph replay sees updates).
+        count: uint64 ``[N]``, the envs' step counters (``EnvState.count``).
+    Env i explores when ``uniform(draw 2i) < epsilon`` and then takes ``below(draw 2i+1, A)``;
+    otherwise the first index of the largest Q (a strict ``>`` scan from action 0).
+    """
+    n, a_n = q.shape
+    i = np.arange(n, dtype=np.int64)
+    blk = _philox_per_env(params.seed, count, STREAM_ACT, i >> 1)
+    lane = 2 * (i & 1)
+    explore = philox.to_uniform(_lane(blk, lane)) < F32(epsilon[0])
+    rand_a = _below(_lane(blk, lane + 1), a_n)
+    best, greedy = q[:, 0].copy(), np.zeros(n, dtype=np.int32)
+    for a in range(1, a_n):
+        better = q[:, a] > best
+        best = np.where(better, q[:, a], best)
+        greedy = np.where(better, a, greedy)
+    actions[:] = np.where(explore, rand_a, greedy).astype(np.int32)
