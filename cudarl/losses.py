@@ -1,0 +1,136 @@
+"""Distributional targets and losses as pure functions of arrays (rlax style).
+
+Every function takes NumPy arrays (runs ``cudarl.reference``, returns new arrays) or CuPy
+arrays (launches ``cudarl.ops``, writes into ``out_*`` buffers and returns them). On the GPU,
+pass preallocated ``out_*`` buffers inside a graph capture; a missing one is allocated here,
+which is only allowed outside a capture. Equations and shapes are in each docstring; the
+reference modules hold the same equations next to the code.
+
+Shapes: ``B`` batch, ``A`` actions, ``K`` atoms, ``N``/``N'`` quantiles. float32 throughout,
+actions int32.
+"""
+from __future__ import annotations
+
+from collections import namedtuple
+
+import numpy as np
+
+from .backend import get_array_module
+from .reference import c51 as _c51
+
+C51Loss = namedtuple("C51Loss", "loss_per loss grad priority")
+C51Loss.__doc__ = """``loss_per [B]``, ``loss`` (scalar on NumPy, ``[1]`` on CuPy), ``grad [B, A, K]``, ``priority [B]``."""
+
+
+def _is_gpu(*arrays) -> bool:
+    return get_array_module(*arrays).__name__ == "cupy"
+
+
+def _out(xp, buf, shape, dtype=np.float32):
+    return buf if buf is not None else xp.empty(shape, dtype=dtype)
+
+
+# ---- C51 --------------------------------------------------------------------------------------
+def c51_project(probs_tp1, r_t, discount_t, support, out=None):
+    """Categorical projection of ``r_t + discount_t * z`` onto the fixed support (Bellemare 2017).
+
+    ``Tz_j = clip(r_t + discount_t z_j, v_min, v_max)``, ``g_j = (Tz_j - v_min) / dz``; mass
+    ``p_j`` splits between atoms ``floor(g_j)`` and ``floor(g_j) + 1`` with weights
+    ``1 - frac(g_j)`` and ``frac(g_j)``; an atom landing exactly on the grid keeps all of its
+    mass. ``discount_t`` is ``gamma^n`` and 0 at terminals (see :func:`n_step`).
+
+    Args:
+        probs_tp1: float32 ``[B, K]`` next-state distribution (e.g. :func:`c51_next_probs`).
+        r_t, discount_t: float32 ``[B]``. support: float32 ``[K]``, uniform, ``K >= 2``.
+        out: float32 ``[B, K]`` (CuPy only).
+    Returns:
+        float32 ``[B, K]``; each row sums to the row sum of ``probs_tp1``.
+    """
+    if not _is_gpu(probs_tp1):
+        return _c51.project(probs_tp1, r_t, discount_t, support)
+    from .ops import c51 as ops
+
+    import cupy as cp
+
+    out = _out(cp, out, probs_tp1.shape)
+    ops.project(probs_tp1, r_t, discount_t, support, out)
+    return out
+
+
+def c51_next_probs(logits_online_tp1, logits_target_tp1, support, out_probs=None, out_a_star=None):
+    """Double-DQN next distribution: ``a* = argmax_a E_{softmax(online[b, a])}[z]`` (first on
+    ties), ``p = softmax(target[b, a*])``.
+
+    Args:
+        logits_online_tp1, logits_target_tp1: float32 ``[B, A, K]``. support: float32 ``[K]``.
+    Returns:
+        ``(probs float32 [B, K], a_star int32 [B])``. Pass the target logits as both arguments
+        for the plain (non-double) DQN target.
+    """
+    if not _is_gpu(logits_online_tp1):
+        return _c51.next_probs(logits_online_tp1, logits_target_tp1, support)
+    from .ops import c51 as ops
+
+    import cupy as cp
+
+    B, _, K = logits_online_tp1.shape
+    out_probs, out_a_star = _out(cp, out_probs, (B, K)), _out(cp, out_a_star, (B,), np.int32)
+    ops.next_probs(logits_online_tp1, logits_target_tp1, support, out_probs, out_a_star)
+    return out_probs, out_a_star
+
+
+def c51_loss(logits_tm1, a_tm1, target, weights, priority="kl", *, out_loss_per=None, out_loss=None,
+             out_grad=None, out_priority=None) -> C51Loss:
+    """Importance-weighted categorical cross-entropy, its gradient and a priority signal.
+
+    With ``p = softmax(logits_tm1[b, a_tm1[b]])`` and ``m = target[b]``::
+
+        L_b  = -sum_k m_k log p_k
+        loss = (1 / B) sum_b w_b L_b
+        d loss / d logits[b, a, k] = (w_b / B) (p_k sum_j m_j - m_k)   for a = a_tm1[b], else 0
+        priority_b = L_b                                    ("ce")
+                   = KL(m || p) = max(0, L_b + sum_k m_k log m_k)   ("kl", default)
+
+    KL is the default because it is 0 when the prediction matches the target, so a learned
+    transition stops being replayed; cross-entropy keeps the target's entropy as a floor.
+
+    Args:
+        logits_tm1: float32 ``[B, A, K]`` (dueling C51 output). a_tm1: int32 ``[B]``.
+        target: float32 ``[B, K]`` (:func:`c51_project`). weights: float32 ``[B]`` (PER IS weights).
+    Returns:
+        :class:`C51Loss`. On CuPy ``loss`` is ``out_loss [1]`` (may be a pinned device view).
+    """
+    if not _is_gpu(logits_tm1):
+        return C51Loss(*_c51.loss(logits_tm1, a_tm1, target, weights, priority=priority))
+    from .ops import c51 as ops
+
+    import cupy as cp
+
+    B = logits_tm1.shape[0]
+    res = C51Loss(_out(cp, out_loss_per, (B,)), _out(cp, out_loss, (1,)), _out(cp, out_grad, logits_tm1.shape),
+                  _out(cp, out_priority, (B,)))
+    ops.loss(logits_tm1, a_tm1, target, weights, res.loss_per, res.loss, res.grad, res.priority, priority=priority)
+    return res
+
+
+def n_step(rewards, terminal, gamma, out_r_t=None, out_discount_t=None):
+    """n-step reward and bootstrap discount.
+
+    ``r_t = sum_{i<n} gamma^i r_i prod_{j<i} (1 - term_j)``, ``discount_t = gamma^n prod_j (1 - term_j)``.
+
+    Args:
+        rewards, terminal: float32 ``[B, n]`` (terminal 1.0 where the episode ended).
+        gamma: a float (NumPy) or a float32 ``[1]`` device array (CuPy; a schedule's slot).
+    Returns:
+        ``(r_t [B], discount_t [B])``.
+    """
+    if not _is_gpu(rewards):
+        return _c51.n_step(rewards, terminal, float(np.asarray(gamma).reshape(-1)[0]))
+    from .ops import c51 as ops
+
+    import cupy as cp
+
+    B = rewards.shape[0]
+    out_r_t, out_discount_t = _out(cp, out_r_t, (B,)), _out(cp, out_discount_t, (B,))
+    ops.n_step(rewards, terminal, gamma, out_r_t, out_discount_t)
+    return out_r_t, out_discount_t

@@ -1,0 +1,102 @@
+"""Launchers for ``cuda_src/c51.cu`` (twin: ``cudarl/reference/c51.py``).
+
+Each launcher checks shapes and dtypes, then launches into the buffers it is given. None
+allocates, synchronises or reads device memory, so all are safe inside a graph capture.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..kernels import blocks_for, launch
+from ..reference.c51 import PRIORITY_KINDS
+from ._arrays import check, warp_grid
+
+F32, I32 = np.float32, np.int32
+REDUCE_THREADS = 256  # must equal C51_REDUCE_THREADS in c51.cu
+
+
+def next_probs(logits_online_tp1, logits_target_tp1, support, out_probs, out_a_star, stream=None) -> None:
+    """Double-DQN next distribution: writes ``out_probs [B, K]`` and ``out_a_star int32 [B]``."""
+    w = "c51.next_probs"
+    B, A, K = logits_online_tp1.shape
+    check(w, "logits_online_tp1", logits_online_tp1, F32, (B, A, K))
+    check(w, "logits_target_tp1", logits_target_tp1, F32, (B, A, K))
+    check(w, "support", support, F32, (K,))
+    check(w, "out_probs", out_probs, F32, (B, K))
+    check(w, "out_a_star", out_a_star, I32, (B,))
+    if K < 2:
+        raise ValueError(f"{w}: need at least 2 atoms, got {K}")
+    grid, block = warp_grid(B)
+    launch("c51", "next_probs", grid, block,
+           "const f32* online, const f32* target, const f32* support, f32* probs, i32* a_star, i32 B, i32 A, i32 K",
+           (logits_online_tp1, logits_target_tp1, support, out_probs, out_a_star, B, A, K), stream=stream)
+
+
+def project(probs_tp1, r_t, discount_t, support, out, stream=None) -> None:
+    """Categorical projection of ``r_t + discount_t * z``: writes ``out [B, K]``."""
+    w = "c51.project"
+    B, K = probs_tp1.shape
+    check(w, "probs_tp1", probs_tp1, F32, (B, K))
+    check(w, "r_t", r_t, F32, (B,))
+    check(w, "discount_t", discount_t, F32, (B,))
+    check(w, "support", support, F32, (K,))
+    check(w, "out", out, F32, (B, K))
+    if K < 2:
+        raise ValueError(f"{w}: need at least 2 atoms, got {K}")
+    grid, block = warp_grid(B)
+    launch("c51", "project", grid, block,
+           "const f32* probs, const f32* r_t, const f32* discount_t, const f32* support, f32* out, i32 B, i32 K",
+           (probs_tp1, r_t, discount_t, support, out, B, K), stream=stream)
+
+
+def loss(logits_tm1, a_tm1, target, weights, out_loss_per, out_loss, out_grad, out_priority,
+         priority="kl", stream=None) -> None:
+    """Cross-entropy loss, gradient and priorities (two launches: per sample, then the mean).
+
+    Writes ``out_loss_per [B]``, ``out_loss [1]`` (may be a pinned device view),
+    ``out_grad [B, A, K]`` (every element) and ``out_priority [B]``.
+    """
+    w = "c51.loss"
+    if priority not in PRIORITY_KINDS:
+        raise ValueError(f"{w}: priority {priority!r} is not one of {PRIORITY_KINDS}")
+    B, A, K = logits_tm1.shape
+    check(w, "logits_tm1", logits_tm1, F32, (B, A, K))
+    check(w, "a_tm1", a_tm1, I32, (B,))
+    check(w, "target", target, F32, (B, K))
+    check(w, "weights", weights, F32, (B,))
+    check(w, "out_loss_per", out_loss_per, F32, (B,))
+    check(w, "out_loss", out_loss, F32, (1,))
+    check(w, "out_grad", out_grad, F32, (B, A, K))
+    check(w, "out_priority", out_priority, F32, (B,))
+    grid, block = warp_grid(B)
+    launch("c51", "loss", grid, block,
+           "const f32* logits, const i32* actions, const f32* target, const f32* weights, f32* loss_per, "
+           "f32* priority, f32* grad, i32 B, i32 A, i32 K, i32 kind",
+           (logits_tm1, a_tm1, target, weights, out_loss_per, out_priority, out_grad, B, A, K,
+            PRIORITY_KINDS.index(priority)), stream=stream)
+    weighted_mean(out_loss_per, weights, out_loss, 1.0 / B, stream=stream)
+
+
+def weighted_mean(values, weights, out, scale: float, stream=None) -> None:
+    """``out[0] = scale * sum_i weights_i * values_i`` by one block in a fixed order."""
+    w = "c51.weighted_mean"
+    (n,) = values.shape
+    check(w, "values", values, F32, (n,))
+    check(w, "weights", weights, F32, (n,))
+    check(w, "out", out, F32, (1,))
+    launch("c51", "weighted_mean", 1, REDUCE_THREADS, "const f32* values, const f32* w, f32* out, i32 n, f32 scale",
+           (values, weights, out, n, float(scale)), stream=stream)
+
+
+def n_step(rewards, terminal, gamma, out_r_t, out_discount_t, stream=None) -> None:
+    """n-step reward and discount: ``gamma`` is a 1-element device array (a schedule's slot)."""
+    w = "c51.n_step"
+    B, n = rewards.shape
+    check(w, "rewards", rewards, F32, (B, n))
+    check(w, "terminal", terminal, F32, (B, n))
+    check(w, "gamma", gamma, F32, (1,))
+    check(w, "out_r_t", out_r_t, F32, (B,))
+    check(w, "out_discount_t", out_discount_t, F32, (B,))
+    launch("c51", "n_step", blocks_for(B), 256,
+           "const f32* rewards, const f32* terminal, const f32* gamma, f32* r_t, f32* discount_t, i32 B, i32 n",
+           (rewards, terminal, gamma, out_r_t, out_discount_t, B, n), stream=stream)

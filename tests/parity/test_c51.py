@@ -1,0 +1,348 @@
+"""C51 family: hand cases and identities on the reference, finite differences, GPU parity.
+
+CPU tests check ``cudarl.reference.c51`` (and ``cudarl.losses`` on NumPy); ``gpu`` tests hold
+``cuda_src/c51.cu`` to it, eager and graphed, and cross-check against PyTorch.
+"""
+import numpy as np
+import pytest
+
+from cudarl import losses
+from cudarl.reference import c51 as ref
+from cudarl.testing import assert_bitwise, assert_parity, poison
+
+SUPPORT5 = np.linspace(-2, 2, 5, dtype=np.float32)  # z = -2, -1, 0, 1, 2; dz = 1
+
+
+def _one_hot(k, K=5):
+    p = np.zeros((1, K), np.float32)
+    p[0, k] = 1
+    return p
+
+
+def _rand_probs(rng, B, K):
+    x = rng.normal(size=(B, K)) * 2
+    return ref.softmax(x).astype(np.float32)
+
+
+# ---- hand-computed projections --------------------------------------------------------------
+def test_projection_atoms_exactly_on_grid_keep_all_their_mass():
+    p = np.array([[0.1, 0.2, 0.3, 0.25, 0.15]], np.float32)
+    m = ref.project(p, np.float32([1.0]), np.float32([1.0]), SUPPORT5)
+    # z + 1 lands on the grid (l == u): each atom moves up one, and the top two clip onto v_max.
+    np.testing.assert_array_equal(m, [[0.0, p[0, 0], p[0, 1], p[0, 2], p[0, 3] + p[0, 4]]])  # exact: no split
+
+
+def test_projection_between_atoms_splits_linearly():
+    m = ref.project(_one_hot(2), np.float32([0.25]), np.float32([1.0]), SUPPORT5)
+    np.testing.assert_allclose(m, [[0, 0, 0.75, 0.25, 0]], atol=1e-7)
+
+
+def test_projection_clips_at_both_ends():
+    p = np.array([[0.1, 0.2, 0.3, 0.25, 0.15]], np.float32)
+    lo = ref.project(p, np.float32([-10.0]), np.float32([0.9]), SUPPORT5)
+    hi = ref.project(p, np.float32([+10.0]), np.float32([0.9]), SUPPORT5)
+    np.testing.assert_allclose(lo, [[1, 0, 0, 0, 0]], atol=1e-7)
+    np.testing.assert_allclose(hi, [[0, 0, 0, 0, 1]], atol=1e-7)
+    # Half-clipped: r = 1.5, d = 1 puts z = -2 at -0.5 (splits) and everything from z = 1 up at v_max.
+    m = ref.project(p, np.float32([1.5]), np.float32([1.0]), SUPPORT5)
+    np.testing.assert_allclose(m, [[0, 0.05, 0.05 + 0.1, 0.1 + 0.15, 0.15 + 0.25 + 0.15]], atol=1e-7)
+
+
+def test_terminal_projects_a_point_mass_at_the_reward():
+    p = np.array([[0.1, 0.2, 0.3, 0.25, 0.15]], np.float32)
+    m = ref.project(p, np.float32([0.25]), np.float32([0.0]), SUPPORT5)
+    np.testing.assert_allclose(m, [[0, 0, 0.75, 0.25, 0]], atol=1e-7)
+    m = ref.project(p, np.float32([-1.0]), np.float32([0.0]), SUPPORT5)  # terminal, on the grid
+    np.testing.assert_array_equal(m, [[0, 1, 0, 0, 0]])
+
+
+@pytest.mark.parametrize("K", [11, 51, 101])
+def test_projected_mass_sums_to_one(rng, K):
+    B = 2000
+    z = np.linspace(-10, 10, K, dtype=np.float32)
+    dz = z[1] - z[0]
+    p = _rand_probs(rng, B, K)
+    r = rng.uniform(-25, 25, B).astype(np.float32)
+    r[::3] = (rng.integers(-K, K, B)[::3] * dz).astype(np.float32)  # many exactly on the grid
+    d = rng.choice(np.float32([0.0, 0.5, 0.99, 1.0]), B)
+    m = ref.project(p, r, d, z)
+    assert np.all(m >= 0)
+    np.testing.assert_allclose(m.sum(1), 1.0, atol=1e-6)
+
+
+def test_projection_preserves_the_mean_inside_the_support(rng):
+    K, B = 51, 300
+    z = np.linspace(-10, 10, K)
+    p = ref.softmax(rng.normal(size=(B, K)) - (np.abs(z) / 2)[None])  # little mass near the edges
+    r = rng.uniform(-0.5, 0.5, B)
+    d = np.full(B, 0.5)  # r + d z stays inside [-10, 10]
+    m = ref.project(p, r, d, z, compute_dtype=np.float64)
+    np.testing.assert_allclose(m @ z, r + d * (p @ z), atol=1e-10)
+
+
+# ---- n-step ---------------------------------------------------------------------------------
+def test_n_step_with_n_one_equals_the_one_step_target(rng):
+    B, K, gamma = 64, 51, 0.97
+    z = np.linspace(-10, 10, K, dtype=np.float32)
+    p = _rand_probs(rng, B, K)
+    r = rng.uniform(-1, 1, (B, 1)).astype(np.float32)
+    term = (rng.random((B, 1)) < 0.3).astype(np.float32)
+    r_t, d_t = ref.n_step(r, term, gamma)
+    np.testing.assert_array_equal(r_t, r[:, 0])
+    np.testing.assert_array_equal(d_t, np.float32(gamma) * (1 - term[:, 0]))
+    np.testing.assert_array_equal(ref.project(p, r_t, d_t, z), ref.project(p, r[:, 0], np.float32(gamma) * (1 - term[:, 0]), z))
+
+
+def test_n_step_hand_case_stops_at_a_terminal():
+    r = np.float32([[1, 2, 4], [1, 2, 4]])
+    term = np.float32([[0, 0, 0], [0, 1, 0]])
+    r_t, d_t = ref.n_step(r, term, 0.5, compute_dtype=np.float64)
+    np.testing.assert_allclose(r_t, [1 + 1 + 1, 1 + 1])
+    np.testing.assert_allclose(d_t, [0.125, 0.0])
+
+
+# ---- double DQN -----------------------------------------------------------------------------
+def test_next_probs_selects_with_online_and_evaluates_with_target():
+    z = SUPPORT5
+    online = np.full((1, 3, 5), -5.0, np.float32)
+    online[0, 0, 2] = online[0, 1, 4] = online[0, 2, 0] = 5.0  # Q ~ 0, 2, -2: action 1 wins
+    target = np.zeros((1, 3, 5), np.float32)
+    target[0, 1] = [0, 1, 2, 3, 4]
+    target[0, 2] = [9, 0, 0, 0, 0]  # the target net's own greedy action would differ
+    probs, a = ref.next_probs(online, target, z)
+    assert a.dtype == np.int32 and a.tolist() == [1]
+    np.testing.assert_allclose(probs[0], ref.softmax(np.arange(5.0)), rtol=1e-6)
+
+
+def test_next_probs_takes_the_first_action_on_a_tie():
+    online = np.zeros((2, 4, 5), np.float32)
+    _, a = ref.next_probs(online, online, SUPPORT5)
+    assert a.tolist() == [0, 0]
+
+
+# ---- loss, gradient, priorities ---------------------------------------------------------------
+def _loss_inputs(rng, B, A, K, dtype=np.float32):
+    logits = rng.normal(size=(B, A, K)).astype(dtype)
+    a = rng.integers(0, A, B).astype(np.int32)
+    m = ref.softmax(rng.normal(size=(B, K)) * 2).astype(dtype)
+    w = rng.uniform(0.2, 1.0, B).astype(dtype)
+    return logits, a, m, w
+
+
+@pytest.mark.parametrize("normalised", [True, False])
+def test_loss_gradient_matches_finite_differences(rng, normalised):
+    B, A, K = 5, 3, 11
+    logits, a, m, w = _loss_inputs(rng, B, A, K, np.float64)
+    if not normalised:
+        m = m * rng.uniform(0.5, 1.5, (B, 1))  # the gradient formula keeps sum(m)
+    _, _, grad, _ = ref.loss(logits, a, m, w, compute_dtype=np.float64)
+    eps = 1e-6
+    num = np.zeros_like(logits)
+    for idx in np.ndindex(*logits.shape):
+        hi, lo = logits.copy(), logits.copy()
+        hi[idx] += eps
+        lo[idx] -= eps
+        num[idx] = (ref.loss(hi, a, m, w, compute_dtype=np.float64)[1] - ref.loss(lo, a, m, w, compute_dtype=np.float64)[1]) / (2 * eps)
+    np.testing.assert_allclose(grad, num, atol=1e-8, rtol=1e-6)
+    assert np.all(grad[np.arange(B)[:, None], np.array([[x for x in range(A) if x != ai] for ai in a])] == 0)
+
+
+def test_loss_is_the_weighted_mean_of_cross_entropies(rng):
+    logits, a, m, w = _loss_inputs(rng, 7, 3, 11, np.float64)
+    per, mean, _, prio_ce = ref.loss(logits, a, m, w, priority="ce", compute_dtype=np.float64)
+    logp = np.log(ref.softmax(logits[np.arange(7), a]))
+    np.testing.assert_allclose(per, -(m * logp).sum(1), rtol=1e-12)
+    np.testing.assert_allclose(mean, (w * per).sum() / 7, rtol=1e-12)
+    np.testing.assert_array_equal(prio_ce, per)
+
+
+def test_kl_priority_is_zero_at_the_target_and_ce_minus_entropy_elsewhere(rng):
+    logits, a, m, w = _loss_inputs(rng, 6, 2, 11, np.float64)
+    m_self = ref.softmax(logits[np.arange(6), a])
+    _, _, _, kl_self = ref.loss(logits, a, m_self, w, priority="kl", compute_dtype=np.float64)
+    np.testing.assert_allclose(kl_self, 0, atol=1e-12)
+    per, _, _, kl = ref.loss(logits, a, m, w, priority="kl", compute_dtype=np.float64)
+    np.testing.assert_allclose(kl, per + (m * np.log(m)).sum(1), rtol=1e-10)
+    assert np.all(kl > 0)
+
+
+def test_loss_rejects_out_of_range_actions():
+    logits = np.zeros((2, 3, 5), np.float32)
+    with pytest.raises(ValueError, match="actions"):
+        ref.loss(logits, np.int32([0, 3]), np.full((2, 5), 0.2, np.float32), np.ones(2, np.float32))
+
+
+def test_public_c51_project_dispatches_to_the_reference(rng):
+    p = _rand_probs(rng, 9, 11)
+    z = np.linspace(-5, 5, 11, dtype=np.float32)
+    r, d = rng.uniform(-3, 3, 9).astype(np.float32), np.full(9, 0.9, np.float32)
+    out = losses.c51_project(p, r, d, z)
+    assert out.shape == (9, 11) and out.dtype == np.float32
+    np.testing.assert_array_equal(out, ref.project(p, r, d, z))
+
+
+# ---- GPU ------------------------------------------------------------------------------------
+SHAPES = [(1, 3, 11), (7, 3, 51), (33, 2, 101), (512, 3, 51), (1000, 5, 11), (4096, 3, 101)]
+
+
+def _gpu_inputs(rng, B, A, K):
+    z = np.linspace(-10, 10, K, dtype=np.float32)
+    dz = float(z[1] - z[0])
+    online = (rng.normal(size=(B, A, K)) * 1.5).astype(np.float32)
+    target = (rng.normal(size=(B, A, K)) * 1.5).astype(np.float32)
+    r = rng.uniform(-12, 12, B).astype(np.float32)
+    r[::4] = (rng.integers(-3, 4, B)[::4] * dz).astype(np.float32)  # on the grid with d in {0, 1}
+    d = rng.choice(np.float32([0.0, 0.9, 0.99, 1.0]), B)
+    a = rng.integers(0, A, B).astype(np.int32)
+    w = rng.uniform(0.1, 1.0, B).astype(np.float32)
+    return z, online, target, r, d, a, w
+
+
+def _empty(cp, shape, dtype=np.float32):
+    x = cp.empty(shape, dtype)
+    poison(x)
+    return x
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("B,A,K", SHAPES)
+def test_gpu_project_matches_reference(cp, rng, B, A, K):
+    from cudarl.ops import c51 as ops
+
+    z, _, _, r, d, _, _ = _gpu_inputs(rng, B, A, K)
+    p = _rand_probs(rng, B, K)
+    out = _empty(cp, (B, K))
+    ops.project(cp.asarray(p), cp.asarray(r), cp.asarray(d), cp.asarray(z), out)
+    assert_parity(out, ref.project(p, r, d, z), what="projection")
+    np.testing.assert_allclose(out.get().sum(1), 1.0, atol=1e-5)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("B,A,K", SHAPES)
+def test_gpu_next_probs_matches_reference(cp, rng, B, A, K):
+    from cudarl.ops import c51 as ops
+
+    z, online, target, *_ = _gpu_inputs(rng, B, A, K)
+    probs, a_star = _empty(cp, (B, K)), _empty(cp, (B,), np.int32)
+    ops.next_probs(cp.asarray(online), cp.asarray(target), cp.asarray(z), probs, a_star)
+    got_a = a_star.get()
+    q = ref.expected_q(online, z, compute_dtype=np.float64)
+    assert np.all((got_a >= 0) & (got_a < A))
+    # Float32 rounding may flip a near-tie; any action within 1e-4 of the best is acceptable.
+    assert np.all(q[np.arange(B), got_a] >= q.max(1) - 1e-4), "picked an action that is not (near-)greedy"
+    assert np.mean(got_a == np.argmax(q, 1)) >= 0.99
+    want = ref.softmax(target[np.arange(B), got_a]).astype(np.float32)
+    assert_parity(probs, want, what="next-state probabilities")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("priority", ["ce", "kl"])
+@pytest.mark.parametrize("B,A,K", SHAPES)
+def test_gpu_loss_matches_reference(cp, rng, B, A, K, priority):
+    from cudarl.ops import c51 as ops
+
+    z, online, _, _, _, a, w = _gpu_inputs(rng, B, A, K)
+    m = ref.project(_rand_probs(rng, B, K), rng.uniform(-3, 3, B), np.full(B, 0.9), z)  # sparse, with zeros
+    per, loss, grad, prio = _empty(cp, (B,)), _empty(cp, (1,)), _empty(cp, (B, A, K)), _empty(cp, (B,))
+    ops.loss(cp.asarray(online), cp.asarray(a), cp.asarray(m), cp.asarray(w), per, loss, grad, prio, priority=priority)
+    r_per, r_loss, r_grad, r_prio = ref.loss(online, a, m, w, priority=priority)
+    assert_parity(per, r_per, what="per-sample loss")
+    assert_parity(loss, np.float32([r_loss]), what="mean loss")
+    assert_parity(grad, r_grad, what="grad wrt logits")
+    assert_parity(prio, r_prio, what=f"{priority} priority")
+
+
+@pytest.mark.gpu
+def test_gpu_n_step_matches_reference(cp, rng):
+    from cudarl.ops import c51 as ops
+
+    B, n = 1000, 3
+    r = rng.uniform(-1, 1, (B, n)).astype(np.float32)
+    term = (rng.random((B, n)) < 0.2).astype(np.float32)
+    gamma = cp.asarray(np.float32([0.97]))
+    r_t, d_t = _empty(cp, (B,)), _empty(cp, (B,))
+    ops.n_step(cp.asarray(r), cp.asarray(term), gamma, r_t, d_t)
+    want_r, want_d = ref.n_step(r, term, 0.97)
+    assert_parity(r_t, want_r, what="n-step reward")
+    assert_parity(d_t, want_d, what="n-step discount")
+
+
+def _step_buffers(cp, rng, B, A, K):
+    z, online, target, r, d, a, w = _gpu_inputs(rng, B, A, K)
+    logits_tm1 = (rng.normal(size=(B, A, K))).astype(np.float32)
+    dev = {k: cp.asarray(v) for k, v in dict(z=z, online=online, target=target, r=r, d=d, a=a, w=w, logits=logits_tm1).items()}
+    outs = dict(probs=_empty(cp, (B, K)), a_star=_empty(cp, (B,), np.int32), m=_empty(cp, (B, K)), per=_empty(cp, (B,)),
+                loss=_empty(cp, (1,)), grad=_empty(cp, (B, A, K)), prio=_empty(cp, (B,)))
+    return dev, outs
+
+
+def _targets_and_loss(dev, outs):
+    from cudarl.ops import c51 as ops
+
+    ops.next_probs(dev["online"], dev["target"], dev["z"], outs["probs"], outs["a_star"])
+    ops.project(outs["probs"], dev["r"], dev["d"], dev["z"], outs["m"])
+    ops.loss(dev["logits"], dev["a"], outs["m"], dev["w"], outs["per"], outs["loss"], outs["grad"], outs["prio"])
+
+
+@pytest.mark.gpu
+def test_gpu_c51_step_is_bitwise_repeatable_and_graphed_equals_eager(cp, rng):
+    from cudarl.graph import StepGraph
+
+    dev, outs = _step_buffers(cp, rng, 777, 3, 51)
+    cp.cuda.Device().synchronize()
+    g = StepGraph("c51_parity", [("targets_and_loss", lambda: _targets_and_loss(dev, outs))], xp=cp)
+    g.run_eager()
+    g.synchronize()
+    first = {k: v.get() for k, v in outs.items()}
+    for v in outs.values():
+        poison(v)
+    cp.cuda.Device().synchronize()  # the poison runs on the default stream, the graph on its own
+    g.run_eager()
+    g.synchronize()
+    for k, v in outs.items():
+        assert_bitwise(v, first[k], what=f"eager rerun {k}")
+    g.capture()
+    for v in outs.values():
+        poison(v)
+    cp.cuda.Device().synchronize()  # the poison runs on the default stream, the graph on its own
+    g.replay()
+    g.synchronize()
+    for k, v in outs.items():
+        assert_bitwise(v, first[k], what=f"graphed {k}")
+
+
+@pytest.mark.gpu
+def test_gpu_c51_loss_and_grad_agree_with_pytorch(cp, rng):
+    """Independent PyTorch implementation (float64, autograd) of the same equations."""
+    torch = pytest.importorskip("torch", reason="torch is not installed on this GPU host")
+    B, A, K = 512, 3, 51
+    dev, outs = _step_buffers(cp, rng, B, A, K)
+    _targets_and_loss(dev, outs)
+    cp.cuda.get_current_stream().synchronize()
+
+    t = {k: torch.from_numpy(v.get()).to(torch.float64) for k, v in dev.items() if k not in ("a",)}
+    a = torch.from_numpy(dev["a"].get()).long()
+    z = t["z"]
+    # double DQN selection and the textbook floor/ceil projection with the l == u fix
+    q_online = (torch.softmax(t["online"], -1) * z).sum(-1)
+    a_star = torch.from_numpy(outs["a_star"].get()).long()  # selection itself is checked against NumPy
+    assert (q_online.gather(1, a_star[:, None])[:, 0] >= q_online.max(1).values - 1e-4).all()
+    p_next = torch.softmax(t["target"][torch.arange(B), a_star], -1)
+    v_min, v_max, dz = z[0], z[-1], (z[-1] - z[0]) / (K - 1)
+    tz = (t["r"][:, None] + t["d"][:, None] * z[None]).clamp(v_min, v_max)
+    bpos = ((tz - v_min) / dz).clamp(0, K - 1)
+    lo, up = bpos.floor().long(), bpos.ceil().long()
+    m = torch.zeros(B, K, dtype=torch.float64)
+    m.scatter_add_(1, lo, p_next * (up.double() - bpos))
+    m.scatter_add_(1, up, p_next * (bpos - lo.double()))
+    m.scatter_add_(1, lo, p_next * (lo == up).double())
+    logits = t["logits"].clone().requires_grad_(True)
+    logp = torch.log_softmax(logits[torch.arange(B), a], -1)
+    per = -(m * logp).sum(-1)
+    loss = (t["w"] * per).mean()
+    loss.backward()
+
+    assert_parity(outs["m"], m.numpy().astype(np.float32), what="projection vs torch")
+    assert_parity(outs["per"], per.detach().numpy().astype(np.float32), what="per-sample loss vs torch")
+    assert_parity(outs["loss"], np.float32([loss.item()]), what="loss vs torch")
+    assert_parity(outs["grad"], logits.grad.numpy().astype(np.float32), what="grad vs torch")
