@@ -147,6 +147,17 @@ class _Handle:
         self.workspace = cupy.empty(WORKSPACE_BYTES, dtype=np.uint8)
         _check(lib.cublasSetStream_v2(h, ctypes.c_void_p(stream.ptr)), "cublasSetStream_v2")
         _check(lib.cublasSetWorkspace_v2(h, ctypes.c_void_p(self.workspace.data.ptr), WORKSPACE_BYTES), "cublasSetWorkspace_v2")
+        # cuBLAS initialises lazily at its first GEMM on a handle, which fails inside a capture
+        # (seen on an H200: CUBLAS_STATUS_EXECUTION_FAILED); so run one of each math mode now.
+        x, y = cupy.ones((8, 8), dtype=np.float32), cupy.empty((8, 8), dtype=np.float32)
+        with stream:
+            for tf32 in (False, True):
+                _check(lib.cublasSetMathMode(h, _TF32_MATH if tf32 else _DEFAULT_MATH), "cublasSetMathMode")
+                one, zero = ctypes.c_float(1.0), ctypes.c_float(0.0)
+                px, py = ctypes.c_void_p(x.data.ptr), ctypes.c_void_p(y.data.ptr)
+                _check(lib.cublasSgemm_v2(h, _CUBLAS_OP_N, _CUBLAS_OP_N, 8, 8, 8, ctypes.byref(one), px, 8, px, 8,
+                                          ctypes.byref(zero), py, 8), "cublasSgemm_v2 (warm-up)")
+        stream.synchronize()
 
 
 def prepare(stream) -> None:

@@ -36,6 +36,19 @@ def _refuse_if_capturing(what: str, stream=None) -> None:
         raise ReadbackError(f"{what} inside a graph capture: a host synchronisation cannot be captured; do it between replays")
 
 
+def _device_pointer_of_host(hptr: int) -> int:
+    """The device address of mapped pinned memory (cuMemHostGetDevicePointer; CuPy has no wrapper)."""
+    lib = ctypes.CDLL("libcuda.so.1")
+    fn = lib.cuMemHostGetDevicePointer_v2
+    fn.argtypes = [ctypes.POINTER(ctypes.c_uint64), ctypes.c_void_p, ctypes.c_uint]
+    fn.restype = ctypes.c_int
+    d = ctypes.c_uint64()
+    status = fn(ctypes.byref(d), ctypes.c_void_p(hptr), 0)
+    if status != 0:
+        raise ReadbackError(f"cuMemHostGetDevicePointer failed with CUDA error {status}")
+    return int(d.value)
+
+
 _SLOT_TYPES = (np.int64, np.uint64, np.float32, np.float64, np.int32, np.uint32)
 
 
@@ -142,7 +155,7 @@ class PinnedReadback:
             rt = cupy.cuda.runtime
             nbytes = self.n * self.dtype.itemsize
             self._hptr = rt.hostAlloc(nbytes, 2)  # cudaHostAllocMapped
-            dptr = rt.hostGetDevicePointer(self._hptr, 0)
+            dptr = _device_pointer_of_host(self._hptr)
             raw = (ctypes.c_uint8 * nbytes).from_address(self._hptr)
             self.host = np.frombuffer(raw, dtype=self.dtype, count=self.n)
             mem = cupy.cuda.UnownedMemory(dptr, nbytes, self)
