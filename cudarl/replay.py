@@ -1,0 +1,356 @@
+"""``PrioritizedReplay``: a GPU prioritized replay buffer with n-step returns.
+
+The object owns the buffers and composes the ops of ``cudarl.ops.replay`` (CuPy) or
+``cudarl.reference.replay`` (NumPy, the CPU backend); the math and the device rules are
+documented in ``cudarl/reference/replay.py``. A training step typically reads::
+
+    idx, w = replay.sample(512)                      # indices int32 [B], weights float32 [B]
+    batch = replay.gather(idx)                       # obs, next_obs [B, W], action, ret, disc
+    ...                                              # learn, producing td float32 [B]
+    replay.update_priorities(idx, td)
+
+All four calls are capture-safe once the batch buffers exist (``reserve(batch_size)`` or one
+eager call before the capture). Counters live in device memory (:class:`DeviceScalars`), so a
+graph captured at one buffer size samples rows added later, and two replays draw different
+rows (the device increments ``step``).
+
+Host-side calls validate eagerly and raise ``ValueError`` naming the argument, changing
+nothing. Values the host cannot see without a synchronisation (CuPy arguments, values computed
+inside a graph) follow the device rules and set bits in ``status()`` instead.
+"""
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import numpy as np
+
+from . import backend as _backend
+from .pinned import DeviceScalars
+from .reference import replay as _ref
+
+STATUS_NAMES = _ref.STATUS_NAMES
+
+
+class Batch(NamedTuple):
+    """Gathered rows. ``obs``/``next_obs`` float32 ``[B, W]`` (``W`` = row width, zero padded),
+    ``action`` int32 ``[B]``, ``ret`` float32 ``[B]`` (n-step return), ``discount`` float32
+    ``[B]`` (bootstrap discount, 0 when the episode ended inside the window)."""
+
+    obs: object
+    next_obs: object
+    action: object
+    ret: object
+    discount: object
+
+
+class PrioritizedReplay:
+    """Proportional prioritized replay over a ring of ``capacity`` transitions.
+
+    Args:
+        capacity: rows, ``> n_step * n_envs`` and below 2**23 (exact int64 sums).
+        obs_dim: features per observation row.
+        n_step: n of the n-step return (>= 1).
+        n_envs: environments interleaved time-major; ``add`` takes multiples of it.
+        alpha: priority exponent (>= 0). eps: added to ``|td|`` (> 0).
+        beta0, beta_final: importance-weight exponent at step 0 and after ``beta_steps`` samples.
+        initial_priority: priority of the first rows before any update (> 0).
+        pad_rows: gather rows padded to a multiple of 32 floats (128 bytes).
+        seed, stream_id: Philox key and stream of the sampler.
+        backend: ``"numpy"``, ``"cupy"`` or ``None`` (the process backend).
+    """
+
+    def __init__(self, capacity: int, obs_dim: int, *, n_step: int = 1, n_envs: int = 1, alpha: float = 0.6,
+                 eps: float = 1e-6, beta0: float = 0.4, beta_final: float = 1.0, beta_steps: int = 100_000,
+                 initial_priority: float = 1.0, pad_rows: bool = False, seed: int = 0, stream_id: int = 0x5E9,
+                 backend: str | None = None):
+        def integer(name, v, lo):
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or int(v) < lo:
+                raise ValueError(f"{name}: expected an integer >= {lo}, got {v!r}")
+            return int(v)
+
+        def real(name, v, lo, hi, lo_open=False):
+            ok = isinstance(v, (int, float, np.floating, np.integer)) and not isinstance(v, bool) and math.isfinite(v)
+            if not ok or v < lo or v > hi or (lo_open and v == lo):
+                raise ValueError(f"{name}: expected a finite number in {'(' if lo_open else '['}{lo}, {hi}], got {v!r}")
+            return float(v)
+
+        capacity = integer("capacity", capacity, 1)
+        obs_dim = integer("obs_dim", obs_dim, 1)
+        n_step = integer("n_step", n_step, 1)
+        n_envs = integer("n_envs", n_envs, 1)
+        if capacity <= n_step * n_envs or capacity >= 1 << 23:
+            raise ValueError(f"capacity: must be > n_step * n_envs = {n_step * n_envs} and < 2**23, got {capacity}")
+        pad = bool(pad_rows)
+        self.spec = _ref.ReplaySpec(
+            capacity=capacity, obs_dim=obs_dim, row_width=(-(-obs_dim // 32) * 32) if pad else obs_dim,
+            n_step=n_step, n_envs=n_envs, alpha=real("alpha", alpha, 0.0, 8.0), eps=real("eps", eps, 0.0, 1.0, True),
+            beta0=real("beta0", beta0, 0.0, 1.0), beta_final=real("beta_final", beta_final, 0.0, 1.0),
+            beta_steps=integer("beta_steps", beta_steps, 1), seed=integer("seed", seed, 0) & 0xFFFFFFFFFFFFFFFF,
+            stream_id=integer("stream_id", stream_id, 0) & 0xFFFFFFFF)
+        q0 = int(_ref.quantize(real("initial_priority", initial_priority, 0.0, 65536.0, True) ** self.spec.alpha))
+        self.backend = _backend.get(backend)
+        xp = self.xp = self.backend.xp
+        if self.backend.is_gpu:
+            from .ops import replay as ops
+        else:
+            ops = _ref
+        self._ops = ops
+        self._scalars = DeviceScalars({"added": np.int64, "step": np.int64, "max_q": np.int64, "status": np.int64,
+                                       "beta": np.float64}, xp, initial={"max_q": q0, "beta": self.spec.beta0})
+        C = capacity
+        self.bufs = _ref.ReplayBuffers(
+            obs=xp.zeros((C, obs_dim), np.float32), action=xp.zeros(C, np.int32), reward=xp.zeros(C, np.float32),
+            discount=xp.zeros(C, np.float32), tree=xp.zeros(_ref.tree_nodes(C), np.int64),
+            levels=xp.asarray(np.array([o for o, _ in _ref.tree_layout(C)], np.int64)),
+            owner=xp.full(C, -1, np.int32), flag=xp.zeros(1, np.int64),
+            added=self._scalars.view("added"), step=self._scalars.view("step"), max_q=self._scalars.view("max_q"),
+            status=self._scalars.view("status"), beta=self._scalars.view("beta"))
+        self._batches: dict[int, tuple] = {}
+        # Rows added as the host saw them; None once an add() was captured (a graph's replays add
+        # rows the host cannot count), after which batch sizes are checked on the device only.
+        self._added_host: int | None = 0
+
+    # --- properties ---------------------------------------------------------------------------
+    @property
+    def capacity(self) -> int:
+        return self.spec.capacity
+
+    @property
+    def row_width(self) -> int:
+        """Width of gathered rows: ``obs_dim``, or rounded up to 32 floats with ``pad_rows``."""
+        return self.spec.row_width
+
+    def added(self) -> int:
+        """Rows ever added (a device read: synchronises; not inside a capture)."""
+        return int(self._scalars.get("added"))
+
+    def size(self) -> int:
+        """Rows held, ``min(added, capacity)`` (a device read)."""
+        return min(self.added(), self.capacity)
+
+    def ready(self) -> int:
+        """Rows that can be sampled: held rows whose n-step window is complete (a device read)."""
+        return _ref.ready_slots(self.capacity, self.spec.lag, self.added()).size
+
+    def status(self) -> list[str]:
+        """The device's sticky status bits, as names (a device read). Empty when all is well."""
+        s = int(self._scalars.get("status"))
+        return [name for bit, name in STATUS_NAMES.items() if s & bit]
+
+    def clear_status(self) -> None:
+        self._scalars.set("status", 0)
+
+    # --- helpers ------------------------------------------------------------------------------
+    def _capturing(self) -> bool:
+        if not self.backend.is_gpu:
+            return False
+        import cupy
+
+        return bool(cupy.cuda.get_current_stream().is_capturing())
+
+    def _arg(self, name: str, a, shape: tuple, dtype, *, check_values=None):
+        """Check one argument; NumPy values are validated here (and uploaded on the GPU)."""
+        dtype = np.dtype(dtype)
+        is_device = type(a).__module__.startswith("cupy")
+        if not (isinstance(a, np.ndarray) or is_device):
+            raise ValueError(f"{name}: expected an array of {dtype}, got {type(a).__name__}")
+        if a.dtype != dtype:
+            raise ValueError(f"{name}: expected dtype {dtype}, got {a.dtype}")
+        if tuple(a.shape) != tuple(shape):
+            raise ValueError(f"{name}: expected shape {tuple(shape)}, got {tuple(a.shape)}")
+        if is_device and not self.backend.is_gpu:
+            raise ValueError(f"{name}: a CuPy array was given to a buffer on the NumPy backend")
+        if not is_device:
+            if check_values is not None:
+                msg = check_values(a)
+                if msg:
+                    raise ValueError(f"{name}: {msg}")
+            if self.backend.is_gpu:
+                if self._capturing():
+                    raise ValueError(f"{name}: a NumPy array cannot be uploaded inside a capture; pass a CuPy array")
+                return self.xp.asarray(np.ascontiguousarray(a))
+            return np.ascontiguousarray(a)
+        return a if a.flags.c_contiguous else self.xp.ascontiguousarray(a)
+
+    @staticmethod
+    def _finite(a):
+        return None if np.all(np.isfinite(a)) else "contains NaN or inf"
+
+    # --- the API ------------------------------------------------------------------------------
+    def add(self, obs, action, reward, discount) -> None:
+        """Append ``B`` transitions (``B`` a multiple of ``n_envs``, time-major, at most capacity).
+
+        Args:
+            obs: float32 ``[B, obs_dim]``, the observation ``s_t`` the action was taken in.
+            action: int32 ``[B]`` (>= 0).
+            reward: float32 ``[B]``, ``r_t``.
+            discount: float32 ``[B]`` in ``[0, 1]``: ``gamma``, or 0 when the episode ended after this step.
+        New rows become sampleable with the running maximum priority once their n-step window is
+        complete (``n * n_envs`` rows later). CuPy arguments are checked on the device: a bad batch
+        is rejected whole and sets status bit "bad rows rejected".
+        """
+        if not hasattr(obs, "shape") or len(obs.shape) != 2:
+            raise ValueError(f"obs: expected a float32 array [B, {self.spec.obs_dim}], got {getattr(obs, 'shape', type(obs).__name__)}")
+        B = int(obs.shape[0])
+        if B < 1 or B > self.capacity or B % self.spec.n_envs:
+            raise ValueError(f"obs: {B} rows; need 1..capacity={self.capacity} rows, a multiple of n_envs={self.spec.n_envs}")
+        obs = self._arg("obs", obs, (B, self.spec.obs_dim), np.float32, check_values=self._finite)
+        action = self._arg("action", action, (B,), np.int32, check_values=lambda a: None if np.all(a >= 0) else "negative action")
+        reward = self._arg("reward", reward, (B,), np.float32, check_values=self._finite)
+        discount = self._arg("discount", discount, (B,), np.float32,
+                             check_values=lambda a: None if np.all(np.isfinite(a) & (a >= 0) & (a <= 1)) else "must be finite and in [0, 1]")
+        self._ops.insert(self.spec, self.bufs, obs, action, reward, discount)
+        if self._capturing():
+            self._added_host = None
+        elif self._added_host is not None:
+            self._added_host += B
+
+    def reserve(self, batch_size: int) -> None:
+        """Allocate the output buffers of ``batch_size`` (do this before capturing a sample)."""
+        B = batch_size
+        if B not in self._batches:
+            if self._capturing():
+                raise ValueError(f"batch_size: buffers for {B} do not exist yet; call reserve({B}) before the capture")
+            xp, W = self.xp, self.row_width
+            self._batches[B] = (xp.zeros(B, np.int32), xp.zeros(B, np.float32), xp.zeros(B, np.int64),
+                                Batch(xp.zeros((B, W), np.float32), xp.zeros((B, W), np.float32), xp.zeros(B, np.int32),
+                                      xp.zeros(B, np.float32), xp.zeros(B, np.float32)))
+
+    def _check_batch_size(self, batch_size) -> int:
+        if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
+            raise ValueError(f"batch_size: expected an integer >= 1, got {batch_size!r}")
+        B = int(batch_size)
+        if self._added_host is not None:
+            ready = _ref.ready_slots(self.capacity, self.spec.lag, self._added_host).size
+            if B > ready:
+                raise ValueError(f"batch_size: {B} is larger than the {ready} rows ready to sample")
+        return B
+
+    def sample(self, batch_size: int):
+        """Draw ``batch_size`` rows with probability ``p_i**alpha / sum_k p_k**alpha`` (stratified).
+
+        Returns ``(indices int32 [B], weights float32 [B])``, views of buffers this object owns
+        that the next ``sample`` of the same size overwrites. ``weights = (N P(i))**-beta`` divided
+        by their maximum over the batch. Advances the device step counter (and so beta).
+        """
+        B = self._check_batch_size(batch_size)
+        self.reserve(B)
+        idx, w, qsel, _ = self._batches[B]
+        self._ops.sample(self.spec, self.bufs, idx, w, qsel)
+        return idx, w
+
+    def gather(self, indices, out: Batch | None = None) -> Batch:
+        """Gather rows ``indices`` (int32 ``[B]``, as returned by ``sample``) with their n-step targets.
+
+        Writes into ``out`` (the trainer's fixed buffers) or into buffers this object owns.
+        """
+        if not hasattr(indices, "shape") or len(indices.shape) != 1 or indices.shape[0] < 1:
+            raise ValueError(f"indices: expected an int32 array [B], got {getattr(indices, 'shape', type(indices).__name__)}")
+        B = int(indices.shape[0])
+        indices = self._arg("indices", indices, (B,), np.int32, check_values=self._index_check)
+        if out is None:
+            self.reserve(B)
+            out = self._batches[B][3]
+        W = self.row_width
+        for name, a, shape, dt in (("out.obs", out.obs, (B, W), np.float32), ("out.next_obs", out.next_obs, (B, W), np.float32),
+                                   ("out.action", out.action, (B,), np.int32), ("out.ret", out.ret, (B,), np.float32),
+                                   ("out.discount", out.discount, (B,), np.float32)):
+            if type(a).__module__.split(".")[0] != self.xp.__name__ or a.dtype != dt or tuple(a.shape) != shape or not a.flags.c_contiguous:
+                raise ValueError(f"{name}: expected a C-contiguous {self.xp.__name__} {np.dtype(dt)} array {shape}")
+        self._ops.gather(self.spec, self.bufs, indices, *out)
+        return out
+
+    def _index_check(self, a):
+        return None if np.all((a >= 0) & (a < self.capacity)) else f"indices must lie in [0, {self.capacity})"
+
+    def update_priorities(self, indices, td) -> None:
+        """Set ``p_i = (|td_i| + eps)**alpha`` (fixed point) for rows ``indices``.
+
+        Args:
+            indices: int32 ``[B]``; td: float32 ``[B]``.
+        When an index appears more than once, its last occurrence in batch order wins. NumPy
+        arguments with NaN/inf ``td`` or out-of-range indices raise; CuPy arguments follow the
+        device rules (that priority left unchanged, status bit set). Rows that are no longer
+        ready (overwritten since they were sampled) keep their priority.
+        """
+        if not hasattr(indices, "shape") or len(indices.shape) != 1 or indices.shape[0] < 1:
+            raise ValueError(f"indices: expected an int32 array [B], got {getattr(indices, 'shape', type(indices).__name__)}")
+        B = int(indices.shape[0])
+        indices = self._arg("indices", indices, (B,), np.int32, check_values=self._index_check)
+        td = self._arg("td", td, (B,), np.float32, check_values=self._finite)
+        self._ops.update_priorities(self.spec, self.bufs, indices, td)
+
+    def priorities(self) -> np.ndarray:
+        """``p_i**alpha`` of every slot as float64 ``[C]`` (0 = not ready; a device read)."""
+        return _backend.to_numpy(self.bufs.tree[: self.capacity]).astype(np.float64) / _ref.SCALE
+
+    # --- state --------------------------------------------------------------------------------
+    _ROWS = ("obs", "action", "reward", "discount")
+
+    def state_dict(self) -> dict:
+        """Every value needed to resume: rows, fixed-point priorities (int64 ``[C]``, ``p**alpha * 2**24``),
+        ``added`` (write position = added mod C, size = min(added, C)), ``step``, ``max_priority``
+        (fixed point), ``status``, and the constants for a compatibility check. NumPy values only."""
+        state = {name: _backend.to_numpy(getattr(self.bufs, name)).copy() for name in self._ROWS}
+        state["priorities"] = _backend.to_numpy(self.bufs.tree[: self.capacity]).copy()
+        state["added"] = int(self._scalars.get("added"))
+        state["step"] = int(self._scalars.get("step"))
+        state["max_priority"] = int(self._scalars.get("max_q"))
+        state["status"] = int(self._scalars.get("status"))
+        state["write_pos"] = state["added"] % self.capacity
+        state["size"] = min(state["added"], self.capacity)
+        for k in ("capacity", "obs_dim", "n_step", "n_envs"):
+            state[k] = getattr(self.spec, k)
+        state["priority_scale_bits"] = _ref.SCALE_BITS
+        return state
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore a ``state_dict``. Everything is validated before anything is written."""
+        missing = [k for k in ("obs", "action", "reward", "discount", "priorities", "added", "step", "max_priority",
+                               "status", "capacity", "obs_dim", "n_step", "n_envs") if k not in state]
+        if missing:
+            raise ValueError(f"state: missing {missing}")
+        for k in ("capacity", "obs_dim", "n_step", "n_envs"):
+            if int(state[k]) != getattr(self.spec, k):
+                raise ValueError(f"state[{k!r}]: {state[k]} does not match this buffer's {getattr(self.spec, k)}")
+        if int(state.get("priority_scale_bits", _ref.SCALE_BITS)) != _ref.SCALE_BITS:
+            raise ValueError("state['priority_scale_bits']: a different fixed-point scale")
+        C, D = self.capacity, self.spec.obs_dim
+        arrays = {}
+        for name, shape, dt in (("obs", (C, D), np.float32), ("action", (C,), np.int32), ("reward", (C,), np.float32),
+                                ("discount", (C,), np.float32), ("priorities", (C,), np.int64)):
+            a = np.asarray(_backend.to_numpy(state[name]))
+            if a.dtype != dt or a.shape != shape:
+                raise ValueError(f"state[{name!r}]: expected {np.dtype(dt)} {shape}, got {a.dtype} {a.shape}")
+            if a.dtype.kind == "f" and not np.all(np.isfinite(a)):
+                raise ValueError(f"state[{name!r}]: contains NaN or inf")
+            arrays[name] = np.ascontiguousarray(a)
+        scal = {}
+        for k in ("added", "step", "max_priority", "status"):
+            v = state[k]
+            if isinstance(v, (bool, float, np.floating)) or int(v) < 0:
+                raise ValueError(f"state[{k!r}]: expected a non-negative integer, got {v!r}")
+            scal[k] = int(v)
+        pr = arrays["priorities"]
+        if np.any(pr < 0) or np.any(pr > _ref.Q_MAX):
+            raise ValueError(f"state['priorities']: fixed-point priorities must lie in [0, 2**40]")
+        ready = np.zeros(C, bool)
+        ready[_ref.ready_slots(C, self.spec.lag, scal["added"])] = True
+        if np.any(pr[ready] < 1) or np.any(pr[~ready] != 0):
+            raise ValueError("state['priorities']: must be >= 1 exactly on the ready rows and 0 elsewhere")
+        if not 1 <= scal["max_priority"] <= _ref.Q_MAX:
+            raise ValueError("state['max_priority']: must lie in [1, 2**40]")
+        if self._capturing():
+            raise ValueError("state: load_state_dict inside a capture")
+        xp = self.xp
+        for name in self._ROWS:
+            getattr(self.bufs, name)[...] = xp.asarray(arrays[name])
+        self.bufs.tree[...] = 0
+        self.bufs.tree[:C] = xp.asarray(pr)
+        self._ops.build_tree(self.spec, self.bufs)
+        self._scalars.set("added", scal["added"])
+        self._scalars.set("step", scal["step"])
+        self._scalars.set("max_q", scal["max_priority"])
+        self._scalars.set("status", scal["status"])
+        self._added_host = scal["added"]
