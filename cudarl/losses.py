@@ -134,3 +134,81 @@ def n_step(rewards, terminal, gamma, out_r_t=None, out_discount_t=None):
     out_r_t, out_discount_t = _out(cp, out_r_t, (B,)), _out(cp, out_discount_t, (B,))
     ops.n_step(rewards, terminal, gamma, out_r_t, out_discount_t)
     return out_r_t, out_discount_t
+
+
+# ---- quantile (IQN, QR-DQN) -------------------------------------------------------------------
+QuantileLoss = namedtuple("QuantileLoss", "loss_per loss grad")
+QuantileLoss.__doc__ = """``loss_per [B]`` (also the priority signal), ``loss`` (scalar / ``[1]``), ``grad [B, A, N]``."""
+
+
+def quantile_huber_loss(theta_tm1, a_tm1, target, taus, weights, kappa=1.0, *, out_loss_per=None, out_loss=None,
+                        out_grad=None) -> QuantileLoss:
+    """Quantile Huber loss (IQN, Dabney et al. 2018) and its gradient wrt the quantile values.
+
+    With ``theta_i = theta_tm1[b, a_tm1[b], i]``, ``delta_ij = target[b, j] - theta_i``::
+
+        rho_tau(delta) = |tau - 1{delta < 0}| H_kappa(delta) / kappa
+        H_kappa(delta) = delta^2 / 2 if |delta| <= kappa else kappa (|delta| - kappa / 2)
+        L_b  = sum_i (1 / N') sum_j rho_{tau_i}(delta_ij),   loss = (1 / B) sum_b w_b L_b
+        d loss / d theta_i = -(w_b / (B N')) sum_j |tau_i - 1{delta_ij < 0}| clip(delta_ij, -kappa, kappa) / kappa
+
+    ``kappa = 0`` is plain quantile regression. A target above a quantile pulls it up with
+    weight ``tau``, one below pulls it down with weight ``1 - tau``.
+
+    Args:
+        theta_tm1: float32 ``[B, A, N]``. a_tm1: int32 ``[B]``. target: float32 ``[B, N']``
+        (:func:`quantile_targets`). taus: float32 ``[B, N]`` (IQN, :func:`sample_taus`) or ``[N]``
+        (QR-DQN, :func:`qr_taus`). weights: float32 ``[B]``. kappa: float >= 0 (default 1).
+    """
+    from .reference import quantile as _q
+
+    if not _is_gpu(theta_tm1):
+        return QuantileLoss(*_q.huber_loss(theta_tm1, a_tm1, target, taus, weights, kappa=kappa))
+    from .ops import quantile as ops
+
+    import cupy as cp
+
+    B = theta_tm1.shape[0]
+    res = QuantileLoss(_out(cp, out_loss_per, (B,)), _out(cp, out_loss, (1,)), _out(cp, out_grad, theta_tm1.shape))
+    ops.huber_loss(theta_tm1, a_tm1, target, taus, weights, res.loss_per, res.loss, res.grad, kappa=kappa)
+    return res
+
+
+def quantile_targets(theta_online_tp1, theta_target_tp1, r_t, discount_t, out=None, out_a_star=None):
+    """Double-DQN quantile targets ``T_bj = r_b + d_b theta_target[b, a*_b, j]`` with
+    ``a*_b = argmax_a mean_j theta_online[b, a, j]``. Returns ``(T float32 [B, N'], a_star int32 [B])``."""
+    from .reference import quantile as _q
+
+    if not _is_gpu(theta_online_tp1):
+        return _q.targets(theta_online_tp1, theta_target_tp1, r_t, discount_t)
+    from .ops import quantile as ops
+
+    import cupy as cp
+
+    B, _, M = theta_online_tp1.shape
+    out, out_a_star = _out(cp, out, (B, M)), _out(cp, out_a_star, (B,), np.int32)
+    ops.targets(theta_online_tp1, theta_target_tp1, r_t, discount_t, out, out_a_star)
+    return out, out_a_star
+
+
+def qr_taus(n: int):
+    """QR-DQN's fixed midpoints ``tau_i = (2 i + 1) / (2 n)``: float32 ``[n]`` (NumPy)."""
+    from .reference import quantile as _q
+
+    return _q.qr_taus(n)
+
+
+def sample_taus(seed: int, counter, stream_id: int, shape=None, out=None):
+    """IQN taus from Philox stream ``(seed, counter, stream_id)``: float32 ``[B, N]`` in ``[0, 1)``.
+
+    NumPy: ``counter`` is an int and ``shape`` is required. CuPy: ``counter`` is a uint64 ``[1]``
+    device slot (advanced on the device between replays) and ``out`` is written.
+    """
+    from .reference import quantile as _q
+
+    if out is None or not _is_gpu(out):
+        return _q.sample_taus(seed, int(np.asarray(counter).reshape(-1)[0]) if not np.isscalar(counter) else counter, stream_id, shape)
+    from .ops import quantile as ops
+
+    ops.sample_taus(seed, counter, stream_id, out)
+    return out

@@ -1,0 +1,138 @@
+// Quantile losses: IQN (Dabney et al. 2018b) with Philox-sampled tau, and QR-DQN (Dabney et al.
+// 2018a) with fixed tau_i = (2i + 1) / 2N. Twin: cudarl/reference/quantile.py.
+// Launchers: cudarl/ops/quantile.py.
+//
+// Layout: theta [B, A, N] quantile values, actions int32 [B], targets [B, M], taus [B, N]
+// (tau_stride = N) or [N] shared by all samples (tau_stride = 0).
+// Per-sample ops map ONE WARP TO ONE SAMPLE with xor-butterfly sums (fixed order, every lane
+// gets the same bits). No atomics.
+#include <cudarl/philox.cuh>
+
+#define Q_WARP 32
+#define Q_FULL 0xffffffffu
+#define Q_NAN __int_as_float((int)0x7fffffffu)
+
+namespace {
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(Q_FULL, v, o);
+  return v;
+}
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// cudarl_quantile_sample_taus: tau[i] = uniform draw i of Philox stream (seed, counter[0], stream_id).
+// The counter is read from device memory, so each replay draws fresh taus once the counter moves.
+// Threads: one per Philox block of 4 draws. Reads 8 bytes; writes n floats.
+extern "C" __global__ void cudarl_quantile_sample_taus(unsigned long long seed, const unsigned long long* __restrict__ counter,
+                                                       unsigned int stream_id, float* __restrict__ taus, long long n) {
+  const long long blk = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+  const long long i0 = blk * 4;
+  if (i0 >= n) return;
+  const uint4 v = cudarl::philox_block(seed, counter[0], stream_id, (unsigned int)blk);
+  const unsigned int lanes[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+  for (int l = 0; l < 4; ++l)
+    if (i0 + l < n) taus[i0 + l] = cudarl::u32_to_uniform(lanes[l]);
+}
+
+// ---------------------------------------------------------------------------------------------
+// cudarl_quantile_targets: double-DQN quantile targets.
+//   a*_b = argmax_a (1/M) sum_j online[b,a,j] (first max on ties); T_bj = r_b + d_b target[b,a*,j]
+// Threads: one warp per sample, lanes over j. Reads A*M + M + 2 floats; writes M floats + 1 int.
+extern "C" __global__ void cudarl_quantile_targets(const float* __restrict__ online, const float* __restrict__ target,
+                                                   const float* __restrict__ r_t, const float* __restrict__ discount_t,
+                                                   float* __restrict__ out, int* __restrict__ a_star, int B, int A, int M) {
+  const int lane = threadIdx.x % Q_WARP;
+  const int b = blockIdx.x * (blockDim.x / Q_WARP) + threadIdx.x / Q_WARP;
+  if (b >= B) return;
+  int best = 0;
+  float best_q = 0.f;
+  for (int a = 0; a < A; ++a) {
+    const float* x = online + ((long long)b * A + a) * M;
+    float acc = 0.f;
+    for (int j = lane; j < M; j += Q_WARP) acc += x[j];
+    const float q = warp_sum(acc) / (float)M;
+    if (a == 0 || q > best_q) { best_q = q; best = a; }
+  }
+  const float r = r_t[b], d = discount_t[b];
+  const float* y = target + ((long long)b * A + best) * M;
+  for (int j = lane; j < M; j += Q_WARP) out[(long long)b * M + j] = r + d * y[j];
+  if (lane == 0) a_star[b] = best;
+}
+
+// ---------------------------------------------------------------------------------------------
+// cudarl_quantile_huber: quantile Huber loss and its gradient wrt theta.
+//   delta_ij = T_j - theta_i,  rho(delta) = |tau_i - 1{delta < 0}| H(delta) / kappa,
+//   H(delta) = delta^2 / 2 if |delta| <= kappa else kappa (|delta| - kappa / 2);  kappa = 0: rho = |tau - 1{delta<0}| |delta|
+//   L_b = sum_i (1/M) sum_j rho(delta_ij)
+//   grad[b,a_b,i] = -(w_b / B)(1/M) sum_j |tau_i - 1{delta_ij < 0}| psi(delta_ij),
+//   psi = clip(delta, -kappa, kappa) / kappa  (sign(delta) when kappa = 0); other actions 0.
+// Threads: one warp per sample; lane owns quantiles i = lane, lane + 32, ... and loops j in order.
+// Reads N + M + N taus + 2 floats per sample; writes A*N + 1 floats.
+extern "C" __global__ void cudarl_quantile_huber(const float* __restrict__ theta, const int* __restrict__ actions,
+                                                 const float* __restrict__ target, const float* __restrict__ taus,
+                                                 const float* __restrict__ weights, float* __restrict__ loss_per,
+                                                 float* __restrict__ grad, int B, int A, int N, int M, int tau_stride,
+                                                 float kappa) {
+  const int lane = threadIdx.x % Q_WARP;
+  const int b = blockIdx.x * (blockDim.x / Q_WARP) + threadIdx.x / Q_WARP;
+  if (b >= B) return;
+  const int act = actions[b];
+  float* g = grad + (long long)b * A * N;
+  if (act < 0 || act >= A) {
+    for (int k = lane; k < A * N; k += Q_WARP) g[k] = 0.f;
+    if (lane == 0) loss_per[b] = Q_NAN;
+    return;
+  }
+  const float* th = theta + ((long long)b * A + act) * N;
+  const float* T = target + (long long)b * M;
+  const float* tau = taus + (long long)b * tau_stride;
+  const float scale = weights[b] / (float)B / (float)M;
+  float total = 0.f;
+  for (int a = 0; a < A; ++a)
+    if (a != act)
+      for (int i = lane; i < N; i += Q_WARP) g[(long long)a * N + i] = 0.f;
+  for (int i = lane; i < N; i += Q_WARP) {
+    const float ti = tau[i], q = th[i];
+    float li = 0.f, gi = 0.f;
+    for (int j = 0; j < M; ++j) {
+      const float delta = T[j] - q;
+      const float wgt = delta < 0.f ? 1.f - ti : ti;  // |tau - 1{delta < 0}|
+      const float ad = fabsf(delta);
+      float rho, psi;
+      if (kappa > 0.f) {
+        rho = ad <= kappa ? 0.5f * delta * delta / kappa : ad - 0.5f * kappa;
+        psi = fminf(fmaxf(delta, -kappa), kappa) / kappa;
+      } else {
+        rho = ad;
+        psi = delta > 0.f ? 1.f : (delta < 0.f ? -1.f : 0.f);
+      }
+      li += wgt * rho;
+      gi += wgt * psi;
+    }
+    total += li;
+    g[(long long)act * N + i] = -scale * gi;
+  }
+  total = warp_sum(total);
+  if (lane == 0) loss_per[b] = total / (float)M;
+}
+
+// ---------------------------------------------------------------------------------------------
+// cudarl_quantile_weighted_mean: out[0] = scale * sum_i w_i v_i by one block of Q_REDUCE_THREADS
+// in a fixed order (strided per-thread sums, then a shared-memory tree). Reads 2n; writes 1.
+#define Q_REDUCE_THREADS 256
+extern "C" __global__ void cudarl_quantile_weighted_mean(const float* __restrict__ values, const float* __restrict__ w,
+                                                         float* __restrict__ out, int n, float scale) {
+  __shared__ float part[Q_REDUCE_THREADS];
+  const int t = threadIdx.x;
+  float acc = 0.f;
+  for (int i = t; i < n; i += Q_REDUCE_THREADS) acc += w[i] * values[i];
+  part[t] = acc;
+  __syncthreads();
+  for (int h = Q_REDUCE_THREADS / 2; h > 0; h >>= 1) {
+    if (t < h) part[t] += part[t + h];
+    __syncthreads();
+  }
+  if (t == 0) out[0] = scale * part[0];
+}
