@@ -1,0 +1,152 @@
+"""Built-in data sets, addressed as ``builtin:<name>[?key=value&...]``.
+
+Real series (files beside this module, licences and provenance in README.md):
+``sp500``, ``nasdaq`` (daily, from ``arch``, NCSA) and ``eurusd-1h`` (hourly, from
+``gym-anytrading``, MIT). Synthetic series, generated from a seed:
+
+``regime``: a two-state Markov regime ``s_t`` in {-1, +1} that flips with probability
+``p`` per bar, observed at bar ``t`` (column ``regime``), drives the next bar's simple return::
+
+    R_{t+1} = mu * s_t + sigma * eps_{t+1},   eps ~ N(0, 1) i.i.d.
+
+The policy ``position_t = s_t`` earns ``mu + sigma * s_t * eps_{t+1}`` per bar, with mean ``mu``
+and standard deviation ``sigma``; see :func:`regime_sharpe` for its Sharpe with costs.
+
+``randomwalk``: ``R_{t+1} = sigma * eps_{t+1}``; no policy has an expected edge.
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from urllib.parse import parse_qsl
+
+import numpy as np
+
+from cudarl.data.bars import NS_PER_DAY, Bars, DataError, Problem
+
+HERE = Path(__file__).resolve().parent
+
+#: name -> (file, licence notice file)
+REAL = {
+    "sp500": ("sp500.csv.gz", "LICENSE-arch.md"),
+    "nasdaq": ("nasdaq.csv.gz", "LICENSE-arch.md"),
+    "eurusd-1h": ("eurusd-1h.csv.gz", "LICENSE-gym-anytrading.txt"),
+}
+
+#: Defaults of the synthetic sets (one place: the CLI and docs read them from here).
+REGIME_DEFAULTS = {"n": 5000, "seed": 0, "mu": 0.002, "sigma": 0.01, "p": 0.02, "periods_per_year": 252.0}
+RANDOMWALK_DEFAULTS = {"n": 5000, "seed": 0, "sigma": 0.01, "periods_per_year": 252.0}
+START = np.datetime64("2000-01-03", "D")  # a Monday
+
+
+def names() -> list[str]:
+    """Every built-in name."""
+    return sorted(REAL) + ["randomwalk", "regime"]
+
+
+def _params(spec: str, defaults: dict) -> dict:
+    name, _, query = spec.partition("?")
+    out = dict(defaults)
+    for key, value in parse_qsl(query, keep_blank_values=True):
+        if key not in defaults:
+            raise DataError(spec, [Problem("bad_builtin", f"unknown parameter {key!r}; {name} takes {sorted(defaults)}")])
+        try:
+            out[key] = type(defaults[key])(float(value)) if isinstance(defaults[key], int) else float(value)
+        except ValueError:
+            raise DataError(spec, [Problem("bad_builtin", f"parameter {key}={value!r} is not a number")]) from None
+    return out
+
+
+def resolve(spec: str):
+    """``builtin:<name>[?params]`` -> a ``Path`` (real series) or a synthetic :class:`Bars`."""
+    body = spec[len("builtin:"):] if spec.startswith("builtin:") else spec
+    name = body.partition("?")[0]
+    if name in REAL:
+        if "?" in body:
+            raise DataError(spec, [Problem("bad_builtin", f"{name} takes no parameters")])
+        return HERE / REAL[name][0]
+    if name == "regime":
+        return regime(**_params(body, REGIME_DEFAULTS))
+    if name == "randomwalk":
+        return randomwalk(**_params(body, RANDOMWALK_DEFAULTS))
+    raise DataError(spec, [Problem("bad_builtin", f"no built-in data set {name!r}; there are {names()}")])
+
+
+def business_days(n: int, start=START) -> np.ndarray:
+    """int64 ns [n]: ``n`` consecutive Monday-to-Friday dates from ``start``, at 00:00 UTC."""
+    days = np.busday_offset(start, np.arange(n), roll="forward")
+    return days.astype("datetime64[ns]").view(np.int64)
+
+
+def _bars_from_returns(name, r, rng, periods_per_year, extra=None) -> Bars:
+    """OHLCV around a close path ``100 * prod(1 + r)``; ``r[0]`` is ignored (the first close is 100)."""
+    n = len(r)
+    growth = 1.0 + r
+    growth[0] = 1.0
+    if np.any(growth <= 0):
+        raise ValueError("a simulated return <= -100%: choose a smaller sigma")
+    close = 100.0 * np.cumprod(growth)
+    open_ = np.concatenate([[close[0]], close[:-1]])
+    wick = np.abs(rng.normal(0.0, 0.25, size=(2, n))) * np.std(r[1:]) if n > 1 else np.zeros((2, n))
+    high = np.maximum(open_, close) * (1.0 + wick[0])
+    low = np.minimum(open_, close) * (1.0 - np.minimum(wick[1], 0.5))
+    volume = np.round(rng.lognormal(13.0, 0.3, size=n))
+    return Bars(time=business_days(n), open=open_, high=high, low=low, close=close, volume=volume,
+                extra=extra or {}, source=f"builtin:{name}", periods_per_year=periods_per_year,
+                columns={"time": "Date", "open": "Open", "high": "High", "low": "Low", "close": "Close", "volume": "Volume"})
+
+
+def regime(n=5000, seed=0, mu=0.002, sigma=0.01, p=0.02, periods_per_year=252.0) -> Bars:
+    """The regime-switching market (module docstring); ``extra["regime"]`` is ``s_t`` (float64 [n]).
+
+    Bars are business days from 2000-01-03; ``periods_per_year`` is recorded on the bars.
+    """
+    if not (0.0 < p < 1.0) or sigma <= 0 or n < 2:
+        raise ValueError("regime needs 0 < p < 1, sigma > 0, n >= 2")
+    rng = np.random.default_rng([int(seed), 0x5EED])
+    flips = np.where(rng.random(n) < p, -1.0, 1.0)
+    flips[0] = 1.0 if rng.random() < 0.5 else -1.0
+    s = np.cumprod(flips)
+    r = np.empty(n)
+    r[0] = 0.0
+    r[1:] = mu * s[:-1] + sigma * rng.standard_normal(n - 1)
+    return _bars_from_returns("regime", r, rng, periods_per_year, extra={"regime": s})
+
+
+def randomwalk(n=5000, seed=0, sigma=0.01, periods_per_year=252.0) -> Bars:
+    """A driftless walk in simple returns, ``R_t = sigma * eps_t``; business days from 2000-01-03."""
+    if sigma <= 0 or n < 2:
+        raise ValueError("randomwalk needs sigma > 0, n >= 2")
+    rng = np.random.default_rng([int(seed), 0xAA1C])
+    r = np.empty(n)
+    r[0] = 0.0
+    r[1:] = sigma * rng.standard_normal(n - 1)
+    return _bars_from_returns("randomwalk", r, rng, periods_per_year)
+
+
+def regime_optimal_positions(bars: Bars) -> np.ndarray:
+    """float64 [T]: the optimal position at each bar of ``builtin:regime``, ``s_t``."""
+    return np.asarray(bars.extra["regime"], dtype=np.float64).copy()
+
+
+def regime_sharpe(mu=0.002, sigma=0.01, p=0.02, cost_rate=0.0, periods_per_year=252.0) -> float:
+    """Annualised Sharpe of ``position_t = s_t`` on ``builtin:regime``, with costs.
+
+    ``cost_rate = (cost_bps + slippage_bps) * 1e-4`` (cudarl.costs). A flip moves the position
+    by 2, paying ``2c``; flips happen with probability ``p`` per bar, independently of the
+    next bar's noise, so per bar (stationary, ignoring the first entry)::
+
+        mean = mu - 2 c p,   var = sigma^2 + 4 c^2 p (1 - p)
+        Sharpe = (mu - 2 c p) / sqrt(sigma^2 + 4 c^2 p (1 - p)) * sqrt(periods_per_year)
+
+    The policy maximises expected return among positions in [-1, 1] when ``mu >= c p``
+    (keeping the old position through a regime of expected length ``1/p`` loses ``2 mu / p``;
+    flipping costs ``2c``); with ``c = 0`` it also maximises the Sharpe ratio.
+    """
+    c = float(cost_rate)
+    return (mu - 2 * c * p) / math.sqrt(sigma ** 2 + 4 * c * c * p * (1 - p)) * math.sqrt(periods_per_year)
+
+
+def licence_notice(name: str) -> str:
+    """The licence text shipped with real series ``name``."""
+    return (HERE / REAL[name][1]).read_text()
