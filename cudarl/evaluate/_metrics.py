@@ -1,0 +1,146 @@
+"""Performance metrics of per-bar returns, with empyrical's conventions.
+
+Returns are simple, non-cumulative, one per bar. ``periods_per_year`` is the annualisation
+factor (empyrical's ``annualization``), always explicit or inferred and recorded.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from cudarl.data.bars import infer_periods_per_year
+
+
+def _sharpe(r, ppy):
+    if r.size < 2:
+        return math.nan
+    sd = 0.0 if r.max() == r.min() else float(np.std(r, ddof=1))  # empyrical: exact zero for constants
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return float(np.divide(r.mean(), sd) * math.sqrt(ppy))
+
+
+def _sortino(r, ppy):
+    if r.size < 2:
+        return math.nan
+    downside = math.sqrt(float(np.mean(np.minimum(r, 0.0) ** 2))) * math.sqrt(ppy)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return float(np.divide(r.mean() * ppy, downside))
+
+
+def drawdown(r) -> np.ndarray:
+    """float64 [N]: ``wealth / running peak - 1`` after each bar, the peak including the start."""
+    wealth = np.concatenate([[1.0], np.cumprod(1.0 + np.asarray(r, dtype=np.float64))])
+    peak = np.maximum.accumulate(wealth)
+    return ((wealth - peak) / peak)[1:]
+
+
+def trades(positions, net, costs) -> list[dict]:
+    """Trades: maximal runs of bars holding a position of one sign (size may change inside).
+
+    ``positions``, ``net``, ``costs`` float64 [N] (bar ``k`` holds ``positions[k]`` and pays
+    ``costs[k]`` for moving there). Each trade: ``start``, ``stop`` (bar indices, half open),
+    ``side`` (+1/-1), ``bars``, ``return`` = the sum of its bars' net returns plus its exit
+    cost, ``open`` (still held after the last bar, so no exit cost yet). On a flip the flip
+    bar's cost is shared between the two trades in proportion to the two positions.
+    """
+    p = np.asarray(positions, dtype=np.float64)
+    net = np.asarray(net, dtype=np.float64)
+    costs = np.asarray(costs, dtype=np.float64)
+    side = np.sign(p)
+    out = []
+    k, N = 0, len(p)
+
+    def share(j, old, new):  # the part of bar j's cost that closes ``old``
+        total = abs(old) + abs(new)
+        return float(costs[j] * abs(old) / total) if total > 0 else 0.0
+
+    while k < N:
+        if side[k] == 0:
+            k += 1
+            continue
+        j = k
+        while j < N and side[j] == side[k]:
+            j += 1
+        ret = float(net[k:j].sum())
+        if k > 0 and side[k - 1] != 0:
+            ret += share(k, p[k - 1], p[k])  # the closing part belongs to the previous trade
+        if j < N:
+            ret -= share(j, p[j - 1], p[j])
+        out.append({"start": int(k), "stop": int(j), "side": int(side[k]), "bars": int(j - k),
+                    "return": ret, "open": bool(j == N)})
+        k = j
+    return out
+
+
+def resolve_periods_per_year(periods_per_year=None, times=None) -> tuple[float, str]:
+    """``(ppy, how)``: the given value, or one inferred from int64 ns ``times``."""
+    if periods_per_year is not None:
+        if not periods_per_year > 0:
+            raise ValueError(f"periods_per_year must be > 0, got {periods_per_year}")
+        return float(periods_per_year), "given"
+    if times is None:
+        raise ValueError("pass periods_per_year, or times to infer it from")
+    return infer_periods_per_year(times)
+
+
+def metrics(returns, periods_per_year: float | None = None, *, times=None, positions=None, costs=None) -> dict:
+    """Performance of per-bar simple returns ``returns`` float64 [N].
+
+    Conventions are empyrical's (risk-free and required return 0):
+      total_return     prod(1 + r) - 1
+      annual_return    (1 + total_return) ** (ppy / N) - 1
+      annual_volatility  std(r, ddof=1) * sqrt(ppy)
+      sharpe           mean(r) / std(r, ddof=1) * sqrt(ppy)
+      sortino          mean(r) * ppy / (sqrt(mean(min(r, 0)^2)) * sqrt(ppy))
+      max_drawdown     min over bars of wealth / running peak - 1, the start (1.0) a peak
+      calmar           annual_return / |max_drawdown| (NaN when there is no drawdown)
+    and further, from ``positions`` and ``costs`` float64 [N] when given:
+      turnover         sum |position_k - position_{k-1}| / N * ppy (equity traded per year,
+                       from flat before the first bar)
+      trades, trade_win_rate   see :func:`trades`; the win rate counts trades with return > 0
+      bar_hit_rate     share of bars holding a position whose net return is > 0
+      exposure         share of bars holding a non-zero position
+      costs_paid       sum of costs (fractions of equity, not compounded)
+      profit_factor    sum of positive bar returns / |sum of negative bar returns|
+    ``periods_per_year`` None: inferred from ``times`` (int64 ns [N]) and recorded as
+    ``periods_per_year`` and ``periods_per_year_source``. Undefined values are NaN.
+    """
+    r = np.asarray(returns, dtype=np.float64)
+    ppy, how = resolve_periods_per_year(periods_per_year, times)
+    n = r.size
+    total = float(np.prod(1.0 + r) - 1.0) if n else math.nan
+    annual = float((1.0 + total) ** (ppy / n) - 1.0) if n else math.nan
+    mdd = float(np.min(drawdown(r))) if n else math.nan
+    gains, losses = float(r[r > 0].sum()), float(-r[r < 0].sum())
+    out = {
+        "bars": int(n),
+        "periods_per_year": ppy,
+        "periods_per_year_source": how,
+        "total_return": total,
+        "annual_return": annual,
+        "annual_volatility": float(np.std(r, ddof=1) * math.sqrt(ppy)) if n >= 2 else math.nan,
+        "sharpe": _sharpe(r, ppy),
+        "sortino": _sortino(r, ppy),
+        "max_drawdown": mdd,
+        "calmar": annual / abs(mdd) if n and mdd < 0 else math.nan,
+        "profit_factor": gains / losses if losses > 0 else (math.inf if gains > 0 else math.nan),
+    }
+    if positions is not None:
+        p = np.asarray(positions, dtype=np.float64)
+        if p.shape != r.shape:
+            raise ValueError(f"positions {p.shape} and returns {r.shape} differ")
+        c = np.zeros(n) if costs is None else np.asarray(costs, dtype=np.float64)
+        moved = np.abs(np.diff(p, prepend=0.0))
+        held = p != 0
+        tr = trades(p, r, c)
+        out.update({
+            "turnover": float(moved.sum() / n * ppy) if n else math.nan,
+            "trades": len(tr),
+            "trade_win_rate": float(np.mean([t["return"] > 0 for t in tr])) if tr else math.nan,
+            "bar_hit_rate": float(np.mean(r[held] > 0)) if held.any() else math.nan,
+            "exposure": float(held.mean()) if n else math.nan,
+            "mean_abs_position": float(np.abs(p).mean()) if n else math.nan,
+            "costs_paid": float(c.sum()),
+        })
+    return out
