@@ -1,0 +1,140 @@
+"""Checkpoints: one ``.npz`` of named arrays plus a JSON header, written atomically, loaded without pickle.
+
+Layout: every array of a nested ``state_dict`` is stored under its ``/``-joined key
+(``model/params``, ``replay/priorities``, ...); scalars become 0-d arrays; strings, booleans and
+``None`` go into the JSON header (``__meta__``, a uint8 array), along with the format version.
+Loading uses ``np.load(..., allow_pickle=False)``: a pickle, or an ``.npz`` holding object
+arrays, is refused before anything in it runs.
+
+Writes go to a temporary file in the same directory, are flushed and fsync'd, then renamed over
+the target (and the directory fsync'd), so a crash mid-write leaves the previous file intact.
+"""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import zipfile
+from pathlib import Path
+
+import numpy as np
+
+FORMAT = "cudarl-checkpoint"
+VERSION = 1
+_META = "__meta__"
+
+
+class CheckpointError(RuntimeError):
+    """A file is not a loadable cudarl checkpoint."""
+
+
+def _flatten(tree, prefix: str, arrays: dict, meta: dict) -> None:
+    if isinstance(tree, dict):
+        for k, v in tree.items():
+            if not isinstance(k, str) or "/" in k or not k:
+                raise CheckpointError(f"state key {prefix}{k!r}: keys must be non-empty strings without '/'")
+            _flatten(v, f"{prefix}{k}/", arrays, meta)
+        if not tree:
+            meta[prefix[:-1]] = {}
+        return
+    key = prefix[:-1]
+    if tree is None or isinstance(tree, (str, bool)) or (isinstance(tree, (list, tuple)) and all(isinstance(x, (str, int, float, bool)) for x in tree)):
+        meta[key] = list(tree) if isinstance(tree, tuple) else tree
+        return
+    if hasattr(tree, "get") and type(tree).__module__.startswith("cupy"):
+        tree = tree.get()
+    a = np.asarray(tree)
+    if a.dtype == object:
+        raise CheckpointError(f"state entry {key!r} is not numeric (dtype object)")
+    arrays[key] = a
+
+
+def _unflatten(arrays: dict, meta: dict) -> dict:
+    out: dict = {}
+
+    def put(key, value):
+        node = out
+        parts = key.split("/")
+        for p in parts[:-1]:
+            node = node.setdefault(p, {})
+        node[parts[-1]] = value
+
+    for k, v in meta.items():
+        put(k, v)
+    for k, v in arrays.items():
+        put(k, v)
+    return out
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def save(path, state: dict, info: dict | None = None) -> Path:
+    """Write ``state`` (a nested dict of arrays and scalars) to ``path`` atomically.
+
+    ``info`` (JSON-serialisable: config, versions, step) is stored in the header.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    arrays: dict = {}
+    meta: dict = {}
+    _flatten(state, "", arrays, meta)
+    header = {"format": FORMAT, "version": VERSION, "meta": meta, "info": info or {}}
+    arrays[_META] = np.frombuffer(json.dumps(header, default=_json_default).encode(), dtype=np.uint8)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            np.savez(f, **arrays)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        _fsync_dir(path.parent)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    return path
+
+
+def _json_default(o):
+    if isinstance(o, np.generic):
+        return o.item()
+    if isinstance(o, Path):
+        return str(o)
+    raise TypeError(f"not JSON-serialisable: {type(o).__name__}")
+
+
+def load(path) -> tuple[dict, dict]:
+    """Read a checkpoint: ``(state, info)``. Refuses pickles and anything not written by :func:`save`."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"{path}: no such checkpoint file")
+    if not zipfile.is_zipfile(path):
+        raise CheckpointError(f"{path}: not a cudarl checkpoint (not an .npz archive; pickles are never loaded)")
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            if _META not in z.files:
+                raise CheckpointError(f"{path}: not a cudarl checkpoint (no {_META} header)")
+            header = json.loads(bytes(z[_META]).decode())
+            if header.get("format") != FORMAT:
+                raise CheckpointError(f"{path}: not a cudarl checkpoint (format {header.get('format')!r})")
+            if int(header.get("version", -1)) > VERSION:
+                raise CheckpointError(f"{path}: checkpoint version {header['version']} is newer than this cudarl ({VERSION})")
+            arrays = {k: z[k] for k in z.files if k != _META}
+    except CheckpointError:
+        raise
+    except (ValueError, OSError, zipfile.BadZipFile, json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise CheckpointError(f"{path}: not a loadable cudarl checkpoint ({exc})") from None
+    return _unflatten(arrays, header.get("meta", {})), header.get("info", {})
