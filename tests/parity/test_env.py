@@ -1,0 +1,247 @@
+"""env family: the NumPy twin against a plain Python loop (CPU); the kernels against the twin (GPU).
+
+The GPU acceptance test runs 4096 envs for 1000 steps: positions and every integer of the
+state bitwise, rewards within 1e-6 relative (they are computed op by op in float32 on both
+faces, so in practice they agree bitwise too).
+"""
+import numpy as np
+import pytest
+
+from cudarl.env import EnvConfig, TradingEnv
+from cudarl.reference import env as ref
+from cudarl.reference import philox
+from cudarl.testing import assert_bitwise, assert_parity, poison
+
+F32 = np.float32
+
+
+def market(rng, t_n, f_n, vol=0.01):
+    """A random-walk market: open, close float32 [T], features float32 [T, F], return_sign bool [F]."""
+    close = (100 * np.exp(np.cumsum(rng.normal(0, vol, t_n)))).astype(F32)
+    open_ = (close * (1 + rng.normal(0, vol / 4, t_n))).astype(F32)
+    feats = rng.normal(size=(t_n, f_n)).astype(F32)
+    sign = rng.random(f_n) < 0.5
+    sign[0] = True
+    return open_, close, feats, sign
+
+
+# --- a plain Python loop: one env, one step at a time ----------------------------------------------
+class LoopEnv:
+    """The semantics of docs/env.md written as scalar Python, env by env (float32 scalars)."""
+
+    def __init__(self, open_, close, feats, cfg: EnvConfig, t_begin=0, t_end=None):
+        px = open_ if cfg.fill == "open" else close
+        self.px, self.feats, self.cfg = px, feats, cfg
+        t_end = feats.shape[0] if t_end is None else t_end
+        self.t_begin, self.n_starts = t_begin, t_end - t_begin - cfg.episode_len - 1
+        self.levels = cfg.position_levels()
+        self.rate = F32((cfg.cost_bps + cfg.slippage_bps) * 1e-4)
+        n = cfg.n_envs
+        self.t, self.start, self.left = [0] * n, [0] * n, [0] * n
+        self.pos, self.hold, self.count = [F32(0)] * n, [0] * n, [0] * n
+        for i in range(n):
+            blk = philox.blocks(cfg.seed, self.count[i], ref.STREAM_RESET, np.array([i // 2]))[0]
+            x_start, x_len = int(blk[2 * (i % 2)]), int(blk[2 * (i % 2) + 1])
+            s = t_begin + (x_start * self.n_starts >> 32)
+            self.t[i] = self.start[i] = s
+            self.left[i] = 1 + (x_len * cfg.episode_len >> 32) if cfg.stagger else cfg.episode_len
+
+    def ret(self, t):
+        return F32(self.px[t + 2] / self.px[t + 1] - F32(1))
+
+    def obs(self, i):
+        hf = F32(min(self.hold[i], self.cfg.hold_cap)) / F32(self.cfg.hold_cap)
+        return np.concatenate([self.feats[self.t[i]], np.array([self.pos[i], hf], F32)])
+
+    def step(self, actions, scale):
+        rewards, dones = [], []
+        for i in range(self.cfg.n_envs):
+            a = min(max(int(actions[i]), 0), self.cfg.n_actions - 1)
+            p = F32(self.levels[a] * F32(scale[i]))
+            r = F32(F32(p * self.ret(self.t[i])) - F32(self.rate * abs(F32(p - self.pos[i]))))
+            self.hold[i] = self.hold[i] + 1 if p == self.pos[i] else 1
+            self.pos[i], self.t[i], self.left[i], self.count[i] = p, self.t[i] + 1, self.left[i] - 1, self.count[i] + 1
+            dones.append(F32(self.left[i] == 0))
+            if self.left[i] == 0:
+                x = int(philox.blocks(self.cfg.seed, self.count[i], ref.STREAM_EPISODE, np.array([i // 4]))[0][i % 4])
+                self.t[i] = self.start[i] = self.t_begin + (x * self.n_starts >> 32)
+                self.left[i], self.pos[i], self.hold[i] = self.cfg.episode_len, F32(0), 0
+            rewards.append(r)
+        return np.array(rewards, F32), np.array(dones, F32)
+
+
+@pytest.mark.parametrize("cfg_kw", [
+    dict(n_envs=9, episode_len=7, n_actions=3),
+    dict(n_envs=5, episode_len=1, n_actions=2, fill="close", stagger=False),
+    dict(n_envs=13, episode_len=11, n_actions=5, cost_bps=3.0, slippage_bps=2.5, hold_cap=4, seed=2**63 + 5),
+])
+@pytest.mark.parametrize("with_scale", [False, True])
+def test_twin_equals_python_loop(rng, cfg_kw, with_scale):
+    cfg = EnvConfig(**cfg_kw)
+    open_, close, feats, sign = market(rng, 80, 4)
+    env = TradingEnv(open_, close, feats, sign, cfg, t_begin=3, t_end=70, backend="numpy")
+    loop = LoopEnv(open_, close, feats, cfg, t_begin=3, t_end=70)
+    n_done = 0
+    for k in range(60):
+        actions = rng.integers(-1, cfg.n_actions + 1, cfg.n_envs).astype(np.int32)  # includes out-of-range
+        scale = rng.random(cfg.n_envs).astype(F32) if with_scale else np.ones(cfg.n_envs, F32)
+        if with_scale:
+            scale[rng.random(cfg.n_envs) < 0.2] = F32(0)
+        for i in range(cfg.n_envs):
+            np.testing.assert_array_equal(env.obs[i], loop.obs(i), err_msg=f"obs of env {i} at step {k}")
+        r, d = loop.step(actions, scale)
+        env.step(actions, scale)
+        assert_bitwise(env.reward, r, f"reward at step {k}")
+        assert_bitwise(env.state.position, np.array(loop.pos, F32), f"position at step {k}")
+        np.testing.assert_array_equal(env.state.t, loop.t)
+        np.testing.assert_array_equal(env.state.start, loop.start)
+        np.testing.assert_array_equal(env.state.steps_left, loop.left)
+        np.testing.assert_array_equal(env.state.hold, loop.hold)
+        np.testing.assert_array_equal(env.state.count, loop.count)
+        np.testing.assert_array_equal(env.done, d, err_msg=f"done at step {k}")
+        n_done += int(d.sum())
+    assert n_done >= cfg.n_envs * (60 // cfg.episode_len - 1)  # episodes ended and reset
+
+
+def test_loop_twin_check_can_fail(rng):
+    """The loop comparison sees a one-ulp change of the cost rate (so it is not vacuous)."""
+    cfg = EnvConfig(n_envs=4, episode_len=5, cost_bps=5.0)
+    open_, close, feats, sign = market(rng, 40, 2)
+    env = TradingEnv(open_, close, feats, sign, cfg, backend="numpy")
+    loop = LoopEnv(open_, close, feats, cfg)
+    loop.rate = np.nextafter(loop.rate, F32(1))
+    actions = np.array([0, 2, 0, 2], np.int32)
+    r, _ = loop.step(actions, np.ones(4, F32))
+    env.step(actions)
+    assert not np.array_equal(env.reward, r)
+
+
+# --- GPU ------------------------------------------------------------------------------------------
+def _pair(rng, cfg, t_n=3000, f_n=16, **kw):
+    open_, close, feats, sign = market(rng, t_n, f_n)
+    cpu = TradingEnv(open_, close, feats, sign, cfg, backend="numpy", **kw)
+    gpu = TradingEnv(open_, close, feats, sign, cfg, backend="cupy", **kw)
+    return cpu, gpu
+
+
+def _assert_state_equal(gpu, cpu, what):
+    for name in ("t", "start", "steps_left", "hold", "count"):
+        np.testing.assert_array_equal(getattr(gpu.state, name).get(), getattr(cpu.state, name), err_msg=f"{what}: state.{name}")
+    assert_bitwise(gpu.state.position, cpu.state.position, f"{what}: state.position")
+
+
+@pytest.mark.gpu
+def test_gpu_env_parity_4096_envs_1000_steps(cp, rng):
+    """Acceptance: 4096 envs, 1000 steps of act + step, conviction sizing on half the steps."""
+    cfg = EnvConfig(n_envs=4096, episode_len=97, n_actions=3, cost_bps=2.0, slippage_bps=1.0, seed=12345)
+    cpu, gpu = _pair(rng, cfg, t_n=5000, f_n=16, t_begin=20)
+    _assert_state_equal(gpu, cpu, "after reset")
+    assert_bitwise(gpu.obs, cpu.obs, "obs after reset")
+    eps_c = np.array([0.25], F32)
+    eps_g = cp.asarray(eps_c)
+    n_done = 0
+    for k in range(1000):
+        q = rng.normal(size=(4096, 3)).astype(F32)
+        a_c = cpu.act(q, eps_c)
+        a_g = gpu.act(cp.asarray(q), eps_g)
+        np.testing.assert_array_equal(a_g.get(), a_c, err_msg=f"actions at step {k}")
+        if k % 2:
+            s = rng.random(4096).astype(F32)
+            cpu.step(scale=s)
+            gpu.step(scale=cp.asarray(s))
+        else:
+            cpu.step()
+            gpu.step()
+        _assert_state_equal(gpu, cpu, f"step {k}")
+        assert_parity(gpu.reward, cpu.reward, rtol=1e-6, what=f"reward at step {k}")
+        np.testing.assert_array_equal(gpu.done.get(), cpu.done, err_msg=f"done at step {k}")
+        assert_bitwise(gpu.obs, cpu.obs, f"obs at step {k}")
+        n_done += int(cpu.done.sum())
+    assert n_done > 4096 * 5  # many episodes ended and reset on the device
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n,a_n,f_n", [(1, 2, 1), (33, 3, 7), (257, 5, 64), (1000, 4, 3)])
+@pytest.mark.parametrize("cf,mirror", [(False, False), (True, False), (False, True), (True, True)])
+def test_gpu_record_parity(cp, rng, n, a_n, f_n, cf, mirror):
+    cfg = EnvConfig(n_envs=n, episode_len=5, n_actions=a_n, cost_bps=4.0, slippage_bps=1.5, counterfactual=cf,
+                    mirror=mirror, seed=7)
+    cpu, gpu = _pair(rng, cfg, t_n=200, f_n=f_n)
+    out_c, out_g = cpu.make_transitions(), gpu.make_transitions()
+    for k in range(12):
+        a = rng.integers(0, a_n, n).astype(np.int32)
+        s = rng.random(n).astype(F32)
+        for arr in out_g:
+            poison(arr)
+        cpu.record(out_c, a, s)
+        gpu.record(out_g, cp.asarray(a), cp.asarray(s))
+        for name in ("obs", "action", "next_obs", "done"):
+            assert_bitwise(getattr(out_g, name), getattr(out_c, name), f"{name} at step {k}")
+        assert_parity(out_g.reward, out_c.reward, rtol=1e-6, what=f"reward at step {k}")
+        cpu.step(a, s)
+        gpu.step(cp.asarray(a), cp.asarray(s))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n,a_n", [(1, 2), (5, 3), (1000, 7), (4099, 3)])
+@pytest.mark.parametrize("eps", [0.0, 0.3, 1.0])
+def test_gpu_act_parity(cp, rng, n, a_n, eps):
+    from cudarl.ops import env as ops
+
+    q = rng.normal(size=(n, a_n)).astype(F32)
+    q[::3, -1] = q[::3, 0]  # ties: the first index wins
+    count = rng.integers(0, 2**40, n, dtype=np.uint64)
+    params = ref.EnvParams(0, 1, 1, 1, False, 0.0, 0.0, 99, False, False)
+    out_c = np.zeros(n, np.int32)
+    ref.act(out_c, q, np.array([eps], F32), count, params)
+    out_g = cp.full(n, -7, dtype=np.int32)
+    ops.act(out_g, cp.asarray(q), cp.asarray(np.array([eps], F32)), cp.asarray(count), params)
+    np.testing.assert_array_equal(out_g.get(), out_c)
+
+
+@pytest.mark.gpu
+def test_gpu_graphed_equals_eager_and_sees_device_epsilon(cp, rng):
+    """act + record + step captured once and replayed equals eager launches bit for bit; epsilon
+    lives in device memory, so changing it between replays changes what the graph does."""
+    from cudarl.graph import StepGraph
+    from cudarl.pinned import DeviceScalars
+
+    cfg = EnvConfig(n_envs=300, episode_len=9, n_actions=3, counterfactual=True, mirror=True, seed=3)
+    open_, close, feats, sign = market(rng, 400, 8)
+    eager = TradingEnv(open_, close, feats, sign, cfg, backend="cupy")
+    graphed = TradingEnv(open_, close, feats, sign, cfg, backend="cupy")
+    out_e, out_g = eager.make_transitions(), graphed.make_transitions()
+    eps_e = DeviceScalars({"epsilon": np.float32}, xp=cp)
+    eps_g = DeviceScalars({"epsilon": np.float32}, xp=cp)
+    q_e = cp.zeros((300, 3), np.float32)
+    q_g = cp.zeros((300, 3), np.float32)
+    g = StepGraph("collect_env_test", [("act", lambda: graphed.act(q_g, eps_g.view("epsilon"))),
+                                       ("record", lambda: graphed.record(out_g)),
+                                       ("step", lambda: graphed.step())], xp=cp)
+    cp.cuda.Device().synchronize()  # construction (reset) ran on the default stream; the graph's stream is non-blocking
+    g.capture()
+    explored = []
+    for k in range(25):
+        eps = 1.0 if k % 5 == 4 else 0.0
+        q = rng.normal(size=(300, 3)).astype(F32)
+        with g.stream:
+            q_g.set(q, stream=g.stream)
+            eps_g.set("epsilon", eps, stream=g.stream)
+        g.replay()
+        g.synchronize()
+        q_e.set(q)
+        eps_e.set("epsilon", eps)
+        eager.act(q_e, eps_e.view("epsilon"))
+        eager.record(out_e)
+        eager.step()
+        cp.cuda.get_current_stream().synchronize()
+        for name in ("t", "start", "steps_left", "position", "hold", "count"):
+            assert_bitwise(getattr(graphed.state, name), getattr(eager.state, name), f"state.{name} at step {k}")
+        for name in ("obs", "reward", "done", "actions"):
+            assert_bitwise(getattr(graphed, name), getattr(eager, name), f"{name} at step {k}")
+        for name in out_e._fields:
+            assert_bitwise(getattr(out_g, name), getattr(out_e, name), f"transitions.{name} at step {k}")
+        explored.append(float((graphed.actions.get() != np.argmax(q, axis=1)).mean()))
+    explored = np.array(explored)
+    assert np.all(explored[[k for k in range(25) if k % 5 != 4]] == 0.0)  # epsilon 0: greedy
+    assert np.all(explored[4::5] > 0.4)  # epsilon 1: uniform actions, 2/3 differ from greedy
