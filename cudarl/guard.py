@@ -1,0 +1,93 @@
+"""The training guard: reads loss and gradient norm every step and acts on NaN, inf or spikes.
+
+The values reach the host through :class:`cudarl.pinned.PinnedReadback`, one step late (the
+trainer reads step ``t - 1`` after launching step ``t``), so the guard never stalls the GPU.
+
+Rule (documented in ``docs/guide.md``): a step *trips* the guard when its loss or gradient norm
+is NaN or inf, or when the window of the last ``window`` healthy losses is full and the loss
+exceeds ``spike_factor`` times their median (a median, so one earlier outlier does not hide the
+next). On a trip the action is ``"stop"`` (raise :class:`GuardStop` with the step, value and
+rule) or ``"rollback"`` (the trainer restores its last good in-memory snapshot and multiplies
+the learning rate by ``lr_factor``); after ``max_rollbacks`` rollbacks it stops. Every trip is an
+event returned to the caller, who logs it.
+"""
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass
+
+
+class GuardStop(RuntimeError):
+    """Training stopped by the guard; the message says at which step and why."""
+
+
+@dataclass(frozen=True)
+class GuardEvent:
+    step: int
+    reason: str  # "nan", "inf", "spike"
+    what: str  # "loss" or "grad_norm"
+    value: float
+    threshold: float | None
+    action: str  # "stop" or "rollback"
+
+    def message(self) -> str:
+        thr = f" > {self.threshold:.4g} (spike rule)" if self.threshold is not None else ""
+        return f"guard: step {self.step}: {self.what} = {self.value!r}{thr}; action: {self.action}"
+
+    def as_dict(self) -> dict:
+        return {"event": "guard", "step": self.step, "reason": self.reason, "what": self.what,
+                "value": None if not math.isfinite(self.value) else self.value, "raw": repr(self.value),
+                "threshold": self.threshold, "action": self.action}
+
+
+class Guard:
+    """Checks each step's (loss, grad_norm).
+
+    Args:
+        action: ``"stop"`` or ``"rollback"``.
+        window: number of recent healthy losses the spike rule looks at (>= 2).
+        spike_factor: a loss above ``spike_factor * median(window)`` is a spike (> 1).
+        max_rollbacks: after this many rollbacks the next trip stops training.
+    """
+
+    def __init__(self, action: str = "rollback", window: int = 50, spike_factor: float = 10.0, max_rollbacks: int = 3):
+        if action not in ("stop", "rollback"):
+            raise ValueError(f"action must be 'stop' or 'rollback', got {action!r}")
+        if int(window) < 2:
+            raise ValueError(f"window must be >= 2, got {window}")
+        if not spike_factor > 1:
+            raise ValueError(f"spike_factor must be > 1, got {spike_factor}")
+        self.action, self.window, self.spike_factor, self.max_rollbacks = action, int(window), float(spike_factor), int(max_rollbacks)
+        self.history: deque = deque(maxlen=self.window)
+        self.rollbacks = 0
+
+    def check(self, step: int, loss: float, grad_norm: float) -> GuardEvent | None:
+        """Return ``None`` for a healthy step (recorded in the window), else the event.
+
+        Raises :class:`GuardStop` when the action is ``"stop"`` or rollbacks are exhausted.
+        """
+        event = None
+        for what, v in (("loss", loss), ("grad_norm", grad_norm)):
+            if not math.isfinite(v):
+                event = GuardEvent(step, "nan" if math.isnan(v) else "inf", what, float(v), None, self.action)
+                break
+        if event is None and len(self.history) == self.window:
+            thr = self.spike_factor * sorted(self.history)[self.window // 2]
+            if loss > thr:
+                event = GuardEvent(step, "spike", "loss", float(loss), thr, self.action)
+        if event is None:
+            self.history.append(float(loss))
+            return None
+        if self.action == "stop" or self.rollbacks >= self.max_rollbacks:
+            stopped = GuardEvent(event.step, event.reason, event.what, event.value, event.threshold, "stop")
+            raise GuardStop(stopped.message() + (f" (after {self.rollbacks} rollbacks)" if self.action == "rollback" else ""))
+        self.rollbacks += 1
+        return event
+
+    def state_dict(self) -> dict:
+        return {"history": list(self.history), "rollbacks": self.rollbacks}
+
+    def load_state_dict(self, s: dict) -> None:
+        self.history = deque((float(x) for x in s["history"]), maxlen=self.window)
+        self.rollbacks = int(s["rollbacks"])

@@ -1,0 +1,53 @@
+import math
+
+import pytest
+
+from cudarl.guard import Guard, GuardStop
+
+
+def test_healthy_steps_pass():
+    g = Guard("stop", window=4)
+    for t in range(20):
+        assert g.check(t, 1.0 + 0.01 * t, 2.0) is None
+
+
+@pytest.mark.parametrize("loss,gn,reason,what", [(math.nan, 1.0, "nan", "loss"), (1.0, math.inf, "inf", "grad_norm"), (-math.inf, 1.0, "inf", "loss")])
+def test_non_finite_stops_with_a_clear_message(loss, gn, reason, what):
+    g = Guard("stop", window=4)
+    g.check(0, 1.0, 1.0)
+    with pytest.raises(GuardStop, match=f"step 1: {what} = .*action: stop"):
+        g.check(1, loss, gn)
+
+
+def test_spike_rule_needs_a_full_window_and_uses_the_median():
+    g = Guard("rollback", window=4, spike_factor=10.0)
+    assert g.check(0, 100.0, 1.0) is None  # window not full: no spike rule yet
+    for t in range(1, 4):
+        assert g.check(t, 1.0, 1.0) is None
+    assert g.check(4, 9.0, 1.0) is None  # below 10 x median(1, 1, 1, 100) = 10
+    ev = g.check(5, 50.0, 1.0)
+    assert ev is not None and ev.reason == "spike" and ev.action == "rollback" and ev.threshold == pytest.approx(10.0)
+    assert "spike rule" in ev.message() and ev.as_dict()["event"] == "guard"
+
+
+def test_rollbacks_are_bounded():
+    g = Guard("rollback", window=2, max_rollbacks=2)
+    assert g.check(0, math.nan, 1.0).action == "rollback"
+    assert g.check(1, math.nan, 1.0).action == "rollback"
+    with pytest.raises(GuardStop, match="after 2 rollbacks"):
+        g.check(2, math.nan, 1.0)
+
+
+def test_state_round_trip_and_validation():
+    g = Guard("stop", window=3)
+    for t in range(3):
+        g.check(t, float(t + 1), 1.0)
+    h = Guard("stop", window=3)
+    h.load_state_dict(g.state_dict())
+    assert h.state_dict() == g.state_dict()
+    with pytest.raises(ValueError):
+        Guard("explode")
+    with pytest.raises(ValueError):
+        Guard(window=1)
+    with pytest.raises(ValueError):
+        Guard(spike_factor=1.0)
