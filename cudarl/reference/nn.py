@@ -71,19 +71,30 @@ def layernorm_forward(x, gamma, beta, out, mean, rstd, eps: float, act: int) -> 
 
 
 def layernorm_backward(dout, out, x, gamma, mean, rstd, dx, dgamma, dbeta, act: int) -> None:
-    """Backward of :func:`layernorm_forward`.
+    """Backward of :func:`layernorm_forward` (both parts below).
 
     With ``dy = dout * act'(out)`` and ``xhat = (x - mu) rstd``:
     ``dgamma = sum_b dy xhat``, ``dbeta = sum_b dy``,
     ``dx = rstd (g - mean_j g - xhat mean_j(g xhat))`` where ``g = dy gamma``.
     dx ``[B, N]`` (overwritten); dgamma, dbeta ``[N]`` (overwritten).
     """
+    layernorm_backward_params(dout, out, x, mean, rstd, dgamma, dbeta, act)
+    layernorm_backward_input(dout, out, x, gamma, mean, rstd, dx, act)
+
+
+def layernorm_backward_input(dout, out, x, gamma, mean, rstd, dx, act: int) -> None:
+    """``dx = rstd (g - mean_j g - xhat mean_j(g xhat))``, ``g = dout act'(out) gamma``. dx ``[B, N]``."""
+    xhat = (x - mean[:, None]) * rstd[:, None]
+    g = _act_grad(dout, out, act) * gamma
+    dx[...] = rstd[:, None] * (g - g.mean(axis=1, keepdims=True) - xhat * (g * xhat).mean(axis=1, keepdims=True))
+
+
+def layernorm_backward_params(dout, out, x, mean, rstd, dgamma, dbeta, act: int) -> None:
+    """``dgamma = sum_b dy xhat``, ``dbeta = sum_b dy`` with ``dy = dout act'(out)``. dgamma, dbeta ``[N]``."""
     dy = _act_grad(dout, out, act)
     xhat = (x - mean[:, None]) * rstd[:, None]
     dgamma[...] = (dy * xhat).sum(axis=0)
     dbeta[...] = dy.sum(axis=0)
-    g = dy * gamma
-    dx[...] = rstd[:, None] * (g - g.mean(axis=1, keepdims=True) - xhat * (g * xhat).mean(axis=1, keepdims=True))
 
 
 def dueling_forward(va: np.ndarray, logits: np.ndarray) -> None:

@@ -1,0 +1,263 @@
+// Layer and head kernels with hand-written backward passes.
+// Twin: cudarl/reference/nn.py. Launchers: cudarl/ops/nn.py. Tests: tests/parity/test_nn.py.
+//
+// Activation codes (shared with the twin): 0 identity, 1 ReLU, 2 sigmoid; derivatives are
+// taken from the activation's output y: relu' = [y > 0], sigmoid' = y (1 - y).
+// Column reductions (bias, gamma, beta gradients) are one block per 32 columns with a
+// fixed row order per thread and a fixed tree across threads: no atomics, bitwise
+// reproducible for a given shape.
+#include <cudarl/philox.cuh>
+
+typedef long long i64;
+
+namespace {
+
+__device__ __forceinline__ float act_fwd(float z, int act) {
+  if (act == 1) return z > 0.f ? z : 0.f;
+  if (act == 2) return 1.f / (1.f + expf(-z));
+  return z;
+}
+
+__device__ __forceinline__ float act_bwd(float dout, float y, int act) {
+  if (act == 1) return y > 0.f ? dout : 0.f;
+  if (act == 2) return dout * (y * (1.f - y));
+  return dout;
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+  // xor butterfly: every lane ends with the same, order-fixed sum
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+// Tree-reduce sh[ty][tx] over ty (32 rows) into sh[0][tx]; blockDim = (32, 32).
+__device__ __forceinline__ void column_tree(float (*sh)[33]) {
+  const int tx = threadIdx.x, ty = threadIdx.y;
+#pragma unroll
+  for (int s = 16; s > 0; s >>= 1) {
+    __syncthreads();
+    if (ty < s) sh[ty][tx] += sh[ty + s][tx];
+  }
+  __syncthreads();
+}
+
+}  // namespace
+
+// ---- bias_act_forward ---------------------------------------------------------------------
+// out[r, c] = act(y[r, c] + bias[c]). One thread per element, grid-stride.
+// Reads 4*rows*cols + 4*cols bytes, writes 4*rows*cols. out may alias y.
+extern "C" __global__ void cudarl_nn_bias_act_forward(const float* y, const float* bias, float* out,
+                                                      i64 rows, i64 cols, int act) {
+  const i64 n = rows * cols;
+  for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < n; i += (i64)gridDim.x * blockDim.x)
+    out[i] = act_fwd(y[i] + bias[i % cols], act);
+}
+
+// ---- bias_act_backward --------------------------------------------------------------------
+// dz = dout * act'(out); dbias[c] = sum_r dz[r, c].
+// block (32, 32), grid.x = ceil(cols / 32): thread (tx, ty) owns column 32*bx + tx and rows
+// ty, ty + 32, ... in ascending order. Reads 8*rows*cols bytes, writes 4*rows*cols + 4*cols.
+// dz may alias dout (each element is read then written by the same thread).
+extern "C" __global__ void cudarl_nn_bias_act_backward(const float* dout, const float* out, float* dz,
+                                                       float* dbias, i64 rows, i64 cols, int act) {
+  __shared__ float sh[32][33];
+  const int tx = threadIdx.x, ty = threadIdx.y;
+  const i64 c = (i64)blockIdx.x * 32 + tx;
+  float acc = 0.f;
+  if (c < cols) {
+    for (i64 r = ty; r < rows; r += 32) {
+      const i64 i = r * cols + c;
+      const float g = act_bwd(dout[i], out[i], act);
+      dz[i] = g;
+      acc += g;
+    }
+  }
+  sh[ty][tx] = acc;
+  column_tree(sh);
+  if (ty == 0 && c < cols) dbias[c] = sh[0][tx];
+}
+
+// ---- layernorm_forward --------------------------------------------------------------------
+// One warp per row (8 rows per 256-thread block). Two passes over the row (mean, then
+// variance of the centred values), then out = act((x - mu) * rstd * gamma + beta).
+// Reads 4*rows*cols*3 + 8*cols bytes, writes 4*rows*cols + 8*rows.
+extern "C" __global__ void cudarl_nn_layernorm_forward(const float* x, const float* gamma, const float* beta,
+                                                       float* out, float* mean, float* rstd, i64 rows, i64 cols,
+                                                       float eps, int act) {
+  const int lane = threadIdx.x & 31;
+  const i64 r = (blockIdx.x * (i64)blockDim.x + threadIdx.x) >> 5;
+  if (r >= rows) return;  // whole warps exit together
+  const float* xr = x + r * cols;
+  float s = 0.f;
+  for (i64 c = lane; c < cols; c += 32) s += xr[c];
+  const float mu = warp_sum(s) / (float)cols;
+  float q = 0.f;
+  for (i64 c = lane; c < cols; c += 32) { const float d = xr[c] - mu; q += d * d; }
+  const float var = warp_sum(q) / (float)cols;
+  const float rs = 1.f / sqrtf(var + eps);
+  if (lane == 0) { mean[r] = mu; rstd[r] = rs; }
+  for (i64 c = lane; c < cols; c += 32) out[r * cols + c] = act_fwd((xr[c] - mu) * rs * gamma[c] + beta[c], act);
+}
+
+// ---- layernorm_backward (input part) -------------------------------------------------------
+// One warp per row: dy = dout * act'(out), g = dy * gamma, xhat = (x - mu) rstd,
+// dx = rstd (g - mean(g) - xhat mean(g xhat)). Reads 4*rows*cols*3 + 4*cols + 8*rows, writes 4*rows*cols.
+extern "C" __global__ void cudarl_nn_layernorm_backward_input(const float* dout, const float* out, const float* x,
+                                                              const float* gamma, const float* mean, const float* rstd,
+                                                              float* dx, i64 rows, i64 cols, int act) {
+  const int lane = threadIdx.x & 31;
+  const i64 r = (blockIdx.x * (i64)blockDim.x + threadIdx.x) >> 5;
+  if (r >= rows) return;
+  const float mu = mean[r], rs = rstd[r];
+  const i64 base = r * cols;
+  float sg = 0.f, sgx = 0.f;
+  for (i64 c = lane; c < cols; c += 32) {
+    const float g = act_bwd(dout[base + c], out[base + c], act) * gamma[c];
+    const float xh = (x[base + c] - mu) * rs;
+    sg += g;
+    sgx += g * xh;
+  }
+  const float mg = warp_sum(sg) / (float)cols, mgx = warp_sum(sgx) / (float)cols;
+  for (i64 c = lane; c < cols; c += 32) {
+    const float g = act_bwd(dout[base + c], out[base + c], act) * gamma[c];
+    const float xh = (x[base + c] - mu) * rs;
+    dx[base + c] = rs * (g - mg - xh * mgx);
+  }
+}
+
+// ---- layernorm_backward (parameter part) ---------------------------------------------------
+// dgamma[c] = sum_r dy xhat, dbeta[c] = sum_r dy. Same mapping as bias_act_backward.
+// Reads 4*rows*cols*3 + 8*rows bytes, writes 8*cols.
+extern "C" __global__ void cudarl_nn_layernorm_backward_params(const float* dout, const float* out, const float* x,
+                                                               const float* mean, const float* rstd, float* dgamma,
+                                                               float* dbeta, i64 rows, i64 cols, int act) {
+  __shared__ float sg[32][33];
+  __shared__ float sb[32][33];
+  const int tx = threadIdx.x, ty = threadIdx.y;
+  const i64 c = (i64)blockIdx.x * 32 + tx;
+  float ag = 0.f, ab = 0.f;
+  if (c < cols) {
+    for (i64 r = ty; r < rows; r += 32) {
+      const i64 i = r * cols + c;
+      const float dy = act_bwd(dout[i], out[i], act);
+      ag += dy * ((x[i] - mean[r]) * rstd[r]);
+      ab += dy;
+    }
+  }
+  sg[ty][tx] = ag;
+  sb[ty][tx] = ab;
+  column_tree(sg);
+  column_tree(sb);
+  if (ty == 0 && c < cols) { dgamma[c] = sg[0][tx]; dbeta[c] = sb[0][tx]; }
+}
+
+// ---- dueling_forward / dueling_backward -----------------------------------------------------
+// va [B, (1 + A) Z] = (V [B, Z], Adv [B, A, Z]); logits [B, A, Z] = (V + Adv) - sum_a Adv / A.
+// One thread per (b, z), actions summed in ascending order. Reads/writes 4*B*(1+A)*Z bytes.
+extern "C" __global__ void cudarl_nn_dueling_forward(const float* va, float* logits, i64 B, int A, int Z) {
+  const i64 n = B * Z;
+  for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < n; i += (i64)gridDim.x * blockDim.x) {
+    const i64 b = i / Z;
+    const int z = (int)(i % Z);
+    const float* row = va + b * (i64)(1 + A) * Z;
+    float s = row[Z + z];
+    for (int a = 1; a < A; ++a) s += row[(1 + a) * Z + z];
+    const float m = s / (float)A, v = row[z];
+    for (int a = 0; a < A; ++a) logits[(b * A + a) * Z + z] = (v + row[(1 + a) * Z + z]) - m;
+  }
+}
+
+// dV[b, z] = sum_a dL[b, a, z]; dAdv[b, a, z] = dL[b, a, z] - dV[b, z] / A.
+extern "C" __global__ void cudarl_nn_dueling_backward(const float* dlogits, float* dva, i64 B, int A, int Z) {
+  const i64 n = B * Z;
+  for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < n; i += (i64)gridDim.x * blockDim.x) {
+    const i64 b = i / Z;
+    const int z = (int)(i % Z);
+    const float* d = dlogits + b * (i64)A * Z;
+    float s = d[z];
+    for (int a = 1; a < A; ++a) s += d[a * Z + z];
+    const float m = s / (float)A;
+    float* row = dva + b * (i64)(1 + A) * Z;
+    row[z] = s;
+    for (int a = 0; a < A; ++a) row[(1 + a) * Z + z] = d[a * Z + z] - m;
+  }
+}
+
+// ---- iqn_sample_tau -------------------------------------------------------------------------
+// tau[j] = uniform draw j of Philox stream (seed, counter[0], stream_id). One thread per
+// Philox block (4 draws). Reads 8 bytes, writes 4*n.
+extern "C" __global__ void cudarl_nn_iqn_sample_tau(float* tau, const unsigned long long* counter, i64 n,
+                                                    unsigned long long seed, unsigned int stream_id) {
+  const i64 nb = (n + 3) / 4;
+  const unsigned long long ctr = counter[0];
+  for (i64 t = blockIdx.x * (i64)blockDim.x + threadIdx.x; t < nb; t += (i64)gridDim.x * blockDim.x) {
+    const uint4 v = cudarl::philox_block(seed, ctr, stream_id, (unsigned int)t);
+    const unsigned int lanes[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int k = 0; k < 4; ++k)
+      if (4 * t + k < n) tau[4 * t + k] = cudarl::u32_to_uniform(lanes[k]);
+  }
+}
+
+// ---- iqn_cos_embed --------------------------------------------------------------------------
+// cos[r, i] = cos(pi * i * tau[r]), in double then rounded once (matches the twin to the last
+// bit except where two correctly-rounded-ish libms disagree). One thread per output.
+// Reads 4*rows bytes, writes 4*rows*C.
+extern "C" __global__ void cudarl_nn_iqn_cos_embed(const float* tau, float* cos_out, i64 rows, int C) {
+  const i64 n = rows * C;
+  for (i64 k = blockIdx.x * (i64)blockDim.x + threadIdx.x; k < n; k += (i64)gridDim.x * blockDim.x) {
+    const i64 r = k / C;
+    const int i = (int)(k % C);
+    cos_out[k] = (float)cos((3.141592653589793 * (double)i) * (double)tau[r]);
+  }
+}
+
+// ---- iqn_mix_forward / iqn_mix_backward -------------------------------------------------------
+// h[b, n, d] = psi[b, d] * phi[b, n, d]. One thread per output. Reads 8*B*N*D, writes 4*B*N*D.
+extern "C" __global__ void cudarl_nn_iqn_mix_forward(const float* psi, const float* phi, float* h, i64 B, int N, int D) {
+  const i64 total = B * N * (i64)D;
+  for (i64 k = blockIdx.x * (i64)blockDim.x + threadIdx.x; k < total; k += (i64)gridDim.x * blockDim.x) {
+    const i64 b = k / ((i64)N * D);
+    const int d = (int)(k % D);
+    h[k] = phi[k] * psi[b * D + d];
+  }
+}
+
+// dphi = dh * psi[b]; dpsi[b, d] = sum_n dh[b, n, d] phi[b, n, d] (n ascending).
+// One thread per (b, d). Reads 8*B*N*D + 4*B*D bytes, writes 4*B*N*D + 4*B*D.
+extern "C" __global__ void cudarl_nn_iqn_mix_backward(const float* dh, const float* psi, const float* phi,
+                                                      float* dpsi, float* dphi, i64 B, int N, int D) {
+  const i64 total = B * (i64)D;
+  for (i64 k = blockIdx.x * (i64)blockDim.x + threadIdx.x; k < total; k += (i64)gridDim.x * blockDim.x) {
+    const i64 b = k / D;
+    const int d = (int)(k % D);
+    const float p = psi[k];
+    const i64 base = b * (i64)N * D + d;
+    float acc = dh[base] * phi[base];
+    dphi[base] = dh[base] * p;
+    for (int n = 1; n < N; ++n) {
+      const i64 j = base + (i64)n * D;
+      acc += dh[j] * phi[j];
+      dphi[j] = dh[j] * p;
+    }
+    dpsi[k] = acc;
+  }
+}
+
+// ---- plan_gate / plan_gate_backward -----------------------------------------------------------
+// plan [B, 2] = (conviction, readiness). scale[b] = readiness >= threshold ? conviction : 1
+// exactly. One thread per row. Reads 8*B bytes, writes 4*B.
+extern "C" __global__ void cudarl_nn_plan_gate(const float* plan, float* scale, i64 B, float threshold) {
+  for (i64 b = blockIdx.x * (i64)blockDim.x + threadIdx.x; b < B; b += (i64)gridDim.x * blockDim.x)
+    scale[b] = plan[2 * b + 1] >= threshold ? plan[2 * b] : 1.f;
+}
+
+// dplan[b, 0] = dscale[b] * [readiness >= threshold]; dplan[b, 1] = 0.
+extern "C" __global__ void cudarl_nn_plan_gate_backward(const float* dscale, const float* plan, float* dplan, i64 B,
+                                                        float threshold) {
+  for (i64 b = blockIdx.x * (i64)blockDim.x + threadIdx.x; b < B; b += (i64)gridDim.x * blockDim.x) {
+    dplan[2 * b] = plan[2 * b + 1] >= threshold ? dscale[b] : 0.f;
+    dplan[2 * b + 1] = 0.f;
+  }
+}

@@ -1,0 +1,352 @@
+"""Parity of ``cuda_src/nn.cu`` with ``cudarl.reference.nn``, and of the GPU ``QNetwork`` with the NumPy one.
+
+CPU tests hold hand cases and identities of the reference (finite differences live in
+tests/unit/test_nn_grad.py); ``gpu`` tests compare every op and the whole network's forward
+and backward with the reference on random inputs, eager and graphed.
+"""
+import numpy as np
+import pytest
+
+from cudarl.reference import nn as ref
+from cudarl.reference import philox
+from cudarl.testing import assert_bitwise, assert_parity, poison, rel_error
+
+
+# --- CPU: hand cases and identities -----------------------------------------------------------
+def test_dueling_logits_average_to_the_value_stream(rng):
+    B, A, Z = 4, 3, 5
+    va = rng.standard_normal((B, (1 + A) * Z)).astype(np.float64)
+    logits = np.empty((B, A, Z))
+    ref.dueling_forward(va, logits)
+    np.testing.assert_allclose(logits.mean(axis=1), va[:, :Z], rtol=0, atol=1e-12)
+    # shifting every advantage by a constant changes nothing (identifiability of the dueling form)
+    va2 = va.copy()
+    va2[:, Z:] += 3.0
+    logits2 = np.empty_like(logits)
+    ref.dueling_forward(va2, logits2)
+    np.testing.assert_allclose(logits2, logits, atol=1e-12)
+
+
+def test_plan_gate_is_exactly_one_until_ready():
+    plan = np.array([[0.1, 0.0], [0.1, 0.4999], [0.1, 0.5], [0.8, 0.9], [0.0, 1.0]], dtype=np.float32)
+    scale = np.full(5, np.nan, dtype=np.float32)
+    ref.plan_gate(plan, scale)
+    assert scale.tolist() == [1.0, 1.0, np.float32(0.1), np.float32(0.8), 0.0]
+    dplan = np.full((5, 2), np.nan, dtype=np.float32)
+    ref.plan_gate_backward(np.ones(5, np.float32), plan, dplan)
+    assert dplan[:, 0].tolist() == [0, 0, 1, 1, 1] and not dplan[:, 1].any()
+
+
+def test_plan_head_gate_is_closed_at_initialisation(rng):
+    """The seed scaled every reward by ~0.1 at init; here the initial gate must return exactly 1."""
+    from cudarl.nn import QNetwork
+
+    net = QNetwork(64, 3, plan=True, max_batch=256, seed=11)
+    x = 3.0 * rng.standard_normal((256, 64)).astype(np.float32)
+    plan = net.forward(x)["plan"]
+    assert (plan[:, 1] < 0.5).all() and (plan >= 0).all() and (plan <= 1).all()
+    assert (net.plan.scale(net.ws) == 1.0).all()
+
+
+def test_cos_embedding_first_column_is_one_and_matches_closed_form(rng):
+    tau = rng.uniform(size=(3, 4)).astype(np.float32)
+    cos = np.empty((12, 6), np.float32)
+    ref.iqn_cos_embed(tau, cos)
+    assert (cos[:, 0] == 1).all()
+    np.testing.assert_allclose(cos[:, 5], np.cos(5 * np.pi * tau.reshape(-1).astype(np.float64)), atol=1e-7)
+
+
+def test_sample_tau_is_the_philox_stream():
+    tau = np.empty((3, 5), np.float32)
+    ref.iqn_sample_tau(tau, np.array([9], np.uint64), seed=4, stream_id=7)
+    np.testing.assert_array_equal(tau.ravel(), philox.uniform(4, 9, 7, 15))
+    assert ((tau >= 0) & (tau < 1)).all()
+
+
+def test_layout_views_are_aligned_and_disjoint():
+    from cudarl.nn import ALIGN, QNetwork
+
+    net = QNetwork(64, 3, hidden=(256, 256), layernorm=True, plan=True, max_batch=2)
+    ends = []
+    for e in net.layout.entries:
+        assert e.offset % ALIGN == 0
+        v = net.P[e.name]
+        assert v.shape == e.shape and np.shares_memory(v, net.params)
+        ends.append((e.offset, e.offset + e.size))
+    assert all(a[1] <= b[0] for a, b in zip(ends, ends[1:]))
+    assert net.layout.padded_size % ALIGN == 0 and net.params.size == net.layout.padded_size
+
+
+def test_he_and_xavier_limits_and_determinism():
+    from cudarl.nn import QNetwork
+
+    a = QNetwork(64, 3, seed=5, max_batch=1)
+    b = QNetwork(64, 3, seed=5, max_batch=1)
+    c = QNetwork(64, 3, seed=6, max_batch=1)
+    assert np.array_equal(a.params, b.params) and not np.array_equal(a.params, c.params)
+    w0 = a.P["enc.0.weight"]  # He: U(-sqrt(6/64), sqrt(6/64))
+    assert np.abs(w0).max() <= np.sqrt(6 / 64) and np.abs(w0).max() > 0.9 * np.sqrt(6 / 64)
+    assert abs(w0.std() - np.sqrt(2 / 64)) < 0.05 * np.sqrt(2 / 64)
+    wh = a.P["head.va.weight"]  # Xavier: U(-sqrt(6/(256+204)), ...)
+    assert np.abs(wh).max() <= np.sqrt(6 / (256 + 204))
+    assert not a.P["enc.0.bias"].any()
+
+
+def test_state_dict_round_trip_keeps_the_buffer(rng):
+    from cudarl.nn import QNetwork
+
+    a = QNetwork(8, 3, hidden=(5,), seed=1, max_batch=2)
+    b = QNetwork(8, 3, hidden=(5,), seed=2, max_batch=2)
+    addr = b.params.__array_interface__["data"][0]
+    b.load_state_dict(a.state_dict())
+    assert np.array_equal(a.params, b.params) and b.params.__array_interface__["data"][0] == addr
+    with pytest.raises(ValueError):
+        QNetwork(8, 3, hidden=(6,), max_batch=2).load_state_dict(a.state_dict())
+
+
+# --- GPU: op parity ---------------------------------------------------------------------------
+# The reference runs in float64 on the same float32 inputs and is rounded once to float32, so the
+# tolerance measures the kernel's own rounding, not NumPy's float32 summation order.
+def _to(cp, *arrs):
+    return [cp.asarray(a) for a in arrs]
+
+
+def _f64(*arrs):
+    return [np.asarray(a, dtype=np.float64) for a in arrs]
+
+
+def _f32(a):
+    return np.asarray(a, dtype=np.float32)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("B,N", [(1, 1), (7, 33), (512, 256), (4096, 51)])
+@pytest.mark.parametrize("act", [0, 1, 2])
+def test_gpu_bias_act(cp, rng, B, N, act):
+    from cudarl.ops import nn as ops
+
+    y, b, d = (rng.standard_normal(s).astype(np.float32) for s in ((B, N), (N,), (B, N)))
+    if B * N == 1:
+        y[...], b[...] = 1.0, 0.5  # one element: keep it on the ReLU's live side
+    y64, b64, d64 = _f64(y, b, d)
+    out64 = np.empty_like(y64)
+    ref.bias_act_forward(y64, b64, out64, act)
+    gy, gb, gout = _to(cp, y, b, np.empty_like(y))
+    poison(gout)
+    ops.bias_act_forward(gy, gb, gout, act)
+    assert_parity(gout, _f32(out64), what="bias_act_forward")
+    ops.bias_act_forward(gy, gb, gy, act)  # in place
+    assert_bitwise(gy, gout, what="in-place forward")
+    # backward from the GPU's own activations, so ReLU masks agree exactly
+    out_g = gout.get().astype(np.float64)
+    dz64, db64 = np.empty_like(y64), np.empty(N)
+    ref.bias_act_backward(d64, out_g, dz64, db64, act)
+    gd, gdz, gdb = _to(cp, d, np.empty_like(y), np.empty(N, np.float32))
+    poison(gdz)
+    poison(gdb)
+    ops.bias_act_backward(gd, gout, gdz, gdb, act)
+    assert_parity(gdz, _f32(dz64), what="dz")
+    assert_parity(gdb, _f32(db64), what="dbias")
+    ops.bias_act_backward(gd, gout, gd, gdb, act)  # dz aliasing dout
+    assert_bitwise(gd, gdz, what="in-place backward")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("B,N", [(1, 5), (7, 33), (512, 256), (4096, 256)])
+@pytest.mark.parametrize("act", [0, 1])
+def test_gpu_layernorm(cp, rng, B, N, act):
+    from cudarl.ops import nn as ops
+
+    x = (2 * rng.standard_normal((B, N)) + 0.3).astype(np.float32)
+    g, be = (1 + 0.2 * rng.standard_normal(N)).astype(np.float32), (0.1 * rng.standard_normal(N)).astype(np.float32)
+    d = rng.standard_normal((B, N)).astype(np.float32)
+    x64, g64, be64, d64 = _f64(x, g, be, d)
+    out, mean, rstd = np.empty_like(x64), np.empty(B), np.empty(B)
+    ref.layernorm_forward(x64, g64, be64, out, mean, rstd, 1e-5, act)
+    gx, gg, gbe, gd = _to(cp, x, g, be, d)
+    go, gm, gr, gdx = _to(cp, *(np.empty(s, np.float32) for s in ((B, N), (B,), (B,), (B, N))))
+    gdg, gdb = _to(cp, np.empty(N, np.float32), np.empty(N, np.float32))
+    for a in (go, gm, gr, gdx, gdg, gdb):
+        poison(a)
+    ops.layernorm_forward(gx, gg, gbe, go, gm, gr, 1e-5, act)
+    for name, a, e in (("out", go, out), ("mean", gm, mean), ("rstd", gr, rstd)):
+        assert_parity(a, _f32(e), what=name)
+    # backward from the GPU's forward state (same ReLU masks)
+    out_g, mean_g, rstd_g = _f64(go.get(), gm.get(), gr.get())
+    dx, dg, db = np.empty_like(x64), np.empty(N), np.empty(N)
+    ref.layernorm_backward(d64, out_g, x64, g64, mean_g, rstd_g, dx, dg, db, act)
+    ops.layernorm_backward(gd, go, gx, gg, gm, gr, gdx, gdg, gdb, act)
+    for name, a, e in (("dx", gdx, dx), ("dgamma", gdg, dg), ("dbeta", gdb, db)):
+        assert_parity(a, _f32(e), what=name)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("B,A,Z", [(1, 1, 1), (7, 3, 51), (512, 3, 51), (4096, 5, 21)])
+def test_gpu_dueling(cp, rng, B, A, Z):
+    from cudarl.ops import nn as ops
+
+    va = rng.standard_normal((B, (1 + A) * Z)).astype(np.float32)
+    dl = rng.standard_normal((B, A, Z)).astype(np.float32)
+    lo, dva = np.empty((B, A, Z)), np.empty(va.shape)
+    ref.dueling_forward(*_f64(va), lo)
+    ref.dueling_backward(*_f64(dl), dva)
+    gva, gdl, glo, gdva = _to(cp, va, dl, np.empty((B, A, Z), np.float32), np.empty_like(va))
+    poison(glo)
+    poison(gdva)
+    ops.dueling_forward(gva, glo)
+    ops.dueling_backward(gdl, gdva)
+    assert_parity(glo, _f32(lo), what="logits")
+    assert_parity(gdva, _f32(dva), what="dva")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("B,N,D,C", [(1, 1, 3, 64), (7, 32, 33, 64), (512, 32, 256, 64), (4096, 8, 64, 16)])
+def test_gpu_iqn_ops(cp, rng, B, N, D, C):
+    from cudarl.ops import nn as ops
+
+    counter = np.array([123456789012], np.uint64)
+    tau = np.empty((B, N), np.float32)
+    ref.iqn_sample_tau(tau, counter, 77, 3)
+    gtau, gctr = _to(cp, np.empty_like(tau), counter)
+    poison(gtau)
+    ops.iqn_sample_tau(gtau, gctr, 77, 3)
+    assert_bitwise(gtau, tau, what="tau")  # Philox is bit-identical
+    cos = np.empty((B * N, C), np.float32)
+    ref.iqn_cos_embed(tau, cos)
+    gcos = cp.asarray(np.empty_like(cos))
+    poison(gcos)
+    ops.iqn_cos_embed(gtau, gcos)
+    assert_parity(gcos, cos, rtol=1e-6, what="cos")
+    psi, phi, dh = (rng.standard_normal(s).astype(np.float32) for s in ((B, D), (B * N, D), (B * N, D)))
+    h, dpsi, dphi = np.empty_like(phi), np.empty(psi.shape), np.empty_like(phi)
+    ref.iqn_mix_forward(psi, phi, h)
+    ref.iqn_mix_backward(dh, psi, phi, np.empty_like(psi), dphi)
+    ref.iqn_mix_backward(*_f64(dh, psi, phi), dpsi, np.empty(phi.shape))
+    gpsi, gphi, gdh, gh, gdpsi, gdphi = _to(cp, psi, phi, dh, h, np.empty_like(psi), dphi)
+    for a in (gh, gdpsi, gdphi):
+        poison(a)
+    ops.iqn_mix_forward(gpsi, gphi, gh)
+    ops.iqn_mix_backward(gdh, gpsi, gphi, gdpsi, gdphi)
+    assert_bitwise(gh, h, what="h")  # one product per element
+    assert_bitwise(gdphi, dphi, what="dphi")
+    assert_parity(gdpsi, _f32(dpsi), what="dpsi")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("B", [1, 7, 4096])
+def test_gpu_plan_gate(cp, rng, B):
+    from cudarl.ops import nn as ops
+
+    plan = rng.uniform(size=(B, 2)).astype(np.float32)
+    plan[0] = (0.25, 0.5)  # on the threshold: ready, scale = conviction
+    ds = rng.standard_normal(B).astype(np.float32)
+    s, dp = np.empty(B, np.float32), np.empty((B, 2), np.float32)
+    ref.plan_gate(plan, s)
+    ref.plan_gate_backward(ds, plan, dp)
+    gp, gds, gs, gdp = _to(cp, plan, ds, s, dp)
+    poison(gs)
+    poison(gdp)
+    ops.plan_gate(gp, gs)
+    ops.plan_gate_backward(gds, gp, gdp)
+    assert_bitwise(gs, s, what="scale")
+    assert_bitwise(gdp, dp, what="dplan")
+    assert float(gs.get()[0]) == 0.25
+
+
+# --- GPU: the whole network ----------------------------------------------------------------------
+def _nets(cp, head, layernorm, B, seed=3):
+    from cudarl.nn import QNetwork
+
+    kw = dict(hidden=(256, 256), head=head, layernorm=layernorm, plan=True, atoms=51, max_batch=B, seed=seed)
+    return (QNetwork(64, 3, xp=cp, **kw), QNetwork(64, 3, **kw), QNetwork(64, 3, dtype=np.float64, **kw))
+
+
+def _entries(net, buf):
+    """The tensors of a flat buffer, concatenated (padding left out)."""
+    from cudarl.backend import to_numpy
+
+    b = to_numpy(buf)
+    return np.concatenate([b[e.offset : e.offset + e.size] for e in net.layout.entries])
+
+
+def _set_grad_outputs(net, gq, gp):
+    g = net.grad_outputs()
+    g["q"][...] = net.xp.asarray(gq.astype(net.dtype))
+    g["plan"][...] = net.xp.asarray(gp.astype(net.dtype))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("B", [1, 7, 512, 4096])
+@pytest.mark.parametrize("head,layernorm", [("c51", False), ("c51", True), ("iqn", False)])
+def test_gpu_qnetwork_forward_backward_match_numpy(cp, rng, B, head, layernorm):
+    """Forward against the twins' own forward; backward against the twins' backward run on the
+    GPU's activations (so ReLU masks agree exactly). GPU error against the float64 twin at most
+    twice the float32 twin's own, or 1e-5."""
+    gpu, cpu32, cpu64 = _nets(cp, head, layernorm, B)
+    x = rng.standard_normal((B, 64)).astype(np.float32)
+    tau = rng.uniform(size=(B, 32)).astype(np.float32) if head == "iqn" else None
+    gq = rng.standard_normal(cpu32.forward_shape(B)).astype(np.float32)
+    gp = rng.standard_normal((B, 2)).astype(np.float32)
+    for e in gpu.layout.entries:
+        poison(gpu.G[e.name])
+    outs = {}
+    for net, xp in ((gpu, cp), (cpu32, np), (cpu64, np)):
+        o = net.forward(xp.asarray(x.astype(net.dtype)), tau=None if tau is None else xp.asarray(tau.astype(net.dtype)))
+        outs[net] = {k: (v.get() if xp is cp else v.copy()) for k, v in o.items()}
+    for k in ("q", "plan"):
+        tol = max(1e-5, 2 * rel_error(outs[cpu32][k], outs[cpu64][k]))
+        assert rel_error(outs[gpu][k], outs[cpu64][k]) <= tol, k
+        assert_parity(outs[gpu][k], outs[cpu32][k], rtol=2 * tol, what=k)
+    _set_grad_outputs(gpu, gq, gp)
+    gpu.backward()
+    for net in (cpu32, cpu64):
+        for name, buf in gpu.ws.bufs.items():
+            net.ws.bufs[name][...] = buf.get().astype(net.dtype)
+        _set_grad_outputs(net, gq, gp)
+        net.backward()
+    g_gpu, g32, g64 = (_entries(n, n.grads) for n in (gpu, cpu32, cpu64))
+    tol = max(1e-5, 2 * rel_error(g32, g64))
+    assert rel_error(g_gpu, g64) <= tol, f"grads: {rel_error(g_gpu, g64):.2e} > {tol:.2e}"
+    for e in gpu.layout.entries:  # every tensor's gradient is written and close
+        sl = slice(e.offset, e.offset + e.size)
+        assert_parity(gpu.grads[sl], cpu64.grads[sl].astype(np.float32), rtol=1e-4, what=f"grad {e.name}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("head", ["c51", "iqn"])
+def test_gpu_qnetwork_graphed_equals_eager_bitwise(cp, rng, head):
+    from cudarl.graph import StepGraph
+
+    B = 512
+    gpu = _nets(cp, head, True, B)[0]
+    x = cp.asarray(rng.standard_normal((B, 64)).astype(np.float32))
+    if head == "iqn":
+        gpu.ws.bufs["head.tau"][...] = cp.asarray(rng.uniform(size=(B, 32)).astype(np.float32))
+    gq = cp.asarray(rng.standard_normal(gpu.forward_shape(B)).astype(np.float32))
+    gp = cp.asarray(rng.standard_normal((B, 2)).astype(np.float32))
+    outs = {}
+
+    def step():
+        o = gpu.forward(x)
+        outs.update(q=o["q"], plan=o["plan"])
+        g = gpu.grad_outputs()
+        cp.copyto(g["q"], gq)  # device-to-device copies, no allocation
+        cp.copyto(g["plan"], gp)
+        gpu.backward(x)
+
+    cp.cuda.Device().synchronize()
+    g = StepGraph("nn_parity_" + head, [("fwd_bwd", step)], xp=cp)
+    g.run_eager()
+    g.synchronize()
+    first = {"q": outs["q"].get(), "plan": outs["plan"].get(), "grads": gpu.grads.get()}
+    g.capture()
+    for e in gpu.layout.entries:
+        poison(gpu.G[e.name])
+    poison(outs["q"])
+    poison(outs["plan"])
+    cp.cuda.Device().synchronize()
+    g.replay()
+    g.synchronize()
+    assert_bitwise(outs["q"], first["q"], what="graphed q")
+    assert_bitwise(outs["plan"], first["plan"], what="graphed plan")
+    assert_bitwise(gpu.grads, first["grads"], what="graphed grads")
