@@ -1,0 +1,131 @@
+"""Features are causal, the normaliser sees only the training split, and splits are chronological."""
+import dataclasses
+import math
+
+import numpy as np
+import pytest
+
+import cudarl.datasets as ds
+from cudarl.data import load
+from cudarl.features import FeatureConfig, Normaliser, compute, ewm_mean, with_position
+from cudarl.splits import Split, by_date, chronological, walk_forward
+
+
+def perturb_after(bars, t, rng):
+    """A copy of ``bars`` where every bar after ``t`` is different (still valid bars)."""
+    n = len(bars)
+    scale = np.ones(n)
+    scale[t + 1:] = np.exp(rng.normal(0, 0.05, n - t - 1))
+    wick = np.ones(n)
+    wick[t + 1:] = 1 + rng.uniform(0.0, 0.02, n - t - 1)
+    o, c = bars.open * scale, bars.close * scale * np.where(np.arange(n) > t, 1.01, 1.0)
+    time = bars.time.copy()
+    time[t + 1:] += np.int64(3_600_000_000_000)  # one hour later, order kept
+    extra = {k: np.where(np.arange(n) > t, -v, v) for k, v in bars.extra.items()}
+    vol = None if bars.volume is None else np.where(np.arange(n) > t, bars.volume * 3 + 7, bars.volume)
+    return dataclasses.replace(bars, time=time, open=o, close=c, high=np.maximum(bars.high * scale, np.maximum(o, c)) * wick,
+                               low=np.minimum(bars.low * scale, np.minimum(o, c)) / wick, volume=vol, extra=extra)
+
+
+@pytest.mark.parametrize("source", ["builtin:regime?n=800", "builtin:eurusd-1h"])
+def test_no_lookahead_changing_bars_after_t_never_changes_features_up_to_t(source, rng):
+    bars = load(source)
+    bars = bars.take(slice(0, 800))
+    config = FeatureConfig(horizons=(1, 3, 10, 50), vol_halflife=20)
+    base = compute(bars, config)
+    ts = [0, 1, config.warmup - 1, config.warmup, config.warmup + 1, len(bars) - 2] + rng.integers(0, len(bars) - 1, 10).tolist()
+    for t in ts:
+        changed = compute(perturb_after(bars, t, rng), config)
+        assert changed.names == base.names
+        same = changed.values[:t + 1] == base.values[:t + 1]
+        assert same.all(), f"bar {t}: features {[base.names[j] for j in np.flatnonzero(~same.all(0))]} moved"
+        if t >= config.warmup:  # the perturbation is visible after t, so the check can fail
+            assert not np.array_equal(changed.values[t + 1:], base.values[t + 1:])
+
+
+def test_normaliser_is_fitted_on_train_only_and_round_trips(rng):
+    bars = ds.regime(n=1000, seed=2)
+    config = FeatureConfig()
+    splits = chronological(len(bars), warmup=config.warmup)
+    f1 = compute(bars, config)
+    f2 = compute(perturb_after(bars, splits.train.stop - 1, rng), config)
+    n1, n2 = Normaliser.fit(f1, splits.train), Normaliser.fit(f2, splits.train)
+    assert np.array_equal(n1.mean, n2.mean) and np.array_equal(n1.std, n2.std)
+    assert not np.array_equal(f1.values[splits.test.slice], f2.values[splits.test.slice])
+    x = f1.values[splits.train.start:splits.train.stop].astype(np.float64)
+    np.testing.assert_allclose(n1.mean, x.mean(0), rtol=1e-12)
+    z = n1.transform(f1.values[splits.train.slice])
+    assert z.dtype == np.float32 and np.abs(z).max() <= n1.clip
+    restored = Normaliser.from_state_dict(n1.state_dict())
+    assert np.array_equal(restored.transform(f1.values), n1.transform(f1.values))
+    assert restored.fitted_on == (splits.train.start, splits.train.stop)
+
+
+def test_feature_values_by_hand():
+    bars = ds.regime(n=300, seed=5)
+    cfg = FeatureConfig(horizons=(1, 5), vol_halflife=10, time_features=False)
+    f = compute(bars, cfg)
+    assert f.names == ("ret_1", "ret_5", "log_vol", "range", "body", "close_loc", "volume", "regime")
+    t = 123
+    a = 1 - 0.5 ** (1 / 10)
+    r = np.diff(np.log(bars.close))  # r[s - 1] is the return into bar s
+    w = np.array([(1 - a) ** (t - s) for s in range(1, t + 1)])
+    sigma = math.sqrt((w * r[:t] ** 2).sum() / w.sum())
+    assert f.values[t, 0] == pytest.approx(r[t - 1] / sigma, rel=1e-5)
+    assert f.values[t, 1] == pytest.approx(math.log(bars.close[t] / bars.close[t - 5]) / (sigma * math.sqrt(5)), rel=1e-5)
+    assert f.values[t, 2] == pytest.approx(math.log(sigma), rel=1e-5)
+    assert f.values[t, 7] == bars.extra["regime"][t]
+    assert np.all(f.values[:cfg.warmup] == 0) and f.warmup == 10
+    assert np.all(np.abs(f.values[:, 5]) <= 1.0)
+
+
+def test_ewm_mean_matches_a_loop(rng):
+    x = rng.normal(size=50)
+    present = rng.random(50) < 0.7
+    present[0] = False
+    got = ewm_mean(x, 4.0, present)
+    a = 1 - 0.5 ** 0.25
+    num = den = 0.0
+    for t in range(50):
+        num, den = num * (1 - a) + (a * x[t] if present[t] else 0.0), den * (1 - a) + (a if present[t] else 0.0)
+        if den == 0:
+            assert np.isnan(got[t])
+        else:
+            assert got[t] == pytest.approx(num / den, rel=1e-12)
+
+
+def test_time_features_and_position():
+    f = compute(load("builtin:eurusd-1h").take(slice(0, 200)))
+    assert {"hod_sin", "hod_cos", "dow_sin", "dow_cos"} <= set(f.names)
+    assert "hod_sin" not in compute(ds.regime(n=200)).names
+    i = f.names.index("dow_sin")
+    # 2017-01-02 (the bar at index 2, 00:00 UTC) is a Monday: day 0
+    assert f.values[2, i] == pytest.approx(0.0, abs=1e-7)
+    x = with_position(f.values[:4], np.array([1, 0, -1, 1]))
+    assert x.shape == (4, len(f.names) + 1) and x.dtype == np.float32 and x[2, -1] == -1
+
+
+def test_chronological_and_date_splits():
+    s = chronological(1000, train=0.6, val=0.2, warmup=50)
+    assert (s.train.start, s.train.stop, s.val.start, s.val.stop, s.test.start, s.test.stop) == (50, 620, 620, 810, 810, 1000)
+    bars = load("builtin:sp500")
+    d = by_date(bars.time, "2015-01-01", "2017-01-01", warmup=64)
+    assert str(np.datetime64(int(bars.time[d.val.start]), "ns"))[:10] == "2015-01-02"
+    assert d.train.stop == d.val.start and d.val.stop == d.test.start and d.test.stop == len(bars)
+    with pytest.raises(ValueError):
+        chronological(100, train=0.8, val=0.3)
+    with pytest.raises(ValueError):
+        Split("test", 5, 6)
+
+
+def test_walk_forward_folds_tile_the_end_without_overlap():
+    folds = walk_forward(1000, folds=4, warmup=20)
+    assert folds[-1].test.stop == 1000
+    for a, b in zip(folds, folds[1:]):
+        assert a.test.stop == b.test.start and a.test.start < b.test.start
+    for f in folds:
+        assert f.train.start == 20 and f.train.stop == f.val.start and f.val.stop == f.test.start
+    rolling = walk_forward(1000, folds=3, test_size=100, val_size=50, train_size=200)
+    assert [len(f.train) for f in rolling] == [200, 200, 200]
+    with pytest.raises(ValueError, match="no room"):
+        walk_forward(100, folds=10, test_size=10)
