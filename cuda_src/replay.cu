@@ -23,6 +23,9 @@ typedef unsigned long long u64;
 #define STATUS_BAD_INDEX 4LL
 #define STATUS_BAD_ROWS 8LL
 
+__device__ __forceinline__ u64 umin64(u64 a, u64 b) { return a < b ? a : b; }
+__device__ __forceinline__ u64 umax64(u64 a, u64 b) { return a > b ? a : b; }
+
 // Add `delta` (two's complement) to every ancestor of `leaf`. Exact and order-independent.
 __device__ __forceinline__ void add_to_ancestors(i64* tree, const i64* levels, int depth, i64 leaf, i64 delta) {
   if (delta == 0) return;
@@ -159,13 +162,13 @@ extern "C" __global__ void cudarl_replay_sample_weights(const i64* qsel, float* 
   if (frac > 1.0) frac = 1.0;
   const double beta = __dadd_rn(beta0, __dmul_rn(__dadd_rn(beta_final, -beta0), frac));
   u64 m = ~0ull;
-  for (i64 j = threadIdx.x; j < B; j += blockDim.x) m = min(m, (u64)qsel[j]);
-  for (int o = 16; o > 0; o >>= 1) m = min(m, __shfl_xor_sync(0xffffffffu, m, o));
+  for (i64 j = threadIdx.x; j < B; j += blockDim.x) m = umin64(m, (u64)qsel[j]);
+  for (int o = 16; o > 0; o >>= 1) m = umin64(m, __shfl_xor_sync(0xffffffffu, m, o));
   if ((threadIdx.x & 31) == 0) smin[threadIdx.x >> 5] = m;
   __syncthreads();
   if (threadIdx.x < 32) {
     m = threadIdx.x < (blockDim.x >> 5) ? smin[threadIdx.x] : ~0ull;
-    for (int o = 16; o > 0; o >>= 1) m = min(m, __shfl_xor_sync(0xffffffffu, m, o));
+    for (int o = 16; o > 0; o >>= 1) m = umin64(m, __shfl_xor_sync(0xffffffffu, m, o));
     if (threadIdx.x == 0) smin[0] = m;
   }
   __syncthreads();
@@ -246,9 +249,9 @@ extern "C" __global__ void cudarl_replay_update_priorities(const int* indices, c
     const i64 q = (i64)y;
     tree[i] = q;
     add_to_ancestors(tree, levels, depth, i, q - old);
-    m = max(m, (u64)q);
+    m = umax64(m, (u64)q);
   }
-  for (int o = 16; o > 0; o >>= 1) m = max(m, __shfl_xor_sync(0xffffffffu, m, o));
+  for (int o = 16; o > 0; o >>= 1) m = umax64(m, __shfl_xor_sync(0xffffffffu, m, o));
   if ((threadIdx.x & 31) == 0) smax[threadIdx.x >> 5] = m;
   if (flags) atomicOr(&sflags, flags);
   __syncthreads();
@@ -258,7 +261,7 @@ extern "C" __global__ void cudarl_replay_update_priorities(const int* indices, c
   }
   if (threadIdx.x == 0) {
     u64 mm = 0;
-    for (int w = 0; w < (int)(blockDim.x >> 5); ++w) mm = max(mm, smax[w]);
+    for (int w = 0; w < (int)(blockDim.x >> 5); ++w) mm = umax64(mm, smax[w]);
     if ((i64)mm > max_q[0]) max_q[0] = (i64)mm;
     if (sflags) status[0] |= (i64)sflags;
   }

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..kernels import blocks_for, launch
-from ..reference.replay import ReplayBuffers, ReplaySpec
+from ..reference.replay import ReplayBuffers, ReplaySpec, tree_layout
 
 _ONE_BLOCK = 1024
 _WARPS_PER_BLOCK = 8
@@ -27,8 +27,7 @@ def _depth(bufs: ReplayBuffers) -> int:
     return int(bufs.levels.shape[0]) - 1
 
 
-def insert(spec: ReplaySpec, bufs: ReplayBuffers, obs, action, reward, discount) -> None:
-    """Append ``B`` rows; see ``reference.replay.insert``. 4 launches: check, rows, priorities, advance."""
+def _check_rows(spec: ReplaySpec, obs, action, reward, discount) -> int:
     B, D, C = int(obs.shape[0]), spec.obs_dim, spec.capacity
     _need("obs", obs, (B, D), np.float32)
     _need("action", action, (B,), np.int32)
@@ -36,17 +35,69 @@ def insert(spec: ReplaySpec, bufs: ReplayBuffers, obs, action, reward, discount)
     _need("discount", discount, (B,), np.float32)
     if B < 1 or B > C or B % spec.n_envs:
         raise ValueError(f"obs: batch of {B} rows must be in [1, capacity={C}] and a multiple of n_envs={spec.n_envs}")
+    return B
+
+
+def insert_check(spec: ReplaySpec, bufs: ReplayBuffers, obs, action, reward, discount) -> None:
+    """Set ``flag`` (reject) and ``status`` from the batch's values. 1 block."""
+    B = _check_rows(spec, obs, action, reward, discount)
     launch("replay", "insert_check", 1, _ONE_BLOCK,
            "const f32* obs, const i32* action, const f32* reward, const f32* discount, i64* flag, i64* status, i64 B, i64 D",
-           (obs, action, reward, discount, bufs.flag, bufs.status, B, D))
+           (obs, action, reward, discount, bufs.flag, bufs.status, B, spec.obs_dim))
+
+
+def insert_rows(spec: ReplaySpec, bufs: ReplayBuffers, obs, action, reward, discount) -> None:
+    """Write the batch at slots ``(added + k) mod C`` unless ``flag``. A thread per (row, feature)."""
+    B = _check_rows(spec, obs, action, reward, discount)
+    D = spec.obs_dim
     launch("replay", "insert_rows", blocks_for(B * D), 256,
            "const f32* obs, const i32* action, const f32* reward, const f32* discount, f32* s_obs, i32* s_action, "
            "f32* s_reward, f32* s_discount, const i64* flag, const i64* added, i64 B, i64 D, i64 C",
-           (obs, action, reward, discount, bufs.obs, bufs.action, bufs.reward, bufs.discount, bufs.flag, bufs.added, B, D, C))
-    launch("replay", "insert_priorities", blocks_for(B + spec.lag), 256,
+           (obs, action, reward, discount, bufs.obs, bufs.action, bufs.reward, bufs.discount, bufs.flag, bufs.added,
+            B, D, spec.capacity))
+
+
+def insert_priorities(spec: ReplaySpec, bufs: ReplayBuffers, B: int) -> None:
+    """Leaves of the written and newly ready rows, and their ancestors. A thread per row (B + nE)."""
+    launch("replay", "insert_priorities", blocks_for(int(B) + spec.lag), 256,
            "i64* tree, const i64* levels, const i64* flag, const i64* added, const i64* max_q, i64 B, i64 C, i64 lag, i32 depth",
-           (bufs.tree, bufs.levels, bufs.flag, bufs.added, bufs.max_q, B, C, spec.lag, _depth(bufs)))
-    launch("replay", "insert_advance", 1, 1, "i64* added, const i64* flag, i64 B", (bufs.added, bufs.flag, B))
+           (bufs.tree, bufs.levels, bufs.flag, bufs.added, bufs.max_q, int(B), spec.capacity, spec.lag, _depth(bufs)))
+
+
+def insert_advance(spec: ReplaySpec, bufs: ReplayBuffers, B: int) -> None:
+    """``added += B`` unless ``flag``. 1 thread."""
+    launch("replay", "insert_advance", 1, 1, "i64* added, const i64* flag, i64 B", (bufs.added, bufs.flag, int(B)))
+
+
+def insert(spec: ReplaySpec, bufs: ReplayBuffers, obs, action, reward, discount) -> None:
+    """Append ``B`` rows; see ``reference.replay.insert``. 4 launches: check, rows, priorities, advance."""
+    B = _check_rows(spec, obs, action, reward, discount)
+    insert_check(spec, bufs, obs, action, reward, discount)
+    insert_rows(spec, bufs, obs, action, reward, discount)
+    insert_priorities(spec, bufs, B)
+    insert_advance(spec, bufs, B)
+
+
+def sample_search(spec: ReplaySpec, bufs: ReplayBuffers, indices_out, qsel_out) -> None:
+    """A warp per sample descends the tree; writes ``indices_out`` int32 ``[B]``, ``qsel_out`` int64 ``[B]``."""
+    B = int(indices_out.shape[0])
+    _need("indices_out", indices_out, (B,), np.int32)
+    _need("qsel_out", qsel_out, (B,), np.int64)
+    threads = 32 * _WARPS_PER_BLOCK
+    launch("replay", "sample_search", blocks_for(32 * B, threads), threads,
+           "const i64* tree, const i64* levels, const i64* step, i32* indices, i64* qsel, i64* status, i64 B, i32 depth, u64 seed, u32 stream_id",
+           (bufs.tree, bufs.levels, bufs.step, indices_out, qsel_out, bufs.status, B, _depth(bufs),
+            int(spec.seed) & 0xFFFFFFFFFFFFFFFF, int(spec.stream_id)))
+
+
+def sample_weights(spec: ReplaySpec, bufs: ReplayBuffers, qsel, weights_out) -> None:
+    """One block: ``weights_out`` float32 ``[B]`` from ``qsel`` int64 ``[B]``; writes ``beta``; ``step += 1``."""
+    B = int(qsel.shape[0])
+    _need("qsel", qsel, (B,), np.int64)
+    _need("weights_out", weights_out, (B,), np.float32)
+    launch("replay", "sample_weights", 1, _ONE_BLOCK,
+           "const i64* qsel, f32* weights, i64* step, f64* beta, i64 B, f64 beta0, f64 beta_final, i64 beta_steps",
+           (qsel, weights_out, bufs.step, bufs.beta, B, float(spec.beta0), float(spec.beta_final), int(spec.beta_steps)))
 
 
 def sample(spec: ReplaySpec, bufs: ReplayBuffers, indices_out, weights_out, qsel_out) -> None:
@@ -55,18 +106,8 @@ def sample(spec: ReplaySpec, bufs: ReplayBuffers, indices_out, weights_out, qsel
     Writes ``indices_out`` int32 ``[B]``, ``weights_out`` float32 ``[B]``, ``qsel_out`` int64 ``[B]``,
     then ``beta`` and ``step += 1``. 2 launches: a warp per sample, then one block for the weights.
     """
-    B = int(indices_out.shape[0])
-    _need("indices_out", indices_out, (B,), np.int32)
-    _need("weights_out", weights_out, (B,), np.float32)
-    _need("qsel_out", qsel_out, (B,), np.int64)
-    threads = 32 * _WARPS_PER_BLOCK
-    launch("replay", "sample_search", blocks_for(32 * B, threads), threads,
-           "const i64* tree, const i64* levels, const i64* step, i32* indices, i64* qsel, i64* status, i64 B, i32 depth, u64 seed, u32 stream_id",
-           (bufs.tree, bufs.levels, bufs.step, indices_out, qsel_out, bufs.status, B, _depth(bufs),
-            int(spec.seed) & 0xFFFFFFFFFFFFFFFF, int(spec.stream_id)))
-    launch("replay", "sample_weights", 1, _ONE_BLOCK,
-           "const i64* qsel, f32* weights, i64* step, f64* beta, i64 B, f64 beta0, f64 beta_final, i64 beta_steps",
-           (qsel_out, weights_out, bufs.step, bufs.beta, B, float(spec.beta0), float(spec.beta_final), int(spec.beta_steps)))
+    sample_search(spec, bufs, indices_out, qsel_out)
+    sample_weights(spec, bufs, qsel_out, weights_out)
 
 
 def gather(spec: ReplaySpec, bufs: ReplayBuffers, indices, obs_out, next_obs_out, action_out, return_out, discount_out) -> None:
@@ -98,12 +139,16 @@ def update_priorities(spec: ReplaySpec, bufs: ReplayBuffers, indices, td) -> Non
             _depth(bufs), float(spec.alpha), float(spec.eps)))
 
 
+def tree_level(tree, src_off: int, dst_off: int, n_dst: int) -> None:
+    """``tree[dst_off + p] = sum of the 32 children at src_off + 32p`` for ``p < n_dst``. A thread per node."""
+    if tree.dtype != np.int64 or tree.ndim != 1:
+        raise ValueError(f"tree: expected int64 [nodes], got {tree.dtype} {tuple(tree.shape)}")
+    launch("replay", "tree_level", blocks_for(n_dst), 256, "i64* tree, i64 src_off, i64 dst_off, i64 n_dst",
+           (tree, int(src_off), int(dst_off), int(n_dst)))
+
+
 def build_tree(spec: ReplaySpec, bufs: ReplayBuffers) -> None:
     """Rebuild the internal nodes from the leaves, bottom up: one launch per level."""
-    from ..reference.replay import tree_layout
-
     layout = tree_layout(spec.capacity)
     for (src_off, src_n), (dst_off, _) in zip(layout[:-1], layout[1:]):
-        n_dst = src_n // 32
-        launch("replay", "tree_level", blocks_for(n_dst), 256, "i64* tree, i64 src_off, i64 dst_off, i64 n_dst",
-               (bufs.tree, src_off, dst_off, n_dst))
+        tree_level(bufs.tree, src_off, dst_off, src_n // 32)

@@ -177,13 +177,57 @@ def _refresh(tree: np.ndarray, capacity: int) -> None:
     """Recompute every internal node from the leaves (exact integer sums)."""
     layout = tree_layout(capacity)
     for (src_off, src_n), (dst_off, _) in zip(layout[:-1], layout[1:]):
-        sums = tree[src_off : src_off + src_n].reshape(-1, FANOUT).sum(axis=1)
-        tree[dst_off : dst_off + sums.size] = sums
+        tree_level(tree, src_off, dst_off, src_n // FANOUT)
+
+
+def tree_level(tree: np.ndarray, src_off: int, dst_off: int, n_dst: int) -> None:
+    """``tree[dst_off + p] = sum_{c<32} tree[src_off + 32p + c]`` for ``p < n_dst`` (int64)."""
+    tree[dst_off : dst_off + n_dst] = tree[src_off : src_off + FANOUT * n_dst].reshape(n_dst, FANOUT).sum(axis=1)
 
 
 def build_tree(spec: ReplaySpec, bufs: ReplayBuffers) -> None:
-    """Rebuild ``bufs.tree``'s internal nodes from its leaves (after loading a state)."""
+    """Rebuild ``bufs.tree``'s internal nodes from its leaves, bottom up (after loading a state)."""
     _refresh(bufs.tree, spec.capacity)
+
+
+def insert_check(spec: ReplaySpec, bufs: ReplayBuffers, obs, action, reward, discount) -> None:
+    """``flag = 1`` (and ``status |= STATUS_BAD_ROWS``) when the batch has a non-finite value,
+    a discount outside ``[0, 1]`` or a negative action; else ``flag = 0``."""
+    bad = (not np.all(np.isfinite(obs)) or not np.all(np.isfinite(reward)) or not np.all(np.isfinite(discount))
+           or np.any(discount < 0) or np.any(discount > 1) or np.any(action < 0))
+    bufs.flag[0] = int(bad)
+    if bad:
+        bufs.status[0] |= STATUS_BAD_ROWS
+
+
+def insert_rows(spec: ReplaySpec, bufs: ReplayBuffers, obs, action, reward, discount) -> None:
+    """Write the batch at slots ``(added + k) mod C`` unless ``flag`` is set."""
+    if bufs.flag[0]:
+        return
+    slots = (int(bufs.added[0]) + np.arange(obs.shape[0])) % spec.capacity
+    bufs.obs[slots] = obs
+    bufs.action[slots] = action
+    bufs.reward[slots] = reward
+    bufs.discount[slots] = discount
+
+
+def insert_priorities(spec: ReplaySpec, bufs: ReplayBuffers, B: int) -> None:
+    """Leaves of absolute rows ``a in [max(added - nE, added + B - C, 0), added + B)``:
+    ``max_q`` where ``a + nE < added + B`` (ready), else 0 (written, not yet ready). Skipped if ``flag``."""
+    if bufs.flag[0]:
+        return
+    C, lag = spec.capacity, spec.lag
+    a0 = int(bufs.added[0])
+    a1 = a0 + int(B)
+    rows = np.arange(max(a0 - lag, a1 - C, 0), a1)
+    bufs.tree[rows % C] = np.where(rows < a1 - lag, bufs.max_q[0], 0)
+    _refresh(bufs.tree, C)
+
+
+def insert_advance(spec: ReplaySpec, bufs: ReplayBuffers, B: int) -> None:
+    """``added += B`` unless ``flag`` is set."""
+    if not bufs.flag[0]:
+        bufs.added[0] += int(B)
 
 
 def insert(spec: ReplaySpec, bufs: ReplayBuffers, obs, action, reward, discount) -> None:
@@ -193,29 +237,13 @@ def insert(spec: ReplaySpec, bufs: ReplayBuffers, obs, action, reward, discount)
         obs: float32 ``[B, D]``; action: int32 ``[B]``; reward: float32 ``[B]``;
         discount: float32 ``[B]`` in ``[0, 1]`` (``gamma * (1 - done)``). ``B % n_envs == 0``,
         ``B <= C``.
-    Writes ``obs, action, reward, discount`` at slots ``(added + k) mod C``; leaves of absolute
-    rows ``a in [max(added - nE, added' - C, 0), added')`` with ``added' = added + B``: the
-    running maximum ``max_q`` where ``a + nE < added'`` (ready), else 0; then ``added = added'``.
+    ``insert_check``, ``insert_rows``, ``insert_priorities``, ``insert_advance`` in order: a bad
+    batch changes nothing but ``status``.
     """
-    C, lag = spec.capacity, spec.lag
-    bad = (not np.all(np.isfinite(obs)) or not np.all(np.isfinite(reward)) or not np.all(np.isfinite(discount))
-           or np.any(discount < 0) or np.any(discount > 1) or np.any(action < 0))
-    bufs.flag[0] = int(bad)
-    if bad:
-        bufs.status[0] |= STATUS_BAD_ROWS
-        return
-    B = obs.shape[0]
-    a0 = int(bufs.added[0])
-    a1 = a0 + B
-    slots = (a0 + np.arange(B)) % C
-    bufs.obs[slots] = obs
-    bufs.action[slots] = action
-    bufs.reward[slots] = reward
-    bufs.discount[slots] = discount
-    rows = np.arange(max(a0 - lag, a1 - C, 0), a1)
-    bufs.tree[rows % C] = np.where(rows < a1 - lag, bufs.max_q[0], 0)
-    _refresh(bufs.tree, C)
-    bufs.added[0] = a1
+    insert_check(spec, bufs, obs, action, reward, discount)
+    insert_rows(spec, bufs, obs, action, reward, discount)
+    insert_priorities(spec, bufs, obs.shape[0])
+    insert_advance(spec, bufs, obs.shape[0])
 
 
 def _mulhi64(r: np.ndarray, w: np.ndarray) -> np.ndarray:
@@ -223,27 +251,20 @@ def _mulhi64(r: np.ndarray, w: np.ndarray) -> np.ndarray:
     return np.array([(int(a) * int(b)) >> 64 for a, b in zip(r, w)], dtype=np.uint64)
 
 
-def sample(spec: ReplaySpec, bufs: ReplayBuffers, indices_out, weights_out, qsel_out) -> None:
-    """Stratified proportional sampling of ``B = len(indices_out)`` rows; then ``step += 1``.
-
-    Writes ``indices_out`` int32 ``[B]``, ``weights_out`` float32 ``[B]``
-    (``(q_min / q_j)**beta``), ``qsel_out`` int64 ``[B]`` (the sampled leaves), ``beta``.
-    """
+def sample_search(spec: ReplaySpec, bufs: ReplayBuffers, indices_out, qsel_out) -> None:
+    """Stratified proportional search: ``indices_out`` int32 ``[B]``, ``qsel_out`` int64 ``[B]``
+    (the sampled leaves), from the stream ``(seed, step, stream_id)``. Reads ``step``, does not
+    advance it. An empty tree gives index 0, leaf 0 and ``STATUS_EMPTY``."""
     B = indices_out.shape[0]
-    step = int(bufs.step[0])
-    beta = beta_at(spec, step)
     leaves = bufs.tree[: spec.capacity]
     incl = np.cumsum(leaves)  # exact: int64 with T < 2**63
     T = int(incl[-1])
-    bufs.beta[0] = beta
-    bufs.step[0] = step + 1
     if T == 0:
         indices_out[:] = 0
-        weights_out[:] = 0
         qsel_out[:] = 0
         bufs.status[0] |= STATUS_EMPTY
         return
-    blk = philox.blocks(spec.seed, step, spec.stream_id, np.arange(B, dtype=np.uint32))
+    blk = philox.blocks(spec.seed, int(bufs.step[0]), spec.stream_id, np.arange(B, dtype=np.uint32))
     r = (blk[:, 1].astype(np.uint64) << np.uint64(32)) | blk[:, 0].astype(np.uint64)
     j = np.arange(B + 1, dtype=np.uint64)
     qB, rB = np.uint64(T // B), np.uint64(T % B)
@@ -252,8 +273,30 @@ def sample(spec: ReplaySpec, bufs: ReplayBuffers, indices_out, weights_out, qsel
     idx = np.searchsorted(incl, target.astype(np.int64), side="right")
     indices_out[:] = idx.astype(np.int32)
     qsel_out[:] = leaves[idx]
-    q = leaves[idx].astype(np.float64)
-    weights_out[:] = np.power(q.min() / q, np.float64(beta)).astype(np.float32)
+
+
+def sample_weights(spec: ReplaySpec, bufs: ReplayBuffers, qsel, weights_out) -> None:
+    """``weights_out[j] = (min_k q_k / q_j)**beta(step)`` (float64, then float32; 0 if a leaf is 0);
+    writes ``beta``, then ``step += 1``."""
+    step = int(bufs.step[0])
+    beta = beta_at(spec, step)
+    q = np.asarray(qsel).astype(np.float64)
+    qmin = q.min()
+    with np.errstate(divide="ignore", invalid="ignore"):
+        w = np.where((q == 0) | (qmin == 0), 0.0, np.power(qmin / q, np.float64(beta)))
+    weights_out[:] = w.astype(np.float32)
+    bufs.beta[0] = beta
+    bufs.step[0] = step + 1
+
+
+def sample(spec: ReplaySpec, bufs: ReplayBuffers, indices_out, weights_out, qsel_out) -> None:
+    """Stratified proportional sampling of ``B = len(indices_out)`` rows; then ``step += 1``.
+
+    Writes ``indices_out`` int32 ``[B]``, ``weights_out`` float32 ``[B]``
+    (``(q_min / q_j)**beta``), ``qsel_out`` int64 ``[B]`` (the sampled leaves), ``beta``.
+    """
+    sample_search(spec, bufs, indices_out, qsel_out)
+    sample_weights(spec, bufs, qsel_out, weights_out)
 
 
 def nstep(spec: ReplaySpec, bufs: ReplayBuffers, slots) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

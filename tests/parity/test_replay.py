@@ -1,0 +1,433 @@
+"""Prioritized replay: the NumPy twin on the CPU (statistics, closed forms, hand cases, state,
+bad input) and the CUDA kernels against it on the GPU (streams of calls, graphs)."""
+import numpy as np
+import pytest
+from scipy import stats
+
+from cudarl.reference import replay as ref
+from cudarl.replay import PrioritizedReplay
+from cudarl.testing import assert_bitwise, assert_parity
+
+
+def _rows(rng, B, D, discount=0.9):
+    return (rng.standard_normal((B, D)).astype(np.float32), rng.integers(0, 3, B).astype(np.int32),
+            rng.standard_normal(B).astype(np.float32), np.full(B, discount, np.float32))
+
+
+def _cpu(capacity, D=3, **kw):
+    return PrioritizedReplay(capacity, D, backend="numpy", **kw)
+
+
+def _filled_skewed(rng, C=10_000, alpha=0.6):
+    """C ready rows (n=1, E=1) with heavy-tailed priorities; returns (buffer, p**alpha)."""
+    r = _cpu(C + 1, alpha=alpha)
+    r.add(*_rows(rng, C + 1, 3))
+    td = (rng.pareto(1.2, C) + 1e-3).astype(np.float32)
+    r.update_priorities(np.arange(C, dtype=np.int32), td)
+    q = r.bufs.tree[:C].astype(np.float64)
+    return r, q
+
+
+# --- layout and invariants ----------------------------------------------------------------------
+@pytest.mark.parametrize("C, sizes", [(1, [32, 1]), (32, [32, 1]), (33, [64, 32, 1]), (1 << 20, [1 << 20, 1 << 15, 1 << 10, 32, 1])])
+def test_tree_layout_pads_every_level_but_the_root_to_32(C, sizes):
+    layout = ref.tree_layout(C)
+    assert [s for _, s in layout] == sizes
+    assert [o for o, _ in layout] == list(np.concatenate([[0], np.cumsum(sizes)[:-1]]))
+
+
+def _check_invariants(r):
+    C, added = r.capacity, r.added()
+    tree = r.bufs.tree.copy()
+    ref._refresh(tree, C)
+    assert np.array_equal(tree, r.bufs.tree), "internal nodes are not the sums of their children"
+    ready = np.zeros(C, bool)
+    ready[ref.ready_slots(C, r.spec.lag, added)] = True
+    leaves = r.bufs.tree[:C]
+    assert np.all(leaves[ready] >= 1) and np.all(leaves[~ready] == 0), "leaf > 0 must mean exactly 'ready'"
+
+
+def test_ring_wraps_and_only_complete_windows_are_ready(rng):
+    r = _cpu(50, n_step=3, n_envs=2)
+    for k in range(40):
+        r.add(*_rows(rng, 2 * (1 + k % 3), 3))
+        _check_invariants(r)
+        if k % 5 == 0 and r.ready() >= 8:
+            idx, _ = r.sample(8)
+            r.update_priorities(idx, rng.standard_normal(8).astype(np.float32))
+            _check_invariants(r)
+    assert r.added() > 3 * r.capacity
+    assert r.size() == r.capacity and r.ready() == r.capacity - 6
+
+
+def test_new_rows_get_the_running_maximum_priority(rng):
+    r = _cpu(100, n_step=2)
+    r.add(*_rows(rng, 10, 3))
+    assert np.all(r.bufs.tree[:8] == 1 << 24) and np.all(r.bufs.tree[8:10] == 0)  # initial priority 1.0
+    r.update_priorities(np.array([3], np.int32), np.array([99.0], np.float32))
+    q_big = ref.priority_to_leaf(np.array([99.0], np.float32), 0.6, 1e-6)[0]
+    assert r.bufs.max_q[0] == q_big
+    r.add(*_rows(rng, 1, 3))
+    assert r.bufs.tree[8] == q_big and r.bufs.tree[9] == 0 and r.bufs.tree[10] == 0
+
+
+# --- sampling statistics ------------------------------------------------------------------------
+def test_sampling_frequencies_match_p_alpha_chi_square(rng):
+    """χ² goodness of fit, 100 bins of 100 rows sorted by priority, 200 batches of 512: p > 1e-3.
+    The same counts against p (alpha = 1, the wrong law) must be rejected (p < 1e-6)."""
+    C = 10_000
+    r, q = _filled_skewed(rng, C)
+    counts = np.zeros(C)
+    for _ in range(200):
+        idx, _ = r.sample(512)
+        counts += np.bincount(idx, minlength=C)
+    order = np.argsort(q)
+    obs = counts[order].reshape(100, 100).sum(1)
+    expected = (q[order] / q.sum()).reshape(100, 100).sum(1) * counts.sum()
+    assert stats.chisquare(obs, expected).pvalue > 1e-3
+    p_wrong = q ** (1 / 0.6)
+    wrong = (p_wrong[order] / p_wrong.sum()).reshape(100, 100).sum(1) * counts.sum()
+    assert stats.chisquare(obs, wrong).pvalue < 1e-6
+    assert q.max() / q.min() > 50, "priorities are not skewed enough for the test to mean anything"
+
+
+def test_sample_is_stratified_one_row_per_stratum(rng):
+    r, q = _filled_skewed(rng, 2000)
+    idx, _ = r.sample(64)
+    assert np.all(np.diff(idx) >= 0), "stratum j's row never precedes stratum j-1's"
+    incl = np.cumsum(q)
+    T = incl[-1]
+    strata = ((incl[idx] - 1) * 64 // T).astype(int)  # the stratum of each row's last unit
+    first = ((incl[idx] - q[idx]) * 64 // T).astype(int)
+    assert np.all((first <= np.arange(64)) & (np.arange(64) <= strata))
+
+
+def test_two_samples_differ_and_the_same_step_repeats(rng):
+    r, _ = _filled_skewed(rng, 2000)
+    state = r.state_dict()
+    a = r.sample(32)[0].copy()
+    b = r.sample(32)[0].copy()
+    assert not np.array_equal(a, b)
+    r.load_state_dict(state)
+    assert np.array_equal(r.sample(32)[0], a)
+
+
+def test_importance_weights_match_the_closed_form_and_beta_anneals(rng):
+    r = _cpu(2001, beta0=0.4, beta_final=1.0, beta_steps=10)
+    r.add(*_rows(rng, 2001, 3))
+    r.update_priorities(np.arange(2000, dtype=np.int32), (rng.pareto(1.5, 2000) + 0.01).astype(np.float32))
+    p = r.priorities()[:2000]
+    P, N = p / p.sum(), 2000
+    for step in range(14):
+        idx, w = r.sample(256)
+        beta = 0.4 + 0.6 * min(1.0, step / 10)
+        assert r.bufs.beta[0] == pytest.approx(beta, rel=1e-15)
+        raw = (N * P[idx]) ** -beta
+        assert_parity(w, (raw / raw.max()).astype(np.float32), rtol=1e-6, what=f"weights at step {step}")
+        assert w.max() == 1.0
+
+
+# --- n-step returns -----------------------------------------------------------------------------
+def test_n_step_hand_case_with_an_episode_ending_inside_the_window():
+    r = _cpu(20, D=2, n_step=3, pad_rows=True)
+    rew = np.array([1, 2, 4, 8, 16, 32, 64], np.float32)
+    disc = np.array([0.9, 0.9, 0.0, 0.9, 0.9, 0.9, 0.9], np.float32)  # the episode ends after step 2
+    obs = np.arange(14, dtype=np.float32).reshape(7, 2)
+    r.add(obs, np.arange(7, dtype=np.int32), rew, disc)
+    b = r.gather(np.array([0, 1, 2, 3], np.int32))
+    np.testing.assert_allclose(b.ret, [1 + 0.9 * 2 + 0.81 * 4, 2 + 0.9 * 4, 4, 8 + 0.9 * 16 + 0.81 * 32], rtol=1e-6)
+    np.testing.assert_allclose(b.discount, [0, 0, 0, 0.9 ** 3], rtol=1e-6)
+    assert b.obs.shape == (4, 32) and np.all(b.obs[:, 2:] == 0) and np.all(b.next_obs[:, 2:] == 0)
+    assert np.array_equal(b.obs[:, :2], obs[:4]) and np.array_equal(b.next_obs[:, :2], obs[3:7])
+    assert np.array_equal(b.action, [0, 1, 2, 3])
+
+
+def test_n_step_walks_each_environment_separately(rng):
+    E = 3
+    r = _cpu(60, D=1, n_step=2, n_envs=E)
+    for t in range(4):  # env e's reward at time t is 10*e + t
+        r.add(np.full((E, 1), t, np.float32), np.zeros(E, np.int32), (10 * np.arange(E) + t).astype(np.float32),
+              np.array([0.5, 0.0, 0.5], np.float32) if t == 0 else np.full(E, 0.5, np.float32))
+    b = r.gather(np.array([0, 1, 2, 3], np.int32))  # time 0 of envs 0..2, time 1 of env 0
+    np.testing.assert_allclose(b.ret, [0 + 0.5 * 1, 10, 20 + 0.5 * 21, 1 + 0.5 * 2])
+    np.testing.assert_allclose(b.discount, [0.25, 0.0, 0.25, 0.25])
+    assert np.array_equal(b.next_obs[:, 0], [2, 2, 2, 3])
+
+
+def test_n_step_with_n_one_equals_the_one_step_transition(rng):
+    r = _cpu(40, D=4, n_step=1)
+    o, a, rew, d = _rows(rng, 30, 4, discount=0.97)
+    d[::7] = 0
+    r.add(o, a, rew, d)
+    idx = np.arange(29, dtype=np.int32)
+    b = r.gather(idx)
+    assert np.array_equal(b.ret, rew[:29]) and np.array_equal(b.discount, d[:29])
+    assert np.array_equal(b.next_obs, o[1:30]) and np.array_equal(b.obs, o[:29])
+
+
+# --- priority updates ---------------------------------------------------------------------------
+def test_duplicate_indices_last_occurrence_wins_and_unready_rows_are_kept(rng):
+    r = _cpu(100, n_step=2)
+    r.add(*_rows(rng, 20, 3))
+    r.update_priorities(np.array([5, 7, 5, 19, 5], np.int32), np.array([1.0, 2.0, 3.0, 4.0, 0.5], np.float32))
+    leaf = lambda td: ref.priority_to_leaf(np.array([td], np.float32), 0.6, 1e-6)[0]  # noqa: E731
+    assert r.bufs.tree[5] == leaf(0.5) and r.bufs.tree[7] == leaf(2.0)
+    assert r.bufs.tree[19] == 0, "row 19 is not ready (its bootstrap row does not exist yet)"
+    assert r.bufs.max_q[0] == max(1 << 24, leaf(2.0))
+    _check_invariants(r)
+
+
+def test_device_rules_of_the_twin_skip_bad_td_and_bad_rows(rng):
+    """What the kernels do with values no host checked: the twin's ops, called directly."""
+    r = _cpu(64)
+    r.add(*_rows(rng, 10, 3))
+    before = r.state_dict()
+    ref.update_priorities(r.spec, r.bufs, np.array([2, 3, 99, 2], np.int32), np.array([5.0, np.nan, 1.0, np.inf], np.float32))
+    assert r.bufs.tree[3] == before["priorities"][3] and r.bufs.tree[2] == before["priorities"][2]
+    assert set(r.status()) == {"non-finite td skipped", "out-of-range index skipped"}
+    o, a, rew, d = _rows(rng, 4, 3)
+    rew[2] = np.nan
+    ref.insert(r.spec, r.bufs, o, a, rew, d)
+    after = r.state_dict()
+    for k in ("obs", "action", "reward", "discount", "priorities"):
+        assert np.array_equal(after[k], before[k]), k
+    assert after["added"] == before["added"] and "bad rows rejected" in r.status()
+
+
+# --- state ----------------------------------------------------------------------------------------
+def test_state_round_trips_and_resumes_identically(rng):
+    kw = dict(n_step=3, n_envs=2, pad_rows=True, seed=7)
+    r = _cpu(80, **kw)
+    for _ in range(50):
+        r.add(*_rows(rng, 4, 3))
+        if r.ready() >= 16:
+            idx, _ = r.sample(16)
+            r.update_priorities(idx, rng.standard_normal(16).astype(np.float32))
+    state = r.state_dict()
+    r2 = _cpu(80, **kw)
+    r2.load_state_dict(state)
+    s2 = r2.state_dict()
+    assert state.keys() == s2.keys()
+    for k in state:
+        assert np.array_equal(state[k], s2[k]), k
+    assert np.array_equal(r.bufs.tree, r2.bufs.tree)
+    rows = _rows(rng, 4, 3)
+    for buf in (r, r2):
+        buf.add(*rows)
+    i1, w1 = r.sample(16)
+    i2, w2 = r2.sample(16)
+    assert np.array_equal(i1, i2) and np.array_equal(w1, w2)
+    assert_bitwise(r.gather(i1).ret, r2.gather(i2).ret)
+
+
+# --- bad input ------------------------------------------------------------------------------------
+@pytest.mark.parametrize("capacity", [0, -5, 2.5, True])
+def test_bad_capacity_names_the_argument(capacity):
+    with pytest.raises(ValueError, match="capacity"):
+        _cpu(capacity)
+
+
+def _bad_calls(rng):
+    o, a, rew, d = _rows(rng, 4, 3)
+    nan_r, inf_o, big_d, neg_a = rew.copy(), o.copy(), d.copy(), a.copy()
+    nan_r[1], inf_o[2, 1], big_d[0], neg_a[3] = np.nan, np.inf, 1.5, -1
+    nan_td = np.ones(4, np.float32)
+    nan_td[2] = np.nan
+    neg_state = lambda r: {**r.state_dict(), "priorities": -r.state_dict()["priorities"]}  # noqa: E731
+    nan_state = lambda r: {**r.state_dict(), "obs": np.full_like(r.state_dict()["obs"], np.nan)}  # noqa: E731
+    return {
+        "obs dtype": ("obs", lambda r: r.add(o.astype(np.float64), a, rew, d)),
+        "obs shape": ("obs", lambda r: r.add(o[:, :2], a, rew, d)),
+        "action dtype": ("action", lambda r: r.add(o, a.astype(np.int64), rew, d)),
+        "reward shape": ("reward", lambda r: r.add(o, a, rew[:3], d)),
+        "NaN reward": ("reward", lambda r: r.add(o, a, nan_r, d)),
+        "inf obs": ("obs", lambda r: r.add(inf_o, a, rew, d)),
+        "discount > 1": ("discount", lambda r: r.add(o, a, rew, big_d)),
+        "negative action": ("action", lambda r: r.add(o, neg_a, rew, d)),
+        "batch too large": ("batch_size", lambda r: r.sample(30)),
+        "batch zero": ("batch_size", lambda r: r.sample(0)),
+        "NaN td": ("td", lambda r: r.update_priorities(np.arange(4, dtype=np.int32), nan_td)),
+        "td dtype": ("td", lambda r: r.update_priorities(np.arange(4, dtype=np.int32), nan_td.astype(np.float64))),
+        "index range": ("indices", lambda r: r.update_priorities(np.array([0, 1, 2, 64], np.int32), np.ones(4, np.float32))),
+        "index dtype": ("indices", lambda r: r.update_priorities(np.arange(4), np.ones(4, np.float32))),
+        "negative priorities": ("priorities", lambda r: r.load_state_dict(neg_state(r))),
+        "NaN state obs": ("obs", lambda r: r.load_state_dict(nan_state(r))),
+    }
+
+
+@pytest.mark.parametrize("case", list(_bad_calls(np.random.default_rng(0))))
+def test_bad_input_raises_naming_the_argument_and_changes_nothing(rng, case):
+    name, call = _bad_calls(rng)[case]
+    r = _cpu(64)
+    r.add(*_rows(rng, 20, 3))
+    r.update_priorities(np.arange(10, dtype=np.int32), rng.standard_normal(10).astype(np.float32))
+    before = r.state_dict()
+    with pytest.raises(ValueError, match=name):
+        call(r)
+    after = r.state_dict()
+    for k in before:
+        assert np.array_equal(before[k], after[k]), f"{case}: {k} changed"
+    _check_invariants(r)
+
+
+# --- GPU ------------------------------------------------------------------------------------------
+def _pair(capacity, D, **kw):
+    return (PrioritizedReplay(capacity, D, backend="cupy", **kw), PrioritizedReplay(capacity, D, backend="numpy", **kw))
+
+
+def _assert_same_state(gpu, cpu, what):
+    g, c = gpu.state_dict(), cpu.state_dict()
+    for k in c:
+        assert np.array_equal(np.asarray(g[k]), np.asarray(c[k])), f"{what}: state[{k!r}] differs"
+    assert_bitwise(gpu.bufs.tree, cpu.bufs.tree, what=f"{what}: whole tree")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("C, D, n, E, B, add_rows", [(1000, 5, 3, 4, 64, 24), (777, 1, 1, 1, 33, 13), ((1 << 20) + 7, 64, 3, 1, 512, 30_000)])
+def test_gpu_stream_of_add_sample_update_matches_the_twin(cp, rng, C, D, n, E, B, add_rows):
+    """100 steps of add / sample / gather / update (with duplicate indices): indices, gathered rows
+    and n-step targets identical, weights within 1e-6, the whole tree and every counter identical."""
+    kw = dict(n_step=n, n_envs=E, pad_rows=True, seed=int(rng.integers(1 << 62)), beta_steps=50)
+    gpu, cpu = _pair(C, D, **kw)
+    add_rows -= add_rows % E
+    step = 0
+    while step < 100:
+        o, a, rew, d = _rows(rng, add_rows, D)
+        d[rng.random(add_rows) < 0.05] = 0.0
+        cpu.add(o, a, rew, d)
+        gpu.add(cp.asarray(o), cp.asarray(a), cp.asarray(rew), cp.asarray(d))
+        if cpu.ready() < B:
+            continue
+        ic, wc = cpu.sample(B)
+        ig, wg = gpu.sample(B)
+        assert_parity(ig, ic, what=f"indices at step {step}")
+        assert_parity(wg, wc, rtol=1e-6, what=f"weights at step {step}")
+        bc, bg = cpu.gather(ic), gpu.gather(ig)
+        for name, x, y in zip(bc._fields, bg, bc):
+            assert_bitwise(x, y, what=f"gather {name} at step {step}")
+        td = (rng.standard_normal(B) * rng.pareto(1.0, B)).astype(np.float32)
+        upd = ic.copy()
+        upd[: B // 4] = upd[B // 4 : B // 2]  # duplicates: the later occurrence must win
+        cpu.update_priorities(upd, td)
+        gpu.update_priorities(cp.asarray(upd), cp.asarray(td))
+        step += 1
+    _assert_same_state(gpu, cpu, "after 100 steps")
+    assert np.all(gpu.bufs.owner.get() == -1), "update_priorities left its scratch dirty"
+    assert gpu.status() == [] and float(gpu.bufs.beta.get()[0]) == cpu.bufs.beta[0]
+
+
+def _graph_step(buf, B, td):
+    def step():
+        idx, _ = buf.sample(B)
+        buf.gather(idx)
+        buf.update_priorities(idx, td)
+    return step
+
+
+@pytest.mark.gpu
+def test_gpu_graph_captured_small_samples_rows_added_later_and_replays_differ(cp, rng):
+    from cudarl.graph import StepGraph
+
+    B = 32
+    gpu, cpu = _pair(4096, 4, n_step=2, seed=11)
+    o, a, rew, d = _rows(rng, 100, 4)
+    cpu.add(o, a, rew, d)
+    gpu.add(cp.asarray(o), cp.asarray(a), cp.asarray(rew), cp.asarray(d))
+    td_np = (rng.random(B) * 0.01).astype(np.float32)  # small: sampled rows sink below the newcomers
+    td = cp.asarray(td_np)
+    gpu.reserve(B)
+    cp.cuda.Device().synchronize()
+    g = StepGraph("replay_growth", [("per", _graph_step(gpu, B, td))], xp=cp)
+    g.capture()
+    seen = []
+    for k in range(6):
+        if k == 2:  # grow after the capture: 3000 more rows at the running max priority
+            g.synchronize()
+            o, a, rew, d = _rows(rng, 3000, 4)
+            cpu.add(o, a, rew, d)
+            gpu.add(cp.asarray(o), cp.asarray(a), cp.asarray(rew), cp.asarray(d))
+            cp.cuda.Device().synchronize()
+        g.replay()
+        g.synchronize()
+        got = gpu._batches[B][0].get().copy()
+        idx, _ = cpu.sample(B)
+        cpu.gather(idx)
+        cpu.update_priorities(idx, td_np)
+        assert_parity(got, idx, what=f"replay {k} indices")
+        seen.append(got)
+    assert np.all(np.concatenate(seen[:2]) < 98), "before growth only rows 0..97 are ready"
+    assert np.mean(np.concatenate(seen[2:]) >= 98) > 0.5, "a graph captured before growth must sample the new rows"
+    assert not np.array_equal(seen[0], seen[1]) and not np.array_equal(seen[3], seen[4]), "two replays drew the same rows"
+    _assert_same_state(gpu, cpu, "after graph replays")
+
+
+@pytest.mark.gpu
+def test_gpu_graphed_equals_eager_bitwise(cp, rng):
+    from cudarl.graph import StepGraph
+
+    B = 128
+    bufs = []
+    o, a, rew, d = _rows(rng, 3000, 16)
+    for _ in range(2):
+        r = PrioritizedReplay(5000, 16, n_step=3, pad_rows=True, seed=3, backend="cupy")
+        r.add(cp.asarray(o), cp.asarray(a), cp.asarray(rew), cp.asarray(d))
+        r.reserve(B)
+        bufs.append(r)
+    td = cp.asarray(rng.standard_normal(B).astype(np.float32))
+    cp.cuda.Device().synchronize()
+    eager = StepGraph("replay_eager_twin", [("per", _graph_step(bufs[0], B, td))], xp=cp)
+    graphed = StepGraph("replay_graphed", [("per", _graph_step(bufs[1], B, td))], xp=cp)
+    graphed.capture()
+    for k in range(5):
+        eager.run_eager()
+        graphed.replay()
+        eager.synchronize()
+        graphed.synchronize()
+        out_e, out_g = bufs[0]._batches[B], bufs[1]._batches[B]
+        for name, x, y in zip(("indices", "weights", "qsel"), out_g[:3], out_e[:3]):
+            assert_bitwise(x, y, what=f"step {k} {name}")
+        for name, x, y in zip(out_e[3]._fields, out_g[3], out_e[3]):
+            assert_bitwise(x, y, what=f"step {k} gather {name}")
+    assert_bitwise(bufs[1].bufs.tree, bufs[0].bufs.tree, what="tree")
+    assert_bitwise(bufs[1]._scalars.buffer, bufs[0]._scalars.buffer, what="counters")
+
+
+@pytest.mark.gpu
+def test_gpu_device_rules_match_the_twin(cp, rng):
+    """Values only the device sees: NaN/inf td and out-of-range indices are skipped with status
+    bits, a batch with a NaN reward is rejected whole, a sample of an empty buffer is flagged."""
+    gpu, cpu = _pair(64, 3)
+    for buf in (gpu, cpu):  # sample() refuses an empty buffer on the host; the op itself must cope
+        buf.reserve(8)
+        idx, w, qsel, _ = buf._batches[8]
+        buf._ops.sample(buf.spec, buf.bufs, idx, w, qsel)
+        assert buf.status() == ["sampled an empty buffer"] and np.all(np.asarray(w.get() if hasattr(w, "get") else w) == 0)
+        buf.clear_status()
+    o, a, rew, d = _rows(rng, 10, 3)
+    cpu.add(o, a, rew, d)
+    gpu.add(cp.asarray(o), cp.asarray(a), cp.asarray(rew), cp.asarray(d))
+    bad_idx = np.array([2, 3, 99, 2, -1, 4, 4], np.int32)
+    bad_td = np.array([5.0, np.nan, 1.0, np.inf, 1.0, 2.0, 0.25], np.float32)
+    ref.update_priorities(cpu.spec, cpu.bufs, bad_idx, bad_td)
+    gpu.update_priorities(cp.asarray(bad_idx), cp.asarray(bad_td))
+    rew[2] = np.nan
+    ref.insert(cpu.spec, cpu.bufs, o, a, rew, d)
+    gpu.add(cp.asarray(o), cp.asarray(a), cp.asarray(rew), cp.asarray(d))
+    _assert_same_state(gpu, cpu, "after bad device input")
+    assert set(gpu.status()) == {"non-finite td skipped", "out-of-range index skipped", "bad rows rejected"}
+
+
+@pytest.mark.gpu
+def test_gpu_state_round_trip_rebuilds_the_tree(cp, rng):
+    gpu, cpu = _pair(3000, 2, n_step=2, n_envs=2, seed=5)
+    for _ in range(10):
+        o, a, rew, d = _rows(rng, 400, 2)
+        cpu.add(o, a, rew, d)
+        idx, _ = cpu.sample(64)
+        cpu.update_priorities(idx, rng.standard_normal(64).astype(np.float32))
+    gpu.load_state_dict(cpu.state_dict())
+    _assert_same_state(gpu, cpu, "loaded")
+    ig, wg = gpu.sample(64)
+    ic, wc = cpu.sample(64)
+    assert_parity(ig, ic, what="first sample after load")
+    assert_parity(wg, wc, rtol=1e-6, what="weights after load")
