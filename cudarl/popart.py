@@ -1,0 +1,131 @@
+"""``PopArt``: the target normaliser as a small object over a device state buffer.
+
+The math lives in ``cudarl.reference.popart`` (equations there) and ``cuda_src/popart.cu``;
+this object owns the buffers and dispatches. Where it sits in a step (DESIGN.md rule 8: it is
+called every step, and the seed system's normaliser never was)::
+
+    [popart, before the forward pass]  update(y of the previous step); rescale(W, b) of a
+                                        value-producing last layer (IQN/QR quantile output)
+    [forward]
+    [targets]  r~ = normalize_rewards(r_t, discount_t); C51 project / quantile targets on r~;
+               y  = td_targets(r_t, discount_t, v_hat)   (kept for the next step's update)
+
+The categorical (C51) head outputs logits over fixed atoms, not values, so there is no affine
+last layer to rescale: for C51 PopArt normalises the targets (``normalize_rewards``) and the
+statistics move slowly (small ``beta``), which is what fits returns to the atom support.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from . import backend as _backend
+from .pinned import DeviceScalars
+from .reference import popart as _ref
+
+
+def _is_gpu(xp) -> bool:
+    return xp.__name__ == "cupy"
+
+
+class PopArt:
+    """Running mean/std of return-space TD targets, fitted to a value support.
+
+    Args:
+        beta: EMA step size of the statistics (a device scalar; :meth:`set_beta` moves it).
+        scale: support units per standard deviation of return (see :meth:`for_support`).
+        sigma_min: floor on sigma.
+        xp: ``numpy`` or ``cupy`` (default: the process backend).
+
+    Attributes:
+        state: float32 ``[8]`` (``mu, sigma, mu_prev, sigma_prev, m1, m2, decay, scale``) on the device.
+    """
+
+    def __init__(self, beta: float = 3e-4, scale: float = 1.0, sigma_min: float = 1e-4, xp=None):
+        if not 0 < beta <= 1:
+            raise ValueError(f"beta must be in (0, 1], got {beta}")
+        if not sigma_min > 0:
+            raise ValueError(f"sigma_min must be > 0, got {sigma_min}")
+        self.xp = xp if xp is not None else _backend.get().xp
+        self.sigma_min = float(sigma_min)
+        self.state = self.xp.asarray(_ref.init_state(scale))
+        self.scalars = DeviceScalars({"beta": np.float32}, self.xp, initial={"beta": beta})
+
+    @classmethod
+    def for_support(cls, support, n_sigma: float = 3.0, **kw) -> "PopArt":
+        """A PopArt whose ``n_sigma`` standard deviations of return span half the support."""
+        z = np.asarray(_backend.to_numpy(support), np.float64)
+        return cls(scale=float(z[-1] - z[0]) / 2 / n_sigma, **kw)
+
+    def set_beta(self, beta: float) -> None:
+        """Move the step size between replays (not inside a capture)."""
+        self.scalars.set("beta", beta)
+
+    # -- ops ----------------------------------------------------------------------------------
+    def update(self, y) -> None:
+        """Move the statistics with return-space targets ``y`` float32 ``[B]``."""
+        if _is_gpu(self.xp):
+            from .ops import popart as ops
+
+            ops.update(y, self.state, self.scalars.view("beta"), self.sigma_min)
+        else:
+            self.state[:] = _ref.update(y, self.state, self.scalars.view("beta")[0], self.sigma_min)
+
+    def rescale(self, W, b) -> None:
+        """Rescale a last layer ``W [out, in]``, ``b [out]`` in place to undo the last update."""
+        if _is_gpu(self.xp):
+            from .ops import popart as ops
+
+            ops.rescale(W, b, self.state)
+        else:
+            W[:], b[:] = _ref.rescale(W, b, self.state)
+
+    def normalize(self, x, out=None, inverse: bool = False):
+        """``(x - mu) / s`` (or ``s x + mu``); writes ``out`` on the GPU."""
+        if not _is_gpu(self.xp):
+            return _ref.normalize(x, self.state, inverse)
+        from .ops import popart as ops
+
+        out = out if out is not None else self.xp.empty_like(x)
+        ops.normalize(x, self.state, out, inverse)
+        return out
+
+    def denormalize(self, x, out=None):
+        return self.normalize(x, out, inverse=True)
+
+    def normalize_rewards(self, r_t, discount_t, out=None):
+        """``(r - (1 - d) mu) / s``: rewards for targets in the normalised coordinate."""
+        if not _is_gpu(self.xp):
+            return _ref.normalize_rewards(r_t, discount_t, self.state)
+        from .ops import popart as ops
+
+        out = out if out is not None else self.xp.empty_like(r_t)
+        ops.normalize_rewards(r_t, discount_t, self.state, out)
+        return out
+
+    def td_targets(self, r_t, discount_t, v_hat, out=None):
+        """``r + d (s v_hat + mu)``: return-space targets from normalised next values."""
+        if not _is_gpu(self.xp):
+            return _ref.td_targets(r_t, discount_t, v_hat, self.state)
+        from .ops import popart as ops
+
+        out = out if out is not None else self.xp.empty_like(r_t)
+        ops.td_targets(r_t, discount_t, v_hat, self.state, out)
+        return out
+
+    # -- host side ----------------------------------------------------------------------------
+    def statistics(self) -> tuple[float, float]:
+        """``(mu, sigma)`` (a synchronising read: for logs and tests, never inside a capture)."""
+        st = _backend.to_numpy(self.state)
+        return float(st[_ref.MU]), float(st[_ref.SIGMA])
+
+    def state_dict(self) -> dict:
+        return {"state": np.array(_backend.to_numpy(self.state)), "beta": float(self.scalars.get("beta")),
+                "sigma_min": self.sigma_min}
+
+    def load_state_dict(self, sd: dict) -> None:
+        st = np.asarray(sd["state"], np.float32)
+        if st.shape != (_ref.STATE_SIZE,):
+            raise ValueError(f"PopArt state must have shape ({_ref.STATE_SIZE},), got {st.shape}")
+        self.state[...] = self.xp.asarray(st)
+        self.set_beta(sd["beta"])
+        self.sigma_min = float(sd["sigma_min"])
