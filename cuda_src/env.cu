@@ -84,7 +84,8 @@ extern "C" __global__ void cudarl_env_reset(int* __restrict__ t, int* __restrict
 }
 
 // step: move to the target position, earn the reward, advance a bar, reset ended episodes.
-// Thread mapping: one warp per env, as in reset. Reads per env: the state (28 bytes), action,
+// Thread mapping: one warp per env, as in reset (lanes read the state, __syncwarp, lane 0 writes
+// it back). Reads per env: the state (28 bytes), action,
 // scale, ret[t], levels[a], 4F bytes of features; writes the state, reward, done, 4(F + 2)
 // bytes of obs.
 extern "C" __global__ void cudarl_env_step(int* __restrict__ t, int* __restrict__ start, int* __restrict__ steps_left,
@@ -120,6 +121,7 @@ extern "C" __global__ void cudarl_env_step(int* __restrict__ t, int* __restrict_
     p1 = 0.0f;
     h = 0;
   }
+  __syncwarp();  // every lane has read this env's state before lane 0 overwrites it
   if (lane == 0) {
     t[i] = t1;
     start[i] = s;
