@@ -88,7 +88,8 @@ def plot_equity(ev, path) -> Path | None:
     fig, ax = plt.subplots(3, 1, figsize=(10, 7), sharex=True, gridspec_kw={"height_ratios": [3, 1, 1]})
     ax[0].plot(t, ev.equity, label="policy (net of costs)")
     ax[0].plot(t, np.cumprod(1.0 + ev.buy_and_hold), label="buy and hold", alpha=0.8)
-    ax[0].set_ylabel("equity")
+    ax[0].set_yscale("log")  # compounding: equal returns look equal at any level
+    ax[0].set_ylabel("equity (log)")
     ax[0].legend(loc="upper left")
     s = ev.summary.get("policy", {})
     ax[0].set_title(f"{ev.summary.get('split', {}).get('name', '')}: Sharpe {s.get('sharpe', float('nan')):.2f}, "
