@@ -59,7 +59,8 @@ def test_every_counterfactual_reward_equals_direct_recomputation(rng, a_n, fill)
                                        fill_return_f64(env, open_, close, st.t), env.config.cost_bps, env.config.slippage_bps)
             np.testing.assert_allclose(out.reward[rows], r64, rtol=1e-5, atol=1e-7)
             # float32, op by op: exactly what both kernels compute
-            ret32 = F32(1) * ((open_ if fill == "open" else close)[st.t + 2] / (open_ if fill == "open" else close)[st.t + 1] - F32(1))
+            px = open_ if fill == "open" else close
+            ret32 = px[st.t + 2] / px[st.t + 1] - F32(1)
             r32 = (p * ret32 - rate * np.abs(p - st.position)).astype(F32)
             np.testing.assert_array_equal(out.reward[rows], r32)
             checked += n
@@ -125,7 +126,7 @@ def test_mirror_of_the_mirror_is_the_real_transition(rng):
         np.testing.assert_array_equal(out.obs[mir] * flip, out.obs[real])
         np.testing.assert_array_equal(out.next_obs[mir] * flip, out.next_obs[real])
         np.testing.assert_array_equal(2 - out.action[mir], out.action[real])
-        assert f_n == 5
+        assert np.any(out.obs[mir][:, :f_n] != out.obs[real][:, :f_n])  # the map is not the identity here
 
 
 def test_counterfactual_next_obs_and_done(rng):
