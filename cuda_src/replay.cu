@@ -189,15 +189,27 @@ extern "C" __global__ void cudarl_replay_sample_weights(const i64* qsel, float* 
 // n (reward, discount) pairs per sample; writes obs_out/next_obs_out [B, W] (zero for c >= D),
 // and for c == 0 action_out, return_out, discount_out. The n-step sums use explicitly rounded
 // float32 operations (no FMA contraction) in the reference's order, so they match bitwise.
+// An index outside [0, C) gives a zero row and status |= BAD_INDEX.
 extern "C" __global__ void cudarl_replay_gather(const float* s_obs, const int* s_action, const float* s_reward,
                                                 const float* s_discount, const int* indices, float* obs_out,
                                                 float* next_obs_out, int* action_out, float* return_out,
-                                                float* discount_out, i64 B, i64 D, i64 W, i64 C, i64 n_envs,
-                                                int n_step) {
+                                                float* discount_out, i64* status, i64 B, i64 D, i64 W, i64 C,
+                                                i64 n_envs, int n_step) {
   const i64 e = (i64)blockIdx.x * blockDim.x + threadIdx.x;
   if (e >= B * W) return;
   const i64 j = e / W, c = e - j * W;
   const i64 s = indices[j];
+  if (s < 0 || s >= C) {  // never read out of bounds: a zero row and a status bit
+    obs_out[e] = 0.0f;
+    next_obs_out[e] = 0.0f;
+    if (c == 0) {
+      action_out[j] = 0;
+      return_out[j] = 0.0f;
+      discount_out[j] = 0.0f;
+      atomicOr(reinterpret_cast<u64*>(status), (u64)STATUS_BAD_INDEX);
+    }
+    return;
+  }
   const i64 nxt = (s + (i64)n_step * n_envs) % C;
   obs_out[e] = c < D ? s_obs[s * D + c] : 0.0f;
   next_obs_out[e] = c < D ? s_obs[nxt * D + c] : 0.0f;

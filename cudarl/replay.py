@@ -131,7 +131,7 @@ class PrioritizedReplay:
 
     def ready(self) -> int:
         """Rows that can be sampled: held rows whose n-step window is complete (a device read)."""
-        return _ref.ready_slots(self.capacity, self.spec.lag, self.added()).size
+        return _ref.ready_count(self.capacity, self.spec.lag, self.added())
 
     def status(self) -> list[str]:
         """The device's sticky status bits, as names (a device read). Empty when all is well."""
@@ -222,7 +222,7 @@ class PrioritizedReplay:
             raise ValueError(f"batch_size: expected an integer >= 1, got {batch_size!r}")
         B = int(batch_size)
         if self._added_host is not None:
-            ready = _ref.ready_slots(self.capacity, self.spec.lag, self._added_host).size
+            ready = _ref.ready_count(self.capacity, self.spec.lag, self._added_host)
             if B > ready:
                 raise ValueError(f"batch_size: {B} is larger than the {ready} rows ready to sample")
         return B

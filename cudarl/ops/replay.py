@@ -121,10 +121,10 @@ def gather(spec: ReplaySpec, bufs: ReplayBuffers, indices, obs_out, next_obs_out
     _need("discount_out", discount_out, (B,), np.float32)
     launch("replay", "gather", blocks_for(B * W), 256,
            "const f32* s_obs, const i32* s_action, const f32* s_reward, const f32* s_discount, const i32* indices, "
-           "f32* obs_out, f32* next_obs_out, i32* action_out, f32* return_out, f32* discount_out, "
+           "f32* obs_out, f32* next_obs_out, i32* action_out, f32* return_out, f32* discount_out, i64* status, "
            "i64 B, i64 D, i64 W, i64 C, i64 n_envs, i32 n_step",
            (bufs.obs, bufs.action, bufs.reward, bufs.discount, indices, obs_out, next_obs_out, action_out,
-            return_out, discount_out, B, spec.obs_dim, W, spec.capacity, spec.n_envs, spec.n_step))
+            return_out, discount_out, bufs.status, B, spec.obs_dim, W, spec.capacity, spec.n_envs, spec.n_step))
 
 
 def update_priorities(spec: ReplaySpec, bufs: ReplayBuffers, indices, td) -> None:

@@ -59,7 +59,7 @@ FANOUT = 32
 
 STATUS_EMPTY = 1  # sample() on a buffer with no ready row
 STATUS_BAD_TD = 2  # update_priorities() met a non-finite td (priority left unchanged)
-STATUS_BAD_INDEX = 4  # update_priorities() met an index outside [0, capacity) (skipped)
+STATUS_BAD_INDEX = 4  # update_priorities() or gather() met an index outside [0, capacity) (skipped / zero row)
 STATUS_BAD_ROWS = 8  # insert() met non-finite values, discount outside [0, 1] or action < 0 (batch rejected)
 STATUS_NAMES = {STATUS_EMPTY: "sampled an empty buffer", STATUS_BAD_TD: "non-finite td skipped",
                 STATUS_BAD_INDEX: "out-of-range index skipped", STATUS_BAD_ROWS: "bad rows rejected"}
@@ -324,10 +324,15 @@ def gather(spec: ReplaySpec, bufs: ReplayBuffers, indices, obs_out, next_obs_out
         indices: int32 ``[B]`` slots.
     Writes ``obs_out``, ``next_obs_out`` float32 ``[B, row_width]`` (columns ``>= D`` zero;
     ``next_obs`` is the bootstrap row ``s_{t+n}``), ``action_out`` int32 ``[B]``,
-    ``return_out`` / ``discount_out`` float32 ``[B]`` (``nstep``).
+    ``return_out`` / ``discount_out`` float32 ``[B]`` (``nstep``). An index outside ``[0, C)``
+    gives a zero row and ``STATUS_BAD_INDEX`` (the kernel never reads out of bounds).
     """
     D = spec.obs_dim
     s = np.asarray(indices, np.int64)
+    bad = (s < 0) | (s >= spec.capacity)
+    if np.any(bad):
+        bufs.status[0] |= STATUS_BAD_INDEX
+    s = np.where(bad, 0, s)
     G, gamma, nxt = nstep(spec, bufs, s)
     obs_out[:, :D] = bufs.obs[s]
     obs_out[:, D:] = 0
@@ -336,6 +341,8 @@ def gather(spec: ReplaySpec, bufs: ReplayBuffers, indices, obs_out, next_obs_out
     action_out[:] = bufs.action[s]
     return_out[:] = G
     discount_out[:] = gamma
+    for out in (obs_out, next_obs_out, action_out, return_out, discount_out):
+        out[bad] = 0
 
 
 def update_priorities(spec: ReplaySpec, bufs: ReplayBuffers, indices, td) -> None:
@@ -374,3 +381,8 @@ def update_priorities(spec: ReplaySpec, bufs: ReplayBuffers, indices, td) -> Non
 def ready_slots(capacity: int, lag: int, added: int) -> np.ndarray:
     """Slots of the ready rows: absolute rows ``[max(0, added - C), added - lag)`` mod C."""
     return np.arange(max(0, added - capacity), max(0, added - lag)) % capacity
+
+
+def ready_count(capacity: int, lag: int, added: int) -> int:
+    """``len(ready_slots(capacity, lag, added))`` without building it."""
+    return max(0, (added - lag) - max(0, added - capacity))

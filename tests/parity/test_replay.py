@@ -56,6 +56,8 @@ def test_ring_wraps_and_only_complete_windows_are_ready(rng):
             idx, _ = r.sample(8)
             r.update_priorities(idx, rng.standard_normal(8).astype(np.float32))
             _check_invariants(r)
+    for added in range(0, 200):
+        assert ref.ready_count(50, 6, added) == ref.ready_slots(50, 6, added).size
     assert r.added() > 3 * r.capacity
     assert r.size() == r.capacity and r.ready() == r.capacity - 6
 
@@ -192,6 +194,13 @@ def test_device_rules_of_the_twin_skip_bad_td_and_bad_rows(rng):
     for k in ("obs", "action", "reward", "discount", "priorities"):
         assert np.array_equal(after[k], before[k]), k
     assert after["added"] == before["added"] and "bad rows rejected" in r.status()
+    r.clear_status()
+    r.reserve(3)
+    out = r._batches[3][3]
+    ref.gather(r.spec, r.bufs, np.array([1, 64, -2], np.int32), *out)
+    assert r.status() == ["out-of-range index skipped"]
+    assert np.all(out.obs[1:] == 0) and np.all(out.next_obs[1:] == 0) and np.all(out.ret[1:] == 0)
+    assert np.array_equal(out.obs[0], r.bufs.obs[1]) and out.ret[0] == r.bufs.reward[1]
 
 
 # --- state ----------------------------------------------------------------------------------------
@@ -413,6 +422,12 @@ def test_gpu_device_rules_match_the_twin(cp, rng):
     rew[2] = np.nan
     ref.insert(cpu.spec, cpu.bufs, o, a, rew, d)
     gpu.add(cp.asarray(o), cp.asarray(a), cp.asarray(rew), cp.asarray(d))
+    bad_rows = np.array([1, 64, -2, 5], np.int32)
+    cpu.reserve(4)
+    ref.gather(cpu.spec, cpu.bufs, bad_rows, *cpu._batches[4][3])
+    got = gpu.gather(cp.asarray(bad_rows))  # a CuPy argument: checked on the device
+    for name, x, y in zip(got._fields, got, cpu._batches[4][3]):
+        assert_bitwise(x, y, what=f"gather {name} with out-of-range rows")
     _assert_same_state(gpu, cpu, "after bad device input")
     assert set(gpu.status()) == {"non-finite td skipped", "out-of-range index skipped", "bad rows rejected"}
 
