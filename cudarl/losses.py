@@ -212,3 +212,29 @@ def sample_taus(seed: int, counter, stream_id: int, shape=None, out=None):
 
     ops.sample_taus(seed, counter, stream_id, out)
     return out
+
+
+# ---- Q statistics -------------------------------------------------------------------------------
+def q_stats(logits, support, out=None, scratch=None):
+    """Statistics of a C51 head for the host: float32 ``[2A + 2]`` =
+    ``mean_b Q[b, a] (A)``, mean atom entropy, atom utilisation, ``var_b Q[b, a] (A)``.
+
+    ``Q[b, a] = sum_k softmax(logits[b, a])_k z_k``; utilisation is the fraction of atoms whose
+    batch-mean probability (over samples and actions) exceeds ``1 / (10 K)``. Deterministic
+    two-stage reductions. On CuPy, ``out`` may be ``PinnedReadback.device`` and ``scratch`` is
+    ``(q [B, A], ent [B], mass [B, K])`` float32 buffers allocated before any capture.
+    """
+    from .reference import qstats as _qs
+
+    if not _is_gpu(logits):
+        return _qs.q_stats(logits, support)
+    from .ops import qstats as ops
+
+    import cupy as cp
+
+    B, A, K = logits.shape
+    out = _out(cp, out, (2 * A + 2,))
+    if scratch is None:
+        scratch = (cp.empty((B, A), np.float32), cp.empty((B,), np.float32), cp.empty((B, K), np.float32))
+    ops.q_stats(logits, support, *scratch, out)
+    return out

@@ -1,0 +1,120 @@
+// Q statistics of a C51 head for the host (DESIGN rule 8 observables) and the adaptive
+// discount controller. Twin: cudarl/reference/qstats.py. Launchers: cudarl/ops/qstats.py.
+//
+// Two stages, no atomics: per_sample writes per-sample rows into scratch buffers; reduce (one
+// block, fixed order) writes out [2A + 2] = {mean_b Q[b, a] (A), mean entropy, utilisation,
+// var_b Q[b, a] (A)}; out may be a mapped pinned view the host reads after an event.
+
+#define QS_WARP 32
+#define QS_FULL 0xffffffffu
+#define QS_NEG_INF __int_as_float((int)0xff800000u)
+#define QS_THREADS 256
+
+namespace {
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(QS_FULL, v, o);
+  return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(QS_FULL, v, o));
+  return v;
+}
+// Sum of one value per thread over a block of QS_THREADS, fixed tree; result in every thread.
+__device__ float block_sum(float v, float* sh) {
+  const int t = threadIdx.x;
+  __syncthreads();  // sh may still be read from the previous call
+  sh[t] = v;
+  __syncthreads();
+  for (int h = QS_THREADS / 2; h > 0; h >>= 1) {
+    if (t < h) sh[t] += sh[t + h];
+    __syncthreads();
+  }
+  return sh[0];
+}
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// cudarl_qstats_per_sample: p = softmax(logits[b, a]);
+//   q[b, a] = sum_k p_k z_k;  ent[b] = (1/A) sum_a -sum_k p_k log p_k;  mass[b, k] = (1/A) sum_a p_k
+// Threads: one warp per sample, lanes over atoms. Reads A*K + K floats; writes A + 1 + K.
+extern "C" __global__ void cudarl_qstats_per_sample(const float* __restrict__ logits, const float* __restrict__ support,
+                                                    float* __restrict__ q, float* __restrict__ ent,
+                                                    float* __restrict__ mass, int B, int A, int K) {
+  const int lane = threadIdx.x % QS_WARP;
+  const int b = blockIdx.x * (blockDim.x / QS_WARP) + threadIdx.x / QS_WARP;
+  if (b >= B) return;
+  float h_sum = 0.f;
+  for (int k = lane; k < K; k += QS_WARP) mass[(long long)b * K + k] = 0.f;
+  for (int a = 0; a < A; ++a) {
+    const float* x = logits + ((long long)b * A + a) * K;
+    float mx = QS_NEG_INF;
+    for (int k = lane; k < K; k += QS_WARP) mx = fmaxf(mx, x[k]);
+    mx = warp_max(mx);
+    float s = 0.f;
+    for (int k = lane; k < K; k += QS_WARP) s += expf(x[k] - mx);
+    s = warp_sum(s);
+    const float log_s = logf(s);
+    float qa = 0.f, ha = 0.f;
+    for (int k = lane; k < K; k += QS_WARP) {
+      const float lp = x[k] - mx - log_s;
+      const float p = expf(lp);
+      qa += p * support[k];
+      ha -= p * lp;
+      mass[(long long)b * K + k] += p / (float)A;  // each element owned by one lane: no race
+    }
+    qa = warp_sum(qa);
+    h_sum += warp_sum(ha);
+    if (lane == 0) q[(long long)b * A + a] = qa;
+  }
+  if (lane == 0) ent[b] = h_sum / (float)A;
+}
+
+// ---------------------------------------------------------------------------------------------
+// cudarl_qstats_reduce: one block of QS_THREADS; each statistic is a strided per-thread sum
+// then a shared tree (fixed order). utilisation = (1/K) #{k : (1/B) sum_b mass[b, k] > 1/(10K)}.
+// var is the population variance (1/B) sum_b (Q[b, a] - mean_a)^2 (two passes).
+// Reads 2*B*A + B + B*K floats (Q twice for the two-pass variance); writes 2A + 2.
+extern "C" __global__ void cudarl_qstats_reduce(const float* __restrict__ q, const float* __restrict__ ent,
+                                                const float* __restrict__ mass, float* __restrict__ out,
+                                                int B, int A, int K) {
+  __shared__ float sh[QS_THREADS];
+  const int t = threadIdx.x;
+  const float inv_b = 1.f / (float)B;
+  for (int a = 0; a < A; ++a) {
+    float acc = 0.f;
+    for (int b = t; b < B; b += QS_THREADS) acc += q[(long long)b * A + a];
+    const float mean = block_sum(acc, sh) * inv_b;
+    float acc2 = 0.f;
+    for (int b = t; b < B; b += QS_THREADS) { const float d = q[(long long)b * A + a] - mean; acc2 += d * d; }
+    const float var = block_sum(acc2, sh) * inv_b;
+    if (t == 0) { out[a] = mean; out[A + 2 + a] = var; }
+  }
+  float acc = 0.f;
+  for (int b = t; b < B; b += QS_THREADS) acc += ent[b];
+  const float h = block_sum(acc, sh) * inv_b;
+  int used = 0;
+  const float thresh = 1.f / (10.f * (float)K);
+  for (int k = 0; k < K; ++k) {
+    float m = 0.f;
+    for (int b = t; b < B; b += QS_THREADS) m += mass[(long long)b * K + k];
+    const float col = block_sum(m, sh) * inv_b;
+    used += col > thresh ? 1 : 0;
+  }
+  if (t == 0) { out[A] = h; out[A + 1] = (float)used / (float)K; }
+}
+
+// ---------------------------------------------------------------------------------------------
+// cudarl_qstats_adapt_gamma: proportional controller of the discount from atom utilisation,
+//   gamma <- clip(gamma + rate (target - util), gamma_min, gamma_max)
+// (utilisation too low: lengthen the horizon so returns spread over more atoms; too high:
+// shorten it). util is read from the reduce output (stats[util_index]); gamma is the device
+// slot every target kernel reads. One thread. Reads 2 floats; writes 1.
+extern "C" __global__ void cudarl_qstats_adapt_gamma(const float* __restrict__ stats, float* __restrict__ gamma,
+                                                     int util_index, float target, float rate,
+                                                     float gamma_min, float gamma_max) {
+  if (blockIdx.x != 0 || threadIdx.x != 0) return;
+  const float g = gamma[0] + rate * (target - stats[util_index]);
+  gamma[0] = fminf(fmaxf(g, gamma_min), gamma_max);
+}

@@ -1,0 +1,129 @@
+"""Q statistics (expected Q, entropy, utilisation, Q variance) and the adaptive discount."""
+import numpy as np
+import pytest
+
+from cudarl.reference import c51
+from cudarl.reference import qstats as ref
+from cudarl.testing import assert_bitwise, assert_parity, poison
+
+Z5 = np.linspace(-2, 2, 5, dtype=np.float32)
+
+
+def _peaked(k, K=5, height=60.0):
+    x = np.zeros(K, np.float64)
+    x[k] = height  # softmax is a one-hot to float64 precision (e^-60)
+    return x
+
+
+def test_q_stats_hand_case():
+    # sample 0: actions put all mass on atoms 0 and 4; sample 1: on atoms 2 and 4
+    logits = np.stack([np.stack([_peaked(0), _peaked(4)]), np.stack([_peaked(2), _peaked(4)])])
+    s = ref.q_stats(logits, Z5, compute_dtype=np.float64)
+    L = ref.layout(2)
+    np.testing.assert_allclose(s[L["mean_q"]], [(-2 + 0) / 2, 2.0], atol=1e-12)
+    np.testing.assert_allclose(s[L["var_q"]], [1.0, 0.0], atol=1e-12)
+    np.testing.assert_allclose(s[L["entropy"]], 0.0, atol=1e-20)
+    # batch-mean mass: atom 0: 1/4, atom 2: 1/4, atom 4: 1/2, atoms 1 and 3: ~0  -> 3 of 5 used
+    assert s[L["utilisation"]] == pytest.approx(0.6)
+
+
+def test_uniform_distributions_use_every_atom_with_maximal_entropy():
+    s = ref.q_stats(np.zeros((4, 3, 11)), np.linspace(-1, 1, 11), compute_dtype=np.float64)
+    L = ref.layout(3)
+    assert s[L["utilisation"]] == 1.0
+    np.testing.assert_allclose(s[L["entropy"]], np.log(11))
+    np.testing.assert_allclose(s[L["mean_q"]], 0, atol=1e-12)
+
+
+def test_q_statistics_move_after_a_c51_step(rng):
+    """Rule 8: one learning step moves the observables the host reads."""
+    B, A, K = 64, 3, 51
+    z = np.linspace(-10, 10, K, dtype=np.float32)
+    logits = rng.normal(size=(B, A, K)).astype(np.float32)
+    a = rng.integers(0, A, B).astype(np.int32)
+    target = c51.project(c51.softmax(logits[:, 0]), np.full(B, 5.0, np.float32), np.zeros(B, np.float32), z)
+    before = ref.q_stats(logits, z)
+    _, _, grad, _ = c51.loss(logits, a, target, np.ones(B, np.float32))
+    after = ref.q_stats(logits - 50.0 * grad, z)
+    L = ref.layout(A)
+    assert np.all(after[L["mean_q"]] > before[L["mean_q"]])  # the target sits at +5
+    assert after[L["entropy"]] != before[L["entropy"]]
+    assert np.all(after[L["var_q"]] != before[L["var_q"]])
+
+
+def test_adaptive_gamma_moves_towards_the_target_utilisation_and_clips():
+    stats = np.float32([0, 0.2])  # utilisation at index 1
+    up = ref.adapt_gamma(stats, 0.9, 1, target=0.6, rate=0.05, gamma_min=0.8, gamma_max=0.995)
+    assert up == np.float32(0.9) + np.float32(0.05) * (np.float32(0.6) - np.float32(0.2))
+    down = ref.adapt_gamma(np.float32([0, 0.9]), 0.9, 1, 0.6, 0.05, 0.8, 0.995)
+    assert down < 0.9
+    assert ref.adapt_gamma(np.float32([0, 0.0]), 0.99, 1, 0.6, 0.5, 0.8, 0.995) == np.float32(0.995)
+    assert ref.adapt_gamma(np.float32([0, 1.0]), 0.81, 1, 0.6, 0.5, 0.8, 0.995) == np.float32(0.8)
+
+
+# ---- GPU ------------------------------------------------------------------------------------
+def _concentrated_logits(rng, B, A, K):
+    k = np.arange(K)
+    centre = rng.uniform(0.3 * K, 0.7 * K, (B, A, 1))
+    return (-((k - centre) ** 2) / (0.02 * K * K) + rng.normal(size=(B, A, K)) * 0.3).astype(np.float32)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("B,A,K", [(1, 3, 11), (7, 3, 51), (300, 2, 101), (4096, 3, 51), (1000, 5, 11)])
+def test_gpu_q_stats_match_reference(cp, rng, B, A, K):
+    from cudarl.ops import qstats as ops
+
+    z = np.linspace(-10, 10, K, dtype=np.float32)
+    logits = _concentrated_logits(rng, B, A, K)
+    q, ent, mass, out = cp.empty((B, A), np.float32), cp.empty(B, np.float32), cp.empty((B, K), np.float32), cp.empty(2 * A + 2, np.float32)
+    for x in (q, ent, mass, out):
+        poison(x)
+    ops.q_stats(cp.asarray(logits), cp.asarray(z), q, ent, mass, out)
+    r_q, r_ent, r_mass = ref.per_sample(logits, z)
+    assert_parity(q, r_q, what="expected Q")
+    assert_parity(ent, r_ent, what="entropy per sample")
+    assert_parity(mass, r_mass, what="atom mass per sample")
+    want = ref.q_stats(logits, z)
+    got = out.get()
+    L = ref.layout(A)
+    for name in ("mean_q", "var_q", "entropy"):
+        assert_parity(np.atleast_1d(got[L[name]]), np.atleast_1d(want[L[name]]), what=name)
+    # a column whose mean sits within float32 rounding of the threshold may count either way
+    col = r_mass.astype(np.float64).mean(0)
+    near = np.sum(np.abs(col - 1.0 / (10 * K)) < 1e-6)
+    assert abs(got[L["utilisation"]] - want[L["utilisation"]]) <= near / K + 1e-7
+    assert 0 < want[L["utilisation"]] < 1  # the inputs leave some atoms unused
+
+
+@pytest.mark.gpu
+def test_gpu_q_stats_reach_the_host_through_pinned_memory_bitwise_repeatably(cp, rng):
+    from cudarl.graph import StepGraph
+    from cudarl.ops import qstats as ops
+    from cudarl.pinned import PinnedReadback
+
+    B, A, K = 512, 3, 51
+    z = cp.asarray(np.linspace(-10, 10, K, dtype=np.float32))
+    logits = cp.asarray(_concentrated_logits(rng, B, A, K))
+    q, ent, mass = cp.empty((B, A), np.float32), cp.empty(B, np.float32), cp.empty((B, K), np.float32)
+    rb = PinnedReadback(2 * A + 2, np.float32, cp)
+    gamma = cp.asarray(np.float32([0.9]))
+
+    def phase():
+        ops.q_stats(logits, z, q, ent, mass, rb.device)
+        ops.adapt_gamma(rb.device, gamma, A + 1, target=1.0, rate=0.01, gamma_min=0.5, gamma_max=0.999)
+
+    cp.cuda.Device().synchronize()
+    g = StepGraph("qstats_parity", [("stats", phase)], xp=cp)
+    g.run_eager()
+    rb.mark_written(g.stream)
+    eager = rb.read()
+    np.testing.assert_allclose(eager, ref.q_stats(logits.get(), z.get()), rtol=1e-5, atol=1e-6)
+    g.synchronize()
+    want_gamma = ref.adapt_gamma(eager, 0.9, A + 1, 1.0, 0.01, 0.5, 0.999)
+    assert np.isclose(gamma.get()[0], want_gamma, rtol=1e-6, atol=0) and want_gamma > np.float32(0.9)  # utilisation < 1 raised gamma
+    g.capture()
+    g.replay()
+    rb.mark_written(g.stream)
+    assert_bitwise(rb.read(), eager, what="graphed q stats")
+    g.synchronize()
+    assert np.isclose(gamma.get()[0], ref.adapt_gamma(eager, want_gamma, A + 1, 1.0, 0.01, 0.5, 0.999), rtol=1e-6, atol=0)
