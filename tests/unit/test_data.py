@@ -75,10 +75,14 @@ def test_columns_matched_case_insensitively_with_aliases(tmp_path):
     np.testing.assert_array_equal(bars.close, bars.open)
 
 
-def test_gzip_csv_semicolons_and_parquet(tmp_path):
+def test_gzip_csv_with_semicolons(tmp_path):
     p = tmp_path / "x.csv.gz"
     p.write_bytes(gzip.compress(("Date;Open;High;Low;Close\n" + "\n".join(";".join(map(str, r[:5])) for r in GOOD_ROWS)).encode()))
-    assert len(load(p)) == 5
+    bars = load(p)
+    assert len(bars) == 5 and bars.close[-1] == 10.6 and bars.volume is None
+
+
+def test_parquet_naive_and_zoned_timestamps(tmp_path):
     pa = pytest.importorskip("pyarrow", reason="the parquet extra (pyarrow) is not installed")
     import pyarrow.parquet as pq
 
