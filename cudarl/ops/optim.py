@@ -1,0 +1,106 @@
+"""Launchers for ``cuda_src/optim.cu`` (twin: ``cudarl/reference/optim.py``, same names and arguments).
+
+Shapes are checked here, dtypes and contiguity by ``kernels.launch``. Nothing here allocates,
+synchronises or reads a device value, so every launcher but :func:`shrink_perturb` (which
+refuses to run inside a capture) can be captured.
+"""
+from __future__ import annotations
+
+from .. import kernels
+from ..kernels import blocks_for, launch
+from ..reference.optim import GN_BLOCKS, GN_THREADS
+
+_T = 256
+_MAX_GRID = 8192
+
+
+def _grid(n: int) -> int:
+    return min(blocks_for(n, _T), _MAX_GRID)
+
+
+def _scalar(where: str, **arrs) -> None:
+    for name, a in arrs.items():
+        if a.shape != (1,):
+            raise ValueError(f"{where}: {name} must be a 1-element device scalar, got shape {a.shape}")
+
+
+def _flat(where: str, n: int, **arrs) -> None:
+    for name, a in arrs.items():
+        if a.ndim != 1 or a.shape[0] != n:
+            raise ValueError(f"{where}: {name} must be flat [{n}], got {a.shape}")
+
+
+def grad_norm_partial(g, partial) -> None:
+    """Stage 1: float64 ``partial [GN_BLOCKS]`` of sums of squares of flat float32 ``g``."""
+    _flat("optim.grad_norm_partial", GN_BLOCKS, partial=partial)
+    launch("optim", "grad_norm_partial", GN_BLOCKS, GN_THREADS, "const f32* g, f64* partial, i64 n", (g, partial, g.size))
+
+
+def grad_norm_finalize(partial, norm, scale, max_norm: float) -> None:
+    """Stage 2: ``norm [1]`` and clip ``scale [1]`` (float32) from the partials."""
+    _flat("optim.grad_norm_finalize", GN_BLOCKS, partial=partial)
+    _scalar("optim.grad_norm_finalize", norm=norm, scale=scale)
+    launch("optim", "grad_norm_finalize", 1, GN_BLOCKS, "const f64* partial, f32* norm, f32* scale, f32 max_norm",
+           (partial, norm, scale, float(max_norm)))
+
+
+def grad_norm(g, partial, norm, scale, max_norm: float) -> None:
+    """Both stages (deterministic global L2 norm and clip scale)."""
+    if g.ndim != 1:
+        raise ValueError(f"optim.grad_norm: g must be flat, got {g.shape}")
+    grad_norm_partial(g, partial)
+    grad_norm_finalize(partial, norm, scale, max_norm)
+
+
+def lr_schedule(step, lr, m_scale, bc1, bc2, kind: int, lr_max: float, lr_min: float, warmup: int, period: int,
+                mult: int, restart_m_scale: float, beta1: float, beta2: float) -> None:
+    """Advance ``step`` (int64 ``[1]``) and write lr, m_scale, bc1, bc2 (float32 ``[1]``) on the device."""
+    _scalar("optim.lr_schedule", step=step, lr=lr, m_scale=m_scale, bc1=bc1, bc2=bc2)
+    if period < 1 or mult < 1 or warmup < 0 or kind not in (0, 1, 2):
+        raise ValueError(f"optim.lr_schedule: bad schedule kind={kind} period={period} mult={mult} warmup={warmup}")
+    launch("optim", "lr_schedule", 1, 1,
+           "i64* step, f32* lr, f32* m_scale, f32* bc1, f32* bc2, i32 kind, f32 lr_max, f32 lr_min, i64 warmup, i64 period, "
+           "i64 mult, f32 restart_m_scale, f32 beta1, f32 beta2",
+           (step, lr, m_scale, bc1, bc2, int(kind), float(lr_max), float(lr_min), int(warmup), int(period), int(mult),
+            float(restart_m_scale), float(beta1), float(beta2)))
+
+
+def adam_update(p, g, m, v, mask, lr, m_scale, bc1, bc2, clip, beta1: float, beta2: float, eps: float, wd: float) -> None:
+    """Fused Adam(W) over flat float32 ``p, g, m, v [n]`` with uint8 ``mask [n]`` and device scalars."""
+    n = p.size
+    _flat("optim.adam_update", n, p=p, g=g, m=m, v=v, mask=mask)
+    _scalar("optim.adam_update", lr=lr, m_scale=m_scale, bc1=bc1, bc2=bc2, clip=clip)
+    launch("optim", "adam_update", _grid(n), _T,
+           "f32* p, const f32* g, f32* m, f32* v, const u8* mask, i64 n, const f32* lr, const f32* m_scale, const f32* bc1, "
+           "const f32* bc2, const f32* clip, f32 beta1, f32 beta2, f32 eps, f32 wd",
+           (p, g, m, v, mask, n, lr, m_scale, bc1, bc2, clip, float(beta1), float(beta2), float(eps), float(wd)))
+
+
+def tau_schedule(count, tau, tau_start: float, tau_end: float, period: int) -> None:
+    """Advance ``count`` (int64 ``[1]``) and write the cosine-annealed ``tau`` (float32 ``[1]``)."""
+    _scalar("optim.tau_schedule", count=count, tau=tau)
+    if period < 1:
+        raise ValueError(f"optim.tau_schedule: period must be >= 1, got {period}")
+    launch("optim", "tau_schedule", 1, 1, "i64* count, f32* tau, f32 tau_start, f32 tau_end, i64 period",
+           (count, tau, float(tau_start), float(tau_end), int(period)))
+
+
+def soft_update(target, online, tau) -> None:
+    """``target = tau * online + (1 - tau) * target`` over flat float32 buffers; tau ``[1]`` on the device."""
+    n = target.size
+    _flat("optim.soft_update", n, target=target, online=online)
+    _scalar("optim.soft_update", tau=tau)
+    launch("optim", "soft_update", _grid(n), _T, "f32* target, const f32* online, i64 n, const f32* tau", (target, online, n, tau))
+
+
+def shrink_perturb(theta, lam: float, sigma: float, seed: int, counter: int, stream_id: int) -> None:
+    """``theta = lam * theta + sigma * N(0, 1)`` from Philox; ungraphed only (epoch boundaries)."""
+    if kernels.current_context() != kernels.UNGRAPHED:
+        raise kernels.KernelError("optim.shrink_perturb runs at epoch boundaries, outside any graph; "
+                                  f"it was called while capturing {kernels.current_context()!r}")
+    if theta.ndim != 1:
+        raise ValueError(f"optim.shrink_perturb: theta must be flat, got {theta.shape}")
+    n = theta.size
+    launch("optim", "shrink_perturb", _grid((n + 1) // 2), _T,
+           "f32* theta, i64 n, f32 lam, f32 sigma, u64 seed, u64 counter, u32 stream_id",
+           (theta, n, float(lam), float(sigma), int(seed) & (2**64 - 1), int(counter) & (2**64 - 1), int(stream_id) & 0xFFFFFFFF))

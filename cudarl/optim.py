@@ -1,0 +1,179 @@
+"""Fused Adam over a flat parameter buffer, device-side schedules, target updates, shrink-and-perturb.
+
+Every counter and schedule value lives in device memory (:class:`cudarl.pinned.DeviceScalars`)
+and is advanced by a kernel, so a captured step replays with the current learning rate, bias
+correction and tau. Kernels: ``cuda_src/optim.cu``; twin: ``cudarl.reference.optim``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .backend import get_array_module, to_numpy
+from .pinned import DeviceScalars
+from .reference.optim import GN_BLOCKS, SCHEDULES
+
+
+def _ops(xp):
+    """``cudarl.reference.optim`` for NumPy, ``cudarl.ops.optim`` for CuPy."""
+    if xp is np or getattr(xp, "__name__", "") == "numpy":
+        from .reference import optim as ops
+    else:
+        from .ops import optim as ops
+    return ops
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """A learning-rate schedule, computed on the device at every step.
+
+    Attributes:
+        kind: ``"constant"``, ``"cosine"`` or ``"cosine_restarts"`` (SGDR).
+        lr: peak learning rate (``lr_max``).
+        lr_min: floor of the cosine.
+        warmup: linear warm-up steps, ``lr (s + 1) / warmup`` for ``s < warmup``.
+        period: cosine length in steps (first cycle length for restarts).
+        mult: cycle length multiplier between restarts (integer >= 1).
+        restart_m_scale: factor applied to Adam's first moment at each warm restart (1 keeps it).
+    """
+
+    kind: str = "constant"
+    lr: float = 1e-3
+    lr_min: float = 0.0
+    warmup: int = 0
+    period: int = 1000
+    mult: int = 1
+    restart_m_scale: float = 1.0
+
+    def __post_init__(self):
+        if self.kind not in SCHEDULES:
+            raise ValueError(f"Schedule.kind {self.kind!r} not in {sorted(SCHEDULES)}")
+        if not (self.lr > 0 and 0 <= self.lr_min <= self.lr):
+            raise ValueError(f"Schedule: need 0 <= lr_min <= lr and lr > 0, got lr={self.lr} lr_min={self.lr_min}")
+        if self.warmup < 0 or self.period < 1 or self.mult < 1 or int(self.mult) != self.mult:
+            raise ValueError(f"Schedule: warmup >= 0, period >= 1, integer mult >= 1 (got {self.warmup}, {self.period}, {self.mult})")
+        if not 0 <= self.restart_m_scale <= 1:
+            raise ValueError(f"Schedule.restart_m_scale must be in [0, 1], got {self.restart_m_scale}")
+
+
+class Adam:
+    """Adam(W) with global-norm clipping over one flat buffer: three launches per step.
+
+    ``step()`` runs ``lr_schedule`` (step += 1, lr, restart factor, bias corrections), the
+    two-stage ``grad_norm`` (norm and clip scale) and the fused ``adam_update``.
+
+    Args:
+        params, grads: flat float32 ``[n]`` buffers (e.g. ``QNetwork.params`` / ``.grads``).
+        schedule: the learning-rate :class:`Schedule`.
+        betas, eps: Adam's constants.
+        weight_decay: decoupled decay (AdamW), applied where ``decay_mask`` is 1.
+        decay_mask: uint8 ``[n]`` (``ParamLayout.decay_mask()``); default: decay everywhere.
+        max_grad_norm: clip the global norm to this (``0`` disables clipping; the norm is
+            always computed and left in :attr:`scalars` ``grad_norm`` for the guard).
+        grad_norm_out: optional float32 ``[1]`` device buffer (e.g. a ``PinnedReadback.device``
+            slice) that receives the norm instead of the scalar slot.
+    """
+
+    def __init__(self, params, grads, *, schedule: Schedule = Schedule(), betas=(0.9, 0.999), eps: float = 1e-8,
+                 weight_decay: float = 0.0, decay_mask=None, max_grad_norm: float = 0.0, grad_norm_out=None, xp=None):
+        self.xp = xp if xp is not None else get_array_module(params)
+        if params.shape != grads.shape or params.ndim != 1:
+            raise ValueError(f"params and grads must be flat and alike, got {params.shape} and {grads.shape}")
+        if not (0 <= betas[0] < 1 and 0 <= betas[1] < 1 and eps > 0 and weight_decay >= 0 and max_grad_norm >= 0):
+            raise ValueError("Adam: need betas in [0, 1), eps > 0, weight_decay >= 0, max_grad_norm >= 0")
+        self.params, self.grads, self.schedule = params, grads, schedule
+        self.beta1, self.beta2, self.eps = float(betas[0]), float(betas[1]), float(eps)
+        self.weight_decay, self.max_grad_norm = float(weight_decay), float(max_grad_norm)
+        xp = self.xp
+        self.m = xp.zeros_like(params)
+        self.v = xp.zeros_like(params)
+        mask = np.ones(params.size, np.uint8) if decay_mask is None else np.asarray(to_numpy(decay_mask), np.uint8)
+        if mask.shape != params.shape:
+            raise ValueError(f"decay_mask must be [{params.size}], got {mask.shape}")
+        self.mask = xp.asarray(mask)
+        self.partial = xp.zeros(GN_BLOCKS, dtype=np.float64)
+        self.scalars = DeviceScalars({"step": np.int64, "lr": np.float32, "m_scale": np.float32, "bc1": np.float32,
+                                      "bc2": np.float32, "grad_norm": np.float32, "clip_scale": np.float32},
+                                     xp, initial={"m_scale": 1.0, "clip_scale": 1.0})
+        self.grad_norm_out = grad_norm_out if grad_norm_out is not None else self.scalars.view("grad_norm")
+        self.ops = _ops(xp)
+
+    def schedule_step(self) -> None:
+        s, sc = self.schedule, self.scalars
+        self.ops.lr_schedule(sc.view("step"), sc.view("lr"), sc.view("m_scale"), sc.view("bc1"), sc.view("bc2"),
+                             SCHEDULES[s.kind], s.lr, s.lr_min, s.warmup, s.period, int(s.mult), s.restart_m_scale,
+                             self.beta1, self.beta2)
+
+    def clip_step(self) -> None:
+        self.ops.grad_norm(self.grads, self.partial, self.grad_norm_out, self.scalars.view("clip_scale"), self.max_grad_norm)
+
+    def update_step(self) -> None:
+        sc = self.scalars
+        self.ops.adam_update(self.params, self.grads, self.m, self.v, self.mask, sc.view("lr"), sc.view("m_scale"),
+                             sc.view("bc1"), sc.view("bc2"), sc.view("clip_scale"), self.beta1, self.beta2, self.eps,
+                             self.weight_decay)
+
+    def step(self) -> None:
+        """One optimiser step (capture-safe): schedule, gradient norm and clip, update."""
+        self.schedule_step()
+        self.clip_step()
+        self.update_step()
+
+    def state_dict(self) -> dict:
+        return {"m": to_numpy(self.m).copy(), "v": to_numpy(self.v).copy(), "scalars": self.scalars.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Copy into the existing buffers (same addresses: captured graphs stay valid)."""
+        for k in ("m", "v"):
+            a = np.asarray(state[k], dtype=np.float32)
+            if a.shape != self.params.shape:
+                raise ValueError(f"Adam state {k!r} has shape {a.shape}, expected {self.params.shape}")
+            getattr(self, k)[...] = self.xp.asarray(a)
+        self.scalars.load_state_dict(state["scalars"])
+
+
+class SoftUpdate:
+    """Polyak target update ``theta' = tau theta + (1 - tau) theta'`` with tau cosine-annealed on the device.
+
+    ``tau`` goes from ``tau_start`` (first update) to ``tau_end`` after ``period`` updates:
+    ``tau_c = tau_end + (tau_start - tau_end)(1 + cos(pi min(c, period) / period)) / 2``.
+    """
+
+    def __init__(self, target, online, tau_start: float = 0.005, tau_end: float = 0.005, period: int = 1, xp=None):
+        if target.shape != online.shape or target.ndim != 1:
+            raise ValueError(f"target and online must be flat and alike, got {target.shape}, {online.shape}")
+        if not (0 < tau_start <= 1 and 0 < tau_end <= 1 and period >= 1):
+            raise ValueError("SoftUpdate: need tau_start, tau_end in (0, 1] and period >= 1")
+        self.xp = xp if xp is not None else get_array_module(target)
+        self.target, self.online = target, online
+        self.tau_start, self.tau_end, self.period = float(tau_start), float(tau_end), int(period)
+        self.scalars = DeviceScalars({"count": np.int64, "tau": np.float32}, self.xp)
+        self.ops = _ops(self.xp)
+
+    def step(self) -> None:
+        """Advance the tau schedule and update the target (two launches, capture-safe)."""
+        self.ops.tau_schedule(self.scalars.view("count"), self.scalars.view("tau"), self.tau_start, self.tau_end, self.period)
+        self.ops.soft_update(self.target, self.online, self.scalars.view("tau"))
+
+    def state_dict(self) -> dict:
+        return {"scalars": self.scalars.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.scalars.load_state_dict(state["scalars"])
+
+
+def soft_update(target, online, tau) -> None:
+    """``target = tau * online + (1 - tau) * target``; tau a 1-element device array."""
+    _ops(get_array_module(target)).soft_update(target, online, tau)
+
+
+def shrink_perturb(theta, lam: float, sigma: float, seed: int, epoch: int, stream_id: int = 0x5B) -> None:
+    """``theta = lam * theta + sigma * z``, ``z ~ N(0, 1)`` from Philox ``(seed, epoch, stream_id)``.
+
+    Call it at epoch boundaries, between replays (it is launched from the ungraphed module and
+    refuses to run inside a capture). theta: flat float32 ``[n]``, updated in place.
+    """
+    if not (0 <= lam <= 1 and sigma >= 0):
+        raise ValueError(f"shrink_perturb: need lam in [0, 1] and sigma >= 0, got {lam}, {sigma}")
+    _ops(get_array_module(theta)).shrink_perturb(theta, lam, sigma, seed, epoch, stream_id)

@@ -1,0 +1,142 @@
+"""NumPy twin of ``cuda_src/optim.cu``: gradient norm, schedules, Adam, target update, shrink-and-perturb.
+
+Device scalars (step counters, lr, bias corrections, tau) are 1-element arrays, read and
+written in place like the kernels do. Scalar math of the schedules is done in float64 and
+rounded once to float32, on both faces.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from . import philox
+
+#: Blocks of the first stage of the gradient norm; block k owns elements i with (i // 256) % GN_BLOCKS == k.
+GN_BLOCKS, GN_THREADS = 512, 256
+CONSTANT, COSINE, COSINE_RESTARTS = 0, 1, 2
+SCHEDULES = {"constant": CONSTANT, "cosine": COSINE, "cosine_restarts": COSINE_RESTARTS}
+
+
+def grad_norm_partial(g: np.ndarray, partial: np.ndarray) -> None:
+    """``partial[k] = sum_{i in block k} g[i]^2`` in float64. g ``[n]``; partial float64 ``[GN_BLOCKS]``."""
+    n = g.size
+    idx = np.arange(n)
+    blk = (idx // GN_THREADS) % GN_BLOCKS
+    sq = g.astype(np.float64) ** 2
+    partial[...] = np.bincount(blk, weights=sq, minlength=GN_BLOCKS)[:GN_BLOCKS]
+
+
+def grad_norm_finalize(partial: np.ndarray, norm: np.ndarray, scale: np.ndarray, max_norm: float) -> None:
+    """``norm = sqrt(sum_k partial[k])``; clip ``scale = max_norm / (norm + 1e-6)`` if that is < 1, else 1.
+
+    ``max_norm <= 0`` disables clipping (scale 1). A NaN norm gives scale 1 and stays NaN for the guard.
+    norm, scale ``[1]`` float32 (written).
+    """
+    nd = math.sqrt(float(np.sum(partial, dtype=np.float64)))
+    norm[0] = nd
+    denom = nd + 1e-6
+    scale[0] = float(np.float32(max_norm)) / denom if (max_norm > 0 and denom > float(np.float32(max_norm))) else 1.0
+
+
+def grad_norm(g, partial, norm, scale, max_norm: float) -> None:
+    """Both stages: global L2 norm of ``g`` and the clip scale."""
+    grad_norm_partial(g, partial)
+    grad_norm_finalize(partial, norm, scale, max_norm)
+
+
+def schedule_lr(s: int, kind: int, lr_max: float, lr_min: float, warmup: int, period: int, mult: int) -> tuple[float, bool]:
+    """Learning rate at 0-based step ``s`` and whether ``s`` starts a warm restart (float64).
+
+    * warmup (``s < warmup``): ``lr_max (s + 1) / warmup``;
+    * constant: ``lr_max``;
+    * cosine over ``period`` steps after warmup: ``lr_min + (lr_max - lr_min)(1 + cos(pi min(s', T) / T)) / 2``;
+    * cosine with warm restarts (Loshchilov & Hutter 2017): the same within cycle ``i`` of length
+      ``T_i = period * mult^i``, ``s'`` counted from the cycle's start.
+    """
+    if s < warmup:
+        return lr_max * (s + 1) / warmup, False
+    s = s - warmup
+    if kind == CONSTANT:
+        return lr_max, False
+    if kind == COSINE:
+        t = min(s, period)
+        return lr_min + 0.5 * (lr_max - lr_min) * (1.0 + math.cos(math.pi * t / period)), False
+    ti, tcur, i = period, s, 0
+    while tcur >= ti:
+        tcur -= ti
+        ti *= mult
+        i += 1
+    return lr_min + 0.5 * (lr_max - lr_min) * (1.0 + math.cos(math.pi * tcur / ti)), (tcur == 0 and i > 0)
+
+
+def lr_schedule(step, lr, m_scale, bc1, bc2, kind: int, lr_max: float, lr_min: float, warmup: int, period: int,
+                mult: int, restart_m_scale: float, beta1: float, beta2: float) -> None:
+    """Advance the optimiser step on the device: ``step += 1`` (t = step, s = t - 1), then write
+    ``lr = schedule(s)``, ``m_scale = restart_m_scale`` on a warm restart else 1, and the bias
+    corrections ``bc1 = 1 - beta1^t``, ``bc2 = 1 - beta2^t``. step int64 ``[1]``; the rest float32 ``[1]``.
+    """
+    step[0] += 1
+    t = int(step[0])
+    f = lambda x: float(np.float32(x))  # noqa: E731  the kernel receives float32 arguments
+    value, restart = schedule_lr(t - 1, kind, f(lr_max), f(lr_min), warmup, period, mult)
+    lr[0] = value
+    m_scale[0] = f(restart_m_scale) if restart else 1.0
+    bc1[0] = 1.0 - f(beta1) ** t
+    bc2[0] = 1.0 - f(beta2) ** t
+
+
+def adam_update(p, g, m, v, mask, lr, m_scale, bc1, bc2, clip, beta1: float, beta2: float, eps: float, wd: float) -> None:
+    """Fused Adam(W) over flat buffers (Kingma & Ba 2015; decoupled decay, Loshchilov & Hutter 2019).
+
+    ``g' = clip g``; ``m = beta1 (m_scale m) + (1 - beta1) g'``; ``v = beta2 v + (1 - beta2) g'^2``;
+    ``p = p - lr wd mask p``; ``p = p - lr (m / bc1) / (sqrt(v / bc2) + eps)``.
+    p, g, m, v ``[n]`` (p, m, v updated); mask uint8 ``[n]``; lr, m_scale, bc1, bc2, clip ``[1]``.
+    """
+    T = p.dtype.type
+    b1, b2, e, w = T(beta1), T(beta2), T(eps), T(wd)
+    gc = g * T(clip[0])
+    m[...] = b1 * (T(m_scale[0]) * m) + (T(1) - b1) * gc
+    v[...] = b2 * v + (T(1) - b2) * (gc * gc)
+    mhat = m / T(bc1[0])
+    vhat = v / T(bc2[0])
+    lr_ = T(lr[0])
+    if w != 0:
+        p[...] = np.where(mask != 0, p - lr_ * w * p, p)
+    p[...] = p - lr_ * (mhat / (np.sqrt(vhat) + e))
+
+
+def tau_schedule(count, tau, tau_start: float, tau_end: float, period: int) -> None:
+    """``count += 1``; ``tau = tau_end + (tau_start - tau_end)(1 + cos(pi min(c, T) / T)) / 2`` with c = count - 1.
+
+    count int64 ``[1]``, tau float32 ``[1]``.
+    """
+    count[0] += 1
+    c = min(int(count[0]) - 1, period)
+    a, b = float(np.float32(tau_start)), float(np.float32(tau_end))
+    tau[0] = b + 0.5 * (a - b) * (1.0 + math.cos(math.pi * c / period))
+
+
+def soft_update(target, online, tau) -> None:
+    """Polyak averaging ``target = tau * online + (1 - tau) * target``. target, online ``[n]``; tau ``[1]``."""
+    T = target.dtype.type
+    t = T(tau[0])
+    target[...] = t * online + (T(1) - t) * target
+
+
+def shrink_perturb(theta, lam: float, sigma: float, seed: int, counter: int, stream_id: int) -> None:
+    """Shrink-and-perturb (Ash & Adams 2020): ``theta = lam * theta + sigma * z``, z ~ N(0, 1).
+
+    ``z`` by Box-Muller from Philox stream ``(seed, counter, stream_id)``: element ``2k + j``
+    (j = 0, 1) uses block k, lanes ``(2j, 2j + 1)`` as ``(u1, u2)``:
+    ``z = sqrt(-2 ln(1 - u1)) cos(2 pi u2)``, computed in float64. theta ``[n]`` float32, in place.
+    """
+    n = theta.size
+    nb = (n + 1) // 2
+    blk = philox.blocks(seed, counter, stream_id, np.arange(nb, dtype=np.uint32))
+    u = philox.to_uniform(blk).astype(np.float64)  # [nb, 4]
+    z = np.empty((nb, 2))
+    for j in range(2):
+        z[:, j] = np.sqrt(-2.0 * np.log(1.0 - u[:, 2 * j])) * np.cos(2.0 * np.pi * u[:, 2 * j + 1])
+    T = theta.dtype.type
+    theta[...] = T(lam) * theta + T(sigma) * z.reshape(-1)[:n].astype(theta.dtype)

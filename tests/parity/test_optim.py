@@ -1,0 +1,332 @@
+"""``cuda_src/optim.cu`` against ``cudarl.reference.optim``, and the reference against textbook forms.
+
+CPU: Adam against a per-parameter textbook loop (float64), schedules against their closed
+forms, tau annealing, soft update and shrink-and-perturb identities, checkpoints.
+GPU: parity of every op, Adam over 100 steps, graphed == eager bitwise, and a gradient norm
+that is bitwise identical across runs.
+"""
+import math
+
+import numpy as np
+import pytest
+
+from cudarl.optim import Adam, Schedule, SoftUpdate, shrink_perturb
+from cudarl.reference import optim as ref
+from cudarl.testing import assert_bitwise, assert_parity, poison, rel_error
+
+B1, B2 = 0.875, 0.9990234375  # exactly representable in float32, so the textbook sees the kernel's betas
+
+
+def _scalars64():
+    return {k: np.zeros(1, np.int64 if k == "step" else np.float64) for k in ("step", "lr", "m_scale", "bc1", "bc2", "norm", "clip")}
+
+
+# --- CPU: Adam against the textbook ----------------------------------------------------------------
+@pytest.mark.parametrize("wd,max_norm", [(0.0, 0.0), (0.1, 0.5)])
+def test_adam_matches_a_textbook_per_parameter_loop(rng, wd, max_norm):
+    n, steps, lr, eps = 37, 100, float(np.float32(1e-2)), 1e-8
+    p = rng.standard_normal(n)
+    mask = (rng.uniform(size=n) < 0.7).astype(np.uint8)
+    m, v, s = np.zeros(n), np.zeros(n), _scalars64()
+    partial = np.zeros(ref.GN_BLOCKS)
+    tp, tm, tv = list(p), [0.0] * n, [0.0] * n  # the textbook's state, plain Python floats
+    for t in range(1, steps + 1):
+        g = rng.standard_normal(n) * (1 + t % 3)
+        ref.lr_schedule(s["step"], s["lr"], s["m_scale"], s["bc1"], s["bc2"], ref.CONSTANT, lr, 0.0, 0, 10, 1, 1.0, B1, B2)
+        ref.grad_norm(g, partial, s["norm"], s["clip"], max_norm)
+        ref.adam_update(p, g, m, v, mask, s["lr"], s["m_scale"], s["bc1"], s["bc2"], s["clip"], B1, B2, eps, wd)
+        norm = math.sqrt(sum(x * x for x in g))
+        coef = max_norm / (norm + 1e-6) if max_norm > 0 and norm + 1e-6 > max_norm else 1.0
+        for i in range(n):  # AdamW, Loshchilov & Hutter, Algorithm 2 with eta = lr
+            gi = g[i] * coef
+            tm[i] = B1 * tm[i] + (1 - B1) * gi
+            tv[i] = B2 * tv[i] + (1 - B2) * gi * gi
+            if mask[i] and wd:
+                tp[i] -= lr * wd * tp[i]
+            tp[i] -= lr * (tm[i] / (1 - B1**t)) / (math.sqrt(tv[i] / (1 - B2**t)) + eps)
+        assert abs(s["norm"][0] - norm) <= 1e-12 * norm
+    assert s["step"][0] == steps
+    assert rel_error(p, np.array(tp)) <= 1e-6 and rel_error(m, np.array(tm)) <= 1e-6 and rel_error(v, np.array(tv)) <= 1e-6
+    assert rel_error(p, np.array(tp)) <= 1e-12  # same math in float64: only the last bits may differ
+
+
+def test_clipping_scales_the_gradient_to_max_norm():
+    g = np.array([3.0, 4.0], np.float32)
+    partial, norm, scale = np.zeros(ref.GN_BLOCKS), np.zeros(1, np.float32), np.zeros(1, np.float32)
+    ref.grad_norm(g, partial, norm, scale, 1.0)
+    assert norm[0] == 5.0 and abs(scale[0] * 5.0 - 1.0) < 1e-6
+    ref.grad_norm(g, partial, norm, scale, 10.0)
+    assert scale[0] == 1.0
+    ref.grad_norm(g, partial, norm, scale, 0.0)  # disabled
+    assert scale[0] == 1.0
+    g[0] = np.nan
+    ref.grad_norm(g, partial, norm, scale, 1.0)
+    assert np.isnan(norm[0])  # the guard must see it
+
+
+def test_grad_norm_partials_follow_the_kernel_mapping():
+    g = np.ones(ref.GN_THREADS * ref.GN_BLOCKS + 3, np.float32)
+    partial = np.zeros(ref.GN_BLOCKS)
+    ref.grad_norm_partial(g, partial)
+    assert partial[0] == ref.GN_THREADS + 3 and partial[1] == ref.GN_THREADS and partial.sum() == g.size
+
+
+# --- CPU: schedules against closed forms -------------------------------------------------------------
+def _run_schedule(sched: Schedule, steps: int):
+    s = _scalars64()
+    out = []
+    for _ in range(steps):
+        ref.lr_schedule(s["step"], s["lr"], s["m_scale"], s["bc1"], s["bc2"], ref.SCHEDULES[sched.kind], sched.lr,
+                        sched.lr_min, sched.warmup, sched.period, sched.mult, sched.restart_m_scale, 0.9, 0.999)
+        out.append((s["lr"][0], s["m_scale"][0], s["bc1"][0], s["bc2"][0]))
+    return np.array(out)
+
+
+def test_constant_schedule_and_bias_corrections():
+    r = _run_schedule(Schedule("constant", lr=0.5), 50)
+    t = np.arange(1, 51)
+    assert (r[:, 0] == 0.5).all() and (r[:, 1] == 1).all()
+    b1, b2 = float(np.float32(0.9)), float(np.float32(0.999))
+    np.testing.assert_allclose(r[:, 2], 1 - b1**t, rtol=1e-14)
+    np.testing.assert_allclose(r[:, 3], 1 - b2**t, rtol=1e-14)
+
+
+def test_cosine_schedule_with_warmup_closed_form():
+    lr, lo, W, T = 0.25, 0.01, 5, 40
+    r = _run_schedule(Schedule("cosine", lr=lr, lr_min=lo, warmup=W, period=T), 60)
+    lo32, lr32 = float(np.float32(lo)), float(np.float32(lr))
+    s = np.arange(60)
+    want = np.where(s < W, lr32 * (s + 1) / W, lo32 + (lr32 - lo32) * (1 + np.cos(np.pi * np.clip(s - W, 0, T) / T)) / 2)
+    np.testing.assert_allclose(r[:, 0], want, rtol=1e-13)
+    assert r[W, 0] == lr32 and r[-1, 0] == lo32  # peak right after warm-up, floor after the period
+
+
+@pytest.mark.parametrize("mult", [1, 2, 3])
+def test_cosine_restarts_closed_form_and_moment_scaling(mult):
+    lr, lo, T0, steps = 1.0, 0.0, 8, 200
+    r = _run_schedule(Schedule("cosine_restarts", lr=lr, lr_min=lo, period=T0, mult=mult, restart_m_scale=0.25), steps)
+    s = np.arange(steps, dtype=np.float64)
+    if mult == 1:
+        i, tcur, ti = s // T0, s % T0, np.full(steps, T0, np.float64)
+    else:  # SGDR closed form: cycle i = floor(log_mult(1 + s (mult - 1) / T0))
+        i = np.floor(np.log1p(s * (mult - 1) / T0) / np.log(mult) + 1e-12)
+        start = T0 * (mult**i - 1) / (mult - 1)
+        tcur, ti = s - start, T0 * mult**i
+    np.testing.assert_allclose(r[:, 0], (1 + np.cos(np.pi * tcur / ti)) / 2, rtol=1e-12, atol=1e-15)
+    restarts = np.flatnonzero(r[:, 1] != 1)
+    assert restarts.tolist() == np.flatnonzero((tcur == 0) & (i > 0)).tolist() and len(restarts) >= 3
+    assert (r[restarts, 1] == 0.25).all() and (r[restarts, 0] == 1.0).all()
+
+
+def test_warm_restart_scales_the_first_moment_once():
+    n = 5
+    p, m, v, mask = np.ones(n, np.float32), np.full(n, 2.0, np.float32), np.ones(n, np.float32), np.ones(n, np.uint8)
+    g = np.zeros(n, np.float32)
+    one = np.ones(1, np.float32)
+    ref.adam_update(p, g, m, v, mask, np.zeros(1, np.float32), np.full(1, 0.5, np.float32), one, one, one, 0.9, 0.999, 1e-8, 0.0)
+    np.testing.assert_array_equal(m, np.float32(0.9) * (np.float32(0.5) * np.float32(2.0)))
+
+
+def test_tau_schedule_closed_form_and_soft_update():
+    count, tau = np.zeros(1, np.int64), np.zeros(1, np.float32)
+    a, b, T = 0.05, 0.001, 10
+    got = []
+    for _ in range(15):
+        ref.tau_schedule(count, tau, a, b, T)
+        got.append(tau[0])
+    c = np.minimum(np.arange(15), T)
+    a32, b32 = float(np.float32(a)), float(np.float32(b))
+    np.testing.assert_allclose(got, b32 + (a32 - b32) * (1 + np.cos(np.pi * c / T)) / 2, rtol=1e-6)
+    assert got[0] == np.float32(a) and got[-1] == np.float32(b)
+    t, o = np.zeros(4, np.float32), np.arange(4, dtype=np.float32)
+    ref.soft_update(t, o, np.ones(1, np.float32))
+    assert np.array_equal(t, o)  # tau = 1 copies
+    ref.soft_update(t, np.zeros(4, np.float32), np.full(1, 0.5, np.float32))
+    assert np.array_equal(t, o / 2)
+
+
+def test_soft_update_object_anneals_tau_on_each_step(rng):
+    target, online = np.zeros(6, np.float32), rng.standard_normal(6).astype(np.float32)
+    su = SoftUpdate(target, online, tau_start=1.0, tau_end=0.1, period=4)
+    su.step()
+    assert np.array_equal(target, online) and su.scalars.get("tau") == 1.0
+    for _ in range(5):
+        su.step()
+    assert su.scalars.get("tau") == np.float32(0.1) and su.scalars.get("count") == 6
+
+
+def test_shrink_perturb_identity_statistics_and_determinism():
+    theta = np.linspace(-1, 1, 100_001).astype(np.float32)
+    same = theta.copy()
+    shrink_perturb(same, 1.0, 0.0, seed=3, epoch=1)
+    assert np.array_equal(same, theta)
+    z = np.zeros(100_001, np.float32)
+    shrink_perturb(z, 0.5, 1.0, seed=3, epoch=1)
+    # N(0, 1): mean within 5 standard errors, std within 2 %
+    assert abs(z.mean()) < 5 / math.sqrt(z.size) and abs(z.std() - 1) < 0.02
+    z2 = np.zeros_like(z)
+    shrink_perturb(z2, 0.5, 1.0, seed=3, epoch=1)
+    z3 = np.zeros_like(z)
+    shrink_perturb(z3, 0.5, 1.0, seed=3, epoch=2)
+    assert np.array_equal(z, z2) and not np.array_equal(z, z3)
+    t = theta.copy()
+    shrink_perturb(t, 0.8, 0.01, seed=3, epoch=1)
+    np.testing.assert_allclose(t, np.float32(0.8) * theta + np.float32(0.01) * z, rtol=1e-6, atol=1e-7)
+
+
+def test_adam_state_dict_resumes_exactly(rng):
+    def make():
+        p = np.linspace(-1, 1, 50).astype(np.float32)
+        g = np.zeros_like(p)
+        return p, g, Adam(p, g, schedule=Schedule("cosine_restarts", lr=1e-2, period=3, restart_m_scale=0.5),
+                          weight_decay=0.01, max_grad_norm=1.0)
+
+    grads = [rng.standard_normal(50).astype(np.float32) for _ in range(10)]
+    p, g, opt = make()
+    for k in range(10):
+        g[...] = grads[k]
+        opt.step()
+        if k == 4:
+            saved, p_saved = opt.state_dict(), p.copy()
+    p2, g2, opt2 = make()
+    p2[...] = p_saved
+    opt2.load_state_dict(saved)
+    for k in range(5, 10):
+        g2[...] = grads[k]
+        opt2.step()
+    assert np.array_equal(p, p2) and np.array_equal(opt.m, opt2.m) and opt2.scalars.get("step") == 10
+
+
+def test_schedule_validation():
+    with pytest.raises(ValueError):
+        Schedule("linear")
+    with pytest.raises(ValueError):
+        Schedule("cosine_restarts", mult=1.5)
+    with pytest.raises(ValueError):
+        Schedule(lr=1e-3, lr_min=1e-2)
+
+
+# --- GPU ----------------------------------------------------------------------------------------
+@pytest.mark.gpu
+@pytest.mark.parametrize("n", [1, 7, 1000, 131_075, 3_000_001])
+def test_gpu_grad_norm_matches_and_is_bitwise_repeatable(cp, rng, n):
+    from cudarl.ops import optim as ops
+
+    g = (rng.standard_normal(n) * rng.uniform(0.1, 10, n)).astype(np.float32)
+    partial, norm, scale = np.zeros(ref.GN_BLOCKS), np.zeros(1, np.float32), np.zeros(1, np.float32)
+    max_norm = float(np.sqrt(n)) * 0.5
+    ref.grad_norm(g, partial, norm, scale, max_norm)
+    gg = cp.asarray(g)
+    outs = []
+    for _ in range(3):
+        gp, gn, gs = cp.zeros(ref.GN_BLOCKS), cp.zeros(1, cp.float32), cp.zeros(1, cp.float32)
+        poison(gp)
+        poison(gn)
+        poison(gs)
+        ops.grad_norm(gg, gp, gn, gs, max_norm)
+        outs.append((gp.get(), gn.get(), gs.get()))
+    assert_parity(outs[0][0], partial, kind="float64", what="partials")
+    assert_parity(outs[0][1], norm, rtol=1e-6, what="norm")
+    assert_parity(outs[0][2], scale, rtol=1e-6, what="clip scale")
+    for o in outs[1:]:
+        for a, b in zip(o, outs[0]):
+            assert_bitwise(a, b, what="repeated grad norm")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", ["constant", "cosine", "cosine_restarts"])
+def test_gpu_lr_schedule_matches_reference(cp, kind):
+    sched = Schedule(kind, lr=3e-4, lr_min=1e-5, warmup=7, period=23, mult=2, restart_m_scale=0.3)
+    want = _run_schedule(sched, 200)
+    from cudarl.pinned import DeviceScalars
+    from cudarl.ops import optim as ops
+
+    sc = DeviceScalars({"step": np.int64, "lr": np.float32, "m_scale": np.float32, "bc1": np.float32, "bc2": np.float32}, cp)
+    got = []
+    for _ in range(200):
+        ops.lr_schedule(sc.view("step"), sc.view("lr"), sc.view("m_scale"), sc.view("bc1"), sc.view("bc2"), ref.SCHEDULES[kind],
+                        sched.lr, sched.lr_min, sched.warmup, sched.period, sched.mult, sched.restart_m_scale, 0.9, 0.999)
+        got.append([sc.get(k) for k in ("lr", "m_scale", "bc1", "bc2")])
+    got = np.array(got, np.float64)
+    assert sc.get("step") == 200
+    assert rel_error(got, want.astype(np.float32)) <= 1e-7
+    assert np.array_equal(got[:, 1] != 1, want[:, 1] != 1)  # restarts on the same steps
+
+
+def _adam_pair(cp, seed: int, n=100_003):
+    """The same Adam on both backends: parameters and decay mask drawn from ``seed``."""
+    rng = np.random.default_rng(seed)
+    p0 = rng.standard_normal(n).astype(np.float32) * 0.1
+    mask = (rng.uniform(size=n) < 0.8).astype(np.uint8)
+    kw = dict(schedule=Schedule("cosine_restarts", lr=1e-3, lr_min=1e-5, warmup=5, period=30, restart_m_scale=0.5),
+              weight_decay=0.01, max_grad_norm=50.0, decay_mask=mask)
+    cpu_p, cpu_g = p0.copy(), np.zeros(n, np.float32)
+    gpu_p, gpu_g = cp.asarray(p0), cp.zeros(n, cp.float32)
+    return (Adam(cpu_p, cpu_g, **kw), cpu_p, cpu_g), (Adam(gpu_p, gpu_g, xp=cp, **kw), gpu_p, gpu_g)
+
+
+@pytest.mark.gpu
+def test_gpu_adam_matches_reference_over_100_steps(cp, rng):
+    (ca, cpn, cg), (ga, gpn, gg) = _adam_pair(cp, 1)
+    for _ in range(100):
+        g = (rng.standard_normal(cpn.size) * 0.2).astype(np.float32)
+        cg[...] = g
+        gg[...] = cp.asarray(g)
+        ca.step()
+        ga.step()
+    assert ga.scalars.get("step") == 100
+    assert_parity(gpn, cpn, rtol=1e-6, what="params after 100 steps")
+    assert_parity(ga.m, ca.m, rtol=1e-5, what="m")
+    assert_parity(ga.v, ca.v, rtol=1e-5, what="v")
+    for k in ("lr", "bc1", "bc2", "grad_norm", "clip_scale"):
+        assert abs(ga.scalars.get(k) - ca.scalars.get(k)) <= 1e-6 * abs(ca.scalars.get(k)), k
+
+
+@pytest.mark.gpu
+def test_gpu_adam_graphed_equals_eager_bitwise(cp, rng):
+    from cudarl.graph import StepGraph
+
+    (_, _, _), (ea, ep, eg) = _adam_pair(cp, 2)
+    (_, _, _), (ga, gp, gg) = _adam_pair(cp, 2)
+    g = cp.asarray((rng.standard_normal(ep.size) * 0.2).astype(np.float32))
+    eg[...] = g
+    gg[...] = g
+    cp.cuda.Device().synchronize()
+    eager = StepGraph("adam_eager_ref", [("adam", ea.step)], xp=cp)
+    graphed = StepGraph("adam_graphed", [("adam", ga.step)], xp=cp)
+    graphed.capture()
+    for _ in range(40):  # crosses the warm-up and a restart: the device counters drive the replay
+        eager.run_eager()
+        graphed.replay()
+    eager.synchronize()
+    graphed.synchronize()
+    assert ga.scalars.get("step") == 40
+    for a, b, what in ((gp, ep, "params"), (ga.m, ea.m, "m"), (ga.v, ea.v, "v"), (ga.scalars.buffer, ea.scalars.buffer, "scalars")):
+        assert_bitwise(a, b, what=what)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n", [1, 7, 300_001])
+def test_gpu_soft_update_and_shrink_perturb(cp, rng, n):
+    from cudarl.kernels import KernelError
+    from cudarl.graph import GraphCaptureError, StepGraph
+
+    t0, o = rng.standard_normal(n).astype(np.float32), rng.standard_normal(n).astype(np.float32)
+    ct = t0.copy()
+    cs = SoftUpdate(ct, o, tau_start=0.5, tau_end=0.01, period=3)
+    gt = cp.asarray(t0)
+    gs = SoftUpdate(gt, cp.asarray(o), tau_start=0.5, tau_end=0.01, period=3)
+    for _ in range(5):
+        cs.step()
+        gs.step()
+    assert gs.scalars.get("tau") == cs.scalars.get("tau")
+    assert_parity(gt, ct, rtol=1e-6, what="soft update")
+    theta = rng.standard_normal(n).astype(np.float32)
+    ct = theta.copy()
+    shrink_perturb(ct, 0.8, 0.05, seed=9, epoch=4)
+    gth = cp.asarray(theta)
+    shrink_perturb(gth, 0.8, 0.05, seed=9, epoch=4)
+    assert_parity(gth, ct, rtol=1e-6, what="shrink_perturb")
+    graph = StepGraph(f"sp_refused_{n}", [("sp", lambda: shrink_perturb(gth, 0.8, 0.05, seed=9, epoch=5))], xp=cp)
+    with pytest.raises((KernelError, GraphCaptureError)):
+        graph.capture()
