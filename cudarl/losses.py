@@ -238,3 +238,61 @@ def q_stats(logits, support, out=None, scratch=None):
         scratch = (cp.empty((B, A), np.float32), cp.empty((B,), np.float32), cp.empty((B, K), np.float32))
     ops.q_stats(logits, support, *scratch, out)
     return out
+
+
+# ---- CQL / IQL ------------------------------------------------------------------------------------
+def cql_c51(logits, a_data, support, alpha, *, out_cql_per=None, out_loss=None, out_grad=None, accumulate=False):
+    """Discrete CQL on expected C51 Q: ``alpha (1/B) sum_b (logsumexp_a Q(s_b, a) - Q(s_b, a_b))``.
+
+    ``Q = sum_k softmax(logits)_k z_k``; returns ``(cql_per [B], loss, grad [B, A, K])``; on CuPy
+    ``accumulate=True`` adds the gradient into ``out_grad`` (e.g. the C51 loss gradient).
+    """
+    from .reference import regularizers as _rg
+
+    if not _is_gpu(logits):
+        return _rg.cql_c51(logits, a_data, support, alpha)
+    from .ops import regularizers as ops
+
+    import cupy as cp
+
+    B = logits.shape[0]
+    res = (_out(cp, out_cql_per, (B,)), _out(cp, out_loss, (1,)), _out(cp, out_grad, logits.shape))
+    ops.cql_c51(logits, a_data, support, alpha, *res, accumulate=accumulate)
+    return res
+
+
+def cql_quantile(theta, a_data, alpha, *, out_cql_per=None, out_loss=None, out_grad=None, accumulate=False):
+    """Discrete CQL on mean-quantile Q (IQN/QR): as :func:`cql_c51` with ``Q = mean_i theta_i``."""
+    from .reference import regularizers as _rg
+
+    if not _is_gpu(theta):
+        return _rg.cql_quantile(theta, a_data, alpha)
+    from .ops import regularizers as ops
+
+    import cupy as cp
+
+    B = theta.shape[0]
+    res = (_out(cp, out_cql_per, (B,)), _out(cp, out_loss, (1,)), _out(cp, out_grad, theta.shape))
+    ops.cql_quantile(theta, a_data, alpha, *res, accumulate=accumulate)
+    return res
+
+
+def iql_expectile(q, v, priority, tau=0.7, *, out_loss_per=None, out_loss=None, out_grad_v=None, out_priority=None):
+    """IQL expectile regression of ``v`` towards ``q`` and priority modulation.
+
+    ``u = q - v``, ``w = |tau - 1{u < 0}|``, ``loss = (1/B) sum_b w u^2``, ``dloss/dv = -2 w u / B``,
+    ``priority_out = priority * 2 w`` (identity at ``tau = 0.5``). Returns
+    ``(loss_per, loss, grad_v, priority_out)``, all ``[B]`` except ``loss``.
+    """
+    from .reference import regularizers as _rg
+
+    if not _is_gpu(q):
+        return _rg.expectile(q, v, priority, tau)
+    from .ops import regularizers as ops
+
+    import cupy as cp
+
+    B = q.shape[0]
+    res = (_out(cp, out_loss_per, (B,)), _out(cp, out_loss, (1,)), _out(cp, out_grad_v, (B,)), _out(cp, out_priority, (B,)))
+    ops.expectile(q, v, priority, tau, *res)
+    return res

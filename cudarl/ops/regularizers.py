@@ -1,0 +1,70 @@
+"""Launchers for ``cuda_src/regularizers.cu`` (twin: ``cudarl/reference/regularizers.py``).
+
+Shape/dtype checks, then a launch into given buffers: no allocation, sync or device read.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..kernels import blocks_for, launch
+from ._arrays import check, warp_grid
+
+F32, I32 = np.float32, np.int32
+THREADS = 256  # must equal RG_THREADS
+
+
+def _mean(x, out, scale, stream):
+    launch("regularizers", "mean", 1, THREADS, "const f32* x, f32* out, i32 n, f32 scale", (x, out, x.shape[0], float(scale)), stream=stream)
+
+
+def cql_c51(logits, a_data, support, alpha, out_cql_per, out_loss, out_grad, accumulate=False, stream=None) -> None:
+    """CQL for C51: writes ``out_cql_per [B]``, ``out_loss [1]``; writes or adds ``out_grad [B, A, K]``."""
+    w = "regularizers.cql_c51"
+    B, A, K = logits.shape
+    if A > 32:
+        raise ValueError(f"{w}: at most 32 actions (one lane each), got {A}")
+    check(w, "logits", logits, F32, (B, A, K))
+    check(w, "a_data", a_data, I32, (B,))
+    check(w, "support", support, F32, (K,))
+    check(w, "out_cql_per", out_cql_per, F32, (B,))
+    check(w, "out_loss", out_loss, F32, (1,))
+    check(w, "out_grad", out_grad, F32, (B, A, K))
+    grid, block = warp_grid(B)
+    launch("regularizers", "cql_c51", grid, block,
+           "const f32* logits, const i32* actions, const f32* support, f32* cql_per, f32* grad, i32 B, i32 A, i32 K, f32 alpha, i32 accumulate",
+           (logits, a_data, support, out_cql_per, out_grad, B, A, K, float(alpha), int(bool(accumulate))), stream=stream)
+    _mean(out_cql_per, out_loss, float(alpha) / B, stream)
+
+
+def cql_quantile(theta, a_data, alpha, out_cql_per, out_loss, out_grad, accumulate=False, stream=None) -> None:
+    """CQL for IQN/QR: writes ``out_cql_per [B]``, ``out_loss [1]``; writes or adds ``out_grad [B, A, N]``."""
+    w = "regularizers.cql_quantile"
+    B, A, N = theta.shape
+    if A > 32:
+        raise ValueError(f"{w}: at most 32 actions (one lane each), got {A}")
+    check(w, "theta", theta, F32, (B, A, N))
+    check(w, "a_data", a_data, I32, (B,))
+    check(w, "out_cql_per", out_cql_per, F32, (B,))
+    check(w, "out_loss", out_loss, F32, (1,))
+    check(w, "out_grad", out_grad, F32, (B, A, N))
+    grid, block = warp_grid(B)
+    launch("regularizers", "cql_quantile", grid, block,
+           "const f32* theta, const i32* actions, f32* cql_per, f32* grad, i32 B, i32 A, i32 N, f32 alpha, i32 accumulate",
+           (theta, a_data, out_cql_per, out_grad, B, A, N, float(alpha), int(bool(accumulate))), stream=stream)
+    _mean(out_cql_per, out_loss, float(alpha) / B, stream)
+
+
+def expectile(q, v, priority, tau, out_loss_per, out_loss, out_grad_v, out_priority, stream=None) -> None:
+    """IQL expectile loss of ``v [B]`` towards ``q [B]`` and priorities modulated by ``2 w``."""
+    w = "regularizers.expectile"
+    (B,) = q.shape
+    for name, a in (("q", q), ("v", v), ("priority", priority), ("out_loss_per", out_loss_per), ("out_grad_v", out_grad_v),
+                    ("out_priority", out_priority)):
+        check(w, name, a, F32, (B,))
+    check(w, "out_loss", out_loss, F32, (1,))
+    if not 0 < tau < 1:
+        raise ValueError(f"{w}: tau must be in (0, 1), got {tau}")
+    launch("regularizers", "expectile", blocks_for(B), 256,
+           "const f32* q, const f32* v, const f32* prio_in, f32* loss_per, f32* grad_v, f32* prio_out, i32 B, f32 tau",
+           (q, v, priority, out_loss_per, out_grad_v, out_priority, B, float(tau)), stream=stream)
+    _mean(out_loss_per, out_loss, 1.0 / B, stream)

@@ -1,0 +1,118 @@
+"""CQL (C51 and quantile heads) and IQL expectile regression + priority modulation."""
+import numpy as np
+import pytest
+
+from cudarl.reference import regularizers as ref
+from cudarl.testing import assert_parity, poison
+
+
+def _fd(f, x, eps=1e-6):
+    num = np.zeros_like(x)
+    for idx in np.ndindex(*x.shape):
+        hi, lo = x.copy(), x.copy()
+        hi[idx] += eps
+        lo[idx] -= eps
+        num[idx] = (f(hi) - f(lo)) / (2 * eps)
+    return num
+
+
+def test_cql_hand_case_equal_q_values_cost_log_a():
+    theta = np.zeros((2, 4, 3))
+    per, loss, grad = ref.cql_quantile(theta, np.int32([0, 3]), alpha=2.0, compute_dtype=np.float64)
+    np.testing.assert_allclose(per, np.log(4))
+    np.testing.assert_allclose(loss, 2.0 * np.log(4))
+    # pushes the data action up (negative gradient), the others down
+    assert np.all(grad[0, 0] < 0) and np.all(grad[0, 1:] > 0) and np.all(grad[1, 3] < 0)
+
+
+def test_cql_c51_gradient_matches_finite_differences(rng):
+    B, A, K = 4, 3, 7
+    x = rng.normal(size=(B, A, K))
+    z = np.linspace(-3, 3, K)
+    a = rng.integers(0, A, B).astype(np.int32)
+    _, _, grad = ref.cql_c51(x, a, z, 0.7, compute_dtype=np.float64)
+    np.testing.assert_allclose(grad, _fd(lambda t: ref.cql_c51(t, a, z, 0.7, compute_dtype=np.float64)[1], x), atol=1e-8, rtol=1e-6)
+
+
+def test_cql_quantile_gradient_matches_finite_differences(rng):
+    th = rng.normal(size=(5, 3, 4))
+    a = rng.integers(0, 3, 5).astype(np.int32)
+    _, _, grad = ref.cql_quantile(th, a, 1.3, compute_dtype=np.float64)
+    np.testing.assert_allclose(grad, _fd(lambda t: ref.cql_quantile(t, a, 1.3, compute_dtype=np.float64)[1], th), atol=1e-8, rtol=1e-6)
+
+
+@pytest.mark.parametrize("tau", [0.5, 0.7, 0.9])
+def test_expectile_gradient_matches_finite_differences(rng, tau):
+    q = rng.normal(size=9)
+    v = rng.normal(size=9)
+    _, _, gv, _ = ref.expectile(q, v, np.ones(9), tau, compute_dtype=np.float64)
+    np.testing.assert_allclose(gv, _fd(lambda t: ref.expectile(q, t, np.ones(9), tau, compute_dtype=np.float64)[1], v), rtol=1e-6, atol=1e-9)
+
+
+def test_expectile_minimiser_is_the_upper_expectile_and_modulation_is_asymmetric(rng):
+    q = rng.normal(size=20000)
+    v = np.zeros(1)
+    for _ in range(500):  # gradient descent on a shared v
+        _, _, gv, _ = ref.expectile(q, np.full(q.size, v[0]), np.ones(q.size), 0.9, compute_dtype=np.float64)
+        v -= 2.0 * gv.sum()
+    assert v[0] > 0.5  # the 0.9-expectile of N(0, 1) is about 0.86
+    prio = rng.uniform(0.5, 1.5, 4)
+    _, _, _, same = ref.expectile(np.float64([1, -1, 2, -2]), np.zeros(4), prio, 0.5, compute_dtype=np.float64)
+    np.testing.assert_allclose(same, prio)  # tau = 0.5 is the identity
+    _, _, _, mod = ref.expectile(np.float64([1, -1, 2, -2]), np.zeros(4), prio, 0.8, compute_dtype=np.float64)
+    np.testing.assert_allclose(mod, prio * np.float64([1.6, 0.4, 1.6, 0.4]))
+
+
+# ---- GPU ------------------------------------------------------------------------------------
+def _e(cp, shape):
+    x = cp.empty(shape, np.float32)
+    poison(x)
+    return x
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("accumulate", [False, True])
+@pytest.mark.parametrize("B,A,K", [(1, 3, 11), (7, 2, 51), (512, 3, 101), (4096, 5, 51)])
+def test_gpu_cql_c51_matches_reference(cp, rng, B, A, K, accumulate):
+    from cudarl.ops import regularizers as ops
+
+    z = np.linspace(-10, 10, K, dtype=np.float32)
+    x = (rng.normal(size=(B, A, K)) * 1.5).astype(np.float32)
+    a = rng.integers(0, A, B).astype(np.int32)
+    base = rng.normal(size=(B, A, K)).astype(np.float32) * 1e-3
+    per, loss = _e(cp, (B,)), _e(cp, (1,))
+    grad = cp.asarray(base) if accumulate else _e(cp, (B, A, K))
+    ops.cql_c51(cp.asarray(x), cp.asarray(a), cp.asarray(z), 0.5, per, loss, grad, accumulate=accumulate)
+    r_per, r_loss, r_grad = ref.cql_c51(x, a, z, 0.5)
+    assert_parity(per, r_per, what="cql per sample")
+    assert_parity(loss, np.float32([r_loss]), what="cql loss")
+    assert_parity(grad, (r_grad + base) if accumulate else r_grad, what="cql grad")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("B,A,N", [(1, 3, 8), (33, 3, 32), (4096, 4, 64)])
+def test_gpu_cql_quantile_matches_reference(cp, rng, B, A, N):
+    from cudarl.ops import regularizers as ops
+
+    th = rng.normal(size=(B, A, N)).astype(np.float32)
+    a = rng.integers(0, A, B).astype(np.int32)
+    per, loss, grad = _e(cp, (B,)), _e(cp, (1,)), _e(cp, (B, A, N))
+    ops.cql_quantile(cp.asarray(th), cp.asarray(a), 1.5, per, loss, grad)
+    r_per, r_loss, r_grad = ref.cql_quantile(th, a, 1.5)
+    assert_parity(per, r_per, what="cql per sample")
+    assert_parity(loss, np.float32([r_loss]), what="cql loss")
+    assert_parity(grad, r_grad, what="cql grad")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("B", [1, 300, 4096])
+def test_gpu_expectile_matches_reference(cp, rng, B):
+    from cudarl.ops import regularizers as ops
+
+    q, v = rng.normal(size=B).astype(np.float32), rng.normal(size=B).astype(np.float32)
+    prio = rng.uniform(0.1, 2, B).astype(np.float32)
+    per, loss, gv, po = _e(cp, (B,)), _e(cp, (1,)), _e(cp, (B,)), _e(cp, (B,))
+    ops.expectile(cp.asarray(q), cp.asarray(v), cp.asarray(prio), 0.7, per, loss, gv, po)
+    r = ref.expectile(q, v, prio, 0.7)
+    for got, want, what in zip((per, loss, gv, po), (r[0], np.float32([r[1]]), r[2], r[3]), ("loss per", "loss", "grad v", "priority")):
+        assert_parity(got, want, what=what)
