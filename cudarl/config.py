@@ -1,0 +1,451 @@
+"""Every default of cudarl, in one place: frozen dataclasses with validated ranges.
+
+A run's configuration is :class:`Config`: sections ``run``, ``data``, ``features``, ``env``,
+``replay``, ``net``, ``optim``, ``agent``, ``guard``. The CLI and every entry point build it
+from here (``Config()``, then a TOML file, then ``--set section.field=value`` overrides); a test
+checks that the CLI's defaults are these. ``features`` and ``env`` are the dataclasses of
+:mod:`cudarl.features` and :mod:`cudarl.env`, whose defaults live with them and nowhere else.
+
+The NumPy backend runs the same step much slower, so :data:`CPU_DEFAULTS` scales the GPU
+defaults down for it; fields the user sets explicitly are never touched.
+"""
+from __future__ import annotations
+
+import ast
+import dataclasses
+import inspect
+import math
+import sys
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+
+from .env import EnvConfig
+from .features import FeatureConfig
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+
+class ConfigError(ValueError):
+    """A configuration value is missing, unknown or out of range."""
+
+
+def _need(section: str, ok: bool, msg: str) -> None:
+    if not ok:
+        raise ConfigError(f"{section}: {msg}")
+
+
+def _in(section, name, v, lo, hi, integer=False, lo_open=False, hi_open=False):
+    ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+    ok = ok and (not integer or int(v) == v) and (v > lo if lo_open else v >= lo) and (v < hi if hi_open else v <= hi)
+    _need(section, ok, f"{name} must be {'an integer ' if integer else ''}in {'(' if lo_open else '['}{lo}, {hi}{')' if hi_open else ']'}, got {v!r}")
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """What to run and where the results go."""
+
+    name: str = "cudarl"
+    """Run name; the run directory is ``<out_dir>/<name>-<time>-<seed>``."""
+    seed: int = 0
+    """Seed of every Philox stream (initialisation, sampling, exploration, environments)."""
+    steps: int = 20_000
+    """Learner updates (train-graph replays)."""
+    device: str = "auto"
+    """``auto`` (GPU when usable), ``gpu`` or ``cpu``."""
+    out_dir: str = "runs"
+    """Parent directory of run directories."""
+    eval_every: int = 2_000
+    """Learner updates between validation evaluations (0: only at the end)."""
+    checkpoint_every: int = 5_000
+    """Learner updates between numbered checkpoints (``latest`` is written at each evaluation and at the end)."""
+    log_every: int = 100
+    """Learner updates between metric rows."""
+
+    def __post_init__(self):
+        s = "run"
+        _need(s, bool(self.name) and "/" not in self.name, f"name must be a non-empty string without '/', got {self.name!r}")
+        _in(s, "seed", self.seed, 0, 2**63 - 1, integer=True)
+        _in(s, "steps", self.steps, 1, 10**12, integer=True)
+        _need(s, self.device in ("auto", "gpu", "cpu"), f"device must be auto, gpu or cpu, got {self.device!r}")
+        for n in ("eval_every", "checkpoint_every"):
+            _in(s, n, getattr(self, n), 0, 10**12, integer=True)
+        _in(s, "log_every", self.log_every, 1, 10**12, integer=True)
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """Which bars and how they are split (chronologically)."""
+
+    source: str = "builtin:regime"
+    """A CSV/Parquet path or ``builtin:<name>`` (regime, randomwalk, sp500, nasdaq, eurusd-1h)."""
+    train_frac: float = 0.7
+    """Fraction of usable bars for training (the earliest)."""
+    val_frac: float = 0.15
+    """Fraction for validation (next); the test split takes the rest."""
+    periods_per_year: float = 0.0
+    """Bars per year for annualised metrics; 0 infers it from the bar spacing (and records it)."""
+
+    def __post_init__(self):
+        s = "data"
+        _need(s, bool(self.source), "source must be given")
+        _in(s, "train_frac", self.train_frac, 0, 1, lo_open=True, hi_open=True)
+        _in(s, "val_frac", self.val_frac, 0, 1, lo_open=True, hi_open=True)
+        _need(s, self.train_frac + self.val_frac < 1, "train_frac + val_frac must be < 1 (the test split needs bars)")
+        _in(s, "periods_per_year", self.periods_per_year, 0, 1e8)
+
+
+@dataclass(frozen=True)
+class ReplayConfig:
+    """Prioritized replay (Schaul et al. 2016), proportional variant."""
+
+    capacity: int = 1_000_000
+    """Transitions kept (below 2**23)."""
+    alpha: float = 0.6
+    """Priority exponent (0: uniform sampling)."""
+    beta0: float = 0.4
+    """Importance-weight exponent at the first sample."""
+    beta_final: float = 1.0
+    """Importance-weight exponent after ``beta_steps`` samples."""
+    beta_steps: int = 100_000
+    """Samples over which beta anneals linearly."""
+    eps: float = 1e-6
+    """Added to |TD| before the exponent."""
+    n_step: int = 3
+    """n of the n-step return."""
+
+    def __post_init__(self):
+        s = "replay"
+        _in(s, "capacity", self.capacity, 2, 2**23 - 1, integer=True)
+        _in(s, "alpha", self.alpha, 0, 8)
+        _in(s, "beta0", self.beta0, 0, 1)
+        _in(s, "beta_final", self.beta_final, 0, 1)
+        _in(s, "beta_steps", self.beta_steps, 1, 10**12, integer=True)
+        _in(s, "eps", self.eps, 0, 1, lo_open=True)
+        _in(s, "n_step", self.n_step, 1, 64, integer=True)
+
+
+@dataclass(frozen=True)
+class NetConfig:
+    """The Q-network: an MLP encoder and a distributional head."""
+
+    head: str = "c51"
+    """``c51`` (categorical, Bellemare et al. 2017) or ``iqn`` (implicit quantiles, Dabney et al. 2018)."""
+    hidden: tuple = (256, 256)
+    """Encoder widths."""
+    layernorm: bool = False
+    """LayerNorm before each ReLU of the encoder."""
+    atoms: int = 51
+    """C51 atoms."""
+    v_min: float = -10.0
+    """C51 support minimum (in reward units, or PopArt-normalised units when ``agent.popart``)."""
+    v_max: float = 10.0
+    """C51 support maximum."""
+    n_quantiles: int = 32
+    """IQN quantiles per state (online and target)."""
+    n_cos: int = 64
+    """IQN cosine embedding size."""
+    tf32: bool = False
+    """Let cuBLAS use TF32 tensor cores for the network's GEMMs (GPU; ~1e-3 relative error)."""
+
+    def __post_init__(self):
+        s = "net"
+        from .nn.network import HEADS
+
+        _need(s, self.head in HEADS, f"head must be one of {sorted(HEADS)}, got {self.head!r}")
+        _need(s, len(self.hidden) >= 1 and all(isinstance(h, int) and 1 <= h <= 65536 for h in self.hidden),
+              f"hidden must be a non-empty list of widths in [1, 65536], got {self.hidden!r}")
+        _in(s, "atoms", self.atoms, 2, 1024, integer=True)
+        _need(s, math.isfinite(self.v_min) and math.isfinite(self.v_max) and self.v_min < self.v_max,
+              f"need v_min < v_max, got {self.v_min}, {self.v_max}")
+        _in(s, "n_quantiles", self.n_quantiles, 1, 1024, integer=True)
+        _in(s, "n_cos", self.n_cos, 1, 1024, integer=True)
+
+
+@dataclass(frozen=True)
+class OptimConfig:
+    """Adam(W) with global-norm clipping and a device-side learning-rate schedule."""
+
+    lr: float = 1e-4
+    """Peak learning rate."""
+    lr_min: float = 0.0
+    """Floor of the cosine schedules."""
+    schedule: str = "constant"
+    """``constant``, ``cosine`` or ``cosine_restarts``."""
+    warmup: int = 0
+    """Linear warm-up updates."""
+    period: int = 10_000
+    """Cosine length (first cycle for restarts)."""
+    mult: int = 1
+    """Cycle-length multiplier between warm restarts."""
+    restart_m_scale: float = 1.0
+    """Factor on Adam's first moment at each warm restart."""
+    beta1: float = 0.9
+    """Adam's first-moment decay."""
+    beta2: float = 0.999
+    """Adam's second-moment decay."""
+    eps: float = 1e-8
+    """Adam's epsilon."""
+    weight_decay: float = 0.0
+    """Decoupled weight decay (weights only, not biases or norms)."""
+    max_grad_norm: float = 10.0
+    """Clip the global gradient norm to this (0 disables clipping)."""
+
+    def __post_init__(self):
+        s = "optim"
+        from .reference.optim import SCHEDULES
+
+        _in(s, "lr", self.lr, 0, 1, lo_open=True)
+        _in(s, "lr_min", self.lr_min, 0, self.lr)
+        _need(s, self.schedule in SCHEDULES, f"schedule must be one of {sorted(SCHEDULES)}, got {self.schedule!r}")
+        _in(s, "warmup", self.warmup, 0, 10**12, integer=True)
+        _in(s, "period", self.period, 1, 10**12, integer=True)
+        _in(s, "mult", self.mult, 1, 1000, integer=True)
+        _in(s, "restart_m_scale", self.restart_m_scale, 0, 1)
+        _in(s, "beta1", self.beta1, 0, 1, hi_open=True)
+        _in(s, "beta2", self.beta2, 0, 1, hi_open=True)
+        _in(s, "eps", self.eps, 0, 1, lo_open=True)
+        _in(s, "weight_decay", self.weight_decay, 0, 1)
+        _in(s, "max_grad_norm", self.max_grad_norm, 0, 1e9)
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    """The learning rule: targets, exploration, target network, regularisers."""
+
+    gamma: float = 0.99
+    """Discount per bar."""
+    batch_size: int = 512
+    """Transitions per learner update."""
+    updates_per_collect: int = 1
+    """Learner updates per collection step (one step of every environment)."""
+    learning_starts: int = 2_000
+    """Transitions in the replay before the first update."""
+    eps_start: float = 1.0
+    """Exploration epsilon at the first collection step."""
+    eps_end: float = 0.02
+    """Exploration epsilon after ``eps_steps`` collection steps."""
+    eps_steps: int = 5_000
+    """Collection steps over which epsilon decays linearly (on the device)."""
+    tau_start: float = 0.005
+    """Soft target-update rate at the first update."""
+    tau_end: float = 0.005
+    """Soft target-update rate after ``tau_period`` updates (cosine annealed)."""
+    tau_period: int = 1
+    """Updates over which tau anneals."""
+    priority: str = "kl"
+    """Replay priority signal of C51: ``kl`` (KL(target || prediction)) or ``ce`` (cross-entropy)."""
+    kappa: float = 1.0
+    """Huber threshold of the IQN quantile loss."""
+    popart: bool = False
+    """Normalise n-step rewards with PopArt statistics fitted to the support (see docs/guide.md)."""
+    popart_beta: float = 3e-4
+    """PopArt's statistics step size."""
+
+    def __post_init__(self):
+        s = "agent"
+        _in(s, "gamma", self.gamma, 0, 1)
+        _in(s, "batch_size", self.batch_size, 1, 1 << 20, integer=True)
+        _in(s, "updates_per_collect", self.updates_per_collect, 1, 1024, integer=True)
+        _in(s, "learning_starts", self.learning_starts, 1, 10**12, integer=True)
+        _in(s, "eps_start", self.eps_start, 0, 1)
+        _in(s, "eps_end", self.eps_end, 0, 1)
+        _in(s, "eps_steps", self.eps_steps, 1, 10**12, integer=True)
+        _in(s, "tau_start", self.tau_start, 0, 1, lo_open=True)
+        _in(s, "tau_end", self.tau_end, 0, 1, lo_open=True)
+        _in(s, "tau_period", self.tau_period, 1, 10**12, integer=True)
+        _need(s, self.priority in ("kl", "ce"), f"priority must be kl or ce, got {self.priority!r}")
+        _in(s, "kappa", self.kappa, 0, 1e6)
+        _in(s, "popart_beta", self.popart_beta, 0, 1, lo_open=True)
+
+
+@dataclass(frozen=True)
+class GuardConfig:
+    """What happens when a step's loss or gradient norm is NaN, inf or a spike (:mod:`cudarl.guard`)."""
+
+    action: str = "rollback"
+    """``stop`` or ``rollback`` (restore the last good snapshot and lower the learning rate)."""
+    window: int = 50
+    """Healthy losses the spike rule's median looks at."""
+    spike_factor: float = 20.0
+    """A loss above this times the window's median is a spike."""
+    max_rollbacks: int = 3
+    """Rollbacks before the guard stops training."""
+    lr_factor: float = 0.5
+    """Learning-rate multiplier after a rollback."""
+    snapshot_every: int = 500
+    """Learner updates between in-memory snapshots (the rollback point)."""
+
+    def __post_init__(self):
+        s = "guard"
+        _need(s, self.action in ("stop", "rollback"), f"action must be stop or rollback, got {self.action!r}")
+        _in(s, "window", self.window, 2, 10**6, integer=True)
+        _in(s, "spike_factor", self.spike_factor, 1, 1e9, lo_open=True)
+        _in(s, "max_rollbacks", self.max_rollbacks, 0, 1000, integer=True)
+        _in(s, "lr_factor", self.lr_factor, 0, 1, lo_open=True)
+        _in(s, "snapshot_every", self.snapshot_every, 1, 10**12, integer=True)
+
+
+SECTIONS = {"run": RunConfig, "data": DataConfig, "features": FeatureConfig, "env": EnvConfig, "replay": ReplayConfig,
+            "net": NetConfig, "optim": OptimConfig, "agent": AgentConfig, "guard": GuardConfig}
+
+
+@dataclass(frozen=True)
+class Config:
+    """A whole run's configuration."""
+
+    run: RunConfig = field(default_factory=RunConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    features: FeatureConfig = field(default_factory=FeatureConfig)
+    env: EnvConfig = field(default_factory=EnvConfig)
+    replay: ReplayConfig = field(default_factory=ReplayConfig)
+    net: NetConfig = field(default_factory=NetConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    agent: AgentConfig = field(default_factory=AgentConfig)
+    guard: GuardConfig = field(default_factory=GuardConfig)
+
+    def __post_init__(self):
+        _need("replay", self.replay.capacity > self.replay.n_step * self.env.n_envs * self.env.rows_per_step,
+              f"capacity {self.replay.capacity} must exceed n_step * env.n_envs * rows per step")
+        _need("env", not (self.env.counterfactual and self.replay.n_step != 1),
+              "counterfactual rows are single transitions: they need replay.n_step = 1")
+        _need("agent", self.agent.batch_size <= self.replay.capacity, "batch_size must not exceed replay.capacity")
+
+    def to_dict(self) -> dict:
+        return {name: dataclasses.asdict(getattr(self, name)) for name in SECTIONS}
+
+    def to_toml(self) -> str:
+        return dumps_toml(self.to_dict())
+
+    def with_overrides(self, overrides: dict) -> "Config":
+        """A copy with ``{section: {field: value}}`` applied (values validated)."""
+        return from_dict(overrides, base=self)
+
+
+#: Defaults for the NumPy backend, applied by :func:`resolve_for_backend` to fields the user did not set.
+CPU_DEFAULTS = {
+    "env": {"n_envs": 16, "episode_len": 256},
+    "replay": {"capacity": 100_000},
+    "net": {"hidden": (64, 64)},
+    "agent": {"batch_size": 64, "learning_starts": 500, "eps_steps": 2_000},
+    "run": {"steps": 2_000, "eval_every": 500, "log_every": 50},
+}
+
+
+def resolve_for_backend(cfg: Config, is_gpu: bool, explicit: dict) -> Config:
+    """Apply :data:`CPU_DEFAULTS` on the CPU, except to fields in ``explicit`` ({section: {field}})."""
+    if is_gpu:
+        return cfg
+    patch = {sec: {k: v for k, v in vals.items() if k not in explicit.get(sec, {})} for sec, vals in CPU_DEFAULTS.items()}
+    return from_dict(patch, base=cfg)
+
+
+def _coerce(section: str, f: dataclasses.Field, value):
+    default = f.default if f.default is not dataclasses.MISSING else None
+    if isinstance(default, tuple) or (default is None and isinstance(value, list)):
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{section}.{f.name}: expected a list, got {value!r}")
+        return tuple(value)
+    if isinstance(default, bool):
+        if not isinstance(value, bool):
+            raise ConfigError(f"{section}.{f.name}: expected true or false, got {value!r}")
+        return value
+    if isinstance(default, int) and not isinstance(default, bool):
+        if isinstance(value, float) and value.is_integer():
+            value = int(value)
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise ConfigError(f"{section}.{f.name}: expected an integer, got {value!r}")
+        return value
+    if isinstance(default, float):
+        if not isinstance(value, (int, float)) or isinstance(value, bool):
+            raise ConfigError(f"{section}.{f.name}: expected a number, got {value!r}")
+        return float(value)
+    if isinstance(default, str) and not isinstance(value, str):
+        raise ConfigError(f"{section}.{f.name}: expected a string, got {value!r}")
+    return value
+
+
+def from_dict(d: dict, base: Config | None = None) -> Config:
+    """Build a :class:`Config` from ``{section: {field: value}}`` over ``base`` (default: the defaults)."""
+    base = base or Config()
+    unknown = sorted(set(d) - set(SECTIONS))
+    if unknown:
+        raise ConfigError(f"unknown section(s) {unknown}; sections are {sorted(SECTIONS)}")
+    kw = {}
+    for name, cls in SECTIONS.items():
+        cur = getattr(base, name)
+        vals = d.get(name, {}) or {}
+        if not isinstance(vals, dict):
+            raise ConfigError(f"{name}: expected a table of fields, got {vals!r}")
+        known = {f.name: f for f in fields(cls)}
+        bad = sorted(set(vals) - set(known))
+        if bad:
+            raise ConfigError(f"{name}: unknown field(s) {bad}; fields are {sorted(known)}")
+        changes = {k: _coerce(name, known[k], v) for k, v in vals.items()}
+        try:
+            kw[name] = replace(cur, **changes) if changes else cur
+        except ConfigError:
+            raise
+        except (ValueError, TypeError) as exc:
+            raise ConfigError(f"{name}: {exc}") from None
+    return Config(**kw)
+
+
+def load_toml(path) -> dict:
+    """Read a TOML file into ``{section: {field: value}}`` (unvalidated)."""
+    p = Path(path)
+    try:
+        return tomllib.loads(p.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"{p}: no such config file") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{p}: not valid TOML ({exc})") from None
+
+
+def parse_override(text: str) -> tuple[str, str, object]:
+    """``"agent.gamma=0.95"`` -> ``("agent", "gamma", 0.95)``; the value is read as TOML, else as a string."""
+    key, eq, raw = text.partition("=")
+    sec, dot, name = key.strip().partition(".")
+    if not eq or not dot or not sec or not name:
+        raise ConfigError(f"override {text!r}: expected SECTION.FIELD=VALUE, e.g. agent.gamma=0.95")
+    try:
+        value = tomllib.loads(f"v = {raw.strip()}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = raw.strip()
+    return sec, name, value
+
+
+def _toml_value(v) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return repr(v)
+    if isinstance(v, str):
+        return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if isinstance(v, (list, tuple)):
+        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    raise ConfigError(f"cannot write {v!r} as TOML")
+
+
+def dumps_toml(d: dict) -> str:
+    """Write ``{section: {field: value}}`` as TOML (``None`` fields are left out: TOML has no null)."""
+    out = []
+    for sec, vals in d.items():
+        out.append(f"[{sec}]")
+        out += [f"{k} = {_toml_value(v)}" for k, v in vals.items() if v is not None]
+        out.append("")
+    return "\n".join(out)
+
+
+def field_docs(cls) -> dict[str, str]:
+    """The docstring under each field of a config dataclass (for the generated reference)."""
+    tree = ast.parse(inspect.getsource(cls))
+    body = tree.body[0].body
+    docs = {}
+    for a, b in zip(body, body[1:]):
+        if isinstance(a, ast.AnnAssign) and isinstance(a.target, ast.Name) and isinstance(b, ast.Expr) \
+                and isinstance(getattr(b, "value", None), ast.Constant) and isinstance(b.value.value, str):
+            docs[a.target.id] = " ".join(b.value.value.split())
+    return docs
