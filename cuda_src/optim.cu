@@ -11,6 +11,7 @@ typedef long long i64;
 #define GN_BLOCKS 512
 #define GN_THREADS 256
 #define PI_D 3.141592653589793
+static_assert(GN_BLOCKS == 2 * GN_THREADS, "spectral_backward folds the partials in two");
 
 namespace {
 
@@ -149,5 +150,99 @@ extern "C" __global__ void cudarl_optim_shrink_perturb(float* theta, i64 n, floa
       const float z = (float)(sqrt(-2.0 * log(1.0 - u1)) * cos(2.0 * PI_D * u2));
       theta[i] = lam * theta[i] + sigma * z;
     }
+  }
+}
+
+// ======== spectral normalisation (Miyato et al. 2018), an option on chosen linear layers ========
+// W [rows, cols] is the raw weight; the layer uses W_sn = W / sigma with sigma = u^T W v.
+// The backward treats u and v as constants (as the paper and common implementations do):
+// dW = (dW_sn - <dW_sn, W_sn> u v^T) / sigma.
+
+// ---- spectral_power_iter ----------------------------------------------------------------------
+// One block of 1024 threads (fixed, so the reductions have one shape). With iterate != 0:
+// v = normalize(W^T u) (thread per column, i ascending), wv = W v (warp per row, xor tree),
+// u = wv / ||wv||; without it u and v are kept. Always sigma = u . wv (fixed tree, double).
+// Reads 8*rows*cols bytes at most, writes 4*(2*rows + cols + 1).
+extern "C" __global__ void __launch_bounds__(1024) cudarl_optim_spectral_power_iter(const float* W, float* u, float* v,
+                                                                                   float* wv, float* sigma, i64 rows,
+                                                                                   i64 cols, int iterate) {
+  __shared__ double sh[1024];
+  const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
+  if (iterate) {
+    double ss = 0.0;
+    for (i64 j = t; j < cols; j += 1024) {
+      float acc = 0.f;
+      for (i64 i = 0; i < rows; ++i) acc += W[i * cols + j] * u[i];
+      v[j] = acc;
+      ss += (double)acc * (double)acc;
+    }
+    sh[t] = ss;
+    block_tree(sh, 1024);
+    const double nv = sqrt(sh[0]);
+    __syncthreads();
+    for (i64 j = t; j < cols; j += 1024) v[j] = (float)((double)v[j] / nv);
+    __syncthreads();
+  }
+  for (i64 i = warp; i < rows; i += 32) {
+    float acc = 0.f;
+    for (i64 j = lane; j < cols; j += 32) acc += W[i * cols + j] * v[j];
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+    if (lane == 0) wv[i] = acc;
+  }
+  __syncthreads();
+  if (iterate) {
+    double ss = 0.0;
+    for (i64 i = t; i < rows; i += 1024) ss += (double)wv[i] * (double)wv[i];
+    sh[t] = ss;
+    block_tree(sh, 1024);
+    const double nw = sqrt(sh[0]);
+    __syncthreads();
+    for (i64 i = t; i < rows; i += 1024) u[i] = (float)((double)wv[i] / nw);
+    __syncthreads();
+  }
+  double d = 0.0;
+  for (i64 i = t; i < rows; i += 1024) d += (double)u[i] * (double)wv[i];
+  sh[t] = d;
+  block_tree(sh, 1024);
+  if (t == 0) sigma[0] = (float)sh[0];
+}
+
+// ---- spectral_scale ---------------------------------------------------------------------------
+// w_sn = W / sigma, one thread per element. Reads 4*n + 4, writes 4*n.
+extern "C" __global__ void cudarl_optim_spectral_scale(const float* W, const float* sigma, float* w_sn, i64 n) {
+  const float s = sigma[0];
+  for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < n; i += (i64)gridDim.x * blockDim.x) w_sn[i] = W[i] / s;
+}
+
+// ---- spectral_dot_partial -----------------------------------------------------------------------
+// Stage 1 of <dW_sn, W_sn>: same mapping as grad_norm_partial. Reads 8*n, writes 8*GN_BLOCKS.
+extern "C" __global__ void __launch_bounds__(GN_THREADS) cudarl_optim_spectral_dot_partial(const float* a, const float* b,
+                                                                                          double* partial, i64 n) {
+  __shared__ double sh[GN_THREADS];
+  double acc = 0.0;
+  for (i64 i = (i64)blockIdx.x * GN_THREADS + threadIdx.x; i < n; i += (i64)GN_BLOCKS * GN_THREADS)
+    acc += (double)a[i] * (double)b[i];
+  sh[threadIdx.x] = acc;
+  block_tree(sh, GN_THREADS);
+  if (threadIdx.x == 0) partial[blockIdx.x] = sh[0];
+}
+
+// ---- spectral_backward ------------------------------------------------------------------------
+// Every block reduces the GN_BLOCKS partials with one fixed tree (so all blocks agree), then
+// dW[i, j] = (dW_sn[i, j] - (c u[i]) v[j]) / sigma over a grid-stride loop. block = GN_THREADS.
+// Reads 4*n + 8*GN_BLOCKS per block + 4*(rows + cols + 1), writes 4*n.
+extern "C" __global__ void __launch_bounds__(GN_THREADS) cudarl_optim_spectral_backward(const float* dw_sn, const float* u,
+                                                                                       const float* v, const float* sigma,
+                                                                                       const double* partial, float* dW,
+                                                                                       i64 rows, i64 cols) {
+  __shared__ double sh[GN_THREADS];
+  sh[threadIdx.x] = partial[threadIdx.x] + partial[threadIdx.x + GN_THREADS];
+  block_tree(sh, GN_THREADS);
+  const float c = (float)sh[0], s = sigma[0];
+  const i64 n = rows * cols;
+  for (i64 k = blockIdx.x * (i64)blockDim.x + threadIdx.x; k < n; k += (i64)gridDim.x * blockDim.x) {
+    const i64 i = k / cols, j = k % cols;
+    dW[k] = (dw_sn[k] - (c * u[i]) * v[j]) / s;
   }
 }

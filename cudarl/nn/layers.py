@@ -13,8 +13,12 @@ ReLU is fused into the epilogue of Linear and of LayerNorm (``act="relu"``).
 """
 from __future__ import annotations
 
+import numpy as np
+
+from ..reference import philox
 from ..reference.nn import ACTS
-from .params import ParamLayout, Workspace, matmul
+from ..reference.optim import GN_BLOCKS
+from .params import ParamLayout, Workspace, matmul, optim_ops
 
 
 class Module:
@@ -32,16 +36,41 @@ class Linear(Module):
     """``out = act(x @ W + b)``. x ``[B, n_in]``, W ``[n_in, n_out]``, b ``[n_out]``, out ``[B, n_out]``.
 
     Backward: ``dz = dout * act'(out)``, ``dW = x^T dz``, ``db = sum_b dz``, ``dx = dz W^T``.
+
+    With ``spectral=True`` the layer uses ``W_sn = W / sigma``, ``sigma = u^T W v`` estimated by
+    one power iteration per forward (Miyato et al. 2018; ``sn_update=False`` freezes u and v,
+    e.g. for a target network or a gradient check). The backward holds u and v constant:
+    ``dW = (dW_sn - <dW_sn, W_sn> u v^T) / sigma``. Its state (u, v, sigma and scratch) is
+    allocated by :meth:`alloc_state`; ``u`` is part of the network's state dict.
     """
 
     def __init__(self, name: str, n_in: int, n_out: int, act: str = "relu", init: str | None = None,
-                 gain: float = 1.0, bias_init=0.0, tf32: bool = False, rows: int = 1):
+                 gain: float = 1.0, bias_init=0.0, tf32: bool = False, rows: int = 1, spectral: bool = False):
         if act not in ACTS:
             raise ValueError(f"{name}: activation {act!r} not in {sorted(ACTS)}")
         self.name, self.n_in, self.n_out, self.act = name, int(n_in), int(n_out), ACTS[act]
         self.init = init or ("he" if act == "relu" else "xavier")
         self.gain, self.bias_init, self.tf32 = gain, bias_init, tf32
         self.rows = int(rows)  # input rows per sample: IQN's layers see [B * N, n_in]
+        self.spectral, self.sn, self.sn_update = bool(spectral), None, True
+
+    def alloc_state(self, xp, dtype, seed: int, stream_id: int) -> None:
+        """Spectral-norm state (call after :meth:`bind`): u ``[n_in]`` (a random unit vector from Philox,
+        then one power iteration), v ``[n_out]``, sigma ``[1]``, and scratch for W_sn and its gradient."""
+        if not self.spectral:
+            return
+        u = 2.0 * philox.uniform(seed, 1, stream_id, self.n_in).astype(np.float64) - 1.0
+        u /= np.linalg.norm(u)
+        z = lambda *s: xp.zeros(s, dtype=dtype)  # noqa: E731
+        self.sn = {"u": xp.asarray(u.astype(dtype)), "v": z(self.n_out), "wv": z(self.n_in), "sigma": z(1),
+                   "w": z(self.n_in, self.n_out), "dw": z(self.n_in, self.n_out), "partial": xp.zeros(GN_BLOCKS, dtype=np.float64)}
+        self.optim_ops = optim_ops(xp)
+        sn = self.sn  # one iteration now, so v is meaningful even if the first forward is frozen
+        self.optim_ops.spectral_power_iter(self.P[f"{self.name}.weight"], sn["u"], sn["v"], sn["wv"], sn["sigma"], 1)
+
+    def weight(self):
+        """The weight the GEMMs use: ``W``, or ``W_sn`` (after this forward's power iteration)."""
+        return self.sn["w"] if self.spectral else self.P[f"{self.name}.weight"]
 
     def declare(self, layout: ParamLayout, ws_spec: list) -> None:
         layout.add(f"{self.name}.weight", (self.n_in, self.n_out), (self.init, self.gain), decay=True)
@@ -52,7 +81,11 @@ class Linear(Module):
 
     def forward(self, x, ws: Workspace):
         y = ws.rows(f"{self.name}.out", x.shape[0] // self.rows)
-        matmul(x, self.P[f"{self.name}.weight"], y, tf32=self.tf32)
+        if self.spectral:
+            W, sn = self.P[f"{self.name}.weight"], self.sn
+            self.optim_ops.spectral_power_iter(W, sn["u"], sn["v"], sn["wv"], sn["sigma"], 1 if self.sn_update else 0)
+            self.optim_ops.spectral_scale(W, sn["sigma"], sn["w"])
+        matmul(x, self.weight(), y, tf32=self.tf32)
         self.ops.bias_act_forward(y, self.P[f"{self.name}.bias"], y, self.act)
         return y
 
@@ -60,9 +93,14 @@ class Linear(Module):
         B = x.shape[0] // self.rows
         y, dy = ws.rows(f"{self.name}.out", B), ws.rows(f"{self.name}.dout", B)
         self.ops.bias_act_backward(dy, y, dy, self.G[f"{self.name}.bias"], self.act)
-        matmul(x, dy, self.G[f"{self.name}.weight"], trans_a=True, tf32=self.tf32)
+        gw = self.G[f"{self.name}.weight"]
+        matmul(x, dy, self.sn["dw"] if self.spectral else gw, trans_a=True, tf32=self.tf32)
         if dx is not None:
-            matmul(dy, self.P[f"{self.name}.weight"], dx, trans_b=True, beta=1.0 if accumulate else 0.0, tf32=self.tf32)
+            matmul(dy, self.weight(), dx, trans_b=True, beta=1.0 if accumulate else 0.0, tf32=self.tf32)
+        if self.spectral:
+            sn = self.sn
+            self.optim_ops.spectral_dot_partial(sn["dw"], sn["w"], sn["partial"])
+            self.optim_ops.spectral_backward(sn["dw"], sn["u"], sn["v"], sn["sigma"], sn["partial"], gw)
 
 
 class LayerNorm(Module):

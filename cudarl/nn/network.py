@@ -5,8 +5,14 @@ import numpy as np
 
 from ..backend import to_numpy
 from .heads import C51Head, IQNHead, PlanHead
-from .layers import MLP
+from .layers import MLP, Linear
 from .params import ParamLayout, Workspace, is_numpy, nn_ops
+
+def _walk(mods):
+    for m in mods:
+        yield m
+        yield from _walk(getattr(m, "children", ()))
+
 
 #: Head registry (STYLE.md: a dict, not an if/elif chain).
 HEADS = {
@@ -23,6 +29,7 @@ class QNetwork:
         hidden: encoder widths; ``layernorm`` inserts LayerNorm before each ReLU.
         head: ``"c51"`` (logits ``[B, A, atoms]``) or ``"iqn"`` (quantiles ``[B, N, A]``).
         plan: add the plan head (conviction, readiness ``[B, 2]``).
+        spectral: names of linear layers to spectrally normalise (e.g. ``("enc.1",)``).
         xp, dtype: backend and float type (float64 only on NumPy, for gradient checks).
         max_batch: rows of the default workspace :attr:`ws`.
         seed: Philox seed of the initialisation.
@@ -32,7 +39,7 @@ class QNetwork:
     """
 
     def __init__(self, n_in: int, n_actions: int, *, hidden=(256, 256), head: str = "c51", layernorm: bool = False,
-                 plan: bool = False, atoms: int = 51, n_quantiles: int = 32, n_cos: int = 64, xp=np,
+                 plan: bool = False, spectral=(), atoms: int = 51, n_quantiles: int = 32, n_cos: int = 64, xp=np,
                  dtype=np.float32, max_batch: int = 512, seed: int = 0, tf32: bool = False):
         if head not in HEADS:
             raise ValueError(f"head {head!r} not in {sorted(HEADS)}")
@@ -40,7 +47,7 @@ class QNetwork:
             raise ValueError("the GPU backend is float32 only")
         self.xp, self.dtype, self.ops = xp, np.dtype(dtype), nn_ops(xp)
         self.config = dict(n_in=n_in, n_actions=n_actions, hidden=tuple(hidden), head=head, layernorm=layernorm,
-                           plan=plan, atoms=atoms, n_quantiles=n_quantiles, n_cos=n_cos, tf32=tf32)
+                           plan=plan, spectral=tuple(spectral), atoms=atoms, n_quantiles=n_quantiles, n_cos=n_cos, tf32=tf32)
         self.encoder = MLP("enc", n_in, hidden, layernorm=layernorm, tf32=tf32)
         self.head = HEADS[head](self.encoder.n_out, self.config)
         self.plan = PlanHead("plan", self.encoder.n_out, tf32=tf32) if plan else None
@@ -54,6 +61,13 @@ class QNetwork:
         self.P, self.G = self.layout.views(self.params), self.layout.views(self.grads)
         for m in self.modules:
             m.bind(self.P, self.G, self.ops)
+        self.linears = {lin.name: lin for lin in _walk(self.modules) if isinstance(lin, Linear)}
+        unknown = set(spectral) - set(self.linears)
+        if unknown:
+            raise ValueError(f"spectral: no linear layer named {sorted(unknown)} (have {sorted(self.linears)})")
+        for k, name in enumerate(sorted(spectral)):
+            self.linears[name].spectral = True
+            self.linears[name].alloc_state(xp, self.dtype, seed, 1000 + k)
         self.ws = self.new_workspace(max_batch)
 
     def new_workspace(self, max_batch: int) -> Workspace:
@@ -99,7 +113,9 @@ class QNetwork:
 
     # --- checkpoints ------------------------------------------------------------------------
     def state_dict(self) -> dict:
-        return {"params": to_numpy(self.params).copy(), "layout": [(e.name, e.offset, e.shape) for e in self.layout.entries]}
+        sn = {n: {k: to_numpy(lin.sn[k]).copy() for k in ("u", "v")} for n, lin in self.linears.items() if lin.spectral}
+        return {"params": to_numpy(self.params).copy(), "layout": [(e.name, e.offset, e.shape) for e in self.layout.entries],
+                "spectral": sn}
 
     def load_state_dict(self, state: dict) -> None:
         """Copy into the existing buffer (same address, so captured graphs stay valid)."""
@@ -111,3 +127,9 @@ class QNetwork:
         if p.shape != self.params.shape:
             raise ValueError(f"params shape {p.shape} != {self.params.shape}")
         self.params[...] = self.xp.asarray(p)
+        mine_sn = {n for n, lin in self.linears.items() if lin.spectral}
+        if set(state.get("spectral", {})) != mine_sn:
+            raise ValueError(f"state_dict spectral layers {sorted(state.get('spectral', {}))} != {sorted(mine_sn)}")
+        for n, vecs in state.get("spectral", {}).items():
+            for k in ("u", "v"):
+                self.linears[n].sn[k][...] = self.xp.asarray(np.asarray(vecs[k], dtype=self.dtype))

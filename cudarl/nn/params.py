@@ -42,6 +42,15 @@ def nn_ops(xp):
     return ops
 
 
+def optim_ops(xp):
+    """``cudarl.reference.optim`` (NumPy) or ``cudarl.ops.optim`` (CuPy): spectral-norm ops live there."""
+    if is_numpy(xp):
+        from ..reference import optim as ops
+    else:
+        from ..ops import optim as ops
+    return ops
+
+
 def matmul(a, b, out, *, trans_a: bool = False, trans_b: bool = False, beta: float = 0.0, tf32: bool = False) -> None:
     """``out = op(a) @ op(b) + beta * out`` through :func:`cudarl.blas.gemm`.
 

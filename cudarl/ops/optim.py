@@ -104,3 +104,42 @@ def shrink_perturb(theta, lam: float, sigma: float, seed: int, counter: int, str
     launch("optim", "shrink_perturb", _grid((n + 1) // 2), _T,
            "f32* theta, i64 n, f32 lam, f32 sigma, u64 seed, u64 counter, u32 stream_id",
            (theta, n, float(lam), float(sigma), int(seed) & (2**64 - 1), int(counter) & (2**64 - 1), int(stream_id) & 0xFFFFFFFF))
+
+
+# --- spectral normalisation -----------------------------------------------------------------------
+def spectral_power_iter(W, u, v, wv, sigma, iterate: int) -> None:
+    """One power iteration on W ``[rows, cols]`` (u, wv ``[rows]``, v ``[cols]``) and sigma ``[1]``; one block."""
+    rows, cols = W.shape
+    for name, a, s in (("u", u, (rows,)), ("v", v, (cols,)), ("wv", wv, (rows,)), ("sigma", sigma, (1,))):
+        if a.shape != s:
+            raise ValueError(f"optim.spectral_power_iter: {name} must be {s}, got {a.shape}")
+    launch("optim", "spectral_power_iter", 1, 1024, "const f32* W, f32* u, f32* v, f32* wv, f32* sigma, i64 rows, i64 cols, i32 iterate",
+           (W, u, v, wv, sigma, rows, cols, 1 if iterate else 0))
+
+
+def spectral_scale(W, sigma, w_sn) -> None:
+    """``w_sn = W / sigma``."""
+    if w_sn.shape != W.shape:
+        raise ValueError(f"optim.spectral_scale: w_sn must be {W.shape}, got {w_sn.shape}")
+    _scalar("optim.spectral_scale", sigma=sigma)
+    launch("optim", "spectral_scale", _grid(W.size), _T, "const f32* W, const f32* sigma, f32* w_sn, i64 n", (W, sigma, w_sn, W.size))
+
+
+def spectral_dot_partial(a, b, partial) -> None:
+    """Stage 1 of ``<a, b>`` into float64 ``partial [GN_BLOCKS]``."""
+    if a.shape != b.shape:
+        raise ValueError(f"optim.spectral_dot_partial: shapes {a.shape} and {b.shape} differ")
+    _flat("optim.spectral_dot_partial", GN_BLOCKS, partial=partial)
+    launch("optim", "spectral_dot_partial", GN_BLOCKS, GN_THREADS, "const f32* a, const f32* b, f64* partial, i64 n", (a, b, partial, a.size))
+
+
+def spectral_backward(dw_sn, u, v, sigma, partial, dW) -> None:
+    """``dW = (dW_sn - <dW_sn, W_sn> u v^T) / sigma``."""
+    rows, cols = dw_sn.shape
+    if dW.shape != (rows, cols) or u.shape != (rows,) or v.shape != (cols,):
+        raise ValueError("optim.spectral_backward: dW must match dw_sn, u be [rows], v be [cols]")
+    _flat("optim.spectral_backward", GN_BLOCKS, partial=partial)
+    _scalar("optim.spectral_backward", sigma=sigma)
+    launch("optim", "spectral_backward", _grid(rows * cols), GN_THREADS,
+           "const f32* dw_sn, const f32* u, const f32* v, const f32* sigma, const f64* partial, f32* dW, i64 rows, i64 cols",
+           (dw_sn, u, v, sigma, partial, dW, rows, cols))

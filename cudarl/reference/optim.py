@@ -140,3 +140,40 @@ def shrink_perturb(theta, lam: float, sigma: float, seed: int, counter: int, str
         z[:, j] = np.sqrt(-2.0 * np.log(1.0 - u[:, 2 * j])) * np.cos(2.0 * np.pi * u[:, 2 * j + 1])
     T = theta.dtype.type
     theta[...] = T(lam) * theta + T(sigma) * z.reshape(-1)[:n].astype(theta.dtype)
+
+
+# --- spectral normalisation (Miyato et al. 2018) ----------------------------------------------------
+def spectral_power_iter(W, u, v, wv, sigma, iterate: int) -> None:
+    """One power iteration and the spectral-norm estimate of ``W [rows, cols]``.
+
+    With ``iterate``: ``v = W^T u / ||W^T u||``, ``wv = W v``, ``u = wv / ||wv||``; without it
+    ``u`` and ``v`` are kept and only ``wv = W v`` is formed. Always ``sigma = u . wv`` (= u^T W v).
+    u, wv ``[rows]``; v ``[cols]``; sigma ``[1]``; norms and the dot product in float64.
+    """
+    if iterate:
+        vv = W.T @ u
+        v[...] = (vv.astype(np.float64) / math.sqrt(float(np.sum(vv.astype(np.float64) ** 2)))).astype(v.dtype)
+    wv[...] = W @ v
+    w64 = wv.astype(np.float64)
+    if iterate:
+        u[...] = (w64 / math.sqrt(float(np.sum(w64**2)))).astype(u.dtype)
+    sigma[0] = float(np.dot(u.astype(np.float64), w64))
+
+
+def spectral_scale(W, sigma, w_sn) -> None:
+    """``w_sn = W / sigma`` (same shape as W)."""
+    w_sn[...] = W / W.dtype.type(sigma[0])
+
+
+def spectral_dot_partial(a, b, partial) -> None:
+    """Stage 1 of ``<a, b>`` in float64 with the grad-norm block mapping. a, b flat-able; partial ``[GN_BLOCKS]``."""
+    a, b = a.reshape(-1), b.reshape(-1)
+    blk = (np.arange(a.size) // GN_THREADS) % GN_BLOCKS
+    partial[...] = np.bincount(blk, weights=a.astype(np.float64) * b.astype(np.float64), minlength=GN_BLOCKS)[:GN_BLOCKS]
+
+
+def spectral_backward(dw_sn, u, v, sigma, partial, dW) -> None:
+    """``dW = (dW_sn - c u v^T) / sigma`` with ``c = sum(partial) = <dW_sn, W_sn>`` (u, v held constant)."""
+    T = dW.dtype.type
+    c = T(float(np.sum(partial, dtype=np.float64)))
+    dW[...] = (dw_sn - (c * u)[:, None] * v[None, :]) / T(sigma[0])

@@ -104,6 +104,21 @@ def test_state_dict_round_trip_keeps_the_buffer(rng):
         QNetwork(8, 3, hidden=(6,), max_batch=2).load_state_dict(a.state_dict())
 
 
+def test_state_dict_carries_the_spectral_vectors(rng):
+    from cudarl.nn import QNetwork
+
+    a = QNetwork(8, 3, hidden=(5, 4), seed=1, max_batch=2, spectral=("enc.1",))
+    for _ in range(3):
+        a.forward(rng.standard_normal((2, 8)).astype(np.float32))
+    b = QNetwork(8, 3, hidden=(5, 4), seed=1, max_batch=2, spectral=("enc.1",))
+    assert not np.array_equal(a.linears["enc.1"].sn["u"], b.linears["enc.1"].sn["u"])
+    b.load_state_dict(a.state_dict())
+    x = rng.standard_normal((2, 8)).astype(np.float32)
+    assert np.array_equal(a.forward(x)["q"], b.forward(x)["q"])
+    with pytest.raises(ValueError):
+        QNetwork(8, 3, hidden=(5, 4), seed=1, max_batch=2).load_state_dict(a.state_dict())
+
+
 # --- GPU: op parity ---------------------------------------------------------------------------
 # The reference runs in float64 on the same float32 inputs and is rounded once to float32, so the
 # tolerance measures the kernel's own rounding, not NumPy's float32 summation order.
@@ -254,10 +269,10 @@ def test_gpu_plan_gate(cp, rng, B):
 
 
 # --- GPU: the whole network ----------------------------------------------------------------------
-def _nets(cp, head, layernorm, B, seed=3):
+def _nets(cp, head, layernorm, B, seed=3, spectral=()):
     from cudarl.nn import QNetwork
 
-    kw = dict(hidden=(256, 256), head=head, layernorm=layernorm, plan=True, atoms=51, max_batch=B, seed=seed)
+    kw = dict(hidden=(256, 256), head=head, layernorm=layernorm, plan=True, atoms=51, max_batch=B, seed=seed, spectral=spectral)
     return (QNetwork(64, 3, xp=cp, **kw), QNetwork(64, 3, **kw), QNetwork(64, 3, dtype=np.float64, **kw))
 
 
@@ -277,12 +292,12 @@ def _set_grad_outputs(net, gq, gp):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("B", [1, 7, 512, 4096])
-@pytest.mark.parametrize("head,layernorm", [("c51", False), ("c51", True), ("iqn", False)])
-def test_gpu_qnetwork_forward_backward_match_numpy(cp, rng, B, head, layernorm):
+@pytest.mark.parametrize("head,layernorm,spectral", [("c51", False, ()), ("c51", True, ("enc.1",)), ("iqn", False, ())])
+def test_gpu_qnetwork_forward_backward_match_numpy(cp, rng, B, head, layernorm, spectral):
     """Forward against the twins' own forward; backward against the twins' backward run on the
     GPU's activations (so ReLU masks agree exactly). GPU error against the float64 twin at most
     twice the float32 twin's own, or 1e-5."""
-    gpu, cpu32, cpu64 = _nets(cp, head, layernorm, B)
+    gpu, cpu32, cpu64 = _nets(cp, head, layernorm, B, spectral=spectral)
     x = rng.standard_normal((B, 64)).astype(np.float32)
     tau = rng.uniform(size=(B, 32)).astype(np.float32) if head == "iqn" else None
     gq = rng.standard_normal(cpu32.forward_shape(B)).astype(np.float32)
@@ -318,7 +333,7 @@ def test_gpu_qnetwork_graphed_equals_eager_bitwise(cp, rng, head):
     from cudarl.graph import StepGraph
 
     B = 512
-    gpu = _nets(cp, head, True, B)[0]
+    gpu = _nets(cp, head, True, B, spectral=("enc.1",))[0]
     x = cp.asarray(rng.standard_normal((B, 64)).astype(np.float32))
     if head == "iqn":
         gpu.ws.bufs["head.tau"][...] = cp.asarray(rng.uniform(size=(B, 32)).astype(np.float32))
@@ -334,12 +349,16 @@ def test_gpu_qnetwork_graphed_equals_eager_bitwise(cp, rng, head):
         cp.copyto(g["plan"], gp)
         gpu.backward(x)
 
+    sn = gpu.linears["enc.1"].sn  # the power iteration advances u at each forward: replay from the same u
+    u0, v0 = sn["u"].copy(), sn["v"].copy()
     cp.cuda.Device().synchronize()
     g = StepGraph("nn_parity_" + head, [("fwd_bwd", step)], xp=cp)
     g.run_eager()
     g.synchronize()
-    first = {"q": outs["q"].get(), "plan": outs["plan"].get(), "grads": gpu.grads.get()}
+    first = {"q": outs["q"].get(), "plan": outs["plan"].get(), "grads": gpu.grads.get(), "u": sn["u"].get()}
     g.capture()
+    sn["u"][...] = u0
+    sn["v"][...] = v0
     for e in gpu.layout.entries:
         poison(gpu.G[e.name])
     poison(outs["q"])
@@ -350,3 +369,4 @@ def test_gpu_qnetwork_graphed_equals_eager_bitwise(cp, rng, head):
     assert_bitwise(outs["q"], first["q"], what="graphed q")
     assert_bitwise(outs["plan"], first["plan"], what="graphed plan")
     assert_bitwise(gpu.grads, first["grads"], what="graphed grads")
+    assert_bitwise(sn["u"], first["u"], what="graphed power iteration")

@@ -330,3 +330,38 @@ def test_gpu_soft_update_and_shrink_perturb(cp, rng, n):
     graph = StepGraph(f"sp_refused_{n}", [("sp", lambda: shrink_perturb(gth, 0.8, 0.05, seed=9, epoch=5))], xp=cp)
     with pytest.raises((KernelError, GraphCaptureError)):
         graph.capture()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rows,cols", [(1, 5), (5, 1), (7, 33), (64, 256), (256, 256), (256, 204)])
+@pytest.mark.parametrize("iterate", [0, 1])
+def test_gpu_spectral_ops_match_reference(cp, rng, rows, cols, iterate):
+    from cudarl.ops import optim as ops
+
+    W = rng.standard_normal((rows, cols)).astype(np.float32)
+    u0 = rng.standard_normal(rows).astype(np.float32)
+    u0 /= np.linalg.norm(u0)
+    v0 = rng.standard_normal(cols).astype(np.float32)
+    v0 /= np.linalg.norm(v0)
+    dws = rng.standard_normal((rows, cols)).astype(np.float32)
+    # the float64 reference on the same float32 inputs, rounded once
+    W64, u, v, dws64 = W.astype(np.float64), u0.astype(np.float64), v0.astype(np.float64), dws.astype(np.float64)
+    wv, sigma, w_sn = np.empty(rows), np.empty(1), np.empty((rows, cols))
+    partial, dW = np.empty(ref.GN_BLOCKS), np.empty((rows, cols))
+    ref.spectral_power_iter(W64, u, v, wv, sigma, iterate)
+    ref.spectral_scale(W64, sigma, w_sn)
+    ref.spectral_dot_partial(dws64, w_sn, partial)
+    ref.spectral_backward(dws64, u, v, sigma, partial, dW)
+    gW, gu, gv, gd = (cp.asarray(a) for a in (W, u0, v0, dws))
+    gwv, gs, gwsn = cp.zeros(rows, cp.float32), cp.zeros(1, cp.float32), cp.zeros((rows, cols), cp.float32)
+    gpart, gdW = cp.zeros(ref.GN_BLOCKS), cp.zeros((rows, cols), cp.float32)
+    for a in (gwv, gs, gwsn, gpart, gdW):
+        poison(a)
+    ops.spectral_power_iter(gW, gu, gv, gwv, gs, iterate)
+    ops.spectral_scale(gW, gs, gwsn)
+    ops.spectral_dot_partial(gd, gwsn, gpart)
+    ops.spectral_backward(gd, gu, gv, gs, gpart, gdW)
+    f32 = lambda a: a.astype(np.float32)  # noqa: E731
+    for name, a, e in (("u", gu, u), ("v", gv, v), ("wv", gwv, wv), ("sigma", gs, sigma), ("w_sn", gwsn, w_sn), ("dW", gdW, dW)):
+        assert_parity(a, f32(e), what=name)
+    assert_parity(gpart, partial, rtol=1e-5, what="partials")  # W_sn is float32 on the GPU

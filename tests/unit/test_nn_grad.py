@@ -83,6 +83,35 @@ def test_linear_fd(act, rng):
     assert max(errs) <= TOL, errs
 
 
+@pytest.mark.parametrize("act", ["identity", "sigmoid"])
+def test_spectral_linear_fd(act, rng):
+    """u and v frozen (the backward holds them constant): L is a function of W alone."""
+    m = Linear("lin", 6, 4, act=act, spectral=True)
+    params, grads, ws = build(m, 3, rng)
+    m.alloc_state(np, np.float64, 7, 0)
+    m.sn_update = False
+    x = rng.standard_normal((3, 6))
+
+    def bwd(R, dx):
+        ws.rows("lin.dout")[...] = R
+        m.backward(x, ws, dx)
+
+    errs = check(lambda: m.forward(x, ws), bwd, params, grads, x, rng)
+    assert max(errs) <= TOL, errs
+
+
+def test_spectral_power_iteration_finds_the_top_singular_value(rng):
+    m = Linear("lin", 40, 30, act="identity", spectral=True)
+    params, grads, ws = build(m, 2, rng)
+    m.alloc_state(np, np.float64, 7, 0)
+    x = rng.standard_normal((2, 40))
+    for _ in range(200):
+        m.forward(x, ws)
+    top = np.linalg.svd(m.P["lin.weight"], compute_uv=False)[0]
+    assert abs(m.sn["sigma"][0] - top) <= 1e-6 * top
+    assert abs(np.linalg.svd(m.sn["w"], compute_uv=False)[0] - 1.0) <= 1e-6
+
+
 @pytest.mark.parametrize("act", ["identity", "relu"])
 def test_layernorm_fd(act, rng):
     m = LayerNorm("ln", 6, act=act)
@@ -152,10 +181,13 @@ def test_plan_head_fd(rng):
     assert max(errs) <= TOL, errs
 
 
-@pytest.mark.parametrize("head,layernorm", [("c51", False), ("c51", True), ("iqn", False), ("iqn", True)])
-def test_qnetwork_fd(head, layernorm, rng):
+@pytest.mark.parametrize("head,layernorm,spectral", [("c51", False, ()), ("c51", True, ("enc.1",)), ("iqn", False, ()),
+                                                    ("iqn", True, ("enc.0", "head.out"))])
+def test_qnetwork_fd(head, layernorm, spectral, rng):
     net = QNetwork(6, 3, hidden=(7, 5), head=head, layernorm=layernorm, plan=True, atoms=4, n_quantiles=3,
-                   n_cos=5, dtype=np.float64, max_batch=3, seed=3)
+                   n_cos=5, dtype=np.float64, max_batch=3, seed=3, spectral=spectral)
+    for name in spectral:
+        net.linears[name].sn_update = False
     net.params += 0.1 * rng.standard_normal(net.params.shape)
     net.P["plan.lin.weight"][...] *= 50.0  # make the plan head's contribution to dpsi visible
     x = rng.standard_normal((3, 6))
