@@ -1,0 +1,24 @@
+"""NumPy twin of cuda_src/agent.cu: the glue of the collect step."""
+from __future__ import annotations
+
+import numpy as np
+
+
+def quantile_mean(q: np.ndarray, theta: np.ndarray) -> None:
+    """``q[b, a] = mean_n theta[b, n, a]`` (float32, summed in order n = 0..N-1); q ``[B, A]``, theta ``[B, N, A]``."""
+    s = np.zeros(q.shape, np.float32)
+    for n in range(theta.shape[1]):
+        s += theta[:, n, :]
+    q[...] = s / np.float32(theta.shape[1])
+
+
+def discount(out: np.ndarray, done: np.ndarray, gamma: np.ndarray) -> None:
+    """``out = gamma[0] * (1 - done)`` (float32 ``[n]``)."""
+    out[...] = np.float32(gamma[0]) * (np.float32(1) - done)
+
+
+def epsilon(eps: np.ndarray, count: np.ndarray, start: float, end: float, steps: int) -> None:
+    """``eps[0] = start + (end - start) * min(count, steps) / steps``, then ``count += 1``."""
+    c = int(count[0])
+    eps[0] = np.float32(start + (end - start) * (min(c, steps) / steps))
+    count[0] = c + 1
