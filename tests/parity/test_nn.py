@@ -370,3 +370,15 @@ def test_gpu_qnetwork_graphed_equals_eager_bitwise(cp, rng, head):
     assert_bitwise(outs["plan"], first["plan"], what="graphed plan")
     assert_bitwise(gpu.grads, first["grads"], what="graphed grads")
     assert_bitwise(sn["u"], first["u"], what="graphed power iteration")
+
+
+def test_launchers_check_shapes_before_launching():
+    """Shape errors surface in Python with the op's name, before any device work (no GPU needed)."""
+    from cudarl.ops import nn as ops
+
+    with pytest.raises(ValueError, match="bias_act_forward: bias"):
+        ops.bias_act_forward(np.zeros((2, 3), np.float32), np.zeros(4, np.float32), np.zeros((2, 3), np.float32), 1)
+    with pytest.raises(ValueError, match="dueling_forward: va"):
+        ops.dueling_forward(np.zeros((2, 10), np.float32), np.zeros((2, 3, 3), np.float32))
+    with pytest.raises(ValueError, match="activation code"):
+        ops.bias_act_forward(np.zeros((2, 3), np.float32), np.zeros(3, np.float32), np.zeros((2, 3), np.float32), 5)

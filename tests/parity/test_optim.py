@@ -365,3 +365,14 @@ def test_gpu_spectral_ops_match_reference(cp, rng, rows, cols, iterate):
     for name, a, e in (("u", gu, u), ("v", gv, v), ("wv", gwv, wv), ("sigma", gs, sigma), ("w_sn", gwsn, w_sn), ("dW", gdW, dW)):
         assert_parity(a, f32(e), what=name)
     assert_parity(gpart, partial, rtol=1e-5, what="partials")  # W_sn is float32 on the GPU
+
+
+def test_optim_launchers_check_shapes_before_launching():
+    from cudarl.ops import optim as ops
+
+    one = np.zeros(1, np.float32)
+    with pytest.raises(ValueError, match="adam_update: m"):
+        ops.adam_update(np.zeros(4, np.float32), np.zeros(4, np.float32), np.zeros(3, np.float32), np.zeros(4, np.float32),
+                        np.zeros(4, np.uint8), one, one, one, one, one, 0.9, 0.999, 1e-8, 0.0)
+    with pytest.raises(ValueError, match="soft_update: tau"):
+        ops.soft_update(np.zeros(4, np.float32), np.zeros(4, np.float32), np.zeros(2, np.float32))
