@@ -34,3 +34,15 @@ extern "C" __global__ void cudarl_agent_epsilon(float* __restrict__ eps, long lo
   *eps = (float)(start + (end - start) * f);
   *count = c + 1;
 }
+
+// publish: copy this step's loss and gradient norm into slot (*step % slots) of a pinned ring
+// (mapped host memory), so the host reads step t - 1 from one slot while step t writes another.
+// One thread; reads 16 bytes, writes 8 bytes over the bus.
+extern "C" __global__ void cudarl_agent_publish(float* __restrict__ ring, const float* __restrict__ loss,
+                                                const float* __restrict__ grad_norm, const long long* __restrict__ step,
+                                                int slots) {
+  if (blockIdx.x != 0 || threadIdx.x != 0) return;
+  const long long s = *step % slots;
+  ring[2 * s] = *loss;
+  ring[2 * s + 1] = *grad_norm;
+}

@@ -134,61 +134,80 @@ class DeviceScalars:
 
 
 class PinnedReadback:
-    """``n`` values of ``dtype`` in mapped pinned host memory, written by kernels, read by the host.
+    """``slots`` rows of ``n`` values of ``dtype`` in mapped pinned host memory, written by kernels,
+    read by the host.
 
-    Kernels write into :attr:`device`. After the launch (or graph replay) that writes it, call
-    :meth:`mark_written` on the same stream; :meth:`read` waits on that event and returns a copy.
-    A read with no recorded write raises instead of returning whatever the memory held.
+    Kernels write into :attr:`device` (float ``[slots * n]``; slot ``s`` is ``[s * n, (s + 1) * n)``).
+    After the launch (or graph replay) that writes a slot, call :meth:`mark_written` with that slot
+    on the same stream; :meth:`read` waits on that slot's event and returns a copy. A read of a slot
+    with no recorded write raises instead of returning whatever the memory held. Several slots let
+    a graph write step ``t`` into one while the host reads step ``t - 1`` from another.
     """
 
-    def __init__(self, n: int, dtype=np.float32, xp=None):
+    def __init__(self, n: int, dtype=np.float32, xp=None, slots: int = 1):
         if int(n) < 1:
             raise ValueError(f"n: need at least one value, got {n}")
+        if int(slots) < 1:
+            raise ValueError(f"slots: need at least one slot, got {slots}")
         self.xp = xp if xp is not None else _backend.get().xp
-        self.n, self.dtype = int(n), np.dtype(dtype)
-        self._event = None
-        self._marked = False
+        self.n, self.slots, self.dtype = int(n), int(slots), np.dtype(dtype)
+        total = self.n * self.slots
+        self._events = [None] * self.slots
+        self._marked = [False] * self.slots
         self._hptr = None
         if _is_cupy(self.xp):
             import cupy
 
             rt = cupy.cuda.runtime
-            nbytes = self.n * self.dtype.itemsize
+            nbytes = total * self.dtype.itemsize
             self._hptr = rt.hostAlloc(nbytes, 2)  # cudaHostAllocMapped
             dptr = _device_pointer_of_host(self._hptr)
             raw = (ctypes.c_uint8 * nbytes).from_address(self._hptr)
-            self.host = np.frombuffer(raw, dtype=self.dtype, count=self.n)
+            self.host = np.frombuffer(raw, dtype=self.dtype, count=total)
             mem = cupy.cuda.UnownedMemory(dptr, nbytes, self)
-            self.device = cupy.ndarray((self.n,), dtype=self.dtype, memptr=cupy.cuda.MemoryPointer(mem, 0))
-            self._event = cupy.cuda.Event(block=False, disable_timing=True)
+            self.device = cupy.ndarray((total,), dtype=self.dtype, memptr=cupy.cuda.MemoryPointer(mem, 0))
+            self._events = [cupy.cuda.Event(block=False, disable_timing=True) for _ in range(self.slots)]
         else:
-            self.host = np.zeros(self.n, dtype=self.dtype)
+            self.host = np.zeros(total, dtype=self.dtype)
             self.device = self.host
 
-    def mark_written(self, stream=None) -> None:
-        """Record that the work enqueued so far on ``stream`` writes :attr:`device`."""
-        if self._event is not None:
+    def _slot(self, slot: int) -> int:
+        if not 0 <= int(slot) < self.slots:
+            raise ValueError(f"slot {slot} out of range [0, {self.slots})")
+        return int(slot)
+
+    def slot_view(self, slot: int = 0):
+        """The device values of one slot: ``[n]``."""
+        s = self._slot(slot)
+        return self.device[s * self.n:(s + 1) * self.n]
+
+    def mark_written(self, stream=None, slot: int = 0) -> None:
+        """Record that the work enqueued so far on ``stream`` writes ``slot``."""
+        s = self._slot(slot)
+        if self._events[s] is not None:
             import cupy
 
-            s = stream if stream is not None else cupy.cuda.get_current_stream()
-            _refuse_if_capturing("PinnedReadback.mark_written", s)
-            self._event.record(s)
-        self._marked = True
+            st = stream if stream is not None else cupy.cuda.get_current_stream()
+            _refuse_if_capturing("PinnedReadback.mark_written", st)
+            self._events[s].record(st)
+        self._marked[s] = True
 
-    def ready(self) -> bool:
-        """True when the last recorded write has completed (never blocks)."""
-        if not self._marked:
+    def ready(self, slot: int = 0) -> bool:
+        """True when the last recorded write of ``slot`` has completed (never blocks)."""
+        s = self._slot(slot)
+        if not self._marked[s]:
             return False
-        return True if self._event is None else bool(self._event.done)
+        return True if self._events[s] is None else bool(self._events[s].done)
 
-    def read(self) -> np.ndarray:
-        """Wait for the recorded write, then return a NumPy copy of the values."""
-        if not self._marked:
-            raise ReadbackError("PinnedReadback.read() before any write was recorded: call mark_written(stream) after the writing launch")
-        if self._event is not None:
+    def read(self, slot: int = 0) -> np.ndarray:
+        """Wait for the recorded write of ``slot``, then return a NumPy copy of its ``n`` values."""
+        s = self._slot(slot)
+        if not self._marked[s]:
+            raise ReadbackError(f"PinnedReadback.read(slot={s}) before any write was recorded: call mark_written(stream, slot) after the writing launch")
+        if self._events[s] is not None:
             _refuse_if_capturing("PinnedReadback.read")
-            self._event.synchronize()
-        return self.host.copy()
+            self._events[s].synchronize()
+        return self.host[s * self.n:(s + 1) * self.n].copy()
 
     def __del__(self):
         if self._hptr is not None:

@@ -25,3 +25,11 @@ def epsilon(eps, count, start: float, end: float, steps: int, stream=None) -> No
     """Linear epsilon schedule from the device counter ``count`` (int64 ``[1]``, incremented)."""
     launch("agent", "epsilon", 1, 1, "f32* eps, i64* count, f64 start, f64 end, i64 steps",
            (eps, count, float(start), float(end), int(steps)), stream=stream)
+
+
+def publish(ring, loss, grad_norm, step, slots: int, stream=None) -> None:
+    """Copy ``loss[0]``, ``grad_norm[0]`` into slot ``step[0] % slots`` of ``ring`` (float32 ``[2 * slots]``)."""
+    if ring.size != 2 * slots:
+        raise ValueError(f"ring: expected {2 * slots} floats, got {ring.size}")
+    launch("agent", "publish", 1, 1, "f32* ring, const f32* loss, const f32* grad_norm, const i64* step, i32 slots",
+           (ring, loss, grad_norm, step, slots), stream=stream)

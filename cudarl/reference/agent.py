@@ -22,3 +22,10 @@ def epsilon(eps: np.ndarray, count: np.ndarray, start: float, end: float, steps:
     c = int(count[0])
     eps[0] = np.float32(start + (end - start) * (min(c, steps) / steps))
     count[0] = c + 1
+
+
+def publish(ring: np.ndarray, loss: np.ndarray, grad_norm: np.ndarray, step: np.ndarray, slots: int) -> None:
+    """``ring[2s], ring[2s + 1] = loss[0], grad_norm[0]`` with ``s = step[0] % slots``."""
+    s = int(step[0]) % slots
+    ring[2 * s] = loss[0]
+    ring[2 * s + 1] = grad_norm[0]

@@ -54,3 +54,24 @@ def test_gpu_discount_and_epsilon(cp, rng, n):
         ref.epsilon(e_ref, c_ref, 1.0, 0.05, 9)
         assert_bitwise(eps, e_ref)
     assert int(count.get()[0]) == 12
+
+
+def test_reference_publish_rotates_slots():
+    ring = np.zeros(6, np.float32)
+    for t in range(1, 5):
+        ref.publish(ring, np.array([t], np.float32), np.array([10 * t], np.float32), np.array([t], np.int64), 3)
+    assert ring.tolist() == [3, 30, 4, 40, 2, 20]
+
+
+@pytest.mark.gpu
+def test_gpu_publish_into_pinned_ring(cp):
+    from cudarl.ops import agent as ops
+    from cudarl.pinned import PinnedReadback
+
+    rb = PinnedReadback(2, np.float32, cp, slots=2)
+    step = cp.zeros(1, np.int64)
+    for t in range(1, 4):
+        step.fill(t)
+        ops.publish(rb.device, cp.asarray(np.array([t], np.float32)), cp.asarray(np.array([-t], np.float32)), step, 2)
+        rb.mark_written(slot=t % 2)
+        assert rb.read(t % 2).tolist() == [t, -t]

@@ -75,3 +75,16 @@ def test_gpu_scalars_set_get_and_ordering(cp):
         finally:
             stream.end_capture()
     assert s.get("size") == 123
+
+
+def test_readback_slots_are_independent():
+    r = PinnedReadback(2, np.float32, np, slots=3)
+    r.slot_view(1)[:] = [3.0, 4.0]
+    r.mark_written(slot=1)
+    assert r.read(1).tolist() == [3.0, 4.0] and r.ready(1) and not r.ready(0)
+    with pytest.raises(ReadbackError, match="slot=0"):
+        r.read(0)
+    with pytest.raises(ValueError, match="out of range"):
+        r.read(3)
+    with pytest.raises(ValueError):
+        PinnedReadback(1, np.float32, np, slots=0)
