@@ -376,3 +376,46 @@ def test_optim_launchers_check_shapes_before_launching():
                         np.zeros(4, np.uint8), one, one, one, one, one, 0.9, 0.999, 1e-8, 0.0)
     with pytest.raises(ValueError, match="soft_update: tau"):
         ops.soft_update(np.zeros(4, np.float32), np.zeros(4, np.float32), np.zeros(2, np.float32))
+
+
+@pytest.mark.gpu
+def test_gpu_train_step_graphed_equals_eager_bitwise(cp, rng):
+    """forward + backward + Adam + soft target update, 30 replays against 30 eager runs of a twin."""
+    from cudarl.graph import StepGraph
+    from cudarl.nn import QNetwork
+
+    B = 512
+    x = cp.asarray(rng.standard_normal((B, 64)).astype(np.float32))
+    d = cp.asarray((rng.standard_normal((B, 3, 51)) / B).astype(np.float32))
+    twins = []
+    for name in ("train_eager_ref", "train_graphed"):
+        net = QNetwork(64, 3, xp=cp, max_batch=B, seed=5, layernorm=True, spectral=("enc.1",))
+        tgt = QNetwork(64, 3, xp=cp, max_batch=B, seed=5, layernorm=True)
+        opt = Adam(net.params, net.grads, schedule=Schedule("cosine_restarts", lr=1e-3, period=7, restart_m_scale=0.5),
+                   max_grad_norm=1.0, weight_decay=0.01, decay_mask=net.layout.decay_mask())
+        su = SoftUpdate(tgt.params, net.params, tau_start=0.5, tau_end=0.01, period=20)
+        net.forward(x)
+        net.grad_outputs()["q"][...] = d  # the loss's output; backward only reads it
+
+        def step(net=net, opt=opt, su=su):
+            net.forward(x)
+            net.backward(x)
+            opt.step()
+            su.step()
+
+        twins.append((net, tgt, opt, su, StepGraph(name, [("train", step)], xp=cp)))
+    init = twins[0][0].params.get()
+    cp.cuda.Device().synchronize()
+    twins[1][4].capture()
+    for _ in range(30):
+        twins[0][4].run_eager()
+        twins[1][4].replay()
+    twins[0][4].synchronize()
+    twins[1][4].synchronize()
+    (n0, t0, o0, s0, _), (n1, t1, o1, s1, _) = twins
+    assert not np.array_equal(n0.params.get(), init), "the step did not train"
+    assert o1.scalars.get("step") == 30 and s1.scalars.get("count") == 30
+    for a, b, what in ((n1.params, n0.params, "params"), (o1.m, o0.m, "m"), (o1.v, o0.v, "v"), (t1.params, t0.params, "target"),
+                       (o1.scalars.buffer, o0.scalars.buffer, "adam scalars"), (s1.scalars.buffer, s0.scalars.buffer, "tau"),
+                       (n1.linears["enc.1"].sn["u"], n0.linears["enc.1"].sn["u"], "spectral u")):
+        assert_bitwise(a, b, what=what)
