@@ -81,7 +81,7 @@ class QNetwork:
         """x ``[B, n_in]`` -> ``{"q": logits [B, A, atoms] | quantiles [B, N, A], "plan": [B, 2]}``."""
         ws = ws or self.ws
         ws.set_batch(x.shape[0])
-        self._x = x
+        ws.x = x  # the input of this workspace's forward, for backward
         psi = self.encoder.forward(x, ws)
         out = {"q": self.head.forward(psi, ws, tau) if isinstance(self.head, IQNHead) else self.head.forward(psi, ws)}
         if self.plan is not None:
@@ -103,7 +103,7 @@ class QNetwork:
     def backward(self, x=None, ws: Workspace | None = None, dx=None) -> None:
         """Overwrite :attr:`grads` from the gradients in :meth:`grad_outputs` (last forward on ``ws``)."""
         ws = ws or self.ws
-        x = self._x if x is None else x
+        x = ws.x if x is None else x
         psi = ws.rows(f"{self.encoder.out_name}.out")
         dpsi = ws.rows(f"{self.encoder.out_name}.dout")
         self.head.backward(psi, ws, dpsi, accumulate=False)

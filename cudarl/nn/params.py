@@ -168,6 +168,7 @@ class Workspace:
         self.bufs: dict = {}
         self._merge: dict[str, bool] = {}
         self.batch = None
+        self.x = None  # the input of the last forward over this workspace
 
     def add(self, name: str, row_shape, dtype=None, merge: bool = False):
         if name in self.bufs:

@@ -382,3 +382,22 @@ def test_launchers_check_shapes_before_launching():
         ops.dueling_forward(np.zeros((2, 10), np.float32), np.zeros((2, 3, 3), np.float32))
     with pytest.raises(ValueError, match="activation code"):
         ops.bias_act_forward(np.zeros((2, 3), np.float32), np.zeros(3, np.float32), np.zeros((2, 3), np.float32), 5)
+
+
+def test_two_workspaces_keep_their_own_forward(rng):
+    """DDQN runs the online net on s and s': a backward over ws must use ws's forward, not the latest."""
+    from cudarl.nn import QNetwork
+
+    net = QNetwork(8, 3, hidden=(6,), atoms=5, max_batch=4, seed=2)
+    ws2 = net.new_workspace(4)
+    x1, x2 = (rng.standard_normal((4, 8)).astype(np.float32) for _ in range(2))
+    d = rng.standard_normal((4, 3, 5)).astype(np.float32)
+    net.forward(x1)
+    net.grad_outputs()["q"][...] = d
+    net.backward()
+    alone = net.grads.copy()
+    net.forward(x1)
+    net.forward(x2, ws=ws2)
+    net.grad_outputs()["q"][...] = d
+    net.backward()
+    assert np.array_equal(net.grads, alone)
