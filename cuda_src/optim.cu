@@ -46,7 +46,7 @@ __device__ double schedule_lr(i64 s, int kind, double lr_max, double lr_min, i64
 // grid = GN_BLOCKS, block = GN_THREADS. Thread (k, t) sums g[i]^2 in double over
 // i = k*256 + t + j*GN_BLOCKS*256 (j ascending), then a fixed tree per block -> partial[k].
 // Reads 4*n bytes, writes 8*GN_BLOCKS.
-extern "C" __global__ void __launch_bounds__(GN_THREADS) cudarl_optim_grad_norm_partial(const float* g, double* partial, i64 n) {
+extern "C" __global__ __launch_bounds__(GN_THREADS) void cudarl_optim_grad_norm_partial(const float* g, double* partial, i64 n) {
   __shared__ double sh[GN_THREADS];
   double acc = 0.0;
   for (i64 i = (i64)blockIdx.x * GN_THREADS + threadIdx.x; i < n; i += (i64)GN_BLOCKS * GN_THREADS) {
@@ -62,7 +62,7 @@ extern "C" __global__ void __launch_bounds__(GN_THREADS) cudarl_optim_grad_norm_
 // One block of GN_BLOCKS threads: fixed tree over the partials; norm = sqrt(sum);
 // scale = max_norm / (norm + 1e-6) when that is below 1 and max_norm > 0, else 1.
 // Reads 8*GN_BLOCKS bytes, writes 8.
-extern "C" __global__ void __launch_bounds__(GN_BLOCKS) cudarl_optim_grad_norm_finalize(const double* partial, float* norm,
+extern "C" __global__ __launch_bounds__(GN_BLOCKS) void cudarl_optim_grad_norm_finalize(const double* partial, float* norm,
                                                                                        float* scale, float max_norm) {
   __shared__ double sh[GN_BLOCKS];
   sh[threadIdx.x] = partial[threadIdx.x];
@@ -163,7 +163,7 @@ extern "C" __global__ void cudarl_optim_shrink_perturb(float* theta, i64 n, floa
 // v = normalize(W^T u) (thread per column, i ascending), wv = W v (warp per row, xor tree),
 // u = wv / ||wv||; without it u and v are kept. Always sigma = u . wv (fixed tree, double).
 // Reads 8*rows*cols bytes at most, writes 4*(2*rows + cols + 1).
-extern "C" __global__ void __launch_bounds__(1024) cudarl_optim_spectral_power_iter(const float* W, float* u, float* v,
+extern "C" __global__ __launch_bounds__(1024) void cudarl_optim_spectral_power_iter(const float* W, float* u, float* v,
                                                                                    float* wv, float* sigma, i64 rows,
                                                                                    i64 cols, int iterate) {
   __shared__ double sh[1024];
@@ -217,7 +217,7 @@ extern "C" __global__ void cudarl_optim_spectral_scale(const float* W, const flo
 
 // ---- spectral_dot_partial -----------------------------------------------------------------------
 // Stage 1 of <dW_sn, W_sn>: same mapping as grad_norm_partial. Reads 8*n, writes 8*GN_BLOCKS.
-extern "C" __global__ void __launch_bounds__(GN_THREADS) cudarl_optim_spectral_dot_partial(const float* a, const float* b,
+extern "C" __global__ __launch_bounds__(GN_THREADS) void cudarl_optim_spectral_dot_partial(const float* a, const float* b,
                                                                                           double* partial, i64 n) {
   __shared__ double sh[GN_THREADS];
   double acc = 0.0;
@@ -232,7 +232,7 @@ extern "C" __global__ void __launch_bounds__(GN_THREADS) cudarl_optim_spectral_d
 // Every block reduces the GN_BLOCKS partials with one fixed tree (so all blocks agree), then
 // dW[i, j] = (dW_sn[i, j] - (c u[i]) v[j]) / sigma over a grid-stride loop. block = GN_THREADS.
 // Reads 4*n + 8*GN_BLOCKS per block + 4*(rows + cols + 1), writes 4*n.
-extern "C" __global__ void __launch_bounds__(GN_THREADS) cudarl_optim_spectral_backward(const float* dw_sn, const float* u,
+extern "C" __global__ __launch_bounds__(GN_THREADS) void cudarl_optim_spectral_backward(const float* dw_sn, const float* u,
                                                                                        const float* v, const float* sigma,
                                                                                        const double* partial, float* dW,
                                                                                        i64 rows, i64 cols) {
