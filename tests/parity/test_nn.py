@@ -198,20 +198,22 @@ def test_gpu_layernorm(cp, rng, B, N, act):
 @pytest.mark.gpu
 @pytest.mark.parametrize("B,A,Z", [(1, 1, 1), (7, 3, 51), (512, 3, 51), (4096, 5, 21)])
 def test_gpu_dueling(cp, rng, B, A, Z):
+    """The kernel adds in the twin's order and has no product to contract: float32 results agree
+    to rounding (a one-element case can cancel, so the float32 twin is the oracle here)."""
     from cudarl.ops import nn as ops
 
     va = rng.standard_normal((B, (1 + A) * Z)).astype(np.float32)
     dl = rng.standard_normal((B, A, Z)).astype(np.float32)
-    lo, dva = np.empty((B, A, Z)), np.empty(va.shape)
-    ref.dueling_forward(*_f64(va), lo)
-    ref.dueling_backward(*_f64(dl), dva)
-    gva, gdl, glo, gdva = _to(cp, va, dl, np.empty((B, A, Z), np.float32), np.empty_like(va))
+    lo, dva = np.empty((B, A, Z), np.float32), np.empty_like(va)
+    ref.dueling_forward(va, lo)
+    ref.dueling_backward(dl, dva)
+    gva, gdl, glo, gdva = _to(cp, va, dl, np.empty_like(lo), np.empty_like(va))
     poison(glo)
     poison(gdva)
     ops.dueling_forward(gva, glo)
     ops.dueling_backward(gdl, gdva)
-    assert_parity(glo, _f32(lo), what="logits")
-    assert_parity(gdva, _f32(dva), what="dva")
+    assert_parity(glo, lo, rtol=1e-6, what="logits")
+    assert_parity(gdva, dva, rtol=1e-6, what="dva")
 
 
 @pytest.mark.gpu
