@@ -36,13 +36,25 @@ __device__ __forceinline__ void add_to_ancestors(i64* tree, const i64* levels, i
   }
 }
 
+// 1 if any of x[threadIdx.x], x[threadIdx.x + blockDim.x], ... (below n) is NaN or inf.
+__device__ __forceinline__ int thread_any_nonfinite(const float* x, i64 n) {
+  int bad = 0;
+  for (i64 e = threadIdx.x; e < n; e += blockDim.x) bad |= !isfinite(x[e]);
+  return bad;
+}
+
+// Thread e < B*D copies x[e] (row r = e / D of the batch) to row (added + r) mod C of the ring.
+__device__ __forceinline__ void ring_store(const float* x, float* ring, i64 e, i64 added, i64 D, i64 C) {
+  const i64 r = e / D, c = e - r * D;
+  ring[((added + r) % C) * D + c] = x[e];
+}
+
 // ---------------------------------------------------------------------------------------------
 // insert_check: one block; thread t scans elements t, t+blockDim, ... of the batch.
 // Reads B*D + 3B values; writes flag[0] (1 = reject) and, on reject, status |= BAD_ROWS.
 extern "C" __global__ void cudarl_replay_insert_check(const float* obs, const int* action, const float* reward,
                                                       const float* discount, i64* flag, i64* status, i64 B, i64 D) {
-  int bad = 0;
-  for (i64 e = threadIdx.x; e < B * D; e += blockDim.x) bad |= !isfinite(obs[e]);
+  int bad = thread_any_nonfinite(obs, B * D);
   for (i64 r = threadIdx.x; r < B; r += blockDim.x) {
     const float d = discount[r];
     bad |= !isfinite(reward[r]) | !isfinite(d) | !(d >= 0.0f) | !(d <= 1.0f) | (action[r] < 0);
@@ -64,12 +76,33 @@ extern "C" __global__ void cudarl_replay_insert_rows(const float* obs, const int
   if (e >= B * D || flag[0] != 0) return;
   const i64 r = e / D, c = e - r * D;
   const i64 slot = (added[0] + r) % C;
-  s_obs[slot * D + c] = obs[e];
+  ring_store(obs, s_obs, e, added[0], D, C);
   if (c == 0) {
     s_action[slot] = action[r];
     s_reward[slot] = reward[r];
     s_discount[slot] = discount[r];
   }
+}
+
+// insert_next_check (store_next_obs only; launched after insert_check): one block, thread t
+// scans elements t, t+blockDim, ... of next_obs [B, D]. Reads B*D floats; on a non-finite value
+// sets flag[0] = 1 and status |= BAD_ROWS (never clears flag: insert_check owns that).
+extern "C" __global__ void cudarl_replay_insert_next_check(const float* next_obs, i64* flag, i64* status, i64 B,
+                                                           i64 D) {
+  const int bad = __syncthreads_or(thread_any_nonfinite(next_obs, B * D));
+  if (threadIdx.x == 0 && bad) {
+    flag[0] = 1;
+    status[0] |= STATUS_BAD_ROWS;
+  }
+}
+
+// insert_next_rows (store_next_obs only): thread per (row, feature), B*D threads. Reads B*D
+// floats; writes them at row (added + r) mod C of s_next_obs. Skipped when flag[0] != 0.
+extern "C" __global__ void cudarl_replay_insert_next_rows(const float* next_obs, float* s_next_obs, const i64* flag,
+                                                          const i64* added, i64 B, i64 D, i64 C) {
+  const i64 e = (i64)blockIdx.x * blockDim.x + threadIdx.x;
+  if (e >= B * D || flag[0] != 0) return;
+  ring_store(next_obs, s_next_obs, e, added[0], D, C);
 }
 
 // insert_priorities: thread t handles absolute row a = lo + t with
@@ -186,15 +219,17 @@ extern "C" __global__ void cudarl_replay_sample_weights(const i64* qsel, float* 
 
 // ---------------------------------------------------------------------------------------------
 // gather: thread per (sample j, column c < W), B*W threads. Reads 2 obs rows of D floats and
-// n (reward, discount) pairs per sample; writes obs_out/next_obs_out [B, W] (zero for c >= D),
+// n (reward, discount) pairs per sample; the bootstrap row is row (s + lag) mod C of s_next:
+// s_next = s_obs and lag = n*n_envs normally, or the stored next_obs ring and lag = 0 with
+// store_next_obs. Writes obs_out/next_obs_out [B, W] (zero for c >= D),
 // and for c == 0 action_out, return_out, discount_out. The n-step sums use explicitly rounded
 // float32 operations (no FMA contraction) in the reference's order, so they match bitwise.
 // An index outside [0, C) gives a zero row and status |= BAD_INDEX.
 extern "C" __global__ void cudarl_replay_gather(const float* s_obs, const int* s_action, const float* s_reward,
-                                                const float* s_discount, const int* indices, float* obs_out,
-                                                float* next_obs_out, int* action_out, float* return_out,
-                                                float* discount_out, i64* status, i64 B, i64 D, i64 W, i64 C,
-                                                i64 n_envs, int n_step) {
+                                                const float* s_discount, const float* s_next, const int* indices,
+                                                float* obs_out, float* next_obs_out, int* action_out,
+                                                float* return_out, float* discount_out, i64* status, i64 B, i64 D,
+                                                i64 W, i64 C, i64 n_envs, int n_step, i64 lag) {
   const i64 e = (i64)blockIdx.x * blockDim.x + threadIdx.x;
   if (e >= B * W) return;
   const i64 j = e / W, c = e - j * W;
@@ -210,9 +245,9 @@ extern "C" __global__ void cudarl_replay_gather(const float* s_obs, const int* s
     }
     return;
   }
-  const i64 nxt = (s + (i64)n_step * n_envs) % C;
+  const i64 nxt = (s + lag) % C;
   obs_out[e] = c < D ? s_obs[s * D + c] : 0.0f;
-  next_obs_out[e] = c < D ? s_obs[nxt * D + c] : 0.0f;
+  next_obs_out[e] = c < D ? s_next[nxt * D + c] : 0.0f;
   if (c == 0) {
     float G = 0.0f, g = 1.0f;
     for (int k = 0; k < n_step; ++k) {

@@ -56,14 +56,18 @@ class PrioritizedReplay:
         beta0, beta_final: importance-weight exponent at step 0 and after ``beta_steps`` samples.
         initial_priority: priority of the first rows before any update (> 0).
         pad_rows: gather rows padded to a multiple of 32 floats (128 bytes).
+        store_next_obs: each row carries its own next observation (``add(..., next_obs=...)``),
+            stored in a second ring and returned by ``gather``; a row is ready as soon as it is
+            written. For rows whose next state is not the next row of their column (the env's
+            counterfactual and mirrored rows). Requires ``n_step == 1``.
         seed, stream_id: Philox key and stream of the sampler.
         backend: ``"numpy"``, ``"cupy"`` or ``None`` (the process backend).
     """
 
     def __init__(self, capacity: int, obs_dim: int, *, n_step: int = 1, n_envs: int = 1, alpha: float = 0.6,
                  eps: float = 1e-6, beta0: float = 0.4, beta_final: float = 1.0, beta_steps: int = 100_000,
-                 initial_priority: float = 1.0, pad_rows: bool = False, seed: int = 0, stream_id: int = 0x5E9,
-                 backend: str | None = None):
+                 initial_priority: float = 1.0, pad_rows: bool = False, store_next_obs: bool = False, seed: int = 0,
+                 stream_id: int = 0x5E9, backend: str | None = None):
         def integer(name, v, lo):
             if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or int(v) < lo:
                 raise ValueError(f"{name}: expected an integer >= {lo}, got {v!r}")
@@ -79,6 +83,11 @@ class PrioritizedReplay:
         obs_dim = integer("obs_dim", obs_dim, 1)
         n_step = integer("n_step", n_step, 1)
         n_envs = integer("n_envs", n_envs, 1)
+        if not isinstance(store_next_obs, (bool, np.bool_)):
+            raise ValueError(f"store_next_obs: expected a bool, got {store_next_obs!r}")
+        store_next_obs = bool(store_next_obs)
+        if store_next_obs and n_step != 1:
+            raise ValueError(f"store_next_obs: requires n_step == 1, got n_step={n_step}")
         if capacity <= n_step * n_envs or capacity >= 1 << 23:
             raise ValueError(f"capacity: must be > n_step * n_envs = {n_step * n_envs} and < 2**23, got {capacity}")
         pad = bool(pad_rows)
@@ -87,7 +96,7 @@ class PrioritizedReplay:
             n_step=n_step, n_envs=n_envs, alpha=real("alpha", alpha, 0.0, 8.0), eps=real("eps", eps, 0.0, 1.0, True),
             beta0=real("beta0", beta0, 0.0, 1.0), beta_final=real("beta_final", beta_final, 0.0, 1.0),
             beta_steps=integer("beta_steps", beta_steps, 1), seed=integer("seed", seed, 0) & 0xFFFFFFFFFFFFFFFF,
-            stream_id=integer("stream_id", stream_id, 0) & 0xFFFFFFFF)
+            stream_id=integer("stream_id", stream_id, 0) & 0xFFFFFFFF, store_next_obs=store_next_obs)
         q0 = int(_ref.quantize(real("initial_priority", initial_priority, 0.0, 65536.0, True) ** self.spec.alpha))
         self.backend = _backend.get(backend)
         xp = self.xp = self.backend.xp
@@ -105,7 +114,8 @@ class PrioritizedReplay:
             levels=xp.asarray(np.array([o for o, _ in _ref.tree_layout(C)], np.int64)),
             owner=xp.full(C, -1, np.int32), flag=xp.zeros(1, np.int64),
             added=self._scalars.view("added"), step=self._scalars.view("step"), max_q=self._scalars.view("max_q"),
-            status=self._scalars.view("status"), beta=self._scalars.view("beta"))
+            status=self._scalars.view("status"), beta=self._scalars.view("beta"),
+            next_obs=xp.zeros((C, obs_dim), np.float32) if store_next_obs else None)
         self._batches: dict[int, tuple] = {}
         # Rows added as the host saw them; None once an add() was captured (a graph's replays add
         # rows the host cannot count), after which batch sizes are checked on the device only.
@@ -129,8 +139,14 @@ class PrioritizedReplay:
         """Rows held, ``min(added, capacity)`` (a device read)."""
         return min(self.added(), self.capacity)
 
+    @property
+    def store_next_obs(self) -> bool:
+        """Whether rows carry their own next observation (see the constructor)."""
+        return self.spec.store_next_obs
+
     def ready(self) -> int:
-        """Rows that can be sampled: held rows whose n-step window is complete (a device read)."""
+        """Rows that can be sampled: held rows whose n-step window is complete, or every held
+        row with ``store_next_obs`` (a device read)."""
         return _ref.ready_count(self.capacity, self.spec.lag, self.added())
 
     def status(self) -> list[str]:
@@ -178,7 +194,7 @@ class PrioritizedReplay:
         return None if np.all(np.isfinite(a)) else "contains NaN or inf"
 
     # --- the API ------------------------------------------------------------------------------
-    def add(self, obs, action, reward, discount) -> None:
+    def add(self, obs, action, reward, discount, next_obs=None) -> None:
         """Append ``B`` transitions (``B`` a multiple of ``n_envs``, time-major, at most capacity).
 
         Args:
@@ -186,9 +202,11 @@ class PrioritizedReplay:
             action: int32 ``[B]`` (>= 0).
             reward: float32 ``[B]``, ``r_t``.
             discount: float32 ``[B]`` in ``[0, 1]``: ``gamma``, or 0 when the episode ended after this step.
+            next_obs: float32 ``[B, obs_dim]``, ``s_{t+1}`` of each row: required with
+                ``store_next_obs``, refused without it.
         New rows become sampleable with the running maximum priority once their n-step window is
-        complete (``n * n_envs`` rows later). CuPy arguments are checked on the device: a bad batch
-        is rejected whole and sets status bit "bad rows rejected".
+        complete (``n * n_envs`` rows later), or at once with ``store_next_obs``. CuPy arguments
+        are checked on the device: a bad batch is rejected whole and sets status bit "bad rows rejected".
         """
         if not hasattr(obs, "shape") or len(obs.shape) != 2:
             raise ValueError(f"obs: expected a float32 array [B, {self.spec.obs_dim}], got {getattr(obs, 'shape', type(obs).__name__)}")
@@ -200,7 +218,13 @@ class PrioritizedReplay:
         reward = self._arg("reward", reward, (B,), np.float32, check_values=self._finite)
         discount = self._arg("discount", discount, (B,), np.float32,
                              check_values=lambda a: None if np.all(np.isfinite(a) & (a >= 0) & (a <= 1)) else "must be finite and in [0, 1]")
-        self._ops.insert(self.spec, self.bufs, obs, action, reward, discount)
+        if self.spec.store_next_obs:
+            if next_obs is None:
+                raise ValueError(f"next_obs: required (float32 [B, {self.spec.obs_dim}]) by a buffer with store_next_obs=True")
+            next_obs = self._arg("next_obs", next_obs, (B, self.spec.obs_dim), np.float32, check_values=self._finite)
+        elif next_obs is not None:
+            raise ValueError("next_obs: this buffer takes s_{t+n} from the ring; construct it with store_next_obs=True to store it")
+        self._ops.insert(self.spec, self.bufs, obs, action, reward, discount, next_obs)
         if self._capturing():
             self._added_host = None
         elif self._added_host is not None:
@@ -286,13 +310,16 @@ class PrioritizedReplay:
         return _backend.to_numpy(self.bufs.tree[: self.capacity]).astype(np.float64) / _ref.SCALE
 
     # --- state --------------------------------------------------------------------------------
-    _ROWS = ("obs", "action", "reward", "discount")
+    @property
+    def _row_names(self) -> tuple[str, ...]:
+        return ("obs", "action", "reward", "discount") + (("next_obs",) if self.spec.store_next_obs else ())
 
     def state_dict(self) -> dict:
         """Every value needed to resume: rows, fixed-point priorities (int64 ``[C]``, ``p**alpha * 2**24``),
         ``added`` (write position = added mod C, size = min(added, C)), ``step``, ``max_priority``
-        (fixed point), ``status``, and the constants for a compatibility check. NumPy values only."""
-        state = {name: _backend.to_numpy(getattr(self.bufs, name)).copy() for name in self._ROWS}
+        (fixed point), ``status``, and the constants for a compatibility check. NumPy values only.
+        With ``store_next_obs`` the rows include ``next_obs`` float32 ``[C, obs_dim]``."""
+        state = {name: _backend.to_numpy(getattr(self.bufs, name)).copy() for name in self._row_names}
         state["priorities"] = _backend.to_numpy(self.bufs.tree[: self.capacity]).copy()
         state["added"] = int(self._scalars.get("added"))
         state["step"] = int(self._scalars.get("step"))
@@ -302,24 +329,32 @@ class PrioritizedReplay:
         state["size"] = min(state["added"], self.capacity)
         for k in ("capacity", "obs_dim", "n_step", "n_envs"):
             state[k] = getattr(self.spec, k)
+        if self.spec.store_next_obs:  # absent otherwise, so the default mode's state is as before
+            state["store_next_obs"] = True
         state["priority_scale_bits"] = _ref.SCALE_BITS
         return state
 
     def load_state_dict(self, state: dict) -> None:
         """Restore a ``state_dict``. Everything is validated before anything is written."""
-        missing = [k for k in ("obs", "action", "reward", "discount", "priorities", "added", "step", "max_priority",
+        missing = [k for k in (*self._row_names, "priorities", "added", "step", "max_priority",
                                "status", "capacity", "obs_dim", "n_step", "n_envs") if k not in state]
         if missing:
             raise ValueError(f"state: missing {missing}")
         for k in ("capacity", "obs_dim", "n_step", "n_envs"):
             if int(state[k]) != getattr(self.spec, k):
                 raise ValueError(f"state[{k!r}]: {state[k]} does not match this buffer's {getattr(self.spec, k)}")
+        # states written before the option existed have no key: they stored no next_obs
+        if bool(state.get("store_next_obs", False)) != self.spec.store_next_obs:
+            raise ValueError(f"state['store_next_obs']: {state.get('store_next_obs', False)} does not match this buffer's "
+                             f"{self.spec.store_next_obs}")
         if int(state.get("priority_scale_bits", _ref.SCALE_BITS)) != _ref.SCALE_BITS:
             raise ValueError("state['priority_scale_bits']: a different fixed-point scale")
         C, D = self.capacity, self.spec.obs_dim
         arrays = {}
-        for name, shape, dt in (("obs", (C, D), np.float32), ("action", (C,), np.int32), ("reward", (C,), np.float32),
-                                ("discount", (C,), np.float32), ("priorities", (C,), np.int64)):
+        fields = {"obs": ((C, D), np.float32), "action": ((C,), np.int32), "reward": ((C,), np.float32),
+                  "discount": ((C,), np.float32), "next_obs": ((C, D), np.float32), "priorities": ((C,), np.int64)}
+        for name in (*self._row_names, "priorities"):
+            shape, dt = fields[name]
             a = np.asarray(_backend.to_numpy(state[name]))
             if a.dtype != dt or a.shape != shape:
                 raise ValueError(f"state[{name!r}]: expected {np.dtype(dt)} {shape}, got {a.dtype} {a.shape}")
@@ -344,7 +379,7 @@ class PrioritizedReplay:
         if self._capturing():
             raise ValueError("state: load_state_dict inside a capture")
         xp = self.xp
-        for name in self._ROWS:
+        for name in self._row_names:
             getattr(self.bufs, name)[...] = xp.asarray(arrays[name])
         self.bufs.tree[...] = 0
         self.bufs.tree[:C] = xp.asarray(pr)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..kernels import blocks_for, launch
-from ..reference.replay import ReplayBuffers, ReplaySpec, tree_layout
+from ..reference.replay import ReplayBuffers, ReplaySpec, check_next_obs_arg, tree_layout
 
 _ONE_BLOCK = 1024
 _WARPS_PER_BLOCK = 8
@@ -57,6 +57,33 @@ def insert_rows(spec: ReplaySpec, bufs: ReplayBuffers, obs, action, reward, disc
             B, D, spec.capacity))
 
 
+def _check_next(spec: ReplaySpec, bufs: ReplayBuffers, next_obs) -> int:
+    if not spec.store_next_obs:
+        raise ValueError("next_obs: this buffer has no next_obs ring (store_next_obs=False)")
+    B = int(next_obs.shape[0])
+    _need("next_obs", next_obs, (B, spec.obs_dim), np.float32)
+    _need("bufs.next_obs", bufs.next_obs, (spec.capacity, spec.obs_dim), np.float32)
+    if B < 1 or B > spec.capacity or B % spec.n_envs:
+        raise ValueError(f"next_obs: batch of {B} rows must be in [1, capacity={spec.capacity}] and a multiple of n_envs={spec.n_envs}")
+    return B
+
+
+def insert_next_check(spec: ReplaySpec, bufs: ReplayBuffers, next_obs) -> None:
+    """After ``insert_check``: reject the batch (``flag``, ``status``) if ``next_obs`` is not finite. 1 block."""
+    B = _check_next(spec, bufs, next_obs)
+    launch("replay", "insert_next_check", 1, _ONE_BLOCK, "const f32* next_obs, i64* flag, i64* status, i64 B, i64 D",
+           (next_obs, bufs.flag, bufs.status, B, spec.obs_dim))
+
+
+def insert_next_rows(spec: ReplaySpec, bufs: ReplayBuffers, next_obs) -> None:
+    """Write ``next_obs`` at slots ``(added + k) mod C`` of ``bufs.next_obs`` unless ``flag``. A thread per element."""
+    B = _check_next(spec, bufs, next_obs)
+    D = spec.obs_dim
+    launch("replay", "insert_next_rows", blocks_for(B * D), 256,
+           "const f32* next_obs, f32* s_next_obs, const i64* flag, const i64* added, i64 B, i64 D, i64 C",
+           (next_obs, bufs.next_obs, bufs.flag, bufs.added, B, D, spec.capacity))
+
+
 def insert_priorities(spec: ReplaySpec, bufs: ReplayBuffers, B: int) -> None:
     """Leaves of the written and newly ready rows, and their ancestors. A thread per row (B + nE)."""
     launch("replay", "insert_priorities", blocks_for(int(B) + spec.lag), 256,
@@ -69,11 +96,19 @@ def insert_advance(spec: ReplaySpec, bufs: ReplayBuffers, B: int) -> None:
     launch("replay", "insert_advance", 1, 1, "i64* added, const i64* flag, i64 B", (bufs.added, bufs.flag, int(B)))
 
 
-def insert(spec: ReplaySpec, bufs: ReplayBuffers, obs, action, reward, discount) -> None:
-    """Append ``B`` rows; see ``reference.replay.insert``. 4 launches: check, rows, priorities, advance."""
+def insert(spec: ReplaySpec, bufs: ReplayBuffers, obs, action, reward, discount, next_obs=None) -> None:
+    """Append ``B`` rows; see ``reference.replay.insert``. 4 launches: check, rows, priorities,
+    advance; 6 with ``store_next_obs`` (``insert_next_check`` and ``insert_next_rows`` as well)."""
+    check_next_obs_arg(spec, next_obs)
     B = _check_rows(spec, obs, action, reward, discount)
+    if spec.store_next_obs and _check_next(spec, bufs, next_obs) != B:
+        raise ValueError(f"next_obs: {next_obs.shape[0]} rows, obs has {B}")
     insert_check(spec, bufs, obs, action, reward, discount)
+    if spec.store_next_obs:
+        insert_next_check(spec, bufs, next_obs)
     insert_rows(spec, bufs, obs, action, reward, discount)
+    if spec.store_next_obs:
+        insert_next_rows(spec, bufs, next_obs)
     insert_priorities(spec, bufs, B)
     insert_advance(spec, bufs, B)
 
@@ -111,7 +146,10 @@ def sample(spec: ReplaySpec, bufs: ReplayBuffers, indices_out, weights_out, qsel
 
 
 def gather(spec: ReplaySpec, bufs: ReplayBuffers, indices, obs_out, next_obs_out, action_out, return_out, discount_out) -> None:
-    """Gather sampled rows, bootstrap rows and n-step targets; see ``reference.replay.gather``. 1 launch."""
+    """Gather sampled rows, bootstrap rows and n-step targets; see ``reference.replay.gather``. 1 launch.
+
+    The bootstrap row is row ``(s + lag) mod C`` of the ring ``obs`` (``lag = nE``), or of the
+    stored ``next_obs`` ring (``lag = 0``) with ``store_next_obs``."""
     B, W = int(indices.shape[0]), spec.row_width
     _need("indices", indices, (B,), np.int32)
     _need("obs_out", obs_out, (B, W), np.float32)
@@ -119,12 +157,16 @@ def gather(spec: ReplaySpec, bufs: ReplayBuffers, indices, obs_out, next_obs_out
     _need("action_out", action_out, (B,), np.int32)
     _need("return_out", return_out, (B,), np.float32)
     _need("discount_out", discount_out, (B,), np.float32)
+    if spec.store_next_obs:
+        _need("bufs.next_obs", bufs.next_obs, (spec.capacity, spec.obs_dim), np.float32)
+    s_next = bufs.next_obs if spec.store_next_obs else bufs.obs
     launch("replay", "gather", blocks_for(B * W), 256,
-           "const f32* s_obs, const i32* s_action, const f32* s_reward, const f32* s_discount, const i32* indices, "
-           "f32* obs_out, f32* next_obs_out, i32* action_out, f32* return_out, f32* discount_out, i64* status, "
-           "i64 B, i64 D, i64 W, i64 C, i64 n_envs, i32 n_step",
-           (bufs.obs, bufs.action, bufs.reward, bufs.discount, indices, obs_out, next_obs_out, action_out,
-            return_out, discount_out, bufs.status, B, spec.obs_dim, W, spec.capacity, spec.n_envs, spec.n_step))
+           "const f32* s_obs, const i32* s_action, const f32* s_reward, const f32* s_discount, const f32* s_next, "
+           "const i32* indices, f32* obs_out, f32* next_obs_out, i32* action_out, f32* return_out, f32* discount_out, "
+           "i64* status, i64 B, i64 D, i64 W, i64 C, i64 n_envs, i32 n_step, i64 lag",
+           (bufs.obs, bufs.action, bufs.reward, bufs.discount, s_next, indices, obs_out, next_obs_out, action_out,
+            return_out, discount_out, bufs.status, B, spec.obs_dim, W, spec.capacity, spec.n_envs, spec.n_step,
+            spec.lag))
 
 
 def update_priorities(spec: ReplaySpec, bufs: ReplayBuffers, indices, td) -> None:

@@ -12,6 +12,12 @@ single source of truth for the ring: ``write_pos = added mod C``, ``size = min(a
 *ready* (sampleable) only once ``a + n*E < added``: its leaf holds 0 until then and then the
 running maximum priority. Leaf 0 <=> not ready; every ready leaf is at least 1.
 
+**Stored next observations** (``store_next_obs``, n = 1 only). Rows whose next state is not
+the next row of their column (the env's counterfactual and mirrored rows) carry their own
+``s_{t+1}``, written into a second ring ``next_obs`` beside ``obs``. Such a row needs nothing
+later, so it is ready as soon as it is written (``lag = 0``) and ``gather`` copies its stored
+``next_obs``; the return is ``r_t`` and the bootstrap discount ``d_t``.
+
 **Fixed-point priorities.** A leaf holds ``q = clip(rint(p**alpha * 2**24), 1, 2**40)`` as
 int64 (``p**alpha`` evaluated in float64), so every sum is an exact integer and independent
 of summation order; a tree of 32-way node sums (``tree_layout``) stays exact under
@@ -79,6 +85,7 @@ class ReplaySpec:
         eps: added to ``|td|`` before the exponent.
         beta0, beta_final, beta_steps: the importance-weight exponent schedule.
         seed, stream_id: the Philox key and stream of the sampler.
+        store_next_obs: rows carry their own next observation (ring ``next_obs``); needs ``n == 1``.
     """
 
     capacity: int
@@ -93,11 +100,17 @@ class ReplaySpec:
     beta_steps: int
     seed: int
     stream_id: int
+    store_next_obs: bool = False
+
+    def __post_init__(self):
+        if self.store_next_obs and self.n_step != 1:
+            raise ValueError(f"store_next_obs: requires n_step == 1, got n_step={self.n_step}")
 
     @property
     def lag(self) -> int:
-        """Rows between a row and its bootstrap row: ``n * E``."""
-        return self.n_step * self.n_envs
+        """Rows between a row and its bootstrap row: ``n * E``; 0 with ``store_next_obs`` (the
+        bootstrap observation is the row's own stored ``next_obs``)."""
+        return 0 if self.store_next_obs else self.n_step * self.n_envs
 
 
 def tree_layout(capacity: int) -> tuple[tuple[int, int], ...]:
@@ -135,6 +148,7 @@ class ReplayBuffers:
         flag: int64 ``[1]`` scratch (``insert``'s reject flag).
         added, step, max_q, status: int64 ``[1]`` device scalars; beta: float64 ``[1]``, the
         last beta used.
+        next_obs: float32 ``[C, D]`` with ``store_next_obs``, else ``None`` (never launched on).
     """
 
     obs: object
@@ -150,6 +164,7 @@ class ReplayBuffers:
     max_q: object
     status: object
     beta: object
+    next_obs: object = None
 
     @property
     def leaves(self):
@@ -200,6 +215,23 @@ def insert_check(spec: ReplaySpec, bufs: ReplayBuffers, obs, action, reward, dis
         bufs.status[0] |= STATUS_BAD_ROWS
 
 
+def insert_next_check(spec: ReplaySpec, bufs: ReplayBuffers, next_obs) -> None:
+    """After ``insert_check``: ``flag = 1`` (and ``status |= STATUS_BAD_ROWS``) when ``next_obs``
+    has a non-finite value; never clears ``flag``."""
+    if not np.all(np.isfinite(next_obs)):
+        bufs.flag[0] = 1
+        bufs.status[0] |= STATUS_BAD_ROWS
+
+
+def insert_next_rows(spec: ReplaySpec, bufs: ReplayBuffers, next_obs) -> None:
+    """Write ``next_obs`` float32 ``[B, D]`` at slots ``(added + k) mod C`` of ``bufs.next_obs``
+    unless ``flag`` is set."""
+    if bufs.flag[0]:
+        return
+    slots = (int(bufs.added[0]) + np.arange(next_obs.shape[0])) % spec.capacity
+    bufs.next_obs[slots] = next_obs
+
+
 def insert_rows(spec: ReplaySpec, bufs: ReplayBuffers, obs, action, reward, discount) -> None:
     """Write the batch at slots ``(added + k) mod C`` unless ``flag`` is set."""
     if bufs.flag[0]:
@@ -230,18 +262,32 @@ def insert_advance(spec: ReplaySpec, bufs: ReplayBuffers, B: int) -> None:
         bufs.added[0] += int(B)
 
 
-def insert(spec: ReplaySpec, bufs: ReplayBuffers, obs, action, reward, discount) -> None:
+def check_next_obs_arg(spec: ReplaySpec, next_obs) -> None:
+    """``next_obs`` is required with ``store_next_obs`` and refused without it."""
+    if spec.store_next_obs and next_obs is None:
+        raise ValueError("next_obs: required by a buffer with store_next_obs=True")
+    if not spec.store_next_obs and next_obs is not None:
+        raise ValueError("next_obs: this buffer takes s_{t+n} from the ring; pass store_next_obs=True to store it")
+
+
+def insert(spec: ReplaySpec, bufs: ReplayBuffers, obs, action, reward, discount, next_obs=None) -> None:
     """Append ``B`` transitions at the write position and mark rows that became ready.
 
     Args:
         obs: float32 ``[B, D]``; action: int32 ``[B]``; reward: float32 ``[B]``;
         discount: float32 ``[B]`` in ``[0, 1]`` (``gamma * (1 - done)``). ``B % n_envs == 0``,
         ``B <= C``.
-    ``insert_check``, ``insert_rows``, ``insert_priorities``, ``insert_advance`` in order: a bad
-    batch changes nothing but ``status``.
+        next_obs: float32 ``[B, D]``, ``s_{t+1}`` of each row; with ``store_next_obs`` only.
+    ``insert_check`` (then ``insert_next_check``), ``insert_rows`` (then ``insert_next_rows``),
+    ``insert_priorities``, ``insert_advance`` in order: a bad batch changes nothing but ``status``.
     """
+    check_next_obs_arg(spec, next_obs)
     insert_check(spec, bufs, obs, action, reward, discount)
+    if spec.store_next_obs:
+        insert_next_check(spec, bufs, next_obs)
     insert_rows(spec, bufs, obs, action, reward, discount)
+    if spec.store_next_obs:
+        insert_next_rows(spec, bufs, next_obs)
     insert_priorities(spec, bufs, obs.shape[0])
     insert_advance(spec, bufs, obs.shape[0])
 
@@ -304,7 +350,7 @@ def nstep(spec: ReplaySpec, bufs: ReplayBuffers, slots) -> tuple[np.ndarray, np.
 
     ``G = sum_{k<n} (prod_{i<k} d_{s+iE}) r_{s+kE}``, ``Gamma = prod_{k<n} d_{s+kE}``,
     accumulated in float32 in this order (``G += g * r``, then ``g *= d``), bootstrap slot
-    ``(s + nE) mod C``. A discount of 0 (episode end) zeroes every later term and ``Gamma``.
+    ``(s + lag) mod C`` (``lag = nE``, or 0: the row's own stored ``next_obs``). A discount of 0 (episode end) zeroes every later term and ``Gamma``.
     """
     C, E = spec.capacity, spec.n_envs
     s = np.asarray(slots, np.int64)
@@ -323,7 +369,8 @@ def gather(spec: ReplaySpec, bufs: ReplayBuffers, indices, obs_out, next_obs_out
     Args:
         indices: int32 ``[B]`` slots.
     Writes ``obs_out``, ``next_obs_out`` float32 ``[B, row_width]`` (columns ``>= D`` zero;
-    ``next_obs`` is the bootstrap row ``s_{t+n}``), ``action_out`` int32 ``[B]``,
+    ``next_obs`` is the bootstrap row ``s_{t+n}``, or the row's stored ``next_obs`` with
+    ``store_next_obs``), ``action_out`` int32 ``[B]``,
     ``return_out`` / ``discount_out`` float32 ``[B]`` (``nstep``). An index outside ``[0, C)``
     gives a zero row and ``STATUS_BAD_INDEX`` (the kernel never reads out of bounds).
     """
@@ -336,7 +383,7 @@ def gather(spec: ReplaySpec, bufs: ReplayBuffers, indices, obs_out, next_obs_out
     G, gamma, nxt = nstep(spec, bufs, s)
     obs_out[:, :D] = bufs.obs[s]
     obs_out[:, D:] = 0
-    next_obs_out[:, :D] = bufs.obs[nxt]
+    next_obs_out[:, :D] = (bufs.next_obs if spec.store_next_obs else bufs.obs)[nxt]
     next_obs_out[:, D:] = 0
     action_out[:] = bufs.action[s]
     return_out[:] = G

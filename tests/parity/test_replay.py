@@ -446,3 +446,255 @@ def test_gpu_state_round_trip_rebuilds_the_tree(cp, rng):
     ic, wc = cpu.sample(64)
     assert_parity(ig, ic, what="first sample after load")
     assert_parity(wg, wc, rtol=1e-6, what="weights after load")
+
+
+# --- stored next observations (store_next_obs) ------------------------------------------------------
+def _rows_next(rng, B, D, discount=0.9):
+    """Rows plus a next observation that is no other row's obs (so a wrong source cannot match)."""
+    return (*_rows(rng, B, D, discount), (100.0 + rng.standard_normal((B, D))).astype(np.float32))
+
+
+def test_store_next_obs_rows_are_ready_at_once_and_gather_returns_the_stored_next_obs(rng):
+    r = _cpu(40, D=3, n_envs=2, store_next_obs=True, pad_rows=True)
+    o, a, rew, d, nx = _rows_next(rng, 6, 3)
+    d[4] = 0.0
+    r.add(o, a, rew, d, nx)
+    assert r.ready() == 6 and np.all(r.bufs.tree[:6] == 1 << 24) and np.all(r.bufs.tree[6:40] == 0)
+    _check_invariants(r)
+    b = r.gather(np.arange(6, dtype=np.int32))
+    assert np.array_equal(b.next_obs[:, :3], nx) and np.all(b.next_obs[:, 3:] == 0)
+    assert np.array_equal(b.obs[:, :3], o) and np.array_equal(b.action, a)
+    assert np.array_equal(b.ret, rew) and np.array_equal(b.discount, d)
+    idx, w = r.sample(6)  # every row, the last one included, can be drawn right away
+    assert np.all(idx < 6) and np.all(w > 0)
+
+
+def test_store_next_obs_ring_wraps_and_every_held_row_stays_ready(rng):
+    r = _cpu(25, D=2, store_next_obs=True)
+    held_next = np.zeros((25, 2), np.float32)
+    added = 0
+    for k in range(30):
+        o, a, rew, d, nx = _rows_next(rng, 1 + k % 4, 2)
+        r.add(o, a, rew, d, nx)
+        held_next[(added + np.arange(len(a))) % 25] = nx
+        added += len(a)
+        _check_invariants(r)
+        assert r.ready() == min(added, 25)
+        if r.ready() >= 8:
+            idx, _ = r.sample(8)
+            r.update_priorities(idx, rng.standard_normal(8).astype(np.float32))
+            _check_invariants(r)
+    b = r.gather(np.arange(25, dtype=np.int32))
+    assert np.array_equal(b.next_obs, held_next)
+
+
+def test_store_next_obs_keeps_counterfactual_and_mirror_rows_of_the_env():
+    """The env's record() rows: group 0 real, then counterfactual actions, then the mirror. Their
+    next observations carry each group's own position, which no later row of the ring holds."""
+    from cudarl.env import EnvConfig, TradingEnv
+
+    rng = np.random.default_rng(3)
+    t_n, f_n = 60, 4
+    close = (50 * np.exp(np.cumsum(rng.normal(0, 0.02, t_n)))).astype(np.float32)
+    feats = rng.normal(size=(t_n, f_n)).astype(np.float32)
+    cfg = EnvConfig(n_envs=5, n_actions=3, episode_len=4, counterfactual=True, mirror=True)
+    env = TradingEnv(close * 1.001, close, feats, np.arange(f_n) % 2 == 0, cfg, backend="numpy")
+    out = env.make_transitions()
+    M = out.action.shape[0]
+    assert M == env.rows_per_step * env.n_envs and env.rows_per_step == 4
+    r = PrioritizedReplay(10 * M, env.obs_dim, n_envs=M, store_next_obs=True, backend="numpy")
+    old = PrioritizedReplay(10 * M, env.obs_dim, n_envs=M, backend="numpy")  # next row of the column
+    recorded = []
+    for _ in range(6):
+        a = rng.integers(0, 3, env.n_envs).astype(np.int32)
+        env.record(out, a)
+        disc = (0.99 * (1 - out.done)).astype(np.float32)
+        r.add(out.obs, out.action, out.reward, disc, out.next_obs)
+        old.add(out.obs, out.action, out.reward, disc)
+        recorded.append(out.next_obs.copy())
+        env.step(a)
+    assert r.ready() == 6 * M and old.ready() == 5 * M
+    idx = np.arange(5 * M, dtype=np.int32)
+    got, ring = r.gather(idx).next_obs, old.gather(idx).next_obs
+    assert np.array_equal(got, np.concatenate(recorded[:5]))
+    cf = np.arange(5 * M) % M >= env.n_envs  # counterfactual and mirror rows
+    assert np.any(got[cf] != ring[cf]), "the test needs rows whose next state is not the next row"
+
+
+def test_store_next_obs_refuses_n_step_other_than_one():
+    with pytest.raises(ValueError, match="store_next_obs.*n_step"):
+        _cpu(64, n_step=3, store_next_obs=True)
+    with pytest.raises(ValueError, match="store_next_obs"):
+        _cpu(64, store_next_obs="yes")
+    with pytest.raises(ValueError, match="store_next_obs"):
+        ref.ReplaySpec(64, 3, 3, 2, 1, 0.6, 1e-6, 0.4, 1.0, 10, 0, 0, store_next_obs=True)
+
+
+def _bad_next_calls(rng):
+    o, a, rew, d, nx = _rows_next(rng, 4, 3)
+    nan_nx = nx.copy()
+    nan_nx[1, 2] = np.nan
+    no_next = lambda r: {k: v for k, v in r.state_dict().items() if k != "next_obs"}  # noqa: E731
+    nan_state = lambda r: {**r.state_dict(), "next_obs": np.full((64, 3), np.nan, np.float32)}  # noqa: E731
+    return {
+        "next_obs missing": ("next_obs", lambda r: r.add(o, a, rew, d)),
+        "next_obs dtype": ("next_obs", lambda r: r.add(o, a, rew, d, nx.astype(np.float64))),
+        "next_obs shape": ("next_obs", lambda r: r.add(o, a, rew, d, nx[:3])),
+        "NaN next_obs": ("next_obs", lambda r: r.add(o, a, rew, d, nan_nx)),
+        "NaN reward": ("reward", lambda r: r.add(o, a, np.full(4, np.nan, np.float32), d, nx)),
+        "state without next_obs": ("next_obs", lambda r: r.load_state_dict(no_next(r))),
+        "NaN state next_obs": ("next_obs", lambda r: r.load_state_dict(nan_state(r))),
+        "state of the other mode": ("store_next_obs", lambda r: r.load_state_dict(_filled_default(r))),
+    }
+
+
+def _filled_default(r):
+    other = _cpu(64)
+    other.add(*_rows(np.random.default_rng(1), 20, 3))
+    return {**other.state_dict(), "next_obs": r.state_dict()["next_obs"]}
+
+
+@pytest.mark.parametrize("case", list(_bad_next_calls(np.random.default_rng(0))))
+def test_store_next_obs_bad_input_raises_naming_the_argument_and_changes_nothing(rng, case):
+    name, call = _bad_next_calls(rng)[case]
+    r = _cpu(64, store_next_obs=True)
+    r.add(*_rows_next(rng, 20, 3))
+    r.update_priorities(np.arange(10, dtype=np.int32), rng.standard_normal(10).astype(np.float32))
+    before = r.state_dict()
+    with pytest.raises(ValueError, match=name):
+        call(r)
+    after = r.state_dict()
+    for k in before:
+        assert np.array_equal(before[k], after[k]), f"{case}: {k} changed"
+    _check_invariants(r)
+
+
+def test_next_obs_is_refused_by_a_buffer_that_does_not_store_it(rng):
+    r = _cpu(64)
+    with pytest.raises(ValueError, match="next_obs"):
+        r.add(*_rows_next(rng, 4, 3))
+    assert r.added() == 0 and "store_next_obs" not in r.state_dict() and r.bufs.next_obs is None
+
+
+def test_store_next_obs_twin_rejects_a_batch_with_non_finite_next_obs(rng):
+    """The device rule, on the twin's ops: the whole batch is rejected, status bit set."""
+    r = _cpu(64, store_next_obs=True)
+    r.add(*_rows_next(rng, 10, 3))
+    before = r.state_dict()
+    o, a, rew, d, nx = _rows_next(rng, 4, 3)
+    nx[3, 0] = np.inf
+    ref.insert(r.spec, r.bufs, o, a, rew, d, nx)
+    after = r.state_dict()
+    for k in before:
+        if k != "status":
+            assert np.array_equal(before[k], after[k]), k
+    assert r.status() == ["bad rows rejected"]
+
+
+def test_store_next_obs_state_round_trips_and_resumes_identically(rng):
+    kw = dict(n_envs=2, pad_rows=True, seed=9, store_next_obs=True)
+    r = _cpu(80, **kw)
+    for _ in range(50):
+        r.add(*_rows_next(rng, 4, 3))
+        if r.ready() >= 16:
+            idx, _ = r.sample(16)
+            r.update_priorities(idx, rng.standard_normal(16).astype(np.float32))
+    state = r.state_dict()
+    assert state["store_next_obs"] is True and state["next_obs"].shape == (80, 3)
+    r2 = _cpu(80, **kw)
+    r2.load_state_dict(state)
+    s2 = r2.state_dict()
+    assert state.keys() == s2.keys()
+    for k in state:
+        assert np.array_equal(state[k], s2[k]), k
+    rows = _rows_next(rng, 4, 3)
+    for buf in (r, r2):
+        buf.add(*rows)
+    i1, w1 = r.sample(16)
+    i2, w2 = r2.sample(16)
+    assert np.array_equal(i1, i2) and np.array_equal(w1, w2)
+    assert_bitwise(r.gather(i1).next_obs, r2.gather(i2).next_obs)
+    with pytest.raises(ValueError, match="store_next_obs"):
+        _cpu(80, n_envs=2, pad_rows=True).load_state_dict(state)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("C, D, E, B, add_rows", [(1000, 5, 4, 64, 24), (777, 1, 1, 33, 13), (5003, 64, 12, 512, 1200)])
+def test_gpu_store_next_obs_stream_matches_the_twin(cp, rng, C, D, E, B, add_rows):
+    """40 steps of add (with next_obs) / sample / gather / update: indices and gathered rows
+    identical, weights within 1e-6, tree, rings and counters identical."""
+    kw = dict(n_envs=E, pad_rows=True, seed=int(rng.integers(1 << 62)), beta_steps=30, store_next_obs=True)
+    gpu, cpu = _pair(C, D, **kw)
+    add_rows -= add_rows % E
+    step = 0
+    while step < 40:
+        o, a, rew, d, nx = _rows_next(rng, add_rows, D)
+        d[rng.random(add_rows) < 0.05] = 0.0
+        cpu.add(o, a, rew, d, nx)
+        gpu.add(cp.asarray(o), cp.asarray(a), cp.asarray(rew), cp.asarray(d), cp.asarray(nx))
+        assert gpu.ready() == cpu.ready() == min(cpu.added(), C)
+        if cpu.ready() < B:
+            continue
+        ic, wc = cpu.sample(B)
+        ig, wg = gpu.sample(B)
+        assert_bitwise(ig, ic, what=f"indices at step {step}")
+        assert_parity(wg, wc, rtol=1e-6, what=f"weights at step {step}")
+        bc, bg = cpu.gather(ic), gpu.gather(ig)
+        for name, x, y in zip(bc._fields, bg, bc):
+            assert_bitwise(x, y, what=f"gather {name} at step {step}")
+        assert_bitwise(bc.next_obs[:, :D], cpu.bufs.next_obs[ic], what="next_obs is the stored ring")
+        td = (rng.standard_normal(B) * rng.pareto(1.0, B)).astype(np.float32)
+        cpu.update_priorities(ic, td)
+        gpu.update_priorities(cp.asarray(ic), cp.asarray(td))
+        step += 1
+    _assert_same_state(gpu, cpu, "after 40 steps")
+    assert gpu.status() == []
+    o, a, rew, d, nx = _rows_next(rng, E, D)  # a non-finite next_obs only the device sees
+    nx[0, 0] = np.nan
+    cpu_before = cpu.state_dict()
+    ref.insert(cpu.spec, cpu.bufs, o, a, rew, d, nx)
+    gpu.add(cp.asarray(o), cp.asarray(a), cp.asarray(rew), cp.asarray(d), cp.asarray(nx))
+    assert cpu.state_dict()["added"] == cpu_before["added"]
+    _assert_same_state(gpu, cpu, "after a batch with NaN next_obs")
+    assert gpu.status() == ["bad rows rejected"]
+
+
+@pytest.mark.gpu
+def test_gpu_store_next_obs_graphed_equals_eager_bitwise(cp, rng):
+    from cudarl.graph import StepGraph
+
+    B, E, D = 96, 8, 16
+    o, a, rew, d, nx = (cp.asarray(x) for x in _rows_next(rng, 2400, D))
+    step_rows = [cp.asarray(x) for x in _rows_next(rng, E, D)]
+    td = cp.asarray(rng.standard_normal(B).astype(np.float32))
+    bufs = []
+    for _ in range(2):
+        r = PrioritizedReplay(3000, D, n_envs=E, pad_rows=True, seed=4, store_next_obs=True, backend="cupy")
+        r.add(o, a, rew, d, nx)
+        r.reserve(B)
+        bufs.append(r)
+    cp.cuda.Device().synchronize()
+
+    def step(buf):
+        def fn():
+            buf.add(*step_rows)  # a capture-safe add: CuPy rows, ready at once in this mode
+            _graph_step(buf, B, td)()
+        return fn
+
+    eager = StepGraph("replay_next_eager_twin", [("per", step(bufs[0]))], xp=cp)
+    graphed = StepGraph("replay_next_graphed", [("per", step(bufs[1]))], xp=cp)
+    graphed.capture()
+    for k in range(5):
+        eager.run_eager()
+        graphed.replay()
+        eager.synchronize()
+        graphed.synchronize()
+        out_e, out_g = bufs[0]._batches[B], bufs[1]._batches[B]
+        for name, x, y in zip(("indices", "weights", "qsel"), out_g[:3], out_e[:3]):
+            assert_bitwise(x, y, what=f"step {k} {name}")
+        for name, x, y in zip(out_e[3]._fields, out_g[3], out_e[3]):
+            assert_bitwise(x, y, what=f"step {k} gather {name}")
+    assert int(bufs[1]._scalars.get("added")) == 2400 + 5 * E
+    for name in ("tree", "obs", "next_obs", "action", "reward", "discount"):
+        assert_bitwise(getattr(bufs[1].bufs, name), getattr(bufs[0].bufs, name), what=name)
+    assert_bitwise(bufs[1]._scalars.buffer, bufs[0]._scalars.buffer, what="counters")
