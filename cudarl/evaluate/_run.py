@@ -91,22 +91,33 @@ def net_returns(position, bar_return, cost_rate: float):
 
 
 def evaluate_positions(bars: Bars, position, split, *, cost_bps: float, slippage_bps: float = 0.0,
-                       periods_per_year: float | None = None) -> Evaluation:
-    """Evaluate positions float64 [len(split) - 1] taken at bars ``split.start .. stop - 2``.
+                       periods_per_year: float | None = None, fill: str | None = None) -> Evaluation:
+    """Evaluate positions float64 ``[N]`` decided at the closes of bars ``split.start ..``.
 
+    ``fill`` None (idealised): the position decided at close[t] is held over bar t + 1 and earns
+    ``close[t+1] / close[t] - 1``; ``N = len(split) - 1``. ``fill="open"`` or ``"close"``: the
+    :class:`cudarl.TradingEnv` timing, filled at open[t+1] (close[t+1]) and earning
+    ``px[t+2] / px[t+1] - 1`` with ``px`` the opens (closes); ``N = len(split) - 2``. Use the
+    env's fill to evaluate what the agent was trained on.
     ``periods_per_year`` None: ``bars.infer_periods_per_year()`` (recorded in the summary).
     """
     start, stop = (split.start, split.stop) if hasattr(split, "start") else split
     position = np.asarray(position, dtype=np.float64)
-    n = stop - start - 1
+    if fill not in (None, "open", "close"):
+        raise ValueError(f"fill must be None, 'open' or 'close', got {fill!r}")
+    n = stop - start - (1 if fill is None else 2)
     if position.shape != (n,):
         raise ValueError(f"expected {n} positions for bars [{start}, {stop}), got {position.shape}")
     if periods_per_year is None:
         ppy, how = bars.infer_periods_per_year()
     else:
         ppy, how = resolve_periods_per_year(periods_per_year)
-    c = np.asarray(bars.close, dtype=np.float64)
-    R = c[start + 1:stop] / c[start:stop - 1] - 1.0
+    if fill is None:
+        c = np.asarray(bars.close, dtype=np.float64)
+        R = c[start + 1:stop] / c[start:stop - 1] - 1.0
+    else:
+        px = np.asarray(bars.open if fill == "open" else bars.close, dtype=np.float64)
+        R = px[start + 2:stop] / px[start + 1:stop - 1] - 1.0
     rate = (cost_bps + slippage_bps) * 1e-4
     gross, costs, net = net_returns(position, R, rate)
     _, bh_costs, bh = net_returns(np.ones(n), R, rate)
@@ -130,12 +141,14 @@ def evaluate_positions(bars: Bars, position, split, *, cost_bps: float, slippage
         "periods_per_year_source": how,
         "cost_bps": cost_bps,
         "slippage_bps": slippage_bps,
+        "fill": fill or "idealised (close of the decision bar)",
         "policy": m(net, position, costs),
         "buy_and_hold": m(bh, np.ones(n), bh_costs),
         "flat": m(flat, np.zeros(n), np.zeros(n)),
         "cost_sweep": sweep,
     }
-    return Evaluation(time=np.asarray(bars.time[start + 1:stop]), decision_time=np.asarray(bars.time[start:stop - 1]), bar_return=R, position=position,
+    lag = 1 if fill is None else 2
+    return Evaluation(time=np.asarray(bars.time[start + lag:stop]), decision_time=np.asarray(bars.time[start:start + n]), bar_return=R, position=position,
                       gross=gross, costs=costs, net=net, buy_and_hold=bh, summary=summary,
                       trades=trades(position, net, costs))
 

@@ -164,3 +164,23 @@ def test_png_when_matplotlib_is_installed(tmp_path):
     paths = write_outputs(ev, tmp_path)
     png = tmp_path / "equity.png"
     assert png in paths and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_env_fill_timing_matches_the_env_reward():
+    """With fill="open" the evaluation earns exactly what TradingEnv's reward pays."""
+    from cudarl import datasets
+    from cudarl.evaluate import evaluate_positions
+    from cudarl.reference.env import bar_returns
+    from cudarl.splits import Split
+
+    bars = datasets.regime(n=300, seed=3)
+    rng = np.random.default_rng(0)
+    split = Split("val", 100, 200)
+    pos = rng.choice([-1.0, 0.0, 1.0], size=98)
+    ev = evaluate_positions(bars, pos, split, cost_bps=2.0, periods_per_year=252, fill="open")
+    ret = bar_returns(np.asarray(bars.open, np.float32), np.asarray(bars.close, np.float32), "open").astype(np.float64)
+    prev = np.concatenate([[0.0], pos[:-1]])
+    want = pos * ret[100:198] - 2e-4 * np.abs(pos - prev)
+    np.testing.assert_allclose(ev.net, want, rtol=1e-5, atol=1e-8)  # the env computes returns in float32
+    with pytest.raises(ValueError, match="expected 98 positions"):
+        evaluate_positions(bars, pos[:-1], split, cost_bps=2.0, periods_per_year=252, fill="open")
