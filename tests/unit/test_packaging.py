@@ -36,3 +36,13 @@ def test_wheel_ships_cuda_sources_and_loader_finds_them(tmp_path):
     assert str(venv) in pkg_file, f"imported cudarl from {pkg_file}, not from the installed wheel"
     assert src_dir.startswith(str(venv)) and src_dir.endswith("cudarl/cuda_src")
     assert int(n) > 100
+
+
+def test_every_subpackage_is_declared_in_setup_cfg():
+    import configparser
+
+    cfg = configparser.ConfigParser()
+    cfg.read(ROOT / "setup.cfg")
+    declared = set(cfg["options"]["packages"].split())
+    found = {".".join(p.parent.relative_to(ROOT).parts) for p in (ROOT / "cudarl").rglob("__init__.py")}
+    assert found - declared == set(), f"packages missing from setup.cfg: {sorted(found - declared)}"
