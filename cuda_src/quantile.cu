@@ -2,10 +2,13 @@
 // 2018a) with fixed tau_i = (2i + 1) / 2N. Twin: cudarl/reference/quantile.py.
 // Launchers: cudarl/ops/quantile.py.
 //
-// Layout: theta [B, A, N] quantile values, actions int32 [B], targets [B, M], taus [B, N]
-// (tau_stride = N) or [N] shared by all samples (tau_stride = 0).
+// Layout: theta [B, N, A] quantile values (the IQN head's output, action fastest), actions int32
+// [B], targets [B, M], taus [B, N] (tau_stride = N) or [N] shared by all samples (tau_stride = 0).
 // Per-sample ops map ONE WARP TO ONE SAMPLE with xor-butterfly sums (fixed order, every lane
-// gets the same bits). No atomics.
+// gets the same bits). No atomics. A sample's theta is one contiguous run of N*A floats; a
+// column theta[b, :, a] is read with stride A, so a warp's load spans 32*A contiguous floats
+// (A cache lines for the small A of trading) and the A column passes share them through L1:
+// DRAM traffic stays one read of the sample. Full-row writes walk the flat index (coalesced).
 #include <cudarl/philox.cuh>
 
 #define Q_WARP 32
@@ -37,64 +40,67 @@ extern "C" __global__ void cudarl_quantile_sample_taus(unsigned long long seed, 
 }
 
 // ---------------------------------------------------------------------------------------------
-// cudarl_quantile_targets: double-DQN quantile targets.
-//   a*_b = argmax_a (1/M) sum_j online[b,a,j] (first max on ties); T_bj = r_b + d_b target[b,a*,j]
-// Threads: one warp per sample, lanes over j. Reads A*M + M + 2 floats; writes M floats + 1 int.
+// cudarl_quantile_targets: double-DQN quantile targets, online and target [B, M, A].
+//   a*_b = argmax_a (1/M) sum_j online[b,j,a] (first max on ties); T_bj = r_b + d_b target[b,j,a*]
+// Threads: one warp per sample, lanes over j (stride-A column reads, see the layout note).
+// Reads M*A + M + 2 floats; writes M floats + 1 int.
 extern "C" __global__ void cudarl_quantile_targets(const float* __restrict__ online, const float* __restrict__ target,
                                                    const float* __restrict__ r_t, const float* __restrict__ discount_t,
                                                    float* __restrict__ out, int* __restrict__ a_star, int B, int A, int M) {
   const int lane = threadIdx.x % Q_WARP;
   const int b = blockIdx.x * (blockDim.x / Q_WARP) + threadIdx.x / Q_WARP;
   if (b >= B) return;
+  const float* x = online + (long long)b * M * A;
   int best = 0;
   float best_q = 0.f;
   for (int a = 0; a < A; ++a) {
-    const float* x = online + ((long long)b * A + a) * M;
     float acc = 0.f;
-    for (int j = lane; j < M; j += Q_WARP) acc += x[j];
+    for (int j = lane; j < M; j += Q_WARP) acc += x[(long long)j * A + a];
     const float q = warp_sum(acc) / (float)M;
     if (a == 0 || q > best_q) { best_q = q; best = a; }
   }
   const float r = r_t[b], d = discount_t[b];
-  const float* y = target + ((long long)b * A + best) * M;
-  for (int j = lane; j < M; j += Q_WARP) out[(long long)b * M + j] = r + d * y[j];
+  const float* y = target + (long long)b * M * A + best;
+  for (int j = lane; j < M; j += Q_WARP) out[(long long)b * M + j] = r + d * y[(long long)j * A];
   if (lane == 0) a_star[b] = best;
 }
 
 // ---------------------------------------------------------------------------------------------
-// cudarl_quantile_huber: quantile Huber loss and its gradient wrt theta.
-//   delta_ij = T_j - theta_i,  rho(delta) = |tau_i - 1{delta < 0}| H(delta) / kappa,
+// cudarl_quantile_huber_loss: quantile Huber loss and its gradient wrt theta [B, N, A].
+//   delta_ij = T_j - theta_i,  theta_i = theta[b,i,a_b],  rho(delta) = |tau_i - 1{delta < 0}| H(delta) / kappa,
 //   H(delta) = delta^2 / 2 if |delta| <= kappa else kappa (|delta| - kappa / 2);  kappa = 0: rho = |tau - 1{delta<0}| |delta|
 //   L_b = sum_i (1/M) sum_j rho(delta_ij)
-//   grad[b,a_b,i] = -(w_b / B)(1/M) sum_j |tau_i - 1{delta_ij < 0}| psi(delta_ij),
-//   psi = clip(delta, -kappa, kappa) / kappa  (sign(delta) when kappa = 0); other actions 0.
-// Threads: one warp per sample; lane owns quantiles i = lane, lane + 32, ... and loops j in order.
-// Reads N + M + N taus + 2 floats per sample; writes A*N + 1 floats.
-extern "C" __global__ void cudarl_quantile_huber(const float* __restrict__ theta, const int* __restrict__ actions,
-                                                 const float* __restrict__ target, const float* __restrict__ taus,
-                                                 const float* __restrict__ weights, float* __restrict__ loss_per,
-                                                 float* __restrict__ grad, int B, int A, int N, int M, int tau_stride,
-                                                 float kappa) {
+//   grad[b,i,a_b] = -(w_b / B)(1/M) sum_j |tau_i - 1{delta_ij < 0}| psi(delta_ij),
+//   psi = clip(delta, -kappa, kappa) / kappa  (sign(delta) when kappa = 0); grad[b,i,a] = 0 for a != a_b.
+// Threads: one warp per sample; lane owns quantiles i = lane, lane + 32, ... and loops j in order;
+// the zeros of the other actions are written over the flat index k = i*A + a (coalesced), the
+// chosen column with stride A: each element has exactly one writer.
+// Reads N + M + N taus + 2 floats per sample; writes N*A + 1 floats.
+extern "C" __global__ void cudarl_quantile_huber_loss(const float* __restrict__ theta, const int* __restrict__ actions,
+                                                      const float* __restrict__ target, const float* __restrict__ taus,
+                                                      const float* __restrict__ weights, float* __restrict__ loss_per,
+                                                      float* __restrict__ grad, int B, int A, int N, int M, int tau_stride,
+                                                      float kappa) {
   const int lane = threadIdx.x % Q_WARP;
   const int b = blockIdx.x * (blockDim.x / Q_WARP) + threadIdx.x / Q_WARP;
   if (b >= B) return;
   const int act = actions[b];
-  float* g = grad + (long long)b * A * N;
+  const long long NA = (long long)N * A;
+  float* g = grad + (long long)b * NA;
   if (act < 0 || act >= A) {
-    for (int k = lane; k < A * N; k += Q_WARP) g[k] = 0.f;
+    for (long long k = lane; k < NA; k += Q_WARP) g[k] = 0.f;
     if (lane == 0) loss_per[b] = Q_NAN;
     return;
   }
-  const float* th = theta + ((long long)b * A + act) * N;
+  for (long long k = lane; k < NA; k += Q_WARP)
+    if (k % A != act) g[k] = 0.f;
+  const float* th = theta + (long long)b * NA + act;  // column a_b: th[i * A]
   const float* T = target + (long long)b * M;
   const float* tau = taus + (long long)b * tau_stride;
   const float scale = weights[b] / (float)B / (float)M;
   float total = 0.f;
-  for (int a = 0; a < A; ++a)
-    if (a != act)
-      for (int i = lane; i < N; i += Q_WARP) g[(long long)a * N + i] = 0.f;
   for (int i = lane; i < N; i += Q_WARP) {
-    const float ti = tau[i], q = th[i];
+    const float ti = tau[i], q = th[(long long)i * A];
     float li = 0.f, gi = 0.f;
     for (int j = 0; j < M; ++j) {
       const float delta = T[j] - q;
@@ -112,7 +118,7 @@ extern "C" __global__ void cudarl_quantile_huber(const float* __restrict__ theta
       gi += wgt * psi;
     }
     total += li;
-    g[(long long)act * N + i] = -scale * gi;
+    g[(long long)i * A + act] = -scale * gi;
   }
   total = warp_sum(total);
   if (lane == 0) loss_per[b] = total / (float)M;

@@ -138,14 +138,14 @@ def n_step(rewards, terminal, gamma, out_r_t=None, out_discount_t=None):
 
 # ---- quantile (IQN, QR-DQN) -------------------------------------------------------------------
 QuantileLoss = namedtuple("QuantileLoss", "loss_per loss grad")
-QuantileLoss.__doc__ = """``loss_per [B]`` (also the priority signal), ``loss`` (scalar / ``[1]``), ``grad [B, A, N]``."""
+QuantileLoss.__doc__ = """``loss_per [B]`` (also the priority signal), ``loss`` (scalar / ``[1]``), ``grad [B, N, A]``."""
 
 
 def quantile_huber_loss(theta_tm1, a_tm1, target, taus, weights, kappa=1.0, *, out_loss_per=None, out_loss=None,
                         out_grad=None) -> QuantileLoss:
     """Quantile Huber loss (IQN, Dabney et al. 2018) and its gradient wrt the quantile values.
 
-    With ``theta_i = theta_tm1[b, a_tm1[b], i]``, ``delta_ij = target[b, j] - theta_i``::
+    With ``theta_i = theta_tm1[b, i, a_tm1[b]]``, ``delta_ij = target[b, j] - theta_i``::
 
         rho_tau(delta) = |tau - 1{delta < 0}| H_kappa(delta) / kappa
         H_kappa(delta) = delta^2 / 2 if |delta| <= kappa else kappa (|delta| - kappa / 2)
@@ -156,7 +156,9 @@ def quantile_huber_loss(theta_tm1, a_tm1, target, taus, weights, kappa=1.0, *, o
     weight ``tau``, one below pulls it down with weight ``1 - tau``.
 
     Args:
-        theta_tm1: float32 ``[B, A, N]``. a_tm1: int32 ``[B]``. target: float32 ``[B, N']``
+        theta_tm1: float32 ``[B, N, A]``, the IQN head's output layout (``QNetwork.forward()["q"]``);
+            ``grad`` has the same layout, so it can be written straight into ``QNetwork.grad_outputs()["q"]``.
+            a_tm1: int32 ``[B]``. target: float32 ``[B, N']``
         (:func:`quantile_targets`). taus: float32 ``[B, N]`` (IQN, :func:`sample_taus`) or ``[N]``
         (QR-DQN, :func:`qr_taus`). weights: float32 ``[B]``. kappa: float >= 0 (default 1).
     """
@@ -175,8 +177,11 @@ def quantile_huber_loss(theta_tm1, a_tm1, target, taus, weights, kappa=1.0, *, o
 
 
 def quantile_targets(theta_online_tp1, theta_target_tp1, r_t, discount_t, out=None, out_a_star=None):
-    """Double-DQN quantile targets ``T_bj = r_b + d_b theta_target[b, a*_b, j]`` with
-    ``a*_b = argmax_a mean_j theta_online[b, a, j]``. Returns ``(T float32 [B, N'], a_star int32 [B])``."""
+    """Double-DQN quantile targets ``T_bj = r_b + d_b theta_target[b, j, a*_b]`` with
+    ``a*_b = argmax_a mean_j theta_online[b, j, a]``.
+
+    Args: theta_online_tp1, theta_target_tp1 float32 ``[B, N', A]``; r_t, discount_t float32 ``[B]``.
+    Returns ``(T float32 [B, N'], a_star int32 [B])``."""
     from .reference import quantile as _q
 
     if not _is_gpu(theta_online_tp1):
@@ -185,7 +190,7 @@ def quantile_targets(theta_online_tp1, theta_target_tp1, r_t, discount_t, out=No
 
     import cupy as cp
 
-    B, _, M = theta_online_tp1.shape
+    B, M, _ = theta_online_tp1.shape
     out, out_a_star = _out(cp, out, (B, M)), _out(cp, out_a_star, (B,), np.int32)
     ops.targets(theta_online_tp1, theta_target_tp1, r_t, discount_t, out, out_a_star)
     return out, out_a_star
@@ -262,7 +267,10 @@ def cql_c51(logits, a_data, support, alpha, *, out_cql_per=None, out_loss=None, 
 
 
 def cql_quantile(theta, a_data, alpha, *, out_cql_per=None, out_loss=None, out_grad=None, accumulate=False):
-    """Discrete CQL on mean-quantile Q (IQN/QR): as :func:`cql_c51` with ``Q = mean_i theta_i``."""
+    """Discrete CQL on mean-quantile Q (IQN/QR): as :func:`cql_c51` with ``Q(s_b, a) = mean_i theta[b, i, a]``.
+
+    theta: float32 ``[B, N, A]``; returns ``(cql_per [B], loss, grad [B, N, A])`` with
+    ``grad[b, i, a] = (alpha / (B N)) (softmax_a Q(s_b, .)_a - 1{a = a_b})``."""
     from .reference import regularizers as _rg
 
     if not _is_gpu(theta):

@@ -24,11 +24,11 @@ def sample_taus(seed: int, counter, stream_id: int, out, stream=None) -> None:
 
 
 def targets(theta_online_tp1, theta_target_tp1, r_t, discount_t, out, out_a_star, stream=None) -> None:
-    """Double-DQN quantile targets: writes ``out [B, M]`` and ``out_a_star int32 [B]``."""
+    """Double-DQN quantile targets from ``theta_*_tp1 [B, M, A]``: writes ``out [B, M]`` and ``out_a_star int32 [B]``."""
     w = "quantile.targets"
-    B, A, M = theta_online_tp1.shape
-    check(w, "theta_online_tp1", theta_online_tp1, F32, (B, A, M))
-    check(w, "theta_target_tp1", theta_target_tp1, F32, (B, A, M))
+    B, M, A = theta_online_tp1.shape
+    check(w, "theta_online_tp1", theta_online_tp1, F32, (B, M, A))
+    check(w, "theta_target_tp1", theta_target_tp1, F32, (B, M, A))
     check(w, "r_t", r_t, F32, (B,))
     check(w, "discount_t", discount_t, F32, (B,))
     check(w, "out", out, F32, (B, M))
@@ -40,13 +40,12 @@ def targets(theta_online_tp1, theta_target_tp1, r_t, discount_t, out, out_a_star
 
 
 def huber_loss(theta_tm1, a_tm1, target, taus, weights, out_loss_per, out_loss, out_grad, kappa=1.0, stream=None) -> None:
-    """Quantile Huber loss: writes ``out_loss_per [B]``, ``out_loss [1]``, ``out_grad [B, A, N]``.
-
-    ``taus`` is ``[B, N]`` (IQN) or ``[N]`` (QR-DQN, shared by every sample).
+    """Quantile Huber loss of ``theta_tm1 [B, N, A]``: writes ``out_loss_per [B]``, ``out_loss [1]``,
+    ``out_grad [B, N, A]``. ``taus`` is ``[B, N]`` (IQN) or ``[N]`` (QR-DQN, shared by every sample).
     """
     w = "quantile.huber_loss"
-    B, A, N = theta_tm1.shape
-    check(w, "theta_tm1", theta_tm1, F32, (B, A, N))
+    B, N, A = theta_tm1.shape
+    check(w, "theta_tm1", theta_tm1, F32, (B, N, A))
     check(w, "a_tm1", a_tm1, I32, (B,))
     M = target.shape[1] if len(target.shape) == 2 else -1
     check(w, "target", target, F32, (B, M))
@@ -59,11 +58,11 @@ def huber_loss(theta_tm1, a_tm1, target, taus, weights, out_loss_per, out_loss, 
     check(w, "weights", weights, F32, (B,))
     check(w, "out_loss_per", out_loss_per, F32, (B,))
     check(w, "out_loss", out_loss, F32, (1,))
-    check(w, "out_grad", out_grad, F32, (B, A, N))
+    check(w, "out_grad", out_grad, F32, (B, N, A))
     if not kappa >= 0:
         raise ValueError(f"{w}: kappa must be >= 0, got {kappa}")
     grid, block = warp_grid(B)
-    launch("quantile", "huber", grid, block,
+    launch("quantile", "huber_loss", grid, block,
            "const f32* theta, const i32* actions, const f32* target, const f32* taus, const f32* weights, "
            "f32* loss_per, f32* grad, i32 B, i32 A, i32 N, i32 M, i32 tau_stride, f32 kappa",
            (theta_tm1, a_tm1, target, taus, weights, out_loss_per, out_grad, B, A, N, M, tau_stride, float(kappa)),

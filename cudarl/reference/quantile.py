@@ -3,8 +3,8 @@
 IQN: Dabney, Ostrovski, Silver & Munos (2018), "Implicit Quantile Networks for Distributional
 RL" (taus sampled per sample; here by Philox, bit-identical to the kernel). QR-DQN: Dabney,
 Rowland, Bellemare & Munos (2018), "Distributional RL with Quantile Regression" (fixed
-midpoint taus). Shapes: ``theta [B, A, N]``, ``target [B, M]`` (``M = N'``), ``taus [B, N]``
-or ``[N]``.
+midpoint taus). Shapes: ``theta [B, N, A]`` (the IQN head's output layout, action fastest),
+``target [B, M]`` (``M = N'``), ``taus [B, N]`` or ``[N]``.
 """
 from __future__ import annotations
 
@@ -33,18 +33,20 @@ def qr_taus(n):
 def targets(theta_online_tp1, theta_target_tp1, r_t, discount_t, compute_dtype=np.float32):
     """Double-DQN quantile targets.
 
-    ``a*_b = argmax_a mean_j online[b, a, j]`` (first on ties), ``T_bj = r_b + d_b target[b, a*_b, j]``.
+    ``a*_b = argmax_a mean_j online[b, j, a]`` (first on ties), ``T_bj = r_b + d_b target[b, j, a*_b]``.
 
+    Args:
+        theta_online_tp1, theta_target_tp1: ``[B, M, A]``; r_t, discount_t: ``[B]``.
     Returns:
         ``(T [B, M] compute_dtype, a_star int32 [B])``.
     """
     on = np.asarray(theta_online_tp1, dtype=compute_dtype)
     tg = np.asarray(theta_target_tp1, dtype=compute_dtype)
-    a_star = np.argmax(on.mean(-1), axis=1).astype(np.int32)
+    a_star = np.argmax(on.mean(axis=1), axis=1).astype(np.int32)
     B = on.shape[0]
     r = np.asarray(r_t, dtype=compute_dtype)[:, None]
     d = np.asarray(discount_t, dtype=compute_dtype)[:, None]
-    return (r + d * tg[np.arange(B), a_star]).astype(compute_dtype), a_star
+    return (r + d * tg[np.arange(B), :, a_star]).astype(compute_dtype), a_star  # tg[...] is [B, M]
 
 
 def huber_rho(delta, tau, kappa):
@@ -66,19 +68,19 @@ def huber_rho(delta, tau, kappa):
 def huber_loss(theta_tm1, a_tm1, target, taus, weights, kappa=1.0, compute_dtype=np.float32):
     """Quantile Huber loss over ``N x M`` pairs and its gradient wrt the quantile values.
 
-    With ``theta_i = theta_tm1[b, a_tm1[b], i]`` and ``delta_ij = target[b, j] - theta_i``::
+    With ``theta_i = theta_tm1[b, i, a_tm1[b]]`` and ``delta_ij = target[b, j] - theta_i``::
 
         L_b  = sum_i (1 / M) sum_j rho_{tau_i}(delta_ij)
         loss = (1 / B) sum_b w_b L_b
-        d loss / d theta[b, a_tm1[b], i] = -(w_b / (B M)) sum_j rho'_{tau_i}(delta_ij);  other actions 0
+        d loss / d theta[b, i, a_tm1[b]] = -(w_b / (B M)) sum_j rho'_{tau_i}(delta_ij);  other actions 0
 
     Sign check: a target above a quantile (``delta > 0``) pulls it up with weight ``tau``.
 
     Args:
-        theta_tm1: ``[B, A, N]``; a_tm1: int32 ``[B]``; target: ``[B, M]``;
+        theta_tm1: ``[B, N, A]``; a_tm1: int32 ``[B]``; target: ``[B, M]``;
         taus: ``[B, N]`` (IQN) or ``[N]`` (QR-DQN); weights: ``[B]``; kappa >= 0.
     Returns:
-        ``(loss_per [B], loss scalar, grad [B, A, N])``; ``loss_per`` is also the priority signal.
+        ``(loss_per [B], loss scalar, grad [B, N, A])``; ``loss_per`` is also the priority signal.
     """
     if kappa < 0:
         raise ValueError(f"kappa must be >= 0, got {kappa}")
@@ -86,18 +88,18 @@ def huber_loss(theta_tm1, a_tm1, target, taus, weights, kappa=1.0, compute_dtype
     a = np.asarray(a_tm1)
     T = np.asarray(target, dtype=compute_dtype)
     w = np.asarray(weights, dtype=compute_dtype)
-    B, A, N = th.shape
+    B, N, A = th.shape
     tau = np.broadcast_to(np.asarray(taus, dtype=compute_dtype), (B, N))
     if a.shape != (B,) or T.ndim != 2 or T.shape[0] != B or w.shape != (B,):
         raise ValueError(f"huber_loss: theta {th.shape}, actions {a.shape}, target {T.shape}, weights {w.shape} disagree")
     if np.any((a < 0) | (a >= A)):
         raise ValueError(f"huber_loss: actions must lie in [0, {A})")
     M = T.shape[1]
-    q = th[np.arange(B), a]  # [B, N]
+    q = th[np.arange(B), :, a]  # [B, N]: the chosen action's column
     delta = T[:, None, :] - q[:, :, None]  # [B, N, M]
     rho, drho = huber_rho(delta, tau[:, :, None], compute_dtype(kappa))
     per = (rho.sum(-1).sum(-1) / M).astype(compute_dtype)
     mean = compute_dtype(float(np.sum(w.astype(np.float64) * per)) / B)
     grad = np.zeros_like(th)
-    grad[np.arange(B), a] = -(w / (B * M))[:, None] * drho.sum(-1)
+    grad[np.arange(B), :, a] = -(w / (B * M))[:, None] * drho.sum(-1)
     return per, mean, grad
