@@ -48,6 +48,8 @@ class FeatureConfig:
     (That choice names columns once per series; it never changes a value.)"""
     extra: bool = True
     """Append ``bars.extra`` columns."""
+    signed_extra: tuple = ("regime", "next_return")
+    """Extra columns whose sign follows the market's direction (negated by the env's mirror)."""
 
     def __post_init__(self):
         if not self.horizons or min(self.horizons) < 1:
@@ -135,6 +137,17 @@ def compute(bars: Bars, config: FeatureConfig = FeatureConfig()) -> Features:
     return Features(values=values.astype(np.float32), names=tuple(names), warmup=config.warmup)
 
 
+def return_sign(names, config: FeatureConfig = FeatureConfig()) -> np.ndarray:
+    """bool [F]: True for features whose sign follows the market's direction.
+
+    Mirroring the market (negating every log price) negates ``ret_<h>``, ``body``,
+    ``close_loc`` and the extras named in ``config.signed_extra``; it leaves volatility, range,
+    volume and time unchanged. The env's directional mirror negates exactly these columns.
+    """
+    signed = {"body", "close_loc", *config.signed_extra}
+    return np.array([n.startswith("ret_") or n in signed for n in names], dtype=bool)
+
+
 def with_position(x: np.ndarray, position: np.ndarray) -> np.ndarray:
     """float32 [N, F + 1]: features ``x`` [N, F] with the held position [N] appended."""
     x = np.asarray(x, dtype=np.float32)
@@ -156,16 +169,23 @@ class Normaliser:
     fitted_on: tuple = field(default=(0, 0))
 
     @classmethod
-    def fit(cls, features: Features, train, clip: float = 5.0) -> "Normaliser":
+    def fit(cls, features: Features, train, clip: float = 5.0, center=None) -> "Normaliser":
         """Fit on the rows of the training split ``train`` (a :class:`cudarl.splits.Split`
-        or ``(start, stop)``), skipping rows before ``features.warmup``. Reads nothing else."""
+        or ``(start, stop)``), skipping rows before ``features.warmup``. Reads nothing else.
+
+        ``center`` bool [F] (default all True): where False the mean is taken as 0 and the
+        scale is the root mean square, so ``transform(-x) == -transform(x)`` for that column
+        (pass ``~return_sign(names)``, so the env's mirror of a normalised row is exact)."""
         start, stop = (train.start, train.stop) if hasattr(train, "start") else train
         start = max(int(start), features.warmup)
         if stop - start < 2:
             raise ValueError(f"the training split [{start}, {stop}) has fewer than 2 rows after the warm-up")
         x = np.asarray(features.values[start:stop], dtype=np.float64)
-        mean = x.mean(axis=0)
-        std = x.std(axis=0)
+        keep = np.ones(x.shape[1], bool) if center is None else np.asarray(center, bool)
+        if keep.shape != (x.shape[1],):
+            raise ValueError(f"center must be bool [{x.shape[1]}], got shape {keep.shape}")
+        mean = np.where(keep, x.mean(axis=0), 0.0)
+        std = np.sqrt(((x - mean) ** 2).mean(axis=0))
         std = np.where(std > 1e-12, std, 1.0)
         return cls(mean=mean, std=std, names=tuple(features.names), clip=float(clip), fitted_on=(start, int(stop)))
 

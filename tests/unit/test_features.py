@@ -129,3 +129,19 @@ def test_walk_forward_folds_tile_the_end_without_overlap():
     assert [len(f.train) for f in rolling] == [200, 200, 200]
     with pytest.raises(ValueError, match="no room"):
         walk_forward(100, folds=10, test_size=10)
+
+
+def test_return_sign_and_uncentred_columns_make_the_mirror_exact():
+    from cudarl import datasets
+    from cudarl.features import FeatureConfig, Normaliser, compute, return_sign
+
+    bars = datasets.regime(n=600, seed=1)
+    f = compute(bars, FeatureConfig())
+    sign = return_sign(f.names)
+    names = dict(zip(f.names, sign))
+    assert names["ret_1"] and names["body"] and names["close_loc"] and names["regime"]
+    assert not names["log_vol"] and not names["range"] and not names["dow_sin"]
+    norm = Normaliser.fit(f, (0, 400), center=~sign)
+    x = f.values[100:110]
+    np.testing.assert_array_equal(norm.transform(-x)[:, sign], -norm.transform(x)[:, sign])
+    assert np.all(norm.mean[sign] == 0) and np.all(norm.mean[~sign] != 0)
