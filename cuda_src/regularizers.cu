@@ -4,22 +4,16 @@
 // One warp per sample for the CQL ops (A <= 32: lane a holds Q_a); xor-butterfly reductions;
 // no atomics. accumulate = 1 adds into grad (each element is owned by one lane: no race).
 
+#include <cudarl/reduce.cuh>
+
 #define RG_WARP 32
 #define RG_FULL 0xffffffffu
 #define RG_NEG_INF __int_as_float((int)0xff800000u)
 #define RG_THREADS 256
 
 namespace {
-__device__ __forceinline__ float warp_sum(float v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(RG_FULL, v, o);
-  return v;
-}
-__device__ __forceinline__ float warp_max(float v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(RG_FULL, v, o));
-  return v;
-}
+using cudarl::warp_max;
+using cudarl::warp_sum;
 __device__ __forceinline__ void softmax_stats(const float* x, int K, int lane, float& m, float& log_s) {
   float mx = RG_NEG_INF;
   for (int k = lane; k < K; k += RG_WARP) mx = fmaxf(mx, x[k]);
@@ -78,9 +72,12 @@ extern "C" __global__ void cudarl_regularizers_cql_c51(const float* __restrict__
 }
 
 // ---------------------------------------------------------------------------------------------
-// cudarl_regularizers_cql_quantile: Q_a = (1/N) sum_i theta[b,a,i];
-//   cql_b = logsumexp_a Q_a - Q_{a_b};  grad[b,a,i] (+)= (alpha / B)(pi_a - 1{a = a_b}) / N.
-// Threads: one warp per sample. Reads A*N floats; writes A*N + 1.
+// cudarl_regularizers_cql_quantile: theta [B, N, A] (the IQN head's layout), Q_a = (1/N) sum_i theta[b,i,a];
+//   cql_b = logsumexp_a Q_a - Q_{a_b};  grad[b,i,a] (+)= (alpha / B)(pi_a - 1{a = a_b}) / N.
+// Threads: one warp per sample; lane a holds Q_a and its coefficient. Q_a sums column a with
+// stride A (the A passes share the sample's cache lines); the gradient is written over the
+// flat index k = i*A + a (coalesced), each lane fetching coefficient k % A by a shuffle in a
+// warp-uniform loop. Reads N*A floats; writes N*A + 1.
 extern "C" __global__ void cudarl_regularizers_cql_quantile(const float* __restrict__ theta, const int* __restrict__ actions,
                                                             float* __restrict__ cql_per, float* __restrict__ grad,
                                                             int B, int A, int N, float alpha, int accumulate) {
@@ -89,21 +86,24 @@ extern "C" __global__ void cudarl_regularizers_cql_quantile(const float* __restr
   if (b >= B) return;
   const int act = actions[b];
   if (act < 0 || act >= A) { if (lane == 0) cql_per[b] = __int_as_float((int)0x7fffffffu); return; }
+  const long long NA = (long long)N * A;
+  const float* x = theta + (long long)b * NA;
   float my_q = 0.f;
   for (int a = 0; a < A; ++a) {
-    const float* x = theta + ((long long)b * A + a) * N;
     float acc = 0.f;
-    for (int i = lane; i < N; i += RG_WARP) acc += x[i];
+    for (int i = lane; i < N; i += RG_WARP) acc += x[(long long)i * A + a];
     const float q = warp_sum(acc) / (float)N;
     if (lane == a) my_q = q;
   }
   const float lse = lanes_logsumexp(my_q, lane, A);
   const float q_data = __shfl_sync(RG_FULL, my_q, act);
-  for (int a = 0; a < A; ++a) {
-    const float qa = __shfl_sync(RG_FULL, my_q, a);
-    const float v = alpha / (float)B * (expf(qa - lse) - (a == act ? 1.f : 0.f)) / (float)N;
-    float* g = grad + ((long long)b * A + a) * N;
-    for (int i = lane; i < N; i += RG_WARP) g[i] = accumulate ? g[i] + v : v;
+  // lanes >= A compute an unused coefficient from my_q = 0
+  const float my_coef = alpha / (float)B * (expf(my_q - lse) - (lane == act ? 1.f : 0.f)) / (float)N;
+  float* g = grad + (long long)b * NA;
+  for (long long base = 0; base < NA; base += RG_WARP) {  // same trip count in every lane: the shuffle is convergent
+    const long long k = base + lane;
+    const float v = __shfl_sync(RG_FULL, my_coef, (int)(k % A));
+    if (k < NA) g[k] = accumulate ? g[k] + v : v;
   }
   if (lane == 0) cql_per[b] = lse - q_data;
 }
@@ -134,10 +134,6 @@ extern "C" __global__ void cudarl_regularizers_mean(const float* __restrict__ x,
   float acc = 0.f;
   for (int i = t; i < n; i += RG_THREADS) acc += x[i];
   part[t] = acc;
-  __syncthreads();
-  for (int h = RG_THREADS / 2; h > 0; h >>= 1) {
-    if (t < h) part[t] += part[t + h];
-    __syncthreads();
-  }
+  cudarl::block_tree_sum(part, RG_THREADS);
   if (t == 0) out[0] = scale * part[0];
 }

@@ -37,16 +37,17 @@ def cql_c51(logits, a_data, support, alpha, out_cql_per, out_loss, out_grad, acc
 
 
 def cql_quantile(theta, a_data, alpha, out_cql_per, out_loss, out_grad, accumulate=False, stream=None) -> None:
-    """CQL for IQN/QR: writes ``out_cql_per [B]``, ``out_loss [1]``; writes or adds ``out_grad [B, A, N]``."""
+    """CQL for IQN/QR on ``theta [B, N, A]``: writes ``out_cql_per [B]``, ``out_loss [1]``; writes or adds
+    ``out_grad [B, N, A]``."""
     w = "regularizers.cql_quantile"
-    B, A, N = theta.shape
+    B, N, A = theta.shape
     if A > 32:
         raise ValueError(f"{w}: at most 32 actions (one lane each), got {A}")
-    check(w, "theta", theta, F32, (B, A, N))
+    check(w, "theta", theta, F32, (B, N, A))
     check(w, "a_data", a_data, I32, (B,))
     check(w, "out_cql_per", out_cql_per, F32, (B,))
     check(w, "out_loss", out_loss, F32, (1,))
-    check(w, "out_grad", out_grad, F32, (B, A, N))
+    check(w, "out_grad", out_grad, F32, (B, N, A))
     grid, block = warp_grid(B)
     launch("regularizers", "cql_quantile", grid, block,
            "const f32* theta, const i32* actions, f32* cql_per, f32* grad, i32 B, i32 A, i32 N, f32 alpha, i32 accumulate",

@@ -6,7 +6,8 @@ Discrete CQL (Kumar, Zhou, Tucker & Levine 2020, "Conservative Q-Learning for Of
     d loss / d Q(s_b, a) = (alpha / B) (softmax_a Q(s_b, .)_a - 1{a = a_b})
 
 with ``Q = sum_k softmax(logits)_k z_k`` for C51 (chain rule ``dQ_a/dlogit_ak = p_ak (z_k - Q_a)``)
-and ``Q = mean_i theta_i`` for IQN/QR (``dQ_a/dtheta_ai = 1/N``).
+and ``Q_a = mean_i theta[b, i, a]`` for IQN/QR, ``theta [B, N, A]`` as the IQN head outputs it
+(``dQ_a / dtheta[b, i, a] = 1/N``).
 
 IQL expectile regression (Kostrikov, Nair & Levine 2021, "Offline RL with Implicit Q-Learning")
 of a value estimate ``v(s)`` towards ``q = Q_target(s, a_data)``::
@@ -46,15 +47,15 @@ def cql_c51(logits, a_data, support, alpha, compute_dtype=np.float32):
 
 
 def cql_quantile(theta, a_data, alpha, compute_dtype=np.float32):
-    """CQL on mean-quantile Q: returns ``(cql_per [B], loss scalar, grad [B, A, N])``."""
+    """CQL on mean-quantile Q of ``theta [B, N, A]``: returns ``(cql_per [B], loss scalar, grad [B, N, A])``."""
     th = np.asarray(theta, compute_dtype)
     a = np.asarray(a_data)
-    B, A, N = th.shape
-    q = th.mean(-1)
+    B, N, A = th.shape
+    q = th.mean(axis=1)  # [B, A]
     per = _lse(q) - q[np.arange(B), a]
     coef = softmax(q)
     coef[np.arange(B), a] -= 1
-    grad = np.broadcast_to((compute_dtype(alpha) / B) * coef[:, :, None] / N, th.shape).copy()
+    grad = np.broadcast_to((compute_dtype(alpha) / B) * coef[:, None, :] / N, th.shape).copy()
     return per.astype(compute_dtype), compute_dtype(alpha * per.astype(np.float64).sum() / B), grad.astype(compute_dtype)
 
 

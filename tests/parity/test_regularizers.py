@@ -17,12 +17,15 @@ def _fd(f, x, eps=1e-6):
 
 
 def test_cql_hand_case_equal_q_values_cost_log_a():
-    theta = np.zeros((2, 4, 3))
+    theta = np.zeros((2, 3, 4))  # [B, N, A]: 3 quantiles of 4 actions
     per, loss, grad = ref.cql_quantile(theta, np.int32([0, 3]), alpha=2.0, compute_dtype=np.float64)
     np.testing.assert_allclose(per, np.log(4))
     np.testing.assert_allclose(loss, 2.0 * np.log(4))
-    # pushes the data action up (negative gradient), the others down
-    assert np.all(grad[0, 0] < 0) and np.all(grad[0, 1:] > 0) and np.all(grad[1, 3] < 0)
+    # pushes the data action up (negative gradient), the others down:
+    # (alpha / B)(pi_a - 1{a = a_b}) / N with pi = 1/4 is -0.25 for the data action, 1/12 for the others
+    want = np.full((2, 3, 4), 1 / 12)
+    want[0, :, 0] = want[1, :, 3] = -0.25
+    np.testing.assert_allclose(grad, want)
 
 
 def test_cql_c51_gradient_matches_finite_differences(rng):
@@ -35,7 +38,7 @@ def test_cql_c51_gradient_matches_finite_differences(rng):
 
 
 def test_cql_quantile_gradient_matches_finite_differences(rng):
-    th = rng.normal(size=(5, 3, 4))
+    th = rng.normal(size=(5, 4, 3))  # [B, N, A]
     a = rng.integers(0, 3, 5).astype(np.int32)
     _, _, grad = ref.cql_quantile(th, a, 1.3, compute_dtype=np.float64)
     np.testing.assert_allclose(grad, _fd(lambda t: ref.cql_quantile(t, a, 1.3, compute_dtype=np.float64)[1], th), atol=1e-8, rtol=1e-6)
@@ -90,18 +93,21 @@ def test_gpu_cql_c51_matches_reference(cp, rng, B, A, K, accumulate):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("B,A,N", [(1, 3, 8), (33, 3, 32), (4096, 4, 64)])
-def test_gpu_cql_quantile_matches_reference(cp, rng, B, A, N):
+@pytest.mark.parametrize("accumulate", [False, True])
+@pytest.mark.parametrize("B,A,N", [(1, 3, 8), (33, 3, 32), (4096, 4, 64), (5, 7, 40)])  # last: N * A not a multiple of 32
+def test_gpu_cql_quantile_matches_reference(cp, rng, B, A, N, accumulate):
     from cudarl.ops import regularizers as ops
 
-    th = rng.normal(size=(B, A, N)).astype(np.float32)
+    th = rng.normal(size=(B, N, A)).astype(np.float32)
     a = rng.integers(0, A, B).astype(np.int32)
-    per, loss, grad = _e(cp, (B,)), _e(cp, (1,)), _e(cp, (B, A, N))
-    ops.cql_quantile(cp.asarray(th), cp.asarray(a), 1.5, per, loss, grad)
+    base = rng.normal(size=(B, N, A)).astype(np.float32) * 1e-3
+    per, loss = _e(cp, (B,)), _e(cp, (1,))
+    grad = cp.asarray(base) if accumulate else _e(cp, (B, N, A))
+    ops.cql_quantile(cp.asarray(th), cp.asarray(a), 1.5, per, loss, grad, accumulate=accumulate)
     r_per, r_loss, r_grad = ref.cql_quantile(th, a, 1.5)
     assert_parity(per, r_per, what="cql per sample")
     assert_parity(loss, np.float32([r_loss]), what="cql loss")
-    assert_parity(grad, r_grad, what="cql grad")
+    assert_parity(grad, (r_grad + base) if accumulate else r_grad, what="cql grad")
 
 
 @pytest.mark.gpu
