@@ -67,5 +67,15 @@ def huber_loss(theta_tm1, a_tm1, target, taus, weights, out_loss_per, out_loss, 
            "f32* loss_per, f32* grad, i32 B, i32 A, i32 N, i32 M, i32 tau_stride, f32 kappa",
            (theta_tm1, a_tm1, target, taus, weights, out_loss_per, out_grad, B, A, N, M, tau_stride, float(kappa)),
            stream=stream)
+    weighted_mean(out_loss_per, weights, out_loss, 1.0 / B, stream=stream)
+
+
+def weighted_mean(values, w, out, scale, stream=None) -> None:
+    """``out[0] = scale * sum_i w_i values_i`` over float32 ``[n]`` by one block in a fixed order."""
+    wh = "quantile.weighted_mean"
+    (n,) = values.shape
+    check(wh, "values", values, F32, (n,))
+    check(wh, "w", w, F32, (n,))
+    check(wh, "out", out, F32, (1,))
     launch("quantile", "weighted_mean", 1, REDUCE_THREADS, "const f32* values, const f32* w, f32* out, i32 n, f32 scale",
-           (out_loss_per, weights, out_loss, B, 1.0 / B), stream=stream)
+           (values, w, out, n, float(scale)), stream=stream)

@@ -13,8 +13,13 @@ F32, I32 = np.float32, np.int32
 THREADS = 256  # must equal RG_THREADS
 
 
-def _mean(x, out, scale, stream):
-    launch("regularizers", "mean", 1, THREADS, "const f32* x, f32* out, i32 n, f32 scale", (x, out, x.shape[0], float(scale)), stream=stream)
+def mean(x, out, scale, stream=None) -> None:
+    """``out[0] = scale * sum_i x_i`` over float32 ``[n]`` by one block in a fixed order."""
+    w = "regularizers.mean"
+    (n,) = x.shape
+    check(w, "x", x, F32, (n,))
+    check(w, "out", out, F32, (1,))
+    launch("regularizers", "mean", 1, THREADS, "const f32* x, f32* out, i32 n, f32 scale", (x, out, n, float(scale)), stream=stream)
 
 
 def cql_c51(logits, a_data, support, alpha, out_cql_per, out_loss, out_grad, accumulate=False, stream=None) -> None:
@@ -33,7 +38,7 @@ def cql_c51(logits, a_data, support, alpha, out_cql_per, out_loss, out_grad, acc
     launch("regularizers", "cql_c51", grid, block,
            "const f32* logits, const i32* actions, const f32* support, f32* cql_per, f32* grad, i32 B, i32 A, i32 K, f32 alpha, i32 accumulate",
            (logits, a_data, support, out_cql_per, out_grad, B, A, K, float(alpha), int(bool(accumulate))), stream=stream)
-    _mean(out_cql_per, out_loss, float(alpha) / B, stream)
+    mean(out_cql_per, out_loss, float(alpha) / B, stream=stream)
 
 
 def cql_quantile(theta, a_data, alpha, out_cql_per, out_loss, out_grad, accumulate=False, stream=None) -> None:
@@ -52,7 +57,7 @@ def cql_quantile(theta, a_data, alpha, out_cql_per, out_loss, out_grad, accumula
     launch("regularizers", "cql_quantile", grid, block,
            "const f32* theta, const i32* actions, f32* cql_per, f32* grad, i32 B, i32 A, i32 N, f32 alpha, i32 accumulate",
            (theta, a_data, out_cql_per, out_grad, B, A, N, float(alpha), int(bool(accumulate))), stream=stream)
-    _mean(out_cql_per, out_loss, float(alpha) / B, stream)
+    mean(out_cql_per, out_loss, float(alpha) / B, stream=stream)
 
 
 def expectile(q, v, priority, tau, out_loss_per, out_loss, out_grad_v, out_priority, stream=None) -> None:
@@ -68,4 +73,4 @@ def expectile(q, v, priority, tau, out_loss_per, out_loss, out_grad_v, out_prior
     launch("regularizers", "expectile", blocks_for(B), 256,
            "const f32* q, const f32* v, const f32* prio_in, f32* loss_per, f32* grad_v, f32* prio_out, i32 B, f32 tau",
            (q, v, priority, out_loss_per, out_grad_v, out_priority, B, float(tau)), stream=stream)
-    _mean(out_loss_per, out_loss, 1.0 / B, stream)
+    mean(out_loss_per, out_loss, 1.0 / B, stream=stream)

@@ -99,7 +99,13 @@ def huber_loss(theta_tm1, a_tm1, target, taus, weights, kappa=1.0, compute_dtype
     delta = T[:, None, :] - q[:, :, None]  # [B, N, M]
     rho, drho = huber_rho(delta, tau[:, :, None], compute_dtype(kappa))
     per = (rho.sum(-1).sum(-1) / M).astype(compute_dtype)
-    mean = compute_dtype(float(np.sum(w.astype(np.float64) * per)) / B)
+    mean = weighted_mean(per, w, 1.0 / B, compute_dtype)
     grad = np.zeros_like(th)
     grad[np.arange(B), :, a] = -(w / (B * M))[:, None] * drho.sum(-1)
     return per, mean, grad
+
+
+def weighted_mean(values, w, scale, compute_dtype=np.float32):
+    """``scale * sum_i w_i values_i`` (summed in float64), as a ``compute_dtype`` scalar."""
+    v = np.asarray(values, np.float64)
+    return compute_dtype(float(np.sum(np.asarray(w, np.float64) * v)) * scale)

@@ -30,6 +30,11 @@ def _lse(q):
     return (m + np.log(np.exp(q - m).sum(-1, keepdims=True)))[..., 0]
 
 
+def mean(x, scale, compute_dtype=np.float32):
+    """``scale * sum_i x_i`` (summed in float64), as a ``compute_dtype`` scalar: the losses' batch reduction."""
+    return compute_dtype(float(np.sum(np.asarray(x, np.float64))) * scale)
+
+
 def cql_c51(logits, a_data, support, alpha, compute_dtype=np.float32):
     """CQL on expected C51 Q: returns ``(cql_per [B], loss scalar, grad [B, A, K])``."""
     x = np.asarray(logits, compute_dtype)
@@ -43,7 +48,7 @@ def cql_c51(logits, a_data, support, alpha, compute_dtype=np.float32):
     coef = softmax(q)
     coef[np.arange(B), a] -= 1
     grad = (compute_dtype(alpha) / B) * coef[:, :, None] * p * (z - q[:, :, None])
-    return per.astype(compute_dtype), compute_dtype(alpha * per.astype(np.float64).sum() / B), grad.astype(compute_dtype)
+    return per.astype(compute_dtype), mean(per, alpha / B, compute_dtype), grad.astype(compute_dtype)
 
 
 def cql_quantile(theta, a_data, alpha, compute_dtype=np.float32):
@@ -56,7 +61,7 @@ def cql_quantile(theta, a_data, alpha, compute_dtype=np.float32):
     coef = softmax(q)
     coef[np.arange(B), a] -= 1
     grad = np.broadcast_to((compute_dtype(alpha) / B) * coef[:, None, :] / N, th.shape).copy()
-    return per.astype(compute_dtype), compute_dtype(alpha * per.astype(np.float64).sum() / B), grad.astype(compute_dtype)
+    return per.astype(compute_dtype), mean(per, alpha / B, compute_dtype), grad.astype(compute_dtype)
 
 
 def expectile(q, v, priority, tau, compute_dtype=np.float32):
@@ -70,5 +75,5 @@ def expectile(q, v, priority, tau, compute_dtype=np.float32):
     w = np.where(u < 0, compute_dtype(1) - compute_dtype(tau), compute_dtype(tau))
     per = w * u * u
     B = q.shape[0]
-    return (per.astype(compute_dtype), compute_dtype(per.astype(np.float64).sum() / B),
+    return (per.astype(compute_dtype), mean(per, 1.0 / B, compute_dtype),
             (-2 * w * u / B).astype(compute_dtype), (np.asarray(priority, compute_dtype) * 2 * w).astype(compute_dtype))

@@ -223,6 +223,17 @@ def test_gpu_quantile_targets_match_reference(cp, rng, B, A, N, M):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("n", [1, 255, 257, 5000])
+def test_gpu_weighted_mean_matches_reference(cp, rng, n):
+    from cudarl.ops import quantile as ops
+
+    v, w = rng.normal(size=n).astype(np.float32), rng.uniform(0.1, 1, n).astype(np.float32)
+    out = _empty(cp, (1,))
+    ops.weighted_mean(cp.asarray(v), cp.asarray(w), out, 1.0 / n)
+    assert_parity(out, np.float32([ref.weighted_mean(v, w, 1.0 / n, np.float64)]), what="weighted mean")
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("shape", [(1, 8), (7, 32), (4096, 64), (3, 5)])
 def test_gpu_sample_taus_is_bitwise_the_reference(cp, shape):
     from cudarl.ops import quantile as ops

@@ -122,3 +122,14 @@ def test_gpu_expectile_matches_reference(cp, rng, B):
     r = ref.expectile(q, v, prio, 0.7)
     for got, want, what in zip((per, loss, gv, po), (r[0], np.float32([r[1]]), r[2], r[3]), ("loss per", "loss", "grad v", "priority")):
         assert_parity(got, want, what=what)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n", [1, 255, 257, 5000])
+def test_gpu_mean_matches_reference(cp, rng, n):
+    from cudarl.ops import regularizers as ops
+
+    x = rng.normal(size=n).astype(np.float32)
+    out = _e(cp, (1,))
+    ops.mean(cp.asarray(x), out, 0.3)
+    assert_parity(out, np.float32([ref.mean(x, 0.3, np.float64)]), what="mean")
