@@ -38,8 +38,8 @@ def _flatten(tree, prefix: str, arrays: dict, meta: dict) -> None:
             meta[prefix[:-1]] = {}
         return
     key = prefix[:-1]
-    if tree is None or isinstance(tree, (str, bool)) or (isinstance(tree, (list, tuple)) and all(isinstance(x, (str, int, float, bool)) for x in tree)):
-        meta[key] = list(tree) if isinstance(tree, tuple) else tree
+    if tree is None or isinstance(tree, (str, bool)) or (isinstance(tree, (list, tuple)) and _plain(tree)):
+        meta[key] = json.loads(json.dumps(tree))  # tuples become lists
         return
     if hasattr(tree, "get") and type(tree).__module__.startswith("cupy"):
         tree = tree.get()
@@ -47,6 +47,13 @@ def _flatten(tree, prefix: str, arrays: dict, meta: dict) -> None:
     if a.dtype == object:
         raise CheckpointError(f"state entry {key!r} is not numeric (dtype object)")
     arrays[key] = a
+
+
+def _plain(x) -> bool:
+    """A list of numbers, strings, booleans, None and such lists (no arrays): stored as JSON."""
+    if isinstance(x, (list, tuple)):
+        return all(_plain(v) for v in x)
+    return x is None or isinstance(x, (str, bool, int, float))
 
 
 def _unflatten(arrays: dict, meta: dict) -> dict:

@@ -16,7 +16,7 @@ from cudarl import checkpoint as ck
 def _state(rng):
     return {"model": {"params": rng.standard_normal(1000).astype(np.float32), "step": np.int64(7)},
             "replay": {"ptr": np.int64(3), "prio": rng.integers(0, 9, 50).astype(np.uint64)},
-            "name": "c51", "flags": [1, 2], "none": None, "ok": True}
+            "name": "c51", "flags": [1, 2], "none": None, "ok": True, "layout": [("w", 0, (3, 4)), ("b", 64, (4,))]}
 
 
 def test_round_trip(tmp_path, rng):
@@ -27,6 +27,7 @@ def test_round_trip(tmp_path, rng):
     assert got["model"]["params"].dtype == np.float32 and got["replay"]["prio"].dtype == np.uint64
     assert int(got["model"]["step"]) == 7 and got["name"] == "c51" and got["flags"] == [1, 2]
     assert got["none"] is None and got["ok"] is True and info == {"step": 7, "config": {"lr": 1e-4}}
+    assert got["layout"] == [["w", 0, [3, 4]], ["b", 64, [4]]]
     assert [p.name for p in tmp_path.iterdir()] == ["a.npz"]  # no temporary left behind
 
 

@@ -1,0 +1,298 @@
+"""The learner: online and target Q-networks, the optimiser, and the two steps as graph phases.
+
+``Agent.collect_phases(env, replay)`` and ``Agent.train_phases(replay)`` return the named phases
+that :class:`cudarl.graph.StepGraph` captures (GPU) or runs in order (NumPy)::
+
+    collect: act (expected Q of the online net, device epsilon, epsilon-greedy)
+             - env_step (record the transition, step, reset ended episodes) - replay_insert
+    train:   sample - gather - forward (online s, online s', target s') - targets (double DQN,
+             projection or quantile targets) - loss (+ gradient wrt the outputs) - backward -
+             adam (gradient norm, clip, update) - priorities - target_update - publish
+
+Every buffer is allocated here, before any capture. The math is in :mod:`cudarl.losses`; the
+distributional rule of each head is a small object in :data:`HEAD_RULES` (a registry, not an
+if/elif chain). On the NumPy backend the loss functions return new arrays, which
+:func:`_into` copies into the same buffers the GPU path writes in place, so both backends run
+one program.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from . import losses
+from .config import Config
+from .nn import QNetwork
+from .optim import Adam, Schedule, SoftUpdate
+from .pinned import DeviceScalars, PinnedReadback
+
+#: Pinned ring slots of (loss, grad_norm): the graph writes step t while the host reads t - 1.
+PUBLISH_SLOTS = 2
+
+
+def _into(dst, src) -> None:
+    """Copy ``src`` into ``dst`` unless the op already wrote ``dst`` in place (the GPU path)."""
+    if src is not dst:
+        dst[...] = src
+
+
+def _agent_ops(xp):
+    if xp.__name__ == "numpy":
+        from .reference import agent as ops
+    else:
+        from .ops import agent as ops
+    return ops
+
+
+class C51Rule:
+    """Categorical DQN (Bellemare et al. 2017) with double-DQN action selection."""
+
+    def __init__(self, agent: "Agent"):
+        a, xp, B, K = agent, agent.xp, agent.batch_size, agent.cfg.net.atoms
+        self.support = xp.asarray(np.linspace(a.cfg.net.v_min, a.cfg.net.v_max, K, dtype=np.float32))
+        self.probs = xp.zeros((B, K), np.float32)
+        self.a_star = xp.zeros(B, np.int32)
+        self.target = xp.zeros((B, K), np.float32)
+        self.v_hat = xp.zeros((B, 1), np.float32)
+        self.y = xp.zeros(B, np.float32)
+        self.r_norm = xp.zeros(B, np.float32)
+        n = a.n_envs
+        self.act_ent = xp.zeros(n, np.float32)
+        self.act_mass = xp.zeros((n, K), np.float32)
+
+    def expected_q(self, agent: "Agent", out, obs) -> None:
+        logits = agent.online.forward(obs, agent.ws_act)["q"]
+        if agent.xp.__name__ == "numpy":
+            from .reference import qstats
+
+            _into(out, qstats.per_sample(logits, self.support)[0])
+        else:
+            from .ops import qstats
+
+            qstats.per_sample(logits, self.support, out, self.act_ent, self.act_mass)
+
+    def forward(self, agent: "Agent", batch) -> None:
+        self.logits = agent.online.forward(batch.obs, agent.ws_obs)["q"]
+        self.online_next = agent.online.forward(batch.next_obs, agent.ws_next)["q"]
+        self.target_next = agent.target.forward(batch.next_obs, agent.target.ws)["q"]
+
+    def targets(self, agent: "Agent", batch) -> None:
+        probs, a_star = losses.c51_next_probs(self.online_next, self.target_next, self.support, self.probs, self.a_star)
+        _into(self.probs, probs)
+        ret = batch.ret
+        if agent.popart is not None:
+            # y = r + d (s E[z] + mu) in return space; the statistics move, then rewards are
+            # mapped into the support's coordinates: (r - (1 - d) mu) / s (see cudarl.popart).
+            from .blas import gemm
+
+            gemm(self.probs, self.support.reshape(-1, 1), self.v_hat)
+            _into(self.y, agent.popart.td_targets(batch.ret, batch.discount, self.v_hat.reshape(-1), out=self.y))
+            agent.popart.update(self.y)
+            _into(self.r_norm, agent.popart.normalize_rewards(batch.ret, batch.discount, out=self.r_norm))
+            ret = self.r_norm
+        _into(self.target, losses.c51_project(self.probs, ret, batch.discount, self.support, out=self.target))
+
+    def loss(self, agent: "Agent", batch, weights) -> None:
+        grad = agent.online.grad_outputs(agent.ws_obs)["q"]
+        res = losses.c51_loss(self.logits, batch.action, self.target, weights, agent.cfg.agent.priority,
+                              out_loss_per=agent.loss_per, out_loss=agent.loss, out_grad=grad,
+                              out_priority=agent.priority)
+        _into(grad, res.grad)
+        _into(agent.loss, np.reshape(res.loss, (1,)) if agent.xp.__name__ == "numpy" else res.loss)
+        _into(agent.priority, res.priority)
+
+
+class IQNRule:
+    """Implicit quantile networks (Dabney et al. 2018): quantile Huber loss, double-DQN targets."""
+
+    def __init__(self, agent: "Agent"):
+        xp, B, N = agent.xp, agent.batch_size, agent.cfg.net.n_quantiles
+        self.target = xp.zeros((B, N), np.float32)
+        self.a_star = xp.zeros(B, np.int32)
+        self.support = None
+        # Philox counters of the taus (online s, online s', target s', acting), advanced per step.
+        self.counters = DeviceScalars({"tau": np.int64}, xp)
+
+    def _taus(self, agent, net, ws, B, stream_id):
+        return net.head.sample_tau(ws, B, self.counters.view("tau").view(np.uint64), agent.cfg.run.seed, stream_id)
+
+    def expected_q(self, agent: "Agent", out, obs) -> None:
+        self._taus(agent, agent.online, agent.ws_act, obs.shape[0], 0x1A3)
+        theta = agent.online.forward(obs, agent.ws_act)["q"]
+        _agent_ops(agent.xp).quantile_mean(out, theta)
+
+    def forward(self, agent: "Agent", batch) -> None:
+        B = batch.obs.shape[0]
+        self.taus = self._taus(agent, agent.online, agent.ws_obs, B, 0x1A0)
+        self.theta = agent.online.forward(batch.obs, agent.ws_obs)["q"]
+        self._taus(agent, agent.online, agent.ws_next, B, 0x1A1)
+        self.online_next = agent.online.forward(batch.next_obs, agent.ws_next)["q"]
+        self._taus(agent, agent.target, agent.target.ws, B, 0x1A2)
+        self.target_next = agent.target.forward(batch.next_obs, agent.target.ws)["q"]
+
+    def targets(self, agent: "Agent", batch) -> None:
+        t, a = losses.quantile_targets(self.online_next, self.target_next, batch.ret, batch.discount, self.target, self.a_star)
+        _into(self.target, t)
+
+    def loss(self, agent: "Agent", batch, weights) -> None:
+        grad = agent.online.grad_outputs(agent.ws_obs)["q"]
+        res = losses.quantile_huber_loss(self.theta, batch.action, self.target, self.taus, weights, agent.cfg.agent.kappa,
+                                         out_loss_per=agent.loss_per, out_loss=agent.loss, out_grad=grad)
+        _into(grad, res.grad)
+        _into(agent.loss, np.reshape(res.loss, (1,)) if agent.xp.__name__ == "numpy" else res.loss)
+        _into(agent.priority, res.loss_per)
+
+    def advance(self, agent: "Agent") -> None:
+        from .reference import util as ref_util
+
+        if agent.xp.__name__ == "numpy":
+            ref_util.add_i64(self.counters.view("tau"), 1)
+        else:
+            from .ops import util
+
+            util.add_i64(self.counters.view("tau"), 1)
+
+
+#: Distributional rules by ``net.head``.
+HEAD_RULES = {"c51": C51Rule, "iqn": IQNRule}
+
+
+class Agent:
+    """Networks, optimiser, target update and the step buffers of one run.
+
+    Args:
+        cfg: the run's :class:`cudarl.config.Config`.
+        obs_dim: observation width (features + the env's position features).
+        n_actions: actions of the env.
+        n_envs: environments acting together (rows of the acting forward pass).
+        xp: ``numpy`` or ``cupy``.
+    """
+
+    def __init__(self, cfg: Config, obs_dim: int, n_actions: int, n_envs: int, xp):
+        self.cfg, self.xp, self.n_envs = cfg, xp, int(n_envs)
+        self.batch_size = B = cfg.agent.batch_size
+        net_kw = dict(hidden=cfg.net.hidden, head=cfg.net.head, layernorm=cfg.net.layernorm, atoms=cfg.net.atoms,
+                      n_quantiles=cfg.net.n_quantiles, n_cos=cfg.net.n_cos, xp=xp, max_batch=B, seed=cfg.run.seed,
+                      tf32=cfg.net.tf32)
+        self.online = QNetwork(obs_dim, n_actions, **net_kw)
+        self.target = QNetwork(obs_dim, n_actions, **net_kw)
+        self.target.params[...] = self.online.params
+        self.ws_obs, self.ws_next = self.online.ws, self.online.new_workspace(B)
+        self.ws_act = self.online.new_workspace(self.n_envs)
+        o = cfg.optim
+        self.readback = PinnedReadback(2, np.float32, xp, slots=PUBLISH_SLOTS)
+        self.loss = xp.zeros(1, np.float32)
+        self.grad_norm = xp.zeros(1, np.float32)
+        self.adam = Adam(self.online.params, self.online.grads,
+                         schedule=Schedule(o.schedule, o.lr, o.lr_min, o.warmup, o.period, o.mult, o.restart_m_scale),
+                         betas=(o.beta1, o.beta2), eps=o.eps, weight_decay=o.weight_decay,
+                         decay_mask=self.online.layout.decay_mask(), max_grad_norm=o.max_grad_norm,
+                         grad_norm_out=self.grad_norm, xp=xp)
+        a = cfg.agent
+        self.soft = SoftUpdate(self.target.params, self.online.params, a.tau_start, a.tau_end, a.tau_period, xp=xp)
+        self.scalars = DeviceScalars({"gamma": np.float32, "epsilon": np.float32, "collect_steps": np.int64}, xp,
+                                     initial={"gamma": a.gamma, "epsilon": a.eps_start})
+        self.loss_per = xp.zeros(B, np.float32)
+        self.priority = xp.zeros(B, np.float32)
+        self.q_act = xp.zeros((self.n_envs, n_actions), np.float32)
+        self.popart = None
+        if a.popart:
+            from .popart import PopArt
+
+            if cfg.net.head != "c51":
+                raise ValueError("agent.popart is implemented for the c51 head (reward normalisation into the support)")
+        self.rule = HEAD_RULES[cfg.net.head](self)
+        if a.popart:
+            self.popart = PopArt.for_support(self.rule.support, beta=a.popart_beta, xp=xp)
+        self.ops = _agent_ops(xp)
+
+    # --- collect -------------------------------------------------------------------------------
+    def collect_phases(self, env, replay, transitions, discount) -> list:
+        """Phases of one collection step of every environment (see the module docstring)."""
+        a = self.cfg.agent
+
+        def act():
+            self.rule.expected_q(self, self.q_act, env.obs)
+            self.ops.epsilon(self.scalars.view("epsilon"), self.scalars.view("collect_steps"), a.eps_start, a.eps_end, a.eps_steps)
+            env.act(self.q_act, self.scalars.view("epsilon"))
+
+        def env_step():
+            env.record(transitions)
+            env.step()
+            self.ops.discount(discount, transitions.done, self.scalars.view("gamma"))
+
+        def replay_insert():
+            if replay.store_next_obs:
+                replay.add(transitions.obs, transitions.action, transitions.reward, discount, next_obs=transitions.next_obs)
+            else:
+                replay.add(transitions.obs, transitions.action, transitions.reward, discount)
+
+        return [("act", act), ("env_step", env_step), ("replay_insert", replay_insert)]
+
+    # --- train ---------------------------------------------------------------------------------
+    def train_phases(self, replay, batch) -> list:
+        """Phases of one learner update from ``replay`` into the fixed ``batch`` buffers."""
+        B = self.batch_size
+        state = {}
+
+        def sample():
+            state["idx"], state["w"] = replay.sample(B)
+
+        def gather():
+            replay.gather(state["idx"], out=batch)
+
+        def forward():
+            self.rule.forward(self, batch)
+
+        def targets():
+            self.rule.targets(self, batch)
+
+        def loss():
+            self.rule.loss(self, batch, state["w"])
+
+        def backward():
+            self.online.backward(batch.obs, self.ws_obs)
+
+        def adam():
+            self.adam.step()
+
+        def priorities():
+            replay.update_priorities(state["idx"], self.priority)
+
+        def target_update():
+            self.soft.step()
+            if hasattr(self.rule, "advance"):
+                self.rule.advance(self)
+
+        def publish():
+            self.ops.publish(self.readback.device, self.loss, self.grad_norm, self.adam.scalars.view("step"), PUBLISH_SLOTS)
+
+        return [("sample", sample), ("gather", gather), ("forward", forward), ("targets", targets), ("loss", loss),
+                ("backward", backward), ("adam", adam), ("priorities", priorities), ("target_update", target_update),
+                ("publish", publish)]
+
+    # --- greedy action values for evaluation -----------------------------------------------------
+    def q_values(self, obs, out) -> None:
+        """Expected Q of the online network for ``obs [n, obs_dim]`` (n <= n_envs) into ``out [n, A]``."""
+        self.rule.expected_q(self, out, obs)
+
+    # --- state ---------------------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        s = {"online": self.online.state_dict(), "target": self.target.state_dict(), "adam": self.adam.state_dict(),
+             "soft": self.soft.state_dict(), "scalars": self.scalars.state_dict()}
+        if self.popart is not None:
+            s["popart"] = self.popart.state_dict()
+        if isinstance(self.rule, IQNRule):
+            s["iqn"] = self.rule.counters.state_dict()
+        return s
+
+    def load_state_dict(self, s: dict) -> None:
+        """Copy into the existing buffers (their addresses stay, so captured graphs stay valid)."""
+        self.online.load_state_dict(s["online"])
+        self.target.load_state_dict(s["target"])
+        self.adam.load_state_dict(s["adam"])
+        self.soft.load_state_dict(s["soft"])
+        self.scalars.load_state_dict(s["scalars"])
+        if self.popart is not None:
+            self.popart.load_state_dict(s["popart"])
+        if isinstance(self.rule, IQNRule):
+            self.rule.counters.load_state_dict(s["iqn"])
