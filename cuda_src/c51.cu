@@ -6,25 +6,17 @@
 // use an xor butterfly (IEEE + and max are commutative, so every lane ends with the same bits,
 // and the order is fixed: results are bitwise repeatable). No atomics anywhere.
 
+#include <cudarl/reduce.cuh>
+
 #define C51_WARP 32
-#define C51_FULL 0xffffffffu
 // NVRTC has no <math.h>: infinities and NaN by bit pattern.
 #define C51_NEG_INF __int_as_float((int)0xff800000u)
 #define C51_NAN __int_as_float((int)0x7fffffffu)
 
 namespace {
 
-__device__ __forceinline__ float warp_sum(float v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(C51_FULL, v, o);
-  return v;
-}
-
-__device__ __forceinline__ float warp_max(float v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(C51_FULL, v, o));
-  return v;
-}
+using cudarl::warp_max;
+using cudarl::warp_sum;
 
 // Max and sum of exp(x - max) of one row of K logits, the same in every lane.
 __device__ __forceinline__ void row_softmax_stats(const float* x, int K, int lane, float& m, float& s) {
@@ -165,11 +157,7 @@ extern "C" __global__ void cudarl_c51_weighted_mean(const float* __restrict__ va
   float acc = 0.f;
   for (int i = t; i < n; i += C51_REDUCE_THREADS) acc += w[i] * values[i];
   part[t] = acc;
-  __syncthreads();
-  for (int h = C51_REDUCE_THREADS / 2; h > 0; h >>= 1) {
-    if (t < h) part[t] += part[t + h];
-    __syncthreads();
-  }
+  cudarl::block_tree_sum(part, C51_REDUCE_THREADS);
   if (t == 0) out[0] = scale * part[0];
 }
 

@@ -7,6 +7,7 @@
 // fixed row order per thread and a fixed tree across threads: no atomics, bitwise
 // reproducible for a given shape.
 #include <cudarl/philox.cuh>
+#include <cudarl/reduce.cuh>
 
 typedef long long i64;
 
@@ -24,12 +25,7 @@ __device__ __forceinline__ float act_bwd(float dout, float y, int act) {
   return dout;
 }
 
-__device__ __forceinline__ float warp_sum(float v) {
-  // xor butterfly: every lane ends with the same, order-fixed sum
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
+using cudarl::warp_sum;  // xor butterfly: every lane ends with the same, order-fixed sum
 
 // Tree-reduce sh[ty][tx] over ty (32 rows) into sh[0][tx]; blockDim = (32, 32).
 __device__ __forceinline__ void column_tree(float (*sh)[33]) {

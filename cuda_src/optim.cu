@@ -5,6 +5,7 @@
 // schedule kernels advance counters on the device, so a replayed graph sees the new values.
 // The gradient norm is a two-stage, fixed-order reduction in double: bitwise reproducible.
 #include <cudarl/philox.cuh>
+#include <cudarl/reduce.cuh>
 
 typedef long long i64;
 
@@ -14,15 +15,6 @@ typedef long long i64;
 static_assert(GN_BLOCKS == 2 * GN_THREADS, "spectral_backward folds the partials in two");
 
 namespace {
-
-// Fixed-shape tree over sh[0 .. n) (n a power of two, n == blockDim.x); result in sh[0].
-__device__ __forceinline__ void block_tree(double* sh, int n) {
-  for (int s = n >> 1; s > 0; s >>= 1) {
-    __syncthreads();
-    if ((int)threadIdx.x < s) sh[threadIdx.x] += sh[threadIdx.x + s];
-  }
-  __syncthreads();
-}
 
 __device__ double schedule_lr(i64 s, int kind, double lr_max, double lr_min, i64 warmup, i64 period, i64 mult,
                               bool* restart) {
@@ -54,7 +46,7 @@ extern "C" __global__ __launch_bounds__(GN_THREADS) void cudarl_optim_grad_norm_
     acc += x * x;
   }
   sh[threadIdx.x] = acc;
-  block_tree(sh, GN_THREADS);
+  cudarl::block_tree_sum(sh, GN_THREADS);
   if (threadIdx.x == 0) partial[blockIdx.x] = sh[0];
 }
 
@@ -66,7 +58,7 @@ extern "C" __global__ __launch_bounds__(GN_BLOCKS) void cudarl_optim_grad_norm_f
                                                                                        float* scale, float max_norm) {
   __shared__ double sh[GN_BLOCKS];
   sh[threadIdx.x] = partial[threadIdx.x];
-  block_tree(sh, GN_BLOCKS);
+  cudarl::block_tree_sum(sh, GN_BLOCKS);
   if (threadIdx.x == 0) {
     const double nd = sqrt(sh[0]);
     norm[0] = (float)nd;
@@ -177,7 +169,7 @@ extern "C" __global__ __launch_bounds__(1024) void cudarl_optim_spectral_power_i
       ss += (double)acc * (double)acc;
     }
     sh[t] = ss;
-    block_tree(sh, 1024);
+    cudarl::block_tree_sum(sh, 1024);
     const double nv = sqrt(sh[0]);
     __syncthreads();
     for (i64 j = t; j < cols; j += 1024) v[j] = (float)((double)v[j] / nv);
@@ -186,8 +178,7 @@ extern "C" __global__ __launch_bounds__(1024) void cudarl_optim_spectral_power_i
   for (i64 i = warp; i < rows; i += 32) {
     float acc = 0.f;
     for (i64 j = lane; j < cols; j += 32) acc += W[i * cols + j] * v[j];
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+    acc = cudarl::warp_sum(acc);
     if (lane == 0) wv[i] = acc;
   }
   __syncthreads();
@@ -195,7 +186,7 @@ extern "C" __global__ __launch_bounds__(1024) void cudarl_optim_spectral_power_i
     double ss = 0.0;
     for (i64 i = t; i < rows; i += 1024) ss += (double)wv[i] * (double)wv[i];
     sh[t] = ss;
-    block_tree(sh, 1024);
+    cudarl::block_tree_sum(sh, 1024);
     const double nw = sqrt(sh[0]);
     __syncthreads();
     for (i64 i = t; i < rows; i += 1024) u[i] = (float)((double)wv[i] / nw);
@@ -204,7 +195,7 @@ extern "C" __global__ __launch_bounds__(1024) void cudarl_optim_spectral_power_i
   double d = 0.0;
   for (i64 i = t; i < rows; i += 1024) d += (double)u[i] * (double)wv[i];
   sh[t] = d;
-  block_tree(sh, 1024);
+  cudarl::block_tree_sum(sh, 1024);
   if (t == 0) sigma[0] = (float)sh[0];
 }
 
@@ -224,7 +215,7 @@ extern "C" __global__ __launch_bounds__(GN_THREADS) void cudarl_optim_spectral_d
   for (i64 i = (i64)blockIdx.x * GN_THREADS + threadIdx.x; i < n; i += (i64)GN_BLOCKS * GN_THREADS)
     acc += (double)a[i] * (double)b[i];
   sh[threadIdx.x] = acc;
-  block_tree(sh, GN_THREADS);
+  cudarl::block_tree_sum(sh, GN_THREADS);
   if (threadIdx.x == 0) partial[blockIdx.x] = sh[0];
 }
 
@@ -238,7 +229,7 @@ extern "C" __global__ __launch_bounds__(GN_THREADS) void cudarl_optim_spectral_b
                                                                                        i64 rows, i64 cols) {
   __shared__ double sh[GN_THREADS];
   sh[threadIdx.x] = partial[threadIdx.x] + partial[threadIdx.x + GN_THREADS];
-  block_tree(sh, GN_THREADS);
+  cudarl::block_tree_sum(sh, GN_THREADS);
   const float c = (float)sh[0], s = sigma[0];
   const i64 n = rows * cols;
   for (i64 k = blockIdx.x * (i64)blockDim.x + threadIdx.x; k < n; k += (i64)gridDim.x * blockDim.x) {

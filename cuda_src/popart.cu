@@ -7,6 +7,7 @@
 //   scale: support units per standard deviation. The normalised coordinate is
 //   y_hat = (y - mu) / s with s = sigma / scale.
 // beta is read from device memory (a schedule may move it between replays). No atomics.
+#include <cudarl/reduce.cuh>
 
 #define PA_MU 0
 #define PA_SIGMA 1
@@ -30,11 +31,8 @@ extern "C" __global__ void cudarl_popart_update(const float* __restrict__ y, flo
   float a1 = 0.f, a2 = 0.f;
   for (int i = t; i < B; i += PA_REDUCE_THREADS) { const float v = y[i]; a1 += v; a2 += v * v; }
   s1[t] = a1; s2[t] = a2;
-  __syncthreads();
-  for (int h = PA_REDUCE_THREADS / 2; h > 0; h >>= 1) {
-    if (t < h) { s1[t] += s1[t + h]; s2[t] += s2[t + h]; }
-    __syncthreads();
-  }
+  cudarl::block_tree_sum(s1, PA_REDUCE_THREADS);  // the same tree for each: sums as in one fused loop
+  cudarl::block_tree_sum(s2, PA_REDUCE_THREADS);
   if (t == 0) {
     const float bt = beta[0];
     const float mean = s1[0] / (float)B, mean2 = s2[0] / (float)B;

@@ -5,34 +5,15 @@
 // block, fixed order) writes out [2A + 2] = {mean_b Q[b, a] (A), mean entropy, utilisation,
 // var_b Q[b, a] (A)}; out may be a mapped pinned view the host reads after an event.
 
+#include <cudarl/reduce.cuh>
+
 #define QS_WARP 32
-#define QS_FULL 0xffffffffu
 #define QS_NEG_INF __int_as_float((int)0xff800000u)
 #define QS_THREADS 256
 
 namespace {
-__device__ __forceinline__ float warp_sum(float v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(QS_FULL, v, o);
-  return v;
-}
-__device__ __forceinline__ float warp_max(float v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(QS_FULL, v, o));
-  return v;
-}
-// Sum of one value per thread over a block of QS_THREADS, fixed tree; result in every thread.
-__device__ float block_sum(float v, float* sh) {
-  const int t = threadIdx.x;
-  __syncthreads();  // sh may still be read from the previous call
-  sh[t] = v;
-  __syncthreads();
-  for (int h = QS_THREADS / 2; h > 0; h >>= 1) {
-    if (t < h) sh[t] += sh[t + h];
-    __syncthreads();
-  }
-  return sh[0];
-}
+using cudarl::warp_max;
+using cudarl::warp_sum;
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------
@@ -85,21 +66,21 @@ extern "C" __global__ void cudarl_qstats_reduce(const float* __restrict__ q, con
   for (int a = 0; a < A; ++a) {
     float acc = 0.f;
     for (int b = t; b < B; b += QS_THREADS) acc += q[(long long)b * A + a];
-    const float mean = block_sum(acc, sh) * inv_b;
+    const float mean = cudarl::block_sum(acc, sh, QS_THREADS) * inv_b;
     float acc2 = 0.f;
     for (int b = t; b < B; b += QS_THREADS) { const float d = q[(long long)b * A + a] - mean; acc2 += d * d; }
-    const float var = block_sum(acc2, sh) * inv_b;
+    const float var = cudarl::block_sum(acc2, sh, QS_THREADS) * inv_b;
     if (t == 0) { out[a] = mean; out[A + 2 + a] = var; }
   }
   float acc = 0.f;
   for (int b = t; b < B; b += QS_THREADS) acc += ent[b];
-  const float h = block_sum(acc, sh) * inv_b;
+  const float h = cudarl::block_sum(acc, sh, QS_THREADS) * inv_b;
   int used = 0;
   const float thresh = 1.f / (10.f * (float)K);
   for (int k = 0; k < K; ++k) {
     float m = 0.f;
     for (int b = t; b < B; b += QS_THREADS) m += mass[(long long)b * K + k];
-    const float col = block_sum(m, sh) * inv_b;
+    const float col = cudarl::block_sum(m, sh, QS_THREADS) * inv_b;
     used += col > thresh ? 1 : 0;
   }
   if (t == 0) { out[A] = h; out[A + 1] = (float)used / (float)K; }

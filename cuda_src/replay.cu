@@ -11,6 +11,7 @@
 // Every size, counter and schedule that changes between replays (added, step, max_q) is read
 // from device memory, so a graph captured at one size samples rows added later.
 #include <cudarl/philox.cuh>
+#include <cudarl/reduce.cuh>
 
 typedef long long i64;
 typedef unsigned long long u64;
@@ -196,12 +197,11 @@ extern "C" __global__ void cudarl_replay_sample_weights(const i64* qsel, float* 
   const double beta = __dadd_rn(beta0, __dmul_rn(__dadd_rn(beta_final, -beta0), frac));
   u64 m = ~0ull;
   for (i64 j = threadIdx.x; j < B; j += blockDim.x) m = umin64(m, (u64)qsel[j]);
-  for (int o = 16; o > 0; o >>= 1) m = umin64(m, __shfl_xor_sync(0xffffffffu, m, o));
+  m = cudarl::warp_min(m);
   if ((threadIdx.x & 31) == 0) smin[threadIdx.x >> 5] = m;
   __syncthreads();
   if (threadIdx.x < 32) {
-    m = threadIdx.x < (blockDim.x >> 5) ? smin[threadIdx.x] : ~0ull;
-    for (int o = 16; o > 0; o >>= 1) m = umin64(m, __shfl_xor_sync(0xffffffffu, m, o));
+    m = cudarl::warp_min(threadIdx.x < (blockDim.x >> 5) ? smin[threadIdx.x] : ~0ull);
     if (threadIdx.x == 0) smin[0] = m;
   }
   __syncthreads();
@@ -298,7 +298,7 @@ extern "C" __global__ void cudarl_replay_update_priorities(const int* indices, c
     add_to_ancestors(tree, levels, depth, i, q - old);
     m = umax64(m, (u64)q);
   }
-  for (int o = 16; o > 0; o >>= 1) m = umax64(m, __shfl_xor_sync(0xffffffffu, m, o));
+  m = cudarl::warp_max(m);
   if ((threadIdx.x & 31) == 0) smax[threadIdx.x >> 5] = m;
   if (flags) atomicOr(&sflags, flags);
   __syncthreads();
