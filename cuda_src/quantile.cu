@@ -10,17 +10,13 @@
 // (A cache lines for the small A of trading) and the A column passes share them through L1:
 // DRAM traffic stays one read of the sample. Full-row writes walk the flat index (coalesced).
 #include <cudarl/philox.cuh>
+#include <cudarl/reduce.cuh>
 
 #define Q_WARP 32
-#define Q_FULL 0xffffffffu
 #define Q_NAN __int_as_float((int)0x7fffffffu)
 
 namespace {
-__device__ __forceinline__ float warp_sum(float v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(Q_FULL, v, o);
-  return v;
-}
+using cudarl::warp_sum;
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------
@@ -135,10 +131,6 @@ extern "C" __global__ void cudarl_quantile_weighted_mean(const float* __restrict
   float acc = 0.f;
   for (int i = t; i < n; i += Q_REDUCE_THREADS) acc += w[i] * values[i];
   part[t] = acc;
-  __syncthreads();
-  for (int h = Q_REDUCE_THREADS / 2; h > 0; h >>= 1) {
-    if (t < h) part[t] += part[t + h];
-    __syncthreads();
-  }
+  cudarl::block_tree_sum(part, Q_REDUCE_THREADS);
   if (t == 0) out[0] = scale * part[0];
 }
