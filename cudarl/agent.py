@@ -221,7 +221,7 @@ class Agent:
             self.ops.discount(discount, transitions.done, self.scalars.view("gamma"))
 
         def replay_insert():
-            if replay.store_next_obs:
+            if replay.spec.store_next_obs:
                 replay.add(transitions.obs, transitions.action, transitions.reward, discount, next_obs=transitions.next_obs)
             else:
                 replay.add(transitions.obs, transitions.action, transitions.reward, discount)
@@ -256,7 +256,7 @@ class Agent:
             self.adam.step()
 
         def priorities():
-            replay.update_priorities(state["idx"], self.priority)
+            replay.update_priorities(state["idx"], self.priority, device_rules=True)
 
         def target_update():
             self.soft.step()

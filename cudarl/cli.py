@@ -96,6 +96,183 @@ def synth(
     typer.echo(f"wrote {len(bars)} bars of builtin:{name} (seed {seed}) to {out}")
 
 
+# --- training, evaluation, configuration --------------------------------------------------------
+def build_config(data: Optional[str] = None, config_file: Optional[Path] = None, sets: List[str] = (),
+                 steps: Optional[int] = None, device: Optional[str] = None, seed: Optional[int] = None,
+                 name: Optional[str] = None, out: Optional[Path] = None, base=None):
+    """The run's config: defaults (cudarl.config), then the TOML file, then --set, then the flags.
+
+    Returns ``(config, explicit)`` where ``explicit`` is ``{section: {field: value}}`` of what the
+    user set (the CPU scale-down never touches those). The CLI has no defaults of its own.
+    """
+    from cudarl import backend as _backend
+    from cudarl.config import Config, from_dict, load_toml, parse_override, resolve_for_backend
+
+    explicit: dict = {}
+
+    def put(sec, field, value):
+        explicit.setdefault(sec, {})[field] = value
+
+    if config_file is not None:
+        for sec, vals in load_toml(config_file).items():
+            if not isinstance(vals, dict):
+                fail(f"{config_file}: [{sec}] must be a table of fields")
+            for k, v in vals.items():
+                put(sec, k, v)
+    for text in sets:
+        put(*parse_override(text))
+    for sec, field, v in (("data", "source", data), ("run", "steps", steps), ("run", "device", device),
+                          ("run", "seed", seed), ("run", "name", name), ("run", "out_dir", str(out) if out else None)):
+        if v is not None:
+            put(sec, field, v)
+    cfg = from_dict(explicit, base=base or Config())
+    be = _backend.get({"auto": None, "gpu": "cupy", "cpu": "numpy"}[cfg.run.device])
+    return resolve_for_backend(cfg, be.is_gpu, explicit), explicit
+
+
+def _progress_printer(total: int):
+    """A rich progress bar on a TTY; None otherwise (the trainer then prints evaluations only)."""
+    if not sys.stderr.isatty():
+        return None, None
+    try:
+        from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+    except ImportError:
+        return None, None
+    prog = Progress(TextColumn("[bold]train"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                    TextColumn("{task.fields[info]}"), TimeRemainingColumn(), transient=False)
+    task = prog.add_task("train", total=total, info="")
+
+    def update(step, row, last_eval):
+        sharpe = "n/a" if not last_eval or last_eval.get("sharpe") is None else f"{last_eval['sharpe']:.2f}"
+        prog.update(task, completed=step, info=f"{row['updates_per_s']:.0f} upd/s  loss {row['loss']:.4g}  val Sharpe {sharpe}")
+
+    return prog, update
+
+
+def _user_errors():
+    from cudarl.backend import BackendError
+    from cudarl.checkpoint import CheckpointError
+    from cudarl.config import ConfigError
+    from cudarl.guard import GuardStop
+
+    return (DataError, ConfigError, CheckpointError, BackendError, GuardStop, FileNotFoundError)
+
+
+@app.command("train")
+def train(
+    data: Optional[str] = typer.Argument(None, help="bars: a CSV/Parquet path or builtin:<name> (default: the config's data.source)"),
+    config_file: Optional[Path] = typer.Option(None, "--config", help="a TOML file of config sections (see `cudarl-train config`)"),
+    sets: List[str] = typer.Option([], "--set", help="override one field: SECTION.FIELD=VALUE (repeatable)"),
+    steps: Optional[int] = typer.Option(None, "--steps", help="learner updates (run.steps)"),
+    device: Optional[str] = typer.Option(None, "--device", help="auto, gpu or cpu (run.device)"),
+    seed: Optional[int] = typer.Option(None, "--seed", help="run.seed"),
+    name: Optional[str] = typer.Option(None, "--name", help="run.name"),
+    out: Optional[Path] = typer.Option(None, "--out", help="parent of run directories (run.out_dir)"),
+    resume: Optional[Path] = typer.Option(None, "--resume", help="continue from a checkpoint (its config; --steps may extend it)"),
+):
+    """Train an agent; writes runs/<name>-<time>-<seed>/ (config, metrics, checkpoints, eval)."""
+    from cudarl.trainer import Trainer
+
+    try:
+        if resume is not None:
+            overrides = {"run": {"steps": steps}} if steps is not None else None
+            trainer = Trainer.resume(resume, overrides=overrides, echo=lambda m: typer.echo(m, err=True))
+        else:
+            cfg, _ = build_config(data, config_file, sets, steps, device, seed, name, out)
+            trainer = Trainer(cfg, echo=lambda m: typer.echo(m, err=True))
+        typer.echo(f"run directory: {trainer.run_dir} (backend {trainer.be.name}, {trainer.be.device})", err=True)
+        prog, update = _progress_printer(trainer.cfg.run.steps)
+        if prog is not None:
+            with prog:
+                trainer.run(progress=update)
+        else:
+            trainer.run()
+    except _user_errors() as e:
+        fail(str(e))
+    except ValueError as e:
+        fail(str(e))
+
+
+@app.command("evaluate")
+def evaluate(
+    checkpoint: Path = typer.Argument(..., help="a checkpoint written by train (e.g. runs/x/checkpoints/latest.npz)"),
+    data: Optional[str] = typer.Argument(None, help="bars to evaluate on (default: the run's data.source)"),
+    split: str = typer.Option("test", "--split", help="train, val or test"),
+    out: Optional[Path] = typer.Option(None, "--out", help="output directory (default: <run>/eval/<split>-<step>)"),
+):
+    """Evaluate a checkpoint's greedy policy on a split: summary.json, equity.csv, trades.csv, equity.png."""
+    from cudarl.checkpoint import load
+    from cudarl.config import from_dict
+    from cudarl.features import Normaliser
+    from cudarl.evaluate import write_outputs
+    from cudarl.trainer import Trainer
+
+    if split not in ("train", "val", "test"):
+        fail(f"--split takes train, val or test, got {split!r}", 2)
+    try:
+        state, info = load(checkpoint)
+        cfg = from_dict(info["config"])
+        # the replay is not used here: keep it as small as the config allows
+        rows = cfg.env.n_envs * cfg.env.rows_per_step
+        over = {"replay": {"capacity": cfg.replay.n_step * rows + cfg.agent.batch_size + 1}, "run": {"device": "auto"}}
+        if data is not None:
+            over["data"] = {"source": data}
+        cfg = from_dict(over, base=cfg)
+        t = Trainer(cfg, run_dir=False, normaliser=Normaliser.from_state_dict(state["normaliser"]),
+                    echo=lambda m: typer.echo(m, err=True))
+        t.agent.load_state_dict(state["agent"])
+        t.step = int(state["trainer"]["step"])
+        summary = t.evaluate(split, write=False)
+        ev = t.last_evaluation
+        dest = out or Path(checkpoint).resolve().parents[1] / "eval" / f"{split}-{t.step:08d}"
+        write_outputs(ev, dest)
+        typer.echo(json.dumps({k: summary[k] for k in ("split", "policy", "buy_and_hold", "flat")}, indent=1, default=str))
+        typer.echo(f"wrote {dest}", err=True)
+    except _user_errors() as e:
+        fail(str(e))
+    except (KeyError, ValueError) as e:
+        fail(f"{checkpoint}: {e}")
+
+
+@app.command("config")
+def config_cmd(cpu: bool = typer.Option(False, "--cpu", help="show the defaults as resolved for the NumPy backend")):
+    """Print the default configuration as TOML (edit it and pass it with --config)."""
+    from cudarl.config import Config, resolve_for_backend
+
+    cfg = resolve_for_backend(Config(), not cpu, {})
+    typer.echo(cfg.to_toml())
+
+
+@app.command("info")
+def info():
+    """Backend, device and kernel families of this installation."""
+    from cudarl import __version__, kernels
+    from cudarl.backend import cupy_unavailable_reason, get
+
+    be = get()
+    typer.echo(f"cudarl {__version__}")
+    typer.echo(f"backend: {be.name} ({be.device})" + (f", compute capability {be.compute_capability}" if be.compute_capability else ""))
+    reason = cupy_unavailable_reason()
+    if reason:
+        typer.echo(f"GPU: not used: {reason}")
+    typer.echo(f"CUDA sources: {kernels.SRC_DIR}")
+    typer.echo(f"kernel families: {', '.join(kernels.families())}")
+
+
+@app.command("bench")
+def bench(steps: int = typer.Option(200, "--steps", help="timed replays"),
+          cpu: bool = typer.Option(False, "--cpu", help="time the NumPy backend instead (slow)")):
+    """Time the train and collect steps of the reference workload (DESIGN.md) as graph replays."""
+    from cudarl.bench import step_benchmark
+
+    try:
+        rows = step_benchmark(repeats=steps, device="cpu" if cpu else "gpu")
+    except _user_errors() as e:
+        fail(str(e))
+    for r in rows:
+        typer.echo(f"{r['case']:<40} {r['metric']:<28} {r['value']:>12.4g} {r['unit']}")
+
+
 def main() -> None:
     """Console-script entry point: an unexpected error is one line too (CUDARL_DEBUG=1 shows the traceback)."""
     import os

@@ -288,11 +288,13 @@ class PrioritizedReplay:
     def _index_check(self, a):
         return None if np.all((a >= 0) & (a < self.capacity)) else f"indices must lie in [0, {self.capacity})"
 
-    def update_priorities(self, indices, td) -> None:
+    def update_priorities(self, indices, td, device_rules: bool = False) -> None:
         """Set ``p_i = (|td_i| + eps)**alpha`` (fixed point) for rows ``indices``.
 
         Args:
             indices: int32 ``[B]``; td: float32 ``[B]``.
+            device_rules: apply the device rules to NumPy ``td`` too instead of raising (the
+                trainer's step does, so a NaN loss reaches the guard on both backends).
         When an index appears more than once, its last occurrence in batch order wins. NumPy
         arguments with NaN/inf ``td`` or out-of-range indices raise; CuPy arguments follow the
         device rules (that priority left unchanged, status bit set). Rows that are no longer
@@ -302,7 +304,7 @@ class PrioritizedReplay:
             raise ValueError(f"indices: expected an int32 array [B], got {getattr(indices, 'shape', type(indices).__name__)}")
         B = int(indices.shape[0])
         indices = self._arg("indices", indices, (B,), np.int32, check_values=self._index_check)
-        td = self._arg("td", td, (B,), np.float32, check_values=self._finite)
+        td = self._arg("td", td, (B,), np.float32, check_values=None if device_rules else self._finite)
         self._ops.update_priorities(self.spec, self.bufs, indices, td)
 
     def priorities(self) -> np.ndarray:

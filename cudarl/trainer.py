@@ -56,13 +56,16 @@ class Prepared:
     periods_per_year: float
 
 
-def prepare_data(cfg: Config, bars=None) -> Prepared:
-    """Load (or take) the bars, compute causal features, split, and fit the normaliser on train."""
+def prepare_data(cfg: Config, bars=None, normaliser: Normaliser | None = None) -> Prepared:
+    """Load (or take) the bars, compute causal features, split, and fit the normaliser on train
+    (or use ``normaliser``, a trained model's, when evaluating on other data)."""
     bars = bars if bars is not None else load_bars(cfg.data.source, min_bars=cfg.env.episode_len + 3)
     feats = compute(bars, cfg.features)
     splits = chronological(len(bars), cfg.data.train_frac, cfg.data.val_frac, warmup=feats.warmup)
     sign = return_sign(feats.names, cfg.features)
-    norm = Normaliser.fit(feats, splits.train, center=~sign)
+    if normaliser is not None and tuple(normaliser.names) != tuple(feats.names):
+        raise ValueError(f"the model was trained on features {list(normaliser.names)}; these bars give {list(feats.names)}")
+    norm = normaliser or Normaliser.fit(feats, splits.train, center=~sign)
     ppy = cfg.data.periods_per_year or bars.infer_periods_per_year()[0]
     return Prepared(bars, norm.transform(feats.values), feats.names, sign, splits, norm, float(ppy))
 
@@ -94,14 +97,15 @@ class Trainer:
         cfg: the resolved :class:`Config` (``cudarl.config.resolve_for_backend`` already applied).
         run_dir: where outputs go (default ``<run.out_dir>/<name>-<time>-<seed>``); ``False`` for none.
         bars: optional already-loaded :class:`cudarl.data.Bars` (tests, the learning checks).
+        normaliser: a trained model's feature normaliser (evaluation on other bars).
         echo: a function printing one line (progress when not on a TTY, guard events, evaluations).
     """
 
-    def __init__(self, cfg: Config, *, run_dir=None, bars=None, echo=print):
+    def __init__(self, cfg: Config, *, run_dir=None, bars=None, normaliser=None, echo=print):
         self.cfg, self.echo = cfg, echo
         self.be = _backend.get({"auto": None, "gpu": "cupy", "cpu": "numpy"}[cfg.run.device])
         xp = self.xp = self.be.xp
-        self.data = prepare_data(cfg, bars)
+        self.data = prepare_data(cfg, bars, normaliser)
         tr = self.data.splits.train
         b = self.data.bars
         # environments over the training split
@@ -341,6 +345,7 @@ class Trainer:
         ev = evaluate_positions(self.data.bars, pos, split, cost_bps=e.cost_bps, slippage_bps=e.slippage_bps,
                                 periods_per_year=self.data.periods_per_year, fill=e.fill)
         ev.summary["step"] = self.step
+        self.last_evaluation = ev
         if write and self.run_dir is not None:
             write_outputs(ev, self.run_dir / "eval" / f"{split_name}-{self.step:08d}", plot=True)
         p = ev.summary["policy"]

@@ -145,6 +145,8 @@ def test_gpu_env_parity_4096_envs_1000_steps(cp, rng):
         a_c = cpu.act(q, eps_c)
         a_g = gpu.act(cp.asarray(q), eps_g)
         np.testing.assert_array_equal(a_g.get(), a_c, err_msg=f"actions at step {k}")
+        for buf in (gpu.obs, gpu.reward, gpu.done):
+            poison(buf)
         if k % 2:
             s = rng.random(4096).astype(F32)
             cpu.step(scale=s)
@@ -168,6 +170,7 @@ def test_gpu_record_parity(cp, rng, n, a_n, f_n, cf, mirror):
                     mirror=mirror, seed=7)
     cpu, gpu = _pair(rng, cfg, t_n=200, f_n=f_n)
     out_c, out_g = cpu.make_transitions(), gpu.make_transitions()
+    _assert_state_equal(gpu, cpu, "after reset")
     for k in range(12):
         a = rng.integers(0, a_n, n).astype(np.int32)
         s = rng.random(n).astype(F32)
@@ -180,6 +183,7 @@ def test_gpu_record_parity(cp, rng, n, a_n, f_n, cf, mirror):
         assert_parity(out_g.reward, out_c.reward, rtol=1e-6, what=f"reward at step {k}")
         cpu.step(a, s)
         gpu.step(cp.asarray(a), cp.asarray(s))
+        _assert_state_equal(gpu, cpu, f"step {k}")
 
 
 @pytest.mark.gpu

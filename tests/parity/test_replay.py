@@ -698,3 +698,22 @@ def test_gpu_store_next_obs_graphed_equals_eager_bitwise(cp, rng):
     for name in ("tree", "obs", "next_obs", "action", "reward", "discount"):
         assert_bitwise(getattr(bufs[1].bufs, name), getattr(bufs[0].bufs, name), what=name)
     assert_bitwise(bufs[1]._scalars.buffer, bufs[0]._scalars.buffer, what="counters")
+
+
+def test_device_rules_on_numpy_skip_nan_td_instead_of_raising():
+    import numpy as np
+
+    from cudarl.replay import PrioritizedReplay
+
+    r = PrioritizedReplay(64, 3, backend="numpy")
+    r.add(np.ones((10, 3), np.float32), np.zeros(10, np.int32), np.ones(10, np.float32), np.full(10, 0.9, np.float32))
+    before = r.priorities().copy()
+    idx = np.array([2, 3], np.int32)
+    td = np.array([np.nan, 5.0], np.float32)
+    with pytest.raises(ValueError, match="td: contains NaN"):
+        r.update_priorities(idx, td)
+    np.testing.assert_array_equal(r.priorities(), before)
+    r.update_priorities(idx, td, device_rules=True)
+    after = r.priorities()
+    assert after[2] == before[2] and after[3] != before[3]
+    assert r.status(), "the skipped NaN must be reported in the status bits"

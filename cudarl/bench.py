@@ -1,0 +1,94 @@
+"""The step benchmark: train and collect graph replays of the reference workload (DESIGN.md).
+
+Reference workload: 64 features, MLP 256-256, dueling C51 with 51 atoms, 3 actions, batch 512,
+replay capacity 1M, n-step 3. ``tools/bench_step.py`` adds the PyTorch arms and the epoch over
+4M bars; ``cudarl-train bench`` prints this part.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+
+import numpy as np
+
+from .config import Config, from_dict
+
+
+def reference_config(device: str = "gpu", capacity: int = 1_000_000, **over) -> Config:
+    """The DESIGN.md reference workload as a :class:`Config` (64 features come from extra columns)."""
+    d = {"run": {"device": device, "eval_every": 0, "checkpoint_every": 0, "log_every": 10**9},
+         "net": {"hidden": [256, 256], "head": "c51", "atoms": 51},
+         "agent": {"batch_size": 512, "learning_starts": 512},
+         "replay": {"capacity": capacity, "n_step": 3},
+         "env": {"n_envs": 4096, "episode_len": 1024, "n_actions": 3}}
+    for sec, vals in over.items():
+        d.setdefault(sec, {}).update(vals)
+    return from_dict(d)
+
+
+def reference_bars(n_bars: int = 20_000, n_features: int = 64, seed: int = 0):
+    """Regime bars with extra random columns so the observation has ``n_features`` features + 2."""
+    from .datasets import regime
+    from .features import FeatureConfig, compute
+
+    bars = regime(n=n_bars, seed=seed)
+    base = len(compute(bars, FeatureConfig()).names)
+    rng = np.random.default_rng(seed)
+    for k in range(max(0, n_features - base)):
+        bars.extra[f"noise_{k:02d}"] = rng.standard_normal(n_bars)
+    return bars
+
+
+def _time(fn, sync, repeats: int) -> float:
+    """Median microseconds per call, each call followed by ``sync`` (the replays are timed whole)."""
+    for _ in range(5):
+        fn()
+    sync()
+    ts = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        sync()
+        ts.append((time.perf_counter() - t0) * 1e6)
+    return statistics.median(ts)
+
+
+def step_benchmark(repeats: int = 200, device: str = "gpu", cfg: Config | None = None, bars=None) -> list[dict]:
+    """Median µs per train-graph replay and per collect-graph replay, timed with CUDA events on the GPU."""
+    from .trainer import Trainer
+
+    cfg = cfg or reference_config(device)
+    t = Trainer(cfg, run_dir=False, bars=bars if bars is not None else reference_bars(), echo=lambda m: None)
+    t._capture()
+    while t._ready_rows() < cfg.agent.batch_size:
+        t.collect_graph.replay()
+        t.collect_steps += 1
+    rows = []
+    if t.be.is_gpu:
+        import cupy
+
+        def timed(graph):
+            for _ in range(10):
+                graph.replay()
+            s = t.stream
+            start, end = cupy.cuda.Event(), cupy.cuda.Event()
+            ts = []
+            for _ in range(repeats):
+                start.record(s)
+                graph.replay()
+                end.record(s)
+                end.synchronize()
+                ts.append(cupy.cuda.get_elapsed_time(start, end) * 1e3)
+            return statistics.median(ts)
+
+        train_us, collect_us = timed(t.train_graph), timed(t.collect_graph)
+    else:
+        train_us = _time(t.train_graph.replay, t.synchronize, repeats)
+        collect_us = _time(t.collect_graph.replay, t.synchronize, repeats)
+    case = f"reference step ({t.be.device})"
+    rows.append({"case": case, "metric": "train step (graph replay)", "value": train_us, "unit": "us", "target": "<= 100 us"})
+    rows.append({"case": case, "metric": f"collect step, {cfg.env.n_envs} envs", "value": collect_us, "unit": "us", "target": "<= 50 us"})
+    prof = t.train_graph.profile(repeats=max(5, repeats // 10)) if t.be.is_gpu else {}
+    for phase, ms in prof.items():
+        rows.append({"case": case, "metric": f"phase {phase}", "value": ms * 1e3, "unit": "us", "target": ""})
+    return rows

@@ -1,0 +1,135 @@
+"""The trainer on the NumPy backend: run directory, determinism, exact resume, the guard."""
+import numpy as np
+import pytest
+
+from cudarl.config import Config, from_dict, resolve_for_backend
+from cudarl.guard import GuardStop
+from cudarl.trainer import Trainer
+
+
+def small(tmp_path=None, **over):
+    cfg = resolve_for_backend(from_dict({"run": {"device": "cpu"}}), False, {})
+    base = {"run": {"steps": 60, "eval_every": 0, "checkpoint_every": 0, "log_every": 20,
+                    "out_dir": str(tmp_path or "runs")},
+            "data": {"source": "builtin:regime?n=1500"},
+            "env": {"n_envs": 8, "episode_len": 128},
+            "replay": {"capacity": 4096},
+            "net": {"hidden": [32, 32]},
+            "agent": {"batch_size": 32, "learning_starts": 200},
+            "guard": {"snapshot_every": 20}}
+    for sec, vals in over.items():
+        base.setdefault(sec, {}).update(vals)
+    return from_dict(base, base=cfg)
+
+
+def test_same_seed_runs_are_bitwise_identical(tmp_path):
+    a = Trainer(small(), run_dir=False, echo=lambda m: None)
+    b = Trainer(small(), run_dir=False, echo=lambda m: None)
+    a.run(40)
+    b.run(40)
+    assert len(a.losses) == 40 and a.losses == b.losses
+    np.testing.assert_array_equal(a.agent.online.params, b.agent.online.params)
+    c = Trainer(small(run={"seed": 1}), run_dir=False, echo=lambda m: None)
+    c.run(40)
+    assert c.losses != a.losses
+
+
+def test_resume_continues_exactly(tmp_path):
+    full = Trainer(small(), run_dir=tmp_path / "full", echo=lambda m: None)
+    full.run(100)
+    half = Trainer(small(), run_dir=tmp_path / "half", echo=lambda m: None)
+    half.run(50)
+    path = half.save(numbered=True)
+    resumed = Trainer.resume(path, run_dir=tmp_path / "resumed", echo=lambda m: None)
+    assert resumed.step == 50
+    resumed.run(100)
+    assert resumed.losses == full.losses[50:100]  # the next 50 losses, bit for bit
+    np.testing.assert_array_equal(resumed.agent.online.params, full.agent.online.params)
+
+
+def test_run_directory_is_complete(tmp_path):
+    t = Trainer(small(run={"eval_every": 30}), run_dir=tmp_path / "run", echo=lambda m: None)
+    t.run()
+    d = tmp_path / "run"
+    for f in ("config.toml", "env.json", "data_report.json", "metrics.jsonl", "metrics.csv", "checkpoints/latest.npz"):
+        assert (d / f).is_file(), f
+    evals = sorted(p.name for p in (d / "eval").iterdir())
+    assert evals == ["val-00000030", "val-00000060"]
+    assert (d / "eval" / "val-00000060" / "summary.json").is_file()
+    assert "sharpe" in t.last_eval and np.isfinite(t.last_eval["sharpe"])
+
+
+@pytest.mark.parametrize("action", ["stop", "rollback"])
+def test_nan_in_the_features_trips_the_guard(action):
+    """NaN in the stored features the learner reads gives a NaN loss; the guard acts as configured."""
+    t = Trainer(small(guard={"action": action, "max_rollbacks": 2}), run_dir=False, echo=lambda m: None)
+    t.run(30)
+    t.replay.bufs.obs[:, 0] = np.nan  # every stored feature row is poisoned
+    with pytest.raises(GuardStop, match=r"loss = nan.*action: stop"):
+        t.run(60)
+    kinds = [(e["event"], e.get("action")) for e in t.events]
+    if action == "stop":
+        assert kinds == [("guard", "stop")]
+    else:
+        assert kinds == [("guard", "rollback"), ("rollback", None), ("guard", "rollback"), ("rollback", None), ("guard", "stop")]
+
+
+def gpu_small(**over):
+    base = {"run": {"device": "gpu"}, "env": {"n_envs": 64}, "replay": {"capacity": 20_000},
+            "agent": {"batch_size": 128, "learning_starts": 1000}, "net": {"hidden": [64, 64]}}
+    for sec, vals in over.items():
+        base.setdefault(sec, {}).update(vals)
+    return small(**base)
+
+
+@pytest.mark.gpu
+def test_gpu_same_seed_runs_are_bitwise_identical():
+    a = Trainer(gpu_small(), run_dir=False, echo=lambda m: None)
+    b = Trainer(gpu_small(), run_dir=False, echo=lambda m: None)
+    a.run(60)
+    b.run(60)
+    assert len(a.losses) == 60 and a.losses == b.losses
+    assert np.array_equal(a.agent.online.params.get(), b.agent.online.params.get())
+
+
+@pytest.mark.gpu
+def test_gpu_graphed_step_equals_eager_step():
+    g = Trainer(gpu_small(), run_dir=False, echo=lambda m: None)
+    e = Trainer(gpu_small(), run_dir=False, echo=lambda m: None)
+    e.collect_graph.replay = e.collect_graph.run_eager  # the same phases, launched one by one
+    e.train_graph.replay = e.train_graph.run_eager
+    g.run(40)
+    e.run(40)
+    assert g.losses == e.losses
+    assert np.array_equal(g.agent.online.params.get(), e.agent.online.params.get())
+    assert np.array_equal(g.replay.priorities(), e.replay.priorities())
+
+
+@pytest.mark.gpu
+def test_gpu_resume_continues_exactly(tmp_path):
+    full = Trainer(gpu_small(), run_dir=tmp_path / "full", echo=lambda m: None)
+    full.run(100)
+    half = Trainer(gpu_small(), run_dir=tmp_path / "half", echo=lambda m: None)
+    half.run(50)
+    path = half.save(numbered=True)
+    resumed = Trainer.resume(path, run_dir=tmp_path / "resumed", echo=lambda m: None)
+    resumed.run(100)
+    assert resumed.losses == full.losses[50:100]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("head", ["c51", "iqn"])
+def test_gpu_every_feature_moves_its_observable(head):
+    """DESIGN rule 8: with PopArt (C51), counterfactual rows and the mirror on, each observable moves."""
+    over = {"net": {"head": head}, "env": {"counterfactual": True, "mirror": True}, "replay": {"n_step": 1}}
+    if head == "c51":
+        over["agent"] = {"popart": True}
+    t = Trainer(gpu_small(**over), run_dir=False, echo=lambda m: None)
+    p0 = t.agent.online.params.get().copy()
+    t.run(30)
+    assert not np.array_equal(p0, t.agent.online.params.get())
+    if head == "c51":
+        mu, sigma = t.agent.popart.statistics()
+        assert mu != 0.0 and sigma != 1.0
+    rows = t.replay.bufs.action.get()[: t.rows_per_collect]
+    assert t.env.rows_per_step == 4 and len(set(rows.tolist())) == 3  # real, two counterfactual actions, mirror
