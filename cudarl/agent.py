@@ -68,7 +68,8 @@ class C51Rule:
         else:
             from .ops import qstats
 
-            qstats.per_sample(logits, self.support, out, self.act_ent, self.act_mass)
+            n = obs.shape[0]
+            qstats.per_sample(logits, self.support, out, self.act_ent[:n], self.act_mass[:n])
 
     def forward(self, agent: "Agent", batch) -> None:
         self.logits = agent.online.forward(batch.obs, agent.ws_obs)["q"]

@@ -15,6 +15,7 @@ same state machine (capture before replay), so the CPU path is the same program.
 """
 from __future__ import annotations
 
+import gc
 import statistics
 import time
 from contextlib import contextmanager
@@ -117,6 +118,11 @@ class StepGraph:
         where = lambda: f"graph {self.name!r}, phase {self._phase!r}"  # noqa: E731
         rt = cupy.cuda.runtime
         mode = getattr(rt, "streamCaptureModeThreadLocal", 1)
+        # The cyclic garbage collector may free objects that own CUDA resources (pinned host memory,
+        # events) at any moment; a cudaFreeHost inside a capture invalidates it. Seen on the H200 as
+        # a rare cudaErrorStreamCaptureInvalidated, so no collection runs while capturing.
+        gc_was_enabled = gc.isenabled()
+        gc.disable()
         with self.stream:
             self.stream.begin_capture(mode)
             try:
@@ -129,11 +135,17 @@ class StepGraph:
                     self.stream.end_capture()
                 except Exception:
                     pass  # an invalidated capture refuses to end cleanly; the stream is out of capture now
+                if gc_was_enabled:
+                    gc.enable()
                 if isinstance(exc, GraphCaptureError):
                     raise
                 raise GraphCaptureError(f"{failed}: failed during capture ({type(exc).__name__}: {exc}); "
                                         "a host synchronisation or host read cannot be captured") from exc
-            graph = self.stream.end_capture()
+            try:
+                graph = self.stream.end_capture()
+            finally:
+                if gc_was_enabled:
+                    gc.enable()
         return graph
 
     def capture(self) -> None:

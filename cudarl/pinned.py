@@ -133,6 +133,25 @@ class DeviceScalars:
             self.set(name, state[name])
 
 
+class _HostAllocation:
+    """Owns one cudaHostAlloc block; freed when the last array over it goes (no reference cycle,
+    so the cyclic collector never frees it at a random moment, e.g. inside a capture)."""
+
+    def __init__(self, nbytes: int):
+        import cupy
+
+        self.ptr = cupy.cuda.runtime.hostAlloc(nbytes, 2)  # cudaHostAllocMapped
+        self.nbytes = nbytes
+
+    def __del__(self):
+        try:
+            import cupy
+
+            cupy.cuda.runtime.freeHost(self.ptr)
+        except Exception:
+            pass
+
+
 class PinnedReadback:
     """``slots`` rows of ``n`` values of ``dtype`` in mapped pinned host memory, written by kernels,
     read by the host.
@@ -154,17 +173,15 @@ class PinnedReadback:
         total = self.n * self.slots
         self._events = [None] * self.slots
         self._marked = [False] * self.slots
-        self._hptr = None
         if _is_cupy(self.xp):
             import cupy
 
-            rt = cupy.cuda.runtime
             nbytes = total * self.dtype.itemsize
-            self._hptr = rt.hostAlloc(nbytes, 2)  # cudaHostAllocMapped
-            dptr = _device_pointer_of_host(self._hptr)
-            raw = (ctypes.c_uint8 * nbytes).from_address(self._hptr)
+            self._alloc = _HostAllocation(nbytes)
+            dptr = _device_pointer_of_host(self._alloc.ptr)
+            raw = (ctypes.c_uint8 * nbytes).from_address(self._alloc.ptr)
             self.host = np.frombuffer(raw, dtype=self.dtype, count=total)
-            mem = cupy.cuda.UnownedMemory(dptr, nbytes, self)
+            mem = cupy.cuda.UnownedMemory(dptr, nbytes, self._alloc)
             self.device = cupy.ndarray((total,), dtype=self.dtype, memptr=cupy.cuda.MemoryPointer(mem, 0))
             self._events = [cupy.cuda.Event(block=False, disable_timing=True) for _ in range(self.slots)]
         else:
@@ -208,13 +225,3 @@ class PinnedReadback:
             _refuse_if_capturing("PinnedReadback.read")
             self._events[s].synchronize()
         return self.host[s * self.n:(s + 1) * self.n].copy()
-
-    def __del__(self):
-        if self._hptr is not None:
-            try:
-                import cupy
-
-                cupy.cuda.runtime.freeHost(self._hptr)
-            except Exception:
-                pass
-            self._hptr = None

@@ -192,3 +192,15 @@ def test_gpu_profile_times_each_phase(cp):
     g.capture()
     p = g.profile(repeats=5)
     assert set(p) == {"sample", "mix", "advance", "total"} and all(v > 0 for v in p.values())
+
+
+@pytest.mark.gpu
+def test_gpu_no_garbage_collection_during_capture(cp):
+    """A cyclic-GC pass freeing pinned memory inside a capture invalidated it (seen once on the H200)."""
+    import gc
+
+    seen = []
+    g = StepGraph("nogc", [("probe", lambda: seen.append(gc.isenabled()))])
+    assert gc.isenabled()
+    g.capture()
+    assert seen == [False] and gc.isenabled()
