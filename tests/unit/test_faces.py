@@ -28,3 +28,14 @@ def test_the_checker_catches_a_missing_face(tmp_path, monkeypatch):
     assert "cudarl/reference/demo.py: no function for op(s) op" in found
     assert "cudarl/ops/demo.py: missing" in found
     assert "tests/parity/test_demo.py: missing" in found
+
+
+def test_config_reference_is_current():
+    """docs/config.md is generated from the dataclasses; a changed default must regenerate it."""
+    spec = importlib.util.spec_from_file_location("gen", ROOT / "tools" / "gen_config_reference.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert (ROOT / "docs" / "config.md").read_text() == mod.render(), "run python tools/gen_config_reference.py"
+    for name, cls in mod.SECTIONS.items():
+        undocumented = [f.name for f in mod.dataclasses.fields(cls) if f.name not in mod.field_docs(cls)]
+        assert not undocumented, f"[{name}] fields without a docstring: {undocumented}"
