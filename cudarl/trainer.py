@@ -199,16 +199,36 @@ class Trainer:
         v = self.agent.readback.read(step % PUBLISH_SLOTS)
         return float(v[0]), float(v[1])
 
-    def run(self, steps: int | None = None, progress=None) -> dict:
-        """Train until ``steps`` learner updates in total (default ``run.steps``); returns the last evaluation."""
-        cfg, target = self.cfg, int(steps if steps is not None else self.cfg.run.steps)
-        a = cfg.agent
-        # collect: fill the replay until a batch can be sampled
+    def prime(self) -> None:
+        """Capture both graphs and collect until the replay holds enough rows to learn from
+        (``max(agent.learning_starts, agent.batch_size)``); :meth:`run` starts with this."""
+        a = self.cfg.agent
         need = max(a.learning_starts, a.batch_size)
         self._capture()
         while self._ready_rows() < need:
             self.collect_graph.replay()
             self.collect_steps += 1
+
+    def advance(self, collect_steps: int) -> None:
+        """Launch ``collect_steps`` collection steps, each followed by ``agent.updates_per_collect``
+        learner updates, back to back on the stream (call :meth:`prime` first).
+
+        Only graph replays: no loss readback, guard, logging, evaluation or checkpoint (for
+        benchmarks; :meth:`run` is the training loop). Returns without synchronising.
+        """
+        k = self.cfg.agent.updates_per_collect
+        for _ in range(int(collect_steps)):
+            self.collect_graph.replay()
+            self.collect_steps += 1
+            for _ in range(k):
+                self.train_graph.replay()
+                self.step += 1
+
+    def run(self, steps: int | None = None, progress=None) -> dict:
+        """Train until ``steps`` learner updates in total (default ``run.steps``); returns the last evaluation."""
+        cfg, target = self.cfg, int(steps if steps is not None else self.cfg.run.steps)
+        a = cfg.agent
+        self.prime()
         t0, last_t, last_step = time.perf_counter(), time.perf_counter(), self.step
         pending = None  # the update whose loss has not been read yet
         while self.step < target:

@@ -73,31 +73,16 @@ def cudarl_arms(args, x_np, d_np, tf32: bool):
 
 
 def torch_arms(args, x_np, d_np, net_params: dict, compile_: bool = False):
-    import statistics
-
     import torch
+
+    from torch_c51 import dueling_c51, load_cudarl_params, torch_time_us
 
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     dev = torch.device("cuda")
-
-    class Net(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.l0, self.l1 = torch.nn.Linear(F, H), torch.nn.Linear(H, H)
-            self.va = torch.nn.Linear(H, (1 + A) * Z)
-
-        def forward(self, x):
-            h = torch.relu(self.l1(torch.relu(self.l0(x))))
-            va = self.va(h)
-            v, adv = va[:, :Z].unsqueeze(1), va[:, Z:].reshape(-1, A, Z)
-            return v + adv - adv.mean(1, keepdim=True)
-
-    model = Net().to(dev)
-    with torch.no_grad():  # the same weights as cudarl (stored [in, out] there)
-        for mod, name in ((model.l0, "enc.0"), (model.l1, "enc.1"), (model.va, "head.va")):
-            mod.weight.copy_(torch.from_numpy(net_params[f"{name}.weight"].T.copy()))
-            mod.bias.copy_(torch.from_numpy(net_params[f"{name}.bias"]))
+    model = dueling_c51(F, (H, H), A, Z)
+    load_cudarl_params(model, net_params)  # the same weights as cudarl
+    model = model.to(dev)
     fwd = torch.compile(model) if compile_ else model
     opt = torch.optim.Adam(model.parameters(), lr=LR, capturable=True, foreach=True)
     x, d = torch.from_numpy(x_np).to(dev), torch.from_numpy(d_np).to(dev)
@@ -109,21 +94,6 @@ def torch_arms(args, x_np, d_np, net_params: dict, compile_: bool = False):
         torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP, foreach=True)
         opt.step()
 
-    def time_it(fn, inner):
-        for _ in range(10):
-            fn()
-        torch.cuda.synchronize()
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        ts = []
-        for _ in range(args.repeats):
-            s.record()
-            for _ in range(inner):
-                fn()
-            e.record()
-            e.synchronize()
-            ts.append(s.elapsed_time(e) * 1e3 / inner)
-        return statistics.median(ts)
-
     tag = "pytorch" + (" compile" if compile_ else "") + " fp32"
     rows = []
 
@@ -132,7 +102,7 @@ def torch_arms(args, x_np, d_np, net_params: dict, compile_: bool = False):
         step()
 
     if not compile_:
-        rows.append(row(tag, "eager", time_it(eager_step, args.inner), "us"))
+        rows.append(row(tag, "eager", torch_time_us(eager_step, args.repeats, inner=args.inner), "us"))
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
@@ -143,7 +113,7 @@ def torch_arms(args, x_np, d_np, net_params: dict, compile_: bool = False):
     opt.zero_grad(set_to_none=True)
     with torch.cuda.graph(graph):
         step()
-    rows.append(row(tag, "CUDA graph replay", time_it(graph.replay, args.inner), "us"))
+    rows.append(row(tag, "CUDA graph replay", torch_time_us(graph.replay, args.repeats, inner=args.inner), "us"))
     return rows, logits0
 
 
