@@ -64,6 +64,8 @@ extern "C" __global__ void cudarl_c51_next_probs(const float* __restrict__ onlin
 //   g_j = clip((clip(r + d z_j, v_min, v_max) - v_min) / dz, 0, K-1), l_j = floor(g_j), f_j = g_j - l_j
 //   m_i = sum_j p_j [(1 - f_j) 1{l_j = i} + f_j 1{l_j + 1 = i}]
 // An atom exactly on the grid has f_j = 0 and puts all its mass on l_j (no mass lost).
+// A non-finite r or d gives a NaN row (clipping would turn NaN into v_min and hide it from the
+// guard; the seed system's silent failures are what this prevents).
 // Threads: one warp per sample; lane owns output atoms i = lane, lane+32, ... and sums over
 // j = 0..K-1 in order (no scatter, no atomics). Reads K probs + 2 floats + K support per sample
 // (re-read per lane from cache); writes K floats. O(K^2 / 32) flops per lane.
@@ -77,6 +79,10 @@ extern "C" __global__ void cudarl_c51_project(const float* __restrict__ probs, c
   const float dz = (v_max - v_min) / (float)(K - 1);
   const float r = r_t[b], d = discount_t[b];
   const float* p = probs + (long long)b * K;
+  if (!isfinite(r) || !isfinite(d)) {
+    for (int i = lane; i < K; i += C51_WARP) out[(long long)b * K + i] = __int_as_float(0x7fc00000);
+    return;
+  }
   for (int i = lane; i < K; i += C51_WARP) {
     float acc = 0.f;
     for (int j = 0; j < K; ++j) {

@@ -109,6 +109,7 @@ class IQNRule:
         xp, B, N = agent.xp, agent.batch_size, agent.cfg.net.n_quantiles
         self.target = xp.zeros((B, N), np.float32)
         self.a_star = xp.zeros(B, np.int32)
+        self.r_norm = xp.zeros(B, np.float32)
         self.support = None
         # Philox counters of the taus (online s, online s', target s', acting), advanced per step.
         self.counters = DeviceScalars({"tau": np.int64}, xp)
@@ -131,7 +132,14 @@ class IQNRule:
         self.target_next = agent.target.forward(batch.next_obs, agent.target.ws)["q"]
 
     def targets(self, agent: "Agent", batch) -> None:
-        t, a = losses.quantile_targets(self.online_next, self.target_next, batch.ret, batch.discount, self.target, self.a_star)
+        ret = batch.ret
+        if agent.popart is not None:
+            # The statistics follow the n-step returns (the scale of the rewards); quantiles then
+            # live in normalised units: T = (r - (1 - d) mu) / s + d theta'.
+            agent.popart.update(batch.ret)
+            _into(self.r_norm, agent.popart.normalize_rewards(batch.ret, batch.discount, out=self.r_norm))
+            ret = self.r_norm
+        t, a = losses.quantile_targets(self.online_next, self.target_next, ret, batch.discount, self.target, self.a_star)
         _into(self.target, t)
 
     def loss(self, agent: "Agent", batch, weights) -> None:
@@ -196,14 +204,13 @@ class Agent:
         self.priority = xp.zeros(B, np.float32)
         self.q_act = xp.zeros((self.n_envs, n_actions), np.float32)
         self.popart = None
+        self.rule = HEAD_RULES[cfg.net.head](self)
         if a.popart:
             from .popart import PopArt
 
-            if cfg.net.head != "c51":
-                raise ValueError("agent.popart is implemented for the c51 head (reward normalisation into the support)")
-        self.rule = HEAD_RULES[cfg.net.head](self)
-        if a.popart:
-            self.popart = PopArt.for_support(self.rule.support, beta=a.popart_beta, xp=xp)
+            # C51: n_sigma standard deviations of return span half the support; IQN: unit scale
+            self.popart = (PopArt.for_support(self.rule.support, beta=a.popart_beta, xp=xp) if self.rule.support is not None
+                           else PopArt(beta=a.popart_beta, xp=xp))
         self.ops = _agent_ops(xp)
 
     # --- collect -------------------------------------------------------------------------------

@@ -239,8 +239,9 @@ class AgentConfig:
     """Replay priority signal of C51: ``kl`` (KL(target || prediction)) or ``ce`` (cross-entropy)."""
     kappa: float = 1.0
     """Huber threshold of the IQN quantile loss."""
-    popart: bool = False
-    """Normalise n-step rewards with PopArt statistics fitted to the support (see docs/guide.md)."""
+    popart: bool = True
+    """Map returns into normalised coordinates with PopArt statistics before the targets (docs/guide.md). C51:
+    without it bar returns of a few basis points fill one or two atoms; IQN: quantiles of unit scale."""
     popart_beta: float = 3e-4
     """PopArt's statistics step size."""
 

@@ -13,9 +13,15 @@ The policy ``position_t = s_t`` earns ``mu + sigma * s_t * eps_{t+1}`` per bar, 
 and standard deviation ``sigma``; see :func:`regime_sharpe` for its Sharpe with costs.
 
 ``randomwalk``: ``R_{t+1} = sigma * eps_{t+1}``; no policy has an expected edge.
+
+``canary``: ``randomwalk`` plus a leaked column ``next_return``: at bar ``t`` it holds the
+return that a position chosen at close[t] earns in the environment (filled at open[t+1] and
+held to open[t+2] for ``fill=open``; close to close for ``fill=close``), divided by ``sigma``.
+A correct learner must exploit it; one that does not has a bug (tools/learning_check.py).
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from pathlib import Path
 from urllib.parse import parse_qsl
@@ -36,12 +42,13 @@ REAL = {
 #: Defaults of the synthetic sets (one place: the CLI and docs read them from here).
 REGIME_DEFAULTS = {"n": 5000, "seed": 0, "mu": 0.002, "sigma": 0.01, "p": 0.02, "periods_per_year": 252.0}
 RANDOMWALK_DEFAULTS = {"n": 5000, "seed": 0, "sigma": 0.01, "periods_per_year": 252.0}
+CANARY_DEFAULTS = {**RANDOMWALK_DEFAULTS, "fill_close": 0}
 START = np.datetime64("2000-01-03", "D")  # a Monday
 
 
 def names() -> list[str]:
     """Every built-in name."""
-    return sorted(REAL) + ["randomwalk", "regime"]
+    return sorted(REAL) + ["canary", "randomwalk", "regime"]
 
 
 def _params(spec: str, defaults: dict) -> dict:
@@ -69,6 +76,8 @@ def resolve(spec: str):
         return regime(**_params(body, REGIME_DEFAULTS))
     if name == "randomwalk":
         return randomwalk(**_params(body, RANDOMWALK_DEFAULTS))
+    if name == "canary":
+        return canary(**_params(body, CANARY_DEFAULTS))
     raise DataError(spec, [Problem("bad_builtin", f"no built-in data set {name!r}; there are {names()}")])
 
 
@@ -122,6 +131,19 @@ def randomwalk(n=5000, seed=0, sigma=0.01, periods_per_year=252.0) -> Bars:
     r[0] = 0.0
     r[1:] = sigma * rng.standard_normal(n - 1)
     return _bars_from_returns("randomwalk", r, rng, periods_per_year)
+
+
+def canary(n=5000, seed=0, sigma=0.01, periods_per_year=252.0, fill_close=0) -> Bars:
+    """``randomwalk`` with the leaked column ``next_return`` (module docstring).
+
+    ``fill_close`` 0: the env's default fill at the next open; 1: at the next close.
+    """
+    bars = randomwalk(n=n, seed=seed, sigma=sigma, periods_per_year=periods_per_year)
+    px = np.asarray(bars.close if fill_close else bars.open, dtype=np.float64)
+    leak = np.zeros(len(px))
+    leak[:-2] = (px[2:] / px[1:-1] - 1.0) / sigma
+    bars.extra["next_return"] = leak
+    return dataclasses.replace(bars, source="builtin:canary")
 
 
 def regime_optimal_positions(bars: Bars) -> np.ndarray:

@@ -76,6 +76,9 @@ def project(probs_tp1, r_t, discount_t, support, compute_dtype=np.float32):
         m[l_j]     += p_j * (1 - f_j)
         m[l_j + 1] += p_j * f_j                         (only when l_j < K - 1)
 
+    A sample with a non-finite ``r_t`` or ``discount_t`` gets a NaN row, so the loss and the guard
+    see it (clipping alone would turn NaN into ``v_min``).
+
     When ``Tz_j`` lands exactly on an atom (``f_j = 0``, the ``l == u`` case that loses mass in
     the usual ``floor``/``ceil`` formulation) all of ``p_j`` goes to that atom, so
     ``sum_k m_k = sum_j p_j`` always. ``discount_t`` already holds ``gamma^n`` and is 0 at
@@ -95,6 +98,9 @@ def project(probs_tp1, r_t, discount_t, support, compute_dtype=np.float32):
     if z.shape != (K,) or r.shape[0] != B or d.shape[0] != B:
         raise ValueError(f"project: probs {p.shape}, r_t {r.shape[:1]}, discount_t {d.shape[:1]}, support {z.shape} disagree")
     v_min, v_max, dz = support_params(z)
+    bad = ~(np.isfinite(r[:, 0]) & np.isfinite(d[:, 0]))  # NaN rows, as the kernel writes them
+    if bad.any():
+        r, d = np.where(bad[:, None], 0, r), np.where(bad[:, None], 0, d)
     tz = np.clip(r + d * z[None, :], v_min, v_max)
     g = np.clip((tz - v_min) / dz, 0, K - 1)
     lo = np.floor(g)
@@ -106,6 +112,7 @@ def project(probs_tp1, r_t, discount_t, support, compute_dtype=np.float32):
     up = lo + 1
     has_up = up < K  # when lo == K - 1 the fraction is exactly 0
     np.add.at(m, (rows[has_up.ravel()], up[has_up]), (p * frac)[has_up])
+    m[bad] = np.nan
     return m
 
 

@@ -346,3 +346,40 @@ def test_gpu_c51_loss_and_grad_agree_with_pytorch(cp, rng):
     assert_parity(outs["per"], per.detach().numpy().astype(np.float32), what="per-sample loss vs torch")
     assert_parity(outs["loss"], np.float32([loss.item()]), what="loss vs torch")
     assert_parity(outs["grad"], logits.grad.numpy().astype(np.float32), what="grad vs torch")
+
+
+def test_non_finite_reward_or_discount_gives_a_nan_row():
+    import numpy as np
+
+    from cudarl.reference import c51 as ref
+
+    z = np.linspace(-1, 1, 5).astype(np.float32)
+    p = np.full((3, 5), 0.2, np.float32)
+    m = ref.project(p, np.array([0.1, np.nan, 0.2], np.float32), np.array([0.9, 0.9, np.inf], np.float32), z)
+    assert np.all(np.isfinite(m[0])) and abs(m[0].sum() - 1) < 1e-6
+    assert np.all(np.isnan(m[1])) and np.all(np.isnan(m[2]))
+
+
+@pytest.mark.gpu
+def test_gpu_non_finite_reward_gives_the_same_nan_rows(cp):
+    import numpy as np
+
+    from cudarl.ops import c51 as ops
+    from cudarl.reference import c51 as ref
+    from cudarl.testing import assert_parity
+
+    rng = np.random.default_rng(5)
+    B, K = 9, 11
+    z = np.linspace(-2, 2, K).astype(np.float32)
+    p = rng.dirichlet(np.ones(K), B).astype(np.float32)
+    r = rng.standard_normal(B).astype(np.float32)
+    d = np.full(B, 0.9, np.float32)
+    r[3], d[6] = np.nan, np.inf
+    out = cp.zeros((B, K), np.float32)
+    ops.project(cp.asarray(p), cp.asarray(r), cp.asarray(d), cp.asarray(z), out)
+    want = ref.project(p, r, d, z)
+    got = out.get()
+    bad = np.array([3, 6])
+    assert np.all(np.isnan(got[bad])) and np.all(np.isnan(want[bad]))
+    ok = np.setdiff1d(np.arange(B), bad)
+    assert_parity(got[ok], want[ok])
