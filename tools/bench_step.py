@@ -23,7 +23,7 @@ Arms:
   of compiling). Skipped with a printed reason when torch or CUDA is missing.
   Target: cudarl >= 2.5x faster than the fastest PyTorch arm that ran (DESIGN.md names the
   compiled-in-one-graph arm, so the ratio meets its definition only with ``--torch-compile``).
-* epoch (``--epoch``, on by default with a GPU): a ``Trainer`` on ``--epoch-bars`` regime bars
+* epoch (``--epoch``; ``tools/bench_epoch.py`` runs it in a process of its own): a ``Trainer`` on ``--epoch-bars`` regime bars
   (64 features), reference config; after graph capture and warm-up collection, wall time of
   as many collect steps as make env-steps >= training bars, each with
   ``agent.updates_per_collect`` learner updates. Target <= 30 s. Also the train step timed again
@@ -317,7 +317,7 @@ def epoch_arm(args, rows, extra) -> None:
 def main() -> int:
     ap = parser(__doc__)
     ap.add_argument("--epoch", action=argparse.BooleanOptionalAction, default=None,
-                    help="run the epoch arm (default: on when a GPU is present)")
+                    help="also run the epoch arm in this process (tools/bench_epoch.py runs it alone)")
     ap.add_argument("--epoch-bars", type=int, default=4_000_000)
     ap.add_argument("--no-torch", action="store_true", help="skip the PyTorch arms and the check")
     args = ap.parse_args()
@@ -370,7 +370,7 @@ def main() -> int:
         extra["speedup_vs_fastest_torch"] = {"arm": best, "x": torch_us[best] / ours, "arms_ran": list(torch_us),
                                              "target_x": SPEEDUP_TARGET, "compile_arm_ran": bool(args.torch_compile)}
         print(f"PyTorch arms that ran: {ran}; fastest: {best}")
-    run_epoch = args.epoch if args.epoch is not None else not why
+    run_epoch = bool(args.epoch)
     if run_epoch:
         if why:
             rows.append(row("epoch", "skipped", why[:60], ""))

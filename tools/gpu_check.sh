@@ -9,7 +9,7 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/cudarl-gpu}
 BENCH_DIR=${BENCH_DIR:-/tmp/cudarl-bench}
 mkdir -p "$OUT" "$BENCH_DIR"
-export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}$PWD PYTHONUNBUFFERED=1
+export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}$PWD PYTHONUNBUFFERED=1 PYTHONFAULTHANDLER=1
 COMMIT=${CUDARL_COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}
 EXTRA=""; ONLY_TESTS=0
 for a in "$@"; do
