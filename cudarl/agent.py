@@ -72,8 +72,9 @@ class C51Rule:
             qstats.per_sample(logits, self.support, out, self.act_ent[:n], self.act_mass[:n])
 
     def forward(self, agent: "Agent", batch) -> None:
-        self.logits = agent.online.forward(batch.obs, agent.ws_obs)["q"]
-        self.online_next = agent.online.forward(batch.next_obs, agent.ws_next)["q"]
+        both = agent.online.forward(agent.pair, agent.ws)["q"]  # s and s' in one pass: [2B, A, K]
+        B = agent.batch_size
+        self.logits, self.online_next = both[:B], both[B:]
         self.target_next = agent.target.forward(batch.next_obs, agent.target.ws)["q"]
 
     def targets(self, agent: "Agent", batch) -> None:
@@ -93,7 +94,7 @@ class C51Rule:
         _into(self.target, losses.c51_project(self.probs, ret, batch.discount, self.support, out=self.target))
 
     def loss(self, agent: "Agent", batch, weights) -> None:
-        grad = agent.online.grad_outputs(agent.ws_obs)["q"]
+        grad = agent.grad_q()
         res = losses.c51_loss(self.logits, batch.action, self.target, weights, agent.cfg.agent.priority,
                               out_loss_per=agent.loss_per, out_loss=agent.loss, out_grad=grad,
                               out_priority=agent.priority)
@@ -123,11 +124,11 @@ class IQNRule:
         _agent_ops(agent.xp).quantile_mean(out, theta)
 
     def forward(self, agent: "Agent", batch) -> None:
-        B = batch.obs.shape[0]
-        self.taus = self._taus(agent, agent.online, agent.ws_obs, B, 0x1A0)
-        self.theta = agent.online.forward(batch.obs, agent.ws_obs)["q"]
-        self._taus(agent, agent.online, agent.ws_next, B, 0x1A1)
-        self.online_next = agent.online.forward(batch.next_obs, agent.ws_next)["q"]
+        B = agent.batch_size
+        taus = self._taus(agent, agent.online, agent.ws, 2 * B, 0x1A0)  # s and s' in one pass
+        self.taus = taus[:B]
+        both = agent.online.forward(agent.pair, agent.ws)["q"]  # [2B, N, A]
+        self.theta, self.online_next = both[:B], both[B:]
         self._taus(agent, agent.target, agent.target.ws, B, 0x1A2)
         self.target_next = agent.target.forward(batch.next_obs, agent.target.ws)["q"]
 
@@ -143,7 +144,7 @@ class IQNRule:
         _into(self.target, t)
 
     def loss(self, agent: "Agent", batch, weights) -> None:
-        grad = agent.online.grad_outputs(agent.ws_obs)["q"]
+        grad = agent.grad_q()
         res = losses.quantile_huber_loss(self.theta, batch.action, self.target, self.taus, weights, agent.cfg.agent.kappa,
                                          out_loss_per=agent.loss_per, out_loss=agent.loss, out_grad=grad)
         _into(grad, res.grad)
@@ -180,13 +181,20 @@ class Agent:
         self.cfg, self.xp, self.n_envs = cfg, xp, int(n_envs)
         self.batch_size = B = cfg.agent.batch_size
         net_kw = dict(hidden=cfg.net.hidden, head=cfg.net.head, layernorm=cfg.net.layernorm, atoms=cfg.net.atoms,
-                      n_quantiles=cfg.net.n_quantiles, n_cos=cfg.net.n_cos, xp=xp, max_batch=B, seed=cfg.run.seed,
-                      tf32=cfg.net.tf32)
-        self.online = QNetwork(obs_dim, n_actions, **net_kw)
-        self.target = QNetwork(obs_dim, n_actions, **net_kw)
+                      n_quantiles=cfg.net.n_quantiles, n_cos=cfg.net.n_cos, xp=xp, seed=cfg.run.seed, tf32=cfg.net.tf32)
+        # The online net sees s and s' of a batch in one forward pass of 2B rows (one GEMM chain
+        # instead of two); the backward pass runs over the first B rows, the s half.
+        self.online = QNetwork(obs_dim, n_actions, max_batch=2 * B, **net_kw)
+        self.target = QNetwork(obs_dim, n_actions, max_batch=B, **net_kw)
         self.target.params[...] = self.online.params
-        self.ws_obs, self.ws_next = self.online.ws, self.online.new_workspace(B)
+        self.ws = self.online.ws
         self.ws_act = self.online.new_workspace(self.n_envs)
+        from .replay import Batch
+
+        self.pair = xp.zeros((2 * B, obs_dim), np.float32)
+        #: The fixed batch buffers the replay gathers into: obs and next_obs are halves of ``pair``.
+        self.batch = Batch(self.pair[:B], self.pair[B:], xp.zeros(B, np.int32), xp.zeros(B, np.float32),
+                           xp.zeros(B, np.float32))
         o = cfg.optim
         self.readback = PinnedReadback(2, np.float32, xp, slots=PUBLISH_SLOTS)
         self.loss = xp.zeros(1, np.float32)
@@ -237,9 +245,19 @@ class Agent:
         return [("act", act), ("env_step", env_step), ("replay_insert", replay_insert)]
 
     # --- train ---------------------------------------------------------------------------------
-    def train_phases(self, replay, batch) -> list:
-        """Phases of one learner update from ``replay`` into the fixed ``batch`` buffers."""
-        B = self.batch_size
+    def grad_q(self):
+        """The buffer the loss writes dL/d(output of the s half) into: ``[B, A, K]`` or ``[B, N, A]``."""
+        self.ws.set_batch(self.batch_size)
+        return self.online.grad_outputs(self.ws)["q"]
+
+    def backward(self) -> None:
+        """Gradients of the online net from the s half of the last forward pass."""
+        self.ws.set_batch(self.batch_size)
+        self.online.backward(self.batch.obs, self.ws)
+
+    def train_phases(self, replay) -> list:
+        """Phases of one learner update from ``replay`` into the fixed :attr:`batch` buffers."""
+        B, batch = self.batch_size, self.batch
         state = {}
 
         def sample():
@@ -258,7 +276,7 @@ class Agent:
             self.rule.loss(self, batch, state["w"])
 
         def backward():
-            self.online.backward(batch.obs, self.ws_obs)
+            self.backward()
 
         def adam():
             self.adam.step()

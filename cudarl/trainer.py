@@ -39,7 +39,7 @@ from .evaluate import evaluate_positions, write_outputs
 from .features import Normaliser, compute, return_sign
 from .graph import StepGraph
 from .guard import Guard, GuardStop
-from .replay import Batch, PrioritizedReplay
+from .replay import PrioritizedReplay
 from .splits import chronological
 
 
@@ -121,10 +121,10 @@ class Trainer:
             beta_steps=cfg.replay.beta_steps, seed=cfg.run.seed, backend=self.be.name,
             store_next_obs=cfg.env.counterfactual)
         self.agent = Agent(cfg, self.env.obs_dim, self.env.n_actions, self.env.n_envs, xp)
-        B, W = cfg.agent.batch_size, self.replay.row_width
-        self.batch = Batch(xp.zeros((B, W), np.float32), xp.zeros((B, W), np.float32), xp.zeros(B, np.int32),
-                           xp.zeros(B, np.float32), xp.zeros(B, np.float32))
-        self.replay.reserve(B)
+        if self.replay.row_width != self.env.obs_dim:
+            raise ValueError("padded replay rows are not supported by the trainer (the network reads obs_dim columns)")
+        self.batch = self.agent.batch
+        self.replay.reserve(cfg.agent.batch_size)
         stream = None
         if self.be.is_gpu:
             import cupy
@@ -132,7 +132,7 @@ class Trainer:
             stream = cupy.cuda.Stream(non_blocking=True)
         self.collect_graph = StepGraph("collect", self.agent.collect_phases(self.env, self.replay, self.transitions, self.discount),
                                        stream=stream, xp=xp)
-        self.train_graph = StepGraph("train", self.agent.train_phases(self.replay, self.batch), stream=stream, xp=xp)
+        self.train_graph = StepGraph("train", self.agent.train_phases(self.replay), stream=stream, xp=xp)
         self.stream = self.train_graph.stream
         g = cfg.guard
         self.guard = Guard(g.action, g.window, g.spike_factor, g.max_rollbacks)

@@ -160,7 +160,6 @@ def loss_check(xp, device, rows, extra, seed: int = 0) -> None:
     from cudarl.agent import Agent
     from cudarl.backend import to_numpy
     from cudarl.bench import reference_config
-    from cudarl.replay import Batch
     from torch_c51 import cudarl_grads_like
 
     # the plain C51 target (no PopArt reward normalisation): the equations of the PyTorch step
@@ -176,12 +175,14 @@ def loss_check(xp, device, rows, extra, seed: int = 0) -> None:
                 discount=np.where(rng.random(B) < 0.1, 0.0, GAMMA ** N_STEP).astype(np.float32))
     w = rng.uniform(0.1, 1.0, B).astype(np.float32)
     w /= w.max()
-    batch = Batch(**{k: xp.asarray(v) for k, v in host.items()})
+    batch = agent.batch
+    for k, v in host.items():
+        getattr(batch, k)[...] = xp.asarray(v)
     w_x = xp.asarray(w)
     agent.rule.forward(agent, batch)
     agent.rule.targets(agent, batch)
     agent.rule.loss(agent, batch, w_x)
-    agent.online.backward(batch.obs, agent.ws_obs)
+    agent.backward()
     loss_c, prio_c = float(to_numpy(agent.loss)[0]), to_numpy(agent.priority)
 
     ts = TorchC51Step(device, agent.online.P, agent.target.P, capacity=16)

@@ -283,3 +283,14 @@ def test_bars_take_keeps_columns_together():
     assert isinstance(t, Bars) and len(t) == 10 and t.extra["regime"].shape == (10,)
     assert t.rows.tolist() == list(range(10, 20)) and t.time[0] == b.time[10]
     assert (b.time[1] - b.time[0]) % NS_PER_DAY == 0
+
+
+def test_business_days_are_weekdays_from_a_monday():
+    import numpy as np
+
+    from cudarl.datasets import START, business_days
+
+    d = business_days(12).astype("datetime64[ns]").astype("datetime64[D]")
+    assert np.array_equal(d, np.busday_offset(START, np.arange(12), roll="forward"))
+    with pytest.raises(ValueError, match="Monday"):
+        business_days(3, start=np.datetime64("2000-01-04", "D"))
