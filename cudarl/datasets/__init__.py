@@ -83,13 +83,14 @@ def resolve(spec: str):
 
 def business_days(n: int, start=START) -> np.ndarray:
     """int64 ns [n]: ``n`` consecutive Monday-to-Friday dates from ``start``, at 00:00 UTC."""
-    # Arithmetic, not np.busday_offset: that crashed (segfault) for 4M dates with NumPy 2.5 on the
-    # GPU host. Five business days per calendar week from a Monday.
-    if (np.datetime64(start, "D").astype(np.int64) + 3) % 7 != 0:  # 1970-01-01 was a Thursday
+    # Integer arithmetic only: np.busday_offset and datetime64 array arithmetic both crashed
+    # (segfault) for 4M dates with NumPy 2.5.2 on the GPU host. Five business days per calendar
+    # week from a Monday.
+    d0 = int(np.datetime64(start, "D").astype(np.int64))
+    if (d0 + 3) % 7 != 0:  # 1970-01-01 was a Thursday
         raise ValueError(f"business_days starts on a Monday, got {start}")
     k = np.arange(n, dtype=np.int64)
-    days = np.datetime64(start, "D") + (7 * (k // 5) + k % 5).astype("timedelta64[D]")
-    return days.astype("datetime64[ns]").view(np.int64)
+    return (d0 + 7 * (k // 5) + k % 5) * np.int64(NS_PER_DAY)
 
 
 def _bars_from_returns(name, r, rng, periods_per_year, extra=None) -> Bars:
