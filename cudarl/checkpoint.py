@@ -12,12 +12,12 @@ the target (and the directory fsync'd), so a crash mid-write leaves the previous
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 import zipfile
 from pathlib import Path
 
 import numpy as np
+
+from .atomic import atomic_open
 
 FORMAT = "cudarl-checkpoint"
 VERSION = 1
@@ -73,19 +73,6 @@ def _unflatten(arrays: dict, meta: dict) -> dict:
     return out
 
 
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
 def save(path, state: dict, info: dict | None = None) -> Path:
     """Write ``state`` (a nested dict of arrays and scalars) to ``path`` atomically.
 
@@ -98,20 +85,8 @@ def save(path, state: dict, info: dict | None = None) -> Path:
     _flatten(state, "", arrays, meta)
     header = {"format": FORMAT, "version": VERSION, "meta": meta, "info": info or {}}
     arrays[_META] = np.frombuffer(json.dumps(header, default=_json_default).encode(), dtype=np.uint8)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            np.savez(f, **arrays)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-        _fsync_dir(path.parent)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    with atomic_open(path, "wb") as f:
+        np.savez(f, **arrays)
     return path
 
 

@@ -23,7 +23,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from cudarl.config import Config, from_dict, resolve_for_backend  # noqa: E402
+from cudarl.config import from_dict, resolve_for_backend  # noqa: E402
 from cudarl.datasets import REGIME_DEFAULTS, regime_sharpe  # noqa: E402
 
 #: Task settings on top of the defaults (the budgets are part of the result).

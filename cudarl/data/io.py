@@ -321,9 +321,6 @@ def write_csv(bars, path) -> None:
     Floats are written with ``repr`` so that reading the file back gives the same numbers.
     The file appears whole or not at all (temporary file, fsync, rename).
     """
-    import os
-    import tempfile
-
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     t = np.asarray(bars.time, dtype=np.int64)
@@ -337,17 +334,10 @@ def write_csv(bars, path) -> None:
         header.append("Volume"); cols.append(bars.volume)
     for k in sorted(bars.extra):
         header.append(k); cols.append(bars.extra[k])
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", newline="") as fh:
-            w = csv.writer(fh)
-            w.writerow(header)
-            for i in range(len(t)):
-                w.writerow([stamps[i]] + [repr(float(c[i])) for c in cols])
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    from cudarl.atomic import atomic_open
+
+    with atomic_open(path, "w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(header)
+        for i in range(len(t)):
+            w.writerow([stamps[i]] + [repr(float(c[i])) for c in cols])

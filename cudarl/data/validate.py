@@ -10,12 +10,11 @@ import dataclasses
 import hashlib
 import json
 import os
-import tempfile
 from pathlib import Path
 
 import numpy as np
 
-from .bars import NS_PER_DAY, NS_PER_SECOND, PRICE_COLUMNS, Bars, DataError, Problem, iso, where
+from .bars import NS_PER_SECOND, PRICE_COLUMNS, Bars, DataError, Problem, iso, where
 from .io import match_columns, parse_times, read_table, to_float
 
 FIX_ORDER = "sort=True (CLI --sort)"
@@ -248,20 +247,11 @@ def report(bars: Bars) -> dict:
 
 def write_json_atomic(obj, path) -> None:
     """Write JSON through a temporary file in the same folder, fsync, then rename."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as fh:
-            json.dump(obj, fh, indent=2, allow_nan=False)
-            fh.write("\n")
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    from cudarl.atomic import atomic_open
+
+    with atomic_open(path, "w") as fh:
+        json.dump(obj, fh, indent=2, allow_nan=False)
+        fh.write("\n")
 
 
 def write_report(bars: Bars, path) -> dict:

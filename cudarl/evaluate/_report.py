@@ -4,7 +4,6 @@ from __future__ import annotations
 import csv
 import math
 import os
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -29,19 +28,12 @@ def json_safe(obj):
 
 
 def _write_csv_atomic(path: Path, header, rows) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", newline="") as fh:
-            w = csv.writer(fh)
-            w.writerow(header)
-            w.writerows(rows)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    from cudarl.atomic import atomic_open
+
+    with atomic_open(path, "w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(header)
+        w.writerows(rows)
 
 
 def write_outputs(ev, out_dir, plot: bool = True) -> list[Path]:

@@ -84,3 +84,19 @@ def test_kill_during_write_leaves_the_previous_checkpoint_loadable(tmp_path):
     assert info["step"] == 1 and state["v"].tolist() == [1.0] * 10
     leftovers = [f.name for f in tmp_path.iterdir() if f.name != "latest.npz"]
     assert leftovers and all(f.endswith(".tmp") for f in leftovers)  # the interrupted write stayed aside
+
+
+def test_atomic_open_leaves_the_old_file_on_error(tmp_path):
+    from cudarl.atomic import atomic_open
+
+    p = tmp_path / "a.txt"
+    with atomic_open(p) as f:
+        f.write("one")
+    with pytest.raises(RuntimeError):
+        with atomic_open(p) as f:
+            f.write("two")
+            raise RuntimeError("crash mid-write")
+    assert p.read_text() == "one" and [x.name for x in tmp_path.iterdir()] == ["a.txt"]
+    with pytest.raises(ValueError):
+        with atomic_open(p, "a"):
+            pass

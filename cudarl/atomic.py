@@ -1,0 +1,51 @@
+"""Atomic file writes: a temporary file in the same folder, flushed and fsync'd, then renamed.
+
+A crash or kill mid-write leaves the previous file (or none) at the path, never a partial one.
+Every file cudarl writes for the user (checkpoints, reports, CSVs) goes through :func:`atomic_open`.
+"""
+from __future__ import annotations
+
+import os
+import tempfile
+from contextlib import contextmanager
+from pathlib import Path
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+@contextmanager
+def atomic_open(path, mode: str = "w", newline: str | None = None):
+    """Open ``path`` for writing through a temporary file; rename it into place on success.
+
+    ``mode`` is ``"w"`` (text) or ``"wb"``. On an exception the temporary file is removed and the
+    exception propagates; ``path`` is untouched.
+    """
+    if mode not in ("w", "wb"):
+        raise ValueError(f"mode must be 'w' or 'wb', got {mode!r}")
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, mode, **({} if mode == "wb" else {"newline": newline})) as fh:
+            yield fh
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+        _fsync_dir(path.parent)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
