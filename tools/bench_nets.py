@@ -16,31 +16,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np  # noqa: E402
 
-from benchlib import parser, report, row  # noqa: E402
+from benchlib import cuda_time_us, parser, report, row  # noqa: E402
 
 F, H, A, Z, B = 64, 256, 3, 51, 512
 LR, CLIP = 1e-4, 10.0
-
-
-def _time_us(fn, sync_stream, record_stream, repeats: int, inner: int, warmup: int = 10) -> float:
-    """Median microseconds per call; ``record_stream`` is what the events are recorded on."""
-    import statistics
-
-    import cupy as cp
-
-    for _ in range(warmup):
-        fn()
-    sync_stream.synchronize()
-    start, end = cp.cuda.Event(), cp.cuda.Event()
-    ts = []
-    for _ in range(repeats):
-        start.record(record_stream)
-        for _ in range(inner):
-            fn()
-        end.record(record_stream)
-        end.synchronize()
-        ts.append(cp.cuda.get_elapsed_time(start, end) * 1e3 / inner)
-    return statistics.median(ts)
 
 
 def cudarl_arms(args, x_np, d_np, tf32: bool):
@@ -63,9 +42,9 @@ def cudarl_arms(args, x_np, d_np, tf32: bool):
         ("adam", opt.step),
     ], xp=cp)
     tag = "cudarl" + (" tf32" if tf32 else " fp32")
-    eager = _time_us(g.run_eager, g.stream, g.stream, args.repeats, args.inner)
+    eager = cuda_time_us(g.run_eager, g.stream, args.repeats, inner=args.inner)
     g.capture()
-    replay = _time_us(g.replay, g.stream, g.stream, args.repeats, args.inner)
+    replay = cuda_time_us(g.replay, g.stream, args.repeats, inner=args.inner)
     phases = g.profile(args.repeats)
     rows = [row(tag, "eager", eager, "us"), row(tag, "graph replay", replay, "us", "")]
     rows += [row(tag, f"phase {k} (replay)", v * 1e3, "us") for k, v in phases.items() if k != "total"]
