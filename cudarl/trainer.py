@@ -143,6 +143,7 @@ class Trainer:
         self._snapshot = None
         self._eval_envs: dict = {}
         self.last_eval: dict | None = None
+        self.last_evaluation = None
         self.run_dir = None
         if run_dir is not False:
             self.run_dir = Path(run_dir) if run_dir else Path(cfg.run.out_dir) / f"{cfg.run.name}-{time.strftime('%Y%m%d-%H%M%S')}-{cfg.run.seed}"
@@ -269,8 +270,11 @@ class Trainer:
                 pending = None
                 self._snapshot = (self.step, self.agent.state_dict())
         self._settle(pending)
-        result = self.evaluate("val")
-        self.save()
+        evaluated = (self.last_eval is not None and self.last_eval.get("step") == self.step
+                     and self.last_eval.get("split") == "val" and self.last_evaluation is not None)
+        result = self.last_evaluation.summary if evaluated else self.evaluate("val")
+        if not evaluated:
+            self.save()
         self._write_csv()
         self.echo(f"done: {self.step} updates in {time.perf_counter() - t0:.1f} s; run directory {self.run_dir}")
         return result
