@@ -133,3 +133,27 @@ def test_gpu_every_feature_moves_its_observable(head):
         assert mu != 0.0 and sigma != 1.0
     rows = t.replay.bufs.action.get()[: t.rows_per_collect]
     assert t.env.rows_per_step == 4 and len(set(rows.tolist())) == 3  # real, two counterfactual actions, mirror
+
+
+@pytest.mark.parametrize("head", ["c51", "iqn"])
+def test_every_enabled_feature_moves_its_observable(head):
+    """DESIGN rule 8 on the CPU: PopArt's statistics move, counterfactual and mirror rows reach the
+    replay, the online and target networks move. (The seed system had a normaliser it never called.)"""
+    over = {"net": {"head": head}, "env": {"counterfactual": True, "mirror": True}, "replay": {"n_step": 1},
+            "agent": {"popart": True}}
+    t = Trainer(small(**over), run_dir=False, echo=lambda m: None)
+    p0, tg0 = t.agent.online.params.copy(), t.agent.target.params.copy()
+    state0 = t.agent.popart.state.copy()
+    t.run(30)
+    assert not np.array_equal(p0, t.agent.online.params) and not np.array_equal(tg0, t.agent.target.params)
+    assert not np.array_equal(state0, t.agent.popart.state)
+    mu, sigma = t.agent.popart.statistics()
+    assert np.isfinite(mu) and np.isfinite(sigma) and sigma > 0
+    n = t.env.n_envs
+    rows = t.replay.bufs.action[: t.rows_per_collect]
+    assert t.env.rows_per_step == 4  # real, two counterfactual actions, mirror
+    real, cf1, cf2, mirror = rows[:n], rows[n:2 * n], rows[2 * n:3 * n], rows[3 * n:]
+    np.testing.assert_array_equal(cf1, (real + 1) % 3)
+    np.testing.assert_array_equal(cf2, (real + 2) % 3)
+    np.testing.assert_array_equal(mirror, 2 - real)
+    assert t.replay.spec.store_next_obs
