@@ -39,3 +39,33 @@ def test_config_reference_is_current():
     for name, cls in mod.SECTIONS.items():
         undocumented = [f.name for f in mod.dataclasses.fields(cls) if f.name not in mod.field_docs(cls)]
         assert not undocumented, f"[{name}] fields without a docstring: {undocumented}"
+
+
+def _compile_tool():
+    spec = importlib.util.spec_from_file_location("compile_cuda", ROOT / "tools" / "compile_cuda.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_float_atomics_are_found_in_ptx():
+    """DESIGN rule 3 is checked on the PTX of every kernel in CI (tools/compile_cuda.py)."""
+    find = _compile_tool().float_atomics
+    ptx = ("\tatom.global.add.u64 \t%rd1, [%rd2], %rd3;\n\tatom.global.add.f32 \t%f1, [%rd2], 0f3F800000;\n"
+           "\t@%p1 red.global.add.f64 \t[%rd4], %fd1;\n\tatom.shared.cas.b32 \t%r1, [%r2], %r3, %r4;\n")
+    assert find(ptx) == ["atom.global.add.f32", "@%p1 red.global.add.f64"]
+
+
+def test_a_float_atomic_kernel_fails_the_compile_check(tmp_path):
+    import shutil
+
+    import pytest
+
+    tool = _compile_tool()
+    nvcc = shutil.which("nvcc")
+    if nvcc is None:
+        pytest.skip("nvcc is not installed here (CI has it)")
+    src = tmp_path / "bad.cu"
+    src.write_text('extern "C" __global__ void cudarl_bad_op(float* x) { atomicAdd(x, 1.0f); }\n')
+    _, rc, log = tool.compile_one(nvcc, src, "sm_90", str(tmp_path))
+    assert rc == 1 and "atom.global.add.f32" in log
