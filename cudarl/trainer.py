@@ -276,6 +276,8 @@ class Trainer:
         if not evaluated:
             self.save()
         self._write_csv()
+        if progress is not None and getattr(self, "_last_row", None) is not None:
+            progress(self.step, self._last_row, self.last_eval)  # show the final validation Sharpe
         self.echo(f"done: {self.step} updates in {time.perf_counter() - t0:.1f} s; run directory {self.run_dir}")
         return result
 
@@ -324,6 +326,7 @@ class Trainer:
         row = {"step": self.step, "collect_steps": self.collect_steps, "loss": loss, "grad_norm": gn,
                "updates_per_s": sps, "env_steps": self.collect_steps * self.env.n_envs}
         self._log_row(row)
+        self._last_row = row
         if progress is not None:
             progress(self.step, row, self.last_eval)
 
