@@ -5,11 +5,16 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _tool():
-    spec = importlib.util.spec_from_file_location("check_faces", ROOT / "tools" / "check_faces.py")
+def _load_tool(name: str):
+    """Import ``tools/<name>.py`` (the tools are scripts, not a package)."""
+    spec = importlib.util.spec_from_file_location(name, ROOT / "tools" / f"{name}.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
+
+
+def _tool():
+    return _load_tool("check_faces")
 
 
 def test_every_family_has_four_faces():
@@ -32,9 +37,7 @@ def test_the_checker_catches_a_missing_face(tmp_path, monkeypatch):
 
 def test_config_reference_is_current():
     """docs/config.md is generated from the dataclasses; a changed default must regenerate it."""
-    spec = importlib.util.spec_from_file_location("gen", ROOT / "tools" / "gen_config_reference.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = _load_tool("gen_config_reference")
     assert (ROOT / "docs" / "config.md").read_text() == mod.render(), "run python tools/gen_config_reference.py"
     for name, cls in mod.SECTIONS.items():
         undocumented = [f.name for f in mod.dataclasses.fields(cls) if f.name not in mod.field_docs(cls)]
@@ -42,10 +45,7 @@ def test_config_reference_is_current():
 
 
 def _compile_tool():
-    spec = importlib.util.spec_from_file_location("compile_cuda", ROOT / "tools" / "compile_cuda.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return _load_tool("compile_cuda")
 
 
 def test_float_atomics_are_found_in_ptx():
