@@ -1,0 +1,137 @@
+#!/usr/bin/env python3
+"""Hyper-parameter sweep: each variant of the defaults trained and evaluated on one task, several seeds.
+
+A variant is a name and a set of ``SECTION.FIELD=VALUE`` overrides on top of the defaults (and of
+the task's settings in ``tools/learning_check.py``); every run is ``learning_check.run_one``, so a
+sweep row and a learning-check row are the same measurement. Runs are spread over ``--workers``
+processes (on one GPU they share it; the step is latency-bound, so several processes keep it
+busier than one). Each finished run is appended to ``--jsonl`` at once, so a sweep cut short keeps
+what it measured; ``--md`` writes the summary table (mean, spread, per-seed values).
+
+    python3 tools/sweep.py --task regime --heads c51 --seeds 3 --workers 4 \\
+        --variant base --variant "gamma0.9:agent.gamma=0.9" --variant "lr3e-4:optim.lr=3e-4"
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tools"))
+
+
+def parse_variant(text: str) -> tuple[str, list[str]]:
+    """``"name:a.b=1,c.d=2"`` -> ``("name", ["a.b=1", "c.d=2"])``; ``"base"`` -> ``("base", [])``."""
+    name, _, rest = text.partition(":")
+    sets = [s.strip() for s in rest.split(",") if s.strip()] if rest else []
+    if not name:
+        raise SystemExit(f"variant {text!r}: expected NAME[:SECTION.FIELD=VALUE,...]")
+    return name, sets
+
+
+def _overrides(sets: list[str]) -> dict:
+    from cudarl.config import parse_override
+
+    extra: dict = {}
+    for s in sets:
+        sec, f, v = parse_override(s)
+        extra.setdefault(sec, {})[f] = v
+    return extra
+
+
+def _work(job: dict) -> dict:
+    import learning_check
+
+    t0 = time.perf_counter()
+    try:
+        row = learning_check.run_one(job["task"], job["head"], job["seed"], job["device"], job["quick"], _overrides(job["sets"]))
+        row["error"] = None
+    except Exception as exc:  # a diverged or invalid variant is a result, not a crash of the sweep
+        row = {"task": job["task"], "head": job["head"], "seed": job["seed"], "error": f"{type(exc).__name__}: {exc}",
+               "wall_s": time.perf_counter() - t0}
+    row["variant"], row["sets"] = job["variant"], job["sets"]
+    return row
+
+
+def summarise(rows: list[dict]) -> list[dict]:
+    out = []
+    for key in dict.fromkeys((r["variant"], r["head"]) for r in rows):
+        rs = [r for r in rows if (r["variant"], r["head"]) == key]
+        ok = [r for r in rs if r.get("error") is None]
+        sh = [r["test_sharpe"] for r in ok]
+        frac = [r["fraction_of_optimum"] for r in ok if "fraction_of_optimum" in r]
+        out.append({"variant": key[0], "head": key[1], "sets": rs[0]["sets"], "n": len(ok), "errors": len(rs) - len(ok),
+                    "sharpe_mean": statistics.mean(sh) if sh else float("nan"),
+                    "sharpe_spread": statistics.pstdev(sh) if len(sh) > 1 else 0.0,
+                    "sharpes": sh, "fraction_min": min(frac) if frac else None,
+                    "fraction_mean": statistics.mean(frac) if frac else None,
+                    "wall_s": statistics.mean(r["wall_s"] for r in rs)})
+    return out
+
+
+def markdown(summary: list[dict], header: str) -> str:
+    lines = [header, "", "| variant | overrides | head | test Sharpe mean ± spread | per seed | % of optimum (min / mean) | wall s per run |",
+             "|---|---|---|---|---|---|---|"]
+    for s in summary:
+        frac = (f"{100 * s['fraction_min']:.0f}% / {100 * s['fraction_mean']:.0f}%" if s["fraction_min"] is not None else "")
+        err = f" ({s['errors']} failed)" if s["errors"] else ""
+        lines.append(f"| {s['variant']} | {', '.join(f'`{x}`' for x in s['sets']) or '(defaults)'} | {s['head']} | "
+                     f"{s['sharpe_mean']:.2f} ± {s['sharpe_spread']:.2f}{err} | {', '.join(f'{v:.2f}' for v in s['sharpes'])} | "
+                     f"{frac} | {s['wall_s']:.0f} |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--task", default="regime")
+    ap.add_argument("--heads", default="c51")
+    ap.add_argument("--seeds", type=int, default=3)
+    ap.add_argument("--variant", action="append", default=[], help="NAME[:SECTION.FIELD=VALUE,...] (repeatable)")
+    ap.add_argument("--workers", type=int, default=1)
+    ap.add_argument("--device", default="auto", choices=["auto", "gpu", "cpu"])
+    ap.add_argument("--quick", action="store_true", help="CPU-sized budgets (learning_check --quick)")
+    ap.add_argument("--jsonl", type=Path, default=ROOT / "docs" / "bench" / "sweep.jsonl")
+    ap.add_argument("--md", type=Path, default=None, help="write the summary table here")
+    args = ap.parse_args()
+    from cudarl import backend
+
+    device = args.device
+    if device == "auto":
+        device = "gpu" if backend.cupy_unavailable_reason() is None else "cpu"
+    variants = [parse_variant(v) for v in (args.variant or ["base"])]
+    for _, sets in variants:
+        _overrides(sets)  # fail on a bad override before anything runs
+    jobs = [{"task": args.task, "head": h, "seed": s, "variant": n, "sets": sets, "device": device, "quick": args.quick}
+            for n, sets in variants for h in args.heads.split(",") for s in range(args.seeds)]
+    print(f"sweep: {len(jobs)} runs ({len(variants)} variants x {args.heads} x {args.seeds} seeds) on {device}, "
+          f"{args.workers} worker(s)", flush=True)
+    args.jsonl.parent.mkdir(parents=True, exist_ok=True)
+    rows, t0 = [], time.perf_counter()
+    ctx = mp.get_context("spawn")  # CUDA state must not be forked
+    with args.jsonl.open("a") as log, ctx.Pool(max(1, args.workers), maxtasksperchild=1) as pool:
+        for r in pool.imap_unordered(_work, jobs):
+            rows.append(r)
+            log.write(json.dumps(r, default=float) + "\n")
+            log.flush()
+            res = f"error {r['error']}" if r["error"] else f"test Sharpe {r['test_sharpe']:.2f}" + (
+                f" ({100 * r['fraction_of_optimum']:.0f}% of optimum)" if "fraction_of_optimum" in r else "")
+            print(f"[{len(rows)}/{len(jobs)} {time.perf_counter() - t0:.0f}s] {r['variant']:16s} {r['head']} seed {r['seed']}: "
+                  f"{res} [{r['wall_s']:.0f} s]", flush=True)
+    summary = summarise(rows)
+    table = markdown(summary, f"Sweep on `{args.task}`, {args.seeds} seeds, device {device}, "
+                              f"{time.perf_counter() - t0:.0f} s wall with {args.workers} worker(s).")
+    print("\n" + table)
+    if args.md:
+        args.md.parent.mkdir(parents=True, exist_ok=True)
+        args.md.write_text(table)
+    return 0 if all(r["error"] is None for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
