@@ -11,17 +11,16 @@ else
   echo quit | nvidia-cuda-mps-control 2>/dev/null; echo "MPS: off"
 fi
 LIMIT=${SWEEP_LIMIT_S:-500}
-G="agent.gamma=0.9"
-timeout "$LIMIT" python3 tools/sweep.py --task regime --heads iqn --seeds 3 --workers "${IQN_WORKERS:-3}" \
+L="run.steps=50000"
+timeout "$LIMIT" python3 tools/sweep.py --task regime --heads iqn --seeds 3 --workers "${IQN_WORKERS:-4}" \
   --jsonl "$OUT/sweep_iqn.jsonl" --md "$OUT/sweep_iqn.md" \
-  --variant base --variant "gamma0.9:$G" --variant "gamma0.9-lr3e-4:$G,optim.lr=3e-4" > "$OUT/sweep_iqn.log" 2>&1 &
-timeout "$LIMIT" python3 tools/sweep.py --task regime --heads c51 --seeds 3 --workers "${C51_WORKERS:-5}" \
+  --variant "steps50k:$L" --variant "gamma0.95-steps50k:agent.gamma=0.95,$L" \
+  --variant "gamma0.95:agent.gamma=0.95" --variant "lr3e-4:optim.lr=3e-4" > "$OUT/sweep_iqn.log" 2>&1 &
+timeout "$LIMIT" python3 tools/sweep.py --task regime --heads c51 --seeds 3 --workers "${C51_WORKERS:-6}" \
   --jsonl "$OUT/sweep_c51.jsonl" --md "$OUT/sweep_c51.md" \
-  --variant base --variant "lr3e-4:optim.lr=3e-4" --variant "gamma0.9:$G" --variant "gamma0.95:agent.gamma=0.95" \
-  --variant "gamma0.9-lr3e-4:$G,optim.lr=3e-4" --variant "gamma0.9-nstep1:$G,replay.n_step=1" \
-  --variant "gamma0.9-upc2:$G,agent.updates_per_collect=2" --variant "gamma0.9-h128:$G,net.hidden=[128,128]" \
-  --variant "gamma0.9-atoms101:$G,net.atoms=101" --variant "gamma0.9-eps2k:$G,agent.eps_steps=2000" \
-  --variant "gamma0.9-nopopart:$G,agent.popart=false" --variant "gamma0.9-b256:$G,agent.batch_size=256" \
+  --variant "steps50k:$L" --variant "gamma0.95-steps50k:agent.gamma=0.95,$L" --variant base \
+  --variant "gamma0.9:agent.gamma=0.9" --variant "gamma0.95:agent.gamma=0.95" --variant "lr3e-4:optim.lr=3e-4" \
+  --variant "nstep1:replay.n_step=1" --variant "upc2:agent.updates_per_collect=2" --variant "atoms101:net.atoms=101" \
   > "$OUT/sweep_c51.log" 2>&1
 wait
 echo quit | nvidia-cuda-mps-control 2>/dev/null

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing as mp
+import re
 import statistics
 import sys
 import time
@@ -29,7 +30,8 @@ sys.path.insert(0, str(ROOT / "tools"))
 def parse_variant(text: str) -> tuple[str, list[str]]:
     """``"name:a.b=1,c.d=2"`` -> ``("name", ["a.b=1", "c.d=2"])``; ``"base"`` -> ``("base", [])``."""
     name, _, rest = text.partition(":")
-    sets = [s.strip() for s in rest.split(",") if s.strip()] if rest else []
+    # split at commas that start a new SECTION.FIELD=, so list values like [128,128] stay whole
+    sets = [s.strip() for s in re.split(r",(?=\s*[A-Za-z_]+\.[A-Za-z_]+\s*=)", rest) if s.strip()] if rest else []
     if not name:
         raise SystemExit(f"variant {text!r}: expected NAME[:SECTION.FIELD=VALUE,...]")
     return name, sets
