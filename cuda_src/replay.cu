@@ -4,9 +4,11 @@
 // State: a ring of C rows; an int64 sum tree of fixed-point leaves (q = rint(p^alpha * 2^24),
 // 1 <= q <= 2^40 for ready rows, 0 otherwise), 32-way, leaves first, level offsets in
 // `levels`; device scalars added/step/max_q/status (int64) and beta (float64).
-// Integer sums are exact, so the tree is maintained incrementally with integer atomicAdd of
-// deltas: the result does not depend on the order of the atomics (DESIGN rule 3 allows integer
-// atomics where order cannot matter). No float atomics anywhere.
+// Integer sums are exact, so the result never depends on an order: insert rewrites the leaves
+// of a contiguous ring range and recomputes their ancestors as sums of children (level 1 in
+// parallel, the levels above in the grid's last block); update_priorities adds leaf deltas to
+// the ancestors with integer atomicAdd (DESIGN rule 3 allows integer atomics where order cannot
+// matter). No float atomics anywhere.
 //
 // Every size, counter and schedule that changes between replays (added, step, max_q) is read
 // from device memory, so a graph captured at one size samples rows added later.
@@ -37,98 +39,193 @@ __device__ __forceinline__ void add_to_ancestors(i64* tree, const i64* levels, i
   }
 }
 
-// 1 if any of x[threadIdx.x], x[threadIdx.x + blockDim.x], ... (below n) is NaN or inf.
-__device__ __forceinline__ int thread_any_nonfinite(const float* x, i64 n) {
-  int bad = 0;
-  for (i64 e = threadIdx.x; e < n; e += blockDim.x) bad |= !isfinite(x[e]);
-  return bad;
-}
-
-// Thread e < B*D copies x[e] (row r = e / D of the batch) to row (added + r) mod C of the ring.
-__device__ __forceinline__ void ring_store(const float* x, float* ring, i64 e, i64 added, i64 D, i64 C) {
-  const i64 r = e / D, c = e - r * D;
-  ring[((added + r) % C) * D + c] = x[e];
-}
-
 // ---------------------------------------------------------------------------------------------
-// insert_check: one block; thread t scans elements t, t+blockDim, ... of the batch.
-// Reads B*D + 3B values; writes flag[0] (1 = reject) and, on reject, status |= BAD_ROWS.
-extern "C" __global__ void cudarl_replay_insert_check(const float* obs, const int* action, const float* reward,
-                                                      const float* discount, i64* flag, i64* status, i64 B, i64 D) {
-  int bad = thread_any_nonfinite(obs, B * D);
-  for (i64 r = threadIdx.x; r < B; r += blockDim.x) {
+// insert: two launches, insert_check then insert_commit (the _next variants also take next_obs).
+// A batch that fails the check must change nothing but `status`, and that decision needs the
+// whole batch, so the check is one grid and the commit, which writes, a second.
+//
+// Both finish with the "last block" pattern (CUDA Programming Guide, threadFenceReduction): each
+// block, when done, takes a ticket from an arrival counter in `flag` (int64 scratch, FLAG_WORDS)
+// with one integer atomicAdd; the block that draws the last ticket sees every other block's work,
+// finishes the op alone and puts the counter back to 0 for the next launch. Which block is last
+// depends on scheduling; what it computes does not (an OR of bits; integer sums of the finished
+// level below), so the result is deterministic and no float is ever combined atomically.
+#define FLAG_REJECT 0           // 1: the batch being inserted is rejected
+#define FLAG_CHECK_ARRIVALS 1   // insert_check's arrival counter (0 between launches)
+#define FLAG_COMMIT_ARRIVALS 2  // insert_commit's arrival counter (0 between launches)
+#define BAD_BLOCK (1ULL << 32)  // what a block that found a bad value adds on top of its ticket
+
+// insert_check[_next]: grid-stride over the batch's B*D observations (and next_obs) and its B
+// actions, rewards and discounts; a block ORs its threads' verdicts and adds 1 (+ BAD_BLOCK if
+// bad) to flag[FLAG_CHECK_ARRIVALS]. The last block writes flag[FLAG_REJECT] (1 = reject; any
+// block found a non-finite value, a discount outside [0, 1] or a negative action), sets
+// status |= BAD_ROWS on reject and clears the counter. Reads B*D (2B*D) + 3B values.
+template <bool kNext>
+__device__ __forceinline__ void check_batch(const float* obs, const float* next_obs, const int* action,
+                                            const float* reward, const float* discount, i64* flag, i64* status,
+                                            i64 B, i64 D) {
+  const i64 stride = (i64)gridDim.x * blockDim.x;
+  const i64 t = (i64)blockIdx.x * blockDim.x + threadIdx.x;
+  int bad = 0;
+  for (i64 e = t; e < B * D; e += stride) {
+    bad |= !isfinite(obs[e]);
+    if (kNext) bad |= !isfinite(next_obs[e]);
+  }
+  for (i64 r = t; r < B; r += stride) {
     const float d = discount[r];
     bad |= !isfinite(reward[r]) | !isfinite(d) | !(d >= 0.0f) | !(d <= 1.0f) | (action[r] < 0);
   }
   bad = __syncthreads_or(bad);
   if (threadIdx.x == 0) {
-    flag[0] = bad;
-    if (bad) status[0] |= STATUS_BAD_ROWS;
+    const u64 mine = bad ? BAD_BLOCK + 1ull : 1ull;
+    const u64 seen = atomicAdd(reinterpret_cast<u64*>(flag + FLAG_CHECK_ARRIVALS), mine) + mine;
+    if ((seen & 0xffffffffull) == (u64)gridDim.x) {  // the last ticket: every block has reported
+      const i64 reject = (seen >> 32) != 0;
+      flag[FLAG_REJECT] = reject;
+      if (reject) status[0] |= STATUS_BAD_ROWS;
+      atomicExch(reinterpret_cast<u64*>(flag + FLAG_CHECK_ARRIVALS), 0ull);
+    }
   }
 }
 
-// insert_rows: thread per (row r, feature c) of the batch, B*D threads.
-// Reads B*D + 3B values; writes them at slot (added + r) mod C. Skipped when flag[0] != 0.
-extern "C" __global__ void cudarl_replay_insert_rows(const float* obs, const int* action, const float* reward,
-                                                     const float* discount, float* s_obs, int* s_action,
-                                                     float* s_reward, float* s_discount, const i64* flag,
-                                                     const i64* added, i64 B, i64 D, i64 C) {
-  const i64 e = (i64)blockIdx.x * blockDim.x + threadIdx.x;
-  if (e >= B * D || flag[0] != 0) return;
-  const i64 r = e / D, c = e - r * D;
-  const i64 slot = (added[0] + r) % C;
-  ring_store(obs, s_obs, e, added[0], D, C);
-  if (c == 0) {
-    s_action[slot] = action[r];
-    s_reward[slot] = reward[r];
-    s_discount[slot] = discount[r];
+extern "C" __global__ void cudarl_replay_insert_check(const float* obs, const int* action, const float* reward,
+                                                      const float* discount, i64* flag, i64* status, i64 B, i64 D) {
+  check_batch<false>(obs, nullptr, action, reward, discount, flag, status, B, D);  // next_obs: never read
+}
+
+extern "C" __global__ void cudarl_replay_insert_check_next(const float* obs, const float* next_obs, const int* action,
+                                                           const float* reward, const float* discount, i64* flag,
+                                                           i64* status, i64 B, i64 D) {
+  check_batch<true>(obs, next_obs, action, reward, discount, flag, status, B, D);
+}
+
+// The nodes of one tree level (shift = 5 * level) whose subtree holds a slot of the ring range
+// [s_lo, s_lo + R) mod C (0 <= s_lo < C, 1 <= R <= C): nodes lo .. lo+n1-1, then 0 .. n2-1 for the
+// part that wrapped past slot C-1; merged into 0 .. n1-1 when that part reaches the first part's
+// nodes, so every node is listed once. Twin: reference.replay.changed_nodes.
+struct NodeSpan {
+  i64 lo, n1, n2;
+};
+
+__device__ __forceinline__ NodeSpan changed_nodes(i64 s_lo, i64 R, i64 C, int shift) {
+  const i64 end = s_lo + R;
+  const i64 e1 = end < C ? end : C;
+  NodeSpan sp;
+  sp.lo = s_lo >> shift;
+  sp.n1 = ((e1 - 1) >> shift) - sp.lo + 1;
+  sp.n2 = end > C ? ((end - C - 1) >> shift) + 1 : 0;
+  if (sp.n2 > sp.lo) {
+    sp.n1 += sp.lo;
+    sp.lo = 0;
+    sp.n2 = 0;
   }
+  return sp;
 }
 
-// insert_next_check (store_next_obs only; launched after insert_check): one block, thread t
-// scans elements t, t+blockDim, ... of next_obs [B, D]. Reads B*D floats; on a non-finite value
-// sets flag[0] = 1 and status |= BAD_ROWS (never clears flag: insert_check owns that).
-extern "C" __global__ void cudarl_replay_insert_next_check(const float* next_obs, i64* flag, i64* status, i64 B,
-                                                           i64 D) {
-  const int bad = __syncthreads_or(thread_any_nonfinite(next_obs, B * D));
-  if (threadIdx.x == 0 && bad) {
-    flag[0] = 1;
-    status[0] |= STATUS_BAD_ROWS;
-  }
-}
+__device__ __forceinline__ i64 span_node(const NodeSpan& sp, i64 i) { return i < sp.n1 ? sp.lo + i : i - sp.n1; }
 
-// insert_next_rows (store_next_obs only): thread per (row, feature), B*D threads. Reads B*D
-// floats; writes them at row (added + r) mod C of s_next_obs. Skipped when flag[0] != 0.
-extern "C" __global__ void cudarl_replay_insert_next_rows(const float* next_obs, float* s_next_obs, const i64* flag,
-                                                          const i64* added, i64 B, i64 D, i64 C) {
-  const i64 e = (i64)blockIdx.x * blockDim.x + threadIdx.x;
-  if (e >= B * D || flag[0] != 0) return;
-  ring_store(next_obs, s_next_obs, e, added[0], D, C);
-}
-
-// insert_priorities: thread t handles absolute row a = lo + t with
-// lo = max(added - lag, added + B - C, 0), a < added + B (at most B + lag threads).
-// Leaf of a := max_q if a + lag < added + B (ready) else 0; ancestors get the delta.
-extern "C" __global__ void cudarl_replay_insert_priorities(i64* tree, const i64* levels, const i64* flag,
-                                                           const i64* added, const i64* max_q, i64 B, i64 C,
-                                                           i64 lag, int depth) {
-  if (flag[0] != 0) return;
+// insert_commit[_next] (skipped by every block when flag[FLAG_REJECT] != 0). With a0 = added,
+// a1 = a0 + B, the leaves set are those of absolute rows [lo, a1), lo = max(a0 - lag, a1 - C, 0)
+// (the new rows and the rows they make ready), R = a1 - lo <= C slots from s_lo = lo mod C.
+//   blocks [0, row_blocks): a warp per batch row r (grid-stride), lanes over its D features:
+//     copies the row (and next_obs) to slot (a0 + r) mod C. Reads and writes B*D (2B*D) + 3B values.
+//   blocks [row_blocks, gridDim): a warp per level-1 node over the changed slots: lane c takes
+//     leaf s = 32p + c; if s is in the range (absolute row a = lo + ((s - s_lo) mod C)) it writes
+//     max_q if a + lag < a1 (ready) else 0, otherwise it reads the leaf; the warp's sum is the
+//     node. Each node has one warp, so no leaf is read while being written. ~R/32 nodes, 264 B each.
+//   the last block (arrival ticket): levels 2 .. depth over changed_nodes, a warp per node summing
+//     its 32 children (read through L2: written by other blocks), a __syncthreads between levels;
+//     then added = a1 and the counter back to 0. Every other block read `added` before its ticket.
+template <bool kNext>
+__device__ __forceinline__ void commit_batch(const float* obs, const float* next_obs, const int* action,
+                                             const float* reward, const float* discount, float* s_obs,
+                                             float* s_next_obs, int* s_action, float* s_reward, float* s_discount,
+                                             i64* tree, const i64* levels, i64* flag, i64* added, const i64* max_q,
+                                             i64 B, i64 D, i64 C, i64 lag, int depth, i64 row_blocks) {
+  __shared__ int last;
+  if (flag[FLAG_REJECT] != 0) return;  // the same word for every block: the whole grid skips
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const i64 wpb = blockDim.x >> 5;
   const i64 a0 = added[0], a1 = a0 + B;
   i64 lo = a0 - lag;
   if (a1 - C > lo) lo = a1 - C;
   if (lo < 0) lo = 0;
-  const i64 a = lo + (i64)blockIdx.x * blockDim.x + threadIdx.x;
-  if (a >= a1) return;
-  const i64 slot = a % C;
-  const i64 q = (a < a1 - lag) ? max_q[0] : 0;
-  const i64 old = tree[slot];
-  tree[slot] = q;
-  add_to_ancestors(tree, levels, depth, slot, q - old);
+  const i64 R = a1 - lo, s_lo = lo % C;
+  if ((i64)blockIdx.x < row_blocks) {
+    for (i64 r = (i64)blockIdx.x * wpb + warp; r < B; r += row_blocks * wpb) {
+      const i64 slot = (a0 + r) % C;
+      for (i64 c = lane; c < D; c += 32) {
+        s_obs[slot * D + c] = obs[r * D + c];
+        if (kNext) s_next_obs[slot * D + c] = next_obs[r * D + c];
+      }
+      if (lane == 0) {
+        s_action[slot] = action[r];
+        s_reward[slot] = reward[r];
+        s_discount[slot] = discount[r];
+      }
+    }
+  } else {
+    const NodeSpan sp = changed_nodes(s_lo, R, C, 5);
+    const i64 q_ready = max_q[0], parent = levels[1];
+    const i64 warps = ((i64)gridDim.x - row_blocks) * wpb;
+    for (i64 i = ((i64)blockIdx.x - row_blocks) * wpb + warp; i < sp.n1 + sp.n2; i += warps) {
+      const i64 p = span_node(sp, i);
+      const i64 s = p * FANOUT + lane;
+      i64 v = 0;  // padding leaves (s >= C) are 0
+      if (s < C) {
+        i64 d = s - s_lo;
+        if (d < 0) d += C;
+        if (d < R) {  // slot s holds absolute row lo + d of this insert
+          v = (lo + d < a1 - lag) ? q_ready : 0;
+          tree[s] = v;
+        } else {
+          v = tree[s];
+        }
+      }
+      v = cudarl::warp_sum(v);
+      if (lane == 0) tree[parent + p] = v;
+    }
+  }
+  __threadfence();  // this thread's tree writes and its read of `added` come before the block's ticket
+  __syncthreads();
+  if (threadIdx.x == 0)
+    last = atomicAdd(reinterpret_cast<u64*>(flag + FLAG_COMMIT_ARRIVALS), 1ull) == (u64)gridDim.x - 1;
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  for (int k = 2; k <= depth; ++k) {
+    const NodeSpan sp = changed_nodes(s_lo, R, C, 5 * k);
+    const i64 src = levels[k - 1], dst = levels[k];
+    for (i64 i = warp; i < sp.n1 + sp.n2; i += wpb) {
+      const i64 p = span_node(sp, i);
+      const i64 v = cudarl::warp_sum(__ldcg(tree + src + p * FANOUT + lane));
+      if (lane == 0) tree[dst + p] = v;
+    }
+    __syncthreads();  // level k is complete before level k + 1 reads it
+  }
+  if (threadIdx.x == 0) {
+    added[0] = a1;
+    atomicExch(reinterpret_cast<u64*>(flag + FLAG_COMMIT_ARRIVALS), 0ull);
+  }
 }
 
-// insert_advance: one thread; added += B unless the batch was rejected.
-extern "C" __global__ void cudarl_replay_insert_advance(i64* added, const i64* flag, i64 B) {
-  if (flag[0] == 0) added[0] += B;
+extern "C" __global__ void cudarl_replay_insert_commit(const float* obs, const int* action, const float* reward,
+                                                       const float* discount, float* s_obs, int* s_action,
+                                                       float* s_reward, float* s_discount, i64* tree,
+                                                       const i64* levels, i64* flag, i64* added, const i64* max_q,
+                                                       i64 B, i64 D, i64 C, i64 lag, int depth, i64 row_blocks) {
+  commit_batch<false>(obs, nullptr, action, reward, discount, s_obs, nullptr, s_action, s_reward, s_discount, tree,
+                      levels, flag, added, max_q, B, D, C, lag, depth, row_blocks);  // next_obs: never touched
+}
+
+extern "C" __global__ void cudarl_replay_insert_commit_next(const float* obs, const float* next_obs, const int* action,
+                                                            const float* reward, const float* discount, float* s_obs,
+                                                            float* s_next_obs, int* s_action, float* s_reward,
+                                                            float* s_discount, i64* tree, const i64* levels, i64* flag,
+                                                            i64* added, const i64* max_q, i64 B, i64 D, i64 C, i64 lag,
+                                                            int depth, i64 row_blocks) {
+  commit_batch<true>(obs, next_obs, action, reward, discount, s_obs, s_next_obs, s_action, s_reward, s_discount, tree,
+                     levels, flag, added, max_q, B, D, C, lag, depth, row_blocks);
 }
 
 // ---------------------------------------------------------------------------------------------

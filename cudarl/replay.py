@@ -112,7 +112,7 @@ class PrioritizedReplay:
             obs=xp.zeros((C, obs_dim), np.float32), action=xp.zeros(C, np.int32), reward=xp.zeros(C, np.float32),
             discount=xp.zeros(C, np.float32), tree=xp.zeros(_ref.tree_nodes(C), np.int64),
             levels=xp.asarray(np.array([o for o, _ in _ref.tree_layout(C)], np.int64)),
-            owner=xp.full(C, -1, np.int32), flag=xp.zeros(1, np.int64),
+            owner=xp.full(C, -1, np.int32), flag=xp.zeros(_ref.FLAG_WORDS, np.int64),
             added=self._scalars.view("added"), step=self._scalars.view("step"), max_q=self._scalars.view("max_q"),
             status=self._scalars.view("status"), beta=self._scalars.view("beta"),
             next_obs=xp.zeros((C, obs_dim), np.float32) if store_next_obs else None)

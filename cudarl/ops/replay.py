@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..kernels import blocks_for, launch
-from ..reference.replay import ReplayBuffers, ReplaySpec, check_next_obs_arg, tree_layout
+from ..reference.replay import FLAG_WORDS, ReplayBuffers, ReplaySpec, check_next_obs_arg, tree_layout
 
 _ONE_BLOCK = 1024
 _WARPS_PER_BLOCK = 8
@@ -38,79 +38,93 @@ def _check_rows(spec: ReplaySpec, obs, action, reward, discount) -> int:
     return B
 
 
-def insert_check(spec: ReplaySpec, bufs: ReplayBuffers, obs, action, reward, discount) -> None:
-    """Set ``flag`` (reject) and ``status`` from the batch's values. 1 block."""
-    B = _check_rows(spec, obs, action, reward, discount)
-    launch("replay", "insert_check", 1, _ONE_BLOCK,
-           "const f32* obs, const i32* action, const f32* reward, const f32* discount, i64* flag, i64* status, i64 B, i64 D",
-           (obs, action, reward, discount, bufs.flag, bufs.status, B, spec.obs_dim))
-
-
-def insert_rows(spec: ReplaySpec, bufs: ReplayBuffers, obs, action, reward, discount) -> None:
-    """Write the batch at slots ``(added + k) mod C`` unless ``flag``. A thread per (row, feature)."""
-    B = _check_rows(spec, obs, action, reward, discount)
-    D = spec.obs_dim
-    launch("replay", "insert_rows", blocks_for(B * D), 256,
-           "const f32* obs, const i32* action, const f32* reward, const f32* discount, f32* s_obs, i32* s_action, "
-           "f32* s_reward, f32* s_discount, const i64* flag, const i64* added, i64 B, i64 D, i64 C",
-           (obs, action, reward, discount, bufs.obs, bufs.action, bufs.reward, bufs.discount, bufs.flag, bufs.added,
-            B, D, spec.capacity))
-
-
-def _check_next(spec: ReplaySpec, bufs: ReplayBuffers, next_obs) -> int:
+def _check_next(spec: ReplaySpec, bufs: ReplayBuffers, next_obs, B: int) -> None:
     if not spec.store_next_obs:
         raise ValueError("next_obs: this buffer has no next_obs ring (store_next_obs=False)")
-    B = int(next_obs.shape[0])
     _need("next_obs", next_obs, (B, spec.obs_dim), np.float32)
     _need("bufs.next_obs", bufs.next_obs, (spec.capacity, spec.obs_dim), np.float32)
-    if B < 1 or B > spec.capacity or B % spec.n_envs:
-        raise ValueError(f"next_obs: batch of {B} rows must be in [1, capacity={spec.capacity}] and a multiple of n_envs={spec.n_envs}")
-    return B
 
 
-def insert_next_check(spec: ReplaySpec, bufs: ReplayBuffers, next_obs) -> None:
-    """After ``insert_check``: reject the batch (``flag``, ``status``) if ``next_obs`` is not finite. 1 block."""
-    B = _check_next(spec, bufs, next_obs)
-    launch("replay", "insert_next_check", 1, _ONE_BLOCK, "const f32* next_obs, i64* flag, i64* status, i64 B, i64 D",
-           (next_obs, bufs.flag, bufs.status, B, spec.obs_dim))
+def _check_flag(bufs: ReplayBuffers) -> None:
+    _need("bufs.flag", bufs.flag, (FLAG_WORDS,), np.int64)
 
 
-def insert_next_rows(spec: ReplaySpec, bufs: ReplayBuffers, next_obs) -> None:
-    """Write ``next_obs`` at slots ``(added + k) mod C`` of ``bufs.next_obs`` unless ``flag``. A thread per element."""
-    B = _check_next(spec, bufs, next_obs)
-    D = spec.obs_dim
-    launch("replay", "insert_next_rows", blocks_for(B * D), 256,
-           "const f32* next_obs, f32* s_next_obs, const i64* flag, const i64* added, i64 B, i64 D, i64 C",
-           (next_obs, bufs.next_obs, bufs.flag, bufs.added, B, D, spec.capacity))
+_CHECK_THREADS, _CHECK_PER_THREAD, _MAX_BLOCKS = 256, 4, 1024
+_CHECK_SIG = "const f32* obs, {next}const i32* action, const f32* reward, const f32* discount, i64* flag, i64* status, i64 B, i64 D"
 
 
-def insert_priorities(spec: ReplaySpec, bufs: ReplayBuffers, B: int) -> None:
-    """Leaves of the written and newly ready rows, and their ancestors. A thread per row (B + nE)."""
-    launch("replay", "insert_priorities", blocks_for(int(B) + spec.lag), 256,
-           "i64* tree, const i64* levels, const i64* flag, const i64* added, const i64* max_q, i64 B, i64 C, i64 lag, i32 depth",
-           (bufs.tree, bufs.levels, bufs.flag, bufs.added, bufs.max_q, int(B), spec.capacity, spec.lag, _depth(bufs)))
+def _check_grid(B: int, D: int) -> int:
+    return max(1, min(_MAX_BLOCKS, -(-B * D // (_CHECK_THREADS * _CHECK_PER_THREAD))))
 
 
-def insert_advance(spec: ReplaySpec, bufs: ReplayBuffers, B: int) -> None:
-    """``added += B`` unless ``flag``. 1 thread."""
-    launch("replay", "insert_advance", 1, 1, "i64* added, const i64* flag, i64 B", (bufs.added, bufs.flag, int(B)))
+def insert_check(spec: ReplaySpec, bufs: ReplayBuffers, obs, action, reward, discount) -> None:
+    """Set ``flag[FLAG_REJECT]`` (and ``status``) from the batch's values. A grid; its last block decides."""
+    B, D = _check_rows(spec, obs, action, reward, discount), spec.obs_dim
+    _check_flag(bufs)
+    launch("replay", "insert_check", _check_grid(B, D), _CHECK_THREADS, _CHECK_SIG.format(next=""),
+           (obs, action, reward, discount, bufs.flag, bufs.status, B, D))
+
+
+def insert_check_next(spec: ReplaySpec, bufs: ReplayBuffers, obs, next_obs, action, reward, discount) -> None:
+    """``insert_check`` of a batch with ``next_obs`` (``store_next_obs``): a non-finite ``next_obs`` rejects it too."""
+    B, D = _check_rows(spec, obs, action, reward, discount), spec.obs_dim
+    _check_next(spec, bufs, next_obs, B)
+    _check_flag(bufs)
+    launch("replay", "insert_check_next", _check_grid(2 * B, D), _CHECK_THREADS, _CHECK_SIG.format(next="const f32* next_obs, "),
+           (obs, next_obs, action, reward, discount, bufs.flag, bufs.status, B, D))
+
+
+_COMMIT_THREADS = 256
+_COMMIT_WARPS = _COMMIT_THREADS // 32
+_COMMIT_SIG = ("const f32* obs, {next}const i32* action, const f32* reward, const f32* discount, f32* s_obs, {s_next}"
+               "i32* s_action, f32* s_reward, f32* s_discount, i64* tree, const i64* levels, i64* flag, i64* added, "
+               "const i64* max_q, i64 B, i64 D, i64 C, i64 lag, i32 depth, i64 row_blocks")
+
+
+def commit_grid(spec: ReplaySpec, B: int) -> tuple[int, int]:
+    """``(row_blocks, tree_blocks)`` of ``insert_commit``: a warp per batch row, and a warp per
+    level-1 node over the most slots an insert of ``B`` rows can set, ``min(B + lag, C)`` (both
+    loops are grid-strided, so the caps only bound the grid)."""
+    slots = min(B + spec.lag, spec.capacity)
+    nodes = min(slots // 32 + 2, -(-spec.capacity // 32))
+    return (min(_MAX_BLOCKS, -(-B // _COMMIT_WARPS)), max(1, min(_MAX_BLOCKS, -(-nodes // _COMMIT_WARPS))))
+
+
+def _commit(op: str, spec: ReplaySpec, bufs: ReplayBuffers, B: int, head: tuple, rings: tuple, sig: str) -> None:
+    _check_flag(bufs)
+    row_blocks, tree_blocks = commit_grid(spec, B)
+    launch("replay", op, row_blocks + tree_blocks, _COMMIT_THREADS, sig,
+           (*head, *rings, bufs.action, bufs.reward, bufs.discount, bufs.tree, bufs.levels, bufs.flag, bufs.added,
+            bufs.max_q, B, spec.obs_dim, spec.capacity, spec.lag, _depth(bufs), row_blocks))
+
+
+def insert_commit(spec: ReplaySpec, bufs: ReplayBuffers, obs, action, reward, discount) -> None:
+    """Unless ``flag[FLAG_REJECT]``: the rows at slots ``(added + k) mod C``, the leaves of the
+    written and newly ready rows, their ancestors (the grid's last block does levels >= 2), then
+    ``added += B``. 1 launch."""
+    B = _check_rows(spec, obs, action, reward, discount)
+    _commit("insert_commit", spec, bufs, B, (obs, action, reward, discount), (bufs.obs,),
+            _COMMIT_SIG.format(next="", s_next=""))
+
+
+def insert_commit_next(spec: ReplaySpec, bufs: ReplayBuffers, obs, next_obs, action, reward, discount) -> None:
+    """``insert_commit`` that also writes ``next_obs`` into ``bufs.next_obs`` (``store_next_obs``). 1 launch."""
+    B = _check_rows(spec, obs, action, reward, discount)
+    _check_next(spec, bufs, next_obs, B)
+    _commit("insert_commit_next", spec, bufs, B, (obs, next_obs, action, reward, discount), (bufs.obs, bufs.next_obs),
+            _COMMIT_SIG.format(next="const f32* next_obs, ", s_next="f32* s_next_obs, "))
 
 
 def insert(spec: ReplaySpec, bufs: ReplayBuffers, obs, action, reward, discount, next_obs=None) -> None:
-    """Append ``B`` rows; see ``reference.replay.insert``. 4 launches: check, rows, priorities,
-    advance; 6 with ``store_next_obs`` (``insert_next_check`` and ``insert_next_rows`` as well)."""
+    """Append ``B`` rows; see ``reference.replay.insert``. 2 launches: ``insert_check`` and
+    ``insert_commit`` (their ``_next`` variants with ``store_next_obs``)."""
     check_next_obs_arg(spec, next_obs)
-    B = _check_rows(spec, obs, action, reward, discount)
-    if spec.store_next_obs and _check_next(spec, bufs, next_obs) != B:
-        raise ValueError(f"next_obs: {next_obs.shape[0]} rows, obs has {B}")
-    insert_check(spec, bufs, obs, action, reward, discount)
     if spec.store_next_obs:
-        insert_next_check(spec, bufs, next_obs)
-    insert_rows(spec, bufs, obs, action, reward, discount)
-    if spec.store_next_obs:
-        insert_next_rows(spec, bufs, next_obs)
-    insert_priorities(spec, bufs, B)
-    insert_advance(spec, bufs, B)
+        insert_check_next(spec, bufs, obs, next_obs, action, reward, discount)
+        insert_commit_next(spec, bufs, obs, next_obs, action, reward, discount)
+    else:
+        insert_check(spec, bufs, obs, action, reward, discount)
+        insert_commit(spec, bufs, obs, action, reward, discount)
 
 
 def sample_search(spec: ReplaySpec, bufs: ReplayBuffers, indices_out, qsel_out) -> None:

@@ -67,6 +67,9 @@ STATUS_EMPTY = 1  # sample() on a buffer with no ready row
 STATUS_BAD_TD = 2  # update_priorities() met a non-finite td (priority left unchanged)
 STATUS_BAD_INDEX = 4  # update_priorities() or gather() met an index outside [0, capacity) (skipped / zero row)
 STATUS_BAD_ROWS = 8  # insert() met non-finite values, discount outside [0, 1] or action < 0 (batch rejected)
+#: Words of the int64 ``flag`` scratch: the reject flag of the insert in progress, then the
+#: arrival counters of the two insert kernels (the device's; 0 between launches).
+FLAG_REJECT, FLAG_WORDS = 0, 3
 STATUS_NAMES = {STATUS_EMPTY: "sampled an empty buffer", STATUS_BAD_TD: "non-finite td skipped",
                 STATUS_BAD_INDEX: "out-of-range index skipped", STATUS_BAD_ROWS: "bad rows rejected"}
 
@@ -145,7 +148,8 @@ class ReplayBuffers:
         tree: int64 ``[tree_nodes(C)]``, leaves first (``tree_layout``).
         levels: int64 ``[depth + 1]``, the level offsets of ``tree``.
         owner: int32 ``[C]``, all -1 between launches (scratch of ``update_priorities``).
-        flag: int64 ``[1]`` scratch (``insert``'s reject flag).
+        flag: int64 ``[FLAG_WORDS]`` scratch: ``flag[FLAG_REJECT]`` is ``insert``'s reject flag;
+            the other words are the insert kernels' arrival counters (0 between launches).
         added, step, max_q, status: int64 ``[1]`` device scalars; beta: float64 ``[1]``, the
         last beta used.
         next_obs: float32 ``[C, D]`` with ``store_next_obs``, else ``None`` (never launched on).
@@ -205,61 +209,94 @@ def build_tree(spec: ReplaySpec, bufs: ReplayBuffers) -> None:
     _refresh(bufs.tree, spec.capacity)
 
 
-def insert_check(spec: ReplaySpec, bufs: ReplayBuffers, obs, action, reward, discount) -> None:
-    """``flag = 1`` (and ``status |= STATUS_BAD_ROWS``) when the batch has a non-finite value,
-    a discount outside ``[0, 1]`` or a negative action; else ``flag = 0``."""
+def _batch_is_bad(obs, action, reward, discount, next_obs=None) -> bool:
+    """A non-finite value (obs, reward, discount, next_obs), a discount outside ``[0, 1]`` or a negative action."""
     bad = (not np.all(np.isfinite(obs)) or not np.all(np.isfinite(reward)) or not np.all(np.isfinite(discount))
            or np.any(discount < 0) or np.any(discount > 1) or np.any(action < 0))
-    bufs.flag[0] = int(bad)
+    return bool(bad or (next_obs is not None and not np.all(np.isfinite(next_obs))))
+
+
+def _set_reject(bufs: ReplayBuffers, bad: bool) -> None:
+    bufs.flag[FLAG_REJECT] = int(bad)
     if bad:
         bufs.status[0] |= STATUS_BAD_ROWS
 
 
-def insert_next_check(spec: ReplaySpec, bufs: ReplayBuffers, next_obs) -> None:
-    """After ``insert_check``: ``flag = 1`` (and ``status |= STATUS_BAD_ROWS``) when ``next_obs``
-    has a non-finite value; never clears ``flag``."""
-    if not np.all(np.isfinite(next_obs)):
-        bufs.flag[0] = 1
-        bufs.status[0] |= STATUS_BAD_ROWS
+def insert_check(spec: ReplaySpec, bufs: ReplayBuffers, obs, action, reward, discount) -> None:
+    """``flag[FLAG_REJECT] = 1`` (and ``status |= STATUS_BAD_ROWS``) when the batch has a
+    non-finite value, a discount outside ``[0, 1]`` or a negative action; else 0."""
+    _set_reject(bufs, _batch_is_bad(obs, action, reward, discount))
 
 
-def insert_next_rows(spec: ReplaySpec, bufs: ReplayBuffers, next_obs) -> None:
-    """Write ``next_obs`` float32 ``[B, D]`` at slots ``(added + k) mod C`` of ``bufs.next_obs``
-    unless ``flag`` is set."""
-    if bufs.flag[0]:
+def insert_check_next(spec: ReplaySpec, bufs: ReplayBuffers, obs, next_obs, action, reward, discount) -> None:
+    """``insert_check`` of a batch that also carries ``next_obs`` float32 ``[B, D]`` (``store_next_obs``):
+    a non-finite ``next_obs`` rejects it too."""
+    _set_reject(bufs, _batch_is_bad(obs, action, reward, discount, next_obs))
+
+
+def insert_range(spec: ReplaySpec, added: int, B: int) -> tuple[int, int]:
+    """``(lo, a1)``: the absolute rows ``[lo, a1)`` whose leaves an insert of ``B`` rows at ``added``
+    sets, ``a1 = added + B``, ``lo = max(added - lag, a1 - C, 0)``: the new rows and the rows they
+    make ready (``a1 - lo <= C``)."""
+    a1 = int(added) + int(B)
+    return max(int(added) - spec.lag, a1 - spec.capacity, 0), a1
+
+
+def changed_nodes(s_lo: int, R: int, capacity: int, level: int) -> np.ndarray:
+    """The nodes of tree level ``level`` (>= 1) whose subtree holds a slot of the ring range
+    ``[s_lo, s_lo + R) mod C`` (``0 <= s_lo < C``, ``1 <= R <= C``), each once, in the order the
+    kernel's warps take them: ``lo .. lo+n1-1`` then ``0 .. n2-1`` (the part that wrapped past slot
+    ``C - 1``), or ``0 .. n1-1`` when the wrapped part reaches the first part's nodes."""
+    C, shift = int(capacity), 5 * int(level)
+    end = s_lo + R
+    lo = s_lo >> shift
+    n1 = ((min(end, C) - 1) >> shift) - lo + 1
+    n2 = ((end - C - 1) >> shift) + 1 if end > C else 0
+    if n2 > lo:
+        lo, n1, n2 = 0, n1 + lo, 0
+    return np.concatenate([np.arange(lo, lo + n1), np.arange(n2)]).astype(np.int64)
+
+
+def rebuild_ancestors(tree: np.ndarray, capacity: int, s_lo: int, R: int) -> None:
+    """Recompute, bottom up, every ancestor of the leaves in the ring range ``[s_lo, s_lo + R) mod C``
+    as the sum of its 32 children (exact integers): what ``insert_commit`` does on the device."""
+    layout = tree_layout(capacity)
+    for k in range(1, len(layout)):
+        p = changed_nodes(s_lo, R, capacity, k)
+        src, dst = layout[k - 1][0], layout[k][0]
+        tree[dst + p] = tree[src + FANOUT * p[:, None] + np.arange(FANOUT)].sum(axis=1)
+
+
+def _commit(spec: ReplaySpec, bufs: ReplayBuffers, obs, action, reward, discount, next_obs=None) -> None:
+    if bufs.flag[FLAG_REJECT]:
         return
-    slots = (int(bufs.added[0]) + np.arange(next_obs.shape[0])) % spec.capacity
-    bufs.next_obs[slots] = next_obs
-
-
-def insert_rows(spec: ReplaySpec, bufs: ReplayBuffers, obs, action, reward, discount) -> None:
-    """Write the batch at slots ``(added + k) mod C`` unless ``flag`` is set."""
-    if bufs.flag[0]:
-        return
-    slots = (int(bufs.added[0]) + np.arange(obs.shape[0])) % spec.capacity
+    C, lag, B = spec.capacity, spec.lag, obs.shape[0]
+    a0 = int(bufs.added[0])
+    slots = (a0 + np.arange(B)) % C
     bufs.obs[slots] = obs
     bufs.action[slots] = action
     bufs.reward[slots] = reward
     bufs.discount[slots] = discount
+    if next_obs is not None:
+        bufs.next_obs[slots] = next_obs
+    lo, a1 = insert_range(spec, a0, B)
+    rows = np.arange(lo, a1)
+    bufs.tree[rows % C] = np.where(rows < a1 - lag, bufs.max_q[0], 0)  # ready: max_q; written, not yet ready: 0
+    rebuild_ancestors(bufs.tree, C, lo % C, a1 - lo)
+    bufs.added[0] = a1
 
 
-def insert_priorities(spec: ReplaySpec, bufs: ReplayBuffers, B: int) -> None:
-    """Leaves of absolute rows ``a in [max(added - nE, added + B - C, 0), added + B)``:
-    ``max_q`` where ``a + nE < added + B`` (ready), else 0 (written, not yet ready). Skipped if ``flag``."""
-    if bufs.flag[0]:
-        return
-    C, lag = spec.capacity, spec.lag
-    a0 = int(bufs.added[0])
-    a1 = a0 + int(B)
-    rows = np.arange(max(a0 - lag, a1 - C, 0), a1)
-    bufs.tree[rows % C] = np.where(rows < a1 - lag, bufs.max_q[0], 0)
-    _refresh(bufs.tree, C)
+def insert_commit(spec: ReplaySpec, bufs: ReplayBuffers, obs, action, reward, discount) -> None:
+    """Unless ``flag[FLAG_REJECT]``: write the batch at slots ``(added + k) mod C``; set the leaves
+    of absolute rows ``a in [lo, a1)`` (``insert_range``) to ``max_q`` where ``a + lag < a1``
+    (ready) else 0 (written, not yet ready); recompute their ancestors; ``added += B``."""
+    _commit(spec, bufs, obs, action, reward, discount)
 
 
-def insert_advance(spec: ReplaySpec, bufs: ReplayBuffers, B: int) -> None:
-    """``added += B`` unless ``flag`` is set."""
-    if not bufs.flag[0]:
-        bufs.added[0] += int(B)
+def insert_commit_next(spec: ReplaySpec, bufs: ReplayBuffers, obs, next_obs, action, reward, discount) -> None:
+    """``insert_commit`` that also writes ``next_obs`` float32 ``[B, D]`` at the same slots of
+    ``bufs.next_obs`` (``store_next_obs``)."""
+    _commit(spec, bufs, obs, action, reward, discount, next_obs)
 
 
 def check_next_obs_arg(spec: ReplaySpec, next_obs) -> None:
@@ -278,18 +315,16 @@ def insert(spec: ReplaySpec, bufs: ReplayBuffers, obs, action, reward, discount,
         discount: float32 ``[B]`` in ``[0, 1]`` (``gamma * (1 - done)``). ``B % n_envs == 0``,
         ``B <= C``.
         next_obs: float32 ``[B, D]``, ``s_{t+1}`` of each row; with ``store_next_obs`` only.
-    ``insert_check`` (then ``insert_next_check``), ``insert_rows`` (then ``insert_next_rows``),
-    ``insert_priorities``, ``insert_advance`` in order: a bad batch changes nothing but ``status``.
+    ``insert_check`` then ``insert_commit`` (``insert_check_next``, ``insert_commit_next`` with
+    ``store_next_obs``): a bad batch changes nothing but ``status``.
     """
     check_next_obs_arg(spec, next_obs)
-    insert_check(spec, bufs, obs, action, reward, discount)
     if spec.store_next_obs:
-        insert_next_check(spec, bufs, next_obs)
-    insert_rows(spec, bufs, obs, action, reward, discount)
-    if spec.store_next_obs:
-        insert_next_rows(spec, bufs, next_obs)
-    insert_priorities(spec, bufs, obs.shape[0])
-    insert_advance(spec, bufs, obs.shape[0])
+        insert_check_next(spec, bufs, obs, next_obs, action, reward, discount)
+        insert_commit_next(spec, bufs, obs, next_obs, action, reward, discount)
+    else:
+        insert_check(spec, bufs, obs, action, reward, discount)
+        insert_commit(spec, bufs, obs, action, reward, discount)
 
 
 def _mulhi64(r: np.ndarray, w: np.ndarray) -> np.ndarray:

@@ -73,6 +73,44 @@ def test_new_rows_get_the_running_maximum_priority(rng):
     assert r.bufs.tree[8] == q_big and r.bufs.tree[9] == 0 and r.bufs.tree[10] == 0
 
 
+@pytest.mark.parametrize("C", [2, 31, 32, 33, 1000, 1024, 1025, 32 * 1024 + 7])
+def test_changed_nodes_list_every_ancestor_of_a_ring_range_once(rng, C):
+    """The insert kernel's node spans (one warp per node): for ring ranges that wrap or not, start
+    or end on node boundaries, cover the whole ring or one slot, each level lists every ancestor
+    of a slot in the range exactly once and nothing else."""
+    depth = len(ref.tree_layout(C)) - 1
+    cases = {(0, 1), (0, C), (C - 1, 1), (C - 1, C), (C - 1, 2), (1, C - 1), (32 % C, C), (C // 2, C)}
+    cases |= {(int(rng.integers(C)), int(rng.integers(1, C + 1))) for _ in range(40)}
+    cases |= {(s, R) for s in (0, 31 % C, 32 % C, 33 % C) for R in {1, 31, 32, 33, C - 33, C - 32, C - 1, C} if 1 <= R <= C}
+    for s_lo, R in sorted(cases):
+        slots = (s_lo + np.arange(R)) % C
+        for k in range(1, depth + 1):
+            nodes = ref.changed_nodes(s_lo, R, C, k)
+            assert len(np.unique(nodes)) == len(nodes), f"C={C} s_lo={s_lo} R={R} level {k}: a node listed twice"
+            assert set(nodes.tolist()) == set((slots >> (5 * k)).tolist()), f"C={C} s_lo={s_lo} R={R} level {k}"
+            assert nodes.max() < ref.tree_layout(C)[k][1]
+
+
+@pytest.mark.parametrize("C, n, E", [(2, 1, 1), (33, 1, 3), (1025, 3, 8), (40_000, 3, 64), (40_000, 1, 1)])
+def test_insert_rebuilds_the_ancestors_of_wrapping_inserts_exactly(rng, C, n, E):
+    """Inserts of every size from one env-step to the whole ring, wrapping many times, with
+    priorities updated between them: the tree stays the exact sum of its leaves (the twin
+    rebuilds only the ancestors of the changed range; a full rebuild must agree)."""
+    r = _cpu(C, n_step=n, n_envs=E)
+    sizes = [E, C - C % E, E * int(rng.integers(1, C // E + 1)), C - C % E - E, 2 * E]
+    for k in range(40):
+        B = max(E, sizes[k % len(sizes)] if k < len(sizes) else E * int(rng.integers(1, C // E + 1)))
+        r.add(*_rows(rng, B, 3))
+        _check_invariants(r)
+        assert r.bufs.flag[0] == 0
+        ready = r.ready()
+        if ready >= 4:
+            m = min(ready, 64)
+            idx, _ = r.sample(m)
+            r.update_priorities(idx, (rng.standard_normal(m) * 5).astype(np.float32))
+    assert r.added() > 3 * C
+
+
 # --- sampling statistics ------------------------------------------------------------------------
 def test_sampling_frequencies_match_p_alpha_chi_square(rng):
     """χ² goodness of fit, 100 bins of 100 rows sorted by priority, 200 batches of 512: p > 1e-3.
@@ -323,6 +361,88 @@ def test_gpu_stream_of_add_sample_update_matches_the_twin(cp, rng, C, D, n, E, B
     _assert_same_state(gpu, cpu, "after 100 steps")
     assert np.all(gpu.bufs.owner.get() == -1), "update_priorities left its scratch dirty"
     assert gpu.status() == [] and float(gpu.bufs.beta.get()[0]) == cpu.bufs.beta[0]
+
+
+def _assert_insert_state(gpu, cpu, what):
+    """Rings, priorities, counters and the whole tree equal the twin's; the reject flag equals
+    the twin's and both arrival counters of the insert kernels are back to 0."""
+    _assert_same_state(gpu, cpu, what)
+    flag = gpu.bufs.flag.get()
+    assert flag.tolist() == [int(cpu.bufs.flag[0]), 0, 0], f"{what}: flag words {flag.tolist()}"
+
+
+def _insert_sizes(rng, C, E):
+    """One env-step, the whole ring (rounded to E), random sizes, the ring less one step, two steps."""
+    full = C - C % E
+    return [E, full, E * int(rng.integers(1, C // E + 1)), max(E, full - E), 2 * E]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("C, D, n, E, store_next", [(2, 1, 1, 1, False), (33, 3, 1, 3, False), (1025, 5, 3, 8, False),
+                                                    (1025, 5, 1, 8, True), ((1 << 15) + 3, 16, 3, 64, False),
+                                                    ((1 << 20) + 7, 8, 3, 4096, False), ((1 << 20) + 7, 8, 1, 4096, True)])
+def test_gpu_insert_matches_the_twin_through_wrapping_inserts(cp, rng, C, D, n, E, store_next):
+    """Inserts from one env-step up to the whole ring, wrapping at least three times, with
+    priorities changed in between (so max_q and the leaves vary) and one batch with a NaN reward
+    (rejected on the device): after every insert the rings, the whole tree and the counters equal
+    the twin's bitwise and the insert kernels' arrival counters are back to 0."""
+    kw = dict(n_step=n, n_envs=E, seed=3, store_next_obs=store_next)
+    gpu, cpu = _pair(C, D, **kw)
+    sizes = _insert_sizes(rng, C, E)
+    k = 0
+    while k < 12 or cpu.added() <= 3 * C:
+        B = sizes[k] if k < len(sizes) else E * int(rng.integers(1, C // E + 1))
+        rows = list(_rows_next(rng, B, D) if store_next else _rows(rng, B, D))
+        if k == 6:
+            rows[2][B // 2] = np.nan  # only the device sees it: the whole batch is rejected
+        ref.insert(cpu.spec, cpu.bufs, *rows[:4], rows[4] if store_next else None)
+        gpu.add(*(cp.asarray(x) for x in rows))
+        _assert_insert_state(gpu, cpu, f"insert {k} of {B} rows")
+        if k == 6:
+            assert gpu.status() == ["bad rows rejected"] and cpu.bufs.flag[0] == 1
+            gpu.clear_status()
+            cpu.clear_status()
+        idx = rng.integers(0, C, 64).astype(np.int32)  # rows not ready are left alone, on both
+        td = (rng.standard_normal(64) * rng.pareto(1.0, 64)).astype(np.float32)
+        cpu.update_priorities(idx, td)
+        gpu.update_priorities(cp.asarray(idx), cp.asarray(td))
+        k += 1
+    _assert_insert_state(gpu, cpu, "after the inserts and updates")
+
+
+@pytest.mark.gpu
+def test_gpu_insert_graphed_equals_eager_and_the_twin(cp, rng):
+    """The collect step's insert: 4096 rows of 66 floats, n = 3 (lag 12288), a 50k ring that
+    wraps every ~12 inserts. One graph captured once; new rows are written into its input buffers
+    between replays (one batch has a NaN reward and is rejected on the device). After every replay
+    the graphed buffer, an eager buffer fed the same rows and the twin agree bitwise."""
+    from cudarl.graph import StepGraph
+
+    E, D, C = 4096, 66, 50_000
+    kw = dict(n_step=3, n_envs=E, seed=2)
+    graphed, eager = (PrioritizedReplay(C, D, backend="cupy", **kw) for _ in range(2))
+    cpu = _cpu(C, D=D, **kw)
+    inputs = [cp.zeros((E, D), cp.float32), cp.zeros(E, cp.int32), cp.zeros(E, cp.float32), cp.zeros(E, cp.float32)]
+    g = StepGraph("replay_insert_graphed", [("insert", lambda: graphed.add(*inputs))], xp=cp)
+    g.capture()
+    for k in range(30):
+        rows = list(_rows(rng, E, D))
+        if k == 9:
+            rows[2][17] = np.nan
+        for dst, x in zip(inputs, rows):
+            dst.set(x)
+        cp.cuda.Device().synchronize()
+        g.replay()
+        g.synchronize()
+        eager.add(*inputs)
+        ref.insert(cpu.spec, cpu.bufs, *rows)
+        _assert_insert_state(graphed, cpu, f"replay {k}")
+        _assert_insert_state(eager, cpu, f"eager insert {k}")
+        if k == 9:
+            assert graphed.status() == eager.status() == ["bad rows rejected"]
+            for r in (graphed, eager, cpu):
+                r.clear_status()
+    assert graphed.added() == 29 * E
 
 
 def _graph_step(buf, B, td):
