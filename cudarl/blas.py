@@ -1,4 +1,5 @@
-"""Capture-safe row-major SGEMM: ``out = alpha * op(a) @ op(b) + beta * out``.
+"""Capture-safe row-major SGEMM: ``out = alpha * op(a) @ op(b) + beta * out``, and the same GEMM
+through cuBLASLt with the bias and ReLU fused into its epilogue: ``out = act(op(a) @ op(b) + bias)``.
 
 ``cupy.matmul`` raises NotImplementedError inside stream capture (CuPy refuses cuBLAS
 there). This module calls the cuBLAS C API of the library CuPy already loaded, through its
@@ -9,12 +10,22 @@ TF32 tensor-op math is a per-call option. On the NumPy backend the same call run
 Row-major to cuBLAS's column-major: a row-major ``X [r, c]`` is the column-major ``X^T``, so
 ``C = op(A) op(B)`` is computed as the column-major ``C^T = op(B)^T op(A)^T``: cuBLAS gets
 ``(B, A)`` swapped with ``m = N, n = M`` and leading dimensions equal to each row-major row length.
+
+cuBLASLt (:func:`gemm_lt`) takes the same swap. In that column-major view the output ``C^T`` is
+``[N, M]`` and its bias epilogue adds a vector of length ``N`` (the rows of ``C^T``) to every
+column: ``bias[j]`` lands on column ``j`` of the row-major ``out``, which is ``x @ W + b``.
+The matmul descriptor, matrix layouts and the algorithm the heuristic picks are a *plan*, made
+once per key (shape, transposes, epilogue, TF32, operand alignment) outside any capture and
+cached; a call passes its own pointers (the bias pointer is a descriptor attribute set per call,
+a host-side write that a capture sees as the launch's argument). cuBLASLt's heuristic query can
+fail inside a capture, so a key first met inside one raises :class:`BlasError`.
 """
 from __future__ import annotations
 
 import ctypes
 import re
 import threading
+from pathlib import Path
 
 import numpy as np
 
@@ -22,23 +33,38 @@ WORKSPACE_BYTES = 32 * 1024 * 1024  # cuBLAS's recommendation for Hopper
 _CUBLAS_OP_N, _CUBLAS_OP_T = 0, 1
 _DEFAULT_MATH, _TF32_MATH = 0, 3  # CUBLAS_DEFAULT_MATH, CUBLAS_TF32_TENSOR_OP_MATH
 
+# cuBLASLt constants, read from cublasLt.h, cublas_api.h and library_types.h (cuBLAS 13.1, CUDA 13.0;
+# the same values since CUDA 11).
+_CUDA_R_32F = 0
+_COMPUTE_32F, _COMPUTE_32F_FAST_TF32 = 68, 77  # cublasComputeType_t
+_DESC_TRANSA, _DESC_TRANSB, _DESC_EPILOGUE, _DESC_BIAS_POINTER = 3, 4, 7, 8  # cublasLtMatmulDescAttributes_t
+_PREF_MAX_WORKSPACE_BYTES = 1  # cublasLtMatmulPreferenceAttributes_t, then MIN_ALIGNMENT_{A,B,C,D}_BYTES:
+_PREF_MIN_ALIGNMENT_A, _PREF_MIN_ALIGNMENT_B, _PREF_MIN_ALIGNMENT_C, _PREF_MIN_ALIGNMENT_D = 5, 6, 7, 8
+#: cublasLtEpilogue_t by (has bias, activation): DEFAULT 1, RELU 2, BIAS 4, RELU_BIAS 6.
+_EPILOGUES = {(False, "identity"): 1, (False, "relu"): 2, (True, "identity"): 4, (True, "relu"): 6}
+#: The activations :func:`gemm_lt` fuses.
+LT_ACTS = ("identity", "relu")
+#: The operand alignment (bytes) plans assume at most: a CuPy allocation, or a view starting at a
+#: multiple of 4 floats. Less-aligned operands get plans of their own (a key of their own).
+LT_ALIGN = 16
+
 
 class BlasError(RuntimeError):
     """A cuBLAS call failed or a GEMM was asked with inconsistent arguments."""
 
 
-def _shapes(a, b, out, trans_a: bool, trans_b: bool) -> tuple[int, int, int]:
+def _shapes(a, b, out, trans_a: bool, trans_b: bool, what: str = "gemm") -> tuple[int, int, int]:
     for name, x in (("a", a), ("b", b), ("out", out)):
         if x.ndim != 2:
-            raise BlasError(f"gemm: {name} must be 2-D, got shape {x.shape}")
+            raise BlasError(f"{what}: {name} must be 2-D, got shape {x.shape}")
         if x.dtype != np.float32:
-            raise BlasError(f"gemm: {name} must be float32, got {x.dtype}")
+            raise BlasError(f"{what}: {name} must be float32, got {x.dtype}")
         if not x.flags.c_contiguous:
-            raise BlasError(f"gemm: {name} must be C-contiguous")
+            raise BlasError(f"{what}: {name} must be C-contiguous")
     m, k = (a.shape[1], a.shape[0]) if trans_a else a.shape
     kb, n = (b.shape[1], b.shape[0]) if trans_b else b.shape
     if k != kb or out.shape != (m, n):
-        raise BlasError(f"gemm: op(a) is {m}x{k}, op(b) is {kb}x{n}, out is {out.shape}; expected out {m}x{n} and matching k")
+        raise BlasError(f"{what}: op(a) is {m}x{k}, op(b) is {kb}x{n}, out is {out.shape}; expected out {m}x{n} and matching k")
     return m, n, k
 
 
@@ -81,10 +107,133 @@ def gemm(a, b, out, *, trans_a: bool = False, trans_b: bool = False, alpha: floa
         ctypes.byref(be), ctypes.c_void_p(out.data.ptr), n), "cublasSgemm_v2")
 
 
-# --- the cuBLAS library and per-stream handles ------------------------------------------------
+def gemm_lt(a, b, out, *, bias=None, act: str = "identity", trans_a: bool = False, trans_b: bool = False,
+            tf32: bool = False, stream=None) -> None:
+    """``out = act(op(a) @ op(b) + bias)`` in float32, row-major, through cuBLASLt's epilogue.
+
+    Args:
+        a: float32 ``[M, K]`` (``[K, M]`` if ``trans_a``).
+        b: float32 ``[K, N]`` (``[N, K]`` if ``trans_b``).
+        out: float32 ``[M, N]``, overwritten.
+        bias: float32 ``[N]``, added to every row of ``out`` (``None``: no bias); on the GPU its
+            address must be a multiple of 16 bytes (cuBLASLt's bias epilogue).
+        act: ``"identity"`` or ``"relu"``, applied after the bias.
+        tf32: allow TF32 tensor-core math (GPU only; ~1e-3 relative error).
+        stream: CuPy stream (default: the current stream).
+
+    On the GPU the first call of a key (shape, transposes, epilogue, TF32, operand alignment) makes
+    its plan and must run outside any capture (or call :func:`gemm_lt_prepare` first); later calls
+    of that key allocate nothing and never synchronise, so they can be captured. NumPy arrays take
+    the same math with ``np.matmul``.
+    """
+    m, n, k = _shapes(a, b, out, trans_a, trans_b, "gemm_lt")
+    _check_lt_args(a, b, out, bias, act, n, k)
+    if isinstance(out, np.ndarray):
+        res = np.matmul(a.T if trans_a else a, b.T if trans_b else b)
+        if bias is not None:
+            res += bias
+        if act == "relu":
+            np.maximum(res, np.float32(0), out=res)
+        out[...] = res
+        return
+    import cupy
+
+    s = stream if stream is not None else cupy.cuda.get_current_stream()
+    h = _handle_for(s)  # the stream's workspace
+    if m == 0 or n == 0:
+        return
+    bias_ptr = 0 if bias is None else bias.data.ptr
+    if bias_ptr % LT_ALIGN:
+        raise BlasError(f"gemm_lt: the bias must start at a multiple of {LT_ALIGN} bytes on the GPU (address {bias_ptr:#x})")
+    key = _lt_key(m, n, k, trans_a, trans_b, bias_ptr, act, tf32, a.data.ptr, b.data.ptr, out.data.ptr)
+    plan = _plans.get(key)
+    if plan is None:
+        if s.is_capturing():
+            raise BlasError(f"gemm_lt: no cuBLASLt plan for {_describe(key)} inside a capture; plans are made at a key's "
+                            "first call outside any capture: run the step once eagerly first (StepGraph.run_eager), "
+                            "or call blas.gemm_lt_prepare for this shape before capturing")
+        plan = _plans[key] = _LtPlan(key, bias_ptr)
+    lib = _lt_lib()
+    if bias is not None:
+        _set_attr(lib.cublasLtMatmulDescSetAttribute, plan.desc, _DESC_BIAS_POINTER, ctypes.c_void_p(bias_ptr),
+                  "cublasLtMatmulDescSetAttribute(BIAS_POINTER)")
+    d = ctypes.c_void_p(out.data.ptr)
+    # cuBLASLt's A is the row-major b (read as b^T), its B the row-major a: D = C^T = op(b)^T op(a)^T.
+    _check(lib.cublasLtMatmul(
+        _lt_handle(), plan.desc, ctypes.byref(plan.alpha),
+        ctypes.c_void_p(b.data.ptr), plan.layout_a, ctypes.c_void_p(a.data.ptr), plan.layout_b,
+        ctypes.byref(plan.beta), d, plan.layout_d, d, plan.layout_d, ctypes.byref(plan.algo),
+        ctypes.c_void_p(h.workspace.data.ptr), WORKSPACE_BYTES, ctypes.c_void_p(s.ptr)), "cublasLtMatmul")
+
+
+def gemm_lt_prepare(m: int, n: int, k: int, *, bias=None, act: str = "identity", trans_a: bool = False,
+                    trans_b: bool = False, tf32: bool = False, stream=None) -> None:
+    """Make the :func:`gemm_lt` plan of a ``[M, K] x [K, N]`` key before any capture (GPU).
+
+    For operands aligned to :data:`LT_ALIGN` bytes and a bias aligned like ``bias`` (a CuPy
+    float32 ``[N]`` or ``None``): if the key has no plan yet, runs the GEMM once on scratch
+    operands (so the chosen kernel has also run once outside a capture) and synchronises ``stream``.
+    """
+    import cupy
+
+    if act not in LT_ACTS:
+        raise BlasError(f"gemm_lt_prepare: act must be one of {LT_ACTS}, got {act!r}")
+    s = stream if stream is not None else cupy.cuda.get_current_stream()
+    if m == 0 or n == 0:
+        return
+    bias_ptr = 0 if bias is None else bias.data.ptr
+    if _lt_key(m, n, k, trans_a, trans_b, bias_ptr, act, tf32, LT_ALIGN, LT_ALIGN, LT_ALIGN) in _plans:
+        return
+    if s.is_capturing():
+        raise BlasError("gemm_lt_prepare inside a capture: plans must be made before capture")
+    a = cupy.zeros((k, m) if trans_a else (m, k), dtype=np.float32)  # CuPy allocations are 256-byte aligned
+    b = cupy.zeros((n, k) if trans_b else (k, n), dtype=np.float32)
+    out = cupy.empty((m, n), dtype=np.float32)
+    gemm_lt(a, b, out, bias=bias, act=act, trans_a=trans_a, trans_b=trans_b, tf32=tf32, stream=s)
+    s.synchronize()  # the scratch operands outlive the GEMM
+
+
+def _check_lt_args(a, b, out, bias, act: str, n: int, k: int) -> None:
+    if act not in LT_ACTS:
+        raise BlasError(f"gemm_lt: act must be one of {LT_ACTS}, got {act!r}")
+    if k == 0:
+        raise BlasError("gemm_lt: the inner dimension k must be at least 1")
+    on_host = isinstance(out, np.ndarray)
+    if any(isinstance(x, np.ndarray) != on_host for x in (a, b, bias) if x is not None):
+        raise BlasError("gemm_lt: a, b, out and bias must all be NumPy arrays or all CuPy arrays")
+    if bias is not None:
+        if bias.shape != (n,) or bias.dtype != np.float32 or not bias.flags.c_contiguous:
+            raise BlasError(f"gemm_lt: bias must be a contiguous float32 [{n}], got {bias.dtype} {bias.shape}")
+
+
+def _alignment(ptr: int, cap: int) -> int:
+    """The largest power of two (at most ``cap``) that divides ``ptr``."""
+    return min(cap, ptr & -ptr) if ptr else cap
+
+
+def _lt_key(m, n, k, trans_a, trans_b, bias_ptr, act, tf32, a_ptr, b_ptr, out_ptr) -> tuple:
+    """A plan's key. Operands count by alignment up to LT_ALIGN (a plan assumes that much); the bias
+    (at least LT_ALIGN-aligned on the GPU) by its alignment up to 256, because the heuristic reads
+    the bias pointer to learn it."""
+    al = tuple(_alignment(p, LT_ALIGN) for p in (a_ptr, b_ptr, out_ptr))
+    bias_al = _alignment(bias_ptr, 256) if bias_ptr else 0
+    return (int(m), int(n), int(k), bool(trans_a), bool(trans_b), _EPILOGUES[(bool(bias_ptr), act)], bool(tf32)) + al + (bias_al,)
+
+
+def _describe(key: tuple) -> str:
+    m, n, k, ta, tb, epi, tf32, al_a, al_b, al_out, al_bias = key
+    return (f"[{m}x{k}] x [{k}x{n}] (trans_a={ta}, trans_b={tb}, epilogue {epi}, tf32={tf32}, "
+            f"alignment a/b/out/bias {al_a}/{al_b}/{al_out}/{al_bias} bytes)")
+
+
+# --- the cuBLAS and cuBLASLt libraries, per-stream handles, plans -----------------------------
 _state = threading.local()
 _lib_cache = []
+_lib_paths: dict[str, str] = {}
 _handles: dict[int, "_Handle"] = {}
+_lt_cache = []
+_lt_handles: list = []
+_plans: dict[tuple, "_LtPlan"] = {}
 
 
 def _check(status: int, what: str) -> None:
@@ -92,16 +241,47 @@ def _check(status: int, what: str) -> None:
         raise BlasError(f"{what} returned cuBLAS status {status}")
 
 
-def _find_loaded_cublas() -> str | None:
+def _set_attr(setter, obj, attr: int, value, what: str) -> None:
+    """One ``cublasLt*SetAttribute(obj, attr, &value, sizeof(value))`` call, checked."""
+    _check(setter(obj, attr, ctypes.byref(value), ctypes.sizeof(value)), what)
+
+
+def _declare(lib, signatures: dict) -> None:
+    """Give each named C function its argument types; every one returns a ``cublasStatus_t``."""
+    for name, argtypes in signatures.items():
+        fn = getattr(lib, name)
+        fn.argtypes, fn.restype = argtypes, ctypes.c_int
+
+
+def _find_loaded(pattern: str) -> str | None:
+    """The path of a shared library of this process whose path matches ``pattern``."""
     try:
         with open("/proc/self/maps") as f:
             for line in f:
                 path = line.split()[-1] if "/" in line else ""
-                if re.search(r"/libcublas\.so", path):
+                if re.search(pattern, path):
                     return path
     except OSError:
         pass
     return None
+
+
+def _open(name: str, pattern: str, beside: str | None = None) -> ctypes.CDLL:
+    """Open ``lib<name>.so``: the copy already loaded, else one next to ``beside``, else the one
+    ``cuda.pathfinder`` finds (the CUDA libraries CuPy uses)."""
+    path = _find_loaded(pattern)
+    if path is None and beside:
+        found = sorted(Path(beside).parent.glob(f"lib{name}.so*"))
+        path = str(found[0]) if found else None
+    if path is None:
+        try:
+            from cuda import pathfinder
+
+            path = pathfinder.load_nvidia_dynamic_lib(name).abs_path
+        except Exception as exc:
+            raise BlasError(f"cannot locate the {name} library CuPy uses ({exc})") from None
+    _lib_paths[name] = path
+    return ctypes.CDLL(path)
 
 
 def _lib():
@@ -109,26 +289,17 @@ def _lib():
         return _lib_cache[0]
     from cupy_backends.cuda.libs import cublas as _cupy_cublas  # noqa: F401  (loads libcublas)
 
-    path = _find_loaded_cublas()
-    if path is None:
-        try:
-            from cuda import pathfinder
-
-            path = pathfinder.load_nvidia_dynamic_lib("cublas").abs_path
-        except Exception as exc:
-            raise BlasError(f"cannot locate the cuBLAS library CuPy uses ({exc})") from None
-    lib = ctypes.CDLL(path)
+    lib = _open("cublas", r"/libcublas\.so")
     vp, ci = ctypes.c_void_p, ctypes.c_int
-    lib.cublasCreate_v2.argtypes = [ctypes.POINTER(vp)]
-    lib.cublasDestroy_v2.argtypes = [vp]
-    lib.cublasSetStream_v2.argtypes = [vp, vp]
-    lib.cublasSetWorkspace_v2.argtypes = [vp, vp, ctypes.c_size_t]
-    lib.cublasSetMathMode.argtypes = [vp, ci]
     fp = ctypes.POINTER(ctypes.c_float)
-    lib.cublasSgemm_v2.argtypes = [vp, ci, ci, ci, ci, ci, fp, vp, ci, vp, ci, fp, vp, ci]
-    for fn in (lib.cublasCreate_v2, lib.cublasDestroy_v2, lib.cublasSetStream_v2, lib.cublasSetWorkspace_v2,
-               lib.cublasSetMathMode, lib.cublasSgemm_v2):
-        fn.restype = ci
+    _declare(lib, {
+        "cublasCreate_v2": [ctypes.POINTER(vp)],
+        "cublasDestroy_v2": [vp],
+        "cublasSetStream_v2": [vp, vp],
+        "cublasSetWorkspace_v2": [vp, vp, ctypes.c_size_t],
+        "cublasSetMathMode": [vp, ci],
+        "cublasSgemm_v2": [vp, ci, ci, ci, ci, ci, fp, vp, ci, vp, ci, fp, vp, ci],
+    })
     _lib_cache.append(lib)
     return lib
 
@@ -176,3 +347,115 @@ def _handle_for(stream) -> _Handle:
         prepare(stream)
         h = _handles[stream.ptr]
     return h
+
+
+class _LtAlgo(ctypes.Structure):
+    """``cublasLtMatmulAlgo_t``."""
+
+    _fields_ = [("data", ctypes.c_uint64 * 8)]
+
+
+class _LtHeuristicResult(ctypes.Structure):
+    """``cublasLtMatmulHeuristicResult_t``."""
+
+    _fields_ = [("algo", _LtAlgo), ("workspaceSize", ctypes.c_size_t), ("state", ctypes.c_int),
+                ("wavesCount", ctypes.c_float), ("reserved", ctypes.c_int * 4)]
+
+
+def _lt_lib():
+    if _lt_cache:
+        return _lt_cache[0]
+    _lib()  # libcublas loads libcublasLt, its dependency
+    lib = _open("cublasLt", r"/libcublasLt\.so", beside=_lib_paths.get("cublas"))
+    vp, ci, sz = ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t
+    pvp = ctypes.POINTER(vp)
+    _declare(lib, {
+        "cublasLtCreate": [pvp],
+        "cublasLtMatmulDescCreate": [pvp, ci, ci],
+        "cublasLtMatmulDescDestroy": [vp],
+        "cublasLtMatmulDescSetAttribute": [vp, ci, vp, sz],
+        "cublasLtMatrixLayoutCreate": [pvp, ci, ctypes.c_uint64, ctypes.c_uint64, ctypes.c_int64],
+        "cublasLtMatrixLayoutDestroy": [vp],
+        "cublasLtMatmulPreferenceCreate": [pvp],
+        "cublasLtMatmulPreferenceDestroy": [vp],
+        "cublasLtMatmulPreferenceSetAttribute": [vp, ci, vp, sz],
+        "cublasLtMatmulAlgoGetHeuristic": [vp, vp, vp, vp, vp, vp, vp, ci, ctypes.POINTER(_LtHeuristicResult),
+                                           ctypes.POINTER(ci)],
+        # handle, desc, alpha, A, Adesc, B, Bdesc, beta, C, Cdesc, D, Ddesc, algo, workspace, its size, stream
+        "cublasLtMatmul": [vp] * 14 + [sz, vp],
+    })
+    _lt_cache.append(lib)
+    return lib
+
+
+def _lt_handle():
+    """The process's one cuBLASLt handle (not bound to a stream: each call names its stream)."""
+    if not _lt_handles:
+        h = ctypes.c_void_p()
+        _check(_lt_lib().cublasLtCreate(ctypes.byref(h)), "cublasLtCreate")
+        _lt_handles.append(h)
+    return _lt_handles[0]
+
+
+class _LtPlan:
+    """The matmul descriptor, the three matrix layouts and the algorithm of one :func:`gemm_lt` key."""
+
+    def __init__(self, key: tuple, bias_ptr: int):
+        m, n, k, trans_a, trans_b, epilogue, tf32, al_a, al_b, al_out, _ = key
+        lib = _lt_lib()
+        self.desc = ctypes.c_void_p()
+        self.layout_a, self.layout_b, self.layout_d = ctypes.c_void_p(), ctypes.c_void_p(), ctypes.c_void_p()
+        self.alpha, self.beta = ctypes.c_float(1.0), ctypes.c_float(0.0)
+        self.algo = _LtAlgo()
+        try:
+            self._make(lib, m, n, k, trans_a, trans_b, epilogue, tf32, (al_a, al_b, al_out), bias_ptr)
+        except BaseException:
+            self.destroy()
+            raise
+
+    def _make(self, lib, m, n, k, trans_a, trans_b, epilogue, tf32, aligns, bias_ptr) -> None:
+        compute = _COMPUTE_32F_FAST_TF32 if tf32 else _COMPUTE_32F
+        _check(lib.cublasLtMatmulDescCreate(ctypes.byref(self.desc), compute, _CUDA_R_32F), "cublasLtMatmulDescCreate")
+
+        def attr(a: int, v, name: str) -> None:
+            _set_attr(lib.cublasLtMatmulDescSetAttribute, self.desc, a, v, f"cublasLtMatmulDescSetAttribute({name})")
+
+        attr(_DESC_TRANSA, ctypes.c_int32(_CUBLAS_OP_T if trans_b else _CUBLAS_OP_N), "TRANSA")
+        attr(_DESC_TRANSB, ctypes.c_int32(_CUBLAS_OP_T if trans_a else _CUBLAS_OP_N), "TRANSB")
+        attr(_DESC_EPILOGUE, ctypes.c_uint32(epilogue), "EPILOGUE")
+        if bias_ptr:  # the heuristic reads its alignment; each call sets its own pointer
+            attr(_DESC_BIAS_POINTER, ctypes.c_void_p(bias_ptr), "BIAS_POINTER")
+        # Column-major layouts (rows, cols, ld) of the row-major buffers: b [K, N] (or [N, K]) is the
+        # column-major [N, K] (or [K, N]) with ld = its row length; likewise a; out [M, N] is D = [N, M].
+        b_rows, b_cols = (n, k) if trans_b else (k, n)
+        a_rows, a_cols = (k, m) if trans_a else (m, k)
+        for lay, rows, cols in ((self.layout_a, b_cols, b_rows), (self.layout_b, a_cols, a_rows), (self.layout_d, n, m)):
+            _check(lib.cublasLtMatrixLayoutCreate(ctypes.byref(lay), _CUDA_R_32F, rows, cols, rows), "cublasLtMatrixLayoutCreate")
+        pref = ctypes.c_void_p()
+        _check(lib.cublasLtMatmulPreferenceCreate(ctypes.byref(pref)), "cublasLtMatmulPreferenceCreate")
+        try:
+            al_a, al_b, al_out = aligns
+            for a, v, name in ((_PREF_MAX_WORKSPACE_BYTES, ctypes.c_uint64(WORKSPACE_BYTES), "MAX_WORKSPACE_BYTES"),
+                               (_PREF_MIN_ALIGNMENT_A, ctypes.c_uint32(al_b), "MIN_ALIGNMENT_A_BYTES"),  # cuBLASLt's A is b
+                               (_PREF_MIN_ALIGNMENT_B, ctypes.c_uint32(al_a), "MIN_ALIGNMENT_B_BYTES"),
+                               (_PREF_MIN_ALIGNMENT_C, ctypes.c_uint32(al_out), "MIN_ALIGNMENT_C_BYTES"),
+                               (_PREF_MIN_ALIGNMENT_D, ctypes.c_uint32(al_out), "MIN_ALIGNMENT_D_BYTES")):
+                _set_attr(lib.cublasLtMatmulPreferenceSetAttribute, pref, a, v, f"cublasLtMatmulPreferenceSetAttribute({name})")
+            result, count = _LtHeuristicResult(), ctypes.c_int(0)
+            _check(lib.cublasLtMatmulAlgoGetHeuristic(_lt_handle(), self.desc, self.layout_a, self.layout_b, self.layout_d,
+                                                      self.layout_d, pref, 1, ctypes.byref(result), ctypes.byref(count)),
+                   "cublasLtMatmulAlgoGetHeuristic")
+        finally:
+            lib.cublasLtMatmulPreferenceDestroy(pref)
+        if count.value < 1 or result.state != 0:
+            raise BlasError(f"cublasLtMatmulAlgoGetHeuristic found no algorithm (count {count.value}, state {result.state}) "
+                            f"for [{m}x{k}] x [{k}x{n}], epilogue {epilogue}, tf32={tf32}")
+        self.algo = _LtAlgo.from_buffer_copy(result.algo)
+
+    def destroy(self) -> None:
+        lib = _lt_lib()
+        for lay in (self.layout_a, self.layout_b, self.layout_d):
+            if lay.value:
+                lib.cublasLtMatrixLayoutDestroy(lay)
+        if self.desc.value:
+            lib.cublasLtMatmulDescDestroy(self.desc)

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 from cudarl import blas
-from cudarl.testing import assert_parity
+from cudarl.testing import assert_bitwise, assert_parity, poison
 
 SHAPES = [(1, 1, 1), (7, 13, 5), (512, 256, 256), (4096, 64, 256)]
 TRANS = [(False, False), (True, False), (False, True), (True, True)]
@@ -78,3 +78,221 @@ def test_gpu_gemm_without_prepared_handle_inside_capture(cp):
                 blas.gemm(a, a, cp.ones((4, 4), np.float32), stream=s)
         finally:
             s.end_capture()
+
+
+# --- gemm_lt: out = act(op(a) @ op(b) + bias), cuBLASLt with the bias/ReLU epilogue ------------
+LT_EPILOGUES = [("identity", False), ("relu", False), ("identity", True), ("relu", True)]  # DEFAULT, RELU, BIAS, RELU_BIAS
+
+
+def _lt_operands(rng, m, n, k, ta, tb, act, with_bias):
+    """float32 operands and the float64 reference; the bias is scaled like the product, so the
+    ReLU cuts a row-dependent part of every column (a bias on the wrong axis cannot pass)."""
+    a = rng.standard_normal((k, m) if ta else (m, k)).astype(np.float32)
+    b = rng.standard_normal((n, k) if tb else (k, n)).astype(np.float32)
+    bias = (np.sqrt(k) * rng.standard_normal(n)).astype(np.float32) if with_bias else None
+    ref = (a.T if ta else a).astype(np.float64) @ (b.T if tb else b).astype(np.float64)
+    if with_bias:
+        ref += bias.astype(np.float64)
+    if act == "relu":
+        if (ref <= 0).all():  # e.g. one element: flip the signs so the ReLU keeps something to compare
+            a, ref = -a, -ref
+            bias = None if bias is None else -bias
+        ref = np.maximum(ref, 0.0)
+    return a, b, bias, ref
+
+
+@pytest.mark.parametrize("m,n,k", [(1, 5, 3), (7, 13, 5), (64, 33, 17)])
+@pytest.mark.parametrize("ta,tb", TRANS)
+@pytest.mark.parametrize("act,with_bias", LT_EPILOGUES)
+def test_numpy_gemm_lt_against_float64(rng, m, n, k, ta, tb, act, with_bias):
+    a, b, bias, ref = _lt_operands(rng, m, n, k, ta, tb, act, with_bias)
+    out = np.full((m, n), np.nan, np.float32)
+    blas.gemm_lt(a, b, out, bias=bias, act=act, trans_a=ta, trans_b=tb)
+    assert_parity(out, ref.astype(np.float32))
+
+
+def test_numpy_gemm_lt_bias_is_per_column():
+    """``bias[j]`` lands on column j of every row (row-major ``x @ W + b``)."""
+    out = np.full((3, 4), np.nan, np.float32)
+    blas.gemm_lt(np.zeros((3, 2), np.float32), np.ones((2, 4), np.float32), out,
+                 bias=np.array([-1, 0, 1, 2], np.float32), act="relu")
+    assert out.tolist() == [[0, 0, 1, 2]] * 3
+
+
+def test_gemm_lt_argument_errors():
+    a, b, out = np.zeros((3, 4), np.float32), np.zeros((4, 5), np.float32), np.zeros((3, 5), np.float32)
+    with pytest.raises(blas.BlasError, match="act must be one of"):
+        blas.gemm_lt(a, b, out, act="sigmoid")
+    with pytest.raises(blas.BlasError, match=r"bias must be a contiguous float32 \[5\]"):
+        blas.gemm_lt(a, b, out, bias=np.zeros(3, np.float32))
+    with pytest.raises(blas.BlasError, match="bias must be"):
+        blas.gemm_lt(a, b, out, bias=np.zeros(5, np.float64))
+    with pytest.raises(blas.BlasError, match="expected out 3x5"):
+        blas.gemm_lt(a, b, np.zeros((3, 4), np.float32))
+    with pytest.raises(blas.BlasError, match="inner dimension"):
+        blas.gemm_lt(np.zeros((3, 0), np.float32), np.zeros((0, 5), np.float32), out)
+
+
+def test_gemm_lt_plan_keys_count_alignment_up_to_16_bytes_and_the_bias_up_to_256():
+    key = blas._lt_key(7, 5, 3, False, True, 0x1000, "relu", True, 0x1004, 0x2008, 0x3100)
+    assert key == (7, 5, 3, False, True, 6, True, 4, 8, 16, 256)
+    assert blas._lt_key(7, 5, 3, False, False, 0, "identity", False, 0x100, 0x100, 0x100)[5] == 1  # no bias: DEFAULT
+    assert blas._lt_key(7, 5, 3, False, False, 0x1010, "identity", False, 0x100, 0x100, 0x100)[5:] == (4, False, 16, 16, 16, 16)
+
+
+# GPU: shapes of the reference model (batch 512 and 2x512, 64 features, 256 hidden, 3x51 = 204 C51
+# outputs), odd ones, single rows, and the IQN output (N = 3: rows of 12 bytes).
+LT_SHAPES = [(512, 64, 256), (1024, 256, 256), (7, 256, 204), (7, 204, 256), (1, 204, 256), (1, 1, 1), (33, 3, 256)]
+
+
+def _lt_kind(tf32):
+    return {"rtol": 5e-3 if tf32 else 1e-5}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m,n,k", LT_SHAPES)
+@pytest.mark.parametrize("ta,tb", TRANS)
+@pytest.mark.parametrize("act,with_bias", LT_EPILOGUES)
+@pytest.mark.parametrize("tf32", [False, True])
+def test_gpu_gemm_lt_against_float64(cp, rng, m, n, k, ta, tb, act, with_bias, tf32):
+    """cuBLASLt with each epilogue against float64 math: fp32 rel. error <= 1e-5, TF32 <= 5e-3."""
+    a, b, bias, ref = _lt_operands(rng, m, n, k, ta, tb, act, with_bias)
+    out = cp.empty((m, n), np.float32)
+    poison(out)
+    blas.gemm_lt(cp.asarray(a), cp.asarray(b), out, bias=None if bias is None else cp.asarray(bias), act=act,
+                 trans_a=ta, trans_b=tb, tf32=tf32)
+    assert_parity(out, ref.astype(np.float32), **_lt_kind(tf32), what=f"gemm_lt {act}{' + bias' if with_bias else ''}")
+
+
+@pytest.mark.gpu
+def test_gpu_gemm_lt_bias_is_per_column(cp):
+    """The row-major bias broadcast: with a = 0, every row of out is act(bias) (cuBLASLt adds its
+    bias along the rows of the column-major C^T, which are the columns of out)."""
+    m, n, k = 5, 7, 3
+    bias = np.arange(n, dtype=np.float32) - 3.0
+    out = cp.full((m, n), np.nan, np.float32)
+    blas.gemm_lt(cp.zeros((m, k), np.float32), cp.ones((k, n), np.float32), out, bias=cp.asarray(bias), act="relu")
+    assert out.get().tolist() == [np.maximum(bias, 0).tolist()] * m, "bias broadcast along the wrong axis"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("offsets", [(1, 0, 0, 0), (0, 2, 0, 0), (0, 0, 1, 0), (0, 0, 0, 4), (3, 1, 2, 4)])
+def test_gpu_gemm_lt_operands_aligned_to_4_bytes(cp, rng, offsets):
+    """Operand views starting off a 16-byte boundary (4 or 8 bytes) and a bias 16 but not 256-byte
+    aligned get plans of their own (the heuristic is told) and stay correct."""
+    m, n, k = 64, 36, 20
+    a, b, bias, ref = _lt_operands(rng, m, n, k, False, False, "relu", True)
+
+    def at(offset, arr):  # a C-contiguous copy of arr starting `offset` floats into a fresh buffer
+        buf = cp.full(arr.size + 4, np.nan, np.float32)
+        view = buf[offset : offset + arr.size].reshape(arr.shape)
+        view[...] = cp.asarray(arr)
+        return view
+
+    ga, gb, gout, gbias = at(offsets[0], a), at(offsets[1], b), at(offsets[2], np.full((m, n), np.nan, np.float32)), at(offsets[3], bias)
+    blas.gemm_lt(ga, gb, gout, bias=gbias, act="relu")
+    assert_parity(gout, ref.astype(np.float32), what=f"offsets (floats) a/b/out/bias {offsets}")
+    with pytest.raises(blas.BlasError, match="bias must start at a multiple of 16 bytes"):
+        blas.gemm_lt(ga, gb, gout, bias=at(1, bias), act="relu")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m,n,k", [(512, 64, 256), (7, 204, 256), (33, 3, 256)])
+@pytest.mark.parametrize("ta,tb", TRANS)
+@pytest.mark.parametrize("act,with_bias", LT_EPILOGUES)
+@pytest.mark.parametrize("tf32", [False, True])
+def test_gpu_gemm_lt_graphed_equals_eager_bitwise(cp, rng, m, n, k, ta, tb, act, with_bias, tf32):
+    """A captured gemm_lt replays bit for bit like the eager call, reads its inputs' current
+    contents at each replay, and keeps the bias pointer it was captured with (the pointer is a
+    descriptor attribute shared by every call of the key)."""
+    from cudarl.graph import StepGraph
+
+    a, b, bias, _ = _lt_operands(rng, m, n, k, ta, tb, act, with_bias)
+    da, db = cp.asarray(a), cp.asarray(b)
+    dbias = None if bias is None else cp.asarray(bias)
+    kw = dict(act=act, trans_a=ta, trans_b=tb, tf32=tf32)
+    eager = cp.empty((m, n), np.float32)
+    blas.gemm_lt(da, db, eager, bias=dbias, **kw)  # first call of the key: eager, makes the plan
+    cap = cp.empty((m, n), np.float32)
+    g = StepGraph("gemm_lt", [("gemm_lt", lambda: blas.gemm_lt(da, db, cap, bias=dbias, **kw))], xp=cp)
+    g.capture()
+    poison(cap)
+    sync = cp.cuda.Device().synchronize  # eager calls and fills run on CuPy's stream, replays on the graph's
+    sync()
+    g.replay()
+    g.synchronize()
+    assert_bitwise(cap, eager, what="graphed vs eager")
+    # new contents in the same buffers: the replay must read them
+    da[...] = cp.asarray(rng.standard_normal(a.shape).astype(np.float32))
+    if dbias is not None:
+        dbias[...] = cp.asarray(rng.standard_normal(n).astype(np.float32))
+    blas.gemm_lt(da, db, eager, bias=dbias, **kw)
+    poison(cap)
+    sync()
+    g.replay()
+    g.synchronize()
+    assert_bitwise(cap, eager, what="graphed vs eager, new input contents")
+    if dbias is None:
+        return
+    # a second graph of the same key with another bias array; each graph keeps its own pointer
+    bias2 = cp.asarray(rng.standard_normal(n).astype(np.float32))
+    cap2, eager2 = cp.empty((m, n), np.float32), cp.empty((m, n), np.float32)
+    g2 = StepGraph("gemm_lt_2", [("gemm_lt", lambda: blas.gemm_lt(da, db, cap2, bias=bias2, **kw))], xp=cp)
+    g2.capture()
+    blas.gemm_lt(da, db, eager2, bias=bias2, **kw)
+    poison(cap)
+    poison(cap2)
+    sync()
+    g2.replay()
+    g.replay()
+    g.synchronize()
+    g2.synchronize()
+    assert_bitwise(cap2, eager2, what="second graph, its own bias")
+    assert_bitwise(cap, eager, what="first graph after the second was captured, its own bias")
+
+
+@pytest.mark.gpu
+def test_gpu_gemm_lt_unplanned_key_inside_a_capture_says_run_eagerly_first(cp, rng):
+    """A key's plan is made outside any capture (cuBLASLt's heuristic query can fail inside one);
+    a capture that meets an unplanned key fails with a message saying what to do, and after one
+    eager run the same graph captures and replays correctly."""
+    from cudarl.graph import GraphCaptureError, StepGraph
+
+    m, n, k = 13, 11, 9  # a shape no other test plans
+    a, b, bias, ref = _lt_operands(rng, m, n, k, True, False, "relu", True)
+    da, db, dbias = cp.asarray(a), cp.asarray(b), cp.asarray(bias)
+    out = cp.empty((m, n), np.float32)
+    g = StepGraph("gemm_lt_unplanned", [("gemm_lt", lambda: blas.gemm_lt(da, db, out, bias=dbias, act="relu", trans_a=True))],
+                  xp=cp)
+    with pytest.raises(GraphCaptureError, match="run the step once eagerly first") as info:
+        g.capture()
+    assert isinstance(info.value.__cause__, blas.BlasError), info.value.__cause__
+    assert not g.stream.is_capturing()
+    g.run_eager()
+    g.capture()
+    poison(out)
+    cp.cuda.Device().synchronize()
+    g.replay()
+    g.synchronize()
+    assert_parity(out, ref.astype(np.float32), what="captured after one eager run")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tf32", [False, True])
+def test_gpu_gemm_lt_prepare_lets_a_first_call_be_captured(cp, rng, tf32):
+    """gemm_lt_prepare makes the plan (running it once on scratch), so the key's first real call
+    can be inside a capture: the path a network takes (QNetwork.new_workspace prepares its layers)."""
+    from cudarl.graph import StepGraph
+
+    m, n, k = 19, 23, 29  # a shape no other test plans
+    a, b, bias, ref = _lt_operands(rng, m, n, k, False, False, "identity", True)
+    da, db, dbias = cp.asarray(a), cp.asarray(b), cp.asarray(bias)
+    blas.gemm_lt_prepare(m, n, k, bias=dbias, act="identity", tf32=tf32)
+    out = cp.empty((m, n), np.float32)
+    g = StepGraph("gemm_lt_prepared", [("gemm_lt", lambda: blas.gemm_lt(da, db, out, bias=dbias, tf32=tf32))], xp=cp)
+    g.capture()
+    poison(out)
+    cp.cuda.Device().synchronize()
+    g.replay()
+    g.synchronize()
+    assert_parity(out, ref.astype(np.float32), **_lt_kind(tf32), what="prepared, then captured")
