@@ -181,7 +181,7 @@ class Agent:
         self.cfg, self.xp, self.n_envs = cfg, xp, int(n_envs)
         self.batch_size = B = cfg.agent.batch_size
         net_kw = dict(hidden=cfg.net.hidden, head=cfg.net.head, layernorm=cfg.net.layernorm, atoms=cfg.net.atoms,
-                      n_quantiles=cfg.net.n_quantiles, n_cos=cfg.net.n_cos, xp=xp, seed=cfg.run.seed, tf32=cfg.net.tf32)
+                      n_quantiles=cfg.net.n_quantiles, n_cos=cfg.net.n_cos, xp=xp, seed=cfg.run.seed, tf32=cfg.net.tf32, gemm=cfg.net.gemm)
         # The online net sees s and s' of a batch in one forward pass of 2B rows (one GEMM chain
         # instead of two); the backward pass runs over the first B rows, the s half.
         self.online = QNetwork(obs_dim, n_actions, max_batch=2 * B, **net_kw)

@@ -149,9 +149,14 @@ class NetConfig:
     """IQN cosine embedding size."""
     tf32: bool = False
     """Let cuBLAS use TF32 tensor cores for the network's GEMMs (GPU; ~1e-3 relative error)."""
+    gemm: str = "cublas"
+    """Forward GEMM of the linear layers (GPU): ``cublas`` (GEMM, then the bias/activation kernel) or
+    ``cublaslt`` (one cuBLASLt GEMM with the bias and ReLU fused into its epilogue; sigmoid layers keep
+    the kernel). Same math; ``tools/bench_nets.py`` times both."""
 
     def __post_init__(self):
         s = "net"
+        from .nn.layers import GEMMS
         from .nn.network import HEADS
 
         _need(s, self.head in HEADS, f"head must be one of {sorted(HEADS)}, got {self.head!r}")
@@ -162,6 +167,7 @@ class NetConfig:
               f"need v_min < v_max, got {self.v_min}, {self.v_max}")
         _in(s, "n_quantiles", self.n_quantiles, 1, 1024, integer=True)
         _in(s, "n_cos", self.n_cos, 1, 1024, integer=True)
+        _need(s, self.gemm in GEMMS, f"gemm must be one of {list(GEMMS)}, got {self.gemm!r}")
 
 
 @dataclass(frozen=True)

@@ -19,9 +19,9 @@ class C51Head(Module):
     ``logits = V + Adv - mean_a Adv``. Softmax over atoms is the loss's business.
     """
 
-    def __init__(self, name: str, d: int, n_actions: int, atoms: int = 51, tf32: bool = False):
+    def __init__(self, name: str, d: int, n_actions: int, atoms: int = 51, tf32: bool = False, gemm: str = "cublas"):
         self.name, self.d, self.n_actions, self.atoms = name, int(d), int(n_actions), int(atoms)
-        self.va = Linear(f"{name}.va", d, (1 + n_actions) * atoms, act="identity", init="xavier", tf32=tf32)
+        self.va = Linear(f"{name}.va", d, (1 + n_actions) * atoms, act="identity", init="xavier", tf32=tf32, gemm=gemm)
         self.children = [self.va]
 
     def declare(self, layout: ParamLayout, ws_spec: list) -> None:
@@ -55,12 +55,13 @@ class IQNHead(Module):
     :meth:`sample_tau`) or pass it to :meth:`forward`.
     """
 
-    def __init__(self, name: str, d: int, n_actions: int, n_quantiles: int = 32, n_cos: int = 64, tf32: bool = False):
+    def __init__(self, name: str, d: int, n_actions: int, n_quantiles: int = 32, n_cos: int = 64, tf32: bool = False,
+                 gemm: str = "cublas"):
         self.name, self.d, self.n_actions = name, int(d), int(n_actions)
         self.n_quantiles, self.n_cos = int(n_quantiles), int(n_cos)
         N = self.n_quantiles
-        self.phi = Linear(f"{name}.phi", n_cos, d, act="relu", init="he", rows=N, tf32=tf32)
-        self.out = Linear(f"{name}.out", d, n_actions, act="identity", init="xavier", rows=N, tf32=tf32)
+        self.phi = Linear(f"{name}.phi", n_cos, d, act="relu", init="he", rows=N, tf32=tf32, gemm=gemm)
+        self.out = Linear(f"{name}.out", d, n_actions, act="identity", init="xavier", rows=N, tf32=tf32, gemm=gemm)
         self.children = [self.phi, self.out]
 
     def declare(self, layout: ParamLayout, ws_spec: list) -> None:
@@ -116,10 +117,11 @@ class PlanHead(Module):
 
     THRESHOLD = 0.5
 
-    def __init__(self, name: str, d: int, gain: float = 0.01, readiness_bias: float = -4.0, tf32: bool = False):
+    def __init__(self, name: str, d: int, gain: float = 0.01, readiness_bias: float = -4.0, tf32: bool = False,
+                 gemm: str = "cublas"):
         self.name, self.d = name, int(d)
         self.lin = Linear(f"{name}.lin", d, 2, act="sigmoid", init="xavier", gain=gain,
-                          bias_init=(0.0, readiness_bias), tf32=tf32)
+                          bias_init=(0.0, readiness_bias), tf32=tf32, gemm=gemm)  # sigmoid: never the fused GEMM
         self.children = [self.lin]
 
     def declare(self, layout: ParamLayout, ws_spec: list) -> None:

@@ -10,15 +10,25 @@ the layer above or the loss); ``backward(x, ws, dx)`` *overwrites* this layer's 
 gradients, consumes ``dout`` (it may be overwritten), and writes ``dx`` if one is given
 (``accumulate=True`` adds into it instead, for an input shared by two consumers).
 ReLU is fused into the epilogue of Linear and of LayerNorm (``act="relu"``).
+
+Linear's forward is a cuBLAS GEMM followed by the bias/activation kernel (``gemm="cublas"``),
+or, with ``gemm="cublaslt"`` on the GPU and ``act`` in {identity, relu}, one cuBLASLt GEMM whose
+epilogue adds the bias and applies the ReLU (:func:`cudarl.blas.gemm_lt`). Both write the same
+``out``, so the backward is the same. The NumPy backend ignores the option (the same math).
 """
 from __future__ import annotations
 
 import numpy as np
 
+from .. import blas
 from ..reference import philox
-from ..reference.nn import ACTS
+from ..reference.nn import ACTS, IDENTITY, RELU
 from ..reference.optim import GN_BLOCKS
 from .params import ParamLayout, Workspace, matmul, optim_ops
+
+#: Linear's forward GEMM: cuBLAS then the bias/activation kernel, or cuBLASLt with a fused epilogue.
+GEMMS = ("cublas", "cublaslt")
+_LT_ACTS = {IDENTITY: "identity", RELU: "relu"}  # the activations cuBLASLt's epilogue applies
 
 
 class Module:
@@ -42,17 +52,28 @@ class Linear(Module):
     e.g. for a target network or a gradient check). The backward holds u and v constant:
     ``dW = (dW_sn - <dW_sn, W_sn> u v^T) / sigma``. Its state (u, v, sigma and scratch) is
     allocated by :meth:`alloc_state`; ``u`` is part of the network's state dict.
+
+    ``gemm="cublaslt"`` makes the forward one cuBLASLt GEMM with the bias (and ReLU) in its epilogue
+    when ``act`` is identity or relu, on the GPU, for an input aligned to 16 bytes; otherwise the
+    forward is the cuBLAS GEMM and the bias/activation kernel. :meth:`prepare` makes the cuBLASLt
+    plan for a batch size before any capture.
     """
 
     def __init__(self, name: str, n_in: int, n_out: int, act: str = "relu", init: str | None = None,
-                 gain: float = 1.0, bias_init=0.0, tf32: bool = False, rows: int = 1, spectral: bool = False):
+                 gain: float = 1.0, bias_init=0.0, tf32: bool = False, rows: int = 1, spectral: bool = False,
+                 gemm: str = "cublas"):
         if act not in ACTS:
             raise ValueError(f"{name}: activation {act!r} not in {sorted(ACTS)}")
+        if gemm not in GEMMS:
+            raise ValueError(f"{name}: gemm {gemm!r} not in {GEMMS}")
         self.name, self.n_in, self.n_out, self.act = name, int(n_in), int(n_out), ACTS[act]
         self.init = init or ("he" if act == "relu" else "xavier")
         self.gain, self.bias_init, self.tf32 = gain, bias_init, tf32
         self.rows = int(rows)  # input rows per sample: IQN's layers see [B * N, n_in]
         self.spectral, self.sn, self.sn_update = bool(spectral), None, True
+        self.gemm = gemm
+        #: The cuBLASLt activation name when the forward can be one fused GEMM, else None.
+        self.lt_act = _LT_ACTS.get(self.act) if gemm == "cublaslt" else None
 
     def alloc_state(self, xp, dtype, seed: int, stream_id: int) -> None:
         """Spectral-norm state (call after :meth:`bind`): u ``[n_in]`` (a random unit vector from Philox,
@@ -79,14 +100,25 @@ class Linear(Module):
         row = (self.n_out,) if self.rows == 1 else (self.rows, self.n_out)
         ws_spec += [(f"{self.name}.out", row, self.rows > 1), (f"{self.name}.dout", row, self.rows > 1)]
 
+    def prepare(self, batch: int) -> None:
+        """Make the cuBLASLt plan of a forward over ``batch`` samples (GPU, ``gemm="cublaslt"``); a
+        forward inside a capture needs the plan of its batch size already made (:func:`cudarl.blas.gemm_lt`)."""
+        bias = self.P[f"{self.name}.bias"]
+        if self.lt_act is not None and not isinstance(bias, np.ndarray):
+            blas.gemm_lt_prepare(batch * self.rows, self.n_out, self.n_in, bias=bias, act=self.lt_act, tf32=self.tf32)
+
     def forward(self, x, ws: Workspace):
         y = ws.rows(f"{self.name}.out", x.shape[0] // self.rows)
         if self.spectral:
             W, sn = self.P[f"{self.name}.weight"], self.sn
             self.optim_ops.spectral_power_iter(W, sn["u"], sn["v"], sn["wv"], sn["sigma"], 1 if self.sn_update else 0)
             self.optim_ops.spectral_scale(W, sn["sigma"], sn["w"])
+        bias = self.P[f"{self.name}.bias"]
+        if self.lt_act is not None and not isinstance(y, np.ndarray) and x.data.ptr % blas.LT_ALIGN == 0:
+            blas.gemm_lt(x, self.weight(), y, bias=bias, act=self.lt_act, tf32=self.tf32)
+            return y
         matmul(x, self.weight(), y, tf32=self.tf32)
-        self.ops.bias_act_forward(y, self.P[f"{self.name}.bias"], y, self.act)
+        self.ops.bias_act_forward(y, bias, y, self.act)
         return y
 
     def backward(self, x, ws: Workspace, dx=None, accumulate: bool = False) -> None:
@@ -139,7 +171,8 @@ class MLP(Module):
     ``Linear -> LayerNorm -> ReLU`` (the ReLU fused into the LayerNorm kernel).
     """
 
-    def __init__(self, name: str, n_in: int, hidden=(256, 256), layernorm: bool = False, tf32: bool = False):
+    def __init__(self, name: str, n_in: int, hidden=(256, 256), layernorm: bool = False, tf32: bool = False,
+                 gemm: str = "cublas"):
         if not hidden:
             raise ValueError(f"{name}: at least one hidden layer")
         self.name, self.n_in, self.hidden = name, int(n_in), tuple(int(h) for h in hidden)
@@ -147,10 +180,10 @@ class MLP(Module):
         d = self.n_in
         for i, h in enumerate(self.hidden):
             if layernorm:
-                self.children.append(Linear(f"{name}.{i}", d, h, act="identity", init="he", tf32=tf32))
+                self.children.append(Linear(f"{name}.{i}", d, h, act="identity", init="he", tf32=tf32, gemm=gemm))
                 self.children.append(LayerNorm(f"{name}.{i}.ln", h, act="relu"))
             else:
-                self.children.append(Linear(f"{name}.{i}", d, h, act="relu", tf32=tf32))
+                self.children.append(Linear(f"{name}.{i}", d, h, act="relu", tf32=tf32, gemm=gemm))
             d = h
         self.n_out = d
 

@@ -16,8 +16,10 @@ def _walk(mods):
 
 #: Head registry (STYLE.md: a dict, not an if/elif chain).
 HEADS = {
-    "c51": lambda d, kw: C51Head("head", d, kw["n_actions"], kw.get("atoms", 51), tf32=kw.get("tf32", False)),
-    "iqn": lambda d, kw: IQNHead("head", d, kw["n_actions"], kw.get("n_quantiles", 32), kw.get("n_cos", 64), tf32=kw.get("tf32", False)),
+    "c51": lambda d, kw: C51Head("head", d, kw["n_actions"], kw.get("atoms", 51), tf32=kw.get("tf32", False),
+                                 gemm=kw.get("gemm", "cublas")),
+    "iqn": lambda d, kw: IQNHead("head", d, kw["n_actions"], kw.get("n_quantiles", 32), kw.get("n_cos", 64),
+                                 tf32=kw.get("tf32", False), gemm=kw.get("gemm", "cublas")),
 }
 
 
@@ -33,6 +35,10 @@ class QNetwork:
         xp, dtype: backend and float type (float64 only on NumPy, for gradient checks).
         max_batch: rows of the default workspace :attr:`ws`.
         seed: Philox seed of the initialisation.
+        tf32: let the GEMMs use TF32 tensor cores (GPU).
+        gemm: ``"cublas"`` (GEMM, then the bias/activation kernel) or ``"cublaslt"`` (one cuBLASLt
+            GEMM with the bias and ReLU in its epilogue, for the identity and ReLU layers; GPU).
+            Each new workspace makes the cuBLASLt plans of its ``max_batch`` before any capture.
 
     Buffers: :attr:`params` and :attr:`grads`, flat ``[layout.padded_size]``; :attr:`P` and
     :attr:`G` their named views (see :mod:`cudarl.nn.params` for the layout).
@@ -40,17 +46,18 @@ class QNetwork:
 
     def __init__(self, n_in: int, n_actions: int, *, hidden=(256, 256), head: str = "c51", layernorm: bool = False,
                  plan: bool = False, spectral=(), atoms: int = 51, n_quantiles: int = 32, n_cos: int = 64, xp=np,
-                 dtype=np.float32, max_batch: int = 512, seed: int = 0, tf32: bool = False):
+                 dtype=np.float32, max_batch: int = 512, seed: int = 0, tf32: bool = False, gemm: str = "cublas"):
         if head not in HEADS:
             raise ValueError(f"head {head!r} not in {sorted(HEADS)}")
         if np.dtype(dtype) != np.float32 and not is_numpy(xp):
             raise ValueError("the GPU backend is float32 only")
         self.xp, self.dtype, self.ops = xp, np.dtype(dtype), nn_ops(xp)
         self.config = dict(n_in=n_in, n_actions=n_actions, hidden=tuple(hidden), head=head, layernorm=layernorm,
-                           plan=plan, spectral=tuple(spectral), atoms=atoms, n_quantiles=n_quantiles, n_cos=n_cos, tf32=tf32)
-        self.encoder = MLP("enc", n_in, hidden, layernorm=layernorm, tf32=tf32)
+                           plan=plan, spectral=tuple(spectral), atoms=atoms, n_quantiles=n_quantiles, n_cos=n_cos, tf32=tf32,
+                           gemm=gemm)
+        self.encoder = MLP("enc", n_in, hidden, layernorm=layernorm, tf32=tf32, gemm=gemm)
         self.head = HEADS[head](self.encoder.n_out, self.config)
-        self.plan = PlanHead("plan", self.encoder.n_out, tf32=tf32) if plan else None
+        self.plan = PlanHead("plan", self.encoder.n_out, tf32=tf32, gemm=gemm) if plan else None
         self.modules = [m for m in (self.encoder, self.head, self.plan) if m is not None]
         self.layout = ParamLayout()
         self._ws_spec: list = []
@@ -71,10 +78,15 @@ class QNetwork:
         self.ws = self.new_workspace(max_batch)
 
     def new_workspace(self, max_batch: int) -> Workspace:
-        """A workspace for batches up to ``max_batch`` (one per concurrent forward, e.g. s and s')."""
+        """A workspace for batches up to ``max_batch`` (one per concurrent forward, e.g. s and s').
+
+        With ``gemm="cublaslt"`` on the GPU it also makes the cuBLASLt plans of a forward over
+        ``max_batch`` rows, so that forward can be captured without an eager run first."""
         ws = Workspace(self.xp, self.dtype, max_batch)
         for name, row, merge in self._ws_spec:
             ws.add(name, row, merge=merge)
+        for lin in self.linears.values():
+            lin.prepare(max_batch)
         return ws
 
     def forward(self, x, ws: Workspace | None = None, tau=None) -> dict:

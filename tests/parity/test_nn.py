@@ -403,3 +403,157 @@ def test_two_workspaces_keep_their_own_forward(rng):
     net.grad_outputs()["q"][...] = d
     net.backward()
     assert np.array_equal(net.grads, alone)
+
+
+# --- gemm="cublaslt": the forward GEMM with cuBLASLt's bias/ReLU epilogue --------------------------
+def test_gemm_option_reaches_every_linear_and_numpy_ignores_it(rng):
+    """On NumPy the option changes nothing (same math); the fused GEMM is asked for the identity and
+    ReLU layers only (the plan head's sigmoid keeps the bias/activation kernel)."""
+    from cudarl.nn import QNetwork
+    from cudarl.nn.layers import Linear
+
+    for head in ("c51", "iqn"):
+        kw = dict(hidden=(6, 5), head=head, plan=True, atoms=5, n_quantiles=4, n_cos=8, max_batch=3, seed=4)
+        lt, base = QNetwork(8, 3, gemm="cublaslt", **kw), QNetwork(8, 3, **kw)
+        assert lt.config["gemm"] == "cublaslt" and base.config["gemm"] == "cublas"
+        acts = {n: lin.lt_act for n, lin in lt.linears.items()}
+        want = {"enc.0": "relu", "enc.1": "relu", "plan.lin": None,
+                **({"head.va": "identity"} if head == "c51" else {"head.phi": "relu", "head.out": "identity"})}
+        assert acts == want
+        assert all(lin.lt_act is None for lin in base.linears.values())
+        x = rng.standard_normal((3, 8)).astype(np.float32)
+        tau = rng.uniform(size=(3, 4)).astype(np.float32) if head == "iqn" else None
+        outs = [net.forward(x, tau=tau) for net in (lt, base)]
+        for k in ("q", "plan"):
+            assert np.array_equal(outs[0][k], outs[1][k])
+        d = rng.standard_normal(base.forward_shape(3)).astype(np.float32)
+        dp = rng.standard_normal((3, 2)).astype(np.float32)
+        for net in (lt, base):
+            net.grad_outputs()["q"][...] = d
+            net.grad_outputs()["plan"][...] = dp
+            net.backward()
+        assert np.array_equal(lt.grads, base.grads)
+    with pytest.raises(ValueError, match="gemm 'cutlass' not in"):
+        Linear("l", 4, 3, gemm="cutlass")
+
+
+def test_agent_builds_its_networks_with_the_configured_gemm():
+    from cudarl.agent import Agent
+    from cudarl.config import from_dict
+
+    cfg = from_dict({"net": {"hidden": [8], "gemm": "cublaslt"}, "agent": {"batch_size": 4}})
+    agent = Agent(cfg, 6, 3, 2, np)
+    for net in (agent.online, agent.target):
+        assert net.config["gemm"] == "cublaslt"
+        assert {lin.gemm for lin in net.linears.values()} == {"cublaslt"}
+
+
+def _gemm_pair(cp, head, layernorm, B, spectral=(), seed=3):
+    """The same network (same seed, same parameters) with gemm="cublaslt" and with the default."""
+    from cudarl.nn import QNetwork
+
+    kw = dict(hidden=(256, 256), head=head, layernorm=layernorm, plan=True, atoms=51, max_batch=B, seed=seed,
+              spectral=spectral, xp=cp)
+    return QNetwork(64, 3, gemm="cublaslt", **kw), QNetwork(64, 3, **kw)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("B", [1, 7, 512, 4096])
+@pytest.mark.parametrize("head,layernorm,spectral", [("c51", False, ()), ("c51", True, ("enc.1",)), ("iqn", False, ())])
+def test_gpu_qnetwork_cublaslt_matches_the_default_network(cp, rng, B, head, layernorm, spectral):
+    """Forward: the outputs and every layer's activations of the gemm="cublaslt" network match the
+    default network's to rel. error <= 1e-5. Backward: its gradients (from its own forward) match the
+    default network's backward run on the same activations (so ReLU masks agree exactly)."""
+    lt, base = _gemm_pair(cp, head, layernorm, B, spectral)
+    assert cp.array_equal(lt.params, base.params)
+    x = cp.asarray(rng.standard_normal((B, 64)).astype(np.float32))
+    tau = cp.asarray(rng.uniform(size=(B, 32)).astype(np.float32)) if head == "iqn" else None
+    for e in lt.layout.entries:
+        poison(lt.G[e.name])
+    for name in lt.ws.bufs:
+        if name.endswith(".out"):
+            poison(lt.ws.bufs[name])
+    o_lt, o_base = lt.forward(x, tau=tau), base.forward(x, tau=tau)
+    for k in ("q", "plan"):
+        assert_parity(o_lt[k], o_base[k].get(), rtol=1e-5, what=f"forward {k}")
+    for name in lt.ws.bufs:
+        if name.endswith(".out"):
+            assert_parity(lt.ws.rows(name), base.ws.rows(name).get(), rtol=1e-5, what=f"activation {name}")
+    gq = rng.standard_normal(lt.forward_shape(B)).astype(np.float32)
+    gp = rng.standard_normal((B, 2)).astype(np.float32)
+    _set_grad_outputs(lt, gq, gp)
+    lt.backward()
+    for name, buf in lt.ws.bufs.items():
+        cp.copyto(base.ws.bufs[name], buf)
+    _set_grad_outputs(base, gq, gp)
+    base.backward()
+    for e in lt.layout.entries:
+        sl = slice(e.offset, e.offset + e.size)
+        assert_parity(lt.grads[sl], base.grads[sl].get(), rtol=1e-5, what=f"grad {e.name}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("head,layernorm", [("c51", False), ("c51", True), ("iqn", False)])
+def test_gpu_qnetwork_cublaslt_captures_before_any_eager_run(cp, rng, head, layernorm):
+    """The trainer captures its step without running it eagerly first: a gemm="cublaslt" network's
+    workspace made its cuBLASLt plans, so forward + backward capture at once, the replay equals a
+    later eager run bit for bit, and its output matches the default network's (rel. error <= 1e-5)."""
+    from cudarl.graph import StepGraph
+
+    B = 512
+    lt, base = _gemm_pair(cp, head, layernorm, B, seed=5)
+    x = cp.asarray(rng.standard_normal((B, 64)).astype(np.float32))
+    if head == "iqn":
+        tau = cp.asarray(rng.uniform(size=(B, 32)).astype(np.float32))
+        lt.ws.bufs["head.tau"][...] = tau
+        base.ws.bufs["head.tau"][...] = tau
+    gq = cp.asarray(rng.standard_normal(lt.forward_shape(B)).astype(np.float32))
+    gp = cp.asarray(rng.standard_normal((B, 2)).astype(np.float32))
+    outs = {}
+
+    def step():
+        o = lt.forward(x)
+        outs.update(q=o["q"], plan=o["plan"])
+        g = lt.grad_outputs()
+        cp.copyto(g["q"], gq)
+        cp.copyto(g["plan"], gp)
+        lt.backward(x)
+
+    cp.cuda.Device().synchronize()
+    g = StepGraph("nn_cublaslt_" + head + ("_ln" if layernorm else ""), [("fwd_bwd", step)], xp=cp)
+    g.capture()  # no eager run before: the plans come from QNetwork.new_workspace
+    g.replay()
+    g.synchronize()
+    graphed = {"q": outs["q"].get(), "plan": outs["plan"].get(), "grads": lt.grads.get()}
+    assert_parity(graphed["q"], base.forward(x)["q"].get(), rtol=1e-5, what="graphed cuBLASLt q vs default network")
+    for e in lt.layout.entries:
+        poison(lt.G[e.name])
+    poison(outs["q"])
+    cp.cuda.Device().synchronize()
+    g.run_eager()
+    g.synchronize()
+    assert_bitwise(outs["q"], graphed["q"], what="eager q vs graphed")
+    assert_bitwise(outs["plan"], graphed["plan"], what="eager plan vs graphed")
+    assert_bitwise(lt.grads, graphed["grads"], what="eager grads vs graphed")
+
+
+@pytest.mark.gpu
+def test_gpu_trainer_with_cublaslt_captures_and_is_reproducible():
+    """A training run with net.gemm = "cublaslt" (the trainer captures without an eager step):
+    two runs give the same losses bit for bit, and the first loss matches the cuBLAS run's."""
+    from cudarl.config import from_dict
+    from cudarl.trainer import Trainer
+
+    def losses(gemm):
+        cfg = from_dict({"run": {"device": "gpu", "steps": 30, "eval_every": 0, "checkpoint_every": 0, "log_every": 10},
+                         "data": {"source": "builtin:regime?n=1500"}, "env": {"n_envs": 64, "episode_len": 128},
+                         "replay": {"capacity": 20_000}, "agent": {"batch_size": 128, "learning_starts": 1000},
+                         "net": {"hidden": [64, 64], "gemm": gemm}, "guard": {"snapshot_every": 20}})
+        t = Trainer(cfg, run_dir=False, echo=lambda m: None)
+        t.run(30)
+        return t.losses
+
+    a, b, ref = losses("cublaslt"), losses("cublaslt"), losses("cublas")
+    assert len(a) == 30 and np.all(np.isfinite(a))
+    assert a == b, "two cuBLASLt runs differ"
+    assert abs(a[0] - ref[0]) <= 1e-3 * abs(ref[0]), f"first loss {a[0]} (cuBLASLt) vs {ref[0]} (cuBLAS)"
