@@ -11,16 +11,16 @@ else
   echo quit | nvidia-cuda-mps-control 2>/dev/null; echo "MPS: off"
 fi
 LIMIT=${SWEEP_LIMIT_S:-500}
-L="run.steps=50000"
-timeout "$LIMIT" python3 tools/sweep.py --task regime --heads iqn --seeds 3 --workers "${IQN_WORKERS:-4}" \
+N="data.source=builtin:regime?n=200000"
+timeout "$LIMIT" python3 tools/sweep.py --task regime --heads iqn --seeds 3 --workers "${IQN_WORKERS:-5}" \
   --jsonl "$OUT/sweep_iqn.jsonl" --md "$OUT/sweep_iqn.md" \
-  --variant "steps50k:$L" --variant "gamma0.95-steps50k:agent.gamma=0.95,$L" \
-  --variant "gamma0.95:agent.gamma=0.95" --variant "lr3e-4:optim.lr=3e-4" > "$OUT/sweep_iqn.log" 2>&1 &
+  --variant "n200k:$N" --variant "n200k-upc2:$N,agent.updates_per_collect=2" \
+  --variant "steps10k:run.steps=10000" > "$OUT/sweep_iqn.log" 2>&1 &
 timeout "$LIMIT" python3 tools/sweep.py --task regime --heads c51 --seeds 3 --workers "${C51_WORKERS:-6}" \
   --jsonl "$OUT/sweep_c51.jsonl" --md "$OUT/sweep_c51.md" \
-  --variant "steps50k:$L" --variant "gamma0.95-steps50k:agent.gamma=0.95,$L" --variant base \
-  --variant "gamma0.9:agent.gamma=0.9" --variant "gamma0.95:agent.gamma=0.95" --variant "lr3e-4:optim.lr=3e-4" \
-  --variant "nstep1:replay.n_step=1" --variant "upc2:agent.updates_per_collect=2" --variant "atoms101:net.atoms=101" \
+  --variant "n200k:$N" --variant "n200k-upc2:$N,agent.updates_per_collect=2" \
+  --variant "n200k-upc4:$N,agent.updates_per_collect=4" --variant "n200k-h128:$N,net.hidden=[128,128]" \
+  --variant "steps10k:run.steps=10000" --variant "steps5k:run.steps=5000" \
   > "$OUT/sweep_c51.log" 2>&1
 wait
 echo quit | nvidia-cuda-mps-control 2>/dev/null
