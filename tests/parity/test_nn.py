@@ -329,6 +329,35 @@ def test_gpu_qnetwork_forward_backward_match_numpy(cp, rng, B, head, layernorm, 
         assert_parity(gpu.grads[sl], cpu64.grads[sl].astype(np.float32), rtol=1e-4, what=f"grad {e.name}")
 
 
+def _fwd_bwd(cp, net, x, gq, gp, outs: dict):
+    """A graph phase: forward on x (outputs into ``outs``), the fixed output gradients, backward."""
+
+    def step():
+        o = net.forward(x)
+        outs.update(q=o["q"], plan=o["plan"])
+        g = net.grad_outputs()
+        cp.copyto(g["q"], gq)  # device-to-device copies, no allocation
+        cp.copyto(g["plan"], gp)
+        net.backward(x)
+
+    return step
+
+
+def _rerun_bitwise(cp, run, net, outs: dict, want: dict, what: str) -> None:
+    """Poison the gradients and the outputs, ``run()`` (a replay or an eager run), and compare the
+    outputs and gradients with ``want`` bit for bit."""
+    for e in net.layout.entries:
+        poison(net.G[e.name])
+    poison(outs["q"])
+    poison(outs["plan"])
+    cp.cuda.Device().synchronize()
+    run()
+    cp.cuda.Device().synchronize()
+    for k in ("q", "plan"):
+        assert_bitwise(outs[k], want[k], what=f"{what} {k}")
+    assert_bitwise(net.grads, want["grads"], what=f"{what} grads")
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("head", ["c51", "iqn"])
 def test_gpu_qnetwork_graphed_equals_eager_bitwise(cp, rng, head):
@@ -342,15 +371,7 @@ def test_gpu_qnetwork_graphed_equals_eager_bitwise(cp, rng, head):
     gq = cp.asarray(rng.standard_normal(gpu.forward_shape(B)).astype(np.float32))
     gp = cp.asarray(rng.standard_normal((B, 2)).astype(np.float32))
     outs = {}
-
-    def step():
-        o = gpu.forward(x)
-        outs.update(q=o["q"], plan=o["plan"])
-        g = gpu.grad_outputs()
-        cp.copyto(g["q"], gq)  # device-to-device copies, no allocation
-        cp.copyto(g["plan"], gp)
-        gpu.backward(x)
-
+    step = _fwd_bwd(cp, gpu, x, gq, gp, outs)
     sn = gpu.linears["enc.1"].sn  # the power iteration advances u at each forward: replay from the same u
     u0, v0 = sn["u"].copy(), sn["v"].copy()
     cp.cuda.Device().synchronize()
@@ -361,16 +382,7 @@ def test_gpu_qnetwork_graphed_equals_eager_bitwise(cp, rng, head):
     g.capture()
     sn["u"][...] = u0
     sn["v"][...] = v0
-    for e in gpu.layout.entries:
-        poison(gpu.G[e.name])
-    poison(outs["q"])
-    poison(outs["plan"])
-    cp.cuda.Device().synchronize()
-    g.replay()
-    g.synchronize()
-    assert_bitwise(outs["q"], first["q"], what="graphed q")
-    assert_bitwise(outs["plan"], first["plan"], what="graphed plan")
-    assert_bitwise(gpu.grads, first["grads"], what="graphed grads")
+    _rerun_bitwise(cp, g.replay, gpu, outs, first, "graphed")
     assert_bitwise(sn["u"], first["u"], what="graphed power iteration")
 
 
@@ -510,15 +522,7 @@ def test_gpu_qnetwork_cublaslt_captures_before_any_eager_run(cp, rng, head, laye
     gq = cp.asarray(rng.standard_normal(lt.forward_shape(B)).astype(np.float32))
     gp = cp.asarray(rng.standard_normal((B, 2)).astype(np.float32))
     outs = {}
-
-    def step():
-        o = lt.forward(x)
-        outs.update(q=o["q"], plan=o["plan"])
-        g = lt.grad_outputs()
-        cp.copyto(g["q"], gq)
-        cp.copyto(g["plan"], gp)
-        lt.backward(x)
-
+    step = _fwd_bwd(cp, lt, x, gq, gp, outs)
     cp.cuda.Device().synchronize()
     g = StepGraph("nn_cublaslt_" + head + ("_ln" if layernorm else ""), [("fwd_bwd", step)], xp=cp)
     g.capture()  # no eager run before: the plans come from QNetwork.new_workspace
@@ -526,15 +530,7 @@ def test_gpu_qnetwork_cublaslt_captures_before_any_eager_run(cp, rng, head, laye
     g.synchronize()
     graphed = {"q": outs["q"].get(), "plan": outs["plan"].get(), "grads": lt.grads.get()}
     assert_parity(graphed["q"], base.forward(x)["q"].get(), rtol=1e-5, what="graphed cuBLASLt q vs default network")
-    for e in lt.layout.entries:
-        poison(lt.G[e.name])
-    poison(outs["q"])
-    cp.cuda.Device().synchronize()
-    g.run_eager()
-    g.synchronize()
-    assert_bitwise(outs["q"], graphed["q"], what="eager q vs graphed")
-    assert_bitwise(outs["plan"], graphed["plan"], what="eager plan vs graphed")
-    assert_bitwise(lt.grads, graphed["grads"], what="eager grads vs graphed")
+    _rerun_bitwise(cp, g.run_eager, lt, outs, graphed, "eager (after the graph) vs graphed:")
 
 
 @pytest.mark.gpu
