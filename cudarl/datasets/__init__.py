@@ -72,12 +72,14 @@ def resolve(spec: str):
         if "?" in body:
             raise DataError(spec, [Problem("bad_builtin", f"{name} takes no parameters")])
         return HERE / REAL[name][0]
-    if name == "regime":
-        return regime(**_params(body, REGIME_DEFAULTS))
-    if name == "randomwalk":
-        return randomwalk(**_params(body, RANDOMWALK_DEFAULTS))
-    if name == "canary":
-        return canary(**_params(body, CANARY_DEFAULTS))
+    makers = {"regime": (regime, REGIME_DEFAULTS), "randomwalk": (randomwalk, RANDOMWALK_DEFAULTS),
+              "canary": (canary, CANARY_DEFAULTS)}
+    if name in makers:
+        make, defaults = makers[name]
+        try:
+            return make(**_params(body, defaults))
+        except ValueError as exc:  # parameters out of range: a data error, reported like the others
+            raise DataError(spec, [Problem("bad_builtin", str(exc))]) from None
     raise DataError(spec, [Problem("bad_builtin", f"no built-in data set {name!r}; there are {names()}")])
 
 
@@ -89,6 +91,12 @@ def business_days(n: int, start=START) -> np.ndarray:
     d0 = int(np.datetime64(start, "D").astype(np.int64))
     if (d0 + 3) % 7 != 0:  # 1970-01-01 was a Thursday
         raise ValueError(f"business_days starts on a Monday, got {start}")
+    # int64 nanoseconds end in April 2262: past that the product wraps and time would run backwards.
+    last_day = int(np.iinfo(np.int64).max // NS_PER_DAY)
+    if n > 0 and d0 + 7 * ((n - 1) // 5) + (n - 1) % 5 > last_day:
+        most = 5 * ((last_day - d0) // 7) + min((last_day - d0) % 7 + 1, 5)
+        raise ValueError(f"{n} daily bars from {start} run past 2262-04-11, the last date int64 nanoseconds hold; "
+                         f"at most {most} bars")
     k = np.arange(n, dtype=np.int64)
     return (d0 + 7 * (k // 5) + k % 5) * np.int64(NS_PER_DAY)
 
