@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import multiprocessing as mp
 import re
 import statistics
 import sys
@@ -26,6 +25,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tools"))
 
+import learning_check  # noqa: E402
+
 
 def parse_variant(text: str) -> tuple[str, list[str]]:
     """``"name:a.b=1,c.d=2"`` -> ``("name", ["a.b=1", "c.d=2"])``; ``"base"`` -> ``("base", [])``."""
@@ -35,30 +36,6 @@ def parse_variant(text: str) -> tuple[str, list[str]]:
     if not name:
         raise SystemExit(f"variant {text!r}: expected NAME[:SECTION.FIELD=VALUE,...]")
     return name, sets
-
-
-def _overrides(sets: list[str]) -> dict:
-    from cudarl.config import parse_override
-
-    extra: dict = {}
-    for s in sets:
-        sec, f, v = parse_override(s)
-        extra.setdefault(sec, {})[f] = v
-    return extra
-
-
-def _work(job: dict) -> dict:
-    import learning_check
-
-    t0 = time.perf_counter()
-    try:
-        row = learning_check.run_one(job["task"], job["head"], job["seed"], job["device"], job["quick"], _overrides(job["sets"]))
-        row["error"] = None
-    except Exception as exc:  # a diverged or invalid variant is a result, not a crash of the sweep
-        row = {"task": job["task"], "head": job["head"], "seed": job["seed"], "error": f"{type(exc).__name__}: {exc}",
-               "wall_s": time.perf_counter() - t0}
-    row["variant"], row["sets"] = job["variant"], job["sets"]
-    return row
 
 
 def summarise(rows: list[dict]) -> list[dict]:
@@ -108,23 +85,25 @@ def main() -> int:
         device = "gpu" if backend.cupy_unavailable_reason() is None else "cpu"
     variants = [parse_variant(v) for v in (args.variant or ["base"])]
     for _, sets in variants:
-        _overrides(sets)  # fail on a bad override before anything runs
+        learning_check._overrides(sets)  # fail on a bad override before anything runs
     jobs = [{"task": args.task, "head": h, "seed": s, "variant": n, "sets": sets, "device": device, "quick": args.quick}
             for n, sets in variants for h in args.heads.split(",") for s in range(args.seeds)]
     print(f"sweep: {len(jobs)} runs ({len(variants)} variants x {args.heads} x {args.seeds} seeds) on {device}, "
           f"{args.workers} worker(s)", flush=True)
     args.jsonl.parent.mkdir(parents=True, exist_ok=True)
-    rows, t0 = [], time.perf_counter()
-    ctx = mp.get_context("spawn")  # CUDA state must not be forked
-    with args.jsonl.open("a") as log, ctx.Pool(max(1, args.workers), maxtasksperchild=1) as pool:
-        for r in pool.imap_unordered(_work, jobs):
-            rows.append(r)
-            log.write(json.dumps(r, default=float) + "\n")
-            log.flush()
-            res = f"error {r['error']}" if r["error"] else f"test Sharpe {r['test_sharpe']:.2f}" + (
-                f" ({100 * r['fraction_of_optimum']:.0f}% of optimum)" if "fraction_of_optimum" in r else "")
-            print(f"[{len(rows)}/{len(jobs)} {time.perf_counter() - t0:.0f}s] {r['variant']:16s} {r['head']} seed {r['seed']}: "
-                  f"{res} [{r['wall_s']:.0f} s]", flush=True)
+    t0, log = time.perf_counter(), args.jsonl.open("a")
+    n_done = []
+
+    def on_row(r):  # each finished run is on disk at once: a sweep cut short keeps what it measured
+        n_done.append(1)
+        log.write(json.dumps(r, default=float) + "\n")
+        log.flush()
+        res = learning_check.describe(r)
+        print(f"[{len(n_done)}/{len(jobs)} {time.perf_counter() - t0:.0f}s] {r['variant']:16s} {r['head']} seed {r['seed']}: {res}",
+              flush=True)
+
+    with log:
+        rows = learning_check.run_jobs(jobs, args.workers, on_row)
     summary = summarise(rows)
     table = markdown(summary, f"Sweep on `{args.task}`, {args.seeds} seeds, device {device}, "
                               f"{time.perf_counter() - t0:.0f} s wall with {args.workers} worker(s).")
