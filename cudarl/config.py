@@ -51,8 +51,10 @@ class RunConfig:
     """Run name; the run directory is ``<out_dir>/<name>-<time>-<seed>``."""
     seed: int = 0
     """Seed of every Philox stream (initialisation, sampling, exploration, environments)."""
-    steps: int = 20_000
-    """Learner updates (train-graph replays)."""
+    steps: int = 10_000
+    """Learner updates (train-graph replays). Measured on the GPU (docs/sweeps.md): over the 14,000
+    training bars of ``builtin:regime?n=20000`` held-out Sharpe fell as updates grew from 5k to 50k
+    (the net memorises the training noise); watch the validation Sharpe before training longer."""
     device: str = "auto"
     """``auto`` (GPU when usable), ``gpu`` or ``cpu``."""
     out_dir: str = "runs"
