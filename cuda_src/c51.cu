@@ -4,8 +4,14 @@
 // Layout: logits [B, A, K] row-major, support [K] uniform (z_k = v_min + k dz), actions int32 [B].
 // Every per-sample op maps ONE WARP TO ONE SAMPLE: lanes stride over atoms, and sums/maxima
 // use an xor butterfly (IEEE + and max are commutative, so every lane ends with the same bits,
-// and the order is fixed: results are bitwise repeatable). No atomics anywhere.
+// and the order is fixed: results are bitwise repeatable). Batch reductions are one block's
+// fixed-order tree. No atomics anywhere.
+//
+// The train step's targets phase is cudarl_c51_targets (no PopArt: one launch), or
+// cudarl_c51_next_probs_td then cudarl_c51_project_popart (PopArt: two launches). next_probs
+// and project are the same rows as standalone ops.
 
+#include <cudarl/popart.cuh>
 #include <cudarl/reduce.cuh>
 
 #define C51_WARP 32
@@ -28,7 +34,62 @@ __device__ __forceinline__ void row_softmax_stats(const float* x, int K, int lan
   s = warp_sum(acc);
 }
 
+// Double-DQN selection and next distribution of one sample, by one warp (see
+// cudarl_c51_next_probs): returns a* (the same in every lane), writes p[k] = softmax(target[a*])_k
+// for the lane's atoms k and sets pz to the lane's part of sum_k p_k z_k.
+__device__ __forceinline__ int next_probs_row(const float* online, const float* target, const float* support,
+                                              float* p, int A, int K, int lane, float& pz) {
+  int best = 0;
+  float best_q = C51_NEG_INF;
+  for (int a = 0; a < A; ++a) {
+    const float* x = online + (long long)a * K;
+    float m, s;
+    row_softmax_stats(x, K, lane, m, s);
+    float acc = 0.f;
+    for (int k = lane; k < K; k += C51_WARP) acc += (expf(x[k] - m) / s) * support[k];
+    const float q = warp_sum(acc);
+    if (a == 0 || q > best_q) { best_q = q; best = a; }
+  }
+  const float* y = target + (long long)best * K;
+  float m, s;
+  row_softmax_stats(y, K, lane, m, s);
+  pz = 0.f;
+  for (int k = lane; k < K; k += C51_WARP) {
+    const float pk = expf(y[k] - m) / s;
+    p[k] = pk;
+    pz += pk * support[k];
+  }
+  return best;
+}
+
+// Projection of r + d z with next probabilities p onto the support, one sample by one warp (see
+// cudarl_c51_project): the lane writes out[i] for i = lane, lane + 32, ...
+__device__ __forceinline__ void project_row(const float* p, float r, float d, const float* support, float* out, int K,
+                                            int lane) {
+  const float v_min = support[0], v_max = support[K - 1];
+  const float dz = (v_max - v_min) / (float)(K - 1);
+  if (!isfinite(r) || !isfinite(d)) {
+    for (int i = lane; i < K; i += C51_WARP) out[i] = __int_as_float(0x7fc00000);
+    return;
+  }
+  for (int i = lane; i < K; i += C51_WARP) {
+    float acc = 0.f;
+    for (int j = 0; j < K; ++j) {
+      const float tz = fminf(fmaxf(r + d * support[j], v_min), v_max);
+      const float g = fminf(fmaxf((tz - v_min) / dz, 0.f), (float)(K - 1));
+      const float lo = floorf(g);
+      const float f = g - lo;
+      const int l = (int)lo;
+      if (l == i) acc += p[j] * (1.f - f);
+      else if (l + 1 == i) acc += p[j] * f;
+    }
+    out[i] = acc;
+  }
+}
+
 }  // namespace
+
+namespace pa = cudarl::popart;
 
 // ---------------------------------------------------------------------------------------------
 // cudarl_c51_next_probs: double-DQN next-state distribution.
@@ -41,21 +102,9 @@ extern "C" __global__ void cudarl_c51_next_probs(const float* __restrict__ onlin
   const int lane = threadIdx.x % C51_WARP;
   const int b = blockIdx.x * (blockDim.x / C51_WARP) + threadIdx.x / C51_WARP;
   if (b >= B) return;  // whole warps leave together
-  int best = 0;
-  float best_q = C51_NEG_INF;
-  for (int a = 0; a < A; ++a) {
-    const float* x = online + ((long long)b * A + a) * K;
-    float m, s;
-    row_softmax_stats(x, K, lane, m, s);
-    float acc = 0.f;
-    for (int k = lane; k < K; k += C51_WARP) acc += (expf(x[k] - m) / s) * support[k];
-    const float q = warp_sum(acc);
-    if (a == 0 || q > best_q) { best_q = q; best = a; }
-  }
-  const float* y = target + ((long long)b * A + best) * K;
-  float m, s;
-  row_softmax_stats(y, K, lane, m, s);
-  for (int k = lane; k < K; k += C51_WARP) probs[(long long)b * K + k] = expf(y[k] - m) / s;
+  float pz;
+  const int best = next_probs_row(online + (long long)b * A * K, target + (long long)b * A * K, support,
+                                  probs + (long long)b * K, A, K, lane, pz);
   if (lane == 0) a_star[b] = best;
 }
 
@@ -75,27 +124,90 @@ extern "C" __global__ void cudarl_c51_project(const float* __restrict__ probs, c
   const int lane = threadIdx.x % C51_WARP;
   const int b = blockIdx.x * (blockDim.x / C51_WARP) + threadIdx.x / C51_WARP;
   if (b >= B) return;
-  const float v_min = support[0], v_max = support[K - 1];
-  const float dz = (v_max - v_min) / (float)(K - 1);
-  const float r = r_t[b], d = discount_t[b];
-  const float* p = probs + (long long)b * K;
-  if (!isfinite(r) || !isfinite(d)) {
-    for (int i = lane; i < K; i += C51_WARP) out[(long long)b * K + i] = __int_as_float(0x7fc00000);
-    return;
+  project_row(probs + (long long)b * K, r_t[b], discount_t[b], support, out + (long long)b * K, K, lane);
+}
+
+// ---------------------------------------------------------------------------------------------
+// cudarl_c51_targets: the target distribution without PopArt in one launch: a*_b and probs_b as
+// cudarl_c51_next_probs, then m_b = the projection of r_b + d_b z with probs_b as
+// cudarl_c51_project (the same rows: the launch pair's arithmetic).
+// Threads: one warp per sample; its lanes write probs_b, __syncwarp() orders those global
+// writes before the warp reads them back (every lane reads all K for its atoms).
+// Reads 2*A*K + K + 2 floats per sample (+ probs_b again from L1); writes 2K floats + 1 int.
+extern "C" __global__ void cudarl_c51_targets(const float* __restrict__ online, const float* __restrict__ target,
+                                              const float* __restrict__ support, const float* __restrict__ r_t,
+                                              const float* __restrict__ discount_t, float* __restrict__ probs,
+                                              int* __restrict__ a_star, float* __restrict__ out, int B, int A, int K) {
+  const int lane = threadIdx.x % C51_WARP;
+  const int b = blockIdx.x * (blockDim.x / C51_WARP) + threadIdx.x / C51_WARP;
+  if (b >= B) return;
+  float* p = probs + (long long)b * K;
+  float pz;
+  const int best = next_probs_row(online + (long long)b * A * K, target + (long long)b * A * K, support, p, A, K, lane, pz);
+  if (lane == 0) a_star[b] = best;
+  __syncwarp();
+  project_row(p, r_t[b], discount_t[b], support, out + (long long)b * K, K, lane);
+}
+
+// ---------------------------------------------------------------------------------------------
+// cudarl_c51_next_probs_td: with PopArt, the first of the targets phase's two launches.
+//   a*_b, probs_b as cudarl_c51_next_probs;  v_b = sum_k probs_bk z_k (the normalised next value)
+//   y_b = r_b + d_b (s v_b + mu)   (return-space TD target, with the statistics BEFORE this step)
+//   state_prev = state             (block 0 copies the 8 floats; see cudarl_c51_project_popart)
+// Threads: one warp per sample (v_b is a warp_sum). state is only read here.
+// Reads 2*A*K + K + 2 floats per sample and 8; writes K + 1 floats + 1 int per sample and 8.
+extern "C" __global__ void cudarl_c51_next_probs_td(const float* __restrict__ online, const float* __restrict__ target,
+                                                    const float* __restrict__ support, const float* __restrict__ r_t,
+                                                    const float* __restrict__ discount_t, const float* __restrict__ state,
+                                                    float* __restrict__ probs, int* __restrict__ a_star,
+                                                    float* __restrict__ y, float* __restrict__ state_prev, int B, int A,
+                                                    int K) {
+  if (blockIdx.x == 0 && threadIdx.x < pa::STATE_SIZE) state_prev[threadIdx.x] = state[threadIdx.x];
+  const int lane = threadIdx.x % C51_WARP;
+  const int b = blockIdx.x * (blockDim.x / C51_WARP) + threadIdx.x / C51_WARP;
+  if (b >= B) return;
+  float pz;
+  const int best = next_probs_row(online + (long long)b * A * K, target + (long long)b * A * K, support,
+                                  probs + (long long)b * K, A, K, lane, pz);
+  const float v = warp_sum(pz);
+  if (lane == 0) {
+    a_star[b] = best;
+    y[b] = pa::td_target(r_t[b], discount_t[b], v, state[pa::MU], state[pa::SIGMA] / state[pa::SCALE]);
   }
-  for (int i = lane; i < K; i += C51_WARP) {
-    float acc = 0.f;
-    for (int j = 0; j < K; ++j) {
-      const float tz = fminf(fmaxf(r + d * support[j], v_min), v_max);
-      const float g = fminf(fmaxf((tz - v_min) / dz, 0.f), (float)(K - 1));
-      const float lo = floorf(g);
-      const float f = g - lo;
-      const int l = (int)lo;
-      if (l == i) acc += p[j] * (1.f - f);
-      else if (l + 1 == i) acc += p[j] * f;
-    }
-    out[(long long)b * K + i] = acc;
-  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// cudarl_c51_project_popart: with PopArt, the second launch. The statistics move with this
+// step's y, then the projection runs on rewards normalised with the UPDATED statistics:
+//   state = update(state_prev, y)    (cudarl_popart_update's math and summation order)
+//   r~_b = (r_b - (1 - d_b) mu') / s'  (written to r_norm),  m_b = projection of r~_b + d_b z
+// Threads: blocks of pa::kReduceThreads (8 warps, one sample per warp; launch exactly that many).
+// Every block reduces all of y in the same fixed order, so every block holds the same bits of
+// the new statistics without a launch between (B floats per block, from L2); block 0's thread 0
+// writes them to state. Nothing in this launch reads state (the old statistics come from
+// state_prev, copied by the launch before), so that write races with no read. No atomics.
+// Reads B + 9 floats per block, K + 2 per sample; writes K + 1 floats per sample and 7.
+extern "C" __global__ void cudarl_c51_project_popart(const float* __restrict__ probs, const float* __restrict__ r_t,
+                                                     const float* __restrict__ discount_t,
+                                                     const float* __restrict__ support, const float* __restrict__ y,
+                                                     const float* __restrict__ state_prev,
+                                                     const float* __restrict__ beta, float* __restrict__ state,
+                                                     float* __restrict__ r_norm, float* __restrict__ out, int B, int K,
+                                                     float sigma_min) {
+  __shared__ float s1[pa::kReduceThreads];
+  __shared__ float s2[pa::kReduceThreads];
+  const pa::Stats old = pa::load(state_prev);
+  float sum, sum2;
+  pa::batch_moments(y, B, s1, s2, sum, sum2);  // every thread of every block, before any returns
+  const pa::Stats st = pa::updated(old, beta[0], sum, sum2, B, sigma_min);
+  if (blockIdx.x == 0 && threadIdx.x == 0) pa::store(state, old, st);
+  const int lane = threadIdx.x % C51_WARP;
+  const int b = blockIdx.x * (blockDim.x / C51_WARP) + threadIdx.x / C51_WARP;
+  if (b >= B) return;
+  const float d = discount_t[b];
+  const float rn = pa::normalized_reward(r_t[b], d, st.mu, st.sigma / st.scale);
+  if (lane == 0) r_norm[b] = rn;
+  project_row(probs + (long long)b * K, rn, d, support, out + (long long)b * K, K, lane);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -1,55 +1,51 @@
 // PopArt (van Hasselt et al. 2016, "Learning values across many orders of magnitude"), fitted
 // to a fixed atom/quantile support. Twin: cudarl/reference/popart.py. Launchers: cudarl/ops/popart.py.
 //
-// state: float32 [8] = {mu, sigma, mu_prev, sigma_prev, m1, m2, decay, scale}
+// state: float32 [8] = {mu, sigma, mu_prev, sigma_prev, m1, m2, decay, scale}; the statistics'
+// math is in <cudarl/popart.cuh> (shared with the fused C51 targets in c51.cu):
 //   m1, m2: EMAs of E[y], E[y^2] from zero; decay = prod (1 - beta_t); mu = m1 / (1 - decay),
 //   sigma = sqrt(max(m2 / (1 - decay) - mu^2, sigma_min^2)) (bias-corrected like Adam);
 //   scale: support units per standard deviation. The normalised coordinate is
 //   y_hat = (y - mu) / s with s = sigma / scale.
 // beta is read from device memory (a schedule may move it between replays). No atomics.
-#include <cudarl/reduce.cuh>
+#include <cudarl/popart.cuh>
 
-#define PA_MU 0
-#define PA_SIGMA 1
-#define PA_MU_PREV 2
-#define PA_SIGMA_PREV 3
-#define PA_M1 4
-#define PA_M2 5
-#define PA_DECAY 6
-#define PA_SCALE 7
-#define PA_REDUCE_THREADS 256
+namespace pa = cudarl::popart;
 
 // ---------------------------------------------------------------------------------------------
 // cudarl_popart_update: move the statistics with one batch of return-space TD targets y [B].
-// One block of PA_REDUCE_THREADS: strided per-thread sums then a shared tree (fixed order);
-// thread 0 writes the state. Reads B floats + 9; writes 8 floats.
-extern "C" __global__ void cudarl_popart_update(const float* __restrict__ y, float* __restrict__ state,
+// One block of pa::kReduceThreads: strided per-thread sums then a shared tree (fixed order);
+// thread 0 writes the state. Reads B floats + 9; writes 7 floats.
+extern "C" __global__ void cudarl_popart_update(const float* __restrict__ y, float* state,
                                                 const float* __restrict__ beta, int B, float sigma_min) {
-  __shared__ float s1[PA_REDUCE_THREADS];
-  __shared__ float s2[PA_REDUCE_THREADS];
-  const int t = threadIdx.x;
-  float a1 = 0.f, a2 = 0.f;
-  for (int i = t; i < B; i += PA_REDUCE_THREADS) { const float v = y[i]; a1 += v; a2 += v * v; }
-  s1[t] = a1; s2[t] = a2;
-  cudarl::block_tree_sum(s1, PA_REDUCE_THREADS);  // the same tree for each: sums as in one fused loop
-  cudarl::block_tree_sum(s2, PA_REDUCE_THREADS);
-  if (t == 0) {
-    const float bt = beta[0];
-    const float mean = s1[0] / (float)B, mean2 = s2[0] / (float)B;
-    state[PA_MU_PREV] = state[PA_MU];
-    state[PA_SIGMA_PREV] = state[PA_SIGMA];
-    const float m1 = (1.f - bt) * state[PA_M1] + bt * mean;
-    const float m2 = (1.f - bt) * state[PA_M2] + bt * mean2;
-    const float decay = state[PA_DECAY] * (1.f - bt);
-    const float c = 1.f - decay;
-    const float mu = m1 / c;
-    const float var = fmaxf(m2 / c - mu * mu, sigma_min * sigma_min);
-    state[PA_M1] = m1;
-    state[PA_M2] = m2;
-    state[PA_DECAY] = decay;
-    state[PA_MU] = mu;
-    state[PA_SIGMA] = sqrtf(var);
-  }
+  __shared__ float s1[pa::kReduceThreads];
+  __shared__ float s2[pa::kReduceThreads];
+  const pa::Stats old = pa::load(state);  // before the barriers below
+  float sum, sum2;
+  pa::batch_moments(y, B, s1, s2, sum, sum2);
+  if (threadIdx.x == 0) pa::store(state, old, pa::updated(old, beta[0], sum, sum2, B, sigma_min));
+}
+
+// ---------------------------------------------------------------------------------------------
+// cudarl_popart_update_normalize_rewards: update (as cudarl_popart_update, from y [B]) and then
+// the normalised rewards out = (r - (1 - d) mu') / s' with the UPDATED statistics, in one launch.
+// One block of pa::kReduceThreads: every thread reads the old state before the reduction's
+// barriers and computes the same new statistics; thread 0 writes the state; thread t writes
+// out[i] for i = t, t + pa::kReduceThreads, ... y may be r_t (IQN's statistics follow the
+// rewards); out must not overlap the inputs. Reads 3B floats + 9; writes B + 7 floats.
+extern "C" __global__ void cudarl_popart_update_normalize_rewards(const float* __restrict__ y, const float* __restrict__ r_t,
+                                                                  const float* __restrict__ discount_t, float* state,
+                                                                  const float* __restrict__ beta, float* __restrict__ out, int B,
+                                                                  float sigma_min) {
+  __shared__ float s1[pa::kReduceThreads];
+  __shared__ float s2[pa::kReduceThreads];
+  const pa::Stats old = pa::load(state);  // before the barriers below
+  float sum, sum2;
+  pa::batch_moments(y, B, s1, s2, sum, sum2);
+  const pa::Stats st = pa::updated(old, beta[0], sum, sum2, B, sigma_min);
+  if (threadIdx.x == 0) pa::store(state, old, st);
+  const float s = st.sigma / st.scale;
+  for (int i = threadIdx.x; i < B; i += pa::kReduceThreads) out[i] = pa::normalized_reward(r_t[i], discount_t[i], st.mu, s);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -60,10 +56,10 @@ extern "C" __global__ void cudarl_popart_rescale(float* __restrict__ W, float* _
                                                  const float* __restrict__ state, int n_out, int n_in) {
   const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
   const long long n = (long long)n_out * n_in;
-  const float scale = state[PA_SCALE];
-  const float s = state[PA_SIGMA] / scale, s_prev = state[PA_SIGMA_PREV] / scale;
+  const float scale = state[pa::SCALE];
+  const float s = state[pa::SIGMA] / scale, s_prev = state[pa::SIGMA_PREV] / scale;
   if (i < n) W[i] = W[i] * (s_prev / s);
-  if (i < n_out) bias[i] = (s_prev * bias[i] + state[PA_MU_PREV] - state[PA_MU]) / s;
+  if (i < n_out) bias[i] = (s_prev * bias[i] + state[pa::MU_PREV] - state[pa::MU]) / s;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -73,7 +69,7 @@ extern "C" __global__ void cudarl_popart_normalize(const float* __restrict__ x, 
                                                    float* __restrict__ out, long long n, int inverse) {
   const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= n) return;
-  const float s = state[PA_SIGMA] / state[PA_SCALE], mu = state[PA_MU];
+  const float s = state[pa::SIGMA] / state[pa::SCALE], mu = state[pa::MU];
   out[i] = inverse ? s * x[i] + mu : (x[i] - mu) / s;
 }
 
@@ -86,8 +82,8 @@ extern "C" __global__ void cudarl_popart_normalize_rewards(const float* __restri
                                                            const float* __restrict__ state, float* __restrict__ out, int B) {
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= B) return;
-  const float s = state[PA_SIGMA] / state[PA_SCALE], mu = state[PA_MU];
-  out[i] = (r_t[i] - (1.f - discount_t[i]) * mu) / s;
+  const float s = state[pa::SIGMA] / state[pa::SCALE], mu = state[pa::MU];
+  out[i] = pa::normalized_reward(r_t[i], discount_t[i], mu, s);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -98,6 +94,6 @@ extern "C" __global__ void cudarl_popart_td_targets(const float* __restrict__ r_
                                                     float* __restrict__ out, int B) {
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= B) return;
-  const float s = state[PA_SIGMA] / state[PA_SCALE], mu = state[PA_MU];
-  out[i] = r_t[i] + discount_t[i] * (s * v_hat[i] + mu);
+  const float s = state[pa::SIGMA] / state[pa::SCALE], mu = state[pa::MU];
+  out[i] = pa::td_target(r_t[i], discount_t[i], v_hat[i], mu, s);
 }

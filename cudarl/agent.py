@@ -52,9 +52,9 @@ class C51Rule:
         self.probs = xp.zeros((B, K), np.float32)
         self.a_star = xp.zeros(B, np.int32)
         self.target = xp.zeros((B, K), np.float32)
-        self.v_hat = xp.zeros((B, 1), np.float32)
         self.y = xp.zeros(B, np.float32)
         self.r_norm = xp.zeros(B, np.float32)
+        self.popart_prev = xp.zeros(8, np.float32)  # PopArt statistics before the update (GPU scratch)
         n = a.n_envs
         self.act_ent = xp.zeros(n, np.float32)
         self.act_mass = xp.zeros((n, K), np.float32)
@@ -78,20 +78,18 @@ class C51Rule:
         self.target_next = agent.target.forward(batch.next_obs, agent.target.ws)["q"]
 
     def targets(self, agent: "Agent", batch) -> None:
-        probs, a_star = losses.c51_next_probs(self.online_next, self.target_next, self.support, self.probs, self.a_star)
-        _into(self.probs, probs)
-        ret = batch.ret
-        if agent.popart is not None:
-            # y = r + d (s E[z] + mu) in return space; the statistics move, then rewards are
-            # mapped into the support's coordinates: (r - (1 - d) mu) / s (see cudarl.popart).
-            from .blas import gemm
-
-            gemm(self.probs, self.support.reshape(-1, 1), self.v_hat)
-            _into(self.y, agent.popart.td_targets(batch.ret, batch.discount, self.v_hat.reshape(-1), out=self.y))
-            agent.popart.update(self.y)
-            _into(self.r_norm, agent.popart.normalize_rewards(batch.ret, batch.discount, out=self.r_norm))
-            ret = self.r_norm
-        _into(self.target, losses.c51_project(self.probs, ret, batch.discount, self.support, out=self.target))
+        # With PopArt: y = r + d (s E[z] + mu) in return space; the statistics move with y, then the
+        # rewards are mapped into the support's coordinates with them: (r - (1 - d) mu) / s. One
+        # launch without PopArt, two with it (see losses.c51_targets and cudarl.popart).
+        pa = agent.popart
+        popart = {} if pa is None else dict(popart_state=pa.state, popart_beta=pa.scalars.view("beta"),
+                                            sigma_min=pa.sigma_min, out_y=self.y, out_r_norm=self.r_norm,
+                                            scratch=self.popart_prev)
+        res = losses.c51_targets(self.online_next, self.target_next, self.support, batch.ret, batch.discount, **popart,
+                                 out_target=self.target, out_probs=self.probs, out_a_star=self.a_star)
+        _into(self.target, res.target)
+        if pa is not None:
+            _into(pa.state, res.state)
 
     def loss(self, agent: "Agent", batch, weights) -> None:
         grad = agent.grad_q()
@@ -137,8 +135,7 @@ class IQNRule:
         if agent.popart is not None:
             # The statistics follow the n-step returns (the scale of the rewards); quantiles then
             # live in normalised units: T = (r - (1 - d) mu) / s + d theta'.
-            agent.popart.update(batch.ret)
-            _into(self.r_norm, agent.popart.normalize_rewards(batch.ret, batch.discount, out=self.r_norm))
+            _into(self.r_norm, agent.popart.update_normalize_rewards(batch.ret, batch.ret, batch.discount, out=self.r_norm))
             ret = self.r_norm
         t, a = losses.quantile_targets(self.online_next, self.target_next, ret, batch.discount, self.target, self.a_star)
         _into(self.target, t)

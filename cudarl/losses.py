@@ -79,6 +79,62 @@ def c51_next_probs(logits_online_tp1, logits_target_tp1, support, out_probs=None
     return out_probs, out_a_star
 
 
+C51Targets = namedtuple("C51Targets", "target probs a_star y r_norm state")
+C51Targets.__doc__ = """``target [B, K]``, ``probs [B, K]``, ``a_star int32 [B]``; with PopArt also ``y [B]``,
+``r_norm [B]`` and ``state [8]`` (the updated statistics), else None."""
+
+
+def c51_targets(logits_online_tp1, logits_target_tp1, support, r_t, discount_t, popart_state=None, popart_beta=None,
+                sigma_min=1e-4, *, out_target=None, out_probs=None, out_a_star=None, out_y=None, out_r_norm=None,
+                scratch=None) -> C51Targets:
+    """The whole C51 target of a train step: double-DQN next distribution, PopArt, projection.
+
+    With ``z`` the support and ``s = sigma / scale`` (:class:`cudarl.popart.PopArt`)::
+
+        a*_b = argmax_a sum_k softmax(online[b, a])_k z_k  (first on ties),  p_b = softmax(target[b, a*_b])
+        without PopArt:  m_b = Proj(r_b + d_b z; p_b)                            (c51_project)
+        with PopArt:     v_b = sum_k p_bk z_k,   y_b = r_b + d_b (s v_b + mu)    (statistics before the step)
+                         (mu', sigma') = PopArt update with y                   (moment EMAs over the batch)
+                         r~_b = (r_b - (1 - d_b) mu') / s',   m_b = Proj(r~_b + d_b z; p_b)
+
+    The update uses this step's ``y`` and the rewards are normalised with the UPDATED statistics,
+    as ``c51_next_probs``, ``PopArt.td_targets``, ``PopArt.update``, ``PopArt.normalize_rewards`` and
+    :func:`c51_project` in that order (on NumPy the same calls: the same numbers). On CuPy it is
+    one launch without PopArt and two with it (the second reduces ``y`` and projects).
+
+    Args:
+        logits_online_tp1, logits_target_tp1: float32 ``[B, A, K]``. support: float32 ``[K]``, uniform.
+        r_t, discount_t: float32 ``[B]`` (n-step reward, ``gamma^n`` and 0 at terminals).
+        popart_state: PopArt's float32 ``[8]`` state (``PopArt.state``), or None for no PopArt. On
+            CuPy it is updated in place; on NumPy it is not modified (the new one is returned).
+        popart_beta: the step size (CuPy: float32 ``[1]`` device slot; NumPy: a float or ``[1]``).
+        sigma_min: floor on sigma.
+        out_*: CuPy output buffers (``out_y``, ``out_r_norm`` only with PopArt); ``scratch``: float32
+            ``[8]`` (CuPy with PopArt: the statistics before the update, for the second launch).
+    Returns:
+        :class:`C51Targets`.
+    """
+    if not _is_gpu(logits_online_tp1):
+        return C51Targets(*_c51.targets(logits_online_tp1, logits_target_tp1, support, r_t, discount_t,
+                                        popart_state, popart_beta, sigma_min))
+    from .ops import c51 as ops
+
+    import cupy as cp
+
+    B, _, K = logits_online_tp1.shape
+    target, probs = _out(cp, out_target, (B, K)), _out(cp, out_probs, (B, K))
+    a_star = _out(cp, out_a_star, (B,), np.int32)
+    if popart_state is None:
+        ops.targets(logits_online_tp1, logits_target_tp1, support, r_t, discount_t, target, probs, a_star)
+        return C51Targets(target, probs, a_star, None, None, None)
+    y, r_norm, scratch = _out(cp, out_y, (B,)), _out(cp, out_r_norm, (B,)), _out(cp, scratch, (8,))
+    ops.next_probs_td(logits_online_tp1, logits_target_tp1, support, r_t, discount_t, popart_state, probs, a_star, y,
+                      scratch)
+    ops.project_popart(probs, r_t, discount_t, support, y, scratch, popart_beta, popart_state, r_norm, target,
+                       sigma_min=sigma_min)
+    return C51Targets(target, probs, a_star, y, r_norm, popart_state)
+
+
 def c51_loss(logits_tm1, a_tm1, target, weights, priority="kl", *, out_loss_per=None, out_loss=None,
              out_grad=None, out_priority=None) -> C51Loss:
     """Importance-weighted categorical cross-entropy, its gradient and a priority signal.

@@ -1,14 +1,16 @@
 """``PopArt``: the target normaliser as a small object over a device state buffer.
 
 The math lives in ``cudarl.reference.popart`` (equations there) and ``cuda_src/popart.cu``;
-this object owns the buffers and dispatches. Where it sits in a step (DESIGN.md rule 8: it is
-called every step, and the seed system's normaliser never was)::
+this object owns the buffers and dispatches. Where it sits in a train step's targets phase
+(DESIGN.md rule 8: it is called every step, and the seed system's normaliser never was)::
 
-    [popart, before the forward pass]  update(y of the previous step); rescale(W, b) of a
-                                        value-producing last layer (IQN/QR quantile output)
-    [forward]
-    [targets]  r~ = normalize_rewards(r_t, discount_t); C51 project / quantile targets on r~;
-               y  = td_targets(r_t, discount_t, v_hat)   (kept for the next step's update)
+    C51:  y  = td_targets(r_t, discount_t, v_hat)    return-space targets, statistics before the step
+          update(y)                                  the statistics move with this step's y
+          r~ = normalize_rewards(r_t, discount_t)    with the updated statistics; project on r~
+          (fused into two launches by cudarl.losses.c51_targets, which takes ``state``)
+    IQN:  r~ = update_normalize_rewards(r_t, r_t, discount_t)   (one launch); quantile targets on r~
+
+``rescale(W, b)`` keeps a value-producing last layer's denormalised output across an update.
 
 The categorical (C51) head outputs logits over fixed atoms, not values, so there is no affine
 last layer to rescale: for C51 PopArt normalises the targets (``normalize_rewards``) and the
@@ -69,6 +71,20 @@ class PopArt:
             ops.update(y, self.state, self.scalars.view("beta"), self.sigma_min)
         else:
             self.state[:] = _ref.update(y, self.state, self.scalars.view("beta")[0], self.sigma_min)
+
+    def update_normalize_rewards(self, y, r_t, discount_t, out=None):
+        """:meth:`update` with ``y [B]``, then :meth:`normalize_rewards` with the updated statistics,
+        in one launch on the GPU (``y`` may be ``r_t``; ``out`` is a buffer of its own)."""
+        if not _is_gpu(self.xp):
+            state, r_norm = _ref.update_normalize_rewards(y, r_t, discount_t, self.state, self.scalars.view("beta")[0],
+                                                          self.sigma_min)
+            self.state[:] = state
+            return r_norm
+        from .ops import popart as ops
+
+        out = out if out is not None else self.xp.empty_like(r_t)
+        ops.update_normalize_rewards(y, r_t, discount_t, self.state, self.scalars.view("beta"), out, self.sigma_min)
+        return out
 
     def rescale(self, W, b) -> None:
         """Rescale a last layer ``W [out, in]``, ``b [out]`` in place to undo the last update."""

@@ -61,6 +61,32 @@ def poison(arr) -> None:
         arr.view(np.uint8).fill(0xA5) if isinstance(arr, np.ndarray) else arr.view("uint8").fill(0xA5)
 
 
+def assert_reruns_bitwise(graph, outputs: dict, expected: dict, attempts=("graphed", "eager"), *, reset=None,
+                          check=None) -> None:
+    """Rerun a :class:`cudarl.graph.StepGraph` once per attempt (``"graphed"``: replay, which needs a
+    capture first; ``"eager"``: run_eager) and assert every ``outputs[name]`` equals ``expected[name]``
+    bit for bit.
+
+    Before each attempt the outputs are poisoned and ``reset()`` restores any state the phases
+    move (e.g. PopArt statistics); ``check(attempt)`` runs after each for further assertions.
+    """
+    for attempt in attempts:
+        for v in outputs.values():
+            poison(v)
+        if reset is not None:
+            reset()
+        if graph.is_gpu:  # the poison and reset ran on the default stream, the graph runs on its own
+            import cupy
+
+            cupy.cuda.Device().synchronize()
+        graph.replay() if attempt == "graphed" else graph.run_eager()
+        graph.synchronize()
+        for name, v in outputs.items():
+            assert_bitwise(v, expected[name], what=f"{attempt} {name}")
+        if check is not None:
+            check(attempt)
+
+
 def gpu_skip_reason() -> str | None:
     """Why GPU tests cannot run here (``None`` if they can)."""
     return cupy_unavailable_reason()

@@ -11,7 +11,7 @@ from ..reference.popart import STATE_SIZE
 from ._arrays import check
 
 F32 = np.float32
-REDUCE_THREADS = 256  # must equal PA_REDUCE_THREADS in popart.cu
+REDUCE_THREADS = 256  # must equal cudarl::popart::kReduceThreads (cuda_src/include/cudarl/popart.cuh)
 
 
 def update(y, state, beta, sigma_min=1e-4, stream=None) -> None:
@@ -22,6 +22,22 @@ def update(y, state, beta, sigma_min=1e-4, stream=None) -> None:
     check("popart.update", "beta", beta, F32, (1,))
     launch("popart", "update", 1, REDUCE_THREADS, "const f32* y, f32* state, const f32* beta, i32 B, f32 sigma_min",
            (y, state, beta, B, float(sigma_min)), stream=stream)
+
+
+def update_normalize_rewards(y, r_t, discount_t, state, beta, out, sigma_min=1e-4, stream=None) -> None:
+    """:func:`update` with ``y [B]``, then ``out = (r - (1 - d) mu) / s`` with the updated statistics:
+    one launch (one block). ``y`` may be ``r_t``; ``out`` must be a buffer of its own."""
+    w = "popart.update_normalize_rewards"
+    (B,) = y.shape
+    for name, a in (("y", y), ("r_t", r_t), ("discount_t", discount_t), ("out", out)):
+        check(w, name, a, F32, (B,))
+    check(w, "state", state, F32, (STATE_SIZE,))
+    check(w, "beta", beta, F32, (1,))
+    if out.data.ptr in (y.data.ptr, r_t.data.ptr, discount_t.data.ptr):
+        raise ValueError(f"{w}: out must not be one of the inputs")
+    launch("popart", "update_normalize_rewards", 1, REDUCE_THREADS,
+           "const f32* y, const f32* r_t, const f32* discount_t, f32* state, const f32* beta, f32* out, i32 B, f32 sigma_min",
+           (y, r_t, discount_t, state, beta, out, B, float(sigma_min)), stream=stream)
 
 
 def rescale(W, b, state, stream=None) -> None:

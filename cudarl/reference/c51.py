@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from . import popart as _popart
+
 #: Priority signals of :func:`loss` (the kernel takes the index).
 PRIORITY_KINDS = ("ce", "kl")
 
@@ -114,6 +116,60 @@ def project(probs_tp1, r_t, discount_t, support, compute_dtype=np.float32):
     np.add.at(m, (rows[has_up.ravel()], up[has_up]), (p * frac)[has_up])
     m[bad] = np.nan
     return m
+
+
+def targets(logits_online_tp1, logits_target_tp1, support, r_t, discount_t, state=None, beta=None, sigma_min=1e-4):
+    """The C51 target distribution of a batch (the targets phase of a train step).
+
+    Without PopArt (``state`` is None), the twin of ``cudarl_c51_targets``::
+
+        (p, a*) = next_probs(online, target, z),   m = project(p, r, d, z)
+
+    With PopArt (``state`` float32 ``[8]``, ``beta`` its step size), the twin of
+    ``cudarl_c51_next_probs_td`` then ``cudarl_c51_project_popart``::
+
+        v_b  = sum_k p_bk z_k                          normalised next value
+        y_b  = r_b + d_b (s v_b + mu)                  return-space TD target, statistics before the step
+        state' = popart.update(y, state, beta)         the statistics move with this step's y
+        r~_b = (r_b - (1 - d_b) mu') / s'              rewards normalised with the UPDATED statistics
+        m    = project(p, r~, d, z)
+
+    (``s = sigma / scale``, see :mod:`cudarl.reference.popart`), the same calls in the same order as
+    next_probs, the ``[B, K] x [K, 1]`` product, ``popart.td_targets``, ``popart.update``,
+    ``popart.normalize_rewards`` and ``project``.
+
+    Args:
+        logits_online_tp1, logits_target_tp1: float32 ``[B, A, K]``. support: float32 ``[K]``.
+        r_t, discount_t: float32 ``[B]``. state: float32 ``[8]`` or None. beta: float (or ``[1]``).
+    Returns:
+        ``(m [B, K], probs [B, K], a_star int32 [B], y [B], r_norm [B], state' [8])`` float32; the
+        last three are None without PopArt. ``state`` is not modified.
+    """
+    if state is None:
+        probs, a_star = next_probs(logits_online_tp1, logits_target_tp1, support)
+        return project(probs, r_t, discount_t, support), probs, a_star, None, None, None
+    probs, a_star, y = next_probs_td(logits_online_tp1, logits_target_tp1, support, r_t, discount_t, state)
+    m, r_norm, new_state = project_popart(probs, r_t, discount_t, support, y, state, beta, sigma_min)
+    return m, probs, a_star, y, r_norm, new_state
+
+
+def next_probs_td(logits_online_tp1, logits_target_tp1, support, r_t, discount_t, state):
+    """:func:`next_probs` and the return-space TD targets ``y = r + d (s sum_k p_k z_k + mu)`` with
+    the statistics of ``state`` (PopArt, :func:`targets`): ``(probs [B, K], a_star [B], y [B])``."""
+    probs, a_star = next_probs(logits_online_tp1, logits_target_tp1, support)
+    v_hat = (probs @ np.asarray(support, np.float32).reshape(-1, 1))[:, 0]  # float32 [B, K] x [K, 1]
+    return probs, a_star, _popart.td_targets(r_t, discount_t, v_hat, state)
+
+
+def project_popart(probs_tp1, r_t, discount_t, support, y, state, beta, sigma_min=1e-4):
+    """The PopArt update of ``state`` with ``y``, then :func:`project` of ``r~ + d z`` with
+    ``r~ = (r - (1 - d) mu') / s'`` from the updated statistics (:func:`targets`).
+
+    Returns ``(m [B, K], r_norm [B], state' [8])``; ``state`` is not modified.
+    """
+    new_state = _popart.update(y, state, np.asarray(beta, np.float32).reshape(-1)[0], sigma_min)
+    r_norm = _popart.normalize_rewards(r_t, discount_t, new_state)
+    return project(probs_tp1, r_norm, discount_t, support), r_norm, new_state
 
 
 def loss(logits_tm1, a_tm1, target, weights, priority="kl", compute_dtype=np.float32):

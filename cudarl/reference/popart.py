@@ -58,6 +58,13 @@ def update(y, state, beta, sigma_min=1e-4, compute_dtype=np.float32):
     return st
 
 
+def update_normalize_rewards(y, r_t, discount_t, state, beta, sigma_min=1e-4):
+    """:func:`update` with ``y``, then :func:`normalize_rewards` with the updated statistics (one
+    kernel on the GPU): returns ``(state' [8], r_norm [B])``; ``state`` is not modified."""
+    new_state = update(y, state, beta, sigma_min)
+    return new_state, normalize_rewards(r_t, discount_t, new_state)
+
+
 def rescale(W, b, state, compute_dtype=np.float32):
     """Last layer ``W [out, in]``, ``b [out]`` after an update: returns new ``(W, b)``."""
     W = np.asarray(W, compute_dtype)

@@ -8,7 +8,7 @@ import pytest
 
 from cudarl import losses
 from cudarl.reference import c51 as ref
-from cudarl.testing import assert_bitwise, assert_parity, poison
+from cudarl.testing import assert_bitwise, assert_parity, assert_reruns_bitwise, poison
 
 SUPPORT5 = np.linspace(-2, 2, 5, dtype=np.float32)  # z = -2, -1, 0, 1, 2; dz = 1
 
@@ -181,6 +181,129 @@ def test_public_c51_project_dispatches_to_the_reference(rng):
     np.testing.assert_array_equal(out, ref.project(p, r, d, z))
 
 
+# ---- the fused targets phase (reference) -------------------------------------------------------
+def _targets_inputs(rng, B, A, K):
+    z = np.linspace(-10, 10, K, dtype=np.float32)
+    online = (rng.normal(size=(B, A, K)) * 1.5).astype(np.float32)
+    target = (rng.normal(size=(B, A, K)) * 1.5).astype(np.float32)
+    r = rng.uniform(-12, 12, B).astype(np.float32)
+    d = rng.choice(np.float32([0.0, 0.9, 0.99, 1.0]), B)
+    return z, online, target, r, d
+
+
+def _popart_state(rng, scale=10 / 3):
+    """A state whose statistics have moved (mu ~ 2, sigma ~ 3, decay < 1): nothing is an identity."""
+    from cudarl.reference import popart as pref
+
+    return pref.update(rng.normal(2.0, 3.0, 64).astype(np.float32), pref.init_state(scale), beta=0.1)
+
+
+def _former_chain(online, target, z, r, d, state=None, beta=None, sigma_min=1e-4):
+    """The targets phase as the agent ran it before the fusion, on NumPy: next_probs, the
+    [B, K] x [K, 1] GEMM (cudarl.blas on NumPy), td_targets, update, normalize_rewards, project."""
+    from cudarl.blas import gemm
+    from cudarl.reference import popart as pref
+
+    probs, a_star = ref.next_probs(online, target, z)
+    if state is None:
+        return ref.project(probs, r, d, z), probs, a_star, None, None, None
+    v_hat = np.zeros((probs.shape[0], 1), np.float32)
+    gemm(probs, z.reshape(-1, 1), v_hat)
+    y = pref.td_targets(r, d, v_hat.reshape(-1), state)
+    new_state = pref.update(y, state, np.float32(beta), sigma_min)
+    r_norm = pref.normalize_rewards(r, d, new_state)
+    return ref.project(probs, r_norm, d, z), probs, a_star, y, r_norm, new_state
+
+
+@pytest.mark.parametrize("popart", [False, True])
+@pytest.mark.parametrize("B,A,K", [(1, 3, 11), (37, 3, 51), (300, 5, 101)])
+def test_targets_are_bitwise_the_former_chain_of_ops(rng, B, A, K, popart):
+    z, online, target, r, d = _targets_inputs(rng, B, A, K)
+    state = _popart_state(rng) if popart else None
+    before = None if state is None else state.copy()
+    got = ref.targets(online, target, z, r, d, state, 0.05 if popart else None)
+    want = _former_chain(online, target, z, r, d, state, 0.05)
+    for name, g, w in zip(("m", "probs", "a_star", "y", "r_norm", "state"), got, want):
+        if w is None:
+            assert g is None, name
+        else:
+            assert_bitwise(g, w, what=name)
+    if popart:
+        np.testing.assert_array_equal(state, before)  # the input state is not modified
+
+
+def test_targets_update_with_this_steps_y_then_normalise_with_the_new_statistics(rng):
+    """PopArt order: y uses the statistics before the step, r~ the ones after (float64 by hand)."""
+    from cudarl.reference import popart as pref
+
+    B, A, K = 64, 3, 51
+    z, online, target, r, d = _targets_inputs(rng, B, A, K)
+    state, beta = _popart_state(rng), 0.2
+    m, probs, _, y, r_norm, new = ref.targets(online, target, z, r, d, state, beta)
+    s0 = np.float64(state[pref.SIGMA]) / state[pref.SCALE]
+    y64 = r + d * (s0 * (probs.astype(np.float64) @ z) + state[pref.MU])
+    np.testing.assert_allclose(y, y64, rtol=1e-5, atol=1e-5)
+    c = 1 - np.float64(state[pref.DECAY]) * (1 - beta)
+    m1 = (1 - beta) * np.float64(state[pref.M1]) + beta * y64.mean()
+    m2 = (1 - beta) * np.float64(state[pref.M2]) + beta * (y64 ** 2).mean()
+    mu, sigma = m1 / c, np.sqrt(m2 / c - (m1 / c) ** 2)
+    np.testing.assert_allclose([new[pref.MU], new[pref.SIGMA]], [mu, sigma], rtol=1e-4)
+    assert abs(mu - state[pref.MU]) > 0.1  # the statistics moved, so the order is observable
+    np.testing.assert_allclose(r_norm, (r - (1 - d) * mu) / (sigma / state[pref.SCALE]), rtol=1e-4, atol=1e-5)
+    np.testing.assert_array_equal(m, ref.project(probs, r_norm, d, z))
+
+
+def test_public_c51_targets_on_numpy_is_the_reference(rng):
+    z, online, target, r, d = _targets_inputs(rng, 20, 3, 51)
+    plain = losses.c51_targets(online, target, z, r, d)
+    assert plain.y is None and plain.r_norm is None and plain.state is None
+    assert_bitwise(plain.target, ref.targets(online, target, z, r, d)[0], what="target without PopArt")
+    state = _popart_state(rng)
+    res = losses.c51_targets(online, target, z, r, d, state, np.float32([0.05]), 1e-4)
+    for name, g, w in zip(res._fields, res, ref.targets(online, target, z, r, d, state, 0.05)):
+        assert_bitwise(g, w, what=name)
+
+
+@pytest.mark.parametrize("head", ["c51", "iqn"])
+@pytest.mark.parametrize("popart", [False, True])
+def test_agent_targets_phase_on_numpy_is_the_former_chain(rng, head, popart):
+    """The rule's targets phase (the CPU backend) gives the numbers of the former op chain."""
+    from cudarl.agent import Agent
+    from cudarl.bench import reference_config
+    from cudarl.reference import popart as pref
+    from cudarl.reference import quantile as qref
+
+    cfg = reference_config("cpu", capacity=1024, net={"hidden": [16], "head": head, "atoms": 21},
+                           agent={"batch_size": 24, "learning_starts": 24, "popart": popart}, env={"n_envs": 2})
+    agent = Agent(cfg, 6, 3, 2, np)
+    batch = agent.batch
+    batch.obs[...] = rng.normal(size=batch.obs.shape)
+    batch.next_obs[...] = rng.normal(size=batch.next_obs.shape)
+    batch.ret[...] = rng.uniform(-3, 3, 24)
+    batch.discount[...] = rng.choice(np.float32([0.0, 0.97]), 24)
+    if popart:
+        agent.popart.state[...] = _popart_state(rng, float(agent.popart.state[pref.SCALE]))
+    state0 = None if agent.popart is None else agent.popart.state.copy()
+    beta = None if agent.popart is None else agent.popart.scalars.view("beta")[0]
+    rule = agent.rule
+    rule.forward(agent, batch)
+    rule.targets(agent, batch)
+    if head == "c51":
+        want = _former_chain(rule.online_next, rule.target_next, rule.support, batch.ret, batch.discount, state0, beta)
+        assert_bitwise(rule.target, want[0], what="C51 target")
+        new_state = want[5]
+    else:
+        r_in = batch.ret
+        if popart:
+            new_state = pref.update(batch.ret, state0, beta)
+            r_in = pref.normalize_rewards(batch.ret, batch.discount, new_state)
+        assert_bitwise(rule.target, qref.targets(rule.online_next, rule.target_next, r_in, batch.discount)[0],
+                       what="quantile target")
+    if popart:
+        assert_bitwise(agent.popart.state, new_state, what="PopArt state")
+        assert not np.array_equal(agent.popart.state, state0)
+
+
 # ---- GPU ------------------------------------------------------------------------------------
 SHAPES = [(1, 3, 11), (7, 3, 51), (33, 2, 101), (512, 3, 51), (1000, 5, 11), (4096, 3, 101)]
 
@@ -267,6 +390,138 @@ def test_gpu_n_step_matches_reference(cp, rng):
     assert_parity(d_t, want_d, what="n-step discount")
 
 
+def _ref_targets_given_actions(target, z, r, d, a_star, state=None, beta=None):
+    """ref.targets with the GPU's a* (a float32 near-tie may pick another greedy action)."""
+    from cudarl.reference import popart as pref
+
+    probs = ref.softmax(target[np.arange(target.shape[0]), a_star]).astype(np.float32)
+    if state is None:
+        return ref.project(probs, r, d, z), probs, None, None, None
+    y = pref.td_targets(r, d, (probs @ z.reshape(-1, 1))[:, 0], state)
+    m, r_norm, new_state = ref.project_popart(probs, r, d, z, y, state, beta)
+    return m, probs, y, r_norm, new_state
+
+
+def _check_a_star(got_a, online, z):
+    q = ref.expected_q(online, z, compute_dtype=np.float64)
+    assert np.all((got_a >= 0) & (got_a < online.shape[1]))
+    assert np.all(q[np.arange(len(got_a)), got_a] >= q.max(1) - 1e-4), "picked an action that is not (near-)greedy"
+    assert np.mean(got_a == np.argmax(q, 1)) >= 0.99
+
+
+def _gpu_targets(cp, dev, outs, popart):
+    """The targets phase through the public function: one launch, or two with PopArt."""
+    kw = {} if not popart else dict(popart_state=dev["state"], popart_beta=dev["beta"], out_y=outs["y"],
+                                    out_r_norm=outs["r_norm"], scratch=dev["scratch"])
+    return losses.c51_targets(dev["online"], dev["target"], dev["z"], dev["r"], dev["d"], out_target=outs["m"],
+                              out_probs=outs["probs"], out_a_star=outs["a_star"], **kw)
+
+
+def _targets_buffers(cp, rng, B, A, K):
+    z, online, target, r, d, _, _ = _gpu_inputs(rng, B, A, K)
+    state = _popart_state(rng)
+    host = dict(z=z, online=online, target=target, r=r, d=d, state=state, beta=np.float32([0.05]))
+    dev = {k: cp.asarray(v) for k, v in host.items()}
+    dev["scratch"] = _empty(cp, (8,))
+    outs = dict(m=_empty(cp, (B, K)), probs=_empty(cp, (B, K)), a_star=_empty(cp, (B,), np.int32), y=_empty(cp, (B,)),
+                r_norm=_empty(cp, (B,)))
+    return host, dev, outs
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("popart", [False, True])
+@pytest.mark.parametrize("B,A,K", SHAPES)
+def test_gpu_targets_match_reference(cp, rng, B, A, K, popart):
+    """cudarl_c51_targets (one launch), or next_probs_td + project_popart (two) against ref.targets."""
+    host, dev, outs = _targets_buffers(cp, rng, B, A, K)
+    res = _gpu_targets(cp, dev, outs, popart)
+    cp.cuda.get_current_stream().synchronize()
+    got_a = outs["a_star"].get()
+    _check_a_star(got_a, host["online"], host["z"])
+    m, probs, y, r_norm, new_state = _ref_targets_given_actions(host["target"], host["z"], host["r"], host["d"], got_a,
+                                                                host["state"] if popart else None, 0.05)
+    assert res.target is outs["m"] and res.probs is outs["probs"]
+    assert_parity(outs["probs"], probs, what="next-state probabilities")
+    assert_parity(outs["m"], m, what="projected target")
+    np.testing.assert_allclose(outs["m"].get().sum(1), 1.0, atol=1e-5)
+    if not popart:
+        assert res.y is None and res.state is None
+        assert np.isnan(outs["y"].get()).all(), "no PopArt: y must not be written"
+        return
+    assert res.state is dev["state"]
+    assert_parity(outs["y"], y, what="return-space TD targets")
+    assert_parity(dev["state"], new_state, what="PopArt state after the update")
+    np.testing.assert_allclose(dev["state"].get(), new_state, rtol=1e-5, atol=1e-6)
+    assert_bitwise(dev["scratch"], host["state"], what="statistics before the update (scratch)")
+    assert_parity(outs["r_norm"], r_norm, what="normalised rewards")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("popart", [False, True])
+def test_gpu_fused_targets_agree_with_the_former_launch_chain(cp, rng, popart):
+    """The fused launches against the ops the targets phase ran before (next_probs, the cuBLAS
+    GEMM probs @ z, PopArt td_targets / update / normalize_rewards, project): the same a*, the
+    same numbers to float32 rounding (v_hat is summed in another order than cuBLAS's)."""
+    from cudarl.blas import gemm
+    from cudarl.ops import c51 as ops
+    from cudarl.ops import popart as pops
+
+    B, A, K = 512, 3, 51
+    host, dev, outs = _targets_buffers(cp, rng, B, A, K)
+    old = {k: _empty(cp, v.shape, v.dtype) for k, v in outs.items()}
+    old_state, v_hat = dev["state"].copy(), _empty(cp, (B, 1))
+    ops.next_probs(dev["online"], dev["target"], dev["z"], old["probs"], old["a_star"])
+    r_in = dev["r"]
+    if popart:
+        gemm(old["probs"], dev["z"].reshape(-1, 1), v_hat)
+        pops.td_targets(dev["r"], dev["d"], v_hat.reshape(-1), old_state, old["y"])
+        pops.update(old["y"], old_state, dev["beta"])
+        pops.normalize_rewards(dev["r"], dev["d"], old_state, old["r_norm"])
+        r_in = old["r_norm"]
+    ops.project(old["probs"], r_in, dev["d"], dev["z"], old["m"])
+    _gpu_targets(cp, dev, outs, popart)
+    cp.cuda.get_current_stream().synchronize()
+    assert_bitwise(outs["a_star"], old["a_star"], what="a*")
+    assert_bitwise(outs["probs"], old["probs"], what="next-state probabilities (the same rows)")
+    if popart:
+        assert_parity(outs["y"], old["y"], what="y")
+        np.testing.assert_allclose(dev["state"].get(), old_state.get(), rtol=1e-5, atol=1e-6)
+        assert_parity(outs["r_norm"], old["r_norm"], what="normalised rewards")
+        assert_parity(outs["m"], old["m"], what="target")
+    else:
+        assert_bitwise(outs["m"], old["m"], what="target (the same rows, one launch)")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("popart", [False, True])
+def test_gpu_targets_phase_is_bitwise_repeatable_and_graphed_equals_eager(cp, rng, popart):
+    """Run to run and graphed vs eager, bitwise, PopArt state included (restored before each run)."""
+    from cudarl.graph import StepGraph
+
+    host, dev, outs = _targets_buffers(cp, rng, 777, 3, 51)
+    cp.cuda.Device().synchronize()
+    g = StepGraph("c51_targets_parity", [("targets", lambda: _gpu_targets(cp, dev, outs, popart))], xp=cp)
+    g.run_eager()
+    g.synchronize()
+    first = {k: v.get() for k, v in dict(outs, state=dev["state"]).items()}
+    if popart:
+        assert not np.array_equal(first["state"], host["state"]), "the PopArt statistics did not move"
+
+    def restore():
+        dev["state"][...] = cp.asarray(host["state"])
+
+    def same_state(attempt):
+        assert_bitwise(dev["state"], first["state"], what=f"{attempt} PopArt state")
+
+    assert_reruns_bitwise(g, outs, first, ("eager",), reset=restore, check=same_state)
+    g.capture()
+    assert_reruns_bitwise(g, outs, first, ("graphed", "graphed"), reset=restore, check=same_state)
+    if popart:  # the state a replay reads is device memory: a second replay moves it again
+        g.replay()
+        g.synchronize()
+        assert not np.array_equal(dev["state"].get(), first["state"])
+
+
 def _step_buffers(cp, rng, B, A, K):
     z, online, target, r, d, a, w = _gpu_inputs(rng, B, A, K)
     logits_tm1 = (rng.normal(size=(B, A, K))).astype(np.float32)
@@ -277,10 +532,10 @@ def _step_buffers(cp, rng, B, A, K):
 
 
 def _targets_and_loss(dev, outs):
+    """The step's targets and loss phases without PopArt: two launches."""
     from cudarl.ops import c51 as ops
 
-    ops.next_probs(dev["online"], dev["target"], dev["z"], outs["probs"], outs["a_star"])
-    ops.project(outs["probs"], dev["r"], dev["d"], dev["z"], outs["m"])
+    ops.targets(dev["online"], dev["target"], dev["z"], dev["r"], dev["d"], outs["m"], outs["probs"], outs["a_star"])
     ops.loss(dev["logits"], dev["a"], outs["m"], dev["w"], outs["per"], outs["loss"], outs["grad"], outs["prio"])
 
 

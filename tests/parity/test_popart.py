@@ -5,7 +5,7 @@ import pytest
 from cudarl.popart import PopArt
 from cudarl.reference import c51
 from cudarl.reference import popart as ref
-from cudarl.testing import assert_bitwise, assert_parity, poison, rel_error
+from cudarl.testing import assert_bitwise, assert_parity, assert_reruns_bitwise, poison, rel_error
 
 
 def utilisation(probs) -> float:
@@ -83,6 +83,27 @@ def test_normalised_rewards_give_the_normalised_target(rng):
     np.testing.assert_allclose(ref.normalize(ref.normalize(y, st), st, inverse=True), y, rtol=1e-5)
 
 
+def test_update_normalize_rewards_is_update_then_normalize_rewards(rng):
+    st = ref.update(rng.normal(3.0, 2.0, 100), ref.init_state(5.0), beta=0.5)
+    before = st.copy()
+    y = rng.normal(1.0, 4.0, 33).astype(np.float32)
+    r = rng.uniform(-2, 2, 33).astype(np.float32)
+    d = rng.choice(np.float32([0.0, 0.99]), 33)
+    new, r_norm = ref.update_normalize_rewards(y, r, d, st, np.float32(0.1))
+    want = ref.update(y, st, np.float32(0.1))
+    assert_bitwise(new, want, what="state")
+    assert_bitwise(r_norm, ref.normalize_rewards(r, d, want), what="normalised rewards (updated statistics)")
+    assert not np.array_equal(r_norm, ref.normalize_rewards(r, d, st))  # the order matters
+    np.testing.assert_array_equal(st, before)
+    # the object: the same numbers as its two calls (IQN passes the rewards as y)
+    one, two = PopArt(beta=0.1, scale=5.0, xp=np), PopArt(beta=0.1, scale=5.0, xp=np)
+    one.state[...] = two.state[...] = st
+    got = one.update_normalize_rewards(r, r, d)
+    two.update(r)
+    assert_bitwise(got, two.normalize_rewards(r, d), what="object: normalised rewards")
+    assert_bitwise(one.state, two.state, what="object: state")
+
+
 def _tabular_c51_utilisation(use_popart, gamma, steps=400, B=256, K=51, lr=20.0, seed=0):
     """One-state MDP, rewards U(-1, 1), support [-50, 50]: train C51 logits by gradient descent
     on the C51 loss (target = online), optionally through PopArt; return the final atom
@@ -151,6 +172,49 @@ def test_gpu_popart_ops_match_reference(cp, rng, B):
         poison(out)
         launch_(out)
         assert_parity(out, want_.astype(np.float32), what=name)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("B", [1, 7, 256, 257, 4096])
+@pytest.mark.parametrize("y_is_r", [False, True])
+def test_gpu_update_normalize_rewards_matches_reference_and_replays_bitwise(cp, rng, B, y_is_r):
+    """One launch: the update with y, then (r - (1 - d) mu') / s' with the updated statistics;
+    y may be the rewards themselves (IQN). Eager and graphed bitwise, the state restored between."""
+    from cudarl.graph import StepGraph
+    from cudarl.ops import popart as ops
+
+    st = ref.update(rng.normal(2.0, 3.0, 64), ref.init_state(50 / 3), beta=0.1)
+    r = rng.uniform(-1, 1, B).astype(np.float32) * 5
+    y = r if y_is_r else rng.normal(10.0, 4.0, B).astype(np.float32)
+    d = rng.choice(np.float32([0.0, 0.9, 0.99]), B)
+    dev = dict(r=cp.asarray(r), d=cp.asarray(d), state=cp.asarray(st), beta=cp.asarray(np.float32([0.1])))
+    dev["y"] = dev["r"] if y_is_r else cp.asarray(y)
+    out = cp.empty(B, np.float32)
+    poison(out)
+
+    def run():
+        ops.update_normalize_rewards(dev["y"], dev["r"], dev["d"], dev["state"], dev["beta"], out)
+
+    cp.cuda.Device().synchronize()
+    g = StepGraph("popart_update_normalize", [("popart", run)], xp=cp)
+    g.run_eager()
+    g.synchronize()
+    want_state, want_r = ref.update_normalize_rewards(y, r, d, st, np.float32(0.1))
+    assert_parity(dev["state"], want_state, what="state after update")
+    np.testing.assert_allclose(dev["state"].get(), want_state, rtol=1e-5, atol=1e-6)
+    assert_parity(out, want_r, what="normalised rewards")
+    first = {"state": dev["state"].get(), "r_norm": out.get()}
+    g.capture()
+
+    def restore():
+        dev["state"][...] = cp.asarray(st)
+
+    assert_reruns_bitwise(g, {"r_norm": out}, first, reset=restore,
+                          check=lambda attempt: assert_bitwise(dev["state"], first["state"], what=f"{attempt} state"))
+    # the same statistics as the standalone update kernel (the same reduction), bit for bit
+    alone = cp.asarray(st)
+    ops.update(dev["y"], alone, dev["beta"])
+    assert_bitwise(alone, first["state"], what="state vs cudarl_popart_update")
 
 
 @pytest.mark.gpu
