@@ -12,6 +12,7 @@ import numpy as np
 
 from .backend import get_array_module, to_numpy
 from .pinned import DeviceScalars
+from .config import OptimConfig as _OPTIM
 from .reference.optim import GN_BLOCKS, SCHEDULES
 
 
@@ -38,13 +39,19 @@ class Schedule:
         restart_m_scale: factor applied to Adam's first moment at each warm restart (1 keeps it).
     """
 
-    kind: str = "constant"
-    lr: float = 1e-3
-    lr_min: float = 0.0
-    warmup: int = 0
-    period: int = 1000
-    mult: int = 1
-    restart_m_scale: float = 1.0
+    # One source of defaults: the fields default to OptimConfig's (cudarl/config.py).
+    kind: str = _OPTIM.schedule
+    lr: float = _OPTIM.lr
+    lr_min: float = _OPTIM.lr_min
+    warmup: int = _OPTIM.warmup
+    period: int = _OPTIM.period
+    mult: int = _OPTIM.mult
+    restart_m_scale: float = _OPTIM.restart_m_scale
+
+    @classmethod
+    def from_config(cls, o) -> "Schedule":
+        """The schedule an :class:`cudarl.config.OptimConfig` describes."""
+        return cls(o.schedule, o.lr, o.lr_min, o.warmup, o.period, o.mult, o.restart_m_scale)
 
     def __post_init__(self):
         if self.kind not in SCHEDULES:
