@@ -1,5 +1,14 @@
 // agent: the small glue of the collect step. Twin: cudarl/reference/agent.py.
 // Launchers: cudarl/ops/agent.py.
+#include <cudarl/act.cuh>
+#include <cudarl/softmax.cuh>
+
+// The mean over n = 0..N-1 of theta[b, n, a], summed in that order (the twin's sequential sum).
+__device__ __forceinline__ float quantile_mean_at(const float* __restrict__ theta, long long b, int a, int N, int A) {
+  float s = 0.0f;
+  for (int n = 0; n < N; ++n) s += theta[(b * N + n) * A + a];
+  return s / (float)N;
+}
 
 // quantile_mean: q[b, a] = (1/N) sum_n theta[b, n, a], the expected Q of IQN quantiles, summed
 // in order n = 0..N-1 (so the float32 result matches the twin's sequential sum). One thread per
@@ -8,10 +17,7 @@ extern "C" __global__ void cudarl_agent_quantile_mean(float* __restrict__ q, con
                                                       int B, int N, int A) {
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= B * A) return;
-  const int b = i / A, a = i % A;
-  float s = 0.0f;
-  for (int n = 0; n < N; ++n) s += theta[((long long)b * N + n) * A + a];
-  q[i] = s / (float)N;
+  q[i] = quantile_mean_at(theta, i / A, i % A, N, A);
 }
 
 // discount: out[i] = gamma * (1 - done[i]), gamma read from device memory (so a schedule or the
@@ -25,14 +31,81 @@ extern "C" __global__ void cudarl_agent_discount(float* __restrict__ out, const 
 
 // epsilon: the linear exploration schedule on the device. With c = *count:
 //   eps = start + (end - start) * min(c, steps) / steps;  then *count = c + 1.
-// One thread; computed in double and rounded once, like the twin.
+// One thread; computed in double and rounded once, like the twin (cudarl::epsilon_at, act.cuh).
 extern "C" __global__ void cudarl_agent_epsilon(float* __restrict__ eps, long long* __restrict__ count,
                                                 double start, double end, long long steps) {
   if (blockIdx.x != 0 || threadIdx.x != 0) return;
   const long long c = *count;
-  const double f = (double)(c < steps ? c : steps) / (double)steps;
-  *eps = (float)(start + (end - start) * f);
+  *eps = cudarl::epsilon_at(c, start, end, steps);
   *count = c + 1;
+}
+
+// The tail of the fused act kernels: the block that arrives last (an integer ticket on
+// *arrivals, 0 at launch and left 0) advances the epsilon schedule, *eps_out = eps and
+// *count = c + 1, what the epsilon kernel does; every block read *count before its ticket.
+// Call from every thread of every block.
+__device__ __forceinline__ void advance_epsilon(float eps, long long c, float* __restrict__ eps_out,
+                                                long long* __restrict__ count, unsigned int* __restrict__ arrivals) {
+  __threadfence();  // this thread's read of *count is ordered before the block's ticket
+  __syncthreads();
+  if (threadIdx.x == 0 && atomicAdd(arrivals, 1u) == gridDim.x - 1u) {
+    *eps_out = eps;
+    *count = c + 1;
+    *arrivals = 0u;
+  }
+}
+
+// The parameters every fused act kernel ends with: the epsilon schedule's output, its step counter
+// and the ticket counter (advance_epsilon), the schedule's constants, the envs' Philox seed.
+#define ACT_SCHEDULE_PARAMS                                                                            \
+  float *__restrict__ eps_out, long long *__restrict__ count, unsigned int *__restrict__ arrivals, \
+      double start, double end, long long steps, unsigned long long seed
+
+// act_c51: a C51 agent's act phase after the online forward, in one launch (it was three:
+// qstats.per_sample, epsilon, env.act). With c = *count and eps = epsilon_at(c):
+//   q[i, a] = sum_k softmax(logits[i, a])_k z_k     (warp_softmax_visit and the statement of
+//                                                    qstats.per_sample: the same bits)
+//   actions[i] = epsilon_greedy(q[i], eps, env_count[i])   (env.act's rule and Philox draws)
+// then advance_epsilon. Thread mapping: a warp per env, lanes over atoms; lane 0 writes q[i]
+// and chooses. Reads A*K + K floats and 8 bytes per env, 8 bytes of count; writes 4A + 4 bytes.
+extern "C" __global__ void cudarl_agent_act_c51(int* __restrict__ actions, float* __restrict__ q,
+                                                const float* __restrict__ logits, const float* __restrict__ support,
+                                                const unsigned long long* __restrict__ env_count, int n, int A, int K,
+                                                ACT_SCHEDULE_PARAMS) {
+  const long long c = *count;
+  const float eps = cudarl::epsilon_at(c, start, end, steps);
+  const int lane = threadIdx.x & 31;
+  const long long i = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+  if (i < n) {  // whole warps: blockDim is a multiple of 32
+    for (int a = 0; a < A; ++a) {
+      float qa = 0.f;
+      cudarl::warp_softmax_visit(logits + (i * A + a) * K, K, lane, [&](int k, float, float p) {
+        qa += p * support[k];
+      });
+      qa = cudarl::warp_sum(qa);
+      if (lane == 0) q[i * A + a] = qa;
+    }
+    if (lane == 0) actions[i] = cudarl::epsilon_greedy(q + i * A, A, eps, seed, env_count[i], i);
+  }
+  advance_epsilon(eps, c, eps_out, count, arrivals);
+}
+
+// act_iqn: an IQN agent's act phase after the online forward, in one launch (it was three:
+// quantile_mean, epsilon, env.act): q[i, a] = quantile_mean_at(theta, i, a) (the bits of
+// quantile_mean), actions[i] = epsilon_greedy(q[i], eps, env_count[i]), then advance_epsilon.
+// Thread mapping: a thread per env. Reads N*A floats and 8 bytes per env; writes 4A + 4 bytes.
+extern "C" __global__ void cudarl_agent_act_iqn(int* __restrict__ actions, float* __restrict__ q,
+                                                const float* __restrict__ theta,
+                                                const unsigned long long* __restrict__ env_count, int n, int N, int A,
+                                                ACT_SCHEDULE_PARAMS) {
+  const long long c = *count;
+  const float eps = cudarl::epsilon_at(c, start, end, steps);
+  const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) {
+    for (int a = 0; a < A; ++a) q[i * A + a] = quantile_mean_at(theta, i, a, N, A);
+    actions[i] = cudarl::epsilon_greedy(q + i * A, A, eps, seed, env_count[i], i);
+  }
+  advance_epsilon(eps, c, eps_out, count, arrivals);
 }
 
 // publish: copy this step's loss and gradient norm into slot (*step % slots) of a pinned ring

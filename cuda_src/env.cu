@@ -8,8 +8,11 @@
 //
 // Float arithmetic uses __fmul_rn / __fsub_rn / __fdiv_rn so nvcc cannot contract a multiply and
 // a subtract into an FMA: each kernel matches the NumPy twin bit for bit. No atomics anywhere.
+#include <cudarl/act.cuh>
 #include <cudarl/philox.cuh>
 
+using cudarl::below;
+using cudarl::lane_of;
 using cudarl::u32;
 using cudarl::u64;
 
@@ -17,15 +20,8 @@ namespace {
 
 constexpr u32 kStreamReset = 0x656E7630u;    // "env0": reset(), draws 2i and 2i+1
 constexpr u32 kStreamEpisode = 0x656E7631u;  // "env1": episode end in step(), draw i
-constexpr u32 kStreamAct = 0x656E7632u;      // "env2": act(), draws 2i and 2i+1
+// "env2", act()'s stream, is cudarl::kStreamAct (act.cuh): the fused act kernels draw it too.
 constexpr int kWarp = 32;
-
-__device__ __forceinline__ u32 lane_of(uint4 v, u32 k) {
-  return k == 0 ? v.x : k == 1 ? v.y : k == 2 ? v.z : v.w;
-}
-
-// An integer in [0, n) from a 32-bit draw: (x * n) >> 32.
-__device__ __forceinline__ int below(u32 x, int n) { return (int)(((u64)x * (u64)(u32)n) >> 32); }
 
 // cudarl.costs.bar_net_return in float32: p * ret - rate * |p - prev|, rounded op by op.
 __device__ __forceinline__ float bar_reward(float prev, float p, float ret, float rate) {
@@ -182,27 +178,13 @@ extern "C" __global__ void cudarl_env_record(float* __restrict__ obs_out, int* _
   }
 }
 
-// act: epsilon-greedy actions. Thread mapping: one thread per env. Reads 4A bytes of Q, the
-// env's counter (8 bytes) and epsilon (4 bytes, device memory so a replay sees updates);
-// writes 4 bytes.
+// act: epsilon-greedy actions (cudarl::epsilon_greedy, act.cuh: the rule agent.cu's fused act
+// kernels apply too). Thread mapping: one thread per env. Reads 4A bytes of Q, the env's counter
+// (8 bytes) and epsilon (4 bytes, device memory so a replay sees updates); writes 4 bytes.
 extern "C" __global__ void cudarl_env_act(int* __restrict__ actions, const float* __restrict__ q,
                                           const float* __restrict__ epsilon, const u64* __restrict__ count,
                                           int n_envs, int n_actions, u64 seed) {
   const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= n_envs) return;
-  const uint4 blk = cudarl::philox_block(seed, count[i], kStreamAct, (u32)(i >> 1));
-  const u32 k = 2u * (u32)(i & 1);
-  const float* qi = q + i * n_actions;
-  int a;
-  if (cudarl::u32_to_uniform(lane_of(blk, k)) < *epsilon) {
-    a = below(lane_of(blk, k + 1), n_actions);
-  } else {
-    float best = qi[0];
-    a = 0;
-    for (int j = 1; j < n_actions; ++j) {
-      const float v = qi[j];
-      if (v > best) { best = v; a = j; }
-    }
-  }
-  actions[i] = a;
+  actions[i] = cudarl::epsilon_greedy(q + i * n_actions, n_actions, *epsilon, seed, count[i], i);
 }

@@ -6,13 +6,12 @@
 // var_b Q[b, a] (A)}; out may be a mapped pinned view the host reads after an event.
 
 #include <cudarl/reduce.cuh>
+#include <cudarl/softmax.cuh>
 
 #define QS_WARP 32
-#define QS_NEG_INF __int_as_float((int)0xff800000u)
 #define QS_THREADS 256
 
 namespace {
-using cudarl::warp_max;
 using cudarl::warp_sum;
 }  // namespace
 
@@ -29,22 +28,12 @@ extern "C" __global__ void cudarl_qstats_per_sample(const float* __restrict__ lo
   float h_sum = 0.f;
   for (int k = lane; k < K; k += QS_WARP) mass[(long long)b * K + k] = 0.f;
   for (int a = 0; a < A; ++a) {
-    const float* x = logits + ((long long)b * A + a) * K;
-    float mx = QS_NEG_INF;
-    for (int k = lane; k < K; k += QS_WARP) mx = fmaxf(mx, x[k]);
-    mx = warp_max(mx);
-    float s = 0.f;
-    for (int k = lane; k < K; k += QS_WARP) s += expf(x[k] - mx);
-    s = warp_sum(s);
-    const float log_s = logf(s);
     float qa = 0.f, ha = 0.f;
-    for (int k = lane; k < K; k += QS_WARP) {
-      const float lp = x[k] - mx - log_s;
-      const float p = expf(lp);
-      qa += p * support[k];
+    cudarl::warp_softmax_visit(logits + ((long long)b * A + a) * K, K, lane, [&](int k, float lp, float p) {
+      qa += p * support[k];  // agent.act_c51 computes q with this same statement: the same bits
       ha -= p * lp;
       mass[(long long)b * K + k] += p / (float)A;  // each element owned by one lane: no race
-    }
+    });
     qa = warp_sum(qa);
     h_sum += warp_sum(ha);
     if (lane == 0) q[(long long)b * A + a] = qa;

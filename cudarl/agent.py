@@ -71,6 +71,12 @@ class C51Rule:
             n = obs.shape[0]
             qstats.per_sample(logits, self.support, out, self.act_ent[:n], self.act_mass[:n])
 
+    def act(self, agent: "Agent", env, eps_args) -> None:
+        """The collect step's act: the online forward over ``env.obs``, then one kernel for the
+        expected Q (``agent.q_act``), the device epsilon and the epsilon-greedy ``env.actions``."""
+        logits = agent.online.forward(env.obs, agent.ws_act)["q"]
+        agent.ops.act_c51(env.actions, agent.q_act, logits, self.support, env.state.count, env.params, *eps_args)
+
     def forward(self, agent: "Agent", batch) -> None:
         both = agent.online.forward(agent.pair, agent.ws)["q"]  # s and s' in one pass: [2B, A, K]
         B = agent.batch_size
@@ -120,6 +126,12 @@ class IQNRule:
         self._taus(agent, agent.online, agent.ws_act, obs.shape[0], 0x1A3)
         theta = agent.online.forward(obs, agent.ws_act)["q"]
         _agent_ops(agent.xp).quantile_mean(out, theta)
+
+    def act(self, agent: "Agent", env, eps_args) -> None:
+        """:meth:`C51Rule.act` for quantiles: taus, the forward, then one kernel (``act_iqn``)."""
+        self._taus(agent, agent.online, agent.ws_act, env.obs.shape[0], 0x1A3)
+        theta = agent.online.forward(env.obs, agent.ws_act)["q"]
+        agent.ops.act_iqn(env.actions, agent.q_act, theta, env.state.count, env.params, *eps_args)
 
     def forward(self, agent: "Agent", batch) -> None:
         B = agent.batch_size
@@ -222,11 +234,12 @@ class Agent:
     def collect_phases(self, env, replay, transitions, discount) -> list:
         """Phases of one collection step of every environment (see the module docstring)."""
         a = self.cfg.agent
+        # the device epsilon, its step counter, the fused act kernel's ticket counter (0 between launches)
+        eps_args = (self.scalars.view("epsilon"), self.scalars.view("collect_steps"), self.xp.zeros(1, np.uint32),
+                    a.eps_start, a.eps_end, a.eps_steps)
 
         def act():
-            self.rule.expected_q(self, self.q_act, env.obs)
-            self.ops.epsilon(self.scalars.view("epsilon"), self.scalars.view("collect_steps"), a.eps_start, a.eps_end, a.eps_steps)
-            env.act(self.q_act, self.scalars.view("epsilon"))
+            self.rule.act(self, env, eps_args)
 
         def env_step():
             env.record(transitions)

@@ -24,6 +24,36 @@ def epsilon(eps: np.ndarray, count: np.ndarray, start: float, end: float, steps:
     count[0] = c + 1
 
 
+def act_c51(actions: np.ndarray, q: np.ndarray, logits: np.ndarray, support: np.ndarray, env_count: np.ndarray,
+            params, eps: np.ndarray, count: np.ndarray, arrivals: np.ndarray, start: float, end: float,
+            steps: int) -> None:
+    """A C51 agent's act phase after the forward: expected Q, the epsilon schedule, epsilon-greedy.
+
+    Exactly ``q = qstats.per_sample(logits, support)[0]``; ``epsilon(eps, count, start, end, steps)``;
+    ``env.act(actions, q, eps, env_count, params)``, in that order (the kernel fuses the three).
+    logits float32 ``[n, A, K]``, support ``[K]``, q float32 ``[n, A]`` and actions int32 ``[n]``
+    (written), env_count uint64 ``[n]`` (the envs' step counters), params the env's
+    :class:`~cudarl.reference.env.EnvParams`. ``arrivals`` (uint32 ``[1]``) is the kernel's
+    ticket counter, untouched here.
+    """
+    from . import env, qstats
+
+    q[...] = qstats.per_sample(logits, support)[0]
+    epsilon(eps, count, start, end, steps)
+    env.act(actions, q, eps, env_count, params)
+
+
+def act_iqn(actions: np.ndarray, q: np.ndarray, theta: np.ndarray, env_count: np.ndarray, params, eps: np.ndarray,
+            count: np.ndarray, arrivals: np.ndarray, start: float, end: float, steps: int) -> None:
+    """An IQN agent's act phase after the forward: ``quantile_mean(q, theta)`` (theta float32
+    ``[n, N, A]``), then ``epsilon`` and ``env.act`` as in :func:`act_c51`."""
+    from . import env
+
+    quantile_mean(q, theta)
+    epsilon(eps, count, start, end, steps)
+    env.act(actions, q, eps, env_count, params)
+
+
 def publish(ring: np.ndarray, loss: np.ndarray, grad_norm: np.ndarray, step: np.ndarray, slots: int) -> None:
     """``ring[2s], ring[2s + 1] = loss[0], grad_norm[0]`` with ``s = step[0] % slots``."""
     s = int(step[0]) % slots
