@@ -4,7 +4,8 @@
 Arms (one run, side by side):
 * cudarl, CuPy: the step (sample, gather of obs/next_obs/action/n-step return, update) and the
   sample + update alone, ``--inner`` consecutive steps captured in one StepGraph and timed by
-  CUDA events, and eagerly from Python. Target: sample + update <= 17 us on an H200.
+  CUDA events, and eagerly from Python. Target: sample + update <= 17 us on an H200. Also the
+  collect step's insert on its own: 4096 rows (n = 3 over 4096 envs), ``--inner`` per graph.
 * PyTorch on the GPU: float32 priorities, ``cumsum`` of ``p**alpha`` and ``searchsorted`` of
   stratified uniforms, ``index_select`` gathers, ``index_put_`` updates; eager and in one
   ``torch.cuda.graph``. Skipped with a printed reason when torch or CUDA is missing.
@@ -28,6 +29,7 @@ import numpy as np  # noqa: E402
 from benchlib import cuda_time_us, host_time_us, parser, report, row  # noqa: E402
 
 TARGET_US = 17.0
+INSERT_ROWS = 4096  # rows per insert in the insert arm: one collect step of the reference workload's envs
 ALPHA, BETA, EPS = 0.6, 0.4, 1e-6
 
 
@@ -84,6 +86,17 @@ def cudarl_arms(args, rows, extra):
         cp.cuda.Device().synchronize()
         te = cuda_time_us(fn, cp.cuda.get_current_stream(), repeats=max(20, args.repeats // 4))
         rows.append(row(case, f"{name} (eager), us", te, "us"))
+    # the collect step's insert: a batch of INSERT_ROWS env rows, n = 3 (rows ready 3 env-steps later)
+    E = INSERT_ROWS
+    if C > 3 * E:
+        ins = PrioritizedReplay(C, D, n_step=3, n_envs=E, alpha=ALPHA, beta0=BETA, seed=2, backend="cupy")
+        batch = [cp.asarray(x) for x in fill_rows(rng, E, D)]
+        cp.cuda.Device().synchronize()
+        g = StepGraph("bench_replay_insert", [("insert", lambda: [ins.add(*batch) for _ in range(k)])], xp=cp)
+        g.capture()
+        t = cuda_time_us(g.replay, g.stream, repeats=args.repeats, warmup=3) / k
+        rows.append(row(case, f"insert {E} rows (graph), us", t, "us"))
+        extra["cudarl_graph_insert_us"] = t
     extra["target_met"] = bool(extra["cudarl_graph_sample_and_update_us"] <= TARGET_US)
     if r.status():
         print(f"warning: replay status bits set during the benchmark: {r.status()}")
