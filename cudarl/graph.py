@@ -10,6 +10,11 @@ current stream while phases run). During :meth:`StepGraph.capture`:
 * a host synchronisation ends the capture cleanly and raises :class:`GraphCaptureError`
   naming the phase; the stream stays usable.
 
+A phase may put independent work on a :class:`SideStream` (``with side.fork(): ...``), which runs
+concurrently with the graph's stream and becomes parallel branches of the captured graph; the
+consumer calls ``side.join()``, and every branch still open is joined when the phases end (a
+capture must end joined).
+
 On the NumPy backend there are no graphs: :meth:`replay` runs the phases in order, with the
 same state machine (capture before replay), so the CPU path is the same program.
 """
@@ -96,6 +101,7 @@ class StepGraph:
             self._phase = pname
             fn()
         self._phase = None
+        SideStream.join_all()
 
     def run_eager(self) -> None:
         """Run every phase now, with ungraphed kernels (the reference for graphed == eager)."""
@@ -131,6 +137,7 @@ class StepGraph:
             except BaseException as exc:
                 failed = where()
                 self._phase = None
+                SideStream.abandon_all()
                 try:
                     self.stream.end_capture()
                 except Exception:
@@ -209,3 +216,79 @@ class StepGraph:
         if self._captured:
             out["total"] = time_graph(self._graph)
         return out
+
+
+class SideStream:
+    """A second stream for work independent of what follows on the main stream.
+
+    ``with side.fork():`` orders its body after everything enqueued so far on the current (main)
+    stream and runs it on :attr:`stream`; the main stream goes on at once. ``side.join()`` makes
+    the main stream wait for all the side work so far. Inside a capture the fork and join are event
+    edges, so the body becomes a parallel branch of the graph. Every fork must be joined before a
+    capture ends; :class:`StepGraph` joins open side streams after its last phase.
+
+    The side stream gets its own cuBLAS handle and workspace at construction (before any capture).
+    On the NumPy backend the body runs in place and both calls are no-ops.
+
+    Hazards are the caller's: the body must not write what the main stream reads or writes before
+    the join, nor read what the main stream writes before the join.
+    """
+
+    _open: list = []
+
+    def __init__(self, xp=None):
+        self.xp = xp if xp is not None else _backend.get().xp
+        self.stream = None
+        self._pending = False
+        if self.xp.__name__ == "cupy":
+            import cupy
+
+            from . import blas
+
+            self.stream = cupy.cuda.Stream(non_blocking=True)
+            self._forked = cupy.cuda.Event(disable_timing=True)
+            self._done = cupy.cuda.Event(disable_timing=True)
+            blas.prepare(self.stream)
+
+    @contextmanager
+    def fork(self):
+        if self.stream is None:
+            yield
+            return
+        import cupy
+
+        main = cupy.cuda.get_current_stream()
+        if main.ptr == self.stream.ptr:
+            raise GraphError("SideStream.fork: already on the side stream")
+        self._forked.record(main)
+        self.stream.wait_event(self._forked)
+        if not self._pending:
+            self._pending = True
+            SideStream._open.append((self, main))
+        with self.stream:
+            yield
+
+    def join(self) -> None:
+        """The current stream waits for every fork so far (no-op if nothing is pending)."""
+        if self.stream is None or not self._pending:
+            return
+        import cupy
+
+        self._done.record(self.stream)
+        cupy.cuda.get_current_stream().wait_event(self._done)
+        self._pending = False
+        SideStream._open[:] = [(s, m) for s, m in SideStream._open if s is not self]
+
+    @classmethod
+    def abandon_all(cls) -> None:
+        """Forget pending forks (a failed capture: its stream is out of capture, nothing to join)."""
+        for side, _ in cls._open:
+            side._pending = False
+        cls._open.clear()
+
+    @classmethod
+    def join_all(cls) -> None:
+        """Join every side stream with pending work into the stream it forked from."""
+        for side, main in list(cls._open):
+            with main:
+                side.join()

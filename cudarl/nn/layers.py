@@ -71,6 +71,7 @@ class Linear(Module):
         self.gain, self.bias_init, self.tf32 = gain, bias_init, tf32
         self.rows = int(rows)  # input rows per sample: IQN's layers see [B * N, n_in]
         self.spectral, self.sn, self.sn_update = bool(spectral), None, True
+        self.side = None  # a cudarl.graph.SideStream for the weight-gradient GEMM (QNetwork.set_side_stream)
         self.gemm = gemm
         #: The cuBLASLt activation name when the forward can be one fused GEMM, else None.
         self.lt_act = _LT_ACTS.get(self.act) if gemm == "cublaslt" else None
@@ -126,7 +127,13 @@ class Linear(Module):
         y, dy = ws.rows(f"{self.name}.out", B), ws.rows(f"{self.name}.dout", B)
         self.ops.bias_act_backward(dy, y, dy, self.G[f"{self.name}.bias"], self.act)
         gw = self.G[f"{self.name}.weight"]
-        matmul(x, dy, self.sn["dw"] if self.spectral else gw, trans_a=True, tf32=self.tf32)
+        if self.side is not None and not self.spectral:
+            # dW = x^T dz feeds nothing until the optimiser, so it runs beside the dx chain; it reads
+            # x and dz, which the main stream only reads from here on (the caller joins before Adam).
+            with self.side.fork():
+                matmul(x, dy, gw, trans_a=True, tf32=self.tf32)
+        else:
+            matmul(x, dy, self.sn["dw"] if self.spectral else gw, trans_a=True, tf32=self.tf32)
         if dx is not None:
             matmul(dy, self.weight(), dx, trans_b=True, beta=1.0 if accumulate else 0.0, tf32=self.tf32)
         if self.spectral:

@@ -89,6 +89,12 @@ class QNetwork:
             lin.prepare(max_batch)
         return ws
 
+    def set_side_stream(self, side) -> None:
+        """Run the weight-gradient GEMMs of :meth:`backward` on ``side`` (a :class:`cudarl.graph.SideStream`,
+        or None for one stream); the caller joins ``side`` before reading :attr:`grads`."""
+        for lin in self.linears.values():
+            lin.side = side
+
     def forward(self, x, ws: Workspace | None = None, tau=None) -> dict:
         """x ``[B, n_in]`` -> ``{"q": logits [B, A, atoms] | quantiles [B, N, A], "plan": [B, 2]}``."""
         ws = ws or self.ws

@@ -386,6 +386,34 @@ def test_gpu_qnetwork_graphed_equals_eager_bitwise(cp, rng, head):
     assert_bitwise(sn["u"], first["u"], what="graphed power iteration")
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("head,layernorm", [("c51", False), ("c51", True), ("iqn", False)])
+def test_gpu_side_stream_weight_gradients_equal_one_stream_bitwise(cp, rng, head, layernorm):
+    """The weight-gradient GEMMs on a side stream (parallel branches of the graph) compute the same
+    bits as on one stream, eager and graphed: same kernels, same inputs, only the order changes."""
+    from cudarl.graph import SideStream, StepGraph
+
+    B = 512
+    gpu = _nets(cp, head, layernorm, B)[0]
+    x = cp.asarray(rng.standard_normal((B, 64)).astype(np.float32))
+    if head == "iqn":
+        gpu.ws.bufs["head.tau"][...] = cp.asarray(rng.uniform(size=(B, 32)).astype(np.float32))
+    gq = cp.asarray(rng.standard_normal(gpu.forward_shape(B)).astype(np.float32))
+    gp = cp.asarray(rng.standard_normal((B, 2)).astype(np.float32))
+    outs = {}
+    step = _fwd_bwd(cp, gpu, x, gq, gp, outs)
+    one = StepGraph(f"nn_one_stream_{head}_{layernorm}", [("fwd_bwd", step)], xp=cp)
+    one.run_eager()
+    one.synchronize()
+    want = {"q": outs["q"].get(), "plan": outs["plan"].get(), "grads": gpu.grads.get()}
+    gpu.set_side_stream(SideStream(xp=cp))
+    two = StepGraph(f"nn_side_stream_{head}_{layernorm}", [("fwd_bwd", step)], xp=cp)
+    _rerun_bitwise(cp, two.run_eager, gpu, outs, want, "eager, side stream")
+    two.capture()
+    for i in range(3):
+        _rerun_bitwise(cp, two.replay, gpu, outs, want, f"graphed, side stream, replay {i}")
+
+
 def test_launchers_check_shapes_before_launching():
     """Shape errors surface in Python with the op's name, before any device work (no GPU needed)."""
     from cudarl.ops import nn as ops

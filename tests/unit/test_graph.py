@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 from cudarl import kernels
-from cudarl.graph import GraphCaptureError, GraphError, StepGraph
+from cudarl.graph import GraphCaptureError, GraphError, SideStream, StepGraph
 
 
 def test_cpu_replay_requires_capture_and_runs_phases_in_order():
@@ -15,6 +15,22 @@ def test_cpu_replay_requires_capture_and_runs_phases_in_order():
     g.capture()
     g.replay()
     assert log == ["a", "b", "a", "b"] and g.captured
+
+
+def test_cpu_side_stream_runs_its_body_in_place():
+    log = []
+    side = SideStream(xp=np)
+
+    def phase():
+        with side.fork():
+            log.append("side")
+        log.append("main")
+        side.join()
+
+    g = StepGraph("train", [("a", phase)], xp=np)
+    g.capture()
+    g.replay()
+    assert log == ["side", "main"] and not SideStream._open
 
 
 @pytest.mark.parametrize("phases,match", [
@@ -204,3 +220,39 @@ def test_gpu_no_garbage_collection_during_capture(cp):
     assert gc.isenabled()
     g.capture()
     assert seen == [False] and gc.isenabled()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("explicit_join", [True, False])
+def test_gpu_side_stream_branches_join_and_replay(cp, explicit_join):
+    """Work forked onto a side stream is ordered after the main stream's earlier work and before the
+    main stream's work after the join; an open branch is joined when the phases end, so the capture
+    ends cleanly. Checked eager, graphed and by profile (which captures each phase alone)."""
+    n = 1 << 20
+    a, b, c, d = (cp.zeros(n, cp.float32) for _ in range(4))
+    side = SideStream(xp=cp)
+
+    def produce():
+        cp.add(a, 1.0, out=a)  # a = k after the k-th step
+
+    def branch():
+        with side.fork():
+            cp.multiply(a, 2.0, out=b)  # reads main's write of this step
+            cp.add(b, 1.0, out=b)
+        cp.multiply(a, 3.0, out=c)  # main goes on concurrently
+        if explicit_join:
+            side.join()
+            cp.add(b, c, out=d)  # needs the branch: d = 2k + 1 + 3k
+
+    g = StepGraph("sidegraph" + str(explicit_join), [("produce", produce), ("branch", branch)])
+    g.run_eager()
+    g.capture()
+    for k in range(2, 6):
+        g.replay()
+        g.synchronize()
+        assert float(b[-1]) == 2 * k + 1 and float(c[-1]) == 3 * k
+        if explicit_join:
+            assert float(d[0]) == 5 * k + 1 and float(d[-1]) == 5 * k + 1
+    assert not SideStream._open
+    prof = g.profile(repeats=3)
+    assert set(prof) == {"produce", "branch", "total"} and not SideStream._open
