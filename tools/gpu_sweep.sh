@@ -5,11 +5,8 @@
 set -u
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 export PYTHONPATH=. PYTHONFAULTHANDLER=1
-if nvidia-cuda-mps-control -d 2>/dev/null && python3 -c "import cupy; assert int(cupy.arange(4).sum()) == 6"; then
-  echo "MPS: on"
-else
-  echo quit | nvidia-cuda-mps-control 2>/dev/null; echo "MPS: off"
-fi
+. tools/mps.sh
+mps_start
 LIMIT=${SWEEP_LIMIT_S:-500}
 N="data.source=builtin:regime?n=200000"
 timeout "$LIMIT" python3 tools/sweep.py --task regime --heads iqn --seeds 3 --workers "${IQN_WORKERS:-5}" \
@@ -23,5 +20,5 @@ timeout "$LIMIT" python3 tools/sweep.py --task regime --heads c51 --seeds 3 --wo
   --variant "steps10k:run.steps=10000" --variant "steps5k:run.steps=5000" \
   > "$OUT/sweep_c51.log" 2>&1
 wait
-echo quit | nvidia-cuda-mps-control 2>/dev/null
+mps_stop
 tail -25 "$OUT/sweep_c51.log"; tail -12 "$OUT/sweep_iqn.log"
