@@ -5,11 +5,12 @@
 // Every per-sample op maps ONE WARP TO ONE SAMPLE: lanes stride over atoms, and sums/maxima
 // use an xor butterfly (IEEE + and max are commutative, so every lane ends with the same bits,
 // and the order is fixed: results are bitwise repeatable). Batch reductions are one block's
-// fixed-order tree. No atomics anywhere.
+// fixed-order tree; the only atomic is the integer ticket of cudarl::last_block (reduce.cuh).
 //
 // The train step's targets phase is cudarl_c51_targets (no PopArt: one launch), or
-// cudarl_c51_next_probs_td then cudarl_c51_project_popart (PopArt: two launches). next_probs
-// and project are the same rows as standalone ops.
+// cudarl_c51_next_probs_td then cudarl_c51_project_popart (PopArt: two launches); the loss phase
+// is cudarl_c51_loss (one launch, the batch mean included). next_probs and project are the
+// same rows as standalone ops.
 
 #include <cudarl/popart.cuh>
 #include <cudarl/reduce.cuh>
@@ -84,6 +85,44 @@ __device__ __forceinline__ void project_row(const float* p, float r, float d, co
       else if (l + 1 == i) acc += p[j] * f;
     }
     out[i] = acc;
+  }
+}
+
+// Cross-entropy, its gradient and the priority of one sample by one warp (see cudarl_c51_loss):
+// x_all = logits[b] [A, K], m = target[b] [K], g = grad[b] [A, K]; lane 0 writes *loss_b, *prio_b.
+__device__ __forceinline__ void loss_row(const float* x_all, int act, const float* m, float w, float* g, float* loss_b,
+                                         float* prio_b, int B, int A, int K, int kind, int lane) {
+  if (act < 0 || act >= A) {
+    for (int k = lane; k < A * K; k += C51_WARP) g[k] = 0.f;
+    if (lane == 0) { *loss_b = C51_NAN; *prio_b = C51_NAN; }
+    return;
+  }
+  const float* x = x_all + (long long)act * K;
+  float mx, s;
+  row_softmax_stats(x, K, lane, mx, s);
+  const float log_s = logf(s);
+  float ce = 0.f, msum = 0.f, mlogm = 0.f;
+  for (int k = lane; k < K; k += C51_WARP) {
+    const float mk = m[k];
+    ce -= mk * (x[k] - mx - log_s);
+    msum += mk;
+    if (mk > 0.f) mlogm += mk * logf(mk);
+  }
+  ce = warp_sum(ce);
+  msum = warp_sum(msum);
+  mlogm = warp_sum(mlogm);
+  const float scale = w / (float)B;
+  for (int a = 0; a < A; ++a) {
+    float* ga = g + (long long)a * K;
+    if (a == act) {
+      for (int k = lane; k < K; k += C51_WARP) ga[k] = scale * (expf(x[k] - mx - log_s) * msum - m[k]);
+    } else {
+      for (int k = lane; k < K; k += C51_WARP) ga[k] = 0.f;
+    }
+  }
+  if (lane == 0) {
+    *loss_b = ce;
+    *prio_b = kind == 0 ? ce : fmaxf(ce + mlogm, 0.f);
   }
 }
 
@@ -211,72 +250,35 @@ extern "C" __global__ void cudarl_c51_project_popart(const float* __restrict__ p
 }
 
 // ---------------------------------------------------------------------------------------------
-// cudarl_c51_loss: per-sample cross-entropy, its gradient wrt logits, and the priority signal.
+// cudarl_c51_loss: per-sample cross-entropy, its gradient wrt logits, the priority signal, and
+// the importance-weighted batch mean, in one launch.
 //   L_b = -sum_k m_k log p_k, p = softmax(logits[b, a_b])
 //   grad[b,a,k] = (w_b / B)(p_k sum_j m_j - m_k) for a = a_b, else 0 (every element written)
 //   priority_b = L_b (kind 0, "ce") or max(0, L_b + sum_k m_k log m_k) (kind 1, "kl")
+//   loss[0] = scale * sum_b w_b L_b   (scale = 1 / B from the launcher)
 // An action outside [0, A) writes NaN loss and priority (the launcher cannot read device
-// memory; the guard sees the NaN). Threads: one warp per sample.
-// Reads K logits + K targets + 2 scalars per sample; writes A*K + 2 floats.
+// memory; the guard sees the NaN). Threads: one warp per sample. The block that finishes last
+// (cudarl::last_block on the integer ticket *done, 0 at launch and left 0) sums loss_per in
+// the fixed order of cudarl::block_weighted_sum<C51_MEAN_SLOTS> (the order of the former
+// one-block mean kernel of 256 threads), whichever block that is.
+// Reads K logits + K targets + 2 scalars per sample (+ 2B by the last block); writes A*K + 2
+// floats per sample and 1 (loss may be a mapped pinned view).
+#define C51_MEAN_SLOTS 256
 extern "C" __global__ void cudarl_c51_loss(const float* __restrict__ logits, const int* __restrict__ actions,
                                            const float* __restrict__ target, const float* __restrict__ weights,
                                            float* __restrict__ loss_per, float* __restrict__ priority,
-                                           float* __restrict__ grad, int B, int A, int K, int kind) {
+                                           float* __restrict__ grad, float* __restrict__ loss, unsigned int* __restrict__ done,
+                                           int B, int A, int K, int kind, float scale) {
+  __shared__ float part[C51_MEAN_SLOTS];
   const int lane = threadIdx.x % C51_WARP;
   const int b = blockIdx.x * (blockDim.x / C51_WARP) + threadIdx.x / C51_WARP;
-  if (b >= B) return;
-  const int act = actions[b];
-  float* g = grad + (long long)b * A * K;
-  if (act < 0 || act >= A) {
-    for (int k = lane; k < A * K; k += C51_WARP) g[k] = 0.f;
-    if (lane == 0) { loss_per[b] = C51_NAN; priority[b] = C51_NAN; }
-    return;
+  if (b < B)  // no return: every thread reaches last_block()
+    loss_row(logits + (long long)b * A * K, actions[b], target + (long long)b * K, weights[b], grad + (long long)b * A * K,
+             loss_per + b, priority + b, B, A, K, kind, lane);
+  if (cudarl::last_block(done)) {
+    const float sum = cudarl::block_weighted_sum<C51_MEAN_SLOTS>(loss_per, weights, B, part);
+    if (threadIdx.x == 0) loss[0] = scale * sum;
   }
-  const float* x = logits + ((long long)b * A + act) * K;
-  const float* m = target + (long long)b * K;
-  float mx, s;
-  row_softmax_stats(x, K, lane, mx, s);
-  const float log_s = logf(s);
-  float ce = 0.f, msum = 0.f, mlogm = 0.f;
-  for (int k = lane; k < K; k += C51_WARP) {
-    const float mk = m[k];
-    ce -= mk * (x[k] - mx - log_s);
-    msum += mk;
-    if (mk > 0.f) mlogm += mk * logf(mk);
-  }
-  ce = warp_sum(ce);
-  msum = warp_sum(msum);
-  mlogm = warp_sum(mlogm);
-  const float scale = weights[b] / (float)B;
-  for (int a = 0; a < A; ++a) {
-    float* ga = g + (long long)a * K;
-    if (a == act) {
-      for (int k = lane; k < K; k += C51_WARP) ga[k] = scale * (expf(x[k] - mx - log_s) * msum - m[k]);
-    } else {
-      for (int k = lane; k < K; k += C51_WARP) ga[k] = 0.f;
-    }
-  }
-  if (lane == 0) {
-    loss_per[b] = ce;
-    priority[b] = kind == 0 ? ce : fmaxf(ce + mlogm, 0.f);
-  }
-}
-
-// ---------------------------------------------------------------------------------------------
-// cudarl_c51_weighted_mean: out[0] = scale * sum_i w_i v_i, by one block in a fixed order
-// (thread t sums i = t, t + blockDim, ... in order; then a shared-memory tree). Launch with
-// exactly one block of C51_REDUCE_THREADS threads. Reads 2n floats; writes 1 (out may be a
-// mapped pinned view).
-#define C51_REDUCE_THREADS 256
-extern "C" __global__ void cudarl_c51_weighted_mean(const float* __restrict__ values, const float* __restrict__ w,
-                                                    float* __restrict__ out, int n, float scale) {
-  __shared__ float part[C51_REDUCE_THREADS];
-  const int t = threadIdx.x;
-  float acc = 0.f;
-  for (int i = t; i < n; i += C51_REDUCE_THREADS) acc += w[i] * values[i];
-  part[t] = acc;
-  cudarl::block_tree_sum(part, C51_REDUCE_THREADS);
-  if (t == 0) out[0] = scale * part[0];
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -5,8 +5,9 @@
 // Layout: theta [B, N, A] quantile values (the IQN head's output, action fastest), actions int32
 // [B], targets [B, M], taus [B, N] (tau_stride = N) or [N] shared by all samples (tau_stride = 0).
 // Per-sample ops map ONE WARP TO ONE SAMPLE with xor-butterfly sums (fixed order, every lane
-// gets the same bits). No atomics. A sample's theta is one contiguous run of N*A floats; a
-// column theta[b, :, a] is read with stride A, so a warp's load spans 32*A contiguous floats
+// gets the same bits). The batch mean is one block's fixed-order tree; the only atomic is the
+// integer ticket of cudarl::last_block (reduce.cuh). A sample's theta is one contiguous run of
+// N*A floats; a column theta[b, :, a] is read with stride A, so a warp's load spans 32*A contiguous floats
 // (A cache lines for the small A of trading) and the A column passes share them through L1:
 // DRAM traffic stays one read of the sample. Full-row writes walk the flat index (coalesced).
 #include <cudarl/philox.cuh>
@@ -62,38 +63,35 @@ extern "C" __global__ void cudarl_quantile_targets(const float* __restrict__ onl
 }
 
 // ---------------------------------------------------------------------------------------------
-// cudarl_quantile_huber_loss: quantile Huber loss and its gradient wrt theta [B, N, A].
+// cudarl_quantile_huber_loss: quantile Huber loss, its gradient wrt theta [B, N, A] and the
+// importance-weighted batch mean, in one launch.
 //   delta_ij = T_j - theta_i,  theta_i = theta[b,i,a_b],  rho(delta) = |tau_i - 1{delta < 0}| H(delta) / kappa,
 //   H(delta) = delta^2 / 2 if |delta| <= kappa else kappa (|delta| - kappa / 2);  kappa = 0: rho = |tau - 1{delta<0}| |delta|
 //   L_b = sum_i (1/M) sum_j rho(delta_ij)
 //   grad[b,i,a_b] = -(w_b / B)(1/M) sum_j |tau_i - 1{delta_ij < 0}| psi(delta_ij),
 //   psi = clip(delta, -kappa, kappa) / kappa  (sign(delta) when kappa = 0); grad[b,i,a] = 0 for a != a_b.
+//   loss[0] = scale * sum_b w_b L_b   (scale = 1 / B from the launcher)
 // Threads: one warp per sample; lane owns quantiles i = lane, lane + 32, ... and loops j in order;
 // the zeros of the other actions are written over the flat index k = i*A + a (coalesced), the
-// chosen column with stride A: each element has exactly one writer.
-// Reads N + M + N taus + 2 floats per sample; writes N*A + 1 floats.
-extern "C" __global__ void cudarl_quantile_huber_loss(const float* __restrict__ theta, const int* __restrict__ actions,
-                                                      const float* __restrict__ target, const float* __restrict__ taus,
-                                                      const float* __restrict__ weights, float* __restrict__ loss_per,
-                                                      float* __restrict__ grad, int B, int A, int N, int M, int tau_stride,
-                                                      float kappa) {
-  const int lane = threadIdx.x % Q_WARP;
-  const int b = blockIdx.x * (blockDim.x / Q_WARP) + threadIdx.x / Q_WARP;
-  if (b >= B) return;
-  const int act = actions[b];
+// chosen column with stride A: each element has exactly one writer. The block that finishes
+// last (cudarl::last_block on the integer ticket *done, 0 at launch and left 0) sums loss_per in
+// the fixed order of cudarl::block_weighted_sum<Q_MEAN_SLOTS>, whichever block that is.
+// Reads N + M + N taus + 2 floats per sample (+ 2B by the last block); writes N*A + 1 floats
+// per sample and 1.
+#define Q_MEAN_SLOTS 256
+namespace {
+__device__ __forceinline__ void huber_row(const float* theta_b, int act, const float* T, const float* tau, float w,
+                                          float* g, float* loss_b, int B, int A, int N, int M, float kappa, int lane) {
   const long long NA = (long long)N * A;
-  float* g = grad + (long long)b * NA;
   if (act < 0 || act >= A) {
     for (long long k = lane; k < NA; k += Q_WARP) g[k] = 0.f;
-    if (lane == 0) loss_per[b] = Q_NAN;
+    if (lane == 0) *loss_b = Q_NAN;
     return;
   }
   for (long long k = lane; k < NA; k += Q_WARP)
     if (k % A != act) g[k] = 0.f;
-  const float* th = theta + (long long)b * NA + act;  // column a_b: th[i * A]
-  const float* T = target + (long long)b * M;
-  const float* tau = taus + (long long)b * tau_stride;
-  const float scale = weights[b] / (float)B / (float)M;
+  const float* th = theta_b + act;  // column a_b: th[i * A]
+  const float scale = w / (float)B / (float)M;
   float total = 0.f;
   for (int i = lane; i < N; i += Q_WARP) {
     const float ti = tau[i], q = th[(long long)i * A];
@@ -117,20 +115,25 @@ extern "C" __global__ void cudarl_quantile_huber_loss(const float* __restrict__ 
     g[(long long)i * A + act] = -scale * gi;
   }
   total = warp_sum(total);
-  if (lane == 0) loss_per[b] = total / (float)M;
+  if (lane == 0) *loss_b = total / (float)M;
 }
+}  // namespace
 
-// ---------------------------------------------------------------------------------------------
-// cudarl_quantile_weighted_mean: out[0] = scale * sum_i w_i v_i by one block of Q_REDUCE_THREADS
-// in a fixed order (strided per-thread sums, then a shared-memory tree). Reads 2n; writes 1.
-#define Q_REDUCE_THREADS 256
-extern "C" __global__ void cudarl_quantile_weighted_mean(const float* __restrict__ values, const float* __restrict__ w,
-                                                         float* __restrict__ out, int n, float scale) {
-  __shared__ float part[Q_REDUCE_THREADS];
-  const int t = threadIdx.x;
-  float acc = 0.f;
-  for (int i = t; i < n; i += Q_REDUCE_THREADS) acc += w[i] * values[i];
-  part[t] = acc;
-  cudarl::block_tree_sum(part, Q_REDUCE_THREADS);
-  if (t == 0) out[0] = scale * part[0];
+extern "C" __global__ void cudarl_quantile_huber_loss(const float* __restrict__ theta, const int* __restrict__ actions,
+                                                      const float* __restrict__ target, const float* __restrict__ taus,
+                                                      const float* __restrict__ weights, float* __restrict__ loss_per,
+                                                      float* __restrict__ grad, float* __restrict__ loss,
+                                                      unsigned int* __restrict__ done, int B, int A, int N, int M,
+                                                      int tau_stride, float kappa, float scale) {
+  __shared__ float part[Q_MEAN_SLOTS];
+  const int lane = threadIdx.x % Q_WARP;
+  const int b = blockIdx.x * (blockDim.x / Q_WARP) + threadIdx.x / Q_WARP;
+  const long long NA = (long long)N * A;
+  if (b < B)  // no return: every thread reaches last_block()
+    huber_row(theta + (long long)b * NA, actions[b], target + (long long)b * M, taus + (long long)b * tau_stride, weights[b],
+              grad + (long long)b * NA, loss_per + b, B, A, N, M, kappa, lane);
+  if (cudarl::last_block(done)) {
+    const float sum = cudarl::block_weighted_sum<Q_MEAN_SLOTS>(loss_per, weights, B, part);
+    if (threadIdx.x == 0) loss[0] = scale * sum;
+  }
 }

@@ -55,6 +55,7 @@ class C51Rule:
         self.y = xp.zeros(B, np.float32)
         self.r_norm = xp.zeros(B, np.float32)
         self.popart_prev = xp.zeros(8, np.float32)  # PopArt statistics before the update (GPU scratch)
+        self.loss_done = xp.zeros(1, np.uint32)  # the loss launch's ticket counter (0 between launches)
         n = a.n_envs
         self.act_ent = xp.zeros(n, np.float32)
         self.act_mass = xp.zeros((n, K), np.float32)
@@ -101,7 +102,7 @@ class C51Rule:
         grad = agent.grad_q()
         res = losses.c51_loss(self.logits, batch.action, self.target, weights, agent.cfg.agent.priority,
                               out_loss_per=agent.loss_per, out_loss=agent.loss, out_grad=grad,
-                              out_priority=agent.priority)
+                              out_priority=agent.priority, done=self.loss_done)
         _into(grad, res.grad)
         _into(agent.loss, np.reshape(res.loss, (1,)) if agent.xp.__name__ == "numpy" else res.loss)
         _into(agent.priority, res.priority)
@@ -115,6 +116,7 @@ class IQNRule:
         self.target = xp.zeros((B, N), np.float32)
         self.a_star = xp.zeros(B, np.int32)
         self.r_norm = xp.zeros(B, np.float32)
+        self.loss_done = xp.zeros(1, np.uint32)  # the loss launch's ticket counter (0 between launches)
         self.support = None
         # Philox counters of the taus (online s, online s', target s', acting), advanced per step.
         self.counters = DeviceScalars({"tau": np.int64}, xp)
@@ -154,8 +156,10 @@ class IQNRule:
 
     def loss(self, agent: "Agent", batch, weights) -> None:
         grad = agent.grad_q()
+        # the per-sample loss is the priority signal: written straight into agent.priority (one launch)
         res = losses.quantile_huber_loss(self.theta, batch.action, self.target, self.taus, weights, agent.cfg.agent.kappa,
-                                         out_loss_per=agent.loss_per, out_loss=agent.loss, out_grad=grad)
+                                         out_loss_per=agent.priority, out_loss=agent.loss, out_grad=grad,
+                                         done=self.loss_done)
         _into(grad, res.grad)
         _into(agent.loss, np.reshape(res.loss, (1,)) if agent.xp.__name__ == "numpy" else res.loss)
         _into(agent.priority, res.loss_per)

@@ -30,6 +30,11 @@ def _out(xp, buf, shape, dtype=np.float32):
     return buf if buf is not None else xp.empty(shape, dtype=dtype)
 
 
+def _done(xp, buf):
+    """The uint32 ``[1]`` ticket counter of a one-launch loss: 0 before the launch, left 0."""
+    return buf if buf is not None else xp.zeros((1,), dtype=np.uint32)
+
+
 # ---- C51 --------------------------------------------------------------------------------------
 def c51_project(probs_tp1, r_t, discount_t, support, out=None):
     """Categorical projection of ``r_t + discount_t * z`` onto the fixed support (Bellemare 2017).
@@ -136,7 +141,7 @@ def c51_targets(logits_online_tp1, logits_target_tp1, support, r_t, discount_t, 
 
 
 def c51_loss(logits_tm1, a_tm1, target, weights, priority="kl", *, out_loss_per=None, out_loss=None,
-             out_grad=None, out_priority=None) -> C51Loss:
+             out_grad=None, out_priority=None, done=None) -> C51Loss:
     """Importance-weighted categorical cross-entropy, its gradient and a priority signal.
 
     With ``p = softmax(logits_tm1[b, a_tm1[b]])`` and ``m = target[b]``::
@@ -153,6 +158,8 @@ def c51_loss(logits_tm1, a_tm1, target, weights, priority="kl", *, out_loss_per=
     Args:
         logits_tm1: float32 ``[B, A, K]`` (dueling C51 output). a_tm1: int32 ``[B]``.
         target: float32 ``[B, K]`` (:func:`c51_project`). weights: float32 ``[B]`` (PER IS weights).
+        done: CuPy only, a uint32 ``[1]`` buffer of zeros the launch uses as its ticket counter and
+            leaves 0 (one launch computes the rows and the mean); allocated here if missing.
     Returns:
         :class:`C51Loss`. On CuPy ``loss`` is ``out_loss [1]`` (may be a pinned device view).
     """
@@ -165,7 +172,8 @@ def c51_loss(logits_tm1, a_tm1, target, weights, priority="kl", *, out_loss_per=
     B = logits_tm1.shape[0]
     res = C51Loss(_out(cp, out_loss_per, (B,)), _out(cp, out_loss, (1,)), _out(cp, out_grad, logits_tm1.shape),
                   _out(cp, out_priority, (B,)))
-    ops.loss(logits_tm1, a_tm1, target, weights, res.loss_per, res.loss, res.grad, res.priority, priority=priority)
+    ops.loss(logits_tm1, a_tm1, target, weights, res.loss_per, res.loss, res.grad, res.priority, _done(cp, done),
+             priority=priority)
     return res
 
 
@@ -198,7 +206,7 @@ QuantileLoss.__doc__ = """``loss_per [B]`` (also the priority signal), ``loss`` 
 
 
 def quantile_huber_loss(theta_tm1, a_tm1, target, taus, weights, kappa=1.0, *, out_loss_per=None, out_loss=None,
-                        out_grad=None) -> QuantileLoss:
+                        out_grad=None, done=None) -> QuantileLoss:
     """Quantile Huber loss (IQN, Dabney et al. 2018) and its gradient wrt the quantile values.
 
     With ``theta_i = theta_tm1[b, i, a_tm1[b]]``, ``delta_ij = target[b, j] - theta_i``::
@@ -217,6 +225,7 @@ def quantile_huber_loss(theta_tm1, a_tm1, target, taus, weights, kappa=1.0, *, o
             a_tm1: int32 ``[B]``. target: float32 ``[B, N']``
         (:func:`quantile_targets`). taus: float32 ``[B, N]`` (IQN, :func:`sample_taus`) or ``[N]``
         (QR-DQN, :func:`qr_taus`). weights: float32 ``[B]``. kappa: float >= 0 (default 1).
+        done: CuPy only, a uint32 ``[1]`` ticket counter of zeros, left 0 (as in :func:`c51_loss`).
     """
     from .reference import quantile as _q
 
@@ -228,7 +237,7 @@ def quantile_huber_loss(theta_tm1, a_tm1, target, taus, weights, kappa=1.0, *, o
 
     B = theta_tm1.shape[0]
     res = QuantileLoss(_out(cp, out_loss_per, (B,)), _out(cp, out_loss, (1,)), _out(cp, out_grad, theta_tm1.shape))
-    ops.huber_loss(theta_tm1, a_tm1, target, taus, weights, res.loss_per, res.loss, res.grad, kappa=kappa)
+    ops.huber_loss(theta_tm1, a_tm1, target, taus, weights, res.loss_per, res.loss, res.grad, _done(cp, done), kappa=kappa)
     return res
 
 

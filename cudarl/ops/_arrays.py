@@ -19,6 +19,12 @@ def check(where: str, name: str, a, dtype, shape: tuple) -> None:
         raise ValueError(f"{where}: {name} must be C-contiguous")
 
 
+def check_counter(where: str, name: str, a) -> None:
+    """A uint32 ``[1]`` ticket counter of a kernel that finishes with ``cudarl::last_block``: it
+    must hold 0 before the launch (allocate it with zeros; the kernel leaves it 0)."""
+    check(where, name, a, np.uint32, (1,))
+
+
 #: Warps per block for the one-warp-per-sample kernels.
 WARPS_PER_BLOCK = 4
 

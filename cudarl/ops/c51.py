@@ -10,11 +10,10 @@ import numpy as np
 from ..kernels import blocks_for, launch
 from ..reference.c51 import PRIORITY_KINDS
 from ..reference.popart import STATE_SIZE
-from ._arrays import check, warp_grid
+from ._arrays import check, check_counter, warp_grid
 from .popart import REDUCE_THREADS as POPART_THREADS  # a cudarl_c51_project_popart block: 8 warps, 8 samples
 
 F32, I32 = np.float32, np.int32
-REDUCE_THREADS = 256  # must equal C51_REDUCE_THREADS in c51.cu
 
 
 def _check_next(w, online, target, support, out_probs, out_a_star, **per_sample):
@@ -123,12 +122,13 @@ def project_popart(probs_tp1, r_t, discount_t, support, y, state_prev, beta, sta
            stream=stream)
 
 
-def loss(logits_tm1, a_tm1, target, weights, out_loss_per, out_loss, out_grad, out_priority,
+def loss(logits_tm1, a_tm1, target, weights, out_loss_per, out_loss, out_grad, out_priority, done,
          priority="kl", stream=None) -> None:
-    """Cross-entropy loss, gradient and priorities (two launches: per sample, then the mean).
+    """Cross-entropy loss, gradient, priorities and the weighted batch mean, in one launch.
 
     Writes ``out_loss_per [B]``, ``out_loss [1]`` (may be a pinned device view),
-    ``out_grad [B, A, K]`` (every element) and ``out_priority [B]``.
+    ``out_grad [B, A, K]`` (every element) and ``out_priority [B]``. ``done`` is a uint32 ``[1]``
+    ticket counter, 0 before the launch and left 0 (the block that finishes last sums the batch).
     """
     w = "c51.loss"
     if priority not in PRIORITY_KINDS:
@@ -142,24 +142,13 @@ def loss(logits_tm1, a_tm1, target, weights, out_loss_per, out_loss, out_grad, o
     check(w, "out_loss", out_loss, F32, (1,))
     check(w, "out_grad", out_grad, F32, (B, A, K))
     check(w, "out_priority", out_priority, F32, (B,))
+    check_counter(w, "done", done)
     grid, block = warp_grid(B)
     launch("c51", "loss", grid, block,
            "const f32* logits, const i32* actions, const f32* target, const f32* weights, f32* loss_per, "
-           "f32* priority, f32* grad, i32 B, i32 A, i32 K, i32 kind",
-           (logits_tm1, a_tm1, target, weights, out_loss_per, out_priority, out_grad, B, A, K,
-            PRIORITY_KINDS.index(priority)), stream=stream)
-    weighted_mean(out_loss_per, weights, out_loss, 1.0 / B, stream=stream)
-
-
-def weighted_mean(values, weights, out, scale: float, stream=None) -> None:
-    """``out[0] = scale * sum_i weights_i * values_i`` by one block in a fixed order."""
-    w = "c51.weighted_mean"
-    (n,) = values.shape
-    check(w, "values", values, F32, (n,))
-    check(w, "weights", weights, F32, (n,))
-    check(w, "out", out, F32, (1,))
-    launch("c51", "weighted_mean", 1, REDUCE_THREADS, "const f32* values, const f32* w, f32* out, i32 n, f32 scale",
-           (values, weights, out, n, float(scale)), stream=stream)
+           "f32* priority, f32* grad, f32* loss, u32* done, i32 B, i32 A, i32 K, i32 kind, f32 scale",
+           (logits_tm1, a_tm1, target, weights, out_loss_per, out_priority, out_grad, out_loss, done, B, A, K,
+            PRIORITY_KINDS.index(priority), 1.0 / B), stream=stream)
 
 
 def n_step(rewards, terminal, gamma, out_r_t, out_discount_t, stream=None) -> None:

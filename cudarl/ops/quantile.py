@@ -7,10 +7,9 @@ from __future__ import annotations
 import numpy as np
 
 from ..kernels import blocks_for, launch
-from ._arrays import check, warp_grid
+from ._arrays import check, check_counter, warp_grid
 
 F32, I32 = np.float32, np.int32
-REDUCE_THREADS = 256  # must equal Q_REDUCE_THREADS in quantile.cu
 
 
 def sample_taus(seed: int, counter, stream_id: int, out, stream=None) -> None:
@@ -39,9 +38,12 @@ def targets(theta_online_tp1, theta_target_tp1, r_t, discount_t, out, out_a_star
            (theta_online_tp1, theta_target_tp1, r_t, discount_t, out, out_a_star, B, A, M), stream=stream)
 
 
-def huber_loss(theta_tm1, a_tm1, target, taus, weights, out_loss_per, out_loss, out_grad, kappa=1.0, stream=None) -> None:
-    """Quantile Huber loss of ``theta_tm1 [B, N, A]``: writes ``out_loss_per [B]``, ``out_loss [1]``,
-    ``out_grad [B, N, A]``. ``taus`` is ``[B, N]`` (IQN) or ``[N]`` (QR-DQN, shared by every sample).
+def huber_loss(theta_tm1, a_tm1, target, taus, weights, out_loss_per, out_loss, out_grad, done, kappa=1.0,
+               stream=None) -> None:
+    """Quantile Huber loss of ``theta_tm1 [B, N, A]`` and its weighted batch mean in one launch: writes
+    ``out_loss_per [B]``, ``out_loss [1]``, ``out_grad [B, N, A]``. ``taus`` is ``[B, N]`` (IQN) or ``[N]``
+    (QR-DQN, shared by every sample). ``done`` is a uint32 ``[1]`` ticket counter, 0 before the
+    launch and left 0 (the block that finishes last sums the batch).
     """
     w = "quantile.huber_loss"
     B, N, A = theta_tm1.shape
@@ -59,23 +61,12 @@ def huber_loss(theta_tm1, a_tm1, target, taus, weights, out_loss_per, out_loss, 
     check(w, "out_loss_per", out_loss_per, F32, (B,))
     check(w, "out_loss", out_loss, F32, (1,))
     check(w, "out_grad", out_grad, F32, (B, N, A))
+    check_counter(w, "done", done)
     if not kappa >= 0:
         raise ValueError(f"{w}: kappa must be >= 0, got {kappa}")
     grid, block = warp_grid(B)
     launch("quantile", "huber_loss", grid, block,
            "const f32* theta, const i32* actions, const f32* target, const f32* taus, const f32* weights, "
-           "f32* loss_per, f32* grad, i32 B, i32 A, i32 N, i32 M, i32 tau_stride, f32 kappa",
-           (theta_tm1, a_tm1, target, taus, weights, out_loss_per, out_grad, B, A, N, M, tau_stride, float(kappa)),
-           stream=stream)
-    weighted_mean(out_loss_per, weights, out_loss, 1.0 / B, stream=stream)
-
-
-def weighted_mean(values, w, out, scale, stream=None) -> None:
-    """``out[0] = scale * sum_i w_i values_i`` over float32 ``[n]`` by one block in a fixed order."""
-    wh = "quantile.weighted_mean"
-    (n,) = values.shape
-    check(wh, "values", values, F32, (n,))
-    check(wh, "w", w, F32, (n,))
-    check(wh, "out", out, F32, (1,))
-    launch("quantile", "weighted_mean", 1, REDUCE_THREADS, "const f32* values, const f32* w, f32* out, i32 n, f32 scale",
-           (values, w, out, n, float(scale)), stream=stream)
+           "f32* loss_per, f32* grad, f32* loss, u32* done, i32 B, i32 A, i32 N, i32 M, i32 tau_stride, f32 kappa, f32 scale",
+           (theta_tm1, a_tm1, target, taus, weights, out_loss_per, out_grad, out_loss, done, B, A, N, M, tau_stride,
+            float(kappa), 1.0 / B), stream=stream)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import popart as _popart
+from .util import weighted_mean
 
 #: Priority signals of :func:`loss` (the kernel takes the index).
 PRIORITY_KINDS = ("ce", "kl")
@@ -215,16 +216,6 @@ def loss(logits_tm1, a_tm1, target, weights, priority="kl", compute_dtype=np.flo
         mlogm = np.where(m > 0, m * np.log(np.where(m > 0, m, 1)), 0)
         prio = np.maximum(ce + mlogm.sum(-1), 0)
     return ce.astype(compute_dtype), mean, grad, prio.astype(compute_dtype)
-
-
-def weighted_mean(values, weights, scale, compute_dtype=np.float32):
-    """``scale * sum_i weights_i * values_i`` (summed in float64), as a ``compute_dtype`` scalar.
-
-    The kernel twin writes it into a 1-element buffer with one block's fixed-order reduction.
-    """
-    v = np.asarray(values, dtype=np.float64)
-    w = np.asarray(weights, dtype=np.float64)
-    return compute_dtype(float(scale) * float(np.sum(w * v)))
 
 
 def n_step(rewards, terminal, gamma, compute_dtype=np.float32):

@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import philox
+from .util import weighted_mean
 
 #: Philox stream id of tau sampling (distinct from the replay's streams).
 TAU_STREAM_ID = 0x7A55
@@ -104,8 +105,3 @@ def huber_loss(theta_tm1, a_tm1, target, taus, weights, kappa=1.0, compute_dtype
     grad[np.arange(B), :, a] = -(w / (B * M))[:, None] * drho.sum(-1)
     return per, mean, grad
 
-
-def weighted_mean(values, w, scale, compute_dtype=np.float32):
-    """``scale * sum_i w_i values_i`` (summed in float64), as a ``compute_dtype`` scalar."""
-    v = np.asarray(values, np.float64)
-    return compute_dtype(float(np.sum(np.asarray(w, np.float64) * v)) * scale)

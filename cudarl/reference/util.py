@@ -1,4 +1,4 @@
-"""NumPy twin of cuda_src/util.cu."""
+"""NumPy twin of cuda_src/util.cu, and of the batch mean the loss kernels end with."""
 from __future__ import annotations
 
 import numpy as np
@@ -17,3 +17,15 @@ def set_u64(dst: np.ndarray, bits: int) -> None:
 def add_i64(dst: np.ndarray, by: int = 1) -> None:
     """``dst[0] += by``."""
     dst[0] += np.int64(by)
+
+
+def weighted_mean(values, weights, scale, compute_dtype=np.float32):
+    """``scale * sum_i weights_i * values_i`` (summed in float64), as a ``compute_dtype`` scalar.
+
+    The twin of the importance-weighted batch mean the C51 and quantile loss kernels end with
+    (``cudarl::block_weighted_sum`` in ``cuda_src/include/cudarl/reduce.cuh``: one block's
+    fixed-order reduction, by the block of the launch that finishes last).
+    """
+    v = np.asarray(values, dtype=np.float64)
+    w = np.asarray(weights, dtype=np.float64)
+    return compute_dtype(float(scale) * float(np.sum(w * v)))

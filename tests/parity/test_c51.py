@@ -367,12 +367,50 @@ def test_gpu_loss_matches_reference(cp, rng, B, A, K, priority):
     z, online, _, _, _, a, w = _gpu_inputs(rng, B, A, K)
     m = ref.project(_rand_probs(rng, B, K), rng.uniform(-3, 3, B), np.full(B, 0.9), z)  # sparse, with zeros
     per, loss, grad, prio = _empty(cp, (B,)), _empty(cp, (1,)), _empty(cp, (B, A, K)), _empty(cp, (B,))
-    ops.loss(cp.asarray(online), cp.asarray(a), cp.asarray(m), cp.asarray(w), per, loss, grad, prio, priority=priority)
+    done = cp.zeros(1, np.uint32)
+    ops.loss(cp.asarray(online), cp.asarray(a), cp.asarray(m), cp.asarray(w), per, loss, grad, prio, done, priority=priority)
     r_per, r_loss, r_grad, r_prio = ref.loss(online, a, m, w, priority=priority)
     assert_parity(per, r_per, what="per-sample loss")
     assert_parity(loss, np.float32([r_loss]), what="mean loss")
     assert_parity(grad, r_grad, what="grad wrt logits")
     assert_parity(prio, r_prio, what=f"{priority} priority")
+    assert int(done.get()[0]) == 0, "the last block did not reset the ticket counter"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("B", [1, 4, 5, 255, 257, 4096, 5001])
+def test_gpu_loss_mean_by_the_last_block_is_exact_to_rounding_and_reuses_its_counter(cp, rng, B):
+    """One launch writes rows and the batch mean (the last block to finish sums loss_per in a
+    fixed order): grids of 1 to 1251 blocks, one counter for every launch, eager and graphed."""
+    from cudarl.graph import StepGraph
+    from cudarl.ops import c51 as ops
+
+    A, K = 3, 51
+    z, online, _, _, _, a, w = _gpu_inputs(rng, B, A, K)
+    m = ref.project(_rand_probs(rng, B, K), rng.uniform(-3, 3, B), np.full(B, 0.9), z)
+    dev = {k: cp.asarray(v) for k, v in dict(online=online, a=a, m=m, w=w).items()}
+    per, loss, grad, prio = _empty(cp, (B,)), _empty(cp, (1,)), _empty(cp, (B, A, K)), _empty(cp, (B,))
+    done = cp.zeros(1, np.uint32)
+
+    def run():
+        ops.loss(dev["online"], dev["a"], dev["m"], dev["w"], per, loss, grad, prio, done)
+
+    cp.cuda.Device().synchronize()
+    g = StepGraph("c51_loss_mean", [("loss", run)], xp=cp)
+    g.run_eager()
+    g.synchronize()
+    r_per, r_loss, _, _ = ref.loss(online, a, m, w)
+    assert_parity(per, r_per, what="per-sample loss")
+    assert_parity(loss, np.float32([r_loss]), what="mean loss")
+    first = loss.get()
+    np.testing.assert_allclose(first[0], np.float64(w) @ per.get().astype(np.float64) / B, rtol=1e-6)
+    g.capture()
+
+    def counter_left_zero(attempt):
+        assert int(done.get()[0]) == 0, f"{attempt}: the ticket counter was not left 0"
+
+    assert_reruns_bitwise(g, {"mean loss": loss}, {"mean loss": first}, ("eager", "graphed", "graphed", "eager"),
+                          check=counter_left_zero)
 
 
 @pytest.mark.gpu
@@ -526,6 +564,7 @@ def _step_buffers(cp, rng, B, A, K):
     z, online, target, r, d, a, w = _gpu_inputs(rng, B, A, K)
     logits_tm1 = (rng.normal(size=(B, A, K))).astype(np.float32)
     dev = {k: cp.asarray(v) for k, v in dict(z=z, online=online, target=target, r=r, d=d, a=a, w=w, logits=logits_tm1).items()}
+    dev["done"] = cp.zeros(1, np.uint32)
     outs = dict(probs=_empty(cp, (B, K)), a_star=_empty(cp, (B,), np.int32), m=_empty(cp, (B, K)), per=_empty(cp, (B,)),
                 loss=_empty(cp, (1,)), grad=_empty(cp, (B, A, K)), prio=_empty(cp, (B,)))
     return dev, outs
@@ -536,7 +575,7 @@ def _targets_and_loss(dev, outs):
     from cudarl.ops import c51 as ops
 
     ops.targets(dev["online"], dev["target"], dev["z"], dev["r"], dev["d"], outs["m"], outs["probs"], outs["a_star"])
-    ops.loss(dev["logits"], dev["a"], outs["m"], dev["w"], outs["per"], outs["loss"], outs["grad"], outs["prio"])
+    ops.loss(dev["logits"], dev["a"], outs["m"], dev["w"], outs["per"], outs["loss"], outs["grad"], outs["prio"], dev["done"])
 
 
 @pytest.mark.gpu

@@ -5,7 +5,7 @@ import pytest
 from cudarl import losses
 from cudarl.reference import philox
 from cudarl.reference import quantile as ref
-from cudarl.testing import assert_bitwise, assert_parity, poison
+from cudarl.testing import assert_bitwise, assert_parity, assert_reruns_bitwise, poison
 
 
 def test_quantile_loss_sign_and_shape_on_a_hand_case():
@@ -182,11 +182,14 @@ def test_gpu_iqn_loss_matches_reference(cp, rng, B, A, N, M, kappa):
     theta, target, a, w = _inputs(rng, B, A, N, M)
     taus = rng.random((B, N)).astype(np.float32)
     per, loss, grad = _empty(cp, (B,)), _empty(cp, (1,)), _empty(cp, (B, N, A))
-    ops.huber_loss(cp.asarray(theta), cp.asarray(a), cp.asarray(target), cp.asarray(taus), cp.asarray(w), per, loss, grad, kappa=kappa)
+    done = cp.zeros(1, np.uint32)
+    ops.huber_loss(cp.asarray(theta), cp.asarray(a), cp.asarray(target), cp.asarray(taus), cp.asarray(w), per, loss, grad,
+                   done, kappa=kappa)
     r_per, r_loss, r_grad = ref.huber_loss(theta, a, target, taus, w, kappa)
     assert_parity(per, r_per, what="per-sample loss")
     assert_parity(loss, np.float32([r_loss]), what="loss")
     assert_parity(grad, r_grad, what="grad wrt quantiles")
+    assert int(done.get()[0]) == 0, "the last block did not reset the ticket counter"
 
 
 @pytest.mark.gpu
@@ -197,7 +200,8 @@ def test_gpu_qr_loss_with_fixed_taus_matches_reference(cp, rng, B, A, N, M):
     theta, target, a, w = _inputs(rng, B, A, N, M)
     taus = ref.qr_taus(N)
     per, loss, grad = _empty(cp, (B,)), _empty(cp, (1,)), _empty(cp, (B, N, A))
-    ops.huber_loss(cp.asarray(theta), cp.asarray(a), cp.asarray(target), cp.asarray(taus), cp.asarray(w), per, loss, grad)
+    ops.huber_loss(cp.asarray(theta), cp.asarray(a), cp.asarray(target), cp.asarray(taus), cp.asarray(w), per, loss, grad,
+                   cp.zeros(1, np.uint32))
     r_per, r_loss, r_grad = ref.huber_loss(theta, a, target, taus, w, 1.0)
     assert_parity(per, r_per, what="per-sample loss")
     assert_parity(loss, np.float32([r_loss]), what="loss")
@@ -223,14 +227,37 @@ def test_gpu_quantile_targets_match_reference(cp, rng, B, A, N, M):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("n", [1, 255, 257, 5000])
-def test_gpu_weighted_mean_matches_reference(cp, rng, n):
+@pytest.mark.parametrize("B", [1, 4, 5, 255, 257, 5000])
+def test_gpu_loss_mean_by_the_last_block_matches_and_reuses_its_counter(cp, rng, B):
+    """The batch mean is summed by the block that finishes last (grids of 1 to 1250 blocks); the
+    ticket counter is left 0, so one counter serves every launch, eager and graphed, bitwise."""
+    from cudarl.graph import StepGraph
     from cudarl.ops import quantile as ops
+    from cudarl.reference.util import weighted_mean
 
-    v, w = rng.normal(size=n).astype(np.float32), rng.uniform(0.1, 1, n).astype(np.float32)
-    out = _empty(cp, (1,))
-    ops.weighted_mean(cp.asarray(v), cp.asarray(w), out, 1.0 / n)
-    assert_parity(out, np.float32([ref.weighted_mean(v, w, 1.0 / n, np.float64)]), what="weighted mean")
+    A, N, M = 3, 8, 8
+    theta, target, a, w = _inputs(rng, B, A, N, M)
+    taus = rng.random((B, N)).astype(np.float32)
+    dev = {k: cp.asarray(v) for k, v in dict(theta=theta, target=target, a=a, w=w, taus=taus).items()}
+    per, loss, grad, done = _empty(cp, (B,)), _empty(cp, (1,)), _empty(cp, (B, N, A)), cp.zeros(1, np.uint32)
+
+    def run():
+        ops.huber_loss(dev["theta"], dev["a"], dev["target"], dev["taus"], dev["w"], per, loss, grad, done)
+
+    cp.cuda.Device().synchronize()
+    g = StepGraph("quantile_loss_mean", [("loss", run)], xp=cp)
+    g.run_eager()
+    g.synchronize()
+    assert_parity(loss, np.float32([weighted_mean(per.get(), w, 1.0 / B, np.float64)]), what="mean of the kernel's rows")
+    assert_parity(loss, np.float32([ref.huber_loss(theta, a, target, taus, w)[1]]), what="mean loss")
+    first = loss.get()
+    g.capture()
+
+    def counter_left_zero(attempt):
+        assert int(done.get()[0]) == 0, f"{attempt}: the ticket counter was not left 0"
+
+    assert_reruns_bitwise(g, {"mean loss": loss}, {"mean loss": first}, ("graphed", "eager", "graphed"),
+                          check=counter_left_zero)
 
 
 @pytest.mark.gpu
@@ -254,14 +281,15 @@ def test_gpu_iqn_step_is_bitwise_repeatable_and_graphed_equals_eager(cp, rng):
     dev = dict(theta=cp.asarray(theta), a=cp.asarray(a), w=cp.asarray(w),
                on=cp.asarray(rng.normal(size=(B, M, A)).astype(np.float32)), tg=cp.asarray(rng.normal(size=(B, M, A)).astype(np.float32)),
                r=cp.asarray(rng.uniform(-1, 1, B).astype(np.float32)), d=cp.asarray(np.full(B, 0.99, np.float32)),
-               counter=cp.asarray(np.uint64([3])))
+               counter=cp.asarray(np.uint64([3])), done=cp.zeros(1, np.uint32))
     outs = dict(taus=_empty(cp, (B, N)), T=_empty(cp, (B, M)), a_star=_empty(cp, (B,), np.int32),
                 per=_empty(cp, (B,)), loss=_empty(cp, (1,)), grad=_empty(cp, (B, N, A)))
 
     def phase():
         ops.sample_taus(7, dev["counter"], ref.TAU_STREAM_ID, outs["taus"])
         ops.targets(dev["on"], dev["tg"], dev["r"], dev["d"], outs["T"], outs["a_star"])
-        ops.huber_loss(dev["theta"], dev["a"], outs["T"], outs["taus"], dev["w"], outs["per"], outs["loss"], outs["grad"])
+        ops.huber_loss(dev["theta"], dev["a"], outs["T"], outs["taus"], dev["w"], outs["per"], outs["loss"], outs["grad"],
+                       dev["done"])
 
     cp.cuda.Device().synchronize()
     g = StepGraph("quantile_parity", [("iqn", phase)], xp=cp)

@@ -42,3 +42,11 @@ def test_gpu_set_and_add(cp):
     ops.add_i64(c, 1)
     ops.add_i64(c, -3)
     assert int(b.get()[0]) == 2**63 + 5 and int(c.get()[0]) == 39
+
+
+def test_reference_weighted_mean_is_the_float64_sum():
+    v = np.float32([1.0, 2.0, -4.0])
+    w = np.float32([0.5, 0.25, 1.0])
+    got = ref.weighted_mean(v, w, 1 / 3)
+    assert got.dtype == np.float32 and got == np.float32((0.5 + 0.5 - 4.0) / 3)
+    assert ref.weighted_mean(v, w, 0.5, np.float64) == -1.5

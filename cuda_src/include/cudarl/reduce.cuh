@@ -12,9 +12,22 @@
 //                           sum is in sh[0], visible to every thread.
 //   block_sum(v, sh, n)     every thread contributes v (n == blockDim.x); the tree above;
 //                           returns the sum to every thread (safe to call back to back on sh).
+//   block_weighted_sum<N>(values, w, n, sh)
+//                           sum_i w_i values_i over i < n in the order of an N-thread block:
+//                           slot j < N sums i = j, j + N, ... in order, then the tree over N
+//                           slots. The order depends on N and n only, never on blockDim.x, so
+//                           every block size gives the same bits. values are read from L2
+//                           (load_l2, not through L1): they may be what other blocks of this
+//                           launch wrote before a last_block() that returned true.
+//   last_block(counter)     true in every thread of the one block of the launch that finishes
+//                           last (integer atomicAdd on *counter: which block is last varies,
+//                           what it computes then does not). Writes a block made before the
+//                           call are visible to the last block after it (fence, ticket, fence).
+//                           *counter must be 0 at launch; the last block sets it back to 0.
 //
 // Call warp helpers with all 32 lanes active; call block helpers from every thread of the
-// block (they synchronise), with n a power of two, n <= blockDim.x (block_sum: n == blockDim.x).
+// block (they synchronise), with n a power of two, n <= blockDim.x (block_sum: n == blockDim.x;
+// block_weighted_sum: any blockDim.x).
 #pragma once
 
 namespace cudarl {
@@ -68,6 +81,48 @@ __device__ __forceinline__ T block_sum(T v, T* sh, int n) {
   sh[threadIdx.x] = v;
   block_tree_sum(sh, n);
   return sh[0];
+}
+
+// A load from L2 (ld.global.cg, what __ldcg emits, spelled out for NVRTC), not through this SM's
+// L1: it sees what other blocks of the launch wrote before their fence.
+__device__ __forceinline__ float load_l2(const float* p) {
+  float v;
+  asm volatile("ld.global.cg.f32 %0, [%1];" : "=f"(v) : "l"(p));
+  return v;
+}
+
+// Fixed-order weighted sum of n values by one block (see the banner); sh holds N floats, N a
+// power of two. Returns the sum to every thread.
+template <int N>
+__device__ __forceinline__ float block_weighted_sum(const float* values, const float* w, int n, float* sh) {
+  __syncthreads();  // sh may still be read by a previous call
+  for (int j = (int)threadIdx.x; j < N; j += (int)blockDim.x) {
+    float acc = 0.f;
+    for (int i = j; i < n; i += N) acc += w[i] * load_l2(values + i);
+    sh[j] = acc;
+  }
+  for (int s = N >> 1; s > 0; s >>= 1) {  // the pairs of block_tree_sum(sh, N), for any blockDim.x
+    __syncthreads();
+    for (int j = (int)threadIdx.x; j < s; j += (int)blockDim.x) sh[j] += sh[j + s];
+  }
+  __syncthreads();
+  return sh[0];
+}
+
+// Is this the last block of the launch to get here? Call once per launch from every thread of
+// every block, after the block's writes that the last block reads (see the banner).
+__device__ __forceinline__ bool last_block(unsigned int* counter) {
+  __shared__ int is_last;
+  __threadfence();  // this thread's writes are visible device-wide before the ticket is taken
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    is_last = atomicAdd(counter, 1u) == gridDim.x - 1u;
+    if (is_last) *counter = 0u;  // every block has its ticket: ready for the next launch
+  }
+  __syncthreads();
+  const bool last = is_last != 0;
+  if (last) __threadfence();  // order this block's reads after the other blocks' fenced writes
+  return last;
 }
 
 }  // namespace cudarl
