@@ -136,6 +136,8 @@ __device__ __forceinline__ i64 span_node(const NodeSpan& sp, i64 i) { return i <
 //   the last block (arrival ticket): levels 2 .. depth over changed_nodes, a warp per node summing
 //     its 32 children (read through L2: written by other blocks), a __syncthreads between levels;
 //     then added = a1 and the counter back to 0. Every other block read `added` before its ticket.
+#define COMMIT_THREADS 1024  // the launcher's block: 32 warps, so the last block takes a level of up to 32 nodes at once
+
 template <bool kNext>
 __device__ __forceinline__ void commit_batch(const float* obs, const float* next_obs, const int* action,
                                              const float* reward, const float* discount, float* s_obs,
@@ -209,7 +211,7 @@ __device__ __forceinline__ void commit_batch(const float* obs, const float* next
   }
 }
 
-extern "C" __global__ void cudarl_replay_insert_commit(const float* obs, const int* action, const float* reward,
+extern "C" __global__ __launch_bounds__(COMMIT_THREADS, 1) void cudarl_replay_insert_commit(const float* obs, const int* action, const float* reward,
                                                        const float* discount, float* s_obs, int* s_action,
                                                        float* s_reward, float* s_discount, i64* tree,
                                                        const i64* levels, i64* flag, i64* added, const i64* max_q,
@@ -218,7 +220,7 @@ extern "C" __global__ void cudarl_replay_insert_commit(const float* obs, const i
                       levels, flag, added, max_q, B, D, C, lag, depth, row_blocks);  // next_obs: never touched
 }
 
-extern "C" __global__ void cudarl_replay_insert_commit_next(const float* obs, const float* next_obs, const int* action,
+extern "C" __global__ __launch_bounds__(COMMIT_THREADS, 1) void cudarl_replay_insert_commit_next(const float* obs, const float* next_obs, const int* action,
                                                             const float* reward, const float* discount, float* s_obs,
                                                             float* s_next_obs, int* s_action, float* s_reward,
                                                             float* s_discount, i64* tree, const i64* levels, i64* flag,

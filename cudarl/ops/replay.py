@@ -74,7 +74,7 @@ def insert_check_next(spec: ReplaySpec, bufs: ReplayBuffers, obs, next_obs, acti
            (obs, next_obs, action, reward, discount, bufs.flag, bufs.status, B, D))
 
 
-_COMMIT_THREADS = 256
+_COMMIT_THREADS = 1024  # COMMIT_THREADS in replay.cu (its __launch_bounds__)
 _COMMIT_WARPS = _COMMIT_THREADS // 32
 _COMMIT_SIG = ("const f32* obs, {next}const i32* action, const f32* reward, const f32* discount, f32* s_obs, {s_next}"
                "i32* s_action, f32* s_reward, f32* s_discount, i64* tree, const i64* levels, i64* flag, i64* added, "
