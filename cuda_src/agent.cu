@@ -40,18 +40,15 @@ extern "C" __global__ void cudarl_agent_epsilon(float* __restrict__ eps, long lo
   *count = c + 1;
 }
 
-// The tail of the fused act kernels: the block that arrives last (an integer ticket on
-// *arrivals, 0 at launch and left 0) advances the epsilon schedule, *eps_out = eps and
-// *count = c + 1, what the epsilon kernel does; every block read *count before its ticket.
+// The tail of the fused act kernels: the block that arrives last (cudarl::last_block on the
+// integer ticket *arrivals, 0 at launch and left 0) advances the epsilon schedule, *eps_out = eps
+// and *count = c + 1, what the epsilon kernel does; every block read *count before its ticket.
 // Call from every thread of every block.
 __device__ __forceinline__ void advance_epsilon(float eps, long long c, float* __restrict__ eps_out,
                                                 long long* __restrict__ count, unsigned int* __restrict__ arrivals) {
-  __threadfence();  // this thread's read of *count is ordered before the block's ticket
-  __syncthreads();
-  if (threadIdx.x == 0 && atomicAdd(arrivals, 1u) == gridDim.x - 1u) {
+  if (cudarl::last_block(arrivals) && threadIdx.x == 0) {
     *eps_out = eps;
     *count = c + 1;
-    *arrivals = 0u;
   }
 }
 

@@ -44,12 +44,13 @@ __device__ __forceinline__ void add_to_ancestors(i64* tree, const i64* levels, i
 // A batch that fails the check must change nothing but `status`, and that decision needs the
 // whole batch, so the check is one grid and the commit, which writes, a second.
 //
-// Both finish with the "last block" pattern (CUDA Programming Guide, threadFenceReduction): each
-// block, when done, takes a ticket from an arrival counter in `flag` (int64 scratch, FLAG_WORDS)
-// with one integer atomicAdd; the block that draws the last ticket sees every other block's work,
-// finishes the op alone and puts the counter back to 0 for the next launch. Which block is last
-// depends on scheduling; what it computes does not (an OR of bits; integer sums of the finished
-// level below), so the result is deterministic and no float is ever combined atomically.
+// Both finish with the "last block" pattern (CUDA Programming Guide, threadFenceReduction; commit
+// uses cudarl::last_block, check its own ticket that also counts bad blocks): each block, when
+// done, takes a ticket from an arrival counter in `flag` (int64 scratch, FLAG_WORDS) with one
+// integer atomicAdd; the block that draws the last ticket sees every other block's work, finishes
+// the op alone and puts the counter back to 0 for the next launch. Which block is last depends on
+// scheduling; what it computes does not (an OR of bits; integer sums of the finished level
+// below), so the result is deterministic and no float is ever combined atomically.
 #define FLAG_REJECT 0           // 1: the batch being inserted is rejected
 #define FLAG_CHECK_ARRIVALS 1   // insert_check's arrival counter (0 between launches)
 #define FLAG_COMMIT_ARRIVALS 2  // insert_commit's arrival counter (0 between launches)
@@ -133,9 +134,10 @@ __device__ __forceinline__ i64 span_node(const NodeSpan& sp, i64 i) { return i <
 //     leaf s = 32p + c; if s is in the range (absolute row a = lo + ((s - s_lo) mod C)) it writes
 //     max_q if a + lag < a1 (ready) else 0, otherwise it reads the leaf; the warp's sum is the
 //     node. Each node has one warp, so no leaf is read while being written. ~R/32 nodes, 264 B each.
-//   the last block (arrival ticket): levels 2 .. depth over changed_nodes, a warp per node summing
-//     its 32 children (read through L2: written by other blocks), a __syncthreads between levels;
-//     then added = a1 and the counter back to 0. Every other block read `added` before its ticket.
+//   the last block (cudarl::last_block, which leaves the ticket at 0): levels 2 .. depth over
+//     changed_nodes, a warp per node summing its 32 children (read through L2: written by other
+//     blocks), a __syncthreads between levels; then added = a1. Every other block read `added`
+//     before its ticket.
 #define COMMIT_THREADS 1024  // the launcher's block: 32 warps, so the last block takes a level of up to 32 nodes at once
 
 template <bool kNext>
@@ -144,7 +146,6 @@ __device__ __forceinline__ void commit_batch(const float* obs, const float* next
                                              float* s_next_obs, int* s_action, float* s_reward, float* s_discount,
                                              i64* tree, const i64* levels, i64* flag, i64* added, const i64* max_q,
                                              i64 B, i64 D, i64 C, i64 lag, int depth, i64 row_blocks) {
-  __shared__ int last;
   if (flag[FLAG_REJECT] != 0) return;  // the same word for every block: the whole grid skips
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const i64 wpb = blockDim.x >> 5;
@@ -188,13 +189,9 @@ __device__ __forceinline__ void commit_batch(const float* obs, const float* next
       if (lane == 0) tree[parent + p] = v;
     }
   }
-  __threadfence();  // this thread's tree writes and its read of `added` come before the block's ticket
-  __syncthreads();
-  if (threadIdx.x == 0)
-    last = atomicAdd(reinterpret_cast<u64*>(flag + FLAG_COMMIT_ARRIVALS), 1ull) == (u64)gridDim.x - 1;
-  __syncthreads();
-  if (!last) return;
-  __threadfence();
+  // The ticket is the low 32 bits of the int64 word (little-endian; the high half stays 0). Every
+  // thread's tree writes and its read of `added` come before its block's ticket.
+  if (!cudarl::last_block(reinterpret_cast<unsigned int*>(flag + FLAG_COMMIT_ARRIVALS))) return;
   for (int k = 2; k <= depth; ++k) {
     const NodeSpan sp = changed_nodes(s_lo, R, C, 5 * k);
     const i64 src = levels[k - 1], dst = levels[k];
@@ -205,27 +202,21 @@ __device__ __forceinline__ void commit_batch(const float* obs, const float* next
     }
     __syncthreads();  // level k is complete before level k + 1 reads it
   }
-  if (threadIdx.x == 0) {
-    added[0] = a1;
-    atomicExch(reinterpret_cast<u64*>(flag + FLAG_COMMIT_ARRIVALS), 0ull);
-  }
+  if (threadIdx.x == 0) added[0] = a1;
 }
 
-extern "C" __global__ __launch_bounds__(COMMIT_THREADS, 1) void cudarl_replay_insert_commit(const float* obs, const int* action, const float* reward,
-                                                       const float* discount, float* s_obs, int* s_action,
-                                                       float* s_reward, float* s_discount, i64* tree,
-                                                       const i64* levels, i64* flag, i64* added, const i64* max_q,
-                                                       i64 B, i64 D, i64 C, i64 lag, int depth, i64 row_blocks) {
+extern "C" __global__ __launch_bounds__(COMMIT_THREADS, 1) void cudarl_replay_insert_commit(
+    const float* obs, const int* action, const float* reward, const float* discount, float* s_obs, int* s_action,
+    float* s_reward, float* s_discount, i64* tree, const i64* levels, i64* flag, i64* added, const i64* max_q, i64 B,
+    i64 D, i64 C, i64 lag, int depth, i64 row_blocks) {
   commit_batch<false>(obs, nullptr, action, reward, discount, s_obs, nullptr, s_action, s_reward, s_discount, tree,
                       levels, flag, added, max_q, B, D, C, lag, depth, row_blocks);  // next_obs: never touched
 }
 
-extern "C" __global__ __launch_bounds__(COMMIT_THREADS, 1) void cudarl_replay_insert_commit_next(const float* obs, const float* next_obs, const int* action,
-                                                            const float* reward, const float* discount, float* s_obs,
-                                                            float* s_next_obs, int* s_action, float* s_reward,
-                                                            float* s_discount, i64* tree, const i64* levels, i64* flag,
-                                                            i64* added, const i64* max_q, i64 B, i64 D, i64 C, i64 lag,
-                                                            int depth, i64 row_blocks) {
+extern "C" __global__ __launch_bounds__(COMMIT_THREADS, 1) void cudarl_replay_insert_commit_next(
+    const float* obs, const float* next_obs, const int* action, const float* reward, const float* discount,
+    float* s_obs, float* s_next_obs, int* s_action, float* s_reward, float* s_discount, i64* tree, const i64* levels,
+    i64* flag, i64* added, const i64* max_q, i64 B, i64 D, i64 C, i64 lag, int depth, i64 row_blocks) {
   commit_batch<true>(obs, next_obs, action, reward, discount, s_obs, s_next_obs, s_action, s_reward, s_discount, tree,
                      levels, flag, added, max_q, B, D, C, lag, depth, row_blocks);
 }
