@@ -145,3 +145,70 @@ def test_return_sign_and_uncentred_columns_make_the_mirror_exact():
     x = f.values[100:110]
     np.testing.assert_array_equal(norm.transform(-x)[:, sign], -norm.transform(x)[:, sign])
     assert np.all(norm.mean[sign] == 0) and np.all(norm.mean[~sign] != 0)
+
+
+# --- the registry ----------------------------------------------------------------------------------------------
+def _compute_before_registry(bars, config):
+    """The oracle: ``compute`` as it was before the feature registry (commit 8b26b5c), frozen here.
+    With the built-in groups the registry must give these bits exactly."""
+    from cudarl.data.bars import NS_PER_DAY
+    from cudarl.features import SIGMA_FLOOR, Features
+
+    T = len(bars)
+    c, o, h, l = (np.asarray(getattr(bars, k), dtype=np.float64) for k in ("close", "open", "high", "low"))
+    logc = np.log(c)
+    r = np.zeros(T)
+    r[1:] = np.diff(logc)
+    present = np.arange(T) >= 1
+    sigma = np.sqrt(np.maximum(ewm_mean(r * r, config.vol_halflife, present), SIGMA_FLOOR ** 2))
+    cols, names = [], []
+    with np.errstate(invalid="ignore", divide="ignore"):
+        for hz in config.horizons:
+            lr = np.zeros(T)
+            lr[hz:] = logc[hz:] - logc[:-hz]
+            cols.append(lr / (sigma * math.sqrt(hz)))
+            names.append(f"ret_{hz}")
+        cols.append(np.log(sigma)); names.append("log_vol")
+        cols.append(np.log(h / l) / sigma); names.append("range")
+        cols.append(np.log(c / o) / sigma); names.append("body")
+        span = h - l
+        cols.append(np.where(span > 0, (2 * c - h - l) / np.where(span > 0, span, 1.0), 0.0)); names.append("close_loc")
+        if bars.volume is not None:
+            lv = np.log1p(np.asarray(bars.volume, dtype=np.float64))
+            m = ewm_mean(lv, config.volume_halflife)
+            var = np.maximum(ewm_mean(lv * lv, config.volume_halflife) - m * m, 0.0)
+            cols.append(np.where(var > 1e-12, (lv - m) / np.sqrt(np.maximum(var, 1e-12)), 0.0)); names.append("volume")
+    if config.time_features and T:
+        t = np.asarray(bars.time, dtype=np.int64)
+        days = np.floor_divide(t, NS_PER_DAY)
+        dow = (days + 3) % 7
+        cols += [np.sin(2 * np.pi * dow / 7), np.cos(2 * np.pi * dow / 7)]
+        names += ["dow_sin", "dow_cos"]
+        intraday = config.time_of_day if config.time_of_day is not None else bool(T >= 2 and np.median(np.diff(t)) < NS_PER_DAY)
+        if intraday:
+            frac = (t - days * NS_PER_DAY) / NS_PER_DAY
+            cols += [np.sin(2 * np.pi * frac), np.cos(2 * np.pi * frac)]
+            names += ["hod_sin", "hod_cos"]
+    if config.extra:
+        for k in sorted(bars.extra):
+            cols.append(np.asarray(bars.extra[k], dtype=np.float64)); names.append(k)
+    values = np.stack(cols, axis=1) if cols else np.zeros((T, 0))
+    warm = min(config.warmup, T)
+    values[:warm] = 0.0
+    return Features(values=values.astype(np.float32), names=tuple(names), warmup=config.warmup)
+
+
+ORACLE_CONFIGS = [dict(), dict(horizons=(1, 3, 10, 50), vol_halflife=20, volume_halflife=7.5), dict(time_features=False),
+                  dict(time_of_day=True), dict(time_of_day=False), dict(extra=False)]
+
+
+@pytest.mark.parametrize("source", ["builtin:regime", "builtin:sp500", "builtin:eurusd-1h", "no volume"])
+def test_default_groups_are_bit_identical_to_the_compute_before_the_registry(source):
+    bars = dataclasses.replace(load("builtin:randomwalk"), volume=None) if source == "no volume" else load(source)
+    for kw in ORACLE_CONFIGS:
+        config = FeatureConfig(**kw)
+        got, want = compute(bars, config), _compute_before_registry(bars, config)
+        assert got.names == want.names and got.warmup == want.warmup, kw
+        assert got.values.dtype == want.values.dtype and got.values.tobytes() == want.values.tobytes(), kw
+    assert ("hod_sin" in got.names) == (source == "builtin:eurusd-1h")
+    assert ("volume" in got.names) == (source != "no volume")
