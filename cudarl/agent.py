@@ -5,9 +5,13 @@ that :class:`cudarl.graph.StepGraph` captures (GPU) or runs in order (NumPy)::
 
     collect: act (expected Q of the online net, device epsilon, epsilon-greedy)
              - env_step (record the transition, step, reset ended episodes) - replay_insert
-    train:   sample - gather - forward (online s, online s', target s') - targets (double DQN,
-             projection or quantile targets) - loss (+ gradient wrt the outputs) - backward -
-             adam (gradient norm, clip, update) - priorities - target_update - publish
+    train:   sample - gather - forward (online s and s' | target s', in parallel) - targets (double
+             DQN, projection or quantile targets) - loss (+ gradient wrt the outputs) -
+             priorities (a parallel branch to the end) - backward (dx chain | weight gradients, in
+             parallel) - adam (gradient norm, clip, update) - target_update - publish
+
+On the GPU "in parallel" means a :class:`cudarl.graph.SideStream`: a branch of the captured graph
+that runs beside the main chain (same kernels and inputs, so the same bits as one stream).
 
 Every buffer is allocated here, before any capture. The math is in :mod:`cudarl.losses`; the
 distributional rule of each head is a small object in :data:`HEAD_RULES` (a registry, not an
@@ -79,12 +83,14 @@ class C51Rule:
         agent.ops.act_c51(env.actions, agent.q_act, logits, self.support, env.state.count, env.params, *eps_args)
 
     def forward(self, agent: "Agent", batch) -> None:
+        with agent.side.fork():  # the target net runs beside the online net (its own weights and workspace)
+            self.target_next = agent.target.forward(batch.next_obs, agent.target.ws)["q"]
         both = agent.online.forward(agent.pair, agent.ws)["q"]  # s and s' in one pass: [2B, A, K]
         B = agent.batch_size
         self.logits, self.online_next = both[:B], both[B:]
-        self.target_next = agent.target.forward(batch.next_obs, agent.target.ws)["q"]
 
     def targets(self, agent: "Agent", batch) -> None:
+        agent.side.join()  # the target net's forward
         # With PopArt: y = r + d (s E[z] + mu) in return space; the statistics move with y, then the
         # rewards are mapped into the support's coordinates with them: (r - (1 - d) mu) / s. One
         # launch without PopArt, two with it (see losses.c51_targets and cudarl.popart).
@@ -137,14 +143,16 @@ class IQNRule:
 
     def forward(self, agent: "Agent", batch) -> None:
         B = agent.batch_size
+        with agent.side.fork():  # the target net runs beside the online net (its own taus and workspace)
+            self._taus(agent, agent.target, agent.target.ws, B, 0x1A2)
+            self.target_next = agent.target.forward(batch.next_obs, agent.target.ws)["q"]
         taus = self._taus(agent, agent.online, agent.ws, 2 * B, 0x1A0)  # s and s' in one pass
         self.taus = taus[:B]
         both = agent.online.forward(agent.pair, agent.ws)["q"]  # [2B, N, A]
         self.theta, self.online_next = both[:B], both[B:]
-        self._taus(agent, agent.target, agent.target.ws, B, 0x1A2)
-        self.target_next = agent.target.forward(batch.next_obs, agent.target.ws)["q"]
 
     def targets(self, agent: "Agent", batch) -> None:
+        agent.side.join()  # the target net's forward
         ret = batch.ret
         if agent.popart is not None:
             # The statistics follow the n-step returns (the scale of the rewards); quantiles then
@@ -233,6 +241,12 @@ class Agent:
             self.popart = (PopArt.for_support(self.rule.support, beta=a.popart_beta, xp=xp) if self.rule.support is not None
                            else PopArt(beta=a.popart_beta, xp=xp))
         self.ops = _agent_ops(xp)
+        # Parallel branches of the train graph (cudarl.graph.SideStream; no-ops on NumPy): the target
+        # net's forward and the weight-gradient GEMMs on one, the priority update on the other.
+        from .graph import SideStream
+
+        self.side, self.side_priorities = SideStream(xp), SideStream(xp)
+        self.online.set_side_stream(self.side)
 
     # --- collect -------------------------------------------------------------------------------
     def collect_phases(self, env, replay, transitions, discount) -> list:
@@ -268,6 +282,7 @@ class Agent:
         """Gradients of the online net from the s half of the last forward pass."""
         self.ws.set_batch(self.batch_size)
         self.online.backward(self.batch.obs, self.ws)
+        self.side.join()  # the weight gradients, before anything reads them
 
     def train_phases(self, replay) -> list:
         """Phases of one learner update from ``replay`` into the fixed :attr:`batch` buffers."""
@@ -296,7 +311,10 @@ class Agent:
             self.adam.step()
 
         def priorities():
-            replay.update_priorities(state["idx"], self.priority, device_rules=True)
+            # beside the backward pass and the optimiser: it reads the loss phase's priorities and
+            # writes only the replay's tree, which nothing else in this step touches
+            with self.side_priorities.fork():
+                replay.update_priorities(state["idx"], self.priority, device_rules=True)
 
         def target_update():
             self.soft.step()
@@ -307,7 +325,7 @@ class Agent:
             self.ops.publish(self.readback.device, self.loss, self.grad_norm, self.adam.scalars.view("step"), PUBLISH_SLOTS)
 
         return [("sample", sample), ("gather", gather), ("forward", forward), ("targets", targets), ("loss", loss),
-                ("backward", backward), ("adam", adam), ("priorities", priorities), ("target_update", target_update),
+                ("priorities", priorities), ("backward", backward), ("adam", adam), ("target_update", target_update),
                 ("publish", publish)]
 
     # --- greedy action values for evaluation -----------------------------------------------------
