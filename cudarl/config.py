@@ -357,6 +357,8 @@ def resolve_for_backend(cfg: Config, is_gpu: bool, explicit: dict) -> Config:
 def _coerce(section: str, f: dataclasses.Field, value):
     default = f.default if f.default is not dataclasses.MISSING else None
     if isinstance(default, tuple) or (default is None and isinstance(value, list)):
+        if isinstance(value, str) and value.startswith("[") and value.endswith("]"):  # --set f=[a,b]: bare words
+            value = [_toml_or_str(x.strip()) for x in value[1:-1].split(",") if x.strip()]
         if not isinstance(value, (list, tuple)):
             raise ConfigError(f"{section}.{f.name}: expected a list, got {value!r}")
         return tuple(value)
@@ -416,17 +418,20 @@ def load_toml(path) -> dict:
         raise ConfigError(f"{p}: not valid TOML ({exc})") from None
 
 
+def _toml_or_str(raw: str):
+    try:
+        return tomllib.loads(f"v = {raw}")["v"]
+    except tomllib.TOMLDecodeError:
+        return raw
+
+
 def parse_override(text: str) -> tuple[str, str, object]:
     """``"agent.gamma=0.95"`` -> ``("agent", "gamma", 0.95)``; the value is read as TOML, else as a string."""
     key, eq, raw = text.partition("=")
     sec, dot, name = key.strip().partition(".")
     if not eq or not dot or not sec or not name:
         raise ConfigError(f"override {text!r}: expected SECTION.FIELD=VALUE, e.g. agent.gamma=0.95")
-    try:
-        value = tomllib.loads(f"v = {raw.strip()}")["v"]
-    except tomllib.TOMLDecodeError:
-        value = raw.strip()
-    return sec, name, value
+    return sec, name, _toml_or_str(raw.strip())
 
 
 def _toml_value(v) -> str:

@@ -1,26 +1,21 @@
-"""Causal market features and a normaliser fitted on the training split only.
+"""Causal market features from a registry, and a normaliser fitted on the training split only.
 
 Every feature at bar ``t`` is a function of bars ``0..t`` alone (tests/unit/test_features.py
 changes every bar after ``t`` and checks that rows ``0..t`` do not move). Exponential
 averages run forward through ``scipy.signal.lfilter``, which cannot look ahead; nothing is
 centred, back-filled or smoothed in both directions.
 
-Features, in order (``names`` says which are present):
-  ret_<h>     log(C_t / C_{t-h}) / (sigma_t * sqrt(h)) for each horizon h
-  log_vol     log(sigma_t), sigma_t the exponentially weighted RMS of 1-bar log returns
-  range       log(H_t / L_t) / sigma_t
-  body        log(C_t / O_t) / sigma_t
-  close_loc   (2 C_t - H_t - L_t) / (H_t - L_t), in [-1, 1] (0 when H = L)
-  volume      (log1p V_t - m_t) / s_t, the EW mean and std of log1p volume up to t (if volume)
-  dow_sin, dow_cos   day of week (UTC)
-  hod_sin, hod_cos   time of day (UTC), for intraday bars (FeatureConfig.time_of_day)
-  <extra>     each of ``bars.extra`` as given (the regime signal of builtin:regime)
-The agent's position is appended by the environment at run time (:func:`with_position`).
+:data:`FEATURES` maps a group name to a small pure function ``(ctx, config) -> [(name, column)]``
+(each column float64 [T]; ``ctx`` a :class:`FeatureContext`); each built-in one documents its
+equation. ``FeatureConfig.groups`` picks which groups :func:`compute` runs and in what order, and
+:func:`register_feature` adds your own. The agent's position is appended by the environment at
+run time (:func:`with_position`).
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Callable
 
 import numpy as np
 from scipy.signal import lfilter
@@ -29,38 +24,6 @@ from cudarl.data.bars import NS_PER_DAY, Bars
 
 POSITION_FEATURES = ("position",)
 SIGMA_FLOOR = 1e-8
-
-
-@dataclass(frozen=True)
-class FeatureConfig:
-    """What :func:`compute` builds."""
-
-    horizons: tuple = (1, 4, 16, 64)
-    """Log-return horizons in bars (each >= 1)."""
-    vol_halflife: float = 32.0
-    """Half-life, in bars, of the volatility that normalises returns and ranges."""
-    volume_halflife: float = 64.0
-    """Half-life, in bars, of the volume mean and spread."""
-    time_features: bool = True
-    """Day-of-week (and, for intraday bars, time-of-day) as sine and cosine."""
-    time_of_day: bool | None = None
-    """Time-of-day columns; ``None``: on when the series' median spacing is under a day.
-    (That choice names columns once per series; it never changes a value.)"""
-    extra: bool = True
-    """Append ``bars.extra`` columns."""
-    signed_extra: tuple = ("regime", "next_return")
-    """Extra columns whose sign follows the market's direction (negated by the env's mirror)."""
-
-    def __post_init__(self):
-        if not self.horizons or min(self.horizons) < 1:
-            raise ValueError(f"horizons must be >= 1, got {self.horizons}")
-        if self.vol_halflife <= 0 or self.volume_halflife <= 0:
-            raise ValueError("half-lives must be > 0")
-
-    @property
-    def warmup(self) -> int:
-        """Bars before the first row whose every feature is defined and settled."""
-        return int(max(max(self.horizons), math.ceil(self.vol_halflife)))
 
 
 @dataclass(frozen=True)
@@ -87,53 +50,243 @@ def ewm_mean(x: np.ndarray, halflife: float, present: np.ndarray | None = None) 
         return num / den
 
 
+@dataclass(frozen=True)
+class FeatureContext:
+    """What several features share, computed once per :func:`compute`; arrays [T], each causal.
+
+    ``close``, ``open``, ``high``, ``low`` (C, O, H, L) float64; ``log_close`` log C_t; ``r`` the
+    1-bar log returns ``r_t = log(C_t / C_{t-1})``, ``r_0 = 0``; ``sigma`` the volatility
+    ``sigma_t = sqrt(max(EW mean of r_s^2 over 1 <= s <= t, SIGMA_FLOOR^2))`` (:func:`ewm_mean`,
+    half-life ``vol_halflife``; NaN at t = 0); ``time`` int64 ns UTC; ``bars`` the bars themselves
+    (``volume``, ``extra``).
+    """
+
+    bars: Bars
+    close: np.ndarray
+    open: np.ndarray
+    high: np.ndarray
+    low: np.ndarray
+    log_close: np.ndarray
+    r: np.ndarray
+    sigma: np.ndarray
+    time: np.ndarray
+
+    @classmethod
+    def of(cls, bars: Bars, config: "FeatureConfig") -> "FeatureContext":
+        T = len(bars)
+        c, o, h, l = (np.asarray(getattr(bars, k), dtype=np.float64) for k in ("close", "open", "high", "low"))
+        logc = np.log(c)
+        r = np.zeros(T)
+        r[1:] = np.diff(logc)
+        sigma = np.sqrt(np.maximum(ewm_mean(r * r, config.vol_halflife, np.arange(T) >= 1), SIGMA_FLOOR ** 2))
+        return cls(bars, c, o, h, l, logc, r, sigma, np.asarray(bars.time, dtype=np.int64))
+
+
+#: A feature: ``(ctx, config) -> [(column name, values float64 [T])]``, row t a function of bars 0..t.
+FeatureFn = Callable[[FeatureContext, "FeatureConfig"], list]
+
+
+def returns(ctx: FeatureContext, config: "FeatureConfig") -> list:
+    """``ret_<h>`` = log(C_t / C_{t-h}) / (sigma_t sqrt(h)) for each h of ``horizons`` (0 for t < h)."""
+    out = []
+    for hz in config.horizons:
+        lr = np.zeros(len(ctx.log_close))
+        lr[hz:] = ctx.log_close[hz:] - ctx.log_close[:-hz]
+        out.append((f"ret_{hz}", lr / (ctx.sigma * math.sqrt(hz))))
+    return out
+
+
+def log_vol(ctx: FeatureContext, config: "FeatureConfig") -> list:
+    """``log_vol`` = log(sigma_t)."""
+    return [("log_vol", np.log(ctx.sigma))]
+
+
+def bar_range(ctx: FeatureContext, config: "FeatureConfig") -> list:
+    """``range`` = log(H_t / L_t) / sigma_t."""
+    return [("range", np.log(ctx.high / ctx.low) / ctx.sigma)]
+
+
+def body(ctx: FeatureContext, config: "FeatureConfig") -> list:
+    """``body`` = log(C_t / O_t) / sigma_t."""
+    return [("body", np.log(ctx.close / ctx.open) / ctx.sigma)]
+
+
+def close_loc(ctx: FeatureContext, config: "FeatureConfig") -> list:
+    """``close_loc`` = (2 C_t - H_t - L_t) / (H_t - L_t), in [-1, 1] (0 when H = L)."""
+    c, h, l = ctx.close, ctx.high, ctx.low
+    span = h - l
+    return [("close_loc", np.where(span > 0, (2 * c - h - l) / np.where(span > 0, span, 1.0), 0.0))]
+
+
+def volume(ctx: FeatureContext, config: "FeatureConfig") -> list:
+    """``volume`` = (log1p V_t - m_t) / s_t, m and s^2 the EW mean and variance of log1p V up to t
+    (half-life ``volume_halflife``; 0 where s^2 <= 1e-12). Nothing when the bars have no volume."""
+    if ctx.bars.volume is None:
+        return []
+    lv = np.log1p(np.asarray(ctx.bars.volume, dtype=np.float64))
+    m = ewm_mean(lv, config.volume_halflife)
+    var = np.maximum(ewm_mean(lv * lv, config.volume_halflife) - m * m, 0.0)
+    return [("volume", np.where(var > 1e-12, (lv - m) / np.sqrt(np.maximum(var, 1e-12)), 0.0))]
+
+
+def calendar(ctx: FeatureContext, config: "FeatureConfig") -> list:
+    """``dow_sin``, ``dow_cos`` = sin, cos(2 pi d / 7), d the UTC day of week (Monday 0); for intraday
+    bars (``time_of_day``) also ``hod_sin``, ``hod_cos`` = sin, cos(2 pi f), f the UTC fraction of
+    the day. Nothing when ``time_features`` is off."""
+    t = ctx.time
+    if not config.time_features or not len(t):
+        return []
+    days = np.floor_divide(t, NS_PER_DAY)
+    dow = (days + 3) % 7  # 1970-01-01 was a Thursday; Monday = 0
+    out = [("dow_sin", np.sin(2 * np.pi * dow / 7)), ("dow_cos", np.cos(2 * np.pi * dow / 7))]
+    intraday = config.time_of_day if config.time_of_day is not None else bool(len(t) >= 2 and np.median(np.diff(t)) < NS_PER_DAY)
+    if intraday:
+        frac = (t - days * NS_PER_DAY) / NS_PER_DAY
+        out += [("hod_sin", np.sin(2 * np.pi * frac)), ("hod_cos", np.cos(2 * np.pi * frac))]
+    return out
+
+
+def extra(ctx: FeatureContext, config: "FeatureConfig") -> list:
+    """Each column of ``bars.extra`` as given, by name in sorted order (the regime signal of
+    builtin:regime). Nothing when ``extra`` is off."""
+    if not config.extra:
+        return []
+    return [(k, np.asarray(ctx.bars.extra[k], dtype=np.float64)) for k in sorted(ctx.bars.extra)]
+
+
+#: The feature registry (STYLE.md: a dict, not an if/elif chain): group name -> :data:`FeatureFn`.
+FEATURES: dict[str, FeatureFn] = {"returns": returns, "log_vol": log_vol, "range": bar_range, "body": body,
+                                  "close_loc": close_loc, "volume": volume, "time": calendar, "extra": extra}
+#: The built-in groups, in their default order.
+BUILTIN = tuple(FEATURES)
+#: Features added by :func:`register_feature` -> whether their columns are signed.
+REGISTERED: dict[str, bool] = {}
+
+
+def _check_groups(groups) -> None:
+    if isinstance(groups, str) or not all(isinstance(g, str) for g in groups):
+        raise ValueError(f"groups must be a list of feature names, got {groups!r}")
+    unknown = [g for g in groups if g not in FEATURES]
+    if unknown:
+        raise ValueError(f"unknown feature group(s) {unknown}; known: {list(FEATURES)} "
+                         "(cudarl.features.register_feature adds your own)")
+    if not groups or len(set(groups)) != len(groups):
+        raise ValueError(f"groups must name each feature once, and at least one, got {list(groups)}")
+
+
+@dataclass(frozen=True)
+class FeatureConfig:
+    """What :func:`compute` builds."""
+
+    groups: tuple = BUILTIN
+    """Feature groups (``cudarl.features.FEATURES``) computed, in this order; the default is every
+    built-in one. Add your own with ``cudarl.features.register_feature`` (docs/guide.md).
+    ``time_features = false`` and ``extra = false`` still leave those groups' columns out."""
+    horizons: tuple = (1, 4, 16, 64)
+    """Log-return horizons in bars (each >= 1)."""
+    vol_halflife: float = 32.0
+    """Half-life, in bars, of the volatility that normalises returns and ranges."""
+    volume_halflife: float = 64.0
+    """Half-life, in bars, of the volume mean and spread."""
+    time_features: bool = True
+    """Day-of-week (and, for intraday bars, time-of-day) as sine and cosine."""
+    time_of_day: bool | None = None
+    """Time-of-day columns; ``None``: on when the series' median spacing is under a day.
+    (That choice names columns once per series; it never changes a value.)"""
+    extra: bool = True
+    """Append ``bars.extra`` columns."""
+    signed_extra: tuple = ("regime", "next_return")
+    """Extra columns whose sign follows the market's direction (negated by the env's mirror)."""
+
+    def __post_init__(self):
+        _check_groups(self.groups)
+        object.__setattr__(self, "groups", tuple(self.groups))
+        if not self.horizons or min(self.horizons) < 1:
+            raise ValueError(f"horizons must be >= 1, got {self.horizons}")
+        if self.vol_halflife <= 0 or self.volume_halflife <= 0:
+            raise ValueError("half-lives must be > 0")
+
+    @property
+    def warmup(self) -> int:
+        """Bars before the first row whose every feature is defined and settled."""
+        return int(max(max(self.horizons), math.ceil(self.vol_halflife)))
+
+
+def register_feature(name: str, fn: FeatureFn, *, signed: bool = False) -> FeatureFn:
+    """Add ``fn`` to :data:`FEATURES` as group ``name`` (then ``FeatureConfig(groups=(..., name))``).
+
+    ``fn(ctx, config)`` returns ``[(column, values [T])]`` with each column named ``name`` or
+    ``name_<suffix>``. It must be causal (row t from bars 0..t only; nothing can check that for
+    you, so test it as tests/unit/test_features.py does) and finite after the first
+    ``config.warmup`` rows, which are zeroed. ``signed``: the columns' sign follows the market's
+    direction (a momentum, not a volatility), so :func:`return_sign` marks them and the env's
+    mirror negates them. Registering a name again replaces it; built-in names are refused.
+    Returns ``fn``.
+    """
+    if not isinstance(name, str) or not name.isidentifier():
+        raise ValueError(f"a feature name must be an identifier, got {name!r}")
+    if name in BUILTIN:
+        raise ValueError(f"{name!r} is a built-in feature; pick another name")
+    if not callable(fn):
+        raise TypeError(f"feature {name!r}: fn must be callable, got {fn!r}")
+    FEATURES[name] = fn
+    REGISTERED[name] = bool(signed)
+    return fn
+
+
+def _builtin_signed(name: str, config: FeatureConfig) -> bool:
+    return name.startswith("ret_") or name in {"body", "close_loc", *config.signed_extra}
+
+
+def _signed(name: str, config: FeatureConfig) -> bool:
+    return _builtin_signed(name, config) or any(REGISTERED.get(k) and (name == k or name.startswith(k + "_"))
+                                                for k in config.groups)
+
+
+def _columns(group: str, ctx: FeatureContext, config: FeatureConfig) -> list:
+    """``[(group, column name, values float64 [T])]`` of one group, checked."""
+    out = []
+    for item in FEATURES[group](ctx, config):
+        if not (isinstance(item, (tuple, list)) and len(item) == 2 and isinstance(item[0], str)):
+            raise ValueError(f"feature {group!r} must return [(column name, values)], got an item {item!r:.80}")
+        name, col = item[0], np.asarray(item[1], dtype=np.float64)
+        if col.shape != ctx.close.shape:
+            raise ValueError(f"feature {group!r}: column {name!r} has shape {col.shape}, expected {ctx.close.shape} "
+                             "(one value per bar)")
+        if group not in BUILTIN and name != group and not name.startswith(group + "_"):
+            raise ValueError(f"feature {group!r}: column {name!r} must be named {group!r} or '{group}_<suffix>'")
+        out.append((group, name, col))
+    return out
+
+
 def compute(bars: Bars, config: FeatureConfig = FeatureConfig()) -> Features:
-    """Features of ``bars`` (see the module docstring); float32 [T, F]."""
+    """The columns of each of ``config.groups`` in order (see :data:`FEATURES`); float32 [T, F].
+
+    Rows before ``config.warmup`` are zeros; any other non-finite value, a column of the wrong
+    length, a repeated column name, or a column that :func:`return_sign` would misread is an error.
+    """
+    _check_groups(config.groups)  # a registration may have gone since the config was built
     T = len(bars)
-    c, o, h, l = (np.asarray(getattr(bars, k), dtype=np.float64) for k in ("close", "open", "high", "low"))
-    logc = np.log(c)
-    r = np.zeros(T)
-    r[1:] = np.diff(logc)
-    present = np.arange(T) >= 1
-    sigma = np.sqrt(np.maximum(ewm_mean(r * r, config.vol_halflife, present), SIGMA_FLOOR ** 2))
-    cols, names = [], []
     with np.errstate(invalid="ignore", divide="ignore"):
-        for hz in config.horizons:
-            lr = np.zeros(T)
-            lr[hz:] = logc[hz:] - logc[:-hz]
-            cols.append(lr / (sigma * math.sqrt(hz)))
-            names.append(f"ret_{hz}")
-        cols.append(np.log(sigma)); names.append("log_vol")
-        cols.append(np.log(h / l) / sigma); names.append("range")
-        cols.append(np.log(c / o) / sigma); names.append("body")
-        span = h - l
-        cols.append(np.where(span > 0, (2 * c - h - l) / np.where(span > 0, span, 1.0), 0.0)); names.append("close_loc")
-        if bars.volume is not None:
-            lv = np.log1p(np.asarray(bars.volume, dtype=np.float64))
-            m = ewm_mean(lv, config.volume_halflife)
-            var = np.maximum(ewm_mean(lv * lv, config.volume_halflife) - m * m, 0.0)
-            cols.append(np.where(var > 1e-12, (lv - m) / np.sqrt(np.maximum(var, 1e-12)), 0.0)); names.append("volume")
-    if config.time_features and T:
-        t = np.asarray(bars.time, dtype=np.int64)
-        days = np.floor_divide(t, NS_PER_DAY)
-        dow = (days + 3) % 7  # 1970-01-01 was a Thursday; Monday = 0
-        cols += [np.sin(2 * np.pi * dow / 7), np.cos(2 * np.pi * dow / 7)]
-        names += ["dow_sin", "dow_cos"]
-        intraday = config.time_of_day if config.time_of_day is not None else bool(T >= 2 and np.median(np.diff(t)) < NS_PER_DAY)
-        if intraday:
-            frac = (t - days * NS_PER_DAY) / NS_PER_DAY
-            cols += [np.sin(2 * np.pi * frac), np.cos(2 * np.pi * frac)]
-            names += ["hod_sin", "hod_cos"]
-    if config.extra:
-        for k in sorted(bars.extra):
-            cols.append(np.asarray(bars.extra[k], dtype=np.float64)); names.append(k)
-    values = np.stack(cols, axis=1) if cols else np.zeros((T, 0))
+        ctx = FeatureContext.of(bars, config)
+        cols = [c for g in config.groups for c in _columns(g, ctx, config)]
+    groups, names = [g for g, _, _ in cols], [n for _, n, _ in cols]
+    for j, (g, n) in enumerate(zip(groups, names)):
+        if n in names[:j]:
+            raise ValueError(f"column {n!r} of feature {g!r} repeats a name of feature {groups[names.index(n)]!r}")
+        want = REGISTERED[g] if g in REGISTERED else _builtin_signed(n, config)
+        if _signed(n, config) != want:
+            raise ValueError(f"return_sign goes by names and would call column {n!r} of feature {g!r} "
+                             f"{'unsigned' if want else 'signed'}; rename it (signed: ret_*, body, close_loc, "
+                             "features.signed_extra and the columns of features registered signed)")
+    values = np.stack([v for _, _, v in cols], axis=1) if cols else np.zeros((T, 0))
     warm = min(config.warmup, T)
     values[:warm] = 0.0
     bad = ~np.isfinite(values)
     if bad.any():
         i, j = np.argwhere(bad)[0]
-        raise ValueError(f"feature {names[j]!r} is not finite at bar {i}; were the bars validated?")
+        raise ValueError(f"feature {names[j]!r} (group {groups[j]!r}) is not finite at bar {i}, after the "
+                         f"{warm}-bar warm-up; were the bars validated?")
     return Features(values=values.astype(np.float32), names=tuple(names), warmup=config.warmup)
 
 
@@ -141,11 +294,12 @@ def return_sign(names, config: FeatureConfig = FeatureConfig()) -> np.ndarray:
     """bool [F]: True for features whose sign follows the market's direction.
 
     Mirroring the market (negating every log price) negates ``ret_<h>``, ``body``,
-    ``close_loc`` and the extras named in ``config.signed_extra``; it leaves volatility, range,
-    volume and time unchanged. The env's directional mirror negates exactly these columns.
+    ``close_loc``, the extras named in ``config.signed_extra`` and the columns of the features of
+    ``config.groups`` registered with ``signed=True``; it leaves volatility, range, volume and time unchanged. The
+    env's directional mirror negates exactly these columns. (It goes by names; :func:`compute`
+    refuses a column it would misread.)
     """
-    signed = {"body", "close_loc", *config.signed_extra}
-    return np.array([n.startswith("ret_") or n in signed for n in names], dtype=bool)
+    return np.array([_signed(n, config) for n in names], dtype=bool)
 
 
 def with_position(x: np.ndarray, position: np.ndarray) -> np.ndarray:

@@ -7,7 +7,8 @@ import pytest
 
 import cudarl.datasets as ds
 from cudarl.data import load
-from cudarl.features import FeatureConfig, Normaliser, compute, ewm_mean, with_position
+from cudarl.config import ConfigError, from_dict
+from cudarl.features import BUILTIN, FeatureConfig, FeatureContext, Normaliser, compute, ewm_mean, return_sign, with_position
 from cudarl.splits import Split, by_date, chronological, walk_forward
 
 
@@ -27,11 +28,8 @@ def perturb_after(bars, t, rng):
                                low=np.minimum(bars.low * scale, np.minimum(o, c)) / wick, volume=vol, extra=extra)
 
 
-@pytest.mark.parametrize("source", ["builtin:regime?n=800", "builtin:eurusd-1h"])
-def test_no_lookahead_changing_bars_after_t_never_changes_features_up_to_t(source, rng):
-    bars = load(source)
-    bars = bars.take(slice(0, 800))
-    config = FeatureConfig(horizons=(1, 3, 10, 50), vol_halflife=20)
+def assert_causal(bars, config, rng):
+    """Changing every bar after t never moves rows 0..t of ``compute(bars, config)``."""
     base = compute(bars, config)
     ts = [0, 1, config.warmup - 1, config.warmup, config.warmup + 1, len(bars) - 2] + rng.integers(0, len(bars) - 1, 10).tolist()
     for t in ts:
@@ -41,6 +39,11 @@ def test_no_lookahead_changing_bars_after_t_never_changes_features_up_to_t(sourc
         assert same.all(), f"bar {t}: features {[base.names[j] for j in np.flatnonzero(~same.all(0))]} moved"
         if t >= config.warmup:  # the perturbation is visible after t, so the check can fail
             assert not np.array_equal(changed.values[t + 1:], base.values[t + 1:])
+
+
+@pytest.mark.parametrize("source", ["builtin:regime?n=800", "builtin:eurusd-1h"])
+def test_no_lookahead_changing_bars_after_t_never_changes_features_up_to_t(source, rng):
+    assert_causal(load(source).take(slice(0, 800)), FeatureConfig(horizons=(1, 3, 10, 50), vol_halflife=20), rng)
 
 
 def test_normaliser_is_fitted_on_train_only_and_round_trips(rng):
@@ -212,3 +215,101 @@ def test_default_groups_are_bit_identical_to_the_compute_before_the_registry(sou
         assert got.values.dtype == want.values.dtype and got.values.tobytes() == want.values.tobytes(), kw
     assert ("hod_sin" in got.names) == (source == "builtin:eurusd-1h")
     assert ("volume" in got.names) == (source != "no volume")
+
+
+def momentum(ctx, config):
+    """A user's feature: ``mom_<h>`` = EW mean of r up to t (half-life h) / sigma_t; signed."""
+    return [(f"mom_{h}", ewm_mean(ctx.r, h) / ctx.sigma) for h in (4, 16)]
+
+
+@pytest.fixture
+def registry(monkeypatch):
+    """cudarl.features with its registry restored after the test."""
+    import cudarl.features as features
+
+    monkeypatch.setattr(features, "FEATURES", dict(features.FEATURES))
+    monkeypatch.setattr(features, "REGISTERED", dict(features.REGISTERED))
+    return features
+
+
+def test_default_groups_are_every_builtin_in_the_order_of_the_columns():
+    assert FeatureConfig().groups == BUILTIN == ("returns", "log_vol", "range", "body", "close_loc", "volume", "time", "extra")
+
+
+def test_selected_groups_give_exactly_their_columns_in_their_order():
+    bars = load("builtin:eurusd-1h").take(slice(0, 1000))
+    full = compute(bars)
+    sub = compute(bars, FeatureConfig(groups=("time", "returns", "volume")))
+    assert sub.names == ("dow_sin", "dow_cos", "hod_sin", "hod_cos", "ret_1", "ret_4", "ret_16", "ret_64", "volume")
+    for j, n in enumerate(sub.names):
+        assert sub.values[:, j].tobytes() == full.values[:, full.names.index(n)].tobytes(), n
+    assert compute(ds.regime(n=300), FeatureConfig(groups=("body", "extra"))).names == ("body", "regime")
+
+
+def test_unknown_repeated_or_no_groups_are_refused_by_name():
+    with pytest.raises(ValueError, match=r"unknown feature group\(s\) \['nope'\]; known: \['returns', 'log_vol', .*'extra'\]"):
+        FeatureConfig(groups=("returns", "nope"))
+    with pytest.raises(ConfigError, match=r"features: unknown feature group\(s\) \['nope'\]"):
+        from_dict({"features": {"groups": ["returns", "nope"]}})
+    for bad in ((), ("body", "body"), "body"):
+        with pytest.raises(ValueError, match="groups"):
+            FeatureConfig(groups=bad)
+
+
+def test_a_registered_feature_is_computed_causal_and_signed(registry, rng):
+    registry.register_feature("mom", momentum, signed=True)
+    registry.register_feature("absret", lambda ctx, config: [("absret", np.abs(ctx.r) / ctx.sigma)])
+    bars = load("builtin:regime?n=800")
+    config = FeatureConfig(groups=BUILTIN + ("mom", "absret"), horizons=(1, 3, 10, 50), vol_halflife=20)
+    f, base = compute(bars, config), compute(bars, dataclasses.replace(config, groups=BUILTIN))
+    assert f.names == base.names + ("mom_4", "mom_16", "absret")
+    assert f.values[:, :len(base.names)].tobytes() == base.values.tobytes()
+    ctx = FeatureContext.of(bars, config)
+    np.testing.assert_array_equal(f.values[config.warmup:, -2], (ewm_mean(ctx.r, 16) / ctx.sigma)[config.warmup:].astype(np.float32))
+    sign = return_sign(f.names, config)
+    assert sign[-3:].tolist() == [True, True, False]
+    np.testing.assert_array_equal(sign[:len(base.names)], return_sign(base.names, config))
+    assert_causal(bars, config, rng)
+
+
+def test_a_registered_feature_of_the_wrong_length_non_finite_or_misnamed_is_refused(registry):
+    bars = ds.regime(n=300)
+    at = np.arange(len(bars))
+
+    def refused(name, fn, match, signed=False):
+        registry.register_feature(name, fn, signed=signed)
+        with pytest.raises(ValueError, match=match):
+            compute(bars, FeatureConfig(groups=("returns", "log_vol", name)))
+
+    refused("short", lambda ctx, config: [("short", ctx.r[1:])], r"feature 'short': column 'short' has shape \(299,\), expected \(300,\)")
+    refused("holes", lambda ctx, config: [("holes", np.where(at == 200, np.nan, ctx.r))],
+            r"feature 'holes' \(group 'holes'\) is not finite at bar 200, after the 64-bar warm-up")
+    refused("other", lambda ctx, config: [("ret_x", ctx.r)], r"column 'ret_x' must be named 'other' or 'other_<suffix>'")
+    refused("log", lambda ctx, config: [("log_x", ctx.r)], r"call column 'log_vol' of feature 'log_vol' signed", signed=True)
+    refused("ret_x", lambda ctx, config: [("ret_x", ctx.r)], r"call column 'ret_x' of feature 'ret_x' signed")
+    refused("pair", lambda ctx, config: [ctx.r], r"feature 'pair' must return \[\(column name, values\)\]")
+    # non-finite rows inside the warm-up are zeroed, like the built-ins' own
+    registry.register_feature("late", lambda ctx, config: [("late", np.where(at < config.warmup, np.nan, 1.0))])
+    f = compute(bars, FeatureConfig(groups=("late",)))
+    assert f.values[:f.warmup].sum() == 0 and np.all(f.values[f.warmup:] == 1)
+    for name, match in (("volume", "built-in"), ("my feature", "identifier")):
+        with pytest.raises(ValueError, match=match):
+            registry.register_feature(name, momentum)
+
+
+def test_a_registered_feature_is_selectable_from_toml_and_set(registry, tmp_path):
+    from cudarl.cli import build_config
+    from cudarl.config import tomllib
+    from cudarl.trainer import prepare_data
+
+    registry.register_feature("mom", momentum, signed=True)
+    (tmp_path / "run.toml").write_text('[features]\ngroups = ["returns", "mom"]\n')
+    cfg, _ = build_config(config_file=tmp_path / "run.toml", device="cpu")
+    assert cfg.features.groups == ("returns", "mom")
+    cfg, _ = build_config(data="builtin:regime?n=1000", sets=["features.groups=[mom, volume]"], device="cpu")
+    assert cfg.features.groups == ("mom", "volume") and from_dict(tomllib.loads(cfg.to_toml())) == cfg
+    prep = prepare_data(cfg)
+    assert prep.names == ("mom_4", "mom_16", "volume") and prep.sign.tolist() == [True, True, False]
+    assert np.all(prep.normaliser.mean[:2] == 0)  # signed columns are scaled, not centred
+    with pytest.raises(ConfigError, match=r"unknown feature group\(s\) \['nope'\]"):
+        build_config(sets=['features.groups=["returns", "nope"]'], device="cpu")
