@@ -55,8 +55,10 @@ def _time(fn, sync, repeats: int) -> float:
     return statistics.median(ts)
 
 
-def step_benchmark(repeats: int = 200, device: str = "gpu", cfg: Config | None = None, bars=None) -> list[dict]:
-    """Median µs per train-graph replay and per collect-graph replay, timed with CUDA events on the GPU."""
+def step_benchmark(repeats: int = 200, device: str = "gpu", cfg: Config | None = None, bars=None, phases: bool = True,
+                   label: str = "") -> list[dict]:
+    """Median µs per train-graph replay and per collect-graph replay, timed with CUDA events on the GPU
+    (and per phase, each captured alone, when ``phases``). ``label`` is appended to the case name."""
     from .trainer import Trainer
 
     cfg = cfg or reference_config(device)
@@ -87,10 +89,10 @@ def step_benchmark(repeats: int = 200, device: str = "gpu", cfg: Config | None =
     else:
         train_us = _time(t.train_graph.replay, t.synchronize, repeats)
         collect_us = _time(t.collect_graph.replay, t.synchronize, repeats)
-    case = f"reference step ({t.be.device})"
+    case = f"reference step ({t.be.device}){label}"
     rows.append({"case": case, "metric": "train step (graph replay)", "value": train_us, "unit": "us", "target": "<= 100 us"})
     rows.append({"case": case, "metric": f"collect step, {cfg.env.n_envs} envs", "value": collect_us, "unit": "us", "target": "<= 50 us"})
-    if t.be.is_gpu:  # per-phase time: each phase captured alone and replayed (it runs its own phase again)
+    if t.be.is_gpu and phases:  # per-phase time: each phase captured alone and replayed (it runs its own phase again)
         for gname, graph in (("train", t.train_graph), ("collect", t.collect_graph)):
             for phase, ms in graph.profile(repeats=max(5, repeats // 10)).items():
                 rows.append({"case": case, "metric": f"{gname} phase {phase}", "value": ms * 1e3, "unit": "us", "target": ""})

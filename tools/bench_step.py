@@ -321,6 +321,8 @@ def main() -> int:
                     help="also run the epoch arm in this process (tools/bench_epoch.py runs it alone)")
     ap.add_argument("--epoch-bars", type=int, default=4_000_000)
     ap.add_argument("--no-torch", action="store_true", help="skip the PyTorch arms and the check")
+    ap.add_argument("--net-variants", action=argparse.BooleanOptionalAction, default=True,
+                    help="also time the step with the other GEMM options (net.gemm, net.tf32)")
     args = ap.parse_args()
     t_start = time.perf_counter()
     rows: list = []
@@ -348,6 +350,14 @@ def main() -> int:
             extra["cudarl_train_step_us"] = ours
         except Exception as exc:
             _failed(rows, "cudarl step_benchmark", exc)
+        if args.net_variants:
+            default_gemm = reference_config().net.gemm
+            for net in ({"gemm": "cublas" if default_gemm == "cublaslt" else "cublaslt"}, {"gemm": "cublaslt", "tf32": True}):
+                label = ", " + ", ".join(f"net.{k}={v}" for k, v in net.items())
+                try:
+                    rows += step_benchmark(repeats=args.repeats, cfg=reference_config("gpu", net=net), phases=False, label=label)
+                except Exception as exc:
+                    _failed(rows, "cudarl step_benchmark" + label, exc)
     torch_us: dict = {}
     if not args.no_torch:
         if not why:
