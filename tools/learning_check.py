@@ -154,6 +154,20 @@ def _gpu_name(device: str) -> str:
     return cupy.cuda.runtime.getDeviceProperties(0)["name"].decode()
 
 
+def mean_spread(values) -> tuple[float, float, int]:
+    """Mean and population spread of the finite values, and how many were not finite (a policy that
+    stayed flat has no returns, so its Sharpe is undefined: NaN)."""
+    finite = [v for v in values if v == v and abs(v) != float("inf")]
+    if not finite:
+        return float("nan"), float("nan"), len(values)
+    return statistics.mean(finite), (statistics.pstdev(finite) if len(finite) > 1 else 0.0), len(values) - len(finite)
+
+
+def summary_text(sh) -> str:
+    m, sd, bad = mean_spread(sh)
+    return f"{m:.2f} ± {sd:.2f}" + (f" ({bad} of {len(sh)} undefined: flat)" if bad else "")
+
+
 def _fmt(x, spec=".2f") -> str:
     return "—" if x is None or x != x else format(x, spec)
 
@@ -180,7 +194,8 @@ def results_markdown(meta: dict, rows: list[dict], failed: list[dict]) -> str:
     for r in rows:
         frac = f"{100 * r['fraction_of_optimum']:.0f}%" if "fraction_of_optimum" in r else ""
         flat = _fmt(r["flat_sharpe"]) if r["flat_sharpe"] == r["flat_sharpe"] else "— (no returns)"
-        out.append(f"| {r['task']} | {r['head']} | {r['seed']} | {r['test_sharpe']:.2f} | {r['buy_and_hold_sharpe']:.2f} | "
+        pol = f"{r['test_sharpe']:.2f}" if r["test_sharpe"] == r["test_sharpe"] else "— (stayed flat)"
+        out.append(f"| {r['task']} | {r['head']} | {r['seed']} | {pol} | {r['buy_and_hold_sharpe']:.2f} | "
                    f"{flat} | {_fmt(r.get('optimal_sharpe'))} | {frac} | {_fmt(r['cost_sweep'].get('2x'))} / "
                    f"{_fmt(r['cost_sweep'].get('3x'))} | {r.get('trades', '')} | {r['wall_s']:.0f} |")
     out += ["", "Mean and spread (population standard deviation) over the seeds:", "",
@@ -190,7 +205,6 @@ def results_markdown(meta: dict, rows: list[dict], failed: list[dict]) -> str:
             rs = [r for r in rows if (r["task"], r["head"]) == (task, head)]
             sh = [r["test_sharpe"] for r in rs]
             c3 = [r["cost_sweep"]["3x"] for r in rs if "3x" in r["cost_sweep"]]
-            spread = statistics.pstdev(sh) if len(sh) > 1 else 0.0
             if task in ACCEPT:
                 what, ok = ACCEPT[task]
                 acc = f"{what}: {'met' if ok(rs) else 'NOT met'}"
@@ -199,9 +213,9 @@ def results_markdown(meta: dict, rows: list[dict], failed: list[dict]) -> str:
                     acc += f" ({fracs})"
             else:
                 acc = "table only"
-            out.append(f"| {task} | {head} | {statistics.mean(sh):.2f} ± {spread:.2f} | "
-                       f"{statistics.mean(r['buy_and_hold_sharpe'] for r in rs):.2f} | "
-                       f"{_fmt(statistics.mean(c3) if c3 else None)} | {acc} |")
+            out.append(f"| {task} | {head} | {summary_text(sh)} | "
+                       f"{mean_spread([r['buy_and_hold_sharpe'] for r in rs])[0]:.2f} | "
+                       f"{_fmt(mean_spread(c3)[0] if c3 else None)} | {acc} |")
     if failed:
         out += ["", "Runs that failed:", ""] + [f"- {r['task']} {r['head']} seed {r['seed']}: {r['error']}" for r in failed]
     out += ["", "## Reading these numbers", "",
@@ -254,18 +268,17 @@ def main() -> int:
     wall = time.perf_counter() - t0
     failed = [r for r in rows if r.get("error")]
     rows = [r for r in rows if not r.get("error")]
-    print("\nsummary (mean and spread over seeds):")
-    for task in dict.fromkeys(r["task"] for r in rows):
-        for head in dict.fromkeys(r["head"] for r in rows if r["task"] == task):
-            sh = [r["test_sharpe"] for r in rows if r["task"] == task and r["head"] == head]
-            spread = statistics.pstdev(sh) if len(sh) > 1 else 0.0
-            print(f"  {task:10s} {head:4s} test Sharpe {statistics.mean(sh):.2f} ± {spread:.2f}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     meta = {"device": device, "quick": args.quick, "seeds": args.seeds, "workers": args.workers, "wall_s": wall,
             "sets": args.set, "commit": _commit(), "gpu": _gpu_name(device), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
             "python": platform.python_version()}
     args.out.write_text(json.dumps({**meta, "rows": rows, "failed": failed}, indent=1, default=float))
-    print(f"wrote {args.out}")
+    print(f"wrote {args.out}")  # before the summary: a crash there must not lose the runs
+    print("\nsummary (mean and spread over seeds):")
+    for task in dict.fromkeys(r["task"] for r in rows):
+        for head in dict.fromkeys(r["head"] for r in rows if r["task"] == task):
+            sh = [r["test_sharpe"] for r in rows if r["task"] == task and r["head"] == head]
+            print(f"  {task:10s} {head:4s} test Sharpe {summary_text(sh)}")
     if args.results_md:
         args.results_md.write_text(results_markdown(meta, rows, failed))
         print(f"wrote {args.results_md}")
