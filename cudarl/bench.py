@@ -26,14 +26,15 @@ def reference_config(device: str = "gpu", capacity: int = 1_000_000, **over) -> 
     return from_dict(d)
 
 
-def reference_bars(n_bars: int = 20_000, n_features: int = 64, seed: int = 0):
-    """Regime bars with extra random columns so the observation has ``n_features`` features + 2."""
+def reference_bars(n_bars: int = 20_000, n_features: int = 64, seed: int = 0, bar_minutes: int = 0):
+    """Regime bars with extra random columns so the observation has ``n_features`` features + 2
+    (``bar_minutes`` > 0 for more bars than daily dates hold, e.g. the 4M-bar epoch)."""
     from .datasets import regime
     from .features import FeatureConfig, compute
 
     # sigma 0.2% (mu 0.04%, the default's signal-to-noise): over 4M bars the default's 1% volatility
     # drags the simulated price to float32 zero (log drift -sigma^2/2 per bar).
-    bars = regime(n=n_bars, seed=seed, mu=0.0004, sigma=0.002)
+    bars = regime(n=n_bars, seed=seed, mu=0.0004, sigma=0.002, bar_minutes=bar_minutes)
     base = len(compute(bars, FeatureConfig()).names)
     rng = np.random.default_rng(seed)
     for k in range(max(0, n_features - base)):

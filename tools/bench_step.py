@@ -278,7 +278,7 @@ def epoch_arm(args, rows, extra) -> None:
 
     case = f"epoch, {args.epoch_bars:,} regime bars"
     t0 = time.perf_counter()
-    bars = reference_bars(args.epoch_bars, n_features=N_FEATURES)
+    bars = reference_bars(args.epoch_bars, n_features=N_FEATURES, bar_minutes=1)  # minute bars: 4M dates fit
     cfg = reference_config("gpu")
     tr = Trainer(cfg, run_dir=False, bars=bars, echo=lambda m: None)
     tr.prime()  # capture both graphs, collect until a batch can be sampled

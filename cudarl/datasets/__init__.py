@@ -40,8 +40,8 @@ REAL = {
 }
 
 #: Defaults of the synthetic sets (one place: the CLI and docs read them from here).
-REGIME_DEFAULTS = {"n": 5000, "seed": 0, "mu": 0.002, "sigma": 0.01, "p": 0.02, "periods_per_year": 252.0}
-RANDOMWALK_DEFAULTS = {"n": 5000, "seed": 0, "sigma": 0.01, "periods_per_year": 252.0}
+REGIME_DEFAULTS = {"n": 5000, "seed": 0, "mu": 0.002, "sigma": 0.01, "p": 0.02, "periods_per_year": 252.0, "bar_minutes": 0}
+RANDOMWALK_DEFAULTS = {"n": 5000, "seed": 0, "sigma": 0.01, "periods_per_year": 252.0, "bar_minutes": 0}
 CANARY_DEFAULTS = {**RANDOMWALK_DEFAULTS, "fill_close": 0}
 START = np.datetime64("2000-01-03", "D")  # a Monday
 
@@ -96,12 +96,25 @@ def business_days(n: int, start=START) -> np.ndarray:
     if n > 0 and d0 + 7 * ((n - 1) // 5) + (n - 1) % 5 > last_day:
         most = 5 * ((last_day - d0) // 7) + min((last_day - d0) % 7 + 1, 5)
         raise ValueError(f"{n} daily bars from {start} run past 2262-04-11, the last date int64 nanoseconds hold; "
-                         f"at most {most} bars")
+                         f"at most {most} bars (or intraday bars: bar_minutes=1)")
     k = np.arange(n, dtype=np.int64)
     return (d0 + 7 * (k // 5) + k % 5) * np.int64(NS_PER_DAY)
 
 
-def _bars_from_returns(name, r, rng, periods_per_year, extra=None) -> Bars:
+def bar_times(n: int, bar_minutes: int = 0, start=START) -> np.ndarray:
+    """int64 ns [n]: business days (``bar_minutes = 0``) or bars every ``bar_minutes`` minutes, around
+    the clock from ``start`` (for series longer than daily dates can hold: 68,425 bars)."""
+    if bar_minutes == 0:
+        return business_days(n, start)
+    if bar_minutes < 0:
+        raise ValueError(f"bar_minutes must be >= 0, got {bar_minutes}")
+    t0, step = int(np.datetime64(start, "ns").astype(np.int64)), int(bar_minutes) * 60 * 10**9
+    if n > 0 and t0 + (n - 1) * step > np.iinfo(np.int64).max:
+        raise ValueError(f"{n} bars of {bar_minutes} minutes from {start} run past 2262-04-11 (int64 nanoseconds)")
+    return t0 + np.arange(n, dtype=np.int64) * np.int64(step)
+
+
+def _bars_from_returns(name, r, rng, periods_per_year, extra=None, bar_minutes=0) -> Bars:
     """OHLCV around a close path ``100 * prod(1 + r)``; ``r[0]`` is ignored (the first close is 100)."""
     n = len(r)
     growth = 1.0 + r
@@ -114,15 +127,16 @@ def _bars_from_returns(name, r, rng, periods_per_year, extra=None) -> Bars:
     high = np.maximum(open_, close) * (1.0 + wick[0])
     low = np.minimum(open_, close) * (1.0 - np.minimum(wick[1], 0.5))
     volume = np.round(rng.lognormal(13.0, 0.3, size=n))
-    return Bars(time=business_days(n), open=open_, high=high, low=low, close=close, volume=volume,
+    return Bars(time=bar_times(n, bar_minutes), open=open_, high=high, low=low, close=close, volume=volume,
                 extra=extra or {}, source=f"builtin:{name}", periods_per_year=periods_per_year,
                 columns={"time": "Date", "open": "Open", "high": "High", "low": "Low", "close": "Close", "volume": "Volume"})
 
 
-def regime(n=5000, seed=0, mu=0.002, sigma=0.01, p=0.02, periods_per_year=252.0) -> Bars:
+def regime(n=5000, seed=0, mu=0.002, sigma=0.01, p=0.02, periods_per_year=252.0, bar_minutes=0) -> Bars:
     """The regime-switching market (module docstring); ``extra["regime"]`` is ``s_t`` (float64 [n]).
 
-    Bars are business days from 2000-01-03; ``periods_per_year`` is recorded on the bars.
+    Bars are business days from 2000-01-03 (``bar_minutes`` > 0: bars that many minutes apart, see
+    :func:`bar_times`); ``periods_per_year`` is recorded on the bars.
     """
     if not (0.0 < p < 1.0) or sigma <= 0 or n < 2:
         raise ValueError("regime needs 0 < p < 1, sigma > 0, n >= 2")
@@ -133,26 +147,27 @@ def regime(n=5000, seed=0, mu=0.002, sigma=0.01, p=0.02, periods_per_year=252.0)
     r = np.empty(n)
     r[0] = 0.0
     r[1:] = mu * s[:-1] + sigma * rng.standard_normal(n - 1)
-    return _bars_from_returns("regime", r, rng, periods_per_year, extra={"regime": s})
+    return _bars_from_returns("regime", r, rng, periods_per_year, extra={"regime": s}, bar_minutes=bar_minutes)
 
 
-def randomwalk(n=5000, seed=0, sigma=0.01, periods_per_year=252.0) -> Bars:
-    """A driftless walk in simple returns, ``R_t = sigma * eps_t``; business days from 2000-01-03."""
+def randomwalk(n=5000, seed=0, sigma=0.01, periods_per_year=252.0, bar_minutes=0) -> Bars:
+    """A driftless walk in simple returns, ``R_t = sigma * eps_t``; business days from 2000-01-03
+    (or bars ``bar_minutes`` apart)."""
     if sigma <= 0 or n < 2:
         raise ValueError("randomwalk needs sigma > 0, n >= 2")
     rng = np.random.default_rng([int(seed), 0xAA1C])
     r = np.empty(n)
     r[0] = 0.0
     r[1:] = sigma * rng.standard_normal(n - 1)
-    return _bars_from_returns("randomwalk", r, rng, periods_per_year)
+    return _bars_from_returns("randomwalk", r, rng, periods_per_year, bar_minutes=bar_minutes)
 
 
-def canary(n=5000, seed=0, sigma=0.01, periods_per_year=252.0, fill_close=0) -> Bars:
+def canary(n=5000, seed=0, sigma=0.01, periods_per_year=252.0, fill_close=0, bar_minutes=0) -> Bars:
     """``randomwalk`` with the leaked column ``next_return`` (module docstring).
 
     ``fill_close`` 0: the env's default fill at the next open; 1: at the next close.
     """
-    bars = randomwalk(n=n, seed=seed, sigma=sigma, periods_per_year=periods_per_year)
+    bars = randomwalk(n=n, seed=seed, sigma=sigma, periods_per_year=periods_per_year, bar_minutes=bar_minutes)
     px = np.asarray(bars.close if fill_close else bars.open, dtype=np.float64)
     leak = np.zeros(len(px))
     leak[:-2] = (px[2:] / px[1:-1] - 1.0) / sigma
