@@ -342,7 +342,7 @@ CPU_DEFAULTS = {
     "net": {"hidden": (64, 64)},
     "agent": {"batch_size": 64, "learning_starts": 500, "eps_steps": 2_000},
     # Fewer updates on the CPU want a larger step: on builtin:regime, 2000 updates, 3 seeds, the
-    # test-split Sharpe was 1.62 at 1e-4, 1.96 at 3e-4, 1.41 at 1e-3 (docs/results.md).
+    # test-split Sharpe was 1.62 at 1e-4, 1.96 at 3e-4, 1.41 at 1e-3 (docs/sweeps.md).
     "optim": {"lr": 3e-4},
     "run": {"steps": 2_000, "eval_every": 500, "log_every": 50},
 }
