@@ -97,6 +97,22 @@ def _overrides(sets: list[str]) -> dict:
     return extra
 
 
+def add_run_args(ap: argparse.ArgumentParser) -> None:
+    """The options every multi-run tool shares (this one and tools/sweep.py)."""
+    ap.add_argument("--seeds", type=int, default=3)
+    ap.add_argument("--device", default="auto", choices=["auto", "gpu", "cpu"])
+    ap.add_argument("--quick", action="store_true", help="CPU-sized budgets")
+    ap.add_argument("--workers", type=int, default=1, help="processes to spread the runs over")
+
+
+def resolve_device(device: str) -> str:
+    from cudarl import backend
+
+    if device == "auto":
+        return "gpu" if backend.cupy_unavailable_reason() is None else "cpu"
+    return device
+
+
 def _run_job(job: dict) -> dict:
     t0 = time.perf_counter()
     try:
@@ -243,19 +259,12 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tasks", default="canary,regime,sp500,nasdaq,eurusd-1h")
     ap.add_argument("--heads", default="c51,iqn")
-    ap.add_argument("--seeds", type=int, default=3)
-    ap.add_argument("--device", default="auto", choices=["auto", "gpu", "cpu"])
-    ap.add_argument("--quick", action="store_true", help="CPU-sized budgets")
+    add_run_args(ap)
     ap.add_argument("--set", action="append", default=[], help="SECTION.FIELD=VALUE applied to every run")
-    ap.add_argument("--workers", type=int, default=1, help="processes to spread the runs over")
     ap.add_argument("--out", type=Path, default=ROOT / "docs" / "bench" / "learning_check.json")
     ap.add_argument("--results-md", type=Path, default=None, help="write the results page (docs/results.md) here")
     args = ap.parse_args()
-    from cudarl import backend
-
-    device = args.device
-    if device == "auto":
-        device = "gpu" if backend.cupy_unavailable_reason() is None else "cpu"
+    device = resolve_device(args.device)
     _overrides(args.set)  # fail on a bad override before anything runs
     jobs = [{"task": task, "head": head, "seed": seed, "device": device, "quick": args.quick, "sets": args.set}
             for task in args.tasks.split(",") for head in args.heads.split(",") for seed in range(args.seeds)]

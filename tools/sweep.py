@@ -46,8 +46,8 @@ def summarise(rows: list[dict]) -> list[dict]:
         sh = [r["test_sharpe"] for r in ok]
         frac = [r["fraction_of_optimum"] for r in ok if "fraction_of_optimum" in r]
         out.append({"variant": key[0], "head": key[1], "sets": rs[0]["sets"], "n": len(ok), "errors": len(rs) - len(ok),
-                    "sharpe_mean": statistics.mean(sh) if sh else float("nan"),
-                    "sharpe_spread": statistics.pstdev(sh) if len(sh) > 1 else 0.0,
+                    "sharpe_mean": learning_check.mean_spread(sh)[0] if sh else float("nan"),
+                    "sharpe_spread": learning_check.mean_spread(sh)[1] if sh else 0.0,
                     "sharpes": sh, "fraction_min": min(frac) if frac else None,
                     "fraction_mean": statistics.mean(frac) if frac else None,
                     "wall_s": statistics.mean(r["wall_s"] for r in rs)})
@@ -70,19 +70,12 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--task", default="regime")
     ap.add_argument("--heads", default="c51")
-    ap.add_argument("--seeds", type=int, default=3)
+    learning_check.add_run_args(ap)
     ap.add_argument("--variant", action="append", default=[], help="NAME[:SECTION.FIELD=VALUE,...] (repeatable)")
-    ap.add_argument("--workers", type=int, default=1)
-    ap.add_argument("--device", default="auto", choices=["auto", "gpu", "cpu"])
-    ap.add_argument("--quick", action="store_true", help="CPU-sized budgets (learning_check --quick)")
     ap.add_argument("--jsonl", type=Path, default=ROOT / "docs" / "bench" / "sweep.jsonl")
     ap.add_argument("--md", type=Path, default=None, help="write the summary table here")
     args = ap.parse_args()
-    from cudarl import backend
-
-    device = args.device
-    if device == "auto":
-        device = "gpu" if backend.cupy_unavailable_reason() is None else "cpu"
+    device = learning_check.resolve_device(args.device)
     variants = [parse_variant(v) for v in (args.variant or ["base"])]
     for _, sets in variants:
         learning_check._overrides(sets)  # fail on a bad override before anything runs

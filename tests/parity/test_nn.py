@@ -343,6 +343,16 @@ def _fwd_bwd(cp, net, x, gq, gp, outs: dict):
     return step
 
 
+def _random_fwd_bwd(cp, rng, net, head, B, outs: dict):
+    """:func:`_fwd_bwd` on a random input and random output gradients (IQN: random taus in the workspace)."""
+    x = cp.asarray(rng.standard_normal((B, 64)).astype(np.float32))
+    if head == "iqn":
+        net.ws.bufs["head.tau"][...] = cp.asarray(rng.uniform(size=(B, 32)).astype(np.float32))
+    gq = cp.asarray(rng.standard_normal(net.forward_shape(B)).astype(np.float32))
+    gp = cp.asarray(rng.standard_normal((B, 2)).astype(np.float32))
+    return _fwd_bwd(cp, net, x, gq, gp, outs)
+
+
 def _rerun_bitwise(cp, run, net, outs: dict, want: dict, what: str) -> None:
     """Poison the gradients and the outputs, ``run()`` (a replay or an eager run), and compare the
     outputs and gradients with ``want`` bit for bit."""
@@ -365,13 +375,8 @@ def test_gpu_qnetwork_graphed_equals_eager_bitwise(cp, rng, head):
 
     B = 512
     gpu = _nets(cp, head, True, B, spectral=("enc.1",))[0]
-    x = cp.asarray(rng.standard_normal((B, 64)).astype(np.float32))
-    if head == "iqn":
-        gpu.ws.bufs["head.tau"][...] = cp.asarray(rng.uniform(size=(B, 32)).astype(np.float32))
-    gq = cp.asarray(rng.standard_normal(gpu.forward_shape(B)).astype(np.float32))
-    gp = cp.asarray(rng.standard_normal((B, 2)).astype(np.float32))
     outs = {}
-    step = _fwd_bwd(cp, gpu, x, gq, gp, outs)
+    step = _random_fwd_bwd(cp, rng, gpu, head, B, outs)
     sn = gpu.linears["enc.1"].sn  # the power iteration advances u at each forward: replay from the same u
     u0, v0 = sn["u"].copy(), sn["v"].copy()
     cp.cuda.Device().synchronize()
@@ -395,13 +400,8 @@ def test_gpu_side_stream_weight_gradients_equal_one_stream_bitwise(cp, rng, head
 
     B = 512
     gpu = _nets(cp, head, layernorm, B)[0]
-    x = cp.asarray(rng.standard_normal((B, 64)).astype(np.float32))
-    if head == "iqn":
-        gpu.ws.bufs["head.tau"][...] = cp.asarray(rng.uniform(size=(B, 32)).astype(np.float32))
-    gq = cp.asarray(rng.standard_normal(gpu.forward_shape(B)).astype(np.float32))
-    gp = cp.asarray(rng.standard_normal((B, 2)).astype(np.float32))
     outs = {}
-    step = _fwd_bwd(cp, gpu, x, gq, gp, outs)
+    step = _random_fwd_bwd(cp, rng, gpu, head, B, outs)
     one = StepGraph(f"nn_one_stream_{head}_{layernorm}", [("fwd_bwd", step)], xp=cp)
     one.run_eager()
     one.synchronize()
