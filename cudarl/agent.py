@@ -221,7 +221,7 @@ class Agent:
         self.loss = xp.zeros(1, np.float32)
         self.grad_norm = xp.zeros(1, np.float32)
         self.adam = Adam(self.online.params, self.online.grads,
-                         schedule=Schedule(o.schedule, o.lr, o.lr_min, o.warmup, o.period, o.mult, o.restart_m_scale),
+                         schedule=Schedule.from_config(o),
                          betas=(o.beta1, o.beta2), eps=o.eps, weight_decay=o.weight_decay,
                          decay_mask=self.online.layout.decay_mask(), max_grad_norm=o.max_grad_norm,
                          grad_norm_out=self.grad_norm, xp=xp)
