@@ -63,6 +63,9 @@ class RunConfig:
     """Learner updates between validation evaluations (0: only at the end)."""
     checkpoint_every: int = 5_000
     """Learner updates between numbered checkpoints (``latest`` is written at each evaluation and at the end)."""
+    keep_best: bool = True
+    """Write ``checkpoints/best.npz`` whenever the validation Sharpe improves (model selection on the
+    validation split; more updates can overfit: docs/sweeps.md)."""
     log_every: int = 100
     """Learner updates between metric rows."""
 

@@ -133,6 +133,7 @@ class Trainer:
                                        stream=stream, xp=xp)
         self.train_graph = StepGraph("train", self.agent.train_phases(self.replay), stream=stream, xp=xp)
         self.stream = self.train_graph.stream
+        self.best = None  # {"step", "sharpe"} of the best validation evaluation (run.keep_best)
         g = cfg.guard
         self.guard = Guard(g.action, g.window, g.spike_factor, g.max_rollbacks)
         self.step = 0  # learner updates done
@@ -261,6 +262,7 @@ class Trainer:
                 pending = None
                 self.evaluate("val")
                 self.save()
+                self._keep_best()
             if cfg.run.checkpoint_every and self.step % cfg.run.checkpoint_every == 0:
                 self._settle(pending)
                 pending = None
@@ -275,11 +277,25 @@ class Trainer:
         result = self.last_evaluation.summary if evaluated else self.evaluate("val")
         if not evaluated:
             self.save()
+            self._keep_best()
         self._write_csv()
         if progress is not None and getattr(self, "_last_row", None) is not None:
             progress(self.step, self._last_row, self.last_eval)  # show the final validation Sharpe
-        self.echo(f"done: {self.step} updates in {time.perf_counter() - t0:.1f} s; run directory {self.run_dir}")
+        best = (f"; best validation Sharpe {_fmt(self.best['sharpe'])} at update {self.best['step']} (checkpoints/best.npz)"
+                if self.best is not None and self.run_dir is not None else "")
+        self.echo(f"done: {self.step} updates in {time.perf_counter() - t0:.1f} s; run directory {self.run_dir}{best}")
         return result
+
+    def _keep_best(self) -> None:
+        """After a validation evaluation: write ``checkpoints/best.npz`` if its Sharpe is the best so far."""
+        sharpe = (self.last_eval or {}).get("sharpe")
+        if not self.cfg.run.keep_best or sharpe is None or not math.isfinite(sharpe):
+            return
+        if self.best is not None and sharpe <= self.best["sharpe"]:
+            return
+        self.best = {"step": self.step, "sharpe": float(sharpe)}
+        self.save(name="best")
+        self._log_row({"event": "best", "split": "val", **self.best})
 
     def _settle(self, pending) -> None:
         if pending is not None:
@@ -389,7 +405,9 @@ class Trainer:
         self.synchronize()
         return {"agent": self.agent.state_dict(), "replay": self.replay.state_dict(), "env": self.env.state_dict(),
                 "guard": self.guard.state_dict(), "normaliser": self.data.normaliser.state_dict(),
-                "trainer": {"step": self.step, "collect_steps": self.collect_steps}}
+                "trainer": {"step": self.step, "collect_steps": self.collect_steps,
+                            "best_step": -1 if self.best is None else self.best["step"],
+                            "best_sharpe": float("nan") if self.best is None else self.best["sharpe"]}}
 
     def load_state_dict(self, s: dict) -> None:
         self.synchronize()
@@ -402,6 +420,8 @@ class Trainer:
             raise ValueError("the checkpoint's feature normaliser differs from this data's: was it trained on other bars?")
         self.step = int(s["trainer"]["step"])
         self.collect_steps = int(s["trainer"]["collect_steps"])
+        best_step = int(s["trainer"].get("best_step", -1))  # absent in checkpoints written before keep_best
+        self.best = None if best_step < 0 else {"step": best_step, "sharpe": float(s["trainer"]["best_sharpe"])}
 
     def save(self, numbered: bool = False, name: str = "latest") -> Path | None:
         """Write ``checkpoints/latest.npz`` (or ``step-<N>.npz``) atomically."""

@@ -59,6 +59,29 @@ def test_run_directory_is_complete(tmp_path):
     assert "sharpe" in t.last_eval and np.isfinite(t.last_eval["sharpe"])
 
 
+def test_best_validation_checkpoint_is_the_argmax_and_survives_resume(tmp_path):
+    import json
+
+    from cudarl import checkpoint as ckpt
+
+    t = Trainer(small(run={"eval_every": 20, "steps": 100}), run_dir=tmp_path / "run", echo=lambda m: None)
+    t.run()
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    evals = [r for r in rows if r.get("event") == "eval" and r["split"] == "val"]
+    assert [r["step"] for r in evals] == [20, 40, 60, 80, 100]
+    best = max(evals, key=lambda r: r["sharpe"])  # first of equals: only a strict improvement moves it
+    assert t.best == {"step": best["step"], "sharpe": best["sharpe"]}
+    assert [r["step"] for r in rows if r.get("event") == "best"][-1] == best["step"]
+    _, info = ckpt.load(tmp_path / "run" / "checkpoints" / "best.npz")
+    assert info["step"] == best["step"]
+    resumed = Trainer.resume(tmp_path / "run" / "checkpoints" / "latest.npz", run_dir=tmp_path / "resumed",
+                             echo=lambda m: None)
+    assert resumed.best == t.best  # a resumed run only replaces best.npz with a better one
+    off = Trainer(small(run={"eval_every": 20, "keep_best": False}), run_dir=tmp_path / "off", echo=lambda m: None)
+    off.run()
+    assert off.best is None and not (tmp_path / "off" / "checkpoints" / "best.npz").exists()
+
+
 @pytest.mark.parametrize("action", ["stop", "rollback"])
 def test_nan_in_the_features_trips_the_guard(action):
     """NaN in the stored features the learner reads gives a NaN loss; the guard acts as configured."""
