@@ -8,16 +8,17 @@ export PYTHONPATH=. PYTHONFAULTHANDLER=1
 . tools/mps.sh
 mps_start
 LIMIT=${SWEEP_LIMIT_S:-500}
-N="data.source=builtin:regime?n=200000"
+# Sweep 4 (the parameters issue 8 names that sweeps 1-3 did not reach), at the 10k-update default.
 timeout "$LIMIT" python3 tools/sweep.py --task regime --heads iqn --seeds 3 --workers "${IQN_WORKERS:-5}" \
   --jsonl "$OUT/sweep_iqn.jsonl" --md "$OUT/sweep_iqn.md" \
-  --variant "n200k:$N" --variant "n200k-upc2:$N,agent.updates_per_collect=2" \
-  --variant "steps10k:run.steps=10000" > "$OUT/sweep_iqn.log" 2>&1 &
+  --variant base --variant "b256:agent.batch_size=256" --variant "h128:net.hidden=[128,128]" \
+  --variant "nopopart:agent.popart=false" --variant "upc2:agent.updates_per_collect=2" > "$OUT/sweep_iqn.log" 2>&1 &
 timeout "$LIMIT" python3 tools/sweep.py --task regime --heads c51 --seeds 3 --workers "${C51_WORKERS:-6}" \
   --jsonl "$OUT/sweep_c51.jsonl" --md "$OUT/sweep_c51.md" \
-  --variant "n200k:$N" --variant "n200k-upc2:$N,agent.updates_per_collect=2" \
-  --variant "n200k-upc4:$N,agent.updates_per_collect=4" --variant "n200k-h128:$N,net.hidden=[128,128]" \
-  --variant "steps10k:run.steps=10000" --variant "steps5k:run.steps=5000" \
+  --variant base --variant "b256:agent.batch_size=256" --variant "b1024:agent.batch_size=1024" \
+  --variant "h128:net.hidden=[128,128]" --variant "h512:net.hidden=[512,512]" \
+  --variant "eps2k:agent.eps_steps=2000" --variant "eps20k:agent.eps_steps=20000" \
+  --variant "nopopart:agent.popart=false" --variant "upc2:agent.updates_per_collect=2" \
   > "$OUT/sweep_c51.log" 2>&1
 wait
 mps_stop
