@@ -157,9 +157,9 @@ class NetConfig:
     gemm: str = "cublaslt"
     """Forward GEMM of the linear layers (GPU): ``cublas`` (GEMM, then the bias/activation kernel) or
     ``cublaslt`` (one cuBLASLt GEMM with the bias and ReLU fused into its epilogue; sigmoid layers keep
-    the kernel). Same math: on an H200 (docs/gpu-report.md) the reference network's logits were
-    bitwise equal and forward + backward + Adam took 87.8 us against 93.0 us with ``cublas``;
-    ``tools/bench_nets.py`` and ``tools/bench_step.py`` time both."""
+    the kernel). Same math (the reference network's logits were bitwise equal on an H200) and the
+    faster of the two there: ``tools/bench_nets.py`` and ``tools/bench_step.py`` time both, and
+    docs/gpu-report.md has the numbers."""
 
     def __post_init__(self):
         s = "net"

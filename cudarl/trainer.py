@@ -29,6 +29,7 @@ import numpy as np
 from . import __version__
 from . import backend as _backend
 from . import checkpoint as ckpt
+from .atomic import atomic_link
 from .agent import PUBLISH_SLOTS, Agent
 from .config import Config, from_dict
 from .data import load as load_bars
@@ -261,8 +262,7 @@ class Trainer:
                 self._settle(pending)
                 pending = None
                 self.evaluate("val")
-                self.save()
-                self._keep_best()
+                self._save_evaluated()
             if cfg.run.checkpoint_every and self.step % cfg.run.checkpoint_every == 0:
                 self._settle(pending)
                 pending = None
@@ -276,8 +276,7 @@ class Trainer:
                      and self.last_eval.get("split") == "val" and self.last_evaluation is not None)
         result = self.last_evaluation.summary if evaluated else self.evaluate("val")
         if not evaluated:
-            self.save()
-            self._keep_best()
+            self._save_evaluated()
         self._write_csv()
         if progress is not None and getattr(self, "_last_row", None) is not None:
             progress(self.step, self._last_row, self.last_eval)  # show the final validation Sharpe
@@ -286,16 +285,18 @@ class Trainer:
         self.echo(f"done: {self.step} updates in {time.perf_counter() - t0:.1f} s; run directory {self.run_dir}{best}")
         return result
 
-    def _keep_best(self) -> None:
-        """After a validation evaluation: write ``checkpoints/best.npz`` if its Sharpe is the best so far."""
+    def _save_evaluated(self) -> None:
+        """After a validation evaluation: write ``latest``, and if its Sharpe is the best so far
+        (``run.keep_best``), make ``best.npz`` the same file (a link, not a second serialisation)."""
         sharpe = (self.last_eval or {}).get("sharpe")
-        if not self.cfg.run.keep_best or sharpe is None or not math.isfinite(sharpe):
-            return
-        if self.best is not None and sharpe <= self.best["sharpe"]:
-            return
-        self.best = {"step": self.step, "sharpe": float(sharpe)}
-        self.save(name="best")
-        self._log_row({"event": "best", "split": "val", **self.best})
+        improved = (self.cfg.run.keep_best and sharpe is not None and math.isfinite(sharpe)
+                    and (self.best is None or sharpe > self.best["sharpe"]))
+        if improved:  # before the save, so the checkpoint carries its own best record
+            self.best = {"step": self.step, "sharpe": float(sharpe)}
+        latest = self.save()
+        if improved and latest is not None:
+            atomic_link(latest, latest.with_name("best.npz"))
+            self._log_row({"event": "best", "split": "val", **self.best})
 
     def _settle(self, pending) -> None:
         if pending is not None:

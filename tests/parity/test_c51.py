@@ -589,21 +589,20 @@ def test_gpu_c51_step_is_bitwise_repeatable_and_graphed_equals_eager(cp, rng):
     g.run_eager()
     g.synchronize()
     first = {k: v.get() for k, v in outs.items()}
-    for v in outs.values():
-        poison(v)
-    cp.cuda.Device().synchronize()  # the poison runs on the default stream, the graph on its own
-    g.run_eager()
-    g.synchronize()
-    for k, v in outs.items():
-        assert_bitwise(v, first[k], what=f"eager rerun {k}")
+    _poisoned_run_equals(cp, g, g.run_eager, outs, first, "eager rerun")
     g.capture()
+    _poisoned_run_equals(cp, g, g.replay, outs, first, "graphed")
+
+
+def _poisoned_run_equals(cp, g, run, outs: dict, first: dict, what: str) -> None:
+    """Poison every output, ``run()`` graph ``g`` (eagerly or a replay), compare with ``first`` bit for bit."""
     for v in outs.values():
         poison(v)
     cp.cuda.Device().synchronize()  # the poison runs on the default stream, the graph on its own
-    g.replay()
+    run()
     g.synchronize()
     for k, v in outs.items():
-        assert_bitwise(v, first[k], what=f"graphed {k}")
+        assert_bitwise(v, first[k], what=f"{what} {k}")
 
 
 @pytest.mark.gpu

@@ -445,6 +445,22 @@ def test_gpu_insert_graphed_equals_eager_and_the_twin(cp, rng):
     assert graphed.added() == 29 * E
 
 
+def _replays_equal_eager_runs(eager, graphed, bufs, B, steps: int = 5) -> None:
+    """Capture ``graphed``; ``steps`` times run ``eager`` and replay ``graphed`` and compare the sampled
+    indices, weights, qsel and gathered batch of ``bufs[0]`` (eager) and ``bufs[1]`` (graphed) bit for bit."""
+    graphed.capture()
+    for k in range(steps):
+        eager.run_eager()
+        graphed.replay()
+        eager.synchronize()
+        graphed.synchronize()
+        out_e, out_g = bufs[0]._batches[B], bufs[1]._batches[B]
+        for name, x, y in zip(("indices", "weights", "qsel"), out_g[:3], out_e[:3]):
+            assert_bitwise(x, y, what=f"step {k} {name}")
+        for name, x, y in zip(out_e[3]._fields, out_g[3], out_e[3]):
+            assert_bitwise(x, y, what=f"step {k} gather {name}")
+
+
 def _graph_step(buf, B, td):
     def step():
         idx, _ = buf.sample(B)
@@ -506,17 +522,7 @@ def test_gpu_graphed_equals_eager_bitwise(cp, rng):
     cp.cuda.Device().synchronize()
     eager = StepGraph("replay_eager_twin", [("per", _graph_step(bufs[0], B, td))], xp=cp)
     graphed = StepGraph("replay_graphed", [("per", _graph_step(bufs[1], B, td))], xp=cp)
-    graphed.capture()
-    for k in range(5):
-        eager.run_eager()
-        graphed.replay()
-        eager.synchronize()
-        graphed.synchronize()
-        out_e, out_g = bufs[0]._batches[B], bufs[1]._batches[B]
-        for name, x, y in zip(("indices", "weights", "qsel"), out_g[:3], out_e[:3]):
-            assert_bitwise(x, y, what=f"step {k} {name}")
-        for name, x, y in zip(out_e[3]._fields, out_g[3], out_e[3]):
-            assert_bitwise(x, y, what=f"step {k} gather {name}")
+    _replays_equal_eager_runs(eager, graphed, bufs, B)
     assert_bitwise(bufs[1].bufs.tree, bufs[0].bufs.tree, what="tree")
     assert_bitwise(bufs[1]._scalars.buffer, bufs[0]._scalars.buffer, what="counters")
 
@@ -803,17 +809,7 @@ def test_gpu_store_next_obs_graphed_equals_eager_bitwise(cp, rng):
 
     eager = StepGraph("replay_next_eager_twin", [("per", step(bufs[0]))], xp=cp)
     graphed = StepGraph("replay_next_graphed", [("per", step(bufs[1]))], xp=cp)
-    graphed.capture()
-    for k in range(5):
-        eager.run_eager()
-        graphed.replay()
-        eager.synchronize()
-        graphed.synchronize()
-        out_e, out_g = bufs[0]._batches[B], bufs[1]._batches[B]
-        for name, x, y in zip(("indices", "weights", "qsel"), out_g[:3], out_e[:3]):
-            assert_bitwise(x, y, what=f"step {k} {name}")
-        for name, x, y in zip(out_e[3]._fields, out_g[3], out_e[3]):
-            assert_bitwise(x, y, what=f"step {k} gather {name}")
+    _replays_equal_eager_runs(eager, graphed, bufs, B)
     assert int(bufs[1]._scalars.get("added")) == 2400 + 5 * E
     for name in ("tree", "obs", "next_obs", "action", "reward", "discount"):
         assert_bitwise(getattr(bufs[1].bufs, name), getattr(bufs[0].bufs, name), what=name)

@@ -34,16 +34,22 @@ def test_same_seed_runs_are_bitwise_identical(tmp_path):
     assert c.losses != a.losses
 
 
-def test_resume_continues_exactly(tmp_path):
-    full = Trainer(small(), run_dir=tmp_path / "full", echo=lambda m: None)
+def resumed_and_uninterrupted(cfg, tmp_path):
+    """A run of 100 updates, and one stopped at 50, saved, resumed from that checkpoint and run to 100."""
+    full = Trainer(cfg, run_dir=tmp_path / "full", echo=lambda m: None)
     full.run(100)
-    half = Trainer(small(), run_dir=tmp_path / "half", echo=lambda m: None)
+    half = Trainer(cfg, run_dir=tmp_path / "half", echo=lambda m: None)
     half.run(50)
     path = half.save(numbered=True)
     resumed = Trainer.resume(path, run_dir=tmp_path / "resumed", echo=lambda m: None)
     assert resumed.step == 50
     resumed.run(100)
     assert resumed.losses == full.losses[50:100]  # the next 50 losses, bit for bit
+    return resumed, full
+
+
+def test_resume_continues_exactly(tmp_path):
+    resumed, full = resumed_and_uninterrupted(small(), tmp_path)
     np.testing.assert_array_equal(resumed.agent.online.params, full.agent.online.params)
 
 
@@ -72,8 +78,9 @@ def test_best_validation_checkpoint_is_the_argmax_and_survives_resume(tmp_path):
     best = max(evals, key=lambda r: r["sharpe"])  # first of equals: only a strict improvement moves it
     assert t.best == {"step": best["step"], "sharpe": best["sharpe"]}
     assert [r["step"] for r in rows if r.get("event") == "best"][-1] == best["step"]
-    _, info = ckpt.load(tmp_path / "run" / "checkpoints" / "best.npz")
-    assert info["step"] == best["step"]
+    state, info = ckpt.load(tmp_path / "run" / "checkpoints" / "best.npz")
+    assert info["step"] == best["step"]  # later writes of latest.npz left it alone
+    assert int(state["trainer"]["best_step"]) == best["step"]  # it carries its own best record
     resumed = Trainer.resume(tmp_path / "run" / "checkpoints" / "latest.npz", run_dir=tmp_path / "resumed",
                              echo=lambda m: None)
     assert resumed.best == t.best  # a resumed run only replaces best.npz with a better one
@@ -130,14 +137,7 @@ def test_gpu_graphed_step_equals_eager_step():
 
 @pytest.mark.gpu
 def test_gpu_resume_continues_exactly(tmp_path):
-    full = Trainer(gpu_small(), run_dir=tmp_path / "full", echo=lambda m: None)
-    full.run(100)
-    half = Trainer(gpu_small(), run_dir=tmp_path / "half", echo=lambda m: None)
-    half.run(50)
-    path = half.save(numbered=True)
-    resumed = Trainer.resume(path, run_dir=tmp_path / "resumed", echo=lambda m: None)
-    resumed.run(100)
-    assert resumed.losses == full.losses[50:100]
+    resumed_and_uninterrupted(gpu_small(), tmp_path)
 
 
 @pytest.mark.gpu
