@@ -305,8 +305,12 @@ def _bad_calls(rng):
 @pytest.mark.parametrize("case", list(_bad_calls(np.random.default_rng(0))))
 def test_bad_input_raises_naming_the_argument_and_changes_nothing(rng, case):
     name, call = _bad_calls(rng)[case]
-    r = _cpu(64)
-    r.add(*_rows(rng, 20, 3))
+    _refused_and_unchanged(rng, _cpu(64), _rows(rng, 20, 3), name, call, case)
+
+
+def _refused_and_unchanged(rng, r, rows, name, call, case) -> None:
+    """Fill ``r`` with ``rows`` and some priorities; ``call(r)`` must raise naming ``name`` and change nothing."""
+    r.add(*rows)
     r.update_priorities(np.arange(10, dtype=np.int32), rng.standard_normal(10).astype(np.float32))
     before = r.state_dict()
     with pytest.raises(ValueError, match=name):
@@ -345,13 +349,7 @@ def test_gpu_stream_of_add_sample_update_matches_the_twin(cp, rng, C, D, n, E, B
         gpu.add(cp.asarray(o), cp.asarray(a), cp.asarray(rew), cp.asarray(d))
         if cpu.ready() < B:
             continue
-        ic, wc = cpu.sample(B)
-        ig, wg = gpu.sample(B)
-        assert_parity(ig, ic, what=f"indices at step {step}")
-        assert_parity(wg, wc, rtol=1e-6, what=f"weights at step {step}")
-        bc, bg = cpu.gather(ic), gpu.gather(ig)
-        for name, x, y in zip(bc._fields, bg, bc):
-            assert_bitwise(x, y, what=f"gather {name} at step {step}")
+        ic, bc = _samples_agree(cpu, gpu, B, step)
         td = (rng.standard_normal(B) * rng.pareto(1.0, B)).astype(np.float32)
         upd = ic.copy()
         upd[: B // 4] = upd[B // 4 : B // 2]  # duplicates: the later occurrence must win
@@ -443,6 +441,19 @@ def test_gpu_insert_graphed_equals_eager_and_the_twin(cp, rng):
             for r in (graphed, eager, cpu):
                 r.clear_status()
     assert graphed.added() == 29 * E
+
+
+def _samples_agree(cpu, gpu, B, step):
+    """Sample ``B`` rows from the twin and the GPU buffer: indices equal, weights to 1e-6, gathered
+    batches bit for bit. Returns the twin's indices and batch."""
+    ic, wc = cpu.sample(B)
+    ig, wg = gpu.sample(B)
+    assert_bitwise(ig, ic, what=f"indices at step {step}")
+    assert_parity(wg, wc, rtol=1e-6, what=f"weights at step {step}")
+    bc, bg = cpu.gather(ic), gpu.gather(ig)
+    for name, x, y in zip(bc._fields, bg, bc):
+        assert_bitwise(x, y, what=f"gather {name} at step {step}")
+    return ic, bc
 
 
 def _replays_equal_eager_runs(eager, graphed, bufs, B, steps: int = 5) -> None:
@@ -683,16 +694,7 @@ def _filled_default(r):
 @pytest.mark.parametrize("case", list(_bad_next_calls(np.random.default_rng(0))))
 def test_store_next_obs_bad_input_raises_naming_the_argument_and_changes_nothing(rng, case):
     name, call = _bad_next_calls(rng)[case]
-    r = _cpu(64, store_next_obs=True)
-    r.add(*_rows_next(rng, 20, 3))
-    r.update_priorities(np.arange(10, dtype=np.int32), rng.standard_normal(10).astype(np.float32))
-    before = r.state_dict()
-    with pytest.raises(ValueError, match=name):
-        call(r)
-    after = r.state_dict()
-    for k in before:
-        assert np.array_equal(before[k], after[k]), f"{case}: {k} changed"
-    _check_invariants(r)
+    _refused_and_unchanged(rng, _cpu(64, store_next_obs=True), _rows_next(rng, 20, 3), name, call, case)
 
 
 def test_next_obs_is_refused_by_a_buffer_that_does_not_store_it(rng):
@@ -761,13 +763,7 @@ def test_gpu_store_next_obs_stream_matches_the_twin(cp, rng, C, D, E, B, add_row
         assert gpu.ready() == cpu.ready() == min(cpu.added(), C)
         if cpu.ready() < B:
             continue
-        ic, wc = cpu.sample(B)
-        ig, wg = gpu.sample(B)
-        assert_bitwise(ig, ic, what=f"indices at step {step}")
-        assert_parity(wg, wc, rtol=1e-6, what=f"weights at step {step}")
-        bc, bg = cpu.gather(ic), gpu.gather(ig)
-        for name, x, y in zip(bc._fields, bg, bc):
-            assert_bitwise(x, y, what=f"gather {name} at step {step}")
+        ic, bc = _samples_agree(cpu, gpu, B, step)
         assert_bitwise(bc.next_obs[:, :D], cpu.bufs.next_obs[ic], what="next_obs is the stored ring")
         td = (rng.standard_normal(B) * rng.pareto(1.0, B)).astype(np.float32)
         cpu.update_priorities(ic, td)
