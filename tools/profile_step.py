@@ -1,0 +1,117 @@
+#!/usr/bin/env python3
+"""Per-kernel GPU times of one train-graph replay or one collect-graph replay of the reference
+workload (DESIGN.md), read with Nsight Compute: where the step's time goes, kernel by kernel.
+
+Two modes:
+
+* ``--graph train|collect`` (under ``ncu``): builds the reference trainer, captures, fills the replay,
+  replays the graph 10 times, then replays it once between ``cudaProfilerStart``/``Stop``::
+
+    ncu --profile-from-start off --clock-control none --cache-control none --csv --page raw \\
+        --print-units base --metrics gpu__time_duration.sum,launch__grid_size,launch__block_size,\\
+launch__registers_per_thread python3 tools/profile_step.py --graph train [--set net.gemm=cublas] > train.csv
+
+* ``--summarize train.csv [collect.csv ...]``: one table per file, the kernels in launch order with
+  their time, grid, block and registers, then the sum of kernel times and the kernels grouped by
+  name. The sum of the kernel times against the replay's wall time (``tools/bench_step.py``) says how
+  much of the step is kernels and how much is the gaps between nodes. Writes JSON with ``--out``.
+
+ncu runs every kernel alone (serialised, caches left warm with ``--cache-control none``), so
+parallel graph branches are not overlapped here: the sum is the work, not the critical path.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+METRICS = ("gpu__time_duration.sum", "launch__grid_size", "launch__block_size", "launch__registers_per_thread")
+
+
+def profile(graph_name: str, sets: list[str]) -> None:
+    import cupy
+
+    from cudarl.bench import reference_bars, reference_config
+    from cudarl.trainer import Trainer
+
+    over: dict = {}
+    for s in sets:
+        key, _, val = s.partition("=")
+        sec, _, name = key.partition(".")
+        over.setdefault(sec, {})[name] = json.loads(val) if val[:1] in "[{0123456789-tf" else val
+    t = Trainer(reference_config("gpu", **over), run_dir=False, bars=reference_bars(), echo=lambda m: None)
+    t._capture()
+    while t._ready_rows() < t.cfg.agent.batch_size:
+        t.collect_graph.replay()
+        t.collect_steps += 1
+    graph = t.train_graph if graph_name == "train" else t.collect_graph
+    for _ in range(10):
+        graph.replay()
+    t.synchronize()
+    cupy.cuda.runtime.profilerStart()
+    graph.replay()
+    t.synchronize()
+    cupy.cuda.runtime.profilerStop()
+
+
+def read_csv(path: Path) -> list[dict]:
+    """ncu's raw CSV (a units row after the header; ncu's own log lines before it are skipped)."""
+    lines = path.read_text().splitlines()
+    start = next(i for i, ln in enumerate(lines) if ln.startswith('"ID"'))
+    rows = list(csv.DictReader(lines[start:]))
+    kernels = []
+    for r in rows:
+        try:
+            ns = float(r["gpu__time_duration.sum"])
+        except (KeyError, ValueError):
+            continue  # the units row
+        kernels.append({"id": int(r["ID"]), "name": r["Kernel Name"], "us": ns / 1e3,
+                        "grid": r.get("launch__grid_size", ""), "block": r.get("launch__block_size", ""),
+                        "regs": r.get("launch__registers_per_thread", "")})
+    return kernels
+
+
+def summarize(paths: list[Path], out: Path | None) -> None:
+    result = {}
+    for p in paths:
+        ks = read_csv(p)
+        total = sum(k["us"] for k in ks)
+        print(f"\n== {p.name}: {len(ks)} kernels, {total:.1f} us of kernel time (serialised)")
+        print(f"{'#':>3} {'us':>7} {'grid':>7} {'block':>5} {'regs':>4}  kernel")
+        for i, k in enumerate(ks):
+            print(f"{i:>3} {k['us']:7.2f} {k['grid']:>7} {k['block']:>5} {k['regs']:>4}  {k['name'][:110]}")
+        by = defaultdict(lambda: [0, 0.0])
+        for k in ks:
+            by[k["name"][:80]][0] += 1
+            by[k["name"][:80]][1] += k["us"]
+        print("-- by kernel name")
+        for name, (n, us) in sorted(by.items(), key=lambda kv: -kv[1][1]):
+            print(f"{us:8.2f} us {n:>3} x  {name}")
+        result[p.name] = {"kernels": ks, "total_us": total}
+    if out:
+        out.write_text(json.dumps(result, indent=1))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--graph", choices=("train", "collect"))
+    ap.add_argument("--set", action="append", default=[], help="config override SECTION.KEY=VALUE (JSON values)")
+    ap.add_argument("--summarize", nargs="+", type=Path)
+    ap.add_argument("--out", type=Path)
+    args = ap.parse_args()
+    if args.summarize:
+        summarize(args.summarize, args.out)
+    elif args.graph:
+        profile(args.graph, args.set)
+    else:
+        ap.error("give --graph (under ncu) or --summarize")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
