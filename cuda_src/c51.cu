@@ -63,8 +63,35 @@ __device__ __forceinline__ int next_probs_row(const float* online, const float* 
   return best;
 }
 
+// One source atom j of a projection: the atom l_j below r + d z_j and the shares of p_j that go
+// to l_j and l_j + 1 (see cudarl_c51_project). j >= K gives l = -2, which matches no atom.
+struct Share {
+  int l;
+  float lo, hi;
+};
+
+__device__ __forceinline__ Share share_of(const float* p, float r, float d, const float* support, int j, int K,
+                                          float v_min, float v_max, float dz) {
+  Share s{-2, 0.f, 0.f};
+  if (j < K) {
+    const float tz = fminf(fmaxf(r + d * support[j], v_min), v_max);
+    const float g = fminf(fmaxf((tz - v_min) / dz, 0.f), (float)(K - 1));
+    const float lo = floorf(g);
+    const float f = g - lo;
+    const float pj = p[j];
+    s.l = (int)lo;
+    s.lo = pj * (1.f - f);
+    s.hi = pj * f;
+  }
+  return s;
+}
+
 // Projection of r + d z with next probabilities p onto the support, one sample by one warp (see
-// cudarl_c51_project): the lane writes out[i] for i = lane, lane + 32, ...
+// cudarl_c51_project): the lane writes out[i] for i = lane, lane + 32, ... Each source atom's
+// share is computed once, by lane j % 32, and broadcast with shuffles, so every lane adds the
+// shares that land on its atom in j order (the twin's np.add.at order) at a few instructions per
+// j; the former form recomputed the division for every (i, j) pair and took 30 us of the
+// reference step (ncu, docs/perf-notes.md). All lanes reach every shuffle (whole warps only).
 __device__ __forceinline__ void project_row(const float* p, float r, float d, const float* support, float* out, int K,
                                             int lane) {
   const float v_min = support[0], v_max = support[K - 1];
@@ -73,18 +100,21 @@ __device__ __forceinline__ void project_row(const float* p, float r, float d, co
     for (int i = lane; i < K; i += C51_WARP) out[i] = __int_as_float(0x7fc00000);
     return;
   }
-  for (int i = lane; i < K; i += C51_WARP) {
+  for (int i0 = 0; i0 < K; i0 += C51_WARP) {
+    const int i = i0 + lane;
     float acc = 0.f;
-    for (int j = 0; j < K; ++j) {
-      const float tz = fminf(fmaxf(r + d * support[j], v_min), v_max);
-      const float g = fminf(fmaxf((tz - v_min) / dz, 0.f), (float)(K - 1));
-      const float lo = floorf(g);
-      const float f = g - lo;
-      const int l = (int)lo;
-      if (l == i) acc += p[j] * (1.f - f);
-      else if (l + 1 == i) acc += p[j] * f;
+    for (int j0 = 0; j0 < K; j0 += C51_WARP) {
+      const Share sh = share_of(p, r, d, support, j0 + lane, K, v_min, v_max, dz);
+      const int n = K - j0 < C51_WARP ? K - j0 : C51_WARP;
+      for (int t = 0; t < n; ++t) {
+        const int l = __shfl_sync(0xffffffffu, sh.l, t);
+        const float lo = __shfl_sync(0xffffffffu, sh.lo, t);
+        const float hi = __shfl_sync(0xffffffffu, sh.hi, t);
+        if (l == i) acc += lo;
+        else if (l + 1 == i) acc += hi;
+      }
     }
-    out[i] = acc;
+    if (i < K) out[i] = acc;
   }
 }
 
@@ -154,9 +184,10 @@ extern "C" __global__ void cudarl_c51_next_probs(const float* __restrict__ onlin
 // An atom exactly on the grid has f_j = 0 and puts all its mass on l_j (no mass lost).
 // A non-finite r or d gives a NaN row (clipping would turn NaN into v_min and hide it from the
 // guard; the seed system's silent failures are what this prevents).
-// Threads: one warp per sample; lane owns output atoms i = lane, lane+32, ... and sums over
-// j = 0..K-1 in order (no scatter, no atomics). Reads K probs + 2 floats + K support per sample
-// (re-read per lane from cache); writes K floats. O(K^2 / 32) flops per lane.
+// Threads: one warp per sample; lane owns output atoms i = lane, lane+32, ... and sums the shares
+// of j = 0..K-1 in order (no scatter, no atomics); each share is computed once and broadcast by
+// shuffle. Reads K probs + 2 floats + K support per sample; writes K floats. O(K^2 / 32) shuffles
+// and compares per lane, O(K / 32) divisions.
 extern "C" __global__ void cudarl_c51_project(const float* __restrict__ probs, const float* __restrict__ r_t,
                                               const float* __restrict__ discount_t, const float* __restrict__ support,
                                               float* __restrict__ out, int B, int K) {

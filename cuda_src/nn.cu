@@ -54,7 +54,11 @@ extern "C" __global__ void cudarl_nn_bias_act_forward(const float* y, const floa
 // dz = dout * act'(out); dbias[c] = sum_r dz[r, c].
 // block (32, 32), grid.x = ceil(cols / 32): thread (tx, ty) owns column 32*bx + tx and rows
 // ty, ty + 32, ... in ascending order. Reads 8*rows*cols bytes, writes 4*rows*cols + 4*cols.
-// dz may alias dout (each element is read then written by the same thread).
+// dz may alias dout (each element is read then written by the same thread), so the compiler may
+// not move a load above an earlier store: the rows are read BAB_CHUNK at a time, all loads of a
+// chunk before its stores, or each row costs a full memory round trip (ncu: ~5.8 us per launch
+// of 512 x 256, docs/perf-notes.md). The sum is over rows in the same ascending order.
+#define BAB_CHUNK 8
 extern "C" __global__ void cudarl_nn_bias_act_backward(const float* dout, const float* out, float* dz,
                                                        float* dbias, i64 rows, i64 cols, int act) {
   __shared__ float sh[32][33];
@@ -62,11 +66,21 @@ extern "C" __global__ void cudarl_nn_bias_act_backward(const float* dout, const 
   const i64 c = (i64)blockIdx.x * 32 + tx;
   float acc = 0.f;
   if (c < cols) {
-    for (i64 r = ty; r < rows; r += 32) {
-      const i64 i = r * cols + c;
-      const float g = act_bwd(dout[i], out[i], act);
-      dz[i] = g;
-      acc += g;
+    for (i64 r0 = ty; r0 < rows; r0 += 32 * BAB_CHUNK) {
+      float g[BAB_CHUNK];
+#pragma unroll
+      for (int u = 0; u < BAB_CHUNK; ++u) {
+        const i64 r = r0 + 32 * u;
+        g[u] = r < rows ? act_bwd(dout[r * cols + c], out[r * cols + c], act) : 0.f;
+      }
+#pragma unroll
+      for (int u = 0; u < BAB_CHUNK; ++u) {
+        const i64 r = r0 + 32 * u;
+        if (r < rows) {
+          dz[r * cols + c] = g[u];
+          acc += g[u];
+        }
+      }
     }
   }
   sh[ty][tx] = acc;

@@ -5,10 +5,13 @@ that :class:`cudarl.graph.StepGraph` captures (GPU) or runs in order (NumPy)::
 
     collect: act (expected Q of the online net, device epsilon, epsilon-greedy)
              - env_step (record the transition, step, reset ended episodes) - replay_insert
-    train:   sample - gather - forward (online s and s' | target s', in parallel) - targets (double
-             DQN, projection or quantile targets) - loss (+ gradient wrt the outputs) -
-             priorities (a parallel branch to the end) - backward (dx chain | weight gradients, in
-             parallel) - adam (gradient norm, clip, update) - target_update - publish
+    train:   schedules (lr and tau: a parallel branch, joined by loss) - sample (the search; the
+             importance weights on that branch) - gather -
+             forward (online s and s' | target s', in parallel) - targets (double DQN, projection
+             or quantile targets) - loss (+ gradient wrt the outputs) - priorities (a parallel
+             branch to the end) - backward (dx chain | weight gradients, in parallel) - adam
+             (gradient norm and clip; then the update | the publish of loss and gradient norm to
+             the host ring, in parallel) - target_update
 
 On the GPU "in parallel" means a :class:`cudarl.graph.SideStream`: a branch of the captured graph
 that runs beside the main chain (same kernels and inputs, so the same bits as one stream).
@@ -246,6 +249,10 @@ class Agent:
         from .graph import SideStream
 
         self.side, self.side_priorities = SideStream(xp), SideStream(xp)
+        #: small kernels nothing on the chain waits for at once: the schedules (lr, tau), the replay's
+        #: importance weights (joined by the loss) and the publish (beside Adam's update); each is a
+        #: graph node of ~1 us or more on the chain otherwise (tools/profile_step.py)
+        self.side_small = SideStream(xp)
         self.online.set_side_stream(self.side)
 
     # --- collect -------------------------------------------------------------------------------
@@ -289,8 +296,15 @@ class Agent:
         B, batch = self.batch_size, self.batch
         state = {}
 
+        def schedules():
+            # nothing reads lr, the bias corrections or tau before the loss phase joins this branch
+            with self.side_small.fork():
+                self.adam.schedule_step()
+                self.soft.schedule_step()
+
         def sample():
-            state["idx"], state["w"] = replay.sample(B)
+            # the importance weights beside the gather and the forward; the loss joins them
+            state["idx"], state["w"] = replay.sample(B, side=self.side_small)
 
         def gather():
             replay.gather(state["idx"], out=batch)
@@ -302,13 +316,21 @@ class Agent:
             self.rule.targets(self, batch)
 
         def loss():
+            self.side_small.join()  # the importance weights (and the schedules, forked first)
             self.rule.loss(self, batch, state["w"])
 
         def backward():
             self.backward()
 
         def adam():
-            self.adam.step()
+            self.adam.clip_step()
+            # publish (loss and gradient norm to the host ring) and the head's counter beside the update
+            with self.side_small.fork():
+                self.ops.publish(self.readback.device, self.loss, self.grad_norm, self.adam.scalars.view("step"),
+                                 PUBLISH_SLOTS)
+                if hasattr(self.rule, "advance"):
+                    self.rule.advance(self)
+            self.adam.update_step()  # lr and the bias corrections: the schedules, joined by the loss phase
 
         def priorities():
             # beside the backward pass and the optimiser: it reads the loss phase's priorities and
@@ -317,16 +339,11 @@ class Agent:
                 replay.update_priorities(state["idx"], self.priority, device_rules=True)
 
         def target_update():
-            self.soft.step()
-            if hasattr(self.rule, "advance"):
-                self.rule.advance(self)
+            self.soft.update_step()
 
-        def publish():
-            self.ops.publish(self.readback.device, self.loss, self.grad_norm, self.adam.scalars.view("step"), PUBLISH_SLOTS)
-
-        return [("sample", sample), ("gather", gather), ("forward", forward), ("targets", targets), ("loss", loss),
-                ("priorities", priorities), ("backward", backward), ("adam", adam), ("target_update", target_update),
-                ("publish", publish)]
+        return [("schedules", schedules), ("sample", sample), ("gather", gather), ("forward", forward),
+                ("targets", targets), ("loss", loss), ("priorities", priorities), ("backward", backward),
+                ("adam", adam), ("target_update", target_update)]
 
     # --- greedy action values for evaluation -----------------------------------------------------
     def q_values(self, obs, out) -> None:

@@ -158,10 +158,18 @@ class SoftUpdate:
         self.scalars = DeviceScalars({"count": np.int64, "tau": np.float32}, self.xp)
         self.ops = _ops(self.xp)
 
+    def schedule_step(self) -> None:
+        """Advance the tau schedule (one thread; reads nothing of the networks)."""
+        self.ops.tau_schedule(self.scalars.view("count"), self.scalars.view("tau"), self.tau_start, self.tau_end, self.period)
+
+    def update_step(self) -> None:
+        """Move the target toward the online parameters with the current tau."""
+        self.ops.soft_update(self.target, self.online, self.scalars.view("tau"))
+
     def step(self) -> None:
         """Advance the tau schedule and update the target (two launches, capture-safe)."""
-        self.ops.tau_schedule(self.scalars.view("count"), self.scalars.view("tau"), self.tau_start, self.tau_end, self.period)
-        self.ops.soft_update(self.target, self.online, self.scalars.view("tau"))
+        self.schedule_step()
+        self.update_step()
 
     def state_dict(self) -> dict:
         return {"scalars": self.scalars.state_dict()}

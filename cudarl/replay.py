@@ -251,17 +251,25 @@ class PrioritizedReplay:
                 raise ValueError(f"batch_size: {B} is larger than the {ready} rows ready to sample")
         return B
 
-    def sample(self, batch_size: int):
+    def sample(self, batch_size: int, side=None):
         """Draw ``batch_size`` rows with probability ``p_i**alpha / sum_k p_k**alpha`` (stratified).
 
         Returns ``(indices int32 [B], weights float32 [B])``, views of buffers this object owns
         that the next ``sample`` of the same size overwrites. ``weights = (N P(i))**-beta`` divided
         by their maximum over the batch. Advances the device step counter (and so beta).
+
+        ``side`` (a :class:`cudarl.graph.SideStream`): the weights are computed on it, beside
+        whatever follows the search (the gather); the caller joins it before reading ``weights``.
         """
         B = self._check_batch_size(batch_size)
         self.reserve(B)
         idx, w, qsel, _ = self._batches[B]
-        self._ops.sample(self.spec, self.bufs, idx, w, qsel)
+        if side is None:
+            self._ops.sample(self.spec, self.bufs, idx, w, qsel)
+        else:
+            self._ops.sample_search(self.spec, self.bufs, idx, qsel)
+            with side.fork():
+                self._ops.sample_weights(self.spec, self.bufs, qsel, w)
         return idx, w
 
     def gather(self, indices, out: Batch | None = None) -> Batch:

@@ -67,11 +67,11 @@ def read_csv(path: Path) -> list[dict]:
     kernels = []
     for r in rows:
         try:
-            ns = float(r["gpu__time_duration.sum"])
+            ns = float(r["gpu__time_duration.sum"].replace(",", ""))  # ncu writes 5,856
         except (KeyError, ValueError):
             continue  # the units row
         kernels.append({"id": int(r["ID"]), "name": r["Kernel Name"], "us": ns / 1e3,
-                        "grid": r.get("launch__grid_size", ""), "block": r.get("launch__block_size", ""),
+                        "grid": r.get("Grid Size", ""), "block": r.get("Block Size", ""),
                         "regs": r.get("launch__registers_per_thread", "")})
     return kernels
 
@@ -82,9 +82,9 @@ def summarize(paths: list[Path], out: Path | None) -> None:
         ks = read_csv(p)
         total = sum(k["us"] for k in ks)
         print(f"\n== {p.name}: {len(ks)} kernels, {total:.1f} us of kernel time (serialised)")
-        print(f"{'#':>3} {'us':>7} {'grid':>7} {'block':>5} {'regs':>4}  kernel")
+        print(f"{'#':>3} {'us':>7} {'grid':>14} {'block':>14} {'regs':>4}  kernel")
         for i, k in enumerate(ks):
-            print(f"{i:>3} {k['us']:7.2f} {k['grid']:>7} {k['block']:>5} {k['regs']:>4}  {k['name'][:110]}")
+            print(f"{i:>3} {k['us']:7.2f} {k['grid']:>14} {k['block']:>14} {k['regs']:>4}  {k['name'][:100]}")
         by = defaultdict(lambda: [0, 0.0])
         for k in ks:
             by[k["name"][:80]][0] += 1
