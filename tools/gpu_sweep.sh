@@ -8,18 +8,14 @@ export PYTHONPATH=. PYTHONFAULTHANDLER=1
 . tools/mps.sh
 mps_start
 LIMIT=${SWEEP_LIMIT_S:-500}
-# Sweep 4 (the parameters issue 8 names that sweeps 1-3 did not reach), at the 10k-update default.
-timeout "$LIMIT" python3 tools/sweep.py --task regime --heads iqn --seeds 3 --workers "${IQN_WORKERS:-5}" \
-  --jsonl "$OUT/sweep_iqn.jsonl" --md "$OUT/sweep_iqn.md" \
-  --variant base --variant "b256:agent.batch_size=256" --variant "h128:net.hidden=[128,128]" \
-  --variant "nopopart:agent.popart=false" --variant "upc2:agent.updates_per_collect=2" > "$OUT/sweep_iqn.log" 2>&1 &
-timeout "$LIMIT" python3 tools/sweep.py --task regime --heads c51 --seeds 3 --workers "${C51_WORKERS:-6}" \
-  --jsonl "$OUT/sweep_c51.jsonl" --md "$OUT/sweep_c51.md" \
-  --variant base --variant "b256:agent.batch_size=256" --variant "b1024:agent.batch_size=1024" \
-  --variant "h128:net.hidden=[128,128]" --variant "h512:net.hidden=[512,512]" \
-  --variant "eps2k:agent.eps_steps=2000" --variant "eps20k:agent.eps_steps=20000" \
-  --variant "nopopart:agent.popart=false" --variant "upc2:agent.updates_per_collect=2" \
-  > "$OUT/sweep_c51.log" 2>&1
+# Sweep 5: confirms sweep 4's candidates together, on both heads (sweep 4 tried each alone; its
+# command: tools/gpu_sweep.sh at 0b82d05): batch 256 with 128-128 layers, epsilon over 20k steps, and all three.
+V="--variant base --variant b256h128:agent.batch_size=256,net.hidden=[128,128] --variant eps20k:agent.eps_steps=20000"
+V="$V --variant b256h128eps20k:agent.batch_size=256,net.hidden=[128,128],agent.eps_steps=20000"
+for head in iqn c51; do
+  timeout "$LIMIT" python3 tools/sweep.py --task regime --heads $head --seeds 3 --workers "${WORKERS:-6}" \
+    --jsonl "$OUT/sweep_$head.jsonl" --md "$OUT/sweep_$head.md" $V > "$OUT/sweep_$head.log" 2>&1 &
+done
 wait
 mps_stop
 tail -25 "$OUT/sweep_c51.log"; tail -12 "$OUT/sweep_iqn.log"
