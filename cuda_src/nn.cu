@@ -59,7 +59,7 @@ extern "C" __global__ void cudarl_nn_bias_act_forward(const float* y, const floa
 // chunk before its stores, or each row costs a full memory round trip (ncu: ~5.8 us per launch
 // of 512 x 256, docs/perf-notes.md). The sum is over rows in the same ascending order.
 #define BAB_CHUNK 8
-extern "C" __global__ void cudarl_nn_bias_act_backward(const float* dout, const float* out, float* dz,
+extern "C" __global__ __launch_bounds__(1024) void cudarl_nn_bias_act_backward(const float* dout, const float* out, float* dz,
                                                        float* dbias, i64 rows, i64 cols, int act) {
   __shared__ float sh[32][33];
   const int tx = threadIdx.x, ty = threadIdx.y;
