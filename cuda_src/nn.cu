@@ -27,11 +27,12 @@ __device__ __forceinline__ float act_bwd(float dout, float y, int act) {
 
 using cudarl::warp_sum;  // xor butterfly: every lane ends with the same, order-fixed sum
 
-// Tree-reduce sh[ty][tx] over ty (32 rows) into sh[0][tx]; blockDim = (32, 32).
-__device__ __forceinline__ void column_tree(float (*sh)[33]) {
+// Tree-reduce sh[ty][tx] over ty (TY rows, a power of 2) into sh[0][tx]; blockDim = (LD - 1, TY).
+template <int TY, int LD>
+__device__ __forceinline__ void column_tree(float (*sh)[LD]) {
   const int tx = threadIdx.x, ty = threadIdx.y;
 #pragma unroll
-  for (int s = 16; s > 0; s >>= 1) {
+  for (int s = TY / 2; s > 0; s >>= 1) {
     __syncthreads();
     if (ty < s) sh[ty][tx] += sh[ty + s][tx];
   }
@@ -52,30 +53,33 @@ extern "C" __global__ void cudarl_nn_bias_act_forward(const float* y, const floa
 
 // ---- bias_act_backward --------------------------------------------------------------------
 // dz = dout * act'(out); dbias[c] = sum_r dz[r, c].
-// block (32, 32), grid.x = ceil(cols / 32): thread (tx, ty) owns column 32*bx + tx and rows
-// ty, ty + 32, ... in ascending order. Reads 8*rows*cols bytes, writes 4*rows*cols + 4*cols.
-// dz may alias dout (each element is read then written by the same thread), so the compiler may
-// not move a load above an earlier store: the rows are read BAB_CHUNK at a time, all loads of a
-// chunk before its stores, or each row costs a full memory round trip (ncu: ~5.8 us per launch
-// of 512 x 256, docs/perf-notes.md). The sum is over rows in the same ascending order.
-#define BAB_CHUNK 8
-extern "C" __global__ __launch_bounds__(1024) void cudarl_nn_bias_act_backward(const float* dout, const float* out, float* dz,
-                                                       float* dbias, i64 rows, i64 cols, int act) {
-  __shared__ float sh[32][33];
+// block (BAB_TX, BAB_TY) = (8, 128), grid.x = ceil(cols / 8): thread (tx, ty) owns column
+// 8*bx + tx and rows ty, ty + 128, ... in ascending order (its partial sum), then a fixed tree
+// over ty. Reads 8*rows*cols bytes, writes 4*rows*cols + 4*cols.
+// Why this shape (ncu, docs/perf-notes.md): with (32, 32) blocks a 512 x 256 launch was 8 blocks
+// whose threads each walked 16 rows, and as dz may alias dout every row was a dependent memory
+// round trip (5.5-8 us); here 32 blocks, 4 rows a thread, all loads of a thread before its stores.
+// A warp reads 4 rows x 8 columns: four whole 32-byte sectors per access.
+#define BAB_TX 8
+#define BAB_TY 128
+#define BAB_CHUNK 4
+extern "C" __global__ __launch_bounds__(BAB_TX * BAB_TY) void cudarl_nn_bias_act_backward(
+    const float* dout, const float* out, float* dz, float* dbias, i64 rows, i64 cols, int act) {
+  __shared__ float sh[BAB_TY][BAB_TX + 1];
   const int tx = threadIdx.x, ty = threadIdx.y;
-  const i64 c = (i64)blockIdx.x * 32 + tx;
+  const i64 c = (i64)blockIdx.x * BAB_TX + tx;
   float acc = 0.f;
   if (c < cols) {
-    for (i64 r0 = ty; r0 < rows; r0 += 32 * BAB_CHUNK) {
+    for (i64 r0 = ty; r0 < rows; r0 += BAB_TY * BAB_CHUNK) {
       float g[BAB_CHUNK];
 #pragma unroll
-      for (int u = 0; u < BAB_CHUNK; ++u) {
-        const i64 r = r0 + 32 * u;
+      for (int u = 0; u < BAB_CHUNK; ++u) {  // every load of the chunk before its stores (dz may alias dout)
+        const i64 r = r0 + BAB_TY * u;
         g[u] = r < rows ? act_bwd(dout[r * cols + c], out[r * cols + c], act) : 0.f;
       }
 #pragma unroll
       for (int u = 0; u < BAB_CHUNK; ++u) {
-        const i64 r = r0 + 32 * u;
+        const i64 r = r0 + BAB_TY * u;
         if (r < rows) {
           dz[r * cols + c] = g[u];
           acc += g[u];
@@ -84,7 +88,7 @@ extern "C" __global__ __launch_bounds__(1024) void cudarl_nn_bias_act_backward(c
     }
   }
   sh[ty][tx] = acc;
-  column_tree(sh);
+  column_tree<BAB_TY, BAB_TX + 1>(sh);
   if (ty == 0 && c < cols) dbias[c] = sh[0][tx];
 }
 
@@ -157,8 +161,8 @@ extern "C" __global__ void cudarl_nn_layernorm_backward_params(const float* dout
   }
   sg[ty][tx] = ag;
   sb[ty][tx] = ab;
-  column_tree(sg);
-  column_tree(sb);
+  column_tree<32, 33>(sg);
+  column_tree<32, 33>(sb);
   if (ty == 0 && c < cols) { dgamma[c] = sg[0][tx]; dbeta[c] = sb[0][tx]; }
 }
 

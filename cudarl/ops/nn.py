@@ -10,6 +10,7 @@ from ..kernels import blocks_for, launch
 _T = 256
 _MAX_GRID = 8192  # grid-stride loops cover the rest
 _COL_BLOCK = (32, 32)
+_BAB_BLOCK = (8, 128)  # nn.cu BAB_TX, BAB_TY
 
 
 def _grid(n: int) -> int:
@@ -44,7 +45,7 @@ def bias_act_backward(dout, out, dz, dbias, act: int) -> None:
     _shape(w, "out", out, (B, N))
     _shape(w, "dz", dz, (B, N))
     _shape(w, "dbias", dbias, (N,))
-    launch("nn", "bias_act_backward", blocks_for(N, 32), _COL_BLOCK,
+    launch("nn", "bias_act_backward", blocks_for(N, _BAB_BLOCK[0]), _BAB_BLOCK,
            "const f32* dout, const f32* out, f32* dz, f32* dbias, i64 rows, i64 cols, i32 act",
            (dout, out, dz, dbias, B, N, _act(w, act)))
 
