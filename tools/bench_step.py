@@ -220,6 +220,8 @@ def torch_arms(args, rows, extra) -> dict:
         return {}
     from torch_c51 import torch_time_us
 
+    from cudarl.bench import BACK_TO_BACK
+
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     extra["torch"] = torch.__version__
@@ -260,6 +262,9 @@ def torch_arms(args, rows, extra) -> dict:
                 core = torch.compile(ts.core, mode="max-autotune-no-cudagraphs") if compiled else None
                 graph = graphed(ts, core)
                 us = torch_time_us(graph.replay, args.repeats)
+                b2b = torch_time_us(graph.replay, args.repeats, inner=BACK_TO_BACK)
+                rows.append(row(case, f"train step, {name}, {BACK_TO_BACK} replays back to back", b2b, "us"))
+                extra.setdefault("torch_arms_back_to_back_us", {})[name] = b2b
             torch.cuda.synchronize()
             rows.append(row(case, f"train step, {name}", us, "us"))
             if compiled:
@@ -348,6 +353,8 @@ def main() -> int:
             rows += step_rows
             ours = next(r["value"] for r in step_rows if r["metric"] == "train step (graph replay)")
             extra["cudarl_train_step_us"] = ours
+            extra["cudarl_train_step_back_to_back_us"] = next(
+                (r["value"] for r in step_rows if "back to back" in r["metric"]), None)
         except Exception as exc:
             _failed(rows, "cudarl step_benchmark", exc)
         if args.net_variants:
@@ -380,6 +387,10 @@ def main() -> int:
                             f">= {SPEEDUP_TARGET:g} x" if name == best else ""))
         extra["speedup_vs_fastest_torch"] = {"arm": best, "x": torch_us[best] / ours, "arms_ran": list(torch_us),
                                              "target_x": SPEEDUP_TARGET, "compile_arm_ran": bool(args.torch_compile)}
+        ours_b2b, torch_b2b = extra.get("cudarl_train_step_back_to_back_us"), extra.get("torch_arms_back_to_back_us", {})
+        for name, us in torch_b2b.items():  # the same ratio with replays queued back to back on both sides
+            if ours_b2b:
+                rows.append(row("cudarl vs PyTorch", f"speed-up vs {name}, back to back", us / ours_b2b, "x"))
         print(f"PyTorch arms that ran: {ran}; fastest: {best}")
     run_epoch = bool(args.epoch)
     if run_epoch:
