@@ -5,8 +5,8 @@ that :class:`cudarl.graph.StepGraph` captures (GPU) or runs in order (NumPy)::
 
     collect: act (expected Q of the online net, device epsilon, epsilon-greedy)
              - env_step (record the transition, step, reset ended episodes) - replay_insert
-    train:   schedules (lr and tau: a parallel branch, joined by loss) - sample (the search; the
-             importance weights on that branch) - gather -
+    train:   schedules (lr and tau: a parallel branch, joined by loss) - sample (the search and
+             the gather in one launch; the importance weights on that branch) -
              forward (online s and s' | target s', in parallel) - targets (double DQN, projection
              or quantile targets) - loss (+ gradient wrt the outputs) - priorities (a parallel
              branch to the end) - backward (dx chain | weight gradients, in parallel) - adam
@@ -303,11 +303,9 @@ class Agent:
                 self.soft.schedule_step()
 
         def sample():
-            # the importance weights beside the gather and the forward; the loss joins them
-            state["idx"], state["w"] = replay.sample(B, side=self.side_small)
-
-        def gather():
-            replay.gather(state["idx"], out=batch)
+            # the rows gathered into the batch by the search's launch; the importance weights beside
+            # the forward (the loss joins them)
+            state["idx"], state["w"] = replay.sample(B, side=self.side_small, out=batch)
 
         def forward():
             self.rule.forward(self, batch)
@@ -340,7 +338,7 @@ class Agent:
             with self.side_priorities.fork():
                 replay.update_priorities(state["idx"], self.priority, device_rules=True)
 
-        return [("schedules", schedules), ("sample", sample), ("gather", gather), ("forward", forward),
+        return [("schedules", schedules), ("sample", sample), ("forward", forward),
                 ("targets", targets), ("loss", loss), ("priorities", priorities), ("backward", backward),
                 ("adam", adam)]
 
