@@ -122,14 +122,16 @@ class Adam:
         """The parameter update; with ``soft`` (whose online buffer is :attr:`params`) also its target
         update toward the new parameters, in the same launch (its tau as last scheduled)."""
         sc = self.scalars
-        target = tau = None
-        if soft is not None:
-            if soft.online is not self.params:
-                raise ValueError("Adam.update_step: soft must average toward these parameters (soft.online is params)")
-            target, tau = soft.target, soft.scalars.view("tau")
-        self.ops.adam_update(self.params, self.grads, self.m, self.v, self.mask, sc.view("lr"), sc.view("m_scale"),
-                             sc.view("bc1"), sc.view("bc2"), sc.view("clip_scale"), self.beta1, self.beta2, self.eps,
-                             self.weight_decay, target=target, tau=tau)
+        consts = (self.beta1, self.beta2, self.eps, self.weight_decay)
+        if soft is None:
+            self.ops.adam_update(self.params, self.grads, self.m, self.v, self.mask, sc.view("lr"), sc.view("m_scale"),
+                                 sc.view("bc1"), sc.view("bc2"), sc.view("clip_scale"), *consts)
+            return
+        if soft.online is not self.params:
+            raise ValueError("Adam.update_step: soft must average toward these parameters (soft.online is params)")
+        self.ops.adam_update_soft(self.params, self.grads, self.m, self.v, self.mask, soft.target, sc.view("lr"),
+                                  sc.view("m_scale"), sc.view("bc1"), sc.view("bc2"), sc.view("clip_scale"),
+                                  soft.scalars.view("tau"), *consts)
 
     def step(self) -> None:
         """One optimiser step (capture-safe): schedule, gradient norm and clip, update."""

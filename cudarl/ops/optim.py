@@ -80,26 +80,28 @@ def lr_schedule(step, lr, m_scale, bc1, bc2, kind: int, lr_max: float, lr_min: f
             float(restart_m_scale), float(beta1), float(beta2)))
 
 
-def adam_update(p, g, m, v, mask, lr, m_scale, bc1, bc2, clip, beta1: float, beta2: float, eps: float, wd: float,
-                target=None, tau=None) -> None:
-    """Fused Adam(W) over flat float32 ``p, g, m, v [n]`` with uint8 ``mask [n]`` and device scalars.
-
-    With ``target [n]`` and ``tau [1]``: then :func:`soft_update` of ``target`` toward the new ``p``
-    in the same launch (``adam_update_soft``; the same bits as the two launches).
-    """
+def _adam_checks(w: str, p, g, m, v, mask, lr, m_scale, bc1, bc2, clip) -> int:
     n = p.size
-    w = "optim.adam_update"
     _flat(w, n, p=p, g=g, m=m, v=v, mask=mask)
     _scalar(w, lr=lr, m_scale=m_scale, bc1=bc1, bc2=bc2, clip=clip)
-    consts = (float(beta1), float(beta2), float(eps), float(wd))
-    if (target is None) != (tau is None):
-        raise ValueError(f"{w}: give target and tau together, or neither")
-    if target is None:
-        launch("optim", "adam_update", _grid(n), _T,
-               "f32* p, const f32* g, f32* m, f32* v, const u8* mask, i64 n, const f32* lr, const f32* m_scale, const f32* bc1, "
-               "const f32* bc2, const f32* clip, f32 beta1, f32 beta2, f32 eps, f32 wd",
-               (p, g, m, v, mask, n, lr, m_scale, bc1, bc2, clip) + consts)
-        return
+    return n
+
+
+def adam_update(p, g, m, v, mask, lr, m_scale, bc1, bc2, clip, beta1: float, beta2: float, eps: float, wd: float) -> None:
+    """Fused Adam(W) over flat float32 ``p, g, m, v [n]`` with uint8 ``mask [n]`` and device scalars."""
+    n = _adam_checks("optim.adam_update", p, g, m, v, mask, lr, m_scale, bc1, bc2, clip)
+    launch("optim", "adam_update", _grid(n), _T,
+           "f32* p, const f32* g, f32* m, f32* v, const u8* mask, i64 n, const f32* lr, const f32* m_scale, const f32* bc1, "
+           "const f32* bc2, const f32* clip, f32 beta1, f32 beta2, f32 eps, f32 wd",
+           (p, g, m, v, mask, n, lr, m_scale, bc1, bc2, clip, float(beta1), float(beta2), float(eps), float(wd)))
+
+
+def adam_update_soft(p, g, m, v, mask, target, lr, m_scale, bc1, bc2, clip, tau, beta1: float, beta2: float, eps: float,
+                     wd: float) -> None:
+    """:func:`adam_update`, then :func:`soft_update` of ``target [n]`` toward the new ``p`` with ``tau [1]``,
+    in one launch (the same bits as the two)."""
+    w = "optim.adam_update_soft"
+    n = _adam_checks(w, p, g, m, v, mask, lr, m_scale, bc1, bc2, clip)
     _flat(w, n, target=target)
     _scalar(w, tau=tau)
     if target.data.ptr == p.data.ptr:
@@ -107,7 +109,7 @@ def adam_update(p, g, m, v, mask, lr, m_scale, bc1, bc2, clip, beta1: float, bet
     launch("optim", "adam_update_soft", _grid(n), _T,
            "f32* p, const f32* g, f32* m, f32* v, const u8* mask, f32* target, i64 n, const f32* lr, const f32* m_scale, "
            "const f32* bc1, const f32* bc2, const f32* clip, const f32* tau, f32 beta1, f32 beta2, f32 eps, f32 wd",
-           (p, g, m, v, mask, target, n, lr, m_scale, bc1, bc2, clip, tau) + consts)
+           (p, g, m, v, mask, target, n, lr, m_scale, bc1, bc2, clip, tau, float(beta1), float(beta2), float(eps), float(wd)))
 
 
 def tau_schedule(count, tau, tau_start: float, tau_end: float, period: int) -> None:

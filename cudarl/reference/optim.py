@@ -86,17 +86,13 @@ def lr_schedule(step, lr, m_scale, bc1, bc2, kind: int, lr_max: float, lr_min: f
     bc2[0] = 1.0 - f(beta2) ** t
 
 
-def adam_update(p, g, m, v, mask, lr, m_scale, bc1, bc2, clip, beta1: float, beta2: float, eps: float, wd: float,
-                target=None, tau=None) -> None:
+def adam_update(p, g, m, v, mask, lr, m_scale, bc1, bc2, clip, beta1: float, beta2: float, eps: float, wd: float) -> None:
     """Fused Adam(W) over flat buffers (Kingma & Ba 2015; decoupled decay, Loshchilov & Hutter 2019).
 
     ``g' = clip g``; ``m = beta1 (m_scale m) + (1 - beta1) g'``; ``v = beta2 v + (1 - beta2) g'^2``;
     ``p = p - lr wd mask p``; ``p = p - lr (m / bc1) / (sqrt(v / bc2) + eps)``.
     p, g, m, v ``[n]`` (p, m, v updated); mask uint8 ``[n]``; lr, m_scale, bc1, bc2, clip ``[1]``.
-    With ``target [n]`` and ``tau [1]``: then :func:`soft_update` ``(target, p, tau)``.
     """
-    if (target is None) != (tau is None):
-        raise ValueError("optim.adam_update: give target and tau together, or neither")
     T = p.dtype.type
     b1, b2, e, w = T(beta1), T(beta2), T(eps), T(wd)
     gc = g * T(clip[0])
@@ -108,8 +104,13 @@ def adam_update(p, g, m, v, mask, lr, m_scale, bc1, bc2, clip, beta1: float, bet
     if w != 0:
         p[...] = np.where(mask != 0, p - lr_ * w * p, p)
     p[...] = p - lr_ * (mhat / (np.sqrt(vhat) + e))
-    if target is not None:
-        soft_update(target, p, tau)
+
+
+def adam_update_soft(p, g, m, v, mask, target, lr, m_scale, bc1, bc2, clip, tau, beta1: float, beta2: float, eps: float,
+                     wd: float) -> None:
+    """:func:`adam_update`, then :func:`soft_update` ``(target, p, tau)`` (the GPU does both in one launch)."""
+    adam_update(p, g, m, v, mask, lr, m_scale, bc1, bc2, clip, beta1, beta2, eps, wd)
+    soft_update(target, p, tau)
 
 
 def tau_schedule(count, tau, tau_start: float, tau_end: float, period: int) -> None:
