@@ -148,8 +148,9 @@ extern "C" __global__ void cudarl_optim_adam_update(float* p, const float* g, fl
 
 // ---- adam_update_soft ---------------------------------------------------------------------------
 // adam_update, then soft_update of target toward the new p in the same pass:
-// target[i] = tau*p[i] + (1 - tau)*target[i] with p[i] the value just stored (the same float soft_update
-// would read back, so the same bits as the two launches, one graph node fewer).
+// target[i] = tau*p[i] + (1 - tau)*target[i] with p[i] the value just stored, one graph node fewer.
+// p, m and v are adam_update's bits; target can differ from soft_update's by one rounding, because
+// the compiler contracts the sum into a different FMA here (seen on the H200 at 18f8334).
 // Reads 20*n + n bytes (+24 of scalars), writes 16*n.
 extern "C" __global__ void cudarl_optim_adam_update_soft(float* p, const float* g, float* m, float* v,
                                                          const unsigned char* mask, float* target, i64 n, const float* lr,
