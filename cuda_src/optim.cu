@@ -38,8 +38,9 @@ __device__ double schedule_lr(i64 s, int kind, double lr_max, double lr_min, i64
 // grid = GN_BLOCKS, block = GN_THREADS. Thread (k, t) sums g[i]^2 in double over
 // i = k*256 + t + j*GN_BLOCKS*256 (j ascending), then a fixed tree per block -> partial[k].
 // Reads 4*n bytes, writes 8*GN_BLOCKS.
-extern "C" __global__ __launch_bounds__(GN_THREADS) void cudarl_optim_grad_norm_partial(const float* g, double* partial, i64 n) {
-  __shared__ double sh[GN_THREADS];
+namespace {
+
+__device__ __forceinline__ void gn_block_partial(const float* g, double* partial, i64 n, double* sh) {
   double acc = 0.0;
   for (i64 i = (i64)blockIdx.x * GN_THREADS + threadIdx.x; i < n; i += (i64)GN_BLOCKS * GN_THREADS) {
     const double x = (double)g[i];
@@ -50,20 +51,49 @@ extern "C" __global__ __launch_bounds__(GN_THREADS) void cudarl_optim_grad_norm_
   if (threadIdx.x == 0) partial[blockIdx.x] = sh[0];
 }
 
+// norm = sqrt(total); scale = max_norm / (norm + 1e-6) when that is below 1 and max_norm > 0, else 1.
+__device__ __forceinline__ void gn_finish(double total, float* norm, float* scale, float max_norm) {
+  const double nd = sqrt(total);
+  norm[0] = (float)nd;
+  const double denom = nd + 1e-6;
+  scale[0] = (max_norm > 0.f && denom > (double)max_norm) ? (float)((double)max_norm / denom) : 1.f;
+}
+
+}  // namespace
+
+extern "C" __global__ __launch_bounds__(GN_THREADS) void cudarl_optim_grad_norm_partial(const float* g, double* partial, i64 n) {
+  __shared__ double sh[GN_THREADS];
+  gn_block_partial(g, partial, n, sh);
+}
+
 // ---- grad_norm_finalize ---------------------------------------------------------------------
-// One block of GN_BLOCKS threads: fixed tree over the partials; norm = sqrt(sum);
-// scale = max_norm / (norm + 1e-6) when that is below 1 and max_norm > 0, else 1.
+// One block of GN_BLOCKS threads: fixed tree over the partials, then gn_finish.
 // Reads 8*GN_BLOCKS bytes, writes 8.
 extern "C" __global__ __launch_bounds__(GN_BLOCKS) void cudarl_optim_grad_norm_finalize(const double* partial, float* norm,
                                                                                        float* scale, float max_norm) {
   __shared__ double sh[GN_BLOCKS];
   sh[threadIdx.x] = partial[threadIdx.x];
   cudarl::block_tree_sum(sh, GN_BLOCKS);
-  if (threadIdx.x == 0) {
-    const double nd = sqrt(sh[0]);
-    norm[0] = (float)nd;
-    const double denom = nd + 1e-6;
-    scale[0] = (max_norm > 0.f && denom > (double)max_norm) ? (float)((double)max_norm / denom) : 1.f;
+  if (threadIdx.x == 0) gn_finish(sh[0], norm, scale, max_norm);
+}
+
+// ---- grad_norm (both stages, one launch) ------------------------------------------------------
+// grid = GN_BLOCKS, block = GN_THREADS: grad_norm_partial's blocks, then the block that finishes
+// last (cudarl::last_block on the ticket *done, 0 at launch and left 0) reduces the partials as
+// grad_norm_finalize does: thread t adds partial[t] and partial[t + GN_THREADS], which is the
+// first level of finalize's GN_BLOCKS-slot tree, and the tree goes on over GN_THREADS slots: the
+// same bits as the two launches, one graph node fewer on the train step's chain.
+// Reads 4*n + 8*GN_BLOCKS bytes, writes 8*GN_BLOCKS + 8.
+extern "C" __global__ __launch_bounds__(GN_THREADS) void cudarl_optim_grad_norm(const float* g, double* partial, float* norm,
+                                                                               float* scale, float max_norm,
+                                                                               unsigned int* done, i64 n) {
+  __shared__ double sh[GN_THREADS];
+  gn_block_partial(g, partial, n, sh);
+  if (cudarl::last_block(done)) {
+    const int t = (int)threadIdx.x;
+    sh[t] = cudarl::load_l2(partial + t) + cudarl::load_l2(partial + t + GN_THREADS);
+    cudarl::block_tree_sum(sh, GN_THREADS);
+    if (t == 0) gn_finish(sh[0], norm, scale, max_norm);
   }
 }
 
@@ -87,20 +117,50 @@ extern "C" __global__ void cudarl_optim_lr_schedule(i64* step, float* lr, float*
 // One thread per element, grid-stride. g' = clip*g; m = b1*(m_scale*m) + (1-b1)*g';
 // v = b2*v + (1-b2)*g'^2; p -= lr*wd*p where mask; p -= lr*(m/bc1)/(sqrt(v/bc2) + eps).
 // Reads 16*n + n bytes (+20 of scalars), writes 12*n.
+namespace {
+
+// Element i of the update; returns the new p[i] (also stored).
+__device__ __forceinline__ float adam_elem(float* p, const float* g, float* m, float* v, const unsigned char* mask, i64 i,
+                                           float lr_, float ms, float c1, float c2, float cl, float beta1, float beta2,
+                                           float eps, float wd) {
+  const float gi = g[i] * cl;
+  const float mi = beta1 * (ms * m[i]) + (1.f - beta1) * gi;
+  const float vi = beta2 * v[i] + (1.f - beta2) * (gi * gi);
+  m[i] = mi;
+  v[i] = vi;
+  float pi = p[i];
+  if (wd != 0.f && mask[i]) pi = pi - lr_ * wd * pi;
+  pi = pi - lr_ * ((mi / c1) / (sqrtf(vi / c2) + eps));
+  p[i] = pi;
+  return pi;
+}
+
+}  // namespace
+
 extern "C" __global__ void cudarl_optim_adam_update(float* p, const float* g, float* m, float* v, const unsigned char* mask,
                                                     i64 n, const float* lr, const float* m_scale, const float* bc1,
                                                     const float* bc2, const float* clip, float beta1, float beta2,
                                                     float eps, float wd) {
   const float lr_ = lr[0], ms = m_scale[0], c1 = bc1[0], c2 = bc2[0], cl = clip[0];
+  for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < n; i += (i64)gridDim.x * blockDim.x)
+    adam_elem(p, g, m, v, mask, i, lr_, ms, c1, c2, cl, beta1, beta2, eps, wd);
+}
+
+// ---- adam_update_soft ---------------------------------------------------------------------------
+// adam_update, then soft_update of target toward the new p in the same pass:
+// target[i] = tau*p[i] + (1 - tau)*target[i] with p[i] the value just stored, one graph node fewer.
+// p, m and v are adam_update's bits; target can differ from soft_update's by one rounding, because
+// the compiler contracts the sum into a different FMA here (seen on the H200 at 18f8334).
+// Reads 20*n + n bytes (+24 of scalars), writes 16*n.
+extern "C" __global__ void cudarl_optim_adam_update_soft(float* p, const float* g, float* m, float* v,
+                                                         const unsigned char* mask, float* target, i64 n, const float* lr,
+                                                         const float* m_scale, const float* bc1, const float* bc2,
+                                                         const float* clip, const float* tau, float beta1, float beta2,
+                                                         float eps, float wd) {
+  const float lr_ = lr[0], ms = m_scale[0], c1 = bc1[0], c2 = bc2[0], cl = clip[0], t = tau[0], u = 1.f - t;
   for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < n; i += (i64)gridDim.x * blockDim.x) {
-    const float gi = g[i] * cl;
-    const float mi = beta1 * (ms * m[i]) + (1.f - beta1) * gi;
-    const float vi = beta2 * v[i] + (1.f - beta2) * (gi * gi);
-    m[i] = mi;
-    v[i] = vi;
-    float pi = p[i];
-    if (wd != 0.f && mask[i]) pi = pi - lr_ * wd * pi;
-    p[i] = pi - lr_ * ((mi / c1) / (sqrtf(vi / c2) + eps));
+    const float pi = adam_elem(p, g, m, v, mask, i, lr_, ms, c1, c2, cl, beta1, beta2, eps, wd);
+    target[i] = t * pi + u * target[i];
   }
 }
 

@@ -227,12 +227,10 @@ extern "C" __global__ __launch_bounds__(COMMIT_THREADS, 1) void cudarl_replay_in
 // children (256 bytes), scans them inclusively with shuffles, and takes the first child whose
 // inclusive sum exceeds the target. Reads depth*256 bytes per sample; writes indices[j],
 // qsel[j]. T == 0 gives index 0, qsel 0 and status |= EMPTY.
-extern "C" __global__ void cudarl_replay_sample_search(const i64* tree, const i64* levels, const i64* step,
-                                                       int* indices, i64* qsel, i64* status, i64 B, int depth,
-                                                       u64 seed, unsigned int stream_id) {
-  const i64 j = ((i64)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
-  const int lane = threadIdx.x & 31;
-  if (j >= B) return;  // whole warps exit together (blockDim is a multiple of 32)
+// search_one is that warp's work (all 32 lanes; returns the leaf in every lane).
+__device__ __forceinline__ i64 search_one(const i64* tree, const i64* levels, const i64* step, int* indices, i64* qsel,
+                                          i64* status, i64 j, i64 B, int depth, u64 seed, unsigned int stream_id,
+                                          int lane) {
   const u64 T = (u64)tree[levels[depth]];
   if (T == 0) {
     if (lane == 0) {
@@ -240,7 +238,7 @@ extern "C" __global__ void cudarl_replay_sample_search(const i64* tree, const i6
       qsel[j] = 0;
       if (j == 0) atomicOr(reinterpret_cast<u64*>(status), (u64)STATUS_EMPTY);
     }
-    return;
+    return 0;
   }
   const uint4 rb = cudarl::philox_block(seed, (u64)step[0], stream_id, (unsigned int)j);
   const u64 r = ((u64)rb.y << 32) | (u64)rb.x;
@@ -274,6 +272,15 @@ extern "C" __global__ void cudarl_replay_sample_search(const i64* tree, const i6
     indices[j] = (int)p;
     qsel[j] = tree[p];
   }
+  return p;
+}
+
+extern "C" __global__ void cudarl_replay_sample_search(const i64* tree, const i64* levels, const i64* step,
+                                                       int* indices, i64* qsel, i64* status, i64 B, int depth,
+                                                       u64 seed, unsigned int stream_id) {
+  const i64 j = ((i64)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+  if (j >= B) return;  // whole warps exit together (blockDim is a multiple of 32)
+  search_one(tree, levels, step, indices, qsel, status, j, B, depth, seed, stream_id, (int)(threadIdx.x & 31));
 }
 
 // sample_weights: one block of 1024 threads. Reads qsel [B] and step; writes
@@ -315,15 +322,13 @@ extern "C" __global__ void cudarl_replay_sample_weights(const i64* qsel, float* 
 // and for c == 0 action_out, return_out, discount_out. The n-step sums use explicitly rounded
 // float32 operations (no FMA contraction) in the reference's order, so they match bitwise.
 // An index outside [0, C) gives a zero row and status |= BAD_INDEX.
-extern "C" __global__ void cudarl_replay_gather(const float* s_obs, const int* s_action, const float* s_reward,
-                                                const float* s_discount, const float* s_next, const int* indices,
-                                                float* obs_out, float* next_obs_out, int* action_out,
-                                                float* return_out, float* discount_out, i64* status, i64 B, i64 D,
-                                                i64 W, i64 C, i64 n_envs, int n_step, i64 lag) {
-  const i64 e = (i64)blockIdx.x * blockDim.x + threadIdx.x;
-  if (e >= B * W) return;
-  const i64 j = e / W, c = e - j * W;
-  const i64 s = indices[j];
+// gather_one is one (j, c) of it, from slot s.
+__device__ __forceinline__ void gather_one(const float* s_obs, const int* s_action, const float* s_reward,
+                                           const float* s_discount, const float* s_next, i64 j, i64 c, i64 s,
+                                           float* obs_out, float* next_obs_out, int* action_out, float* return_out,
+                                           float* discount_out, i64* status, i64 D, i64 W, i64 C, i64 n_envs,
+                                           int n_step, i64 lag) {
+  const i64 e = j * W + c;
   if (s < 0 || s >= C) {  // never read out of bounds: a zero row and a status bit
     obs_out[e] = 0.0f;
     next_obs_out[e] = 0.0f;
@@ -349,6 +354,37 @@ extern "C" __global__ void cudarl_replay_gather(const float* s_obs, const int* s
     return_out[j] = G;
     discount_out[j] = g;
   }
+}
+
+extern "C" __global__ void cudarl_replay_gather(const float* s_obs, const int* s_action, const float* s_reward,
+                                                const float* s_discount, const float* s_next, const int* indices,
+                                                float* obs_out, float* next_obs_out, int* action_out,
+                                                float* return_out, float* discount_out, i64* status, i64 B, i64 D,
+                                                i64 W, i64 C, i64 n_envs, int n_step, i64 lag) {
+  const i64 e = (i64)blockIdx.x * blockDim.x + threadIdx.x;
+  if (e >= B * W) return;
+  const i64 j = e / W;
+  gather_one(s_obs, s_action, s_reward, s_discount, s_next, j, e - j * W, indices[j], obs_out, next_obs_out, action_out,
+             return_out, discount_out, status, D, W, C, n_envs, n_step, lag);
+}
+
+// ---------------------------------------------------------------------------------------------
+// sample_search_gather: sample_search and gather in one launch. The warp that finds sample j's
+// slot gathers it (lanes over the W columns, lane 0 the action and n-step targets): the same
+// writes, so the same bits, as sample_search then gather, one graph node fewer on the train
+// step's chain. Threads: one warp per sample, as sample_search.
+extern "C" __global__ void cudarl_replay_sample_search_gather(
+    const i64* tree, const i64* levels, const i64* step, int* indices, i64* qsel, i64* status, i64 B, int depth,
+    u64 seed, unsigned int stream_id, const float* s_obs, const int* s_action, const float* s_reward,
+    const float* s_discount, const float* s_next, float* obs_out, float* next_obs_out, int* action_out,
+    float* return_out, float* discount_out, i64 D, i64 W, i64 C, i64 n_envs, int n_step, i64 lag) {
+  const i64 j = ((i64)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+  if (j >= B) return;  // whole warps exit together (blockDim is a multiple of 32)
+  const int lane = (int)(threadIdx.x & 31);
+  const i64 s = search_one(tree, levels, step, indices, qsel, status, j, B, depth, seed, stream_id, lane);
+  for (i64 c = lane; c < W; c += 32)
+    gather_one(s_obs, s_action, s_reward, s_discount, s_next, j, c, s, obs_out, next_obs_out, action_out, return_out,
+               discount_out, status, D, W, C, n_envs, n_step, lag);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -5,13 +5,13 @@ that :class:`cudarl.graph.StepGraph` captures (GPU) or runs in order (NumPy)::
 
     collect: act (expected Q of the online net, device epsilon, epsilon-greedy)
              - env_step (record the transition, step, reset ended episodes) - replay_insert
-    train:   schedules (lr and tau: a parallel branch, joined by loss) - sample (the search; the
-             importance weights on that branch) - gather -
+    train:   schedules (lr and tau: a parallel branch, joined by loss) - sample (the search and
+             the gather in one launch; the importance weights on that branch) -
              forward (online s and s' | target s', in parallel) - targets (double DQN, projection
              or quantile targets) - loss (+ gradient wrt the outputs) - priorities (a parallel
              branch to the end) - backward (dx chain | weight gradients, in parallel) - adam
-             (gradient norm and clip; then the update | the publish of loss and gradient norm to
-             the host ring, in parallel) - target_update
+             (gradient norm and clip in one launch; then the update with the target net's soft
+             update in one launch | the publish of loss and gradient norm to the host ring)
 
 On the GPU "in parallel" means a :class:`cudarl.graph.SideStream`: a branch of the captured graph
 that runs beside the main chain (same kernels and inputs, so the same bits as one stream).
@@ -303,11 +303,9 @@ class Agent:
                 self.soft.schedule_step()
 
         def sample():
-            # the importance weights beside the gather and the forward; the loss joins them
-            state["idx"], state["w"] = replay.sample(B, side=self.side_small)
-
-        def gather():
-            replay.gather(state["idx"], out=batch)
+            # the rows gathered into the batch by the search's launch; the importance weights beside
+            # the forward (the loss joins them)
+            state["idx"], state["w"] = replay.sample(B, side=self.side_small, out=batch)
 
         def forward():
             self.rule.forward(self, batch)
@@ -330,7 +328,9 @@ class Agent:
                                  PUBLISH_SLOTS)
                 if hasattr(self.rule, "advance"):
                     self.rule.advance(self)
-            self.adam.update_step()  # lr and the bias corrections: the schedules, joined by the loss phase
+            # with the target update in the same launch (lr, the bias corrections and tau: the
+            # schedules, joined by the loss phase)
+            self.adam.update_step(soft=self.soft)
 
         def priorities():
             # beside the backward pass and the optimiser: it reads the loss phase's priorities and
@@ -338,12 +338,9 @@ class Agent:
             with self.side_priorities.fork():
                 replay.update_priorities(state["idx"], self.priority, device_rules=True)
 
-        def target_update():
-            self.soft.update_step()
-
-        return [("schedules", schedules), ("sample", sample), ("gather", gather), ("forward", forward),
+        return [("schedules", schedules), ("sample", sample), ("forward", forward),
                 ("targets", targets), ("loss", loss), ("priorities", priorities), ("backward", backward),
-                ("adam", adam), ("target_update", target_update)]
+                ("adam", adam)]
 
     # --- greedy action values for evaluation -----------------------------------------------------
     def q_values(self, obs, out) -> None:

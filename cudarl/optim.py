@@ -68,7 +68,8 @@ class Adam:
     """Adam(W) with global-norm clipping over one flat buffer: three launches per step.
 
     ``step()`` runs ``lr_schedule`` (step += 1, lr, restart factor, bias corrections), the
-    two-stage ``grad_norm`` (norm and clip scale) and the fused ``adam_update``.
+    two-stage ``grad_norm`` (norm and clip scale; one launch, its last block doing stage 2) and the
+    fused ``adam_update`` (optionally with a :class:`SoftUpdate`'s target update, ``update_step(soft)``).
 
     Args:
         params, grads: flat float32 ``[n]`` buffers (e.g. ``QNetwork.params`` / ``.grads``).
@@ -100,6 +101,7 @@ class Adam:
             raise ValueError(f"decay_mask must be [{params.size}], got {mask.shape}")
         self.mask = xp.asarray(mask)
         self.partial = xp.zeros(GN_BLOCKS, dtype=np.float64)
+        self.gn_done = xp.zeros(1, dtype=np.uint32)  # the one-launch gradient norm's ticket (0 between launches)
         self.scalars = DeviceScalars({"step": np.int64, "lr": np.float32, "m_scale": np.float32, "bc1": np.float32,
                                       "bc2": np.float32, "grad_norm": np.float32, "clip_scale": np.float32},
                                      xp, initial={"m_scale": 1.0, "clip_scale": 1.0})
@@ -113,13 +115,23 @@ class Adam:
                              self.beta1, self.beta2)
 
     def clip_step(self) -> None:
-        self.ops.grad_norm(self.grads, self.partial, self.grad_norm_out, self.scalars.view("clip_scale"), self.max_grad_norm)
+        self.ops.grad_norm(self.grads, self.partial, self.grad_norm_out, self.scalars.view("clip_scale"), self.max_grad_norm,
+                           done=self.gn_done)
 
-    def update_step(self) -> None:
+    def update_step(self, soft: "SoftUpdate | None" = None) -> None:
+        """The parameter update; with ``soft`` (whose online buffer is :attr:`params`) also its target
+        update toward the new parameters, in the same launch (its tau as last scheduled)."""
         sc = self.scalars
-        self.ops.adam_update(self.params, self.grads, self.m, self.v, self.mask, sc.view("lr"), sc.view("m_scale"),
-                             sc.view("bc1"), sc.view("bc2"), sc.view("clip_scale"), self.beta1, self.beta2, self.eps,
-                             self.weight_decay)
+        consts = (self.beta1, self.beta2, self.eps, self.weight_decay)
+        if soft is None:
+            self.ops.adam_update(self.params, self.grads, self.m, self.v, self.mask, sc.view("lr"), sc.view("m_scale"),
+                                 sc.view("bc1"), sc.view("bc2"), sc.view("clip_scale"), *consts)
+            return
+        if soft.online is not self.params:
+            raise ValueError("Adam.update_step: soft must average toward these parameters (soft.online is params)")
+        self.ops.adam_update_soft(self.params, self.grads, self.m, self.v, self.mask, soft.target, sc.view("lr"),
+                                  sc.view("m_scale"), sc.view("bc1"), sc.view("bc2"), sc.view("clip_scale"),
+                                  soft.scalars.view("tau"), *consts)
 
     def step(self) -> None:
         """One optimiser step (capture-safe): schedule, gradient norm and clip, update."""

@@ -251,7 +251,7 @@ class PrioritizedReplay:
                 raise ValueError(f"batch_size: {B} is larger than the {ready} rows ready to sample")
         return B
 
-    def sample(self, batch_size: int, side=None):
+    def sample(self, batch_size: int, side=None, out: Batch | None = None):
         """Draw ``batch_size`` rows with probability ``p_i**alpha / sum_k p_k**alpha`` (stratified).
 
         Returns ``(indices int32 [B], weights float32 [B])``, views of buffers this object owns
@@ -259,15 +259,21 @@ class PrioritizedReplay:
         by their maximum over the batch. Advances the device step counter (and so beta).
 
         ``side`` (a :class:`cudarl.graph.SideStream`): the weights are computed on it, beside
-        whatever follows the search (the gather); the caller joins it before reading ``weights``.
+        whatever follows the search; the caller joins it before reading ``weights``.
+        ``out`` (a :class:`Batch`): the rows found are also gathered into it, as :meth:`gather`
+        would (on the GPU in the search's launch: one launch fewer).
         """
         B = self._check_batch_size(batch_size)
         self.reserve(B)
         idx, w, qsel, _ = self._batches[B]
-        if side is None:
-            self._ops.sample(self.spec, self.bufs, idx, w, qsel)
+        if out is not None:
+            self._check_out(out, B)
+            self._ops.sample_search_gather(self.spec, self.bufs, idx, qsel, *out)
         else:
             self._ops.sample_search(self.spec, self.bufs, idx, qsel)
+        if side is None:
+            self._ops.sample_weights(self.spec, self.bufs, qsel, w)
+        else:
             with side.fork():
                 self._ops.sample_weights(self.spec, self.bufs, qsel, w)
         return idx, w
@@ -284,14 +290,17 @@ class PrioritizedReplay:
         if out is None:
             self.reserve(B)
             out = self._batches[B][3]
+        self._check_out(out, B)
+        self._ops.gather(self.spec, self.bufs, indices, *out)
+        return out
+
+    def _check_out(self, out: Batch, B: int) -> None:
         W = self.row_width
         for name, a, shape, dt in (("out.obs", out.obs, (B, W), np.float32), ("out.next_obs", out.next_obs, (B, W), np.float32),
                                    ("out.action", out.action, (B,), np.int32), ("out.ret", out.ret, (B,), np.float32),
                                    ("out.discount", out.discount, (B,), np.float32)):
             if type(a).__module__.split(".")[0] != self.xp.__name__ or a.dtype != dt or tuple(a.shape) != shape or not a.flags.c_contiguous:
                 raise ValueError(f"{name}: expected a C-contiguous {self.xp.__name__} {np.dtype(dt)} array {shape}")
-        self._ops.gather(self.spec, self.bufs, indices, *out)
-        return out
 
     def _index_check(self, a):
         return None if np.all((a >= 0) & (a < self.capacity)) else f"indices must lie in [0, {self.capacity})"

@@ -125,12 +125,20 @@ class Linear(Module):
     def backward(self, x, ws: Workspace, dx=None, accumulate: bool = False) -> None:
         B = x.shape[0] // self.rows
         y, dy = ws.rows(f"{self.name}.out", B), ws.rows(f"{self.name}.dout", B)
-        self.ops.bias_act_backward(dy, y, dy, self.G[f"{self.name}.bias"], self.act)
+        gb = self.G[f"{self.name}.bias"]
+        side = self.side is not None and not self.spectral
+        # With no activation dz is dy itself and the bias gradient a column sum nothing on the dx
+        # chain needs: it joins dW on the side branch (the kernel skips its stores when act is the
+        # identity and dz is dout, so there it only reads dy).
+        if not (side and self.act == IDENTITY):
+            self.ops.bias_act_backward(dy, y, dy, gb, self.act)
         gw = self.G[f"{self.name}.weight"]
-        if self.side is not None and not self.spectral:
+        if side:
             # dW = x^T dz feeds nothing until the optimiser, so it runs beside the dx chain; it reads
             # x and dz, which the main stream only reads from here on (the caller joins before Adam).
             with self.side.fork():
+                if self.act == IDENTITY:
+                    self.ops.bias_act_backward(dy, y, dy, gb, self.act)
                 matmul(x, dy, gw, trans_a=True, tf32=self.tf32)
         else:
             matmul(x, dy, self.sn["dw"] if self.spectral else gw, trans_a=True, tf32=self.tf32)

@@ -6,6 +6,8 @@ refuses to run inside a capture) can be captured.
 """
 from __future__ import annotations
 
+import numpy as np
+
 from .. import kernels
 from ..kernels import blocks_for, launch
 from ..reference.optim import GN_BLOCKS, GN_THREADS
@@ -44,12 +46,25 @@ def grad_norm_finalize(partial, norm, scale, max_norm: float) -> None:
            (partial, norm, scale, float(max_norm)))
 
 
-def grad_norm(g, partial, norm, scale, max_norm: float) -> None:
-    """Both stages (deterministic global L2 norm and clip scale)."""
+def grad_norm(g, partial, norm, scale, max_norm: float, done=None) -> None:
+    """Both stages (deterministic global L2 norm and clip scale).
+
+    With ``done`` (uint32 ``[1]``, 0, the launch's ticket; left 0) one launch whose last block does
+    stage 2, with the same bits as the two launches made without it.
+    """
     if g.ndim != 1:
         raise ValueError(f"optim.grad_norm: g must be flat, got {g.shape}")
-    grad_norm_partial(g, partial)
-    grad_norm_finalize(partial, norm, scale, max_norm)
+    if done is None:
+        grad_norm_partial(g, partial)
+        grad_norm_finalize(partial, norm, scale, max_norm)
+        return
+    w = "optim.grad_norm"
+    _flat(w, GN_BLOCKS, partial=partial)
+    _scalar(w, norm=norm, scale=scale)
+    if done.dtype != np.uint32 or done.shape != (1,):
+        raise ValueError(f"{w}: done must be a uint32 [1] ticket, got {done.dtype} {done.shape}")
+    launch("optim", "grad_norm", GN_BLOCKS, GN_THREADS, "const f32* g, f64* partial, f32* norm, f32* scale, f32 max_norm, u32* done, i64 n",
+           (g, partial, norm, scale, float(max_norm), done, g.size))
 
 
 def lr_schedule(step, lr, m_scale, bc1, bc2, kind: int, lr_max: float, lr_min: float, warmup: int, period: int,
@@ -65,15 +80,36 @@ def lr_schedule(step, lr, m_scale, bc1, bc2, kind: int, lr_max: float, lr_min: f
             float(restart_m_scale), float(beta1), float(beta2)))
 
 
+def _adam_checks(w: str, p, g, m, v, mask, lr, m_scale, bc1, bc2, clip) -> int:
+    n = p.size
+    _flat(w, n, p=p, g=g, m=m, v=v, mask=mask)
+    _scalar(w, lr=lr, m_scale=m_scale, bc1=bc1, bc2=bc2, clip=clip)
+    return n
+
+
 def adam_update(p, g, m, v, mask, lr, m_scale, bc1, bc2, clip, beta1: float, beta2: float, eps: float, wd: float) -> None:
     """Fused Adam(W) over flat float32 ``p, g, m, v [n]`` with uint8 ``mask [n]`` and device scalars."""
-    n = p.size
-    _flat("optim.adam_update", n, p=p, g=g, m=m, v=v, mask=mask)
-    _scalar("optim.adam_update", lr=lr, m_scale=m_scale, bc1=bc1, bc2=bc2, clip=clip)
+    n = _adam_checks("optim.adam_update", p, g, m, v, mask, lr, m_scale, bc1, bc2, clip)
     launch("optim", "adam_update", _grid(n), _T,
            "f32* p, const f32* g, f32* m, f32* v, const u8* mask, i64 n, const f32* lr, const f32* m_scale, const f32* bc1, "
            "const f32* bc2, const f32* clip, f32 beta1, f32 beta2, f32 eps, f32 wd",
            (p, g, m, v, mask, n, lr, m_scale, bc1, bc2, clip, float(beta1), float(beta2), float(eps), float(wd)))
+
+
+def adam_update_soft(p, g, m, v, mask, target, lr, m_scale, bc1, bc2, clip, tau, beta1: float, beta2: float, eps: float,
+                     wd: float) -> None:
+    """:func:`adam_update`, then :func:`soft_update` of ``target [n]`` toward the new ``p`` with ``tau [1]``,
+    in one launch (p, m, v: the same bits as the two; target: within one rounding, see optim.cu)."""
+    w = "optim.adam_update_soft"
+    n = _adam_checks(w, p, g, m, v, mask, lr, m_scale, bc1, bc2, clip)
+    _flat(w, n, target=target)
+    _scalar(w, tau=tau)
+    if target.data.ptr == p.data.ptr:
+        raise ValueError(f"{w}: target must be a buffer of its own, not the parameters")
+    launch("optim", "adam_update_soft", _grid(n), _T,
+           "f32* p, const f32* g, f32* m, f32* v, const u8* mask, f32* target, i64 n, const f32* lr, const f32* m_scale, "
+           "const f32* bc1, const f32* bc2, const f32* clip, const f32* tau, f32 beta1, f32 beta2, f32 eps, f32 wd",
+           (p, g, m, v, mask, target, n, lr, m_scale, bc1, bc2, clip, tau, float(beta1), float(beta2), float(eps), float(wd)))
 
 
 def tau_schedule(count, tau, tau_start: float, tau_end: float, period: int) -> None:

@@ -127,16 +127,24 @@ def insert(spec: ReplaySpec, bufs: ReplayBuffers, obs, action, reward, discount,
         insert_commit(spec, bufs, obs, action, reward, discount)
 
 
-def sample_search(spec: ReplaySpec, bufs: ReplayBuffers, indices_out, qsel_out) -> None:
-    """A warp per sample descends the tree; writes ``indices_out`` int32 ``[B]``, ``qsel_out`` int64 ``[B]``."""
+_SEARCH_SIG = ("const i64* tree, const i64* levels, const i64* step, i32* indices, i64* qsel, i64* status, i64 B, "
+               "i32 depth, u64 seed, u32 stream_id")
+
+
+def _search_args(spec: ReplaySpec, bufs: ReplayBuffers, indices_out, qsel_out) -> tuple[int, tuple]:
+    """B and the search's arguments (``_SEARCH_SIG``): shared by both searching launches."""
     B = int(indices_out.shape[0])
     _need("indices_out", indices_out, (B,), np.int32)
     _need("qsel_out", qsel_out, (B,), np.int64)
+    return B, (bufs.tree, bufs.levels, bufs.step, indices_out, qsel_out, bufs.status, B, _depth(bufs),
+               int(spec.seed) & 0xFFFFFFFFFFFFFFFF, int(spec.stream_id))
+
+
+def sample_search(spec: ReplaySpec, bufs: ReplayBuffers, indices_out, qsel_out) -> None:
+    """A warp per sample descends the tree; writes ``indices_out`` int32 ``[B]``, ``qsel_out`` int64 ``[B]``."""
+    B, args = _search_args(spec, bufs, indices_out, qsel_out)
     threads = 32 * _WARPS_PER_BLOCK
-    launch("replay", "sample_search", blocks_for(32 * B, threads), threads,
-           "const i64* tree, const i64* levels, const i64* step, i32* indices, i64* qsel, i64* status, i64 B, i32 depth, u64 seed, u32 stream_id",
-           (bufs.tree, bufs.levels, bufs.step, indices_out, qsel_out, bufs.status, B, _depth(bufs),
-            int(spec.seed) & 0xFFFFFFFFFFFFFFFF, int(spec.stream_id)))
+    launch("replay", "sample_search", blocks_for(32 * B, threads), threads, _SEARCH_SIG, args)
 
 
 def sample_weights(spec: ReplaySpec, bufs: ReplayBuffers, qsel, weights_out) -> None:
@@ -159,13 +167,10 @@ def sample(spec: ReplaySpec, bufs: ReplayBuffers, indices_out, weights_out, qsel
     sample_weights(spec, bufs, qsel_out, weights_out)
 
 
-def gather(spec: ReplaySpec, bufs: ReplayBuffers, indices, obs_out, next_obs_out, action_out, return_out, discount_out) -> None:
-    """Gather sampled rows, bootstrap rows and n-step targets; see ``reference.replay.gather``. 1 launch.
-
-    The bootstrap row is row ``(s + lag) mod C`` of the ring ``obs`` (``lag = nE``), or of the
-    stored ``next_obs`` ring (``lag = 0``) with ``store_next_obs``."""
-    B, W = int(indices.shape[0]), spec.row_width
-    _need("indices", indices, (B,), np.int32)
+def _gather_args(spec: ReplaySpec, bufs: ReplayBuffers, B: int, obs_out, next_obs_out, action_out, return_out,
+                 discount_out) -> tuple[tuple, tuple]:
+    """The gather's checked (sources, outputs) and (shape constants): shared by both gathering launches."""
+    W = spec.row_width
     _need("obs_out", obs_out, (B, W), np.float32)
     _need("next_obs_out", next_obs_out, (B, W), np.float32)
     _need("action_out", action_out, (B,), np.int32)
@@ -174,13 +179,38 @@ def gather(spec: ReplaySpec, bufs: ReplayBuffers, indices, obs_out, next_obs_out
     if spec.store_next_obs:
         _need("bufs.next_obs", bufs.next_obs, (spec.capacity, spec.obs_dim), np.float32)
     s_next = bufs.next_obs if spec.store_next_obs else bufs.obs
-    launch("replay", "gather", blocks_for(B * W), 256,
-           "const f32* s_obs, const i32* s_action, const f32* s_reward, const f32* s_discount, const f32* s_next, "
-           "const i32* indices, f32* obs_out, f32* next_obs_out, i32* action_out, f32* return_out, f32* discount_out, "
-           "i64* status, i64 B, i64 D, i64 W, i64 C, i64 n_envs, i32 n_step, i64 lag",
-           (bufs.obs, bufs.action, bufs.reward, bufs.discount, s_next, indices, obs_out, next_obs_out, action_out,
-            return_out, discount_out, bufs.status, B, spec.obs_dim, W, spec.capacity, spec.n_envs, spec.n_step,
-            spec.lag))
+    sources = (bufs.obs, bufs.action, bufs.reward, bufs.discount, s_next)
+    outputs = (obs_out, next_obs_out, action_out, return_out, discount_out)
+    return sources + outputs, (spec.obs_dim, W, spec.capacity, spec.n_envs, spec.n_step, spec.lag)
+
+
+_GATHER_SOURCES = "const f32* s_obs, const i32* s_action, const f32* s_reward, const f32* s_discount, const f32* s_next"
+_GATHER_OUTPUTS = "f32* obs_out, f32* next_obs_out, i32* action_out, f32* return_out, f32* discount_out"
+_GATHER_SHAPE = "i64 D, i64 W, i64 C, i64 n_envs, i32 n_step, i64 lag"
+
+
+def gather(spec: ReplaySpec, bufs: ReplayBuffers, indices, obs_out, next_obs_out, action_out, return_out, discount_out) -> None:
+    """Gather sampled rows, bootstrap rows and n-step targets; see ``reference.replay.gather``. 1 launch.
+
+    The bootstrap row is row ``(s + lag) mod C`` of the ring ``obs`` (``lag = nE``), or of the
+    stored ``next_obs`` ring (``lag = 0``) with ``store_next_obs``."""
+    B = int(indices.shape[0])
+    _need("indices", indices, (B,), np.int32)
+    arrays, shape = _gather_args(spec, bufs, B, obs_out, next_obs_out, action_out, return_out, discount_out)
+    launch("replay", "gather", blocks_for(B * spec.row_width), 256,
+           f"{_GATHER_SOURCES}, const i32* indices, {_GATHER_OUTPUTS}, i64* status, i64 B, {_GATHER_SHAPE}",
+           arrays[:5] + (indices,) + arrays[5:] + (bufs.status, B) + shape)
+
+
+def sample_search_gather(spec: ReplaySpec, bufs: ReplayBuffers, indices_out, qsel_out, obs_out, next_obs_out, action_out,
+                         return_out, discount_out) -> None:
+    """:func:`sample_search` and :func:`gather` of the rows found, in one launch (a warp per sample
+    finds its row and copies it): the same writes as the two launches. 1 launch."""
+    B, search = _search_args(spec, bufs, indices_out, qsel_out)
+    arrays, shape = _gather_args(spec, bufs, B, obs_out, next_obs_out, action_out, return_out, discount_out)
+    threads = 32 * _WARPS_PER_BLOCK
+    launch("replay", "sample_search_gather", blocks_for(32 * B, threads), threads,
+           f"{_SEARCH_SIG}, {_GATHER_SOURCES}, {_GATHER_OUTPUTS}, {_GATHER_SHAPE}", search + arrays + shape)
 
 
 def update_priorities(spec: ReplaySpec, bufs: ReplayBuffers, indices, td) -> None:

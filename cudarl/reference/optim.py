@@ -39,8 +39,8 @@ def grad_norm_finalize(partial: np.ndarray, norm: np.ndarray, scale: np.ndarray,
     scale[0] = float(np.float32(max_norm)) / denom if (max_norm > 0 and denom > float(np.float32(max_norm))) else 1.0
 
 
-def grad_norm(g, partial, norm, scale, max_norm: float) -> None:
-    """Both stages: global L2 norm of ``g`` and the clip scale."""
+def grad_norm(g, partial, norm, scale, max_norm: float, done=None) -> None:
+    """Both stages: global L2 norm of ``g`` and the clip scale (``done``: the GPU launch's ticket; unused here)."""
     grad_norm_partial(g, partial)
     grad_norm_finalize(partial, norm, scale, max_norm)
 
@@ -104,6 +104,13 @@ def adam_update(p, g, m, v, mask, lr, m_scale, bc1, bc2, clip, beta1: float, bet
     if w != 0:
         p[...] = np.where(mask != 0, p - lr_ * w * p, p)
     p[...] = p - lr_ * (mhat / (np.sqrt(vhat) + e))
+
+
+def adam_update_soft(p, g, m, v, mask, target, lr, m_scale, bc1, bc2, clip, tau, beta1: float, beta2: float, eps: float,
+                     wd: float) -> None:
+    """:func:`adam_update`, then :func:`soft_update` ``(target, p, tau)`` (the GPU does both in one launch)."""
+    adam_update(p, g, m, v, mask, lr, m_scale, bc1, bc2, clip, beta1, beta2, eps, wd)
+    soft_update(target, p, tau)
 
 
 def tau_schedule(count, tau, tau_start: float, tau_end: float, period: int) -> None:

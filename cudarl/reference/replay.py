@@ -427,6 +427,13 @@ def gather(spec: ReplaySpec, bufs: ReplayBuffers, indices, obs_out, next_obs_out
         out[bad] = 0
 
 
+def sample_search_gather(spec: ReplaySpec, bufs: ReplayBuffers, indices_out, qsel_out, obs_out, next_obs_out, action_out,
+                         return_out, discount_out) -> None:
+    """:func:`sample_search` then :func:`gather` of the rows found (the GPU does both in one launch)."""
+    sample_search(spec, bufs, indices_out, qsel_out)
+    gather(spec, bufs, indices_out, obs_out, next_obs_out, action_out, return_out, discount_out)
+
+
 def update_priorities(spec: ReplaySpec, bufs: ReplayBuffers, indices, td) -> None:
     """Set the priority of rows ``indices`` (int32 ``[B]``) to ``(|td| + eps)**alpha``.
 

@@ -162,8 +162,11 @@ def test_gpu_bias_act(cp, rng, B, N, act):
     ops.bias_act_backward(gd, gout, gdz, gdb, act)
     assert_parity(gdz, _f32(dz64), what="dz")
     assert_parity(gdb, _f32(db64), what="dbias")
-    ops.bias_act_backward(gd, gout, gd, gdb, act)  # dz aliasing dout
+    db_first = gdb.copy()
+    poison(gdb)
+    ops.bias_act_backward(gd, gout, gd, gdb, act)  # dz aliasing dout (with the identity: no stores at all)
     assert_bitwise(gd, gdz, what="in-place backward")
+    assert_bitwise(gdb, db_first, what="dbias, in place or not")
 
 
 @pytest.mark.gpu

@@ -12,6 +12,7 @@ import pytest
 
 from cudarl.optim import Adam, Schedule, SoftUpdate, shrink_perturb
 from cudarl.reference import optim as ref
+from cudarl.backend import to_numpy
 from cudarl.testing import assert_bitwise, assert_parity, poison, rel_error
 
 B1, B2 = 0.875, 0.9990234375  # exactly representable in float32, so the textbook sees the kernel's betas
@@ -217,20 +218,22 @@ def test_gpu_grad_norm_matches_and_is_bitwise_repeatable(cp, rng, n):
     max_norm = float(np.sqrt(n)) * 0.5
     ref.grad_norm(g, partial, norm, scale, max_norm)
     gg = cp.asarray(g)
+    done = cp.zeros(1, cp.uint32)  # the one-launch form's ticket, reused: each launch must leave it 0
     outs = []
-    for _ in range(3):
+    for one_launch in (False, False, False, True, True, True):
         gp, gn, gs = cp.zeros(ref.GN_BLOCKS), cp.zeros(1, cp.float32), cp.zeros(1, cp.float32)
         poison(gp)
         poison(gn)
         poison(gs)
-        ops.grad_norm(gg, gp, gn, gs, max_norm)
+        ops.grad_norm(gg, gp, gn, gs, max_norm, done=done if one_launch else None)
         outs.append((gp.get(), gn.get(), gs.get()))
+    assert int(done.get()[0]) == 0
     assert_parity(outs[0][0], partial, kind="float64", what="partials")
     assert_parity(outs[0][1], norm, rtol=1e-6, what="norm")
     assert_parity(outs[0][2], scale, rtol=1e-6, what="clip scale")
-    for o in outs[1:]:
+    for o in outs[1:]:  # repeated, and the one-launch form against the two launches: the same bits
         for a, b in zip(o, outs[0]):
-            assert_bitwise(a, b, what="repeated grad norm")
+            assert_bitwise(a, b, what="repeated grad norm, one launch or two")
 
 
 @pytest.mark.gpu
@@ -280,6 +283,60 @@ def test_gpu_adam_matches_reference_over_100_steps(cp, rng):
     assert_parity(ga.v, ca.v, rtol=1e-5, what="v")
     for k in ("lr", "bc1", "bc2", "grad_norm", "clip_scale"):
         assert abs(ga.scalars.get(k) - ca.scalars.get(k)) <= 1e-6 * abs(ca.scalars.get(k)), k
+
+
+def _adam_soft_steps(xp, seed: int, fused: bool, steps: int = 30, n: int = 100_003):
+    """``steps`` Adam steps then soft updates of a target toward the parameters: fused into one launch
+    (``update_step(soft)``) or as the two calls. Returns (params, target) as NumPy."""
+    rng = np.random.default_rng(seed)
+    p = xp.asarray(rng.standard_normal(n).astype(np.float32) * 0.1)
+    target = xp.asarray(rng.standard_normal(n).astype(np.float32) * 0.1)
+    g = xp.zeros(n, np.float32)
+    adam = Adam(p, g, schedule=Schedule("cosine", lr=1e-3, lr_min=1e-5, period=20), weight_decay=0.01,
+                max_grad_norm=5.0, xp=xp)
+    soft = SoftUpdate(target, p, tau_start=0.5, tau_end=0.01, period=10, xp=xp)
+    for _ in range(steps):
+        g[...] = xp.asarray((rng.standard_normal(n) * 0.2).astype(np.float32))
+        adam.schedule_step()
+        soft.schedule_step()
+        adam.clip_step()
+        if fused:
+            adam.update_step(soft=soft)
+        else:
+            adam.update_step()
+            soft.update_step()
+    return to_numpy(p), to_numpy(target)
+
+
+def test_reference_adam_update_with_soft_update_equals_the_two_calls():
+    a_p, a_t = _adam_soft_steps(np, 3, fused=True)
+    b_p, b_t = _adam_soft_steps(np, 3, fused=False)
+    assert_bitwise(a_p, b_p, what="params")
+    assert_bitwise(a_t, b_t, what="target")
+
+
+def test_adam_update_with_soft_update_refuses_mismatched_arguments():
+    p, g, other = np.zeros(8, np.float32), np.zeros(8, np.float32), np.zeros(8, np.float32)
+    adam = Adam(p, g, xp=np)
+    with pytest.raises(ValueError, match="soft.online is params"):
+        adam.update_step(soft=SoftUpdate(np.zeros(8, np.float32), other, xp=np))
+
+
+@pytest.mark.gpu
+def test_gpu_adam_update_with_soft_update_against_the_two_launches(cp):
+    """The parameters are the two launches' bits; the target may differ by a rounding (the compiler
+    contracts ``tau p + (1 - tau) target`` into a different FMA in the fused kernel: the H200 run at
+    18f8334 showed 1-ulp differences), and is itself bitwise repeatable."""
+    fused_p, fused_t = _adam_soft_steps(cp, 4, fused=True)
+    again_p, again_t = _adam_soft_steps(cp, 4, fused=True)
+    two_p, two_t = _adam_soft_steps(cp, 4, fused=False)
+    assert_bitwise(fused_p, two_p, what="params, one launch against two")
+    assert_parity(fused_t, two_t, rtol=1e-6, what="target, one launch against two")
+    assert_bitwise(again_p, fused_p, what="params, fused, run again")
+    assert_bitwise(again_t, fused_t, what="target, fused, run again")
+    ref_p, ref_t = _adam_soft_steps(np, 4, fused=True)
+    assert_parity(fused_p, ref_p, rtol=1e-6, what="params against the twin")
+    assert_parity(fused_t, ref_t, rtol=1e-6, what="target against the twin")
 
 
 @pytest.mark.gpu

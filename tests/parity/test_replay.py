@@ -5,7 +5,7 @@ import pytest
 from scipy import stats
 
 from cudarl.reference import replay as ref
-from cudarl.replay import PrioritizedReplay
+from cudarl.replay import Batch, PrioritizedReplay
 from cudarl.testing import assert_bitwise, assert_parity
 
 
@@ -445,15 +445,40 @@ def test_gpu_insert_graphed_equals_eager_and_the_twin(cp, rng):
 
 def _samples_agree(cpu, gpu, B, step):
     """Sample ``B`` rows from the twin and the GPU buffer: indices equal, weights to 1e-6, gathered
-    batches bit for bit. Returns the twin's indices and batch."""
+    batches bit for bit. On odd steps the GPU searches and gathers in one launch (``sample(out=)``).
+    Returns the twin's indices and batch."""
     ic, wc = cpu.sample(B)
-    ig, wg = gpu.sample(B)
+    bc = cpu.gather(ic)
+    if step % 2:
+        bg = Batch(*(gpu.xp.zeros(x.shape, x.dtype) for x in bc))
+        ig, wg = gpu.sample(B, out=bg)
+    else:
+        ig, wg = gpu.sample(B)
+        bg = gpu.gather(ig)
     assert_bitwise(ig, ic, what=f"indices at step {step}")
     assert_parity(wg, wc, rtol=1e-6, what=f"weights at step {step}")
-    bc, bg = cpu.gather(ic), gpu.gather(ig)
     for name, x, y in zip(bc._fields, bg, bc):
         assert_bitwise(x, y, what=f"gather {name} at step {step}")
     return ic, bc
+
+
+def test_sample_with_out_gathers_what_sample_then_gather_would(rng):
+    kw = dict(n_step=3, n_envs=4, seed=11)
+    one, two = _cpu(500, 5, **kw), _cpu(500, 5, **kw)
+    rows = _rows(rng, 400, 5)
+    one.add(*rows)
+    two.add(*rows)
+    for _ in range(3):
+        i1, w1 = one.sample(64)
+        b1 = one.gather(i1)
+        b2 = Batch(*(np.zeros(x.shape, x.dtype) for x in b1))
+        i2, w2 = two.sample(64, out=b2)
+        assert_bitwise(i2, i1, what="indices")
+        assert_bitwise(w2, w1, what="weights")
+        for name, x, y in zip(b1._fields, b2, b1):
+            assert_bitwise(x, y, what=f"gathered {name}")
+    with pytest.raises(ValueError, match="out.obs"):
+        two.sample(64, out=Batch(np.zeros((64, 2), np.float32), *b2[1:]))
 
 
 def _replays_equal_eager_runs(eager, graphed, bufs, B, steps: int = 5) -> None:

@@ -91,6 +91,12 @@ __device__ __forceinline__ float load_l2(const float* p) {
   return v;
 }
 
+__device__ __forceinline__ double load_l2(const double* p) {
+  double v;
+  asm volatile("ld.global.cg.f64 %0, [%1];" : "=d"(v) : "l"(p));
+  return v;
+}
+
 // Fixed-order weighted sum of n values by one block (see the banner); sh holds N floats, N a
 // power of two. Returns the sum to every thread.
 template <int N>
