@@ -242,11 +242,13 @@ def test_device_rules_of_the_twin_skip_bad_td_and_bad_rows(rng):
 
 
 # --- state ----------------------------------------------------------------------------------------
-def test_state_round_trips_and_resumes_identically(rng):
-    kw = dict(n_step=3, n_envs=2, pad_rows=True, seed=7)
+def _round_trip(rng, kw: dict, rows, field: str):
+    """Fill a CPU buffer (``rows(rng, B, D)`` per add) with samples and updates, load its state into a
+    fresh one, and check both states match and both resume alike (the same sample, the same gathered
+    ``field``). Returns the state."""
     r = _cpu(80, **kw)
     for _ in range(50):
-        r.add(*_rows(rng, 4, 3))
+        r.add(*rows(rng, 4, 3))
         if r.ready() >= 16:
             idx, _ = r.sample(16)
             r.update_priorities(idx, rng.standard_normal(16).astype(np.float32))
@@ -258,13 +260,18 @@ def test_state_round_trips_and_resumes_identically(rng):
     for k in state:
         assert np.array_equal(state[k], s2[k]), k
     assert np.array_equal(r.bufs.tree, r2.bufs.tree)
-    rows = _rows(rng, 4, 3)
+    new = rows(rng, 4, 3)
     for buf in (r, r2):
-        buf.add(*rows)
+        buf.add(*new)
     i1, w1 = r.sample(16)
     i2, w2 = r2.sample(16)
     assert np.array_equal(i1, i2) and np.array_equal(w1, w2)
-    assert_bitwise(r.gather(i1).ret, r2.gather(i2).ret)
+    assert_bitwise(getattr(r.gather(i1), field), getattr(r2.gather(i2), field))
+    return state
+
+
+def test_state_round_trips_and_resumes_identically(rng):
+    _round_trip(rng, dict(n_step=3, n_envs=2, pad_rows=True, seed=7), _rows, "ret")
 
 
 # --- bad input ------------------------------------------------------------------------------------
@@ -745,28 +752,8 @@ def test_store_next_obs_twin_rejects_a_batch_with_non_finite_next_obs(rng):
 
 
 def test_store_next_obs_state_round_trips_and_resumes_identically(rng):
-    kw = dict(n_envs=2, pad_rows=True, seed=9, store_next_obs=True)
-    r = _cpu(80, **kw)
-    for _ in range(50):
-        r.add(*_rows_next(rng, 4, 3))
-        if r.ready() >= 16:
-            idx, _ = r.sample(16)
-            r.update_priorities(idx, rng.standard_normal(16).astype(np.float32))
-    state = r.state_dict()
+    state = _round_trip(rng, dict(n_envs=2, pad_rows=True, seed=9, store_next_obs=True), _rows_next, "next_obs")
     assert state["store_next_obs"] is True and state["next_obs"].shape == (80, 3)
-    r2 = _cpu(80, **kw)
-    r2.load_state_dict(state)
-    s2 = r2.state_dict()
-    assert state.keys() == s2.keys()
-    for k in state:
-        assert np.array_equal(state[k], s2[k]), k
-    rows = _rows_next(rng, 4, 3)
-    for buf in (r, r2):
-        buf.add(*rows)
-    i1, w1 = r.sample(16)
-    i2, w2 = r2.sample(16)
-    assert np.array_equal(i1, i2) and np.array_equal(w1, w2)
-    assert_bitwise(r.gather(i1).next_obs, r2.gather(i2).next_obs)
     with pytest.raises(ValueError, match="store_next_obs"):
         _cpu(80, n_envs=2, pad_rows=True).load_state_dict(state)
 
