@@ -53,6 +53,18 @@ def assert_bitwise(actual, expected, what: str = "output") -> None:
     assert bad.size == 0, f"{what}: {bad.size} bytes differ (first at byte {bad[0]})"
 
 
+def finite_difference(f, x: np.ndarray, eps: float = 1e-6) -> np.ndarray:
+    """Central differences ``(f(x + eps e_i) - f(x - eps e_i)) / (2 eps)`` of a scalar ``f`` at every
+    element of float64 ``x`` (the gradient checks of the loss twins)."""
+    num = np.zeros_like(x)
+    for idx in np.ndindex(*x.shape):
+        hi, lo = x.copy(), x.copy()
+        hi[idx] += eps
+        lo[idx] -= eps
+        num[idx] = (f(hi) - f(lo)) / (2 * eps)
+    return num
+
+
 def poison(arr) -> None:
     """Fill an output buffer with NaN (floats) or 0xA5 bytes (integers) before a launch."""
     if arr.dtype.kind == "f":

@@ -8,7 +8,7 @@ import pytest
 
 from cudarl import losses
 from cudarl.reference import c51 as ref
-from cudarl.testing import assert_bitwise, assert_parity, assert_reruns_bitwise, poison
+from cudarl.testing import assert_bitwise, assert_parity, assert_reruns_bitwise, finite_difference, poison
 
 SUPPORT5 = np.linspace(-2, 2, 5, dtype=np.float32)  # z = -2, -1, 0, 1, 2; dz = 1
 
@@ -136,13 +136,7 @@ def test_loss_gradient_matches_finite_differences(rng, normalised):
     if not normalised:
         m = m * rng.uniform(0.5, 1.5, (B, 1))  # the gradient formula keeps sum(m)
     _, _, grad, _ = ref.loss(logits, a, m, w, compute_dtype=np.float64)
-    eps = 1e-6
-    num = np.zeros_like(logits)
-    for idx in np.ndindex(*logits.shape):
-        hi, lo = logits.copy(), logits.copy()
-        hi[idx] += eps
-        lo[idx] -= eps
-        num[idx] = (ref.loss(hi, a, m, w, compute_dtype=np.float64)[1] - ref.loss(lo, a, m, w, compute_dtype=np.float64)[1]) / (2 * eps)
+    num = finite_difference(lambda x: ref.loss(x, a, m, w, compute_dtype=np.float64)[1], logits)
     np.testing.assert_allclose(grad, num, atol=1e-8, rtol=1e-6)
     assert np.all(grad[np.arange(B)[:, None], np.array([[x for x in range(A) if x != ai] for ai in a])] == 0)
 

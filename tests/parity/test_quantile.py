@@ -5,7 +5,7 @@ import pytest
 from cudarl import losses
 from cudarl.reference import philox
 from cudarl.reference import quantile as ref
-from cudarl.testing import assert_bitwise, assert_parity, assert_reruns_bitwise, poison
+from cudarl.testing import assert_bitwise, assert_parity, assert_reruns_bitwise, finite_difference, poison
 
 
 def test_quantile_loss_sign_and_shape_on_a_hand_case():
@@ -53,13 +53,7 @@ def test_quantile_gradient_matches_finite_differences(rng, kappa, shared_taus):
     w = rng.uniform(0.2, 1, B)
     _, _, grad = ref.huber_loss(theta, a, target, taus, w, kappa, compute_dtype=np.float64)
     f = lambda th: ref.huber_loss(th, a, target, taus, w, kappa, compute_dtype=np.float64)[1]  # noqa: E731
-    eps = 1e-6
-    num = np.zeros_like(theta)
-    for idx in np.ndindex(*theta.shape):
-        hi, lo = theta.copy(), theta.copy()
-        hi[idx] += eps
-        lo[idx] -= eps
-        num[idx] = (f(hi) - f(lo)) / (2 * eps)
+    num = finite_difference(f, theta)
     np.testing.assert_allclose(grad, num, atol=1e-7, rtol=1e-5)
     assert np.any(grad != 0)
 

@@ -3,17 +3,7 @@ import numpy as np
 import pytest
 
 from cudarl.reference import regularizers as ref
-from cudarl.testing import assert_parity, poison
-
-
-def _fd(f, x, eps=1e-6):
-    num = np.zeros_like(x)
-    for idx in np.ndindex(*x.shape):
-        hi, lo = x.copy(), x.copy()
-        hi[idx] += eps
-        lo[idx] -= eps
-        num[idx] = (f(hi) - f(lo)) / (2 * eps)
-    return num
+from cudarl.testing import assert_parity, finite_difference, poison
 
 
 def test_cql_hand_case_equal_q_values_cost_log_a():
@@ -34,14 +24,14 @@ def test_cql_c51_gradient_matches_finite_differences(rng):
     z = np.linspace(-3, 3, K)
     a = rng.integers(0, A, B).astype(np.int32)
     _, _, grad = ref.cql_c51(x, a, z, 0.7, compute_dtype=np.float64)
-    np.testing.assert_allclose(grad, _fd(lambda t: ref.cql_c51(t, a, z, 0.7, compute_dtype=np.float64)[1], x), atol=1e-8, rtol=1e-6)
+    np.testing.assert_allclose(grad, finite_difference(lambda t: ref.cql_c51(t, a, z, 0.7, compute_dtype=np.float64)[1], x), atol=1e-8, rtol=1e-6)
 
 
 def test_cql_quantile_gradient_matches_finite_differences(rng):
     th = rng.normal(size=(5, 4, 3))  # [B, N, A]
     a = rng.integers(0, 3, 5).astype(np.int32)
     _, _, grad = ref.cql_quantile(th, a, 1.3, compute_dtype=np.float64)
-    np.testing.assert_allclose(grad, _fd(lambda t: ref.cql_quantile(t, a, 1.3, compute_dtype=np.float64)[1], th), atol=1e-8, rtol=1e-6)
+    np.testing.assert_allclose(grad, finite_difference(lambda t: ref.cql_quantile(t, a, 1.3, compute_dtype=np.float64)[1], th), atol=1e-8, rtol=1e-6)
 
 
 @pytest.mark.parametrize("tau", [0.5, 0.7, 0.9])
@@ -49,7 +39,7 @@ def test_expectile_gradient_matches_finite_differences(rng, tau):
     q = rng.normal(size=9)
     v = rng.normal(size=9)
     _, _, gv, _ = ref.expectile(q, v, np.ones(9), tau, compute_dtype=np.float64)
-    np.testing.assert_allclose(gv, _fd(lambda t: ref.expectile(q, t, np.ones(9), tau, compute_dtype=np.float64)[1], v), rtol=1e-6, atol=1e-9)
+    np.testing.assert_allclose(gv, finite_difference(lambda t: ref.expectile(q, t, np.ones(9), tau, compute_dtype=np.float64)[1], v), rtol=1e-6, atol=1e-9)
 
 
 def test_expectile_minimiser_is_the_upper_expectile_and_modulation_is_asymmetric(rng):

@@ -38,3 +38,10 @@ def test_gpu_axpb(cp, rng, n):
     ops.axpb(d, 1.25, -0.5)
     ref.axpb(x, 1.25, -0.5)
     assert_parity(d, x)
+
+
+def test_finite_difference_recovers_a_known_gradient():
+    from cudarl.testing import finite_difference
+
+    x = np.array([[0.5, -1.0, 2.0], [3.0, 0.0, -0.25]])
+    np.testing.assert_allclose(finite_difference(lambda t: float(np.sum(t ** 3)), x), 3 * x ** 2, rtol=1e-7, atol=1e-8)
