@@ -37,13 +37,13 @@ def profile(graph_name: str, sets: list[str]) -> None:
     import cupy
 
     from cudarl.bench import reference_bars, reference_config
+    from cudarl.config import parse_override
     from cudarl.trainer import Trainer
 
     over: dict = {}
-    for s in sets:
-        key, _, val = s.partition("=")
-        sec, _, name = key.partition(".")
-        over.setdefault(sec, {})[name] = json.loads(val) if val[:1] in "[{0123456789-tf" else val
+    for text in sets:  # the CLI's --set syntax (values read as TOML)
+        sec, name, val = parse_override(text)
+        over.setdefault(sec, {})[name] = val
     t = Trainer(reference_config("gpu", **over), run_dir=False, bars=reference_bars(), echo=lambda m: None)
     t._capture()
     while t._ready_rows() < t.cfg.agent.batch_size:
@@ -100,7 +100,7 @@ def summarize(paths: list[Path], out: Path | None) -> None:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--graph", choices=("train", "collect"))
-    ap.add_argument("--set", action="append", default=[], help="config override SECTION.KEY=VALUE (JSON values)")
+    ap.add_argument("--set", action="append", default=[], help="config override SECTION.FIELD=VALUE, as cudarl-train --set")
     ap.add_argument("--summarize", nargs="+", type=Path)
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
