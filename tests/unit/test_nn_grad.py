@@ -69,18 +69,22 @@ def check(forward, backward, params, grads, x, rng, d_in=True):
     return errs
 
 
-@pytest.mark.parametrize("act", ["identity", "relu", "sigmoid"])
-def test_linear_fd(act, rng):
-    m = Linear("lin", 5, 4, act=act)
-    params, grads, ws = build(m, 3, rng)
-    x = rng.standard_normal((3, 5))
+def _assert_layer_fd(m, x, params, grads, ws, rng) -> None:
+    """Finite differences of one layer ``m`` at input ``x``: its parameter and input gradients."""
 
     def bwd(R, dx):
-        ws.rows("lin.dout")[...] = R
+        ws.rows(f"{m.name}.dout")[...] = R
         m.backward(x, ws, dx)
 
     errs = check(lambda: m.forward(x, ws), bwd, params, grads, x, rng)
     assert max(errs) <= TOL, errs
+
+
+@pytest.mark.parametrize("act", ["identity", "relu", "sigmoid"])
+def test_linear_fd(act, rng):
+    m = Linear("lin", 5, 4, act=act)
+    params, grads, ws = build(m, 3, rng)
+    _assert_layer_fd(m, rng.standard_normal((3, 5)), params, grads, ws, rng)
 
 
 @pytest.mark.parametrize("act", ["identity", "sigmoid"])
@@ -90,14 +94,7 @@ def test_spectral_linear_fd(act, rng):
     params, grads, ws = build(m, 3, rng)
     m.alloc_state(np, np.float64, 7, 0)
     m.sn_update = False
-    x = rng.standard_normal((3, 6))
-
-    def bwd(R, dx):
-        ws.rows("lin.dout")[...] = R
-        m.backward(x, ws, dx)
-
-    errs = check(lambda: m.forward(x, ws), bwd, params, grads, x, rng)
-    assert max(errs) <= TOL, errs
+    _assert_layer_fd(m, rng.standard_normal((3, 6)), params, grads, ws, rng)
 
 
 def test_spectral_power_iteration_finds_the_top_singular_value(rng):
@@ -116,14 +113,7 @@ def test_spectral_power_iteration_finds_the_top_singular_value(rng):
 def test_layernorm_fd(act, rng):
     m = LayerNorm("ln", 6, act=act)
     params, grads, ws = build(m, 4, rng)
-    x = 2.0 * rng.standard_normal((4, 6)) + 0.5
-
-    def bwd(R, dx):
-        ws.rows("ln.dout")[...] = R
-        m.backward(x, ws, dx)
-
-    errs = check(lambda: m.forward(x, ws), bwd, params, grads, x, rng)
-    assert max(errs) <= TOL, errs
+    _assert_layer_fd(m, 2.0 * rng.standard_normal((4, 6)) + 0.5, params, grads, ws, rng)
 
 
 @pytest.mark.parametrize("layernorm", [False, True])
