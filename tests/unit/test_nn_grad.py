@@ -32,6 +32,21 @@ def build(module, B, rng):
     return params, grads, ws
 
 
+def fd_in_place(buf: np.ndarray, flat_idx, loss) -> np.ndarray:
+    """Central differences of ``loss()`` in the elements ``flat_idx`` of ``buf``, perturbed in place
+    (the network reads its own buffers) and restored. Returns an array shaped like ``buf``."""
+    fd = np.zeros_like(buf)
+    for i in flat_idx:
+        old = buf.flat[i]
+        buf.flat[i] = old + H
+        lp = loss()
+        buf.flat[i] = old - H
+        lm = loss()
+        buf.flat[i] = old
+        fd.flat[i] = (lp - lm) / (2 * H)
+    return fd
+
+
 def check(forward, backward, params, grads, x, rng, d_in=True):
     """forward() -> output array; backward(R, dx) writes grads and dx. Returns (param err, input err)."""
     R = rng.standard_normal(forward().shape)
@@ -44,28 +59,11 @@ def check(forward, backward, params, grads, x, rng, d_in=True):
     grads[...] = np.nan  # every gradient must be written, not accumulated into stale values
     backward(R, dx)
     used = ~np.isnan(grads)
-    fd = np.zeros_like(params)
-    for i in np.flatnonzero(used):
-        old = params[i]
-        params[i] = old + H
-        lp = loss()
-        params[i] = old - H
-        lm = loss()
-        params[i] = old
-        fd[i] = (lp - lm) / (2 * H)
+    fd = fd_in_place(params, np.flatnonzero(used), loss)
     errs = [fd_rel_error(fd[used], grads[used])]
     assert used.sum() > 0
     if d_in:
-        fdx = np.zeros_like(x)
-        for i in range(x.size):
-            old = x.flat[i]
-            x.flat[i] = old + H
-            lp = loss()
-            x.flat[i] = old - H
-            lm = loss()
-            x.flat[i] = old
-            fdx.flat[i] = (lp - lm) / (2 * H)
-        errs.append(fd_rel_error(fdx, dx))
+        errs.append(fd_rel_error(fd_in_place(x, range(x.size), loss), dx))
     return errs
 
 
@@ -199,15 +197,7 @@ def test_qnetwork_fd(head, layernorm, spectral, rng):
     for e in net.layout.entries:
         used[e.offset : e.offset + e.size] = True
     assert not np.isnan(net.grads[used]).any(), "a parameter gradient was not written"
-    fd = np.zeros_like(net.params)
-    for i in np.flatnonzero(used):
-        old = net.params[i]
-        net.params[i] = old + H
-        lp = loss()
-        net.params[i] = old - H
-        lm = loss()
-        net.params[i] = old
-        fd[i] = (lp - lm) / (2 * H)
+    fd = fd_in_place(net.params, np.flatnonzero(used), loss)
     assert fd_rel_error(fd[used], net.grads[used]) <= TOL
     for e in net.layout.entries:  # per tensor, so a small tensor's error is not hidden by a big one
         sl = slice(e.offset, e.offset + e.size)
