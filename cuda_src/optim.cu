@@ -149,8 +149,9 @@ extern "C" __global__ void cudarl_optim_adam_update(float* p, const float* g, fl
 // ---- adam_update_soft ---------------------------------------------------------------------------
 // adam_update, then soft_update of target toward the new p in the same pass:
 // target[i] = tau*p[i] + (1 - tau)*target[i] with p[i] the value just stored, one graph node fewer.
-// p, m and v are adam_update's bits; target can differ from soft_update's by one rounding, because
-// the compiler contracts the sum into a different FMA here (seen on the H200 at 18f8334).
+// p, m and v are adam_update's bits, and target soft_update's: both spell the sum's rounding out
+// (__fmaf_rn of the tau product onto the rounded (1 - tau) product). Left to the compiler, the
+// contraction differed between the two kernels by one rounding (the H200 at 18f8334).
 // Reads 20*n + n bytes (+24 of scalars), writes 16*n.
 extern "C" __global__ void cudarl_optim_adam_update_soft(float* p, const float* g, float* m, float* v,
                                                          const unsigned char* mask, float* target, i64 n, const float* lr,
@@ -160,7 +161,7 @@ extern "C" __global__ void cudarl_optim_adam_update_soft(float* p, const float* 
   const float lr_ = lr[0], ms = m_scale[0], c1 = bc1[0], c2 = bc2[0], cl = clip[0], t = tau[0], u = 1.f - t;
   for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < n; i += (i64)gridDim.x * blockDim.x) {
     const float pi = adam_elem(p, g, m, v, mask, i, lr_, ms, c1, c2, cl, beta1, beta2, eps, wd);
-    target[i] = t * pi + u * target[i];
+    target[i] = __fmaf_rn(t, pi, __fmul_rn(u, target[i]));  // soft_update's rounding, spelled out in both
   }
 }
 
@@ -180,7 +181,7 @@ extern "C" __global__ void cudarl_optim_tau_schedule(i64* count, float* tau, flo
 extern "C" __global__ void cudarl_optim_soft_update(float* target, const float* online, i64 n, const float* tau) {
   const float t = tau[0], u = 1.f - t;
   for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < n; i += (i64)gridDim.x * blockDim.x)
-    target[i] = t * online[i] + u * target[i];
+    target[i] = __fmaf_rn(t, online[i], __fmul_rn(u, target[i]));  // spelled out: adam_update_soft rounds alike
 }
 
 // ---- shrink_perturb ---------------------------------------------------------------------------

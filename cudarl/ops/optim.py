@@ -99,7 +99,7 @@ def adam_update(p, g, m, v, mask, lr, m_scale, bc1, bc2, clip, beta1: float, bet
 def adam_update_soft(p, g, m, v, mask, target, lr, m_scale, bc1, bc2, clip, tau, beta1: float, beta2: float, eps: float,
                      wd: float) -> None:
     """:func:`adam_update`, then :func:`soft_update` of ``target [n]`` toward the new ``p`` with ``tau [1]``,
-    in one launch (p, m, v: the same bits as the two; target: within one rounding, see optim.cu)."""
+    in one launch (the same bits as the two)."""
     w = "optim.adam_update_soft"
     n = _adam_checks(w, p, g, m, v, mask, lr, m_scale, bc1, bc2, clip)
     _flat(w, n, target=target)
