@@ -209,6 +209,7 @@ class Agent:
         # The online net sees s and s' of a batch in one forward pass of 2B rows (one GEMM chain
         # instead of two); the backward pass runs over the first B rows, the s half.
         self.online = QNetwork(obs_dim, n_actions, max_batch=2 * B, **net_kw)
+        self.online.prepare_backward(B)  # the backward runs over the s half
         self.target = QNetwork(obs_dim, n_actions, max_batch=B, **net_kw)
         self.target.params[...] = self.online.params
         self.ws = self.online.ws

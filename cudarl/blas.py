@@ -38,7 +38,7 @@ _DEFAULT_MATH, _TF32_MATH = 0, 3  # CUBLAS_DEFAULT_MATH, CUBLAS_TF32_TENSOR_OP_M
 _CUDA_R_32F = 0
 _COMPUTE_32F, _COMPUTE_32F_FAST_TF32 = 68, 77  # cublasComputeType_t
 _DESC_TRANSA, _DESC_TRANSB, _DESC_EPILOGUE, _DESC_BIAS_POINTER = 3, 4, 7, 8  # cublasLtMatmulDescAttributes_t
-_PREF_MAX_WORKSPACE_BYTES = 1  # cublasLtMatmulPreferenceAttributes_t, then MIN_ALIGNMENT_{A,B,C,D}_BYTES:
+_PREF_MAX_WORKSPACE_BYTES, _PREF_REDUCTION_SCHEME_MASK = 1, 3  # cublasLtMatmulPreferenceAttributes_t, then MIN_ALIGNMENT_{A,B,C,D}_BYTES:
 _PREF_MIN_ALIGNMENT_A, _PREF_MIN_ALIGNMENT_B, _PREF_MIN_ALIGNMENT_C, _PREF_MIN_ALIGNMENT_D = 5, 6, 7, 8
 #: cublasLtEpilogue_t by (has bias, activation): DEFAULT 1, RELU 2, BIAS 4, RELU_BIAS 6.
 _EPILOGUES = {(False, "identity"): 1, (False, "relu"): 2, (True, "identity"): 4, (True, "relu"): 6}
@@ -108,7 +108,7 @@ def gemm(a, b, out, *, trans_a: bool = False, trans_b: bool = False, alpha: floa
 
 
 def gemm_lt(a, b, out, *, bias=None, act: str = "identity", trans_a: bool = False, trans_b: bool = False,
-            tf32: bool = False, stream=None) -> None:
+            tf32: bool = False, split_k: bool = True, stream=None) -> None:
     """``out = act(op(a) @ op(b) + bias)`` in float32, row-major, through cuBLASLt's epilogue.
 
     Args:
@@ -119,6 +119,8 @@ def gemm_lt(a, b, out, *, bias=None, act: str = "identity", trans_a: bool = Fals
             address must be a multiple of 16 bytes (cuBLASLt's bias epilogue).
         act: ``"identity"`` or ``"relu"``, applied after the bias.
         tf32: allow TF32 tensor-core math (GPU only; ~1e-3 relative error).
+        split_k: let the heuristic pick an algorithm that splits K (partial sums, then a reduction
+            kernel of its own); ``False`` asks for one-kernel algorithms only (no reduction scheme).
         stream: CuPy stream (default: the current stream).
 
     On the GPU the first call of a key (shape, transposes, epilogue, TF32, operand alignment) makes
@@ -145,7 +147,7 @@ def gemm_lt(a, b, out, *, bias=None, act: str = "identity", trans_a: bool = Fals
     bias_ptr = 0 if bias is None else bias.data.ptr
     if bias_ptr % LT_ALIGN:
         raise BlasError(f"gemm_lt: the bias must start at a multiple of {LT_ALIGN} bytes on the GPU (address {bias_ptr:#x})")
-    key = _lt_key(m, n, k, trans_a, trans_b, bias_ptr, act, tf32, a.data.ptr, b.data.ptr, out.data.ptr)
+    key = _lt_key(m, n, k, trans_a, trans_b, bias_ptr, act, tf32, a.data.ptr, b.data.ptr, out.data.ptr, split_k)
     plan = _plans.get(key)
     if plan is None:
         if s.is_capturing():
@@ -167,7 +169,7 @@ def gemm_lt(a, b, out, *, bias=None, act: str = "identity", trans_a: bool = Fals
 
 
 def gemm_lt_prepare(m: int, n: int, k: int, *, bias=None, act: str = "identity", trans_a: bool = False,
-                    trans_b: bool = False, tf32: bool = False, stream=None) -> None:
+                    trans_b: bool = False, tf32: bool = False, split_k: bool = True, stream=None) -> None:
     """Make the :func:`gemm_lt` plan of a ``[M, K] x [K, N]`` key before any capture (GPU).
 
     For operands aligned to :data:`LT_ALIGN` bytes and a bias aligned like ``bias`` (a CuPy
@@ -182,14 +184,14 @@ def gemm_lt_prepare(m: int, n: int, k: int, *, bias=None, act: str = "identity",
     if m == 0 or n == 0:
         return
     bias_ptr = 0 if bias is None else bias.data.ptr
-    if _lt_key(m, n, k, trans_a, trans_b, bias_ptr, act, tf32, LT_ALIGN, LT_ALIGN, LT_ALIGN) in _plans:
+    if _lt_key(m, n, k, trans_a, trans_b, bias_ptr, act, tf32, LT_ALIGN, LT_ALIGN, LT_ALIGN, split_k) in _plans:
         return
     if s.is_capturing():
         raise BlasError("gemm_lt_prepare inside a capture: plans must be made before capture")
     a = cupy.zeros((k, m) if trans_a else (m, k), dtype=np.float32)  # CuPy allocations are 256-byte aligned
     b = cupy.zeros((n, k) if trans_b else (k, n), dtype=np.float32)
     out = cupy.empty((m, n), dtype=np.float32)
-    gemm_lt(a, b, out, bias=bias, act=act, trans_a=trans_a, trans_b=trans_b, tf32=tf32, stream=s)
+    gemm_lt(a, b, out, bias=bias, act=act, trans_a=trans_a, trans_b=trans_b, tf32=tf32, split_k=split_k, stream=s)
     s.synchronize()  # the scratch operands outlive the GEMM
 
 
@@ -211,19 +213,20 @@ def _alignment(ptr: int, cap: int) -> int:
     return min(cap, ptr & -ptr) if ptr else cap
 
 
-def _lt_key(m, n, k, trans_a, trans_b, bias_ptr, act, tf32, a_ptr, b_ptr, out_ptr) -> tuple:
+def _lt_key(m, n, k, trans_a, trans_b, bias_ptr, act, tf32, a_ptr, b_ptr, out_ptr, split_k: bool = True) -> tuple:
     """A plan's key. Operands count by alignment up to LT_ALIGN (a plan assumes that much); the bias
     (at least LT_ALIGN-aligned on the GPU) by its alignment up to 256, because the heuristic reads
     the bias pointer to learn it."""
     al = tuple(_alignment(p, LT_ALIGN) for p in (a_ptr, b_ptr, out_ptr))
     bias_al = _alignment(bias_ptr, 256) if bias_ptr else 0
-    return (int(m), int(n), int(k), bool(trans_a), bool(trans_b), _EPILOGUES[(bool(bias_ptr), act)], bool(tf32)) + al + (bias_al,)
+    return ((int(m), int(n), int(k), bool(trans_a), bool(trans_b), _EPILOGUES[(bool(bias_ptr), act)], bool(tf32)) + al
+            + (bias_al, bool(split_k)))
 
 
 def _describe(key: tuple) -> str:
-    m, n, k, ta, tb, epi, tf32, al_a, al_b, al_out, al_bias = key
+    m, n, k, ta, tb, epi, tf32, al_a, al_b, al_out, al_bias, split_k = key
     return (f"[{m}x{k}] x [{k}x{n}] (trans_a={ta}, trans_b={tb}, epilogue {epi}, tf32={tf32}, "
-            f"alignment a/b/out/bias {al_a}/{al_b}/{al_out}/{al_bias} bytes)")
+            f"alignment a/b/out/bias {al_a}/{al_b}/{al_out}/{al_bias} bytes, split_k={split_k})")
 
 
 # --- the cuBLAS and cuBLASLt libraries, per-stream handles, plans -----------------------------
@@ -401,19 +404,19 @@ class _LtPlan:
     """The matmul descriptor, the three matrix layouts and the algorithm of one :func:`gemm_lt` key."""
 
     def __init__(self, key: tuple, bias_ptr: int):
-        m, n, k, trans_a, trans_b, epilogue, tf32, al_a, al_b, al_out, _ = key
+        m, n, k, trans_a, trans_b, epilogue, tf32, al_a, al_b, al_out, _, split_k = key
         lib = _lt_lib()
         self.desc = ctypes.c_void_p()
         self.layout_a, self.layout_b, self.layout_d = ctypes.c_void_p(), ctypes.c_void_p(), ctypes.c_void_p()
         self.alpha, self.beta = ctypes.c_float(1.0), ctypes.c_float(0.0)
         self.algo = _LtAlgo()
         try:
-            self._make(lib, m, n, k, trans_a, trans_b, epilogue, tf32, (al_a, al_b, al_out), bias_ptr)
+            self._make(lib, m, n, k, trans_a, trans_b, epilogue, tf32, (al_a, al_b, al_out), bias_ptr, split_k)
         except BaseException:
             self.destroy()
             raise
 
-    def _make(self, lib, m, n, k, trans_a, trans_b, epilogue, tf32, aligns, bias_ptr) -> None:
+    def _make(self, lib, m, n, k, trans_a, trans_b, epilogue, tf32, aligns, bias_ptr, split_k) -> None:
         compute = _COMPUTE_32F_FAST_TF32 if tf32 else _COMPUTE_32F
         _check(lib.cublasLtMatmulDescCreate(ctypes.byref(self.desc), compute, _CUDA_R_32F), "cublasLtMatmulDescCreate")
 
@@ -441,6 +444,9 @@ class _LtPlan:
                                (_PREF_MIN_ALIGNMENT_C, ctypes.c_uint32(al_out), "MIN_ALIGNMENT_C_BYTES"),
                                (_PREF_MIN_ALIGNMENT_D, ctypes.c_uint32(al_out), "MIN_ALIGNMENT_D_BYTES")):
                 _set_attr(lib.cublasLtMatmulPreferenceSetAttribute, pref, a, v, f"cublasLtMatmulPreferenceSetAttribute({name})")
+            if not split_k:  # only algorithms with no reduction scheme: one kernel, K not split
+                _set_attr(lib.cublasLtMatmulPreferenceSetAttribute, pref, _PREF_REDUCTION_SCHEME_MASK, ctypes.c_uint32(0),
+                          "cublasLtMatmulPreferenceSetAttribute(REDUCTION_SCHEME_MASK)")
             result, count = _LtHeuristicResult(), ctypes.c_int(0)
             _check(lib.cublasLtMatmulAlgoGetHeuristic(_lt_handle(), self.desc, self.layout_a, self.layout_b, self.layout_d,
                                                       self.layout_d, pref, 1, ctypes.byref(result), ctypes.byref(count)),

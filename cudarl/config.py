@@ -162,7 +162,8 @@ class NetConfig:
     ``cublaslt`` (one cuBLASLt GEMM with the bias and ReLU fused into its epilogue; sigmoid layers keep
     the kernel). Same math (the reference network's logits were bitwise equal on an H200) and the
     faster of the two there: ``tools/bench_nets.py`` and ``tools/bench_step.py`` time both, and
-    docs/gpu-report.md has the numbers."""
+    docs/gpu-report.md has the numbers. ``cublaslt_nosplit`` (experimental, not yet measured) runs
+    the forward and the backward GEMMs through cuBLASLt with one-kernel algorithms only."""
 
     def __post_init__(self):
         s = "net"

@@ -359,7 +359,8 @@ def main() -> int:
             _failed(rows, "cudarl step_benchmark", exc)
         if args.net_variants:
             default_gemm = reference_config().net.gemm
-            for net in ({"gemm": "cublas" if default_gemm == "cublaslt" else "cublaslt"}, {"gemm": "cublaslt", "tf32": True}):
+            others = [{"gemm": g} for g in ("cublas", "cublaslt", "cublaslt_nosplit") if g != default_gemm]
+            for net in others + [{"gemm": "cublaslt", "tf32": True}]:
                 label = ", " + ", ".join(f"net.{k}={v}" for k, v in net.items())
                 try:
                     rows += step_benchmark(repeats=args.repeats, cfg=reference_config("gpu", net=net), phases=False, label=label)

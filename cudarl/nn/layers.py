@@ -27,7 +27,7 @@ from ..reference.optim import GN_BLOCKS
 from .params import ParamLayout, Workspace, matmul, optim_ops
 
 #: Linear's forward GEMM: cuBLAS then the bias/activation kernel, or cuBLASLt with a fused epilogue.
-GEMMS = ("cublas", "cublaslt")
+GEMMS = ("cublas", "cublaslt", "cublaslt_nosplit")
 _LT_ACTS = {IDENTITY: "identity", RELU: "relu"}  # the activations cuBLASLt's epilogue applies
 
 
@@ -56,7 +56,8 @@ class Linear(Module):
     ``gemm="cublaslt"`` makes the forward one cuBLASLt GEMM with the bias (and ReLU) in its epilogue
     when ``act`` is identity or relu, on the GPU, for an input aligned to 16 bytes; otherwise the
     forward is the cuBLAS GEMM and the bias/activation kernel. :meth:`prepare` makes the cuBLASLt
-    plan for a batch size before any capture.
+    plan for a batch size before any capture. ``gemm="cublaslt_nosplit"`` (an experiment: see
+    docs/perf-notes.md) runs the forward, dW and dx through cuBLASLt with one-kernel algorithms only.
     """
 
     def __init__(self, name: str, n_in: int, n_out: int, act: str = "relu", init: str | None = None,
@@ -74,7 +75,10 @@ class Linear(Module):
         self.side = None  # a cudarl.graph.SideStream for the weight-gradient GEMM (QNetwork.set_side_stream)
         self.gemm = gemm
         #: The cuBLASLt activation name when the forward can be one fused GEMM, else None.
-        self.lt_act = _LT_ACTS.get(self.act) if gemm == "cublaslt" else None
+        self.lt_act = _LT_ACTS.get(self.act) if gemm.startswith("cublaslt") else None
+        #: ``cublaslt_nosplit``: every GEMM of the layer (forward, dW, dx) through cuBLASLt with
+        #: one-kernel algorithms only (no split-K reduction kernels: graph nodes on the chain).
+        self.lt_all = gemm == "cublaslt_nosplit"
 
     def alloc_state(self, xp, dtype, seed: int, stream_id: int) -> None:
         """Spectral-norm state (call after :meth:`bind`): u ``[n_in]`` (a random unit vector from Philox,
@@ -106,7 +110,16 @@ class Linear(Module):
         forward inside a capture needs the plan of its batch size already made (:func:`cudarl.blas.gemm_lt`)."""
         bias = self.P[f"{self.name}.bias"]
         if self.lt_act is not None and not isinstance(bias, np.ndarray):
-            blas.gemm_lt_prepare(batch * self.rows, self.n_out, self.n_in, bias=bias, act=self.lt_act, tf32=self.tf32)
+            blas.gemm_lt_prepare(batch * self.rows, self.n_out, self.n_in, bias=bias, act=self.lt_act, tf32=self.tf32,
+                                 split_k=not self.lt_all)
+
+    def prepare_backward(self, batch: int) -> None:
+        """Make the cuBLASLt plans of a backward over ``batch`` samples (GPU, ``gemm="cublaslt_nosplit"``:
+        dW = x^T dz and dx = dz W^T); a backward inside a capture needs them made."""
+        if self.lt_all and not isinstance(self.P[f"{self.name}.bias"], np.ndarray):
+            m = batch * self.rows
+            blas.gemm_lt_prepare(self.n_in, self.n_out, m, trans_a=True, tf32=self.tf32, split_k=False)
+            blas.gemm_lt_prepare(m, self.n_in, self.n_out, trans_b=True, tf32=self.tf32, split_k=False)
 
     def forward(self, x, ws: Workspace):
         y = ws.rows(f"{self.name}.out", x.shape[0] // self.rows)
@@ -116,11 +129,20 @@ class Linear(Module):
             self.optim_ops.spectral_scale(W, sn["sigma"], sn["w"])
         bias = self.P[f"{self.name}.bias"]
         if self.lt_act is not None and not isinstance(y, np.ndarray) and x.data.ptr % blas.LT_ALIGN == 0:
-            blas.gemm_lt(x, self.weight(), y, bias=bias, act=self.lt_act, tf32=self.tf32)
+            blas.gemm_lt(x, self.weight(), y, bias=bias, act=self.lt_act, tf32=self.tf32, split_k=not self.lt_all)
             return y
         matmul(x, self.weight(), y, tf32=self.tf32)
         self.ops.bias_act_forward(y, bias, y, self.act)
         return y
+
+    def _gemm(self, a, b, out, trans_a: bool = False, trans_b: bool = False, beta: float = 0.0) -> None:
+        """A backward GEMM: cuBLASLt without split-K under ``cublaslt_nosplit`` (GPU, no accumulate,
+        operands aligned as the plans :meth:`prepare` made), else :func:`matmul`."""
+        if (self.lt_all and beta == 0.0 and not isinstance(out, np.ndarray)
+                and all(t.data.ptr % blas.LT_ALIGN == 0 for t in (a, b, out))):
+            blas.gemm_lt(a, b, out, trans_a=trans_a, trans_b=trans_b, tf32=self.tf32, split_k=False)
+            return
+        matmul(a, b, out, trans_a=trans_a, trans_b=trans_b, beta=beta, tf32=self.tf32)
 
     def backward(self, x, ws: Workspace, dx=None, accumulate: bool = False) -> None:
         B = x.shape[0] // self.rows
@@ -139,11 +161,11 @@ class Linear(Module):
             with self.side.fork():
                 if self.act == IDENTITY:
                     self.ops.bias_act_backward(dy, y, dy, gb, self.act)
-                matmul(x, dy, gw, trans_a=True, tf32=self.tf32)
+                self._gemm(x, dy, gw, trans_a=True)
         else:
-            matmul(x, dy, self.sn["dw"] if self.spectral else gw, trans_a=True, tf32=self.tf32)
+            self._gemm(x, dy, self.sn["dw"] if self.spectral else gw, trans_a=True)
         if dx is not None:
-            matmul(dy, self.weight(), dx, trans_b=True, beta=1.0 if accumulate else 0.0, tf32=self.tf32)
+            self._gemm(dy, self.weight(), dx, trans_b=True, beta=1.0 if accumulate else 0.0)
         if self.spectral:
             sn = self.sn
             self.optim_ops.spectral_dot_partial(sn["dw"], sn["w"], sn["partial"])

@@ -89,6 +89,12 @@ class QNetwork:
             lin.prepare(max_batch)
         return ws
 
+    def prepare_backward(self, batch: int) -> None:
+        """Make the cuBLASLt plans of a backward over ``batch`` rows before any capture (only
+        ``gemm="cublaslt_nosplit"`` on the GPU has any)."""
+        for lin in self.linears.values():
+            lin.prepare_backward(batch)
+
     def set_side_stream(self, side) -> None:
         """Run the weight-gradient GEMMs of :meth:`backward` on ``side`` (a :class:`cudarl.graph.SideStream`,
         or None for one stream); the caller joins ``side`` before reading :attr:`grads`."""

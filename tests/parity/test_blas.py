@@ -135,9 +135,10 @@ def test_gemm_lt_argument_errors():
 
 def test_gemm_lt_plan_keys_count_alignment_up_to_16_bytes_and_the_bias_up_to_256():
     key = blas._lt_key(7, 5, 3, False, True, 0x1000, "relu", True, 0x1004, 0x2008, 0x3100)
-    assert key == (7, 5, 3, False, True, 6, True, 4, 8, 16, 256)
+    assert key == (7, 5, 3, False, True, 6, True, 4, 8, 16, 256, True)
     assert blas._lt_key(7, 5, 3, False, False, 0, "identity", False, 0x100, 0x100, 0x100)[5] == 1  # no bias: DEFAULT
-    assert blas._lt_key(7, 5, 3, False, False, 0x1010, "identity", False, 0x100, 0x100, 0x100)[5:] == (4, False, 16, 16, 16, 16)
+    assert blas._lt_key(7, 5, 3, False, False, 0x1010, "identity", False, 0x100, 0x100, 0x100)[5:] == (4, False, 16, 16, 16, 16, True)
+    assert blas._lt_key(7, 5, 3, False, True, 0x1000, "relu", True, 0x1004, 0x2008, 0x3100, split_k=False)[-1] is False
 
 
 # GPU: shapes of the reference model (batch 512 and 2x512, 64 features, 256 hidden, 3x51 = 204 C51
@@ -162,6 +163,19 @@ def test_gpu_gemm_lt_against_float64(cp, rng, m, n, k, ta, tb, act, with_bias, t
     blas.gemm_lt(cp.asarray(a), cp.asarray(b), out, bias=None if bias is None else cp.asarray(bias), act=act,
                  trans_a=ta, trans_b=tb, tf32=tf32)
     assert_parity(out, ref.astype(np.float32), **_lt_kind(tf32), what=f"gemm_lt {act}{' + bias' if with_bias else ''}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m,n,k", LT_SHAPES + [(256, 256, 512), (512, 256, 1024)])
+@pytest.mark.parametrize("ta,tb", TRANS)
+def test_gpu_gemm_lt_without_split_k_against_float64(cp, rng, m, n, k, ta, tb):
+    """split_k=False (one-kernel algorithms only: the heuristic must still find one for every shape,
+    the backward's K = 512 and 1024 included) against float64 math, rel. error <= 1e-5."""
+    a, b, bias, ref = _lt_operands(rng, m, n, k, ta, tb, "identity", False)
+    out = cp.empty((m, n), np.float32)
+    poison(out)
+    blas.gemm_lt(cp.asarray(a), cp.asarray(b), out, trans_a=ta, trans_b=tb, split_k=False)
+    assert_parity(out, ref.astype(np.float32), **_lt_kind(False), what="gemm_lt, no split-K")
 
 
 @pytest.mark.gpu

@@ -449,7 +449,8 @@ def test_two_workspaces_keep_their_own_forward(rng):
 
 
 # --- gemm="cublaslt": the forward GEMM with cuBLASLt's bias/ReLU epilogue --------------------------
-def test_gemm_option_reaches_every_linear_and_numpy_ignores_it(rng):
+@pytest.mark.parametrize("gemm", ["cublaslt", "cublaslt_nosplit"])
+def test_gemm_option_reaches_every_linear_and_numpy_ignores_it(rng, gemm):
     """On NumPy the option changes nothing (same math); the fused GEMM is asked for the identity and
     ReLU layers only (the plan head's sigmoid keeps the bias/activation kernel)."""
     from cudarl.nn import QNetwork
@@ -457,8 +458,10 @@ def test_gemm_option_reaches_every_linear_and_numpy_ignores_it(rng):
 
     for head in ("c51", "iqn"):
         kw = dict(hidden=(6, 5), head=head, plan=True, atoms=5, n_quantiles=4, n_cos=8, max_batch=3, seed=4)
-        lt, base = QNetwork(8, 3, gemm="cublaslt", **kw), QNetwork(8, 3, **kw)
-        assert lt.config["gemm"] == "cublaslt" and base.config["gemm"] == "cublas"
+        lt, base = QNetwork(8, 3, gemm=gemm, **kw), QNetwork(8, 3, **kw)
+        lt.prepare_backward(3)  # nothing to make on NumPy
+        assert lt.config["gemm"] == gemm and base.config["gemm"] == "cublas"
+        assert {lin.lt_all for lin in lt.linears.values()} == {gemm == "cublaslt_nosplit"}
         acts = {n: lin.lt_act for n, lin in lt.linears.items()}
         want = {"enc.0": "relu", "enc.1": "relu", "plan.lin": None,
                 **({"head.va": "identity"} if head == "c51" else {"head.phi": "relu", "head.out": "identity"})}
@@ -491,23 +494,27 @@ def test_agent_builds_its_networks_with_the_configured_gemm():
         assert {lin.gemm for lin in net.linears.values()} == {"cublaslt"}
 
 
-def _gemm_pair(cp, head, layernorm, B, spectral=(), seed=3):
-    """The same network (same seed, same parameters) with gemm="cublaslt" and with the default."""
+def _gemm_pair(cp, head, layernorm, B, spectral=(), seed=3, gemm="cublaslt"):
+    """The same network (same seed, same parameters) with ``gemm`` and with the default; the first
+    has its backward's plans made too (``cublaslt_nosplit``)."""
     from cudarl.nn import QNetwork
 
     kw = dict(hidden=(256, 256), head=head, layernorm=layernorm, plan=True, atoms=51, max_batch=B, seed=seed,
               spectral=spectral, xp=cp)
-    return QNetwork(64, 3, gemm="cublaslt", **kw), QNetwork(64, 3, **kw)
+    lt = QNetwork(64, 3, gemm=gemm, **kw)
+    lt.prepare_backward(B)
+    return lt, QNetwork(64, 3, **kw)
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("gemm", ["cublaslt", "cublaslt_nosplit"])
 @pytest.mark.parametrize("B", [1, 7, 512, 4096])
 @pytest.mark.parametrize("head,layernorm,spectral", [("c51", False, ()), ("c51", True, ("enc.1",)), ("iqn", False, ())])
-def test_gpu_qnetwork_cublaslt_matches_the_default_network(cp, rng, B, head, layernorm, spectral):
+def test_gpu_qnetwork_cublaslt_matches_the_default_network(cp, rng, B, head, layernorm, spectral, gemm):
     """Forward: the outputs and every layer's activations of the gemm="cublaslt" network match the
     default network's to rel. error <= 1e-5. Backward: its gradients (from its own forward) match the
     default network's backward run on the same activations (so ReLU masks agree exactly)."""
-    lt, base = _gemm_pair(cp, head, layernorm, B, spectral)
+    lt, base = _gemm_pair(cp, head, layernorm, B, spectral, gemm=gemm)
     assert cp.array_equal(lt.params, base.params)
     x = cp.asarray(rng.standard_normal((B, 64)).astype(np.float32))
     tau = cp.asarray(rng.uniform(size=(B, 32)).astype(np.float32)) if head == "iqn" else None
@@ -536,15 +543,16 @@ def test_gpu_qnetwork_cublaslt_matches_the_default_network(cp, rng, B, head, lay
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("gemm", ["cublaslt", "cublaslt_nosplit"])
 @pytest.mark.parametrize("head,layernorm", [("c51", False), ("c51", True), ("iqn", False)])
-def test_gpu_qnetwork_cublaslt_captures_before_any_eager_run(cp, rng, head, layernorm):
+def test_gpu_qnetwork_cublaslt_captures_before_any_eager_run(cp, rng, head, layernorm, gemm):
     """The trainer captures its step without running it eagerly first: a gemm="cublaslt" network's
     workspace made its cuBLASLt plans, so forward + backward capture at once, the replay equals a
     later eager run bit for bit, and its output matches the default network's (rel. error <= 1e-5)."""
     from cudarl.graph import StepGraph
 
     B = 512
-    lt, base = _gemm_pair(cp, head, layernorm, B, seed=5)
+    lt, base = _gemm_pair(cp, head, layernorm, B, seed=5, gemm=gemm)
     x = cp.asarray(rng.standard_normal((B, 64)).astype(np.float32))
     if head == "iqn":
         tau = cp.asarray(rng.uniform(size=(B, 32)).astype(np.float32))
@@ -555,7 +563,7 @@ def test_gpu_qnetwork_cublaslt_captures_before_any_eager_run(cp, rng, head, laye
     outs = {}
     step = _fwd_bwd(cp, lt, x, gq, gp, outs)
     cp.cuda.Device().synchronize()
-    g = StepGraph("nn_cublaslt_" + head + ("_ln" if layernorm else ""), [("fwd_bwd", step)], xp=cp)
+    g = StepGraph(f"nn_{gemm}_" + head + ("_ln" if layernorm else ""), [("fwd_bwd", step)], xp=cp)
     g.capture()  # no eager run before: the plans come from QNetwork.new_workspace
     g.replay()
     g.synchronize()
