@@ -247,3 +247,19 @@ def launch(family: str, op: str, grid, block, sig: str, args: tuple, *, stream=N
 def blocks_for(n: int, threads: int = 256) -> int:
     """Number of blocks of ``threads`` covering ``n`` items (at least 1)."""
     return max(1, (int(n) + threads - 1) // threads)
+
+
+@functools.lru_cache(maxsize=None)
+def _multiprocessors(device_id: int) -> int:
+    import cupy
+
+    return int(cupy.cuda.runtime.getDeviceProperties(device_id)["multiProcessorCount"])
+
+
+def resident_grid_limit() -> int:
+    """The largest grid of a kernel that waits on ``cudarl::grid_barrier`` (reduce.cuh): one block
+    per multiprocessor of the current device, so every block is resident at once however the
+    SMs are shared (each SM takes one block as soon as its other work drains)."""
+    import cupy
+
+    return _multiprocessors(cupy.cuda.Device().id)

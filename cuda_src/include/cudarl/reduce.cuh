@@ -24,6 +24,15 @@
 //                           what it computes then does not). Writes a block made before the
 //                           call are visible to the last block after it (fence, ticket, fence).
 //                           *counter must be 0 at launch; the last block sets it back to 0.
+//   grid_barrier(counter)   every block of the launch waits until all gridDim.x blocks have
+//                           arrived (integer atomicAdd, then an acquire-load spin). Writes a
+//                           block made before the call are visible to every block after it.
+//                           Needs every block resident at once: the launcher keeps the grid at
+//                           most the device's multiprocessor count (kernels.resident_grid_limit),
+//                           so each block has an SM once the SM's other work drains. *counter
+//                           must be 0 at launch and is NOT reset here (a block may still be
+//                           spinning): the block that last_block() picks at the end of the
+//                           launch, when every block is past the barrier, sets it back to 0.
 //
 // Call warp helpers with all 32 lanes active; call block helpers from every thread of the
 // block (they synchronise), with n a power of two, n <= blockDim.x (block_sum: n == blockDim.x;
@@ -129,6 +138,25 @@ __device__ __forceinline__ bool last_block(unsigned int* counter) {
   const bool last = is_last != 0;
   if (last) __threadfence();  // order this block's reads after the other blocks' fenced writes
   return last;
+}
+
+// An acquire load at GPU scope (PTX ld.acquire.gpu): later reads see what the writer released.
+__device__ __forceinline__ unsigned int load_acquire(const unsigned int* p) {
+  unsigned int v;
+  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+
+// Wait for every block of the launch (see the banner: residency and the reset are the caller's).
+__device__ __forceinline__ void grid_barrier(unsigned int* counter) {
+  __threadfence();  // this thread's writes are visible device-wide before its block arrives
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    atomicAdd(counter, 1u);
+    while (load_acquire(counter) < gridDim.x) __nanosleep(32);
+  }
+  __syncthreads();
+  __threadfence();  // order this block's reads after the other blocks' fenced writes
 }
 
 }  // namespace cudarl
