@@ -6,6 +6,7 @@
 // Column reductions (bias, gamma, beta gradients) are one block per 32 columns with a
 // fixed row order per thread and a fixed tree across threads: no atomics, bitwise
 // reproducible for a given shape.
+#include <cudarl/dueling.cuh>
 #include <cudarl/philox.cuh>
 #include <cudarl/reduce.cuh>
 
@@ -178,10 +179,8 @@ extern "C" __global__ void cudarl_nn_dueling_forward(const float* va, float* log
     const i64 b = i / Z;
     const int z = (int)(i % Z);
     const float* row = va + b * (i64)(1 + A) * Z;
-    float s = row[Z + z];
-    for (int a = 1; a < A; ++a) s += row[(1 + a) * Z + z];
-    const float m = s / (float)A, v = row[z];
-    for (int a = 0; a < A; ++a) logits[(b * A + a) * Z + z] = (v + row[(1 + a) * Z + z]) - m;
+    const float m = cudarl::dueling_mean(row, A, Z, z);
+    for (int a = 0; a < A; ++a) logits[(b * A + a) * Z + z] = cudarl::dueling_logit(row, m, a, Z, z);
   }
 }
 
@@ -190,14 +189,7 @@ extern "C" __global__ void cudarl_nn_dueling_backward(const float* dlogits, floa
   const i64 n = B * Z;
   for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < n; i += (i64)gridDim.x * blockDim.x) {
     const i64 b = i / Z;
-    const int z = (int)(i % Z);
-    const float* d = dlogits + b * (i64)A * Z;
-    float s = d[z];
-    for (int a = 1; a < A; ++a) s += d[a * Z + z];
-    const float m = s / (float)A;
-    float* row = dva + b * (i64)(1 + A) * Z;
-    row[z] = s;
-    for (int a = 0; a < A; ++a) row[(1 + a) * Z + z] = d[a * Z + z] - m;
+    cudarl::dueling_backward_atom(dlogits + b * (i64)A * Z, dva + b * (i64)(1 + A) * Z, A, Z, (int)(i % Z));
   }
 }
 

@@ -38,11 +38,17 @@ __device__ __forceinline__ Stats load(const float* state) {
   return Stats{state[MU], state[SIGMA], state[M1], state[M2], state[DECAY], state[SCALE]};
 }
 
-// Requires blockDim.x == kReduceThreads; s1, s2: __shared__ float [kReduceThreads].
+// Requires blockDim.x == kReduceThreads; s1, s2: __shared__ float [kReduceThreads]. kFromL2: read y
+// with cudarl::load_l2 (y written by other blocks of the launch before a grid_barrier); the same bits.
+template <bool kFromL2 = false>
 __device__ __forceinline__ void batch_moments(const float* y, int B, float* s1, float* s2, float& sum, float& sum2) {
   const int t = threadIdx.x;
   float a1 = 0.f, a2 = 0.f;
-  for (int i = t; i < B; i += kReduceThreads) { const float v = y[i]; a1 += v; a2 += v * v; }
+  for (int i = t; i < B; i += kReduceThreads) {
+    const float v = kFromL2 ? load_l2(y + i) : y[i];
+    a1 += v;
+    a2 += v * v;
+  }
   s1[t] = a1;
   s2[t] = a2;
   block_tree_sum(s1, kReduceThreads);  // the same tree for each: sums as in one fused loop

@@ -1,0 +1,33 @@
+// The dueling combine of a C51 head (Wang et al. 2016) per atom, shared by cudarl_nn_dueling_*
+// (cuda_src/nn.cu) and the fused C51 targets-and-loss kernels (cuda_src/c51.cu), so both round alike.
+// Twin: cudarl/reference/nn.py dueling_forward / dueling_backward.
+//
+// va [(1 + A) Z] is one sample's head output: V [Z], then Adv [A, Z].
+//   dueling_mean(va, A, Z, z)        (sum_a Adv[a, z], summed a = 0, 1, ... in order) / A
+//   dueling_logit(va, mean, a, Z, z) (V[z] + Adv[a, z]) - mean
+// The backward of logits [A, Z] with gradient d [A, Z] (d_a = d[a * Z + z]):
+//   dV[z] = sum_a d_a (in order),  dAdv[a, z] = d_a - dV[z] / A   (dueling_backward_atom)
+#pragma once
+
+namespace cudarl {
+
+__device__ __forceinline__ float dueling_mean(const float* va, int A, int Z, int z) {
+  float s = va[Z + z];
+  for (int a = 1; a < A; ++a) s += va[(1 + a) * Z + z];
+  return s / (float)A;
+}
+
+__device__ __forceinline__ float dueling_logit(const float* va, float mean, int a, int Z, int z) {
+  return (va[z] + va[(1 + a) * Z + z]) - mean;
+}
+
+// d: one sample's dL/dlogits [A, Z]; dva: its dL/dva [(1 + A) Z]; writes atom z of both streams.
+__device__ __forceinline__ void dueling_backward_atom(const float* d, float* dva, int A, int Z, int z) {
+  float s = d[z];
+  for (int a = 1; a < A; ++a) s += d[a * Z + z];
+  const float m = s / (float)A;
+  dva[z] = s;
+  for (int a = 0; a < A; ++a) dva[(1 + a) * Z + z] = d[a * Z + z] - m;
+}
+
+}  // namespace cudarl
