@@ -12,6 +12,7 @@
 // is cudarl_c51_loss (one launch, the batch mean included). next_probs and project are the
 // same rows as standalone ops.
 
+#include <cudarl/dueling.cuh>
 #include <cudarl/popart.cuh>
 #include <cudarl/reduce.cuh>
 
@@ -35,11 +36,9 @@ __device__ __forceinline__ void row_softmax_stats(const float* x, int K, int lan
   s = warp_sum(acc);
 }
 
-// Double-DQN selection and next distribution of one sample, by one warp (see
-// cudarl_c51_next_probs): returns a* (the same in every lane), writes p[k] = softmax(target[a*])_k
-// for the lane's atoms k and sets pz to the lane's part of sum_k p_k z_k.
-__device__ __forceinline__ int next_probs_row(const float* online, const float* target, const float* support,
-                                              float* p, int A, int K, int lane, float& pz) {
+// Double-DQN selection of one sample, by one warp: a* = argmax_a sum_k softmax(online[a])_k z_k
+// (first max on ties), the same in every lane. online: [A, K].
+__device__ __forceinline__ int select_action(const float* online, const float* support, int A, int K, int lane) {
   int best = 0;
   float best_q = C51_NEG_INF;
   for (int a = 0; a < A; ++a) {
@@ -51,7 +50,11 @@ __device__ __forceinline__ int next_probs_row(const float* online, const float* 
     const float q = warp_sum(acc);
     if (a == 0 || q > best_q) { best_q = q; best = a; }
   }
-  const float* y = target + (long long)best * K;
+  return best;
+}
+
+// p[k] = softmax(y)_k for the lane's atoms k of one row y [K]; pz = the lane's part of sum_k p_k z_k.
+__device__ __forceinline__ void probs_row(const float* y, const float* support, float* p, int K, int lane, float& pz) {
   float m, s;
   row_softmax_stats(y, K, lane, m, s);
   pz = 0.f;
@@ -60,6 +63,15 @@ __device__ __forceinline__ int next_probs_row(const float* online, const float* 
     p[k] = pk;
     pz += pk * support[k];
   }
+}
+
+// Double-DQN selection and next distribution of one sample, by one warp (see
+// cudarl_c51_next_probs): returns a* (the same in every lane), writes p[k] = softmax(target[a*])_k
+// for the lane's atoms k and sets pz to the lane's part of sum_k p_k z_k.
+__device__ __forceinline__ int next_probs_row(const float* online, const float* target, const float* support,
+                                              float* p, int A, int K, int lane, float& pz) {
+  const int best = select_action(online, support, A, K, lane);
+  probs_row(target + (long long)best * K, support, p, K, lane, pz);
   return best;
 }
 
@@ -118,16 +130,11 @@ __device__ __forceinline__ void project_row(const float* p, float r, float d, co
   }
 }
 
-// Cross-entropy, its gradient and the priority of one sample by one warp (see cudarl_c51_loss):
-// x_all = logits[b] [A, K], m = target[b] [K], g = grad[b] [A, K]; lane 0 writes *loss_b, *prio_b.
-__device__ __forceinline__ void loss_row(const float* x_all, int act, const float* m, float w, float* g, float* loss_b,
-                                         float* prio_b, int B, int A, int K, int kind, int lane) {
-  if (act < 0 || act >= A) {
-    for (int k = lane; k < A * K; k += C51_WARP) g[k] = 0.f;
-    if (lane == 0) { *loss_b = C51_NAN; *prio_b = C51_NAN; }
-    return;
-  }
-  const float* x = x_all + (long long)act * K;
+// Cross-entropy, its gradient and the priority of one sample by one warp, given the chosen
+// action's logits x [K] (act in [0, A)): m = target[b] [K], g = grad[b] [A, K] (every element
+// written); lane 0 writes *loss_b, *prio_b.
+__device__ __forceinline__ void loss_row_x(const float* x, int act, const float* m, float w, float* g, float* loss_b,
+                                           float* prio_b, int B, int A, int K, int kind, int lane) {
   float mx, s;
   row_softmax_stats(x, K, lane, mx, s);
   const float log_s = logf(s);
@@ -154,6 +161,23 @@ __device__ __forceinline__ void loss_row(const float* x_all, int act, const floa
     *loss_b = ce;
     *prio_b = kind == 0 ? ce : fmaxf(ce + mlogm, 0.f);
   }
+}
+
+// An action outside [0, A): a zero gradient and NaN loss and priority (the launcher cannot read
+// device memory; the guard sees the NaN).
+__device__ __forceinline__ void loss_row_bad_action(float* g, float* loss_b, float* prio_b, int A, int K, int lane) {
+  for (int k = lane; k < A * K; k += C51_WARP) g[k] = 0.f;
+  if (lane == 0) { *loss_b = C51_NAN; *prio_b = C51_NAN; }
+}
+
+// loss_row_x for one sample's logits x_all [A, K] (see cudarl_c51_loss).
+__device__ __forceinline__ void loss_row(const float* x_all, int act, const float* m, float w, float* g, float* loss_b,
+                                         float* prio_b, int B, int A, int K, int kind, int lane) {
+  if (act < 0 || act >= A) {
+    loss_row_bad_action(g, loss_b, prio_b, A, K, lane);
+    return;
+  }
+  loss_row_x(x_all + (long long)act * K, act, m, w, g, loss_b, prio_b, B, A, K, kind, lane);
 }
 
 }  // namespace
@@ -310,6 +334,142 @@ extern "C" __global__ void cudarl_c51_loss(const float* __restrict__ logits, con
     const float sum = cudarl::block_weighted_sum<C51_MEAN_SLOTS>(loss_per, weights, B, part);
     if (threadIdx.x == 0) loss[0] = scale * sum;
   }
+}
+
+// ---------------------------------------------------------------------------------------------
+// cudarl_c51_targets_loss (no PopArt) and cudarl_c51_targets_loss_popart: the train step's targets
+// and loss in ONE launch, from the dueling head's raw output va [B, (1 + A) K] (V, then Adv [A, K])
+// of the online net at s_t (va_tm1) and s_{t+1} (va_online_tp1) and the target net at s_{t+1}:
+//   logits = dueling combine of va (cudarl/dueling.cuh: cudarl_nn_dueling_forward's rounding)
+//   a*, probs, [y, PopArt update, r_norm], target m   as cudarl_c51_targets / next_probs_td +
+//                                                       project_popart
+//   loss_per, priority, loss[0]                        as cudarl_c51_loss
+//   dva [B, (1 + A) K] = dL/dva                        as cudarl_nn_dueling_backward of the loss's
+//                                                       dL/dlogits (which is not stored)
+// Every output has the bits of that chain of five launches (dueling_forward x2, the targets
+// pair, loss, dueling_backward), with no logits or dlogits buffers in memory: the combined rows
+// live in shared memory, per warp. Four to five graph nodes fewer on the step's critical path.
+//
+// Threads: blocks of pa::kReduceThreads (8 warps), one warp per sample, samples b = warp, warp +
+// 8 * gridDim.x, ... (any grid covers any B). With PopArt every y must exist before any sample
+// is projected: the y pass, then cudarl::grid_barrier(barrier), then every block reduces y in
+// project_popart's order (so every block holds the same new statistics; block 0 stores them),
+// then the projection and loss pass. The grid is at most one block per SM (the launcher), so
+// every block is resident; the launch leaves *barrier and *done at 0 (last_block resets them).
+// Shared memory: 8 (A + 1) K floats (dynamic; above 48 KiB the launcher opts in) + 3 * 256 floats.
+// Reads 3 (1 + A) K + K + 4 floats per sample (+ 2B by the last block, + B per block with
+// PopArt); writes (1 + A) K + 2 K + 4 floats per sample and 1 (+ 8 with PopArt).
+#define C51_TL_WARPS (pa::kReduceThreads / C51_WARP)
+
+namespace {
+
+// The combined logits of action a at the lane's atoms of one va row, into x [K].
+__device__ __forceinline__ void dueling_row(const float* va, int a, float* x, int A, int K, int lane) {
+  for (int k = lane; k < K; k += C51_WARP) x[k] = cudarl::dueling_logit(va, cudarl::dueling_mean(va, A, K, k), a, K, k);
+}
+
+template <bool kPopArt>
+__device__ __forceinline__ void targets_loss_body(
+    const float* __restrict__ va_tm1, const float* __restrict__ va_online_tp1, const float* __restrict__ va_target_tp1,
+    const int* __restrict__ actions, const float* __restrict__ weights, const float* __restrict__ support,
+    const float* __restrict__ r_t, const float* __restrict__ discount_t, const float* state, const float* beta,
+    float* state_out, float* y, float* r_norm, float* __restrict__ probs, int* __restrict__ a_star,
+    float* __restrict__ target, float* __restrict__ loss_per, float* __restrict__ priority, float* __restrict__ dva,
+    float* __restrict__ loss, unsigned int* done, unsigned int* barrier, int B, int A, int K, int kind, float scale,
+    float sigma_min) {
+  extern __shared__ float c51_tl_smem[];
+  __shared__ float part[C51_MEAN_SLOTS];
+  __shared__ float s1[pa::kReduceThreads];
+  __shared__ float s2[pa::kReduceThreads];
+  const int lane = threadIdx.x % C51_WARP, warp = threadIdx.x / C51_WARP;
+  const int row = (1 + A) * K;
+  float* logits = c51_tl_smem + (long long)warp * (A * K + K);  // [A, K]: online at s', then dL/dlogits
+  float* x = logits + A * K;                                        // [K]: target row a*, then online row a
+  const int first = blockIdx.x * C51_TL_WARPS + warp, stride = gridDim.x * C51_TL_WARPS;
+  pa::Stats old{};
+  if (kPopArt) old = pa::load(state);  // every block, before block 0 stores the new statistics
+
+  // pass 1: a*, probs (and y)
+  for (int b = first; b < B; b += stride) {
+    const float* vo = va_online_tp1 + (long long)b * row;
+    for (int a = 0; a < A; ++a) dueling_row(vo, a, logits + a * K, A, K, lane);
+    __syncwarp();
+    const int best = select_action(logits, support, A, K, lane);
+    dueling_row(va_target_tp1 + (long long)b * row, best, x, A, K, lane);
+    __syncwarp();
+    float pz;
+    probs_row(x, support, probs + (long long)b * K, K, lane, pz);
+    if (kPopArt) {
+      const float v = warp_sum(pz);
+      if (lane == 0) y[b] = pa::td_target(r_t[b], discount_t[b], v, old.mu, old.sigma / old.scale);
+    }
+    if (lane == 0) a_star[b] = best;
+    __syncwarp();  // every lane's probs and x reads are done before the next sample overwrites x
+  }
+  pa::Stats st{};
+  if (kPopArt) {
+    cudarl::grid_barrier(barrier);
+    float sum, sum2;
+    pa::batch_moments<true>(y, B, s1, s2, sum, sum2);
+    st = pa::updated(old, beta[0], sum, sum2, B, sigma_min);
+    if (blockIdx.x == 0 && threadIdx.x == 0) pa::store(state_out, old, st);
+  }
+
+  // pass 2: the projection, the loss and dL/dva
+  for (int b = first; b < B; b += stride) {
+    const float d = discount_t[b];
+    float rn = r_t[b];
+    if (kPopArt) {
+      rn = pa::normalized_reward(rn, d, st.mu, st.sigma / st.scale);
+      if (lane == 0) r_norm[b] = rn;
+    }
+    float* m = target + (long long)b * K;
+    project_row(probs + (long long)b * K, rn, d, support, m, K, lane);
+    __syncwarp();
+    const int act = actions[b];
+    if (act < 0 || act >= A) {
+      loss_row_bad_action(logits, loss_per + b, priority + b, A, K, lane);
+    } else {
+      dueling_row(va_tm1 + (long long)b * row, act, x, A, K, lane);
+      __syncwarp();
+      loss_row_x(x, act, m, weights[b], logits, loss_per + b, priority + b, B, A, K, kind, lane);
+    }
+    __syncwarp();
+    for (int k = lane; k < K; k += C51_WARP) cudarl::dueling_backward_atom(logits, dva + (long long)b * row, A, K, k);
+    __syncwarp();
+  }
+  if (cudarl::last_block(done)) {
+    if (kPopArt && threadIdx.x == 0) *barrier = 0u;  // every block is past the barrier
+    const float sum = cudarl::block_weighted_sum<C51_MEAN_SLOTS>(loss_per, weights, B, part);
+    if (threadIdx.x == 0) loss[0] = scale * sum;
+  }
+}
+
+}  // namespace
+
+extern "C" __global__ void cudarl_c51_targets_loss(
+    const float* __restrict__ va_tm1, const float* __restrict__ va_online_tp1, const float* __restrict__ va_target_tp1,
+    const int* __restrict__ actions, const float* __restrict__ weights, const float* __restrict__ support,
+    const float* __restrict__ r_t, const float* __restrict__ discount_t, float* __restrict__ probs,
+    int* __restrict__ a_star, float* __restrict__ target, float* __restrict__ loss_per, float* __restrict__ priority,
+    float* __restrict__ dva, float* __restrict__ loss, unsigned int* __restrict__ done, int B, int A, int K, int kind,
+    float scale) {
+  targets_loss_body<false>(va_tm1, va_online_tp1, va_target_tp1, actions, weights, support, r_t, discount_t, nullptr,
+                           nullptr, nullptr, nullptr, nullptr, probs, a_star, target, loss_per, priority, dva, loss, done,
+                           nullptr, B, A, K, kind, scale, 0.f);
+}
+
+extern "C" __global__ void cudarl_c51_targets_loss_popart(
+    const float* __restrict__ va_tm1, const float* __restrict__ va_online_tp1, const float* __restrict__ va_target_tp1,
+    const int* __restrict__ actions, const float* __restrict__ weights, const float* __restrict__ support,
+    const float* __restrict__ r_t, const float* __restrict__ discount_t, float* state, const float* __restrict__ beta,
+    float* __restrict__ y, float* __restrict__ r_norm, float* __restrict__ probs, int* __restrict__ a_star,
+    float* __restrict__ target, float* __restrict__ loss_per, float* __restrict__ priority, float* __restrict__ dva,
+    float* __restrict__ loss, unsigned int* __restrict__ done, unsigned int* __restrict__ barrier, int B, int A, int K,
+    int kind, float scale, float sigma_min) {
+  targets_loss_body<true>(va_tm1, va_online_tp1, va_target_tp1, actions, weights, support, r_t, discount_t, state, beta,
+                          state, y, r_norm, probs, a_star, target, loss_per, priority, dva, loss, done, barrier, B, A, K,
+                          kind, scale, sigma_min);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -218,6 +218,10 @@ def _is_capturing(stream) -> bool:
     return bool(stream.is_capturing())
 
 
+#: Dynamic shared memory a launch gets without opting in (bytes).
+_DEFAULT_SMEM = 48 * 1024
+
+
 def launch(family: str, op: str, grid, block, sig: str, args: tuple, *, stream=None, shared_mem: int = 0) -> None:
     """Launch ``cudarl_<family>_<op>`` on ``stream`` (default: CuPy's current stream).
 
@@ -240,6 +244,8 @@ def launch(family: str, op: str, grid, block, sig: str, args: tuple, *, stream=N
     if not capturing and ctx != UNGRAPHED:
         raise KernelError(f"{where}: context {ctx!r} belongs to a capture, but the stream is not capturing")
     fn = get_function(family, op, ctx)
+    if shared_mem > _DEFAULT_SMEM and fn.max_dynamic_shared_size_bytes < shared_mem:
+        fn.max_dynamic_shared_size_bytes = int(shared_mem)  # the opt-in past 48 KiB (a function attribute, not a launch)
     with s:
         fn(grid, block, checked, shared_mem=shared_mem)
 

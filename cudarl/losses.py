@@ -177,6 +177,64 @@ def c51_loss(logits_tm1, a_tm1, target, weights, priority="kl", *, out_loss_per=
     return res
 
 
+C51TargetsLoss = namedtuple("C51TargetsLoss", "target probs a_star y r_norm state loss_per loss priority dva")
+C51TargetsLoss.__doc__ = """:class:`C51Targets`' fields, :class:`C51Loss`' ``loss_per``, ``loss``, ``priority``, and
+``dva [B, (1 + A) K]``: dL/d(the dueling head's raw output) at s_t (no ``grad`` wrt the logits)."""
+
+
+def c51_targets_loss(va_tm1, va_online_tp1, va_target_tp1, a_tm1, weights, support, r_t, discount_t, priority="kl",
+                     popart_state=None, popart_beta=None, sigma_min=1e-4, *, out_target=None, out_probs=None,
+                     out_a_star=None, out_y=None, out_r_norm=None, out_loss_per=None, out_loss=None, out_priority=None,
+                     out_dva=None, done=None, barrier=None) -> C51TargetsLoss:
+    """:func:`c51_targets` then :func:`c51_loss`, from the dueling C51 head's raw outputs.
+
+    With ``logits = V + Adv - mean_a Adv`` per atom of ``va = (V [K], Adv [A, K])``
+    (:class:`cudarl.nn.C51Head`)::
+
+        (m, probs, a*[, y, r~, state']) = c51_targets(logits(va_online_tp1), logits(va_target_tp1), z, r, d[, PopArt])
+        (L_b, loss, dL/dlogits, priority) = c51_loss(logits(va_tm1), a, m, w)
+        dva = dL/dva:   dV = sum_a dL/dlogits_a,   dAdv_a = dL/dlogits_a - dV / A
+
+    On CuPy it is one launch (``cudarl_c51_targets_loss[_popart]``) with the bits of the chain of
+    launches it replaces: the head's dueling kernels, the targets, the loss. The logits and their
+    gradient are never stored; the network's backward starts from ``dva``
+    (``QNetwork.backward(raw_head=True)``).
+
+    Args:
+        va_tm1, va_online_tp1, va_target_tp1: float32 ``[B, (1 + A) K]``.
+        a_tm1: int32 ``[B]``; weights: float32 ``[B]``; the rest as :func:`c51_targets` and :func:`c51_loss`.
+        done, barrier: CuPy, uint32 ``[1]`` counters of zeros (``barrier`` with PopArt only), left 0.
+    Returns:
+        :class:`C51TargetsLoss` (on NumPy new arrays; ``popart_state`` is not modified there).
+    """
+    if not _is_gpu(va_tm1):
+        if popart_state is None:
+            m, probs, a_star, loss_per, loss, prio, dva = _c51.targets_loss(
+                va_tm1, va_online_tp1, va_target_tp1, a_tm1, weights, support, r_t, discount_t, priority)
+            return C51TargetsLoss(m, probs, a_star, None, None, None, loss_per, loss, prio, dva)
+        return C51TargetsLoss(*_c51.targets_loss_popart(va_tm1, va_online_tp1, va_target_tp1, a_tm1, weights, support,
+                                                        r_t, discount_t, popart_state, popart_beta, sigma_min, priority))
+    from .ops import c51 as ops
+
+    import cupy as cp
+
+    B, K = va_tm1.shape[0], support.shape[0]
+    res = dict(out_probs=_out(cp, out_probs, (B, K)), out_a_star=_out(cp, out_a_star, (B,), np.int32),
+               out_target=_out(cp, out_target, (B, K)), out_loss_per=_out(cp, out_loss_per, (B,)),
+               out_loss=_out(cp, out_loss, (1,)), out_priority=_out(cp, out_priority, (B,)),
+               out_dva=_out(cp, out_dva, va_tm1.shape))
+    args = (va_tm1, va_online_tp1, va_target_tp1, a_tm1, weights, support, r_t, discount_t)
+    if popart_state is None:
+        ops.targets_loss(*args, **res, done=_done(cp, done), priority=priority)
+        y = r_norm = None
+    else:
+        y, r_norm = _out(cp, out_y, (B,)), _out(cp, out_r_norm, (B,))
+        ops.targets_loss_popart(*args, popart_state, popart_beta, y, r_norm, **res, done=_done(cp, done),
+                                barrier=_done(cp, barrier), sigma_min=sigma_min, priority=priority)
+    return C51TargetsLoss(res["out_target"], res["out_probs"], res["out_a_star"], y, r_norm, popart_state,
+                          res["out_loss_per"], res["out_loss"], res["out_priority"], res["out_dva"])
+
+
 def n_step(rewards, terminal, gamma, out_r_t=None, out_discount_t=None):
     """n-step reward and bootstrap discount.
 

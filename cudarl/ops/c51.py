@@ -151,6 +151,92 @@ def loss(logits_tm1, a_tm1, target, weights, out_loss_per, out_loss, out_grad, o
             PRIORITY_KINDS.index(priority), 1.0 / B), stream=stream)
 
 
+def _check_targets_loss(w, va_tm1, va_online_tp1, va_target_tp1, a_tm1, weights, support, r_t, discount_t, out_probs,
+                        out_a_star, out_target, out_loss_per, out_loss, out_priority, out_dva, done, priority):
+    """Checks shared by :func:`targets_loss` and :func:`targets_loss_popart`: ``(B, A, K, kind, grid, smem)``."""
+    if priority not in PRIORITY_KINDS:
+        raise ValueError(f"{w}: priority {priority!r} is not one of {PRIORITY_KINDS}")
+    K = support.shape[0]
+    B, row = va_tm1.shape
+    if K < 2 or row % K or row // K < 2:
+        raise ValueError(f"{w}: va rows of {row} floats are not (1 + A) x {K} atoms with A >= 1")
+    A = row // K - 1
+    for name, a in (("va_tm1", va_tm1), ("va_online_tp1", va_online_tp1), ("va_target_tp1", va_target_tp1),
+                    ("out_dva", out_dva)):
+        check(w, name, a, F32, (B, row))
+    check(w, "support", support, F32, (K,))
+    check(w, "a_tm1", a_tm1, I32, (B,))
+    for name, a in (("weights", weights), ("r_t", r_t), ("discount_t", discount_t), ("out_loss_per", out_loss_per),
+                    ("out_priority", out_priority)):
+        check(w, name, a, F32, (B,))
+    check(w, "out_probs", out_probs, F32, (B, K))
+    check(w, "out_target", out_target, F32, (B, K))
+    check(w, "out_a_star", out_a_star, I32, (B,))
+    check(w, "out_loss", out_loss, F32, (1,))
+    check_counter(w, "done", done)
+    smem = TL_WARPS * (A + 1) * K * 4
+    if smem > TL_MAX_SMEM:
+        raise ValueError(f"{w}: {A} actions x {K} atoms need {smem} bytes of shared memory per block (at most "
+                         f"{TL_MAX_SMEM}); use losses.c51_targets and losses.c51_loss")
+    return B, A, K, PRIORITY_KINDS.index(priority), blocks_for(B, TL_WARPS), smem
+
+
+#: Warps (samples at a time) of a targets_loss block: pa::kReduceThreads threads.
+TL_WARPS = POPART_THREADS // 32
+#: Dynamic shared memory of a targets_loss block: (A + 1) K floats a warp; past 48 KiB the launch
+#: opts in (kernels.launch), up to what every sm_90 part has (227 KiB): 3 actions x 1024 atoms is 128 KiB.
+TL_MAX_SMEM = 227 * 1024
+
+_TL_SIG = ("const f32* va_tm1, const f32* va_online_tp1, const f32* va_target_tp1, const i32* actions, "
+           "const f32* weights, const f32* support, const f32* r_t, const f32* discount_t, ")
+_TL_OUT = "f32* probs, i32* a_star, f32* target, f32* loss_per, f32* priority, f32* dva, f32* loss, u32* done, "
+
+
+def targets_loss(va_tm1, va_online_tp1, va_target_tp1, a_tm1, weights, support, r_t, discount_t, out_probs, out_a_star,
+                 out_target, out_loss_per, out_loss, out_priority, out_dva, done, priority="kl", stream=None) -> None:
+    """The C51 target without PopArt and the loss in one launch, from the dueling head's raw outputs
+    ``va [B, (1 + A) K]`` (online at s and s', target at s'): the bits of dueling_forward,
+    :func:`targets`, :func:`loss` and dueling_backward in a row. Writes ``out_probs``, ``out_a_star``,
+    ``out_target``, ``out_loss_per``, ``out_loss [1]``, ``out_priority`` and ``out_dva [B, (1 + A) K]``
+    (dL/dva of the s rows); ``done`` is a uint32 ``[1]`` ticket, 0 before and left 0."""
+    w = "c51.targets_loss"
+    B, A, K, kind, grid, smem = _check_targets_loss(w, va_tm1, va_online_tp1, va_target_tp1, a_tm1, weights, support, r_t,
+                                                    discount_t, out_probs, out_a_star, out_target, out_loss_per, out_loss,
+                                                    out_priority, out_dva, done, priority)
+    launch("c51", "targets_loss", grid, POPART_THREADS, _TL_SIG + _TL_OUT + "i32 B, i32 A, i32 K, i32 kind, f32 scale",
+           (va_tm1, va_online_tp1, va_target_tp1, a_tm1, weights, support, r_t, discount_t, out_probs, out_a_star,
+            out_target, out_loss_per, out_priority, out_dva, out_loss, done, B, A, K, kind, 1.0 / B),
+           stream=stream, shared_mem=smem)
+
+
+def targets_loss_popart(va_tm1, va_online_tp1, va_target_tp1, a_tm1, weights, support, r_t, discount_t, state, beta,
+                        out_y, out_r_norm, out_probs, out_a_star, out_target, out_loss_per, out_loss, out_priority, out_dva,
+                        done, barrier, sigma_min=1e-4, priority="kl", stream=None) -> None:
+    """:func:`targets_loss` with PopArt (the bits of :func:`next_probs_td` and :func:`project_popart`
+    in between): also updates ``state [8]`` in place and writes ``out_y``, ``out_r_norm [B]``.
+    ``beta`` is a float32 ``[1]`` device slot; ``barrier`` a second uint32 ``[1]`` counter, 0 before
+    and left 0 (the grid-wide wait for every y; the grid is at most one block per SM)."""
+    from ..kernels import resident_grid_limit
+
+    w = "c51.targets_loss_popart"
+    B, A, K, kind, grid, smem = _check_targets_loss(w, va_tm1, va_online_tp1, va_target_tp1, a_tm1, weights, support, r_t,
+                                                    discount_t, out_probs, out_a_star, out_target, out_loss_per, out_loss,
+                                                    out_priority, out_dva, done, priority)
+    check(w, "state", state, F32, (STATE_SIZE,))
+    check(w, "beta", beta, F32, (1,))
+    check(w, "out_y", out_y, F32, (B,))
+    check(w, "out_r_norm", out_r_norm, F32, (B,))
+    check_counter(w, "barrier", barrier)
+    if barrier.data.ptr == done.data.ptr:
+        raise ValueError(f"{w}: barrier and done must be two counters")
+    launch("c51", "targets_loss_popart", min(grid, resident_grid_limit()), POPART_THREADS,
+           _TL_SIG + "f32* state, const f32* beta, f32* y, f32* r_norm, " + _TL_OUT
+           + "u32* barrier, i32 B, i32 A, i32 K, i32 kind, f32 scale, f32 sigma_min",
+           (va_tm1, va_online_tp1, va_target_tp1, a_tm1, weights, support, r_t, discount_t, state, beta, out_y, out_r_norm,
+            out_probs, out_a_star, out_target, out_loss_per, out_priority, out_dva, out_loss, done, barrier, B, A, K, kind,
+            1.0 / B, float(sigma_min)), stream=stream, shared_mem=smem)
+
+
 def n_step(rewards, terminal, gamma, out_r_t, out_discount_t, stream=None) -> None:
     """n-step reward and discount: ``gamma`` is a 1-element device array (a schedule's slot)."""
     w = "c51.n_step"

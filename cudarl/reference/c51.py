@@ -218,6 +218,67 @@ def loss(logits_tm1, a_tm1, target, weights, priority="kl", compute_dtype=np.flo
     return ce.astype(compute_dtype), mean, grad, prio.astype(compute_dtype)
 
 
+def _combine(va, K):
+    """The dueling combine of raw head rows ``va [B, (1 + A) K]`` into logits ``[B, A, K]``."""
+    from .nn import dueling_forward
+
+    va = np.asarray(va, np.float32)
+    B, A = va.shape[0], va.shape[1] // K - 1
+    logits = np.empty((B, A, K), np.float32)
+    dueling_forward(va, logits)
+    return logits
+
+
+def targets_loss(va_tm1, va_online_tp1, va_target_tp1, a_tm1, weights, support, r_t, discount_t, priority="kl"):
+    """The C51 target without PopArt and the loss from the dueling head's raw outputs (twin of
+    ``cudarl_c51_targets_loss``): with ``logits = dueling_forward(va)`` (:mod:`cudarl.reference.nn`)::
+
+        (m, probs, a*) = targets(logits_online_tp1, logits_target_tp1, z, r, d)
+        (loss_per, loss, dlogits, priority) = loss(logits_tm1, a, m, w)
+        dva = dueling_backward(dlogits)
+
+    Args:
+        va_*: float32 ``[B, (1 + A) K]`` (V, then Adv ``[A, K]``), the online net at s_t and s_{t+1}
+            and the target net at s_{t+1}. Others as :func:`targets` and :func:`loss`.
+    Returns:
+        ``(m, probs, a_star, loss_per, loss, priority, dva)``; an action outside ``[0, A)`` gives
+        NaN loss and priority and a zero dva row, as the kernel (where :func:`loss` raises).
+    """
+    out = _targets_loss(va_tm1, va_online_tp1, va_target_tp1, a_tm1, weights, support, r_t, discount_t, priority)
+    m, probs, a_star = out["targets"][:3]
+    return m, probs, a_star, out["loss_per"], out["loss"], out["priority"], out["dva"]
+
+
+def targets_loss_popart(va_tm1, va_online_tp1, va_target_tp1, a_tm1, weights, support, r_t, discount_t, state, beta,
+                        sigma_min=1e-4, priority="kl"):
+    """:func:`targets_loss` with PopArt (twin of ``cudarl_c51_targets_loss_popart``): the targets as
+    :func:`targets` with ``state`` and ``beta``. Returns ``(m, probs, a_star, y, r_norm, state',
+    loss_per, loss, priority, dva)``; ``state`` is not modified."""
+    out = _targets_loss(va_tm1, va_online_tp1, va_target_tp1, a_tm1, weights, support, r_t, discount_t, priority,
+                        state, beta, sigma_min)
+    return (*out["targets"], out["loss_per"], out["loss"], out["priority"], out["dva"])
+
+
+def _targets_loss(va_tm1, va_online_tp1, va_target_tp1, a_tm1, weights, support, r_t, discount_t, priority, state=None,
+                  beta=None, sigma_min=1e-4) -> dict:
+    from .nn import dueling_backward
+
+    K = np.asarray(support).shape[0]
+    logits = _combine(va_tm1, K)
+    B, A, _ = logits.shape
+    tg = targets(_combine(va_online_tp1, K), _combine(va_target_tp1, K), support, r_t, discount_t, state, beta, sigma_min)
+    a = np.asarray(a_tm1)
+    bad = (a < 0) | (a >= A)
+    loss_per, mean, dlogits, prio = loss(logits, np.where(bad, 0, a), tg[0], weights, priority=priority)
+    if bad.any():  # the kernel's answer to an action it cannot index
+        loss_per, prio, dlogits = loss_per.copy(), prio.copy(), dlogits.copy()
+        loss_per[bad], prio[bad], dlogits[bad] = np.nan, np.nan, 0
+        mean = weighted_mean(loss_per, np.asarray(weights, np.float32), 1.0 / B, np.float32)
+    dva = np.empty((B, (1 + A) * K), np.float32)
+    dueling_backward(dlogits, dva)
+    return {"targets": tg, "loss_per": loss_per, "loss": mean, "priority": prio, "dva": dva}
+
+
 def n_step(rewards, terminal, gamma, compute_dtype=np.float32):
     """n-step reward and bootstrap discount.
 

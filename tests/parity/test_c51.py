@@ -258,10 +258,69 @@ def test_public_c51_targets_on_numpy_is_the_reference(rng):
         assert_bitwise(g, w, what=name)
 
 
+def _va(rng, B, A, K, scale=1.5):
+    """A dueling head's raw output ``[B, (1 + A) K]``."""
+    return (rng.normal(size=(B, (1 + A) * K)) * scale).astype(np.float32)
+
+
+def _combine(va, A, K):
+    from cudarl.reference import nn as nref
+
+    out = np.empty((va.shape[0], A, K), np.float32)
+    nref.dueling_forward(va, out)
+    return out
+
+
+def _chain_from_va(va_tm1, va_on, va_tg, a, w, z, r, d, state=None, beta=None, priority="kl"):
+    """The launches targets_loss replaces, on the reference: dueling combine, targets, loss, dueling backward."""
+    from cudarl.reference import nn as nref
+
+    A, K = va_tm1.shape[1] // z.shape[0] - 1, z.shape[0]
+    tg = ref.targets(_combine(va_on, A, K), _combine(va_tg, A, K), z, r, d, state, beta)
+    per, mean, g, prio = ref.loss(_combine(va_tm1, A, K), a, tg[0], w, priority=priority)
+    dva = np.empty_like(va_tm1)
+    nref.dueling_backward(g, dva)
+    return tg, per, mean, prio, dva
+
+
+def _targets_loss_inputs(rng, B, A, K):
+    z, _, _, r, d, a, w = _gpu_inputs(rng, B, A, K)
+    return dict(va_tm1=_va(rng, B, A, K), va_on=_va(rng, B, A, K), va_tg=_va(rng, B, A, K), a=a, w=w, z=z, r=r, d=d)
+
+
+@pytest.mark.parametrize("popart", [False, True])
+def test_targets_loss_twin_is_the_chain_it_fuses(rng, popart):
+    x = _targets_loss_inputs(rng, 37, 3, 21)
+    state = _popart_state(rng) if popart else None
+    args = (x["va_tm1"], x["va_on"], x["va_tg"], x["a"], x["w"], x["z"], x["r"], x["d"])
+    tg, per, mean, prio, dva = _chain_from_va(*args, state, 0.05 if popart else None)
+    got = (ref.targets_loss_popart(*args, state, 0.05) if popart else ref.targets_loss(*args))
+    want = (tg if popart else tg[:3]) + (per, mean, prio, dva)
+    assert len(got) == len(want)
+    for i, (g, w) in enumerate(zip(got, want)):
+        assert_bitwise(np.asarray(g), np.asarray(w), what=f"output {i}")
+    res = losses.c51_targets_loss(*args, popart_state=state, popart_beta=0.05 if popart else None)
+    assert_bitwise(res.dva, dva, what="losses.c51_targets_loss dva")
+    assert_bitwise(np.float32(res.loss), np.float32(mean), what="losses.c51_targets_loss loss")
+    assert (res.y is None) == (not popart)
+
+
+def test_targets_loss_twin_answers_a_bad_action_as_the_kernel():
+    """An action outside [0, A): NaN loss and priority, a zero gradient row (the loss twin raises)."""
+    rng = np.random.default_rng(3)
+    x = _targets_loss_inputs(rng, 5, 3, 11)
+    x["a"][2] = 3
+    m, probs, a_star, per, mean, prio, dva = ref.targets_loss(x["va_tm1"], x["va_on"], x["va_tg"], x["a"], x["w"],
+                                                              x["z"], x["r"], x["d"])
+    assert np.isnan(per[2]) and np.isnan(prio[2]) and np.isnan(mean)
+    assert not np.any(dva[2]) and np.all(np.isfinite(np.delete(per, 2)))
+
+
 @pytest.mark.parametrize("head", ["c51", "iqn"])
 @pytest.mark.parametrize("popart", [False, True])
 def test_agent_targets_phase_on_numpy_is_the_former_chain(rng, head, popart):
-    """The rule's targets phase (the CPU backend) gives the numbers of the former op chain."""
+    """The rule's targets phase (C51: targets_loss) on the CPU backend gives the numbers of the former
+    op chain (C51: dueling combine, targets, loss, dueling backward)."""
     from cudarl.agent import Agent
     from cudarl.bench import reference_config
     from cudarl.reference import popart as pref
@@ -275,18 +334,29 @@ def test_agent_targets_phase_on_numpy_is_the_former_chain(rng, head, popart):
     batch.next_obs[...] = rng.normal(size=batch.next_obs.shape)
     batch.ret[...] = rng.uniform(-3, 3, 24)
     batch.discount[...] = rng.choice(np.float32([0.0, 0.97]), 24)
+    batch.action[...] = rng.integers(0, 3, 24)
     if popart:
         agent.popart.state[...] = _popart_state(rng, float(agent.popart.state[pref.SCALE]))
     state0 = None if agent.popart is None else agent.popart.state.copy()
     beta = None if agent.popart is None else agent.popart.scalars.view("beta")[0]
     rule = agent.rule
     rule.forward(agent, batch)
-    rule.targets(agent, batch)
     if head == "c51":
-        want = _former_chain(rule.online_next, rule.target_next, rule.support, batch.ret, batch.discount, state0, beta)
-        assert_bitwise(rule.target, want[0], what="C51 target")
-        new_state = want[5]
+        w = rng.uniform(0.1, 1, 24).astype(np.float32)
+        rule.targets_loss(agent, batch, w)
+        tg, per, mean, prio, dva = _chain_from_va(rule.va, rule.va_online_next, rule.va_target_next, batch.action, w,
+                                                  rule.support, batch.ret, batch.discount, state0, beta,
+                                                  priority=cfg.agent.priority)
+        want_online = _combine(rule.va_online_next, 3, 21)
+        assert_bitwise(rule.target, _former_chain(want_online, _combine(rule.va_target_next, 3, 21), rule.support,
+                                                  batch.ret, batch.discount, state0, beta)[0], what="C51 target")
+        for got, want, what in ((rule.target, tg[0], "target"), (agent.loss_per, per, "loss_per"),
+                                (agent.priority, prio, "priority"), (agent.grad_q(), dva, "dL/dva"),
+                                (agent.loss[0], np.float32(mean), "loss")):
+            assert_bitwise(got, want, what=what)
+        new_state = tg[5]
     else:
+        rule.targets(agent, batch)
         r_in = batch.ret
         if popart:
             new_state = pref.update(batch.ret, state0, beta)
@@ -671,3 +741,121 @@ def test_gpu_non_finite_reward_gives_the_same_nan_rows(cp):
     assert np.all(np.isnan(got[bad])) and np.all(np.isnan(want[bad]))
     ok = np.setdiff1d(np.arange(B), bad)
     assert_parity(got[ok], want[ok])
+
+
+# ---- targets_loss: the targets and the loss in one launch from the head's raw output -----------
+def _tl_buffers(cp, rng, B, A, K, popart):
+    host = _targets_loss_inputs(rng, B, A, K)
+    host.update(state=_popart_state(rng), beta=np.float32([0.05]))
+    dev = {k: cp.asarray(v) for k, v in host.items()}
+    dev.update(done=cp.zeros(1, np.uint32), barrier=cp.zeros(1, np.uint32))
+    outs = dict(probs=_empty(cp, (B, K)), a_star=_empty(cp, (B,), np.int32), m=_empty(cp, (B, K)), per=_empty(cp, (B,)),
+                loss=_empty(cp, (1,)), prio=_empty(cp, (B,)), dva=_empty(cp, (B, (1 + A) * K)))
+    if popart:
+        outs.update(y=_empty(cp, (B,)), r_norm=_empty(cp, (B,)))
+    return host, dev, outs
+
+
+def _gpu_targets_loss(dev, outs, popart):
+    kw = {} if not popart else dict(popart_state=dev["state"], popart_beta=dev["beta"], out_y=outs["y"],
+                                    out_r_norm=outs["r_norm"], barrier=dev["barrier"])
+    return losses.c51_targets_loss(dev["va_tm1"], dev["va_on"], dev["va_tg"], dev["a"], dev["w"], dev["z"], dev["r"],
+                                   dev["d"], **kw, out_target=outs["m"], out_probs=outs["probs"], out_a_star=outs["a_star"],
+                                   out_loss_per=outs["per"], out_loss=outs["loss"], out_priority=outs["prio"],
+                                   out_dva=outs["dva"], done=dev["done"])
+
+
+def _gpu_launch_chain(cp, dev, outs, popart):
+    """The launches targets_loss replaces: dueling_forward x3, the targets (one launch, or two with
+    PopArt), the loss, dueling_backward; into ``outs``, moving ``dev["state"]`` with PopArt."""
+    from cudarl.ops import c51 as ops
+    from cudarl.ops import nn as nops
+
+    B, K = dev["a"].shape[0], dev["z"].shape[0]
+    A = dev["va_tm1"].shape[1] // K - 1
+    lg = {}
+    for name in ("va_tm1", "va_on", "va_tg"):
+        lg[name] = _empty(cp, (B, A, K))
+        nops.dueling_forward(dev[name], lg[name])
+    if popart:
+        scratch = _empty(cp, (8,))
+        ops.next_probs_td(lg["va_on"], lg["va_tg"], dev["z"], dev["r"], dev["d"], dev["state"], outs["probs"],
+                          outs["a_star"], outs["y"], scratch)
+        ops.project_popart(outs["probs"], dev["r"], dev["d"], dev["z"], outs["y"], scratch, dev["beta"], dev["state"],
+                           outs["r_norm"], outs["m"])
+    else:
+        ops.targets(lg["va_on"], lg["va_tg"], dev["z"], dev["r"], dev["d"], outs["m"], outs["probs"], outs["a_star"])
+    grad = _empty(cp, (B, A, K))
+    ops.loss(lg["va_tm1"], dev["a"], outs["m"], dev["w"], outs["per"], outs["loss"], grad, outs["prio"],
+             cp.zeros(1, np.uint32))
+    nops.dueling_backward(grad, outs["dva"])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("popart", [False, True])
+@pytest.mark.parametrize("B,A,K", [(1, 3, 11), (7, 3, 51), (512, 3, 51), (1000, 5, 11), (4096, 3, 101), (300, 3, 1024)])
+def test_gpu_targets_loss_is_bitwise_the_launch_chain_it_replaces(cp, rng, B, A, K, popart):
+    """Every output of the one launch (B = 4096: 512 blocks' worth of samples on at most one block
+    per SM; K = 1024: 128 KiB of shared memory, the opt-in) against the five-to-six launches."""
+    host, dev, outs = _tl_buffers(cp, rng, B, A, K, popart)
+    if B >= 7:
+        dev["a"][3] = A  # an action out of range: NaN loss and priority, zero gradient, in both
+    chain = {k: _empty(cp, v.shape, v.dtype) for k, v in outs.items()}
+    _gpu_launch_chain(cp, dev, chain, popart)
+    chain_state = dev["state"].copy()
+    dev["state"][...] = cp.asarray(host["state"])
+    res = _gpu_targets_loss(dev, outs, popart)
+    cp.cuda.get_current_stream().synchronize()
+    assert res.dva is outs["dva"] and res.loss is outs["loss"]
+    for k in outs:
+        assert_bitwise(outs[k], chain[k], what=k)
+    assert_bitwise(dev["state"], chain_state, what="PopArt state")
+    if popart:
+        assert not np.array_equal(dev["state"].get(), host["state"]), "the PopArt statistics did not move"
+    assert int(dev["done"].get()[0]) == 0 and int(dev["barrier"].get()[0]) == 0, "counters must be left at 0"
+    if B >= 7:
+        assert np.isnan(outs["per"].get()[3]) and not outs["dva"].get()[3].any()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("popart", [False, True])
+def test_gpu_targets_loss_matches_the_twin(cp, rng, popart):
+    host, dev, outs = _tl_buffers(cp, rng, 512, 3, 51, popart)
+    _gpu_targets_loss(dev, outs, popart)
+    cp.cuda.get_current_stream().synchronize()
+    args = (host["va_tm1"], host["va_on"], host["va_tg"], host["a"], host["w"], host["z"], host["r"], host["d"])
+    if popart:
+        m, probs, a_star, y, r_norm, state, per, loss, prio, dva = ref.targets_loss_popart(*args, host["state"], 0.05)
+        assert_parity(outs["y"], y, what="y")
+        assert_parity(outs["r_norm"], r_norm, what="normalised rewards")
+        np.testing.assert_allclose(dev["state"].get(), state, rtol=1e-5, atol=1e-6)
+    else:
+        m, probs, a_star, per, loss, prio, dva = ref.targets_loss(*args)
+    assert_bitwise(outs["a_star"], a_star, what="a* (no near-ties in these draws)")
+    for k, want in (("probs", probs), ("m", m), ("per", per), ("prio", prio), ("dva", dva)):
+        assert_parity(outs[k], want, what=k)
+    np.testing.assert_allclose(float(outs["loss"].get()[0]), float(loss), rtol=1e-5)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("popart", [False, True])
+def test_gpu_targets_loss_is_repeatable_and_graphed_equals_eager(cp, rng, popart):
+    from cudarl.graph import StepGraph
+
+    host, dev, outs = _tl_buffers(cp, rng, 2000, 3, 51, popart)
+    cp.cuda.Device().synchronize()
+    g = StepGraph("c51_targets_loss_parity", [("targets_loss", lambda: _gpu_targets_loss(dev, outs, popart))], xp=cp)
+    g.run_eager()
+    g.synchronize()
+    first = {k: v.get() for k, v in dict(outs, state=dev["state"]).items()}
+
+    def restore():
+        dev["state"][...] = cp.asarray(host["state"])
+
+    def same_state(attempt):
+        assert_bitwise(dev["state"], first["state"], what=f"{attempt} PopArt state")
+        assert int(dev["done"].get()[0]) == 0 and int(dev["barrier"].get()[0]) == 0, f"{attempt}: counters not 0"
+
+    assert_reruns_bitwise(g, outs, first, ("eager", "eager"), reset=restore, check=same_state)
+    g.capture()
+    assert_reruns_bitwise(g, outs, first, ("graphed", "graphed", "graphed"), reset=restore, check=same_state)
