@@ -7,8 +7,9 @@ that :class:`cudarl.graph.StepGraph` captures (GPU) or runs in order (NumPy)::
              - env_step (record the transition, step, reset ended episodes) - replay_insert
     train:   schedules (lr and tau: a parallel branch, joined by loss) - sample (the search and
              the gather in one launch; the importance weights on that branch) -
-             forward (online s and s' | target s', in parallel) - targets (double DQN, projection
-             or quantile targets) - loss (+ gradient wrt the outputs) - priorities (a parallel
+             forward (online s and s' | target s', in parallel) - C51: targets_loss (double DQN,
+             projection, loss and dL/d(head output) in one launch); IQN: targets (quantile
+             targets) - loss (+ gradient wrt the outputs) - priorities (a parallel
              branch to the end) - backward (dx chain | weight gradients, in parallel) - adam
              (gradient norm and clip in one launch; then the update with the target net's soft
              update in one launch | the publish of loss and gradient norm to the host ring)
@@ -61,8 +62,8 @@ class C51Rule:
         self.target = xp.zeros((B, K), np.float32)
         self.y = xp.zeros(B, np.float32)
         self.r_norm = xp.zeros(B, np.float32)
-        self.popart_prev = xp.zeros(8, np.float32)  # PopArt statistics before the update (GPU scratch)
-        self.loss_done = xp.zeros(1, np.uint32)  # the loss launch's ticket counter (0 between launches)
+        self.loss_done = xp.zeros(1, np.uint32)  # the targets_loss launch's ticket counter (0 between launches)
+        self.barrier = xp.zeros(1, np.uint32)  # its grid-wide wait for every y with PopArt (0 between launches)
         n = a.n_envs
         self.act_ent = xp.zeros(n, np.float32)
         self.act_mass = xp.zeros((n, K), np.float32)
@@ -85,40 +86,45 @@ class C51Rule:
         logits = agent.online.forward(env.obs, agent.ws_act)["q"]
         agent.ops.act_c51(env.actions, agent.q_act, logits, self.support, env.state.count, env.params, *eps_args)
 
-    def forward(self, agent: "Agent", batch) -> None:
-        with agent.side.fork():  # the target net runs beside the online net (its own weights and workspace)
-            self.target_next = agent.target.forward(batch.next_obs, agent.target.ws)["q"]
-        both = agent.online.forward(agent.pair, agent.ws)["q"]  # s and s' in one pass: [2B, A, K]
-        B = agent.batch_size
-        self.logits, self.online_next = both[:B], both[B:]
+    #: The network's backward starts from dL/dva, the head's output before the dueling combine.
+    raw_head = True
 
-    def targets(self, agent: "Agent", batch) -> None:
+    def forward(self, agent: "Agent", batch) -> None:
+        # the head's raw outputs va [rows, (1 + A) K]: targets_loss combines them itself
+        with agent.side.fork():  # the target net runs beside the online net (its own weights and workspace)
+            self.va_target_next = agent.target.forward(batch.next_obs, agent.target.ws, raw_head=True)["q"]
+        both = agent.online.forward(agent.pair, agent.ws, raw_head=True)["q"]  # s and s' in one pass: [2B, (1 + A) K]
+        B = agent.batch_size
+        self.va, self.va_online_next = both[:B], both[B:]
+
+    def targets_loss(self, agent: "Agent", batch, weights) -> None:
+        """The target distribution and the loss in one launch (losses.c51_targets_loss), writing
+        dL/dva for the backward. With PopArt: y = r + d (s E[z] + mu) in return space; the
+        statistics move with y, then the rewards are mapped into the support's coordinates with
+        them, (r - (1 - d) mu) / s (see cudarl.popart)."""
         agent.side.join()  # the target net's forward
-        # With PopArt: y = r + d (s E[z] + mu) in return space; the statistics move with y, then the
-        # rewards are mapped into the support's coordinates with them: (r - (1 - d) mu) / s. One
-        # launch without PopArt, two with it (see losses.c51_targets and cudarl.popart).
         pa = agent.popart
         popart = {} if pa is None else dict(popart_state=pa.state, popart_beta=pa.scalars.view("beta"),
                                             sigma_min=pa.sigma_min, out_y=self.y, out_r_norm=self.r_norm,
-                                            scratch=self.popart_prev)
-        res = losses.c51_targets(self.online_next, self.target_next, self.support, batch.ret, batch.discount, **popart,
-                                 out_target=self.target, out_probs=self.probs, out_a_star=self.a_star)
-        _into(self.target, res.target)
+                                            barrier=self.barrier)
+        dva = agent.grad_q()
+        res = losses.c51_targets_loss(self.va, self.va_online_next, self.va_target_next, batch.action, weights,
+                                      self.support, batch.ret, batch.discount, agent.cfg.agent.priority, **popart,
+                                      out_target=self.target, out_probs=self.probs, out_a_star=self.a_star,
+                                      out_loss_per=agent.loss_per, out_loss=agent.loss, out_priority=agent.priority,
+                                      out_dva=dva, done=self.loss_done)
+        for dst, src in ((self.target, res.target), (dva, res.dva), (agent.priority, res.priority),
+                         (agent.loss_per, res.loss_per)):
+            _into(dst, src)
+        _into(agent.loss, np.reshape(res.loss, (1,)) if agent.xp.__name__ == "numpy" else res.loss)
         if pa is not None:
             _into(pa.state, res.state)
-
-    def loss(self, agent: "Agent", batch, weights) -> None:
-        grad = agent.grad_q()
-        res = losses.c51_loss(self.logits, batch.action, self.target, weights, agent.cfg.agent.priority,
-                              out_loss_per=agent.loss_per, out_loss=agent.loss, out_grad=grad,
-                              out_priority=agent.priority, done=self.loss_done)
-        _into(grad, res.grad)
-        _into(agent.loss, np.reshape(res.loss, (1,)) if agent.xp.__name__ == "numpy" else res.loss)
-        _into(agent.priority, res.priority)
 
 
 class IQNRule:
     """Implicit quantile networks (Dabney et al. 2018): quantile Huber loss, double-DQN targets."""
+
+    raw_head = False
 
     def __init__(self, agent: "Agent"):
         xp, B, N = agent.xp, agent.batch_size, agent.cfg.net.n_quantiles
@@ -282,14 +288,15 @@ class Agent:
 
     # --- train ---------------------------------------------------------------------------------
     def grad_q(self):
-        """The buffer the loss writes dL/d(output of the s half) into: ``[B, A, K]`` or ``[B, N, A]``."""
+        """The buffer the loss writes dL/d(output of the s half) into: C51 dL/dva ``[B, (1 + A) K]``
+        (the head's raw output, see :meth:`C51Rule.targets_loss`), IQN ``[B, N, A]``."""
         self.ws.set_batch(self.batch_size)
-        return self.online.grad_outputs(self.ws)["q"]
+        return self.online.grad_outputs(self.ws, raw_head=self.rule.raw_head)["q"]
 
     def backward(self) -> None:
         """Gradients of the online net from the s half of the last forward pass."""
         self.ws.set_batch(self.batch_size)
-        self.online.backward(self.batch.obs, self.ws)
+        self.online.backward(self.batch.obs, self.ws, raw_head=self.rule.raw_head)
         self.side.join()  # the weight gradients, before anything reads them
 
     def train_phases(self, replay) -> list:
@@ -318,6 +325,14 @@ class Agent:
             self.side_small.join()  # the importance weights (and the schedules, forked first)
             self.rule.loss(self, batch, state["w"])
 
+        def targets_loss():
+            self.side_small.join()  # the importance weights (and the schedules, forked first)
+            self.rule.targets_loss(self, batch, state["w"])
+
+        # C51: one launch for both (cudarl_c51_targets_loss); IQN: a targets and a loss phase
+        learn = ([("targets_loss", targets_loss)] if hasattr(self.rule, "targets_loss")
+                 else [("targets", targets), ("loss", loss)])
+
         def backward():
             self.backward()
 
@@ -339,9 +354,8 @@ class Agent:
             with self.side_priorities.fork():
                 replay.update_priorities(state["idx"], self.priority, device_rules=True)
 
-        return [("schedules", schedules), ("sample", sample), ("forward", forward),
-                ("targets", targets), ("loss", loss), ("priorities", priorities), ("backward", backward),
-                ("adam", adam)]
+        return [("schedules", schedules), ("sample", sample), ("forward", forward), *learn,
+                ("priorities", priorities), ("backward", backward), ("adam", adam)]
 
     # --- greedy action values for evaluation -----------------------------------------------------
     def q_values(self, obs, out) -> None:

@@ -33,16 +33,26 @@ class C51Head(Module):
     def grad_name(self) -> str:
         return f"{self.name}.dlogits"
 
-    def forward(self, psi, ws: Workspace):
+    def forward(self, psi, ws: Workspace, raw: bool = False):
+        """Logits ``[B, A, atoms]``; with ``raw`` the head's output before the dueling combine,
+        ``va [B, (1 + A) atoms]`` (for a loss that combines it itself: losses.c51_targets_loss)."""
         B = psi.shape[0]
         va = self.va.forward(psi, ws)
+        if raw:
+            return va
         logits = ws.rows(f"{self.name}.logits", B)
         self.ops.dueling_forward(va, logits)
         return logits
 
-    def backward(self, psi, ws: Workspace, dpsi=None, accumulate: bool = False) -> None:
+    def raw_grad_name(self) -> str:
+        """The buffer of dL/dva ``[B, (1 + A) atoms]`` a ``raw`` backward starts from."""
+        return f"{self.va.name}.dout"
+
+    def backward(self, psi, ws: Workspace, dpsi=None, accumulate: bool = False, raw: bool = False) -> None:
+        """From dL/dlogits in :attr:`grad_name`, or with ``raw`` from dL/dva in :meth:`raw_grad_name`."""
         B = psi.shape[0]
-        self.ops.dueling_backward(ws.rows(self.grad_name, B), ws.rows(f"{self.va.name}.dout", B))
+        if not raw:
+            self.ops.dueling_backward(ws.rows(self.grad_name, B), ws.rows(self.raw_grad_name(), B))
         self.va.backward(psi, ws, dpsi, accumulate)
 
 

@@ -101,21 +101,30 @@ class QNetwork:
         for lin in self.linears.values():
             lin.side = side
 
-    def forward(self, x, ws: Workspace | None = None, tau=None) -> dict:
-        """x ``[B, n_in]`` -> ``{"q": logits [B, A, atoms] | quantiles [B, N, A], "plan": [B, 2]}``."""
+    def forward(self, x, ws: Workspace | None = None, tau=None, raw_head: bool = False) -> dict:
+        """x ``[B, n_in]`` -> ``{"q": logits [B, A, atoms] | quantiles [B, N, A], "plan": [B, 2]}``.
+
+        ``raw_head`` (C51 only): ``"q"`` is the head's output before the dueling combine,
+        ``va [B, (1 + A) atoms]``; pair it with ``backward(raw_head=True)``."""
         ws = ws or self.ws
         ws.set_batch(x.shape[0])
         ws.x = x  # the input of this workspace's forward, for backward
         psi = self.encoder.forward(x, ws)
-        out = {"q": self.head.forward(psi, ws, tau) if isinstance(self.head, IQNHead) else self.head.forward(psi, ws)}
+        if raw_head and not isinstance(self.head, C51Head):
+            raise ValueError(f"raw_head: only the C51 head has a raw output, not {type(self.head).__name__}")
+        out = {"q": self.head.forward(psi, ws, tau) if isinstance(self.head, IQNHead) else self.head.forward(psi, ws, raw_head)}
         if self.plan is not None:
             out["plan"] = self.plan.forward(psi, ws)
         return out
 
-    def grad_outputs(self, ws: Workspace | None = None) -> dict:
-        """The buffers the loss writes ``dL/d(output)`` into, shaped like :meth:`forward`'s outputs."""
+    def grad_outputs(self, ws: Workspace | None = None, raw_head: bool = False) -> dict:
+        """The buffers the loss writes ``dL/d(output)`` into, shaped like :meth:`forward`'s outputs
+        (with ``raw_head``: dL/dva ``[B, (1 + A) atoms]``)."""
         ws = ws or self.ws
-        out = {"q": ws.rows(self.head.grad_name).reshape(self.forward_shape(ws.batch))}
+        if raw_head:
+            out = {"q": ws.rows(self.head.raw_grad_name())}
+        else:
+            out = {"q": ws.rows(self.head.grad_name).reshape(self.forward_shape(ws.batch))}
         if self.plan is not None:
             out["plan"] = ws.rows(self.plan.grad_name)
         return out
@@ -124,13 +133,17 @@ class QNetwork:
         h = self.head
         return (B, h.n_actions, h.atoms) if isinstance(h, C51Head) else (B, h.n_quantiles, h.n_actions)
 
-    def backward(self, x=None, ws: Workspace | None = None, dx=None) -> None:
-        """Overwrite :attr:`grads` from the gradients in :meth:`grad_outputs` (last forward on ``ws``)."""
+    def backward(self, x=None, ws: Workspace | None = None, dx=None, raw_head: bool = False) -> None:
+        """Overwrite :attr:`grads` from the gradients in :meth:`grad_outputs` (last forward on ``ws``;
+        ``raw_head`` as given to :meth:`grad_outputs`)."""
         ws = ws or self.ws
         x = ws.x if x is None else x
         psi = ws.rows(f"{self.encoder.out_name}.out")
         dpsi = ws.rows(f"{self.encoder.out_name}.dout")
-        self.head.backward(psi, ws, dpsi, accumulate=False)
+        if raw_head:
+            self.head.backward(psi, ws, dpsi, accumulate=False, raw=True)
+        else:
+            self.head.backward(psi, ws, dpsi, accumulate=False)
         if self.plan is not None:
             self.plan.backward(psi, ws, dpsi, accumulate=True)
         self.encoder.backward(x, ws, dx)
