@@ -157,13 +157,14 @@ class NetConfig:
     """IQN cosine embedding size."""
     tf32: bool = False
     """Let cuBLAS use TF32 tensor cores for the network's GEMMs (GPU; ~1e-3 relative error)."""
-    gemm: str = "cublaslt"
-    """Forward GEMM of the linear layers (GPU): ``cublas`` (GEMM, then the bias/activation kernel) or
-    ``cublaslt`` (one cuBLASLt GEMM with the bias and ReLU fused into its epilogue; sigmoid layers keep
-    the kernel). Same math (the reference network's logits were bitwise equal on an H200) and the
-    faster of the two there: ``tools/bench_nets.py`` and ``tools/bench_step.py`` time both, and
-    docs/gpu-report.md has the numbers. ``cublaslt_nosplit`` (experimental, not yet measured) runs
-    the forward and the backward GEMMs through cuBLASLt with one-kernel algorithms only."""
+    gemm: str = "cublaslt_nosplit"
+    """GEMMs of the linear layers (GPU): ``cublas`` (cuBLAS, then the bias/activation kernel),
+    ``cublaslt`` (the forward as one cuBLASLt GEMM with the bias and ReLU fused into its epilogue;
+    sigmoid layers keep the kernel) or ``cublaslt_nosplit`` (``cublaslt``, and the forward and the
+    input-gradient GEMMs limited to one-kernel algorithms, no split-K reduction kernels; the weight
+    gradients keep cuBLAS's split-K). Same math to float32 rounding; ``tools/bench_step.py`` times all
+    three and docs/gpu-report.md has the numbers (the train step at 3707fef: 124.4 us with
+    ``cublaslt``, 112.9 us with ``cublaslt_nosplit`` before the weight gradients went back to cuBLAS)."""
 
     def __post_init__(self):
         s = "net"

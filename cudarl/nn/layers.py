@@ -56,8 +56,8 @@ class Linear(Module):
     ``gemm="cublaslt"`` makes the forward one cuBLASLt GEMM with the bias (and ReLU) in its epilogue
     when ``act`` is identity or relu, on the GPU, for an input aligned to 16 bytes; otherwise the
     forward is the cuBLAS GEMM and the bias/activation kernel. :meth:`prepare` makes the cuBLASLt
-    plan for a batch size before any capture. ``gemm="cublaslt_nosplit"`` (an experiment: see
-    docs/perf-notes.md) runs the forward, dW and dx through cuBLASLt with one-kernel algorithms only.
+    plan for a batch size before any capture. ``gemm="cublaslt_nosplit"`` (the default: see
+    docs/perf-notes.md) runs the forward and dx through cuBLASLt with one-kernel algorithms only.
     """
 
     def __init__(self, name: str, n_in: int, n_out: int, act: str = "relu", init: str | None = None,
@@ -76,8 +76,8 @@ class Linear(Module):
         self.gemm = gemm
         #: The cuBLASLt activation name when the forward can be one fused GEMM, else None.
         self.lt_act = _LT_ACTS.get(self.act) if gemm.startswith("cublaslt") else None
-        #: ``cublaslt_nosplit``: every GEMM of the layer (forward, dW, dx) through cuBLASLt with
-        #: one-kernel algorithms only (no split-K reduction kernels: graph nodes on the chain).
+        #: ``cublaslt_nosplit``: the forward and dx GEMMs through cuBLASLt with one-kernel algorithms
+        #: only (no split-K reduction kernels: graph nodes on the chain); dW keeps cuBLAS's split-K.
         self.lt_all = gemm == "cublaslt_nosplit"
 
     def alloc_state(self, xp, dtype, seed: int, stream_id: int) -> None:
@@ -114,11 +114,10 @@ class Linear(Module):
                                  split_k=not self.lt_all)
 
     def prepare_backward(self, batch: int) -> None:
-        """Make the cuBLASLt plans of a backward over ``batch`` samples (GPU, ``gemm="cublaslt_nosplit"``:
-        dW = x^T dz and dx = dz W^T); a backward inside a capture needs them made."""
+        """Make the cuBLASLt plan of a backward over ``batch`` samples (GPU, ``gemm="cublaslt_nosplit"``:
+        dx = dz W^T); a backward inside a capture needs it made."""
         if self.lt_all and not isinstance(self.P[f"{self.name}.bias"], np.ndarray):
             m = batch * self.rows
-            blas.gemm_lt_prepare(self.n_in, self.n_out, m, trans_a=True, tf32=self.tf32, split_k=False)
             blas.gemm_lt_prepare(m, self.n_in, self.n_out, trans_b=True, tf32=self.tf32, split_k=False)
 
     def forward(self, x, ws: Workspace):
@@ -136,8 +135,10 @@ class Linear(Module):
         return y
 
     def _gemm(self, a, b, out, trans_a: bool = False, trans_b: bool = False, beta: float = 0.0) -> None:
-        """A backward GEMM: cuBLASLt without split-K under ``cublaslt_nosplit`` (GPU, no accumulate,
-        operands aligned as the plans :meth:`prepare` made), else :func:`matmul`."""
+        """The dx GEMM: cuBLASLt without split-K under ``cublaslt_nosplit`` (GPU, no accumulate,
+        operands aligned as the plan :meth:`prepare_backward` made), else :func:`matmul`. (dW keeps
+        cuBLAS and its split-K: K is the batch there, and one-kernel algorithms took 13-14 us
+        against 5.5 + 2.5 for the split pair, ncu on an H200 at 3707fef.)"""
         if (self.lt_all and beta == 0.0 and not isinstance(out, np.ndarray)
                 and all(t.data.ptr % blas.LT_ALIGN == 0 for t in (a, b, out))):
             blas.gemm_lt(a, b, out, trans_a=trans_a, trans_b=trans_b, tf32=self.tf32, split_k=False)
@@ -161,9 +162,9 @@ class Linear(Module):
             with self.side.fork():
                 if self.act == IDENTITY:
                     self.ops.bias_act_backward(dy, y, dy, gb, self.act)
-                self._gemm(x, dy, gw, trans_a=True)
+                matmul(x, dy, gw, trans_a=True, tf32=self.tf32)
         else:
-            self._gemm(x, dy, self.sn["dw"] if self.spectral else gw, trans_a=True)
+            matmul(x, dy, self.sn["dw"] if self.spectral else gw, trans_a=True, tf32=self.tf32)
         if dx is not None:
             self._gemm(dy, self.weight(), dx, trans_b=True, beta=1.0 if accumulate else 0.0)
         if self.spectral:
