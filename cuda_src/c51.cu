@@ -130,6 +130,42 @@ __device__ __forceinline__ void project_row(const float* p, float r, float d, co
   }
 }
 
+// project_row with the shares staged in shared memory instead of shuffled: lane j % 32 computes
+// source atom j's share once into stage[j] = (l_j, lo_j, hi_j) (float4s: the warp's own K-entry
+// scratch, 16-byte aligned), then every lane walks j = 0..K-1 with broadcast reads, adding the
+// shares that land on its atoms i = lane + 64 c and i + 32 into two sums. The same shares, added in
+// the same j order, as project_row: the same bits, at one shared load per j and lane instead of
+// three shuffles per j for each 32 atoms (the shuffles were the SM's bottleneck, ncu at c58292e).
+__device__ __forceinline__ void project_row_staged(const float* p, float r, float d, const float* support, float* out,
+                                                   int K, int lane, float4* stage) {
+  const float v_min = support[0], v_max = support[K - 1];
+  const float dz = (v_max - v_min) / (float)(K - 1);
+  if (!isfinite(r) || !isfinite(d)) {
+    for (int i = lane; i < K; i += C51_WARP) out[i] = __int_as_float(0x7fc00000);
+    return;
+  }
+  for (int j = lane; j < K; j += C51_WARP) {
+    const Share sh = share_of(p, r, d, support, j, K, v_min, v_max, dz);
+    stage[j] = make_float4(__int_as_float(sh.l), sh.lo, sh.hi, 0.f);
+  }
+  __syncwarp();
+  for (int i0 = 0; i0 < K; i0 += 2 * C51_WARP) {
+    const int ia = i0 + lane, ib = ia + C51_WARP;
+    float acc_a = 0.f, acc_b = 0.f;
+    for (int j = 0; j < K; ++j) {
+      const float4 s4 = stage[j];
+      const int l = __float_as_int(s4.x);
+      if (l == ia) acc_a += s4.y;
+      else if (l + 1 == ia) acc_a += s4.z;
+      if (l == ib) acc_b += s4.y;
+      else if (l + 1 == ib) acc_b += s4.z;
+    }
+    if (ia < K) out[ia] = acc_a;
+    if (ib < K) out[ib] = acc_b;
+  }
+  __syncwarp();  // every lane is done with stage before the caller reuses it
+}
+
 // Cross-entropy, its gradient and the priority of one sample by one warp, given the chosen
 // action's logits x [K] (act in [0, A)): m = target[b] [K], g = grad[b] [A, K] (every element
 // written); lane 0 writes *loss_b, *prio_b.
@@ -350,16 +386,20 @@ extern "C" __global__ void cudarl_c51_loss(const float* __restrict__ logits, con
 // pair, loss, dueling_backward), with no logits or dlogits buffers in memory: the combined rows
 // live in shared memory, per warp. Four to five graph nodes fewer on the step's critical path.
 //
-// Threads: blocks of pa::kReduceThreads (8 warps), one warp per sample, samples b = warp, warp +
-// 8 * gridDim.x, ... (any grid covers any B). With PopArt every y must exist before any sample
-// is projected: the y pass, then cudarl::grid_barrier(barrier), then every block reduces y in
-// project_popart's order (so every block holds the same new statistics; block 0 stores them),
-// then the projection and loss pass. The grid is at most one block per SM (the launcher), so
-// every block is resident; the launch leaves *barrier and *done at 0 (last_block resets them).
-// Shared memory: 8 (A + 1) K floats (dynamic; above 48 KiB the launcher opts in) + 3 * 256 floats.
+// Threads: blocks of 4 warps (128 threads: twice the SMs of 8-warp blocks at B = 512), one warp per
+// sample, samples b = warp, warp + 4 * gridDim.x, ... (any grid covers any B). With PopArt every y
+// must exist before any sample is projected: the y pass, then cudarl::grid_barrier(barrier), then
+// every block reduces y in project_popart's order (pa::batch_moments_half: so every block holds the
+// same new statistics; block 0 stores them), then the projection and loss pass. The grid is at most
+// one block per SM (the launcher), so every block is resident; the launch leaves *barrier and *done
+// at 0 (last_block resets them). The projection stages its shares in shared memory
+// (project_row_staged: the same bits as project_row).
+// Shared memory: 4 warps x (max(A, 4) + 1) K floats, rounded up to float4s (dynamic; past 48 KiB
+// the launcher opts in) + 256 + 2 * 128 floats.
 // Reads 3 (1 + A) K + K + 4 floats per sample (+ 2B by the last block, + B per block with
 // PopArt); writes (1 + A) K + 2 K + 4 floats per sample and 1 (+ 8 with PopArt).
-#define C51_TL_WARPS (pa::kReduceThreads / C51_WARP)
+#define C51_TL_WARPS 4
+static_assert(C51_TL_WARPS * C51_WARP * 2 == pa::kReduceThreads, "batch_moments_half needs half a reduce block");
 
 namespace {
 
@@ -377,14 +417,18 @@ __device__ __forceinline__ void targets_loss_body(
     float* __restrict__ target, float* __restrict__ loss_per, float* __restrict__ priority, float* __restrict__ dva,
     float* __restrict__ loss, unsigned int* done, unsigned int* barrier, int B, int A, int K, int kind, float scale,
     float sigma_min) {
-  extern __shared__ float c51_tl_smem[];
+  extern __shared__ float4 c51_tl_smem[];
   __shared__ float part[C51_MEAN_SLOTS];
-  __shared__ float s1[pa::kReduceThreads];
-  __shared__ float s2[pa::kReduceThreads];
+  __shared__ float s1[pa::kReduceThreads / 2];
+  __shared__ float s2[pa::kReduceThreads / 2];
   const int lane = threadIdx.x % C51_WARP, warp = threadIdx.x / C51_WARP;
   const int row = (1 + A) * K;
-  float* logits = c51_tl_smem + (long long)warp * (A * K + K);  // [A, K]: online at s', then dL/dlogits
-  float* x = logits + A * K;                                        // [K]: target row a*, then online row a
+  // per warp, in float4s: [max(A, 4) K floats: the online logits at s', then the projection's
+  // shares, then dL/dlogits] [K floats: the target row a*, then the online row a]
+  const int big = (A > 4 ? A : 4) * K, per_warp4 = (big + K + 3) / 4;
+  float4* stage = c51_tl_smem + (long long)warp * per_warp4;
+  float* logits = reinterpret_cast<float*>(stage);
+  float* x = logits + big;
   const int first = blockIdx.x * C51_TL_WARPS + warp, stride = gridDim.x * C51_TL_WARPS;
   pa::Stats old{};
   if (kPopArt) old = pa::load(state);  // every block, before block 0 stores the new statistics
@@ -410,7 +454,7 @@ __device__ __forceinline__ void targets_loss_body(
   if (kPopArt) {
     cudarl::grid_barrier(barrier);
     float sum, sum2;
-    pa::batch_moments<true>(y, B, s1, s2, sum, sum2);
+    pa::batch_moments_half(y, B, s1, s2, sum, sum2);
     st = pa::updated(old, beta[0], sum, sum2, B, sigma_min);
     if (blockIdx.x == 0 && threadIdx.x == 0) pa::store(state_out, old, st);
   }
@@ -424,8 +468,7 @@ __device__ __forceinline__ void targets_loss_body(
       if (lane == 0) r_norm[b] = rn;
     }
     float* m = target + (long long)b * K;
-    project_row(probs + (long long)b * K, rn, d, support, m, K, lane);
-    __syncwarp();
+    project_row_staged(probs + (long long)b * K, rn, d, support, m, K, lane, stage);
     const int act = actions[b];
     if (act < 0 || act >= A) {
       loss_row_bad_action(logits, loss_per + b, priority + b, A, K, lane);

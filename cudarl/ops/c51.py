@@ -174,17 +174,17 @@ def _check_targets_loss(w, va_tm1, va_online_tp1, va_target_tp1, a_tm1, weights,
     check(w, "out_a_star", out_a_star, I32, (B,))
     check(w, "out_loss", out_loss, F32, (1,))
     check_counter(w, "done", done)
-    smem = TL_WARPS * (A + 1) * K * 4
+    smem = TL_WARPS * (((max(A, 4) + 1) * K + 3) // 4) * 16  # (max(A, 4) + 1) K floats a warp, in float4s
     if smem > TL_MAX_SMEM:
         raise ValueError(f"{w}: {A} actions x {K} atoms need {smem} bytes of shared memory per block (at most "
                          f"{TL_MAX_SMEM}); use losses.c51_targets and losses.c51_loss")
     return B, A, K, PRIORITY_KINDS.index(priority), blocks_for(B, TL_WARPS), smem
 
 
-#: Warps (samples at a time) of a targets_loss block: pa::kReduceThreads threads.
-TL_WARPS = POPART_THREADS // 32
-#: Dynamic shared memory of a targets_loss block: (A + 1) K floats a warp; past 48 KiB the launch
-#: opts in (kernels.launch), up to what every sm_90 part has (227 KiB): 3 actions x 1024 atoms is 128 KiB.
+#: Warps (samples at a time) of a targets_loss block (C51_TL_WARPS in cuda_src/c51.cu).
+TL_WARPS = 4
+#: Dynamic shared memory of a targets_loss block: (max(A, 4) + 1) K floats a warp; past 48 KiB the
+#: launch opts in (kernels.launch), up to what every sm_90 part has (227 KiB): 1024 atoms take 80 KiB.
 TL_MAX_SMEM = 227 * 1024
 
 _TL_SIG = ("const f32* va_tm1, const f32* va_online_tp1, const f32* va_target_tp1, const i32* actions, "
@@ -203,7 +203,7 @@ def targets_loss(va_tm1, va_online_tp1, va_target_tp1, a_tm1, weights, support, 
     B, A, K, kind, grid, smem = _check_targets_loss(w, va_tm1, va_online_tp1, va_target_tp1, a_tm1, weights, support, r_t,
                                                     discount_t, out_probs, out_a_star, out_target, out_loss_per, out_loss,
                                                     out_priority, out_dva, done, priority)
-    launch("c51", "targets_loss", grid, POPART_THREADS, _TL_SIG + _TL_OUT + "i32 B, i32 A, i32 K, i32 kind, f32 scale",
+    launch("c51", "targets_loss", grid, 32 * TL_WARPS, _TL_SIG + _TL_OUT + "i32 B, i32 A, i32 K, i32 kind, f32 scale",
            (va_tm1, va_online_tp1, va_target_tp1, a_tm1, weights, support, r_t, discount_t, out_probs, out_a_star,
             out_target, out_loss_per, out_priority, out_dva, out_loss, done, B, A, K, kind, 1.0 / B),
            stream=stream, shared_mem=smem)
@@ -229,7 +229,7 @@ def targets_loss_popart(va_tm1, va_online_tp1, va_target_tp1, a_tm1, weights, su
     check_counter(w, "barrier", barrier)
     if barrier.data.ptr == done.data.ptr:
         raise ValueError(f"{w}: barrier and done must be two counters")
-    launch("c51", "targets_loss_popart", min(grid, resident_grid_limit()), POPART_THREADS,
+    launch("c51", "targets_loss_popart", min(grid, resident_grid_limit()), 32 * TL_WARPS,
            _TL_SIG + "f32* state, const f32* beta, f32* y, f32* r_norm, " + _TL_OUT
            + "u32* barrier, i32 B, i32 A, i32 K, i32 kind, f32 scale, f32 sigma_min",
            (va_tm1, va_online_tp1, va_target_tp1, a_tm1, weights, support, r_t, discount_t, state, beta, out_y, out_r_norm,

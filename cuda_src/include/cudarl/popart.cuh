@@ -13,6 +13,7 @@
 //                                sum_i y_i and sum_i y_i^2 by one block of kReduceThreads threads:
 //                                thread t sums i = t, t + 256, ... in order, then block_tree_sum;
 //                                every thread gets both sums, and every block the same bits
+//   batch_moments_half(...)      the same bits from a block of kReduceThreads / 2 threads
 //   updated(old, beta, sum, sum2, B, sigma_min)
 //                                the statistics after one batch of B targets with those sums
 //   store(state, old, new)       write them (mu_prev, sigma_prev <- old mu, sigma; scale kept)
@@ -38,21 +39,46 @@ __device__ __forceinline__ Stats load(const float* state) {
   return Stats{state[MU], state[SIGMA], state[M1], state[M2], state[DECAY], state[SCALE]};
 }
 
-// Requires blockDim.x == kReduceThreads; s1, s2: __shared__ float [kReduceThreads]. kFromL2: read y
-// with cudarl::load_l2 (y written by other blocks of the launch before a grid_barrier); the same bits.
-template <bool kFromL2 = false>
-__device__ __forceinline__ void batch_moments(const float* y, int B, float* s1, float* s2, float& sum, float& sum2) {
-  const int t = threadIdx.x;
-  float a1 = 0.f, a2 = 0.f;
+// Slot t's part of the batch moments: sum of y_i and y_i^2 over i = t, t + kReduceThreads, ... in
+// order (kFromL2: read y with cudarl::load_l2, for y written by other blocks before a grid_barrier).
+template <bool kFromL2>
+__device__ __forceinline__ void slot_moments(const float* y, int B, int t, float& a1, float& a2) {
+  a1 = 0.f;
+  a2 = 0.f;
   for (int i = t; i < B; i += kReduceThreads) {
     const float v = kFromL2 ? load_l2(y + i) : y[i];
     a1 += v;
     a2 += v * v;
   }
+}
+
+// Requires blockDim.x == kReduceThreads; s1, s2: __shared__ float [kReduceThreads].
+template <bool kFromL2 = false>
+__device__ __forceinline__ void batch_moments(const float* y, int B, float* s1, float* s2, float& sum, float& sum2) {
+  const int t = threadIdx.x;
+  float a1, a2;
+  slot_moments<kFromL2>(y, B, t, a1, a2);
   s1[t] = a1;
   s2[t] = a2;
   block_tree_sum(s1, kReduceThreads);  // the same tree for each: sums as in one fused loop
   block_tree_sum(s2, kReduceThreads);
+  sum = s1[0];
+  sum2 = s2[0];
+}
+
+// batch_moments' bits from a block of kReduceThreads / 2 threads (s1, s2: that many floats): thread
+// t holds slots t and t + kReduceThreads / 2 and adds them, which is the first level of the
+// kReduceThreads tree; the tree goes on over the half. y read from L2 (see slot_moments).
+__device__ __forceinline__ void batch_moments_half(const float* y, int B, float* s1, float* s2, float& sum, float& sum2) {
+  constexpr int H = kReduceThreads / 2;
+  const int t = threadIdx.x;
+  float a1, a2, b1, b2;
+  slot_moments<true>(y, B, t, a1, a2);
+  slot_moments<true>(y, B, t + H, b1, b2);
+  s1[t] = a1 + b1;
+  s2[t] = a2 + b2;
+  block_tree_sum(s1, H);
+  block_tree_sum(s2, H);
   sum = s1[0];
   sum2 = s2[0];
 }
