@@ -96,6 +96,18 @@ extern "C" __global__ __launch_bounds__(BAB_TX * BAB_TY) void cudarl_nn_bias_act
   if (ty == 0 && c < cols) dbias[c] = sh[0][tx];
 }
 
+// ---- act_backward -------------------------------------------------------------------------
+// dz = dout * act'(out), elementwise (bias_act_backward's dz without its column sums): on the
+// backward's dx chain the ReLU mask is all the next GEMM waits for, and the bias gradient, a
+// column sum of dz, goes to the weight-gradient branch as bias_act_backward(dz, ., dz, db, 0),
+// which only reads: the same dz and dbias bits as one bias_act_backward, and a 4-us node on the
+// chain becomes a ~2-us one (ncu, docs/perf-notes.md). One thread per element, grid-stride.
+// dz may alias dout. Reads 8*n bytes, writes 4*n.
+extern "C" __global__ void cudarl_nn_act_backward(const float* dout, const float* out, float* dz, i64 n, int act) {
+  for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < n; i += (i64)gridDim.x * blockDim.x)
+    dz[i] = act_bwd(dout[i], out[i], act);
+}
+
 // ---- layernorm_forward --------------------------------------------------------------------
 // One warp per row (8 rows per 256-thread block). Two passes over the row (mean, then
 // variance of the centred values), then out = act((x - mu) * rstd * gamma + beta).

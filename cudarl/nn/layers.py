@@ -150,18 +150,21 @@ class Linear(Module):
         y, dy = ws.rows(f"{self.name}.out", B), ws.rows(f"{self.name}.dout", B)
         gb = self.G[f"{self.name}.bias"]
         side = self.side is not None and not self.spectral
-        # With no activation dz is dy itself and the bias gradient a column sum nothing on the dx
-        # chain needs: it joins dW on the side branch (the kernel skips its stores when act is the
-        # identity and dz is dout, so there it only reads dy).
-        if not (side and self.act == IDENTITY):
+        # With a side branch the dx chain only needs dz: the activation's backward in place
+        # (act_backward; nothing with the identity), while the bias gradient, a column sum of dz,
+        # joins dW on the side branch as the identity's bias_act_backward, which only reads dz
+        # (it skips its stores when act is the identity and dz is dout): the same bits as one
+        # bias_act_backward, one short elementwise node on the chain.
+        if not side:
             self.ops.bias_act_backward(dy, y, dy, gb, self.act)
+        elif self.act != IDENTITY:
+            self.ops.act_backward(dy, y, dy, self.act)
         gw = self.G[f"{self.name}.weight"]
         if side:
             # dW = x^T dz feeds nothing until the optimiser, so it runs beside the dx chain; it reads
             # x and dz, which the main stream only reads from here on (the caller joins before Adam).
             with self.side.fork():
-                if self.act == IDENTITY:
-                    self.ops.bias_act_backward(dy, y, dy, gb, self.act)
+                self.ops.bias_act_backward(dy, y, dy, gb, IDENTITY)
                 matmul(x, dy, gw, trans_a=True, tf32=self.tf32)
         else:
             matmul(x, dy, self.sn["dw"] if self.spectral else gw, trans_a=True, tf32=self.tf32)

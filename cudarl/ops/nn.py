@@ -50,6 +50,15 @@ def bias_act_backward(dout, out, dz, dbias, act: int) -> None:
            (dout, out, dz, dbias, B, N, _act(w, act)))
 
 
+def act_backward(dout, out, dz, act: int) -> None:
+    """``dz = dout * act'(out)`` ``[B, N]`` (may alias dout): bias_act_backward without the bias sums."""
+    w = "nn.act_backward"
+    _shape(w, "out", out, dout.shape)
+    _shape(w, "dz", dz, dout.shape)
+    launch("nn", "act_backward", _grid(dout.size), _T, "const f32* dout, const f32* out, f32* dz, i64 n, i32 act",
+           (dout, out, dz, dout.size, _act(w, act)))
+
+
 def layernorm_forward(x, gamma, beta, out, mean, rstd, eps: float, act: int) -> None:
     """Row LayerNorm + activation. x, out ``[B, N]``; gamma, beta ``[N]``; mean, rstd ``[B]`` (written)."""
     w = "nn.layernorm_forward"

@@ -54,6 +54,11 @@ def bias_act_backward(dout: np.ndarray, out: np.ndarray, dz: np.ndarray, dbias: 
     dbias[...] = g.sum(axis=0)
 
 
+def act_backward(dout: np.ndarray, out: np.ndarray, dz: np.ndarray, act: int) -> None:
+    """``dz = dout * act'(out)`` (:func:`bias_act_backward` without ``dbias``); ``dz`` may alias ``dout``."""
+    dz[...] = _act_grad(dout, out, act)
+
+
 def layernorm_forward(x, gamma, beta, out, mean, rstd, eps: float, act: int) -> None:
     """Row LayerNorm then activation (Ba et al. 2016).
 

@@ -27,6 +27,18 @@ def test_dueling_logits_average_to_the_value_stream(rng):
     np.testing.assert_allclose(logits2, logits, atol=1e-12)
 
 
+@pytest.mark.parametrize("act", [0, 1, 2])
+def test_act_backward_is_bias_act_backwards_dz(rng, act):
+    y, d = rng.random((9, 5)).astype(np.float32) - 0.3, rng.standard_normal((9, 5)).astype(np.float32)
+    dz, db = np.empty_like(d), np.empty(5, np.float32)
+    ref.bias_act_backward(d, y, dz, db, act)
+    got = d.copy()
+    ref.act_backward(got, y, got, act)  # in place, as the layers run it
+    assert_bitwise(got, dz, what="dz")
+    if act == 1:
+        assert np.array_equal(got == 0, (y <= 0) | (d == 0))
+
+
 def test_plan_gate_is_exactly_one_until_ready():
     plan = np.array([[0.1, 0.0], [0.1, 0.4999], [0.1, 0.5], [0.8, 0.9], [0.0, 1.0]], dtype=np.float32)
     scale = np.full(5, np.nan, dtype=np.float32)
@@ -167,6 +179,19 @@ def test_gpu_bias_act(cp, rng, B, N, act):
     ops.bias_act_backward(gd, gout, gd, gdb, act)  # dz aliasing dout (with the identity: no stores at all)
     assert_bitwise(gd, gdz, what="in-place backward")
     assert_bitwise(gdb, db_first, what="dbias, in place or not")
+    # the split the layers use on the GPU: act_backward on the chain, then the column sums of dz
+    # by the identity backward (which only reads): the same dz and dbias bits
+    gd2 = _to(cp, d)[0]
+    ops.act_backward(gd2, gout, gd2, act)
+    assert_bitwise(gd2, gdz, what="act_backward (in place) dz")
+    gdz3 = _to(cp, np.empty_like(y))[0]
+    poison(gdz3)
+    ops.act_backward(_to(cp, d)[0], gout, gdz3, act)
+    assert_bitwise(gdz3, gdz, what="act_backward dz")
+    poison(gdb)
+    ops.bias_act_backward(gd2, gout, gd2, gdb, 0)
+    assert_bitwise(gdb, db_first, what="dbias as the column sums of act_backward's dz")
+    assert_bitwise(gd2, gdz, what="the identity backward left dz alone")
 
 
 @pytest.mark.gpu
