@@ -252,15 +252,18 @@ class Agent:
                            else PopArt(beta=a.popart_beta, xp=xp))
         self.ops = _agent_ops(xp)
         # Parallel branches of the train graph (cudarl.graph.SideStream; no-ops on NumPy): the target
-        # net's forward and the weight-gradient GEMMs on one, the priority update on the other.
+        # net's forward on one, the priority update on another, and the ones below.
         from .graph import SideStream
 
         self.side, self.side_priorities = SideStream(xp), SideStream(xp)
+        #: one branch per layer for its weight gradients: the layers' dW GEMMs (each with its bias
+        #: column sums) run beside each other and beside the dx chain, not one after another
+        self.grad_sides = [SideStream(xp) for _ in self.online.linears]
         #: small kernels nothing on the chain waits for at once: the schedules (lr, tau), the replay's
         #: importance weights (joined by the loss) and the publish (beside Adam's update); each is a
         #: graph node of ~1 us or more on the chain otherwise (tools/profile_step.py)
         self.side_small = SideStream(xp)
-        self.online.set_side_stream(self.side)
+        self.online.set_side_stream(self.grad_sides)
 
     # --- collect -------------------------------------------------------------------------------
     def collect_phases(self, env, replay, transitions, discount) -> list:
@@ -297,7 +300,8 @@ class Agent:
         """Gradients of the online net from the s half of the last forward pass."""
         self.ws.set_batch(self.batch_size)
         self.online.backward(self.batch.obs, self.ws, raw_head=self.rule.raw_head)
-        self.side.join()  # the weight gradients, before anything reads them
+        for side in self.grad_sides:  # the weight gradients, before anything reads them
+            side.join()
 
     def train_phases(self, replay) -> list:
         """Phases of one learner update from ``replay`` into the fixed :attr:`batch` buffers."""

@@ -72,7 +72,7 @@ class Linear(Module):
         self.gain, self.bias_init, self.tf32 = gain, bias_init, tf32
         self.rows = int(rows)  # input rows per sample: IQN's layers see [B * N, n_in]
         self.spectral, self.sn, self.sn_update = bool(spectral), None, True
-        self.side = None  # a cudarl.graph.SideStream for the weight-gradient GEMM (QNetwork.set_side_stream)
+        self.side = None  # a cudarl.graph.SideStream for the weight gradients (QNetwork.set_side_stream)
         self.gemm = gemm
         #: The cuBLASLt activation name when the forward can be one fused GEMM, else None.
         self.lt_act = _LT_ACTS.get(self.act) if gemm.startswith("cublaslt") else None
@@ -150,24 +150,27 @@ class Linear(Module):
         y, dy = ws.rows(f"{self.name}.out", B), ws.rows(f"{self.name}.dout", B)
         gb = self.G[f"{self.name}.bias"]
         side = self.side is not None and not self.spectral
-        # With a side branch the dx chain only needs dz: the activation's backward in place
-        # (act_backward; nothing with the identity), while the bias gradient, a column sum of dz,
-        # joins dW on the side branch as the identity's bias_act_backward, which only reads dz
-        # (it skips its stores when act is the identity and dz is dout): the same bits as one
-        # bias_act_backward, one short elementwise node on the chain.
+        gw = self.G[f"{self.name}.weight"]
         if not side:
             self.ops.bias_act_backward(dy, y, dy, gb, self.act)
-        elif self.act != IDENTITY:
-            self.ops.act_backward(dy, y, dy, self.act)
-        gw = self.G[f"{self.name}.weight"]
-        if side:
-            # dW = x^T dz feeds nothing until the optimiser, so it runs beside the dx chain; it reads
-            # x and dz, which the main stream only reads from here on (the caller joins before Adam).
-            with self.side.fork():
-                self.ops.bias_act_backward(dy, y, dy, gb, IDENTITY)
-                matmul(x, dy, gw, trans_a=True, tf32=self.tf32)
-        else:
             matmul(x, dy, self.sn["dw"] if self.spectral else gw, trans_a=True, tf32=self.tf32)
+        else:
+            # The dx chain only waits for dz: the activation's backward in place (act_backward;
+            # nothing with the identity). dW = x^T dz feeds nothing until the optimiser, so it runs
+            # on the layer's side branch, and the bias gradient, a column sum of dz, is the
+            # identity's bias_act_backward, which only reads dz (it skips its stores when dz is
+            # dout): the same bits as one bias_act_backward. It follows dW on the branch when a dx
+            # GEMM holds the chain, else (the first layer) it runs on the chain beside dW. The
+            # branch reads x and dz, which the main stream only reads from here on (the caller joins
+            # before Adam).
+            if self.act != IDENTITY:
+                self.ops.act_backward(dy, y, dy, self.act)
+            with self.side.fork():
+                matmul(x, dy, gw, trans_a=True, tf32=self.tf32)
+                if dx is not None:
+                    self.ops.bias_act_backward(dy, y, dy, gb, IDENTITY)
+            if dx is None:
+                self.ops.bias_act_backward(dy, y, dy, gb, IDENTITY)
         if dx is not None:
             self._gemm(dy, self.weight(), dx, trans_b=True, beta=1.0 if accumulate else 0.0)
         if self.spectral:

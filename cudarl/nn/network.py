@@ -96,10 +96,15 @@ class QNetwork:
             lin.prepare_backward(batch)
 
     def set_side_stream(self, side) -> None:
-        """Run the weight-gradient GEMMs of :meth:`backward` on ``side`` (a :class:`cudarl.graph.SideStream`,
-        or None for one stream); the caller joins ``side`` before reading :attr:`grads`."""
-        for lin in self.linears.values():
-            lin.side = side
+        """Run the weight gradients of :meth:`backward` on side branches: ``side`` is one
+        :class:`cudarl.graph.SideStream` for every layer, a list of one per layer (in
+        :attr:`linears` order; the layers' dW then run beside each other too), or None for one
+        stream. The caller joins every one before reading :attr:`grads`."""
+        sides = list(side) if isinstance(side, (list, tuple)) else [side] * len(self.linears)
+        if len(sides) != len(self.linears):
+            raise ValueError(f"set_side_stream: {len(sides)} side streams for {len(self.linears)} layers")
+        for lin, s in zip(self.linears.values(), sides):
+            lin.side = s
 
     def forward(self, x, ws: Workspace | None = None, tau=None, raw_head: bool = False) -> dict:
         """x ``[B, n_in]`` -> ``{"q": logits [B, A, atoms] | quantiles [B, N, A], "plan": [B, 2]}``.

@@ -420,10 +420,12 @@ def test_gpu_qnetwork_graphed_equals_eager_bitwise(cp, rng, head):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("per_layer", [False, True])
 @pytest.mark.parametrize("head,layernorm", [("c51", False), ("c51", True), ("iqn", False)])
-def test_gpu_side_stream_weight_gradients_equal_one_stream_bitwise(cp, rng, head, layernorm):
-    """The weight-gradient GEMMs on a side stream (parallel branches of the graph) compute the same
-    bits as on one stream, eager and graphed: same kernels, same inputs, only the order changes."""
+def test_gpu_side_stream_weight_gradients_equal_one_stream_bitwise(cp, rng, head, layernorm, per_layer):
+    """The weight-gradient GEMMs on a side stream, or one per layer (parallel branches of the
+    graph; the ReLU backward on the chain, the bias sums on the branches), compute the same bits as
+    on one stream, eager and graphed: same kernels, same inputs, only the order changes."""
     from cudarl.graph import SideStream, StepGraph
 
     B = 512
@@ -434,8 +436,8 @@ def test_gpu_side_stream_weight_gradients_equal_one_stream_bitwise(cp, rng, head
     one.run_eager()
     one.synchronize()
     want = {"q": outs["q"].get(), "plan": outs["plan"].get(), "grads": gpu.grads.get()}
-    gpu.set_side_stream(SideStream(xp=cp))
-    two = StepGraph(f"nn_side_stream_{head}_{layernorm}", [("fwd_bwd", step)], xp=cp)
+    gpu.set_side_stream([SideStream(xp=cp) for _ in gpu.linears] if per_layer else SideStream(xp=cp))
+    two = StepGraph(f"nn_side_stream_{head}_{layernorm}_{per_layer}", [("fwd_bwd", step)], xp=cp)
     _rerun_bitwise(cp, two.run_eager, gpu, outs, want, "eager, side stream")
     two.capture()
     for i in range(3):
