@@ -27,7 +27,7 @@ from ..reference.optim import GN_BLOCKS
 from .params import ParamLayout, Workspace, matmul, optim_ops
 
 #: Linear's forward GEMM: cuBLAS then the bias/activation kernel, or cuBLASLt with a fused epilogue.
-GEMMS = ("cublas", "cublaslt", "cublaslt_nosplit")
+GEMMS = ("cublas", "cublaslt", "cublaslt_nosplit", "cudarl")
 _LT_ACTS = {IDENTITY: "identity", RELU: "relu"}  # the activations cuBLASLt's epilogue applies
 
 
@@ -56,8 +56,9 @@ class Linear(Module):
     ``gemm="cublaslt"`` makes the forward one cuBLASLt GEMM with the bias (and ReLU) in its epilogue
     when ``act`` is identity or relu, on the GPU, for an input aligned to 16 bytes; otherwise the
     forward is the cuBLAS GEMM and the bias/activation kernel. :meth:`prepare` makes the cuBLASLt
-    plan for a batch size before any capture. ``gemm="cublaslt_nosplit"`` (the default: see
-    docs/perf-notes.md) runs the forward and dx through cuBLASLt with one-kernel algorithms only.
+    plan for a batch size before any capture. ``gemm="cublaslt_nosplit"`` runs the forward and dx
+    through cuBLASLt with one-kernel algorithms only; ``gemm="cudarl"`` through the panel GEMMs of
+    ``cuda_src/gemm.cu`` where they take the shapes, else as ``cublaslt_nosplit`` (docs/perf-notes.md).
     """
 
     def __init__(self, name: str, n_in: int, n_out: int, act: str = "relu", init: str | None = None,
@@ -75,10 +76,13 @@ class Linear(Module):
         self.side = None  # a cudarl.graph.SideStream for the weight gradients (QNetwork.set_side_stream)
         self.gemm = gemm
         #: The cuBLASLt activation name when the forward can be one fused GEMM, else None.
-        self.lt_act = _LT_ACTS.get(self.act) if gemm.startswith("cublaslt") else None
+        self.lt_act = _LT_ACTS.get(self.act) if gemm != "cublas" else None
         #: ``cublaslt_nosplit``: the forward and dx GEMMs through cuBLASLt with one-kernel algorithms
         #: only (no split-K reduction kernels: graph nodes on the chain); dW keeps cuBLAS's split-K.
-        self.lt_all = gemm == "cublaslt_nosplit"
+        #: ``cudarl``: the forward and dx through the panel GEMMs of cuda_src/gemm.cu where they can
+        #: take the shapes (K, N multiples of 4, aligned), else as ``cublaslt_nosplit``.
+        self.lt_all = gemm in ("cublaslt_nosplit", "cudarl")
+        self.panel = gemm == "cudarl" and self.act in _LT_ACTS and not tf32  # the panel kernels are fp32
 
     def alloc_state(self, xp, dtype, seed: int, stream_id: int) -> None:
         """Spectral-norm state (call after :meth:`bind`): u ``[n_in]`` (a random unit vector from Philox,
@@ -127,6 +131,13 @@ class Linear(Module):
             self.optim_ops.spectral_power_iter(W, sn["u"], sn["v"], sn["wv"], sn["sigma"], 1 if self.sn_update else 0)
             self.optim_ops.spectral_scale(W, sn["sigma"], sn["w"])
         bias = self.P[f"{self.name}.bias"]
+        if self.panel and not isinstance(y, np.ndarray):
+            from ..ops import gemm as panel
+
+            W = self.weight()
+            if panel.eligible(x, W, bias, y, K=self.n_in, N=self.n_out):
+                panel.nn_bias_act(x, W, bias, y, self.act)
+                return y
         if self.lt_act is not None and not isinstance(y, np.ndarray) and x.data.ptr % blas.LT_ALIGN == 0:
             blas.gemm_lt(x, self.weight(), y, bias=bias, act=self.lt_act, tf32=self.tf32, split_k=not self.lt_all)
             return y
@@ -135,10 +146,17 @@ class Linear(Module):
         return y
 
     def _gemm(self, a, b, out, trans_a: bool = False, trans_b: bool = False, beta: float = 0.0) -> None:
-        """The dx GEMM: cuBLASLt without split-K under ``cublaslt_nosplit`` (GPU, no accumulate,
+        """The dx GEMM: the panel kernel under ``cudarl`` where it can take the call (GPU, no
+        accumulate), else cuBLASLt without split-K under ``cublaslt_nosplit`` (GPU, no accumulate,
         operands aligned as the plan :meth:`prepare_backward` made), else :func:`matmul`. (dW keeps
         cuBLAS and its split-K: K is the batch there, and one-kernel algorithms took 13-14 us
         against 5.5 + 2.5 for the split pair, ncu on an H200 at 3707fef.)"""
+        if self.panel and trans_b and beta == 0.0 and not isinstance(out, np.ndarray):
+            from ..ops import gemm as panel
+
+            if panel.eligible(a, b, out, K=a.shape[1], N=out.shape[1], trans_b=True):
+                panel.nt(a, b, out)
+                return
         if (self.lt_all and beta == 0.0 and not isinstance(out, np.ndarray)
                 and all(t.data.ptr % blas.LT_ALIGN == 0 for t in (a, b, out))):
             blas.gemm_lt(a, b, out, trans_a=trans_a, trans_b=trans_b, tf32=self.tf32, split_k=False)

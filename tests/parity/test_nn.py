@@ -476,7 +476,7 @@ def test_two_workspaces_keep_their_own_forward(rng):
 
 
 # --- gemm="cublaslt": the forward GEMM with cuBLASLt's bias/ReLU epilogue --------------------------
-@pytest.mark.parametrize("gemm", ["cublaslt", "cublaslt_nosplit"])
+@pytest.mark.parametrize("gemm", ["cublaslt", "cublaslt_nosplit", "cudarl"])
 def test_gemm_option_reaches_every_linear_and_numpy_ignores_it(rng, gemm):
     """On NumPy the option changes nothing (same math); the fused GEMM is asked for the identity and
     ReLU layers only (the plan head's sigmoid keeps the bias/activation kernel)."""
@@ -488,7 +488,8 @@ def test_gemm_option_reaches_every_linear_and_numpy_ignores_it(rng, gemm):
         lt, base = QNetwork(8, 3, gemm=gemm, **kw), QNetwork(8, 3, **kw)
         lt.prepare_backward(3)  # nothing to make on NumPy
         assert lt.config["gemm"] == gemm and base.config["gemm"] == "cublas"
-        assert {lin.lt_all for lin in lt.linears.values()} == {gemm == "cublaslt_nosplit"}
+        assert {lin.lt_all for lin in lt.linears.values()} == {gemm in ("cublaslt_nosplit", "cudarl")}
+        assert {lin.panel for lin in lt.linears.values() if lin.lt_act is not None} == {gemm == "cudarl"}
         acts = {n: lin.lt_act for n, lin in lt.linears.items()}
         want = {"enc.0": "relu", "enc.1": "relu", "plan.lin": None,
                 **({"head.va": "identity"} if head == "c51" else {"head.phi": "relu", "head.out": "identity"})}
@@ -534,7 +535,7 @@ def _gemm_pair(cp, head, layernorm, B, spectral=(), seed=3, gemm="cublaslt"):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("gemm", ["cublaslt", "cublaslt_nosplit"])
+@pytest.mark.parametrize("gemm", ["cublaslt", "cublaslt_nosplit", "cudarl"])
 @pytest.mark.parametrize("B", [1, 7, 512, 4096])
 @pytest.mark.parametrize("head,layernorm,spectral", [("c51", False, ()), ("c51", True, ("enc.1",)), ("iqn", False, ())])
 def test_gpu_qnetwork_cublaslt_matches_the_default_network(cp, rng, B, head, layernorm, spectral, gemm):
@@ -570,7 +571,7 @@ def test_gpu_qnetwork_cublaslt_matches_the_default_network(cp, rng, B, head, lay
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("gemm", ["cublaslt", "cublaslt_nosplit"])
+@pytest.mark.parametrize("gemm", ["cublaslt", "cublaslt_nosplit", "cudarl"])
 @pytest.mark.parametrize("head,layernorm", [("c51", False), ("c51", True), ("iqn", False)])
 def test_gpu_qnetwork_cublaslt_captures_before_any_eager_run(cp, rng, head, layernorm, gemm):
     """The trainer captures its step without running it eagerly first: a gemm="cublaslt" network's
