@@ -52,11 +52,19 @@ __device__ __forceinline__ void gn_block_partial(const float* g, double* partial
 }
 
 // norm = sqrt(total); scale = max_norm / (norm + 1e-6) when that is below 1 and max_norm > 0, else 1.
-__device__ __forceinline__ void gn_finish(double total, float* norm, float* scale, float max_norm) {
+__device__ __forceinline__ void gn_norm_scale(double total, float max_norm, float* norm, float* scale) {
   const double nd = sqrt(total);
-  norm[0] = (float)nd;
+  *norm = (float)nd;
   const double denom = nd + 1e-6;
-  scale[0] = (max_norm > 0.f && denom > (double)max_norm) ? (float)((double)max_norm / denom) : 1.f;
+  *scale = (max_norm > 0.f && denom > (double)max_norm) ? (float)((double)max_norm / denom) : 1.f;
+}
+
+// gn_norm_scale into norm[0] and scale[0].
+__device__ __forceinline__ void gn_finish(double total, float* norm, float* scale, float max_norm) {
+  float nf, sf;
+  gn_norm_scale(total, max_norm, &nf, &sf);
+  norm[0] = nf;
+  scale[0] = sf;
 }
 
 }  // namespace
@@ -119,18 +127,38 @@ extern "C" __global__ void cudarl_optim_lr_schedule(i64* step, float* lr, float*
 // Reads 16*n + n bytes (+20 of scalars), writes 12*n.
 namespace {
 
+// The arithmetic of one element on values in registers: g, m, v, p the element's gradient, moments
+// and parameter (m, v updated in place), decay whether wd applies (wd != 0 and its mask byte);
+// returns the new p. The one statement of the update, with every rounding spelled out:
+//   gi = g*cl;  m = beta1*(ms*m) + (1-beta1)*gi;  v = beta2*v + (1-beta2)*gi^2;
+//   p -= lr*wd*p (decay);  p -= lr*((m/c1) / (sqrt(v/c2) + eps)).
+// Left to the compiler, which product is fused into an fma depends on the code around it: moving
+// the loads of adam_elem into registers turned m's fma(1-beta1, gi, beta1*(ms*m)) into
+// fma(ms*m, beta1, (1-beta1)*gi) (nvcc 13.0, sm_90 PTX), and ptxas fuses the two p steps on its
+// own. The intrinsics below are the fmas nvcc 13.0 chose for adam_update and adam_update_soft
+// before they were spelled out (their SASS at c3cfe6c), so those kernels keep their bits, and
+// every kernel that calls this rounds alike whatever surrounds it (.rn operations are never
+// contracted, by NVVM or by ptxas).
+__device__ __forceinline__ float adam_math(float g, float& m, float& v, float p, bool decay, float lr_, float ms,
+                                           float c1, float c2, float cl, float beta1, float beta2, float eps, float wd) {
+  const float gi = __fmul_rn(g, cl);
+  const float mi = __fmaf_rn(1.f - beta1, gi, __fmul_rn(beta1, __fmul_rn(ms, m)));
+  const float vi = __fmaf_rn(beta2, v, __fmul_rn(1.f - beta2, __fmul_rn(gi, gi)));
+  m = mi;
+  v = vi;
+  if (decay) p = __fmaf_rn(-__fmul_rn(lr_, wd), p, p);
+  const float step = __fdiv_rn(__fdiv_rn(mi, c1), __fadd_rn(__fsqrt_rn(__fdiv_rn(vi, c2)), eps));
+  return __fmaf_rn(-lr_, step, p);
+}
+
 // Element i of the update; returns the new p[i] (also stored).
 __device__ __forceinline__ float adam_elem(float* p, const float* g, float* m, float* v, const unsigned char* mask, i64 i,
                                            float lr_, float ms, float c1, float c2, float cl, float beta1, float beta2,
                                            float eps, float wd) {
-  const float gi = g[i] * cl;
-  const float mi = beta1 * (ms * m[i]) + (1.f - beta1) * gi;
-  const float vi = beta2 * v[i] + (1.f - beta2) * (gi * gi);
+  float mi = m[i], vi = v[i];
+  const float pi = adam_math(g[i], mi, vi, p[i], wd != 0.f && mask[i], lr_, ms, c1, c2, cl, beta1, beta2, eps, wd);
   m[i] = mi;
   v[i] = vi;
-  float pi = p[i];
-  if (wd != 0.f && mask[i]) pi = pi - lr_ * wd * pi;
-  pi = pi - lr_ * ((mi / c1) / (sqrtf(vi / c2) + eps));
   p[i] = pi;
   return pi;
 }
