@@ -419,6 +419,42 @@ def test_reference_clip_adam_soft_is_grad_norm_adam_update_soft_and_publish(rng,
     assert np.array_equal(fused["ring"][[0, 1, 4, 5]], host["ring"][[0, 1, 4, 5]])  # the other slots untouched
 
 
+def _adam_publish_steps(xp, seed: int, fused: bool, steps: int = 12, n: int = 5_003):
+    """``steps`` Adam steps with the target update and the publish: ``clip_update_publish`` or the three
+    calls it stands for. Returns the state, the scalars and the ring as NumPy."""
+    from cudarl.reference import agent as ref_agent
+
+    rng = np.random.default_rng(seed)
+    p = xp.asarray(rng.standard_normal(n).astype(np.float32) * 0.1)
+    target = xp.asarray(rng.standard_normal(n).astype(np.float32) * 0.1)
+    g, loss, ring = xp.zeros(n, np.float32), xp.zeros(1, np.float32), xp.zeros(2 * _CAS_SLOTS, np.float32)
+    adam = Adam(p, g, schedule=Schedule("cosine_restarts", lr=1e-3, lr_min=1e-5, warmup=2, period=4, restart_m_scale=0.5),
+                weight_decay=0.01, max_grad_norm=float(np.sqrt(n)) * 0.2, xp=xp)
+    soft = SoftUpdate(target, p, tau_start=0.5, tau_end=0.01, period=5, xp=xp)
+    rings = []
+    for k in range(steps):
+        g[...] = xp.asarray((rng.standard_normal(n) * (0.1 + k % 3 * 0.2)).astype(np.float32))  # clips on some steps
+        loss[...] = xp.asarray(np.array([1.0 / (k + 1)], np.float32))
+        adam.schedule_step()
+        soft.schedule_step()
+        if fused:
+            adam.clip_update_publish(soft, ring, loss, _CAS_SLOTS)
+        else:
+            adam.clip_step()
+            adam.update_step(soft=soft)
+            ref_agent.publish(ring, loss, adam.grad_norm_out, adam.scalars.view("step"), _CAS_SLOTS)
+        rings.append(to_numpy(ring).copy())
+    return {"p": to_numpy(p), "target": to_numpy(target), "m": to_numpy(adam.m), "v": to_numpy(adam.v),
+            "scalars": to_numpy(adam.scalars.buffer), "ring": np.array(rings)}
+
+
+def test_adam_clip_update_publish_equals_the_three_calls_on_numpy():
+    a, b = _adam_publish_steps(np, 5, fused=True), _adam_publish_steps(np, 5, fused=False)
+    for k in a:
+        assert_bitwise(a[k], b[k], what=k)
+    assert len(set(a["ring"][:, 1::2].ravel().tolist())) > 3  # the published norms moved
+
+
 def test_clip_adam_soft_refuses_bad_arguments_before_launching(rng):
     from cudarl.ops import optim as ops
 
@@ -442,6 +478,10 @@ def test_clip_adam_soft_refuses_bad_arguments_before_launching(rng):
     p = host["p"].copy()
     with pytest.raises(ValueError, match="buffer of its own"):
         call(p=p, target=p)
+    with pytest.raises(ValueError, match="soft.online is params"):
+        q, g = np.zeros(8, np.float32), np.zeros(8, np.float32)
+        Adam(q, g, xp=np).clip_update_publish(SoftUpdate(np.zeros(8, np.float32), g, xp=np), np.zeros(4, np.float32),
+                                              np.zeros(1, np.float32), 2)
 
 
 def _cas_device(cp, host: dict) -> dict:
@@ -538,6 +578,76 @@ def test_gpu_clip_adam_soft_leaves_its_counters_zero_and_reruns_bitwise(cp, rng,
     assert int(done.get()[0]) == 0 and int(barrier.get()[0]) == 0
     for k in _CAS_STATE + _CAS_OUT:
         assert_bitwise(fb[k], tb[k], what=f"five launches: {k}")
+
+
+@pytest.mark.gpu
+def test_gpu_clip_update_publish_graphed_equals_eager_and_the_three_launches(cp):
+    """Adam + SoftUpdate + the publish into a pinned ring over 25 steps (gradients and loss new each
+    step, warm-up and restarts crossed): graphed == eager == schedule, clip_step, update_step(soft),
+    publish, bit for bit, the ring after every step."""
+    from cudarl.graph import StepGraph
+    from cudarl.ops import agent as agent_ops
+    from cudarl.pinned import PinnedReadback
+
+    n, slots, steps = 135_000, 2, 25
+    rng = np.random.default_rng(11)
+    p0 = (rng.standard_normal(n) * 0.1).astype(np.float32)
+    t0 = (rng.standard_normal(n) * 0.1).astype(np.float32)
+    mask = (rng.uniform(size=n) < 0.8).astype(np.uint8)
+    twins = {}
+    for name in ("cas_eager", "cas_graphed", "cas_three"):
+        p, g, target, loss = cp.asarray(p0), cp.zeros(n, cp.float32), cp.asarray(t0), cp.zeros(1, cp.float32)
+        adam = Adam(p, g, schedule=Schedule("cosine_restarts", lr=1e-3, lr_min=1e-5, warmup=3, period=5,
+                                            restart_m_scale=0.5),
+                    weight_decay=0.01, max_grad_norm=float(np.sqrt(n)) * 0.2, decay_mask=mask, xp=cp)
+        soft = SoftUpdate(target, p, tau_start=0.5, tau_end=0.01, period=10, xp=cp)
+        ring = PinnedReadback(2, np.float32, cp, slots=slots)
+        ring.device.fill(-1.0)
+
+        def fused(adam=adam, soft=soft, ring=ring, loss=loss):
+            adam.schedule_step()
+            soft.schedule_step()
+            adam.clip_update_publish(soft, ring.device, loss, slots)
+
+        def three(adam=adam, soft=soft, ring=ring, loss=loss):
+            adam.schedule_step()
+            soft.schedule_step()
+            adam.clip_step()
+            adam.update_step(soft=soft)
+            agent_ops.publish(ring.device, loss, adam.grad_norm_out, adam.scalars.view("step"), slots)
+
+        graph = StepGraph(name, [("adam", three if name == "cas_three" else fused)], xp=cp)
+        twins[name] = dict(p=p, g=g, target=target, loss=loss, adam=adam, soft=soft, ring=ring, graph=graph)
+    cp.cuda.Device().synchronize()
+    twins["cas_graphed"]["graph"].capture()
+    clipped = set()
+    for k in range(steps):
+        g = cp.asarray((rng.standard_normal(n) * (0.1 + k % 3 * 0.2)).astype(np.float32))  # clips on some steps
+        for tw in twins.values():
+            tw["g"][...] = g
+            tw["loss"][...] = 1.0 / (k + 1)
+        cp.cuda.Device().synchronize()
+        for name, tw in twins.items():
+            tw["graph"].replay() if name == "cas_graphed" else tw["graph"].run_eager()
+        for tw in twins.values():
+            tw["graph"].synchronize()
+        want = twins["cas_three"]["ring"].device
+        for name in ("cas_eager", "cas_graphed"):
+            assert_bitwise(twins[name]["ring"].device, want, what=f"step {k}: {name} ring")
+        clipped.add(bool(twins["cas_three"]["adam"].scalars.get("clip_scale") < 1))
+    assert clipped == {True, False}, "want steps that clip and steps that do not"
+    ref3 = twins["cas_three"]
+    assert ref3["adam"].scalars.get("step") == steps
+    for name in ("cas_eager", "cas_graphed"):
+        tw = twins[name]
+        for what, a, b in (("params", tw["p"], ref3["p"]), ("target", tw["target"], ref3["target"]),
+                           ("m", tw["adam"].m, ref3["adam"].m), ("v", tw["adam"].v, ref3["adam"].v),
+                           ("partials", tw["adam"].partial, ref3["adam"].partial),
+                           ("adam scalars", tw["adam"].scalars.buffer, ref3["adam"].scalars.buffer),
+                           ("tau", tw["soft"].scalars.buffer, ref3["soft"].scalars.buffer)):
+            assert_bitwise(a, b, what=f"{name} {what}")
+        assert int(tw["adam"].gn_done.get()[0]) == 0 and int(tw["adam"].gn_barrier.get()[0]) == 0
+    assert not np.array_equal(ref3["p"].get(), p0), "the step did not train"
 
 
 @pytest.mark.gpu
