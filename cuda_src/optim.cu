@@ -4,6 +4,8 @@
 // Device scalars (step, lr, bias corrections, clip scale, tau) are 1-element buffers: the
 // schedule kernels advance counters on the device, so a replayed graph sees the new values.
 // The gradient norm is a two-stage, fixed-order reduction in double: bitwise reproducible.
+// clip_adam_soft does grad_norm, adam_update_soft and the publish of (loss, norm) in one launch
+// (a grid barrier between the partials and the update), with the bits of the three.
 #include <cudarl/philox.cuh>
 #include <cudarl/reduce.cuh>
 
@@ -52,11 +54,19 @@ __device__ __forceinline__ void gn_block_partial(const float* g, double* partial
 }
 
 // norm = sqrt(total); scale = max_norm / (norm + 1e-6) when that is below 1 and max_norm > 0, else 1.
-__device__ __forceinline__ void gn_finish(double total, float* norm, float* scale, float max_norm) {
+__device__ __forceinline__ void gn_norm_scale(double total, float max_norm, float* norm, float* scale) {
   const double nd = sqrt(total);
-  norm[0] = (float)nd;
+  *norm = (float)nd;
   const double denom = nd + 1e-6;
-  scale[0] = (max_norm > 0.f && denom > (double)max_norm) ? (float)((double)max_norm / denom) : 1.f;
+  *scale = (max_norm > 0.f && denom > (double)max_norm) ? (float)((double)max_norm / denom) : 1.f;
+}
+
+// gn_norm_scale into norm[0] and scale[0].
+__device__ __forceinline__ void gn_finish(double total, float* norm, float* scale, float max_norm) {
+  float nf, sf;
+  gn_norm_scale(total, max_norm, &nf, &sf);
+  norm[0] = nf;
+  scale[0] = sf;
 }
 
 }  // namespace
@@ -119,18 +129,39 @@ extern "C" __global__ void cudarl_optim_lr_schedule(i64* step, float* lr, float*
 // Reads 16*n + n bytes (+20 of scalars), writes 12*n.
 namespace {
 
+// The arithmetic of one element on values in registers: g, m, v, p the element's gradient, moments
+// and parameter (m, v updated in place), decay whether wd applies (wd != 0 and its mask byte);
+// returns the new p. The one statement of the update (adam_elem, and clip_adam_soft's element
+// loaded before its grid barrier), with every rounding spelled out:
+//   gi = g*cl;  m = beta1*(ms*m) + (1-beta1)*gi;  v = beta2*v + (1-beta2)*gi^2;
+//   p -= lr*wd*p (decay);  p -= lr*((m/c1) / (sqrt(v/c2) + eps)).
+// Left to the compiler, which product is fused into an fma depends on the code around it: moving
+// the loads of adam_elem into registers turned m's fma(1-beta1, gi, beta1*(ms*m)) into
+// fma(ms*m, beta1, (1-beta1)*gi) (nvcc 13.0, sm_90 PTX), and ptxas fuses the two p steps on its
+// own. The intrinsics below are the fmas nvcc 13.0 chose for adam_update and adam_update_soft
+// before they were spelled out (their SASS at c3cfe6c), so those kernels keep their bits, and
+// every kernel that calls this rounds alike whatever surrounds it (.rn operations are never
+// contracted, by NVVM or by ptxas).
+__device__ __forceinline__ float adam_math(float g, float& m, float& v, float p, bool decay, float lr_, float ms,
+                                           float c1, float c2, float cl, float beta1, float beta2, float eps, float wd) {
+  const float gi = __fmul_rn(g, cl);
+  const float mi = __fmaf_rn(1.f - beta1, gi, __fmul_rn(beta1, __fmul_rn(ms, m)));
+  const float vi = __fmaf_rn(beta2, v, __fmul_rn(1.f - beta2, __fmul_rn(gi, gi)));
+  m = mi;
+  v = vi;
+  if (decay) p = __fmaf_rn(-__fmul_rn(lr_, wd), p, p);
+  const float step = __fdiv_rn(__fdiv_rn(mi, c1), __fadd_rn(__fsqrt_rn(__fdiv_rn(vi, c2)), eps));
+  return __fmaf_rn(-lr_, step, p);
+}
+
 // Element i of the update; returns the new p[i] (also stored).
 __device__ __forceinline__ float adam_elem(float* p, const float* g, float* m, float* v, const unsigned char* mask, i64 i,
                                            float lr_, float ms, float c1, float c2, float cl, float beta1, float beta2,
                                            float eps, float wd) {
-  const float gi = g[i] * cl;
-  const float mi = beta1 * (ms * m[i]) + (1.f - beta1) * gi;
-  const float vi = beta2 * v[i] + (1.f - beta2) * (gi * gi);
+  float mi = m[i], vi = v[i];
+  const float pi = adam_math(g[i], mi, vi, p[i], wd != 0.f && mask[i], lr_, ms, c1, c2, cl, beta1, beta2, eps, wd);
   m[i] = mi;
   v[i] = vi;
-  float pi = p[i];
-  if (wd != 0.f && mask[i]) pi = pi - lr_ * wd * pi;
-  pi = pi - lr_ * ((mi / c1) / (sqrtf(vi / c2) + eps));
   p[i] = pi;
   return pi;
 }
@@ -162,6 +193,155 @@ extern "C" __global__ void cudarl_optim_adam_update_soft(float* p, const float* 
   for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < n; i += (i64)gridDim.x * blockDim.x) {
     const float pi = adam_elem(p, g, m, v, mask, i, lr_, ms, c1, c2, cl, beta1, beta2, eps, wd);
     target[i] = __fmaf_rn(t, pi, __fmul_rn(u, target[i]));  // soft_update's rounding, spelled out in both
+  }
+}
+
+// ---- clip_adam_soft -----------------------------------------------------------------------------
+// grad_norm (with its ticket), adam_update_soft and agent's publish in ONE launch, with their bits:
+// the last phase of the train step was three graph nodes on the critical path.
+//
+// grid = G <= kernels.resident_grid_limit() blocks (one per SM at most, for cudarl::grid_barrier),
+// block = CAS_THREADS = 1024 = CAS_GROUPS groups of GN_THREADS.
+//  1. Stage 1 of grad_norm: the GN_BLOCKS "virtual blocks" of cudarl_optim_grad_norm, CAS_GROUPS at
+//     a time per block (virtual block k = base + group, base = blockIdx.x*CAS_GROUPS + r*G*CAS_GROUPS):
+//     thread t of virtual block k sums g[i]^2 in double over i = k*256 + t + j*GN_BLOCKS*256,
+//     j ascending, then the pairs of block_tree_sum(., GN_THREADS) -> partial[k]: the same bits as
+//     gn_block_partial whatever G is. A round whose virtual blocks all start past n writes 0.0,
+//     what the tree of zeros gives, without the tree.
+//  2. cudarl::grid_barrier(barrier): every partial is written. Then cudarl::last_block(done): the
+//     block it picks (every block is past the barrier by then) sets *barrier back to 0; both
+//     counters are 0 at launch and left 0.
+//  3. Every block reduces the partials read from L2 in grad_norm's last-block order (partial[t] +
+//     partial[t + 256], then the 256-slot tree) and gn_norm_scale: the clip scale in every block
+//     without a second barrier. Block 0 thread 0 writes norm[0] and scale[0] (gn_finish) and
+//     publishes: ring[2s] = loss[0], ring[2s + 1] = norm[0], s = step[0] % slots (cudarl_agent_publish;
+//     step is Adam's counter, already advanced by lr_schedule).
+//  4. adam_update_soft's elements, grid-stride: p, m, v by adam_math, target[i] by the spelled-out
+//     soft update. Each thread's first element (i = blockIdx.x*1024 + threadIdx.x, the element it
+//     squared first in stage 1 when the round is the first) is loaded before the barrier, so the
+//     update's reads overlap stage 1 and the barrier; nothing else in the launch writes it.
+// Reads 21*n + 8*GN_BLOCKS*G bytes (+ scalars), writes 16*n + 8*GN_BLOCKS + 16.
+#define CAS_THREADS 1024
+#define CAS_GROUPS (CAS_THREADS / GN_THREADS)
+static_assert(GN_BLOCKS % CAS_GROUPS == 0, "a round of virtual blocks never straddles GN_BLOCKS");
+static_assert(GN_THREADS == 256, "tree_gn spells out the levels of a 256-slot tree");
+
+namespace {
+
+// The pairs of cudarl::block_tree_sum(s, GN_THREADS) over s[0 .. GN_THREADS), in this thread's slot
+// t: levels 128 and 64 in shared memory, level 32 and the levels 16 .. 1 in registers of the first
+// warp (lane t adds lane t + o: the tree's pair, and IEEE + is commutative), so three
+// __syncthreads instead of nine and the same bits. The sum is returned in t == 0 (other threads
+// get partial sums or 0). Call from every thread of the block (threads with t >= GN_THREADS only
+// synchronise); before s is written again, __syncthreads (the first warp reads s[0 .. 64) last).
+__device__ __forceinline__ double tree_gn(double* s, int t) {
+  for (int o = GN_THREADS / 2; o > 32; o >>= 1) {
+    __syncthreads();
+    if (t < o) s[t] += s[t + o];
+  }
+  __syncthreads();
+  double x = 0.0;
+  if (t < 32) {
+    x = s[t] + s[t + 32];
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) x += __shfl_down_sync(cudarl::kFullWarp, x, o);
+  }
+  return x;
+}
+
+}  // namespace
+
+extern "C" __global__ __launch_bounds__(CAS_THREADS, 1) void cudarl_optim_clip_adam_soft(
+    float* p, const float* g, float* m, float* v, const unsigned char* mask, float* target, i64 n, double* partial,
+    float* norm, float* scale, float max_norm, const float* lr, const float* m_scale, const float* bc1,
+    const float* bc2, const float* tau, float* ring, const float* loss, const i64* step, int slots,
+    unsigned int* done, unsigned int* barrier, float beta1, float beta2, float eps, float wd) {
+  __shared__ double sh[CAS_THREADS];
+  __shared__ float sh_clip;
+  const int tid = (int)threadIdx.x, group = tid / GN_THREADS, t = tid % GN_THREADS;
+  const i64 i0 = (i64)blockIdx.x * CAS_THREADS + tid;
+
+  // Everything the update reads but the clip scale, before the barrier.
+  const float lr_ = lr[0], ms = m_scale[0], c1 = bc1[0], c2 = bc2[0], ta = tau[0], u = 1.f - ta;
+  float g0 = 0.f, m0 = 0.f, v0 = 0.f, p0 = 0.f, tg0 = 0.f;
+  bool decay0 = false;
+  if (i0 < n) {
+    g0 = g[i0];
+    m0 = m[i0];
+    v0 = v[i0];
+    p0 = p[i0];
+    tg0 = target[i0];
+    decay0 = wd != 0.f && mask[i0];
+  }
+  float loss0 = 0.f;
+  i64 step0 = 0;
+  if (blockIdx.x == 0 && tid == 0) {
+    loss0 = loss[0];
+    step0 = step[0];
+  }
+
+  // 1. grad_norm's partials, CAS_GROUPS virtual blocks per round.
+  const i64 span = (i64)GN_BLOCKS * GN_THREADS;
+  const int kv = (int)(((n < span ? n : span) + GN_THREADS - 1) / GN_THREADS);  // virtual blocks with an element
+  for (int base = (int)blockIdx.x * CAS_GROUPS; base < GN_BLOCKS; base += (int)gridDim.x * CAS_GROUPS) {
+    const int k = base + group;
+    if (base >= kv) {  // uniform over the block: every group of the round sums nothing
+      if (t == 0) partial[k] = 0.0;
+      continue;
+    }
+    double acc = 0.0;
+    i64 i = (i64)k * GN_THREADS + t;
+    if (base == (int)blockIdx.x * CAS_GROUPS && i < n) {  // the first round's first element is i0's
+      const double x = (double)g0;
+      acc += x * x;
+      i += span;
+    }
+    for (; i < n; i += span) {
+      const double x = (double)g[i];
+      acc += x * x;
+    }
+    __syncthreads();  // the previous round's tree may still read sh
+    sh[tid] = acc;
+    const double sum = tree_gn(sh + group * GN_THREADS, t);
+    if (t == 0) partial[k] = sum;
+  }
+
+  // 2. Every partial is written; the block last_block picks resets the barrier's counter.
+  cudarl::grid_barrier(barrier);
+  if (cudarl::last_block(done) && tid == 0) *barrier = 0u;
+
+  // 3. The norm and the clip scale in every block, in grad_norm's order; block 0 publishes.
+  if (tid < GN_THREADS) sh[tid] = cudarl::load_l2(partial + tid) + cudarl::load_l2(partial + tid + GN_THREADS);
+  const double total = tree_gn(sh, tid);
+  if (tid == 0) {
+    float nf, sf;
+    gn_norm_scale(total, max_norm, &nf, &sf);
+    sh_clip = sf;
+    if (blockIdx.x == 0) {
+      norm[0] = nf;
+      scale[0] = sf;
+      const i64 s = step0 % slots;
+      ring[2 * s] = loss0;
+      ring[2 * s + 1] = nf;
+    }
+  }
+  __syncthreads();
+  const float cl = sh_clip;
+
+  // 4. adam_update_soft's elements.
+  const i64 stride = (i64)gridDim.x * CAS_THREADS;
+  i64 i = i0;
+  if (i < n) {
+    const float pi = adam_math(g0, m0, v0, p0, decay0, lr_, ms, c1, c2, cl, beta1, beta2, eps, wd);
+    m[i] = m0;
+    v[i] = v0;
+    p[i] = pi;
+    target[i] = __fmaf_rn(ta, pi, __fmul_rn(u, tg0));  // soft_update's rounding, as adam_update_soft
+    i += stride;
+  }
+  for (; i < n; i += stride) {
+    const float pi = adam_elem(p, g, m, v, mask, i, lr_, ms, c1, c2, cl, beta1, beta2, eps, wd);
+    target[i] = __fmaf_rn(ta, pi, __fmul_rn(u, target[i]));
   }
 }
 

@@ -70,6 +70,9 @@ class Adam:
     ``step()`` runs ``lr_schedule`` (step += 1, lr, restart factor, bias corrections), the
     two-stage ``grad_norm`` (norm and clip scale; one launch, its last block doing stage 2) and the
     fused ``adam_update`` (optionally with a :class:`SoftUpdate`'s target update, ``update_step(soft)``).
+    ``clip_update_publish(soft, ring, loss, slots)`` does the norm, the update with the target's and
+    the publish of (loss, norm) to a host ring in one launch (a grid barrier between the norm's
+    partials and the update).
 
     Args:
         params, grads: flat float32 ``[n]`` buffers (e.g. ``QNetwork.params`` / ``.grads``).
@@ -102,11 +105,16 @@ class Adam:
         self.mask = xp.asarray(mask)
         self.partial = xp.zeros(GN_BLOCKS, dtype=np.float64)
         self.gn_done = xp.zeros(1, dtype=np.uint32)  # the one-launch gradient norm's ticket (0 between launches)
+        self.gn_barrier = xp.zeros(1, dtype=np.uint32)  # clip_update_publish's grid-barrier counter (0 between launches)
         self.scalars = DeviceScalars({"step": np.int64, "lr": np.float32, "m_scale": np.float32, "bc1": np.float32,
                                       "bc2": np.float32, "grad_norm": np.float32, "clip_scale": np.float32},
                                      xp, initial={"m_scale": 1.0, "clip_scale": 1.0})
         self.grad_norm_out = grad_norm_out if grad_norm_out is not None else self.scalars.view("grad_norm")
         self.ops = _ops(xp)
+        if getattr(xp, "__name__", "") == "cupy":
+            from .kernels import resident_grid_limit
+
+            resident_grid_limit()  # clip_update_publish's launcher asks it: the device query is made here, before any capture
 
     def schedule_step(self) -> None:
         s, sc = self.schedule, self.scalars
@@ -132,6 +140,20 @@ class Adam:
         self.ops.adam_update_soft(self.params, self.grads, self.m, self.v, self.mask, soft.target, sc.view("lr"),
                                   sc.view("m_scale"), sc.view("bc1"), sc.view("bc2"), sc.view("clip_scale"),
                                   soft.scalars.view("tau"), *consts)
+
+    def clip_update_publish(self, soft: "SoftUpdate", ring, loss, slots: int) -> None:
+        """:meth:`clip_step`, :meth:`update_step` ``(soft)`` and the publish of ``(loss[0], grad norm)``
+        into slot ``step % slots`` of ``ring`` (float32 ``[2 * slots]``, e.g. a ``PinnedReadback.device``;
+        step: this optimiser's counter, advanced by :meth:`schedule_step`), as
+        ``cudarl.reference.agent.publish`` does. On the GPU one launch (``optim.clip_adam_soft``) with the
+        bits of the three; on NumPy the three twins."""
+        if soft.online is not self.params:
+            raise ValueError("Adam.clip_update_publish: soft must average toward these parameters (soft.online is params)")
+        sc = self.scalars
+        self.ops.clip_adam_soft(self.params, self.grads, self.m, self.v, self.mask, soft.target, self.partial,
+                                self.grad_norm_out, sc.view("clip_scale"), self.max_grad_norm, self.gn_done, self.gn_barrier,
+                                sc.view("lr"), sc.view("m_scale"), sc.view("bc1"), sc.view("bc2"), soft.scalars.view("tau"),
+                                ring, loss, sc.view("step"), slots, self.beta1, self.beta2, self.eps, self.weight_decay)
 
     def step(self) -> None:
         """One optimiser step (capture-safe): schedule, gradient norm and clip, update."""

@@ -112,6 +112,53 @@ def adam_update_soft(p, g, m, v, mask, target, lr, m_scale, bc1, bc2, clip, tau,
            (p, g, m, v, mask, target, n, lr, m_scale, bc1, bc2, clip, tau, float(beta1), float(beta2), float(eps), float(wd)))
 
 
+#: Threads of a clip_adam_soft block (CAS_THREADS in optim.cu): CAS_THREADS / GN_THREADS virtual blocks of grad_norm.
+CAS_THREADS = 1024
+
+
+def _base_ptr(a) -> int:
+    return a.data.ptr if hasattr(a.data, "ptr") else a.__array_interface__["data"][0]
+
+
+def clip_adam_soft(p, g, m, v, mask, target, partial, norm, scale, max_norm: float, done, barrier, lr, m_scale, bc1,
+                   bc2, tau, ring, loss, step, slots: int, beta1: float, beta2: float, eps: float, wd: float,
+                   grid: int | None = None) -> None:
+    """:func:`grad_norm` (``done``), :func:`adam_update_soft` with ``clip = scale`` and agent's ``publish``
+    of ``(loss[0], norm[0])`` into ring slot ``step[0] % slots``, in one launch, with the same bits.
+
+    ``done`` and ``barrier``: two distinct uint32 ``[1]`` counters, 0 at launch and left 0 (the
+    grid barrier's counter and the last block's ticket). ``ring``: float32 ``[2 * slots]``;
+    ``loss``, ``norm``, ``scale``, ``tau`` float32 ``[1]``; ``step`` int64 ``[1]``.
+    ``grid``: at most :func:`cudarl.kernels.resident_grid_limit` blocks (default: that limit, or
+    fewer when ``n`` needs fewer blocks of ``CAS_THREADS``); any grid gives the same bits.
+    """
+    w = "optim.clip_adam_soft"
+    n = _adam_checks(w, p, g, m, v, mask, lr, m_scale, bc1, bc2, scale)
+    _flat(w, n, target=target)
+    _flat(w, GN_BLOCKS, partial=partial)
+    _scalar(w, norm=norm, tau=tau, loss=loss, step=step)
+    if int(slots) < 1 or ring.ndim != 1 or ring.shape[0] != 2 * int(slots):
+        raise ValueError(f"{w}: ring must be flat [2 * slots] with slots >= 1, got {ring.shape} for slots={slots}")
+    for name, c in (("done", done), ("barrier", barrier)):
+        if c.dtype != np.uint32 or c.shape != (1,):
+            raise ValueError(f"{w}: {name} must be a uint32 [1] counter, got {c.dtype} {c.shape}")
+    if _base_ptr(done) == _base_ptr(barrier):
+        raise ValueError(f"{w}: done and barrier must be two counters, not one buffer")
+    if _base_ptr(target) == _base_ptr(p):
+        raise ValueError(f"{w}: target must be a buffer of its own, not the parameters")
+    limit = kernels.resident_grid_limit()
+    if grid is None:
+        grid = min(limit, blocks_for(n, CAS_THREADS))
+    elif not 1 <= int(grid) <= limit:
+        raise ValueError(f"{w}: grid must be in [1, {limit}] (one block per multiprocessor at most), got {grid}")
+    launch("optim", "clip_adam_soft", int(grid), CAS_THREADS,
+           "f32* p, const f32* g, f32* m, f32* v, const u8* mask, f32* target, i64 n, f64* partial, f32* norm, f32* scale, "
+           "f32 max_norm, const f32* lr, const f32* m_scale, const f32* bc1, const f32* bc2, const f32* tau, f32* ring, "
+           "const f32* loss, const i64* step, i32 slots, u32* done, u32* barrier, f32 beta1, f32 beta2, f32 eps, f32 wd",
+           (p, g, m, v, mask, target, n, partial, norm, scale, float(max_norm), lr, m_scale, bc1, bc2, tau, ring, loss,
+            step, int(slots), done, barrier, float(beta1), float(beta2), float(eps), float(wd)))
+
+
 def tau_schedule(count, tau, tau_start: float, tau_end: float, period: int) -> None:
     """Advance ``count`` (int64 ``[1]``) and write the cosine-annealed ``tau`` (float32 ``[1]``)."""
     _scalar("optim.tau_schedule", count=count, tau=tau)

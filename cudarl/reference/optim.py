@@ -113,6 +113,21 @@ def adam_update_soft(p, g, m, v, mask, target, lr, m_scale, bc1, bc2, clip, tau,
     soft_update(target, p, tau)
 
 
+def clip_adam_soft(p, g, m, v, mask, target, partial, norm, scale, max_norm: float, done, barrier, lr, m_scale, bc1,
+                   bc2, tau, ring, loss, step, slots: int, beta1: float, beta2: float, eps: float, wd: float,
+                   grid=None) -> None:
+    """:func:`grad_norm`, :func:`adam_update_soft` with ``clip = scale``, then ``cudarl.reference.agent.publish``
+    of ``(loss[0], norm[0])`` into ``ring`` slot ``step[0] % slots`` (the GPU does the three in one launch).
+
+    ``done``, ``barrier`` (the launch's counters) and ``grid`` (its block count) are unused here.
+    """
+    from . import agent
+
+    grad_norm(g, partial, norm, scale, max_norm, done)
+    adam_update_soft(p, g, m, v, mask, target, lr, m_scale, bc1, bc2, scale, tau, beta1, beta2, eps, wd)
+    agent.publish(ring, loss, norm, step, slots)
+
+
 def tau_schedule(count, tau, tau_start: float, tau_end: float, period: int) -> None:
     """``count += 1``; ``tau = tau_end + (tau_start - tau_end)(1 + cos(pi min(c, T) / T)) / 2`` with c = count - 1.
 

@@ -361,6 +361,295 @@ def test_gpu_adam_graphed_equals_eager_bitwise(cp, rng):
         assert_bitwise(a, b, what=what)
 
 
+# --- clip_adam_soft: grad_norm + adam_update_soft + agent publish in one launch ----------------------
+_CAS_SLOTS, _CAS_EPS, _CAS_WD = 3, 1e-8, 0.01
+_CAS_STATE = ("p", "m", "v", "target")  # what the update moves
+_CAS_OUT = ("partial", "norm", "scale", "ring")  # what it writes from nothing
+
+
+def _cas_inputs(rng, n: int, clip: str) -> dict:
+    """Host inputs of one clip_adam_soft: ``clip`` "clips" (max_norm half the norm), "below" (twice it:
+    scale 1) or "off" (max_norm 0). Scalars are one optimiser step past a warm restart (m_scale 0.5)."""
+    f32 = np.float32
+    g = (rng.standard_normal(n) * rng.uniform(0.1, 3.0, n)).astype(f32)
+    norm = float(np.sqrt(np.sum(g.astype(np.float64) ** 2)))
+    t = 7
+    return dict(
+        p=rng.standard_normal(n).astype(f32), g=g, m=(rng.standard_normal(n) * 0.01).astype(f32),
+        v=rng.uniform(0, 1e-4, n).astype(f32), mask=(rng.uniform(size=n) < 0.7).astype(np.uint8),
+        target=rng.standard_normal(n).astype(f32), partial=np.zeros(ref.GN_BLOCKS), norm=np.zeros(1, f32),
+        scale=np.zeros(1, f32), ring=np.full(2 * _CAS_SLOTS, -1.0, f32), lr=np.array([3e-3], f32),
+        m_scale=np.array([0.5], f32), bc1=np.array([1 - B1**t], f32), bc2=np.array([1 - B2**t], f32),
+        tau=np.array([0.05], f32), loss=np.array([1.2345], f32), step=np.array([t], np.int64),
+        max_norm={"clips": 0.5 * norm, "below": 2.0 * norm, "off": 0.0}[clip])
+
+
+def _cas_args(b: dict, done, barrier) -> tuple:
+    """clip_adam_soft's positional arguments from the buffers ``b``."""
+    return (b["p"], b["g"], b["m"], b["v"], b["mask"], b["target"], b["partial"], b["norm"], b["scale"], b["max_norm"],
+            done, barrier, b["lr"], b["m_scale"], b["bc1"], b["bc2"], b["tau"], b["ring"], b["loss"], b["step"],
+            _CAS_SLOTS, B1, B2, _CAS_EPS, _CAS_WD)
+
+
+def _three_calls(optim_ops, agent_ops, b: dict, done) -> None:
+    """The sequence clip_adam_soft stands for: grad_norm (one launch, ``done``), adam_update_soft, publish."""
+    optim_ops.grad_norm(b["g"], b["partial"], b["norm"], b["scale"], b["max_norm"], done=done)
+    optim_ops.adam_update_soft(b["p"], b["g"], b["m"], b["v"], b["mask"], b["target"], b["lr"], b["m_scale"], b["bc1"],
+                               b["bc2"], b["scale"], b["tau"], B1, B2, _CAS_EPS, _CAS_WD)
+    agent_ops.publish(b["ring"], b["loss"], b["norm"], b["step"], _CAS_SLOTS)
+
+
+def _host_copy(host: dict) -> dict:
+    return {k: (v.copy() if isinstance(v, np.ndarray) else v) for k, v in host.items()}
+
+
+@pytest.mark.parametrize("n", [1, 257, 70_001])
+@pytest.mark.parametrize("clip", ["clips", "below", "off"])
+def test_reference_clip_adam_soft_is_grad_norm_adam_update_soft_and_publish(rng, n, clip):
+    from cudarl.reference import agent as ref_agent
+
+    host = _cas_inputs(rng, n, clip)
+    fused, three = _host_copy(host), _host_copy(host)
+    ref.clip_adam_soft(*_cas_args(fused, np.zeros(1, np.uint32), np.zeros(1, np.uint32)))
+    _three_calls(ref, ref_agent, three, np.zeros(1, np.uint32))
+    for k in _CAS_STATE + _CAS_OUT:
+        assert_bitwise(fused[k], three[k], what=k)
+    assert (fused["scale"][0] < 1) == (clip == "clips")
+    assert fused["ring"][2] == host["loss"][0] and fused["ring"][3] == fused["norm"][0]  # slot 7 % 3 = 1
+    assert np.array_equal(fused["ring"][[0, 1, 4, 5]], host["ring"][[0, 1, 4, 5]])  # the other slots untouched
+
+
+def _adam_publish_steps(xp, seed: int, fused: bool, steps: int = 12, n: int = 5_003):
+    """``steps`` Adam steps with the target update and the publish: ``clip_update_publish`` or the three
+    calls it stands for. Returns the state, the scalars and the ring as NumPy."""
+    from cudarl.reference import agent as ref_agent
+
+    rng = np.random.default_rng(seed)
+    p = xp.asarray(rng.standard_normal(n).astype(np.float32) * 0.1)
+    target = xp.asarray(rng.standard_normal(n).astype(np.float32) * 0.1)
+    g, loss, ring = xp.zeros(n, np.float32), xp.zeros(1, np.float32), xp.zeros(2 * _CAS_SLOTS, np.float32)
+    adam = Adam(p, g, schedule=Schedule("cosine_restarts", lr=1e-3, lr_min=1e-5, warmup=2, period=4, restart_m_scale=0.5),
+                weight_decay=0.01, max_grad_norm=float(np.sqrt(n)) * 0.2, xp=xp)
+    soft = SoftUpdate(target, p, tau_start=0.5, tau_end=0.01, period=5, xp=xp)
+    rings = []
+    for k in range(steps):
+        g[...] = xp.asarray((rng.standard_normal(n) * (0.1 + k % 3 * 0.2)).astype(np.float32))  # clips on some steps
+        loss[...] = xp.asarray(np.array([1.0 / (k + 1)], np.float32))
+        adam.schedule_step()
+        soft.schedule_step()
+        if fused:
+            adam.clip_update_publish(soft, ring, loss, _CAS_SLOTS)
+        else:
+            adam.clip_step()
+            adam.update_step(soft=soft)
+            ref_agent.publish(ring, loss, adam.grad_norm_out, adam.scalars.view("step"), _CAS_SLOTS)
+        rings.append(to_numpy(ring).copy())
+    return {"p": to_numpy(p), "target": to_numpy(target), "m": to_numpy(adam.m), "v": to_numpy(adam.v),
+            "scalars": to_numpy(adam.scalars.buffer), "ring": np.array(rings)}
+
+
+def test_adam_clip_update_publish_equals_the_three_calls_on_numpy():
+    a, b = _adam_publish_steps(np, 5, fused=True), _adam_publish_steps(np, 5, fused=False)
+    for k in a:
+        assert_bitwise(a[k], b[k], what=k)
+    assert len(set(a["ring"][:, 1::2].ravel().tolist())) > 3  # the published norms moved
+
+
+def test_clip_adam_soft_refuses_bad_arguments_before_launching(rng):
+    from cudarl.ops import optim as ops
+
+    host = _cas_inputs(rng, 9, "clips")
+    done, barrier = np.zeros(1, np.uint32), np.zeros(1, np.uint32)
+
+    def call(**change):
+        b = dict(_host_copy(host), **{k: v for k, v in change.items() if k not in ("done", "barrier")})
+        ops.clip_adam_soft(*_cas_args(b, change.get("done", done), change.get("barrier", barrier)))
+
+    with pytest.raises(ValueError, match="ring"):
+        call(ring=np.zeros(2 * _CAS_SLOTS + 1, np.float32))
+    with pytest.raises(ValueError, match="two counters"):
+        call(barrier=done)
+    with pytest.raises(ValueError, match="barrier must be a uint32"):
+        call(barrier=np.zeros(2, np.uint32))
+    with pytest.raises(ValueError, match="partial"):
+        call(partial=np.zeros(ref.GN_BLOCKS - 1))
+    with pytest.raises(ValueError, match="clip_adam_soft: target must be flat"):
+        call(target=np.zeros(8, np.float32))
+    p = host["p"].copy()
+    with pytest.raises(ValueError, match="buffer of its own"):
+        call(p=p, target=p)
+    with pytest.raises(ValueError, match="soft.online is params"):
+        q, g = np.zeros(8, np.float32), np.zeros(8, np.float32)
+        Adam(q, g, xp=np).clip_update_publish(SoftUpdate(np.zeros(8, np.float32), g, xp=np), np.zeros(4, np.float32),
+                                              np.zeros(1, np.float32), 2)
+
+
+def _cas_device(cp, host: dict) -> dict:
+    """Device copies of ``host`` with the outputs poisoned (NaN, so both runs start from the same bits)."""
+    b = {k: (cp.asarray(v) if isinstance(v, np.ndarray) else v) for k, v in host.items()}
+    for k in ("partial", "norm", "scale"):
+        poison(b[k])
+    return b
+
+
+def _cas_gpu(cp, host: dict, fused: bool, grid=None, done=None, barrier=None) -> dict:
+    """One clip_adam_soft (``fused``) or the three launches on fresh device copies of ``host``; NumPy results."""
+    from cudarl.ops import agent as agent_ops
+    from cudarl.ops import optim as ops
+
+    b = _cas_device(cp, host)
+    done = cp.zeros(1, cp.uint32) if done is None else done
+    barrier = cp.zeros(1, cp.uint32) if barrier is None else barrier
+    if fused:
+        ops.clip_adam_soft(*_cas_args(b, done, barrier), grid=grid)
+    else:
+        _three_calls(ops, agent_ops, b, done)
+    cp.cuda.Device().synchronize()
+    out = {k: b[k].get() for k in _CAS_STATE + _CAS_OUT}
+    out["done"], out["barrier"] = done.get(), barrier.get()
+    return out
+
+
+def _assert_cas_equal(got: dict, want: dict, what: str) -> None:
+    for k in _CAS_STATE + _CAS_OUT:
+        assert_bitwise(got[k], want[k], what=f"{what}: {k}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n", [1, 257, 135_000, 1_000_003])
+@pytest.mark.parametrize("clip", ["clips", "below", "off"])
+def test_gpu_clip_adam_soft_is_the_three_launches_bitwise(cp, rng, n, clip):
+    """p, m, v, target, the partials, norm, scale and the ring: the bits of grad_norm (one launch) +
+    adam_update_soft + agent publish; both counters left 0; the twin within rounding."""
+    host = _cas_inputs(rng, n, clip)
+    fused = _cas_gpu(cp, host, fused=True)
+    three = _cas_gpu(cp, host, fused=False)
+    _assert_cas_equal(fused, three, "one launch against three")
+    assert int(fused["done"][0]) == 0 and int(fused["barrier"][0]) == 0, "a counter was not left 0"
+    assert (fused["scale"][0] < 1) == (clip == "clips")
+    twin = _host_copy(host)
+    ref.clip_adam_soft(*_cas_args(twin, np.zeros(1, np.uint32), np.zeros(1, np.uint32)))
+    for k in ("p", "m", "v", "target"):
+        assert_parity(fused[k], twin[k], rtol=1e-6, what=k)
+    assert_parity(fused["partial"], twin["partial"], kind="float64", what="partials")
+    assert_parity(fused["norm"], twin["norm"], rtol=1e-6, what="norm")
+    assert_parity(fused["scale"], twin["scale"], rtol=1e-6, what="scale")
+    assert fused["ring"][2] == host["loss"][0] and fused["ring"][3] == fused["norm"][0]
+    assert np.array_equal(fused["ring"][[0, 1, 4, 5]], host["ring"][[0, 1, 4, 5]])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n", [257, 135_000, 1_000_003])
+def test_gpu_clip_adam_soft_bits_do_not_depend_on_the_grid(cp, rng, n):
+    """Grids of 1 block (every virtual block of the norm in one, 128 rounds) up to the resident limit."""
+    from cudarl.kernels import resident_grid_limit
+
+    host = _cas_inputs(rng, n, "clips")
+    three = _cas_gpu(cp, host, fused=False)
+    for grid in sorted({1, 2, 3, 7, 33, resident_grid_limit()}):
+        got = _cas_gpu(cp, host, fused=True, grid=grid)
+        _assert_cas_equal(got, three, f"grid {grid}")
+        assert int(got["done"][0]) == 0 and int(got["barrier"][0]) == 0, f"grid {grid}: a counter was not left 0"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n", [257, 135_000])
+def test_gpu_clip_adam_soft_leaves_its_counters_zero_and_reruns_bitwise(cp, rng, n):
+    """One pair of counters for every launch: a second launch from the same inputs gives the first's
+    bits, and five launches back to back (no host sync between) the bits of five three-launch steps."""
+    from cudarl.ops import agent as agent_ops
+    from cudarl.ops import optim as ops
+
+    host = _cas_inputs(rng, n, "clips")
+    done, barrier = cp.zeros(1, cp.uint32), cp.zeros(1, cp.uint32)
+    first = _cas_gpu(cp, host, fused=True, done=done, barrier=barrier)
+    assert int(done.get()[0]) == 0 and int(barrier.get()[0]) == 0
+    again = _cas_gpu(cp, host, fused=True, done=done, barrier=barrier)  # the same counters, fresh inputs
+    _assert_cas_equal(again, first, "second launch on the same counters")
+    _assert_cas_equal(_cas_gpu(cp, host, fused=True), first, "fresh counters")
+    fb, tb = _cas_device(cp, host), _cas_device(cp, host)
+    tdone = cp.zeros(1, cp.uint32)
+    for k in range(5):  # the state moves: each launch reads what the last one wrote
+        fb["step"][...] = k
+        tb["step"][...] = k
+        ops.clip_adam_soft(*_cas_args(fb, done, barrier))
+        _three_calls(ops, agent_ops, tb, tdone)
+    cp.cuda.Device().synchronize()
+    assert int(done.get()[0]) == 0 and int(barrier.get()[0]) == 0
+    for k in _CAS_STATE + _CAS_OUT:
+        assert_bitwise(fb[k], tb[k], what=f"five launches: {k}")
+
+
+@pytest.mark.gpu
+def test_gpu_clip_update_publish_graphed_equals_eager_and_the_three_launches(cp):
+    """Adam + SoftUpdate + the publish into a pinned ring over 25 steps (gradients and loss new each
+    step, warm-up and restarts crossed): graphed == eager == schedule, clip_step, update_step(soft),
+    publish, bit for bit, the ring after every step."""
+    from cudarl.graph import StepGraph
+    from cudarl.ops import agent as agent_ops
+    from cudarl.pinned import PinnedReadback
+
+    n, slots, steps = 135_000, 2, 25
+    rng = np.random.default_rng(11)
+    p0 = (rng.standard_normal(n) * 0.1).astype(np.float32)
+    t0 = (rng.standard_normal(n) * 0.1).astype(np.float32)
+    mask = (rng.uniform(size=n) < 0.8).astype(np.uint8)
+    twins = {}
+    for name in ("cas_eager", "cas_graphed", "cas_three"):
+        p, g, target, loss = cp.asarray(p0), cp.zeros(n, cp.float32), cp.asarray(t0), cp.zeros(1, cp.float32)
+        adam = Adam(p, g, schedule=Schedule("cosine_restarts", lr=1e-3, lr_min=1e-5, warmup=3, period=5,
+                                            restart_m_scale=0.5),
+                    weight_decay=0.01, max_grad_norm=float(np.sqrt(n)) * 0.2, decay_mask=mask, xp=cp)
+        soft = SoftUpdate(target, p, tau_start=0.5, tau_end=0.01, period=10, xp=cp)
+        ring = PinnedReadback(2, np.float32, cp, slots=slots)
+        ring.device.fill(-1.0)
+
+        def fused(adam=adam, soft=soft, ring=ring, loss=loss):
+            adam.schedule_step()
+            soft.schedule_step()
+            adam.clip_update_publish(soft, ring.device, loss, slots)
+
+        def three(adam=adam, soft=soft, ring=ring, loss=loss):
+            adam.schedule_step()
+            soft.schedule_step()
+            adam.clip_step()
+            adam.update_step(soft=soft)
+            agent_ops.publish(ring.device, loss, adam.grad_norm_out, adam.scalars.view("step"), slots)
+
+        graph = StepGraph(name, [("adam", three if name == "cas_three" else fused)], xp=cp)
+        twins[name] = dict(p=p, g=g, target=target, loss=loss, adam=adam, soft=soft, ring=ring, graph=graph)
+    cp.cuda.Device().synchronize()
+    twins["cas_graphed"]["graph"].capture()
+    clipped = set()
+    for k in range(steps):
+        g = cp.asarray((rng.standard_normal(n) * (0.1 + k % 3 * 0.2)).astype(np.float32))  # clips on some steps
+        for tw in twins.values():
+            tw["g"][...] = g
+            tw["loss"][...] = 1.0 / (k + 1)
+        cp.cuda.Device().synchronize()
+        for name, tw in twins.items():
+            tw["graph"].replay() if name == "cas_graphed" else tw["graph"].run_eager()
+        for tw in twins.values():
+            tw["graph"].synchronize()
+        want = twins["cas_three"]["ring"].device
+        for name in ("cas_eager", "cas_graphed"):
+            assert_bitwise(twins[name]["ring"].device, want, what=f"step {k}: {name} ring")
+        clipped.add(bool(twins["cas_three"]["adam"].scalars.get("clip_scale") < 1))
+    assert clipped == {True, False}, "want steps that clip and steps that do not"
+    ref3 = twins["cas_three"]
+    assert ref3["adam"].scalars.get("step") == steps
+    for name in ("cas_eager", "cas_graphed"):
+        tw = twins[name]
+        for what, a, b in (("params", tw["p"], ref3["p"]), ("target", tw["target"], ref3["target"]),
+                           ("m", tw["adam"].m, ref3["adam"].m), ("v", tw["adam"].v, ref3["adam"].v),
+                           ("partials", tw["adam"].partial, ref3["adam"].partial),
+                           ("adam scalars", tw["adam"].scalars.buffer, ref3["adam"].scalars.buffer),
+                           ("tau", tw["soft"].scalars.buffer, ref3["soft"].scalars.buffer)):
+            assert_bitwise(a, b, what=f"{name} {what}")
+        assert int(tw["adam"].gn_done.get()[0]) == 0 and int(tw["adam"].gn_barrier.get()[0]) == 0
+    assert not np.array_equal(ref3["p"].get(), p0), "the step did not train"
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("n", [1, 7, 300_001])
 def test_gpu_soft_update_and_shrink_perturb(cp, rng, n):
