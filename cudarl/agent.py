@@ -11,8 +11,8 @@ that :class:`cudarl.graph.StepGraph` captures (GPU) or runs in order (NumPy)::
              projection, loss and dL/d(head output) in one launch); IQN: targets (quantile
              targets) - loss (+ gradient wrt the outputs) - priorities (a parallel
              branch to the end) - backward (dx chain | weight gradients, in parallel) - adam
-             (gradient norm and clip in one launch; then the update with the target net's soft
-             update in one launch | the publish of loss and gradient norm to the host ring)
+             (one launch: the gradient norm and clip, the update with the target net's soft
+             update and the publish of loss and gradient norm to the host ring | IQN's counter)
 
 On the GPU "in parallel" means a :class:`cudarl.graph.SideStream`: a branch of the captured graph
 that runs beside the main chain (same kernels and inputs, so the same bits as one stream).
@@ -260,7 +260,7 @@ class Agent:
         #: column sums) run beside each other and beside the dx chain, not one after another
         self.grad_sides = [SideStream(xp) for _ in self.online.linears]
         #: small kernels nothing on the chain waits for at once: the schedules (lr, tau), the replay's
-        #: importance weights (joined by the loss) and the publish (beside Adam's update); each is a
+        #: importance weights (joined by the loss) and IQN's counter (beside Adam's update); each is a
         #: graph node of ~1 us or more on the chain otherwise (tools/profile_step.py)
         self.side_small = SideStream(xp)
         self.online.set_side_stream(self.grad_sides)
@@ -341,16 +341,14 @@ class Agent:
             self.backward()
 
         def adam():
-            self.adam.clip_step()
-            # publish (loss and gradient norm to the host ring) and the head's counter beside the update
-            with self.side_small.fork():
-                self.ops.publish(self.readback.device, self.loss, self.grad_norm, self.adam.scalars.view("step"),
-                                 PUBLISH_SLOTS)
-                if hasattr(self.rule, "advance"):
+            # the head's counter beside the update (it reads nothing of it)
+            if hasattr(self.rule, "advance"):
+                with self.side_small.fork():
                     self.rule.advance(self)
-            # with the target update in the same launch (lr, the bias corrections and tau: the
-            # schedules, joined by the loss phase)
-            self.adam.update_step(soft=self.soft)
+            # one launch: the gradient norm and clip, the update with the target's (lr, the bias
+            # corrections and tau: the schedules, joined by the loss phase) and the publish of the
+            # loss and gradient norm (self.grad_norm, Adam's grad_norm_out) to the host ring
+            self.adam.clip_update_publish(self.soft, self.readback.device, self.loss, PUBLISH_SLOTS)
 
         def priorities():
             # beside the backward pass and the optimiser: it reads the loss phase's priorities and
