@@ -392,7 +392,11 @@ extern "C" __global__ void cudarl_c51_loss(const float* __restrict__ logits, con
 // every block reduces y in project_popart's order (pa::batch_moments_half: so every block holds the
 // same new statistics; block 0 stores them), then the projection and loss pass. The grid is at most
 // one block per SM (the launcher), so every block is resident; the launch leaves *barrier and *done
-// at 0 (last_block resets them). The projection stages its shares in shared memory
+// at 0 (last_block resets them). phase 1 then phase 2 is the same work in two launches with no
+// barrier (phase 1: pass 1, and the statistics copied to state_prev; phase 2: the rest, the old
+// statistics from state_prev), the same bits, for a GPU shared with other processes (MPS), where
+// a launch's blocks cannot count on being resident together (run.grid_barrier = false); phase 0
+// is the one launch. The projection stages its shares in shared memory
 // (project_row_staged: the same bits as project_row).
 // Shared memory: 4 warps x (max(A, 4) + 1) K floats, rounded up to float4s (dynamic; past 48 KiB
 // the launcher opts in) + 256 + 2 * 128 floats.
@@ -415,8 +419,8 @@ __device__ __forceinline__ void targets_loss_body(
     const float* __restrict__ r_t, const float* __restrict__ discount_t, const float* state, const float* beta,
     float* state_out, float* y, float* r_norm, float* __restrict__ probs, int* __restrict__ a_star,
     float* __restrict__ target, float* __restrict__ loss_per, float* __restrict__ priority, float* __restrict__ dva,
-    float* __restrict__ loss, unsigned int* done, unsigned int* barrier, int B, int A, int K, int kind, float scale,
-    float sigma_min) {
+    float* __restrict__ loss, unsigned int* done, unsigned int* barrier, float* state_prev, int B, int A, int K,
+    int kind, float scale, float sigma_min, int phase) {
   extern __shared__ float4 c51_tl_smem[];
   __shared__ float part[C51_MEAN_SLOTS];
   __shared__ float s1[pa::kReduceThreads / 2];
@@ -431,10 +435,11 @@ __device__ __forceinline__ void targets_loss_body(
   float* x = logits + big;
   const int first = blockIdx.x * C51_TL_WARPS + warp, stride = gridDim.x * C51_TL_WARPS;
   pa::Stats old{};
-  if (kPopArt) old = pa::load(state);  // every block, before block 0 stores the new statistics
+  if (kPopArt) old = pa::load(phase == 2 ? state_prev : state);  // every block, before block 0 stores the new ones
+  if (kPopArt && phase == 1 && blockIdx.x == 0 && threadIdx.x < pa::STATE_SIZE) state_prev[threadIdx.x] = state[threadIdx.x];
 
   // pass 1: a*, probs (and y)
-  for (int b = first; b < B; b += stride) {
+  for (int b = first; b < B && phase != 2; b += stride) {
     const float* vo = va_online_tp1 + (long long)b * row;
     for (int a = 0; a < A; ++a) dueling_row(vo, a, logits + a * K, A, K, lane);
     __syncwarp();
@@ -450,9 +455,10 @@ __device__ __forceinline__ void targets_loss_body(
     if (lane == 0) a_star[b] = best;
     __syncwarp();  // every lane's probs and x reads are done before the next sample overwrites x
   }
+  if (phase == 1) return;  // the two-launch form's first launch: the second reads y
   pa::Stats st{};
   if (kPopArt) {
-    cudarl::grid_barrier(barrier);
+    if (phase == 0) cudarl::grid_barrier(barrier);
     float sum, sum2;
     pa::batch_moments_half(y, B, s1, s2, sum, sum2);
     st = pa::updated(old, beta[0], sum, sum2, B, sigma_min);
@@ -482,7 +488,7 @@ __device__ __forceinline__ void targets_loss_body(
     __syncwarp();
   }
   if (cudarl::last_block(done)) {
-    if (kPopArt && threadIdx.x == 0) *barrier = 0u;  // every block is past the barrier
+    if (kPopArt && phase == 0 && threadIdx.x == 0) *barrier = 0u;  // every block is past the barrier
     const float sum = cudarl::block_weighted_sum<C51_MEAN_SLOTS>(loss_per, weights, B, part);
     if (threadIdx.x == 0) loss[0] = scale * sum;
   }
@@ -499,7 +505,7 @@ extern "C" __global__ void cudarl_c51_targets_loss(
     float scale) {
   targets_loss_body<false>(va_tm1, va_online_tp1, va_target_tp1, actions, weights, support, r_t, discount_t, nullptr,
                            nullptr, nullptr, nullptr, nullptr, probs, a_star, target, loss_per, priority, dva, loss, done,
-                           nullptr, B, A, K, kind, scale, 0.f);
+                           nullptr, nullptr, B, A, K, kind, scale, 0.f, 0);
 }
 
 extern "C" __global__ void cudarl_c51_targets_loss_popart(
@@ -508,11 +514,11 @@ extern "C" __global__ void cudarl_c51_targets_loss_popart(
     const float* __restrict__ r_t, const float* __restrict__ discount_t, float* state, const float* __restrict__ beta,
     float* __restrict__ y, float* __restrict__ r_norm, float* __restrict__ probs, int* __restrict__ a_star,
     float* __restrict__ target, float* __restrict__ loss_per, float* __restrict__ priority, float* __restrict__ dva,
-    float* __restrict__ loss, unsigned int* __restrict__ done, unsigned int* __restrict__ barrier, int B, int A, int K,
-    int kind, float scale, float sigma_min) {
+    float* __restrict__ loss, unsigned int* __restrict__ done, unsigned int* __restrict__ barrier,
+    float* __restrict__ state_prev, int B, int A, int K, int kind, float scale, float sigma_min, int phase) {
   targets_loss_body<true>(va_tm1, va_online_tp1, va_target_tp1, actions, weights, support, r_t, discount_t, state, beta,
-                          state, y, r_norm, probs, a_star, target, loss_per, priority, dva, loss, done, barrier, B, A, K,
-                          kind, scale, sigma_min);
+                          state, y, r_norm, probs, a_star, target, loss_per, priority, dva, loss, done, barrier, state_prev,
+                          B, A, K, kind, scale, sigma_min, phase);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -64,6 +64,7 @@ class C51Rule:
         self.r_norm = xp.zeros(B, np.float32)
         self.loss_done = xp.zeros(1, np.uint32)  # the targets_loss launch's ticket counter (0 between launches)
         self.barrier = xp.zeros(1, np.uint32)  # its grid-wide wait for every y with PopArt (0 between launches)
+        self.popart_prev = xp.zeros(8, np.float32)  # PopArt statistics before the update (two-launch form)
         n = a.n_envs
         self.act_ent = xp.zeros(n, np.float32)
         self.act_mass = xp.zeros((n, K), np.float32)
@@ -106,7 +107,8 @@ class C51Rule:
         pa = agent.popart
         popart = {} if pa is None else dict(popart_state=pa.state, popart_beta=pa.scalars.view("beta"),
                                             sigma_min=pa.sigma_min, out_y=self.y, out_r_norm=self.r_norm,
-                                            barrier=self.barrier)
+                                            barrier=self.barrier, scratch=self.popart_prev,
+                                            grid_barrier=agent.cfg.run.grid_barrier)
         dva = agent.grad_q()
         res = losses.c51_targets_loss(self.va, self.va_online_next, self.va_target_next, batch.action, weights,
                                       self.support, batch.ret, batch.discount, agent.cfg.agent.priority, **popart,
@@ -348,7 +350,15 @@ class Agent:
             # one launch: the gradient norm and clip, the update with the target's (lr, the bias
             # corrections and tau: the schedules, joined by the loss phase) and the publish of the
             # loss and gradient norm (self.grad_norm, Adam's grad_norm_out) to the host ring
-            self.adam.clip_update_publish(self.soft, self.readback.device, self.loss, PUBLISH_SLOTS)
+            if self.cfg.run.grid_barrier:
+                self.adam.clip_update_publish(self.soft, self.readback.device, self.loss, PUBLISH_SLOTS)
+                return
+            # the same bits in three launches, none waiting for all its blocks (run.grid_barrier)
+            self.adam.clip_step()
+            with self.side_small.fork():  # the publish beside the update
+                self.ops.publish(self.readback.device, self.loss, self.grad_norm, self.adam.scalars.view("step"),
+                                 PUBLISH_SLOTS)
+            self.adam.update_step(soft=self.soft)
 
         def priorities():
             # beside the backward pass and the optimiser: it reads the loss phase's priorities and

@@ -68,6 +68,12 @@ class RunConfig:
     validation split; more updates can overfit: docs/sweeps.md)."""
     log_every: int = 100
     """Learner updates between metric rows."""
+    grid_barrier: bool = True
+    """GPU: let the train step's C51 targets-and-loss (with PopArt) and its optimiser update each be one
+    launch whose blocks wait for one another (``cudarl::grid_barrier``; grid at most one block per SM).
+    ``false``: the same bits in two and three launches. Turn it off when other processes share the GPU
+    at once (MPS, as ``tools/gpu_sweep.sh`` runs): their kernels may hold the SMs a launch's last blocks
+    wait for."""
 
     def __post_init__(self):
         s = "run"

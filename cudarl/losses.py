@@ -185,7 +185,7 @@ C51TargetsLoss.__doc__ = """:class:`C51Targets`' fields, :class:`C51Loss`' ``los
 def c51_targets_loss(va_tm1, va_online_tp1, va_target_tp1, a_tm1, weights, support, r_t, discount_t, priority="kl",
                      popart_state=None, popart_beta=None, sigma_min=1e-4, *, out_target=None, out_probs=None,
                      out_a_star=None, out_y=None, out_r_norm=None, out_loss_per=None, out_loss=None, out_priority=None,
-                     out_dva=None, done=None, barrier=None) -> C51TargetsLoss:
+                     out_dva=None, done=None, barrier=None, scratch=None, grid_barrier=True) -> C51TargetsLoss:
     """:func:`c51_targets` then :func:`c51_loss`, from the dueling C51 head's raw outputs.
 
     With ``logits = V + Adv - mean_a Adv`` per atom of ``va = (V [K], Adv [A, K])``
@@ -204,6 +204,8 @@ def c51_targets_loss(va_tm1, va_online_tp1, va_target_tp1, a_tm1, weights, suppo
         va_tm1, va_online_tp1, va_target_tp1: float32 ``[B, (1 + A) K]``.
         a_tm1: int32 ``[B]``; weights: float32 ``[B]``; the rest as :func:`c51_targets` and :func:`c51_loss`.
         done, barrier: CuPy, uint32 ``[1]`` counters of zeros (``barrier`` with PopArt only), left 0.
+        scratch: CuPy with PopArt, float32 ``[8]``. grid_barrier: CuPy with PopArt, one launch that
+            waits for all its blocks (False: two launches, the same bits; see ``run.grid_barrier``).
     Returns:
         :class:`C51TargetsLoss` (on NumPy new arrays; ``popart_state`` is not modified there).
     """
@@ -230,7 +232,8 @@ def c51_targets_loss(va_tm1, va_online_tp1, va_target_tp1, a_tm1, weights, suppo
     else:
         y, r_norm = _out(cp, out_y, (B,)), _out(cp, out_r_norm, (B,))
         ops.targets_loss_popart(*args, popart_state, popart_beta, y, r_norm, **res, done=_done(cp, done),
-                                barrier=_done(cp, barrier), sigma_min=sigma_min, priority=priority)
+                                barrier=_done(cp, barrier), scratch=_out(cp, scratch, (8,)), sigma_min=sigma_min,
+                                priority=priority, grid_barrier=grid_barrier)
     return C51TargetsLoss(res["out_target"], res["out_probs"], res["out_a_star"], y, r_norm, popart_state,
                           res["out_loss_per"], res["out_loss"], res["out_priority"], res["out_dva"])
 

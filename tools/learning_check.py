@@ -116,7 +116,10 @@ def resolve_device(device: str) -> str:
 def _run_job(job: dict) -> dict:
     t0 = time.perf_counter()
     try:
-        row = run_one(job["task"], job["head"], job["seed"], job["device"], job["quick"], _overrides(job["sets"]))
+        ov = _overrides(job["sets"])
+        if job.get("shared_gpu"):  # other runs' kernels share the SMs: no launch may wait for all its blocks
+            ov.setdefault("run", {})["grid_barrier"] = False
+        row = run_one(job["task"], job["head"], job["seed"], job["device"], job["quick"], ov)
         row["error"] = None
     except Exception as exc:  # a diverged or invalid run is a result, not a crash of the whole check
         row = {"task": job["task"], "head": job["head"], "seed": job["seed"], "error": f"{type(exc).__name__}: {exc}",
@@ -138,6 +141,8 @@ def run_jobs(jobs: list[dict], workers: int, on_row) -> list[dict]:
             on_row(rows[-1])
         return rows
     done = {}
+    # processes on one GPU (MPS overlaps their kernels): run.grid_barrier off, the same bits
+    jobs = [{**job, "shared_gpu": True} for job in jobs]
     with mp.get_context("spawn").Pool(workers, maxtasksperchild=1) as pool:
         for i, row in pool.imap_unordered(_indexed, list(enumerate(jobs))):
             done[i] = row

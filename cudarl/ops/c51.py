@@ -211,11 +211,14 @@ def targets_loss(va_tm1, va_online_tp1, va_target_tp1, a_tm1, weights, support, 
 
 def targets_loss_popart(va_tm1, va_online_tp1, va_target_tp1, a_tm1, weights, support, r_t, discount_t, state, beta,
                         out_y, out_r_norm, out_probs, out_a_star, out_target, out_loss_per, out_loss, out_priority, out_dva,
-                        done, barrier, sigma_min=1e-4, priority="kl", stream=None) -> None:
+                        done, barrier, scratch, sigma_min=1e-4, priority="kl", grid_barrier=True, stream=None) -> None:
     """:func:`targets_loss` with PopArt (the bits of :func:`next_probs_td` and :func:`project_popart`
     in between): also updates ``state [8]`` in place and writes ``out_y``, ``out_r_norm [B]``.
     ``beta`` is a float32 ``[1]`` device slot; ``barrier`` a second uint32 ``[1]`` counter, 0 before
-    and left 0 (the grid-wide wait for every y; the grid is at most one block per SM)."""
+    and left 0 (the grid-wide wait for every y; the grid is then at most one block per SM);
+    ``scratch`` float32 ``[8]``. ``grid_barrier=False``: the same bits in two launches with no
+    grid-wide wait (the first copies the statistics to ``scratch``), for a GPU shared with other
+    processes, where a launch's blocks cannot count on being resident together."""
     from ..kernels import resident_grid_limit
 
     w = "c51.targets_loss_popart"
@@ -223,18 +226,24 @@ def targets_loss_popart(va_tm1, va_online_tp1, va_target_tp1, a_tm1, weights, su
                                                     discount_t, out_probs, out_a_star, out_target, out_loss_per, out_loss,
                                                     out_priority, out_dva, done, priority)
     check(w, "state", state, F32, (STATE_SIZE,))
+    check(w, "scratch", scratch, F32, (STATE_SIZE,))
     check(w, "beta", beta, F32, (1,))
     check(w, "out_y", out_y, F32, (B,))
     check(w, "out_r_norm", out_r_norm, F32, (B,))
     check_counter(w, "barrier", barrier)
-    if barrier.data.ptr == done.data.ptr:
-        raise ValueError(f"{w}: barrier and done must be two counters")
-    launch("c51", "targets_loss_popart", min(grid, resident_grid_limit()), 32 * TL_WARPS,
-           _TL_SIG + "f32* state, const f32* beta, f32* y, f32* r_norm, " + _TL_OUT
-           + "u32* barrier, i32 B, i32 A, i32 K, i32 kind, f32 scale, f32 sigma_min",
-           (va_tm1, va_online_tp1, va_target_tp1, a_tm1, weights, support, r_t, discount_t, state, beta, out_y, out_r_norm,
-            out_probs, out_a_star, out_target, out_loss_per, out_priority, out_dva, out_loss, done, barrier, B, A, K, kind,
-            1.0 / B, float(sigma_min)), stream=stream, shared_mem=smem)
+    if barrier.data.ptr == done.data.ptr or scratch.data.ptr == state.data.ptr:
+        raise ValueError(f"{w}: barrier and done must be two counters, scratch and state two buffers")
+    sig = (_TL_SIG + "f32* state, const f32* beta, f32* y, f32* r_norm, " + _TL_OUT
+           + "u32* barrier, f32* state_prev, i32 B, i32 A, i32 K, i32 kind, f32 scale, f32 sigma_min, i32 phase")
+    args = (va_tm1, va_online_tp1, va_target_tp1, a_tm1, weights, support, r_t, discount_t, state, beta, out_y, out_r_norm,
+            out_probs, out_a_star, out_target, out_loss_per, out_priority, out_dva, out_loss, done, barrier, scratch, B, A,
+            K, kind, 1.0 / B, float(sigma_min))
+    if grid_barrier:
+        launch("c51", "targets_loss_popart", min(grid, resident_grid_limit()), 32 * TL_WARPS, sig, args + (0,),
+               stream=stream, shared_mem=smem)
+        return
+    for phase in (1, 2):
+        launch("c51", "targets_loss_popart", grid, 32 * TL_WARPS, sig, args + (phase,), stream=stream, shared_mem=smem)
 
 
 def n_step(rewards, terminal, gamma, out_r_t, out_discount_t, stream=None) -> None:

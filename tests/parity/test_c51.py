@@ -748,7 +748,7 @@ def _tl_buffers(cp, rng, B, A, K, popart):
     host = _targets_loss_inputs(rng, B, A, K)
     host.update(state=_popart_state(rng), beta=np.float32([0.05]))
     dev = {k: cp.asarray(v) for k, v in host.items()}
-    dev.update(done=cp.zeros(1, np.uint32), barrier=cp.zeros(1, np.uint32))
+    dev.update(done=cp.zeros(1, np.uint32), barrier=cp.zeros(1, np.uint32), scratch=_empty(cp, (8,)))
     outs = dict(probs=_empty(cp, (B, K)), a_star=_empty(cp, (B,), np.int32), m=_empty(cp, (B, K)), per=_empty(cp, (B,)),
                 loss=_empty(cp, (1,)), prio=_empty(cp, (B,)), dva=_empty(cp, (B, (1 + A) * K)))
     if popart:
@@ -756,9 +756,10 @@ def _tl_buffers(cp, rng, B, A, K, popart):
     return host, dev, outs
 
 
-def _gpu_targets_loss(dev, outs, popart):
+def _gpu_targets_loss(dev, outs, popart, grid_barrier=True):
     kw = {} if not popart else dict(popart_state=dev["state"], popart_beta=dev["beta"], out_y=outs["y"],
-                                    out_r_norm=outs["r_norm"], barrier=dev["barrier"])
+                                    out_r_norm=outs["r_norm"], barrier=dev["barrier"], scratch=dev["scratch"],
+                                    grid_barrier=grid_barrier)
     return losses.c51_targets_loss(dev["va_tm1"], dev["va_on"], dev["va_tg"], dev["a"], dev["w"], dev["z"], dev["r"],
                                    dev["d"], **kw, out_target=outs["m"], out_probs=outs["probs"], out_a_star=outs["a_star"],
                                    out_loss_per=outs["per"], out_loss=outs["loss"], out_priority=outs["prio"],
@@ -792,11 +793,12 @@ def _gpu_launch_chain(cp, dev, outs, popart):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("popart", [False, True])
+@pytest.mark.parametrize("popart,grid_barrier", [(False, True), (True, True), (True, False)])
 @pytest.mark.parametrize("B,A,K", [(1, 3, 11), (7, 3, 51), (512, 3, 51), (1000, 5, 11), (4096, 3, 101), (300, 3, 1024)])
-def test_gpu_targets_loss_is_bitwise_the_launch_chain_it_replaces(cp, rng, B, A, K, popart):
-    """Every output of the one launch (B = 4096: 512 blocks' worth of samples on at most one block
-    per SM; K = 1024: 128 KiB of shared memory, the opt-in) against the five-to-six launches."""
+def test_gpu_targets_loss_is_bitwise_the_launch_chain_it_replaces(cp, rng, B, A, K, popart, grid_barrier):
+    """Every output of the one launch (B = 4096: 1024 blocks' worth of samples on at most one block
+    per SM; K = 1024: 80 KiB of shared memory, the opt-in), or of the two-launch form without the
+    grid barrier, against the five-to-six launches it replaces."""
     host, dev, outs = _tl_buffers(cp, rng, B, A, K, popart)
     if B >= 7:
         dev["a"][3] = A  # an action out of range: NaN loss and priority, zero gradient, in both
@@ -804,7 +806,7 @@ def test_gpu_targets_loss_is_bitwise_the_launch_chain_it_replaces(cp, rng, B, A,
     _gpu_launch_chain(cp, dev, chain, popart)
     chain_state = dev["state"].copy()
     dev["state"][...] = cp.asarray(host["state"])
-    res = _gpu_targets_loss(dev, outs, popart)
+    res = _gpu_targets_loss(dev, outs, popart, grid_barrier)
     cp.cuda.get_current_stream().synchronize()
     assert res.dva is outs["dva"] and res.loss is outs["loss"]
     for k in outs:

@@ -136,6 +136,23 @@ def test_gpu_graphed_step_equals_eager_step():
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("gemm", ["cublaslt_nosplit", "cudarl"])
+def test_gpu_grid_barrier_off_gives_the_same_bits(gemm):
+    """run.grid_barrier = false (a GPU shared with other processes): the C51 targets-and-loss with
+    PopArt in two launches and the optimiser in three, no launch waiting for all its blocks; the same
+    losses and parameters, bit for bit."""
+    over = {"agent": {"popart": True}, "net": {"gemm": gemm}}
+    on = Trainer(gpu_small(**over), run_dir=False, echo=lambda m: None)
+    off = Trainer(gpu_small(run={"grid_barrier": False}, **over), run_dir=False, echo=lambda m: None)
+    on.run(40)
+    off.run(40)
+    assert on.losses == off.losses
+    assert np.array_equal(on.agent.online.params.get(), off.agent.online.params.get())
+    assert np.array_equal(on.agent.target.params.get(), off.agent.target.params.get())
+    assert np.array_equal(on.agent.popart.state.get(), off.agent.popart.state.get())
+
+
+@pytest.mark.gpu
 def test_gpu_resume_continues_exactly(tmp_path):
     resumed_and_uninterrupted(gpu_small(), tmp_path)
 
