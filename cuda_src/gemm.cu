@@ -7,25 +7,30 @@
 //
 // Why (ncu on an H200, docs/perf-notes.md): cuBLAS(Lt) ran these shapes (M = 512..4096, N, K <= 256)
 // with 32x32x8 tiles through a 3-stage pipeline, so each block waited on a global load every 8 of K:
-// 8.5-8.9 us for 512..1024 x 256 x 256, about four times the arithmetic. Here a block of 64 threads
-// owns a 32 x 32 tile of out and copies its whole A panel [32, K] and B panel (K rows of 32, or 32
-// rows of K) into shared memory with cp.async at once, in two groups (the first 64 of K, then the
-// rest), and computes from shared memory: one wait for memory, not K / 8.
+// 8.5-8.9 us for 512..1024 x 256 x 256, about four times the arithmetic. Here a block owns a 32 x 32
+// tile of out and copies its whole A panel [32, K] and B panel (K rows of 32, or 32 rows of K) into
+// shared memory with cp.async at once, in two groups (the first 64 of K, then the rest), and
+// computes from shared memory: one wait for memory, not K / 8.
 //
-// Each thread computes a 4 x 4 block of out (rows 4 ty.., columns 4 tx..) as 16 fmaf chains over
-// k = 0, 1, ..., K - 1 in order: bitwise repeatable, the same bits for any grid. Shared rows are
-// padded by 4 floats (K + 4 or 32 + 4), so the float4 reads of one warp fall in distinct banks.
-// Rows of a past M and columns past N are zero-filled in shared memory (cp.async with a source
-// size of 0) and never stored.
-// Shared memory: 4 (32 (K + 4) + 32 (K + 4)) bytes (nt) or 4 (32 (K + 4) + K (32 + 4)) (nn), about
-// 66 KB at K = 256: past 48 KiB the launch opts in (cudarl.kernels.launch).
+// A block is GEMM_KG = 4 groups of 64 threads (8 warps: a 64-thread block left the SM's schedulers
+// idle, 9.3 us at 512 x 256 x 256 in the first version, ncu at 25a5683). In each group a thread
+// computes a 4 x 4 block of out (rows 4 ty.., columns 4 tx..) over the group's 4-wide k blocks
+// g, g + 4, g + 8, ... as 16 fmaf chains, k ascending; group 0 then adds groups 1, 2, 3's sums in
+// that order: bitwise repeatable, the same bits for any grid. Shared rows of the panels read along
+// k are padded by 4 floats (K + 4) and permuted (srow) so the float4 reads of a warp are
+// conflict-free. Rows of a past M and columns past N are zero-filled in shared memory (cp.async
+// with a source size of 0) and never stored.
+// Shared memory: 4 (32 (K + 4) + 32 (K + 4)) bytes (nt) or 4 (32 (K + 4) + 36 K) (nn), plus 12 KiB for
+// the groups' sums: about 80 KB at K = 256, past 48 KiB, so the launch opts in (cudarl.kernels.launch).
 #include <cudarl/reduce.cuh>
 
 typedef long long i64;
 
-#define GEMM_T 32        // tile rows (of a) and columns (of out)
-#define GEMM_THREADS 64  // (GEMM_T / 4) x (GEMM_T / 4): a 4 x 4 block of out each
-#define GEMM_CHUNK 64    // the first cp.async group: k < 64
+#define GEMM_T 32         // tile rows (of a) and columns (of out)
+#define GEMM_GROUP 64     // (GEMM_T / 4) x (GEMM_T / 4) threads: a 4 x 4 block of out each
+#define GEMM_KG 4         // k groups: group g sums the 4-wide k blocks g, g + 4, g + 8, ...
+#define GEMM_THREADS (GEMM_GROUP * GEMM_KG)
+#define GEMM_CHUNK 64     // the first cp.async group: k < 64
 
 namespace {
 
@@ -42,14 +47,19 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
+// Tile row r (0..31) is stored as shared row (r % 4) * 8 + r / 4: the rows 4 t + i that the 8
+// threads t of a warp read at once land 4 banks apart (row length K + 4 = 4 mod 32 floats), so a
+// float4 read is conflict-free (unpermuted, t and t + 2 shared banks).
+__device__ __forceinline__ int srow(int r) { return (r & 3) * 8 + (r >> 2); }
+
 // Copy rows [r0, r0 + GEMM_T) x columns [k0, k1) of a row-major [rows, ld] matrix into
-// sh[r][k] (row length K + 4 floats), zero rows at or past `rows`. k0, k1, ld multiples of 4.
+// sh[srow(r)][k] (row length K + 4 floats), zero rows at or past `rows`. k0, k1, ld multiples of 4.
 __device__ __forceinline__ void stage_rows(float* sh, int K, const float* g, i64 rows, i64 ld, i64 r0, int k0, int k1) {
   const int q = (k1 - k0) / 4;  // float4s a row
   for (int e = threadIdx.x; e < GEMM_T * q; e += GEMM_THREADS) {
     const int r = e / q, k = k0 + 4 * (e - r * q);
     const bool ok = r0 + r < rows;
-    cp_async16(sh + r * (K + 4) + k, g + (ok ? (r0 + r) * ld + k : 0), ok);
+    cp_async16(sh + srow(r) * (K + 4) + k, g + (ok ? (r0 + r) * ld + k : 0), ok);
   }
 }
 
@@ -64,20 +74,22 @@ __device__ __forceinline__ void stage_cols(float* sh, const float* b, i64 N, i64
   }
 }
 
-// acc[i][j] += sum over k in [k0, k1) of a[4 ty + i][k] * b[k][4 tx + j], k ascending.
-// kTransB: sb holds bt rows (sb[n][k], row length K + 4), else b rows (sb[k][n], row length 36).
+// acc[i][j] += sum over this group's 4-wide k blocks in [k0, k1) of a[4 ty + i][k] * b[k][4 tx + j],
+// k ascending (k0 a multiple of 4). kTransB: sb holds bt rows (sb[srow(n)][k], row length K + 4),
+// else b rows (sb[k][n], row length 36).
 template <bool kTransB>
 __device__ __forceinline__ void mma_range(float (&acc)[4][4], const float* sa, const float* sb, int K, int k0, int k1,
-                                          int ty, int tx) {
+                                          int ty, int tx, int g) {
+  const int kb0 = k0 + 4 * ((g - k0 / 4 % GEMM_KG + GEMM_KG) % GEMM_KG);  // this group's first block at or past k0
 #pragma unroll 2
-  for (int k = k0; k < k1; k += 4) {
+  for (int k = kb0; k < k1; k += 4 * GEMM_KG) {
     float4 a[4];
 #pragma unroll
-    for (int i = 0; i < 4; ++i) a[i] = *reinterpret_cast<const float4*>(sa + (4 * ty + i) * (K + 4) + k);
+    for (int i = 0; i < 4; ++i) a[i] = *reinterpret_cast<const float4*>(sa + (i * 8 + ty) * (K + 4) + k);
     if (kTransB) {
       float4 b[4];
 #pragma unroll
-      for (int j = 0; j < 4; ++j) b[j] = *reinterpret_cast<const float4*>(sb + (4 * tx + j) * (K + 4) + k);
+      for (int j = 0; j < 4; ++j) b[j] = *reinterpret_cast<const float4*>(sb + (j * 8 + tx) * (K + 4) + k);
 #pragma unroll
       for (int i = 0; i < 4; ++i)
 #pragma unroll
@@ -107,11 +119,13 @@ __device__ __forceinline__ void mma_range(float (&acc)[4][4], const float* sa, c
   }
 }
 
-// The tile's product into acc: both panels requested at once, the first GEMM_CHUNK of K computed
-// as soon as it lands, then the rest.
+// The tile's product into acc (valid in group 0's threads): both panels requested at once, the first
+// GEMM_CHUNK of K computed as soon as it lands, then the rest; each of the GEMM_KG groups of 64
+// threads sums its own k blocks, then group 0 adds groups 1, 2, 3's sums in that order through
+// shared memory (red, GEMM_KG - 1 tiles): a fixed order, the same bits every run.
 template <bool kTransB>
-__device__ __forceinline__ void tile_product(float (&acc)[4][4], float* sa, float* sb, const float* a, const float* b,
-                                             i64 M, i64 N, int K, i64 m0, i64 n0) {
+__device__ __forceinline__ void tile_product(float (&acc)[4][4], float* sa, float* sb, float* red, const float* a,
+                                             const float* b, i64 M, i64 N, int K, i64 m0, i64 n0) {
   const int split = K < GEMM_CHUNK ? K : GEMM_CHUNK;
   stage_rows(sa, K, a, M, K, m0, 0, split);
   if (kTransB) stage_rows(sb, K, b, N, K, n0, 0, split);
@@ -121,20 +135,35 @@ __device__ __forceinline__ void tile_product(float (&acc)[4][4], float* sa, floa
   if (kTransB) stage_rows(sb, K, b, N, K, n0, split, K);
   else stage_cols(sb, b, N, n0, split, K);
   cp_async_commit();
-  const int tx = threadIdx.x % (GEMM_T / 4), ty = threadIdx.x / (GEMM_T / 4);
+  const int t = threadIdx.x % GEMM_GROUP, g = threadIdx.x / GEMM_GROUP;
+  const int tx = t % (GEMM_T / 4), ty = t / (GEMM_T / 4);
 #pragma unroll
   for (int i = 0; i < 4; ++i)
 #pragma unroll
     for (int j = 0; j < 4; ++j) acc[i][j] = 0.f;
   cp_async_wait<1>();
   __syncthreads();
-  mma_range<kTransB>(acc, sa, sb, K, 0, split, ty, tx);
+  mma_range<kTransB>(acc, sa, sb, K, 0, split, ty, tx, g);
   cp_async_wait<0>();
   __syncthreads();
-  mma_range<kTransB>(acc, sa, sb, K, split, K, ty, tx);
+  mma_range<kTransB>(acc, sa, sb, K, split, K, ty, tx, g);
+  if (g > 0) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+#pragma unroll
+      for (int j = 0; j < 4; ++j) red[((g - 1) * 16 + i * 4 + j) * GEMM_GROUP + t] = acc[i][j];
+  }
+  __syncthreads();
+  if (g == 0) {
+    for (int h = 0; h < GEMM_KG - 1; ++h)
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) acc[i][j] += red[(h * 16 + i * 4 + j) * GEMM_GROUP + t];
+  }
 }
 
-// Store the thread's 4 x 4 block (rows past M, columns past N skipped; N a multiple of 4).
+// Store the thread's 4 x 4 block (group 0; rows past M, columns past N skipped; N a multiple of 4).
 __device__ __forceinline__ void store_tile(float* out, const float (&v)[4][4], i64 M, i64 N, i64 m0, i64 n0) {
   const int tx = threadIdx.x % (GEMM_T / 4), ty = threadIdx.x / (GEMM_T / 4);
   const i64 n = n0 + 4 * tx;
@@ -149,8 +178,8 @@ __device__ __forceinline__ void store_tile(float* out, const float (&v)[4][4], i
 }  // namespace
 
 // ---- nn_bias_act -------------------------------------------------------------------------------
-// out = act(a @ b + bias): grid (ceil(N / 32), ceil(M / 32)), block 64; dynamic shared memory
-// 4 (32 (K + 4) + 36 K) bytes. The bias is added after the K sum, then ReLU (act 1): cuBLASLt's
+// out = act(a @ b + bias): grid (ceil(N / 32), ceil(M / 32)), block GEMM_THREADS; dynamic shared
+// memory 4 (32 (K + 4) + 36 K) bytes + the groups' sums. The bias is added after the K sum, then ReLU (act 1): cuBLASLt's
 // RELU_BIAS epilogue order. Reads 4 (K (M ceil(N / 32) + N ceil(M / 32)) + N) bytes, writes 4 M N.
 extern "C" __global__ __launch_bounds__(GEMM_THREADS) void cudarl_gemm_nn_bias_act(const float* __restrict__ a,
                                                                                const float* __restrict__ b,
@@ -160,9 +189,11 @@ extern "C" __global__ __launch_bounds__(GEMM_THREADS) void cudarl_gemm_nn_bias_a
   extern __shared__ float4 gemm_smem4[];
   float* sa = reinterpret_cast<float*>(gemm_smem4);
   float* sb = sa + GEMM_T * (K + 4);
+  float* red = sb + K * (GEMM_T + 4);
   const i64 m0 = (i64)blockIdx.y * GEMM_T, n0 = (i64)blockIdx.x * GEMM_T;
   float acc[4][4];
-  tile_product<false>(acc, sa, sb, a, b, M, N, K, m0, n0);
+  tile_product<false>(acc, sa, sb, red, a, b, M, N, K, m0, n0);
+  if (threadIdx.x >= GEMM_GROUP) return;
   const int tx = threadIdx.x % (GEMM_T / 4);
   const i64 n = n0 + 4 * tx;
   if (n < N) {
@@ -180,16 +211,18 @@ extern "C" __global__ __launch_bounds__(GEMM_THREADS) void cudarl_gemm_nn_bias_a
 }
 
 // ---- nt ----------------------------------------------------------------------------------------
-// out = a @ bt^T: grid (ceil(N / 32), ceil(M / 32)), block 64; dynamic shared memory
-// 4 * 64 (K + 4) bytes. Reads 4 K (M ceil(N / 32) + N ceil(M / 32)) bytes, writes 4 M N.
+// out = a @ bt^T: grid (ceil(N / 32), ceil(M / 32)), block GEMM_THREADS; dynamic shared memory
+// 4 * 64 (K + 4) bytes + the groups' sums. Reads 4 K (M ceil(N / 32) + N ceil(M / 32)) bytes, writes 4 M N.
 extern "C" __global__ __launch_bounds__(GEMM_THREADS) void cudarl_gemm_nt(const float* __restrict__ a,
                                                                       const float* __restrict__ bt,
                                                                       float* __restrict__ out, i64 M, i64 N, int K) {
   extern __shared__ float4 gemm_smem4[];
   float* sa = reinterpret_cast<float*>(gemm_smem4);
   float* sb = sa + GEMM_T * (K + 4);
+  float* red = sb + GEMM_T * (K + 4);
   const i64 m0 = (i64)blockIdx.y * GEMM_T, n0 = (i64)blockIdx.x * GEMM_T;
   float acc[4][4];
-  tile_product<true>(acc, sa, sb, a, bt, M, N, K, m0, n0);
+  tile_product<true>(acc, sa, sb, red, a, bt, M, N, K, m0, n0);
+  if (threadIdx.x >= GEMM_GROUP) return;
   store_tile(out, acc, M, N, m0, n0);
 }

@@ -10,14 +10,16 @@ import numpy as np
 
 from ..kernels import launch
 
-TILE, THREADS = 32, 64  # GEMM_T, GEMM_THREADS in cuda_src/gemm.cu
+TILE, GROUP, KG = 32, 64, 4  # GEMM_T, GEMM_GROUP, GEMM_KG in cuda_src/gemm.cu
+THREADS = GROUP * KG
 #: Dynamic shared memory a launch may ask for (the opt-in limit of every sm_90 part).
 MAX_SMEM = 227 * 1024
 
 
 def smem_bytes(K: int, trans_b: bool) -> int:
-    """Shared memory of a launch: the A panel [32, K + 4] and the B panel ([32, K + 4] or [K, 36])."""
-    return 4 * (TILE * (K + 4) + (TILE * (K + 4) if trans_b else K * (TILE + 4)))
+    """Shared memory of a launch: the A panel [32, K + 4], the B panel ([32, K + 4] or [K, 36]) and
+    the k groups' sums (3 x 16 x 64 floats)."""
+    return 4 * (TILE * (K + 4) + (TILE * (K + 4) if trans_b else K * (TILE + 4)) + (KG - 1) * 16 * GROUP)
 
 
 def eligible(*arrays, K: int, N: int, trans_b: bool = False) -> bool:
