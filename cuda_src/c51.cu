@@ -37,18 +37,44 @@ __device__ __forceinline__ void row_softmax_stats(const float* x, int K, int lan
 }
 
 // Double-DQN selection of one sample, by one warp: a* = argmax_a sum_k softmax(online[a])_k z_k
-// (first max on ties), the same in every lane. online: [A, K].
+// (first max on ties), the same in every lane. online: [A, K]. Four actions at a time, their
+// reductions interleaved (independent shuffle chains: the warp waits on one latency, not four);
+// each action's arithmetic is the one-at-a-time form's, so the same q bits and the same a*.
+#define C51_SEL 4
 __device__ __forceinline__ int select_action(const float* online, const float* support, int A, int K, int lane) {
   int best = 0;
   float best_q = C51_NEG_INF;
-  for (int a = 0; a < A; ++a) {
-    const float* x = online + (long long)a * K;
-    float m, s;
-    row_softmax_stats(x, K, lane, m, s);
-    float acc = 0.f;
-    for (int k = lane; k < K; k += C51_WARP) acc += (expf(x[k] - m) / s) * support[k];
-    const float q = warp_sum(acc);
-    if (a == 0 || q > best_q) { best_q = q; best = a; }
+  for (int a0 = 0; a0 < A; a0 += C51_SEL) {
+    const int n = A - a0 < C51_SEL ? A - a0 : C51_SEL;
+    const float* x = online + (long long)a0 * K;
+    float m[C51_SEL], s[C51_SEL], acc[C51_SEL];
+#pragma unroll
+    for (int u = 0; u < C51_SEL; ++u) m[u] = C51_NEG_INF;
+    for (int k = lane; k < K; k += C51_WARP)
+#pragma unroll
+      for (int u = 0; u < C51_SEL; ++u)
+        if (u < n) m[u] = fmaxf(m[u], x[u * K + k]);
+#pragma unroll
+    for (int u = 0; u < C51_SEL; ++u) m[u] = warp_max(m[u]);
+#pragma unroll
+    for (int u = 0; u < C51_SEL; ++u) s[u] = 0.f;
+    for (int k = lane; k < K; k += C51_WARP)
+#pragma unroll
+      for (int u = 0; u < C51_SEL; ++u)
+        if (u < n) s[u] += expf(x[u * K + k] - m[u]);
+#pragma unroll
+    for (int u = 0; u < C51_SEL; ++u) s[u] = warp_sum(s[u]);
+#pragma unroll
+    for (int u = 0; u < C51_SEL; ++u) acc[u] = 0.f;
+    for (int k = lane; k < K; k += C51_WARP)
+#pragma unroll
+      for (int u = 0; u < C51_SEL; ++u)
+        if (u < n) acc[u] += (expf(x[u * K + k] - m[u]) / s[u]) * support[k];
+#pragma unroll
+    for (int u = 0; u < C51_SEL; ++u) acc[u] = warp_sum(acc[u]);
+#pragma unroll
+    for (int u = 0; u < C51_SEL; ++u)
+      if (u < n && (a0 + u == 0 || acc[u] > best_q)) { best_q = acc[u]; best = a0 + u; }
   }
   return best;
 }

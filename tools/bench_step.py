@@ -358,7 +358,7 @@ def main() -> int:
             _failed(rows, "cudarl step_benchmark", exc)
         if args.net_variants:
             default_gemm = reference_config().net.gemm
-            others = [{"gemm": g} for g in ("cublas", "cublaslt", "cublaslt_nosplit") if g != default_gemm]
+            others = [{"gemm": g} for g in ("cublas", "cublaslt", "cublaslt_nosplit", "cudarl") if g != default_gemm]
             for net in others + [{"tf32": True}]:
                 label = ", " + ", ".join(f"net.{k}={v}" for k, v in net.items())
                 try:
