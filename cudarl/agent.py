@@ -7,7 +7,8 @@ that :class:`cudarl.graph.StepGraph` captures (GPU) or runs in order (NumPy)::
              - env_step (record the transition, step, reset ended episodes) - replay_insert
     train:   schedules (lr and tau: a parallel branch, joined by loss) - sample (the search and
              the gather in one launch; the importance weights on that branch) -
-             forward (online s and s' | target s', in parallel) - C51: targets_loss (double DQN,
+             forward (C51: online s | online s' | target s', in parallel; IQN: online s and s' in
+             one pass | target s') - C51: targets_loss (double DQN,
              projection, loss and dL/d(head output) in one launch); IQN: targets (quantile
              targets) - loss (+ gradient wrt the outputs) - priorities (a parallel
              branch to the end) - backward (dx chain | weight gradients, in parallel) - adam
@@ -91,12 +92,15 @@ class C51Rule:
     raw_head = True
 
     def forward(self, agent: "Agent", batch) -> None:
-        # the head's raw outputs va [rows, (1 + A) K]: targets_loss combines them itself
-        with agent.side.fork():  # the target net runs beside the online net (its own weights and workspace)
+        # the head's raw outputs va [B, (1 + A) K]: targets_loss combines them itself. Three forwards
+        # of B rows side by side: the target net at s' and the online net at s' on branches, the
+        # online net at s (the backward's) on the chain; one 2B-row pass of the online net was a
+        # longer chain (8.4 against 7.1 us a 256-wide layer, tools/bench_gemm.py on an H200)
+        with agent.side.fork():  # its own weights and workspace
             self.va_target_next = agent.target.forward(batch.next_obs, agent.target.ws, raw_head=True)["q"]
-        both = agent.online.forward(agent.pair, agent.ws, raw_head=True)["q"]  # s and s' in one pass: [2B, (1 + A) K]
-        B = agent.batch_size
-        self.va, self.va_online_next = both[:B], both[B:]
+        with agent.side_next.fork():  # its own workspace; reads the same weights
+            self.va_online_next = agent.online.forward(batch.next_obs, agent.ws_next, raw_head=True)["q"]
+        self.va = agent.online.forward(batch.obs, agent.ws, raw_head=True)["q"]
 
     def targets_loss(self, agent: "Agent", batch, weights) -> None:
         """The target distribution and the loss in one launch (losses.c51_targets_loss), writing
@@ -104,6 +108,7 @@ class C51Rule:
         statistics move with y, then the rewards are mapped into the support's coordinates with
         them, (r - (1 - d) mu) / s (see cudarl.popart)."""
         agent.side.join()  # the target net's forward
+        agent.side_next.join()  # the online net's at s'
         pa = agent.popart
         popart = {} if pa is None else dict(popart_state=pa.state, popart_beta=pa.scalars.view("beta"),
                                             sigma_min=pa.sigma_min, out_y=self.y, out_r_norm=self.r_norm,
@@ -214,13 +219,14 @@ class Agent:
         self.batch_size = B = cfg.agent.batch_size
         net_kw = dict(hidden=cfg.net.hidden, head=cfg.net.head, layernorm=cfg.net.layernorm, atoms=cfg.net.atoms,
                       n_quantiles=cfg.net.n_quantiles, n_cos=cfg.net.n_cos, xp=xp, seed=cfg.run.seed, tf32=cfg.net.tf32, gemm=cfg.net.gemm)
-        # The online net sees s and s' of a batch in one forward pass of 2B rows (one GEMM chain
-        # instead of two); the backward pass runs over the first B rows, the s half.
+        # IQN's online net sees s and s' of a batch in one forward pass of 2B rows; C51's runs s and
+        # s' as two B-row passes side by side (C51Rule.forward). The backward runs over the s rows.
         self.online = QNetwork(obs_dim, n_actions, max_batch=2 * B, **net_kw)
         self.online.prepare_backward(B)  # the backward runs over the s half
         self.target = QNetwork(obs_dim, n_actions, max_batch=B, **net_kw)
         self.target.params[...] = self.online.params
         self.ws = self.online.ws
+        self.ws_next = self.online.new_workspace(B)  # C51: the online net at s' (a branch beside ws's forward)
         self.ws_act = self.online.new_workspace(self.n_envs)
         from .replay import Batch
 
@@ -254,10 +260,11 @@ class Agent:
                            else PopArt(beta=a.popart_beta, xp=xp))
         self.ops = _agent_ops(xp)
         # Parallel branches of the train graph (cudarl.graph.SideStream; no-ops on NumPy): the target
-        # net's forward on one, the priority update on another, and the ones below.
+        # net's forward on one, the priority update on another, the online net's forward at s' (C51)
+        # on a third, and the ones below.
         from .graph import SideStream
 
-        self.side, self.side_priorities = SideStream(xp), SideStream(xp)
+        self.side, self.side_priorities, self.side_next = SideStream(xp), SideStream(xp), SideStream(xp)
         #: one branch per layer for its weight gradients: the layers' dW GEMMs (each with its bias
         #: column sums) run beside each other and beside the dx chain, not one after another
         self.grad_sides = [SideStream(xp) for _ in self.online.linears]
