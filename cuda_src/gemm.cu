@@ -17,11 +17,12 @@
 // computes a 4 x 4 block of out (rows 4 ty.., columns 4 tx..) over the group's 4-wide k blocks
 // g, g + 4, g + 8, ... as 16 fmaf chains, k ascending; group 0 then adds groups 1, 2, 3's sums in
 // that order: bitwise repeatable, the same bits for any grid. Shared rows of the panels read along
-// k are padded by 4 floats (K + 4) and permuted (srow) so the float4 reads of a warp are
+// k are padded to lda(K) = 4 mod 32 floats and permuted (srow) so the float4 reads of a warp are
 // conflict-free. Rows of a past M and columns past N are zero-filled in shared memory (cp.async
 // with a source size of 0) and never stored.
-// Shared memory: 4 (32 (K + 4) + 32 (K + 4)) bytes (nt) or 4 (32 (K + 4) + 36 K) (nn), plus 12 KiB for
-// the groups' sums: about 80 KB at K = 256, past 48 KiB, so the launch opts in (cudarl.kernels.launch).
+// Shared memory: 4 * 64 lda(K) bytes (nt) or 4 (32 lda(K) + 36 K) (nn), at least the groups' sums'
+// 12 KiB (they overlay the panels): about 67 KB at K = 256, past 48 KiB, so the launch opts in
+// (cudarl.kernels.launch).
 #include <cudarl/reduce.cuh>
 
 typedef long long i64;
@@ -47,19 +48,21 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
-// Tile row r (0..31) is stored as shared row (r % 4) * 8 + r / 4: the rows 4 t + i that the 8
-// threads t of a warp read at once land 4 banks apart (row length K + 4 = 4 mod 32 floats), so a
-// float4 read is conflict-free (unpermuted, t and t + 2 shared banks).
+// Tile row r (0..31) is stored as shared row (r % 4) * 8 + r / 4, and a panel row read along k is
+// L = lda(K) floats long, L = 4 mod 32: the rows 4 t + i that the 8 threads t of a warp read at once
+// then land 4 banks apart, so a float4 read is conflict-free (unpermuted, or with K + 4 at K = 204,
+// they shared banks: the nt at 512 x 256 x 204 took 7.4 us against 5.8 at K = 256).
 __device__ __forceinline__ int srow(int r) { return (r & 3) * 8 + (r >> 2); }
+__device__ __forceinline__ int lda(int K) { return K + ((36 - K % 32) % 32); }
 
 // Copy rows [r0, r0 + GEMM_T) x columns [k0, k1) of a row-major [rows, ld] matrix into
-// sh[srow(r)][k] (row length K + 4 floats), zero rows at or past `rows`. k0, k1, ld multiples of 4.
+// sh[srow(r)][k] (row length lda(K) floats), zero rows at or past `rows`. k0, k1, ld multiples of 4.
 __device__ __forceinline__ void stage_rows(float* sh, int K, const float* g, i64 rows, i64 ld, i64 r0, int k0, int k1) {
   const int q = (k1 - k0) / 4;  // float4s a row
   for (int e = threadIdx.x; e < GEMM_T * q; e += GEMM_THREADS) {
     const int r = e / q, k = k0 + 4 * (e - r * q);
     const bool ok = r0 + r < rows;
-    cp_async16(sh + srow(r) * (K + 4) + k, g + (ok ? (r0 + r) * ld + k : 0), ok);
+    cp_async16(sh + srow(r) * lda(K) + k, g + (ok ? (r0 + r) * ld + k : 0), ok);
   }
 }
 
@@ -75,21 +78,22 @@ __device__ __forceinline__ void stage_cols(float* sh, const float* b, i64 N, i64
 }
 
 // acc[i][j] += sum over this group's 4-wide k blocks in [k0, k1) of a[4 ty + i][k] * b[k][4 tx + j],
-// k ascending (k0 a multiple of 4). kTransB: sb holds bt rows (sb[srow(n)][k], row length K + 4),
+// k ascending (k0 a multiple of 4). kTransB: sb holds bt rows (sb[srow(n)][k], row length lda(K)),
 // else b rows (sb[k][n], row length 36).
 template <bool kTransB>
 __device__ __forceinline__ void mma_range(float (&acc)[4][4], const float* sa, const float* sb, int K, int k0, int k1,
                                           int ty, int tx, int g) {
   const int kb0 = k0 + 4 * ((g - k0 / 4 % GEMM_KG + GEMM_KG) % GEMM_KG);  // this group's first block at or past k0
+  const int L = lda(K);
 #pragma unroll 2
   for (int k = kb0; k < k1; k += 4 * GEMM_KG) {
     float4 a[4];
 #pragma unroll
-    for (int i = 0; i < 4; ++i) a[i] = *reinterpret_cast<const float4*>(sa + (i * 8 + ty) * (K + 4) + k);
+    for (int i = 0; i < 4; ++i) a[i] = *reinterpret_cast<const float4*>(sa + (i * 8 + ty) * L + k);
     if (kTransB) {
       float4 b[4];
 #pragma unroll
-      for (int j = 0; j < 4; ++j) b[j] = *reinterpret_cast<const float4*>(sb + (j * 8 + tx) * (K + 4) + k);
+      for (int j = 0; j < 4; ++j) b[j] = *reinterpret_cast<const float4*>(sb + (j * 8 + tx) * L + k);
 #pragma unroll
       for (int i = 0; i < 4; ++i)
 #pragma unroll
@@ -122,7 +126,8 @@ __device__ __forceinline__ void mma_range(float (&acc)[4][4], const float* sa, c
 // The tile's product into acc (valid in group 0's threads): both panels requested at once, the first
 // GEMM_CHUNK of K computed as soon as it lands, then the rest; each of the GEMM_KG groups of 64
 // threads sums its own k blocks, then group 0 adds groups 1, 2, 3's sums in that order through
-// shared memory (red, GEMM_KG - 1 tiles): a fixed order, the same bits every run.
+// shared memory (red, GEMM_KG - 1 tiles of 16 x 64 floats, over the panels once they are read): a
+// fixed order, the same bits every run.
 template <bool kTransB>
 __device__ __forceinline__ void tile_product(float (&acc)[4][4], float* sa, float* sb, float* red, const float* a,
                                              const float* b, i64 M, i64 N, int K, i64 m0, i64 n0) {
@@ -147,6 +152,7 @@ __device__ __forceinline__ void tile_product(float (&acc)[4][4], float* sa, floa
   cp_async_wait<0>();
   __syncthreads();
   mma_range<kTransB>(acc, sa, sb, K, split, K, ty, tx, g);
+  __syncthreads();  // red may overlay the panels: every group is done reading them
   if (g > 0) {
 #pragma unroll
     for (int i = 0; i < 4; ++i)
@@ -179,7 +185,7 @@ __device__ __forceinline__ void store_tile(float* out, const float (&v)[4][4], i
 
 // ---- nn_bias_act -------------------------------------------------------------------------------
 // out = act(a @ b + bias): grid (ceil(N / 32), ceil(M / 32)), block GEMM_THREADS; dynamic shared
-// memory 4 (32 (K + 4) + 36 K) bytes + the groups' sums. The bias is added after the K sum, then ReLU (act 1): cuBLASLt's
+// memory 4 (32 lda(K) + 36 K) bytes, at least the groups' sums. The bias is added after the K sum, then ReLU (act 1): cuBLASLt's
 // RELU_BIAS epilogue order. Reads 4 (K (M ceil(N / 32) + N ceil(M / 32)) + N) bytes, writes 4 M N.
 extern "C" __global__ __launch_bounds__(GEMM_THREADS) void cudarl_gemm_nn_bias_act(const float* __restrict__ a,
                                                                                const float* __restrict__ b,
@@ -188,8 +194,8 @@ extern "C" __global__ __launch_bounds__(GEMM_THREADS) void cudarl_gemm_nn_bias_a
                                                                                int K, int act) {
   extern __shared__ float4 gemm_smem4[];
   float* sa = reinterpret_cast<float*>(gemm_smem4);
-  float* sb = sa + GEMM_T * (K + 4);
-  float* red = sb + K * (GEMM_T + 4);
+  float* sb = sa + GEMM_T * lda(K);
+  float* red = sa;  // over the panels, once read
   const i64 m0 = (i64)blockIdx.y * GEMM_T, n0 = (i64)blockIdx.x * GEMM_T;
   float acc[4][4];
   tile_product<false>(acc, sa, sb, red, a, b, M, N, K, m0, n0);
@@ -212,14 +218,14 @@ extern "C" __global__ __launch_bounds__(GEMM_THREADS) void cudarl_gemm_nn_bias_a
 
 // ---- nt ----------------------------------------------------------------------------------------
 // out = a @ bt^T: grid (ceil(N / 32), ceil(M / 32)), block GEMM_THREADS; dynamic shared memory
-// 4 * 64 (K + 4) bytes + the groups' sums. Reads 4 K (M ceil(N / 32) + N ceil(M / 32)) bytes, writes 4 M N.
+// 4 * 64 lda(K) bytes, at least the groups' sums. Reads 4 K (M ceil(N / 32) + N ceil(M / 32)) bytes, writes 4 M N.
 extern "C" __global__ __launch_bounds__(GEMM_THREADS) void cudarl_gemm_nt(const float* __restrict__ a,
                                                                       const float* __restrict__ bt,
                                                                       float* __restrict__ out, i64 M, i64 N, int K) {
   extern __shared__ float4 gemm_smem4[];
   float* sa = reinterpret_cast<float*>(gemm_smem4);
-  float* sb = sa + GEMM_T * (K + 4);
-  float* red = sb + GEMM_T * (K + 4);
+  float* sb = sa + GEMM_T * lda(K);
+  float* red = sa;  // over the panels, once read
   const i64 m0 = (i64)blockIdx.y * GEMM_T, n0 = (i64)blockIdx.x * GEMM_T;
   float acc[4][4];
   tile_product<true>(acc, sa, sb, red, a, bt, M, N, K, m0, n0);

@@ -80,7 +80,8 @@ class Linear(Module):
         #: ``cublaslt_nosplit``: the forward and dx GEMMs through cuBLASLt with one-kernel algorithms
         #: only (no split-K reduction kernels: graph nodes on the chain); dW keeps cuBLAS's split-K.
         #: ``cudarl``: the forward and dx through the panel GEMMs of cuda_src/gemm.cu where they can
-        #: take the shapes (K, N multiples of 4, aligned), else as ``cublaslt_nosplit``.
+        #: take the shapes (K, N multiples of 4, aligned, at most panel.MAX_ROWS rows), else as
+        #: ``cublaslt_nosplit``.
         self.lt_all = gemm in ("cublaslt_nosplit", "cudarl")
         self.panel = gemm == "cudarl" and self.act in _LT_ACTS and not tf32  # the panel kernels are fp32
 
@@ -135,7 +136,7 @@ class Linear(Module):
             from ..ops import gemm as panel
 
             W = self.weight()
-            if panel.eligible(x, W, bias, y, K=self.n_in, N=self.n_out):
+            if x.shape[0] <= panel.MAX_ROWS and panel.eligible(x, W, bias, y, K=self.n_in, N=self.n_out):
                 panel.nn_bias_act(x, W, bias, y, self.act)
                 return y
         if self.lt_act is not None and not isinstance(y, np.ndarray) and x.data.ptr % blas.LT_ALIGN == 0:
@@ -154,7 +155,7 @@ class Linear(Module):
         if self.panel and trans_b and beta == 0.0 and not isinstance(out, np.ndarray):
             from ..ops import gemm as panel
 
-            if panel.eligible(a, b, out, K=a.shape[1], N=out.shape[1], trans_b=True):
+            if a.shape[0] <= panel.MAX_ROWS and panel.eligible(a, b, out, K=a.shape[1], N=out.shape[1], trans_b=True):
                 panel.nt(a, b, out)
                 return
         if (self.lt_all and beta == 0.0 and not isinstance(out, np.ndarray)

@@ -16,10 +16,21 @@ THREADS = GROUP * KG
 MAX_SMEM = 227 * 1024
 
 
+def lda(K: int) -> int:
+    """A panel row's length in floats: K padded to 4 mod 32 (lda in cuda_src/gemm.cu)."""
+    return K + (36 - K % 32) % 32
+
+
 def smem_bytes(K: int, trans_b: bool) -> int:
-    """Shared memory of a launch: the A panel [32, K + 4], the B panel ([32, K + 4] or [K, 36]) and
-    the k groups' sums (3 x 16 x 64 floats)."""
-    return 4 * (TILE * (K + 4) + (TILE * (K + 4) if trans_b else K * (TILE + 4)) + (KG - 1) * 16 * GROUP)
+    """Shared memory of a launch: the A panel [32, lda(K)] and the B panel ([32, lda(K)] or [K, 36]),
+    at least the k groups' sums (3 x 16 x 64 floats), which overlay them once they are read."""
+    panels = TILE * lda(K) + (TILE * lda(K) if trans_b else K * (TILE + 4))
+    return 4 * max(panels, (KG - 1) * 16 * GROUP)
+
+
+#: The panel kernels only for GEMMs of at most this many rows: tools/bench_gemm.py on an H200
+#: (b3adc3f) gave 1.2x over cuBLASLt at 512 rows, the same at 1024 and 0.6x at 4096.
+MAX_ROWS = 1024
 
 
 def eligible(*arrays, K: int, N: int, trans_b: bool = False) -> bool:
