@@ -166,11 +166,12 @@ class NetConfig:
     gemm: str = "cublaslt_nosplit"
     """GEMMs of the linear layers (GPU): ``cublas`` (cuBLAS, then the bias/activation kernel),
     ``cublaslt`` (the forward as one cuBLASLt GEMM with the bias and ReLU fused into its epilogue;
-    sigmoid layers keep the kernel) or ``cublaslt_nosplit`` (``cublaslt``, and the forward and the
+    sigmoid layers keep the kernel), ``cublaslt_nosplit`` (``cublaslt``, and the forward and the
     input-gradient GEMMs limited to one-kernel algorithms, no split-K reduction kernels; the weight
-    gradients keep cuBLAS's split-K). Same math to float32 rounding; ``tools/bench_step.py`` times all
-    three and docs/gpu-report.md has the numbers (the train step at 3707fef: 124.4 us with
-    ``cublaslt``, 112.9 us with ``cublaslt_nosplit`` before the weight gradients went back to cuBLAS)."""
+    gradients keep cuBLAS's split-K) or ``cudarl`` (the panel GEMMs of ``cuda_src/gemm.cu`` for the
+    forward and input gradients where they take the shape, else ``cublaslt_nosplit``). Same math to
+    float32 rounding. The train step on an H200 at 8550a3d: 100.7 us with ``cublaslt_nosplit``,
+    107.8 ``cudarl``, 120.0 ``cublaslt``, 126.1 ``cublas`` (``tools/bench_step.py``; docs/gpu-report.md)."""
 
     def __post_init__(self):
         s = "net"
