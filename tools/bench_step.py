@@ -357,8 +357,10 @@ def main() -> int:
         except Exception as exc:
             _failed(rows, "cudarl step_benchmark", exc)
         if args.net_variants:
+            from cudarl.nn.layers import GEMMS  # every net.gemm option, so a new one is timed too
+
             default_gemm = reference_config().net.gemm
-            others = [{"gemm": g} for g in ("cublas", "cublaslt", "cublaslt_nosplit", "cudarl") if g != default_gemm]
+            others = [{"gemm": g} for g in GEMMS if g != default_gemm]
             for net in others + [{"tf32": True}]:
                 label = ", " + ", ".join(f"net.{k}={v}" for k, v in net.items())
                 try:
