@@ -169,6 +169,18 @@ __device__ __forceinline__ void tile_product(float (&acc)[4][4], float* sa, floa
   }
 }
 
+// The block's tile of out into acc (group 0's threads; see tile_product), the shared memory laid
+// out as the kernels' banners say: a's panel, then b's; the groups' sums over them once read.
+template <bool kTransB>
+__device__ __forceinline__ void block_tile(float (&acc)[4][4], const float* a, const float* b, i64 M, i64 N, int K,
+                                           i64& m0, i64& n0) {
+  extern __shared__ float4 gemm_smem4[];
+  float* sa = reinterpret_cast<float*>(gemm_smem4);
+  m0 = (i64)blockIdx.y * GEMM_T;
+  n0 = (i64)blockIdx.x * GEMM_T;
+  tile_product<kTransB>(acc, sa, sa + GEMM_T * lda(K), sa, a, b, M, N, K, m0, n0);
+}
+
 // Store the thread's 4 x 4 block (group 0; rows past M, columns past N skipped; N a multiple of 4).
 __device__ __forceinline__ void store_tile(float* out, const float (&v)[4][4], i64 M, i64 N, i64 m0, i64 n0) {
   const int tx = threadIdx.x % (GEMM_T / 4), ty = threadIdx.x / (GEMM_T / 4);
@@ -192,13 +204,9 @@ extern "C" __global__ __launch_bounds__(GEMM_THREADS) void cudarl_gemm_nn_bias_a
                                                                                const float* __restrict__ bias,
                                                                                float* __restrict__ out, i64 M, i64 N,
                                                                                int K, int act) {
-  extern __shared__ float4 gemm_smem4[];
-  float* sa = reinterpret_cast<float*>(gemm_smem4);
-  float* sb = sa + GEMM_T * lda(K);
-  float* red = sa;  // over the panels, once read
-  const i64 m0 = (i64)blockIdx.y * GEMM_T, n0 = (i64)blockIdx.x * GEMM_T;
   float acc[4][4];
-  tile_product<false>(acc, sa, sb, red, a, b, M, N, K, m0, n0);
+  i64 m0, n0;
+  block_tile<false>(acc, a, b, M, N, K, m0, n0);
   if (threadIdx.x >= GEMM_GROUP) return;
   const int tx = threadIdx.x % (GEMM_T / 4);
   const i64 n = n0 + 4 * tx;
@@ -222,13 +230,9 @@ extern "C" __global__ __launch_bounds__(GEMM_THREADS) void cudarl_gemm_nn_bias_a
 extern "C" __global__ __launch_bounds__(GEMM_THREADS) void cudarl_gemm_nt(const float* __restrict__ a,
                                                                       const float* __restrict__ bt,
                                                                       float* __restrict__ out, i64 M, i64 N, int K) {
-  extern __shared__ float4 gemm_smem4[];
-  float* sa = reinterpret_cast<float*>(gemm_smem4);
-  float* sb = sa + GEMM_T * lda(K);
-  float* red = sa;  // over the panels, once read
-  const i64 m0 = (i64)blockIdx.y * GEMM_T, n0 = (i64)blockIdx.x * GEMM_T;
   float acc[4][4];
-  tile_product<true>(acc, sa, sb, red, a, bt, M, N, K, m0, n0);
+  i64 m0, n0;
+  block_tile<true>(acc, a, bt, M, N, K, m0, n0);
   if (threadIdx.x >= GEMM_GROUP) return;
   store_tile(out, acc, M, N, m0, n0);
 }

@@ -154,6 +154,13 @@ __device__ __forceinline__ float adam_math(float g, float& m, float& v, float p,
   return __fmaf_rn(-lr_, step, p);
 }
 
+// The soft update of one target element toward the online value o: tau*o + (1 - tau)*target with
+// u = 1 - tau, its rounding spelled out (__fmaf_rn of the tau product onto the rounded (1 - tau)
+// product), so soft_update, adam_update_soft and clip_adam_soft give the same bits.
+__device__ __forceinline__ float soft_elem(float tau, float u, float o, float target) {
+  return __fmaf_rn(tau, o, __fmul_rn(u, target));
+}
+
 // Element i of the update; returns the new p[i] (also stored).
 __device__ __forceinline__ float adam_elem(float* p, const float* g, float* m, float* v, const unsigned char* mask, i64 i,
                                            float lr_, float ms, float c1, float c2, float cl, float beta1, float beta2,
@@ -192,7 +199,7 @@ extern "C" __global__ void cudarl_optim_adam_update_soft(float* p, const float* 
   const float lr_ = lr[0], ms = m_scale[0], c1 = bc1[0], c2 = bc2[0], cl = clip[0], t = tau[0], u = 1.f - t;
   for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < n; i += (i64)gridDim.x * blockDim.x) {
     const float pi = adam_elem(p, g, m, v, mask, i, lr_, ms, c1, c2, cl, beta1, beta2, eps, wd);
-    target[i] = __fmaf_rn(t, pi, __fmul_rn(u, target[i]));  // soft_update's rounding, spelled out in both
+    target[i] = soft_elem(t, u, pi, target[i]);
   }
 }
 
@@ -336,12 +343,12 @@ extern "C" __global__ __launch_bounds__(CAS_THREADS, 1) void cudarl_optim_clip_a
     m[i] = m0;
     v[i] = v0;
     p[i] = pi;
-    target[i] = __fmaf_rn(ta, pi, __fmul_rn(u, tg0));  // soft_update's rounding, as adam_update_soft
+    target[i] = soft_elem(ta, u, pi, tg0);
     i += stride;
   }
   for (; i < n; i += stride) {
     const float pi = adam_elem(p, g, m, v, mask, i, lr_, ms, c1, c2, cl, beta1, beta2, eps, wd);
-    target[i] = __fmaf_rn(ta, pi, __fmul_rn(u, target[i]));
+    target[i] = soft_elem(ta, u, pi, target[i]);
   }
 }
 
@@ -361,7 +368,7 @@ extern "C" __global__ void cudarl_optim_tau_schedule(i64* count, float* tau, flo
 extern "C" __global__ void cudarl_optim_soft_update(float* target, const float* online, i64 n, const float* tau) {
   const float t = tau[0], u = 1.f - t;
   for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < n; i += (i64)gridDim.x * blockDim.x)
-    target[i] = __fmaf_rn(t, online[i], __fmul_rn(u, target[i]));  // spelled out: adam_update_soft rounds alike
+    target[i] = soft_elem(t, u, online[i], target[i]);
 }
 
 // ---- shrink_perturb ---------------------------------------------------------------------------

@@ -90,6 +90,8 @@ class C51Rule:
 
     #: The network's backward starts from dL/dva, the head's output before the dueling combine.
     raw_head = True
+    #: The online net sees s and s' as two B-row passes on parallel branches (see forward).
+    pair_forward = False
 
     def forward(self, agent: "Agent", batch) -> None:
         # the head's raw outputs va [B, (1 + A) K]: targets_loss combines them itself. Three forwards
@@ -132,6 +134,8 @@ class IQNRule:
     """Implicit quantile networks (Dabney et al. 2018): quantile Huber loss, double-DQN targets."""
 
     raw_head = False
+    #: The online net sees s and s' in one 2B-row pass (their taus drawn together).
+    pair_forward = True
 
     def __init__(self, agent: "Agent"):
         xp, B, N = agent.xp, agent.batch_size, agent.cfg.net.n_quantiles
@@ -221,12 +225,14 @@ class Agent:
                       n_quantiles=cfg.net.n_quantiles, n_cos=cfg.net.n_cos, xp=xp, seed=cfg.run.seed, tf32=cfg.net.tf32, gemm=cfg.net.gemm)
         # IQN's online net sees s and s' of a batch in one forward pass of 2B rows; C51's runs s and
         # s' as two B-row passes side by side (C51Rule.forward). The backward runs over the s rows.
-        self.online = QNetwork(obs_dim, n_actions, max_batch=2 * B, **net_kw)
+        pair = HEAD_RULES[cfg.net.head].pair_forward
+        self.online = QNetwork(obs_dim, n_actions, max_batch=2 * B if pair else B, **net_kw)
         self.online.prepare_backward(B)  # the backward runs over the s half
         self.target = QNetwork(obs_dim, n_actions, max_batch=B, **net_kw)
         self.target.params[...] = self.online.params
         self.ws = self.online.ws
-        self.ws_next = self.online.new_workspace(B)  # C51: the online net at s' (a branch beside ws's forward)
+        # the online net at s' on a branch beside ws's forward (C51; IQN's pass covers both in ws)
+        self.ws_next = None if pair else self.online.new_workspace(B)
         self.ws_act = self.online.new_workspace(self.n_envs)
         from .replay import Batch
 

@@ -146,23 +146,24 @@ class Linear(Module):
         self.ops.bias_act_forward(y, bias, y, self.act)
         return y
 
-    def _gemm(self, a, b, out, trans_a: bool = False, trans_b: bool = False, beta: float = 0.0) -> None:
-        """The dx GEMM: the panel kernel under ``cudarl`` where it can take the call (GPU, no
+    def _dx(self, dz, dx, accumulate: bool) -> None:
+        """dx (+)= dz W^T: the panel kernel under ``cudarl`` where it can take the call (GPU, no
         accumulate), else cuBLASLt without split-K under ``cublaslt_nosplit`` (GPU, no accumulate,
         operands aligned as the plan :meth:`prepare_backward` made), else :func:`matmul`. (dW keeps
         cuBLAS and its split-K: K is the batch there, and one-kernel algorithms took 13-14 us
         against 5.5 + 2.5 for the split pair, ncu on an H200 at 3707fef.)"""
-        if self.panel and trans_b and beta == 0.0 and not isinstance(out, np.ndarray):
+        W = self.weight()
+        gpu_overwrite = not accumulate and not isinstance(dx, np.ndarray)
+        if self.panel and gpu_overwrite:
             from ..ops import gemm as panel
 
-            if a.shape[0] <= panel.MAX_ROWS and panel.eligible(a, b, out, K=a.shape[1], N=out.shape[1], trans_b=True):
-                panel.nt(a, b, out)
+            if dz.shape[0] <= panel.MAX_ROWS and panel.eligible(dz, W, dx, K=self.n_out, N=self.n_in, trans_b=True):
+                panel.nt(dz, W, dx)
                 return
-        if (self.lt_all and beta == 0.0 and not isinstance(out, np.ndarray)
-                and all(t.data.ptr % blas.LT_ALIGN == 0 for t in (a, b, out))):
-            blas.gemm_lt(a, b, out, trans_a=trans_a, trans_b=trans_b, tf32=self.tf32, split_k=False)
+        if self.lt_all and gpu_overwrite and all(t.data.ptr % blas.LT_ALIGN == 0 for t in (dz, W, dx)):
+            blas.gemm_lt(dz, W, dx, trans_b=True, tf32=self.tf32, split_k=False)
             return
-        matmul(a, b, out, trans_a=trans_a, trans_b=trans_b, beta=beta, tf32=self.tf32)
+        matmul(dz, W, dx, trans_b=True, beta=1.0 if accumulate else 0.0, tf32=self.tf32)
 
     def backward(self, x, ws: Workspace, dx=None, accumulate: bool = False) -> None:
         B = x.shape[0] // self.rows
@@ -191,7 +192,7 @@ class Linear(Module):
             if dx is None:
                 self.ops.bias_act_backward(dy, y, dy, gb, IDENTITY)
         if dx is not None:
-            self._gemm(dy, self.weight(), dx, trans_b=True, beta=1.0 if accumulate else 0.0)
+            self._dx(dy, dx, accumulate)
         if self.spectral:
             sn = self.sn
             self.optim_ops.spectral_dot_partial(sn["dw"], sn["w"], sn["partial"])
