@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import os
 import re
 import threading
 from contextlib import contextmanager
@@ -58,8 +59,11 @@ def compile_options() -> tuple[str, ...]:
     """NVRTC options for every module. CuPy adds ``-arch`` for the current device itself.
 
     No fast-math: the kernels must match their NumPy twins to float32 rounding.
+    ``CUDARL_LINEINFO=1`` adds ``-lineinfo`` (source lines for Nsight Compute's per-line stall
+    sampling, ``tools/gpu_profile.sh``); it changes no generated instruction.
     """
-    return ("-std=c++17", f"-I{INCLUDE_DIR}")
+    opts = ("-std=c++17", f"-I{INCLUDE_DIR}")
+    return opts + ("-lineinfo",) if os.environ.get("CUDARL_LINEINFO") == "1" else opts
 
 
 @functools.lru_cache(maxsize=1)
