@@ -108,20 +108,19 @@ struct Share {
   float lo, hi;
 };
 
+// The share of source atom j with probability pj and support point zj (j < K).
+__device__ __forceinline__ Share share_at(float pj, float r, float d, float zj, int K, float v_min, float v_max,
+                                          float dz) {
+  const float tz = fminf(fmaxf(r + d * zj, v_min), v_max);
+  const float g = fminf(fmaxf((tz - v_min) / dz, 0.f), (float)(K - 1));
+  const float lo = floorf(g);
+  const float f = g - lo;
+  return Share{(int)lo, pj * (1.f - f), pj * f};
+}
+
 __device__ __forceinline__ Share share_of(const float* p, float r, float d, const float* support, int j, int K,
                                           float v_min, float v_max, float dz) {
-  Share s{-2, 0.f, 0.f};
-  if (j < K) {
-    const float tz = fminf(fmaxf(r + d * support[j], v_min), v_max);
-    const float g = fminf(fmaxf((tz - v_min) / dz, 0.f), (float)(K - 1));
-    const float lo = floorf(g);
-    const float f = g - lo;
-    const float pj = p[j];
-    s.l = (int)lo;
-    s.lo = pj * (1.f - f);
-    s.hi = pj * f;
-  }
-  return s;
+  return j < K ? share_at(p[j], r, d, support[j], K, v_min, v_max, dz) : Share{-2, 0.f, 0.f};
 }
 
 // Projection of r + d z with next probabilities p onto the support, one sample by one warp (see
@@ -156,6 +155,26 @@ __device__ __forceinline__ void project_row(const float* p, float r, float d, co
   }
 }
 
+// A share in a float4 of a warp's stage (l as its bits, lo, hi).
+__device__ __forceinline__ void stage_share(float4* stage, int j, const Share& sh) {
+  stage[j] = make_float4(__int_as_float(sh.l), sh.lo, sh.hi, 0.f);
+}
+
+// The staged projection's sums for target atoms ia and ib: the shares of j = 0..K-1, in order.
+__device__ __forceinline__ void staged_sums(const float4* stage, int K, int ia, int ib, float& acc_a, float& acc_b) {
+  acc_a = 0.f;
+  acc_b = 0.f;
+#pragma unroll 4
+  for (int j = 0; j < K; ++j) {
+    const float4 s4 = stage[j];
+    const int l = __float_as_int(s4.x);
+    if (l == ia) acc_a += s4.y;
+    else if (l + 1 == ia) acc_a += s4.z;
+    if (l == ib) acc_b += s4.y;
+    else if (l + 1 == ib) acc_b += s4.z;
+  }
+}
+
 // project_row with the shares staged in shared memory instead of shuffled: lane j % 32 computes
 // source atom j's share once into stage[j] = (l_j, lo_j, hi_j) (float4s: the warp's own K-entry
 // scratch, 16-byte aligned), then every lane walks j = 0..K-1 with broadcast reads, adding the
@@ -170,22 +189,12 @@ __device__ __forceinline__ void project_row_staged(const float* p, float r, floa
     for (int i = lane; i < K; i += C51_WARP) out[i] = __int_as_float(0x7fc00000);
     return;
   }
-  for (int j = lane; j < K; j += C51_WARP) {
-    const Share sh = share_of(p, r, d, support, j, K, v_min, v_max, dz);
-    stage[j] = make_float4(__int_as_float(sh.l), sh.lo, sh.hi, 0.f);
-  }
+  for (int j = lane; j < K; j += C51_WARP) stage_share(stage, j, share_of(p, r, d, support, j, K, v_min, v_max, dz));
   __syncwarp();
   for (int i0 = 0; i0 < K; i0 += 2 * C51_WARP) {
     const int ia = i0 + lane, ib = ia + C51_WARP;
-    float acc_a = 0.f, acc_b = 0.f;
-    for (int j = 0; j < K; ++j) {
-      const float4 s4 = stage[j];
-      const int l = __float_as_int(s4.x);
-      if (l == ia) acc_a += s4.y;
-      else if (l + 1 == ia) acc_a += s4.z;
-      if (l == ib) acc_b += s4.y;
-      else if (l + 1 == ib) acc_b += s4.z;
-    }
+    float acc_a, acc_b;
+    staged_sums(stage, K, ia, ib, acc_a, acc_b);
     if (ia < K) out[ia] = acc_a;
     if (ib < K) out[ib] = acc_b;
   }
@@ -438,6 +447,323 @@ __device__ __forceinline__ void dueling_row(const float* va, int a, float* x, in
   for (int k = lane; k < K; k += C51_WARP) x[k] = cudarl::dueling_logit(va, cudarl::dueling_mean(va, A, K, k), a, K, k);
 }
 
+// With PopArt, between the passes: wait for every block's y (phase 0), then every block reduces y in
+// project_popart's order (pa::batch_moments_half: every block the same new statistics); block 0
+// stores them. Returns the new statistics.
+__device__ __forceinline__ pa::Stats tl_popart_stats(const float* y, int B, const pa::Stats& old, const float* beta,
+                                                     float sigma_min, int phase, unsigned int* barrier, float* s1,
+                                                     float* s2, float* state_out) {
+  if (phase == 0) cudarl::grid_barrier(barrier);
+  float sum, sum2;
+  pa::batch_moments_half(y, B, s1, s2, sum, sum2);
+  const pa::Stats st = pa::updated(old, beta[0], sum, sum2, B, sigma_min);
+  if (blockIdx.x == 0 && threadIdx.x == 0) pa::store(state_out, old, st);
+  return st;
+}
+
+// The end of the launch: the last block sums the batch mean (cudarl_c51_loss's order) and sets the
+// barrier back to 0 (every block is past it by then).
+__device__ __forceinline__ void tl_finish(bool popart, int phase, const float* loss_per, const float* weights, int B,
+                                          float scale, float* part, float* loss, unsigned int* done,
+                                          unsigned int* barrier) {
+  if (cudarl::last_block(done)) {
+    if (popart && phase == 0 && threadIdx.x == 0) *barrier = 0u;
+    const float sum = cudarl::block_weighted_sum<C51_MEAN_SLOTS>(loss_per, weights, B, part);
+    if (threadIdx.x == 0) loss[0] = scale * sum;
+  }
+}
+
+// ---- the register path (K <= 64, A <= MAXA) ------------------------------------------------------
+// Lane l owns atoms l and l + 32 (the generic path's k = lane, lane + 32 loops, in that order); a
+// sample's three va rows, its probabilities and its target live in registers, loaded by one round of
+// independent loads, and the loss's softmax of the chosen action (which needs no target) is done
+// before the PopArt barrier, not after. The generic path reads va again for every action and atom
+// and waits on each load (ncu at cc5acbb: 21 us, its warps stalled on global loads and short
+// dependent chains, one warp a scheduler). Every rounding is the generic path's in the same order:
+// the same bits (tests/parity/test_c51.py runs both paths against the launch chain).
+#define C51_TLR_MAXK 64
+
+struct TlArgs {  // targets_loss_body's arguments, as one value for the register path
+  const float* va_tm1;
+  const float* va_online_tp1;
+  const float* va_target_tp1;
+  const int* actions;
+  const float* weights;
+  const float* support;
+  const float* r_t;
+  const float* discount_t;
+  const float* beta;
+  float* state_out;
+  float* y;
+  float* r_norm;
+  float* probs;
+  int* a_star;
+  float* target;
+  float* loss_per;
+  float* priority;
+  float* dva;
+  float* loss;
+  unsigned int* done;
+  unsigned int* barrier;
+  int B, A, K, kind;
+  float scale, sigma_min;
+  int phase;
+};
+
+template <int MAXA>
+struct TlRow {  // one va row [(1 + A) K] at the lane's atoms j = 0, 1 (k = lane + 32 j)
+  float v[2];
+  float adv[2][MAXA];
+};
+
+template <int MAXA>
+__device__ __forceinline__ void tlr_load(const float* __restrict__ va, int A, int K, int lane, TlRow<MAXA>& r) {
+#pragma unroll
+  for (int j = 0; j < 2; ++j) {
+    const int k = lane + C51_WARP * j;
+    const bool ok = k < K;
+    r.v[j] = ok ? va[k] : 0.f;
+#pragma unroll
+    for (int a = 0; a < MAXA; ++a) r.adv[j][a] = ok && a < A ? va[(1 + a) * K + k] : 0.f;
+  }
+}
+
+// x[a] = the register array's element a (a runtime index, uniform across the warp).
+template <int MAXA>
+__device__ __forceinline__ float tlr_pick(const float (&x)[MAXA], int a) {
+  float v = x[0];
+#pragma unroll
+  for (int u = 1; u < MAXA; ++u)
+    if (u == a) v = x[u];
+  return v;
+}
+
+// The dueling logit of action a at the lane's atom j (dueling.cuh's roundings).
+template <int MAXA>
+__device__ __forceinline__ float tlr_logit(const TlRow<MAXA>& r, int j, int a, int A) {
+  return (r.v[j] + tlr_pick(r.adv[j], a)) - cudarl::dueling_mean_regs(r.adv[j], A);
+}
+
+// row_softmax_stats of the row whose lane atoms are x0, x1 (ok0, ok1: they exist); also returns the
+// lane's exp(x - m).
+__device__ __forceinline__ void tlr_softmax_stats(float x0, float x1, bool ok0, bool ok1, float& m, float& s,
+                                                  float& e0, float& e1) {
+  float mx = C51_NEG_INF;
+  if (ok0) mx = fmaxf(mx, x0);
+  if (ok1) mx = fmaxf(mx, x1);
+  m = warp_max(mx);
+  e0 = ok0 ? expf(x0 - m) : 0.f;
+  e1 = ok1 ? expf(x1 - m) : 0.f;
+  float acc = 0.f;
+  if (ok0) acc += e0;
+  if (ok1) acc += e1;
+  s = warp_sum(acc);
+}
+
+// select_action on the online row at s' (every action's reductions interleaved).
+template <int MAXA>
+__device__ __forceinline__ int tlr_select(const TlRow<MAXA>& on, float z0, float z1, bool ok0, bool ok1, int A) {
+  float x[2][MAXA], m[MAXA], s[MAXA], acc[MAXA];
+#pragma unroll
+  for (int j = 0; j < 2; ++j) {
+    const float mean = cudarl::dueling_mean_regs(on.adv[j], A);
+#pragma unroll
+    for (int a = 0; a < MAXA; ++a) x[j][a] = (on.v[j] + on.adv[j][a]) - mean;
+  }
+#pragma unroll
+  for (int a = 0; a < MAXA; ++a) {
+    m[a] = C51_NEG_INF;
+    if (ok0) m[a] = fmaxf(m[a], x[0][a]);
+    if (ok1) m[a] = fmaxf(m[a], x[1][a]);
+  }
+#pragma unroll
+  for (int a = 0; a < MAXA; ++a)
+    if (a < A) m[a] = warp_max(m[a]);
+#pragma unroll
+  for (int a = 0; a < MAXA; ++a) {
+    x[0][a] = ok0 ? expf(x[0][a] - m[a]) : 0.f;  // x now holds exp(x - m)
+    x[1][a] = ok1 ? expf(x[1][a] - m[a]) : 0.f;
+    s[a] = 0.f;
+    if (ok0) s[a] += x[0][a];
+    if (ok1) s[a] += x[1][a];
+  }
+#pragma unroll
+  for (int a = 0; a < MAXA; ++a)
+    if (a < A) s[a] = warp_sum(s[a]);
+#pragma unroll
+  for (int a = 0; a < MAXA; ++a) {
+    acc[a] = 0.f;
+    if (ok0) acc[a] += (x[0][a] / s[a]) * z0;
+    if (ok1) acc[a] += (x[1][a] / s[a]) * z1;
+  }
+#pragma unroll
+  for (int a = 0; a < MAXA; ++a)
+    if (a < A) acc[a] = warp_sum(acc[a]);
+  int best = 0;
+  float best_q = C51_NEG_INF;
+#pragma unroll
+  for (int a = 0; a < MAXA; ++a)
+    if (a < A && (a == 0 || acc[a] > best_q)) {
+      best_q = acc[a];
+      best = a;
+    }
+  return best;
+}
+
+// The loss's part that needs no target: the chosen action's logits at s and their softmax.
+struct TlLoss {
+  int act;
+  float w, x0, x1, mx, log_s;
+};
+
+template <int MAXA>
+__device__ __forceinline__ TlLoss tlr_loss_prep(const float* va_tm1_b, int act, float w, int A, int K, int lane,
+                                                bool ok0, bool ok1) {
+  TlLoss L{act, w, 0.f, 0.f, 0.f, 0.f};
+  if (act < 0 || act >= A) return L;  // uniform across the warp
+  TlRow<MAXA> r;
+  tlr_load(va_tm1_b, A, K, lane, r);
+  L.x0 = tlr_logit(r, 0, act, A);
+  L.x1 = tlr_logit(r, 1, act, A);
+  float s, e0, e1;
+  tlr_softmax_stats(L.x0, L.x1, ok0, ok1, L.mx, s, e0, e1);
+  L.log_s = logf(s);
+  return L;
+}
+
+// loss_row_x (or loss_row_bad_action) and dueling_backward_atom with the target m0, m1 at the
+// lane's atoms: writes dva_b [(1 + A) K], *loss_b, *prio_b.
+template <int MAXA>
+__device__ __forceinline__ void tlr_loss(const TlLoss& L, float m0, float m1, bool ok0, bool ok1, float* dva_b,
+                                         float* loss_b, float* prio_b, int B, int A, int K, int kind, int lane) {
+  float g[2] = {0.f, 0.f};
+  if (L.act < 0 || L.act >= A) {
+    if (lane == 0) { *loss_b = C51_NAN; *prio_b = C51_NAN; }
+  } else {
+    float ce = 0.f, msum = 0.f, mlogm = 0.f;
+    if (ok0) {
+      ce -= m0 * (L.x0 - L.mx - L.log_s);
+      msum += m0;
+      if (m0 > 0.f) mlogm += m0 * logf(m0);
+    }
+    if (ok1) {
+      ce -= m1 * (L.x1 - L.mx - L.log_s);
+      msum += m1;
+      if (m1 > 0.f) mlogm += m1 * logf(m1);
+    }
+    ce = warp_sum(ce);
+    msum = warp_sum(msum);
+    mlogm = warp_sum(mlogm);
+    const float scale = L.w / (float)B;
+    if (ok0) g[0] = scale * (expf(L.x0 - L.mx - L.log_s) * msum - m0);
+    if (ok1) g[1] = scale * (expf(L.x1 - L.mx - L.log_s) * msum - m1);
+    if (lane == 0) {
+      *loss_b = ce;
+      *prio_b = kind == 0 ? ce : fmaxf(ce + mlogm, 0.f);
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < 2; ++j) {
+    const int k = lane + C51_WARP * j;
+    if (k >= K) continue;
+    float d[MAXA], dadv[MAXA], dv;
+#pragma unroll
+    for (int a = 0; a < MAXA; ++a) d[a] = a == L.act ? g[j] : 0.f;
+    cudarl::dueling_backward_regs(d, A, dv, dadv);
+    dva_b[k] = dv;
+#pragma unroll
+    for (int a = 0; a < MAXA; ++a)
+      if (a < A) dva_b[(1 + a) * K + k] = dadv[a];
+  }
+}
+
+template <bool kPopArt, int MAXA>
+__device__ __forceinline__ void targets_loss_regs(const TlArgs& t, const pa::Stats& old, float4* stage, float* part,
+                                                  float* s1, float* s2) {
+  const int lane = threadIdx.x % C51_WARP, warp = threadIdx.x / C51_WARP;
+  const int A = t.A, K = t.K, B = t.B, row = (1 + A) * K;
+  const bool ok0 = lane < K, ok1 = lane + C51_WARP < K;
+  const float z0 = ok0 ? t.support[lane] : 0.f, z1 = ok1 ? t.support[lane + C51_WARP] : 0.f;
+  const float v_min = t.support[0], v_max = t.support[K - 1];
+  const float dz = (v_max - v_min) / (float)(K - 1);
+  const int first = blockIdx.x * C51_TL_WARPS + warp, stride = gridDim.x * C51_TL_WARPS;
+  // the warp's first sample keeps its probabilities, r and d in registers from pass 1 to pass 2
+  float p_first[2] = {0.f, 0.f}, r_first = 0.f, d_first = 0.f;
+
+  // pass 1: a*, probs (and y)
+  for (int b = first; b < B && t.phase != 2; b += stride) {
+    TlRow<MAXA> on, tg;
+    tlr_load(t.va_online_tp1 + (long long)b * row, A, K, lane, on);
+    tlr_load(t.va_target_tp1 + (long long)b * row, A, K, lane, tg);
+    const float r = t.r_t[b], d = t.discount_t[b];
+    const int best = tlr_select(on, z0, z1, ok0, ok1, A);
+    float m, s, e0, e1;
+    tlr_softmax_stats(tlr_logit(tg, 0, best, A), tlr_logit(tg, 1, best, A), ok0, ok1, m, s, e0, e1);
+    const float q0 = e0 / s, q1 = e1 / s;
+    float* pb = t.probs + (long long)b * K;
+    if (ok0) pb[lane] = q0;
+    if (ok1) pb[lane + C51_WARP] = q1;
+    if (kPopArt) {
+      float pz = 0.f;
+      if (ok0) pz += q0 * z0;
+      if (ok1) pz += q1 * z1;
+      const float v = warp_sum(pz);
+      if (lane == 0) t.y[b] = pa::td_target(r, d, v, old.mu, old.sigma / old.scale);
+    }
+    if (lane == 0) t.a_star[b] = best;
+    if (b == first) {
+      p_first[0] = q0;
+      p_first[1] = q1;
+      r_first = r;
+      d_first = d;
+    }
+  }
+  if (t.phase == 1) return;  // the two-launch form's first launch: the second reads y
+  // the first sample's loss softmax, while other blocks finish pass 1
+  TlLoss L_first{};
+  if (first < B)
+    L_first = tlr_loss_prep<MAXA>(t.va_tm1 + (long long)first * row, t.actions[first], t.weights[first], A, K, lane,
+                                  ok0, ok1);
+  pa::Stats st{};
+  if (kPopArt) st = tl_popart_stats(t.y, B, old, t.beta, t.sigma_min, t.phase, t.barrier, s1, s2, t.state_out);
+
+  // pass 2: the projection, the loss and dL/dva
+  for (int b = first; b < B; b += stride) {
+    const bool cached = b == first && t.phase == 0;
+    float q0 = p_first[0], q1 = p_first[1], rn = r_first, d = d_first;
+    if (!cached) {
+      const float* pb = t.probs + (long long)b * K;
+      q0 = ok0 ? pb[lane] : 0.f;
+      q1 = ok1 ? pb[lane + C51_WARP] : 0.f;
+      rn = t.r_t[b];
+      d = t.discount_t[b];
+    }
+    const TlLoss L = b == first ? L_first
+                                : tlr_loss_prep<MAXA>(t.va_tm1 + (long long)b * row, t.actions[b], t.weights[b], A, K,
+                                                      lane, ok0, ok1);
+    if (kPopArt) {
+      rn = pa::normalized_reward(rn, d, st.mu, st.sigma / st.scale);
+      if (lane == 0) t.r_norm[b] = rn;
+    }
+    float m0, m1;
+    if (!isfinite(rn) || !isfinite(d)) {
+      m0 = m1 = __int_as_float(0x7fc00000);
+    } else {
+      if (ok0) stage_share(stage, lane, share_at(q0, rn, d, z0, K, v_min, v_max, dz));
+      if (ok1) stage_share(stage, lane + C51_WARP, share_at(q1, rn, d, z1, K, v_min, v_max, dz));
+      __syncwarp();
+      staged_sums(stage, K, lane, lane + C51_WARP, m0, m1);
+      __syncwarp();  // every lane is done with stage before the next sample
+    }
+    float* mb = t.target + (long long)b * K;
+    if (ok0) mb[lane] = m0;
+    if (ok1) mb[lane + C51_WARP] = m1;
+    tlr_loss<MAXA>(L, m0, m1, ok0, ok1, t.dva + (long long)b * row, t.loss_per + b, t.priority + b, B, A, K, t.kind,
+                   lane);
+  }
+  tl_finish(kPopArt, t.phase, t.loss_per, t.weights, B, t.scale, part, t.loss, t.done, t.barrier);
+}
+
 template <bool kPopArt>
 __device__ __forceinline__ void targets_loss_body(
     const float* __restrict__ va_tm1, const float* __restrict__ va_online_tp1, const float* __restrict__ va_target_tp1,
@@ -463,8 +789,16 @@ __device__ __forceinline__ void targets_loss_body(
   pa::Stats old{};
   if (kPopArt) old = pa::load(phase == 2 ? state_prev : state);  // every block, before block 0 stores the new ones
   if (kPopArt && phase == 1 && blockIdx.x == 0 && threadIdx.x < pa::STATE_SIZE) state_prev[threadIdx.x] = state[threadIdx.x];
+  if (K <= C51_TLR_MAXK && A <= 8) {  // the register path (uniform: A and K are launch arguments)
+    const TlArgs t{va_tm1, va_online_tp1, va_target_tp1, actions, weights, support, r_t, discount_t, beta, state_out, y,
+                   r_norm, probs, a_star, target, loss_per, priority, dva, loss, done, barrier, B, A, K, kind, scale,
+                   sigma_min, phase};
+    if (A <= 4) targets_loss_regs<kPopArt, 4>(t, old, stage, part, s1, s2);
+    else targets_loss_regs<kPopArt, 8>(t, old, stage, part, s1, s2);
+    return;
+  }
 
-  // pass 1: a*, probs (and y)
+  // the generic path. pass 1: a*, probs (and y)
   for (int b = first; b < B && phase != 2; b += stride) {
     const float* vo = va_online_tp1 + (long long)b * row;
     for (int a = 0; a < A; ++a) dueling_row(vo, a, logits + a * K, A, K, lane);
@@ -483,13 +817,7 @@ __device__ __forceinline__ void targets_loss_body(
   }
   if (phase == 1) return;  // the two-launch form's first launch: the second reads y
   pa::Stats st{};
-  if (kPopArt) {
-    if (phase == 0) cudarl::grid_barrier(barrier);
-    float sum, sum2;
-    pa::batch_moments_half(y, B, s1, s2, sum, sum2);
-    st = pa::updated(old, beta[0], sum, sum2, B, sigma_min);
-    if (blockIdx.x == 0 && threadIdx.x == 0) pa::store(state_out, old, st);
-  }
+  if (kPopArt) st = tl_popart_stats(y, B, old, beta, sigma_min, phase, barrier, s1, s2, state_out);
 
   // pass 2: the projection, the loss and dL/dva
   for (int b = first; b < B; b += stride) {
@@ -513,11 +841,7 @@ __device__ __forceinline__ void targets_loss_body(
     for (int k = lane; k < K; k += C51_WARP) cudarl::dueling_backward_atom(logits, dva + (long long)b * row, A, K, k);
     __syncwarp();
   }
-  if (cudarl::last_block(done)) {
-    if (kPopArt && phase == 0 && threadIdx.x == 0) *barrier = 0u;  // every block is past the barrier
-    const float sum = cudarl::block_weighted_sum<C51_MEAN_SLOTS>(loss_per, weights, B, part);
-    if (threadIdx.x == 0) loss[0] = scale * sum;
-  }
+  tl_finish(kPopArt, phase, loss_per, weights, B, scale, part, loss, done, barrier);
 }
 
 }  // namespace

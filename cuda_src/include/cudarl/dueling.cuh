@@ -7,6 +7,8 @@
 //   dueling_logit(va, mean, a, Z, z) (V[z] + Adv[a, z]) - mean
 // The backward of logits [A, Z] with gradient d [A, Z] (d_a = d[a * Z + z]):
 //   dV[z] = sum_a d_a (in order),  dAdv[a, z] = d_a - dV[z] / A   (dueling_backward_atom)
+// The *_regs forms are the same roundings on one atom's values held in registers (adv[a], d[a]
+// for a < A <= MAXA), for kernels that load a whole row up front (c51.cu's register path).
 #pragma once
 
 namespace cudarl {
@@ -28,6 +30,28 @@ __device__ __forceinline__ void dueling_backward_atom(const float* d, float* dva
   const float m = s / (float)A;
   dva[z] = s;
   for (int a = 0; a < A; ++a) dva[(1 + a) * Z + z] = d[a * Z + z] - m;
+}
+
+template <int MAXA>
+__device__ __forceinline__ float dueling_mean_regs(const float (&adv)[MAXA], int A) {
+  float s = adv[0];
+#pragma unroll
+  for (int a = 1; a < MAXA; ++a)
+    if (a < A) s += adv[a];
+  return s / (float)A;
+}
+
+// dV = sum_a d[a] (in order), dadv[a] = d[a] - dV / A, as dueling_backward_atom.
+template <int MAXA>
+__device__ __forceinline__ void dueling_backward_regs(const float (&d)[MAXA], int A, float& dv, float (&dadv)[MAXA]) {
+  float s = d[0];
+#pragma unroll
+  for (int a = 1; a < MAXA; ++a)
+    if (a < A) s += d[a];
+  const float m = s / (float)A;
+  dv = s;
+#pragma unroll
+  for (int a = 0; a < MAXA; ++a) dadv[a] = d[a] - m;
 }
 
 }  // namespace cudarl

@@ -60,8 +60,7 @@ __device__ __forceinline__ void batch_moments(const float* y, int B, float* s1, 
   slot_moments<kFromL2>(y, B, t, a1, a2);
   s1[t] = a1;
   s2[t] = a2;
-  block_tree_sum(s1, kReduceThreads);  // the same tree for each: sums as in one fused loop
-  block_tree_sum(s2, kReduceThreads);
+  block_tree_sum2(s1, s2, kReduceThreads);  // the same tree for each: sums as in one fused loop
   sum = s1[0];
   sum2 = s2[0];
 }
@@ -77,8 +76,7 @@ __device__ __forceinline__ void batch_moments_half(const float* y, int B, float*
   slot_moments<true>(y, B, t + H, b1, b2);
   s1[t] = a1 + b1;
   s2[t] = a2 + b2;
-  block_tree_sum(s1, H);
-  block_tree_sum(s2, H);
+  block_tree_sum2(s1, s2, H);
   sum = s1[0];
   sum2 = s2[0];
 }

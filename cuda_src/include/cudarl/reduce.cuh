@@ -10,6 +10,7 @@
 //   block_tree_sum(sh, n)   in place over sh[0 .. n): sh[t] += sh[t + s] for s = n/2, ..., 1,
 //                           a __syncthreads() before each level and after the last; the
 //                           sum is in sh[0], visible to every thread.
+//   block_tree_sum2(a, b, n) the same tree over two arrays, one barrier a level for both.
 //   block_sum(v, sh, n)     every thread contributes v (n == blockDim.x); the tree above;
 //                           returns the sum to every thread (safe to call back to back on sh).
 //   block_weighted_sum<N>(values, w, n, sh)
@@ -80,6 +81,21 @@ __device__ __forceinline__ void block_tree_sum(T* sh, int n) {
   for (int s = n >> 1; s > 0; s >>= 1) {
     __syncthreads();
     if (t < s) sh[t] += sh[t + s];
+  }
+  __syncthreads();
+}
+
+// block_tree_sum over two arrays at once: the same pairs in each (the same bits as two calls),
+// one __syncthreads() per level for both.
+template <typename T>
+__device__ __forceinline__ void block_tree_sum2(T* sh1, T* sh2, int n) {
+  const int t = (int)threadIdx.x;
+  for (int s = n >> 1; s > 0; s >>= 1) {
+    __syncthreads();
+    if (t < s) {
+      sh1[t] += sh1[t + s];
+      sh2[t] += sh2[t + s];
+    }
   }
   __syncthreads();
 }
