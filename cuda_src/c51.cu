@@ -545,22 +545,26 @@ __device__ __forceinline__ float tlr_logit(const TlRow<MAXA>& r, int j, int a, i
 }
 
 // row_softmax_stats of the row whose lane atoms are x0, x1 (ok0, ok1: they exist); also returns the
-// lane's exp(x - m).
+// lane's exp(x - m), 0 where the atom does not exist. Branch-free (ncu at a2653d2: this path's warps
+// waited on instruction fetch after every short branch): exp is computed for every lane and the
+// sums add only existing atoms, in the generic path's order.
 __device__ __forceinline__ void tlr_softmax_stats(float x0, float x1, bool ok0, bool ok1, float& m, float& s,
                                                   float& e0, float& e1) {
-  float mx = C51_NEG_INF;
-  if (ok0) mx = fmaxf(mx, x0);
-  if (ok1) mx = fmaxf(mx, x1);
+  float mx = fmaxf(C51_NEG_INF, ok0 ? x0 : C51_NEG_INF);
+  mx = fmaxf(mx, ok1 ? x1 : C51_NEG_INF);
   m = warp_max(mx);
-  e0 = ok0 ? expf(x0 - m) : 0.f;
-  e1 = ok1 ? expf(x1 - m) : 0.f;
+  e0 = expf(x0 - m);
+  e1 = expf(x1 - m);
   float acc = 0.f;
   if (ok0) acc += e0;
   if (ok1) acc += e1;
   s = warp_sum(acc);
+  e0 = ok0 ? e0 : 0.f;
+  e1 = ok1 ? e1 : 0.f;
 }
 
-// select_action on the online row at s' (every action's reductions interleaved).
+// select_action on the online row at s' (every action's reductions interleaved; the actions past A
+// are reduced too, on zeros, and never chosen: no branch around a shuffle).
 template <int MAXA>
 __device__ __forceinline__ int tlr_select(const TlRow<MAXA>& on, float z0, float z1, bool ok0, bool ok1, int A) {
   float x[2][MAXA], m[MAXA], s[MAXA], acc[MAXA];
@@ -572,38 +576,35 @@ __device__ __forceinline__ int tlr_select(const TlRow<MAXA>& on, float z0, float
   }
 #pragma unroll
   for (int a = 0; a < MAXA; ++a) {
-    m[a] = C51_NEG_INF;
-    if (ok0) m[a] = fmaxf(m[a], x[0][a]);
-    if (ok1) m[a] = fmaxf(m[a], x[1][a]);
+    m[a] = fmaxf(C51_NEG_INF, ok0 ? x[0][a] : C51_NEG_INF);
+    m[a] = fmaxf(m[a], ok1 ? x[1][a] : C51_NEG_INF);
   }
 #pragma unroll
-  for (int a = 0; a < MAXA; ++a)
-    if (a < A) m[a] = warp_max(m[a]);
+  for (int a = 0; a < MAXA; ++a) m[a] = warp_max(m[a]);
 #pragma unroll
   for (int a = 0; a < MAXA; ++a) {
-    x[0][a] = ok0 ? expf(x[0][a] - m[a]) : 0.f;  // x now holds exp(x - m)
-    x[1][a] = ok1 ? expf(x[1][a] - m[a]) : 0.f;
+    x[0][a] = expf(x[0][a] - m[a]);  // x now holds exp(x - m)
+    x[1][a] = expf(x[1][a] - m[a]);
     s[a] = 0.f;
     if (ok0) s[a] += x[0][a];
     if (ok1) s[a] += x[1][a];
   }
 #pragma unroll
-  for (int a = 0; a < MAXA; ++a)
-    if (a < A) s[a] = warp_sum(s[a]);
+  for (int a = 0; a < MAXA; ++a) s[a] = warp_sum(s[a]);
 #pragma unroll
   for (int a = 0; a < MAXA; ++a) {
+    const float q0 = x[0][a] / s[a], q1 = x[1][a] / s[a];
     acc[a] = 0.f;
-    if (ok0) acc[a] += (x[0][a] / s[a]) * z0;
-    if (ok1) acc[a] += (x[1][a] / s[a]) * z1;
+    if (ok0) acc[a] += q0 * z0;
+    if (ok1) acc[a] += q1 * z1;
   }
 #pragma unroll
-  for (int a = 0; a < MAXA; ++a)
-    if (a < A) acc[a] = warp_sum(acc[a]);
+  for (int a = 0; a < MAXA; ++a) acc[a] = warp_sum(acc[a]);
   int best = 0;
-  float best_q = C51_NEG_INF;
+  float best_q = acc[0];
 #pragma unroll
-  for (int a = 0; a < MAXA; ++a)
-    if (a < A && (a == 0 || acc[a] > best_q)) {
+  for (int a = 1; a < MAXA; ++a)
+    if (a < A && acc[a] > best_q) {
       best_q = acc[a];
       best = a;
     }
@@ -620,9 +621,8 @@ template <int MAXA>
 __device__ __forceinline__ TlLoss tlr_loss_prep(const float* va_tm1_b, int act, float w, int A, int K, int lane,
                                                 bool ok0, bool ok1) {
   TlLoss L{act, w, 0.f, 0.f, 0.f, 0.f};
-  if (act < 0 || act >= A) return L;  // uniform across the warp
   TlRow<MAXA> r;
-  tlr_load(va_tm1_b, A, K, lane, r);
+  tlr_load(va_tm1_b, A, K, lane, r);  // an action outside [0, A) picks row 0: computed, never used
   L.x0 = tlr_logit(r, 0, act, A);
   L.x1 = tlr_logit(r, 1, act, A);
   float s, e0, e1;
@@ -636,44 +636,42 @@ __device__ __forceinline__ TlLoss tlr_loss_prep(const float* va_tm1_b, int act, 
 template <int MAXA>
 __device__ __forceinline__ void tlr_loss(const TlLoss& L, float m0, float m1, bool ok0, bool ok1, float* dva_b,
                                          float* loss_b, float* prio_b, int B, int A, int K, int kind, int lane) {
+  const bool bad = L.act < 0 || L.act >= A;  // uniform across the warp
+  const float lg0 = logf(m0 > 0.f ? m0 : 1.f), lg1 = logf(m1 > 0.f ? m1 : 1.f);
+  float ce = 0.f, msum = 0.f, mlogm = 0.f;
+  if (ok0) {
+    ce -= m0 * (L.x0 - L.mx - L.log_s);
+    msum += m0;
+    if (m0 > 0.f) mlogm += m0 * lg0;
+  }
+  if (ok1) {
+    ce -= m1 * (L.x1 - L.mx - L.log_s);
+    msum += m1;
+    if (m1 > 0.f) mlogm += m1 * lg1;
+  }
+  ce = warp_sum(ce);
+  msum = warp_sum(msum);
+  mlogm = warp_sum(mlogm);
+  const float scale = L.w / (float)B;
+  const float e0 = expf(L.x0 - L.mx - L.log_s), e1 = expf(L.x1 - L.mx - L.log_s);
   float g[2] = {0.f, 0.f};
-  if (L.act < 0 || L.act >= A) {
-    if (lane == 0) { *loss_b = C51_NAN; *prio_b = C51_NAN; }
-  } else {
-    float ce = 0.f, msum = 0.f, mlogm = 0.f;
-    if (ok0) {
-      ce -= m0 * (L.x0 - L.mx - L.log_s);
-      msum += m0;
-      if (m0 > 0.f) mlogm += m0 * logf(m0);
-    }
-    if (ok1) {
-      ce -= m1 * (L.x1 - L.mx - L.log_s);
-      msum += m1;
-      if (m1 > 0.f) mlogm += m1 * logf(m1);
-    }
-    ce = warp_sum(ce);
-    msum = warp_sum(msum);
-    mlogm = warp_sum(mlogm);
-    const float scale = L.w / (float)B;
-    if (ok0) g[0] = scale * (expf(L.x0 - L.mx - L.log_s) * msum - m0);
-    if (ok1) g[1] = scale * (expf(L.x1 - L.mx - L.log_s) * msum - m1);
-    if (lane == 0) {
-      *loss_b = ce;
-      *prio_b = kind == 0 ? ce : fmaxf(ce + mlogm, 0.f);
-    }
+  if (ok0 && !bad) g[0] = scale * (e0 * msum - m0);
+  if (ok1 && !bad) g[1] = scale * (e1 * msum - m1);
+  if (lane == 0) {
+    *loss_b = bad ? C51_NAN : ce;
+    *prio_b = bad ? C51_NAN : kind == 0 ? ce : fmaxf(ce + mlogm, 0.f);
   }
 #pragma unroll
   for (int j = 0; j < 2; ++j) {
     const int k = lane + C51_WARP * j;
-    if (k >= K) continue;
     float d[MAXA], dadv[MAXA], dv;
 #pragma unroll
     for (int a = 0; a < MAXA; ++a) d[a] = a == L.act ? g[j] : 0.f;
     cudarl::dueling_backward_regs(d, A, dv, dadv);
-    dva_b[k] = dv;
+    if (k < K) dva_b[k] = dv;
 #pragma unroll
     for (int a = 0; a < MAXA; ++a)
-      if (a < A) dva_b[(1 + a) * K + k] = dadv[a];
+      if (a < A && k < K) dva_b[(1 + a) * K + k] = dadv[a];
   }
 }
 
@@ -749,8 +747,9 @@ __device__ __forceinline__ void targets_loss_regs(const TlArgs& t, const pa::Sta
     if (!isfinite(rn) || !isfinite(d)) {
       m0 = m1 = __int_as_float(0x7fc00000);
     } else {
-      if (ok0) stage_share(stage, lane, share_at(q0, rn, d, z0, K, v_min, v_max, dz));
-      if (ok1) stage_share(stage, lane + C51_WARP, share_at(q1, rn, d, z1, K, v_min, v_max, dz));
+      const Share h0 = share_at(q0, rn, d, z0, K, v_min, v_max, dz), h1 = share_at(q1, rn, d, z1, K, v_min, v_max, dz);
+      if (ok0) stage_share(stage, lane, h0);
+      if (ok1) stage_share(stage, lane + C51_WARP, h1);
       __syncwarp();
       staged_sums(stage, K, lane, lane + C51_WARP, m0, m1);
       __syncwarp();  // every lane is done with stage before the next sample
