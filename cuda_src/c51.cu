@@ -160,19 +160,30 @@ __device__ __forceinline__ void stage_share(float4* stage, int j, const Share& s
   stage[j] = make_float4(__int_as_float(sh.l), sh.lo, sh.hi, 0.f);
 }
 
+// Adds share s4 to the sums of target atoms ia and ib (if it lands there).
+__device__ __forceinline__ void add_share(const float4& s4, int ia, int ib, float& acc_a, float& acc_b) {
+  const int l = __float_as_int(s4.x);
+  if (l == ia) acc_a += s4.y;
+  else if (l + 1 == ia) acc_a += s4.z;
+  if (l == ib) acc_b += s4.y;
+  else if (l + 1 == ib) acc_b += s4.z;
+}
+
 // The staged projection's sums for target atoms ia and ib: the shares of j = 0..K-1, in order.
+// Four shares are read before any is added: the loads overlap instead of each waiting on the one
+// before (ncu at af237d7: one shared-load latency per j when the compiler reused one register).
 __device__ __forceinline__ void staged_sums(const float4* stage, int K, int ia, int ib, float& acc_a, float& acc_b) {
   acc_a = 0.f;
   acc_b = 0.f;
-#pragma unroll 4
-  for (int j = 0; j < K; ++j) {
-    const float4 s4 = stage[j];
-    const int l = __float_as_int(s4.x);
-    if (l == ia) acc_a += s4.y;
-    else if (l + 1 == ia) acc_a += s4.z;
-    if (l == ib) acc_b += s4.y;
-    else if (l + 1 == ib) acc_b += s4.z;
+  int j = 0;
+  for (; j + 4 <= K; j += 4) {
+    const float4 s0 = stage[j], s1 = stage[j + 1], s2 = stage[j + 2], s3 = stage[j + 3];
+    add_share(s0, ia, ib, acc_a, acc_b);
+    add_share(s1, ia, ib, acc_a, acc_b);
+    add_share(s2, ia, ib, acc_a, acc_b);
+    add_share(s3, ia, ib, acc_a, acc_b);
   }
+  for (; j < K; ++j) add_share(stage[j], ia, ib, acc_a, acc_b);
 }
 
 // project_row with the shares staged in shared memory instead of shuffled: lane j % 32 computes
@@ -792,7 +803,8 @@ __device__ __forceinline__ void targets_loss_body(
     const TlArgs t{va_tm1, va_online_tp1, va_target_tp1, actions, weights, support, r_t, discount_t, beta, state_out, y,
                    r_norm, probs, a_star, target, loss_per, priority, dva, loss, done, barrier, B, A, K, kind, scale,
                    sigma_min, phase};
-    if (A <= 4) targets_loss_regs<kPopArt, 4>(t, old, stage, part, s1, s2);
+    if (A <= 3) targets_loss_regs<kPopArt, 3>(t, old, stage, part, s1, s2);  // short, flat, long
+    else if (A == 4) targets_loss_regs<kPopArt, 4>(t, old, stage, part, s1, s2);
     else targets_loss_regs<kPopArt, 8>(t, old, stage, part, s1, s2);
     return;
   }

@@ -794,12 +794,12 @@ def _gpu_launch_chain(cp, dev, outs, popart):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("popart,grid_barrier", [(False, True), (True, True), (True, False)])
-@pytest.mark.parametrize("B,A,K", [(1, 3, 11), (7, 3, 51), (512, 3, 51), (33, 1, 33), (100, 8, 64), (1000, 5, 11),
+@pytest.mark.parametrize("B,A,K", [(1, 3, 11), (7, 3, 51), (512, 3, 51), (33, 1, 33), (40, 4, 40), (100, 8, 64), (1000, 5, 11),
                                    (64, 9, 51), (4096, 3, 101), (300, 3, 1024)])
 def test_gpu_targets_loss_is_bitwise_the_launch_chain_it_replaces(cp, rng, B, A, K, popart, grid_barrier):
     """Every output of the one launch, or of the two-launch form without the grid barrier, against
     the five-to-six launches it replaces. Both of the kernel's paths: registers (K <= 64, A <= 8;
-    A = 1 and 8, K = 33 and 64 at the edges; B = 1000 puts two samples on some warps) and generic
+    A = 1, 4 and 8, K = 33 and 64 at the edges; B = 1000 puts two samples on some warps) and generic
     (A = 9; K = 101; B = 4096: 1024 blocks' worth of samples on at most one block per SM; K = 1024:
     80 KiB of shared memory, the opt-in)."""
     host, dev, outs = _tl_buffers(cp, rng, B, A, K, popart)
