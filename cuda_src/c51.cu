@@ -112,7 +112,8 @@ struct Share {
 __device__ __forceinline__ Share share_at(float pj, float r, float d, float zj, int K, float v_min, float v_max,
                                           float dz) {
   const float tz = fminf(fmaxf(r + d * zj, v_min), v_max);
-  const float g = fminf(fmaxf((tz - v_min) / dz, 0.f), (float)(K - 1));
+  const float num = tz - v_min;  // +0 where tz is clipped to v_min (often, at j = 0): 0 / dz is +0,
+  const float g = fminf(fmaxf(num == 0.f ? 0.f : num / dz, 0.f), (float)(K - 1));  // without the slow path
   const float lo = floorf(g);
   const float f = g - lo;
   return Share{(int)lo, pj * (1.f - f), pj * f};
@@ -527,15 +528,18 @@ struct TlRow {  // one va row [(1 + A) K] at the lane's atoms j = 0, 1 (k = lane
   float adv[2][MAXA];
 };
 
+// An atom past K holds 1s: every value computed from it stays normal, so no IEEE division on it
+// takes the slow path (a zero or denormal operand does; ncu at af237d7: ~200 instructions a warp in
+// that path, most on atoms that do not exist). Nothing from such an atom is added or stored.
 template <int MAXA>
 __device__ __forceinline__ void tlr_load(const float* __restrict__ va, int A, int K, int lane, TlRow<MAXA>& r) {
 #pragma unroll
   for (int j = 0; j < 2; ++j) {
     const int k = lane + C51_WARP * j;
     const bool ok = k < K;
-    r.v[j] = ok ? va[k] : 0.f;
+    r.v[j] = ok ? va[k] : 1.f;
 #pragma unroll
-    for (int a = 0; a < MAXA; ++a) r.adv[j][a] = ok && a < A ? va[(1 + a) * K + k] : 0.f;
+    for (int a = 0; a < MAXA; ++a) r.adv[j][a] = ok && a < A ? va[(1 + a) * K + k] : 1.f;
   }
 }
 
@@ -556,7 +560,7 @@ __device__ __forceinline__ float tlr_logit(const TlRow<MAXA>& r, int j, int a, i
 }
 
 // row_softmax_stats of the row whose lane atoms are x0, x1 (ok0, ok1: they exist); also returns the
-// lane's exp(x - m), 0 where the atom does not exist. Branch-free (ncu at a2653d2: this path's warps
+// lane's exp(x - m), 1 where the atom does not exist (a normal dividend). Branch-free (ncu at a2653d2: this path's warps
 // waited on instruction fetch after every short branch): exp is computed for every lane and the
 // sums add only existing atoms, in the generic path's order.
 __device__ __forceinline__ void tlr_softmax_stats(float x0, float x1, bool ok0, bool ok1, float& m, float& s,
@@ -570,8 +574,8 @@ __device__ __forceinline__ void tlr_softmax_stats(float x0, float x1, bool ok0, 
   if (ok0) acc += e0;
   if (ok1) acc += e1;
   s = warp_sum(acc);
-  e0 = ok0 ? e0 : 0.f;
-  e1 = ok1 ? e1 : 0.f;
+  e0 = ok0 ? e0 : 1.f;
+  e1 = ok1 ? e1 : 1.f;
 }
 
 // select_action on the online row at s' (every action's reductions interleaved; the actions past A
@@ -604,7 +608,7 @@ __device__ __forceinline__ int tlr_select(const TlRow<MAXA>& on, float z0, float
   for (int a = 0; a < MAXA; ++a) s[a] = warp_sum(s[a]);
 #pragma unroll
   for (int a = 0; a < MAXA; ++a) {
-    const float q0 = x[0][a] / s[a], q1 = x[1][a] / s[a];
+    const float q0 = (ok0 ? x[0][a] : 1.f) / s[a], q1 = (ok1 ? x[1][a] : 1.f) / s[a];
     acc[a] = 0.f;
     if (ok0) acc[a] += q0 * z0;
     if (ok1) acc[a] += q1 * z1;
@@ -677,7 +681,7 @@ __device__ __forceinline__ void tlr_loss(const TlLoss& L, float m0, float m1, bo
     const int k = lane + C51_WARP * j;
     float d[MAXA], dadv[MAXA], dv;
 #pragma unroll
-    for (int a = 0; a < MAXA; ++a) d[a] = a == L.act ? g[j] : 0.f;
+    for (int a = 0; a < MAXA; ++a) d[a] = k >= K ? 1.f : a == L.act ? g[j] : 0.f;
     cudarl::dueling_backward_regs(d, A, dv, dadv);
     if (k < K) dva_b[k] = dv;
 #pragma unroll
@@ -692,7 +696,7 @@ __device__ __forceinline__ void targets_loss_regs(const TlArgs& t, const pa::Sta
   const int lane = threadIdx.x % C51_WARP, warp = threadIdx.x / C51_WARP;
   const int A = t.A, K = t.K, B = t.B, row = (1 + A) * K;
   const bool ok0 = lane < K, ok1 = lane + C51_WARP < K;
-  const float z0 = ok0 ? t.support[lane] : 0.f, z1 = ok1 ? t.support[lane + C51_WARP] : 0.f;
+  const float z0 = t.support[ok0 ? lane : K - 1], z1 = t.support[ok1 ? lane + C51_WARP : K - 1];
   const float v_min = t.support[0], v_max = t.support[K - 1];
   const float dz = (v_max - v_min) / (float)(K - 1);
   const int first = blockIdx.x * C51_TL_WARPS + warp, stride = gridDim.x * C51_TL_WARPS;
