@@ -431,7 +431,8 @@ extern "C" __global__ void cudarl_c51_loss(const float* __restrict__ logits, con
 //                                                       dL/dlogits (which is not stored)
 // Every output has the bits of that chain of five launches (dueling_forward x2, the targets
 // pair, loss, dueling_backward), with no logits or dlogits buffers in memory: the combined rows
-// live in shared memory, per warp. Four to five graph nodes fewer on the step's critical path.
+// live in registers (the register path, K <= 64 and A <= 8) or in shared memory per warp (the
+// generic path). Four to five graph nodes fewer on the step's critical path.
 //
 // Threads: blocks of 4 warps (128 threads: twice the SMs of 8-warp blocks at B = 512), one warp per
 // sample, samples b = warp, warp + 4 * gridDim.x, ... (any grid covers any B). With PopArt every y
@@ -556,13 +557,13 @@ __device__ __forceinline__ float tlr_pick(const float (&x)[MAXA], int a) {
 // The dueling logit of action a at the lane's atom j (dueling.cuh's roundings).
 template <int MAXA>
 __device__ __forceinline__ float tlr_logit(const TlRow<MAXA>& r, int j, int a, int A) {
-  return (r.v[j] + tlr_pick(r.adv[j], a)) - cudarl::dueling_mean_regs(r.adv[j], A);
+  return (r.v[j] + tlr_pick(r.adv[j], a)) - cudarl::dueling_mean_regs(r.adv[j], A);  // dueling_combine's order
 }
 
 // row_softmax_stats of the row whose lane atoms are x0, x1 (ok0, ok1: they exist); also returns the
-// lane's exp(x - m), 1 where the atom does not exist (a normal dividend). Branch-free (ncu at a2653d2: this path's warps
-// waited on instruction fetch after every short branch): exp is computed for every lane and the
-// sums add only existing atoms, in the generic path's order.
+// lane's exp(x - m), 1 where the atom does not exist (a normal dividend). Branch-free (ncu at
+// a2653d2: this path's warps waited on instruction fetch after every short branch): exp is computed
+// for every lane and the sums add only existing atoms, in the generic path's order.
 __device__ __forceinline__ void tlr_softmax_stats(float x0, float x1, bool ok0, bool ok1, float& m, float& s,
                                                   float& e0, float& e1) {
   float mx = fmaxf(C51_NEG_INF, ok0 ? x0 : C51_NEG_INF);
@@ -579,7 +580,7 @@ __device__ __forceinline__ void tlr_softmax_stats(float x0, float x1, bool ok0, 
 }
 
 // select_action on the online row at s' (every action's reductions interleaved; the actions past A
-// are reduced too, on zeros, and never chosen: no branch around a shuffle).
+// are reduced too, on tlr_load's padding, and never chosen: no branch around a shuffle).
 template <int MAXA>
 __device__ __forceinline__ int tlr_select(const TlRow<MAXA>& on, float z0, float z1, bool ok0, bool ok1, int A) {
   float x[2][MAXA], m[MAXA], s[MAXA], acc[MAXA];
@@ -587,7 +588,7 @@ __device__ __forceinline__ int tlr_select(const TlRow<MAXA>& on, float z0, float
   for (int j = 0; j < 2; ++j) {
     const float mean = cudarl::dueling_mean_regs(on.adv[j], A);
 #pragma unroll
-    for (int a = 0; a < MAXA; ++a) x[j][a] = (on.v[j] + on.adv[j][a]) - mean;
+    for (int a = 0; a < MAXA; ++a) x[j][a] = cudarl::dueling_combine(on.v[j], on.adv[j][a], mean);
   }
 #pragma unroll
   for (int a = 0; a < MAXA; ++a) {

@@ -3,9 +3,9 @@
 //
 // Activation codes (shared with the twin): 0 identity, 1 ReLU, 2 sigmoid; derivatives are
 // taken from the activation's output y: relu' = [y > 0], sigmoid' = y (1 - y).
-// Column reductions (bias, gamma, beta gradients) are one block per 32 columns with a
-// fixed row order per thread and a fixed tree across threads: no atomics, bitwise
-// reproducible for a given shape.
+// Column reductions (bias, gamma, beta gradients) are blocks of a few columns each (see each
+// kernel's banner) with a fixed row order per thread and a fixed tree across threads: no
+// atomics, bitwise reproducible for a given shape.
 #include <cudarl/dueling.cuh>
 #include <cudarl/philox.cuh>
 #include <cudarl/reduce.cuh>

@@ -220,14 +220,15 @@ extern "C" __global__ void cudarl_optim_adam_update_soft(float* p, const float* 
 //     counters are 0 at launch and left 0.
 //  3. Every block reduces the partials read from L2 in grad_norm's last-block order (partial[t] +
 //     partial[t + 256], then the 256-slot tree) and gn_norm_scale: the clip scale in every block
-//     without a second barrier. Block 0 thread 0 writes norm[0] and scale[0] (gn_finish) and
+//     without a second barrier. Block 0 thread 0 writes norm[0] and scale[0] (as gn_finish does) and
 //     publishes: ring[2s] = loss[0], ring[2s + 1] = norm[0], s = step[0] % slots (cudarl_agent_publish;
 //     step is Adam's counter, already advanced by lr_schedule).
 //  4. adam_update_soft's elements, grid-stride: p, m, v by adam_math, target[i] by the spelled-out
 //     soft update. Each thread's first element (i = blockIdx.x*1024 + threadIdx.x, the element it
 //     squared first in stage 1 when the round is the first) is loaded before the barrier, so the
 //     update's reads overlap stage 1 and the barrier; nothing else in the launch writes it.
-// Reads 21*n + 8*GN_BLOCKS*G bytes (+ scalars), writes 16*n + 8*GN_BLOCKS + 16.
+// Reads about 24*n + 8*GN_BLOCKS*G bytes (+ scalars: g for the norm, then p, g, m, v and the target for
+// the update; each thread's first element once), writes 16*n + 8*GN_BLOCKS + 16.
 #define CAS_THREADS 1024
 #define CAS_GROUPS (CAS_THREADS / GN_THREADS)
 static_assert(GN_BLOCKS % CAS_GROUPS == 0, "a round of virtual blocks never straddles GN_BLOCKS");

@@ -4,7 +4,7 @@
 //
 // va [(1 + A) Z] is one sample's head output: V [Z], then Adv [A, Z].
 //   dueling_mean(va, A, Z, z)        (sum_a Adv[a, z], summed a = 0, 1, ... in order) / A
-//   dueling_logit(va, mean, a, Z, z) (V[z] + Adv[a, z]) - mean
+//   dueling_logit(va, mean, a, Z, z) dueling_combine(V[z], Adv[a, z], mean) = (V[z] + Adv[a, z]) - mean
 // The backward of logits [A, Z] with gradient d [A, Z] (d_a = d[a * Z + z]):
 //   dV[z] = sum_a d_a (in order),  dAdv[a, z] = d_a - dV[z] / A   (dueling_backward_atom)
 // The *_regs forms are the same roundings on one atom's values held in registers (adv[a], d[a]
@@ -19,8 +19,11 @@ __device__ __forceinline__ float dueling_mean(const float* va, int A, int Z, int
   return s / (float)A;
 }
 
+// The combine's one rounding order, (v + adv) - mean, for every caller.
+__device__ __forceinline__ float dueling_combine(float v, float adv, float mean) { return (v + adv) - mean; }
+
 __device__ __forceinline__ float dueling_logit(const float* va, float mean, int a, int Z, int z) {
-  return (va[z] + va[(1 + a) * Z + z]) - mean;
+  return dueling_combine(va[z], va[(1 + a) * Z + z], mean);
 }
 
 // d: one sample's dL/dlogits [A, Z]; dva: its dL/dva [(1 + A) Z]; writes atom z of both streams.

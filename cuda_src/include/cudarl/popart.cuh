@@ -53,11 +53,10 @@ __device__ __forceinline__ void slot_moments(const float* y, int B, int t, float
 }
 
 // Requires blockDim.x == kReduceThreads; s1, s2: __shared__ float [kReduceThreads].
-template <bool kFromL2 = false>
 __device__ __forceinline__ void batch_moments(const float* y, int B, float* s1, float* s2, float& sum, float& sum2) {
   const int t = threadIdx.x;
   float a1, a2;
-  slot_moments<kFromL2>(y, B, t, a1, a2);
+  slot_moments<false>(y, B, t, a1, a2);
   s1[t] = a1;
   s2[t] = a2;
   block_tree_sum2(s1, s2, kReduceThreads);  // the same tree for each: sums as in one fused loop
