@@ -13,7 +13,8 @@ that :class:`cudarl.graph.StepGraph` captures (GPU) or runs in order (NumPy)::
              targets) - loss (+ gradient wrt the outputs) - priorities (a parallel
              branch to the end) - backward (dx chain | weight gradients, in parallel) - adam
              (one launch: the gradient norm and clip, the update with the target net's soft
-             update and the publish of loss and gradient norm to the host ring | IQN's counter)
+             update and the publish of loss and gradient norm to the host ring; three launches
+             with run.grid_barrier = false | IQN's counter)
 
 On the GPU "in parallel" means a :class:`cudarl.graph.SideStream`: a branch of the captured graph
 that runs beside the main chain (same kernels and inputs, so the same bits as one stream).

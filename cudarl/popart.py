@@ -7,7 +7,8 @@ this object owns the buffers and dispatches. Where it sits in a train step's tar
     C51:  y  = td_targets(r_t, discount_t, v_hat)    return-space targets, statistics before the step
           update(y)                                  the statistics move with this step's y
           r~ = normalize_rewards(r_t, discount_t)    with the updated statistics; project on r~
-          (fused into two launches by cudarl.losses.c51_targets, which takes ``state``)
+          (in the train step: fused into cudarl.losses.c51_targets_loss, one launch with a grid
+          barrier, or two with run.grid_barrier = false; cudarl.losses.c51_targets takes ``state`` too)
     IQN:  r~ = update_normalize_rewards(r_t, r_t, discount_t)   (one launch); quantile targets on r~
 
 ``rescale(W, b)`` keeps a value-producing last layer's denormalised output across an update.

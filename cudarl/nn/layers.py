@@ -26,7 +26,9 @@ from ..reference.nn import ACTS, IDENTITY, RELU
 from ..reference.optim import GN_BLOCKS
 from .params import ParamLayout, Workspace, matmul, optim_ops
 
-#: Linear's forward GEMM: cuBLAS then the bias/activation kernel, or cuBLASLt with a fused epilogue.
+#: Linear's GEMMs (``net.gemm``, docs/config.md): cuBLAS then the bias/activation kernel; cuBLASLt with
+#: the bias and ReLU in its epilogue; the same limited to one-kernel algorithms for the forward and dx;
+#: or the panel GEMMs of cuda_src/gemm.cu where they take the shape.
 GEMMS = ("cublas", "cublaslt", "cublaslt_nosplit", "cudarl")
 _LT_ACTS = {IDENTITY: "identity", RELU: "relu"}  # the activations cuBLASLt's epilogue applies
 
@@ -119,8 +121,8 @@ class Linear(Module):
                                  split_k=not self.lt_all)
 
     def prepare_backward(self, batch: int) -> None:
-        """Make the cuBLASLt plan of a backward over ``batch`` samples (GPU, ``gemm="cublaslt_nosplit"``:
-        dx = dz W^T); a backward inside a capture needs it made."""
+        """Make the cuBLASLt plan of a backward over ``batch`` samples (GPU, ``gemm="cublaslt_nosplit"``
+        or ``"cudarl"``: dx = dz W^T); a backward inside a capture needs it made."""
         if self.lt_all and not isinstance(self.P[f"{self.name}.bias"], np.ndarray):
             m = batch * self.rows
             blas.gemm_lt_prepare(m, self.n_in, self.n_out, trans_b=True, tf32=self.tf32, split_k=False)

@@ -36,9 +36,11 @@ class QNetwork:
         max_batch: rows of the default workspace :attr:`ws`.
         seed: Philox seed of the initialisation.
         tf32: let the GEMMs use TF32 tensor cores (GPU).
-        gemm: ``"cublas"`` (GEMM, then the bias/activation kernel) or ``"cublaslt"`` (one cuBLASLt
-            GEMM with the bias and ReLU in its epilogue, for the identity and ReLU layers; GPU).
-            Each new workspace makes the cuBLASLt plans of its ``max_batch`` before any capture.
+        gemm: one of :data:`cudarl.nn.layers.GEMMS` (``net.gemm``, docs/config.md): ``"cublas"``
+            (GEMM, then the bias/activation kernel), ``"cublaslt"`` (one cuBLASLt GEMM with the
+            bias and ReLU in its epilogue), ``"cublaslt_nosplit"`` (the same, one-kernel algorithms
+            only) or ``"cudarl"`` (the panel GEMMs where they take the shape); GPU only. Each new
+            workspace makes the cuBLASLt plans of its ``max_batch`` before any capture.
 
     Buffers: :attr:`params` and :attr:`grads`, flat ``[layout.padded_size]``; :attr:`P` and
     :attr:`G` their named views (see :mod:`cudarl.nn.params` for the layout).
@@ -80,7 +82,7 @@ class QNetwork:
     def new_workspace(self, max_batch: int) -> Workspace:
         """A workspace for batches up to ``max_batch`` (one per concurrent forward, e.g. s and s').
 
-        With ``gemm="cublaslt"`` on the GPU it also makes the cuBLASLt plans of a forward over
+        With a cuBLASLt ``gemm`` on the GPU it also makes the cuBLASLt plans of a forward over
         ``max_batch`` rows, so that forward can be captured without an eager run first."""
         ws = Workspace(self.xp, self.dtype, max_batch)
         for name, row, merge in self._ws_spec:
@@ -91,7 +93,7 @@ class QNetwork:
 
     def prepare_backward(self, batch: int) -> None:
         """Make the cuBLASLt plans of a backward over ``batch`` rows before any capture (only
-        ``gemm="cublaslt_nosplit"`` on the GPU has any)."""
+        ``gemm="cublaslt_nosplit"`` and ``"cudarl"``, whose dx falls back to it, have any; GPU)."""
         for lin in self.linears.values():
             lin.prepare_backward(batch)
 

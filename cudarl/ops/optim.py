@@ -1,6 +1,7 @@
 """Launchers for ``cuda_src/optim.cu`` (twin: ``cudarl/reference/optim.py``, same names and arguments).
 
-Shapes are checked here, dtypes and contiguity by ``kernels.launch``. Nothing here allocates,
+Shapes are checked here (and the dtypes of the counters and pointer tables the launch signature
+cannot say), other dtypes and contiguity by ``kernels.launch``. Nothing here allocates,
 synchronises or reads a device value, so every launcher but :func:`shrink_perturb` (which
 refuses to run inside a capture) can be captured.
 """
