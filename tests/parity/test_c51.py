@@ -305,6 +305,28 @@ def test_targets_loss_twin_is_the_chain_it_fuses(rng, popart):
     assert (res.y is None) == (not popart)
 
 
+def test_targets_loss_twin_dva_is_the_gradient_of_its_loss():
+    """dva against central differences of the loss written out in float64 from its definition
+    (logits = V + Adv_a - mean_a Adv; L = (1/B) sum_b w_b CE(m_b, softmax(logits[b, a_b])), the target
+    m held fixed): independent of the reference functions the twin shares with the chain above."""
+    rng = np.random.default_rng(11)
+    B, A, K = 5, 3, 7
+    x = _targets_loss_inputs(rng, B, A, K)
+    m, _, _, _, _, _, dva = ref.targets_loss(x["va_tm1"], x["va_on"], x["va_tg"], x["a"], x["w"], x["z"], x["r"], x["d"])
+    target, w, act = m.astype(np.float64), x["w"].astype(np.float64), x["a"]
+
+    def loss(va):
+        v, adv = va[:, :K][:, None, :], va[:, K:].reshape(B, A, K)
+        chosen = (v + adv - adv.mean(axis=1, keepdims=True))[np.arange(B), act]
+        logp = chosen - chosen.max(axis=1, keepdims=True)
+        logp = logp - np.log(np.exp(logp).sum(axis=1, keepdims=True))
+        return float((w * -(target * logp).sum(axis=1)).sum() / B)
+
+    want = finite_difference(loss, x["va_tm1"].astype(np.float64))
+    np.testing.assert_allclose(dva, want, rtol=1e-3, atol=2e-6)
+    assert np.abs(want).max() > 1e-3, "the check needs a gradient that is not all zero"
+
+
 def test_targets_loss_twin_answers_a_bad_action_as_the_kernel():
     """An action outside [0, A): NaN loss and priority, a zero gradient row (the loss twin raises)."""
     rng = np.random.default_rng(3)
@@ -653,20 +675,9 @@ def test_gpu_c51_step_is_bitwise_repeatable_and_graphed_equals_eager(cp, rng):
     g.run_eager()
     g.synchronize()
     first = {k: v.get() for k, v in outs.items()}
-    _poisoned_run_equals(cp, g, g.run_eager, outs, first, "eager rerun")
+    assert_reruns_bitwise(g, outs, first, ("eager",))
     g.capture()
-    _poisoned_run_equals(cp, g, g.replay, outs, first, "graphed")
-
-
-def _poisoned_run_equals(cp, g, run, outs: dict, first: dict, what: str) -> None:
-    """Poison every output, ``run()`` graph ``g`` (eagerly or a replay), compare with ``first`` bit for bit."""
-    for v in outs.values():
-        poison(v)
-    cp.cuda.Device().synchronize()  # the poison runs on the default stream, the graph on its own
-    run()
-    g.synchronize()
-    for k, v in outs.items():
-        assert_bitwise(v, first[k], what=f"{what} {k}")
+    assert_reruns_bitwise(g, outs, first, ("graphed",))
 
 
 @pytest.mark.gpu
@@ -798,7 +809,8 @@ def _gpu_launch_chain(cp, dev, outs, popart):
                                    (64, 9, 51), (4096, 3, 101), (300, 3, 1024)])
 def test_gpu_targets_loss_is_bitwise_the_launch_chain_it_replaces(cp, rng, B, A, K, popart, grid_barrier):
     """Every output of the one launch, or of the two-launch form without the grid barrier, against
-    the five-to-six launches it replaces. Both of the kernel's paths: registers (K <= 64, A <= 8;
+    the six to seven launches it replaces (three dueling_forward, the targets in one launch or two
+    with PopArt, the loss, dueling_backward). Both of the kernel's paths: registers (K <= 64, A <= 8;
     A = 1, 4 and 8, K = 33 and 64 at the edges; B = 1000 puts two samples on some warps) and generic
     (A = 9; K = 101; B = 4096: 1024 blocks' worth of samples on at most one block per SM; K = 1024:
     80 KiB of shared memory, the opt-in)."""

@@ -475,7 +475,7 @@ def test_two_workspaces_keep_their_own_forward(rng):
     assert np.array_equal(net.grads, alone)
 
 
-# --- gemm="cublaslt": the forward GEMM with cuBLASLt's bias/ReLU epilogue --------------------------
+# --- net.gemm options: cuBLASLt with its bias/ReLU epilogue, one-kernel algorithms, panel GEMMs --------
 @pytest.mark.parametrize("gemm", ["cublaslt", "cublaslt_nosplit", "cudarl"])
 def test_gemm_option_reaches_every_linear_and_numpy_ignores_it(rng, gemm):
     """On NumPy the option changes nothing (same math); the fused GEMM is asked for the identity and
@@ -538,8 +538,8 @@ def _gemm_pair(cp, head, layernorm, B, spectral=(), seed=3, gemm="cublaslt"):
 @pytest.mark.parametrize("gemm", ["cublaslt", "cublaslt_nosplit", "cudarl"])
 @pytest.mark.parametrize("B", [1, 7, 512, 4096])
 @pytest.mark.parametrize("head,layernorm,spectral", [("c51", False, ()), ("c51", True, ("enc.1",)), ("iqn", False, ())])
-def test_gpu_qnetwork_cublaslt_matches_the_default_network(cp, rng, B, head, layernorm, spectral, gemm):
-    """Forward: the outputs and every layer's activations of the gemm="cublaslt" network match the
+def test_gpu_qnetwork_gemm_option_matches_the_default_network(cp, rng, B, head, layernorm, spectral, gemm):
+    """Forward: the outputs and every layer's activations of the network with the gemm option match the
     default network's to rel. error <= 1e-5. Backward: its gradients (from its own forward) match the
     default network's backward run on the same activations (so ReLU masks agree exactly)."""
     lt, base = _gemm_pair(cp, head, layernorm, B, spectral, gemm=gemm)
@@ -573,9 +573,9 @@ def test_gpu_qnetwork_cublaslt_matches_the_default_network(cp, rng, B, head, lay
 @pytest.mark.gpu
 @pytest.mark.parametrize("gemm", ["cublaslt", "cublaslt_nosplit", "cudarl"])
 @pytest.mark.parametrize("head,layernorm", [("c51", False), ("c51", True), ("iqn", False)])
-def test_gpu_qnetwork_cublaslt_captures_before_any_eager_run(cp, rng, head, layernorm, gemm):
-    """The trainer captures its step without running it eagerly first: a gemm="cublaslt" network's
-    workspace made its cuBLASLt plans, so forward + backward capture at once, the replay equals a
+def test_gpu_qnetwork_gemm_option_captures_before_any_eager_run(cp, rng, head, layernorm, gemm):
+    """The trainer captures its step without running it eagerly first: a network's workspace with
+    the gemm option made its cuBLASLt plans, so forward + backward capture at once, the replay equals a
     later eager run bit for bit, and its output matches the default network's (rel. error <= 1e-5)."""
     from cudarl.graph import StepGraph
 
