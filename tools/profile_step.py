@@ -15,6 +15,7 @@ launch__registers_per_thread python3 tools/profile_step.py --graph train [--set 
   their time, grid, block and registers, then the sum of kernel times and the kernels grouped by
   name. The sum of the kernel times against the replay's wall time (``tools/bench_step.py``) says how
   much of the step is kernels and how much is the gaps between nodes. Writes JSON with ``--out``.
+  A file without ncu's table (ncu failed) gets one line saying so, and the others their tables.
 
 ncu runs every kernel alone (serialised, caches left warm with ``--cache-control none``), so
 parallel graph branches are not overlapped here: the sum is the work, not the critical path.
@@ -60,9 +61,12 @@ def profile(graph_name: str, sets: list[str]) -> None:
 
 
 def read_csv(path: Path) -> list[dict]:
-    """ncu's raw CSV (a units row after the header; ncu's own log lines before it are skipped)."""
+    """ncu's raw CSV (a units row after the header; ncu's own log lines before it are skipped).
+    No rows when the file has no header row (ncu failed and wrote only its log)."""
     lines = path.read_text().splitlines()
-    start = next(i for i, ln in enumerate(lines) if ln.startswith('"ID"'))
+    start = next((i for i, ln in enumerate(lines) if ln.startswith('"ID"')), None)
+    if start is None:
+        return []
     rows = list(csv.DictReader(lines[start:]))
     kernels = []
     for r in rows:
@@ -80,6 +84,10 @@ def summarize(paths: list[Path], out: Path | None) -> None:
     result = {}
     for p in paths:
         ks = read_csv(p)
+        if not ks:  # one line, then the other files
+            print(f"\n== {p.name}: no kernel rows (ncu wrote no table: see its log, {p.with_suffix('.err').name})")
+            result[p.name] = {"kernels": [], "total_us": 0.0}
+            continue
         total = sum(k["us"] for k in ks)
         print(f"\n== {p.name}: {len(ks)} kernels, {total:.1f} us of kernel time (serialised)")
         print(f"{'#':>3} {'us':>7} {'grid':>14} {'block':>14} {'regs':>4}  kernel")
