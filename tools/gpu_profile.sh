@@ -11,9 +11,10 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/cudarl-profile}; mkdir -p "$OUT"
 export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}$PWD
 NCU=${NCU:-ncu}
+METRICS=$(python3 tools/profile_step.py --metrics) || { echo "tools/profile_step.py --metrics failed"; exit 1; }
 for g in ${GRAPHS:-train collect}; do  # GRAPHS=train: the train graph only
   timeout 240 "$NCU" --profile-from-start off --clock-control none --cache-control none --csv --page raw \
-    --print-units base --metrics gpu__time_duration.sum,launch__grid_size,launch__block_size,launch__registers_per_thread \
+    --print-units base --metrics "$METRICS" \
     python3 tools/profile_step.py --graph "$g" "$@" > "$OUT/ncu_$g.csv" 2> "$OUT/ncu_$g.err" || { echo "ncu $g failed:"; tail -5 "$OUT/ncu_$g.err"; }
 done
 if [ -n "${NCU_DETAIL:-}" ]; then
