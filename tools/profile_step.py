@@ -33,6 +33,7 @@ from collections import defaultdict
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 #: The ncu metrics to collect for the table (``--metrics`` prints them for ncu's ``--metrics``).
 METRICS = ("gpu__time_duration.sum", "launch__grid_size", "launch__block_size", "launch__registers_per_thread")
@@ -40,15 +41,12 @@ METRICS = ("gpu__time_duration.sum", "launch__grid_size", "launch__block_size", 
 
 def profile(graph_name: str, sets: list[str]) -> None:
     import cupy
+    from learning_check import _overrides
 
     from cudarl.bench import reference_bars, reference_config
-    from cudarl.config import parse_override
     from cudarl.trainer import Trainer
 
-    over: dict = {}
-    for text in sets:  # the CLI's --set syntax (values read as TOML)
-        sec, name, val = parse_override(text)
-        over.setdefault(sec, {})[name] = val
+    over = _overrides(sets)  # the CLI's --set syntax (values read as TOML)
     t = Trainer(reference_config("gpu", **over), run_dir=False, bars=reference_bars(), echo=lambda m: None)
     t._capture()
     while t._ready_rows() < t.cfg.agent.batch_size:
