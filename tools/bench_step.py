@@ -333,7 +333,7 @@ def main() -> int:
     extra: dict = {"workload": f"obs {OBS}, MLP {HIDDEN[0]}-{HIDDEN[1]}, dueling C51 {A}x{K}, batch {B}, "
                                f"replay {CAPACITY:,} PER alpha {ALPHA}, n-step {N_STEP}", "repeats": args.repeats}
     from cudarl.backend import cupy_unavailable_reason
-    from cudarl.bench import reference_config
+    from cudarl.bench import BACK_TO_BACK, reference_config
 
     extra["cudarl_popart"] = popart = bool(getattr(reference_config().agent, "popart", False))
     if popart:
@@ -352,8 +352,9 @@ def main() -> int:
             rows += step_rows
             ours = next(r["value"] for r in step_rows if r["metric"] == "train step (graph replay)")
             extra["cudarl_train_step_us"] = ours
+            b2b_metric = f"train step, {BACK_TO_BACK} replays back to back"  # the name step_benchmark gives it
             extra["cudarl_train_step_back_to_back_us"] = next(
-                (r["value"] for r in step_rows if "back to back" in r["metric"]), None)
+                (r["value"] for r in step_rows if r["metric"] == b2b_metric), None)
         except Exception as exc:
             _failed(rows, "cudarl step_benchmark", exc)
         if args.net_variants:
