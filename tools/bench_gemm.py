@@ -2,12 +2,14 @@
 """The network's GEMM shapes: cuBLASLt (one-kernel algorithms, net.gemm = cublaslt_nosplit) against
 the panel GEMMs of cuda_src/gemm.cu (net.gemm = cudarl).
 
-Shapes of the reference step (DESIGN.md): forwards of 512 and 1024 rows (256 -> 256 with bias and
-ReLU, 256 -> 204 with bias), the dx GEMMs of the backward (dz W^T at 512 rows), and the acting
-forward of 4096 rows. Each arm is 20 launches captured in one CUDA graph; the time is the median
-per launch of ``--repeats`` replays (CUDA events). Prints a table, writes JSON (``--out``, default
-``docs/bench/bench_gemm.json``). Without a usable CuPy and GPU it prints why and skips, writing the
-skip only to an explicit ``--out`` (the default file keeps its measurements).
+Shapes of the reference step (DESIGN.md): forwards of 512 and 1024 rows (256 -> 256 and 256 -> 204),
+the dx GEMMs of the backward (dz W^T at 512 rows), and the acting forward of 4096 rows (256 -> 256).
+Every forward shape is timed with the bias and ReLU epilogue, the 256 -> 204 ones too (in the
+network that layer, the C51 head's, has bias and no ReLU). Each arm is 20 launches captured in one
+CUDA graph; the time is the median per launch of ``--repeats`` replays (CUDA events). Prints a
+table, writes JSON (``--out``, default ``docs/bench/bench_gemm.json``). Without a usable CuPy and
+GPU it prints why and skips, writing the skip only to an explicit ``--out`` (the default file keeps
+its measurements).
 """
 from __future__ import annotations
 
