@@ -113,12 +113,12 @@ def resolve_device(device: str) -> str:
     return device
 
 
-def _run_job(job: dict) -> dict:
+def _run_job(job: dict, shared_gpu: bool = False) -> dict:
     t0 = time.perf_counter()
     try:
         ov = _overrides(job["sets"])
-        if job.get("shared_gpu"):  # other runs' kernels share the SMs: no launch may wait for all its blocks
-            ov.setdefault("run", {})["grid_barrier"] = False
+        if shared_gpu:  # other runs' kernels share the SMs: no launch may wait for all its blocks
+            ov.setdefault("run", {}).setdefault("grid_barrier", False)  # unless --set run.grid_barrier=...
         row = run_one(job["task"], job["head"], job["seed"], job["device"], job["quick"], ov)
         row["error"] = None
     except Exception as exc:  # a diverged or invalid run is a result, not a crash of the whole check
@@ -131,8 +131,11 @@ def run_jobs(jobs: list[dict], workers: int, on_row) -> list[dict]:
     """Run ``jobs`` (dicts with task, head, seed, device, quick, sets and any labels) and return their rows.
 
     ``workers > 1`` spreads them over spawned processes (CUDA state must not be forked); on one GPU
-    the processes share it, which pays because one run's step is latency-bound. ``on_row(row)`` is
-    called as each run ends (rows then come in completion order; the returned list is in job order).
+    the processes share it, which pays because one run's step is latency-bound. Then a job on device
+    ``gpu`` runs with ``run.grid_barrier`` off (MPS overlaps the processes' kernels, so no launch may
+    wait for all its blocks; the same bits), unless its ``sets`` give ``run.grid_barrier`` explicitly.
+    ``on_row(row)`` is called as each run ends (rows then come in completion order; the returned list
+    is in job order).
     """
     if workers <= 1:
         rows = []
@@ -141,18 +144,17 @@ def run_jobs(jobs: list[dict], workers: int, on_row) -> list[dict]:
             on_row(rows[-1])
         return rows
     done = {}
-    # processes on one GPU (MPS overlaps their kernels): run.grid_barrier off, the same bits
-    jobs = [{**job, "shared_gpu": True} for job in jobs]
+    items = [(i, job, job["device"] == "gpu") for i, job in enumerate(jobs)]  # gpu: processes share it
     with mp.get_context("spawn").Pool(workers, maxtasksperchild=1) as pool:
-        for i, row in pool.imap_unordered(_indexed, list(enumerate(jobs))):
+        for i, row in pool.imap_unordered(_indexed, items):
             done[i] = row
             on_row(row)
     return [done[i] for i in range(len(jobs))]
 
 
 def _indexed(item):
-    i, job = item
-    return i, _run_job(job)
+    i, job, shared_gpu = item
+    return i, _run_job(job, shared_gpu)
 
 
 def _commit() -> str:

@@ -2,19 +2,23 @@
 """Per-kernel GPU times of one train-graph replay or one collect-graph replay of the reference
 workload (DESIGN.md), read with Nsight Compute: where the step's time goes, kernel by kernel.
 
-Two modes:
+Three modes:
 
 * ``--graph train|collect`` (under ``ncu``): builds the reference trainer, captures, fills the replay,
   replays the graph 10 times, then replays it once between ``cudaProfilerStart``/``Stop``::
 
     ncu --profile-from-start off --clock-control none --cache-control none --csv --page raw \\
-        --print-units base --metrics gpu__time_duration.sum,launch__grid_size,launch__block_size,\\
-launch__registers_per_thread python3 tools/profile_step.py --graph train [--set net.gemm=cublas] > train.csv
+        --print-units base --metrics "$(python3 tools/profile_step.py --metrics)" \\
+        python3 tools/profile_step.py --graph train [--set net.gemm=cublas] > train.csv
 
 * ``--summarize train.csv [collect.csv ...]``: one table per file, the kernels in launch order with
   their time, grid, block and registers, then the sum of kernel times and the kernels grouped by
   name. The sum of the kernel times against the replay's wall time (``tools/bench_step.py``) says how
   much of the step is kernels and how much is the gaps between nodes. Writes JSON with ``--out``.
+  A file without ncu's table (ncu failed) gets one line saying so, and the others their tables.
+
+* ``--metrics``: prints the comma list of the ncu metrics to collect for the table (:data:`METRICS`,
+  the one list; ``tools/gpu_profile.sh`` passes it to ncu's ``--metrics``).
 
 ncu runs every kernel alone (serialised, caches left warm with ``--cache-control none``), so
 parallel graph branches are not overlapped here: the sum is the work, not the critical path.
@@ -29,21 +33,20 @@ from collections import defaultdict
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+#: The ncu metrics to collect for the table (``--metrics`` prints them for ncu's ``--metrics``).
 METRICS = ("gpu__time_duration.sum", "launch__grid_size", "launch__block_size", "launch__registers_per_thread")
 
 
 def profile(graph_name: str, sets: list[str]) -> None:
     import cupy
+    from learning_check import _overrides
 
     from cudarl.bench import reference_bars, reference_config
-    from cudarl.config import parse_override
     from cudarl.trainer import Trainer
 
-    over: dict = {}
-    for text in sets:  # the CLI's --set syntax (values read as TOML)
-        sec, name, val = parse_override(text)
-        over.setdefault(sec, {})[name] = val
+    over = _overrides(sets)  # the CLI's --set syntax (values read as TOML)
     t = Trainer(reference_config("gpu", **over), run_dir=False, bars=reference_bars(), echo=lambda m: None)
     t._capture()
     while t._ready_rows() < t.cfg.agent.batch_size:
@@ -60,9 +63,12 @@ def profile(graph_name: str, sets: list[str]) -> None:
 
 
 def read_csv(path: Path) -> list[dict]:
-    """ncu's raw CSV (a units row after the header; ncu's own log lines before it are skipped)."""
+    """ncu's raw CSV (a units row after the header; ncu's own log lines before it are skipped).
+    No rows when the file has no header row (ncu failed and wrote only its log)."""
     lines = path.read_text().splitlines()
-    start = next(i for i, ln in enumerate(lines) if ln.startswith('"ID"'))
+    start = next((i for i, ln in enumerate(lines) if ln.startswith('"ID"')), None)
+    if start is None:
+        return []
     rows = list(csv.DictReader(lines[start:]))
     kernels = []
     for r in rows:
@@ -80,6 +86,10 @@ def summarize(paths: list[Path], out: Path | None) -> None:
     result = {}
     for p in paths:
         ks = read_csv(p)
+        if not ks:  # one line, then the other files
+            print(f"\n== {p.name}: no kernel rows (ncu wrote no table: see its log, {p.with_suffix('.err').name})")
+            result[p.name] = {"kernels": [], "total_us": 0.0}
+            continue
         total = sum(k["us"] for k in ks)
         print(f"\n== {p.name}: {len(ks)} kernels, {total:.1f} us of kernel time (serialised)")
         print(f"{'#':>3} {'us':>7} {'grid':>14} {'block':>14} {'regs':>4}  kernel")
@@ -103,13 +113,16 @@ def main() -> int:
     ap.add_argument("--set", action="append", default=[], help="config override SECTION.FIELD=VALUE, as cudarl-train --set")
     ap.add_argument("--summarize", nargs="+", type=Path)
     ap.add_argument("--out", type=Path)
+    ap.add_argument("--metrics", action="store_true", help="print the ncu metrics to collect, comma-separated")
     args = ap.parse_args()
-    if args.summarize:
+    if args.metrics:
+        print(",".join(METRICS))
+    elif args.summarize:
         summarize(args.summarize, args.out)
     elif args.graph:
         profile(args.graph, args.set)
     else:
-        ap.error("give --graph (under ncu) or --summarize")
+        ap.error("give --graph (under ncu), --summarize or --metrics")
     return 0
 
 

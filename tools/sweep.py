@@ -45,9 +45,9 @@ def summarise(rows: list[dict]) -> list[dict]:
         ok = [r for r in rs if r.get("error") is None]
         sh = [r["test_sharpe"] for r in ok]
         frac = [r["fraction_of_optimum"] for r in ok if "fraction_of_optimum" in r]
+        mean, spread, _ = learning_check.mean_spread(sh)  # (nan, nan, 0) for no runs
         out.append({"variant": key[0], "head": key[1], "sets": rs[0]["sets"], "n": len(ok), "errors": len(rs) - len(ok),
-                    "sharpe_mean": learning_check.mean_spread(sh)[0] if sh else float("nan"),
-                    "sharpe_spread": learning_check.mean_spread(sh)[1] if sh else 0.0,
+                    "sharpe_mean": mean, "sharpe_spread": spread if sh else 0.0,
                     "sharpes": sh, "fraction_min": min(frac) if frac else None,
                     "fraction_mean": statistics.mean(frac) if frac else None,
                     "wall_s": statistics.mean(r["wall_s"] for r in rs)})
