@@ -4,4 +4,5 @@ The CUDA path (CuPy) and the NumPy path compute the same functions; every kernel
 ``cuda_src/`` has a NumPy twin in ``cudarl.reference`` that is both the CPU backend and
 the oracle of its parity test.
 """
+
 __version__ = "0.1.0"

@@ -25,6 +25,7 @@ if/elif chain). On the NumPy backend the loss functions return new arrays, which
 :func:`_into` copies into the same buffers the GPU path writes in place, so both backends run
 one program.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -56,7 +57,7 @@ def _agent_ops(xp):
 class C51Rule:
     """Categorical DQN (Bellemare et al. 2017) with double-DQN action selection."""
 
-    def __init__(self, agent: "Agent"):
+    def __init__(self, agent: Agent):
         a, xp, B, K = agent, agent.xp, agent.batch_size, agent.cfg.net.atoms
         self.support = xp.asarray(np.linspace(a.cfg.net.v_min, a.cfg.net.v_max, K, dtype=np.float32))
         self.probs = xp.zeros((B, K), np.float32)
@@ -71,7 +72,7 @@ class C51Rule:
         self.act_ent = xp.zeros(n, np.float32)
         self.act_mass = xp.zeros((n, K), np.float32)
 
-    def expected_q(self, agent: "Agent", out, obs) -> None:
+    def expected_q(self, agent: Agent, out, obs) -> None:
         logits = agent.online.forward(obs, agent.ws_act)["q"]
         if agent.xp.__name__ == "numpy":
             from .reference import qstats
@@ -83,7 +84,7 @@ class C51Rule:
             n = obs.shape[0]
             qstats.per_sample(logits, self.support, out, self.act_ent[:n], self.act_mass[:n])
 
-    def act(self, agent: "Agent", env, eps_args) -> None:
+    def act(self, agent: Agent, env, eps_args) -> None:
         """The collect step's act: the online forward over ``env.obs``, then one kernel for the
         expected Q (``agent.q_act``), the device epsilon and the epsilon-greedy ``env.actions``."""
         logits = agent.online.forward(env.obs, agent.ws_act)["q"]
@@ -94,7 +95,7 @@ class C51Rule:
     #: The online net sees s and s' as two B-row passes on parallel branches (see forward).
     pair_forward = False
 
-    def forward(self, agent: "Agent", batch) -> None:
+    def forward(self, agent: Agent, batch) -> None:
         # the head's raw outputs va [B, (1 + A) K]: targets_loss combines them itself. Three forwards
         # of B rows side by side: the target net at s' and the online net at s' on branches, the
         # online net at s (the backward's) on the chain; one 2B-row pass of the online net was a
@@ -105,7 +106,7 @@ class C51Rule:
             self.va_online_next = agent.online.forward(batch.next_obs, agent.ws_next, raw_head=True)["q"]
         self.va = agent.online.forward(batch.obs, agent.ws, raw_head=True)["q"]
 
-    def targets_loss(self, agent: "Agent", batch, weights) -> None:
+    def targets_loss(self, agent: Agent, batch, weights) -> None:
         """The target distribution and the loss in one launch (losses.c51_targets_loss), writing
         dL/dva for the backward. With PopArt: y = r + d (s E[z] + mu) in return space; the
         statistics move with y, then the rewards are mapped into the support's coordinates with
@@ -113,18 +114,47 @@ class C51Rule:
         agent.side.join()  # the target net's forward
         agent.side_next.join()  # the online net's at s'
         pa = agent.popart
-        popart = {} if pa is None else dict(popart_state=pa.state, popart_beta=pa.scalars.view("beta"),
-                                            sigma_min=pa.sigma_min, out_y=self.y, out_r_norm=self.r_norm,
-                                            barrier=self.barrier, scratch=self.popart_prev,
-                                            grid_barrier=agent.cfg.run.grid_barrier)
+        popart = (
+            {}
+            if pa is None
+            else dict(
+                popart_state=pa.state,
+                popart_beta=pa.scalars.view("beta"),
+                sigma_min=pa.sigma_min,
+                out_y=self.y,
+                out_r_norm=self.r_norm,
+                barrier=self.barrier,
+                scratch=self.popart_prev,
+                grid_barrier=agent.cfg.run.grid_barrier,
+            )
+        )
         dva = agent.grad_q()
-        res = losses.c51_targets_loss(self.va, self.va_online_next, self.va_target_next, batch.action, weights,
-                                      self.support, batch.ret, batch.discount, agent.cfg.agent.priority, **popart,
-                                      out_target=self.target, out_probs=self.probs, out_a_star=self.a_star,
-                                      out_loss_per=agent.loss_per, out_loss=agent.loss, out_priority=agent.priority,
-                                      out_dva=dva, done=self.loss_done)
-        for dst, src in ((self.target, res.target), (dva, res.dva), (agent.priority, res.priority),
-                         (agent.loss_per, res.loss_per)):
+        res = losses.c51_targets_loss(
+            self.va,
+            self.va_online_next,
+            self.va_target_next,
+            batch.action,
+            weights,
+            self.support,
+            batch.ret,
+            batch.discount,
+            agent.cfg.agent.priority,
+            **popart,
+            out_target=self.target,
+            out_probs=self.probs,
+            out_a_star=self.a_star,
+            out_loss_per=agent.loss_per,
+            out_loss=agent.loss,
+            out_priority=agent.priority,
+            out_dva=dva,
+            done=self.loss_done,
+        )
+        for dst, src in (
+            (self.target, res.target),
+            (dva, res.dva),
+            (agent.priority, res.priority),
+            (agent.loss_per, res.loss_per),
+        ):
             _into(dst, src)
         _into(agent.loss, np.reshape(res.loss, (1,)) if agent.xp.__name__ == "numpy" else res.loss)
         if pa is not None:
@@ -138,7 +168,7 @@ class IQNRule:
     #: The online net sees s and s' in one 2B-row pass (their taus drawn together).
     pair_forward = True
 
-    def __init__(self, agent: "Agent"):
+    def __init__(self, agent: Agent):
         xp, B, N = agent.xp, agent.batch_size, agent.cfg.net.n_quantiles
         self.target = xp.zeros((B, N), np.float32)
         self.a_star = xp.zeros(B, np.int32)
@@ -151,18 +181,18 @@ class IQNRule:
     def _taus(self, agent, net, ws, B, stream_id):
         return net.head.sample_tau(ws, B, self.counters.view("tau").view(np.uint64), agent.cfg.run.seed, stream_id)
 
-    def expected_q(self, agent: "Agent", out, obs) -> None:
+    def expected_q(self, agent: Agent, out, obs) -> None:
         self._taus(agent, agent.online, agent.ws_act, obs.shape[0], 0x1A3)
         theta = agent.online.forward(obs, agent.ws_act)["q"]
         _agent_ops(agent.xp).quantile_mean(out, theta)
 
-    def act(self, agent: "Agent", env, eps_args) -> None:
+    def act(self, agent: Agent, env, eps_args) -> None:
         """:meth:`C51Rule.act` for quantiles: taus, the forward, then one kernel (``act_iqn``)."""
         self._taus(agent, agent.online, agent.ws_act, env.obs.shape[0], 0x1A3)
         theta = agent.online.forward(env.obs, agent.ws_act)["q"]
         agent.ops.act_iqn(env.actions, agent.q_act, theta, env.state.count, env.params, *eps_args)
 
-    def forward(self, agent: "Agent", batch) -> None:
+    def forward(self, agent: Agent, batch) -> None:
         B = agent.batch_size
         with agent.side.fork():  # the target net runs beside the online net (its own taus and workspace)
             self._taus(agent, agent.target, agent.target.ws, B, 0x1A2)
@@ -172,28 +202,42 @@ class IQNRule:
         both = agent.online.forward(agent.pair, agent.ws)["q"]  # [2B, N, A]
         self.theta, self.online_next = both[:B], both[B:]
 
-    def targets(self, agent: "Agent", batch) -> None:
+    def targets(self, agent: Agent, batch) -> None:
         agent.side.join()  # the target net's forward
         ret = batch.ret
         if agent.popart is not None:
             # The statistics follow the n-step returns (the scale of the rewards); quantiles then
             # live in normalised units: T = (r - (1 - d) mu) / s + d theta'.
-            _into(self.r_norm, agent.popart.update_normalize_rewards(batch.ret, batch.ret, batch.discount, out=self.r_norm))
+            _into(
+                self.r_norm,
+                agent.popart.update_normalize_rewards(batch.ret, batch.ret, batch.discount, out=self.r_norm),
+            )
             ret = self.r_norm
-        t, a = losses.quantile_targets(self.online_next, self.target_next, ret, batch.discount, self.target, self.a_star)
+        t, a = losses.quantile_targets(
+            self.online_next, self.target_next, ret, batch.discount, self.target, self.a_star
+        )
         _into(self.target, t)
 
-    def loss(self, agent: "Agent", batch, weights) -> None:
+    def loss(self, agent: Agent, batch, weights) -> None:
         grad = agent.grad_q()
         # the per-sample loss is the priority signal: written straight into agent.priority (one launch)
-        res = losses.quantile_huber_loss(self.theta, batch.action, self.target, self.taus, weights, agent.cfg.agent.kappa,
-                                         out_loss_per=agent.priority, out_loss=agent.loss, out_grad=grad,
-                                         done=self.loss_done)
+        res = losses.quantile_huber_loss(
+            self.theta,
+            batch.action,
+            self.target,
+            self.taus,
+            weights,
+            agent.cfg.agent.kappa,
+            out_loss_per=agent.priority,
+            out_loss=agent.loss,
+            out_grad=grad,
+            done=self.loss_done,
+        )
         _into(grad, res.grad)
         _into(agent.loss, np.reshape(res.loss, (1,)) if agent.xp.__name__ == "numpy" else res.loss)
         _into(agent.priority, res.loss_per)
 
-    def advance(self, agent: "Agent") -> None:
+    def advance(self, agent: Agent) -> None:
         from .reference import util as ref_util
 
         if agent.xp.__name__ == "numpy":
@@ -222,8 +266,18 @@ class Agent:
     def __init__(self, cfg: Config, obs_dim: int, n_actions: int, n_envs: int, xp):
         self.cfg, self.xp, self.n_envs = cfg, xp, int(n_envs)
         self.batch_size = B = cfg.agent.batch_size
-        net_kw = dict(hidden=cfg.net.hidden, head=cfg.net.head, layernorm=cfg.net.layernorm, atoms=cfg.net.atoms,
-                      n_quantiles=cfg.net.n_quantiles, n_cos=cfg.net.n_cos, xp=xp, seed=cfg.run.seed, tf32=cfg.net.tf32, gemm=cfg.net.gemm)
+        net_kw = dict(
+            hidden=cfg.net.hidden,
+            head=cfg.net.head,
+            layernorm=cfg.net.layernorm,
+            atoms=cfg.net.atoms,
+            n_quantiles=cfg.net.n_quantiles,
+            n_cos=cfg.net.n_cos,
+            xp=xp,
+            seed=cfg.run.seed,
+            tf32=cfg.net.tf32,
+            gemm=cfg.net.gemm,
+        )
         # IQN's online net sees s and s' of a batch in one forward pass of 2B rows; C51's runs s and
         # s' as two B-row passes side by side (C51Rule.forward). The backward runs over the s rows.
         pair = HEAD_RULES[cfg.net.head].pair_forward
@@ -239,21 +293,32 @@ class Agent:
 
         self.pair = xp.zeros((2 * B, obs_dim), np.float32)
         #: The fixed batch buffers the replay gathers into: obs and next_obs are halves of ``pair``.
-        self.batch = Batch(self.pair[:B], self.pair[B:], xp.zeros(B, np.int32), xp.zeros(B, np.float32),
-                           xp.zeros(B, np.float32))
+        self.batch = Batch(
+            self.pair[:B], self.pair[B:], xp.zeros(B, np.int32), xp.zeros(B, np.float32), xp.zeros(B, np.float32)
+        )
         o = cfg.optim
         self.readback = PinnedReadback(2, np.float32, xp, slots=PUBLISH_SLOTS)
         self.loss = xp.zeros(1, np.float32)
         self.grad_norm = xp.zeros(1, np.float32)
-        self.adam = Adam(self.online.params, self.online.grads,
-                         schedule=Schedule.from_config(o),
-                         betas=(o.beta1, o.beta2), eps=o.eps, weight_decay=o.weight_decay,
-                         decay_mask=self.online.layout.decay_mask(), max_grad_norm=o.max_grad_norm,
-                         grad_norm_out=self.grad_norm, xp=xp)
+        self.adam = Adam(
+            self.online.params,
+            self.online.grads,
+            schedule=Schedule.from_config(o),
+            betas=(o.beta1, o.beta2),
+            eps=o.eps,
+            weight_decay=o.weight_decay,
+            decay_mask=self.online.layout.decay_mask(),
+            max_grad_norm=o.max_grad_norm,
+            grad_norm_out=self.grad_norm,
+            xp=xp,
+        )
         a = cfg.agent
         self.soft = SoftUpdate(self.target.params, self.online.params, a.tau_start, a.tau_end, a.tau_period, xp=xp)
-        self.scalars = DeviceScalars({"gamma": np.float32, "epsilon": np.float32, "collect_steps": np.int64}, xp,
-                                     initial={"gamma": a.gamma, "epsilon": a.eps_start})
+        self.scalars = DeviceScalars(
+            {"gamma": np.float32, "epsilon": np.float32, "collect_steps": np.int64},
+            xp,
+            initial={"gamma": a.gamma, "epsilon": a.eps_start},
+        )
         self.loss_per = xp.zeros(B, np.float32)
         self.priority = xp.zeros(B, np.float32)
         self.q_act = xp.zeros((self.n_envs, n_actions), np.float32)
@@ -263,8 +328,11 @@ class Agent:
             from .popart import PopArt
 
             # C51: n_sigma standard deviations of return span half the support; IQN: unit scale
-            self.popart = (PopArt.for_support(self.rule.support, beta=a.popart_beta, xp=xp) if self.rule.support is not None
-                           else PopArt(beta=a.popart_beta, xp=xp))
+            self.popart = (
+                PopArt.for_support(self.rule.support, beta=a.popart_beta, xp=xp)
+                if self.rule.support is not None
+                else PopArt(beta=a.popart_beta, xp=xp)
+            )
         self.ops = _agent_ops(xp)
         # Parallel branches of the train graph (cudarl.graph.SideStream; no-ops on NumPy): the target
         # net's forward on one, the priority update on another, the online net's forward at s' (C51)
@@ -286,8 +354,14 @@ class Agent:
         """Phases of one collection step of every environment (see the module docstring)."""
         a = self.cfg.agent
         # the device epsilon, its step counter, the fused act kernel's ticket counter (0 between launches)
-        eps_args = (self.scalars.view("epsilon"), self.scalars.view("collect_steps"), self.xp.zeros(1, np.uint32),
-                    a.eps_start, a.eps_end, a.eps_steps)
+        eps_args = (
+            self.scalars.view("epsilon"),
+            self.scalars.view("collect_steps"),
+            self.xp.zeros(1, np.uint32),
+            a.eps_start,
+            a.eps_end,
+            a.eps_steps,
+        )
 
         def act():
             self.rule.act(self, env, eps_args)
@@ -299,7 +373,9 @@ class Agent:
 
         def replay_insert():
             if replay.spec.store_next_obs:
-                replay.add(transitions.obs, transitions.action, transitions.reward, discount, next_obs=transitions.next_obs)
+                replay.add(
+                    transitions.obs, transitions.action, transitions.reward, discount, next_obs=transitions.next_obs
+                )
             else:
                 replay.add(transitions.obs, transitions.action, transitions.reward, discount)
 
@@ -350,8 +426,11 @@ class Agent:
             self.rule.targets_loss(self, batch, state["w"])
 
         # C51: one launch for both (cudarl_c51_targets_loss); IQN: a targets and a loss phase
-        learn = ([("targets_loss", targets_loss)] if hasattr(self.rule, "targets_loss")
-                 else [("targets", targets), ("loss", loss)])
+        learn = (
+            [("targets_loss", targets_loss)]
+            if hasattr(self.rule, "targets_loss")
+            else [("targets", targets), ("loss", loss)]
+        )
 
         def backward():
             self.backward()
@@ -370,8 +449,9 @@ class Agent:
             # the same bits in three launches, none waiting for all its blocks (run.grid_barrier)
             self.adam.clip_step()
             with self.side_small.fork():  # the publish beside the update
-                self.ops.publish(self.readback.device, self.loss, self.grad_norm, self.adam.scalars.view("step"),
-                                 PUBLISH_SLOTS)
+                self.ops.publish(
+                    self.readback.device, self.loss, self.grad_norm, self.adam.scalars.view("step"), PUBLISH_SLOTS
+                )
             self.adam.update_step(soft=self.soft)
 
         def priorities():
@@ -380,8 +460,15 @@ class Agent:
             with self.side_priorities.fork():
                 replay.update_priorities(state["idx"], self.priority, device_rules=True)
 
-        return [("schedules", schedules), ("sample", sample), ("forward", forward), *learn,
-                ("priorities", priorities), ("backward", backward), ("adam", adam)]
+        return [
+            ("schedules", schedules),
+            ("sample", sample),
+            ("forward", forward),
+            *learn,
+            ("priorities", priorities),
+            ("backward", backward),
+            ("adam", adam),
+        ]
 
     # --- greedy action values for evaluation -----------------------------------------------------
     def q_values(self, obs, out) -> None:
@@ -390,8 +477,13 @@ class Agent:
 
     # --- state ---------------------------------------------------------------------------------
     def state_dict(self) -> dict:
-        s = {"online": self.online.state_dict(), "target": self.target.state_dict(), "adam": self.adam.state_dict(),
-             "soft": self.soft.state_dict(), "scalars": self.scalars.state_dict()}
+        s = {
+            "online": self.online.state_dict(),
+            "target": self.target.state_dict(),
+            "adam": self.adam.state_dict(),
+            "soft": self.soft.state_dict(),
+            "scalars": self.scalars.state_dict(),
+        }
         if self.popart is not None:
             s["popart"] = self.popart.state_dict()
         if isinstance(self.rule, IQNRule):

@@ -3,6 +3,7 @@
 A crash or kill mid-write leaves the previous file (or none) at the path, never a partial one.
 Every file cudarl writes for the user (checkpoints, reports, CSVs) goes through :func:`atomic_open`.
 """
+
 from __future__ import annotations
 
 import os

@@ -4,6 +4,7 @@
 usable GPU raises :class:`BackendError` with one sentence saying why, never a traceback from
 inside CuPy.
 """
+
 from __future__ import annotations
 
 import functools
@@ -82,7 +83,7 @@ def select(requested: str | None = None) -> Backend:
     return Backend("numpy", np, "cpu") if reason is not None else _make_cupy()
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _cached(requested: str | None, env: str | None) -> Backend:
     return select(requested)
 

@@ -4,6 +4,7 @@ Reference workload: 64 features, MLP 256-256, dueling C51 with 51 atoms, 3 actio
 replay capacity 1M, n-step 3. ``tools/bench_step.py`` adds the PyTorch arms and the epoch over
 4M bars; ``cudarl-train bench`` prints this part.
 """
+
 from __future__ import annotations
 
 import statistics
@@ -13,18 +14,19 @@ import numpy as np
 
 from .config import Config, from_dict
 
-
 #: Replays per timing in the back-to-back metric (tools/bench_step.py times the PyTorch graph the same way).
 BACK_TO_BACK = 20
 
 
 def reference_config(device: str = "gpu", capacity: int = 1_000_000, **over) -> Config:
     """The DESIGN.md reference workload as a :class:`Config` (64 features come from extra columns)."""
-    d = {"run": {"device": device, "eval_every": 0, "checkpoint_every": 0, "log_every": 10**9},
-         "net": {"hidden": [256, 256], "head": "c51", "atoms": 51},
-         "agent": {"batch_size": 512, "learning_starts": 512},
-         "replay": {"capacity": capacity, "n_step": 3},
-         "env": {"n_envs": 4096, "episode_len": 1024, "n_actions": 3}}
+    d = {
+        "run": {"device": device, "eval_every": 0, "checkpoint_every": 0, "log_every": 10**9},
+        "net": {"hidden": [256, 256], "head": "c51", "atoms": 51},
+        "agent": {"batch_size": 512, "learning_starts": 512},
+        "replay": {"capacity": capacity, "n_step": 3},
+        "env": {"n_envs": 4096, "episode_len": 1024, "n_actions": 3},
+    }
     for sec, vals in over.items():
         d.setdefault(sec, {}).update(vals)
     return from_dict(d)
@@ -60,8 +62,9 @@ def _time(fn, sync, repeats: int) -> float:
     return statistics.median(ts)
 
 
-def step_benchmark(repeats: int = 200, device: str = "gpu", cfg: Config | None = None, bars=None, phases: bool = True,
-                   label: str = "") -> list[dict]:
+def step_benchmark(
+    repeats: int = 200, device: str = "gpu", cfg: Config | None = None, bars=None, phases: bool = True, label: str = ""
+) -> list[dict]:
     """Median µs per train-graph replay and per collect-graph replay, timed with CUDA events on the GPU
     (and per phase, each captured alone, when ``phases``). ``label`` is appended to the case name."""
     from .trainer import Trainer
@@ -100,13 +103,32 @@ def step_benchmark(repeats: int = 200, device: str = "gpu", cfg: Config | None =
         train_us = _time(t.train_graph.replay, t.synchronize, repeats)
         collect_us = _time(t.collect_graph.replay, t.synchronize, repeats)
     case = f"reference step ({t.be.device}){label}"
-    rows.append({"case": case, "metric": "train step (graph replay)", "value": train_us, "unit": "us", "target": "<= 100 us"})
-    rows.append({"case": case, "metric": f"collect step, {cfg.env.n_envs} envs", "value": collect_us, "unit": "us", "target": "<= 50 us"})
+    rows.append(
+        {"case": case, "metric": "train step (graph replay)", "value": train_us, "unit": "us", "target": "<= 100 us"}
+    )
+    rows.append(
+        {
+            "case": case,
+            "metric": f"collect step, {cfg.env.n_envs} envs",
+            "value": collect_us,
+            "unit": "us",
+            "target": "<= 50 us",
+        }
+    )
     if t.be.is_gpu:
-        rows.append({"case": case, "metric": f"train step, {BACK_TO_BACK} replays back to back", "value": train_b2b,
-                     "unit": "us", "target": ""})
+        rows.append(
+            {
+                "case": case,
+                "metric": f"train step, {BACK_TO_BACK} replays back to back",
+                "value": train_b2b,
+                "unit": "us",
+                "target": "",
+            }
+        )
     if t.be.is_gpu and phases:  # per-phase time: each phase captured alone and replayed (it runs its own phase again)
         for gname, graph in (("train", t.train_graph), ("collect", t.collect_graph)):
             for phase, ms in graph.profile(repeats=max(5, repeats // 10)).items():
-                rows.append({"case": case, "metric": f"{gname} phase {phase}", "value": ms * 1e3, "unit": "us", "target": ""})
+                rows.append(
+                    {"case": case, "metric": f"{gname} phase {phase}", "value": ms * 1e3, "unit": "us", "target": ""}
+                )
     return rows

@@ -20,6 +20,7 @@ cached; a call passes its own pointers (the bias pointer is a descriptor attribu
 a host-side write that a capture sees as the launch's argument). cuBLASLt's heuristic query can
 fail inside a capture, so a key first met inside one raises :class:`BlasError`.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -38,7 +39,10 @@ _DEFAULT_MATH, _TF32_MATH = 0, 3  # CUBLAS_DEFAULT_MATH, CUBLAS_TF32_TENSOR_OP_M
 _CUDA_R_32F = 0
 _COMPUTE_32F, _COMPUTE_32F_FAST_TF32 = 68, 77  # cublasComputeType_t
 _DESC_TRANSA, _DESC_TRANSB, _DESC_EPILOGUE, _DESC_BIAS_POINTER = 3, 4, 7, 8  # cublasLtMatmulDescAttributes_t
-_PREF_MAX_WORKSPACE_BYTES, _PREF_REDUCTION_SCHEME_MASK = 1, 3  # cublasLtMatmulPreferenceAttributes_t, then MIN_ALIGNMENT_{A,B,C,D}_BYTES:
+_PREF_MAX_WORKSPACE_BYTES, _PREF_REDUCTION_SCHEME_MASK = (
+    1,
+    3,
+)  # cublasLtMatmulPreferenceAttributes_t, then MIN_ALIGNMENT_{A,B,C,D}_BYTES:
 _PREF_MIN_ALIGNMENT_A, _PREF_MIN_ALIGNMENT_B, _PREF_MIN_ALIGNMENT_C, _PREF_MIN_ALIGNMENT_D = 5, 6, 7, 8
 #: cublasLtEpilogue_t by (has bias, activation): DEFAULT 1, RELU 2, BIAS 4, RELU_BIAS 6.
 _EPILOGUES = {(False, "identity"): 1, (False, "relu"): 2, (True, "identity"): 4, (True, "relu"): 6}
@@ -64,12 +68,24 @@ def _shapes(a, b, out, trans_a: bool, trans_b: bool, what: str = "gemm") -> tupl
     m, k = (a.shape[1], a.shape[0]) if trans_a else a.shape
     kb, n = (b.shape[1], b.shape[0]) if trans_b else b.shape
     if k != kb or out.shape != (m, n):
-        raise BlasError(f"{what}: op(a) is {m}x{k}, op(b) is {kb}x{n}, out is {out.shape}; expected out {m}x{n} and matching k")
+        raise BlasError(
+            f"{what}: op(a) is {m}x{k}, op(b) is {kb}x{n}, out is {out.shape}; expected out {m}x{n} and matching k"
+        )
     return m, n, k
 
 
-def gemm(a, b, out, *, trans_a: bool = False, trans_b: bool = False, alpha: float = 1.0, beta: float = 0.0,
-         tf32: bool = False, stream=None) -> None:
+def gemm(
+    a,
+    b,
+    out,
+    *,
+    trans_a: bool = False,
+    trans_b: bool = False,
+    alpha: float = 1.0,
+    beta: float = 0.0,
+    tf32: bool = False,
+    stream=None,
+) -> None:
     """``out = alpha * op(a) @ op(b) + beta * out`` in float32, row-major.
 
     Args:
@@ -99,16 +115,40 @@ def gemm(a, b, out, *, trans_a: bool = False, trans_b: bool = False, alpha: floa
     lib = _lib()
     _check(lib.cublasSetMathMode(h.ptr, _TF32_MATH if tf32 else _DEFAULT_MATH), "cublasSetMathMode")
     al, be = ctypes.c_float(alpha), ctypes.c_float(beta)
-    _check(lib.cublasSgemm_v2(
-        h.ptr, _CUBLAS_OP_T if trans_b else _CUBLAS_OP_N, _CUBLAS_OP_T if trans_a else _CUBLAS_OP_N,
-        n, m, k, ctypes.byref(al),
-        ctypes.c_void_p(b.data.ptr), b.shape[1],
-        ctypes.c_void_p(a.data.ptr), a.shape[1],
-        ctypes.byref(be), ctypes.c_void_p(out.data.ptr), n), "cublasSgemm_v2")
+    _check(
+        lib.cublasSgemm_v2(
+            h.ptr,
+            _CUBLAS_OP_T if trans_b else _CUBLAS_OP_N,
+            _CUBLAS_OP_T if trans_a else _CUBLAS_OP_N,
+            n,
+            m,
+            k,
+            ctypes.byref(al),
+            ctypes.c_void_p(b.data.ptr),
+            b.shape[1],
+            ctypes.c_void_p(a.data.ptr),
+            a.shape[1],
+            ctypes.byref(be),
+            ctypes.c_void_p(out.data.ptr),
+            n,
+        ),
+        "cublasSgemm_v2",
+    )
 
 
-def gemm_lt(a, b, out, *, bias=None, act: str = "identity", trans_a: bool = False, trans_b: bool = False,
-            tf32: bool = False, split_k: bool = True, stream=None) -> None:
+def gemm_lt(
+    a,
+    b,
+    out,
+    *,
+    bias=None,
+    act: str = "identity",
+    trans_a: bool = False,
+    trans_b: bool = False,
+    tf32: bool = False,
+    split_k: bool = True,
+    stream=None,
+) -> None:
     """``out = act(op(a) @ op(b) + bias)`` in float32, row-major, through cuBLASLt's epilogue.
 
     Args:
@@ -146,30 +186,66 @@ def gemm_lt(a, b, out, *, bias=None, act: str = "identity", trans_a: bool = Fals
         return
     bias_ptr = 0 if bias is None else bias.data.ptr
     if bias_ptr % LT_ALIGN:
-        raise BlasError(f"gemm_lt: the bias must start at a multiple of {LT_ALIGN} bytes on the GPU (address {bias_ptr:#x})")
+        raise BlasError(
+            f"gemm_lt: the bias must start at a multiple of {LT_ALIGN} bytes on the GPU (address {bias_ptr:#x})"
+        )
     key = _lt_key(m, n, k, trans_a, trans_b, bias_ptr, act, tf32, a.data.ptr, b.data.ptr, out.data.ptr, split_k)
     plan = _plans.get(key)
     if plan is None:
         if s.is_capturing():
-            raise BlasError(f"gemm_lt: no cuBLASLt plan for {_describe(key)} inside a capture; plans are made at a key's "
-                            "first call outside any capture: run the step once eagerly first (StepGraph.run_eager), "
-                            "or call blas.gemm_lt_prepare for this shape before capturing")
+            raise BlasError(
+                f"gemm_lt: no cuBLASLt plan for {_describe(key)} inside a capture; plans are made at a key's "
+                "first call outside any capture: run the step once eagerly first (StepGraph.run_eager), "
+                "or call blas.gemm_lt_prepare for this shape before capturing"
+            )
         plan = _plans[key] = _LtPlan(key, bias_ptr)
     lib = _lt_lib()
     if bias is not None:
-        _set_attr(lib.cublasLtMatmulDescSetAttribute, plan.desc, _DESC_BIAS_POINTER, ctypes.c_void_p(bias_ptr),
-                  "cublasLtMatmulDescSetAttribute(BIAS_POINTER)")
+        _set_attr(
+            lib.cublasLtMatmulDescSetAttribute,
+            plan.desc,
+            _DESC_BIAS_POINTER,
+            ctypes.c_void_p(bias_ptr),
+            "cublasLtMatmulDescSetAttribute(BIAS_POINTER)",
+        )
     d = ctypes.c_void_p(out.data.ptr)
     # cuBLASLt's A is the row-major b (read as b^T), its B the row-major a: D = C^T = op(b)^T op(a)^T.
-    _check(lib.cublasLtMatmul(
-        _lt_handle(), plan.desc, ctypes.byref(plan.alpha),
-        ctypes.c_void_p(b.data.ptr), plan.layout_a, ctypes.c_void_p(a.data.ptr), plan.layout_b,
-        ctypes.byref(plan.beta), d, plan.layout_d, d, plan.layout_d, ctypes.byref(plan.algo),
-        ctypes.c_void_p(h.workspace.data.ptr), WORKSPACE_BYTES, ctypes.c_void_p(s.ptr)), "cublasLtMatmul")
+    _check(
+        lib.cublasLtMatmul(
+            _lt_handle(),
+            plan.desc,
+            ctypes.byref(plan.alpha),
+            ctypes.c_void_p(b.data.ptr),
+            plan.layout_a,
+            ctypes.c_void_p(a.data.ptr),
+            plan.layout_b,
+            ctypes.byref(plan.beta),
+            d,
+            plan.layout_d,
+            d,
+            plan.layout_d,
+            ctypes.byref(plan.algo),
+            ctypes.c_void_p(h.workspace.data.ptr),
+            WORKSPACE_BYTES,
+            ctypes.c_void_p(s.ptr),
+        ),
+        "cublasLtMatmul",
+    )
 
 
-def gemm_lt_prepare(m: int, n: int, k: int, *, bias=None, act: str = "identity", trans_a: bool = False,
-                    trans_b: bool = False, tf32: bool = False, split_k: bool = True, stream=None) -> None:
+def gemm_lt_prepare(
+    m: int,
+    n: int,
+    k: int,
+    *,
+    bias=None,
+    act: str = "identity",
+    trans_a: bool = False,
+    trans_b: bool = False,
+    tf32: bool = False,
+    split_k: bool = True,
+    stream=None,
+) -> None:
     """Make the :func:`gemm_lt` plan of a ``[M, K] x [K, N]`` key before any capture (GPU).
 
     For operands aligned to :data:`LT_ALIGN` bytes and a bias aligned like ``bias`` (a CuPy
@@ -219,24 +295,29 @@ def _lt_key(m, n, k, trans_a, trans_b, bias_ptr, act, tf32, a_ptr, b_ptr, out_pt
     the bias pointer to learn it."""
     al = tuple(_alignment(p, LT_ALIGN) for p in (a_ptr, b_ptr, out_ptr))
     bias_al = _alignment(bias_ptr, 256) if bias_ptr else 0
-    return ((int(m), int(n), int(k), bool(trans_a), bool(trans_b), _EPILOGUES[(bool(bias_ptr), act)], bool(tf32)) + al
-            + (bias_al, bool(split_k)))
+    return (
+        (int(m), int(n), int(k), bool(trans_a), bool(trans_b), _EPILOGUES[(bool(bias_ptr), act)], bool(tf32))
+        + al
+        + (bias_al, bool(split_k))
+    )
 
 
 def _describe(key: tuple) -> str:
     m, n, k, ta, tb, epi, tf32, al_a, al_b, al_out, al_bias, split_k = key
-    return (f"[{m}x{k}] x [{k}x{n}] (trans_a={ta}, trans_b={tb}, epilogue {epi}, tf32={tf32}, "
-            f"alignment a/b/out/bias {al_a}/{al_b}/{al_out}/{al_bias} bytes, split_k={split_k})")
+    return (
+        f"[{m}x{k}] x [{k}x{n}] (trans_a={ta}, trans_b={tb}, epilogue {epi}, tf32={tf32}, "
+        f"alignment a/b/out/bias {al_a}/{al_b}/{al_out}/{al_bias} bytes, split_k={split_k})"
+    )
 
 
 # --- the cuBLAS and cuBLASLt libraries, per-stream handles, plans -----------------------------
 _state = threading.local()
 _lib_cache = []
 _lib_paths: dict[str, str] = {}
-_handles: dict[int, "_Handle"] = {}
+_handles: dict[int, _Handle] = {}
 _lt_cache = []
 _lt_handles: list = []
-_plans: dict[tuple, "_LtPlan"] = {}
+_plans: dict[tuple, _LtPlan] = {}
 
 
 def _check(status: int, what: str) -> None:
@@ -295,14 +376,17 @@ def _lib():
     lib = _open("cublas", r"/libcublas\.so")
     vp, ci = ctypes.c_void_p, ctypes.c_int
     fp = ctypes.POINTER(ctypes.c_float)
-    _declare(lib, {
-        "cublasCreate_v2": [ctypes.POINTER(vp)],
-        "cublasDestroy_v2": [vp],
-        "cublasSetStream_v2": [vp, vp],
-        "cublasSetWorkspace_v2": [vp, vp, ctypes.c_size_t],
-        "cublasSetMathMode": [vp, ci],
-        "cublasSgemm_v2": [vp, ci, ci, ci, ci, ci, fp, vp, ci, vp, ci, fp, vp, ci],
-    })
+    _declare(
+        lib,
+        {
+            "cublasCreate_v2": [ctypes.POINTER(vp)],
+            "cublasDestroy_v2": [vp],
+            "cublasSetStream_v2": [vp, vp],
+            "cublasSetWorkspace_v2": [vp, vp, ctypes.c_size_t],
+            "cublasSetMathMode": [vp, ci],
+            "cublasSgemm_v2": [vp, ci, ci, ci, ci, ci, fp, vp, ci, vp, ci, fp, vp, ci],
+        },
+    )
     _lib_cache.append(lib)
     return lib
 
@@ -320,7 +404,10 @@ class _Handle:
         self.stream = stream
         self.workspace = cupy.empty(WORKSPACE_BYTES, dtype=np.uint8)
         _check(lib.cublasSetStream_v2(h, ctypes.c_void_p(stream.ptr)), "cublasSetStream_v2")
-        _check(lib.cublasSetWorkspace_v2(h, ctypes.c_void_p(self.workspace.data.ptr), WORKSPACE_BYTES), "cublasSetWorkspace_v2")
+        _check(
+            lib.cublasSetWorkspace_v2(h, ctypes.c_void_p(self.workspace.data.ptr), WORKSPACE_BYTES),
+            "cublasSetWorkspace_v2",
+        )
         # cuBLAS initialises lazily at its first GEMM on a handle, which fails inside a capture
         # (seen on an H200: CUBLAS_STATUS_EXECUTION_FAILED); so run one of each math mode now.
         x, y = cupy.ones((8, 8), dtype=np.float32), cupy.empty((8, 8), dtype=np.float32)
@@ -329,8 +416,25 @@ class _Handle:
                 _check(lib.cublasSetMathMode(h, _TF32_MATH if tf32 else _DEFAULT_MATH), "cublasSetMathMode")
                 one, zero = ctypes.c_float(1.0), ctypes.c_float(0.0)
                 px, py = ctypes.c_void_p(x.data.ptr), ctypes.c_void_p(y.data.ptr)
-                _check(lib.cublasSgemm_v2(h, _CUBLAS_OP_N, _CUBLAS_OP_N, 8, 8, 8, ctypes.byref(one), px, 8, px, 8,
-                                          ctypes.byref(zero), py, 8), "cublasSgemm_v2 (warm-up)")
+                _check(
+                    lib.cublasSgemm_v2(
+                        h,
+                        _CUBLAS_OP_N,
+                        _CUBLAS_OP_N,
+                        8,
+                        8,
+                        8,
+                        ctypes.byref(one),
+                        px,
+                        8,
+                        px,
+                        8,
+                        ctypes.byref(zero),
+                        py,
+                        8,
+                    ),
+                    "cublasSgemm_v2 (warm-up)",
+                )
         stream.synchronize()
 
 
@@ -346,7 +450,10 @@ def _handle_for(stream) -> _Handle:
     h = _handles.get(stream.ptr)
     if h is None:
         if stream.is_capturing():
-            raise BlasError("gemm inside a capture on a stream with no prepared cuBLAS handle: call blas.prepare(stream) before capture")
+            raise BlasError(
+                "gemm inside a capture on a stream with no prepared cuBLAS handle: "
+                "call blas.prepare(stream) before capture"
+            )
         prepare(stream)
         h = _handles[stream.ptr]
     return h
@@ -361,8 +468,13 @@ class _LtAlgo(ctypes.Structure):
 class _LtHeuristicResult(ctypes.Structure):
     """``cublasLtMatmulHeuristicResult_t``."""
 
-    _fields_ = [("algo", _LtAlgo), ("workspaceSize", ctypes.c_size_t), ("state", ctypes.c_int),
-                ("wavesCount", ctypes.c_float), ("reserved", ctypes.c_int * 4)]
+    _fields_ = [
+        ("algo", _LtAlgo),
+        ("workspaceSize", ctypes.c_size_t),
+        ("state", ctypes.c_int),
+        ("wavesCount", ctypes.c_float),
+        ("reserved", ctypes.c_int * 4),
+    ]
 
 
 def _lt_lib():
@@ -372,21 +484,34 @@ def _lt_lib():
     lib = _open("cublasLt", r"/libcublasLt\.so", beside=_lib_paths.get("cublas"))
     vp, ci, sz = ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t
     pvp = ctypes.POINTER(vp)
-    _declare(lib, {
-        "cublasLtCreate": [pvp],
-        "cublasLtMatmulDescCreate": [pvp, ci, ci],
-        "cublasLtMatmulDescDestroy": [vp],
-        "cublasLtMatmulDescSetAttribute": [vp, ci, vp, sz],
-        "cublasLtMatrixLayoutCreate": [pvp, ci, ctypes.c_uint64, ctypes.c_uint64, ctypes.c_int64],
-        "cublasLtMatrixLayoutDestroy": [vp],
-        "cublasLtMatmulPreferenceCreate": [pvp],
-        "cublasLtMatmulPreferenceDestroy": [vp],
-        "cublasLtMatmulPreferenceSetAttribute": [vp, ci, vp, sz],
-        "cublasLtMatmulAlgoGetHeuristic": [vp, vp, vp, vp, vp, vp, vp, ci, ctypes.POINTER(_LtHeuristicResult),
-                                           ctypes.POINTER(ci)],
-        # handle, desc, alpha, A, Adesc, B, Bdesc, beta, C, Cdesc, D, Ddesc, algo, workspace, its size, stream
-        "cublasLtMatmul": [vp] * 14 + [sz, vp],
-    })
+    _declare(
+        lib,
+        {
+            "cublasLtCreate": [pvp],
+            "cublasLtMatmulDescCreate": [pvp, ci, ci],
+            "cublasLtMatmulDescDestroy": [vp],
+            "cublasLtMatmulDescSetAttribute": [vp, ci, vp, sz],
+            "cublasLtMatrixLayoutCreate": [pvp, ci, ctypes.c_uint64, ctypes.c_uint64, ctypes.c_int64],
+            "cublasLtMatrixLayoutDestroy": [vp],
+            "cublasLtMatmulPreferenceCreate": [pvp],
+            "cublasLtMatmulPreferenceDestroy": [vp],
+            "cublasLtMatmulPreferenceSetAttribute": [vp, ci, vp, sz],
+            "cublasLtMatmulAlgoGetHeuristic": [
+                vp,
+                vp,
+                vp,
+                vp,
+                vp,
+                vp,
+                vp,
+                ci,
+                ctypes.POINTER(_LtHeuristicResult),
+                ctypes.POINTER(ci),
+            ],
+            # handle, desc, alpha, A, Adesc, B, Bdesc, beta, C, Cdesc, D, Ddesc, algo, workspace, its size, stream
+            "cublasLtMatmul": [vp] * 14 + [sz, vp],
+        },
+    )
     _lt_cache.append(lib)
     return lib
 
@@ -432,30 +557,64 @@ class _LtPlan:
         # column-major [N, K] (or [K, N]) with ld = its row length; likewise a; out [M, N] is D = [N, M].
         b_rows, b_cols = (n, k) if trans_b else (k, n)
         a_rows, a_cols = (k, m) if trans_a else (m, k)
-        for lay, rows, cols in ((self.layout_a, b_cols, b_rows), (self.layout_b, a_cols, a_rows), (self.layout_d, n, m)):
-            _check(lib.cublasLtMatrixLayoutCreate(ctypes.byref(lay), _CUDA_R_32F, rows, cols, rows), "cublasLtMatrixLayoutCreate")
+        for lay, rows, cols in (
+            (self.layout_a, b_cols, b_rows),
+            (self.layout_b, a_cols, a_rows),
+            (self.layout_d, n, m),
+        ):
+            _check(
+                lib.cublasLtMatrixLayoutCreate(ctypes.byref(lay), _CUDA_R_32F, rows, cols, rows),
+                "cublasLtMatrixLayoutCreate",
+            )
         pref = ctypes.c_void_p()
         _check(lib.cublasLtMatmulPreferenceCreate(ctypes.byref(pref)), "cublasLtMatmulPreferenceCreate")
         try:
             al_a, al_b, al_out = aligns
-            for a, v, name in ((_PREF_MAX_WORKSPACE_BYTES, ctypes.c_uint64(WORKSPACE_BYTES), "MAX_WORKSPACE_BYTES"),
-                               (_PREF_MIN_ALIGNMENT_A, ctypes.c_uint32(al_b), "MIN_ALIGNMENT_A_BYTES"),  # cuBLASLt's A is b
-                               (_PREF_MIN_ALIGNMENT_B, ctypes.c_uint32(al_a), "MIN_ALIGNMENT_B_BYTES"),
-                               (_PREF_MIN_ALIGNMENT_C, ctypes.c_uint32(al_out), "MIN_ALIGNMENT_C_BYTES"),
-                               (_PREF_MIN_ALIGNMENT_D, ctypes.c_uint32(al_out), "MIN_ALIGNMENT_D_BYTES")):
-                _set_attr(lib.cublasLtMatmulPreferenceSetAttribute, pref, a, v, f"cublasLtMatmulPreferenceSetAttribute({name})")
+            for a, v, name in (
+                (_PREF_MAX_WORKSPACE_BYTES, ctypes.c_uint64(WORKSPACE_BYTES), "MAX_WORKSPACE_BYTES"),
+                (_PREF_MIN_ALIGNMENT_A, ctypes.c_uint32(al_b), "MIN_ALIGNMENT_A_BYTES"),  # cuBLASLt's A is b
+                (_PREF_MIN_ALIGNMENT_B, ctypes.c_uint32(al_a), "MIN_ALIGNMENT_B_BYTES"),
+                (_PREF_MIN_ALIGNMENT_C, ctypes.c_uint32(al_out), "MIN_ALIGNMENT_C_BYTES"),
+                (_PREF_MIN_ALIGNMENT_D, ctypes.c_uint32(al_out), "MIN_ALIGNMENT_D_BYTES"),
+            ):
+                _set_attr(
+                    lib.cublasLtMatmulPreferenceSetAttribute,
+                    pref,
+                    a,
+                    v,
+                    f"cublasLtMatmulPreferenceSetAttribute({name})",
+                )
             if not split_k:  # only algorithms with no reduction scheme: one kernel, K not split
-                _set_attr(lib.cublasLtMatmulPreferenceSetAttribute, pref, _PREF_REDUCTION_SCHEME_MASK, ctypes.c_uint32(0),
-                          "cublasLtMatmulPreferenceSetAttribute(REDUCTION_SCHEME_MASK)")
+                _set_attr(
+                    lib.cublasLtMatmulPreferenceSetAttribute,
+                    pref,
+                    _PREF_REDUCTION_SCHEME_MASK,
+                    ctypes.c_uint32(0),
+                    "cublasLtMatmulPreferenceSetAttribute(REDUCTION_SCHEME_MASK)",
+                )
             result, count = _LtHeuristicResult(), ctypes.c_int(0)
-            _check(lib.cublasLtMatmulAlgoGetHeuristic(_lt_handle(), self.desc, self.layout_a, self.layout_b, self.layout_d,
-                                                      self.layout_d, pref, 1, ctypes.byref(result), ctypes.byref(count)),
-                   "cublasLtMatmulAlgoGetHeuristic")
+            _check(
+                lib.cublasLtMatmulAlgoGetHeuristic(
+                    _lt_handle(),
+                    self.desc,
+                    self.layout_a,
+                    self.layout_b,
+                    self.layout_d,
+                    self.layout_d,
+                    pref,
+                    1,
+                    ctypes.byref(result),
+                    ctypes.byref(count),
+                ),
+                "cublasLtMatmulAlgoGetHeuristic",
+            )
         finally:
             lib.cublasLtMatmulPreferenceDestroy(pref)
         if count.value < 1 or result.state != 0:
-            raise BlasError(f"cublasLtMatmulAlgoGetHeuristic found no algorithm (count {count.value}, state {result.state}) "
-                            f"for [{m}x{k}] x [{k}x{n}], epilogue {epilogue}, tf32={tf32}")
+            raise BlasError(
+                f"cublasLtMatmulAlgoGetHeuristic found no algorithm (count {count.value}, state {result.state}) "
+                f"for [{m}x{k}] x [{k}x{n}], epilogue {epilogue}, tf32={tf32}"
+            )
         self.algo = _LtAlgo.from_buffer_copy(result.algo)
 
     def destroy(self) -> None:

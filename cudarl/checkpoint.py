@@ -9,6 +9,7 @@ arrays, is refused before anything in it runs.
 Writes go to a temporary file in the same directory, are flushed and fsync'd, then renamed over
 the target (and the directory fsync'd), so a crash mid-write leaves the previous file intact.
 """
+
 from __future__ import annotations
 
 import json
@@ -113,7 +114,9 @@ def load(path) -> tuple[dict, dict]:
             if header.get("format") != FORMAT:
                 raise CheckpointError(f"{path}: not a cudarl checkpoint (format {header.get('format')!r})")
             if int(header.get("version", -1)) > VERSION:
-                raise CheckpointError(f"{path}: checkpoint version {header['version']} is newer than this cudarl ({VERSION})")
+                raise CheckpointError(
+                    f"{path}: checkpoint version {header['version']} is newer than this cudarl ({VERSION})"
+                )
             arrays = {k: z[k] for k in z.files if k != _META}
     except CheckpointError:
         raise

@@ -6,19 +6,24 @@
 User errors print one message to stderr (no traceback) and exit non-zero; a failed command
 writes nothing. Train and evaluate commands join this app as they are built.
 """
+
 from __future__ import annotations
 
 import json
 import sys
 from pathlib import Path
-from typing import List, Optional
 
 import typer
 
 from cudarl.data import DataError, load, report, write_csv, write_json_atomic
 
-app = typer.Typer(name="cudarl-train", no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
-                  help="Train and evaluate distributional deep-Q trading agents.")
+app = typer.Typer(
+    name="cudarl-train",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    help="Train and evaluate distributional deep-Q trading agents.",
+)
 data_app = typer.Typer(no_args_is_help=True, help="Check bar data and make synthetic sets.")
 app.add_typer(data_app, name="data")
 
@@ -30,7 +35,7 @@ def fail(message: str, code: int = 1):
     raise typer.Exit(code)
 
 
-def _columns(pairs: List[str]) -> dict:
+def _columns(pairs: list[str]) -> dict:
     out = {}
     for p in pairs:
         field, eq, name = p.partition("=")
@@ -43,16 +48,16 @@ def _columns(pairs: List[str]) -> dict:
 @data_app.command("validate")
 def validate(
     file: str = typer.Argument(..., help="CSV, CSV.gz or Parquet file, or builtin:<name>"),
-    report_path: Optional[Path] = typer.Option(None, "--report", help="also write data_report.json here (only if valid)"),
+    report_path: Path | None = typer.Option(None, "--report", help="also write data_report.json here (only if valid)"),
     sort: bool = typer.Option(False, "--sort", help="sort rows by time instead of refusing unsorted data"),
-    dedupe: Optional[str] = typer.Option(None, "--dedupe", help="keep the first or last row of each duplicated time"),
+    dedupe: str | None = typer.Option(None, "--dedupe", help="keep the first or last row of each duplicated time"),
     drop_nan: bool = typer.Option(False, "--drop-nan", help="drop rows with NaN, inf or missing values"),
     ffill: bool = typer.Option(False, "--ffill", help="replace such rows by a flat bar at the previous close"),
     window: int = typer.Option(2, "--window", min=1, help="the fewest bars the run needs"),
-    date_format: Optional[str] = typer.Option(None, "--date-format", help="strptime format, or epoch_s / epoch_ms"),
+    date_format: str | None = typer.Option(None, "--date-format", help="strptime format, or epoch_s / epoch_ms"),
     tz: str = typer.Option("UTC", "--tz", help="time zone of times without an offset (IANA name)"),
-    column: List[str] = typer.Option([], "--column", help="FIELD=NAME, e.g. close=Last (repeatable)"),
-    extra: List[str] = typer.Option([], "--extra", help="another numeric column to keep as a feature (repeatable)"),
+    column: list[str] = typer.Option([], "--column", help="FIELD=NAME, e.g. close=Last (repeatable)"),
+    extra: list[str] = typer.Option([], "--extra", help="another numeric column to keep as a feature (repeatable)"),
 ):
     """Check a bar file; print its report (exit 0) or every problem found (exit 1)."""
     if dedupe not in (None, "first", "last"):
@@ -60,8 +65,18 @@ def validate(
     if drop_nan and ffill:
         fail("choose one of --drop-nan and --ffill", 2)
     try:
-        bars = load(file, date_format=date_format, tz=tz, columns=_columns(column), extra_columns=tuple(extra),
-                    sort=sort, dedupe=dedupe, drop_nan=drop_nan, ffill=ffill, min_bars=window)
+        bars = load(
+            file,
+            date_format=date_format,
+            tz=tz,
+            columns=_columns(column),
+            extra_columns=tuple(extra),
+            sort=sort,
+            dedupe=dedupe,
+            drop_nan=drop_nan,
+            ffill=ffill,
+            min_bars=window,
+        )
     except DataError as e:
         typer.echo(f"cudarl-train: {len(e.problems)} problem(s) in the data; nothing was written", err=True)
         fail(str(e))
@@ -97,9 +112,17 @@ def synth(
 
 
 # --- training, evaluation, configuration --------------------------------------------------------
-def build_config(data: Optional[str] = None, config_file: Optional[Path] = None, sets: List[str] = (),
-                 steps: Optional[int] = None, device: Optional[str] = None, seed: Optional[int] = None,
-                 name: Optional[str] = None, out: Optional[Path] = None, base=None):
+def build_config(
+    data: str | None = None,
+    config_file: Path | None = None,
+    sets: list[str] = (),
+    steps: int | None = None,
+    device: str | None = None,
+    seed: int | None = None,
+    name: str | None = None,
+    out: Path | None = None,
+    base=None,
+):
     """The run's config: defaults (cudarl.config), then the TOML file, then --set, then the flags.
 
     Returns ``(config, explicit)`` where ``explicit`` is ``{section: {field: value}}`` of what the
@@ -121,8 +144,14 @@ def build_config(data: Optional[str] = None, config_file: Optional[Path] = None,
                 put(sec, k, v)
     for text in sets:
         put(*parse_override(text))
-    for sec, field, v in (("data", "source", data), ("run", "steps", steps), ("run", "device", device),
-                          ("run", "seed", seed), ("run", "name", name), ("run", "out_dir", str(out) if out else None)):
+    for sec, field, v in (
+        ("data", "source", data),
+        ("run", "steps", steps),
+        ("run", "device", device),
+        ("run", "seed", seed),
+        ("run", "name", name),
+        ("run", "out_dir", str(out) if out else None),
+    ):
         if v is not None:
             put(sec, field, v)
     cfg = from_dict(explicit, base=base or Config())
@@ -138,13 +167,21 @@ def _progress_printer(total: int):
         from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
     except ImportError:
         return None, None
-    prog = Progress(TextColumn("[bold]train"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                    TextColumn("{task.fields[info]}"), TimeRemainingColumn(), transient=False)
+    prog = Progress(
+        TextColumn("[bold]train"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total}"),
+        TextColumn("{task.fields[info]}"),
+        TimeRemainingColumn(),
+        transient=False,
+    )
     task = prog.add_task("train", total=total, info="")
 
     def update(step, row, last_eval):
         sharpe = "n/a" if not last_eval or last_eval.get("sharpe") is None else f"{last_eval['sharpe']:.2f}"
-        prog.update(task, completed=step, info=f"{row['updates_per_s']:.0f} upd/s  loss {row['loss']:.4g}  val Sharpe {sharpe}")
+        prog.update(
+            task, completed=step, info=f"{row['updates_per_s']:.0f} upd/s  loss {row['loss']:.4g}  val Sharpe {sharpe}"
+        )
 
     return prog, update
 
@@ -160,15 +197,21 @@ def _user_errors():
 
 @app.command("train")
 def train(
-    data: Optional[str] = typer.Argument(None, help="bars: a CSV/Parquet path or builtin:<name> (default: the config's data.source)"),
-    config_file: Optional[Path] = typer.Option(None, "--config", help="a TOML file of config sections (see `cudarl-train config`)"),
-    sets: List[str] = typer.Option([], "--set", help="override one field: SECTION.FIELD=VALUE (repeatable)"),
-    steps: Optional[int] = typer.Option(None, "--steps", help="learner updates (run.steps)"),
-    device: Optional[str] = typer.Option(None, "--device", help="auto, gpu or cpu (run.device)"),
-    seed: Optional[int] = typer.Option(None, "--seed", help="run.seed"),
-    name: Optional[str] = typer.Option(None, "--name", help="run.name"),
-    out: Optional[Path] = typer.Option(None, "--out", help="parent of run directories (run.out_dir)"),
-    resume: Optional[Path] = typer.Option(None, "--resume", help="continue from a checkpoint (its config; --steps may extend it)"),
+    data: str | None = typer.Argument(
+        None, help="bars: a CSV/Parquet path or builtin:<name> (default: the config's data.source)"
+    ),
+    config_file: Path | None = typer.Option(
+        None, "--config", help="a TOML file of config sections (see `cudarl-train config`)"
+    ),
+    sets: list[str] = typer.Option([], "--set", help="override one field: SECTION.FIELD=VALUE (repeatable)"),
+    steps: int | None = typer.Option(None, "--steps", help="learner updates (run.steps)"),
+    device: str | None = typer.Option(None, "--device", help="auto, gpu or cpu (run.device)"),
+    seed: int | None = typer.Option(None, "--seed", help="run.seed"),
+    name: str | None = typer.Option(None, "--name", help="run.name"),
+    out: Path | None = typer.Option(None, "--out", help="parent of run directories (run.out_dir)"),
+    resume: Path | None = typer.Option(
+        None, "--resume", help="continue from a checkpoint (its config; --steps may extend it)"
+    ),
 ):
     """Train an agent; writes runs/<name>-<time>-<seed>/ (config, metrics, checkpoints, eval)."""
     from cudarl.trainer import Trainer
@@ -196,15 +239,15 @@ def train(
 @app.command("evaluate")
 def evaluate(
     checkpoint: Path = typer.Argument(..., help="a checkpoint written by train (e.g. runs/x/checkpoints/latest.npz)"),
-    data: Optional[str] = typer.Argument(None, help="bars to evaluate on (default: the run's data.source)"),
+    data: str | None = typer.Argument(None, help="bars to evaluate on (default: the run's data.source)"),
     split: str = typer.Option("test", "--split", help="train, val or test"),
-    out: Optional[Path] = typer.Option(None, "--out", help="output directory (default: <run>/eval/<split>-<step>)"),
+    out: Path | None = typer.Option(None, "--out", help="output directory (default: <run>/eval/<split>-<step>)"),
 ):
     """Evaluate a checkpoint's greedy policy on a split: summary.json, equity.csv, trades.csv, equity.png."""
     from cudarl.checkpoint import load
     from cudarl.config import from_dict
-    from cudarl.features import Normaliser
     from cudarl.evaluate import write_outputs
+    from cudarl.features import Normaliser
     from cudarl.trainer import Trainer
 
     if split not in ("train", "val", "test"):
@@ -218,15 +261,21 @@ def evaluate(
         if data is not None:
             over["data"] = {"source": data}
         cfg = from_dict(over, base=cfg)
-        t = Trainer(cfg, run_dir=False, normaliser=Normaliser.from_state_dict(state["normaliser"]),
-                    echo=lambda m: typer.echo(m, err=True))
+        t = Trainer(
+            cfg,
+            run_dir=False,
+            normaliser=Normaliser.from_state_dict(state["normaliser"]),
+            echo=lambda m: typer.echo(m, err=True),
+        )
         t.agent.load_state_dict(state["agent"])
         t.step = int(state["trainer"]["step"])
         summary = t.evaluate(split, write=False)
         ev = t.last_evaluation
         dest = out or Path(checkpoint).resolve().parents[1] / "eval" / f"{split}-{t.step:08d}"
         write_outputs(ev, dest)
-        typer.echo(json.dumps({k: summary[k] for k in ("split", "policy", "buy_and_hold", "flat")}, indent=1, default=str))
+        typer.echo(
+            json.dumps({k: summary[k] for k in ("split", "policy", "buy_and_hold", "flat")}, indent=1, default=str)
+        )
         typer.echo(f"wrote {dest}", err=True)
     except _user_errors() as e:
         fail(str(e))
@@ -251,7 +300,10 @@ def info():
 
     be = get()
     typer.echo(f"cudarl {__version__}")
-    typer.echo(f"backend: {be.name} ({be.device})" + (f", compute capability {be.compute_capability}" if be.compute_capability else ""))
+    typer.echo(
+        f"backend: {be.name} ({be.device})"
+        + (f", compute capability {be.compute_capability}" if be.compute_capability else "")
+    )
     reason = cupy_unavailable_reason()
     if reason:
         typer.echo(f"GPU: not used: {reason}")
@@ -260,8 +312,10 @@ def info():
 
 
 @app.command("bench")
-def bench(steps: int = typer.Option(200, "--steps", help="timed replays"),
-          cpu: bool = typer.Option(False, "--cpu", help="time the NumPy backend instead (slow)")):
+def bench(
+    steps: int = typer.Option(200, "--steps", help="timed replays"),
+    cpu: bool = typer.Option(False, "--cpu", help="time the NumPy backend instead (slow)"),
+):
     """Time the train and collect steps of the reference workload (DESIGN.md) as graph replays."""
     from cudarl.bench import step_benchmark
 

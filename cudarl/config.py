@@ -9,6 +9,7 @@ checks that the CLI's defaults are these. ``features`` and ``env`` are the datac
 The NumPy backend runs the same step much slower, so :data:`CPU_DEFAULTS` scales the GPU
 defaults down for it; fields the user sets explicitly are never touched.
 """
+
 from __future__ import annotations
 
 import ast
@@ -40,7 +41,12 @@ def _need(section: str, ok: bool, msg: str) -> None:
 def _in(section, name, v, lo, hi, integer=False, lo_open=False, hi_open=False):
     ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
     ok = ok and (not integer or int(v) == v) and (v > lo if lo_open else v >= lo) and (v < hi if hi_open else v <= hi)
-    _need(section, ok, f"{name} must be {'an integer ' if integer else ''}in {'(' if lo_open else '['}{lo}, {hi}{')' if hi_open else ']'}, got {v!r}")
+    _need(
+        section,
+        ok,
+        f"{name} must be {'an integer ' if integer else ''}in "
+        f"{'(' if lo_open else '['}{lo}, {hi}{')' if hi_open else ']'}, got {v!r}",
+    )
 
 
 @dataclass(frozen=True)
@@ -77,7 +83,11 @@ class RunConfig:
 
     def __post_init__(self):
         s = "run"
-        _need(s, bool(self.name) and "/" not in self.name, f"name must be a non-empty string without '/', got {self.name!r}")
+        _need(
+            s,
+            bool(self.name) and "/" not in self.name,
+            f"name must be a non-empty string without '/', got {self.name!r}",
+        )
         _in(s, "seed", self.seed, 0, 2**63 - 1, integer=True)
         _in(s, "steps", self.steps, 1, 10**12, integer=True)
         _need(s, self.device in ("auto", "gpu", "cpu"), f"device must be auto, gpu or cpu, got {self.device!r}")
@@ -179,11 +189,17 @@ class NetConfig:
         from .nn.network import HEADS
 
         _need(s, self.head in HEADS, f"head must be one of {sorted(HEADS)}, got {self.head!r}")
-        _need(s, len(self.hidden) >= 1 and all(isinstance(h, int) and 1 <= h <= 65536 for h in self.hidden),
-              f"hidden must be a non-empty list of widths in [1, 65536], got {self.hidden!r}")
+        _need(
+            s,
+            len(self.hidden) >= 1 and all(isinstance(h, int) and 1 <= h <= 65536 for h in self.hidden),
+            f"hidden must be a non-empty list of widths in [1, 65536], got {self.hidden!r}",
+        )
         _in(s, "atoms", self.atoms, 2, 1024, integer=True)
-        _need(s, math.isfinite(self.v_min) and math.isfinite(self.v_max) and self.v_min < self.v_max,
-              f"need v_min < v_max, got {self.v_min}, {self.v_max}")
+        _need(
+            s,
+            math.isfinite(self.v_min) and math.isfinite(self.v_max) and self.v_min < self.v_max,
+            f"need v_min < v_max, got {self.v_min}, {self.v_max}",
+        )
         _in(s, "n_quantiles", self.n_quantiles, 1, 1024, integer=True)
         _in(s, "n_cos", self.n_cos, 1, 1024, integer=True)
         _need(s, self.gemm in GEMMS, f"gemm must be one of {list(GEMMS)}, got {self.gemm!r}")
@@ -318,8 +334,17 @@ class GuardConfig:
         _in(s, "snapshot_every", self.snapshot_every, 1, 10**12, integer=True)
 
 
-SECTIONS = {"run": RunConfig, "data": DataConfig, "features": FeatureConfig, "env": EnvConfig, "replay": ReplayConfig,
-            "net": NetConfig, "optim": OptimConfig, "agent": AgentConfig, "guard": GuardConfig}
+SECTIONS = {
+    "run": RunConfig,
+    "data": DataConfig,
+    "features": FeatureConfig,
+    "env": EnvConfig,
+    "replay": ReplayConfig,
+    "net": NetConfig,
+    "optim": OptimConfig,
+    "agent": AgentConfig,
+    "guard": GuardConfig,
+}
 
 
 @dataclass(frozen=True)
@@ -337,10 +362,16 @@ class Config:
     guard: GuardConfig = field(default_factory=GuardConfig)
 
     def __post_init__(self):
-        _need("replay", self.replay.capacity > self.replay.n_step * self.env.n_envs * self.env.rows_per_step,
-              f"capacity {self.replay.capacity} must exceed n_step * env.n_envs * rows per step")
-        _need("env", not (self.env.counterfactual and self.replay.n_step != 1),
-              "counterfactual rows are single transitions: they need replay.n_step = 1")
+        _need(
+            "replay",
+            self.replay.capacity > self.replay.n_step * self.env.n_envs * self.env.rows_per_step,
+            f"capacity {self.replay.capacity} must exceed n_step * env.n_envs * rows per step",
+        )
+        _need(
+            "env",
+            not (self.env.counterfactual and self.replay.n_step != 1),
+            "counterfactual rows are single transitions: they need replay.n_step = 1",
+        )
         _need("agent", self.agent.batch_size <= self.replay.capacity, "batch_size must not exceed replay.capacity")
 
     def to_dict(self) -> dict:
@@ -349,7 +380,7 @@ class Config:
     def to_toml(self) -> str:
         return dumps_toml(self.to_dict())
 
-    def with_overrides(self, overrides: dict) -> "Config":
+    def with_overrides(self, overrides: dict) -> Config:
         """A copy with ``{section: {field: value}}`` applied (values validated)."""
         return from_dict(overrides, base=self)
 
@@ -371,7 +402,9 @@ def resolve_for_backend(cfg: Config, is_gpu: bool, explicit: dict) -> Config:
     """Apply :data:`CPU_DEFAULTS` on the CPU, except to fields in ``explicit`` ({section: {field}})."""
     if is_gpu:
         return cfg
-    patch = {sec: {k: v for k, v in vals.items() if k not in explicit.get(sec, {})} for sec, vals in CPU_DEFAULTS.items()}
+    patch = {
+        sec: {k: v for k, v in vals.items() if k not in explicit.get(sec, {})} for sec, vals in CPU_DEFAULTS.items()
+    }
     return from_dict(patch, base=cfg)
 
 
@@ -482,8 +515,13 @@ def field_docs(cls) -> dict[str, str]:
     tree = ast.parse(inspect.getsource(cls))
     body = tree.body[0].body
     docs = {}
-    for a, b in zip(body, body[1:]):
-        if isinstance(a, ast.AnnAssign) and isinstance(a.target, ast.Name) and isinstance(b, ast.Expr) \
-                and isinstance(getattr(b, "value", None), ast.Constant) and isinstance(b.value.value, str):
+    for a, b in zip(body, body[1:], strict=False):
+        if (
+            isinstance(a, ast.AnnAssign)
+            and isinstance(a.target, ast.Name)
+            and isinstance(b, ast.Expr)
+            and isinstance(getattr(b, "value", None), ast.Constant)
+            and isinstance(b.value.value, str)
+        ):
             docs[a.target.id] = " ".join(b.value.value.split())
     return docs

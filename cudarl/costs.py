@@ -7,6 +7,7 @@ moved there from ``prev_position``::
 
 Positions are fractions of equity (-1 short, 0 flat, +1 long at one unit of leverage).
 """
+
 from __future__ import annotations
 
 import numpy as np

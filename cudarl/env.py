@@ -11,6 +11,7 @@ The env owns its device buffers and composes the ops of the ``env`` family
 Every call only launches kernels into buffers allocated at construction, so the sequence can
 be captured by ``cudarl.graph.StepGraph``.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -63,16 +64,25 @@ class EnvConfig:
         need(int(self.n_actions) >= 2, f"n_actions must be >= 2, got {self.n_actions}")
         need(self.fill in ("open", "close"), f"fill must be 'open' or 'close', got {self.fill!r}")
         need(np.isfinite(self.cost_bps) and self.cost_bps >= 0, f"cost_bps must be >= 0, got {self.cost_bps}")
-        need(np.isfinite(self.slippage_bps) and self.slippage_bps >= 0, f"slippage_bps must be >= 0, got {self.slippage_bps}")
+        need(
+            np.isfinite(self.slippage_bps) and self.slippage_bps >= 0,
+            f"slippage_bps must be >= 0, got {self.slippage_bps}",
+        )
         need(int(self.hold_cap) >= 1, f"hold_cap must be >= 1, got {self.hold_cap}")
         need(0 <= int(self.seed) < 2**64, f"seed must be in [0, 2**64), got {self.seed}")
         if self.levels is not None:
             lv = np.asarray(self.levels, dtype=np.float64)
             need(lv.shape == (self.n_actions,), f"levels has {lv.size} entries, n_actions is {self.n_actions}")
-            need(bool(np.all(np.isfinite(lv))) and bool(np.all(np.diff(lv) > 0)), f"levels must be finite and increasing, got {self.levels}")
+            need(
+                bool(np.all(np.isfinite(lv))) and bool(np.all(np.diff(lv) > 0)),
+                f"levels must be finite and increasing, got {self.levels}",
+            )
         if self.mirror:
             lv = self.position_levels()
-            need(np.array_equal(lv[::-1], -lv), f"mirror needs antisymmetric levels (levels[A-1-a] == -levels[a]), got {lv.tolist()}")
+            need(
+                np.array_equal(lv[::-1], -lv),
+                f"mirror needs antisymmetric levels (levels[A-1-a] == -levels[a]), got {lv.tolist()}",
+            )
 
     def position_levels(self) -> np.ndarray:
         """The target position of each action: float32 ``[n_actions]``."""
@@ -118,8 +128,18 @@ class TradingEnv:
         ``[N]``, ``scale`` float32 ``[N]`` (ones), ``state`` (:class:`EnvState`).
     """
 
-    def __init__(self, open, close, features, return_sign, config: EnvConfig = EnvConfig(), *,
-                 t_begin: int = 0, t_end: int | None = None, backend: str | None = None):
+    def __init__(
+        self,
+        open,
+        close,
+        features,
+        return_sign,
+        config: EnvConfig = EnvConfig(),
+        *,
+        t_begin: int = 0,
+        t_end: int | None = None,
+        backend: str | None = None,
+    ):
         self.config = config
         be = _backend.get(backend)
         self.xp, self.is_gpu = be.xp, be.is_gpu
@@ -132,7 +152,10 @@ class TradingEnv:
         feats = _as_f32("features", features, 2)
         t_n, f_n = feats.shape
         if open_.shape != (t_n,) or close.shape != (t_n,):
-            raise ValueError(f"open {list(open_.shape)} and close {list(close.shape)} must both be [T] with T = {t_n} (features rows)")
+            raise ValueError(
+                f"open {list(open_.shape)} and close {list(close.shape)} must both be [T] "
+                f"with T = {t_n} (features rows)"
+            )
         sign_mask = np.asarray(_backend.to_numpy(return_sign))
         if sign_mask.dtype != np.bool_ or sign_mask.shape != (f_n,):
             raise ValueError(f"return_sign: expected bool [{f_n}], got {sign_mask.dtype} {list(sign_mask.shape)}")
@@ -142,23 +165,47 @@ class TradingEnv:
             raise ValueError(f"need 0 <= t_begin < t_end <= T={t_n}, got t_begin={t_begin}, t_end={t_end}")
         n_starts = t_end - t_begin - config.episode_len - 1
         if n_starts < 1:
-            raise ValueError(f"the window [{t_begin}, {t_end}) has {t_end - t_begin} bars; episode_len={config.episode_len} needs at least {config.episode_len + 2}")
-        _check_prices("open" if config.fill == "open" else "close", open_ if config.fill == "open" else close, t_begin, t_end)
+            raise ValueError(
+                f"the window [{t_begin}, {t_end}) has {t_end - t_begin} bars; "
+                f"episode_len={config.episode_len} needs at least {config.episode_len + 2}"
+            )
+        _check_prices(
+            "open" if config.fill == "open" else "close", open_ if config.fill == "open" else close, t_begin, t_end
+        )
         bad = np.argwhere(~np.isfinite(feats[t_begin:t_end]))
         if bad.size:
             raise ValueError(f"features: row {t_begin + bad[0][0]}, column {bad[0][1]} is not finite")
         self.t_begin, self.t_end = t_begin, t_end
         self.n_envs, self.n_features, self.n_actions = config.n_envs, f_n, config.n_actions
         self.obs_dim = f_n + ref.N_POSITION_FEATURES
-        self.params = EnvParams(t_begin, n_starts, config.episode_len, config.hold_cap, config.stagger,
-                                float(config.cost_bps), float(config.slippage_bps), int(config.seed),
-                                config.counterfactual, config.mirror)
+        self.params = EnvParams(
+            t_begin,
+            n_starts,
+            config.episode_len,
+            config.hold_cap,
+            config.stagger,
+            float(config.cost_bps),
+            float(config.slippage_bps),
+            int(config.seed),
+            config.counterfactual,
+            config.mirror,
+        )
         xp, n = self.xp, self.n_envs
         ret = ref.bar_returns(open_, close, config.fill)
-        self.data = EnvData(xp.asarray(feats), xp.asarray(ret), xp.asarray(config.position_levels()),
-                            xp.asarray(np.where(sign_mask, np.float32(-1), np.float32(1)).astype(np.float32)))
-        self.state = EnvState(xp.zeros(n, np.int32), xp.zeros(n, np.int32), xp.zeros(n, np.int32),
-                              xp.zeros(n, np.float32), xp.zeros(n, np.int32), xp.zeros(n, np.uint64))
+        self.data = EnvData(
+            xp.asarray(feats),
+            xp.asarray(ret),
+            xp.asarray(config.position_levels()),
+            xp.asarray(np.where(sign_mask, np.float32(-1), np.float32(1)).astype(np.float32)),
+        )
+        self.state = EnvState(
+            xp.zeros(n, np.int32),
+            xp.zeros(n, np.int32),
+            xp.zeros(n, np.int32),
+            xp.zeros(n, np.float32),
+            xp.zeros(n, np.int32),
+            xp.zeros(n, np.uint64),
+        )
         self.obs = xp.zeros((n, self.obs_dim), np.float32)
         self.reward = xp.zeros(n, np.float32)
         self.done = xp.zeros(n, np.float32)
@@ -188,8 +235,16 @@ class TradingEnv:
         """Move to the targets of ``actions`` int32 ``[N]`` (default ``self.actions``), sized by
         ``scale`` float32 ``[N]`` in [0, 1] (the plan head's conviction; default ones); writes
         ``state``, ``obs``, ``reward``, ``done``."""
-        self._ops.step(self.state, self.obs, self.reward, self.done, self._actions(actions), self._scale(scale),
-                       self.data, self.params)
+        self._ops.step(
+            self.state,
+            self.obs,
+            self.reward,
+            self.done,
+            self._actions(actions),
+            self._scale(scale),
+            self.data,
+            self.params,
+        )
 
     def _actions(self, actions):
         return self.actions if actions is None else actions
@@ -209,19 +264,28 @@ class TradingEnv:
     def state_dict(self) -> dict:
         """Host copies of the state and the last outputs (for checkpoints; not inside a capture)."""
         out = {f"state.{k}": _backend.to_numpy(v).copy() for k, v in self.state._asdict().items()}
-        out.update(obs=_backend.to_numpy(self.obs).copy(), actions=_backend.to_numpy(self.actions).copy(),
-                   scale=_backend.to_numpy(self.scale).copy())
+        out.update(
+            obs=_backend.to_numpy(self.obs).copy(),
+            actions=_backend.to_numpy(self.actions).copy(),
+            scale=_backend.to_numpy(self.scale).copy(),
+        )
         return out
 
     def load_state_dict(self, sd: dict) -> None:
         """Restore :meth:`state_dict` into the existing buffers (their addresses stay the same)."""
-        dst = {**{f"state.{k}": v for k, v in self.state._asdict().items()},
-               "obs": self.obs, "actions": self.actions, "scale": self.scale}
+        dst = {
+            **{f"state.{k}": v for k, v in self.state._asdict().items()},
+            "obs": self.obs,
+            "actions": self.actions,
+            "scale": self.scale,
+        }
         missing = sorted(set(dst) - set(sd))
         if missing:
             raise KeyError(f"env state is missing {missing}")
         for k, buf in dst.items():
             src = np.asarray(sd[k])
             if src.shape != tuple(buf.shape) or src.dtype != buf.dtype:
-                raise ValueError(f"env state {k}: {src.dtype} {list(src.shape)} does not fit {buf.dtype} {list(buf.shape)}")
+                raise ValueError(
+                    f"env state {k}: {src.dtype} {list(src.shape)} does not fit {buf.dtype} {list(buf.shape)}"
+                )
             buf[...] = self.xp.asarray(src)

@@ -11,11 +11,12 @@ equation. ``FeatureConfig.groups`` picks which groups :func:`compute` runs and i
 :func:`register_feature` adds your own. The agent's position is appended by the environment at
 run time (:func:`with_position`).
 """
+
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import numpy as np
 from scipy.signal import lfilter
@@ -72,21 +73,21 @@ class FeatureContext:
     time: np.ndarray
 
     @classmethod
-    def of(cls, bars: Bars, config: "FeatureConfig") -> "FeatureContext":
+    def of(cls, bars: Bars, config: FeatureConfig) -> FeatureContext:
         T = len(bars)
-        c, o, h, l = (np.asarray(getattr(bars, k), dtype=np.float64) for k in ("close", "open", "high", "low"))
+        c, o, h, low = (np.asarray(getattr(bars, k), dtype=np.float64) for k in ("close", "open", "high", "low"))
         logc = np.log(c)
         r = np.zeros(T)
         r[1:] = np.diff(logc)
-        sigma = np.sqrt(np.maximum(ewm_mean(r * r, config.vol_halflife, np.arange(T) >= 1), SIGMA_FLOOR ** 2))
-        return cls(bars, c, o, h, l, logc, r, sigma, np.asarray(bars.time, dtype=np.int64))
+        sigma = np.sqrt(np.maximum(ewm_mean(r * r, config.vol_halflife, np.arange(T) >= 1), SIGMA_FLOOR**2))
+        return cls(bars, c, o, h, low, logc, r, sigma, np.asarray(bars.time, dtype=np.int64))
 
 
 #: A feature: ``(ctx, config) -> [(column name, values float64 [T])]``, row t a function of bars 0..t.
 FeatureFn = Callable[[FeatureContext, "FeatureConfig"], list]
 
 
-def returns(ctx: FeatureContext, config: "FeatureConfig") -> list:
+def returns(ctx: FeatureContext, config: FeatureConfig) -> list:
     """``ret_<h>`` = log(C_t / C_{t-h}) / (sigma_t sqrt(h)) for each h of ``horizons`` (0 for t < h)."""
     out = []
     for hz in config.horizons:
@@ -96,29 +97,29 @@ def returns(ctx: FeatureContext, config: "FeatureConfig") -> list:
     return out
 
 
-def log_vol(ctx: FeatureContext, config: "FeatureConfig") -> list:
+def log_vol(ctx: FeatureContext, config: FeatureConfig) -> list:
     """``log_vol`` = log(sigma_t)."""
     return [("log_vol", np.log(ctx.sigma))]
 
 
-def bar_range(ctx: FeatureContext, config: "FeatureConfig") -> list:
+def bar_range(ctx: FeatureContext, config: FeatureConfig) -> list:
     """``range`` = log(H_t / L_t) / sigma_t."""
     return [("range", np.log(ctx.high / ctx.low) / ctx.sigma)]
 
 
-def body(ctx: FeatureContext, config: "FeatureConfig") -> list:
+def body(ctx: FeatureContext, config: FeatureConfig) -> list:
     """``body`` = log(C_t / O_t) / sigma_t."""
     return [("body", np.log(ctx.close / ctx.open) / ctx.sigma)]
 
 
-def close_loc(ctx: FeatureContext, config: "FeatureConfig") -> list:
+def close_loc(ctx: FeatureContext, config: FeatureConfig) -> list:
     """``close_loc`` = (2 C_t - H_t - L_t) / (H_t - L_t), in [-1, 1] (0 when H = L)."""
-    c, h, l = ctx.close, ctx.high, ctx.low
-    span = h - l
-    return [("close_loc", np.where(span > 0, (2 * c - h - l) / np.where(span > 0, span, 1.0), 0.0))]
+    c, h, low = ctx.close, ctx.high, ctx.low
+    span = h - low
+    return [("close_loc", np.where(span > 0, (2 * c - h - low) / np.where(span > 0, span, 1.0), 0.0))]
 
 
-def volume(ctx: FeatureContext, config: "FeatureConfig") -> list:
+def volume(ctx: FeatureContext, config: FeatureConfig) -> list:
     """``volume`` = (log1p V_t - m_t) / s_t, m and s^2 the EW mean and variance of log1p V up to t
     (half-life ``volume_halflife``; 0 where s^2 <= 1e-12). Nothing when the bars have no volume."""
     if ctx.bars.volume is None:
@@ -129,7 +130,7 @@ def volume(ctx: FeatureContext, config: "FeatureConfig") -> list:
     return [("volume", np.where(var > 1e-12, (lv - m) / np.sqrt(np.maximum(var, 1e-12)), 0.0))]
 
 
-def calendar(ctx: FeatureContext, config: "FeatureConfig") -> list:
+def calendar(ctx: FeatureContext, config: FeatureConfig) -> list:
     """``dow_sin``, ``dow_cos`` = sin, cos(2 pi d / 7), d the UTC day of week (Monday 0); for intraday
     bars (``time_of_day``) also ``hod_sin``, ``hod_cos`` = sin, cos(2 pi f), f the UTC fraction of
     the day. Nothing when ``time_features`` is off."""
@@ -139,14 +140,18 @@ def calendar(ctx: FeatureContext, config: "FeatureConfig") -> list:
     days = np.floor_divide(t, NS_PER_DAY)
     dow = (days + 3) % 7  # 1970-01-01 was a Thursday; Monday = 0
     out = [("dow_sin", np.sin(2 * np.pi * dow / 7)), ("dow_cos", np.cos(2 * np.pi * dow / 7))]
-    intraday = config.time_of_day if config.time_of_day is not None else bool(len(t) >= 2 and np.median(np.diff(t)) < NS_PER_DAY)
+    intraday = (
+        config.time_of_day
+        if config.time_of_day is not None
+        else bool(len(t) >= 2 and np.median(np.diff(t)) < NS_PER_DAY)
+    )
     if intraday:
         frac = (t - days * NS_PER_DAY) / NS_PER_DAY
         out += [("hod_sin", np.sin(2 * np.pi * frac)), ("hod_cos", np.cos(2 * np.pi * frac))]
     return out
 
 
-def extra(ctx: FeatureContext, config: "FeatureConfig") -> list:
+def extra(ctx: FeatureContext, config: FeatureConfig) -> list:
     """Each column of ``bars.extra`` as given, by name in sorted order (the regime signal of
     builtin:regime). Nothing when ``extra`` is off."""
     if not config.extra:
@@ -155,8 +160,16 @@ def extra(ctx: FeatureContext, config: "FeatureConfig") -> list:
 
 
 #: The feature registry (STYLE.md: a dict, not an if/elif chain): group name -> :data:`FeatureFn`.
-FEATURES: dict[str, FeatureFn] = {"returns": returns, "log_vol": log_vol, "range": bar_range, "body": body,
-                                  "close_loc": close_loc, "volume": volume, "time": calendar, "extra": extra}
+FEATURES: dict[str, FeatureFn] = {
+    "returns": returns,
+    "log_vol": log_vol,
+    "range": bar_range,
+    "body": body,
+    "close_loc": close_loc,
+    "volume": volume,
+    "time": calendar,
+    "extra": extra,
+}
 #: The built-in groups, in their default order.
 BUILTIN = tuple(FEATURES)
 #: Features added by :func:`register_feature` -> whether their columns are signed.
@@ -168,8 +181,10 @@ def _check_groups(groups) -> None:
         raise ValueError(f"groups must be a list of feature names, got {groups!r}")
     unknown = [g for g in groups if g not in FEATURES]
     if unknown:
-        raise ValueError(f"unknown feature group(s) {unknown}; known: {list(FEATURES)} "
-                         "(cudarl.features.register_feature adds your own)")
+        raise ValueError(
+            f"unknown feature group(s) {unknown}; known: {list(FEATURES)} "
+            "(cudarl.features.register_feature adds your own)"
+        )
     if not groups or len(set(groups)) != len(groups):
         raise ValueError(f"groups must name each feature once, and at least one, got {list(groups)}")
 
@@ -239,8 +254,9 @@ def _builtin_signed(name: str, config: FeatureConfig) -> bool:
 
 
 def _signed(name: str, config: FeatureConfig) -> bool:
-    return _builtin_signed(name, config) or any(REGISTERED.get(k) and (name == k or name.startswith(k + "_"))
-                                                for k in config.groups)
+    return _builtin_signed(name, config) or any(
+        REGISTERED.get(k) and (name == k or name.startswith(k + "_")) for k in config.groups
+    )
 
 
 def _columns(group: str, ctx: FeatureContext, config: FeatureConfig) -> list:
@@ -251,8 +267,10 @@ def _columns(group: str, ctx: FeatureContext, config: FeatureConfig) -> list:
             raise ValueError(f"feature {group!r} must return [(column name, values)], got an item {item!r:.80}")
         name, col = item[0], np.asarray(item[1], dtype=np.float64)
         if col.shape != ctx.close.shape:
-            raise ValueError(f"feature {group!r}: column {name!r} has shape {col.shape}, expected {ctx.close.shape} "
-                             "(one value per bar)")
+            raise ValueError(
+                f"feature {group!r}: column {name!r} has shape {col.shape}, expected {ctx.close.shape} "
+                "(one value per bar)"
+            )
         if group not in BUILTIN and name != group and not name.startswith(group + "_"):
             raise ValueError(f"feature {group!r}: column {name!r} must be named {group!r} or '{group}_<suffix>'")
         out.append((group, name, col))
@@ -271,22 +289,26 @@ def compute(bars: Bars, config: FeatureConfig = FeatureConfig()) -> Features:
         ctx = FeatureContext.of(bars, config)
         cols = [c for g in config.groups for c in _columns(g, ctx, config)]
     groups, names = [g for g, _, _ in cols], [n for _, n, _ in cols]
-    for j, (g, n) in enumerate(zip(groups, names)):
+    for j, (g, n) in enumerate(zip(groups, names, strict=True)):
         if n in names[:j]:
             raise ValueError(f"column {n!r} of feature {g!r} repeats a name of feature {groups[names.index(n)]!r}")
         want = REGISTERED[g] if g in REGISTERED else _builtin_signed(n, config)
         if _signed(n, config) != want:
-            raise ValueError(f"return_sign goes by names and would call column {n!r} of feature {g!r} "
-                             f"{'unsigned' if want else 'signed'}; rename it (signed: ret_*, body, close_loc, "
-                             "features.signed_extra and the columns of features registered signed)")
+            raise ValueError(
+                f"return_sign goes by names and would call column {n!r} of feature {g!r} "
+                f"{'unsigned' if want else 'signed'}; rename it (signed: ret_*, body, close_loc, "
+                "features.signed_extra and the columns of features registered signed)"
+            )
     values = np.stack([v for _, _, v in cols], axis=1) if cols else np.zeros((T, 0))
     warm = min(config.warmup, T)
     values[:warm] = 0.0
     bad = ~np.isfinite(values)
     if bad.any():
         i, j = np.argwhere(bad)[0]
-        raise ValueError(f"feature {names[j]!r} (group {groups[j]!r}) is not finite at bar {i}, after the "
-                         f"{warm}-bar warm-up; were the bars validated?")
+        raise ValueError(
+            f"feature {names[j]!r} (group {groups[j]!r}) is not finite at bar {i}, after the "
+            f"{warm}-bar warm-up; were the bars validated?"
+        )
     return Features(values=values.astype(np.float32), names=tuple(names), warmup=config.warmup)
 
 
@@ -323,7 +345,7 @@ class Normaliser:
     fitted_on: tuple = field(default=(0, 0))
 
     @classmethod
-    def fit(cls, features: Features, train, clip: float = 5.0, center=None) -> "Normaliser":
+    def fit(cls, features: Features, train, clip: float = 5.0, center=None) -> Normaliser:
         """Fit on the rows of the training split ``train`` (a :class:`cudarl.splits.Split`
         or ``(start, stop)``), skipping rows before ``features.warmup``. Reads nothing else.
 
@@ -350,10 +372,20 @@ class Normaliser:
 
     def state_dict(self) -> dict:
         """Plain arrays and numbers (no pickle) for the checkpoint."""
-        return {"mean": self.mean.copy(), "std": self.std.copy(), "names": list(self.names),
-                "clip": float(self.clip), "fitted_on": [int(v) for v in self.fitted_on]}
+        return {
+            "mean": self.mean.copy(),
+            "std": self.std.copy(),
+            "names": list(self.names),
+            "clip": float(self.clip),
+            "fitted_on": [int(v) for v in self.fitted_on],
+        }
 
     @classmethod
-    def from_state_dict(cls, state: dict) -> "Normaliser":
-        return cls(mean=np.asarray(state["mean"], dtype=np.float64), std=np.asarray(state["std"], dtype=np.float64),
-                   names=tuple(state["names"]), clip=float(state["clip"]), fitted_on=tuple(state["fitted_on"]))
+    def from_state_dict(cls, state: dict) -> Normaliser:
+        return cls(
+            mean=np.asarray(state["mean"], dtype=np.float64),
+            std=np.asarray(state["std"], dtype=np.float64),
+            names=tuple(state["names"]),
+            clip=float(state["clip"]),
+            fitted_on=tuple(state["fitted_on"]),
+        )

@@ -18,13 +18,14 @@ capture must end joined).
 On the NumPy backend there are no graphs: :meth:`replay` runs the phases in order, with the
 same state machine (capture before replay), so the CPU path is the same program.
 """
+
 from __future__ import annotations
 
 import gc
 import statistics
 import time
+from collections.abc import Callable, Sequence
 from contextlib import contextmanager
-from typing import Callable, Sequence
 
 from . import backend as _backend
 from . import kernels
@@ -59,7 +60,10 @@ def _no_allocation(where: Callable[[], str]):
     import cupy
 
     def refuse(size):
-        raise GraphCaptureError(f"{where()}: allocation of {size} bytes inside a capture; allocate every buffer before capture (DESIGN.md rule 9)")
+        raise GraphCaptureError(
+            f"{where()}: allocation of {size} bytes inside a capture; "
+            "allocate every buffer before capture (DESIGN.md rule 9)"
+        )
 
     with cupy.cuda.using_allocator(refuse):
         yield
@@ -146,8 +150,10 @@ class StepGraph:
                     gc.enable()
                 if isinstance(exc, GraphCaptureError):
                     raise
-                raise GraphCaptureError(f"{failed}: failed during capture ({type(exc).__name__}: {exc}); "
-                                        "a host synchronisation or host read cannot be captured") from exc
+                raise GraphCaptureError(
+                    f"{failed}: failed during capture ({type(exc).__name__}: {exc}); "
+                    "a host synchronisation or host read cannot be captured"
+                ) from exc
             try:
                 graph = self.stream.end_capture()
             finally:

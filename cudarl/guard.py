@@ -11,6 +11,7 @@ rule) or ``"rollback"`` (the trainer restores its last good in-memory snapshot a
 the learning rate by ``lr_factor``); after ``max_rollbacks`` rollbacks it stops. Every trip is an
 event returned to the caller, who logs it.
 """
+
 from __future__ import annotations
 
 import math
@@ -36,9 +37,16 @@ class GuardEvent:
         return f"guard: step {self.step}: {self.what} = {self.value!r}{thr}; action: {self.action}"
 
     def as_dict(self) -> dict:
-        return {"event": "guard", "step": self.step, "reason": self.reason, "what": self.what,
-                "value": None if not math.isfinite(self.value) else self.value, "raw": repr(self.value),
-                "threshold": self.threshold, "action": self.action}
+        return {
+            "event": "guard",
+            "step": self.step,
+            "reason": self.reason,
+            "what": self.what,
+            "value": None if not math.isfinite(self.value) else self.value,
+            "raw": repr(self.value),
+            "threshold": self.threshold,
+            "action": self.action,
+        }
 
 
 class Guard:
@@ -58,7 +66,12 @@ class Guard:
             raise ValueError(f"window must be >= 2, got {window}")
         if not spike_factor > 1:
             raise ValueError(f"spike_factor must be > 1, got {spike_factor}")
-        self.action, self.window, self.spike_factor, self.max_rollbacks = action, int(window), float(spike_factor), int(max_rollbacks)
+        self.action, self.window, self.spike_factor, self.max_rollbacks = (
+            action,
+            int(window),
+            float(spike_factor),
+            int(max_rollbacks),
+        )
         self.history: deque = deque(maxlen=self.window)
         self.rollbacks = 0
 
@@ -81,7 +94,9 @@ class Guard:
             return None
         if self.action == "stop" or self.rollbacks >= self.max_rollbacks:
             stopped = GuardEvent(event.step, event.reason, event.what, event.value, event.threshold, "stop")
-            raise GuardStop(stopped.message() + (f" (after {self.rollbacks} rollbacks)" if self.action == "rollback" else ""))
+            raise GuardStop(
+                stopped.message() + (f" (after {self.rollbacks} rollbacks)" if self.action == "rollback" else "")
+            )
         self.rollbacks += 1
         return event
 

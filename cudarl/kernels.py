@@ -14,6 +14,7 @@ Every kernel family lives in ``cuda_src/<family>.cu`` with ``extern "C"`` kernel
 Compile options live here and nowhere else. ``#line 1 "cuda_src/<family>.cu"`` makes a
 compile error point at the real file and line.
 """
+
 from __future__ import annotations
 
 import functools
@@ -43,7 +44,9 @@ def _find_src_dir() -> Path:
     for cand in (pkg / "cuda_src", pkg.parent / "cuda_src"):  # wheel, then source checkout
         if (cand / "include").is_dir():
             return cand
-    raise KernelError(f"cannot find the CUDA sources next to {pkg} (looked for cuda_src/ in the package and the checkout)")
+    raise KernelError(
+        f"cannot find the CUDA sources next to {pkg} (looked for cuda_src/ in the package and the checkout)"
+    )
 
 
 SRC_DIR = _find_src_dir()
@@ -137,7 +140,10 @@ def get_module(family: str, context: str):
                     mod = cupy.RawModule(code=src, options=compile_options())
                     mod.compile()  # compile now so errors surface here, not at first launch
                 except cupy.cuda.compiler.CompileException as exc:
-                    raise KernelCompileError(f"cuda_src/{family}.cu failed to compile:\n{exc.get_message() if hasattr(exc, 'get_message') else exc}") from None
+                    raise KernelCompileError(
+                        f"cuda_src/{family}.cu failed to compile:\n"
+                        f"{exc.get_message() if hasattr(exc, 'get_message') else exc}"
+                    ) from None
                 _modules[key] = mod
     return mod
 
@@ -169,7 +175,7 @@ _SCALARS = {"i32": np.int32, "i64": np.int64, "u32": np.uint32, "u64": np.uint64
 _POINTEES = {**_SCALARS, "u8": np.uint8, "i8": np.int8}
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def parse_signature(sig: str) -> tuple[tuple[str, np.dtype, bool], ...]:
     """Parse ``"f32* out, const u64* counter, i64 n"`` into (name, dtype, is_pointer) triples.
 
@@ -180,7 +186,13 @@ def parse_signature(sig: str) -> tuple[tuple[str, np.dtype, bool], ...]:
         m = re.match(r"^(?:const\s+)?(\w+)\s*(\*?)\s*(\w+)?$", part)
         if not m or m.group(1) not in (_POINTEES if m.group(2) else _SCALARS):
             raise KernelError(f"bad kernel signature entry {part!r} in {sig!r}")
-        out.append((m.group(3) or f"arg{i}", np.dtype(_POINTEES[m.group(1)] if m.group(2) else _SCALARS[m.group(1)]), bool(m.group(2))))
+        out.append(
+            (
+                m.group(3) or f"arg{i}",
+                np.dtype(_POINTEES[m.group(1)] if m.group(2) else _SCALARS[m.group(1)]),
+                bool(m.group(2)),
+            )
+        )
     return tuple(out)
 
 
@@ -194,7 +206,7 @@ def check_args(where: str, sig: str, args: tuple) -> tuple:
     if len(args) != len(spec):
         raise KernelError(f"{where}: expected {len(spec)} arguments ({sig}), got {len(args)}")
     out = []
-    for (name, dtype, is_ptr), a in zip(spec, args):
+    for (name, dtype, is_ptr), a in zip(spec, args, strict=True):
         if is_ptr:
             if not (type(a).__module__.startswith("cupy") and hasattr(a, "data")):
                 raise KernelError(f"{where}: argument {name!r} must be a CuPy array of {dtype}, got {type(a).__name__}")
@@ -203,7 +215,9 @@ def check_args(where: str, sig: str, args: tuple) -> tuple:
             if not a.flags.c_contiguous:
                 raise KernelError(f"{where}: argument {name!r} is not C-contiguous")
             if a.size == 0 or a.data.ptr == 0:
-                raise KernelError(f"{where}: argument {name!r} is empty or a null pointer; a disabled feature must not be launched")
+                raise KernelError(
+                    f"{where}: argument {name!r} is empty or a null pointer; a disabled feature must not be launched"
+                )
             out.append(a)
         else:
             if isinstance(a, (np.ndarray,)) or hasattr(a, "data") and not np.isscalar(a):
@@ -249,7 +263,9 @@ def launch(family: str, op: str, grid, block, sig: str, args: tuple, *, stream=N
         raise KernelError(f"{where}: context {ctx!r} belongs to a capture, but the stream is not capturing")
     fn = get_function(family, op, ctx)
     if shared_mem > _DEFAULT_SMEM and fn.max_dynamic_shared_size_bytes < shared_mem:
-        fn.max_dynamic_shared_size_bytes = int(shared_mem)  # the opt-in past 48 KiB (a function attribute, not a launch)
+        fn.max_dynamic_shared_size_bytes = int(
+            shared_mem
+        )  # the opt-in past 48 KiB (a function attribute, not a launch)
     with s:
         fn(grid, block, checked, shared_mem=shared_mem)
 
@@ -259,7 +275,7 @@ def blocks_for(n: int, threads: int = 256) -> int:
     return max(1, (int(n) + threads - 1) // threads)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _multiprocessors(device_id: int) -> int:
     import cupy
 

@@ -9,6 +9,7 @@ reference modules hold the same equations next to the code.
 Shapes: ``B`` batch, ``A`` actions, ``K`` atoms, ``N``/``N'`` quantiles. float32 throughout,
 actions int32.
 """
+
 from __future__ import annotations
 
 from collections import namedtuple
@@ -19,7 +20,9 @@ from .backend import get_array_module
 from .reference import c51 as _c51
 
 C51Loss = namedtuple("C51Loss", "loss_per loss grad priority")
-C51Loss.__doc__ = """``loss_per [B]``, ``loss`` (scalar on NumPy, ``[1]`` on CuPy), ``grad [B, A, K]``, ``priority [B]``."""
+C51Loss.__doc__ = (
+    """``loss_per [B]``, ``loss`` (scalar on NumPy, ``[1]`` on CuPy), ``grad [B, A, K]``, ``priority [B]``."""
+)
 
 
 def _is_gpu(*arrays) -> bool:
@@ -53,9 +56,9 @@ def c51_project(probs_tp1, r_t, discount_t, support, out=None):
     """
     if not _is_gpu(probs_tp1):
         return _c51.project(probs_tp1, r_t, discount_t, support)
-    from .ops import c51 as ops
-
     import cupy as cp
+
+    from .ops import c51 as ops
 
     out = _out(cp, out, probs_tp1.shape)
     ops.project(probs_tp1, r_t, discount_t, support, out)
@@ -74,9 +77,9 @@ def c51_next_probs(logits_online_tp1, logits_target_tp1, support, out_probs=None
     """
     if not _is_gpu(logits_online_tp1):
         return _c51.next_probs(logits_online_tp1, logits_target_tp1, support)
-    from .ops import c51 as ops
-
     import cupy as cp
+
+    from .ops import c51 as ops
 
     B, _, K = logits_online_tp1.shape
     out_probs, out_a_star = _out(cp, out_probs, (B, K)), _out(cp, out_a_star, (B,), np.int32)
@@ -89,9 +92,23 @@ C51Targets.__doc__ = """``target [B, K]``, ``probs [B, K]``, ``a_star int32 [B]`
 ``r_norm [B]`` and ``state [8]`` (the updated statistics), else None."""
 
 
-def c51_targets(logits_online_tp1, logits_target_tp1, support, r_t, discount_t, popart_state=None, popart_beta=None,
-                sigma_min=1e-4, *, out_target=None, out_probs=None, out_a_star=None, out_y=None, out_r_norm=None,
-                scratch=None) -> C51Targets:
+def c51_targets(
+    logits_online_tp1,
+    logits_target_tp1,
+    support,
+    r_t,
+    discount_t,
+    popart_state=None,
+    popart_beta=None,
+    sigma_min=1e-4,
+    *,
+    out_target=None,
+    out_probs=None,
+    out_a_star=None,
+    out_y=None,
+    out_r_norm=None,
+    scratch=None,
+) -> C51Targets:
     """The whole C51 target of a train step: double-DQN next distribution, PopArt, projection.
 
     With ``z`` the support and ``s = sigma / scale`` (:class:`cudarl.popart.PopArt`)::
@@ -120,11 +137,14 @@ def c51_targets(logits_online_tp1, logits_target_tp1, support, r_t, discount_t, 
         :class:`C51Targets`.
     """
     if not _is_gpu(logits_online_tp1):
-        return C51Targets(*_c51.targets(logits_online_tp1, logits_target_tp1, support, r_t, discount_t,
-                                        popart_state, popart_beta, sigma_min))
-    from .ops import c51 as ops
-
+        return C51Targets(
+            *_c51.targets(
+                logits_online_tp1, logits_target_tp1, support, r_t, discount_t, popart_state, popart_beta, sigma_min
+            )
+        )
     import cupy as cp
+
+    from .ops import c51 as ops
 
     B, _, K = logits_online_tp1.shape
     target, probs = _out(cp, out_target, (B, K)), _out(cp, out_probs, (B, K))
@@ -133,15 +153,28 @@ def c51_targets(logits_online_tp1, logits_target_tp1, support, r_t, discount_t, 
         ops.targets(logits_online_tp1, logits_target_tp1, support, r_t, discount_t, target, probs, a_star)
         return C51Targets(target, probs, a_star, None, None, None)
     y, r_norm, scratch = _out(cp, out_y, (B,)), _out(cp, out_r_norm, (B,)), _out(cp, scratch, (8,))
-    ops.next_probs_td(logits_online_tp1, logits_target_tp1, support, r_t, discount_t, popart_state, probs, a_star, y,
-                      scratch)
-    ops.project_popart(probs, r_t, discount_t, support, y, scratch, popart_beta, popart_state, r_norm, target,
-                       sigma_min=sigma_min)
+    ops.next_probs_td(
+        logits_online_tp1, logits_target_tp1, support, r_t, discount_t, popart_state, probs, a_star, y, scratch
+    )
+    ops.project_popart(
+        probs, r_t, discount_t, support, y, scratch, popart_beta, popart_state, r_norm, target, sigma_min=sigma_min
+    )
     return C51Targets(target, probs, a_star, y, r_norm, popart_state)
 
 
-def c51_loss(logits_tm1, a_tm1, target, weights, priority="kl", *, out_loss_per=None, out_loss=None,
-             out_grad=None, out_priority=None, done=None) -> C51Loss:
+def c51_loss(
+    logits_tm1,
+    a_tm1,
+    target,
+    weights,
+    priority="kl",
+    *,
+    out_loss_per=None,
+    out_loss=None,
+    out_grad=None,
+    out_priority=None,
+    done=None,
+) -> C51Loss:
     """Importance-weighted categorical cross-entropy, its gradient and a priority signal.
 
     With ``p = softmax(logits_tm1[b, a_tm1[b]])`` and ``m = target[b]``::
@@ -165,15 +198,29 @@ def c51_loss(logits_tm1, a_tm1, target, weights, priority="kl", *, out_loss_per=
     """
     if not _is_gpu(logits_tm1):
         return C51Loss(*_c51.loss(logits_tm1, a_tm1, target, weights, priority=priority))
-    from .ops import c51 as ops
-
     import cupy as cp
 
+    from .ops import c51 as ops
+
     B = logits_tm1.shape[0]
-    res = C51Loss(_out(cp, out_loss_per, (B,)), _out(cp, out_loss, (1,)), _out(cp, out_grad, logits_tm1.shape),
-                  _out(cp, out_priority, (B,)))
-    ops.loss(logits_tm1, a_tm1, target, weights, res.loss_per, res.loss, res.grad, res.priority, _done(cp, done),
-             priority=priority)
+    res = C51Loss(
+        _out(cp, out_loss_per, (B,)),
+        _out(cp, out_loss, (1,)),
+        _out(cp, out_grad, logits_tm1.shape),
+        _out(cp, out_priority, (B,)),
+    )
+    ops.loss(
+        logits_tm1,
+        a_tm1,
+        target,
+        weights,
+        res.loss_per,
+        res.loss,
+        res.grad,
+        res.priority,
+        _done(cp, done),
+        priority=priority,
+    )
     return res
 
 
@@ -182,10 +229,34 @@ C51TargetsLoss.__doc__ = """:class:`C51Targets`' fields, :class:`C51Loss`' ``los
 ``dva [B, (1 + A) K]``: dL/d(the dueling head's raw output) at s_t (no ``grad`` wrt the logits)."""
 
 
-def c51_targets_loss(va_tm1, va_online_tp1, va_target_tp1, a_tm1, weights, support, r_t, discount_t, priority="kl",
-                     popart_state=None, popart_beta=None, sigma_min=1e-4, *, out_target=None, out_probs=None,
-                     out_a_star=None, out_y=None, out_r_norm=None, out_loss_per=None, out_loss=None, out_priority=None,
-                     out_dva=None, done=None, barrier=None, scratch=None, grid_barrier=True) -> C51TargetsLoss:
+def c51_targets_loss(
+    va_tm1,
+    va_online_tp1,
+    va_target_tp1,
+    a_tm1,
+    weights,
+    support,
+    r_t,
+    discount_t,
+    priority="kl",
+    popart_state=None,
+    popart_beta=None,
+    sigma_min=1e-4,
+    *,
+    out_target=None,
+    out_probs=None,
+    out_a_star=None,
+    out_y=None,
+    out_r_norm=None,
+    out_loss_per=None,
+    out_loss=None,
+    out_priority=None,
+    out_dva=None,
+    done=None,
+    barrier=None,
+    scratch=None,
+    grid_barrier=True,
+) -> C51TargetsLoss:
     """:func:`c51_targets` then :func:`c51_loss`, from the dueling C51 head's raw outputs.
 
     With ``logits = V + Adv - mean_a Adv`` per atom of ``va = (V [K], Adv [A, K])``
@@ -212,30 +283,71 @@ def c51_targets_loss(va_tm1, va_online_tp1, va_target_tp1, a_tm1, weights, suppo
     if not _is_gpu(va_tm1):
         if popart_state is None:
             m, probs, a_star, loss_per, loss, prio, dva = _c51.targets_loss(
-                va_tm1, va_online_tp1, va_target_tp1, a_tm1, weights, support, r_t, discount_t, priority)
+                va_tm1, va_online_tp1, va_target_tp1, a_tm1, weights, support, r_t, discount_t, priority
+            )
             return C51TargetsLoss(m, probs, a_star, None, None, None, loss_per, loss, prio, dva)
-        return C51TargetsLoss(*_c51.targets_loss_popart(va_tm1, va_online_tp1, va_target_tp1, a_tm1, weights, support,
-                                                        r_t, discount_t, popart_state, popart_beta, sigma_min, priority))
-    from .ops import c51 as ops
-
+        return C51TargetsLoss(
+            *_c51.targets_loss_popart(
+                va_tm1,
+                va_online_tp1,
+                va_target_tp1,
+                a_tm1,
+                weights,
+                support,
+                r_t,
+                discount_t,
+                popart_state,
+                popart_beta,
+                sigma_min,
+                priority,
+            )
+        )
     import cupy as cp
 
+    from .ops import c51 as ops
+
     B, K = va_tm1.shape[0], support.shape[0]
-    res = dict(out_probs=_out(cp, out_probs, (B, K)), out_a_star=_out(cp, out_a_star, (B,), np.int32),
-               out_target=_out(cp, out_target, (B, K)), out_loss_per=_out(cp, out_loss_per, (B,)),
-               out_loss=_out(cp, out_loss, (1,)), out_priority=_out(cp, out_priority, (B,)),
-               out_dva=_out(cp, out_dva, va_tm1.shape))
+    res = dict(
+        out_probs=_out(cp, out_probs, (B, K)),
+        out_a_star=_out(cp, out_a_star, (B,), np.int32),
+        out_target=_out(cp, out_target, (B, K)),
+        out_loss_per=_out(cp, out_loss_per, (B,)),
+        out_loss=_out(cp, out_loss, (1,)),
+        out_priority=_out(cp, out_priority, (B,)),
+        out_dva=_out(cp, out_dva, va_tm1.shape),
+    )
     args = (va_tm1, va_online_tp1, va_target_tp1, a_tm1, weights, support, r_t, discount_t)
     if popart_state is None:
         ops.targets_loss(*args, **res, done=_done(cp, done), priority=priority)
         y = r_norm = None
     else:
         y, r_norm = _out(cp, out_y, (B,)), _out(cp, out_r_norm, (B,))
-        ops.targets_loss_popart(*args, popart_state, popart_beta, y, r_norm, **res, done=_done(cp, done),
-                                barrier=_done(cp, barrier), scratch=_out(cp, scratch, (8,)), sigma_min=sigma_min,
-                                priority=priority, grid_barrier=grid_barrier)
-    return C51TargetsLoss(res["out_target"], res["out_probs"], res["out_a_star"], y, r_norm, popart_state,
-                          res["out_loss_per"], res["out_loss"], res["out_priority"], res["out_dva"])
+        ops.targets_loss_popart(
+            *args,
+            popart_state,
+            popart_beta,
+            y,
+            r_norm,
+            **res,
+            done=_done(cp, done),
+            barrier=_done(cp, barrier),
+            scratch=_out(cp, scratch, (8,)),
+            sigma_min=sigma_min,
+            priority=priority,
+            grid_barrier=grid_barrier,
+        )
+    return C51TargetsLoss(
+        res["out_target"],
+        res["out_probs"],
+        res["out_a_star"],
+        y,
+        r_norm,
+        popart_state,
+        res["out_loss_per"],
+        res["out_loss"],
+        res["out_priority"],
+        res["out_dva"],
+    )
 
 
 def n_step(rewards, terminal, gamma, out_r_t=None, out_discount_t=None):
@@ -251,9 +363,9 @@ def n_step(rewards, terminal, gamma, out_r_t=None, out_discount_t=None):
     """
     if not _is_gpu(rewards):
         return _c51.n_step(rewards, terminal, float(np.asarray(gamma).reshape(-1)[0]))
-    from .ops import c51 as ops
-
     import cupy as cp
+
+    from .ops import c51 as ops
 
     B = rewards.shape[0]
     out_r_t, out_discount_t = _out(cp, out_r_t, (B,)), _out(cp, out_discount_t, (B,))
@@ -263,11 +375,14 @@ def n_step(rewards, terminal, gamma, out_r_t=None, out_discount_t=None):
 
 # ---- quantile (IQN, QR-DQN) -------------------------------------------------------------------
 QuantileLoss = namedtuple("QuantileLoss", "loss_per loss grad")
-QuantileLoss.__doc__ = """``loss_per [B]`` (also the priority signal), ``loss`` (scalar / ``[1]``), ``grad [B, N, A]``."""
+QuantileLoss.__doc__ = (
+    """``loss_per [B]`` (also the priority signal), ``loss`` (scalar / ``[1]``), ``grad [B, N, A]``."""
+)
 
 
-def quantile_huber_loss(theta_tm1, a_tm1, target, taus, weights, kappa=1.0, *, out_loss_per=None, out_loss=None,
-                        out_grad=None, done=None) -> QuantileLoss:
+def quantile_huber_loss(
+    theta_tm1, a_tm1, target, taus, weights, kappa=1.0, *, out_loss_per=None, out_loss=None, out_grad=None, done=None
+) -> QuantileLoss:
     """Quantile Huber loss (IQN, Dabney et al. 2018) and its gradient wrt the quantile values.
 
     With ``theta_i = theta_tm1[b, i, a_tm1[b]]``, ``delta_ij = target[b, j] - theta_i``::
@@ -292,13 +407,15 @@ def quantile_huber_loss(theta_tm1, a_tm1, target, taus, weights, kappa=1.0, *, o
 
     if not _is_gpu(theta_tm1):
         return QuantileLoss(*_q.huber_loss(theta_tm1, a_tm1, target, taus, weights, kappa=kappa))
-    from .ops import quantile as ops
-
     import cupy as cp
+
+    from .ops import quantile as ops
 
     B = theta_tm1.shape[0]
     res = QuantileLoss(_out(cp, out_loss_per, (B,)), _out(cp, out_loss, (1,)), _out(cp, out_grad, theta_tm1.shape))
-    ops.huber_loss(theta_tm1, a_tm1, target, taus, weights, res.loss_per, res.loss, res.grad, _done(cp, done), kappa=kappa)
+    ops.huber_loss(
+        theta_tm1, a_tm1, target, taus, weights, res.loss_per, res.loss, res.grad, _done(cp, done), kappa=kappa
+    )
     return res
 
 
@@ -312,9 +429,9 @@ def quantile_targets(theta_online_tp1, theta_target_tp1, r_t, discount_t, out=No
 
     if not _is_gpu(theta_online_tp1):
         return _q.targets(theta_online_tp1, theta_target_tp1, r_t, discount_t)
-    from .ops import quantile as ops
-
     import cupy as cp
+
+    from .ops import quantile as ops
 
     B, M, _ = theta_online_tp1.shape
     out, out_a_star = _out(cp, out, (B, M)), _out(cp, out_a_star, (B,), np.int32)
@@ -338,7 +455,9 @@ def sample_taus(seed: int, counter, stream_id: int, shape=None, out=None):
     from .reference import quantile as _q
 
     if out is None or not _is_gpu(out):
-        return _q.sample_taus(seed, int(np.asarray(counter).reshape(-1)[0]) if not np.isscalar(counter) else counter, stream_id, shape)
+        return _q.sample_taus(
+            seed, int(np.asarray(counter).reshape(-1)[0]) if not np.isscalar(counter) else counter, stream_id, shape
+        )
     from .ops import quantile as ops
 
     ops.sample_taus(seed, counter, stream_id, out)
@@ -359,9 +478,9 @@ def q_stats(logits, support, out=None, scratch=None):
 
     if not _is_gpu(logits):
         return _qs.q_stats(logits, support)
-    from .ops import qstats as ops
-
     import cupy as cp
+
+    from .ops import qstats as ops
 
     B, A, K = logits.shape
     out = _out(cp, out, (2 * A + 2,))
@@ -382,9 +501,9 @@ def cql_c51(logits, a_data, support, alpha, *, out_cql_per=None, out_loss=None, 
 
     if not _is_gpu(logits):
         return _rg.cql_c51(logits, a_data, support, alpha)
-    from .ops import regularizers as ops
-
     import cupy as cp
+
+    from .ops import regularizers as ops
 
     B = logits.shape[0]
     res = (_out(cp, out_cql_per, (B,)), _out(cp, out_loss, (1,)), _out(cp, out_grad, logits.shape))
@@ -401,9 +520,9 @@ def cql_quantile(theta, a_data, alpha, *, out_cql_per=None, out_loss=None, out_g
 
     if not _is_gpu(theta):
         return _rg.cql_quantile(theta, a_data, alpha)
-    from .ops import regularizers as ops
-
     import cupy as cp
+
+    from .ops import regularizers as ops
 
     B = theta.shape[0]
     res = (_out(cp, out_cql_per, (B,)), _out(cp, out_loss, (1,)), _out(cp, out_grad, theta.shape))
@@ -422,11 +541,16 @@ def iql_expectile(q, v, priority, tau=0.7, *, out_loss_per=None, out_loss=None, 
 
     if not _is_gpu(q):
         return _rg.expectile(q, v, priority, tau)
-    from .ops import regularizers as ops
-
     import cupy as cp
 
+    from .ops import regularizers as ops
+
     B = q.shape[0]
-    res = (_out(cp, out_loss_per, (B,)), _out(cp, out_loss, (1,)), _out(cp, out_grad_v, (B,)), _out(cp, out_priority, (B,)))
+    res = (
+        _out(cp, out_loss_per, (B,)),
+        _out(cp, out_loss, (1,)),
+        _out(cp, out_grad_v, (B,)),
+        _out(cp, out_priority, (B,)),
+    )
     ops.expectile(q, v, priority, tau, *res)
     return res

@@ -4,6 +4,7 @@ Every counter and schedule value lives in device memory (:class:`cudarl.pinned.D
 and is advanced by a kernel, so a captured step replays with the current learning rate, bias
 correction and tau. Kernels: ``cuda_src/optim.cu``; twin: ``cudarl.reference.optim``.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -11,8 +12,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from .backend import get_array_module, to_numpy
-from .pinned import DeviceScalars
 from .config import OptimConfig as _OPTIM
+from .pinned import DeviceScalars
 from .reference.optim import GN_BLOCKS, SCHEDULES
 
 
@@ -49,7 +50,7 @@ class Schedule:
     restart_m_scale: float = _OPTIM.restart_m_scale
 
     @classmethod
-    def from_config(cls, o) -> "Schedule":
+    def from_config(cls, o) -> Schedule:
         """The schedule an :class:`cudarl.config.OptimConfig` describes."""
         return cls(o.schedule, o.lr, o.lr_min, o.warmup, o.period, o.mult, o.restart_m_scale)
 
@@ -59,7 +60,9 @@ class Schedule:
         if not (self.lr > 0 and 0 <= self.lr_min <= self.lr):
             raise ValueError(f"Schedule: need 0 <= lr_min <= lr and lr > 0, got lr={self.lr} lr_min={self.lr_min}")
         if self.warmup < 0 or self.period < 1 or self.mult < 1 or int(self.mult) != self.mult:
-            raise ValueError(f"Schedule: warmup >= 0, period >= 1, integer mult >= 1 (got {self.warmup}, {self.period}, {self.mult})")
+            raise ValueError(
+                f"Schedule: warmup >= 0, period >= 1, integer mult >= 1 (got {self.warmup}, {self.period}, {self.mult})"
+            )
         if not 0 <= self.restart_m_scale <= 1:
             raise ValueError(f"Schedule.restart_m_scale must be in [0, 1], got {self.restart_m_scale}")
 
@@ -86,8 +89,20 @@ class Adam:
             slice) that receives the norm instead of the scalar slot.
     """
 
-    def __init__(self, params, grads, *, schedule: Schedule = Schedule(), betas=(0.9, 0.999), eps: float = 1e-8,
-                 weight_decay: float = 0.0, decay_mask=None, max_grad_norm: float = 0.0, grad_norm_out=None, xp=None):
+    def __init__(
+        self,
+        params,
+        grads,
+        *,
+        schedule: Schedule = Schedule(),
+        betas=(0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 0.0,
+        decay_mask=None,
+        max_grad_norm: float = 0.0,
+        grad_norm_out=None,
+        xp=None,
+    ):
         self.xp = xp if xp is not None else get_array_module(params)
         if params.shape != grads.shape or params.ndim != 1:
             raise ValueError(f"params and grads must be flat and alike, got {params.shape} and {grads.shape}")
@@ -105,55 +120,135 @@ class Adam:
         self.mask = xp.asarray(mask)
         self.partial = xp.zeros(GN_BLOCKS, dtype=np.float64)
         self.gn_done = xp.zeros(1, dtype=np.uint32)  # the one-launch gradient norm's ticket (0 between launches)
-        self.gn_barrier = xp.zeros(1, dtype=np.uint32)  # clip_update_publish's grid-barrier counter (0 between launches)
-        self.scalars = DeviceScalars({"step": np.int64, "lr": np.float32, "m_scale": np.float32, "bc1": np.float32,
-                                      "bc2": np.float32, "grad_norm": np.float32, "clip_scale": np.float32},
-                                     xp, initial={"m_scale": 1.0, "clip_scale": 1.0})
+        self.gn_barrier = xp.zeros(
+            1, dtype=np.uint32
+        )  # clip_update_publish's grid-barrier counter (0 between launches)
+        self.scalars = DeviceScalars(
+            {
+                "step": np.int64,
+                "lr": np.float32,
+                "m_scale": np.float32,
+                "bc1": np.float32,
+                "bc2": np.float32,
+                "grad_norm": np.float32,
+                "clip_scale": np.float32,
+            },
+            xp,
+            initial={"m_scale": 1.0, "clip_scale": 1.0},
+        )
         self.grad_norm_out = grad_norm_out if grad_norm_out is not None else self.scalars.view("grad_norm")
         self.ops = _ops(xp)
         if getattr(xp, "__name__", "") == "cupy":
             from .kernels import resident_grid_limit
 
-            resident_grid_limit()  # clip_update_publish's launcher asks it: the device query is made here, before any capture
+            # clip_update_publish's launcher asks it: the device query is made here, before any capture
+            resident_grid_limit()
 
     def schedule_step(self) -> None:
         s, sc = self.schedule, self.scalars
-        self.ops.lr_schedule(sc.view("step"), sc.view("lr"), sc.view("m_scale"), sc.view("bc1"), sc.view("bc2"),
-                             SCHEDULES[s.kind], s.lr, s.lr_min, s.warmup, s.period, int(s.mult), s.restart_m_scale,
-                             self.beta1, self.beta2)
+        self.ops.lr_schedule(
+            sc.view("step"),
+            sc.view("lr"),
+            sc.view("m_scale"),
+            sc.view("bc1"),
+            sc.view("bc2"),
+            SCHEDULES[s.kind],
+            s.lr,
+            s.lr_min,
+            s.warmup,
+            s.period,
+            int(s.mult),
+            s.restart_m_scale,
+            self.beta1,
+            self.beta2,
+        )
 
     def clip_step(self) -> None:
-        self.ops.grad_norm(self.grads, self.partial, self.grad_norm_out, self.scalars.view("clip_scale"), self.max_grad_norm,
-                           done=self.gn_done)
+        self.ops.grad_norm(
+            self.grads,
+            self.partial,
+            self.grad_norm_out,
+            self.scalars.view("clip_scale"),
+            self.max_grad_norm,
+            done=self.gn_done,
+        )
 
-    def update_step(self, soft: "SoftUpdate | None" = None) -> None:
+    def update_step(self, soft: SoftUpdate | None = None) -> None:
         """The parameter update; with ``soft`` (whose online buffer is :attr:`params`) also its target
         update toward the new parameters, in the same launch (its tau as last scheduled)."""
         sc = self.scalars
         consts = (self.beta1, self.beta2, self.eps, self.weight_decay)
         if soft is None:
-            self.ops.adam_update(self.params, self.grads, self.m, self.v, self.mask, sc.view("lr"), sc.view("m_scale"),
-                                 sc.view("bc1"), sc.view("bc2"), sc.view("clip_scale"), *consts)
+            self.ops.adam_update(
+                self.params,
+                self.grads,
+                self.m,
+                self.v,
+                self.mask,
+                sc.view("lr"),
+                sc.view("m_scale"),
+                sc.view("bc1"),
+                sc.view("bc2"),
+                sc.view("clip_scale"),
+                *consts,
+            )
             return
         if soft.online is not self.params:
             raise ValueError("Adam.update_step: soft must average toward these parameters (soft.online is params)")
-        self.ops.adam_update_soft(self.params, self.grads, self.m, self.v, self.mask, soft.target, sc.view("lr"),
-                                  sc.view("m_scale"), sc.view("bc1"), sc.view("bc2"), sc.view("clip_scale"),
-                                  soft.scalars.view("tau"), *consts)
+        self.ops.adam_update_soft(
+            self.params,
+            self.grads,
+            self.m,
+            self.v,
+            self.mask,
+            soft.target,
+            sc.view("lr"),
+            sc.view("m_scale"),
+            sc.view("bc1"),
+            sc.view("bc2"),
+            sc.view("clip_scale"),
+            soft.scalars.view("tau"),
+            *consts,
+        )
 
-    def clip_update_publish(self, soft: "SoftUpdate", ring, loss, slots: int) -> None:
+    def clip_update_publish(self, soft: SoftUpdate, ring, loss, slots: int) -> None:
         """:meth:`clip_step`, :meth:`update_step` ``(soft)`` and the publish of ``(loss[0], grad norm)``
         into slot ``step % slots`` of ``ring`` (float32 ``[2 * slots]``, e.g. a ``PinnedReadback.device``;
         step: this optimiser's counter, advanced by :meth:`schedule_step`), as
         ``cudarl.reference.agent.publish`` does. On the GPU one launch (``optim.clip_adam_soft``) with the
         bits of the three; on NumPy the three twins."""
         if soft.online is not self.params:
-            raise ValueError("Adam.clip_update_publish: soft must average toward these parameters (soft.online is params)")
+            raise ValueError(
+                "Adam.clip_update_publish: soft must average toward these parameters (soft.online is params)"
+            )
         sc = self.scalars
-        self.ops.clip_adam_soft(self.params, self.grads, self.m, self.v, self.mask, soft.target, self.partial,
-                                self.grad_norm_out, sc.view("clip_scale"), self.max_grad_norm, self.gn_done, self.gn_barrier,
-                                sc.view("lr"), sc.view("m_scale"), sc.view("bc1"), sc.view("bc2"), soft.scalars.view("tau"),
-                                ring, loss, sc.view("step"), slots, self.beta1, self.beta2, self.eps, self.weight_decay)
+        self.ops.clip_adam_soft(
+            self.params,
+            self.grads,
+            self.m,
+            self.v,
+            self.mask,
+            soft.target,
+            self.partial,
+            self.grad_norm_out,
+            sc.view("clip_scale"),
+            self.max_grad_norm,
+            self.gn_done,
+            self.gn_barrier,
+            sc.view("lr"),
+            sc.view("m_scale"),
+            sc.view("bc1"),
+            sc.view("bc2"),
+            soft.scalars.view("tau"),
+            ring,
+            loss,
+            sc.view("step"),
+            slots,
+            self.beta1,
+            self.beta2,
+            self.eps,
+            self.weight_decay,
+        )
 
     def step(self) -> None:
         """One optimiser step (capture-safe): schedule, gradient norm and clip, update."""
@@ -194,7 +289,9 @@ class SoftUpdate:
 
     def schedule_step(self) -> None:
         """Advance the tau schedule (one thread; reads nothing of the networks)."""
-        self.ops.tau_schedule(self.scalars.view("count"), self.scalars.view("tau"), self.tau_start, self.tau_end, self.period)
+        self.ops.tau_schedule(
+            self.scalars.view("count"), self.scalars.view("tau"), self.tau_start, self.tau_end, self.period
+        )
 
     def update_step(self) -> None:
         """Move the target toward the online parameters with the current tau."""

@@ -11,6 +11,7 @@
 
 Both work on the NumPy backend with the same state machine, so misuse fails on the CPU too.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -33,7 +34,9 @@ def _refuse_if_capturing(what: str, stream=None) -> None:
 
     s = stream if stream is not None else cupy.cuda.get_current_stream()
     if s.is_capturing():
-        raise ReadbackError(f"{what} inside a graph capture: a host synchronisation cannot be captured; do it between replays")
+        raise ReadbackError(
+            f"{what} inside a graph capture: a host synchronisation cannot be captured; do it between replays"
+        )
 
 
 def _device_pointer_of_host(hptr: int) -> int:
@@ -196,7 +199,7 @@ class PinnedReadback:
     def slot_view(self, slot: int = 0):
         """The device values of one slot: ``[n]``."""
         s = self._slot(slot)
-        return self.device[s * self.n:(s + 1) * self.n]
+        return self.device[s * self.n : (s + 1) * self.n]
 
     def mark_written(self, stream=None, slot: int = 0) -> None:
         """Record that the work enqueued so far on ``stream`` writes ``slot``."""
@@ -220,8 +223,11 @@ class PinnedReadback:
         """Wait for the recorded write of ``slot``, then return a NumPy copy of its ``n`` values."""
         s = self._slot(slot)
         if not self._marked[s]:
-            raise ReadbackError(f"PinnedReadback.read(slot={s}) before any write was recorded: call mark_written(stream, slot) after the writing launch")
+            raise ReadbackError(
+                f"PinnedReadback.read(slot={s}) before any write was recorded: "
+                "call mark_written(stream, slot) after the writing launch"
+            )
         if self._events[s] is not None:
             _refuse_if_capturing("PinnedReadback.read")
             self._events[s].synchronize()
-        return self.host[s * self.n:(s + 1) * self.n].copy()
+        return self.host[s * self.n : (s + 1) * self.n].copy()

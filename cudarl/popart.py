@@ -17,6 +17,7 @@ The categorical (C51) head outputs logits over fixed atoms, not values, so there
 last layer to rescale: for C51 PopArt normalises the targets (``normalize_rewards``) and the
 statistics move slowly (small ``beta``), which is what fits returns to the atom support.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -54,7 +55,7 @@ class PopArt:
         self.scalars = DeviceScalars({"beta": np.float32}, self.xp, initial={"beta": beta})
 
     @classmethod
-    def for_support(cls, support, n_sigma: float = 3.0, **kw) -> "PopArt":
+    def for_support(cls, support, n_sigma: float = 3.0, **kw) -> PopArt:
         """A PopArt whose ``n_sigma`` standard deviations of return span half the support."""
         z = np.asarray(_backend.to_numpy(support), np.float64)
         return cls(scale=float(z[-1] - z[0]) / 2 / n_sigma, **kw)
@@ -77,8 +78,9 @@ class PopArt:
         """:meth:`update` with ``y [B]``, then :meth:`normalize_rewards` with the updated statistics,
         in one launch on the GPU (``y`` may be ``r_t``; ``out`` is a buffer of its own)."""
         if not _is_gpu(self.xp):
-            state, r_norm = _ref.update_normalize_rewards(y, r_t, discount_t, self.state, self.scalars.view("beta")[0],
-                                                          self.sigma_min)
+            state, r_norm = _ref.update_normalize_rewards(
+                y, r_t, discount_t, self.state, self.scalars.view("beta")[0], self.sigma_min
+            )
             self.state[:] = state
             return r_norm
         from .ops import popart as ops
@@ -136,8 +138,11 @@ class PopArt:
         return float(st[_ref.MU]), float(st[_ref.SIGMA])
 
     def state_dict(self) -> dict:
-        return {"state": np.array(_backend.to_numpy(self.state)), "beta": float(self.scalars.get("beta")),
-                "sigma_min": self.sigma_min}
+        return {
+            "state": np.array(_backend.to_numpy(self.state)),
+            "beta": float(self.scalars.get("beta")),
+            "sigma_min": self.sigma_min,
+        }
 
     def load_state_dict(self, sd: dict) -> None:
         st = np.asarray(sd["state"], np.float32)

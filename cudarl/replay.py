@@ -18,6 +18,7 @@ Host-side calls validate eagerly and raise ``ValueError`` naming the argument, c
 nothing. Values the host cannot see without a synchronisation (CuPy arguments, values computed
 inside a graph) follow the device rules and set bits in ``status()`` instead.
 """
+
 from __future__ import annotations
 
 import math
@@ -64,10 +65,25 @@ class PrioritizedReplay:
         backend: ``"numpy"``, ``"cupy"`` or ``None`` (the process backend).
     """
 
-    def __init__(self, capacity: int, obs_dim: int, *, n_step: int = 1, n_envs: int = 1, alpha: float = 0.6,
-                 eps: float = 1e-6, beta0: float = 0.4, beta_final: float = 1.0, beta_steps: int = 100_000,
-                 initial_priority: float = 1.0, pad_rows: bool = False, store_next_obs: bool = False, seed: int = 0,
-                 stream_id: int = 0x5E9, backend: str | None = None):
+    def __init__(
+        self,
+        capacity: int,
+        obs_dim: int,
+        *,
+        n_step: int = 1,
+        n_envs: int = 1,
+        alpha: float = 0.6,
+        eps: float = 1e-6,
+        beta0: float = 0.4,
+        beta_final: float = 1.0,
+        beta_steps: int = 100_000,
+        initial_priority: float = 1.0,
+        pad_rows: bool = False,
+        store_next_obs: bool = False,
+        seed: int = 0,
+        stream_id: int = 0x5E9,
+        backend: str | None = None,
+    ):
         def integer(name, v, lo):
             if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or int(v) < lo:
                 raise ValueError(f"{name}: expected an integer >= {lo}, got {v!r}")
@@ -92,11 +108,20 @@ class PrioritizedReplay:
             raise ValueError(f"capacity: must be > n_step * n_envs = {n_step * n_envs} and < 2**23, got {capacity}")
         pad = bool(pad_rows)
         self.spec = _ref.ReplaySpec(
-            capacity=capacity, obs_dim=obs_dim, row_width=(-(-obs_dim // 32) * 32) if pad else obs_dim,
-            n_step=n_step, n_envs=n_envs, alpha=real("alpha", alpha, 0.0, 8.0), eps=real("eps", eps, 0.0, 1.0, True),
-            beta0=real("beta0", beta0, 0.0, 1.0), beta_final=real("beta_final", beta_final, 0.0, 1.0),
-            beta_steps=integer("beta_steps", beta_steps, 1), seed=integer("seed", seed, 0) & 0xFFFFFFFFFFFFFFFF,
-            stream_id=integer("stream_id", stream_id, 0) & 0xFFFFFFFF, store_next_obs=store_next_obs)
+            capacity=capacity,
+            obs_dim=obs_dim,
+            row_width=(-(-obs_dim // 32) * 32) if pad else obs_dim,
+            n_step=n_step,
+            n_envs=n_envs,
+            alpha=real("alpha", alpha, 0.0, 8.0),
+            eps=real("eps", eps, 0.0, 1.0, True),
+            beta0=real("beta0", beta0, 0.0, 1.0),
+            beta_final=real("beta_final", beta_final, 0.0, 1.0),
+            beta_steps=integer("beta_steps", beta_steps, 1),
+            seed=integer("seed", seed, 0) & 0xFFFFFFFFFFFFFFFF,
+            stream_id=integer("stream_id", stream_id, 0) & 0xFFFFFFFF,
+            store_next_obs=store_next_obs,
+        )
         q0 = int(_ref.quantize(real("initial_priority", initial_priority, 0.0, 65536.0, True) ** self.spec.alpha))
         self.backend = _backend.get(backend)
         xp = self.xp = self.backend.xp
@@ -105,17 +130,28 @@ class PrioritizedReplay:
         else:
             ops = _ref
         self._ops = ops
-        self._scalars = DeviceScalars({"added": np.int64, "step": np.int64, "max_q": np.int64, "status": np.int64,
-                                       "beta": np.float64}, xp, initial={"max_q": q0, "beta": self.spec.beta0})
+        self._scalars = DeviceScalars(
+            {"added": np.int64, "step": np.int64, "max_q": np.int64, "status": np.int64, "beta": np.float64},
+            xp,
+            initial={"max_q": q0, "beta": self.spec.beta0},
+        )
         C = capacity
         self.bufs = _ref.ReplayBuffers(
-            obs=xp.zeros((C, obs_dim), np.float32), action=xp.zeros(C, np.int32), reward=xp.zeros(C, np.float32),
-            discount=xp.zeros(C, np.float32), tree=xp.zeros(_ref.tree_nodes(C), np.int64),
+            obs=xp.zeros((C, obs_dim), np.float32),
+            action=xp.zeros(C, np.int32),
+            reward=xp.zeros(C, np.float32),
+            discount=xp.zeros(C, np.float32),
+            tree=xp.zeros(_ref.tree_nodes(C), np.int64),
             levels=xp.asarray(np.array([o for o, _ in _ref.tree_layout(C)], np.int64)),
-            owner=xp.full(C, -1, np.int32), flag=xp.zeros(_ref.FLAG_WORDS, np.int64),
-            added=self._scalars.view("added"), step=self._scalars.view("step"), max_q=self._scalars.view("max_q"),
-            status=self._scalars.view("status"), beta=self._scalars.view("beta"),
-            next_obs=xp.zeros((C, obs_dim), np.float32) if store_next_obs else None)
+            owner=xp.full(C, -1, np.int32),
+            flag=xp.zeros(_ref.FLAG_WORDS, np.int64),
+            added=self._scalars.view("added"),
+            step=self._scalars.view("step"),
+            max_q=self._scalars.view("max_q"),
+            status=self._scalars.view("status"),
+            beta=self._scalars.view("beta"),
+            next_obs=xp.zeros((C, obs_dim), np.float32) if store_next_obs else None,
+        )
         self._batches: dict[int, tuple] = {}
         # Rows added as the host saw them; None once an add() was captured (a graph's replays add
         # rows the host cannot count), after which batch sizes are checked on the device only.
@@ -209,21 +245,39 @@ class PrioritizedReplay:
         are checked on the device: a bad batch is rejected whole and sets status bit "bad rows rejected".
         """
         if not hasattr(obs, "shape") or len(obs.shape) != 2:
-            raise ValueError(f"obs: expected a float32 array [B, {self.spec.obs_dim}], got {getattr(obs, 'shape', type(obs).__name__)}")
+            raise ValueError(
+                f"obs: expected a float32 array [B, {self.spec.obs_dim}], "
+                f"got {getattr(obs, 'shape', type(obs).__name__)}"
+            )
         B = int(obs.shape[0])
         if B < 1 or B > self.capacity or B % self.spec.n_envs:
-            raise ValueError(f"obs: {B} rows; need 1..capacity={self.capacity} rows, a multiple of n_envs={self.spec.n_envs}")
+            raise ValueError(
+                f"obs: {B} rows; need 1..capacity={self.capacity} rows, a multiple of n_envs={self.spec.n_envs}"
+            )
         obs = self._arg("obs", obs, (B, self.spec.obs_dim), np.float32, check_values=self._finite)
-        action = self._arg("action", action, (B,), np.int32, check_values=lambda a: None if np.all(a >= 0) else "negative action")
+        action = self._arg(
+            "action", action, (B,), np.int32, check_values=lambda a: None if np.all(a >= 0) else "negative action"
+        )
         reward = self._arg("reward", reward, (B,), np.float32, check_values=self._finite)
-        discount = self._arg("discount", discount, (B,), np.float32,
-                             check_values=lambda a: None if np.all(np.isfinite(a) & (a >= 0) & (a <= 1)) else "must be finite and in [0, 1]")
+        discount = self._arg(
+            "discount",
+            discount,
+            (B,),
+            np.float32,
+            check_values=lambda a: (
+                None if np.all(np.isfinite(a) & (a >= 0) & (a <= 1)) else "must be finite and in [0, 1]"
+            ),
+        )
         if self.spec.store_next_obs:
             if next_obs is None:
-                raise ValueError(f"next_obs: required (float32 [B, {self.spec.obs_dim}]) by a buffer with store_next_obs=True")
+                raise ValueError(
+                    f"next_obs: required (float32 [B, {self.spec.obs_dim}]) by a buffer with store_next_obs=True"
+                )
             next_obs = self._arg("next_obs", next_obs, (B, self.spec.obs_dim), np.float32, check_values=self._finite)
         elif next_obs is not None:
-            raise ValueError("next_obs: this buffer takes s_{t+n} from the ring; construct it with store_next_obs=True to store it")
+            raise ValueError(
+                "next_obs: this buffer takes s_{t+n} from the ring; construct it with store_next_obs=True to store it"
+            )
         self._ops.insert(self.spec, self.bufs, obs, action, reward, discount, next_obs)
         if self._capturing():
             self._added_host = None
@@ -237,9 +291,18 @@ class PrioritizedReplay:
             if self._capturing():
                 raise ValueError(f"batch_size: buffers for {B} do not exist yet; call reserve({B}) before the capture")
             xp, W = self.xp, self.row_width
-            self._batches[B] = (xp.zeros(B, np.int32), xp.zeros(B, np.float32), xp.zeros(B, np.int64),
-                                Batch(xp.zeros((B, W), np.float32), xp.zeros((B, W), np.float32), xp.zeros(B, np.int32),
-                                      xp.zeros(B, np.float32), xp.zeros(B, np.float32)))
+            self._batches[B] = (
+                xp.zeros(B, np.int32),
+                xp.zeros(B, np.float32),
+                xp.zeros(B, np.int64),
+                Batch(
+                    xp.zeros((B, W), np.float32),
+                    xp.zeros((B, W), np.float32),
+                    xp.zeros(B, np.int32),
+                    xp.zeros(B, np.float32),
+                    xp.zeros(B, np.float32),
+                ),
+            )
 
     def _check_batch_size(self, batch_size) -> int:
         if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
@@ -284,7 +347,9 @@ class PrioritizedReplay:
         Writes into ``out`` (the trainer's fixed buffers) or into buffers this object owns.
         """
         if not hasattr(indices, "shape") or len(indices.shape) != 1 or indices.shape[0] < 1:
-            raise ValueError(f"indices: expected an int32 array [B], got {getattr(indices, 'shape', type(indices).__name__)}")
+            raise ValueError(
+                f"indices: expected an int32 array [B], got {getattr(indices, 'shape', type(indices).__name__)}"
+            )
         B = int(indices.shape[0])
         indices = self._arg("indices", indices, (B,), np.int32, check_values=self._index_check)
         if out is None:
@@ -296,10 +361,19 @@ class PrioritizedReplay:
 
     def _check_out(self, out: Batch, B: int) -> None:
         W = self.row_width
-        for name, a, shape, dt in (("out.obs", out.obs, (B, W), np.float32), ("out.next_obs", out.next_obs, (B, W), np.float32),
-                                   ("out.action", out.action, (B,), np.int32), ("out.ret", out.ret, (B,), np.float32),
-                                   ("out.discount", out.discount, (B,), np.float32)):
-            if type(a).__module__.split(".")[0] != self.xp.__name__ or a.dtype != dt or tuple(a.shape) != shape or not a.flags.c_contiguous:
+        for name, a, shape, dt in (
+            ("out.obs", out.obs, (B, W), np.float32),
+            ("out.next_obs", out.next_obs, (B, W), np.float32),
+            ("out.action", out.action, (B,), np.int32),
+            ("out.ret", out.ret, (B,), np.float32),
+            ("out.discount", out.discount, (B,), np.float32),
+        ):
+            if (
+                type(a).__module__.split(".")[0] != self.xp.__name__
+                or a.dtype != dt
+                or tuple(a.shape) != shape
+                or not a.flags.c_contiguous
+            ):
                 raise ValueError(f"{name}: expected a C-contiguous {self.xp.__name__} {np.dtype(dt)} array {shape}")
 
     def _index_check(self, a):
@@ -318,7 +392,9 @@ class PrioritizedReplay:
         ready (overwritten since they were sampled) keep their priority.
         """
         if not hasattr(indices, "shape") or len(indices.shape) != 1 or indices.shape[0] < 1:
-            raise ValueError(f"indices: expected an int32 array [B], got {getattr(indices, 'shape', type(indices).__name__)}")
+            raise ValueError(
+                f"indices: expected an int32 array [B], got {getattr(indices, 'shape', type(indices).__name__)}"
+            )
         B = int(indices.shape[0])
         indices = self._arg("indices", indices, (B,), np.int32, check_values=self._index_check)
         td = self._arg("td", td, (B,), np.float32, check_values=None if device_rules else self._finite)
@@ -355,8 +431,22 @@ class PrioritizedReplay:
 
     def load_state_dict(self, state: dict) -> None:
         """Restore a ``state_dict``. Everything is validated before anything is written."""
-        missing = [k for k in (*self._row_names, "priorities", "added", "step", "max_priority",
-                               "status", "capacity", "obs_dim", "n_step", "n_envs") if k not in state]
+        missing = [
+            k
+            for k in (
+                *self._row_names,
+                "priorities",
+                "added",
+                "step",
+                "max_priority",
+                "status",
+                "capacity",
+                "obs_dim",
+                "n_step",
+                "n_envs",
+            )
+            if k not in state
+        ]
         if missing:
             raise ValueError(f"state: missing {missing}")
         for k in ("capacity", "obs_dim", "n_step", "n_envs"):
@@ -364,14 +454,22 @@ class PrioritizedReplay:
                 raise ValueError(f"state[{k!r}]: {state[k]} does not match this buffer's {getattr(self.spec, k)}")
         # states written before the option existed have no key: they stored no next_obs
         if bool(state.get("store_next_obs", False)) != self.spec.store_next_obs:
-            raise ValueError(f"state['store_next_obs']: {state.get('store_next_obs', False)} does not match this buffer's "
-                             f"{self.spec.store_next_obs}")
+            raise ValueError(
+                f"state['store_next_obs']: {state.get('store_next_obs', False)} does not match this buffer's "
+                f"{self.spec.store_next_obs}"
+            )
         if int(state.get("priority_scale_bits", _ref.SCALE_BITS)) != _ref.SCALE_BITS:
             raise ValueError("state['priority_scale_bits']: a different fixed-point scale")
         C, D = self.capacity, self.spec.obs_dim
         arrays = {}
-        fields = {"obs": ((C, D), np.float32), "action": ((C,), np.int32), "reward": ((C,), np.float32),
-                  "discount": ((C,), np.float32), "next_obs": ((C, D), np.float32), "priorities": ((C,), np.int64)}
+        fields = {
+            "obs": ((C, D), np.float32),
+            "action": ((C,), np.int32),
+            "reward": ((C,), np.float32),
+            "discount": ((C,), np.float32),
+            "next_obs": ((C, D), np.float32),
+            "priorities": ((C,), np.int64),
+        }
         for name in (*self._row_names, "priorities"):
             shape, dt = fields[name]
             a = np.asarray(_backend.to_numpy(state[name]))
@@ -388,7 +486,7 @@ class PrioritizedReplay:
             scal[k] = int(v)
         pr = arrays["priorities"]
         if np.any(pr < 0) or np.any(pr > _ref.Q_MAX):
-            raise ValueError(f"state['priorities']: fixed-point priorities must lie in [0, 2**40]")
+            raise ValueError("state['priorities']: fixed-point priorities must lie in [0, 2**40]")
         ready = np.zeros(C, bool)
         ready[_ref.ready_slots(C, self.spec.lag, scal["added"])] = True
         if np.any(pr[ready] < 1) or np.any(pr[~ready] != 0):

@@ -5,6 +5,7 @@ A split is a half-open bar range ``[start, stop)``. Its decisions are made at ba
 split, so no reward crosses a boundary. Features at a split's first bars look back into the
 previous split: that is the past, and allowed. Train always starts at the feature warm-up.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -68,8 +69,14 @@ def by_date(time, val_start, test_start, warmup: int = 0) -> Splits:
     return Splits(Split("train", warmup, a), Split("val", a, b), Split("test", b, len(t)))
 
 
-def walk_forward(n: int, folds: int = 4, test_size: int | None = None, val_size: int | None = None,
-                 train_size: int | None = None, warmup: int = 0) -> list[Splits]:
+def walk_forward(
+    n: int,
+    folds: int = 4,
+    test_size: int | None = None,
+    val_size: int | None = None,
+    train_size: int | None = None,
+    warmup: int = 0,
+) -> list[Splits]:
     """Walk-forward folds over ``n`` bars; the test windows tile the end of the series.
 
     Fold ``i`` (0-based) tests on ``[n - (folds - i) * test_size, + test_size)``, validates on

@@ -3,6 +3,7 @@
 Parity is judged by ``||actual - expected|| / ||expected||`` with a per-dtype tolerance
 (DESIGN.md); integers and anything declared bitwise must match exactly.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -22,7 +23,9 @@ def rel_error(actual, expected) -> float:
     return num / den if den > 0 else num
 
 
-def assert_parity(actual, expected, *, kind: str | None = None, rtol: float | None = None, what: str = "output") -> float:
+def assert_parity(
+    actual, expected, *, kind: str | None = None, rtol: float | None = None, what: str = "output"
+) -> float:
     """Assert shape, dtype and values agree; return the relative error.
 
     ``kind`` picks a tolerance from :data:`TOLERANCE` (default: by ``expected``'s dtype);
@@ -34,7 +37,10 @@ def assert_parity(actual, expected, *, kind: str | None = None, rtol: float | No
     assert a.dtype == e.dtype, f"{what}: dtype {a.dtype} != {e.dtype}"
     if a.dtype.kind in "iub":
         bad = np.flatnonzero(a.ravel() != e.ravel())
-        assert bad.size == 0, f"{what}: {bad.size} of {a.size} elements differ, first at flat index {bad[0]}: {a.ravel()[bad[0]]} != {e.ravel()[bad[0]]}"
+        assert bad.size == 0, (
+            f"{what}: {bad.size} of {a.size} elements differ, first at flat index {bad[0]}: "
+            f"{a.ravel()[bad[0]]} != {e.ravel()[bad[0]]}"
+        )
         return 0.0
     assert np.all(np.isfinite(a) | ~np.isfinite(e)), f"{what}: non-finite values where the reference is finite"
     assert np.any(e != 0), f"{what}: the reference is all zeros; test on data that can show a difference"
@@ -73,8 +79,9 @@ def poison(arr) -> None:
         arr.view(np.uint8).fill(0xA5) if isinstance(arr, np.ndarray) else arr.view("uint8").fill(0xA5)
 
 
-def assert_reruns_bitwise(graph, outputs: dict, expected: dict, attempts=("graphed", "eager"), *, reset=None,
-                          check=None) -> None:
+def assert_reruns_bitwise(
+    graph, outputs: dict, expected: dict, attempts=("graphed", "eager"), *, reset=None, check=None
+) -> None:
     """Rerun a :class:`cudarl.graph.StepGraph` once per attempt (``"graphed"``: replay, which needs a
     capture first; ``"eager"``: run_eager) and assert every ``outputs[name]`` equals ``expected[name]``
     bit for bit.

@@ -12,6 +12,7 @@ update ``t - 1`` from pinned memory after launching update ``t`` (one step late,
 event), feeds them to the guard and the metrics. On the NumPy backend the same phases run in
 the same order without graphs.
 """
+
 from __future__ import annotations
 
 import csv
@@ -29,8 +30,8 @@ import numpy as np
 from . import __version__
 from . import backend as _backend
 from . import checkpoint as ckpt
-from .atomic import atomic_link
 from .agent import PUBLISH_SLOTS, Agent
+from .atomic import atomic_link
 from .config import Config, from_dict
 from .data import load as load_bars
 from .data import report as data_report
@@ -64,7 +65,9 @@ def prepare_data(cfg: Config, bars=None, normaliser: Normaliser | None = None) -
     splits = chronological(len(bars), cfg.data.train_frac, cfg.data.val_frac, warmup=feats.warmup)
     sign = return_sign(feats.names, cfg.features)
     if normaliser is not None and tuple(normaliser.names) != tuple(feats.names):
-        raise ValueError(f"the model was trained on features {list(normaliser.names)}; these bars give {list(feats.names)}")
+        raise ValueError(
+            f"the model was trained on features {list(normaliser.names)}; these bars give {list(feats.names)}"
+        )
     norm = normaliser or Normaliser.fit(feats, splits.train, center=~sign)
     ppy = cfg.data.periods_per_year or bars.infer_periods_per_year()[0]
     return Prepared(bars, norm.transform(feats.values), feats.names, sign, splits, norm, float(ppy))
@@ -109,17 +112,27 @@ class Trainer:
         tr = self.data.splits.train
         b = self.data.bars
         # environments over the training split
-        self.env = TradingEnv(b.open, b.close, self.data.x, self.data.sign, cfg.env, t_begin=tr.start, t_end=tr.stop,
-                              backend=self.be.name)
+        self.env = TradingEnv(
+            b.open, b.close, self.data.x, self.data.sign, cfg.env, t_begin=tr.start, t_end=tr.stop, backend=self.be.name
+        )
         rows = self.env.rows_per_step * self.env.n_envs
         self.transitions = self.env.make_transitions()
         self.discount = xp.zeros(rows, np.float32)
         # replay: every row group of a step is one interleaved "env" column of the ring
         self.replay = PrioritizedReplay(
-            cfg.replay.capacity, self.env.obs_dim, n_step=cfg.replay.n_step, n_envs=rows, alpha=cfg.replay.alpha,
-            eps=cfg.replay.eps, beta0=cfg.replay.beta0, beta_final=cfg.replay.beta_final,
-            beta_steps=cfg.replay.beta_steps, seed=cfg.run.seed, backend=self.be.name,
-            store_next_obs=cfg.env.counterfactual)
+            cfg.replay.capacity,
+            self.env.obs_dim,
+            n_step=cfg.replay.n_step,
+            n_envs=rows,
+            alpha=cfg.replay.alpha,
+            eps=cfg.replay.eps,
+            beta0=cfg.replay.beta0,
+            beta_final=cfg.replay.beta_final,
+            beta_steps=cfg.replay.beta_steps,
+            seed=cfg.run.seed,
+            backend=self.be.name,
+            store_next_obs=cfg.env.counterfactual,
+        )
         self.agent = Agent(cfg, self.env.obs_dim, self.env.n_actions, self.env.n_envs, xp)
         if self.replay.row_width != self.env.obs_dim:
             raise ValueError("padded replay rows are not supported by the trainer (the network reads obs_dim columns)")
@@ -130,8 +143,12 @@ class Trainer:
             import cupy
 
             stream = cupy.cuda.Stream(non_blocking=True)
-        self.collect_graph = StepGraph("collect", self.agent.collect_phases(self.env, self.replay, self.transitions, self.discount),
-                                       stream=stream, xp=xp)
+        self.collect_graph = StepGraph(
+            "collect",
+            self.agent.collect_phases(self.env, self.replay, self.transitions, self.discount),
+            stream=stream,
+            xp=xp,
+        )
         self.train_graph = StepGraph("train", self.agent.train_phases(self.replay), stream=stream, xp=xp)
         self.stream = self.train_graph.stream
         self.best = None  # {"step", "sharpe"} of the best validation evaluation (run.keep_best)
@@ -148,7 +165,11 @@ class Trainer:
         self.last_evaluation = None
         self.run_dir = None
         if run_dir is not False:
-            self.run_dir = Path(run_dir) if run_dir else Path(cfg.run.out_dir) / f"{cfg.run.name}-{time.strftime('%Y%m%d-%H%M%S')}-{cfg.run.seed}"
+            self.run_dir = (
+                Path(run_dir)
+                if run_dir
+                else Path(cfg.run.out_dir) / f"{cfg.run.name}-{time.strftime('%Y%m%d-%H%M%S')}-{cfg.run.seed}"
+            )
             self._init_run_dir()
 
     # --- run directory ---------------------------------------------------------------------------
@@ -157,9 +178,15 @@ class Trainer:
         (d / "checkpoints").mkdir(parents=True, exist_ok=True)
         (d / "eval").mkdir(exist_ok=True)
         (d / "config.toml").write_text(self.cfg.to_toml())
-        env = {"versions": versions(), "backend": self.be.name, "device": self.be.device,
-               "compute_capability": self.be.compute_capability, "git_commit": _git_commit(),
-               "argv": sys.argv, "platform": platform.platform()}
+        env = {
+            "versions": versions(),
+            "backend": self.be.name,
+            "device": self.be.device,
+            "compute_capability": self.be.compute_capability,
+            "git_commit": _git_commit(),
+            "argv": sys.argv,
+            "platform": platform.platform(),
+        }
         (d / "env.json").write_text(json.dumps(env, indent=1))
         rep = data_report(self.data.bars)
         rep["splits"] = self.data.splits.as_dict()
@@ -272,16 +299,23 @@ class Trainer:
                 pending = None
                 self._snapshot = (self.step, self.agent.state_dict())
         self._settle(pending)
-        evaluated = (self.last_eval is not None and self.last_eval.get("step") == self.step
-                     and self.last_eval.get("split") == "val" and self.last_evaluation is not None)
+        evaluated = (
+            self.last_eval is not None
+            and self.last_eval.get("step") == self.step
+            and self.last_eval.get("split") == "val"
+            and self.last_evaluation is not None
+        )
         result = self.last_evaluation.summary if evaluated else self.evaluate("val")
         if not evaluated:
             self._save_evaluated()
         self._write_csv()
         if progress is not None and getattr(self, "_last_row", None) is not None:
             progress(self.step, self._last_row, self.last_eval)  # show the final validation Sharpe
-        best = (f"; best validation Sharpe {_fmt(self.best['sharpe'])} at update {self.best['step']} (checkpoints/best.npz)"
-                if self.best is not None and self.run_dir is not None else "")
+        best = (
+            f"; best validation Sharpe {_fmt(self.best['sharpe'])} at update {self.best['step']} (checkpoints/best.npz)"
+            if self.best is not None and self.run_dir is not None
+            else ""
+        )
         self.echo(f"done: {self.step} updates in {time.perf_counter() - t0:.1f} s; run directory {self.run_dir}{best}")
         return result
 
@@ -289,8 +323,12 @@ class Trainer:
         """After a validation evaluation: write ``latest``, and if its Sharpe is the best so far
         (``run.keep_best``), make ``best.npz`` the same file (a link, not a second serialisation)."""
         sharpe = (self.last_eval or {}).get("sharpe")
-        improved = (self.cfg.run.keep_best and sharpe is not None and math.isfinite(sharpe)
-                    and (self.best is None or sharpe > self.best["sharpe"]))
+        improved = (
+            self.cfg.run.keep_best
+            and sharpe is not None
+            and math.isfinite(sharpe)
+            and (self.best is None or sharpe > self.best["sharpe"])
+        )
         if improved:  # before the save, so the checkpoint carries its own best record
             self.best = {"step": self.step, "sharpe": float(sharpe)}
         latest = self.save()
@@ -335,13 +373,26 @@ class Trainer:
         f = self.cfg.guard.lr_factor
         self.agent.adam.schedule = replace(sch, lr=sch.lr * f, lr_min=sch.lr_min * f)
         self.train_graph.capture()  # the schedule's constants are kernel arguments
-        self._event({"event": "rollback", "step": self.step, "restored": step, "lr": sch.lr * f,
-                     "message": f"guard: rolled back to the snapshot of update {step}; learning rate now {sch.lr * f:.3g}"})
+        self._event(
+            {
+                "event": "rollback",
+                "step": self.step,
+                "restored": step,
+                "lr": sch.lr * f,
+                "message": f"guard: rolled back to the snapshot of update {step}; learning rate now {sch.lr * f:.3g}",
+            }
+        )
 
     def _log_step(self, sps: float, progress) -> None:
         loss, gn = getattr(self, "_last", (float("nan"), float("nan")))
-        row = {"step": self.step, "collect_steps": self.collect_steps, "loss": loss, "grad_norm": gn,
-               "updates_per_s": sps, "env_steps": self.collect_steps * self.env.n_envs}
+        row = {
+            "step": self.step,
+            "collect_steps": self.collect_steps,
+            "loss": loss,
+            "grad_norm": gn,
+            "updates_per_s": sps,
+            "env_steps": self.collect_steps * self.env.n_envs,
+        }
         self._log_row(row)
         self._last_row = row
         if progress is not None:
@@ -358,8 +409,16 @@ class Trainer:
             n = split.stop - split.start - 2
             cfg = replace(self.cfg.env, n_envs=1, episode_len=n, stagger=False, counterfactual=False, mirror=False)
             b = self.data.bars
-            self._eval_envs[key] = TradingEnv(b.open, b.close, self.data.x, self.data.sign, cfg, t_begin=split.start,
-                                              t_end=split.stop, backend=self.be.name)
+            self._eval_envs[key] = TradingEnv(
+                b.open,
+                b.close,
+                self.data.x,
+                self.data.sign,
+                cfg,
+                t_begin=split.start,
+                t_end=split.stop,
+                backend=self.be.name,
+            )
         return self._eval_envs[key]
 
     def greedy_positions(self, split) -> np.ndarray:
@@ -368,7 +427,7 @@ class Trainer:
         xp = self.xp
         self.synchronize()
         levels = self.cfg.env.position_levels().astype(np.float64)
-        with (self.stream if self.stream is not None else _Null()):
+        with self.stream if self.stream is not None else _Null():
             env.reset()
             q = xp.zeros((1, env.n_actions), np.float32)
             eps = xp.zeros(1, np.float32)
@@ -385,30 +444,55 @@ class Trainer:
         split = getattr(self.data.splits, split_name)
         pos = self.greedy_positions(split)
         e = self.cfg.env
-        ev = evaluate_positions(self.data.bars, pos, split, cost_bps=e.cost_bps, slippage_bps=e.slippage_bps,
-                                periods_per_year=self.data.periods_per_year, fill=e.fill)
+        ev = evaluate_positions(
+            self.data.bars,
+            pos,
+            split,
+            cost_bps=e.cost_bps,
+            slippage_bps=e.slippage_bps,
+            periods_per_year=self.data.periods_per_year,
+            fill=e.fill,
+        )
         ev.summary["step"] = self.step
         self.last_evaluation = ev
         if write and self.run_dir is not None:
             write_outputs(ev, self.run_dir / "eval" / f"{split_name}-{self.step:08d}", plot=True)
         p = ev.summary["policy"]
-        row = {"event": "eval", "split": split_name, "step": self.step, "sharpe": p.get("sharpe"),
-               "total_return": p.get("total_return"), "max_drawdown": p.get("max_drawdown"),
-               "buy_and_hold_sharpe": ev.summary["buy_and_hold"].get("sharpe"), "trades": p.get("trades")}
+        row = {
+            "event": "eval",
+            "split": split_name,
+            "step": self.step,
+            "sharpe": p.get("sharpe"),
+            "total_return": p.get("total_return"),
+            "max_drawdown": p.get("max_drawdown"),
+            "buy_and_hold_sharpe": ev.summary["buy_and_hold"].get("sharpe"),
+            "trades": p.get("trades"),
+        }
         self._log_row(row)
         self.last_eval = row
-        self.echo(f"eval {split_name} @ {self.step}: Sharpe {_fmt(row['sharpe'])} (buy-and-hold {_fmt(row['buy_and_hold_sharpe'])}), "
-                  f"total return {_fmt(row['total_return'])}, max drawdown {_fmt(row['max_drawdown'])}")
+        self.echo(
+            f"eval {split_name} @ {self.step}: Sharpe {_fmt(row['sharpe'])} "
+            f"(buy-and-hold {_fmt(row['buy_and_hold_sharpe'])}), "
+            f"total return {_fmt(row['total_return'])}, max drawdown {_fmt(row['max_drawdown'])}"
+        )
         return ev.summary
 
     # --- checkpoints ------------------------------------------------------------------------------------
     def state_dict(self) -> dict:
         self.synchronize()
-        return {"agent": self.agent.state_dict(), "replay": self.replay.state_dict(), "env": self.env.state_dict(),
-                "guard": self.guard.state_dict(), "normaliser": self.data.normaliser.state_dict(),
-                "trainer": {"step": self.step, "collect_steps": self.collect_steps,
-                            "best_step": -1 if self.best is None else self.best["step"],
-                            "best_sharpe": float("nan") if self.best is None else self.best["sharpe"]}}
+        return {
+            "agent": self.agent.state_dict(),
+            "replay": self.replay.state_dict(),
+            "env": self.env.state_dict(),
+            "guard": self.guard.state_dict(),
+            "normaliser": self.data.normaliser.state_dict(),
+            "trainer": {
+                "step": self.step,
+                "collect_steps": self.collect_steps,
+                "best_step": -1 if self.best is None else self.best["step"],
+                "best_sharpe": float("nan") if self.best is None else self.best["sharpe"],
+            },
+        }
 
     def load_state_dict(self, s: dict) -> None:
         self.synchronize()
@@ -417,8 +501,12 @@ class Trainer:
         self.env.load_state_dict(s["env"])
         self.guard.load_state_dict(s["guard"])
         norm = Normaliser.from_state_dict(s["normaliser"])
-        if not (np.array_equal(norm.mean, self.data.normaliser.mean) and np.array_equal(norm.std, self.data.normaliser.std)):
-            raise ValueError("the checkpoint's feature normaliser differs from this data's: was it trained on other bars?")
+        if not (
+            np.array_equal(norm.mean, self.data.normaliser.mean) and np.array_equal(norm.std, self.data.normaliser.std)
+        ):
+            raise ValueError(
+                "the checkpoint's feature normaliser differs from this data's: was it trained on other bars?"
+            )
         self.step = int(s["trainer"]["step"])
         self.collect_steps = int(s["trainer"]["collect_steps"])
         best_step = int(s["trainer"].get("best_step", -1))  # absent in checkpoints written before keep_best
@@ -433,7 +521,7 @@ class Trainer:
         return ckpt.save(path, self.state_dict(), info)
 
     @classmethod
-    def resume(cls, path, *, run_dir=None, overrides: dict | None = None, echo=print) -> "Trainer":
+    def resume(cls, path, *, run_dir=None, overrides: dict | None = None, echo=print) -> Trainer:
         """A trainer in the state of checkpoint ``path`` (its config, with ``overrides`` applied)."""
         state, info = ckpt.load(path)
         cfg = from_dict(info["config"])

@@ -1,5 +1,4 @@
 """GPU tests carry ``@pytest.mark.gpu`` and are skipped, with the reason shown, without a GPU."""
-import os
 
 import pytest
 
@@ -32,7 +31,8 @@ def cp():
 @pytest.fixture
 def rng(request):
     """A NumPy generator seeded from the test's name, so each test has fixed, distinct draws."""
-    import numpy as np
     import zlib
+
+    import numpy as np
 
     return np.random.default_rng(zlib.crc32(request.node.nodeid.encode()))

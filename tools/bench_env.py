@@ -7,6 +7,7 @@ Each GPU arm captures ``--inner`` consecutive steps in one StepGraph and times i
 CUDA events; "eager" launches one step at a time from Python. Target: >= 1e8 env-steps/s at
 4096 environments without acting. Market: a random walk of ``--bars`` bars, 64 features, 3 actions.
 """
+
 from __future__ import annotations
 
 import sys
@@ -17,7 +18,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np  # noqa: E402
-
 from benchlib import cuda_time_us, parser, report, row  # noqa: E402
 
 TARGET_4096 = 1e8
@@ -99,10 +99,13 @@ def main() -> int:
         t_eager = cuda_time_us(env.step, cp.cuda.get_current_stream(), repeats=max(20, args.repeats // 4))
         cp.cuda.Device().synchronize()
         arms = {
-            "step only (graph)": lambda: [env.step() for _ in range(k)],
-            "act + step (graph)": lambda: [(env.act(q, eps.view("epsilon")), env.step()) for _ in range(k)],
-            "act + record cf+mirror + step (graph)": lambda: [(env.act(q, eps.view("epsilon")), env.record(out), env.step())
-                                                          for _ in range(k)],
+            "step only (graph)": lambda env=env: [env.step() for _ in range(k)],
+            "act + step (graph)": lambda env=env, q=q, eps=eps: [
+                (env.act(q, eps.view("epsilon")), env.step()) for _ in range(k)
+            ],
+            "act + record cf+mirror + step (graph)": lambda env=env, q=q, eps=eps, out=out: [
+                (env.act(q, eps.view("epsilon")), env.record(out), env.step()) for _ in range(k)
+            ],
         }
         rows.append(row(case, "step only (eager), env-steps/s", n / (t_eager * 1e-6), "steps/s"))
         for i, (arm, fn) in enumerate(arms.items()):
@@ -117,7 +120,7 @@ def main() -> int:
             if i == 0 and n == 4096:
                 extra["steps_per_s_4096_no_acting"] = rate
                 extra["target_met"] = bool(rate >= TARGET_4096)
-        del env, out
+        del env, out, arms, fn, g  # the arms' lambdas (and the graph holding one) keep env and out alive
     report("bench_env", rows, args.out, extra)
     return 0
 

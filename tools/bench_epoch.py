@@ -3,6 +3,7 @@
 
 The epoch arm of tools/bench_step.py, in a process of its own so that no PyTorch state shares it.
 """
+
 from __future__ import annotations
 
 import sys

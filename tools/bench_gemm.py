@@ -11,6 +11,7 @@ table, writes JSON (``--out``, default ``docs/bench/bench_gemm.json``). Without 
 GPU it prints why and skips, writing the skip only to an explicit ``--out`` (the default file keeps
 its measurements).
 """
+
 from __future__ import annotations
 
 import sys
@@ -20,12 +21,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np  # noqa: E402
-
 from benchlib import cuda_time_us, parser, report, row  # noqa: E402
 
 #: (kind, M, N, K): nn = act(a @ b + bias), nt = a @ bt^T
-SHAPES = [("nn", 512, 256, 256), ("nn", 1024, 256, 256), ("nn", 512, 204, 256), ("nn", 1024, 204, 256),
-          ("nt", 512, 256, 204), ("nt", 512, 256, 256), ("nn", 4096, 256, 256)]
+SHAPES = [
+    ("nn", 512, 256, 256),
+    ("nn", 1024, 256, 256),
+    ("nn", 512, 204, 256),
+    ("nn", 1024, 204, 256),
+    ("nt", 512, 256, 204),
+    ("nt", 512, 256, 256),
+    ("nn", 4096, 256, 256),
+]
 INNER = 20
 
 
@@ -67,25 +74,30 @@ def main() -> int:
         if kind == "nn":
             blas.gemm_lt_prepare(M, N, K, bias=bias, act="relu", split_k=False)
 
-            def lt():
+            def lt(a=a, b=b, out_lt=out_lt, bias=bias):
                 blas.gemm_lt(a, b, out_lt, bias=bias, act="relu", split_k=False)
 
-            def pn():
+            def pn(a=a, b=b, bias=bias, out_p=out_p):
                 panel.nn_bias_act(a, b, bias, out_p, 1)
         else:
             blas.gemm_lt_prepare(M, N, K, trans_b=True, split_k=False)
 
-            def lt():
+            def lt(a=a, b=b, out_lt=out_lt):
                 blas.gemm_lt(a, b, out_lt, trans_b=True, split_k=False)
 
-            def pn():
+            def pn(a=a, b=b, out_p=out_p):
                 panel.nt(a, b, out_p)
+
         case = f"{kind} {M}x{N}x{K}"
         tag = f"bench_gemm_{kind}_{M}_{N}_{K}"
         t_lt, t_p = _graph_time(tag + "_lt", lt, args.repeats), _graph_time(tag + "_panel", pn, args.repeats)
         err = float(cp.abs(out_lt - out_p).max() / max(float(cp.abs(out_lt).max()), 1e-30))
-        rows += [row(case, "cuBLASLt one-kernel", t_lt, "us"), row(case, "panel (cuda_src/gemm.cu)", t_p, "us"),
-                 row(case, "panel speed-up", t_lt / t_p, "x"), row(case, "max rel. difference", err, "")]
+        rows += [
+            row(case, "cuBLASLt one-kernel", t_lt, "us"),
+            row(case, "panel (cuda_src/gemm.cu)", t_p, "us"),
+            row(case, "panel speed-up", t_lt / t_p, "x"),
+            row(case, "max rel. difference", err, ""),
+        ]
         extra[case] = {"cublaslt_us": t_lt, "panel_us": t_p}
     report("bench_gemm", rows, args.out, extra)
     return 0

@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
 """Graph replay against eager launches: 100 small kernels; 20 GEMMs (cupy.matmul vs captured cuBLAS)."""
+
 from __future__ import annotations
 
 import sys
@@ -9,7 +10,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np  # noqa: E402
-
 from benchlib import cuda_time_us, parser, report, row  # noqa: E402
 
 
@@ -28,8 +28,11 @@ def main() -> int:
     g.capture()
     eager = cuda_time_us(g.run_eager, g.stream, args.repeats)
     replay = cuda_time_us(g.replay, g.stream, args.repeats)
-    rows += [row("100 small kernels", "eager", eager, "us"), row("100 small kernels", "graph replay", replay, "us"),
-             row("100 small kernels", "speed-up", eager / replay, "x")]
+    rows += [
+        row("100 small kernels", "eager", eager, "us"),
+        row("100 small kernels", "graph replay", replay, "us"),
+        row("100 small kernels", "speed-up", eager / replay, "x"),
+    ]
 
     rng = np.random.default_rng(0)
     a = [cp.asarray(rng.standard_normal((512, 256)).astype(np.float32)) for _ in range(20)]
@@ -53,8 +56,12 @@ def main() -> int:
     gg.capture()
     t_replay = cuda_time_us(gg.replay, s, args.repeats)
     gemm_case = "20 GEMMs 512x256x256 fp32"
-    rows += [row(gemm_case, "cupy.matmul eager", t_cupy, "us"), row(gemm_case, "cudarl.blas eager", t_blas_eager, "us"),
-             row(gemm_case, "cudarl.blas graph replay", t_replay, "us"), row(gemm_case, "speed-up vs cupy.matmul", t_cupy / t_replay, "x")]
+    rows += [
+        row(gemm_case, "cupy.matmul eager", t_cupy, "us"),
+        row(gemm_case, "cudarl.blas eager", t_blas_eager, "us"),
+        row(gemm_case, "cudarl.blas graph replay", t_replay, "us"),
+        row(gemm_case, "speed-up vs cupy.matmul", t_cupy / t_replay, "x"),
+    ]
     report("bench_graph", rows, args.out)
     return 0
 

@@ -8,6 +8,7 @@ Times are medians of CUDA-event intervals per step on one stream (``--repeats`` 
 The cudarl arms run with the default forward GEMM (cuBLAS, then the bias/activation kernel) and
 with ``gemm="cublaslt"`` (one cuBLASLt GEMM with the bias and ReLU in its epilogue), fp32 and TF32.
 """
+
 from __future__ import annotations
 
 import sys
@@ -17,7 +18,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np  # noqa: E402
-
 from benchlib import cuda_time_us, parser, report, row  # noqa: E402
 
 F, H, A, Z, B = 64, 256, 3, 51, 512
@@ -33,18 +33,27 @@ def cudarl_arms(args, x_np, d_np, tf32: bool, gemm: str = "cublas"):
     from cudarl.optim import Adam, Schedule
 
     net = QNetwork(F, A, hidden=(H, H), head="c51", atoms=Z, xp=cp, max_batch=B, seed=0, tf32=tf32, gemm=gemm)
-    opt = Adam(net.params, net.grads, schedule=Schedule("cosine", lr=LR, period=1_000_000), max_grad_norm=CLIP,
-               decay_mask=net.layout.decay_mask())
+    opt = Adam(
+        net.params,
+        net.grads,
+        schedule=Schedule("cosine", lr=LR, period=1_000_000),
+        max_grad_norm=CLIP,
+        decay_mask=net.layout.decay_mask(),
+    )
     x = cp.asarray(x_np)
     logits0 = net.forward(x)["q"].get()  # sizes the workspace views once
     net.grad_outputs()["q"][...] = cp.asarray(d_np)  # the loss would write this; backward only reads it
     cp.cuda.Device().synchronize()
     lt = gemm == "cublaslt"
-    g = StepGraph("bench_nets" + ("_tf32" if tf32 else "") + ("_lt" if lt else ""), [
-        ("forward", lambda: net.forward(x)),
-        ("backward", lambda: net.backward(x)),
-        ("adam", opt.step),
-    ], xp=cp)
+    g = StepGraph(
+        "bench_nets" + ("_tf32" if tf32 else "") + ("_lt" if lt else ""),
+        [
+            ("forward", lambda: net.forward(x)),
+            ("backward", lambda: net.backward(x)),
+            ("adam", opt.step),
+        ],
+        xp=cp,
+    )
     tag = "cudarl" + (" tf32" if tf32 else " fp32") + (" cublasLt epilogue" if lt else "")
     eager = cuda_time_us(g.run_eager, g.stream, args.repeats, inner=args.inner)
     g.capture()
@@ -57,7 +66,6 @@ def cudarl_arms(args, x_np, d_np, tf32: bool, gemm: str = "cublas"):
 
 def torch_arms(args, x_np, d_np, net_params: dict, compile_: bool = False):
     import torch
-
     from torch_c51 import dueling_c51, load_cudarl_params, torch_time_us
 
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -123,8 +131,11 @@ def main() -> int:
     err_lt = float(np.linalg.norm(logits_lt - logits_blas) / np.linalg.norm(logits_blas))
     rows.append(row("check", "cublasLt logits rel. error vs cuBLAS", err_lt, "", "<= 1e-5"))
     rows.append(row("cudarl fp32 cublasLt epilogue", "speed-up vs cudarl fp32 (graph replay)", replay / replay_lt, "x"))
-    extra = {"model": f"{F} features, MLP {H}-{H}, dueling C51 {A}x{Z}, batch {B}", "inner": args.inner,
-             "cublaslt_logits_rel_error_vs_cublas": err_lt}
+    extra = {
+        "model": f"{F} features, MLP {H}-{H}, dueling C51 {A}x{Z}, batch {B}",
+        "inner": args.inner,
+        "cublaslt_logits_rel_error_vs_cublas": err_lt,
+    }
     if not args.no_torch:
         try:
             t_rows, logits_torch = torch_arms(args, x_np, d_np, fresh.P)

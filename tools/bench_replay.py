@@ -15,6 +15,7 @@ Arms (one run, side by side):
 
 Prints a table and writes JSON (``--out``, default ``docs/bench/bench_replay.json``).
 """
+
 from __future__ import annotations
 
 import sys
@@ -25,7 +26,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np  # noqa: E402
-
 from benchlib import cuda_time_us, host_time_us, parser, report, row  # noqa: E402
 
 TARGET_US = 17.0
@@ -34,8 +34,12 @@ ALPHA, BETA, EPS = 0.6, 0.4, 1e-6
 
 
 def fill_rows(rng, n, d):
-    return (rng.standard_normal((n, d), dtype=np.float32), rng.integers(0, 3, n).astype(np.int32),
-            rng.standard_normal(n, dtype=np.float32), np.full(n, 0.99, np.float32))
+    return (
+        rng.standard_normal((n, d), dtype=np.float32),
+        rng.integers(0, 3, n).astype(np.int32),
+        rng.standard_normal(n, dtype=np.float32),
+        np.full(n, 0.99, np.float32),
+    )
 
 
 def cudarl_arms(args, rows, extra):
@@ -155,7 +159,14 @@ def torch_arm(args, rows):
         return float(np.median(ts))
 
     for name, gather in (("sample + update", False), ("sample + gather + update", True)):
-        rows.append(row(case, f"{name} (eager), us", event_time(lambda: sample_update(gather), max(20, args.repeats // 4)), "us"))
+        rows.append(
+            row(
+                case,
+                f"{name} (eager), us",
+                event_time(lambda gather=gather: sample_update(gather), max(20, args.repeats // 4)),
+                "us",
+            )
+        )
         try:
             s = torch.cuda.Stream()
             s.wait_stream(torch.cuda.current_stream())
@@ -182,14 +193,24 @@ def cpprb_arm(args, rows, extra):
         return None
     C, D, B = args.capacity, args.dim, args.batch
     rng = np.random.default_rng(0)
-    rb = PrioritizedReplayBuffer(C, {"obs": {"shape": D}, "act": {"dtype": np.int32}, "rew": {}, "next_obs": {"shape": D},
-                                     "done": {}}, alpha=ALPHA, eps=EPS)
+    rb = PrioritizedReplayBuffer(
+        C,
+        {"obs": {"shape": D}, "act": {"dtype": np.int32}, "rew": {}, "next_obs": {"shape": D}, "done": {}},
+        alpha=ALPHA,
+        eps=EPS,
+    )
     chunk = 1 << 16
     for start in range(0, C, chunk):
         n = min(chunk, C - start)
         o, a, rew, _ = fill_rows(rng, n, D)
-        rb.add(obs=o, act=a, rew=rew, next_obs=o, done=np.zeros(n, np.float32),
-               priorities=(rng.pareto(1.5, n) + 1e-3).astype(np.float64))
+        rb.add(
+            obs=o,
+            act=a,
+            rew=rew,
+            next_obs=o,
+            done=np.zeros(n, np.float32),
+            priorities=(rng.pareto(1.5, n) + 1e-3).astype(np.float64),
+        )
     td = np.abs(rng.standard_normal(B)) + EPS
 
     def sample_update():
@@ -221,8 +242,14 @@ def numpy_arm(args, rows):
         r.gather(idx)
         r.update_priorities(idx, td)
 
-    rows.append(row(f"cudarl NumPy backend, {C} x {D}, batch {B}", "sample + gather + update, us",
-                    host_time_us(step, repeats=5, warmup=1), "us"))
+    rows.append(
+        row(
+            f"cudarl NumPy backend, {C} x {D}, batch {B}",
+            "sample + gather + update, us",
+            host_time_us(step, repeats=5, warmup=1),
+            "us",
+        )
+    )
 
 
 def main() -> int:

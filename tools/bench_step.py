@@ -23,8 +23,9 @@ Arms:
   of compiling). Skipped with a printed reason when torch or CUDA is missing.
   Target: cudarl >= 2.5x faster than the fastest PyTorch arm that ran (DESIGN.md names the
   compiled-in-one-graph arm, so the ratio meets its definition only with ``--torch-compile``).
-* epoch (``--epoch``; ``tools/bench_epoch.py`` runs it in a process of its own): a ``Trainer`` on ``--epoch-bars`` regime bars
-  (64 features), reference config; after graph capture and warm-up collection, wall time of
+* epoch (``--epoch``; ``tools/bench_epoch.py`` runs it in a process of its own): a ``Trainer`` on
+  ``--epoch-bars`` regime bars (64 features), reference config; after graph capture and warm-up
+  collection, wall time of
   as many collect steps as make env-steps >= training bars, each with
   ``agent.updates_per_collect`` learner updates. Target <= 30 s. Also the train step timed again
   with the replay full (1M rows).
@@ -32,6 +33,7 @@ Arms:
 Every arm is timed with CUDA events, median us per step; one failing arm prints its reason and
 the others still run. Prints a table and writes JSON (``--out``, default ``docs/bench/bench_step.json``).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -45,7 +47,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np  # noqa: E402
-
 from benchlib import cuda_time_us, parser, report, row  # noqa: E402
 
 N_FEATURES, POS_FEATURES, HIDDEN, A, K, B = 64, 2, (256, 256), 3, 51, 512
@@ -73,7 +74,6 @@ class TorchC51Step:
 
     def __init__(self, device, online_P=None, target_P=None, seed: int = 0, capacity: int = CAPACITY):
         import torch
-
         from torch_c51 import dueling_c51, load_cudarl_params
 
         self.torch, self.dev, self.C = torch, torch.device(device), int(capacity)
@@ -99,7 +99,7 @@ class TorchC51Step:
         self.action = torch.randint(0, A, (C,), device=self.dev, generator=g)
         self.ret = torch.randn(C, device=self.dev, generator=g)
         ended = torch.rand(C, device=self.dev, generator=g) < 0.01
-        self.discount = torch.where(ended, 0.0, GAMMA ** N_STEP).to(torch.float32)
+        self.discount = torch.where(ended, 0.0, GAMMA**N_STEP).to(torch.float32)
         self.pa = (torch.rand(C, device=self.dev, generator=g) * 10 + 1e-3).pow(ALPHA)
         self.lag = N_STEP * N_ENVS  # s' of row i is row i + n * n_envs of the time-major ring
         self.strata = torch.arange(B, device=self.dev, dtype=torch.float32)
@@ -156,23 +156,27 @@ def loss_check(xp, device, rows, extra, seed: int = 0) -> None:
     """cudarl's agent (forward, targets, loss, backward; ``xp`` numpy or cupy) against
     :meth:`TorchC51Step.loss` on ``device``: same weights, same batch."""
     import torch
+    from torch_c51 import cudarl_grads_like
 
     from cudarl.agent import Agent
     from cudarl.backend import to_numpy
     from cudarl.bench import reference_config
-    from torch_c51 import cudarl_grads_like
 
     # the plain C51 target (no PopArt reward normalisation): the equations of the PyTorch step
     cfg = reference_config("gpu" if xp.__name__ == "cupy" else "cpu", agent={"popart": False})
     agent = Agent(cfg, OBS, A, 1, xp)
     rng = np.random.default_rng(seed)
     p = to_numpy(agent.online.params)
-    agent.target.params[...] = xp.asarray((p + 0.1 * np.abs(p).mean() * rng.standard_normal(p.shape)).astype(np.float32))
-    host = dict(obs=rng.standard_normal((B, OBS)).astype(np.float32),
-                next_obs=rng.standard_normal((B, OBS)).astype(np.float32),
-                action=rng.integers(0, A, B).astype(np.int32),
-                ret=rng.uniform(-3, 3, B).astype(np.float32),
-                discount=np.where(rng.random(B) < 0.1, 0.0, GAMMA ** N_STEP).astype(np.float32))
+    agent.target.params[...] = xp.asarray(
+        (p + 0.1 * np.abs(p).mean() * rng.standard_normal(p.shape)).astype(np.float32)
+    )
+    host = dict(
+        obs=rng.standard_normal((B, OBS)).astype(np.float32),
+        next_obs=rng.standard_normal((B, OBS)).astype(np.float32),
+        action=rng.integers(0, A, B).astype(np.int32),
+        ret=rng.uniform(-3, 3, B).astype(np.float32),
+        discount=np.where(rng.random(B) < 0.1, 0.0, GAMMA**N_STEP).astype(np.float32),
+    )
     w = rng.uniform(0.1, 1.0, B).astype(np.float32)
     w /= w.max()
     batch = agent.batch
@@ -187,7 +191,9 @@ def loss_check(xp, device, rows, extra, seed: int = 0) -> None:
     ts = TorchC51Step(device, agent.online.P, agent.target.P, capacity=16)
     T = {k: torch.from_numpy(v).to(ts.dev) for k, v in host.items()}
     T["action"] = T["action"].long()
-    loss_t, prio_t = ts.loss(T["obs"], T["next_obs"], T["action"], T["ret"], T["discount"], torch.from_numpy(w).to(ts.dev))
+    loss_t, prio_t = ts.loss(
+        T["obs"], T["next_obs"], T["action"], T["ret"], T["discount"], torch.from_numpy(w).to(ts.dev)
+    )
     loss_t.backward()
     g_t = np.concatenate([q.grad.detach().cpu().numpy().ravel() for q in ts.params])
     g_c = np.concatenate([g.ravel() for g in cudarl_grads_like(ts.online, agent.online.G)])
@@ -200,8 +206,13 @@ def loss_check(xp, device, rows, extra, seed: int = 0) -> None:
     rows.append(row(case, "loss rel. diff", d_loss, "", "<= 1e-5"))
     rows.append(row(case, "KL priority rel. diff", d_prio, "", "<= 1e-4"))
     rows.append(row(case, "gradient rel. diff", d_grad, "", "<= 1e-4"))
-    extra["check"] = {"loss_cudarl": loss_c, "loss_torch": loss_t, "loss_rel_diff": d_loss,
-                      "priority_rel_diff": d_prio, "grad_rel_diff": d_grad}
+    extra["check"] = {
+        "loss_cudarl": loss_c,
+        "loss_torch": loss_t,
+        "loss_rel_diff": d_loss,
+        "priority_rel_diff": d_prio,
+        "grad_rel_diff": d_grad,
+    }
 
 
 def torch_arms(args, rows, extra) -> dict:
@@ -254,10 +265,13 @@ def torch_arms(args, rows, extra) -> dict:
             ts = TorchC51Step("cuda")
             graph = None
             if name == "eager":
-                def eager():
+
+                def eager(ts=ts):
                     ts.opt.zero_grad(set_to_none=True)
                     ts.step()
+
                 us = torch_time_us(eager, max(20, args.repeats // 2))
+                del eager  # it holds ts, which `del ts` below frees
             else:
                 core = torch.compile(ts.core, mode="max-autotune-no-cudagraphs") if compiled else None
                 graph = graphed(ts, core)
@@ -306,8 +320,15 @@ def epoch_arm(args, rows, extra) -> None:
     updates = tr.step - step0
     env_steps = n_collect * envs_per_collect
     rows.append(row(case, f"setup (bars, features, env, replay, capture), {tr.env.obs_dim}-float obs", setup_s, "s"))
-    rows.append(row(case, f"epoch: {n_collect} collect steps x {envs_per_collect} envs + {updates} updates", wall, "s",
-                    f"<= {EPOCH_TARGET_S:g} s"))
+    rows.append(
+        row(
+            case,
+            f"epoch: {n_collect} collect steps x {envs_per_collect} envs + {updates} updates",
+            wall,
+            "s",
+            f"<= {EPOCH_TARGET_S:g} s",
+        )
+    )
     rows.append(row(case, "env-steps per second", env_steps / wall, "1/s"))
     rows.append(row(case, "updates per second", updates / wall, "1/s"))
     loss = float(tr.agent.loss.get()[0])
@@ -316,34 +337,63 @@ def epoch_arm(args, rows, extra) -> None:
     if status:
         print(f"warning: replay status bits set during the epoch: {status}")
     full = cuda_time_us(tr.train_graph.replay, tr.stream, repeats=args.repeats)
-    rows.append(row(case, f"train step (graph replay), replay holds {tr.replay.ready():,} rows", full, "us",
-                    f"<= {TRAIN_TARGET_US:g} us"))
-    extra["epoch"] = {"bars": args.epoch_bars, "train_bars": n_train, "collect_steps": n_collect, "updates": updates,
-                      "env_steps": env_steps, "wall_s": wall, "setup_s": setup_s, "target_s": EPOCH_TARGET_S,
-                      "target_met": bool(wall <= EPOCH_TARGET_S), "train_step_full_replay_us": full,
-                      "replay_status": list(status)}
+    rows.append(
+        row(
+            case,
+            f"train step (graph replay), replay holds {tr.replay.ready():,} rows",
+            full,
+            "us",
+            f"<= {TRAIN_TARGET_US:g} us",
+        )
+    )
+    extra["epoch"] = {
+        "bars": args.epoch_bars,
+        "train_bars": n_train,
+        "collect_steps": n_collect,
+        "updates": updates,
+        "env_steps": env_steps,
+        "wall_s": wall,
+        "setup_s": setup_s,
+        "target_s": EPOCH_TARGET_S,
+        "target_met": bool(wall <= EPOCH_TARGET_S),
+        "train_step_full_replay_us": full,
+        "replay_status": list(status),
+    }
 
 
 def main() -> int:
     ap = parser(__doc__)
-    ap.add_argument("--epoch", action=argparse.BooleanOptionalAction, default=None,
-                    help="also run the epoch arm in this process (tools/bench_epoch.py runs it alone)")
+    ap.add_argument(
+        "--epoch",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="also run the epoch arm in this process (tools/bench_epoch.py runs it alone)",
+    )
     ap.add_argument("--epoch-bars", type=int, default=4_000_000)
     ap.add_argument("--no-torch", action="store_true", help="skip the PyTorch arms and the check")
-    ap.add_argument("--net-variants", action=argparse.BooleanOptionalAction, default=True,
-                    help="also time the step with the other GEMM options (net.gemm, net.tf32)")
+    ap.add_argument(
+        "--net-variants",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also time the step with the other GEMM options (net.gemm, net.tf32)",
+    )
     args = ap.parse_args()
     t_start = time.perf_counter()
     rows: list = []
-    extra: dict = {"workload": f"obs {OBS}, MLP {HIDDEN[0]}-{HIDDEN[1]}, dueling C51 {A}x{K}, batch {B}, "
-                               f"replay {CAPACITY:,} PER alpha {ALPHA}, n-step {N_STEP}", "repeats": args.repeats}
+    extra: dict = {
+        "workload": f"obs {OBS}, MLP {HIDDEN[0]}-{HIDDEN[1]}, dueling C51 {A}x{K}, batch {B}, "
+        f"replay {CAPACITY:,} PER alpha {ALPHA}, n-step {N_STEP}",
+        "repeats": args.repeats,
+    }
     from cudarl.backend import cupy_unavailable_reason
     from cudarl.bench import BACK_TO_BACK, reference_config
 
     extra["cudarl_popart"] = popart = bool(getattr(reference_config().agent, "popart", False))
     if popart:
-        print("note: the reference config has agent.popart on, so cudarl's step also maps returns through PopArt "
-              "statistics (more work than the PyTorch step); the check turns it off")
+        print(
+            "note: the reference config has agent.popart on, so cudarl's step also maps returns through PopArt "
+            "statistics (more work than the PyTorch step); the check turns it off"
+        )
     why = cupy_unavailable_reason()
     if why:
         print(f"skipping the cudarl GPU arms and the epoch: {why}")
@@ -359,7 +409,8 @@ def main() -> int:
             extra["cudarl_train_step_us"] = ours
             b2b_metric = f"train step, {BACK_TO_BACK} replays back to back"  # the name step_benchmark gives it
             extra["cudarl_train_step_back_to_back_us"] = next(
-                (r["value"] for r in step_rows if r["metric"] == b2b_metric), None)
+                (r["value"] for r in step_rows if r["metric"] == b2b_metric), None
+            )
         except Exception as exc:
             _failed(rows, "cudarl step_benchmark", exc)
         if args.net_variants:
@@ -370,7 +421,9 @@ def main() -> int:
             for net in others + [{"tf32": True}]:
                 label = ", " + ", ".join(f"net.{k}={v}" for k, v in net.items())
                 try:
-                    rows += step_benchmark(repeats=args.repeats, cfg=reference_config("gpu", net=net), phases=False, label=label)
+                    rows += step_benchmark(
+                        repeats=args.repeats, cfg=reference_config("gpu", net=net), phases=False, label=label
+                    )
                 except Exception as exc:
                     _failed(rows, "cudarl step_benchmark" + label, exc)
     torch_us: dict = {}
@@ -391,11 +444,26 @@ def main() -> int:
         ran = ", ".join(torch_us)
         best = min(torch_us, key=torch_us.get)
         for name, us in torch_us.items():
-            rows.append(row("cudarl vs PyTorch", f"speed-up vs {name}", us / ours, "x",
-                            f">= {SPEEDUP_TARGET:g} x" if name == best else ""))
-        extra["speedup_vs_fastest_torch"] = {"arm": best, "x": torch_us[best] / ours, "arms_ran": list(torch_us),
-                                             "target_x": SPEEDUP_TARGET, "compile_arm_ran": bool(args.torch_compile)}
-        ours_b2b, torch_b2b = extra.get("cudarl_train_step_back_to_back_us"), extra.get("torch_arms_back_to_back_us", {})
+            rows.append(
+                row(
+                    "cudarl vs PyTorch",
+                    f"speed-up vs {name}",
+                    us / ours,
+                    "x",
+                    f">= {SPEEDUP_TARGET:g} x" if name == best else "",
+                )
+            )
+        extra["speedup_vs_fastest_torch"] = {
+            "arm": best,
+            "x": torch_us[best] / ours,
+            "arms_ran": list(torch_us),
+            "target_x": SPEEDUP_TARGET,
+            "compile_arm_ran": bool(args.torch_compile),
+        }
+        ours_b2b, torch_b2b = (
+            extra.get("cudarl_train_step_back_to_back_us"),
+            extra.get("torch_arms_back_to_back_us", {}),
+        )
         for name, us in torch_b2b.items():  # the same ratio with replays queued back to back on both sides
             if ours_b2b:
                 rows.append(row("cudarl vs PyTorch", f"speed-up vs {name}, back to back", us / ours_b2b, "x"))

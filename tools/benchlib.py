@@ -3,6 +3,7 @@
 A benchmark builds rows ``{"case", "metric", "value", "unit", "target"}`` and calls
 :func:`report`, which prints the table and writes ``{"benchmark": name, "rows": [...], ...}``.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -16,7 +17,9 @@ def parser(description: str) -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=description)
     ap.add_argument("--out", type=Path, default=None, help="JSON output path (default docs/bench/<name>.json)")
     ap.add_argument("--repeats", type=int, default=200)
-    ap.add_argument("--torch-compile", action="store_true", help="also run the torch.compile arms (2-5 minutes of compiling)")
+    ap.add_argument(
+        "--torch-compile", action="store_true", help="also run the torch.compile arms (2-5 minutes of compiling)"
+    )
     return ap
 
 

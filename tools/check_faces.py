@@ -5,6 +5,7 @@ For each cuda_src/<family>.cu: every kernel is named cudarl_<family>_<op>; cudar
 and cudarl/ops/<family>.py exist and define a function named <op> for every kernel op; and
 tests/parity/test_<family>.py exists. Prints one line per problem; exit status 1 if any.
 """
+
 from __future__ import annotations
 
 import ast
@@ -27,14 +28,14 @@ def problems() -> list[str]:
         fam = cu.stem
         names = KERNEL_RE.findall(cu.read_text())
         if not names:
-            out.append(f"cuda_src/{fam}.cu: no extern \"C\" __global__ kernels found")
+            out.append(f'cuda_src/{fam}.cu: no extern "C" __global__ kernels found')
         ops = set()
         for n in names:
             prefix = f"cudarl_{fam}_"
             if not n.startswith(prefix):
                 out.append(f"cuda_src/{fam}.cu: kernel {n} is not named {prefix}<op>")
             else:
-                ops.add(n[len(prefix):])
+                ops.add(n[len(prefix) :])
         for face in (f"cudarl/reference/{fam}.py", f"cudarl/ops/{fam}.py"):
             p = ROOT / face
             if not p.is_file():

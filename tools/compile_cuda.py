@@ -6,6 +6,7 @@ reproducible, so reductions are fixed-order; integer atomics are allowed where o
 Usage: python tools/compile_cuda.py [--arch sm_90] [--jobs 2]
 Exit status 1 if any file fails (or if nvcc is missing while $CI is set).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -32,7 +33,9 @@ def float_atomics(ptx: str) -> list[str]:
 
 def compile_one(nvcc: str, src: Path, arch: str, outdir: str) -> tuple[Path, int, str]:
     base = [nvcc, f"-arch={arch}", "-std=c++17", f"-I{ROOT / 'cuda_src' / 'include'}"]
-    p = subprocess.run(base + ["-c", str(src), "-o", os.path.join(outdir, src.stem + ".o")], capture_output=True, text=True)
+    p = subprocess.run(
+        base + ["-c", str(src), "-o", os.path.join(outdir, src.stem + ".o")], capture_output=True, text=True
+    )
     if p.returncode != 0:
         return src, p.returncode, (p.stdout + p.stderr).strip()
     ptx = os.path.join(outdir, src.stem + ".ptx")
@@ -64,7 +67,10 @@ def main() -> int:
         if rc != 0:
             failed += 1
             print(log)
-    print(f"compiled {len(results) - failed} of {len(results)} CUDA sources for {args.arch} (PTX free of floating-point atomics)")
+    print(
+        f"compiled {len(results) - failed} of {len(results)} CUDA sources for {args.arch} "
+        "(PTX free of floating-point atomics)"
+    )
     return 1 if failed else 0
 
 

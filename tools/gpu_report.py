@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
 """Write docs/gpu-report.md from a pytest JUnit XML and the benchmark JSON files.
 
-Each benchmark JSON holds {"benchmark": name, "rows": [{"case": ..., "metric": ..., "value": ..., "unit": ..., "target": ...}], ...}.
+Each benchmark JSON holds {"benchmark": name, "rows": [{"case": ..., "metric": ..., "value": ...,
+"unit": ..., "target": ...}], ...}.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -53,7 +55,10 @@ def bench_table(benches: list[dict]) -> str:
         for r in b.get("rows", []):
             v = r.get("value")
             vs = f"{v:.4g}" if isinstance(v, (int, float)) else str(v)
-            lines.append(f"| {b.get('benchmark')} | {r.get('case', '')} | {r.get('metric', '')} | {vs} | {r.get('unit', '')} | {r.get('target', '')} |")
+            lines.append(
+                f"| {b.get('benchmark')} | {r.get('case', '')} | {r.get('metric', '')} | {vs} | "
+                f"{r.get('unit', '')} | {r.get('target', '')} |"
+            )
     return "\n".join(lines)
 
 
@@ -105,12 +110,13 @@ def main() -> int:
         f"- commit: `{a.commit}`",
         f"- date: {_dt.datetime.now(_dt.timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}",
         f"- GPU: {gpu}",
-        f"- versions: " + ", ".join(f"{k} {val}" for k, val in v.items()),
+        "- versions: " + ", ".join(f"{k} {val}" for k, val in v.items()),
         f"- wall time of the check: {a.seconds} s",
         "",
         "## GPU tests (`pytest -m gpu`)",
         "",
-        f"**{c['passed']} passed, {c['failed'] + c['errors']} failed, {c['skipped']} skipped**" + (" (no JUnit file: the test run did not finish)" if c.get("missing") else ""),
+        f"**{c['passed']} passed, {c['failed'] + c['errors']} failed, {c['skipped']} skipped**"
+        + (" (no JUnit file: the test run did not finish)" if c.get("missing") else ""),
         "",
     ]
     md += [f"- FAILED `{f}`" for f in c["failures"]]
@@ -118,7 +124,9 @@ def main() -> int:
     if a.out:
         a.out.write_text("\n".join(md))
     if a.bench_json:
-        a.bench_json.write_text(json.dumps({"commit": a.commit, "gpu": gpu, "versions": v, "tests": c, "benchmarks": benches}, indent=1))
+        a.bench_json.write_text(
+            json.dumps({"commit": a.commit, "gpu": gpu, "versions": v, "tests": c, "benchmarks": benches}, indent=1)
+        )
     return 0
 
 

@@ -12,14 +12,15 @@ and ``--results-md`` writes the results page (docs/results.md). ``--workers`` sp
 processes (:func:`run_jobs`, shared with ``tools/sweep.py``). ``--quick`` is the CPU-sized version.
 The budget of each task (updates, envs) is printed with the results.
 """
+
 from __future__ import annotations
 
 import argparse
 import json
 import multiprocessing as mp
 import platform
-import subprocess
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -56,8 +57,13 @@ def merge(*dicts) -> dict:
 def run_one(task: str, head: str, seed: int, device: str, quick: bool, extra: dict) -> dict:
     from cudarl.trainer import Trainer
 
-    over = merge({"run": {"device": device, "seed": seed, "checkpoint_every": 0, "log_every": 10**9}},
-                 QUICK if quick else GPU_BUDGET, TASKS[task], {"net": {"head": head}}, extra)
+    over = merge(
+        {"run": {"device": device, "seed": seed, "checkpoint_every": 0, "log_every": 10**9}},
+        QUICK if quick else GPU_BUDGET,
+        TASKS[task],
+        {"net": {"head": head}},
+        extra,
+    )
     cfg = from_dict(over)
     cfg = resolve_for_backend(cfg, device == "gpu", over)
     t0 = time.perf_counter()
@@ -66,10 +72,20 @@ def run_one(task: str, head: str, seed: int, device: str, quick: bool, extra: di
     test = tr.evaluate("test", write=False)
     wall = time.perf_counter() - t0
     pol, bh = test["policy"], test["buy_and_hold"]
-    row = {"task": task, "head": head, "seed": seed, "updates": cfg.run.steps, "envs": cfg.env.n_envs,
-           "wall_s": wall, "test_sharpe": pol["sharpe"], "buy_and_hold_sharpe": bh["sharpe"],
-           "flat_sharpe": test["flat"]["sharpe"], "test_total_return": pol["total_return"],
-           "trades": pol.get("trades"), "cost_sweep": {k: v["sharpe"] for k, v in test["cost_sweep"].items()}}
+    row = {
+        "task": task,
+        "head": head,
+        "seed": seed,
+        "updates": cfg.run.steps,
+        "envs": cfg.env.n_envs,
+        "wall_s": wall,
+        "test_sharpe": pol["sharpe"],
+        "buy_and_hold_sharpe": bh["sharpe"],
+        "flat_sharpe": test["flat"]["sharpe"],
+        "test_total_return": pol["total_return"],
+        "trades": pol.get("trades"),
+        "cost_sweep": {k: v["sharpe"] for k, v in test["cost_sweep"].items()},
+    }
     if task == "regime":
         # The optimum: the population Sharpe of position = s_t (the formula), and what that policy
         # realised on this very test split with the env's fill and costs (the fair comparison).
@@ -77,11 +93,23 @@ def run_one(task: str, head: str, seed: int, device: str, quick: bool, extra: di
         from cudarl.evaluate import evaluate_positions
 
         e, sp = cfg.env, tr.data.splits.test
-        row["optimal_sharpe_formula"] = regime_sharpe(REGIME_DEFAULTS["mu"], REGIME_DEFAULTS["sigma"], REGIME_DEFAULTS["p"],
-                                                      (e.cost_bps + e.slippage_bps) * 1e-4, REGIME_DEFAULTS["periods_per_year"])
-        opt = regime_optimal_positions(tr.data.bars)[sp.start:sp.stop - 2]
-        ev = evaluate_positions(tr.data.bars, opt, sp, cost_bps=e.cost_bps, slippage_bps=e.slippage_bps,
-                                periods_per_year=tr.data.periods_per_year, fill=e.fill)
+        row["optimal_sharpe_formula"] = regime_sharpe(
+            REGIME_DEFAULTS["mu"],
+            REGIME_DEFAULTS["sigma"],
+            REGIME_DEFAULTS["p"],
+            (e.cost_bps + e.slippage_bps) * 1e-4,
+            REGIME_DEFAULTS["periods_per_year"],
+        )
+        opt = regime_optimal_positions(tr.data.bars)[sp.start : sp.stop - 2]
+        ev = evaluate_positions(
+            tr.data.bars,
+            opt,
+            sp,
+            cost_bps=e.cost_bps,
+            slippage_bps=e.slippage_bps,
+            periods_per_year=tr.data.periods_per_year,
+            fill=e.fill,
+        )
         row["optimal_sharpe"] = ev.summary["policy"]["sharpe"]
         row["fraction_of_optimum"] = row["test_sharpe"] / row["optimal_sharpe"]
     return row
@@ -122,8 +150,13 @@ def _run_job(job: dict, shared_gpu: bool = False) -> dict:
         row = run_one(job["task"], job["head"], job["seed"], job["device"], job["quick"], ov)
         row["error"] = None
     except Exception as exc:  # a diverged or invalid run is a result, not a crash of the whole check
-        row = {"task": job["task"], "head": job["head"], "seed": job["seed"], "error": f"{type(exc).__name__}: {exc}",
-               "wall_s": time.perf_counter() - t0}
+        row = {
+            "task": job["task"],
+            "head": job["head"],
+            "seed": job["seed"],
+            "error": f"{type(exc).__name__}: {exc}",
+            "wall_s": time.perf_counter() - t0,
+        }
     return {**row, **{k: job[k] for k in job if k not in row}}
 
 
@@ -163,8 +196,9 @@ def _commit() -> str:
     if os.environ.get("CUDARL_COMMIT"):  # a GPU host gets a tree without .git
         return os.environ["CUDARL_COMMIT"]
     try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
-                              check=True).stdout.strip()
+        return subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True
+        ).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
 
@@ -196,33 +230,47 @@ def _fmt(x, spec=".2f") -> str:
 
 
 #: What each task's acceptance is (issue 8); the summary table says whether the measurement met it.
-ACCEPT = {"canary": ("held-out Sharpe > 5", lambda rs: all(r["test_sharpe"] > 5 for r in rs)),
-          "regime": (">= 80% of the optimum, every seed", lambda rs: all(r["fraction_of_optimum"] >= 0.8 for r in rs))}
+ACCEPT = {
+    "canary": ("held-out Sharpe > 5", lambda rs: all(r["test_sharpe"] > 5 for r in rs)),
+    "regime": (">= 80% of the optimum, every seed", lambda rs: all(r["fraction_of_optimum"] >= 0.8 for r in rs)),
+}
 
 
 def results_markdown(meta: dict, rows: list[dict], failed: list[dict]) -> str:
     """The results page: method, every run, the mean and spread per task and head, the acceptance."""
     budgets = sorted({(r["updates"], r["envs"]) for r in rows})
-    out = ["# Learning results", "",
-           f"Written by `tools/learning_check.py --results-md` on {meta['gpu']} (device `{meta['device']}`), commit "
-           f"`{meta['commit']}`, {meta['date']}; {meta['seeds']} seeds, {meta['workers']} worker process(es), "
-           f"{meta['wall_s']:.0f} s of wall time in all.",
-           "Configuration: the defaults (`docs/config.md`) plus each task's settings in `tools/learning_check.py` "
-           f"(`TASKS`){'; overrides: ' + ', '.join(f'`{x}`' for x in meta['sets']) if meta['sets'] else ''}. Budget per run: "
-           + "; ".join(f"{u:,} learner updates with {e} environments" for u, e in budgets) + ".",
-           "Held-out = the chronological test split (the last 15% of bars), greedy policy, costs on, filled at the "
-           "next bar's open. Sharpe ratios are annualised. Wall times overlap when runs share the GPU.", "",
-           "| task | head | seed | test Sharpe | buy-and-hold | flat | optimum (this split) | % of optimum | "
-           "Sharpe at 2x / 3x costs | trades | wall s |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    out = [
+        "# Learning results",
+        "",
+        f"Written by `tools/learning_check.py --results-md` on {meta['gpu']} (device `{meta['device']}`), commit "
+        f"`{meta['commit']}`, {meta['date']}; {meta['seeds']} seeds, {meta['workers']} worker process(es), "
+        f"{meta['wall_s']:.0f} s of wall time in all.",
+        "Configuration: the defaults (`docs/config.md`) plus each task's settings in `tools/learning_check.py` "
+        f"(`TASKS`){'; overrides: ' + ', '.join(f'`{x}`' for x in meta['sets']) if meta['sets'] else ''}. "
+        "Budget per run: " + "; ".join(f"{u:,} learner updates with {e} environments" for u, e in budgets) + ".",
+        "Held-out = the chronological test split (the last 15% of bars), greedy policy, costs on, filled at the "
+        "next bar's open. Sharpe ratios are annualised. Wall times overlap when runs share the GPU.",
+        "",
+        "| task | head | seed | test Sharpe | buy-and-hold | flat | optimum (this split) | % of optimum | "
+        "Sharpe at 2x / 3x costs | trades | wall s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
         frac = f"{100 * r['fraction_of_optimum']:.0f}%" if "fraction_of_optimum" in r else ""
         flat = _fmt(r["flat_sharpe"]) if r["flat_sharpe"] == r["flat_sharpe"] else "— (no returns)"
         pol = f"{r['test_sharpe']:.2f}" if r["test_sharpe"] == r["test_sharpe"] else "— (stayed flat)"
-        out.append(f"| {r['task']} | {r['head']} | {r['seed']} | {pol} | {r['buy_and_hold_sharpe']:.2f} | "
-                   f"{flat} | {_fmt(r.get('optimal_sharpe'))} | {frac} | {_fmt(r['cost_sweep'].get('2x'))} / "
-                   f"{_fmt(r['cost_sweep'].get('3x'))} | {r.get('trades', '')} | {r['wall_s']:.0f} |")
-    out += ["", "Mean and spread (population standard deviation) over the seeds:", "",
-            "| task | head | test Sharpe | buy-and-hold | at 3x costs | acceptance |", "|---|---|---|---|---|---|"]
+        out.append(
+            f"| {r['task']} | {r['head']} | {r['seed']} | {pol} | {r['buy_and_hold_sharpe']:.2f} | "
+            f"{flat} | {_fmt(r.get('optimal_sharpe'))} | {frac} | {_fmt(r['cost_sweep'].get('2x'))} / "
+            f"{_fmt(r['cost_sweep'].get('3x'))} | {r.get('trades', '')} | {r['wall_s']:.0f} |"
+        )
+    out += [
+        "",
+        "Mean and spread (population standard deviation) over the seeds:",
+        "",
+        "| task | head | test Sharpe | buy-and-hold | at 3x costs | acceptance |",
+        "|---|---|---|---|---|---|",
+    ]
     for task in dict.fromkeys(r["task"] for r in rows):
         for head in dict.fromkeys(r["head"] for r in rows if r["task"] == task):
             rs = [r for r in rows if (r["task"], r["head"]) == (task, head)]
@@ -236,30 +284,47 @@ def results_markdown(meta: dict, rows: list[dict], failed: list[dict]) -> str:
                     acc += f" ({fracs})"
             else:
                 acc = "table only"
-            out.append(f"| {task} | {head} | {summary_text(sh)} | "
-                       f"{mean_spread([r['buy_and_hold_sharpe'] for r in rs])[0]:.2f} | "
-                       f"{_fmt(mean_spread(c3)[0] if c3 else None)} | {acc} |")
+            out.append(
+                f"| {task} | {head} | {summary_text(sh)} | "
+                f"{mean_spread([r['buy_and_hold_sharpe'] for r in rs])[0]:.2f} | "
+                f"{_fmt(mean_spread(c3)[0] if c3 else None)} | {acc} |"
+            )
     if failed:
-        out += ["", "Runs that failed:", ""] + [f"- {r['task']} {r['head']} seed {r['seed']}: {r['error']}" for r in failed]
-    out += ["", "## Reading these numbers", "",
-            "- **canary**: `builtin:canary` leaks the next bar's return in a feature; a learner with a sign, timing or",
-            "  indexing bug does not exploit it. The CPU version runs in CI (`tests/unit/test_learning.py`, NumPy",
-            "  backend, held-out Sharpe > 2).",
-            "- **regime**: the optimum is what the optimal policy (`position = s_t`) realised on the same test split with",
-            "  the same fill and costs; the population value from the formula is printed by the tool (`docs/data.md`).",
-            "- **real series**: `builtin:sp500`, `builtin:nasdaq`, `builtin:eurusd-1h`, chronological splits, costs on.",
-            "  Honest numbers for the defaults, not a tuned strategy; compare with buy-and-hold in the same row.",
-            "- The defaults and the budget come from the sweeps in `docs/sweeps.md`.", ""]
+        out += ["", "Runs that failed:", ""] + [
+            f"- {r['task']} {r['head']} seed {r['seed']}: {r['error']}" for r in failed
+        ]
+    out += [
+        "",
+        "## Reading these numbers",
+        "",
+        "- **canary**: `builtin:canary` leaks the next bar's return in a feature; a learner with a sign, timing or",
+        "  indexing bug does not exploit it. The CPU version runs in CI (`tests/unit/test_learning.py`, NumPy",
+        "  backend, held-out Sharpe > 2).",
+        "- **regime**: the optimum is what the optimal policy (`position = s_t`) realised on the same test split with",
+        "  the same fill and costs; the population value from the formula is printed by the tool (`docs/data.md`).",
+        "- **real series**: `builtin:sp500`, `builtin:nasdaq`, `builtin:eurusd-1h`, chronological splits, costs on.",
+        "  Honest numbers for the defaults, not a tuned strategy; compare with buy-and-hold in the same row.",
+        "- The defaults and the budget come from the sweeps in `docs/sweeps.md`.",
+        "",
+    ]
     return "\n".join(out)
 
 
 def describe(r: dict) -> str:
     if r.get("error"):
         return f"error {r['error']}"
-    opt = (f"  optimum on this split {r['optimal_sharpe']:.2f} ({100 * r['fraction_of_optimum']:.0f}%), "
-           f"population {r['optimal_sharpe_formula']:.2f}") if "optimal_sharpe" in r else ""
-    return (f"test Sharpe {r['test_sharpe']:.2f} (buy-and-hold {r['buy_and_hold_sharpe']:.2f}){opt}  "
-            f"[{r['updates']} updates, {r['wall_s']:.0f} s]")
+    opt = (
+        (
+            f"  optimum on this split {r['optimal_sharpe']:.2f} ({100 * r['fraction_of_optimum']:.0f}%), "
+            f"population {r['optimal_sharpe_formula']:.2f}"
+        )
+        if "optimal_sharpe" in r
+        else ""
+    )
+    return (
+        f"test Sharpe {r['test_sharpe']:.2f} (buy-and-hold {r['buy_and_hold_sharpe']:.2f}){opt}  "
+        f"[{r['updates']} updates, {r['wall_s']:.0f} s]"
+    )
 
 
 def main() -> int:
@@ -273,8 +338,12 @@ def main() -> int:
     args = ap.parse_args()
     device = resolve_device(args.device)
     _overrides(args.set)  # fail on a bad override before anything runs
-    jobs = [{"task": task, "head": head, "seed": seed, "device": device, "quick": args.quick, "sets": args.set}
-            for task in args.tasks.split(",") for head in args.heads.split(",") for seed in range(args.seeds)]
+    jobs = [
+        {"task": task, "head": head, "seed": seed, "device": device, "quick": args.quick, "sets": args.set}
+        for task in args.tasks.split(",")
+        for head in args.heads.split(",")
+        for seed in range(args.seeds)
+    ]
     t0 = time.perf_counter()
 
     def on_row(r):
@@ -285,9 +354,18 @@ def main() -> int:
     failed = [r for r in rows if r.get("error")]
     rows = [r for r in rows if not r.get("error")]
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    meta = {"device": device, "quick": args.quick, "seeds": args.seeds, "workers": args.workers, "wall_s": wall,
-            "sets": args.set, "commit": _commit(), "gpu": _gpu_name(device), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-            "python": platform.python_version()}
+    meta = {
+        "device": device,
+        "quick": args.quick,
+        "seeds": args.seeds,
+        "workers": args.workers,
+        "wall_s": wall,
+        "sets": args.set,
+        "commit": _commit(),
+        "gpu": _gpu_name(device),
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "python": platform.python_version(),
+    }
     args.out.write_text(json.dumps({**meta, "rows": rows, "failed": failed}, indent=1, default=float))
     print(f"wrote {args.out}")  # before the summary: a crash there must not lose the runs
     print("\nsummary (mean and spread over seeds):")

@@ -23,6 +23,7 @@ Three modes:
 ncu runs every kernel alone (serialised, caches left warm with ``--cache-control none``), so
 parallel graph branches are not overlapped here: the sum is the work, not the critical path.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -76,9 +77,16 @@ def read_csv(path: Path) -> list[dict]:
             ns = float(r["gpu__time_duration.sum"].replace(",", ""))  # ncu writes 5,856
         except (KeyError, ValueError):
             continue  # the units row
-        kernels.append({"id": int(r["ID"]), "name": r["Kernel Name"], "us": ns / 1e3,
-                        "grid": r.get("Grid Size", ""), "block": r.get("Block Size", ""),
-                        "regs": r.get("launch__registers_per_thread", "")})
+        kernels.append(
+            {
+                "id": int(r["ID"]),
+                "name": r["Kernel Name"],
+                "us": ns / 1e3,
+                "grid": r.get("Grid Size", ""),
+                "block": r.get("Block Size", ""),
+                "regs": r.get("launch__registers_per_thread", ""),
+            }
+        )
     return kernels
 
 
@@ -110,7 +118,9 @@ def summarize(paths: list[Path], out: Path | None) -> None:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--graph", choices=("train", "collect"))
-    ap.add_argument("--set", action="append", default=[], help="config override SECTION.FIELD=VALUE, as cudarl-train --set")
+    ap.add_argument(
+        "--set", action="append", default=[], help="config override SECTION.FIELD=VALUE, as cudarl-train --set"
+    )
     ap.add_argument("--summarize", nargs="+", type=Path)
     ap.add_argument("--out", type=Path)
     ap.add_argument("--metrics", action="store_true", help="print the ncu metrics to collect, comma-separated")

@@ -11,6 +11,7 @@ what it measured; ``--md`` writes the summary table (mean, spread, per-seed valu
     python3 tools/sweep.py --task regime --heads c51 --seeds 3 --workers 4 \\
         --variant base --variant "gamma0.9:agent.gamma=0.9" --variant "lr3e-4:optim.lr=3e-4"
 """
+
 from __future__ import annotations
 
 import argparse
@@ -46,23 +47,42 @@ def summarise(rows: list[dict]) -> list[dict]:
         sh = [r["test_sharpe"] for r in ok]
         frac = [r["fraction_of_optimum"] for r in ok if "fraction_of_optimum" in r]
         mean, spread, _ = learning_check.mean_spread(sh)  # (nan, nan, 0) for no runs
-        out.append({"variant": key[0], "head": key[1], "sets": rs[0]["sets"], "n": len(ok), "errors": len(rs) - len(ok),
-                    "sharpe_mean": mean, "sharpe_spread": spread if sh else 0.0,
-                    "sharpes": sh, "fraction_min": min(frac) if frac else None,
-                    "fraction_mean": statistics.mean(frac) if frac else None,
-                    "wall_s": statistics.mean(r["wall_s"] for r in rs)})
+        out.append(
+            {
+                "variant": key[0],
+                "head": key[1],
+                "sets": rs[0]["sets"],
+                "n": len(ok),
+                "errors": len(rs) - len(ok),
+                "sharpe_mean": mean,
+                "sharpe_spread": spread if sh else 0.0,
+                "sharpes": sh,
+                "fraction_min": min(frac) if frac else None,
+                "fraction_mean": statistics.mean(frac) if frac else None,
+                "wall_s": statistics.mean(r["wall_s"] for r in rs),
+            }
+        )
     return out
 
 
 def markdown(summary: list[dict], header: str) -> str:
-    lines = [header, "", "| variant | overrides | head | test Sharpe mean ± spread | per seed | % of optimum (min / mean) | wall s per run |",
-             "|---|---|---|---|---|---|---|"]
+    lines = [
+        header,
+        "",
+        "| variant | overrides | head | test Sharpe mean ± spread | per seed | % of optimum (min / mean) "
+        "| wall s per run |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for s in summary:
-        frac = (f"{100 * s['fraction_min']:.0f}% / {100 * s['fraction_mean']:.0f}%" if s["fraction_min"] is not None else "")
+        frac = (
+            f"{100 * s['fraction_min']:.0f}% / {100 * s['fraction_mean']:.0f}%" if s["fraction_min"] is not None else ""
+        )
         err = f" ({s['errors']} failed)" if s["errors"] else ""
-        lines.append(f"| {s['variant']} | {', '.join(f'`{x}`' for x in s['sets']) or '(defaults)'} | {s['head']} | "
-                     f"{s['sharpe_mean']:.2f} ± {s['sharpe_spread']:.2f}{err} | {', '.join(f'{v:.2f}' for v in s['sharpes'])} | "
-                     f"{frac} | {s['wall_s']:.0f} |")
+        lines.append(
+            f"| {s['variant']} | {', '.join(f'`{x}`' for x in s['sets']) or '(defaults)'} | {s['head']} | "
+            f"{s['sharpe_mean']:.2f} ± {s['sharpe_spread']:.2f}{err} | {', '.join(f'{v:.2f}' for v in s['sharpes'])} | "
+            f"{frac} | {s['wall_s']:.0f} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -79,10 +99,17 @@ def main() -> int:
     variants = [parse_variant(v) for v in (args.variant or ["base"])]
     for _, sets in variants:
         learning_check._overrides(sets)  # fail on a bad override before anything runs
-    jobs = [{"task": args.task, "head": h, "seed": s, "variant": n, "sets": sets, "device": device, "quick": args.quick}
-            for n, sets in variants for h in args.heads.split(",") for s in range(args.seeds)]
-    print(f"sweep: {len(jobs)} runs ({len(variants)} variants x {args.heads} x {args.seeds} seeds) on {device}, "
-          f"{args.workers} worker(s)", flush=True)
+    jobs = [
+        {"task": args.task, "head": h, "seed": s, "variant": n, "sets": sets, "device": device, "quick": args.quick}
+        for n, sets in variants
+        for h in args.heads.split(",")
+        for s in range(args.seeds)
+    ]
+    print(
+        f"sweep: {len(jobs)} runs ({len(variants)} variants x {args.heads} x {args.seeds} seeds) on {device}, "
+        f"{args.workers} worker(s)",
+        flush=True,
+    )
     args.jsonl.parent.mkdir(parents=True, exist_ok=True)
     t0, log = time.perf_counter(), args.jsonl.open("a")
     n_done = []
@@ -92,14 +119,20 @@ def main() -> int:
         log.write(json.dumps(r, default=float) + "\n")
         log.flush()
         res = learning_check.describe(r)
-        print(f"[{len(n_done)}/{len(jobs)} {time.perf_counter() - t0:.0f}s] {r['variant']:16s} {r['head']} seed {r['seed']}: {res}",
-              flush=True)
+        print(
+            f"[{len(n_done)}/{len(jobs)} {time.perf_counter() - t0:.0f}s] {r['variant']:16s} {r['head']} "
+            f"seed {r['seed']}: {res}",
+            flush=True,
+        )
 
     with log:
         rows = learning_check.run_jobs(jobs, args.workers, on_row)
     summary = summarise(rows)
-    table = markdown(summary, f"Sweep on `{args.task}`, {args.seeds} seeds, device {device}, "
-                              f"{time.perf_counter() - t0:.0f} s wall with {args.workers} worker(s).")
+    table = markdown(
+        summary,
+        f"Sweep on `{args.task}`, {args.seeds} seeds, device {device}, "
+        f"{time.perf_counter() - t0:.0f} s wall with {args.workers} worker(s).",
+    )
     print("\n" + table)
     if args.md:
         args.md.parent.mkdir(parents=True, exist_ok=True)

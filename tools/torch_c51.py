@@ -2,6 +2,7 @@
 
 torch is optional: it is imported inside the functions, so importing this module never needs it.
 """
+
 from __future__ import annotations
 
 import statistics
@@ -19,7 +20,7 @@ def dueling_c51(n_in: int, hidden=(256, 256), n_actions: int = 3, atoms: int = 5
         def __init__(self):
             super().__init__()
             widths = [int(n_in)] + [int(h) for h in hidden]
-            self.enc = torch.nn.ModuleList(torch.nn.Linear(a, b) for a, b in zip(widths[:-1], widths[1:]))
+            self.enc = torch.nn.ModuleList(torch.nn.Linear(a, b) for a, b in zip(widths[:-1], widths[1:], strict=False))
             self.va = torch.nn.Linear(widths[-1], (1 + n_actions) * atoms)
 
         def forward(self, x):

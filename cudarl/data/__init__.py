@@ -6,9 +6,21 @@
 
 See docs/data.md for the formats, every error and the option that repairs it.
 """
+
 from .bars import Bars, DataError, Problem, infer_periods_per_year
 from .io import parse_times, write_csv
 from .validate import check, load, report, write_json_atomic, write_report
 
-__all__ = ["Bars", "DataError", "Problem", "load", "check", "report", "write_report",
-           "write_json_atomic", "parse_times", "write_csv", "infer_periods_per_year"]
+__all__ = [
+    "Bars",
+    "DataError",
+    "Problem",
+    "load",
+    "check",
+    "report",
+    "write_report",
+    "write_json_atomic",
+    "parse_times",
+    "write_csv",
+    "infer_periods_per_year",
+]

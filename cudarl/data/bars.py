@@ -3,6 +3,7 @@
 Everything downstream (features, splits, the environment, evaluation) reads a :class:`Bars`.
 Times are int64 nanoseconds since the Unix epoch in UTC; prices are float64.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -114,16 +115,23 @@ class Bars:
     def __len__(self) -> int:
         return len(self.time)
 
-    def take(self, index) -> "Bars":
+    def take(self, index) -> Bars:
         """A new :class:`Bars` with rows ``index`` (a slice, int array or bool mask)."""
+
         def pick(a):
             return None if a is None else np.ascontiguousarray(a[index])
 
         return dataclasses.replace(
             self,
-            time=pick(self.time), open=pick(self.open), high=pick(self.high), low=pick(self.low),
-            close=pick(self.close), volume=pick(self.volume), adj_close=pick(self.adj_close),
-            extra={k: pick(v) for k, v in self.extra.items()}, rows=pick(self.rows),
+            time=pick(self.time),
+            open=pick(self.open),
+            high=pick(self.high),
+            low=pick(self.low),
+            close=pick(self.close),
+            volume=pick(self.volume),
+            adj_close=pick(self.adj_close),
+            extra={k: pick(v) for k, v in self.extra.items()},
+            rows=pick(self.rows),
         )
 
     def simple_returns(self) -> np.ndarray:

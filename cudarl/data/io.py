@@ -3,6 +3,7 @@
 Nothing here judges the data beyond what is needed to read it; :mod:`cudarl.data.validate`
 does the checks and repairs. Times come out as int64 ns since the epoch, UTC.
 """
+
 from __future__ import annotations
 
 import csv
@@ -33,9 +34,18 @@ _TIME = r"(?:[T ](?P<H>\d{1,2}):(?P<M>\d{2})(?::(?P<S>\d{2})(?:\.(?P<f>\d{1,9}))
 _OFFSET = r"\s*(?P<tz>Z|UTC|[+-]\d{2}:?\d{2})?"
 #: Auto-detected string formats: name -> (regex, human description).
 FORMATS = {
-    "iso": (re.compile(r"^(?P<y>\d{4})-(?P<m>\d{1,2})-(?P<d>\d{1,2})" + _TIME + _OFFSET + r"$"), "YYYY-MM-DD[ HH:MM[:SS[.fff]]][Z|+hh:mm]"),
-    "mdy": (re.compile(r"^(?P<m>\d{1,2})/(?P<d>\d{1,2})/(?P<y>\d{4})" + _TIME + _OFFSET + r"$"), "M/D/YYYY[ HH:MM[:SS[.fff]]]"),
-    "dmy_dots": (re.compile(r"^(?P<d>\d{1,2})\.(?P<m>\d{1,2})\.(?P<y>\d{4})" + _TIME + _OFFSET + r"$"), "dd.mm.YYYY[ HH:MM[:SS[.fff]]]"),
+    "iso": (
+        re.compile(r"^(?P<y>\d{4})-(?P<m>\d{1,2})-(?P<d>\d{1,2})" + _TIME + _OFFSET + r"$"),
+        "YYYY-MM-DD[ HH:MM[:SS[.fff]]][Z|+hh:mm]",
+    ),
+    "mdy": (
+        re.compile(r"^(?P<m>\d{1,2})/(?P<d>\d{1,2})/(?P<y>\d{4})" + _TIME + _OFFSET + r"$"),
+        "M/D/YYYY[ HH:MM[:SS[.fff]]]",
+    ),
+    "dmy_dots": (
+        re.compile(r"^(?P<d>\d{1,2})\.(?P<m>\d{1,2})\.(?P<y>\d{4})" + _TIME + _OFFSET + r"$"),
+        "dd.mm.YYYY[ HH:MM[:SS[.fff]]]",
+    ),
 }
 EPOCH_UNITS = {"epoch_s": 1_000_000_000, "epoch_ms": 1_000_000, "epoch_us": 1_000, "epoch_ns": 1}
 
@@ -45,6 +55,7 @@ def _norm(name: str) -> str:
 
 
 # ---------------------------------------------------------------------------------- tables
+
 
 def read_table(path: str | Path) -> tuple[list[str], dict]:
     """``(column names in file order, name -> values)`` of a CSV, CSV.gz or Parquet file.
@@ -83,20 +94,31 @@ def _read_csv_text(source: str, text: str):
         if not row:
             continue
         if len(row) != len(header):
-            raise DataError(source, [Problem("bad_row", f"{where(source, [i])} has {len(row)} fields, the header has {len(header)}", rows=(i,))])
-        for c, v in zip(cols, row):
+            raise DataError(
+                source,
+                [
+                    Problem(
+                        "bad_row",
+                        f"{where(source, [i])} has {len(row)} fields, the header has {len(header)}",
+                        rows=(i,),
+                    )
+                ],
+            )
+        for c, v in zip(cols, row, strict=True):
             c.append(v.strip())
-    return header, dict(zip(header, cols))
+    return header, dict(zip(header, cols, strict=True))
 
 
 def _read_parquet(path: Path):
     try:
         import pyarrow as pa
+        import pyarrow.compute as pc
         import pyarrow.parquet as pq
         import pyarrow.types as pat
-        import pyarrow.compute as pc
     except ImportError:
-        raise DataError(str(path), [Problem("no_pyarrow", "reading Parquet needs pyarrow", fix="pip install 'cudarl[parquet]'")]) from None
+        raise DataError(
+            str(path), [Problem("no_pyarrow", "reading Parquet needs pyarrow", fix="pip install 'cudarl[parquet]'")]
+        ) from None
     table = pq.read_table(path)
     out = {}
     for name in table.column_names:
@@ -105,15 +127,24 @@ def _read_parquet(path: Path):
             # int64 ns: UTC for zoned timestamps, wall-clock for naive ones and dates
             zone = getattr(col.type, "tz", None)
             ns = pc.cast(pc.cast(col, pa.timestamp("ns", tz=zone)), pa.int64()).to_numpy(zero_copy_only=False)
-            out[name] = np.asarray(ns, dtype=np.int64).astype("datetime64[ns]") if zone else ("naive", np.asarray(ns, dtype=np.int64))
+            out[name] = (
+                np.asarray(ns, dtype=np.int64).astype("datetime64[ns]")
+                if zone
+                else ("naive", np.asarray(ns, dtype=np.int64))
+            )
         elif pat.is_integer(col.type) or pat.is_floating(col.type):
-            out[name] = col.to_numpy(zero_copy_only=False).astype(np.float64) if pat.is_floating(col.type) else col.to_numpy(zero_copy_only=False)
+            out[name] = (
+                col.to_numpy(zero_copy_only=False).astype(np.float64)
+                if pat.is_floating(col.type)
+                else col.to_numpy(zero_copy_only=False)
+            )
         else:
             out[name] = ["" if v is None else str(v) for v in col.to_pylist()]
     return list(table.column_names), out
 
 
 # ------------------------------------------------------------------------- column matching
+
 
 def match_columns(source: str, names: list[str], columns: dict | None = None) -> dict:
     """Map fields (time, open, high, low, close, adj_close, volume) to column names.
@@ -130,7 +161,17 @@ def match_columns(source: str, names: list[str], columns: dict | None = None) ->
     for field, aliases in ALIASES.items():
         if field in columns:
             if columns[field] not in names:
-                raise DataError(source, [Problem("missing_column", f"column {columns[field]!r} (given for {field}) is not in the file; it has {names}", column=columns[field], fix=f"name an existing column: columns={{'{field}': NAME}} (CLI --column {field}=NAME)")])
+                raise DataError(
+                    source,
+                    [
+                        Problem(
+                            "missing_column",
+                            f"column {columns[field]!r} (given for {field}) is not in the file; it has {names}",
+                            column=columns[field],
+                            fix=f"name an existing column: columns={{'{field}': NAME}} (CLI --column {field}=NAME)",
+                        )
+                    ],
+                )
             found[field] = columns[field]
             continue
         for a in aliases:
@@ -142,8 +183,12 @@ def match_columns(source: str, names: list[str], columns: dict | None = None) ->
     missing = [f for f in REQUIRED if f not in found]
     if missing:
         problems = [
-            Problem("missing_column", f"no {f} column (accepted names: {', '.join(ALIASES[f])}); the file has {names}",
-                    column=f, fix=f"columns={{'{f}': NAME}} (CLI --column {f}=NAME)")
+            Problem(
+                "missing_column",
+                f"no {f} column (accepted names: {', '.join(ALIASES[f])}); the file has {names}",
+                column=f,
+                fix=f"columns={{'{f}': NAME}} (CLI --column {f}=NAME)",
+            )
             for f in missing
         ]
         raise DataError(source, problems)
@@ -151,6 +196,7 @@ def match_columns(source: str, names: list[str], columns: dict | None = None) ->
 
 
 # --------------------------------------------------------------------------------- numbers
+
 
 def to_float(values) -> np.ndarray:
     """float64 [T] from a column; missing tokens and unparsable text become NaN."""
@@ -169,6 +215,7 @@ def to_float(values) -> np.ndarray:
 
 
 # ----------------------------------------------------------------------------------- times
+
 
 def _days_from_civil(y, m, d):
     """Days since 1970-01-01 of proleptic Gregorian dates (int64 arrays)."""
@@ -232,16 +279,49 @@ def parse_times(source: str, column: str, values, date_format: str | None = None
     fmt = date_format or detect_format(values)
     if fmt is None:
         first = next((v for v in values if v), "")
-        raise DataError(source, [Problem("bad_time", f"column {column!r}: cannot recognise the time format of {first!r}", rows=(0,), column=column, fix=fix)])
+        raise DataError(
+            source,
+            [
+                Problem(
+                    "bad_time",
+                    f"column {column!r}: cannot recognise the time format of {first!r}",
+                    rows=(0,),
+                    column=column,
+                    fix=fix,
+                )
+            ],
+        )
     if fmt == "epoch" or fmt in EPOCH_UNITS:
         nums = to_float(values)
         bad = np.flatnonzero(~np.isfinite(nums))
         if bad.size:
-            raise DataError(source, [Problem("bad_time", f"column {column!r}: not a number at {where(source, bad)}", rows=tuple(bad), column=column, fix=fix)])
+            raise DataError(
+                source,
+                [
+                    Problem(
+                        "bad_time",
+                        f"column {column!r}: not a number at {where(source, bad)}",
+                        rows=tuple(bad),
+                        column=column,
+                        fix=fix,
+                    )
+                ],
+            )
         if fmt == "epoch":
             mag = float(np.median(np.abs(nums))) if nums.size else 0.0
             if mag < 1e8:
-                raise DataError(source, [Problem("bad_time", f"column {column!r}: numbers like {nums[0]:g} are too small for epoch seconds", rows=(0,), column=column, fix=fix)])
+                raise DataError(
+                    source,
+                    [
+                        Problem(
+                            "bad_time",
+                            f"column {column!r}: numbers like {nums[0]:g} are too small for epoch seconds",
+                            rows=(0,),
+                            column=column,
+                            fix=fix,
+                        )
+                    ],
+                )
             fmt = "epoch_s" if mag < 1e11 else "epoch_ms" if mag < 1e14 else "epoch_us" if mag < 1e17 else "epoch_ns"
         scale = EPOCH_UNITS[fmt]
         if scale == 1:
@@ -266,7 +346,15 @@ def _parse_regex(source, column, values, rx, tz, fix):
             continue
         g = m.groupdict()
         f = g["f"] or ""
-        parts[:, i] = (int(g["y"]), int(g["m"]), int(g["d"]), int(g["H"] or 0), int(g["M"] or 0), int(g["S"] or 0), int((f + "000000000")[:9]))
+        parts[:, i] = (
+            int(g["y"]),
+            int(g["m"]),
+            int(g["d"]),
+            int(g["H"] or 0),
+            int(g["M"] or 0),
+            int(g["S"] or 0),
+            int((f + "000000000")[:9]),
+        )
         z = g["tz"]
         if z:
             has_offset[i] = True
@@ -281,13 +369,36 @@ def _parse_regex(source, column, values, rx, tz, fix):
         ok[bad] = True
         bad = sorted(set(bad) | set(np.flatnonzero(~ok).tolist()))
     if bad:
-        raise DataError(source, [Problem("bad_time", f"column {column!r}: cannot read {values[bad[0]]!r} at {where(source, bad)}", rows=tuple(bad), column=column, fix=fix)])
+        raise DataError(
+            source,
+            [
+                Problem(
+                    "bad_time",
+                    f"column {column!r}: cannot read {values[bad[0]]!r} at {where(source, bad)}",
+                    rows=tuple(bad),
+                    column=column,
+                    fix=fix,
+                )
+            ],
+        )
     naive = (_days_from_civil(y, mo, d) * 86400 + hh * 3600 + mi * 60 + ss) * NS_PER_SECOND + ns
     if has_offset.all():
         return naive - offset * NS_PER_SECOND
     if has_offset.any():
         i = int(np.flatnonzero(~has_offset)[0])
-        raise DataError(source, [Problem("bad_time", f"column {column!r}: some times carry a UTC offset and some do not (first without at {where(source, [i])})", rows=(i,), column=column, fix="give every time an offset, or none and pass tz=...")])
+        raise DataError(
+            source,
+            [
+                Problem(
+                    "bad_time",
+                    f"column {column!r}: some times carry a UTC offset and some do not "
+                    f"(first without at {where(source, [i])})",
+                    rows=(i,),
+                    column=column,
+                    fix="give every time an offset, or none and pass tz=...",
+                )
+            ],
+        )
     return _local_to_utc_ns(naive, tz)
 
 
@@ -309,7 +420,18 @@ def _parse_strptime(source, column, values, fmt, tz, fix):
         delta = t - epoch
         out[i] = (delta.days * 86400 + delta.seconds) * NS_PER_SECOND + delta.microseconds * 1000
     if bad:
-        raise DataError(source, [Problem("bad_time", f"column {column!r}: {values[bad[0]]!r} does not match {fmt!r} at {where(source, bad)}", rows=tuple(bad), column=column, fix=fix)])
+        raise DataError(
+            source,
+            [
+                Problem(
+                    "bad_time",
+                    f"column {column!r}: {values[bad[0]]!r} does not match {fmt!r} at {where(source, bad)}",
+                    rows=tuple(bad),
+                    column=column,
+                    fix=fix,
+                )
+            ],
+        )
     if naive.any():
         out[naive] = _local_to_utc_ns(out[naive], tz)
     return out
@@ -331,9 +453,11 @@ def write_csv(bars, path) -> None:
     header = ["Date", "Open", "High", "Low", "Close"]
     cols = [bars.open, bars.high, bars.low, bars.close]
     if bars.volume is not None:
-        header.append("Volume"); cols.append(bars.volume)
+        header.append("Volume")
+        cols.append(bars.volume)
     for k in sorted(bars.extra):
-        header.append(k); cols.append(bars.extra[k])
+        header.append(k)
+        cols.append(bars.extra[k])
     from cudarl.atomic import atomic_open
 
     with atomic_open(path, "w", newline="") as fh:

@@ -4,6 +4,7 @@
 is collected and raised together as one :class:`DataError`, each naming the file, the rows,
 the column and the option that repairs it. Nothing is written on failure.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -23,10 +24,21 @@ FIX_NAN = "drop_nan=True (CLI --drop-nan) or ffill=True (CLI --ffill)"
 FIX_BAD_PRICE = "no option repairs this: correct or delete these rows in the file"
 
 
-def load(source, *, date_format: str | None = None, tz: str = "UTC", columns: dict | None = None,
-         extra_columns=(), sort: bool = False, dedupe: str | None = None, drop_nan: bool = False,
-         ffill: bool = False, min_bars: int = 2, gap_factor: float = 10.0,
-         split_threshold: float = 0.25) -> Bars:
+def load(
+    source,
+    *,
+    date_format: str | None = None,
+    tz: str = "UTC",
+    columns: dict | None = None,
+    extra_columns=(),
+    sort: bool = False,
+    dedupe: str | None = None,
+    drop_nan: bool = False,
+    ffill: bool = False,
+    min_bars: int = 2,
+    gap_factor: float = 10.0,
+    split_threshold: float = 0.25,
+) -> Bars:
     """Read, check and (only where asked) repair a bar file or ``builtin:<name>``.
 
     Args:
@@ -53,18 +65,37 @@ def load(source, *, date_format: str | None = None, tz: str = "UTC", columns: di
 
         resolved = resolve(source)
         if isinstance(resolved, Bars):
-            return check(resolved, sort=sort, dedupe=dedupe, drop_nan=drop_nan, ffill=ffill, min_bars=min_bars,
-                         gap_factor=gap_factor, split_threshold=split_threshold)
+            return check(
+                resolved,
+                sort=sort,
+                dedupe=dedupe,
+                drop_nan=drop_nan,
+                ffill=ffill,
+                min_bars=min_bars,
+                gap_factor=gap_factor,
+                split_threshold=split_threshold,
+            )
         source = resolved  # a shipped real series goes through the same reader and checks
     path = str(source)
     names, table = read_table(path)
     found = match_columns(path, names, columns)
     missing_extra = [c for c in extra_columns if c not in table]
     if missing_extra:
-        raise DataError(path, [Problem("missing_column", f"extra column {c!r} is not in the file; it has {names}", column=c, fix="drop it from extra_columns") for c in missing_extra])
+        raise DataError(
+            path,
+            [
+                Problem(
+                    "missing_column",
+                    f"extra column {c!r} is not in the file; it has {names}",
+                    column=c,
+                    fix="drop it from extra_columns",
+                )
+                for c in missing_extra
+            ],
+        )
     tcol = found["time"]
     if isinstance(tcol, tuple):
-        tvals = [f"{d} {t}" for d, t in zip(table[tcol[0]], table[tcol[1]])]
+        tvals = [f"{d} {t}" for d, t in zip(table[tcol[0]], table[tcol[1]], strict=True)]
         tname = "+".join(tcol)
     else:
         tvals, tname = table[tcol], tcol
@@ -76,10 +107,19 @@ def load(source, *, date_format: str | None = None, tz: str = "UTC", columns: di
         volume=to_float(table[found["volume"]]) if "volume" in found else None,
         adj_close=to_float(table[found["adj_close"]]) if "adj_close" in found else None,
         extra={c: to_float(table[c]) for c in extra_columns},
-        source=path, columns={"time": tname, **cols},
+        source=path,
+        columns={"time": tname, **cols},
     )
-    return check(bars, sort=sort, dedupe=dedupe, drop_nan=drop_nan, ffill=ffill, min_bars=min_bars,
-                 gap_factor=gap_factor, split_threshold=split_threshold)
+    return check(
+        bars,
+        sort=sort,
+        dedupe=dedupe,
+        drop_nan=drop_nan,
+        ffill=ffill,
+        min_bars=min_bars,
+        gap_factor=gap_factor,
+        split_threshold=split_threshold,
+    )
 
 
 def _column_name(bars: Bars, field: str) -> str:
@@ -94,8 +134,17 @@ def _fields(bars: Bars):
     return out
 
 
-def check(bars: Bars, *, sort=False, dedupe=None, drop_nan=False, ffill=False, min_bars=2,
-          gap_factor=10.0, split_threshold=0.25) -> Bars:
+def check(
+    bars: Bars,
+    *,
+    sort=False,
+    dedupe=None,
+    drop_nan=False,
+    ffill=False,
+    min_bars=2,
+    gap_factor=10.0,
+    split_threshold=0.25,
+) -> Bars:
     """Check ``bars`` (in source order), apply the repairs asked for, and return the result.
 
     Raises :class:`DataError` listing every problem left. See :func:`load` for the options.
@@ -112,7 +161,15 @@ def check(bars: Bars, *, sort=False, dedupe=None, drop_nan=False, ffill=False, m
             bars = bars.take(np.argsort(t, kind="stable"))
             repairs["sorted_rows_out_of_order"] = int(back.size)
         else:
-            problems.append(Problem("unsorted", f"column {_column_name(bars, 'time')!r}: time goes backwards at {where(src, bars.rows[back])}", rows=tuple(bars.rows[back].tolist()), column=_column_name(bars, "time"), fix=FIX_ORDER))
+            problems.append(
+                Problem(
+                    "unsorted",
+                    f"column {_column_name(bars, 'time')!r}: time goes backwards at {where(src, bars.rows[back])}",
+                    rows=tuple(bars.rows[back].tolist()),
+                    column=_column_name(bars, "time"),
+                    fix=FIX_ORDER,
+                )
+            )
     # duplicates (found in time order, so they are found whether or not the file is sorted)
     order = np.argsort(bars.time, kind="stable")
     ts = bars.time[order]
@@ -127,7 +184,16 @@ def check(bars: Bars, *, sort=False, dedupe=None, drop_nan=False, ffill=False, m
             repairs[f"dropped_duplicates_kept_{dedupe}"] = int(drop_sorted.size)
         else:
             dup_rows = np.unique(bars.rows[order[np.concatenate([same, same + 1])]])
-            problems.append(Problem("duplicate", f"column {_column_name(bars, 'time')!r}: {same.size} duplicated timestamps at {where(src, dup_rows)}", rows=tuple(dup_rows.tolist()), column=_column_name(bars, "time"), fix=FIX_DUP))
+            problems.append(
+                Problem(
+                    "duplicate",
+                    f"column {_column_name(bars, 'time')!r}: {same.size} duplicated timestamps "
+                    f"at {where(src, dup_rows)}",
+                    rows=tuple(dup_rows.tolist()),
+                    column=_column_name(bars, "time"),
+                    fix=FIX_DUP,
+                )
+            )
 
     # non-finite values
     bad_any = np.zeros(len(bars), dtype=bool)
@@ -144,32 +210,86 @@ def check(bars: Bars, *, sort=False, dedupe=None, drop_nan=False, ffill=False, m
             for field, a in _fields(bars):
                 bad = np.flatnonzero(~np.isfinite(a))
                 if bad.size:
-                    fix = FIX_NAN if not (ffill and bad_any[0]) else "drop_nan=True (CLI --drop-nan): the first row has nothing before it to fill from"
-                    problems.append(Problem("nan", f"column {_column_name(bars, field)!r}: NaN, inf or missing at {where(src, bars.rows[bad])}", rows=tuple(bars.rows[bad].tolist()), column=_column_name(bars, field), fix=fix))
+                    fix = (
+                        FIX_NAN
+                        if not (ffill and bad_any[0])
+                        else "drop_nan=True (CLI --drop-nan): the first row has nothing before it to fill from"
+                    )
+                    problems.append(
+                        Problem(
+                            "nan",
+                            f"column {_column_name(bars, field)!r}: NaN, inf or missing "
+                            f"at {where(src, bars.rows[bad])}",
+                            rows=tuple(bars.rows[bad].tolist()),
+                            column=_column_name(bars, field),
+                            fix=fix,
+                        )
+                    )
 
     # prices
     with np.errstate(invalid="ignore"):
         for field in PRICE_COLUMNS + (("adj_close",) if bars.adj_close is not None else ()):
             bad = np.flatnonzero(getattr(bars, field) <= 0)
             if bad.size:
-                problems.append(Problem("non_positive", f"column {_column_name(bars, field)!r}: price <= 0 at {where(src, bars.rows[bad])}", rows=tuple(bars.rows[bad].tolist()), column=_column_name(bars, field), fix=FIX_BAD_PRICE))
+                problems.append(
+                    Problem(
+                        "non_positive",
+                        f"column {_column_name(bars, field)!r}: price <= 0 at {where(src, bars.rows[bad])}",
+                        rows=tuple(bars.rows[bad].tolist()),
+                        column=_column_name(bars, field),
+                        fix=FIX_BAD_PRICE,
+                    )
+                )
         hi = np.flatnonzero(bars.high < np.maximum(bars.open, bars.close))
         if hi.size:
-            problems.append(Problem("high_low", f"column {_column_name(bars, 'high')!r}: High < max(Open, Close) at {where(src, bars.rows[hi])}", rows=tuple(bars.rows[hi].tolist()), column=_column_name(bars, "high"), fix=FIX_BAD_PRICE))
+            problems.append(
+                Problem(
+                    "high_low",
+                    f"column {_column_name(bars, 'high')!r}: High < max(Open, Close) at {where(src, bars.rows[hi])}",
+                    rows=tuple(bars.rows[hi].tolist()),
+                    column=_column_name(bars, "high"),
+                    fix=FIX_BAD_PRICE,
+                )
+            )
         lo = np.flatnonzero(bars.low > np.minimum(bars.open, bars.close))
         if lo.size:
-            problems.append(Problem("high_low", f"column {_column_name(bars, 'low')!r}: Low > min(Open, Close) at {where(src, bars.rows[lo])}", rows=tuple(bars.rows[lo].tolist()), column=_column_name(bars, "low"), fix=FIX_BAD_PRICE))
+            problems.append(
+                Problem(
+                    "high_low",
+                    f"column {_column_name(bars, 'low')!r}: Low > min(Open, Close) at {where(src, bars.rows[lo])}",
+                    rows=tuple(bars.rows[lo].tolist()),
+                    column=_column_name(bars, "low"),
+                    fix=FIX_BAD_PRICE,
+                )
+            )
         if bars.volume is not None:
             neg = np.flatnonzero(bars.volume < 0)
             if neg.size:
-                problems.append(Problem("negative_volume", f"column {_column_name(bars, 'volume')!r}: negative volume at {where(src, bars.rows[neg])}", rows=tuple(bars.rows[neg].tolist()), column=_column_name(bars, "volume"), fix=FIX_BAD_PRICE))
+                problems.append(
+                    Problem(
+                        "negative_volume",
+                        f"column {_column_name(bars, 'volume')!r}: negative volume at {where(src, bars.rows[neg])}",
+                        rows=tuple(bars.rows[neg].tolist()),
+                        column=_column_name(bars, "volume"),
+                        fix=FIX_BAD_PRICE,
+                    )
+                )
     if len(bars) < min_bars:
-        problems.append(Problem("too_few_bars", f"{len(bars)} bars after repairs, the window needs at least {min_bars}", fix="a smaller window (CLI --window) or a longer file"))
+        problems.append(
+            Problem(
+                "too_few_bars",
+                f"{len(bars)} bars after repairs, the window needs at least {min_bars}",
+                fix="a smaller window (CLI --window) or a longer file",
+            )
+        )
     if problems:
         raise DataError(src, problems)
 
-    return dataclasses.replace(bars, repairs={**bars.repairs, **repairs},
-                               warnings=tuple(bars.warnings) + tuple(_warnings(bars, gap_factor, split_threshold)))
+    return dataclasses.replace(
+        bars,
+        repairs={**bars.repairs, **repairs},
+        warnings=tuple(bars.warnings) + tuple(_warnings(bars, gap_factor, split_threshold)),
+    )
 
 
 def _ffill(bars: Bars, bad: np.ndarray) -> Bars:
@@ -204,15 +324,21 @@ def _warnings(bars: Bars, gap_factor: float, split_threshold: float) -> list[str
         big = np.flatnonzero(dt > gap_factor * med)
         if big.size:
             worst = big[np.argmax(dt[big])]
-            out.append(f"gap: {big.size} spacings longer than {gap_factor:g}x the median ({_human_span(med)}); "
-                       f"the longest is {_human_span(float(dt[worst]))} before {where(src, [bars.rows[worst + 1]])} ({iso(bars.time[worst + 1])})")
+            out.append(
+                f"gap: {big.size} spacings longer than {gap_factor:g}x the median ({_human_span(med)}); "
+                f"the longest is {_human_span(float(dt[worst]))} before {where(src, [bars.rows[worst + 1]])} "
+                f"({iso(bars.time[worst + 1])})"
+            )
         r = np.diff(np.log(bars.close))
         sigma = 1.4826 * float(np.median(np.abs(r - np.median(r))))
         jumps = np.flatnonzero((np.abs(r) > split_threshold) & (np.abs(r) > 20 * sigma))
         for j in jumps[:10]:
             ratio = bars.close[j] / bars.close[j + 1]
-            out.append(f"split?: close moved by a factor {ratio:.3g}:1 in one bar at {where(src, [bars.rows[j + 1]])} ({iso(bars.time[j + 1])}); "
-                       f"if this is an unadjusted split, use adjusted prices")
+            out.append(
+                f"split?: close moved by a factor {ratio:.3g}:1 in one bar at {where(src, [bars.rows[j + 1]])} "
+                f"({iso(bars.time[j + 1])}); "
+                f"if this is an unadjusted split, use adjusted prices"
+            )
         if jumps.size > 10:
             out.append(f"split?: {jumps.size - 10} more one-bar moves like these")
     return out
@@ -235,10 +361,18 @@ def report(bars: Bars) -> dict:
         "periods_per_year_source": how,
         "repairs": dict(bars.repairs),
         "warnings": list(bars.warnings),
-        "close": {"min": float(bars.close.min()), "max": float(bars.close.max()),
-                  "first": float(bars.close[0]), "last": float(bars.close[-1])},
-        "log_return": {"mean": float(r.mean()) if r.size else None, "std": float(r.std(ddof=1)) if r.size > 1 else None,
-                       "min": float(r.min()) if r.size else None, "max": float(r.max()) if r.size else None},
+        "close": {
+            "min": float(bars.close.min()),
+            "max": float(bars.close.max()),
+            "first": float(bars.close[0]),
+            "last": float(bars.close[-1]),
+        },
+        "log_return": {
+            "mean": float(r.mean()) if r.size else None,
+            "std": float(r.std(ddof=1)) if r.size > 1 else None,
+            "min": float(r.min()) if r.size else None,
+            "max": float(r.max()) if r.size else None,
+        },
     }
     if os.path.isfile(bars.source):
         rep["sha256"] = hashlib.sha256(Path(bars.source).read_bytes()).hexdigest()

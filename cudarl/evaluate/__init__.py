@@ -6,11 +6,32 @@
 
 Metrics follow empyrical's conventions (docs/metrics.md); costs come from cudarl.costs.
 """
+
 from ._metrics import drawdown, metrics, resolve_periods_per_year, trades
 from ._report import json_safe, plot_equity, write_outputs
-from ._run import (ACTION_POSITIONS, COST_MULTIPLIERS, Evaluation, evaluate_policy, evaluate_positions,
-                   greedy_positions, net_returns)
+from ._run import (
+    ACTION_POSITIONS,
+    COST_MULTIPLIERS,
+    Evaluation,
+    evaluate_policy,
+    evaluate_positions,
+    greedy_positions,
+    net_returns,
+)
 
-__all__ = ["metrics", "drawdown", "trades", "resolve_periods_per_year", "Evaluation", "evaluate_policy",
-           "evaluate_positions", "greedy_positions", "net_returns", "write_outputs", "plot_equity",
-           "json_safe", "ACTION_POSITIONS", "COST_MULTIPLIERS"]
+__all__ = [
+    "metrics",
+    "drawdown",
+    "trades",
+    "resolve_periods_per_year",
+    "Evaluation",
+    "evaluate_policy",
+    "evaluate_positions",
+    "greedy_positions",
+    "net_returns",
+    "write_outputs",
+    "plot_equity",
+    "json_safe",
+    "ACTION_POSITIONS",
+    "COST_MULTIPLIERS",
+]

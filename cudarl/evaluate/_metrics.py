@@ -3,6 +3,7 @@
 Returns are simple, non-cumulative, one per bar. ``periods_per_year`` is the annualisation
 factor (empyrical's ``annualization``), always explicit or inferred and recorded.
 """
+
 from __future__ import annotations
 
 import math
@@ -67,8 +68,16 @@ def trades(positions, net, costs) -> list[dict]:
             ret += share(k, p[k - 1], p[k])  # the closing part belongs to the previous trade
         if j < N:
             ret -= share(j, p[j - 1], p[j])
-        out.append({"start": int(k), "stop": int(j), "side": int(side[k]), "bars": int(j - k),
-                    "return": ret, "open": bool(j == N)})
+        out.append(
+            {
+                "start": int(k),
+                "stop": int(j),
+                "side": int(side[k]),
+                "bars": int(j - k),
+                "return": ret,
+                "open": bool(j == N),
+            }
+        )
         k = j
     return out
 
@@ -134,13 +143,15 @@ def metrics(returns, periods_per_year: float | None = None, *, times=None, posit
         moved = np.abs(np.diff(p, prepend=0.0))
         held = p != 0
         tr = trades(p, r, c)
-        out.update({
-            "turnover": float(moved.sum() / n * ppy) if n else math.nan,
-            "trades": len(tr),
-            "trade_win_rate": float(np.mean([t["return"] > 0 for t in tr])) if tr else math.nan,
-            "bar_hit_rate": float(np.mean(r[held] > 0)) if held.any() else math.nan,
-            "exposure": float(held.mean()) if n else math.nan,
-            "mean_abs_position": float(np.abs(p).mean()) if n else math.nan,
-            "costs_paid": float(c.sum()),
-        })
+        out.update(
+            {
+                "turnover": float(moved.sum() / n * ppy) if n else math.nan,
+                "trades": len(tr),
+                "trade_win_rate": float(np.mean([t["return"] > 0 for t in tr])) if tr else math.nan,
+                "bar_hit_rate": float(np.mean(r[held] > 0)) if held.any() else math.nan,
+                "exposure": float(held.mean()) if n else math.nan,
+                "mean_abs_position": float(np.abs(p).mean()) if n else math.nan,
+                "costs_paid": float(c.sum()),
+            }
+        )
     return out

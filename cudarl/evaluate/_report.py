@@ -1,4 +1,5 @@
 """Evaluation outputs: summary.json, equity.csv, trades.csv and, with matplotlib, equity.png."""
+
 from __future__ import annotations
 
 import csv
@@ -51,13 +52,40 @@ def write_outputs(ev, out_dir, plot: bool = True) -> list[Path]:
     write_json_atomic(json_safe(ev.summary), out / "summary.json")
     written.append(out / "summary.json")
     eq, bh, dd = ev.equity, np.cumprod(1.0 + ev.buy_and_hold), drawdown(ev.net)
-    rows = ([iso(t), f"{p:g}", repr(float(r)), repr(float(g)), repr(float(c)), repr(float(n)), repr(float(e)), repr(float(b)), repr(float(d))]
-            for t, p, r, g, c, n, e, b, d in zip(ev.time, ev.position, ev.bar_return, ev.gross, ev.costs, ev.net, eq, bh, dd))
-    _write_csv_atomic(out / "equity.csv", ["time", "position", "bar_return", "gross", "cost", "net", "equity", "buy_and_hold_equity", "drawdown"], rows)
+    rows = (
+        [
+            iso(t),
+            f"{p:g}",
+            repr(float(r)),
+            repr(float(g)),
+            repr(float(c)),
+            repr(float(n)),
+            repr(float(e)),
+            repr(float(b)),
+            repr(float(d)),
+        ]
+        for t, p, r, g, c, n, e, b, d in zip(
+            ev.time, ev.position, ev.bar_return, ev.gross, ev.costs, ev.net, eq, bh, dd, strict=True
+        )
+    )
+    _write_csv_atomic(
+        out / "equity.csv",
+        ["time", "position", "bar_return", "gross", "cost", "net", "equity", "buy_and_hold_equity", "drawdown"],
+        rows,
+    )
     written.append(out / "equity.csv")
     # entered at the close that chose the position; left at the close that chose the next one
-    trows = ([iso(ev.decision_time[t["start"]]), iso(ev.time[t["stop"] - 1]),
-              "long" if t["side"] > 0 else "short", t["bars"], repr(t["return"]), t["open"]] for t in ev.trades)
+    trows = (
+        [
+            iso(ev.decision_time[t["start"]]),
+            iso(ev.time[t["stop"] - 1]),
+            "long" if t["side"] > 0 else "short",
+            t["bars"],
+            repr(t["return"]),
+            t["open"],
+        ]
+        for t in ev.trades
+    )
     _write_csv_atomic(out / "trades.csv", ["entry_time", "exit_time", "side", "bars", "return", "open"], trows)
     written.append(out / "trades.csv")
     if plot:
@@ -84,8 +112,10 @@ def plot_equity(ev, path) -> Path | None:
     ax[0].set_ylabel("equity (log)")
     ax[0].legend(loc="upper left")
     s = ev.summary.get("policy", {})
-    ax[0].set_title(f"{ev.summary.get('split', {}).get('name', '')}: Sharpe {s.get('sharpe', float('nan')):.2f}, "
-                    f"max drawdown {s.get('max_drawdown', float('nan')):.1%}")
+    ax[0].set_title(
+        f"{ev.summary.get('split', {}).get('name', '')}: Sharpe {s.get('sharpe', float('nan')):.2f}, "
+        f"max drawdown {s.get('max_drawdown', float('nan')):.1%}"
+    )
     ax[1].fill_between(t, drawdown(ev.net), 0.0, color="tab:red", alpha=0.5)
     ax[1].set_ylabel("drawdown")
     ax[2].step(t, ev.position, where="post", color="tab:gray")

@@ -4,6 +4,7 @@ Timing: the position chosen at the close of bar ``t`` is held over bar ``t + 1``
 ``R_{t+1} = close_{t+1} / close_t - 1``; moving there from the previous position pays the
 cost of cudarl.costs. The first decision starts from flat; nothing is closed at the end.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -19,8 +20,9 @@ ACTION_POSITIONS = (-1.0, 0.0, 1.0)
 COST_MULTIPLIERS = (1, 2, 3)
 
 
-def greedy_positions(policy, features, start: int, stop: int, *, action_positions=ACTION_POSITIONS,
-                     include_position: bool = True) -> np.ndarray:
+def greedy_positions(
+    policy, features, start: int, stop: int, *, action_positions=ACTION_POSITIONS, include_position: bool = True
+) -> np.ndarray:
     """float64 [stop - start - 1]: the greedy policy's position at bars ``start .. stop - 2``.
 
     ``policy(obs)`` takes float32 ``[B, F]`` (``[B, F + 1]`` with the held position appended
@@ -28,7 +30,7 @@ def greedy_positions(policy, features, start: int, stop: int, *, action_position
     lowest action) or action indices int ``[B]``. With the position in the observation the
     bars are walked one at a time; without it, in one call.
     """
-    x = np.asarray(features[start:stop - 1], dtype=np.float32)
+    x = np.asarray(features[start : stop - 1], dtype=np.float32)
     table = np.asarray(action_positions, dtype=np.float64)
 
     def act(obs):
@@ -90,8 +92,16 @@ def net_returns(position, bar_return, cost_rate: float):
     return gross, gross - net, net
 
 
-def evaluate_positions(bars: Bars, position, split, *, cost_bps: float, slippage_bps: float = 0.0,
-                       periods_per_year: float | None = None, fill: str | None = None) -> Evaluation:
+def evaluate_positions(
+    bars: Bars,
+    position,
+    split,
+    *,
+    cost_bps: float,
+    slippage_bps: float = 0.0,
+    periods_per_year: float | None = None,
+    fill: str | None = None,
+) -> Evaluation:
     """Evaluate positions float64 ``[N]`` decided at the closes of bars ``split.start ..``.
 
     ``fill`` None (idealised): the position decided at close[t] is held over bar t + 1 and earns
@@ -114,10 +124,10 @@ def evaluate_positions(bars: Bars, position, split, *, cost_bps: float, slippage
         ppy, how = resolve_periods_per_year(periods_per_year)
     if fill is None:
         c = np.asarray(bars.close, dtype=np.float64)
-        R = c[start + 1:stop] / c[start:stop - 1] - 1.0
+        R = c[start + 1 : stop] / c[start : stop - 1] - 1.0
     else:
         px = np.asarray(bars.open if fill == "open" else bars.close, dtype=np.float64)
-        R = px[start + 2:stop] / px[start + 1:stop - 1] - 1.0
+        R = px[start + 2 : stop] / px[start + 1 : stop - 1] - 1.0
     rate = (cost_bps + slippage_bps) * 1e-4
     gross, costs, net = net_returns(position, R, rate)
     _, bh_costs, bh = net_returns(np.ones(n), R, rate)
@@ -134,8 +144,13 @@ def evaluate_positions(bars: Bars, position, split, *, cost_bps: float, slippage
         sweep[f"{mult}x"] = {"cost_bps": cost_bps * mult, "slippage_bps": slippage_bps * mult, **m(r, position, cst)}
     name = getattr(split, "name", "split")
     summary = {
-        "split": {"name": name, "start": int(start), "stop": int(stop),
-                  "first": iso(bars.time[start]), "last": iso(bars.time[stop - 1])},
+        "split": {
+            "name": name,
+            "start": int(start),
+            "stop": int(stop),
+            "first": iso(bars.time[start]),
+            "last": iso(bars.time[stop - 1]),
+        },
         "source": bars.source,
         "periods_per_year": ppy,
         "periods_per_year_source": how,
@@ -148,20 +163,40 @@ def evaluate_positions(bars: Bars, position, split, *, cost_bps: float, slippage
         "cost_sweep": sweep,
     }
     lag = 1 if fill is None else 2
-    return Evaluation(time=np.asarray(bars.time[start + lag:stop]), decision_time=np.asarray(bars.time[start:start + n]), bar_return=R, position=position,
-                      gross=gross, costs=costs, net=net, buy_and_hold=bh, summary=summary,
-                      trades=trades(position, net, costs))
+    return Evaluation(
+        time=np.asarray(bars.time[start + lag : stop]),
+        decision_time=np.asarray(bars.time[start : start + n]),
+        bar_return=R,
+        position=position,
+        gross=gross,
+        costs=costs,
+        net=net,
+        buy_and_hold=bh,
+        summary=summary,
+        trades=trades(position, net, costs),
+    )
 
 
-def evaluate_policy(policy, bars: Bars, features, split, *, cost_bps: float, slippage_bps: float = 0.0,
-                    periods_per_year: float | None = None, action_positions=ACTION_POSITIONS,
-                    include_position: bool = True) -> Evaluation:
+def evaluate_policy(
+    policy,
+    bars: Bars,
+    features,
+    split,
+    *,
+    cost_bps: float,
+    slippage_bps: float = 0.0,
+    periods_per_year: float | None = None,
+    action_positions=ACTION_POSITIONS,
+    include_position: bool = True,
+) -> Evaluation:
     """The greedy ``policy`` over ``split``: :func:`greedy_positions` then :func:`evaluate_positions`.
 
     ``features`` float32 [T, F], already normalised (the normaliser fitted on train).
     """
     start, stop = (split.start, split.stop) if hasattr(split, "start") else split
-    pos = greedy_positions(policy, features, start, stop, action_positions=action_positions,
-                           include_position=include_position)
-    return evaluate_positions(bars, pos, split, cost_bps=cost_bps, slippage_bps=slippage_bps,
-                              periods_per_year=periods_per_year)
+    pos = greedy_positions(
+        policy, features, start, stop, action_positions=action_positions, include_position=include_position
+    )
+    return evaluate_positions(
+        bars, pos, split, cost_bps=cost_bps, slippage_bps=slippage_bps, periods_per_year=periods_per_year
+    )

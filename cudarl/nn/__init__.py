@@ -4,10 +4,25 @@
 activations), layers (``Linear``, ``LayerNorm``, ``MLP``), heads (``C51Head``, ``IQNHead``,
 ``PlanHead``) and ``QNetwork``. Kernels: ``cuda_src/nn.cu``; NumPy twin: ``cudarl.reference.nn``.
 """
+
 from .heads import C51Head, IQNHead, PlanHead
 from .layers import MLP, LayerNorm, Linear, Module
 from .network import HEADS, QNetwork
 from .params import ALIGN, ParamLayout, Workspace, matmul, nn_ops
 
-__all__ = ["ALIGN", "C51Head", "HEADS", "IQNHead", "LayerNorm", "Linear", "MLP", "Module", "ParamLayout",
-           "PlanHead", "QNetwork", "Workspace", "matmul", "nn_ops"]
+__all__ = [
+    "ALIGN",
+    "C51Head",
+    "HEADS",
+    "IQNHead",
+    "LayerNorm",
+    "Linear",
+    "MLP",
+    "Module",
+    "ParamLayout",
+    "PlanHead",
+    "QNetwork",
+    "Workspace",
+    "matmul",
+    "nn_ops",
+]

@@ -5,6 +5,7 @@ gradient of the head's output into the buffer named by :meth:`grad_name`, and
 ``backward(psi, ws, dpsi, accumulate)`` overwrites the head's parameter gradients and writes
 (or adds into) ``dpsi``.
 """
+
 from __future__ import annotations
 
 from .layers import Linear, Module
@@ -65,8 +66,16 @@ class IQNHead(Module):
     :meth:`sample_tau`) or pass it to :meth:`forward`.
     """
 
-    def __init__(self, name: str, d: int, n_actions: int, n_quantiles: int = 32, n_cos: int = 64, tf32: bool = False,
-                 gemm: str = "cublas"):
+    def __init__(
+        self,
+        name: str,
+        d: int,
+        n_actions: int,
+        n_quantiles: int = 32,
+        n_cos: int = 64,
+        tf32: bool = False,
+        gemm: str = "cublas",
+    ):
         self.name, self.d, self.n_actions = name, int(d), int(n_actions)
         self.n_quantiles, self.n_cos = int(n_quantiles), int(n_cos)
         N = self.n_quantiles
@@ -78,8 +87,12 @@ class IQNHead(Module):
         self.phi.declare(layout, ws_spec)
         self.out.declare(layout, ws_spec)
         N = self.n_quantiles
-        ws_spec += [(f"{self.name}.tau", (N,), False), (f"{self.name}.cos", (N, self.n_cos), True),
-                    (f"{self.name}.h", (N, self.d), True), (f"{self.name}.dh", (N, self.d), True)]
+        ws_spec += [
+            (f"{self.name}.tau", (N,), False),
+            (f"{self.name}.cos", (N, self.n_cos), True),
+            (f"{self.name}.h", (N, self.d), True),
+            (f"{self.name}.dh", (N, self.d), True),
+        ]
 
     @property
     def grad_name(self) -> str:
@@ -127,11 +140,27 @@ class PlanHead(Module):
 
     THRESHOLD = 0.5
 
-    def __init__(self, name: str, d: int, gain: float = 0.01, readiness_bias: float = -4.0, tf32: bool = False,
-                 gemm: str = "cublas"):
+    def __init__(
+        self,
+        name: str,
+        d: int,
+        gain: float = 0.01,
+        readiness_bias: float = -4.0,
+        tf32: bool = False,
+        gemm: str = "cublas",
+    ):
         self.name, self.d = name, int(d)
-        self.lin = Linear(f"{name}.lin", d, 2, act="sigmoid", init="xavier", gain=gain,
-                          bias_init=(0.0, readiness_bias), tf32=tf32, gemm=gemm)  # sigmoid: never the fused GEMM
+        self.lin = Linear(
+            f"{name}.lin",
+            d,
+            2,
+            act="sigmoid",
+            init="xavier",
+            gain=gain,
+            bias_init=(0.0, readiness_bias),
+            tf32=tf32,
+            gemm=gemm,
+        )  # sigmoid: never the fused GEMM
         self.children = [self.lin]
 
     def declare(self, layout: ParamLayout, ws_spec: list) -> None:

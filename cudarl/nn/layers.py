@@ -16,6 +16,7 @@ or, with ``gemm="cublaslt"`` on the GPU and ``act`` in {identity, relu}, one cuB
 epilogue adds the bias and applies the ReLU (:func:`cudarl.blas.gemm_lt`). Both write the same
 ``out``, so the backward is the same. The NumPy backend ignores the option (the same math).
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -63,9 +64,20 @@ class Linear(Module):
     ``cuda_src/gemm.cu`` where they take the shapes, else as ``cublaslt_nosplit`` (docs/perf-notes.md).
     """
 
-    def __init__(self, name: str, n_in: int, n_out: int, act: str = "relu", init: str | None = None,
-                 gain: float = 1.0, bias_init=0.0, tf32: bool = False, rows: int = 1, spectral: bool = False,
-                 gemm: str = "cublas"):
+    def __init__(
+        self,
+        name: str,
+        n_in: int,
+        n_out: int,
+        act: str = "relu",
+        init: str | None = None,
+        gain: float = 1.0,
+        bias_init=0.0,
+        tf32: bool = False,
+        rows: int = 1,
+        spectral: bool = False,
+        gemm: str = "cublas",
+    ):
         if act not in ACTS:
             raise ValueError(f"{name}: activation {act!r} not in {sorted(ACTS)}")
         if gemm not in GEMMS:
@@ -95,8 +107,15 @@ class Linear(Module):
         u = 2.0 * philox.uniform(seed, 1, stream_id, self.n_in).astype(np.float64) - 1.0
         u /= np.linalg.norm(u)
         z = lambda *s: xp.zeros(s, dtype=dtype)  # noqa: E731
-        self.sn = {"u": xp.asarray(u.astype(dtype)), "v": z(self.n_out), "wv": z(self.n_in), "sigma": z(1),
-                   "w": z(self.n_in, self.n_out), "dw": z(self.n_in, self.n_out), "partial": xp.zeros(GN_BLOCKS, dtype=np.float64)}
+        self.sn = {
+            "u": xp.asarray(u.astype(dtype)),
+            "v": z(self.n_out),
+            "wv": z(self.n_in),
+            "sigma": z(1),
+            "w": z(self.n_in, self.n_out),
+            "dw": z(self.n_in, self.n_out),
+            "partial": xp.zeros(GN_BLOCKS, dtype=np.float64),
+        }
         self.optim_ops = optim_ops(xp)
         sn = self.sn  # one iteration now, so v is meaningful even if the first forward is frozen
         self.optim_ops.spectral_power_iter(self.P[f"{self.name}.weight"], sn["u"], sn["v"], sn["wv"], sn["sigma"], 1)
@@ -107,7 +126,11 @@ class Linear(Module):
 
     def declare(self, layout: ParamLayout, ws_spec: list) -> None:
         layout.add(f"{self.name}.weight", (self.n_in, self.n_out), (self.init, self.gain), decay=True)
-        binit = ("values", tuple(self.bias_init)) if isinstance(self.bias_init, (tuple, list)) else ("const", self.bias_init)
+        binit = (
+            ("values", tuple(self.bias_init))
+            if isinstance(self.bias_init, (tuple, list))
+            else ("const", self.bias_init)
+        )
         layout.add(f"{self.name}.bias", (self.n_out,), binit)
         row = (self.n_out,) if self.rows == 1 else (self.rows, self.n_out)
         ws_spec += [(f"{self.name}.out", row, self.rows > 1), (f"{self.name}.dout", row, self.rows > 1)]
@@ -117,8 +140,15 @@ class Linear(Module):
         forward inside a capture needs the plan of its batch size already made (:func:`cudarl.blas.gemm_lt`)."""
         bias = self.P[f"{self.name}.bias"]
         if self.lt_act is not None and not isinstance(bias, np.ndarray):
-            blas.gemm_lt_prepare(batch * self.rows, self.n_out, self.n_in, bias=bias, act=self.lt_act, tf32=self.tf32,
-                                 split_k=not self.lt_all)
+            blas.gemm_lt_prepare(
+                batch * self.rows,
+                self.n_out,
+                self.n_in,
+                bias=bias,
+                act=self.lt_act,
+                tf32=self.tf32,
+                split_k=not self.lt_all,
+            )
 
     def prepare_backward(self, batch: int) -> None:
         """Make the cuBLASLt plan of a backward over ``batch`` samples (GPU, ``gemm="cublaslt_nosplit"``
@@ -210,24 +240,44 @@ class LayerNorm(Module):
     def declare(self, layout: ParamLayout, ws_spec: list) -> None:
         layout.add(f"{self.name}.gamma", (self.n,), ("const", 1.0))
         layout.add(f"{self.name}.beta", (self.n,), ("const", 0.0))
-        ws_spec += [(f"{self.name}.out", (self.n,), False), (f"{self.name}.dout", (self.n,), False),
-                    (f"{self.name}.mean", (), False), (f"{self.name}.rstd", (), False)]
+        ws_spec += [
+            (f"{self.name}.out", (self.n,), False),
+            (f"{self.name}.dout", (self.n,), False),
+            (f"{self.name}.mean", (), False),
+            (f"{self.name}.rstd", (), False),
+        ]
 
     def forward(self, x, ws: Workspace):
         B = x.shape[0]
         out = ws.rows(f"{self.name}.out", B)
-        self.ops.layernorm_forward(x, self.P[f"{self.name}.gamma"], self.P[f"{self.name}.beta"], out,
-                                   ws.rows(f"{self.name}.mean", B), ws.rows(f"{self.name}.rstd", B), self.eps, self.act)
+        self.ops.layernorm_forward(
+            x,
+            self.P[f"{self.name}.gamma"],
+            self.P[f"{self.name}.beta"],
+            out,
+            ws.rows(f"{self.name}.mean", B),
+            ws.rows(f"{self.name}.rstd", B),
+            self.eps,
+            self.act,
+        )
         return out
 
     def backward(self, x, ws: Workspace, dx=None, accumulate: bool = False) -> None:
         if dx is None or accumulate:
             raise ValueError(f"{self.name}: LayerNorm backward writes dx (no accumulate); give it a buffer")
         B = x.shape[0]
-        self.ops.layernorm_backward(ws.rows(f"{self.name}.dout", B), ws.rows(f"{self.name}.out", B), x,
-                                    self.P[f"{self.name}.gamma"], ws.rows(f"{self.name}.mean", B),
-                                    ws.rows(f"{self.name}.rstd", B), dx, self.G[f"{self.name}.gamma"],
-                                    self.G[f"{self.name}.beta"], self.act)
+        self.ops.layernorm_backward(
+            ws.rows(f"{self.name}.dout", B),
+            ws.rows(f"{self.name}.out", B),
+            x,
+            self.P[f"{self.name}.gamma"],
+            ws.rows(f"{self.name}.mean", B),
+            ws.rows(f"{self.name}.rstd", B),
+            dx,
+            self.G[f"{self.name}.gamma"],
+            self.G[f"{self.name}.beta"],
+            self.act,
+        )
 
 
 class MLP(Module):
@@ -237,8 +287,9 @@ class MLP(Module):
     ``Linear -> LayerNorm -> ReLU`` (the ReLU fused into the LayerNorm kernel).
     """
 
-    def __init__(self, name: str, n_in: int, hidden=(256, 256), layernorm: bool = False, tf32: bool = False,
-                 gemm: str = "cublas"):
+    def __init__(
+        self, name: str, n_in: int, hidden=(256, 256), layernorm: bool = False, tf32: bool = False, gemm: str = "cublas"
+    ):
         if not hidden:
             raise ValueError(f"{name}: at least one hidden layer")
         self.name, self.n_in, self.hidden = name, int(n_in), tuple(int(h) for h in hidden)

@@ -1,4 +1,5 @@
 """``QNetwork``: MLP encoder + distributional head (+ optional plan head) over one flat buffer."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -8,6 +9,7 @@ from .heads import C51Head, IQNHead, PlanHead
 from .layers import MLP, Linear
 from .params import ParamLayout, Workspace, is_numpy, nn_ops
 
+
 def _walk(mods):
     for m in mods:
         yield m
@@ -16,10 +18,18 @@ def _walk(mods):
 
 #: Head registry (STYLE.md: a dict, not an if/elif chain).
 HEADS = {
-    "c51": lambda d, kw: C51Head("head", d, kw["n_actions"], kw.get("atoms", 51), tf32=kw.get("tf32", False),
-                                 gemm=kw.get("gemm", "cublas")),
-    "iqn": lambda d, kw: IQNHead("head", d, kw["n_actions"], kw.get("n_quantiles", 32), kw.get("n_cos", 64),
-                                 tf32=kw.get("tf32", False), gemm=kw.get("gemm", "cublas")),
+    "c51": lambda d, kw: C51Head(
+        "head", d, kw["n_actions"], kw.get("atoms", 51), tf32=kw.get("tf32", False), gemm=kw.get("gemm", "cublas")
+    ),
+    "iqn": lambda d, kw: IQNHead(
+        "head",
+        d,
+        kw["n_actions"],
+        kw.get("n_quantiles", 32),
+        kw.get("n_cos", 64),
+        tf32=kw.get("tf32", False),
+        gemm=kw.get("gemm", "cublas"),
+    ),
 }
 
 
@@ -46,17 +56,45 @@ class QNetwork:
     :attr:`G` their named views (see :mod:`cudarl.nn.params` for the layout).
     """
 
-    def __init__(self, n_in: int, n_actions: int, *, hidden=(256, 256), head: str = "c51", layernorm: bool = False,
-                 plan: bool = False, spectral=(), atoms: int = 51, n_quantiles: int = 32, n_cos: int = 64, xp=np,
-                 dtype=np.float32, max_batch: int = 512, seed: int = 0, tf32: bool = False, gemm: str = "cublas"):
+    def __init__(
+        self,
+        n_in: int,
+        n_actions: int,
+        *,
+        hidden=(256, 256),
+        head: str = "c51",
+        layernorm: bool = False,
+        plan: bool = False,
+        spectral=(),
+        atoms: int = 51,
+        n_quantiles: int = 32,
+        n_cos: int = 64,
+        xp=np,
+        dtype=np.float32,
+        max_batch: int = 512,
+        seed: int = 0,
+        tf32: bool = False,
+        gemm: str = "cublas",
+    ):
         if head not in HEADS:
             raise ValueError(f"head {head!r} not in {sorted(HEADS)}")
         if np.dtype(dtype) != np.float32 and not is_numpy(xp):
             raise ValueError("the GPU backend is float32 only")
         self.xp, self.dtype, self.ops = xp, np.dtype(dtype), nn_ops(xp)
-        self.config = dict(n_in=n_in, n_actions=n_actions, hidden=tuple(hidden), head=head, layernorm=layernorm,
-                           plan=plan, spectral=tuple(spectral), atoms=atoms, n_quantiles=n_quantiles, n_cos=n_cos, tf32=tf32,
-                           gemm=gemm)
+        self.config = dict(
+            n_in=n_in,
+            n_actions=n_actions,
+            hidden=tuple(hidden),
+            head=head,
+            layernorm=layernorm,
+            plan=plan,
+            spectral=tuple(spectral),
+            atoms=atoms,
+            n_quantiles=n_quantiles,
+            n_cos=n_cos,
+            tf32=tf32,
+            gemm=gemm,
+        )
         self.encoder = MLP("enc", n_in, hidden, layernorm=layernorm, tf32=tf32, gemm=gemm)
         self.head = HEADS[head](self.encoder.n_out, self.config)
         self.plan = PlanHead("plan", self.encoder.n_out, tf32=tf32, gemm=gemm) if plan else None
@@ -105,7 +143,7 @@ class QNetwork:
         sides = list(side) if isinstance(side, (list, tuple)) else [side] * len(self.linears)
         if len(sides) != len(self.linears):
             raise ValueError(f"set_side_stream: {len(sides)} side streams for {len(self.linears)} layers")
-        for lin, s in zip(self.linears.values(), sides):
+        for lin, s in zip(self.linears.values(), sides, strict=True):
             lin.side = s
 
     def forward(self, x, ws: Workspace | None = None, tau=None, raw_head: bool = False) -> dict:
@@ -119,7 +157,11 @@ class QNetwork:
         psi = self.encoder.forward(x, ws)
         if raw_head and not isinstance(self.head, C51Head):
             raise ValueError(f"raw_head: only the C51 head has a raw output, not {type(self.head).__name__}")
-        out = {"q": self.head.forward(psi, ws, tau) if isinstance(self.head, IQNHead) else self.head.forward(psi, ws, raw_head)}
+        out = {
+            "q": self.head.forward(psi, ws, tau)
+            if isinstance(self.head, IQNHead)
+            else self.head.forward(psi, ws, raw_head)
+        }
         if self.plan is not None:
             out["plan"] = self.plan.forward(psi, ws)
         return out
@@ -158,8 +200,11 @@ class QNetwork:
     # --- checkpoints ------------------------------------------------------------------------
     def state_dict(self) -> dict:
         sn = {n: {k: to_numpy(lin.sn[k]).copy() for k in ("u", "v")} for n, lin in self.linears.items() if lin.spectral}
-        return {"params": to_numpy(self.params).copy(), "layout": [(e.name, e.offset, e.shape) for e in self.layout.entries],
-                "spectral": sn}
+        return {
+            "params": to_numpy(self.params).copy(),
+            "layout": [(e.name, e.offset, e.shape) for e in self.layout.entries],
+            "spectral": sn,
+        }
 
     def load_state_dict(self, state: dict) -> None:
         """Copy into the existing buffer (same address, so captured graphs stay valid)."""

@@ -17,6 +17,7 @@ number ``k`` of the layout uses stream ``(seed, counter=0, stream_id=k)``, ``u ~
 ``w = (2u - 1) * limit`` with ``limit = gain * sqrt(6 / fan_in)`` (He, for layers followed by
 ReLU) or ``gain * sqrt(6 / (fan_in + fan_out))`` (Xavier/Glorot).
 """
+
 from __future__ import annotations
 
 import math

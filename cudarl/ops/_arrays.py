@@ -1,6 +1,7 @@
 """Shape and dtype checks shared by the loss-family launchers (c51, quantile, regularizers,
 popart, qstats). Host-side metadata only: nothing here reads device memory, so it is
 capture-safe."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -12,7 +13,7 @@ def check(where: str, name: str, a, dtype, shape: tuple) -> None:
         raise ValueError(f"{where}: {name} is required (disabled features are not launched)")
     if np.dtype(a.dtype) != np.dtype(dtype):
         raise ValueError(f"{where}: {name} has dtype {a.dtype}, expected {np.dtype(dtype)}")
-    if len(a.shape) != len(shape) or any(s is not None and s != t for s, t in zip(shape, a.shape)):
+    if len(a.shape) != len(shape) or any(s is not None and s != t for s, t in zip(shape, a.shape, strict=True)):
         want = "[" + ", ".join("?" if s is None else str(s) for s in shape) + "]"
         raise ValueError(f"{where}: {name} has shape {tuple(a.shape)}, expected {want}")
     if not a.flags.c_contiguous:

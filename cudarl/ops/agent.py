@@ -1,4 +1,5 @@
 """Launchers for cuda_src/agent.cu (twin: cudarl/reference/agent.py)."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -11,27 +12,50 @@ def quantile_mean(q, theta, stream=None) -> None:
     B, N, A = theta.shape
     if q.shape != (B, A):
         raise ValueError(f"q: expected [{B}, {A}], got {list(q.shape)}")
-    launch("agent", "quantile_mean", blocks_for(B * A), 256, "f32* q, const f32* theta, i32 B, i32 N, i32 A",
-           (q, theta, B, N, A), stream=stream)
+    launch(
+        "agent",
+        "quantile_mean",
+        blocks_for(B * A),
+        256,
+        "f32* q, const f32* theta, i32 B, i32 N, i32 A",
+        (q, theta, B, N, A),
+        stream=stream,
+    )
 
 
 def discount(out, done, gamma, stream=None) -> None:
     """``out = gamma[0] * (1 - done)``; gamma a float32 ``[1]`` device scalar."""
     if out.shape != done.shape:
         raise ValueError(f"out {list(out.shape)} and done {list(done.shape)} must match")
-    launch("agent", "discount", min(blocks_for(out.size), 4096), 256, "f32* out, const f32* done, const f32* gamma, i64 n",
-           (out, done, gamma, out.size), stream=stream)
+    launch(
+        "agent",
+        "discount",
+        min(blocks_for(out.size), 4096),
+        256,
+        "f32* out, const f32* done, const f32* gamma, i64 n",
+        (out, done, gamma, out.size),
+        stream=stream,
+    )
 
 
 def epsilon(eps, count, start: float, end: float, steps: int, stream=None) -> None:
     """Linear epsilon schedule from the device counter ``count`` (int64 ``[1]``, incremented)."""
-    launch("agent", "epsilon", 1, 1, "f32* eps, i64* count, f64 start, f64 end, i64 steps",
-           (eps, count, float(start), float(end), int(steps)), stream=stream)
+    launch(
+        "agent",
+        "epsilon",
+        1,
+        1,
+        "f32* eps, i64* count, f64 start, f64 end, i64 steps",
+        (eps, count, float(start), float(end), int(steps)),
+        stream=stream,
+    )
 
 
 def _check(name: str, a, dtype, shape: tuple) -> None:
     if a.dtype != np.dtype(dtype) or tuple(a.shape) != tuple(shape) or not a.flags.c_contiguous:
-        raise ValueError(f"{name}: expected a C-contiguous {np.dtype(dtype)} array {list(shape)}, got {a.dtype} {list(a.shape)}")
+        raise ValueError(
+            f"{name}: expected a C-contiguous {np.dtype(dtype)} array {list(shape)}, got {a.dtype} {list(a.shape)}"
+        )
 
 
 def _check_act(actions, q, env_count, eps, count, arrivals) -> tuple[int, int]:
@@ -47,11 +71,26 @@ def _check_act(actions, q, env_count, eps, count, arrivals) -> tuple[int, int]:
     return n, a_n
 
 
-_ACT_SCHEDULE = "f32* eps_out, i64* count, u32* arrivals, f64 start, f64 end, i64 steps, u64 seed"  # ACT_SCHEDULE_PARAMS
+_ACT_SCHEDULE = (
+    "f32* eps_out, i64* count, u32* arrivals, f64 start, f64 end, i64 steps, u64 seed"  # ACT_SCHEDULE_PARAMS
+)
 
 
-def act_c51(actions, q, logits, support, env_count, params, eps, count, arrivals, start: float, end: float, steps: int,
-            stream=None) -> None:
+def act_c51(
+    actions,
+    q,
+    logits,
+    support,
+    env_count,
+    params,
+    eps,
+    count,
+    arrivals,
+    start: float,
+    end: float,
+    steps: int,
+    stream=None,
+) -> None:
     """Expected Q of ``logits`` float32 ``[n, A, K]`` into ``q`` ``[n, A]``, the epsilon schedule
     (``eps`` float32 ``[1]``, ``count`` int64 ``[1]``, incremented) and epsilon-greedy ``actions``
     int32 ``[n]`` from the envs' counters ``env_count`` uint64 ``[n]`` and ``params.seed``; one
@@ -61,28 +100,78 @@ def act_c51(actions, q, logits, support, env_count, params, eps, count, arrivals
     k_n = logits.shape[-1] if logits.ndim == 3 else 0
     _check("logits", logits, np.float32, (n, a_n, k_n))
     _check("support", support, np.float32, (k_n,))
-    launch("agent", "act_c51", blocks_for(32 * n), 256,
-           "i32* actions, f32* q, const f32* logits, const f32* support, const u64* env_count, i32 n, i32 A, i32 K, "
-           + _ACT_SCHEDULE, (actions, q, logits, support, env_count, n, a_n, k_n, eps, count, arrivals, float(start),
-                             float(end), int(steps), int(params.seed)), stream=stream)
+    launch(
+        "agent",
+        "act_c51",
+        blocks_for(32 * n),
+        256,
+        "i32* actions, f32* q, const f32* logits, const f32* support, const u64* env_count, i32 n, i32 A, i32 K, "
+        + _ACT_SCHEDULE,
+        (
+            actions,
+            q,
+            logits,
+            support,
+            env_count,
+            n,
+            a_n,
+            k_n,
+            eps,
+            count,
+            arrivals,
+            float(start),
+            float(end),
+            int(steps),
+            int(params.seed),
+        ),
+        stream=stream,
+    )
 
 
-def act_iqn(actions, q, theta, env_count, params, eps, count, arrivals, start: float, end: float, steps: int,
-            stream=None) -> None:
+def act_iqn(
+    actions, q, theta, env_count, params, eps, count, arrivals, start: float, end: float, steps: int, stream=None
+) -> None:
     """:func:`act_c51` for an IQN head: ``q`` is the mean over quantiles of ``theta`` float32
     ``[n, N, A]`` (the bits of :func:`quantile_mean`). One launch (a thread per env)."""
     n, a_n = _check_act(actions, q, env_count, eps, count, arrivals)
     n_q = theta.shape[1] if theta.ndim == 3 else 0
     _check("theta", theta, np.float32, (n, n_q, a_n))
-    launch("agent", "act_iqn", blocks_for(n), 256,
-           "i32* actions, f32* q, const f32* theta, const u64* env_count, i32 n, i32 N, i32 A, " + _ACT_SCHEDULE,
-           (actions, q, theta, env_count, n, n_q, a_n, eps, count, arrivals, float(start), float(end), int(steps),
-            int(params.seed)), stream=stream)
+    launch(
+        "agent",
+        "act_iqn",
+        blocks_for(n),
+        256,
+        "i32* actions, f32* q, const f32* theta, const u64* env_count, i32 n, i32 N, i32 A, " + _ACT_SCHEDULE,
+        (
+            actions,
+            q,
+            theta,
+            env_count,
+            n,
+            n_q,
+            a_n,
+            eps,
+            count,
+            arrivals,
+            float(start),
+            float(end),
+            int(steps),
+            int(params.seed),
+        ),
+        stream=stream,
+    )
 
 
 def publish(ring, loss, grad_norm, step, slots: int, stream=None) -> None:
     """Copy ``loss[0]``, ``grad_norm[0]`` into slot ``step[0] % slots`` of ``ring`` (float32 ``[2 * slots]``)."""
     if ring.size != 2 * slots:
         raise ValueError(f"ring: expected {2 * slots} floats, got {ring.size}")
-    launch("agent", "publish", 1, 1, "f32* ring, const f32* loss, const f32* grad_norm, const i64* step, i32 slots",
-           (ring, loss, grad_norm, step, slots), stream=stream)
+    launch(
+        "agent",
+        "publish",
+        1,
+        1,
+        "f32* ring, const f32* loss, const f32* grad_norm, const i64* step, i32 slots",
+        (ring, loss, grad_norm, step, slots),
+        stream=stream,
+    )

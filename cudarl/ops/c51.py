@@ -3,6 +3,7 @@
 Each launcher checks shapes and dtypes, then launches into the buffers it is given. None
 allocates, synchronises or reads device memory, so all are safe inside a graph capture.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -36,9 +37,15 @@ def next_probs(logits_online_tp1, logits_target_tp1, support, out_probs, out_a_s
     w = "c51.next_probs"
     B, A, K = _check_next(w, logits_online_tp1, logits_target_tp1, support, out_probs, out_a_star)
     grid, block = warp_grid(B)
-    launch("c51", "next_probs", grid, block,
-           "const f32* online, const f32* target, const f32* support, f32* probs, i32* a_star, i32 B, i32 A, i32 K",
-           (logits_online_tp1, logits_target_tp1, support, out_probs, out_a_star, B, A, K), stream=stream)
+    launch(
+        "c51",
+        "next_probs",
+        grid,
+        block,
+        "const f32* online, const f32* target, const f32* support, f32* probs, i32* a_star, i32 B, i32 A, i32 K",
+        (logits_online_tp1, logits_target_tp1, support, out_probs, out_a_star, B, A, K),
+        stream=stream,
+    )
 
 
 def project(probs_tp1, r_t, discount_t, support, out, stream=None) -> None:
@@ -53,51 +60,104 @@ def project(probs_tp1, r_t, discount_t, support, out, stream=None) -> None:
     if K < 2:
         raise ValueError(f"{w}: need at least 2 atoms, got {K}")
     grid, block = warp_grid(B)
-    launch("c51", "project", grid, block,
-           "const f32* probs, const f32* r_t, const f32* discount_t, const f32* support, f32* out, i32 B, i32 K",
-           (probs_tp1, r_t, discount_t, support, out, B, K), stream=stream)
+    launch(
+        "c51",
+        "project",
+        grid,
+        block,
+        "const f32* probs, const f32* r_t, const f32* discount_t, const f32* support, f32* out, i32 B, i32 K",
+        (probs_tp1, r_t, discount_t, support, out, B, K),
+        stream=stream,
+    )
 
 
-def targets(logits_online_tp1, logits_target_tp1, support, r_t, discount_t, out, out_probs, out_a_star,
-            stream=None) -> None:
+def targets(
+    logits_online_tp1, logits_target_tp1, support, r_t, discount_t, out, out_probs, out_a_star, stream=None
+) -> None:
     """The C51 target without PopArt in one launch: :func:`next_probs` then :func:`project` per sample.
 
     Writes ``out [B, K]``, ``out_probs [B, K]`` and ``out_a_star int32 [B]``.
     """
     w = "c51.targets"
-    B, A, K = _check_next(w, logits_online_tp1, logits_target_tp1, support, out_probs, out_a_star, r_t=r_t,
-                          discount_t=discount_t)
+    B, A, K = _check_next(
+        w, logits_online_tp1, logits_target_tp1, support, out_probs, out_a_star, r_t=r_t, discount_t=discount_t
+    )
     check(w, "out", out, F32, (B, K))
     grid, block = warp_grid(B)
-    launch("c51", "targets", grid, block,
-           "const f32* online, const f32* target, const f32* support, const f32* r_t, const f32* discount_t, "
-           "f32* probs, i32* a_star, f32* out, i32 B, i32 A, i32 K",
-           (logits_online_tp1, logits_target_tp1, support, r_t, discount_t, out_probs, out_a_star, out, B, A, K),
-           stream=stream)
+    launch(
+        "c51",
+        "targets",
+        grid,
+        block,
+        "const f32* online, const f32* target, const f32* support, const f32* r_t, const f32* discount_t, "
+        "f32* probs, i32* a_star, f32* out, i32 B, i32 A, i32 K",
+        (logits_online_tp1, logits_target_tp1, support, r_t, discount_t, out_probs, out_a_star, out, B, A, K),
+        stream=stream,
+    )
 
 
-def next_probs_td(logits_online_tp1, logits_target_tp1, support, r_t, discount_t, state, out_probs, out_a_star, out_y,
-                  out_state_prev, stream=None) -> None:
+def next_probs_td(
+    logits_online_tp1,
+    logits_target_tp1,
+    support,
+    r_t,
+    discount_t,
+    state,
+    out_probs,
+    out_a_star,
+    out_y,
+    out_state_prev,
+    stream=None,
+) -> None:
     """PopArt targets, launch 1 of 2: next probabilities, ``a*`` and the return-space TD targets
     ``y = r + d (s sum_k p_k z_k + mu)`` with the statistics in ``state [8]`` (only read), which
     are also copied to ``out_state_prev [8]`` for :func:`project_popart`."""
     w = "c51.next_probs_td"
-    B, A, K = _check_next(w, logits_online_tp1, logits_target_tp1, support, out_probs, out_a_star, r_t=r_t,
-                          discount_t=discount_t, out_y=out_y)
+    B, A, K = _check_next(
+        w,
+        logits_online_tp1,
+        logits_target_tp1,
+        support,
+        out_probs,
+        out_a_star,
+        r_t=r_t,
+        discount_t=discount_t,
+        out_y=out_y,
+    )
     check(w, "state", state, F32, (STATE_SIZE,))
     check(w, "out_state_prev", out_state_prev, F32, (STATE_SIZE,))
     if out_state_prev.data.ptr == state.data.ptr:
         raise ValueError(f"{w}: out_state_prev must be a buffer of its own, not the PopArt state")
     grid, block = warp_grid(B)
-    launch("c51", "next_probs_td", grid, block,
-           "const f32* online, const f32* target, const f32* support, const f32* r_t, const f32* discount_t, "
-           "const f32* state, f32* probs, i32* a_star, f32* y, f32* state_prev, i32 B, i32 A, i32 K",
-           (logits_online_tp1, logits_target_tp1, support, r_t, discount_t, state, out_probs, out_a_star, out_y,
-            out_state_prev, B, A, K), stream=stream)
+    launch(
+        "c51",
+        "next_probs_td",
+        grid,
+        block,
+        "const f32* online, const f32* target, const f32* support, const f32* r_t, const f32* discount_t, "
+        "const f32* state, f32* probs, i32* a_star, f32* y, f32* state_prev, i32 B, i32 A, i32 K",
+        (
+            logits_online_tp1,
+            logits_target_tp1,
+            support,
+            r_t,
+            discount_t,
+            state,
+            out_probs,
+            out_a_star,
+            out_y,
+            out_state_prev,
+            B,
+            A,
+            K,
+        ),
+        stream=stream,
+    )
 
 
-def project_popart(probs_tp1, r_t, discount_t, support, y, state_prev, beta, state, out_r_norm, out, sigma_min=1e-4,
-                   stream=None) -> None:
+def project_popart(
+    probs_tp1, r_t, discount_t, support, y, state_prev, beta, state, out_r_norm, out, sigma_min=1e-4, stream=None
+) -> None:
     """PopArt targets, launch 2 of 2: ``state`` = the PopArt update of ``state_prev`` with ``y``,
     ``out_r_norm = (r - (1 - d) mu') / s'`` with the updated statistics, and ``out [B, K]`` = the
     projection of ``r~ + d z``. ``beta`` is a float32 ``[1]`` device slot."""
@@ -115,15 +175,21 @@ def project_popart(probs_tp1, r_t, discount_t, support, y, state_prev, beta, sta
     check(w, "out", out, F32, (B, K))
     if K < 2:
         raise ValueError(f"{w}: need at least 2 atoms, got {K}")
-    launch("c51", "project_popart", blocks_for(B, POPART_THREADS // 32), POPART_THREADS,
-           "const f32* probs, const f32* r_t, const f32* discount_t, const f32* support, const f32* y, "
-           "const f32* state_prev, const f32* beta, f32* state, f32* r_norm, f32* out, i32 B, i32 K, f32 sigma_min",
-           (probs_tp1, r_t, discount_t, support, y, state_prev, beta, state, out_r_norm, out, B, K, float(sigma_min)),
-           stream=stream)
+    launch(
+        "c51",
+        "project_popart",
+        blocks_for(B, POPART_THREADS // 32),
+        POPART_THREADS,
+        "const f32* probs, const f32* r_t, const f32* discount_t, const f32* support, const f32* y, "
+        "const f32* state_prev, const f32* beta, f32* state, f32* r_norm, f32* out, i32 B, i32 K, f32 sigma_min",
+        (probs_tp1, r_t, discount_t, support, y, state_prev, beta, state, out_r_norm, out, B, K, float(sigma_min)),
+        stream=stream,
+    )
 
 
-def loss(logits_tm1, a_tm1, target, weights, out_loss_per, out_loss, out_grad, out_priority, done,
-         priority="kl", stream=None) -> None:
+def loss(
+    logits_tm1, a_tm1, target, weights, out_loss_per, out_loss, out_grad, out_priority, done, priority="kl", stream=None
+) -> None:
     """Cross-entropy loss, gradient, priorities and the weighted batch mean, in one launch.
 
     Writes ``out_loss_per [B]``, ``out_loss [1]`` (may be a pinned device view),
@@ -144,15 +210,53 @@ def loss(logits_tm1, a_tm1, target, weights, out_loss_per, out_loss, out_grad, o
     check(w, "out_priority", out_priority, F32, (B,))
     check_counter(w, "done", done)
     grid, block = warp_grid(B)
-    launch("c51", "loss", grid, block,
-           "const f32* logits, const i32* actions, const f32* target, const f32* weights, f32* loss_per, "
-           "f32* priority, f32* grad, f32* loss, u32* done, i32 B, i32 A, i32 K, i32 kind, f32 scale",
-           (logits_tm1, a_tm1, target, weights, out_loss_per, out_priority, out_grad, out_loss, done, B, A, K,
-            PRIORITY_KINDS.index(priority), 1.0 / B), stream=stream)
+    launch(
+        "c51",
+        "loss",
+        grid,
+        block,
+        "const f32* logits, const i32* actions, const f32* target, const f32* weights, f32* loss_per, "
+        "f32* priority, f32* grad, f32* loss, u32* done, i32 B, i32 A, i32 K, i32 kind, f32 scale",
+        (
+            logits_tm1,
+            a_tm1,
+            target,
+            weights,
+            out_loss_per,
+            out_priority,
+            out_grad,
+            out_loss,
+            done,
+            B,
+            A,
+            K,
+            PRIORITY_KINDS.index(priority),
+            1.0 / B,
+        ),
+        stream=stream,
+    )
 
 
-def _check_targets_loss(w, va_tm1, va_online_tp1, va_target_tp1, a_tm1, weights, support, r_t, discount_t, out_probs,
-                        out_a_star, out_target, out_loss_per, out_loss, out_priority, out_dva, done, priority):
+def _check_targets_loss(
+    w,
+    va_tm1,
+    va_online_tp1,
+    va_target_tp1,
+    a_tm1,
+    weights,
+    support,
+    r_t,
+    discount_t,
+    out_probs,
+    out_a_star,
+    out_target,
+    out_loss_per,
+    out_loss,
+    out_priority,
+    out_dva,
+    done,
+    priority,
+):
     """Checks shared by :func:`targets_loss` and :func:`targets_loss_popart`: ``(B, A, K, kind, grid, smem)``."""
     if priority not in PRIORITY_KINDS:
         raise ValueError(f"{w}: priority {priority!r} is not one of {PRIORITY_KINDS}")
@@ -161,13 +265,22 @@ def _check_targets_loss(w, va_tm1, va_online_tp1, va_target_tp1, a_tm1, weights,
     if K < 2 or row % K or row // K < 2:
         raise ValueError(f"{w}: va rows of {row} floats are not (1 + A) x {K} atoms with A >= 1")
     A = row // K - 1
-    for name, a in (("va_tm1", va_tm1), ("va_online_tp1", va_online_tp1), ("va_target_tp1", va_target_tp1),
-                    ("out_dva", out_dva)):
+    for name, a in (
+        ("va_tm1", va_tm1),
+        ("va_online_tp1", va_online_tp1),
+        ("va_target_tp1", va_target_tp1),
+        ("out_dva", out_dva),
+    ):
         check(w, name, a, F32, (B, row))
     check(w, "support", support, F32, (K,))
     check(w, "a_tm1", a_tm1, I32, (B,))
-    for name, a in (("weights", weights), ("r_t", r_t), ("discount_t", discount_t), ("out_loss_per", out_loss_per),
-                    ("out_priority", out_priority)):
+    for name, a in (
+        ("weights", weights),
+        ("r_t", r_t),
+        ("discount_t", discount_t),
+        ("out_loss_per", out_loss_per),
+        ("out_priority", out_priority),
+    ):
         check(w, name, a, F32, (B,))
     check(w, "out_probs", out_probs, F32, (B, K))
     check(w, "out_target", out_target, F32, (B, K))
@@ -176,8 +289,10 @@ def _check_targets_loss(w, va_tm1, va_online_tp1, va_target_tp1, a_tm1, weights,
     check_counter(w, "done", done)
     smem = TL_WARPS * (((max(A, 4) + 1) * K + 3) // 4) * 16  # (max(A, 4) + 1) K floats a warp, in float4s
     if smem > TL_MAX_SMEM:
-        raise ValueError(f"{w}: {A} actions x {K} atoms need {smem} bytes of shared memory per block (at most "
-                         f"{TL_MAX_SMEM}); use losses.c51_targets and losses.c51_loss")
+        raise ValueError(
+            f"{w}: {A} actions x {K} atoms need {smem} bytes of shared memory per block (at most "
+            f"{TL_MAX_SMEM}); use losses.c51_targets and losses.c51_loss"
+        )
     return B, A, K, PRIORITY_KINDS.index(priority), blocks_for(B, TL_WARPS), smem
 
 
@@ -187,31 +302,121 @@ TL_WARPS = 4
 #: launch opts in (kernels.launch), up to what every sm_90 part has (227 KiB): 1024 atoms take 80 KiB.
 TL_MAX_SMEM = 227 * 1024
 
-_TL_SIG = ("const f32* va_tm1, const f32* va_online_tp1, const f32* va_target_tp1, const i32* actions, "
-           "const f32* weights, const f32* support, const f32* r_t, const f32* discount_t, ")
+_TL_SIG = (
+    "const f32* va_tm1, const f32* va_online_tp1, const f32* va_target_tp1, const i32* actions, "
+    "const f32* weights, const f32* support, const f32* r_t, const f32* discount_t, "
+)
 _TL_OUT = "f32* probs, i32* a_star, f32* target, f32* loss_per, f32* priority, f32* dva, f32* loss, u32* done, "
 
 
-def targets_loss(va_tm1, va_online_tp1, va_target_tp1, a_tm1, weights, support, r_t, discount_t, out_probs, out_a_star,
-                 out_target, out_loss_per, out_loss, out_priority, out_dva, done, priority="kl", stream=None) -> None:
+def targets_loss(
+    va_tm1,
+    va_online_tp1,
+    va_target_tp1,
+    a_tm1,
+    weights,
+    support,
+    r_t,
+    discount_t,
+    out_probs,
+    out_a_star,
+    out_target,
+    out_loss_per,
+    out_loss,
+    out_priority,
+    out_dva,
+    done,
+    priority="kl",
+    stream=None,
+) -> None:
     """The C51 target without PopArt and the loss in one launch, from the dueling head's raw outputs
     ``va [B, (1 + A) K]`` (online at s and s', target at s'): the bits of dueling_forward,
     :func:`targets`, :func:`loss` and dueling_backward in a row. Writes ``out_probs``, ``out_a_star``,
     ``out_target``, ``out_loss_per``, ``out_loss [1]``, ``out_priority`` and ``out_dva [B, (1 + A) K]``
     (dL/dva of the s rows); ``done`` is a uint32 ``[1]`` ticket, 0 before and left 0."""
     w = "c51.targets_loss"
-    B, A, K, kind, grid, smem = _check_targets_loss(w, va_tm1, va_online_tp1, va_target_tp1, a_tm1, weights, support, r_t,
-                                                    discount_t, out_probs, out_a_star, out_target, out_loss_per, out_loss,
-                                                    out_priority, out_dva, done, priority)
-    launch("c51", "targets_loss", grid, 32 * TL_WARPS, _TL_SIG + _TL_OUT + "i32 B, i32 A, i32 K, i32 kind, f32 scale",
-           (va_tm1, va_online_tp1, va_target_tp1, a_tm1, weights, support, r_t, discount_t, out_probs, out_a_star,
-            out_target, out_loss_per, out_priority, out_dva, out_loss, done, B, A, K, kind, 1.0 / B),
-           stream=stream, shared_mem=smem)
+    B, A, K, kind, grid, smem = _check_targets_loss(
+        w,
+        va_tm1,
+        va_online_tp1,
+        va_target_tp1,
+        a_tm1,
+        weights,
+        support,
+        r_t,
+        discount_t,
+        out_probs,
+        out_a_star,
+        out_target,
+        out_loss_per,
+        out_loss,
+        out_priority,
+        out_dva,
+        done,
+        priority,
+    )
+    launch(
+        "c51",
+        "targets_loss",
+        grid,
+        32 * TL_WARPS,
+        _TL_SIG + _TL_OUT + "i32 B, i32 A, i32 K, i32 kind, f32 scale",
+        (
+            va_tm1,
+            va_online_tp1,
+            va_target_tp1,
+            a_tm1,
+            weights,
+            support,
+            r_t,
+            discount_t,
+            out_probs,
+            out_a_star,
+            out_target,
+            out_loss_per,
+            out_priority,
+            out_dva,
+            out_loss,
+            done,
+            B,
+            A,
+            K,
+            kind,
+            1.0 / B,
+        ),
+        stream=stream,
+        shared_mem=smem,
+    )
 
 
-def targets_loss_popart(va_tm1, va_online_tp1, va_target_tp1, a_tm1, weights, support, r_t, discount_t, state, beta,
-                        out_y, out_r_norm, out_probs, out_a_star, out_target, out_loss_per, out_loss, out_priority, out_dva,
-                        done, barrier, scratch, sigma_min=1e-4, priority="kl", grid_barrier=True, stream=None) -> None:
+def targets_loss_popart(
+    va_tm1,
+    va_online_tp1,
+    va_target_tp1,
+    a_tm1,
+    weights,
+    support,
+    r_t,
+    discount_t,
+    state,
+    beta,
+    out_y,
+    out_r_norm,
+    out_probs,
+    out_a_star,
+    out_target,
+    out_loss_per,
+    out_loss,
+    out_priority,
+    out_dva,
+    done,
+    barrier,
+    scratch,
+    sigma_min=1e-4,
+    priority="kl",
+    grid_barrier=True,
+    stream=None,
+) -> None:
     """:func:`targets_loss` with PopArt (the bits of :func:`next_probs_td` and :func:`project_popart`
     in between): also updates ``state [8]`` in place and writes ``out_y``, ``out_r_norm [B]``.
     ``beta`` is a float32 ``[1]`` device slot; ``barrier`` a second uint32 ``[1]`` counter, 0 before
@@ -222,9 +427,26 @@ def targets_loss_popart(va_tm1, va_online_tp1, va_target_tp1, a_tm1, weights, su
     from ..kernels import resident_grid_limit
 
     w = "c51.targets_loss_popart"
-    B, A, K, kind, grid, smem = _check_targets_loss(w, va_tm1, va_online_tp1, va_target_tp1, a_tm1, weights, support, r_t,
-                                                    discount_t, out_probs, out_a_star, out_target, out_loss_per, out_loss,
-                                                    out_priority, out_dva, done, priority)
+    B, A, K, kind, grid, smem = _check_targets_loss(
+        w,
+        va_tm1,
+        va_online_tp1,
+        va_target_tp1,
+        a_tm1,
+        weights,
+        support,
+        r_t,
+        discount_t,
+        out_probs,
+        out_a_star,
+        out_target,
+        out_loss_per,
+        out_loss,
+        out_priority,
+        out_dva,
+        done,
+        priority,
+    )
     check(w, "state", state, F32, (STATE_SIZE,))
     check(w, "scratch", scratch, F32, (STATE_SIZE,))
     check(w, "beta", beta, F32, (1,))
@@ -233,14 +455,53 @@ def targets_loss_popart(va_tm1, va_online_tp1, va_target_tp1, a_tm1, weights, su
     check_counter(w, "barrier", barrier)
     if barrier.data.ptr == done.data.ptr or scratch.data.ptr == state.data.ptr:
         raise ValueError(f"{w}: barrier and done must be two counters, scratch and state two buffers")
-    sig = (_TL_SIG + "f32* state, const f32* beta, f32* y, f32* r_norm, " + _TL_OUT
-           + "u32* barrier, f32* state_prev, i32 B, i32 A, i32 K, i32 kind, f32 scale, f32 sigma_min, i32 phase")
-    args = (va_tm1, va_online_tp1, va_target_tp1, a_tm1, weights, support, r_t, discount_t, state, beta, out_y, out_r_norm,
-            out_probs, out_a_star, out_target, out_loss_per, out_priority, out_dva, out_loss, done, barrier, scratch, B, A,
-            K, kind, 1.0 / B, float(sigma_min))
+    sig = (
+        _TL_SIG
+        + "f32* state, const f32* beta, f32* y, f32* r_norm, "
+        + _TL_OUT
+        + "u32* barrier, f32* state_prev, i32 B, i32 A, i32 K, i32 kind, f32 scale, f32 sigma_min, i32 phase"
+    )
+    args = (
+        va_tm1,
+        va_online_tp1,
+        va_target_tp1,
+        a_tm1,
+        weights,
+        support,
+        r_t,
+        discount_t,
+        state,
+        beta,
+        out_y,
+        out_r_norm,
+        out_probs,
+        out_a_star,
+        out_target,
+        out_loss_per,
+        out_priority,
+        out_dva,
+        out_loss,
+        done,
+        barrier,
+        scratch,
+        B,
+        A,
+        K,
+        kind,
+        1.0 / B,
+        float(sigma_min),
+    )
     if grid_barrier:
-        launch("c51", "targets_loss_popart", min(grid, resident_grid_limit()), 32 * TL_WARPS, sig, args + (0,),
-               stream=stream, shared_mem=smem)
+        launch(
+            "c51",
+            "targets_loss_popart",
+            min(grid, resident_grid_limit()),
+            32 * TL_WARPS,
+            sig,
+            args + (0,),
+            stream=stream,
+            shared_mem=smem,
+        )
         return
     for phase in (1, 2):
         launch("c51", "targets_loss_popart", grid, 32 * TL_WARPS, sig, args + (phase,), stream=stream, shared_mem=smem)
@@ -255,6 +516,12 @@ def n_step(rewards, terminal, gamma, out_r_t, out_discount_t, stream=None) -> No
     check(w, "gamma", gamma, F32, (1,))
     check(w, "out_r_t", out_r_t, F32, (B,))
     check(w, "out_discount_t", out_discount_t, F32, (B,))
-    launch("c51", "n_step", blocks_for(B), 256,
-           "const f32* rewards, const f32* terminal, const f32* gamma, f32* r_t, f32* discount_t, i32 B, i32 n",
-           (rewards, terminal, gamma, out_r_t, out_discount_t, B, n), stream=stream)
+    launch(
+        "c51",
+        "n_step",
+        blocks_for(B),
+        256,
+        "const f32* rewards, const f32* terminal, const f32* gamma, f32* r_t, f32* discount_t, i32 B, i32 n",
+        (rewards, terminal, gamma, out_r_t, out_discount_t, B, n),
+        stream=stream,
+    )

@@ -6,6 +6,7 @@ values, so they are capture-safe. ``params`` holds constants baked into the laun
 an env's lifetime); everything that changes between replays (the state, the step counters,
 epsilon, the conviction scale) is read from device memory.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -28,8 +29,14 @@ def _check(name: str, a, dtype, shape: tuple) -> None:
 
 def _check_state(state: EnvState) -> int:
     n = state.t.shape[0]
-    for name, dt in (("t", np.int32), ("start", np.int32), ("steps_left", np.int32), ("position", np.float32),
-                     ("hold", np.int32), ("count", np.uint64)):
+    for name, dt in (
+        ("t", np.int32),
+        ("start", np.int32),
+        ("steps_left", np.int32),
+        ("position", np.float32),
+        ("hold", np.int32),
+        ("count", np.uint64),
+    ):
         _check(f"state.{name}", getattr(state, name), dt, (n,))
     return n
 
@@ -50,7 +57,9 @@ def _check_params(params: EnvParams, t_n: int) -> None:
     if not (0 <= params.t_begin and params.n_starts >= 1 and params.episode_len >= 1 and params.hold_cap >= 1):
         raise ValueError(f"params out of range: {params}")
     if params.t_begin + params.n_starts + params.episode_len + 1 > t_n:
-        raise ValueError(f"params need {params.t_begin + params.n_starts + params.episode_len + 1} bars, data has {t_n}")
+        raise ValueError(
+            f"params need {params.t_begin + params.n_starts + params.episode_len + 1} bars, data has {t_n}"
+        )
 
 
 def reset(state: EnvState, obs, data: EnvData, params: EnvParams, stream=None) -> None:
@@ -59,15 +68,34 @@ def reset(state: EnvState, obs, data: EnvData, params: EnvParams, stream=None) -
     t_n, f_n, _ = _check_data(data)
     _check_params(params, t_n)
     _check("obs", obs, np.float32, (n, f_n + 2))
-    launch("env", "reset", blocks_for(n, _WARPS), _THREADS,
-           _STATE_SIG + ", const u64* count, f32* obs, const f32* features, i32 n_envs, i32 n_features, "
-           "i32 t_begin, i32 n_starts, i32 episode_len, i32 hold_cap, i32 stagger, u64 seed",
-           (*state[:5], state.count, obs, data.features, n, f_n, params.t_begin, params.n_starts,
-            params.episode_len, params.hold_cap, int(bool(params.stagger)), int(params.seed)), stream=stream)
+    launch(
+        "env",
+        "reset",
+        blocks_for(n, _WARPS),
+        _THREADS,
+        _STATE_SIG + ", const u64* count, f32* obs, const f32* features, i32 n_envs, i32 n_features, "
+        "i32 t_begin, i32 n_starts, i32 episode_len, i32 hold_cap, i32 stagger, u64 seed",
+        (
+            *state[:5],
+            state.count,
+            obs,
+            data.features,
+            n,
+            f_n,
+            params.t_begin,
+            params.n_starts,
+            params.episode_len,
+            params.hold_cap,
+            int(bool(params.stagger)),
+            int(params.seed),
+        ),
+        stream=stream,
+    )
 
 
-def step(state: EnvState, obs, reward_out, done_out, actions, scale, data: EnvData, params: EnvParams,
-         stream=None) -> None:
+def step(
+    state: EnvState, obs, reward_out, done_out, actions, scale, data: EnvData, params: EnvParams, stream=None
+) -> None:
     """Advance every env one bar (see the reference); writes ``state``, ``obs``, ``reward_out``, ``done_out``.
 
     Args:
@@ -82,13 +110,37 @@ def step(state: EnvState, obs, reward_out, done_out, actions, scale, data: EnvDa
     _check("done_out", done_out, np.float32, (n,))
     _check("actions", actions, np.int32, (n,))
     _check("scale", scale, np.float32, (n,))
-    launch("env", "step", blocks_for(n, _WARPS), _THREADS,
-           _STATE_SIG + ", u64* count, f32* obs, f32* reward, f32* done, const i32* actions, const f32* scale, "
-           "const f32* features, const f32* ret, const f32* levels, i32 n_envs, i32 n_features, i32 n_actions, "
-           "i32 t_begin, i32 n_starts, i32 episode_len, i32 hold_cap, f32 rate, u64 seed",
-           (*state[:5], state.count, obs, reward_out, done_out, actions, scale, data.features, data.ret, data.levels,
-            n, f_n, a_n, params.t_begin, params.n_starts, params.episode_len, params.hold_cap, params.rate,
-            int(params.seed)), stream=stream)
+    launch(
+        "env",
+        "step",
+        blocks_for(n, _WARPS),
+        _THREADS,
+        _STATE_SIG + ", u64* count, f32* obs, f32* reward, f32* done, const i32* actions, const f32* scale, "
+        "const f32* features, const f32* ret, const f32* levels, i32 n_envs, i32 n_features, i32 n_actions, "
+        "i32 t_begin, i32 n_starts, i32 episode_len, i32 hold_cap, f32 rate, u64 seed",
+        (
+            *state[:5],
+            state.count,
+            obs,
+            reward_out,
+            done_out,
+            actions,
+            scale,
+            data.features,
+            data.ret,
+            data.levels,
+            n,
+            f_n,
+            a_n,
+            params.t_begin,
+            params.n_starts,
+            params.episode_len,
+            params.hold_cap,
+            params.rate,
+            int(params.seed),
+        ),
+        stream=stream,
+    )
 
 
 def record(out: Transitions, state: EnvState, actions, scale, data: EnvData, params: EnvParams, stream=None) -> None:
@@ -108,14 +160,41 @@ def record(out: Transitions, state: EnvState, actions, scale, data: EnvData, par
     _check("out.done", out.done, np.float32, (m,))
     _check("actions", actions, np.int32, (n,))
     _check("scale", scale, np.float32, (n,))
-    launch("env", "record", blocks_for(m, _WARPS), _THREADS,
-           "f32* obs_out, i32* action_out, f32* reward_out, f32* next_obs_out, f32* done_out, const i32* t, "
-           "const i32* steps_left, const f32* position, const i32* hold, const i32* actions, const f32* scale, "
-           "const f32* features, const f32* ret, const f32* levels, const f32* sign, i32 n_envs, i32 n_features, "
-           "i32 n_actions, i32 hold_cap, f32 rate, i32 counterfactual, i32 mirror",
-           (out.obs, out.action, out.reward, out.next_obs, out.done, state.t, state.steps_left, state.position,
-            state.hold, actions, scale, data.features, data.ret, data.levels, data.sign, n, f_n, a_n,
-            params.hold_cap, params.rate, int(bool(params.counterfactual)), int(bool(params.mirror))), stream=stream)
+    launch(
+        "env",
+        "record",
+        blocks_for(m, _WARPS),
+        _THREADS,
+        "f32* obs_out, i32* action_out, f32* reward_out, f32* next_obs_out, f32* done_out, const i32* t, "
+        "const i32* steps_left, const f32* position, const i32* hold, const i32* actions, const f32* scale, "
+        "const f32* features, const f32* ret, const f32* levels, const f32* sign, i32 n_envs, i32 n_features, "
+        "i32 n_actions, i32 hold_cap, f32 rate, i32 counterfactual, i32 mirror",
+        (
+            out.obs,
+            out.action,
+            out.reward,
+            out.next_obs,
+            out.done,
+            state.t,
+            state.steps_left,
+            state.position,
+            state.hold,
+            actions,
+            scale,
+            data.features,
+            data.ret,
+            data.levels,
+            data.sign,
+            n,
+            f_n,
+            a_n,
+            params.hold_cap,
+            params.rate,
+            int(bool(params.counterfactual)),
+            int(bool(params.mirror)),
+        ),
+        stream=stream,
+    )
 
 
 def act(actions, q, epsilon, count, params: EnvParams, stream=None) -> None:
@@ -128,6 +207,12 @@ def act(actions, q, epsilon, count, params: EnvParams, stream=None) -> None:
     _check("actions", actions, np.int32, (n,))
     _check("epsilon", epsilon, np.float32, (1,))
     _check("count", count, np.uint64, (n,))
-    launch("env", "act", blocks_for(n, _THREADS), _THREADS,
-           "i32* actions, const f32* q, const f32* epsilon, const u64* count, i32 n_envs, i32 n_actions, u64 seed",
-           (actions, q, epsilon, count, n, a_n, int(params.seed)), stream=stream)
+    launch(
+        "env",
+        "act",
+        blocks_for(n, _THREADS),
+        _THREADS,
+        "i32* actions, const f32* q, const f32* epsilon, const u64* count, i32 n_envs, i32 n_actions, u64 seed",
+        (actions, q, epsilon, count, n, a_n, int(params.seed)),
+        stream=stream,
+    )

@@ -4,6 +4,7 @@ The panel GEMMs of the network's small shapes. Each launcher checks shapes, dtyp
 kernels' alignment needs; :func:`eligible` says whether a call can take them (the layers fall
 back to cuBLASLt otherwise). Nothing here allocates, synchronises or reads device memory.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -36,8 +37,13 @@ MAX_ROWS = 1024
 def eligible(*arrays, K: int, N: int, trans_b: bool = False) -> bool:
     """Can a GEMM with these operands (CuPy, float32, C-contiguous) take the panel kernels? K and N
     multiples of 4, every pointer 16-byte aligned, the panels within :data:`MAX_SMEM`."""
-    return (K % 4 == 0 and N % 4 == 0 and K > 0 and smem_bytes(K, trans_b) <= MAX_SMEM
-            and all(a.dtype == np.float32 and a.flags.c_contiguous and a.data.ptr % 16 == 0 for a in arrays))
+    return (
+        K % 4 == 0
+        and N % 4 == 0
+        and K > 0
+        and smem_bytes(K, trans_b) <= MAX_SMEM
+        and all(a.dtype == np.float32 and a.flags.c_contiguous and a.data.ptr % 16 == 0 for a in arrays)
+    )
 
 
 def _grid(M: int, N: int) -> tuple:
@@ -54,14 +60,27 @@ def nn_bias_act(a, b, bias, out, act: int) -> None:
     w = "gemm.nn_bias_act"
     M, K = a.shape
     N = b.shape[1]
-    _check(w, b.shape == (K, N) and bias.shape == (N,) and out.shape == (M, N),
-           f"shapes a {a.shape}, b {b.shape}, bias {bias.shape}, out {out.shape} disagree")
+    _check(
+        w,
+        b.shape == (K, N) and bias.shape == (N,) and out.shape == (M, N),
+        f"shapes a {a.shape}, b {b.shape}, bias {bias.shape}, out {out.shape} disagree",
+    )
     _check(w, int(act) in (0, 1), f"activation code must be 0 or 1, got {act}")
-    _check(w, eligible(a, b, bias, out, K=K, N=N), "needs float32 operands, K and N multiples of 4, 16-byte "
-           f"alignment and panels within {MAX_SMEM} bytes (see eligible)")
-    launch("gemm", "nn_bias_act", _grid(M, N), THREADS,
-           "const f32* a, const f32* b, const f32* bias, f32* out, i64 M, i64 N, i32 K, i32 act",
-           (a, b, bias, out, M, N, K, int(act)), shared_mem=smem_bytes(K, False))
+    _check(
+        w,
+        eligible(a, b, bias, out, K=K, N=N),
+        "needs float32 operands, K and N multiples of 4, 16-byte "
+        f"alignment and panels within {MAX_SMEM} bytes (see eligible)",
+    )
+    launch(
+        "gemm",
+        "nn_bias_act",
+        _grid(M, N),
+        THREADS,
+        "const f32* a, const f32* b, const f32* bias, f32* out, i64 M, i64 N, i32 K, i32 act",
+        (a, b, bias, out, M, N, K, int(act)),
+        shared_mem=smem_bytes(K, False),
+    )
 
 
 def nt(a, bt, out) -> None:
@@ -69,8 +88,21 @@ def nt(a, bt, out) -> None:
     w = "gemm.nt"
     M, K = a.shape
     N = bt.shape[0]
-    _check(w, bt.shape == (N, K) and out.shape == (M, N), f"shapes a {a.shape}, bt {bt.shape}, out {out.shape} disagree")
-    _check(w, eligible(a, bt, out, K=K, N=N, trans_b=True), "needs float32 operands, K and N multiples of 4, "
-           f"16-byte alignment and panels within {MAX_SMEM} bytes (see eligible)")
-    launch("gemm", "nt", _grid(M, N), THREADS, "const f32* a, const f32* bt, f32* out, i64 M, i64 N, i32 K",
-           (a, bt, out, M, N, K), shared_mem=smem_bytes(K, True))
+    _check(
+        w, bt.shape == (N, K) and out.shape == (M, N), f"shapes a {a.shape}, bt {bt.shape}, out {out.shape} disagree"
+    )
+    _check(
+        w,
+        eligible(a, bt, out, K=K, N=N, trans_b=True),
+        "needs float32 operands, K and N multiples of 4, "
+        f"16-byte alignment and panels within {MAX_SMEM} bytes (see eligible)",
+    )
+    launch(
+        "gemm",
+        "nt",
+        _grid(M, N),
+        THREADS,
+        "const f32* a, const f32* bt, f32* out, i64 M, i64 N, i32 K",
+        (a, bt, out, M, N, K),
+        shared_mem=smem_bytes(K, True),
+    )

@@ -3,6 +3,7 @@
 Each checks shapes here (dtype and contiguity are checked by ``kernels.launch``), writes only
 into the buffers it is given, and never allocates or synchronises: safe inside a capture.
 """
+
 from __future__ import annotations
 
 from ..kernels import blocks_for, launch
@@ -34,8 +35,14 @@ def bias_act_forward(y, bias, out, act: int) -> None:
     B, N = y.shape
     _shape(w, "bias", bias, (N,))
     _shape(w, "out", out, (B, N))
-    launch("nn", "bias_act_forward", _grid(B * N), _T, "const f32* y, const f32* bias, f32* out, i64 rows, i64 cols, i32 act",
-           (y, bias, out, B, N, _act(w, act)))
+    launch(
+        "nn",
+        "bias_act_forward",
+        _grid(B * N),
+        _T,
+        "const f32* y, const f32* bias, f32* out, i64 rows, i64 cols, i32 act",
+        (y, bias, out, B, N, _act(w, act)),
+    )
 
 
 def bias_act_backward(dout, out, dz, dbias, act: int) -> None:
@@ -45,9 +52,14 @@ def bias_act_backward(dout, out, dz, dbias, act: int) -> None:
     _shape(w, "out", out, (B, N))
     _shape(w, "dz", dz, (B, N))
     _shape(w, "dbias", dbias, (N,))
-    launch("nn", "bias_act_backward", blocks_for(N, _BAB_BLOCK[0]), _BAB_BLOCK,
-           "const f32* dout, const f32* out, f32* dz, f32* dbias, i64 rows, i64 cols, i32 act",
-           (dout, out, dz, dbias, B, N, _act(w, act)))
+    launch(
+        "nn",
+        "bias_act_backward",
+        blocks_for(N, _BAB_BLOCK[0]),
+        _BAB_BLOCK,
+        "const f32* dout, const f32* out, f32* dz, f32* dbias, i64 rows, i64 cols, i32 act",
+        (dout, out, dz, dbias, B, N, _act(w, act)),
+    )
 
 
 def act_backward(dout, out, dz, act: int) -> None:
@@ -55,43 +67,85 @@ def act_backward(dout, out, dz, act: int) -> None:
     w = "nn.act_backward"
     _shape(w, "out", out, dout.shape)
     _shape(w, "dz", dz, dout.shape)
-    launch("nn", "act_backward", _grid(dout.size), _T, "const f32* dout, const f32* out, f32* dz, i64 n, i32 act",
-           (dout, out, dz, dout.size, _act(w, act)))
+    launch(
+        "nn",
+        "act_backward",
+        _grid(dout.size),
+        _T,
+        "const f32* dout, const f32* out, f32* dz, i64 n, i32 act",
+        (dout, out, dz, dout.size, _act(w, act)),
+    )
 
 
 def layernorm_forward(x, gamma, beta, out, mean, rstd, eps: float, act: int) -> None:
     """Row LayerNorm + activation. x, out ``[B, N]``; gamma, beta ``[N]``; mean, rstd ``[B]`` (written)."""
     w = "nn.layernorm_forward"
     B, N = x.shape
-    for name, a, s in (("gamma", gamma, (N,)), ("beta", beta, (N,)), ("out", out, (B, N)), ("mean", mean, (B,)), ("rstd", rstd, (B,))):
+    for name, a, s in (
+        ("gamma", gamma, (N,)),
+        ("beta", beta, (N,)),
+        ("out", out, (B, N)),
+        ("mean", mean, (B,)),
+        ("rstd", rstd, (B,)),
+    ):
         _shape(w, name, a, s)
-    launch("nn", "layernorm_forward", blocks_for(32 * B, _T), _T,
-           "const f32* x, const f32* gamma, const f32* beta, f32* out, f32* mean, f32* rstd, i64 rows, i64 cols, f32 eps, i32 act",
-           (x, gamma, beta, out, mean, rstd, B, N, float(eps), _act(w, act)))
+    launch(
+        "nn",
+        "layernorm_forward",
+        blocks_for(32 * B, _T),
+        _T,
+        "const f32* x, const f32* gamma, const f32* beta, f32* out, f32* mean, f32* rstd, "
+        "i64 rows, i64 cols, f32 eps, i32 act",
+        (x, gamma, beta, out, mean, rstd, B, N, float(eps), _act(w, act)),
+    )
 
 
 def layernorm_backward_input(dout, out, x, gamma, mean, rstd, dx, act: int) -> None:
     """dx ``[B, N]`` of LayerNorm (see the twin for the equation)."""
     w = "nn.layernorm_backward_input"
     B, N = x.shape
-    for name, a, s in (("dout", dout, (B, N)), ("out", out, (B, N)), ("gamma", gamma, (N,)), ("mean", mean, (B,)),
-                       ("rstd", rstd, (B,)), ("dx", dx, (B, N))):
+    for name, a, s in (
+        ("dout", dout, (B, N)),
+        ("out", out, (B, N)),
+        ("gamma", gamma, (N,)),
+        ("mean", mean, (B,)),
+        ("rstd", rstd, (B,)),
+        ("dx", dx, (B, N)),
+    ):
         _shape(w, name, a, s)
-    launch("nn", "layernorm_backward_input", blocks_for(32 * B, _T), _T,
-           "const f32* dout, const f32* out, const f32* x, const f32* gamma, const f32* mean, const f32* rstd, f32* dx, i64 rows, i64 cols, i32 act",
-           (dout, out, x, gamma, mean, rstd, dx, B, N, _act(w, act)))
+    launch(
+        "nn",
+        "layernorm_backward_input",
+        blocks_for(32 * B, _T),
+        _T,
+        "const f32* dout, const f32* out, const f32* x, const f32* gamma, const f32* mean, const f32* rstd, "
+        "f32* dx, i64 rows, i64 cols, i32 act",
+        (dout, out, x, gamma, mean, rstd, dx, B, N, _act(w, act)),
+    )
 
 
 def layernorm_backward_params(dout, out, x, mean, rstd, dgamma, dbeta, act: int) -> None:
     """dgamma, dbeta ``[N]`` of LayerNorm (fixed-order column sums)."""
     w = "nn.layernorm_backward_params"
     B, N = x.shape
-    for name, a, s in (("dout", dout, (B, N)), ("out", out, (B, N)), ("mean", mean, (B,)), ("rstd", rstd, (B,)),
-                       ("dgamma", dgamma, (N,)), ("dbeta", dbeta, (N,))):
+    for name, a, s in (
+        ("dout", dout, (B, N)),
+        ("out", out, (B, N)),
+        ("mean", mean, (B,)),
+        ("rstd", rstd, (B,)),
+        ("dgamma", dgamma, (N,)),
+        ("dbeta", dbeta, (N,)),
+    ):
         _shape(w, name, a, s)
-    launch("nn", "layernorm_backward_params", blocks_for(N, 32), _COL_BLOCK,
-           "const f32* dout, const f32* out, const f32* x, const f32* mean, const f32* rstd, f32* dgamma, f32* dbeta, i64 rows, i64 cols, i32 act",
-           (dout, out, x, mean, rstd, dgamma, dbeta, B, N, _act(w, act)))
+    launch(
+        "nn",
+        "layernorm_backward_params",
+        blocks_for(N, 32),
+        _COL_BLOCK,
+        "const f32* dout, const f32* out, const f32* x, const f32* mean, const f32* rstd, "
+        "f32* dgamma, f32* dbeta, i64 rows, i64 cols, i32 act",
+        (dout, out, x, mean, rstd, dgamma, dbeta, B, N, _act(w, act)),
+    )
 
 
 def layernorm_backward(dout, out, x, gamma, mean, rstd, dx, dgamma, dbeta, act: int) -> None:
@@ -104,22 +158,42 @@ def dueling_forward(va, logits) -> None:
     """va ``[B, (1+A) Z]`` -> logits ``[B, A, Z]``."""
     B, A, Z = logits.shape
     _shape("nn.dueling_forward", "va", va, (B, (1 + A) * Z))
-    launch("nn", "dueling_forward", _grid(B * Z), _T, "const f32* va, f32* logits, i64 B, i32 A, i32 Z", (va, logits, B, A, Z))
+    launch(
+        "nn",
+        "dueling_forward",
+        _grid(B * Z),
+        _T,
+        "const f32* va, f32* logits, i64 B, i32 A, i32 Z",
+        (va, logits, B, A, Z),
+    )
 
 
 def dueling_backward(dlogits, dva) -> None:
     """dlogits ``[B, A, Z]`` -> dva ``[B, (1+A) Z]``."""
     B, A, Z = dlogits.shape
     _shape("nn.dueling_backward", "dva", dva, (B, (1 + A) * Z))
-    launch("nn", "dueling_backward", _grid(B * Z), _T, "const f32* dlogits, f32* dva, i64 B, i32 A, i32 Z", (dlogits, dva, B, A, Z))
+    launch(
+        "nn",
+        "dueling_backward",
+        _grid(B * Z),
+        _T,
+        "const f32* dlogits, f32* dva, i64 B, i32 A, i32 Z",
+        (dlogits, dva, B, A, Z),
+    )
 
 
 def iqn_sample_tau(tau, counter, seed: int, stream_id: int) -> None:
     """tau float32 ``[B, N]`` from Philox ``(seed, counter[0], stream_id)``; counter uint64 ``[1]`` on the device."""
     _shape("nn.iqn_sample_tau", "counter", counter, (1,))
     n = tau.size
-    launch("nn", "iqn_sample_tau", _grid((n + 3) // 4), _T, "f32* tau, const u64* counter, i64 n, u64 seed, u32 stream_id",
-           (tau, counter, n, int(seed) & 0xFFFFFFFFFFFFFFFF, int(stream_id) & 0xFFFFFFFF))
+    launch(
+        "nn",
+        "iqn_sample_tau",
+        _grid((n + 3) // 4),
+        _T,
+        "f32* tau, const u64* counter, i64 n, u64 seed, u32 stream_id",
+        (tau, counter, n, int(seed) & 0xFFFFFFFFFFFFFFFF, int(stream_id) & 0xFFFFFFFF),
+    )
 
 
 def iqn_cos_embed(tau, cos) -> None:
@@ -136,8 +210,14 @@ def iqn_mix_forward(psi, phi, h) -> None:
     N = phi.shape[0] // B
     _shape("nn.iqn_mix_forward", "phi", phi, (B * N, D))
     _shape("nn.iqn_mix_forward", "h", h, (B * N, D))
-    launch("nn", "iqn_mix_forward", _grid(B * N * D), _T, "const f32* psi, const f32* phi, f32* h, i64 B, i32 N, i32 D",
-           (psi, phi, h, B, N, D))
+    launch(
+        "nn",
+        "iqn_mix_forward",
+        _grid(B * N * D),
+        _T,
+        "const f32* psi, const f32* phi, f32* h, i64 B, i32 N, i32 D",
+        (psi, phi, h, B, N, D),
+    )
 
 
 def iqn_mix_backward(dh, psi, phi, dpsi, dphi) -> None:
@@ -145,10 +225,21 @@ def iqn_mix_backward(dh, psi, phi, dpsi, dphi) -> None:
     w = "nn.iqn_mix_backward"
     B, D = psi.shape
     N = phi.shape[0] // B
-    for name, a, s in (("dh", dh, (B * N, D)), ("phi", phi, (B * N, D)), ("dpsi", dpsi, (B, D)), ("dphi", dphi, (B * N, D))):
+    for name, a, s in (
+        ("dh", dh, (B * N, D)),
+        ("phi", phi, (B * N, D)),
+        ("dpsi", dpsi, (B, D)),
+        ("dphi", dphi, (B * N, D)),
+    ):
         _shape(w, name, a, s)
-    launch("nn", "iqn_mix_backward", _grid(B * D), _T,
-           "const f32* dh, const f32* psi, const f32* phi, f32* dpsi, f32* dphi, i64 B, i32 N, i32 D", (dh, psi, phi, dpsi, dphi, B, N, D))
+    launch(
+        "nn",
+        "iqn_mix_backward",
+        _grid(B * D),
+        _T,
+        "const f32* dh, const f32* psi, const f32* phi, f32* dpsi, f32* dphi, i64 B, i32 N, i32 D",
+        (dh, psi, phi, dpsi, dphi, B, N, D),
+    )
 
 
 def plan_gate(plan, scale, threshold: float = 0.5) -> None:
@@ -156,7 +247,14 @@ def plan_gate(plan, scale, threshold: float = 0.5) -> None:
     B = plan.shape[0]
     _shape("nn.plan_gate", "plan", plan, (B, 2))
     _shape("nn.plan_gate", "scale", scale, (B,))
-    launch("nn", "plan_gate", _grid(B), _T, "const f32* plan, f32* scale, i64 B, f32 threshold", (plan, scale, B, float(threshold)))
+    launch(
+        "nn",
+        "plan_gate",
+        _grid(B),
+        _T,
+        "const f32* plan, f32* scale, i64 B, f32 threshold",
+        (plan, scale, B, float(threshold)),
+    )
 
 
 def plan_gate_backward(dscale, plan, dplan, threshold: float = 0.5) -> None:
@@ -164,5 +262,11 @@ def plan_gate_backward(dscale, plan, dplan, threshold: float = 0.5) -> None:
     B = plan.shape[0]
     _shape("nn.plan_gate_backward", "dscale", dscale, (B,))
     _shape("nn.plan_gate_backward", "dplan", dplan, (B, 2))
-    launch("nn", "plan_gate_backward", _grid(B), _T, "const f32* dscale, const f32* plan, f32* dplan, i64 B, f32 threshold",
-           (dscale, plan, dplan, B, float(threshold)))
+    launch(
+        "nn",
+        "plan_gate_backward",
+        _grid(B),
+        _T,
+        "const f32* dscale, const f32* plan, f32* dplan, i64 B, f32 threshold",
+        (dscale, plan, dplan, B, float(threshold)),
+    )

@@ -5,6 +5,7 @@ cannot say), other dtypes and contiguity by ``kernels.launch``. Nothing here all
 synchronises or reads a device value, so every launcher but :func:`shrink_perturb` (which
 refuses to run inside a capture) can be captured.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -36,15 +37,23 @@ def _flat(where: str, n: int, **arrs) -> None:
 def grad_norm_partial(g, partial) -> None:
     """Stage 1: float64 ``partial [GN_BLOCKS]`` of sums of squares of flat float32 ``g``."""
     _flat("optim.grad_norm_partial", GN_BLOCKS, partial=partial)
-    launch("optim", "grad_norm_partial", GN_BLOCKS, GN_THREADS, "const f32* g, f64* partial, i64 n", (g, partial, g.size))
+    launch(
+        "optim", "grad_norm_partial", GN_BLOCKS, GN_THREADS, "const f32* g, f64* partial, i64 n", (g, partial, g.size)
+    )
 
 
 def grad_norm_finalize(partial, norm, scale, max_norm: float) -> None:
     """Stage 2: ``norm [1]`` and clip ``scale [1]`` (float32) from the partials."""
     _flat("optim.grad_norm_finalize", GN_BLOCKS, partial=partial)
     _scalar("optim.grad_norm_finalize", norm=norm, scale=scale)
-    launch("optim", "grad_norm_finalize", 1, GN_BLOCKS, "const f64* partial, f32* norm, f32* scale, f32 max_norm",
-           (partial, norm, scale, float(max_norm)))
+    launch(
+        "optim",
+        "grad_norm_finalize",
+        1,
+        GN_BLOCKS,
+        "const f64* partial, f32* norm, f32* scale, f32 max_norm",
+        (partial, norm, scale, float(max_norm)),
+    )
 
 
 def grad_norm(g, partial, norm, scale, max_norm: float, done=None) -> None:
@@ -64,21 +73,61 @@ def grad_norm(g, partial, norm, scale, max_norm: float, done=None) -> None:
     _scalar(w, norm=norm, scale=scale)
     if done.dtype != np.uint32 or done.shape != (1,):
         raise ValueError(f"{w}: done must be a uint32 [1] ticket, got {done.dtype} {done.shape}")
-    launch("optim", "grad_norm", GN_BLOCKS, GN_THREADS, "const f32* g, f64* partial, f32* norm, f32* scale, f32 max_norm, u32* done, i64 n",
-           (g, partial, norm, scale, float(max_norm), done, g.size))
+    launch(
+        "optim",
+        "grad_norm",
+        GN_BLOCKS,
+        GN_THREADS,
+        "const f32* g, f64* partial, f32* norm, f32* scale, f32 max_norm, u32* done, i64 n",
+        (g, partial, norm, scale, float(max_norm), done, g.size),
+    )
 
 
-def lr_schedule(step, lr, m_scale, bc1, bc2, kind: int, lr_max: float, lr_min: float, warmup: int, period: int,
-                mult: int, restart_m_scale: float, beta1: float, beta2: float) -> None:
+def lr_schedule(
+    step,
+    lr,
+    m_scale,
+    bc1,
+    bc2,
+    kind: int,
+    lr_max: float,
+    lr_min: float,
+    warmup: int,
+    period: int,
+    mult: int,
+    restart_m_scale: float,
+    beta1: float,
+    beta2: float,
+) -> None:
     """Advance ``step`` (int64 ``[1]``) and write lr, m_scale, bc1, bc2 (float32 ``[1]``) on the device."""
     _scalar("optim.lr_schedule", step=step, lr=lr, m_scale=m_scale, bc1=bc1, bc2=bc2)
     if period < 1 or mult < 1 or warmup < 0 or kind not in (0, 1, 2):
         raise ValueError(f"optim.lr_schedule: bad schedule kind={kind} period={period} mult={mult} warmup={warmup}")
-    launch("optim", "lr_schedule", 1, 1,
-           "i64* step, f32* lr, f32* m_scale, f32* bc1, f32* bc2, i32 kind, f32 lr_max, f32 lr_min, i64 warmup, i64 period, "
-           "i64 mult, f32 restart_m_scale, f32 beta1, f32 beta2",
-           (step, lr, m_scale, bc1, bc2, int(kind), float(lr_max), float(lr_min), int(warmup), int(period), int(mult),
-            float(restart_m_scale), float(beta1), float(beta2)))
+    launch(
+        "optim",
+        "lr_schedule",
+        1,
+        1,
+        "i64* step, f32* lr, f32* m_scale, f32* bc1, f32* bc2, i32 kind, f32 lr_max, f32 lr_min, "
+        "i64 warmup, i64 period, "
+        "i64 mult, f32 restart_m_scale, f32 beta1, f32 beta2",
+        (
+            step,
+            lr,
+            m_scale,
+            bc1,
+            bc2,
+            int(kind),
+            float(lr_max),
+            float(lr_min),
+            int(warmup),
+            int(period),
+            int(mult),
+            float(restart_m_scale),
+            float(beta1),
+            float(beta2),
+        ),
+    )
 
 
 def _adam_checks(w: str, p, g, m, v, mask, lr, m_scale, bc1, bc2, clip) -> int:
@@ -88,17 +137,26 @@ def _adam_checks(w: str, p, g, m, v, mask, lr, m_scale, bc1, bc2, clip) -> int:
     return n
 
 
-def adam_update(p, g, m, v, mask, lr, m_scale, bc1, bc2, clip, beta1: float, beta2: float, eps: float, wd: float) -> None:
+def adam_update(
+    p, g, m, v, mask, lr, m_scale, bc1, bc2, clip, beta1: float, beta2: float, eps: float, wd: float
+) -> None:
     """Fused Adam(W) over flat float32 ``p, g, m, v [n]`` with uint8 ``mask [n]`` and device scalars."""
     n = _adam_checks("optim.adam_update", p, g, m, v, mask, lr, m_scale, bc1, bc2, clip)
-    launch("optim", "adam_update", _grid(n), _T,
-           "f32* p, const f32* g, f32* m, f32* v, const u8* mask, i64 n, const f32* lr, const f32* m_scale, const f32* bc1, "
-           "const f32* bc2, const f32* clip, f32 beta1, f32 beta2, f32 eps, f32 wd",
-           (p, g, m, v, mask, n, lr, m_scale, bc1, bc2, clip, float(beta1), float(beta2), float(eps), float(wd)))
+    launch(
+        "optim",
+        "adam_update",
+        _grid(n),
+        _T,
+        "f32* p, const f32* g, f32* m, f32* v, const u8* mask, i64 n, const f32* lr, const f32* m_scale, "
+        "const f32* bc1, "
+        "const f32* bc2, const f32* clip, f32 beta1, f32 beta2, f32 eps, f32 wd",
+        (p, g, m, v, mask, n, lr, m_scale, bc1, bc2, clip, float(beta1), float(beta2), float(eps), float(wd)),
+    )
 
 
-def adam_update_soft(p, g, m, v, mask, target, lr, m_scale, bc1, bc2, clip, tau, beta1: float, beta2: float, eps: float,
-                     wd: float) -> None:
+def adam_update_soft(
+    p, g, m, v, mask, target, lr, m_scale, bc1, bc2, clip, tau, beta1: float, beta2: float, eps: float, wd: float
+) -> None:
     """:func:`adam_update`, then :func:`soft_update` of ``target [n]`` toward the new ``p`` with ``tau [1]``,
     in one launch (the same bits as the two)."""
     w = "optim.adam_update_soft"
@@ -107,10 +165,33 @@ def adam_update_soft(p, g, m, v, mask, target, lr, m_scale, bc1, bc2, clip, tau,
     _scalar(w, tau=tau)
     if target.data.ptr == p.data.ptr:
         raise ValueError(f"{w}: target must be a buffer of its own, not the parameters")
-    launch("optim", "adam_update_soft", _grid(n), _T,
-           "f32* p, const f32* g, f32* m, f32* v, const u8* mask, f32* target, i64 n, const f32* lr, const f32* m_scale, "
-           "const f32* bc1, const f32* bc2, const f32* clip, const f32* tau, f32 beta1, f32 beta2, f32 eps, f32 wd",
-           (p, g, m, v, mask, target, n, lr, m_scale, bc1, bc2, clip, tau, float(beta1), float(beta2), float(eps), float(wd)))
+    launch(
+        "optim",
+        "adam_update_soft",
+        _grid(n),
+        _T,
+        "f32* p, const f32* g, f32* m, f32* v, const u8* mask, f32* target, i64 n, const f32* lr, const f32* m_scale, "
+        "const f32* bc1, const f32* bc2, const f32* clip, const f32* tau, f32 beta1, f32 beta2, f32 eps, f32 wd",
+        (
+            p,
+            g,
+            m,
+            v,
+            mask,
+            target,
+            n,
+            lr,
+            m_scale,
+            bc1,
+            bc2,
+            clip,
+            tau,
+            float(beta1),
+            float(beta2),
+            float(eps),
+            float(wd),
+        ),
+    )
 
 
 #: Threads of a clip_adam_soft block (CAS_THREADS in optim.cu): CAS_THREADS / GN_THREADS virtual blocks of grad_norm.
@@ -121,9 +202,34 @@ def _base_ptr(a) -> int:
     return a.data.ptr if hasattr(a.data, "ptr") else a.__array_interface__["data"][0]
 
 
-def clip_adam_soft(p, g, m, v, mask, target, partial, norm, scale, max_norm: float, done, barrier, lr, m_scale, bc1,
-                   bc2, tau, ring, loss, step, slots: int, beta1: float, beta2: float, eps: float, wd: float,
-                   grid: int | None = None) -> None:
+def clip_adam_soft(
+    p,
+    g,
+    m,
+    v,
+    mask,
+    target,
+    partial,
+    norm,
+    scale,
+    max_norm: float,
+    done,
+    barrier,
+    lr,
+    m_scale,
+    bc1,
+    bc2,
+    tau,
+    ring,
+    loss,
+    step,
+    slots: int,
+    beta1: float,
+    beta2: float,
+    eps: float,
+    wd: float,
+    grid: int | None = None,
+) -> None:
     """:func:`grad_norm` (``done``), :func:`adam_update_soft` with ``clip = scale`` and agent's ``publish``
     of ``(loss[0], norm[0])`` into ring slot ``step[0] % slots``, in one launch, with the same bits.
 
@@ -152,12 +258,44 @@ def clip_adam_soft(p, g, m, v, mask, target, partial, norm, scale, max_norm: flo
         grid = min(limit, blocks_for(n, CAS_THREADS))
     elif not 1 <= int(grid) <= limit:
         raise ValueError(f"{w}: grid must be in [1, {limit}] (one block per multiprocessor at most), got {grid}")
-    launch("optim", "clip_adam_soft", int(grid), CAS_THREADS,
-           "f32* p, const f32* g, f32* m, f32* v, const u8* mask, f32* target, i64 n, f64* partial, f32* norm, f32* scale, "
-           "f32 max_norm, const f32* lr, const f32* m_scale, const f32* bc1, const f32* bc2, const f32* tau, f32* ring, "
-           "const f32* loss, const i64* step, i32 slots, u32* done, u32* barrier, f32 beta1, f32 beta2, f32 eps, f32 wd",
-           (p, g, m, v, mask, target, n, partial, norm, scale, float(max_norm), lr, m_scale, bc1, bc2, tau, ring, loss,
-            step, int(slots), done, barrier, float(beta1), float(beta2), float(eps), float(wd)))
+    launch(
+        "optim",
+        "clip_adam_soft",
+        int(grid),
+        CAS_THREADS,
+        "f32* p, const f32* g, f32* m, f32* v, const u8* mask, f32* target, i64 n, f64* partial, "
+        "f32* norm, f32* scale, "
+        "f32 max_norm, const f32* lr, const f32* m_scale, const f32* bc1, const f32* bc2, const f32* tau, f32* ring, "
+        "const f32* loss, const i64* step, i32 slots, u32* done, u32* barrier, f32 beta1, f32 beta2, f32 eps, f32 wd",
+        (
+            p,
+            g,
+            m,
+            v,
+            mask,
+            target,
+            n,
+            partial,
+            norm,
+            scale,
+            float(max_norm),
+            lr,
+            m_scale,
+            bc1,
+            bc2,
+            tau,
+            ring,
+            loss,
+            step,
+            int(slots),
+            done,
+            barrier,
+            float(beta1),
+            float(beta2),
+            float(eps),
+            float(wd),
+        ),
+    )
 
 
 def tau_schedule(count, tau, tau_start: float, tau_end: float, period: int) -> None:
@@ -165,8 +303,14 @@ def tau_schedule(count, tau, tau_start: float, tau_end: float, period: int) -> N
     _scalar("optim.tau_schedule", count=count, tau=tau)
     if period < 1:
         raise ValueError(f"optim.tau_schedule: period must be >= 1, got {period}")
-    launch("optim", "tau_schedule", 1, 1, "i64* count, f32* tau, f32 tau_start, f32 tau_end, i64 period",
-           (count, tau, float(tau_start), float(tau_end), int(period)))
+    launch(
+        "optim",
+        "tau_schedule",
+        1,
+        1,
+        "i64* count, f32* tau, f32 tau_start, f32 tau_end, i64 period",
+        (count, tau, float(tau_start), float(tau_end), int(period)),
+    )
 
 
 def soft_update(target, online, tau) -> None:
@@ -174,20 +318,42 @@ def soft_update(target, online, tau) -> None:
     n = target.size
     _flat("optim.soft_update", n, target=target, online=online)
     _scalar("optim.soft_update", tau=tau)
-    launch("optim", "soft_update", _grid(n), _T, "f32* target, const f32* online, i64 n, const f32* tau", (target, online, n, tau))
+    launch(
+        "optim",
+        "soft_update",
+        _grid(n),
+        _T,
+        "f32* target, const f32* online, i64 n, const f32* tau",
+        (target, online, n, tau),
+    )
 
 
 def shrink_perturb(theta, lam: float, sigma: float, seed: int, counter: int, stream_id: int) -> None:
     """``theta = lam * theta + sigma * N(0, 1)`` from Philox; ungraphed only (epoch boundaries)."""
     if kernels.current_context() != kernels.UNGRAPHED:
-        raise kernels.KernelError("optim.shrink_perturb runs at epoch boundaries, outside any graph; "
-                                  f"it was called while capturing {kernels.current_context()!r}")
+        raise kernels.KernelError(
+            "optim.shrink_perturb runs at epoch boundaries, outside any graph; "
+            f"it was called while capturing {kernels.current_context()!r}"
+        )
     if theta.ndim != 1:
         raise ValueError(f"optim.shrink_perturb: theta must be flat, got {theta.shape}")
     n = theta.size
-    launch("optim", "shrink_perturb", _grid((n + 1) // 2), _T,
-           "f32* theta, i64 n, f32 lam, f32 sigma, u64 seed, u64 counter, u32 stream_id",
-           (theta, n, float(lam), float(sigma), int(seed) & (2**64 - 1), int(counter) & (2**64 - 1), int(stream_id) & 0xFFFFFFFF))
+    launch(
+        "optim",
+        "shrink_perturb",
+        _grid((n + 1) // 2),
+        _T,
+        "f32* theta, i64 n, f32 lam, f32 sigma, u64 seed, u64 counter, u32 stream_id",
+        (
+            theta,
+            n,
+            float(lam),
+            float(sigma),
+            int(seed) & (2**64 - 1),
+            int(counter) & (2**64 - 1),
+            int(stream_id) & 0xFFFFFFFF,
+        ),
+    )
 
 
 # --- spectral normalisation -----------------------------------------------------------------------
@@ -197,8 +363,14 @@ def spectral_power_iter(W, u, v, wv, sigma, iterate: int) -> None:
     for name, a, s in (("u", u, (rows,)), ("v", v, (cols,)), ("wv", wv, (rows,)), ("sigma", sigma, (1,))):
         if a.shape != s:
             raise ValueError(f"optim.spectral_power_iter: {name} must be {s}, got {a.shape}")
-    launch("optim", "spectral_power_iter", 1, 1024, "const f32* W, f32* u, f32* v, f32* wv, f32* sigma, i64 rows, i64 cols, i32 iterate",
-           (W, u, v, wv, sigma, rows, cols, 1 if iterate else 0))
+    launch(
+        "optim",
+        "spectral_power_iter",
+        1,
+        1024,
+        "const f32* W, f32* u, f32* v, f32* wv, f32* sigma, i64 rows, i64 cols, i32 iterate",
+        (W, u, v, wv, sigma, rows, cols, 1 if iterate else 0),
+    )
 
 
 def spectral_scale(W, sigma, w_sn) -> None:
@@ -206,7 +378,14 @@ def spectral_scale(W, sigma, w_sn) -> None:
     if w_sn.shape != W.shape:
         raise ValueError(f"optim.spectral_scale: w_sn must be {W.shape}, got {w_sn.shape}")
     _scalar("optim.spectral_scale", sigma=sigma)
-    launch("optim", "spectral_scale", _grid(W.size), _T, "const f32* W, const f32* sigma, f32* w_sn, i64 n", (W, sigma, w_sn, W.size))
+    launch(
+        "optim",
+        "spectral_scale",
+        _grid(W.size),
+        _T,
+        "const f32* W, const f32* sigma, f32* w_sn, i64 n",
+        (W, sigma, w_sn, W.size),
+    )
 
 
 def spectral_dot_partial(a, b, partial) -> None:
@@ -214,7 +393,14 @@ def spectral_dot_partial(a, b, partial) -> None:
     if a.shape != b.shape:
         raise ValueError(f"optim.spectral_dot_partial: shapes {a.shape} and {b.shape} differ")
     _flat("optim.spectral_dot_partial", GN_BLOCKS, partial=partial)
-    launch("optim", "spectral_dot_partial", GN_BLOCKS, GN_THREADS, "const f32* a, const f32* b, f64* partial, i64 n", (a, b, partial, a.size))
+    launch(
+        "optim",
+        "spectral_dot_partial",
+        GN_BLOCKS,
+        GN_THREADS,
+        "const f32* a, const f32* b, f64* partial, i64 n",
+        (a, b, partial, a.size),
+    )
 
 
 def spectral_backward(dw_sn, u, v, sigma, partial, dW) -> None:
@@ -224,6 +410,12 @@ def spectral_backward(dw_sn, u, v, sigma, partial, dW) -> None:
         raise ValueError("optim.spectral_backward: dW must match dw_sn, u be [rows], v be [cols]")
     _flat("optim.spectral_backward", GN_BLOCKS, partial=partial)
     _scalar("optim.spectral_backward", sigma=sigma)
-    launch("optim", "spectral_backward", _grid(rows * cols), GN_THREADS,
-           "const f32* dw_sn, const f32* u, const f32* v, const f32* sigma, const f64* partial, f32* dW, i64 rows, i64 cols",
-           (dw_sn, u, v, sigma, partial, dW, rows, cols))
+    launch(
+        "optim",
+        "spectral_backward",
+        _grid(rows * cols),
+        GN_THREADS,
+        "const f32* dw_sn, const f32* u, const f32* v, const f32* sigma, const f64* partial, "
+        "f32* dW, i64 rows, i64 cols",
+        (dw_sn, u, v, sigma, partial, dW, rows, cols),
+    )

@@ -4,6 +4,7 @@ The reference returns a new array for ``n`` draws; the launchers fill ``out`` (`
 and read the counter from a 1-element uint64 device array, so a captured fill draws fresh
 numbers whenever the counter moves.
 """
+
 from __future__ import annotations
 
 from ..kernels import blocks_for, launch
@@ -13,11 +14,25 @@ _SIG = "{t}* out, i64 n, u64 seed, const u64* counter, u32 stream_id"
 
 def u32(out, seed: int, counter, stream_id: int, stream=None) -> None:
     """``out[j] = draw j`` of Philox stream (seed, counter[0], stream_id); out uint32 ``[n]``."""
-    launch("philox", "u32", min(blocks_for((out.size + 3) // 4), 8192), 256, _SIG.format(t="u32"),
-           (out, out.size, seed, counter, stream_id), stream=stream)
+    launch(
+        "philox",
+        "u32",
+        min(blocks_for((out.size + 3) // 4), 8192),
+        256,
+        _SIG.format(t="u32"),
+        (out, out.size, seed, counter, stream_id),
+        stream=stream,
+    )
 
 
 def uniform(out, seed: int, counter, stream_id: int, stream=None) -> None:
     """``out[j]`` uniform in [0, 1) from draw j; out float32 ``[n]``."""
-    launch("philox", "uniform", min(blocks_for((out.size + 3) // 4), 8192), 256, _SIG.format(t="f32"),
-           (out, out.size, seed, counter, stream_id), stream=stream)
+    launch(
+        "philox",
+        "uniform",
+        min(blocks_for((out.size + 3) // 4), 8192),
+        256,
+        _SIG.format(t="f32"),
+        (out, out.size, seed, counter, stream_id),
+        stream=stream,
+    )

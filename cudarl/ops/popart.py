@@ -2,6 +2,7 @@
 
 Shape/dtype checks, then a launch into given buffers: no allocation, sync or device read.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -20,8 +21,15 @@ def update(y, state, beta, sigma_min=1e-4, stream=None) -> None:
     check("popart.update", "y", y, F32, (B,))
     check("popart.update", "state", state, F32, (STATE_SIZE,))
     check("popart.update", "beta", beta, F32, (1,))
-    launch("popart", "update", 1, REDUCE_THREADS, "const f32* y, f32* state, const f32* beta, i32 B, f32 sigma_min",
-           (y, state, beta, B, float(sigma_min)), stream=stream)
+    launch(
+        "popart",
+        "update",
+        1,
+        REDUCE_THREADS,
+        "const f32* y, f32* state, const f32* beta, i32 B, f32 sigma_min",
+        (y, state, beta, B, float(sigma_min)),
+        stream=stream,
+    )
 
 
 def update_normalize_rewards(y, r_t, discount_t, state, beta, out, sigma_min=1e-4, stream=None) -> None:
@@ -35,9 +43,16 @@ def update_normalize_rewards(y, r_t, discount_t, state, beta, out, sigma_min=1e-
     check(w, "beta", beta, F32, (1,))
     if out.data.ptr in (y.data.ptr, r_t.data.ptr, discount_t.data.ptr):
         raise ValueError(f"{w}: out must not be one of the inputs")
-    launch("popart", "update_normalize_rewards", 1, REDUCE_THREADS,
-           "const f32* y, const f32* r_t, const f32* discount_t, f32* state, const f32* beta, f32* out, i32 B, f32 sigma_min",
-           (y, r_t, discount_t, state, beta, out, B, float(sigma_min)), stream=stream)
+    launch(
+        "popart",
+        "update_normalize_rewards",
+        1,
+        REDUCE_THREADS,
+        "const f32* y, const f32* r_t, const f32* discount_t, f32* state, const f32* beta, f32* out, "
+        "i32 B, f32 sigma_min",
+        (y, r_t, discount_t, state, beta, out, B, float(sigma_min)),
+        stream=stream,
+    )
 
 
 def rescale(W, b, state, stream=None) -> None:
@@ -46,8 +61,15 @@ def rescale(W, b, state, stream=None) -> None:
     check("popart.rescale", "W", W, F32, (n_out, n_in))
     check("popart.rescale", "b", b, F32, (n_out,))
     check("popart.rescale", "state", state, F32, (STATE_SIZE,))
-    launch("popart", "rescale", blocks_for(max(n_out * n_in, n_out)), 256, "f32* W, f32* bias, const f32* state, i32 n_out, i32 n_in",
-           (W, b, state, n_out, n_in), stream=stream)
+    launch(
+        "popart",
+        "rescale",
+        blocks_for(max(n_out * n_in, n_out)),
+        256,
+        "f32* W, f32* bias, const f32* state, i32 n_out, i32 n_in",
+        (W, b, state, n_out, n_in),
+        stream=stream,
+    )
 
 
 def normalize(x, state, out, inverse=False, stream=None) -> None:
@@ -55,8 +77,15 @@ def normalize(x, state, out, inverse=False, stream=None) -> None:
     check("popart.normalize", "x", x, F32, tuple(x.shape))
     check("popart.normalize", "out", out, F32, tuple(x.shape))
     check("popart.normalize", "state", state, F32, (STATE_SIZE,))
-    launch("popart", "normalize", blocks_for(x.size), 256, "const f32* x, const f32* state, f32* out, i64 n, i32 inverse",
-           (x, state, out, int(x.size), int(bool(inverse))), stream=stream)
+    launch(
+        "popart",
+        "normalize",
+        blocks_for(x.size),
+        256,
+        "const f32* x, const f32* state, f32* out, i64 n, i32 inverse",
+        (x, state, out, int(x.size), int(bool(inverse))),
+        stream=stream,
+    )
 
 
 def normalize_rewards(r_t, discount_t, state, out, stream=None) -> None:
@@ -65,9 +94,15 @@ def normalize_rewards(r_t, discount_t, state, out, stream=None) -> None:
     for name, a in (("r_t", r_t), ("discount_t", discount_t), ("out", out)):
         check("popart.normalize_rewards", name, a, F32, (B,))
     check("popart.normalize_rewards", "state", state, F32, (STATE_SIZE,))
-    launch("popart", "normalize_rewards", blocks_for(B), 256,
-           "const f32* r_t, const f32* discount_t, const f32* state, f32* out, i32 B",
-           (r_t, discount_t, state, out, B), stream=stream)
+    launch(
+        "popart",
+        "normalize_rewards",
+        blocks_for(B),
+        256,
+        "const f32* r_t, const f32* discount_t, const f32* state, f32* out, i32 B",
+        (r_t, discount_t, state, out, B),
+        stream=stream,
+    )
 
 
 def td_targets(r_t, discount_t, v_hat, state, out, stream=None) -> None:
@@ -76,6 +111,12 @@ def td_targets(r_t, discount_t, v_hat, state, out, stream=None) -> None:
     for name, a in (("r_t", r_t), ("discount_t", discount_t), ("v_hat", v_hat), ("out", out)):
         check("popart.td_targets", name, a, F32, (B,))
     check("popart.td_targets", "state", state, F32, (STATE_SIZE,))
-    launch("popart", "td_targets", blocks_for(B), 256,
-           "const f32* r_t, const f32* discount_t, const f32* v_hat, const f32* state, f32* out, i32 B",
-           (r_t, discount_t, v_hat, state, out, B), stream=stream)
+    launch(
+        "popart",
+        "td_targets",
+        blocks_for(B),
+        256,
+        "const f32* r_t, const f32* discount_t, const f32* v_hat, const f32* state, f32* out, i32 B",
+        (r_t, discount_t, v_hat, state, out, B),
+        stream=stream,
+    )

@@ -2,6 +2,7 @@
 
 Shape/dtype checks, then a launch into given buffers: no allocation, sync or device read.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -23,9 +24,15 @@ def per_sample(logits, support, out_q, out_ent, out_mass, stream=None) -> None:
     check(w, "out_ent", out_ent, F32, (B,))
     check(w, "out_mass", out_mass, F32, (B, K))
     grid, block = warp_grid(B)
-    launch("qstats", "per_sample", grid, block,
-           "const f32* logits, const f32* support, f32* q, f32* ent, f32* mass, i32 B, i32 A, i32 K",
-           (logits, support, out_q, out_ent, out_mass, B, A, K), stream=stream)
+    launch(
+        "qstats",
+        "per_sample",
+        grid,
+        block,
+        "const f32* logits, const f32* support, f32* q, f32* ent, f32* mass, i32 B, i32 A, i32 K",
+        (logits, support, out_q, out_ent, out_mass, B, A, K),
+        stream=stream,
+    )
 
 
 def reduce(q, ent, mass, out, stream=None) -> None:
@@ -37,8 +44,15 @@ def reduce(q, ent, mass, out, stream=None) -> None:
     check(w, "ent", ent, F32, (B,))
     check(w, "mass", mass, F32, (B, K))
     check(w, "out", out, F32, (2 * A + 2,))
-    launch("qstats", "reduce", 1, THREADS, "const f32* q, const f32* ent, const f32* mass, f32* out, i32 B, i32 A, i32 K",
-           (q, ent, mass, out, B, A, K), stream=stream)
+    launch(
+        "qstats",
+        "reduce",
+        1,
+        THREADS,
+        "const f32* q, const f32* ent, const f32* mass, f32* out, i32 B, i32 A, i32 K",
+        (q, ent, mass, out, B, A, K),
+        stream=stream,
+    )
 
 
 def q_stats(logits, support, scratch_q, scratch_ent, scratch_mass, out, stream=None) -> None:
@@ -47,8 +61,9 @@ def q_stats(logits, support, scratch_q, scratch_ent, scratch_mass, out, stream=N
     reduce(scratch_q, scratch_ent, scratch_mass, out, stream=stream)
 
 
-def adapt_gamma(stats, gamma, util_index: int, target: float, rate: float, gamma_min: float, gamma_max: float,
-                stream=None) -> None:
+def adapt_gamma(
+    stats, gamma, util_index: int, target: float, rate: float, gamma_min: float, gamma_max: float, stream=None
+) -> None:
     """``gamma[0] <- clip(gamma + rate (target - stats[util_index]), gamma_min, gamma_max)`` on the device."""
     check("qstats.adapt_gamma", "stats", stats, F32, tuple(stats.shape))
     check("qstats.adapt_gamma", "gamma", gamma, F32, (1,))
@@ -56,5 +71,12 @@ def adapt_gamma(stats, gamma, util_index: int, target: float, rate: float, gamma
         raise ValueError(f"qstats.adapt_gamma: util_index {util_index} outside stats of size {stats.size}")
     if not 0 < gamma_min <= gamma_max < 1:
         raise ValueError(f"qstats.adapt_gamma: need 0 < gamma_min <= gamma_max < 1, got {gamma_min}, {gamma_max}")
-    launch("qstats", "adapt_gamma", 1, 32, "const f32* stats, f32* gamma, i32 util_index, f32 target, f32 rate, f32 gamma_min, f32 gamma_max",
-           (stats, gamma, int(util_index), float(target), float(rate), float(gamma_min), float(gamma_max)), stream=stream)
+    launch(
+        "qstats",
+        "adapt_gamma",
+        1,
+        32,
+        "const f32* stats, f32* gamma, i32 util_index, f32 target, f32 rate, f32 gamma_min, f32 gamma_max",
+        (stats, gamma, int(util_index), float(target), float(rate), float(gamma_min), float(gamma_max)),
+        stream=stream,
+    )

@@ -2,6 +2,7 @@
 
 Shape/dtype checks, then a launch into given buffers: no allocation, sync or device read.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -17,13 +18,20 @@ def sample_taus(seed: int, counter, stream_id: int, out, stream=None) -> None:
     check("quantile.sample_taus", "counter", counter, np.uint64, (1,))
     check("quantile.sample_taus", "out", out, F32, tuple(out.shape))
     n = int(out.size)
-    launch("quantile", "sample_taus", blocks_for((n + 3) // 4), 256,
-           "u64 seed, const u64* counter, u32 stream_id, f32* taus, i64 n",
-           (int(seed) & 0xFFFFFFFFFFFFFFFF, counter, int(stream_id), out, n), stream=stream)
+    launch(
+        "quantile",
+        "sample_taus",
+        blocks_for((n + 3) // 4),
+        256,
+        "u64 seed, const u64* counter, u32 stream_id, f32* taus, i64 n",
+        (int(seed) & 0xFFFFFFFFFFFFFFFF, counter, int(stream_id), out, n),
+        stream=stream,
+    )
 
 
 def targets(theta_online_tp1, theta_target_tp1, r_t, discount_t, out, out_a_star, stream=None) -> None:
-    """Double-DQN quantile targets from ``theta_*_tp1 [B, M, A]``: writes ``out [B, M]`` and ``out_a_star int32 [B]``."""
+    """Double-DQN quantile targets from ``theta_*_tp1 [B, M, A]``: writes ``out [B, M]`` and
+    ``out_a_star int32 [B]``."""
     w = "quantile.targets"
     B, M, A = theta_online_tp1.shape
     check(w, "theta_online_tp1", theta_online_tp1, F32, (B, M, A))
@@ -33,13 +41,21 @@ def targets(theta_online_tp1, theta_target_tp1, r_t, discount_t, out, out_a_star
     check(w, "out", out, F32, (B, M))
     check(w, "out_a_star", out_a_star, I32, (B,))
     grid, block = warp_grid(B)
-    launch("quantile", "targets", grid, block,
-           "const f32* online, const f32* target, const f32* r_t, const f32* discount_t, f32* out, i32* a_star, i32 B, i32 A, i32 M",
-           (theta_online_tp1, theta_target_tp1, r_t, discount_t, out, out_a_star, B, A, M), stream=stream)
+    launch(
+        "quantile",
+        "targets",
+        grid,
+        block,
+        "const f32* online, const f32* target, const f32* r_t, const f32* discount_t, f32* out, i32* a_star, "
+        "i32 B, i32 A, i32 M",
+        (theta_online_tp1, theta_target_tp1, r_t, discount_t, out, out_a_star, B, A, M),
+        stream=stream,
+    )
 
 
-def huber_loss(theta_tm1, a_tm1, target, taus, weights, out_loss_per, out_loss, out_grad, done, kappa=1.0,
-               stream=None) -> None:
+def huber_loss(
+    theta_tm1, a_tm1, target, taus, weights, out_loss_per, out_loss, out_grad, done, kappa=1.0, stream=None
+) -> None:
     """Quantile Huber loss of ``theta_tm1 [B, N, A]`` and its weighted batch mean in one launch: writes
     ``out_loss_per [B]``, ``out_loss [1]``, ``out_grad [B, N, A]``. ``taus`` is ``[B, N]`` (IQN) or ``[N]``
     (QR-DQN, shared by every sample). ``done`` is a uint32 ``[1]`` ticket counter, 0 before the
@@ -65,8 +81,31 @@ def huber_loss(theta_tm1, a_tm1, target, taus, weights, out_loss_per, out_loss, 
     if not kappa >= 0:
         raise ValueError(f"{w}: kappa must be >= 0, got {kappa}")
     grid, block = warp_grid(B)
-    launch("quantile", "huber_loss", grid, block,
-           "const f32* theta, const i32* actions, const f32* target, const f32* taus, const f32* weights, "
-           "f32* loss_per, f32* grad, f32* loss, u32* done, i32 B, i32 A, i32 N, i32 M, i32 tau_stride, f32 kappa, f32 scale",
-           (theta_tm1, a_tm1, target, taus, weights, out_loss_per, out_grad, out_loss, done, B, A, N, M, tau_stride,
-            float(kappa), 1.0 / B), stream=stream)
+    launch(
+        "quantile",
+        "huber_loss",
+        grid,
+        block,
+        "const f32* theta, const i32* actions, const f32* target, const f32* taus, const f32* weights, "
+        "f32* loss_per, f32* grad, f32* loss, u32* done, i32 B, i32 A, i32 N, i32 M, i32 tau_stride, "
+        "f32 kappa, f32 scale",
+        (
+            theta_tm1,
+            a_tm1,
+            target,
+            taus,
+            weights,
+            out_loss_per,
+            out_grad,
+            out_loss,
+            done,
+            B,
+            A,
+            N,
+            M,
+            tau_stride,
+            float(kappa),
+            1.0 / B,
+        ),
+        stream=stream,
+    )

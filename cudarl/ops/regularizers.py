@@ -2,6 +2,7 @@
 
 Shape/dtype checks, then a launch into given buffers: no allocation, sync or device read.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -19,7 +20,15 @@ def mean(x, out, scale, stream=None) -> None:
     (n,) = x.shape
     check(w, "x", x, F32, (n,))
     check(w, "out", out, F32, (1,))
-    launch("regularizers", "mean", 1, THREADS, "const f32* x, f32* out, i32 n, f32 scale", (x, out, n, float(scale)), stream=stream)
+    launch(
+        "regularizers",
+        "mean",
+        1,
+        THREADS,
+        "const f32* x, f32* out, i32 n, f32 scale",
+        (x, out, n, float(scale)),
+        stream=stream,
+    )
 
 
 def cql_c51(logits, a_data, support, alpha, out_cql_per, out_loss, out_grad, accumulate=False, stream=None) -> None:
@@ -35,9 +44,16 @@ def cql_c51(logits, a_data, support, alpha, out_cql_per, out_loss, out_grad, acc
     check(w, "out_loss", out_loss, F32, (1,))
     check(w, "out_grad", out_grad, F32, (B, A, K))
     grid, block = warp_grid(B)
-    launch("regularizers", "cql_c51", grid, block,
-           "const f32* logits, const i32* actions, const f32* support, f32* cql_per, f32* grad, i32 B, i32 A, i32 K, f32 alpha, i32 accumulate",
-           (logits, a_data, support, out_cql_per, out_grad, B, A, K, float(alpha), int(bool(accumulate))), stream=stream)
+    launch(
+        "regularizers",
+        "cql_c51",
+        grid,
+        block,
+        "const f32* logits, const i32* actions, const f32* support, f32* cql_per, f32* grad, "
+        "i32 B, i32 A, i32 K, f32 alpha, i32 accumulate",
+        (logits, a_data, support, out_cql_per, out_grad, B, A, K, float(alpha), int(bool(accumulate))),
+        stream=stream,
+    )
     mean(out_cql_per, out_loss, float(alpha) / B, stream=stream)
 
 
@@ -54,9 +70,15 @@ def cql_quantile(theta, a_data, alpha, out_cql_per, out_loss, out_grad, accumula
     check(w, "out_loss", out_loss, F32, (1,))
     check(w, "out_grad", out_grad, F32, (B, N, A))
     grid, block = warp_grid(B)
-    launch("regularizers", "cql_quantile", grid, block,
-           "const f32* theta, const i32* actions, f32* cql_per, f32* grad, i32 B, i32 A, i32 N, f32 alpha, i32 accumulate",
-           (theta, a_data, out_cql_per, out_grad, B, A, N, float(alpha), int(bool(accumulate))), stream=stream)
+    launch(
+        "regularizers",
+        "cql_quantile",
+        grid,
+        block,
+        "const f32* theta, const i32* actions, f32* cql_per, f32* grad, i32 B, i32 A, i32 N, f32 alpha, i32 accumulate",
+        (theta, a_data, out_cql_per, out_grad, B, A, N, float(alpha), int(bool(accumulate))),
+        stream=stream,
+    )
     mean(out_cql_per, out_loss, float(alpha) / B, stream=stream)
 
 
@@ -64,13 +86,25 @@ def expectile(q, v, priority, tau, out_loss_per, out_loss, out_grad_v, out_prior
     """IQL expectile loss of ``v [B]`` towards ``q [B]`` and priorities modulated by ``2 w``."""
     w = "regularizers.expectile"
     (B,) = q.shape
-    for name, a in (("q", q), ("v", v), ("priority", priority), ("out_loss_per", out_loss_per), ("out_grad_v", out_grad_v),
-                    ("out_priority", out_priority)):
+    for name, a in (
+        ("q", q),
+        ("v", v),
+        ("priority", priority),
+        ("out_loss_per", out_loss_per),
+        ("out_grad_v", out_grad_v),
+        ("out_priority", out_priority),
+    ):
         check(w, name, a, F32, (B,))
     check(w, "out_loss", out_loss, F32, (1,))
     if not 0 < tau < 1:
         raise ValueError(f"{w}: tau must be in (0, 1), got {tau}")
-    launch("regularizers", "expectile", blocks_for(B), 256,
-           "const f32* q, const f32* v, const f32* prio_in, f32* loss_per, f32* grad_v, f32* prio_out, i32 B, f32 tau",
-           (q, v, priority, out_loss_per, out_grad_v, out_priority, B, float(tau)), stream=stream)
+    launch(
+        "regularizers",
+        "expectile",
+        blocks_for(B),
+        256,
+        "const f32* q, const f32* v, const f32* prio_in, f32* loss_per, f32* grad_v, f32* prio_out, i32 B, f32 tau",
+        (q, v, priority, out_loss_per, out_grad_v, out_priority, B, float(tau)),
+        stream=stream,
+    )
     mean(out_loss_per, out_loss, 1.0 / B, stream=stream)

@@ -5,6 +5,7 @@ synchronises or reads a device value, so each is capture-safe. Values that only 
 can see (NaN ``td`` produced inside a graph, non-finite rows from an environment kernel) are
 handled by the kernels' documented rules and status bits (see the reference's docstring).
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -50,7 +51,10 @@ def _check_flag(bufs: ReplayBuffers) -> None:
 
 
 _CHECK_THREADS, _CHECK_PER_THREAD, _MAX_BLOCKS = 256, 4, 1024
-_CHECK_SIG = "const f32* obs, {next}const i32* action, const f32* reward, const f32* discount, i64* flag, i64* status, i64 B, i64 D"
+_CHECK_SIG = (
+    "const f32* obs, {next}const i32* action, const f32* reward, const f32* discount, "
+    "i64* flag, i64* status, i64 B, i64 D"
+)
 
 
 def _check_grid(B: int, D: int) -> int:
@@ -61,8 +65,14 @@ def insert_check(spec: ReplaySpec, bufs: ReplayBuffers, obs, action, reward, dis
     """Set ``flag[FLAG_REJECT]`` (and ``status``) from the batch's values. A grid; its last block decides."""
     B, D = _check_rows(spec, obs, action, reward, discount), spec.obs_dim
     _check_flag(bufs)
-    launch("replay", "insert_check", _check_grid(B, D), _CHECK_THREADS, _CHECK_SIG.format(next=""),
-           (obs, action, reward, discount, bufs.flag, bufs.status, B, D))
+    launch(
+        "replay",
+        "insert_check",
+        _check_grid(B, D),
+        _CHECK_THREADS,
+        _CHECK_SIG.format(next=""),
+        (obs, action, reward, discount, bufs.flag, bufs.status, B, D),
+    )
 
 
 def insert_check_next(spec: ReplaySpec, bufs: ReplayBuffers, obs, next_obs, action, reward, discount) -> None:
@@ -70,15 +80,23 @@ def insert_check_next(spec: ReplaySpec, bufs: ReplayBuffers, obs, next_obs, acti
     B, D = _check_rows(spec, obs, action, reward, discount), spec.obs_dim
     _check_next(spec, bufs, next_obs, B)
     _check_flag(bufs)
-    launch("replay", "insert_check_next", _check_grid(2 * B, D), _CHECK_THREADS, _CHECK_SIG.format(next="const f32* next_obs, "),
-           (obs, next_obs, action, reward, discount, bufs.flag, bufs.status, B, D))
+    launch(
+        "replay",
+        "insert_check_next",
+        _check_grid(2 * B, D),
+        _CHECK_THREADS,
+        _CHECK_SIG.format(next="const f32* next_obs, "),
+        (obs, next_obs, action, reward, discount, bufs.flag, bufs.status, B, D),
+    )
 
 
 _COMMIT_THREADS = 1024  # COMMIT_THREADS in replay.cu (its __launch_bounds__)
 _COMMIT_WARPS = _COMMIT_THREADS // 32
-_COMMIT_SIG = ("const f32* obs, {next}const i32* action, const f32* reward, const f32* discount, f32* s_obs, {s_next}"
-               "i32* s_action, f32* s_reward, f32* s_discount, i64* tree, const i64* levels, i64* flag, i64* added, "
-               "const i64* max_q, i64 B, i64 D, i64 C, i64 lag, i32 depth, i64 row_blocks")
+_COMMIT_SIG = (
+    "const f32* obs, {next}const i32* action, const f32* reward, const f32* discount, f32* s_obs, {s_next}"
+    "i32* s_action, f32* s_reward, f32* s_discount, i64* tree, const i64* levels, i64* flag, i64* added, "
+    "const i64* max_q, i64 B, i64 D, i64 C, i64 lag, i32 depth, i64 row_blocks"
+)
 
 
 def commit_grid(spec: ReplaySpec, B: int) -> tuple[int, int]:
@@ -93,9 +111,31 @@ def commit_grid(spec: ReplaySpec, B: int) -> tuple[int, int]:
 def _commit(op: str, spec: ReplaySpec, bufs: ReplayBuffers, B: int, head: tuple, rings: tuple, sig: str) -> None:
     _check_flag(bufs)
     row_blocks, tree_blocks = commit_grid(spec, B)
-    launch("replay", op, row_blocks + tree_blocks, _COMMIT_THREADS, sig,
-           (*head, *rings, bufs.action, bufs.reward, bufs.discount, bufs.tree, bufs.levels, bufs.flag, bufs.added,
-            bufs.max_q, B, spec.obs_dim, spec.capacity, spec.lag, _depth(bufs), row_blocks))
+    launch(
+        "replay",
+        op,
+        row_blocks + tree_blocks,
+        _COMMIT_THREADS,
+        sig,
+        (
+            *head,
+            *rings,
+            bufs.action,
+            bufs.reward,
+            bufs.discount,
+            bufs.tree,
+            bufs.levels,
+            bufs.flag,
+            bufs.added,
+            bufs.max_q,
+            B,
+            spec.obs_dim,
+            spec.capacity,
+            spec.lag,
+            _depth(bufs),
+            row_blocks,
+        ),
+    )
 
 
 def insert_commit(spec: ReplaySpec, bufs: ReplayBuffers, obs, action, reward, discount) -> None:
@@ -103,16 +143,30 @@ def insert_commit(spec: ReplaySpec, bufs: ReplayBuffers, obs, action, reward, di
     written and newly ready rows, their ancestors (the grid's last block does levels >= 2), then
     ``added += B``. 1 launch."""
     B = _check_rows(spec, obs, action, reward, discount)
-    _commit("insert_commit", spec, bufs, B, (obs, action, reward, discount), (bufs.obs,),
-            _COMMIT_SIG.format(next="", s_next=""))
+    _commit(
+        "insert_commit",
+        spec,
+        bufs,
+        B,
+        (obs, action, reward, discount),
+        (bufs.obs,),
+        _COMMIT_SIG.format(next="", s_next=""),
+    )
 
 
 def insert_commit_next(spec: ReplaySpec, bufs: ReplayBuffers, obs, next_obs, action, reward, discount) -> None:
     """``insert_commit`` that also writes ``next_obs`` into ``bufs.next_obs`` (``store_next_obs``). 1 launch."""
     B = _check_rows(spec, obs, action, reward, discount)
     _check_next(spec, bufs, next_obs, B)
-    _commit("insert_commit_next", spec, bufs, B, (obs, next_obs, action, reward, discount), (bufs.obs, bufs.next_obs),
-            _COMMIT_SIG.format(next="const f32* next_obs, ", s_next="f32* s_next_obs, "))
+    _commit(
+        "insert_commit_next",
+        spec,
+        bufs,
+        B,
+        (obs, next_obs, action, reward, discount),
+        (bufs.obs, bufs.next_obs),
+        _COMMIT_SIG.format(next="const f32* next_obs, ", s_next="f32* s_next_obs, "),
+    )
 
 
 def insert(spec: ReplaySpec, bufs: ReplayBuffers, obs, action, reward, discount, next_obs=None) -> None:
@@ -127,8 +181,10 @@ def insert(spec: ReplaySpec, bufs: ReplayBuffers, obs, action, reward, discount,
         insert_commit(spec, bufs, obs, action, reward, discount)
 
 
-_SEARCH_SIG = ("const i64* tree, const i64* levels, const i64* step, i32* indices, i64* qsel, i64* status, i64 B, "
-               "i32 depth, u64 seed, u32 stream_id")
+_SEARCH_SIG = (
+    "const i64* tree, const i64* levels, const i64* step, i32* indices, i64* qsel, i64* status, i64 B, "
+    "i32 depth, u64 seed, u32 stream_id"
+)
 
 
 def _search_args(spec: ReplaySpec, bufs: ReplayBuffers, indices_out, qsel_out) -> tuple[int, tuple]:
@@ -136,8 +192,18 @@ def _search_args(spec: ReplaySpec, bufs: ReplayBuffers, indices_out, qsel_out) -
     B = int(indices_out.shape[0])
     _need("indices_out", indices_out, (B,), np.int32)
     _need("qsel_out", qsel_out, (B,), np.int64)
-    return B, (bufs.tree, bufs.levels, bufs.step, indices_out, qsel_out, bufs.status, B, _depth(bufs),
-               int(spec.seed) & 0xFFFFFFFFFFFFFFFF, int(spec.stream_id))
+    return B, (
+        bufs.tree,
+        bufs.levels,
+        bufs.step,
+        indices_out,
+        qsel_out,
+        bufs.status,
+        B,
+        _depth(bufs),
+        int(spec.seed) & 0xFFFFFFFFFFFFFFFF,
+        int(spec.stream_id),
+    )
 
 
 def sample_search(spec: ReplaySpec, bufs: ReplayBuffers, indices_out, qsel_out) -> None:
@@ -152,9 +218,14 @@ def sample_weights(spec: ReplaySpec, bufs: ReplayBuffers, qsel, weights_out) -> 
     B = int(qsel.shape[0])
     _need("qsel", qsel, (B,), np.int64)
     _need("weights_out", weights_out, (B,), np.float32)
-    launch("replay", "sample_weights", 1, _ONE_BLOCK,
-           "const i64* qsel, f32* weights, i64* step, f64* beta, i64 B, f64 beta0, f64 beta_final, i64 beta_steps",
-           (qsel, weights_out, bufs.step, bufs.beta, B, float(spec.beta0), float(spec.beta_final), int(spec.beta_steps)))
+    launch(
+        "replay",
+        "sample_weights",
+        1,
+        _ONE_BLOCK,
+        "const i64* qsel, f32* weights, i64* step, f64* beta, i64 B, f64 beta0, f64 beta_final, i64 beta_steps",
+        (qsel, weights_out, bufs.step, bufs.beta, B, float(spec.beta0), float(spec.beta_final), int(spec.beta_steps)),
+    )
 
 
 def sample(spec: ReplaySpec, bufs: ReplayBuffers, indices_out, weights_out, qsel_out) -> None:
@@ -167,8 +238,9 @@ def sample(spec: ReplaySpec, bufs: ReplayBuffers, indices_out, weights_out, qsel
     sample_weights(spec, bufs, qsel_out, weights_out)
 
 
-def _gather_args(spec: ReplaySpec, bufs: ReplayBuffers, B: int, obs_out, next_obs_out, action_out, return_out,
-                 discount_out) -> tuple[tuple, tuple]:
+def _gather_args(
+    spec: ReplaySpec, bufs: ReplayBuffers, B: int, obs_out, next_obs_out, action_out, return_out, discount_out
+) -> tuple[tuple, tuple]:
     """The gather's checked (sources, outputs) and (shape constants): shared by both gathering launches."""
     W = spec.row_width
     _need("obs_out", obs_out, (B, W), np.float32)
@@ -189,7 +261,9 @@ _GATHER_OUTPUTS = "f32* obs_out, f32* next_obs_out, i32* action_out, f32* return
 _GATHER_SHAPE = "i64 D, i64 W, i64 C, i64 n_envs, i32 n_step, i64 lag"
 
 
-def gather(spec: ReplaySpec, bufs: ReplayBuffers, indices, obs_out, next_obs_out, action_out, return_out, discount_out) -> None:
+def gather(
+    spec: ReplaySpec, bufs: ReplayBuffers, indices, obs_out, next_obs_out, action_out, return_out, discount_out
+) -> None:
     """Gather sampled rows, bootstrap rows and n-step targets; see ``reference.replay.gather``. 1 launch.
 
     The bootstrap row is row ``(s + lag) mod C`` of the ring ``obs`` (``lag = nE``), or of the
@@ -197,20 +271,40 @@ def gather(spec: ReplaySpec, bufs: ReplayBuffers, indices, obs_out, next_obs_out
     B = int(indices.shape[0])
     _need("indices", indices, (B,), np.int32)
     arrays, shape = _gather_args(spec, bufs, B, obs_out, next_obs_out, action_out, return_out, discount_out)
-    launch("replay", "gather", blocks_for(B * spec.row_width), 256,
-           f"{_GATHER_SOURCES}, const i32* indices, {_GATHER_OUTPUTS}, i64* status, i64 B, {_GATHER_SHAPE}",
-           arrays[:5] + (indices,) + arrays[5:] + (bufs.status, B) + shape)
+    launch(
+        "replay",
+        "gather",
+        blocks_for(B * spec.row_width),
+        256,
+        f"{_GATHER_SOURCES}, const i32* indices, {_GATHER_OUTPUTS}, i64* status, i64 B, {_GATHER_SHAPE}",
+        arrays[:5] + (indices,) + arrays[5:] + (bufs.status, B) + shape,
+    )
 
 
-def sample_search_gather(spec: ReplaySpec, bufs: ReplayBuffers, indices_out, qsel_out, obs_out, next_obs_out, action_out,
-                         return_out, discount_out) -> None:
+def sample_search_gather(
+    spec: ReplaySpec,
+    bufs: ReplayBuffers,
+    indices_out,
+    qsel_out,
+    obs_out,
+    next_obs_out,
+    action_out,
+    return_out,
+    discount_out,
+) -> None:
     """:func:`sample_search` and :func:`gather` of the rows found, in one launch (a warp per sample
     finds its row and copies it): the same writes as the two launches. 1 launch."""
     B, search = _search_args(spec, bufs, indices_out, qsel_out)
     arrays, shape = _gather_args(spec, bufs, B, obs_out, next_obs_out, action_out, return_out, discount_out)
     threads = 32 * _WARPS_PER_BLOCK
-    launch("replay", "sample_search_gather", blocks_for(32 * B, threads), threads,
-           f"{_SEARCH_SIG}, {_GATHER_SOURCES}, {_GATHER_OUTPUTS}, {_GATHER_SHAPE}", search + arrays + shape)
+    launch(
+        "replay",
+        "sample_search_gather",
+        blocks_for(32 * B, threads),
+        threads,
+        f"{_SEARCH_SIG}, {_GATHER_SOURCES}, {_GATHER_OUTPUTS}, {_GATHER_SHAPE}",
+        search + arrays + shape,
+    )
 
 
 def update_priorities(spec: ReplaySpec, bufs: ReplayBuffers, indices, td) -> None:
@@ -218,23 +312,46 @@ def update_priorities(spec: ReplaySpec, bufs: ReplayBuffers, indices, td) -> Non
     B = int(indices.shape[0])
     _need("indices", indices, (B,), np.int32)
     _need("td", td, (B,), np.float32)
-    launch("replay", "update_priorities", 1, _ONE_BLOCK,
-           "const i32* indices, const f32* td, i64* tree, const i64* levels, i32* owner, i64* max_q, i64* status, "
-           "i64 B, i64 C, i32 depth, f64 alpha, f64 eps",
-           (indices, td, bufs.tree, bufs.levels, bufs.owner, bufs.max_q, bufs.status, B, spec.capacity,
-            _depth(bufs), float(spec.alpha), float(spec.eps)))
+    launch(
+        "replay",
+        "update_priorities",
+        1,
+        _ONE_BLOCK,
+        "const i32* indices, const f32* td, i64* tree, const i64* levels, i32* owner, i64* max_q, i64* status, "
+        "i64 B, i64 C, i32 depth, f64 alpha, f64 eps",
+        (
+            indices,
+            td,
+            bufs.tree,
+            bufs.levels,
+            bufs.owner,
+            bufs.max_q,
+            bufs.status,
+            B,
+            spec.capacity,
+            _depth(bufs),
+            float(spec.alpha),
+            float(spec.eps),
+        ),
+    )
 
 
 def tree_level(tree, src_off: int, dst_off: int, n_dst: int) -> None:
     """``tree[dst_off + p] = sum of the 32 children at src_off + 32p`` for ``p < n_dst``. A thread per node."""
     if tree.dtype != np.int64 or tree.ndim != 1:
         raise ValueError(f"tree: expected int64 [nodes], got {tree.dtype} {tuple(tree.shape)}")
-    launch("replay", "tree_level", blocks_for(n_dst), 256, "i64* tree, i64 src_off, i64 dst_off, i64 n_dst",
-           (tree, int(src_off), int(dst_off), int(n_dst)))
+    launch(
+        "replay",
+        "tree_level",
+        blocks_for(n_dst),
+        256,
+        "i64* tree, i64 src_off, i64 dst_off, i64 n_dst",
+        (tree, int(src_off), int(dst_off), int(n_dst)),
+    )
 
 
 def build_tree(spec: ReplaySpec, bufs: ReplayBuffers) -> None:
     """Rebuild the internal nodes from the leaves, bottom up: one launch per level."""
     layout = tree_layout(spec.capacity)
-    for (src_off, src_n), (dst_off, _) in zip(layout[:-1], layout[1:]):
+    for (src_off, src_n), (dst_off, _) in zip(layout[:-1], layout[1:], strict=False):
         tree_level(bufs.tree, src_off, dst_off, src_n // 32)

@@ -1,4 +1,5 @@
 """Launchers for cuda_src/testing.cu (twin: cudarl/reference/testing.py)."""
+
 from __future__ import annotations
 
 from ..kernels import blocks_for, launch
@@ -11,10 +12,25 @@ def spin_then_write(dst, value: float, cycles: int, stream=None) -> None:
 
 def iota_sized(out, n, stream=None) -> None:
     """``out[i] = i + 1`` for ``i < n[0]`` else 0; ``n`` is a 1-element int64 device array."""
-    launch("testing", "iota_sized", min(blocks_for(out.size), 4096), 256, "f32* out, const i64* n, i64 capacity",
-           (out, n, out.size), stream=stream)
+    launch(
+        "testing",
+        "iota_sized",
+        min(blocks_for(out.size), 4096),
+        256,
+        "f32* out, const i64* n, i64 capacity",
+        (out, n, out.size),
+        stream=stream,
+    )
 
 
 def axpb(x, a: float, b: float, stream=None) -> None:
     """``x = a * x + b`` in place (float32)."""
-    launch("testing", "axpb", min(blocks_for(x.size), 4096), 256, "f32* x, i64 n, f32 a, f32 b", (x, x.size, a, b), stream=stream)
+    launch(
+        "testing",
+        "axpb",
+        min(blocks_for(x.size), 4096),
+        256,
+        "f32* x, i64 n, f32 a, f32 b",
+        (x, x.size, a, b),
+        stream=stream,
+    )

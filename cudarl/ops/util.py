@@ -1,4 +1,5 @@
 """Launchers for cuda_src/util.cu (twin: cudarl/reference/util.py)."""
+
 from __future__ import annotations
 
 from ..kernels import blocks_for, launch
@@ -6,8 +7,15 @@ from ..kernels import blocks_for, launch
 
 def fill_u32(dst, value: int, stream=None) -> None:
     """``dst[:] = value`` over uint32 words (view any 4-byte-aligned buffer as uint32)."""
-    launch("util", "fill_u32", min(blocks_for(dst.size), 4096), 256, "u32* dst, i64 n, u32 value",
-           (dst, dst.size, int(value) & 0xFFFFFFFF), stream=stream)
+    launch(
+        "util",
+        "fill_u32",
+        min(blocks_for(dst.size), 4096),
+        256,
+        "u32* dst, i64 n, u32 value",
+        (dst, dst.size, int(value) & 0xFFFFFFFF),
+        stream=stream,
+    )
 
 
 def set_u64(dst, bits: int, stream=None) -> None:

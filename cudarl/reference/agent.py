@@ -1,4 +1,5 @@
 """NumPy twin of cuda_src/agent.cu: the glue of the collect step."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -24,9 +25,20 @@ def epsilon(eps: np.ndarray, count: np.ndarray, start: float, end: float, steps:
     count[0] = c + 1
 
 
-def act_c51(actions: np.ndarray, q: np.ndarray, logits: np.ndarray, support: np.ndarray, env_count: np.ndarray,
-            params, eps: np.ndarray, count: np.ndarray, arrivals: np.ndarray, start: float, end: float,
-            steps: int) -> None:
+def act_c51(
+    actions: np.ndarray,
+    q: np.ndarray,
+    logits: np.ndarray,
+    support: np.ndarray,
+    env_count: np.ndarray,
+    params,
+    eps: np.ndarray,
+    count: np.ndarray,
+    arrivals: np.ndarray,
+    start: float,
+    end: float,
+    steps: int,
+) -> None:
     """A C51 agent's act phase after the forward: expected Q, the epsilon schedule, epsilon-greedy.
 
     Exactly ``q = qstats.per_sample(logits, support)[0]``; ``epsilon(eps, count, start, end, steps)``;
@@ -43,8 +55,19 @@ def act_c51(actions: np.ndarray, q: np.ndarray, logits: np.ndarray, support: np.
     env.act(actions, q, eps, env_count, params)
 
 
-def act_iqn(actions: np.ndarray, q: np.ndarray, theta: np.ndarray, env_count: np.ndarray, params, eps: np.ndarray,
-            count: np.ndarray, arrivals: np.ndarray, start: float, end: float, steps: int) -> None:
+def act_iqn(
+    actions: np.ndarray,
+    q: np.ndarray,
+    theta: np.ndarray,
+    env_count: np.ndarray,
+    params,
+    eps: np.ndarray,
+    count: np.ndarray,
+    arrivals: np.ndarray,
+    start: float,
+    end: float,
+    steps: int,
+) -> None:
     """An IQN agent's act phase after the forward: ``quantile_mean(q, theta)`` (theta float32
     ``[n, N, A]``), then ``epsilon`` and ``env.act`` as in :func:`act_c51`."""
     from . import env

@@ -8,6 +8,7 @@ Shapes: ``B`` samples, ``A`` actions, ``K`` atoms on a uniform support
 Every op returns float32 (int32 for actions) unless ``compute_dtype`` says otherwise;
 ``compute_dtype=np.float64`` is for finite-difference checks.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -99,7 +100,9 @@ def project(probs_tp1, r_t, discount_t, support, compute_dtype=np.float32):
     d = np.asarray(discount_t, dtype=compute_dtype)[:, None]
     B, K = p.shape
     if z.shape != (K,) or r.shape[0] != B or d.shape[0] != B:
-        raise ValueError(f"project: probs {p.shape}, r_t {r.shape[:1]}, discount_t {d.shape[:1]}, support {z.shape} disagree")
+        raise ValueError(
+            f"project: probs {p.shape}, r_t {r.shape[:1]}, discount_t {d.shape[:1]}, support {z.shape} disagree"
+        )
     v_min, v_max, dz = support_params(z)
     bad = ~(np.isfinite(r[:, 0]) & np.isfinite(d[:, 0]))  # NaN rows, as the kernel writes them
     if bad.any():
@@ -249,24 +252,51 @@ def targets_loss(va_tm1, va_online_tp1, va_target_tp1, a_tm1, weights, support, 
     return m, probs, a_star, out["loss_per"], out["loss"], out["priority"], out["dva"]
 
 
-def targets_loss_popart(va_tm1, va_online_tp1, va_target_tp1, a_tm1, weights, support, r_t, discount_t, state, beta,
-                        sigma_min=1e-4, priority="kl"):
+def targets_loss_popart(
+    va_tm1,
+    va_online_tp1,
+    va_target_tp1,
+    a_tm1,
+    weights,
+    support,
+    r_t,
+    discount_t,
+    state,
+    beta,
+    sigma_min=1e-4,
+    priority="kl",
+):
     """:func:`targets_loss` with PopArt (twin of ``cudarl_c51_targets_loss_popart``): the targets as
     :func:`targets` with ``state`` and ``beta``. Returns ``(m, probs, a_star, y, r_norm, state',
     loss_per, loss, priority, dva)``; ``state`` is not modified."""
-    out = _targets_loss(va_tm1, va_online_tp1, va_target_tp1, a_tm1, weights, support, r_t, discount_t, priority,
-                        state, beta, sigma_min)
+    out = _targets_loss(
+        va_tm1, va_online_tp1, va_target_tp1, a_tm1, weights, support, r_t, discount_t, priority, state, beta, sigma_min
+    )
     return (*out["targets"], out["loss_per"], out["loss"], out["priority"], out["dva"])
 
 
-def _targets_loss(va_tm1, va_online_tp1, va_target_tp1, a_tm1, weights, support, r_t, discount_t, priority, state=None,
-                  beta=None, sigma_min=1e-4) -> dict:
+def _targets_loss(
+    va_tm1,
+    va_online_tp1,
+    va_target_tp1,
+    a_tm1,
+    weights,
+    support,
+    r_t,
+    discount_t,
+    priority,
+    state=None,
+    beta=None,
+    sigma_min=1e-4,
+) -> dict:
     from .nn import dueling_backward
 
     K = np.asarray(support).shape[0]
     logits = _combine(va_tm1, K)
     B, A, _ = logits.shape
-    tg = targets(_combine(va_online_tp1, K), _combine(va_target_tp1, K), support, r_t, discount_t, state, beta, sigma_min)
+    tg = targets(
+        _combine(va_online_tp1, K), _combine(va_target_tp1, K), support, r_t, discount_t, state, beta, sigma_min
+    )
     a = np.asarray(a_tm1)
     bad = (a < 0) | (a >= A)
     loss_per, mean, dlogits, prio = loss(logits, np.where(bad, 0, a), tg[0], weights, priority=priority)

@@ -34,6 +34,7 @@ The semantics live here (the CUDA kernels follow them bit for bit; docs/env.md e
   An integer below ``n`` is ``(x * n) >> 32`` of a 32-bit draw ``x``.
 * Out-of-range actions are clamped into ``[0, n_actions)`` (the kernel cannot raise).
 """
+
 from __future__ import annotations
 
 from typing import NamedTuple
@@ -141,9 +142,14 @@ class Transitions(NamedTuple):
     done: object
 
     @staticmethod
-    def allocate(xp, n_rows: int, obs_dim: int) -> "Transitions":
-        return Transitions(xp.zeros((n_rows, obs_dim), F32), xp.zeros(n_rows, np.int32), xp.zeros(n_rows, F32),
-                           xp.zeros((n_rows, obs_dim), F32), xp.zeros(n_rows, F32))
+    def allocate(xp, n_rows: int, obs_dim: int) -> Transitions:
+        return Transitions(
+            xp.zeros((n_rows, obs_dim), F32),
+            xp.zeros(n_rows, np.int32),
+            xp.zeros(n_rows, F32),
+            xp.zeros((n_rows, obs_dim), F32),
+            xp.zeros(n_rows, F32),
+        )
 
 
 # --- helpers shared by both backends --------------------------------------------------------------
@@ -183,8 +189,13 @@ def position_levels(n_actions: int) -> np.ndarray:
 def reward(prev_position, position, ret, params: EnvParams, compute_dtype=F32):
     """The env's reward, exactly ``cudarl.costs.bar_net_return`` in ``compute_dtype``."""
     c = np.dtype(compute_dtype).type
-    return costs.bar_net_return(np.asarray(prev_position).astype(c), np.asarray(position).astype(c),
-                                np.asarray(ret).astype(c), params.cost_bps, params.slippage_bps)
+    return costs.bar_net_return(
+        np.asarray(prev_position).astype(c),
+        np.asarray(position).astype(c),
+        np.asarray(ret).astype(c),
+        params.cost_bps,
+        params.slippage_bps,
+    )
 
 
 def hold_feature(hold: np.ndarray, hold_cap: int) -> np.ndarray:
@@ -212,8 +223,15 @@ def _lane(blocks: np.ndarray, lanes: np.ndarray) -> np.ndarray:
     return blocks[np.arange(blocks.shape[0]), lanes]
 
 
-def write_obs(obs: np.ndarray, features: np.ndarray, t: np.ndarray, position: np.ndarray, hold: np.ndarray,
-              hold_cap: int, sign: np.ndarray | None = None) -> None:
+def write_obs(
+    obs: np.ndarray,
+    features: np.ndarray,
+    t: np.ndarray,
+    position: np.ndarray,
+    hold: np.ndarray,
+    hold_cap: int,
+    sign: np.ndarray | None = None,
+) -> None:
     """``obs[i] = [features[t[i]] (* sign), position[i], hold_feature(hold[i])]``; obs float32 ``[N, F+2]``."""
     f = features.shape[1]
     rows = features[t]
@@ -251,8 +269,16 @@ def _target(actions: np.ndarray, scale: np.ndarray, levels: np.ndarray) -> tuple
     return a, (levels[a] * scale).astype(F32)
 
 
-def step(state: EnvState, obs: np.ndarray, reward_out: np.ndarray, done_out: np.ndarray, actions: np.ndarray,
-         scale: np.ndarray, data: EnvData, params: EnvParams) -> None:
+def step(
+    state: EnvState,
+    obs: np.ndarray,
+    reward_out: np.ndarray,
+    done_out: np.ndarray,
+    actions: np.ndarray,
+    scale: np.ndarray,
+    data: EnvData,
+    params: EnvParams,
+) -> None:
     """Move every env to its target position, earn the reward, advance one bar, reset ended episodes.
 
     Args:
@@ -290,8 +316,9 @@ def rows_per_step(n_actions: int, counterfactual: bool, mirror: bool) -> int:
     return 1 + (int(n_actions) - 1 if counterfactual else 0) + (1 if mirror else 0)
 
 
-def record(out: Transitions, state: EnvState, actions: np.ndarray, scale: np.ndarray, data: EnvData,
-           params: EnvParams) -> None:
+def record(
+    out: Transitions, state: EnvState, actions: np.ndarray, scale: np.ndarray, data: EnvData, params: EnvParams
+) -> None:
     """Write this step's transitions (real, counterfactual, mirror) before :func:`step` runs.
 
     Prices do not depend on the agent, so the reward of any other action is exact. The mirror

@@ -3,6 +3,7 @@
 The kernels sum each output over k = 0, 1, ..., K - 1 in order with fmaf; NumPy's matmul sums in
 another order, so the parity tests compare within float32 rounding (against float64).
 """
+
 from __future__ import annotations
 
 import numpy as np

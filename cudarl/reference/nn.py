@@ -8,6 +8,7 @@ Activations are coded as integers shared with the kernels: ``0`` identity, ``1``
 ``2`` sigmoid. Derivatives are taken from the activation's *output* ``y``:
 ``relu'(y) = [y > 0]``, ``sigmoid'(y) = y (1 - y)``.
 """
+
 from __future__ import annotations
 
 import numpy as np

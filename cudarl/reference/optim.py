@@ -4,6 +4,7 @@ Device scalars (step counters, lr, bias corrections, tau) are 1-element arrays, 
 written in place like the kernels do. Scalar math of the schedules is done in float64 and
 rounded once to float32, on both faces.
 """
+
 from __future__ import annotations
 
 import math
@@ -45,7 +46,9 @@ def grad_norm(g, partial, norm, scale, max_norm: float, done=None) -> None:
     grad_norm_finalize(partial, norm, scale, max_norm)
 
 
-def schedule_lr(s: int, kind: int, lr_max: float, lr_min: float, warmup: int, period: int, mult: int) -> tuple[float, bool]:
+def schedule_lr(
+    s: int, kind: int, lr_max: float, lr_min: float, warmup: int, period: int, mult: int
+) -> tuple[float, bool]:
     """Learning rate at 0-based step ``s`` and whether ``s`` starts a warm restart (float64).
 
     * warmup (``s < warmup``): ``lr_max (s + 1) / warmup``;
@@ -70,8 +73,22 @@ def schedule_lr(s: int, kind: int, lr_max: float, lr_min: float, warmup: int, pe
     return lr_min + 0.5 * (lr_max - lr_min) * (1.0 + math.cos(math.pi * tcur / ti)), (tcur == 0 and i > 0)
 
 
-def lr_schedule(step, lr, m_scale, bc1, bc2, kind: int, lr_max: float, lr_min: float, warmup: int, period: int,
-                mult: int, restart_m_scale: float, beta1: float, beta2: float) -> None:
+def lr_schedule(
+    step,
+    lr,
+    m_scale,
+    bc1,
+    bc2,
+    kind: int,
+    lr_max: float,
+    lr_min: float,
+    warmup: int,
+    period: int,
+    mult: int,
+    restart_m_scale: float,
+    beta1: float,
+    beta2: float,
+) -> None:
     """Advance the optimiser step on the device: ``step += 1`` (t = step, s = t - 1), then write
     ``lr = schedule(s)``, ``m_scale = restart_m_scale`` on a warm restart else 1, and the bias
     corrections ``bc1 = 1 - beta1^t``, ``bc2 = 1 - beta2^t``. step int64 ``[1]``; the rest float32 ``[1]``.
@@ -86,7 +103,9 @@ def lr_schedule(step, lr, m_scale, bc1, bc2, kind: int, lr_max: float, lr_min: f
     bc2[0] = 1.0 - f(beta2) ** t
 
 
-def adam_update(p, g, m, v, mask, lr, m_scale, bc1, bc2, clip, beta1: float, beta2: float, eps: float, wd: float) -> None:
+def adam_update(
+    p, g, m, v, mask, lr, m_scale, bc1, bc2, clip, beta1: float, beta2: float, eps: float, wd: float
+) -> None:
     """Fused Adam(W) over flat buffers (Kingma & Ba 2015; decoupled decay, Loshchilov & Hutter 2019).
 
     ``g' = clip g``; ``m = beta1 (m_scale m) + (1 - beta1) g'``; ``v = beta2 v + (1 - beta2) g'^2``;
@@ -106,16 +125,42 @@ def adam_update(p, g, m, v, mask, lr, m_scale, bc1, bc2, clip, beta1: float, bet
     p[...] = p - lr_ * (mhat / (np.sqrt(vhat) + e))
 
 
-def adam_update_soft(p, g, m, v, mask, target, lr, m_scale, bc1, bc2, clip, tau, beta1: float, beta2: float, eps: float,
-                     wd: float) -> None:
+def adam_update_soft(
+    p, g, m, v, mask, target, lr, m_scale, bc1, bc2, clip, tau, beta1: float, beta2: float, eps: float, wd: float
+) -> None:
     """:func:`adam_update`, then :func:`soft_update` ``(target, p, tau)`` (the GPU does both in one launch)."""
     adam_update(p, g, m, v, mask, lr, m_scale, bc1, bc2, clip, beta1, beta2, eps, wd)
     soft_update(target, p, tau)
 
 
-def clip_adam_soft(p, g, m, v, mask, target, partial, norm, scale, max_norm: float, done, barrier, lr, m_scale, bc1,
-                   bc2, tau, ring, loss, step, slots: int, beta1: float, beta2: float, eps: float, wd: float,
-                   grid=None) -> None:
+def clip_adam_soft(
+    p,
+    g,
+    m,
+    v,
+    mask,
+    target,
+    partial,
+    norm,
+    scale,
+    max_norm: float,
+    done,
+    barrier,
+    lr,
+    m_scale,
+    bc1,
+    bc2,
+    tau,
+    ring,
+    loss,
+    step,
+    slots: int,
+    beta1: float,
+    beta2: float,
+    eps: float,
+    wd: float,
+    grid=None,
+) -> None:
     """:func:`grad_norm`, :func:`adam_update_soft` with ``clip = scale``, then ``cudarl.reference.agent.publish``
     of ``(loss[0], norm[0])`` into ``ring`` slot ``step[0] % slots`` (the GPU does the three in one launch).
 
@@ -191,7 +236,9 @@ def spectral_dot_partial(a, b, partial) -> None:
     """Stage 1 of ``<a, b>`` in float64 with the grad-norm block mapping. a, b flat-able; partial ``[GN_BLOCKS]``."""
     a, b = a.reshape(-1), b.reshape(-1)
     blk = (np.arange(a.size) // GN_THREADS) % GN_BLOCKS
-    partial[...] = np.bincount(blk, weights=a.astype(np.float64) * b.astype(np.float64), minlength=GN_BLOCKS)[:GN_BLOCKS]
+    partial[...] = np.bincount(blk, weights=a.astype(np.float64) * b.astype(np.float64), minlength=GN_BLOCKS)[
+        :GN_BLOCKS
+    ]
 
 
 def spectral_backward(dw_sn, u, v, sigma, partial, dW) -> None:

@@ -4,6 +4,7 @@ A stream is keyed by ``(seed, counter, stream_id)``; draw ``j`` is lane ``j % 4`
 ``philox4x32(ctr=(j // 4, stream_id, counter_lo, counter_hi), key=(seed_lo, seed_hi))``.
 Uniform float32 draws are ``(x >> 8) * 2**-24`` in [0, 1), exact in float32.
 """
+
 from __future__ import annotations
 
 import numpy as np

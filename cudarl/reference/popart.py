@@ -17,6 +17,7 @@ reach the edge atom). Preserving outputs: after each update a value-producing la
 
 ``state`` is float32 ``[8]``: ``mu, sigma, mu_prev, sigma_prev, m1, m2, decay, scale``.
 """
+
 from __future__ import annotations
 
 import numpy as np

@@ -7,6 +7,7 @@
     entropy     = (1/(B A)) sum_{b, a} -sum_k p_k log p_k
     utilisation = (1/K) #{k : (1/(B A)) sum_{b, a} p[b, a, k] > 1/(10 K)}
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -39,7 +40,7 @@ def reduce(q, ent, mass, compute_dtype=np.float32):
     out[:A] = mean
     out[A] = np.asarray(ent, np.float64).mean()
     out[A + 1] = np.mean(np.asarray(mass, np.float64).mean(0) > 1.0 / (10 * K))
-    out[A + 2:] = ((q - mean) ** 2).mean(0)
+    out[A + 2 :] = ((q - mean) ** 2).mean(0)
     return out.astype(compute_dtype)
 
 

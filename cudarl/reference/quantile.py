@@ -6,6 +6,7 @@ Rowland, Bellemare & Munos (2018), "Distributional RL with Quantile Regression" 
 midpoint taus). Shapes: ``theta [B, N, A]`` (the IQN head's output layout, action fastest),
 ``target [B, M]`` (``M = N'``), ``taus [B, N]`` or ``[N]``.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -92,7 +93,9 @@ def huber_loss(theta_tm1, a_tm1, target, taus, weights, kappa=1.0, compute_dtype
     B, N, A = th.shape
     tau = np.broadcast_to(np.asarray(taus, dtype=compute_dtype), (B, N))
     if a.shape != (B,) or T.ndim != 2 or T.shape[0] != B or w.shape != (B,):
-        raise ValueError(f"huber_loss: theta {th.shape}, actions {a.shape}, target {T.shape}, weights {w.shape} disagree")
+        raise ValueError(
+            f"huber_loss: theta {th.shape}, actions {a.shape}, target {T.shape}, weights {w.shape} disagree"
+        )
     if np.any((a < 0) | (a >= A)):
         raise ValueError(f"huber_loss: actions must lie in [0, {A})")
     M = T.shape[1]
@@ -104,4 +107,3 @@ def huber_loss(theta_tm1, a_tm1, target, taus, weights, kappa=1.0, compute_dtype
     grad = np.zeros_like(th)
     grad[np.arange(B), :, a] = -(w / (B * M))[:, None] * drho.sum(-1)
     return per, mean, grad
-

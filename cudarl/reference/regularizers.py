@@ -18,6 +18,7 @@ Modulation (the definition cudarl implements): priorities are multiplied by ``2 
 ``tau = 0.5`` leaves them unchanged and ``tau > 0.5`` replays transitions whose action beats the
 value estimate (positive advantage) more often, the same asymmetry IQL puts on the value loss.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -75,5 +76,9 @@ def expectile(q, v, priority, tau, compute_dtype=np.float32):
     w = np.where(u < 0, compute_dtype(1) - compute_dtype(tau), compute_dtype(tau))
     per = w * u * u
     B = q.shape[0]
-    return (per.astype(compute_dtype), mean(per, 1.0 / B, compute_dtype),
-            (-2 * w * u / B).astype(compute_dtype), (np.asarray(priority, compute_dtype) * 2 * w).astype(compute_dtype))
+    return (
+        per.astype(compute_dtype),
+        mean(per, 1.0 / B, compute_dtype),
+        (-2 * w * u / B).astype(compute_dtype),
+        (np.asarray(priority, compute_dtype) * 2 * w).astype(compute_dtype),
+    )

@@ -48,6 +48,7 @@ the ops themselves behave as the kernels do on inputs no host could check):
   sampled) are left unchanged.
 * ``sample`` from an empty tree writes index 0, weight 0 and sets ``STATUS_EMPTY``.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -70,8 +71,12 @@ STATUS_BAD_ROWS = 8  # insert() met non-finite values, discount outside [0, 1] o
 #: Words of the int64 ``flag`` scratch: the reject flag of the insert in progress, then the
 #: arrival counters of the two insert kernels (the device's; 0 between launches).
 FLAG_REJECT, FLAG_WORDS = 0, 3
-STATUS_NAMES = {STATUS_EMPTY: "sampled an empty buffer", STATUS_BAD_TD: "non-finite td skipped",
-                STATUS_BAD_INDEX: "out-of-range index skipped", STATUS_BAD_ROWS: "bad rows rejected"}
+STATUS_NAMES = {
+    STATUS_EMPTY: "sampled an empty buffer",
+    STATUS_BAD_TD: "non-finite td skipped",
+    STATUS_BAD_INDEX: "out-of-range index skipped",
+    STATUS_BAD_ROWS: "bad rows rejected",
+}
 
 
 @dataclass(frozen=True)
@@ -129,7 +134,7 @@ def tree_layout(capacity: int) -> tuple[tuple[int, int], ...]:
         n = -(-sizes[-1] // FANOUT)
         sizes.append(1 if n == 1 else ceil32(n))
     offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(int)
-    return tuple((int(o), int(s)) for o, s in zip(offsets, sizes))
+    return tuple((int(o), int(s)) for o, s in zip(offsets, sizes, strict=True))
 
 
 def tree_nodes(capacity: int) -> int:
@@ -195,7 +200,7 @@ def beta_at(spec: ReplaySpec, step: int) -> float:
 def _refresh(tree: np.ndarray, capacity: int) -> None:
     """Recompute every internal node from the leaves (exact integer sums)."""
     layout = tree_layout(capacity)
-    for (src_off, src_n), (dst_off, _) in zip(layout[:-1], layout[1:]):
+    for (src_off, src_n), (dst_off, _) in zip(layout[:-1], layout[1:], strict=False):
         tree_level(tree, src_off, dst_off, src_n // FANOUT)
 
 
@@ -211,8 +216,14 @@ def build_tree(spec: ReplaySpec, bufs: ReplayBuffers) -> None:
 
 def _batch_is_bad(obs, action, reward, discount, next_obs=None) -> bool:
     """A non-finite value (obs, reward, discount, next_obs), a discount outside ``[0, 1]`` or a negative action."""
-    bad = (not np.all(np.isfinite(obs)) or not np.all(np.isfinite(reward)) or not np.all(np.isfinite(discount))
-           or np.any(discount < 0) or np.any(discount > 1) or np.any(action < 0))
+    bad = (
+        not np.all(np.isfinite(obs))
+        or not np.all(np.isfinite(reward))
+        or not np.all(np.isfinite(discount))
+        or np.any(discount < 0)
+        or np.any(discount > 1)
+        or np.any(action < 0)
+    )
     return bool(bad or (next_obs is not None and not np.all(np.isfinite(next_obs))))
 
 
@@ -329,7 +340,7 @@ def insert(spec: ReplaySpec, bufs: ReplayBuffers, obs, action, reward, discount,
 
 def _mulhi64(r: np.ndarray, w: np.ndarray) -> np.ndarray:
     """``floor(r * w / 2**64)`` for uint64 arrays, exact (Python integers)."""
-    return np.array([(int(a) * int(b)) >> 64 for a, b in zip(r, w)], dtype=np.uint64)
+    return np.array([(int(a) * int(b)) >> 64 for a, b in zip(r, w, strict=True)], dtype=np.uint64)
 
 
 def sample_search(spec: ReplaySpec, bufs: ReplayBuffers, indices_out, qsel_out) -> None:
@@ -385,7 +396,8 @@ def nstep(spec: ReplaySpec, bufs: ReplayBuffers, slots) -> tuple[np.ndarray, np.
 
     ``G = sum_{k<n} (prod_{i<k} d_{s+iE}) r_{s+kE}``, ``Gamma = prod_{k<n} d_{s+kE}``,
     accumulated in float32 in this order (``G += g * r``, then ``g *= d``), bootstrap slot
-    ``(s + lag) mod C`` (``lag = nE``, or 0: the row's own stored ``next_obs``). A discount of 0 (episode end) zeroes every later term and ``Gamma``.
+    ``(s + lag) mod C`` (``lag = nE``, or 0: the row's own stored ``next_obs``). A discount of 0
+    (episode end) zeroes every later term and ``Gamma``.
     """
     C, E = spec.capacity, spec.n_envs
     s = np.asarray(slots, np.int64)
@@ -398,7 +410,9 @@ def nstep(spec: ReplaySpec, bufs: ReplayBuffers, slots) -> tuple[np.ndarray, np.
     return G, g, (s + spec.lag) % C
 
 
-def gather(spec: ReplaySpec, bufs: ReplayBuffers, indices, obs_out, next_obs_out, action_out, return_out, discount_out) -> None:
+def gather(
+    spec: ReplaySpec, bufs: ReplayBuffers, indices, obs_out, next_obs_out, action_out, return_out, discount_out
+) -> None:
     """Copy the sampled rows into the trainer's buffers.
 
     Args:
@@ -427,8 +441,17 @@ def gather(spec: ReplaySpec, bufs: ReplayBuffers, indices, obs_out, next_obs_out
         out[bad] = 0
 
 
-def sample_search_gather(spec: ReplaySpec, bufs: ReplayBuffers, indices_out, qsel_out, obs_out, next_obs_out, action_out,
-                         return_out, discount_out) -> None:
+def sample_search_gather(
+    spec: ReplaySpec,
+    bufs: ReplayBuffers,
+    indices_out,
+    qsel_out,
+    obs_out,
+    next_obs_out,
+    action_out,
+    return_out,
+    discount_out,
+) -> None:
     """:func:`sample_search` then :func:`gather` of the rows found (the GPU does both in one launch)."""
     sample_search(spec, bufs, indices_out, qsel_out)
     gather(spec, bufs, indices_out, obs_out, next_obs_out, action_out, return_out, discount_out)

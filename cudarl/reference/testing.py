@@ -1,4 +1,5 @@
 """NumPy twin of cuda_src/testing.cu."""
+
 from __future__ import annotations
 
 import numpy as np

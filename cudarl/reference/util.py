@@ -1,4 +1,5 @@
 """NumPy twin of cuda_src/util.cu, and of the batch mean the loss kernels end with."""
+
 from __future__ import annotations
 
 import numpy as np

@@ -1,4 +1,5 @@
 """Capture-safe GEMM: the NumPy path against float64 on the CPU; cuBLAS eager and captured on the GPU."""
+
 import numpy as np
 import pytest
 
@@ -52,7 +53,9 @@ def test_gpu_gemm_eager_and_captured(cp, rng, m, n, k, ta, tb, tf32):
     assert_parity(out, ref.astype(np.float32), kind=kind, what="eager")
 
     cap = cp.asarray(c)
-    g = StepGraph("gemm", [("gemm", lambda: blas.gemm(da, db, cap, trans_a=ta, trans_b=tb, alpha=0.75, beta=-0.5, tf32=tf32))])
+    g = StepGraph(
+        "gemm", [("gemm", lambda: blas.gemm(da, db, cap, trans_a=ta, trans_b=tb, alpha=0.75, beta=-0.5, tf32=tf32))]
+    )
     g.capture()
     g.replay()
     g.synchronize()
@@ -81,7 +84,12 @@ def test_gpu_gemm_without_prepared_handle_inside_capture(cp):
 
 
 # --- gemm_lt: out = act(op(a) @ op(b) + bias), cuBLASLt with the bias/ReLU epilogue ------------
-LT_EPILOGUES = [("identity", False), ("relu", False), ("identity", True), ("relu", True)]  # DEFAULT, RELU, BIAS, RELU_BIAS
+LT_EPILOGUES = [
+    ("identity", False),
+    ("relu", False),
+    ("identity", True),
+    ("relu", True),
+]  # DEFAULT, RELU, BIAS, RELU_BIAS
 
 
 def _lt_operands(rng, m, n, k, ta, tb, act, with_bias):
@@ -114,8 +122,13 @@ def test_numpy_gemm_lt_against_float64(rng, m, n, k, ta, tb, act, with_bias):
 def test_numpy_gemm_lt_bias_is_per_column():
     """``bias[j]`` lands on column j of every row (row-major ``x @ W + b``)."""
     out = np.full((3, 4), np.nan, np.float32)
-    blas.gemm_lt(np.zeros((3, 2), np.float32), np.ones((2, 4), np.float32), out,
-                 bias=np.array([-1, 0, 1, 2], np.float32), act="relu")
+    blas.gemm_lt(
+        np.zeros((3, 2), np.float32),
+        np.ones((2, 4), np.float32),
+        out,
+        bias=np.array([-1, 0, 1, 2], np.float32),
+        act="relu",
+    )
     assert out.tolist() == [[0, 0, 1, 2]] * 3
 
 
@@ -137,7 +150,15 @@ def test_gemm_lt_plan_keys_count_alignment_up_to_16_bytes_and_the_bias_up_to_256
     key = blas._lt_key(7, 5, 3, False, True, 0x1000, "relu", True, 0x1004, 0x2008, 0x3100)
     assert key == (7, 5, 3, False, True, 6, True, 4, 8, 16, 256, True)
     assert blas._lt_key(7, 5, 3, False, False, 0, "identity", False, 0x100, 0x100, 0x100)[5] == 1  # no bias: DEFAULT
-    assert blas._lt_key(7, 5, 3, False, False, 0x1010, "identity", False, 0x100, 0x100, 0x100)[5:] == (4, False, 16, 16, 16, 16, True)
+    assert blas._lt_key(7, 5, 3, False, False, 0x1010, "identity", False, 0x100, 0x100, 0x100)[5:] == (
+        4,
+        False,
+        16,
+        16,
+        16,
+        16,
+        True,
+    )
     assert blas._lt_key(7, 5, 3, False, True, 0x1000, "relu", True, 0x1004, 0x2008, 0x3100, split_k=False)[-1] is False
 
 
@@ -160,8 +181,16 @@ def test_gpu_gemm_lt_against_float64(cp, rng, m, n, k, ta, tb, act, with_bias, t
     a, b, bias, ref = _lt_operands(rng, m, n, k, ta, tb, act, with_bias)
     out = cp.empty((m, n), np.float32)
     poison(out)
-    blas.gemm_lt(cp.asarray(a), cp.asarray(b), out, bias=None if bias is None else cp.asarray(bias), act=act,
-                 trans_a=ta, trans_b=tb, tf32=tf32)
+    blas.gemm_lt(
+        cp.asarray(a),
+        cp.asarray(b),
+        out,
+        bias=None if bias is None else cp.asarray(bias),
+        act=act,
+        trans_a=ta,
+        trans_b=tb,
+        tf32=tf32,
+    )
     assert_parity(out, ref.astype(np.float32), **_lt_kind(tf32), what=f"gemm_lt {act}{' + bias' if with_bias else ''}")
 
 
@@ -203,7 +232,12 @@ def test_gpu_gemm_lt_operands_aligned_to_4_bytes(cp, rng, offsets):
         view[...] = cp.asarray(arr)
         return view
 
-    ga, gb, gout, gbias = at(offsets[0], a), at(offsets[1], b), at(offsets[2], np.full((m, n), np.nan, np.float32)), at(offsets[3], bias)
+    ga, gb, gout, gbias = (
+        at(offsets[0], a),
+        at(offsets[1], b),
+        at(offsets[2], np.full((m, n), np.nan, np.float32)),
+        at(offsets[3], bias),
+    )
     blas.gemm_lt(ga, gb, gout, bias=gbias, act="relu")
     assert_parity(gout, ref.astype(np.float32), what=f"offsets (floats) a/b/out/bias {offsets}")
     with pytest.raises(blas.BlasError, match="bias must start at a multiple of 16 bytes"):
@@ -276,8 +310,11 @@ def test_gpu_gemm_lt_unplanned_key_inside_a_capture_says_run_eagerly_first(cp, r
     a, b, bias, ref = _lt_operands(rng, m, n, k, True, False, "relu", True)
     da, db, dbias = cp.asarray(a), cp.asarray(b), cp.asarray(bias)
     out = cp.empty((m, n), np.float32)
-    g = StepGraph("gemm_lt_unplanned", [("gemm_lt", lambda: blas.gemm_lt(da, db, out, bias=dbias, act="relu", trans_a=True))],
-                  xp=cp)
+    g = StepGraph(
+        "gemm_lt_unplanned",
+        [("gemm_lt", lambda: blas.gemm_lt(da, db, out, bias=dbias, act="relu", trans_a=True))],
+        xp=cp,
+    )
     with pytest.raises(GraphCaptureError, match="run the step once eagerly first") as info:
         g.capture()
     assert isinstance(info.value.__cause__, blas.BlasError), info.value.__cause__

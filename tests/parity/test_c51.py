@@ -3,6 +3,7 @@
 CPU tests check ``cudarl.reference.c51`` (and ``cudarl.losses`` on NumPy); ``gpu`` tests hold
 ``cuda_src/c51.cu`` to it, eager and graphed, and cross-check against PyTorch.
 """
+
 import numpy as np
 import pytest
 
@@ -90,7 +91,9 @@ def test_n_step_with_n_one_equals_the_one_step_target(rng):
     r_t, d_t = ref.n_step(r, term, gamma)
     np.testing.assert_array_equal(r_t, r[:, 0])
     np.testing.assert_array_equal(d_t, np.float32(gamma) * (1 - term[:, 0]))
-    np.testing.assert_array_equal(ref.project(p, r_t, d_t, z), ref.project(p, r[:, 0], np.float32(gamma) * (1 - term[:, 0]), z))
+    np.testing.assert_array_equal(
+        ref.project(p, r_t, d_t, z), ref.project(p, r[:, 0], np.float32(gamma) * (1 - term[:, 0]), z)
+    )
 
 
 def test_n_step_hand_case_stops_at_a_terminal():
@@ -217,7 +220,7 @@ def test_targets_are_bitwise_the_former_chain_of_ops(rng, B, A, K, popart):
     before = None if state is None else state.copy()
     got = ref.targets(online, target, z, r, d, state, 0.05 if popart else None)
     want = _former_chain(online, target, z, r, d, state, 0.05)
-    for name, g, w in zip(("m", "probs", "a_star", "y", "r_norm", "state"), got, want):
+    for name, g, w in zip(("m", "probs", "a_star", "y", "r_norm", "state"), got, want, strict=True):
         if w is None:
             assert g is None, name
         else:
@@ -239,7 +242,7 @@ def test_targets_update_with_this_steps_y_then_normalise_with_the_new_statistics
     np.testing.assert_allclose(y, y64, rtol=1e-5, atol=1e-5)
     c = 1 - np.float64(state[pref.DECAY]) * (1 - beta)
     m1 = (1 - beta) * np.float64(state[pref.M1]) + beta * y64.mean()
-    m2 = (1 - beta) * np.float64(state[pref.M2]) + beta * (y64 ** 2).mean()
+    m2 = (1 - beta) * np.float64(state[pref.M2]) + beta * (y64**2).mean()
     mu, sigma = m1 / c, np.sqrt(m2 / c - (m1 / c) ** 2)
     np.testing.assert_allclose([new[pref.MU], new[pref.SIGMA]], [mu, sigma], rtol=1e-4)
     assert abs(mu - state[pref.MU]) > 0.1  # the statistics moved, so the order is observable
@@ -254,7 +257,7 @@ def test_public_c51_targets_on_numpy_is_the_reference(rng):
     assert_bitwise(plain.target, ref.targets(online, target, z, r, d)[0], what="target without PopArt")
     state = _popart_state(rng)
     res = losses.c51_targets(online, target, z, r, d, state, np.float32([0.05]), 1e-4)
-    for name, g, w in zip(res._fields, res, ref.targets(online, target, z, r, d, state, 0.05)):
+    for name, g, w in zip(res._fields, res, ref.targets(online, target, z, r, d, state, 0.05), strict=True):
         assert_bitwise(g, w, what=name)
 
 
@@ -294,10 +297,10 @@ def test_targets_loss_twin_is_the_chain_it_fuses(rng, popart):
     state = _popart_state(rng) if popart else None
     args = (x["va_tm1"], x["va_on"], x["va_tg"], x["a"], x["w"], x["z"], x["r"], x["d"])
     tg, per, mean, prio, dva = _chain_from_va(*args, state, 0.05 if popart else None)
-    got = (ref.targets_loss_popart(*args, state, 0.05) if popart else ref.targets_loss(*args))
+    got = ref.targets_loss_popart(*args, state, 0.05) if popart else ref.targets_loss(*args)
     want = (tg if popart else tg[:3]) + (per, mean, prio, dva)
     assert len(got) == len(want)
-    for i, (g, w) in enumerate(zip(got, want)):
+    for i, (g, w) in enumerate(zip(got, want, strict=True)):
         assert_bitwise(np.asarray(g), np.asarray(w), what=f"output {i}")
     res = losses.c51_targets_loss(*args, popart_state=state, popart_beta=0.05 if popart else None)
     assert_bitwise(res.dva, dva, what="losses.c51_targets_loss dva")
@@ -312,7 +315,9 @@ def test_targets_loss_twin_dva_is_the_gradient_of_its_loss():
     rng = np.random.default_rng(11)
     B, A, K = 5, 3, 7
     x = _targets_loss_inputs(rng, B, A, K)
-    m, _, _, _, _, _, dva = ref.targets_loss(x["va_tm1"], x["va_on"], x["va_tg"], x["a"], x["w"], x["z"], x["r"], x["d"])
+    m, _, _, _, _, _, dva = ref.targets_loss(
+        x["va_tm1"], x["va_on"], x["va_tg"], x["a"], x["w"], x["z"], x["r"], x["d"]
+    )
     target, w, act = m.astype(np.float64), x["w"].astype(np.float64), x["a"]
 
     def loss(va):
@@ -332,8 +337,9 @@ def test_targets_loss_twin_answers_a_bad_action_as_the_kernel():
     rng = np.random.default_rng(3)
     x = _targets_loss_inputs(rng, 5, 3, 11)
     x["a"][2] = 3
-    m, probs, a_star, per, mean, prio, dva = ref.targets_loss(x["va_tm1"], x["va_on"], x["va_tg"], x["a"], x["w"],
-                                                              x["z"], x["r"], x["d"])
+    m, probs, a_star, per, mean, prio, dva = ref.targets_loss(
+        x["va_tm1"], x["va_on"], x["va_tg"], x["a"], x["w"], x["z"], x["r"], x["d"]
+    )
     assert np.isnan(per[2]) and np.isnan(prio[2]) and np.isnan(mean)
     assert not np.any(dva[2]) and np.all(np.isfinite(np.delete(per, 2)))
 
@@ -348,8 +354,13 @@ def test_agent_targets_phase_on_numpy_is_the_former_chain(rng, head, popart):
     from cudarl.reference import popart as pref
     from cudarl.reference import quantile as qref
 
-    cfg = reference_config("cpu", capacity=1024, net={"hidden": [16], "head": head, "atoms": 21},
-                           agent={"batch_size": 24, "learning_starts": 24, "popart": popart}, env={"n_envs": 2})
+    cfg = reference_config(
+        "cpu",
+        capacity=1024,
+        net={"hidden": [16], "head": head, "atoms": 21},
+        agent={"batch_size": 24, "learning_starts": 24, "popart": popart},
+        env={"n_envs": 2},
+    )
     agent = Agent(cfg, 6, 3, 2, np)
     batch = agent.batch
     batch.obs[...] = rng.normal(size=batch.obs.shape)
@@ -366,15 +377,34 @@ def test_agent_targets_phase_on_numpy_is_the_former_chain(rng, head, popart):
     if head == "c51":
         w = rng.uniform(0.1, 1, 24).astype(np.float32)
         rule.targets_loss(agent, batch, w)
-        tg, per, mean, prio, dva = _chain_from_va(rule.va, rule.va_online_next, rule.va_target_next, batch.action, w,
-                                                  rule.support, batch.ret, batch.discount, state0, beta,
-                                                  priority=cfg.agent.priority)
+        tg, per, mean, prio, dva = _chain_from_va(
+            rule.va,
+            rule.va_online_next,
+            rule.va_target_next,
+            batch.action,
+            w,
+            rule.support,
+            batch.ret,
+            batch.discount,
+            state0,
+            beta,
+            priority=cfg.agent.priority,
+        )
         want_online = _combine(rule.va_online_next, 3, 21)
-        assert_bitwise(rule.target, _former_chain(want_online, _combine(rule.va_target_next, 3, 21), rule.support,
-                                                  batch.ret, batch.discount, state0, beta)[0], what="C51 target")
-        for got, want, what in ((rule.target, tg[0], "target"), (agent.loss_per, per, "loss_per"),
-                                (agent.priority, prio, "priority"), (agent.grad_q(), dva, "dL/dva"),
-                                (agent.loss[0], np.float32(mean), "loss")):
+        assert_bitwise(
+            rule.target,
+            _former_chain(
+                want_online, _combine(rule.va_target_next, 3, 21), rule.support, batch.ret, batch.discount, state0, beta
+            )[0],
+            what="C51 target",
+        )
+        for got, want, what in (
+            (rule.target, tg[0], "target"),
+            (agent.loss_per, per, "loss_per"),
+            (agent.priority, prio, "priority"),
+            (agent.grad_q(), dva, "dL/dva"),
+            (agent.loss[0], np.float32(mean), "loss"),
+        ):
             assert_bitwise(got, want, what=what)
         new_state = tg[5]
     else:
@@ -383,8 +413,11 @@ def test_agent_targets_phase_on_numpy_is_the_former_chain(rng, head, popart):
         if popart:
             new_state = pref.update(batch.ret, state0, beta)
             r_in = pref.normalize_rewards(batch.ret, batch.discount, new_state)
-        assert_bitwise(rule.target, qref.targets(rule.online_next, rule.target_next, r_in, batch.discount)[0],
-                       what="quantile target")
+        assert_bitwise(
+            rule.target,
+            qref.targets(rule.online_next, rule.target_next, r_in, batch.discount)[0],
+            what="quantile target",
+        )
     if popart:
         assert_bitwise(agent.popart.state, new_state, what="PopArt state")
         assert not np.array_equal(agent.popart.state, state0)
@@ -455,7 +488,9 @@ def test_gpu_loss_matches_reference(cp, rng, B, A, K, priority):
     m = ref.project(_rand_probs(rng, B, K), rng.uniform(-3, 3, B), np.full(B, 0.9), z)  # sparse, with zeros
     per, loss, grad, prio = _empty(cp, (B,)), _empty(cp, (1,)), _empty(cp, (B, A, K)), _empty(cp, (B,))
     done = cp.zeros(1, np.uint32)
-    ops.loss(cp.asarray(online), cp.asarray(a), cp.asarray(m), cp.asarray(w), per, loss, grad, prio, done, priority=priority)
+    ops.loss(
+        cp.asarray(online), cp.asarray(a), cp.asarray(m), cp.asarray(w), per, loss, grad, prio, done, priority=priority
+    )
     r_per, r_loss, r_grad, r_prio = ref.loss(online, a, m, w, priority=priority)
     assert_parity(per, r_per, what="per-sample loss")
     assert_parity(loss, np.float32([r_loss]), what="mean loss")
@@ -496,8 +531,9 @@ def test_gpu_loss_mean_by_the_last_block_is_exact_to_rounding_and_reuses_its_cou
     def counter_left_zero(attempt):
         assert int(done.get()[0]) == 0, f"{attempt}: the ticket counter was not left 0"
 
-    assert_reruns_bitwise(g, {"mean loss": loss}, {"mean loss": first}, ("eager", "graphed", "graphed", "eager"),
-                          check=counter_left_zero)
+    assert_reruns_bitwise(
+        g, {"mean loss": loss}, {"mean loss": first}, ("eager", "graphed", "graphed", "eager"), check=counter_left_zero
+    )
 
 
 @pytest.mark.gpu
@@ -536,10 +572,28 @@ def _check_a_star(got_a, online, z):
 
 def _gpu_targets(cp, dev, outs, popart):
     """The targets phase through the public function: one launch, or two with PopArt."""
-    kw = {} if not popart else dict(popart_state=dev["state"], popart_beta=dev["beta"], out_y=outs["y"],
-                                    out_r_norm=outs["r_norm"], scratch=dev["scratch"])
-    return losses.c51_targets(dev["online"], dev["target"], dev["z"], dev["r"], dev["d"], out_target=outs["m"],
-                              out_probs=outs["probs"], out_a_star=outs["a_star"], **kw)
+    kw = (
+        {}
+        if not popart
+        else dict(
+            popart_state=dev["state"],
+            popart_beta=dev["beta"],
+            out_y=outs["y"],
+            out_r_norm=outs["r_norm"],
+            scratch=dev["scratch"],
+        )
+    )
+    return losses.c51_targets(
+        dev["online"],
+        dev["target"],
+        dev["z"],
+        dev["r"],
+        dev["d"],
+        out_target=outs["m"],
+        out_probs=outs["probs"],
+        out_a_star=outs["a_star"],
+        **kw,
+    )
 
 
 def _targets_buffers(cp, rng, B, A, K):
@@ -548,8 +602,13 @@ def _targets_buffers(cp, rng, B, A, K):
     host = dict(z=z, online=online, target=target, r=r, d=d, state=state, beta=np.float32([0.05]))
     dev = {k: cp.asarray(v) for k, v in host.items()}
     dev["scratch"] = _empty(cp, (8,))
-    outs = dict(m=_empty(cp, (B, K)), probs=_empty(cp, (B, K)), a_star=_empty(cp, (B,), np.int32), y=_empty(cp, (B,)),
-                r_norm=_empty(cp, (B,)))
+    outs = dict(
+        m=_empty(cp, (B, K)),
+        probs=_empty(cp, (B, K)),
+        a_star=_empty(cp, (B,), np.int32),
+        y=_empty(cp, (B,)),
+        r_norm=_empty(cp, (B,)),
+    )
     return host, dev, outs
 
 
@@ -563,8 +622,9 @@ def test_gpu_targets_match_reference(cp, rng, B, A, K, popart):
     cp.cuda.get_current_stream().synchronize()
     got_a = outs["a_star"].get()
     _check_a_star(got_a, host["online"], host["z"])
-    m, probs, y, r_norm, new_state = _ref_targets_given_actions(host["target"], host["z"], host["r"], host["d"], got_a,
-                                                                host["state"] if popart else None, 0.05)
+    m, probs, y, r_norm, new_state = _ref_targets_given_actions(
+        host["target"], host["z"], host["r"], host["d"], got_a, host["state"] if popart else None, 0.05
+    )
     assert res.target is outs["m"] and res.probs is outs["probs"]
     assert_parity(outs["probs"], probs, what="next-state probabilities")
     assert_parity(outs["m"], m, what="projected target")
@@ -650,10 +710,20 @@ def test_gpu_targets_phase_is_bitwise_repeatable_and_graphed_equals_eager(cp, rn
 def _step_buffers(cp, rng, B, A, K):
     z, online, target, r, d, a, w = _gpu_inputs(rng, B, A, K)
     logits_tm1 = (rng.normal(size=(B, A, K))).astype(np.float32)
-    dev = {k: cp.asarray(v) for k, v in dict(z=z, online=online, target=target, r=r, d=d, a=a, w=w, logits=logits_tm1).items()}
+    dev = {
+        k: cp.asarray(v)
+        for k, v in dict(z=z, online=online, target=target, r=r, d=d, a=a, w=w, logits=logits_tm1).items()
+    }
     dev["done"] = cp.zeros(1, np.uint32)
-    outs = dict(probs=_empty(cp, (B, K)), a_star=_empty(cp, (B,), np.int32), m=_empty(cp, (B, K)), per=_empty(cp, (B,)),
-                loss=_empty(cp, (1,)), grad=_empty(cp, (B, A, K)), prio=_empty(cp, (B,)))
+    outs = dict(
+        probs=_empty(cp, (B, K)),
+        a_star=_empty(cp, (B,), np.int32),
+        m=_empty(cp, (B, K)),
+        per=_empty(cp, (B,)),
+        loss=_empty(cp, (1,)),
+        grad=_empty(cp, (B, A, K)),
+        prio=_empty(cp, (B,)),
+    )
     return dev, outs
 
 
@@ -662,7 +732,9 @@ def _targets_and_loss(dev, outs):
     from cudarl.ops import c51 as ops
 
     ops.targets(dev["online"], dev["target"], dev["z"], dev["r"], dev["d"], outs["m"], outs["probs"], outs["a_star"])
-    ops.loss(dev["logits"], dev["a"], outs["m"], dev["w"], outs["per"], outs["loss"], outs["grad"], outs["prio"], dev["done"])
+    ops.loss(
+        dev["logits"], dev["a"], outs["m"], dev["w"], outs["per"], outs["loss"], outs["grad"], outs["prio"], dev["done"]
+    )
 
 
 @pytest.mark.gpu
@@ -760,21 +832,53 @@ def _tl_buffers(cp, rng, B, A, K, popart):
     host.update(state=_popart_state(rng), beta=np.float32([0.05]))
     dev = {k: cp.asarray(v) for k, v in host.items()}
     dev.update(done=cp.zeros(1, np.uint32), barrier=cp.zeros(1, np.uint32), scratch=_empty(cp, (8,)))
-    outs = dict(probs=_empty(cp, (B, K)), a_star=_empty(cp, (B,), np.int32), m=_empty(cp, (B, K)), per=_empty(cp, (B,)),
-                loss=_empty(cp, (1,)), prio=_empty(cp, (B,)), dva=_empty(cp, (B, (1 + A) * K)))
+    outs = dict(
+        probs=_empty(cp, (B, K)),
+        a_star=_empty(cp, (B,), np.int32),
+        m=_empty(cp, (B, K)),
+        per=_empty(cp, (B,)),
+        loss=_empty(cp, (1,)),
+        prio=_empty(cp, (B,)),
+        dva=_empty(cp, (B, (1 + A) * K)),
+    )
     if popart:
         outs.update(y=_empty(cp, (B,)), r_norm=_empty(cp, (B,)))
     return host, dev, outs
 
 
 def _gpu_targets_loss(dev, outs, popart, grid_barrier=True):
-    kw = {} if not popart else dict(popart_state=dev["state"], popart_beta=dev["beta"], out_y=outs["y"],
-                                    out_r_norm=outs["r_norm"], barrier=dev["barrier"], scratch=dev["scratch"],
-                                    grid_barrier=grid_barrier)
-    return losses.c51_targets_loss(dev["va_tm1"], dev["va_on"], dev["va_tg"], dev["a"], dev["w"], dev["z"], dev["r"],
-                                   dev["d"], **kw, out_target=outs["m"], out_probs=outs["probs"], out_a_star=outs["a_star"],
-                                   out_loss_per=outs["per"], out_loss=outs["loss"], out_priority=outs["prio"],
-                                   out_dva=outs["dva"], done=dev["done"])
+    kw = (
+        {}
+        if not popart
+        else dict(
+            popart_state=dev["state"],
+            popart_beta=dev["beta"],
+            out_y=outs["y"],
+            out_r_norm=outs["r_norm"],
+            barrier=dev["barrier"],
+            scratch=dev["scratch"],
+            grid_barrier=grid_barrier,
+        )
+    )
+    return losses.c51_targets_loss(
+        dev["va_tm1"],
+        dev["va_on"],
+        dev["va_tg"],
+        dev["a"],
+        dev["w"],
+        dev["z"],
+        dev["r"],
+        dev["d"],
+        **kw,
+        out_target=outs["m"],
+        out_probs=outs["probs"],
+        out_a_star=outs["a_star"],
+        out_loss_per=outs["per"],
+        out_loss=outs["loss"],
+        out_priority=outs["prio"],
+        out_dva=outs["dva"],
+        done=dev["done"],
+    )
 
 
 def _gpu_launch_chain(cp, dev, outs, popart):
@@ -791,22 +895,64 @@ def _gpu_launch_chain(cp, dev, outs, popart):
         nops.dueling_forward(dev[name], lg[name])
     if popart:
         scratch = _empty(cp, (8,))
-        ops.next_probs_td(lg["va_on"], lg["va_tg"], dev["z"], dev["r"], dev["d"], dev["state"], outs["probs"],
-                          outs["a_star"], outs["y"], scratch)
-        ops.project_popart(outs["probs"], dev["r"], dev["d"], dev["z"], outs["y"], scratch, dev["beta"], dev["state"],
-                           outs["r_norm"], outs["m"])
+        ops.next_probs_td(
+            lg["va_on"],
+            lg["va_tg"],
+            dev["z"],
+            dev["r"],
+            dev["d"],
+            dev["state"],
+            outs["probs"],
+            outs["a_star"],
+            outs["y"],
+            scratch,
+        )
+        ops.project_popart(
+            outs["probs"],
+            dev["r"],
+            dev["d"],
+            dev["z"],
+            outs["y"],
+            scratch,
+            dev["beta"],
+            dev["state"],
+            outs["r_norm"],
+            outs["m"],
+        )
     else:
         ops.targets(lg["va_on"], lg["va_tg"], dev["z"], dev["r"], dev["d"], outs["m"], outs["probs"], outs["a_star"])
     grad = _empty(cp, (B, A, K))
-    ops.loss(lg["va_tm1"], dev["a"], outs["m"], dev["w"], outs["per"], outs["loss"], grad, outs["prio"],
-             cp.zeros(1, np.uint32))
+    ops.loss(
+        lg["va_tm1"],
+        dev["a"],
+        outs["m"],
+        dev["w"],
+        outs["per"],
+        outs["loss"],
+        grad,
+        outs["prio"],
+        cp.zeros(1, np.uint32),
+    )
     nops.dueling_backward(grad, outs["dva"])
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("popart,grid_barrier", [(False, True), (True, True), (True, False)])
-@pytest.mark.parametrize("B,A,K", [(1, 3, 11), (7, 3, 51), (512, 3, 51), (33, 1, 33), (40, 4, 40), (100, 8, 64), (1000, 5, 11),
-                                   (64, 9, 51), (4096, 3, 101), (300, 3, 1024)])
+@pytest.mark.parametrize(
+    "B,A,K",
+    [
+        (1, 3, 11),
+        (7, 3, 51),
+        (512, 3, 51),
+        (33, 1, 33),
+        (40, 4, 40),
+        (100, 8, 64),
+        (1000, 5, 11),
+        (64, 9, 51),
+        (4096, 3, 101),
+        (300, 3, 1024),
+    ],
+)
 def test_gpu_targets_loss_is_bitwise_the_launch_chain_it_replaces(cp, rng, B, A, K, popart, grid_barrier):
     """Every output of the one launch, or of the two-launch form without the grid barrier, against
     the six to seven launches it replaces (three dueling_forward, the targets in one launch or two

@@ -4,6 +4,7 @@ The GPU acceptance test runs 4096 envs for 1000 steps: positions and every integ
 state bitwise, rewards within 1e-6 relative (they are computed op by op in float32 on both
 faces, so in practice they agree bitwise too).
 """
+
 import numpy as np
 import pytest
 
@@ -70,11 +71,14 @@ class LoopEnv:
         return np.array(rewards, F32), np.array(dones, F32)
 
 
-@pytest.mark.parametrize("cfg_kw", [
-    dict(n_envs=9, episode_len=7, n_actions=3),
-    dict(n_envs=5, episode_len=1, n_actions=2, fill="close", stagger=False),
-    dict(n_envs=13, episode_len=11, n_actions=5, cost_bps=3.0, slippage_bps=2.5, hold_cap=4, seed=2**63 + 5),
-])
+@pytest.mark.parametrize(
+    "cfg_kw",
+    [
+        dict(n_envs=9, episode_len=7, n_actions=3),
+        dict(n_envs=5, episode_len=1, n_actions=2, fill="close", stagger=False),
+        dict(n_envs=13, episode_len=11, n_actions=5, cost_bps=3.0, slippage_bps=2.5, hold_cap=4, seed=2**63 + 5),
+    ],
+)
 @pytest.mark.parametrize("with_scale", [False, True])
 def test_twin_equals_python_loop(rng, cfg_kw, with_scale):
     cfg = EnvConfig(**cfg_kw)
@@ -126,7 +130,9 @@ def _pair(rng, cfg, t_n=3000, f_n=16, **kw):
 
 def _assert_state_equal(gpu, cpu, what):
     for name in ("t", "start", "steps_left", "hold", "count"):
-        np.testing.assert_array_equal(getattr(gpu.state, name).get(), getattr(cpu.state, name), err_msg=f"{what}: state.{name}")
+        np.testing.assert_array_equal(
+            getattr(gpu.state, name).get(), getattr(cpu.state, name), err_msg=f"{what}: state.{name}"
+        )
     assert_bitwise(gpu.state.position, cpu.state.position, f"{what}: state.position")
 
 
@@ -166,8 +172,9 @@ def test_gpu_env_parity_4096_envs_1000_steps(cp, rng):
 @pytest.mark.parametrize("n,a_n,f_n", [(1, 2, 1), (33, 3, 7), (257, 5, 64), (1000, 4, 3)])
 @pytest.mark.parametrize("cf,mirror", [(False, False), (True, False), (False, True), (True, True)])
 def test_gpu_record_parity(cp, rng, n, a_n, f_n, cf, mirror):
-    cfg = EnvConfig(n_envs=n, episode_len=5, n_actions=a_n, cost_bps=4.0, slippage_bps=1.5, counterfactual=cf,
-                    mirror=mirror, seed=7)
+    cfg = EnvConfig(
+        n_envs=n, episode_len=5, n_actions=a_n, cost_bps=4.0, slippage_bps=1.5, counterfactual=cf, mirror=mirror, seed=7
+    )
     cpu, gpu = _pair(rng, cfg, t_n=200, f_n=f_n)
     out_c, out_g = cpu.make_transitions(), gpu.make_transitions()
     _assert_state_equal(gpu, cpu, "after reset")
@@ -219,9 +226,15 @@ def test_gpu_graphed_equals_eager_and_sees_device_epsilon(cp, rng):
     eps_g = DeviceScalars({"epsilon": np.float32}, xp=cp)
     q_e = cp.zeros((300, 3), np.float32)
     q_g = cp.zeros((300, 3), np.float32)
-    g = StepGraph("collect_env_test", [("act", lambda: graphed.act(q_g, eps_g.view("epsilon"))),
-                                       ("record", lambda: graphed.record(out_g)),
-                                       ("step", lambda: graphed.step())], xp=cp)
+    g = StepGraph(
+        "collect_env_test",
+        [
+            ("act", lambda: graphed.act(q_g, eps_g.view("epsilon"))),
+            ("record", lambda: graphed.record(out_g)),
+            ("step", lambda: graphed.step()),
+        ],
+        xp=cp,
+    )
     cp.cuda.Device().synchronize()  # construction (reset) ran on the default stream; the graph's stream is non-blocking
     g.capture()
     explored = []

@@ -1,4 +1,5 @@
 """gemm family: the panel GEMMs against float64 NumPy and cuBLAS, repeatability, graphs, edges."""
+
 import numpy as np
 import pytest
 
@@ -6,8 +7,16 @@ from cudarl.reference import gemm as ref
 from cudarl.testing import assert_bitwise, assert_parity, assert_reruns_bitwise, poison
 
 # (M, N, K): the network's (512/1024/4096 x 256 x 256, the head's 204 columns) and ragged edges
-SHAPES = [(1, 4, 4), (7, 36, 68), (33, 204, 256), (512, 256, 256), (1024, 204, 256), (1024, 256, 204),
-          (4096, 256, 256), (100, 8, 800)]
+SHAPES = [
+    (1, 4, 4),
+    (7, 36, 68),
+    (33, 204, 256),
+    (512, 256, 256),
+    (1024, 204, 256),
+    (1024, 256, 204),
+    (4096, 256, 256),
+    (100, 8, 800),
+]
 
 
 def test_reference_is_the_plain_product(rng):

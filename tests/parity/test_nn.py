@@ -4,6 +4,7 @@ CPU tests hold hand cases and identities of the reference (finite differences li
 tests/unit/test_nn_grad.py); ``gpu`` tests compare every op and the whole network's forward
 and backward with the reference on random inputs, eager and graphed.
 """
+
 import numpy as np
 import pytest
 
@@ -85,7 +86,7 @@ def test_layout_views_are_aligned_and_disjoint():
         v = net.P[e.name]
         assert v.shape == e.shape and np.shares_memory(v, net.params)
         ends.append((e.offset, e.offset + e.size))
-    assert all(a[1] <= b[0] for a, b in zip(ends, ends[1:]))
+    assert all(a[1] <= b[0] for a, b in zip(ends, ends[1:], strict=False))
     assert net.layout.padded_size % ALIGN == 0 and net.params.size == net.layout.padded_size
 
 
@@ -302,7 +303,16 @@ def test_gpu_plan_gate(cp, rng, B):
 def _nets(cp, head, layernorm, B, seed=3, spectral=()):
     from cudarl.nn import QNetwork
 
-    kw = dict(hidden=(256, 256), head=head, layernorm=layernorm, plan=True, atoms=51, max_batch=B, seed=seed, spectral=spectral)
+    kw = dict(
+        hidden=(256, 256),
+        head=head,
+        layernorm=layernorm,
+        plan=True,
+        atoms=51,
+        max_batch=B,
+        seed=seed,
+        spectral=spectral,
+    )
     return (QNetwork(64, 3, xp=cp, **kw), QNetwork(64, 3, **kw), QNetwork(64, 3, dtype=np.float64, **kw))
 
 
@@ -491,8 +501,12 @@ def test_gemm_option_reaches_every_linear_and_numpy_ignores_it(rng, gemm):
         assert {lin.lt_all for lin in lt.linears.values()} == {gemm in ("cublaslt_nosplit", "cudarl")}
         assert {lin.panel for lin in lt.linears.values() if lin.lt_act is not None} == {gemm == "cudarl"}
         acts = {n: lin.lt_act for n, lin in lt.linears.items()}
-        want = {"enc.0": "relu", "enc.1": "relu", "plan.lin": None,
-                **({"head.va": "identity"} if head == "c51" else {"head.phi": "relu", "head.out": "identity"})}
+        want = {
+            "enc.0": "relu",
+            "enc.1": "relu",
+            "plan.lin": None,
+            **({"head.va": "identity"} if head == "c51" else {"head.phi": "relu", "head.out": "identity"}),
+        }
         assert acts == want
         assert all(lin.lt_act is None for lin in base.linears.values())
         x = rng.standard_normal((3, 8)).astype(np.float32)
@@ -527,8 +541,17 @@ def _gemm_pair(cp, head, layernorm, B, spectral=(), seed=3, gemm="cublaslt"):
     has its backward's plans made too (``cublaslt_nosplit``)."""
     from cudarl.nn import QNetwork
 
-    kw = dict(hidden=(256, 256), head=head, layernorm=layernorm, plan=True, atoms=51, max_batch=B, seed=seed,
-              spectral=spectral, xp=cp)
+    kw = dict(
+        hidden=(256, 256),
+        head=head,
+        layernorm=layernorm,
+        plan=True,
+        atoms=51,
+        max_batch=B,
+        seed=seed,
+        spectral=spectral,
+        xp=cp,
+    )
     lt = QNetwork(64, 3, gemm=gemm, **kw)
     lt.prepare_backward(B)
     return lt, QNetwork(64, 3, **kw)
@@ -608,10 +631,17 @@ def test_gpu_trainer_with_cublaslt_captures_and_is_reproducible():
     from cudarl.trainer import Trainer
 
     def losses(gemm):
-        cfg = from_dict({"run": {"device": "gpu", "steps": 30, "eval_every": 0, "checkpoint_every": 0, "log_every": 10},
-                         "data": {"source": "builtin:regime?n=1500"}, "env": {"n_envs": 64, "episode_len": 128},
-                         "replay": {"capacity": 20_000}, "agent": {"batch_size": 128, "learning_starts": 1000},
-                         "net": {"hidden": [64, 64], "gemm": gemm}, "guard": {"snapshot_every": 20}})
+        cfg = from_dict(
+            {
+                "run": {"device": "gpu", "steps": 30, "eval_every": 0, "checkpoint_every": 0, "log_every": 10},
+                "data": {"source": "builtin:regime?n=1500"},
+                "env": {"n_envs": 64, "episode_len": 128},
+                "replay": {"capacity": 20_000},
+                "agent": {"batch_size": 128, "learning_starts": 1000},
+                "net": {"hidden": [64, 64], "gemm": gemm},
+                "guard": {"snapshot_every": 20},
+            }
+        )
         t = Trainer(cfg, run_dir=False, echo=lambda m: None)
         t.run(30)
         return t.losses

@@ -5,21 +5,25 @@ forms, tau annealing, soft update and shrink-and-perturb identities, checkpoints
 GPU: parity of every op, Adam over 100 steps, graphed == eager bitwise, and a gradient norm
 that is bitwise identical across runs.
 """
+
 import math
 
 import numpy as np
 import pytest
 
+from cudarl.backend import to_numpy
 from cudarl.optim import Adam, Schedule, SoftUpdate, shrink_perturb
 from cudarl.reference import optim as ref
-from cudarl.backend import to_numpy
 from cudarl.testing import assert_bitwise, assert_parity, poison, rel_error
 
 B1, B2 = 0.875, 0.9990234375  # exactly representable in float32, so the textbook sees the kernel's betas
 
 
 def _scalars64():
-    return {k: np.zeros(1, np.int64 if k == "step" else np.float64) for k in ("step", "lr", "m_scale", "bc1", "bc2", "norm", "clip")}
+    return {
+        k: np.zeros(1, np.int64 if k == "step" else np.float64)
+        for k in ("step", "lr", "m_scale", "bc1", "bc2", "norm", "clip")
+    }
 
 
 # --- CPU: Adam against the textbook ----------------------------------------------------------------
@@ -33,7 +37,9 @@ def test_adam_matches_a_textbook_per_parameter_loop(rng, wd, max_norm):
     tp, tm, tv = list(p), [0.0] * n, [0.0] * n  # the textbook's state, plain Python floats
     for t in range(1, steps + 1):
         g = rng.standard_normal(n) * (1 + t % 3)
-        ref.lr_schedule(s["step"], s["lr"], s["m_scale"], s["bc1"], s["bc2"], ref.CONSTANT, lr, 0.0, 0, 10, 1, 1.0, B1, B2)
+        ref.lr_schedule(
+            s["step"], s["lr"], s["m_scale"], s["bc1"], s["bc2"], ref.CONSTANT, lr, 0.0, 0, 10, 1, 1.0, B1, B2
+        )
         ref.grad_norm(g, partial, s["norm"], s["clip"], max_norm)
         ref.adam_update(p, g, m, v, mask, s["lr"], s["m_scale"], s["bc1"], s["bc2"], s["clip"], B1, B2, eps, wd)
         norm = math.sqrt(sum(x * x for x in g))
@@ -47,7 +53,9 @@ def test_adam_matches_a_textbook_per_parameter_loop(rng, wd, max_norm):
             tp[i] -= lr * (tm[i] / (1 - B1**t)) / (math.sqrt(tv[i] / (1 - B2**t)) + eps)
         assert abs(s["norm"][0] - norm) <= 1e-12 * norm
     assert s["step"][0] == steps
-    assert rel_error(p, np.array(tp)) <= 1e-6 and rel_error(m, np.array(tm)) <= 1e-6 and rel_error(v, np.array(tv)) <= 1e-6
+    assert (
+        rel_error(p, np.array(tp)) <= 1e-6 and rel_error(m, np.array(tm)) <= 1e-6 and rel_error(v, np.array(tv)) <= 1e-6
+    )
     assert rel_error(p, np.array(tp)) <= 1e-12  # same math in float64: only the last bits may differ
 
 
@@ -77,8 +85,22 @@ def _run_schedule(sched: Schedule, steps: int):
     s = _scalars64()
     out = []
     for _ in range(steps):
-        ref.lr_schedule(s["step"], s["lr"], s["m_scale"], s["bc1"], s["bc2"], ref.SCHEDULES[sched.kind], sched.lr,
-                        sched.lr_min, sched.warmup, sched.period, sched.mult, sched.restart_m_scale, 0.9, 0.999)
+        ref.lr_schedule(
+            s["step"],
+            s["lr"],
+            s["m_scale"],
+            s["bc1"],
+            s["bc2"],
+            ref.SCHEDULES[sched.kind],
+            sched.lr,
+            sched.lr_min,
+            sched.warmup,
+            sched.period,
+            sched.mult,
+            sched.restart_m_scale,
+            0.9,
+            0.999,
+        )
         out.append((s["lr"][0], s["m_scale"][0], s["bc1"][0], s["bc2"][0]))
     return np.array(out)
 
@@ -97,7 +119,9 @@ def test_cosine_schedule_with_warmup_closed_form():
     r = _run_schedule(Schedule("cosine", lr=lr, lr_min=lo, warmup=W, period=T), 60)
     lo32, lr32 = float(np.float32(lo)), float(np.float32(lr))
     s = np.arange(60)
-    want = np.where(s < W, lr32 * (s + 1) / W, lo32 + (lr32 - lo32) * (1 + np.cos(np.pi * np.clip(s - W, 0, T) / T)) / 2)
+    want = np.where(
+        s < W, lr32 * (s + 1) / W, lo32 + (lr32 - lo32) * (1 + np.cos(np.pi * np.clip(s - W, 0, T) / T)) / 2
+    )
     np.testing.assert_allclose(r[:, 0], want, rtol=1e-13)
     assert r[W, 0] == lr32 and r[-1, 0] == lo32  # peak right after warm-up, floor after the period
 
@@ -124,7 +148,9 @@ def test_warm_restart_scales_the_first_moment_once():
     p, m, v, mask = np.ones(n, np.float32), np.full(n, 2.0, np.float32), np.ones(n, np.float32), np.ones(n, np.uint8)
     g = np.zeros(n, np.float32)
     one = np.ones(1, np.float32)
-    ref.adam_update(p, g, m, v, mask, np.zeros(1, np.float32), np.full(1, 0.5, np.float32), one, one, one, 0.9, 0.999, 1e-8, 0.0)
+    ref.adam_update(
+        p, g, m, v, mask, np.zeros(1, np.float32), np.full(1, 0.5, np.float32), one, one, one, 0.9, 0.999, 1e-8, 0.0
+    )
     np.testing.assert_array_equal(m, np.float32(0.9) * (np.float32(0.5) * np.float32(2.0)))
 
 
@@ -179,8 +205,17 @@ def test_adam_state_dict_resumes_exactly(rng):
     def make():
         p = np.linspace(-1, 1, 50).astype(np.float32)
         g = np.zeros_like(p)
-        return p, g, Adam(p, g, schedule=Schedule("cosine_restarts", lr=1e-2, period=3, restart_m_scale=0.5),
-                          weight_decay=0.01, max_grad_norm=1.0)
+        return (
+            p,
+            g,
+            Adam(
+                p,
+                g,
+                schedule=Schedule("cosine_restarts", lr=1e-2, period=3, restart_m_scale=0.5),
+                weight_decay=0.01,
+                max_grad_norm=1.0,
+            ),
+        )
 
     grads = [rng.standard_normal(50).astype(np.float32) for _ in range(10)]
     p, g, opt = make()
@@ -232,7 +267,7 @@ def test_gpu_grad_norm_matches_and_is_bitwise_repeatable(cp, rng, n):
     assert_parity(outs[0][1], norm, rtol=1e-6, what="norm")
     assert_parity(outs[0][2], scale, rtol=1e-6, what="clip scale")
     for o in outs[1:]:  # repeated, and the one-launch form against the two launches: the same bits
-        for a, b in zip(o, outs[0]):
+        for a, b in zip(o, outs[0], strict=True):
             assert_bitwise(a, b, what="repeated grad norm, one launch or two")
 
 
@@ -241,14 +276,30 @@ def test_gpu_grad_norm_matches_and_is_bitwise_repeatable(cp, rng, n):
 def test_gpu_lr_schedule_matches_reference(cp, kind):
     sched = Schedule(kind, lr=3e-4, lr_min=1e-5, warmup=7, period=23, mult=2, restart_m_scale=0.3)
     want = _run_schedule(sched, 200)
-    from cudarl.pinned import DeviceScalars
     from cudarl.ops import optim as ops
+    from cudarl.pinned import DeviceScalars
 
-    sc = DeviceScalars({"step": np.int64, "lr": np.float32, "m_scale": np.float32, "bc1": np.float32, "bc2": np.float32}, cp)
+    sc = DeviceScalars(
+        {"step": np.int64, "lr": np.float32, "m_scale": np.float32, "bc1": np.float32, "bc2": np.float32}, cp
+    )
     got = []
     for _ in range(200):
-        ops.lr_schedule(sc.view("step"), sc.view("lr"), sc.view("m_scale"), sc.view("bc1"), sc.view("bc2"), ref.SCHEDULES[kind],
-                        sched.lr, sched.lr_min, sched.warmup, sched.period, sched.mult, sched.restart_m_scale, 0.9, 0.999)
+        ops.lr_schedule(
+            sc.view("step"),
+            sc.view("lr"),
+            sc.view("m_scale"),
+            sc.view("bc1"),
+            sc.view("bc2"),
+            ref.SCHEDULES[kind],
+            sched.lr,
+            sched.lr_min,
+            sched.warmup,
+            sched.period,
+            sched.mult,
+            sched.restart_m_scale,
+            0.9,
+            0.999,
+        )
         got.append([sc.get(k) for k in ("lr", "m_scale", "bc1", "bc2")])
     got = np.array(got, np.float64)
     assert sc.get("step") == 200
@@ -261,8 +312,12 @@ def _adam_pair(cp, seed: int, n=100_003):
     rng = np.random.default_rng(seed)
     p0 = rng.standard_normal(n).astype(np.float32) * 0.1
     mask = (rng.uniform(size=n) < 0.8).astype(np.uint8)
-    kw = dict(schedule=Schedule("cosine_restarts", lr=1e-3, lr_min=1e-5, warmup=5, period=30, restart_m_scale=0.5),
-              weight_decay=0.01, max_grad_norm=50.0, decay_mask=mask)
+    kw = dict(
+        schedule=Schedule("cosine_restarts", lr=1e-3, lr_min=1e-5, warmup=5, period=30, restart_m_scale=0.5),
+        weight_decay=0.01,
+        max_grad_norm=50.0,
+        decay_mask=mask,
+    )
     cpu_p, cpu_g = p0.copy(), np.zeros(n, np.float32)
     gpu_p, gpu_g = cp.asarray(p0), cp.zeros(n, cp.float32)
     return (Adam(cpu_p, cpu_g, **kw), cpu_p, cpu_g), (Adam(gpu_p, gpu_g, xp=cp, **kw), gpu_p, gpu_g)
@@ -292,8 +347,9 @@ def _adam_soft_steps(xp, seed: int, fused: bool, steps: int = 30, n: int = 100_0
     p = xp.asarray(rng.standard_normal(n).astype(np.float32) * 0.1)
     target = xp.asarray(rng.standard_normal(n).astype(np.float32) * 0.1)
     g = xp.zeros(n, np.float32)
-    adam = Adam(p, g, schedule=Schedule("cosine", lr=1e-3, lr_min=1e-5, period=20), weight_decay=0.01,
-                max_grad_norm=5.0, xp=xp)
+    adam = Adam(
+        p, g, schedule=Schedule("cosine", lr=1e-3, lr_min=1e-5, period=20), weight_decay=0.01, max_grad_norm=5.0, xp=xp
+    )
     soft = SoftUpdate(target, p, tau_start=0.5, tau_end=0.01, period=10, xp=xp)
     for _ in range(steps):
         g[...] = xp.asarray((rng.standard_normal(n) * 0.2).astype(np.float32))
@@ -357,7 +413,12 @@ def test_gpu_adam_graphed_equals_eager_bitwise(cp, rng):
     eager.synchronize()
     graphed.synchronize()
     assert ga.scalars.get("step") == 40
-    for a, b, what in ((gp, ep, "params"), (ga.m, ea.m, "m"), (ga.v, ea.v, "v"), (ga.scalars.buffer, ea.scalars.buffer, "scalars")):
+    for a, b, what in (
+        (gp, ep, "params"),
+        (ga.m, ea.m, "m"),
+        (ga.v, ea.v, "v"),
+        (ga.scalars.buffer, ea.scalars.buffer, "scalars"),
+    ):
         assert_bitwise(a, b, what=what)
 
 
@@ -375,27 +436,79 @@ def _cas_inputs(rng, n: int, clip: str) -> dict:
     norm = float(np.sqrt(np.sum(g.astype(np.float64) ** 2)))
     t = 7
     return dict(
-        p=rng.standard_normal(n).astype(f32), g=g, m=(rng.standard_normal(n) * 0.01).astype(f32),
-        v=rng.uniform(0, 1e-4, n).astype(f32), mask=(rng.uniform(size=n) < 0.7).astype(np.uint8),
-        target=rng.standard_normal(n).astype(f32), partial=np.zeros(ref.GN_BLOCKS), norm=np.zeros(1, f32),
-        scale=np.zeros(1, f32), ring=np.full(2 * _CAS_SLOTS, -1.0, f32), lr=np.array([3e-3], f32),
-        m_scale=np.array([0.5], f32), bc1=np.array([1 - B1**t], f32), bc2=np.array([1 - B2**t], f32),
-        tau=np.array([0.05], f32), loss=np.array([1.2345], f32), step=np.array([t], np.int64),
-        max_norm={"clips": 0.5 * norm, "below": 2.0 * norm, "off": 0.0}[clip])
+        p=rng.standard_normal(n).astype(f32),
+        g=g,
+        m=(rng.standard_normal(n) * 0.01).astype(f32),
+        v=rng.uniform(0, 1e-4, n).astype(f32),
+        mask=(rng.uniform(size=n) < 0.7).astype(np.uint8),
+        target=rng.standard_normal(n).astype(f32),
+        partial=np.zeros(ref.GN_BLOCKS),
+        norm=np.zeros(1, f32),
+        scale=np.zeros(1, f32),
+        ring=np.full(2 * _CAS_SLOTS, -1.0, f32),
+        lr=np.array([3e-3], f32),
+        m_scale=np.array([0.5], f32),
+        bc1=np.array([1 - B1**t], f32),
+        bc2=np.array([1 - B2**t], f32),
+        tau=np.array([0.05], f32),
+        loss=np.array([1.2345], f32),
+        step=np.array([t], np.int64),
+        max_norm={"clips": 0.5 * norm, "below": 2.0 * norm, "off": 0.0}[clip],
+    )
 
 
 def _cas_args(b: dict, done, barrier) -> tuple:
     """clip_adam_soft's positional arguments from the buffers ``b``."""
-    return (b["p"], b["g"], b["m"], b["v"], b["mask"], b["target"], b["partial"], b["norm"], b["scale"], b["max_norm"],
-            done, barrier, b["lr"], b["m_scale"], b["bc1"], b["bc2"], b["tau"], b["ring"], b["loss"], b["step"],
-            _CAS_SLOTS, B1, B2, _CAS_EPS, _CAS_WD)
+    return (
+        b["p"],
+        b["g"],
+        b["m"],
+        b["v"],
+        b["mask"],
+        b["target"],
+        b["partial"],
+        b["norm"],
+        b["scale"],
+        b["max_norm"],
+        done,
+        barrier,
+        b["lr"],
+        b["m_scale"],
+        b["bc1"],
+        b["bc2"],
+        b["tau"],
+        b["ring"],
+        b["loss"],
+        b["step"],
+        _CAS_SLOTS,
+        B1,
+        B2,
+        _CAS_EPS,
+        _CAS_WD,
+    )
 
 
 def _three_calls(optim_ops, agent_ops, b: dict, done) -> None:
     """The sequence clip_adam_soft stands for: grad_norm (one launch, ``done``), adam_update_soft, publish."""
     optim_ops.grad_norm(b["g"], b["partial"], b["norm"], b["scale"], b["max_norm"], done=done)
-    optim_ops.adam_update_soft(b["p"], b["g"], b["m"], b["v"], b["mask"], b["target"], b["lr"], b["m_scale"], b["bc1"],
-                               b["bc2"], b["scale"], b["tau"], B1, B2, _CAS_EPS, _CAS_WD)
+    optim_ops.adam_update_soft(
+        b["p"],
+        b["g"],
+        b["m"],
+        b["v"],
+        b["mask"],
+        b["target"],
+        b["lr"],
+        b["m_scale"],
+        b["bc1"],
+        b["bc2"],
+        b["scale"],
+        b["tau"],
+        B1,
+        B2,
+        _CAS_EPS,
+        _CAS_WD,
+    )
     agent_ops.publish(b["ring"], b["loss"], b["norm"], b["step"], _CAS_SLOTS)
 
 
@@ -428,8 +541,14 @@ def _adam_publish_steps(xp, seed: int, fused: bool, steps: int = 12, n: int = 5_
     p = xp.asarray(rng.standard_normal(n).astype(np.float32) * 0.1)
     target = xp.asarray(rng.standard_normal(n).astype(np.float32) * 0.1)
     g, loss, ring = xp.zeros(n, np.float32), xp.zeros(1, np.float32), xp.zeros(2 * _CAS_SLOTS, np.float32)
-    adam = Adam(p, g, schedule=Schedule("cosine_restarts", lr=1e-3, lr_min=1e-5, warmup=2, period=4, restart_m_scale=0.5),
-                weight_decay=0.01, max_grad_norm=float(np.sqrt(n)) * 0.2, xp=xp)
+    adam = Adam(
+        p,
+        g,
+        schedule=Schedule("cosine_restarts", lr=1e-3, lr_min=1e-5, warmup=2, period=4, restart_m_scale=0.5),
+        weight_decay=0.01,
+        max_grad_norm=float(np.sqrt(n)) * 0.2,
+        xp=xp,
+    )
     soft = SoftUpdate(target, p, tau_start=0.5, tau_end=0.01, period=5, xp=xp)
     rings = []
     for k in range(steps):
@@ -444,8 +563,14 @@ def _adam_publish_steps(xp, seed: int, fused: bool, steps: int = 12, n: int = 5_
             adam.update_step(soft=soft)
             ref_agent.publish(ring, loss, adam.grad_norm_out, adam.scalars.view("step"), _CAS_SLOTS)
         rings.append(to_numpy(ring).copy())
-    return {"p": to_numpy(p), "target": to_numpy(target), "m": to_numpy(adam.m), "v": to_numpy(adam.v),
-            "scalars": to_numpy(adam.scalars.buffer), "ring": np.array(rings)}
+    return {
+        "p": to_numpy(p),
+        "target": to_numpy(target),
+        "m": to_numpy(adam.m),
+        "v": to_numpy(adam.v),
+        "scalars": to_numpy(adam.scalars.buffer),
+        "ring": np.array(rings),
+    }
 
 
 def test_adam_clip_update_publish_equals_the_three_calls_on_numpy():
@@ -480,8 +605,9 @@ def test_clip_adam_soft_refuses_bad_arguments_before_launching(rng):
         call(p=p, target=p)
     with pytest.raises(ValueError, match="soft.online is params"):
         q, g = np.zeros(8, np.float32), np.zeros(8, np.float32)
-        Adam(q, g, xp=np).clip_update_publish(SoftUpdate(np.zeros(8, np.float32), g, xp=np), np.zeros(4, np.float32),
-                                              np.zeros(1, np.float32), 2)
+        Adam(q, g, xp=np).clip_update_publish(
+            SoftUpdate(np.zeros(8, np.float32), g, xp=np), np.zeros(4, np.float32), np.zeros(1, np.float32), 2
+        )
 
 
 def _cas_device(cp, host: dict) -> dict:
@@ -597,9 +723,15 @@ def test_gpu_clip_update_publish_graphed_equals_eager_and_the_three_launches(cp)
     twins = {}
     for name in ("cas_eager", "cas_graphed", "cas_three"):
         p, g, target, loss = cp.asarray(p0), cp.zeros(n, cp.float32), cp.asarray(t0), cp.zeros(1, cp.float32)
-        adam = Adam(p, g, schedule=Schedule("cosine_restarts", lr=1e-3, lr_min=1e-5, warmup=3, period=5,
-                                            restart_m_scale=0.5),
-                    weight_decay=0.01, max_grad_norm=float(np.sqrt(n)) * 0.2, decay_mask=mask, xp=cp)
+        adam = Adam(
+            p,
+            g,
+            schedule=Schedule("cosine_restarts", lr=1e-3, lr_min=1e-5, warmup=3, period=5, restart_m_scale=0.5),
+            weight_decay=0.01,
+            max_grad_norm=float(np.sqrt(n)) * 0.2,
+            decay_mask=mask,
+            xp=cp,
+        )
         soft = SoftUpdate(target, p, tau_start=0.5, tau_end=0.01, period=10, xp=cp)
         ring = PinnedReadback(2, np.float32, cp, slots=slots)
         ring.device.fill(-1.0)
@@ -640,11 +772,15 @@ def test_gpu_clip_update_publish_graphed_equals_eager_and_the_three_launches(cp)
     assert ref3["adam"].scalars.get("step") == steps
     for name in ("cas_eager", "cas_graphed"):
         tw = twins[name]
-        for what, a, b in (("params", tw["p"], ref3["p"]), ("target", tw["target"], ref3["target"]),
-                           ("m", tw["adam"].m, ref3["adam"].m), ("v", tw["adam"].v, ref3["adam"].v),
-                           ("partials", tw["adam"].partial, ref3["adam"].partial),
-                           ("adam scalars", tw["adam"].scalars.buffer, ref3["adam"].scalars.buffer),
-                           ("tau", tw["soft"].scalars.buffer, ref3["soft"].scalars.buffer)):
+        for what, a, b in (
+            ("params", tw["p"], ref3["p"]),
+            ("target", tw["target"], ref3["target"]),
+            ("m", tw["adam"].m, ref3["adam"].m),
+            ("v", tw["adam"].v, ref3["adam"].v),
+            ("partials", tw["adam"].partial, ref3["adam"].partial),
+            ("adam scalars", tw["adam"].scalars.buffer, ref3["adam"].scalars.buffer),
+            ("tau", tw["soft"].scalars.buffer, ref3["soft"].scalars.buffer),
+        ):
             assert_bitwise(a, b, what=f"{name} {what}")
         assert int(tw["adam"].gn_done.get()[0]) == 0 and int(tw["adam"].gn_barrier.get()[0]) == 0
     assert not np.array_equal(ref3["p"].get(), p0), "the step did not train"
@@ -653,8 +789,8 @@ def test_gpu_clip_update_publish_graphed_equals_eager_and_the_three_launches(cp)
 @pytest.mark.gpu
 @pytest.mark.parametrize("n", [1, 7, 300_001])
 def test_gpu_soft_update_and_shrink_perturb(cp, rng, n):
-    from cudarl.kernels import KernelError
     from cudarl.graph import GraphCaptureError, StepGraph
+    from cudarl.kernels import KernelError
 
     t0, o = rng.standard_normal(n).astype(np.float32), rng.standard_normal(n).astype(np.float32)
     ct = t0.copy()
@@ -707,7 +843,14 @@ def test_gpu_spectral_ops_match_reference(cp, rng, rows, cols, iterate):
     ops.spectral_dot_partial(gd, gwsn, gpart)
     ops.spectral_backward(gd, gu, gv, gs, gpart, gdW)
     f32 = lambda a: a.astype(np.float32)  # noqa: E731
-    for name, a, e in (("u", gu, u), ("v", gv, v), ("wv", gwv, wv), ("sigma", gs, sigma), ("w_sn", gwsn, w_sn), ("dW", gdW, dW)):
+    for name, a, e in (
+        ("u", gu, u),
+        ("v", gv, v),
+        ("wv", gwv, wv),
+        ("sigma", gs, sigma),
+        ("w_sn", gwsn, w_sn),
+        ("dW", gdW, dW),
+    ):
         assert_parity(a, f32(e), what=name)
     assert_parity(gpart, partial, rtol=1e-5, what="partials")  # W_sn is float32 on the GPU
 
@@ -717,8 +860,22 @@ def test_optim_launchers_check_shapes_before_launching():
 
     one = np.zeros(1, np.float32)
     with pytest.raises(ValueError, match="adam_update: m"):
-        ops.adam_update(np.zeros(4, np.float32), np.zeros(4, np.float32), np.zeros(3, np.float32), np.zeros(4, np.float32),
-                        np.zeros(4, np.uint8), one, one, one, one, one, 0.9, 0.999, 1e-8, 0.0)
+        ops.adam_update(
+            np.zeros(4, np.float32),
+            np.zeros(4, np.float32),
+            np.zeros(3, np.float32),
+            np.zeros(4, np.float32),
+            np.zeros(4, np.uint8),
+            one,
+            one,
+            one,
+            one,
+            one,
+            0.9,
+            0.999,
+            1e-8,
+            0.0,
+        )
     with pytest.raises(ValueError, match="soft_update: tau"):
         ops.soft_update(np.zeros(4, np.float32), np.zeros(4, np.float32), np.zeros(2, np.float32))
 
@@ -736,8 +893,14 @@ def test_gpu_train_step_graphed_equals_eager_bitwise(cp, rng):
     for name in ("train_eager_ref", "train_graphed"):
         net = QNetwork(64, 3, xp=cp, max_batch=B, seed=5, layernorm=True, spectral=("enc.1",))
         tgt = QNetwork(64, 3, xp=cp, max_batch=B, seed=5, layernorm=True)
-        opt = Adam(net.params, net.grads, schedule=Schedule("cosine_restarts", lr=1e-3, period=7, restart_m_scale=0.5),
-                   max_grad_norm=1.0, weight_decay=0.01, decay_mask=net.layout.decay_mask())
+        opt = Adam(
+            net.params,
+            net.grads,
+            schedule=Schedule("cosine_restarts", lr=1e-3, period=7, restart_m_scale=0.5),
+            max_grad_norm=1.0,
+            weight_decay=0.01,
+            decay_mask=net.layout.decay_mask(),
+        )
         su = SoftUpdate(tgt.params, net.params, tau_start=0.5, tau_end=0.01, period=20)
         net.forward(x)
         net.grad_outputs()["q"][...] = d  # the loss's output; backward only reads it
@@ -760,7 +923,13 @@ def test_gpu_train_step_graphed_equals_eager_bitwise(cp, rng):
     (n0, t0, o0, s0, _), (n1, t1, o1, s1, _) = twins
     assert not np.array_equal(n0.params.get(), init), "the step did not train"
     assert o1.scalars.get("step") == 30 and s1.scalars.get("count") == 30
-    for a, b, what in ((n1.params, n0.params, "params"), (o1.m, o0.m, "m"), (o1.v, o0.v, "v"), (t1.params, t0.params, "target"),
-                       (o1.scalars.buffer, o0.scalars.buffer, "adam scalars"), (s1.scalars.buffer, s0.scalars.buffer, "tau"),
-                       (n1.linears["enc.1"].sn["u"], n0.linears["enc.1"].sn["u"], "spectral u")):
+    for a, b, what in (
+        (n1.params, n0.params, "params"),
+        (o1.m, o0.m, "m"),
+        (o1.v, o0.v, "v"),
+        (t1.params, t0.params, "target"),
+        (o1.scalars.buffer, o0.scalars.buffer, "adam scalars"),
+        (s1.scalars.buffer, s0.scalars.buffer, "tau"),
+        (n1.linears["enc.1"].sn["u"], n0.linears["enc.1"].sn["u"], "spectral u"),
+    ):
         assert_bitwise(a, b, what=what)

@@ -1,4 +1,5 @@
 """Philox4x32-10: Random123 known-answer vectors on the CPU; the GPU stream equals NumPy's bit for bit."""
+
 import numpy as np
 import pytest
 
@@ -51,12 +52,15 @@ def test_uniform_range_and_moments():
     assert u.dtype == np.float32 and u.min() >= 0.0 and u.max() < 1.0
     # mean of U(0,1): standard error 1/sqrt(12 n) ~ 6.5e-4; allow 5 sigma
     assert abs(float(u.mean()) - 0.5) < 5 * (1 / np.sqrt(12 * u.size))
-    np.testing.assert_array_equal(philox.to_uniform(np.array([0, 0xFFFFFFFF], np.uint32)),
-                                  np.array([0.0, 1 - 2**-24], np.float32))
+    np.testing.assert_array_equal(
+        philox.to_uniform(np.array([0, 0xFFFFFFFF], np.uint32)), np.array([0.0, 1 - 2**-24], np.float32)
+    )
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("seed,counter,sid", [(0, 0, 0), (0xDEADBEEFCAFEF00D, 12345, 3), (7, (1 << 40) + 9, 0xFFFFFFFF)])
+@pytest.mark.parametrize(
+    "seed,counter,sid", [(0, 0, 0), (0xDEADBEEFCAFEF00D, 12345, 3), (7, (1 << 40) + 9, 0xFFFFFFFF)]
+)
 def test_gpu_stream_bitwise_equals_numpy(cp, seed, counter, sid):
     from cudarl.ops import philox as ops
     from cudarl.testing import assert_bitwise

@@ -1,4 +1,5 @@
 """PopArt family: statistics, output preservation, fitting returns to the atom support, GPU parity."""
+
 import numpy as np
 import pytest
 
@@ -164,9 +165,21 @@ def test_gpu_popart_ops_match_reference(cp, rng, B):
     v = rng.normal(size=B).astype(np.float32)
     for name, launch_, want_ in [
         ("normalize", lambda o: ops.normalize(cp.asarray(y), cp.asarray(st), o), ref.normalize(y, st)),
-        ("denormalize", lambda o: ops.normalize(cp.asarray(y), cp.asarray(st), o, inverse=True), ref.normalize(y, st, inverse=True)),
-        ("normalize_rewards", lambda o: ops.normalize_rewards(cp.asarray(r), cp.asarray(d), cp.asarray(st), o), ref.normalize_rewards(r, d, st)),
-        ("td_targets", lambda o: ops.td_targets(cp.asarray(r), cp.asarray(d), cp.asarray(v), cp.asarray(st), o), ref.td_targets(r, d, v, st)),
+        (
+            "denormalize",
+            lambda o: ops.normalize(cp.asarray(y), cp.asarray(st), o, inverse=True),
+            ref.normalize(y, st, inverse=True),
+        ),
+        (
+            "normalize_rewards",
+            lambda o: ops.normalize_rewards(cp.asarray(r), cp.asarray(d), cp.asarray(st), o),
+            ref.normalize_rewards(r, d, st),
+        ),
+        (
+            "td_targets",
+            lambda o: ops.td_targets(cp.asarray(r), cp.asarray(d), cp.asarray(v), cp.asarray(st), o),
+            ref.td_targets(r, d, v, st),
+        ),
     ]:
         out = cp.empty(B, np.float32)
         poison(out)
@@ -209,8 +222,13 @@ def test_gpu_update_normalize_rewards_matches_reference_and_replays_bitwise(cp, 
     def restore():
         dev["state"][...] = cp.asarray(st)
 
-    assert_reruns_bitwise(g, {"r_norm": out}, first, reset=restore,
-                          check=lambda attempt: assert_bitwise(dev["state"], first["state"], what=f"{attempt} state"))
+    assert_reruns_bitwise(
+        g,
+        {"r_norm": out},
+        first,
+        reset=restore,
+        check=lambda attempt: assert_bitwise(dev["state"], first["state"], what=f"{attempt} state"),
+    )
     # the same statistics as the standalone update kernel (the same reduction), bit for bit
     alone = cp.asarray(st)
     ops.update(dev["y"], alone, dev["beta"])
@@ -251,5 +269,5 @@ def test_gpu_popart_object_follows_its_numpy_twin_and_replays_bitwise(cp, rng):
     cp.cuda.Device().synchronize()
     g.run_eager()  # the same second step, eager
     g.synchronize()
-    for got, want, what in zip((gpu.state, Wd, bd), after_graph, ("state", "W", "b")):
+    for got, want, what in zip((gpu.state, Wd, bd), after_graph, ("state", "W", "b"), strict=True):
         assert_bitwise(got, want, what=f"eager vs graphed {what}")

@@ -1,4 +1,5 @@
 """Q statistics (expected Q, entropy, utilisation, Q variance) and the adaptive discount."""
+
 import numpy as np
 import pytest
 
@@ -75,7 +76,12 @@ def test_gpu_q_stats_match_reference(cp, rng, B, A, K):
 
     z = np.linspace(-10, 10, K, dtype=np.float32)
     logits = _concentrated_logits(rng, B, A, K)
-    q, ent, mass, out = cp.empty((B, A), np.float32), cp.empty(B, np.float32), cp.empty((B, K), np.float32), cp.empty(2 * A + 2, np.float32)
+    q, ent, mass, out = (
+        cp.empty((B, A), np.float32),
+        cp.empty(B, np.float32),
+        cp.empty((B, K), np.float32),
+        cp.empty(2 * A + 2, np.float32),
+    )
     for x in (q, ent, mass, out):
         poison(x)
     ops.q_stats(cp.asarray(logits), cp.asarray(z), q, ent, mass, out)
@@ -124,10 +130,14 @@ def test_gpu_q_stats_reach_the_host_through_pinned_memory_bitwise_repeatably(cp,
     np.testing.assert_allclose(eager, ref.q_stats(logits.get(), z.get()), rtol=1e-5, atol=1e-6)
     g.synchronize()
     want_gamma = ref.adapt_gamma(eager, 0.9, A + 1, 1.0, 0.01, 0.5, 0.999)
-    assert np.isclose(gamma.get()[0], want_gamma, rtol=1e-6, atol=0) and want_gamma > np.float32(0.9)  # utilisation < 1 raised gamma
+    assert np.isclose(gamma.get()[0], want_gamma, rtol=1e-6, atol=0) and want_gamma > np.float32(
+        0.9
+    )  # utilisation < 1 raised gamma
     g.capture()
     g.replay()
     rb.mark_written(g.stream)
     assert_bitwise(rb.read(), eager, what="graphed q stats")
     g.synchronize()
-    assert np.isclose(gamma.get()[0], ref.adapt_gamma(eager, want_gamma, A + 1, 1.0, 0.01, 0.5, 0.999), rtol=1e-6, atol=0)
+    assert np.isclose(
+        gamma.get()[0], ref.adapt_gamma(eager, want_gamma, A + 1, 1.0, 0.01, 0.5, 0.999), rtol=1e-6, atol=0
+    )

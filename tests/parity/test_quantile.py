@@ -1,4 +1,5 @@
 """Quantile family (IQN / QR-DQN): hand cases, finite differences, Philox taus, GPU parity."""
+
 import numpy as np
 import pytest
 
@@ -15,7 +16,9 @@ def test_quantile_loss_sign_and_shape_on_a_hand_case():
     a = np.int32([1])
     w = np.float64([1.0])
     # target above the quantile: H(2) = 1 * (2 - 0.5) = 1.5, weight tau = 0.25
-    per, mean, grad = ref.huber_loss(theta, a, np.float64([[2.0]]), np.float64([0.25]), w, 1.0, compute_dtype=np.float64)
+    per, mean, grad = ref.huber_loss(
+        theta, a, np.float64([[2.0]]), np.float64([0.25]), w, 1.0, compute_dtype=np.float64
+    )
     assert grad.shape == (1, 1, 2)
     np.testing.assert_allclose(per, [0.375])
     np.testing.assert_allclose(mean, 0.375)
@@ -93,7 +96,6 @@ def test_targets_use_online_selection_and_target_values():
     np.testing.assert_allclose(T, [[1.0, 1.0]])
 
 
-
 def test_iqn_network_loss_backward_matches_finite_differences(rng):
     """The real pieces end to end, float64: QNetwork(head="iqn") forward -> quantile Huber loss
     -> its gradient written into the network's grad outputs -> QNetwork.backward, against central
@@ -119,8 +121,9 @@ def test_iqn_network_loss_backward_matches_finite_differences(rng):
 
     _, grad, theta = loss_and_grad()
     # losses.quantile_huber_loss is this twin on NumPy (in float32): same gradient to float32 rounding
-    public = losses.quantile_huber_loss(theta.astype(np.float32), a, target.astype(np.float32),
-                                        tau.astype(np.float32), w.astype(np.float32), kappa)
+    public = losses.quantile_huber_loss(
+        theta.astype(np.float32), a, target.astype(np.float32), tau.astype(np.float32), w.astype(np.float32), kappa
+    )
     assert public.grad.shape == (B, N, A)
     assert_parity(public.grad, grad.astype(np.float32), what="public quantile_huber_loss grad")
     dq = net.grad_outputs()["q"]
@@ -149,8 +152,15 @@ def test_iqn_network_loss_backward_matches_finite_differences(rng):
 
 
 # ---- GPU ------------------------------------------------------------------------------------
-CASES = [(1, 3, 8, 8), (7, 2, 32, 8), (33, 3, 64, 64), (512, 3, 32, 32), (4096, 3, 8, 64), (1000, 4, 64, 32),
-         (5, 7, 40, 24)]  # N * A not a multiple of 32
+CASES = [
+    (1, 3, 8, 8),
+    (7, 2, 32, 8),
+    (33, 3, 64, 64),
+    (512, 3, 32, 32),
+    (4096, 3, 8, 64),
+    (1000, 4, 64, 32),
+    (5, 7, 40, 24),
+]  # N * A not a multiple of 32
 
 
 def _empty(cp, shape, dtype=np.float32):
@@ -177,8 +187,18 @@ def test_gpu_iqn_loss_matches_reference(cp, rng, B, A, N, M, kappa):
     taus = rng.random((B, N)).astype(np.float32)
     per, loss, grad = _empty(cp, (B,)), _empty(cp, (1,)), _empty(cp, (B, N, A))
     done = cp.zeros(1, np.uint32)
-    ops.huber_loss(cp.asarray(theta), cp.asarray(a), cp.asarray(target), cp.asarray(taus), cp.asarray(w), per, loss, grad,
-                   done, kappa=kappa)
+    ops.huber_loss(
+        cp.asarray(theta),
+        cp.asarray(a),
+        cp.asarray(target),
+        cp.asarray(taus),
+        cp.asarray(w),
+        per,
+        loss,
+        grad,
+        done,
+        kappa=kappa,
+    )
     r_per, r_loss, r_grad = ref.huber_loss(theta, a, target, taus, w, kappa)
     assert_parity(per, r_per, what="per-sample loss")
     assert_parity(loss, np.float32([r_loss]), what="loss")
@@ -194,8 +214,17 @@ def test_gpu_qr_loss_with_fixed_taus_matches_reference(cp, rng, B, A, N, M):
     theta, target, a, w = _inputs(rng, B, A, N, M)
     taus = ref.qr_taus(N)
     per, loss, grad = _empty(cp, (B,)), _empty(cp, (1,)), _empty(cp, (B, N, A))
-    ops.huber_loss(cp.asarray(theta), cp.asarray(a), cp.asarray(target), cp.asarray(taus), cp.asarray(w), per, loss, grad,
-                   cp.zeros(1, np.uint32))
+    ops.huber_loss(
+        cp.asarray(theta),
+        cp.asarray(a),
+        cp.asarray(target),
+        cp.asarray(taus),
+        cp.asarray(w),
+        per,
+        loss,
+        grad,
+        cp.zeros(1, np.uint32),
+    )
     r_per, r_loss, r_grad = ref.huber_loss(theta, a, target, taus, w, 1.0)
     assert_parity(per, r_per, what="per-sample loss")
     assert_parity(loss, np.float32([r_loss]), what="loss")
@@ -242,7 +271,9 @@ def test_gpu_loss_mean_by_the_last_block_matches_and_reuses_its_counter(cp, rng,
     g = StepGraph("quantile_loss_mean", [("loss", run)], xp=cp)
     g.run_eager()
     g.synchronize()
-    assert_parity(loss, np.float32([weighted_mean(per.get(), w, 1.0 / B, np.float64)]), what="mean of the kernel's rows")
+    assert_parity(
+        loss, np.float32([weighted_mean(per.get(), w, 1.0 / B, np.float64)]), what="mean of the kernel's rows"
+    )
     assert_parity(loss, np.float32([ref.huber_loss(theta, a, target, taus, w)[1]]), what="mean loss")
     first = loss.get()
     g.capture()
@@ -250,8 +281,9 @@ def test_gpu_loss_mean_by_the_last_block_matches_and_reuses_its_counter(cp, rng,
     def counter_left_zero(attempt):
         assert int(done.get()[0]) == 0, f"{attempt}: the ticket counter was not left 0"
 
-    assert_reruns_bitwise(g, {"mean loss": loss}, {"mean loss": first}, ("graphed", "eager", "graphed"),
-                          check=counter_left_zero)
+    assert_reruns_bitwise(
+        g, {"mean loss": loss}, {"mean loss": first}, ("graphed", "eager", "graphed"), check=counter_left_zero
+    )
 
 
 @pytest.mark.gpu
@@ -272,18 +304,40 @@ def test_gpu_iqn_step_is_bitwise_repeatable_and_graphed_equals_eager(cp, rng):
 
     B, A, N, M = 300, 3, 32, 32
     theta, _, a, w = _inputs(rng, B, A, N, M)
-    dev = dict(theta=cp.asarray(theta), a=cp.asarray(a), w=cp.asarray(w),
-               on=cp.asarray(rng.normal(size=(B, M, A)).astype(np.float32)), tg=cp.asarray(rng.normal(size=(B, M, A)).astype(np.float32)),
-               r=cp.asarray(rng.uniform(-1, 1, B).astype(np.float32)), d=cp.asarray(np.full(B, 0.99, np.float32)),
-               counter=cp.asarray(np.uint64([3])), done=cp.zeros(1, np.uint32))
-    outs = dict(taus=_empty(cp, (B, N)), T=_empty(cp, (B, M)), a_star=_empty(cp, (B,), np.int32),
-                per=_empty(cp, (B,)), loss=_empty(cp, (1,)), grad=_empty(cp, (B, N, A)))
+    dev = dict(
+        theta=cp.asarray(theta),
+        a=cp.asarray(a),
+        w=cp.asarray(w),
+        on=cp.asarray(rng.normal(size=(B, M, A)).astype(np.float32)),
+        tg=cp.asarray(rng.normal(size=(B, M, A)).astype(np.float32)),
+        r=cp.asarray(rng.uniform(-1, 1, B).astype(np.float32)),
+        d=cp.asarray(np.full(B, 0.99, np.float32)),
+        counter=cp.asarray(np.uint64([3])),
+        done=cp.zeros(1, np.uint32),
+    )
+    outs = dict(
+        taus=_empty(cp, (B, N)),
+        T=_empty(cp, (B, M)),
+        a_star=_empty(cp, (B,), np.int32),
+        per=_empty(cp, (B,)),
+        loss=_empty(cp, (1,)),
+        grad=_empty(cp, (B, N, A)),
+    )
 
     def phase():
         ops.sample_taus(7, dev["counter"], ref.TAU_STREAM_ID, outs["taus"])
         ops.targets(dev["on"], dev["tg"], dev["r"], dev["d"], outs["T"], outs["a_star"])
-        ops.huber_loss(dev["theta"], dev["a"], outs["T"], outs["taus"], dev["w"], outs["per"], outs["loss"], outs["grad"],
-                       dev["done"])
+        ops.huber_loss(
+            dev["theta"],
+            dev["a"],
+            outs["T"],
+            outs["taus"],
+            dev["w"],
+            outs["per"],
+            outs["loss"],
+            outs["grad"],
+            dev["done"],
+        )
 
     cp.cuda.Device().synchronize()
     g = StepGraph("quantile_parity", [("iqn", phase)], xp=cp)

@@ -1,4 +1,5 @@
 """CQL (C51 and quantile heads) and IQL expectile regression + priority modulation."""
+
 import numpy as np
 import pytest
 
@@ -24,14 +25,24 @@ def test_cql_c51_gradient_matches_finite_differences(rng):
     z = np.linspace(-3, 3, K)
     a = rng.integers(0, A, B).astype(np.int32)
     _, _, grad = ref.cql_c51(x, a, z, 0.7, compute_dtype=np.float64)
-    np.testing.assert_allclose(grad, finite_difference(lambda t: ref.cql_c51(t, a, z, 0.7, compute_dtype=np.float64)[1], x), atol=1e-8, rtol=1e-6)
+    np.testing.assert_allclose(
+        grad,
+        finite_difference(lambda t: ref.cql_c51(t, a, z, 0.7, compute_dtype=np.float64)[1], x),
+        atol=1e-8,
+        rtol=1e-6,
+    )
 
 
 def test_cql_quantile_gradient_matches_finite_differences(rng):
     th = rng.normal(size=(5, 4, 3))  # [B, N, A]
     a = rng.integers(0, 3, 5).astype(np.int32)
     _, _, grad = ref.cql_quantile(th, a, 1.3, compute_dtype=np.float64)
-    np.testing.assert_allclose(grad, finite_difference(lambda t: ref.cql_quantile(t, a, 1.3, compute_dtype=np.float64)[1], th), atol=1e-8, rtol=1e-6)
+    np.testing.assert_allclose(
+        grad,
+        finite_difference(lambda t: ref.cql_quantile(t, a, 1.3, compute_dtype=np.float64)[1], th),
+        atol=1e-8,
+        rtol=1e-6,
+    )
 
 
 @pytest.mark.parametrize("tau", [0.5, 0.7, 0.9])
@@ -39,7 +50,12 @@ def test_expectile_gradient_matches_finite_differences(rng, tau):
     q = rng.normal(size=9)
     v = rng.normal(size=9)
     _, _, gv, _ = ref.expectile(q, v, np.ones(9), tau, compute_dtype=np.float64)
-    np.testing.assert_allclose(gv, finite_difference(lambda t: ref.expectile(q, t, np.ones(9), tau, compute_dtype=np.float64)[1], v), rtol=1e-6, atol=1e-9)
+    np.testing.assert_allclose(
+        gv,
+        finite_difference(lambda t: ref.expectile(q, t, np.ones(9), tau, compute_dtype=np.float64)[1], v),
+        rtol=1e-6,
+        atol=1e-9,
+    )
 
 
 def test_expectile_minimiser_is_the_upper_expectile_and_modulation_is_asymmetric(rng):
@@ -84,7 +100,9 @@ def test_gpu_cql_c51_matches_reference(cp, rng, B, A, K, accumulate):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("accumulate", [False, True])
-@pytest.mark.parametrize("B,A,N", [(1, 3, 8), (33, 3, 32), (4096, 4, 64), (5, 7, 40)])  # last: N * A not a multiple of 32
+@pytest.mark.parametrize(
+    "B,A,N", [(1, 3, 8), (33, 3, 32), (4096, 4, 64), (5, 7, 40)]
+)  # last: N * A not a multiple of 32
 def test_gpu_cql_quantile_matches_reference(cp, rng, B, A, N, accumulate):
     from cudarl.ops import regularizers as ops
 
@@ -110,7 +128,12 @@ def test_gpu_expectile_matches_reference(cp, rng, B):
     per, loss, gv, po = _e(cp, (B,)), _e(cp, (1,)), _e(cp, (B,)), _e(cp, (B,))
     ops.expectile(cp.asarray(q), cp.asarray(v), cp.asarray(prio), 0.7, per, loss, gv, po)
     r = ref.expectile(q, v, prio, 0.7)
-    for got, want, what in zip((per, loss, gv, po), (r[0], np.float32([r[1]]), r[2], r[3]), ("loss per", "loss", "grad v", "priority")):
+    for got, want, what in zip(
+        (per, loss, gv, po),
+        (r[0], np.float32([r[1]]), r[2], r[3]),
+        ("loss per", "loss", "grad v", "priority"),
+        strict=True,
+    ):
         assert_parity(got, want, what=what)
 
 

@@ -1,5 +1,6 @@
 """Prioritized replay: the NumPy twin on the CPU (statistics, closed forms, hand cases, state,
 bad input) and the CUDA kernels against it on the GPU (streams of calls, graphs)."""
+
 import numpy as np
 import pytest
 from scipy import stats
@@ -10,8 +11,12 @@ from cudarl.testing import assert_bitwise, assert_parity
 
 
 def _rows(rng, B, D, discount=0.9):
-    return (rng.standard_normal((B, D)).astype(np.float32), rng.integers(0, 3, B).astype(np.int32),
-            rng.standard_normal(B).astype(np.float32), np.full(B, discount, np.float32))
+    return (
+        rng.standard_normal((B, D)).astype(np.float32),
+        rng.integers(0, 3, B).astype(np.int32),
+        rng.standard_normal(B).astype(np.float32),
+        np.full(B, discount, np.float32),
+    )
 
 
 def _cpu(capacity, D=3, **kw):
@@ -29,7 +34,9 @@ def _filled_skewed(rng, C=10_000, alpha=0.6):
 
 
 # --- layout and invariants ----------------------------------------------------------------------
-@pytest.mark.parametrize("C, sizes", [(1, [32, 1]), (32, [32, 1]), (33, [64, 32, 1]), (1 << 20, [1 << 20, 1 << 15, 1 << 10, 32, 1])])
+@pytest.mark.parametrize(
+    "C, sizes", [(1, [32, 1]), (32, [32, 1]), (33, [64, 32, 1]), (1 << 20, [1 << 20, 1 << 15, 1 << 10, 32, 1])]
+)
 def test_tree_layout_pads_every_level_but_the_root_to_32(C, sizes):
     layout = ref.tree_layout(C)
     assert [s for _, s in layout] == sizes
@@ -81,7 +88,9 @@ def test_changed_nodes_list_every_ancestor_of_a_ring_range_once(rng, C):
     depth = len(ref.tree_layout(C)) - 1
     cases = {(0, 1), (0, C), (C - 1, 1), (C - 1, C), (C - 1, 2), (1, C - 1), (32 % C, C), (C // 2, C)}
     cases |= {(int(rng.integers(C)), int(rng.integers(1, C + 1))) for _ in range(40)}
-    cases |= {(s, R) for s in (0, 31 % C, 32 % C, 33 % C) for R in {1, 31, 32, 33, C - 33, C - 32, C - 1, C} if 1 <= R <= C}
+    cases |= {
+        (s, R) for s in (0, 31 % C, 32 % C, 33 % C) for R in {1, 31, 32, 33, C - 33, C - 32, C - 1, C} if 1 <= R <= C
+    }
     for s_lo, R in sorted(cases):
         slots = (s_lo + np.arange(R)) % C
         for k in range(1, depth + 1):
@@ -176,7 +185,7 @@ def test_n_step_hand_case_with_an_episode_ending_inside_the_window():
     r.add(obs, np.arange(7, dtype=np.int32), rew, disc)
     b = r.gather(np.array([0, 1, 2, 3], np.int32))
     np.testing.assert_allclose(b.ret, [1 + 0.9 * 2 + 0.81 * 4, 2 + 0.9 * 4, 4, 8 + 0.9 * 16 + 0.81 * 32], rtol=1e-6)
-    np.testing.assert_allclose(b.discount, [0, 0, 0, 0.9 ** 3], rtol=1e-6)
+    np.testing.assert_allclose(b.discount, [0, 0, 0, 0.9**3], rtol=1e-6)
     assert b.obs.shape == (4, 32) and np.all(b.obs[:, 2:] == 0) and np.all(b.next_obs[:, 2:] == 0)
     assert np.array_equal(b.obs[:, :2], obs[:4]) and np.array_equal(b.next_obs[:, :2], obs[3:7])
     assert np.array_equal(b.action, [0, 1, 2, 3])
@@ -186,8 +195,12 @@ def test_n_step_walks_each_environment_separately(rng):
     E = 3
     r = _cpu(60, D=1, n_step=2, n_envs=E)
     for t in range(4):  # env e's reward at time t is 10*e + t
-        r.add(np.full((E, 1), t, np.float32), np.zeros(E, np.int32), (10 * np.arange(E) + t).astype(np.float32),
-              np.array([0.5, 0.0, 0.5], np.float32) if t == 0 else np.full(E, 0.5, np.float32))
+        r.add(
+            np.full((E, 1), t, np.float32),
+            np.zeros(E, np.int32),
+            (10 * np.arange(E) + t).astype(np.float32),
+            np.array([0.5, 0.0, 0.5], np.float32) if t == 0 else np.full(E, 0.5, np.float32),
+        )
     b = r.gather(np.array([0, 1, 2, 3], np.int32))  # time 0 of envs 0..2, time 1 of env 0
     np.testing.assert_allclose(b.ret, [0 + 0.5 * 1, 10, 20 + 0.5 * 21, 1 + 0.5 * 2])
     np.testing.assert_allclose(b.discount, [0.25, 0.0, 0.25, 0.25])
@@ -222,7 +235,9 @@ def test_device_rules_of_the_twin_skip_bad_td_and_bad_rows(rng):
     r = _cpu(64)
     r.add(*_rows(rng, 10, 3))
     before = r.state_dict()
-    ref.update_priorities(r.spec, r.bufs, np.array([2, 3, 99, 2], np.int32), np.array([5.0, np.nan, 1.0, np.inf], np.float32))
+    ref.update_priorities(
+        r.spec, r.bufs, np.array([2, 3, 99, 2], np.int32), np.array([5.0, np.nan, 1.0, np.inf], np.float32)
+    )
     assert r.bufs.tree[3] == before["priorities"][3] and r.bufs.tree[2] == before["priorities"][2]
     assert set(r.status()) == {"non-finite td skipped", "out-of-range index skipped"}
     o, a, rew, d = _rows(rng, 4, 3)
@@ -302,7 +317,10 @@ def _bad_calls(rng):
         "batch zero": ("batch_size", lambda r: r.sample(0)),
         "NaN td": ("td", lambda r: r.update_priorities(np.arange(4, dtype=np.int32), nan_td)),
         "td dtype": ("td", lambda r: r.update_priorities(np.arange(4, dtype=np.int32), nan_td.astype(np.float64))),
-        "index range": ("indices", lambda r: r.update_priorities(np.array([0, 1, 2, 64], np.int32), np.ones(4, np.float32))),
+        "index range": (
+            "indices",
+            lambda r: r.update_priorities(np.array([0, 1, 2, 64], np.int32), np.ones(4, np.float32)),
+        ),
         "index dtype": ("indices", lambda r: r.update_priorities(np.arange(4), np.ones(4, np.float32))),
         "negative priorities": ("priorities", lambda r: r.load_state_dict(neg_state(r))),
         "NaN state obs": ("obs", lambda r: r.load_state_dict(nan_state(r))),
@@ -341,7 +359,9 @@ def _assert_same_state(gpu, cpu, what):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("C, D, n, E, B, add_rows", [(1000, 5, 3, 4, 64, 24), (777, 1, 1, 1, 33, 13), ((1 << 20) + 7, 64, 3, 1, 512, 30_000)])
+@pytest.mark.parametrize(
+    "C, D, n, E, B, add_rows", [(1000, 5, 3, 4, 64, 24), (777, 1, 1, 1, 33, 13), ((1 << 20) + 7, 64, 3, 1, 512, 30_000)]
+)
 def test_gpu_stream_of_add_sample_update_matches_the_twin(cp, rng, C, D, n, E, B, add_rows):
     """100 steps of add / sample / gather / update (with duplicate indices): indices, gathered rows
     and n-step targets identical, weights within 1e-6, the whole tree and every counter identical."""
@@ -383,9 +403,18 @@ def _insert_sizes(rng, C, E):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("C, D, n, E, store_next", [(2, 1, 1, 1, False), (33, 3, 1, 3, False), (1025, 5, 3, 8, False),
-                                                    (1025, 5, 1, 8, True), ((1 << 15) + 3, 16, 3, 64, False),
-                                                    ((1 << 20) + 7, 8, 3, 4096, False), ((1 << 20) + 7, 8, 1, 4096, True)])
+@pytest.mark.parametrize(
+    "C, D, n, E, store_next",
+    [
+        (2, 1, 1, 1, False),
+        (33, 3, 1, 3, False),
+        (1025, 5, 3, 8, False),
+        (1025, 5, 1, 8, True),
+        ((1 << 15) + 3, 16, 3, 64, False),
+        ((1 << 20) + 7, 8, 3, 4096, False),
+        ((1 << 20) + 7, 8, 1, 4096, True),
+    ],
+)
 def test_gpu_insert_matches_the_twin_through_wrapping_inserts(cp, rng, C, D, n, E, store_next):
     """Inserts from one env-step up to the whole ring, wrapping at least three times, with
     priorities changed in between (so max_q and the leaves vary) and one batch with a NaN reward
@@ -434,7 +463,7 @@ def test_gpu_insert_graphed_equals_eager_and_the_twin(cp, rng):
         rows = list(_rows(rng, E, D))
         if k == 9:
             rows[2][17] = np.nan
-        for dst, x in zip(inputs, rows):
+        for dst, x in zip(inputs, rows, strict=True):
             dst.set(x)
         cp.cuda.Device().synchronize()
         g.replay()
@@ -464,7 +493,7 @@ def _samples_agree(cpu, gpu, B, step):
         bg = gpu.gather(ig)
     assert_bitwise(ig, ic, what=f"indices at step {step}")
     assert_parity(wg, wc, rtol=1e-6, what=f"weights at step {step}")
-    for name, x, y in zip(bc._fields, bg, bc):
+    for name, x, y in zip(bc._fields, bg, bc, strict=True):
         assert_bitwise(x, y, what=f"gather {name} at step {step}")
     return ic, bc
 
@@ -482,7 +511,7 @@ def test_sample_with_out_gathers_what_sample_then_gather_would(rng):
         i2, w2 = two.sample(64, out=b2)
         assert_bitwise(i2, i1, what="indices")
         assert_bitwise(w2, w1, what="weights")
-        for name, x, y in zip(b1._fields, b2, b1):
+        for name, x, y in zip(b1._fields, b2, b1, strict=True):
             assert_bitwise(x, y, what=f"gathered {name}")
     with pytest.raises(ValueError, match="out.obs"):
         two.sample(64, out=Batch(np.zeros((64, 2), np.float32), *b2[1:]))
@@ -498,9 +527,9 @@ def _replays_equal_eager_runs(eager, graphed, bufs, B, steps: int = 5) -> None:
         eager.synchronize()
         graphed.synchronize()
         out_e, out_g = bufs[0]._batches[B], bufs[1]._batches[B]
-        for name, x, y in zip(("indices", "weights", "qsel"), out_g[:3], out_e[:3]):
+        for name, x, y in zip(("indices", "weights", "qsel"), out_g[:3], out_e[:3], strict=True):
             assert_bitwise(x, y, what=f"step {k} {name}")
-        for name, x, y in zip(out_e[3]._fields, out_g[3], out_e[3]):
+        for name, x, y in zip(out_e[3]._fields, out_g[3], out_e[3], strict=True):
             assert_bitwise(x, y, what=f"step {k} gather {name}")
 
 
@@ -509,6 +538,7 @@ def _graph_step(buf, B, td):
         idx, _ = buf.sample(B)
         buf.gather(idx)
         buf.update_priorities(idx, td)
+
     return step
 
 
@@ -545,7 +575,9 @@ def test_gpu_graph_captured_small_samples_rows_added_later_and_replays_differ(cp
         seen.append(got)
     assert np.all(np.concatenate(seen[:2]) < 98), "before growth only rows 0..97 are ready"
     assert np.mean(np.concatenate(seen[2:]) >= 98) > 0.5, "a graph captured before growth must sample the new rows"
-    assert not np.array_equal(seen[0], seen[1]) and not np.array_equal(seen[3], seen[4]), "two replays drew the same rows"
+    assert not np.array_equal(seen[0], seen[1]) and not np.array_equal(seen[3], seen[4]), (
+        "two replays drew the same rows"
+    )
     _assert_same_state(gpu, cpu, "after graph replays")
 
 
@@ -579,7 +611,9 @@ def test_gpu_device_rules_match_the_twin(cp, rng):
         buf.reserve(8)
         idx, w, qsel, _ = buf._batches[8]
         buf._ops.sample(buf.spec, buf.bufs, idx, w, qsel)
-        assert buf.status() == ["sampled an empty buffer"] and np.all(np.asarray(w.get() if hasattr(w, "get") else w) == 0)
+        assert buf.status() == ["sampled an empty buffer"] and np.all(
+            np.asarray(w.get() if hasattr(w, "get") else w) == 0
+        )
         buf.clear_status()
     o, a, rew, d = _rows(rng, 10, 3)
     cpu.add(o, a, rew, d)
@@ -595,7 +629,7 @@ def test_gpu_device_rules_match_the_twin(cp, rng):
     cpu.reserve(4)
     ref.gather(cpu.spec, cpu.bufs, bad_rows, *cpu._batches[4][3])
     got = gpu.gather(cp.asarray(bad_rows))  # a CuPy argument: checked on the device
-    for name, x, y in zip(got._fields, got, cpu._batches[4][3]):
+    for name, x, y in zip(got._fields, got, cpu._batches[4][3], strict=True):
         assert_bitwise(x, y, what=f"gather {name} with out-of-range rows")
     _assert_same_state(gpu, cpu, "after bad device input")
     assert set(gpu.status()) == {"non-finite td skipped", "out-of-range index skipped", "bad rows rejected"}
@@ -813,6 +847,7 @@ def test_gpu_store_next_obs_graphed_equals_eager_bitwise(cp, rng):
         def fn():
             buf.add(*step_rows)  # a capture-safe add: CuPy rows, ready at once in this mode
             _graph_step(buf, B, td)()
+
         return fn
 
     eager = StepGraph("replay_next_eager_twin", [("per", step(bufs[0]))], xp=cp)

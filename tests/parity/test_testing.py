@@ -1,4 +1,5 @@
 """testing family: the helper kernels the foundation's GPU guarantees are proven with."""
+
 import numpy as np
 import pytest
 
@@ -44,4 +45,4 @@ def test_finite_difference_recovers_a_known_gradient():
     from cudarl.testing import finite_difference
 
     x = np.array([[0.5, -1.0, 2.0], [3.0, 0.0, -0.25]])
-    np.testing.assert_allclose(finite_difference(lambda t: float(np.sum(t ** 3)), x), 3 * x ** 2, rtol=1e-7, atol=1e-8)
+    np.testing.assert_allclose(finite_difference(lambda t: float(np.sum(t**3)), x), 3 * x**2, rtol=1e-7, atol=1e-8)

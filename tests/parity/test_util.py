@@ -1,4 +1,5 @@
 """util family: fills, scalar sets and device-side increments."""
+
 import numpy as np
 import pytest
 

@@ -1,11 +1,11 @@
 """Checkpoints: round trip, atomic writes that survive a kill, and refusal of pickles."""
+
 import os
 import pickle
 import signal
 import subprocess
 import sys
 import textwrap
-import time
 
 import numpy as np
 import pytest
@@ -14,9 +14,15 @@ from cudarl import checkpoint as ck
 
 
 def _state(rng):
-    return {"model": {"params": rng.standard_normal(1000).astype(np.float32), "step": np.int64(7)},
-            "replay": {"ptr": np.int64(3), "prio": rng.integers(0, 9, 50).astype(np.uint64)},
-            "name": "c51", "flags": [1, 2], "none": None, "ok": True, "layout": [("w", 0, (3, 4)), ("b", 64, (4,))]}
+    return {
+        "model": {"params": rng.standard_normal(1000).astype(np.float32), "step": np.int64(7)},
+        "replay": {"ptr": np.int64(3), "prio": rng.integers(0, 9, 50).astype(np.uint64)},
+        "name": "c51",
+        "flags": [1, 2],
+        "none": None,
+        "ok": True,
+        "layout": [("w", 0, (3, 4)), ("b", 64, (4,))],
+    }
 
 
 def test_round_trip(tmp_path, rng):
@@ -44,8 +50,11 @@ def test_refuses_a_malicious_pickle_without_running_it(tmp_path):
         ck.load(bad)
     # an npz holding a pickled object array is refused too
     obj = tmp_path / "obj.npz"
-    np.savez(obj, __meta__=np.frombuffer(b'{"format": "cudarl-checkpoint", "version": 1}', np.uint8),
-             x=np.array([Evil()], dtype=object))
+    np.savez(
+        obj,
+        __meta__=np.frombuffer(b'{"format": "cudarl-checkpoint", "version": 1}', np.uint8),
+        x=np.array([Evil()], dtype=object),
+    )
     with pytest.raises(ck.CheckpointError):
         ck.load(obj)
     assert not marker.exists()

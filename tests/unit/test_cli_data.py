@@ -1,4 +1,5 @@
 """``cudarl-train data validate`` and ``data synth``: reports, one-line errors, nothing written on failure."""
+
 import json
 import subprocess
 import sys
@@ -12,8 +13,12 @@ from cudarl.cli import app
 from cudarl.data import load
 
 runner = CliRunner()
-GOOD = ["2020-01-02,10,11,9.5,10.5,1000", "2020-01-03,10.5,10.8,10.1,10.2,1100",
-        "2020-01-06,10.2,10.9,10,10.7,900", "2020-01-07,10.7,11.2,10.6,11,1200"]
+GOOD = [
+    "2020-01-02,10,11,9.5,10.5,1000",
+    "2020-01-03,10.5,10.8,10.1,10.2,1100",
+    "2020-01-06,10.2,10.9,10,10.7,900",
+    "2020-01-07,10.7,11.2,10.6,11,1200",
+]
 BAD = {  # case -> (the rows, text the error must contain)
     "nan": ([GOOD[0], "2020-01-03,10.5,10.8,10.1,nan,1100"] + GOOD[2:], ["'Close'", "line 3", "--drop-nan"]),
     "non_positive": ([GOOD[0], "2020-01-03,0,10.8,10.1,10.2,1100"] + GOOD[2:], ["'Open'", "line 3", "price <= 0"]),
@@ -54,7 +59,9 @@ def test_validate_bad_data_exits_non_zero_names_the_problem_and_writes_nothing(t
 def test_repair_flags_and_too_few_bars(tmp_path):
     p = write(tmp_path / "x.csv", BAD["unsorted"][0])
     assert runner.invoke(app, ["data", "validate", str(p), "--sort"]).exit_code == 0
-    r = runner.invoke(app, ["data", "validate", str(write(tmp_path / "d.csv", BAD["duplicate"][0])), "--dedupe", "last"])
+    r = runner.invoke(
+        app, ["data", "validate", str(write(tmp_path / "d.csv", BAD["duplicate"][0])), "--dedupe", "last"]
+    )
     assert r.exit_code == 0 and json.loads(r.stdout)["repairs"] == {"dropped_duplicates_kept_last": 1}
     r = runner.invoke(app, ["data", "validate", str(p), "--sort", "--window", "10"])
     assert r.exit_code == 1 and "--window" in r.stderr
@@ -86,9 +93,17 @@ def test_synth_round_trips_and_never_overwrites(tmp_path):
 
 def test_console_entry_point_gives_one_line_and_no_traceback(tmp_path):
     p = write(tmp_path / "bad.csv", BAD["nan"][0])
-    r = subprocess.run([sys.executable, "-c", "from cudarl.cli import main; main()", "data", "validate", str(p)],
-                       capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        [sys.executable, "-c", "from cudarl.cli import main; main()", "data", "validate", str(p)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode == 1 and "Traceback" not in r.stderr and "NaN" in r.stderr
-    r = subprocess.run([sys.executable, "-c", "from cudarl.cli import main; main()", "data", "validate", "builtin:sp500"],
-                       capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        [sys.executable, "-c", "from cudarl.cli import main; main()", "data", "validate", "builtin:sp500"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode == 0 and json.loads(r.stdout)["bars"] == 5031

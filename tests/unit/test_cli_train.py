@@ -1,13 +1,11 @@
 """cudarl-train train / evaluate / config / info: the main job from the command line, on the CPU."""
+
 import json
 import pickle
 import subprocess
 import sys
 import time
 
-from pathlib import Path
-
-import pytest
 from typer.testing import CliRunner
 
 from cudarl.cli import app, build_config
@@ -27,7 +25,7 @@ def test_cli_defaults_are_the_configs():
 
 def test_flags_files_and_sets_layer_in_order(tmp_path):
     f = tmp_path / "c.toml"
-    f.write_text('[agent]\ngamma = 0.9\nbatch_size = 32\n[run]\nsteps = 7\n')
+    f.write_text("[agent]\ngamma = 0.9\nbatch_size = 32\n[run]\nsteps = 7\n")
     cfg, explicit = build_config("builtin:randomwalk", f, ["agent.gamma=0.8"], steps=9, device="cpu")
     assert cfg.agent.gamma == 0.8 and cfg.agent.batch_size == 32 and cfg.run.steps == 9
     assert cfg.data.source == "builtin:randomwalk"
@@ -38,15 +36,39 @@ def test_flags_files_and_sets_layer_in_order(tmp_path):
 
 def test_train_writes_the_run_directory_in_under_60_s(tmp_path):
     t0 = time.perf_counter()
-    r = runner.invoke(app, ["train", "builtin:regime", "--steps", "80", "--device", "cpu", "--out", str(tmp_path),
-                            "--set", "run.eval_every=40", "--set", "run.checkpoint_every=40"])
+    r = runner.invoke(
+        app,
+        [
+            "train",
+            "builtin:regime",
+            "--steps",
+            "80",
+            "--device",
+            "cpu",
+            "--out",
+            str(tmp_path),
+            "--set",
+            "run.eval_every=40",
+            "--set",
+            "run.checkpoint_every=40",
+        ],
+    )
     elapsed = time.perf_counter() - t0
     assert r.exit_code == 0, r.output
     assert elapsed < 60
     (run,) = tmp_path.iterdir()
-    for f in ("config.toml", "env.json", "data_report.json", "metrics.jsonl", "metrics.csv",
-              "checkpoints/latest.npz", "checkpoints/step-00000040.npz", "eval/val-00000080/summary.json",
-              "eval/val-00000080/equity.csv", "eval/val-00000080/trades.csv"):
+    for f in (
+        "config.toml",
+        "env.json",
+        "data_report.json",
+        "metrics.jsonl",
+        "metrics.csv",
+        "checkpoints/latest.npz",
+        "checkpoints/step-00000040.npz",
+        "eval/val-00000080/summary.json",
+        "eval/val-00000080/equity.csv",
+        "eval/val-00000080/trades.csv",
+    ):
         assert (run / f).is_file(), f
     assert json.loads((run / "env.json").read_text())["backend"] == "numpy"
     # evaluate the checkpoint on the test split
@@ -76,12 +98,18 @@ def test_a_malicious_pickle_is_refused_and_runs_nothing(tmp_path):
 
 
 def test_errors_are_one_line_without_traceback():
-    r = subprocess.run([sys.executable, "-m", "cudarl.cli", "train", "/no/such/bars.csv", "--device", "cpu"],
-                       capture_output=True, text=True)
+    r = subprocess.run(
+        [sys.executable, "-m", "cudarl.cli", "train", "/no/such/bars.csv", "--device", "cpu"],
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode != 0
     assert r.stderr.strip().splitlines() == ["cudarl-train: error: /no/such/bars.csv: file not found"]
-    r = subprocess.run([sys.executable, "-m", "cudarl.cli", "train", "--device", "cpu", "--set", "agent.gamma=2"],
-                       capture_output=True, text=True)
+    r = subprocess.run(
+        [sys.executable, "-m", "cudarl.cli", "train", "--device", "cpu", "--set", "agent.gamma=2"],
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode != 0 and "Traceback" not in r.stderr and "gamma must be in [0, 1]" in r.stderr
 
 

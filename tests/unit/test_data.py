@@ -1,4 +1,5 @@
 """Loading, strict validation, repairs, warnings, report and the built-in data sets."""
+
 import configparser
 import fnmatch
 import gzip
@@ -10,7 +11,7 @@ import numpy as np
 import pytest
 
 import cudarl.datasets as ds
-from cudarl.data import Bars, DataError, load, report, write_report
+from cudarl.data import Bars, DataError, load, write_report
 from cudarl.data.bars import NS_PER_DAY
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -35,15 +36,19 @@ def days(*iso):
 
 # ------------------------------------------------------------------------------- formats
 
-@pytest.mark.parametrize("stamps, expected", [
-    (["2020-01-02", "2020-01-03"], ["2020-01-02T00:00", "2020-01-03T00:00"]),
-    (["2020-01-02T14:30:00Z", "2020-01-02T15:30:00Z"], ["2020-01-02T14:30", "2020-01-02T15:30"]),
-    (["2020-01-02 16:30:00+02:00", "2020-01-02 17:30:00+02:00"], ["2020-01-02T14:30", "2020-01-02T15:30"]),
-    (["1/2/2020", "12/31/2020"], ["2020-01-02T00:00", "2020-12-31T00:00"]),
-    (["02.01.2020 14:30:00.250", "02.01.2020 15:30:00.000"], ["2020-01-02T14:30:00.250", "2020-01-02T15:30"]),
-    (["1577975400", "1577979000"], ["2020-01-02T14:30", "2020-01-02T15:30"]),
-    (["1577975400000", "1577979000500"], ["2020-01-02T14:30", "2020-01-02T15:30:00.500"]),
-])
+
+@pytest.mark.parametrize(
+    "stamps, expected",
+    [
+        (["2020-01-02", "2020-01-03"], ["2020-01-02T00:00", "2020-01-03T00:00"]),
+        (["2020-01-02T14:30:00Z", "2020-01-02T15:30:00Z"], ["2020-01-02T14:30", "2020-01-02T15:30"]),
+        (["2020-01-02 16:30:00+02:00", "2020-01-02 17:30:00+02:00"], ["2020-01-02T14:30", "2020-01-02T15:30"]),
+        (["1/2/2020", "12/31/2020"], ["2020-01-02T00:00", "2020-12-31T00:00"]),
+        (["02.01.2020 14:30:00.250", "02.01.2020 15:30:00.000"], ["2020-01-02T14:30:00.250", "2020-01-02T15:30"]),
+        (["1577975400", "1577979000"], ["2020-01-02T14:30", "2020-01-02T15:30"]),
+        (["1577975400000", "1577979000500"], ["2020-01-02T14:30", "2020-01-02T15:30:00.500"]),
+    ],
+)
 def test_time_formats_are_recognised_and_read_as_utc(tmp_path, stamps, expected):
     rows = [(s,) + GOOD_ROWS[i][1:] for i, s in enumerate(stamps)]
     bars = load(write(tmp_path / "x.csv", rows))
@@ -61,14 +66,25 @@ def test_explicit_format_and_time_zone(tmp_path):
 
 def test_columns_matched_case_insensitively_with_aliases(tmp_path):
     rows = [(r[0] + " 00:00", r[0]) + r[1:5] + (r[4], r[5]) for r in GOOD_ROWS]
-    p = write(tmp_path / "x.csv", [(a, b, c, d, e, f, g, h) for a, b, c, d, e, f, g, h in
-                                   [(r[1], r[2], r[3], r[4], r[5], r[6], r[7], r[0]) for r in rows]],
-              header="junk,OPEN,high,Low,CLOSE,Adj_Close,VOL,DateTime")
+    p = write(
+        tmp_path / "x.csv",
+        [
+            (a, b, c, d, e, f, g, h)
+            for a, b, c, d, e, f, g, h in [(r[1], r[2], r[3], r[4], r[5], r[6], r[7], r[0]) for r in rows]
+        ],
+        header="junk,OPEN,high,Low,CLOSE,Adj_Close,VOL,DateTime",
+    )
     bars = load(p)
-    assert bars.columns["time"] == "DateTime" and bars.columns["adj_close"] == "Adj_Close" and bars.columns["volume"] == "VOL"
+    assert (
+        bars.columns["time"] == "DateTime"
+        and bars.columns["adj_close"] == "Adj_Close"
+        and bars.columns["volume"] == "VOL"
+    )
     np.testing.assert_array_equal(bars.close, [r[4] for r in GOOD_ROWS])
     # volume and adjusted close are optional; separate Date and Time columns are joined
-    p = write(tmp_path / "y.csv", [(r[0], "13:00", r[1], r[2], r[3], r[4]) for r in GOOD_ROWS], header="date,time,o,h,l,c")
+    p = write(
+        tmp_path / "y.csv", [(r[0], "13:00", r[1], r[2], r[3], r[4]) for r in GOOD_ROWS], header="date,time,o,h,l,c"
+    )
     bars = load(p)
     assert bars.volume is None and bars.time[0] == days("2020-01-02T13:00")[0]
     bars = load(p, columns={"close": "o"})  # an override wins over the alias
@@ -77,7 +93,9 @@ def test_columns_matched_case_insensitively_with_aliases(tmp_path):
 
 def test_gzip_csv_with_semicolons(tmp_path):
     p = tmp_path / "x.csv.gz"
-    p.write_bytes(gzip.compress(("Date;Open;High;Low;Close\n" + "\n".join(";".join(map(str, r[:5])) for r in GOOD_ROWS)).encode()))
+    p.write_bytes(
+        gzip.compress(("Date;Open;High;Low;Close\n" + "\n".join(";".join(map(str, r[:5])) for r in GOOD_ROWS)).encode())
+    )
     bars = load(p)
     assert len(bars) == 5 and bars.close[-1] == 10.6 and bars.volume is None
 
@@ -91,7 +109,12 @@ def test_parquet_naive_and_zoned_timestamps(tmp_path):
         ts = pa.array(t, type=pa.timestamp("ns"))
         if zone:  # the same instants, marked with a zone: must read back as the same UTC times
             ts = pa.array(t.view(np.int64), type=pa.timestamp("ns", tz=zone))
-        table = pa.table({"Timestamp": ts, **{k: [r[i] for r in GOOD_ROWS] for i, k in enumerate(["Open", "High", "Low", "Close"], 1)}})
+        table = pa.table(
+            {
+                "Timestamp": ts,
+                **{k: [r[i] for r in GOOD_ROWS] for i, k in enumerate(["Open", "High", "Low", "Close"], 1)},
+            }
+        )
         pq.write_table(table, tmp_path / "x.parquet")
         bars = load(tmp_path / "x.parquet")
         assert bars.time.tolist() == t.view(np.int64).tolist()
@@ -101,12 +124,48 @@ def test_parquet_naive_and_zoned_timestamps(tmp_path):
 
 BAD = {
     # case: (edit to the good rows, code, column, where, fix)
-    "nan": (lambda r: r.__setitem__(2, (r[2][0], r[2][1], r[2][2], r[2][3], "nan", r[2][5])), "nan", "Close", "line 4", "drop_nan"),
-    "missing": (lambda r: r.__setitem__(3, (r[3][0], "", r[3][2], r[3][3], r[3][4], r[3][5])), "nan", "Open", "line 5", "ffill"),
-    "inf": (lambda r: r.__setitem__(1, (r[1][0], r[1][1], "inf", r[1][3], r[1][4], r[1][5])), "nan", "High", "line 3", "drop_nan"),
-    "non_positive": (lambda r: r.__setitem__(2, (r[2][0], r[2][1], r[2][2], -1.0, r[2][4], r[2][5])), "non_positive", "Low", "line 4", "correct or delete"),
-    "high": (lambda r: r.__setitem__(4, (r[4][0], r[4][1], 10.9, r[4][3], r[4][4], r[4][5])), "high_low", "High", "line 6", "correct or delete"),
-    "low": (lambda r: r.__setitem__(0, (r[0][0], r[0][1], r[0][2], 10.2, r[0][4], r[0][5])), "high_low", "Low", "line 2", "correct or delete"),
+    "nan": (
+        lambda r: r.__setitem__(2, (r[2][0], r[2][1], r[2][2], r[2][3], "nan", r[2][5])),
+        "nan",
+        "Close",
+        "line 4",
+        "drop_nan",
+    ),
+    "missing": (
+        lambda r: r.__setitem__(3, (r[3][0], "", r[3][2], r[3][3], r[3][4], r[3][5])),
+        "nan",
+        "Open",
+        "line 5",
+        "ffill",
+    ),
+    "inf": (
+        lambda r: r.__setitem__(1, (r[1][0], r[1][1], "inf", r[1][3], r[1][4], r[1][5])),
+        "nan",
+        "High",
+        "line 3",
+        "drop_nan",
+    ),
+    "non_positive": (
+        lambda r: r.__setitem__(2, (r[2][0], r[2][1], r[2][2], -1.0, r[2][4], r[2][5])),
+        "non_positive",
+        "Low",
+        "line 4",
+        "correct or delete",
+    ),
+    "high": (
+        lambda r: r.__setitem__(4, (r[4][0], r[4][1], 10.9, r[4][3], r[4][4], r[4][5])),
+        "high_low",
+        "High",
+        "line 6",
+        "correct or delete",
+    ),
+    "low": (
+        lambda r: r.__setitem__(0, (r[0][0], r[0][1], r[0][2], 10.2, r[0][4], r[0][5])),
+        "high_low",
+        "Low",
+        "line 2",
+        "correct or delete",
+    ),
     "unsorted": (lambda r: r.insert(1, r.pop(3)), "unsorted", "Date", "line 4", "sort=True"),
     "duplicate": (lambda r: r.__setitem__(2, (r[1][0],) + r[2][1:]), "duplicate", "Date", "line 3, line 4", "dedupe="),
 }
@@ -134,7 +193,11 @@ def test_missing_column_and_too_few_bars(tmp_path):
     p = write(tmp_path / "x.csv", [r[:4] for r in GOOD_ROWS], header="Date,Open,High,Low")
     with pytest.raises(DataError) as info:
         load(p)
-    assert info.value.codes == ["missing_column"] and "no close column" in str(info.value) and "--column close=NAME" in str(info.value)
+    assert (
+        info.value.codes == ["missing_column"]
+        and "no close column" in str(info.value)
+        and "--column close=NAME" in str(info.value)
+    )
     with pytest.raises(DataError) as info:
         load(write(tmp_path / "y.csv", GOOD_ROWS), min_bars=6)
     assert info.value.codes == ["too_few_bars"] and "--window" in str(info.value)
@@ -159,6 +222,7 @@ def test_unreadable_time_names_row_and_option(tmp_path):
 
 
 # -------------------------------------------------------------------------------- repairs
+
 
 def test_sort_and_dedupe_keep_the_row_asked_for(tmp_path):
     rows = list(GOOD_ROWS)
@@ -217,6 +281,7 @@ def test_report_contents_and_file(tmp_path):
 
 
 # ------------------------------------------------------------------------------- builtins
+
 
 @pytest.mark.parametrize("name, n, ppy", [("sp500", 5031, 252.0), ("nasdaq", 5031, 252.0), ("eurusd-1h", 6225, None)])
 def test_real_series_load_clean_with_their_licences(name, n, ppy):

@@ -1,4 +1,5 @@
 """TradingEnv and EnvConfig: validation with clear messages, buffers, and state round trips."""
+
 import numpy as np
 import pytest
 
@@ -12,19 +13,22 @@ def market(t_n=50, f_n=3):
     return close * F32(1.001), close, np.ones((t_n, f_n), F32), np.zeros(f_n, bool)
 
 
-@pytest.mark.parametrize("kw,match", [
-    (dict(n_envs=0), "n_envs"),
-    (dict(episode_len=0), "episode_len"),
-    (dict(n_actions=1), "n_actions"),
-    (dict(fill="vwap"), "fill"),
-    (dict(cost_bps=-1), "cost_bps"),
-    (dict(slippage_bps=float("nan")), "slippage_bps"),
-    (dict(hold_cap=0), "hold_cap"),
-    (dict(seed=-1), "seed"),
-    (dict(n_actions=3, levels=(0.0, 1.0)), "levels"),
-    (dict(n_actions=3, levels=(1.0, 0.0, -1.0)), "increasing"),
-    (dict(n_actions=3, levels=(-0.5, 0.0, 1.0), mirror=True), "antisymmetric"),
-])
+@pytest.mark.parametrize(
+    "kw,match",
+    [
+        (dict(n_envs=0), "n_envs"),
+        (dict(episode_len=0), "episode_len"),
+        (dict(n_actions=1), "n_actions"),
+        (dict(fill="vwap"), "fill"),
+        (dict(cost_bps=-1), "cost_bps"),
+        (dict(slippage_bps=float("nan")), "slippage_bps"),
+        (dict(hold_cap=0), "hold_cap"),
+        (dict(seed=-1), "seed"),
+        (dict(n_actions=3, levels=(0.0, 1.0)), "levels"),
+        (dict(n_actions=3, levels=(1.0, 0.0, -1.0)), "increasing"),
+        (dict(n_actions=3, levels=(-0.5, 0.0, 1.0), mirror=True), "antisymmetric"),
+    ],
+)
 def test_config_validation(kw, match):
     with pytest.raises(ValueError, match=match):
         EnvConfig(**kw)
@@ -102,7 +106,7 @@ def test_state_dict_resumes_exactly(rng):
             env.step()
         np.testing.assert_array_equal(a.obs, b.obs)
         np.testing.assert_array_equal(a.reward, b.reward)
-        for x, y in zip(out_a, out_b):
+        for x, y in zip(out_a, out_b, strict=True):
             np.testing.assert_array_equal(x, y)
     sd.pop("state.count")
     with pytest.raises(KeyError, match="state.count"):

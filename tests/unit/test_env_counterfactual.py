@@ -5,6 +5,7 @@ is the reward of the mirrored market (returns negated) at the mirrored positions
 system negated that reward twice (cf_reward = -reward where reward was already flipped); here
 it is recomputed from scratch and must never be the negation of the real reward.
 """
+
 import numpy as np
 import pytest
 
@@ -21,8 +22,14 @@ def make_env(rng, n=11, a_n=3, f_n=5, t_n=120, **kw):
     feats = rng.normal(size=(t_n, f_n)).astype(F32)
     sign = np.zeros(f_n, bool)
     sign[::2] = True
-    cfg = EnvConfig(n_envs=n, n_actions=a_n, episode_len=kw.pop("episode_len", 6), cost_bps=kw.pop("cost_bps", 7.0),
-                    slippage_bps=kw.pop("slippage_bps", 3.0), **kw)
+    cfg = EnvConfig(
+        n_envs=n,
+        n_actions=a_n,
+        episode_len=kw.pop("episode_len", 6),
+        cost_bps=kw.pop("cost_bps", 7.0),
+        slippage_bps=kw.pop("slippage_bps", 3.0),
+        **kw,
+    )
     return TradingEnv(open_, close, feats, sign, cfg, backend="numpy"), open_, close, feats, sign
 
 
@@ -55,8 +62,13 @@ def test_every_counterfactual_reward_equals_direct_recomputation(rng, a_n, fill)
             np.testing.assert_array_equal(out.action[rows], act)
             p = lv[act] * s
             # float64 from the prices: the cost model itself
-            r64 = costs.bar_net_return(st.position.astype(np.float64), p.astype(np.float64),
-                                       fill_return_f64(env, open_, close, st.t), env.config.cost_bps, env.config.slippage_bps)
+            r64 = costs.bar_net_return(
+                st.position.astype(np.float64),
+                p.astype(np.float64),
+                fill_return_f64(env, open_, close, st.t),
+                env.config.cost_bps,
+                env.config.slippage_bps,
+            )
             np.testing.assert_allclose(out.reward[rows], r64, rtol=1e-5, atol=1e-7)
             # float32, op by op: exactly what both kernels compute
             px = open_ if fill == "open" else close
@@ -133,7 +145,7 @@ def test_counterfactual_next_obs_and_done(rng):
     env, _, _, feats, _ = make_env(rng, a_n=3, counterfactual=True, episode_len=3, hold_cap=2)
     n, f_n, lv = env.n_envs, env.n_features, env.config.position_levels()
     saw_done = saw_hold = False
-    for st, a, s, out in run_steps(env, rng, 12, with_scale=False):
+    for st, a, _, out in run_steps(env, rng, 12, with_scale=False):
         for g in range(3):
             rows = slice(g * n, (g + 1) * n)
             p = lv[(a + g) % 3]

@@ -1,4 +1,5 @@
 """The env's NumPy twin: hand-computed cases, the cost model, episodes, and acting statistics."""
+
 import numpy as np
 import pytest
 from scipy import stats
@@ -62,7 +63,7 @@ def test_step_hand_case():
     np.testing.assert_array_equal(env.obs, [[0, 0, 0]])
     rate = F32(15e-4)
     expected = []
-    for a, (t, prev, p) in zip([2, 2, 0, 1], [(0, 0, 1), (1, 1, 1), (2, 1, -1), (3, -1, 0)]):
+    for a, (t, prev, p) in zip([2, 2, 0, 1], [(0, 0, 1), (1, 1, 1), (2, 1, -1), (3, -1, 0)], strict=True):
         env.step(np.array([a], np.int32))
         ret = F32(open_[t + 2] / open_[t + 1] - F32(1))
         expected.append(F32(F32(p) * ret - rate * F32(abs(p - prev))))

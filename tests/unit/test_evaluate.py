@@ -1,4 +1,5 @@
 """Metrics agree with empyrical on the real series; hand cases; the greedy rollout; the outputs."""
+
 import csv
 import json
 import math
@@ -9,8 +10,7 @@ import pytest
 import cudarl.datasets as ds
 from cudarl.costs import bar_net_return
 from cudarl.data import load
-from cudarl.evaluate import (evaluate_policy, evaluate_positions, greedy_positions, metrics, trades,
-                             write_outputs)
+from cudarl.evaluate import evaluate_policy, evaluate_positions, greedy_positions, metrics, trades, write_outputs
 from cudarl.splits import Split
 
 EMPYRICAL = {  # our key -> empyrical function name
@@ -28,7 +28,7 @@ def momentum_positions(close):
     """A simple causal long/short/flat rule, to give returns with costs and flat bars."""
     r = np.zeros(len(close))
     r[1:] = np.diff(np.log(close))
-    fast = np.convolve(r, np.ones(5) / 5)[:len(r)]
+    fast = np.convolve(r, np.ones(5) / 5)[: len(r)]
     return np.where(fast > 1e-3, 1.0, np.where(fast < -1e-3, -1.0, 0.0))
 
 
@@ -63,7 +63,14 @@ def test_hand_case_trades_costs_turnover():
     assert m["trades"] == 3
     tr = trades(pos, net, costs)
     # long [0, 2): 0.01 - c - 0.02, closed on bar 2 paying c
-    assert tr[0] == {"start": 0, "stop": 2, "side": 1, "bars": 2, "return": pytest.approx(0.01 - 0.02 - 2 * c), "open": False}
+    assert tr[0] == {
+        "start": 0,
+        "stop": 2,
+        "side": 1,
+        "bars": 2,
+        "return": pytest.approx(0.01 - 0.02 - 2 * c),
+        "open": False,
+    }
     # short [3, 4): entry c on bar 3, the flip on bar 4 costs 2c of which half closes the short
     assert tr[1]["return"] == pytest.approx(0.01 - c - c)
     # long [4, 6): entry share c (the other c went to the short), still open

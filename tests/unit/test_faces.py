@@ -1,4 +1,5 @@
 """Every kernel family has its CUDA, launcher, reference and parity-test faces with matching op names."""
+
 import importlib.util
 from pathlib import Path
 
@@ -24,7 +25,9 @@ def test_every_family_has_four_faces():
 def test_the_checker_catches_a_missing_face(tmp_path, monkeypatch):
     tool = _tool()
     (tmp_path / "cuda_src").mkdir()
-    (tmp_path / "cuda_src" / "demo.cu").write_text('extern "C" __global__ void cudarl_demo_op(float* x) {}\nextern "C" __global__ void wrong(float* x) {}\n')
+    (tmp_path / "cuda_src" / "demo.cu").write_text(
+        'extern "C" __global__ void cudarl_demo_op(float* x) {}\nextern "C" __global__ void wrong(float* x) {}\n'
+    )
     (tmp_path / "cudarl" / "reference").mkdir(parents=True)
     (tmp_path / "cudarl" / "reference" / "demo.py").write_text("def other():\n    pass\n")
     monkeypatch.setattr(tool, "ROOT", tmp_path)
@@ -51,8 +54,10 @@ def _compile_tool():
 def test_float_atomics_are_found_in_ptx():
     """DESIGN rule 3 is checked on the PTX of every kernel in CI (tools/compile_cuda.py)."""
     find = _compile_tool().float_atomics
-    ptx = ("\tatom.global.add.u64 \t%rd1, [%rd2], %rd3;\n\tatom.global.add.f32 \t%f1, [%rd2], 0f3F800000;\n"
-           "\t@%p1 red.global.add.f64 \t[%rd4], %fd1;\n\tatom.shared.cas.b32 \t%r1, [%r2], %r3, %r4;\n")
+    ptx = (
+        "\tatom.global.add.u64 \t%rd1, [%rd2], %rd3;\n\tatom.global.add.f32 \t%f1, [%rd2], 0f3F800000;\n"
+        "\t@%p1 red.global.add.f64 \t[%rd4], %fd1;\n\tatom.shared.cas.b32 \t%r1, [%r2], %r3, %r4;\n"
+    )
     assert find(ptx) == ["atom.global.add.f32", "@%p1 red.global.add.f64"]
 
 

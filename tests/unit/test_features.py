@@ -1,4 +1,5 @@
 """Features are causal, the normaliser sees only the training split, and splits are chronological."""
+
 import dataclasses
 import math
 
@@ -6,9 +7,18 @@ import numpy as np
 import pytest
 
 import cudarl.datasets as ds
-from cudarl.data import load
 from cudarl.config import ConfigError, from_dict
-from cudarl.features import BUILTIN, FeatureConfig, FeatureContext, Normaliser, compute, ewm_mean, return_sign, with_position
+from cudarl.data import load
+from cudarl.features import (
+    BUILTIN,
+    FeatureConfig,
+    FeatureContext,
+    Normaliser,
+    compute,
+    ewm_mean,
+    return_sign,
+    with_position,
+)
 from cudarl.splits import Split, by_date, chronological, walk_forward
 
 
@@ -16,29 +26,39 @@ def perturb_after(bars, t, rng):
     """A copy of ``bars`` where every bar after ``t`` is different (still valid bars)."""
     n = len(bars)
     scale = np.ones(n)
-    scale[t + 1:] = np.exp(rng.normal(0, 0.05, n - t - 1))
+    scale[t + 1 :] = np.exp(rng.normal(0, 0.05, n - t - 1))
     wick = np.ones(n)
-    wick[t + 1:] = 1 + rng.uniform(0.0, 0.02, n - t - 1)
+    wick[t + 1 :] = 1 + rng.uniform(0.0, 0.02, n - t - 1)
     o, c = bars.open * scale, bars.close * scale * np.where(np.arange(n) > t, 1.01, 1.0)
     time = bars.time.copy()
-    time[t + 1:] += np.int64(3_600_000_000_000)  # one hour later, order kept
+    time[t + 1 :] += np.int64(3_600_000_000_000)  # one hour later, order kept
     extra = {k: np.where(np.arange(n) > t, -v, v) for k, v in bars.extra.items()}
     vol = None if bars.volume is None else np.where(np.arange(n) > t, bars.volume * 3 + 7, bars.volume)
-    return dataclasses.replace(bars, time=time, open=o, close=c, high=np.maximum(bars.high * scale, np.maximum(o, c)) * wick,
-                               low=np.minimum(bars.low * scale, np.minimum(o, c)) / wick, volume=vol, extra=extra)
+    return dataclasses.replace(
+        bars,
+        time=time,
+        open=o,
+        close=c,
+        high=np.maximum(bars.high * scale, np.maximum(o, c)) * wick,
+        low=np.minimum(bars.low * scale, np.minimum(o, c)) / wick,
+        volume=vol,
+        extra=extra,
+    )
 
 
 def assert_causal(bars, config, rng):
     """Changing every bar after t never moves rows 0..t of ``compute(bars, config)``."""
     base = compute(bars, config)
-    ts = [0, 1, config.warmup - 1, config.warmup, config.warmup + 1, len(bars) - 2] + rng.integers(0, len(bars) - 1, 10).tolist()
+    ts = [0, 1, config.warmup - 1, config.warmup, config.warmup + 1, len(bars) - 2] + rng.integers(
+        0, len(bars) - 1, 10
+    ).tolist()
     for t in ts:
         changed = compute(perturb_after(bars, t, rng), config)
         assert changed.names == base.names
-        same = changed.values[:t + 1] == base.values[:t + 1]
+        same = changed.values[: t + 1] == base.values[: t + 1]
         assert same.all(), f"bar {t}: features {[base.names[j] for j in np.flatnonzero(~same.all(0))]} moved"
         if t >= config.warmup:  # the perturbation is visible after t, so the check can fail
-            assert not np.array_equal(changed.values[t + 1:], base.values[t + 1:])
+            assert not np.array_equal(changed.values[t + 1 :], base.values[t + 1 :])
 
 
 @pytest.mark.parametrize("source", ["builtin:regime?n=800", "builtin:eurusd-1h"])
@@ -55,7 +75,7 @@ def test_normaliser_is_fitted_on_train_only_and_round_trips(rng):
     n1, n2 = Normaliser.fit(f1, splits.train), Normaliser.fit(f2, splits.train)
     assert np.array_equal(n1.mean, n2.mean) and np.array_equal(n1.std, n2.std)
     assert not np.array_equal(f1.values[splits.test.slice], f2.values[splits.test.slice])
-    x = f1.values[splits.train.start:splits.train.stop].astype(np.float64)
+    x = f1.values[splits.train.start : splits.train.stop].astype(np.float64)
     np.testing.assert_allclose(n1.mean, x.mean(0), rtol=1e-12)
     z = n1.transform(f1.values[splits.train.slice])
     assert z.dtype == np.float32 and np.abs(z).max() <= n1.clip
@@ -75,10 +95,12 @@ def test_feature_values_by_hand():
     w = np.array([(1 - a) ** (t - s) for s in range(1, t + 1)])
     sigma = math.sqrt((w * r[:t] ** 2).sum() / w.sum())
     assert f.values[t, 0] == pytest.approx(r[t - 1] / sigma, rel=1e-5)
-    assert f.values[t, 1] == pytest.approx(math.log(bars.close[t] / bars.close[t - 5]) / (sigma * math.sqrt(5)), rel=1e-5)
+    assert f.values[t, 1] == pytest.approx(
+        math.log(bars.close[t] / bars.close[t - 5]) / (sigma * math.sqrt(5)), rel=1e-5
+    )
     assert f.values[t, 2] == pytest.approx(math.log(sigma), rel=1e-5)
     assert f.values[t, 7] == bars.extra["regime"][t]
-    assert np.all(f.values[:cfg.warmup] == 0) and f.warmup == 10
+    assert np.all(f.values[: cfg.warmup] == 0) and f.warmup == 10
     assert np.all(np.abs(f.values[:, 5]) <= 1.0)
 
 
@@ -87,7 +109,7 @@ def test_ewm_mean_matches_a_loop(rng):
     present = rng.random(50) < 0.7
     present[0] = False
     got = ewm_mean(x, 4.0, present)
-    a = 1 - 0.5 ** 0.25
+    a = 1 - 0.5**0.25
     num = den = 0.0
     for t in range(50):
         num, den = num * (1 - a) + (a * x[t] if present[t] else 0.0), den * (1 - a) + (a if present[t] else 0.0)
@@ -110,7 +132,14 @@ def test_time_features_and_position():
 
 def test_chronological_and_date_splits():
     s = chronological(1000, train=0.6, val=0.2, warmup=50)
-    assert (s.train.start, s.train.stop, s.val.start, s.val.stop, s.test.start, s.test.stop) == (50, 620, 620, 810, 810, 1000)
+    assert (s.train.start, s.train.stop, s.val.start, s.val.stop, s.test.start, s.test.stop) == (
+        50,
+        620,
+        620,
+        810,
+        810,
+        1000,
+    )
     bars = load("builtin:sp500")
     d = by_date(bars.time, "2015-01-01", "2017-01-01", warmup=64)
     assert str(np.datetime64(int(bars.time[d.val.start]), "ns"))[:10] == "2015-01-02"
@@ -124,7 +153,7 @@ def test_chronological_and_date_splits():
 def test_walk_forward_folds_tile_the_end_without_overlap():
     folds = walk_forward(1000, folds=4, warmup=20)
     assert folds[-1].test.stop == 1000
-    for a, b in zip(folds, folds[1:]):
+    for a, b in zip(folds, folds[1:], strict=False):
         assert a.test.stop == b.test.start and a.test.start < b.test.start
     for f in folds:
         assert f.train.start == 20 and f.train.stop == f.val.start and f.val.stop == f.test.start
@@ -141,7 +170,7 @@ def test_return_sign_and_uncentred_columns_make_the_mirror_exact():
     bars = datasets.regime(n=600, seed=1)
     f = compute(bars, FeatureConfig())
     sign = return_sign(f.names)
-    names = dict(zip(f.names, sign))
+    names = dict(zip(f.names, sign, strict=True))
     assert names["ret_1"] and names["body"] and names["close_loc"] and names["regime"]
     assert not names["log_vol"] and not names["range"] and not names["dow_sin"]
     norm = Normaliser.fit(f, (0, 400), center=~sign)
@@ -158,12 +187,12 @@ def _compute_before_registry(bars, config):
     from cudarl.features import SIGMA_FLOOR, Features
 
     T = len(bars)
-    c, o, h, l = (np.asarray(getattr(bars, k), dtype=np.float64) for k in ("close", "open", "high", "low"))
+    c, o, h, low = (np.asarray(getattr(bars, k), dtype=np.float64) for k in ("close", "open", "high", "low"))
     logc = np.log(c)
     r = np.zeros(T)
     r[1:] = np.diff(logc)
     present = np.arange(T) >= 1
-    sigma = np.sqrt(np.maximum(ewm_mean(r * r, config.vol_halflife, present), SIGMA_FLOOR ** 2))
+    sigma = np.sqrt(np.maximum(ewm_mean(r * r, config.vol_halflife, present), SIGMA_FLOOR**2))
     cols, names = [], []
     with np.errstate(invalid="ignore", divide="ignore"):
         for hz in config.horizons:
@@ -171,38 +200,54 @@ def _compute_before_registry(bars, config):
             lr[hz:] = logc[hz:] - logc[:-hz]
             cols.append(lr / (sigma * math.sqrt(hz)))
             names.append(f"ret_{hz}")
-        cols.append(np.log(sigma)); names.append("log_vol")
-        cols.append(np.log(h / l) / sigma); names.append("range")
-        cols.append(np.log(c / o) / sigma); names.append("body")
-        span = h - l
-        cols.append(np.where(span > 0, (2 * c - h - l) / np.where(span > 0, span, 1.0), 0.0)); names.append("close_loc")
+        cols.append(np.log(sigma))
+        names.append("log_vol")
+        cols.append(np.log(h / low) / sigma)
+        names.append("range")
+        cols.append(np.log(c / o) / sigma)
+        names.append("body")
+        span = h - low
+        cols.append(np.where(span > 0, (2 * c - h - low) / np.where(span > 0, span, 1.0), 0.0))
+        names.append("close_loc")
         if bars.volume is not None:
             lv = np.log1p(np.asarray(bars.volume, dtype=np.float64))
             m = ewm_mean(lv, config.volume_halflife)
             var = np.maximum(ewm_mean(lv * lv, config.volume_halflife) - m * m, 0.0)
-            cols.append(np.where(var > 1e-12, (lv - m) / np.sqrt(np.maximum(var, 1e-12)), 0.0)); names.append("volume")
+            cols.append(np.where(var > 1e-12, (lv - m) / np.sqrt(np.maximum(var, 1e-12)), 0.0))
+            names.append("volume")
     if config.time_features and T:
         t = np.asarray(bars.time, dtype=np.int64)
         days = np.floor_divide(t, NS_PER_DAY)
         dow = (days + 3) % 7
         cols += [np.sin(2 * np.pi * dow / 7), np.cos(2 * np.pi * dow / 7)]
         names += ["dow_sin", "dow_cos"]
-        intraday = config.time_of_day if config.time_of_day is not None else bool(T >= 2 and np.median(np.diff(t)) < NS_PER_DAY)
+        intraday = (
+            config.time_of_day
+            if config.time_of_day is not None
+            else bool(T >= 2 and np.median(np.diff(t)) < NS_PER_DAY)
+        )
         if intraday:
             frac = (t - days * NS_PER_DAY) / NS_PER_DAY
             cols += [np.sin(2 * np.pi * frac), np.cos(2 * np.pi * frac)]
             names += ["hod_sin", "hod_cos"]
     if config.extra:
         for k in sorted(bars.extra):
-            cols.append(np.asarray(bars.extra[k], dtype=np.float64)); names.append(k)
+            cols.append(np.asarray(bars.extra[k], dtype=np.float64))
+            names.append(k)
     values = np.stack(cols, axis=1) if cols else np.zeros((T, 0))
     warm = min(config.warmup, T)
     values[:warm] = 0.0
     return Features(values=values.astype(np.float32), names=tuple(names), warmup=config.warmup)
 
 
-ORACLE_CONFIGS = [dict(), dict(horizons=(1, 3, 10, 50), vol_halflife=20, volume_halflife=7.5), dict(time_features=False),
-                  dict(time_of_day=True), dict(time_of_day=False), dict(extra=False)]
+ORACLE_CONFIGS = [
+    dict(),
+    dict(horizons=(1, 3, 10, 50), vol_halflife=20, volume_halflife=7.5),
+    dict(time_features=False),
+    dict(time_of_day=True),
+    dict(time_of_day=False),
+    dict(extra=False),
+]
 
 
 @pytest.mark.parametrize("source", ["builtin:regime", "builtin:sp500", "builtin:eurusd-1h", "no volume"])
@@ -233,7 +278,11 @@ def registry(monkeypatch):
 
 
 def test_default_groups_are_every_builtin_in_the_order_of_the_columns():
-    assert FeatureConfig().groups == BUILTIN == ("returns", "log_vol", "range", "body", "close_loc", "volume", "time", "extra")
+    assert (
+        FeatureConfig().groups
+        == BUILTIN
+        == ("returns", "log_vol", "range", "body", "close_loc", "volume", "time", "extra")
+    )
 
 
 def test_selected_groups_give_exactly_their_columns_in_their_order():
@@ -247,7 +296,9 @@ def test_selected_groups_give_exactly_their_columns_in_their_order():
 
 
 def test_unknown_repeated_or_no_groups_are_refused_by_name():
-    with pytest.raises(ValueError, match=r"unknown feature group\(s\) \['nope'\]; known: \['returns', 'log_vol', .*'extra'\]"):
+    with pytest.raises(
+        ValueError, match=r"unknown feature group\(s\) \['nope'\]; known: \['returns', 'log_vol', .*'extra'\]"
+    ):
         FeatureConfig(groups=("returns", "nope"))
     with pytest.raises(ConfigError, match=r"features: unknown feature group\(s\) \['nope'\]"):
         from_dict({"features": {"groups": ["returns", "nope"]}})
@@ -263,12 +314,14 @@ def test_a_registered_feature_is_computed_causal_and_signed(registry, rng):
     config = FeatureConfig(groups=BUILTIN + ("mom", "absret"), horizons=(1, 3, 10, 50), vol_halflife=20)
     f, base = compute(bars, config), compute(bars, dataclasses.replace(config, groups=BUILTIN))
     assert f.names == base.names + ("mom_4", "mom_16", "absret")
-    assert f.values[:, :len(base.names)].tobytes() == base.values.tobytes()
+    assert f.values[:, : len(base.names)].tobytes() == base.values.tobytes()
     ctx = FeatureContext.of(bars, config)
-    np.testing.assert_array_equal(f.values[config.warmup:, -2], (ewm_mean(ctx.r, 16) / ctx.sigma)[config.warmup:].astype(np.float32))
+    np.testing.assert_array_equal(
+        f.values[config.warmup :, -2], (ewm_mean(ctx.r, 16) / ctx.sigma)[config.warmup :].astype(np.float32)
+    )
     sign = return_sign(f.names, config)
     assert sign[-3:].tolist() == [True, True, False]
-    np.testing.assert_array_equal(sign[:len(base.names)], return_sign(base.names, config))
+    np.testing.assert_array_equal(sign[: len(base.names)], return_sign(base.names, config))
     assert_causal(bars, config, rng)
 
 
@@ -281,17 +334,28 @@ def test_a_registered_feature_of_the_wrong_length_non_finite_or_misnamed_is_refu
         with pytest.raises(ValueError, match=match):
             compute(bars, FeatureConfig(groups=("returns", "log_vol", name)))
 
-    refused("short", lambda ctx, config: [("short", ctx.r[1:])], r"feature 'short': column 'short' has shape \(299,\), expected \(300,\)")
-    refused("holes", lambda ctx, config: [("holes", np.where(at == 200, np.nan, ctx.r))],
-            r"feature 'holes' \(group 'holes'\) is not finite at bar 200, after the 64-bar warm-up")
-    refused("other", lambda ctx, config: [("ret_x", ctx.r)], r"column 'ret_x' must be named 'other' or 'other_<suffix>'")
-    refused("log", lambda ctx, config: [("log_x", ctx.r)], r"call column 'log_vol' of feature 'log_vol' signed", signed=True)
+    refused(
+        "short",
+        lambda ctx, config: [("short", ctx.r[1:])],
+        r"feature 'short': column 'short' has shape \(299,\), expected \(300,\)",
+    )
+    refused(
+        "holes",
+        lambda ctx, config: [("holes", np.where(at == 200, np.nan, ctx.r))],
+        r"feature 'holes' \(group 'holes'\) is not finite at bar 200, after the 64-bar warm-up",
+    )
+    refused(
+        "other", lambda ctx, config: [("ret_x", ctx.r)], r"column 'ret_x' must be named 'other' or 'other_<suffix>'"
+    )
+    refused(
+        "log", lambda ctx, config: [("log_x", ctx.r)], r"call column 'log_vol' of feature 'log_vol' signed", signed=True
+    )
     refused("ret_x", lambda ctx, config: [("ret_x", ctx.r)], r"call column 'ret_x' of feature 'ret_x' signed")
     refused("pair", lambda ctx, config: [ctx.r], r"feature 'pair' must return \[\(column name, values\)\]")
     # non-finite rows inside the warm-up are zeroed, like the built-ins' own
     registry.register_feature("late", lambda ctx, config: [("late", np.where(at < config.warmup, np.nan, 1.0))])
     f = compute(bars, FeatureConfig(groups=("late",)))
-    assert f.values[:f.warmup].sum() == 0 and np.all(f.values[f.warmup:] == 1)
+    assert f.values[: f.warmup].sum() == 0 and np.all(f.values[f.warmup :] == 1)
     for name, match in (("volume", "built-in"), ("my feature", "identifier")):
         with pytest.raises(ValueError, match=match):
             registry.register_feature(name, momentum)

@@ -1,4 +1,5 @@
 """StepGraph: API misuse on the CPU; capture, replay, isolation and failure handling on the GPU."""
+
 import numpy as np
 import pytest
 
@@ -33,13 +34,16 @@ def test_cpu_side_stream_runs_its_body_in_place():
     assert log == ["side", "main"] and not SideStream._open
 
 
-@pytest.mark.parametrize("phases,match", [
-    ([], "at least one phase"),
-    ([("a", 1)], r"phases\[0\] must be a \(name, callable\) pair"),
-    ([("a", print), ("a", print)], "unique"),
-    ([("", print)], "unique and non-empty"),
-    (["a"], "pair"),
-])
+@pytest.mark.parametrize(
+    "phases,match",
+    [
+        ([], "at least one phase"),
+        ([("a", 1)], r"phases\[0\] must be a \(name, callable\) pair"),
+        ([("a", print), ("a", print)], "unique"),
+        ([("", print)], "unique and non-empty"),
+        (["a"], "pair"),
+    ],
+)
 def test_bad_phases(phases, match):
     with pytest.raises(GraphError, match=match):
         StepGraph("train", phases, xp=np)
@@ -61,6 +65,7 @@ def test_profile_cpu_times_every_phase():
 
 
 # --- GPU -------------------------------------------------------------------------------------
+
 
 @pytest.mark.gpu
 def test_gpu_module_isolation(cp):
@@ -95,8 +100,12 @@ def _step_phases(cp, state):
 
 def _fresh_state(cp):
     rng = np.random.default_rng(0)
-    return {"u": cp.zeros(64 * 32, np.float32), "w": cp.asarray(rng.standard_normal((32, 16)).astype(np.float32)),
-            "h": cp.zeros((64, 16), np.float32), "counter": cp.zeros(1, np.int64)}
+    return {
+        "u": cp.zeros(64 * 32, np.float32),
+        "w": cp.asarray(rng.standard_normal((32, 16)).astype(np.float32)),
+        "h": cp.zeros((64, 16), np.float32),
+        "counter": cp.zeros(1, np.int64),
+    }
 
 
 @pytest.mark.gpu

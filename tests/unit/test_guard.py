@@ -11,7 +11,10 @@ def test_healthy_steps_pass():
         assert g.check(t, 1.0 + 0.01 * t, 2.0) is None
 
 
-@pytest.mark.parametrize("loss,gn,reason,what", [(math.nan, 1.0, "nan", "loss"), (1.0, math.inf, "inf", "grad_norm"), (-math.inf, 1.0, "inf", "loss")])
+@pytest.mark.parametrize(
+    "loss,gn,reason,what",
+    [(math.nan, 1.0, "nan", "loss"), (1.0, math.inf, "inf", "grad_norm"), (-math.inf, 1.0, "inf", "loss")],
+)
 def test_non_finite_stops_with_a_clear_message(loss, gn, reason, what):
     g = Guard("stop", window=4)
     g.check(0, 1.0, 1.0)

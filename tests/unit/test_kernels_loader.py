@@ -1,4 +1,5 @@
 """The loader's module-separation logic, compile options, signatures: all checkable on the CPU."""
+
 import numpy as np
 import pytest
 

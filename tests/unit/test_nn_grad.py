@@ -4,10 +4,11 @@ The loss is ``L = sum(out * R)`` for a fixed random ``R``; the hand-written back
 match central differences ``(L(p + h e_i) - L(p - h e_i)) / 2h`` (h = 1e-6) over every
 parameter and the input, to a relative error of at most 1e-6.
 """
+
 import numpy as np
 import pytest
 
-from cudarl.nn import C51Head, IQNHead, LayerNorm, Linear, MLP, ParamLayout, PlanHead, QNetwork, Workspace
+from cudarl.nn import MLP, C51Head, IQNHead, LayerNorm, Linear, ParamLayout, PlanHead, QNetwork, Workspace
 from cudarl.reference import nn as ref
 
 H = 1e-6
@@ -169,11 +170,26 @@ def test_plan_head_fd(rng):
     assert max(errs) <= TOL, errs
 
 
-@pytest.mark.parametrize("head,layernorm,spectral", [("c51", False, ()), ("c51", True, ("enc.1",)), ("iqn", False, ()),
-                                                    ("iqn", True, ("enc.0", "head.out"))])
+@pytest.mark.parametrize(
+    "head,layernorm,spectral",
+    [("c51", False, ()), ("c51", True, ("enc.1",)), ("iqn", False, ()), ("iqn", True, ("enc.0", "head.out"))],
+)
 def test_qnetwork_fd(head, layernorm, spectral, rng):
-    net = QNetwork(6, 3, hidden=(7, 5), head=head, layernorm=layernorm, plan=True, atoms=4, n_quantiles=3,
-                   n_cos=5, dtype=np.float64, max_batch=3, seed=3, spectral=spectral)
+    net = QNetwork(
+        6,
+        3,
+        hidden=(7, 5),
+        head=head,
+        layernorm=layernorm,
+        plan=True,
+        atoms=4,
+        n_quantiles=3,
+        n_cos=5,
+        dtype=np.float64,
+        max_batch=3,
+        seed=3,
+        spectral=spectral,
+    )
     for name in spectral:
         net.linears[name].sn_update = False
     net.params += 0.1 * rng.standard_normal(net.params.shape)

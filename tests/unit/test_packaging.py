@@ -1,4 +1,5 @@
 """The CUDA sources ship inside the wheel: build one, install it into a fresh venv, find the sources."""
+
 import os
 import subprocess
 import sys
@@ -13,8 +14,11 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.mark.slow
 def test_wheel_ships_cuda_sources_and_loader_finds_them(tmp_path):
     wheels = tmp_path / "wheels"
-    r = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(wheels), str(ROOT)],
-                       capture_output=True, text=True)
+    r = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(wheels), str(ROOT)],
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     (whl,) = wheels.glob("cudarl-*.whl")
     names = set(zipfile.ZipFile(whl).namelist())
@@ -25,10 +29,14 @@ def test_wheel_ships_cuda_sources_and_loader_finds_them(tmp_path):
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True)
     py = venv / "bin" / "python"
-    r = subprocess.run([str(py), "-m", "pip", "install", "-q", "--no-deps", "--no-index", str(whl)], capture_output=True, text=True)
+    r = subprocess.run(
+        [str(py), "-m", "pip", "install", "-q", "--no-deps", "--no-index", str(whl)], capture_output=True, text=True
+    )
     assert r.returncode == 0, r.stdout + r.stderr
-    code = ("import cudarl, cudarl.kernels as k; print(cudarl.__file__); print(k.SRC_DIR); "
-            "print(len(k.module_source('util', 'ungraphed')))")
+    code = (
+        "import cudarl, cudarl.kernels as k; print(cudarl.__file__); print(k.SRC_DIR); "
+        "print(len(k.module_source('util', 'ungraphed')))"
+    )
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     r = subprocess.run([str(py), "-c", code], capture_output=True, text=True, cwd=tmp_path, env=env)
     assert r.returncode == 0, r.stdout + r.stderr

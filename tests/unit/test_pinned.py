@@ -1,4 +1,5 @@
 """Device scalars and pinned readback: the state machine on the CPU, the guarantees on the GPU."""
+
 import numpy as np
 import pytest
 

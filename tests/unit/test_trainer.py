@@ -1,22 +1,30 @@
 """The trainer on the NumPy backend: run directory, determinism, exact resume, the guard."""
+
 import numpy as np
 import pytest
 
-from cudarl.config import Config, from_dict, resolve_for_backend
+from cudarl.config import from_dict, resolve_for_backend
 from cudarl.guard import GuardStop
 from cudarl.trainer import Trainer
 
 
 def small(tmp_path=None, **over):
     cfg = resolve_for_backend(from_dict({"run": {"device": "cpu"}}), False, {})
-    base = {"run": {"steps": 60, "eval_every": 0, "checkpoint_every": 0, "log_every": 20,
-                    "out_dir": str(tmp_path or "runs")},
-            "data": {"source": "builtin:regime?n=1500"},
-            "env": {"n_envs": 8, "episode_len": 128},
-            "replay": {"capacity": 4096},
-            "net": {"hidden": [32, 32]},
-            "agent": {"batch_size": 32, "learning_starts": 200},
-            "guard": {"snapshot_every": 20}}
+    base = {
+        "run": {
+            "steps": 60,
+            "eval_every": 0,
+            "checkpoint_every": 0,
+            "log_every": 20,
+            "out_dir": str(tmp_path or "runs"),
+        },
+        "data": {"source": "builtin:regime?n=1500"},
+        "env": {"n_envs": 8, "episode_len": 128},
+        "replay": {"capacity": 4096},
+        "net": {"hidden": [32, 32]},
+        "agent": {"batch_size": 32, "learning_starts": 200},
+        "guard": {"snapshot_every": 20},
+    }
     for sec, vals in over.items():
         base.setdefault(sec, {}).update(vals)
     return from_dict(base, base=cfg)
@@ -81,8 +89,9 @@ def test_best_validation_checkpoint_is_the_argmax_and_survives_resume(tmp_path):
     state, info = ckpt.load(tmp_path / "run" / "checkpoints" / "best.npz")
     assert info["step"] == best["step"]  # later writes of latest.npz left it alone
     assert int(state["trainer"]["best_step"]) == best["step"]  # it carries its own best record
-    resumed = Trainer.resume(tmp_path / "run" / "checkpoints" / "latest.npz", run_dir=tmp_path / "resumed",
-                             echo=lambda m: None)
+    resumed = Trainer.resume(
+        tmp_path / "run" / "checkpoints" / "latest.npz", run_dir=tmp_path / "resumed", echo=lambda m: None
+    )
     assert resumed.best == t.best  # a resumed run only replaces best.npz with a better one
     off = Trainer(small(run={"eval_every": 20, "keep_best": False}), run_dir=tmp_path / "off", echo=lambda m: None)
     off.run()
@@ -101,12 +110,23 @@ def test_nan_in_the_features_trips_the_guard(action):
     if action == "stop":
         assert kinds == [("guard", "stop")]
     else:
-        assert kinds == [("guard", "rollback"), ("rollback", None), ("guard", "rollback"), ("rollback", None), ("guard", "stop")]
+        assert kinds == [
+            ("guard", "rollback"),
+            ("rollback", None),
+            ("guard", "rollback"),
+            ("rollback", None),
+            ("guard", "stop"),
+        ]
 
 
 def gpu_small(**over):
-    base = {"run": {"device": "gpu"}, "env": {"n_envs": 64}, "replay": {"capacity": 20_000},
-            "agent": {"batch_size": 128, "learning_starts": 1000}, "net": {"hidden": [64, 64]}}
+    base = {
+        "run": {"device": "gpu"},
+        "env": {"n_envs": 64},
+        "replay": {"capacity": 20_000},
+        "agent": {"batch_size": 128, "learning_starts": 1000},
+        "net": {"hidden": [64, 64]},
+    }
     for sec, vals in over.items():
         base.setdefault(sec, {}).update(vals)
     return small(**base)
@@ -179,8 +199,12 @@ def test_gpu_every_feature_moves_its_observable(head):
 def test_every_enabled_feature_moves_its_observable(head):
     """DESIGN rule 8 on the CPU: PopArt's statistics move, counterfactual and mirror rows reach the
     replay, the online and target networks move. (The seed system had a normaliser it never called.)"""
-    over = {"net": {"head": head}, "env": {"counterfactual": True, "mirror": True}, "replay": {"n_step": 1},
-            "agent": {"popart": True}}
+    over = {
+        "net": {"head": head},
+        "env": {"counterfactual": True, "mirror": True},
+        "replay": {"n_step": 1},
+        "agent": {"popart": True},
+    }
     t = Trainer(small(**over), run_dir=False, echo=lambda m: None)
     p0, tg0 = t.agent.online.params.copy(), t.agent.target.params.copy()
     state0 = t.agent.popart.state.copy()
@@ -192,7 +216,7 @@ def test_every_enabled_feature_moves_its_observable(head):
     n = t.env.n_envs
     rows = t.replay.bufs.action[: t.rows_per_collect]
     assert t.env.rows_per_step == 4  # real, two counterfactual actions, mirror
-    real, cf1, cf2, mirror = rows[:n], rows[n:2 * n], rows[2 * n:3 * n], rows[3 * n:]
+    real, cf1, cf2, mirror = rows[:n], rows[n : 2 * n], rows[2 * n : 3 * n], rows[3 * n :]
     np.testing.assert_array_equal(cf1, (real + 1) % 3)
     np.testing.assert_array_equal(cf2, (real + 2) % 3)
     np.testing.assert_array_equal(mirror, 2 - real)
