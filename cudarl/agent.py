@@ -31,6 +31,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import losses
+from .backend import family, is_numpy
 from .config import Config
 from .nn import QNetwork
 from .optim import Adam, Schedule, SoftUpdate
@@ -44,14 +45,6 @@ def _into(dst, src) -> None:
     """Copy ``src`` into ``dst`` unless the op already wrote ``dst`` in place (the GPU path)."""
     if src is not dst:
         dst[...] = src
-
-
-def _agent_ops(xp):
-    if xp.__name__ == "numpy":
-        from .reference import agent as ops
-    else:
-        from .ops import agent as ops
-    return ops
 
 
 class C51Rule:
@@ -74,13 +67,10 @@ class C51Rule:
 
     def expected_q(self, agent: Agent, out, obs) -> None:
         logits = agent.online.forward(obs, agent.ws_act)["q"]
-        if agent.xp.__name__ == "numpy":
-            from .reference import qstats
-
+        qstats = family("qstats", agent.xp)
+        if is_numpy(agent.xp):
             _into(out, qstats.per_sample(logits, self.support)[0])
         else:
-            from .ops import qstats
-
             n = obs.shape[0]
             qstats.per_sample(logits, self.support, out, self.act_ent[:n], self.act_mass[:n])
 
@@ -184,7 +174,7 @@ class IQNRule:
     def expected_q(self, agent: Agent, out, obs) -> None:
         self._taus(agent, agent.online, agent.ws_act, obs.shape[0], 0x1A3)
         theta = agent.online.forward(obs, agent.ws_act)["q"]
-        _agent_ops(agent.xp).quantile_mean(out, theta)
+        family("agent", agent.xp).quantile_mean(out, theta)
 
     def act(self, agent: Agent, env, eps_args) -> None:
         """:meth:`C51Rule.act` for quantiles: taus, the forward, then one kernel (``act_iqn``)."""
@@ -238,14 +228,7 @@ class IQNRule:
         _into(agent.priority, res.loss_per)
 
     def advance(self, agent: Agent) -> None:
-        from .reference import util as ref_util
-
-        if agent.xp.__name__ == "numpy":
-            ref_util.add_i64(self.counters.view("tau"), 1)
-        else:
-            from .ops import util
-
-            util.add_i64(self.counters.view("tau"), 1)
+        family("util", agent.xp).add_i64(self.counters.view("tau"), 1)
 
 
 #: Distributional rules by ``net.head``.
@@ -333,7 +316,7 @@ class Agent:
                 if self.rule.support is not None
                 else PopArt(beta=a.popart_beta, xp=xp)
             )
-        self.ops = _agent_ops(xp)
+        self.ops = family("agent", xp)
         # Parallel branches of the train graph (cudarl.graph.SideStream; no-ops on NumPy): the target
         # net's forward on one, the priority update on another, the online net's forward at s' (C51)
         # on a third, and the ones below.

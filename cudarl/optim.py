@@ -11,19 +11,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .backend import get_array_module, to_numpy
+from .backend import family, get_array_module, to_numpy
 from .config import OptimConfig as _OPTIM
 from .pinned import DeviceScalars
 from .reference.optim import GN_BLOCKS, SCHEDULES
-
-
-def _ops(xp):
-    """``cudarl.reference.optim`` for NumPy, ``cudarl.ops.optim`` for CuPy."""
-    if xp is np or getattr(xp, "__name__", "") == "numpy":
-        from .reference import optim as ops
-    else:
-        from .ops import optim as ops
-    return ops
 
 
 @dataclass(frozen=True)
@@ -137,7 +128,7 @@ class Adam:
             initial={"m_scale": 1.0, "clip_scale": 1.0},
         )
         self.grad_norm_out = grad_norm_out if grad_norm_out is not None else self.scalars.view("grad_norm")
-        self.ops = _ops(xp)
+        self.ops = family("optim", xp)
         if getattr(xp, "__name__", "") == "cupy":
             from .kernels import resident_grid_limit
 
@@ -285,7 +276,7 @@ class SoftUpdate:
         self.target, self.online = target, online
         self.tau_start, self.tau_end, self.period = float(tau_start), float(tau_end), int(period)
         self.scalars = DeviceScalars({"count": np.int64, "tau": np.float32}, self.xp)
-        self.ops = _ops(self.xp)
+        self.ops = family("optim", self.xp)
 
     def schedule_step(self) -> None:
         """Advance the tau schedule (one thread; reads nothing of the networks)."""
@@ -311,7 +302,7 @@ class SoftUpdate:
 
 def soft_update(target, online, tau) -> None:
     """``target = tau * online + (1 - tau) * target``; tau a 1-element device array."""
-    _ops(get_array_module(target)).soft_update(target, online, tau)
+    family("optim", get_array_module(target)).soft_update(target, online, tau)
 
 
 def shrink_perturb(theta, lam: float, sigma: float, seed: int, epoch: int, stream_id: int = 0x5B) -> None:
@@ -322,4 +313,4 @@ def shrink_perturb(theta, lam: float, sigma: float, seed: int, epoch: int, strea
     """
     if not (0 <= lam <= 1 and sigma >= 0):
         raise ValueError(f"shrink_perturb: need lam in [0, 1] and sigma >= 0, got {lam}, {sigma}")
-    _ops(get_array_module(theta)).shrink_perturb(theta, lam, sigma, seed, epoch, stream_id)
+    family("optim", get_array_module(theta)).shrink_perturb(theta, lam, sigma, seed, epoch, stream_id)

@@ -27,6 +27,7 @@ from typing import NamedTuple
 import numpy as np
 
 from . import backend as _backend
+from .backend import family
 from .pinned import DeviceScalars
 from .reference import replay as _ref
 
@@ -125,11 +126,7 @@ class PrioritizedReplay:
         q0 = int(_ref.quantize(real("initial_priority", initial_priority, 0.0, 65536.0, True) ** self.spec.alpha))
         self.backend = _backend.get(backend)
         xp = self.xp = self.backend.xp
-        if self.backend.is_gpu:
-            from .ops import replay as ops
-        else:
-            ops = _ref
-        self._ops = ops
+        self._ops = family("replay", xp)
         self._scalars = DeviceScalars(
             {"added": np.int64, "step": np.int64, "max_q": np.int64, "status": np.int64, "beta": np.float64},
             xp,

@@ -8,7 +8,7 @@ activations), layers (``Linear``, ``LayerNorm``, ``MLP``), heads (``C51Head``, `
 from .heads import C51Head, IQNHead, PlanHead
 from .layers import MLP, LayerNorm, Linear, Module
 from .network import HEADS, QNetwork
-from .params import ALIGN, ParamLayout, Workspace, matmul, nn_ops
+from .params import ALIGN, ParamLayout, Workspace, matmul
 
 __all__ = [
     "ALIGN",
@@ -24,5 +24,4 @@ __all__ = [
     "QNetwork",
     "Workspace",
     "matmul",
-    "nn_ops",
 ]

@@ -25,7 +25,8 @@ from .. import blas
 from ..reference import philox
 from ..reference.nn import ACTS, IDENTITY, RELU
 from ..reference.optim import GN_BLOCKS
-from .params import ParamLayout, Workspace, matmul, optim_ops
+from ..backend import family
+from .params import ParamLayout, Workspace, matmul
 
 #: Linear's GEMMs (``net.gemm``, docs/config.md): cuBLAS then the bias/activation kernel; cuBLASLt with
 #: the bias and ReLU in its epilogue; the same limited to one-kernel algorithms for the forward and dx;
@@ -35,14 +36,16 @@ _LT_ACTS = {IDENTITY: "identity", RELU: "relu"}  # the activations cuBLASLt's ep
 
 
 class Module:
-    """Base: holds the parameter/gradient views and the op table once bound."""
+    """Base: holds the parameter/gradient views and the op tables of the backend once bound."""
 
     name: str
 
-    def bind(self, P: dict, G: dict, ops) -> None:
-        self.P, self.G, self.ops = P, G, ops
+    def bind(self, P: dict, G: dict, xp) -> None:
+        """Take the parameter and gradient views of the network's flat buffers, and the ``nn``
+        family's ops for ``xp`` (:func:`cudarl.backend.family`)."""
+        self.P, self.G, self.xp, self.ops = P, G, xp, family("nn", xp)
         for child in getattr(self, "children", ()):
-            child.bind(P, G, ops)
+            child.bind(P, G, xp)
 
 
 class Linear(Module):
@@ -116,7 +119,7 @@ class Linear(Module):
             "dw": z(self.n_in, self.n_out),
             "partial": xp.zeros(GN_BLOCKS, dtype=np.float64),
         }
-        self.optim_ops = optim_ops(xp)
+        self.optim_ops = family("optim", xp)  # the spectral-norm ops live in the optim family
         sn = self.sn  # one iteration now, so v is meaningful even if the first forward is frozen
         self.optim_ops.spectral_power_iter(self.P[f"{self.name}.weight"], sn["u"], sn["v"], sn["wv"], sn["sigma"], 1)
 
@@ -165,8 +168,7 @@ class Linear(Module):
             self.optim_ops.spectral_scale(W, sn["sigma"], sn["w"])
         bias = self.P[f"{self.name}.bias"]
         if self.panel and not isinstance(y, np.ndarray):
-            from ..ops import gemm as panel
-
+            panel = family("gemm", self.xp)
             W = self.weight()
             if x.shape[0] <= panel.MAX_ROWS and panel.eligible(x, W, bias, y, K=self.n_in, N=self.n_out):
                 panel.nn_bias_act(x, W, bias, y, self.act)
@@ -187,8 +189,7 @@ class Linear(Module):
         W = self.weight()
         gpu_overwrite = not accumulate and not isinstance(dx, np.ndarray)
         if self.panel and gpu_overwrite:
-            from ..ops import gemm as panel
-
+            panel = family("gemm", self.xp)
             if dz.shape[0] <= panel.MAX_ROWS and panel.eligible(dz, W, dx, K=self.n_out, N=self.n_in, trans_b=True):
                 panel.nt(dz, W, dx)
                 return

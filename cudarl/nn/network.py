@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..backend import to_numpy
+from ..backend import is_numpy, to_numpy
 from .heads import C51Head, IQNHead, PlanHead
 from .layers import MLP, Linear
-from .params import ParamLayout, Workspace, is_numpy, nn_ops
+from .params import ParamLayout, Workspace
 
 
 def _walk(mods):
@@ -80,7 +80,7 @@ class QNetwork:
             raise ValueError(f"head {head!r} not in {sorted(HEADS)}")
         if np.dtype(dtype) != np.float32 and not is_numpy(xp):
             raise ValueError("the GPU backend is float32 only")
-        self.xp, self.dtype, self.ops = xp, np.dtype(dtype), nn_ops(xp)
+        self.xp, self.dtype = xp, np.dtype(dtype)
         self.config = dict(
             n_in=n_in,
             n_actions=n_actions,
@@ -107,7 +107,7 @@ class QNetwork:
         self.grads = xp.zeros(self.layout.padded_size, dtype=self.dtype)
         self.P, self.G = self.layout.views(self.params), self.layout.views(self.grads)
         for m in self.modules:
-            m.bind(self.P, self.G, self.ops)
+            m.bind(self.P, self.G, xp)
         self.linears = {lin.name: lin for lin in _walk(self.modules) if isinstance(lin, Linear)}
         unknown = set(spectral) - set(self.linears)
         if unknown:

@@ -25,7 +25,7 @@ def build(module, B, rng):
     params = layout.init_host(7, np.float64)
     params += 0.1 * rng.standard_normal(params.shape)  # biases and gammas away from 0 and 1
     grads = np.zeros_like(params)
-    module.bind(layout.views(params), layout.views(grads), ref)
+    module.bind(layout.views(params), layout.views(grads), np)
     ws = Workspace(np, np.float64, B)
     for name, row, merge in spec:
         ws.add(name, row, merge=merge)
