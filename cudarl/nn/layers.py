@@ -22,10 +22,10 @@ from __future__ import annotations
 import numpy as np
 
 from .. import blas
+from ..backend import family
 from ..reference import philox
 from ..reference.nn import ACTS, IDENTITY, RELU
 from ..reference.optim import GN_BLOCKS
-from ..backend import family
 from .params import ParamLayout, Workspace, matmul
 
 #: Linear's GEMMs (``net.gemm``, docs/config.md): cuBLAS then the bias/activation kernel; cuBLASLt with

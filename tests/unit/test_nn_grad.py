@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 
 from cudarl.nn import MLP, C51Head, IQNHead, LayerNorm, Linear, ParamLayout, PlanHead, QNetwork, Workspace
-from cudarl.reference import nn as ref
 
 H = 1e-6
 TOL = 1e-6
