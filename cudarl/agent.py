@@ -47,20 +47,30 @@ def _into(dst, src) -> None:
         dst[...] = src
 
 
+def _grad_out(agent, raw: bool):
+    agent.ws.set_batch(agent.batch_size)
+    return agent.online.grad_outputs(agent.ws, raw_head=raw)["q"]
+
+
 class C51Rule:
     """Categorical DQN (Bellemare et al. 2017) with double-DQN action selection."""
 
     def __init__(self, agent: Agent):
         a, xp, B, K = agent, agent.xp, agent.batch_size, agent.cfg.net.atoms
         self.support = xp.asarray(np.linspace(a.cfg.net.v_min, a.cfg.net.v_max, K, dtype=np.float32))
-        self.probs = xp.zeros((B, K), np.float32)
-        self.a_star = xp.zeros(B, np.int32)
-        self.target = xp.zeros((B, K), np.float32)
-        self.y = xp.zeros(B, np.float32)
-        self.r_norm = xp.zeros(B, np.float32)
-        self.loss_done = xp.zeros(1, np.uint32)  # the targets_loss launch's ticket counter (0 between launches)
-        self.barrier = xp.zeros(1, np.uint32)  # its grid-wide wait for every y with PopArt (0 between launches)
-        self.popart_prev = xp.zeros(8, np.float32)  # PopArt statistics before the update (two-launch form)
+        # the targets-and-loss launch's buffers; the loss, priorities and dL/dva are the agent's
+        self.out = losses.C51TargetsLoss.empty(
+            xp,
+            B,
+            agent.online.head.n_actions,
+            K,
+            popart=a.cfg.agent.popart,
+            loss_per=agent.loss_per,
+            loss=agent.loss,
+            priority=agent.priority,
+            dva=_grad_out(agent, raw=True),
+        )
+        self.target = self.out.target
         n = a.n_envs
         self.act_ent = xp.zeros(n, np.float32)
         self.act_mass = xp.zeros((n, K), np.float32)
@@ -107,19 +117,9 @@ class C51Rule:
         popart = (
             {}
             if pa is None
-            else dict(
-                popart_state=pa.state,
-                popart_beta=pa.scalars.view("beta"),
-                sigma_min=pa.sigma_min,
-                out_y=self.y,
-                out_r_norm=self.r_norm,
-                barrier=self.barrier,
-                scratch=self.popart_prev,
-                grid_barrier=agent.cfg.run.grid_barrier,
-            )
+            else dict(popart_state=pa.state, popart_beta=pa.scalars.view("beta"), sigma_min=pa.sigma_min)
         )
-        dva = agent.grad_q()
-        res = losses.c51_targets_loss(
+        losses.c51_targets_loss(
             self.va,
             self.va_online_next,
             self.va_target_next,
@@ -130,25 +130,9 @@ class C51Rule:
             batch.discount,
             agent.cfg.agent.priority,
             **popart,
-            out_target=self.target,
-            out_probs=self.probs,
-            out_a_star=self.a_star,
-            out_loss_per=agent.loss_per,
-            out_loss=agent.loss,
-            out_priority=agent.priority,
-            out_dva=dva,
-            done=self.loss_done,
+            out=self.out,
+            grid_barrier=agent.cfg.run.grid_barrier,
         )
-        for dst, src in (
-            (self.target, res.target),
-            (dva, res.dva),
-            (agent.priority, res.priority),
-            (agent.loss_per, res.loss_per),
-        ):
-            _into(dst, src)
-        _into(agent.loss, np.reshape(res.loss, (1,)) if agent.xp.__name__ == "numpy" else res.loss)
-        if pa is not None:
-            _into(pa.state, res.state)
 
 
 class IQNRule:
@@ -160,10 +144,18 @@ class IQNRule:
 
     def __init__(self, agent: Agent):
         xp, B, N = agent.xp, agent.batch_size, agent.cfg.net.n_quantiles
-        self.target = xp.zeros((B, N), np.float32)
-        self.a_star = xp.zeros(B, np.int32)
+        self.targets_out = losses.QuantileTargets.empty(xp, B, N)
+        self.target = self.targets_out.target
+        self.loss_out = losses.QuantileLoss.empty(
+            xp,
+            B,
+            N,
+            agent.online.head.n_actions,
+            loss_per=agent.priority,
+            loss=agent.loss,
+            grad=_grad_out(agent, raw=False),
+        )
         self.r_norm = xp.zeros(B, np.float32)
-        self.loss_done = xp.zeros(1, np.uint32)  # the loss launch's ticket counter (0 between launches)
         self.support = None
         # Philox counters of the taus (online s, online s', target s', acting), advanced per step.
         self.counters = DeviceScalars({"tau": np.int64}, xp)
@@ -203,29 +195,13 @@ class IQNRule:
                 agent.popart.update_normalize_rewards(batch.ret, batch.ret, batch.discount, out=self.r_norm),
             )
             ret = self.r_norm
-        t, a = losses.quantile_targets(
-            self.online_next, self.target_next, ret, batch.discount, self.target, self.a_star
-        )
-        _into(self.target, t)
+        losses.quantile_targets(self.online_next, self.target_next, ret, batch.discount, out=self.targets_out)
 
     def loss(self, agent: Agent, batch, weights) -> None:
-        grad = agent.grad_q()
         # the per-sample loss is the priority signal: written straight into agent.priority (one launch)
-        res = losses.quantile_huber_loss(
-            self.theta,
-            batch.action,
-            self.target,
-            self.taus,
-            weights,
-            agent.cfg.agent.kappa,
-            out_loss_per=agent.priority,
-            out_loss=agent.loss,
-            out_grad=grad,
-            done=self.loss_done,
+        losses.quantile_huber_loss(
+            self.theta, batch.action, self.target, self.taus, weights, agent.cfg.agent.kappa, out=self.loss_out
         )
-        _into(grad, res.grad)
-        _into(agent.loss, np.reshape(res.loss, (1,)) if agent.xp.__name__ == "numpy" else res.loss)
-        _into(agent.priority, res.loss_per)
 
     def advance(self, agent: Agent) -> None:
         family("util", agent.xp).add_i64(self.counters.view("tau"), 1)
@@ -282,6 +258,8 @@ class Agent:
         o = cfg.optim
         self.readback = PinnedReadback(2, np.float32, xp, slots=PUBLISH_SLOTS)
         self.loss = xp.zeros(1, np.float32)
+        self.loss_per = xp.zeros(B, np.float32)
+        self.priority = xp.zeros(B, np.float32)
         self.grad_norm = xp.zeros(1, np.float32)
         self.adam = Adam(
             self.online.params,
@@ -302,8 +280,6 @@ class Agent:
             xp,
             initial={"gamma": a.gamma, "epsilon": a.eps_start},
         )
-        self.loss_per = xp.zeros(B, np.float32)
-        self.priority = xp.zeros(B, np.float32)
         self.q_act = xp.zeros((self.n_envs, n_actions), np.float32)
         self.popart = None
         self.rule = HEAD_RULES[cfg.net.head](self)
