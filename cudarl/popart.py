@@ -24,8 +24,17 @@ import numpy as np
 
 from . import backend as _backend
 from .backend import family, is_numpy
+from .config import AgentConfig as _AGENT
 from .pinned import DeviceScalars
 from .reference import popart as _ref
+
+
+def _numpy_out(out, values):
+    """NumPy: the twin's new array, or copied into ``out`` when one is given (as the GPU writes it)."""
+    if out is None:
+        return values
+    out[...] = values
+    return out
 
 
 class PopArt:
@@ -41,7 +50,7 @@ class PopArt:
         state: float32 ``[8]`` (``mu, sigma, mu_prev, sigma_prev, m1, m2, decay, scale``) on the device.
     """
 
-    def __init__(self, beta: float = 3e-4, scale: float = 1.0, sigma_min: float = 1e-4, xp=None):
+    def __init__(self, beta: float = _AGENT.popart_beta, scale: float = 1.0, sigma_min: float = 1e-4, xp=None):
         if not 0 < beta <= 1:
             raise ValueError(f"beta must be in (0, 1], got {beta}")
         if not sigma_min > 0:
@@ -79,7 +88,7 @@ class PopArt:
                 y, r_t, discount_t, self.state, self.scalars.view("beta")[0], self.sigma_min
             )
             self.state[:] = state
-            return r_norm
+            return _numpy_out(out, r_norm)
         out = out if out is not None else self.xp.empty_like(r_t)
         self.ops.update_normalize_rewards(
             y, r_t, discount_t, self.state, self.scalars.view("beta"), out, self.sigma_min
@@ -96,7 +105,7 @@ class PopArt:
     def normalize(self, x, out=None, inverse: bool = False):
         """``(x - mu) / s`` (or ``s x + mu``); writes ``out`` on the GPU."""
         if not self.gpu:
-            return self.ops.normalize(x, self.state, inverse)
+            return _numpy_out(out, self.ops.normalize(x, self.state, inverse))
         out = out if out is not None else self.xp.empty_like(x)
         self.ops.normalize(x, self.state, out, inverse)
         return out
@@ -107,7 +116,7 @@ class PopArt:
     def normalize_rewards(self, r_t, discount_t, out=None):
         """``(r - (1 - d) mu) / s``: rewards for targets in the normalised coordinate."""
         if not self.gpu:
-            return self.ops.normalize_rewards(r_t, discount_t, self.state)
+            return _numpy_out(out, self.ops.normalize_rewards(r_t, discount_t, self.state))
         out = out if out is not None else self.xp.empty_like(r_t)
         self.ops.normalize_rewards(r_t, discount_t, self.state, out)
         return out
@@ -115,7 +124,7 @@ class PopArt:
     def td_targets(self, r_t, discount_t, v_hat, out=None):
         """``r + d (s v_hat + mu)``: return-space targets from normalised next values."""
         if not self.gpu:
-            return self.ops.td_targets(r_t, discount_t, v_hat, self.state)
+            return _numpy_out(out, self.ops.td_targets(r_t, discount_t, v_hat, self.state))
         out = out if out is not None else self.xp.empty_like(r_t)
         self.ops.td_targets(r_t, discount_t, v_hat, self.state, out)
         return out

@@ -392,6 +392,7 @@ class Trainer:
             "grad_norm": gn,
             "updates_per_s": sps,
             "env_steps": self.collect_steps * self.env.n_envs,
+            **self.agent.observables(),  # the auxiliary signals' (agent.aux)
         }
         self._log_row(row)
         self._last_row = row

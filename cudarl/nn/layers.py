@@ -123,6 +123,11 @@ class Linear(Module):
         sn = self.sn  # one iteration now, so v is meaningful even if the first forward is frozen
         self.optim_ops.spectral_power_iter(self.P[f"{self.name}.weight"], sn["u"], sn["v"], sn["wv"], sn["sigma"], 1)
 
+    @property
+    def grad_name(self) -> str:
+        """The workspace buffer of dL/d(out) (so a Linear can serve as an extra head on psi)."""
+        return f"{self.name}.dout"
+
     def weight(self):
         """The weight the GEMMs use: ``W``, or ``W_sn`` (after this forward's power iteration)."""
         return self.sn["w"] if self.spectral else self.P[f"{self.name}.weight"]

@@ -147,6 +147,7 @@ class Workspace:
         self._merge: dict[str, bool] = {}
         self.batch = None
         self.x = None  # the input of the last forward over this workspace
+        self.raw_head = False  # whether that forward gave the head's raw output (C51's va)
 
     def add(self, name: str, row_shape, dtype=None, merge: bool = False):
         if name in self.bufs:

@@ -163,11 +163,14 @@ def test_agent_targets_phase_on_numpy_is_theformer_chain(rng, head, popart):
         agent.popart.state[...] = popart_state(rng, float(agent.popart.state[pref.SCALE]))
     state0 = None if agent.popart is None else agent.popart.state.copy()
     beta = None if agent.popart is None else agent.popart.scalars.view("beta")[0]
-    rule = agent.rule
-    rule.forward(agent, batch)
+    rule, buf = agent.rule, agent.buffers
+    rule.forward(batch)
     if head == "c51":
         w = rng.uniform(0.1, 1, 24).astype(np.float32)
-        rule.targets_loss(agent, batch, w)
+        buf.weights = w
+        assert [name for name, _ in rule.learn_phases()] == ["targets_loss"]
+        for _, phase in rule.learn_phases():
+            phase()
         tg, per, mean, prio, dva = _chain_from_va(
             rule.va,
             rule.va_online_next,
@@ -183,29 +186,30 @@ def test_agent_targets_phase_on_numpy_is_theformer_chain(rng, head, popart):
         )
         want_online = _combine(rule.va_online_next, 3, 21)
         assert_bitwise(
-            rule.target,
+            rule.out.target,
             former_chain(
                 want_online, _combine(rule.va_target_next, 3, 21), rule.support, batch.ret, batch.discount, state0, beta
             )[0],
             what="C51 target",
         )
         for got, want, what in (
-            (rule.target, tg[0], "target"),
+            (rule.out.target, tg[0], "target"),
             (agent.loss_per, per, "loss_per"),
             (agent.priority, prio, "priority"),
-            (agent.grad_q(), dva, "dL/dva"),
+            (buf.train_grad(raw=True), dva, "dL/dva"),
             (agent.loss[0], np.float32(mean), "loss"),
         ):
             assert_bitwise(got, want, what=what)
         new_state = tg[5]
     else:
-        rule.targets(agent, batch)
+        targets = dict(rule.learn_phases())["targets"]
+        targets()
         r_in = batch.ret
         if popart:
             new_state = pref.update(batch.ret, state0, beta)
             r_in = pref.normalize_rewards(batch.ret, batch.discount, new_state)
         assert_bitwise(
-            rule.target,
+            rule.targets_out.target,
             qref.targets(rule.online_next, rule.target_next, r_in, batch.discount)[0],
             what="quantile target",
         )
