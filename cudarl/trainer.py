@@ -30,7 +30,7 @@ import numpy as np
 from . import __version__
 from . import backend as _backend
 from . import checkpoint as ckpt
-from .agent import PUBLISH_SLOTS, Agent
+from .agent import Agent
 from .atomic import atomic_link
 from .config import Config, from_dict
 from .data import load as load_bars
@@ -39,7 +39,7 @@ from .env import TradingEnv
 from .evaluate import evaluate_positions, write_outputs
 from .features import Normaliser, compute, return_sign
 from .graph import StepGraph
-from .guard import Guard, GuardStop
+from .monitor import StepMonitor
 from .replay import PrioritizedReplay
 from .splits import chronological
 
@@ -152,14 +152,22 @@ class Trainer:
         self.train_graph = StepGraph("train", self.agent.train_phases(self.replay), stream=stream, xp=xp)
         self.stream = self.train_graph.stream
         self.best = None  # {"step", "sharpe"} of the best validation evaluation (run.keep_best)
-        g = cfg.guard
-        self.guard = Guard(g.action, g.window, g.spike_factor, g.max_rollbacks)
+        #: the one-step-late readback, the guard and the rollback (cudarl.monitor)
+        self.monitor = StepMonitor(
+            self.agent,
+            self.train_graph,
+            cfg.guard,
+            stream=self.stream,
+            on_event=self._event,
+            on_stop=lambda: self.save(name="guard-stop"),
+        )
+        self.guard = self.monitor.guard
+        self.losses = self.monitor.losses  # loss of every update, in order (tests, bitwise comparisons)
         self.step = 0  # learner updates done
         self.collect_steps = 0
         self.rows_per_collect = rows
         self.events: list[dict] = []
-        self.losses: list[float] = []  # loss of every update, in order (tests, bitwise comparisons)
-        self._snapshot = None
+        self._last_row: dict | None = None  # the latest metrics row (the progress display's last line)
         self._eval_envs: dict = {}
         self.last_eval: dict | None = None
         self.last_evaluation = None
@@ -224,10 +232,6 @@ class Trainer:
             if not g.captured:
                 g.capture()
 
-    def _read(self, step: int) -> tuple[float, float]:
-        v = self.agent.readback.read(step % PUBLISH_SLOTS)
-        return float(v[0]), float(v[1])
-
     def prime(self) -> None:
         """Capture both graphs and collect until the replay holds enough rows to learn from
         (``max(agent.learning_starts, agent.batch_size)``); :meth:`run` starts with this."""
@@ -256,49 +260,39 @@ class Trainer:
     def run(self, steps: int | None = None, progress=None) -> dict:
         """Train until ``steps`` learner updates in total (default ``run.steps``); returns the last evaluation."""
         cfg, target = self.cfg, int(steps if steps is not None else self.cfg.run.steps)
-        a = cfg.agent
         self.prime()
-        t0, last_t, last_step = time.perf_counter(), time.perf_counter(), self.step
-        pending = None  # the update whose loss has not been read yet
+        t0, rate = time.perf_counter(), _Rate(self.step)
         while self.step < target:
             # collect
-            if self.step % a.updates_per_collect == 0:
+            if self.step % cfg.agent.updates_per_collect == 0:
                 self.collect_graph.replay()
                 self.collect_steps += 1
             # learn
             self.train_graph.replay()
             self.step += 1
-            self.agent.readback.mark_written(self.stream, slot=self.step % PUBLISH_SLOTS)
-            if pending is not None and self._check(pending):
-                pending = None
-                continue  # rolled back
-            pending = self.step
-            if not self.be.is_gpu:  # no graph in flight: read now
-                if self._check(pending):
-                    pending = None
-                    continue
-                pending = None
+            # guard: read the update before this one (GPU) or this one (CPU); a rollback skips the rest
+            if self.monitor.launched(self.step):
+                continue
             # log
             if self.step % cfg.run.log_every == 0:
-                now = time.perf_counter()
-                sps = (self.step - last_step) / max(now - last_t, 1e-9)
-                last_t, last_step = now, self.step
-                self._log_step(sps, progress)
-            # evaluate and checkpoint
+                self._log_step(rate(self.step), progress)
+            # evaluate
             if cfg.run.eval_every and self.step % cfg.run.eval_every == 0:
-                self._settle(pending)
-                pending = None
+                self.monitor.settle()
                 self.evaluate("val")
                 self._save_evaluated()
+            # checkpoint
             if cfg.run.checkpoint_every and self.step % cfg.run.checkpoint_every == 0:
-                self._settle(pending)
-                pending = None
+                self.monitor.settle()
                 self.save(numbered=True)
             if self.step % cfg.guard.snapshot_every == 0:
-                self._settle(pending)
-                pending = None
-                self._snapshot = (self.step, self.agent.state_dict())
-        self._settle(pending)
+                self.monitor.take_snapshot(self.step)
+        self.monitor.settle()
+        return self._finish(t0, progress)
+
+    def _finish(self, t0: float, progress) -> dict:
+        """The end of :meth:`run`: a validation evaluation at the last update (unless one was just
+        made), ``latest`` saved, ``metrics.csv`` written, the final line."""
         evaluated = (
             self.last_eval is not None
             and self.last_eval.get("step") == self.step
@@ -309,7 +303,7 @@ class Trainer:
         if not evaluated:
             self._save_evaluated()
         self._write_csv()
-        if progress is not None and getattr(self, "_last_row", None) is not None:
+        if progress is not None and self._last_row is not None:
             progress(self.step, self._last_row, self.last_eval)  # show the final validation Sharpe
         best = (
             f"; best validation Sharpe {_fmt(self.best['sharpe'])} at update {self.best['step']} (checkpoints/best.npz)"
@@ -336,55 +330,13 @@ class Trainer:
             atomic_link(latest, latest.with_name("best.npz"))
             self._log_row({"event": "best", "split": "val", **self.best})
 
-    def _settle(self, pending) -> None:
-        if pending is not None:
-            self._check(pending)
-
-    def _check(self, step: int) -> bool:
-        """Read update ``step``'s loss and grad norm, record them, run the guard. True if rolled back."""
-        loss, gn = self._read(step)
-        self.losses.append(loss)
-        self._last = (loss, gn)
-        try:
-            ev = self.guard.check(step, loss, gn)
-        except GuardStop as exc:
-            self._event({"event": "guard", "step": step, "action": "stop", "message": str(exc)})
-            self.save(name="guard-stop")
-            raise
-        if ev is None:
-            return False
-        self._event({**ev.as_dict(), "message": ev.message()})
-        self._rollback(ev)
-        return True
-
     def _event(self, row: dict) -> None:
         self.events.append(row)
         self._log_row(row)
         self.echo(row.get("message", json.dumps(row)))
 
-    def _rollback(self, ev) -> None:
-        """Restore the last good snapshot (or the initial weights) and lower the learning rate."""
-        if self._snapshot is None:
-            raise GuardStop(ev.message() + " (no snapshot to roll back to yet)")
-        step, state = self._snapshot
-        self.synchronize()
-        self.agent.load_state_dict(state)
-        sch = self.agent.adam.schedule
-        f = self.cfg.guard.lr_factor
-        self.agent.adam.schedule = replace(sch, lr=sch.lr * f, lr_min=sch.lr_min * f)
-        self.train_graph.capture()  # the schedule's constants are kernel arguments
-        self._event(
-            {
-                "event": "rollback",
-                "step": self.step,
-                "restored": step,
-                "lr": sch.lr * f,
-                "message": f"guard: rolled back to the snapshot of update {step}; learning rate now {sch.lr * f:.3g}",
-            }
-        )
-
     def _log_step(self, sps: float, progress) -> None:
-        loss, gn = getattr(self, "_last", (float("nan"), float("nan")))
+        loss, gn = self.monitor.last
         row = {
             "step": self.step,
             "collect_steps": self.collect_steps,
@@ -532,6 +484,19 @@ class Trainer:
         t.load_state_dict(state)
         t.echo(f"resumed from {path} at update {t.step}")
         return t
+
+
+class _Rate:
+    """Updates per second since the last call (the metrics rows' ``updates_per_s``)."""
+
+    def __init__(self, step: int):
+        self.t, self.step = time.perf_counter(), step
+
+    def __call__(self, step: int) -> float:
+        now = time.perf_counter()
+        rate = (step - self.step) / max(now - self.t, 1e-9)
+        self.t, self.step = now, step
+        return rate
 
 
 class _Null:
