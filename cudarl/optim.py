@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .backend import family, get_array_module, to_numpy
+from .config import AgentConfig as _AGENT
 from .config import OptimConfig as _OPTIM
 from .pinned import DeviceScalars
 from .reference.optim import GN_BLOCKS, SCHEDULES
@@ -86,11 +87,11 @@ class Adam:
         grads,
         *,
         schedule: Schedule = Schedule(),
-        betas=(0.9, 0.999),
-        eps: float = 1e-8,
-        weight_decay: float = 0.0,
+        betas=(_OPTIM.beta1, _OPTIM.beta2),
+        eps: float = _OPTIM.eps,
+        weight_decay: float = _OPTIM.weight_decay,
         decay_mask=None,
-        max_grad_norm: float = 0.0,
+        max_grad_norm: float = _OPTIM.max_grad_norm,
         grad_norm_out=None,
         xp=None,
     ):
@@ -267,7 +268,15 @@ class SoftUpdate:
     ``tau_c = tau_end + (tau_start - tau_end)(1 + cos(pi min(c, period) / period)) / 2``.
     """
 
-    def __init__(self, target, online, tau_start: float = 0.005, tau_end: float = 0.005, period: int = 1, xp=None):
+    def __init__(
+        self,
+        target,
+        online,
+        tau_start: float = _AGENT.tau_start,
+        tau_end: float = _AGENT.tau_end,
+        period: int = _AGENT.tau_period,
+        xp=None,
+    ):
         if target.shape != online.shape or target.ndim != 1:
             raise ValueError(f"target and online must be flat and alike, got {target.shape}, {online.shape}")
         if not (0 < tau_start <= 1 and 0 < tau_end <= 1 and period >= 1):

@@ -10,6 +10,7 @@ gradient of the head's output into the buffer named by :meth:`grad_name`, and
 
 from __future__ import annotations
 
+from ..config import NetConfig as _NET
 from .layers import Linear, Module
 from .params import ParamLayout, Workspace
 
@@ -41,7 +42,9 @@ class C51Head(Head):
     ``logits = V + Adv - mean_a Adv``. Softmax over atoms is the loss's business.
     """
 
-    def __init__(self, name: str, d: int, n_actions: int, atoms: int = 51, tf32: bool = False, gemm: str = "cublas"):
+    def __init__(
+        self, name: str, d: int, n_actions: int, atoms: int = _NET.atoms, tf32: bool = _NET.tf32, gemm: str = _NET.gemm
+    ):
         self.name, self.d, self.n_actions, self.atoms = name, int(d), int(n_actions), int(atoms)
         self.va = Linear(f"{name}.va", d, (1 + n_actions) * atoms, act="identity", init="xavier", tf32=tf32, gemm=gemm)
         self.children = [self.va]
@@ -95,10 +98,10 @@ class IQNHead(Head):
         name: str,
         d: int,
         n_actions: int,
-        n_quantiles: int = 32,
-        n_cos: int = 64,
-        tf32: bool = False,
-        gemm: str = "cublas",
+        n_quantiles: int = _NET.n_quantiles,
+        n_cos: int = _NET.n_cos,
+        tf32: bool = _NET.tf32,
+        gemm: str = _NET.gemm,
     ):
         self.name, self.d, self.n_actions = name, int(d), int(n_actions)
         self.n_quantiles, self.n_cos = int(n_quantiles), int(n_cos)
@@ -163,7 +166,15 @@ class QRHead(Head):
     fixed midpoints ``tau_i = (2 i + 1) / (2 N)``, one linear layer ``q = psi W + b`` ``[B, N * A]``
     read as ``[B, N, A]`` (the IQN head's layout, so the quantile losses and act kernels serve both)."""
 
-    def __init__(self, name: str, d: int, n_actions: int, n_quantiles: int, tf32: bool = False, gemm: str = "cublas"):
+    def __init__(
+        self,
+        name: str,
+        d: int,
+        n_actions: int,
+        n_quantiles: int = _NET.n_quantiles,
+        tf32: bool = _NET.tf32,
+        gemm: str = _NET.gemm,
+    ):
         self.name, self.d, self.n_actions, self.n_quantiles = name, int(d), int(n_actions), int(n_quantiles)
         self.out = Linear(f"{name}.out", d, self.n_quantiles * self.n_actions, act="identity", tf32=tf32, gemm=gemm)
         self.children = [self.out]
@@ -204,8 +215,8 @@ class PlanHead(Module):
         d: int,
         gain: float = 0.01,
         readiness_bias: float = -4.0,
-        tf32: bool = False,
-        gemm: str = "cublas",
+        tf32: bool = _NET.tf32,
+        gemm: str = _NET.gemm,
     ):
         self.name, self.d = name, int(d)
         self.lin = Linear(

@@ -23,6 +23,7 @@ import numpy as np
 
 from .. import blas
 from ..backend import family
+from ..config import NetConfig as _NET
 from ..reference import philox
 from ..reference.nn import ACTS, IDENTITY, RELU
 from ..reference.optim import GN_BLOCKS
@@ -76,10 +77,10 @@ class Linear(Module):
         init: str | None = None,
         gain: float = 1.0,
         bias_init=0.0,
-        tf32: bool = False,
+        tf32: bool = _NET.tf32,
         rows: int = 1,
         spectral: bool = False,
-        gemm: str = "cublas",
+        gemm: str = _NET.gemm,
     ):
         if act not in ACTS:
             raise ValueError(f"{name}: activation {act!r} not in {sorted(ACTS)}")
@@ -294,7 +295,13 @@ class MLP(Module):
     """
 
     def __init__(
-        self, name: str, n_in: int, hidden=(256, 256), layernorm: bool = False, tf32: bool = False, gemm: str = "cublas"
+        self,
+        name: str,
+        n_in: int,
+        hidden=_NET.hidden,
+        layernorm: bool = _NET.layernorm,
+        tf32: bool = _NET.tf32,
+        gemm: str = _NET.gemm,
     ):
         if not hidden:
             raise ValueError(f"{name}: at least one hidden layer")
