@@ -81,12 +81,6 @@ TL_WARPS = 4
 #: launch opts in (kernels.launch), up to what every sm_90 part has (227 KiB): 1024 atoms take 80 KiB.
 TL_MAX_SMEM = 227 * 1024
 
-_TL_SIG = (
-    "const f32* va_tm1, const f32* va_online_tp1, const f32* va_target_tp1, const i32* actions, "
-    "const f32* weights, const f32* support, const f32* r_t, const f32* discount_t, "
-)
-_TL_OUT = "f32* probs, i32* a_star, f32* target, f32* loss_per, f32* priority, f32* dva, f32* loss, u32* done, "
-
 
 def targets_loss(
     va_tm1,
@@ -139,7 +133,6 @@ def targets_loss(
         "targets_loss",
         grid,
         32 * TL_WARPS,
-        _TL_SIG + _TL_OUT + "i32 B, i32 A, i32 K, i32 kind, f32 scale",
         (
             va_tm1,
             va_online_tp1,
@@ -234,12 +227,6 @@ def targets_loss_popart(
     check_counter(w, "barrier", barrier)
     if barrier.data.ptr == done.data.ptr or scratch.data.ptr == state.data.ptr:
         raise ValueError(f"{w}: barrier and done must be two counters, scratch and state two buffers")
-    sig = (
-        _TL_SIG
-        + "f32* state, const f32* beta, f32* y, f32* r_norm, "
-        + _TL_OUT
-        + "u32* barrier, f32* state_prev, i32 B, i32 A, i32 K, i32 kind, f32 scale, f32 sigma_min, i32 phase"
-    )
     args = (
         va_tm1,
         va_online_tp1,
@@ -276,14 +263,13 @@ def targets_loss_popart(
             "targets_loss_popart",
             min(grid, resident_grid_limit()),
             32 * TL_WARPS,
-            sig,
             args + (0,),
             stream=stream,
             shared_mem=smem,
         )
         return
     for phase in (1, 2):
-        launch("c51", "targets_loss_popart", grid, 32 * TL_WARPS, sig, args + (phase,), stream=stream, shared_mem=smem)
+        launch("c51", "targets_loss_popart", grid, 32 * TL_WARPS, args + (phase,), stream=stream, shared_mem=smem)
 
 
 def n_step(rewards, terminal, gamma, out_r_t, out_discount_t, stream=None) -> None:
@@ -300,7 +286,6 @@ def n_step(rewards, terminal, gamma, out_r_t, out_discount_t, stream=None) -> No
         "n_step",
         blocks_for(B),
         256,
-        "const f32* rewards, const f32* terminal, const f32* gamma, f32* r_t, f32* discount_t, i32 B, i32 n",
         (rewards, terminal, gamma, out_r_t, out_discount_t, B, n),
         stream=stream,
     )

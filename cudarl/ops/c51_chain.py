@@ -43,7 +43,6 @@ def next_probs(logits_online_tp1, logits_target_tp1, support, out_probs, out_a_s
         "next_probs",
         grid,
         block,
-        "const f32* online, const f32* target, const f32* support, f32* probs, i32* a_star, i32 B, i32 A, i32 K",
         (logits_online_tp1, logits_target_tp1, support, out_probs, out_a_star, B, A, K),
         stream=stream,
     )
@@ -66,7 +65,6 @@ def project(probs_tp1, r_t, discount_t, support, out, stream=None) -> None:
         "project",
         grid,
         block,
-        "const f32* probs, const f32* r_t, const f32* discount_t, const f32* support, f32* out, i32 B, i32 K",
         (probs_tp1, r_t, discount_t, support, out, B, K),
         stream=stream,
     )
@@ -90,8 +88,6 @@ def targets(
         "targets",
         grid,
         block,
-        "const f32* online, const f32* target, const f32* support, const f32* r_t, const f32* discount_t, "
-        "f32* probs, i32* a_star, f32* out, i32 B, i32 A, i32 K",
         (logits_online_tp1, logits_target_tp1, support, r_t, discount_t, out_probs, out_a_star, out, B, A, K),
         stream=stream,
     )
@@ -135,8 +131,6 @@ def next_probs_td(
         "next_probs_td",
         grid,
         block,
-        "const f32* online, const f32* target, const f32* support, const f32* r_t, const f32* discount_t, "
-        "const f32* state, f32* probs, i32* a_star, f32* y, f32* state_prev, i32 B, i32 A, i32 K",
         (
             logits_online_tp1,
             logits_target_tp1,
@@ -181,8 +175,6 @@ def project_popart(
         "project_popart",
         blocks_for(B, POPART_THREADS // 32),
         POPART_THREADS,
-        "const f32* probs, const f32* r_t, const f32* discount_t, const f32* support, const f32* y, "
-        "const f32* state_prev, const f32* beta, f32* state, f32* r_norm, f32* out, i32 B, i32 K, f32 sigma_min",
         (probs_tp1, r_t, discount_t, support, y, state_prev, beta, state, out_r_norm, out, B, K, float(sigma_min)),
         stream=stream,
     )
@@ -216,8 +208,6 @@ def loss(
         "loss",
         grid,
         block,
-        "const f32* logits, const i32* actions, const f32* target, const f32* weights, f32* loss_per, "
-        "f32* priority, f32* grad, f32* loss, u32* done, i32 B, i32 A, i32 K, i32 kind, f32 scale",
         (
             logits_tm1,
             a_tm1,

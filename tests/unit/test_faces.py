@@ -38,6 +38,51 @@ def test_the_checker_catches_a_missing_face(tmp_path, monkeypatch):
     assert "tests/parity/test_demo.py: missing" in found
 
 
+def _demo_family(tmp_path, launcher: str):
+    """A family ``demo`` whose kernel takes (f32* x, i64 n, f32 scale) and whose launcher is ``launcher``."""
+    (tmp_path / "cuda_src").mkdir()
+    (tmp_path / "cuda_src" / "demo.cu").write_text(
+        'extern "C" __global__ void cudarl_demo_scale(float* __restrict__ x, long long n, float scale) {}\n'
+    )
+    for face in ("reference", "ops"):
+        (tmp_path / "cudarl" / face).mkdir(parents=True, exist_ok=True)
+    (tmp_path / "cudarl" / "reference" / "demo.py").write_text("def scale(x, scale):\n    x *= scale\n")
+    (tmp_path / "cudarl" / "ops" / "demo.py").write_text(launcher)
+    (tmp_path / "tests" / "parity").mkdir(parents=True)
+    (tmp_path / "tests" / "parity" / "test_demo.py").write_text("")
+
+
+_LAUNCHER = """from ..kernels import launch
+
+
+def scale(x, scale):
+    launch("demo", "scale", 1, 256, {args})
+"""
+
+
+def test_the_checker_catches_a_launch_that_disagrees_with_the_c_signature(tmp_path, monkeypatch):
+    tool = _tool()
+    wrong = (
+        _LAUNCHER.format(args="(x, scale)")  # one argument short
+        + '    launch("demo", "scale", 1, 256, "f32* x, i64 n, f32 scale", (x, x.size, scale))\n'  # the old form
+        + '    launch("demo", "scal", 1, 256, (x, x.size, scale))\n'  # no such kernel
+    )
+    _demo_family(tmp_path, wrong)
+    monkeypatch.setattr(tool, "ROOT", tmp_path)
+    found = tool.problems()
+    assert len(found) == 3, found
+    assert "2 arguments for cudarl_demo_scale, which takes 3 (f32* x, i64 n, f32 scale)" in found[0]
+    assert "launch passes a signature string" in found[1]
+    assert "no kernel for op 'scal'" in found[2]
+
+
+def test_the_checker_passes_a_launch_that_agrees(tmp_path, monkeypatch):
+    tool = _tool()
+    _demo_family(tmp_path, _LAUNCHER.format(args="(x, x.size, scale)"))
+    monkeypatch.setattr(tool, "ROOT", tmp_path)
+    assert tool.problems() == []
+
+
 def test_config_reference_is_current():
     """docs/config.md is generated from the dataclasses; a changed default must regenerate it."""
     mod = _load_tool("gen_config_reference")
