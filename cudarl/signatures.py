@@ -127,6 +127,36 @@ def parse_source(path: Path, family: str) -> dict[str, Signature]:
     return out
 
 
+_FORWARD_RE = re.compile(
+    r'extern\s+"C"\s+__global__\s+(?:__launch_bounds__\([^)]*\)\s+)?void\s+(\w+)\s*\(\s*(?:const\s+)?(\w+)\s+(\w+)\s*\)'
+    r"\s*\{\s*(\w+)\s*\(([^)]*)\)\s*;\s*\}"
+)
+
+
+def forwarding_problems(path: Path) -> list[str]:
+    """A struct-taking kernel that forwards its fields to a body (``k(const KArgs a) { k_impl(a.x, a.n); }``)
+    must pass every field, in the struct's order, to parameters of the same names: so the struct (the
+    signature the launch checks) and the body's parameters cannot drift apart."""
+    src = strip_comments(path.read_text())
+    structs = {m.group(1): m.group(2) for m in _STRUCT_RE.finditer(src)}
+    out = []
+    for m in _FORWARD_RE.finditer(src):
+        kernel, sname, var, body, call = m.groups()
+        if sname not in structs:
+            continue
+        where = f"cuda_src/{path.name}: {kernel}"
+        fields = [f[0] for f in _struct_fields(where, structs[sname])]
+        passed = [a.strip() for a in call.split(",") if a.strip()]
+        if passed != [f"{var}.{f}" for f in fields]:
+            out.append(f"{where} passes {passed} to {body}, not the fields of {sname} in order")
+            continue
+        decl = re.search(rf"\bvoid\s+{body}\s*\(([^)]*)\)", src)
+        names = [re.findall(r"\w+", p)[-1] for p in decl.group(1).split(",")] if decl else None
+        if names != fields:
+            out.append(f"{where}: the parameters of {body} are {names}, the fields of {sname} {fields}")
+    return out
+
+
 def _slot(field) -> np.dtype:
     """A struct field's storage: a device pointer is a 64-bit address."""
     return np.dtype(np.uint64) if field[2] else field[1]

@@ -59,6 +59,7 @@ def problems() -> list[str]:
         except signatures.SignatureError as exc:
             out.append(str(exc))
             continue
+        out += signatures.forwarding_problems(cu)
         if (ROOT / f"cudarl/ops/{fam}.py").is_file():
             out += launch_problems(ROOT / f"cudarl/ops/{fam}.py", sigs)
     return out

@@ -159,3 +159,63 @@ def test_launch_takes_no_signature_string():
 
 def test_blocks_for():
     assert kernels.blocks_for(0) == 1 and kernels.blocks_for(256) == 1 and kernels.blocks_for(257) == 2
+
+
+def test_a_struct_kernel_forwards_its_fields_in_order(tmp_path):
+    from cudarl import signatures
+
+    src = (
+        "struct KArgs {\n  float* x;\n  long long n;\n  long long m;\n};\n"
+        "__device__ __forceinline__ void k_impl(float* x, long long n, long long m) {}\n"
+        'extern "C" __global__ void cudarl_t_k(const KArgs a) { k_impl(CALL); }\n'
+    )
+    path = tmp_path / "t.cu"
+    path.write_text(src.replace("CALL", "a.x, a.n, a.m"))
+    assert signatures.forwarding_problems(path) == []
+    path.write_text(src.replace("CALL", "a.x, a.m, a.n"))  # two fields of one type swapped: it compiles
+    assert "passes ['a.x', 'a.m', 'a.n'] to k_impl, not the fields of KArgs in order" in "".join(
+        signatures.forwarding_problems(path)
+    )
+    path.write_text(
+        src.replace("long long n, long long m)", "long long m, long long n)").replace("CALL", "a.x, a.n, a.m")
+    )
+    assert "the parameters of k_impl are ['x', 'm', 'n']" in "".join(signatures.forwarding_problems(path))
+
+
+def test_struct_layouts_are_the_c_compilers():
+    """Every kernel that takes a struct: the NumPy dtype kernels.launch packs has the size and field
+    offsets a C++ compiler gives the struct (host and device lay such structs out alike)."""
+    import shutil
+    import subprocess
+    import tempfile
+    from pathlib import Path
+
+    from cudarl import signatures
+
+    cxx = shutil.which("g++") or shutil.which("c++") or shutil.which("clang++")
+    if cxx is None:
+        pytest.skip("no C++ compiler to ask for the struct layouts")
+    cases = []
+    for fam in kernels.families():
+        src = signatures.strip_comments((kernels.SRC_DIR / f"{fam}.cu").read_text())
+        structs = {m.group(1): m.group(0) for m in signatures._STRUCT_RE.finditer(src)}
+        for sig in signatures._family(str(kernels.SRC_DIR), fam).values():
+            if sig.struct is not None:
+                name = next(n for n, text in structs.items() if all(f in text for f, _, _ in sig.params))
+                cases.append((sig, name, structs[name]))
+    assert len(cases) >= 5
+    prog = ["#include <cstdio>", "#include <cstddef>", "typedef long long i64;", "typedef unsigned long long u64;"]
+    prog += ["typedef unsigned int u32;"] + [text for _, _, text in cases] + ["int main() {"]
+    for sig, name, _ in cases:
+        prog.append(f'  printf("%zu", sizeof({name}));')
+        prog += [f'  printf(" %zu", offsetof({name}, {f}));' for f, _, _ in sig.params]
+        prog.append('  printf("\\n");')
+    prog.append("  return 0;\n}")
+    with tempfile.TemporaryDirectory() as d:
+        (Path(d) / "layout.cpp").write_text("\n".join(prog))
+        subprocess.run([cxx, "-o", f"{d}/layout", f"{d}/layout.cpp"], check=True)
+        lines = subprocess.run([f"{d}/layout"], capture_output=True, text=True, check=True).stdout.split("\n")
+    for (sig, name, _), line in zip(cases, lines, strict=False):
+        size, *offsets = (int(v) for v in line.split())
+        assert size == sig.struct.itemsize, f"{name}: C says {size} bytes, the dtype {sig.struct.itemsize}"
+        assert offsets == [sig.struct.fields[f][1] for f in sig.struct.names], f"{name}: field offsets differ"
