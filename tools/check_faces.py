@@ -26,8 +26,18 @@ KERNEL_RE = re.compile(r'extern\s+"C"\s+__global__\s+(?:__launch_bounds__\([^)]*
 
 
 def functions(path: Path) -> set[str]:
+    """The functions a face module defines or imports from its own package (a twin split by concept)."""
     tree = ast.parse(path.read_text())
-    return {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}
+    own = {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}
+    imported = {a.asname or a.name for n in tree.body if isinstance(n, ast.ImportFrom) and n.level for a in n.names}
+    return own | imported
+
+
+def face(rel: str) -> Path:
+    """``cudarl/<face>/<family>.py``, or the package ``cudarl/<face>/<family>/__init__.py``."""
+    p = ROOT / rel
+    pkg = p.with_suffix("") / "__init__.py"
+    return pkg if not p.is_file() and pkg.is_file() else p
 
 
 def problems() -> list[str]:
@@ -44,14 +54,14 @@ def problems() -> list[str]:
                 out.append(f"cuda_src/{fam}.cu: kernel {n} is not named {prefix}<op>")
             else:
                 ops.add(n[len(prefix) :])
-        for face in (f"cudarl/reference/{fam}.py", f"cudarl/ops/{fam}.py"):
-            p = ROOT / face
+        for rel in (f"cudarl/reference/{fam}.py", f"cudarl/ops/{fam}.py"):
+            p = face(rel)
             if not p.is_file():
-                out.append(f"{face}: missing (face of cuda_src/{fam}.cu)")
+                out.append(f"{rel}: missing (face of cuda_src/{fam}.cu)")
                 continue
             missing = sorted(ops - functions(p))
             if missing:
-                out.append(f"{face}: no function for op(s) {', '.join(missing)}")
+                out.append(f"{p.relative_to(ROOT).as_posix()}: no function for op(s) {', '.join(missing)}")
         if not (ROOT / f"tests/parity/test_{fam}.py").is_file():
             out.append(f"tests/parity/test_{fam}.py: missing (parity test of cuda_src/{fam}.cu)")
         try:

@@ -46,7 +46,7 @@ def test_tree_layout_pads_every_level_but_the_root_to_32(C, sizes):
 def _check_invariants(r):
     C, added = r.capacity, r.added()
     tree = r.bufs.tree.copy()
-    ref._refresh(tree, C)
+    ref.refresh(tree, C)
     assert np.array_equal(tree, r.bufs.tree), "internal nodes are not the sums of their children"
     ready = np.zeros(C, bool)
     ready[ref.ready_slots(C, r.spec.lag, added)] = True

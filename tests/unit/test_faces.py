@@ -119,3 +119,18 @@ def test_a_float_atomic_kernel_fails_the_compile_check(tmp_path):
     src.write_text('extern "C" __global__ void cudarl_bad_op(float* x) { atomicAdd(x, 1.0f); }\n')
     _, rc, log = tool.compile_one(nvcc, src, "sm_90", str(tmp_path))
     assert rc == 1 and "atom.global.add.f32" in log
+
+
+def test_a_twin_split_into_a_package_is_one_face(tmp_path, monkeypatch):
+    """reference/<family>/__init__.py may gather the ops from modules by concept (reference/replay/)."""
+    tool = _tool()
+    _demo_family(tmp_path, _LAUNCHER.format(args="(x, x.size, scale)"))
+    (tmp_path / "cudarl" / "reference" / "demo.py").unlink()
+    pkg = tmp_path / "cudarl" / "reference" / "demo"
+    pkg.mkdir()
+    (pkg / "math.py").write_text("def scale(x, scale):\n    x *= scale\n")
+    (pkg / "__init__.py").write_text("from .math import scale\n")
+    monkeypatch.setattr(tool, "ROOT", tmp_path)
+    assert tool.problems() == []
+    (pkg / "__init__.py").write_text("from .math import scale as other\n")
+    assert tool.problems() == ["cudarl/reference/demo/__init__.py: no function for op(s) scale"]
