@@ -19,7 +19,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
-from scipy.signal import lfilter
 
 from cudarl.data.bars import NS_PER_DAY, Bars
 
@@ -42,6 +41,8 @@ def ewm_mean(x: np.ndarray, halflife: float, present: np.ndarray | None = None) 
     ``w_s = (1 - a)^(t - s)`` for present rows, ``a = 1 - 2^(-1/halflife)``; rows with
     ``present`` False carry no weight (NaN before the first present row).
     """
+    from scipy.signal import lfilter  # here: importing scipy.signal takes most of a second
+
     a = 1.0 - 0.5 ** (1.0 / halflife)
     present = np.ones(len(x), dtype=bool) if present is None else present
     w = present.astype(np.float64)
