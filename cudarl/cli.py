@@ -293,18 +293,36 @@ def train(
         fail(str(e))
 
 
-def _writable(dest: Path) -> str | None:
-    """Why ``dest`` (a folder to create or fill) cannot be written, or None."""
+def _claim_out(dest: Path) -> list[Path]:
+    """Make the output folder ``dest`` and check a file can be created in it, before any work.
+
+    Returns the folders it created (removed again if the command fails); exits with a hint of
+    ``--out`` when ``dest`` cannot be written (a read-only place, no permission, a file in the way)."""
     import os
 
-    probe = dest
+    from cudarl.atomic import create_temporary
+
+    made, probe = [], dest
     while not probe.exists():
+        made.append(probe)
         probe = probe.parent
-    if not probe.is_dir():
-        return f"{probe} is not a folder"
-    if not os.access(probe, os.W_OK | os.X_OK):
-        return f"{probe} is not writable"
-    return None
+    try:
+        dest.mkdir(parents=True, exist_ok=True)
+        fd, tmp = create_temporary(dest / "probe")
+        os.close(fd)
+        tmp.unlink()
+    except OSError as e:
+        _remove_empty(made)
+        fail(f"cannot write the evaluation to {dest}: {e.strerror or e}; pass --out DIR to write it elsewhere")
+    return made
+
+
+def _remove_empty(folders: list[Path]) -> None:
+    for d in folders:  # deepest first
+        try:
+            d.rmdir()
+        except OSError:
+            pass
 
 
 @app.command("evaluate")
@@ -335,10 +353,12 @@ def evaluate(
         if out is None and run is None:
             fail(f"{checkpoint} is not in the checkpoints folder of a cudarl run directory; pass --out DIR")
         dest = out or run / "eval" / f"{split}-{policy.step:08d}"
-        why = _writable(dest)
-        if why is not None:
-            fail(f"cannot write the evaluation to {dest}: {why}; pass --out DIR to write it elsewhere")
-        ev = policy.evaluate(data, split, echo=lambda m: typer.echo(m, err=True))
+        made = _claim_out(dest)
+        try:
+            ev = policy.evaluate(data, split, echo=lambda m: typer.echo(m, err=True))
+        except BaseException:
+            _remove_empty(made)
+            raise
         written = write_outputs(ev, dest)
         if not any(p.name == "equity.png" for p in written):
             typer.echo(NO_PLOT, err=True)

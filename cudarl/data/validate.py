@@ -78,6 +78,65 @@ def load(
         source = resolved  # a shipped real series goes through the same reader and checks
     path = str(source)
     names, table = read_table(path)
+    return from_table(
+        path,
+        names,
+        table,
+        date_format=date_format,
+        tz=tz,
+        columns=columns,
+        extra_columns=extra_columns,
+        sort=sort,
+        dedupe=dedupe,
+        drop_nan=drop_nan,
+        ffill=ffill,
+        min_bars=min_bars,
+        gap_factor=gap_factor,
+        split_threshold=split_threshold,
+    )
+
+
+def from_pandas(df, *, source: str = "<DataFrame>", **options) -> Bars:
+    """Bars from a pandas ``DataFrame`` (columns matched by name as in files; a ``DatetimeIndex`` is
+    the time when no column is), with the checks and repairs of :func:`load` (same ``options``).
+    Naive timestamps are read in ``tz``; zoned ones are converted to UTC."""
+    from .io import pandas_columns
+
+    names, table = pandas_columns(df)
+    return from_table(source, names, table, **options)
+
+
+def from_arrow(table, *, source: str = "<arrow.Table>", **options) -> Bars:
+    """Bars from a ``pyarrow.Table`` (as :func:`from_pandas`; the options of :func:`load`)."""
+    from .io import arrow_columns
+
+    names, cols = arrow_columns(table)
+    return from_table(source, names, cols, **options)
+
+
+def from_table(
+    path: str,
+    names: list,
+    table: dict,
+    *,
+    date_format: str | None = None,
+    tz: str = "UTC",
+    columns: dict | None = None,
+    extra_columns=(),
+    sort: bool = False,
+    dedupe: str | None = None,
+    drop_nan: bool = False,
+    ffill: bool = False,
+    min_bars: int = 2,
+    gap_factor: float = 10.0,
+    split_threshold: float = 0.25,
+) -> Bars:
+    """Bars from columns already read (``names`` in order, ``table`` name -> values): match the
+    fields, parse the times, then :func:`check`. Errors name ``path`` (a file, or ``<DataFrame>``)."""
+    if dedupe not in (None, "first", "last"):
+        raise ValueError(f"dedupe must be None, 'first' or 'last', not {dedupe!r}")
+    if drop_nan and ffill:
+        raise ValueError("choose one of drop_nan and ffill")
     found = match_columns(path, names, columns)
     missing_extra = [c for c in extra_columns if c not in table]
     if missing_extra:
