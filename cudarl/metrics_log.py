@@ -104,8 +104,8 @@ class MetricsLog:
             self.tb = None
 
 
-def tensorboard_writer(logdir):
-    """A tensorboardX ``SummaryWriter`` for ``logdir``; a clear error without tensorboardX."""
+def require_tensorboard():
+    """tensorboardX's ``SummaryWriter`` class; a :class:`cudarl.config.ConfigError` without it."""
     try:
         from tensorboardX import SummaryWriter
     except ImportError:
@@ -114,7 +114,12 @@ def tensorboard_writer(logdir):
         raise ConfigError(
             "run: tensorboard = true needs tensorboardX; install it with pip install 'cudarl[tensorboard]'"
         ) from None
-    return SummaryWriter(logdir=str(logdir))
+    return SummaryWriter
+
+
+def tensorboard_writer(logdir):
+    """A tensorboardX ``SummaryWriter`` for ``logdir``."""
+    return require_tensorboard()(logdir=str(logdir))
 
 
 def truncate(run_dir, step: int, echo=print) -> int:

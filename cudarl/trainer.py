@@ -172,6 +172,8 @@ class Trainer:
             echo(f"data: warning: {w}")
         if self.data.bars.repairs:
             echo(f"data: repaired {self.data.bars.repairs}")
+        if cfg.run.tensorboard:
+            metrics_log.require_tensorboard()  # before any run directory is made
         if run_dir is not False:
             r = cfg.run
             made = rundir.claim(run_dir) if run_dir else rundir.create(r.out_dir, r.name, r.seed)

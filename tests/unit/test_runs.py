@@ -252,3 +252,29 @@ def test_nan_weights_are_refused_naming_the_tensor(tmp_path):
     assert not (tmp_path / "ev").exists()
     with pytest.raises(ckpt.CheckpointError, match="online"):
         Trainer.resume(bad, echo=quiet)
+
+
+# --- 12. TensorBoard -----------------------------------------------------------------------------
+def test_tensorboard_gets_every_number_of_the_metric_rows(tmp_path):
+    pytest.importorskip("tensorboardX", reason="the tensorboard extra is not installed")
+    from tensorboardX.event_file_writer import EventFileWriter  # noqa: F401 (the writer this test reads)
+
+    t = Trainer(small(tmp_path / "runs", run={"tensorboard": True, "eval_every": 20, "log_every": 10}), echo=quiet)
+    t.run(40)
+    t.log.close()
+    (events,) = (t.run_dir / "tensorboard").glob("events.out.tfevents.*")
+    raw = events.read_bytes()
+    for tag in ("train/loss", "train/grad_norm", "train/updates_per_s", "val/sharpe", "val/max_drawdown"):
+        assert tag.encode() in raw, tag
+    off = Trainer(small(tmp_path / "off"), echo=quiet)
+    off.run(20)
+    assert not (off.run_dir / "tensorboard").exists()
+
+
+def test_tensorboard_without_tensorboardx_is_a_config_error(tmp_path, monkeypatch):
+    from cudarl.config import ConfigError
+
+    monkeypatch.setitem(sys.modules, "tensorboardX", None)
+    with pytest.raises(ConfigError, match=r"cudarl\[tensorboard\]"):
+        Trainer(small(tmp_path / "runs", run={"tensorboard": True}), echo=quiet)
+    assert not (tmp_path / "runs").exists()  # refused before making a run directory
