@@ -54,7 +54,7 @@ class RunConfig:
     """What to run and where the results go."""
 
     name: str = "cudarl"
-    """Run name; the run directory is ``<out_dir>/<name>-<time>-<seed>``."""
+    """Run name; the run directory is ``<out_dir>/<name>-<time>-<seed>`` (``-2``, ``-3``, ... if taken)."""
     seed: int = 0
     """Seed of every Philox stream (initialisation, sampling, exploration, environments)."""
     steps: int = 10_000
@@ -68,10 +68,11 @@ class RunConfig:
     eval_every: int = 2_000
     """Learner updates between validation evaluations (0: only at the end)."""
     checkpoint_every: int = 5_000
-    """Learner updates between numbered checkpoints (``latest`` is written at each evaluation and at the end)."""
+    """Learner updates between policy files ``checkpoints/step-N.safetensors`` (the resume checkpoint
+    ``latest.npz`` is written at each evaluation, at the end and on Ctrl-C or SIGTERM)."""
     keep_best: bool = True
-    """Write ``checkpoints/best.npz`` whenever the validation Sharpe improves (model selection on the
-    validation split; more updates can overfit: docs/sweeps.md)."""
+    """Write the policy file ``checkpoints/best.safetensors`` whenever the validation Sharpe improves
+    (model selection on the validation split; more updates can overfit: docs/sweeps.md)."""
     log_every: int = 100
     """Learner updates between metric rows."""
     tensorboard: bool = False
@@ -436,9 +437,11 @@ class Config:
         _need("agent", self.agent.batch_size <= self.replay.capacity, "batch_size must not exceed replay.capacity")
 
     def to_dict(self) -> dict:
+        """``{section: {field: value}}`` of every field (JSON- and TOML-ready)."""
         return {name: dataclasses.asdict(getattr(self, name)) for name in SECTIONS}
 
     def to_toml(self) -> str:
+        """Every field as TOML (``cudarl-train train --config`` reads it back)."""
         return dumps_toml(self.to_dict())
 
     def with_overrides(self, overrides: dict) -> Config:

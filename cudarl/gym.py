@@ -35,6 +35,8 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
 from . import backend as _backend
 from .env import EnvConfig, TradingEnv
 
+__all__ = ["make", "make_vec", "TradingGymEnv", "TradingVectorEnv"]
+
 #: Options of :func:`make` that are not :class:`cudarl.env.EnvConfig` fields.
 OWN_OPTIONS = ("split", "features", "data_options", "backend")
 

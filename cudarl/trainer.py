@@ -421,6 +421,7 @@ class Trainer:
             progress(self.step, row, self.last_eval)
 
     def synchronize(self) -> None:
+        """Wait for the work launched on the training stream (a no-op on the NumPy backend)."""
         if self.stream is not None:
             self.stream.synchronize()
 
@@ -473,6 +474,7 @@ class Trainer:
 
     # --- checkpoints ------------------------------------------------------------------------------------
     def state_dict(self) -> dict:
+        """Host copies of everything a resume needs: agent, replay, environments, guard, normaliser, counters."""
         self.synchronize()
         return {
             "agent": self.agent.state_dict(),
@@ -489,6 +491,7 @@ class Trainer:
         }
 
     def load_state_dict(self, s: dict) -> None:
+        """Restore :meth:`state_dict` into the existing buffers (captured graphs stay valid)."""
         self.synchronize()
         self.agent.load_state_dict(s["agent"])
         self.replay.load_state_dict(s["replay"])

@@ -278,3 +278,62 @@ def test_tensorboard_without_tensorboardx_is_a_config_error(tmp_path, monkeypatc
     with pytest.raises(ConfigError, match=r"cudarl\[tensorboard\]"):
         Trainer(small(tmp_path / "runs", run={"tensorboard": True}), echo=quiet)
     assert not (tmp_path / "runs").exists()  # refused before making a run directory
+
+
+# --- the README's run-directory table is what a run writes ----------------------------------------------
+def readme_patterns() -> list[str]:
+    """Glob patterns of the README's run-directory table (its first column)."""
+    import re
+
+    text = (ROOT / "README.md").read_text()
+    table = text[text.index("| file | what |") :].split("\n\n", 1)[0].splitlines()[2:]
+    out = []
+    for row in table:
+        for name in re.findall(r"`([^`]+)`", row.split("|")[1]):
+            name = name.replace("-N", "-*")
+            out.append(name + "*" if name.endswith("/") else name)
+    return out
+
+
+def check_run_matches_readme(run: Path) -> None:
+    from fnmatch import fnmatch
+
+    pats = readme_patterns()
+    files = [str(p.relative_to(run)) for p in run.rglob("*") if p.is_file()]
+    unlisted = [f for f in files if not any(fnmatch(f, p) for p in pats)]
+    unwritten = [p for p in pats if not any(fnmatch(f, p) for f in files)]
+    assert not unlisted, f"written but not in the README's table: {unlisted}"
+    assert not unwritten, f"in the README's table but not written: {unwritten}"
+
+
+def _readme_run(tmp_path, device: str) -> Path:
+    from typer.testing import CliRunner
+
+    from cudarl.cli import app
+
+    pytest.importorskip("tensorboardX", reason="the tensorboard extra is not installed")
+    pytest.importorskip("matplotlib", reason="equity.png needs matplotlib")
+    args = ["train", "builtin:regime?n=1500", "--device", device, "--out", str(tmp_path), "--steps", "40"]
+    for s in (
+        "run.eval_every=20",
+        "run.checkpoint_every=20",
+        "run.log_every=10",
+        "run.tensorboard=true",
+        "env.episode_len=128",
+    ):
+        args += ["--set", s]
+    if device == "cpu":
+        args += ["--set", "env.n_envs=8", "--set", "net.hidden=[32,32]", "--set", "agent.learning_starts=200"]
+    r = CliRunner().invoke(app, args)
+    assert r.exit_code == 0, r.output
+    (run,) = tmp_path.iterdir()
+    return run
+
+
+def test_the_readme_table_is_what_a_run_writes(tmp_path):
+    check_run_matches_readme(_readme_run(tmp_path, "cpu"))
+
+
+@pytest.mark.gpu
+def test_gpu_the_readme_table_is_what_a_run_writes(tmp_path):
+    check_run_matches_readme(_readme_run(tmp_path, "gpu"))

@@ -93,7 +93,7 @@ def test_best_validation_checkpoint_is_the_argmax_and_survives_resume(tmp_path):
     resumed = Trainer.resume(
         tmp_path / "run" / "checkpoints" / "latest.npz", run_dir=tmp_path / "resumed", echo=lambda m: None
     )
-    assert resumed.best == t.best  # a resumed run only replaces best.npz with a better one
+    assert resumed.best == t.best  # a resumed run only replaces best.safetensors with a better one
     off = Trainer(small(run={"eval_every": 20, "keep_best": False}), run_dir=tmp_path / "off", echo=lambda m: None)
     off.run()
     assert off.best is None and not (tmp_path / "off" / "checkpoints" / "best.safetensors").exists()
