@@ -389,13 +389,20 @@ def eval_env(prepared, split, env_cfg, backend: str):
     )
 
 
-def greedy_actions(env, q_values, stream=None) -> np.ndarray:
+def greedy_actions(env, q_values, stream=None, walk_on_host: bool = True) -> np.ndarray:
     """int64 ``[episode_len]``: the greedy actions of one episode of ``env`` (reset first).
 
-    ``q_values(obs, out)`` writes Q ``[1, A]``; the env picks the first maximum (epsilon 0). The
-    actions stay on the device until the end (no synchronisation per bar).
+    ``q_values(obs, out)`` writes Q ``[1, A]``; the action is the first maximum (the env's act with
+    epsilon 0). On the GPU the env's kernels step it and the actions stay on the device until the
+    end (no synchronisation per bar). On the NumPy backend, for an evaluation env (one env, one
+    episode from its first bar), the walk is done on the host with the env's observation rule
+    (docs/env.md) instead of its act and step, which draw Philox numbers a greedy walk never uses
+    (``walk_on_host=False`` takes the env's path; a test holds the two equal).
     """
     xp = env.xp
+    one_episode = env.n_envs == 1 and env.params.n_starts == 1 and not env.params.stagger
+    if walk_on_host and not env.is_gpu and one_episode:
+        return _walk_on_host(env, q_values)
     with stream if stream is not None else nullcontext():
         env.reset()
         q = xp.zeros((1, env.n_actions), np.float32)
@@ -408,6 +415,36 @@ def greedy_actions(env, q_values, stream=None) -> np.ndarray:
             acts[k : k + 1] = env.actions
         out = _backend.to_numpy(acts)
     return out.astype(np.int64)
+
+
+def _walk_on_host(env, q_values) -> np.ndarray:
+    """The env's greedy episode from bar ``t_begin``, one bar at a time on the host: obs
+    ``[features[t], p_{t-1}, min(hold, cap) / cap]``, action the first maximum of Q (a strict ``>``
+    scan, as ``env.act``), ``p = levels[a]``, ``hold + 1`` if ``p`` did not change, else 1."""
+    from .reference.env import hold_feature
+
+    feats, levels, cap = env.data.features, env.data.levels, env.params.hold_cap
+    n, f = env.config.episode_len, env.n_features
+    obs = np.zeros((1, f + 2), np.float32)
+    q = np.zeros((1, env.n_actions), np.float32)
+    acts = np.empty(n, np.int64)
+    prev, hold = np.float32(0), np.zeros(1, np.int64)
+    t0 = env.params.t_begin
+    for k in range(n):
+        obs[0, :f] = feats[t0 + k]
+        obs[0, f] = prev
+        obs[0, f + 1] = hold_feature(hold, cap)[0]
+        q_values(obs, q)
+        row = q[0]
+        a = 0
+        for j in range(1, row.shape[0]):
+            if row[j] > row[a]:
+                a = j
+        acts[k] = a
+        p = np.float32(levels[a])
+        hold[0] = hold[0] + 1 if p == prev else 1
+        prev = p
+    return acts
 
 
 def evaluate_split(prepared, split_name: str, env_cfg, q_values, backend: str, env=None, stream=None):

@@ -705,8 +705,7 @@ def write_csv(bars, path) -> None:
         cols.append(bars.extra[k])
     from cudarl.atomic import atomic_open
 
+    text = [list(map(repr, np.asarray(c, dtype=np.float64).tolist())) for c in cols]
     with atomic_open(path, "w", newline="") as fh:
-        w = csv.writer(fh)
-        w.writerow(header)
-        for i in range(len(t)):
-            w.writerow([stamps[i]] + [repr(float(c[i])) for c in cols])
+        csv.writer(fh).writerow(header)
+        fh.writelines(",".join(row) + "\r\n" for row in zip(stamps.tolist(), *text, strict=True))

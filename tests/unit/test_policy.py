@@ -181,3 +181,17 @@ def test_gpu_load_policy_gives_the_trainers_greedy_evaluation(tmp_path, head):
     assert isinstance(q, cupy.ndarray) and q.shape == (7, 3)
     np.testing.assert_array_equal(p.act(obs).get(), q.get().argmax(1))
     np.testing.assert_array_equal(p.q_values(obs.get()), q.get())
+
+
+@pytest.mark.parametrize("head", ["c51", "iqn"])
+def test_the_host_walk_equals_the_envs_walk(tmp_path, head):
+    """The NumPy evaluation walks the bars on the host; the env's act and step give the same actions."""
+    from cudarl.policy import greedy_actions
+
+    t = trained(tmp_path, net={"head": head}, env={"cost_bps": 3.0, "hold_cap": 5})
+    for split in (t.data.splits.val, t.data.splits.test):
+        env = t._eval_env(split)
+        host = greedy_actions(env, t.agent.q_values)
+        via_env = greedy_actions(env, t.agent.q_values, walk_on_host=False)
+        np.testing.assert_array_equal(host, via_env)
+        assert len(set(host.tolist())) > 1  # the walk moves between positions (hold and position matter)
