@@ -56,36 +56,7 @@ def load(
         standard deviations out (an unadjusted split looks like this).
     Returns: a validated :class:`Bars`. Raises :class:`DataError` listing every problem.
     """
-    if dedupe not in (None, "first", "last"):
-        raise ValueError(f"dedupe must be None, 'first' or 'last', not {dedupe!r}")
-    if drop_nan and ffill:
-        raise ValueError("choose one of drop_nan and ffill")
-    if isinstance(source, str) and source.startswith("builtin:"):
-        from cudarl.datasets import resolve
-
-        resolved = resolve(source)
-        if isinstance(resolved, Bars):
-            return check(
-                resolved,
-                sort=sort,
-                dedupe=dedupe,
-                drop_nan=drop_nan,
-                ffill=ffill,
-                min_bars=min_bars,
-                gap_factor=gap_factor,
-                split_threshold=split_threshold,
-            )
-        source = resolved  # a shipped real series goes through the same reader and checks
-    path = str(source)
-    names, table = read_table(path)
-    return from_table(
-        path,
-        names,
-        table,
-        date_format=date_format,
-        tz=tz,
-        columns=columns,
-        extra_columns=extra_columns,
+    repairs = dict(
         sort=sort,
         dedupe=dedupe,
         drop_nan=drop_nan,
@@ -94,6 +65,26 @@ def load(
         gap_factor=gap_factor,
         split_threshold=split_threshold,
     )
+    _check_repairs(dedupe, drop_nan, ffill)
+    if isinstance(source, str) and source.startswith("builtin:"):
+        from cudarl.datasets import resolve
+
+        resolved = resolve(source)
+        if isinstance(resolved, Bars):
+            return check(resolved, **repairs)
+        source = resolved  # a shipped real series goes through the same reader and checks
+    path = str(source)
+    names, table = read_table(path)
+    return from_table(
+        path, names, table, date_format=date_format, tz=tz, columns=columns, extra_columns=extra_columns, **repairs
+    )
+
+
+def _check_repairs(dedupe, drop_nan, ffill) -> None:
+    if dedupe not in (None, "first", "last"):
+        raise ValueError(f"dedupe must be None, 'first' or 'last', not {dedupe!r}")
+    if drop_nan and ffill:
+        raise ValueError("choose one of drop_nan and ffill")
 
 
 def from_pandas(df, *, source: str = "<DataFrame>", **options) -> Bars:
@@ -123,20 +114,12 @@ def from_table(
     tz: str = "UTC",
     columns: dict | None = None,
     extra_columns=(),
-    sort: bool = False,
-    dedupe: str | None = None,
-    drop_nan: bool = False,
-    ffill: bool = False,
-    min_bars: int = 2,
-    gap_factor: float = 10.0,
-    split_threshold: float = 0.25,
+    **repairs,
 ) -> Bars:
     """Bars from columns already read (``names`` in order, ``table`` name -> values): match the
-    fields, parse the times, then :func:`check`. Errors name ``path`` (a file, or ``<DataFrame>``)."""
-    if dedupe not in (None, "first", "last"):
-        raise ValueError(f"dedupe must be None, 'first' or 'last', not {dedupe!r}")
-    if drop_nan and ffill:
-        raise ValueError("choose one of drop_nan and ffill")
+    fields, parse the times, then :func:`check` with ``repairs`` (its keyword options). Errors name
+    ``path`` (a file, or ``<DataFrame>``)."""
+    _check_repairs(repairs.get("dedupe"), repairs.get("drop_nan"), repairs.get("ffill"))
     found = match_columns(path, names, columns)
     missing_extra = [c for c in extra_columns if c not in table]
     if missing_extra:
@@ -169,16 +152,7 @@ def from_table(
         source=path,
         columns={"time": tname, **cols},
     )
-    return check(
-        bars,
-        sort=sort,
-        dedupe=dedupe,
-        drop_nan=drop_nan,
-        ffill=ffill,
-        min_bars=min_bars,
-        gap_factor=gap_factor,
-        split_threshold=split_threshold,
-    )
+    return check(bars, **repairs)
 
 
 def _column_name(bars: Bars, field: str) -> str:
