@@ -279,6 +279,7 @@ class Policy:
         for name, w in state.weights.items():
             self.net.P[name][...] = xp.asarray(np.asarray(w, np.float32))
         self._ws = {cfg.env.n_envs: self.net.ws}
+        self._stats: dict = {}
         self.support = None
         if n.head == "c51":
             self.support = xp.asarray(np.linspace(n.v_min, n.v_max, n.atoms, dtype=np.float32))
@@ -322,8 +323,9 @@ class Policy:
         if self.be.is_gpu:
             from .ops import qstats
 
-            ent, mass = xp.empty(n, np.float32), xp.empty((n, self.config.net.atoms), np.float32)
-            qstats.per_sample(logits, self.support, out, ent, mass)
+            if n not in self._stats:  # the kernel's per-row entropy and mass, unused here
+                self._stats[n] = (xp.empty(n, np.float32), xp.empty((n, self.config.net.atoms), np.float32))
+            qstats.per_sample(logits, self.support, out, *self._stats[n])
         else:
             from .reference import qstats
 
