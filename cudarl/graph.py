@@ -169,6 +169,24 @@ class StepGraph:
         self._graph = self._capture(self.phases, self.name)
         self._captured = True
 
+    def kernel_families(self) -> set[str]:
+        """The kernel families the phases launch (empty on the NumPy backend).
+
+        The phases run once inside a capture that is then thrown away, with
+        :func:`cudarl.kernels.discovering` noting each launch's family instead of launching it: no
+        kernel is compiled, loaded or run, and the captured graph is never launched.
+        """
+        if not self.is_gpu:
+            return set()
+        with kernels.discovering() as found:
+            self._capture(self.phases, self.name)
+        return set(found)
+
+    def prefetch(self) -> None:
+        """Start compiling every kernel family the phases launch, in parallel (:func:`cudarl.kernels.prefetch`)."""
+        if self.is_gpu:
+            kernels.prefetch(sorted(self.kernel_families()))
+
     def replay(self) -> None:
         """Launch the captured graph on :attr:`stream` (NumPy: run the phases)."""
         if not self._captured:
@@ -222,6 +240,15 @@ class StepGraph:
         if self._captured:
             out["total"] = time_graph(self._graph)
         return out
+
+
+def capture_all(graphs: Sequence[StepGraph]) -> None:
+    """Capture ``graphs`` in order, after starting the compiles of every kernel family any of them
+    launches: a cold start compiles them side by side, not one at a time at each first launch."""
+    for g in graphs:
+        g.prefetch()
+    for g in graphs:
+        g.capture()
 
 
 class SideStream:

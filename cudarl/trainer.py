@@ -38,7 +38,7 @@ from .data import report as data_report
 from .env import TradingEnv
 from .evaluate import evaluate_positions, write_outputs
 from .features import Normaliser, compute, return_sign
-from .graph import StepGraph
+from .graph import StepGraph, capture_all
 from .guard import Guard, GuardStop
 from .replay import PrioritizedReplay
 from .splits import chronological
@@ -220,9 +220,7 @@ class Trainer:
         return max(0, min(self.collect_steps * self.rows_per_collect, self.cfg.replay.capacity) - lag)
 
     def _capture(self) -> None:
-        for g in (self.collect_graph, self.train_graph):
-            if not g.captured:
-                g.capture()
+        capture_all([g for g in (self.collect_graph, self.train_graph) if not g.captured])
 
     def _read(self, step: int) -> tuple[float, float]:
         v = self.agent.readback.read(step % PUBLISH_SLOTS)
