@@ -330,6 +330,19 @@ _lock = threading.Lock()
 load_seconds = {"wait": 0.0, "load": 0.0}
 
 
+def _context_path(path: Path, context: str) -> Path:
+    """A name of ``context``'s own for the binary ``path`` (a hard link beside it, else a copy in a
+    folder this process can write): CuPy memoises ``RawModule(path=...)`` by path, so one name per
+    context gives one module per context."""
+    name = f"{path.stem}.{context}{path.suffix}"
+    try:
+        atomic_link(path, path.with_name(name))
+        return path.with_name(name)
+    except OSError:  # a cache someone else filled, read-only to us
+        atomic_link(path, _writable_dir() / name)
+        return _writable_dir() / name
+
+
 def _load(family: str, context: str):
     import cupy
 
@@ -338,17 +351,15 @@ def _load(family: str, context: str):
         t0 = time.perf_counter()
         path = _binary_future(family, cc, parallel=False).result()
         t1 = time.perf_counter()
-        # CuPy memoises RawModule(path=...) by path: a name per context gives a module per context.
-        link = path.with_name(f"{path.stem}.{context}{path.suffix}")
+        own = _context_path(path, context)
         try:
-            atomic_link(path, link)
-            mod = cupy.RawModule(path=str(link))
+            mod = cupy.RawModule(path=str(own))
             mod.compile()  # load now, so a bad binary fails here
-        except (OSError, cupy.cuda.driver.CUDADriverError) as exc:
+        except cupy.cuda.driver.CUDADriverError as exc:
             if attempt:
-                raise KernelError(f"cannot load {link} for cuda_src/{family}.cu: {exc}") from None
+                raise KernelError(f"cannot load {own} for cuda_src/{family}.cu: {exc}") from None
             path.unlink(missing_ok=True)  # a damaged cache entry: compile again, once
-            link.unlink(missing_ok=True)
+            own.unlink(missing_ok=True)
             _forget(family, cc)
             continue
         load_seconds["wait"] += t1 - t0

@@ -79,6 +79,16 @@ def test_a_miss_compiles_once_and_a_hit_reads_the_file(fake_nvrtc, cache):
     assert last["cached"] is True and last["compile_s"] == 0.0 and last["family"] == "util"
 
 
+def test_each_context_loads_the_cubin_through_a_name_of_its_own(fake_nvrtc, cache):
+    """CuPy memoises RawModule(path=...) by path: one name per context, one module per context."""
+    path = kernels.binary("util", 90)
+    train, collect = kernels._context_path(path, "train"), kernels._context_path(path, "collect")
+    assert train != collect and train.name == f"{path.stem}.train.cubin"
+    assert os.path.samefile(train, path) and os.path.samefile(collect, path)
+    assert kernels._context_path(path, "train") == train
+    assert sorted(p.name for p in cache.iterdir()) == sorted([path.name, train.name, collect.name])
+
+
 def test_the_key_covers_source_headers_options_arch_and_nvrtc(fake_nvrtc, monkeypatch, tmp_path):
     def key():
         return kernels.cache_key("util", "-arch=sm_90", "cubin")
