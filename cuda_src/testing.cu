@@ -25,3 +25,7 @@ extern "C" __global__ void cudarl_testing_axpb(float* __restrict__ x, long long 
   for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
     x[i] = a * x[i] + b;
 }
+
+// empty: does nothing. The floor model's probe (tools/bench_floor.py): what a graph node costs
+// when its kernel has no work. Reads and writes nothing.
+extern "C" __global__ void cudarl_testing_empty() {}

@@ -412,8 +412,10 @@ _POINTEES = {**_SCALARS, "u8": np.uint8, "i8": np.int8}
 def parse_signature(sig: str) -> tuple[tuple[str, np.dtype, bool], ...]:
     """Parse ``"f32* out, const u64* counter, i64 n"`` into (name, dtype, is_pointer) triples.
 
-    The names are for error messages; ``const`` is documentation only.
+    The names are for error messages; ``const`` is documentation only. ``""``: no arguments.
     """
+    if not sig.strip():
+        return ()
     out = []
     for i, part in enumerate(p.strip() for p in sig.split(",")):
         m = re.match(r"^(?:const\s+)?(\w+)\s*(\*?)\s*(\w+)?$", part)

@@ -34,3 +34,8 @@ def axpb(x, a: float, b: float, stream=None) -> None:
         (x, x.size, a, b),
         stream=stream,
     )
+
+
+def empty(blocks: int = 1, threads: int = 32, stream=None) -> None:
+    """A kernel that does nothing, on ``blocks`` x ``threads`` (the cost of a node, ``tools/bench_floor.py``)."""
+    launch("testing", "empty", blocks, threads, "", (), stream=stream)
