@@ -14,6 +14,8 @@ Every probe is a CUDA graph captured from ``cudarl_testing_empty`` (a kernel tha
 * grid: one empty node of 1 .. 8448 blocks of 256 threads: what dispatching blocks costs;
 * bytes: a chain of 8 axpb nodes over 16 KB .. 128 MB: a node's time against the bytes it moves,
   L2-resident and not (the round trip through memory between two nodes);
+* FP32: two million dependent chains of FMAs (x = a x + b), the rate the critical path's FLOPs are
+  divided by;
 * launch: a one-node graph of the tiny kernel; an eager empty launch back to back (GPU time per
   launch); an eager launch and host synchronisation (host wall time).
 
@@ -39,6 +41,7 @@ BRANCHES = (2, 4, 8, 16, 32, 64)
 GRIDS = (1, 132, 1056, 8448)
 AXPB_FLOATS = (4096, 65536, 1 << 20, 1 << 22, 1 << 25)  # 16 KB .. 128 MB
 AXPB_CHAIN = 8
+FMA_FLOATS, FMA_ITERS = 1 << 21, 4096  # 2M chains (16 a thread slot of an H200's 132 SMs), 17 GFLOP
 
 
 def fit_line(xs, ys) -> tuple[float, float]:
@@ -164,6 +167,14 @@ def main() -> int:
     model["axpb_node_us"] = {str(8 * k): v for k, v in per_node.items()}
     big = max(AXPB_FLOATS)
     model["memory_gbps"] = 8 * big / per_node[big] / 1e3
+
+    # FP32 rate: a million-thread chain of FMAs (2 FLOPs each), eager
+    chains = cp.ones(FMA_FLOATS, np.float32)
+    with p.stream:
+        t = cuda_time_us(lambda: testing.fma(chains, 0.999, 1e-3, FMA_ITERS), p.stream, max(5, args.repeats // 10))
+    model["fp32_tflops"] = 2.0 * FMA_FLOATS * FMA_ITERS / t / 1e6
+    rows.append(row("FP32 rate", f"{FMA_FLOATS} chains of {FMA_ITERS} FMAs", t, "us"))
+    rows.append(row("FP32 rate", "achieved", model["fp32_tflops"], "TFLOP/s"))
 
     # launch costs
     tiny = cp.ones(1024, np.float32)

@@ -73,3 +73,22 @@ def test_gpu_empty_runs_eager_and_graphed(cp):
     g.replay()
     g.synchronize()
     np.testing.assert_array_equal(cp.asnumpy(x), 2 * np.arange(8, dtype=np.float32))
+
+
+def test_reference_fma_iterates():
+    x = np.array([1.0, -2.0, 0.0], np.float32)
+    ref.fma(x, 0.5, 1.0, 3)  # x -> x/2 + 1, three times
+    np.testing.assert_array_equal(x, np.float32([1.875, 1.5, 1.75]))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n,iters", [(1, 1), (257, 5), (100_000, 64)])
+def test_gpu_fma(cp, rng, n, iters):
+    from cudarl.ops import testing as ops
+    from cudarl.testing import assert_parity
+
+    x = rng.standard_normal(n).astype(np.float32)
+    d = cp.asarray(x)
+    ops.fma(d, 0.75, 0.125, iters)
+    ref.fma(x, 0.75, 0.125, iters)
+    assert_parity(d, x)
