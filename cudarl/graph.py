@@ -103,6 +103,7 @@ class StepGraph:
     def _run(self, phases: Sequence[Phase]) -> None:
         for pname, fn in phases:
             self._phase = pname
+            kernels.trace({"kind": "phase", "name": pname})
             fn()
         self._phase = None
         SideStream.join_all()
@@ -295,6 +296,7 @@ class SideStream:
             raise GraphError("SideStream.fork: already on the side stream")
         self._forked.record(main)
         self.stream.wait_event(self._forked)
+        kernels.trace({"kind": "fork", "from": main.ptr, "to": self.stream.ptr})
         if not self._pending:
             self._pending = True
             SideStream._open.append((self, main))
@@ -309,6 +311,7 @@ class SideStream:
 
         self._done.record(self.stream)
         cupy.cuda.get_current_stream().wait_event(self._done)
+        kernels.trace({"kind": "join", "from": self.stream.ptr, "to": cupy.cuda.get_current_stream().ptr})
         self._pending = False
         SideStream._open[:] = [(s, m) for s, m in SideStream._open if s is not self]
 

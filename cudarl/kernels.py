@@ -304,6 +304,28 @@ def discovering():
         _local.found = prev
 
 
+# --- tracing: the launches of a capture, in order, for the critical path ------------------------
+@contextmanager
+def tracing():
+    """Inside the block, every launch (still launched) and every event passed to :func:`trace` is
+    appended to the yielded list: ``{"kind": "kernel", "name", "stream", "grid", "block"}`` from
+    :func:`launch`; ``cudarl.graph`` adds phase starts and side-stream forks and joins,
+    ``cudarl.blas`` its GEMMs. ``tools/critical_path.py`` builds the step's graph from it."""
+    prev = getattr(_local, "trace", None)
+    _local.trace = events = []
+    try:
+        yield events
+    finally:
+        _local.trace = prev
+
+
+def trace(event: dict) -> None:
+    """Note ``event`` if a :func:`tracing` block is open in this thread (cheap otherwise)."""
+    events = getattr(_local, "trace", None)
+    if events is not None:
+        events.append(event)
+
+
 # --- the current context: set by cudarl.graph during a capture -------------------------------
 def current_context() -> str:
     return getattr(_local, "context", UNGRAPHED)
@@ -501,6 +523,7 @@ def launch(family: str, op: str, grid, block, sig: str, args: tuple, *, stream=N
         found.add(family)
         return
     fn = get_function(family, op, ctx)
+    trace({"kind": "kernel", "name": where, "stream": s.ptr, "grid": list(grid), "block": list(block)})
     if shared_mem > _DEFAULT_SMEM and fn.max_dynamic_shared_size_bytes < shared_mem:
         fn.max_dynamic_shared_size_bytes = int(
             shared_mem
