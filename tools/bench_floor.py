@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np  # noqa: E402
-from benchlib import cuda_time_us, parser, report, row  # noqa: E402
+from benchlib import cuda_time_us, parser, report, row, skipped_without_gpu  # noqa: E402
 
 CHAIN = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 BRANCHES = (2, 4, 8, 16, 32, 64)
@@ -99,13 +99,7 @@ class Prober:
 def main() -> int:
     ap = parser(__doc__.splitlines()[0])
     args = ap.parse_args()
-    from cudarl.backend import cupy_unavailable_reason
-
-    why = cupy_unavailable_reason()
-    if why:
-        print(f"skipping: {why}")
-        if args.out:  # as the other benches record a skip; the committed default file keeps its numbers
-            report("bench_floor", [row("floor", "skipped", why[:60], "")], args.out)
+    if skipped_without_gpu("bench_floor", "floor", args.out):
         return 0
     from cudarl import kernels
     from cudarl.ops import testing
