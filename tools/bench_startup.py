@@ -24,6 +24,8 @@ process from its spawn; the child reports when each stage ended (``Trainer.timin
 A cold run starts with empty kernel caches (cudarl's ``CUDARL_CACHE_DIR`` and CuPy's
 ``CUPY_CACHE_DIR``, fresh folders); a warm run reuses the folders a cold run filled. On the CPU
 there are no kernels: its cold and warm runs differ only by the operating system's file cache.
+CuPy's own kernels (fills and arithmetic in the set-up) compile into ``CUPY_CACHE_DIR`` when cold and
+count under the stage that first used them, not under ``compile`` (cudarl's kernels only).
 Targets (issue 20): <= 2 s warm, <= 5 s cold, on the GPU.
 
 Usage: python tools/bench_startup.py [--device both|gpu|cpu] [--repeats 3] [--set SECTION.FIELD=VALUE]
