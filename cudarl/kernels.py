@@ -143,8 +143,8 @@ def target(compute_capability=None) -> tuple[str, str]:
 
 
 def cache_key(family: str, arch: str, kind: str) -> str:
-    """sha256 over everything that decides the binary: the program, the headers, the options, the
-    architecture and output kind, and NVRTC's version."""
+    """sha256 over everything that decides the binary: the program, the headers, the options (the
+    include folder's path left out), the architecture and output kind, and NVRTC's version."""
     h = hashlib.sha256()
 
     def put(*parts) -> None:
@@ -155,7 +155,10 @@ def cache_key(family: str, arch: str, kind: str) -> str:
     put(f"cudarl-kernel-cache {CACHE_FORMAT}", family, program(family))
     for name, data in headers():
         put(name, data)
-    put(*compile_options(), arch, kind, "nvrtc {}.{}".format(*nvrtc.version()))
+    # the include folder by role, not by path: its files are hashed above, and two checkouts of one
+    # commit (or a wheel and its source) then share their cubins
+    put(*(o.replace(str(INCLUDE_DIR), "<include>") for o in compile_options()), arch, kind)
+    put("nvrtc {}.{}".format(*nvrtc.version()))
     return h.hexdigest()
 
 
