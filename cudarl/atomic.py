@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+import threading
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -61,7 +62,9 @@ def atomic_link(src, dst) -> None:
     src, dst = Path(src), Path(dst)
     if dst.exists() and os.path.samefile(src, dst):
         return  # already; and rename() between two links of one file does nothing, leaving the temporary
-    tmp = dst.with_name(f".{dst.name}.link.tmp")
+    # a name of this thread's own: two processes linking the same dst (a kernel cache shared by
+    # the workers of a sweep) must not remove each other's temporary
+    tmp = dst.with_name(f".{dst.name}.{os.getpid()}-{threading.get_ident()}.link.tmp")
     try:
         tmp.unlink(missing_ok=True)
         try:
