@@ -110,3 +110,27 @@ def remove_stale_temporaries(folder) -> list[Path]:
         except FileNotFoundError:
             pass
     return removed
+
+
+def atomic_link(src, dst) -> None:
+    """Make ``dst`` a second name of the finished file ``src`` (a hard link, or a copy where links are
+    not supported), put in place by an atomic rename; a later atomic write of ``src`` replaces
+    ``src``'s name only, so ``dst`` keeps today's contents."""
+    import shutil
+
+    src, dst = Path(src), Path(dst)
+    if dst.exists() and os.path.samefile(src, dst):
+        return  # already; and rename() between two links of one file does nothing, leaving the temporary
+    # a fresh name (pid and a random token): two processes or threads linking the same dst (a kernel
+    # cache shared by the workers of a sweep) never touch each other's temporary
+    tmp = temporary_name(dst)
+    try:
+        try:
+            os.link(src, tmp)
+        except OSError:
+            shutil.copyfile(src, tmp)
+        os.replace(tmp, dst)
+        _fsync_dir(dst.parent)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise

@@ -37,11 +37,12 @@ from .data import report as data_report
 from .env import TradingEnv
 from .evaluate import write_outputs
 from .features import Normaliser, compute, return_sign
-from .graph import StepGraph
+from .graph import StepGraph, capture_all
 from .guard import Guard, GuardStop
 from .policy import PolicyState, eval_env, evaluate_split, greedy_actions, is_policy_file
 from .replay import PrioritizedReplay
 from .splits import chronological
+from .timing import Stopwatch
 
 
 @dataclass
@@ -57,11 +58,14 @@ class Prepared:
     periods_per_year: float
 
 
-def prepare_data(cfg: Config, bars=None, normaliser: Normaliser | None = None) -> Prepared:
+def prepare_data(cfg: Config, bars=None, normaliser: Normaliser | None = None, stopwatch=None) -> Prepared:
     """Load (or take) the bars, compute causal features, split, and fit the normaliser on train
-    (or use ``normaliser``, a trained model's, when evaluating on other data)."""
+    (or use ``normaliser``, a trained model's, when evaluating on other data). ``stopwatch``
+    (:class:`cudarl.timing.Stopwatch`) gets the laps ``data`` and ``features``."""
     if bars is None:
         bars = load_bars(cfg.data.source, min_bars=cfg.env.episode_len + 3, **data_options(cfg.data))
+    if stopwatch is not None:
+        stopwatch.lap("data")
     feats = compute(bars, cfg.features)
     splits = chronological(len(bars), cfg.data.train_frac, cfg.data.val_frac, warmup=feats.warmup)
     sign = return_sign(feats.names, cfg.features)
@@ -71,7 +75,10 @@ def prepare_data(cfg: Config, bars=None, normaliser: Normaliser | None = None) -
         )
     norm = normaliser or Normaliser.fit(feats, splits.train, center=~sign)
     ppy = cfg.data.periods_per_year or bars.infer_periods_per_year()[0]
-    return Prepared(bars, norm.transform(feats.values), feats.names, sign, splits, norm, float(ppy))
+    x = norm.transform(feats.values)
+    if stopwatch is not None:
+        stopwatch.lap("features")
+    return Prepared(bars, x, feats.names, sign, splits, norm, float(ppy))
 
 
 def versions() -> dict:
@@ -107,10 +114,13 @@ class Trainer:
     """
 
     def __init__(self, cfg: Config, *, run_dir=None, bars=None, normaliser=None, echo=print):
+        self.timings: dict[str, float] = {}  # start-up seconds by stage (cudarl.timing; tools/bench_startup.py)
+        sw = Stopwatch(self.timings)
         self.cfg, self.echo = cfg, echo
         self.be = _backend.get({"auto": None, "gpu": "cupy", "cpu": "numpy"}[cfg.run.device])
         xp = self.xp = self.be.xp
-        self.data = prepare_data(cfg, bars, normaliser)
+        sw.lap("backend")
+        self.data = prepare_data(cfg, bars, normaliser, stopwatch=sw)
         tr = self.data.splits.train
         b = self.data.bars
         # environments over the training split
@@ -153,6 +163,7 @@ class Trainer:
         )
         self.train_graph = StepGraph("train", self.agent.train_phases(self.replay), stream=stream, xp=xp)
         self.stream = self.train_graph.stream
+        sw.lap("allocation")
         self.best = None  # {"step", "sharpe"} of the best validation evaluation (run.keep_best)
         g = cfg.guard
         self.guard = Guard(g.action, g.window, g.spike_factor, g.max_rollbacks)
@@ -178,6 +189,7 @@ class Trainer:
             r = cfg.run
             made = rundir.claim(run_dir) if run_dir else rundir.create(r.out_dir, r.name, r.seed)
             self._attach_run_dir(made)
+        sw.lap("run_dir")
 
     # --- run directory ---------------------------------------------------------------------------
     def _attach_run_dir(self, d: Path, fresh: bool = True, resumed_from=None) -> None:
@@ -219,9 +231,7 @@ class Trainer:
         return max(0, min(self.collect_steps * self.rows_per_collect, self.cfg.replay.capacity) - lag)
 
     def _capture(self) -> None:
-        for g in (self.collect_graph, self.train_graph):
-            if not g.captured:
-                g.capture()
+        capture_all([g for g in (self.collect_graph, self.train_graph) if not g.captured])
 
     def _read(self, step: int) -> tuple[float, float]:
         v = self.agent.readback.read(step % PUBLISH_SLOTS)
@@ -233,10 +243,13 @@ class Trainer:
         early when ``stop`` (:class:`cudarl.interrupt.StopFlag`) is set."""
         a = self.cfg.agent
         need = max(a.learning_starts, a.batch_size)
+        sw = Stopwatch(self.timings)
         self._capture()
+        sw.lap("capture")
         while self._ready_rows() < need and not stop:
             self.collect_graph.replay()
             self.collect_steps += 1
+        sw.lap("prime_collect")
 
     def advance(self, collect_steps: int) -> None:
         """Launch ``collect_steps`` collection steps, each followed by ``agent.updates_per_collect``

@@ -109,3 +109,17 @@ def test_atomic_open_leaves_the_old_file_on_error(tmp_path):
     with pytest.raises(ValueError):
         with atomic_open(p, "a"):
             pass
+
+
+def test_atomic_link_keeps_the_contents_when_the_source_is_rewritten(tmp_path):
+    from cudarl.atomic import atomic_link, atomic_open
+
+    src, dst = tmp_path / "latest.npz", tmp_path / "best.npz"
+    with atomic_open(src, "wb") as f:
+        f.write(b"step 20")
+    atomic_link(src, dst)
+    atomic_link(src, dst)  # again over an existing name
+    with atomic_open(src, "wb") as f:  # the next latest: a new file renamed over the name
+        f.write(b"step 40")
+    assert dst.read_bytes() == b"step 20" and src.read_bytes() == b"step 40"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["best.npz", "latest.npz"]  # no temporary left
