@@ -4,60 +4,69 @@ The CUDA path (CuPy) and the NumPy path compute the same functions; every kernel
 ``cuda_src/`` has a NumPy twin in ``cudarl.reference`` that is both the CPU backend and
 the oracle of its parity test.
 
-The public API is :data:`__all__`; each name is imported on first use, so ``import cudarl`` stays
-cheap (the command line imports only what a command needs).
+The public names (:data:`__all__`, ``docs/api.md``) are imported on first use, so ``import cudarl``
+stays cheap::
+
+    policy = cudarl.load_policy("runs/x/checkpoints/best.safetensors")
+    trainer = cudarl.Trainer(cudarl.Config())
 """
 
 from importlib import import_module
 
 __version__ = "0.1.0"
 
-#: Public name -> the module that defines it.
+#: Public name -> (module, attribute); a module itself where the attribute is None.
 _PUBLIC = {
-    # configuration and the run
-    "Config": "cudarl.config",
-    "ConfigError": "cudarl.config",
-    "from_dict": "cudarl.config",
-    "load_toml": "cudarl.config",
-    "Trainer": "cudarl.trainer",
-    "StepMonitor": "cudarl.monitor",
-    "Guard": "cudarl.guard",
-    "GuardStop": "cudarl.guard",
-    # the learner and its parts
-    "Agent": "cudarl.agent",
-    "HeadRule": "cudarl.rules",
-    "LearnerBuffers": "cudarl.rules",
-    "Encoder": "cudarl.nn.encoders",
-    "AuxSignal": "cudarl.auxiliary",
-    "QNetwork": "cudarl.nn",
-    "Adam": "cudarl.optim",
-    "Schedule": "cudarl.optim",
-    "SoftUpdate": "cudarl.optim",
-    "PopArt": "cudarl.popart",
-    "losses": "cudarl",
+    # configuration, the run, the policy
+    "Config": ("cudarl.config", "Config"),
+    "ConfigError": ("cudarl.config", "ConfigError"),
+    "from_dict": ("cudarl.config", "from_dict"),
+    "load_toml": ("cudarl.config", "load_toml"),
+    "Trainer": ("cudarl.trainer", "Trainer"),
+    "StepMonitor": ("cudarl.monitor", "StepMonitor"),
+    "Guard": ("cudarl.guard", "Guard"),
+    "GuardStop": ("cudarl.guard", "GuardStop"),
+    "Policy": ("cudarl.policy", "Policy"),
+    "load_policy": ("cudarl.policy", "load_policy"),
+    # the learner and its declared parts
+    "Agent": ("cudarl.agent", "Agent"),
+    "HeadRule": ("cudarl.rules", "HeadRule"),
+    "LearnerBuffers": ("cudarl.rules", "LearnerBuffers"),
+    "Encoder": ("cudarl.nn.encoders", "Encoder"),
+    "AuxSignal": ("cudarl.auxiliary", "AuxSignal"),
+    "QNetwork": ("cudarl.nn", "QNetwork"),
+    "Adam": ("cudarl.optim", "Adam"),
+    "Schedule": ("cudarl.optim", "Schedule"),
+    "SoftUpdate": ("cudarl.optim", "SoftUpdate"),
+    "PopArt": ("cudarl.popart", "PopArt"),
+    "losses": ("cudarl.losses", None),
     # data, environment, replay, evaluation
-    "TradingEnv": "cudarl.env",
-    "EnvConfig": "cudarl.env",
-    "PrioritizedReplay": "cudarl.replay",
-    "evaluate_positions": "cudarl.evaluate",
+    "data": ("cudarl.data", None),
+    "TradingEnv": ("cudarl.env", "TradingEnv"),
+    "EnvConfig": ("cudarl.env", "EnvConfig"),
+    "PrioritizedReplay": ("cudarl.replay", "PrioritizedReplay"),
+    "evaluate": ("cudarl.evaluate", None),
+    "gym": ("cudarl.gym", None),
     # the GPU machinery
-    "StepGraph": "cudarl.graph",
-    "SideStream": "cudarl.graph",
-    "family": "cudarl.backend",
+    "StepGraph": ("cudarl.graph", "StepGraph"),
+    "SideStream": ("cudarl.graph", "SideStream"),
+    "family": ("cudarl.backend", "family"),
 }
 
-__all__ = sorted(_PUBLIC)
+__all__ = ["__version__", *_PUBLIC]
 
 
 def __getattr__(name: str):
     """Import a public name on first use (PEP 562)."""
-    where = _PUBLIC.get(name)
-    if where is None:
-        raise AttributeError(f"module 'cudarl' has no attribute {name!r}")
-    value = import_module(f"{where}.{name}") if where == "cudarl" else getattr(import_module(where), name)
+    try:
+        module, attr = _PUBLIC[name]
+    except KeyError:
+        raise AttributeError(f"module 'cudarl' has no attribute {name!r}") from None
+    mod = import_module(module)
+    value = mod if attr is None else getattr(mod, attr)
     globals()[name] = value
     return value
 
 
 def __dir__():
-    return sorted(set(globals()) | set(__all__))
+    return sorted(set(globals()) | set(_PUBLIC))

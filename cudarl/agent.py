@@ -220,6 +220,8 @@ class Agent:
 
     # --- state ---------------------------------------------------------------------------------
     def state_dict(self) -> dict:
+        """Host copies of the networks, optimiser, target update, device scalars, PopArt, the rule's and the
+        auxiliary signals' own state (a checkpoint's ``agent``)."""
         s = {
             "online": self.online.state_dict(),
             "target": self.target.state_dict(),

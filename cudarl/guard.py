@@ -90,8 +90,10 @@ class Guard:
         return event
 
     def state_dict(self) -> dict:
+        """The window of healthy losses and the rollbacks so far (a checkpoint's ``guard``)."""
         return {"history": list(self.history), "rollbacks": self.rollbacks}
 
     def load_state_dict(self, s: dict) -> None:
+        """Restore :meth:`state_dict`."""
         self.history = deque((float(x) for x in s["history"]), maxlen=self.window)
         self.rollbacks = int(s["rollbacks"])

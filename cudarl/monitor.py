@@ -28,18 +28,18 @@ class StepMonitor:
         guard: the run's :class:`cudarl.config.GuardConfig`.
         stream: the stream the graphs run on (None on NumPy).
         on_event: called with each event row (``{"event": "guard" | "rollback", ..., "message"}``).
-        on_stop: called before a :class:`GuardStop` propagates (the trainer saves ``guard-stop``).
+        on_stop: called before a :class:`GuardStop` propagates (the trainer saves ``guard-stop``), or None.
 
     Attributes:
         losses: the loss of every update read, in order. last: ``(loss, grad_norm)`` of the latest.
         pending: the update launched but not read yet (GPU), or None. snapshot: ``(step, agent state)``.
     """
 
-    def __init__(self, agent, train_graph, guard, *, stream=None, on_event=print, on_stop=lambda: None):
+    def __init__(self, agent, train_graph, guard, *, stream=None, on_event=print, on_stop=None):
         self.agent, self.train_graph, self.stream = agent, train_graph, stream
         self.lr_factor = guard.lr_factor
         self.guard = Guard(guard)
-        self.on_event, self.on_stop = on_event, on_stop
+        self.on_event, self.on_stop = on_event, on_stop or (lambda: None)
         self.losses: list[float] = []
         self.last = (math.nan, math.nan)
         self.pending: int | None = None

@@ -137,6 +137,7 @@ class Adam:
             resident_grid_limit()
 
     def schedule_step(self) -> None:
+        """Advance the step counter, the learning rate, the restart factor and the bias corrections (one thread)."""
         s, sc = self.schedule, self.scalars
         self.ops.lr_schedule(
             sc.view("step"),
@@ -156,6 +157,7 @@ class Adam:
         )
 
     def clip_step(self) -> None:
+        """The global gradient norm and the clip scale (one launch; the norm goes to ``grad_norm_out``)."""
         self.ops.grad_norm(
             self.grads,
             self.partial,
@@ -249,6 +251,7 @@ class Adam:
         self.update_step()
 
     def state_dict(self) -> dict:
+        """Host copies of the moments and the device scalars."""
         return {"m": to_numpy(self.m).copy(), "v": to_numpy(self.v).copy(), "scalars": self.scalars.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
@@ -303,9 +306,11 @@ class SoftUpdate:
         self.update_step()
 
     def state_dict(self) -> dict:
+        """The tau schedule's counter and value."""
         return {"scalars": self.scalars.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
+        """Restore :meth:`state_dict`."""
         self.scalars.load_state_dict(state["scalars"])
 
 

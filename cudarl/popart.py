@@ -111,6 +111,7 @@ class PopArt:
         return out
 
     def denormalize(self, x, out=None):
+        """``s x + mu``: values back in return units (:meth:`normalize` inverted)."""
         return self.normalize(x, out, inverse=True)
 
     def normalize_rewards(self, r_t, discount_t, out=None):
@@ -136,6 +137,7 @@ class PopArt:
         return float(st[_ref.MU]), float(st[_ref.SIGMA])
 
     def state_dict(self) -> dict:
+        """The statistics, the step size and the sigma floor."""
         return {
             "state": np.array(_backend.to_numpy(self.state)),
             "beta": float(self.scalars.get("beta")),
@@ -143,6 +145,7 @@ class PopArt:
         }
 
     def load_state_dict(self, sd: dict) -> None:
+        """Restore :meth:`state_dict` into the existing device state."""
         st = np.asarray(sd["state"], np.float32)
         if st.shape != (_ref.STATE_SIZE,):
             raise ValueError(f"PopArt state must have shape ({_ref.STATE_SIZE},), got {st.shape}")

@@ -190,6 +190,7 @@ class PrioritizedReplay:
         return [name for bit, name in STATUS_NAMES.items() if s & bit]
 
     def clear_status(self) -> None:
+        """Clear the sticky status bits (not inside a capture)."""
         self._scalars.set("status", 0)
 
     # --- helpers ------------------------------------------------------------------------------

@@ -182,9 +182,10 @@ def loss_check(xp, device, rows, extra, seed: int = 0) -> None:
     batch = agent.batch
     for k, v in host.items():
         getattr(batch, k)[...] = xp.asarray(v)
-    w_x = xp.asarray(w)
-    agent.rule.forward(agent, batch)
-    agent.rule.targets_loss(agent, batch, w_x)  # C51: the targets and the loss in one launch
+    agent.buffers.weights = xp.asarray(w)
+    agent.rule.forward(batch)
+    for _, phase in agent.rule.learn_phases():  # C51: the targets and the loss in one launch
+        phase()
     agent.backward()
     loss_c, prio_c = float(to_numpy(agent.loss)[0]), to_numpy(agent.priority)
 
@@ -302,12 +303,16 @@ def epoch_arm(args, rows, extra) -> None:
     case = f"epoch, {args.epoch_bars:,} regime bars"
     t0 = time.perf_counter()
     bars = reference_bars(args.epoch_bars, n_features=N_FEATURES, bar_minutes=1)  # minute bars: 4M dates fit
+    bars_s = time.perf_counter() - t0
     cfg = reference_config("gpu")
     tr = Trainer(cfg, run_dir=False, bars=bars, echo=lambda m: None)
     tr.prime()  # capture both graphs, collect until a batch can be sampled
+    t_first = time.perf_counter()
     tr.advance(2)  # first launches of both graphs (upload), not timed
     tr.synchronize()
     setup_s = time.perf_counter() - t0
+    # where the set-up goes: the bars, then the trainer's stages (cudarl.timing), then the first replays
+    breakdown = {"bars": bars_s, **tr.timings, "first_replays": time.perf_counter() - t_first}
     train = tr.data.splits.train
     n_train = train.stop - train.start
     envs_per_collect = tr.env.n_envs
@@ -320,6 +325,8 @@ def epoch_arm(args, rows, extra) -> None:
     updates = tr.step - step0
     env_steps = n_collect * envs_per_collect
     rows.append(row(case, f"setup (bars, features, env, replay, capture), {tr.env.obs_dim}-float obs", setup_s, "s"))
+    for stage, seconds in breakdown.items():
+        rows.append(row(case, f"  setup: {stage}", seconds, "s"))
     rows.append(
         row(
             case,
@@ -354,6 +361,7 @@ def epoch_arm(args, rows, extra) -> None:
         "env_steps": env_steps,
         "wall_s": wall,
         "setup_s": setup_s,
+        "setup_breakdown_s": breakdown,
         "target_s": EPOCH_TARGET_S,
         "target_met": bool(wall <= EPOCH_TARGET_S),
         "train_step_full_replay_us": full,

@@ -39,9 +39,11 @@ class AuxSignal(Protocol):
         """Host values for ``metrics.jsonl`` (keys ``aux.<name>.<what>``), read when a row is logged,
         outside any capture (a synchronising read is allowed there)."""
 
-    def state_dict(self) -> dict: ...
+    def state_dict(self) -> dict:
+        """Its own state for a checkpoint (``{}`` when it has none)."""
 
-    def load_state_dict(self, state: dict) -> None: ...
+    def load_state_dict(self, state: dict) -> None:
+        """Restore :meth:`state_dict`."""
 
 
 #: Auxiliary signals by name (``agent.aux``): ``factory(cfg) -> AuxSignal``. None is built in yet.

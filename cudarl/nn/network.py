@@ -176,6 +176,7 @@ class QNetwork:
 
     # --- checkpoints ------------------------------------------------------------------------
     def state_dict(self) -> dict:
+        """Host copies of the flat parameters, the layout they follow and the spectral-norm vectors."""
         sn = {n: {k: to_numpy(lin.sn[k]).copy() for k in ("u", "v")} for n, lin in self.linears.items() if lin.spectral}
         return {
             "params": to_numpy(self.params).copy(),

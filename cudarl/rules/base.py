@@ -70,9 +70,10 @@ class HeadRule(Protocol):
     """The interface of a distributional head's rule (``net.head``). Every method launches on the
     current stream and allocates nothing after :meth:`allocate` (graph capture, DESIGN.md rule 9).
 
-    Class-level (before the networks exist):
+    Class-level (before the networks exist, or without an agent):
         make_head(name, d, n_actions, net) -> the :class:`cudarl.nn.heads.Head` on ``psi [B, d]``.
         popart_scale(net) -> support units per standard deviation of return for PopArt.
+        greedy_values(net, cfg, counters) -> the expected-Q function acting and evaluation use.
     """
 
     @classmethod
@@ -80,6 +81,13 @@ class HeadRule(Protocol):
 
     @classmethod
     def popart_scale(cls, net) -> float: ...
+
+    @classmethod
+    def greedy_values(cls, net, cfg, counters=None):
+        """``values(out, obs, ws)``: the expected Q of ``net``'s forward of ``obs [n, obs_dim]`` over the
+        workspace ``ws`` into ``out [n, A]``. What :meth:`expected_q` runs, and what a policy file acts
+        with (:class:`cudarl.policy.Policy`), so both give the same bits. ``counters``: the rule's own
+        device counters where acting draws from them (IQN's taus), else None."""
 
     @classmethod
     def allocate(cls, buffers: LearnerBuffers) -> HeadRule:
@@ -103,7 +111,8 @@ class HeadRule(Protocol):
     def state_dict(self) -> dict:
         """The rule's own state for a checkpoint (counters; ``{}`` when it has none)."""
 
-    def load_state_dict(self, state: dict) -> None: ...
+    def load_state_dict(self, state: dict) -> None:
+        """Restore :meth:`state_dict` into the existing buffers."""
 
 
 class RuleBase:

@@ -15,6 +15,28 @@ def support(net) -> np.ndarray:
     return np.linspace(net.v_min, net.v_max, net.atoms, dtype=np.float32)
 
 
+class C51Values:
+    """Expected Q of a C51 network, ``Q[i, a] = sum_k softmax(logits[i, a])_k z_k`` (``qstats.per_sample``),
+    into ``out [n, A]``: ``values(out, obs, ws)``. The kernel's per-row entropy and mass go to scratch
+    made once per row count, outside any capture (evaluation and policies run eagerly)."""
+
+    def __init__(self, net, net_cfg):
+        self.net, self.xp, self.atoms = net, net.xp, net_cfg.atoms
+        self.support = self.xp.asarray(support(net_cfg))
+        self.qstats = family("qstats", self.xp)
+        self._scratch: dict = {}
+
+    def __call__(self, out, obs, ws) -> None:
+        logits = self.net.forward(obs, ws)["q"]
+        if is_numpy(self.xp):
+            out[...] = self.qstats.per_sample(logits, self.support)[0]
+            return
+        n = obs.shape[0]
+        if n not in self._scratch:
+            self._scratch[n] = (self.xp.empty(n, np.float32), self.xp.empty((n, self.atoms), np.float32))
+        self.qstats.per_sample(logits, self.support, out, *self._scratch[n])
+
+
 class C51Rule(RuleBase):
     """Categorical DQN over the dueling head's logits ``[B, A, atoms]``.
 
@@ -35,6 +57,10 @@ class C51Rule(RuleBase):
         z = support(net).astype(np.float64)
         return float(z[-1] - z[0]) / 2 / n_sigma
 
+    @classmethod
+    def greedy_values(cls, net, cfg, counters=None) -> C51Values:
+        return C51Values(net, cfg.net)
+
     def __init__(self, buf: LearnerBuffers):
         xp, B, K = buf.xp, buf.batch_size, buf.cfg.net.atoms
         self.buf = buf
@@ -53,18 +79,12 @@ class C51Rule(RuleBase):
             priority=buf.priority,
             dva=buf.train_grad(raw=True),
         )
-        self.act_ent = xp.zeros(buf.n_envs, np.float32)  # expected_q's scratch on the GPU
-        self.act_mass = xp.zeros((buf.n_envs, K), np.float32)
+        self.values = self.greedy_values(buf.online, buf.cfg)
         self.va = self.va_online_next = self.va_target_next = None  # the forward's outputs (workspace views)
-        self.agent_ops, self.qstats = family("agent", xp), family("qstats", xp)
+        self.agent_ops = family("agent", xp)
 
     def expected_q(self, out, obs) -> None:
-        logits = self.buf.online.forward(obs, self.buf.ws_act)["q"]
-        if is_numpy(self.buf.xp):
-            out[...] = self.qstats.per_sample(logits, self.support)[0]
-        else:
-            n = obs.shape[0]
-            self.qstats.per_sample(logits, self.support, out, self.act_ent[:n], self.act_mass[:n])
+        self.values(out, obs, self.buf.ws_act)
 
     def act(self, env, eps_args: tuple) -> None:
         """The online forward over ``env.obs``, then one kernel: expected Q (``buffers.q_act``), the

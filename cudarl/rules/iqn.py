@@ -8,7 +8,7 @@ from ..backend import family
 from ..nn.heads import IQNHead
 from ..pinned import DeviceScalars
 from .base import LearnerBuffers
-from .quantile import QuantileRule
+from .quantile import ACT_STREAM, QuantileRule
 
 
 class IQNRule(QuantileRule):
@@ -27,6 +27,16 @@ class IQNRule(QuantileRule):
         self.util = family("util", buf.xp)
         # the online fractions at s: the first B rows of the pair forward's taus
         self.taus = buf.ws.rows(f"{buf.online.head.name}.tau", buf.batch_size)
+        self.values = self.greedy_values(buf.online, buf.cfg, self.counters)
+
+    @classmethod
+    def acting_taus(cls, net, cfg, counters):
+        """The acting taus from Philox ``(seed, counters["tau"], 0x1A3)``: the trainer's counter, or the
+        one a policy file saved (``counters`` is required)."""
+        if counters is None:
+            raise ValueError("IQN acts with the taus of its tau counter; give greedy_values its counters")
+        counter = counters.view("tau").view(np.uint64)
+        return lambda ws, n: net.head.sample_tau(ws, n, counter, cfg.run.seed, ACT_STREAM)
 
     def draw_taus(self, net, ws, rows: int, stream_id: int) -> None:
         net.head.sample_tau(ws, rows, self.counters.view("tau").view(np.uint64), self.buf.cfg.run.seed, stream_id)

@@ -21,6 +21,7 @@ class QRDQNRule(QuantileRule):
     def __init__(self, buf: LearnerBuffers):
         super().__init__(buf)
         self.taus = buf.xp.asarray(losses.qr_taus(buf.cfg.net.n_quantiles))
+        self.values = self.greedy_values(buf.online, buf.cfg)
 
     def loss_taus(self):
         return self.taus

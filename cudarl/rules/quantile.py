@@ -10,6 +10,21 @@ from ..backend import family
 from .base import LearnerBuffers, Phase, RuleBase
 
 
+class QuantileValues:
+    """Expected Q of a quantile network, the mean over its quantiles (``agent.quantile_mean``), into
+    ``out [n, A]``: ``values(out, obs, ws)``; ``draw_taus(ws, n)`` first writes the quantile fractions of
+    the forward (IQN's acting taus), or is None (fixed fractions)."""
+
+    def __init__(self, net, draw_taus=None):
+        self.net, self.draw_taus = net, draw_taus
+        self.agent_ops = family("agent", net.xp)
+
+    def __call__(self, out, obs, ws) -> None:
+        if self.draw_taus is not None:
+            self.draw_taus(ws, obs.shape[0])
+        self.agent_ops.quantile_mean(out, self.net.forward(obs, ws)["q"])
+
+
 class QuantileRule(RuleBase):
     """A rule over quantile values ``theta [B, N, A]`` (:class:`IQNRule`, :class:`QRDQNRule`).
 
@@ -25,6 +40,15 @@ class QuantileRule(RuleBase):
     def popart_scale(cls, net) -> float:
         return 1.0  # quantiles of unit scale
 
+    @classmethod
+    def acting_taus(cls, net, cfg, counters):
+        """``draw(ws, n)`` writing the acting forward's quantile fractions, or None (fixed fractions)."""
+        return None
+
+    @classmethod
+    def greedy_values(cls, net, cfg, counters=None) -> QuantileValues:
+        return QuantileValues(net, cls.acting_taus(net, cfg, counters))
+
     def __init__(self, buf: LearnerBuffers):
         xp, B, N, A = buf.xp, buf.batch_size, buf.cfg.net.n_quantiles, buf.n_actions
         self.buf = buf
@@ -38,6 +62,7 @@ class QuantileRule(RuleBase):
         self.r_norm = xp.zeros(B, np.float32)
         self.theta = self.online_next = self.target_next = None  # the forward's outputs (workspace views)
         self.agent_ops = family("agent", xp)
+        self.values = None  # greedy_values: made by the subclass, once its counters exist
 
     # --- what IQN and QR-DQN do differently ------------------------------------------------------
     def draw_taus(self, net, ws, rows: int, stream_id: int) -> None:
@@ -49,9 +74,7 @@ class QuantileRule(RuleBase):
 
     # --- the rule ---------------------------------------------------------------------------------
     def expected_q(self, out, obs) -> None:
-        buf = self.buf
-        self.draw_taus(buf.online, buf.ws_act, obs.shape[0], ACT_STREAM)
-        self.agent_ops.quantile_mean(out, buf.online.forward(obs, buf.ws_act)["q"])
+        self.values(out, obs, self.buf.ws_act)
 
     def act(self, env, eps_args: tuple) -> None:
         """The online forward over ``env.obs``, then one kernel (``act_iqn``): the quantile mean into

@@ -44,9 +44,11 @@ class Encoder(Protocol):
     def out_name(self) -> str:
         """The prefix of the workspace buffers ``.out`` (psi) and ``.dout`` (dL/dpsi)."""
 
-    def declare(self, layout: ParamLayout, ws_spec: list) -> None: ...
+    def declare(self, layout: ParamLayout, ws_spec: list) -> None:
+        """Add the parameters to ``layout`` and the activations to ``ws_spec`` (``(name, row_shape, merge)``)."""
 
-    def bind(self, P: dict, G: dict, xp) -> None: ...
+    def bind(self, P: dict, G: dict, xp) -> None:
+        """Take the parameter and gradient views ``P``, ``G`` of the flat buffers and the backend ``xp``."""
 
     def forward(self, x, ws: Workspace):
         """``psi [B, n_out]`` from ``x [B, n_in]``, into the workspace (no allocation)."""
