@@ -9,10 +9,12 @@ that :class:`cudarl.graph.StepGraph` captures (GPU) or runs in order (NumPy)::
     train:   schedules (lr and tau: a parallel branch, joined by the first learn phase) - sample (the
              search and the gather in one launch; the importance weights on that branch) - forward
              (the rule's) - the rule's learn phases (C51: targets_loss, one launch; IQN, QR-DQN:
-             targets - loss) - the auxiliary signals' loss phases - priorities (a parallel branch to
-             the end) - backward (dx chain | weight gradients, in parallel) - adam (one launch: the
-             gradient norm and clip, the update with the target net's soft update and the publish of
-             loss and gradient norm to the host ring; three launches with run.grid_barrier = false)
+             targets - loss) - q_stats (the expected Q at s; the statistics' reduction on a branch)
+             - the auxiliary signals' loss phases - priorities (a parallel branch to the end) -
+             backward (dx chain | weight gradients, in parallel) - adam (one launch: the gradient
+             norm and clip, the update with the target net's soft update and the publish of loss
+             and gradient norm to the host ring; three launches with run.grid_barrier = false) -
+             publish (the step's observables, :class:`cudarl.stats.StepStats`, to their host ring)
 
 On the GPU "in parallel" means a :class:`cudarl.graph.SideStream`: a branch of the captured graph
 that runs beside the main chain (same kernels and inputs, so the same bits as one stream).
@@ -38,6 +40,7 @@ from .pinned import DeviceScalars, PinnedReadback
 from .popart import PopArt
 from .replay import Batch
 from .rules import HEAD_RULES, LearnerBuffers
+from .stats import StepStats
 
 #: Pinned ring slots of (loss, grad_norm): the graph writes step t while the host reads t - 1.
 PUBLISH_SLOTS = 2
@@ -76,8 +79,10 @@ class Agent:
             self.pair[:B], self.pair[B:], xp.zeros(B, np.int32), xp.zeros(B, np.float32), xp.zeros(B, np.float32)
         )
         self.popart = PopArt(beta=a.popart_beta, scale=rule_cls.popart_scale(cfg.net), xp=xp) if a.popart else None
+        #: the observables the step computes and publishes to the host (metrics.jsonl, the guard)
+        self.stats = StepStats({"q": 2 * n_actions + 2}, n_actions, xp, PUBLISH_SLOTS)
         self.buffers = buf = LearnerBuffers(
-            cfg, xp, self.online, self.target, self.batch, self.pair, n_envs, self.popart
+            cfg, xp, self.online, self.target, self.batch, self.pair, n_envs, self.stats, self.popart
         )
         self.rule = rule_cls.allocate(buf)
         for s in self.aux:
@@ -104,6 +109,7 @@ class Agent:
             initial={"gamma": a.gamma, "epsilon": a.eps_start},
         )
         self.ops = family("agent", xp)
+        self._popart_live = self.popart is not None  # host's view of PopArt's statistics still moving
         #: the priority update's branch (beside the backward and the optimiser)
         self.side_priorities = SideStream(xp)
         #: one branch per layer for its weight gradients: the layers' dW GEMMs (each with its bias
@@ -194,17 +200,34 @@ class Agent:
             with self.side_priorities.fork():
                 replay.update_priorities(buf.idx, buf.priority, device_rules=True)
 
+        def publish():
+            # after the optimiser (whose step counter names the ring slot the host marks) and every
+            # producer: the statistics' branch is joined here
+            buf.side_stats.join()
+            self.stats.publish(self.adam.scalars.view("step"))
+
         aux = [phase for s in self.aux for phase in s.phases()]
         return [
             ("schedules", schedules),
             ("sample", sample),
             ("forward", forward),
             *self.rule.learn_phases(),
+            ("q_stats", self.rule.q_stats),
             *aux,
             ("priorities", priorities),
             ("backward", backward),
             ("adam", adam),
+            ("publish", publish),
         ]
+
+    # --- between two updates ------------------------------------------------------------------------
+    def between_updates(self, step: int, stream=None) -> None:
+        """Host-driven work after update ``step`` (outside any graph, ordered on ``stream``, no sync):
+        PopArt's statistics freeze once ``agent.popart_warmup`` updates are done."""
+        warmup = self.cfg.agent.popart_warmup
+        if self._popart_live and warmup and step >= warmup:
+            self.popart.freeze(stream)
+            self._popart_live = False
 
     # --- what the host reads ---------------------------------------------------------------------
     def q_values(self, obs, out) -> None:
@@ -249,6 +272,7 @@ class Agent:
         self.scalars.load_state_dict(s["scalars"])
         if self.popart is not None:
             self.popart.load_state_dict(s["popart"])
+            self._popart_live = not self.popart.frozen
         self.rule.load_state_dict(s.get(self.cfg.net.head, {}))
         for sig in self.aux:
             sig.load_state_dict(s.get(f"aux.{sig.name}", {}))

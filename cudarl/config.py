@@ -357,6 +357,11 @@ class AgentConfig:
     without it bar returns of a few basis points fill one or two atoms; IQN: quantiles of unit scale."""
     popart_beta: float = 3e-4
     """PopArt's statistics step size."""
+    popart_warmup: int = 2_000
+    """Learner updates during which PopArt's statistics move; then they are frozen (0: they never stop).
+    C51's atoms are fixed, so while the statistics move each atom's return ``s z + mu`` moves under the
+    learned distribution; frozen, its meaning cannot drift (docs/guide.md). The quantile heads rescale
+    their last layer with every update, so their outputs keep their meaning either way."""
     aux: tuple = ()
     """Auxiliary signals by name (``cudarl.auxiliary.AUX_SIGNALS``): each adds its head on the encoder's
     output, its loss phase to the train step and its observable to ``metrics.jsonl``. None is built in yet."""
@@ -376,6 +381,7 @@ class AgentConfig:
         _need(s, self.priority in ("kl", "ce"), f"priority must be kl or ce, got {self.priority!r}")
         _in(s, "kappa", self.kappa, 0, 1e6)
         _in(s, "popart_beta", self.popart_beta, 0, 1, lo_open=True)
+        _in(s, "popart_warmup", self.popart_warmup, 0, 10**12, integer=True)
         from .auxiliary import AUX_SIGNALS
 
         unknown = [name for name in self.aux if name not in AUX_SIGNALS]
@@ -399,6 +405,11 @@ class GuardConfig:
     """Learning-rate multiplier after a rollback."""
     snapshot_every: int = 500
     """Learner updates between in-memory snapshots (the rollback point)."""
+    min_atom_utilisation: float = 0.05
+    """Collapse rule (C51): the guard trips when the atom utilisation (``atom_utilisation`` in
+    metrics.jsonl: the share of atoms whose batch-mean probability exceeds 1/(10 atoms)) of each of
+    the last ``window`` updates was below this; 0 turns the rule off. The seed system trained with 2%
+    of its atoms in use."""
 
     def __post_init__(self):
         s = "guard"
@@ -408,6 +419,7 @@ class GuardConfig:
         _in(s, "max_rollbacks", self.max_rollbacks, 0, 1000, integer=True)
         _in(s, "lr_factor", self.lr_factor, 0, 1, lo_open=True)
         _in(s, "snapshot_every", self.snapshot_every, 1, 10**12, integer=True)
+        _in(s, "min_atom_utilisation", self.min_atom_utilisation, 0, 1)
 
 
 SECTIONS = {

@@ -539,8 +539,8 @@ def sample_taus(seed: int, counter, stream_id: int, shape=None, out=None):
 # ---- Q statistics -------------------------------------------------------------------------------
 @dataclass
 class QStats(_Result):
-    """:func:`q_stats`' ``stats`` float32 ``[2A + 2]`` (may be ``PinnedReadback.device``) and its
-    GPU scratch: ``q [B, A]``, ``ent [B]``, ``mass [B, K]``."""
+    """:func:`q_stats`' ``stats`` float32 ``[2A + 2]`` and the per-sample rows it reduces: ``q [B, A]``
+    (expected Q), ``ent [B]``, ``mass [B, K]`` (entropy and atom mass, averaged over actions)."""
 
     stats: object
     q: object = None
@@ -564,13 +564,54 @@ def q_stats(logits, support, out: QStats | None = None) -> QStats:
 
     ``Q[b, a] = sum_k softmax(logits[b, a])_k z_k``; utilisation is the fraction of atoms whose
     batch-mean probability (over samples and actions) exceeds ``1 / (10 K)``. Deterministic
-    two-stage reductions."""
+    two-stage reductions: :func:`q_stats_rows`, then :func:`q_stats_reduce`."""
+    out = out if out is not None else QStats.empty(get_array_module(logits), *logits.shape)
+    q_stats_rows(logits, support, out)
+    q_stats_reduce(out)
+    return out
+
+
+def q_stats_rows(logits, support, out: QStats) -> QStats:
+    """Stage 1 of :func:`q_stats`: ``out.q [B, A]``, ``out.ent [B]``, ``out.mass [B, K]`` of ``logits [B, A, K]``."""
     xp = get_array_module(logits)
     ops = family("qstats", xp)
     if is_numpy(xp):
-        return _numpy(QStats, out, stats=ops.q_stats(logits, support))
-    out = out if out is not None else QStats.empty(xp, *logits.shape)
-    ops.q_stats(logits, support, out.q, out.ent, out.mass, out.stats)
+        return _numpy(QStats, out, **dict(zip(("q", "ent", "mass"), ops.per_sample(logits, support), strict=True)))
+    ops.per_sample(logits, support, out.q, out.ent, out.mass)
+    return out
+
+
+def q_stats_reduce(out: QStats) -> QStats:
+    """Stage 2 of :func:`q_stats`: ``out.stats`` from ``out``'s per-sample rows (one block on the GPU)."""
+    xp = get_array_module(out.q)
+    ops = family("qstats", xp)
+    if is_numpy(xp):
+        out.stats[...] = ops.reduce(out.q, out.ent, out.mass)
+        return out
+    ops.reduce(out.q, out.ent, out.mass, out.stats)
+    return out
+
+
+def q_moments(q, stats):
+    """A head without atoms: ``stats [2A + 2]`` = mean and batch variance of each action's ``q [B, A]``
+    (:func:`q_stats`' layout), entropy and utilisation NaN."""
+    xp = get_array_module(q)
+    ops = family("qstats", xp)
+    if is_numpy(xp):
+        stats[...] = ops.moments(q)
+    else:
+        ops.moments(q, stats)
+    return stats
+
+
+def expected_q(logits, support, out):
+    """``out [B, A] = sum_k softmax(logits[b, a])_k z_k`` (the act kernel's bits; nothing else written)."""
+    xp = get_array_module(logits)
+    ops = family("qstats", xp)
+    if is_numpy(xp):
+        out[...] = ops.expected_q(logits, support)
+    else:
+        ops.expected_q(logits, support, out)
     return out
 
 

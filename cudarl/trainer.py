@@ -257,18 +257,24 @@ class Trainer:
 
     def advance(self, collect_steps: int) -> None:
         """Launch ``collect_steps`` collection steps, each followed by ``agent.updates_per_collect``
-        learner updates, back to back on the stream (call :meth:`prime` first).
+        learner updates, back to back on the stream (call :meth:`prime` first): :meth:`run`'s own
+        update (:meth:`_update`) without the readback, guard, logging, evaluation or checkpoint (the
+        epoch benchmark). Returns without synchronising."""
+        for _ in range(int(collect_steps) * self.cfg.agent.updates_per_collect):
+            self._update()
 
-        Only graph replays: no loss readback, guard, logging, evaluation or checkpoint (for
-        benchmarks; :meth:`run` is the training loop). Returns without synchronising.
-        """
-        k = self.cfg.agent.updates_per_collect
-        for _ in range(int(collect_steps)):
+    def _update(self) -> None:
+        """One learner update as the run loop makes it: a collection step first every
+        ``agent.updates_per_collect`` updates, the train graph, then the agent's host-driven work
+        between updates (:meth:`cudarl.agent.Agent.between_updates`)."""
+        # collect
+        if self.step % self.cfg.agent.updates_per_collect == 0:
             self.collect_graph.replay()
             self.collect_steps += 1
-            for _ in range(k):
-                self.train_graph.replay()
-                self.step += 1
+        # learn
+        self.train_graph.replay()
+        self.step += 1
+        self.agent.between_updates(self.step, self.stream)
 
     def run(self, steps: int | None = None, progress=None) -> dict:
         """Train until ``steps`` learner updates in total (default ``run.steps``); returns the last evaluation.
@@ -285,13 +291,8 @@ class Trainer:
         while self.step < target:
             if stop:
                 self._interrupted(stop)
-            # collect
-            if self.step % cfg.agent.updates_per_collect == 0:
-                self.collect_graph.replay()
-                self.collect_steps += 1
-            # learn
-            self.train_graph.replay()
-            self.step += 1
+            # collect and learn
+            self._update()
             # guard: read the update before this one (GPU) or this one (CPU); a rollback skips the rest
             if self.monitor.launched(self.step):
                 continue
@@ -379,6 +380,7 @@ class Trainer:
             "grad_norm": gn,
             "updates_per_s": sps,
             "env_steps": self.collect_steps * self.env.n_envs,
+            **self.monitor.last_stats,  # the step's observables: Q statistics, plan head, regularisers
             **self.agent.observables(),  # the auxiliary signals' (agent.aux)
         }
         self._log_row(row)

@@ -64,11 +64,13 @@ class C51Head(Head):
     def forward(self, psi, ws: Workspace, raw: bool = False):
         """Logits ``[B, A, atoms]``; with ``raw`` the head's output before the dueling combine,
         ``va [B, (1 + A) atoms]`` (for a loss that combines it itself: losses.c51_targets_loss)."""
-        B = psi.shape[0]
         va = self.va.forward(psi, ws)
-        if raw:
-            return va
-        logits = ws.rows(f"{self.name}.logits", B)
+        return va if raw else self.logits_of(va, ws)
+
+    def logits_of(self, va, ws: Workspace):
+        """The dueling combine of a raw output ``va [B, (1 + A) atoms]`` into the workspace's logits
+        ``[B, A, atoms]`` (returned)."""
+        logits = ws.rows(f"{self.name}.logits", va.shape[0])
         self.ops.dueling_forward(va, logits)
         return logits
 

@@ -11,7 +11,8 @@ Fitting the support: values live in the normalised coordinate ``y_hat = (y - mu)
 ``s = sigma / scale``, where ``scale`` is support units per standard deviation (for C51 with
 support ``[-v, v]`` choose ``scale = v / n_sigma``: ``n_sigma`` standard deviations of return
 reach the edge atom). Preserving outputs: after each update a value-producing last layer
-``y_hat = W h + b`` is rescaled so ``s y_hat + mu`` is unchanged::
+``y_hat = h W + b`` (``W [n_in, n_out]``, as :class:`cudarl.nn.Linear` stores it) is rescaled so
+``s y_hat + mu`` is unchanged (left as it is when the statistics did not move)::
 
     W <- W s_prev / s,  b <- (s_prev b + mu_prev - mu) / s
 
@@ -67,11 +68,14 @@ def update_normalize_rewards(y, r_t, discount_t, state, beta, sigma_min=1e-4):
 
 
 def rescale(W, b, state, compute_dtype=np.float32):
-    """Last layer ``W [out, in]``, ``b [out]`` after an update: returns new ``(W, b)``."""
-    W = np.asarray(W, compute_dtype)
-    b = np.asarray(b, compute_dtype)
+    """Last layer ``W [n_in, n_out]``, ``b [n_out]`` after an update: returns new ``(W, b)`` (copies of
+    the inputs when the statistics did not move)."""
+    W = np.array(W, compute_dtype)
+    b = np.array(b, compute_dtype)
     state = np.asarray(state, compute_dtype)
     s, s_prev = _s(state), _s(state, prev=True)
+    if s == s_prev and state[MU] == state[MU_PREV]:
+        return W, b
     return W * (s_prev / s), (s_prev * b + state[MU_PREV] - state[MU]) / s
 
 

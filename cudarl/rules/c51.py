@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import losses
-from ..backend import family, is_numpy
+from ..backend import family
 from ..nn.heads import C51Head
 from .base import LearnerBuffers, Phase, RuleBase
 
@@ -16,25 +16,15 @@ def support(net) -> np.ndarray:
 
 
 class C51Values:
-    """Expected Q of a C51 network, ``Q[i, a] = sum_k softmax(logits[i, a])_k z_k`` (``qstats.per_sample``),
-    into ``out [n, A]``: ``values(out, obs, ws)``. The kernel's per-row entropy and mass go to scratch
-    made once per row count, outside any capture (evaluation and policies run eagerly)."""
+    """Expected Q of a C51 network, ``Q[i, a] = sum_k softmax(logits[i, a])_k z_k`` (``qstats.expected_q``:
+    the act kernel's bits, and nothing else computed), into ``out [n, A]``: ``values(out, obs, ws)``."""
 
     def __init__(self, net, net_cfg):
-        self.net, self.xp, self.atoms = net, net.xp, net_cfg.atoms
-        self.support = self.xp.asarray(support(net_cfg))
-        self.qstats = family("qstats", self.xp)
-        self._scratch: dict = {}
+        self.net = net
+        self.support = net.xp.asarray(support(net_cfg))
 
     def __call__(self, out, obs, ws) -> None:
-        logits = self.net.forward(obs, ws)["q"]
-        if is_numpy(self.xp):
-            out[...] = self.qstats.per_sample(logits, self.support)[0]
-            return
-        n = obs.shape[0]
-        if n not in self._scratch:
-            self._scratch[n] = (self.xp.empty(n, np.float32), self.xp.empty((n, self.atoms), np.float32))
-        self.qstats.per_sample(logits, self.support, out, *self._scratch[n])
+        losses.expected_q(self.net.forward(obs, ws)["q"], self.support, out)
 
 
 class C51Rule(RuleBase):
@@ -81,6 +71,9 @@ class C51Rule(RuleBase):
         )
         self.values = self.greedy_values(buf.online, buf.cfg)
         self.va = self.va_online_next = self.va_target_next = None  # the forward's outputs (workspace views)
+        # the logits at s (the dueling combine of va) and the Q statistics' rows: q_stats writes them
+        self.logits_s = None
+        self.qs = losses.QStats.empty(xp, B, buf.n_actions, K, stats=buf.stats.view("q"), q=buf.q_s)
         self.agent_ops = family("agent", xp)
 
     def expected_q(self, out, obs) -> None:
@@ -107,6 +100,13 @@ class C51Rule(RuleBase):
 
     def learn_phases(self) -> list[Phase]:
         return [("targets_loss", self._targets_loss)]
+
+    def q_stats(self) -> None:
+        buf = self.buf
+        self.logits_s = buf.online.head.logits_of(self.va, buf.ws)
+        losses.q_stats_rows(self.logits_s, self.support, self.qs)
+        with buf.side_stats.fork():  # one block's reduction: beside the backward and the optimiser
+            losses.q_stats_reduce(self.qs)
 
     def _targets_loss(self) -> None:
         """The target distribution and the loss in one launch, writing dL/dva for the backward. With
