@@ -8,10 +8,10 @@ is NaN or inf, or when the window of the last ``window`` healthy losses is full 
 exceeds ``spike_factor`` times their median (a median, so one earlier outlier does not hide the
 next), or (``min_atom_utilisation`` > 0, a head with atoms) when the atom utilisation of each of the
 last ``window`` updates was below ``min_atom_utilisation``: the return distribution has collapsed
-onto a few atoms (the seed system trained for days that way). On a trip the action is ``"stop"`` (raise :class:`GuardStop` with the step, value and
-rule) or ``"rollback"`` (the trainer restores its last good in-memory snapshot and multiplies
-the learning rate by ``lr_factor``); after ``max_rollbacks`` rollbacks it stops. Every trip is an
-event returned to the caller, who logs it.
+onto a few atoms (the seed system trained for days that way). On a trip the action is ``"stop"``
+(raise :class:`GuardStop` with the step, value and rule) or ``"rollback"`` (the trainer restores
+its last good in-memory snapshot and multiplies the learning rate by ``lr_factor``); after
+``max_rollbacks`` rollbacks it stops. Every trip is an event returned to the caller, who logs it.
 """
 
 from __future__ import annotations
