@@ -4,13 +4,14 @@
 that :class:`cudarl.graph.StepGraph` captures (GPU) or runs in order (NumPy)::
 
     collect: act (the head rule's: the online forward, then one kernel for expected Q, the device
-             epsilon and epsilon-greedy) - env_step (record the transition, step, reset ended
-             episodes) - replay_insert
+             epsilon and epsilon-greedy; with net.plan the plan head's gate into env.scale) -
+             env_step (record the transition, step, reset ended episodes) - replay_insert
     train:   schedules (lr and tau: a parallel branch, joined by the first learn phase) - sample (the
              search and the gather in one launch; the importance weights on that branch) - forward
              (the rule's) - the rule's learn phases (C51: targets_loss, one launch; IQN, QR-DQN:
              targets - loss) - q_stats (the expected Q at s; the statistics' reduction on a branch)
-             - the auxiliary signals' loss phases - priorities (a parallel branch to the end) -
+             - cql (agent.cql_alpha) - plan (net.plan: cudarl.plan) - the auxiliary signals' loss
+             phases - priorities (a parallel branch to the end) -
              backward (dx chain | weight gradients, in parallel) - adam (one launch: the gradient
              norm and clip, the update with the target net's soft update and the publish of loss
              and gradient norm to the host ring; three launches with run.grid_barrier = false) -
@@ -37,6 +38,7 @@ from .graph import SideStream
 from .nn import QNetwork
 from .optim import Adam, Schedule, SoftUpdate
 from .pinned import DeviceScalars, PinnedReadback
+from .plan import PlanLoss, gate
 from .popart import PopArt
 from .replay import Batch
 from .rules import HEAD_RULES, LearnerBuffers
@@ -80,11 +82,18 @@ class Agent:
         )
         self.popart = PopArt(beta=a.popart_beta, scale=rule_cls.popart_scale(cfg.net), xp=xp) if a.popart else None
         #: the observables the step computes and publishes to the host (metrics.jsonl, the guard)
-        self.stats = StepStats({"q": 2 * n_actions + 2}, n_actions, xp, PUBLISH_SLOTS)
+        blocks = {
+            "q": 2 * n_actions + 2,
+            **({"plan": 2} if cfg.net.plan else {}),
+            **({"cql": 1} if a.cql_alpha else {}),
+        }
+        self.stats = StepStats(blocks, n_actions, xp, PUBLISH_SLOTS)
         self.buffers = buf = LearnerBuffers(
             cfg, xp, self.online, self.target, self.batch, self.pair, n_envs, self.stats, self.popart
         )
         self.rule = rule_cls.allocate(buf)
+        #: the plan head's loss (net.plan), or None
+        self.plan = PlanLoss(buf, cfg.env.position_levels()) if cfg.net.plan else None
         for s in self.aux:
             s.allocate(buf)
         self.loss, self.loss_per, self.priority = buf.loss, buf.loss_per, buf.priority
@@ -133,6 +142,8 @@ class Agent:
 
         def act():
             self.rule.act(env, eps_args)
+            if self.plan is not None:  # the gate of the forward the rule just ran, into the env's scale
+                gate(self.online, self.buffers.ws_act, env.n_envs, env.scale)
 
         def env_step():
             env.record(transitions)
@@ -207,12 +218,16 @@ class Agent:
             self.stats.publish(self.adam.scalars.view("step"))
 
         aux = [phase for s in self.aux for phase in s.phases()]
+        plan = [] if self.plan is None else [("plan", self.plan.phase)]
+        cql = [("cql", self.rule.cql)] if self.cfg.agent.cql_alpha > 0 else []
         return [
             ("schedules", schedules),
             ("sample", sample),
             ("forward", forward),
             *self.rule.learn_phases(),
             ("q_stats", self.rule.q_stats),
+            *cql,
+            *plan,
             *aux,
             ("priorities", priorities),
             ("backward", backward),
@@ -233,6 +248,10 @@ class Agent:
     def q_values(self, obs, out) -> None:
         """Expected Q of the online network for ``obs [n, obs_dim]`` (n <= n_envs) into ``out [n, A]``."""
         self.rule.expected_q(out, obs)
+
+    def plan_scale(self, obs, out) -> None:
+        """The plan head's gate (``out [n]``) of the forward :meth:`q_values` just ran on ``obs`` (net.plan)."""
+        gate(self.online, self.buffers.ws_act, obs.shape[0], out)
 
     def observables(self) -> dict:
         """The auxiliary signals' values for a metrics row (host reads: outside any capture)."""

@@ -237,6 +237,11 @@ class NetConfig:
     """IQN and QR-DQN quantiles per state (online and target)."""
     n_cos: int = 64
     """IQN cosine embedding size."""
+    plan: bool = False
+    """The plan head on the encoder's output: conviction and readiness (sigmoids), trained by their own
+    loss (``agent.plan_hurdle``). Where readiness >= 1/2 the gate opens and the position of the chosen
+    action is scaled by conviction (fractional env positions, in training and evaluation); elsewhere the
+    gate returns exactly 1, so an untrained head changes nothing (docs/guide.md)."""
     tf32: bool = False
     """Let cuBLAS use TF32 tensor cores for the network's GEMMs (GPU; ~1e-3 relative error)."""
     gemm: str = "cublaslt_nosplit"
@@ -362,6 +367,14 @@ class AgentConfig:
     C51's atoms are fixed, so while the statistics move each atom's return ``s z + mu`` moves under the
     learned distribution; frozen, its meaning cannot drift (docs/guide.md). The quantile heads rescale
     their last layer with every update, so their outputs keep their meaning either way."""
+    cql_alpha: float = 0.0
+    """Weight of discrete CQL (Kumar et al. 2020, ``alpha (logsumexp_a Q(s, a) - Q(s, a_data))`` on the
+    head's expected Q) added to the loss: it pushes down the values of actions the data did not take,
+    for offline training (``cudarl-train train --offline``). 0: off."""
+    plan_hurdle: float = 0.1
+    """The plan head's readiness clears 1/2 (its gate opens) where the greedy trade's expected n-step
+    return exceeds this many times the batch's mean absolute return; without an edge readiness settles
+    at 1 / (2 (1 + hurdle)) (cudarl.reference.nn.plan_loss). Read with ``net.plan``."""
     aux: tuple = ()
     """Auxiliary signals by name (``cudarl.auxiliary.AUX_SIGNALS``): each adds its head on the encoder's
     output, its loss phase to the train step and its observable to ``metrics.jsonl``. None is built in yet."""
@@ -382,6 +395,8 @@ class AgentConfig:
         _in(s, "kappa", self.kappa, 0, 1e6)
         _in(s, "popart_beta", self.popart_beta, 0, 1, lo_open=True)
         _in(s, "popart_warmup", self.popart_warmup, 0, 10**12, integer=True)
+        _in(s, "plan_hurdle", self.plan_hurdle, 0, 100)
+        _in(s, "cql_alpha", self.cql_alpha, 0, 1e6)
         from .auxiliary import AUX_SIGNALS
 
         unknown = [name for name in self.aux if name not in AUX_SIGNALS]

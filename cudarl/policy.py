@@ -279,6 +279,7 @@ class Policy:
             self.counters = DeviceScalars({"tau": np.int64}, xp, initial={"tau": state.tau_counter})
         #: the expected Q the head's rule acts and evaluates with (the same bits as the trainer's)
         self._values = HEAD_RULES[n.head].greedy_values(self.net, cfg, self.counters)
+        self._scale = self.plan_scale_into if n.plan else None
 
     def __repr__(self) -> str:
         n = self.config.net
@@ -298,6 +299,12 @@ class Policy:
     def q_values_into(self, obs, out) -> None:
         """Expected Q of ``obs`` (float32 ``[n, obs_dim]`` of this backend) into ``out`` ``[n, A]``."""
         self._values(out, obs, self._workspace(obs.shape[0]))
+
+    def plan_scale_into(self, obs, out) -> None:
+        """The plan head's gate (``out [n]``, ``net.plan``) of the forward :meth:`q_values_into` just ran on ``obs``."""
+        from .plan import gate
+
+        gate(self.net, self._workspace(obs.shape[0]), obs.shape[0], out)
 
     def _input(self, obs):
         on_gpu = type(obs).__module__.startswith("cupy")
@@ -339,7 +346,7 @@ class Policy:
         trained = (self.state.data or {}).get("close_sha256")
         if data is None and echo is not None and trained not in (None, data_fingerprint(prepared.bars)["close_sha256"]):
             echo(f"warning: the bars of {cfg.data.source} differ from those the policy was trained on")
-        ev = evaluate_split(prepared, split, cfg.env, self.q_values_into, self.be.name)
+        ev = evaluate_split(prepared, split, cfg.env, self.q_values_into, self.be.name, scale=self._scale)
         ev.summary["step"] = self.step
         return ev
 
@@ -360,44 +367,61 @@ def eval_env(prepared, split, env_cfg, backend: str):
 
 
 def greedy_actions(env, q_values, stream=None, walk_on_host: bool = True) -> np.ndarray:
-    """int64 ``[episode_len]``: the greedy actions of one episode of ``env`` (reset first).
+    """int64 ``[episode_len]``: the greedy actions of one episode of ``env`` (:func:`greedy_walk`'s,
+    without a plan head)."""
+    return greedy_walk(env, q_values, stream, walk_on_host)[0]
+
+
+def greedy_walk(env, q_values, stream=None, walk_on_host: bool = True, scale=None) -> tuple:
+    """``(actions int64, scales float32)``, each ``[episode_len]``: one greedy episode of ``env`` (reset first).
 
     ``q_values(obs, out)`` writes Q ``[1, A]``; the action is the first maximum (the env's act with
-    epsilon 0). On the GPU the env's kernels step it and the actions stay on the device until the
-    end (no synchronisation per bar). On the NumPy backend, for an evaluation env (one env, one
-    episode from its first bar), the walk is done on the host with the env's observation rule
-    (docs/env.md) instead of its act and step, which draw Philox numbers a greedy walk never uses
-    (``walk_on_host=False`` takes the env's path; a test holds the two equal).
+    epsilon 0). ``scale(obs, out)``, the plan head's gate (``net.plan``), is called right after
+    ``q_values`` on the same ``obs`` and writes the position scale ``[1]`` (it reads that forward);
+    without it every scale is 1. The position taken is ``levels[a] * scale``. On the GPU the env's
+    kernels step it and the actions stay on the device until the end (no synchronisation per bar). On
+    the NumPy backend, for an evaluation env (one env, one episode from its first bar), the walk is
+    done on the host with the env's observation rule (docs/env.md) instead of its act and step, which
+    draw Philox numbers a greedy walk never uses (``walk_on_host=False`` takes the env's path; a test
+    holds the two equal).
     """
     xp = env.xp
     one_episode = env.n_envs == 1 and env.params.n_starts == 1 and not env.params.stagger
     if walk_on_host and not env.is_gpu and one_episode:
-        return _walk_on_host(env, q_values)
+        return _walk_on_host(env, q_values, scale)
     with stream if stream is not None else nullcontext():
         env.reset()
         q = xp.zeros((1, env.n_actions), np.float32)
         eps = xp.zeros(1, np.float32)
-        acts = xp.zeros(env.config.episode_len, np.int32)
-        for k in range(env.config.episode_len):
+        n = env.config.episode_len
+        acts, scales = xp.zeros(n, np.int32), xp.ones(n, np.float32)
+        env.scale[...] = 1
+        for k in range(n):
             q_values(env.obs, q)
+            if scale is not None:
+                scale(env.obs, env.scale)
+                scales[k : k + 1] = env.scale
             env.act(q, eps)
             env.step()
             acts[k : k + 1] = env.actions
         out = _backend.to_numpy(acts)
-    return out.astype(np.int64)
+        out_scales = _backend.to_numpy(scales)
+    return out.astype(np.int64), out_scales
 
 
-def _walk_on_host(env, q_values) -> np.ndarray:
+def _walk_on_host(env, q_values, scale=None) -> tuple:
     """The env's greedy episode from bar ``t_begin``, one bar at a time on the host: obs
     ``[features[t], p_{t-1}, min(hold, cap) / cap]``, action the first maximum of Q (a strict ``>``
-    scan, as ``env.act``), ``p = levels[a]``, ``hold + 1`` if ``p`` did not change, else 1."""
+    scan, as ``env.act``), ``p = levels[a] * scale`` (float32, as the env), ``hold + 1`` if ``p`` did
+    not change, else 1."""
     from .reference.env import hold_feature
 
     feats, levels, cap = env.data.features, env.data.levels, env.params.hold_cap
     n, f = env.config.episode_len, env.n_features
     obs = np.zeros((1, f + 2), np.float32)
     q = np.zeros((1, env.n_actions), np.float32)
-    acts = np.empty(n, np.int64)
+    sc = np.ones(1, np.float32)
+    acts, scales = np.empty(n, np.int64), np.ones(n, np.float32)
     prev, hold = np.float32(0), np.zeros(1, np.int64)
     t0 = env.params.t_begin
     for k in range(n):
@@ -405,25 +429,30 @@ def _walk_on_host(env, q_values) -> np.ndarray:
         obs[0, f] = prev
         obs[0, f + 1] = hold_feature(hold, cap)[0]
         q_values(obs, q)
+        if scale is not None:
+            scale(obs, sc)
+            scales[k] = sc[0]
         row = q[0]
         a = 0
         for j in range(1, row.shape[0]):
             if row[j] > row[a]:
                 a = j
         acts[k] = a
-        p = np.float32(levels[a])
+        p = np.float32(levels[a]) * scales[k]
         hold[0] = hold[0] + 1 if p == prev else 1
         prev = p
-    return acts
+    return acts, scales
 
 
-def evaluate_split(prepared, split_name: str, env_cfg, q_values, backend: str, env=None, stream=None):
-    """Greedy positions over ``split_name`` of ``prepared`` evaluated with the env's fill and costs."""
+def evaluate_split(prepared, split_name: str, env_cfg, q_values, backend: str, env=None, stream=None, scale=None):
+    """Greedy positions over ``split_name`` of ``prepared`` evaluated with the env's fill and costs
+    (``scale``: the plan head's gate, see :func:`greedy_walk`)."""
     from .evaluate import evaluate_positions
 
     split = getattr(prepared.splits, split_name)
     env = env if env is not None else eval_env(prepared, split, env_cfg, backend)
-    pos = env_cfg.position_levels().astype(np.float64)[greedy_actions(env, q_values, stream)]
+    acts, scales = greedy_walk(env, q_values, stream, scale=scale)
+    pos = (env_cfg.position_levels()[acts] * scales).astype(np.float64)  # float32 levels * scale, as the env
     return evaluate_positions(
         prepared.bars,
         pos,

@@ -63,7 +63,7 @@ class StepStats:
         """Metric keys from one slot: ``atom_entropy``, ``atom_utilisation`` (None for a head without
         atoms), ``q_var`` (the batch variance of each action's expected Q, averaged over actions) and
         ``q_var_by_action``; the plan head's ``plan_ready`` (share of the batch whose readiness opens
-        the gate) and ``plan_conviction`` (mean conviction there); ``cql_loss``, ``iql_loss``."""
+        the gate) and ``plan_scale`` (the batch's mean position scale); ``cql_loss``, ``iql_loss``."""
         out = {}
         for name, (lo, hi) in self.offsets.items():
             out.update(DECODERS[name](np.asarray(raw[lo:hi], np.float64), self.n_actions))
@@ -90,7 +90,7 @@ def _q(v, A):
 #: How each block becomes metric keys.
 DECODERS = {
     "q": _q,
-    "plan": lambda v, A: {"plan_ready": _num(v[0]), "plan_conviction": _num(v[1])},
+    "plan": lambda v, A: {"plan_ready": _num(v[0]), "plan_scale": _num(v[1])},
     "cql": lambda v, A: {"cql_loss": _num(v[0])},
     "iql": lambda v, A: {"iql_loss": _num(v[0])},
 }

@@ -39,7 +39,7 @@ from .evaluate import write_outputs
 from .features import Normaliser, compute, return_sign
 from .graph import StepGraph, capture_all
 from .monitor import StepMonitor
-from .policy import PolicyState, eval_env, evaluate_split, greedy_actions, is_policy_file
+from .policy import PolicyState, eval_env, evaluate_split, greedy_walk, is_policy_file
 from .replay import PrioritizedReplay
 from .splits import chronological
 from .timing import Stopwatch
@@ -400,19 +400,26 @@ class Trainer:
             self._eval_envs[key] = eval_env(self.data, split, self.cfg.env, self.be.name)
         return self._eval_envs[key]
 
+    def _plan_scale(self):
+        """The plan head's gate for the greedy walk (net.plan), or None."""
+        return self.agent.plan_scale if self.cfg.net.plan else None
+
     def greedy_positions(self, split) -> np.ndarray:
-        """The online network's greedy positions at the decision bars of ``split`` (float64 ``[len - 2]``)."""
+        """The online network's greedy positions at the decision bars of ``split`` (float64 ``[len - 2]``;
+        with net.plan sized by the plan head's gate)."""
         env = self._eval_env(split)
         self.synchronize()
-        levels = self.cfg.env.position_levels().astype(np.float64)
-        return levels[greedy_actions(env, self.agent.q_values, self.stream)]
+        acts, scales = greedy_walk(env, self.agent.q_values, self.stream, scale=self._plan_scale())
+        return (self.cfg.env.position_levels()[acts] * scales).astype(np.float64)
 
     def evaluate(self, split_name: str = "val", write: bool = True) -> dict:
         """Greedy evaluation over a split with the env's fill and costs; writes ``eval/<split>-<step>/``."""
         split = getattr(self.data.splits, split_name)
         self.synchronize()
         env = self._eval_env(split)
-        ev = evaluate_split(self.data, split_name, self.cfg.env, self.agent.q_values, self.be.name, env, self.stream)
+        ev = evaluate_split(
+            self.data, split_name, self.cfg.env, self.agent.q_values, self.be.name, env, self.stream, self._plan_scale()
+        )
         ev.summary["step"] = self.step
         self.last_evaluation = ev
         if write and self.run_dir is not None:

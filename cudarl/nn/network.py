@@ -34,10 +34,10 @@ class QNetwork:
     Args:
         n_in: input features (the flattened window, ``window * features``).
         n_actions: actions.
-        net: the :class:`cudarl.config.NetConfig` (``encoder``, ``head`` and their sizes, ``tf32``,
-            ``gemm``); keyword ``fields`` override it (``QNetwork(8, 3, hidden=(6,), head="iqn")``), so
-            every default is the configuration's.
-        plan: add the plan head (conviction, readiness ``[B, 2]``) as the extra head ``"plan"``.
+        net: the :class:`cudarl.config.NetConfig` (``encoder``, ``head`` and their sizes, ``plan``,
+            ``tf32``, ``gemm``); keyword ``fields`` override it (``QNetwork(8, 3, hidden=(6,), head="iqn")``),
+            so every default is the configuration's. ``net.plan`` adds the plan head (conviction,
+            readiness ``[B, 2]``) as the extra head ``"plan"``.
         extra_heads: ``{name: make(d) -> module or None}``, more heads on ``psi [B, d]`` (an auxiliary
             signal's, :class:`cudarl.auxiliary.AuxSignal`): their outputs are ``forward()[name]``, their
             gradients ``grad_outputs()[name]``, and :meth:`backward` adds their dL/dpsi to the head's.
@@ -59,7 +59,6 @@ class QNetwork:
         n_actions: int,
         net: NetConfig | None = None,
         *,
-        plan: bool = False,
         extra_heads: dict | None = None,
         spectral=(),
         xp=np,
@@ -78,7 +77,7 @@ class QNetwork:
         self.head = head_module(net, d, self.n_actions)
         #: heads on psi besides the distributional one, by name (``forward()[name]``)
         self.extras = {name: m for name, make in (extra_heads or {}).items() if (m := make(d)) is not None}
-        if plan:
+        if net.plan:
             self.extras["plan"] = PlanHead("plan", d, tf32=net.tf32, gemm=net.gemm)
         self.plan = self.extras.get("plan")
         self.modules = [self.encoder, self.head, *self.extras.values()]

@@ -121,6 +121,12 @@ class HeadRule(Protocol):
         expected Q at the batch's ``s``, from this step's forward) on the current stream, then the
         ``q`` block of ``buffers.stats`` on ``buffers.side_stats`` (the step's last phase joins it)."""
 
+    def cql(self) -> None:
+        """The ``cql`` phase (``agent.cql_alpha`` > 0), after ``q_stats``: discrete CQL on the expected Q
+        at ``s`` (:func:`cudarl.losses.cql_c51`, :func:`cudarl.losses.cql_quantile`), its gradient added
+        to the head's (:meth:`LearnerBuffers.train_grad`), its loss into the ``cql`` block of
+        ``buffers.stats``."""
+
     def state_dict(self) -> dict:
         """The rule's own state for a checkpoint (counters; ``{}`` when it has none)."""
 

@@ -74,6 +74,13 @@ class C51Rule(RuleBase):
         # the logits at s (the dueling combine of va) and the Q statistics' rows: q_stats writes them
         self.logits_s = None
         self.qs = losses.QStats.empty(xp, B, buf.n_actions, K, stats=buf.stats.view("q"), q=buf.q_s)
+        # CQL (agent.cql_alpha): its dL/dlogits in the head's logits-gradient buffer, which the raw
+        # backward does not use, then added into dL/dva through the dueling backward
+        self.cql_out = None
+        if buf.cfg.agent.cql_alpha > 0:
+            head = buf.online.head
+            dlogits = buf.ws.rows(head.grad_name, B)
+            self.cql_out = losses.CQL.empty(xp, dlogits.shape, grad=dlogits, loss=buf.stats.view("cql"))
         self.agent_ops = family("agent", xp)
 
     def expected_q(self, out, obs) -> None:
@@ -100,6 +107,11 @@ class C51Rule(RuleBase):
 
     def learn_phases(self) -> list[Phase]:
         return [("targets_loss", self._targets_loss)]
+
+    def cql(self) -> None:
+        buf = self.buf
+        losses.cql_c51(self.logits_s, buf.batch.action, self.support, buf.cfg.agent.cql_alpha, out=self.cql_out)
+        buf.online.head.ops.dueling_backward(self.cql_out.grad, buf.train_grad(raw=True), accumulate=True)
 
     def q_stats(self) -> None:
         buf = self.buf

@@ -64,6 +64,10 @@ class QuantileRule(RuleBase):
             xp, B, N, A, loss_per=buf.priority, loss=buf.loss, grad=buf.train_grad()
         )
         self.r_norm = xp.zeros(B, np.float32)
+        self.cql_out = None  # agent.cql_alpha: its gradient added into the loss's dL/dtheta
+        if buf.cfg.agent.cql_alpha > 0:
+            grad = buf.train_grad()
+            self.cql_out = losses.CQL.empty(xp, grad.shape, grad=grad, loss=buf.stats.view("cql"))
         self.theta = self.online_next = self.target_next = None  # the forward's outputs (workspace views)
         self.agent_ops = family("agent", xp)
         self.values = None  # greedy_values: made by the subclass, once its counters exist
@@ -112,6 +116,10 @@ class QuantileRule(RuleBase):
 
     def learn_phases(self) -> list[Phase]:
         return [("targets", self._targets), ("loss", self._loss)]
+
+    def cql(self) -> None:
+        buf = self.buf
+        losses.cql_quantile(self.theta, buf.batch.action, buf.cfg.agent.cql_alpha, out=self.cql_out, accumulate=True)
 
     def q_stats(self) -> None:
         buf = self.buf

@@ -176,3 +176,79 @@ def test_gpu_popart_and_q_statistics_graphed_equal_eager(head):
     assert g.monitor.last_stats["q_var"] > 0
     if head == "c51":
         assert 0 < g.monitor.last_stats["atom_utilisation"] <= 1
+
+
+# --- the plan head (net.plan) ----------------------------------------------------------------------
+def _cpu_run(source: str, steps: int, **over):
+    from cudarl.config import from_dict, resolve_for_backend
+
+    d = {
+        "run": {"device": "cpu", "steps": steps, "eval_every": 0, "checkpoint_every": 0, "log_every": steps // 4},
+        "data": {"source": source},
+    }
+    for sec, vals in over.items():
+        d.setdefault(sec, {}).update(vals)
+    t = Trainer(resolve_for_backend(from_dict(d), False, d), run_dir=False, echo=lambda m: None)
+    rows = step_rows(t)
+    t.run()
+    return t, [r for r in rows if "loss" in r]
+
+
+@pytest.mark.slow
+def test_plan_gate_opens_on_a_signal_and_stays_shut_on_noise():
+    """The leakage canary (the next return in the features): the gate opens for the batch (readiness
+    learned, plan_ready -> 1) and conviction sizes positions, fractional in the environments and in the
+    evaluation. A random walk: readiness never clears the hurdle, the gate stays shut (every scale 1)."""
+    canary, rows = _cpu_run(
+        "builtin:canary?n=3000", 480, net={"plan": True}, agent={"gamma": 0.5}, replay={"n_step": 1}
+    )
+    assert rows[0]["plan_ready"] == 0.0 and rows[-1]["plan_ready"] > 0.5, [r["plan_ready"] for r in rows]
+    assert 0.5 < rows[-1]["plan_scale"] < 1.0
+    held = np.abs(canary.env.state.position)
+    assert ((held > 0) & (held < 1)).any()  # fractional positions in the training environments
+    pos = np.abs(canary.greedy_positions(canary.data.splits.test))
+    assert ((pos > 0) & (pos < 1)).mean() > 0.5  # and in the deployed policy
+    noise, rows = _cpu_run("builtin:randomwalk?n=3000", 480, net={"plan": True})
+    assert all(r["plan_ready"] == 0.0 and r["plan_scale"] == 1.0 for r in rows), [r["plan_ready"] for r in rows]
+    assert np.all(noise.env.scale == 1.0)
+    pos = np.abs(noise.greedy_positions(noise.data.splits.test))
+    assert ((pos > 0) & (pos < 1)).mean() < 0.02  # held-out bars: the gate opened on 0.9% (4 of 439)
+
+
+def test_readiness_is_trained_and_an_untrained_gate_is_exactly_one():
+    """Readiness gets a gradient from its own loss (the seed's got none through the gate); at
+    initialisation every gate is exactly 1, so the plan head cannot shrink positions before it learns."""
+    t = trainer(net={"plan": True})
+    w0 = t.agent.online.P["plan.lin.weight"].copy()
+    t.run(20)
+    w = t.agent.online.P["plan.lin.weight"]
+    assert not np.array_equal(w0[:, 1], w[:, 1]) and not np.array_equal(w0[:, 0], w[:, 0])
+    assert np.all(t.env.scale == 1.0) and t.monitor.last_stats["plan_ready"] == 0.0
+    names = [n for n, _ in t.train_graph.phases]
+    assert names.index("plan") == names.index("q_stats") + 1
+
+
+def test_the_plan_head_off_builds_nothing_and_changes_no_bit():
+    off, on = trainer(), trainer(net={"plan": True})
+    assert "plan" not in dict(off.train_graph.phases) and off.agent.plan is None
+    assert "plan.lin.weight" not in off.agent.online.P and "plan_ready" not in off.agent.stats.offsets
+    off.run(30)
+    base = trainer()
+    base.run(30)
+    assert off.losses == base.losses
+    on.run(30)  # the head is a probe: the Q-network learns the same until the gate opens
+    assert on.losses == off.losses
+
+
+def test_a_policy_file_sizes_positions_as_the_trainer(tmp_path):
+    from cudarl.policy import load_policy
+
+    t = Trainer(small(tmp_path, net={"plan": True}, run={"checkpoint_every": 40}), run_dir=tmp_path / "r", echo=print)
+    t.run(40)
+    sc = t.agent.online.P["plan.lin.bias"]
+    sc[...] = np.float32([0.0, 3.0])  # an open gate (readiness ~0.95) with conviction ~0.5
+    t.save_policy("open")
+    want = t.greedy_positions(t.data.splits.val)
+    assert ((np.abs(want) > 0) & (np.abs(want) < 1)).any()
+    p = load_policy(tmp_path / "r" / "checkpoints" / "open.safetensors", device="cpu")
+    np.testing.assert_array_equal(p.evaluate(split="val").position, want)
