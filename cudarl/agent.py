@@ -15,7 +15,8 @@ that :class:`cudarl.graph.StepGraph` captures (GPU) or runs in order (NumPy)::
              backward (dx chain | weight gradients, in parallel) - adam (one launch: the gradient
              norm and clip, the update with the target net's soft update and the publish of loss
              and gradient norm to the host ring; three launches with run.grid_barrier = false) -
-             publish (the step's observables, :class:`cudarl.stats.StepStats`, to their host ring)
+             spectral (net.spectral: a power iteration and W_sn of both nets) - publish (the
+             step's observables, :class:`cudarl.stats.StepStats`, to their host ring)
 
 On the GPU "in parallel" means a :class:`cudarl.graph.SideStream`: a branch of the captured graph
 that runs beside the main chain (same kernels and inputs, so the same bits as one stream).
@@ -29,6 +30,8 @@ there, before any capture. The math is in :mod:`cudarl.losses`.
 
 from __future__ import annotations
 
+from contextlib import nullcontext
+
 import numpy as np
 
 from .auxiliary import AUX_SIGNALS
@@ -36,7 +39,7 @@ from .backend import family
 from .config import Config
 from .graph import SideStream
 from .nn import QNetwork
-from .optim import Adam, Schedule, SoftUpdate
+from .optim import Adam, Schedule, SoftUpdate, shrink_perturb
 from .pinned import DeviceScalars, PinnedReadback
 from .plan import PlanLoss, gate
 from .popart import PopArt
@@ -75,6 +78,9 @@ class Agent:
         self.online.prepare_backward(B)  # the backward runs over the s rows
         self.target = QNetwork(obs_dim, n_actions, cfg.net, max_batch=B, **net_kw)
         self.target.params[...] = self.online.params
+        for net in (self.online, self.target):  # net.spectral: one power iteration a step, in its phase
+            net.spectral_in_steps()
+        self.target.spectral_step(iterate=False)  # W_sn of the copied weights
         self.pair = xp.zeros((2 * B, obs_dim), np.float32)
         #: The fixed batch buffers the replay gathers into: obs and next_obs are halves of ``pair``.
         self.batch = Batch(
@@ -211,6 +217,12 @@ class Agent:
             with self.side_priorities.fork():
                 replay.update_priorities(buf.idx, buf.priority, device_rules=True)
 
+        def spectral():
+            # net.spectral: after the optimiser and the soft update moved the weights, one power
+            # iteration and W_sn for each net, read by the next forwards (acting and learning)
+            self.online.spectral_step()
+            self.target.spectral_step()
+
         def publish():
             # after the optimiser (whose step counter names the ring slot the host marks) and every
             # producer: the statistics' branch is joined here
@@ -232,17 +244,23 @@ class Agent:
             ("priorities", priorities),
             ("backward", backward),
             ("adam", adam),
+            *([("spectral", spectral)] if self.cfg.net.spectral else []),
             ("publish", publish),
         ]
 
     # --- between two updates ------------------------------------------------------------------------
     def between_updates(self, step: int, stream=None) -> None:
         """Host-driven work after update ``step`` (outside any graph, ordered on ``stream``, no sync):
-        PopArt's statistics freeze once ``agent.popart_warmup`` updates are done."""
-        warmup = self.cfg.agent.popart_warmup
+        PopArt's statistics freeze once ``agent.popart_warmup`` updates are done; every
+        ``optim.shrink_every`` updates the online network is shrunk and perturbed."""
+        warmup, o = self.cfg.agent.popart_warmup, self.cfg.optim
         if self._popart_live and warmup and step >= warmup:
             self.popart.freeze(stream)
             self._popart_live = False
+        if o.shrink_every and step % o.shrink_every == 0:
+            with stream if stream is not None else nullcontext():
+                shrink_perturb(self.online.params, o.shrink, o.perturb, self.cfg.run.seed, step // o.shrink_every)
+                self.online.spectral_step(iterate=False)  # W_sn of the new weights (net.spectral)
 
     # --- what the host reads ---------------------------------------------------------------------
     def q_values(self, obs, out) -> None:

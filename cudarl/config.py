@@ -78,6 +78,12 @@ class RunConfig:
     tensorboard: bool = False
     """Also write every number of ``metrics.jsonl`` to a TensorBoard event file in ``<run>/tensorboard/``
     (needs tensorboardX: ``pip install 'cudarl[tensorboard]'``)."""
+    record: str = ""
+    """Write the transitions the replay holds when the run ends to this file (a recorded behaviour policy
+    for offline training; CLI ``--record``; format: cudarl/experience.py). Empty: none."""
+    offline: str = ""
+    """Train from the transitions recorded in this file (``run.record``) without collecting any (CLI
+    ``--offline``); the replay buffer holds the recording's last ``replay.capacity`` rows. Empty: online."""
     grid_barrier: bool = True
     """GPU: let the train step's C51 targets-and-loss (with PopArt) and its optimiser update each be one
     launch whose blocks wait for one another (``cudarl::grid_barrier``; grid at most one block per SM).
@@ -98,6 +104,7 @@ class RunConfig:
         for n in ("eval_every", "checkpoint_every"):
             _in(s, n, getattr(self, n), 0, 10**12, integer=True)
         _in(s, "log_every", self.log_every, 1, 10**12, integer=True)
+        _need(s, not (self.record and self.offline), "record and offline: record a run that collects, or train offline")
 
 
 @dataclass(frozen=True)
@@ -237,6 +244,11 @@ class NetConfig:
     """IQN and QR-DQN quantiles per state (online and target)."""
     n_cos: int = 64
     """IQN cosine embedding size."""
+    spectral: tuple = ()
+    """Linear layers to spectrally normalise (Miyato et al. 2018; ``W / sigma_max(W)``, one power
+    iteration per update), by name: ``enc.0``, ``enc.1``, ... (the encoder's), ``head.va`` (C51),
+    ``head.out`` (IQN, QR-DQN); e.g. ``["enc.1"]``, the layer before the head (Gogianu et al. 2021).
+    Empty: none."""
     plan: bool = False
     """The plan head on the encoder's output: conviction and readiness (sigmoids), trained by their own
     loss (``agent.plan_hurdle``). Where readiness >= 1/2 the gate opens and the position of the chosen
@@ -273,6 +285,11 @@ class NetConfig:
             math.isfinite(self.v_min) and math.isfinite(self.v_max) and self.v_min < self.v_max,
             f"need v_min < v_max, got {self.v_min}, {self.v_max}",
         )
+        _need(
+            s,
+            all(isinstance(x, str) and x for x in self.spectral) and len(set(self.spectral)) == len(self.spectral),
+            f"spectral must be a list of distinct layer names, got {list(self.spectral)!r}",
+        )
         _in(s, "n_quantiles", self.n_quantiles, 1, 1024, integer=True)
         _in(s, "n_cos", self.n_cos, 1, 1024, integer=True)
         _need(s, self.gemm in GEMMS, f"gemm must be one of {list(GEMMS)}, got {self.gemm!r}")
@@ -306,6 +323,14 @@ class OptimConfig:
     """Decoupled weight decay (weights only, not biases or norms)."""
     max_grad_norm: float = 10.0
     """Clip the global gradient norm to this (0 disables clipping)."""
+    shrink_every: int = 0
+    """Shrink-and-perturb (Ash & Adams 2020) every this many learner updates: every parameter of the
+    online network becomes ``shrink * theta + perturb * N(0, 1)`` between two updates (the target
+    follows by the soft update). 0: never."""
+    shrink: float = 0.8
+    """Shrink-and-perturb's factor on the parameters (read with ``shrink_every``)."""
+    perturb: float = 0.01
+    """Shrink-and-perturb's noise standard deviation (read with ``shrink_every``)."""
 
     def __post_init__(self):
         s = "optim"
@@ -323,6 +348,9 @@ class OptimConfig:
         _in(s, "eps", self.eps, 0, 1, lo_open=True)
         _in(s, "weight_decay", self.weight_decay, 0, 1)
         _in(s, "max_grad_norm", self.max_grad_norm, 0, 1e9)
+        _in(s, "shrink_every", self.shrink_every, 0, 10**12, integer=True)
+        _in(s, "shrink", self.shrink, 0, 1)
+        _in(s, "perturb", self.perturb, 0, 10)
 
 
 @dataclass(frozen=True)
@@ -474,6 +502,11 @@ class Config:
             "env",
             not (self.env.counterfactual and self.replay.n_step != 1),
             "counterfactual rows are single transitions: they need replay.n_step = 1",
+        )
+        _need(
+            "agent",
+            not (self.run.record and self.agent.gamma == 0),
+            "run.record needs gamma > 0 (the recording's episode ends are read from the discounts)",
         )
         _need("agent", self.agent.batch_size <= self.replay.capacity, "batch_size must not exceed replay.capacity")
 

@@ -4,7 +4,9 @@ A policy file is a safetensors file (:mod:`cudarl.tensorfile`: no pickle, memory
 
 * tensors ``online/<layer>`` (float32, one per parameter of the Q-network, e.g.
   ``online/enc.0.w [in, out]``), ``normaliser/mean`` and ``normaliser/std`` (float64 ``[F]``),
-  and for IQN ``iqn/tau_counter`` (int64 ``[1]``, the Philox counter of the acting taus);
+  for IQN ``iqn/tau_counter`` (int64 ``[1]``, the Philox counter of the acting taus), and with
+  ``net.spectral`` ``spectral/<layer>/u`` and ``/v`` (float32, the power iteration's vectors, so the
+  policy's ``W / sigma`` is the trainer's bit for bit);
 * ``__metadata__``: ``format`` (``cudarl-policy``), ``version``, ``config`` (the run's resolved
   configuration, JSON), ``normaliser`` (feature names, clip, fitted rows), ``step``, ``best``
   (the best validation Sharpe so far and its update), ``data`` (a fingerprint of the training
@@ -63,6 +65,7 @@ class PolicyState:
     normaliser: Normaliser
     step: int
     tau_counter: int | None = None
+    spectral: dict | None = None  # net.spectral: {layer: {"u": ..., "v": ...}}
     best: dict | None = None
     data: dict | None = None
     versions: dict | None = None
@@ -80,6 +83,7 @@ class PolicyState:
             normaliser=trainer.data.normaliser,
             step=int(trainer.step),
             tau_counter=_tau(agent),
+            spectral=agent["online"].get("spectral") or None,
             best=best if best is not None else trainer.best,
             data=data_fingerprint(trainer.data.bars),
             versions=versions(),
@@ -99,6 +103,7 @@ class PolicyState:
             normaliser=Normaliser.from_state_dict(state["normaliser"]),
             step=int(info.get("step", t["step"])),
             tau_counter=_tau(state["agent"]),
+            spectral=state["agent"]["online"].get("spectral") or None,
             best=None if best_step < 0 else {"step": best_step, "sharpe": float(t["best_sharpe"])},
             data=info.get("data"),
             versions=info.get("versions"),
@@ -112,6 +117,9 @@ class PolicyState:
         tensors["normaliser/std"] = np.asarray(n.std, np.float64)
         if self.tau_counter is not None:
             tensors["iqn/tau_counter"] = np.array([self.tau_counter], np.int64)
+        for layer, vecs in (self.spectral or {}).items():
+            for k in ("u", "v"):
+                tensors[f"spectral/{layer}/{k}"] = np.asarray(vecs[k], np.float32)
         meta = {
             "format": FORMAT,
             "version": str(VERSION),
@@ -145,12 +153,18 @@ class PolicyState:
                 fitted_on=tuple(nm["fitted_on"]),
             )
             tau = tensors.get("iqn/tau_counter")
+            spectral: dict = {}
+            for k, v in tensors.items():
+                if k.startswith("spectral/"):
+                    _, layer, which = k.split("/")
+                    spectral.setdefault(layer, {})[which] = v
             return cls(
                 config=from_dict(json.loads(meta["config"])),
                 weights={k[len("online/") :]: v for k, v in tensors.items() if k.startswith("online/")},
                 normaliser=norm,
                 step=int(meta["step"]),
                 tau_counter=None if tau is None else int(tau[0]),
+                spectral=spectral or None,
                 best=json.loads(meta.get("best", "null")),
                 data=json.loads(meta.get("data", "null")),
                 versions=json.loads(meta.get("versions", "null")),
@@ -273,6 +287,16 @@ class Policy:
             raise CheckpointError(f"{source}: the weights {theirs} do not fit the network of its config {mine}")
         for name, w in state.weights.items():
             self.net.P[name][...] = xp.asarray(np.asarray(w, np.float32))
+        # net.spectral: the trainer's vectors, and W_sn made from them once, as the trainer acts
+        self.net.spectral_in_steps()
+        if set(state.spectral or {}) != set(n.spectral):
+            raise CheckpointError(
+                f"{source}: spectral vectors for {sorted(state.spectral or {})}, config {list(n.spectral)}"
+            )
+        for layer, vecs in (state.spectral or {}).items():
+            for k in ("u", "v"):
+                self.net.linears[layer].sn[k][...] = xp.asarray(np.asarray(vecs[k], np.float32))
+        self.net.spectral_step(iterate=False)
         self._ws = {cfg.env.n_envs: self.net.ws}
         self.counters = None  # IQN: the Philox counter of the acting taus, as the trainer had it
         if state.tau_counter is not None:

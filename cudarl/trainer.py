@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import __version__, interrupt, metrics_log, rundir
+from . import __version__, experience, interrupt, metrics_log, rundir
 from . import backend as _backend
 from . import checkpoint as ckpt
 from .agent import Agent
@@ -130,12 +130,25 @@ class Trainer:
         rows = self.env.rows_per_step * self.env.n_envs
         self.transitions = self.env.make_transitions()
         self.discount = xp.zeros(rows, np.float32)
+        # offline (run.offline): the replay's columns are the recording's rows of a step, filled from it
+        self.experience = None
+        if cfg.run.offline:
+            self.experience = experience.read(cfg.run.offline)
+            experience.check_fits(
+                self.experience,
+                cfg.run.offline,
+                self.data.names,
+                self.data.normaliser,
+                cfg.env.position_levels(),
+                cfg.replay.n_step,
+            )
+        columns = rows if self.experience is None else self.experience.rows_per_step
         # replay: every row group of a step is one interleaved "env" column of the ring
         self.replay = PrioritizedReplay(
             cfg.replay.capacity,
             self.env.obs_dim,
             n_step=cfg.replay.n_step,
-            n_envs=rows,
+            n_envs=columns,
             alpha=cfg.replay.alpha,
             eps=cfg.replay.eps,
             beta0=cfg.replay.beta0,
@@ -143,11 +156,12 @@ class Trainer:
             beta_steps=cfg.replay.beta_steps,
             seed=cfg.run.seed,
             backend=self.be.name,
-            store_next_obs=cfg.env.counterfactual,
+            store_next_obs=cfg.env.counterfactual if self.experience is None else self.experience.next_obs is not None,
         )
+        if self.experience is not None:
+            n = experience.load_into(self.experience, self.replay, cfg.agent.gamma)
+            echo(f"offline: {n:,} recorded transitions from {cfg.run.offline} ({self.experience.steps} steps)")
         self.agent = Agent(cfg, self.env.obs_dim, self.env.n_actions, self.env.n_envs, xp)
-        if self.replay.row_width != self.env.obs_dim:
-            raise ValueError("padded replay rows are not supported by the trainer (the network reads obs_dim columns)")
         self.batch = self.agent.batch
         self.replay.reserve(cfg.agent.batch_size)
         stream = None
@@ -235,6 +249,8 @@ class Trainer:
 
     # --- the loop ----------------------------------------------------------------------------------
     def _ready_rows(self) -> int:
+        if self.experience is not None:
+            return self.replay.ready()  # offline: what the recording filled (a device read, before training)
         lag = 0 if self.cfg.env.counterfactual else self.cfg.replay.n_step * self.rows_per_collect
         return max(0, min(self.collect_steps * self.rows_per_collect, self.cfg.replay.capacity) - lag)
 
@@ -250,6 +266,11 @@ class Trainer:
         sw = Stopwatch(self.timings)
         self._capture()
         sw.lap("capture")
+        if self.experience is not None and self._ready_rows() < need:
+            raise experience.ExperienceError(
+                f"{self.cfg.run.offline}: {self._ready_rows()} recorded transitions are ready to sample; "
+                f"training needs max(agent.learning_starts, agent.batch_size) = {need}"
+            )
         while self._ready_rows() < need and not stop:
             self.collect_graph.replay()
             self.collect_steps += 1
@@ -267,8 +288,8 @@ class Trainer:
         """One learner update as the run loop makes it: a collection step first every
         ``agent.updates_per_collect`` updates, the train graph, then the agent's host-driven work
         between updates (:meth:`cudarl.agent.Agent.between_updates`)."""
-        # collect
-        if self.step % self.cfg.agent.updates_per_collect == 0:
+        # collect (never offline: the replay holds the recording)
+        if self.experience is None and self.step % self.cfg.agent.updates_per_collect == 0:
             self.collect_graph.replay()
             self.collect_steps += 1
         # learn
@@ -327,6 +348,9 @@ class Trainer:
         result = self.last_evaluation.summary if evaluated else self.evaluate("val")
         if not evaluated:
             self._save_evaluated()
+        if self.cfg.run.record:
+            path = experience.record(self, self.cfg.run.record)
+            self.echo(f"recorded the replay's transitions to {path} (cudarl-train train --offline {path})")
         if progress is not None and self._last_row is not None:
             progress(self.step, self._last_row, self.last_eval)  # show the final validation Sharpe
         best = (
