@@ -18,7 +18,15 @@ from cudarl.trainer import Trainer
 
 #: Files, and functions of cudarl/config.py, whose reads are the configuration's own business, not a use.
 _NOT_A_USE = ("/dataclasses.py", "/copy.py", "/reprlib.py", "test_config_fields_read.py")
-_CONFIG_MACHINERY = {"to_dict", "to_toml", "dumps_toml", "from_dict", "with_overrides", "resolve_for_backend", "_coerce"}
+_CONFIG_MACHINERY = {
+    "to_dict",
+    "to_toml",
+    "dumps_toml",
+    "from_dict",
+    "with_overrides",
+    "resolve_for_backend",
+    "_coerce",
+}
 
 
 def _instrument(monkeypatch) -> set:
