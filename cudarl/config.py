@@ -394,7 +394,10 @@ class AgentConfig:
     """Learner updates during which PopArt's statistics move; then they are frozen (0: they never stop).
     C51's atoms are fixed, so while the statistics move each atom's return ``s z + mu`` moves under the
     learned distribution; frozen, its meaning cannot drift (docs/guide.md). The quantile heads rescale
-    their last layer with every update, so their outputs keep their meaning either way."""
+    their last layer with every update, so their outputs keep their meaning either way. A fifth of the
+    default budget: while updates << 1 / ``popart_beta`` the bias-corrected statistics weigh every batch
+    so far about equally, so after a few hundred batches they barely move; ``tools/gpu_mechanisms.sh``
+    measures it against never freezing."""
     cql_alpha: float = 0.0
     """Weight of discrete CQL (Kumar et al. 2020, ``alpha (logsumexp_a Q(s, a) - Q(s, a_data))`` on the
     head's expected Q) added to the loss: it pushes down the values of actions the data did not take,
@@ -528,7 +531,8 @@ CPU_DEFAULTS = {
     "env": {"n_envs": 16, "episode_len": 256},
     "replay": {"capacity": 100_000},
     "net": {"hidden": (64, 64)},
-    "agent": {"batch_size": 64, "learning_starts": 500, "eps_steps": 2_000},
+    # popart_warmup: a fifth of the budget, as on the GPU (2,000 of 10,000 updates)
+    "agent": {"batch_size": 64, "learning_starts": 500, "eps_steps": 2_000, "popart_warmup": 400},
     # Fewer updates on the CPU want a larger step: on builtin:regime, 2000 updates, 3 seeds, the
     # test-split Sharpe was 1.62 at 1e-4, 1.96 at 3e-4, 1.41 at 1e-3 (docs/sweeps.md).
     "optim": {"lr": 3e-4},
