@@ -68,6 +68,7 @@ def jobs_for(rows, seeds: int, device: str, quick: bool, rec_dir: Path) -> list[
                         "variant": name,
                         "mechanism": mech,
                         "sets": [s.format(rec=rec) for s in sets],
+                        "row_sets": list(sets),  # as the row names them ({rec}: the seed's recording)
                         "device": device,
                         "quick": quick,
                     }
@@ -98,7 +99,7 @@ def table(rows: list[dict]) -> list[dict]:
             "mechanism": rs[0]["mechanism"],
             "task": task,
             "head": head,
-            "sets": rs[0]["sets"],
+            "sets": rs[0].get("row_sets", rs[0]["sets"]),
             "n": len(ok),
             "errors": [r["error"] for r in rs if r.get("error")],
             "sharpe": _mean([r["test_sharpe"] for r in ok]),
