@@ -7,7 +7,7 @@ import json
 
 import numpy as np
 import pytest
-from test_trainer import gpu_small, small
+from test_trainer import gpu_small, resumed_and_uninterrupted, small
 
 from cudarl.reference import popart as pref
 from cudarl.trainer import Trainer
@@ -92,15 +92,9 @@ def test_popart_statistics_move_during_the_warmup_then_freeze(head):
 
 
 def test_popart_freeze_survives_resume(tmp_path):
-    cfg = small(agent={"popart": True, "popart_warmup": 30})
-    full = Trainer(cfg, run_dir=tmp_path / "full", echo=lambda m: None)
-    full.run(60)
-    half = Trainer(cfg, run_dir=tmp_path / "half", echo=lambda m: None)
-    half.run(45)
-    resumed = Trainer.resume(half.save(), run_dir=tmp_path / "resumed", echo=lambda m: None)
+    """Frozen at 30, saved at 50: the resumed run is frozen and gives the uninterrupted run's losses."""
+    resumed, _ = resumed_and_uninterrupted(small(agent={"popart": True, "popart_warmup": 30}), tmp_path)
     assert resumed.agent.popart.frozen
-    resumed.run(60)
-    assert resumed.losses == full.losses[45:60]
 
 
 # --- Q statistics and the guard's collapse rule ------------------------------------------------------
@@ -276,13 +270,7 @@ def test_spectral_norm_resumes_exactly_and_a_policy_file_acts_as_the_trainer(tmp
     from cudarl.policy import load_policy
 
     cfg = small(net={"spectral": ["enc.1", "head.va"]}, run={"checkpoint_every": 50})
-    full = Trainer(cfg, run_dir=tmp_path / "full", echo=lambda m: None)
-    full.run(100)
-    half = Trainer(cfg, run_dir=tmp_path / "half", echo=lambda m: None)
-    half.run(50)
-    resumed = Trainer.resume(half.save(), run_dir=tmp_path / "resumed", echo=lambda m: None)
-    resumed.run(100)
-    assert resumed.losses == full.losses[50:100]
+    _, full = resumed_and_uninterrupted(cfg, tmp_path)
     p = load_policy(tmp_path / "full" / "checkpoints" / "step-00000100.safetensors", device="cpu")
     np.testing.assert_array_equal(p.evaluate(split="val").position, full.greedy_positions(full.data.splits.val))
 
@@ -305,14 +293,8 @@ def test_shrink_and_perturb_acts_every_shrink_every_updates():
 
 
 def test_shrink_and_perturb_resumes_exactly(tmp_path):
-    cfg = small(optim={"shrink_every": 30, "perturb": 0.01})
-    full = Trainer(cfg, run_dir=tmp_path / "full", echo=lambda m: None)
-    full.run(100)
-    half = Trainer(cfg, run_dir=tmp_path / "half", echo=lambda m: None)
-    half.run(45)
-    resumed = Trainer.resume(half.save(), run_dir=tmp_path / "resumed", echo=lambda m: None)
-    resumed.run(100)
-    assert resumed.losses == full.losses[45:100]
+    """Shrunk at 30, saved at 50, shrunk again at 60 and 90 after the resume: the same losses."""
+    resumed_and_uninterrupted(small(optim={"shrink_every": 30, "perturb": 0.01}), tmp_path)
 
 
 @pytest.mark.gpu
