@@ -152,11 +152,15 @@ def calendar(ctx: FeatureContext, config: FeatureConfig) -> list:
 
 
 def extra(ctx: FeatureContext, config: FeatureConfig) -> list:
-    """Each column of ``bars.extra`` as given, by name in sorted order (the regime signal of
-    builtin:regime). Nothing when ``extra`` is off."""
-    if not config.extra:
-        return []
-    return [(k, np.asarray(ctx.bars.extra[k], dtype=np.float64)) for k in sorted(ctx.bars.extra)]
+    """The columns of ``bars.extra`` named in ``config.extra``, as given, in that order. Nothing by
+    default: a synthetic market's answer columns (its hidden state) stay out of the observation."""
+    missing = [k for k in config.extra if k not in ctx.bars.extra]
+    if missing:
+        raise ValueError(
+            f"features.extra names {missing}, which {ctx.bars.source} does not have; "
+            f"its extra columns are {sorted(ctx.bars.extra)}"
+        )
+    return [(k, np.asarray(ctx.bars.extra[k], dtype=np.float64)) for k in config.extra]
 
 
 #: The feature registry (STYLE.md: a dict, not an if/elif chain): group name -> :data:`FeatureFn`.
@@ -196,7 +200,8 @@ class FeatureConfig:
     groups: tuple = BUILTIN
     """Feature groups (``cudarl.features.FEATURES``) computed, in this order; the default is every
     built-in one. Add your own with ``cudarl.features.register_feature`` (docs/guide.md).
-    ``time_features = false`` and ``extra = false`` still leave those groups' columns out."""
+    ``time_features = false`` still leaves the time columns out, and the ``extra`` group adds only the
+    columns ``extra`` names."""
     horizons: tuple = (1, 4, 16, 64)
     """Log-return horizons in bars (each >= 1)."""
     vol_halflife: float = 32.0
@@ -208,9 +213,11 @@ class FeatureConfig:
     time_of_day: bool | None = None
     """Time-of-day columns; ``None``: on when the series' median spacing is under a day.
     (That choice names columns once per series; it never changes a value.)"""
-    extra: bool = True
-    """Append ``bars.extra`` columns."""
-    signed_extra: tuple = ("regime", "next_return")
+    extra: tuple = ()
+    """Columns of ``bars.extra`` appended as features, by name (e.g. ``["next_return"]``, the leak of
+    ``builtin:canary``). None by default: the synthetic markets' extra columns are their answers
+    (hidden state, conditional mean), for evaluation only."""
+    signed_extra: tuple = ("regime", "next_return", "drift", "deviation")
     """Extra columns whose sign follows the market's direction (negated by the env's mirror)."""
 
     def __post_init__(self):
@@ -220,6 +227,14 @@ class FeatureConfig:
             raise ValueError(f"horizons must be >= 1, got {self.horizons}")
         if self.vol_halflife <= 0 or self.volume_halflife <= 0:
             raise ValueError("half-lives must be > 0")
+        if isinstance(self.extra, (bool, str)) or not all(isinstance(k, str) for k in self.extra):
+            raise ValueError(
+                f"extra names the extra columns to use as features (a list of names, e.g. ['next_return']), "
+                f"got {self.extra!r}"
+            )
+        if len(set(self.extra)) != len(tuple(self.extra)):
+            raise ValueError(f"extra must name each column once, got {list(self.extra)}")
+        object.__setattr__(self, "extra", tuple(self.extra))
 
     @property
     def warmup(self) -> int:

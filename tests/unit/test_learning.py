@@ -12,6 +12,7 @@ def test_cpu_canary_learns_the_leak():
     over = {
         "run": {"device": "cpu", "steps": 600, "eval_every": 0, "checkpoint_every": 0},
         "data": {"source": "builtin:canary?n=3000"},
+        "features": {"extra": ["next_return"]},  # the leak, named: answer columns are never features unless named
         "agent": {"gamma": 0.5},
         "replay": {"n_step": 1},
     }
