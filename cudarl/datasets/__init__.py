@@ -89,7 +89,9 @@ def parse(spec: str) -> tuple[str, dict]:
     out = dict(defaults)
     for key, value in parse_qsl(query, keep_blank_values=True):
         if key not in defaults:
-            raise DataError(spec, [Problem("bad_builtin", f"unknown parameter {key!r}; {name} takes {sorted(defaults)}")])
+            raise DataError(
+                spec, [Problem("bad_builtin", f"unknown parameter {key!r}; {name} takes {sorted(defaults)}")]
+            )
         try:
             out[key] = _value(defaults[key], value)
         except ValueError:

@@ -21,8 +21,10 @@ def business_days(n: int, start=START) -> np.ndarray:
     last_day = int(np.iinfo(np.int64).max // NS_PER_DAY)
     if n > 0 and d0 + 7 * ((n - 1) // 5) + (n - 1) % 5 > last_day:
         most = 5 * ((last_day - d0) // 7) + min((last_day - d0) % 7 + 1, 5)
-        raise ValueError(f"{n} daily bars from {start} run past 2262-04-11, the last date int64 nanoseconds hold; "
-                         f"at most {most} bars (or intraday bars: bar_minutes=1)")
+        raise ValueError(
+            f"{n} daily bars from {start} run past 2262-04-11, the last date int64 nanoseconds hold; "
+            f"at most {most} bars (or intraday bars: bar_minutes=1)"
+        )
     k = np.arange(n, dtype=np.int64)
     return (d0 + 7 * (k // 5) + k % 5) * np.int64(NS_PER_DAY)
 

@@ -21,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
+from scipy.signal import lfilter
 
 from cudarl.data.bars import Bars
 
@@ -119,16 +120,12 @@ def _ar_path(n, seed, tag, phi, sigma):
     _need(ar_coefficients_ok(phi), f"AR coefficients {phi.tolist()} are not stationary (or empty)")
     _need(sigma > 0 and n >= 2, "needs sigma > 0, n >= 2")
     rng = np.random.default_rng([int(seed), tag])
-    k, burn = phi.size, 50 * phi.size + 500  # the burn-in forgets the zero start
+    burn = 50 * phi.size + 500  # the burn-in forgets the zero start
     e = sigma * rng.standard_normal(n + burn)
-    x = np.zeros(n + burn + 1)  # x[j + 1] = R of step j
-    drift = np.zeros(n + burn)
-    for j in range(n + burn):
-        past = x[max(0, j + 1 - k) : j + 1][::-1]  # R_j, R_{j-1}, ...
-        drift[j] = float(phi[: past.size] @ past)
-        x[j + 1] = drift[j] + e[j]
+    x = lfilter([1.0], np.concatenate([[1.0], -phi]), e)  # x[j] = sum_i phi_i x[j - i] + e[j]
+    drift = np.concatenate([x[1:] - e[1:], [float(phi @ x[::-1][: phi.size])]])  # E[x[j + 1] | x[<= j]]
     # row t of the output is step burn + t: R_t = x[burn + t], E[R_{t+1}] = drift[burn + t]
-    return x[burn : burn + n], drift[burn : burn + n], rng
+    return x[burn:], drift[burn:], rng
 
 
 def ar(n=5000, seed=0, phi=(0.1,), sigma=0.01, periods_per_year=252.0, bar_minutes=0) -> Bars:
@@ -153,7 +150,9 @@ def lag(n=5000, seed=0, lag=5, phi=0.15, sigma=0.01, periods_per_year=252.0, bar
     default horizons 1, 4, 16, 64 and ``lag = 5`` it is 1/16 of ``ret_16``). Answer column ``drift``.
     """
     _need(int(lag) >= 1, f"lag must be >= 1, got {lag}")
-    params = dict(n=n, seed=seed, lag=lag, phi=phi, sigma=sigma, periods_per_year=periods_per_year, bar_minutes=bar_minutes)
+    params = dict(
+        n=n, seed=seed, lag=lag, phi=phi, sigma=sigma, periods_per_year=periods_per_year, bar_minutes=bar_minutes
+    )
     r, drift, rng = _ar_path(n, seed, 0x1A6, lag_coefficients(lag, phi), sigma)
     return bars_from_returns("lag", r, rng, params, extra={"drift": drift})
 
@@ -165,14 +164,18 @@ def ou(n=5000, seed=0, kappa=0.05, sigma=0.002, level=100.0, periods_per_year=87
     ``drift`` = ``E[R_{t+1} | x_t] = exp(-kappa d_t + sigma^2 / 2) - 1``."""
     _need(0.0 < kappa < 1.0 and sigma > 0 and level > 0 and n >= 2, "ou needs 0 < kappa < 1, sigma > 0, level > 0")
     params = dict(
-        n=n, seed=seed, kappa=kappa, sigma=sigma, level=level, periods_per_year=periods_per_year, bar_minutes=bar_minutes
+        n=n,
+        seed=seed,
+        kappa=kappa,
+        sigma=sigma,
+        level=level,
+        periods_per_year=periods_per_year,
+        bar_minutes=bar_minutes,
     )
     rng = np.random.default_rng([int(seed), 0x0B5])
     e = rng.standard_normal(n)
-    d = np.empty(n)
-    d[0] = sigma / math.sqrt(kappa * (2.0 - kappa)) * e[0]
-    for t in range(1, n):
-        d[t] = (1.0 - kappa) * d[t - 1] + sigma * e[t]
+    e[0] /= math.sqrt(kappa * (2.0 - kappa))  # d_0 from the stationary law
+    d = lfilter([1.0], [1.0, kappa - 1.0], sigma * e)  # d_t = (1 - kappa) d_{t-1} + sigma eps_t
     close = np.exp(math.log(level) + d)
     drift = np.exp(-kappa * d + 0.5 * sigma * sigma) - 1.0
     return bars_from_close("ou", close, rng, params, extra={"deviation": d, "drift": drift})
@@ -188,7 +191,13 @@ def noise(n=5000, seed=0, sigma=0.01, alpha=0.05, beta=0.90, df=5.0, periods_per
     _need(alpha >= 0 and beta >= 0 and alpha + beta < 1, "noise needs alpha, beta >= 0 and alpha + beta < 1")
     _need(df == 0 or df > 2, f"noise needs df > 2 (or 0 for normal draws), got {df}")
     params = dict(
-        n=n, seed=seed, sigma=sigma, alpha=alpha, beta=beta, df=df, periods_per_year=periods_per_year,
+        n=n,
+        seed=seed,
+        sigma=sigma,
+        alpha=alpha,
+        beta=beta,
+        df=df,
+        periods_per_year=periods_per_year,
         bar_minutes=bar_minutes,
     )
     rng = np.random.default_rng([int(seed), 0x401E])
@@ -222,7 +231,9 @@ def canary(n=5000, seed=0, sigma=0.01, periods_per_year=252.0, fill_close=0, bar
     px = np.asarray(walk.close if fill_close else walk.open, dtype=np.float64)
     leak = np.zeros(len(px))
     leak[:-2] = (px[2:] / px[1:-1] - 1.0) / sigma
-    params = dict(n=n, seed=seed, sigma=sigma, periods_per_year=periods_per_year, fill_close=fill_close, bar_minutes=bar_minutes)
+    params = dict(
+        n=n, seed=seed, sigma=sigma, periods_per_year=periods_per_year, fill_close=fill_close, bar_minutes=bar_minutes
+    )
     return dataclasses.replace(walk, extra={"next_return": leak}, source=spec("canary", params))
 
 
