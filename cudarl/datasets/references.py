@@ -17,8 +17,8 @@ How each is computed:
 - ``ou`` and ``ar`` with one lag: the state (deviation ``x_t - theta``, or the last return) is observed,
   so both references are the same dynamic programme over the discretised AR(1) state.
 - ``ar`` with more lags and ``lag``: the state is the last ``p`` returns; both references are the best
-  *no-trade-band rule* on the conditional mean ``m_t = E[R_{t+1} | past]`` (hold long while
-  ``m_t > l``, enter long when ``m_t > u``, symmetric for short, flat between), with ``(u, l)``
+  *no-trade-band rule* on the conditional mean ``m_t = E[R_{t+1} | past]`` (enter long when
+  ``m_t > enter``, hold it while ``m_t > hold``, symmetric for short, flat between), with ``(enter, hold)``
   chosen on a long path simulated from the model (not the data). For one lag the band rule and the
   dynamic programme agree (tests/unit/test_references.py).
 - ``noise``, ``randomwalk``: ``E[R_{t+1} | past] = 0``, so every trade loses its cost: both are flat.
@@ -132,7 +132,6 @@ def solve_positions(P, g, levels=LEVELS, cost_rate: float = 0.0, gamma: float = 
     """
     P, g = np.asarray(P, dtype=np.float64), np.asarray(g, dtype=np.float64)
     r = _rewards(g, levels, cost_rate)
-    G, A = g.size, len(levels)
     table = np.argmax(r, axis=2)
     for _ in range(max_iter):
         v = policy_value(P, g, levels, cost_rate, table, gamma)
@@ -169,16 +168,18 @@ class TablePolicy:
         return out
 
 
-def band_paths(m, u, l) -> np.ndarray:
-    """float64 [T, K]: positions in {-1, 0, +1} of K band rules ``(u[k], l[k])`` over signal ``m`` [T],
-    from flat: long when ``m > u``, or already long and ``m > l``; short symmetrically; else flat."""
+def band_paths(m, enter, hold) -> np.ndarray:
+    """float64 [T, K]: positions in {-1, 0, +1} of K band rules ``(enter[k], hold[k])`` over signal
+    ``m`` [T], from flat: long when ``m > enter``, or already long and ``m > hold``; short
+    symmetrically (``m < -enter``, or short and ``m < -hold``); flat otherwise."""
     m = np.asarray(m, dtype=np.float64)
-    u, l = np.atleast_1d(np.asarray(u, dtype=np.float64)), np.atleast_1d(np.asarray(l, dtype=np.float64))
-    pos = np.zeros(u.shape)
-    out = np.empty((m.size, u.size))
+    enter = np.atleast_1d(np.asarray(enter, dtype=np.float64))
+    hold = np.atleast_1d(np.asarray(hold, dtype=np.float64))
+    pos = np.zeros(enter.shape)
+    out = np.empty((m.size, enter.size))
     for t in range(m.size):
-        long_ = (m[t] > u) | ((pos > 0) & (m[t] > l))
-        short = (m[t] < -u) | ((pos < 0) & (m[t] < -l))
+        long_ = (m[t] > enter) | ((pos > 0) & (m[t] > hold))
+        short = (m[t] < -enter) | ((pos < 0) & (m[t] < -hold))
         pos = np.where(long_, 1.0, np.where(short, -1.0, 0.0))
         out[t] = pos
     return out
@@ -188,33 +189,38 @@ def band_paths(m, u, l) -> np.ndarray:
 class BandPolicy:
     """A no-trade band on a conditional mean: see :func:`band_paths`."""
 
-    u: float
-    l: float
+    enter: float
+    hold: float
 
     def positions(self, m, start: int, n: int) -> np.ndarray:
         """float64 [n]: positions at bars ``start .. start + n - 1`` from signal ``m`` [T], starting flat."""
-        u, l, pos = self.u, self.l, 0.0
+        enter, hold, pos = self.enter, self.hold, 0.0
         out = np.empty(n)
         for k, x in enumerate(np.asarray(m, dtype=np.float64)[start : start + n].tolist()):  # floats: fast
-            pos = 1.0 if x > u or (pos > 0 and x > l) else (-1.0 if x < -u or (pos < 0 and x < -l) else 0.0)
+            if x > enter or (pos > 0 and x > hold):
+                pos = 1.0
+            elif x < -enter or (pos < 0 and x < -hold):
+                pos = -1.0
+            else:
+                pos = 0.0
             out[k] = pos
         return out
 
 
 def band_search(m, r_next, cost_rate: float) -> BandPolicy:
     """The band rule with the highest mean net return on a path: signal ``m`` [T] known at ``t``,
-    ``r_next`` [T] the return a position taken at ``t`` earns. Entry ``u`` over quantiles of ``|m|``;
-    exit ``l`` from ``-u`` to ``u``."""
+    ``r_next`` [T] the return a position taken at ``t`` earns. ``enter`` over quantiles of ``|m|``;
+    ``hold`` from ``-enter`` to ``enter``."""
     m, r_next = np.asarray(m, dtype=np.float64), np.asarray(r_next, dtype=np.float64)
-    us = np.quantile(np.abs(m), np.linspace(0.0, 0.9, 13))
+    levels = np.quantile(np.abs(m), np.linspace(0.0, 0.9, 13))
     fr = np.linspace(-1.0, 1.0, 9)
-    u = np.repeat(us, fr.size)
-    l = u * np.tile(fr, us.size)
-    pos = band_paths(m, u, l)
-    prev = np.vstack([np.zeros((1, u.size)), pos[:-1]])
+    enter = np.repeat(levels, fr.size)
+    hold = enter * np.tile(fr, levels.size)
+    pos = band_paths(m, enter, hold)
+    prev = np.vstack([np.zeros((1, enter.size)), pos[:-1]])
     net = (pos * r_next[:, None] - cost_rate * np.abs(pos - prev)).mean(axis=0)
     k = int(np.argmax(net))
-    return BandPolicy(float(u[k]), float(l[k]))
+    return BandPolicy(float(enter[k]), float(hold[k]))
 
 
 # --- the markets' references ------------------------------------------------------------------------
@@ -323,7 +329,10 @@ def reference_positions(bars: Bars, start: int, n: int, *, cost_rate: float, lev
             z, how = R, "dp: last return"
         else:
             full_z = ar_forecast(R, phi, lead) if lead > 1 else bars.extra["drift"]
-            z, how = ar_forecast(R, phi, lead), f"band rule u={pol.u:.3g}, l={pol.l:.3g} on E[R_(t+{lead})]"
+            z, how = (
+                ar_forecast(R, phi, lead),
+                f"band rule enter={pol.enter:.3g}, hold={pol.hold:.3g} on E[R_(t+{lead})]",
+            )
         return {
             "full_information": pol.positions(full_z, start, n),
             "causal": pol.positions(z, start, n),

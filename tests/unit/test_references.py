@@ -86,10 +86,10 @@ def test_band_rule_of_ar1_matches_the_dynamic_programme():
     a, b = mean_net(dp.positions(R, 0, len(R) - 1)), mean_net(band.positions(phi * R, 0, len(R) - 1))
     assert a > 0 and abs(a - b) < 0.02 * a, (a, b)
     # the band is a real one: entry above exit, a no-trade zone at these costs
-    assert band.u > 0 and band.l < band.u
+    assert band.enter > 0 and band.hold < band.enter
     # the scalar walk is the vector one
     np.testing.assert_array_equal(
-        band.positions(phi * R, 5, 3000), ref.band_paths(phi * R[5:3005], band.u, band.l)[:, 0]
+        band.positions(phi * R, 5, 3000), ref.band_paths(phi * R[5:3005], band.enter, band.hold)[:, 0]
     )
 
 
