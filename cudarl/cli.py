@@ -246,7 +246,7 @@ def evaluate(
     """Evaluate a checkpoint's greedy policy on a split: summary.json, equity.csv, trades.csv, equity.png."""
     from cudarl.checkpoint import load
     from cudarl.config import from_dict
-    from cudarl.evaluate import write_outputs
+    from cudarl.evaluate import json_safe, write_outputs
     from cudarl.features import Normaliser
     from cudarl.trainer import Trainer
 
@@ -273,9 +273,8 @@ def evaluate(
         ev = t.last_evaluation
         dest = out or Path(checkpoint).resolve().parents[1] / "eval" / f"{split}-{t.step:08d}"
         write_outputs(ev, dest)
-        typer.echo(
-            json.dumps({k: summary[k] for k in ("split", "policy", "buy_and_hold", "flat")}, indent=1, default=str)
-        )
+        keys = ("split", "policy", "buy_and_hold", "flat", "statistics", "deployment")
+        typer.echo(json.dumps(json_safe({k: summary[k] for k in keys}), indent=1, allow_nan=False))
         typer.echo(f"wrote {dest}", err=True)
     except _user_errors() as e:
         fail(str(e))

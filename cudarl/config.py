@@ -1,7 +1,7 @@
 """Every default of cudarl, in one place: frozen dataclasses with validated ranges.
 
 A run's configuration is :class:`Config`: sections ``run``, ``data``, ``features``, ``env``,
-``replay``, ``net``, ``optim``, ``agent``, ``guard``. The CLI and every entry point build it
+``replay``, ``net``, ``optim``, ``agent``, ``guard``, ``eval``. The CLI and every entry point build it
 from here (``Config()``, then a TOML file, then ``--set section.field=value`` overrides); a test
 checks that the CLI's defaults are these. ``features`` and ``env`` are the dataclasses of
 :mod:`cudarl.features` and :mod:`cudarl.env`, whose defaults live with them and nowhere else.
@@ -334,6 +334,37 @@ class GuardConfig:
         _in(s, "snapshot_every", self.snapshot_every, 1, 10**12, integer=True)
 
 
+@dataclass(frozen=True)
+class EvalConfig:
+    """How a trained policy is evaluated and deployed: the statistics of every evaluation summary
+    (docs/metrics.md) and the rules that decide which positions the trained policy takes outside
+    the validation split."""
+
+    trials: int = 1
+    """Configurations tried before choosing this one (seeds of one configuration do not count): the
+    number of trials of the deflated Sharpe ratio."""
+    level: float = 0.95
+    """Confidence level of the intervals (the Sharpe's bootstrap interval, the difference with buy-and-hold)."""
+    resamples: int = 1000
+    """Stationary-bootstrap resamples of each evaluation."""
+    gate_psr: float = 0.0
+    """Validation-gated deployment: outside the validation split the trained policy trades only when its
+    validation evaluation (same weights) has a probabilistic Sharpe ratio against 0 of at least this;
+    otherwise it stays flat, and the summary says so. 0 turns the gate off."""
+    margin: float = 0.0
+    """No-trade margin of the greedy policy in evaluation: it leaves the held position only for an action
+    whose expected value exceeds the held one's by more than this, in the head's value units
+    (PopArt-normalised returns with ``agent.popart``, the default). 0: the plain argmax."""
+
+    def __post_init__(self):
+        s = "eval"
+        _in(s, "trials", self.trials, 1, 10**9, integer=True)
+        _in(s, "level", self.level, 0, 1, lo_open=True, hi_open=True)
+        _in(s, "resamples", self.resamples, 10, 10**6, integer=True)
+        _in(s, "gate_psr", self.gate_psr, 0, 1, hi_open=True)
+        _in(s, "margin", self.margin, 0, 1e6)
+
+
 SECTIONS = {
     "run": RunConfig,
     "data": DataConfig,
@@ -344,6 +375,7 @@ SECTIONS = {
     "optim": OptimConfig,
     "agent": AgentConfig,
     "guard": GuardConfig,
+    "eval": EvalConfig,
 }
 
 
@@ -360,6 +392,7 @@ class Config:
     optim: OptimConfig = field(default_factory=OptimConfig)
     agent: AgentConfig = field(default_factory=AgentConfig)
     guard: GuardConfig = field(default_factory=GuardConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
 
     def __post_init__(self):
         _need(

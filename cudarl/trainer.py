@@ -36,7 +36,7 @@ from .config import Config, from_dict
 from .data import load as load_bars
 from .data import report as data_report
 from .env import TradingEnv
-from .evaluate import evaluate_positions, write_outputs
+from .evaluate import evaluate_positions, json_safe, write_outputs
 from .features import Normaliser, compute, return_sign
 from .graph import StepGraph
 from .guard import Guard, GuardStop
@@ -163,6 +163,8 @@ class Trainer:
         self._eval_envs: dict = {}
         self.last_eval: dict | None = None
         self.last_evaluation = None
+        self.history: list[dict] = []  # every evaluation row, in order (the validation Sharpe over training)
+        self._val_psr: tuple | None = None  # (step, validation PSR) for the deployment gate
         self.run_dir = None
         if run_dir is not False:
             self.run_dir = (
@@ -199,7 +201,7 @@ class Trainer:
         if self.run_dir is None:
             return
         with open(self.run_dir / "metrics.jsonl", "a") as f:
-            f.write(json.dumps(row) + "\n")
+            f.write(json.dumps(json_safe(row), allow_nan=False) + "\n")  # strict JSON: null, not NaN
 
     def _write_csv(self) -> None:
         if self.run_dir is None or not (self.run_dir / "metrics.jsonl").exists():
@@ -421,10 +423,15 @@ class Trainer:
             )
         return self._eval_envs[key]
 
-    def greedy_positions(self, split) -> np.ndarray:
-        """The online network's greedy positions at the decision bars of ``split`` (float64 ``[len - 2]``)."""
+    def greedy_positions(self, split, margin: float | None = None) -> np.ndarray:
+        """The online network's greedy positions at the decision bars of ``split`` (float64 ``[len - 2]``).
+
+        ``margin`` (default ``eval.margin``): the held position is kept unless another action's expected
+        value exceeds its own by more than this (the env's argmax then sees the held action's value
+        raised by ``margin``; ties go to the lowest action, as the env's act does)."""
         env = self._eval_env(split)
         xp = self.xp
+        margin = self.cfg.eval.margin if margin is None else float(margin)
         self.synchronize()
         levels = self.cfg.env.position_levels().astype(np.float64)
         with self.stream if self.stream is not None else _Null():
@@ -432,18 +439,43 @@ class Trainer:
             q = xp.zeros((1, env.n_actions), np.float32)
             eps = xp.zeros(1, np.float32)
             acts = np.empty(env.config.episode_len, np.int64)
+            held = int(np.argmin(np.abs(levels)))  # flat after the reset
             for k in range(env.config.episode_len):
                 self.agent.q_values(env.obs, q)
+                if margin > 0:
+                    q[0, held] += np.float32(margin)
                 env.act(q, eps)
                 env.step()
-                acts[k] = int(_backend.to_numpy(env.actions)[0])
+                acts[k] = held = int(_backend.to_numpy(env.actions)[0])
         return levels[acts]
 
-    def evaluate(self, split_name: str = "val", write: bool = True) -> dict:
-        """Greedy evaluation over a split with the env's fill and costs; writes ``eval/<split>-<step>/``."""
+    def validation_psr(self) -> float:
+        """The probabilistic Sharpe ratio (against 0) of the validation split at the current weights."""
+        if self._val_psr is None or self._val_psr[0] != self.step:
+            ev = self._evaluation("val", gate=False)
+            self._val_psr = (self.step, ev.summary["statistics"]["psr"])
+        return self._val_psr[1]
+
+    def deployment(self, split_name: str) -> dict:
+        """Whether the policy trades on ``split_name``: always on the validation split (its evidence is what
+        the gate reads) and with ``eval.gate_psr = 0``; otherwise only when :meth:`validation_psr` is at
+        least ``eval.gate_psr`` (an undefined PSR, e.g. a flat validation policy, keeps the gate closed)."""
+        g = self.cfg.eval.gate_psr
+        if g == 0 or split_name == "val":
+            return {"gate": "off" if g == 0 else "not applied to the validation split", "trading": True}
+        psr = self.validation_psr()
+        ok = psr is not None and math.isfinite(psr) and psr >= g
+        return {"gate": "open" if ok else "closed", "trading": bool(ok), "validation_psr": psr, "threshold": g}
+
+    def _evaluation(self, split_name: str, gate: bool = True, margin: float | None = None):
+        """:func:`cudarl.evaluate.evaluate_positions` of the deployed positions on a split (``gate`` False:
+        the trained policy's own, whatever the gate says)."""
         split = getattr(self.data.splits, split_name)
-        pos = self.greedy_positions(split)
-        e = self.cfg.env
+        pos = self.greedy_positions(split, margin)
+        dep = self.deployment(split_name) if gate else {"gate": "not applied", "trading": True}
+        if not dep["trading"]:
+            pos = np.zeros_like(pos)
+        e, ev_cfg = self.cfg.env, self.cfg.eval
         ev = evaluate_positions(
             self.data.bars,
             pos,
@@ -452,12 +484,24 @@ class Trainer:
             slippage_bps=e.slippage_bps,
             periods_per_year=self.data.periods_per_year,
             fill=e.fill,
+            trials=ev_cfg.trials,
+            level=ev_cfg.level,
+            resamples=ev_cfg.resamples,
         )
         ev.summary["step"] = self.step
+        ev.summary["deployment"] = {**dep, "margin": self.cfg.eval.margin if margin is None else float(margin)}
+        if split_name == "val" and dep["trading"]:
+            self._val_psr = (self.step, ev.summary["statistics"]["psr"])
+        return ev
+
+    def evaluate(self, split_name: str = "val", write: bool = True) -> dict:
+        """Greedy evaluation over a split with the env's fill and costs, and the deployment rules of
+        ``eval`` (gate, margin); writes ``eval/<split>-<step>/``."""
+        ev = self._evaluation(split_name)
         self.last_evaluation = ev
         if write and self.run_dir is not None:
             write_outputs(ev, self.run_dir / "eval" / f"{split_name}-{self.step:08d}", plot=True)
-        p = ev.summary["policy"]
+        p, st = ev.summary["policy"], ev.summary["statistics"]
         row = {
             "event": "eval",
             "split": split_name,
@@ -467,13 +511,24 @@ class Trainer:
             "max_drawdown": p.get("max_drawdown"),
             "buy_and_hold_sharpe": ev.summary["buy_and_hold"].get("sharpe"),
             "trades": p.get("trades"),
+            "psr": st.get("psr"),
+            "sharpe_interval": st.get("sharpe_interval"),
+            "trading": ev.summary["deployment"]["trading"],
         }
         self._log_row(row)
         self.last_eval = row
+        self.history.append(row)
+        lo, hi = row["sharpe_interval"] or (None, None)
+        gate = (
+            ""
+            if row["trading"]
+            else f"; flat: validation PSR {_fmt(ev.summary['deployment']['validation_psr'])} < gate"
+        )
         self.echo(
             f"eval {split_name} @ {self.step}: Sharpe {_fmt(row['sharpe'])} "
-            f"(buy-and-hold {_fmt(row['buy_and_hold_sharpe'])}), "
-            f"total return {_fmt(row['total_return'])}, max drawdown {_fmt(row['max_drawdown'])}"
+            f"({100 * self.cfg.eval.level:.0f}% interval {_fmt(lo)} to {_fmt(hi)}, PSR {_fmt(row['psr'])}; "
+            f"buy-and-hold {_fmt(row['buy_and_hold_sharpe'])}), "
+            f"total return {_fmt(row['total_return'])}, max drawdown {_fmt(row['max_drawdown'])}{gate}"
         )
         return ev.summary
 

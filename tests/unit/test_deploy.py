@@ -1,0 +1,89 @@
+"""The deployment rules of ``[eval]`` through the trainer: each one, switched on, moves what it should."""
+
+import json
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from cudarl.config import EvalConfig, from_dict, resolve_for_backend
+from cudarl.trainer import Trainer
+
+
+def trainer(source, steps, **sections):
+    over = {
+        "run": {"device": "cpu", "steps": max(steps, 1), "eval_every": 0, "checkpoint_every": 0},
+        "data": {"source": source},
+        "env": {"n_envs": 8, "episode_len": 128},
+        **sections,
+    }
+    cfg = resolve_for_backend(from_dict(over), False, over)
+    tr = Trainer(cfg, run_dir=False, echo=lambda m: None)
+    if steps:
+        tr.run()
+    return tr
+
+
+@pytest.fixture(scope="module")
+def canary():
+    """Trained on the leak for a few hundred updates: a policy with a real, large validation edge."""
+    return trainer(
+        "builtin:canary?n=2000",
+        300,
+        features={"extra": ["next_return"]},
+        agent={"gamma": 0.5},
+        replay={"n_step": 1},
+    )
+
+
+def with_eval(tr, **kw):
+    tr.cfg = replace(tr.cfg, eval=EvalConfig(**kw))
+    tr._val_psr = None
+    return tr
+
+
+def test_the_gate_opens_on_a_validated_edge_and_closes_on_none(canary):
+    tr = with_eval(canary, gate_psr=0.95)
+    test = tr.evaluate("test", write=False)
+    assert test["deployment"]["gate"] == "open" and test["deployment"]["validation_psr"] > 0.95
+    assert test["policy"]["trades"] > 10
+    # an untrained agent on a martingale has no validated edge: the deployed policy is flat
+    tr = with_eval(trainer("builtin:noise?n=1500", 0), gate_psr=0.0)
+    psr = tr.validation_psr()
+    ungated = tr.evaluate("test", write=False)
+    assert ungated["deployment"]["gate"] == "off"
+    tr = with_eval(tr, gate_psr=min(0.99, psr + 0.01) if psr == psr else 0.5)
+    gated = tr.evaluate("test", write=False)
+    assert gated["deployment"]["gate"] == "closed" and not gated["deployment"]["trading"]
+    assert gated["policy"]["trades"] == 0 and gated["policy"]["exposure"] == 0.0
+    assert ungated["policy"]["exposure"] > 0  # the gate is what made it flat
+    # the validation split itself is never gated: it is the evidence
+    assert tr.evaluate("val", write=False)["deployment"]["trading"]
+
+
+def test_the_margin_trades_less_and_a_huge_one_never_leaves_flat(canary):
+    trades = []
+    for m in (0.0, 0.05, 1e6):
+        tr = with_eval(canary, margin=m)
+        s = tr.evaluate("test", write=False)
+        assert s["deployment"]["margin"] == m
+        trades.append(s["policy"]["trades"])
+    assert trades[0] > 10 and trades[1] <= trades[0] and trades[2] == 0, trades
+    np.testing.assert_array_equal(canary.greedy_positions(canary.data.splits.test, margin=1e6), 0.0)
+
+
+def test_evaluation_rows_are_strict_json_and_kept_in_order(tmp_path):
+    over = {
+        "run": {"device": "cpu", "steps": 40, "eval_every": 20, "checkpoint_every": 0, "log_every": 10},
+        "data": {"source": "builtin:noise?n=900"},
+        "env": {"n_envs": 4, "episode_len": 64},
+        "agent": {"learning_starts": 64, "batch_size": 32},
+    }
+    cfg = resolve_for_backend(from_dict(over), False, over)
+    tr = Trainer(cfg, run_dir=tmp_path / "run", echo=lambda m: None)
+    tr.run()
+    assert [r["step"] for r in tr.history] == [20, 40]
+    for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines():
+        json.loads(line, parse_constant=lambda c: pytest.fail(f"non-strict JSON constant {c}"))
+    summary = json.loads((tmp_path / "run" / "eval" / "val-00000040" / "summary.json").read_text())
+    assert {"statistics", "deployment"} <= set(summary) and "psr" in summary["statistics"]
