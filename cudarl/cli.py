@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from pathlib import Path
 
 import typer
@@ -212,11 +213,25 @@ def train(
     resume: Path | None = typer.Option(
         None, "--resume", help="continue from a checkpoint (its config; --steps may extend it)"
     ),
+    walk_forward: int = typer.Option(
+        0, "--walk-forward", min=0, help="train and test on K rolling-origin folds; report each and the aggregate"
+    ),
 ):
     """Train an agent; writes runs/<name>-<time>-<seed>/ (config, metrics, checkpoints, eval)."""
     from cudarl.trainer import Trainer
 
+    if walk_forward and resume is not None:
+        fail("--walk-forward trains every fold from the start; it does not take --resume", 2)
     try:
+        if walk_forward:
+            from cudarl.walkforward import run_walk_forward
+
+            cfg, _ = build_config(data, config_file, sets, steps, device, seed, name, out)
+            stamp = f"{cfg.run.name}-{time.strftime('%Y%m%d-%H%M%S')}-{cfg.run.seed}-wf{walk_forward}"
+            root = Path(cfg.run.out_dir) / stamp
+            typer.echo(f"walk-forward over {walk_forward} folds: {root}", err=True)
+            run_walk_forward(cfg, walk_forward, root, echo=lambda m: typer.echo(m, err=True))
+            return
         if resume is not None:
             overrides = {"run": {"steps": steps}} if steps is not None else None
             trainer = Trainer.resume(resume, overrides=overrides, echo=lambda m: typer.echo(m, err=True))

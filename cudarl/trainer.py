@@ -57,12 +57,14 @@ class Prepared:
     periods_per_year: float
 
 
-def prepare_data(cfg: Config, bars=None, normaliser: Normaliser | None = None) -> Prepared:
-    """Load (or take) the bars, compute causal features, split, and fit the normaliser on train
-    (or use ``normaliser``, a trained model's, when evaluating on other data)."""
+def prepare_data(cfg: Config, bars=None, normaliser: Normaliser | None = None, splits=None) -> Prepared:
+    """Load (or take) the bars, compute causal features, split (or take ``splits``, e.g. a walk-forward
+    fold), and fit the normaliser on train (or use ``normaliser``, a trained model's, when evaluating
+    on other data)."""
     bars = bars if bars is not None else load_bars(cfg.data.source, min_bars=cfg.env.episode_len + 3)
     feats = compute(bars, cfg.features)
-    splits = chronological(len(bars), cfg.data.train_frac, cfg.data.val_frac, warmup=feats.warmup)
+    if splits is None:
+        splits = chronological(len(bars), cfg.data.train_frac, cfg.data.val_frac, warmup=feats.warmup)
     sign = return_sign(feats.names, cfg.features)
     if normaliser is not None and tuple(normaliser.names) != tuple(feats.names):
         raise ValueError(
@@ -101,14 +103,15 @@ class Trainer:
         run_dir: where outputs go (default ``<run.out_dir>/<name>-<time>-<seed>``); ``False`` for none.
         bars: optional already-loaded :class:`cudarl.data.Bars` (tests, the learning checks).
         normaliser: a trained model's feature normaliser (evaluation on other bars).
+        splits: train / val / test :class:`cudarl.splits.Splits` (default: chronological from ``data``).
         echo: a function printing one line (progress when not on a TTY, guard events, evaluations).
     """
 
-    def __init__(self, cfg: Config, *, run_dir=None, bars=None, normaliser=None, echo=print):
+    def __init__(self, cfg: Config, *, run_dir=None, bars=None, normaliser=None, splits=None, echo=print):
         self.cfg, self.echo = cfg, echo
         self.be = _backend.get({"auto": None, "gpu": "cupy", "cpu": "numpy"}[cfg.run.device])
         xp = self.xp = self.be.xp
-        self.data = prepare_data(cfg, bars, normaliser)
+        self.data = prepare_data(cfg, bars, normaliser, splits)
         tr = self.data.splits.train
         b = self.data.bars
         # environments over the training split
