@@ -289,6 +289,10 @@ class AgentConfig:
     without it bar returns of a few basis points fill one or two atoms; IQN: quantiles of unit scale."""
     popart_beta: float = 3e-4
     """PopArt's statistics step size."""
+    train_cost_bps: float = 0.0
+    """Extra cost per unit of position change charged in the training environments' reward only (added
+    to ``env.slippage_bps`` there; evaluation keeps the true costs): a turnover penalty against trading
+    on noise. 0: the training reward is the evaluation's."""
 
     def __post_init__(self):
         s = "agent"
@@ -305,6 +309,7 @@ class AgentConfig:
         _need(s, self.priority in ("kl", "ce"), f"priority must be kl or ce, got {self.priority!r}")
         _in(s, "kappa", self.kappa, 0, 1e6)
         _in(s, "popart_beta", self.popart_beta, 0, 1, lo_open=True)
+        _in(s, "train_cost_bps", self.train_cost_bps, 0, 1e4)
 
 
 @dataclass(frozen=True)

@@ -114,9 +114,19 @@ class Trainer:
         self.data = prepare_data(cfg, bars, normaliser, splits)
         tr = self.data.splits.train
         b = self.data.bars
-        # environments over the training split
+        # environments over the training split (their reward may carry the turnover penalty, evaluation never)
+        train_env = cfg.env
+        if cfg.agent.train_cost_bps:
+            train_env = replace(cfg.env, slippage_bps=cfg.env.slippage_bps + cfg.agent.train_cost_bps)
         self.env = TradingEnv(
-            b.open, b.close, self.data.x, self.data.sign, cfg.env, t_begin=tr.start, t_end=tr.stop, backend=self.be.name
+            b.open,
+            b.close,
+            self.data.x,
+            self.data.sign,
+            train_env,
+            t_begin=tr.start,
+            t_end=tr.stop,
+            backend=self.be.name,
         )
         rows = self.env.rows_per_step * self.env.n_envs
         self.transitions = self.env.make_transitions()

@@ -87,3 +87,17 @@ def test_evaluation_rows_are_strict_json_and_kept_in_order(tmp_path):
         json.loads(line, parse_constant=lambda c: pytest.fail(f"non-strict JSON constant {c}"))
     summary = json.loads((tmp_path / "run" / "eval" / "val-00000040" / "summary.json").read_text())
     assert {"statistics", "deployment"} <= set(summary) and "psr" in summary["statistics"]
+
+
+def test_the_turnover_penalty_is_charged_in_training_only():
+    """``agent.train_cost_bps`` raises the training environments' cost per unit of position change; the
+    evaluation environments keep the true costs."""
+    plain, pen = trainer("builtin:noise?n=900", 0), trainer("builtin:noise?n=900", 0, agent={"train_cost_bps": 50.0})
+    assert pen.env.params.slippage_bps == 50.0 and plain.env.params.slippage_bps == 0.0
+    assert pen._eval_env(pen.data.splits.test).params.slippage_bps == 0.0
+    rewards = []
+    for tr in (plain, pen):
+        tr.env.reset()
+        tr.env.step(actions=np.full(tr.env.n_envs, 2, np.int32))  # flat -> long: one unit of change
+        rewards.append(np.asarray(tr.env.reward, dtype=np.float64))
+    np.testing.assert_allclose(rewards[0] - rewards[1], 50e-4, rtol=1e-4)
