@@ -151,6 +151,17 @@ def calendar(ctx: FeatureContext, config: FeatureConfig) -> list:
     return out
 
 
+def level(ctx: FeatureContext, config: FeatureConfig) -> list:
+    """``level_<h>`` = (log C_t - m_t) / (sigma_t sqrt(h)) for each h of ``level_halflives``, ``m_t`` the
+    causal EW mean of log C up to t with half-life h (:func:`ewm_mean`): how far the price is from its
+    recent average, in units of the volatility over h bars (a mean-reversion or trend state that no sum
+    of recent returns gives). Not in the default groups."""
+    return [
+        (f"level_{h:g}", (ctx.log_close - ewm_mean(ctx.log_close, h)) / (ctx.sigma * math.sqrt(h)))
+        for h in config.level_halflives
+    ]
+
+
 def extra(ctx: FeatureContext, config: FeatureConfig) -> list:
     """The columns of ``bars.extra`` named in ``config.extra``, as given, in that order. Nothing by
     default: a synthetic market's answer columns (its hidden state) stay out of the observation."""
@@ -173,9 +184,12 @@ FEATURES: dict[str, FeatureFn] = {
     "volume": volume,
     "time": calendar,
     "extra": extra,
+    "level": level,
 }
-#: The built-in groups, in their default order.
+#: The built-in groups (their names cannot be registered again).
 BUILTIN = tuple(FEATURES)
+#: The groups computed by default, in order.
+DEFAULT_GROUPS = ("returns", "log_vol", "range", "body", "close_loc", "volume", "time", "extra")
 #: Features added by :func:`register_feature` -> whether their columns are signed.
 REGISTERED: dict[str, bool] = {}
 
@@ -197,13 +211,15 @@ def _check_groups(groups) -> None:
 class FeatureConfig:
     """What :func:`compute` builds."""
 
-    groups: tuple = BUILTIN
+    groups: tuple = DEFAULT_GROUPS
     """Feature groups (``cudarl.features.FEATURES``) computed, in this order; the default is every
-    built-in one. Add your own with ``cudarl.features.register_feature`` (docs/guide.md).
+    built-in one except ``level``. Add your own with ``cudarl.features.register_feature`` (docs/guide.md).
     ``time_features = false`` still leaves the time columns out, and the ``extra`` group adds only the
     columns ``extra`` names."""
     horizons: tuple = (1, 4, 16, 64)
     """Log-return horizons in bars (each >= 1)."""
+    level_halflives: tuple = (32, 128, 512)
+    """Half-lives, in bars, of the price averages the ``level`` group measures the price against (each > 0)."""
     vol_halflife: float = 32.0
     """Half-life, in bars, of the volatility that normalises returns and ranges."""
     volume_halflife: float = 64.0
@@ -225,7 +241,7 @@ class FeatureConfig:
         object.__setattr__(self, "groups", tuple(self.groups))
         if not self.horizons or min(self.horizons) < 1:
             raise ValueError(f"horizons must be >= 1, got {self.horizons}")
-        if self.vol_halflife <= 0 or self.volume_halflife <= 0:
+        if self.vol_halflife <= 0 or self.volume_halflife <= 0 or min(self.level_halflives, default=1) <= 0:
             raise ValueError("half-lives must be > 0")
         if isinstance(self.extra, (bool, str)) or not all(isinstance(k, str) for k in self.extra):
             raise ValueError(
@@ -265,7 +281,7 @@ def register_feature(name: str, fn: FeatureFn, *, signed: bool = False) -> Featu
 
 
 def _builtin_signed(name: str, config: FeatureConfig) -> bool:
-    return name.startswith("ret_") or name in {"body", "close_loc", *config.signed_extra}
+    return name.startswith(("ret_", "level_")) or name in {"body", "close_loc", *config.signed_extra}
 
 
 def _signed(name: str, config: FeatureConfig) -> bool:
@@ -311,7 +327,7 @@ def compute(bars: Bars, config: FeatureConfig = FeatureConfig()) -> Features:
         if _signed(n, config) != want:
             raise ValueError(
                 f"return_sign goes by names and would call column {n!r} of feature {g!r} "
-                f"{'unsigned' if want else 'signed'}; rename it (signed: ret_*, body, close_loc, "
+                f"{'unsigned' if want else 'signed'}; rename it (signed: ret_*, level_*, body, close_loc, "
                 "features.signed_extra and the columns of features registered signed)"
             )
     values = np.stack([v for _, _, v in cols], axis=1) if cols else np.zeros((T, 0))

@@ -28,6 +28,7 @@ the CPU-sized version. JSON output is strict (null with a reason, never NaN).
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import multiprocessing as mp
 import platform
@@ -365,6 +366,16 @@ def main() -> int:
     ap.add_argument("--set", action="append", default=[], help="SECTION.FIELD=VALUE applied to every run")
     ap.add_argument("--out", type=Path, default=ROOT / "docs" / "bench" / "learning_check.json")
     ap.add_argument("--results-md", type=Path, default=None, help="write the results page (docs/results.md) here")
+    ap.add_argument(
+        "--screen",
+        type=Path,
+        default=None,
+        help="a tools/sweep.py JSON-lines file of mechanism variants "
+        "on these tasks: the results page gets their on/off table against these runs",
+    )
+    ap.add_argument(
+        "--jsonl", type=Path, default=None, help="append each finished run here at once (kept if cut short)"
+    )
     args = ap.parse_args()
     device = resolve_device(args.device)
     unknown = [t for t in args.tasks.split(",") if t not in TASKS]
@@ -382,8 +393,13 @@ def main() -> int:
     ]
     t0 = time.perf_counter()
 
+    from cudarl.evaluate import json_safe
+
     def on_row(r):
         print(f"{r['task']:10s} {r['head']:4s} seed {r['seed']}: {describe(r)}", flush=True)
+        if args.jsonl:
+            with args.jsonl.open("a") as fh:
+                fh.write(json.dumps(json_safe(r), allow_nan=False) + "\n")
 
     rows = run_jobs(jobs, args.workers, on_row)
     wall = time.perf_counter() - t0
@@ -410,7 +426,7 @@ def main() -> int:
 
     print("\n" + learning_report.summary_text(rows))
     if args.results_md:
-        args.results_md.write_text(learning_report.results_markdown(meta, rows, failed))
+        args.results_md.write_text(learning_report.results_markdown(meta, rows, failed, args.screen))
         print(f"wrote {args.results_md}")
     return 1 if failed else 0
 

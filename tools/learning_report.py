@@ -200,8 +200,64 @@ def summary_text(rows) -> str:
     return "\n".join(lines)
 
 
-def results_markdown(meta: dict, rows: list[dict], failed: list[dict]) -> str:
-    """The results page: method, targets, markets, deployment rules, real series, every run."""
+def _key_metric(rs: list[dict]) -> str:
+    """One cell of the training-mechanism table: the task's target measure over the seeds."""
+    ok = [r for r in rs if not r.get("error")]
+    if not ok:
+        return f"{len(rs)} failed"
+    kind = ok[0].get("kind")
+    target = TARGETS.get(kind)
+    met = f"; target met {sum(target[2](r) for r in ok)}/{len(ok)}" if target else ""
+    if has_reference(ok[0]):
+        vals = [r.get("fraction_of_causal") for r in ok]
+        low = min((v for v in vals if _finite(v)), default=math.nan)
+        return f"{_stat(vals, True).split(' ±')[0]} of causal (min {_pct(low)}){met}"
+    if kind == "decay":
+        vals = [r.get("decay_ratio") for r in ok]
+        return f"final/best {_stat(vals, True).split(' ±')[0]}{met}"
+    trades = seed_summary([r["test_trade_bars_pct"] for r in ok])["mean"]
+    return f"Sharpe {_f(seed_summary([r['test_sharpe'] for r in ok])['mean'])}, trades {_f(trades, '.1f')}%{met}"
+
+
+def screen_lines(rows: list[dict], screen: list[dict]) -> list[str]:
+    """Training-side mechanisms on and off: the variants of a tools/sweep.py screen against this check's
+    runs of the same tasks (``base``), per task and head."""
+    variants = ["base"] + list(dict.fromkeys(r["variant"] for r in screen))
+    sets = {r["variant"]: r.get("sets", []) for r in screen}
+    tasks = list(dict.fromkeys(r["task"] for r in screen))
+    out = [
+        "| variant | overrides |",
+        "|---|---|",
+        "| base | (this page's runs) |",
+        *[f"| {v} | {', '.join(f'`{x}`' for x in sets[v] if not x.startswith('eval.trials'))} |" for v in variants[1:]],
+        "",
+        "| task | head | " + " | ".join(variants) + " |",
+        "|---|---|" + "---|" * len(variants),
+    ]
+    for task in tasks:
+        for head in dict.fromkeys(r["head"] for r in screen if r["task"] == task):
+            cells = []
+            for v in variants:
+                src = rows if v == "base" else [r for r in screen if r["variant"] == v]
+                rs = [r for r in src if (r["task"], r["head"]) == (task, head)]
+                cells.append(_key_metric(rs) if rs else "not run")
+            out.append(f"| {task} | {head} | " + " | ".join(cells) + " |")
+    return out
+
+
+def read_rows(path) -> list[dict]:
+    """Rows of a JSON-lines file (one run a line) or of a learning-check JSON file (its ``rows``)."""
+    import json
+
+    text = Path(path).read_text()
+    if str(path).endswith(".jsonl"):
+        return [json.loads(line) for line in text.splitlines() if line.strip()]
+    return json.loads(text)["rows"]
+
+
+def results_markdown(meta: dict, rows: list[dict], failed: list[dict], screen=None) -> str:
+    """The results page: method, targets, markets, deployment rules, real series, every run; with
+    ``screen`` (a tools/sweep.py JSON-lines file) also the training mechanisms' on/off table."""
     budgets = sorted({(r["updates"], r["envs"]) for r in rows})
     for r in rows:
         r["quick"] = meta.get("quick", False)
@@ -210,7 +266,7 @@ def results_markdown(meta: dict, rows: list[dict], failed: list[dict]) -> str:
         "",
         f"Written by `tools/learning_check.py --results-md` on {meta['gpu']} (device `{meta['device']}`), commit "
         f"`{meta['commit']}`, {meta['date']}; seeds 0-{meta['seeds'] - 1}, {meta['workers']} worker process(es), "
-        f"{meta['wall_s']:.0f} s of wall time in all.",
+        f"{_f(meta['wall_s'], '.0f')} s of wall time in all.",
         "Configuration: the defaults (`docs/config.md`) plus each task's settings in `tools/learning_check.py` "
         f"(`TASKS`); overrides: {', '.join(f'`{x}`' for x in meta['sets']) or 'none'}. Budget per run: "
         + "; ".join(f"{u:,} learner updates with {e} environments" for u, e in budgets)
@@ -244,6 +300,19 @@ def results_markdown(meta: dict, rows: list[dict], failed: list[dict]) -> str:
         "",
         *real_lines(rows),
         "",
+    ]
+    if screen is not None and Path(screen).is_file():
+        out += [
+            "## Training mechanisms on and off",
+            "",
+            "Each variant trains again with its overrides (`tools/sweep.py`, same tasks, heads, seeds and "
+            "budget); `base` is this page's runs. Cells: the task's target measure over the seeds (mean, lowest "
+            "seed) and how many seeds meet the target of the table above.",
+            "",
+            *screen_lines(rows, read_rows(screen)),
+            "",
+        ]
+    out += [
         "## Every run",
         "",
         *run_lines(rows),
@@ -253,3 +322,40 @@ def results_markdown(meta: dict, rows: list[dict], failed: list[dict]) -> str:
             f"- {r['task']} {r['head']} seed {r['seed']}: {r['error']}" for r in failed
         ]
     return "\n".join(out) + "\n"
+
+
+def main() -> int:
+    import argparse
+    import os
+
+    ap = argparse.ArgumentParser(description="Write the results page from a learning check's rows.")
+    ap.add_argument("check", type=Path, help="learning_check.json, or the JSON-lines file of a check cut short")
+    ap.add_argument("--screen", type=Path, default=None, help="tools/sweep.py JSON lines of mechanism variants")
+    ap.add_argument("--md", type=Path, required=True)
+    args = ap.parse_args()
+    if str(args.check).endswith(".jsonl"):
+        rows = read_rows(args.check)
+        meta = {
+            "gpu": "(not recorded: rows of a check cut short)",
+            "device": rows[0].get("device", "?"),
+            "commit": os.environ.get("CUDARL_COMMIT", "unknown"),
+            "date": "(see the run's log)",
+            "seeds": 1 + max(r["seed"] for r in rows),
+            "workers": "?",
+            "wall_s": float("nan"),
+            "sets": rows[0].get("sets", []),
+        }
+    else:
+        import json
+
+        meta = json.loads(args.check.read_text())
+        rows = meta.pop("rows")
+    failed = [r for r in rows if r.get("error")] + meta.pop("failed", [])
+    rows = [r for r in rows if not r.get("error")]
+    args.md.write_text(results_markdown(meta, rows, failed, args.screen))
+    print(f"wrote {args.md}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

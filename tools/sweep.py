@@ -111,11 +111,12 @@ def main() -> int:
     ap.add_argument("--heads", default="c51")
     learning_check.add_run_args(ap)
     ap.add_argument("--variant", action="append", default=[], help="NAME[:SECTION.FIELD=VALUE,...] (repeatable)")
+    ap.add_argument("--set", action="append", default=[], help="SECTION.FIELD=VALUE applied to every variant")
     ap.add_argument("--jsonl", type=Path, default=ROOT / "docs" / "bench" / "sweep.jsonl")
     ap.add_argument("--md", type=Path, default=None, help="write the summary table here")
     args = ap.parse_args()
     device = learning_check.resolve_device(args.device)
-    variants = [parse_variant(v) for v in (args.variant or ["base"])]
+    variants = [(n, args.set + sets) for n, sets in (parse_variant(v) for v in (args.variant or ["base"]))]
     for _, sets in variants:
         learning_check._overrides(sets)  # fail on a bad override before anything runs
     jobs = [

@@ -279,12 +279,23 @@ def registry(monkeypatch):
     return features
 
 
-def test_default_groups_are_every_builtin_in_the_order_of_the_columns():
-    assert (
-        FeatureConfig().groups
-        == BUILTIN
-        == ("returns", "log_vol", "range", "body", "close_loc", "volume", "time", "extra")
-    )
+def test_default_groups_are_every_builtin_but_level_in_the_order_of_the_columns():
+    assert FeatureConfig().groups == ("returns", "log_vol", "range", "body", "close_loc", "volume", "time", "extra")
+    assert BUILTIN == FeatureConfig().groups + ("level",)
+
+
+def test_level_is_the_distance_from_the_ewm_mean_causal_and_signed(rng):
+    bars = ds.ou(n=1500, seed=2)
+    config = FeatureConfig(groups=("level",), level_halflives=(8, 100))
+    f = compute(bars, config)
+    assert f.names == ("level_8", "level_100") and return_sign(f.names, config).all()
+    ctx = FeatureContext.of(bars, config)
+    t = 900
+    a = 1 - 0.5 ** (1 / 100)
+    w = (1 - a) ** np.arange(t, -1, -1.0)  # weights of bars 0..t
+    m = (w * ctx.log_close[: t + 1]).sum() / w.sum()
+    assert f.values[t, 1] == pytest.approx((ctx.log_close[t] - m) / (ctx.sigma[t] * 10.0), rel=1e-5)
+    assert_causal(bars.take(slice(0, 800)), FeatureConfig(groups=("returns", "level"), vol_halflife=20), rng)
 
 
 def test_selected_groups_give_exactly_their_columns_in_their_order():
@@ -303,7 +314,7 @@ def test_selected_groups_give_exactly_their_columns_in_their_order():
 
 def test_unknown_repeated_or_no_groups_are_refused_by_name():
     with pytest.raises(
-        ValueError, match=r"unknown feature group\(s\) \['nope'\]; known: \['returns', 'log_vol', .*'extra'\]"
+        ValueError, match=r"unknown feature group\(s\) \['nope'\]; known: \['returns', 'log_vol', .*'extra', 'level'\]"
     ):
         FeatureConfig(groups=("returns", "nope"))
     with pytest.raises(ConfigError, match=r"features: unknown feature group\(s\) \['nope'\]"):
@@ -319,6 +330,7 @@ def test_a_registered_feature_is_computed_causal_and_signed(registry, rng):
     bars = load("builtin:regime?n=800")
     config = FeatureConfig(groups=BUILTIN + ("mom", "absret"), horizons=(1, 3, 10, 50), vol_halflife=20)
     f, base = compute(bars, config), compute(bars, dataclasses.replace(config, groups=BUILTIN))
+    assert "level_32" in base.names
     assert f.names == base.names + ("mom_4", "mom_16", "absret")
     assert f.values[:, : len(base.names)].tobytes() == base.values.tobytes()
     ctx = FeatureContext.of(bars, config)
