@@ -222,6 +222,8 @@ def _key_metric(rs: list[dict]) -> str:
 def screen_lines(rows: list[dict], screen: list[dict]) -> list[str]:
     """Training-side mechanisms on and off: the variants of a tools/sweep.py screen against this check's
     runs of the same tasks (``base``), per task and head."""
+    for r in screen:  # a base run of the screen itself is a variant like the others
+        r["variant"] = "base (screen)" if r["variant"] == "base" else r["variant"]
     variants = ["base"] + list(dict.fromkeys(r["variant"] for r in screen))
     sets = {r["variant"]: r.get("sets", []) for r in screen}
     tasks = list(dict.fromkeys(r["task"] for r in screen))

@@ -28,9 +28,9 @@ def test_cpu_canary_learns_the_leak(head):
         "replay": {"n_step": 1},
         "net": {"head": head},
     }
-    t0 = time.perf_counter()
+    t0 = time.process_time()  # CPU time: the check is the work done, not the machine's load
     _, test = train(over)
-    assert time.perf_counter() - t0 < 90
+    assert time.process_time() - t0 < 60
     assert test["deployment"]["trading"], test["deployment"]  # the validation gate opens on a real edge
     assert test["policy"]["sharpe"] > 2.0, test["policy"]
     assert test["policy"]["sharpe"] > test["buy_and_hold"]["sharpe"] + 2.0
