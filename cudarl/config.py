@@ -365,6 +365,11 @@ class EvalConfig:
     whose expected value exceeds the held one's by more than this, in the head's value units
     (PopArt-normalised returns with ``agent.popart``, the default). 0: the plain argmax."""
 
+    average_halflife: int = 0
+    """Evaluate and deploy an exponential moving average of the online network's weights (Polyak
+    averaging), half-life in learner updates, updated every 10 updates, instead of the last weights:
+    the policy of many recent updates rather than of the last one. 0: the online weights."""
+
     def __post_init__(self):
         s = "eval"
         _in(s, "trials", self.trials, 1, 10**9, integer=True)
@@ -372,6 +377,7 @@ class EvalConfig:
         _in(s, "resamples", self.resamples, 10, 10**6, integer=True)
         _in(s, "gate_psr", self.gate_psr, 0, 1, hi_open=True)
         _in(s, "margin", self.margin, 0, 1e6)
+        _in(s, "average_halflife", self.average_halflife, 0, 10**9, integer=True)
 
 
 SECTIONS = {

@@ -22,6 +22,7 @@ import platform
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -42,6 +43,9 @@ from .graph import StepGraph
 from .guard import Guard, GuardStop
 from .replay import PrioritizedReplay
 from .splits import chronological
+
+#: Learner updates between updates of the moving average of the weights (eval.average_halflife).
+AVERAGE_EVERY = 10
 
 
 @dataclass
@@ -177,6 +181,8 @@ class Trainer:
         self.last_eval: dict | None = None
         self.last_evaluation = None
         self.history: list[dict] = []  # every evaluation row, in order (the validation Sharpe over training)
+        # eval.average_halflife: the moving average of the online weights that evaluation deploys
+        self.average = xp.array(self.agent.online.params) if cfg.eval.average_halflife else None
         self._val_psr: tuple | None = None  # (step, validation PSR) for the deployment gate
         self.run_dir = None
         if run_dir is not False:
@@ -293,6 +299,8 @@ class Trainer:
                     pending = None
                     continue
                 pending = None
+            if self.average is not None and self.step % AVERAGE_EVERY == 0:
+                self._update_average()
             # log
             if self.step % cfg.run.log_every == 0:
                 now = time.perf_counter()
@@ -333,6 +341,29 @@ class Trainer:
         )
         self.echo(f"done: {self.step} updates in {time.perf_counter() - t0:.1f} s; run directory {self.run_dir}{best}")
         return result
+
+    def _update_average(self) -> None:
+        """``average += (1 - 2^(-AVERAGE_EVERY / halflife)) (online - average)``, on the training stream."""
+        rate = 1.0 - 0.5 ** (AVERAGE_EVERY / self.cfg.eval.average_halflife)
+        with self.stream if self.stream is not None else _Null():
+            self.average += np.float32(rate) * (self.agent.online.params - self.average)
+
+    @contextmanager
+    def _weights(self, averaged: bool):
+        """The online network holds the moving average of its weights inside this block (when there is one
+        and ``averaged``), its own weights again after it."""
+        if self.average is None or not averaged:
+            yield
+            return
+        self.synchronize()
+        params = self.agent.online.params
+        own = params.copy()
+        params[...] = self.average
+        try:
+            yield
+        finally:
+            self.synchronize()
+            params[...] = own
 
     def _save_evaluated(self) -> None:
         """After a validation evaluation: write ``latest``, and if its Sharpe is the best so far
@@ -436,18 +467,19 @@ class Trainer:
             )
         return self._eval_envs[key]
 
-    def greedy_positions(self, split, margin: float | None = None) -> np.ndarray:
+    def greedy_positions(self, split, margin: float | None = None, averaged: bool = True) -> np.ndarray:
         """The online network's greedy positions at the decision bars of ``split`` (float64 ``[len - 2]``).
 
         ``margin`` (default ``eval.margin``): the held position is kept unless another action's expected
         value exceeds its own by more than this (the env's argmax then sees the held action's value
-        raised by ``margin``; ties go to the lowest action, as the env's act does)."""
+        raised by ``margin``; ties go to the lowest action, as the env's act does). ``averaged``: with
+        ``eval.average_halflife``, the moving average of the weights acts (False: the last weights)."""
         env = self._eval_env(split)
         xp = self.xp
         margin = self.cfg.eval.margin if margin is None else float(margin)
         self.synchronize()
         levels = self.cfg.env.position_levels().astype(np.float64)
-        with self.stream if self.stream is not None else _Null():
+        with self._weights(averaged), self.stream if self.stream is not None else _Null():
             env.reset()
             q = xp.zeros((1, env.n_actions), np.float32)
             eps = xp.zeros(1, np.float32)
@@ -480,11 +512,12 @@ class Trainer:
         ok = psr is not None and math.isfinite(psr) and psr >= g
         return {"gate": "open" if ok else "closed", "trading": bool(ok), "validation_psr": psr, "threshold": g}
 
-    def _evaluation(self, split_name: str, gate: bool = True, margin: float | None = None):
+    def _evaluation(self, split_name: str, gate: bool = True, margin: float | None = None, averaged: bool = True):
         """:func:`cudarl.evaluate.evaluate_positions` of the deployed positions on a split (``gate`` False:
-        the trained policy's own, whatever the gate says)."""
+        the trained policy's own, whatever the gate says; ``margin``, ``averaged``: see
+        :meth:`greedy_positions`)."""
         split = getattr(self.data.splits, split_name)
-        pos = self.greedy_positions(split, margin)
+        pos = self.greedy_positions(split, margin, averaged)
         dep = self.deployment(split_name) if gate else {"gate": "not applied", "trading": True}
         if not dep["trading"]:
             pos = np.zeros_like(pos)
@@ -502,7 +535,11 @@ class Trainer:
             resamples=ev_cfg.resamples,
         )
         ev.summary["step"] = self.step
-        ev.summary["deployment"] = {**dep, "margin": self.cfg.eval.margin if margin is None else float(margin)}
+        ev.summary["deployment"] = {
+            **dep,
+            "margin": self.cfg.eval.margin if margin is None else float(margin),
+            "weights": "moving average" if self.average is not None and averaged else "last",
+        }
         if split_name == "val" and dep["trading"]:
             self._val_psr = (self.step, ev.summary["statistics"]["psr"])
         return ev
@@ -560,6 +597,7 @@ class Trainer:
                 "best_step": -1 if self.best is None else self.best["step"],
                 "best_sharpe": float("nan") if self.best is None else self.best["sharpe"],
             },
+            **({} if self.average is None else {"average": {"params": _backend.to_numpy(self.average).copy()}}),
         }
 
     def load_state_dict(self, s: dict) -> None:
@@ -579,6 +617,9 @@ class Trainer:
         self.collect_steps = int(s["trainer"]["collect_steps"])
         best_step = int(s["trainer"].get("best_step", -1))  # absent in checkpoints written before keep_best
         self.best = None if best_step < 0 else {"step": best_step, "sharpe": float(s["trainer"]["best_sharpe"])}
+        if self.average is not None:  # a checkpoint without one (written before) starts it from the weights
+            src = s["average"]["params"] if "average" in s else _backend.to_numpy(self.agent.online.params)
+            self.average[...] = self.xp.asarray(src)
 
     def save(self, numbered: bool = False, name: str = "latest") -> Path | None:
         """Write ``checkpoints/latest.npz`` (or ``step-<N>.npz``) atomically."""

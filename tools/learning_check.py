@@ -198,6 +198,8 @@ def run_one(task: str, head: str, seed: int, device: str, quick: bool, extra: di
     views = {}
     for m in VIEW_MARGINS:
         views[f"margin={m:g}"] = _summary_row(tr._evaluation("test", gate=False, margin=m))
+    if tr.average is not None:  # eval.average_halflife: the same run's last weights, for the on/off table
+        views["last weights"] = _summary_row(tr._evaluation("test", gate=False, averaged=False))
     psr = tr.validation_psr()
     gate_open = _finite(psr) and psr >= VIEW_GATE
     base = views[f"margin={cfg.eval.margin:g}"] if f"margin={cfg.eval.margin:g}" in views else None

@@ -208,13 +208,14 @@ def _key_metric(rs: list[dict]) -> str:
     kind = ok[0].get("kind")
     target = TARGETS.get(kind)
     met = f"; target met {sum(target[2](r) for r in ok)}/{len(ok)}" if target else ""
+    if kind == "decay":
+        vals = [r.get("decay_ratio") for r in ok]
+        low = min((v for v in vals if _finite(v)), default=math.nan)
+        return f"val final/best {_stat(vals, True).split(' ±')[0]} (min {_pct(low)}){met}"
     if has_reference(ok[0]):
         vals = [r.get("fraction_of_causal") for r in ok]
         low = min((v for v in vals if _finite(v)), default=math.nan)
         return f"{_stat(vals, True).split(' ±')[0]} of causal (min {_pct(low)}){met}"
-    if kind == "decay":
-        vals = [r.get("decay_ratio") for r in ok]
-        return f"final/best {_stat(vals, True).split(' ±')[0]}{met}"
     trades = seed_summary([r["test_trade_bars_pct"] for r in ok])["mean"]
     return f"Sharpe {_f(seed_summary([r['test_sharpe'] for r in ok])['mean'])}, trades {_f(trades, '.1f')}%{met}"
 
@@ -259,7 +260,7 @@ def read_rows(path) -> list[dict]:
 
 def results_markdown(meta: dict, rows: list[dict], failed: list[dict], screen=None) -> str:
     """The results page: method, targets, markets, deployment rules, real series, every run; with
-    ``screen`` (a tools/sweep.py JSON-lines file) also the training mechanisms' on/off table."""
+    ``screen`` (tools/sweep.py JSON-lines files: a path or a list) also the training mechanisms' on/off table."""
     budgets = sorted({(r["updates"], r["envs"]) for r in rows})
     for r in rows:
         r["quick"] = meta.get("quick", False)
@@ -303,7 +304,9 @@ def results_markdown(meta: dict, rows: list[dict], failed: list[dict], screen=No
         *real_lines(rows),
         "",
     ]
-    if screen is not None and Path(screen).is_file():
+    screens = [screen] if isinstance(screen, (str, Path)) else list(screen or [])
+    screen_rows = [r for p in screens if Path(p).is_file() for r in read_rows(p)]
+    if screen_rows:
         out += [
             "## Training mechanisms on and off",
             "",
@@ -311,7 +314,7 @@ def results_markdown(meta: dict, rows: list[dict], failed: list[dict], screen=No
             "budget); `base` is this page's runs. Cells: the task's target measure over the seeds (mean, lowest "
             "seed) and how many seeds meet the target of the table above.",
             "",
-            *screen_lines(rows, read_rows(screen)),
+            *screen_lines(rows, screen_rows),
             "",
         ]
     out += [
@@ -332,7 +335,9 @@ def main() -> int:
 
     ap = argparse.ArgumentParser(description="Write the results page from a learning check's rows.")
     ap.add_argument("check", type=Path, help="learning_check.json, or the JSON-lines file of a check cut short")
-    ap.add_argument("--screen", type=Path, default=None, help="tools/sweep.py JSON lines of mechanism variants")
+    ap.add_argument(
+        "--screen", type=Path, action="append", default=[], help="tools/sweep.py JSON lines of variants (repeatable)"
+    )
     ap.add_argument("--md", type=Path, required=True)
     args = ap.parse_args()
     if str(args.check).endswith(".jsonl"):

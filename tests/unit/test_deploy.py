@@ -101,3 +101,40 @@ def test_the_turnover_penalty_is_charged_in_training_only():
         tr.env.step(actions=np.full(tr.env.n_envs, 2, np.int32))  # flat -> long: one unit of change
         rewards.append(np.asarray(tr.env.reward, dtype=np.float64))
     np.testing.assert_allclose(rewards[0] - rewards[1], 50e-4, rtol=1e-4)
+
+
+def test_the_moving_average_of_the_weights_is_what_evaluation_deploys(tmp_path):
+    """``eval.average_halflife``: the trainer keeps an exponential moving average of the online weights
+    (every 10 updates), evaluation acts with it, the online weights come back bit for bit, and a
+    checkpoint carries it."""
+    over = {
+        "run": {"device": "cpu", "steps": 60, "eval_every": 0, "checkpoint_every": 0},
+        "data": {"source": "builtin:ar?n=900"},
+        "env": {"n_envs": 4, "episode_len": 64},
+        "agent": {"learning_starts": 64, "batch_size": 32},
+        "eval": {"average_halflife": 20},
+    }
+    cfg = resolve_for_backend(from_dict(over), False, over)
+    tr = Trainer(cfg, run_dir=tmp_path / "run", echo=lambda m: None)
+    init = np.array(tr.agent.online.params)
+    tr.run()
+    own, avg = np.array(tr.agent.online.params), np.array(tr.average)
+    assert not np.array_equal(avg, own) and not np.array_equal(avg, init)
+    # after 60 updates (6 averaging steps of rate 1 - 2^(-1/2)) the average is between start and end
+    assert np.abs(avg - own).mean() < np.abs(init - own).mean()
+    split = tr.data.splits.val
+    averaged = tr.greedy_positions(split)
+    assert np.array_equal(np.array(tr.agent.online.params), own)  # restored
+    with tr._weights(True):
+        q_avg = tr.greedy_positions(split, averaged=False)  # the network holding the average, not swapped again
+    np.testing.assert_array_equal(averaged, q_avg)
+    obs = np.asarray(tr.env.obs[:1])
+    q_last, q_mean = np.zeros((1, 3), np.float32), np.zeros((1, 3), np.float32)
+    tr.agent.q_values(obs, q_last)
+    with tr._weights(True):
+        tr.agent.q_values(obs, q_mean)
+    assert not np.array_equal(q_last, q_mean)  # the averaged network is another function
+    assert tr.evaluate("val", write=False)["deployment"]["weights"] == "moving average"
+    tr.save()
+    back = Trainer.resume(tmp_path / "run" / "checkpoints" / "latest.npz", echo=lambda m: None)
+    np.testing.assert_array_equal(np.array(back.average), avg)
