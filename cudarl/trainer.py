@@ -355,15 +355,16 @@ class Trainer:
         if self.average is None or not averaged:
             yield
             return
-        self.synchronize()
         params = self.agent.online.params
-        own = params.copy()
-        params[...] = self.average
+        with self.stream if self.stream is not None else _Null():  # ordered with the graphs' work
+            own = params.copy()
+            params[...] = self.average
         try:
             yield
         finally:
+            with self.stream if self.stream is not None else _Null():
+                params[...] = own
             self.synchronize()
-            params[...] = own
 
     def _save_evaluated(self) -> None:
         """After a validation evaluation: write ``latest``, and if its Sharpe is the best so far

@@ -118,6 +118,9 @@ def test_the_moving_average_of_the_weights_is_what_evaluation_deploys(tmp_path):
     tr = Trainer(cfg, run_dir=tmp_path / "run", echo=lambda m: None)
     init = np.array(tr.agent.online.params)
     tr.run()
+    plain = Trainer(replace(cfg, eval=EvalConfig()), run_dir=False, echo=lambda m: None)
+    plain.run()
+    assert tr.losses == plain.losses  # the average never touches training
     own, avg = np.array(tr.agent.online.params), np.array(tr.average)
     assert not np.array_equal(avg, own) and not np.array_equal(avg, init)
     # after 60 updates (6 averaging steps of rate 1 - 2^(-1/2)) the average is between start and end
@@ -138,3 +141,30 @@ def test_the_moving_average_of_the_weights_is_what_evaluation_deploys(tmp_path):
     tr.save()
     back = Trainer.resume(tmp_path / "run" / "checkpoints" / "latest.npz", echo=lambda m: None)
     np.testing.assert_array_equal(np.array(back.average), avg)
+
+
+@pytest.mark.gpu
+def test_gpu_deployment_rules_and_the_moving_average_match_their_cpu_meaning():
+    """On the GPU: the moving average is kept on the training stream and swapped in and out there (the
+    online weights come back bit for bit, and a run with it loses the same losses as one without: it
+    never touches training), the margin keeps a huge one flat, the gate opens on the canary's edge."""
+    over = {
+        "run": {"device": "gpu", "steps": 400, "eval_every": 200, "checkpoint_every": 0},
+        "data": {"source": "builtin:canary?n=2000"},
+        "features": {"extra": ["next_return"]},
+        "env": {"n_envs": 64, "episode_len": 128},
+        "agent": {"gamma": 0.5, "learning_starts": 512, "batch_size": 64},
+        "replay": {"n_step": 1, "capacity": 100_000},
+    }
+    plain = Trainer(from_dict(over), run_dir=False, echo=lambda m: None)
+    plain.run()
+    tr = Trainer(from_dict({**over, "eval": {"average_halflife": 50}}), run_dir=False, echo=lambda m: None)
+    tr.run()
+    assert tr.losses == plain.losses  # averaging and evaluating with it never touch training
+    own = tr.agent.online.params.get()
+    test = tr.evaluate("test", write=False)
+    assert np.array_equal(tr.agent.online.params.get(), own)
+    assert test["deployment"]["weights"] == "moving average" and test["deployment"]["gate"] == "open"
+    assert test["policy"]["sharpe"] > 2
+    assert not np.array_equal(tr.average.get(), own)
+    np.testing.assert_array_equal(tr.greedy_positions(tr.data.splits.test, margin=1e6), 0.0)
