@@ -25,3 +25,18 @@ extern "C" __global__ void cudarl_testing_axpb(float* __restrict__ x, long long 
   for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
     x[i] = a * x[i] + b;
 }
+
+// empty: does nothing. The floor model's probe (tools/bench_floor.py): what a graph node costs
+// when its kernel has no work. Reads and writes nothing.
+extern "C" __global__ void cudarl_testing_empty() {}
+
+// fma: x[i] = a * x[i] + b, repeated `iters` times, one dependent chain a thread (i < n; 2 FLOPs an
+// iteration). The floor model's FP32 probe (tools/bench_floor.py): with a million threads the chains
+// hide the FMA latency, so the time measures the FP32 rate. Reads and writes 4n bytes.
+extern "C" __global__ void cudarl_testing_fma(float* __restrict__ x, long long n, float a, float b, int iters) {
+  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
+    float v = x[i];
+    for (int k = 0; k < iters; ++k) v = fmaf(a, v, b);
+    x[i] = v;
+  }
+}

@@ -2,14 +2,23 @@
 
 A crash or kill mid-write leaves the previous file (or none) at the path, never a partial one.
 Every file cudarl writes for the user (checkpoints, reports, CSVs) goes through :func:`atomic_open`.
+
+Files are created with mode ``0o666`` less the umask, as ``open()`` would (``tempfile.mkstemp``
+makes them ``0o600`` whatever the umask). A temporary is named ``.<name>.<pid>.<random>.tmp`` so
+that :func:`remove_stale_temporaries` can tell the leftovers of a killed writer (whose process is
+gone) from a write in progress.
 """
 
 from __future__ import annotations
 
 import os
-import tempfile
+import re
+import secrets
 from contextlib import contextmanager
 from pathlib import Path
+
+#: ``.<name>.<pid>.<token>.tmp`` (this module's), or ``.<name>.<token>.tmp`` (mkstemp's, before the pid).
+_TMP = re.compile(r"^\..+?(?:\.(?P<pid>\d+)\.[0-9a-z]+|\.[0-9a-z_]+)\.tmp(?:\.png)?$")
 
 
 def _fsync_dir(path: Path) -> None:
@@ -36,7 +45,7 @@ def atomic_open(path, mode: str = "w", newline: str | None = None):
         raise ValueError(f"mode must be 'w' or 'wb', got {mode!r}")
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    fd, tmp = create_temporary(path)
     try:
         with os.fdopen(fd, mode, **({} if mode == "wb" else {"newline": newline})) as fh:
             yield fh
@@ -52,6 +61,57 @@ def atomic_open(path, mode: str = "w", newline: str | None = None):
         raise
 
 
+def temporary_name(path) -> Path:
+    """A fresh temporary name beside ``path``: ``.<name>.<pid>.<random>.tmp``."""
+    path = Path(path)
+    return path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+
+
+def create_temporary(path) -> tuple[int, Path]:
+    """``(fd, name)`` of a new, exclusively created temporary beside ``path``, mode 0o666 less the umask."""
+    for _ in range(100):
+        tmp = temporary_name(path)
+        try:
+            return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666), tmp
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"{path}: could not create a temporary file beside it")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def remove_stale_temporaries(folder) -> list[Path]:
+    """Remove the temporaries of killed writes in ``folder`` (not recursive); return what was removed.
+
+    A temporary whose writer's pid is still alive is left alone (a write in progress); one without
+    a pid (written by an older cudarl, through ``mkstemp``) is stale by now."""
+    folder = Path(folder)
+    removed = []
+    if not folder.is_dir():
+        return removed
+    for p in folder.iterdir():
+        m = _TMP.match(p.name)
+        if m is None or not p.is_file():
+            continue
+        pid = m.group("pid")
+        if pid is not None and _alive(int(pid)):
+            continue
+        try:
+            p.unlink()
+            removed.append(p)
+        except FileNotFoundError:
+            pass
+    return removed
+
+
 def atomic_link(src, dst) -> None:
     """Make ``dst`` a second name of the finished file ``src`` (a hard link, or a copy where links are
     not supported), put in place by an atomic rename; a later atomic write of ``src`` replaces
@@ -61,9 +121,10 @@ def atomic_link(src, dst) -> None:
     src, dst = Path(src), Path(dst)
     if dst.exists() and os.path.samefile(src, dst):
         return  # already; and rename() between two links of one file does nothing, leaving the temporary
-    tmp = dst.with_name(f".{dst.name}.link.tmp")
+    # a fresh name (pid and a random token): two processes or threads linking the same dst (a kernel
+    # cache shared by the workers of a sweep) never touch each other's temporary
+    tmp = temporary_name(dst)
     try:
-        tmp.unlink(missing_ok=True)
         try:
             os.link(src, tmp)
         except OSError:

@@ -30,6 +30,8 @@ from pathlib import Path
 
 import numpy as np
 
+from . import kernels
+
 WORKSPACE_BYTES = 32 * 1024 * 1024  # cuBLAS's recommendation for Hopper
 _CUBLAS_OP_N, _CUBLAS_OP_T = 0, 1
 _DEFAULT_MATH, _TF32_MATH = 0, 3  # CUBLAS_DEFAULT_MATH, CUBLAS_TF32_TENSOR_OP_MATH
@@ -112,6 +114,7 @@ def gemm(
     h = _handle_for(s)
     if m == 0 or n == 0:
         return
+    kernels.trace({"kind": "library", "name": "cublas_sgemm", "stream": s.ptr, "m": m, "n": n, "k": k, "beta": beta})
     lib = _lib()
     _check(lib.cublasSetMathMode(h.ptr, _TF32_MATH if tf32 else _DEFAULT_MATH), "cublasSetMathMode")
     al, be = ctypes.c_float(alpha), ctypes.c_float(beta)
@@ -184,6 +187,7 @@ def gemm_lt(
     h = _handle_for(s)  # the stream's workspace
     if m == 0 or n == 0:
         return
+    kernels.trace({"kind": "library", "name": "cublaslt_matmul", "stream": s.ptr, "m": m, "n": n, "k": k, "beta": 0.0})
     bias_ptr = 0 if bias is None else bias.data.ptr
     if bias_ptr % LT_ALIGN:
         raise BlasError(

@@ -57,14 +57,33 @@ def _plain(x) -> bool:
     return x is None or isinstance(x, (str, bool, int, float))
 
 
-def _unflatten(arrays: dict, meta: dict) -> dict:
-    out: dict = {}
+class State(dict):
+    """A loaded state tree: a missing entry raises :class:`CheckpointError` naming the file and
+    the entry's full path (``agent/adam/m``), not a bare ``KeyError('m')``."""
+
+    def __init__(self, source: str = "", prefix: str = ""):
+        super().__init__()
+        self.source, self.prefix = source, prefix
+
+    def __missing__(self, key):
+        raise CheckpointError(
+            f"{self.source}: the checkpoint has no entry {self.prefix + str(key)!r} "
+            "(written by another version of cudarl, or not a training checkpoint)"
+        )
+
+
+def _unflatten(arrays: dict, meta: dict, source: str = "") -> dict:
+    out = State(source)
 
     def put(key, value):
         node = out
         parts = key.split("/")
         for p in parts[:-1]:
-            node = node.setdefault(p, {})
+            if p not in node:
+                dict.__setitem__(node, p, State(source, f"{node.prefix}{p}/"))
+            node = node[p]
+        if isinstance(value, dict) and not value:
+            value = State(source, f"{node.prefix}{parts[-1]}/")
         node[parts[-1]] = value
 
     for k, v in meta.items():
@@ -99,8 +118,11 @@ def _json_default(o):
     raise TypeError(f"not JSON-serialisable: {type(o).__name__}")
 
 
-def load(path) -> tuple[dict, dict]:
-    """Read a checkpoint: ``(state, info)``. Refuses pickles and anything not written by :func:`save`."""
+def load(path, only=None) -> tuple[dict, dict]:
+    """Read a checkpoint: ``(state, info)``. Refuses pickles and anything not written by :func:`save`.
+
+    ``only``: key prefixes to read (e.g. ``("agent/", "normaliser/")``); the other arrays (the
+    replay buffer) are not read from the file at all."""
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"{path}: no such checkpoint file")
@@ -117,9 +139,11 @@ def load(path) -> tuple[dict, dict]:
                 raise CheckpointError(
                     f"{path}: checkpoint version {header['version']} is newer than this cudarl ({VERSION})"
                 )
-            arrays = {k: z[k] for k in z.files if k != _META}
+            keep = [k for k in z.files if k != _META and (only is None or k.startswith(tuple(only)))]
+            arrays = {k: z[k] for k in keep}
     except CheckpointError:
         raise
     except (ValueError, OSError, zipfile.BadZipFile, json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise CheckpointError(f"{path}: not a loadable cudarl checkpoint ({exc})") from None
-    return _unflatten(arrays, header.get("meta", {})), header.get("info", {})
+    meta = {k: v for k, v in header.get("meta", {}).items() if only is None or k.startswith(tuple(only))}
+    return _unflatten(arrays, meta, str(path)), header.get("info", {})

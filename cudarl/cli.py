@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import sys
-import time
 from pathlib import Path
 
 import typer
@@ -36,48 +35,61 @@ def fail(message: str, code: int = 1):
     raise typer.Exit(code)
 
 
-def _columns(pairs: list[str]) -> dict:
-    out = {}
-    for p in pairs:
-        field, eq, name = p.partition("=")
-        if not eq or not name:
-            fail(f"--column takes FIELD=NAME (e.g. close=Last), got {p!r}", 2)
-        out[field.strip()] = name.strip()
-    return out
+# The data options of `data validate` and `train` (the data section of the config: docs/config.md).
+# Their defaults are the config's: a flag left out sets nothing.
+SORT = typer.Option(False, "--sort", help="sort rows by time instead of refusing unsorted data (data.sort)")
+DEDUPE = typer.Option(None, "--dedupe", help="keep the first or last row of each duplicated time (data.dedupe)")
+DROP_NAN = typer.Option(False, "--drop-nan", help="drop rows with NaN, inf or missing values (data.drop_nan)")
+FFILL = typer.Option(False, "--ffill", help="replace such rows by a flat bar at the previous close (data.ffill)")
+DATE_FORMAT = typer.Option(None, "--date-format", help="strptime format, or epoch_s / epoch_ms (data.date_format)")
+TZ = typer.Option(None, "--tz", help="time zone of times without an offset, an IANA name (data.tz; default UTC)")
+COLUMN = typer.Option([], "--column", help="FIELD=NAME, e.g. close=Last (repeatable; data.columns)")
+EXTRA = typer.Option([], "--extra", help="another numeric column to keep as a feature (repeatable; data.extra_columns)")
+
+
+def data_flags(sort, dedupe, drop_nan, ffill, date_format, tz, column, extra) -> dict:
+    """The ``data`` config fields the flags set (only those given)."""
+    if dedupe not in (None, "first", "last"):
+        fail(f"--dedupe takes first or last, got {dedupe!r}", 2)
+    if drop_nan and ffill:
+        fail("choose one of --drop-nan and --ffill", 2)
+    given = {
+        "sort": sort or None,
+        "dedupe": dedupe,
+        "drop_nan": drop_nan or None,
+        "ffill": ffill or None,
+        "date_format": date_format,
+        "tz": tz,
+        "columns": list(column) or None,
+        "extra_columns": list(extra) or None,
+    }
+    return {k: v for k, v in given.items() if v is not None}
 
 
 @data_app.command("validate")
 def validate(
     file: str = typer.Argument(..., help="CSV, CSV.gz or Parquet file, or builtin:<name>"),
     report_path: Path | None = typer.Option(None, "--report", help="also write data_report.json here (only if valid)"),
-    sort: bool = typer.Option(False, "--sort", help="sort rows by time instead of refusing unsorted data"),
-    dedupe: str | None = typer.Option(None, "--dedupe", help="keep the first or last row of each duplicated time"),
-    drop_nan: bool = typer.Option(False, "--drop-nan", help="drop rows with NaN, inf or missing values"),
-    ffill: bool = typer.Option(False, "--ffill", help="replace such rows by a flat bar at the previous close"),
+    sort: bool = SORT,
+    dedupe: str | None = DEDUPE,
+    drop_nan: bool = DROP_NAN,
+    ffill: bool = FFILL,
     window: int = typer.Option(2, "--window", min=1, help="the fewest bars the run needs"),
-    date_format: str | None = typer.Option(None, "--date-format", help="strptime format, or epoch_s / epoch_ms"),
-    tz: str = typer.Option("UTC", "--tz", help="time zone of times without an offset (IANA name)"),
-    column: list[str] = typer.Option([], "--column", help="FIELD=NAME, e.g. close=Last (repeatable)"),
-    extra: list[str] = typer.Option([], "--extra", help="another numeric column to keep as a feature (repeatable)"),
+    date_format: str | None = DATE_FORMAT,
+    tz: str | None = TZ,
+    column: list[str] = COLUMN,
+    extra: list[str] = EXTRA,
 ):
     """Check a bar file; print its report (exit 0) or every problem found (exit 1)."""
-    if dedupe not in (None, "first", "last"):
-        fail(f"--dedupe takes first or last, got {dedupe!r}", 2)
-    if drop_nan and ffill:
-        fail("choose one of --drop-nan and --ffill", 2)
+    from cudarl.config import ConfigError, data_options, from_dict
+
     try:
-        bars = load(
-            file,
-            date_format=date_format,
-            tz=tz,
-            columns=_columns(column),
-            extra_columns=tuple(extra),
-            sort=sort,
-            dedupe=dedupe,
-            drop_nan=drop_nan,
-            ffill=ffill,
-            min_bars=window,
-        )
+        given = data_flags(sort, dedupe, drop_nan, ffill, date_format, tz, column, extra)
+        options = data_options(from_dict({"data": given}).data)
+    except ConfigError as e:
+        fail(str(e), 2)
+    try:
+        bars = load(file, min_bars=window, **options)
     except DataError as e:
         typer.echo(f"cudarl-train: {len(e.problems)} problem(s) in the data; nothing was written", err=True)
         fail(str(e))
@@ -123,8 +135,10 @@ def build_config(
     name: str | None = None,
     out: Path | None = None,
     base=None,
+    data_fields: dict | None = None,
 ):
-    """The run's config: defaults (cudarl.config), then the TOML file, then --set, then the flags.
+    """The run's config: defaults (cudarl.config), then the TOML file, then --set, then the flags
+    (``data_fields``: the data options given as flags, :func:`data_flags`).
 
     Returns ``(config, explicit)`` where ``explicit`` is ``{section: {field: value}}`` of what the
     user set (the CPU scale-down never touches those). The CLI has no defaults of its own.
@@ -155,16 +169,34 @@ def build_config(
     ):
         if v is not None:
             put(sec, field, v)
+    for field, v in (data_fields or {}).items():
+        put("data", field, v)
     cfg = from_dict(explicit, base=base or Config())
     be = _backend.get({"auto": None, "gpu": "cupy", "cpu": "numpy"}[cfg.run.device])
     return resolve_for_backend(cfg, be.is_gpu, explicit), explicit
 
 
-def _progress_printer(total: int):
-    """A rich progress bar on a TTY; None otherwise (the trainer then prints evaluations only)."""
-    if not sys.stderr.isatty():
+class Say:
+    """Where the trainer's lines go: stderr, or above the progress bar while one is shown (rich's
+    console keeps them on their own lines; written straight to the terminal they were glued to the bar)."""
+
+    def __init__(self):
+        self.prog = None
+
+    def __call__(self, message: str) -> None:
+        if self.prog is not None and self.prog.live.is_started:
+            self.prog.console.print(message, markup=False, highlight=False, soft_wrap=True)
+        else:
+            typer.echo(message, err=True)
+
+
+def _progress_printer(total: int, console=None):
+    """``(progress, update)``: a rich progress bar on stderr when it is a terminal (or on ``console``);
+    ``(None, None)`` otherwise (the trainer then prints its evaluations only)."""
+    if console is None and not sys.stderr.isatty():
         return None, None
     try:
+        from rich.console import Console
         from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
     except ImportError:
         return None, None
@@ -175,6 +207,7 @@ def _progress_printer(total: int):
         TextColumn("{task.fields[info]}"),
         TimeRemainingColumn(),
         transient=False,
+        console=console or Console(stderr=True),
     )
     task = prog.add_task("train", total=total, info="")
 
@@ -211,83 +244,137 @@ def train(
     name: str | None = typer.Option(None, "--name", help="run.name"),
     out: Path | None = typer.Option(None, "--out", help="parent of run directories (run.out_dir)"),
     resume: Path | None = typer.Option(
-        None, "--resume", help="continue from a checkpoint (its config; --steps may extend it)"
+        None,
+        "--resume",
+        help="continue from a resume checkpoint, checkpoints/latest.npz (its config; --steps may extend it)",
     ),
+    sort: bool = SORT,
+    dedupe: str | None = DEDUPE,
+    drop_nan: bool = DROP_NAN,
+    ffill: bool = FFILL,
+    date_format: str | None = DATE_FORMAT,
+    tz: str | None = TZ,
+    column: list[str] = COLUMN,
+    extra: list[str] = EXTRA,
     walk_forward: int = typer.Option(
         0, "--walk-forward", min=0, help="train and test on K rolling-origin folds; report each and the aggregate"
     ),
 ):
-    """Train an agent; writes runs/<name>-<time>-<seed>/ (config, metrics, checkpoints, eval)."""
+    """Train an agent; writes runs/<name>-<time>-<seed>/ (config, metrics, checkpoints, eval).
+
+    Ctrl-C or SIGTERM writes checkpoints/latest.npz and exits 130 or 143; --resume continues."""
+    from cudarl.interrupt import Interrupted
     from cudarl.trainer import Trainer
 
+    say = Say()
+    data_fields = data_flags(sort, dedupe, drop_nan, ffill, date_format, tz, column, extra)
     if walk_forward and resume is not None:
         fail("--walk-forward trains every fold from the start; it does not take --resume", 2)
     try:
         if walk_forward:
             from cudarl.walkforward import run_walk_forward
 
-            cfg, _ = build_config(data, config_file, sets, steps, device, seed, name, out)
-            stamp = f"{cfg.run.name}-{time.strftime('%Y%m%d-%H%M%S')}-{cfg.run.seed}-wf{walk_forward}"
-            root = Path(cfg.run.out_dir) / stamp
-            typer.echo(f"walk-forward over {walk_forward} folds: {root}", err=True)
-            run_walk_forward(cfg, walk_forward, root, echo=lambda m: typer.echo(m, err=True))
+            cfg, _ = build_config(data, config_file, sets, steps, device, seed, name, out, data_fields=data_fields)
+            say(f"walk-forward over {walk_forward} folds")
+            run_walk_forward(cfg, walk_forward, echo=say)
             return
         if resume is not None:
+            if data is not None or data_fields or sets or config_file is not None:
+                fail("--resume takes the checkpoint's own config; only --steps may change it", 2)
             overrides = {"run": {"steps": steps}} if steps is not None else None
-            trainer = Trainer.resume(resume, overrides=overrides, echo=lambda m: typer.echo(m, err=True))
+            trainer = Trainer.resume(resume, overrides=overrides, echo=say)
         else:
-            cfg, _ = build_config(data, config_file, sets, steps, device, seed, name, out)
-            trainer = Trainer(cfg, echo=lambda m: typer.echo(m, err=True))
-        typer.echo(f"run directory: {trainer.run_dir} (backend {trainer.be.name}, {trainer.be.device})", err=True)
+            cfg, _ = build_config(data, config_file, sets, steps, device, seed, name, out, data_fields=data_fields)
+            trainer = Trainer(cfg, echo=say)
+        say(f"run directory: {trainer.run_dir} (backend {trainer.be.name}, {trainer.be.device})")
         prog, update = _progress_printer(trainer.cfg.run.steps)
         if prog is not None:
+            say.prog = prog
             with prog:
                 trainer.run(progress=update)
         else:
             trainer.run()
+    except Interrupted as e:
+        raise typer.Exit(e.exit_code) from None
+    except KeyboardInterrupt:
+        typer.echo("cudarl-train: interrupted", err=True)
+        raise typer.Exit(130) from None
     except _user_errors() as e:
         fail(str(e))
     except ValueError as e:
         fail(str(e))
 
 
+def _claim_out(dest: Path) -> list[Path]:
+    """Make the output folder ``dest`` and check a file can be created in it, before any work.
+
+    Returns the folders it created (removed again if the command fails); exits with a hint of
+    ``--out`` when ``dest`` cannot be written (a read-only place, no permission, a file in the way)."""
+    import os
+
+    from cudarl.atomic import create_temporary
+
+    made, probe = [], dest
+    while not probe.exists():
+        made.append(probe)
+        probe = probe.parent
+    try:
+        dest.mkdir(parents=True, exist_ok=True)
+        fd, tmp = create_temporary(dest / "probe")
+        os.close(fd)
+        tmp.unlink()
+    except OSError as e:
+        _remove_empty(made)
+        fail(f"cannot write the evaluation to {dest}: {e.strerror or e}; pass --out DIR to write it elsewhere")
+    return made
+
+
+def _remove_empty(folders: list[Path]) -> None:
+    for d in folders:  # deepest first
+        try:
+            d.rmdir()
+        except OSError:
+            pass
+
+
 @app.command("evaluate")
 def evaluate(
-    checkpoint: Path = typer.Argument(..., help="a checkpoint written by train (e.g. runs/x/checkpoints/latest.npz)"),
+    checkpoint: Path = typer.Argument(
+        ..., help="a policy file (checkpoints/best.safetensors, step-N.safetensors) or checkpoints/latest.npz"
+    ),
     data: str | None = typer.Argument(None, help="bars to evaluate on (default: the run's data.source)"),
     split: str = typer.Option("test", "--split", help="train, val or test"),
     out: Path | None = typer.Option(None, "--out", help="output directory (default: <run>/eval/<split>-<step>)"),
+    device: str = typer.Option("auto", "--device", help="auto, gpu or cpu"),
 ):
-    """Evaluate a checkpoint's greedy policy on a split: summary.json, equity.csv, trades.csv, equity.png."""
-    from cudarl.checkpoint import load
-    from cudarl.config import from_dict
+    """Evaluate a policy's greedy actions on a split: summary.json, equity.csv, trades.csv, equity.png.
+
+    Loads the policy alone (cudarl.load_policy): no trainer, no replay buffer."""
+    from cudarl import rundir
     from cudarl.evaluate import json_safe, write_outputs
-    from cudarl.features import Normaliser
-    from cudarl.trainer import Trainer
+    from cudarl.policy import load_policy
+    from cudarl.trainer import NO_PLOT
 
     if split not in ("train", "val", "test"):
         fail(f"--split takes train, val or test, got {split!r}", 2)
+    if device not in ("auto", "gpu", "cpu"):
+        fail(f"--device takes auto, gpu or cpu, got {device!r}", 2)
     try:
-        state, info = load(checkpoint)
-        cfg = from_dict(info["config"])
-        # the replay is not used here: keep it as small as the config allows
-        rows = cfg.env.n_envs * cfg.env.rows_per_step
-        over = {"replay": {"capacity": cfg.replay.n_step * rows + cfg.agent.batch_size + 1}, "run": {"device": "auto"}}
-        if data is not None:
-            over["data"] = {"source": data}
-        cfg = from_dict(over, base=cfg)
-        t = Trainer(
-            cfg,
-            run_dir=False,
-            normaliser=Normaliser.from_state_dict(state["normaliser"]),
-            echo=lambda m: typer.echo(m, err=True),
-        )
-        t.agent.load_state_dict(state["agent"])
-        t.step = int(state["trainer"]["step"])
-        summary = t.evaluate(split, write=False)
-        ev = t.last_evaluation
-        dest = out or Path(checkpoint).resolve().parents[1] / "eval" / f"{split}-{t.step:08d}"
-        write_outputs(ev, dest)
+        policy = load_policy(checkpoint, device=device)
+        run = rundir.run_dir_of(checkpoint)
+        if out is None and run is None:
+            fail(f"{checkpoint} is not in the checkpoints folder of a cudarl run directory; pass --out DIR")
+        dest = out or run / "eval" / f"{split}-{policy.step:08d}"
+        made = _claim_out(dest)
+        try:
+            ev = policy.evaluate(data, split, echo=lambda m: typer.echo(m, err=True))
+        except BaseException:
+            _remove_empty(made)
+            raise
+        written = write_outputs(ev, dest)
+        if not any(p.name == "equity.png" for p in written):
+            typer.echo(NO_PLOT, err=True)
+        summary = ev.summary
         keys = ("split", "policy", "buy_and_hold", "flat", "statistics", "deployment")
         typer.echo(json.dumps(json_safe({k: summary[k] for k in keys}), indent=1, allow_nan=False))
         typer.echo(f"wrote {dest}", err=True)
@@ -295,14 +382,32 @@ def evaluate(
         fail(str(e))
     except (KeyError, ValueError) as e:
         fail(f"{checkpoint}: {e}")
+    except OSError as e:
+        fail(f"{e.filename or checkpoint}: {e.strerror or e}")
 
 
 @app.command("config")
-def config_cmd(cpu: bool = typer.Option(False, "--cpu", help="show the defaults as resolved for the NumPy backend")):
-    """Print the default configuration as TOML (edit it and pass it with --config)."""
+def config_cmd(
+    device: str = typer.Option(
+        "auto", "--device", help="auto (this host's backend), gpu or cpu: whose defaults to show"
+    ),
+    cpu: bool = typer.Option(False, "--cpu", help="the same as --device cpu"),
+):
+    """Print the default configuration as TOML, as resolved for this host's backend (edit it and pass
+    it with --config)."""
+    from cudarl.backend import cupy_unavailable_reason
     from cudarl.config import Config, resolve_for_backend
 
-    cfg = resolve_for_backend(Config(), not cpu, {})
+    if device not in ("auto", "gpu", "cpu"):
+        fail(f"--device takes auto, gpu or cpu, got {device!r}", 2)
+    if cpu:
+        device = "cpu"
+    gpu = cupy_unavailable_reason() is None if device == "auto" else device == "gpu"
+    cfg = resolve_for_backend(Config(), gpu, {})
+    other = "cpu" if gpu else "gpu"
+    typer.echo(
+        f"# cudarl defaults for the {'GPU (CuPy)' if gpu else 'NumPy (CPU)'} backend; --device {other} shows the other"
+    )
     typer.echo(cfg.to_toml())
 
 
@@ -330,11 +435,15 @@ def bench(
     steps: int = typer.Option(200, "--steps", help="timed replays"),
     cpu: bool = typer.Option(False, "--cpu", help="time the NumPy backend instead (slow)"),
 ):
-    """Time the train and collect steps of the reference workload (DESIGN.md) as graph replays."""
+    """Time the train and collect steps of the reference workload (64 features, MLP 256-256, C51 with
+    51 atoms, batch 512, replay 1M; docs/architecture.md) as graph replays."""
+    from cudarl.backend import BackendError
     from cudarl.bench import step_benchmark
 
     try:
         rows = step_benchmark(repeats=steps, device="cpu" if cpu else "gpu")
+    except BackendError as e:
+        fail(f"{e}; `cudarl-train bench --cpu` times the NumPy backend instead")
     except _user_errors() as e:
         fail(str(e))
     for r in rows:
@@ -350,7 +459,11 @@ def main() -> None:
     except Exception as e:  # commands report user errors themselves; this is the last line of defence
         if os.environ.get("CUDARL_DEBUG"):
             raise
-        typer.echo(f"cudarl-train: error: {type(e).__name__}: {e} (set CUDARL_DEBUG=1 for the traceback)", err=True)
+        typer.echo(
+            f"cudarl-train: internal error: {e or type(e).__name__} "
+            "(please report it; set CUDARL_DEBUG=1 for the traceback)",
+            err=True,
+        )
         sys.exit(1)
 
 

@@ -54,7 +54,7 @@ class RunConfig:
     """What to run and where the results go."""
 
     name: str = "cudarl"
-    """Run name; the run directory is ``<out_dir>/<name>-<time>-<seed>``."""
+    """Run name; the run directory is ``<out_dir>/<name>-<time>-<seed>`` (``-2``, ``-3``, ... if taken)."""
     seed: int = 0
     """Seed of every Philox stream (initialisation, sampling, exploration, environments)."""
     steps: int = 10_000
@@ -68,12 +68,16 @@ class RunConfig:
     eval_every: int = 2_000
     """Learner updates between validation evaluations (0: only at the end)."""
     checkpoint_every: int = 5_000
-    """Learner updates between numbered checkpoints (``latest`` is written at each evaluation and at the end)."""
+    """Learner updates between policy files ``checkpoints/step-N.safetensors`` (the resume checkpoint
+    ``latest.npz`` is written at each evaluation, at the end and on Ctrl-C or SIGTERM)."""
     keep_best: bool = True
-    """Write ``checkpoints/best.npz`` whenever the validation Sharpe improves (model selection on the
-    validation split; more updates can overfit: docs/sweeps.md)."""
+    """Write the policy file ``checkpoints/best.safetensors`` whenever the validation Sharpe improves
+    (model selection on the validation split; more updates can overfit: docs/sweeps.md)."""
     log_every: int = 100
     """Learner updates between metric rows."""
+    tensorboard: bool = False
+    """Also write every number of ``metrics.jsonl`` to a TensorBoard event file in ``<run>/tensorboard/``
+    (needs tensorboardX: ``pip install 'cudarl[tensorboard]'``)."""
     grid_barrier: bool = True
     """GPU: let the train step's C51 targets-and-loss (with PopArt) and its optimiser update each be one
     launch whose blocks wait for one another (``cudarl::grid_barrier``; grid at most one block per SM).
@@ -108,14 +112,72 @@ class DataConfig:
     """Fraction for validation (next); the test split takes the rest."""
     periods_per_year: float = 0.0
     """Bars per year for annualised metrics; 0 infers it from the bar spacing (and records it)."""
+    sort: bool = False
+    """Sort rows by time instead of refusing unsorted data (CLI ``--sort``)."""
+    dedupe: str = ""
+    """``first`` or ``last``: keep that row of each duplicated time instead of refusing duplicates;
+    empty: refuse them (CLI ``--dedupe``)."""
+    drop_nan: bool = False
+    """Drop rows with a NaN, inf or missing value instead of refusing them (CLI ``--drop-nan``)."""
+    ffill: bool = False
+    """Replace such rows by a flat bar at the previous close (CLI ``--ffill``)."""
+    date_format: str = ""
+    """A ``strptime`` format, or ``epoch_s`` / ``epoch_ms`` / ``epoch_us`` / ``epoch_ns``; empty: detect
+    ISO, M/D/YYYY, dd.mm.YYYY or epoch numbers (CLI ``--date-format``)."""
+    tz: str = "UTC"
+    """Time zone of times without an offset, an IANA name (CLI ``--tz``)."""
+    columns: tuple = ()
+    """Column names by field, as ``"FIELD=NAME"`` strings, e.g. ``["close=Last"]`` (CLI ``--column``)."""
+    extra_columns: tuple = ()
+    """Further numeric columns to keep as features (CLI ``--extra``)."""
 
     def __post_init__(self):
         s = "data"
         _need(s, bool(self.source), "source must be given")
+        _need(s, self.dedupe in ("", "first", "last"), f"dedupe must be first, last or empty, got {self.dedupe!r}")
+        _need(s, not (self.drop_nan and self.ffill), "choose one of drop_nan and ffill")
+        column_map(self.columns)
+        _need(
+            s,
+            all(isinstance(c, str) and c for c in self.extra_columns),
+            f"extra_columns must be column names, got {list(self.extra_columns)!r}",
+        )
+        if self.tz.upper() not in ("UTC", "Z", "GMT"):
+            from zoneinfo import ZoneInfo
+
+            try:
+                ZoneInfo(self.tz)
+            except (KeyError, ValueError):
+                raise ConfigError(f"data: tz {self.tz!r} is not an IANA time zone (e.g. America/New_York)") from None
         _in(s, "train_frac", self.train_frac, 0, 1, lo_open=True, hi_open=True)
         _in(s, "val_frac", self.val_frac, 0, 1, lo_open=True, hi_open=True)
         _need(s, self.train_frac + self.val_frac < 1, "train_frac + val_frac must be < 1 (the test split needs bars)")
         _in(s, "periods_per_year", self.periods_per_year, 0, 1e8)
+
+
+def column_map(pairs) -> dict:
+    """``{"close": "Last"}`` from ``["close=Last"]`` (``data.columns``, CLI ``--column``)."""
+    out = {}
+    for p in pairs:
+        field, eq, name = str(p).partition("=")
+        if not eq or not field.strip() or not name.strip():
+            raise ConfigError(f"data: columns takes FIELD=NAME entries (e.g. close=Last), got {p!r}")
+        out[field.strip()] = name.strip()
+    return out
+
+
+def data_options(d: DataConfig) -> dict:
+    """The keyword arguments of :func:`cudarl.data.load` that ``d`` sets (repairs and reading options)."""
+    return {
+        "sort": d.sort,
+        "dedupe": d.dedupe or None,
+        "drop_nan": d.drop_nan,
+        "ffill": d.ffill,
+        "date_format": d.date_format or None,
+        "tz": d.tz,
+        "columns": column_map(d.columns),
+        "extra_columns": tuple(d.extra_columns),
+    }
 
 
 @dataclass(frozen=True)
@@ -423,9 +485,11 @@ class Config:
         _need("agent", self.agent.batch_size <= self.replay.capacity, "batch_size must not exceed replay.capacity")
 
     def to_dict(self) -> dict:
+        """``{section: {field: value}}`` of every field (JSON- and TOML-ready)."""
         return {name: dataclasses.asdict(getattr(self, name)) for name in SECTIONS}
 
     def to_toml(self) -> str:
+        """Every field as TOML (``cudarl-train train --config`` reads it back)."""
         return dumps_toml(self.to_dict())
 
     def with_overrides(self, overrides: dict) -> Config:

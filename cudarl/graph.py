@@ -103,6 +103,7 @@ class StepGraph:
     def _run(self, phases: Sequence[Phase]) -> None:
         for pname, fn in phases:
             self._phase = pname
+            kernels.trace({"kind": "phase", "name": pname})
             fn()
         self._phase = None
         SideStream.join_all()
@@ -169,6 +170,24 @@ class StepGraph:
         self._graph = self._capture(self.phases, self.name)
         self._captured = True
 
+    def kernel_families(self) -> set[str]:
+        """The kernel families the phases launch (empty on the NumPy backend).
+
+        The phases run once inside a capture that is then thrown away, with
+        :func:`cudarl.kernels.discovering` noting each launch's family instead of launching it: no
+        kernel is compiled, loaded or run, and the captured graph is never launched.
+        """
+        if not self.is_gpu:
+            return set()
+        with kernels.discovering() as found:
+            self._capture(self.phases, self.name)
+        return set(found)
+
+    def prefetch(self) -> None:
+        """Start compiling every kernel family the phases launch, in parallel (:func:`cudarl.kernels.prefetch`)."""
+        if self.is_gpu:
+            kernels.prefetch(sorted(self.kernel_families()))
+
     def replay(self) -> None:
         """Launch the captured graph on :attr:`stream` (NumPy: run the phases)."""
         if not self._captured:
@@ -224,6 +243,15 @@ class StepGraph:
         return out
 
 
+def capture_all(graphs: Sequence[StepGraph]) -> None:
+    """Capture ``graphs`` in order, after starting the compiles of every kernel family any of them
+    launches: a cold start compiles them side by side, not one at a time at each first launch."""
+    for g in graphs:
+        g.prefetch()
+    for g in graphs:
+        g.capture()
+
+
 class SideStream:
     """A second stream for work independent of what follows on the main stream.
 
@@ -268,6 +296,7 @@ class SideStream:
             raise GraphError("SideStream.fork: already on the side stream")
         self._forked.record(main)
         self.stream.wait_event(self._forked)
+        kernels.trace({"kind": "fork", "from": main.ptr, "to": self.stream.ptr})
         if not self._pending:
             self._pending = True
             SideStream._open.append((self, main))
@@ -282,6 +311,7 @@ class SideStream:
 
         self._done.record(self.stream)
         cupy.cuda.get_current_stream().wait_event(self._done)
+        kernels.trace({"kind": "join", "from": self.stream.ptr, "to": cupy.cuda.get_current_stream().ptr})
         self._pending = False
         SideStream._open[:] = [(s, m) for s, m in SideStream._open if s is not self]
 

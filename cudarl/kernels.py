@@ -1,18 +1,28 @@
 """The kernel loader and the one launch helper.
 
 Every kernel family lives in ``cuda_src/<family>.cu`` with ``extern "C"`` kernels named
-``cudarl_<family>_<op>``. This module builds one ``cupy.RawModule`` per (family, context):
+``cudarl_<family>_<op>``. This module compiles each family with NVRTC (``cudarl.nvrtc``), keeps
+the cubin in a disk cache, and loads one ``cupy.RawModule`` per (family, context):
 
 * ``context`` is ``"ungraphed"`` for eager launches, or the name of the graph that captures
   the kernel (``cudarl.graph.StepGraph`` sets it for the duration of a capture). So a function
   handle that is captured in a graph is never also launched outside it, and two graphs never
   share a handle (DESIGN.md rule 1; the seed system's 3100 ms replays came from sharing).
-* CuPy caches modules by source, so two modules of identical source share one CUmodule. The
-  source of each context therefore starts with a line naming the context, and with a digest
-  of the headers under ``cuda_src/include`` (CuPy's cache key does not see included files).
+* A family is compiled once, whatever the contexts: the contexts differ only in the module the
+  cubin is loaded into. CuPy memoises ``RawModule(path=...)`` by path, so each context loads the
+  cubin through a name of its own (a hard link beside it); each load is a module of its own.
+* The disk cache (``$CUDARL_CACHE_DIR``, default ``~/.cache/cudarl``, under ``kernels/``) is keyed
+  by the sha256 of the program text, every header under ``cuda_src/include``, the options, the
+  target architecture and NVRTC's version; entries are written atomically (temporary file, fsync,
+  rename), so processes may share it and a crash leaves no partial cubin.
+* Compiles run lazily (a family is compiled when a kernel of it is first resolved), and
+  :func:`prefetch` starts several on a thread pool (NVRTC releases the GIL), which is how
+  ``cudarl.graph`` compiles what a graph launches in parallel before capturing it.
 
-Compile options live here and nowhere else. ``#line 1 "cuda_src/<family>.cu"`` makes a
-compile error point at the real file and line.
+Compile options live here and nowhere else (:func:`compile_options`): no fast-math, and
+``-ftz=false``, so float32 subnormals survive as they do in the NumPy twins (CuPy's own
+``RawModule(code=...)`` appends ``-ftz=true``: the reason cudarl calls NVRTC itself).
+``#line 1 "cuda_src/<family>.cu"`` makes a compile error point at the real file and line.
 """
 
 from __future__ import annotations
@@ -22,13 +32,23 @@ import hashlib
 import os
 import re
 import threading
+import time
+import warnings
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
 
+from . import nvrtc
+from .atomic import atomic_link, atomic_open
+
 UNGRAPHED = "ungraphed"
 _CONTEXT_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.:-]{0,63}$")
+#: Environment variables read here: the cache folder, flush-to-zero, source line info.
+CACHE_ENV, FTZ_ENV, LINEINFO_ENV = "CUDARL_CACHE_DIR", "CUDARL_FTZ", "CUDARL_LINEINFO"
+#: Bumped when the layout of a cache entry changes, so old entries are never read as new ones.
+CACHE_FORMAT = 1
 
 
 class KernelError(RuntimeError):
@@ -58,25 +78,35 @@ def families() -> list[str]:
     return sorted(p.stem for p in SRC_DIR.glob("*.cu"))
 
 
+def flush_to_zero() -> bool:
+    """``CUDARL_FTZ=1`` compiles with ``-ftz=true`` (CuPy's choice: float32 subnormals flushed to
+    zero); the default keeps subnormals, as the NumPy twins do. For measuring what it costs."""
+    return os.environ.get(FTZ_ENV) == "1"
+
+
 def compile_options() -> tuple[str, ...]:
-    """NVRTC options for every module. CuPy adds ``-arch`` for the current device itself.
+    """NVRTC options for every family (the architecture is added per device by :func:`target`).
 
-    No fast-math: the kernels must match their NumPy twins to float32 rounding.
-    ``CUDARL_LINEINFO=1`` adds ``-lineinfo`` (source lines for Nsight Compute's per-line stall
-    sampling, ``tools/gpu_profile.sh``); it changes no generated instruction.
+    No fast-math: the kernels must match their NumPy twins to float32 rounding, subnormals
+    included (``-ftz=false``; ``CUDARL_FTZ=1`` flips it). ``--device-as-default-execution-space``
+    is what CuPy passed, so the code is what it compiled. ``CUDARL_LINEINFO=1`` adds ``-lineinfo``
+    (source lines for Nsight Compute's per-line stall sampling, ``tools/gpu_profile.sh``); it
+    changes no generated instruction.
     """
-    opts = ("-std=c++17", f"-I{INCLUDE_DIR}")
-    return opts + ("-lineinfo",) if os.environ.get("CUDARL_LINEINFO") == "1" else opts
+    opts = (
+        "-std=c++17",
+        f"-I{INCLUDE_DIR}",
+        "--device-as-default-execution-space",
+        "-ftz=true" if flush_to_zero() else "-ftz=false",
+    )
+    return opts + ("-lineinfo",) if os.environ.get(LINEINFO_ENV) == "1" else opts
 
 
-@functools.lru_cache(maxsize=1)
-def headers_digest() -> str:
-    h = hashlib.sha256()
-    for p in sorted(INCLUDE_DIR.rglob("*")):
-        if p.is_file():
-            h.update(p.relative_to(INCLUDE_DIR).as_posix().encode())
-            h.update(p.read_bytes())
-    return h.hexdigest()[:16]
+def headers() -> list[tuple[str, bytes]]:
+    """Every file under ``cuda_src/include`` as (relative path, contents), in a fixed order."""
+    return [
+        (p.relative_to(INCLUDE_DIR).as_posix(), p.read_bytes()) for p in sorted(INCLUDE_DIR.rglob("*")) if p.is_file()
+    ]
 
 
 def check_context(context: str) -> str:
@@ -85,24 +115,221 @@ def check_context(context: str) -> str:
     return context
 
 
-def module_source(family: str, context: str) -> str:
-    """The exact source compiled for (family, context): a context banner, then the file."""
+def program(family: str) -> str:
+    """The exact text NVRTC compiles for ``family``: a ``#line`` directive, then the file."""
     path = SRC_DIR / f"{family}.cu"
     if not path.is_file():
         raise KernelError(f"no kernel family {family!r}: {path} does not exist (families: {', '.join(families())})")
-    check_context(context)
-    banner = (
-        f'#define CUDARL_CONTEXT "{context}"\n'
-        f"// cudarl module: family={family} context={context} headers={headers_digest()}\n"
-        f'#line 1 "cuda_src/{family}.cu"\n'
-    )
-    return banner + path.read_text()
+    return f'#line 1 "cuda_src/{family}.cu"\n' + path.read_text()
 
 
-# --- the current context: set by cudarl.graph during a capture -------------------------------
+# --- the disk cache ------------------------------------------------------------------------------
+def cache_dir() -> Path:
+    """Where compiled kernels are kept: ``$CUDARL_CACHE_DIR/kernels`` (default ``~/.cache/cudarl``)."""
+    root = os.environ.get(CACHE_ENV) or os.path.join(os.path.expanduser("~"), ".cache", "cudarl")
+    return Path(root) / "kernels"
+
+
+def target(compute_capability=None) -> tuple[str, str]:
+    """``(arch option, kind)`` for the current device (or ``compute_capability``, e.g. ``90``)."""
+    if compute_capability is None:
+        import cupy
+
+        compute_capability = cupy.cuda.Device().compute_capability
+    try:
+        return nvrtc.target(int(compute_capability))
+    except nvrtc.NvrtcError as exc:
+        raise KernelError(str(exc)) from None
+
+
+def cache_key(family: str, arch: str, kind: str) -> str:
+    """sha256 over everything that decides the binary: the program, the headers, the options (the
+    include folder's path left out), the architecture and output kind, and NVRTC's version."""
+    h = hashlib.sha256()
+
+    def put(*parts) -> None:
+        for p in parts:
+            b = p if isinstance(p, bytes) else str(p).encode()
+            h.update(len(b).to_bytes(8, "little") + b)  # length-prefixed: no two splits collide
+
+    put(f"cudarl-kernel-cache {CACHE_FORMAT}", family, program(family))
+    for name, data in headers():
+        put(name, data)
+    # the include folder by role, not by path: its files are hashed above, and two checkouts of one
+    # commit (or a wheel and its source) then share their cubins
+    put(*(o.replace(str(INCLUDE_DIR), "<include>") for o in compile_options()), arch, kind)
+    put("nvrtc {}.{}".format(*nvrtc.version()))
+    return h.hexdigest()
+
+
+def _valid(data: bytes, kind: str) -> bool:
+    return data.startswith(b"\x7fELF") if kind == "cubin" else data.lstrip().startswith(b"//")
+
+
+#: One record a family compiled or found in the cache: what the start-up breakdown reads.
+_report: list[dict] = []
+_report_lock = threading.Lock()
+_fallback_dir: list[Path] = []
+
+
+def compile_report() -> list[dict]:
+    """A record per family binary this process asked for: ``family``, ``cached`` (found on disk),
+    ``compile_s`` (NVRTC's wall time, 0 when cached), ``bytes``, ``path``."""
+    with _report_lock:
+        return [dict(r) for r in _report]
+
+
+def _writable_dir() -> Path:
+    d = cache_dir()
+    try:
+        d.mkdir(parents=True, exist_ok=True)
+        if os.access(d, os.W_OK):
+            return d
+    except OSError:
+        pass
+    if not _fallback_dir:
+        import tempfile
+
+        _fallback_dir.append(Path(tempfile.mkdtemp(prefix="cudarl-kernels-")))
+        warnings.warn(
+            f"kernel cache {d} is not writable; compiled kernels go to {_fallback_dir[0]} for this process only "
+            f"(set {CACHE_ENV} to a writable folder to keep them)",
+            stacklevel=3,
+        )
+    return _fallback_dir[0]
+
+
+def binary(family: str, compute_capability=None) -> Path:
+    """The path of ``family``'s compiled binary for the device, compiling it if the cache lacks it.
+
+    Thread-safe, and safe between processes (an entry appears whole, by rename). Needs no GPU when
+    ``compute_capability`` is given (e.g. ``90``).
+    """
+    arch, kind = target(compute_capability)
+    key = cache_key(family, arch, kind)
+    path = cache_dir() / f"{family}-{key[:32]}.{kind}"
+    try:
+        data = path.read_bytes()
+    except OSError:
+        data = b""
+    if _valid(data, kind):
+        _record(family, True, 0.0, len(data), path)
+        return path
+    t0 = time.perf_counter()
+    try:
+        data = nvrtc.compile_source(program(family), f"{family}.cu", compile_options() + (arch,), kind)
+    except nvrtc.NvrtcCompileError as exc:
+        raise KernelCompileError(f"cuda_src/{family}.cu failed to compile:\n{exc.log.strip()}") from None
+    except nvrtc.NvrtcError as exc:
+        raise KernelError(f"cannot compile cuda_src/{family}.cu: {exc}") from None
+    seconds = time.perf_counter() - t0
+    path = _writable_dir() / path.name
+    with atomic_open(path, "wb") as f:
+        f.write(data)
+    _record(family, False, seconds, len(data), path)
+    return path
+
+
+def _record(family: str, cached: bool, seconds: float, size: int, path: Path) -> None:
+    with _report_lock:
+        _report.append({"family": family, "cached": cached, "compile_s": seconds, "bytes": size, "path": str(path)})
+
+
+# --- compiles in flight: the lazy path and the parallel one share them --------------------------
+_pool: list[ThreadPoolExecutor] = []
+_inflight: dict[tuple, Future] = {}
+_inflight_lock = threading.Lock()
+
+
+def _executor() -> ThreadPoolExecutor:
+    if not _pool:
+        _pool.append(ThreadPoolExecutor(max(1, min(16, os.cpu_count() or 1)), thread_name_prefix="cudarl-nvrtc"))
+    return _pool[0]
+
+
+def _binary_future(family: str, compute_capability, parallel: bool) -> Future:
+    """The one compile of (family, options, device) in this process: started now on the pool
+    (``parallel``) or run in the caller's thread when first asked for without a prefetch."""
+    key = (family, compile_options(), compute_capability)
+    with _inflight_lock:
+        fut = _inflight.get(key)
+        if fut is not None:
+            return fut
+        fut = _executor().submit(binary, family, compute_capability) if parallel else Future()
+        _inflight[key] = fut
+    if not parallel:
+        try:
+            fut.set_result(binary(family, compute_capability))
+        except BaseException as exc:
+            fut.set_exception(exc)
+    return fut
+
+
+def _forget(family: str, compute_capability) -> None:
+    with _inflight_lock:
+        _inflight.pop((family, compile_options(), compute_capability), None)
+
+
+def _device_cc() -> str:
+    import cupy
+
+    return cupy.cuda.Device().compute_capability
+
+
+def prefetch(names, compute_capability=None) -> list[Future]:
+    """Start compiling the families ``names`` in parallel (a thread pool); return at once.
+
+    A family already compiled or in flight is not started again. A compile error is raised where
+    the family is first used (:func:`get_module`), as without the prefetch.
+    """
+    cc = _device_cc() if compute_capability is None else compute_capability
+    out = []
+    for fam in dict.fromkeys(names):
+        program(fam)  # an unknown family fails here, in the caller
+        out.append(_binary_future(fam, cc, parallel=True))
+    return out
+
+
+# --- discovery: which families a block of launches needs, without launching ---------------------
 _local = threading.local()
 
 
+@contextmanager
+def discovering():
+    """Inside the block :func:`launch` records the family of each kernel instead of launching it;
+    the block yields that (growing) set. ``cudarl.graph`` runs a graph's phases this way, inside a
+    capture that is then thrown away, to learn what to :func:`prefetch` before the real capture."""
+    prev = getattr(_local, "found", None)
+    _local.found = found = set()
+    try:
+        yield found
+    finally:
+        _local.found = prev
+
+
+# --- tracing: the launches of a capture, in order, for the critical path ------------------------
+@contextmanager
+def tracing():
+    """Inside the block, every launch (still launched) and every event passed to :func:`trace` is
+    appended to the yielded list: ``{"kind": "kernel", "name", "stream", "grid", "block"}`` from
+    :func:`launch`; ``cudarl.graph`` adds phase starts and side-stream forks and joins,
+    ``cudarl.blas`` its GEMMs. ``tools/critical_path.py`` builds the step's graph from it."""
+    prev = getattr(_local, "trace", None)
+    _local.trace = events = []
+    try:
+        yield events
+    finally:
+        _local.trace = prev
+
+
+def trace(event: dict) -> None:
+    """Note ``event`` if a :func:`tracing` block is open in this thread (cheap otherwise)."""
+    events = getattr(_local, "trace", None)
+    if events is not None:
+        events.append(event)
+
+
+# --- the current context: set by cudarl.graph during a capture -------------------------------
 def current_context() -> str:
     return getattr(_local, "context", UNGRAPHED)
 
@@ -123,28 +350,59 @@ def use_context(context: str):
 _modules: dict[tuple[str, str], object] = {}
 _functions: dict[tuple[str, str, str], object] = {}
 _lock = threading.Lock()
+#: Seconds the loading thread waited for binaries (compiles or cache reads) and spent loading
+#: modules (``cuModuleLoad``): the "compile" row of the start-up breakdown.
+load_seconds = {"wait": 0.0, "load": 0.0}
+
+
+def _context_path(path: Path, context: str) -> Path:
+    """A name of ``context``'s own for the binary ``path`` (a hard link beside it, else a copy in a
+    folder this process can write): CuPy memoises ``RawModule(path=...)`` by path, so one name per
+    context gives one module per context."""
+    name = f"{path.stem}.{context}{path.suffix}"
+    try:
+        atomic_link(path, path.with_name(name))
+        return path.with_name(name)
+    except OSError:  # a cache someone else filled, read-only to us
+        atomic_link(path, _writable_dir() / name)
+        return _writable_dir() / name
+
+
+def _load(family: str, context: str):
+    import cupy
+
+    cc = _device_cc()
+    for attempt in (0, 1):
+        t0 = time.perf_counter()
+        path = _binary_future(family, cc, parallel=False).result()
+        t1 = time.perf_counter()
+        own = _context_path(path, context)
+        try:
+            mod = cupy.RawModule(path=str(own))
+            mod.compile()  # load now, so a bad binary fails here
+        except cupy.cuda.driver.CUDADriverError as exc:
+            if attempt:
+                raise KernelError(f"cannot load {own} for cuda_src/{family}.cu: {exc}") from None
+            path.unlink(missing_ok=True)  # a damaged cache entry: compile again, once
+            own.unlink(missing_ok=True)
+            _forget(family, cc)
+            continue
+        load_seconds["wait"] += t1 - t0
+        load_seconds["load"] += time.perf_counter() - t1
+        return mod
+    raise AssertionError("unreachable")
 
 
 def get_module(family: str, context: str):
-    """The ``cupy.RawModule`` of (family, context), compiled and cached on first use."""
+    """The ``cupy.RawModule`` of (family, context), compiled (or read from the cache) and loaded on
+    first use."""
     key = (family, check_context(context))
     mod = _modules.get(key)
     if mod is None:
-        import cupy
-
         with _lock:
             mod = _modules.get(key)
             if mod is None:
-                src = module_source(family, context)
-                try:
-                    mod = cupy.RawModule(code=src, options=compile_options())
-                    mod.compile()  # compile now so errors surface here, not at first launch
-                except cupy.cuda.compiler.CompileException as exc:
-                    raise KernelCompileError(
-                        f"cuda_src/{family}.cu failed to compile:\n"
-                        f"{exc.get_message() if hasattr(exc, 'get_message') else exc}"
-                    ) from None
-                _modules[key] = mod
+                mod = _modules[key] = _load(family, context)
     return mod
 
 
@@ -179,8 +437,10 @@ _POINTEES = {**_SCALARS, "u8": np.uint8, "i8": np.int8}
 def parse_signature(sig: str) -> tuple[tuple[str, np.dtype, bool], ...]:
     """Parse ``"f32* out, const u64* counter, i64 n"`` into (name, dtype, is_pointer) triples.
 
-    The names are for error messages; ``const`` is documentation only.
+    The names are for error messages; ``const`` is documentation only. ``""``: no arguments.
     """
+    if not sig.strip():
+        return ()
     out = []
     for i, part in enumerate(p.strip() for p in sig.split(",")):
         m = re.match(r"^(?:const\s+)?(\w+)\s*(\*?)\s*(\w+)?$", part)
@@ -261,7 +521,12 @@ def launch(family: str, op: str, grid, block, sig: str, args: tuple, *, stream=N
         raise KernelError(f"{where}: launched into a capturing stream outside cudarl.graph (context 'ungraphed')")
     if not capturing and ctx != UNGRAPHED:
         raise KernelError(f"{where}: context {ctx!r} belongs to a capture, but the stream is not capturing")
+    found = getattr(_local, "found", None)
+    if found is not None:  # discovering(): note the family, launch nothing
+        found.add(family)
+        return
     fn = get_function(family, op, ctx)
+    trace({"kind": "kernel", "name": where, "stream": s.ptr, "grid": list(grid), "block": list(block)})
     if shared_mem > _DEFAULT_SMEM and fn.max_dynamic_shared_size_bytes < shared_mem:
         fn.max_dynamic_shared_size_bytes = int(
             shared_mem

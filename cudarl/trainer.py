@@ -15,34 +15,35 @@ the same order without graphs.
 
 from __future__ import annotations
 
-import csv
 import json
 import math
 import platform
 import subprocess
 import sys
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
 
-from . import __version__
+from . import __version__, interrupt, metrics_log, rundir
 from . import backend as _backend
 from . import checkpoint as ckpt
 from .agent import PUBLISH_SLOTS, Agent
-from .atomic import atomic_link
-from .config import Config, from_dict
+from .atomic import atomic_open
+from .config import Config, data_options, from_dict
 from .data import load as load_bars
 from .data import report as data_report
 from .env import TradingEnv
-from .evaluate import evaluate_positions, json_safe, write_outputs
+from .evaluate import json_safe, write_outputs
 from .features import Normaliser, compute, return_sign
-from .graph import StepGraph
+from .graph import StepGraph, capture_all
 from .guard import Guard, GuardStop
+from .policy import PolicyState, deployment, eval_env, evaluate_split, greedy_actions, is_policy_file
 from .replay import PrioritizedReplay
 from .splits import chronological
+from .timing import Stopwatch
 
 #: Learner updates between updates of the moving average of the weights (eval.average_halflife).
 AVERAGE_EVERY = 10
@@ -61,11 +62,14 @@ class Prepared:
     periods_per_year: float
 
 
-def prepare_data(cfg: Config, bars=None, normaliser: Normaliser | None = None, splits=None) -> Prepared:
+def prepare_data(cfg: Config, bars=None, normaliser: Normaliser | None = None, stopwatch=None, splits=None) -> Prepared:
     """Load (or take) the bars, compute causal features, split (or take ``splits``, e.g. a walk-forward
     fold), and fit the normaliser on train (or use ``normaliser``, a trained model's, when evaluating
-    on other data)."""
-    bars = bars if bars is not None else load_bars(cfg.data.source, min_bars=cfg.env.episode_len + 3)
+    on other data). ``stopwatch`` (:class:`cudarl.timing.Stopwatch`) gets the laps ``data`` and ``features``."""
+    if bars is None:
+        bars = load_bars(cfg.data.source, min_bars=cfg.env.episode_len + 3, **data_options(cfg.data))
+    if stopwatch is not None:
+        stopwatch.lap("data")
     feats = compute(bars, cfg.features)
     if splits is None:
         splits = chronological(len(bars), cfg.data.train_frac, cfg.data.val_frac, warmup=feats.warmup)
@@ -76,7 +80,10 @@ def prepare_data(cfg: Config, bars=None, normaliser: Normaliser | None = None, s
         )
     norm = normaliser or Normaliser.fit(feats, splits.train, center=~sign)
     ppy = cfg.data.periods_per_year or bars.infer_periods_per_year()[0]
-    return Prepared(bars, norm.transform(feats.values), feats.names, sign, splits, norm, float(ppy))
+    x = norm.transform(feats.values)
+    if stopwatch is not None:
+        stopwatch.lap("features")
+    return Prepared(bars, x, feats.names, sign, splits, norm, float(ppy))
 
 
 def versions() -> dict:
@@ -104,7 +111,8 @@ class Trainer:
 
     Args:
         cfg: the resolved :class:`Config` (``cudarl.config.resolve_for_backend`` already applied).
-        run_dir: where outputs go (default ``<run.out_dir>/<name>-<time>-<seed>``); ``False`` for none.
+        run_dir: where outputs go (default ``<run.out_dir>/<name>-<time>-<seed>``, made exclusively:
+            :mod:`cudarl.rundir`); a path: a new or empty folder (never one in use); ``False`` for none.
         bars: optional already-loaded :class:`cudarl.data.Bars` (tests, the learning checks).
         normaliser: a trained model's feature normaliser (evaluation on other bars).
         splits: train / val / test :class:`cudarl.splits.Splits` (default: chronological from ``data``).
@@ -112,10 +120,13 @@ class Trainer:
     """
 
     def __init__(self, cfg: Config, *, run_dir=None, bars=None, normaliser=None, splits=None, echo=print):
+        self.timings: dict[str, float] = {}  # start-up seconds by stage (cudarl.timing; tools/bench_startup.py)
+        sw = Stopwatch(self.timings)
         self.cfg, self.echo = cfg, echo
         self.be = _backend.get({"auto": None, "gpu": "cupy", "cpu": "numpy"}[cfg.run.device])
         xp = self.xp = self.be.xp
-        self.data = prepare_data(cfg, bars, normaliser, splits)
+        sw.lap("backend")
+        self.data = prepare_data(cfg, bars, normaliser, stopwatch=sw, splits=splits)
         tr = self.data.splits.train
         b = self.data.bars
         # environments over the training split (their reward may carry the turnover penalty, evaluation never)
@@ -168,6 +179,7 @@ class Trainer:
         )
         self.train_graph = StepGraph("train", self.agent.train_phases(self.replay), stream=stream, xp=xp)
         self.stream = self.train_graph.stream
+        sw.lap("allocation")
         self.best = None  # {"step", "sharpe"} of the best validation evaluation (run.keep_best)
         g = cfg.guard
         self.guard = Guard(g.action, g.window, g.spike_factor, g.max_rollbacks)
@@ -181,24 +193,35 @@ class Trainer:
         self.last_eval: dict | None = None
         self.last_evaluation = None
         self.history: list[dict] = []  # every evaluation row, in order (the validation Sharpe over training)
+        self._val_psr: tuple | None = None  # (step, validation PSR) for the deployment gate
         # eval.average_halflife: the moving average of the online weights that evaluation deploys
         self.average = xp.array(self.agent.online.params) if cfg.eval.average_halflife else None
-        self._val_psr: tuple | None = None  # (step, validation PSR) for the deployment gate
         self.run_dir = None
+        self.log = None
+        self._said_no_plot = False
+        for w in self.data.bars.warnings:
+            echo(f"data: warning: {w}")
+        if self.data.bars.repairs:
+            echo(f"data: repaired {self.data.bars.repairs}")
+        if cfg.run.tensorboard:
+            metrics_log.require_tensorboard()  # before any run directory is made
         if run_dir is not False:
-            self.run_dir = (
-                Path(run_dir)
-                if run_dir
-                else Path(cfg.run.out_dir) / f"{cfg.run.name}-{time.strftime('%Y%m%d-%H%M%S')}-{cfg.run.seed}"
-            )
-            self._init_run_dir()
+            r = cfg.run
+            made = rundir.claim(run_dir) if run_dir else rundir.create(r.out_dir, r.name, r.seed)
+            self._attach_run_dir(made)
+        sw.lap("run_dir")
 
     # --- run directory ---------------------------------------------------------------------------
-    def _init_run_dir(self) -> None:
-        d = self.run_dir
-        (d / "checkpoints").mkdir(parents=True, exist_ok=True)
+    def _attach_run_dir(self, d: Path, fresh: bool = True, resumed_from=None) -> None:
+        """Write into run directory ``d`` (made by :mod:`cudarl.rundir`) from now on: its config,
+        environment and data report when ``fresh``, and the metric log."""
+        self.run_dir = Path(d)
+        (d / "checkpoints").mkdir(exist_ok=True)
         (d / "eval").mkdir(exist_ok=True)
-        (d / "config.toml").write_text(self.cfg.to_toml())
+        _write_text(d / "config.toml", self.cfg.to_toml())
+        self.log = metrics_log.MetricsLog(d, tensorboard=self.cfg.run.tensorboard)
+        if not fresh:
+            return
         env = {
             "versions": versions(),
             "backend": self.be.name,
@@ -208,32 +231,19 @@ class Trainer:
             "argv": sys.argv,
             "platform": platform.platform(),
         }
-        (d / "env.json").write_text(json.dumps(env, indent=1))
+        if resumed_from is not None:
+            env["resumed_from"] = {"checkpoint": str(resumed_from), "step": self.step}
+        _write_text(d / "env.json", json.dumps(env, indent=1))
         rep = data_report(self.data.bars)
         rep["splits"] = self.data.splits.as_dict()
         rep["features"] = list(self.data.names)
         rep["normaliser_fitted_on"] = list(self.data.normaliser.fitted_on)
         rep["periods_per_year"] = self.data.periods_per_year
-        (d / "data_report.json").write_text(json.dumps(rep, indent=1, default=str))
+        _write_text(d / "data_report.json", json.dumps(rep, indent=1, default=str))
 
     def _log_row(self, row: dict) -> None:
-        if self.run_dir is None:
-            return
-        with open(self.run_dir / "metrics.jsonl", "a") as f:
-            f.write(json.dumps(json_safe(row), allow_nan=False) + "\n")  # strict JSON: null, not NaN
-
-    def _write_csv(self) -> None:
-        if self.run_dir is None or not (self.run_dir / "metrics.jsonl").exists():
-            return
-        rows = [json.loads(line) for line in (self.run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
-        rows = [r for r in rows if "loss" in r]
-        if not rows:
-            return
-        keys = list(dict.fromkeys(k for r in rows for k in r))
-        with open(self.run_dir / "metrics.csv", "w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=keys)
-            w.writeheader()
-            w.writerows(rows)
+        if self.log is not None:
+            self.log.append(json_safe(row))  # strict JSON: null with a reason, never NaN
 
     # --- the loop ----------------------------------------------------------------------------------
     def _ready_rows(self) -> int:
@@ -241,23 +251,25 @@ class Trainer:
         return max(0, min(self.collect_steps * self.rows_per_collect, self.cfg.replay.capacity) - lag)
 
     def _capture(self) -> None:
-        for g in (self.collect_graph, self.train_graph):
-            if not g.captured:
-                g.capture()
+        capture_all([g for g in (self.collect_graph, self.train_graph) if not g.captured])
 
     def _read(self, step: int) -> tuple[float, float]:
         v = self.agent.readback.read(step % PUBLISH_SLOTS)
         return float(v[0]), float(v[1])
 
-    def prime(self) -> None:
+    def prime(self, stop=()) -> None:
         """Capture both graphs and collect until the replay holds enough rows to learn from
-        (``max(agent.learning_starts, agent.batch_size)``); :meth:`run` starts with this."""
+        (``max(agent.learning_starts, agent.batch_size)``); :meth:`run` starts with this. Returns
+        early when ``stop`` (:class:`cudarl.interrupt.StopFlag`) is set."""
         a = self.cfg.agent
         need = max(a.learning_starts, a.batch_size)
+        sw = Stopwatch(self.timings)
         self._capture()
-        while self._ready_rows() < need:
+        sw.lap("capture")
+        while self._ready_rows() < need and not stop:
             self.collect_graph.replay()
             self.collect_steps += 1
+        sw.lap("prime_collect")
 
     def advance(self, collect_steps: int) -> None:
         """Launch ``collect_steps`` collection steps, each followed by ``agent.updates_per_collect``
@@ -275,13 +287,22 @@ class Trainer:
                 self.step += 1
 
     def run(self, steps: int | None = None, progress=None) -> dict:
-        """Train until ``steps`` learner updates in total (default ``run.steps``); returns the last evaluation."""
+        """Train until ``steps`` learner updates in total (default ``run.steps``); returns the last evaluation.
+
+        Ctrl-C or SIGTERM stops it between updates: a final ``checkpoints/latest.npz``, then
+        :class:`cudarl.interrupt.Interrupted` (exit code 130 or 143 from the command line)."""
+        with interrupt.deferred() as stop:
+            return self._run(steps, progress, stop)
+
+    def _run(self, steps, progress, stop) -> dict:
         cfg, target = self.cfg, int(steps if steps is not None else self.cfg.run.steps)
         a = cfg.agent
-        self.prime()
+        self.prime(stop)
         t0, last_t, last_step = time.perf_counter(), time.perf_counter(), self.step
         pending = None  # the update whose loss has not been read yet
         while self.step < target:
+            if stop:
+                self._interrupted(stop, pending)
             # collect
             if self.step % a.updates_per_collect == 0:
                 self.collect_graph.replay()
@@ -316,12 +337,14 @@ class Trainer:
             if cfg.run.checkpoint_every and self.step % cfg.run.checkpoint_every == 0:
                 self._settle(pending)
                 pending = None
-                self.save(numbered=True)
+                self.save_policy(f"step-{self.step:08d}")
             if self.step % cfg.guard.snapshot_every == 0:
                 self._settle(pending)
                 pending = None
                 self._snapshot = (self.step, self.agent.state_dict())
         self._settle(pending)
+        if stop:
+            self._interrupted(stop, None)
         evaluated = (
             self.last_eval is not None
             and self.last_eval.get("step") == self.step
@@ -331,44 +354,55 @@ class Trainer:
         result = self.last_evaluation.summary if evaluated else self.evaluate("val")
         if not evaluated:
             self._save_evaluated()
-        self._write_csv()
         if progress is not None and getattr(self, "_last_row", None) is not None:
             progress(self.step, self._last_row, self.last_eval)  # show the final validation Sharpe
         best = (
-            f"; best validation Sharpe {_fmt(self.best['sharpe'])} at update {self.best['step']} (checkpoints/best.npz)"
+            f"; best validation Sharpe {_fmt(self.best['sharpe'])} at update {self.best['step']} "
+            "(checkpoints/best.safetensors)"
             if self.best is not None and self.run_dir is not None
             else ""
         )
         self.echo(f"done: {self.step} updates in {time.perf_counter() - t0:.1f} s; run directory {self.run_dir}{best}")
         return result
 
+    def _interrupted(self, stop, pending) -> None:
+        """Settle the update in flight, write ``latest.npz``, log and say so, raise ``Interrupted``."""
+        self._settle(pending)
+        path = self.save()
+        self._log_row({"event": "interrupted", "step": self.step, "signal": stop.name})
+        msg = f"interrupted by {stop.name} at update {self.step}"
+        if path is not None:
+            msg += f"; wrote {path}; continue with: cudarl-train train --resume {path}"
+        self.echo(msg)
+        raise interrupt.Interrupted(stop.signum, msg)
+
     def _update_average(self) -> None:
         """``average += (1 - 2^(-AVERAGE_EVERY / halflife)) (online - average)``, on the training stream."""
         rate = 1.0 - 0.5 ** (AVERAGE_EVERY / self.cfg.eval.average_halflife)
-        with self.stream if self.stream is not None else _Null():
+        with self.stream if self.stream is not None else nullcontext():
             self.average += np.float32(rate) * (self.agent.online.params - self.average)
 
     @contextmanager
     def _weights(self, averaged: bool):
         """The online network holds the moving average of its weights inside this block (when there is one
-        and ``averaged``), its own weights again after it."""
+        and ``averaged``), its own weights again after it; both swaps on the training stream."""
         if self.average is None or not averaged:
             yield
             return
         params = self.agent.online.params
-        with self.stream if self.stream is not None else _Null():  # ordered with the graphs' work
+        with self.stream if self.stream is not None else nullcontext():  # ordered with the graphs' work
             own = params.copy()
             params[...] = self.average
         try:
             yield
         finally:
-            with self.stream if self.stream is not None else _Null():
+            with self.stream if self.stream is not None else nullcontext():
                 params[...] = own
             self.synchronize()
 
     def _save_evaluated(self) -> None:
-        """After a validation evaluation: write ``latest``, and if its Sharpe is the best so far
-        (``run.keep_best``), make ``best.npz`` the same file (a link, not a second serialisation)."""
+        """After a validation evaluation: write ``latest.npz``, and if its Sharpe is the best so far
+        (``run.keep_best``), the policy file ``best.safetensors``."""
         sharpe = (self.last_eval or {}).get("sharpe")
         improved = (
             self.cfg.run.keep_best
@@ -378,9 +412,9 @@ class Trainer:
         )
         if improved:  # before the save, so the checkpoint carries its own best record
             self.best = {"step": self.step, "sharpe": float(sharpe)}
-        latest = self.save()
-        if improved and latest is not None:
-            atomic_link(latest, latest.with_name("best.npz"))
+        self.save()
+        if improved and self.run_dir is not None:
+            self.save_policy("best")
             self._log_row({"event": "best", "split": "val", **self.best})
 
     def _settle(self, pending) -> None:
@@ -446,6 +480,7 @@ class Trainer:
             progress(self.step, row, self.last_eval)
 
     def synchronize(self) -> None:
+        """Wait for the work launched on the training stream (a no-op on the NumPy backend)."""
         if self.stream is not None:
             self.stream.synchronize()
 
@@ -453,47 +488,21 @@ class Trainer:
     def _eval_env(self, split) -> TradingEnv:
         key = (split.start, split.stop)
         if key not in self._eval_envs:
-            n = split.stop - split.start - 2
-            cfg = replace(self.cfg.env, n_envs=1, episode_len=n, stagger=False, counterfactual=False, mirror=False)
-            b = self.data.bars
-            self._eval_envs[key] = TradingEnv(
-                b.open,
-                b.close,
-                self.data.x,
-                self.data.sign,
-                cfg,
-                t_begin=split.start,
-                t_end=split.stop,
-                backend=self.be.name,
-            )
+            self._eval_envs[key] = eval_env(self.data, split, self.cfg.env, self.be.name)
         return self._eval_envs[key]
 
     def greedy_positions(self, split, margin: float | None = None, averaged: bool = True) -> np.ndarray:
         """The online network's greedy positions at the decision bars of ``split`` (float64 ``[len - 2]``).
 
         ``margin`` (default ``eval.margin``): the held position is kept unless another action's expected
-        value exceeds its own by more than this (the env's argmax then sees the held action's value
-        raised by ``margin``; ties go to the lowest action, as the env's act does). ``averaged``: with
-        ``eval.average_halflife``, the moving average of the weights acts (False: the last weights)."""
+        value exceeds its own by more than this (:func:`cudarl.policy.greedy_actions`). ``averaged``:
+        with ``eval.average_halflife``, the moving average of the weights acts (False: the last weights)."""
         env = self._eval_env(split)
-        xp = self.xp
         margin = self.cfg.eval.margin if margin is None else float(margin)
         self.synchronize()
         levels = self.cfg.env.position_levels().astype(np.float64)
-        with self._weights(averaged), self.stream if self.stream is not None else _Null():
-            env.reset()
-            q = xp.zeros((1, env.n_actions), np.float32)
-            eps = xp.zeros(1, np.float32)
-            acts = np.empty(env.config.episode_len, np.int64)
-            held = int(np.argmin(np.abs(levels)))  # flat after the reset
-            for k in range(env.config.episode_len):
-                self.agent.q_values(env.obs, q)
-                if margin > 0:
-                    q[0, held] += np.float32(margin)
-                env.act(q, eps)
-                env.step()
-                acts[k] = held = int(_backend.to_numpy(env.actions)[0])
-        return levels[acts]
+        with self._weights(averaged):
+            return levels[greedy_actions(env, self.agent.q_values, self.stream, margin=margin)]
 
     def validation_psr(self) -> float:
         """The probabilistic Sharpe ratio (against 0) of the validation split at the current weights."""
@@ -502,43 +511,33 @@ class Trainer:
             self._val_psr = (self.step, ev.summary["statistics"]["psr"])
         return self._val_psr[1]
 
-    def deployment(self, split_name: str) -> dict:
-        """Whether the policy trades on ``split_name``: always on the validation split (its evidence is what
-        the gate reads) and with ``eval.gate_psr = 0``; otherwise only when :meth:`validation_psr` is at
-        least ``eval.gate_psr`` (an undefined PSR, e.g. a flat validation policy, keeps the gate closed)."""
-        g = self.cfg.eval.gate_psr
-        if g == 0 or split_name == "val":
-            return {"gate": "off" if g == 0 else "not applied to the validation split", "trading": True}
-        psr = self.validation_psr()
-        ok = psr is not None and math.isfinite(psr) and psr >= g
-        return {"gate": "open" if ok else "closed", "trading": bool(ok), "validation_psr": psr, "threshold": g}
-
     def _evaluation(self, split_name: str, gate: bool = True, margin: float | None = None, averaged: bool = True):
-        """:func:`cudarl.evaluate.evaluate_positions` of the deployed positions on a split (``gate`` False:
-        the trained policy's own, whatever the gate says; ``margin``, ``averaged``: see
-        :meth:`greedy_positions`)."""
+        """The deployed positions on a split evaluated with the env's fill and costs and the statistics of
+        ``eval`` (:func:`cudarl.policy.evaluate_split`); ``gate`` False: the trained policy's own, whatever
+        the validation gate says; ``margin``, ``averaged``: see :meth:`greedy_positions`."""
         split = getattr(self.data.splits, split_name)
-        pos = self.greedy_positions(split, margin, averaged)
-        dep = self.deployment(split_name) if gate else {"gate": "not applied", "trading": True}
-        if not dep["trading"]:
-            pos = np.zeros_like(pos)
-        e, ev_cfg = self.cfg.env, self.cfg.eval
-        ev = evaluate_positions(
-            self.data.bars,
-            pos,
-            split,
-            cost_bps=e.cost_bps,
-            slippage_bps=e.slippage_bps,
-            periods_per_year=self.data.periods_per_year,
-            fill=e.fill,
-            trials=ev_cfg.trials,
-            level=ev_cfg.level,
-            resamples=ev_cfg.resamples,
-        )
+        margin = self.cfg.eval.margin if margin is None else float(margin)
+        dep = deployment(self.cfg.eval, split_name, self.validation_psr) if gate else {"gate": "not applied"}
+        dep = {"trading": True, **dep}
+        self.synchronize()
+        env = self._eval_env(split)
+        with self._weights(averaged):
+            ev = evaluate_split(
+                self.data,
+                split_name,
+                self.cfg.env,
+                self.agent.q_values,
+                self.be.name,
+                env,
+                self.stream,
+                margin=margin,
+                eval_cfg=self.cfg.eval,
+                trading=dep["trading"],
+            )
         ev.summary["step"] = self.step
         ev.summary["deployment"] = {
             **dep,
-            "margin": self.cfg.eval.margin if margin is None else float(margin),
+            "margin": margin,
             "weights": "moving average" if self.average is not None and averaged else "last",
         }
         if split_name == "val" and dep["trading"]:
@@ -546,12 +545,15 @@ class Trainer:
         return ev
 
     def evaluate(self, split_name: str = "val", write: bool = True) -> dict:
-        """Greedy evaluation over a split with the env's fill and costs, and the deployment rules of
-        ``eval`` (gate, margin); writes ``eval/<split>-<step>/``."""
+        """Greedy evaluation over a split with the env's fill and costs, the statistics and the deployment
+        rules of ``eval`` (gate, margin, moving average); writes ``eval/<split>-<step>/``."""
         ev = self._evaluation(split_name)
         self.last_evaluation = ev
         if write and self.run_dir is not None:
-            write_outputs(ev, self.run_dir / "eval" / f"{split_name}-{self.step:08d}", plot=True)
+            written = write_outputs(ev, self.run_dir / "eval" / f"{split_name}-{self.step:08d}", plot=True)
+            if not self._said_no_plot and not any(p.name == "equity.png" for p in written):
+                self._said_no_plot = True
+                self.echo(NO_PLOT)
         p, st = ev.summary["policy"], ev.summary["statistics"]
         row = {
             "event": "eval",
@@ -570,11 +572,8 @@ class Trainer:
         self.last_eval = row
         self.history.append(row)
         lo, hi = row["sharpe_interval"] or (None, None)
-        gate = (
-            ""
-            if row["trading"]
-            else f"; flat: validation PSR {_fmt(ev.summary['deployment']['validation_psr'])} < gate"
-        )
+        dep = ev.summary["deployment"]
+        gate = "" if row["trading"] else f"; flat: validation PSR {_fmt(dep.get('validation_psr'))} < gate"
         self.echo(
             f"eval {split_name} @ {self.step}: Sharpe {_fmt(row['sharpe'])} "
             f"({100 * self.cfg.eval.level:.0f}% interval {_fmt(lo)} to {_fmt(hi)}, PSR {_fmt(row['psr'])}; "
@@ -585,6 +584,7 @@ class Trainer:
 
     # --- checkpoints ------------------------------------------------------------------------------------
     def state_dict(self) -> dict:
+        """Host copies of everything a resume needs: agent, replay, environments, guard, normaliser, counters."""
         self.synchronize()
         return {
             "agent": self.agent.state_dict(),
@@ -602,6 +602,7 @@ class Trainer:
         }
 
     def load_state_dict(self, s: dict) -> None:
+        """Restore :meth:`state_dict` into the existing buffers (captured graphs stay valid)."""
         self.synchronize()
         self.agent.load_state_dict(s["agent"])
         self.replay.load_state_dict(s["replay"])
@@ -622,33 +623,121 @@ class Trainer:
             src = s["average"]["params"] if "average" in s else _backend.to_numpy(self.agent.online.params)
             self.average[...] = self.xp.asarray(src)
 
-    def save(self, numbered: bool = False, name: str = "latest") -> Path | None:
-        """Write ``checkpoints/latest.npz`` (or ``step-<N>.npz``) atomically."""
+    def save(self, name: str = "latest") -> Path | None:
+        """Write the resume checkpoint ``checkpoints/<name>.npz`` (everything, the replay too) atomically."""
         if self.run_dir is None:
             return None
-        path = self.run_dir / "checkpoints" / (f"step-{self.step:08d}.npz" if numbered else f"{name}.npz")
-        info = {"config": self.cfg.to_dict(), "versions": versions(), "step": self.step, "backend": self.be.name}
+        path = self.run_dir / "checkpoints" / f"{name}.npz"
+        from .policy import data_fingerprint
+
+        info = {
+            "config": self.cfg.to_dict(),
+            "versions": versions(),
+            "step": self.step,
+            "backend": self.be.name,
+            "data": data_fingerprint(self.data.bars),
+        }
         return ckpt.save(path, self.state_dict(), info)
+
+    def save_policy(self, name: str) -> Path | None:
+        """Write the policy file ``checkpoints/<name>.safetensors`` (weights, normaliser, config,
+        data fingerprint; no replay): :mod:`cudarl.policy`."""
+        if self.run_dir is None:
+            return None
+        return PolicyState.of_trainer(self).save(self.run_dir / "checkpoints" / f"{name}.safetensors")
 
     @classmethod
     def resume(cls, path, *, run_dir=None, overrides: dict | None = None, echo=print) -> Trainer:
-        """A trainer in the state of checkpoint ``path`` (its config, with ``overrides`` applied)."""
+        """A trainer in the state of resume checkpoint ``path`` (its config, with ``overrides`` applied).
+
+        It continues in the checkpoint's own run directory when the checkpoint is that run's newest
+        state (its metrics are cut back to the checkpoint's update; a better ``best`` stays);
+        otherwise (an older checkpoint, or a folder cudarl did not make) in a new run directory under
+        ``run.out_dir``, or in ``run_dir`` when given. Nothing is written before the checkpoint loads.
+        """
+        if is_policy_file(path):
+            raise ckpt.CheckpointError(
+                f"{path} is a policy file (weights only: no replay buffer or optimiser state), which cannot be "
+                "resumed; resume from the run's checkpoints/latest.npz, or evaluate it with cudarl-train evaluate"
+            )
         state, info = ckpt.load(path)
         cfg = from_dict(info["config"])
         if overrides:
             cfg = from_dict(overrides, base=cfg)
-        t = cls(cfg, run_dir=run_dir if run_dir is not None else Path(path).resolve().parents[1], echo=echo)
+        check_finite_state(state["agent"], path)
+        t = cls(cfg, run_dir=False, echo=echo)
         t.load_state_dict(state)
-        t.echo(f"resumed from {path} at update {t.step}")
+        here, why = (None, "") if run_dir is not None else rundir.resume_in_place(path, t.step, _checkpoint_step)
+        if here is not None:
+            rundir.sweep(here, echo)
+            dropped = metrics_log.truncate(here, t.step, echo)
+            t._keep_better_best(here / "checkpoints" / "best.safetensors")
+            t._attach_run_dir(here, fresh=False)
+            t.echo(
+                f"resumed from {path} at update {t.step} in its run directory {here}"
+                + (f" ({dropped} metric row(s) after update {t.step} dropped)" if dropped else "")
+            )
+            return t
+        source = rundir.run_dir_of(path)
+        if source is not None:
+            rundir.sweep(source, echo)
+        r = cfg.run
+        made = rundir.claim(run_dir) if run_dir is not None else rundir.create(r.out_dir, r.name, r.seed)
+        if source is not None:
+            old = metrics_log.read_rows(source / metrics_log.JSONL, echo)
+            metrics_log.write_rows(made, [x for x in old if x.get("step", 0) <= t.step])
+        t._attach_run_dir(made, resumed_from=Path(path).resolve())
+        t.echo(
+            f"resumed from {path} at update {t.step}; continuing in a new run directory {made}"
+            + (f": {why}" if why else "")
+        )
         return t
 
+    def _keep_better_best(self, best_file: Path) -> None:
+        """Take the best record of an existing ``best`` policy file if it is better than the checkpoint's."""
+        if not best_file.is_file():
+            return
+        from .policy import read_policy_info
 
-class _Null:
-    def __enter__(self):
-        return self
+        rec = read_policy_info(best_file).get("best")
+        if rec and (self.best is None or rec["sharpe"] > self.best["sharpe"]):
+            self.best = {"step": int(rec["step"]), "sharpe": float(rec["sharpe"])}
 
-    def __exit__(self, *a):
-        return False
+
+#: Said once a run when an evaluation could not draw equity.png.
+NO_PLOT = "equity.png not written: matplotlib is not installed (pip install 'cudarl[plot]')"
+
+
+def _write_text(path: Path, text: str) -> None:
+    with atomic_open(path, "w") as f:
+        f.write(text)
+
+
+def _checkpoint_step(path) -> int:
+    """The update a resume checkpoint was written at (reads its header, not its arrays)."""
+    return int(ckpt.load(path, only=("trainer/",))[1]["step"])
+
+
+def check_finite_state(tree, source, prefix: str = "agent/") -> None:
+    """Refuse a checkpoint whose agent holds NaN or infinite numbers, naming the array (and for a
+    network's flat parameters, the layer)."""
+    for k, v in tree.items():
+        if isinstance(v, dict):
+            check_finite_state(v, source, f"{prefix}{k}/")
+            continue
+        a = np.asarray(v) if not isinstance(v, (str, list, type(None), bool)) else None
+        if a is None or a.dtype.kind != "f" or np.isfinite(a).all():
+            continue
+        first = int(np.flatnonzero(~np.isfinite(a.reshape(-1)))[0])
+        where = ""
+        if k == "params" and "layout" in tree:
+            for name, off, shape in tree["layout"]:
+                if int(off) <= first < int(off) + int(np.prod(shape)):
+                    where = f" (layer {name!r}, element {list(np.unravel_index(first - int(off), shape))})"
+        raise ckpt.CheckpointError(
+            f"{source}: array {prefix + k!r} has {int((~np.isfinite(a)).sum())} value(s) that are not finite "
+            f"(NaN or inf), the first at {first}{where}; this checkpoint cannot be used"
+        )
 
 
 def _fmt(v) -> str:

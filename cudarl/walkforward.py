@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import time
 from dataclasses import replace
-from pathlib import Path
 
 import numpy as np
 
@@ -26,19 +25,29 @@ from .evaluate import metrics, return_statistics, seed_summary
 from .splits import walk_forward
 
 
-def run_walk_forward(cfg: Config, folds: int, run_dir, echo=print, bars=None) -> dict:
+def run_walk_forward(cfg: Config, folds: int, run_dir=None, echo=print, bars=None) -> dict:
     """Train and test ``folds`` folds; returns the report written to ``<run_dir>/walk_forward.json``.
 
-    ``run_dir``: the parent of the folds' run directories (``False``: write nothing). ``bars``: already
-    loaded bars (default: ``cfg.data.source``).
+    ``run_dir``: the parent of the folds' run directories (default: a new one,
+    ``<run.out_dir>/<name>-wf<K>-<time>-<seed>``; ``False``: write nothing). ``bars``: already loaded
+    bars (default: ``cfg.data.source`` with its data options).
     """
+    from . import rundir
+    from .config import data_options
     from .data.validate import write_json_atomic
     from .evaluate import json_safe
     from .trainer import Trainer
 
-    bars = bars if bars is not None else load_bars(cfg.data.source, min_bars=cfg.env.episode_len + 3)
+    if bars is None:
+        bars = load_bars(cfg.data.source, min_bars=cfg.env.episode_len + 3, **data_options(cfg.data))
     parts = walk_forward(len(bars), folds=folds, warmup=cfg.features.warmup)
-    root = None if run_dir is False else Path(run_dir)
+    r = cfg.run
+    if run_dir is None:
+        root = rundir.create(r.out_dir, f"{r.name}-wf{folds}", r.seed)
+    else:
+        root = None if run_dir is False else rundir.claim(run_dir)
+    if root is not None:
+        echo(f"walk-forward run directory {root}")
     rows, net, bh = [], [], []
     t0 = time.perf_counter()
     for i, sp in enumerate(parts):
@@ -94,7 +103,6 @@ def run_walk_forward(cfg: Config, folds: int, run_dir, echo=print, bars=None) ->
         "wall_s": time.perf_counter() - t0,
     }
     if root is not None:
-        root.mkdir(parents=True, exist_ok=True)
         write_json_atomic(json_safe(report), root / "walk_forward.json")
     for line in report_lines(report):
         echo(line)

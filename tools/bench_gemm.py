@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np  # noqa: E402
-from benchlib import cuda_time_us, parser, report, row  # noqa: E402
+from benchlib import cuda_time_us, parser, report, row, skipped_without_gpu  # noqa: E402
 
 #: (kind, M, N, K): nn = act(a @ b + bias), nt = a @ bt^T
 SHAPES = [
@@ -51,13 +51,7 @@ def _graph_time(name: str, fn, repeats: int) -> float:
 def main() -> int:
     ap = parser(__doc__.splitlines()[0])
     args = ap.parse_args()
-    from cudarl.backend import cupy_unavailable_reason
-
-    why = cupy_unavailable_reason()
-    if why:
-        print(f"skipping: {why}")
-        if args.out:  # as the other benches record a skipped arm; the committed default file keeps its numbers
-            report("bench_gemm", [row("gemm", "skipped", why[:60], "")], args.out)
+    if skipped_without_gpu("bench_gemm", "gemm", args.out):
         return 0
     import cupy as cp
 

@@ -302,12 +302,16 @@ def epoch_arm(args, rows, extra) -> None:
     case = f"epoch, {args.epoch_bars:,} regime bars"
     t0 = time.perf_counter()
     bars = reference_bars(args.epoch_bars, n_features=N_FEATURES, bar_minutes=1)  # minute bars: 4M dates fit
+    bars_s = time.perf_counter() - t0
     cfg = reference_config("gpu")
     tr = Trainer(cfg, run_dir=False, bars=bars, echo=lambda m: None)
     tr.prime()  # capture both graphs, collect until a batch can be sampled
+    t_first = time.perf_counter()
     tr.advance(2)  # first launches of both graphs (upload), not timed
     tr.synchronize()
     setup_s = time.perf_counter() - t0
+    # where the set-up goes: the bars, then the trainer's stages (cudarl.timing), then the first replays
+    breakdown = {"bars": bars_s, **tr.timings, "first_replays": time.perf_counter() - t_first}
     train = tr.data.splits.train
     n_train = train.stop - train.start
     envs_per_collect = tr.env.n_envs
@@ -320,6 +324,8 @@ def epoch_arm(args, rows, extra) -> None:
     updates = tr.step - step0
     env_steps = n_collect * envs_per_collect
     rows.append(row(case, f"setup (bars, features, env, replay, capture), {tr.env.obs_dim}-float obs", setup_s, "s"))
+    for stage, seconds in breakdown.items():
+        rows.append(row(case, f"  setup: {stage}", seconds, "s"))
     rows.append(
         row(
             case,
@@ -354,6 +360,7 @@ def epoch_arm(args, rows, extra) -> None:
         "env_steps": env_steps,
         "wall_s": wall,
         "setup_s": setup_s,
+        "setup_breakdown_s": breakdown,
         "target_s": EPOCH_TARGET_S,
         "target_met": bool(wall <= EPOCH_TARGET_S),
         "train_step_full_replay_us": full,

@@ -86,3 +86,17 @@ def report(name: str, rows: list[dict], out: Path | None, extra: dict | None = N
     payload = {"benchmark": name, "device": device_name(), "rows": rows, **(extra or {})}
     path.write_text(json.dumps(payload, indent=1))
     print(f"wrote {path}")
+
+
+def skipped_without_gpu(name: str, case: str, out: Path | None) -> bool:
+    """True (after printing why) when no GPU can run the benchmark ``name``. The skip is written only
+    to an explicit ``out``: the committed default file keeps its numbers."""
+    from cudarl.backend import cupy_unavailable_reason
+
+    why = cupy_unavailable_reason()
+    if why is None:
+        return False
+    print(f"skipping: {why}")
+    if out:
+        report(name, [row(case, "skipped", why[:60], "")], out)
+    return True

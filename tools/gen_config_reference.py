@@ -12,6 +12,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tools"))
 
 from cudarl.config import CPU_DEFAULTS, SECTIONS, Config, _toml_value, field_docs  # noqa: E402
 
@@ -43,16 +44,9 @@ def render() -> str:
 
 
 def main() -> int:
-    path = ROOT / "docs" / "config.md"
-    text = render()
-    if "--check" in sys.argv:
-        if not path.is_file() or path.read_text() != text:
-            print(f"{path} is stale: run python tools/gen_config_reference.py")
-            return 1
-        return 0
-    path.write_text(text)
-    print(f"wrote {path}")
-    return 0
+    from docgen import write_or_check
+
+    return write_or_check(ROOT / "docs" / "config.md", render(), "gen_config_reference.py")
 
 
 if __name__ == "__main__":

@@ -8,8 +8,11 @@
 # NCU_DETAIL='targets_loss|gemm_n'): ncu's launch, occupancy, scheduler and warp-stall sections, as
 # text in $OUT/ncu_detail.txt (why a kernel takes its time, not only how long), and the stall samples
 # per source line and per SASS instruction in $OUT/ncu_source_{cuda,sass}.csv.
-# Time limits: 150 s a graph, 200 s the detail pass, 10 s each of its three exports: at most 530 s in
-# all, within the 600 s a device command may run.
+# Each graph's launch trace goes to $OUT/trace_<graph>.json (no ncu); with FLOOR=<bench_floor.json>
+# (tools/bench_floor.py's output) tools/critical_path.py then prints the critical path of each graph,
+# node by node with its bytes and FLOPs, and the floor model's bounds ($OUT/critical_<graph>.json).
+# Time limits: 150 s a graph, 25 s a trace, 200 s the detail pass, 10 s each of its three exports: at
+# most 580 s in all, within the 600 s a device command may run.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/cudarl-profile}; mkdir -p "$OUT"
@@ -24,6 +27,14 @@ for g in ${GRAPHS:-train collect}; do
     python3 tools/profile_step.py --graph "$g" "$@" > "$OUT/ncu_$g.csv" 2> "$OUT/ncu_$g.err" || { echo "ncu $g failed:"; tail -5 "$OUT/ncu_$g.err"; }
   python3 tools/profile_step.py --summarize "$OUT/ncu_$g.csv" | tee -a "$OUT/profile.txt"  # this graph's table now
   CSVS+=("$OUT/ncu_$g.csv")
+done
+for g in ${GRAPHS:-train collect}; do
+  timeout 25 python3 tools/profile_step.py --graph "$g" --trace "$OUT/trace_$g.json" "$@" > "$OUT/trace_$g.log" 2>&1 \
+    || { echo "trace $g failed:"; tail -5 "$OUT/trace_$g.log"; }
+  if [ -n "${FLOOR:-}" ] && [ -s "$OUT/trace_$g.json" ]; then
+    python3 tools/critical_path.py --trace "$OUT/trace_$g.json" --ncu "$OUT/ncu_$g.csv" --floor "$FLOOR" \
+      --out "$OUT/critical_$g.json" | tee -a "$OUT/profile.txt"
+  fi
 done
 if [ -n "${NCU_DETAIL:-}" ]; then
   rm -f "$OUT/ncu_detail.ncu-rep"  # the exports below read only this run's report

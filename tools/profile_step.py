@@ -17,6 +17,9 @@ Three modes:
   much of the step is kernels and how much is the gaps between nodes. Writes JSON with ``--out``.
   A file without ncu's table (ncu failed) gets one line saying so, and the others their tables.
 
+* ``--graph train|collect --trace trace.json`` (no ncu): the graph's launches in capture order with
+  their streams, phases and side-stream forks and joins, for ``tools/critical_path.py``.
+
 * ``--metrics``: prints the comma list of the ncu metrics to collect for the table (:data:`METRICS`,
   the one list; ``tools/gpu_profile.sh`` passes it to ncu's ``--metrics``).
 
@@ -36,12 +39,31 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-#: The ncu metrics to collect for the table (``--metrics`` prints them for ncu's ``--metrics``).
-METRICS = ("gpu__time_duration.sum", "launch__grid_size", "launch__block_size", "launch__registers_per_thread")
+#: The ncu metrics to collect for the table (``--metrics`` prints them for ncu's ``--metrics``): time,
+#: launch shape, and what ``tools/critical_path.py`` weighs each node by: DRAM bytes, FP32 FLOPs.
+METRICS = (
+    "gpu__time_duration.sum",
+    "launch__grid_size",
+    "launch__block_size",
+    "launch__registers_per_thread",
+    "dram__bytes_read.sum",
+    "dram__bytes_write.sum",
+    "smsp__sass_thread_inst_executed_op_ffma_pred_on.sum",
+    "smsp__sass_thread_inst_executed_op_fadd_pred_on.sum",
+    "smsp__sass_thread_inst_executed_op_fmul_pred_on.sum",
+)
 
 
-def profile(graph_name: str, sets: list[str]) -> None:
-    import cupy
+def _num(r: dict, key: str) -> float:
+    """A metric of an ncu row (``5,856`` style), 0 when ncu did not collect it."""
+    try:
+        return float(r.get(key, "").replace(",", ""))
+    except ValueError:
+        return 0.0
+
+
+def _primed(graph_name: str, sets: list[str]):
+    """The reference trainer, captured, with a replay that can be sampled; and the graph asked for."""
     from learning_check import _overrides
 
     from cudarl.bench import reference_bars, reference_config
@@ -53,7 +75,26 @@ def profile(graph_name: str, sets: list[str]) -> None:
     while t._ready_rows() < t.cfg.agent.batch_size:
         t.collect_graph.replay()
         t.collect_steps += 1
-    graph = t.train_graph if graph_name == "train" else t.collect_graph
+    return t, t.train_graph if graph_name == "train" else t.collect_graph
+
+
+def trace(graph_name: str, sets: list[str], out: Path) -> None:
+    """Capture the graph again with ``cudarl.kernels.tracing`` on and write its launches, phases,
+    forks and joins (the input of ``tools/critical_path.py --trace``)."""
+    from cudarl import kernels
+
+    t, graph = _primed(graph_name, sets)
+    with kernels.tracing() as events:
+        graph.capture()
+    t.synchronize()
+    out.write_text(json.dumps({"graph": graph_name, "set": sets, "events": events}, indent=1))
+    print(f"wrote {out}: {sum(e['kind'] in ('kernel', 'library') for e in events)} launches")
+
+
+def profile(graph_name: str, sets: list[str]) -> None:
+    import cupy
+
+    t, graph = _primed(graph_name, sets)
     for _ in range(10):
         graph.replay()
     t.synchronize()
@@ -85,6 +126,10 @@ def read_csv(path: Path) -> list[dict]:
                 "grid": r.get("Grid Size", ""),
                 "block": r.get("Block Size", ""),
                 "regs": r.get("launch__registers_per_thread", ""),
+                "bytes": _num(r, "dram__bytes_read.sum") + _num(r, "dram__bytes_write.sum"),
+                "flops": 2 * _num(r, "smsp__sass_thread_inst_executed_op_ffma_pred_on.sum")
+                + _num(r, "smsp__sass_thread_inst_executed_op_fadd_pred_on.sum")
+                + _num(r, "smsp__sass_thread_inst_executed_op_fmul_pred_on.sum"),
             }
         )
     return kernels
@@ -124,8 +169,11 @@ def main() -> int:
     ap.add_argument("--summarize", nargs="+", type=Path)
     ap.add_argument("--out", type=Path)
     ap.add_argument("--metrics", action="store_true", help="print the ncu metrics to collect, comma-separated")
+    ap.add_argument("--trace", type=Path, help="with --graph, no ncu: write the graph's launch trace JSON here")
     args = ap.parse_args()
-    if args.metrics:
+    if args.trace and args.graph:
+        trace(args.graph, args.set, args.trace)
+    elif args.metrics:
         print(",".join(METRICS))
     elif args.summarize:
         summarize(args.summarize, args.out)

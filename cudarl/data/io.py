@@ -2,6 +2,12 @@
 
 Nothing here judges the data beyond what is needed to read it; :mod:`cudarl.data.validate`
 does the checks and repairs. Times come out as int64 ns since the epoch, UTC.
+
+CSV files are read by pyarrow's CSV reader when pyarrow is installed, and otherwise by a NumPy
+path that splits the text once and converts each column in one call; both fall back to Python's
+``csv`` module for anything unusual (quoted fields, ragged rows, bytes that are not UTF-8), which
+also words the errors (file, line, column). ISO times are parsed by NumPy in one call when every
+value has the same plain form, and one at a time otherwise.
 """
 
 from __future__ import annotations
@@ -60,29 +66,134 @@ def _norm(name: str) -> str:
 def read_table(path: str | Path) -> tuple[list[str], dict]:
     """``(column names in file order, name -> values)`` of a CSV, CSV.gz or Parquet file.
 
-    CSV values are lists of str; Parquet values are NumPy arrays (timestamps as int64 ns UTC,
-    marked by a ``datetime64[ns]`` dtype).
+    Values are float64 NumPy arrays for columns that are all numbers, lists of str otherwise
+    (CSV); Parquet timestamps are int64 ns UTC, marked by a ``datetime64[ns]`` dtype.
     """
     path = Path(path)
     if not path.exists():
         raise DataError(str(path), [Problem("no_file", "file not found")])
-    suffixes = "".join(path.suffixes[-2:]).lower()
+    if path.is_dir():
+        raise DataError(str(path), [Problem("no_file", "is a folder, not a file of bars")])
     if path.suffix.lower() in (".parquet", ".pq"):
         return _read_parquet(path)
-    if suffixes.endswith(".gz"):
-        with gzip.open(path, "rt", newline="") as fh:
-            text = fh.read()
-    else:
-        with open(path, newline="") as fh:
-            text = fh.read()
+    try:
+        return _read_csv_arrow(path)
+    except _FallBack:
+        pass
+    opener = gzip.open if path.name.lower().endswith(".gz") else open
+    with opener(path, "rb") as fh:
+        raw = fh.read()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw.count(b"\n", 0, exc.start) + 1
+        raise DataError(
+            str(path),
+            [
+                Problem(
+                    "encoding",
+                    f"line {line} is not UTF-8 text (byte 0x{raw[exc.start]:02x}); cudarl reads UTF-8 files",
+                    fix="save the file as UTF-8 (e.g. iconv -f latin1 -t utf-8 IN > OUT)",
+                )
+            ],
+        ) from None
     return _read_csv_text(str(path), text)
+
+
+class _FallBack(Exception):
+    """The fast reader does not take this file; the general one reads it (and words any error)."""
+
+
+def _read_csv_arrow(path: Path):
+    """pyarrow's multithreaded CSV reader: every column read as text, then numbers cast in C."""
+    try:
+        import pyarrow as pa
+        import pyarrow.compute as pc
+        import pyarrow.csv as pacsv
+    except ImportError:
+        raise _FallBack from None
+    opener = gzip.open if path.name.lower().endswith(".gz") else open
+    with opener(path, "rb") as fh:
+        first = fh.readline().decode("utf-8", errors="replace").lstrip("\ufeff")
+    delim = max(",;\t|", key=first.count)
+    header = next(csv.reader([first], delimiter=delim), [])
+    if not header or len(set(header)) != len(header):
+        raise _FallBack
+    try:
+        table = pacsv.read_csv(
+            path,
+            parse_options=pacsv.ParseOptions(delimiter=delim),
+            convert_options=pacsv.ConvertOptions(
+                column_types={h: pa.string() for h in header},
+                strings_can_be_null=False,
+                quoted_strings_can_be_null=False,
+            ),
+        )
+    except (pa.ArrowInvalid, pa.ArrowTypeError, UnicodeDecodeError):
+        raise _FallBack from None  # ragged rows, bad UTF-8, ...: the general reader says where
+    if table.num_rows == 0 or table.column_names != header:
+        raise _FallBack
+    names = [h.strip() for h in header]
+    return names, {n: ArrowText(pc.utf8_trim_whitespace(c)) for n, c in zip(names, table.columns, strict=True)}
+
+
+class ArrowText:
+    """A text column read by pyarrow: :meth:`floats` casts it in C; :meth:`strings` only when needed
+    (times, or numbers with missing tokens, which :func:`to_float` reads one by one)."""
+
+    def __init__(self, column):
+        self.column = column
+
+    def __len__(self) -> int:
+        return len(self.column)
+
+    def __iter__(self):
+        return iter(self.strings())
+
+    def floats(self) -> np.ndarray | None:
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        try:
+            a = pc.cast(self.column, pa.float64()).combine_chunks()
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+            return None
+        if a.null_count:
+            return None
+        # from the buffer: to_numpy() would import pandas (most of a second)
+        return np.frombuffer(a.buffers()[1], np.float64, count=len(a), offset=a.offset * 8).copy()
+
+    def head(self, n: int = 8) -> list:
+        return self.column.slice(0, n).to_pylist()
+
+    def strings(self) -> list:
+        return self.column.to_pylist()
+
+    def codes(self) -> np.ndarray | None:
+        """uint8 ``[T, w]``: the bytes of a column whose values all have ``w`` ASCII characters, else None."""
+        import pyarrow as pa
+
+        a = self.column.combine_chunks()
+        if a.null_count or not len(a) or not pa.types.is_string(a.type):
+            return None
+        off = np.frombuffer(a.buffers()[1], np.int32, count=len(a) + 1, offset=a.offset * 4)
+        w = int(off[1] - off[0])
+        if w < 1 or not np.all(np.diff(off) == w):
+            return None
+        return np.frombuffer(a.buffers()[2], np.uint8, count=int(off[-1] - off[0]), offset=int(off[0])).reshape(-1, w)
 
 
 def _read_csv_text(source: str, text: str):
     if text.startswith("\ufeff"):
         text = text[1:]
-    first = text.split("\n", 1)[0]
+    first, _, body = text.partition("\n")
     delim = max(",;\t|", key=first.count)
+    if "\r\n" in text:  # Windows line ends (csv.writer's default)
+        first, body = first.rstrip("\r"), body.replace("\r\n", "\n")
+    if '"' not in text and "\r" not in body:
+        fast = _split_plain(source, first, body, delim)
+        if fast is not None:
+            return fast
     reader = csv.reader(io.StringIO(text), delimiter=delim)
     try:
         header = next(reader)
@@ -106,20 +217,50 @@ def _read_csv_text(source: str, text: str):
             )
         for c, v in zip(cols, row, strict=True):
             c.append(v.strip())
+    if not cols or not cols[0]:
+        raise DataError(source, [Problem("empty", "the file has a header but no data rows")])
+    return header, dict(zip(header, cols, strict=True))
+
+
+def _split_plain(source: str, first: str, body: str, delim: str):
+    """A file without quotes: split once, check every row's field count, columns of str.
+
+    Returns None when a row has the wrong number of fields (the ``csv`` path then names it)."""
+    header = [h.strip() for h in first.split(delim)]
+    body = body.rstrip("\n")
+    if "\n\n" in body:  # blank lines carry no row
+        body = "\n".join(ln for ln in body.split("\n") if ln)
+    if not body:
+        raise DataError(source, [Problem("empty", "the file has a header but no data rows")])
+    k = len(header)
+    codes = np.frombuffer(body.encode(), np.uint8)
+    ends = np.append(np.flatnonzero(codes == 10), len(codes))
+    per_line = np.diff(np.searchsorted(np.flatnonzero(codes == ord(delim)), ends), prepend=0)
+    if not (per_line == k - 1).all():
+        return None
+    fields = body.replace("\n", delim).split(delim)
+    cols = [fields[c::k] for c in range(k)]
+    if " " in body or (delim != "\t" and "\t" in body):
+        cols = [[v.strip() for v in col] for col in cols]
     return header, dict(zip(header, cols, strict=True))
 
 
 def _read_parquet(path: Path):
     try:
-        import pyarrow as pa
-        import pyarrow.compute as pc
         import pyarrow.parquet as pq
-        import pyarrow.types as pat
     except ImportError:
         raise DataError(
             str(path), [Problem("no_pyarrow", "reading Parquet needs pyarrow", fix="pip install 'cudarl[parquet]'")]
         ) from None
-    table = pq.read_table(path)
+    return arrow_columns(pq.read_table(path))
+
+
+def arrow_columns(table) -> tuple[list[str], dict]:
+    """``(names, name -> values)`` of a ``pyarrow.Table``, as :func:`read_table` gives them."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.types as pat
+
     out = {}
     for name in table.column_names:
         col = table.column(name)
@@ -140,7 +281,32 @@ def _read_parquet(path: Path):
             )
         else:
             out[name] = ["" if v is None else str(v) for v in col.to_pylist()]
-    return list(table.column_names), out
+    return [str(n) for n in table.column_names], out
+
+
+def pandas_columns(df) -> tuple[list[str], dict]:
+    """``(names, name -> values)`` of a pandas ``DataFrame``; a ``DatetimeIndex`` becomes a column
+    (named after the index, or ``time``) when no column is a time already."""
+    import pandas as pd
+
+    frame = df
+    if isinstance(df.index, pd.DatetimeIndex):
+        name = df.index.name or "time"
+        if name not in df.columns:
+            frame = df.reset_index(names=name)
+    out = {}
+    for name in frame.columns:
+        col = frame[name]
+        key = str(name)
+        if isinstance(col.dtype, pd.DatetimeTZDtype):
+            out[key] = col.dt.tz_convert("UTC").dt.tz_localize(None).to_numpy("datetime64[ns]")
+        elif col.dtype.kind == "M":
+            out[key] = ("naive", col.to_numpy("datetime64[ns]").view(np.int64))
+        elif col.dtype.kind in "biuf":
+            out[key] = col.to_numpy(dtype=np.float64, na_value=np.nan)
+        else:
+            out[key] = ["" if v is None or (isinstance(v, float) and v != v) else str(v) for v in col.tolist()]
+    return list(out), out
 
 
 # ------------------------------------------------------------------------- column matching
@@ -202,6 +368,11 @@ def to_float(values) -> np.ndarray:
     """float64 [T] from a column; missing tokens and unparsable text become NaN."""
     if isinstance(values, np.ndarray):
         return values.astype(np.float64)
+    if isinstance(values, ArrowText):
+        f = values.floats()
+        if f is not None:
+            return f
+        values = values.strings()
     try:
         return np.array(values, dtype=np.float64)
     except ValueError:
@@ -270,6 +441,13 @@ def parse_times(source: str, column: str, values, date_format: str | None = None
     offset are converted. Raises :class:`DataError` (code ``bad_time``) naming the rows.
     """
     fix = "pass date_format=... (CLI --date-format), a strptime format or epoch_s/epoch_ms"
+    if isinstance(values, ArrowText):
+        if (date_format or detect_format(values.head())) == "iso":
+            m = values.codes()
+            fast = None if m is None else _parse_iso_codes(m, tz)
+            if fast is not None:
+                return fast
+        values = values.strings()
     if isinstance(values, tuple) and values and values[0] == "naive":
         return _local_to_utc_ns(values[1].copy(), tz)
     if isinstance(values, np.ndarray) and values.dtype.kind == "M":
@@ -328,9 +506,76 @@ def parse_times(source: str, column: str, values, date_format: str | None = None
             return np.array([int(float(v)) if "." in v or "e" in v.lower() else int(v) for v in values], dtype=np.int64)
         whole = np.floor(nums)
         return whole.astype(np.int64) * scale + np.round((nums - whole) * scale).astype(np.int64)
+    if fmt == "iso":
+        fast = _parse_iso_numpy(values, tz)
+        if fast is not None:
+            return fast
     if fmt in FORMATS:
         return _parse_regex(source, column, values, FORMATS[fmt][0], tz, fix)
     return _parse_strptime(source, column, values, fmt, tz, fix)
+
+
+def _parse_iso_numpy(values, tz: str) -> np.ndarray | None:
+    """:func:`_parse_iso_codes` of a list of str (None unless every value has one width and is ASCII)."""
+    if not values:
+        return None
+    try:
+        a = np.array(values, dtype="S")  # ASCII only; one width (the longest)
+    except UnicodeEncodeError:
+        return None
+    m = a.view(np.uint8).reshape(len(values), -1)
+    if m.shape[1] == 0 or (m[:, -1] == 0).any():  # a shorter value was padded with NUL
+        return None
+    return _parse_iso_codes(m, tz)
+
+
+def _digits(m: np.ndarray, lo: int, hi: int):
+    d = m[:, lo:hi].astype(np.int64) - 48
+    if ((d < 0) | (d > 9)).any():
+        return None
+    v = np.zeros(len(m), np.int64)
+    for k in range(hi - lo):
+        v = v * 10 + d[:, k]
+    return v
+
+
+def _parse_iso_codes(m: np.ndarray, tz: str) -> np.ndarray | None:
+    """int64 ns UTC from the characters ``m`` ``[T, w]`` of ISO times that all have one plain form:
+    ``YYYY-MM-DD``, then optionally ``(T| )HH:MM``, ``:SS``, ``.f`` (1-9 digits), and ``Z`` on all
+    or none. The same arithmetic and range checks as the regex path; None when anything differs
+    (that path then reads the values one by one and names a bad row)."""
+    n, w = m.shape
+    zulu = bool((m[:, -1] == ord("Z")).all())
+    if zulu:
+        m, w = m[:, :-1], w - 1
+    if w < 10 or (w > 10 and w not in (16, 19) and not (21 <= w <= 29)):
+        return None
+    seps = {4: b"-", 7: b"-"}
+    if w > 10:
+        seps.update({13: b":"} if w == 16 else {13: b":", 16: b":"})
+        if w >= 21:
+            seps[19] = b"."
+    for i, ch in seps.items():
+        if not (m[:, i] == ch[0]).all():
+            return None
+    if w > 10 and not ((m[:, 10] == ord("T")) | (m[:, 10] == ord(" "))).all():
+        return None
+    parts = [_digits(m, 0, 4), _digits(m, 5, 7), _digits(m, 8, 10)]
+    if w > 10:
+        parts += [_digits(m, 11, 13), _digits(m, 14, 16), _digits(m, 17, 19) if w >= 19 else np.zeros(n, np.int64)]
+    else:
+        parts += [np.zeros(n, np.int64)] * 3
+    frac = np.zeros(n, np.int64) if w < 21 else _digits(m, 20, w)
+    if any(p is None for p in parts) or frac is None:
+        return None
+    y, mo, d, hh, mi, ss = parts
+    if w >= 21:
+        frac = frac * 10 ** (9 - (w - 20))
+    ok = (mo >= 1) & (mo <= 12) & (d >= 1) & (hh <= 23) & (mi <= 59) & (ss <= 60)
+    if not ok.all() or not (d <= _days_in_month(y, mo)).all():
+        return None
+    naive = (_days_from_civil(y, mo, d) * 86400 + hh * 3600 + mi * 60 + ss) * NS_PER_SECOND + frac
+    return naive if zulu else _local_to_utc_ns(naive, tz)
 
 
 def _parse_regex(source, column, values, rx, tz, fix):
@@ -460,8 +705,7 @@ def write_csv(bars, path) -> None:
         cols.append(bars.extra[k])
     from cudarl.atomic import atomic_open
 
+    text = [list(map(repr, np.asarray(c, dtype=np.float64).tolist())) for c in cols]
     with atomic_open(path, "w", newline="") as fh:
-        w = csv.writer(fh)
-        w.writerow(header)
-        for i in range(len(t)):
-            w.writerow([stamps[i]] + [repr(float(c[i])) for c in cols])
+        csv.writer(fh).writerow(header)
+        fh.writelines(",".join(row) + "\r\n" for row in zip(stamps.tolist(), *text, strict=True))

@@ -56,28 +56,70 @@ def load(
         standard deviations out (an unadjusted split looks like this).
     Returns: a validated :class:`Bars`. Raises :class:`DataError` listing every problem.
     """
-    if dedupe not in (None, "first", "last"):
-        raise ValueError(f"dedupe must be None, 'first' or 'last', not {dedupe!r}")
-    if drop_nan and ffill:
-        raise ValueError("choose one of drop_nan and ffill")
+    repairs = dict(
+        sort=sort,
+        dedupe=dedupe,
+        drop_nan=drop_nan,
+        ffill=ffill,
+        min_bars=min_bars,
+        gap_factor=gap_factor,
+        split_threshold=split_threshold,
+    )
+    _check_repairs(dedupe, drop_nan, ffill)
     if isinstance(source, str) and source.startswith("builtin:"):
         from cudarl.datasets import resolve
 
         resolved = resolve(source)
         if isinstance(resolved, Bars):
-            return check(
-                resolved,
-                sort=sort,
-                dedupe=dedupe,
-                drop_nan=drop_nan,
-                ffill=ffill,
-                min_bars=min_bars,
-                gap_factor=gap_factor,
-                split_threshold=split_threshold,
-            )
+            return check(resolved, **repairs)
         source = resolved  # a shipped real series goes through the same reader and checks
     path = str(source)
     names, table = read_table(path)
+    return from_table(
+        path, names, table, date_format=date_format, tz=tz, columns=columns, extra_columns=extra_columns, **repairs
+    )
+
+
+def _check_repairs(dedupe, drop_nan, ffill) -> None:
+    if dedupe not in (None, "first", "last"):
+        raise ValueError(f"dedupe must be None, 'first' or 'last', not {dedupe!r}")
+    if drop_nan and ffill:
+        raise ValueError("choose one of drop_nan and ffill")
+
+
+def from_pandas(df, *, source: str = "<DataFrame>", **options) -> Bars:
+    """Bars from a pandas ``DataFrame`` (columns matched by name as in files; a ``DatetimeIndex`` is
+    the time when no column is), with the checks and repairs of :func:`load` (same ``options``).
+    Naive timestamps are read in ``tz``; zoned ones are converted to UTC."""
+    from .io import pandas_columns
+
+    names, table = pandas_columns(df)
+    return from_table(source, names, table, **options)
+
+
+def from_arrow(table, *, source: str = "<arrow.Table>", **options) -> Bars:
+    """Bars from a ``pyarrow.Table`` (as :func:`from_pandas`; the options of :func:`load`)."""
+    from .io import arrow_columns
+
+    names, cols = arrow_columns(table)
+    return from_table(source, names, cols, **options)
+
+
+def from_table(
+    path: str,
+    names: list,
+    table: dict,
+    *,
+    date_format: str | None = None,
+    tz: str = "UTC",
+    columns: dict | None = None,
+    extra_columns=(),
+    **repairs,
+) -> Bars:
+    """Bars from columns already read (``names`` in order, ``table`` name -> values): match the
+    fields, parse the times, then :func:`check` with ``repairs`` (its keyword options). Errors name
+    ``path`` (a file, or ``<DataFrame>``)."""
+    _check_repairs(repairs.get("dedupe"), repairs.get("drop_nan"), repairs.get("ffill"))
     found = match_columns(path, names, columns)
     missing_extra = [c for c in extra_columns if c not in table]
     if missing_extra:
@@ -110,16 +152,7 @@ def load(
         source=path,
         columns={"time": tname, **cols},
     )
-    return check(
-        bars,
-        sort=sort,
-        dedupe=dedupe,
-        drop_nan=drop_nan,
-        ffill=ffill,
-        min_bars=min_bars,
-        gap_factor=gap_factor,
-        split_threshold=split_threshold,
-    )
+    return check(bars, **repairs)
 
 
 def _column_name(bars: Bars, field: str) -> str:

@@ -41,9 +41,6 @@ RANDOMWALK_DEFAULTS = MARKETS["randomwalk"].defaults
 CANARY_DEFAULTS = MARKETS["canary"].defaults
 
 __all__ = [
-    "MARKETS",
-    "REAL",
-    "START",
     "ar",
     "answer_columns",
     "bar_times",

@@ -34,3 +34,21 @@ def axpb(x, a: float, b: float, stream=None) -> None:
         (x, x.size, a, b),
         stream=stream,
     )
+
+
+def empty(blocks: int = 1, threads: int = 32, stream=None) -> None:
+    """A kernel that does nothing, on ``blocks`` x ``threads`` (the cost of a node, ``tools/bench_floor.py``)."""
+    launch("testing", "empty", blocks, threads, "", (), stream=stream)
+
+
+def fma(x, a: float, b: float, iters: int, stream=None) -> None:
+    """``x = a * x + b`` repeated ``iters`` times in place (float32, one FMA each; 2 FLOPs)."""
+    launch(
+        "testing",
+        "fma",
+        min(blocks_for(x.size), 65536),
+        256,
+        "f32* x, i64 n, f32 a, f32 b, i32 iters",
+        (x, x.size, a, b, iters),
+        stream=stream,
+    )

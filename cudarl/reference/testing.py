@@ -20,3 +20,15 @@ def iota_sized(out: np.ndarray, n: np.ndarray) -> None:
 def axpb(x: np.ndarray, a: float, b: float) -> None:
     """``x = a * x + b`` (float32; the GPU may fuse it into one FMA, within 1 ulp)."""
     x[...] = np.float32(a) * x + np.float32(b)
+
+
+def empty(blocks: int = 1, threads: int = 32) -> None:
+    """Nothing: the kernel has no work (it exists to time a graph node)."""
+
+
+def fma(x: np.ndarray, a: float, b: float, iters: int) -> None:
+    """``x = a * x + b`` repeated ``iters`` times (float32; the GPU rounds each step once, a fused
+    multiply-add, where this rounds the product and the sum: within an ulp a step)."""
+    a32, b32 = np.float32(a), np.float32(b)
+    for _ in range(int(iters)):
+        x[...] = a32 * x + b32

@@ -46,3 +46,49 @@ def test_finite_difference_recovers_a_known_gradient():
 
     x = np.array([[0.5, -1.0, 2.0], [3.0, 0.0, -0.25]])
     np.testing.assert_allclose(finite_difference(lambda t: float(np.sum(t**3)), x), 3 * x**2, rtol=1e-7, atol=1e-8)
+
+
+def test_reference_empty_and_its_signature():
+    from cudarl import kernels
+
+    assert ref.empty(3, 64) is None
+    assert kernels.parse_signature("") == () and kernels.check_args("k", "", ()) == ()
+    with pytest.raises(kernels.KernelError, match="expected 0 arguments"):
+        kernels.check_args("k", "", (1,))
+
+
+@pytest.mark.gpu
+def test_gpu_empty_runs_eager_and_graphed(cp):
+    """The floor probe launches on any shape, alone and as graph nodes, and touches nothing."""
+    from cudarl.graph import StepGraph
+    from cudarl.ops import testing as ops
+
+    x = cp.arange(8, dtype=np.float32)
+    ops.empty()
+    ops.empty(264, 1024)
+    g = StepGraph(
+        "empty_probe", [(f"e{i}", lambda: ops.empty(2, 64)) for i in range(3)] + [("t", lambda: ops.axpb(x, 2.0, 0.0))]
+    )
+    g.capture()
+    g.replay()
+    g.synchronize()
+    np.testing.assert_array_equal(cp.asnumpy(x), 2 * np.arange(8, dtype=np.float32))
+
+
+def test_reference_fma_iterates():
+    x = np.array([1.0, -2.0, 0.0], np.float32)
+    ref.fma(x, 0.5, 1.0, 3)  # x -> x/2 + 1, three times
+    np.testing.assert_array_equal(x, np.float32([1.875, 1.5, 1.75]))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n,iters", [(1, 1), (257, 5), (100_000, 64)])
+def test_gpu_fma(cp, rng, n, iters):
+    from cudarl.ops import testing as ops
+    from cudarl.testing import assert_parity
+
+    x = rng.standard_normal(n).astype(np.float32)
+    d = cp.asarray(x)
+    ops.fma(d, 0.75, 0.125, iters)
+    ref.fma(x, 0.75, 0.125, iters)
+    assert_parity(d, x)

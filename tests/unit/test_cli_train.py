@@ -18,9 +18,11 @@ def test_cli_defaults_are_the_configs():
     cfg, explicit = build_config(device="cpu")
     assert explicit == {"run": {"device": "cpu"}}
     assert cfg == resolve_for_backend(from_dict({"run": {"device": "cpu"}}), False, explicit)
-    printed = runner.invoke(app, ["config"])
+    printed = runner.invoke(app, ["config", "--device", "gpu"])
     assert printed.exit_code == 0
     assert from_dict(tomllib.loads(printed.stdout)) == Config()  # `config` prints exactly the defaults
+    printed = runner.invoke(app, ["config", "--device", "cpu"])
+    assert from_dict(tomllib.loads(printed.stdout)) == resolve_for_backend(Config(), False, {})
 
 
 def test_flags_files_and_sets_layer_in_order(tmp_path):
@@ -64,7 +66,8 @@ def test_train_writes_the_run_directory_in_under_60_s(tmp_path):
         "metrics.jsonl",
         "metrics.csv",
         "checkpoints/latest.npz",
-        "checkpoints/step-00000040.npz",
+        "checkpoints/step-00000040.safetensors",
+        "checkpoints/best.safetensors",
         "eval/val-00000080/summary.json",
         "eval/val-00000080/equity.csv",
         "eval/val-00000080/trades.csv",

@@ -3,6 +3,8 @@
 import importlib.util
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -45,6 +47,17 @@ def test_config_reference_is_current():
     for name, cls in mod.SECTIONS.items():
         undocumented = [f.name for f in mod.dataclasses.fields(cls) if f.name not in mod.field_docs(cls)]
         assert not undocumented, f"[{name}] fields without a docstring: {undocumented}"
+
+
+def test_api_reference_is_current_and_every_public_name_is_documented():
+    """docs/api.md is generated from the docstrings of ``import cudarl``'s public names."""
+    pytest.importorskip("gymnasium", reason="cudarl.gym is public: the gym extra (in test) is needed")
+    mod = _load_tool("gen_api_reference")
+    assert (ROOT / "docs" / "api.md").read_text() == mod.render(), "run python tools/gen_api_reference.py"
+    assert mod.undocumented() == []
+    names = [n for n, _ in mod.public_names()]
+    for needed in ("cudarl.load_policy", "cudarl.Policy", "cudarl.data.from_pandas", "cudarl.gym.make_vec"):
+        assert needed in names
 
 
 def _compile_tool():

@@ -12,35 +12,21 @@ def test_sources_found_and_families_listed():
     assert {"util", "philox", "testing"} <= set(fams)
 
 
-def test_each_context_compiles_a_distinct_source():
-    g = kernels.module_source("util", "train")
-    u = kernels.module_source("util", kernels.UNGRAPHED)
-    assert g != u  # CuPy caches modules by source: identical sources would share one CUmodule
-    for src, ctx in ((g, "train"), (u, "ungraphed")):
-        assert f'#define CUDARL_CONTEXT "{ctx}"' in src
-        assert '#line 1 "cuda_src/util.cu"' in src
-        assert src.endswith((kernels.SRC_DIR / "util.cu").read_text())
+def test_program_is_the_file_behind_a_line_directive():
+    src = kernels.program("util")
+    assert src.startswith('#line 1 "cuda_src/util.cu"\n')  # compile errors name the real file and line
+    assert src.endswith((kernels.SRC_DIR / "util.cu").read_text())
 
 
-def test_header_digest_is_in_the_source(monkeypatch, tmp_path):
-    # CuPy's cache key is the source text; a header change must change it.
-    before = kernels.module_source("util", "x")
-    inc = tmp_path / "include" / "cudarl"
-    inc.mkdir(parents=True)
-    (inc / "philox.cuh").write_text("// changed\n")
-    monkeypatch.setattr(kernels, "INCLUDE_DIR", tmp_path / "include")
-    kernels.headers_digest.cache_clear()
-    try:
-        assert kernels.module_source("util", "x") != before
-    finally:
-        kernels.headers_digest.cache_clear()
-
-
-def test_compile_options_in_one_place():
+def test_compile_options_in_one_place(monkeypatch):
+    monkeypatch.delenv(kernels.FTZ_ENV, raising=False)
     opts = kernels.compile_options()
     assert "-std=c++17" in opts
     assert f"-I{kernels.INCLUDE_DIR}" in opts
+    assert "-ftz=false" in opts and "-ftz=true" not in opts  # subnormals kept, as in the NumPy twins
     assert not any("fast" in o for o in opts)
+    monkeypatch.setenv(kernels.FTZ_ENV, "1")
+    assert "-ftz=true" in kernels.compile_options() and "-ftz=false" not in kernels.compile_options()
 
 
 @pytest.mark.parametrize("bad", ["", "1abc", "has space", "x" * 80, None])
@@ -51,7 +37,7 @@ def test_bad_contexts_rejected(bad):
 
 def test_unknown_family_names_the_file():
     with pytest.raises(kernels.KernelError, match="no kernel family 'nope'"):
-        kernels.module_source("nope", "ungraphed")
+        kernels.program("nope")
 
 
 def test_use_context_nests_and_restores():

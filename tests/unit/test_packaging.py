@@ -33,10 +33,7 @@ def test_wheel_ships_cuda_sources_and_loader_finds_them(tmp_path):
         [str(py), "-m", "pip", "install", "-q", "--no-deps", "--no-index", str(whl)], capture_output=True, text=True
     )
     assert r.returncode == 0, r.stdout + r.stderr
-    code = (
-        "import cudarl, cudarl.kernels as k; print(cudarl.__file__); print(k.SRC_DIR); "
-        "print(len(k.module_source('util', 'ungraphed')))"
-    )
+    code = "import cudarl, cudarl.kernels as k; print(cudarl.__file__); print(k.SRC_DIR); print(len(k.program('util')))"
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     r = subprocess.run([str(py), "-c", code], capture_output=True, text=True, cwd=tmp_path, env=env)
     assert r.returncode == 0, r.stdout + r.stderr

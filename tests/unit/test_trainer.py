@@ -48,7 +48,7 @@ def resumed_and_uninterrupted(cfg, tmp_path):
     full.run(100)
     half = Trainer(cfg, run_dir=tmp_path / "half", echo=lambda m: None)
     half.run(50)
-    path = half.save(numbered=True)
+    path = half.save()
     resumed = Trainer.resume(path, run_dir=tmp_path / "resumed", echo=lambda m: None)
     assert resumed.step == 50
     resumed.run(100)
@@ -76,7 +76,7 @@ def test_run_directory_is_complete(tmp_path):
 def test_best_validation_checkpoint_is_the_argmax_and_survives_resume(tmp_path):
     import json
 
-    from cudarl import checkpoint as ckpt
+    from cudarl.policy import load_policy, read_policy_info
 
     t = Trainer(small(run={"eval_every": 20, "steps": 100}), run_dir=tmp_path / "run", echo=lambda m: None)
     t.run()
@@ -86,16 +86,17 @@ def test_best_validation_checkpoint_is_the_argmax_and_survives_resume(tmp_path):
     best = max(evals, key=lambda r: r["sharpe"])  # first of equals: only a strict improvement moves it
     assert t.best == {"step": best["step"], "sharpe": best["sharpe"]}
     assert [r["step"] for r in rows if r.get("event") == "best"][-1] == best["step"]
-    state, info = ckpt.load(tmp_path / "run" / "checkpoints" / "best.npz")
-    assert info["step"] == best["step"]  # later writes of latest.npz left it alone
-    assert int(state["trainer"]["best_step"]) == best["step"]  # it carries its own best record
+    info = read_policy_info(tmp_path / "run" / "checkpoints" / "best.safetensors")
+    assert info["step"] == best["step"]  # later evaluations left it alone
+    assert info["best"] == t.best  # it carries its own best record
+    assert load_policy(tmp_path / "run" / "checkpoints" / "best.safetensors", device="cpu").step == best["step"]
     resumed = Trainer.resume(
         tmp_path / "run" / "checkpoints" / "latest.npz", run_dir=tmp_path / "resumed", echo=lambda m: None
     )
-    assert resumed.best == t.best  # a resumed run only replaces best.npz with a better one
+    assert resumed.best == t.best  # a resumed run only replaces best.safetensors with a better one
     off = Trainer(small(run={"eval_every": 20, "keep_best": False}), run_dir=tmp_path / "off", echo=lambda m: None)
     off.run()
-    assert off.best is None and not (tmp_path / "off" / "checkpoints" / "best.npz").exists()
+    assert off.best is None and not (tmp_path / "off" / "checkpoints" / "best.safetensors").exists()
 
 
 @pytest.mark.parametrize("action", ["stop", "rollback"])

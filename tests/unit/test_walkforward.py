@@ -14,11 +14,16 @@ runner = CliRunner()
 def test_walk_forward_trains_each_fold_and_aggregates_their_test_bars(tmp_path):
     args = ["train", "builtin:ar?n=1500", "--walk-forward", "3", "--device", "cpu", "--steps", "30"]
     sets = ["env.n_envs=4", "env.episode_len=64", "agent.learning_starts=64", "agent.batch_size=32"]
-    sets += ["run.eval_every=0", "run.checkpoint_every=0", "eval.resamples=50"]
+    sets += ["run.eval_every=0", "run.checkpoint_every=0", "eval.resamples=50", "eval.gate_psr=0"]
     r = runner.invoke(app, args + ["--out", str(tmp_path)] + [x for s in sets for x in ("--set", s)])
     assert r.exit_code == 0, r.output
     (root,) = tmp_path.iterdir()
-    assert sorted(p.name for p in root.iterdir()) == ["fold-0", "fold-1", "fold-2", "walk_forward.json"]
+    assert sorted(p.name for p in root.iterdir() if not p.name.startswith(".")) == [
+        "fold-0",
+        "fold-1",
+        "fold-2",
+        "walk_forward.json",
+    ]
     rep = json.loads((root / "walk_forward.json").read_text(), parse_constant=lambda c: 1 / 0)  # strict JSON
     folds = rep["folds"]
     want = walk_forward(1500, folds=3, warmup=64)
@@ -29,6 +34,7 @@ def test_walk_forward_trains_each_fold_and_aggregates_their_test_bars(tmp_path):
     for i in range(len(folds)):
         assert (root / f"fold-{i}" / "eval" / "test-00000030" / "summary.json").is_file()
         assert (root / f"fold-{i}" / "checkpoints" / "latest.npz").is_file()
+        assert (root / f"fold-{i}" / "checkpoints" / "best.safetensors").is_file()
     agg = rep["aggregate"]
     assert agg["bars"] == sum(f["splits"]["test"][1] - f["splits"]["test"][0] - 2 for f in folds)
     assert agg["fold_sharpe"]["n"] + agg["fold_sharpe"]["undefined"] == 3

@@ -1,0 +1,543 @@
+"""Trained policies: the files ``best`` and ``step-N`` of a run, and :func:`load_policy`.
+
+A policy file is a safetensors file (:mod:`cudarl.tensorfile`: no pickle, memory-mapped) with
+
+* tensors ``online/<layer>`` (float32, one per parameter of the Q-network, e.g.
+  ``online/enc.0.w [in, out]``), ``normaliser/mean`` and ``normaliser/std`` (float64 ``[F]``),
+  and for IQN ``iqn/tau_counter`` (int64 ``[1]``, the Philox counter of the acting taus);
+* ``__metadata__``: ``format`` (``cudarl-policy``), ``version``, ``config`` (the run's resolved
+  configuration, JSON), ``normaliser`` (feature names, clip, fitted rows), ``step``, ``best``
+  (the best validation Sharpe so far and its update), ``data`` (a fingerprint of the training
+  bars: source, count, first and last time, SHA-256 of the closes) and ``versions``.
+
+No replay buffer, optimiser state or target network: those live only in the resume checkpoint
+``latest.npz``. :func:`load_policy` reads either kind of file.
+
+    policy = cudarl.load_policy("runs/x/checkpoints/best.safetensors")
+    q = policy.q_values(obs)          # obs float32 [n, F + 2] (normalised features, position, hold)
+    a = policy.act(obs)               # int32 [n], the greedy action (the first maximum)
+    ev = policy.evaluate(split="test")  # the trainer's greedy evaluation, Evaluation
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from contextlib import nullcontext
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from . import __version__, tensorfile
+from . import backend as _backend
+from .checkpoint import CheckpointError
+from .config import Config, from_dict
+from .features import Normaliser
+
+FORMAT = "cudarl-policy"
+VERSION = 1
+SUFFIX = ".safetensors"
+#: Philox stream of the taus IQN acts with (``IQNRule.expected_q`` in cudarl/agent.py; the
+#: policy's actions are tested equal to the trainer's, so a change there shows).
+ACT_TAU_STREAM = 0x1A3
+
+
+def data_fingerprint(bars) -> dict:
+    """Which bars a policy was trained on: source, count, first and last time, SHA-256 of the closes."""
+    from .data.bars import iso
+
+    close = np.ascontiguousarray(bars.close, dtype="<f8")
+    return {
+        "source": str(bars.source),
+        "bars": len(bars),
+        "first": iso(bars.time[0]) if len(bars) else None,
+        "last": iso(bars.time[-1]) if len(bars) else None,
+        "close_sha256": hashlib.sha256(close.tobytes()).hexdigest(),
+    }
+
+
+@dataclass
+class PolicyState:
+    """What a policy file holds, on the host: ``weights`` maps layer names to float32 arrays."""
+
+    config: Config
+    weights: dict
+    normaliser: Normaliser
+    step: int
+    tau_counter: int | None = None
+    best: dict | None = None
+    data: dict | None = None
+    versions: dict | None = None
+    weights_kind: str = "last"  # "moving average" when eval.average_halflife made the deployed weights
+
+    @classmethod
+    def of_trainer(cls, trainer, best=None) -> PolicyState:
+        """The deployed network of a :class:`cudarl.trainer.Trainer` now (synchronises): the online one,
+        or the moving average of its weights with ``eval.average_halflife``."""
+        trainer.synchronize()
+        agent = trainer.agent.state_dict()
+        from .trainer import versions
+
+        online = agent["online"]
+        if getattr(trainer, "average", None) is not None:
+            online = {**online, "params": _backend.to_numpy(trainer.average).copy()}
+        return cls(
+            config=trainer.cfg,
+            weights=_split_params(online),
+            normaliser=trainer.data.normaliser,
+            step=int(trainer.step),
+            tau_counter=_tau(agent),
+            best=best if best is not None else trainer.best,
+            data=data_fingerprint(trainer.data.bars),
+            versions=versions(),
+            weights_kind="last" if online is agent["online"] else "moving average",
+        )
+
+    @classmethod
+    def of_checkpoint(cls, path) -> PolicyState:
+        """The policy inside a resume checkpoint (``latest.npz``); its replay buffer is not read."""
+        from . import checkpoint as ckpt
+
+        state, info = ckpt.load(path, only=("agent/online/", "agent/iqn/", "normaliser/", "trainer/", "average/"))
+        t = state["trainer"]
+        online = state["agent"]["online"]
+        if "average" in state:  # eval.average_halflife: the moving average is what is deployed
+            online = {**online, "params": state["average"]["params"]}
+        best_step = int(t.get("best_step", -1))
+        return cls(
+            config=from_dict(info["config"]),
+            weights=_split_params(online),
+            normaliser=Normaliser.from_state_dict(state["normaliser"]),
+            step=int(info.get("step", t["step"])),
+            weights_kind="moving average" if "average" in state else "last",
+            tau_counter=_tau(state["agent"]),
+            best=None if best_step < 0 else {"step": best_step, "sharpe": float(t["best_sharpe"])},
+            data=info.get("data"),
+            versions=info.get("versions"),
+        )
+
+    def save(self, path) -> Path:
+        """Write this policy as a safetensors file, atomically."""
+        n = self.normaliser
+        tensors = {f"online/{k}": np.asarray(v, np.float32) for k, v in self.weights.items()}
+        tensors["normaliser/mean"] = np.asarray(n.mean, np.float64)
+        tensors["normaliser/std"] = np.asarray(n.std, np.float64)
+        if self.tau_counter is not None:
+            tensors["iqn/tau_counter"] = np.array([self.tau_counter], np.int64)
+        meta = {
+            "format": FORMAT,
+            "version": str(VERSION),
+            "config": json.dumps(self.config.to_dict()),
+            "normaliser": json.dumps({"names": list(n.names), "clip": n.clip, "fitted_on": list(n.fitted_on)}),
+            "step": str(self.step),
+            "best": json.dumps(self.best),
+            "data": json.dumps(self.data),
+            "versions": json.dumps(self.versions or {"cudarl": __version__}),
+            "weights": self.weights_kind,
+        }
+        return tensorfile.save(path, tensors, meta)
+
+    @classmethod
+    def read(cls, path) -> PolicyState:
+        """Read a policy file written by :meth:`save` (memory-mapped)."""
+        try:
+            tensors, meta = tensorfile.load(path)
+        except tensorfile.TensorFileError as exc:
+            raise CheckpointError(str(exc)) from None
+        if meta.get("format") != FORMAT:
+            raise CheckpointError(f"{path}: not a cudarl policy file (format {meta.get('format')!r})")
+        if int(meta.get("version", "-1")) > VERSION:
+            raise CheckpointError(f"{path}: policy version {meta['version']} is newer than this cudarl ({VERSION})")
+        try:
+            nm = json.loads(meta["normaliser"])
+            norm = Normaliser(
+                mean=np.asarray(tensors["normaliser/mean"], np.float64),
+                std=np.asarray(tensors["normaliser/std"], np.float64),
+                names=tuple(nm["names"]),
+                clip=float(nm["clip"]),
+                fitted_on=tuple(nm["fitted_on"]),
+            )
+            tau = tensors.get("iqn/tau_counter")
+            return cls(
+                config=from_dict(json.loads(meta["config"])),
+                weights={k[len("online/") :]: v for k, v in tensors.items() if k.startswith("online/")},
+                normaliser=norm,
+                step=int(meta["step"]),
+                tau_counter=None if tau is None else int(tau[0]),
+                best=json.loads(meta.get("best", "null")),
+                data=json.loads(meta.get("data", "null")),
+                versions=json.loads(meta.get("versions", "null")),
+                weights_kind=meta.get("weights", "last"),
+            )
+        except KeyError as exc:
+            raise CheckpointError(f"{path}: the policy file has no {exc.args[0]!r}") from None
+
+    def check_finite(self, source) -> None:
+        """Refuse weights or normaliser statistics that are NaN or infinite, naming the tensor."""
+        named = {f"online/{k}": v for k, v in self.weights.items()}
+        named.update({"normaliser/mean": self.normaliser.mean, "normaliser/std": self.normaliser.std})
+        for name, a in named.items():
+            bad = ~np.isfinite(np.asarray(a))
+            if bad.any():
+                first = [int(i) for i in np.argwhere(bad)[0]]
+                raise CheckpointError(
+                    f"{source}: tensor {name!r} has {int(bad.sum())} value(s) that are not finite (NaN or inf), "
+                    f"the first at {first}; this policy cannot be used (train again, or take an earlier checkpoint)"
+                )
+
+
+def _split_params(online: dict) -> dict:
+    """``{layer name: array}`` from a network state ``{"params": flat, "layout": [(name, offset, shape)]}``."""
+    flat = np.asarray(online["params"])
+    out = {}
+    for name, off, shape in online["layout"]:
+        size = int(np.prod(shape))
+        out[name] = flat[int(off) : int(off) + size].reshape([int(s) for s in shape])
+    return out
+
+
+def _tau(agent_state: dict) -> int | None:
+    iqn = agent_state.get("iqn")
+    return None if not iqn else int(np.asarray(iqn["tau"]))
+
+
+def read_policy_info(path) -> dict:
+    """The metadata of a policy file (config, step, best, data, versions), decoded; reads no tensor."""
+    try:
+        _, meta, _ = tensorfile.read_header(path)
+    except tensorfile.TensorFileError as exc:
+        raise CheckpointError(str(exc)) from None
+    out = dict(meta)
+    for k in ("config", "normaliser", "best", "data", "versions"):
+        if k in out:
+            out[k] = json.loads(out[k])
+    if "step" in out:
+        out["step"] = int(out["step"])
+    return out
+
+
+def is_policy_file(path) -> bool:
+    """Whether ``path`` is a safetensors file (as opposed to an ``.npz`` resume checkpoint)."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(9)
+    except OSError:
+        return False
+    return len(head) == 9 and not head.startswith(b"PK") and head[8:9] == b"{"
+
+
+def save_policy(path, trainer, best=None) -> Path:
+    """Write the trainer's online network, normaliser, config and data fingerprint to ``path``."""
+    return PolicyState.of_trainer(trainer, best).save(path)
+
+
+def load_policy(path, device: str = "auto") -> Policy:
+    """A :class:`Policy` from a policy file (``best``/``step-N``) or a resume checkpoint (``latest.npz``).
+
+    ``device``: ``auto`` (the GPU when usable), ``gpu`` or ``cpu``. Refuses NaN or infinite weights,
+    naming the tensor.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"{path}: no such policy or checkpoint file")
+    state = PolicyState.read(path) if is_policy_file(path) else PolicyState.of_checkpoint(path)
+    state.check_finite(path)
+    return Policy(state, device=device, source=str(path))
+
+
+class Policy:
+    """A trained Q-network with its feature normaliser: greedy actions and Q-values.
+
+    Observations are float32 ``[n, F + 2]``: the normalised features of a bar
+    (:meth:`features`), the position held (``-1 .. 1``) and the hold fraction, as
+    :class:`cudarl.TradingEnv` writes them. Q-values are the expected values of the head's
+    distribution (in PopArt's normalised units when ``agent.popart``), float32 ``[n, A]``.
+    Inputs may be NumPy or CuPy arrays; outputs are of the same kind as the input.
+    """
+
+    def __init__(self, state: PolicyState, device: str = "auto", source: str = "<memory>"):
+        from .nn import QNetwork
+        from .reference.env import N_POSITION_FEATURES
+
+        self.state, self.source = state, source
+        cfg = self.config = state.config
+        self.normaliser, self.step = state.normaliser, state.step
+        self.be = _backend.get({"auto": None, "gpu": "cupy", "cpu": "numpy"}[device])
+        xp = self.xp = self.be.xp
+        self.obs_dim = len(self.normaliser.names) + N_POSITION_FEATURES
+        self.n_actions = cfg.env.n_actions
+        self.levels = cfg.env.position_levels().astype(np.float64)
+        n = cfg.net
+        self.net = QNetwork(
+            self.obs_dim,
+            self.n_actions,
+            hidden=n.hidden,
+            head=n.head,
+            layernorm=n.layernorm,
+            atoms=n.atoms,
+            n_quantiles=n.n_quantiles,
+            n_cos=n.n_cos,
+            xp=xp,
+            max_batch=cfg.env.n_envs,  # as the trainer's acting workspace, so the GEMMs see the same shapes
+            seed=cfg.run.seed,
+            tf32=n.tf32,
+            gemm=n.gemm,
+        )
+        mine = {e.name: e.shape for e in self.net.layout.entries}
+        theirs = {k: tuple(v.shape) for k, v in state.weights.items()}
+        if mine != theirs:
+            raise CheckpointError(f"{source}: the weights {theirs} do not fit the network of its config {mine}")
+        for name, w in state.weights.items():
+            self.net.P[name][...] = xp.asarray(np.asarray(w, np.float32))
+        self._ws = {cfg.env.n_envs: self.net.ws}
+        self._stats: dict = {}
+        self.support = None
+        if n.head == "c51":
+            self.support = xp.asarray(np.linspace(n.v_min, n.v_max, n.atoms, dtype=np.float32))
+        self.counters = None
+        if state.tau_counter is not None:
+            from .pinned import DeviceScalars
+
+            self.counters = DeviceScalars({"tau": np.int64}, xp, initial={"tau": state.tau_counter})
+
+    def __repr__(self) -> str:
+        n = self.config.net
+        return (
+            f"Policy({n.head}, hidden={list(n.hidden)}, obs_dim={self.obs_dim}, actions={self.n_actions}, "
+            f"step={self.step}, backend={self.be.name}, from {self.source})"
+        )
+
+    # --- Q-values and actions ---------------------------------------------------------------------
+    def _workspace(self, n: int):
+        cap = min((c for c in self._ws if c >= n), default=None)
+        if cap is None:
+            cap = n
+            self._ws[cap] = self.net.new_workspace(cap)
+        return self._ws[cap]
+
+    def q_values_into(self, obs, out) -> None:
+        """Expected Q of ``obs`` (float32 ``[n, obs_dim]`` of this backend) into ``out`` ``[n, A]``."""
+        xp, n = self.xp, obs.shape[0]
+        ws = self._workspace(n)
+        if self.support is None:  # IQN: the acting taus of the trainer's counter
+            self.net.head.sample_tau(
+                ws, n, self.counters.view("tau").view(np.uint64), self.config.run.seed, ACT_TAU_STREAM
+            )
+            theta = self.net.forward(obs, ws)["q"]
+            if self.be.is_gpu:
+                from .ops import agent as ops
+            else:
+                from .reference import agent as ops
+            ops.quantile_mean(out, theta)
+            return
+        logits = self.net.forward(obs, ws)["q"]
+        if self.be.is_gpu:
+            from .ops import qstats
+
+            if n not in self._stats:  # the kernel's per-row entropy and mass, unused here
+                self._stats[n] = (xp.empty(n, np.float32), xp.empty((n, self.config.net.atoms), np.float32))
+            qstats.per_sample(logits, self.support, out, *self._stats[n])
+        else:
+            from .reference import qstats
+
+            out[...] = qstats.per_sample(logits, self.support)[0]
+
+    def _input(self, obs):
+        on_gpu = type(obs).__module__.startswith("cupy")
+        x = obs if (on_gpu and self.be.is_gpu) else self.xp.asarray(_backend.to_numpy(obs))
+        if x.ndim != 2 or x.shape[1] != self.obs_dim:
+            raise ValueError(f"obs: expected [n, {self.obs_dim}] (features, position, hold), got {list(x.shape)}")
+        return self.xp.ascontiguousarray(x, dtype=np.float32), on_gpu
+
+    def q_values(self, obs):
+        """float32 ``[n, A]``: expected Q of each action for ``obs`` ``[n, obs_dim]``."""
+        x, on_gpu = self._input(obs)
+        out = self.xp.empty((x.shape[0], self.n_actions), np.float32)
+        self.q_values_into(x, out)
+        return out if on_gpu else _backend.to_numpy(out)
+
+    def act(self, obs):
+        """int32 ``[n]``: the greedy action (the first maximum of :meth:`q_values`)."""
+        q = self.q_values(obs)
+        return q.argmax(axis=1).astype(np.int32)
+
+    # --- bars to decisions --------------------------------------------------------------------------
+    def features(self, bars):
+        """float32 ``[T, F]``: the normalised features of ``bars`` (the normaliser fitted in training)."""
+        from .trainer import prepare_data
+
+        return prepare_data(self.config, bars, self.normaliser).x
+
+    def evaluate(self, data=None, split: str = "test", echo=None):
+        """The trainer's greedy evaluation of this policy over ``split`` of ``data`` (bars, a path or
+        ``builtin:<name>``; default: the training run's ``data.source`` with its data options), with the
+        deployment rules of its config's ``eval`` (the validation gate, the margin): a
+        :class:`cudarl.evaluate.Evaluation` whose summary carries ``step`` and ``deployment``. ``echo`` (a function of
+        one line) hears when the default bars are no longer those the policy was trained on."""
+        from .trainer import prepare_data
+
+        cfg = self.config
+        if isinstance(data, (str, Path)):
+            cfg = from_dict({"data": {"source": str(data)}}, base=cfg)
+        prepared = prepare_data(cfg, None if isinstance(data, (str, Path)) else data, self.normaliser)
+        trained = (self.state.data or {}).get("close_sha256")
+        if data is None and echo is not None and trained not in (None, data_fingerprint(prepared.bars)["close_sha256"]):
+            echo(f"warning: the bars of {cfg.data.source} differ from those the policy was trained on")
+        e = cfg.eval
+
+        def val_psr():
+            ev = evaluate_split(prepared, "val", cfg.env, self.q_values_into, self.be.name, margin=e.margin, eval_cfg=e)
+            return ev.summary["statistics"]["psr"]
+
+        dep = deployment(e, split, val_psr)
+        ev = evaluate_split(
+            prepared,
+            split,
+            cfg.env,
+            self.q_values_into,
+            self.be.name,
+            margin=e.margin,
+            eval_cfg=e,
+            trading=dep["trading"],
+        )
+        ev.summary["step"] = self.step
+        ev.summary["deployment"] = {**dep, "margin": e.margin, "weights": self.state.weights_kind}
+        return ev
+
+
+# --- the greedy walk, shared with the trainer ------------------------------------------------------
+def eval_env(prepared, split, env_cfg, backend: str):
+    """One environment over ``split``, one episode of ``len(split) - 2`` steps from its first bar."""
+    from dataclasses import replace
+
+    from .env import TradingEnv
+
+    n = split.stop - split.start - 2
+    cfg = replace(env_cfg, n_envs=1, episode_len=n, stagger=False, counterfactual=False, mirror=False)
+    b = prepared.bars
+    return TradingEnv(
+        b.open, b.close, prepared.x, prepared.sign, cfg, t_begin=split.start, t_end=split.stop, backend=backend
+    )
+
+
+def greedy_actions(env, q_values, stream=None, walk_on_host: bool = True, margin: float = 0.0) -> np.ndarray:
+    """int64 ``[episode_len]``: the greedy actions of one episode of ``env`` (reset first).
+
+    ``q_values(obs, out)`` writes Q ``[1, A]``; the action is the first maximum (the env's act with
+    epsilon 0) of Q with ``margin`` added to the held position's action (``eval.margin``: the position
+    is left only for an action whose value exceeds the held one's by more than the margin; on the
+    device the held action is found from the env's position, so nothing synchronises).
+    On the GPU the env's kernels step it and the actions stay on the device until the
+    end (no synchronisation per bar). On the NumPy backend, for an evaluation env (one env, one
+    episode from its first bar), the walk is done on the host with the env's observation rule
+    (docs/env.md) instead of its act and step, which draw Philox numbers a greedy walk never uses
+    (``walk_on_host=False`` takes the env's path; a test holds the two equal).
+    """
+    xp = env.xp
+    one_episode = env.n_envs == 1 and env.params.n_starts == 1 and not env.params.stagger
+    if walk_on_host and not env.is_gpu and one_episode:
+        return _walk_on_host(env, q_values, margin)
+    with stream if stream is not None else nullcontext():
+        env.reset()
+        q = xp.zeros((1, env.n_actions), np.float32)
+        eps = xp.zeros(1, np.float32)
+        acts = xp.zeros(env.config.episode_len, np.int32)
+        row = xp.zeros(1, np.int64)
+        for k in range(env.config.episode_len):
+            q_values(env.obs, q)
+            if margin:
+                held = xp.argmin(xp.abs(env.data.levels - env.state.position[:1]))  # the held level's action
+                q[row, held] += np.float32(margin)
+            env.act(q, eps)
+            env.step()
+            acts[k : k + 1] = env.actions
+        out = _backend.to_numpy(acts)
+    return out.astype(np.int64)
+
+
+def _walk_on_host(env, q_values, margin: float = 0.0) -> np.ndarray:
+    """The env's greedy episode from bar ``t_begin``, one bar at a time on the host: obs
+    ``[features[t], p_{t-1}, min(hold, cap) / cap]``, action the first maximum of Q (a strict ``>``
+    scan, as ``env.act``; ``margin`` added to the held position's action first), ``p = levels[a]``,
+    ``hold + 1`` if ``p`` did not change, else 1."""
+    from .reference.env import hold_feature
+
+    feats, levels, cap = env.data.features, env.data.levels, env.params.hold_cap
+    n, f = env.config.episode_len, env.n_features
+    obs = np.zeros((1, f + 2), np.float32)
+    q = np.zeros((1, env.n_actions), np.float32)
+    acts = np.empty(n, np.int64)
+    prev, hold = np.float32(0), np.zeros(1, np.int64)
+    t0 = env.params.t_begin
+    for k in range(n):
+        obs[0, :f] = feats[t0 + k]
+        obs[0, f] = prev
+        obs[0, f + 1] = hold_feature(hold, cap)[0]
+        q_values(obs, q)
+        row = q[0]
+        if margin:
+            row[int(np.argmin(np.abs(levels - prev)))] += np.float32(margin)
+        a = 0
+        for j in range(1, row.shape[0]):
+            if row[j] > row[a]:
+                a = j
+        acts[k] = a
+        p = np.float32(levels[a])
+        hold[0] = hold[0] + 1 if p == prev else 1
+        prev = p
+    return acts
+
+
+def evaluate_split(
+    prepared,
+    split_name: str,
+    env_cfg,
+    q_values,
+    backend: str,
+    env=None,
+    stream=None,
+    *,
+    margin: float = 0.0,
+    eval_cfg=None,
+    trading: bool = True,
+):
+    """Greedy positions over ``split_name`` of ``prepared`` (with the no-trade ``margin``; all flat when
+    not ``trading``) evaluated with the env's fill and costs and the statistics of ``eval_cfg``
+    (:class:`cudarl.config.EvalConfig`: trials, level, resamples; default its defaults)."""
+    from .config import EvalConfig
+    from .evaluate import evaluate_positions
+
+    e = eval_cfg if eval_cfg is not None else EvalConfig()
+    split = getattr(prepared.splits, split_name)
+    env = env if env is not None else eval_env(prepared, split, env_cfg, backend)
+    pos = env_cfg.position_levels().astype(np.float64)[greedy_actions(env, q_values, stream, margin=margin)]
+    if not trading:
+        pos = np.zeros_like(pos)
+    return evaluate_positions(
+        prepared.bars,
+        pos,
+        split,
+        cost_bps=env_cfg.cost_bps,
+        slippage_bps=env_cfg.slippage_bps,
+        periods_per_year=prepared.periods_per_year,
+        fill=env_cfg.fill,
+        trials=e.trials,
+        level=e.level,
+        resamples=e.resamples,
+    )
+
+
+def deployment(eval_cfg, split_name: str, validation_psr) -> dict:
+    """Whether a policy trades on ``split_name`` under ``eval.gate_psr``: always on the validation split
+    (its evidence is what the gate reads) and with the gate off; otherwise only when
+    ``validation_psr()`` (the PSR of the same policy on the validation split) is at least the gate (an
+    undefined PSR, e.g. a flat validation policy, keeps it closed)."""
+    import math
+
+    g = eval_cfg.gate_psr
+    if g == 0 or split_name == "val":
+        return {"gate": "off" if g == 0 else "not applied to the validation split", "trading": True}
+    psr = validation_psr()
+    ok = psr is not None and math.isfinite(psr) and psr >= g
+    return {"gate": "open" if ok else "closed", "trading": bool(ok), "validation_psr": psr, "threshold": g}

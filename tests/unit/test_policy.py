@@ -1,0 +1,202 @@
+"""Policy files (safetensors), load_policy, and evaluate without a trainer (issue 16, points 9-10)."""
+
+import json
+import struct
+
+import numpy as np
+import pytest
+from test_trainer import gpu_small, small
+from typer.testing import CliRunner
+
+from cudarl import tensorfile
+from cudarl.checkpoint import CheckpointError
+from cudarl.cli import app
+from cudarl.policy import Policy, PolicyState, load_policy, read_policy_info
+from cudarl.trainer import Trainer
+
+runner = CliRunner()
+
+
+def quiet(m):
+    pass
+
+
+# --- the safetensors reader and writer ------------------------------------------------------------
+def test_tensorfile_round_trip_is_exact_and_memory_mapped(tmp_path, rng):
+    t = {
+        "w": rng.standard_normal((3, 5)).astype(np.float32),
+        "mean": rng.standard_normal(7),
+        "count": np.array([2**40 + 3], np.int64),
+        "mask": np.array([True, False, True]),
+        "empty": np.zeros((0, 4), np.float32),
+        "be": np.arange(4, dtype=">f8"),  # big-endian in, little-endian on disk
+    }
+    path = tensorfile.save(tmp_path / "x.safetensors", t, {"who": "me"})
+    got, meta = tensorfile.load(path)
+    assert meta == {"who": "me"} and set(got) == set(t)
+    for k, v in t.items():
+        np.testing.assert_array_equal(got[k], v)
+        assert got[k].dtype == v.dtype.newbyteorder("<") and got[k].shape == v.shape
+    assert isinstance(got["w"].base, np.memmap) or isinstance(got["w"], np.memmap)
+    (n,) = struct.unpack("<Q", path.read_bytes()[:8])
+    assert n % 8 == 0  # padded, so the data (and every tensor, largest items first) is aligned
+    assert all(got[k].ctypes.data % got[k].dtype.itemsize == 0 for k in got if got[k].size)
+
+
+def test_tensorfile_refuses_broken_files_naming_them(tmp_path):
+    good = tensorfile.save(tmp_path / "g.safetensors", {"a": np.ones(4, np.float32)})
+    raw = good.read_bytes()
+    cases = {
+        "short": raw[:5],
+        "huge_header": struct.pack("<Q", 10**12) + raw[8:],
+        "not_json": struct.pack("<Q", 8) + b"not json" + raw[16:],
+        "truncated_data": raw[:-4],
+    }
+    for name, data in cases.items():
+        p = tmp_path / f"{name}.safetensors"
+        p.write_bytes(data)
+        with pytest.raises(tensorfile.TensorFileError, match=str(p)):
+            tensorfile.load(p)
+
+
+def test_the_safetensors_package_reads_our_files_and_we_read_its():
+    st = pytest.importorskip("safetensors.numpy", reason="the safetensors package is not installed")
+    import tempfile
+    from pathlib import Path
+
+    d = Path(tempfile.mkdtemp())
+    t = {"a": np.arange(12, dtype=np.float32).reshape(3, 4), "b": np.array([1, 2], np.int64)}
+    tensorfile.save(d / "ours.safetensors", t, {"k": "v"})
+    theirs = st.load_file(str(d / "ours.safetensors"))
+    for k in t:
+        np.testing.assert_array_equal(theirs[k], t[k])
+    st.save_file(t, str(d / "theirs.safetensors"), metadata={"x": "y"})
+    got, meta = tensorfile.load(d / "theirs.safetensors")
+    assert meta == {"x": "y"} and all(np.array_equal(got[k], t[k]) for k in t)
+
+
+# --- policy files ---------------------------------------------------------------------------------
+def trained(tmp_path, **over):
+    t = Trainer(small(tmp_path / "runs", run={"eval_every": 20, "checkpoint_every": 20}, **over), echo=quiet)
+    t.run(40)
+    return t
+
+
+def test_policy_files_are_small_safetensors_without_the_replay(tmp_path):
+    t = trained(tmp_path)
+    ck = t.run_dir / "checkpoints"
+    names = sorted(p.name for p in ck.iterdir())
+    assert "step-00000020.safetensors" in names and "step-00000040.safetensors" in names
+    assert not any(n.startswith("step-") and n.endswith(".npz") for n in names)
+    pol = ck / "step-00000040.safetensors"
+    assert pol.stat().st_size * 10 < (ck / "latest.npz").stat().st_size  # no replay buffer
+    tensors, meta = tensorfile.load(pol)
+    assert meta["format"] == "cudarl-policy" and json.loads(meta["config"])["net"]["hidden"] == [32, 32]
+    assert {"normaliser/mean", "normaliser/std"} <= set(tensors)
+    assert not any("replay" in k or "adam" in k or "target" in k for k in tensors)
+    info = read_policy_info(pol)
+    assert info["step"] == 40 and info["data"]["bars"] == len(t.data.bars)
+    assert len(info["data"]["close_sha256"]) == 64
+
+
+@pytest.mark.parametrize("head", ["c51", "iqn"])
+def test_load_policy_gives_the_trainers_greedy_evaluation(tmp_path, head):
+    t = trained(tmp_path, net={"head": head})
+    want = t.greedy_positions(t.data.splits.val)
+    ev_t = t.evaluate("val", write=False)
+    for f in ("step-00000040.safetensors", "latest.npz"):
+        p = load_policy(t.run_dir / "checkpoints" / f, device="cpu")
+        ev = p.evaluate(split="val")
+        np.testing.assert_array_equal(ev.position, want)
+        assert ev.summary["policy"] == ev_t["policy"] and ev.summary["step"] == 40
+    # act and q_values agree with the trainer's network on the same observations
+    env = t._eval_env(t.data.splits.val)
+    env.reset()
+    obs = np.repeat(env.obs, 5, axis=0)
+    obs[:, -2] = [-1, 0, 1, 0, 1]
+    q = np.zeros((5, 3), np.float32)
+    t.agent.q_values(obs, q)
+    np.testing.assert_array_equal(p.q_values(obs), q)
+    np.testing.assert_array_equal(p.act(obs), q.argmax(1))
+
+
+def test_evaluate_builds_no_trainer_and_reads_no_replay(tmp_path, monkeypatch):
+    t = trained(tmp_path)
+    import cudarl.checkpoint as ckpt
+    import cudarl.trainer
+
+    def no_trainer(*a, **k):
+        raise AssertionError("evaluate built a Trainer")
+
+    monkeypatch.setattr(cudarl.trainer.Trainer, "__init__", no_trainer)
+    read = []
+    orig = ckpt.load
+    monkeypatch.setattr(ckpt, "load", lambda path, only=None: read.append(only) or orig(path, only=only))
+    for f in ("best.safetensors", "latest.npz"):
+        r = runner.invoke(app, ["evaluate", str(t.run_dir / "checkpoints" / f), "--split", "test", "--device", "cpu"])
+        assert r.exit_code == 0, r.output
+        summary = json.loads(r.stdout)
+        assert summary["split"]["name"] == "test"
+    assert read and all(o is not None and not any(k.startswith("replay") for k in o) for o in read)
+
+
+def test_a_policy_of_other_bars_is_refused_and_a_changed_source_is_said(tmp_path):
+    t = trained(tmp_path)
+    p = load_policy(t.run_dir / "checkpoints" / "best.safetensors", device="cpu")
+    said = []
+    p.evaluate(split="test", echo=said.append)
+    assert said == []  # the same bars
+    p.state.data["close_sha256"] = "0" * 64
+    p.evaluate(split="test", echo=said.append)
+    assert said and "differ" in said[0]
+    with pytest.raises(ValueError, match="features"):
+        p.evaluate("builtin:eurusd-1h", split="test")  # hourly bars: time-of-day features, other columns
+
+
+def test_policy_state_round_trip(tmp_path):
+    t = trained(tmp_path)
+    a = PolicyState.of_trainer(t)
+    a.save(tmp_path / "p.safetensors")
+    b = PolicyState.read(tmp_path / "p.safetensors")
+    assert b.config == a.config and b.step == a.step and b.best == a.best and b.data == a.data
+    assert all(np.array_equal(a.weights[k], b.weights[k]) for k in a.weights)
+    assert isinstance(Policy(b, device="cpu"), Policy)
+    with pytest.raises(CheckpointError, match="not a cudarl policy"):
+        tensorfile.save(tmp_path / "other.safetensors", {"x": np.ones(2)}, {"format": "hf"})
+        load_policy(tmp_path / "other.safetensors")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("head", ["c51", "iqn"])
+def test_gpu_load_policy_gives_the_trainers_greedy_evaluation(tmp_path, head):
+    import cupy
+
+    t = Trainer(gpu_small(run={"eval_every": 20, "out_dir": str(tmp_path)}, net={"head": head}), echo=quiet)
+    t.run(40)
+    want = t.greedy_positions(t.data.splits.val)
+    p = load_policy(t.run_dir / "checkpoints" / "best.safetensors", device="gpu")
+    np.testing.assert_array_equal(p.evaluate(split="val").position, want)
+    obs = cupy.asarray(np.random.default_rng(0).standard_normal((7, p.obs_dim)).astype(np.float32))
+    q = p.q_values(obs)
+    assert isinstance(q, cupy.ndarray) and q.shape == (7, 3)
+    np.testing.assert_array_equal(p.act(obs).get(), q.get().argmax(1))
+    np.testing.assert_array_equal(p.q_values(obs.get()), q.get())
+
+
+@pytest.mark.parametrize("head", ["c51", "iqn"])
+def test_the_host_walk_equals_the_envs_walk(tmp_path, head):
+    """The NumPy evaluation walks the bars on the host; the env's act and step give the same actions."""
+    from cudarl.policy import greedy_actions
+
+    t = trained(tmp_path, net={"head": head}, env={"cost_bps": 3.0, "hold_cap": 5})
+    for split in (t.data.splits.val, t.data.splits.test):
+        env = t._eval_env(split)
+        host = greedy_actions(env, t.agent.q_values)
+        via_env = greedy_actions(env, t.agent.q_values, walk_on_host=False)
+        np.testing.assert_array_equal(host, via_env)
+        assert len(set(host.tolist())) > 1  # the walk moves between positions (hold and position matter)
+        # the no-trade margin (eval.margin): the env's path finds the held action from its position
+        for m in (0.01, 0.05):
+            held = greedy_actions(env, t.agent.q_values, margin=m)
+            np.testing.assert_array_equal(held, greedy_actions(env, t.agent.q_values, walk_on_host=False, margin=m))
+            assert np.count_nonzero(np.diff(held)) <= np.count_nonzero(np.diff(host))

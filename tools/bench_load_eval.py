@@ -1,0 +1,153 @@
+#!/usr/bin/env python3
+"""Loading bars and evaluating a trained policy, timed from the start of a fresh process.
+
+Arms (each run in its own Python process, ``--repeats`` times, the median reported):
+* load: ``cudarl.data.load`` of a CSV of 1,000,000 one-minute bars (Date, OHLC, Volume; 63 MB),
+  with pyarrow's CSV reader (when pyarrow is installed) and with the NumPy path (pyarrow hidden).
+  Rows: the ``load()`` call itself (imports it triggers included) and the whole process.
+  Targets: 1M rows in < 1 s with pyarrow, < 3 s without.
+* evaluate: ``cudarl.load_policy(best.safetensors).evaluate(split="test")`` over a test split of
+  10,000 bars (``builtin:regime?n=66700``), on the CPU and on the GPU when one is usable: the
+  whole process from its start (interpreter, imports, features of every bar, the greedy walk,
+  the metrics), and the part of it inside Python after ``import cudarl``. Target: < 1 s.
+
+The CSV and the policy are made once in a temporary folder (not timed). Prints a table and writes
+JSON (``--out``, default ``docs/bench/bench_load_eval_<cpu|gpu>.json``).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from benchlib import parser, report, row  # noqa: E402
+
+LOAD_ROWS = 1_000_000
+EVAL_DATA = "builtin:regime?n=66700"  # the test split (15% of the bars after the warm-up) has ~10,000 bars
+
+LOAD_CODE = """
+import sys, time, json
+t0 = time.perf_counter()
+if {hide}:
+    sys.modules["pyarrow"] = None  # as if pyarrow were not installed
+import cudarl.data
+t1 = time.perf_counter()
+bars = cudarl.data.load({path!r})
+t2 = time.perf_counter()
+print(json.dumps({{"import_s": t1 - t0, "load_s": t2 - t1, "bars": len(bars)}}))
+"""
+
+EVAL_CODE = """
+import time, json
+t0 = time.perf_counter()
+import cudarl
+t1 = time.perf_counter()
+policy = cudarl.load_policy({path!r}, device={device!r})
+ev = policy.evaluate(split="test")
+t2 = time.perf_counter()
+print(json.dumps({{"import_s": t1 - t0, "eval_s": t2 - t1, "bars": len(ev.position), "backend": policy.be.name}}))
+"""
+
+
+def timed_process(code: str) -> tuple[float, dict]:
+    """(wall seconds of a fresh ``python -c code`` from spawn to exit, the JSON it printed)."""
+    t0 = time.perf_counter()
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    wall = time.perf_counter() - t0
+    if r.returncode != 0:
+        raise RuntimeError(r.stderr.strip().splitlines()[-1] if r.stderr.strip() else f"exit {r.returncode}")
+    return wall, json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def median_runs(code: str, repeats: int) -> tuple[float, dict]:
+    runs = [timed_process(code) for _ in range(repeats)]
+    wall = statistics.median(w for w, _ in runs)
+    keys = runs[0][1]
+    med = {k: statistics.median(r[k] for _, r in runs) if isinstance(v, float) else v for k, v in keys.items()}
+    return wall, med
+
+
+def make_csv(folder: Path) -> Path:
+    from cudarl.data import write_csv
+    from cudarl.datasets import resolve
+
+    path = folder / "bars_1m.csv"
+    write_csv(resolve(f"builtin:randomwalk?n={LOAD_ROWS}&bar_minutes=1"), path)
+    return path
+
+
+def make_policy(folder: Path) -> Path:
+    from cudarl.config import from_dict, resolve_for_backend
+    from cudarl.trainer import Trainer
+
+    cfg = resolve_for_backend(from_dict({"run": {"device": "cpu"}}), False, {})
+    cfg = from_dict(
+        {
+            "run": {"steps": 20, "eval_every": 20, "checkpoint_every": 0, "out_dir": str(folder)},
+            "data": {"source": EVAL_DATA},
+            "env": {"n_envs": 4, "episode_len": 64},
+            "agent": {"learning_starts": 64, "batch_size": 32},
+            "replay": {"capacity": 2000},
+        },
+        base=cfg,
+    )
+    t = Trainer(cfg, echo=lambda m: None)
+    t.run()
+    return t.run_dir / "checkpoints" / "best.safetensors"
+
+
+def main() -> int:
+    ap = parser(__doc__.splitlines()[0])
+    ap.set_defaults(repeats=3)
+    args = ap.parse_args()
+    from cudarl.backend import cupy_unavailable_reason
+
+    gpu_why = cupy_unavailable_reason()
+    rows, extra = [], {"load_rows": LOAD_ROWS, "eval_data": EVAL_DATA, "repeats": args.repeats}
+    try:
+        import pyarrow  # noqa: F401
+
+        arrow = True
+    except ImportError:
+        arrow = False
+        print("skipping the pyarrow load arm: pyarrow is not installed (pip install 'cudarl[parquet]')")
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        t0 = time.perf_counter()
+        csv = make_csv(folder)
+        extra["csv_mb"] = round(csv.stat().st_size / 2**20, 1)
+        print(f"wrote {csv.name} ({extra['csv_mb']} MB) in {time.perf_counter() - t0:.1f} s")
+        for name, hide, target in (("pyarrow", False, 1.0), ("numpy", True, 3.0)):
+            if name == "pyarrow" and not arrow:
+                continue
+            wall, r = median_runs(LOAD_CODE.format(hide=hide, path=str(csv)), args.repeats)
+            assert r["bars"] == LOAD_ROWS
+            rows.append(row(f"load 1M CSV rows, {name}", "load() call", r["load_s"], "s", f"< {target:g} s"))
+            rows.append(row(f"load 1M CSV rows, {name}", "whole process", wall, "s", ""))
+        policy = make_policy(folder)
+        devices = ["cpu"] + ([] if gpu_why else ["gpu"])
+        if gpu_why:
+            print(f"skipping the GPU evaluate arm: {gpu_why}")
+        for device in devices:
+            wall, r = median_runs(EVAL_CODE.format(path=str(policy), device=device), args.repeats)
+            extra[f"eval_bars_{device}"] = r["bars"]
+            case = f"evaluate {r['bars']} bars, {device}"
+            rows.append(row(case, "whole process", wall, "s", "< 1 s"))
+            rows.append(row(case, "after import cudarl", r["eval_s"], "s", ""))
+    suffix = "gpu" if not gpu_why else "cpu"
+    out = args.out or ROOT / "docs" / "bench" / f"bench_load_eval_{suffix}.json"
+    report("bench_load_eval", rows, out, extra)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
