@@ -46,6 +46,11 @@ def _mean_min(values) -> tuple[float, float]:
     return (statistics.mean(ok), min(ok)) if ok else (float("nan"), float("nan"))
 
 
+def _mean_max(values) -> tuple[float, float]:
+    ok = [v for v in values if learning_check._finite(v)]
+    return (statistics.mean(ok), max(ok)) if ok else (float("nan"), float("nan"))
+
+
 def summarise(rows: list[dict]) -> list[dict]:
     """One entry per (variant, task, head): the seeds' test Sharpe, % of the causal reference, share of
     bars traded, validation decay, how many seeds meet the task's target (learning_report.TARGETS), and
@@ -71,11 +76,11 @@ def summarise(rows: list[dict]) -> list[dict]:
                 "sharpe_spread": spread,
                 "sharpes": [r["test_sharpe"] for r in ok],
                 "fraction_causal": _mean_min([r.get("fraction_of_causal") for r in ok]),
-                "trade_pct": _mean_min([-r["test_trade_bars_pct"] for r in ok]),  # (−mean, −max)
+                "trade_pct": _mean_max([r["test_trade_bars_pct"] for r in ok]),
                 "decay": _mean_min([r.get("decay_ratio") for r in ok]),
                 "target_met": sum(target[2](r) for r in ok) if target else None,
                 "gate_fraction_causal": _mean_min([g.get("fraction_of_causal") for g in gate]),
-                "gate_trade_pct": _mean_min([-g.get("trade_bars_pct", 0.0) for g in gate]),
+                "gate_trade_pct": _mean_max([g.get("trade_bars_pct", 0.0) for g in gate]),
                 "wall_s": statistics.mean(r["wall_s"] for r in rs),
             }
         )
@@ -99,8 +104,8 @@ def markdown(summary: list[dict], header: str) -> str:
         lines.append(
             f"| {s['variant']} | {', '.join(f'`{x}`' for x in s['sets']) or '(defaults)'} | {s['task']} | "
             f"{s['head']} | {f(s['sharpe_mean'])} ± {f(s['sharpe_spread'])}{err} | {pct(fc[0])} ({pct(fc[1])}) | "
-            f"{f(-tp[0], '.1f')} ({f(-tp[1], '.1f')}) | {pct(dc[0])} ({pct(dc[1])}) | {met} | "
-            f"{pct(gfc[0])}, {f(-gtp[0], '.1f')} |"
+            f"{f(tp[0], '.1f')} ({f(tp[1], '.1f')}) | {pct(dc[0])} ({pct(dc[1])}) | {met} | "
+            f"{pct(gfc[0])}, {f(gtp[0], '.1f')} |"
         )
     return "\n".join(lines) + "\n"
 
