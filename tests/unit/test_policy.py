@@ -99,7 +99,7 @@ def test_policy_files_are_small_safetensors_without_the_replay(tmp_path):
     assert len(info["data"]["close_sha256"]) == 64
 
 
-@pytest.mark.parametrize("head", ["c51", "iqn"])
+@pytest.mark.parametrize("head", ["c51", "iqn", "qrdqn"])
 def test_load_policy_gives_the_trainers_greedy_evaluation(tmp_path, head):
     t = trained(tmp_path, net={"head": head})
     want = t.greedy_positions(t.data.splits.val)
@@ -167,7 +167,7 @@ def test_policy_state_round_trip(tmp_path):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("head", ["c51", "iqn"])
+@pytest.mark.parametrize("head", ["c51", "iqn", "qrdqn"])
 def test_gpu_load_policy_gives_the_trainers_greedy_evaluation(tmp_path, head):
     import cupy
 
