@@ -92,7 +92,7 @@ def regime(n=5000, seed=0, mu=0.002, sigma=0.01, p=0.02, periods_per_year=252.0,
     """Hidden two-state drift: ``s_t`` in {-1, +1} flips with probability ``p`` per bar and
     ``R_{t+1} = mu s_t + sigma eps_{t+1}``. Answer column ``regime`` = ``s_t``."""
     _need(0.0 < p < 1.0 and sigma > 0 and n >= 2, "regime needs 0 < p < 1, sigma > 0, n >= 2")
-    params = dict(n=n, seed=seed, mu=mu, sigma=sigma, p=p, periods_per_year=periods_per_year, bar_minutes=bar_minutes)
+    params = dict(locals())  # every parameter, in order (no other local exists yet)
     rng = np.random.default_rng([int(seed), 0x5EED])
     flips = np.where(rng.random(n) < p, -1.0, 1.0)
     flips[0] = 1.0 if rng.random() < 0.5 else -1.0
@@ -132,7 +132,7 @@ def ar(n=5000, seed=0, phi=(0.1,), sigma=0.01, periods_per_year=252.0, bar_minut
     """AR(p) simple returns ``R_{t+1} = sum_i phi_i R_{t+1-i} + sigma eps_{t+1}`` (``phi`` as a
     comma list: ``builtin:ar?phi=0.1,-0.05``). Answer column ``drift``."""
     phi = tuple(float(v) for v in np.atleast_1d(phi))
-    params = dict(n=n, seed=seed, phi=phi, sigma=sigma, periods_per_year=periods_per_year, bar_minutes=bar_minutes)
+    params = dict(locals())  # every parameter, in order (no other local exists yet)
     r, drift, rng = _ar_path(n, seed, 0xA12, phi, sigma)
     return bars_from_returns("ar", r, rng, params, extra={"drift": drift})
 
@@ -150,9 +150,7 @@ def lag(n=5000, seed=0, lag=5, phi=0.15, sigma=0.01, periods_per_year=252.0, bar
     default horizons 1, 4, 16, 64 and ``lag = 5`` it is 1/16 of ``ret_16``). Answer column ``drift``.
     """
     _need(int(lag) >= 1, f"lag must be >= 1, got {lag}")
-    params = dict(
-        n=n, seed=seed, lag=lag, phi=phi, sigma=sigma, periods_per_year=periods_per_year, bar_minutes=bar_minutes
-    )
+    params = dict(locals())  # every parameter, in order (no other local exists yet)
     r, drift, rng = _ar_path(n, seed, 0x1A6, lag_coefficients(lag, phi), sigma)
     return bars_from_returns("lag", r, rng, params, extra={"drift": drift})
 
@@ -163,15 +161,7 @@ def ou(n=5000, seed=0, kappa=0.05, sigma=0.002, level=100.0, periods_per_year=87
     ``x_0`` drawn from the stationary law. Answer columns ``deviation`` = ``x_t - theta`` and
     ``drift`` = ``E[R_{t+1} | x_t] = exp(-kappa d_t + sigma^2 / 2) - 1``."""
     _need(0.0 < kappa < 1.0 and sigma > 0 and level > 0 and n >= 2, "ou needs 0 < kappa < 1, sigma > 0, level > 0")
-    params = dict(
-        n=n,
-        seed=seed,
-        kappa=kappa,
-        sigma=sigma,
-        level=level,
-        periods_per_year=periods_per_year,
-        bar_minutes=bar_minutes,
-    )
+    params = dict(locals())  # every parameter, in order (no other local exists yet)
     rng = np.random.default_rng([int(seed), 0x0B5])
     e = rng.standard_normal(n)
     e[0] /= math.sqrt(kappa * (2.0 - kappa))  # d_0 from the stationary law
@@ -190,16 +180,7 @@ def noise(n=5000, seed=0, sigma=0.01, alpha=0.05, beta=0.90, df=5.0, periods_per
     _need(sigma > 0 and n >= 2, "noise needs sigma > 0, n >= 2")
     _need(alpha >= 0 and beta >= 0 and alpha + beta < 1, "noise needs alpha, beta >= 0 and alpha + beta < 1")
     _need(df == 0 or df > 2, f"noise needs df > 2 (or 0 for normal draws), got {df}")
-    params = dict(
-        n=n,
-        seed=seed,
-        sigma=sigma,
-        alpha=alpha,
-        beta=beta,
-        df=df,
-        periods_per_year=periods_per_year,
-        bar_minutes=bar_minutes,
-    )
+    params = dict(locals())  # every parameter, in order (no other local exists yet)
     rng = np.random.default_rng([int(seed), 0x401E])
     z = rng.standard_t(df, size=n) * math.sqrt((df - 2.0) / df) if df else rng.standard_normal(n)
     omega = sigma * sigma * (1.0 - alpha - beta)
@@ -214,7 +195,7 @@ def noise(n=5000, seed=0, sigma=0.01, alpha=0.05, beta=0.90, df=5.0, periods_per
 def randomwalk(n=5000, seed=0, sigma=0.01, periods_per_year=252.0, bar_minutes=0) -> Bars:
     """A driftless walk in simple returns, ``R_t = sigma * eps_t`` (i.i.d. normal); no answer columns."""
     _need(sigma > 0 and n >= 2, "randomwalk needs sigma > 0, n >= 2")
-    params = dict(n=n, seed=seed, sigma=sigma, periods_per_year=periods_per_year, bar_minutes=bar_minutes)
+    params = dict(locals())  # every parameter, in order (no other local exists yet)
     rng = np.random.default_rng([int(seed), 0xAA1C])
     r = np.empty(n)
     r[0] = 0.0
@@ -227,13 +208,11 @@ def canary(n=5000, seed=0, sigma=0.01, periods_per_year=252.0, fill_close=0, bar
     at close[t] earns in the environment (open[t+1] to open[t+2] for ``fill_close = 0``; close to
     close for 1), divided by ``sigma``. A learner given it (``features.extra = ["next_return"]``)
     must exploit it; one that does not has a bug (tools/learning_check.py)."""
+    params = dict(locals())  # every parameter, in order (no other local exists yet)
     walk = randomwalk(n=n, seed=seed, sigma=sigma, periods_per_year=periods_per_year, bar_minutes=bar_minutes)
     px = np.asarray(walk.close if fill_close else walk.open, dtype=np.float64)
     leak = np.zeros(len(px))
     leak[:-2] = (px[2:] / px[1:-1] - 1.0) / sigma
-    params = dict(
-        n=n, seed=seed, sigma=sigma, periods_per_year=periods_per_year, fill_close=fill_close, bar_minutes=bar_minutes
-    )
     return dataclasses.replace(walk, extra={"next_return": leak}, source=spec("canary", params))
 
 
