@@ -27,7 +27,8 @@ app = typer.Typer(
 data_app = typer.Typer(no_args_is_help=True, help="Check bar data and make synthetic sets.")
 app.add_typer(data_app, name="data")
 
-SYNTHETIC = ("regime", "randomwalk")
+#: The synthetic markets `data synth` writes (cudarl.datasets.MARKETS; docs/data.md).
+SYNTHETIC = ("regime", "ar", "lag", "ou", "noise", "randomwalk", "canary")
 
 
 def fail(message: str, code: int = 1):
@@ -103,7 +104,7 @@ def validate(
 
 @data_app.command("synth")
 def synth(
-    name: str = typer.Argument(..., help="regime or randomwalk"),
+    name: str = typer.Argument(..., help="regime, ar, lag, ou, noise, randomwalk or canary"),
     out: Path = typer.Argument(..., help="the CSV file to write"),
     seed: int = typer.Option(0, "--seed"),
     n: int = typer.Option(5000, "--n", min=2, help="number of bars"),

@@ -105,7 +105,8 @@ class DataConfig:
     """Which bars and how they are split (chronologically)."""
 
     source: str = "builtin:regime"
-    """A CSV/Parquet path or ``builtin:<name>`` (regime, randomwalk, sp500, nasdaq, eurusd-1h)."""
+    """A CSV/Parquet path or ``builtin:<name>`` (synthetic: regime, ar, lag, ou, noise, randomwalk, canary;
+    real: sp500, nasdaq, eurusd-1h)."""
     train_frac: float = 0.7
     """Fraction of usable bars for training (the earliest)."""
     val_frac: float = 0.15

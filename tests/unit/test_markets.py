@@ -121,3 +121,16 @@ def test_naming_a_missing_extra_column_is_a_clear_error():
         compute(ds.ou(n=300), FeatureConfig(extra=("regime",)))
     with pytest.raises(ValueError, match="a list of names"):
         FeatureConfig(extra=True)
+
+
+def test_every_market_can_be_written_by_data_synth(tmp_path):
+    from typer.testing import CliRunner
+
+    from cudarl.cli import SYNTHETIC as CLI_SYNTHETIC
+    from cudarl.cli import app
+
+    assert sorted(CLI_SYNTHETIC) == SYNTHETIC
+    r = CliRunner().invoke(app, ["data", "synth", "ou", str(tmp_path / "ou.csv"), "--n", "300"])
+    assert r.exit_code == 0, r.output
+    back = load(str(tmp_path / "ou.csv"), extra_columns=["deviation", "drift"])
+    np.testing.assert_allclose(back.close, ds.ou(n=300).close, rtol=1e-12)
