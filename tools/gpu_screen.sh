@@ -19,9 +19,12 @@ export PYTHONPATH=. PYTHONFAULTHANDLER=1
 . tools/mps.sh
 mps_start
 LIMIT=${SCREEN_LIMIT_S:-450}
+SEEDS=${SEEDS:-3}
+# DRY=1 DEVICE=cpu SEEDS=1: the same plumbing with CPU-sized, 40-update runs (a check of the script, no result)
+RUN=(--device "${DEVICE:-auto}" ${DRY:+--quick --set run.steps=40 --set run.eval_every=20})
 # 10 configurations are tried in this call (base and 4 variants, 2 heads): the deflated Sharpe ratio's trials.
 # Workers: 7 + 5 + 2 = 14 processes share the GPU (16 CPU cores on the host)
-timeout "$LIMIT" python3 tools/learning_check.py --seeds 3 --workers "${CHECK_WORKERS:-7}" --set eval.trials=10 \
+timeout "$LIMIT" python3 tools/learning_check.py --seeds "$SEEDS" "${RUN[@]}" --workers "${CHECK_WORKERS:-7}" --set eval.trials=10 \
   --out "$OUT/learning_check.json" --jsonl "$OUT/learning_check.jsonl" > "$OUT/learning.log" 2>&1 &
 # The variants: weight decay, a cosine learning-rate decay to 0 over the budget, deploying a moving
 # average of the weights (half-life 1,000 updates), on the tasks with targets; and the price-level
@@ -29,11 +32,11 @@ timeout "$LIMIT" python3 tools/learning_check.py --seeds 3 --workers "${CHECK_WO
 # passed as "${V[@]}": each word whole and unglobbed ([...] is a glob pattern).
 V=(--variant "wd1:optim.weight_decay=1.0" --variant "cos:optim.schedule=cosine,optim.period=10000"
    --variant "avg:eval.average_halflife=1000")
-timeout "$LIMIT" python3 tools/sweep.py --tasks regime,ou,noise,default --heads c51,iqn --seeds 3 \
+timeout "$LIMIT" python3 tools/sweep.py --tasks regime,ou,noise,default --heads c51,iqn --seeds "$SEEDS" "${RUN[@]}" \
   --workers "${SCREEN_WORKERS:-5}" --set eval.trials=10 --jsonl "$OUT/screen.jsonl" --md "$OUT/screen.md" \
   "${V[@]}" > "$OUT/screen.log" 2>&1 &
 L=(--variant "level:features.groups=[returns,log_vol,range,body,close_loc,volume,time,extra,level]")
-timeout "$LIMIT" python3 tools/sweep.py --tasks ou,ou-b,regime,noise --heads c51,iqn --seeds 3 \
+timeout "$LIMIT" python3 tools/sweep.py --tasks ou,ou-b,regime,noise --heads c51,iqn --seeds "$SEEDS" "${RUN[@]}" \
   --workers "${LEVEL_WORKERS:-2}" --set eval.trials=10 --jsonl "$OUT/screen_level.jsonl" --md "$OUT/screen_level.md" \
   "${L[@]}" > "$OUT/screen_level.log" 2>&1 &
 wait
