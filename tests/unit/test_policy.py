@@ -150,7 +150,7 @@ def test_a_policy_of_other_bars_is_refused_and_a_changed_source_is_said(tmp_path
     p.evaluate(split="test", echo=said.append)
     assert said and "differ" in said[0]
     with pytest.raises(ValueError, match="features"):
-        p.evaluate("builtin:randomwalk?n=1500", split="test")  # no regime column: other features
+        p.evaluate("builtin:eurusd-1h", split="test")  # hourly bars: time-of-day features, other columns
 
 
 def test_policy_state_round_trip(tmp_path):
@@ -195,3 +195,8 @@ def test_the_host_walk_equals_the_envs_walk(tmp_path, head):
         via_env = greedy_actions(env, t.agent.q_values, walk_on_host=False)
         np.testing.assert_array_equal(host, via_env)
         assert len(set(host.tolist())) > 1  # the walk moves between positions (hold and position matter)
+        # the no-trade margin (eval.margin): the env's path finds the held action from its position
+        for m in (0.01, 0.05):
+            held = greedy_actions(env, t.agent.q_values, margin=m)
+            np.testing.assert_array_equal(held, greedy_actions(env, t.agent.q_values, walk_on_host=False, margin=m))
+            assert np.count_nonzero(np.diff(held)) <= np.count_nonzero(np.diff(host))
