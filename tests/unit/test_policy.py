@@ -171,10 +171,12 @@ def test_policy_state_round_trip(tmp_path):
 def test_gpu_load_policy_gives_the_trainers_greedy_evaluation(tmp_path, head):
     import cupy
 
-    t = Trainer(gpu_small(run={"eval_every": 20, "out_dir": str(tmp_path)}, net={"head": head}), echo=quiet)
+    run = {"eval_every": 20, "checkpoint_every": 20, "out_dir": str(tmp_path)}
+    t = Trainer(gpu_small(run=run, net={"head": head}), echo=quiet)
     t.run(40)
     want = t.greedy_positions(t.data.splits.val)
-    p = load_policy(t.run_dir / "checkpoints" / "best.safetensors", device="gpu")
+    # the policy of the last update (best.safetensors may hold update 20's weights)
+    p = load_policy(t.run_dir / "checkpoints" / "step-00000040.safetensors", device="gpu")
     np.testing.assert_array_equal(p.evaluate(split="val").position, want)
     obs = cupy.asarray(np.random.default_rng(0).standard_normal((7, p.obs_dim)).astype(np.float32))
     q = p.q_values(obs)
