@@ -11,10 +11,10 @@ acting ``new_state(n_envs)``, ``reset_state(state)``, ``step(state, x_t) -> psi`
 """
 
 from .attention import AttentionEncoder
-from .base import ActState, SequenceEncoder
+from .base import ActState, SequenceEncoder, Standalone
 from .ssm import SSMEncoder
 
 #: Encoder classes by ``net.encoder`` name (the MLP encoder is :class:`cudarl.nn.layers.MLP`).
 ENCODERS = {"ssm": SSMEncoder, "attention": AttentionEncoder}
 
-__all__ = ["ENCODERS", "ActState", "AttentionEncoder", "SSMEncoder", "SequenceEncoder"]
+__all__ = ["ENCODERS", "ActState", "AttentionEncoder", "SSMEncoder", "SequenceEncoder", "Standalone"]

@@ -43,6 +43,39 @@ def family_ops(family: str, like):
     return importlib.import_module(f"{pkg}.{family}")
 
 
+class Standalone:
+    """An encoder with parameters of its own (tests, benchmarks and the PyTorch twin's check; inside an
+    agent the network's one flat buffer holds them): ``layout``, flat ``params`` and ``grads`` with
+    their views ``P`` and ``G``, and :meth:`workspace`.
+
+    ``noise`` adds ``noise * N(0, 1)`` (NumPy, seeded) to the initial parameters, so norms and biases are
+    away from 1 and 0 in gradient checks."""
+
+    def __init__(self, enc, xp=np, dtype=np.float32, seed: int = 0, noise: float = 0.0, params=None):
+        self.enc, self.xp, self.dtype = enc, xp, np.dtype(dtype)
+        self.layout, self._spec = ParamLayout(), []
+        enc.declare(self.layout, self._spec)
+        if params is None:
+            params = self.layout.init_host(seed, np.float64)
+            params += noise * np.random.default_rng(seed).standard_normal(params.shape)
+        self.params = xp.asarray(np.asarray(params, dtype=self.dtype))
+        self.grads = xp.zeros_like(self.params)
+        self.P, self.G = self.layout.views(self.params), self.layout.views(self.grads)
+        from ...reference import nn as ref_nn
+
+        enc.bind(self.P, self.G, ref_nn if xp is np else importlib.import_module("cudarl.ops.nn"))
+
+    def workspace(self, max_batch: int, batch: int | None = None) -> Workspace:
+        """A workspace for batches up to ``max_batch`` (its batch set to ``batch``, default ``max_batch``)."""
+        ws = Workspace(self.xp, self.dtype, max_batch)
+        for name, row, merge in self._spec:
+            ws.add(name, row, merge=merge)
+        for lin in self.enc.linears:
+            lin.prepare(max_batch)
+        ws.set_batch(max_batch if batch is None else batch)
+        return ws
+
+
 class ActState:
     """The acting path's buffers for ``n_envs`` environments: ``bufs`` (persistent per-environment
     state, e.g. scan states or a key/value cache, zero after :meth:`SequenceEncoder.reset_state`) and
@@ -192,9 +225,10 @@ class SequenceEncoder(Module):
         return ActState(n_envs, bufs, ws)
 
     def reset_state(self, state: ActState) -> None:
-        """Zero every environment's state (a new episode for all; eager, outside any graph)."""
+        """Zero every environment's state (a new episode for all): whole-word fills, capture-safe."""
+        util = family_ops("util", state.ws.bufs[f"{self.out_name}.out"])
         for buf in state.bufs.values():
-            buf[...] = 0
+            util.fill_u32(buf.reshape(-1).view(np.uint32), 0)
 
     def step(self, state: ActState, x_t):
         """One bar for every environment: x_t ``[n_envs, F]`` -> psi ``[n_envs, d_model]``, advancing ``state``."""
