@@ -50,6 +50,17 @@ struct Scan {
   __device__ int ccol(int h) const { return E + G * N + group(h) * N; }  // C's first column in xbc
 };
 
+// A chunk's B and C rows of head h's group into shared rows of N + 1 floats (bars row0 .. row0 + Qc).
+__device__ __forceinline__ void load_bc(const float* xbc, const Scan& sc, int h, i64 row0, int Qc, float* Bs,
+                                        float* Cs) {
+  const int N = sc.N, N1 = sc.N + 1, bc = sc.bcol(h), cc = sc.ccol(h);
+  for (int i = threadIdx.x; i < Qc * N; i += blockDim.x) {
+    const i64 r = (row0 + i / N) * sc.Cc;
+    Bs[(i / N) * N1 + i % N] = xbc[r + bc + i % N];
+    Cs[(i / N) * N1 + i % N] = xbc[r + cc + i % N];
+  }
+}
+
 // cum[t] = sum_{r <= t} dt[r] A within the chunk: one thread, products then sums rounded as the twin's
 // cumsum (no contraction), so the forward and the backward see the same bits.
 __device__ __forceinline__ void chunk_cumsum(const float* dts, float* cum, int Qc, float A) {
@@ -193,17 +204,12 @@ extern "C" __global__ __launch_bounds__(SCAN_THREADS) void cudarl_ssm_ssd_forwar
   float* cum = dts + Q;
   float* fs = cum + Q;
   const float A = -expf(head[h]), D = head[H + h], dtb = head[2 * H + h];
-  const int bc = sc.bcol(h), cc = sc.ccol(h);
   for (int i = tid; i < P * N; i += nt) S[(i / N) * N1 + i % N] = 0.f;
   for (int c = 0; c < sc.nc; ++c) {
     const int t0 = c * Q, Qc = min(Q, W - t0);
     const i64 row0 = b * W + t0;
     for (int i = tid; i < Qc * P; i += nt) xs[i] = xbc[(row0 + i / P) * sc.Cc + h * P + i % P];
-    for (int i = tid; i < Qc * N; i += nt) {
-      const i64 r = (row0 + i / N) * sc.Cc;
-      Bs[(i / N) * N1 + i % N] = xbc[r + bc + i % N];
-      Cs[(i / N) * N1 + i % N] = xbc[r + cc + i % N];
-    }
+    load_bc(xbc, sc, h, row0, Qc, Bs, Cs);
     for (int t = tid; t < Qc; t += nt) {
       const float d = softplus(zx[(row0 + t) * sc.ld + sc.E + sc.Cc + h] + dtb);
       dts[t] = d;
@@ -289,7 +295,6 @@ extern "C" __global__ __launch_bounds__(SCAN_THREADS) void cudarl_ssm_ssd_backwa
   float* vq = dcum + Q;  // q_s = f_s u_s . wS_s
   float* red = vq + Q;   // SCAN_THREADS floats for block sums
   const float A = -expf(head[h]), D = head[H + h], dtb = head[2 * H + h];
-  const int bc = sc.bcol(h), cc = sc.ccol(h);
   float dA = 0.f, dD = 0.f, dbias = 0.f;  // this sample's parameter sums (thread 0 keeps them)
   for (int i = tid; i < P * N; i += nt) dS[(i / N) * N1 + i % N] = 0.f;
   for (int c = sc.nc - 1; c >= 0; --c) {
@@ -299,11 +304,7 @@ extern "C" __global__ __launch_bounds__(SCAN_THREADS) void cudarl_ssm_ssd_backwa
       xs[i] = xbc[(row0 + i / P) * sc.Cc + h * P + i % P];
       dys[i] = dy[(row0 + i / P) * sc.E + h * P + i % P];
     }
-    for (int i = tid; i < Qc * N; i += nt) {
-      const i64 r = (row0 + i / N) * sc.Cc;
-      Bs[(i / N) * N1 + i % N] = xbc[r + bc + i % N];
-      Cs[(i / N) * N1 + i % N] = xbc[r + cc + i % N];
-    }
+    load_bc(xbc, sc, h, row0, Qc, Bs, Cs);
     const float* sin_g = states + ((b * H + h) * sc.nc + (c - 1)) * (i64)P * N;
     for (int i = tid; i < P * N; i += nt) Sin[(i / N) * N1 + i % N] = c > 0 ? sin_g[i] : 0.f;
     for (int t = tid; t < Qc; t += nt) dts[t] = dt[(row0 + t) * H + h];

@@ -108,17 +108,23 @@ class AttentionEncoder(SequenceEncoder):
     def top_h(self, ws: Workspace, B: int):
         return ws.rows(f"{self.blocks[-1]}.h", B)
 
+    def _block(self, p: str, h, ws: Workspace, lins: dict | None, attend):
+        """One block over ``ws``'s batch (a window's bars, or one bar of every environment): ``attend(qkv, o)``
+        is the windowed attention or the cache step."""
+        r = lambda n: ws.rows(f"{p}.{n}")  # noqa: E731
+        qkv, ao, fc1, fc2 = self._lins(p, lins)
+        self.norm_forward(h, f"{p}.norm1.weight", r("u1"), r("rstd1"))
+        attend(qkv.forward(r("u1"), ws), r("o"))
+        self.seq.residual_add(h, ao.forward(r("o"), ws), r("h1"))
+        self.norm_forward(r("h1"), f"{p}.norm2.weight", r("u2"), r("rstd2"))
+        self.seq.residual_add(r("h1"), fc2.forward(fc1.forward(r("u2"), ws), ws), r("h"))
+        return r("h")
+
     def _blocks_forward(self, h, ws: Workspace, B: int):
-        seq = self.seq
         for p in self.blocks:
-            r = lambda n, p=p: ws.rows(f"{p}.{n}", B)  # noqa: E731
-            qkv, ao, fc1, fc2 = self._lins(p)
-            self.norm_forward(h, f"{p}.norm1.weight", r("u1"), r("rstd1"))
-            self.attn.forward(qkv.forward(r("u1"), ws), r("o"), r("lse"), ROPE_BASE)
-            seq.residual_add(h, ao.forward(r("o"), ws), r("h1"))
-            self.norm_forward(r("h1"), f"{p}.norm2.weight", r("u2"), r("rstd2"))
-            seq.residual_add(r("h1"), fc2.forward(fc1.forward(r("u2"), ws), ws), r("h"))
-            h = r("h")
+            h = self._block(
+                p, h, ws, None, lambda qkv, o, p=p: self.attn.forward(qkv, o, ws.rows(f"{p}.lse", B), ROPE_BASE)
+            )
         return h
 
     def _blocks_backward(self, ws: Workspace, B: int) -> None:
@@ -152,16 +158,14 @@ class AttentionEncoder(SequenceEncoder):
         return out
 
     def _blocks_step(self, state, h, ws: Workspace):
-        seq = self.seq
-        pos = state.bufs["pos"]
+        b = state.bufs
         for p in self.blocks:
-            r = lambda n, p=p: ws.rows(f"{p}.{n}")  # noqa: E731
-            qkv, ao, fc1, fc2 = self._lins(p, self.steps)
-            self.norm_forward(h, f"{p}.norm1.weight", r("u1"), r("rstd1"))
-            self.attn.step(qkv.forward(r("u1"), ws), state.bufs[f"{p}.k"], state.bufs[f"{p}.v"], pos, r("o"), ROPE_BASE)
-            seq.residual_add(h, ao.forward(r("o"), ws), r("h1"))
-            self.norm_forward(r("h1"), f"{p}.norm2.weight", r("u2"), r("rstd2"))
-            seq.residual_add(r("h1"), fc2.forward(fc1.forward(r("u2"), ws), ws), r("h"))
-            h = r("h")
-        self.attn.advance(pos)
+            h = self._block(
+                p,
+                h,
+                ws,
+                self.steps,
+                lambda qkv, o, p=p: self.attn.step(qkv, b[f"{p}.k"], b[f"{p}.v"], b["pos"], o, ROPE_BASE),
+            )
+        self.attn.advance(b["pos"])
         return h

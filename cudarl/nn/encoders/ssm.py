@@ -132,19 +132,27 @@ class SSMEncoder(SequenceEncoder):
     def top_h(self, ws: Workspace, B: int):
         return ws.rows(f"{self.blocks[-1]}.h", B)
 
+    def _block(self, p: str, h, ws: Workspace, lins: dict | None, mix):
+        """One block over ``ws``'s batch (a window's bars, or one bar of every environment): ``mix(zx, xbc, y)``
+        is the conv and the scan, windowed or one bar."""
+        r = lambda n: ws.rows(f"{p}.{n}")  # noqa: E731
+        lin_in, lin_out = self._block_linears(p, lins)
+        self.norm_forward(h, f"{p}.norm.weight", r("u"), r("rstd"))
+        zx = lin_in.forward(r("u"), ws)
+        mix(zx, r("xbc"), r("y"))
+        self.seq.gated_rmsnorm_forward(r("y"), zx, self.P[f"{p}.gnorm.weight"], r("yn"), r("yrstd"), EPS)
+        self.seq.residual_add(h, lin_out.forward(r("yn"), ws), r("h"))
+        return r("h")
+
     def _blocks_forward(self, h, ws: Workspace, B: int):
-        seq, ssm = self.seq, self.ssm
         for p in self.blocks:
-            r = lambda n, p=p: ws.rows(f"{p}.{n}", B)  # noqa: E731
-            lin_in, lin_out = self._block_linears(p)
-            self.norm_forward(h, f"{p}.norm.weight", r("u"), r("rstd"))
-            zx = lin_in.forward(r("u"), ws)
-            ssm.conv_forward(zx, self.P[f"{p}.conv"], r("xbc"), self.W, self.E)
-            ssm.ssd_forward(r("xbc"), zx, self.P[f"{p}.head"], r("y"), r("dt"), r("states"), self.W, self.Q)
-            seq.gated_rmsnorm_forward(r("y"), zx, self.P[f"{p}.gnorm.weight"], r("yn"), r("yrstd"), EPS)
-            o = lin_out.forward(r("yn"), ws)
-            seq.residual_add(h, o, r("h"))
-            h = r("h")
+
+            def mix(zx, xbc, y, p=p):
+                dt, states = ws.rows(f"{p}.dt", B), ws.rows(f"{p}.states", B)
+                self.ssm.conv_forward(zx, self.P[f"{p}.conv"], xbc, self.W, self.E)
+                self.ssm.ssd_forward(xbc, zx, self.P[f"{p}.head"], y, dt, states, self.W, self.Q)
+
+            h = self._block(p, h, ws, None, mix)
         return h
 
     def _block_linears(self, p: str, table: dict | None = None):
@@ -203,16 +211,11 @@ class SSMEncoder(SequenceEncoder):
         return out
 
     def _blocks_step(self, state, h, ws: Workspace):
-        seq, ssm = self.seq, self.ssm
         for p in self.blocks:
-            r = lambda n, p=p: ws.rows(f"{p}.{n}")  # noqa: E731
-            lin_in, lin_out = self._block_linears(p, self.steps)
-            self.norm_forward(h, f"{p}.norm.weight", r("u"), r("rstd"))
-            zx = lin_in.forward(r("u"), ws)
-            ssm.conv_step(zx, self.P[f"{p}.conv"], state.bufs[f"{p}.conv_state"], r("xbc"), self.E)
-            ssm.ssd_step(r("xbc"), zx, self.P[f"{p}.head"], state.bufs[f"{p}.ssm_state"], r("y"))
-            seq.gated_rmsnorm_forward(r("y"), zx, self.P[f"{p}.gnorm.weight"], r("yn"), r("yrstd"), EPS)
-            o = lin_out.forward(r("yn"), ws)
-            seq.residual_add(h, o, r("h"))
-            h = r("h")
+
+            def mix(zx, xbc, y, p=p):
+                self.ssm.conv_step(zx, self.P[f"{p}.conv"], state.bufs[f"{p}.conv_state"], xbc, self.E)
+                self.ssm.ssd_step(xbc, zx, self.P[f"{p}.head"], state.bufs[f"{p}.ssm_state"], y)
+
+            h = self._block(p, h, ws, self.steps, mix)
         return h
