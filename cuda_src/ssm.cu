@@ -50,6 +50,39 @@ struct Scan {
   __device__ int ccol(int h) const { return E + G * N + group(h) * N; }  // C's first column in xbc
 };
 
+// out(i, j, v) with v = sum_k a(i, k) b(k, j), k ascending, for i < M, j < Nn: the block's threads each
+// own a TM x TN tile of rows i0 .. i0 + TM and strided columns j0, j0 + J, ... (J = ceil(Nn / TN) column
+// groups; consecutive threads take consecutive columns, so b's loads are conflict-free and a's are
+// broadcasts). TM + TN shared loads feed TM TN multiply-adds. The scan's [P x N] products.
+template <int TM, int TN, typename FA, typename FB, typename FO>
+__device__ __forceinline__ void tile_gemm(int M, int Nn, int K, FA a, FB b, FO out) {
+  const int J = (Nn + TN - 1) / TN, tiles = ((M + TM - 1) / TM) * J;
+  for (int tile = threadIdx.x; tile < tiles; tile += blockDim.x) {
+    const int i0 = (tile / J) * TM, j0 = tile % J;
+    float acc[TM][TN];
+#pragma unroll
+    for (int u = 0; u < TM; ++u)
+#pragma unroll
+      for (int v = 0; v < TN; ++v) acc[u][v] = 0.f;
+    for (int k = 0; k < K; ++k) {
+      float av[TM], bv[TN];
+#pragma unroll
+      for (int u = 0; u < TM; ++u) av[u] = i0 + u < M ? a(i0 + u, k) : 0.f;
+#pragma unroll
+      for (int v = 0; v < TN; ++v) bv[v] = j0 + v * J < Nn ? b(k, j0 + v * J) : 0.f;
+#pragma unroll
+      for (int u = 0; u < TM; ++u)
+#pragma unroll
+        for (int v = 0; v < TN; ++v) acc[u][v] += av[u] * bv[v];
+    }
+#pragma unroll
+    for (int u = 0; u < TM; ++u)
+#pragma unroll
+      for (int v = 0; v < TN; ++v)
+        if (i0 + u < M && j0 + v * J < Nn) out(i0 + u, j0 + v * J, acc[u][v]);
+  }
+}
+
 // A chunk's B and C rows of head h's group into shared rows of N + 1 floats (bars row0 .. row0 + Qc).
 __device__ __forceinline__ void load_bc(const float* xbc, const Scan& sc, int h, i64 row0, int Qc, float* Bs,
                                         float* Cs) {
@@ -229,25 +262,23 @@ extern "C" __global__ __launch_bounds__(SCAN_THREADS) void cudarl_ssm_ssd_forwar
     }
     for (int s = tid; s < Qc; s += nt) fs[s] = expf(cum[Qc - 1] - cum[s]) * dts[s];
     __syncthreads();
-    for (int i = tid; i < Qc * P; i += nt) {
-      const int t = i / P, p = i % P;
-      float acc = 0.f;
-      for (int s = 0; s <= t; ++s) acc += M[t * Q1 + s] * xs[s * P + p];
-      float off = 0.f;
-      for (int n = 0; n < N; ++n) off += Cs[t * N1 + n] * S[p * N1 + n];
-      y[(row0 + t) * sc.E + h * P + p] = acc + expf(cum[t]) * off + D * xs[t * P + p];
-    }
+    tile_gemm<4, 4>(  // y_t = sum_{s <= t} M[t][s] x_s + exp(cum_t) (S C_t) + D x_t
+        Qc, P, N, [&](int t, int n) { return Cs[t * N1 + n]; }, [&](int n, int p) { return S[p * N1 + n]; },
+        [&](int t, int p, float off) {
+          float acc = 0.f;
+          for (int s = 0; s <= t; ++s) acc += M[t * Q1 + s] * xs[s * P + p];
+          y[(row0 + t) * sc.E + h * P + p] = acc + expf(cum[t]) * off + D * xs[t * P + p];
+        });
     __syncthreads();  // every y read S before it moves on
     const float decay = expf(cum[Qc - 1]);
     float* st = states + ((b * H + h) * sc.nc + c) * (i64)P * N;
-    for (int i = tid; i < P * N; i += nt) {
-      const int p = i / N, n = i % N;
-      float acc = 0.f;
-      for (int s = 0; s < Qc; ++s) acc += fs[s] * xs[s * P + p] * Bs[s * N1 + n];
-      const float v = decay * S[p * N1 + n] + acc;
-      S[p * N1 + n] = v;
-      st[i] = v;
-    }
+    tile_gemm<4, 4>(  // S = exp(cum_end) S + sum_s f_s x_s B_s^T
+        P, N, Qc, [&](int p, int s) { return fs[s] * xs[s * P + p]; }, [&](int s, int n) { return Bs[s * N1 + n]; },
+        [&](int p, int n, float acc) {
+          const float v = decay * S[p * N1 + n] + acc;
+          S[p * N1 + n] = v;
+          st[p * N + n] = v;
+        });
     __syncthreads();
   }
 }
@@ -330,16 +361,12 @@ extern "C" __global__ __launch_bounds__(SCAN_THREADS) void cudarl_ssm_ssd_backwa
       dCB[t * Q1 + s] = dcb;
       Z[t * Q1 + s] = z;
     }
-    for (int i = tid; i < Qc * P; i += nt) {
-      const int s = i / P, p = i % P;
-      float w = 0.f, o = 0.f;
-      for (int n = 0; n < N; ++n) {
-        w += dS[p * N1 + n] * Bs[s * N1 + n];
-        o += Sin[p * N1 + n] * Cs[s * N1 + n];
-      }
-      wS[i] = w;
-      yoff[i] = o;
-    }
+    tile_gemm<4, 4>(  // wS_s = dS B_s
+        Qc, P, N, [&](int s, int n) { return Bs[s * N1 + n]; }, [&](int n, int p) { return dS[p * N1 + n]; },
+        [&](int s, int p, float v) { wS[s * P + p] = v; });
+    tile_gemm<4, 4>(  // yoff_t = S_in C_t
+        Qc, P, N, [&](int t, int n) { return Cs[t * N1 + n]; }, [&](int n, int p) { return Sin[p * N1 + n]; },
+        [&](int t, int p, float v) { yoff[t * P + p] = v; });
     __syncthreads();
     for (int i = tid; i < Qc * P; i += nt) {
       const int s = i / P, p = i % P;
@@ -350,18 +377,20 @@ extern "C" __global__ __launch_bounds__(SCAN_THREADS) void cudarl_ssm_ssd_backwa
       dxbc[(row0 + s) * sc.Cc + h * P + p] = dts[s] * d + D * dys[i];
     }
     float* dbc = dbc_part + (row0 * H + h) * 2 * (i64)N;
-    for (int i = tid; i < Qc * N; i += nt) {
-      const int t = i / N, n = i % N;
-      float dc = 0.f, db = 0.f, sc_in = 0.f, sc_out = 0.f;
-      for (int s = 0; s <= t; ++s) dc += dCB[t * Q1 + s] * Bs[s * N1 + n];
-      for (int t2 = t; t2 < Qc; ++t2) db += dCB[t2 * Q1 + t] * Cs[t2 * N1 + n];
-      for (int p = 0; p < P; ++p) {
-        sc_in += Sin[p * N1 + n] * dys[t * P + p];
-        sc_out += dS[p * N1 + n] * (dts[t] * xs[t * P + p]);
-      }
-      dbc[(i64)t * H * 2 * N + N + n] = dc + es[t] * sc_in;
-      dbc[(i64)t * H * 2 * N + n] = db + fs[t] * sc_out;
-    }
+    tile_gemm<4, 4>(  // dC_t = sum_{s <= t} dCB[t][s] B_s + e_t S_in^T dy_t
+        Qc, N, P, [&](int t, int p) { return dys[t * P + p]; }, [&](int p, int n) { return Sin[p * N1 + n]; },
+        [&](int t, int n, float sc_in) {
+          float dc = 0.f;
+          for (int s = 0; s <= t; ++s) dc += dCB[t * Q1 + s] * Bs[s * N1 + n];
+          dbc[(i64)t * H * 2 * N + N + n] = dc + es[t] * sc_in;
+        });
+    tile_gemm<4, 4>(  // dB_s = sum_{t >= s} dCB[t][s] C_t + f_s dS^T u_s
+        Qc, N, P, [&](int s, int p) { return dts[s] * xs[s * P + p]; }, [&](int p, int n) { return dS[p * N1 + n]; },
+        [&](int s, int n, float sc_out) {
+          float db = 0.f;
+          for (int t2 = s; t2 < Qc; ++t2) db += dCB[t2 * Q1 + s] * Cs[t2 * N1 + n];
+          dbc[(i64)s * H * 2 * N + n] = db + fs[s] * sc_out;
+        });
     __syncthreads();  // du is complete
     // dcum and q: one warp per bar t
     for (int t = tid >> 5; t < Qc; t += nt >> 5) {
@@ -420,12 +449,9 @@ extern "C" __global__ __launch_bounds__(SCAN_THREADS) void cudarl_ssm_ssd_backwa
       }
     }
     const float decay = expf(cum[Qc - 1]);
-    for (int i = tid; i < P * N; i += nt) {  // dS for the chunk before (every read of dS is done)
-      const int p = i / N, n = i % N;
-      float acc = 0.f;
-      for (int t = 0; t < Qc; ++t) acc += es[t] * dys[t * P + p] * Cs[t * N1 + n];
-      dS[p * N1 + n] = decay * dS[p * N1 + n] + acc;
-    }
+    tile_gemm<4, 4>(  // dS for the chunk before (every read of dS is done): exp(cum_end) dS + sum_t e_t dy_t C_t^T
+        P, N, Qc, [&](int p, int t) { return es[t] * dys[t * P + p]; }, [&](int t, int n) { return Cs[t * N1 + n]; },
+        [&](int p, int n, float acc) { dS[p * N1 + n] = decay * dS[p * N1 + n] + acc; });
     __syncthreads();
   }
   if (tid == 0) {

@@ -58,7 +58,7 @@ class Standalone:
         if params is None:
             params = self.layout.init_host(seed, np.float64)
             params += noise * np.random.default_rng(seed).standard_normal(params.shape)
-        self.params = xp.asarray(np.asarray(params, dtype=self.dtype))
+        self.params = xp.asarray(np.array(params, dtype=self.dtype))  # a copy of its own
         self.grads = xp.zeros_like(self.params)
         self.P, self.G = self.layout.views(self.params), self.layout.views(self.grads)
         from ...reference import nn as ref_nn
