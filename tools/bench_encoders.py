@@ -84,10 +84,10 @@ def cudarl_step(kind: str, s: dict, x_np, x1_np, dpsi_np, tf32: bool, args):
     import cupy as cp
 
     from cudarl.graph import StepGraph
-    from cudarl.nn.encoders import ENCODERS, Standalone
+    from cudarl.nn.encoders import SEQUENCE_ENCODERS, Standalone
 
     a = shapes(kind, s)
-    mk = lambda: ENCODERS[kind]("enc", s["F"], tf32=tf32, **a)  # noqa: E731
+    mk = lambda: SEQUENCE_ENCODERS[kind]("enc", s["F"], tf32=tf32, **a)  # noqa: E731
     online = Standalone(mk(), cp, np.float32, seed=0)
     target = Standalone(mk(), cp, np.float32, params=online.params.get())
     enc, tenc = online.enc, target.enc
@@ -250,9 +250,9 @@ def main() -> int:
         if args.no_torch:
             continue
         if P is None:  # no GPU: the twin on cudarl's initial weights (NumPy)
-            from cudarl.nn.encoders import ENCODERS, Standalone
+            from cudarl.nn.encoders import SEQUENCE_ENCODERS, Standalone
 
-            st = Standalone(ENCODERS[kind]("enc", s["F"], **a), np, np.float32, seed=0)
+            st = Standalone(SEQUENCE_ENCODERS[kind]("enc", s["F"], **a), np, np.float32, seed=0)
             P, online_layout = st.P, st.layout
         for tf32, compile_ in ((False, False), (True, False)) + (((False, True),) if args.torch_compile else ()):
             try:

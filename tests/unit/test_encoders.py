@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from cudarl.nn import ParamLayout
-from cudarl.nn.encoders import ENCODERS, AttentionEncoder, SSMEncoder, Standalone
+from cudarl.nn.encoders import SEQUENCE_ENCODERS, AttentionEncoder, SSMEncoder, Standalone
 
 H = 1e-6
 TOL = 1e-6
@@ -154,7 +154,7 @@ def test_construction_errors_name_the_field():
         make("attention", 4, d_model=6, heads=2)
     with pytest.raises(ValueError, match="window 129"):
         make("attention", 129)
-    assert set(ENCODERS) == {"ssm", "attention"}
+    assert set(SEQUENCE_ENCODERS) == {"ssm", "attention"}
 
 
 def test_ssm_initialisation_is_mamba2s():

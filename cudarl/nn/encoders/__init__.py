@@ -14,7 +14,8 @@ from .attention import AttentionEncoder
 from .base import ActState, SequenceEncoder, Standalone
 from .ssm import SSMEncoder
 
-#: Encoder classes by ``net.encoder`` name (the MLP encoder is :class:`cudarl.nn.layers.MLP`).
-ENCODERS = {"ssm": SSMEncoder, "attention": AttentionEncoder}
+#: The windowed encoder classes by their ``net.encoder`` name (to be registered beside the MLP encoder when
+#: the network takes them: the constructors want the window, d_model and each encoder's own sizes).
+SEQUENCE_ENCODERS = {"ssm": SSMEncoder, "attention": AttentionEncoder}
 
-__all__ = ["ENCODERS", "ActState", "AttentionEncoder", "SSMEncoder", "SequenceEncoder", "Standalone"]
+__all__ = ["SEQUENCE_ENCODERS", "ActState", "AttentionEncoder", "SSMEncoder", "SequenceEncoder", "Standalone"]
