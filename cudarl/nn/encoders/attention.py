@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..params import ParamLayout, Workspace
 from ...backend import family
+from ..params import ParamLayout, Workspace
 from .base import SequenceEncoder
 
 #: RoPE's base (Su et al. 2021).

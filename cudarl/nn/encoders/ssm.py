@@ -26,10 +26,10 @@ import math
 
 import numpy as np
 
+from ...backend import family
 from ...reference.seq import n_parts
 from ...reference.ssm import n_chunks
 from ..params import ParamLayout, Workspace
-from ...backend import family
 from .base import EPS, SequenceEncoder
 
 DT_MIN, DT_MAX, A_MIN, A_MAX = 1e-3, 1e-1, 1.0, 16.0
