@@ -47,7 +47,8 @@ from .timing import Stopwatch
 
 @dataclass
 class Prepared:
-    """Bars, normalised causal features and the chronological splits of a run."""
+    """Bars, normalised causal features and the chronological splits of a run, and the window of bars
+    the network reads at each decision (``net.window``: every env over these features gathers it)."""
 
     bars: object
     x: np.ndarray  # float32 [T, F], normalised with train-split statistics
@@ -56,6 +57,7 @@ class Prepared:
     splits: object
     normaliser: Normaliser
     periods_per_year: float
+    window: int
 
 
 def prepare_data(cfg: Config, bars=None, normaliser: Normaliser | None = None, stopwatch=None) -> Prepared:
@@ -78,7 +80,7 @@ def prepare_data(cfg: Config, bars=None, normaliser: Normaliser | None = None, s
     x = norm.transform(feats.values)
     if stopwatch is not None:
         stopwatch.lap("features")
-    return Prepared(bars, x, feats.names, sign, splits, norm, float(ppy))
+    return Prepared(bars, x, feats.names, sign, splits, norm, float(ppy), cfg.net.window)
 
 
 def versions() -> dict:
@@ -123,17 +125,26 @@ class Trainer:
         self.data = prepare_data(cfg, bars, normaliser, stopwatch=sw)
         tr = self.data.splits.train
         b = self.data.bars
-        # environments over the training split
+        # environments over the training split; their observations are net.window bars gathered from the features
         self.env = TradingEnv(
-            b.open, b.close, self.data.x, self.data.sign, cfg.env, t_begin=tr.start, t_end=tr.stop, backend=self.be.name
+            b.open,
+            b.close,
+            self.data.x,
+            self.data.sign,
+            cfg.env,
+            t_begin=tr.start,
+            t_end=tr.stop,
+            window=self.data.window,
+            backend=self.be.name,
         )
         rows = self.env.rows_per_step * self.env.n_envs
         self.transitions = self.env.make_transitions()
         self.discount = xp.zeros(rows, np.float32)
-        # replay: every row group of a step is one interleaved "env" column of the ring
+        # replay: every row group of a step is one interleaved "env" column of the ring; its rows are
+        # state rows (bar indices and position features), whatever the window
         self.replay = PrioritizedReplay(
             cfg.replay.capacity,
-            self.env.obs_dim,
+            self.env.windows.state_dim,
             n_step=cfg.replay.n_step,
             n_envs=rows,
             alpha=cfg.replay.alpha,
@@ -146,8 +157,8 @@ class Trainer:
             store_next_obs=cfg.env.counterfactual,
         )
         self.agent = Agent(cfg, self.env.obs_dim, self.env.n_actions, self.env.n_envs, xp)
-        if self.replay.row_width != self.env.obs_dim:
-            raise ValueError("padded replay rows are not supported by the trainer (the network reads obs_dim columns)")
+        if self.replay.row_width != self.env.windows.state_dim:
+            raise ValueError("padded replay rows are not supported by the trainer (the window gather reads state rows)")
         self.batch = self.agent.batch
         self.replay.reserve(cfg.agent.batch_size)
         stream = None
@@ -161,7 +172,9 @@ class Trainer:
             stream=stream,
             xp=xp,
         )
-        self.train_graph = StepGraph("train", self.agent.train_phases(self.replay), stream=stream, xp=xp)
+        self.train_graph = StepGraph(
+            "train", self.agent.train_phases(self.replay, self.env.windows), stream=stream, xp=xp
+        )
         self.stream = self.train_graph.stream
         sw.lap("allocation")
         self.best = None  # {"step", "sharpe"} of the best validation evaluation (run.keep_best)

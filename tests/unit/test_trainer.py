@@ -101,10 +101,12 @@ def test_best_validation_checkpoint_is_the_argmax_and_survives_resume(tmp_path):
 
 @pytest.mark.parametrize("action", ["stop", "rollback"])
 def test_nan_in_the_features_trips_the_guard(action):
-    """NaN in the stored features the learner reads gives a NaN loss; the guard acts as configured."""
+    """NaN in the stored rows the learner reads gives a NaN loss; the guard acts as configured."""
+    from cudarl.reference.window import POSITION
+
     t = Trainer(small(guard={"action": action, "max_rollbacks": 2}), run_dir=False, echo=lambda m: None)
     t.run(30)
-    t.replay.bufs.obs[:, 0] = np.nan  # every stored feature row is poisoned
+    t.replay.bufs.obs[:, POSITION] = np.nan  # every stored row is poisoned (its position feature)
     with pytest.raises(GuardStop, match=r"loss = nan.*action: stop"):
         t.run(60)
     kinds = [(e["event"], e.get("action")) for e in t.events]
