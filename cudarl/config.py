@@ -536,7 +536,8 @@ class Config:
 CPU_DEFAULTS = {
     "env": {"n_envs": 16, "episode_len": 256},
     "replay": {"capacity": 100_000},
-    "net": {"hidden": (64, 64)},
+    # the temporal encoders' widths too (they run only where net.encoder asks for them)
+    "net": {"hidden": (64, 64), "d_model": 32, "ssm_state": 16, "ssm_headdim": 16},
     "agent": {"batch_size": 64, "learning_starts": 500, "eps_steps": 2_000},
     # Fewer updates on the CPU want a larger step: on builtin:regime, 2000 updates, 3 seeds, the
     # test-split Sharpe was 1.62 at 1e-4, 1.96 at 3e-4, 1.41 at 1e-3 (docs/sweeps.md).
