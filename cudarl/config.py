@@ -248,8 +248,10 @@ class NetConfig:
     """``attention``: the MLP block's hidden width over ``d_model``."""
     head: str = "c51"
     """The distributional head and its learning rule (``cudarl.rules.HEAD_RULES``): ``c51`` (categorical,
-    Bellemare et al. 2017), ``iqn`` (implicit quantiles, Dabney et al. 2018) or ``qrdqn`` (quantile
-    regression at ``n_quantiles`` fixed midpoints, Dabney et al. 2018)."""
+    Bellemare et al. 2017), ``iqn`` (implicit quantiles, Dabney et al. 2018), ``qrdqn`` (quantile
+    regression at ``n_quantiles`` fixed midpoints, Dabney et al. 2018) or ``c51+iqn`` (both C51 and IQN
+    on one encoder, the sum of their losses, IQN on a branch of the train graph of its own; acts with
+    C51's expected Q)."""
     hidden: tuple = (128, 128)
     """Encoder widths. Measured (docs/sweeps.md, sweeps 4-5, regime, 3 seeds, 10k updates): with batch
     256, 128-128 beat 256-256 with batch 512 for IQN (held-out Sharpe 2.77 +- 0.02 against 2.49 +- 0.04)

@@ -100,7 +100,7 @@ def test_policy_files_are_small_safetensors_without_the_replay(tmp_path):
     assert len(info["data"]["close_sha256"]) == 64
 
 
-@pytest.mark.parametrize("head", ["c51", "iqn", "qrdqn"])
+@pytest.mark.parametrize("head", ["c51", "iqn", "qrdqn", "c51+iqn"])
 def test_load_policy_gives_the_trainers_greedy_evaluation(tmp_path, head):
     t = trained(tmp_path, net={"head": head})
     want = t.greedy_positions(t.data.splits.val)
@@ -168,7 +168,7 @@ def test_policy_state_round_trip(tmp_path):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("head", ["c51", "iqn", "qrdqn"])
+@pytest.mark.parametrize("head", ["c51", "iqn", "qrdqn", "c51+iqn"])
 def test_gpu_load_policy_gives_the_trainers_greedy_evaluation(tmp_path, head):
     import cupy
 
