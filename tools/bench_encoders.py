@@ -124,18 +124,25 @@ def cudarl_step(kind: str, s: dict, x_np, x1_np, dpsi_np, tf32: bool, args):
     replay = cuda_time_us(g.replay, g.stream, args.repeats)
     rows.append(row(tag, "encoder step (graph replay)", replay, "us"))
     rows += [row(tag, f"phase {k} (replay)", v * 1e3, "us") for k, v in g.profile(args.repeats).items() if k != "total"]
-    # acting: one bar for every environment
+    # acting: one bar for every environment over the recurrent state (not what the agent acts with: it
+    # equals the windowed forward only for the first W bars after a reset), and the agent's acting, the
+    # windowed forward of every environment's last W bars (docs/architecture.md)
     state = enc.new_state(s["envs"])
-    bar = cp.asarray(np.random.default_rng(1).standard_normal((s["envs"], s["F"])).astype(np.float32))
+    gen = np.random.default_rng(1)
+    bar = cp.asarray(gen.standard_normal((s["envs"], s["F"])).astype(np.float32))
     act = StepGraph(f"bench_{kind}_act{'_tf32' if tf32 else ''}", [("act", lambda: enc.step(state, bar))], xp=cp)
     act.capture()
+    one_bar = cuda_time_us(act.replay, act.stream, args.repeats)
+    rows.append(row(tag, f"acting, {s['envs']} envs, one bar over the recurrent state (graph replay)", one_bar, "us"))
+    ws_act = online.workspace(s["envs"])
+    windows = cp.asarray(gen.standard_normal((s["envs"], s["W"] * s["F"])).astype(np.float32))
+    act = StepGraph(
+        f"bench_{kind}_window{'_tf32' if tf32 else ''}", [("act", lambda: enc.forward(windows, ws_act))], xp=cp
+    )
+    act.capture()
+    reencode = cuda_time_us(act.replay, act.stream, args.repeats)
     rows.append(
-        row(
-            tag,
-            f"acting, {s['envs']} envs, one bar (graph replay)",
-            cuda_time_us(act.replay, act.stream, args.repeats),
-            "us",
-        )
+        row(tag, f"acting, {s['envs']} envs, re-encoding the {s['W']}-bar window (graph replay)", reencode, "us")
     )
     return rows, replay, first, online
 
