@@ -307,7 +307,10 @@ def encoder_arms(args, rows, extra) -> None:
             label = f", net.encoder={encoder}{', net.tf32' if tf32 else ''}"
             try:
                 got = step_benchmark(
-                    repeats=max(20, args.repeats // 4), cfg=encoder_config(encoder, tf32=tf32), phases=True, label=label
+                    repeats=max(20, args.repeats // 4),
+                    cfg=encoder_config(encoder, tf32=tf32),
+                    phases=not tf32,  # the phase profile once per encoder
+                    label=label,
                 )
                 for r in got:
                     if r["metric"] == "train step (graph replay)":
