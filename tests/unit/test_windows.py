@@ -168,3 +168,27 @@ def test_gpu_act_path_matches_the_numpy_windowed_forward(name):
     q = np.zeros((t.env.n_envs, t.env.n_actions), np.float32)
     type(ag.rule).greedy_values(net, cfg)(q, x, net.ws)  # C51: no counters
     assert_parity(ag.buffers.q_act, q, rtol=1e-4, what="acting Q")
+
+
+@pytest.mark.parametrize(
+    "encoder,field,value",
+    [("ssm", f, v) for f, v in [("window", 5), ("d_model", 16), ("layers", 1), ("ssm_expand", 4), ("ssm_state", 8),
+                                ("ssm_headdim", 2), ("ssm_groups", 1), ("ssm_conv", 3), ("ssm_chunk", 2)]]
+    + [("attention", f, v) for f, v in [("window", 5), ("d_model", 12), ("layers", 1), ("attn_heads", 1),
+                                        ("attn_mlp_ratio", 3)]],
+)  # fmt: skip
+def test_every_encoder_field_reaches_the_encoder(encoder, field, value):
+    """No dead field: changing any of an encoder's fields changes the network it builds."""
+    from dataclasses import replace
+
+    from cudarl.config import NetConfig
+    from cudarl.nn import QNetwork
+
+    def built(net):
+        q = QNetwork(6 * net.window, 3, net, max_batch=2)
+        enc = q.encoder  # the layout, and what shapes no parameter: the window, the heads, the scan's chunk
+        return [(e.name, e.shape) for e in q.layout.entries], enc.W, enc.H, getattr(enc, "Q", None)
+
+    base = NetConfig(**{k: v for k, v in ENCODER_NETS[encoder].items()})
+    assert getattr(base, field) != value
+    assert built(replace(base, **{field: value})) != built(base)

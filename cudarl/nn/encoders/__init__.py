@@ -80,40 +80,25 @@ def _mlp(name: str, n_in: int, net) -> MLP:
     return MLP(name, n_in, net.hidden, layernorm=net.layernorm, tf32=net.tf32, gemm=net.gemm)
 
 
-def _ssm(name: str, n_in: int, net) -> SSMEncoder:
-    return SSMEncoder(
-        name,
-        bar_width(n_in, net),
-        window=net.window,
-        d_model=net.d_model,
-        layers=net.layers,
-        expand=net.ssm_expand,
-        d_state=net.ssm_state,
-        headdim=net.ssm_headdim,
-        groups=net.ssm_groups,
-        conv_kernel=net.ssm_conv,
-        chunk=net.ssm_chunk,
-        tf32=net.tf32,
-        gemm=net.gemm,
-    )
+def _temporal(cls, **own):
+    """The factory of a windowed encoder ``cls``: the shared fields, and ``own`` (constructor argument ->
+    ``NetConfig`` field) for its own."""
 
+    def make(name: str, n_in: int, net):
+        mine = {arg: getattr(net, field) for arg, field in own.items()}
+        shared = dict(window=net.window, d_model=net.d_model, layers=net.layers, tf32=net.tf32, gemm=net.gemm)
+        return cls(name, bar_width(n_in, net), **shared, **mine)
 
-def _attention(name: str, n_in: int, net) -> AttentionEncoder:
-    return AttentionEncoder(
-        name,
-        bar_width(n_in, net),
-        window=net.window,
-        d_model=net.d_model,
-        layers=net.layers,
-        heads=net.attn_heads,
-        mlp_ratio=net.attn_mlp_ratio,
-        tf32=net.tf32,
-        gemm=net.gemm,
-    )
+    return make
 
 
 #: Encoders by ``net.encoder``: ``factory(name, n_in, net: NetConfig) -> Encoder``.
-ENCODERS = {"mlp": _mlp, "ssm": _ssm, "attention": _attention}
+ENCODERS = {
+    "mlp": _mlp,
+    "ssm": _temporal(SSMEncoder, expand="ssm_expand", d_state="ssm_state", headdim="ssm_headdim",
+                     groups="ssm_groups", conv_kernel="ssm_conv", chunk="ssm_chunk"),
+    "attention": _temporal(AttentionEncoder, heads="attn_heads", mlp_ratio="attn_mlp_ratio"),
+}  # fmt: skip
 
 __all__ = [
     "ENCODERS",
