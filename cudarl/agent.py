@@ -7,7 +7,8 @@ that :class:`cudarl.graph.StepGraph` captures (GPU) or runs in order (NumPy)::
              epsilon and epsilon-greedy) - env_step (record the transition, step, reset ended
              episodes) - replay_insert
     train:   schedules (lr and tau: a parallel branch, joined by the first learn phase) - sample (the
-             search and the gather in one launch; the importance weights on that branch) - forward
+             search and the gather of the state rows in one launch; the importance weights on that
+             branch; then the observation windows of s and s' from the feature matrix) - forward
              (the rule's) - the rule's learn phases (C51: targets_loss, one launch; IQN, QR-DQN:
              targets - loss) - the auxiliary signals' loss phases - priorities (a parallel branch to
              the end) - backward (dx chain | weight gradients, in parallel) - adam (one launch: the
@@ -36,6 +37,7 @@ from .nn import QNetwork
 from .optim import Adam, Schedule, SoftUpdate
 from .pinned import DeviceScalars, PinnedReadback
 from .popart import PopArt
+from .reference.window import STATE_DIM
 from .replay import Batch
 from .rules import HEAD_RULES, LearnerBuffers
 
@@ -48,7 +50,8 @@ class Agent:
 
     Args:
         cfg: the run's :class:`cudarl.config.Config`.
-        obs_dim: observation width (features + the env's position features).
+        obs_dim: observation width, the network's input (``net.window`` bars of features and the
+            env's position features: :attr:`cudarl.window.Windows.width`).
         n_actions: actions of the env.
         n_envs: environments acting together (rows of the acting forward pass).
         xp: ``numpy`` or ``cupy``.
@@ -71,10 +74,13 @@ class Agent:
         self.target = QNetwork(obs_dim, n_actions, cfg.net, max_batch=B, **net_kw)
         self.target.params[...] = self.online.params
         self.pair = xp.zeros((2 * B, obs_dim), np.float32)
-        #: The fixed batch buffers the replay gathers into: obs and next_obs are halves of ``pair``.
-        self.batch = Batch(
-            self.pair[:B], self.pair[B:], xp.zeros(B, np.int32), xp.zeros(B, np.float32), xp.zeros(B, np.float32)
-        )
+        #: The state rows of s and s' the replay gathers into (halves of one buffer), whose windows the
+        #: sample phase gathers into ``pair``.
+        self.rows_pair = xp.zeros((2 * B, STATE_DIM), np.float32)
+        action, ret, discount = xp.zeros(B, np.int32), xp.zeros(B, np.float32), xp.zeros(B, np.float32)
+        self.rows_batch = Batch(self.rows_pair[:B], self.rows_pair[B:], action, ret, discount)
+        #: The fixed batch the network reads: obs and next_obs are halves of ``pair``.
+        self.batch = Batch(self.pair[:B], self.pair[B:], action, ret, discount)
         self.popart = PopArt(beta=a.popart_beta, scale=rule_cls.popart_scale(cfg.net), xp=xp) if a.popart else None
         self.buffers = buf = LearnerBuffers(
             cfg, xp, self.online, self.target, self.batch, self.pair, n_envs, self.popart
@@ -152,8 +158,9 @@ class Agent:
         for side in self.grad_sides:  # the weight gradients, before anything reads them
             side.join()
 
-    def train_phases(self, replay) -> list:
-        """Phases of one learner update from ``replay`` into the fixed :attr:`batch` buffers."""
+    def train_phases(self, replay, windows) -> list:
+        """Phases of one learner update from ``replay`` (of state rows) into the fixed :attr:`batch`
+        buffers, whose observations ``windows`` (:class:`cudarl.window.Windows`) gathers."""
         buf = self.buffers
 
         def schedules():
@@ -163,9 +170,11 @@ class Agent:
                 self.soft.schedule_step()
 
         def sample():
-            # the rows gathered into the batch by the search's launch; the importance weights beside
-            # the forward (the first learn phase joins them: buffers.importance_weights)
-            buf.idx, buf.weights = replay.sample(self.batch_size, side=buf.side_small, out=self.batch)
+            # the state rows gathered by the search's launch; the importance weights beside the forward
+            # (the first learn phase joins them: buffers.importance_weights); then the windows of s and
+            # s' in one launch from the feature matrix (the replay stores no windows)
+            buf.idx, buf.weights = replay.sample(self.batch_size, side=buf.side_small, out=self.rows_batch)
+            windows.gather(self.rows_pair, self.pair)
 
         def forward():
             self.rule.forward(self.batch)

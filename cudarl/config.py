@@ -216,11 +216,43 @@ class NetConfig:
     """The Q-network: an encoder and a distributional head."""
 
     encoder: str = "mlp"
-    """The encoder of the observation (``cudarl.nn.encoders.ENCODERS``): ``mlp`` (the widths ``hidden``)."""
+    """The encoder of the observation window (``cudarl.nn.encoders.ENCODERS``): ``mlp`` (the widths
+    ``hidden`` over the flat window), ``ssm`` (Mamba2 blocks: selective state space, Dao & Gu 2024) or
+    ``attention`` (causal pre-norm transformer blocks with rotary positions). ``ssm`` and ``attention``
+    read ``window``, ``d_model``, ``layers`` and their own ``ssm_*`` / ``attn_*`` fields (docs/encoders.md)."""
+    window: int = 1
+    """Bars the agent sees at each decision: the features of the last ``window`` bars up to the current
+    one, oldest first (bars before the data's first are zeros), with the position and hold fraction on
+    the newest bar. Replay rows and environments keep bar indices, not windows: the window is gathered
+    from the feature matrix when sampling and acting (docs/architecture.md). ``ssm`` and ``attention``
+    need at least 2 (attention at most 128)."""
+    d_model: int = 128
+    """Width of the temporal encoders' residual stream and of their output (``ssm``, ``attention``)."""
+    layers: int = 2
+    """Blocks of the temporal encoders (``ssm``, ``attention``)."""
+    ssm_expand: int = 2
+    """``ssm``: inner channels per ``d_model`` channel (E = ssm_expand * d_model)."""
+    ssm_state: int = 64
+    """``ssm``: state size N per group of heads."""
+    ssm_headdim: int = 64
+    """``ssm``: channels per head P (E / P heads, each with its own step and decay)."""
+    ssm_groups: int = 1
+    """``ssm``: groups of heads sharing the input-dependent B and C."""
+    ssm_conv: int = 4
+    """``ssm``: taps of the short causal convolution (2 to 8)."""
+    ssm_chunk: int = 32
+    """``ssm``: chunk length of the training scan (the chunked SSD form; the result does not depend on it
+    beyond rounding, its shared memory does: docs/encoders.md)."""
+    attn_heads: int = 4
+    """``attention``: heads (d_model / attn_heads channels each, even and at most 64)."""
+    attn_mlp_ratio: int = 4
+    """``attention``: the MLP block's hidden width over ``d_model``."""
     head: str = "c51"
     """The distributional head and its learning rule (``cudarl.rules.HEAD_RULES``): ``c51`` (categorical,
-    Bellemare et al. 2017), ``iqn`` (implicit quantiles, Dabney et al. 2018) or ``qrdqn`` (quantile
-    regression at ``n_quantiles`` fixed midpoints, Dabney et al. 2018)."""
+    Bellemare et al. 2017), ``iqn`` (implicit quantiles, Dabney et al. 2018), ``qrdqn`` (quantile
+    regression at ``n_quantiles`` fixed midpoints, Dabney et al. 2018) or ``c51+iqn`` (both C51 and IQN
+    on one encoder, the sum of their losses, IQN on a branch of the train graph of its own; acts with
+    C51's expected Q)."""
     hidden: tuple = (128, 128)
     """Encoder widths. Measured (docs/sweeps.md, sweeps 4-5, regime, 3 seeds, 10k updates): with batch
     256, 128-128 beat 256-256 with batch 512 for IQN (held-out Sharpe 2.77 +- 0.02 against 2.49 +- 0.04)
@@ -272,6 +304,45 @@ class NetConfig:
         _in(s, "n_quantiles", self.n_quantiles, 1, 1024, integer=True)
         _in(s, "n_cos", self.n_cos, 1, 1024, integer=True)
         _need(s, self.gemm in GEMMS, f"gemm must be one of {list(GEMMS)}, got {self.gemm!r}")
+        self._check_window_encoder(s)
+
+    def _check_window_encoder(self, s: str) -> None:
+        """The temporal encoders' sizes, each error naming its fields."""
+        from .nn.encoders.attention import MAX_HEAD_DIM, MAX_WINDOW
+        from .reference.ssm import CONV_MAX_K, MAX_SHARED, backward_shared
+
+        _in(s, "window", self.window, 1, 4096, integer=True)
+        for name in ("d_model", "layers", "ssm_expand", "ssm_state", "ssm_headdim", "ssm_groups", "ssm_chunk"):
+            _in(s, name, getattr(self, name), 1, 65536, integer=True)
+        _in(s, "attn_heads", self.attn_heads, 1, 1024, integer=True)
+        _in(s, "attn_mlp_ratio", self.attn_mlp_ratio, 1, 64, integer=True)
+        _in(s, "ssm_conv", self.ssm_conv, 2, CONV_MAX_K, integer=True)
+        if self.encoder not in ("ssm", "attention"):
+            return
+        _need(s, self.window >= 2, f"encoder {self.encoder} reads a window of bars: set window >= 2, got {self.window}")
+        if self.encoder == "ssm":
+            inner = self.ssm_expand * self.d_model
+            _need(
+                s,
+                inner % self.ssm_headdim == 0 and (inner // self.ssm_headdim) % self.ssm_groups == 0,
+                f"ssm_expand * d_model = {inner} channels must split into heads of ssm_headdim = {self.ssm_headdim}, "
+                f"their number a multiple of ssm_groups = {self.ssm_groups}",
+            )
+            smem = 4 * backward_shared(self.ssm_chunk, self.ssm_headdim, self.ssm_state)
+            _need(
+                s,
+                smem <= MAX_SHARED,
+                f"the scan's backward needs {smem} bytes of shared memory a block (> {MAX_SHARED}): lower "
+                f"ssm_chunk ({self.ssm_chunk}), ssm_headdim ({self.ssm_headdim}) or ssm_state ({self.ssm_state})",
+            )
+        if self.encoder == "attention":
+            hd = self.d_model // self.attn_heads
+            _need(
+                s,
+                self.d_model % self.attn_heads == 0 and hd % 2 == 0 and hd <= MAX_HEAD_DIM,
+                f"d_model / attn_heads = {self.d_model} / {self.attn_heads} must be an even integer <= {MAX_HEAD_DIM}",
+            )
+            _need(s, self.window <= MAX_WINDOW, f"encoder attention takes window <= {MAX_WINDOW}, got {self.window}")
 
 
 @dataclass(frozen=True)
@@ -516,7 +587,8 @@ class Config:
 CPU_DEFAULTS = {
     "env": {"n_envs": 16, "episode_len": 256},
     "replay": {"capacity": 100_000},
-    "net": {"hidden": (64, 64)},
+    # the temporal encoders' widths too (they run only where net.encoder asks for them)
+    "net": {"hidden": (64, 64), "d_model": 32, "ssm_state": 16, "ssm_headdim": 16},
     "agent": {"batch_size": 64, "learning_starts": 500, "eps_steps": 2_000},
     # Fewer updates on the CPU want a larger step: on builtin:regime, 2000 updates, 3 seeds, the
     # test-split Sharpe was 1.62 at 1e-4, 1.96 at 3e-4, 1.41 at 1e-3 (docs/sweeps.md).

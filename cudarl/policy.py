@@ -246,9 +246,10 @@ def load_policy(path, device: str = "auto") -> Policy:
 class Policy:
     """A trained Q-network with its feature normaliser: greedy actions and Q-values.
 
-    Observations are float32 ``[n, F + 2]``: the normalised features of a bar
-    (:meth:`features`), the position held (``-1 .. 1``) and the hold fraction, as
-    :class:`cudarl.TradingEnv` writes them. Q-values are the expected values of the head's
+    Observations are float32 ``[n, window * (F + 2)]`` (``net.window`` bars, oldest first): the
+    normalised features of each bar (:meth:`features`), then on the newest bar the position held
+    (``-1 .. 1``) and the hold fraction, zeros on the others, as :class:`cudarl.TradingEnv` gathers
+    them (with one bar: ``[features, position, hold]``). Q-values are the expected values of the head's
     distribution (in PopArt's normalised units when ``agent.popart``), float32 ``[n, A]``.
     Inputs may be NumPy or CuPy arrays; outputs are of the same kind as the input.
     """
@@ -257,7 +258,7 @@ class Policy:
         from .auxiliary import AUX_SIGNALS
         from .nn import QNetwork
         from .pinned import DeviceScalars
-        from .reference.env import N_POSITION_FEATURES
+        from .reference.window import width
         from .rules import HEAD_RULES
 
         self.state, self.source = state, source
@@ -265,7 +266,7 @@ class Policy:
         self.normaliser, self.step = state.normaliser, state.step
         self.be = _backend.get({"auto": None, "gpu": "cupy", "cpu": "numpy"}[device])
         xp = self.xp = self.be.xp
-        self.obs_dim = len(self.normaliser.names) + N_POSITION_FEATURES
+        self.obs_dim = width(len(self.normaliser.names), cfg.net.window)
         self.n_actions = cfg.env.n_actions
         self.levels = cfg.env.position_levels().astype(np.float64)
         n = cfg.net
@@ -315,7 +316,10 @@ class Policy:
         on_gpu = type(obs).__module__.startswith("cupy")
         x = obs if (on_gpu and self.be.is_gpu) else self.xp.asarray(_backend.to_numpy(obs))
         if x.ndim != 2 or x.shape[1] != self.obs_dim:
-            raise ValueError(f"obs: expected [n, {self.obs_dim}] (features, position, hold), got {list(x.shape)}")
+            raise ValueError(
+                f"obs: expected [n, {self.obs_dim}] ({self.config.net.window} bars of features, position, hold), "
+                f"got {list(x.shape)}"
+            )
         return self.xp.ascontiguousarray(x, dtype=np.float32), on_gpu
 
     def q_values(self, obs):
@@ -385,7 +389,15 @@ def eval_env(prepared, split, env_cfg, backend: str):
     cfg = replace(env_cfg, n_envs=1, episode_len=n, stagger=False, counterfactual=False, mirror=False)
     b = prepared.bars
     return TradingEnv(
-        b.open, b.close, prepared.x, prepared.sign, cfg, t_begin=split.start, t_end=split.stop, backend=backend
+        b.open,
+        b.close,
+        prepared.x,
+        prepared.sign,
+        cfg,
+        t_begin=split.start,
+        t_end=split.stop,
+        window=prepared.window,
+        backend=backend,
     )
 
 
@@ -425,23 +437,23 @@ def greedy_actions(env, q_values, stream=None, walk_on_host: bool = True, margin
 
 
 def _walk_on_host(env, q_values, margin: float = 0.0) -> np.ndarray:
-    """The env's greedy episode from bar ``t_begin``, one bar at a time on the host: obs
-    ``[features[t], p_{t-1}, min(hold, cap) / cap]``, action the first maximum of Q (a strict ``>``
-    scan, as ``env.act``; ``margin`` added to the held position's action first), ``p = levels[a]``,
-    ``hold + 1`` if ``p`` did not change, else 1."""
-    from .reference.env import hold_feature
+    """The env's greedy episode from bar ``t_begin``, one bar at a time on the host: the state row
+    ``[t, 0, p_{t-1}, min(hold, cap) / cap]`` and its window (``env.windows``), action the first maximum
+    of Q (a strict ``>`` scan, as ``env.act``; ``margin`` added to the held position's action first),
+    ``p = levels[a]``, ``hold + 1`` if ``p`` did not change, else 1."""
+    from .reference.env import write_state
 
-    feats, levels, cap = env.data.features, env.data.levels, env.params.hold_cap
-    n, f = env.config.episode_len, env.n_features
-    obs = np.zeros((1, f + 2), np.float32)
+    levels, cap = env.data.levels, env.params.hold_cap
+    n = env.config.episode_len
+    state_row = np.zeros((1, env.windows.state_dim), np.float32)
+    obs = np.zeros((1, env.obs_dim), np.float32)
     q = np.zeros((1, env.n_actions), np.float32)
     acts = np.empty(n, np.int64)
     prev, hold = np.float32(0), np.zeros(1, np.int64)
     t0 = env.params.t_begin
     for k in range(n):
-        obs[0, :f] = feats[t0 + k]
-        obs[0, f] = prev
-        obs[0, f + 1] = hold_feature(hold, cap)[0]
+        write_state(state_row, np.array([t0 + k]), prev, hold, cap)
+        env.windows.gather(state_row, obs)
         q_values(obs, q)
         row = q[0]
         if margin:

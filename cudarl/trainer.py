@@ -51,7 +51,8 @@ AVERAGE_EVERY = 10
 
 @dataclass
 class Prepared:
-    """Bars, normalised causal features and the chronological splits of a run."""
+    """Bars, normalised causal features and the chronological splits of a run, and the window of bars
+    the network reads at each decision (``net.window``: every env over these features gathers it)."""
 
     bars: object
     x: np.ndarray  # float32 [T, F], normalised with train-split statistics
@@ -60,6 +61,7 @@ class Prepared:
     splits: object
     normaliser: Normaliser
     periods_per_year: float
+    window: int
 
 
 def prepare_data(cfg: Config, bars=None, normaliser: Normaliser | None = None, stopwatch=None, splits=None) -> Prepared:
@@ -83,7 +85,7 @@ def prepare_data(cfg: Config, bars=None, normaliser: Normaliser | None = None, s
     x = norm.transform(feats.values)
     if stopwatch is not None:
         stopwatch.lap("features")
-    return Prepared(bars, x, feats.names, sign, splits, norm, float(ppy))
+    return Prepared(bars, x, feats.names, sign, splits, norm, float(ppy), cfg.net.window)
 
 
 def versions() -> dict:
@@ -129,7 +131,8 @@ class Trainer:
         self.data = prepare_data(cfg, bars, normaliser, stopwatch=sw, splits=splits)
         tr = self.data.splits.train
         b = self.data.bars
-        # environments over the training split (their reward may carry the turnover penalty, evaluation never)
+        # environments over the training split (their reward may carry the turnover penalty, evaluation
+        # never); their observations are net.window bars gathered from the features
         train_env = cfg.env
         if cfg.agent.train_cost_bps:
             train_env = replace(cfg.env, slippage_bps=cfg.env.slippage_bps + cfg.agent.train_cost_bps)
@@ -141,15 +144,17 @@ class Trainer:
             train_env,
             t_begin=tr.start,
             t_end=tr.stop,
+            window=self.data.window,
             backend=self.be.name,
         )
         rows = self.env.rows_per_step * self.env.n_envs
         self.transitions = self.env.make_transitions()
         self.discount = xp.zeros(rows, np.float32)
-        # replay: every row group of a step is one interleaved "env" column of the ring
+        # replay: every row group of a step is one interleaved "env" column of the ring; its rows are
+        # state rows (bar indices and position features), whatever the window
         self.replay = PrioritizedReplay(
             cfg.replay.capacity,
-            self.env.obs_dim,
+            self.env.windows.state_dim,
             n_step=cfg.replay.n_step,
             n_envs=rows,
             alpha=cfg.replay.alpha,
@@ -162,8 +167,8 @@ class Trainer:
             store_next_obs=cfg.env.counterfactual,
         )
         self.agent = Agent(cfg, self.env.obs_dim, self.env.n_actions, self.env.n_envs, xp)
-        if self.replay.row_width != self.env.obs_dim:
-            raise ValueError("padded replay rows are not supported by the trainer (the network reads obs_dim columns)")
+        if self.replay.row_width != self.env.windows.state_dim:
+            raise ValueError("padded replay rows are not supported by the trainer (the window gather reads state rows)")
         self.batch = self.agent.batch
         self.replay.reserve(cfg.agent.batch_size)
         stream = None
@@ -177,7 +182,9 @@ class Trainer:
             stream=stream,
             xp=xp,
         )
-        self.train_graph = StepGraph("train", self.agent.train_phases(self.replay), stream=stream, xp=xp)
+        self.train_graph = StepGraph(
+            "train", self.agent.train_phases(self.replay, self.env.windows), stream=stream, xp=xp
+        )
         self.stream = self.train_graph.stream
         sw.lap("allocation")
         self.best = None  # {"step", "sharpe"} of the best validation evaluation (run.keep_best)

@@ -89,7 +89,8 @@ def test_policy_files_are_small_safetensors_without_the_replay(tmp_path):
     assert "step-00000020.safetensors" in names and "step-00000040.safetensors" in names
     assert not any(n.startswith("step-") and n.endswith(".npz") for n in names)
     pol = ck / "step-00000040.safetensors"
-    assert pol.stat().st_size * 10 < (ck / "latest.npz").stat().st_size  # no replay buffer
+    # no replay buffer (whose rows are 4-float state rows: the checkpoint is a few times the policy)
+    assert pol.stat().st_size * 5 < (ck / "latest.npz").stat().st_size
     tensors, meta = tensorfile.load(pol)
     assert meta["format"] == "cudarl-policy" and json.loads(meta["config"])["net"]["hidden"] == [32, 32]
     assert {"normaliser/mean", "normaliser/std"} <= set(tensors)
@@ -99,7 +100,7 @@ def test_policy_files_are_small_safetensors_without_the_replay(tmp_path):
     assert len(info["data"]["close_sha256"]) == 64
 
 
-@pytest.mark.parametrize("head", ["c51", "iqn", "qrdqn"])
+@pytest.mark.parametrize("head", ["c51", "iqn", "qrdqn", "c51+iqn"])
 def test_load_policy_gives_the_trainers_greedy_evaluation(tmp_path, head):
     t = trained(tmp_path, net={"head": head})
     want = t.greedy_positions(t.data.splits.val)
@@ -167,7 +168,7 @@ def test_policy_state_round_trip(tmp_path):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("head", ["c51", "iqn", "qrdqn"])
+@pytest.mark.parametrize("head", ["c51", "iqn", "qrdqn", "c51+iqn"])
 def test_gpu_load_policy_gives_the_trainers_greedy_evaluation(tmp_path, head):
     import cupy
 
