@@ -331,6 +331,40 @@ class Policy:
 
             out[...] = qstats.per_sample(logits, self.support)[0]
 
+    def _q_rows(self):
+        """A function ``obs [k, obs_dim] -> Q [k, A]`` (NumPy float32) whose every row is bit for bit
+        what :meth:`q_values_into` gives for that row alone, for the host walk's blocks of bars; None
+        where there is none (the GPU; IQN, whose acting taus depend on the batch).
+
+        Each GEMM runs as ``k`` one-row GEMMs (``matmul`` of a ``[k, 1, n]`` stack: NumPy calls the
+        BLAS routine of one row for each, where a ``[k, n]`` product may sum in another order);
+        every other op of the reference forward works row by row."""
+        if self.be.is_gpu or self.support is None or any(lin.spectral for lin in self.net.linears.values()):
+            return None
+        from .nn.layers import Linear
+        from .reference import nn as ref
+        from .reference.c51 import log_softmax
+
+        P, head, support = self.net.P, self.net.head, self.support
+        layers = [*self.net.encoder.children, head.va]
+
+        def q_rows(obs):
+            h = obs
+            for layer in layers:
+                if isinstance(layer, Linear):
+                    y = np.matmul(h[:, None, :], layer.weight())[:, 0, :]
+                    ref.bias_act_forward(y, P[f"{layer.name}.bias"], y, layer.act)
+                else:  # LayerNorm
+                    y, stats = np.empty_like(h), np.empty((2, len(h)), h.dtype)
+                    g, b = P[f"{layer.name}.gamma"], P[f"{layer.name}.beta"]
+                    ref.layernorm_forward(h, g, b, y, stats[0], stats[1], layer.eps, layer.act)
+                h = y
+            logits = np.empty((len(h), head.n_actions, head.atoms), np.float32)
+            ref.dueling_forward(h, logits)
+            return (np.exp(log_softmax(logits)) * support).sum(-1)  # qstats.per_sample's Q, without the rest
+
+        return q_rows
+
     def _input(self, obs):
         on_gpu = type(obs).__module__.startswith("cupy")
         x = obs if (on_gpu and self.be.is_gpu) else self.xp.asarray(_backend.to_numpy(obs))
@@ -371,7 +405,7 @@ class Policy:
         trained = (self.state.data or {}).get("close_sha256")
         if data is None and echo is not None and trained not in (None, data_fingerprint(prepared.bars)["close_sha256"]):
             echo(f"warning: the bars of {cfg.data.source} differ from those the policy was trained on")
-        ev = evaluate_split(prepared, split, cfg.env, self.q_values_into, self.be.name)
+        ev = evaluate_split(prepared, split, cfg.env, self.q_values_into, self.be.name, q_rows=self._q_rows())
         ev.summary["step"] = self.step
         return ev
 
@@ -391,7 +425,7 @@ def eval_env(prepared, split, env_cfg, backend: str):
     )
 
 
-def greedy_actions(env, q_values, stream=None, walk_on_host: bool = True) -> np.ndarray:
+def greedy_actions(env, q_values, stream=None, walk_on_host: bool = True, q_rows=None) -> np.ndarray:
     """int64 ``[episode_len]``: the greedy actions of one episode of ``env`` (reset first).
 
     ``q_values(obs, out)`` writes Q ``[1, A]``; the action is the first maximum (the env's act with
@@ -399,12 +433,13 @@ def greedy_actions(env, q_values, stream=None, walk_on_host: bool = True) -> np.
     end (no synchronisation per bar). On the NumPy backend, for an evaluation env (one env, one
     episode from its first bar), the walk is done on the host with the env's observation rule
     (docs/env.md) instead of its act and step, which draw Philox numbers a greedy walk never uses
-    (``walk_on_host=False`` takes the env's path; a test holds the two equal).
+    (``walk_on_host=False`` takes the env's path; a test holds the two equal); ``q_rows`` (see
+    :func:`_walk_on_host`) lets it evaluate many bars at once.
     """
     xp = env.xp
     one_episode = env.n_envs == 1 and env.params.n_starts == 1 and not env.params.stagger
     if walk_on_host and not env.is_gpu and one_episode:
-        return _walk_on_host(env, q_values)
+        return _walk_on_host(env, q_values, q_rows)
     with stream if stream is not None else nullcontext():
         env.reset()
         q = xp.zeros((1, env.n_actions), np.float32)
@@ -419,43 +454,80 @@ def greedy_actions(env, q_values, stream=None, walk_on_host: bool = True) -> np.
     return out.astype(np.int64)
 
 
-def _walk_on_host(env, q_values) -> np.ndarray:
-    """The env's greedy episode from bar ``t_begin``, one bar at a time on the host: obs
-    ``[features[t], p_{t-1}, min(hold, cap) / cap]``, action the first maximum of Q (a strict ``>``
-    scan, as ``env.act``), ``p = levels[a]``, ``hold + 1`` if ``p`` did not change, else 1."""
+#: (Fewest, most) bars the host walk evaluates at once with ``q_rows``; each block after the first
+#: is twice the bars the one before kept, within these.
+WALK_BLOCK = (4, 1024)
+
+
+def _walk_on_host(env, q_values, q_rows=None) -> np.ndarray:
+    """The env's greedy episode from bar ``t_begin`` on the host: obs ``[features[t], p_{t-1},
+    min(hold, cap) / cap]``, action the first maximum of Q (a strict ``>`` scan, as ``env.act``),
+    ``p = levels[a]``, ``hold + 1`` if ``p`` did not change, else 1.
+
+    ``q_values(obs [1, F + 2], out [1, A])`` gives the Q of one bar, and the walk takes one bar at
+    a time. ``q_rows(obs [k, F + 2]) -> Q [k, A]`` must give each row bit for bit as ``q_values``
+    gives it alone; the walk then guesses that the position holds, evaluates a block of bars with
+    the hold counting up, keeps them up to and including the first whose action moves the
+    position (its inputs were still those of the bar-by-bar walk), and goes on from there: the
+    same actions, with one NumPy call per op and block instead of per bar.
+    """
     from .reference.env import hold_feature
 
-    feats, levels, cap = env.data.features, env.data.levels, env.params.hold_cap
+    feats, levels = env.data.features, np.asarray(env.data.levels, np.float32)
     n, f = env.config.episode_len, env.n_features
-    obs = np.zeros((1, f + 2), np.float32)
-    q = np.zeros((1, env.n_actions), np.float32)
+    holds = hold_feature(np.arange(n + 1), env.params.hold_cap)  # the hold is at most n
+    if q_rows is None:
+        q1 = np.zeros((1, env.n_actions), np.float32)
+
+        def q_rows(obs):
+            q_values(obs, q1)
+            return q1
+
+        block, most = 1, 1
+    else:
+        block, most = WALK_BLOCK
+    obs = np.zeros((min(n, most), f + 2), np.float32)
     acts = np.empty(n, np.int64)
-    prev, hold = np.float32(0), np.zeros(1, np.int64)
-    t0 = env.params.t_begin
-    for k in range(n):
-        obs[0, :f] = feats[t0 + k]
-        obs[0, f] = prev
-        obs[0, f + 1] = hold_feature(hold, cap)[0]
-        q_values(obs, q)
-        row = q[0]
-        a = 0
-        for j in range(1, row.shape[0]):
-            if row[j] > row[a]:
-                a = j
-        acts[k] = a
-        p = np.float32(levels[a])
-        hold[0] = hold[0] + 1 if p == prev else 1
-        prev = p
+    prev, hold, k, t0 = np.float32(0), 0, 0, env.params.t_begin
+    while k < n:
+        o = obs[: min(block, n - k)]
+        o[:, :f] = feats[t0 + k : t0 + k + len(o)]
+        o[:, f] = prev
+        o[:, f + 1] = holds[hold : hold + len(o)]
+        a = first_max(q_rows(o))
+        p = levels[a]
+        moved = np.flatnonzero(p != prev)
+        kept = int(moved[0]) + 1 if moved.size else len(o)
+        acts[k : k + kept] = a[:kept]
+        prev, hold = (p[kept - 1], 1) if moved.size else (prev, hold + kept)
+        k += kept
+        block = min(most, max(WALK_BLOCK[0], 2 * kept))
     return acts
 
 
-def evaluate_split(prepared, split_name: str, env_cfg, q_values, backend: str, env=None, stream=None):
-    """Greedy positions over ``split_name`` of ``prepared`` evaluated with the env's fill and costs."""
+def first_max(q: np.ndarray) -> np.ndarray:
+    """int64 ``[k]``: the index of the first maximum of each row of ``q`` ``[k, A]`` by a strict
+    ``>`` scan from index 0, ``env.act``'s rule (``argmax``'s, but for a NaN after index 0, which
+    the scan passes over)."""
+    if not np.isnan(q).any():
+        return q.argmax(axis=1)
+    a = np.zeros(len(q), np.int64)
+    best = q[:, 0].copy()
+    for j in range(1, q.shape[1]):
+        up = q[:, j] > best
+        a[up] = j
+        best[up] = q[up, j]
+    return a
+
+
+def evaluate_split(prepared, split_name: str, env_cfg, q_values, backend: str, env=None, stream=None, q_rows=None):
+    """Greedy positions over ``split_name`` of ``prepared`` evaluated with the env's fill and costs
+    (``q_values``, ``q_rows``: :func:`greedy_actions`)."""
     from .evaluate import evaluate_positions
 
     split = getattr(prepared.splits, split_name)
     env = env if env is not None else eval_env(prepared, split, env_cfg, backend)
-    pos = env_cfg.position_levels().astype(np.float64)[greedy_actions(env, q_values, stream)]
+    pos = env_cfg.position_levels().astype(np.float64)[greedy_actions(env, q_values, stream, q_rows=q_rows)]
     return evaluate_positions(
         prepared.bars,
         pos,
