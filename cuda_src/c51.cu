@@ -1,160 +1,24 @@
-// C51 targets and loss (Bellemare et al. 2017) with double-DQN selection.
-// Twin: cudarl/reference/c51.py. Launchers: cudarl/ops/c51.py.
+// C51 (Bellemare et al. 2017) with double-DQN selection: the train step's targets and loss fused into
+// one launch from the dueling head's raw output (cudarl_c51_targets_loss[_popart]), and the n-step
+// return. Twin: cudarl/reference/c51.py. Launchers: cudarl/ops/c51.py.
 //
-// Layout: logits [B, A, K] row-major, support [K] uniform (z_k = v_min + k dz), actions int32 [B].
-// Every per-sample op maps ONE WARP TO ONE SAMPLE: lanes stride over atoms, and sums/maxima
-// use an xor butterfly (IEEE + and max are commutative, so every lane ends with the same bits,
-// and the order is fixed: results are bitwise repeatable). Batch reductions are one block's
-// fixed-order tree; the only atomic is the integer ticket of cudarl::last_block (reduce.cuh).
-//
-// The train step's targets phase is cudarl_c51_targets (no PopArt: one launch), or
-// cudarl_c51_next_probs_td then cudarl_c51_project_popart (PopArt: two launches); the loss phase
-// is cudarl_c51_loss (one launch, the batch mean included). next_probs and project are the
-// same rows as standalone ops.
+// Layout: va [B, (1 + A) K] row-major (V, then Adv [A, K]), support [K] uniform (z_k = v_min + k dz),
+// actions int32 [B]. Every per-sample op maps ONE WARP TO ONE SAMPLE (cudarl/c51_rows.cuh, the rows
+// shared with the unfused chain). The fused kernels' oracle is that chain, cuda_src/c51_chain.cu: the
+// dueling combine, cudarl_c51_chain_targets (or next_probs_td + project_popart with PopArt),
+// cudarl_c51_chain_loss and the dueling backward in a row, whose bits they must give.
 
+#include <cudarl/c51_rows.cuh>
 #include <cudarl/dueling.cuh>
 #include <cudarl/popart.cuh>
 #include <cudarl/reduce.cuh>
 
-#define C51_WARP 32
-// NVRTC has no <math.h>: infinities and NaN by bit pattern.
-#define C51_NEG_INF __int_as_float((int)0xff800000u)
-#define C51_NAN __int_as_float((int)0x7fffffffu)
+using namespace cudarl::c51;  // NOLINT: the rows shared with the chain (cudarl/c51_rows.cuh)
 
 namespace {
 
 using cudarl::warp_max;
 using cudarl::warp_sum;
-
-// Max and sum of exp(x - max) of one row of K logits, the same in every lane.
-__device__ __forceinline__ void row_softmax_stats(const float* x, int K, int lane, float& m, float& s) {
-  float mx = C51_NEG_INF;
-  for (int k = lane; k < K; k += C51_WARP) mx = fmaxf(mx, x[k]);
-  m = warp_max(mx);
-  float acc = 0.f;
-  for (int k = lane; k < K; k += C51_WARP) acc += expf(x[k] - m);
-  s = warp_sum(acc);
-}
-
-// Double-DQN selection of one sample, by one warp: a* = argmax_a sum_k softmax(online[a])_k z_k
-// (first max on ties), the same in every lane. online: [A, K]. Four actions at a time, their
-// reductions interleaved (independent shuffle chains: the warp waits on one latency, not four);
-// each action's arithmetic is the one-at-a-time form's, so the same q bits and the same a*.
-#define C51_SEL 4
-__device__ __forceinline__ int select_action(const float* online, const float* support, int A, int K, int lane) {
-  int best = 0;
-  float best_q = C51_NEG_INF;
-  for (int a0 = 0; a0 < A; a0 += C51_SEL) {
-    const int n = A - a0 < C51_SEL ? A - a0 : C51_SEL;
-    const float* x = online + (long long)a0 * K;
-    float m[C51_SEL], s[C51_SEL], acc[C51_SEL];
-#pragma unroll
-    for (int u = 0; u < C51_SEL; ++u) m[u] = C51_NEG_INF;
-    for (int k = lane; k < K; k += C51_WARP)
-#pragma unroll
-      for (int u = 0; u < C51_SEL; ++u)
-        if (u < n) m[u] = fmaxf(m[u], x[u * K + k]);
-#pragma unroll
-    for (int u = 0; u < C51_SEL; ++u) m[u] = warp_max(m[u]);
-#pragma unroll
-    for (int u = 0; u < C51_SEL; ++u) s[u] = 0.f;
-    for (int k = lane; k < K; k += C51_WARP)
-#pragma unroll
-      for (int u = 0; u < C51_SEL; ++u)
-        if (u < n) s[u] += expf(x[u * K + k] - m[u]);
-#pragma unroll
-    for (int u = 0; u < C51_SEL; ++u) s[u] = warp_sum(s[u]);
-#pragma unroll
-    for (int u = 0; u < C51_SEL; ++u) acc[u] = 0.f;
-    for (int k = lane; k < K; k += C51_WARP)
-#pragma unroll
-      for (int u = 0; u < C51_SEL; ++u)
-        if (u < n) acc[u] += (expf(x[u * K + k] - m[u]) / s[u]) * support[k];
-#pragma unroll
-    for (int u = 0; u < C51_SEL; ++u) acc[u] = warp_sum(acc[u]);
-#pragma unroll
-    for (int u = 0; u < C51_SEL; ++u)
-      if (u < n && (a0 + u == 0 || acc[u] > best_q)) { best_q = acc[u]; best = a0 + u; }
-  }
-  return best;
-}
-
-// p[k] = softmax(y)_k for the lane's atoms k of one row y [K]; pz = the lane's part of sum_k p_k z_k.
-__device__ __forceinline__ void probs_row(const float* y, const float* support, float* p, int K, int lane, float& pz) {
-  float m, s;
-  row_softmax_stats(y, K, lane, m, s);
-  pz = 0.f;
-  for (int k = lane; k < K; k += C51_WARP) {
-    const float pk = expf(y[k] - m) / s;
-    p[k] = pk;
-    pz += pk * support[k];
-  }
-}
-
-// Double-DQN selection and next distribution of one sample, by one warp (see
-// cudarl_c51_next_probs): returns a* (the same in every lane), writes p[k] = softmax(target[a*])_k
-// for the lane's atoms k and sets pz to the lane's part of sum_k p_k z_k.
-__device__ __forceinline__ int next_probs_row(const float* online, const float* target, const float* support,
-                                              float* p, int A, int K, int lane, float& pz) {
-  const int best = select_action(online, support, A, K, lane);
-  probs_row(target + (long long)best * K, support, p, K, lane, pz);
-  return best;
-}
-
-// One source atom j of a projection: the atom l_j below r + d z_j and the shares of p_j that go
-// to l_j and l_j + 1 (see cudarl_c51_project). j >= K gives l = -2, which matches no atom.
-struct Share {
-  int l;
-  float lo, hi;
-};
-
-// The share of source atom j with probability pj and support point zj (j < K).
-__device__ __forceinline__ Share share_at(float pj, float r, float d, float zj, int K, float v_min, float v_max,
-                                          float dz) {
-  const float tz = fminf(fmaxf(r + d * zj, v_min), v_max);
-  const float num = tz - v_min;  // +0 where tz is clipped to v_min (often, at j = 0): 0 / dz is +0,
-  const float g = fminf(fmaxf(num == 0.f ? 0.f : num / dz, 0.f), (float)(K - 1));  // without the slow path
-  const float lo = floorf(g);
-  const float f = g - lo;
-  return Share{(int)lo, pj * (1.f - f), pj * f};
-}
-
-__device__ __forceinline__ Share share_of(const float* p, float r, float d, const float* support, int j, int K,
-                                          float v_min, float v_max, float dz) {
-  return j < K ? share_at(p[j], r, d, support[j], K, v_min, v_max, dz) : Share{-2, 0.f, 0.f};
-}
-
-// Projection of r + d z with next probabilities p onto the support, one sample by one warp (see
-// cudarl_c51_project): the lane writes out[i] for i = lane, lane + 32, ... Each source atom's
-// share is computed once, by lane j % 32, and broadcast with shuffles, so every lane adds the
-// shares that land on its atom in j order (the twin's np.add.at order) at a few instructions per
-// j; the former form recomputed the division for every (i, j) pair and took 30 us of the
-// reference step (ncu, docs/perf-notes.md). All lanes reach every shuffle (whole warps only).
-__device__ __forceinline__ void project_row(const float* p, float r, float d, const float* support, float* out, int K,
-                                            int lane) {
-  const float v_min = support[0], v_max = support[K - 1];
-  const float dz = (v_max - v_min) / (float)(K - 1);
-  if (!isfinite(r) || !isfinite(d)) {
-    for (int i = lane; i < K; i += C51_WARP) out[i] = __int_as_float(0x7fc00000);
-    return;
-  }
-  for (int i0 = 0; i0 < K; i0 += C51_WARP) {
-    const int i = i0 + lane;
-    float acc = 0.f;
-    for (int j0 = 0; j0 < K; j0 += C51_WARP) {
-      const Share sh = share_of(p, r, d, support, j0 + lane, K, v_min, v_max, dz);
-      const int n = K - j0 < C51_WARP ? K - j0 : C51_WARP;
-      for (int t = 0; t < n; ++t) {
-        const int l = __shfl_sync(0xffffffffu, sh.l, t);
-        const float lo = __shfl_sync(0xffffffffu, sh.lo, t);
-        const float hi = __shfl_sync(0xffffffffu, sh.hi, t);
-        if (l == i) acc += lo;
-        else if (l + 1 == i) acc += hi;
-      }
-    }
-    if (i < K) out[i] = acc;
-  }
-}
 
 // A share in a float4 of a warp's stage (l as its bits, lo, hi).
 __device__ __forceinline__ void stage_share(float4* stage, int j, const Share& sh) {
@@ -213,220 +77,18 @@ __device__ __forceinline__ void project_row_staged(const float* p, float r, floa
   __syncwarp();  // every lane is done with stage before the caller reuses it
 }
 
-// Cross-entropy, its gradient and the priority of one sample by one warp, given the chosen
-// action's logits x [K] (act in [0, A)): m = target[b] [K], g = grad[b] [A, K] (every element
-// written); lane 0 writes *loss_b, *prio_b.
-__device__ __forceinline__ void loss_row_x(const float* x, int act, const float* m, float w, float* g, float* loss_b,
-                                           float* prio_b, int B, int A, int K, int kind, int lane) {
-  float mx, s;
-  row_softmax_stats(x, K, lane, mx, s);
-  const float log_s = logf(s);
-  float ce = 0.f, msum = 0.f, mlogm = 0.f;
-  for (int k = lane; k < K; k += C51_WARP) {
-    const float mk = m[k];
-    ce -= mk * (x[k] - mx - log_s);
-    msum += mk;
-    if (mk > 0.f) mlogm += mk * logf(mk);
-  }
-  ce = warp_sum(ce);
-  msum = warp_sum(msum);
-  mlogm = warp_sum(mlogm);
-  const float scale = w / (float)B;
-  for (int a = 0; a < A; ++a) {
-    float* ga = g + (long long)a * K;
-    if (a == act) {
-      for (int k = lane; k < K; k += C51_WARP) ga[k] = scale * (expf(x[k] - mx - log_s) * msum - m[k]);
-    } else {
-      for (int k = lane; k < K; k += C51_WARP) ga[k] = 0.f;
-    }
-  }
-  if (lane == 0) {
-    *loss_b = ce;
-    *prio_b = kind == 0 ? ce : fmaxf(ce + mlogm, 0.f);
-  }
-}
-
-// An action outside [0, A): a zero gradient and NaN loss and priority (the launcher cannot read
-// device memory; the guard sees the NaN).
-__device__ __forceinline__ void loss_row_bad_action(float* g, float* loss_b, float* prio_b, int A, int K, int lane) {
-  for (int k = lane; k < A * K; k += C51_WARP) g[k] = 0.f;
-  if (lane == 0) { *loss_b = C51_NAN; *prio_b = C51_NAN; }
-}
-
-// loss_row_x for one sample's logits x_all [A, K] (see cudarl_c51_loss).
-__device__ __forceinline__ void loss_row(const float* x_all, int act, const float* m, float w, float* g, float* loss_b,
-                                         float* prio_b, int B, int A, int K, int kind, int lane) {
-  if (act < 0 || act >= A) {
-    loss_row_bad_action(g, loss_b, prio_b, A, K, lane);
-    return;
-  }
-  loss_row_x(x_all + (long long)act * K, act, m, w, g, loss_b, prio_b, B, A, K, kind, lane);
-}
-
 }  // namespace
 
 namespace pa = cudarl::popart;
-
-// ---------------------------------------------------------------------------------------------
-// cudarl_c51_next_probs: double-DQN next-state distribution.
-//   a*_b = argmax_a sum_k softmax(online[b,a])_k z_k (first max on ties); probs_b = softmax(target[b,a*]).
-// Threads: one warp per sample b; grid covers ceil(B / warps_per_block).
-// Reads 2*A*K + K floats per sample (online, target row a* once more, support); writes K floats + 1 int.
-extern "C" __global__ void cudarl_c51_next_probs(const float* __restrict__ online, const float* __restrict__ target,
-                                                 const float* __restrict__ support, float* __restrict__ probs,
-                                                 int* __restrict__ a_star, int B, int A, int K) {
-  const int lane = threadIdx.x % C51_WARP;
-  const int b = blockIdx.x * (blockDim.x / C51_WARP) + threadIdx.x / C51_WARP;
-  if (b >= B) return;  // whole warps leave together
-  float pz;
-  const int best = next_probs_row(online + (long long)b * A * K, target + (long long)b * A * K, support,
-                                  probs + (long long)b * K, A, K, lane, pz);
-  if (lane == 0) a_star[b] = best;
-}
-
-// ---------------------------------------------------------------------------------------------
-// cudarl_c51_project: categorical projection of r + d z onto the support (gather form).
-//   g_j = clip((clip(r + d z_j, v_min, v_max) - v_min) / dz, 0, K-1), l_j = floor(g_j), f_j = g_j - l_j
-//   m_i = sum_j p_j [(1 - f_j) 1{l_j = i} + f_j 1{l_j + 1 = i}]
-// An atom exactly on the grid has f_j = 0 and puts all its mass on l_j (no mass lost).
-// A non-finite r or d gives a NaN row (clipping would turn NaN into v_min and hide it from the
-// guard; the seed system's silent failures are what this prevents).
-// Threads: one warp per sample; lane owns output atoms i = lane, lane+32, ... and sums the shares
-// of j = 0..K-1 in order (no scatter, no atomics); each share is computed once and broadcast by
-// shuffle. Reads K probs + 2 floats + K support per sample; writes K floats. O(K^2 / 32) shuffles
-// and compares per lane, O(K / 32) divisions.
-extern "C" __global__ void cudarl_c51_project(const float* __restrict__ probs, const float* __restrict__ r_t,
-                                              const float* __restrict__ discount_t, const float* __restrict__ support,
-                                              float* __restrict__ out, int B, int K) {
-  const int lane = threadIdx.x % C51_WARP;
-  const int b = blockIdx.x * (blockDim.x / C51_WARP) + threadIdx.x / C51_WARP;
-  if (b >= B) return;
-  project_row(probs + (long long)b * K, r_t[b], discount_t[b], support, out + (long long)b * K, K, lane);
-}
-
-// ---------------------------------------------------------------------------------------------
-// cudarl_c51_targets: the target distribution without PopArt in one launch: a*_b and probs_b as
-// cudarl_c51_next_probs, then m_b = the projection of r_b + d_b z with probs_b as
-// cudarl_c51_project (the same rows: the launch pair's arithmetic).
-// Threads: one warp per sample; its lanes write probs_b, __syncwarp() orders those global
-// writes before the warp reads them back (every lane reads all K for its atoms).
-// Reads 2*A*K + K + 2 floats per sample (+ probs_b again from L1); writes 2K floats + 1 int.
-extern "C" __global__ void cudarl_c51_targets(const float* __restrict__ online, const float* __restrict__ target,
-                                              const float* __restrict__ support, const float* __restrict__ r_t,
-                                              const float* __restrict__ discount_t, float* __restrict__ probs,
-                                              int* __restrict__ a_star, float* __restrict__ out, int B, int A, int K) {
-  const int lane = threadIdx.x % C51_WARP;
-  const int b = blockIdx.x * (blockDim.x / C51_WARP) + threadIdx.x / C51_WARP;
-  if (b >= B) return;
-  float* p = probs + (long long)b * K;
-  float pz;
-  const int best = next_probs_row(online + (long long)b * A * K, target + (long long)b * A * K, support, p, A, K, lane, pz);
-  if (lane == 0) a_star[b] = best;
-  __syncwarp();
-  project_row(p, r_t[b], discount_t[b], support, out + (long long)b * K, K, lane);
-}
-
-// ---------------------------------------------------------------------------------------------
-// cudarl_c51_next_probs_td: with PopArt, the first of the targets phase's two launches.
-//   a*_b, probs_b as cudarl_c51_next_probs;  v_b = sum_k probs_bk z_k (the normalised next value)
-//   y_b = r_b + d_b (s v_b + mu)   (return-space TD target, with the statistics BEFORE this step)
-//   state_prev = state             (block 0 copies the 8 floats; see cudarl_c51_project_popart)
-// Threads: one warp per sample (v_b is a warp_sum). state is only read here.
-// Reads 2*A*K + K + 2 floats per sample and 8; writes K + 1 floats + 1 int per sample and 8.
-extern "C" __global__ void cudarl_c51_next_probs_td(const float* __restrict__ online, const float* __restrict__ target,
-                                                    const float* __restrict__ support, const float* __restrict__ r_t,
-                                                    const float* __restrict__ discount_t, const float* __restrict__ state,
-                                                    float* __restrict__ probs, int* __restrict__ a_star,
-                                                    float* __restrict__ y, float* __restrict__ state_prev, int B, int A,
-                                                    int K) {
-  if (blockIdx.x == 0 && threadIdx.x < pa::STATE_SIZE) state_prev[threadIdx.x] = state[threadIdx.x];
-  const int lane = threadIdx.x % C51_WARP;
-  const int b = blockIdx.x * (blockDim.x / C51_WARP) + threadIdx.x / C51_WARP;
-  if (b >= B) return;
-  float pz;
-  const int best = next_probs_row(online + (long long)b * A * K, target + (long long)b * A * K, support,
-                                  probs + (long long)b * K, A, K, lane, pz);
-  const float v = warp_sum(pz);
-  if (lane == 0) {
-    a_star[b] = best;
-    y[b] = pa::td_target(r_t[b], discount_t[b], v, state[pa::MU], state[pa::SIGMA] / state[pa::SCALE]);
-  }
-}
-
-// ---------------------------------------------------------------------------------------------
-// cudarl_c51_project_popart: with PopArt, the second launch. The statistics move with this
-// step's y, then the projection runs on rewards normalised with the UPDATED statistics:
-//   state = update(state_prev, y)    (cudarl_popart_update's math and summation order)
-//   r~_b = (r_b - (1 - d_b) mu') / s'  (written to r_norm),  m_b = projection of r~_b + d_b z
-// Threads: blocks of pa::kReduceThreads (8 warps, one sample per warp; launch exactly that many).
-// Every block reduces all of y in the same fixed order, so every block holds the same bits of
-// the new statistics without a launch between (B floats per block, from L2); block 0's thread 0
-// writes them to state. Nothing in this launch reads state (the old statistics come from
-// state_prev, copied by the launch before), so that write races with no read. No atomics.
-// Reads B + 9 floats per block, K + 2 per sample; writes K + 1 floats per sample and 7.
-extern "C" __global__ void cudarl_c51_project_popart(const float* __restrict__ probs, const float* __restrict__ r_t,
-                                                     const float* __restrict__ discount_t,
-                                                     const float* __restrict__ support, const float* __restrict__ y,
-                                                     const float* __restrict__ state_prev,
-                                                     const float* __restrict__ beta, float* __restrict__ state,
-                                                     float* __restrict__ r_norm, float* __restrict__ out, int B, int K,
-                                                     float sigma_min) {
-  __shared__ float s1[pa::kReduceThreads];
-  __shared__ float s2[pa::kReduceThreads];
-  const pa::Stats old = pa::load(state_prev);
-  float sum, sum2;
-  pa::batch_moments(y, B, s1, s2, sum, sum2);  // every thread of every block, before any returns
-  const pa::Stats st = pa::updated(old, beta[0], sum, sum2, B, sigma_min);
-  if (blockIdx.x == 0 && threadIdx.x == 0) pa::store(state, old, st);
-  const int lane = threadIdx.x % C51_WARP;
-  const int b = blockIdx.x * (blockDim.x / C51_WARP) + threadIdx.x / C51_WARP;
-  if (b >= B) return;
-  const float d = discount_t[b];
-  const float rn = pa::normalized_reward(r_t[b], d, st.mu, st.sigma / st.scale);
-  if (lane == 0) r_norm[b] = rn;
-  project_row(probs + (long long)b * K, rn, d, support, out + (long long)b * K, K, lane);
-}
-
-// ---------------------------------------------------------------------------------------------
-// cudarl_c51_loss: per-sample cross-entropy, its gradient wrt logits, the priority signal, and
-// the importance-weighted batch mean, in one launch.
-//   L_b = -sum_k m_k log p_k, p = softmax(logits[b, a_b])
-//   grad[b,a,k] = (w_b / B)(p_k sum_j m_j - m_k) for a = a_b, else 0 (every element written)
-//   priority_b = L_b (kind 0, "ce") or max(0, L_b + sum_k m_k log m_k) (kind 1, "kl")
-//   loss[0] = scale * sum_b w_b L_b   (scale = 1 / B from the launcher)
-// An action outside [0, A) writes NaN loss and priority (the launcher cannot read device
-// memory; the guard sees the NaN). Threads: one warp per sample. The block that finishes last
-// (cudarl::last_block on the integer ticket *done, 0 at launch and left 0) sums loss_per in
-// the fixed order of cudarl::block_weighted_sum<C51_MEAN_SLOTS> (the order of the former
-// one-block mean kernel of 256 threads), whichever block that is.
-// Reads K logits + K targets + 2 scalars per sample (+ 2B by the last block); writes A*K + 2
-// floats per sample and 1 (loss may be a mapped pinned view).
-#define C51_MEAN_SLOTS 256
-extern "C" __global__ void cudarl_c51_loss(const float* __restrict__ logits, const int* __restrict__ actions,
-                                           const float* __restrict__ target, const float* __restrict__ weights,
-                                           float* __restrict__ loss_per, float* __restrict__ priority,
-                                           float* __restrict__ grad, float* __restrict__ loss, unsigned int* __restrict__ done,
-                                           int B, int A, int K, int kind, float scale) {
-  __shared__ float part[C51_MEAN_SLOTS];
-  const int lane = threadIdx.x % C51_WARP;
-  const int b = blockIdx.x * (blockDim.x / C51_WARP) + threadIdx.x / C51_WARP;
-  if (b < B)  // no return: every thread reaches last_block()
-    loss_row(logits + (long long)b * A * K, actions[b], target + (long long)b * K, weights[b], grad + (long long)b * A * K,
-             loss_per + b, priority + b, B, A, K, kind, lane);
-  if (cudarl::last_block(done)) {
-    const float sum = cudarl::block_weighted_sum<C51_MEAN_SLOTS>(loss_per, weights, B, part);
-    if (threadIdx.x == 0) loss[0] = scale * sum;
-  }
-}
 
 // ---------------------------------------------------------------------------------------------
 // cudarl_c51_targets_loss (no PopArt) and cudarl_c51_targets_loss_popart: the train step's targets
 // and loss in ONE launch, from the dueling head's raw output va [B, (1 + A) K] (V, then Adv [A, K])
 // of the online net at s_t (va_tm1) and s_{t+1} (va_online_tp1) and the target net at s_{t+1}:
 //   logits = dueling combine of va (cudarl/dueling.cuh: cudarl_nn_dueling_forward's rounding)
-//   a*, probs, [y, PopArt update, r_norm], target m   as cudarl_c51_targets / next_probs_td +
+//   a*, probs, [y, PopArt update, r_norm], target m   as cudarl_c51_chain_targets / next_probs_td +
 //                                                       project_popart
-//   loss_per, priority, loss[0]                        as cudarl_c51_loss
+//   loss_per, priority, loss[0]                        as cudarl_c51_chain_loss
 //   dva [B, (1 + A) K] = dL/dva                        as cudarl_nn_dueling_backward of the loss's
 //                                                       dL/dlogits (which is not stored)
 // Every output has the bits of that chain of five launches (dueling_forward x2, the targets
@@ -474,7 +136,7 @@ __device__ __forceinline__ pa::Stats tl_popart_stats(const float* y, int B, cons
   return st;
 }
 
-// The end of the launch: the last block sums the batch mean (cudarl_c51_loss's order) and sets the
+// The end of the launch: the last block sums the batch mean (cudarl_c51_chain_loss's order) and sets the
 // barrier back to 0 (every block is past it by then).
 __device__ __forceinline__ void tl_finish(bool popart, int phase, const float* loss_per, const float* weights, int B,
                                           float scale, float* part, float* loss, unsigned int* done,

@@ -175,13 +175,37 @@ __device__ __forceinline__ float adam_elem(float* p, const float* g, float* m, f
 
 }  // namespace
 
-extern "C" __global__ void cudarl_optim_adam_update(float* p, const float* g, float* m, float* v, const unsigned char* mask,
-                                                    i64 n, const float* lr, const float* m_scale, const float* bc1,
-                                                    const float* bc2, const float* clip, float beta1, float beta2,
-                                                    float eps, float wd) {
+// The parameters of cudarl_optim_adam_update, passed as one value (cudarl.signatures reads them here).
+struct AdamUpdateArgs {
+  float* p;
+  const float* g;
+  float* m;
+  float* v;
+  const unsigned char* mask;
+  i64 n;
+  const float* lr;
+  const float* m_scale;
+  const float* bc1;
+  const float* bc2;
+  const float* clip;
+  float beta1;
+  float beta2;
+  float eps;
+  float wd;
+};
+
+__device__ __forceinline__ void adam_update_impl(float* p, const float* g, float* m, float* v, const unsigned char* mask,
+                                                 i64 n, const float* lr, const float* m_scale, const float* bc1,
+                                                 const float* bc2, const float* clip, float beta1, float beta2,
+                                                 float eps, float wd) {
   const float lr_ = lr[0], ms = m_scale[0], c1 = bc1[0], c2 = bc2[0], cl = clip[0];
   for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < n; i += (i64)gridDim.x * blockDim.x)
     adam_elem(p, g, m, v, mask, i, lr_, ms, c1, c2, cl, beta1, beta2, eps, wd);
+}
+
+extern "C" __global__ void cudarl_optim_adam_update(const AdamUpdateArgs a) {
+  adam_update_impl(a.p, a.g, a.m, a.v, a.mask, a.n, a.lr, a.m_scale, a.bc1, a.bc2, a.clip, a.beta1, a.beta2, a.eps,
+                   a.wd);
 }
 
 // ---- adam_update_soft ---------------------------------------------------------------------------
@@ -191,16 +215,42 @@ extern "C" __global__ void cudarl_optim_adam_update(float* p, const float* g, fl
 // (__fmaf_rn of the tau product onto the rounded (1 - tau) product). Left to the compiler, the
 // contraction differed between the two kernels by one rounding (the H200 at 18f8334).
 // Reads 20*n + n bytes (+24 of scalars), writes 16*n.
-extern "C" __global__ void cudarl_optim_adam_update_soft(float* p, const float* g, float* m, float* v,
-                                                         const unsigned char* mask, float* target, i64 n, const float* lr,
-                                                         const float* m_scale, const float* bc1, const float* bc2,
-                                                         const float* clip, const float* tau, float beta1, float beta2,
-                                                         float eps, float wd) {
+// The parameters of cudarl_optim_adam_update_soft, passed as one value (cudarl.signatures reads them here).
+struct AdamUpdateSoftArgs {
+  float* p;
+  const float* g;
+  float* m;
+  float* v;
+  const unsigned char* mask;
+  float* target;
+  i64 n;
+  const float* lr;
+  const float* m_scale;
+  const float* bc1;
+  const float* bc2;
+  const float* clip;
+  const float* tau;
+  float beta1;
+  float beta2;
+  float eps;
+  float wd;
+};
+
+__device__ __forceinline__ void adam_update_soft_impl(float* p, const float* g, float* m, float* v,
+                                                      const unsigned char* mask, float* target, i64 n, const float* lr,
+                                                      const float* m_scale, const float* bc1, const float* bc2,
+                                                      const float* clip, const float* tau, float beta1, float beta2,
+                                                      float eps, float wd) {
   const float lr_ = lr[0], ms = m_scale[0], c1 = bc1[0], c2 = bc2[0], cl = clip[0], t = tau[0], u = 1.f - t;
   for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < n; i += (i64)gridDim.x * blockDim.x) {
     const float pi = adam_elem(p, g, m, v, mask, i, lr_, ms, c1, c2, cl, beta1, beta2, eps, wd);
     target[i] = soft_elem(t, u, pi, target[i]);
   }
+}
+
+extern "C" __global__ void cudarl_optim_adam_update_soft(const AdamUpdateSoftArgs a) {
+  adam_update_soft_impl(a.p, a.g, a.m, a.v, a.mask, a.target, a.n, a.lr, a.m_scale, a.bc1, a.bc2, a.clip, a.tau,
+                        a.beta1, a.beta2, a.eps, a.wd);
 }
 
 // ---- clip_adam_soft -----------------------------------------------------------------------------

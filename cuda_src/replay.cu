@@ -205,7 +205,30 @@ __device__ __forceinline__ void commit_batch(const float* obs, const float* next
   if (threadIdx.x == 0) added[0] = a1;
 }
 
-extern "C" __global__ __launch_bounds__(COMMIT_THREADS, 1) void cudarl_replay_insert_commit(
+// The parameters of cudarl_replay_insert_commit, passed as one value (cudarl.signatures reads them here).
+struct InsertCommitArgs {
+  const float* obs;
+  const int* action;
+  const float* reward;
+  const float* discount;
+  float* s_obs;
+  int* s_action;
+  float* s_reward;
+  float* s_discount;
+  i64* tree;
+  const i64* levels;
+  i64* flag;
+  i64* added;
+  const i64* max_q;
+  i64 B;
+  i64 D;
+  i64 C;
+  i64 lag;
+  int depth;
+  i64 row_blocks;
+};
+
+__device__ __forceinline__ void insert_commit_impl(
     const float* obs, const int* action, const float* reward, const float* discount, float* s_obs, int* s_action,
     float* s_reward, float* s_discount, i64* tree, const i64* levels, i64* flag, i64* added, const i64* max_q, i64 B,
     i64 D, i64 C, i64 lag, int depth, i64 row_blocks) {
@@ -213,12 +236,49 @@ extern "C" __global__ __launch_bounds__(COMMIT_THREADS, 1) void cudarl_replay_in
                       levels, flag, added, max_q, B, D, C, lag, depth, row_blocks);  // next_obs: never touched
 }
 
-extern "C" __global__ __launch_bounds__(COMMIT_THREADS, 1) void cudarl_replay_insert_commit_next(
+extern "C" __global__ __launch_bounds__(COMMIT_THREADS, 1) void cudarl_replay_insert_commit(const InsertCommitArgs a) {
+  insert_commit_impl(a.obs, a.action, a.reward, a.discount, a.s_obs, a.s_action, a.s_reward, a.s_discount, a.tree,
+                     a.levels, a.flag, a.added, a.max_q, a.B, a.D, a.C, a.lag, a.depth, a.row_blocks);
+}
+
+// The parameters of cudarl_replay_insert_commit_next, passed as one value (cudarl.signatures reads them here).
+struct InsertCommitNextArgs {
+  const float* obs;
+  const float* next_obs;
+  const int* action;
+  const float* reward;
+  const float* discount;
+  float* s_obs;
+  float* s_next_obs;
+  int* s_action;
+  float* s_reward;
+  float* s_discount;
+  i64* tree;
+  const i64* levels;
+  i64* flag;
+  i64* added;
+  const i64* max_q;
+  i64 B;
+  i64 D;
+  i64 C;
+  i64 lag;
+  int depth;
+  i64 row_blocks;
+};
+
+__device__ __forceinline__ void insert_commit_next_impl(
     const float* obs, const float* next_obs, const int* action, const float* reward, const float* discount,
     float* s_obs, float* s_next_obs, int* s_action, float* s_reward, float* s_discount, i64* tree, const i64* levels,
     i64* flag, i64* added, const i64* max_q, i64 B, i64 D, i64 C, i64 lag, int depth, i64 row_blocks) {
   commit_batch<true>(obs, next_obs, action, reward, discount, s_obs, s_next_obs, s_action, s_reward, s_discount, tree,
                      levels, flag, added, max_q, B, D, C, lag, depth, row_blocks);
+}
+
+extern "C" __global__ __launch_bounds__(COMMIT_THREADS, 1) void cudarl_replay_insert_commit_next(
+    const InsertCommitNextArgs a) {
+  insert_commit_next_impl(a.obs, a.next_obs, a.action, a.reward, a.discount, a.s_obs, a.s_next_obs, a.s_action,
+                          a.s_reward, a.s_discount, a.tree, a.levels, a.flag, a.added, a.max_q, a.B, a.D, a.C, a.lag,
+                          a.depth, a.row_blocks);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -356,16 +416,44 @@ __device__ __forceinline__ void gather_one(const float* s_obs, const int* s_acti
   }
 }
 
-extern "C" __global__ void cudarl_replay_gather(const float* s_obs, const int* s_action, const float* s_reward,
-                                                const float* s_discount, const float* s_next, const int* indices,
-                                                float* obs_out, float* next_obs_out, int* action_out,
-                                                float* return_out, float* discount_out, i64* status, i64 B, i64 D,
-                                                i64 W, i64 C, i64 n_envs, int n_step, i64 lag) {
+// The parameters of cudarl_replay_gather, passed as one value (cudarl.signatures reads them here).
+struct GatherArgs {
+  const float* s_obs;
+  const int* s_action;
+  const float* s_reward;
+  const float* s_discount;
+  const float* s_next;
+  const int* indices;
+  float* obs_out;
+  float* next_obs_out;
+  int* action_out;
+  float* return_out;
+  float* discount_out;
+  i64* status;
+  i64 B;
+  i64 D;
+  i64 W;
+  i64 C;
+  i64 n_envs;
+  int n_step;
+  i64 lag;
+};
+
+__device__ __forceinline__ void gather_impl(const float* s_obs, const int* s_action, const float* s_reward,
+                                            const float* s_discount, const float* s_next, const int* indices,
+                                            float* obs_out, float* next_obs_out, int* action_out,
+                                            float* return_out, float* discount_out, i64* status, i64 B, i64 D,
+                                            i64 W, i64 C, i64 n_envs, int n_step, i64 lag) {
   const i64 e = (i64)blockIdx.x * blockDim.x + threadIdx.x;
   if (e >= B * W) return;
   const i64 j = e / W;
   gather_one(s_obs, s_action, s_reward, s_discount, s_next, j, e - j * W, indices[j], obs_out, next_obs_out, action_out,
              return_out, discount_out, status, D, W, C, n_envs, n_step, lag);
+}
+
+extern "C" __global__ void cudarl_replay_gather(const GatherArgs a) {
+  gather_impl(a.s_obs, a.s_action, a.s_reward, a.s_discount, a.s_next, a.indices, a.obs_out, a.next_obs_out,
+              a.action_out, a.return_out, a.discount_out, a.status, a.B, a.D, a.W, a.C, a.n_envs, a.n_step, a.lag);
 }
 
 // ---------------------------------------------------------------------------------------------

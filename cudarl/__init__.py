@@ -4,7 +4,8 @@ The CUDA path (CuPy) and the NumPy path compute the same functions; every kernel
 ``cuda_src/`` has a NumPy twin in ``cudarl.reference`` that is both the CPU backend and
 the oracle of its parity test.
 
-The public names (``docs/api.md``) are imported on first use, so ``import cudarl`` stays cheap::
+The public names (:data:`__all__`, ``docs/api.md``) are imported on first use, so ``import cudarl``
+stays cheap::
 
     policy = cudarl.load_policy("runs/x/checkpoints/best.safetensors")
     trainer = cudarl.Trainer(cudarl.Config())
@@ -16,21 +17,47 @@ __version__ = "0.1.0"
 
 #: Public name -> (module, attribute); a module itself where the attribute is None.
 _PUBLIC = {
+    # configuration, the run, the policy
     "Config": ("cudarl.config", "Config"),
+    "ConfigError": ("cudarl.config", "ConfigError"),
+    "from_dict": ("cudarl.config", "from_dict"),
+    "load_toml": ("cudarl.config", "load_toml"),
     "Trainer": ("cudarl.trainer", "Trainer"),
-    "TradingEnv": ("cudarl.env", "TradingEnv"),
-    "EnvConfig": ("cudarl.env", "EnvConfig"),
+    "StepMonitor": ("cudarl.monitor", "StepMonitor"),
+    "Guard": ("cudarl.guard", "Guard"),
+    "GuardStop": ("cudarl.guard", "GuardStop"),
     "Policy": ("cudarl.policy", "Policy"),
     "load_policy": ("cudarl.policy", "load_policy"),
+    # the learner and its declared parts
+    "Agent": ("cudarl.agent", "Agent"),
+    "HeadRule": ("cudarl.rules", "HeadRule"),
+    "LearnerBuffers": ("cudarl.rules", "LearnerBuffers"),
+    "Encoder": ("cudarl.nn.encoders", "Encoder"),
+    "AuxSignal": ("cudarl.auxiliary", "AuxSignal"),
+    "QNetwork": ("cudarl.nn", "QNetwork"),
+    "Adam": ("cudarl.optim", "Adam"),
+    "Schedule": ("cudarl.optim", "Schedule"),
+    "SoftUpdate": ("cudarl.optim", "SoftUpdate"),
+    "PopArt": ("cudarl.popart", "PopArt"),
+    "losses": ("cudarl.losses", None),
+    # data, environment, replay, evaluation
     "data": ("cudarl.data", None),
+    "TradingEnv": ("cudarl.env", "TradingEnv"),
+    "EnvConfig": ("cudarl.env", "EnvConfig"),
+    "PrioritizedReplay": ("cudarl.replay", "PrioritizedReplay"),
     "evaluate": ("cudarl.evaluate", None),
     "gym": ("cudarl.gym", None),
+    # the GPU machinery
+    "StepGraph": ("cudarl.graph", "StepGraph"),
+    "SideStream": ("cudarl.graph", "SideStream"),
+    "family": ("cudarl.backend", "family"),
 }
 
 __all__ = ["__version__", *_PUBLIC]
 
 
 def __getattr__(name: str):
+    """Import a public name on first use (PEP 562)."""
     try:
         module, attr = _PUBLIC[name]
     except KeyError:

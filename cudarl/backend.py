@@ -8,6 +8,7 @@ inside CuPy.
 from __future__ import annotations
 
 import functools
+import importlib
 import os
 from dataclasses import dataclass
 from types import ModuleType
@@ -101,6 +102,18 @@ def get_array_module(*arrays) -> ModuleType:
 
             return cupy
     return np
+
+
+def is_numpy(xp) -> bool:
+    """Whether ``xp`` is NumPy (the CPU backend); anything else is CuPy."""
+    return xp is np or getattr(xp, "__name__", "") == "numpy"
+
+
+def family(name: str, xp) -> ModuleType:
+    """The one dispatch point of a kernel family: ``cudarl.reference.<name>`` (the NumPy twin) for
+    ``xp = numpy``, ``cudarl.ops.<name>`` (the launchers of ``cuda_src/<name>.cu``) for CuPy. Both
+    define the same op names (``tools/check_faces.py``); every object picks its ops here."""
+    return importlib.import_module(f"cudarl.{'reference' if is_numpy(xp) else 'ops'}.{name}")
 
 
 def to_numpy(a) -> np.ndarray:

@@ -212,10 +212,14 @@ class ReplayConfig:
 
 @dataclass(frozen=True)
 class NetConfig:
-    """The Q-network: an MLP encoder and a distributional head."""
+    """The Q-network: an encoder and a distributional head."""
 
+    encoder: str = "mlp"
+    """The encoder of the observation (``cudarl.nn.encoders.ENCODERS``): ``mlp`` (the widths ``hidden``)."""
     head: str = "c51"
-    """``c51`` (categorical, Bellemare et al. 2017) or ``iqn`` (implicit quantiles, Dabney et al. 2018)."""
+    """The distributional head and its learning rule (``cudarl.rules.HEAD_RULES``): ``c51`` (categorical,
+    Bellemare et al. 2017), ``iqn`` (implicit quantiles, Dabney et al. 2018) or ``qrdqn`` (quantile
+    regression at ``n_quantiles`` fixed midpoints, Dabney et al. 2018)."""
     hidden: tuple = (128, 128)
     """Encoder widths. Measured (docs/sweeps.md, sweeps 4-5, regime, 3 seeds, 10k updates): with batch
     256, 128-128 beat 256-256 with batch 512 for IQN (held-out Sharpe 2.77 +- 0.02 against 2.49 +- 0.04)
@@ -230,7 +234,7 @@ class NetConfig:
     v_max: float = 10.0
     """C51 support maximum."""
     n_quantiles: int = 32
-    """IQN quantiles per state (online and target)."""
+    """IQN and QR-DQN quantiles per state (online and target)."""
     n_cos: int = 64
     """IQN cosine embedding size."""
     tf32: bool = False
@@ -247,10 +251,12 @@ class NetConfig:
 
     def __post_init__(self):
         s = "net"
+        from .nn.encoders import ENCODERS
         from .nn.layers import GEMMS
-        from .nn.network import HEADS
+        from .rules import HEAD_RULES
 
-        _need(s, self.head in HEADS, f"head must be one of {sorted(HEADS)}, got {self.head!r}")
+        _need(s, self.encoder in ENCODERS, f"encoder must be one of {sorted(ENCODERS)}, got {self.encoder!r}")
+        _need(s, self.head in HEAD_RULES, f"head must be one of {sorted(HEAD_RULES)}, got {self.head!r}")
         _need(
             s,
             len(self.hidden) >= 1 and all(isinstance(h, int) and 1 <= h <= 65536 for h in self.hidden),
@@ -351,6 +357,9 @@ class AgentConfig:
     without it bar returns of a few basis points fill one or two atoms; IQN: quantiles of unit scale."""
     popart_beta: float = 3e-4
     """PopArt's statistics step size."""
+    aux: tuple = ()
+    """Auxiliary signals by name (``cudarl.auxiliary.AUX_SIGNALS``): each adds its head on the encoder's
+    output, its loss phase to the train step and its observable to ``metrics.jsonl``. None is built in yet."""
 
     def __post_init__(self):
         s = "agent"
@@ -367,6 +376,11 @@ class AgentConfig:
         _need(s, self.priority in ("kl", "ce"), f"priority must be kl or ce, got {self.priority!r}")
         _in(s, "kappa", self.kappa, 0, 1e6)
         _in(s, "popart_beta", self.popart_beta, 0, 1, lo_open=True)
+        from .auxiliary import AUX_SIGNALS
+
+        unknown = [name for name in self.aux if name not in AUX_SIGNALS]
+        _need(s, not unknown, f"aux: no auxiliary signal named {unknown} (registered: {sorted(AUX_SIGNALS)})")
+        _need(s, len(set(self.aux)) == len(self.aux), f"aux: a signal named twice in {list(self.aux)}")
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import backend as _backend
+from .backend import family
 from .reference import env as ref
 from .reference.env import EnvData, EnvParams, EnvState, Transitions
 
@@ -143,11 +144,7 @@ class TradingEnv:
         self.config = config
         be = _backend.get(backend)
         self.xp, self.is_gpu = be.xp, be.is_gpu
-        if self.is_gpu:
-            from .ops import env as ops
-        else:
-            ops = ref
-        self._ops = ops
+        self._ops = family("env", self.xp)
         open_, close = _as_f32("open", open, 1), _as_f32("close", close, 1)
         feats = _as_f32("features", features, 2)
         t_n, f_n = feats.shape

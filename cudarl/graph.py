@@ -198,6 +198,7 @@ class StepGraph:
         self._graph.launch(self.stream)
 
     def synchronize(self) -> None:
+        """Wait for the graph's stream (a no-op on the NumPy backend)."""
         if self.is_gpu:
             self.stream.synchronize()
 
@@ -286,6 +287,7 @@ class SideStream:
 
     @contextmanager
     def fork(self):
+        """``with side.fork():``: run the body on the side stream, after everything enqueued so far."""
         if self.stream is None:
             yield
             return

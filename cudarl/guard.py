@@ -18,6 +18,8 @@ import math
 from collections import deque
 from dataclasses import dataclass
 
+from .config import GuardConfig
+
 
 class GuardStop(RuntimeError):
     """Training stopped by the guard; the message says at which step and why."""
@@ -50,28 +52,15 @@ class GuardEvent:
 
 
 class Guard:
-    """Checks each step's (loss, grad_norm).
+    """Checks each step's (loss, grad_norm) by the rule of a :class:`cudarl.config.GuardConfig` (validated
+    there, the one source of its defaults): ``action`` (``"stop"`` or ``"rollback"``), ``window`` (recent
+    healthy losses the spike rule looks at), ``spike_factor`` (a loss above ``spike_factor * median`` is a
+    spike) and ``max_rollbacks`` (after this many the next trip stops training)."""
 
-    Args:
-        action: ``"stop"`` or ``"rollback"``.
-        window: number of recent healthy losses the spike rule looks at (>= 2).
-        spike_factor: a loss above ``spike_factor * median(window)`` is a spike (> 1).
-        max_rollbacks: after this many rollbacks the next trip stops training.
-    """
-
-    def __init__(self, action: str = "rollback", window: int = 50, spike_factor: float = 10.0, max_rollbacks: int = 3):
-        if action not in ("stop", "rollback"):
-            raise ValueError(f"action must be 'stop' or 'rollback', got {action!r}")
-        if int(window) < 2:
-            raise ValueError(f"window must be >= 2, got {window}")
-        if not spike_factor > 1:
-            raise ValueError(f"spike_factor must be > 1, got {spike_factor}")
-        self.action, self.window, self.spike_factor, self.max_rollbacks = (
-            action,
-            int(window),
-            float(spike_factor),
-            int(max_rollbacks),
-        )
+    def __init__(self, cfg: GuardConfig | None = None):
+        cfg = cfg or GuardConfig()
+        self.action, self.window = cfg.action, int(cfg.window)
+        self.spike_factor, self.max_rollbacks = float(cfg.spike_factor), int(cfg.max_rollbacks)
         self.history: deque = deque(maxlen=self.window)
         self.rollbacks = 0
 
@@ -101,8 +90,10 @@ class Guard:
         return event
 
     def state_dict(self) -> dict:
+        """The window of healthy losses and the rollbacks so far (a checkpoint's ``guard``)."""
         return {"history": list(self.history), "rollbacks": self.rollbacks}
 
     def load_state_dict(self, s: dict) -> None:
+        """Restore :meth:`state_dict`."""
         self.history = deque((float(x) for x in s["history"]), maxlen=self.window)
         self.rollbacks = int(s["rollbacks"])

@@ -40,7 +40,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import nvrtc
+from . import nvrtc, signatures
 from .atomic import atomic_link, atomic_open
 
 UNGRAPHED = "ungraphed"
@@ -428,45 +428,19 @@ def loaded() -> dict[tuple[str, str], object]:
     return dict(_modules)
 
 
-# --- signatures and the launch helper ----------------------------------------------------------
-_SCALARS = {"i32": np.int32, "i64": np.int64, "u32": np.uint32, "u64": np.uint64, "f32": np.float32, "f64": np.float64}
-_POINTEES = {**_SCALARS, "u8": np.uint8, "i8": np.int8}
-
-
-@functools.cache
-def parse_signature(sig: str) -> tuple[tuple[str, np.dtype, bool], ...]:
-    """Parse ``"f32* out, const u64* counter, i64 n"`` into (name, dtype, is_pointer) triples.
-
-    The names are for error messages; ``const`` is documentation only. ``""``: no arguments.
-    """
-    if not sig.strip():
-        return ()
-    out = []
-    for i, part in enumerate(p.strip() for p in sig.split(",")):
-        m = re.match(r"^(?:const\s+)?(\w+)\s*(\*?)\s*(\w+)?$", part)
-        if not m or m.group(1) not in (_POINTEES if m.group(2) else _SCALARS):
-            raise KernelError(f"bad kernel signature entry {part!r} in {sig!r}")
-        out.append(
-            (
-                m.group(3) or f"arg{i}",
-                np.dtype(_POINTEES[m.group(1)] if m.group(2) else _SCALARS[m.group(1)]),
-                bool(m.group(2)),
-            )
-        )
-    return tuple(out)
-
-
-def check_args(where: str, sig: str, args: tuple) -> tuple:
-    """Validate ``args`` against ``sig``; return them with scalars cast to their C types.
+# --- arguments and the launch helper ----------------------------------------------------------
+def check_args(where: str, params: tuple, args: tuple) -> tuple:
+    """Validate ``args`` against a kernel's C parameters (``signatures.of(...).params``: ``(name, dtype,
+    is_pointer)``); return them with scalars cast to their C types.
 
     Pointers must be CuPy arrays of the declared dtype, C-contiguous, non-empty, with a
     non-null address (DESIGN.md rule 5: a disabled feature gets no launch, not a null pointer).
     """
-    spec = parse_signature(sig)
-    if len(args) != len(spec):
-        raise KernelError(f"{where}: expected {len(spec)} arguments ({sig}), got {len(args)}")
+    if len(args) != len(params):
+        text = ", ".join(n for n, _, _ in params)
+        raise KernelError(f"{where}: expected {len(params)} arguments ({text}), got {len(args)}")
     out = []
-    for (name, dtype, is_ptr), a in zip(spec, args, strict=True):
+    for (name, dtype, is_ptr), a in zip(params, args, strict=True):
         if is_ptr:
             if not (type(a).__module__.startswith("cupy") and hasattr(a, "data")):
                 raise KernelError(f"{where}: argument {name!r} must be a CuPy array of {dtype}, got {type(a).__name__}")
@@ -492,6 +466,15 @@ def check_args(where: str, sig: str, args: tuple) -> tuple:
     return tuple(out)
 
 
+def pack_struct(sig: signatures.Signature, checked: tuple) -> np.ndarray:
+    """The one-element NumPy array of ``sig.struct`` holding ``checked`` (pointers as device addresses):
+    CuPy passes it to the kernel by value, and a graph capture copies it into the node like any argument."""
+    rec = np.zeros(1, dtype=sig.struct)
+    for (name, _, is_ptr), v in zip(sig.params, checked, strict=True):
+        rec[name] = v.data.ptr if is_ptr else v
+    return rec
+
+
 def _is_capturing(stream) -> bool:
     return bool(stream.is_capturing())
 
@@ -500,16 +483,24 @@ def _is_capturing(stream) -> bool:
 _DEFAULT_SMEM = 48 * 1024
 
 
-def launch(family: str, op: str, grid, block, sig: str, args: tuple, *, stream=None, shared_mem: int = 0) -> None:
-    """Launch ``cudarl_<family>_<op>`` on ``stream`` (default: CuPy's current stream).
+def launch(family: str, op: str, grid, block, args: tuple, *legacy, stream=None, shared_mem: int = 0) -> None:
+    """Launch ``cudarl_<family>_<op>`` with ``args`` on ``stream`` (default: CuPy's current stream).
 
-    The module is the current context's; launching an ``ungraphed`` kernel into a capturing
-    stream, or a graph's kernel outside its capture, raises (DESIGN.md rule 1).
+    ``args`` are checked against the kernel's ``extern "C"`` parameters as ``cuda_src/<family>.cu``
+    declares them (:func:`cudarl.signatures.of`: the one source of a signature); for a kernel that
+    takes a struct by value they are its fields in order, packed here. The module is the current
+    context's; launching an ``ungraphed`` kernel into a capturing stream, or a graph's kernel outside
+    its capture, raises (DESIGN.md rule 1).
     """
+    where = f"cudarl_{family}_{op}"
+    if isinstance(args, str) or legacy:
+        raise KernelError(f"{where}: launch takes no signature string; it is read from cuda_src/{family}.cu")
     import cupy
 
-    where = f"cudarl_{family}_{op}"
-    checked = check_args(where, sig, tuple(args))
+    sig = signatures.of(family, op)
+    checked = check_args(where, sig.params, tuple(args))
+    if sig.struct is not None:
+        checked = (pack_struct(sig, checked),)
     grid = (grid,) if isinstance(grid, int) else tuple(grid)
     block = (block,) if isinstance(block, int) else tuple(block)
     if any(int(g) < 1 for g in grid) or any(int(b) < 1 for b in block) or int(np.prod(block)) > 1024:

@@ -1,10 +1,18 @@
 """Distributional targets and losses as pure functions of arrays (rlax style).
 
-Every function takes NumPy arrays (runs ``cudarl.reference``, returns new arrays) or CuPy
-arrays (launches ``cudarl.ops``, writes into ``out_*`` buffers and returns them). On the GPU,
-pass preallocated ``out_*`` buffers inside a graph capture; a missing one is allocated here,
-which is only allowed outside a capture. Equations and shapes are in each docstring; the
-reference modules hold the same equations next to the code.
+Every function takes NumPy arrays (runs the family's twin in ``cudarl.reference``) or CuPy arrays
+(launches ``cudarl.ops``), chosen by :func:`cudarl.backend.family`. A function with several outputs
+takes ONE result object ``out`` (a small dataclass of buffers: :class:`C51TargetsLoss`,
+:class:`QuantileLoss`, ...) and returns it:
+
+* on the GPU the launch writes into ``out``'s buffers; pass one made before a graph capture
+  (``C51TargetsLoss.empty(cupy, B, A, K)``, whose ``given`` buffers may be views of the caller's);
+  without ``out`` one is allocated here, which only works outside a capture;
+* on NumPy the twin's new arrays are copied into ``out``'s buffers, or returned as a new result
+  object without ``out`` (the launch counters and scratch are then None).
+
+So one program serves both backends. Equations and shapes are in each docstring; the reference
+modules hold the same equations next to the code. Result objects unpack like tuples of their fields.
 
 Shapes: ``B`` batch, ``A`` actions, ``K`` atoms, ``N``/``N'`` quantiles. float32 throughout,
 actions int32.
@@ -12,30 +20,48 @@ actions int32.
 
 from __future__ import annotations
 
-from collections import namedtuple
+from dataclasses import dataclass, fields
 
 import numpy as np
 
-from .backend import get_array_module
-from .reference import c51 as _c51
+from .backend import family, get_array_module, is_numpy
+from .reference.popart import STATE_SIZE
 
-C51Loss = namedtuple("C51Loss", "loss_per loss grad priority")
-C51Loss.__doc__ = (
-    """``loss_per [B]``, ``loss`` (scalar on NumPy, ``[1]`` on CuPy), ``grad [B, A, K]``, ``priority [B]``."""
-)
+F32, I32, U32 = np.float32, np.int32, np.uint32
 
 
-def _is_gpu(*arrays) -> bool:
-    return get_array_module(*arrays).__name__ == "cupy"
+class _Result:
+    """Base of the result objects: unpacks like a tuple of its fields."""
+
+    def __iter__(self):
+        return (getattr(self, f.name) for f in fields(self))
+
+    @classmethod
+    def _alloc(cls, xp, spec: dict, given: dict):
+        """``cls`` with a buffer per ``spec`` entry ``name: (shape, dtype, zeros)``, or ``given[name]``."""
+        unknown = sorted(set(given) - set(spec))
+        if unknown:
+            raise TypeError(f"{cls.__name__}: no buffer named {unknown} (buffers: {sorted(spec)})")
+        kw = {}
+        for name, (shape, dtype, zero) in spec.items():
+            kw[name] = given[name] if name in given else (xp.zeros if zero else xp.empty)(shape, dtype)
+        return cls(**kw)
 
 
-def _out(xp, buf, shape, dtype=np.float32):
-    return buf if buf is not None else xp.empty(shape, dtype=dtype)
+def _numpy(cls, out, **values):
+    """NumPy: the twin's ``values`` as a new ``cls``, or copied into ``out``'s buffers (a scalar
+    into a ``[1]`` buffer). A buffer ``out`` leaves None is not written."""
+    if out is None:
+        return cls(**values)
+    for name, v in values.items():
+        dst = getattr(out, name)
+        if dst is not None and v is not None and dst is not v:
+            dst[...] = np.reshape(v, dst.shape)
+    return out
 
 
-def _done(xp, buf):
-    """The uint32 ``[1]`` ticket counter of a one-launch loss: 0 before the launch, left 0."""
-    return buf if buf is not None else xp.zeros((1,), dtype=np.uint32)
+def _counter(shape=(1,)):
+    return (shape, U32, True)  # a launch's ticket or barrier counter: zeros, left zero by the launch
 
 
 # ---- C51 --------------------------------------------------------------------------------------
@@ -50,46 +76,74 @@ def c51_project(probs_tp1, r_t, discount_t, support, out=None):
     Args:
         probs_tp1: float32 ``[B, K]`` next-state distribution (e.g. :func:`c51_next_probs`).
         r_t, discount_t: float32 ``[B]``. support: float32 ``[K]``, uniform, ``K >= 2``.
-        out: float32 ``[B, K]`` (CuPy only).
+        out: float32 ``[B, K]``.
     Returns:
         float32 ``[B, K]``; each row sums to the row sum of ``probs_tp1``.
     """
-    if not _is_gpu(probs_tp1):
-        return _c51.project(probs_tp1, r_t, discount_t, support)
-    import cupy as cp
-
-    from .ops import c51 as ops
-
-    out = _out(cp, out, probs_tp1.shape)
+    xp = get_array_module(probs_tp1)
+    ops = family("c51_chain", xp)
+    if is_numpy(xp):
+        m = ops.project(probs_tp1, r_t, discount_t, support)
+        if out is None:
+            return m
+        out[...] = m
+        return out
+    out = out if out is not None else xp.empty(probs_tp1.shape, F32)
     ops.project(probs_tp1, r_t, discount_t, support, out)
     return out
 
 
-def c51_next_probs(logits_online_tp1, logits_target_tp1, support, out_probs=None, out_a_star=None):
+@dataclass
+class NextProbs(_Result):
+    """:func:`c51_next_probs`' ``probs`` float32 ``[B, K]`` and ``a_star`` int32 ``[B]``."""
+
+    probs: object
+    a_star: object
+
+    @classmethod
+    def empty(cls, xp, B: int, K: int, **given) -> NextProbs:
+        return cls._alloc(xp, {"probs": ((B, K), F32, False), "a_star": ((B,), I32, False)}, given)
+
+
+def c51_next_probs(logits_online_tp1, logits_target_tp1, support, out: NextProbs | None = None) -> NextProbs:
     """Double-DQN next distribution: ``a* = argmax_a E_{softmax(online[b, a])}[z]`` (first on
     ties), ``p = softmax(target[b, a*])``.
 
     Args:
         logits_online_tp1, logits_target_tp1: float32 ``[B, A, K]``. support: float32 ``[K]``.
     Returns:
-        ``(probs float32 [B, K], a_star int32 [B])``. Pass the target logits as both arguments
-        for the plain (non-double) DQN target.
+        :class:`NextProbs`. Pass the target logits as both arguments for the plain (non-double)
+        DQN target.
     """
-    if not _is_gpu(logits_online_tp1):
-        return _c51.next_probs(logits_online_tp1, logits_target_tp1, support)
-    import cupy as cp
-
-    from .ops import c51 as ops
-
+    xp = get_array_module(logits_online_tp1)
+    ops = family("c51_chain", xp)
+    if is_numpy(xp):
+        probs, a_star = ops.next_probs(logits_online_tp1, logits_target_tp1, support)
+        return _numpy(NextProbs, out, probs=probs, a_star=a_star)
     B, _, K = logits_online_tp1.shape
-    out_probs, out_a_star = _out(cp, out_probs, (B, K)), _out(cp, out_a_star, (B,), np.int32)
-    ops.next_probs(logits_online_tp1, logits_target_tp1, support, out_probs, out_a_star)
-    return out_probs, out_a_star
+    out = out if out is not None else NextProbs.empty(xp, B, K)
+    ops.next_probs(logits_online_tp1, logits_target_tp1, support, out.probs, out.a_star)
+    return out
 
 
-C51Targets = namedtuple("C51Targets", "target probs a_star y r_norm state")
-C51Targets.__doc__ = """``target [B, K]``, ``probs [B, K]``, ``a_star int32 [B]``; with PopArt also ``y [B]``,
-``r_norm [B]`` and ``state [8]`` (the updated statistics), else None."""
+@dataclass
+class C51Targets(_Result):
+    """:func:`c51_targets`' buffers: ``target [B, K]``, ``probs [B, K]``, ``a_star int32 [B]``; with
+    PopArt also ``y [B]``, ``r_norm [B]`` and (GPU) ``scratch [8]``, the statistics before the update."""
+
+    target: object
+    probs: object
+    a_star: object
+    y: object = None
+    r_norm: object = None
+    scratch: object = None
+
+    @classmethod
+    def empty(cls, xp, B: int, K: int, popart: bool = False, **given) -> C51Targets:
+        spec = {"target": ((B, K), F32, False), "probs": ((B, K), F32, False), "a_star": ((B,), I32, False)}
+        if popart:
+            spec.update(y=((B,), F32, False), r_norm=((B,), F32, False), scratch=((STATE_SIZE,), F32, False))
+        return cls._alloc(xp, spec, given)
 
 
 def c51_targets(
@@ -102,12 +156,7 @@ def c51_targets(
     popart_beta=None,
     sigma_min=1e-4,
     *,
-    out_target=None,
-    out_probs=None,
-    out_a_star=None,
-    out_y=None,
-    out_r_norm=None,
-    scratch=None,
+    out: C51Targets | None = None,
 ) -> C51Targets:
     """The whole C51 target of a train step: double-DQN next distribution, PopArt, projection.
 
@@ -122,59 +171,78 @@ def c51_targets(
     The update uses this step's ``y`` and the rewards are normalised with the UPDATED statistics,
     as ``c51_next_probs``, ``PopArt.td_targets``, ``PopArt.update``, ``PopArt.normalize_rewards`` and
     :func:`c51_project` in that order (on NumPy the same calls: the same numbers). On CuPy it is
-    one launch without PopArt and two with it (the second reduces ``y`` and projects).
+    one launch without PopArt and two with it (the second reduces ``y`` and projects); the unfused
+    chain of ``cuda_src/c51_chain.cu``.
 
     Args:
         logits_online_tp1, logits_target_tp1: float32 ``[B, A, K]``. support: float32 ``[K]``, uniform.
         r_t, discount_t: float32 ``[B]`` (n-step reward, ``gamma^n`` and 0 at terminals).
-        popart_state: PopArt's float32 ``[8]`` state (``PopArt.state``), or None for no PopArt. On
-            CuPy it is updated in place; on NumPy it is not modified (the new one is returned).
+        popart_state: PopArt's float32 ``[8]`` state (``PopArt.state``), or None for no PopArt;
+            updated in place on both backends.
         popart_beta: the step size (CuPy: float32 ``[1]`` device slot; NumPy: a float or ``[1]``).
         sigma_min: floor on sigma.
-        out_*: CuPy output buffers (``out_y``, ``out_r_norm`` only with PopArt); ``scratch``: float32
-            ``[8]`` (CuPy with PopArt: the statistics before the update, for the second launch).
+        out: :class:`C51Targets` (with PopArt: made with ``popart=True``).
     Returns:
-        :class:`C51Targets`.
+        :class:`C51Targets` (``y``, ``r_norm`` None without PopArt).
     """
-    if not _is_gpu(logits_online_tp1):
-        return C51Targets(
-            *_c51.targets(
-                logits_online_tp1, logits_target_tp1, support, r_t, discount_t, popart_state, popart_beta, sigma_min
-            )
+    xp = get_array_module(logits_online_tp1)
+    ops = family("c51_chain", xp)
+    popart = popart_state is not None
+    if is_numpy(xp):
+        m, probs, a_star, y, r_norm, state = ops.targets(
+            logits_online_tp1, logits_target_tp1, support, r_t, discount_t, popart_state, popart_beta, sigma_min
         )
-    import cupy as cp
-
-    from .ops import c51 as ops
-
+        if popart:
+            popart_state[...] = state
+        return _numpy(C51Targets, out, target=m, probs=probs, a_star=a_star, y=y, r_norm=r_norm)
     B, _, K = logits_online_tp1.shape
-    target, probs = _out(cp, out_target, (B, K)), _out(cp, out_probs, (B, K))
-    a_star = _out(cp, out_a_star, (B,), np.int32)
-    if popart_state is None:
-        ops.targets(logits_online_tp1, logits_target_tp1, support, r_t, discount_t, target, probs, a_star)
-        return C51Targets(target, probs, a_star, None, None, None)
-    y, r_norm, scratch = _out(cp, out_y, (B,)), _out(cp, out_r_norm, (B,)), _out(cp, scratch, (8,))
-    ops.next_probs_td(
-        logits_online_tp1, logits_target_tp1, support, r_t, discount_t, popart_state, probs, a_star, y, scratch
-    )
+    out = out if out is not None else C51Targets.empty(xp, B, K, popart)
+    args = (logits_online_tp1, logits_target_tp1, support, r_t, discount_t)
+    if not popart:
+        ops.targets(*args, out.target, out.probs, out.a_star)
+        return out
+    ops.next_probs_td(*args, popart_state, out.probs, out.a_star, out.y, out.scratch)
     ops.project_popart(
-        probs, r_t, discount_t, support, y, scratch, popart_beta, popart_state, r_norm, target, sigma_min=sigma_min
+        out.probs,
+        r_t,
+        discount_t,
+        support,
+        out.y,
+        out.scratch,
+        popart_beta,
+        popart_state,
+        out.r_norm,
+        out.target,
+        sigma_min=sigma_min,
     )
-    return C51Targets(target, probs, a_star, y, r_norm, popart_state)
+    return out
 
 
-def c51_loss(
-    logits_tm1,
-    a_tm1,
-    target,
-    weights,
-    priority="kl",
-    *,
-    out_loss_per=None,
-    out_loss=None,
-    out_grad=None,
-    out_priority=None,
-    done=None,
-) -> C51Loss:
+@dataclass
+class C51Loss(_Result):
+    """:func:`c51_loss`' buffers: ``loss_per [B]``, ``loss`` (``[1]``; a scalar from NumPy without
+    ``out``), ``grad [B, A, K]``, ``priority [B]``, and (GPU) ``done``, the launch's uint32 ``[1]``
+    ticket counter (zeros, left zero)."""
+
+    loss_per: object
+    loss: object
+    grad: object
+    priority: object
+    done: object = None
+
+    @classmethod
+    def empty(cls, xp, B: int, A: int, K: int, **given) -> C51Loss:
+        spec = {
+            "loss_per": ((B,), F32, False),
+            "loss": ((1,), F32, False),
+            "grad": ((B, A, K), F32, False),
+            "priority": ((B,), F32, False),
+            "done": _counter(),
+        }
+        return cls._alloc(xp, spec, given)
+
+
+def c51_loss(logits_tm1, a_tm1, target, weights, priority="kl", *, out: C51Loss | None = None) -> C51Loss:
     """Importance-weighted categorical cross-entropy, its gradient and a priority signal.
 
     With ``p = softmax(logits_tm1[b, a_tm1[b]])`` and ``m = target[b]``::
@@ -191,42 +259,70 @@ def c51_loss(
     Args:
         logits_tm1: float32 ``[B, A, K]`` (dueling C51 output). a_tm1: int32 ``[B]``.
         target: float32 ``[B, K]`` (:func:`c51_project`). weights: float32 ``[B]`` (PER IS weights).
-        done: CuPy only, a uint32 ``[1]`` buffer of zeros the launch uses as its ticket counter and
-            leaves 0 (one launch computes the rows and the mean); allocated here if missing.
-    Returns:
-        :class:`C51Loss`. On CuPy ``loss`` is ``out_loss [1]`` (may be a pinned device view).
+        out: :class:`C51Loss` (one launch computes the rows and the mean; ``loss`` may be a pinned view).
     """
-    if not _is_gpu(logits_tm1):
-        return C51Loss(*_c51.loss(logits_tm1, a_tm1, target, weights, priority=priority))
-    import cupy as cp
-
-    from .ops import c51 as ops
-
-    B = logits_tm1.shape[0]
-    res = C51Loss(
-        _out(cp, out_loss_per, (B,)),
-        _out(cp, out_loss, (1,)),
-        _out(cp, out_grad, logits_tm1.shape),
-        _out(cp, out_priority, (B,)),
-    )
+    xp = get_array_module(logits_tm1)
+    ops = family("c51_chain", xp)
+    if is_numpy(xp):
+        per, mean, grad, prio = ops.loss(logits_tm1, a_tm1, target, weights, priority=priority)
+        return _numpy(C51Loss, out, loss_per=per, loss=mean, grad=grad, priority=prio)
+    out = out if out is not None else C51Loss.empty(xp, *logits_tm1.shape)
     ops.loss(
         logits_tm1,
         a_tm1,
         target,
         weights,
-        res.loss_per,
-        res.loss,
-        res.grad,
-        res.priority,
-        _done(cp, done),
+        out.loss_per,
+        out.loss,
+        out.grad,
+        out.priority,
+        out.done,
         priority=priority,
     )
-    return res
+    return out
 
 
-C51TargetsLoss = namedtuple("C51TargetsLoss", "target probs a_star y r_norm state loss_per loss priority dva")
-C51TargetsLoss.__doc__ = """:class:`C51Targets`' fields, :class:`C51Loss`' ``loss_per``, ``loss``, ``priority``, and
-``dva [B, (1 + A) K]``: dL/d(the dueling head's raw output) at s_t (no ``grad`` wrt the logits)."""
+@dataclass
+class C51TargetsLoss(_Result):
+    """:func:`c51_targets_loss`' buffers: :class:`C51Targets`' ``target``, ``probs``, ``a_star``,
+    :class:`C51Loss`' ``loss_per``, ``loss``, ``priority``, and ``dva [B, (1 + A) K]``, dL/d(the dueling
+    head's raw output) at s_t (no gradient wrt the logits); with PopArt ``y``, ``r_norm [B]``. GPU
+    launch state: ``done`` and (PopArt) ``barrier``, uint32 ``[1]`` counters of zeros left zero, and
+    ``scratch`` float32 ``[8]``."""
+
+    target: object
+    probs: object
+    a_star: object
+    loss_per: object
+    loss: object
+    priority: object
+    dva: object
+    y: object = None
+    r_norm: object = None
+    done: object = None
+    barrier: object = None
+    scratch: object = None
+
+    @classmethod
+    def empty(cls, xp, B: int, A: int, K: int, popart: bool = False, **given) -> C51TargetsLoss:
+        spec = {
+            "target": ((B, K), F32, False),
+            "probs": ((B, K), F32, False),
+            "a_star": ((B,), I32, False),
+            "loss_per": ((B,), F32, False),
+            "loss": ((1,), F32, False),
+            "priority": ((B,), F32, False),
+            "dva": ((B, (1 + A) * K), F32, False),
+            "done": _counter(),
+        }
+        if popart:
+            spec.update(
+                y=((B,), F32, False),
+                r_norm=((B,), F32, False),
+                barrier=_counter(),
+                scratch=((STATE_SIZE,), F32, False),
+            )
+        return cls._alloc(xp, spec, given)
 
 
 def c51_targets_loss(
@@ -243,18 +339,7 @@ def c51_targets_loss(
     popart_beta=None,
     sigma_min=1e-4,
     *,
-    out_target=None,
-    out_probs=None,
-    out_a_star=None,
-    out_y=None,
-    out_r_norm=None,
-    out_loss_per=None,
-    out_loss=None,
-    out_priority=None,
-    out_dva=None,
-    done=None,
-    barrier=None,
-    scratch=None,
+    out: C51TargetsLoss | None = None,
     grid_barrier=True,
 ) -> C51TargetsLoss:
     """:func:`c51_targets` then :func:`c51_loss`, from the dueling C51 head's raw outputs.
@@ -267,90 +352,67 @@ def c51_targets_loss(
         dva = dL/dva:   dV = sum_a dL/dlogits_a,   dAdv_a = dL/dlogits_a - dV / A
 
     On CuPy it is one launch (``cudarl_c51_targets_loss[_popart]``) with the bits of the chain of
-    launches it replaces: the head's dueling kernels, the targets, the loss. The logits and their
-    gradient are never stored; the network's backward starts from ``dva``
-    (``QNetwork.backward(raw_head=True)``).
+    launches it replaces (cuda_src/c51_chain.cu, its oracle): the head's dueling kernels, the targets,
+    the loss. The logits and their gradient are never stored; the network's backward starts from
+    ``dva`` (``QNetwork.backward(raw_head=True)``).
 
     Args:
         va_tm1, va_online_tp1, va_target_tp1: float32 ``[B, (1 + A) K]``.
-        a_tm1: int32 ``[B]``; weights: float32 ``[B]``; the rest as :func:`c51_targets` and :func:`c51_loss`.
-        done, barrier: CuPy, uint32 ``[1]`` counters of zeros (``barrier`` with PopArt only), left 0.
-        scratch: CuPy with PopArt, float32 ``[8]``. grid_barrier: CuPy with PopArt, one launch that
-            waits for all its blocks (False: two launches, the same bits; see ``run.grid_barrier``).
-    Returns:
-        :class:`C51TargetsLoss` (on NumPy new arrays; ``popart_state`` is not modified there).
+        a_tm1: int32 ``[B]``; weights: float32 ``[B]``; the rest as :func:`c51_targets` and :func:`c51_loss`
+            (``popart_state`` is updated in place on both backends).
+        out: :class:`C51TargetsLoss` (made with ``popart=True`` for PopArt).
+        grid_barrier: CuPy with PopArt, one launch that waits for all its blocks (False: two launches,
+            the same bits; see ``run.grid_barrier``).
     """
-    if not _is_gpu(va_tm1):
-        if popart_state is None:
-            m, probs, a_star, loss_per, loss, prio, dva = _c51.targets_loss(
-                va_tm1, va_online_tp1, va_target_tp1, a_tm1, weights, support, r_t, discount_t, priority
-            )
-            return C51TargetsLoss(m, probs, a_star, None, None, None, loss_per, loss, prio, dva)
-        return C51TargetsLoss(
-            *_c51.targets_loss_popart(
-                va_tm1,
-                va_online_tp1,
-                va_target_tp1,
-                a_tm1,
-                weights,
-                support,
-                r_t,
-                discount_t,
-                popart_state,
-                popart_beta,
-                sigma_min,
-                priority,
-            )
-        )
-    import cupy as cp
-
-    from .ops import c51 as ops
-
-    B, K = va_tm1.shape[0], support.shape[0]
-    res = dict(
-        out_probs=_out(cp, out_probs, (B, K)),
-        out_a_star=_out(cp, out_a_star, (B,), np.int32),
-        out_target=_out(cp, out_target, (B, K)),
-        out_loss_per=_out(cp, out_loss_per, (B,)),
-        out_loss=_out(cp, out_loss, (1,)),
-        out_priority=_out(cp, out_priority, (B,)),
-        out_dva=_out(cp, out_dva, va_tm1.shape),
-    )
+    xp = get_array_module(va_tm1)
+    ops = family("c51", xp)
     args = (va_tm1, va_online_tp1, va_target_tp1, a_tm1, weights, support, r_t, discount_t)
+    if is_numpy(xp):
+        if popart_state is None:
+            m, probs, a_star, per, mean, prio, dva = ops.targets_loss(*args, priority)
+            y = r_norm = None
+        else:
+            m, probs, a_star, y, r_norm, state, per, mean, prio, dva = ops.targets_loss_popart(
+                *args, popart_state, popart_beta, sigma_min, priority
+            )
+            popart_state[...] = state
+        values = dict(target=m, probs=probs, a_star=a_star, y=y, r_norm=r_norm)
+        return _numpy(C51TargetsLoss, out, **values, loss_per=per, loss=mean, priority=prio, dva=dva)
+    B, K = va_tm1.shape[0], support.shape[0]
+    out = out if out is not None else C51TargetsLoss.empty(xp, B, va_tm1.shape[1] // K - 1, K, popart_state is not None)
+    res = (out.probs, out.a_star, out.target, out.loss_per, out.loss, out.priority, out.dva, out.done)
     if popart_state is None:
-        ops.targets_loss(*args, **res, done=_done(cp, done), priority=priority)
-        y = r_norm = None
-    else:
-        y, r_norm = _out(cp, out_y, (B,)), _out(cp, out_r_norm, (B,))
-        ops.targets_loss_popart(
-            *args,
-            popart_state,
-            popart_beta,
-            y,
-            r_norm,
-            **res,
-            done=_done(cp, done),
-            barrier=_done(cp, barrier),
-            scratch=_out(cp, scratch, (8,)),
-            sigma_min=sigma_min,
-            priority=priority,
-            grid_barrier=grid_barrier,
-        )
-    return C51TargetsLoss(
-        res["out_target"],
-        res["out_probs"],
-        res["out_a_star"],
-        y,
-        r_norm,
+        ops.targets_loss(*args, *res, priority=priority)
+        return out
+    ops.targets_loss_popart(
+        *args,
         popart_state,
-        res["out_loss_per"],
-        res["out_loss"],
-        res["out_priority"],
-        res["out_dva"],
+        popart_beta,
+        out.y,
+        out.r_norm,
+        *res,
+        barrier=out.barrier,
+        scratch=out.scratch,
+        sigma_min=sigma_min,
+        priority=priority,
+        grid_barrier=grid_barrier,
     )
+    return out
 
 
-def n_step(rewards, terminal, gamma, out_r_t=None, out_discount_t=None):
+@dataclass
+class NStep(_Result):
+    """:func:`n_step`'s ``r_t`` and ``discount_t``, float32 ``[B]``."""
+
+    r_t: object
+    discount_t: object
+
+    @classmethod
+    def empty(cls, xp, B: int, **given) -> NStep:
+        return cls._alloc(xp, {"r_t": ((B,), F32, False), "discount_t": ((B,), F32, False)}, given)
+
+
+def n_step(rewards, terminal, gamma, out: NStep | None = None) -> NStep:
     """n-step reward and bootstrap discount.
 
     ``r_t = sum_{i<n} gamma^i r_i prod_{j<i} (1 - term_j)``, ``discount_t = gamma^n prod_j (1 - term_j)``.
@@ -359,29 +421,42 @@ def n_step(rewards, terminal, gamma, out_r_t=None, out_discount_t=None):
         rewards, terminal: float32 ``[B, n]`` (terminal 1.0 where the episode ended).
         gamma: a float (NumPy) or a float32 ``[1]`` device array (CuPy; a schedule's slot).
     Returns:
-        ``(r_t [B], discount_t [B])``.
+        :class:`NStep`.
     """
-    if not _is_gpu(rewards):
-        return _c51.n_step(rewards, terminal, float(np.asarray(gamma).reshape(-1)[0]))
-    import cupy as cp
-
-    from .ops import c51 as ops
-
-    B = rewards.shape[0]
-    out_r_t, out_discount_t = _out(cp, out_r_t, (B,)), _out(cp, out_discount_t, (B,))
-    ops.n_step(rewards, terminal, gamma, out_r_t, out_discount_t)
-    return out_r_t, out_discount_t
+    xp = get_array_module(rewards)
+    ops = family("c51", xp)
+    if is_numpy(xp):
+        r, d = ops.n_step(rewards, terminal, float(np.asarray(gamma).reshape(-1)[0]))
+        return _numpy(NStep, out, r_t=r, discount_t=d)
+    out = out if out is not None else NStep.empty(xp, rewards.shape[0])
+    ops.n_step(rewards, terminal, gamma, out.r_t, out.discount_t)
+    return out
 
 
 # ---- quantile (IQN, QR-DQN) -------------------------------------------------------------------
-QuantileLoss = namedtuple("QuantileLoss", "loss_per loss grad")
-QuantileLoss.__doc__ = (
-    """``loss_per [B]`` (also the priority signal), ``loss`` (scalar / ``[1]``), ``grad [B, N, A]``."""
-)
+@dataclass
+class QuantileLoss(_Result):
+    """:func:`quantile_huber_loss`' buffers: ``loss_per [B]`` (also the priority signal), ``loss``
+    (``[1]``; a scalar from NumPy without ``out``), ``grad [B, N, A]``, and (GPU) ``done``."""
+
+    loss_per: object
+    loss: object
+    grad: object
+    done: object = None
+
+    @classmethod
+    def empty(cls, xp, B: int, N: int, A: int, **given) -> QuantileLoss:
+        spec = {
+            "loss_per": ((B,), F32, False),
+            "loss": ((1,), F32, False),
+            "grad": ((B, N, A), F32, False),
+            "done": _counter(),
+        }
+        return cls._alloc(xp, spec, given)
 
 
 def quantile_huber_loss(
-    theta_tm1, a_tm1, target, taus, weights, kappa=1.0, *, out_loss_per=None, out_loss=None, out_grad=None, done=None
+    theta_tm1, a_tm1, target, taus, weights, kappa=1.0, *, out: QuantileLoss | None = None
 ) -> QuantileLoss:
     """Quantile Huber loss (IQN, Dabney et al. 2018) and its gradient wrt the quantile values.
 
@@ -396,161 +471,183 @@ def quantile_huber_loss(
     weight ``tau``, one below pulls it down with weight ``1 - tau``.
 
     Args:
-        theta_tm1: float32 ``[B, N, A]``, the IQN head's output layout (``QNetwork.forward()["q"]``);
+        theta_tm1: float32 ``[B, N, A]``, the quantile heads' output layout (``QNetwork.forward()["q"]``);
             ``grad`` has the same layout, so it can be written straight into ``QNetwork.grad_outputs()["q"]``.
-            a_tm1: int32 ``[B]``. target: float32 ``[B, N']``
-        (:func:`quantile_targets`). taus: float32 ``[B, N]`` (IQN, :func:`sample_taus`) or ``[N]``
-        (QR-DQN, :func:`qr_taus`). weights: float32 ``[B]``. kappa: float >= 0 (default 1).
-        done: CuPy only, a uint32 ``[1]`` ticket counter of zeros, left 0 (as in :func:`c51_loss`).
+        a_tm1: int32 ``[B]``. target: float32 ``[B, N']`` (:func:`quantile_targets`). taus: float32
+            ``[B, N]`` (IQN, :func:`sample_taus`) or ``[N]`` (QR-DQN, :func:`qr_taus`).
+        weights: float32 ``[B]``. kappa: float >= 0 (default 1). out: :class:`QuantileLoss`.
     """
-    from .reference import quantile as _q
-
-    if not _is_gpu(theta_tm1):
-        return QuantileLoss(*_q.huber_loss(theta_tm1, a_tm1, target, taus, weights, kappa=kappa))
-    import cupy as cp
-
-    from .ops import quantile as ops
-
-    B = theta_tm1.shape[0]
-    res = QuantileLoss(_out(cp, out_loss_per, (B,)), _out(cp, out_loss, (1,)), _out(cp, out_grad, theta_tm1.shape))
-    ops.huber_loss(
-        theta_tm1, a_tm1, target, taus, weights, res.loss_per, res.loss, res.grad, _done(cp, done), kappa=kappa
-    )
-    return res
+    xp = get_array_module(theta_tm1)
+    ops = family("quantile", xp)
+    if is_numpy(xp):
+        per, mean, grad = ops.huber_loss(theta_tm1, a_tm1, target, taus, weights, kappa=kappa)
+        return _numpy(QuantileLoss, out, loss_per=per, loss=mean, grad=grad)
+    out = out if out is not None else QuantileLoss.empty(xp, *theta_tm1.shape)
+    ops.huber_loss(theta_tm1, a_tm1, target, taus, weights, out.loss_per, out.loss, out.grad, out.done, kappa=kappa)
+    return out
 
 
-def quantile_targets(theta_online_tp1, theta_target_tp1, r_t, discount_t, out=None, out_a_star=None):
+@dataclass
+class QuantileTargets(_Result):
+    """:func:`quantile_targets`' ``target`` float32 ``[B, N']`` and ``a_star`` int32 ``[B]``."""
+
+    target: object
+    a_star: object
+
+    @classmethod
+    def empty(cls, xp, B: int, M: int, **given) -> QuantileTargets:
+        return cls._alloc(xp, {"target": ((B, M), F32, False), "a_star": ((B,), I32, False)}, given)
+
+
+def quantile_targets(
+    theta_online_tp1, theta_target_tp1, r_t, discount_t, out: QuantileTargets | None = None
+) -> QuantileTargets:
     """Double-DQN quantile targets ``T_bj = r_b + d_b theta_target[b, j, a*_b]`` with
     ``a*_b = argmax_a mean_j theta_online[b, j, a]``.
 
     Args: theta_online_tp1, theta_target_tp1 float32 ``[B, N', A]``; r_t, discount_t float32 ``[B]``.
-    Returns ``(T float32 [B, N'], a_star int32 [B])``."""
-    from .reference import quantile as _q
-
-    if not _is_gpu(theta_online_tp1):
-        return _q.targets(theta_online_tp1, theta_target_tp1, r_t, discount_t)
-    import cupy as cp
-
-    from .ops import quantile as ops
-
+    Returns :class:`QuantileTargets`."""
+    xp = get_array_module(theta_online_tp1)
+    ops = family("quantile", xp)
+    if is_numpy(xp):
+        t, a = ops.targets(theta_online_tp1, theta_target_tp1, r_t, discount_t)
+        return _numpy(QuantileTargets, out, target=t, a_star=a)
     B, M, _ = theta_online_tp1.shape
-    out, out_a_star = _out(cp, out, (B, M)), _out(cp, out_a_star, (B,), np.int32)
-    ops.targets(theta_online_tp1, theta_target_tp1, r_t, discount_t, out, out_a_star)
-    return out, out_a_star
+    out = out if out is not None else QuantileTargets.empty(xp, B, M)
+    ops.targets(theta_online_tp1, theta_target_tp1, r_t, discount_t, out.target, out.a_star)
+    return out
 
 
 def qr_taus(n: int):
     """QR-DQN's fixed midpoints ``tau_i = (2 i + 1) / (2 n)``: float32 ``[n]`` (NumPy)."""
-    from .reference import quantile as _q
-
-    return _q.qr_taus(n)
+    return family("quantile", np).qr_taus(n)
 
 
 def sample_taus(seed: int, counter, stream_id: int, shape=None, out=None):
     """IQN taus from Philox stream ``(seed, counter, stream_id)``: float32 ``[B, N]`` in ``[0, 1)``.
 
-    NumPy: ``counter`` is an int and ``shape`` is required. CuPy: ``counter`` is a uint64 ``[1]``
-    device slot (advanced on the device between replays) and ``out`` is written.
+    NumPy: ``counter`` is an int (or a ``[1]`` array) and ``shape`` is required. CuPy: ``counter`` is
+    a uint64 ``[1]`` device slot (advanced on the device between replays) and ``out`` is written.
     """
-    from .reference import quantile as _q
-
-    if out is None or not _is_gpu(out):
-        return _q.sample_taus(
-            seed, int(np.asarray(counter).reshape(-1)[0]) if not np.isscalar(counter) else counter, stream_id, shape
-        )
-    from .ops import quantile as ops
-
-    ops.sample_taus(seed, counter, stream_id, out)
+    if out is None or is_numpy(get_array_module(out)):
+        n = int(np.asarray(counter).reshape(-1)[0])
+        return family("quantile", np).sample_taus(seed, n, stream_id, shape)
+    family("quantile", get_array_module(out)).sample_taus(seed, counter, stream_id, out)
     return out
 
 
 # ---- Q statistics -------------------------------------------------------------------------------
-def q_stats(logits, support, out=None, scratch=None):
-    """Statistics of a C51 head for the host: float32 ``[2A + 2]`` =
+@dataclass
+class QStats(_Result):
+    """:func:`q_stats`' ``stats`` float32 ``[2A + 2]`` (may be ``PinnedReadback.device``) and its
+    GPU scratch: ``q [B, A]``, ``ent [B]``, ``mass [B, K]``."""
+
+    stats: object
+    q: object = None
+    ent: object = None
+    mass: object = None
+
+    @classmethod
+    def empty(cls, xp, B: int, A: int, K: int, **given) -> QStats:
+        spec = {
+            "stats": ((2 * A + 2,), F32, False),
+            "q": ((B, A), F32, False),
+            "ent": ((B,), F32, False),
+            "mass": ((B, K), F32, False),
+        }
+        return cls._alloc(xp, spec, given)
+
+
+def q_stats(logits, support, out: QStats | None = None) -> QStats:
+    """Statistics of a C51 head for the host: ``stats`` float32 ``[2A + 2]`` =
     ``mean_b Q[b, a] (A)``, mean atom entropy, atom utilisation, ``var_b Q[b, a] (A)``.
 
     ``Q[b, a] = sum_k softmax(logits[b, a])_k z_k``; utilisation is the fraction of atoms whose
     batch-mean probability (over samples and actions) exceeds ``1 / (10 K)``. Deterministic
-    two-stage reductions. On CuPy, ``out`` may be ``PinnedReadback.device`` and ``scratch`` is
-    ``(q [B, A], ent [B], mass [B, K])`` float32 buffers allocated before any capture.
-    """
-    from .reference import qstats as _qs
-
-    if not _is_gpu(logits):
-        return _qs.q_stats(logits, support)
-    import cupy as cp
-
-    from .ops import qstats as ops
-
-    B, A, K = logits.shape
-    out = _out(cp, out, (2 * A + 2,))
-    if scratch is None:
-        scratch = (cp.empty((B, A), np.float32), cp.empty((B,), np.float32), cp.empty((B, K), np.float32))
-    ops.q_stats(logits, support, *scratch, out)
+    two-stage reductions."""
+    xp = get_array_module(logits)
+    ops = family("qstats", xp)
+    if is_numpy(xp):
+        return _numpy(QStats, out, stats=ops.q_stats(logits, support))
+    out = out if out is not None else QStats.empty(xp, *logits.shape)
+    ops.q_stats(logits, support, out.q, out.ent, out.mass, out.stats)
     return out
 
 
 # ---- CQL / IQL ------------------------------------------------------------------------------------
-def cql_c51(logits, a_data, support, alpha, *, out_cql_per=None, out_loss=None, out_grad=None, accumulate=False):
+@dataclass
+class CQL(_Result):
+    """:func:`cql_c51` / :func:`cql_quantile` buffers: ``cql_per [B]``, ``loss`` (``[1]``), ``grad``
+    (the logits' or quantiles' shape)."""
+
+    cql_per: object
+    loss: object
+    grad: object
+
+    @classmethod
+    def empty(cls, xp, shape: tuple, **given) -> CQL:
+        spec = {"cql_per": ((shape[0],), F32, False), "loss": ((1,), F32, False), "grad": (shape, F32, False)}
+        return cls._alloc(xp, spec, given)
+
+
+CQL_FIELDS = ("cql_per", "loss", "grad")
+
+
+def cql_c51(logits, a_data, support, alpha, *, out: CQL | None = None, accumulate=False) -> CQL:
     """Discrete CQL on expected C51 Q: ``alpha (1/B) sum_b (logsumexp_a Q(s_b, a) - Q(s_b, a_b))``.
 
-    ``Q = sum_k softmax(logits)_k z_k``; returns ``(cql_per [B], loss, grad [B, A, K])``; on CuPy
-    ``accumulate=True`` adds the gradient into ``out_grad`` (e.g. the C51 loss gradient).
+    ``Q = sum_k softmax(logits)_k z_k``; ``grad [B, A, K]``; on CuPy ``accumulate=True`` adds the
+    gradient into ``out.grad`` (e.g. the C51 loss gradient).
     """
-    from .reference import regularizers as _rg
-
-    if not _is_gpu(logits):
-        return _rg.cql_c51(logits, a_data, support, alpha)
-    import cupy as cp
-
-    from .ops import regularizers as ops
-
-    B = logits.shape[0]
-    res = (_out(cp, out_cql_per, (B,)), _out(cp, out_loss, (1,)), _out(cp, out_grad, logits.shape))
-    ops.cql_c51(logits, a_data, support, alpha, *res, accumulate=accumulate)
-    return res
+    xp = get_array_module(logits)
+    ops = family("regularizers", xp)
+    if is_numpy(xp):
+        return _numpy(CQL, out, **dict(zip(CQL_FIELDS, ops.cql_c51(logits, a_data, support, alpha), strict=True)))
+    out = out if out is not None else CQL.empty(xp, logits.shape)
+    ops.cql_c51(logits, a_data, support, alpha, out.cql_per, out.loss, out.grad, accumulate=accumulate)
+    return out
 
 
-def cql_quantile(theta, a_data, alpha, *, out_cql_per=None, out_loss=None, out_grad=None, accumulate=False):
+def cql_quantile(theta, a_data, alpha, *, out: CQL | None = None, accumulate=False) -> CQL:
     """Discrete CQL on mean-quantile Q (IQN/QR): as :func:`cql_c51` with ``Q(s_b, a) = mean_i theta[b, i, a]``.
 
-    theta: float32 ``[B, N, A]``; returns ``(cql_per [B], loss, grad [B, N, A])`` with
-    ``grad[b, i, a] = (alpha / (B N)) (softmax_a Q(s_b, .)_a - 1{a = a_b})``."""
-    from .reference import regularizers as _rg
-
-    if not _is_gpu(theta):
-        return _rg.cql_quantile(theta, a_data, alpha)
-    import cupy as cp
-
-    from .ops import regularizers as ops
-
-    B = theta.shape[0]
-    res = (_out(cp, out_cql_per, (B,)), _out(cp, out_loss, (1,)), _out(cp, out_grad, theta.shape))
-    ops.cql_quantile(theta, a_data, alpha, *res, accumulate=accumulate)
-    return res
+    theta: float32 ``[B, N, A]``; ``grad[b, i, a] = (alpha / (B N)) (softmax_a Q(s_b, .)_a - 1{a = a_b})``."""
+    xp = get_array_module(theta)
+    ops = family("regularizers", xp)
+    if is_numpy(xp):
+        return _numpy(CQL, out, **dict(zip(CQL_FIELDS, ops.cql_quantile(theta, a_data, alpha), strict=True)))
+    out = out if out is not None else CQL.empty(xp, theta.shape)
+    ops.cql_quantile(theta, a_data, alpha, out.cql_per, out.loss, out.grad, accumulate=accumulate)
+    return out
 
 
-def iql_expectile(q, v, priority, tau=0.7, *, out_loss_per=None, out_loss=None, out_grad_v=None, out_priority=None):
+@dataclass
+class Expectile(_Result):
+    """:func:`iql_expectile`' buffers, float32: ``loss_per``, ``grad_v``, ``priority`` ``[B]``, ``loss`` ``[1]``."""
+
+    loss_per: object
+    loss: object
+    grad_v: object
+    priority: object
+
+    @classmethod
+    def empty(cls, xp, B: int, **given) -> Expectile:
+        spec = {name: ((1,) if name == "loss" else (B,), F32, False) for name in ("loss_per", "loss", "grad_v")}
+        spec["priority"] = ((B,), F32, False)
+        return cls._alloc(xp, spec, given)
+
+
+def iql_expectile(q, v, priority, tau=0.7, *, out: Expectile | None = None) -> Expectile:
     """IQL expectile regression of ``v`` towards ``q`` and priority modulation.
 
     ``u = q - v``, ``w = |tau - 1{u < 0}|``, ``loss = (1/B) sum_b w u^2``, ``dloss/dv = -2 w u / B``,
-    ``priority_out = priority * 2 w`` (identity at ``tau = 0.5``). Returns
-    ``(loss_per, loss, grad_v, priority_out)``, all ``[B]`` except ``loss``.
+    ``priority_out = priority * 2 w`` (identity at ``tau = 0.5``).
     """
-    from .reference import regularizers as _rg
-
-    if not _is_gpu(q):
-        return _rg.expectile(q, v, priority, tau)
-    import cupy as cp
-
-    from .ops import regularizers as ops
-
-    B = q.shape[0]
-    res = (
-        _out(cp, out_loss_per, (B,)),
-        _out(cp, out_loss, (1,)),
-        _out(cp, out_grad_v, (B,)),
-        _out(cp, out_priority, (B,)),
-    )
-    ops.expectile(q, v, priority, tau, *res)
-    return res
+    xp = get_array_module(q)
+    ops = family("regularizers", xp)
+    if is_numpy(xp):
+        names = ("loss_per", "loss", "grad_v", "priority")
+        return _numpy(Expectile, out, **dict(zip(names, ops.expectile(q, v, priority, tau), strict=True)))
+    out = out if out is not None else Expectile.empty(xp, q.shape[0])
+    ops.expectile(q, v, priority, tau, out.loss_per, out.loss, out.grad_v, out.priority)
+    return out

@@ -11,19 +11,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .backend import get_array_module, to_numpy
+from .backend import family, get_array_module, to_numpy
+from .config import AgentConfig as _AGENT
 from .config import OptimConfig as _OPTIM
 from .pinned import DeviceScalars
 from .reference.optim import GN_BLOCKS, SCHEDULES
-
-
-def _ops(xp):
-    """``cudarl.reference.optim`` for NumPy, ``cudarl.ops.optim`` for CuPy."""
-    if xp is np or getattr(xp, "__name__", "") == "numpy":
-        from .reference import optim as ops
-    else:
-        from .ops import optim as ops
-    return ops
 
 
 @dataclass(frozen=True)
@@ -95,11 +87,11 @@ class Adam:
         grads,
         *,
         schedule: Schedule = Schedule(),
-        betas=(0.9, 0.999),
-        eps: float = 1e-8,
-        weight_decay: float = 0.0,
+        betas=(_OPTIM.beta1, _OPTIM.beta2),
+        eps: float = _OPTIM.eps,
+        weight_decay: float = _OPTIM.weight_decay,
         decay_mask=None,
-        max_grad_norm: float = 0.0,
+        max_grad_norm: float = _OPTIM.max_grad_norm,
         grad_norm_out=None,
         xp=None,
     ):
@@ -137,7 +129,7 @@ class Adam:
             initial={"m_scale": 1.0, "clip_scale": 1.0},
         )
         self.grad_norm_out = grad_norm_out if grad_norm_out is not None else self.scalars.view("grad_norm")
-        self.ops = _ops(xp)
+        self.ops = family("optim", xp)
         if getattr(xp, "__name__", "") == "cupy":
             from .kernels import resident_grid_limit
 
@@ -145,6 +137,7 @@ class Adam:
             resident_grid_limit()
 
     def schedule_step(self) -> None:
+        """Advance the step counter, the learning rate, the restart factor and the bias corrections (one thread)."""
         s, sc = self.schedule, self.scalars
         self.ops.lr_schedule(
             sc.view("step"),
@@ -164,6 +157,7 @@ class Adam:
         )
 
     def clip_step(self) -> None:
+        """The global gradient norm and the clip scale (one launch; the norm goes to ``grad_norm_out``)."""
         self.ops.grad_norm(
             self.grads,
             self.partial,
@@ -257,6 +251,7 @@ class Adam:
         self.update_step()
 
     def state_dict(self) -> dict:
+        """Host copies of the moments and the device scalars."""
         return {"m": to_numpy(self.m).copy(), "v": to_numpy(self.v).copy(), "scalars": self.scalars.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
@@ -276,7 +271,15 @@ class SoftUpdate:
     ``tau_c = tau_end + (tau_start - tau_end)(1 + cos(pi min(c, period) / period)) / 2``.
     """
 
-    def __init__(self, target, online, tau_start: float = 0.005, tau_end: float = 0.005, period: int = 1, xp=None):
+    def __init__(
+        self,
+        target,
+        online,
+        tau_start: float = _AGENT.tau_start,
+        tau_end: float = _AGENT.tau_end,
+        period: int = _AGENT.tau_period,
+        xp=None,
+    ):
         if target.shape != online.shape or target.ndim != 1:
             raise ValueError(f"target and online must be flat and alike, got {target.shape}, {online.shape}")
         if not (0 < tau_start <= 1 and 0 < tau_end <= 1 and period >= 1):
@@ -285,7 +288,7 @@ class SoftUpdate:
         self.target, self.online = target, online
         self.tau_start, self.tau_end, self.period = float(tau_start), float(tau_end), int(period)
         self.scalars = DeviceScalars({"count": np.int64, "tau": np.float32}, self.xp)
-        self.ops = _ops(self.xp)
+        self.ops = family("optim", self.xp)
 
     def schedule_step(self) -> None:
         """Advance the tau schedule (one thread; reads nothing of the networks)."""
@@ -303,15 +306,17 @@ class SoftUpdate:
         self.update_step()
 
     def state_dict(self) -> dict:
+        """The tau schedule's counter and value."""
         return {"scalars": self.scalars.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
+        """Restore :meth:`state_dict`."""
         self.scalars.load_state_dict(state["scalars"])
 
 
 def soft_update(target, online, tau) -> None:
     """``target = tau * online + (1 - tau) * target``; tau a 1-element device array."""
-    _ops(get_array_module(target)).soft_update(target, online, tau)
+    family("optim", get_array_module(target)).soft_update(target, online, tau)
 
 
 def shrink_perturb(theta, lam: float, sigma: float, seed: int, epoch: int, stream_id: int = 0x5B) -> None:
@@ -322,4 +327,4 @@ def shrink_perturb(theta, lam: float, sigma: float, seed: int, epoch: int, strea
     """
     if not (0 <= lam <= 1 and sigma >= 0):
         raise ValueError(f"shrink_perturb: need lam in [0, 1] and sigma >= 0, got {lam}, {sigma}")
-    _ops(get_array_module(theta)).shrink_perturb(theta, lam, sigma, seed, epoch, stream_id)
+    family("optim", get_array_module(theta)).shrink_perturb(theta, lam, sigma, seed, epoch, stream_id)

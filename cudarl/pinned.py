@@ -19,6 +19,7 @@ import ctypes
 import numpy as np
 
 from . import backend as _backend
+from .backend import family
 
 
 class ReadbackError(RuntimeError):
@@ -113,9 +114,7 @@ class DeviceScalars:
             self.buffer[i] = np.uint64(bits)
             return
         _refuse_if_capturing(f"DeviceScalars.set({name!r})", stream)
-        from .ops import util
-
-        util.set_u64(self.buffer[i : i + 1], bits, stream=stream)
+        family("util", self.xp).set_u64(self.buffer[i : i + 1], bits, stream=stream)
 
     def get(self, name: str):
         """The current value of ``name`` as a NumPy scalar (synchronises; for debugging and checkpoints)."""

@@ -38,9 +38,6 @@ from .features import Normaliser
 FORMAT = "cudarl-policy"
 VERSION = 1
 SUFFIX = ".safetensors"
-#: Philox stream of the taus IQN acts with (``IQNRule.expected_q`` in cudarl/agent.py; the
-#: policy's actions are tested equal to the trainer's, so a change there shows).
-ACT_TAU_STREAM = 0x1A3
 
 
 def data_fingerprint(bars) -> dict:
@@ -245,8 +242,11 @@ class Policy:
     """
 
     def __init__(self, state: PolicyState, device: str = "auto", source: str = "<memory>"):
+        from .auxiliary import AUX_SIGNALS
         from .nn import QNetwork
+        from .pinned import DeviceScalars
         from .reference.env import N_POSITION_FEATURES
+        from .rules import HEAD_RULES
 
         self.state, self.source = state, source
         cfg = self.config = state.config
@@ -257,20 +257,15 @@ class Policy:
         self.n_actions = cfg.env.n_actions
         self.levels = cfg.env.position_levels().astype(np.float64)
         n = cfg.net
+        aux = [AUX_SIGNALS[name](cfg) for name in cfg.agent.aux]  # their heads are in the weights too
         self.net = QNetwork(
             self.obs_dim,
             self.n_actions,
-            hidden=n.hidden,
-            head=n.head,
-            layernorm=n.layernorm,
-            atoms=n.atoms,
-            n_quantiles=n.n_quantiles,
-            n_cos=n.n_cos,
+            n,
+            extra_heads={s.name: s.make_head for s in aux},
             xp=xp,
             max_batch=cfg.env.n_envs,  # as the trainer's acting workspace, so the GEMMs see the same shapes
             seed=cfg.run.seed,
-            tf32=n.tf32,
-            gemm=n.gemm,
         )
         mine = {e.name: e.shape for e in self.net.layout.entries}
         theirs = {k: tuple(v.shape) for k, v in state.weights.items()}
@@ -279,15 +274,11 @@ class Policy:
         for name, w in state.weights.items():
             self.net.P[name][...] = xp.asarray(np.asarray(w, np.float32))
         self._ws = {cfg.env.n_envs: self.net.ws}
-        self._stats: dict = {}
-        self.support = None
-        if n.head == "c51":
-            self.support = xp.asarray(np.linspace(n.v_min, n.v_max, n.atoms, dtype=np.float32))
-        self.counters = None
+        self.counters = None  # IQN: the Philox counter of the acting taus, as the trainer had it
         if state.tau_counter is not None:
-            from .pinned import DeviceScalars
-
             self.counters = DeviceScalars({"tau": np.int64}, xp, initial={"tau": state.tau_counter})
+        #: the expected Q the head's rule acts and evaluates with (the same bits as the trainer's)
+        self._values = HEAD_RULES[n.head].greedy_values(self.net, cfg, self.counters)
 
     def __repr__(self) -> str:
         n = self.config.net
@@ -306,47 +297,30 @@ class Policy:
 
     def q_values_into(self, obs, out) -> None:
         """Expected Q of ``obs`` (float32 ``[n, obs_dim]`` of this backend) into ``out`` ``[n, A]``."""
-        xp, n = self.xp, obs.shape[0]
-        ws = self._workspace(n)
-        if self.support is None:  # IQN: the acting taus of the trainer's counter
-            self.net.head.sample_tau(
-                ws, n, self.counters.view("tau").view(np.uint64), self.config.run.seed, ACT_TAU_STREAM
-            )
-            theta = self.net.forward(obs, ws)["q"]
-            if self.be.is_gpu:
-                from .ops import agent as ops
-            else:
-                from .reference import agent as ops
-            ops.quantile_mean(out, theta)
-            return
-        logits = self.net.forward(obs, ws)["q"]
-        if self.be.is_gpu:
-            from .ops import qstats
-
-            if n not in self._stats:  # the kernel's per-row entropy and mass, unused here
-                self._stats[n] = (xp.empty(n, np.float32), xp.empty((n, self.config.net.atoms), np.float32))
-            qstats.per_sample(logits, self.support, out, *self._stats[n])
-        else:
-            from .reference import qstats
-
-            out[...] = qstats.per_sample(logits, self.support)[0]
+        self._values(out, obs, self._workspace(obs.shape[0]))
 
     def _q_rows(self):
         """A function ``obs [k, obs_dim] -> Q [k, A]`` (NumPy float32) whose every row is bit for bit
         what :meth:`q_values_into` gives for that row alone, for the host walk's blocks of bars; None
-        where there is none (the GPU; IQN, whose acting taus depend on the batch).
+        where there is none: the GPU, a head other than C51 (IQN's acting taus depend on the batch),
+        an encoder other than the MLP, spectral norm.
 
         Each GEMM runs as ``k`` one-row GEMMs (``matmul`` of a ``[k, 1, n]`` stack: NumPy calls the
         BLAS routine of one row for each, where a ``[k, n]`` product may sum in another order);
-        every other op of the reference forward works row by row."""
-        if self.be.is_gpu or self.support is None or any(lin.spectral for lin in self.net.linears.values()):
-            return None
-        from .nn.layers import Linear
-        from .reference import nn as ref
-        from .reference.c51 import log_softmax
+        every other op of the reference forward (``cudarl.reference.nn``, then ``qstats.per_sample``'s
+        Q) works row by row."""
+        from .nn.layers import MLP, Linear
+        from .rules.c51 import C51Values
 
-        P, head, support = self.net.P, self.net.head, self.support
-        layers = [*self.net.encoder.children, head.va]
+        net = self.net
+        if self.be.is_gpu or not isinstance(self._values, C51Values) or not isinstance(net.encoder, MLP):
+            return None
+        if any(lin.spectral for lin in net.linears.values()):
+            return None
+        from .reference import nn as ref
+
+        P, head, values = net.P, net.head, self._values
+        layers = [*net.encoder.children, head.va]
 
         def q_rows(obs):
             h = obs
@@ -361,7 +335,7 @@ class Policy:
                 h = y
             logits = np.empty((len(h), head.n_actions, head.atoms), np.float32)
             ref.dueling_forward(h, logits)
-            return (np.exp(log_softmax(logits)) * support).sum(-1)  # qstats.per_sample's Q, without the rest
+            return values.qstats.per_sample(logits, values.support)[0]  # as C51Values computes it
 
         return q_rows
 

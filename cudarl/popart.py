@@ -23,12 +23,18 @@ from __future__ import annotations
 import numpy as np
 
 from . import backend as _backend
+from .backend import family, is_numpy
+from .config import AgentConfig as _AGENT
 from .pinned import DeviceScalars
 from .reference import popart as _ref
 
 
-def _is_gpu(xp) -> bool:
-    return xp.__name__ == "cupy"
+def _numpy_out(out, values):
+    """NumPy: the twin's new array, or copied into ``out`` when one is given (as the GPU writes it)."""
+    if out is None:
+        return values
+    out[...] = values
+    return out
 
 
 class PopArt:
@@ -44,7 +50,7 @@ class PopArt:
         state: float32 ``[8]`` (``mu, sigma, mu_prev, sigma_prev, m1, m2, decay, scale``) on the device.
     """
 
-    def __init__(self, beta: float = 3e-4, scale: float = 1.0, sigma_min: float = 1e-4, xp=None):
+    def __init__(self, beta: float = _AGENT.popart_beta, scale: float = 1.0, sigma_min: float = 1e-4, xp=None):
         if not 0 < beta <= 1:
             raise ValueError(f"beta must be in (0, 1], got {beta}")
         if not sigma_min > 0:
@@ -53,6 +59,8 @@ class PopArt:
         self.sigma_min = float(sigma_min)
         self.state = self.xp.asarray(_ref.init_state(scale))
         self.scalars = DeviceScalars({"beta": np.float32}, self.xp, initial={"beta": beta})
+        self.gpu = not is_numpy(self.xp)
+        self.ops = family("popart", self.xp)  # the twins return new arrays, the launchers write ``out``
 
     @classmethod
     def for_support(cls, support, n_sigma: float = 3.0, **kw) -> PopArt:
@@ -67,68 +75,59 @@ class PopArt:
     # -- ops ----------------------------------------------------------------------------------
     def update(self, y) -> None:
         """Move the statistics with return-space targets ``y`` float32 ``[B]``."""
-        if _is_gpu(self.xp):
-            from .ops import popart as ops
-
-            ops.update(y, self.state, self.scalars.view("beta"), self.sigma_min)
+        if self.gpu:
+            self.ops.update(y, self.state, self.scalars.view("beta"), self.sigma_min)
         else:
-            self.state[:] = _ref.update(y, self.state, self.scalars.view("beta")[0], self.sigma_min)
+            self.state[:] = self.ops.update(y, self.state, self.scalars.view("beta")[0], self.sigma_min)
 
     def update_normalize_rewards(self, y, r_t, discount_t, out=None):
         """:meth:`update` with ``y [B]``, then :meth:`normalize_rewards` with the updated statistics,
         in one launch on the GPU (``y`` may be ``r_t``; ``out`` is a buffer of its own)."""
-        if not _is_gpu(self.xp):
-            state, r_norm = _ref.update_normalize_rewards(
+        if not self.gpu:
+            state, r_norm = self.ops.update_normalize_rewards(
                 y, r_t, discount_t, self.state, self.scalars.view("beta")[0], self.sigma_min
             )
             self.state[:] = state
-            return r_norm
-        from .ops import popart as ops
-
+            return _numpy_out(out, r_norm)
         out = out if out is not None else self.xp.empty_like(r_t)
-        ops.update_normalize_rewards(y, r_t, discount_t, self.state, self.scalars.view("beta"), out, self.sigma_min)
+        self.ops.update_normalize_rewards(
+            y, r_t, discount_t, self.state, self.scalars.view("beta"), out, self.sigma_min
+        )
         return out
 
     def rescale(self, W, b) -> None:
         """Rescale a last layer ``W [out, in]``, ``b [out]`` in place to undo the last update."""
-        if _is_gpu(self.xp):
-            from .ops import popart as ops
-
-            ops.rescale(W, b, self.state)
+        if self.gpu:
+            self.ops.rescale(W, b, self.state)
         else:
-            W[:], b[:] = _ref.rescale(W, b, self.state)
+            W[:], b[:] = self.ops.rescale(W, b, self.state)
 
     def normalize(self, x, out=None, inverse: bool = False):
         """``(x - mu) / s`` (or ``s x + mu``); writes ``out`` on the GPU."""
-        if not _is_gpu(self.xp):
-            return _ref.normalize(x, self.state, inverse)
-        from .ops import popart as ops
-
+        if not self.gpu:
+            return _numpy_out(out, self.ops.normalize(x, self.state, inverse))
         out = out if out is not None else self.xp.empty_like(x)
-        ops.normalize(x, self.state, out, inverse)
+        self.ops.normalize(x, self.state, out, inverse)
         return out
 
     def denormalize(self, x, out=None):
+        """``s x + mu``: values back in return units (:meth:`normalize` inverted)."""
         return self.normalize(x, out, inverse=True)
 
     def normalize_rewards(self, r_t, discount_t, out=None):
         """``(r - (1 - d) mu) / s``: rewards for targets in the normalised coordinate."""
-        if not _is_gpu(self.xp):
-            return _ref.normalize_rewards(r_t, discount_t, self.state)
-        from .ops import popart as ops
-
+        if not self.gpu:
+            return _numpy_out(out, self.ops.normalize_rewards(r_t, discount_t, self.state))
         out = out if out is not None else self.xp.empty_like(r_t)
-        ops.normalize_rewards(r_t, discount_t, self.state, out)
+        self.ops.normalize_rewards(r_t, discount_t, self.state, out)
         return out
 
     def td_targets(self, r_t, discount_t, v_hat, out=None):
         """``r + d (s v_hat + mu)``: return-space targets from normalised next values."""
-        if not _is_gpu(self.xp):
-            return _ref.td_targets(r_t, discount_t, v_hat, self.state)
-        from .ops import popart as ops
-
+        if not self.gpu:
+            return _numpy_out(out, self.ops.td_targets(r_t, discount_t, v_hat, self.state))
         out = out if out is not None else self.xp.empty_like(r_t)
-        ops.td_targets(r_t, discount_t, v_hat, self.state, out)
+        self.ops.td_targets(r_t, discount_t, v_hat, self.state, out)
         return out
 
     # -- host side ----------------------------------------------------------------------------
@@ -138,6 +137,7 @@ class PopArt:
         return float(st[_ref.MU]), float(st[_ref.SIGMA])
 
     def state_dict(self) -> dict:
+        """The statistics, the step size and the sigma floor."""
         return {
             "state": np.array(_backend.to_numpy(self.state)),
             "beta": float(self.scalars.get("beta")),
@@ -145,6 +145,7 @@ class PopArt:
         }
 
     def load_state_dict(self, sd: dict) -> None:
+        """Restore :meth:`state_dict` into the existing device state."""
         st = np.asarray(sd["state"], np.float32)
         if st.shape != (_ref.STATE_SIZE,):
             raise ValueError(f"PopArt state must have shape ({_ref.STATE_SIZE},), got {st.shape}")

@@ -27,6 +27,8 @@ from typing import NamedTuple
 import numpy as np
 
 from . import backend as _backend
+from .backend import family
+from .config import ReplayConfig as _REPLAY
 from .pinned import DeviceScalars
 from .reference import replay as _ref
 
@@ -51,10 +53,11 @@ class PrioritizedReplay:
     Args:
         capacity: rows, ``> n_step * n_envs`` and below 2**23 (exact int64 sums).
         obs_dim: features per observation row.
-        n_step: n of the n-step return (>= 1).
+        n_step: n of the n-step return (>= 1); no default (the library's 1 and the trainer's 3 were two).
         n_envs: environments interleaved time-major; ``add`` takes multiples of it.
         alpha: priority exponent (>= 0). eps: added to ``|td|`` (> 0).
         beta0, beta_final: importance-weight exponent at step 0 and after ``beta_steps`` samples.
+            (These defaults are :class:`cudarl.config.ReplayConfig`'s.)
         initial_priority: priority of the first rows before any update (> 0).
         pad_rows: gather rows padded to a multiple of 32 floats (128 bytes).
         store_next_obs: each row carries its own next observation (``add(..., next_obs=...)``),
@@ -70,13 +73,13 @@ class PrioritizedReplay:
         capacity: int,
         obs_dim: int,
         *,
-        n_step: int = 1,
+        n_step: int,
         n_envs: int = 1,
-        alpha: float = 0.6,
-        eps: float = 1e-6,
-        beta0: float = 0.4,
-        beta_final: float = 1.0,
-        beta_steps: int = 100_000,
+        alpha: float = _REPLAY.alpha,
+        eps: float = _REPLAY.eps,
+        beta0: float = _REPLAY.beta0,
+        beta_final: float = _REPLAY.beta_final,
+        beta_steps: int = _REPLAY.beta_steps,
         initial_priority: float = 1.0,
         pad_rows: bool = False,
         store_next_obs: bool = False,
@@ -125,11 +128,7 @@ class PrioritizedReplay:
         q0 = int(_ref.quantize(real("initial_priority", initial_priority, 0.0, 65536.0, True) ** self.spec.alpha))
         self.backend = _backend.get(backend)
         xp = self.xp = self.backend.xp
-        if self.backend.is_gpu:
-            from .ops import replay as ops
-        else:
-            ops = _ref
-        self._ops = ops
+        self._ops = family("replay", xp)
         self._scalars = DeviceScalars(
             {"added": np.int64, "step": np.int64, "max_q": np.int64, "status": np.int64, "beta": np.float64},
             xp,
@@ -191,6 +190,7 @@ class PrioritizedReplay:
         return [name for bit, name in STATUS_NAMES.items() if s & bit]
 
     def clear_status(self) -> None:
+        """Clear the sticky status bits (not inside a capture)."""
         self._scalars.set("status", 0)
 
     # --- helpers ------------------------------------------------------------------------------

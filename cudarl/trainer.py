@@ -21,7 +21,7 @@ import platform
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -29,7 +29,7 @@ import numpy as np
 from . import __version__, interrupt, metrics_log, rundir
 from . import backend as _backend
 from . import checkpoint as ckpt
-from .agent import PUBLISH_SLOTS, Agent
+from .agent import Agent
 from .atomic import atomic_open
 from .config import Config, data_options, from_dict
 from .data import load as load_bars
@@ -38,7 +38,7 @@ from .env import TradingEnv
 from .evaluate import write_outputs
 from .features import Normaliser, compute, return_sign
 from .graph import StepGraph, capture_all
-from .guard import Guard, GuardStop
+from .monitor import StepMonitor
 from .policy import PolicyState, eval_env, evaluate_split, greedy_actions, is_policy_file
 from .replay import PrioritizedReplay
 from .splits import chronological
@@ -165,14 +165,22 @@ class Trainer:
         self.stream = self.train_graph.stream
         sw.lap("allocation")
         self.best = None  # {"step", "sharpe"} of the best validation evaluation (run.keep_best)
-        g = cfg.guard
-        self.guard = Guard(g.action, g.window, g.spike_factor, g.max_rollbacks)
+        #: the one-step-late readback, the guard and the rollback (cudarl.monitor)
+        self.monitor = StepMonitor(
+            self.agent,
+            self.train_graph,
+            cfg.guard,
+            stream=self.stream,
+            on_event=self._event,
+            on_stop=lambda: self.save(name="guard-stop"),
+        )
+        self.guard = self.monitor.guard
+        self.losses = self.monitor.losses  # loss of every update, in order (tests, bitwise comparisons)
         self.step = 0  # learner updates done
         self.collect_steps = 0
         self.rows_per_collect = rows
         self.events: list[dict] = []
-        self.losses: list[float] = []  # loss of every update, in order (tests, bitwise comparisons)
-        self._snapshot = None
+        self._last_row: dict | None = None  # the latest metrics row (the progress display's last line)
         self._eval_envs: dict = {}
         self.last_eval: dict | None = None
         self.last_evaluation = None
@@ -233,10 +241,6 @@ class Trainer:
     def _capture(self) -> None:
         capture_all([g for g in (self.collect_graph, self.train_graph) if not g.captured])
 
-    def _read(self, step: int) -> tuple[float, float]:
-        v = self.agent.readback.read(step % PUBLISH_SLOTS)
-        return float(v[0]), float(v[1])
-
     def prime(self, stop=()) -> None:
         """Capture both graphs and collect until the replay holds enough rows to learn from
         (``max(agent.learning_starts, agent.batch_size)``); :meth:`run` starts with this. Returns
@@ -276,53 +280,43 @@ class Trainer:
 
     def _run(self, steps, progress, stop) -> dict:
         cfg, target = self.cfg, int(steps if steps is not None else self.cfg.run.steps)
-        a = cfg.agent
         self.prime(stop)
-        t0, last_t, last_step = time.perf_counter(), time.perf_counter(), self.step
-        pending = None  # the update whose loss has not been read yet
+        t0, rate = time.perf_counter(), _Rate(self.step)
         while self.step < target:
             if stop:
-                self._interrupted(stop, pending)
+                self._interrupted(stop)
             # collect
-            if self.step % a.updates_per_collect == 0:
+            if self.step % cfg.agent.updates_per_collect == 0:
                 self.collect_graph.replay()
                 self.collect_steps += 1
             # learn
             self.train_graph.replay()
             self.step += 1
-            self.agent.readback.mark_written(self.stream, slot=self.step % PUBLISH_SLOTS)
-            if pending is not None and self._check(pending):
-                pending = None
-                continue  # rolled back
-            pending = self.step
-            if not self.be.is_gpu:  # no graph in flight: read now
-                if self._check(pending):
-                    pending = None
-                    continue
-                pending = None
+            # guard: read the update before this one (GPU) or this one (CPU); a rollback skips the rest
+            if self.monitor.launched(self.step):
+                continue
             # log
             if self.step % cfg.run.log_every == 0:
-                now = time.perf_counter()
-                sps = (self.step - last_step) / max(now - last_t, 1e-9)
-                last_t, last_step = now, self.step
-                self._log_step(sps, progress)
-            # evaluate and checkpoint
+                self._log_step(rate(self.step), progress)
+            # evaluate
             if cfg.run.eval_every and self.step % cfg.run.eval_every == 0:
-                self._settle(pending)
-                pending = None
+                self.monitor.settle()
                 self.evaluate("val")
                 self._save_evaluated()
+            # checkpoint
             if cfg.run.checkpoint_every and self.step % cfg.run.checkpoint_every == 0:
-                self._settle(pending)
-                pending = None
+                self.monitor.settle()
                 self.save_policy(f"step-{self.step:08d}")
             if self.step % cfg.guard.snapshot_every == 0:
-                self._settle(pending)
-                pending = None
-                self._snapshot = (self.step, self.agent.state_dict())
-        self._settle(pending)
+                self.monitor.take_snapshot(self.step)
+        self.monitor.settle()
         if stop:
-            self._interrupted(stop, None)
+            self._interrupted(stop)
+        return self._finish(t0, progress)
+
+    def _finish(self, t0: float, progress) -> dict:
+        """The end of :meth:`run`: a validation evaluation at the last update (unless one was just
+        made), ``latest`` saved, the final line."""
         evaluated = (
             self.last_eval is not None
             and self.last_eval.get("step") == self.step
@@ -332,7 +326,7 @@ class Trainer:
         result = self.last_evaluation.summary if evaluated else self.evaluate("val")
         if not evaluated:
             self._save_evaluated()
-        if progress is not None and getattr(self, "_last_row", None) is not None:
+        if progress is not None and self._last_row is not None:
             progress(self.step, self._last_row, self.last_eval)  # show the final validation Sharpe
         best = (
             f"; best validation Sharpe {_fmt(self.best['sharpe'])} at update {self.best['step']} "
@@ -343,9 +337,9 @@ class Trainer:
         self.echo(f"done: {self.step} updates in {time.perf_counter() - t0:.1f} s; run directory {self.run_dir}{best}")
         return result
 
-    def _interrupted(self, stop, pending) -> None:
+    def _interrupted(self, stop) -> None:
         """Settle the update in flight, write ``latest.npz``, log and say so, raise ``Interrupted``."""
-        self._settle(pending)
+        self.monitor.settle()
         path = self.save()
         self._log_row({"event": "interrupted", "step": self.step, "signal": stop.name})
         msg = f"interrupted by {stop.name} at update {self.step}"
@@ -371,55 +365,13 @@ class Trainer:
             self.save_policy("best")
             self._log_row({"event": "best", "split": "val", **self.best})
 
-    def _settle(self, pending) -> None:
-        if pending is not None:
-            self._check(pending)
-
-    def _check(self, step: int) -> bool:
-        """Read update ``step``'s loss and grad norm, record them, run the guard. True if rolled back."""
-        loss, gn = self._read(step)
-        self.losses.append(loss)
-        self._last = (loss, gn)
-        try:
-            ev = self.guard.check(step, loss, gn)
-        except GuardStop as exc:
-            self._event({"event": "guard", "step": step, "action": "stop", "message": str(exc)})
-            self.save(name="guard-stop")
-            raise
-        if ev is None:
-            return False
-        self._event({**ev.as_dict(), "message": ev.message()})
-        self._rollback(ev)
-        return True
-
     def _event(self, row: dict) -> None:
         self.events.append(row)
         self._log_row(row)
         self.echo(row.get("message", json.dumps(row)))
 
-    def _rollback(self, ev) -> None:
-        """Restore the last good snapshot (or the initial weights) and lower the learning rate."""
-        if self._snapshot is None:
-            raise GuardStop(ev.message() + " (no snapshot to roll back to yet)")
-        step, state = self._snapshot
-        self.synchronize()
-        self.agent.load_state_dict(state)
-        sch = self.agent.adam.schedule
-        f = self.cfg.guard.lr_factor
-        self.agent.adam.schedule = replace(sch, lr=sch.lr * f, lr_min=sch.lr_min * f)
-        self.train_graph.capture()  # the schedule's constants are kernel arguments
-        self._event(
-            {
-                "event": "rollback",
-                "step": self.step,
-                "restored": step,
-                "lr": sch.lr * f,
-                "message": f"guard: rolled back to the snapshot of update {step}; learning rate now {sch.lr * f:.3g}",
-            }
-        )
-
     def _log_step(self, sps: float, progress) -> None:
-        loss, gn = getattr(self, "_last", (float("nan"), float("nan")))
+        loss, gn = self.monitor.last
         row = {
             "step": self.step,
             "collect_steps": self.collect_steps,
@@ -427,6 +379,7 @@ class Trainer:
             "grad_norm": gn,
             "updates_per_s": sps,
             "env_steps": self.collect_steps * self.env.n_envs,
+            **self.agent.observables(),  # the auxiliary signals' (agent.aux)
         }
         self._log_row(row)
         self._last_row = row
@@ -601,6 +554,19 @@ class Trainer:
         rec = read_policy_info(best_file).get("best")
         if rec and (self.best is None or rec["sharpe"] > self.best["sharpe"]):
             self.best = {"step": int(rec["step"]), "sharpe": float(rec["sharpe"])}
+
+
+class _Rate:
+    """Updates per second since the last call (the metrics rows' ``updates_per_s``)."""
+
+    def __init__(self, step: int):
+        self.t, self.step = time.perf_counter(), step
+
+    def __call__(self, step: int) -> float:
+        now = time.perf_counter()
+        rate = (step - self.step) / max(now - self.t, 1e-9)
+        self.t, self.step = now, step
+        return rate
 
 
 #: Said once a run when an evaluation could not draw equity.png.

@@ -182,9 +182,10 @@ def loss_check(xp, device, rows, extra, seed: int = 0) -> None:
     batch = agent.batch
     for k, v in host.items():
         getattr(batch, k)[...] = xp.asarray(v)
-    w_x = xp.asarray(w)
-    agent.rule.forward(agent, batch)
-    agent.rule.targets_loss(agent, batch, w_x)  # C51: the targets and the loss in one launch
+    agent.buffers.weights = xp.asarray(w)
+    agent.rule.forward(batch)
+    for _, phase in agent.rule.learn_phases():  # C51: the targets and the loss in one launch
+        phase()
     agent.backward()
     loss_c, prio_c = float(to_numpy(agent.loss)[0]), to_numpy(agent.priority)
 

@@ -1,19 +1,23 @@
 """Networks with hand-written backward passes over one flat parameter buffer.
 
 ``ParamLayout`` (flat layout + Philox initialisation), ``Workspace`` (preallocated
-activations), layers (``Linear``, ``LayerNorm``, ``MLP``), heads (``C51Head``, ``IQNHead``,
-``PlanHead``) and ``QNetwork``. Kernels: ``cuda_src/nn.cu``; NumPy twin: ``cudarl.reference.nn``.
+activations), layers (``Linear``, ``LayerNorm``, ``MLP``), encoders (:data:`ENCODERS`), heads
+(``C51Head``, ``IQNHead``, ``QRHead``, ``PlanHead``) and ``QNetwork``. Kernels: ``cuda_src/nn.cu``;
+NumPy twin: ``cudarl.reference.nn``.
 """
 
-from .heads import C51Head, IQNHead, PlanHead
+from .encoders import ENCODERS, Encoder
+from .heads import C51Head, Head, IQNHead, PlanHead, QRHead
 from .layers import MLP, LayerNorm, Linear, Module
-from .network import HEADS, QNetwork
-from .params import ALIGN, ParamLayout, Workspace, matmul, nn_ops
+from .network import QNetwork
+from .params import ALIGN, ParamLayout, Workspace, matmul
 
 __all__ = [
     "ALIGN",
     "C51Head",
-    "HEADS",
+    "ENCODERS",
+    "Encoder",
+    "Head",
     "IQNHead",
     "LayerNorm",
     "Linear",
@@ -22,7 +26,7 @@ __all__ = [
     "ParamLayout",
     "PlanHead",
     "QNetwork",
+    "QRHead",
     "Workspace",
     "matmul",
-    "nn_ops",
 ]

@@ -1,18 +1,40 @@
-"""Heads over the state embedding ``psi [B, D]``: dueling C51, IQN, and the plan head.
+"""Heads over the state embedding ``psi [B, D]``: dueling C51, IQN, QR-DQN, and the plan head.
 
 Each head follows the layer conventions of :mod:`cudarl.nn.layers`: the loss writes the
 gradient of the head's output into the buffer named by :meth:`grad_name`, and
 ``backward(psi, ws, dpsi, accumulate)`` overwrites the head's parameter gradients and writes
-(or adds into) ``dpsi``.
+(or adds into) ``dpsi``. A distributional head (:class:`Head`) also says its output's shape, so
+:class:`cudarl.nn.QNetwork` needs no branch per head; which head a run builds is its rule's choice
+(``make_head`` of the :class:`cudarl.rules.HeadRule` registered under ``net.head``).
 """
 
 from __future__ import annotations
 
+from ..config import NetConfig as _NET
 from .layers import Linear, Module
 from .params import ParamLayout, Workspace
 
 
-class C51Head(Module):
+class Head(Module):
+    """A distributional head: ``forward(psi, ws, raw=False)`` gives the output :meth:`output_shape`
+    describes, whose gradient the loss writes into ``ws[grad_name]``. Only a head with a raw output
+    (C51's ``va``, before the dueling combine) accepts ``raw=True``; the others raise."""
+
+    n_actions: int
+
+    def output_shape(self, B: int) -> tuple:
+        """The shape of ``forward``'s output for ``B`` samples."""
+        raise NotImplementedError
+
+    def raw_grad_name(self) -> str:
+        raise ValueError(f"{self.name}: {type(self).__name__} has no raw output (only the C51 head has one)")
+
+    def _no_raw(self, raw: bool) -> None:
+        if raw:
+            self.raw_grad_name()
+
+
+class C51Head(Head):
     """Dueling C51 (Bellemare et al. 2017; Wang et al. 2016): logits ``[B, A, atoms]``.
 
     One GEMM gives the value stream ``V [B, atoms]`` and the advantage stream
@@ -20,7 +42,9 @@ class C51Head(Module):
     ``logits = V + Adv - mean_a Adv``. Softmax over atoms is the loss's business.
     """
 
-    def __init__(self, name: str, d: int, n_actions: int, atoms: int = 51, tf32: bool = False, gemm: str = "cublas"):
+    def __init__(
+        self, name: str, d: int, n_actions: int, atoms: int = _NET.atoms, tf32: bool = _NET.tf32, gemm: str = _NET.gemm
+    ):
         self.name, self.d, self.n_actions, self.atoms = name, int(d), int(n_actions), int(atoms)
         self.va = Linear(f"{name}.va", d, (1 + n_actions) * atoms, act="identity", init="xavier", tf32=tf32, gemm=gemm)
         self.children = [self.va]
@@ -29,6 +53,9 @@ class C51Head(Module):
         self.va.declare(layout, ws_spec)
         shape = (self.n_actions, self.atoms)
         ws_spec += [(f"{self.name}.logits", shape, False), (f"{self.name}.dlogits", shape, False)]
+
+    def output_shape(self, B: int) -> tuple:
+        return (B, self.n_actions, self.atoms)
 
     @property
     def grad_name(self) -> str:
@@ -57,7 +84,7 @@ class C51Head(Module):
         self.va.backward(psi, ws, dpsi, accumulate)
 
 
-class IQNHead(Module):
+class IQNHead(Head):
     """Implicit quantile network head (Dabney et al. 2018): quantile values ``[B, N, A]``.
 
     ``cos[b, n, i] = cos(pi i tau[b, n])`` (i = 0..n_cos-1), ``phi = relu(cos W_phi + b_phi)``
@@ -71,10 +98,10 @@ class IQNHead(Module):
         name: str,
         d: int,
         n_actions: int,
-        n_quantiles: int = 32,
-        n_cos: int = 64,
-        tf32: bool = False,
-        gemm: str = "cublas",
+        n_quantiles: int = _NET.n_quantiles,
+        n_cos: int = _NET.n_cos,
+        tf32: bool = _NET.tf32,
+        gemm: str = _NET.gemm,
     ):
         self.name, self.d, self.n_actions = name, int(d), int(n_actions)
         self.n_quantiles, self.n_cos = int(n_quantiles), int(n_cos)
@@ -98,13 +125,17 @@ class IQNHead(Module):
     def grad_name(self) -> str:
         return f"{self.out.name}.dout"
 
+    def output_shape(self, B: int) -> tuple:
+        return (B, self.n_quantiles, self.n_actions)
+
     def sample_tau(self, ws: Workspace, B: int, counter, seed: int, stream_id: int = 0x1A):
         """Draw ``tau [B, N]`` from Philox ``(seed, counter[0], stream_id)`` into the workspace."""
         tau = ws.rows(f"{self.name}.tau", B)
         self.ops.iqn_sample_tau(tau, counter, seed, stream_id)
         return tau
 
-    def forward(self, psi, ws: Workspace, tau=None):
+    def forward(self, psi, ws: Workspace, tau=None, raw: bool = False):
+        self._no_raw(raw)
         B, N = psi.shape[0], self.n_quantiles
         if tau is None:
             tau = ws.rows(f"{self.name}.tau", B)
@@ -118,7 +149,8 @@ class IQNHead(Module):
         q = self.out.forward(h, ws)
         return q.reshape(B, N, self.n_actions)
 
-    def backward(self, psi, ws: Workspace, dpsi=None, accumulate: bool = False) -> None:
+    def backward(self, psi, ws: Workspace, dpsi=None, accumulate: bool = False, raw: bool = False) -> None:
+        self._no_raw(raw)
         if dpsi is None or accumulate:
             raise ValueError(f"{self.name}: IQN backward overwrites dpsi; give it a buffer and run it first")
         B = psi.shape[0]
@@ -127,6 +159,43 @@ class IQNHead(Module):
         phi = ws.rows(f"{self.phi.name}.out", B)
         self.ops.iqn_mix_backward(dh, psi, phi, dpsi, ws.rows(f"{self.phi.name}.dout", B))
         self.phi.backward(ws.rows(f"{self.name}.cos", B), ws, None)
+
+
+class QRHead(Head):
+    """QR-DQN's head (Dabney, Rowland, Bellemare & Munos 2018): ``N`` quantile values of each action at
+    fixed midpoints ``tau_i = (2 i + 1) / (2 N)``, one linear layer ``q = psi W + b`` ``[B, N * A]``
+    read as ``[B, N, A]`` (the IQN head's layout, so the quantile losses and act kernels serve both)."""
+
+    def __init__(
+        self,
+        name: str,
+        d: int,
+        n_actions: int,
+        n_quantiles: int = _NET.n_quantiles,
+        tf32: bool = _NET.tf32,
+        gemm: str = _NET.gemm,
+    ):
+        self.name, self.d, self.n_actions, self.n_quantiles = name, int(d), int(n_actions), int(n_quantiles)
+        self.out = Linear(f"{name}.out", d, self.n_quantiles * self.n_actions, act="identity", tf32=tf32, gemm=gemm)
+        self.children = [self.out]
+
+    def declare(self, layout: ParamLayout, ws_spec: list) -> None:
+        self.out.declare(layout, ws_spec)
+
+    @property
+    def grad_name(self) -> str:
+        return f"{self.out.name}.dout"
+
+    def output_shape(self, B: int) -> tuple:
+        return (B, self.n_quantiles, self.n_actions)
+
+    def forward(self, psi, ws: Workspace, raw: bool = False):
+        self._no_raw(raw)
+        return self.out.forward(psi, ws).reshape(self.output_shape(psi.shape[0]))
+
+    def backward(self, psi, ws: Workspace, dpsi=None, accumulate: bool = False, raw: bool = False) -> None:
+        self._no_raw(raw)
+        self.out.backward(psi, ws, dpsi, accumulate)
 
 
 class PlanHead(Module):
@@ -146,8 +215,8 @@ class PlanHead(Module):
         d: int,
         gain: float = 0.01,
         readiness_bias: float = -4.0,
-        tf32: bool = False,
-        gemm: str = "cublas",
+        tf32: bool = _NET.tf32,
+        gemm: str = _NET.gemm,
     ):
         self.name, self.d = name, int(d)
         self.lin = Linear(

@@ -22,10 +22,12 @@ from __future__ import annotations
 import numpy as np
 
 from .. import blas
+from ..backend import family
+from ..config import NetConfig as _NET
 from ..reference import philox
 from ..reference.nn import ACTS, IDENTITY, RELU
 from ..reference.optim import GN_BLOCKS
-from .params import ParamLayout, Workspace, matmul, optim_ops
+from .params import ParamLayout, Workspace, matmul
 
 #: Linear's GEMMs (``net.gemm``, docs/config.md): cuBLAS then the bias/activation kernel; cuBLASLt with
 #: the bias and ReLU in its epilogue; the same limited to one-kernel algorithms for the forward and dx;
@@ -35,14 +37,16 @@ _LT_ACTS = {IDENTITY: "identity", RELU: "relu"}  # the activations cuBLASLt's ep
 
 
 class Module:
-    """Base: holds the parameter/gradient views and the op table once bound."""
+    """Base: holds the parameter/gradient views and the op tables of the backend once bound."""
 
     name: str
 
-    def bind(self, P: dict, G: dict, ops) -> None:
-        self.P, self.G, self.ops = P, G, ops
+    def bind(self, P: dict, G: dict, xp) -> None:
+        """Take the parameter and gradient views of the network's flat buffers, and the ``nn``
+        family's ops for ``xp`` (:func:`cudarl.backend.family`)."""
+        self.P, self.G, self.xp, self.ops = P, G, xp, family("nn", xp)
         for child in getattr(self, "children", ()):
-            child.bind(P, G, ops)
+            child.bind(P, G, xp)
 
 
 class Linear(Module):
@@ -73,10 +77,10 @@ class Linear(Module):
         init: str | None = None,
         gain: float = 1.0,
         bias_init=0.0,
-        tf32: bool = False,
+        tf32: bool = _NET.tf32,
         rows: int = 1,
         spectral: bool = False,
-        gemm: str = "cublas",
+        gemm: str = _NET.gemm,
     ):
         if act not in ACTS:
             raise ValueError(f"{name}: activation {act!r} not in {sorted(ACTS)}")
@@ -116,9 +120,14 @@ class Linear(Module):
             "dw": z(self.n_in, self.n_out),
             "partial": xp.zeros(GN_BLOCKS, dtype=np.float64),
         }
-        self.optim_ops = optim_ops(xp)
+        self.optim_ops = family("optim", xp)  # the spectral-norm ops live in the optim family
         sn = self.sn  # one iteration now, so v is meaningful even if the first forward is frozen
         self.optim_ops.spectral_power_iter(self.P[f"{self.name}.weight"], sn["u"], sn["v"], sn["wv"], sn["sigma"], 1)
+
+    @property
+    def grad_name(self) -> str:
+        """The workspace buffer of dL/d(out) (so a Linear can serve as an extra head on psi)."""
+        return f"{self.name}.dout"
 
     def weight(self):
         """The weight the GEMMs use: ``W``, or ``W_sn`` (after this forward's power iteration)."""
@@ -165,8 +174,7 @@ class Linear(Module):
             self.optim_ops.spectral_scale(W, sn["sigma"], sn["w"])
         bias = self.P[f"{self.name}.bias"]
         if self.panel and not isinstance(y, np.ndarray):
-            from ..ops import gemm as panel
-
+            panel = family("gemm", self.xp)
             W = self.weight()
             if x.shape[0] <= panel.MAX_ROWS and panel.eligible(x, W, bias, y, K=self.n_in, N=self.n_out):
                 panel.nn_bias_act(x, W, bias, y, self.act)
@@ -187,8 +195,7 @@ class Linear(Module):
         W = self.weight()
         gpu_overwrite = not accumulate and not isinstance(dx, np.ndarray)
         if self.panel and gpu_overwrite:
-            from ..ops import gemm as panel
-
+            panel = family("gemm", self.xp)
             if dz.shape[0] <= panel.MAX_ROWS and panel.eligible(dz, W, dx, K=self.n_out, N=self.n_in, trans_b=True):
                 panel.nt(dz, W, dx)
                 return
@@ -288,7 +295,13 @@ class MLP(Module):
     """
 
     def __init__(
-        self, name: str, n_in: int, hidden=(256, 256), layernorm: bool = False, tf32: bool = False, gemm: str = "cublas"
+        self,
+        name: str,
+        n_in: int,
+        hidden=_NET.hidden,
+        layernorm: bool = _NET.layernorm,
+        tf32: bool = _NET.tf32,
+        gemm: str = _NET.gemm,
     ):
         if not hidden:
             raise ValueError(f"{name}: at least one hidden layer")

@@ -1,13 +1,17 @@
-"""``QNetwork``: MLP encoder + distributional head (+ optional plan head) over one flat buffer."""
+"""``QNetwork``: an encoder + a distributional head (+ extra heads on psi) over one flat buffer."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
-from ..backend import to_numpy
-from .heads import C51Head, IQNHead, PlanHead
-from .layers import MLP, Linear
-from .params import ParamLayout, Workspace, is_numpy, nn_ops
+from ..backend import is_numpy, to_numpy
+from ..config import NetConfig
+from .encoders import ENCODERS
+from .heads import PlanHead
+from .layers import Linear
+from .params import ParamLayout, Workspace
 
 
 def _walk(mods):
@@ -16,41 +20,34 @@ def _walk(mods):
         yield from _walk(getattr(m, "children", ()))
 
 
-#: Head registry (STYLE.md: a dict, not an if/elif chain).
-HEADS = {
-    "c51": lambda d, kw: C51Head(
-        "head", d, kw["n_actions"], kw.get("atoms", 51), tf32=kw.get("tf32", False), gemm=kw.get("gemm", "cublas")
-    ),
-    "iqn": lambda d, kw: IQNHead(
-        "head",
-        d,
-        kw["n_actions"],
-        kw.get("n_quantiles", 32),
-        kw.get("n_cos", 64),
-        tf32=kw.get("tf32", False),
-        gemm=kw.get("gemm", "cublas"),
-    ),
-}
+def head_module(net: NetConfig, d: int, n_actions: int):
+    """The head ``net.head`` builds: its rule's choice (:meth:`cudarl.rules.HeadRule.make_head`), so a
+    head is registered once, with its rule, in :data:`cudarl.rules.HEAD_RULES`."""
+    from ..rules import HEAD_RULES  # the rules sit above the networks; they name their head module
+
+    return HEAD_RULES[net.head].make_head("head", d, n_actions, net)
 
 
 class QNetwork:
-    """Encoder ``[B, n_in] -> psi [B, D]``, then the head, and optionally the plan head on ``psi``.
+    """Encoder ``[B, n_in] -> psi [B, D]``, then the head, and any extra heads on ``psi``.
 
     Args:
         n_in: input features (the flattened window, ``window * features``).
-        hidden: encoder widths; ``layernorm`` inserts LayerNorm before each ReLU.
-        head: ``"c51"`` (logits ``[B, A, atoms]``) or ``"iqn"`` (quantiles ``[B, N, A]``).
-        plan: add the plan head (conviction, readiness ``[B, 2]``).
+        n_actions: actions.
+        net: the :class:`cudarl.config.NetConfig` (``encoder``, ``head`` and their sizes, ``tf32``,
+            ``gemm``); keyword ``fields`` override it (``QNetwork(8, 3, hidden=(6,), head="iqn")``), so
+            every default is the configuration's.
+        plan: add the plan head (conviction, readiness ``[B, 2]``) as the extra head ``"plan"``.
+        extra_heads: ``{name: make(d) -> module or None}``, more heads on ``psi [B, d]`` (an auxiliary
+            signal's, :class:`cudarl.auxiliary.AuxSignal`): their outputs are ``forward()[name]``, their
+            gradients ``grad_outputs()[name]``, and :meth:`backward` adds their dL/dpsi to the head's.
         spectral: names of linear layers to spectrally normalise (e.g. ``("enc.1",)``).
         xp, dtype: backend and float type (float64 only on NumPy, for gradient checks).
         max_batch: rows of the default workspace :attr:`ws`.
         seed: Philox seed of the initialisation.
-        tf32: let the GEMMs use TF32 tensor cores (GPU).
-        gemm: one of :data:`cudarl.nn.layers.GEMMS` (``net.gemm``, docs/config.md): ``"cublas"``
-            (GEMM, then the bias/activation kernel), ``"cublaslt"`` (one cuBLASLt GEMM with the
-            bias and ReLU in its epilogue), ``"cublaslt_nosplit"`` (the same, one-kernel algorithms
-            only) or ``"cudarl"`` (the panel GEMMs where they take the shape); GPU only. Each new
-            workspace makes the cuBLASLt plans of its ``max_batch`` before any capture.
+
+    ``net.gemm`` is one of :data:`cudarl.nn.layers.GEMMS` (docs/config.md), GPU only; each new
+    workspace makes the cuBLASLt plans of its ``max_batch`` before any capture.
 
     Buffers: :attr:`params` and :attr:`grads`, flat ``[layout.padded_size]``; :attr:`P` and
     :attr:`G` their named views (see :mod:`cudarl.nn.params` for the layout).
@@ -60,45 +57,31 @@ class QNetwork:
         self,
         n_in: int,
         n_actions: int,
+        net: NetConfig | None = None,
         *,
-        hidden=(256, 256),
-        head: str = "c51",
-        layernorm: bool = False,
         plan: bool = False,
+        extra_heads: dict | None = None,
         spectral=(),
-        atoms: int = 51,
-        n_quantiles: int = 32,
-        n_cos: int = 64,
         xp=np,
         dtype=np.float32,
         max_batch: int = 512,
         seed: int = 0,
-        tf32: bool = False,
-        gemm: str = "cublas",
+        **fields,
     ):
-        if head not in HEADS:
-            raise ValueError(f"head {head!r} not in {sorted(HEADS)}")
+        net = replace(net or NetConfig(), **fields) if fields else (net or NetConfig())
         if np.dtype(dtype) != np.float32 and not is_numpy(xp):
             raise ValueError("the GPU backend is float32 only")
-        self.xp, self.dtype, self.ops = xp, np.dtype(dtype), nn_ops(xp)
-        self.config = dict(
-            n_in=n_in,
-            n_actions=n_actions,
-            hidden=tuple(hidden),
-            head=head,
-            layernorm=layernorm,
-            plan=plan,
-            spectral=tuple(spectral),
-            atoms=atoms,
-            n_quantiles=n_quantiles,
-            n_cos=n_cos,
-            tf32=tf32,
-            gemm=gemm,
-        )
-        self.encoder = MLP("enc", n_in, hidden, layernorm=layernorm, tf32=tf32, gemm=gemm)
-        self.head = HEADS[head](self.encoder.n_out, self.config)
-        self.plan = PlanHead("plan", self.encoder.n_out, tf32=tf32, gemm=gemm) if plan else None
-        self.modules = [m for m in (self.encoder, self.head, self.plan) if m is not None]
+        self.xp, self.dtype, self.config = xp, np.dtype(dtype), net
+        self.n_in, self.n_actions = int(n_in), int(n_actions)
+        self.encoder = ENCODERS[net.encoder]("enc", self.n_in, net)
+        d = self.encoder.n_out
+        self.head = head_module(net, d, self.n_actions)
+        #: heads on psi besides the distributional one, by name (``forward()[name]``)
+        self.extras = {name: m for name, make in (extra_heads or {}).items() if (m := make(d)) is not None}
+        if plan:
+            self.extras["plan"] = PlanHead("plan", d, tf32=net.tf32, gemm=net.gemm)
+        self.plan = self.extras.get("plan")
+        self.modules = [self.encoder, self.head, *self.extras.values()]
         self.layout = ParamLayout()
         self._ws_spec: list = []
         for m in self.modules:
@@ -107,7 +90,7 @@ class QNetwork:
         self.grads = xp.zeros(self.layout.padded_size, dtype=self.dtype)
         self.P, self.G = self.layout.views(self.params), self.layout.views(self.grads)
         for m in self.modules:
-            m.bind(self.P, self.G, self.ops)
+            m.bind(self.P, self.G, xp)
         self.linears = {lin.name: lin for lin in _walk(self.modules) if isinstance(lin, Linear)}
         unknown = set(spectral) - set(self.linears)
         if unknown:
@@ -146,59 +129,54 @@ class QNetwork:
         for lin, s in zip(self.linears.values(), sides, strict=True):
             lin.side = s
 
-    def forward(self, x, ws: Workspace | None = None, tau=None, raw_head: bool = False) -> dict:
-        """x ``[B, n_in]`` -> ``{"q": logits [B, A, atoms] | quantiles [B, N, A], "plan": [B, 2]}``.
+    def forward(self, x, ws: Workspace | None = None, raw_head: bool = False, **head_kw) -> dict:
+        """x ``[B, n_in]`` -> ``{"q": the head's output, name: each extra head's output}``; ``"q"`` is
+        ``head.output_shape(B)`` (C51 logits ``[B, A, atoms]``, quantiles ``[B, N, A]``).
 
         ``raw_head`` (C51 only): ``"q"`` is the head's output before the dueling combine,
-        ``va [B, (1 + A) atoms]``; pair it with ``backward(raw_head=True)``."""
+        ``va [B, (1 + A) atoms]``; the workspace remembers it, so :meth:`backward` starts from dL/dva.
+        ``head_kw`` go to the head's forward (IQN: ``tau [B, N]``, else the workspace's)."""
         ws = ws or self.ws
         ws.set_batch(x.shape[0])
         ws.x = x  # the input of this workspace's forward, for backward
+        ws.raw_head = bool(raw_head)
         psi = self.encoder.forward(x, ws)
-        if raw_head and not isinstance(self.head, C51Head):
-            raise ValueError(f"raw_head: only the C51 head has a raw output, not {type(self.head).__name__}")
-        out = {
-            "q": self.head.forward(psi, ws, tau)
-            if isinstance(self.head, IQNHead)
-            else self.head.forward(psi, ws, raw_head)
-        }
-        if self.plan is not None:
-            out["plan"] = self.plan.forward(psi, ws)
+        out = {"q": self.head.forward(psi, ws, raw=raw_head, **head_kw)}
+        for name, h in self.extras.items():
+            out[name] = h.forward(psi, ws)
         return out
 
     def grad_outputs(self, ws: Workspace | None = None, raw_head: bool = False) -> dict:
-        """The buffers the loss writes ``dL/d(output)`` into, shaped like :meth:`forward`'s outputs
+        """The buffers the losses write ``dL/d(output)`` into, shaped like :meth:`forward`'s outputs
         (with ``raw_head``: dL/dva ``[B, (1 + A) atoms]``)."""
         ws = ws or self.ws
         if raw_head:
             out = {"q": ws.rows(self.head.raw_grad_name())}
         else:
             out = {"q": ws.rows(self.head.grad_name).reshape(self.forward_shape(ws.batch))}
-        if self.plan is not None:
-            out["plan"] = ws.rows(self.plan.grad_name)
+        for name, h in self.extras.items():
+            out[name] = ws.rows(h.grad_name)
         return out
 
     def forward_shape(self, B: int) -> tuple:
-        h = self.head
-        return (B, h.n_actions, h.atoms) if isinstance(h, C51Head) else (B, h.n_quantiles, h.n_actions)
+        """The shape of ``forward()["q"]`` for ``B`` samples (the head's)."""
+        return self.head.output_shape(B)
 
-    def backward(self, x=None, ws: Workspace | None = None, dx=None, raw_head: bool = False) -> None:
-        """Overwrite :attr:`grads` from the gradients in :meth:`grad_outputs` (last forward on ``ws``;
-        ``raw_head`` as given to :meth:`grad_outputs`)."""
+    def backward(self, x=None, ws: Workspace | None = None, dx=None) -> None:
+        """Overwrite :attr:`grads` from the gradients in :meth:`grad_outputs` (last forward on ``ws``,
+        raw or not as that forward was)."""
         ws = ws or self.ws
         x = ws.x if x is None else x
         psi = ws.rows(f"{self.encoder.out_name}.out")
         dpsi = ws.rows(f"{self.encoder.out_name}.dout")
-        if raw_head:
-            self.head.backward(psi, ws, dpsi, accumulate=False, raw=True)
-        else:
-            self.head.backward(psi, ws, dpsi, accumulate=False)
-        if self.plan is not None:
-            self.plan.backward(psi, ws, dpsi, accumulate=True)
+        self.head.backward(psi, ws, dpsi, accumulate=False, raw=ws.raw_head)
+        for h in self.extras.values():
+            h.backward(psi, ws, dpsi, accumulate=True)
         self.encoder.backward(x, ws, dx)
 
     # --- checkpoints ------------------------------------------------------------------------
     def state_dict(self) -> dict:
+        """Host copies of the flat parameters, the layout they follow and the spectral-norm vectors."""
         sn = {n: {k: to_numpy(lin.sn[k]).copy() for k in ("u", "v")} for n, lin in self.linears.items() if lin.spectral}
         return {
             "params": to_numpy(self.params).copy(),

@@ -1,4 +1,4 @@
-"""Flat parameter buffers with named views, activation workspaces, and the backend switch.
+"""Flat parameter buffers with named views, activation workspaces, and the float64-aware matmul.
 
 Layout of a network's parameters (:class:`ParamLayout`)
 --------------------------------------------------------
@@ -25,31 +25,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .. import blas
 from ..reference import philox
 
 ALIGN = 64
-
-
-def is_numpy(xp) -> bool:
-    return xp is np or getattr(xp, "__name__", "") == "numpy"
-
-
-def nn_ops(xp):
-    """The op table for ``xp``: ``cudarl.reference.nn`` (NumPy) or ``cudarl.ops.nn`` (CuPy)."""
-    if is_numpy(xp):
-        from ..reference import nn as ops
-    else:
-        from ..ops import nn as ops
-    return ops
-
-
-def optim_ops(xp):
-    """``cudarl.reference.optim`` (NumPy) or ``cudarl.ops.optim`` (CuPy): spectral-norm ops live there."""
-    if is_numpy(xp):
-        from ..reference import optim as ops
-    else:
-        from ..ops import optim as ops
-    return ops
 
 
 def matmul(a, b, out, *, trans_a: bool = False, trans_b: bool = False, beta: float = 0.0, tf32: bool = False) -> None:
@@ -64,8 +43,6 @@ def matmul(a, b, out, *, trans_a: bool = False, trans_b: bool = False, beta: flo
         res = opa @ opb
         out[...] = res + beta * out if beta != 0.0 else res
         return
-    from .. import blas
-
     blas.gemm(a, b, out, trans_a=trans_a, trans_b=trans_b, beta=beta, tf32=tf32)
 
 
@@ -170,6 +147,7 @@ class Workspace:
         self._merge: dict[str, bool] = {}
         self.batch = None
         self.x = None  # the input of the last forward over this workspace
+        self.raw_head = False  # whether that forward gave the head's raw output (C51's va)
 
     def add(self, name: str, row_shape, dtype=None, merge: bool = False):
         if name in self.bufs:

@@ -17,7 +17,6 @@ def quantile_mean(q, theta, stream=None) -> None:
         "quantile_mean",
         blocks_for(B * A),
         256,
-        "f32* q, const f32* theta, i32 B, i32 N, i32 A",
         (q, theta, B, N, A),
         stream=stream,
     )
@@ -32,7 +31,6 @@ def discount(out, done, gamma, stream=None) -> None:
         "discount",
         min(blocks_for(out.size), 4096),
         256,
-        "f32* out, const f32* done, const f32* gamma, i64 n",
         (out, done, gamma, out.size),
         stream=stream,
     )
@@ -45,7 +43,6 @@ def epsilon(eps, count, start: float, end: float, steps: int, stream=None) -> No
         "epsilon",
         1,
         1,
-        "f32* eps, i64* count, f64 start, f64 end, i64 steps",
         (eps, count, float(start), float(end), int(steps)),
         stream=stream,
     )
@@ -69,11 +66,6 @@ def _check_act(actions, q, env_count, eps, count, arrivals) -> tuple[int, int]:
     _check("count", count, np.int64, (1,))
     _check("arrivals", arrivals, np.uint32, (1,))
     return n, a_n
-
-
-_ACT_SCHEDULE = (
-    "f32* eps_out, i64* count, u32* arrivals, f64 start, f64 end, i64 steps, u64 seed"  # ACT_SCHEDULE_PARAMS
-)
 
 
 def act_c51(
@@ -105,8 +97,6 @@ def act_c51(
         "act_c51",
         blocks_for(32 * n),
         256,
-        "i32* actions, f32* q, const f32* logits, const f32* support, const u64* env_count, i32 n, i32 A, i32 K, "
-        + _ACT_SCHEDULE,
         (
             actions,
             q,
@@ -141,7 +131,6 @@ def act_iqn(
         "act_iqn",
         blocks_for(n),
         256,
-        "i32* actions, f32* q, const f32* theta, const u64* env_count, i32 n, i32 N, i32 A, " + _ACT_SCHEDULE,
         (
             actions,
             q,
@@ -171,7 +160,6 @@ def publish(ring, loss, grad_norm, step, slots: int, stream=None) -> None:
         "publish",
         1,
         1,
-        "f32* ring, const f32* loss, const f32* grad_norm, const i64* step, i32 slots",
         (ring, loss, grad_norm, step, slots),
         stream=stream,
     )

@@ -9,232 +9,11 @@ from __future__ import annotations
 import numpy as np
 
 from ..kernels import blocks_for, launch
-from ..reference.c51 import PRIORITY_KINDS
+from ..reference.c51_chain import PRIORITY_KINDS
 from ..reference.popart import STATE_SIZE
-from ._arrays import check, check_counter, warp_grid
-from .popart import REDUCE_THREADS as POPART_THREADS  # a cudarl_c51_project_popart block: 8 warps, 8 samples
+from ._arrays import check, check_counter
 
 F32, I32 = np.float32, np.int32
-
-
-def _check_next(w, online, target, support, out_probs, out_a_star, **per_sample):
-    """Checks shared by the launchers that compute the next distribution; ``per_sample`` are ``[B]`` floats."""
-    B, A, K = online.shape
-    check(w, "logits_online_tp1", online, F32, (B, A, K))
-    check(w, "logits_target_tp1", target, F32, (B, A, K))
-    check(w, "support", support, F32, (K,))
-    check(w, "out_probs", out_probs, F32, (B, K))
-    check(w, "out_a_star", out_a_star, I32, (B,))
-    for name, a in per_sample.items():
-        check(w, name, a, F32, (B,))
-    if K < 2:
-        raise ValueError(f"{w}: need at least 2 atoms, got {K}")
-    return B, A, K
-
-
-def next_probs(logits_online_tp1, logits_target_tp1, support, out_probs, out_a_star, stream=None) -> None:
-    """Double-DQN next distribution: writes ``out_probs [B, K]`` and ``out_a_star int32 [B]``."""
-    w = "c51.next_probs"
-    B, A, K = _check_next(w, logits_online_tp1, logits_target_tp1, support, out_probs, out_a_star)
-    grid, block = warp_grid(B)
-    launch(
-        "c51",
-        "next_probs",
-        grid,
-        block,
-        "const f32* online, const f32* target, const f32* support, f32* probs, i32* a_star, i32 B, i32 A, i32 K",
-        (logits_online_tp1, logits_target_tp1, support, out_probs, out_a_star, B, A, K),
-        stream=stream,
-    )
-
-
-def project(probs_tp1, r_t, discount_t, support, out, stream=None) -> None:
-    """Categorical projection of ``r_t + discount_t * z``: writes ``out [B, K]``."""
-    w = "c51.project"
-    B, K = probs_tp1.shape
-    check(w, "probs_tp1", probs_tp1, F32, (B, K))
-    check(w, "r_t", r_t, F32, (B,))
-    check(w, "discount_t", discount_t, F32, (B,))
-    check(w, "support", support, F32, (K,))
-    check(w, "out", out, F32, (B, K))
-    if K < 2:
-        raise ValueError(f"{w}: need at least 2 atoms, got {K}")
-    grid, block = warp_grid(B)
-    launch(
-        "c51",
-        "project",
-        grid,
-        block,
-        "const f32* probs, const f32* r_t, const f32* discount_t, const f32* support, f32* out, i32 B, i32 K",
-        (probs_tp1, r_t, discount_t, support, out, B, K),
-        stream=stream,
-    )
-
-
-def targets(
-    logits_online_tp1, logits_target_tp1, support, r_t, discount_t, out, out_probs, out_a_star, stream=None
-) -> None:
-    """The C51 target without PopArt in one launch: :func:`next_probs` then :func:`project` per sample.
-
-    Writes ``out [B, K]``, ``out_probs [B, K]`` and ``out_a_star int32 [B]``.
-    """
-    w = "c51.targets"
-    B, A, K = _check_next(
-        w, logits_online_tp1, logits_target_tp1, support, out_probs, out_a_star, r_t=r_t, discount_t=discount_t
-    )
-    check(w, "out", out, F32, (B, K))
-    grid, block = warp_grid(B)
-    launch(
-        "c51",
-        "targets",
-        grid,
-        block,
-        "const f32* online, const f32* target, const f32* support, const f32* r_t, const f32* discount_t, "
-        "f32* probs, i32* a_star, f32* out, i32 B, i32 A, i32 K",
-        (logits_online_tp1, logits_target_tp1, support, r_t, discount_t, out_probs, out_a_star, out, B, A, K),
-        stream=stream,
-    )
-
-
-def next_probs_td(
-    logits_online_tp1,
-    logits_target_tp1,
-    support,
-    r_t,
-    discount_t,
-    state,
-    out_probs,
-    out_a_star,
-    out_y,
-    out_state_prev,
-    stream=None,
-) -> None:
-    """PopArt targets, launch 1 of 2: next probabilities, ``a*`` and the return-space TD targets
-    ``y = r + d (s sum_k p_k z_k + mu)`` with the statistics in ``state [8]`` (only read), which
-    are also copied to ``out_state_prev [8]`` for :func:`project_popart`."""
-    w = "c51.next_probs_td"
-    B, A, K = _check_next(
-        w,
-        logits_online_tp1,
-        logits_target_tp1,
-        support,
-        out_probs,
-        out_a_star,
-        r_t=r_t,
-        discount_t=discount_t,
-        out_y=out_y,
-    )
-    check(w, "state", state, F32, (STATE_SIZE,))
-    check(w, "out_state_prev", out_state_prev, F32, (STATE_SIZE,))
-    if out_state_prev.data.ptr == state.data.ptr:
-        raise ValueError(f"{w}: out_state_prev must be a buffer of its own, not the PopArt state")
-    grid, block = warp_grid(B)
-    launch(
-        "c51",
-        "next_probs_td",
-        grid,
-        block,
-        "const f32* online, const f32* target, const f32* support, const f32* r_t, const f32* discount_t, "
-        "const f32* state, f32* probs, i32* a_star, f32* y, f32* state_prev, i32 B, i32 A, i32 K",
-        (
-            logits_online_tp1,
-            logits_target_tp1,
-            support,
-            r_t,
-            discount_t,
-            state,
-            out_probs,
-            out_a_star,
-            out_y,
-            out_state_prev,
-            B,
-            A,
-            K,
-        ),
-        stream=stream,
-    )
-
-
-def project_popart(
-    probs_tp1, r_t, discount_t, support, y, state_prev, beta, state, out_r_norm, out, sigma_min=1e-4, stream=None
-) -> None:
-    """PopArt targets, launch 2 of 2: ``state`` = the PopArt update of ``state_prev`` with ``y``,
-    ``out_r_norm = (r - (1 - d) mu') / s'`` with the updated statistics, and ``out [B, K]`` = the
-    projection of ``r~ + d z``. ``beta`` is a float32 ``[1]`` device slot."""
-    w = "c51.project_popart"
-    B, K = probs_tp1.shape
-    check(w, "probs_tp1", probs_tp1, F32, (B, K))
-    for name, a in (("r_t", r_t), ("discount_t", discount_t), ("y", y), ("out_r_norm", out_r_norm)):
-        check(w, name, a, F32, (B,))
-    check(w, "support", support, F32, (K,))
-    check(w, "state_prev", state_prev, F32, (STATE_SIZE,))
-    check(w, "state", state, F32, (STATE_SIZE,))
-    if state_prev.data.ptr == state.data.ptr:
-        raise ValueError(f"{w}: state_prev must be a buffer of its own, not the PopArt state")
-    check(w, "beta", beta, F32, (1,))
-    check(w, "out", out, F32, (B, K))
-    if K < 2:
-        raise ValueError(f"{w}: need at least 2 atoms, got {K}")
-    launch(
-        "c51",
-        "project_popart",
-        blocks_for(B, POPART_THREADS // 32),
-        POPART_THREADS,
-        "const f32* probs, const f32* r_t, const f32* discount_t, const f32* support, const f32* y, "
-        "const f32* state_prev, const f32* beta, f32* state, f32* r_norm, f32* out, i32 B, i32 K, f32 sigma_min",
-        (probs_tp1, r_t, discount_t, support, y, state_prev, beta, state, out_r_norm, out, B, K, float(sigma_min)),
-        stream=stream,
-    )
-
-
-def loss(
-    logits_tm1, a_tm1, target, weights, out_loss_per, out_loss, out_grad, out_priority, done, priority="kl", stream=None
-) -> None:
-    """Cross-entropy loss, gradient, priorities and the weighted batch mean, in one launch.
-
-    Writes ``out_loss_per [B]``, ``out_loss [1]`` (may be a pinned device view),
-    ``out_grad [B, A, K]`` (every element) and ``out_priority [B]``. ``done`` is a uint32 ``[1]``
-    ticket counter, 0 before the launch and left 0 (the block that finishes last sums the batch).
-    """
-    w = "c51.loss"
-    if priority not in PRIORITY_KINDS:
-        raise ValueError(f"{w}: priority {priority!r} is not one of {PRIORITY_KINDS}")
-    B, A, K = logits_tm1.shape
-    check(w, "logits_tm1", logits_tm1, F32, (B, A, K))
-    check(w, "a_tm1", a_tm1, I32, (B,))
-    check(w, "target", target, F32, (B, K))
-    check(w, "weights", weights, F32, (B,))
-    check(w, "out_loss_per", out_loss_per, F32, (B,))
-    check(w, "out_loss", out_loss, F32, (1,))
-    check(w, "out_grad", out_grad, F32, (B, A, K))
-    check(w, "out_priority", out_priority, F32, (B,))
-    check_counter(w, "done", done)
-    grid, block = warp_grid(B)
-    launch(
-        "c51",
-        "loss",
-        grid,
-        block,
-        "const f32* logits, const i32* actions, const f32* target, const f32* weights, f32* loss_per, "
-        "f32* priority, f32* grad, f32* loss, u32* done, i32 B, i32 A, i32 K, i32 kind, f32 scale",
-        (
-            logits_tm1,
-            a_tm1,
-            target,
-            weights,
-            out_loss_per,
-            out_priority,
-            out_grad,
-            out_loss,
-            done,
-            B,
-            A,
-            K,
-            PRIORITY_KINDS.index(priority),
-            1.0 / B,
-        ),
-        stream=stream,
-    )
 
 
 def _check_targets_loss(
@@ -302,12 +81,6 @@ TL_WARPS = 4
 #: launch opts in (kernels.launch), up to what every sm_90 part has (227 KiB): 1024 atoms take 80 KiB.
 TL_MAX_SMEM = 227 * 1024
 
-_TL_SIG = (
-    "const f32* va_tm1, const f32* va_online_tp1, const f32* va_target_tp1, const i32* actions, "
-    "const f32* weights, const f32* support, const f32* r_t, const f32* discount_t, "
-)
-_TL_OUT = "f32* probs, i32* a_star, f32* target, f32* loss_per, f32* priority, f32* dva, f32* loss, u32* done, "
-
 
 def targets_loss(
     va_tm1,
@@ -360,7 +133,6 @@ def targets_loss(
         "targets_loss",
         grid,
         32 * TL_WARPS,
-        _TL_SIG + _TL_OUT + "i32 B, i32 A, i32 K, i32 kind, f32 scale",
         (
             va_tm1,
             va_online_tp1,
@@ -455,12 +227,6 @@ def targets_loss_popart(
     check_counter(w, "barrier", barrier)
     if barrier.data.ptr == done.data.ptr or scratch.data.ptr == state.data.ptr:
         raise ValueError(f"{w}: barrier and done must be two counters, scratch and state two buffers")
-    sig = (
-        _TL_SIG
-        + "f32* state, const f32* beta, f32* y, f32* r_norm, "
-        + _TL_OUT
-        + "u32* barrier, f32* state_prev, i32 B, i32 A, i32 K, i32 kind, f32 scale, f32 sigma_min, i32 phase"
-    )
     args = (
         va_tm1,
         va_online_tp1,
@@ -497,14 +263,13 @@ def targets_loss_popart(
             "targets_loss_popart",
             min(grid, resident_grid_limit()),
             32 * TL_WARPS,
-            sig,
             args + (0,),
             stream=stream,
             shared_mem=smem,
         )
         return
     for phase in (1, 2):
-        launch("c51", "targets_loss_popart", grid, 32 * TL_WARPS, sig, args + (phase,), stream=stream, shared_mem=smem)
+        launch("c51", "targets_loss_popart", grid, 32 * TL_WARPS, args + (phase,), stream=stream, shared_mem=smem)
 
 
 def n_step(rewards, terminal, gamma, out_r_t, out_discount_t, stream=None) -> None:
@@ -521,7 +286,6 @@ def n_step(rewards, terminal, gamma, out_r_t, out_discount_t, stream=None) -> No
         "n_step",
         blocks_for(B),
         256,
-        "const f32* rewards, const f32* terminal, const f32* gamma, f32* r_t, f32* discount_t, i32 B, i32 n",
         (rewards, terminal, gamma, out_r_t, out_discount_t, B, n),
         stream=stream,
     )

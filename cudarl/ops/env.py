@@ -17,8 +17,6 @@ from ..reference.env import EnvData, EnvParams, EnvState, Transitions, rows_per_
 _THREADS = 256
 _WARPS = _THREADS // 32
 
-_STATE_SIG = "i32* t, i32* start, i32* steps_left, f32* position, i32* hold"
-
 
 def _check(name: str, a, dtype, shape: tuple) -> None:
     if a.dtype != np.dtype(dtype) or tuple(a.shape) != tuple(shape):
@@ -73,8 +71,6 @@ def reset(state: EnvState, obs, data: EnvData, params: EnvParams, stream=None) -
         "reset",
         blocks_for(n, _WARPS),
         _THREADS,
-        _STATE_SIG + ", const u64* count, f32* obs, const f32* features, i32 n_envs, i32 n_features, "
-        "i32 t_begin, i32 n_starts, i32 episode_len, i32 hold_cap, i32 stagger, u64 seed",
         (
             *state[:5],
             state.count,
@@ -115,9 +111,6 @@ def step(
         "step",
         blocks_for(n, _WARPS),
         _THREADS,
-        _STATE_SIG + ", u64* count, f32* obs, f32* reward, f32* done, const i32* actions, const f32* scale, "
-        "const f32* features, const f32* ret, const f32* levels, i32 n_envs, i32 n_features, i32 n_actions, "
-        "i32 t_begin, i32 n_starts, i32 episode_len, i32 hold_cap, f32 rate, u64 seed",
         (
             *state[:5],
             state.count,
@@ -165,10 +158,6 @@ def record(out: Transitions, state: EnvState, actions, scale, data: EnvData, par
         "record",
         blocks_for(m, _WARPS),
         _THREADS,
-        "f32* obs_out, i32* action_out, f32* reward_out, f32* next_obs_out, f32* done_out, const i32* t, "
-        "const i32* steps_left, const f32* position, const i32* hold, const i32* actions, const f32* scale, "
-        "const f32* features, const f32* ret, const f32* levels, const f32* sign, i32 n_envs, i32 n_features, "
-        "i32 n_actions, i32 hold_cap, f32 rate, i32 counterfactual, i32 mirror",
         (
             out.obs,
             out.action,
@@ -212,7 +201,6 @@ def act(actions, q, epsilon, count, params: EnvParams, stream=None) -> None:
         "act",
         blocks_for(n, _THREADS),
         _THREADS,
-        "i32* actions, const f32* q, const f32* epsilon, const u64* count, i32 n_envs, i32 n_actions, u64 seed",
         (actions, q, epsilon, count, n, a_n, int(params.seed)),
         stream=stream,
     )

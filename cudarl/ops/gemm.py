@@ -77,7 +77,6 @@ def nn_bias_act(a, b, bias, out, act: int) -> None:
         "nn_bias_act",
         _grid(M, N),
         THREADS,
-        "const f32* a, const f32* b, const f32* bias, f32* out, i64 M, i64 N, i32 K, i32 act",
         (a, b, bias, out, M, N, K, int(act)),
         shared_mem=smem_bytes(K, False),
     )
@@ -102,7 +101,6 @@ def nt(a, bt, out) -> None:
         "nt",
         _grid(M, N),
         THREADS,
-        "const f32* a, const f32* bt, f32* out, i64 M, i64 N, i32 K",
         (a, bt, out, M, N, K),
         shared_mem=smem_bytes(K, True),
     )

@@ -40,7 +40,6 @@ def bias_act_forward(y, bias, out, act: int) -> None:
         "bias_act_forward",
         _grid(B * N),
         _T,
-        "const f32* y, const f32* bias, f32* out, i64 rows, i64 cols, i32 act",
         (y, bias, out, B, N, _act(w, act)),
     )
 
@@ -57,7 +56,6 @@ def bias_act_backward(dout, out, dz, dbias, act: int) -> None:
         "bias_act_backward",
         blocks_for(N, _BAB_BLOCK[0]),
         _BAB_BLOCK,
-        "const f32* dout, const f32* out, f32* dz, f32* dbias, i64 rows, i64 cols, i32 act",
         (dout, out, dz, dbias, B, N, _act(w, act)),
     )
 
@@ -72,7 +70,6 @@ def act_backward(dout, out, dz, act: int) -> None:
         "act_backward",
         _grid(dout.size),
         _T,
-        "const f32* dout, const f32* out, f32* dz, i64 n, i32 act",
         (dout, out, dz, dout.size, _act(w, act)),
     )
 
@@ -94,8 +91,6 @@ def layernorm_forward(x, gamma, beta, out, mean, rstd, eps: float, act: int) -> 
         "layernorm_forward",
         blocks_for(32 * B, _T),
         _T,
-        "const f32* x, const f32* gamma, const f32* beta, f32* out, f32* mean, f32* rstd, "
-        "i64 rows, i64 cols, f32 eps, i32 act",
         (x, gamma, beta, out, mean, rstd, B, N, float(eps), _act(w, act)),
     )
 
@@ -118,8 +113,6 @@ def layernorm_backward_input(dout, out, x, gamma, mean, rstd, dx, act: int) -> N
         "layernorm_backward_input",
         blocks_for(32 * B, _T),
         _T,
-        "const f32* dout, const f32* out, const f32* x, const f32* gamma, const f32* mean, const f32* rstd, "
-        "f32* dx, i64 rows, i64 cols, i32 act",
         (dout, out, x, gamma, mean, rstd, dx, B, N, _act(w, act)),
     )
 
@@ -142,8 +135,6 @@ def layernorm_backward_params(dout, out, x, mean, rstd, dgamma, dbeta, act: int)
         "layernorm_backward_params",
         blocks_for(N, 32),
         _COL_BLOCK,
-        "const f32* dout, const f32* out, const f32* x, const f32* mean, const f32* rstd, "
-        "f32* dgamma, f32* dbeta, i64 rows, i64 cols, i32 act",
         (dout, out, x, mean, rstd, dgamma, dbeta, B, N, _act(w, act)),
     )
 
@@ -163,7 +154,6 @@ def dueling_forward(va, logits) -> None:
         "dueling_forward",
         _grid(B * Z),
         _T,
-        "const f32* va, f32* logits, i64 B, i32 A, i32 Z",
         (va, logits, B, A, Z),
     )
 
@@ -177,7 +167,6 @@ def dueling_backward(dlogits, dva) -> None:
         "dueling_backward",
         _grid(B * Z),
         _T,
-        "const f32* dlogits, f32* dva, i64 B, i32 A, i32 Z",
         (dlogits, dva, B, A, Z),
     )
 
@@ -191,7 +180,6 @@ def iqn_sample_tau(tau, counter, seed: int, stream_id: int) -> None:
         "iqn_sample_tau",
         _grid((n + 3) // 4),
         _T,
-        "f32* tau, const u64* counter, i64 n, u64 seed, u32 stream_id",
         (tau, counter, n, int(seed) & 0xFFFFFFFFFFFFFFFF, int(stream_id) & 0xFFFFFFFF),
     )
 
@@ -201,7 +189,7 @@ def iqn_cos_embed(tau, cos) -> None:
     rows, C = cos.shape
     if tau.size != rows:
         raise ValueError(f"nn.iqn_cos_embed: tau has {tau.size} entries, cos has {rows} rows")
-    launch("nn", "iqn_cos_embed", _grid(rows * C), _T, "const f32* tau, f32* cos, i64 rows, i32 C", (tau, cos, rows, C))
+    launch("nn", "iqn_cos_embed", _grid(rows * C), _T, (tau, cos, rows, C))
 
 
 def iqn_mix_forward(psi, phi, h) -> None:
@@ -215,7 +203,6 @@ def iqn_mix_forward(psi, phi, h) -> None:
         "iqn_mix_forward",
         _grid(B * N * D),
         _T,
-        "const f32* psi, const f32* phi, f32* h, i64 B, i32 N, i32 D",
         (psi, phi, h, B, N, D),
     )
 
@@ -237,7 +224,6 @@ def iqn_mix_backward(dh, psi, phi, dpsi, dphi) -> None:
         "iqn_mix_backward",
         _grid(B * D),
         _T,
-        "const f32* dh, const f32* psi, const f32* phi, f32* dpsi, f32* dphi, i64 B, i32 N, i32 D",
         (dh, psi, phi, dpsi, dphi, B, N, D),
     )
 
@@ -252,7 +238,6 @@ def plan_gate(plan, scale, threshold: float = 0.5) -> None:
         "plan_gate",
         _grid(B),
         _T,
-        "const f32* plan, f32* scale, i64 B, f32 threshold",
         (plan, scale, B, float(threshold)),
     )
 
@@ -267,6 +252,5 @@ def plan_gate_backward(dscale, plan, dplan, threshold: float = 0.5) -> None:
         "plan_gate_backward",
         _grid(B),
         _T,
-        "const f32* dscale, const f32* plan, f32* dplan, i64 B, f32 threshold",
         (dscale, plan, dplan, B, float(threshold)),
     )

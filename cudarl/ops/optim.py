@@ -37,9 +37,7 @@ def _flat(where: str, n: int, **arrs) -> None:
 def grad_norm_partial(g, partial) -> None:
     """Stage 1: float64 ``partial [GN_BLOCKS]`` of sums of squares of flat float32 ``g``."""
     _flat("optim.grad_norm_partial", GN_BLOCKS, partial=partial)
-    launch(
-        "optim", "grad_norm_partial", GN_BLOCKS, GN_THREADS, "const f32* g, f64* partial, i64 n", (g, partial, g.size)
-    )
+    launch("optim", "grad_norm_partial", GN_BLOCKS, GN_THREADS, (g, partial, g.size))
 
 
 def grad_norm_finalize(partial, norm, scale, max_norm: float) -> None:
@@ -51,7 +49,6 @@ def grad_norm_finalize(partial, norm, scale, max_norm: float) -> None:
         "grad_norm_finalize",
         1,
         GN_BLOCKS,
-        "const f64* partial, f32* norm, f32* scale, f32 max_norm",
         (partial, norm, scale, float(max_norm)),
     )
 
@@ -78,7 +75,6 @@ def grad_norm(g, partial, norm, scale, max_norm: float, done=None) -> None:
         "grad_norm",
         GN_BLOCKS,
         GN_THREADS,
-        "const f32* g, f64* partial, f32* norm, f32* scale, f32 max_norm, u32* done, i64 n",
         (g, partial, norm, scale, float(max_norm), done, g.size),
     )
 
@@ -108,9 +104,6 @@ def lr_schedule(
         "lr_schedule",
         1,
         1,
-        "i64* step, f32* lr, f32* m_scale, f32* bc1, f32* bc2, i32 kind, f32 lr_max, f32 lr_min, "
-        "i64 warmup, i64 period, "
-        "i64 mult, f32 restart_m_scale, f32 beta1, f32 beta2",
         (
             step,
             lr,
@@ -147,9 +140,6 @@ def adam_update(
         "adam_update",
         _grid(n),
         _T,
-        "f32* p, const f32* g, f32* m, f32* v, const u8* mask, i64 n, const f32* lr, const f32* m_scale, "
-        "const f32* bc1, "
-        "const f32* bc2, const f32* clip, f32 beta1, f32 beta2, f32 eps, f32 wd",
         (p, g, m, v, mask, n, lr, m_scale, bc1, bc2, clip, float(beta1), float(beta2), float(eps), float(wd)),
     )
 
@@ -170,8 +160,6 @@ def adam_update_soft(
         "adam_update_soft",
         _grid(n),
         _T,
-        "f32* p, const f32* g, f32* m, f32* v, const u8* mask, f32* target, i64 n, const f32* lr, const f32* m_scale, "
-        "const f32* bc1, const f32* bc2, const f32* clip, const f32* tau, f32 beta1, f32 beta2, f32 eps, f32 wd",
         (
             p,
             g,
@@ -263,10 +251,6 @@ def clip_adam_soft(
         "clip_adam_soft",
         int(grid),
         CAS_THREADS,
-        "f32* p, const f32* g, f32* m, f32* v, const u8* mask, f32* target, i64 n, f64* partial, "
-        "f32* norm, f32* scale, "
-        "f32 max_norm, const f32* lr, const f32* m_scale, const f32* bc1, const f32* bc2, const f32* tau, f32* ring, "
-        "const f32* loss, const i64* step, i32 slots, u32* done, u32* barrier, f32 beta1, f32 beta2, f32 eps, f32 wd",
         (
             p,
             g,
@@ -308,7 +292,6 @@ def tau_schedule(count, tau, tau_start: float, tau_end: float, period: int) -> N
         "tau_schedule",
         1,
         1,
-        "i64* count, f32* tau, f32 tau_start, f32 tau_end, i64 period",
         (count, tau, float(tau_start), float(tau_end), int(period)),
     )
 
@@ -323,7 +306,6 @@ def soft_update(target, online, tau) -> None:
         "soft_update",
         _grid(n),
         _T,
-        "f32* target, const f32* online, i64 n, const f32* tau",
         (target, online, n, tau),
     )
 
@@ -343,7 +325,6 @@ def shrink_perturb(theta, lam: float, sigma: float, seed: int, counter: int, str
         "shrink_perturb",
         _grid((n + 1) // 2),
         _T,
-        "f32* theta, i64 n, f32 lam, f32 sigma, u64 seed, u64 counter, u32 stream_id",
         (
             theta,
             n,
@@ -368,7 +349,6 @@ def spectral_power_iter(W, u, v, wv, sigma, iterate: int) -> None:
         "spectral_power_iter",
         1,
         1024,
-        "const f32* W, f32* u, f32* v, f32* wv, f32* sigma, i64 rows, i64 cols, i32 iterate",
         (W, u, v, wv, sigma, rows, cols, 1 if iterate else 0),
     )
 
@@ -383,7 +363,6 @@ def spectral_scale(W, sigma, w_sn) -> None:
         "spectral_scale",
         _grid(W.size),
         _T,
-        "const f32* W, const f32* sigma, f32* w_sn, i64 n",
         (W, sigma, w_sn, W.size),
     )
 
@@ -398,7 +377,6 @@ def spectral_dot_partial(a, b, partial) -> None:
         "spectral_dot_partial",
         GN_BLOCKS,
         GN_THREADS,
-        "const f32* a, const f32* b, f64* partial, i64 n",
         (a, b, partial, a.size),
     )
 
@@ -415,7 +393,5 @@ def spectral_backward(dw_sn, u, v, sigma, partial, dW) -> None:
         "spectral_backward",
         _grid(rows * cols),
         GN_THREADS,
-        "const f32* dw_sn, const f32* u, const f32* v, const f32* sigma, const f64* partial, "
-        "f32* dW, i64 rows, i64 cols",
         (dw_sn, u, v, sigma, partial, dW, rows, cols),
     )

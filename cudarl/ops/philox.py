@@ -9,8 +9,6 @@ from __future__ import annotations
 
 from ..kernels import blocks_for, launch
 
-_SIG = "{t}* out, i64 n, u64 seed, const u64* counter, u32 stream_id"
-
 
 def u32(out, seed: int, counter, stream_id: int, stream=None) -> None:
     """``out[j] = draw j`` of Philox stream (seed, counter[0], stream_id); out uint32 ``[n]``."""
@@ -19,7 +17,6 @@ def u32(out, seed: int, counter, stream_id: int, stream=None) -> None:
         "u32",
         min(blocks_for((out.size + 3) // 4), 8192),
         256,
-        _SIG.format(t="u32"),
         (out, out.size, seed, counter, stream_id),
         stream=stream,
     )
@@ -32,7 +29,6 @@ def uniform(out, seed: int, counter, stream_id: int, stream=None) -> None:
         "uniform",
         min(blocks_for((out.size + 3) // 4), 8192),
         256,
-        _SIG.format(t="f32"),
         (out, out.size, seed, counter, stream_id),
         stream=stream,
     )

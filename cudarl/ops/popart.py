@@ -26,7 +26,6 @@ def update(y, state, beta, sigma_min=1e-4, stream=None) -> None:
         "update",
         1,
         REDUCE_THREADS,
-        "const f32* y, f32* state, const f32* beta, i32 B, f32 sigma_min",
         (y, state, beta, B, float(sigma_min)),
         stream=stream,
     )
@@ -48,8 +47,6 @@ def update_normalize_rewards(y, r_t, discount_t, state, beta, out, sigma_min=1e-
         "update_normalize_rewards",
         1,
         REDUCE_THREADS,
-        "const f32* y, const f32* r_t, const f32* discount_t, f32* state, const f32* beta, f32* out, "
-        "i32 B, f32 sigma_min",
         (y, r_t, discount_t, state, beta, out, B, float(sigma_min)),
         stream=stream,
     )
@@ -66,7 +63,6 @@ def rescale(W, b, state, stream=None) -> None:
         "rescale",
         blocks_for(max(n_out * n_in, n_out)),
         256,
-        "f32* W, f32* bias, const f32* state, i32 n_out, i32 n_in",
         (W, b, state, n_out, n_in),
         stream=stream,
     )
@@ -82,7 +78,6 @@ def normalize(x, state, out, inverse=False, stream=None) -> None:
         "normalize",
         blocks_for(x.size),
         256,
-        "const f32* x, const f32* state, f32* out, i64 n, i32 inverse",
         (x, state, out, int(x.size), int(bool(inverse))),
         stream=stream,
     )
@@ -99,7 +94,6 @@ def normalize_rewards(r_t, discount_t, state, out, stream=None) -> None:
         "normalize_rewards",
         blocks_for(B),
         256,
-        "const f32* r_t, const f32* discount_t, const f32* state, f32* out, i32 B",
         (r_t, discount_t, state, out, B),
         stream=stream,
     )
@@ -116,7 +110,6 @@ def td_targets(r_t, discount_t, v_hat, state, out, stream=None) -> None:
         "td_targets",
         blocks_for(B),
         256,
-        "const f32* r_t, const f32* discount_t, const f32* v_hat, const f32* state, f32* out, i32 B",
         (r_t, discount_t, v_hat, state, out, B),
         stream=stream,
     )

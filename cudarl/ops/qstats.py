@@ -29,7 +29,6 @@ def per_sample(logits, support, out_q, out_ent, out_mass, stream=None) -> None:
         "per_sample",
         grid,
         block,
-        "const f32* logits, const f32* support, f32* q, f32* ent, f32* mass, i32 B, i32 A, i32 K",
         (logits, support, out_q, out_ent, out_mass, B, A, K),
         stream=stream,
     )
@@ -49,7 +48,6 @@ def reduce(q, ent, mass, out, stream=None) -> None:
         "reduce",
         1,
         THREADS,
-        "const f32* q, const f32* ent, const f32* mass, f32* out, i32 B, i32 A, i32 K",
         (q, ent, mass, out, B, A, K),
         stream=stream,
     )
@@ -76,7 +74,6 @@ def adapt_gamma(
         "adapt_gamma",
         1,
         32,
-        "const f32* stats, f32* gamma, i32 util_index, f32 target, f32 rate, f32 gamma_min, f32 gamma_max",
         (stats, gamma, int(util_index), float(target), float(rate), float(gamma_min), float(gamma_max)),
         stream=stream,
     )

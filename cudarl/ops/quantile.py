@@ -23,7 +23,6 @@ def sample_taus(seed: int, counter, stream_id: int, out, stream=None) -> None:
         "sample_taus",
         blocks_for((n + 3) // 4),
         256,
-        "u64 seed, const u64* counter, u32 stream_id, f32* taus, i64 n",
         (int(seed) & 0xFFFFFFFFFFFFFFFF, counter, int(stream_id), out, n),
         stream=stream,
     )
@@ -46,8 +45,6 @@ def targets(theta_online_tp1, theta_target_tp1, r_t, discount_t, out, out_a_star
         "targets",
         grid,
         block,
-        "const f32* online, const f32* target, const f32* r_t, const f32* discount_t, f32* out, i32* a_star, "
-        "i32 B, i32 A, i32 M",
         (theta_online_tp1, theta_target_tp1, r_t, discount_t, out, out_a_star, B, A, M),
         stream=stream,
     )
@@ -86,9 +83,6 @@ def huber_loss(
         "huber_loss",
         grid,
         block,
-        "const f32* theta, const i32* actions, const f32* target, const f32* taus, const f32* weights, "
-        "f32* loss_per, f32* grad, f32* loss, u32* done, i32 B, i32 A, i32 N, i32 M, i32 tau_stride, "
-        "f32 kappa, f32 scale",
         (
             theta_tm1,
             a_tm1,

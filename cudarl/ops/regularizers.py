@@ -25,7 +25,6 @@ def mean(x, out, scale, stream=None) -> None:
         "mean",
         1,
         THREADS,
-        "const f32* x, f32* out, i32 n, f32 scale",
         (x, out, n, float(scale)),
         stream=stream,
     )
@@ -49,8 +48,6 @@ def cql_c51(logits, a_data, support, alpha, out_cql_per, out_loss, out_grad, acc
         "cql_c51",
         grid,
         block,
-        "const f32* logits, const i32* actions, const f32* support, f32* cql_per, f32* grad, "
-        "i32 B, i32 A, i32 K, f32 alpha, i32 accumulate",
         (logits, a_data, support, out_cql_per, out_grad, B, A, K, float(alpha), int(bool(accumulate))),
         stream=stream,
     )
@@ -75,7 +72,6 @@ def cql_quantile(theta, a_data, alpha, out_cql_per, out_loss, out_grad, accumula
         "cql_quantile",
         grid,
         block,
-        "const f32* theta, const i32* actions, f32* cql_per, f32* grad, i32 B, i32 A, i32 N, f32 alpha, i32 accumulate",
         (theta, a_data, out_cql_per, out_grad, B, A, N, float(alpha), int(bool(accumulate))),
         stream=stream,
     )
@@ -103,7 +99,6 @@ def expectile(q, v, priority, tau, out_loss_per, out_loss, out_grad_v, out_prior
         "expectile",
         blocks_for(B),
         256,
-        "const f32* q, const f32* v, const f32* prio_in, f32* loss_per, f32* grad_v, f32* prio_out, i32 B, f32 tau",
         (q, v, priority, out_loss_per, out_grad_v, out_priority, B, float(tau)),
         stream=stream,
     )

@@ -51,10 +51,6 @@ def _check_flag(bufs: ReplayBuffers) -> None:
 
 
 _CHECK_THREADS, _CHECK_PER_THREAD, _MAX_BLOCKS = 256, 4, 1024
-_CHECK_SIG = (
-    "const f32* obs, {next}const i32* action, const f32* reward, const f32* discount, "
-    "i64* flag, i64* status, i64 B, i64 D"
-)
 
 
 def _check_grid(B: int, D: int) -> int:
@@ -70,7 +66,6 @@ def insert_check(spec: ReplaySpec, bufs: ReplayBuffers, obs, action, reward, dis
         "insert_check",
         _check_grid(B, D),
         _CHECK_THREADS,
-        _CHECK_SIG.format(next=""),
         (obs, action, reward, discount, bufs.flag, bufs.status, B, D),
     )
 
@@ -85,18 +80,12 @@ def insert_check_next(spec: ReplaySpec, bufs: ReplayBuffers, obs, next_obs, acti
         "insert_check_next",
         _check_grid(2 * B, D),
         _CHECK_THREADS,
-        _CHECK_SIG.format(next="const f32* next_obs, "),
         (obs, next_obs, action, reward, discount, bufs.flag, bufs.status, B, D),
     )
 
 
 _COMMIT_THREADS = 1024  # COMMIT_THREADS in replay.cu (its __launch_bounds__)
 _COMMIT_WARPS = _COMMIT_THREADS // 32
-_COMMIT_SIG = (
-    "const f32* obs, {next}const i32* action, const f32* reward, const f32* discount, f32* s_obs, {s_next}"
-    "i32* s_action, f32* s_reward, f32* s_discount, i64* tree, const i64* levels, i64* flag, i64* added, "
-    "const i64* max_q, i64 B, i64 D, i64 C, i64 lag, i32 depth, i64 row_blocks"
-)
 
 
 def commit_grid(spec: ReplaySpec, B: int) -> tuple[int, int]:
@@ -108,7 +97,7 @@ def commit_grid(spec: ReplaySpec, B: int) -> tuple[int, int]:
     return (min(_MAX_BLOCKS, -(-B // _COMMIT_WARPS)), max(1, min(_MAX_BLOCKS, -(-nodes // _COMMIT_WARPS))))
 
 
-def _commit(op: str, spec: ReplaySpec, bufs: ReplayBuffers, B: int, head: tuple, rings: tuple, sig: str) -> None:
+def _commit(op: str, spec: ReplaySpec, bufs: ReplayBuffers, B: int, head: tuple, rings: tuple) -> None:
     _check_flag(bufs)
     row_blocks, tree_blocks = commit_grid(spec, B)
     launch(
@@ -116,7 +105,6 @@ def _commit(op: str, spec: ReplaySpec, bufs: ReplayBuffers, B: int, head: tuple,
         op,
         row_blocks + tree_blocks,
         _COMMIT_THREADS,
-        sig,
         (
             *head,
             *rings,
@@ -150,7 +138,6 @@ def insert_commit(spec: ReplaySpec, bufs: ReplayBuffers, obs, action, reward, di
         B,
         (obs, action, reward, discount),
         (bufs.obs,),
-        _COMMIT_SIG.format(next="", s_next=""),
     )
 
 
@@ -165,7 +152,6 @@ def insert_commit_next(spec: ReplaySpec, bufs: ReplayBuffers, obs, next_obs, act
         B,
         (obs, next_obs, action, reward, discount),
         (bufs.obs, bufs.next_obs),
-        _COMMIT_SIG.format(next="const f32* next_obs, ", s_next="f32* s_next_obs, "),
     )
 
 
@@ -181,14 +167,8 @@ def insert(spec: ReplaySpec, bufs: ReplayBuffers, obs, action, reward, discount,
         insert_commit(spec, bufs, obs, action, reward, discount)
 
 
-_SEARCH_SIG = (
-    "const i64* tree, const i64* levels, const i64* step, i32* indices, i64* qsel, i64* status, i64 B, "
-    "i32 depth, u64 seed, u32 stream_id"
-)
-
-
 def _search_args(spec: ReplaySpec, bufs: ReplayBuffers, indices_out, qsel_out) -> tuple[int, tuple]:
-    """B and the search's arguments (``_SEARCH_SIG``): shared by both searching launches."""
+    """B and the search's arguments: shared by both searching launches."""
     B = int(indices_out.shape[0])
     _need("indices_out", indices_out, (B,), np.int32)
     _need("qsel_out", qsel_out, (B,), np.int64)
@@ -210,7 +190,7 @@ def sample_search(spec: ReplaySpec, bufs: ReplayBuffers, indices_out, qsel_out) 
     """A warp per sample descends the tree; writes ``indices_out`` int32 ``[B]``, ``qsel_out`` int64 ``[B]``."""
     B, args = _search_args(spec, bufs, indices_out, qsel_out)
     threads = 32 * _WARPS_PER_BLOCK
-    launch("replay", "sample_search", blocks_for(32 * B, threads), threads, _SEARCH_SIG, args)
+    launch("replay", "sample_search", blocks_for(32 * B, threads), threads, args)
 
 
 def sample_weights(spec: ReplaySpec, bufs: ReplayBuffers, qsel, weights_out) -> None:
@@ -223,7 +203,6 @@ def sample_weights(spec: ReplaySpec, bufs: ReplayBuffers, qsel, weights_out) -> 
         "sample_weights",
         1,
         _ONE_BLOCK,
-        "const i64* qsel, f32* weights, i64* step, f64* beta, i64 B, f64 beta0, f64 beta_final, i64 beta_steps",
         (qsel, weights_out, bufs.step, bufs.beta, B, float(spec.beta0), float(spec.beta_final), int(spec.beta_steps)),
     )
 
@@ -256,11 +235,6 @@ def _gather_args(
     return sources + outputs, (spec.obs_dim, W, spec.capacity, spec.n_envs, spec.n_step, spec.lag)
 
 
-_GATHER_SOURCES = "const f32* s_obs, const i32* s_action, const f32* s_reward, const f32* s_discount, const f32* s_next"
-_GATHER_OUTPUTS = "f32* obs_out, f32* next_obs_out, i32* action_out, f32* return_out, f32* discount_out"
-_GATHER_SHAPE = "i64 D, i64 W, i64 C, i64 n_envs, i32 n_step, i64 lag"
-
-
 def gather(
     spec: ReplaySpec, bufs: ReplayBuffers, indices, obs_out, next_obs_out, action_out, return_out, discount_out
 ) -> None:
@@ -276,7 +250,6 @@ def gather(
         "gather",
         blocks_for(B * spec.row_width),
         256,
-        f"{_GATHER_SOURCES}, const i32* indices, {_GATHER_OUTPUTS}, i64* status, i64 B, {_GATHER_SHAPE}",
         arrays[:5] + (indices,) + arrays[5:] + (bufs.status, B) + shape,
     )
 
@@ -302,7 +275,6 @@ def sample_search_gather(
         "sample_search_gather",
         blocks_for(32 * B, threads),
         threads,
-        f"{_SEARCH_SIG}, {_GATHER_SOURCES}, {_GATHER_OUTPUTS}, {_GATHER_SHAPE}",
         search + arrays + shape,
     )
 
@@ -317,8 +289,6 @@ def update_priorities(spec: ReplaySpec, bufs: ReplayBuffers, indices, td) -> Non
         "update_priorities",
         1,
         _ONE_BLOCK,
-        "const i32* indices, const f32* td, i64* tree, const i64* levels, i32* owner, i64* max_q, i64* status, "
-        "i64 B, i64 C, i32 depth, f64 alpha, f64 eps",
         (
             indices,
             td,
@@ -345,7 +315,6 @@ def tree_level(tree, src_off: int, dst_off: int, n_dst: int) -> None:
         "tree_level",
         blocks_for(n_dst),
         256,
-        "i64* tree, i64 src_off, i64 dst_off, i64 n_dst",
         (tree, int(src_off), int(dst_off), int(n_dst)),
     )
 

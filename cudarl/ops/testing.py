@@ -7,7 +7,7 @@ from ..kernels import blocks_for, launch
 
 def spin_then_write(dst, value: float, cycles: int, stream=None) -> None:
     """After spinning ``cycles`` clock cycles, ``dst[0] = value`` (dst float32, may be pinned)."""
-    launch("testing", "spin_then_write", 1, 1, "f32* dst, f32 value, i64 cycles", (dst, value, cycles), stream=stream)
+    launch("testing", "spin_then_write", 1, 1, (dst, value, cycles), stream=stream)
 
 
 def iota_sized(out, n, stream=None) -> None:
@@ -17,7 +17,6 @@ def iota_sized(out, n, stream=None) -> None:
         "iota_sized",
         min(blocks_for(out.size), 4096),
         256,
-        "f32* out, const i64* n, i64 capacity",
         (out, n, out.size),
         stream=stream,
     )
@@ -30,7 +29,6 @@ def axpb(x, a: float, b: float, stream=None) -> None:
         "axpb",
         min(blocks_for(x.size), 4096),
         256,
-        "f32* x, i64 n, f32 a, f32 b",
         (x, x.size, a, b),
         stream=stream,
     )
@@ -38,7 +36,7 @@ def axpb(x, a: float, b: float, stream=None) -> None:
 
 def empty(blocks: int = 1, threads: int = 32, stream=None) -> None:
     """A kernel that does nothing, on ``blocks`` x ``threads`` (the cost of a node, ``tools/bench_floor.py``)."""
-    launch("testing", "empty", blocks, threads, "", (), stream=stream)
+    launch("testing", "empty", blocks, threads, (), stream=stream)
 
 
 def fma(x, a: float, b: float, iters: int, stream=None) -> None:
@@ -48,7 +46,6 @@ def fma(x, a: float, b: float, iters: int, stream=None) -> None:
         "fma",
         min(blocks_for(x.size), 65536),
         256,
-        "f32* x, i64 n, f32 a, f32 b, i32 iters",
         (x, x.size, a, b, iters),
         stream=stream,
     )

@@ -12,7 +12,6 @@ def fill_u32(dst, value: int, stream=None) -> None:
         "fill_u32",
         min(blocks_for(dst.size), 4096),
         256,
-        "u32* dst, i64 n, u32 value",
         (dst, dst.size, int(value) & 0xFFFFFFFF),
         stream=stream,
     )
@@ -20,9 +19,9 @@ def fill_u32(dst, value: int, stream=None) -> None:
 
 def set_u64(dst, bits: int, stream=None) -> None:
     """``dst[0] = bits`` for a 1-element uint64 array, ordered on ``stream``."""
-    launch("util", "set_u64", 1, 1, "u64* dst, u64 bits", (dst, int(bits)), stream=stream)
+    launch("util", "set_u64", 1, 1, (dst, int(bits)), stream=stream)
 
 
 def add_i64(dst, by: int = 1, stream=None) -> None:
     """``dst[0] += by`` on the device (a step counter that advances at every replay)."""
-    launch("util", "add_i64", 1, 1, "i64* dst, i64 by", (dst, int(by)), stream=stream)
+    launch("util", "add_i64", 1, 1, (dst, int(by)), stream=stream)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .c51 import log_softmax
+from .c51_chain import log_softmax
 
 
 def layout(A: int) -> dict:

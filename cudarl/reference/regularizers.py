@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .c51 import softmax
+from .c51_chain import softmax
 
 
 def _lse(q):

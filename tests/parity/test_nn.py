@@ -93,9 +93,9 @@ def test_layout_views_are_aligned_and_disjoint():
 def test_he_and_xavier_limits_and_determinism():
     from cudarl.nn import QNetwork
 
-    a = QNetwork(64, 3, seed=5, max_batch=1)
-    b = QNetwork(64, 3, seed=5, max_batch=1)
-    c = QNetwork(64, 3, seed=6, max_batch=1)
+    a = QNetwork(64, 3, hidden=(256, 256), seed=5, max_batch=1)
+    b = QNetwork(64, 3, hidden=(256, 256), seed=5, max_batch=1)
+    c = QNetwork(64, 3, hidden=(256, 256), seed=6, max_batch=1)
     assert np.array_equal(a.params, b.params) and not np.array_equal(a.params, c.params)
     w0 = a.P["enc.0.weight"]  # He: U(-sqrt(6/64), sqrt(6/64))
     assert np.abs(w0).max() <= np.sqrt(6 / 64) and np.abs(w0).max() > 0.9 * np.sqrt(6 / 64)
@@ -312,6 +312,7 @@ def _nets(cp, head, layernorm, B, seed=3, spectral=()):
         max_batch=B,
         seed=seed,
         spectral=spectral,
+        gemm="cublas",
     )
     return (QNetwork(64, 3, xp=cp, **kw), QNetwork(64, 3, **kw), QNetwork(64, 3, dtype=np.float64, **kw))
 
@@ -346,7 +347,8 @@ def test_gpu_qnetwork_forward_backward_match_numpy(cp, rng, B, head, layernorm, 
         poison(gpu.G[e.name])
     outs = {}
     for net, xp in ((gpu, cp), (cpu32, np), (cpu64, np)):
-        o = net.forward(xp.asarray(x.astype(net.dtype)), tau=None if tau is None else xp.asarray(tau.astype(net.dtype)))
+        kw = {} if tau is None else {"tau": xp.asarray(tau.astype(net.dtype))}
+        o = net.forward(xp.asarray(x.astype(net.dtype)), **kw)
         outs[net] = {k: (v.get() if xp is cp else v.copy()) for k, v in o.items()}
     for k in ("q", "plan"):
         tol = max(1e-5, 2 * rel_error(outs[cpu32][k], outs[cpu64][k]))
@@ -495,9 +497,9 @@ def test_gemm_option_reaches_every_linear_and_numpy_ignores_it(rng, gemm):
 
     for head in ("c51", "iqn"):
         kw = dict(hidden=(6, 5), head=head, plan=True, atoms=5, n_quantiles=4, n_cos=8, max_batch=3, seed=4)
-        lt, base = QNetwork(8, 3, gemm=gemm, **kw), QNetwork(8, 3, **kw)
+        lt, base = QNetwork(8, 3, gemm=gemm, **kw), QNetwork(8, 3, gemm="cublas", **kw)
         lt.prepare_backward(3)  # nothing to make on NumPy
-        assert lt.config["gemm"] == gemm and base.config["gemm"] == "cublas"
+        assert lt.config.gemm == gemm and base.config.gemm == "cublas"
         assert {lin.lt_all for lin in lt.linears.values()} == {gemm in ("cublaslt_nosplit", "cudarl")}
         assert {lin.panel for lin in lt.linears.values() if lin.lt_act is not None} == {gemm == "cudarl"}
         acts = {n: lin.lt_act for n, lin in lt.linears.items()}
@@ -511,7 +513,7 @@ def test_gemm_option_reaches_every_linear_and_numpy_ignores_it(rng, gemm):
         assert all(lin.lt_act is None for lin in base.linears.values())
         x = rng.standard_normal((3, 8)).astype(np.float32)
         tau = rng.uniform(size=(3, 4)).astype(np.float32) if head == "iqn" else None
-        outs = [net.forward(x, tau=tau) for net in (lt, base)]
+        outs = [net.forward(x, **({} if tau is None else {"tau": tau})) for net in (lt, base)]
         for k in ("q", "plan"):
             assert np.array_equal(outs[0][k], outs[1][k])
         d = rng.standard_normal(base.forward_shape(3)).astype(np.float32)
@@ -532,7 +534,7 @@ def test_agent_builds_its_networks_with_the_configured_gemm():
     cfg = from_dict({"net": {"hidden": [8], "gemm": "cublaslt"}, "agent": {"batch_size": 4}})
     agent = Agent(cfg, 6, 3, 2, np)
     for net in (agent.online, agent.target):
-        assert net.config["gemm"] == "cublaslt"
+        assert net.config.gemm == "cublaslt"
         assert {lin.gemm for lin in net.linears.values()} == {"cublaslt"}
 
 
@@ -554,7 +556,7 @@ def _gemm_pair(cp, head, layernorm, B, spectral=(), seed=3, gemm="cublaslt"):
     )
     lt = QNetwork(64, 3, gemm=gemm, **kw)
     lt.prepare_backward(B)
-    return lt, QNetwork(64, 3, **kw)
+    return lt, QNetwork(64, 3, gemm="cublas", **kw)
 
 
 @pytest.mark.gpu
@@ -574,7 +576,8 @@ def test_gpu_qnetwork_gemm_option_matches_the_default_network(cp, rng, B, head, 
     for name in lt.ws.bufs:
         if name.endswith(".out"):
             poison(lt.ws.bufs[name])
-    o_lt, o_base = lt.forward(x, tau=tau), base.forward(x, tau=tau)
+    kw = {} if tau is None else {"tau": tau}
+    o_lt, o_base = lt.forward(x, **kw), base.forward(x, **kw)
     for k in ("q", "plan"):
         assert_parity(o_lt[k], o_base[k].get(), rtol=1e-5, what=f"forward {k}")
     for name in lt.ws.bufs:

@@ -891,8 +891,9 @@ def test_gpu_train_step_graphed_equals_eager_bitwise(cp, rng):
     d = cp.asarray((rng.standard_normal((B, 3, 51)) / B).astype(np.float32))
     twins = []
     for name in ("train_eager_ref", "train_graphed"):
-        net = QNetwork(64, 3, xp=cp, max_batch=B, seed=5, layernorm=True, spectral=("enc.1",))
-        tgt = QNetwork(64, 3, xp=cp, max_batch=B, seed=5, layernorm=True)
+        kw = dict(hidden=(256, 256), gemm="cublas", xp=cp, max_batch=B, seed=5, layernorm=True)
+        net = QNetwork(64, 3, spectral=("enc.1",), **kw)
+        tgt = QNetwork(64, 3, **kw)
         opt = Adam(
             net.params,
             net.grads,

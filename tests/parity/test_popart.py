@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from cudarl.popart import PopArt
-from cudarl.reference import c51
+from cudarl.reference import c51_chain as c51
 from cudarl.reference import popart as ref
 from cudarl.testing import assert_bitwise, assert_parity, assert_reruns_bitwise, poison, rel_error
 

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from cudarl.reference import c51
+from cudarl.reference import c51_chain as c51
 from cudarl.reference import qstats as ref
 from cudarl.testing import assert_bitwise, assert_parity, poison
 

@@ -19,8 +19,8 @@ def _rows(rng, B, D, discount=0.9):
     )
 
 
-def _cpu(capacity, D=3, **kw):
-    return PrioritizedReplay(capacity, D, backend="numpy", **kw)
+def _cpu(capacity, D=3, n_step=1, **kw):
+    return PrioritizedReplay(capacity, D, backend="numpy", n_step=n_step, **kw)
 
 
 def _filled_skewed(rng, C=10_000, alpha=0.6):
@@ -46,7 +46,7 @@ def test_tree_layout_pads_every_level_but_the_root_to_32(C, sizes):
 def _check_invariants(r):
     C, added = r.capacity, r.added()
     tree = r.bufs.tree.copy()
-    ref._refresh(tree, C)
+    ref.refresh(tree, C)
     assert np.array_equal(tree, r.bufs.tree), "internal nodes are not the sums of their children"
     ready = np.zeros(C, bool)
     ready[ref.ready_slots(C, r.spec.lag, added)] = True
@@ -347,7 +347,8 @@ def _refused_and_unchanged(rng, r, rows, name, call, case) -> None:
 
 
 # --- GPU ------------------------------------------------------------------------------------------
-def _pair(capacity, D, **kw):
+def _pair(capacity, D, n_step=1, **kw):
+    kw["n_step"] = n_step
     return (PrioritizedReplay(capacity, D, backend="cupy", **kw), PrioritizedReplay(capacity, D, backend="numpy", **kw))
 
 
@@ -705,8 +706,8 @@ def test_store_next_obs_keeps_counterfactual_and_mirror_rows_of_the_env():
     out = env.make_transitions()
     M = out.action.shape[0]
     assert M == env.rows_per_step * env.n_envs and env.rows_per_step == 4
-    r = PrioritizedReplay(10 * M, env.obs_dim, n_envs=M, store_next_obs=True, backend="numpy")
-    old = PrioritizedReplay(10 * M, env.obs_dim, n_envs=M, backend="numpy")  # next row of the column
+    r = PrioritizedReplay(10 * M, env.obs_dim, n_step=1, n_envs=M, store_next_obs=True, backend="numpy")
+    old = PrioritizedReplay(10 * M, env.obs_dim, n_step=1, n_envs=M, backend="numpy")  # next row of the column
     recorded = []
     for _ in range(6):
         a = rng.integers(0, 3, env.n_envs).astype(np.int32)
@@ -837,7 +838,7 @@ def test_gpu_store_next_obs_graphed_equals_eager_bitwise(cp, rng):
     td = cp.asarray(rng.standard_normal(B).astype(np.float32))
     bufs = []
     for _ in range(2):
-        r = PrioritizedReplay(3000, D, n_envs=E, pad_rows=True, seed=4, store_next_obs=True, backend="cupy")
+        r = PrioritizedReplay(3000, D, n_step=1, n_envs=E, pad_rows=True, seed=4, store_next_obs=True, backend="cupy")
         r.add(o, a, rew, d, nx)
         r.reserve(B)
         bufs.append(r)
@@ -864,7 +865,7 @@ def test_device_rules_on_numpy_skip_nan_td_instead_of_raising():
 
     from cudarl.replay import PrioritizedReplay
 
-    r = PrioritizedReplay(64, 3, backend="numpy")
+    r = PrioritizedReplay(64, 3, n_step=1, backend="numpy")
     r.add(np.ones((10, 3), np.float32), np.zeros(10, np.int32), np.ones(10, np.float32), np.full(10, 0.9, np.float32))
     before = r.priorities().copy()
     idx = np.array([2, 3], np.int32)

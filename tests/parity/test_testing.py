@@ -49,12 +49,13 @@ def test_finite_difference_recovers_a_known_gradient():
 
 
 def test_reference_empty_and_its_signature():
-    from cudarl import kernels
+    from cudarl import kernels, signatures
 
     assert ref.empty(3, 64) is None
-    assert kernels.parse_signature("") == () and kernels.check_args("k", "", ()) == ()
+    sig = signatures.of("testing", "empty")  # read from cuda_src/testing.cu: no parameters
+    assert sig.params == () and kernels.check_args("k", sig.params, ()) == ()
     with pytest.raises(kernels.KernelError, match="expected 0 arguments"):
-        kernels.check_args("k", "", (1,))
+        kernels.check_args("k", sig.params, (1,))
 
 
 @pytest.mark.gpu

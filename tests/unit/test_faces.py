@@ -40,6 +40,51 @@ def test_the_checker_catches_a_missing_face(tmp_path, monkeypatch):
     assert "tests/parity/test_demo.py: missing" in found
 
 
+def _demo_family(tmp_path, launcher: str):
+    """A family ``demo`` whose kernel takes (f32* x, i64 n, f32 scale) and whose launcher is ``launcher``."""
+    (tmp_path / "cuda_src").mkdir()
+    (tmp_path / "cuda_src" / "demo.cu").write_text(
+        'extern "C" __global__ void cudarl_demo_scale(float* __restrict__ x, long long n, float scale) {}\n'
+    )
+    for face in ("reference", "ops"):
+        (tmp_path / "cudarl" / face).mkdir(parents=True, exist_ok=True)
+    (tmp_path / "cudarl" / "reference" / "demo.py").write_text("def scale(x, scale):\n    x *= scale\n")
+    (tmp_path / "cudarl" / "ops" / "demo.py").write_text(launcher)
+    (tmp_path / "tests" / "parity").mkdir(parents=True)
+    (tmp_path / "tests" / "parity" / "test_demo.py").write_text("")
+
+
+_LAUNCHER = """from ..kernels import launch
+
+
+def scale(x, scale):
+    launch("demo", "scale", 1, 256, {args})
+"""
+
+
+def test_the_checker_catches_a_launch_that_disagrees_with_the_c_signature(tmp_path, monkeypatch):
+    tool = _tool()
+    wrong = (
+        _LAUNCHER.format(args="(x, scale)")  # one argument short
+        + '    launch("demo", "scale", 1, 256, "f32* x, i64 n, f32 scale", (x, x.size, scale))\n'  # the old form
+        + '    launch("demo", "scal", 1, 256, (x, x.size, scale))\n'  # no such kernel
+    )
+    _demo_family(tmp_path, wrong)
+    monkeypatch.setattr(tool, "ROOT", tmp_path)
+    found = tool.problems()
+    assert len(found) == 3, found
+    assert "2 arguments for cudarl_demo_scale, which takes 3 (f32* x, i64 n, f32 scale)" in found[0]
+    assert "launch passes a signature string" in found[1]
+    assert "no kernel for op 'scal'" in found[2]
+
+
+def test_the_checker_passes_a_launch_that_agrees(tmp_path, monkeypatch):
+    tool = _tool()
+    _demo_family(tmp_path, _LAUNCHER.format(args="(x, x.size, scale)"))
+    monkeypatch.setattr(tool, "ROOT", tmp_path)
+    assert tool.problems() == []
+
+
 def test_config_reference_is_current():
     """docs/config.md is generated from the dataclasses; a changed default must regenerate it."""
     mod = _load_tool("gen_config_reference")
@@ -87,3 +132,18 @@ def test_a_float_atomic_kernel_fails_the_compile_check(tmp_path):
     src.write_text('extern "C" __global__ void cudarl_bad_op(float* x) { atomicAdd(x, 1.0f); }\n')
     _, rc, log = tool.compile_one(nvcc, src, "sm_90", str(tmp_path))
     assert rc == 1 and "atom.global.add.f32" in log
+
+
+def test_a_twin_split_into_a_package_is_one_face(tmp_path, monkeypatch):
+    """reference/<family>/__init__.py may gather the ops from modules by concept (reference/replay/)."""
+    tool = _tool()
+    _demo_family(tmp_path, _LAUNCHER.format(args="(x, x.size, scale)"))
+    (tmp_path / "cudarl" / "reference" / "demo.py").unlink()
+    pkg = tmp_path / "cudarl" / "reference" / "demo"
+    pkg.mkdir()
+    (pkg / "math.py").write_text("def scale(x, scale):\n    x *= scale\n")
+    (pkg / "__init__.py").write_text("from .math import scale\n")
+    monkeypatch.setattr(tool, "ROOT", tmp_path)
+    assert tool.problems() == []
+    (pkg / "__init__.py").write_text("from .math import scale as other\n")
+    assert tool.problems() == ["cudarl/reference/demo/__init__.py: no function for op(s) scale"]

@@ -2,11 +2,12 @@ import math
 
 import pytest
 
+from cudarl.config import GuardConfig
 from cudarl.guard import Guard, GuardStop
 
 
 def test_healthy_steps_pass():
-    g = Guard("stop", window=4)
+    g = Guard(GuardConfig(action="stop", window=4))
     for t in range(20):
         assert g.check(t, 1.0 + 0.01 * t, 2.0) is None
 
@@ -16,14 +17,14 @@ def test_healthy_steps_pass():
     [(math.nan, 1.0, "nan", "loss"), (1.0, math.inf, "inf", "grad_norm"), (-math.inf, 1.0, "inf", "loss")],
 )
 def test_non_finite_stops_with_a_clear_message(loss, gn, reason, what):
-    g = Guard("stop", window=4)
+    g = Guard(GuardConfig(action="stop", window=4))
     g.check(0, 1.0, 1.0)
     with pytest.raises(GuardStop, match=f"step 1: {what} = .*action: stop"):
         g.check(1, loss, gn)
 
 
 def test_spike_rule_needs_a_full_window_and_uses_the_median():
-    g = Guard("rollback", window=4, spike_factor=10.0)
+    g = Guard(GuardConfig(action="rollback", window=4, spike_factor=10.0))
     assert g.check(0, 100.0, 1.0) is None  # window not full: no spike rule yet
     for t in range(1, 4):
         assert g.check(t, 1.0, 1.0) is None
@@ -34,7 +35,7 @@ def test_spike_rule_needs_a_full_window_and_uses_the_median():
 
 
 def test_rollbacks_are_bounded():
-    g = Guard("rollback", window=2, max_rollbacks=2)
+    g = Guard(GuardConfig(action="rollback", window=2, max_rollbacks=2))
     assert g.check(0, math.nan, 1.0).action == "rollback"
     assert g.check(1, math.nan, 1.0).action == "rollback"
     with pytest.raises(GuardStop, match="after 2 rollbacks"):
@@ -42,15 +43,16 @@ def test_rollbacks_are_bounded():
 
 
 def test_state_round_trip_and_validation():
-    g = Guard("stop", window=3)
+    g = Guard(GuardConfig(action="stop", window=3))
     for t in range(3):
         g.check(t, float(t + 1), 1.0)
-    h = Guard("stop", window=3)
+    h = Guard(GuardConfig(action="stop", window=3))
     h.load_state_dict(g.state_dict())
     assert h.state_dict() == g.state_dict()
-    with pytest.raises(ValueError):
-        Guard("explode")
-    with pytest.raises(ValueError):
-        Guard(window=1)
-    with pytest.raises(ValueError):
-        Guard(spike_factor=1.0)
+    with pytest.raises(ValueError, match="action must be stop or rollback"):
+        Guard(GuardConfig(action="explode"))
+    with pytest.raises(ValueError, match="window"):
+        Guard(GuardConfig(window=1))
+    with pytest.raises(ValueError, match="spike_factor"):
+        Guard(GuardConfig(spike_factor=1.0))
+    assert Guard().spike_factor == GuardConfig().spike_factor == 20.0  # one source of defaults

@@ -101,7 +101,7 @@ def test_policy_files_are_small_safetensors_without_the_replay(tmp_path):
     assert len(info["data"]["close_sha256"]) == 64
 
 
-@pytest.mark.parametrize("head", ["c51", "iqn"])
+@pytest.mark.parametrize("head", ["c51", "iqn", "qrdqn"])
 def test_load_policy_gives_the_trainers_greedy_evaluation(tmp_path, head):
     t = trained(tmp_path, net={"head": head})
     want = t.greedy_positions(t.data.splits.val)
@@ -169,7 +169,7 @@ def test_policy_state_round_trip(tmp_path):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("head", ["c51", "iqn"])
+@pytest.mark.parametrize("head", ["c51", "iqn", "qrdqn"])
 def test_gpu_load_policy_gives_the_trainers_greedy_evaluation(tmp_path, head):
     import cupy
 
@@ -191,7 +191,7 @@ def test_the_host_walk_equals_the_envs_walk(tmp_path, head):
     and so does the policy's walk by blocks of bars (C51)."""
     t = trained(tmp_path, net={"head": head}, env={"cost_bps": 3.0, "hold_cap": 5})
     p = Policy(PolicyState.of_trainer(t), device="cpu")
-    assert (p._q_rows() is None) == (head == "iqn")
+    assert (p._q_rows() is None) == (head != "c51")
     for split in (t.data.splits.val, t.data.splits.test):
         env = t._eval_env(split)
         host = greedy_actions(env, t.agent.q_values)
@@ -209,11 +209,9 @@ def random_policy(rng, normaliser=None, **net) -> Policy:
     if normaliser is None:
         names = tuple(f"f{i}" for i in range(11))
         normaliser = Normaliser(mean=np.zeros(len(names)), std=np.ones(len(names)), names=names)
-    n = cfg.net
-    shape = dict(hidden=n.hidden, head=n.head, layernorm=n.layernorm, atoms=n.atoms, n_quantiles=n.n_quantiles)
-    layout = QNetwork(len(normaliser.names) + 2, cfg.env.n_actions, n_cos=n.n_cos, **shape).layout
+    layout = QNetwork(len(normaliser.names) + 2, cfg.env.n_actions, cfg.net).layout
     weights = {e.name: (rng.standard_normal(e.shape) * 0.4).astype(np.float32) for e in layout.entries}
-    tau = 0 if n.head == "iqn" else None
+    tau = 0 if cfg.net.head == "iqn" else None
     state = PolicyState(config=cfg, weights=weights, normaliser=normaliser, step=0, tau_counter=tau)
     return Policy(state, device="cpu")
 
@@ -233,7 +231,9 @@ def test_q_rows_gives_every_row_bit_for_bit_as_that_row_alone(rng, layernorm):
         for i in range(k):
             p.q_values_into(obs[i : i + 1], one)
             np.testing.assert_array_equal(got[i].view(np.int32), one[0].view(np.int32))
-    assert random_policy(rng, head="iqn")._q_rows() is None  # IQN's acting taus depend on the batch
+
+    for head in ("iqn", "qrdqn"):  # the bar-by-bar walk (IQN's acting taus depend on the batch)
+        assert random_policy(rng, head=head)._q_rows() is None
 
 
 @pytest.mark.parametrize("rule", ["holds", "moves_on_hold", "alternates", "nan"])

@@ -179,7 +179,7 @@ def test_gpu_resume_continues_exactly(tmp_path):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("head", ["c51", "iqn"])
+@pytest.mark.parametrize("head", ["c51", "iqn", "qrdqn"])
 def test_gpu_every_feature_moves_its_observable(head):
     """DESIGN rule 8: with PopArt (C51), counterfactual rows and the mirror on, each observable moves."""
     over = {"net": {"head": head}, "env": {"counterfactual": True, "mirror": True}, "replay": {"n_step": 1}}
@@ -196,7 +196,7 @@ def test_gpu_every_feature_moves_its_observable(head):
     assert t.env.rows_per_step == 4 and len(set(rows.tolist())) == 3  # real, two counterfactual actions, mirror
 
 
-@pytest.mark.parametrize("head", ["c51", "iqn"])
+@pytest.mark.parametrize("head", ["c51", "iqn", "qrdqn"])
 def test_every_enabled_feature_moves_its_observable(head):
     """DESIGN rule 8 on the CPU: PopArt's statistics move, counterfactual and mirror rows reach the
     replay, the online and target networks move. (The seed system had a normaliser it never called.)"""

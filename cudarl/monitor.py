@@ -1,0 +1,111 @@
+"""``StepMonitor``: the host's side of each learner update, in one place.
+
+After the trainer launches update ``t`` it calls :meth:`StepMonitor.launched`. On the GPU that reads
+update ``t - 1``'s loss and gradient norm (one step late: the train graph published them to a pinned
+ring, :data:`cudarl.agent.PUBLISH_SLOTS` slots, and the event recorded after update ``t - 1`` says
+they are there, so the host never waits on the update in flight); on the NumPy backend nothing is in
+flight and it reads update ``t`` at once. Each value goes to the :class:`cudarl.guard.Guard`; on a
+trip the monitor either stops (the trainer's ``on_stop`` saves, then :class:`GuardStop` propagates)
+or rolls the agent back to its last in-memory snapshot and lowers the learning rate.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+from .agent import PUBLISH_SLOTS
+from .guard import Guard, GuardStop
+
+
+class StepMonitor:
+    """Readback, guard and rollback of one run.
+
+    Args:
+        agent: the :class:`cudarl.agent.Agent` (its readback ring, state and optimiser schedule).
+        train_graph: the :class:`cudarl.graph.StepGraph` to recapture after a rollback (the schedule's
+            constants are kernel arguments).
+        guard: the run's :class:`cudarl.config.GuardConfig`.
+        stream: the stream the graphs run on (None on NumPy).
+        on_event: called with each event row (``{"event": "guard" | "rollback", ..., "message"}``).
+        on_stop: called before a :class:`GuardStop` propagates (the trainer saves ``guard-stop``), or None.
+
+    Attributes:
+        losses: the loss of every update read, in order. last: ``(loss, grad_norm)`` of the latest.
+        pending: the update launched but not read yet (GPU), or None. snapshot: ``(step, agent state)``.
+    """
+
+    def __init__(self, agent, train_graph, guard, *, stream=None, on_event=print, on_stop=None):
+        self.agent, self.train_graph, self.stream = agent, train_graph, stream
+        self.lr_factor = guard.lr_factor
+        self.guard = Guard(guard)
+        self.on_event, self.on_stop = on_event, on_stop or (lambda: None)
+        self.losses: list[float] = []
+        self.last = (math.nan, math.nan)
+        self.pending: int | None = None
+        self.step = 0  # the latest update launched (events name it)
+        self.snapshot: tuple | None = None
+
+    def launched(self, step: int) -> bool:
+        """Update ``step`` was just launched: mark its readback slot and read the update it is time to read
+        (``step - 1`` on the GPU, ``step`` on the CPU). True if the guard rolled the agent back (the
+        update in flight is then never read)."""
+        self.step = step
+        self.agent.readback.mark_written(self.stream, slot=step % PUBLISH_SLOTS)
+        if self.pending is not None and self._check(self.pending):
+            self.pending = None
+            return True
+        self.pending = step
+        if self.stream is None:  # no graph in flight: read now
+            return self.settle()
+        return False
+
+    def settle(self) -> bool:
+        """Read the pending update, if any (before an evaluation, a checkpoint, a snapshot or the end).
+        True if the guard rolled back."""
+        step, self.pending = self.pending, None
+        return step is not None and self._check(step)
+
+    def take_snapshot(self, step: int) -> None:
+        """Settle, then keep the agent's state in memory as the rollback point of ``step``."""
+        self.settle()
+        self.snapshot = (step, self.agent.state_dict())
+
+    def _check(self, step: int) -> bool:
+        """Read update ``step``'s loss and grad norm, record them, run the guard. True if rolled back."""
+        v = self.agent.readback.read(step % PUBLISH_SLOTS)
+        loss, gn = float(v[0]), float(v[1])
+        self.losses.append(loss)
+        self.last = (loss, gn)
+        try:
+            ev = self.guard.check(step, loss, gn)
+        except GuardStop as exc:
+            self.on_event({"event": "guard", "step": step, "action": "stop", "message": str(exc)})
+            self.on_stop()
+            raise
+        if ev is None:
+            return False
+        self.on_event({**ev.as_dict(), "message": ev.message()})
+        self._rollback(ev)
+        return True
+
+    def _rollback(self, ev) -> None:
+        """Restore the last good snapshot and lower the learning rate by ``guard.lr_factor``."""
+        if self.snapshot is None:
+            raise GuardStop(ev.message() + " (no snapshot to roll back to yet)")
+        step, state = self.snapshot
+        if self.stream is not None:
+            self.stream.synchronize()
+        self.agent.load_state_dict(state)
+        sch, f = self.agent.adam.schedule, self.lr_factor
+        self.agent.adam.schedule = replace(sch, lr=sch.lr * f, lr_min=sch.lr_min * f)
+        self.train_graph.capture()  # the schedule's constants are kernel arguments
+        self.on_event(
+            {
+                "event": "rollback",
+                "step": self.step,
+                "restored": step,
+                "lr": sch.lr * f,
+                "message": f"guard: rolled back to the snapshot of update {step}; learning rate now {sch.lr * f:.3g}",
+            }
+        )

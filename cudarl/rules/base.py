@@ -1,0 +1,130 @@
+"""The interface between the agent and a head's rule: :class:`HeadRule`, the :class:`LearnerBuffers` a
+rule is given instead of the agent, and :class:`RuleBase`, what every rule shares."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Protocol
+
+import numpy as np
+
+from ..graph import SideStream
+
+#: A graph phase: a name and a function of no arguments that launches on the current stream.
+Phase = tuple[str, Callable[[], None]]
+
+
+class LearnerBuffers:
+    """What a head rule or an auxiliary signal may use: the networks, the fixed batch, the step's
+    outputs and the side streams. Everything exists before any capture; the rule may replace
+    :attr:`ws` (the workspace of the online forward at ``s`` the backward runs over) in ``allocate``.
+
+    Attributes:
+        cfg: the run's :class:`cudarl.config.Config`; xp: ``numpy`` or ``cupy``.
+        batch_size, n_envs, n_actions: B, the acting rows, A.
+        online, target: the :class:`cudarl.nn.QNetwork` pair; ws: see above (default ``online.ws``);
+            ws_act: the acting workspace (``n_envs`` rows).
+        pair, batch: float32 ``[2B, obs_dim]`` and the :class:`cudarl.replay.Batch` the replay gathers
+            into, whose ``obs`` and ``next_obs`` are the two halves of ``pair``.
+        loss: float32 ``[1]``, the step's loss (published to the host); loss_per, priority: float32
+            ``[B]``, per-sample loss and the replay priority signal the rule writes.
+        q_act: float32 ``[n_envs, A]``, the acting forward's expected Q.
+        popart: the :class:`cudarl.popart.PopArt` when ``agent.popart``, else None.
+        side, side_next, side_small: :class:`cudarl.graph.SideStream` branches (the target net's
+            forward; the online net's at ``s'``; small kernels nothing waits for at once).
+        idx, weights: the sampled rows and their importance weights, set by the sample phase (fixed
+            buffers of the replay); read the weights with :meth:`importance_weights`.
+    """
+
+    def __init__(self, cfg, xp, online, target, batch, pair, n_envs: int, popart=None):
+        self.cfg, self.xp = cfg, xp
+        self.batch_size, self.n_envs, self.n_actions = cfg.agent.batch_size, int(n_envs), online.n_actions
+        self.online, self.target = online, target
+        self.ws = online.ws
+        self.ws_act = online.new_workspace(self.n_envs)
+        self.pair, self.batch = pair, batch
+        B = self.batch_size
+        self.loss = xp.zeros(1, np.float32)
+        self.loss_per = xp.zeros(B, np.float32)
+        self.priority = xp.zeros(B, np.float32)
+        self.q_act = xp.zeros((self.n_envs, self.n_actions), np.float32)
+        self.popart = popart
+        self.side, self.side_next, self.side_small = SideStream(xp), SideStream(xp), SideStream(xp)
+        self.idx = None
+        self.weights = None
+
+    def importance_weights(self):
+        """The batch's importance weights, once the branch computing them (and the schedules, forked
+        before it) is joined: call it in the first phase that reads them."""
+        self.side_small.join()
+        return self.weights
+
+    def train_grad(self, raw: bool = False):
+        """The buffer the loss writes dL/d(head output at s) into: ``online.grad_outputs(ws)["q"]`` over
+        the first B rows of :attr:`ws` (``raw``: C51's dL/dva)."""
+        self.ws.set_batch(self.batch_size)
+        return self.online.grad_outputs(self.ws, raw_head=raw)["q"]
+
+
+class HeadRule(Protocol):
+    """The interface of a distributional head's rule (``net.head``). Every method launches on the
+    current stream and allocates nothing after :meth:`allocate` (graph capture, DESIGN.md rule 9).
+
+    Class-level (before the networks exist, or without an agent):
+        make_head(name, d, n_actions, net) -> the :class:`cudarl.nn.heads.Head` on ``psi [B, d]``.
+        popart_scale(net) -> support units per standard deviation of return for PopArt.
+        greedy_values(net, cfg, counters) -> the expected-Q function acting and evaluation use.
+    """
+
+    @classmethod
+    def make_head(cls, name: str, d: int, n_actions: int, net): ...
+
+    @classmethod
+    def popart_scale(cls, net) -> float: ...
+
+    @classmethod
+    def greedy_values(cls, net, cfg, counters=None):
+        """``values(out, obs, ws)``: the expected Q of ``net``'s forward of ``obs [n, obs_dim]`` over the
+        workspace ``ws`` into ``out [n, A]``. What :meth:`expected_q` runs, and what a policy file acts
+        with (:class:`cudarl.policy.Policy`), so both give the same bits. ``counters``: the rule's own
+        device counters where acting draws from them (IQN's taus), else None."""
+
+    @classmethod
+    def allocate(cls, buffers: LearnerBuffers) -> HeadRule:
+        """The rule with every buffer and workspace it uses, made from ``buffers`` (before any capture)."""
+
+    def act(self, env, eps_args: tuple) -> None:
+        """The collect step's act: the online forward over ``env.obs`` (``buffers.ws_act``), then the
+        expected Q into ``buffers.q_act``, the device epsilon and the epsilon-greedy ``env.actions``
+        (``eps_args``: ``cudarl.ops.agent.act_*``'s schedule arguments)."""
+
+    def expected_q(self, out, obs) -> None:
+        """Expected Q of the online network for ``obs [n, obs_dim]`` (n <= n_envs) into ``out [n, A]``."""
+
+    def forward(self, batch) -> None:
+        """The train step's forward phase over ``batch`` (online at s and s', target at s')."""
+
+    def learn_phases(self) -> list[Phase]:
+        """The rule's own phases after :meth:`forward`: they write ``buffers.loss``, ``loss_per``,
+        ``priority`` and dL/d(head output) in ``buffers.ws`` (:meth:`LearnerBuffers.train_grad`)."""
+
+    def state_dict(self) -> dict:
+        """The rule's own state for a checkpoint (counters; ``{}`` when it has none)."""
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore :meth:`state_dict` into the existing buffers."""
+
+
+class RuleBase:
+    """What every rule shares: :meth:`allocate` is the constructor, and no state of its own."""
+
+    @classmethod
+    def allocate(cls, buffers: LearnerBuffers):
+        return cls(buffers)
+
+    def state_dict(self) -> dict:
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        if state:
+            raise ValueError(f"{type(self).__name__} has no state to load, got {sorted(state)}")

@@ -1,0 +1,138 @@
+"""``c51``: categorical DQN (Bellemare et al. 2017) with double-DQN selection and the dueling head."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .. import losses
+from ..backend import family, is_numpy
+from ..nn.heads import C51Head
+from .base import LearnerBuffers, Phase, RuleBase
+
+
+def support(net) -> np.ndarray:
+    """The fixed atoms ``z`` float32 ``[atoms]`` from ``v_min`` to ``v_max`` (``net``: a NetConfig)."""
+    return np.linspace(net.v_min, net.v_max, net.atoms, dtype=np.float32)
+
+
+class C51Values:
+    """Expected Q of a C51 network, ``Q[i, a] = sum_k softmax(logits[i, a])_k z_k`` (``qstats.per_sample``),
+    into ``out [n, A]``: ``values(out, obs, ws)``. The kernel's per-row entropy and mass go to scratch
+    made once per row count, outside any capture (evaluation and policies run eagerly)."""
+
+    def __init__(self, net, net_cfg):
+        self.net, self.xp, self.atoms = net, net.xp, net_cfg.atoms
+        self.support = self.xp.asarray(support(net_cfg))
+        self.qstats = family("qstats", self.xp)
+        self._scratch: dict = {}
+
+    def __call__(self, out, obs, ws) -> None:
+        logits = self.net.forward(obs, ws)["q"]
+        if is_numpy(self.xp):
+            out[...] = self.qstats.per_sample(logits, self.support)[0]
+            return
+        n = obs.shape[0]
+        if n not in self._scratch:
+            self._scratch[n] = (self.xp.empty(n, np.float32), self.xp.empty((n, self.atoms), np.float32))
+        self.qstats.per_sample(logits, self.support, out, *self._scratch[n])
+
+
+class C51Rule(RuleBase):
+    """Categorical DQN over the dueling head's logits ``[B, A, atoms]``.
+
+    Train step: the forward runs the online net at s (on the chain) and at s' and the target net at
+    s' (two branches), keeping the head's raw output ``va [B, (1 + A) K]``; its one learn phase,
+    ``targets_loss``, is one launch (:func:`cudarl.losses.c51_targets_loss`): the double-DQN target
+    (with PopArt: return-space targets, statistics update, normalised rewards), the projection, the
+    loss, the priorities and dL/dva, which the backward starts from.
+    """
+
+    @classmethod
+    def make_head(cls, name: str, d: int, n_actions: int, net) -> C51Head:
+        return C51Head(name, d, n_actions, net.atoms, tf32=net.tf32, gemm=net.gemm)
+
+    @classmethod
+    def popart_scale(cls, net, n_sigma: float = 3.0) -> float:
+        """``n_sigma`` standard deviations of return span half the support (as ``PopArt.for_support``)."""
+        z = support(net).astype(np.float64)
+        return float(z[-1] - z[0]) / 2 / n_sigma
+
+    @classmethod
+    def greedy_values(cls, net, cfg, counters=None) -> C51Values:
+        return C51Values(net, cfg.net)
+
+    def __init__(self, buf: LearnerBuffers):
+        xp, B, K = buf.xp, buf.batch_size, buf.cfg.net.atoms
+        self.buf = buf
+        self.support = xp.asarray(support(buf.cfg.net))
+        # the online net at s' runs on a branch beside its forward at s: a workspace of its own
+        self.ws_next = buf.online.new_workspace(B)
+        # the targets-and-loss launch's buffers; the loss, priorities and dL/dva are the buffers'
+        self.out = losses.C51TargetsLoss.empty(
+            xp,
+            B,
+            buf.n_actions,
+            K,
+            popart=buf.popart is not None,
+            loss_per=buf.loss_per,
+            loss=buf.loss,
+            priority=buf.priority,
+            dva=buf.train_grad(raw=True),
+        )
+        self.values = self.greedy_values(buf.online, buf.cfg)
+        self.va = self.va_online_next = self.va_target_next = None  # the forward's outputs (workspace views)
+        self.agent_ops = family("agent", xp)
+
+    def expected_q(self, out, obs) -> None:
+        self.values(out, obs, self.buf.ws_act)
+
+    def act(self, env, eps_args: tuple) -> None:
+        """The online forward over ``env.obs``, then one kernel: expected Q (``buffers.q_act``), the
+        device epsilon and the epsilon-greedy ``env.actions``."""
+        buf = self.buf
+        logits = buf.online.forward(env.obs, buf.ws_act)["q"]
+        self.agent_ops.act_c51(env.actions, buf.q_act, logits, self.support, env.state.count, env.params, *eps_args)
+
+    def forward(self, batch) -> None:
+        # the head's raw outputs va [B, (1 + A) K]: targets_loss combines them itself. Three forwards
+        # of B rows side by side: the target net at s' and the online net at s' on branches, the
+        # online net at s (the backward's) on the chain; one 2B-row pass of the online net was a
+        # longer chain (8.4 against 7.1 us a 256-wide layer, tools/bench_gemm.py on an H200)
+        buf = self.buf
+        with buf.side.fork():  # its own weights and workspace
+            self.va_target_next = buf.target.forward(batch.next_obs, buf.target.ws, raw_head=True)["q"]
+        with buf.side_next.fork():  # its own workspace; reads the same weights
+            self.va_online_next = buf.online.forward(batch.next_obs, self.ws_next, raw_head=True)["q"]
+        self.va = buf.online.forward(batch.obs, buf.ws, raw_head=True)["q"]
+
+    def learn_phases(self) -> list[Phase]:
+        return [("targets_loss", self._targets_loss)]
+
+    def _targets_loss(self) -> None:
+        """The target distribution and the loss in one launch, writing dL/dva for the backward. With
+        PopArt: y = r + d (s E[z] + mu) in return space; the statistics move with y, then the rewards
+        are mapped into the support's coordinates with them, (r - (1 - d) mu) / s (see cudarl.popart)."""
+        buf, batch, cfg = self.buf, self.buf.batch, self.buf.cfg
+        weights = buf.importance_weights()
+        buf.side.join()  # the target net's forward
+        buf.side_next.join()  # the online net's at s'
+        pa = buf.popart
+        popart = (
+            {}
+            if pa is None
+            else dict(popart_state=pa.state, popart_beta=pa.scalars.view("beta"), sigma_min=pa.sigma_min)
+        )
+        losses.c51_targets_loss(
+            self.va,
+            self.va_online_next,
+            self.va_target_next,
+            batch.action,
+            weights,
+            self.support,
+            batch.ret,
+            batch.discount,
+            cfg.agent.priority,
+            **popart,
+            out=self.out,
+            grid_barrier=cfg.run.grid_barrier,
+        )

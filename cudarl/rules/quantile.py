@@ -1,0 +1,120 @@
+"""What the quantile heads (IQN, QR-DQN) share: quantile values ``[B, N, A]``, double-DQN quantile
+targets, the quantile Huber loss, and acting on the quantile mean."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .. import losses
+from ..backend import family
+from .base import LearnerBuffers, Phase, RuleBase
+
+
+class QuantileValues:
+    """Expected Q of a quantile network, the mean over its quantiles (``agent.quantile_mean``), into
+    ``out [n, A]``: ``values(out, obs, ws)``; ``draw_taus(ws, n)`` first writes the quantile fractions of
+    the forward (IQN's acting taus), or is None (fixed fractions)."""
+
+    def __init__(self, net, draw_taus=None):
+        self.net, self.draw_taus = net, draw_taus
+        self.agent_ops = family("agent", net.xp)
+
+    def __call__(self, out, obs, ws) -> None:
+        if self.draw_taus is not None:
+            self.draw_taus(ws, obs.shape[0])
+        self.agent_ops.quantile_mean(out, self.net.forward(obs, ws)["q"])
+
+
+class QuantileRule(RuleBase):
+    """A rule over quantile values ``theta [B, N, A]`` (:class:`IQNRule`, :class:`QRDQNRule`).
+
+    Train step: the online net sees s and s' in one forward pass of 2B rows (the batch's ``obs`` and
+    ``next_obs`` are the halves of ``buffers.pair``; the backward covers the s half), the target net
+    s' on a branch. Learn phases: ``targets`` (double-DQN quantile targets; with PopArt on rewards
+    normalised by statistics that follow the n-step returns, (r - (1 - d) mu) / s) and ``loss`` (the
+    quantile Huber loss, whose per-sample values are the priorities). Subclasses say where the
+    quantile fractions come from (:meth:`draw_taus`, :meth:`loss_taus`).
+    """
+
+    @classmethod
+    def popart_scale(cls, net) -> float:
+        return 1.0  # quantiles of unit scale
+
+    @classmethod
+    def acting_taus(cls, net, cfg, counters):
+        """``draw(ws, n)`` writing the acting forward's quantile fractions, or None (fixed fractions)."""
+        return None
+
+    @classmethod
+    def greedy_values(cls, net, cfg, counters=None) -> QuantileValues:
+        return QuantileValues(net, cls.acting_taus(net, cfg, counters))
+
+    def __init__(self, buf: LearnerBuffers):
+        xp, B, N, A = buf.xp, buf.batch_size, buf.cfg.net.n_quantiles, buf.n_actions
+        self.buf = buf
+        # s and s' in one pass of 2B rows; the backward runs over the s half
+        buf.ws = buf.online.new_workspace(2 * B)
+        self.targets_out = losses.QuantileTargets.empty(xp, B, N)
+        # the per-sample loss is the priority signal: written straight into buffers.priority (one launch)
+        self.loss_out = losses.QuantileLoss.empty(
+            xp, B, N, A, loss_per=buf.priority, loss=buf.loss, grad=buf.train_grad()
+        )
+        self.r_norm = xp.zeros(B, np.float32)
+        self.theta = self.online_next = self.target_next = None  # the forward's outputs (workspace views)
+        self.agent_ops = family("agent", xp)
+        self.values = None  # greedy_values: made by the subclass, once its counters exist
+
+    # --- what IQN and QR-DQN do differently ------------------------------------------------------
+    def draw_taus(self, net, ws, rows: int, stream_id: int) -> None:
+        """Write the quantile fractions of a forward of ``rows`` samples over ``ws`` (none: fixed)."""
+
+    def loss_taus(self):
+        """The fractions of the online quantiles at s: float32 ``[B, N]`` or ``[N]``."""
+        raise NotImplementedError
+
+    # --- the rule ---------------------------------------------------------------------------------
+    def expected_q(self, out, obs) -> None:
+        self.values(out, obs, self.buf.ws_act)
+
+    def act(self, env, eps_args: tuple) -> None:
+        """The online forward over ``env.obs``, then one kernel (``act_iqn``): the quantile mean into
+        ``buffers.q_act``, the device epsilon and the epsilon-greedy ``env.actions``."""
+        buf = self.buf
+        self.draw_taus(buf.online, buf.ws_act, env.obs.shape[0], ACT_STREAM)
+        theta = buf.online.forward(env.obs, buf.ws_act)["q"]
+        self.agent_ops.act_iqn(env.actions, buf.q_act, theta, env.state.count, env.params, *eps_args)
+
+    def forward(self, batch) -> None:
+        buf, B = self.buf, self.buf.batch_size
+        with buf.side.fork():  # the target net runs beside the online net (its own taus and workspace)
+            self.draw_taus(buf.target, buf.target.ws, B, 0x1A2)
+            self.target_next = buf.target.forward(batch.next_obs, buf.target.ws)["q"]
+        self.draw_taus(buf.online, buf.ws, 2 * B, 0x1A0)  # s and s' in one pass
+        both = buf.online.forward(buf.pair, buf.ws)["q"]  # [2B, N, A]
+        self.theta, self.online_next = both[:B], both[B:]
+
+    def learn_phases(self) -> list[Phase]:
+        return [("targets", self._targets), ("loss", self._loss)]
+
+    def _targets(self) -> None:
+        buf, batch = self.buf, self.buf.batch
+        buf.side.join()  # the target net's forward
+        ret = batch.ret
+        if buf.popart is not None:
+            # The statistics follow the n-step returns (the scale of the rewards); quantiles then
+            # live in normalised units: T = (r - (1 - d) mu) / s + d theta'.
+            ret = buf.popart.update_normalize_rewards(batch.ret, batch.ret, batch.discount, out=self.r_norm)
+        losses.quantile_targets(self.online_next, self.target_next, ret, batch.discount, out=self.targets_out)
+
+    def _loss(self) -> None:
+        buf, batch = self.buf, self.buf.batch
+        weights = buf.importance_weights()
+        kappa = buf.cfg.agent.kappa
+        target = self.targets_out.target
+        losses.quantile_huber_loss(
+            self.theta, batch.action, target, self.loss_taus(), weights, kappa, out=self.loss_out
+        )
+
+
+#: Philox stream id of the acting forward's taus (IQN).
+ACT_STREAM = 0x1A3
