@@ -308,7 +308,7 @@ class Policy:
         Each GEMM runs as ``k`` one-row GEMMs (``matmul`` of a ``[k, 1, n]`` stack: NumPy calls the
         BLAS routine of one row for each, where a ``[k, n]`` product may sum in another order);
         every other op of the reference forward (``cudarl.reference.nn``, then ``qstats.per_sample``'s
-        Q) works row by row."""
+        Q, a test holds them equal) works row by row."""
         from .nn.layers import MLP, Linear
         from .rules.c51 import C51Values
 
@@ -318,8 +318,9 @@ class Policy:
         if any(lin.spectral for lin in net.linears.values()):
             return None
         from .reference import nn as ref
+        from .reference.c51_chain import log_softmax
 
-        P, head, values = net.P, net.head, self._values
+        P, head, support = net.P, net.head, self._values.support
         layers = [*net.encoder.children, head.va]
 
         def q_rows(obs):
@@ -335,7 +336,8 @@ class Policy:
                 h = y
             logits = np.empty((len(h), head.n_actions, head.atoms), np.float32)
             ref.dueling_forward(h, logits)
-            return values.qstats.per_sample(logits, values.support)[0]  # as C51Values computes it
+            # qstats.per_sample's Q (C51Values'), without the entropy and mass it also computes
+            return (np.exp(log_softmax(logits)) * support).sum(-1)
 
         return q_rows
 
