@@ -4,9 +4,10 @@ A reader hands :func:`cudarl.data.io.read_table`'s callers a :class:`TextColumn`
 of a list of Python strings: numbers are cast by one C call (:meth:`TextColumn.floats`), ISO times
 are read from a ``[T, w]`` matrix of their characters (:meth:`TextColumn.codes`), and Python
 strings (:meth:`TextColumn.strings`, each stripped as the ``csv`` path strips it) are made only for a
-column that needs reading value by value (missing tokens, other time formats, text). Every method
-returns None where the bulk conversion does not apply, and the caller then takes the general path,
-which also words any error (file, line, column); so a bulk result is always the value-by-value one.
+column that needs reading value by value (missing tokens, other time formats, text). ``floats`` and
+``codes`` return None where the bulk conversion does not apply, and the caller then takes the
+value-by-value path, which also words any error (file, line, column); so a bulk result is always
+the value-by-value one (tests/unit/test_data_fast.py holds every reader to the ``csv`` module's).
 """
 
 from __future__ import annotations
