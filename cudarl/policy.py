@@ -300,46 +300,8 @@ class Policy:
         self._values(out, obs, self._workspace(obs.shape[0]))
 
     def _q_rows(self):
-        """A function ``obs [k, obs_dim] -> Q [k, A]`` (NumPy float32) whose every row is bit for bit
-        what :meth:`q_values_into` gives for that row alone, for the host walk's blocks of bars; None
-        where there is none: the GPU, a head other than C51 (IQN's acting taus depend on the batch),
-        an encoder other than the MLP, spectral norm.
-
-        Each GEMM runs as ``k`` one-row GEMMs (``matmul`` of a ``[k, 1, n]`` stack: NumPy calls the
-        BLAS routine of one row for each, where a ``[k, n]`` product may sum in another order);
-        every other op of the reference forward (``cudarl.reference.nn``, then ``qstats.per_sample``'s
-        Q, a test holds them equal) works row by row."""
-        from .nn.layers import MLP, Linear
-        from .rules.c51 import C51Values
-
-        net = self.net
-        if self.be.is_gpu or not isinstance(self._values, C51Values) or not isinstance(net.encoder, MLP):
-            return None
-        if any(lin.spectral for lin in net.linears.values()):
-            return None
-        from .reference import nn as ref
-        from .reference.c51_chain import log_softmax
-
-        P, head, support = net.P, net.head, self._values.support
-        layers = [*net.encoder.children, head.va]
-
-        def q_rows(obs):
-            h = obs
-            for layer in layers:
-                if isinstance(layer, Linear):
-                    y = np.matmul(h[:, None, :], layer.weight())[:, 0, :]
-                    ref.bias_act_forward(y, P[f"{layer.name}.bias"], y, layer.act)
-                else:  # LayerNorm
-                    y, stats = np.empty_like(h), np.empty((2, len(h)), h.dtype)
-                    g, b = P[f"{layer.name}.gamma"], P[f"{layer.name}.beta"]
-                    ref.layernorm_forward(h, g, b, y, stats[0], stats[1], layer.eps, layer.act)
-                h = y
-            logits = np.empty((len(h), head.n_actions, head.atoms), np.float32)
-            ref.dueling_forward(h, logits)
-            # qstats.per_sample's Q (C51Values'), without the entropy and mass it also computes
-            return (np.exp(log_softmax(logits)) * support).sum(-1)
-
-        return q_rows
+        """:func:`row_exact_q` of this policy's network (None on the GPU)."""
+        return None if self.be.is_gpu else row_exact_q(self.net, self._values)
 
     def _input(self, obs):
         on_gpu = type(obs).__module__.startswith("cupy")
@@ -387,6 +349,49 @@ class Policy:
 
 
 # --- the greedy walk, shared with the trainer ------------------------------------------------------
+def row_exact_q(net, values):
+    """A function ``obs [k, obs_dim] -> Q [k, A]`` (float32) whose every row is bit for bit what
+    ``values(out, obs_row, ws)`` (the head rule's greedy values) gives for that row alone, for the
+    host walk's blocks of bars (:func:`greedy_actions`' ``q_rows``); None where there is none: a
+    NumPy ``net`` is needed, with the MLP encoder, the C51 head (IQN's acting taus depend on the
+    batch) and no spectral norm.
+
+    Each GEMM runs as ``k`` one-row GEMMs (``matmul`` of a ``[k, 1, n]`` stack: NumPy calls the
+    BLAS routine of one row for each, where a ``[k, n]`` product may sum in another order); every
+    other op of the reference forward (``cudarl.reference.nn``, then ``qstats.per_sample``'s Q, a
+    test holds them equal) works row by row."""
+    from .nn.layers import MLP, Linear
+    from .rules.c51 import C51Values
+
+    if not isinstance(values, C51Values) or not isinstance(net.encoder, MLP) or not _backend.is_numpy(net.xp):
+        return None
+    if any(lin.spectral for lin in net.linears.values()):
+        return None
+    from .reference import nn as ref
+    from .reference.c51_chain import log_softmax
+
+    P, head, support = net.P, net.head, values.support
+    layers = [*net.encoder.children, head.va]
+
+    def q_rows(obs):
+        h = obs
+        for layer in layers:
+            if isinstance(layer, Linear):
+                y = np.matmul(h[:, None, :], layer.weight())[:, 0, :]
+                ref.bias_act_forward(y, P[f"{layer.name}.bias"], y, layer.act)
+            else:  # LayerNorm
+                y, stats = np.empty_like(h), np.empty((2, len(h)), h.dtype)
+                g, b = P[f"{layer.name}.gamma"], P[f"{layer.name}.beta"]
+                ref.layernorm_forward(h, g, b, y, stats[0], stats[1], layer.eps, layer.act)
+            h = y
+        logits = np.empty((len(h), head.n_actions, head.atoms), np.float32)
+        ref.dueling_forward(h, logits)
+        # qstats.per_sample's Q (C51Values'), without the entropy and mass it also computes
+        return (np.exp(log_softmax(logits)) * support).sum(-1)
+
+    return q_rows
+
+
 def eval_env(prepared, split, env_cfg, backend: str):
     """One environment over ``split``, one episode of ``len(split) - 2`` steps from its first bar."""
     from dataclasses import replace

@@ -13,7 +13,7 @@ from cudarl.checkpoint import CheckpointError
 from cudarl.cli import app
 from cudarl.features import Normaliser
 from cudarl.nn import QNetwork
-from cudarl.policy import Policy, PolicyState, greedy_actions, load_policy, read_policy_info
+from cudarl.policy import Policy, PolicyState, greedy_actions, load_policy, read_policy_info, row_exact_q
 from cudarl.trainer import Trainer
 
 runner = CliRunner()
@@ -200,6 +200,9 @@ def test_the_host_walk_equals_the_envs_walk(tmp_path, head):
         assert len(set(host.tolist())) > 1  # the walk moves between positions (hold and position matter)
         if head == "c51":
             np.testing.assert_array_equal(greedy_actions(env, p.q_values_into, q_rows=p._q_rows()), host)
+            # the trainer's own network and rule give the same rows (what Trainer.evaluate could pass)
+            q_rows = row_exact_q(t.agent.online, t.agent.rule.values)
+            np.testing.assert_array_equal(greedy_actions(env, t.agent.q_values, q_rows=q_rows), host)
 
 
 def random_policy(rng, normaliser=None, **net) -> Policy:
