@@ -126,6 +126,11 @@ def make_policy(folder: Path) -> Path:
     return t.run_dir / "checkpoints" / "best.safetensors"
 
 
+def _commit() -> str | None:
+    r = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT)
+    return r.stdout.strip() or None if r.returncode == 0 else None
+
+
 def main() -> int:
     ap = parser(__doc__.splitlines()[0])
     ap.set_defaults(repeats=5)
@@ -141,6 +146,7 @@ def main() -> int:
     except ImportError:
         arrow = False
         print("skipping the pyarrow load arm: pyarrow is not installed (pip install 'cudarl[parquet]')")
+    extra["commit"] = _commit()
     extra["cpus"] = os.cpu_count()
     extra["loadavg_before"] = [round(x, 2) for x in os.getloadavg()]
     with tempfile.TemporaryDirectory() as tmp:
