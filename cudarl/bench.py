@@ -19,9 +19,11 @@ BACK_TO_BACK = 20
 
 
 def reference_config(device: str = "gpu", capacity: int = 1_000_000, **over) -> Config:
-    """The DESIGN.md reference workload as a :class:`Config` (64 features come from extra columns)."""
+    """The DESIGN.md reference workload as a :class:`Config` (64 features come from the extra columns of
+    :func:`reference_bars`, every one named: ``features.extra = ["*"]``)."""
     d = {
         "run": {"device": device, "eval_every": 0, "checkpoint_every": 0, "log_every": 10**9},
+        "features": {"extra": ["*"]},
         "net": {"hidden": [256, 256], "head": "c51", "atoms": 51},
         "agent": {"batch_size": 512, "learning_starts": 512},
         "replay": {"capacity": capacity, "n_step": 3},
@@ -46,7 +48,7 @@ def reference_bars(n_bars: int = 20_000, n_features: int = 64, seed: int = 0, ba
     bars = make(n_bars)
     # the feature names do not depend on the number of bars: count them on a short series
     # (computing every feature of 4M bars only to count them took a third of the epoch's set-up)
-    base = len(compute(make(min(n_bars, 2048)), FeatureConfig()).names)
+    base = len(compute(make(min(n_bars, 2048)), FeatureConfig(extra=("*",))).names)
     rng = np.random.default_rng(seed)
     for k in range(max(0, n_features - base)):
         bars.extra[f"noise_{k:02d}"] = rng.standard_normal(n_bars)

@@ -1,7 +1,7 @@
 """Every default of cudarl, in one place: frozen dataclasses with validated ranges.
 
 A run's configuration is :class:`Config`: sections ``run``, ``data``, ``features``, ``env``,
-``replay``, ``net``, ``optim``, ``agent``, ``guard``. The CLI and every entry point build it
+``replay``, ``net``, ``optim``, ``agent``, ``guard``, ``eval``. The CLI and every entry point build it
 from here (``Config()``, then a TOML file, then ``--set section.field=value`` overrides); a test
 checks that the CLI's defaults are these. ``features`` and ``env`` are the dataclasses of
 :mod:`cudarl.features` and :mod:`cudarl.env`, whose defaults live with them and nowhere else.
@@ -105,7 +105,8 @@ class DataConfig:
     """Which bars and how they are split (chronologically)."""
 
     source: str = "builtin:regime"
-    """A CSV/Parquet path or ``builtin:<name>`` (regime, randomwalk, sp500, nasdaq, eurusd-1h)."""
+    """A CSV/Parquet path or ``builtin:<name>`` (synthetic: regime, ar, lag, ou, noise, randomwalk, canary;
+    real: sp500, nasdaq, eurusd-1h)."""
     train_frac: float = 0.7
     """Fraction of usable bars for training (the earliest)."""
     val_frac: float = 0.15
@@ -357,6 +358,10 @@ class AgentConfig:
     without it bar returns of a few basis points fill one or two atoms; IQN: quantiles of unit scale."""
     popart_beta: float = 3e-4
     """PopArt's statistics step size."""
+    train_cost_bps: float = 0.0
+    """Extra cost per unit of position change charged in the training environments' reward only (added
+    to ``env.slippage_bps`` there; evaluation keeps the true costs): a turnover penalty against trading
+    on noise. 0: the training reward is the evaluation's."""
     aux: tuple = ()
     """Auxiliary signals by name (``cudarl.auxiliary.AUX_SIGNALS``): each adds its head on the encoder's
     output, its loss phase to the train step and its observable to ``metrics.jsonl``. None is built in yet."""
@@ -376,6 +381,7 @@ class AgentConfig:
         _need(s, self.priority in ("kl", "ce"), f"priority must be kl or ce, got {self.priority!r}")
         _in(s, "kappa", self.kappa, 0, 1e6)
         _in(s, "popart_beta", self.popart_beta, 0, 1, lo_open=True)
+        _in(s, "train_cost_bps", self.train_cost_bps, 0, 1e4)
         from .auxiliary import AUX_SIGNALS
 
         unknown = [name for name in self.aux if name not in AUX_SIGNALS]
@@ -410,6 +416,47 @@ class GuardConfig:
         _in(s, "snapshot_every", self.snapshot_every, 1, 10**12, integer=True)
 
 
+@dataclass(frozen=True)
+class EvalConfig:
+    """How a trained policy is evaluated and deployed: the statistics of every evaluation summary
+    (docs/metrics.md) and the rules that decide which positions the trained policy takes outside
+    the validation split."""
+
+    trials: int = 1
+    """Configurations tried before choosing this one (seeds of one configuration do not count): the
+    number of trials of the deflated Sharpe ratio."""
+    level: float = 0.95
+    """Confidence level of the intervals (the Sharpe's bootstrap interval, the difference with buy-and-hold)."""
+    resamples: int = 1000
+    """Stationary-bootstrap resamples of each evaluation."""
+    gate_psr: float = 0.95
+    """Validation-gated deployment: outside the validation split the trained policy trades only when its
+    validation evaluation (same weights) has a probabilistic Sharpe ratio against 0 of at least this;
+    otherwise it stays flat, and the summary says so. 0 turns the gate off. Why it is on: a learner fits
+    the noise of its training bars, and on a martingale its Q-value differences are as large as on a weak
+    real edge (a margin on them cuts both alike, docs/results.md); only out-of-sample evidence tells
+    them apart. 0.95 closes on 95% of no-edge policies and opens for a validation Sharpe above
+    1.65 standard errors."""
+    margin: float = 0.0
+    """No-trade margin of the greedy policy in evaluation: it leaves the held position only for an action
+    whose expected value exceeds the held one's by more than this, in the head's value units
+    (PopArt-normalised returns with ``agent.popart``, the default). 0: the plain argmax."""
+
+    average_halflife: int = 0
+    """Evaluate and deploy an exponential moving average of the online network's weights (Polyak
+    averaging), half-life in learner updates, updated every 10 updates, instead of the last weights:
+    the policy of many recent updates rather than of the last one. 0: the online weights."""
+
+    def __post_init__(self):
+        s = "eval"
+        _in(s, "trials", self.trials, 1, 10**9, integer=True)
+        _in(s, "level", self.level, 0, 1, lo_open=True, hi_open=True)
+        _in(s, "resamples", self.resamples, 10, 10**6, integer=True)
+        _in(s, "gate_psr", self.gate_psr, 0, 1, hi_open=True)
+        _in(s, "margin", self.margin, 0, 1e6)
+        _in(s, "average_halflife", self.average_halflife, 0, 10**9, integer=True)
+
+
 SECTIONS = {
     "run": RunConfig,
     "data": DataConfig,
@@ -420,6 +467,7 @@ SECTIONS = {
     "optim": OptimConfig,
     "agent": AgentConfig,
     "guard": GuardConfig,
+    "eval": EvalConfig,
 }
 
 
@@ -436,6 +484,7 @@ class Config:
     optim: OptimConfig = field(default_factory=OptimConfig)
     agent: AgentConfig = field(default_factory=AgentConfig)
     guard: GuardConfig = field(default_factory=GuardConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
 
     def __post_init__(self):
         _need(

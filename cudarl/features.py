@@ -181,12 +181,30 @@ def calendar(ctx: FeatureContext, config: FeatureConfig) -> list:
     return out
 
 
+def level(ctx: FeatureContext, config: FeatureConfig) -> list:
+    """``level_<h>`` = (log C_t - m_t) / (sigma_t sqrt(h)) for each h of ``level_halflives``, ``m_t`` the
+    causal EW mean of log C up to t with half-life h (:func:`ewm_mean`): how far the price is from its
+    recent average, in units of the volatility over h bars (a mean-reversion or trend state that no sum
+    of recent returns gives). Not in the default groups."""
+    return [
+        (f"level_{h:g}", (ctx.log_close - ewm_mean(ctx.log_close, h)) / (ctx.sigma * math.sqrt(h)))
+        for h in config.level_halflives
+    ]
+
+
 def extra(ctx: FeatureContext, config: FeatureConfig) -> list:
-    """Each column of ``bars.extra`` as given, by name in sorted order (the regime signal of
-    builtin:regime). Nothing when ``extra`` is off."""
-    if not config.extra:
-        return []
-    return [(k, np.asarray(ctx.bars.extra[k], dtype=np.float64)) for k in sorted(ctx.bars.extra)]
+    """The columns of ``bars.extra`` named in ``config.extra``, as given, in that order (``["*"]``: every
+    one, in sorted order). Nothing by default: a synthetic market's answer columns (its hidden state)
+    stay out of the observation."""
+    if config.extra == ("*",):
+        return [(k, np.asarray(ctx.bars.extra[k], dtype=np.float64)) for k in sorted(ctx.bars.extra)]
+    missing = [k for k in config.extra if k not in ctx.bars.extra]
+    if missing:
+        raise ValueError(
+            f"features.extra names {missing}, which {ctx.bars.source} does not have; "
+            f"its extra columns are {sorted(ctx.bars.extra)}"
+        )
+    return [(k, np.asarray(ctx.bars.extra[k], dtype=np.float64)) for k in config.extra]
 
 
 #: The feature registry (STYLE.md: a dict, not an if/elif chain): group name -> :data:`FeatureFn`.
@@ -199,9 +217,12 @@ FEATURES: dict[str, FeatureFn] = {
     "volume": volume,
     "time": calendar,
     "extra": extra,
+    "level": level,
 }
-#: The built-in groups, in their default order.
+#: The built-in groups (their names cannot be registered again).
 BUILTIN = tuple(FEATURES)
+#: The groups computed by default, in order.
+DEFAULT_GROUPS = ("returns", "log_vol", "range", "body", "close_loc", "volume", "time", "extra")
 #: Features added by :func:`register_feature` -> whether their columns are signed.
 REGISTERED: dict[str, bool] = {}
 
@@ -223,12 +244,15 @@ def _check_groups(groups) -> None:
 class FeatureConfig:
     """What :func:`compute` builds."""
 
-    groups: tuple = BUILTIN
+    groups: tuple = DEFAULT_GROUPS
     """Feature groups (``cudarl.features.FEATURES``) computed, in this order; the default is every
-    built-in one. Add your own with ``cudarl.features.register_feature`` (docs/guide.md).
-    ``time_features = false`` and ``extra = false`` still leave those groups' columns out."""
+    built-in one except ``level``. Add your own with ``cudarl.features.register_feature`` (docs/guide.md).
+    ``time_features = false`` still leaves the time columns out, and the ``extra`` group adds only the
+    columns ``extra`` names."""
     horizons: tuple = (1, 4, 16, 64)
     """Log-return horizons in bars (each >= 1)."""
+    level_halflives: tuple = (32, 128, 512)
+    """Half-lives, in bars, of the price averages the ``level`` group measures the price against (each > 0)."""
     vol_halflife: float = 32.0
     """Half-life, in bars, of the volatility that normalises returns and ranges."""
     volume_halflife: float = 64.0
@@ -238,9 +262,11 @@ class FeatureConfig:
     time_of_day: bool | None = None
     """Time-of-day columns; ``None``: on when the series' median spacing is under a day.
     (That choice names columns once per series; it never changes a value.)"""
-    extra: bool = True
-    """Append ``bars.extra`` columns."""
-    signed_extra: tuple = ("regime", "next_return")
+    extra: tuple = ()
+    """Columns of ``bars.extra`` appended as features, by name (e.g. ``["next_return"]``, the leak of
+    ``builtin:canary``), or ``["*"]`` for every one. None by default: the synthetic markets' extra
+    columns are their answers (hidden state, conditional mean), for evaluation only."""
+    signed_extra: tuple = ("regime", "next_return", "drift", "deviation")
     """Extra columns whose sign follows the market's direction (negated by the env's mirror)."""
 
     def __post_init__(self):
@@ -248,8 +274,16 @@ class FeatureConfig:
         object.__setattr__(self, "groups", tuple(self.groups))
         if not self.horizons or min(self.horizons) < 1:
             raise ValueError(f"horizons must be >= 1, got {self.horizons}")
-        if self.vol_halflife <= 0 or self.volume_halflife <= 0:
+        if self.vol_halflife <= 0 or self.volume_halflife <= 0 or min(self.level_halflives, default=1) <= 0:
             raise ValueError("half-lives must be > 0")
+        if isinstance(self.extra, (bool, str)) or not all(isinstance(k, str) for k in self.extra):
+            raise ValueError(
+                f"extra names the extra columns to use as features (a list of names, e.g. ['next_return']), "
+                f"got {self.extra!r}"
+            )
+        if len(set(self.extra)) != len(tuple(self.extra)) or ("*" in self.extra and len(self.extra) > 1):
+            raise ValueError(f"extra must name each column once (or be ['*'] alone), got {list(self.extra)}")
+        object.__setattr__(self, "extra", tuple(self.extra))
 
     @property
     def warmup(self) -> int:
@@ -280,7 +314,7 @@ def register_feature(name: str, fn: FeatureFn, *, signed: bool = False) -> Featu
 
 
 def _builtin_signed(name: str, config: FeatureConfig) -> bool:
-    return name.startswith("ret_") or name in {"body", "close_loc", *config.signed_extra}
+    return name.startswith(("ret_", "level_")) or name in {"body", "close_loc", *config.signed_extra}
 
 
 def _signed(name: str, config: FeatureConfig) -> bool:
@@ -326,7 +360,7 @@ def compute(bars: Bars, config: FeatureConfig = FeatureConfig()) -> Features:
         if _signed(n, config) != want:
             raise ValueError(
                 f"return_sign goes by names and would call column {n!r} of feature {g!r} "
-                f"{'unsigned' if want else 'signed'}; rename it (signed: ret_*, body, close_loc, "
+                f"{'unsigned' if want else 'signed'}; rename it (signed: ret_*, level_*, body, close_loc, "
                 "features.signed_extra and the columns of features registered signed)"
             )
     values = np.empty((T, len(cols)), np.float32)

@@ -66,23 +66,29 @@ class PolicyState:
     best: dict | None = None
     data: dict | None = None
     versions: dict | None = None
+    weights_kind: str = "last"  # "moving average" when eval.average_halflife made the deployed weights
 
     @classmethod
     def of_trainer(cls, trainer, best=None) -> PolicyState:
-        """The online network of a :class:`cudarl.trainer.Trainer` now (synchronises)."""
+        """The deployed network of a :class:`cudarl.trainer.Trainer` now (synchronises): the online one,
+        or the moving average of its weights with ``eval.average_halflife``."""
         trainer.synchronize()
         agent = trainer.agent.state_dict()
         from .trainer import versions
 
+        online = agent["online"]
+        if getattr(trainer, "average", None) is not None:
+            online = {**online, "params": _backend.to_numpy(trainer.average).copy()}
         return cls(
             config=trainer.cfg,
-            weights=_split_params(agent["online"]),
+            weights=_split_params(online),
             normaliser=trainer.data.normaliser,
             step=int(trainer.step),
             tau_counter=_tau(agent),
             best=best if best is not None else trainer.best,
             data=data_fingerprint(trainer.data.bars),
             versions=versions(),
+            weights_kind="last" if online is agent["online"] else "moving average",
         )
 
     @classmethod
@@ -90,14 +96,18 @@ class PolicyState:
         """The policy inside a resume checkpoint (``latest.npz``); its replay buffer is not read."""
         from . import checkpoint as ckpt
 
-        state, info = ckpt.load(path, only=("agent/online/", "agent/iqn/", "normaliser/", "trainer/"))
+        state, info = ckpt.load(path, only=("agent/online/", "agent/iqn/", "normaliser/", "trainer/", "average/"))
         t = state["trainer"]
+        online = state["agent"]["online"]
+        if "average" in state:  # eval.average_halflife: the moving average is what is deployed
+            online = {**online, "params": state["average"]["params"]}
         best_step = int(t.get("best_step", -1))
         return cls(
             config=from_dict(info["config"]),
-            weights=_split_params(state["agent"]["online"]),
+            weights=_split_params(online),
             normaliser=Normaliser.from_state_dict(state["normaliser"]),
             step=int(info.get("step", t["step"])),
+            weights_kind="moving average" if "average" in state else "last",
             tau_counter=_tau(state["agent"]),
             best=None if best_step < 0 else {"step": best_step, "sharpe": float(t["best_sharpe"])},
             data=info.get("data"),
@@ -121,6 +131,7 @@ class PolicyState:
             "best": json.dumps(self.best),
             "data": json.dumps(self.data),
             "versions": json.dumps(self.versions or {"cudarl": __version__}),
+            "weights": self.weights_kind,
         }
         return tensorfile.save(path, tensors, meta)
 
@@ -154,6 +165,7 @@ class PolicyState:
                 best=json.loads(meta.get("best", "null")),
                 data=json.loads(meta.get("data", "null")),
                 versions=json.loads(meta.get("versions", "null")),
+                weights_kind=meta.get("weights", "last"),
             )
         except KeyError as exc:
             raise CheckpointError(f"{path}: the policy file has no {exc.args[0]!r}") from None
@@ -331,8 +343,9 @@ class Policy:
 
     def evaluate(self, data=None, split: str = "test", echo=None):
         """The trainer's greedy evaluation of this policy over ``split`` of ``data`` (bars, a path or
-        ``builtin:<name>``; default: the training run's ``data.source`` with its data options): a
-        :class:`cudarl.evaluate.Evaluation` whose summary carries ``step``. ``echo`` (a function of
+        ``builtin:<name>``; default: the training run's ``data.source`` with its data options), with the
+        deployment rules of its config's ``eval`` (the validation gate, the margin): a
+        :class:`cudarl.evaluate.Evaluation` whose summary carries ``step`` and ``deployment``. ``echo`` (a function of
         one line) hears when the default bars are no longer those the policy was trained on."""
         from .trainer import prepare_data
 
@@ -343,8 +356,28 @@ class Policy:
         trained = (self.state.data or {}).get("close_sha256")
         if data is None and echo is not None and trained not in (None, data_fingerprint(prepared.bars)["close_sha256"]):
             echo(f"warning: the bars of {cfg.data.source} differ from those the policy was trained on")
-        ev = evaluate_split(prepared, split, cfg.env, self.q_values_into, self.be.name, q_rows=self._q_rows())
+        e, q_rows = cfg.eval, self._q_rows()
+
+        def val_psr():
+            ev = evaluate_split(
+                prepared, "val", cfg.env, self.q_values_into, self.be.name, margin=e.margin, eval_cfg=e, q_rows=q_rows
+            )
+            return ev.summary["statistics"]["psr"]
+
+        dep = deployment(e, split, val_psr)
+        ev = evaluate_split(
+            prepared,
+            split,
+            cfg.env,
+            self.q_values_into,
+            self.be.name,
+            margin=e.margin,
+            eval_cfg=e,
+            trading=dep["trading"],
+            q_rows=q_rows,
+        )
         ev.summary["step"] = self.step
+        ev.summary["deployment"] = {**dep, "margin": e.margin, "weights": self.state.weights_kind}
         return ev
 
 
@@ -406,11 +439,16 @@ def eval_env(prepared, split, env_cfg, backend: str):
     )
 
 
-def greedy_actions(env, q_values, stream=None, walk_on_host: bool = True, q_rows=None) -> np.ndarray:
+def greedy_actions(
+    env, q_values, stream=None, walk_on_host: bool = True, margin: float = 0.0, q_rows=None
+) -> np.ndarray:
     """int64 ``[episode_len]``: the greedy actions of one episode of ``env`` (reset first).
 
     ``q_values(obs, out)`` writes Q ``[1, A]``; the action is the first maximum (the env's act with
-    epsilon 0). On the GPU the env's kernels step it and the actions stay on the device until the
+    epsilon 0) of Q with ``margin`` added to the held position's action (``eval.margin``: the position
+    is left only for an action whose value exceeds the held one's by more than the margin; on the
+    device the held action is found from the env's position, so nothing synchronises).
+    On the GPU the env's kernels step it and the actions stay on the device until the
     end (no synchronisation per bar). On the NumPy backend, for an evaluation env (one env, one
     episode from its first bar), the walk is done on the host with the env's observation rule
     (docs/env.md) instead of its act and step, which draw Philox numbers a greedy walk never uses
@@ -420,14 +458,18 @@ def greedy_actions(env, q_values, stream=None, walk_on_host: bool = True, q_rows
     xp = env.xp
     one_episode = env.n_envs == 1 and env.params.n_starts == 1 and not env.params.stagger
     if walk_on_host and not env.is_gpu and one_episode:
-        return _walk_on_host(env, q_values, q_rows)
+        return _walk_on_host(env, q_values, margin, q_rows)
     with stream if stream is not None else nullcontext():
         env.reset()
         q = xp.zeros((1, env.n_actions), np.float32)
         eps = xp.zeros(1, np.float32)
         acts = xp.zeros(env.config.episode_len, np.int32)
+        row = xp.zeros(1, np.int64)
         for k in range(env.config.episode_len):
             q_values(env.obs, q)
+            if margin:
+                held = xp.argmin(xp.abs(env.data.levels - env.state.position[:1]))  # the held level's action
+                q[row, held] += np.float32(margin)
             env.act(q, eps)
             env.step()
             acts[k : k + 1] = env.actions
@@ -440,10 +482,11 @@ def greedy_actions(env, q_values, stream=None, walk_on_host: bool = True, q_rows
 WALK_BLOCK = (4, 1024)
 
 
-def _walk_on_host(env, q_values, q_rows=None) -> np.ndarray:
+def _walk_on_host(env, q_values, margin: float = 0.0, q_rows=None) -> np.ndarray:
     """The env's greedy episode from bar ``t_begin`` on the host: obs ``[features[t], p_{t-1},
-    min(hold, cap) / cap]``, action the first maximum of Q (a strict ``>`` scan, as ``env.act``),
-    ``p = levels[a]``, ``hold + 1`` if ``p`` did not change, else 1.
+    min(hold, cap) / cap]``, action the first maximum of Q (a strict ``>`` scan, as ``env.act``;
+    ``margin`` added to the held position's action first), ``p = levels[a]``, ``hold + 1`` if ``p``
+    did not change, else 1.
 
     ``q_values(obs [1, F + 2], out [1, A])`` gives the Q of one bar, and the walk takes one bar at
     a time. ``q_rows(obs [k, F + 2]) -> Q [k, A]`` must give each row bit for bit as ``q_values``
@@ -475,7 +518,10 @@ def _walk_on_host(env, q_values, q_rows=None) -> np.ndarray:
         o[:, :f] = feats[t0 + k : t0 + k + len(o)]
         o[:, f] = prev
         o[:, f + 1] = holds[hold : hold + len(o)]
-        a = first_max(q_rows(o))
+        q = q_rows(o)
+        if margin:  # the held level's action, the same for every bar of a block
+            q[:, int(np.argmin(np.abs(env.data.levels - prev)))] += np.float32(margin)
+        a = first_max(q)
         p = levels[a]
         moved = np.flatnonzero(p != prev)
         kept = int(moved[0]) + 1 if moved.size else len(o)
@@ -501,14 +547,34 @@ def first_max(q: np.ndarray) -> np.ndarray:
     return a
 
 
-def evaluate_split(prepared, split_name: str, env_cfg, q_values, backend: str, env=None, stream=None, q_rows=None):
-    """Greedy positions over ``split_name`` of ``prepared`` evaluated with the env's fill and costs
-    (``q_values``, ``q_rows``: :func:`greedy_actions`)."""
+def evaluate_split(
+    prepared,
+    split_name: str,
+    env_cfg,
+    q_values,
+    backend: str,
+    env=None,
+    stream=None,
+    *,
+    margin: float = 0.0,
+    eval_cfg=None,
+    trading: bool = True,
+    q_rows=None,
+):
+    """Greedy positions over ``split_name`` of ``prepared`` (with the no-trade ``margin``; all flat when
+    not ``trading``) evaluated with the env's fill and costs and the statistics of ``eval_cfg``
+    (:class:`cudarl.config.EvalConfig`: trials, level, resamples; default its defaults). ``q_values``,
+    ``q_rows``: :func:`greedy_actions`."""
+    from .config import EvalConfig
     from .evaluate import evaluate_positions
 
+    e = eval_cfg if eval_cfg is not None else EvalConfig()
     split = getattr(prepared.splits, split_name)
     env = env if env is not None else eval_env(prepared, split, env_cfg, backend)
-    pos = env_cfg.position_levels().astype(np.float64)[greedy_actions(env, q_values, stream, q_rows=q_rows)]
+    actions = greedy_actions(env, q_values, stream, margin=margin, q_rows=q_rows)
+    pos = env_cfg.position_levels().astype(np.float64)[actions]
+    if not trading:
+        pos = np.zeros_like(pos)
     return evaluate_positions(
         prepared.bars,
         pos,
@@ -517,4 +583,22 @@ def evaluate_split(prepared, split_name: str, env_cfg, q_values, backend: str, e
         slippage_bps=env_cfg.slippage_bps,
         periods_per_year=prepared.periods_per_year,
         fill=env_cfg.fill,
+        trials=e.trials,
+        level=e.level,
+        resamples=e.resamples,
     )
+
+
+def deployment(eval_cfg, split_name: str, validation_psr) -> dict:
+    """Whether a policy trades on ``split_name`` under ``eval.gate_psr``: always on the validation split
+    (its evidence is what the gate reads) and with the gate off; otherwise only when
+    ``validation_psr()`` (the PSR of the same policy on the validation split) is at least the gate (an
+    undefined PSR, e.g. a flat validation policy, keeps it closed)."""
+    import math
+
+    g = eval_cfg.gate_psr
+    if g == 0 or split_name == "val":
+        return {"gate": "off" if g == 0 else "not applied to the validation split", "trading": True}
+    psr = validation_psr()
+    ok = psr is not None and math.isfinite(psr) and psr >= g
+    return {"gate": "open" if ok else "closed", "trading": bool(ok), "validation_psr": psr, "threshold": g}

@@ -152,7 +152,7 @@ def test_a_policy_of_other_bars_is_refused_and_a_changed_source_is_said(tmp_path
     p.evaluate(split="test", echo=said.append)
     assert said and "differ" in said[0]
     with pytest.raises(ValueError, match="features"):
-        p.evaluate("builtin:randomwalk?n=1500", split="test")  # no regime column: other features
+        p.evaluate("builtin:eurusd-1h", split="test")  # hourly bars: time-of-day features, other columns
 
 
 def test_policy_state_round_trip(tmp_path):
@@ -198,6 +198,13 @@ def test_the_host_walk_equals_the_envs_walk(tmp_path, head):
         via_env = greedy_actions(env, t.agent.q_values, walk_on_host=False)
         np.testing.assert_array_equal(host, via_env)
         assert len(set(host.tolist())) > 1  # the walk moves between positions (hold and position matter)
+        # the no-trade margin (eval.margin): the env's path finds the held action from its position
+        for m in (0.01, 0.05):
+            held = greedy_actions(env, t.agent.q_values, margin=m)
+            np.testing.assert_array_equal(held, greedy_actions(env, t.agent.q_values, walk_on_host=False, margin=m))
+            assert np.count_nonzero(np.diff(held)) <= np.count_nonzero(np.diff(host))
+            if head == "c51":  # the block walk adds the margin as the bar-by-bar walk does
+                np.testing.assert_array_equal(greedy_actions(env, p.q_values_into, margin=m, q_rows=p._q_rows()), held)
         if head == "c51":
             np.testing.assert_array_equal(greedy_actions(env, p.q_values_into, q_rows=p._q_rows()), host)
             # the trainer's own network and rule give the same rows (what Trainer.evaluate could pass)
@@ -267,9 +274,10 @@ def test_the_block_walk_takes_the_bar_by_bar_actions(monkeypatch, rule):
         out[...] = q_rows(obs)
 
     monkeypatch.setattr(pol, "WALK_BLOCK", (2, 16))
-    by_block = greedy_actions(env, q_values, q_rows=q_rows)
-    np.testing.assert_array_equal(by_block, greedy_actions(env, q_values))
-    np.testing.assert_array_equal(by_block, greedy_actions(env, q_values, walk_on_host=False))
+    for margin in (0.05, 0.0):  # the no-trade margin, added to the held action's Q in every walk
+        by_block = greedy_actions(env, q_values, margin=margin, q_rows=q_rows)
+        np.testing.assert_array_equal(by_block, greedy_actions(env, q_values, margin=margin))
+        np.testing.assert_array_equal(by_block, greedy_actions(env, q_values, walk_on_host=False, margin=margin))
     moves = int(np.count_nonzero(np.diff(cfg.env.position_levels()[by_block])))
     assert moves == 0 if rule == "holds" else moves > len(by_block) // 8
 
