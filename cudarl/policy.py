@@ -312,6 +312,10 @@ class Policy:
         """Expected Q of ``obs`` (float32 ``[n, obs_dim]`` of this backend) into ``out`` ``[n, A]``."""
         self._values(out, obs, self._workspace(obs.shape[0]))
 
+    def _q_rows(self):
+        """:func:`row_exact_q` of this policy's network (None on the GPU)."""
+        return None if self.be.is_gpu else row_exact_q(self.net, self._values)
+
     def _input(self, obs):
         on_gpu = type(obs).__module__.startswith("cupy")
         x = obs if (on_gpu and self.be.is_gpu) else self.xp.asarray(_backend.to_numpy(obs))
@@ -356,10 +360,12 @@ class Policy:
         trained = (self.state.data or {}).get("close_sha256")
         if data is None and echo is not None and trained not in (None, data_fingerprint(prepared.bars)["close_sha256"]):
             echo(f"warning: the bars of {cfg.data.source} differ from those the policy was trained on")
-        e = cfg.eval
+        e, q_rows = cfg.eval, self._q_rows()
 
         def val_psr():
-            ev = evaluate_split(prepared, "val", cfg.env, self.q_values_into, self.be.name, margin=e.margin, eval_cfg=e)
+            ev = evaluate_split(
+                prepared, "val", cfg.env, self.q_values_into, self.be.name, margin=e.margin, eval_cfg=e, q_rows=q_rows
+            )
             return ev.summary["statistics"]["psr"]
 
         dep = deployment(e, split, val_psr)
@@ -372,6 +378,7 @@ class Policy:
             margin=e.margin,
             eval_cfg=e,
             trading=dep["trading"],
+            q_rows=q_rows,
         )
         ev.summary["step"] = self.step
         ev.summary["deployment"] = {**dep, "margin": e.margin, "weights": self.state.weights_kind}
@@ -379,6 +386,51 @@ class Policy:
 
 
 # --- the greedy walk, shared with the trainer ------------------------------------------------------
+def row_exact_q(net, values):
+    """A function ``obs [k, obs_dim] -> Q [k, A]`` (float32) whose every row is bit for bit what
+    ``values(out, obs_row, ws)`` (the head rule's greedy values) gives for that row alone, for the
+    host walk's blocks of bars (:func:`greedy_actions`' ``q_rows``); None where there is none: a
+    NumPy ``net`` is needed, with the MLP encoder, the C51 head (IQN's acting taus depend on the
+    batch) and no spectral norm.
+
+    Each GEMM runs as ``k`` one-row GEMMs (``matmul`` of a ``[k, 1, n]`` stack: NumPy calls the
+    BLAS routine of one row for each, where a ``[k, n]`` product may sum in another order); every
+    other op of the reference forward (``cudarl.reference.nn``, then ``qstats.per_sample``'s Q, a
+    test holds them equal) works row by row."""
+    from .nn.heads import C51Head
+    from .nn.layers import MLP, Linear
+    from .rules.c51 import C51Values
+
+    plain_c51 = isinstance(values, C51Values) and type(net.head) is C51Head  # not c51+iqn's joint head
+    if not plain_c51 or not isinstance(net.encoder, MLP) or not _backend.is_numpy(net.xp):
+        return None
+    if any(lin.spectral for lin in net.linears.values()):
+        return None
+    from .reference import nn as ref
+    from .reference.c51_chain import log_softmax
+
+    P, head, support = net.P, net.head, values.support
+    layers = [*net.encoder.children, head.va]
+
+    def q_rows(obs):
+        h = obs
+        for layer in layers:
+            if isinstance(layer, Linear):
+                y = np.matmul(h[:, None, :], layer.weight())[:, 0, :]
+                ref.bias_act_forward(y, P[f"{layer.name}.bias"], y, layer.act)
+            else:  # LayerNorm
+                y, stats = np.empty_like(h), np.empty((2, len(h)), h.dtype)
+                g, b = P[f"{layer.name}.gamma"], P[f"{layer.name}.beta"]
+                ref.layernorm_forward(h, g, b, y, stats[0], stats[1], layer.eps, layer.act)
+            h = y
+        logits = np.empty((len(h), head.n_actions, head.atoms), np.float32)
+        ref.dueling_forward(h, logits)
+        # qstats.per_sample's Q (C51Values'), without the entropy and mass it also computes
+        return (np.exp(log_softmax(logits)) * support).sum(-1)
+
+    return q_rows
+
+
 def eval_env(prepared, split, env_cfg, backend: str):
     """One environment over ``split``, one episode of ``len(split) - 2`` steps from its first bar."""
     from dataclasses import replace
@@ -401,7 +453,9 @@ def eval_env(prepared, split, env_cfg, backend: str):
     )
 
 
-def greedy_actions(env, q_values, stream=None, walk_on_host: bool = True, margin: float = 0.0) -> np.ndarray:
+def greedy_actions(
+    env, q_values, stream=None, walk_on_host: bool = True, margin: float = 0.0, q_rows=None
+) -> np.ndarray:
     """int64 ``[episode_len]``: the greedy actions of one episode of ``env`` (reset first).
 
     ``q_values(obs, out)`` writes Q ``[1, A]``; the action is the first maximum (the env's act with
@@ -412,12 +466,13 @@ def greedy_actions(env, q_values, stream=None, walk_on_host: bool = True, margin
     end (no synchronisation per bar). On the NumPy backend, for an evaluation env (one env, one
     episode from its first bar), the walk is done on the host with the env's observation rule
     (docs/env.md) instead of its act and step, which draw Philox numbers a greedy walk never uses
-    (``walk_on_host=False`` takes the env's path; a test holds the two equal).
+    (``walk_on_host=False`` takes the env's path; a test holds the two equal); ``q_rows`` (see
+    :func:`_walk_on_host`) lets it evaluate many bars at once.
     """
     xp = env.xp
     one_episode = env.n_envs == 1 and env.params.n_starts == 1 and not env.params.stagger
     if walk_on_host and not env.is_gpu and one_episode:
-        return _walk_on_host(env, q_values, margin)
+        return _walk_on_host(env, q_values, margin, q_rows)
     with stream if stream is not None else nullcontext():
         env.reset()
         q = xp.zeros((1, env.n_actions), np.float32)
@@ -436,37 +491,74 @@ def greedy_actions(env, q_values, stream=None, walk_on_host: bool = True, margin
     return out.astype(np.int64)
 
 
-def _walk_on_host(env, q_values, margin: float = 0.0) -> np.ndarray:
-    """The env's greedy episode from bar ``t_begin``, one bar at a time on the host: the state row
-    ``[t, 0, p_{t-1}, min(hold, cap) / cap]`` and its window (``env.windows``), action the first maximum
-    of Q (a strict ``>`` scan, as ``env.act``; ``margin`` added to the held position's action first),
-    ``p = levels[a]``, ``hold + 1`` if ``p`` did not change, else 1."""
+#: (Fewest, most) bars the host walk evaluates at once with ``q_rows``; each block after the first
+#: is twice the bars the one before kept, within these.
+WALK_BLOCK = (4, 1024)
+
+
+def _walk_on_host(env, q_values, margin: float = 0.0, q_rows=None) -> np.ndarray:
+    """The env's greedy episode from bar ``t_begin`` on the host: the state row ``[t, 0, p_{t-1},
+    min(hold, cap) / cap]`` and its window (``env.windows``), action the first maximum of Q (a strict
+    ``>`` scan, as ``env.act``; ``margin`` added to the held position's action first),
+    ``p = levels[a]``, ``hold + 1`` if ``p`` did not change, else 1.
+
+    ``q_values(obs [1, obs_dim], out [1, A])`` gives the Q of one bar, and the walk takes one bar at
+    a time. ``q_rows(obs [k, obs_dim]) -> Q [k, A]`` must give each row bit for bit as ``q_values``
+    gives it alone; the walk then guesses that the position holds, evaluates a block of bars with
+    the hold counting up, keeps them up to and including the first whose action moves the
+    position (its inputs were still those of the bar-by-bar walk), and goes on from there: the
+    same actions, with one NumPy call per op and block instead of per bar.
+    """
     from .reference.env import write_state
 
-    levels, cap = env.data.levels, env.params.hold_cap
-    n = env.config.episode_len
-    state_row = np.zeros((1, env.windows.state_dim), np.float32)
-    obs = np.zeros((1, env.obs_dim), np.float32)
-    q = np.zeros((1, env.n_actions), np.float32)
+    levels = np.asarray(env.data.levels, np.float32)
+    n, cap = env.config.episode_len, env.params.hold_cap
+    if q_rows is None:
+        q1 = np.zeros((1, env.n_actions), np.float32)
+
+        def q_rows(obs):
+            q_values(obs, q1)
+            return q1
+
+        block, most = 1, 1
+    else:
+        block, most = WALK_BLOCK
+    rows = np.zeros((min(n, most), env.windows.state_dim), np.float32)
+    obs = np.zeros((min(n, most), env.obs_dim), np.float32)
     acts = np.empty(n, np.int64)
-    prev, hold = np.float32(0), np.zeros(1, np.int64)
-    t0 = env.params.t_begin
-    for k in range(n):
-        write_state(state_row, np.array([t0 + k]), prev, hold, cap)
-        env.windows.gather(state_row, obs)
-        q_values(obs, q)
-        row = q[0]
-        if margin:
-            row[int(np.argmin(np.abs(levels - prev)))] += np.float32(margin)
-        a = 0
-        for j in range(1, row.shape[0]):
-            if row[j] > row[a]:
-                a = j
-        acts[k] = a
-        p = np.float32(levels[a])
-        hold[0] = hold[0] + 1 if p == prev else 1
-        prev = p
+    prev, hold, k, t0 = np.float32(0), 0, 0, env.params.t_begin
+    while k < n:
+        m = min(block, n - k)
+        write_state(rows[:m], np.arange(t0 + k, t0 + k + m), prev, np.arange(hold, hold + m), cap)
+        o = obs[:m]
+        env.windows.gather(rows[:m], o)
+        q = q_rows(o)
+        if margin:  # the held level's action, the same for every bar of a block
+            q[:, int(np.argmin(np.abs(env.data.levels - prev)))] += np.float32(margin)
+        a = first_max(q)
+        p = levels[a]
+        moved = np.flatnonzero(p != prev)
+        kept = int(moved[0]) + 1 if moved.size else m
+        acts[k : k + kept] = a[:kept]
+        prev, hold = (p[kept - 1], 1) if moved.size else (prev, hold + kept)
+        k += kept
+        block = min(most, max(WALK_BLOCK[0], 2 * kept))
     return acts
+
+
+def first_max(q: np.ndarray) -> np.ndarray:
+    """int64 ``[k]``: the index of the first maximum of each row of ``q`` ``[k, A]`` by a strict
+    ``>`` scan from index 0, ``env.act``'s rule (``argmax``'s, but for a NaN after index 0, which
+    the scan passes over)."""
+    if not np.isnan(q).any():
+        return q.argmax(axis=1)
+    a = np.zeros(len(q), np.int64)
+    best = q[:, 0].copy()
+    for j in range(1, q.shape[1]):
+        up = q[:, j] > best
+        a[up] = j
+        best[up] = q[up, j]
+    return a
 
 
 def evaluate_split(
@@ -481,17 +573,20 @@ def evaluate_split(
     margin: float = 0.0,
     eval_cfg=None,
     trading: bool = True,
+    q_rows=None,
 ):
     """Greedy positions over ``split_name`` of ``prepared`` (with the no-trade ``margin``; all flat when
     not ``trading``) evaluated with the env's fill and costs and the statistics of ``eval_cfg``
-    (:class:`cudarl.config.EvalConfig`: trials, level, resamples; default its defaults)."""
+    (:class:`cudarl.config.EvalConfig`: trials, level, resamples; default its defaults). ``q_values``,
+    ``q_rows``: :func:`greedy_actions`."""
     from .config import EvalConfig
     from .evaluate import evaluate_positions
 
     e = eval_cfg if eval_cfg is not None else EvalConfig()
     split = getattr(prepared.splits, split_name)
     env = env if env is not None else eval_env(prepared, split, env_cfg, backend)
-    pos = env_cfg.position_levels().astype(np.float64)[greedy_actions(env, q_values, stream, margin=margin)]
+    actions = greedy_actions(env, q_values, stream, margin=margin, q_rows=q_rows)
+    pos = env_cfg.position_levels().astype(np.float64)[actions]
     if not trading:
         pos = np.zeros_like(pos)
     return evaluate_positions(

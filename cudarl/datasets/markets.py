@@ -21,7 +21,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.signal import lfilter
 
 from cudarl.data.bars import Bars
 
@@ -122,6 +121,8 @@ def _ar_path(n, seed, tag, phi, sigma):
     rng = np.random.default_rng([int(seed), tag])
     burn = 50 * phi.size + 500  # the burn-in forgets the zero start
     e = sigma * rng.standard_normal(n + burn)
+    from scipy.signal import lfilter  # here: importing scipy.signal takes ~0.9 s, and regime never needs it
+
     x = lfilter([1.0], np.concatenate([[1.0], -phi]), e)  # x[j] = sum_i phi_i x[j - i] + e[j]
     drift = np.concatenate([x[1:] - e[1:], [float(phi @ x[::-1][: phi.size])]])  # E[x[j + 1] | x[<= j]]
     # row t of the output is step burn + t: R_t = x[burn + t], E[R_{t+1}] = drift[burn + t]
@@ -165,6 +166,8 @@ def ou(n=5000, seed=0, kappa=0.05, sigma=0.002, level=100.0, periods_per_year=87
     rng = np.random.default_rng([int(seed), 0x0B5])
     e = rng.standard_normal(n)
     e[0] /= math.sqrt(kappa * (2.0 - kappa))  # d_0 from the stationary law
+    from scipy.signal import lfilter  # after params = dict(locals()); see _ar_path
+
     d = lfilter([1.0], [1.0, kappa - 1.0], sigma * e)  # d_t = (1 - kappa) d_{t-1} + sigma eps_t
     close = np.exp(math.log(level) + d)
     drift = np.exp(-kappa * d + 0.5 * sigma * sigma) - 1.0

@@ -15,6 +15,7 @@ from cudarl.features import (
     FeatureContext,
     Normaliser,
     compute,
+    ew_filter_loop,
     ewm_mean,
     return_sign,
     with_position,
@@ -117,6 +118,35 @@ def test_ewm_mean_matches_a_loop(rng):
             assert np.isnan(got[t])
         else:
             assert got[t] == pytest.approx(num / den, rel=1e-12)
+
+
+def test_the_python_recurrence_is_lfilter_bit_for_bit(rng):
+    """ewm_mean's loop (short series: no scipy.signal import) and scipy's lfilter (long series) give
+    the same bits, so the features do not depend on which one ran."""
+    from scipy.signal import lfilter
+
+    for trial in range(60):
+        n = int(rng.integers(1, 3000))
+        halflife = float(rng.choice([0.3, 1.0, 4.0, 32.0, 64.0, 1e4, rng.uniform(0.1, 500)]))
+        a = 1.0 - 0.5 ** (1.0 / halflife)
+        x = rng.standard_normal(n) * 10.0 ** rng.uniform(-8, 8)
+        x = x * x if trial % 3 == 0 else x
+        x[rng.random(n) < 0.05] = 0.0
+        w = (rng.random(n) < 0.8).astype(np.float64)
+        got = ew_filter_loop(x, w, a)
+        for g, v in zip(got, (x, w), strict=True):
+            want = lfilter([a], [1.0, a - 1.0], v)
+            np.testing.assert_array_equal(g.view(np.int64), want.view(np.int64))
+
+
+def test_features_are_the_same_bits_whichever_filter_runs(monkeypatch):
+    import cudarl.features as feats
+
+    bars = ds.randomwalk(n=3000, seed=4)
+    loop = compute(bars)
+    monkeypatch.setattr(feats, "EW_LOOP_MAX_BARS", 0)  # every series through lfilter
+    np.testing.assert_array_equal(compute(bars).values.view(np.int32), loop.values.view(np.int32))
+    assert "volume" in loop.names
 
 
 def test_time_features_and_position():
