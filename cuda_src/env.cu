@@ -3,8 +3,9 @@
 // Launchers: cudarl/ops/env.py.
 //
 // State is struct-of-arrays, all [N]: t (i32), start (i32), steps_left (i32), position (f32),
-// hold (i32), count (u64, the env's own step counter and Philox counter). Observations are
-// float32 [rows, F + 2]: the feature row, the position, min(hold, hold_cap) / hold_cap.
+// hold (i32), count (u64, the env's own step counter and Philox counter). Observations are kept by
+// reference, as float32 state rows [rows, 4]: the bar t, the mirror flag, the position,
+// min(hold, hold_cap) / hold_cap (cudarl/reference/window.py; the window kernel gathers the features).
 //
 // Float arithmetic uses __fmul_rn / __fsub_rn / __fdiv_rn so nvcc cannot contract a multiply and
 // a subtract into an FMA: each kernel matches the NumPy twin bit for bit. No atomics anywhere.
@@ -21,7 +22,7 @@ namespace {
 constexpr u32 kStreamReset = 0x656E7630u;    // "env0": reset(), draws 2i and 2i+1
 constexpr u32 kStreamEpisode = 0x656E7631u;  // "env1": episode end in step(), draw i
 // "env2", act()'s stream, is cudarl::kStreamAct (act.cuh): the fused act kernels draw it too.
-constexpr int kWarp = 32;
+constexpr int kStateDim = 4;  // cudarl.reference.window.STATE_DIM
 
 // cudarl.costs.bar_net_return in float32: p * ret - rate * |p - prev|, rounded op by op.
 __device__ __forceinline__ float bar_reward(float prev, float p, float ret, float rate) {
@@ -34,69 +35,53 @@ __device__ __forceinline__ float hold_feature(int hold, int hold_cap) {
 
 __device__ __forceinline__ int clamp_action(int a, int n_actions) { return a < 0 ? 0 : (a >= n_actions ? n_actions - 1 : a); }
 
-// One warp writes one observation row: dst[c] for c < F + 2, lanes striding over columns
-// (coalesced 128-byte stores; the feature row is read coalesced too).
-template <bool kMirror>
-__device__ __forceinline__ void write_obs_row(float* __restrict__ dst, const float* __restrict__ feat_row,
-                                              const float* __restrict__ sign, int n_features, float position,
-                                              float hold_f, int lane) {
-  for (int c = lane; c < n_features + 2; c += kWarp) {
-    float v;
-    if (c < n_features) v = kMirror ? __fmul_rn(feat_row[c], sign[c]) : feat_row[c];
-    else v = (c == n_features) ? position : hold_f;
-    dst[c] = v;
-  }
+// One state row: the bar (an exact float32 integer below 2**24), the mirror flag, the position, the hold fraction.
+__device__ __forceinline__ void write_state_row(float* __restrict__ dst, int bar, bool mirror, float position,
+                                                float hold_f) {
+  dst[0] = (float)bar;
+  dst[1] = mirror ? 1.0f : 0.0f;
+  dst[2] = position;
+  dst[3] = hold_f;
 }
 
 }  // namespace
 
-// reset: every env starts a new episode and writes its observation.
-// Thread mapping: one warp per env (lanes write the obs row; every lane computes the same state,
-// lane 0 stores it). Reads 8 bytes (count) + 4(F) bytes of features per env; writes
-// 20 + 4(F + 2) bytes per env.
+// reset: every env starts a new episode and writes its observation's state row.
+// Thread mapping: one thread per env. Reads 8 bytes (count) per env; writes 20 + 16 bytes per env.
 extern "C" __global__ void cudarl_env_reset(int* __restrict__ t, int* __restrict__ start, int* __restrict__ steps_left,
                                             float* __restrict__ position, int* __restrict__ hold,
-                                            const u64* __restrict__ count, float* __restrict__ obs,
-                                            const float* __restrict__ features, int n_envs, int n_features,
+                                            const u64* __restrict__ count, float* __restrict__ rows, int n_envs,
                                             int t_begin, int n_starts, int episode_len, int hold_cap, int stagger,
                                             u64 seed) {
-  const long long gw = ((long long)blockIdx.x * blockDim.x + threadIdx.x) / kWarp;
-  const int lane = threadIdx.x % kWarp;
-  if (gw >= n_envs) return;
-  const int i = (int)gw;
+  const long long gi = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+  if (gi >= n_envs) return;
+  const int i = (int)gi;
   const uint4 blk = cudarl::philox_block(seed, count[i], kStreamReset, (u32)(i >> 1));
   const u32 k = 2u * (u32)(i & 1);
   const int s = t_begin + below(lane_of(blk, k), n_starts);
   const int len = stagger ? 1 + below(lane_of(blk, k + 1), episode_len) : episode_len;
-  if (lane == 0) {
-    t[i] = s;
-    start[i] = s;
-    steps_left[i] = len;
-    position[i] = 0.0f;
-    hold[i] = 0;
-  }
-  write_obs_row<false>(obs + (long long)i * (n_features + 2), features + (long long)s * n_features, nullptr,
-                       n_features, 0.0f, hold_feature(0, hold_cap), lane);
+  t[i] = s;
+  start[i] = s;
+  steps_left[i] = len;
+  position[i] = 0.0f;
+  hold[i] = 0;
+  write_state_row(rows + (long long)i * kStateDim, s, false, 0.0f, hold_feature(0, hold_cap));
 }
 
 // step: move to the target position, earn the reward, advance a bar, reset ended episodes.
-// Thread mapping: one warp per env, as in reset (lanes read the state, __syncwarp, lane 0 writes
-// it back). Reads per env: the state (28 bytes), action,
-// scale, ret[t], levels[a], 4F bytes of features; writes the state, reward, done, 4(F + 2)
-// bytes of obs.
+// Thread mapping: one thread per env. Reads per env: the state (28 bytes), action, scale, ret[t],
+// levels[a]; writes the state, reward, done and the 16-byte state row.
 extern "C" __global__ void cudarl_env_step(int* __restrict__ t, int* __restrict__ start, int* __restrict__ steps_left,
                                            float* __restrict__ position, int* __restrict__ hold,
-                                           u64* __restrict__ count, float* __restrict__ obs,
+                                           u64* __restrict__ count, float* __restrict__ rows,
                                            float* __restrict__ reward, float* __restrict__ done,
                                            const int* __restrict__ actions, const float* __restrict__ scale,
-                                           const float* __restrict__ features, const float* __restrict__ ret,
-                                           const float* __restrict__ levels, int n_envs, int n_features,
-                                           int n_actions, int t_begin, int n_starts, int episode_len, int hold_cap,
-                                           float rate, u64 seed) {
-  const long long gw = ((long long)blockIdx.x * blockDim.x + threadIdx.x) / kWarp;
-  const int lane = threadIdx.x % kWarp;
-  if (gw >= n_envs) return;
-  const int i = (int)gw;
+                                           const float* __restrict__ ret, const float* __restrict__ levels,
+                                           int n_envs, int n_actions, int t_begin, int n_starts, int episode_len,
+                                           int hold_cap, float rate, u64 seed) {
+  const long long gi = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+  if (gi >= n_envs) return;
+  const int i = (int)gi;
   const int a = clamp_action(actions[i], n_actions);
   const float prev = position[i];
   const float p = __fmul_rn(levels[a], scale[i]);
@@ -117,40 +102,34 @@ extern "C" __global__ void cudarl_env_step(int* __restrict__ t, int* __restrict_
     p1 = 0.0f;
     h = 0;
   }
-  __syncwarp();  // every lane has read this env's state before lane 0 overwrites it
-  if (lane == 0) {
-    t[i] = t1;
-    start[i] = s;
-    steps_left[i] = left;
-    position[i] = p1;
-    hold[i] = h;
-    count[i] = c;
-    reward[i] = r;
-    done[i] = ended ? 1.0f : 0.0f;
-  }
-  write_obs_row<false>(obs + (long long)i * (n_features + 2), features + (long long)t1 * n_features, nullptr,
-                       n_features, p1, hold_feature(h, hold_cap), lane);
+  t[i] = t1;
+  start[i] = s;
+  steps_left[i] = left;
+  position[i] = p1;
+  hold[i] = h;
+  count[i] = c;
+  reward[i] = r;
+  done[i] = ended ? 1.0f : 0.0f;
+  write_state_row(rows + (long long)i * kStateDim, t1, false, p1, hold_feature(h, hold_cap));
 }
 
 // record: the transitions of the coming step, read from the state before step() runs.
 // Row g * N + i is group g of env i: 0 real, 1 .. A-1 counterfactual action (a + g) % A (when
 // counterfactual != 0), last the directional mirror (when mirror != 0): return-sign columns
 // times sign[], positions and the market return negated, action A-1-a, reward computed in the
-// mirrored market. Thread mapping: one warp per row (g, i), g = warp / N. Reads per row the
-// state, 8F bytes of features (+4F of sign for the mirror); writes 8(F + 2) + 12 bytes.
+// mirrored market; its state rows carry the mirror flag (the window gather negates the return-sign
+// columns). Thread mapping: one thread per row (g, i), g = row / N. Reads per row the state,
+// ret[t], levels[a]; writes 2 state rows (32 bytes) + 12 bytes.
 extern "C" __global__ void cudarl_env_record(float* __restrict__ obs_out, int* __restrict__ action_out,
                                              float* __restrict__ reward_out, float* __restrict__ next_obs_out,
                                              float* __restrict__ done_out, const int* __restrict__ t,
                                              const int* __restrict__ steps_left, const float* __restrict__ position,
                                              const int* __restrict__ hold, const int* __restrict__ actions,
-                                             const float* __restrict__ scale, const float* __restrict__ features,
-                                             const float* __restrict__ ret, const float* __restrict__ levels,
-                                             const float* __restrict__ sign, int n_envs, int n_features,
-                                             int n_actions, int hold_cap, float rate, int counterfactual,
-                                             int mirror) {
+                                             const float* __restrict__ scale, const float* __restrict__ ret,
+                                             const float* __restrict__ levels, int n_envs, int n_actions,
+                                             int hold_cap, float rate, int counterfactual, int mirror) {
   const int n_groups = 1 + (counterfactual ? n_actions - 1 : 0) + (mirror ? 1 : 0);
-  const long long gw = ((long long)blockIdx.x * blockDim.x + threadIdx.x) / kWarp;
-  const int lane = threadIdx.x % kWarp;
+  const long long gw = (long long)blockIdx.x * blockDim.x + threadIdx.x;
   if (gw >= (long long)n_envs * n_groups) return;
   const int g = (int)(gw / n_envs), i = (int)(gw % n_envs);
   const bool mirrored = mirror && g == n_groups - 1;
@@ -162,20 +141,11 @@ extern "C" __global__ void cudarl_env_record(float* __restrict__ obs_out, int* _
   const float r_t = mirrored ? -ret[t0] : ret[t0];
   const int h_next = (p == prev) ? h + 1 : 1;
   const long long row = (long long)g * n_envs + i;
-  if (lane == 0) {
-    action_out[row] = a;
-    reward_out[row] = bar_reward(prev, p, r_t, rate);
-    done_out[row] = steps_left[i] == 1 ? 1.0f : 0.0f;
-  }
-  const int width = n_features + 2;
-  const float* f0 = features + (long long)t0 * n_features;
-  if (mirrored) {
-    write_obs_row<true>(obs_out + row * width, f0, sign, n_features, prev, hold_feature(h, hold_cap), lane);
-    write_obs_row<true>(next_obs_out + row * width, f0 + n_features, sign, n_features, p, hold_feature(h_next, hold_cap), lane);
-  } else {
-    write_obs_row<false>(obs_out + row * width, f0, sign, n_features, prev, hold_feature(h, hold_cap), lane);
-    write_obs_row<false>(next_obs_out + row * width, f0 + n_features, sign, n_features, p, hold_feature(h_next, hold_cap), lane);
-  }
+  action_out[row] = a;
+  reward_out[row] = bar_reward(prev, p, r_t, rate);
+  done_out[row] = steps_left[i] == 1 ? 1.0f : 0.0f;
+  write_state_row(obs_out + row * kStateDim, t0, mirrored, prev, hold_feature(h, hold_cap));
+  write_state_row(next_obs_out + row * kStateDim, t0 + 1, mirrored, p, hold_feature(h_next, hold_cap));
 }
 
 // act: epsilon-greedy actions (cudarl::epsilon_greedy, act.cuh: the rule agent.cu's fused act

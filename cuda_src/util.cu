@@ -23,3 +23,10 @@ extern "C" __global__ void cudarl_util_set_u64(u64* __restrict__ dst, u64 bits) 
 extern "C" __global__ void cudarl_util_add_i64(long long* __restrict__ dst, long long by) {
   if (blockIdx.x == 0 && threadIdx.x == 0) *dst += by;
 }
+
+// add_f32: dst[i] = a[i] + b[i] for i < n (rounded to nearest; dst may be a or b). One thread per
+// element. Reads 8n bytes, writes 4n. Sums a step's losses of two heads (net.head = "c51+iqn").
+extern "C" __global__ void cudarl_util_add_f32(float* dst, const float* a, const float* b, long long n) {
+  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
+    dst[i] = __fadd_rn(a[i], b[i]);
+}

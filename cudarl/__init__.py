@@ -45,6 +45,7 @@ _PUBLIC = {
     "TradingEnv": ("cudarl.env", "TradingEnv"),
     "EnvConfig": ("cudarl.env", "EnvConfig"),
     "PrioritizedReplay": ("cudarl.replay", "PrioritizedReplay"),
+    "datasets": ("cudarl.datasets", None),
     "evaluate": ("cudarl.evaluate", None),
     "gym": ("cudarl.gym", None),
     # the GPU machinery

@@ -7,7 +7,8 @@ that :class:`cudarl.graph.StepGraph` captures (GPU) or runs in order (NumPy)::
              epsilon and epsilon-greedy; with net.plan the plan head's gate into env.scale) -
              env_step (record the transition, step, reset ended episodes) - replay_insert
     train:   schedules (lr and tau: a parallel branch, joined by the first learn phase) - sample (the
-             search and the gather in one launch; the importance weights on that branch) - forward
+             search and the gather of the state rows in one launch; the importance weights on that
+             branch; then the observation windows of s and s' from the feature matrix) - forward
              (the rule's) - the rule's learn phases (C51: targets_loss, one launch; IQN, QR-DQN:
              targets - loss) - q_stats (the expected Q at s; the statistics' reduction on a branch)
              - cql (agent.cql_alpha) - plan (net.plan: cudarl.plan) - the auxiliary signals' loss
@@ -43,6 +44,7 @@ from .optim import Adam, Schedule, SoftUpdate, shrink_perturb
 from .pinned import DeviceScalars, PinnedReadback
 from .plan import PlanLoss, gate
 from .popart import PopArt
+from .reference.window import STATE_DIM
 from .replay import Batch
 from .rules import HEAD_RULES, LearnerBuffers
 from .stats import StepStats
@@ -56,7 +58,8 @@ class Agent:
 
     Args:
         cfg: the run's :class:`cudarl.config.Config`.
-        obs_dim: observation width (features + the env's position features).
+        obs_dim: observation width, the network's input (``net.window`` bars of features and the
+            env's position features: :attr:`cudarl.window.Windows.width`).
         n_actions: actions of the env.
         n_envs: environments acting together (rows of the acting forward pass).
         xp: ``numpy`` or ``cupy``.
@@ -82,10 +85,13 @@ class Agent:
             net.spectral_in_steps()
         self.target.spectral_step(iterate=False)  # W_sn of the copied weights
         self.pair = xp.zeros((2 * B, obs_dim), np.float32)
-        #: The fixed batch buffers the replay gathers into: obs and next_obs are halves of ``pair``.
-        self.batch = Batch(
-            self.pair[:B], self.pair[B:], xp.zeros(B, np.int32), xp.zeros(B, np.float32), xp.zeros(B, np.float32)
-        )
+        #: The state rows of s and s' the replay gathers into (halves of one buffer), whose windows the
+        #: sample phase gathers into ``pair``.
+        self.rows_pair = xp.zeros((2 * B, STATE_DIM), np.float32)
+        action, ret, discount = xp.zeros(B, np.int32), xp.zeros(B, np.float32), xp.zeros(B, np.float32)
+        self.rows_batch = Batch(self.rows_pair[:B], self.rows_pair[B:], action, ret, discount)
+        #: The fixed batch the network reads: obs and next_obs are halves of ``pair``.
+        self.batch = Batch(self.pair[:B], self.pair[B:], action, ret, discount)
         self.popart = PopArt(beta=a.popart_beta, scale=rule_cls.popart_scale(cfg.net), xp=xp) if a.popart else None
         #: the observables the step computes and publishes to the host (metrics.jsonl, the guard)
         blocks = {
@@ -175,8 +181,9 @@ class Agent:
         for side in self.grad_sides:  # the weight gradients, before anything reads them
             side.join()
 
-    def train_phases(self, replay) -> list:
-        """Phases of one learner update from ``replay`` into the fixed :attr:`batch` buffers."""
+    def train_phases(self, replay, windows) -> list:
+        """Phases of one learner update from ``replay`` (of state rows) into the fixed :attr:`batch`
+        buffers, whose observations ``windows`` (:class:`cudarl.window.Windows`) gathers."""
         buf = self.buffers
 
         def schedules():
@@ -186,9 +193,11 @@ class Agent:
                 self.soft.schedule_step()
 
         def sample():
-            # the rows gathered into the batch by the search's launch; the importance weights beside
-            # the forward (the first learn phase joins them: buffers.importance_weights)
-            buf.idx, buf.weights = replay.sample(self.batch_size, side=buf.side_small, out=self.batch)
+            # the state rows gathered by the search's launch; the importance weights beside the forward
+            # (the first learn phase joins them: buffers.importance_weights); then the windows of s and
+            # s' in one launch from the feature matrix (the replay stores no windows)
+            buf.idx, buf.weights = replay.sample(self.batch_size, side=buf.side_small, out=self.rows_batch)
+            windows.gather(self.rows_pair, self.pair)
 
         def forward():
             self.rule.forward(self.batch)

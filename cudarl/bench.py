@@ -19,9 +19,11 @@ BACK_TO_BACK = 20
 
 
 def reference_config(device: str = "gpu", capacity: int = 1_000_000, **over) -> Config:
-    """The DESIGN.md reference workload as a :class:`Config` (64 features come from extra columns)."""
+    """The DESIGN.md reference workload as a :class:`Config` (64 features come from the extra columns of
+    :func:`reference_bars`, every one named: ``features.extra = ["*"]``)."""
     d = {
         "run": {"device": device, "eval_every": 0, "checkpoint_every": 0, "log_every": 10**9},
+        "features": {"extra": ["*"]},
         "net": {"hidden": [256, 256], "head": "c51", "atoms": 51},
         "agent": {"batch_size": 512, "learning_starts": 512},
         "replay": {"capacity": capacity, "n_step": 3},
@@ -30,6 +32,29 @@ def reference_config(device: str = "gpu", capacity: int = 1_000_000, **over) -> 
     for sec, vals in over.items():
         d.setdefault(sec, {}).update(vals)
     return from_dict(d)
+
+
+#: The temporal encoders' workload of issue 22: window 64, d_model 128, 2 layers, ssm expand 2 and state 64
+#: (head dim 64, chunk 32), attention 4 heads; the rest is the reference workload (batch 512, 4096 envs).
+ENCODER_WORKLOAD = {"window": 64, "d_model": 128, "layers": 2, "ssm_expand": 2, "ssm_state": 64, "ssm_headdim": 64}
+
+
+def encoder_config(encoder: str, device: str = "gpu", **net) -> Config:
+    """:func:`reference_config` with ``encoder`` (``ssm`` or ``attention``) at :data:`ENCODER_WORKLOAD`."""
+    return reference_config(device, net={"encoder": encoder, **ENCODER_WORKLOAD, **net})
+
+
+def memory_rows(trainer, case: str) -> list[dict]:
+    """Bytes per replay row and per acting environment (its state row, its window and its share of the
+    acting workspace, which holds the acting forward's activations) of a :class:`cudarl.trainer.Trainer`."""
+    env, ws = trainer.env, trainer.agent.buffers.ws_act
+    per_env = (env.rows.nbytes + env.obs.nbytes + sum(b.nbytes for b in ws.bufs.values())) / env.n_envs
+    return [
+        {"case": case, "metric": "replay bytes per row", "value": trainer.replay.nbytes() / trainer.replay.capacity,
+         "unit": "B", "target": ""},
+        {"case": case, "metric": f"acting bytes per env (window {env.window})", "value": per_env, "unit": "B",
+         "target": ""},
+    ]  # fmt: skip
 
 
 def reference_bars(n_bars: int = 20_000, n_features: int = 64, seed: int = 0, bar_minutes: int = 0):
@@ -46,7 +71,7 @@ def reference_bars(n_bars: int = 20_000, n_features: int = 64, seed: int = 0, ba
     bars = make(n_bars)
     # the feature names do not depend on the number of bars: count them on a short series
     # (computing every feature of 4M bars only to count them took a third of the epoch's set-up)
-    base = len(compute(make(min(n_bars, 2048)), FeatureConfig()).names)
+    base = len(compute(make(min(n_bars, 2048)), FeatureConfig(extra=("*",))).names)
     rng = np.random.default_rng(seed)
     for k in range(max(0, n_features - base)):
         bars.extra[f"noise_{k:02d}"] = rng.standard_normal(n_bars)
@@ -108,6 +133,7 @@ def step_benchmark(
         train_us = _time(t.train_graph.replay, t.synchronize, repeats)
         collect_us = _time(t.collect_graph.replay, t.synchronize, repeats)
     case = f"reference step ({t.be.device}){label}"
+    rows += memory_rows(t, case)
     rows.append(
         {"case": case, "metric": "train step (graph replay)", "value": train_us, "unit": "us", "target": "<= 100 us"}
     )

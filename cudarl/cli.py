@@ -27,7 +27,8 @@ app = typer.Typer(
 data_app = typer.Typer(no_args_is_help=True, help="Check bar data and make synthetic sets.")
 app.add_typer(data_app, name="data")
 
-SYNTHETIC = ("regime", "randomwalk")
+#: The synthetic markets `data synth` writes (cudarl.datasets.MARKETS; docs/data.md).
+SYNTHETIC = ("regime", "ar", "lag", "ou", "noise", "randomwalk", "canary")
 
 
 def fail(message: str, code: int = 1):
@@ -103,7 +104,7 @@ def validate(
 
 @data_app.command("synth")
 def synth(
-    name: str = typer.Argument(..., help="regime or randomwalk"),
+    name: str = typer.Argument(..., help="regime, ar, lag, ou, noise, randomwalk or canary"),
     out: Path = typer.Argument(..., help="the CSV file to write"),
     seed: int = typer.Option(0, "--seed"),
     n: int = typer.Option(5000, "--n", min=2, help="number of bars"),
@@ -263,6 +264,9 @@ def train(
     tz: str | None = TZ,
     column: list[str] = COLUMN,
     extra: list[str] = EXTRA,
+    walk_forward: int = typer.Option(
+        0, "--walk-forward", min=0, help="train and test on K rolling-origin folds; report each and the aggregate"
+    ),
 ):
     """Train an agent; writes runs/<name>-<time>-<seed>/ (config, metrics, checkpoints, eval).
 
@@ -272,8 +276,19 @@ def train(
 
     say = Say()
     data_fields = data_flags(sort, dedupe, drop_nan, ffill, date_format, tz, column, extra)
+    if walk_forward and resume is not None:
+        fail("--walk-forward trains every fold from the start; it does not take --resume", 2)
     try:
         run_files = {k: str(v) for k, v in (("record", record), ("offline", offline)) if v is not None}
+        if walk_forward and run_files:
+            fail("--walk-forward trains its folds from the start; it does not take --record or --offline", 2)
+        if walk_forward:
+            from cudarl.walkforward import run_walk_forward
+
+            cfg, _ = build_config(data, config_file, sets, steps, device, seed, name, out, data_fields=data_fields)
+            say(f"walk-forward over {walk_forward} folds")
+            run_walk_forward(cfg, walk_forward, echo=say)
+            return
         if resume is not None:
             if data is not None or data_fields or sets or config_file is not None or run_files:
                 fail("--resume takes the checkpoint's own config; only --steps may change it", 2)
@@ -349,7 +364,7 @@ def evaluate(
 
     Loads the policy alone (cudarl.load_policy): no trainer, no replay buffer."""
     from cudarl import rundir
-    from cudarl.evaluate import write_outputs
+    from cudarl.evaluate import json_safe, write_outputs
     from cudarl.policy import load_policy
     from cudarl.trainer import NO_PLOT
 
@@ -373,9 +388,8 @@ def evaluate(
         if not any(p.name == "equity.png" for p in written):
             typer.echo(NO_PLOT, err=True)
         summary = ev.summary
-        typer.echo(
-            json.dumps({k: summary[k] for k in ("split", "policy", "buy_and_hold", "flat")}, indent=1, default=str)
-        )
+        keys = ("split", "policy", "buy_and_hold", "flat", "statistics", "deployment")
+        typer.echo(json.dumps(json_safe({k: summary[k] for k in keys}), indent=1, allow_nan=False))
         typer.echo(f"wrote {dest}", err=True)
     except _user_errors() as e:
         fail(str(e))

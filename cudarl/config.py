@@ -1,7 +1,7 @@
 """Every default of cudarl, in one place: frozen dataclasses with validated ranges.
 
 A run's configuration is :class:`Config`: sections ``run``, ``data``, ``features``, ``env``,
-``replay``, ``net``, ``optim``, ``agent``, ``guard``. The CLI and every entry point build it
+``replay``, ``net``, ``optim``, ``agent``, ``guard``, ``eval``. The CLI and every entry point build it
 from here (``Config()``, then a TOML file, then ``--set section.field=value`` overrides); a test
 checks that the CLI's defaults are these. ``features`` and ``env`` are the dataclasses of
 :mod:`cudarl.features` and :mod:`cudarl.env`, whose defaults live with them and nowhere else.
@@ -112,7 +112,8 @@ class DataConfig:
     """Which bars and how they are split (chronologically)."""
 
     source: str = "builtin:regime"
-    """A CSV/Parquet path or ``builtin:<name>`` (regime, randomwalk, sp500, nasdaq, eurusd-1h)."""
+    """A CSV/Parquet path or ``builtin:<name>`` (synthetic: regime, ar, lag, ou, noise, randomwalk, canary;
+    real: sp500, nasdaq, eurusd-1h)."""
     train_frac: float = 0.7
     """Fraction of usable bars for training (the earliest)."""
     val_frac: float = 0.15
@@ -222,11 +223,43 @@ class NetConfig:
     """The Q-network: an encoder and a distributional head."""
 
     encoder: str = "mlp"
-    """The encoder of the observation (``cudarl.nn.encoders.ENCODERS``): ``mlp`` (the widths ``hidden``)."""
+    """The encoder of the observation window (``cudarl.nn.encoders.ENCODERS``): ``mlp`` (the widths
+    ``hidden`` over the flat window), ``ssm`` (Mamba2 blocks: selective state space, Dao & Gu 2024) or
+    ``attention`` (causal pre-norm transformer blocks with rotary positions). ``ssm`` and ``attention``
+    read ``window``, ``d_model``, ``layers`` and their own ``ssm_*`` / ``attn_*`` fields (docs/encoders.md)."""
+    window: int = 1
+    """Bars the agent sees at each decision: the features of the last ``window`` bars up to the current
+    one, oldest first (bars before the data's first are zeros), with the position and hold fraction on
+    the newest bar. Replay rows and environments keep bar indices, not windows: the window is gathered
+    from the feature matrix when sampling and acting (docs/architecture.md). ``ssm`` and ``attention``
+    need at least 2 (attention at most 128)."""
+    d_model: int = 128
+    """Width of the temporal encoders' residual stream and of their output (``ssm``, ``attention``)."""
+    layers: int = 2
+    """Blocks of the temporal encoders (``ssm``, ``attention``)."""
+    ssm_expand: int = 2
+    """``ssm``: inner channels per ``d_model`` channel (E = ssm_expand * d_model)."""
+    ssm_state: int = 64
+    """``ssm``: state size N per group of heads."""
+    ssm_headdim: int = 64
+    """``ssm``: channels per head P (E / P heads, each with its own step and decay)."""
+    ssm_groups: int = 1
+    """``ssm``: groups of heads sharing the input-dependent B and C."""
+    ssm_conv: int = 4
+    """``ssm``: taps of the short causal convolution (2 to 8)."""
+    ssm_chunk: int = 32
+    """``ssm``: chunk length of the training scan (the chunked SSD form; the result does not depend on it
+    beyond rounding, its shared memory does: docs/encoders.md)."""
+    attn_heads: int = 4
+    """``attention``: heads (d_model / attn_heads channels each, even and at most 64)."""
+    attn_mlp_ratio: int = 4
+    """``attention``: the MLP block's hidden width over ``d_model``."""
     head: str = "c51"
     """The distributional head and its learning rule (``cudarl.rules.HEAD_RULES``): ``c51`` (categorical,
-    Bellemare et al. 2017), ``iqn`` (implicit quantiles, Dabney et al. 2018) or ``qrdqn`` (quantile
-    regression at ``n_quantiles`` fixed midpoints, Dabney et al. 2018)."""
+    Bellemare et al. 2017), ``iqn`` (implicit quantiles, Dabney et al. 2018), ``qrdqn`` (quantile
+    regression at ``n_quantiles`` fixed midpoints, Dabney et al. 2018) or ``c51+iqn`` (both C51 and IQN
+    on one encoder, the sum of their losses, IQN on a branch of the train graph of its own; acts with
+    C51's expected Q)."""
     hidden: tuple = (128, 128)
     """Encoder widths. Measured (docs/sweeps.md, sweeps 4-5, regime, 3 seeds, 10k updates): with batch
     256, 128-128 beat 256-256 with batch 512 for IQN (held-out Sharpe 2.77 +- 0.02 against 2.49 +- 0.04)
@@ -293,6 +326,45 @@ class NetConfig:
         _in(s, "n_quantiles", self.n_quantiles, 1, 1024, integer=True)
         _in(s, "n_cos", self.n_cos, 1, 1024, integer=True)
         _need(s, self.gemm in GEMMS, f"gemm must be one of {list(GEMMS)}, got {self.gemm!r}")
+        self._check_window_encoder(s)
+
+    def _check_window_encoder(self, s: str) -> None:
+        """The temporal encoders' sizes, each error naming its fields."""
+        from .nn.encoders.attention import MAX_HEAD_DIM, MAX_WINDOW
+        from .reference.ssm import CONV_MAX_K, MAX_SHARED, backward_shared
+
+        _in(s, "window", self.window, 1, 4096, integer=True)
+        for name in ("d_model", "layers", "ssm_expand", "ssm_state", "ssm_headdim", "ssm_groups", "ssm_chunk"):
+            _in(s, name, getattr(self, name), 1, 65536, integer=True)
+        _in(s, "attn_heads", self.attn_heads, 1, 1024, integer=True)
+        _in(s, "attn_mlp_ratio", self.attn_mlp_ratio, 1, 64, integer=True)
+        _in(s, "ssm_conv", self.ssm_conv, 2, CONV_MAX_K, integer=True)
+        if self.encoder not in ("ssm", "attention"):
+            return
+        _need(s, self.window >= 2, f"encoder {self.encoder} reads a window of bars: set window >= 2, got {self.window}")
+        if self.encoder == "ssm":
+            inner = self.ssm_expand * self.d_model
+            _need(
+                s,
+                inner % self.ssm_headdim == 0 and (inner // self.ssm_headdim) % self.ssm_groups == 0,
+                f"ssm_expand * d_model = {inner} channels must split into heads of ssm_headdim = {self.ssm_headdim}, "
+                f"their number a multiple of ssm_groups = {self.ssm_groups}",
+            )
+            smem = 4 * backward_shared(self.ssm_chunk, self.ssm_headdim, self.ssm_state)
+            _need(
+                s,
+                smem <= MAX_SHARED,
+                f"the scan's backward needs {smem} bytes of shared memory a block (> {MAX_SHARED}): lower "
+                f"ssm_chunk ({self.ssm_chunk}), ssm_headdim ({self.ssm_headdim}) or ssm_state ({self.ssm_state})",
+            )
+        if self.encoder == "attention":
+            hd = self.d_model // self.attn_heads
+            _need(
+                s,
+                self.d_model % self.attn_heads == 0 and hd % 2 == 0 and hd <= MAX_HEAD_DIM,
+                f"d_model / attn_heads = {self.d_model} / {self.attn_heads} must be an even integer <= {MAX_HEAD_DIM}",
+            )
+            _need(s, self.window <= MAX_WINDOW, f"encoder attention takes window <= {MAX_WINDOW}, got {self.window}")
 
 
 @dataclass(frozen=True)
@@ -406,6 +478,10 @@ class AgentConfig:
     """The plan head's readiness clears 1/2 (its gate opens) where the greedy trade's expected n-step
     return exceeds this many times the batch's mean absolute return; without an edge readiness settles
     at 1 / (2 (1 + hurdle)) (cudarl.reference.nn.plan_loss). Read with ``net.plan``."""
+    train_cost_bps: float = 0.0
+    """Extra cost per unit of position change charged in the training environments' reward only (added
+    to ``env.slippage_bps`` there; evaluation keeps the true costs): a turnover penalty against trading
+    on noise. 0: the training reward is the evaluation's."""
     aux: tuple = ()
     """Auxiliary signals by name (``cudarl.auxiliary.AUX_SIGNALS``): each adds its head on the encoder's
     output, its loss phase to the train step and its observable to ``metrics.jsonl``. None is built in yet."""
@@ -428,6 +504,7 @@ class AgentConfig:
         _in(s, "popart_warmup", self.popart_warmup, 0, 10**12, integer=True)
         _in(s, "plan_hurdle", self.plan_hurdle, 0, 100)
         _in(s, "cql_alpha", self.cql_alpha, 0, 1e6)
+        _in(s, "train_cost_bps", self.train_cost_bps, 0, 1e4)
         from .auxiliary import AUX_SIGNALS
 
         unknown = [name for name in self.aux if name not in AUX_SIGNALS]
@@ -468,6 +545,47 @@ class GuardConfig:
         _in(s, "min_atom_utilisation", self.min_atom_utilisation, 0, 1)
 
 
+@dataclass(frozen=True)
+class EvalConfig:
+    """How a trained policy is evaluated and deployed: the statistics of every evaluation summary
+    (docs/metrics.md) and the rules that decide which positions the trained policy takes outside
+    the validation split."""
+
+    trials: int = 1
+    """Configurations tried before choosing this one (seeds of one configuration do not count): the
+    number of trials of the deflated Sharpe ratio."""
+    level: float = 0.95
+    """Confidence level of the intervals (the Sharpe's bootstrap interval, the difference with buy-and-hold)."""
+    resamples: int = 1000
+    """Stationary-bootstrap resamples of each evaluation."""
+    gate_psr: float = 0.95
+    """Validation-gated deployment: outside the validation split the trained policy trades only when its
+    validation evaluation (same weights) has a probabilistic Sharpe ratio against 0 of at least this;
+    otherwise it stays flat, and the summary says so. 0 turns the gate off. Why it is on: a learner fits
+    the noise of its training bars, and on a martingale its Q-value differences are as large as on a weak
+    real edge (a margin on them cuts both alike, docs/results.md); only out-of-sample evidence tells
+    them apart. 0.95 closes on 95% of no-edge policies and opens for a validation Sharpe above
+    1.65 standard errors."""
+    margin: float = 0.0
+    """No-trade margin of the greedy policy in evaluation: it leaves the held position only for an action
+    whose expected value exceeds the held one's by more than this, in the head's value units
+    (PopArt-normalised returns with ``agent.popart``, the default). 0: the plain argmax."""
+
+    average_halflife: int = 0
+    """Evaluate and deploy an exponential moving average of the online network's weights (Polyak
+    averaging), half-life in learner updates, updated every 10 updates, instead of the last weights:
+    the policy of many recent updates rather than of the last one. 0: the online weights."""
+
+    def __post_init__(self):
+        s = "eval"
+        _in(s, "trials", self.trials, 1, 10**9, integer=True)
+        _in(s, "level", self.level, 0, 1, lo_open=True, hi_open=True)
+        _in(s, "resamples", self.resamples, 10, 10**6, integer=True)
+        _in(s, "gate_psr", self.gate_psr, 0, 1, hi_open=True)
+        _in(s, "margin", self.margin, 0, 1e6)
+        _in(s, "average_halflife", self.average_halflife, 0, 10**9, integer=True)
+
+
 SECTIONS = {
     "run": RunConfig,
     "data": DataConfig,
@@ -478,6 +596,7 @@ SECTIONS = {
     "optim": OptimConfig,
     "agent": AgentConfig,
     "guard": GuardConfig,
+    "eval": EvalConfig,
 }
 
 
@@ -494,6 +613,7 @@ class Config:
     optim: OptimConfig = field(default_factory=OptimConfig)
     agent: AgentConfig = field(default_factory=AgentConfig)
     guard: GuardConfig = field(default_factory=GuardConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
 
     def __post_init__(self):
         _need(
@@ -530,7 +650,8 @@ class Config:
 CPU_DEFAULTS = {
     "env": {"n_envs": 16, "episode_len": 256},
     "replay": {"capacity": 100_000},
-    "net": {"hidden": (64, 64)},
+    # the temporal encoders' widths too (they run only where net.encoder asks for them)
+    "net": {"hidden": (64, 64), "d_model": 32, "ssm_state": 16, "ssm_headdim": 16},
     # popart_warmup: a fifth of the budget, as on the GPU (2,000 of 10,000 updates)
     "agent": {"batch_size": 64, "learning_starts": 500, "eps_steps": 2_000, "popart_warmup": 400},
     # Fewer updates on the CPU want a larger step: on builtin:regime, 2000 updates, 3 seeds, the

@@ -8,6 +8,12 @@ The env owns its device buffers and composes the ops of the ``env`` family
     env.record(transitions)    # optional: real + counterfactual + mirror rows, before the step
     env.step()                 # reward, done, next obs; ended episodes reset on the device
 
+Observations are kept by reference: the env kernels write each env's state row (its bar and
+position features, :mod:`cudarl.reference.window`) into :attr:`TradingEnv.rows`, and ``reset`` and
+``step`` then gather the network's observation, the last ``window`` bars of features and the
+position features, into :attr:`TradingEnv.obs` (:class:`cudarl.window.Windows`, one launch).
+Transitions carry state rows too, so the replay stores bar indices, not windows.
+
 Every call only launches kernels into buffers allocated at construction, so the sequence can
 be captured by ``cudarl.graph.StepGraph``.
 """
@@ -22,6 +28,8 @@ from . import backend as _backend
 from .backend import family
 from .reference import env as ref
 from .reference.env import EnvData, EnvParams, EnvState, Transitions
+from .reference.window import STATE_DIM
+from .window import Windows
 
 __all__ = ["EnvConfig", "TradingEnv", "Transitions", "EnvState"]
 
@@ -121,12 +129,17 @@ class TradingEnv:
         return_sign: bool ``[F]``, True on columns whose sign follows the market's direction
             (the mirror negates them).
         config: :class:`EnvConfig`.
-        t_begin, t_end: the bars the env may use, ``[t_begin, t_end)`` (default: all).
+        t_begin, t_end: the bars the env may use, ``[t_begin, t_end)`` (default: all). Episodes start
+            and end inside them; an observation window may reach back before ``t_begin`` (those
+            bars are past, known at the decision), never after the bar it observes.
+        window: bars of features per observation (``net.window``; >= 1).
         backend: ``"numpy"``, ``"cupy"`` or ``None`` (the process backend).
 
     Buffers (arrays of the backend, allocated here and never reallocated):
-        ``obs`` float32 ``[N, F+2]``, ``reward`` and ``done`` float32 ``[N]``, ``actions`` int32
-        ``[N]``, ``scale`` float32 ``[N]`` (ones), ``state`` (:class:`EnvState`).
+        ``rows`` float32 ``[N, STATE_DIM]`` (the observations by reference), ``obs`` float32
+        ``[N, window * (F + 2)]`` (gathered from them: what the network reads), ``reward`` and
+        ``done`` float32 ``[N]``, ``actions`` int32 ``[N]``, ``scale`` float32 ``[N]`` (ones),
+        ``state`` (:class:`EnvState`). :attr:`windows` gathers windows of any state rows.
     """
 
     def __init__(
@@ -139,6 +152,7 @@ class TradingEnv:
         *,
         t_begin: int = 0,
         t_end: int | None = None,
+        window: int = 1,
         backend: str | None = None,
     ):
         self.config = config
@@ -174,7 +188,6 @@ class TradingEnv:
             raise ValueError(f"features: row {t_begin + bad[0][0]}, column {bad[0][1]} is not finite")
         self.t_begin, self.t_end = t_begin, t_end
         self.n_envs, self.n_features, self.n_actions = config.n_envs, f_n, config.n_actions
-        self.obs_dim = f_n + ref.N_POSITION_FEATURES
         self.params = EnvParams(
             t_begin,
             n_starts,
@@ -203,6 +216,10 @@ class TradingEnv:
             xp.zeros(n, np.int32),
             xp.zeros(n, np.uint64),
         )
+        #: gathers the observation windows from the feature matrix (the env's, the replay's rows too)
+        self.windows = Windows(self.data.features, self.data.sign, window, xp)
+        self.window, self.obs_dim = self.windows.window, self.windows.width
+        self.rows = xp.zeros((n, STATE_DIM), np.float32)
         self.obs = xp.zeros((n, self.obs_dim), np.float32)
         self.reward = xp.zeros(n, np.float32)
         self.done = xp.zeros(n, np.float32)
@@ -212,8 +229,10 @@ class TradingEnv:
 
     # --- ops ----------------------------------------------------------------------------------------
     def reset(self) -> None:
-        """Start a new episode in every env (draws keyed by each env's step counter); writes ``obs``."""
-        self._ops.reset(self.state, self.obs, self.data, self.params)
+        """Start a new episode in every env (draws keyed by each env's step counter); writes ``rows``
+        and ``obs``."""
+        self._ops.reset(self.state, self.rows, self.params)
+        self.windows.gather(self.rows, self.obs)
 
     def act(self, q, epsilon, out=None):
         """Epsilon-greedy actions from ``q`` float32 ``[N, A]`` and ``epsilon`` float32 ``[1]``
@@ -231,10 +250,10 @@ class TradingEnv:
     def step(self, actions=None, scale=None) -> None:
         """Move to the targets of ``actions`` int32 ``[N]`` (default ``self.actions``), sized by
         ``scale`` float32 ``[N]`` in [0, 1] (the plan head's conviction; default ones); writes
-        ``state``, ``obs``, ``reward``, ``done``."""
+        ``state``, ``rows``, ``obs``, ``reward``, ``done``."""
         self._ops.step(
             self.state,
-            self.obs,
+            self.rows,
             self.reward,
             self.done,
             self._actions(actions),
@@ -242,6 +261,7 @@ class TradingEnv:
             self.data,
             self.params,
         )
+        self.windows.gather(self.rows, self.obs)
 
     def _actions(self, actions):
         return self.actions if actions is None else actions
@@ -255,14 +275,16 @@ class TradingEnv:
         return self.config.rows_per_step
 
     def make_transitions(self) -> Transitions:
-        """A :class:`Transitions` buffer sized for one :meth:`record` (allocate before any capture)."""
-        return Transitions.allocate(self.xp, self.rows_per_step * self.n_envs, self.obs_dim)
+        """A :class:`Transitions` buffer sized for one :meth:`record` (allocate before any capture):
+        state rows, not windows."""
+        return Transitions.allocate(self.xp, self.rows_per_step * self.n_envs)
 
     def state_dict(self) -> dict:
-        """Host copies of the state and the last outputs (for checkpoints; not inside a capture)."""
+        """Host copies of the state and the last outputs (for checkpoints; not inside a capture). The
+        observations are kept as state rows (``rows``); :meth:`load_state_dict` gathers ``obs`` again."""
         out = {f"state.{k}": _backend.to_numpy(v).copy() for k, v in self.state._asdict().items()}
         out.update(
-            obs=_backend.to_numpy(self.obs).copy(),
+            rows=_backend.to_numpy(self.rows).copy(),
             actions=_backend.to_numpy(self.actions).copy(),
             scale=_backend.to_numpy(self.scale).copy(),
         )
@@ -272,7 +294,7 @@ class TradingEnv:
         """Restore :meth:`state_dict` into the existing buffers (their addresses stay the same)."""
         dst = {
             **{f"state.{k}": v for k, v in self.state._asdict().items()},
-            "obs": self.obs,
+            "rows": self.rows,
             "actions": self.actions,
             "scale": self.scale,
         }
@@ -286,3 +308,4 @@ class TradingEnv:
                     f"env state {k}: {src.dtype} {list(src.shape)} does not fit {buf.dtype} {list(buf.shape)}"
                 )
             buf[...] = self.xp.asarray(src)
+        self.windows.gather(self.rows, self.obs)

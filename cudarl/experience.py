@@ -8,30 +8,33 @@ fills the replay buffer from such a file and trains without collecting a transit
 
 The file is a safetensors file (:mod:`cudarl.tensorfile`: no pickle; any safetensors reader opens it),
 format ``cudarl-experience``, version 1. ``S`` collection steps of ``M`` rows each (row ``g * N + i``
-is row group ``g`` of environment ``i``, as :meth:`cudarl.TradingEnv.record` writes them), ``D``
-observation floats:
+is row group ``g`` of environment ``i``, as :meth:`cudarl.TradingEnv.record` writes them). A state is
+the replay's row (:mod:`cudarl.reference.window`): ``[bar, mirror, position, hold]``, the bar index
+into the run's features and the position features; the network's window of bars is gathered from
+the features when sampled, so an offline run may read another ``net.window`` than the recording run:
 
-=================== ======================= ==========================================================
-tensor              dtype, shape            meaning
-=================== ======================= ==========================================================
-``obs``             float32 ``[S, M, D]``   the observation ``s_t`` (normalised features, position, hold)
-``action``          int32 ``[S, M]``        the action taken, in ``[0, n_actions)``
-``reward``          float32 ``[S, M]``      ``r_t`` (the env's cost model)
-``done``            uint8 ``[S, M]``        1 where the episode ended after this step, else 0
-``next_obs``        float32 ``[S, M, D]``   ``s_{t+1}`` of each row: only when the rows carry their own
-                                            next state (``env.counterfactual``: replay.n_step must be 1)
-``normaliser/mean`` float64 ``[F]``         the feature normaliser the observations were made with
-``normaliser/std``  float64 ``[F]``
-=================== ======================= ==========================================================
+==================== ======================= ========================================================
+tensor               dtype, shape            meaning
+==================== ======================= ========================================================
+``state``            float32 ``[S, M, 4]``   the state ``s_t`` the action was taken in
+``action``           int32 ``[S, M]``        the action taken, in ``[0, n_actions)``
+``reward``           float32 ``[S, M]``      ``r_t`` (the env's cost model)
+``done``             uint8 ``[S, M]``        1 where the episode ended after this step, else 0
+``next_state``       float32 ``[S, M, 4]``   ``s_{t+1}`` of each row: only when the rows carry their own
+                                             next state (``env.counterfactual``: replay.n_step must be 1)
+``normaliser/mean``  float64 ``[F]``         the feature normaliser of the recording run
+``normaliser/std``   float64 ``[F]``
+==================== ======================= ========================================================
 
 Metadata (strings; JSON where marked): ``format``, ``version``, ``features`` (JSON: the feature
 names), ``levels`` (JSON: the position of each action), ``gamma`` (the behaviour run's; offline runs
 discount with their own ``agent.gamma`` and ``done``), ``step`` (learner updates of the behaviour run),
-``config`` (JSON), ``data`` (JSON: a fingerprint of the bars), ``versions`` (JSON).
+``config`` (JSON), ``data`` (JSON: a fingerprint of the bars, :func:`cudarl.policy.data_fingerprint`),
+``versions`` (JSON).
 
 A file that is not one, of a newer version, or with a field of the wrong dtype, shape or values is
-refused naming the file and the field; one whose features, normaliser or actions differ from the
-offline run's is refused saying which.
+refused naming the file and the field; one recorded on other bars, or with other features, normaliser
+or actions than the offline run's, is refused saying which (its bar indices would name other bars).
 """
 
 from __future__ import annotations
@@ -57,22 +60,22 @@ class ExperienceError(ValueError):
 class Experience:
     """A recording on the host: the tensors of the module docstring and its metadata (decoded)."""
 
-    obs: np.ndarray
+    state: np.ndarray
     action: np.ndarray
     reward: np.ndarray
     done: np.ndarray
-    next_obs: np.ndarray | None
+    next_state: np.ndarray | None
     mean: np.ndarray
     std: np.ndarray
     meta: dict
 
     @property
     def steps(self) -> int:
-        return int(self.obs.shape[0])
+        return int(self.state.shape[0])
 
     @property
     def rows_per_step(self) -> int:
-        return int(self.obs.shape[1])
+        return int(self.state.shape[1])
 
 
 def record(trainer, path) -> Path:
@@ -92,7 +95,7 @@ def record(trainer, path) -> Path:
     slots = (steps[:, None] * M + np.arange(M)[None, :]) % C  # [S, M]
     host = {k: _backend.to_numpy(getattr(rb.bufs, k)) for k in ("obs", "action", "reward", "discount")}
     tensors = {
-        "obs": host["obs"][slots],
+        "state": host["obs"][slots],
         "action": host["action"][slots],
         "reward": host["reward"][slots],
         "done": (host["discount"][slots] == 0).astype(np.uint8),
@@ -100,7 +103,7 @@ def record(trainer, path) -> Path:
         "normaliser/std": np.asarray(trainer.data.normaliser.std, np.float64),
     }
     if rb.store_next_obs:
-        tensors["next_obs"] = _backend.to_numpy(rb.bufs.next_obs)[slots]
+        tensors["next_state"] = _backend.to_numpy(rb.bufs.next_obs)[slots]
     from .policy import data_fingerprint
     from .trainer import versions
 
@@ -146,18 +149,22 @@ def read(path) -> Experience:
             )
         return a
 
-    obs = field("obs", np.float32, 3)
-    S, M, D = obs.shape
-    if S < 1 or M < 1 or D < 3:
-        raise ExperienceError(f"{path}: field 'obs' has shape {list(obs.shape)}: no steps, rows or features")
-    arrays = {"obs": obs}
+    from .reference.window import STATE_DIM
+
+    state = field("state", np.float32, 3)
+    S, M, D = state.shape
+    if S < 1 or M < 1 or D != STATE_DIM:
+        raise ExperienceError(
+            f"{path}: field 'state' has shape {list(state.shape)}, expected [steps, rows, {STATE_DIM}]"
+        )
+    arrays = {"state": state}
     for name, dt in (("action", np.int32), ("reward", np.float32), ("done", np.uint8)):
         arrays[name] = field(name, dt, 2)
         if arrays[name].shape != (S, M):
             raise ExperienceError(f"{path}: field {name!r} has shape {list(arrays[name].shape)}, expected {[S, M]}")
-    next_obs = field("next_obs", np.float32, 3, required=False)
-    if next_obs is not None and next_obs.shape != obs.shape:
-        raise ExperienceError(f"{path}: field 'next_obs' has shape {list(next_obs.shape)}, expected {[S, M, D]}")
+    next_state = field("next_state", np.float32, 3, required=False)
+    if next_state is not None and next_state.shape != state.shape:
+        raise ExperienceError(f"{path}: field 'next_state' has shape {list(next_state.shape)}, expected {[S, M, D]}")
     mean, std = field("normaliser/mean", np.float64, 1), field("normaliser/std", np.float64, 1)
     try:
         m = {k: json.loads(meta[k]) for k in ("features", "levels", "config", "data")}
@@ -167,45 +174,54 @@ def read(path) -> Experience:
     except ValueError as exc:
         raise ExperienceError(f"{path}: a metadata field does not parse ({exc})") from None
     n_features, n_actions = len(m["features"]), len(m["levels"])
-    if D != n_features + 2 or mean.shape != (n_features,) or std.shape != (n_features,):
+    if mean.shape != (n_features,) or std.shape != (n_features,):
         raise ExperienceError(
-            f"{path}: field 'obs' has {D} floats a row and the normaliser {mean.shape[0]}; the metadata names "
-            f"{n_features} features (+ position and hold)"
+            f"{path}: field 'normaliser/mean' has {mean.shape[0]} values; the metadata names {n_features} features"
         )
-    for name in ("obs", "reward", "next_obs"):
-        a = arrays.get(name, next_obs if name == "next_obs" else None)
+    for name, a in (("state", state), ("reward", arrays["reward"]), ("next_state", next_state)):
         if a is not None and not np.isfinite(a).all():
             at = [int(i) for i in np.argwhere(~np.isfinite(a))[0]]
             raise ExperienceError(f"{path}: field {name!r} has a value that is not finite at {at}")
+    for name, a in (("state", state), ("next_state", next_state)):
+        if a is not None and ((a[..., 0] < 0) | (a[..., 0] != np.floor(a[..., 0]))).any():
+            raise ExperienceError(f"{path}: field {name!r} has a bar index (column 0) that is not a whole number >= 0")
     bad = (arrays["action"] < 0) | (arrays["action"] >= n_actions)
     if bad.any():
         at = [int(i) for i in np.argwhere(bad)[0]]
-        raise ExperienceError(
-            f"{path}: field 'action' has {int(arrays['action'][tuple(at)])} at {at}, outside [0, {n_actions})"
-        )
+        value = int(arrays["action"][tuple(at)])
+        raise ExperienceError(f"{path}: field 'action' has {value} at {at}, outside [0, {n_actions})")
     if (arrays["done"] > 1).any():
         raise ExperienceError(f"{path}: field 'done' holds values other than 0 and 1")
-    return Experience(arrays["obs"], arrays["action"], arrays["reward"], arrays["done"], next_obs, mean, std, m)
+    return Experience(state, arrays["action"], arrays["reward"], arrays["done"], next_state, mean, std, m)
 
 
-def check_fits(exp: Experience, path, names, normaliser, levels, n_step: int) -> None:
-    """Refuse a recording an offline run cannot learn from: other features, normaliser or actions, or
-    rows with their own next state and ``replay.n_step`` > 1."""
-    if list(exp.meta["features"]) != list(names):
+def check_fits(exp: Experience, path, data, levels, n_step: int) -> None:
+    """Refuse a recording an offline run cannot learn from: other bars (its states index them), features,
+    normaliser or actions (``data``: the run's :class:`cudarl.trainer.Prepared`), or rows with their own
+    next state and ``replay.n_step`` > 1."""
+    from .policy import data_fingerprint
+
+    mine, theirs = data_fingerprint(data.bars), exp.meta["data"] or {}
+    if theirs.get("close_sha256") != mine["close_sha256"]:
         raise ExperienceError(
-            f"{path}: recorded with features {exp.meta['features']}; this run computes {list(names)} "
+            f"{path}: recorded on other bars ({theirs.get('source')}, {theirs.get('bars')} bars; this run: "
+            f"{mine['source']}, {mine['bars']} bars): its states index the recording's bars"
+        )
+    if list(exp.meta["features"]) != list(data.names):
+        raise ExperienceError(
+            f"{path}: recorded with features {exp.meta['features']}; this run computes {list(data.names)} "
             "(use the recording run's features section)"
         )
-    if not (np.array_equal(exp.mean, normaliser.mean) and np.array_equal(exp.std, normaliser.std)):
+    if not (np.array_equal(exp.mean, data.normaliser.mean) and np.array_equal(exp.std, data.normaliser.std)):
         raise ExperienceError(
-            f"{path}: field 'normaliser/mean' or 'normaliser/std' differs from this run's: the observations were "
-            "normalised with statistics of other bars or splits (record and train on the same data section)"
+            f"{path}: field 'normaliser/mean' or 'normaliser/std' differs from this run's: the features were "
+            "normalised with statistics of other splits (record and train with the same data section)"
         )
     if not np.array_equal(np.float32(exp.meta["levels"]), np.asarray(levels, np.float32)):
         raise ExperienceError(
             f"{path}: recorded with positions {exp.meta['levels']}, this run's env has {list(levels)}"
         )
-    if exp.next_obs is not None and n_step != 1:
+    if exp.next_state is not None and n_step != 1:
         raise ExperienceError(
             f"{path}: its rows carry their own next state (recorded with env.counterfactual); set replay.n_step = 1"
         )
@@ -219,6 +235,6 @@ def load_into(exp: Experience, replay, gamma: float) -> int:
     g = np.float32(gamma)
     for s in range(exp.steps - keep, exp.steps):
         disc = (g * (np.float32(1) - exp.done[s].astype(np.float32))).astype(np.float32)
-        kw = {} if exp.next_obs is None else {"next_obs": np.ascontiguousarray(exp.next_obs[s])}
-        replay.add(np.ascontiguousarray(exp.obs[s]), exp.action[s], exp.reward[s], disc, **kw)
+        kw = {} if exp.next_state is None else {"next_obs": np.ascontiguousarray(exp.next_state[s])}
+        replay.add(np.ascontiguousarray(exp.state[s]), exp.action[s], exp.reward[s], disc, **kw)
     return keep * M

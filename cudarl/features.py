@@ -2,8 +2,9 @@
 
 Every feature at bar ``t`` is a function of bars ``0..t`` alone (tests/unit/test_features.py
 changes every bar after ``t`` and checks that rows ``0..t`` do not move). Exponential
-averages run forward through ``scipy.signal.lfilter``, which cannot look ahead; nothing is
-centred, back-filled or smoothed in both directions.
+averages run forward through a first-order recursive filter (``scipy.signal.lfilter``, or the
+same recurrence in Python for shorter series: :func:`ewm_mean`), which cannot look ahead; nothing
+is centred, back-filled or smoothed in both directions.
 
 :data:`FEATURES` maps a group name to a small pure function ``(ctx, config) -> [(name, column)]``
 (each column float64 [T]; ``ctx`` a :class:`FeatureContext`); each built-in one documents its
@@ -37,21 +38,47 @@ class Features:
     warmup: int
 
 
+#: Up to this many bars :func:`ewm_mean` runs its recurrence in Python (about 0.2 us a bar and
+#: series) rather than through ``scipy.signal.lfilter``, whose import alone takes most of a second
+#: (evaluating a policy on 10,000 bars would spend most of its time on it). The two give the
+#: same bits (tests/unit/test_features.py), and the choice depends on the length alone, so a
+#: series gets the same features in training and in evaluation.
+EW_LOOP_MAX_BARS = 1 << 18
+
+
 def ewm_mean(x: np.ndarray, halflife: float, present: np.ndarray | None = None) -> np.ndarray:
     """Causal, bias-corrected EW mean, float64 [T]: ``sum_s<=t w_s x_s / sum_s<=t w_s``.
 
     ``w_s = (1 - a)^(t - s)`` for present rows, ``a = 1 - 2^(-1/halflife)``; rows with
     ``present`` False carry no weight (NaN before the first present row).
     """
-    from scipy.signal import lfilter  # here, not at the top: importing scipy.signal takes ~0.9 s
-
     a = 1.0 - 0.5 ** (1.0 / halflife)
     present = np.ones(len(x), dtype=bool) if present is None else present
     w = present.astype(np.float64)
-    num = lfilter([a], [1.0, a - 1.0], np.where(present, x, 0.0))
-    den = lfilter([a], [1.0, a - 1.0], w)
+    xs = np.where(present, x, 0.0)
+    if len(x) <= EW_LOOP_MAX_BARS:
+        num, den = ew_filter_loop(xs, w, a)
+    else:
+        from scipy.signal import lfilter  # here, not at the top: importing scipy.signal takes ~0.9 s
+
+        num, den = (lfilter([a], [1.0, a - 1.0], v) for v in (xs, w))
     with np.errstate(invalid="ignore", divide="ignore"):
         return num / den
+
+
+def ew_filter_loop(x: np.ndarray, w: np.ndarray, a: float) -> tuple:
+    """``y_t = a x_t + (1 - a) y_{t-1}``, ``y_{-1} = 0``, of float64 [T] ``x`` and of ``w`` (one
+    Python loop over the rows), bit for bit as ``scipy.signal.lfilter([a], [1, a - 1], x)`` computes
+    it: its direct form II transposed, ``y_t = z + a x_t``, then ``z = 0 x_t - (a - 1) y_t``."""
+    c1 = a - 1.0
+    num, den = [], []
+    zx = zw = 0.0
+    for u, v in zip(x.tolist(), w.tolist(), strict=True):
+        yx, yw = zx + a * u, zw + a * v
+        zx, zw = u * 0.0 - yx * c1, v * 0.0 - yw * c1
+        num.append(yx)
+        den.append(yw)
+    return np.array(num), np.array(den)
 
 
 @dataclass(frozen=True)
@@ -154,12 +181,30 @@ def calendar(ctx: FeatureContext, config: FeatureConfig) -> list:
     return out
 
 
+def level(ctx: FeatureContext, config: FeatureConfig) -> list:
+    """``level_<h>`` = (log C_t - m_t) / (sigma_t sqrt(h)) for each h of ``level_halflives``, ``m_t`` the
+    causal EW mean of log C up to t with half-life h (:func:`ewm_mean`): how far the price is from its
+    recent average, in units of the volatility over h bars (a mean-reversion or trend state that no sum
+    of recent returns gives). Not in the default groups."""
+    return [
+        (f"level_{h:g}", (ctx.log_close - ewm_mean(ctx.log_close, h)) / (ctx.sigma * math.sqrt(h)))
+        for h in config.level_halflives
+    ]
+
+
 def extra(ctx: FeatureContext, config: FeatureConfig) -> list:
-    """Each column of ``bars.extra`` as given, by name in sorted order (the regime signal of
-    builtin:regime). Nothing when ``extra`` is off."""
-    if not config.extra:
-        return []
-    return [(k, np.asarray(ctx.bars.extra[k], dtype=np.float64)) for k in sorted(ctx.bars.extra)]
+    """The columns of ``bars.extra`` named in ``config.extra``, as given, in that order (``["*"]``: every
+    one, in sorted order). Nothing by default: a synthetic market's answer columns (its hidden state)
+    stay out of the observation."""
+    if config.extra == ("*",):
+        return [(k, np.asarray(ctx.bars.extra[k], dtype=np.float64)) for k in sorted(ctx.bars.extra)]
+    missing = [k for k in config.extra if k not in ctx.bars.extra]
+    if missing:
+        raise ValueError(
+            f"features.extra names {missing}, which {ctx.bars.source} does not have; "
+            f"its extra columns are {sorted(ctx.bars.extra)}"
+        )
+    return [(k, np.asarray(ctx.bars.extra[k], dtype=np.float64)) for k in config.extra]
 
 
 #: The feature registry (STYLE.md: a dict, not an if/elif chain): group name -> :data:`FeatureFn`.
@@ -172,9 +217,12 @@ FEATURES: dict[str, FeatureFn] = {
     "volume": volume,
     "time": calendar,
     "extra": extra,
+    "level": level,
 }
-#: The built-in groups, in their default order.
+#: The built-in groups (their names cannot be registered again).
 BUILTIN = tuple(FEATURES)
+#: The groups computed by default, in order.
+DEFAULT_GROUPS = ("returns", "log_vol", "range", "body", "close_loc", "volume", "time", "extra")
 #: Features added by :func:`register_feature` -> whether their columns are signed.
 REGISTERED: dict[str, bool] = {}
 
@@ -196,12 +244,15 @@ def _check_groups(groups) -> None:
 class FeatureConfig:
     """What :func:`compute` builds."""
 
-    groups: tuple = BUILTIN
+    groups: tuple = DEFAULT_GROUPS
     """Feature groups (``cudarl.features.FEATURES``) computed, in this order; the default is every
-    built-in one. Add your own with ``cudarl.features.register_feature`` (docs/guide.md).
-    ``time_features = false`` and ``extra = false`` still leave those groups' columns out."""
+    built-in one except ``level``. Add your own with ``cudarl.features.register_feature`` (docs/guide.md).
+    ``time_features = false`` still leaves the time columns out, and the ``extra`` group adds only the
+    columns ``extra`` names."""
     horizons: tuple = (1, 4, 16, 64)
     """Log-return horizons in bars (each >= 1)."""
+    level_halflives: tuple = (32, 128, 512)
+    """Half-lives, in bars, of the price averages the ``level`` group measures the price against (each > 0)."""
     vol_halflife: float = 32.0
     """Half-life, in bars, of the volatility that normalises returns and ranges."""
     volume_halflife: float = 64.0
@@ -211,9 +262,11 @@ class FeatureConfig:
     time_of_day: bool | None = None
     """Time-of-day columns; ``None``: on when the series' median spacing is under a day.
     (That choice names columns once per series; it never changes a value.)"""
-    extra: bool = True
-    """Append ``bars.extra`` columns."""
-    signed_extra: tuple = ("regime", "next_return")
+    extra: tuple = ()
+    """Columns of ``bars.extra`` appended as features, by name (e.g. ``["next_return"]``, the leak of
+    ``builtin:canary``), or ``["*"]`` for every one. None by default: the synthetic markets' extra
+    columns are their answers (hidden state, conditional mean), for evaluation only."""
+    signed_extra: tuple = ("regime", "next_return", "drift", "deviation")
     """Extra columns whose sign follows the market's direction (negated by the env's mirror)."""
 
     def __post_init__(self):
@@ -221,8 +274,16 @@ class FeatureConfig:
         object.__setattr__(self, "groups", tuple(self.groups))
         if not self.horizons or min(self.horizons) < 1:
             raise ValueError(f"horizons must be >= 1, got {self.horizons}")
-        if self.vol_halflife <= 0 or self.volume_halflife <= 0:
+        if self.vol_halflife <= 0 or self.volume_halflife <= 0 or min(self.level_halflives, default=1) <= 0:
             raise ValueError("half-lives must be > 0")
+        if isinstance(self.extra, (bool, str)) or not all(isinstance(k, str) for k in self.extra):
+            raise ValueError(
+                f"extra names the extra columns to use as features (a list of names, e.g. ['next_return']), "
+                f"got {self.extra!r}"
+            )
+        if len(set(self.extra)) != len(tuple(self.extra)) or ("*" in self.extra and len(self.extra) > 1):
+            raise ValueError(f"extra must name each column once (or be ['*'] alone), got {list(self.extra)}")
+        object.__setattr__(self, "extra", tuple(self.extra))
 
     @property
     def warmup(self) -> int:
@@ -253,7 +314,7 @@ def register_feature(name: str, fn: FeatureFn, *, signed: bool = False) -> Featu
 
 
 def _builtin_signed(name: str, config: FeatureConfig) -> bool:
-    return name.startswith("ret_") or name in {"body", "close_loc", *config.signed_extra}
+    return name.startswith(("ret_", "level_")) or name in {"body", "close_loc", *config.signed_extra}
 
 
 def _signed(name: str, config: FeatureConfig) -> bool:
@@ -299,7 +360,7 @@ def compute(bars: Bars, config: FeatureConfig = FeatureConfig()) -> Features:
         if _signed(n, config) != want:
             raise ValueError(
                 f"return_sign goes by names and would call column {n!r} of feature {g!r} "
-                f"{'unsigned' if want else 'signed'}; rename it (signed: ret_*, body, close_loc, "
+                f"{'unsigned' if want else 'signed'}; rename it (signed: ret_*, level_*, body, close_loc, "
                 "features.signed_extra and the columns of features registered signed)"
             )
     values = np.empty((T, len(cols)), np.float32)

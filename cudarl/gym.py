@@ -5,8 +5,10 @@
 
 Both walk the bars of one split (``split="train"`` by default) of the data, with cudarl's causal
 features normalised on the training split, exactly as :class:`cudarl.TradingEnv` does for the
-trainer (the semantics: docs/env.md). Observations are float32 ``[F + 2]`` (features, position held,
-hold fraction); actions are ``Discrete(n_actions)`` target positions from short to long; the reward
+trainer (the semantics: docs/env.md). Observations are float32 ``[window * (F + 2)]``: ``window``
+bars of features, oldest first, then the position held and the hold fraction on the newest bar (zeros
+on the others; ``window=1`` by default: ``[features, position, hold]``); actions are
+``Discrete(n_actions)`` target positions from short to long; the reward
 is the bar's net return of the position after costs.
 
 An episode ends after ``episode_len`` steps. The market goes on, so the end is a truncation
@@ -33,15 +35,16 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
     raise ImportError("cudarl.gym needs gymnasium: pip install 'cudarl[gym]'") from exc
 
 from . import backend as _backend
+from .config import NetConfig as _NET
 from .env import EnvConfig, TradingEnv
 
 __all__ = ["make", "make_vec", "TradingGymEnv", "TradingVectorEnv"]
 
 #: Options of :func:`make` that are not :class:`cudarl.env.EnvConfig` fields.
-OWN_OPTIONS = ("split", "features", "data_options", "backend")
+OWN_OPTIONS = ("split", "features", "data_options", "backend", "window")
 
 
-def _market(data, split: str, features, data_options, env_options: dict, n_envs: int, backend):
+def _market(data, split: str, features, data_options, env_options: dict, n_envs: int, backend, window: int):
     """``(prepared bars, the split, EnvConfig, backend name)`` for the options of :func:`make`."""
     from .config import Config, from_dict
     from .trainer import prepare_data
@@ -50,7 +53,11 @@ def _market(data, split: str, features, data_options, env_options: dict, n_envs:
     bad = sorted(set(env_options) - known)
     if bad:
         raise TypeError(f"unknown option(s) {bad}; cudarl.gym.make takes {sorted(known | set(OWN_OPTIONS))}")
-    over = {"data": dict(data_options or {}), "env": {"stagger": False, **env_options, "n_envs": n_envs}}
+    over = {
+        "data": dict(data_options or {}),
+        "env": {"stagger": False, **env_options, "n_envs": n_envs},
+        "net": {"window": window},
+    }
     if isinstance(data, str):
         over["data"]["source"] = data
     if features:
@@ -80,6 +87,7 @@ class _Market:
             replace(self.cfg, seed=int(seed)),
             t_begin=s.start,
             t_end=s.stop,
+            window=p.window,
             backend=self.backend,
         )
         self.transitions = self.env.make_transitions()
@@ -91,18 +99,19 @@ class _Market:
         env.record(self.transitions)  # the true next observation, before an ended episode resets
         env.step()
         to = _backend.to_numpy
-        final = to(self.transitions.next_obs[: env.n_envs])
-        return to(env.obs).copy(), to(env.reward).astype(np.float64), to(env.done) > 0, final.copy()
+        final = to(env.windows.of(self.transitions.next_obs[: env.n_envs]))  # state rows -> observations
+        return to(env.obs).copy(), to(env.reward).astype(np.float64), to(env.done) > 0, final
 
 
 def _space(market: _Market):
-    """Box bounds of an observation: the normaliser's clip, the positions' range, the hold fraction."""
+    """Box bounds of an observation, per bar of the window: the normaliser's clip, the positions' range,
+    the hold fraction (both 0 except on the newest bar, inside those ranges)."""
     clip = market.prepared.normaliser.clip
-    f = market.env.n_features
+    f, w = market.env.n_features, market.env.window
     lv = market.cfg.position_levels()
     low = np.concatenate([np.full(f, -clip), [min(float(lv.min()), 0.0), 0.0]]).astype(np.float32)
     high = np.concatenate([np.full(f, clip), [max(float(lv.max()), 0.0), 1.0]]).astype(np.float32)
-    return spaces.Box(low, high, dtype=np.float32)
+    return spaces.Box(np.tile(low, w), np.tile(high, w), dtype=np.float32)
 
 
 def _seed_from(seed) -> int:
@@ -162,9 +171,18 @@ class TradingVectorEnv(VectorEnv):
         return obs, reward, np.zeros(self.num_envs, bool), done, infos
 
 
-def make(data="builtin:regime", *, split="train", features=None, data_options=None, backend="cpu", **env_options):
+def make(
+    data="builtin:regime",
+    *,
+    split="train",
+    features=None,
+    data_options=None,
+    backend="cpu",
+    window: int = _NET.window,
+    **env_options,
+):
     """A ``gymnasium.Env`` trading ``data`` (a CSV/Parquet path, ``builtin:<name>``, or
-    :class:`cudarl.data.Bars`).
+    :class:`cudarl.data.Bars`), observing ``window`` bars (``net.window``; module docstring).
 
     ``env_options``: fields of :class:`cudarl.env.EnvConfig` (``episode_len``, ``cost_bps``,
     ``fill``, ``n_actions``, ``seed``, ...; ``stagger`` defaults to False here). ``split``: which
@@ -172,7 +190,7 @@ def make(data="builtin:regime", *, split="train", features=None, data_options=No
     ``data_options``: ``data`` config fields (``sort``, ``dedupe``, ``columns``, ...).
     ``backend``: ``cpu`` (default: one env gains nothing from a GPU), ``gpu`` or ``auto``.
     """
-    prepared, s, cfg, be = _market(data, split, features, data_options, env_options, 1, backend)
+    prepared, s, cfg, be = _market(data, split, features, data_options, env_options, 1, backend, window)
     return TradingGymEnv(_Market(prepared, s, cfg, be))
 
 
@@ -184,10 +202,11 @@ def make_vec(
     features=None,
     data_options=None,
     backend="auto",
+    window: int = _NET.window,
     **env_options,
 ):
     """A ``gymnasium.vector.VectorEnv`` of ``num_envs`` environments over ``data`` in one
     :class:`cudarl.TradingEnv` (the GPU one when usable: ``backend="auto"``); the options of :func:`make`.
     ``stagger=True`` spreads the first episodes' ends."""
-    prepared, s, cfg, be = _market(data, split, features, data_options, env_options, int(num_envs), backend)
+    prepared, s, cfg, be = _market(data, split, features, data_options, env_options, int(num_envs), backend, window)
     return TradingVectorEnv(_Market(prepared, s, cfg, be))

@@ -46,7 +46,7 @@ from .atomic import atomic_link, atomic_open
 UNGRAPHED = "ungraphed"
 _CONTEXT_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.:-]{0,63}$")
 #: Environment variables read here: the cache folder, flush-to-zero, source line info.
-CACHE_ENV, FTZ_ENV, LINEINFO_ENV = "CUDARL_CACHE_DIR", "CUDARL_FTZ", "CUDARL_LINEINFO"
+CACHE_ENV, LINEINFO_ENV = "CUDARL_CACHE_DIR", "CUDARL_LINEINFO"
 #: Bumped when the layout of a cache entry changes, so old entries are never read as new ones.
 CACHE_FORMAT = 1
 
@@ -78,17 +78,11 @@ def families() -> list[str]:
     return sorted(p.stem for p in SRC_DIR.glob("*.cu"))
 
 
-def flush_to_zero() -> bool:
-    """``CUDARL_FTZ=1`` compiles with ``-ftz=true`` (CuPy's choice: float32 subnormals flushed to
-    zero); the default keeps subnormals, as the NumPy twins do. For measuring what it costs."""
-    return os.environ.get(FTZ_ENV) == "1"
-
-
 def compile_options() -> tuple[str, ...]:
     """NVRTC options for every family (the architecture is added per device by :func:`target`).
 
     No fast-math: the kernels must match their NumPy twins to float32 rounding, subnormals
-    included (``-ftz=false``; ``CUDARL_FTZ=1`` flips it). ``--device-as-default-execution-space``
+    included (``-ftz=false``). ``--device-as-default-execution-space``
     is what CuPy passed, so the code is what it compiled. ``CUDARL_LINEINFO=1`` adds ``-lineinfo``
     (source lines for Nsight Compute's per-line stall sampling, ``tools/gpu_profile.sh``); it
     changes no generated instruction.
@@ -97,7 +91,7 @@ def compile_options() -> tuple[str, ...]:
         "-std=c++17",
         f"-I{INCLUDE_DIR}",
         "--device-as-default-execution-space",
-        "-ftz=true" if flush_to_zero() else "-ftz=false",
+        "-ftz=false",
     )
     return opts + ("-lineinfo",) if os.environ.get(LINEINFO_ENV) == "1" else opts
 

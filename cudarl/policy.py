@@ -69,17 +69,22 @@ class PolicyState:
     best: dict | None = None
     data: dict | None = None
     versions: dict | None = None
+    weights_kind: str = "last"  # "moving average" when eval.average_halflife made the deployed weights
 
     @classmethod
     def of_trainer(cls, trainer, best=None) -> PolicyState:
-        """The online network of a :class:`cudarl.trainer.Trainer` now (synchronises)."""
+        """The deployed network of a :class:`cudarl.trainer.Trainer` now (synchronises): the online one,
+        or the moving average of its weights with ``eval.average_halflife``."""
         trainer.synchronize()
         agent = trainer.agent.state_dict()
         from .trainer import versions
 
+        online = agent["online"]
+        if getattr(trainer, "average", None) is not None:
+            online = {**online, "params": _backend.to_numpy(trainer.average).copy()}
         return cls(
             config=trainer.cfg,
-            weights=_split_params(agent["online"]),
+            weights=_split_params(online),
             normaliser=trainer.data.normaliser,
             step=int(trainer.step),
             tau_counter=_tau(agent),
@@ -87,6 +92,7 @@ class PolicyState:
             best=best if best is not None else trainer.best,
             data=data_fingerprint(trainer.data.bars),
             versions=versions(),
+            weights_kind="last" if online is agent["online"] else "moving average",
         )
 
     @classmethod
@@ -94,14 +100,18 @@ class PolicyState:
         """The policy inside a resume checkpoint (``latest.npz``); its replay buffer is not read."""
         from . import checkpoint as ckpt
 
-        state, info = ckpt.load(path, only=("agent/online/", "agent/iqn/", "normaliser/", "trainer/"))
+        state, info = ckpt.load(path, only=("agent/online/", "agent/iqn/", "normaliser/", "trainer/", "average/"))
         t = state["trainer"]
+        online = state["agent"]["online"]
+        if "average" in state:  # eval.average_halflife: the moving average is what is deployed
+            online = {**online, "params": state["average"]["params"]}
         best_step = int(t.get("best_step", -1))
         return cls(
             config=from_dict(info["config"]),
-            weights=_split_params(state["agent"]["online"]),
+            weights=_split_params(online),
             normaliser=Normaliser.from_state_dict(state["normaliser"]),
             step=int(info.get("step", t["step"])),
+            weights_kind="moving average" if "average" in state else "last",
             tau_counter=_tau(state["agent"]),
             spectral=state["agent"]["online"].get("spectral") or None,
             best=None if best_step < 0 else {"step": best_step, "sharpe": float(t["best_sharpe"])},
@@ -129,6 +139,7 @@ class PolicyState:
             "best": json.dumps(self.best),
             "data": json.dumps(self.data),
             "versions": json.dumps(self.versions or {"cudarl": __version__}),
+            "weights": self.weights_kind,
         }
         return tensorfile.save(path, tensors, meta)
 
@@ -168,6 +179,7 @@ class PolicyState:
                 best=json.loads(meta.get("best", "null")),
                 data=json.loads(meta.get("data", "null")),
                 versions=json.loads(meta.get("versions", "null")),
+                weights_kind=meta.get("weights", "last"),
             )
         except KeyError as exc:
             raise CheckpointError(f"{path}: the policy file has no {exc.args[0]!r}") from None
@@ -248,9 +260,10 @@ def load_policy(path, device: str = "auto") -> Policy:
 class Policy:
     """A trained Q-network with its feature normaliser: greedy actions and Q-values.
 
-    Observations are float32 ``[n, F + 2]``: the normalised features of a bar
-    (:meth:`features`), the position held (``-1 .. 1``) and the hold fraction, as
-    :class:`cudarl.TradingEnv` writes them. Q-values are the expected values of the head's
+    Observations are float32 ``[n, window * (F + 2)]`` (``net.window`` bars, oldest first): the
+    normalised features of each bar (:meth:`features`), then on the newest bar the position held
+    (``-1 .. 1``) and the hold fraction, zeros on the others, as :class:`cudarl.TradingEnv` gathers
+    them (with one bar: ``[features, position, hold]``). Q-values are the expected values of the head's
     distribution (in PopArt's normalised units when ``agent.popart``), float32 ``[n, A]``.
     Inputs may be NumPy or CuPy arrays; outputs are of the same kind as the input.
     """
@@ -259,7 +272,7 @@ class Policy:
         from .auxiliary import AUX_SIGNALS
         from .nn import QNetwork
         from .pinned import DeviceScalars
-        from .reference.env import N_POSITION_FEATURES
+        from .reference.window import width
         from .rules import HEAD_RULES
 
         self.state, self.source = state, source
@@ -267,7 +280,7 @@ class Policy:
         self.normaliser, self.step = state.normaliser, state.step
         self.be = _backend.get({"auto": None, "gpu": "cupy", "cpu": "numpy"}[device])
         xp = self.xp = self.be.xp
-        self.obs_dim = len(self.normaliser.names) + N_POSITION_FEATURES
+        self.obs_dim = width(len(self.normaliser.names), cfg.net.window)
         self.n_actions = cfg.env.n_actions
         self.levels = cfg.env.position_levels().astype(np.float64)
         n = cfg.net
@@ -330,11 +343,18 @@ class Policy:
 
         gate(self.net, self._workspace(obs.shape[0]), obs.shape[0], out)
 
+    def _q_rows(self):
+        """:func:`row_exact_q` of this policy's network (None on the GPU)."""
+        return None if self.be.is_gpu else row_exact_q(self.net, self._values)
+
     def _input(self, obs):
         on_gpu = type(obs).__module__.startswith("cupy")
         x = obs if (on_gpu and self.be.is_gpu) else self.xp.asarray(_backend.to_numpy(obs))
         if x.ndim != 2 or x.shape[1] != self.obs_dim:
-            raise ValueError(f"obs: expected [n, {self.obs_dim}] (features, position, hold), got {list(x.shape)}")
+            raise ValueError(
+                f"obs: expected [n, {self.obs_dim}] ({self.config.net.window} bars of features, position, hold), "
+                f"got {list(x.shape)}"
+            )
         return self.xp.ascontiguousarray(x, dtype=np.float32), on_gpu
 
     def q_values(self, obs):
@@ -358,8 +378,9 @@ class Policy:
 
     def evaluate(self, data=None, split: str = "test", echo=None):
         """The trainer's greedy evaluation of this policy over ``split`` of ``data`` (bars, a path or
-        ``builtin:<name>``; default: the training run's ``data.source`` with its data options): a
-        :class:`cudarl.evaluate.Evaluation` whose summary carries ``step``. ``echo`` (a function of
+        ``builtin:<name>``; default: the training run's ``data.source`` with its data options), with the
+        deployment rules of its config's ``eval`` (the validation gate, the margin): a
+        :class:`cudarl.evaluate.Evaluation` whose summary carries ``step`` and ``deployment``. ``echo`` (a function of
         one line) hears when the default bars are no longer those the policy was trained on."""
         from .trainer import prepare_data
 
@@ -370,12 +391,86 @@ class Policy:
         trained = (self.state.data or {}).get("close_sha256")
         if data is None and echo is not None and trained not in (None, data_fingerprint(prepared.bars)["close_sha256"]):
             echo(f"warning: the bars of {cfg.data.source} differ from those the policy was trained on")
-        ev = evaluate_split(prepared, split, cfg.env, self.q_values_into, self.be.name, scale=self._scale)
+        e, q_rows = cfg.eval, self._q_rows()
+
+        def val_psr():
+            ev = evaluate_split(
+                prepared,
+                "val",
+                cfg.env,
+                self.q_values_into,
+                self.be.name,
+                margin=e.margin,
+                eval_cfg=e,
+                q_rows=q_rows,
+                scale=self._scale,
+            )
+            return ev.summary["statistics"]["psr"]
+
+        dep = deployment(e, split, val_psr)
+        ev = evaluate_split(
+            prepared,
+            split,
+            cfg.env,
+            self.q_values_into,
+            self.be.name,
+            margin=e.margin,
+            eval_cfg=e,
+            trading=dep["trading"],
+            q_rows=q_rows,
+            scale=self._scale,
+        )
         ev.summary["step"] = self.step
+        ev.summary["deployment"] = {**dep, "margin": e.margin, "weights": self.state.weights_kind}
         return ev
 
 
 # --- the greedy walk, shared with the trainer ------------------------------------------------------
+def row_exact_q(net, values):
+    """A function ``obs [k, obs_dim] -> Q [k, A]`` (float32) whose every row is bit for bit what
+    ``values(out, obs_row, ws)`` (the head rule's greedy values) gives for that row alone, for the
+    host walk's blocks of bars (:func:`greedy_actions`' ``q_rows``); None where there is none: a
+    NumPy ``net`` is needed, with the MLP encoder, the C51 head (IQN's acting taus depend on the
+    batch) and no spectral norm.
+
+    Each GEMM runs as ``k`` one-row GEMMs (``matmul`` of a ``[k, 1, n]`` stack: NumPy calls the
+    BLAS routine of one row for each, where a ``[k, n]`` product may sum in another order); every
+    other op of the reference forward (``cudarl.reference.nn``, then ``qstats.per_sample``'s Q, a
+    test holds them equal) works row by row."""
+    from .nn.heads import C51Head
+    from .nn.layers import MLP, Linear
+    from .rules.c51 import C51Values
+
+    plain_c51 = isinstance(values, C51Values) and type(net.head) is C51Head  # not c51+iqn's joint head
+    if not plain_c51 or not isinstance(net.encoder, MLP) or not _backend.is_numpy(net.xp):
+        return None
+    if any(lin.spectral for lin in net.linears.values()):
+        return None
+    from .reference import nn as ref
+    from .reference.c51_chain import log_softmax
+
+    P, head, support = net.P, net.head, values.support
+    layers = [*net.encoder.children, head.va]
+
+    def q_rows(obs):
+        h = obs
+        for layer in layers:
+            if isinstance(layer, Linear):
+                y = np.matmul(h[:, None, :], layer.weight())[:, 0, :]
+                ref.bias_act_forward(y, P[f"{layer.name}.bias"], y, layer.act)
+            else:  # LayerNorm
+                y, stats = np.empty_like(h), np.empty((2, len(h)), h.dtype)
+                g, b = P[f"{layer.name}.gamma"], P[f"{layer.name}.beta"]
+                ref.layernorm_forward(h, g, b, y, stats[0], stats[1], layer.eps, layer.act)
+            h = y
+        logits = np.empty((len(h), head.n_actions, head.atoms), np.float32)
+        ref.dueling_forward(h, logits)
+        # qstats.per_sample's Q (C51Values'), without the entropy and mass it also computes
+        return (np.exp(log_softmax(logits)) * support).sum(-1)
+
+    return q_rows
+
+
 def eval_env(prepared, split, env_cfg, backend: str):
     """One environment over ``split``, one episode of ``len(split) - 2`` steps from its first bar."""
     from dataclasses import replace
@@ -386,97 +481,176 @@ def eval_env(prepared, split, env_cfg, backend: str):
     cfg = replace(env_cfg, n_envs=1, episode_len=n, stagger=False, counterfactual=False, mirror=False)
     b = prepared.bars
     return TradingEnv(
-        b.open, b.close, prepared.x, prepared.sign, cfg, t_begin=split.start, t_end=split.stop, backend=backend
+        b.open,
+        b.close,
+        prepared.x,
+        prepared.sign,
+        cfg,
+        t_begin=split.start,
+        t_end=split.stop,
+        window=prepared.window,
+        backend=backend,
     )
 
 
-def greedy_actions(env, q_values, stream=None, walk_on_host: bool = True) -> np.ndarray:
+def greedy_actions(
+    env, q_values, stream=None, walk_on_host: bool = True, margin: float = 0.0, q_rows=None
+) -> np.ndarray:
     """int64 ``[episode_len]``: the greedy actions of one episode of ``env`` (:func:`greedy_walk`'s,
     without a plan head)."""
-    return greedy_walk(env, q_values, stream, walk_on_host)[0]
+    return greedy_walk(env, q_values, stream, walk_on_host, margin, q_rows)[0]
 
 
-def greedy_walk(env, q_values, stream=None, walk_on_host: bool = True, scale=None) -> tuple:
+def greedy_walk(
+    env, q_values, stream=None, walk_on_host: bool = True, margin: float = 0.0, q_rows=None, scale=None
+) -> tuple:
     """``(actions int64, scales float32)``, each ``[episode_len]``: one greedy episode of ``env`` (reset first).
 
     ``q_values(obs, out)`` writes Q ``[1, A]``; the action is the first maximum (the env's act with
-    epsilon 0). ``scale(obs, out)``, the plan head's gate (``net.plan``), is called right after
-    ``q_values`` on the same ``obs`` and writes the position scale ``[1]`` (it reads that forward);
-    without it every scale is 1. The position taken is ``levels[a] * scale``. On the GPU the env's
-    kernels step it and the actions stay on the device until the end (no synchronisation per bar). On
-    the NumPy backend, for an evaluation env (one env, one episode from its first bar), the walk is
-    done on the host with the env's observation rule (docs/env.md) instead of its act and step, which
-    draw Philox numbers a greedy walk never uses (``walk_on_host=False`` takes the env's path; a test
-    holds the two equal).
+    epsilon 0) of Q with ``margin`` added to the held position's action (``eval.margin``: the position
+    is left only for an action whose value exceeds the held one's by more than the margin; on the
+    device the held action is found from the env's position, so nothing synchronises).
+    ``scale(obs, out)``, the plan head's gate (``net.plan``), is called right after ``q_values`` on the
+    same ``obs`` and writes the position scale ``[1]`` (it reads that forward); the position taken is
+    ``levels[a] * scale``; without it every scale is 1.
+    On the GPU the env's kernels step it and the actions stay on the device until the
+    end (no synchronisation per bar). On the NumPy backend, for an evaluation env (one env, one
+    episode from its first bar), the walk is done on the host with the env's observation rule
+    (docs/env.md) instead of its act and step, which draw Philox numbers a greedy walk never uses
+    (``walk_on_host=False`` takes the env's path; a test holds the two equal); ``q_rows`` (see
+    :func:`_walk_on_host`) lets it evaluate many bars at once (not with a plan head).
     """
     xp = env.xp
     one_episode = env.n_envs == 1 and env.params.n_starts == 1 and not env.params.stagger
     if walk_on_host and not env.is_gpu and one_episode:
-        return _walk_on_host(env, q_values, scale)
+        return _walk_on_host(env, q_values, margin, None if scale is not None else q_rows, scale)
     with stream if stream is not None else nullcontext():
         env.reset()
         q = xp.zeros((1, env.n_actions), np.float32)
         eps = xp.zeros(1, np.float32)
         n = env.config.episode_len
         acts, scales = xp.zeros(n, np.int32), xp.ones(n, np.float32)
+        row = xp.zeros(1, np.int64)
         env.scale[...] = 1
         for k in range(n):
             q_values(env.obs, q)
             if scale is not None:
                 scale(env.obs, env.scale)
                 scales[k : k + 1] = env.scale
+            if margin:
+                held = xp.argmin(xp.abs(env.data.levels - env.state.position[:1]))  # the held level's action
+                q[row, held] += np.float32(margin)
             env.act(q, eps)
             env.step()
             acts[k : k + 1] = env.actions
-        out = _backend.to_numpy(acts)
-        out_scales = _backend.to_numpy(scales)
+        out, out_scales = _backend.to_numpy(acts), _backend.to_numpy(scales)
     return out.astype(np.int64), out_scales
 
 
-def _walk_on_host(env, q_values, scale=None) -> tuple:
-    """The env's greedy episode from bar ``t_begin``, one bar at a time on the host: obs
-    ``[features[t], p_{t-1}, min(hold, cap) / cap]``, action the first maximum of Q (a strict ``>``
-    scan, as ``env.act``), ``p = levels[a] * scale`` (float32, as the env), ``hold + 1`` if ``p`` did
-    not change, else 1."""
-    from .reference.env import hold_feature
+#: (Fewest, most) bars the host walk evaluates at once with ``q_rows``; each block after the first
+#: is twice the bars the one before kept, within these.
+WALK_BLOCK = (4, 1024)
 
-    feats, levels, cap = env.data.features, env.data.levels, env.params.hold_cap
-    n, f = env.config.episode_len, env.n_features
-    obs = np.zeros((1, f + 2), np.float32)
-    q = np.zeros((1, env.n_actions), np.float32)
+
+def _walk_on_host(env, q_values, margin: float = 0.0, q_rows=None, scale=None) -> tuple:
+    """The env's greedy episode from bar ``t_begin`` on the host: the state row ``[t, 0, p_{t-1},
+    min(hold, cap) / cap]`` and its window (``env.windows``), action the first maximum of Q (a strict
+    ``>`` scan, as ``env.act``; ``margin`` added to the held position's action first),
+    ``p = levels[a] * scale`` (float32, as the env; ``scale`` the plan head's gate, else 1),
+    ``hold + 1`` if ``p`` did not change, else 1. Returns ``(actions, scales)``.
+
+    ``q_values(obs [1, obs_dim], out [1, A])`` gives the Q of one bar, and the walk takes one bar at
+    a time. ``q_rows(obs [k, obs_dim]) -> Q [k, A]`` must give each row bit for bit as ``q_values``
+    gives it alone; the walk then guesses that the position holds, evaluates a block of bars with
+    the hold counting up, keeps them up to and including the first whose action moves the
+    position (its inputs were still those of the bar-by-bar walk), and goes on from there: the
+    same actions, with one NumPy call per op and block instead of per bar.
+    """
+    from .reference.env import write_state
+
+    levels = np.asarray(env.data.levels, np.float32)
+    n, cap = env.config.episode_len, env.params.hold_cap
     sc = np.ones(1, np.float32)
+    if q_rows is None:
+        q1 = np.zeros((1, env.n_actions), np.float32)
+
+        def q_rows(obs):
+            q_values(obs, q1)
+            if scale is not None:  # the gate of this same forward
+                scale(obs, sc)
+            return q1
+
+        block, most = 1, 1
+    else:
+        block, most = WALK_BLOCK
+    rows = np.zeros((min(n, most), env.windows.state_dim), np.float32)
+    obs = np.zeros((min(n, most), env.obs_dim), np.float32)
     acts, scales = np.empty(n, np.int64), np.ones(n, np.float32)
-    prev, hold = np.float32(0), np.zeros(1, np.int64)
-    t0 = env.params.t_begin
-    for k in range(n):
-        obs[0, :f] = feats[t0 + k]
-        obs[0, f] = prev
-        obs[0, f + 1] = hold_feature(hold, cap)[0]
-        q_values(obs, q)
-        if scale is not None:
-            scale(obs, sc)
-            scales[k] = sc[0]
-        row = q[0]
-        a = 0
-        for j in range(1, row.shape[0]):
-            if row[j] > row[a]:
-                a = j
-        acts[k] = a
-        p = np.float32(levels[a]) * scales[k]
-        hold[0] = hold[0] + 1 if p == prev else 1
-        prev = p
+    prev, hold, k, t0 = np.float32(0), 0, 0, env.params.t_begin
+    while k < n:
+        m = min(block, n - k)
+        write_state(rows[:m], np.arange(t0 + k, t0 + k + m), prev, np.arange(hold, hold + m), cap)
+        o = obs[:m]
+        env.windows.gather(rows[:m], o)
+        q = q_rows(o)
+        if margin:  # the held level's action, the same for every bar of a block
+            q[:, int(np.argmin(np.abs(env.data.levels - prev)))] += np.float32(margin)
+        a = first_max(q)
+        p = levels[a] * sc[0] if scale is not None else levels[a]  # a plan head: one bar a block
+        moved = np.flatnonzero(p != prev)
+        kept = int(moved[0]) + 1 if moved.size else m
+        acts[k : k + kept] = a[:kept]
+        scales[k : k + kept] = sc[0]
+        prev, hold = (p[kept - 1], 1) if moved.size else (prev, hold + kept)
+        k += kept
+        block = min(most, max(WALK_BLOCK[0], 2 * kept))
     return acts, scales
 
 
-def evaluate_split(prepared, split_name: str, env_cfg, q_values, backend: str, env=None, stream=None, scale=None):
-    """Greedy positions over ``split_name`` of ``prepared`` evaluated with the env's fill and costs
-    (``scale``: the plan head's gate, see :func:`greedy_walk`)."""
+def first_max(q: np.ndarray) -> np.ndarray:
+    """int64 ``[k]``: the index of the first maximum of each row of ``q`` ``[k, A]`` by a strict
+    ``>`` scan from index 0, ``env.act``'s rule (``argmax``'s, but for a NaN after index 0, which
+    the scan passes over)."""
+    if not np.isnan(q).any():
+        return q.argmax(axis=1)
+    a = np.zeros(len(q), np.int64)
+    best = q[:, 0].copy()
+    for j in range(1, q.shape[1]):
+        up = q[:, j] > best
+        a[up] = j
+        best[up] = q[up, j]
+    return a
+
+
+def evaluate_split(
+    prepared,
+    split_name: str,
+    env_cfg,
+    q_values,
+    backend: str,
+    env=None,
+    stream=None,
+    *,
+    margin: float = 0.0,
+    eval_cfg=None,
+    trading: bool = True,
+    q_rows=None,
+    scale=None,
+):
+    """Greedy positions over ``split_name`` of ``prepared`` (with the no-trade ``margin``; all flat when
+    not ``trading``; sized by the plan head's gate ``scale``) evaluated with the env's fill and costs and
+    the statistics of ``eval_cfg`` (:class:`cudarl.config.EvalConfig`: trials, level, resamples; default
+    its defaults). ``q_values``, ``q_rows``, ``scale``: :func:`greedy_walk`."""
+    from .config import EvalConfig
     from .evaluate import evaluate_positions
 
+    e = eval_cfg if eval_cfg is not None else EvalConfig()
     split = getattr(prepared.splits, split_name)
     env = env if env is not None else eval_env(prepared, split, env_cfg, backend)
-    acts, scales = greedy_walk(env, q_values, stream, scale=scale)
-    pos = (env_cfg.position_levels()[acts] * scales).astype(np.float64)  # float32 levels * scale, as the env
+    actions, scales = greedy_walk(env, q_values, stream, margin=margin, q_rows=q_rows, scale=scale)
+    pos = (env_cfg.position_levels()[actions] * scales).astype(np.float64)  # float32 levels * scale, as the env
+    if not trading:
+        pos = np.zeros_like(pos)
     return evaluate_positions(
         prepared.bars,
         pos,
@@ -485,4 +659,22 @@ def evaluate_split(prepared, split_name: str, env_cfg, q_values, backend: str, e
         slippage_bps=env_cfg.slippage_bps,
         periods_per_year=prepared.periods_per_year,
         fill=env_cfg.fill,
+        trials=e.trials,
+        level=e.level,
+        resamples=e.resamples,
     )
+
+
+def deployment(eval_cfg, split_name: str, validation_psr) -> dict:
+    """Whether a policy trades on ``split_name`` under ``eval.gate_psr``: always on the validation split
+    (its evidence is what the gate reads) and with the gate off; otherwise only when
+    ``validation_psr()`` (the PSR of the same policy on the validation split) is at least the gate (an
+    undefined PSR, e.g. a flat validation policy, keeps it closed)."""
+    import math
+
+    g = eval_cfg.gate_psr
+    if g == 0 or split_name == "val":
+        return {"gate": "off" if g == 0 else "not applied to the validation split", "trading": True}
+    psr = validation_psr()
+    ok = psr is not None and math.isfinite(psr) and psr >= g
+    return {"gate": "open" if ok else "closed", "trading": bool(ok), "validation_psr": psr, "threshold": g}

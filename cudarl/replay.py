@@ -391,6 +391,12 @@ class PrioritizedReplay:
         td = self._arg("td", td, (B,), np.float32, check_values=None if device_rules else self._finite)
         self._ops.update_priorities(self.spec, self.bufs, indices, td)
 
+    def nbytes(self) -> int:
+        """Bytes of every array the buffer holds (rows, tree, scratch, device scalars): about
+        ``capacity * (row bytes + 24)`` plus the tree's internal nodes (docs/architecture.md)."""
+        arrays = [v for v in vars(self.bufs).values() if v is not None]
+        return int(sum(a.nbytes for a in arrays if a.base is None)) + int(self._scalars.buffer.nbytes)
+
     def priorities(self) -> np.ndarray:
         """``p_i**alpha`` of every slot as float64 ``[C]`` (0 = not ready; a device read)."""
         return _backend.to_numpy(self.bufs.tree[: self.capacity]).astype(np.float64) / _ref.SCALE

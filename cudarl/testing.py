@@ -50,6 +50,13 @@ def assert_parity(
     return err
 
 
+def assert_oracle(actual, ref32, ref64, *, floor: float = 1e-5, what: str = "output") -> float:
+    """Assert a float32 result is as close to the float64 twin as the float32 twin is, within a factor of two
+    (flash-attention's rule for reductions and scans; STYLE.md), or within ``floor``; return its error."""
+    tol = max(floor, 2 * rel_error(ref32, ref64))
+    return assert_parity(actual, np.asarray(ref64, dtype=np.float32), rtol=tol, what=what)
+
+
 def assert_bitwise(actual, expected, what: str = "output") -> None:
     """Assert two arrays are identical bit for bit (graphed vs eager, repeated runs)."""
     a, e = np.ascontiguousarray(to_numpy(actual)), np.ascontiguousarray(to_numpy(expected))

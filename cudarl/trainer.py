@@ -21,7 +21,8 @@ import platform
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -35,19 +36,23 @@ from .config import Config, data_options, from_dict
 from .data import load as load_bars
 from .data import report as data_report
 from .env import TradingEnv
-from .evaluate import write_outputs
+from .evaluate import json_safe, write_outputs
 from .features import Normaliser, compute, return_sign
 from .graph import StepGraph, capture_all
 from .monitor import StepMonitor
-from .policy import PolicyState, eval_env, evaluate_split, greedy_walk, is_policy_file
+from .policy import PolicyState, deployment, eval_env, evaluate_split, greedy_walk, is_policy_file
 from .replay import PrioritizedReplay
 from .splits import chronological
 from .timing import Stopwatch
 
+#: Learner updates between updates of the moving average of the weights (eval.average_halflife).
+AVERAGE_EVERY = 10
+
 
 @dataclass
 class Prepared:
-    """Bars, normalised causal features and the chronological splits of a run."""
+    """Bars, normalised causal features and the chronological splits of a run, and the window of bars
+    the network reads at each decision (``net.window``: every env over these features gathers it)."""
 
     bars: object
     x: np.ndarray  # float32 [T, F], normalised with train-split statistics
@@ -56,18 +61,20 @@ class Prepared:
     splits: object
     normaliser: Normaliser
     periods_per_year: float
+    window: int
 
 
-def prepare_data(cfg: Config, bars=None, normaliser: Normaliser | None = None, stopwatch=None) -> Prepared:
-    """Load (or take) the bars, compute causal features, split, and fit the normaliser on train
-    (or use ``normaliser``, a trained model's, when evaluating on other data). ``stopwatch``
-    (:class:`cudarl.timing.Stopwatch`) gets the laps ``data`` and ``features``."""
+def prepare_data(cfg: Config, bars=None, normaliser: Normaliser | None = None, stopwatch=None, splits=None) -> Prepared:
+    """Load (or take) the bars, compute causal features, split (or take ``splits``, e.g. a walk-forward
+    fold), and fit the normaliser on train (or use ``normaliser``, a trained model's, when evaluating
+    on other data). ``stopwatch`` (:class:`cudarl.timing.Stopwatch`) gets the laps ``data`` and ``features``."""
     if bars is None:
         bars = load_bars(cfg.data.source, min_bars=cfg.env.episode_len + 3, **data_options(cfg.data))
     if stopwatch is not None:
         stopwatch.lap("data")
     feats = compute(bars, cfg.features)
-    splits = chronological(len(bars), cfg.data.train_frac, cfg.data.val_frac, warmup=feats.warmup)
+    if splits is None:
+        splits = chronological(len(bars), cfg.data.train_frac, cfg.data.val_frac, warmup=feats.warmup)
     sign = return_sign(feats.names, cfg.features)
     if normaliser is not None and tuple(normaliser.names) != tuple(feats.names):
         raise ValueError(
@@ -78,7 +85,7 @@ def prepare_data(cfg: Config, bars=None, normaliser: Normaliser | None = None, s
     x = norm.transform(feats.values)
     if stopwatch is not None:
         stopwatch.lap("features")
-    return Prepared(bars, x, feats.names, sign, splits, norm, float(ppy))
+    return Prepared(bars, x, feats.names, sign, splits, norm, float(ppy), cfg.net.window)
 
 
 def versions() -> dict:
@@ -110,22 +117,35 @@ class Trainer:
             :mod:`cudarl.rundir`); a path: a new or empty folder (never one in use); ``False`` for none.
         bars: optional already-loaded :class:`cudarl.data.Bars` (tests, the learning checks).
         normaliser: a trained model's feature normaliser (evaluation on other bars).
+        splits: train / val / test :class:`cudarl.splits.Splits` (default: chronological from ``data``).
         echo: a function printing one line (progress when not on a TTY, guard events, evaluations).
     """
 
-    def __init__(self, cfg: Config, *, run_dir=None, bars=None, normaliser=None, echo=print):
+    def __init__(self, cfg: Config, *, run_dir=None, bars=None, normaliser=None, splits=None, echo=print):
         self.timings: dict[str, float] = {}  # start-up seconds by stage (cudarl.timing; tools/bench_startup.py)
         sw = Stopwatch(self.timings)
         self.cfg, self.echo = cfg, echo
         self.be = _backend.get({"auto": None, "gpu": "cupy", "cpu": "numpy"}[cfg.run.device])
         xp = self.xp = self.be.xp
         sw.lap("backend")
-        self.data = prepare_data(cfg, bars, normaliser, stopwatch=sw)
+        self.data = prepare_data(cfg, bars, normaliser, stopwatch=sw, splits=splits)
         tr = self.data.splits.train
         b = self.data.bars
-        # environments over the training split
+        # environments over the training split (their reward may carry the turnover penalty, evaluation
+        # never); their observations are net.window bars gathered from the features
+        train_env = cfg.env
+        if cfg.agent.train_cost_bps:
+            train_env = replace(cfg.env, slippage_bps=cfg.env.slippage_bps + cfg.agent.train_cost_bps)
         self.env = TradingEnv(
-            b.open, b.close, self.data.x, self.data.sign, cfg.env, t_begin=tr.start, t_end=tr.stop, backend=self.be.name
+            b.open,
+            b.close,
+            self.data.x,
+            self.data.sign,
+            train_env,
+            t_begin=tr.start,
+            t_end=tr.stop,
+            window=self.data.window,
+            backend=self.be.name,
         )
         rows = self.env.rows_per_step * self.env.n_envs
         self.transitions = self.env.make_transitions()
@@ -135,18 +155,14 @@ class Trainer:
         if cfg.run.offline:
             self.experience = experience.read(cfg.run.offline)
             experience.check_fits(
-                self.experience,
-                cfg.run.offline,
-                self.data.names,
-                self.data.normaliser,
-                cfg.env.position_levels(),
-                cfg.replay.n_step,
+                self.experience, cfg.run.offline, self.data, cfg.env.position_levels(), cfg.replay.n_step
             )
         columns = rows if self.experience is None else self.experience.rows_per_step
-        # replay: every row group of a step is one interleaved "env" column of the ring
+        # replay: every row group of a step is one interleaved "env" column of the ring; its rows are
+        # state rows (bar indices and position features), whatever the window
         self.replay = PrioritizedReplay(
             cfg.replay.capacity,
-            self.env.obs_dim,
+            self.env.windows.state_dim,
             n_step=cfg.replay.n_step,
             n_envs=columns,
             alpha=cfg.replay.alpha,
@@ -156,7 +172,9 @@ class Trainer:
             beta_steps=cfg.replay.beta_steps,
             seed=cfg.run.seed,
             backend=self.be.name,
-            store_next_obs=cfg.env.counterfactual if self.experience is None else self.experience.next_obs is not None,
+            store_next_obs=cfg.env.counterfactual
+            if self.experience is None
+            else self.experience.next_state is not None,
         )
         if self.experience is not None:
             n = experience.load_into(self.experience, self.replay, cfg.agent.gamma)
@@ -175,7 +193,9 @@ class Trainer:
             stream=stream,
             xp=xp,
         )
-        self.train_graph = StepGraph("train", self.agent.train_phases(self.replay), stream=stream, xp=xp)
+        self.train_graph = StepGraph(
+            "train", self.agent.train_phases(self.replay, self.env.windows), stream=stream, xp=xp
+        )
         self.stream = self.train_graph.stream
         sw.lap("allocation")
         self.best = None  # {"step", "sharpe"} of the best validation evaluation (run.keep_best)
@@ -198,6 +218,10 @@ class Trainer:
         self._eval_envs: dict = {}
         self.last_eval: dict | None = None
         self.last_evaluation = None
+        self.history: list[dict] = []  # every evaluation row, in order (the validation Sharpe over training)
+        self._val_psr: tuple | None = None  # (step, validation PSR) for the deployment gate
+        # eval.average_halflife: the moving average of the online weights that evaluation deploys
+        self.average = xp.array(self.agent.online.params) if cfg.eval.average_halflife else None
         self.run_dir = None
         self.log = None
         self._said_no_plot = False
@@ -245,7 +269,7 @@ class Trainer:
 
     def _log_row(self, row: dict) -> None:
         if self.log is not None:
-            self.log.append(row)
+            self.log.append(json_safe(row))  # strict JSON: null with a reason, never NaN
 
     # --- the loop ----------------------------------------------------------------------------------
     def _ready_rows(self) -> int:
@@ -317,6 +341,8 @@ class Trainer:
             # guard: read the update before this one (GPU) or this one (CPU); a rollback skips the rest
             if self.monitor.launched(self.step):
                 continue
+            if self.average is not None and self.step % AVERAGE_EVERY == 0:
+                self._update_average()
             # log
             if self.step % cfg.run.log_every == 0:
                 self._log_step(rate(self.step), progress)
@@ -373,6 +399,33 @@ class Trainer:
         self.echo(msg)
         raise interrupt.Interrupted(stop.signum, msg)
 
+    def _update_average(self) -> None:
+        """``average += (1 - 2^(-AVERAGE_EVERY / halflife)) (online - average)``, on the training stream."""
+        rate = 1.0 - 0.5 ** (AVERAGE_EVERY / self.cfg.eval.average_halflife)
+        with self.stream if self.stream is not None else nullcontext():
+            self.average += np.float32(rate) * (self.agent.online.params - self.average)
+
+    @contextmanager
+    def _weights(self, averaged: bool):
+        """The online network holds the moving average of its weights inside this block (when there is one
+        and ``averaged``), its own weights again after it; both swaps on the training stream."""
+        if self.average is None or not averaged:
+            yield
+            return
+        online = self.agent.online
+        params = online.params
+        with self.stream if self.stream is not None else nullcontext():  # ordered with the graphs' work
+            own = params.copy()
+            params[...] = self.average
+            online.spectral_step(iterate=False)  # net.spectral: W_sn of the weights that act
+        try:
+            yield
+        finally:
+            with self.stream if self.stream is not None else nullcontext():
+                params[...] = own
+                online.spectral_step(iterate=False)
+            self.synchronize()
+
     def _save_evaluated(self) -> None:
         """After a validation evaluation: write ``latest.npz``, and if its Sharpe is the best so far
         (``run.keep_best``), the policy file ``best.safetensors``."""
@@ -428,30 +481,72 @@ class Trainer:
         """The plan head's gate for the greedy walk (net.plan), or None."""
         return self.agent.plan_scale if self.cfg.net.plan else None
 
-    def greedy_positions(self, split) -> np.ndarray:
+    def greedy_positions(self, split, margin: float | None = None, averaged: bool = True) -> np.ndarray:
         """The online network's greedy positions at the decision bars of ``split`` (float64 ``[len - 2]``;
-        with net.plan sized by the plan head's gate)."""
+        with net.plan sized by the plan head's gate).
+
+        ``margin`` (default ``eval.margin``): the held position is kept unless another action's expected
+        value exceeds its own by more than this (:func:`cudarl.policy.greedy_actions`). ``averaged``:
+        with ``eval.average_halflife``, the moving average of the weights acts (False: the last weights)."""
         env = self._eval_env(split)
+        margin = self.cfg.eval.margin if margin is None else float(margin)
         self.synchronize()
-        acts, scales = greedy_walk(env, self.agent.q_values, self.stream, scale=self._plan_scale())
+        with self._weights(averaged):
+            acts, scales = greedy_walk(env, self.agent.q_values, self.stream, margin=margin, scale=self._plan_scale())
         return (self.cfg.env.position_levels()[acts] * scales).astype(np.float64)
 
-    def evaluate(self, split_name: str = "val", write: bool = True) -> dict:
-        """Greedy evaluation over a split with the env's fill and costs; writes ``eval/<split>-<step>/``."""
+    def validation_psr(self) -> float:
+        """The probabilistic Sharpe ratio (against 0) of the validation split at the current weights."""
+        if self._val_psr is None or self._val_psr[0] != self.step:
+            ev = self._evaluation("val", gate=False)
+            self._val_psr = (self.step, ev.summary["statistics"]["psr"])
+        return self._val_psr[1]
+
+    def _evaluation(self, split_name: str, gate: bool = True, margin: float | None = None, averaged: bool = True):
+        """The deployed positions on a split evaluated with the env's fill and costs and the statistics of
+        ``eval`` (:func:`cudarl.policy.evaluate_split`); ``gate`` False: the trained policy's own, whatever
+        the validation gate says; ``margin``, ``averaged``: see :meth:`greedy_positions`."""
         split = getattr(self.data.splits, split_name)
+        margin = self.cfg.eval.margin if margin is None else float(margin)
+        dep = deployment(self.cfg.eval, split_name, self.validation_psr) if gate else {"gate": "not applied"}
+        dep = {"trading": True, **dep}
         self.synchronize()
         env = self._eval_env(split)
-        ev = evaluate_split(
-            self.data, split_name, self.cfg.env, self.agent.q_values, self.be.name, env, self.stream, self._plan_scale()
-        )
+        with self._weights(averaged):
+            ev = evaluate_split(
+                self.data,
+                split_name,
+                self.cfg.env,
+                self.agent.q_values,
+                self.be.name,
+                env,
+                self.stream,
+                margin=margin,
+                eval_cfg=self.cfg.eval,
+                trading=dep["trading"],
+                scale=self._plan_scale(),
+            )
         ev.summary["step"] = self.step
+        ev.summary["deployment"] = {
+            **dep,
+            "margin": margin,
+            "weights": "moving average" if self.average is not None and averaged else "last",
+        }
+        if split_name == "val" and dep["trading"]:
+            self._val_psr = (self.step, ev.summary["statistics"]["psr"])
+        return ev
+
+    def evaluate(self, split_name: str = "val", write: bool = True) -> dict:
+        """Greedy evaluation over a split with the env's fill and costs, the statistics and the deployment
+        rules of ``eval`` (gate, margin, moving average); writes ``eval/<split>-<step>/``."""
+        ev = self._evaluation(split_name)
         self.last_evaluation = ev
         if write and self.run_dir is not None:
             written = write_outputs(ev, self.run_dir / "eval" / f"{split_name}-{self.step:08d}", plot=True)
             if not self._said_no_plot and not any(p.name == "equity.png" for p in written):
                 self._said_no_plot = True
                 self.echo(NO_PLOT)
-        p = ev.summary["policy"]
+        p, st = ev.summary["policy"], ev.summary["statistics"]
         row = {
             "event": "eval",
             "split": split_name,
@@ -461,13 +556,21 @@ class Trainer:
             "max_drawdown": p.get("max_drawdown"),
             "buy_and_hold_sharpe": ev.summary["buy_and_hold"].get("sharpe"),
             "trades": p.get("trades"),
+            "psr": st.get("psr"),
+            "sharpe_interval": st.get("sharpe_interval"),
+            "trading": ev.summary["deployment"]["trading"],
         }
         self._log_row(row)
         self.last_eval = row
+        self.history.append(row)
+        lo, hi = row["sharpe_interval"] or (None, None)
+        dep = ev.summary["deployment"]
+        gate = "" if row["trading"] else f"; flat: validation PSR {_fmt(dep.get('validation_psr'))} < gate"
         self.echo(
             f"eval {split_name} @ {self.step}: Sharpe {_fmt(row['sharpe'])} "
-            f"(buy-and-hold {_fmt(row['buy_and_hold_sharpe'])}), "
-            f"total return {_fmt(row['total_return'])}, max drawdown {_fmt(row['max_drawdown'])}"
+            f"({100 * self.cfg.eval.level:.0f}% interval {_fmt(lo)} to {_fmt(hi)}, PSR {_fmt(row['psr'])}; "
+            f"buy-and-hold {_fmt(row['buy_and_hold_sharpe'])}), "
+            f"total return {_fmt(row['total_return'])}, max drawdown {_fmt(row['max_drawdown'])}{gate}"
         )
         return ev.summary
 
@@ -487,6 +590,7 @@ class Trainer:
                 "best_step": -1 if self.best is None else self.best["step"],
                 "best_sharpe": float("nan") if self.best is None else self.best["sharpe"],
             },
+            **({} if self.average is None else {"average": {"params": _backend.to_numpy(self.average).copy()}}),
         }
 
     def load_state_dict(self, s: dict) -> None:
@@ -507,6 +611,9 @@ class Trainer:
         self.collect_steps = int(s["trainer"]["collect_steps"])
         best_step = int(s["trainer"].get("best_step", -1))  # absent in checkpoints written before keep_best
         self.best = None if best_step < 0 else {"step": best_step, "sharpe": float(s["trainer"]["best_sharpe"])}
+        if self.average is not None:  # a checkpoint without one (written before) starts it from the weights
+            src = s["average"]["params"] if "average" in s else _backend.to_numpy(self.agent.online.params)
+            self.average[...] = self.xp.asarray(src)
 
     def save(self, name: str = "latest") -> Path | None:
         """Write the resume checkpoint ``checkpoints/<name>.npz`` (everything, the replay too) atomically."""

@@ -295,6 +295,36 @@ def torch_arms(args, rows, extra) -> dict:
     return out
 
 
+def encoder_arms(args, rows, extra) -> None:
+    """The whole train and collect steps (acting re-encodes each env's window) with the ssm and attention
+    encoders at issue 22's workload, fp32 and TF32; the encoder's share against its PyTorch twin is
+    tools/bench_encoders.py. Targets (docs/perf-notes.md): train step <= 2.5 ms fp32, <= 0.6 ms TF32."""
+    from cudarl.bench import ENCODER_WORKLOAD, encoder_config, step_benchmark
+
+    extra["encoder_workload"] = ENCODER_WORKLOAD
+    for encoder in ("ssm", "attention"):
+        for tf32 in (False, True):
+            label = f", net.encoder={encoder}{', net.tf32' if tf32 else ''}"
+            try:
+                got = step_benchmark(
+                    repeats=max(20, args.repeats // 4),
+                    cfg=encoder_config(encoder, tf32=tf32),
+                    phases=not tf32,  # the phase profile once per encoder
+                    label=label,
+                )
+                for r in got:
+                    if r["metric"] == "train step (graph replay)":
+                        r["target"] = "<= 600 us" if tf32 else "<= 2500 us"
+                    if r["metric"].startswith("collect step"):
+                        r["target"] = ""
+                rows += got
+                extra.setdefault("encoder_steps_us", {})[label.lstrip(", ")] = {
+                    r["metric"]: r["value"] for r in got if r["unit"] == "us"
+                }
+            except Exception as exc:
+                _failed(rows, "cudarl step_benchmark" + label, exc)
+
+
 def epoch_arm(args, rows, extra) -> None:
     """One epoch over ``args.epoch_bars`` bars: collect + train, wall clock after capture and warm-up."""
     from cudarl.bench import reference_bars, reference_config
@@ -380,6 +410,12 @@ def main() -> int:
     ap.add_argument("--epoch-bars", type=int, default=4_000_000)
     ap.add_argument("--no-torch", action="store_true", help="skip the PyTorch arms and the check")
     ap.add_argument(
+        "--encoders",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also time the step with the temporal encoders (issue 22's workload; fp32 and TF32)",
+    )
+    ap.add_argument(
         "--net-variants",
         action=argparse.BooleanOptionalAction,
         default=True,
@@ -434,6 +470,8 @@ def main() -> int:
                     )
                 except Exception as exc:
                     _failed(rows, "cudarl step_benchmark" + label, exc)
+    if args.encoders and not why:
+        encoder_arms(args, rows, extra)
     torch_us: dict = {}
     if not args.no_torch:
         if not why:

@@ -14,7 +14,8 @@ rm -f "$OUT/mechanisms.jsonl"  # appended to run by run
 export PYTHONPATH=. PYTHONFAULTHANDLER=1
 . tools/mps.sh
 mps_start
-# 3 behaviour runs, then 66 runs; 14 workers share the GPU (16 CPU cores on the host)
+# 45 online runs on 10 workers beside the offline chain (3 behaviour runs, then 12 offline runs) on 4;
+# 14 processes share the GPU (16 CPU cores on the host)
 timeout "${SCREEN_LIMIT_S:-340}" python3 tools/mechanism_screen.py --seeds 3 --workers "${WORKERS:-14}" \
   --out "$OUT/mechanisms.json" --jsonl "$OUT/mechanisms.jsonl" --md "$OUT/mechanisms.md" \
   --recordings "$OUT/recordings" > "$OUT/mechanisms.log" 2>&1

@@ -14,7 +14,7 @@ LIMIT=${SWEEP_LIMIT_S:-500}
 V=(--variant base --variant "b256h128:agent.batch_size=256,net.hidden=[128,128]" --variant eps20k:agent.eps_steps=20000
    --variant "b256h128eps20k:agent.batch_size=256,net.hidden=[128,128],agent.eps_steps=20000")
 for head in iqn c51; do
-  timeout "$LIMIT" python3 tools/sweep.py --task regime --heads "$head" --seeds 3 --workers "${WORKERS:-6}" \
+  timeout "$LIMIT" python3 tools/sweep.py --tasks regime --heads "$head" --seeds 3 --workers "${WORKERS:-6}" \
     --jsonl "$OUT/sweep_$head.jsonl" --md "$OUT/sweep_$head.md" "${V[@]}" > "$OUT/sweep_$head.log" 2>&1 &
 done
 wait

@@ -8,7 +8,7 @@ processes (on one GPU they share it; the step is latency-bound, so several proce
 busier than one). Each finished run is appended to ``--jsonl`` at once, so a sweep cut short keeps
 what it measured; ``--md`` writes the summary table (mean, spread, per-seed values).
 
-    python3 tools/sweep.py --task regime --heads c51 --seeds 3 --workers 4 \\
+    python3 tools/sweep.py --tasks regime,noise --heads c51 --seeds 3 --workers 4 \\
         --variant base --variant "gamma0.9:agent.gamma=0.9" --variant "lr3e-4:optim.lr=3e-4"
 """
 
@@ -28,6 +28,8 @@ sys.path.insert(0, str(ROOT / "tools"))
 
 import learning_check  # noqa: E402
 
+from cudarl.evaluate import json_safe  # noqa: E402
+
 
 def parse_variant(text: str) -> tuple[str, list[str]]:
     """``"name:a.b=1,c.d=2"`` -> ``("name", ["a.b=1", "c.d=2"])``; ``"base"`` -> ``("base", [])``."""
@@ -39,26 +41,46 @@ def parse_variant(text: str) -> tuple[str, list[str]]:
     return name, sets
 
 
+def _mean_min(values) -> tuple[float, float]:
+    ok = [v for v in values if learning_check._finite(v)]
+    return (statistics.mean(ok), min(ok)) if ok else (float("nan"), float("nan"))
+
+
+def _mean_max(values) -> tuple[float, float]:
+    ok = [v for v in values if learning_check._finite(v)]
+    return (statistics.mean(ok), max(ok)) if ok else (float("nan"), float("nan"))
+
+
 def summarise(rows: list[dict]) -> list[dict]:
+    """One entry per (variant, task, head): the seeds' test Sharpe, % of the causal reference, share of
+    bars traded, validation decay, how many seeds meet the task's target (learning_report.TARGETS), and
+    the same for the validation-gated view of the same weights."""
+    import learning_report
+
     out = []
-    for key in dict.fromkeys((r["variant"], r["head"]) for r in rows):
-        rs = [r for r in rows if (r["variant"], r["head"]) == key]
+    for key in dict.fromkeys((r["variant"], r["task"], r["head"]) for r in rows):
+        rs = [r for r in rows if (r["variant"], r["task"], r["head"]) == key]
         ok = [r for r in rs if r.get("error") is None]
-        sh = [r["test_sharpe"] for r in ok]
-        frac = [r["fraction_of_optimum"] for r in ok if "fraction_of_optimum" in r]
-        mean, spread, _ = learning_check.mean_spread(sh)  # (nan, nan, 0) for no runs
+        mean, spread, _ = learning_check.mean_spread([r["test_sharpe"] for r in ok])  # (nan, nan, n) for none
+        target = learning_report.TARGETS.get(ok[0]["kind"]) if ok else None
+        gate = [r["views"].get(f"gate={learning_check.VIEW_GATE:g}", {}) for r in ok]
         out.append(
             {
                 "variant": key[0],
-                "head": key[1],
+                "task": key[1],
+                "head": key[2],
                 "sets": rs[0]["sets"],
                 "n": len(ok),
                 "errors": len(rs) - len(ok),
                 "sharpe_mean": mean,
-                "sharpe_spread": spread if sh else 0.0,
-                "sharpes": sh,
-                "fraction_min": min(frac) if frac else None,
-                "fraction_mean": statistics.mean(frac) if frac else None,
+                "sharpe_spread": spread,
+                "sharpes": [r["test_sharpe"] for r in ok],
+                "fraction_causal": _mean_min([r.get("fraction_of_causal") for r in ok]),
+                "trade_pct": _mean_max([r["test_trade_bars_pct"] for r in ok]),
+                "decay": _mean_min([r.get("decay_ratio") for r in ok]),
+                "target_met": sum(target[2](r) for r in ok) if target else None,
+                "gate_fraction_causal": _mean_min([g.get("fraction_of_causal") for g in gate]),
+                "gate_trade_pct": _mean_max([g.get("trade_bars_pct", 0.0) for g in gate]),
                 "wall_s": statistics.mean(r["wall_s"] for r in rs),
             }
         )
@@ -66,47 +88,52 @@ def summarise(rows: list[dict]) -> list[dict]:
 
 
 def markdown(summary: list[dict], header: str) -> str:
+    f, pct = learning_check._f, (lambda x: f"{100 * x:.0f}%" if learning_check._finite(x) else "—")
     lines = [
         header,
         "",
-        "| variant | overrides | head | test Sharpe mean ± spread | per seed | % of optimum (min / mean) "
-        "| wall s per run |",
-        "|---|---|---|---|---|---|---|",
+        "| variant | overrides | task | head | test Sharpe mean ± spread | % of causal mean (min) | "
+        "trades, % of bars mean (max) | val final/best mean (min) | target met | gated: % of causal, trades % |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for s in summary:
-        frac = (
-            f"{100 * s['fraction_min']:.0f}% / {100 * s['fraction_mean']:.0f}%" if s["fraction_min"] is not None else ""
-        )
         err = f" ({s['errors']} failed)" if s["errors"] else ""
+        fc, tp, dc = s["fraction_causal"], s["trade_pct"], s["decay"]
+        gfc, gtp = s["gate_fraction_causal"], s["gate_trade_pct"]
+        met = "" if s["target_met"] is None else f"{s['target_met']} of {s['n']}"
         lines.append(
-            f"| {s['variant']} | {', '.join(f'`{x}`' for x in s['sets']) or '(defaults)'} | {s['head']} | "
-            f"{s['sharpe_mean']:.2f} ± {s['sharpe_spread']:.2f}{err} | {', '.join(f'{v:.2f}' for v in s['sharpes'])} | "
-            f"{frac} | {s['wall_s']:.0f} |"
+            f"| {s['variant']} | {', '.join(f'`{x}`' for x in s['sets']) or '(defaults)'} | {s['task']} | "
+            f"{s['head']} | {f(s['sharpe_mean'])} ± {f(s['sharpe_spread'])}{err} | {pct(fc[0])} ({pct(fc[1])}) | "
+            f"{f(tp[0], '.1f')} ({f(tp[1], '.1f')}) | {pct(dc[0])} ({pct(dc[1])}) | {met} | "
+            f"{pct(gfc[0])}, {f(gtp[0], '.1f')} |"
         )
     return "\n".join(lines) + "\n"
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--task", default="regime")
+    ap.add_argument("--tasks", default="regime", help="comma-separated tasks of tools/learning_check.py")
     ap.add_argument("--heads", default="c51")
     learning_check.add_run_args(ap)
     ap.add_argument("--variant", action="append", default=[], help="NAME[:SECTION.FIELD=VALUE,...] (repeatable)")
+    ap.add_argument("--set", action="append", default=[], help="SECTION.FIELD=VALUE applied to every variant")
     ap.add_argument("--jsonl", type=Path, default=ROOT / "docs" / "bench" / "sweep.jsonl")
     ap.add_argument("--md", type=Path, default=None, help="write the summary table here")
     args = ap.parse_args()
     device = learning_check.resolve_device(args.device)
-    variants = [parse_variant(v) for v in (args.variant or ["base"])]
+    variants = [(n, args.set + sets) for n, sets in (parse_variant(v) for v in (args.variant or ["base"]))]
     for _, sets in variants:
         learning_check._overrides(sets)  # fail on a bad override before anything runs
     jobs = [
-        {"task": args.task, "head": h, "seed": s, "variant": n, "sets": sets, "device": device, "quick": args.quick}
+        {"task": t, "head": h, "seed": s, "variant": n, "sets": sets, "device": device, "quick": args.quick}
         for n, sets in variants
+        for t in args.tasks.split(",")
         for h in args.heads.split(",")
         for s in range(args.seeds)
     ]
     print(
-        f"sweep: {len(jobs)} runs ({len(variants)} variants x {args.heads} x {args.seeds} seeds) on {device}, "
+        f"sweep: {len(jobs)} runs ({len(variants)} variants x {args.tasks} x {args.heads} x {args.seeds} seeds) "
+        f"on {device}, "
         f"{args.workers} worker(s)",
         flush=True,
     )
@@ -116,11 +143,11 @@ def main() -> int:
 
     def on_row(r):  # each finished run is on disk at once: a sweep cut short keeps what it measured
         n_done.append(1)
-        log.write(json.dumps(r, default=float) + "\n")
+        log.write(json.dumps(json_safe(r), allow_nan=False) + "\n")
         log.flush()
         res = learning_check.describe(r)
         print(
-            f"[{len(n_done)}/{len(jobs)} {time.perf_counter() - t0:.0f}s] {r['variant']:16s} {r['head']} "
+            f"[{len(n_done)}/{len(jobs)} {time.perf_counter() - t0:.0f}s] {r['variant']:16s} {r['task']} {r['head']} "
             f"seed {r['seed']}: {res}",
             flush=True,
         )
@@ -130,7 +157,7 @@ def main() -> int:
     summary = summarise(rows)
     table = markdown(
         summary,
-        f"Sweep on `{args.task}`, {args.seeds} seeds, device {device}, "
+        f"Sweep on `{args.tasks}`, {args.seeds} seeds, device {device}, "
         f"{time.perf_counter() - t0:.0f} s wall with {args.workers} worker(s).",
     )
     print("\n" + table)

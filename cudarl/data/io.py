@@ -3,11 +3,12 @@
 Nothing here judges the data beyond what is needed to read it; :mod:`cudarl.data.validate`
 does the checks and repairs. Times come out as int64 ns since the epoch, UTC.
 
-CSV files are read by pyarrow's CSV reader when pyarrow is installed, and otherwise by a NumPy
-path that splits the text once and converts each column in one call; both fall back to Python's
-``csv`` module for anything unusual (quoted fields, ragged rows, bytes that are not UTF-8), which
-also words the errors (file, line, column). ISO times are parsed by NumPy in one call when every
-value has the same plain form, and one at a time otherwise.
+CSV files are read by pyarrow's CSV reader when pyarrow is installed, and otherwise by NumPy
+(:func:`cudarl.data.text.split_bytes`: one pass over the bytes); either gives columns of text
+that are converted in bulk (:mod:`cudarl.data.text`). Anything unusual (quoted fields, ragged
+rows, stray CRs, bytes that are not UTF-8) goes to Python's ``csv`` module, which also words the
+errors (file, line, column). ISO times are parsed by NumPy in one call when every value has the
+same plain form, and one at a time otherwise.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from .bars import NS_PER_SECOND, DataError, Problem, where
+from .text import ArrowText, TextColumn, split_bytes
 
 #: Accepted column names (after lower-casing and mapping ``_``/``-`` to spaces), by field.
 ALIASES = {
@@ -66,8 +68,9 @@ def _norm(name: str) -> str:
 def read_table(path: str | Path) -> tuple[list[str], dict]:
     """``(column names in file order, name -> values)`` of a CSV, CSV.gz or Parquet file.
 
-    Values are float64 NumPy arrays for columns that are all numbers, lists of str otherwise
-    (CSV); Parquet timestamps are int64 ns UTC, marked by a ``datetime64[ns]`` dtype.
+    CSV values are :class:`~cudarl.data.text.TextColumn` (converted on demand: :func:`to_float`,
+    :func:`parse_times`) or lists of str; Parquet gives float64 NumPy arrays for numbers and
+    int64 ns UTC timestamps marked by a ``datetime64[ns]`` dtype.
     """
     path = Path(path)
     if not path.exists():
@@ -83,12 +86,30 @@ def read_table(path: str | Path) -> tuple[list[str], dict]:
     opener = gzip.open if path.name.lower().endswith(".gz") else open
     with opener(path, "rb") as fh:
         raw = fh.read()
+    if raw.startswith(BOM):
+        raw = raw[len(BOM) :]
+    if not raw.isascii():
+        _check_utf8(str(path), raw)
+    eol = raw.find(b"\n")
+    fast = split_bytes(raw, _delimiter((raw if eol < 0 else raw[:eol]).decode("utf-8")))
+    return fast if fast is not None else _read_csv_text(str(path), raw.decode("utf-8"))
+
+
+BOM = "\ufeff".encode()
+
+
+def _delimiter(header_line: str) -> str:
+    return max(",;\t|", key=header_line.count)
+
+
+def _check_utf8(source: str, raw: bytes) -> None:
+    """Raise a :class:`DataError` naming the line of the first byte that is not UTF-8."""
     try:
-        text = raw.decode("utf-8")
+        raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         line = raw.count(b"\n", 0, exc.start) + 1
         raise DataError(
-            str(path),
+            source,
             [
                 Problem(
                     "encoding",
@@ -97,7 +118,6 @@ def read_table(path: str | Path) -> tuple[list[str], dict]:
                 )
             ],
         ) from None
-    return _read_csv_text(str(path), text)
 
 
 class _FallBack(Exception):
@@ -105,17 +125,16 @@ class _FallBack(Exception):
 
 
 def _read_csv_arrow(path: Path):
-    """pyarrow's multithreaded CSV reader: every column read as text, then numbers cast in C."""
+    """pyarrow's multithreaded CSV reader: every column read as text, converted on demand in C."""
     try:
         import pyarrow as pa
-        import pyarrow.compute as pc
         import pyarrow.csv as pacsv
     except ImportError:
         raise _FallBack from None
     opener = gzip.open if path.name.lower().endswith(".gz") else open
     with opener(path, "rb") as fh:
         first = fh.readline().decode("utf-8", errors="replace").lstrip("\ufeff")
-    delim = max(",;\t|", key=first.count)
+    delim = _delimiter(first)
     header = next(csv.reader([first], delimiter=delim), [])
     if not header or len(set(header)) != len(header):
         raise _FallBack
@@ -134,67 +153,21 @@ def _read_csv_arrow(path: Path):
     if table.num_rows == 0 or table.column_names != header:
         raise _FallBack
     names = [h.strip() for h in header]
-    return names, {n: ArrowText(pc.utf8_trim_whitespace(c)) for n, c in zip(names, table.columns, strict=True)}
-
-
-class ArrowText:
-    """A text column read by pyarrow: :meth:`floats` casts it in C; :meth:`strings` only when needed
-    (times, or numbers with missing tokens, which :func:`to_float` reads one by one)."""
-
-    def __init__(self, column):
-        self.column = column
-
-    def __len__(self) -> int:
-        return len(self.column)
-
-    def __iter__(self):
-        return iter(self.strings())
-
-    def floats(self) -> np.ndarray | None:
-        import pyarrow as pa
-        import pyarrow.compute as pc
-
-        try:
-            a = pc.cast(self.column, pa.float64()).combine_chunks()
-        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
-            return None
-        if a.null_count:
-            return None
-        # from the buffer: to_numpy() would import pandas (most of a second)
-        return np.frombuffer(a.buffers()[1], np.float64, count=len(a), offset=a.offset * 8).copy()
-
-    def head(self, n: int = 8) -> list:
-        return self.column.slice(0, n).to_pylist()
-
-    def strings(self) -> list:
-        return self.column.to_pylist()
-
-    def codes(self) -> np.ndarray | None:
-        """uint8 ``[T, w]``: the bytes of a column whose values all have ``w`` ASCII characters, else None."""
-        import pyarrow as pa
-
-        a = self.column.combine_chunks()
-        if a.null_count or not len(a) or not pa.types.is_string(a.type):
-            return None
-        off = np.frombuffer(a.buffers()[1], np.int32, count=len(a) + 1, offset=a.offset * 4)
-        w = int(off[1] - off[0])
-        if w < 1 or not np.all(np.diff(off) == w):
-            return None
-        return np.frombuffer(a.buffers()[2], np.uint8, count=int(off[-1] - off[0]), offset=int(off[0])).reshape(-1, w)
+    return names, {n: ArrowText(c) for n, c in zip(names, table.columns, strict=True)}
 
 
 def _read_csv_text(source: str, text: str):
+    """The ``csv`` module's reading of a file the bulk reader does not take; it names bad lines."""
     if text.startswith("\ufeff"):
         text = text[1:]
-    first, _, body = text.partition("\n")
-    delim = max(",;\t|", key=first.count)
-    if "\r\n" in text:  # Windows line ends (csv.writer's default)
-        first, body = first.rstrip("\r"), body.replace("\r\n", "\n")
-    if '"' not in text and "\r" not in body:
-        fast = _split_plain(source, first, body, delim)
-        if fast is not None:
-            return fast
-    reader = csv.reader(io.StringIO(text), delimiter=delim)
+    reader = csv.reader(io.StringIO(text, newline=""), delimiter=_delimiter(text.partition("\n")[0]))
+    try:  # newline="": a lone CR ends a line, as in a spreadsheet's export
+        return _csv_columns(source, reader)
+    except csv.Error as exc:
+        raise DataError(source, [Problem("bad_row", f"line {reader.line_num} is not CSV ({exc})")]) from None
+
+
+def _csv_columns(source: str, reader):
     try:
         header = next(reader)
     except StopIteration:
@@ -219,29 +192,6 @@ def _read_csv_text(source: str, text: str):
             c.append(v.strip())
     if not cols or not cols[0]:
         raise DataError(source, [Problem("empty", "the file has a header but no data rows")])
-    return header, dict(zip(header, cols, strict=True))
-
-
-def _split_plain(source: str, first: str, body: str, delim: str):
-    """A file without quotes: split once, check every row's field count, columns of str.
-
-    Returns None when a row has the wrong number of fields (the ``csv`` path then names it)."""
-    header = [h.strip() for h in first.split(delim)]
-    body = body.rstrip("\n")
-    if "\n\n" in body:  # blank lines carry no row
-        body = "\n".join(ln for ln in body.split("\n") if ln)
-    if not body:
-        raise DataError(source, [Problem("empty", "the file has a header but no data rows")])
-    k = len(header)
-    codes = np.frombuffer(body.encode(), np.uint8)
-    ends = np.append(np.flatnonzero(codes == 10), len(codes))
-    per_line = np.diff(np.searchsorted(np.flatnonzero(codes == ord(delim)), ends), prepend=0)
-    if not (per_line == k - 1).all():
-        return None
-    fields = body.replace("\n", delim).split(delim)
-    cols = [fields[c::k] for c in range(k)]
-    if " " in body or (delim != "\t" and "\t" in body):
-        cols = [[v.strip() for v in col] for col in cols]
     return header, dict(zip(header, cols, strict=True))
 
 
@@ -368,7 +318,7 @@ def to_float(values) -> np.ndarray:
     """float64 [T] from a column; missing tokens and unparsable text become NaN."""
     if isinstance(values, np.ndarray):
         return values.astype(np.float64)
-    if isinstance(values, ArrowText):
+    if isinstance(values, TextColumn):
         f = values.floats()
         if f is not None:
             return f
@@ -441,20 +391,24 @@ def parse_times(source: str, column: str, values, date_format: str | None = None
     offset are converted. Raises :class:`DataError` (code ``bad_time``) naming the rows.
     """
     fix = "pass date_format=... (CLI --date-format), a strptime format or epoch_s/epoch_ms"
-    if isinstance(values, ArrowText):
-        if (date_format or detect_format(values.head())) == "iso":
+    fmt = date_format
+    if isinstance(values, TextColumn):
+        fmt = fmt or detect_format(values.head())
+        if fmt == "iso":
             m = values.codes()
             fast = None if m is None else _parse_iso_codes(m, tz)
             if fast is not None:
                 return fast
-        values = values.strings()
+        if fmt not in ("epoch", *EPOCH_UNITS):  # epoch numbers are cast in bulk by to_float
+            values = values.strings()
+            fmt = date_format or detect_format(values)
     if isinstance(values, tuple) and values and values[0] == "naive":
         return _local_to_utc_ns(values[1].copy(), tz)
     if isinstance(values, np.ndarray) and values.dtype.kind == "M":
         return values.astype("datetime64[ns]").view(np.int64).copy()
     if isinstance(values, np.ndarray):  # numeric Parquet column
         values = [repr(v) for v in values.tolist()]
-    fmt = date_format or detect_format(values)
+    fmt = fmt or detect_format(values)
     if fmt is None:
         first = next((v for v in values if v), "")
         raise DataError(
@@ -529,52 +483,55 @@ def _parse_iso_numpy(values, tz: str) -> np.ndarray | None:
     return _parse_iso_codes(m, tz)
 
 
-def _digits(m: np.ndarray, lo: int, hi: int):
-    d = m[:, lo:hi].astype(np.int64) - 48
-    if ((d < 0) | (d > 9)).any():
-        return None
-    v = np.zeros(len(m), np.int64)
-    for k in range(hi - lo):
-        v = v * 10 + d[:, k]
-    return v
-
-
 def _parse_iso_codes(m: np.ndarray, tz: str) -> np.ndarray | None:
     """int64 ns UTC from the characters ``m`` ``[T, w]`` of ISO times that all have one plain form:
     ``YYYY-MM-DD``, then optionally ``(T| )HH:MM``, ``:SS``, ``.f`` (1-9 digits), and ``Z`` on all
     or none. The same arithmetic and range checks as the regex path; None when anything differs
-    (that path then reads the values one by one and names a bad row)."""
+    (that path then reads the values one by one and names a bad row). Days are counted once per
+    run of equal dates (a day of minute bars is one run)."""
     n, w = m.shape
     zulu = bool((m[:, -1] == ord("Z")).all())
     if zulu:
         m, w = m[:, :-1], w - 1
     if w < 10 or (w > 10 and w not in (16, 19) and not (21 <= w <= 29)):
         return None
-    seps = {4: b"-", 7: b"-"}
+    seps = {4: "-", 7: "-"}
     if w > 10:
-        seps.update({13: b":"} if w == 16 else {13: b":", 16: b":"})
+        seps.update({10: "T ", 13: ":"} if w == 16 else {10: "T ", 13: ":", 16: ":"})
         if w >= 21:
-            seps[19] = b"."
-    for i, ch in seps.items():
-        if not (m[:, i] == ch[0]).all():
+            seps[19] = "."
+    for i, chars in seps.items():
+        col = m[:, i]
+        hit = col == ord(chars[0])
+        for ch in chars[1:]:
+            hit |= col == ord(ch)
+        if not hit.all():
             return None
-    if w > 10 and not ((m[:, 10] == ord("T")) | (m[:, 10] == ord(" "))).all():
+    digit_at = [i for i in range(w) if i not in seps]
+    digits = m.T[digit_at] - np.uint8(48)  # [columns, T], each contiguous; a non-digit wraps past 9
+    if (digits > 9).any():
         return None
-    parts = [_digits(m, 0, 4), _digits(m, 5, 7), _digits(m, 8, 10)]
-    if w > 10:
-        parts += [_digits(m, 11, 13), _digits(m, 14, 16), _digits(m, 17, 19) if w >= 19 else np.zeros(n, np.int64)]
-    else:
-        parts += [np.zeros(n, np.int64)] * 3
-    frac = np.zeros(n, np.int64) if w < 21 else _digits(m, 20, w)
-    if any(p is None for p in parts) or frac is None:
+    col = {c: j for j, c in enumerate(digit_at)}
+
+    def number(lo: int, hi: int) -> np.ndarray:
+        v = digits[col[lo]].astype(np.int64)
+        for c in range(lo + 1, hi):
+            v *= 10
+            v += digits[col[c]]
+        return v
+
+    zero = np.zeros(n, np.int64)
+    y, mo, d = number(0, 4), number(5, 7), number(8, 10)
+    hh, mi, ss = (number(11, 13), number(14, 16), number(17, 19) if w >= 19 else zero) if w > 10 else (zero,) * 3
+    frac = number(20, w) * 10 ** (9 - (w - 20)) if w >= 21 else zero
+    if not ((hh <= 23) & (mi <= 59) & (ss <= 60)).all():
         return None
-    y, mo, d, hh, mi, ss = parts
-    if w >= 21:
-        frac = frac * 10 ** (9 - (w - 20))
-    ok = (mo >= 1) & (mo <= 12) & (d >= 1) & (hh <= 23) & (mi <= 59) & (ss <= 60)
-    if not ok.all() or not (d <= _days_in_month(y, mo)).all():
+    first = np.flatnonzero(np.diff(y * 10000 + mo * 100 + d, prepend=-1))  # where each run of one date begins
+    y, mo, d = y[first], mo[first], d[first]
+    if not ((mo >= 1) & (mo <= 12) & (d >= 1)).all() or not (d <= _days_in_month(y, mo)).all():
         return None
-    naive = (_days_from_civil(y, mo, d) * 86400 + hh * 3600 + mi * 60 + ss) * NS_PER_SECOND + frac
+    day_ns = np.repeat(_days_from_civil(y, mo, d) * (86400 * NS_PER_SECOND), np.diff(first, append=n))
+    naive = day_ns + (hh * 3600 + mi * 60 + ss) * NS_PER_SECOND + frac
     return naive if zulu else _local_to_utc_ns(naive, tz)
 
 

@@ -113,7 +113,8 @@ def metrics(returns, periods_per_year: float | None = None, *, times=None, posit
       costs_paid       sum of costs (fractions of equity, not compounded)
       profit_factor    sum of positive bar returns / |sum of negative bar returns|
     ``periods_per_year`` None: inferred from ``times`` (int64 ns [N]) and recorded as
-    ``periods_per_year`` and ``periods_per_year_source``. Undefined values are NaN.
+    ``periods_per_year`` and ``periods_per_year_source``. Undefined values are NaN (or inf), and
+    ``null_reasons`` says why for each (strict JSON writes them as null: :func:`json_safe`).
     """
     r = np.asarray(returns, dtype=np.float64)
     ppy, how = resolve_periods_per_year(periods_per_year, times)
@@ -154,4 +155,28 @@ def metrics(returns, periods_per_year: float | None = None, *, times=None, posit
                 "costs_paid": float(c.sum()),
             }
         )
+    reasons = _null_reasons(out, r)
+    if reasons:
+        out["null_reasons"] = reasons
     return out
+
+
+def _null_reasons(out: dict, r: np.ndarray) -> dict:
+    """Why each undefined (NaN or infinite) value of :func:`metrics` is so, for strict JSON."""
+    flat = "the returns are constant (no position held: flat)"
+    few = "fewer than 2 bars"
+    why = {
+        "sharpe": few if r.size < 2 else flat,
+        "annual_volatility": few,
+        "sortino": few if r.size < 2 else "no losing bars (no downside deviation)",
+        "calmar": "no drawdown",
+        "profit_factor": "no losing bars" if r.size and (r > 0).any() else "no winning or losing bars",
+        "trade_win_rate": "no trades",
+        "bar_hit_rate": "no bar held a position",
+    }
+    empty = "no bars"
+    return {
+        k: (why.get(k, empty) if r.size else empty)
+        for k, v in out.items()
+        if isinstance(v, float) and not math.isfinite(v)
+    }

@@ -16,15 +16,29 @@ from ._metrics import drawdown
 
 
 def json_safe(obj):
-    """Replace NaN and infinities by ``None`` (JSON has neither), recursively."""
+    """Strict JSON: NaN and infinities become ``null`` (JSON has neither), recursively, each with a
+    reason in its dict's ``null_reasons`` (kept when the producer gave one, else what the value was)."""
     if isinstance(obj, dict):
-        return {k: json_safe(v) for k, v in obj.items()}
+        out, reasons = {}, dict(obj.get("null_reasons") or {})
+        for k, v in obj.items():
+            if k == "null_reasons":
+                continue
+            if isinstance(v, (float, np.floating)) and not math.isfinite(v):
+                reasons.setdefault(k, "undefined (not a number)" if v != v else f"{'+' if v > 0 else '-'}infinite")
+            out[k] = json_safe(v)
+        if reasons:
+            out["null_reasons"] = {k: reasons[k] for k in reasons if out.get(k, 0) is None}
+            if not out["null_reasons"]:
+                del out["null_reasons"]
+        return out
     if isinstance(obj, (list, tuple)):
         return [json_safe(v) for v in obj]
     if isinstance(obj, (float, np.floating)):
         return float(obj) if math.isfinite(obj) else None
     if isinstance(obj, np.integer):
         return int(obj)
+    if isinstance(obj, np.bool_):
+        return bool(obj)
     return obj
 
 

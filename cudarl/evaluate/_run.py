@@ -15,6 +15,7 @@ from cudarl.costs import bar_net_return
 from cudarl.data.bars import Bars, iso
 
 from ._metrics import drawdown, metrics, resolve_periods_per_year, trades
+from ._stats import LEVEL, RESAMPLES, return_statistics
 
 ACTION_POSITIONS = (-1.0, 0.0, 1.0)
 COST_MULTIPLIERS = (1, 2, 3)
@@ -101,6 +102,9 @@ def evaluate_positions(
     slippage_bps: float = 0.0,
     periods_per_year: float | None = None,
     fill: str | None = None,
+    trials: int = 1,
+    level: float = LEVEL,
+    resamples: int = RESAMPLES,
 ) -> Evaluation:
     """Evaluate positions float64 ``[N]`` decided at the closes of bars ``split.start ..``.
 
@@ -110,6 +114,9 @@ def evaluate_positions(
     ``px[t+2] / px[t+1] - 1`` with ``px`` the opens (closes); ``N = len(split) - 2``. Use the
     env's fill to evaluate what the agent was trained on.
     ``periods_per_year`` None: ``bars.infer_periods_per_year()`` (recorded in the summary).
+    ``summary["statistics"]``: :func:`cudarl.evaluate.return_statistics` of the net returns against
+    buy-and-hold over the same bars (``trials``: configurations tried, for the deflated Sharpe ratio;
+    ``level``: of the intervals; ``resamples``: of the stationary bootstrap, seeded by the split).
     """
     start, stop = (split.start, split.stop) if hasattr(split, "start") else split
     position = np.asarray(position, dtype=np.float64)
@@ -161,6 +168,9 @@ def evaluate_positions(
         "buy_and_hold": m(bh, np.ones(n), bh_costs),
         "flat": m(flat, np.zeros(n), np.zeros(n)),
         "cost_sweep": sweep,
+        "statistics": return_statistics(
+            net, ppy, benchmark=bh, trials=trials, level=level, resamples=resamples, seed=int(start)
+        ),
     }
     lag = 1 if fill is None else 2
     return Evaluation(

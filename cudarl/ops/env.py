@@ -13,9 +13,9 @@ import numpy as np
 
 from ..kernels import blocks_for, launch
 from ..reference.env import EnvData, EnvParams, EnvState, Transitions, rows_per_step
+from ..reference.window import STATE_DIM
 
 _THREADS = 256
-_WARPS = _THREADS // 32
 
 
 def _check(name: str, a, dtype, shape: tuple) -> None:
@@ -60,24 +60,23 @@ def _check_params(params: EnvParams, t_n: int) -> None:
         )
 
 
-def reset(state: EnvState, obs, data: EnvData, params: EnvParams, stream=None) -> None:
-    """Start a new episode in every env; writes ``state`` (not ``count``) and ``obs`` float32 ``[N, F+2]``."""
+def reset(state: EnvState, rows, params: EnvParams, stream=None) -> None:
+    """Start a new episode in every env; writes ``state`` (not ``count``) and the state rows ``rows``
+    float32 ``[N, STATE_DIM]``."""
     n = _check_state(state)
-    t_n, f_n, _ = _check_data(data)
-    _check_params(params, t_n)
-    _check("obs", obs, np.float32, (n, f_n + 2))
+    _check("rows", rows, np.float32, (n, STATE_DIM))
+    if not (0 <= params.t_begin and params.n_starts >= 1 and params.episode_len >= 1 and params.hold_cap >= 1):
+        raise ValueError(f"params out of range: {params}")
     launch(
         "env",
         "reset",
-        blocks_for(n, _WARPS),
+        blocks_for(n, _THREADS),
         _THREADS,
         (
             *state[:5],
             state.count,
-            obs,
-            data.features,
+            rows,
             n,
-            f_n,
             params.t_begin,
             params.n_starts,
             params.episode_len,
@@ -90,18 +89,18 @@ def reset(state: EnvState, obs, data: EnvData, params: EnvParams, stream=None) -
 
 
 def step(
-    state: EnvState, obs, reward_out, done_out, actions, scale, data: EnvData, params: EnvParams, stream=None
+    state: EnvState, rows, reward_out, done_out, actions, scale, data: EnvData, params: EnvParams, stream=None
 ) -> None:
-    """Advance every env one bar (see the reference); writes ``state``, ``obs``, ``reward_out``, ``done_out``.
+    """Advance every env one bar (see the reference); writes ``state``, ``rows``, ``reward_out``, ``done_out``.
 
     Args:
-        actions: int32 ``[N]``; scale: float32 ``[N]``; obs: float32 ``[N, F+2]``;
+        actions: int32 ``[N]``; scale: float32 ``[N]``; rows: float32 ``[N, STATE_DIM]``;
         reward_out, done_out: float32 ``[N]``.
     """
     n = _check_state(state)
     t_n, f_n, a_n = _check_data(data)
     _check_params(params, t_n)
-    _check("obs", obs, np.float32, (n, f_n + 2))
+    _check("rows", rows, np.float32, (n, STATE_DIM))
     _check("reward_out", reward_out, np.float32, (n,))
     _check("done_out", done_out, np.float32, (n,))
     _check("actions", actions, np.int32, (n,))
@@ -109,21 +108,19 @@ def step(
     launch(
         "env",
         "step",
-        blocks_for(n, _WARPS),
+        blocks_for(n, _THREADS),
         _THREADS,
         (
             *state[:5],
             state.count,
-            obs,
+            rows,
             reward_out,
             done_out,
             actions,
             scale,
-            data.features,
             data.ret,
             data.levels,
             n,
-            f_n,
             a_n,
             params.t_begin,
             params.n_starts,
@@ -146,17 +143,17 @@ def record(out: Transitions, state: EnvState, actions, scale, data: EnvData, par
     _check_params(params, t_n)
     g_n = rows_per_step(a_n, params.counterfactual, params.mirror)
     m = g_n * n
-    _check("out.obs", out.obs, np.float32, (m, f_n + 2))
+    _check("out.obs", out.obs, np.float32, (m, STATE_DIM))
     _check("out.action", out.action, np.int32, (m,))
     _check("out.reward", out.reward, np.float32, (m,))
-    _check("out.next_obs", out.next_obs, np.float32, (m, f_n + 2))
+    _check("out.next_obs", out.next_obs, np.float32, (m, STATE_DIM))
     _check("out.done", out.done, np.float32, (m,))
     _check("actions", actions, np.int32, (n,))
     _check("scale", scale, np.float32, (n,))
     launch(
         "env",
         "record",
-        blocks_for(m, _WARPS),
+        blocks_for(m, _THREADS),
         _THREADS,
         (
             out.obs,
@@ -170,12 +167,9 @@ def record(out: Transitions, state: EnvState, actions, scale, data: EnvData, par
             state.hold,
             actions,
             scale,
-            data.features,
             data.ret,
             data.levels,
-            data.sign,
             n,
-            f_n,
             a_n,
             params.hold_cap,
             params.rate,

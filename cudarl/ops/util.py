@@ -25,3 +25,10 @@ def set_u64(dst, bits: int, stream=None) -> None:
 def add_i64(dst, by: int = 1, stream=None) -> None:
     """``dst[0] += by`` on the device (a step counter that advances at every replay)."""
     launch("util", "add_i64", 1, 1, (dst, int(by)), stream=stream)
+
+
+def add_f32(dst, a, b, stream=None) -> None:
+    """``dst = a + b`` elementwise over float32 arrays of one size (``dst`` may be ``a`` or ``b``)."""
+    if not (dst.size == a.size == b.size):
+        raise ValueError(f"util.add_f32: sizes {dst.size}, {a.size}, {b.size} differ")
+    launch("util", "add_f32", min(blocks_for(dst.size), 4096), 256, (dst, a, b, dst.size), stream=stream)

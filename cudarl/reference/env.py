@@ -11,10 +11,13 @@ The semantics live here (the CUDA kernels follow them bit for bit; docs/env.md e
       r_t = p_t * ret[t] - (cost_bps + slippage_bps) * 1e-4 * |p_t - p_{t-1}|
 
   with ``p_t = levels[a_t] * scale`` (``scale`` is 1, or the plan head's conviction).
-* Observation of env i (float32 ``[F + 2]``): ``features[t]``, the position held entering the
-  step ``p_{t-1}``, and ``min(hold, hold_cap) / hold_cap`` where ``hold`` counts the steps the
-  position has been held (0 after a reset; after a step ``hold + 1`` if the position did not
-  change, else 1).
+* Observation of env i, by reference: the state row (float32 ``[4]``, :mod:`cudarl.reference.window`)
+  ``[t, mirror, p_{t-1}, min(hold, hold_cap) / hold_cap]``: the bar observed, 0 (1 on a mirror row of
+  :func:`record`), the position held entering the step, and the hold fraction, where ``hold`` counts
+  the steps the position has been held (0 after a reset; after a step ``hold + 1`` if the position
+  did not change, else 1). The network's observation is the window of the last ``window`` bars of
+  features gathered from it (:func:`cudarl.reference.window.gather`: ``[features[t], p_{t-1}, hold
+  fraction]`` with a window of one bar).
 * Episodes. ``episode_len`` steps from a start ``s`` drawn uniformly from
   ``[t_begin, t_begin + n_starts)``, ``n_starts = t_end - t_begin - episode_len - 1``. The step
   whose ``steps_left`` reaches 0 reports ``done = 1`` and resets the env on the spot (flat,
@@ -43,12 +46,11 @@ import numpy as np
 
 from .. import costs
 from . import philox
+from .window import STATE_DIM
 
 STREAM_RESET = 0x656E7630  # "env0"
 STREAM_EPISODE = 0x656E7631  # "env1"
 STREAM_ACT = 0x656E7632  # "env2"
-#: Columns after the features in an observation: position, hold fraction.
-N_POSITION_FEATURES = 2
 F32 = np.float32
 
 
@@ -56,7 +58,7 @@ class EnvState(NamedTuple):
     """Per-env state, every array ``[N]``; the env's only mutable memory besides its outputs.
 
     Attributes:
-        t: int32, the bar observed now (the obs is ``features[t]``).
+        t: int32, the bar observed now (the newest bar of the observation window).
         start: int32, the first bar of the current episode.
         steps_left: int32, steps left in the episode (>= 1 between steps).
         position: float32, the position held entering the step (``p_{t-1}``).
@@ -76,7 +78,8 @@ class EnvData(NamedTuple):
     """Read-only market data.
 
     Attributes:
-        features: float32 ``[T, F]``, causal features (row t known at close[t]).
+        features: float32 ``[T, F]``, causal features (row t known at close[t]); the windows are
+            gathered from it (:class:`cudarl.window.Windows`), the env kernels never read it.
         ret: float32 ``[T]``, :func:`bar_returns`.
         levels: float32 ``[A]``, the target position of each action.
         sign: float32 ``[F]``, -1 on return-sign columns (negated by the mirror), +1 elsewhere.
@@ -128,10 +131,11 @@ class Transitions(NamedTuple):
     mirror) the directional mirror.
 
     Attributes:
-        obs: float32 ``[M, F + 2]``.
+        obs: float32 ``[M, STATE_DIM]``, the observation by reference (a state row,
+            :mod:`cudarl.reference.window`): what the replay stores.
         action: int32 ``[M]``.
         reward: float32 ``[M]``.
-        next_obs: float32 ``[M, F + 2]``, the true next observation (before any reset).
+        next_obs: float32 ``[M, STATE_DIM]``, the true next observation (before any reset).
         done: float32 ``[M]``, 1.0 where the episode ended at this step.
     """
 
@@ -142,12 +146,12 @@ class Transitions(NamedTuple):
     done: object
 
     @staticmethod
-    def allocate(xp, n_rows: int, obs_dim: int) -> Transitions:
+    def allocate(xp, n_rows: int) -> Transitions:
         return Transitions(
-            xp.zeros((n_rows, obs_dim), F32),
+            xp.zeros((n_rows, STATE_DIM), F32),
             xp.zeros(n_rows, np.int32),
             xp.zeros(n_rows, F32),
-            xp.zeros((n_rows, obs_dim), F32),
+            xp.zeros((n_rows, STATE_DIM), F32),
             xp.zeros(n_rows, F32),
         )
 
@@ -223,29 +227,22 @@ def _lane(blocks: np.ndarray, lanes: np.ndarray) -> np.ndarray:
     return blocks[np.arange(blocks.shape[0]), lanes]
 
 
-def write_obs(
-    obs: np.ndarray,
-    features: np.ndarray,
-    t: np.ndarray,
-    position: np.ndarray,
-    hold: np.ndarray,
-    hold_cap: int,
-    sign: np.ndarray | None = None,
+def write_state(
+    rows: np.ndarray, t: np.ndarray, position: np.ndarray, hold: np.ndarray, hold_cap: int, mirror: bool = False
 ) -> None:
-    """``obs[i] = [features[t[i]] (* sign), position[i], hold_feature(hold[i])]``; obs float32 ``[N, F+2]``."""
-    f = features.shape[1]
-    rows = features[t]
-    obs[:, :f] = rows if sign is None else rows * sign
-    obs[:, f] = position
-    obs[:, f + 1] = hold_feature(hold, hold_cap)
+    """``rows[i] = [t[i], mirror, position[i], hold_feature(hold[i])]``; rows float32 ``[N, STATE_DIM]``."""
+    rows[:, 0] = np.asarray(t).astype(F32)
+    rows[:, 1] = F32(1) if mirror else F32(0)
+    rows[:, 2] = position
+    rows[:, 3] = hold_feature(hold, hold_cap)
 
 
 # --- the ops ---------------------------------------------------------------------------------------
-def reset(state: EnvState, obs: np.ndarray, data: EnvData, params: EnvParams) -> None:
-    """Start a new episode in every env and write its observation.
+def reset(state: EnvState, rows: np.ndarray, params: EnvParams) -> None:
+    """Start a new episode in every env and write its observation's state row.
 
-    Writes ``state.t, start, steps_left, position (0), hold (0)`` and ``obs`` float32
-    ``[N, F+2]``; reads ``state.count`` (uint64 ``[N]``) as the Philox counter.
+    Writes ``state.t, start, steps_left, position (0), hold (0)`` and ``rows`` float32
+    ``[N, STATE_DIM]``; reads ``state.count`` (uint64 ``[N]``) as the Philox counter.
     """
     n = state.t.shape[0]
     i = np.arange(n, dtype=np.int64)
@@ -261,7 +258,7 @@ def reset(state: EnvState, obs: np.ndarray, data: EnvData, params: EnvParams) ->
     state.steps_left[:] = steps
     state.position[:] = F32(0)
     state.hold[:] = 0
-    write_obs(obs, data.features, state.t, state.position, state.hold, params.hold_cap)
+    write_state(rows, state.t, state.position, state.hold, params.hold_cap)
 
 
 def _target(actions: np.ndarray, scale: np.ndarray, levels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -271,7 +268,7 @@ def _target(actions: np.ndarray, scale: np.ndarray, levels: np.ndarray) -> tuple
 
 def step(
     state: EnvState,
-    obs: np.ndarray,
+    rows: np.ndarray,
     reward_out: np.ndarray,
     done_out: np.ndarray,
     actions: np.ndarray,
@@ -285,8 +282,8 @@ def step(
         actions: int32 ``[N]`` action indices (clamped into ``[0, A)``).
         scale: float32 ``[N]`` position scale in [0, 1] (ones when conviction sizing is off).
     Writes:
-        every field of ``state``; ``obs`` float32 ``[N, F+2]`` (the next observation, after a
-        reset where one happened); ``reward_out`` float32 ``[N]``; ``done_out`` float32 ``[N]``.
+        every field of ``state``; ``rows`` float32 ``[N, STATE_DIM]`` (the next observation's state
+        row, after a reset where one happened); ``reward_out`` float32 ``[N]``; ``done_out`` float32 ``[N]``.
     """
     n = state.t.shape[0]
     _, p = _target(actions, scale, data.levels)
@@ -308,7 +305,7 @@ def step(
     state.count[:] = count
     reward_out[:] = r
     done_out[:] = done.astype(F32)
-    write_obs(obs, data.features, state.t, state.position, state.hold, params.hold_cap)
+    write_state(rows, state.t, state.position, state.hold, params.hold_cap)
 
 
 def rows_per_step(n_actions: int, counterfactual: bool, mirror: bool) -> int:
@@ -322,9 +319,9 @@ def record(
     """Write this step's transitions (real, counterfactual, mirror) before :func:`step` runs.
 
     Prices do not depend on the agent, so the reward of any other action is exact. The mirror
-    negates the return-sign feature columns, the positions and the market's return; its reward
-    is computed directly in the mirrored market (``(-p) * (-ret) - rate * |-p + p_prev|``), never
-    by negating the real reward.
+    negates the return-sign feature columns (its state rows carry ``mirror = 1``, which the window
+    gather applies), the positions and the market's return; its reward is computed directly in the
+    mirrored market (``(-p) * (-ret) - rate * |-p + p_prev|``), never by negating the real reward.
 
     Args:
         out: :class:`Transitions` with ``rows_per_step * N`` rows (see its layout).
@@ -348,13 +345,12 @@ def record(
         rows = slice(g * n, (g + 1) * n)
         p = (data.levels[a] * scale).astype(F32)
         prev_g, ret_g = (-prev, -ret) if mirrored else (prev, ret)
-        sign = data.sign if mirrored else None
         out.action[rows] = a
         out.reward[rows] = reward(prev_g, p, ret_g, params)
         out.done[rows] = done
-        write_obs(out.obs[rows], data.features, t, prev_g, hold, params.hold_cap, sign)
+        write_state(out.obs[rows], t, prev_g, hold, params.hold_cap, mirrored)
         hold_next = np.where(p == prev_g, hold + 1, 1)
-        write_obs(out.next_obs[rows], data.features, t + 1, p, hold_next, params.hold_cap, sign)
+        write_state(out.next_obs[rows], t + 1, p, hold_next, params.hold_cap, mirrored)
 
 
 def act(actions: np.ndarray, q: np.ndarray, epsilon: np.ndarray, count: np.ndarray, params: EnvParams) -> None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import c51_chain, nn, optim, replay
+from . import c51_chain, nn, optim, replay, window
 from .optim import SCHEDULES
 
 
@@ -21,8 +21,9 @@ def c51_update(net: dict, opt: dict, rb: dict, cfg) -> dict:
     """One update, in place. ``net``: ``P``, ``G``, ``T`` (the online net's parameter and gradient views and
     the target's, by layout name) and the flat ``params``, ``grads``, ``target`` they view, ``mask`` (weight
     decay). ``opt``: Adam's flat ``m``, ``v`` and its device scalars ``step``, ``lr``, ``m_scale``, ``bc1``,
-    ``bc2``, the soft update's ``count``, ``tau`` (``[1]`` arrays). ``rb``: the replay's ``spec``, ``bufs``.
-    ``cfg``: the run's Config. Returns ``{"loss", "grad_norm", "idx", "priority"}``."""
+    ``bc2``, the soft update's ``count``, ``tau`` (``[1]`` arrays). ``rb``: the replay's ``spec``, ``bufs``
+    and the env's feature matrix ``features`` and its mirror ``sign``. ``cfg``: the run's Config. Returns
+    ``{"loss", "grad_norm", "idx", "priority"}``."""
     a, o, B, L = cfg.agent, cfg.optim, cfg.agent.batch_size, len(cfg.net.hidden)
     P, G, T = net["P"], net["G"], net["T"]
 
@@ -32,13 +33,20 @@ def c51_update(net: dict, opt: dict, rb: dict, cfg) -> dict:
     optim.tau_schedule(opt["count"], opt["tau"], a.tau_start, a.tau_end, a.tau_period)
 
     # sample B rows in proportion to priority**alpha (stratified search of the sum tree, Philox), with
-    # their n-step return and bootstrap discount, and the importance weights (min_k q_k / q_j)**beta
+    # their n-step return and bootstrap discount, and the importance weights (min_k q_k / q_j)**beta;
+    # the rows are state rows (a bar index and the position features)
     spec, bufs, W = rb["spec"], rb["bufs"], rb["spec"].obs_dim
     idx, qsel, w = np.zeros(B, np.int32), np.zeros(B, np.int64), np.zeros(B, np.float32)
-    s, s_next = np.zeros((B, W), np.float32), np.zeros((B, W), np.float32)
+    rows, rows_next = np.zeros((B, W), np.float32), np.zeros((B, W), np.float32)
     act, ret, disc = np.zeros(B, np.int32), np.zeros(B, np.float32), np.zeros(B, np.float32)
-    replay.sample_search_gather(spec, bufs, idx, qsel, s, s_next, act, ret, disc)
+    replay.sample_search_gather(spec, bufs, idx, qsel, rows, rows_next, act, ret, disc)
     replay.sample_weights(spec, bufs, qsel, w)
+
+    # the observations: the last net.window bars of features up to each row's bar, from the feature matrix
+    features, n_in = rb["features"], window.width(rb["features"].shape[1], cfg.net.window)
+    s, s_next = np.zeros((B, n_in), np.float32), np.zeros((B, n_in), np.float32)
+    window.gather(rows, features, rb["sign"], s, cfg.net.window)
+    window.gather(rows_next, features, rb["sign"], s_next, cfg.net.window)
 
     # forward: the ReLU MLP, then the dueling head's raw output va = [V, Adv] [B, (1 + A) K]
     def forward(Q, x):

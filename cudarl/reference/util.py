@@ -20,6 +20,13 @@ def add_i64(dst: np.ndarray, by: int = 1) -> None:
     dst[0] += np.int64(by)
 
 
+def add_f32(dst: np.ndarray, a: np.ndarray, b: np.ndarray) -> None:
+    """``dst = a + b`` elementwise in float32 (``dst`` may be ``a`` or ``b``)."""
+    if not (dst.size == a.size == b.size):
+        raise ValueError(f"util.add_f32: sizes {dst.size}, {a.size}, {b.size} differ")
+    np.add(a, b, out=dst, dtype=np.float32)
+
+
 def weighted_mean(values, weights, scale, compute_dtype=np.float32):
     """``scale * sum_i weights_i * values_i`` (summed in float64), as a ``compute_dtype`` scalar.
 

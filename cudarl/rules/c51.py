@@ -82,6 +82,7 @@ class C51Rule(RuleBase):
             dlogits = buf.ws.rows(head.grad_name, B)
             self.cql_out = losses.CQL.empty(xp, dlogits.shape, grad=dlogits, loss=buf.stats.view("cql"))
         self.agent_ops = family("agent", xp)
+        self.nn_ops = family("nn", xp)
 
     def expected_q(self, out, obs) -> None:
         self.values(out, obs, self.buf.ws_act)
@@ -111,7 +112,7 @@ class C51Rule(RuleBase):
     def cql(self) -> None:
         buf = self.buf
         losses.cql_c51(self.logits_s, buf.batch.action, self.support, buf.cfg.agent.cql_alpha, out=self.cql_out)
-        buf.online.head.ops.dueling_backward(self.cql_out.grad, buf.train_grad(raw=True), accumulate=True)
+        self.nn_ops.dueling_backward(self.cql_out.grad, buf.train_grad(raw=True), accumulate=True)
 
     def q_stats(self) -> None:
         buf = self.buf

@@ -138,10 +138,12 @@ def _assert_state_equal(gpu, cpu, what):
 
 @pytest.mark.gpu
 def test_gpu_env_parity_4096_envs_1000_steps(cp, rng):
-    """Acceptance: 4096 envs, 1000 steps of act + step, conviction sizing on half the steps."""
+    """Acceptance: 4096 envs, 1000 steps of act + step, conviction sizing on half the steps; observation
+    windows of 8 bars (reaching back before t_begin = 20 at an episode's first bars)."""
     cfg = EnvConfig(n_envs=4096, episode_len=97, n_actions=3, cost_bps=2.0, slippage_bps=1.0, seed=12345)
-    cpu, gpu = _pair(rng, cfg, t_n=5000, f_n=16, t_begin=20)
+    cpu, gpu = _pair(rng, cfg, t_n=5000, f_n=16, t_begin=20, window=8)
     _assert_state_equal(gpu, cpu, "after reset")
+    assert_bitwise(gpu.rows, cpu.rows, "state rows after reset")
     assert_bitwise(gpu.obs, cpu.obs, "obs after reset")
     eps_c = np.array([0.25], F32)
     eps_g = cp.asarray(eps_c)
@@ -151,7 +153,7 @@ def test_gpu_env_parity_4096_envs_1000_steps(cp, rng):
         a_c = cpu.act(q, eps_c)
         a_g = gpu.act(cp.asarray(q), eps_g)
         np.testing.assert_array_equal(a_g.get(), a_c, err_msg=f"actions at step {k}")
-        for buf in (gpu.obs, gpu.reward, gpu.done):
+        for buf in (gpu.rows, gpu.obs, gpu.reward, gpu.done):
             poison(buf)
         if k % 2:
             s = rng.random(4096).astype(F32)
@@ -163,6 +165,7 @@ def test_gpu_env_parity_4096_envs_1000_steps(cp, rng):
         _assert_state_equal(gpu, cpu, f"step {k}")
         assert_parity(gpu.reward, cpu.reward, rtol=1e-6, what=f"reward at step {k}")
         np.testing.assert_array_equal(gpu.done.get(), cpu.done, err_msg=f"done at step {k}")
+        assert_bitwise(gpu.rows, cpu.rows, f"state rows at step {k}")
         assert_bitwise(gpu.obs, cpu.obs, f"obs at step {k}")
         n_done += int(cpu.done.sum())
     assert n_done > 4096 * 5  # many episodes ended and reset on the device
@@ -219,8 +222,8 @@ def test_gpu_graphed_equals_eager_and_sees_device_epsilon(cp, rng):
 
     cfg = EnvConfig(n_envs=300, episode_len=9, n_actions=3, counterfactual=True, mirror=True, seed=3)
     open_, close, feats, sign = market(rng, 400, 8)
-    eager = TradingEnv(open_, close, feats, sign, cfg, backend="cupy")
-    graphed = TradingEnv(open_, close, feats, sign, cfg, backend="cupy")
+    eager = TradingEnv(open_, close, feats, sign, cfg, window=4, backend="cupy")
+    graphed = TradingEnv(open_, close, feats, sign, cfg, window=4, backend="cupy")
     out_e, out_g = eager.make_transitions(), graphed.make_transitions()
     eps_e = DeviceScalars({"epsilon": np.float32}, xp=cp)
     eps_g = DeviceScalars({"epsilon": np.float32}, xp=cp)
@@ -254,7 +257,7 @@ def test_gpu_graphed_equals_eager_and_sees_device_epsilon(cp, rng):
         cp.cuda.get_current_stream().synchronize()
         for name in ("t", "start", "steps_left", "position", "hold", "count"):
             assert_bitwise(getattr(graphed.state, name), getattr(eager.state, name), f"state.{name} at step {k}")
-        for name in ("obs", "reward", "done", "actions"):
+        for name in ("rows", "obs", "reward", "done", "actions"):
             assert_bitwise(getattr(graphed, name), getattr(eager, name), f"{name} at step {k}")
         for name in out_e._fields:
             assert_bitwise(getattr(out_g, name), getattr(out_e, name), f"transitions.{name} at step {k}")

@@ -705,8 +705,10 @@ def test_store_next_obs_keeps_counterfactual_and_mirror_rows_of_the_env():
     out = env.make_transitions()
     M = out.action.shape[0]
     assert M == env.rows_per_step * env.n_envs and env.rows_per_step == 4
-    r = PrioritizedReplay(10 * M, env.obs_dim, n_step=1, n_envs=M, store_next_obs=True, backend="numpy")
-    old = PrioritizedReplay(10 * M, env.obs_dim, n_step=1, n_envs=M, backend="numpy")  # next row of the column
+    r = PrioritizedReplay(10 * M, env.windows.state_dim, n_step=1, n_envs=M, store_next_obs=True, backend="numpy")
+    old = PrioritizedReplay(
+        10 * M, env.windows.state_dim, n_step=1, n_envs=M, backend="numpy"
+    )  # next row of the column
     recorded = []
     for _ in range(6):
         a = rng.integers(0, 3, env.n_envs).astype(np.int32)

@@ -55,10 +55,12 @@ def _oracle_state(t: Trainer):
         m=ag.adam.m.copy(), v=ag.adam.v.copy(), **_scalar_views(ag.adam.scalars), **_scalar_views(ag.soft.scalars)
     )
     bufs = type(t.replay.bufs)(**{k: None if v is None else v.copy() for k, v in vars(t.replay.bufs).items()})
-    return net, opt, {"spec": t.replay.spec, "bufs": bufs}
+    return net, opt, {"spec": t.replay.spec, "bufs": bufs, "features": t.env.data.features, "sign": t.env.data.sign}
 
 
-@pytest.mark.parametrize("over", [{}, {"agent": {"priority": "ce"}, "optim": {"schedule": "constant"}}])
+@pytest.mark.parametrize(
+    "over", [{}, {"agent": {"priority": "ce"}, "optim": {"schedule": "constant"}}, {"net": {"window": 5}}]
+)
 def test_the_agents_numpy_phases_are_the_oracle_bit_for_bit(over):
     t = Trainer(_config(**over), run_dir=False, echo=lambda m: None)
     t.run(20)  # a replay with rows, moments and a target net that have moved

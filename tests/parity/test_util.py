@@ -45,6 +45,30 @@ def test_gpu_set_and_add(cp):
     assert int(b.get()[0]) == 2**63 + 5 and int(c.get()[0]) == 39
 
 
+def test_reference_add_f32_in_place(rng):
+    a, b = rng.standard_normal(9).astype(np.float32), rng.standard_normal(9).astype(np.float32)
+    want = a + b
+    ref.add_f32(a, a, b)
+    assert a.dtype == np.float32 and np.array_equal(a, want)
+    with pytest.raises(ValueError, match="sizes"):
+        ref.add_f32(a, a, b[:3])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n", [1, 7, 257, 100_003])
+def test_gpu_add_f32_matches_reference(cp, rng, n):
+    from cudarl.ops import util as ops
+    from cudarl.testing import assert_bitwise, poison
+
+    a, b = rng.standard_normal(n).astype(np.float32), rng.standard_normal(n).astype(np.float32)
+    out = cp.zeros(n, np.float32)
+    poison(out)
+    ops.add_f32(out, cp.asarray(a), cp.asarray(b))
+    want = np.zeros(n, np.float32)
+    ref.add_f32(want, a, b)
+    assert_bitwise(out, want)
+
+
 def test_reference_weighted_mean_is_the_float64_sum():
     v = np.float32([1.0, 2.0, -4.0])
     w = np.float32([0.5, 0.25, 1.0])

@@ -88,7 +88,11 @@ def test_synth_round_trips_and_never_overwrites(tmp_path):
     assert runner.invoke(app, ["data", "synth", "randomwalk", str(out), "--n", "30", "--force"]).exit_code == 0
     assert len(load(out)) == 30
     r = runner.invoke(app, ["data", "synth", "sp500", str(tmp_path / "x.csv")])
-    assert r.exit_code == 2 and "regime, randomwalk" in r.stderr and not (tmp_path / "x.csv").exists()
+    assert (
+        r.exit_code == 2
+        and "regime, ar, lag, ou, noise, randomwalk, canary" in r.stderr
+        and not (tmp_path / "x.csv").exists()
+    )
 
 
 def test_console_entry_point_gives_one_line_and_no_traceback(tmp_path):

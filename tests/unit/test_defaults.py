@@ -37,7 +37,7 @@ CASES = [
     (PopArt, "agent", {"beta": "popart_beta"}),
     (PrioritizedReplay, "replay", {}),
     (Guard, "guard", {"cfg": None}),
-    (TradingEnv, "env", {"config": None}),
+    (TradingEnv, "env", {"config": None, "window": lambda _: SECTIONS["net"].window}),
     (bar_net_return, "env", {}),
 ]
 

@@ -33,6 +33,11 @@ def make_env(rng, n=11, a_n=3, f_n=5, t_n=120, **kw):
     return TradingEnv(open_, close, feats, sign, cfg, backend="numpy"), open_, close, feats, sign
 
 
+def windows(env, out):
+    """The observations of a record's state rows (obs, next_obs), as the learner gathers them."""
+    return env.windows.of(out.obs), env.windows.of(out.next_obs)
+
+
 def fill_return_f64(env, open_, close, t):
     px = (open_ if env.config.fill == "open" else close).astype(np.float64)
     return px[t + 2] / px[t + 1] - 1.0
@@ -116,16 +121,19 @@ def test_mirror_observations(rng):
     n, f_n, lv = env.n_envs, env.n_features, env.config.position_levels()
     for st, a, s, out in run_steps(env, rng, 15):
         real, mir = slice(0, n), slice(5 * n, 6 * n)
-        for name, t in (("obs", st.t), ("next_obs", st.t + 1)):
-            o_r, o_m = getattr(out, name)[real], getattr(out, name)[mir]
+        for x, t in zip(windows(env, out), (st.t, st.t + 1), strict=True):
+            o_r, o_m = x[real], x[mir]
             np.testing.assert_array_equal(o_r[:, :f_n], feats[t])
             np.testing.assert_array_equal(o_m[:, :f_n][:, sign], -feats[t][:, sign])  # return-sign columns negated
             np.testing.assert_array_equal(o_m[:, :f_n][:, ~sign], feats[t][:, ~sign])  # the rest unchanged
             np.testing.assert_array_equal(o_m[:, f_n], -o_r[:, f_n])  # position negated
             np.testing.assert_array_equal(o_m[:, f_n + 1], o_r[:, f_n + 1])  # hold unchanged
-        np.testing.assert_array_equal(out.obs[real][:, f_n], st.position)
-        np.testing.assert_array_equal(out.next_obs[real][:, f_n], lv[a] * s)
+        obs, next_obs = windows(env, out)
+        np.testing.assert_array_equal(obs[real][:, f_n], st.position)
+        np.testing.assert_array_equal(next_obs[real][:, f_n], lv[a] * s)
         np.testing.assert_array_equal(out.done[mir], out.done[real])
+        np.testing.assert_array_equal(out.obs[mir][:, 1], 1.0)  # the state rows say which rows are mirrored
+        np.testing.assert_array_equal(out.obs[real][:, 1], 0.0)
 
 
 def test_mirror_of_the_mirror_is_the_real_transition(rng):
@@ -135,10 +143,11 @@ def test_mirror_of_the_mirror_is_the_real_transition(rng):
     flip = np.concatenate([env.data.sign, np.array([-1, 1], F32)])
     for _, _, _, out in run_steps(env, rng, 10):
         real, mir = slice(0, n), slice(n, 2 * n)
-        np.testing.assert_array_equal(out.obs[mir] * flip, out.obs[real])
-        np.testing.assert_array_equal(out.next_obs[mir] * flip, out.next_obs[real])
+        obs, next_obs = windows(env, out)
+        np.testing.assert_array_equal(obs[mir] * flip, obs[real])
+        np.testing.assert_array_equal(next_obs[mir] * flip, next_obs[real])
         np.testing.assert_array_equal(2 - out.action[mir], out.action[real])
-        assert np.any(out.obs[mir][:, :f_n] != out.obs[real][:, :f_n])  # the map is not the identity here
+        assert np.any(obs[mir][:, :f_n] != obs[real][:, :f_n])  # the map is not the identity here
 
 
 def test_counterfactual_next_obs_and_done(rng):
@@ -146,14 +155,15 @@ def test_counterfactual_next_obs_and_done(rng):
     n, f_n, lv = env.n_envs, env.n_features, env.config.position_levels()
     saw_done = saw_hold = False
     for st, a, _, out in run_steps(env, rng, 12, with_scale=False):
+        obs, next_obs = windows(env, out)
         for g in range(3):
             rows = slice(g * n, (g + 1) * n)
             p = lv[(a + g) % 3]
             np.testing.assert_array_equal(out.obs[rows], out.obs[:n])  # every row starts from the real obs
-            np.testing.assert_array_equal(out.next_obs[rows][:, :f_n], feats[st.t + 1])
-            np.testing.assert_array_equal(out.next_obs[rows][:, f_n], p)
+            np.testing.assert_array_equal(next_obs[rows][:, :f_n], feats[st.t + 1])
+            np.testing.assert_array_equal(next_obs[rows][:, f_n], p)
             hold = np.where(p == st.position, st.hold + 1, 1)
-            np.testing.assert_array_equal(out.next_obs[rows][:, f_n + 1], np.minimum(hold, 2) / F32(2))
+            np.testing.assert_array_equal(next_obs[rows][:, f_n + 1], np.minimum(hold, 2) / F32(2))
             np.testing.assert_array_equal(out.done[rows], (st.steps_left == 1).astype(F32))
             saw_hold |= bool(np.any(hold > 1))
         saw_done |= bool(np.any(st.steps_left == 1))
@@ -164,21 +174,24 @@ def test_real_row_equals_what_step_reports(rng):
     env, *_ = make_env(rng, a_n=3, counterfactual=True, mirror=True, episode_len=4)
     n = env.n_envs
     for _ in range(20):
-        obs_before = env.obs.copy()
+        obs_before, rows_before = env.obs.copy(), env.rows.copy()
         a = rng.integers(0, 3, n).astype(np.int32)
         out = env.make_transitions()
         env.record(out, a)
         env.step(a)
-        np.testing.assert_array_equal(out.obs[:n], obs_before)
+        obs, next_obs = windows(env, out)
+        np.testing.assert_array_equal(out.obs[:n], rows_before)
+        np.testing.assert_array_equal(obs[:n], obs_before)
         np.testing.assert_array_equal(out.reward[:n], env.reward)
         np.testing.assert_array_equal(out.done[:n], env.done)
         live = env.done == 0  # after an episode end env.obs is the new episode's first obs
-        np.testing.assert_array_equal(out.next_obs[:n][live], env.obs[live])
-        assert not np.array_equal(out.next_obs[:n][~live], env.obs[~live]) or not np.any(~live)
+        np.testing.assert_array_equal(next_obs[:n][live], env.obs[live])
+        np.testing.assert_array_equal(out.next_obs[:n][live], env.rows[live])
+        assert not np.array_equal(next_obs[:n][~live], env.obs[~live]) or not np.any(~live)
 
 
 def test_record_refuses_a_buffer_of_the_wrong_size(rng):
     env, *_ = make_env(rng, a_n=3, counterfactual=True)
-    small = ref.Transitions.allocate(np, env.n_envs, env.obs_dim)
+    small = ref.Transitions.allocate(np, env.n_envs)
     with pytest.raises(ValueError, match="rows"):
         env.record(small)

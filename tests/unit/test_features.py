@@ -15,6 +15,7 @@ from cudarl.features import (
     FeatureContext,
     Normaliser,
     compute,
+    ew_filter_loop,
     ewm_mean,
     return_sign,
     with_position,
@@ -86,7 +87,7 @@ def test_normaliser_is_fitted_on_train_only_and_round_trips(rng):
 
 def test_feature_values_by_hand():
     bars = ds.regime(n=300, seed=5)
-    cfg = FeatureConfig(horizons=(1, 5), vol_halflife=10, time_features=False)
+    cfg = FeatureConfig(horizons=(1, 5), vol_halflife=10, time_features=False, extra=("regime",))
     f = compute(bars, cfg)
     assert f.names == ("ret_1", "ret_5", "log_vol", "range", "body", "close_loc", "volume", "regime")
     t = 123
@@ -117,6 +118,35 @@ def test_ewm_mean_matches_a_loop(rng):
             assert np.isnan(got[t])
         else:
             assert got[t] == pytest.approx(num / den, rel=1e-12)
+
+
+def test_the_python_recurrence_is_lfilter_bit_for_bit(rng):
+    """ewm_mean's loop (short series: no scipy.signal import) and scipy's lfilter (long series) give
+    the same bits, so the features do not depend on which one ran."""
+    from scipy.signal import lfilter
+
+    for trial in range(60):
+        n = int(rng.integers(1, 3000))
+        halflife = float(rng.choice([0.3, 1.0, 4.0, 32.0, 64.0, 1e4, rng.uniform(0.1, 500)]))
+        a = 1.0 - 0.5 ** (1.0 / halflife)
+        x = rng.standard_normal(n) * 10.0 ** rng.uniform(-8, 8)
+        x = x * x if trial % 3 == 0 else x
+        x[rng.random(n) < 0.05] = 0.0
+        w = (rng.random(n) < 0.8).astype(np.float64)
+        got = ew_filter_loop(x, w, a)
+        for g, v in zip(got, (x, w), strict=True):
+            want = lfilter([a], [1.0, a - 1.0], v)
+            np.testing.assert_array_equal(g.view(np.int64), want.view(np.int64))
+
+
+def test_features_are_the_same_bits_whichever_filter_runs(monkeypatch):
+    import cudarl.features as feats
+
+    bars = ds.randomwalk(n=3000, seed=4)
+    loop = compute(bars)
+    monkeypatch.setattr(feats, "EW_LOOP_MAX_BARS", 0)  # every series through lfilter
+    np.testing.assert_array_equal(compute(bars).values.view(np.int32), loop.values.view(np.int32))
+    assert "volume" in loop.names
 
 
 def test_time_features_and_position():
@@ -168,7 +198,7 @@ def test_return_sign_and_uncentred_columns_make_the_mirror_exact():
     from cudarl.features import FeatureConfig, Normaliser, compute, return_sign
 
     bars = datasets.regime(n=600, seed=1)
-    f = compute(bars, FeatureConfig())
+    f = compute(bars, FeatureConfig(extra=("regime",)))
     sign = return_sign(f.names)
     names = dict(zip(f.names, sign, strict=True))
     assert names["ret_1"] and names["body"] and names["close_loc"] and names["regime"]
@@ -230,10 +260,9 @@ def _compute_before_registry(bars, config):
             frac = (t - days * NS_PER_DAY) / NS_PER_DAY
             cols += [np.sin(2 * np.pi * frac), np.cos(2 * np.pi * frac)]
             names += ["hod_sin", "hod_cos"]
-    if config.extra:
-        for k in sorted(bars.extra):
-            cols.append(np.asarray(bars.extra[k], dtype=np.float64))
-            names.append(k)
+    for k in config.extra:
+        cols.append(np.asarray(bars.extra[k], dtype=np.float64))
+        names.append(k)
     values = np.stack(cols, axis=1) if cols else np.zeros((T, 0))
     warm = min(config.warmup, T)
     values[:warm] = 0.0
@@ -246,7 +275,7 @@ ORACLE_CONFIGS = [
     dict(time_features=False),
     dict(time_of_day=True),
     dict(time_of_day=False),
-    dict(extra=False),
+    dict(extra=("regime",)),
 ]
 
 
@@ -254,10 +283,13 @@ ORACLE_CONFIGS = [
 def test_default_groups_are_bit_identical_to_the_compute_before_the_registry(source):
     bars = dataclasses.replace(load("builtin:randomwalk"), volume=None) if source == "no volume" else load(source)
     for kw in ORACLE_CONFIGS:
+        if kw.get("extra") and "regime" not in bars.extra:
+            continue
         config = FeatureConfig(**kw)
         got, want = compute(bars, config), _compute_before_registry(bars, config)
         assert got.names == want.names and got.warmup == want.warmup, kw
         assert got.values.dtype == want.values.dtype and got.values.tobytes() == want.values.tobytes(), kw
+    got = compute(bars, FeatureConfig())
     assert ("hod_sin" in got.names) == (source == "builtin:eurusd-1h")
     assert ("volume" in got.names) == (source != "no volume")
 
@@ -277,12 +309,23 @@ def registry(monkeypatch):
     return features
 
 
-def test_default_groups_are_every_builtin_in_the_order_of_the_columns():
-    assert (
-        FeatureConfig().groups
-        == BUILTIN
-        == ("returns", "log_vol", "range", "body", "close_loc", "volume", "time", "extra")
-    )
+def test_default_groups_are_every_builtin_but_level_in_the_order_of_the_columns():
+    assert FeatureConfig().groups == ("returns", "log_vol", "range", "body", "close_loc", "volume", "time", "extra")
+    assert BUILTIN == FeatureConfig().groups + ("level",)
+
+
+def test_level_is_the_distance_from_the_ewm_mean_causal_and_signed(rng):
+    bars = ds.ou(n=1500, seed=2)
+    config = FeatureConfig(groups=("level",), level_halflives=(8, 100))
+    f = compute(bars, config)
+    assert f.names == ("level_8", "level_100") and return_sign(f.names, config).all()
+    ctx = FeatureContext.of(bars, config)
+    t = 900
+    a = 1 - 0.5 ** (1 / 100)
+    w = (1 - a) ** np.arange(t, -1, -1.0)  # weights of bars 0..t
+    m = (w * ctx.log_close[: t + 1]).sum() / w.sum()
+    assert f.values[t, 1] == pytest.approx((ctx.log_close[t] - m) / (ctx.sigma[t] * 10.0), rel=1e-5)
+    assert_causal(bars.take(slice(0, 800)), FeatureConfig(groups=("returns", "level"), vol_halflife=20), rng)
 
 
 def test_selected_groups_give_exactly_their_columns_in_their_order():
@@ -292,12 +335,16 @@ def test_selected_groups_give_exactly_their_columns_in_their_order():
     assert sub.names == ("dow_sin", "dow_cos", "hod_sin", "hod_cos", "ret_1", "ret_4", "ret_16", "ret_64", "volume")
     for j, n in enumerate(sub.names):
         assert sub.values[:, j].tobytes() == full.values[:, full.names.index(n)].tobytes(), n
-    assert compute(ds.regime(n=300), FeatureConfig(groups=("body", "extra"))).names == ("body", "regime")
+    assert compute(ds.regime(n=300), FeatureConfig(groups=("body", "extra"))).names == ("body",)
+    assert compute(ds.regime(n=300), FeatureConfig(groups=("body", "extra"), extra=("regime",))).names == (
+        "body",
+        "regime",
+    )
 
 
 def test_unknown_repeated_or_no_groups_are_refused_by_name():
     with pytest.raises(
-        ValueError, match=r"unknown feature group\(s\) \['nope'\]; known: \['returns', 'log_vol', .*'extra'\]"
+        ValueError, match=r"unknown feature group\(s\) \['nope'\]; known: \['returns', 'log_vol', .*'extra', 'level'\]"
     ):
         FeatureConfig(groups=("returns", "nope"))
     with pytest.raises(ConfigError, match=r"features: unknown feature group\(s\) \['nope'\]"):
@@ -313,6 +360,7 @@ def test_a_registered_feature_is_computed_causal_and_signed(registry, rng):
     bars = load("builtin:regime?n=800")
     config = FeatureConfig(groups=BUILTIN + ("mom", "absret"), horizons=(1, 3, 10, 50), vol_halflife=20)
     f, base = compute(bars, config), compute(bars, dataclasses.replace(config, groups=BUILTIN))
+    assert "level_32" in base.names
     assert f.names == base.names + ("mom_4", "mom_16", "absret")
     assert f.values[:, : len(base.names)].tobytes() == base.values.tobytes()
     ctx = FeatureContext.of(bars, config)

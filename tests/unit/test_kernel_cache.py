@@ -27,7 +27,6 @@ needs_nvrtc = pytest.mark.skipif(nvrtc.available() is not None, reason=f"NVRTC: 
 def cache(monkeypatch, tmp_path):
     """A fresh cache folder, default options, and a clean slate of compiles in flight."""
     monkeypatch.setenv(kernels.CACHE_ENV, str(tmp_path / "cache"))
-    monkeypatch.delenv(kernels.FTZ_ENV, raising=False)
     monkeypatch.delenv(kernels.LINEINFO_ENV, raising=False)
     monkeypatch.setattr(kernels, "_inflight", {})
     monkeypatch.setattr(kernels, "_fallback_dir", [])
@@ -98,9 +97,6 @@ def test_the_key_covers_source_headers_options_arch_and_nvrtc(fake_nvrtc, monkey
     assert kernels.cache_key("util", "-arch=sm_80", "cubin") != base
     assert kernels.cache_key("util", "-arch=sm_90", "ptx") != base
     assert kernels.cache_key("philox", "-arch=sm_90", "cubin") != base
-    monkeypatch.setenv(kernels.FTZ_ENV, "1")
-    assert key() != base
-    monkeypatch.delenv(kernels.FTZ_ENV)
     monkeypatch.setenv(kernels.LINEINFO_ENV, "1")
     assert key() != base
     monkeypatch.delenv(kernels.LINEINFO_ENV)
@@ -223,7 +219,7 @@ def _float_ops(ptx: str) -> list[str]:
 
 @needs_nvrtc
 def test_the_ftz_choice_reaches_the_compiler(cache, monkeypatch):
-    """PTX of the testing family: no flush-to-zero instruction by default, only ``.ftz`` ones with CUDARL_FTZ=1."""
+    """PTX of the testing family: no flush-to-zero instruction (CuPy's own compile adds ``-ftz=true``)."""
 
     def ptx():
         opts = kernels.compile_options() + ("-arch=compute_90",)
@@ -231,9 +227,6 @@ def test_the_ftz_choice_reaches_the_compiler(cache, monkeypatch):
 
     ops = _float_ops(ptx())
     assert ops and not any(".ftz" in o for o in ops), ops
-    monkeypatch.setenv(kernels.FTZ_ENV, "1")
-    ops = _float_ops(ptx())
-    assert ops and all(".ftz" in o for o in ops), ops
 
 
 @pytest.mark.slow
@@ -279,8 +272,6 @@ def test_gpu_subnormals_survive_a_kernel_bit_for_bit(cp):
     from cudarl.reference import nn as ref_nn
     from cudarl.reference import testing as ref_testing
 
-    if kernels.flush_to_zero():
-        pytest.skip(f"{kernels.FTZ_ENV}=1 in this process asks for flush-to-zero")
     x = _subnormals()
     for a in (1.0, 2.0, -3.0):  # no product rounds to zero (whose sign an FMA and the twin's a*x + 0 disagree on)
         d = cp.asarray(x)
@@ -297,19 +288,6 @@ def test_gpu_subnormals_survive_a_kernel_bit_for_bit(cp):
         want = np.zeros_like(y)
         ref_nn.bias_act_forward(y, bias, want, act)
         _assert_same_bits(cp.asnumpy(out), want, f"bias_act_forward act {act}")
-
-
-@pytest.mark.gpu
-def test_gpu_ftz_option_flushes_them(cp, monkeypatch):
-    """CUDARL_FTZ=1 (what the coordinator times) gives CuPy's behaviour: the subnormals become zeros."""
-    monkeypatch.setenv(kernels.FTZ_ENV, "1")
-    fn = kernels.get_function("testing", "axpb", "ftz_probe")  # a context of its own: a module built now
-    x = _subnormals()
-    d = cp.asarray(x)
-    fn((1,), (256,), (d, np.int64(d.size), np.float32(1.0), np.float32(0.0)))
-    got = cp.asnumpy(d)
-    sub = (x != 0) & (np.abs(x) < np.finfo(np.float32).tiny)
-    assert np.all(got[sub] == 0) and np.array_equal(got[~sub], x[~sub])
 
 
 @pytest.mark.gpu
@@ -346,7 +324,6 @@ print(json.dumps([{k: r[k] for k in ("family", "cached")} for r in kernels.compi
 @pytest.mark.gpu
 def test_gpu_a_second_process_loads_from_the_disk_cache(tmp_path):
     env = {**os.environ, kernels.CACHE_ENV: str(tmp_path / "c"), "PYTHONPATH": str(ROOT)}
-    env.pop(kernels.FTZ_ENV, None)
     runs = []
     for _ in range(2):
         r = subprocess.run([sys.executable, "-c", _CHILD], capture_output=True, text=True, env=env, cwd=tmp_path)

@@ -16,7 +16,8 @@ def test_the_screen_records_then_trains_offline_and_tabulates(tmp_path, monkeypa
     import learning_check
     import mechanism_screen
 
-    monkeypatch.setitem(learning_check.TASKS, "regime", {"data": {"source": "builtin:regime?n=1500"}})
+    task = {**learning_check.TASKS["regime"], "config": {"data": {"source": "builtin:regime?n=1500"}}}
+    monkeypatch.setitem(learning_check.TASKS, "regime", task)
     tiny = {"run": {"steps": 30, "eval_every": 0}, "env": {"n_envs": 8, "episode_len": 128}}
     tiny["agent"] = {"batch_size": 32, "learning_starts": 200}
     tiny["replay"] = {"capacity": 4096}
@@ -31,5 +32,5 @@ def test_the_screen_records_then_trains_offline_and_tabulates(tmp_path, monkeypa
     assert (tmp_path / "rec" / "behaviour-0.safetensors").is_file()
     table = {(e["row"], e["head"]): e for e in json.loads(out.read_text())["table"]}
     assert table[("offline cql 1", "iqn")]["compared_with"] == "offline ddqn"
-    assert "difference" in table[("offline cql 0.1", "c51")]
+    assert "difference" in table[("offline cql 1", "c51")] and table[("offline ddqn", "c51")]["n"] == 1
     assert "| offline (CQL) | offline cql 1 |" in md.read_text()

@@ -45,7 +45,7 @@ def test_popart_rescale_preserves_the_unnormalised_outputs_through_the_agent(hea
     x = rng.normal(size=(16, t.env.obs_dim)).astype(np.float32)
     N = t.cfg.net.n_quantiles
     taus = rng.uniform(size=(16, N)).astype(np.float32) if head == "iqn" else None
-    sample, forward = (dict(t.agent.train_phases(t.replay))[k] for k in ("sample", "forward"))
+    sample, forward = (dict(t.train_graph.phases)[k] for k in ("sample", "forward"))
     for _ in range(3):
         before = _denormalised(t, x, taus)
         st0 = t.agent.popart.state.copy()
@@ -67,7 +67,7 @@ def test_popart_target_net_is_rescaled_with_the_online_net():
     t.run(3)
     name = "head.out.bias"
     on0, tg0 = t.agent.online.P[name].copy(), t.agent.target.P[name].copy()
-    dict(t.agent.train_phases(t.replay))["sample"]()
+    dict(t.train_graph.phases)["sample"]()
     t.agent.rule.popart_step()
     st = t.agent.popart.state
     _, want_tg = pref.rescale(np.zeros((1, on0.size), np.float32), tg0, st)
@@ -194,7 +194,12 @@ def test_plan_gate_opens_on_a_signal_and_stays_shut_on_noise():
     learned, plan_ready -> 1) and conviction sizes positions, fractional in the environments and in the
     evaluation. A random walk: readiness never clears the hurdle, the gate stays shut (every scale 1)."""
     canary, rows = _cpu_run(
-        "builtin:canary?n=3000", 480, net={"plan": True}, agent={"gamma": 0.5}, replay={"n_step": 1}
+        "builtin:canary?n=3000",
+        480,
+        net={"plan": True},
+        agent={"gamma": 0.5},
+        replay={"n_step": 1},
+        features={"extra": ["next_return"]},  # the leak, named
     )
     assert rows[0]["plan_ready"] == 0.0 and rows[-1]["plan_ready"] > 0.5, [r["plan_ready"] for r in rows]
     assert 0.5 < rows[-1]["plan_scale"] < 1.0

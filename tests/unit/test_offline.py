@@ -34,7 +34,7 @@ def test_the_recording_is_the_replay_oldest_first(recording):
     exp = experience.read(path)
     M = t.replay.spec.n_envs
     assert exp.rows_per_step == M and exp.steps == t.collect_steps  # nothing wrapped: every step is held
-    np.testing.assert_array_equal(exp.obs.reshape(-1, exp.obs.shape[-1]), t.replay.bufs.obs[: exp.steps * M])
+    np.testing.assert_array_equal(exp.state.reshape(-1, 4), t.replay.bufs.obs[: exp.steps * M])  # state rows
     np.testing.assert_array_equal(exp.action.reshape(-1), t.replay.bufs.action[: exp.steps * M])
     np.testing.assert_array_equal(exp.done.reshape(-1), t.replay.bufs.discount[: exp.steps * M] == 0)
     assert exp.done.any() and exp.meta["gamma"] == t.cfg.agent.gamma and exp.meta["step"] == 60
@@ -47,6 +47,7 @@ def test_offline_training_collects_nothing_and_learns_from_the_recording(recordi
     off = quiet(small(run={"offline": str(path)}, agent={"cql_alpha": cql}))
     M = off.replay.spec.n_envs
     np.testing.assert_array_equal(off.replay.bufs.obs[: t.collect_steps * M], t.replay.bufs.obs[: t.collect_steps * M])
+    assert off.replay.spec.obs_dim == 4  # state rows: the window is gathered when sampled
     env0 = off.env.state.t.copy()
     p0 = off.agent.online.params.copy()
     off.run(40)
@@ -87,7 +88,7 @@ def test_the_cli_records_and_trains_offline(tmp_path):
     assert r.exit_code == 0, r.output
     assert "recorded transitions" in r.output
     r = runner.invoke(app, ["train", "builtin:sp500", "--steps", "40", "--offline", str(rec), *common])
-    assert r.exit_code == 1 and "recorded with features" in r.output and "Traceback" not in r.output
+    assert r.exit_code == 1 and "recorded on other bars" in r.output and "Traceback" not in r.output
 
 
 # --- the format, refused cleanly -------------------------------------------------------------------
@@ -104,7 +105,7 @@ def test_a_malformed_recording_is_refused_naming_the_file_and_the_field(recordin
     _, path = recording
     bad = tmp_path / "bad.safetensors"
     exp = experience.read(path)
-    S, M, D = exp.obs.shape
+    S, M, D = exp.state.shape
     cases = [
         (dict(meta={"format": "cudarl-policy"}), "not a cudarl experience file"),
         (dict(meta={"version": "2"}), "version 2 is newer"),
@@ -112,11 +113,10 @@ def test_a_malformed_recording_is_refused_naming_the_file_and_the_field(recordin
         (dict(tensors={"action": exp.action.astype(np.int64)}), "field 'action' is int64"),
         (dict(tensors={"done": exp.done[:-1]}), "field 'done' has shape"),
         (dict(tensors={"action": np.full((S, M), 7, np.int32)}), r"field 'action' has 7 at \[0, 0\], outside \[0, 3\)"),
-        (
-            dict(tensors={"obs": np.where(np.arange(D) == 2, np.nan, exp.obs).astype(np.float32)}),
-            "field 'obs' .* not finite",
-        ),
-        (dict(meta={"features": json.dumps(["a"])}), "field 'obs' has .* floats"),
+        (dict(tensors={"state": np.where(np.arange(D) == 2, np.nan, exp.state).astype(np.float32)}), "finite"),
+        (dict(tensors={"state": exp.state + np.float32([0.5, 0, 0, 0])}), "field 'state' has a bar index"),
+        (dict(tensors={"state": exp.state[..., :3].copy()}), r"field 'state' has shape .* expected \[steps, rows, 4\]"),
+        (dict(meta={"features": json.dumps(["a"])}), "field 'normaliser/mean' has .* values"),
         (dict(meta={"gamma": "x"}), "metadata field does not parse"),
     ]
     for kw, msg in cases:
@@ -131,8 +131,10 @@ def test_a_malformed_recording_is_refused_naming_the_file_and_the_field(recordin
 
 def test_a_recording_that_does_not_fit_the_run_is_refused(recording, tmp_path):
     _, path = recording
-    with pytest.raises(ExperienceError, match="normaliser"):
+    with pytest.raises(ExperienceError, match="recorded on other bars"):
         quiet(small(run={"offline": str(path)}, data={"source": "builtin:regime?n=1600"}))
+    with pytest.raises(ExperienceError, match="normaliser"):
+        quiet(small(run={"offline": str(path)}, data={"train_frac": 0.6}))
     with pytest.raises(ExperienceError, match="recorded with features"):
         quiet(small(run={"offline": str(path)}, features={"horizons": [1, 2]}))
     with pytest.raises(ConfigError, match="record and offline"):
@@ -154,3 +156,13 @@ def test_gpu_offline_with_cql_graphed_equals_eager(tmp_path, head):
     assert g.losses == e.losses and g.collect_steps == e.collect_steps == 0
     assert np.array_equal(g.agent.online.params.get(), e.agent.online.params.get())
     assert g.monitor.last_stats == e.monitor.last_stats and g.monitor.last_stats["cql_loss"] > 0
+
+
+def test_an_offline_run_may_read_another_window_than_the_recording(recording):
+    """The recording holds state rows (bar indices and position features): the window of bars the network
+    reads is gathered when sampled, so an offline run with net.window = 4 learns from a window-1 recording."""
+    _, path = recording
+    off = quiet(small(run={"offline": str(path)}, net={"window": 4}))
+    off.run(20)
+    assert off.agent.batch.obs.shape[1] == 4 * off.agent.batch.obs.shape[1] // 4 and off.env.windows.window == 4
+    assert np.isfinite(off.losses).all()

@@ -11,7 +11,9 @@ from typer.testing import CliRunner
 from cudarl import tensorfile
 from cudarl.checkpoint import CheckpointError
 from cudarl.cli import app
-from cudarl.policy import Policy, PolicyState, load_policy, read_policy_info
+from cudarl.features import Normaliser
+from cudarl.nn import QNetwork
+from cudarl.policy import Policy, PolicyState, greedy_actions, load_policy, read_policy_info, row_exact_q
 from cudarl.trainer import Trainer
 
 runner = CliRunner()
@@ -89,7 +91,8 @@ def test_policy_files_are_small_safetensors_without_the_replay(tmp_path):
     assert "step-00000020.safetensors" in names and "step-00000040.safetensors" in names
     assert not any(n.startswith("step-") and n.endswith(".npz") for n in names)
     pol = ck / "step-00000040.safetensors"
-    assert pol.stat().st_size * 10 < (ck / "latest.npz").stat().st_size  # no replay buffer
+    # no replay buffer (whose rows are 4-float state rows: the checkpoint is a few times the policy)
+    assert pol.stat().st_size * 5 < (ck / "latest.npz").stat().st_size
     tensors, meta = tensorfile.load(pol)
     assert meta["format"] == "cudarl-policy" and json.loads(meta["config"])["net"]["hidden"] == [32, 32]
     assert {"normaliser/mean", "normaliser/std"} <= set(tensors)
@@ -99,7 +102,7 @@ def test_policy_files_are_small_safetensors_without_the_replay(tmp_path):
     assert len(info["data"]["close_sha256"]) == 64
 
 
-@pytest.mark.parametrize("head", ["c51", "iqn", "qrdqn"])
+@pytest.mark.parametrize("head", ["c51", "iqn", "qrdqn", "c51+iqn"])
 def test_load_policy_gives_the_trainers_greedy_evaluation(tmp_path, head):
     t = trained(tmp_path, net={"head": head})
     want = t.greedy_positions(t.data.splits.val)
@@ -150,7 +153,7 @@ def test_a_policy_of_other_bars_is_refused_and_a_changed_source_is_said(tmp_path
     p.evaluate(split="test", echo=said.append)
     assert said and "differ" in said[0]
     with pytest.raises(ValueError, match="features"):
-        p.evaluate("builtin:randomwalk?n=1500", split="test")  # no regime column: other features
+        p.evaluate("builtin:eurusd-1h", split="test")  # hourly bars: time-of-day features, other columns
 
 
 def test_policy_state_round_trip(tmp_path):
@@ -167,14 +170,16 @@ def test_policy_state_round_trip(tmp_path):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("head", ["c51", "iqn", "qrdqn"])
+@pytest.mark.parametrize("head", ["c51", "iqn", "qrdqn", "c51+iqn"])
 def test_gpu_load_policy_gives_the_trainers_greedy_evaluation(tmp_path, head):
     import cupy
 
-    t = Trainer(gpu_small(run={"eval_every": 20, "out_dir": str(tmp_path)}, net={"head": head}), echo=quiet)
+    run = {"eval_every": 20, "checkpoint_every": 20, "out_dir": str(tmp_path)}
+    t = Trainer(gpu_small(run=run, net={"head": head}), echo=quiet)
     t.run(40)
     want = t.greedy_positions(t.data.splits.val)
-    p = load_policy(t.run_dir / "checkpoints" / "best.safetensors", device="gpu")
+    # the policy of the last update (best.safetensors may hold update 20's weights)
+    p = load_policy(t.run_dir / "checkpoints" / "step-00000040.safetensors", device="gpu")
     np.testing.assert_array_equal(p.evaluate(split="val").position, want)
     obs = cupy.asarray(np.random.default_rng(0).standard_normal((7, p.obs_dim)).astype(np.float32))
     q = p.q_values(obs)
@@ -185,13 +190,116 @@ def test_gpu_load_policy_gives_the_trainers_greedy_evaluation(tmp_path, head):
 
 @pytest.mark.parametrize("head", ["c51", "iqn"])
 def test_the_host_walk_equals_the_envs_walk(tmp_path, head):
-    """The NumPy evaluation walks the bars on the host; the env's act and step give the same actions."""
-    from cudarl.policy import greedy_actions
-
+    """The NumPy evaluation walks the bars on the host; the env's act and step give the same actions,
+    and so does the policy's walk by blocks of bars (C51)."""
     t = trained(tmp_path, net={"head": head}, env={"cost_bps": 3.0, "hold_cap": 5})
+    p = Policy(PolicyState.of_trainer(t), device="cpu")
+    assert (p._q_rows() is None) == (head != "c51")
     for split in (t.data.splits.val, t.data.splits.test):
         env = t._eval_env(split)
         host = greedy_actions(env, t.agent.q_values)
         via_env = greedy_actions(env, t.agent.q_values, walk_on_host=False)
         np.testing.assert_array_equal(host, via_env)
         assert len(set(host.tolist())) > 1  # the walk moves between positions (hold and position matter)
+        # the no-trade margin (eval.margin): the env's path finds the held action from its position
+        for m in (0.01, 0.05):
+            held = greedy_actions(env, t.agent.q_values, margin=m)
+            np.testing.assert_array_equal(held, greedy_actions(env, t.agent.q_values, walk_on_host=False, margin=m))
+            assert np.count_nonzero(np.diff(held)) <= np.count_nonzero(np.diff(host))
+            if head == "c51":  # the block walk adds the margin as the bar-by-bar walk does
+                np.testing.assert_array_equal(greedy_actions(env, p.q_values_into, margin=m, q_rows=p._q_rows()), held)
+        if head == "c51":
+            np.testing.assert_array_equal(greedy_actions(env, p.q_values_into, q_rows=p._q_rows()), host)
+            # the trainer's own network and rule give the same rows (what Trainer.evaluate could pass)
+            q_rows = row_exact_q(t.agent.online, t.agent.rule.values)
+            np.testing.assert_array_equal(greedy_actions(env, t.agent.q_values, q_rows=q_rows), host)
+
+
+def random_policy(rng, normaliser=None, **net) -> Policy:
+    """A C51 (or ``net``) policy of ``small()``'s config with random weights in every layer, biases
+    too; ``normaliser`` (default: 11 made-up features) sets the features it reads."""
+    cfg = small(net={"hidden": [64, 48], **net})
+    if normaliser is None:
+        names = tuple(f"f{i}" for i in range(11))
+        normaliser = Normaliser(mean=np.zeros(len(names)), std=np.ones(len(names)), names=names)
+    layout = QNetwork(len(normaliser.names) + 2, cfg.env.n_actions, cfg.net).layout
+    weights = {e.name: (rng.standard_normal(e.shape) * 0.4).astype(np.float32) for e in layout.entries}
+    tau = 0 if cfg.net.head == "iqn" else None
+    state = PolicyState(config=cfg, weights=weights, normaliser=normaliser, step=0, tau_counter=tau)
+    return Policy(state, device="cpu")
+
+
+@pytest.mark.parametrize("layernorm", [False, True])
+def test_q_rows_gives_every_row_bit_for_bit_as_that_row_alone(rng, layernorm):
+    """The block walk's Q of k bars at once equals the Q of each bar alone, to the bit: a [k, n] GEMM
+    may sum in another order than k one-row GEMMs (BLAS picks kernels by shape), the stacked one cannot."""
+    p = random_policy(rng, layernorm=layernorm)
+    obs = rng.standard_normal((300, p.obs_dim)).astype(np.float32)
+    obs[:, -2] = rng.choice([-1.0, 0.0, 1.0], 300)
+    obs[:, -1] = rng.integers(0, 65, 300) / np.float32(64)
+    q_rows = p._q_rows()
+    for k in (1, 2, 7, 300):
+        got = q_rows(obs[:k])
+        one = np.zeros((1, p.n_actions), np.float32)
+        for i in range(k):
+            p.q_values_into(obs[i : i + 1], one)
+            np.testing.assert_array_equal(got[i].view(np.int32), one[0].view(np.int32))
+
+    for head in ("iqn", "qrdqn"):  # the bar-by-bar walk (IQN's acting taus depend on the batch)
+        assert random_policy(rng, head=head)._q_rows() is None
+
+
+@pytest.mark.parametrize("rule", ["holds", "moves_on_hold", "alternates", "nan"])
+def test_the_block_walk_takes_the_bar_by_bar_actions(monkeypatch, rule):
+    """Positions held for long (past the largest block), moved by the hold feature, flipped at every bar,
+    and Q-values with NaN (the first maximum by a strict > scan, as env.act): the walk by blocks of bars,
+    the walk bar by bar and the env's own act and step agree."""
+    import cudarl.policy as pol
+    from cudarl.trainer import prepare_data
+
+    cfg = small(env={"hold_cap": 5, "cost_bps": 1.0})
+    prepared = prepare_data(cfg)
+    env = pol.eval_env(prepared, prepared.splits.val, cfg.env, "numpy")
+    f = env.n_features
+
+    def q_rows(obs):
+        x, pos, hold = obs[:, 0], obs[:, f], obs[:, f + 1]
+        zero = np.zeros_like(x)
+        q = {
+            "holds": [zero, zero, zero + 1],
+            "moves_on_hold": [hold + 0.1 * x, zero + 0.1, 0.6 - hold],
+            "alternates": [pos, zero, -pos],
+            "nan": [np.where(x > 0.8, np.nan, hold + 0.1 * x), np.where(x < -0.5, np.nan, zero + 0.1), 0.6 - hold],
+        }[rule]
+        return np.stack(q, axis=1).astype(np.float32)
+
+    def q_values(obs, out):
+        out[...] = q_rows(obs)
+
+    monkeypatch.setattr(pol, "WALK_BLOCK", (2, 16))
+    for margin in (0.05, 0.0):  # the no-trade margin, added to the held action's Q in every walk
+        by_block = greedy_actions(env, q_values, margin=margin, q_rows=q_rows)
+        np.testing.assert_array_equal(by_block, greedy_actions(env, q_values, margin=margin))
+        np.testing.assert_array_equal(by_block, greedy_actions(env, q_values, walk_on_host=False, margin=margin))
+    moves = int(np.count_nonzero(np.diff(cfg.env.position_levels()[by_block])))
+    assert moves == 0 if rule == "holds" else moves > len(by_block) // 8
+
+
+def test_evaluating_a_policy_imports_no_scipy_signal(tmp_path, rng):
+    """The features of a short series need no scipy.signal (most of a second of start-up)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from cudarl.trainer import prepare_data
+
+    path = tmp_path / "p.safetensors"
+    random_policy(rng, normaliser=prepare_data(small()).normaliser).state.save(path)
+    code = (
+        "import sys, cudarl; p = cudarl.load_policy(sys.argv[1], device='cpu'); p.evaluate(split='test'); "
+        "print(sorted(m for m in sys.modules if m.startswith('scipy.signal')))"
+    )
+    root = Path(__file__).resolve().parents[2]
+    r = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, cwd=root)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "[]"

@@ -62,9 +62,9 @@ def test_the_agent_and_the_network_never_ask_which_part_they_run():
 
 
 def test_config_names_the_registered_parts():
-    with pytest.raises(ConfigError, match=r"head must be one of \['c51', 'iqn', 'qrdqn'\]"):
+    with pytest.raises(ConfigError, match=r"head must be one of \['c51', 'c51\+iqn', 'iqn', 'qrdqn'\]"):
         from_dict({"net": {"head": "c52"}})
-    with pytest.raises(ConfigError, match=r"encoder must be one of \['mlp'\]"):
+    with pytest.raises(ConfigError, match=r"encoder must be one of \['attention', 'mlp', 'ssm'\]"):
         from_dict({"net": {"encoder": "lstm"}})
     with pytest.raises(ConfigError, match="aux: no auxiliary signal named"):
         from_dict({"agent": {"aux": ["nope"]}})

@@ -63,9 +63,9 @@ def test_trainer_timings_cover_construction_and_prime():
 
 def test_features_in_row_blocks_equal_the_whole_matrix(monkeypatch):
     bars = reference_bars(1500, n_features=20)
-    whole = compute(bars, FeatureConfig())
+    whole = compute(bars, FeatureConfig(extra=("*",)))
     monkeypatch.setattr(features, "_ROWS_PER_BLOCK", 7)  # block edges inside and across the warm-up
-    blocks = compute(bars, FeatureConfig())
+    blocks = compute(bars, FeatureConfig(extra=("*",)))
     assert blocks.names == whole.names and blocks.values.dtype == np.float32
     np.testing.assert_array_equal(blocks.values.view(np.uint32), whole.values.view(np.uint32))
     assert not blocks.values[: whole.warmup].any() and blocks.values[whole.warmup :].any()
@@ -76,7 +76,7 @@ def test_a_non_finite_feature_is_named_at_its_bar_across_blocks(monkeypatch):
     bars = reference_bars(1500, n_features=20)
     bars.extra["noise_03"][1234] = np.nan
     with pytest.raises(ValueError, match=r"feature 'noise_03' .*not finite at bar 1234,"):
-        compute(bars, FeatureConfig())
+        compute(bars, FeatureConfig(extra=("*",)))
 
 
 def test_normaliser_in_blocks_equals_the_formula(monkeypatch, rng):
@@ -102,7 +102,7 @@ def test_normaliser_in_blocks_equals_the_formula(monkeypatch, rng):
 
 def test_reference_bars_count_features_on_a_short_series():
     bars = reference_bars(3000, n_features=20)
-    assert len(compute(bars, FeatureConfig()).names) == 20  # the short series gave the right count
+    assert len(compute(bars, FeatureConfig(extra=("*",))).names) == 20  # the short series gave the right count
 
 
 # --- tools/bench_startup.py ---------------------------------------------------------------------------

@@ -101,10 +101,12 @@ def test_best_validation_checkpoint_is_the_argmax_and_survives_resume(tmp_path):
 
 @pytest.mark.parametrize("action", ["stop", "rollback"])
 def test_nan_in_the_features_trips_the_guard(action):
-    """NaN in the stored features the learner reads gives a NaN loss; the guard acts as configured."""
+    """NaN in the stored rows the learner reads gives a NaN loss; the guard acts as configured."""
+    from cudarl.reference.window import POSITION
+
     t = Trainer(small(guard={"action": action, "max_rollbacks": 2}), run_dir=False, echo=lambda m: None)
     t.run(30)
-    t.replay.bufs.obs[:, 0] = np.nan  # every stored feature row is poisoned
+    t.replay.bufs.obs[:, POSITION] = np.nan  # every stored row is poisoned (its position feature)
     with pytest.raises(GuardStop, match=r"loss = nan.*action: stop"):
         t.run(60)
     kinds = [(e["event"], e.get("action")) for e in t.events]
@@ -179,7 +181,7 @@ def test_gpu_resume_continues_exactly(tmp_path):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("head", ["c51", "iqn", "qrdqn"])
+@pytest.mark.parametrize("head", ["c51", "iqn", "qrdqn", "c51+iqn"])
 def test_gpu_every_feature_moves_its_observable(head):
     """DESIGN rule 8: with PopArt (C51), counterfactual rows and the mirror on, each observable moves."""
     over = {"net": {"head": head}, "env": {"counterfactual": True, "mirror": True}, "replay": {"n_step": 1}}
@@ -196,7 +198,7 @@ def test_gpu_every_feature_moves_its_observable(head):
     assert t.env.rows_per_step == 4 and len(set(rows.tolist())) == 3  # real, two counterfactual actions, mirror
 
 
-@pytest.mark.parametrize("head", ["c51", "iqn", "qrdqn"])
+@pytest.mark.parametrize("head", ["c51", "iqn", "qrdqn", "c51+iqn"])
 def test_every_enabled_feature_moves_its_observable(head):
     """DESIGN rule 8 on the CPU: PopArt's statistics move, counterfactual and mirror rows reach the
     replay, the online and target networks move. (The seed system had a normaliser it never called.)"""

@@ -1,0 +1,177 @@
+"""Launchers for ``cuda_src/ssm.cu`` (twin: ``cudarl/reference/ssm.py``, same names and arguments).
+
+Each checks shapes here (dtype and contiguity are checked by ``kernels.launch``), writes only into
+the buffers it is given, and never allocates or synchronises: safe inside a capture.
+"""
+
+from __future__ import annotations
+
+from ..kernels import blocks_for, launch
+from ..reference.ssm import CONV_MAX_K, MAX_SHARED, backward_shared, forward_shared, n_chunks
+from ..reference.ssm import SCAN_THREADS as _SCAN_THREADS
+from .seq import check_shape, check_shapes
+
+__all__ = ["CONV_MAX_K", "MAX_SHARED", "backward_shared", "forward_shared"]  # the limits, re-exported
+_CONV_THREADS = 128
+_STEP_THREADS = 128
+
+
+def _rows(where: str, name: str, a, rows: int) -> None:
+    if a.ndim < 1 or a.shape[0] != rows:
+        raise ValueError(f"{where}: {name} must have {rows} rows, got shape {tuple(a.shape)}")
+
+
+def _conv_dims(where: str, zx, conv, xbc_cols: int, d_inner: int) -> tuple[int, int]:
+    K = conv.shape[0] - 1
+    if conv.ndim != 2 or conv.shape[1] != xbc_cols or not 2 <= K <= CONV_MAX_K:
+        raise ValueError(
+            f"{where}: conv must be [K + 1, {xbc_cols}] with 2 <= K <= {CONV_MAX_K}, got {tuple(conv.shape)}"
+        )
+    if zx.ndim != 2 or zx.shape[1] < int(d_inner) + xbc_cols:
+        raise ValueError(f"{where}: zx must be [rows, >= {int(d_inner) + xbc_cols}], got {tuple(zx.shape)}")
+    return K, zx.shape[1]
+
+
+def conv_forward(zx, conv, xbc, window: int, d_inner: int) -> None:
+    """xbc ``[B W, C_c]`` = silu(causal conv of zx's columns E .. E + C_c); conv ``[K + 1, C_c]``."""
+    where = "ssm.conv_forward"
+    R, Cc = xbc.shape
+    K, ld = _conv_dims(where, zx, conv, Cc, d_inner)
+    if R % window or zx.shape[0] != R:
+        raise ValueError(f"{where}: {R} rows are not whole windows of {window}, or zx has {zx.shape[0]} rows")
+    launch(
+        "ssm",
+        "conv_forward",
+        (blocks_for(Cc, _CONV_THREADS), R // window),
+        _CONV_THREADS,
+        (zx, conv, xbc, window, d_inner, Cc, ld, K),
+    )
+
+
+def conv_backward(dxbc, zx, conv, dzx, dconv_part, window: int, d_inner: int) -> None:
+    """din into dzx's conv columns; per-sample-chunk partials ``dconv_part [K', (K + 1) C_c]``."""
+    where = "ssm.conv_backward"
+    R, Cc = dxbc.shape
+    K, ld = _conv_dims(where, zx, conv, Cc, d_inner)
+    check_shape(where, "dzx", dzx, zx.shape)
+    B = R // window
+    parts = dconv_part.shape[0]
+    if R % window or zx.shape[0] != R or dconv_part.shape != (parts, (K + 1) * Cc) or not 1 <= parts <= B:
+        raise ValueError(f"{where}: rows {R}, window {window}, zx {zx.shape}, dconv_part {dconv_part.shape} disagree")
+    launch(
+        "ssm",
+        "conv_backward",
+        (blocks_for(Cc, _CONV_THREADS), parts),
+        _CONV_THREADS,
+        (dxbc, zx, conv, dzx, dconv_part, B, window, d_inner, Cc, ld, K, parts),
+    )
+
+
+def conv_step(zx_t, conv, conv_state, xbc_t, d_inner: int) -> None:
+    """One bar: conv_state ``[B, K - 1, C_c]`` shifted in place, xbc_t ``[B, C_c]`` written."""
+    where = "ssm.conv_step"
+    B, Cc = xbc_t.shape
+    K, ld = _conv_dims(where, zx_t, conv, Cc, d_inner)
+    check_shape(where, "conv_state", conv_state, (B, K - 1, Cc))
+    _rows(where, "zx_t", zx_t, B)
+    launch(
+        "ssm",
+        "conv_step",
+        blocks_for(B * Cc, _CONV_THREADS),
+        _CONV_THREADS,
+        (zx_t, conv, conv_state, xbc_t, B, d_inner, Cc, ld, K),
+    )
+
+
+def _scan_dims(where: str, xbc, zx, head, E: int, states_shape: tuple) -> tuple:
+    """(B, H, P, N, G) of a scan, checked against the column layout of xbc and zx."""
+    B, H, _, P, N = states_shape
+    Cc = xbc.shape[1]
+    GN2 = Cc - E
+    if H * P != E or GN2 <= 0 or GN2 % (2 * N) or H % (GN2 // (2 * N)):
+        raise ValueError(f"{where}: E={E}, H={H}, P={P}, N={N} do not fit xbc with {Cc} columns")
+    check_shapes(where, ("head", head, (3, H)), ("zx", zx, (xbc.shape[0], E + Cc + H)))
+    return B, H, P, N, GN2 // (2 * N)
+
+
+def _shared(where: str, floats: int) -> int:
+    if 4 * floats > MAX_SHARED:
+        raise ValueError(f"{where}: needs {4 * floats} bytes of shared memory (> {MAX_SHARED}); use a shorter chunk")
+    return 4 * floats
+
+
+def ssd_forward(xbc, zx, head, y, dt, states, window: int, chunk: int) -> None:
+    """The chunked scan: y ``[B W, E]``, dt ``[B W, H]``, states ``[B, H, n_chunks, P, N]`` written."""
+    where = "ssm.ssd_forward"
+    R, E = y.shape
+    B, H, P, N, G = _scan_dims(where, xbc, zx, head, E, states.shape)
+    _rows(where, "xbc", xbc, B * window)
+    check_shapes(where, ("dt", dt, (R, H)), ("states", states, (B, H, n_chunks(window, chunk), P, N)))
+    launch(
+        "ssm",
+        "ssd_forward",
+        B * H,
+        _SCAN_THREADS,
+        (xbc, zx, head, y, dt, states, window, H, P, N, G, chunk),
+        shared_mem=_shared(where, forward_shared(chunk, P, N)),
+    )
+
+
+def ssd_backward(dy, xbc, zx, dt, head, states, dxbc, dzx, dbc_part, dhead_part, window: int, chunk: int) -> None:
+    """The scan's backward: dx into dxbc's x columns, d dt_raw into dzx's dt columns, dbc_part
+    ``[B W, H, 2 N]``, dhead_part ``[B, 3, H]``."""
+    where = "ssm.ssd_backward"
+    R, E = dy.shape
+    B, H, P, N, G = _scan_dims(where, xbc, zx, head, E, states.shape)
+    _rows(where, "xbc", xbc, B * window)
+    check_shapes(
+        where,
+        ("dt", dt, (R, H)),
+        ("states", states, (B, H, n_chunks(window, chunk), P, N)),
+        ("dxbc", dxbc, xbc.shape),
+        ("dzx", dzx, zx.shape),
+        ("dbc_part", dbc_part, (R, H, 2 * N)),
+        ("dhead_part", dhead_part, (B, 3, H)),
+    )
+    launch(
+        "ssm",
+        "ssd_backward",
+        B * H,
+        _SCAN_THREADS,
+        (dy, xbc, zx, dt, head, states, dxbc, dzx, dbc_part, dhead_part, window, H, P, N, G, chunk),
+        shared_mem=_shared(where, backward_shared(chunk, P, N)),
+    )
+
+
+def bc_reduce(dbc_part, dxbc, d_inner: int) -> None:
+    """dxbc's B and C columns = each group's heads' dbc_part summed in ascending order."""
+    R, H, N2 = dbc_part.shape
+    N = N2 // 2
+    GN2 = dxbc.shape[1] - int(d_inner)
+    if dxbc.shape[0] != R or N2 % 2 or GN2 <= 0 or GN2 % N2 or H % (GN2 // N2):
+        raise ValueError(f"ssm.bc_reduce: dbc_part {dbc_part.shape} and dxbc {dxbc.shape} (E={d_inner}) disagree")
+    G = GN2 // N2
+    launch(
+        "ssm",
+        "bc_reduce",
+        min(blocks_for(R * GN2, 256), 8192),
+        256,
+        (dbc_part, dxbc, R, H, N, G, d_inner),
+    )
+
+
+def ssd_step(xbc_t, zx_t, head, state, y_t) -> None:
+    """One bar of the recurrence: state ``[B, H, P, N]`` in place, y_t ``[B, E]`` written."""
+    where = "ssm.ssd_step"
+    B, E = y_t.shape
+    _, H, P, N, G = _scan_dims(where, xbc_t, zx_t, head, E, (B, state.shape[1], 1, state.shape[2], state.shape[3]))
+    check_shape(where, "state", state, (B, H, P, N))
+    _rows(where, "xbc_t", xbc_t, B)
+    launch(
+        "ssm",
+        "ssd_step",
+        B * H,
+        _STEP_THREADS,
+        (xbc_t, zx_t, head, state, y_t, H, P, N, G),
+        shared_mem=4 * (P + 2 * N),
+    )

@@ -1,0 +1,128 @@
+"""NumPy twin of ``cuda_src/seq.cu``: the row ops the sequence encoders share (RMSNorm, the
+gated RMSNorm of Mamba2, the last-position norm that makes psi, the residual add, and the
+second stage of every deterministic parameter-gradient reduction).
+
+Every function writes into the buffers it is given (like the launchers in ``cudarl/ops/seq.py``)
+and computes in the dtype of those buffers: float32 buffers are the CPU backend, float64 buffers
+the finite-difference oracle.
+
+Parameter gradients are two-stage and ordered (DESIGN.md rule 3): a backward writes one partial row
+per row chunk (``part [K, n]``, chunk ``k`` is rows ``[k c, (k + 1) c)`` with ``c = ceil(R / K)``,
+:func:`chunk_rows`), then :func:`colsum` adds the K rows in ascending order. The kernels use the
+same chunks, so the partials mean the same on both backends.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+#: Partial rows of a parameter-gradient reduction over R rows: ``min(R, PARTS)`` (one block each on the GPU).
+PARTS = 128
+
+
+def n_parts(rows: int) -> int:
+    """How many partial rows a reduction over ``rows`` rows writes (``min(rows, PARTS)``, at least 1)."""
+    return max(1, min(int(rows), PARTS))
+
+
+def chunk_rows(rows: int, parts: int) -> list[slice]:
+    """The row chunks of a reduction: ``parts`` slices of ``ceil(rows / parts)`` rows (the last ones may be
+    short or empty)."""
+    c = -(-int(rows) // int(parts))
+    return [slice(k * c, min((k + 1) * c, rows)) for k in range(parts)]
+
+
+def _chunk_sums(v: np.ndarray, part: np.ndarray) -> None:
+    """``part[k] = sum of v's rows in chunk k`` (v ``[R, n]``, part ``[K, n]``)."""
+    for k, sl in enumerate(chunk_rows(v.shape[0], part.shape[0])):
+        part[k] = v[sl].sum(axis=0)
+
+
+def _silu(z):
+    return z / (z.dtype.type(1) + np.exp(-z))
+
+
+def rmsnorm_forward(x, w, out, rstd, eps: float) -> None:
+    """RMSNorm (Zhang & Sennrich 2019): ``rstd = 1 / sqrt(mean_j x^2 + eps)``, ``out = x rstd w``.
+
+    x, out ``[R, n]``; w ``[n]``; rstd ``[R]`` (written, kept for the backward).
+    """
+    r = x.dtype.type(1) / np.sqrt((x * x).mean(axis=1) + x.dtype.type(eps))
+    rstd[...] = r
+    out[...] = x * r[:, None] * w
+
+
+def _rms_dx(g, xhat, rstd):
+    """``rstd (g - xhat mean_j(g xhat))``: the input gradient of ``xhat = x rstd`` for ``dL/dxhat = g``."""
+    return rstd[:, None] * (g - xhat * (g * xhat).mean(axis=1, keepdims=True))
+
+
+def rmsnorm_backward(dout, x, w, rstd, dres, dx, dw_part) -> None:
+    """Backward of :func:`rmsnorm_forward` inside a residual block.
+
+    ``xhat = x rstd``, ``g = dout w``: ``dx = dres + rstd (g - xhat mean_j(g xhat))``, where ``dres``
+    is the gradient the residual path brings to ``x``; ``dw = sum_rows dout xhat`` as partials
+    ``dw_part [K, n]`` (reduce with :func:`colsum`). dout, x, dres, dx ``[R, n]`` (dx may alias dres).
+    """
+    xhat = x * rstd[:, None]
+    dx[...] = dres + _rms_dx(dout * w, xhat, rstd)
+    _chunk_sums(dout * xhat, dw_part)
+
+
+def last_rmsnorm_forward(h, w, out, rstd, eps: float) -> None:
+    """psi of a sequence encoder: RMSNorm of the last position. h ``[B, W, n]``; out ``[B, n]``; rstd ``[B]``."""
+    rmsnorm_forward(np.ascontiguousarray(h[:, -1]), w, out, rstd, eps)
+
+
+def last_rmsnorm_backward(dout, h, w, rstd, dh, dw_part) -> None:
+    """Backward of :func:`last_rmsnorm_forward`: dh ``[B, W, n]`` is the whole gradient w.r.t. h (zero
+    before the last position); dw partials ``[K, n]`` over the B rows."""
+    hl = np.ascontiguousarray(h[:, -1])
+    xhat = hl * rstd[:, None]
+    dh[:, :-1] = 0
+    dh[:, -1] = _rms_dx(dout * w, xhat, rstd)
+    _chunk_sums(dout * xhat, dw_part)
+
+
+def gated_rmsnorm_forward(y, zx, w, out, rstd, eps: float) -> None:
+    """Mamba2's gated RMSNorm (Dao & Gu 2024): ``g = y silu(z)``, ``out = g rstd w``,
+    ``rstd = 1 / sqrt(mean g^2 + eps)``.
+
+    y, out ``[R, E]``; ``z = zx[:, :E]`` (zx ``[R, ld]``: z is the first E columns of the in-projection);
+    w ``[E]``; rstd ``[R]``.
+    """
+    E = y.shape[1]
+    g = y * _silu(zx[:, :E])
+    rmsnorm_forward(g, w, out, rstd, eps)
+
+
+def gated_rmsnorm_backward(dout, y, zx, w, rstd, dy, dzx, dw_part) -> None:
+    """Backward of :func:`gated_rmsnorm_forward`. With ``s = sigmoid(z)``, ``g = y z s``, ``ghat = g rstd``:
+    ``dg = rstd (dout w - ghat mean(dout w ghat))``, ``dy = dg z s``, ``dz = dg y s (1 + z (1 - s))``.
+
+    dy ``[R, E]``; dz goes to ``dzx[:, :E]`` (no other column of dzx is touched); dw partials ``[K, E]``.
+    """
+    E = y.shape[1]
+    z = zx[:, :E]
+    one = z.dtype.type(1)
+    s = one / (one + np.exp(-z))
+    g = y * (z * s)
+    ghat = g * rstd[:, None]
+    dg = _rms_dx(dout * w, ghat, rstd)
+    dy[...] = dg * (z * s)
+    dzx[:, :E] = dg * y * (s * (one + z * (one - s)))
+    _chunk_sums(dout * ghat, dw_part)
+
+
+def residual_add(a, b, out) -> None:
+    """``out = a + b`` (the residual stream). All ``[R, n]``; out may alias a or b."""
+    out[...] = a + b
+
+
+def colsum(part, out) -> None:
+    """``out[j] = sum_k part[k, j]``, k ascending (the second stage of every reduction). part ``[K, n]``; out n elements
+    (any shape: a parameter view such as the conv's ``[K + 1, C]``)."""
+    acc = part[0].copy()
+    for k in range(1, part.shape[0]):
+        acc = acc + part[k]
+    out[...] = acc.reshape(out.shape)

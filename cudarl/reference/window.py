@@ -1,0 +1,65 @@
+"""NumPy twin of ``cuda_src/window.cu``: observation windows gathered from the feature matrix.
+
+Environments and replay rows keep an observation *by reference*, a state row of :data:`STATE_DIM`
+float32 columns (:data:`STATE_COLUMNS`)::
+
+    bar       the bar t observed now (an exact integer: bar indices stay below 2**24)
+    mirror    1.0 on the env's directional mirror rows (return-sign columns negated), else 0.0
+    position  the position held entering the step, p_{t-1}
+    hold      min(hold, hold_cap) / hold_cap
+
+so a replay row costs the same whatever the window. The network's input is gathered from the
+device-resident feature matrix ``features [T, F]`` when acting and when sampling: ``window`` bars
+``t - window + 1 .. t``, oldest first, each ``F + 2`` wide::
+
+    out[i, w, :F]  = features[b] (* sign on a mirror row),   b = bar_i - (window - 1) + w
+    out[i, w, F:]  = (position, hold) on the newest bar (w = window - 1), zeros on the others
+
+A bar before the first (``b < 0``) is a row of zeros. Nothing after bar t is read: a window never
+reaches past the bar it observes (tests/unit/test_windows.py changes every later bar and sees no
+earlier observation move). With ``window = 1`` the row is ``[features[t], position, hold]``, the
+observation the env wrote before windows existed, bit for bit.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+#: The columns of a state row, in order.
+STATE_COLUMNS = ("bar", "mirror", "position", "hold")
+STATE_DIM = len(STATE_COLUMNS)
+BAR, MIRROR, POSITION, HOLD = range(STATE_DIM)
+#: Columns after a bar's features: the position and the hold fraction (zeros except on the newest bar).
+N_POSITION_FEATURES = 2
+#: Bar indices are float32 integers in a state row: exact below this.
+MAX_BARS = 1 << 24
+
+
+def width(n_features: int, window: int) -> int:
+    """Columns of one gathered observation: ``window * (n_features + 2)``."""
+    return int(window) * (int(n_features) + N_POSITION_FEATURES)
+
+
+def gather(rows, features, sign, out, window: int) -> None:
+    """Observation windows of ``n`` state rows.
+
+    Args:
+        rows: float32 ``[n, STATE_DIM]`` state rows (module docstring).
+        features: float32 ``[T, F]``, the feature matrix (row t known at close[t]).
+        sign: float32 ``[F]``, -1 on the return-sign columns (which a mirror row negates), +1 elsewhere.
+        out: float32 ``[n, window * (F + 2)]``, written.
+        window: bars per observation (>= 1).
+    Bars outside ``[0, T)`` (before the first; no row names a later one) give rows of zeros.
+    """
+    n, (t_n, f_n) = rows.shape[0], features.shape
+    view = out.reshape(n, window, f_n + N_POSITION_FEATURES)
+    bar = rows[:, BAR].astype(np.int64)
+    b = bar[:, None] - (window - 1) + np.arange(window)[None, :]  # [n, window]
+    inside = (b >= 0) & (b < t_n)
+    feats = features[np.where(inside, b, 0)]  # [n, window, F]
+    mirrored = rows[:, MIRROR] != 0
+    feats = np.where(mirrored[:, None, None], feats * sign, feats)
+    view[:, :, :f_n] = np.where(inside[:, :, None], feats, np.float32(0))
+    view[:, :, f_n:] = 0
+    view[:, -1, f_n] = rows[:, POSITION]
+    view[:, -1, f_n + 1] = rows[:, HOLD]

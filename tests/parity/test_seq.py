@@ -1,0 +1,238 @@
+"""Parity of ``cuda_src/seq.cu`` with ``cudarl.reference.seq``: the encoders' RMSNorms, residual add and
+ordered column sums.
+
+CPU tests hold identities of the twin; ``gpu`` tests compare every op with the float64 twin on random
+float32 inputs (poisoned outputs, odd shapes): the GPU's error at most twice the float32 twin's, or 1e-5
+(:func:`cudarl.testing.assert_oracle`); reruns are bitwise equal.
+"""
+
+import numpy as np
+import pytest
+
+from cudarl.reference import seq as ref
+from cudarl.testing import assert_bitwise, assert_oracle, poison
+
+EPS = 1e-5
+
+
+def _f64(*arrs):
+    return [np.asarray(a, dtype=np.float64) for a in arrs]
+
+
+# --- CPU: identities --------------------------------------------------------------------------------
+def test_chunks_cover_every_row_once():
+    for rows in (1, 7, 128, 129, 1000):
+        for parts in {1, ref.n_parts(rows), min(rows, 5)}:
+            idx = np.concatenate([np.arange(rows)[sl] for sl in ref.chunk_rows(rows, parts)])
+            np.testing.assert_array_equal(idx, np.arange(rows))
+    assert ref.n_parts(1) == 1 and ref.n_parts(10_000) == ref.PARTS
+
+
+def test_partials_then_colsum_do_not_depend_on_the_chunking(rng):
+    R, n = 37, 5
+    dout, x, dres = (rng.standard_normal((R, n)) for _ in range(3))
+    w, rstd = rng.standard_normal(n), rng.uniform(0.5, 2, R)
+    got = []
+    for parts in (1, 4, 37):
+        dx, part, dw = np.empty((R, n)), np.empty((parts, n)), np.empty(n)
+        ref.rmsnorm_backward(dout, x, w, rstd, dres, dx, part)
+        ref.colsum(part, dw)
+        got.append(dw)
+    np.testing.assert_allclose(got[1], got[0], rtol=1e-13)
+    np.testing.assert_allclose(got[2], got[0], rtol=1e-13)
+
+
+def test_rmsnorm_of_a_constant_row_is_the_weight():
+    x = np.full((2, 4), 3.0)
+    out, rstd = np.empty((2, 4)), np.empty(2)
+    w = np.array([1.0, -2.0, 0.5, 4.0])
+    ref.rmsnorm_forward(x, w, out, rstd, 0.0)
+    np.testing.assert_allclose(out, np.tile(w, (2, 1)), rtol=1e-15)
+    np.testing.assert_allclose(rstd, [1 / 3, 1 / 3], rtol=1e-15)
+
+
+def test_last_rmsnorm_is_rmsnorm_of_the_last_bar_and_its_gradient_is_zero_before(rng):
+    B, W, n = 3, 4, 6
+    h, w, d = rng.standard_normal((B, W, n)), rng.standard_normal(n), rng.standard_normal((B, n))
+    out, rstd, out2, rstd2 = np.empty((B, n)), np.empty(B), np.empty((B, n)), np.empty(B)
+    ref.last_rmsnorm_forward(h, w, out, rstd, EPS)
+    ref.rmsnorm_forward(np.ascontiguousarray(h[:, -1]), w, out2, rstd2, EPS)
+    np.testing.assert_array_equal(out, out2)
+    dh, part = np.full((B, W, n), np.nan), np.empty((B, n))
+    ref.last_rmsnorm_backward(d, h, w, rstd, dh, part)
+    dx, part2 = np.empty((B, n)), np.empty((B, n))
+    ref.rmsnorm_backward(d, np.ascontiguousarray(h[:, -1]), w, rstd, np.zeros((B, n)), dx, part2)
+    assert not dh[:, :-1].any()
+    np.testing.assert_array_equal(dh[:, -1], dx)
+    np.testing.assert_array_equal(part, part2)
+
+
+def test_gated_norm_is_rmsnorm_of_y_silu_z_and_leaves_other_columns(rng):
+    R, E, ld = 5, 4, 9
+    y, zx, w = rng.standard_normal((R, E)), rng.standard_normal((R, ld)), rng.standard_normal(E)
+    out, rstd, out2, rstd2 = np.empty((R, E)), np.empty(R), np.empty((R, E)), np.empty(R)
+    ref.gated_rmsnorm_forward(y, zx, w, out, rstd, EPS)
+    z = zx[:, :E]
+    ref.rmsnorm_forward(y * z / (1 + np.exp(-z)), w, out2, rstd2, EPS)
+    np.testing.assert_allclose(out, out2, rtol=1e-14)
+    dzx = np.full((R, ld), 7.0)
+    ref.gated_rmsnorm_backward(rng.standard_normal((R, E)), y, zx, w, rstd, np.empty((R, E)), dzx, np.empty((2, E)))
+    assert (dzx[:, E:] == 7.0).all() and (dzx[:, :E] != 7.0).all()
+
+
+def test_launchers_check_shapes_before_launching():
+    """Shape errors surface in Python with the op's name (no GPU needed: the check runs first)."""
+    from cudarl.ops import seq as ops
+
+    z = np.zeros
+    with pytest.raises(ValueError, match="rmsnorm_forward: w"):
+        ops.rmsnorm_forward(z((4, 3), np.float32), z(4, np.float32), z((4, 3), np.float32), z(4, np.float32), EPS)
+    with pytest.raises(ValueError, match="rmsnorm_backward: part must be"):
+        a = z((4, 3), np.float32)
+        ops.rmsnorm_backward(a, a, z(3, np.float32), z(4, np.float32), a, a, z((5, 3), np.float32))
+    with pytest.raises(ValueError, match="gated_rmsnorm_forward: zx"):
+        ops.gated_rmsnorm_forward(
+            z((4, 3), np.float32), z((4, 2), np.float32), z(3, np.float32), z((4, 3), np.float32), z(4, np.float32), EPS
+        )
+    with pytest.raises(ValueError, match="colsum: out has 4"):
+        ops.colsum(z((2, 3), np.float32), z(4, np.float32))
+
+
+# --- GPU ----------------------------------------------------------------------------------------------
+SHAPES = [(1, 1), (7, 33), (37, 128), (4096, 256), (32768, 128)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("R,n", SHAPES)
+def test_gpu_rmsnorm(cp, rng, R, n):
+    from cudarl.ops import seq as ops
+
+    x, w, d, dres = (rng.standard_normal(s).astype(np.float32) for s in ((R, n), (n,), (R, n), (R, n)))
+    K = ref.n_parts(R)
+    r32 = dict(out=np.empty((R, n), np.float32), rstd=np.empty(R, np.float32))
+    r64 = dict(out=np.empty((R, n)), rstd=np.empty(R))
+    ref.rmsnorm_forward(x, w, r32["out"], r32["rstd"], EPS)
+    ref.rmsnorm_forward(*_f64(x, w), r64["out"], r64["rstd"], EPS)
+    gx, gw, gd, gres = (cp.asarray(a) for a in (x, w, d, dres))
+    go, gr = cp.empty((R, n), np.float32), cp.empty(R, np.float32)
+    poison(go)
+    poison(gr)
+    ops.rmsnorm_forward(gx, gw, go, gr, EPS)
+    assert_oracle(go, r32["out"], r64["out"], what="out")
+    assert_oracle(gr, r32["rstd"], r64["rstd"], what="rstd")
+    rstd = gr.get()  # the backward from the GPU's rstd
+    b32 = dict(dx=np.empty((R, n), np.float32), part=np.empty((K, n), np.float32), dw=np.empty(n, np.float32))
+    b64 = dict(dx=np.empty((R, n)), part=np.empty((K, n)), dw=np.empty(n))
+    for b, cast in ((b32, np.float32), (b64, np.float64)):
+        ref.rmsnorm_backward(*(np.asarray(a, cast) for a in (d, x, w, rstd, dres)), b["dx"], b["part"])
+        ref.colsum(b["part"], b["dw"])
+    gdx, gpart, gdw = cp.empty((R, n), np.float32), cp.empty((K, n), np.float32), cp.empty(n, np.float32)
+    for a in (gdx, gpart, gdw):
+        poison(a)
+    ops.rmsnorm_backward(gd, gx, gw, gr, gres, gdx, gpart)
+    ops.colsum(gpart, gdw)
+    assert_oracle(gdx, b32["dx"], b64["dx"], what="dx")
+    assert_oracle(gdw, b32["dw"], b64["dw"], what="dw")
+    first = (gdx.copy(), gdw.copy())
+    ops.rmsnorm_backward(gd, gx, gw, gr, gres, gres, gpart)  # dx aliasing dres, as the encoders run it
+    ops.colsum(gpart, gdw)
+    assert_bitwise(gres, first[0], what="dx in place")
+    assert_bitwise(gdw, first[1], what="dw rerun")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("R,n", SHAPES)
+def test_gpu_gated_rmsnorm(cp, rng, R, n):
+    from cudarl.ops import seq as ops
+
+    ld = 2 * n + 5
+    y, zx, w, d = (rng.standard_normal(s).astype(np.float32) for s in ((R, n), (R, ld), (n,), (R, n)))
+    K = ref.n_parts(R)
+    outs = {}
+    for name, cast in (("32", np.float32), ("64", np.float64)):
+        o, r = np.empty((R, n), cast), np.empty(R, cast)
+        ref.gated_rmsnorm_forward(*(np.asarray(a, cast) for a in (y, zx)), np.asarray(w, cast), o, r, EPS)
+        outs[name] = (o, r)
+    gy, gzx, gw, gd = (cp.asarray(a) for a in (y, zx, w, d))
+    go, gr = cp.empty((R, n), np.float32), cp.empty(R, np.float32)
+    poison(go)
+    poison(gr)
+    ops.gated_rmsnorm_forward(gy, gzx, gw, go, gr, EPS)
+    assert_oracle(go, outs["32"][0], outs["64"][0], what="out")
+    assert_oracle(gr, outs["32"][1], outs["64"][1], what="rstd")
+    rstd = gr.get()
+    back = {}
+    for name, cast in (("32", np.float32), ("64", np.float64)):
+        dy, dzx, part, dw = (
+            np.empty((R, n), cast),
+            np.full((R, ld), 7.0, cast),
+            np.empty((K, n), cast),
+            np.empty(n, cast),
+        )
+        ref.gated_rmsnorm_backward(*(np.asarray(a, cast) for a in (d, y, zx, w, rstd)), dy, dzx, part)
+        ref.colsum(part, dw)
+        back[name] = (dy, dzx[:, :n].copy(), dw)
+    gdy, gdzx, gpart, gdw = (cp.empty(s, np.float32) for s in ((R, n), (R, ld), (K, n), (n,)))
+    for a in (gdy, gpart, gdw):
+        poison(a)
+    gdzx.fill(7.0)
+    ops.gated_rmsnorm_backward(gd, gy, gzx, gw, gr, gdy, gdzx, gpart)
+    ops.colsum(gpart, gdw)
+    for k, (name, got) in enumerate((("dy", gdy), ("dz", gdzx[:, :n]), ("dw", gdw))):
+        assert_oracle(got, back["32"][k], back["64"][k], what=name)
+    assert bool((gdzx[:, n:] == 7.0).all()), "gated_rmsnorm_backward wrote outside z's columns"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("B,W,n", [(1, 1, 5), (7, 5, 33), (512, 64, 128), (4096, 1, 128)])
+def test_gpu_last_rmsnorm(cp, rng, B, W, n):
+    from cudarl.ops import seq as ops
+
+    h, w, d = (rng.standard_normal(s).astype(np.float32) for s in ((B, W, n), (n,), (B, n)))
+    K = ref.n_parts(B)
+    fw = {}
+    for name, cast in (("32", np.float32), ("64", np.float64)):
+        o, r = np.empty((B, n), cast), np.empty(B, cast)
+        ref.last_rmsnorm_forward(np.asarray(h, cast), np.asarray(w, cast), o, r, EPS)
+        fw[name] = (o, r)
+    gh, gw, gd = (cp.asarray(a) for a in (h, w, d))
+    go, gr = cp.empty((B, n), np.float32), cp.empty(B, np.float32)
+    poison(go)
+    poison(gr)
+    ops.last_rmsnorm_forward(gh, gw, go, gr, EPS)
+    assert_oracle(go, fw["32"][0], fw["64"][0], what="psi")
+    rstd = gr.get()
+    bw = {}
+    for name, cast in (("32", np.float32), ("64", np.float64)):
+        dh, part, dw = np.empty((B, W, n), cast), np.empty((K, n), cast), np.empty(n, cast)
+        ref.last_rmsnorm_backward(*(np.asarray(a, cast) for a in (d, h, w, rstd)), dh, part)
+        ref.colsum(part, dw)
+        bw[name] = (dh[:, -1].copy(), dw)
+    gdh, gpart, gdw = cp.empty((B, W, n), np.float32), cp.empty((K, n), np.float32), cp.empty(n, np.float32)
+    for a in (gdh, gpart, gdw):
+        poison(a)
+    ops.last_rmsnorm_backward(gd, gh, gw, gr, gdh, gpart)
+    ops.colsum(gpart, gdw)
+    assert_oracle(gdh[:, -1], bw["32"][0], bw["64"][0], what="dh at the last bar")
+    assert_oracle(gdw, bw["32"][1], bw["64"][1], what="dw")
+    assert bool((gdh[:, :-1] == 0).all()), "dh before the last bar must be written 0"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n", [1, 1000, 32768 * 128])
+def test_gpu_residual_add_and_colsum(cp, rng, n):
+    from cudarl.ops import seq as ops
+
+    a, b = (rng.standard_normal(n).astype(np.float32) for _ in range(2))
+    out = cp.empty(n, np.float32)
+    poison(out)
+    ops.residual_add(cp.asarray(a), cp.asarray(b), out)
+    assert_bitwise(out, a + b, what="a + b")  # one rounding per element on both sides
+    K, m = 7, max(1, n // 1000)
+    part = rng.standard_normal((K, m)).astype(np.float32)
+    got = cp.empty(m, np.float32)
+    poison(got)
+    ops.colsum(cp.asarray(part), got)
+    want = np.empty(m, np.float32)
+    ref.colsum(part, want)
+    assert_bitwise(got, want, what="colsum")  # the same ascending order on both sides

@@ -1,0 +1,281 @@
+"""Parity of ``cuda_src/ssm.cu`` with ``cudarl.reference.ssm`` (Mamba2's conv and SSD scan).
+
+CPU tests hold the twin's identities: the chunked scan equals the recurrence and does not depend on the
+chunk length, a scalar case by hand, the one-bar conv against the windowed conv. ``gpu`` tests compare
+every op with the float64 twin on random float32 inputs (poisoned outputs, odd shapes and the benchmark's
+shape); reruns are bitwise equal. The whole SSMEncoder on the GPU: tests/parity/test_encoder_parity.py.
+"""
+
+import numpy as np
+import pytest
+
+from cudarl.reference import seq as rseq
+from cudarl.reference import ssm as ref
+from cudarl.testing import assert_bitwise, assert_oracle, poison, rel_error
+
+
+def case(rng, B, W, H, P, N, G, K, dtype=np.float64):
+    """Random scan inputs: zx ``[B W, 2E + 2GN + H]``, conv ``[K + 1, C_c]``, head ``[3, H]`` (A in [1, 4],
+    dt_bias so that dt spans about 0.05 .. 1)."""
+    E, GN = H * P, G * N
+    Cc = E + 2 * GN
+    zx = rng.standard_normal((B * W, E + Cc + H))
+    conv = 0.5 * rng.standard_normal((K + 1, Cc))
+    head = np.stack([np.log(rng.uniform(1, 4, H)), rng.standard_normal(H), rng.uniform(-3, 0, H)])
+    return dict(zx=zx.astype(dtype), conv=conv.astype(dtype), head=head.astype(dtype), E=E, Cc=Cc)
+
+
+def scan(c, B, W, H, P, N, chunk, dtype=np.float64):
+    """conv then the chunked scan of a :func:`case`; returns xbc, y, dt, states."""
+    xbc = np.empty((B * W, c["Cc"]), dtype)
+    ref.conv_forward(c["zx"], c["conv"], xbc, W, c["E"])
+    y, dt = np.empty((B * W, c["E"]), dtype), np.empty((B * W, H), dtype)
+    st = np.empty((B, H, ref.n_chunks(W, chunk), P, N), dtype)
+    ref.ssd_forward(xbc, c["zx"], c["head"], y, dt, st, W, chunk)
+    return xbc, y, dt, st
+
+
+def scan_backward(c, xbc, dt, st, dy, B, W, H, N, chunk):
+    """The scan's backward plus bc_reduce; returns dxbc (x, B, C columns), d dt_raw ``[B W, H]``, dhead_part."""
+    dxbc, dzx = np.full(xbc.shape, np.nan), np.full(c["zx"].shape, np.nan)
+    dbc, dhead = np.empty((B * W, H, 2 * N)), np.empty((B, 3, H))
+    ref.ssd_backward(dy, xbc, c["zx"], dt, c["head"], st, dxbc, dzx, dbc, dhead, W, chunk)
+    ref.bc_reduce(dbc, dxbc, c["E"])
+    return dxbc, dzx[:, c["E"] + c["Cc"] :], dhead
+
+
+# --- CPU: identities ----------------------------------------------------------------------------------
+@pytest.mark.parametrize("B,W,H,P,N,G,K", [(2, 7, 2, 3, 4, 1, 4), (3, 10, 4, 2, 3, 2, 3), (1, 1, 1, 1, 1, 1, 2)])
+def test_chunked_scan_equals_the_recurrence(rng, B, W, H, P, N, G, K):
+    """The training scan over chunks of 3 against W calls of the acting path's one-bar ops, float64."""
+    c = case(rng, B, W, H, P, N, G, K)
+    xbc, y, dt, st = scan(c, B, W, H, P, N, 3)
+    cs, ss = np.zeros((B, K - 1, c["Cc"])), np.zeros((B, H, P, N))
+    zx3 = c["zx"].reshape(B, W, -1)
+    xt, yt = np.empty((B, c["Cc"])), np.empty((B, c["E"]))
+    for t in range(W):
+        zt = np.ascontiguousarray(zx3[:, t])
+        ref.conv_step(zt, c["conv"], cs, xt, c["E"])
+        assert_bitwise(xt, xbc.reshape(B, W, -1)[:, t], what=f"conv_step at bar {t}")  # the same sum order
+        ref.ssd_step(xt, zt, c["head"], ss, yt)
+        np.testing.assert_allclose(yt, y.reshape(B, W, -1)[:, t], rtol=1e-12, atol=1e-13)
+    np.testing.assert_allclose(ss, st[:, :, -1], rtol=1e-12, atol=1e-14)
+
+
+def test_chunk_length_changes_nothing_but_rounding(rng):
+    """Chunks of 1, 2, 3, 7 (the window) and 16 (longer than it): the same y, states' last entry and gradients."""
+    B, W, H, P, N, G, K = 2, 7, 2, 3, 4, 2, 4
+    c = case(rng, B, W, H, P, N, G, K)
+    dy = rng.standard_normal((B * W, c["E"]))
+    base = None
+    for chunk in (1, 2, 3, 7, 16):
+        xbc, y, dt, st = scan(c, B, W, H, P, N, chunk)
+        got = (y, st[:, :, -1], *scan_backward(c, xbc, dt, st, dy, B, W, H, N, chunk))
+        if base is None:
+            base = got
+        for a, b in zip(got, base, strict=True):
+            np.testing.assert_allclose(a, b, rtol=1e-11, atol=1e-12)
+
+
+def test_one_channel_scan_by_hand():
+    """H = P = N = 1 on a given xbc: S_t = exp(dt_t A) S_{t-1} + dt_t x_t B_t, y_t = S_t C_t + D x_t."""
+    W = 4
+    x, Bv, Cv = np.array([1.0, -2.0, 0.5, 3.0]), np.array([0.5, 1.0, -1.0, 2.0]), np.array([2.0, 1.0, 1.0, -0.5])
+    dt_raw = np.array([0.3, -1.0, 2.0, 25.0])  # the last is past softplus's threshold: dt = dt_raw + dt_bias
+    A_log, D, dt_bias = np.log(0.7), 0.25, 0.1
+    xbc = np.stack([x, Bv, Cv], axis=1)
+    zx = np.concatenate([np.zeros((W, 1)), xbc, dt_raw[:, None]], axis=1)
+    head = np.array([[A_log], [D], [dt_bias]])
+    y, dt, st = np.empty((W, 1)), np.empty((W, 1)), np.empty((1, 1, 2, 1, 1))
+    ref.ssd_forward(xbc, zx, head, y, dt, st, W, 2)
+    S, want = 0.0, []
+    for t in range(W):
+        v = dt_raw[t] + dt_bias
+        d = v if v > 20 else np.log1p(np.exp(v))
+        S = np.exp(-0.7 * d) * S + d * x[t] * Bv[t]
+        want.append(S * Cv[t] + D * x[t])
+        assert dt[t, 0] == pytest.approx(d, rel=1e-15)
+    np.testing.assert_allclose(y[:, 0], want, rtol=1e-14)
+    assert dt[3, 0] == 25.1
+
+
+def test_bc_reduce_sums_a_groups_heads(rng):
+    R, H, N, G, E = 3, 4, 2, 2, 5
+    part = rng.standard_normal((R, H, 2 * N))
+    dxbc = np.full((R, E + 2 * G * N), 9.0)
+    ref.bc_reduce(part, dxbc, E)
+    np.testing.assert_allclose(dxbc[:, E : E + N], part[:, 0, :N] + part[:, 1, :N])  # group 0's B: heads 0, 1
+    np.testing.assert_allclose(dxbc[:, E + 3 * N :], part[:, 2, N:] + part[:, 3, N:])  # group 1's C: heads 2, 3
+    assert (dxbc[:, :E] == 9.0).all()
+
+
+def test_softplus_threshold_and_gradient():
+    v = np.array([-30.0, 0.0, 19.9, 20.0, 20.1, 50.0])
+    np.testing.assert_allclose(ref.softplus(v)[[1, 4, 5]], [np.log(2), 20.1, 50.0])
+    g = ref.softplus_grad(v)
+    assert g[4] == 1.0 and g[5] == 1.0 and g[1] == 0.5 and 0 < g[0] < 1e-12
+
+
+def test_launchers_check_shapes_before_launching():
+    from cudarl.ops import ssm as ops
+
+    f = np.float32
+    zx, conv = np.zeros((14, 6 + 10 + 2), f), np.zeros((5, 10), f)  # E = 6 (2 heads of 3), G N = 2
+    with pytest.raises(ValueError, match="conv_forward: 14 rows are not whole windows of 4"):
+        ops.conv_forward(zx, conv, np.zeros((14, 10), f), 4, 6)
+    with pytest.raises(ValueError, match=r"conv must be \[K \+ 1, 10\] with 2 <= K <= 8"):
+        ops.conv_forward(zx, np.zeros((10, 10), f), np.zeros((14, 10), f), 7, 6)
+    with pytest.raises(ValueError, match="ssd_forward: states"):
+        ops.ssd_forward(
+            np.zeros((14, 10), f),
+            zx,
+            np.zeros((3, 2), f),
+            np.zeros((14, 6), f),
+            np.zeros((14, 2), f),
+            np.zeros((2, 2, 3, 3, 2), f),  # a window of 7 in chunks of 4 has 2 chunks
+            7,
+            4,
+        )
+    assert 4 * ops.backward_shared(32, 64, 64) <= ops.MAX_SHARED  # the benchmark's chunk fits
+    with pytest.raises(ValueError, match="use a shorter chunk"):
+        ops.ssd_backward(
+            np.zeros((128, 64), f),
+            np.zeros((128, 192), f),
+            np.zeros((128, 257), f),
+            np.zeros((128, 1), f),
+            np.zeros((3, 1), f),
+            np.zeros((1, 1, 1, 64, 64), f),
+            np.zeros((128, 192), f),
+            np.zeros((128, 257), f),
+            np.zeros((128, 1, 128), f),
+            np.zeros((1, 3, 1), f),
+            128,
+            128,  # one chunk of 128 bars: Q^2 matrices and Q-row operands past 227 KiB
+        )
+
+
+# --- GPU: ops ----------------------------------------------------------------------------------------
+GPU_CASES = [  # B, W, H, P, N, G, K, chunk
+    (1, 1, 1, 2, 1, 1, 2, 1),
+    (3, 9, 4, 3, 5, 2, 3, 4),
+    (2, 33, 2, 16, 16, 2, 4, 32),
+    (7, 64, 4, 64, 64, 1, 4, 16),
+    (512, 64, 4, 64, 64, 1, 4, 32),  # the benchmark's layer: d_model 128, expand 2, state 64
+]
+
+
+def _gpu_scan(cp, c, W, H, P, N, chunk, B):
+    from cudarl.ops import ssm as ops
+
+    g = {k: cp.asarray(np.asarray(c[k], np.float32)) for k in ("zx", "conv", "head")}
+    xbc = cp.empty((B * W, c["Cc"]), np.float32)
+    y, dt = cp.empty((B * W, c["E"]), np.float32), cp.empty((B * W, H), np.float32)
+    st = cp.empty((B, H, ref.n_chunks(W, chunk), P, N), np.float32)
+    for a in (xbc, y, dt, st):
+        poison(a)
+    ops.conv_forward(g["zx"], g["conv"], xbc, W, c["E"])
+    ops.ssd_forward(xbc, g["zx"], g["head"], y, dt, st, W, chunk)
+    return g, xbc, y, dt, st
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("B,W,H,P,N,G,K,chunk", GPU_CASES)
+def test_gpu_conv_and_scan_forward(cp, rng, B, W, H, P, N, G, K, chunk):
+    c32 = case(rng, B, W, H, P, N, G, K, np.float32)
+    c64 = {k: (np.asarray(v, np.float64) if isinstance(v, np.ndarray) else v) for k, v in c32.items()}
+    _, gxbc, gy, gdt, gst = _gpu_scan(cp, c32, W, H, P, N, chunk, B)
+    r32, r64 = scan(c32, B, W, H, P, N, chunk, np.float32), scan(c64, B, W, H, P, N, chunk)
+    for k, name in enumerate(("xbc", "y", "dt", "states")):
+        assert_oracle((gxbc, gy, gdt, gst)[k], r32[k], r64[k], what=name)
+    # the scan on the GPU's own conv output (what the encoder runs), against the twin on it
+    xbc = gxbc.get().astype(np.float64)
+    y, dt = np.empty((B * W, c32["E"])), np.empty((B * W, H))
+    st = np.empty((B, H, ref.n_chunks(W, chunk), P, N))
+    ref.ssd_forward(xbc, c64["zx"], c64["head"], y, dt, st, W, chunk)
+    assert_oracle(gy, r32[1], y, what="y on the GPU's xbc")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("B,W,H,P,N,G,K,chunk", GPU_CASES)
+def test_gpu_conv_and_scan_backward(cp, rng, B, W, H, P, N, G, K, chunk):
+    """The backward from the GPU's forward (xbc, dt, states) for both sides, so they see the same activations."""
+    from cudarl.ops import ssm as ops
+
+    c32 = case(rng, B, W, H, P, N, G, K, np.float32)
+    g, gxbc, _, gdt, gst = _gpu_scan(cp, c32, W, H, P, N, chunk, B)
+    E, Cc = c32["E"], c32["Cc"]
+    dy = rng.standard_normal((B * W, E)).astype(np.float32)
+    dxin = rng.standard_normal((B * W, Cc)).astype(np.float32)
+    acts = dict(xbc=gxbc.get(), dt=gdt.get(), st=gst.get())
+    parts = rseq.n_parts(B)
+    want = {}
+    for name, cast in (("32", np.float32), ("64", np.float64)):
+        cc = {k: (np.asarray(v, cast) if isinstance(v, np.ndarray) else v) for k, v in c32.items()}
+        a = {k: np.asarray(v, cast) for k, v in acts.items()}
+        dxbc, ddt, dhead = scan_backward(cc, a["xbc"], a["dt"], a["st"], dy.astype(cast), B, W, H, N, chunk)
+        dzx, part = np.full(cc["zx"].shape, np.nan, cast), np.empty((parts, (K + 1) * Cc), cast)
+        ref.conv_backward(dxin.astype(cast), cc["zx"], cc["conv"], dzx, part, W, E)
+        dconv = np.empty((K + 1) * Cc, cast)
+        rseq.colsum(part, dconv)
+        want[name] = dict(dx=dxbc[:, :E], dbc=dxbc[:, E:], ddt=ddt, dhead=dhead, din=dzx[:, E : E + Cc], dconv=dconv)
+    gdxbc, gdzx = cp.empty((B * W, Cc), np.float32), cp.empty(c32["zx"].shape, np.float32)
+    gdbc, gdhead = cp.empty((B * W, H, 2 * N), np.float32), cp.empty((B, 3, H), np.float32)
+    for a in (gdxbc, gdzx, gdbc, gdhead):
+        poison(a)
+    ops.ssd_backward(cp.asarray(dy), gxbc, g["zx"], gdt, g["head"], gst, gdxbc, gdzx, gdbc, gdhead, W, chunk)
+    ops.bc_reduce(gdbc, gdxbc, E)
+    got = dict(dx=gdxbc[:, :E], dbc=gdxbc[:, E:], ddt=gdzx[:, E + Cc :], dhead=gdhead)
+    assert bool(cp.isnan(gdzx[:, : E + Cc]).all()), "ssd_backward wrote outside the dt columns of dzx"
+    gpart, gdconv = cp.empty((parts, (K + 1) * Cc), np.float32), cp.empty((K + 1) * Cc, np.float32)
+    poison(gpart)
+    poison(gdconv)
+    ops.conv_backward(cp.asarray(dxin), g["zx"], g["conv"], gdzx, gpart, W, E)
+    from cudarl.ops import seq as oseq
+
+    oseq.colsum(gpart, gdconv)
+    got.update(din=gdzx[:, E : E + Cc], dconv=gdconv)
+    assert bool(cp.isnan(gdzx[:, :E]).all()), "conv_backward wrote into the z columns"
+    for k, v in got.items():
+        assert_oracle(v, want["32"][k], want["64"][k], what=k)
+    # rerun: bitwise the same (fixed-order sums)
+    first = {k: v.get() for k, v in got.items()}
+    ops.ssd_backward(cp.asarray(dy), gxbc, g["zx"], gdt, g["head"], gst, gdxbc, gdzx, gdbc, gdhead, W, chunk)
+    ops.bc_reduce(gdbc, gdxbc, E)
+    for k in ("dx", "dbc", "ddt", "dhead"):
+        assert_bitwise(got[k], first[k], what=f"rerun {k}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("B,W,H,P,N,G,K,chunk", GPU_CASES[:4] + [(4096, 5, 4, 64, 64, 1, 4, 32)])
+def test_gpu_steps_match_the_twin_and_the_window(cp, rng, B, W, H, P, N, G, K, chunk):
+    """W bars of conv_step + ssd_step from zero state: against the twin's steps, and the GPU conv_step's
+    xbc against the GPU conv_forward's last row bit for bit (the same sum order)."""
+    from cudarl.ops import ssm as ops
+
+    c32 = case(rng, B, W, H, P, N, G, K, np.float32)
+    g, gxbc, gy, _, gst = _gpu_scan(cp, c32, W, H, P, N, chunk, B)
+    E, Cc = c32["E"], c32["Cc"]
+    gcs, gss = cp.zeros((B, K - 1, Cc), np.float32), cp.zeros((B, H, P, N), np.float32)
+    cs = {n: np.zeros((B, K - 1, Cc), t) for n, t in (("32", np.float32), ("64", np.float64))}
+    ss = {n: np.zeros((B, H, P, N), t) for n, t in (("32", np.float32), ("64", np.float64))}
+    zx3 = c32["zx"].reshape(B, W, -1)
+    gxt, gyt = cp.empty((B, Cc), np.float32), cp.empty((B, E), np.float32)
+    for t in range(W):
+        zt = np.ascontiguousarray(zx3[:, t])
+        poison(gxt)
+        poison(gyt)
+        gz = cp.asarray(zt)
+        ops.conv_step(gz, g["conv"], gcs, gxt, E)
+        ops.ssd_step(gxt, gz, g["head"], gss, gyt)
+        outs = {}
+        for n, cast in (("32", np.float32), ("64", np.float64)):
+            xt, yt = np.empty((B, Cc), cast), np.empty((B, E), cast)
+            ref.conv_step(zt.astype(cast), c32["conv"].astype(cast), cs[n], xt, E)
+            ref.ssd_step(xt, zt.astype(cast), c32["head"].astype(cast), ss[n], yt)
+            outs[n] = (xt, yt)
+        assert_oracle(gxt, outs["32"][0], outs["64"][0], what=f"conv_step bar {t}")
+        assert_oracle(gyt, outs["32"][1], outs["64"][1], what=f"ssd_step bar {t}")
+    assert_oracle(gss, ss["32"], ss["64"], what="state after W bars")
+    assert_bitwise(gxt, gxbc.reshape(B, W, Cc)[:, -1], what="conv_step vs conv_forward")
+    assert rel_error(gyt, gy.reshape(B, W, E)[:, -1]) <= 1e-5, "recurrent vs chunked y at the last bar"
+    assert rel_error(gss, gst[:, :, -1]) <= 1e-5, "recurrent state vs the chunked scan's last state"

@@ -1,0 +1,122 @@
+"""window family: observation windows gathered from state rows and the feature matrix.
+
+CPU: the twin by hand (a window of one bar is the env's former observation, the position features only on
+the newest bar, zeros before the first bar, the mirror's sign flip, nothing after the observed bar).
+GPU: the kernel against the twin bit for bit over random rows and awkward shapes, eager and graphed.
+"""
+
+import numpy as np
+import pytest
+
+from cudarl.reference import window as ref
+from cudarl.reference.env import hold_feature
+
+F32 = np.float32
+
+
+def state_rows(rng, n: int, t_n: int, mirror_every: int = 3) -> np.ndarray:
+    rows = np.zeros((n, ref.STATE_DIM), F32)
+    rows[:, ref.BAR] = rng.integers(0, t_n, n)
+    rows[:, ref.MIRROR] = (np.arange(n) % mirror_every == 0).astype(F32)
+    rows[:, ref.POSITION] = rng.choice(F32([-1, -0.5, 0, 0.5, 1]), n)
+    rows[:, ref.HOLD] = hold_feature(rng.integers(0, 80, n), 64)
+    return rows
+
+
+def market(rng, t_n: int, f_n: int):
+    feats = rng.standard_normal((t_n, f_n)).astype(F32)
+    sign = np.where(np.arange(f_n) % 2 == 0, F32(-1), F32(1)).astype(F32)
+    return feats, sign
+
+
+def gather(rows, feats, sign, window):
+    out = np.full((rows.shape[0], ref.width(feats.shape[1], window)), np.nan, F32)
+    ref.gather(rows, feats, sign, out, window)
+    return out
+
+
+def test_one_bar_is_the_features_and_the_position_features(rng):
+    feats, sign = market(rng, 30, 5)
+    rows = state_rows(rng, 9, 30)
+    out = gather(rows, feats, sign, 1)
+    t = rows[:, ref.BAR].astype(int)
+    mir = rows[:, ref.MIRROR] == 1
+    np.testing.assert_array_equal(out[~mir, :5], feats[t[~mir]])
+    np.testing.assert_array_equal(out[mir, :5], feats[t[mir]] * sign)
+    np.testing.assert_array_equal(out[:, 5], rows[:, ref.POSITION])
+    np.testing.assert_array_equal(out[:, 6], rows[:, ref.HOLD])
+
+
+def test_a_window_is_the_last_bars_oldest_first_with_the_position_on_the_newest(rng):
+    feats, sign = market(rng, 40, 3)
+    rows = np.array([[12, 0, 0.5, 0.25], [12, 1, -1, 1.0]], F32)
+    out = gather(rows, feats, sign, 4).reshape(2, 4, 5)
+    np.testing.assert_array_equal(out[0, :, :3], feats[9:13])
+    np.testing.assert_array_equal(out[1, :, :3], feats[9:13] * sign)
+    np.testing.assert_array_equal(out[:, :3, 3:], 0)  # position features only on the newest bar
+    np.testing.assert_array_equal(out[:, 3, 3:], rows[:, 2:])
+
+
+def test_bars_before_the_first_are_zeros(rng):
+    feats, sign = market(rng, 10, 2)
+    out = gather(np.array([[1, 0, 1, 0.5]], F32), feats, sign, 4).reshape(4, 4)
+    np.testing.assert_array_equal(out[:2], 0)
+    np.testing.assert_array_equal(out[2:, :2], feats[:2])
+
+
+def test_no_window_reads_a_bar_after_the_one_it_observes(rng):
+    """Every window of bars up to t is unchanged when every bar after t changes."""
+    feats, sign = market(rng, 50, 4)
+    rows = state_rows(rng, 64, 50)
+    t = 25
+    rows[:, ref.BAR] = np.minimum(rows[:, ref.BAR], t)
+    before = gather(rows, feats, sign, 7)
+    feats[t + 1 :] = rng.standard_normal(feats[t + 1 :].shape).astype(F32) * 100
+    np.testing.assert_array_equal(gather(rows, feats, sign, 7), before)
+    feats[t] += 1  # the observed bar itself does change the windows that end on it
+    assert not np.array_equal(gather(rows, feats, sign, 7), before)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n,t_n,f_n,window", [(1, 1, 1, 1), (7, 33, 5, 1), (513, 200, 13, 64), (4096, 1000, 66, 3)])
+def test_gpu_gather_matches_reference(cp, rng, n, t_n, f_n, window):
+    from cudarl.ops import window as ops
+    from cudarl.testing import assert_bitwise, poison
+
+    feats, sign = market(rng, t_n, f_n)
+    rows = state_rows(rng, n, t_n)
+    out = cp.zeros((n, ref.width(f_n, window)), F32)
+    poison(out)
+    ops.gather(cp.asarray(rows), cp.asarray(feats), cp.asarray(sign), out, window)
+    assert_bitwise(out, gather(rows, feats, sign, window), what="windows")
+
+
+@pytest.mark.gpu
+def test_gpu_gather_graphed_equals_eager_and_reads_new_rows(cp, rng):
+    """Captured once, a replay gathers the rows and features the buffers hold at replay time."""
+    from cudarl.graph import StepGraph
+    from cudarl.ops import window as ops
+    from cudarl.testing import assert_reruns_bitwise
+
+    feats, sign = market(rng, 300, 9)
+    rows = state_rows(rng, 1000, 300)
+    d_rows, d_feats, d_sign = cp.asarray(rows), cp.asarray(feats), cp.asarray(sign)
+    out = cp.zeros((1000, ref.width(9, 16)), F32)
+    g = StepGraph("window_test", [("gather", lambda: ops.gather(d_rows, d_feats, d_sign, out, 16))], xp=cp)
+    g.capture()
+    assert_reruns_bitwise(g, {"out": out}, {"out": gather(rows, feats, sign, 16)})
+    rows2 = state_rows(rng, 1000, 300)
+    d_rows[...] = cp.asarray(rows2)
+    cp.cuda.Device().synchronize()
+    assert_reruns_bitwise(g, {"out": out}, {"out": gather(rows2, feats, sign, 16)})
+
+
+@pytest.mark.gpu
+def test_gpu_launcher_checks_shapes(cp):
+    from cudarl.ops import window as ops
+
+    rows, feats, sign = cp.zeros((3, 4), F32), cp.zeros((5, 2), F32), cp.zeros(2, F32)
+    with pytest.raises(ValueError, match="out"):
+        ops.gather(rows, feats, sign, cp.zeros((3, 7), F32), 2)
+    with pytest.raises(ValueError, match="rows"):
+        ops.gather(cp.zeros((3, 3), F32), feats, sign, cp.zeros((3, 8), F32), 2)

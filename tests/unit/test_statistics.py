@@ -1,0 +1,159 @@
+"""The evaluation's statistics against hand computations, the papers' formulas and simulation."""
+
+import json
+import math
+from statistics import NormalDist
+
+import numpy as np
+import pytest
+from scipy.signal import lfilter
+
+from cudarl.data import load
+from cudarl.evaluate import (
+    evaluate_positions,
+    expected_max_sharpe,
+    json_safe,
+    optimal_block_length,
+    paired_comparison,
+    probabilistic_sharpe_ratio,
+    return_statistics,
+    seed_summary,
+    sharpe_standard_error,
+    stationary_bootstrap,
+)
+from cudarl.evaluate._stats import moments, newey_west_se, sharpe_per_bar
+from cudarl.splits import Split
+
+PHI = NormalDist().cdf
+
+
+def test_psr_against_a_direct_normal_cdf_computation():
+    r = [0.012, -0.004, 0.007, 0.021, -0.015, 0.003, 0.009, -0.001, 0.016, -0.008, 0.002]
+    n = len(r)
+    mean = sum(r) / n
+    sd = math.sqrt(sum((x - mean) ** 2 for x in r) / (n - 1))
+    m2 = sum((x - mean) ** 2 for x in r) / n
+    skew = sum((x - mean) ** 3 for x in r) / n / m2**1.5
+    kurt = sum((x - mean) ** 4 for x in r) / n / m2**2
+    sr = mean / sd
+    want = PHI((sr - 0.1) * math.sqrt(n - 1) / math.sqrt(1 - skew * sr + (kurt - 1) / 4 * sr * sr))
+    assert sharpe_per_bar(r) == pytest.approx(sr, rel=1e-12)
+    assert moments(r) == pytest.approx((skew, kurt), rel=1e-12)
+    assert probabilistic_sharpe_ratio(sr, n, skew, kurt, 0.1) == pytest.approx(want, rel=1e-12)
+    # normal returns, SR 0: PSR(0) is 1/2; the SE is 1 / sqrt(n - 1)
+    assert probabilistic_sharpe_ratio(0.0, 101, 0.0, 3.0) == 0.5
+    assert sharpe_standard_error(0.0, 101) == pytest.approx(0.1)
+
+
+def test_expected_max_sharpe_is_the_papers_formula_and_close_to_simulation():
+    g = 0.5772156649015329
+    for trials, var in ((10, 1.0), (100, 0.04)):
+        inv = NormalDist().inv_cdf
+        want = math.sqrt(var) * ((1 - g) * inv(1 - 1 / trials) + g * inv(1 - 1 / (trials * math.e)))
+        assert expected_max_sharpe(trials, var) == pytest.approx(want, rel=1e-12)
+        draws = np.random.default_rng(trials).normal(0, math.sqrt(var), size=(20000, trials)).max(axis=1)
+        assert expected_max_sharpe(trials, var) == pytest.approx(draws.mean(), rel=0.03)
+    assert expected_max_sharpe(1, 1.0) == 0.0
+    with pytest.raises(ValueError):
+        expected_max_sharpe(0, 1.0)
+
+
+def test_dsr_deflates_by_the_trials_and_is_psr_for_one():
+    r = np.random.default_rng(3).normal(0.0008, 0.01, 1000)
+    one, many = return_statistics(r, 252, trials=1), return_statistics(r, 252, trials=50)
+    assert one["dsr"] == one["psr"] and 0.5 < one["psr"] < 1
+    assert many["dsr"] < one["dsr"]
+    assert many["expected_max_sharpe"] == pytest.approx(expected_max_sharpe(50, 1 / 999) * math.sqrt(252))
+
+
+def test_sharpe_standard_error_matches_the_spread_of_estimates():
+    rng = np.random.default_rng(5)
+    n, sr = 250, 0.1
+    est = [sharpe_per_bar(rng.normal(sr, 1.0, n)) for _ in range(4000)]
+    se = sharpe_standard_error(sr, n)
+    assert np.std(est) == pytest.approx(se, rel=0.06)
+
+
+def test_block_length_follows_politis_white_for_an_ar1():
+    """For AR(1) with coefficient rho the population value is (2 rho / (1 - rho^2))^(2/3) N^(1/3)."""
+    n = 20000
+    e = np.random.default_rng(9).normal(size=n)
+    for rho in (0.3, 0.5):
+        x = lfilter([1.0], [1.0, -rho], e)  # x[t] = rho x[t-1] + e[t]
+        want = (2 * rho / (1 - rho * rho)) ** (2 / 3) * n ** (1 / 3)
+        assert optimal_block_length(x) == pytest.approx(want, rel=0.15), rho
+    assert optimal_block_length(e) < 4
+    assert optimal_block_length(np.ones(10)) == 1.0
+
+
+def test_stationary_bootstrap_blocks_have_the_mean_length_and_wrap():
+    idx = stationary_bootstrap(500, 10.0, 200, seed=1)
+    assert idx.shape == (200, 500) and idx.min() >= 0 and idx.max() < 500
+    step = (idx[:, 1:] - idx[:, :-1]) % 500
+    new_blocks = (step != 1).sum() + 200
+    assert new_blocks / idx.size == pytest.approx(0.1, rel=0.05)
+    assert np.array_equal(idx, stationary_bootstrap(500, 10.0, 200, seed=1))
+
+
+def test_sharpe_interval_covers_the_truth_about_as_often_as_it_says():
+    rng = np.random.default_rng(11)
+    mu, sd, n = 0.001, 0.01, 400
+    truth = mu / sd * math.sqrt(252)
+    covered = 0
+    for _ in range(120):
+        lo, hi = return_statistics(rng.normal(mu, sd, n), 252, resamples=300)["sharpe_interval"]
+        covered += lo <= truth <= hi
+    assert 0.86 <= covered / 120 <= 0.995, covered
+
+
+def test_paired_comparison_by_hand():
+    rng = np.random.default_rng(2)
+    b = rng.normal(0.0, 0.01, 600)
+    idx = stationary_bootstrap(600, 3.0, 400)
+    same = paired_comparison(b, b, idx, 252)
+    assert same["sharpe_difference"] == 0 and same["p_not_better"] == 1.0 and same["mean_excess_per_bar"] == 0
+    better = paired_comparison(b + 0.003, b, idx, 252)
+    assert better["sharpe_difference"] > 0 and better["p_not_better"] < 0.01
+    assert better["mean_excess_per_bar"] == pytest.approx(0.003)
+    flat = paired_comparison(np.zeros(600), b + 0.002, idx, 252)
+    assert flat["sharpe_difference"] == pytest.approx(-sharpe_per_bar(b + 0.002) * math.sqrt(252))
+
+
+def test_newey_west_by_hand():
+    d = np.array([1.0, -2.0, 3.0, 0.5, -1.5, 2.0, 0.0, 1.0])
+    n = d.size
+    x = d - d.mean()
+    L = int(4 * (n / 100) ** (2 / 9))
+    s = sum(x * x) / n + sum(2 * (1 - k / (L + 1)) * sum(x[k:] * x[:-k]) / n for k in range(1, L + 1))
+    assert newey_west_se(d) == pytest.approx(math.sqrt(s / n), rel=1e-12)
+
+
+def test_seed_summary_by_hand():
+    s = seed_summary([1.0, 2.0, 3.0, float("nan")])
+    assert s["n"] == 3 and s["undefined"] == 1 and s["mean"] == 2.0 and s["sd"] == 1.0
+    half = 4.302652729911275 / math.sqrt(3)  # t(2) 97.5% quantile
+    assert s["interval"] == pytest.approx([2 - half, 2 + half])
+    assert seed_summary([float("nan")])["interval"] is None
+
+
+def test_evaluation_summary_is_strict_json_with_reasons_for_every_null():
+    bars = load("builtin:regime?n=1200")
+    sp = Split("test", 1000, 1200)
+    for pos in (np.zeros(198), bars.extra["regime"][1000:1198]):
+        ev = evaluate_positions(bars, pos, sp, cost_bps=1.0, fill="open", trials=3)
+        text = json.dumps(json_safe(ev.summary), allow_nan=False)
+
+        def walk(node, path="summary"):
+            if isinstance(node, dict):
+                for k, v in node.items():
+                    if v is None:
+                        assert k in node.get("null_reasons", {}), f"{path}.{k} is null without a reason"
+                    walk(v, f"{path}.{k}")
+            elif isinstance(node, list):
+                for v in node:
+                    walk(v, path)
+
+        walk(json.loads(text))
+    stats = json.loads(text)["statistics"]
+    assert stats["trials"] == 3 and 0 <= stats["psr"] <= 1 and stats["sharpe_interval"][0] < stats["sharpe"]
+    assert "versus_benchmark" in stats

@@ -1,0 +1,194 @@
+"""Observation windows through the env and the trainer, and the temporal encoders trained end to end (CPU).
+
+* No look-ahead with windows: changing every bar after t changes no observation of a bar up to t.
+* The replay's memory does not grow with the window (it stores state rows); its bytes per row.
+* The act path is the windowed forward: the Q-values the collect step acted on equal the network's
+  forward of windows cut from the feature matrix by hand.
+* Each encoder trains through the trainer (its parameters move; same seed, same bits).
+GPU: the same through the graphs (graphed equals eager, and against the NumPy backend).
+"""
+
+import numpy as np
+import pytest
+from test_features import perturb_after
+from test_trainer import gpu_small, small
+
+from cudarl.data import load
+from cudarl.env import TradingEnv
+from cudarl.reference.window import BAR, HOLD, MIRROR, POSITION
+from cudarl.trainer import Trainer, prepare_data
+
+#: Small temporal encoders (odd sizes: a window the chunk does not divide, two groups of heads).
+ENCODER_NETS = {
+    "ssm": {"encoder": "ssm", "window": 7, "d_model": 8, "layers": 2, "ssm_state": 4, "ssm_headdim": 4,
+            "ssm_groups": 2, "ssm_chunk": 3},
+    "attention": {"encoder": "attention", "window": 7, "d_model": 8, "layers": 2, "attn_heads": 2,
+                  "attn_mlp_ratio": 2},
+    "mlp": {"encoder": "mlp", "window": 7},
+}  # fmt: skip
+
+
+def quiet(_):
+    pass
+
+
+def by_hand(rows, feats, sign, window):
+    """Windows cut from the feature matrix with slices, one row at a time (independent of the gather)."""
+    f_n = feats.shape[1]
+    out = np.zeros((rows.shape[0], window, f_n + 2), np.float32)
+    for i, r in enumerate(rows):
+        t = int(r[BAR])
+        for w in range(window):
+            b = t - window + 1 + w
+            if b >= 0:
+                out[i, w, :f_n] = feats[b] * sign if r[MIRROR] else feats[b]
+        out[i, -1, f_n:] = r[POSITION], r[HOLD]
+    return out.reshape(rows.shape[0], -1)
+
+
+def test_no_lookahead_with_windows(rng):
+    """An env walks the same steps over two markets that differ only after bar t: every observation
+    whose bar is at most t (its whole window of 16 bars) is the same; later ones differ."""
+    cfg = small(net={"window": 16})
+    bars = load("builtin:regime?n=1500")
+    base = prepare_data(cfg, bars)
+    tr = base.splits.train
+    for t in ((tr.start + tr.stop) // 2, tr.stop - 150):
+        other = prepare_data(cfg, perturb_after(bars, t, rng), base.normaliser)
+        obs = []
+        for p in (base, other):
+            env = TradingEnv(
+                p.bars.open, p.bars.close, p.x, p.sign, cfg.env, t_begin=tr.start, t_end=tr.stop, window=p.window,
+                backend="numpy",
+            )  # fmt: skip
+            seen = []
+            for _ in range(400):
+                seen.append((env.rows.copy(), env.obs.copy()))
+                env.step(np.arange(env.n_envs, dtype=np.int32) % 3)
+            obs.append(seen)
+        past = future = 0
+        for (rows_a, obs_a), (rows_b, obs_b) in zip(*obs, strict=True):
+            np.testing.assert_array_equal(rows_a, rows_b)  # the env's walk does not depend on prices
+            early = rows_a[:, BAR] <= t
+            np.testing.assert_array_equal(obs_a[early], obs_b[early])
+            past += int(early.sum())
+            future += int(np.any(obs_a[~early] != obs_b[~early]))
+        assert past > 100 and future > 10  # both kinds were seen, and the change is visible after t
+
+
+def test_replay_memory_does_not_grow_with_the_window():
+    """The replay stores state rows (4 floats): its bytes are the same for a window of 1 and of 64 bars,
+    while the network's input grows 64 times."""
+    one = Trainer(small(), run_dir=False, echo=quiet)
+    wide = Trainer(small(net={"window": 64}), run_dir=False, echo=quiet)
+    assert wide.env.obs_dim == 64 * one.env.obs_dim
+    assert one.replay.spec.obs_dim == wide.replay.spec.obs_dim == 4
+    assert one.replay.nbytes() == wide.replay.nbytes()
+    per_row = one.replay.nbytes() / one.replay.capacity
+    # state row 16, action, reward, discount 4 each, owner 4, leaf 8, internal nodes about 8 / 31
+    assert 40 <= per_row < 41.5, per_row
+
+
+def test_the_act_path_is_the_windowed_forward():
+    """The Q-values the collect step acted on (the agent's q_act) equal the online network's forward of
+    windows cut by hand from the feature matrix at each env's bar, bit for bit, at bars past the window."""
+    t = Trainer(small(net=ENCODER_NETS["ssm"]), run_dir=False, echo=quiet)
+    t.run(30)
+    env, ag = t.env, t.agent
+    for _ in range(3):
+        rows = env.rows.copy()
+        t.collect_graph.replay()
+        assert np.all(rows[:, BAR] - env.t_begin >= 0)
+        x = by_hand(rows, env.data.features, env.data.sign, env.window)
+        q = np.zeros_like(ag.buffers.q_act)
+        ag.rule.values(q, x, ag.online.new_workspace(env.n_envs))
+        np.testing.assert_array_equal(ag.buffers.q_act, q)
+    assert np.any(rows[:, BAR] - env.state.start >= env.window)  # some windows reach before the episode
+
+
+def test_the_train_batch_is_the_sampled_rows_windows():
+    """The train step's observations are the windows of the rows the replay sampled (s and s')."""
+    t = Trainer(small(net=ENCODER_NETS["attention"]), run_dir=False, echo=quiet)
+    t.run(10)
+    ag, env = t.agent, t.env
+    x = by_hand(ag.rows_pair, env.data.features, env.data.sign, env.window)
+    np.testing.assert_array_equal(ag.pair, x)
+    np.testing.assert_array_equal(ag.rows_pair[: ag.batch_size], t.replay.bufs.obs[ag.buffers.idx])
+
+
+@pytest.mark.parametrize("name", sorted(ENCODER_NETS))
+def test_each_encoder_trains_through_the_trainer(name):
+    """Every encoder parameter tensor moves, losses are finite, and a second run gives the same bits."""
+    cfg = small(net=ENCODER_NETS[name])
+    a = Trainer(cfg, run_dir=False, echo=quiet)
+    p0 = a.agent.online.params.copy()
+    a.run(25)
+    assert np.all(np.isfinite(a.losses)) and len(a.losses) == 25
+    P0, P1 = a.agent.online.layout.views(p0), a.agent.online.P
+    enc = [k for k in P1 if k.startswith("enc.")]
+    assert enc and all(not np.array_equal(P0[k], P1[k]) for k in enc), [k for k in enc if np.array_equal(P0[k], P1[k])]
+    b = Trainer(cfg, run_dir=False, echo=quiet)
+    b.run(25)
+    assert a.losses == b.losses
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["ssm", "attention"])
+def test_gpu_encoder_graphed_equals_eager_and_params_move(name):
+    g = Trainer(gpu_small(net=ENCODER_NETS[name]), run_dir=False, echo=quiet)
+    e = Trainer(gpu_small(net=ENCODER_NETS[name]), run_dir=False, echo=quiet)
+    e.collect_graph.replay = e.collect_graph.run_eager  # the same phases, launched one by one
+    e.train_graph.replay = e.train_graph.run_eager
+    p0 = g.agent.online.params.get()
+    g.run(30)
+    e.run(30)
+    assert g.losses == e.losses and np.all(np.isfinite(g.losses))
+    assert np.array_equal(g.agent.online.params.get(), e.agent.online.params.get())
+    P0, P1 = g.agent.online.layout.views(p0), g.agent.online.layout.views(g.agent.online.params.get())
+    assert all(not np.array_equal(P0[k], P1[k]) for k in P1 if k.startswith("enc."))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["ssm", "attention"])
+def test_gpu_act_path_matches_the_numpy_windowed_forward(name):
+    """The GPU collect step's Q-values against the NumPy network's forward of hand-cut windows, on the
+    GPU run's weights (float32 rounding: relative error 1e-4)."""
+    from cudarl.nn import QNetwork
+    from cudarl.testing import assert_parity
+
+    t = Trainer(gpu_small(net=ENCODER_NETS[name]), run_dir=False, echo=quiet)
+    t.run(20)
+    rows = t.env.rows.get()
+    t.collect_graph.replay()
+    t.synchronize()
+    cfg, ag = t.cfg, t.agent
+    net = QNetwork(t.env.obs_dim, t.env.n_actions, cfg.net, xp=np, max_batch=t.env.n_envs)
+    net.params[...] = ag.online.params.get()
+    x = by_hand(rows, t.env.data.features.get(), t.env.data.sign.get(), t.env.window)
+    q = np.zeros((t.env.n_envs, t.env.n_actions), np.float32)
+    type(ag.rule).greedy_values(net, cfg)(q, x, net.ws)  # C51: no counters
+    assert_parity(ag.buffers.q_act, q, rtol=1e-4, what="acting Q")
+
+
+@pytest.mark.parametrize(
+    "encoder,field,value",
+    [("ssm", f, v) for f, v in [("window", 5), ("d_model", 16), ("layers", 1), ("ssm_expand", 4), ("ssm_state", 8),
+                                ("ssm_headdim", 2), ("ssm_groups", 1), ("ssm_conv", 3), ("ssm_chunk", 2)]]
+    + [("attention", f, v) for f, v in [("window", 5), ("d_model", 12), ("layers", 1), ("attn_heads", 1),
+                                        ("attn_mlp_ratio", 3)]],
+)  # fmt: skip
+def test_every_encoder_field_reaches_the_encoder(encoder, field, value):
+    """No dead field: changing any of an encoder's fields changes the network it builds."""
+    from dataclasses import replace
+
+    from cudarl.config import NetConfig
+    from cudarl.nn import QNetwork
+
+    def built(net):
+        q = QNetwork(6 * net.window, 3, net, max_batch=2)
+        enc = q.encoder  # the layout, and what shapes no parameter: the window, the heads, the scan's chunk
+        return [(e.name, e.shape) for e in q.layout.entries], enc.W, enc.H, getattr(enc, "Q", None)
+
+    base = NetConfig(**{k: v for k, v in ENCODER_NETS[encoder].items()})
+    assert getattr(base, field) != value
+    assert built(replace(base, **{field: value})) != built(base)
