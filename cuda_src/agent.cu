@@ -20,8 +20,8 @@ extern "C" __global__ void cudarl_agent_quantile_mean(float* __restrict__ q, con
   q[i] = quantile_mean_at(theta, i / A, i % A, N, A);
 }
 
-// discount: out[i] = gamma * (1 - done[i]), gamma read from device memory (so a schedule or the
-// adaptive controller can move it between replays). One thread per row; reads 4n+4 bytes, writes 4n.
+// discount: out[i] = gamma * (1 - done[i]), gamma read from device memory (a device scalar the
+// host may move between replays). One thread per row; reads 4n+4 bytes, writes 4n.
 extern "C" __global__ void cudarl_agent_discount(float* __restrict__ out, const float* __restrict__ done,
                                                  const float* __restrict__ gamma, long long n) {
   const float g = *gamma;
@@ -115,4 +115,13 @@ extern "C" __global__ void cudarl_agent_publish(float* __restrict__ ring, const 
   const long long s = *step % slots;
   ring[2 * s] = *loss;
   ring[2 * s + 1] = *grad_norm;
+}
+
+// publish_row: copy this step's n observables (cudarl.stats.StepStats: the Q statistics, the plan
+// head's, the offline regularisers' losses) into slot (*step % slots) of a pinned ring, as publish
+// does for the loss. One block, a thread per value; reads 4n + 8 bytes, writes 4n over the bus.
+extern "C" __global__ void cudarl_agent_publish_row(float* __restrict__ ring, const float* __restrict__ values, int n,
+                                                    const long long* __restrict__ step, int slots) {
+  const long long s = *step % slots;
+  for (int i = threadIdx.x; i < n; i += blockDim.x) ring[s * n + i] = values[i];
 }

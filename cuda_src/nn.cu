@@ -196,12 +196,15 @@ extern "C" __global__ void cudarl_nn_dueling_forward(const float* va, float* log
   }
 }
 
-// dV[b, z] = sum_a dL[b, a, z]; dAdv[b, a, z] = dL[b, a, z] - dV[b, z] / A.
-extern "C" __global__ void cudarl_nn_dueling_backward(const float* dlogits, float* dva, i64 B, int A, int Z) {
+// dV[b, z] = sum_a dL[b, a, z]; dAdv[b, a, z] = dL[b, a, z] - dV[b, z] / A; accumulate = 1 adds them
+// into dva (a second loss's gradient on the logits, e.g. CQL's beside the C51 loss's dva).
+extern "C" __global__ void cudarl_nn_dueling_backward(const float* dlogits, float* dva, i64 B, int A, int Z,
+                                                      int accumulate) {
   const i64 n = B * Z;
   for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < n; i += (i64)gridDim.x * blockDim.x) {
     const i64 b = i / Z;
-    cudarl::dueling_backward_atom(dlogits + b * (i64)A * Z, dva + b * (i64)(1 + A) * Z, A, Z, (int)(i % Z));
+    cudarl::dueling_backward_atom(dlogits + b * (i64)A * Z, dva + b * (i64)(1 + A) * Z, A, Z, (int)(i % Z),
+                                  accumulate != 0);
   }
 }
 
@@ -266,19 +269,68 @@ extern "C" __global__ void cudarl_nn_iqn_mix_backward(const float* dh, const flo
   }
 }
 
-// ---- plan_gate / plan_gate_backward -----------------------------------------------------------
+// ---- plan_gate / plan_loss ---------------------------------------------------------------------
 // plan [B, 2] = (conviction, readiness). scale[b] = readiness >= threshold ? conviction : 1
-// exactly. One thread per row. Reads 8*B bytes, writes 4*B.
+// exactly (the gate: no effect until ready, so conviction can never shrink every position at
+// init, the seed's bug). One thread per row. Reads 8*B bytes, writes 4*B.
 extern "C" __global__ void cudarl_nn_plan_gate(const float* plan, float* scale, i64 B, float threshold) {
   for (i64 b = blockIdx.x * (i64)blockDim.x + threadIdx.x; b < B; b += (i64)gridDim.x * blockDim.x)
     scale[b] = plan[2 * b + 1] >= threshold ? plan[2 * b] : 1.f;
 }
 
-// dplan[b, 0] = dscale[b] * [readiness >= threshold]; dplan[b, 1] = 0.
-extern "C" __global__ void cudarl_nn_plan_gate_backward(const float* dscale, const float* plan, float* dplan, i64 B,
-                                                        float threshold) {
-  for (i64 b = blockIdx.x * (i64)blockDim.x + threadIdx.x; b < B; b += (i64)gridDim.x * blockDim.x) {
-    dplan[2 * b] = plan[2 * b + 1] >= threshold ? dscale[b] : 0.f;
-    dplan[2 * b + 1] = 0.f;
+#define PLAN_THREADS 256
+namespace {
+__device__ __forceinline__ float plan_clamp(float x) { return fminf(fmaxf(x, 1e-6f), 1.f - 1e-6f); }
+
+// Whether row b trains the plan head: its data action is the greedy one (the first maximum of
+// q[b]) and not flat.
+__device__ __forceinline__ bool plan_row(const float* q, const int* actions, const float* levels, i64 b, int A) {
+  const float* qb = q + b * A;
+  int g = 0;
+  for (int a = 1; a < A; ++a)
+    if (qb[a] > qb[g]) g = a;
+  return actions[b] == g && levels[g] != 0.f;
+}
+}  // namespace
+
+// plan_loss: the plan head's loss gradient dplan [B, 2] and its statistics, from the batch's n-step
+// returns R = ret of the rows whose data action is the greedy one and not flat (m_b; n of them):
+//   Rbar = sum m|R| / n,  w+ = max(R, 0) / Rbar,  w- = max(-R, 0) / Rbar
+//   L = (1/n) sum_b m_b [-w+ log c - w- log(1 - c) - w+ log r - (w- + h) log(1 - r)]
+//   dplan[b] = (m_b / n) (-w+/c + w-/(1 - c), -w+/r + (w- + h)/(1 - r))   (c, r clamped to [1e-6, 1 - 1e-6])
+// so conviction c -> E[R+ | s] / E[|R| | s] and readiness r -> E[R+ | s] / (E[|R| | s] + h Rbar),
+// which reaches 1/2 exactly where E[R | s] >= h Rbar (the hurdle h in units of the batch's mean |R|).
+// stats[0] = share of the batch with r >= threshold (the gate open), stats[1] = mean gate scale.
+// One block of PLAN_THREADS: strided per-thread sums, block_sum (fixed order). Reads 8B + 4AB + 8B + 4A;
+// writes 8B + 8 bytes.
+extern "C" __global__ void cudarl_nn_plan_loss(const float* plan, const float* q, const int* actions, const float* ret,
+                                               const float* levels, float* dplan, float* stats, int B, int A,
+                                               float hurdle, float threshold) {
+  __shared__ float sh[PLAN_THREADS];
+  const int t = threadIdx.x;
+  float n = 0.f, abs_r = 0.f, ready = 0.f, scale = 0.f;
+  for (i64 b = t; b < B; b += PLAN_THREADS) {
+    if (plan_row(q, actions, levels, b, A)) { n += 1.f; abs_r += fabsf(ret[b]); }
+    const bool open = plan[2 * b + 1] >= threshold;
+    ready += open ? 1.f : 0.f;
+    scale += open ? plan[2 * b] : 1.f;
   }
+  n = cudarl::block_sum(n, sh, PLAN_THREADS);
+  abs_r = cudarl::block_sum(abs_r, sh, PLAN_THREADS);
+  ready = cudarl::block_sum(ready, sh, PLAN_THREADS);
+  scale = cudarl::block_sum(scale, sh, PLAN_THREADS);
+  const bool learn = n > 0.f && abs_r > 0.f;
+  const float rbar = learn ? abs_r / n : 1.f;
+  for (i64 b = t; b < B; b += PLAN_THREADS) {
+    float dc = 0.f, dr = 0.f;
+    if (learn && plan_row(q, actions, levels, b, A)) {
+      const float wp = fmaxf(ret[b], 0.f) / rbar, wn = fmaxf(-ret[b], 0.f) / rbar;
+      const float c = plan_clamp(plan[2 * b]), r = plan_clamp(plan[2 * b + 1]);
+      dc = (-wp / c + wn / (1.f - c)) / n;
+      dr = (-wp / r + (wn + hurdle) / (1.f - r)) / n;
+    }
+    dplan[2 * b] = dc;
+    dplan[2 * b + 1] = dr;
+  }
+  if (t == 0) { stats[0] = ready / (float)B; stats[1] = scale / (float)B; }
 }

@@ -49,15 +49,20 @@ extern "C" __global__ void cudarl_popart_update_normalize_rewards(const float* _
 }
 
 // ---------------------------------------------------------------------------------------------
-// cudarl_popart_rescale: preserve sigma~ (W h + b) + mu across the last update.
+// cudarl_popart_rescale: preserve sigma~ (h W + b) + mu across the last update, for a last layer
+// as cudarl.nn.Linear stores it, W [n_in, n_out] and b [n_out] (one factor for every weight, so the
+// layout only decides which n_out floats are the bias):
 //   W <- W sigma_prev / sigma;  b <- (s_prev b + mu_prev - mu) / s   (s = sigma / scale)
-// Threads: one per element of W (those with index < n_out also do b). Reads/writes W and b once.
+// When the statistics did not move (frozen, agent.popart_warmup) W and b are left as they are: the
+// affine map is the identity, and (s b) / s would round b. Threads: one per element of W (those
+// with index < n_out also do b). Reads/writes W and b once.
 extern "C" __global__ void cudarl_popart_rescale(float* __restrict__ W, float* __restrict__ bias,
-                                                 const float* __restrict__ state, int n_out, int n_in) {
+                                                 const float* __restrict__ state, int n_in, int n_out) {
   const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-  const long long n = (long long)n_out * n_in;
+  const long long n = (long long)n_in * n_out;
   const float scale = state[pa::SCALE];
   const float s = state[pa::SIGMA] / scale, s_prev = state[pa::SIGMA_PREV] / scale;
+  if (s == s_prev && state[pa::MU] == state[pa::MU_PREV]) return;
   if (i < n) W[i] = W[i] * (s_prev / s);
   if (i < n_out) bias[i] = (s_prev * bias[i] + state[pa::MU_PREV] - state[pa::MU]) / s;
 }

@@ -1,9 +1,11 @@
-// Q statistics of a C51 head for the host (DESIGN rule 8 observables) and the adaptive
-// discount controller. Twin: cudarl/reference/qstats.py. Launchers: cudarl/ops/qstats.py.
+// Q statistics of a head for the host (DESIGN rule 8 observables: metrics.jsonl's atom_entropy,
+// atom_utilisation, q_var; the guard's collapse rule). Twin: cudarl/reference/qstats.py.
+// Launchers: cudarl/ops/qstats.py.
 //
-// Two stages, no atomics: per_sample writes per-sample rows into scratch buffers; reduce (one
+// Two stages, no atomics: per_sample (C51) writes per-sample rows into scratch buffers; reduce (one
 // block, fixed order) writes out [2A + 2] = {mean_b Q[b, a] (A), mean entropy, utilisation,
-// var_b Q[b, a] (A)}; out may be a mapped pinned view the host reads after an event.
+// var_b Q[b, a] (A)}. moments is reduce's Q half for a head without atoms (IQN, QR-DQN): entropy and
+// utilisation are NaN. expected_q is per_sample's Q alone (evaluation and policies read nothing else).
 
 #include <cudarl/reduce.cuh>
 #include <cudarl/softmax.cuh>
@@ -13,6 +15,22 @@
 
 namespace {
 using cudarl::warp_sum;
+
+// out[a] = mean_b q[b, a], out[A + 2 + a] = (1/B) sum_b (q[b, a] - mean)^2 (two passes), each a
+// strided per-thread sum then a shared tree (fixed order). Call from every thread of a QS_THREADS block.
+__device__ __forceinline__ void q_moments(const float* __restrict__ q, float* __restrict__ out, int B, int A, float* sh) {
+  const int t = threadIdx.x;
+  const float inv_b = 1.f / (float)B;
+  for (int a = 0; a < A; ++a) {
+    float acc = 0.f;
+    for (int b = t; b < B; b += QS_THREADS) acc += q[(long long)b * A + a];
+    const float mean = cudarl::block_sum(acc, sh, QS_THREADS) * inv_b;
+    float acc2 = 0.f;
+    for (int b = t; b < B; b += QS_THREADS) { const float d = q[(long long)b * A + a] - mean; acc2 += d * d; }
+    const float var = cudarl::block_sum(acc2, sh, QS_THREADS) * inv_b;
+    if (t == 0) { out[a] = mean; out[A + 2 + a] = var; }
+  }
+}
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------
@@ -52,15 +70,7 @@ extern "C" __global__ void cudarl_qstats_reduce(const float* __restrict__ q, con
   __shared__ float sh[QS_THREADS];
   const int t = threadIdx.x;
   const float inv_b = 1.f / (float)B;
-  for (int a = 0; a < A; ++a) {
-    float acc = 0.f;
-    for (int b = t; b < B; b += QS_THREADS) acc += q[(long long)b * A + a];
-    const float mean = cudarl::block_sum(acc, sh, QS_THREADS) * inv_b;
-    float acc2 = 0.f;
-    for (int b = t; b < B; b += QS_THREADS) { const float d = q[(long long)b * A + a] - mean; acc2 += d * d; }
-    const float var = cudarl::block_sum(acc2, sh, QS_THREADS) * inv_b;
-    if (t == 0) { out[a] = mean; out[A + 2 + a] = var; }
-  }
+  q_moments(q, out, B, A, sh);
   float acc = 0.f;
   for (int b = t; b < B; b += QS_THREADS) acc += ent[b];
   const float h = cudarl::block_sum(acc, sh, QS_THREADS) * inv_b;
@@ -76,15 +86,30 @@ extern "C" __global__ void cudarl_qstats_reduce(const float* __restrict__ q, con
 }
 
 // ---------------------------------------------------------------------------------------------
-// cudarl_qstats_adapt_gamma: proportional controller of the discount from atom utilisation,
-//   gamma <- clip(gamma + rate (target - util), gamma_min, gamma_max)
-// (utilisation too low: lengthen the horizon so returns spread over more atoms; too high:
-// shorten it). util is read from the reduce output (stats[util_index]); gamma is the device
-// slot every target kernel reads. One thread. Reads 2 floats; writes 1.
-extern "C" __global__ void cudarl_qstats_adapt_gamma(const float* __restrict__ stats, float* __restrict__ gamma,
-                                                     int util_index, float target, float rate,
-                                                     float gamma_min, float gamma_max) {
-  if (blockIdx.x != 0 || threadIdx.x != 0) return;
-  const float g = gamma[0] + rate * (target - stats[util_index]);
-  gamma[0] = fminf(fmaxf(g, gamma_min), gamma_max);
+// cudarl_qstats_moments: reduce's Q half for a head without atoms (IQN, QR-DQN quantile means):
+// out[:A] = mean_b q, out[A + 2:] = var_b q as reduce writes them; out[A] = out[A + 1] = NaN (no
+// atoms: no entropy or utilisation). One block of QS_THREADS. Reads 2*B*A floats; writes 2A + 2.
+extern "C" __global__ void cudarl_qstats_moments(const float* __restrict__ q, float* __restrict__ out, int B, int A) {
+  __shared__ float sh[QS_THREADS];
+  q_moments(q, out, B, A, sh);
+  if (threadIdx.x == 0) { out[A] = __int_as_float(0x7fc00000); out[A + 1] = __int_as_float(0x7fc00000); }
+}
+
+// ---------------------------------------------------------------------------------------------
+// cudarl_qstats_expected_q: q[b, a] = sum_k softmax(logits[b, a])_k z_k, per_sample's (and
+// agent.act_c51's) statement: the same bits, and nothing else written. One warp per sample, lanes
+// over atoms. Reads A*K + K floats; writes A.
+extern "C" __global__ void cudarl_qstats_expected_q(const float* __restrict__ logits, const float* __restrict__ support,
+                                                    float* __restrict__ q, int B, int A, int K) {
+  const int lane = threadIdx.x % QS_WARP;
+  const int b = blockIdx.x * (blockDim.x / QS_WARP) + threadIdx.x / QS_WARP;
+  if (b >= B) return;
+  for (int a = 0; a < A; ++a) {
+    float qa = 0.f;
+    cudarl::warp_softmax_visit(logits + ((long long)b * A + a) * K, K, lane, [&](int k, float, float p) {
+      qa += p * support[k];
+    });
+    qa = warp_sum(qa);
+    if (lane == 0) q[(long long)b * A + a] = qa;
+  }
 }

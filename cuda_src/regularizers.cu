@@ -1,5 +1,4 @@
-// Offline-RL regularisers: discrete CQL (Kumar et al. 2020) for C51 and quantile heads, and IQL's
-// expectile value regression (Kostrikov et al. 2021) with modulation of priorities.
+// Offline-RL regulariser: discrete CQL (Kumar et al. 2020) for C51 and quantile heads (agent.cql_alpha).
 // Twin: cudarl/reference/regularizers.py. Launchers: cudarl/ops/regularizers.py.
 // One warp per sample for the CQL ops (A <= 32: lane a holds Q_a); xor-butterfly reductions;
 // no atomics. accumulate = 1 adds into grad (each element is owned by one lane: no race).
@@ -106,24 +105,6 @@ extern "C" __global__ void cudarl_regularizers_cql_quantile(const float* __restr
     if (k < NA) g[k] = accumulate ? g[k] + v : v;
   }
   if (lane == 0) cql_per[b] = lse - q_data;
-}
-
-// ---------------------------------------------------------------------------------------------
-// cudarl_regularizers_expectile: IQL value regression and priority modulation.
-//   u = q - v;  w = |tau - 1{u < 0}|;  loss_b = w u^2;  dloss/dv_b = -2 w u / B  (loss = mean_b loss_b)
-//   priority_out_b = priority_in_b * 2 w   (tau = 0.5: identity; tau > 0.5 favours u > 0)
-// Threads: one per sample. Reads 3B floats + tau; writes 3B.
-extern "C" __global__ void cudarl_regularizers_expectile(const float* __restrict__ q, const float* __restrict__ v,
-                                                         const float* __restrict__ prio_in, float* __restrict__ loss_per,
-                                                         float* __restrict__ grad_v, float* __restrict__ prio_out,
-                                                         int B, float tau) {
-  const int b = blockIdx.x * blockDim.x + threadIdx.x;
-  if (b >= B) return;
-  const float u = q[b] - v[b];
-  const float w = u < 0.f ? 1.f - tau : tau;
-  loss_per[b] = w * u * u;
-  grad_v[b] = -2.f * w * u / (float)B;
-  prio_out[b] = prio_in[b] * 2.f * w;
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -375,10 +375,10 @@ extern "C" __global__ void cudarl_replay_sample_weights(const i64* qsel, float* 
 }
 
 // ---------------------------------------------------------------------------------------------
-// gather: thread per (sample j, column c < W), B*W threads. Reads 2 obs rows of D floats and
+// gather: thread per (sample j, column c < D), B*D threads. Reads 2 obs rows of D floats and
 // n (reward, discount) pairs per sample; the bootstrap row is row (s + lag) mod C of s_next:
 // s_next = s_obs and lag = n*n_envs normally, or the stored next_obs ring and lag = 0 with
-// store_next_obs. Writes obs_out/next_obs_out [B, W] (zero for c >= D),
+// store_next_obs. Writes obs_out/next_obs_out [B, D],
 // and for c == 0 action_out, return_out, discount_out. The n-step sums use explicitly rounded
 // float32 operations (no FMA contraction) in the reference's order, so they match bitwise.
 // An index outside [0, C) gives a zero row and status |= BAD_INDEX.
@@ -386,9 +386,9 @@ extern "C" __global__ void cudarl_replay_sample_weights(const i64* qsel, float* 
 __device__ __forceinline__ void gather_one(const float* s_obs, const int* s_action, const float* s_reward,
                                            const float* s_discount, const float* s_next, i64 j, i64 c, i64 s,
                                            float* obs_out, float* next_obs_out, int* action_out, float* return_out,
-                                           float* discount_out, i64* status, i64 D, i64 W, i64 C, i64 n_envs,
+                                           float* discount_out, i64* status, i64 D, i64 C, i64 n_envs,
                                            int n_step, i64 lag) {
-  const i64 e = j * W + c;
+  const i64 e = j * D + c;
   if (s < 0 || s >= C) {  // never read out of bounds: a zero row and a status bit
     obs_out[e] = 0.0f;
     next_obs_out[e] = 0.0f;
@@ -401,8 +401,8 @@ __device__ __forceinline__ void gather_one(const float* s_obs, const int* s_acti
     return;
   }
   const i64 nxt = (s + lag) % C;
-  obs_out[e] = c < D ? s_obs[s * D + c] : 0.0f;
-  next_obs_out[e] = c < D ? s_next[nxt * D + c] : 0.0f;
+  obs_out[e] = s_obs[s * D + c];
+  next_obs_out[e] = s_next[nxt * D + c];
   if (c == 0) {
     float G = 0.0f, g = 1.0f;
     for (int k = 0; k < n_step; ++k) {
@@ -432,7 +432,6 @@ struct GatherArgs {
   i64* status;
   i64 B;
   i64 D;
-  i64 W;
   i64 C;
   i64 n_envs;
   int n_step;
@@ -443,36 +442,36 @@ __device__ __forceinline__ void gather_impl(const float* s_obs, const int* s_act
                                             const float* s_discount, const float* s_next, const int* indices,
                                             float* obs_out, float* next_obs_out, int* action_out,
                                             float* return_out, float* discount_out, i64* status, i64 B, i64 D,
-                                            i64 W, i64 C, i64 n_envs, int n_step, i64 lag) {
+                                            i64 C, i64 n_envs, int n_step, i64 lag) {
   const i64 e = (i64)blockIdx.x * blockDim.x + threadIdx.x;
-  if (e >= B * W) return;
-  const i64 j = e / W;
-  gather_one(s_obs, s_action, s_reward, s_discount, s_next, j, e - j * W, indices[j], obs_out, next_obs_out, action_out,
-             return_out, discount_out, status, D, W, C, n_envs, n_step, lag);
+  if (e >= B * D) return;
+  const i64 j = e / D;
+  gather_one(s_obs, s_action, s_reward, s_discount, s_next, j, e - j * D, indices[j], obs_out, next_obs_out, action_out,
+             return_out, discount_out, status, D, C, n_envs, n_step, lag);
 }
 
 extern "C" __global__ void cudarl_replay_gather(const GatherArgs a) {
   gather_impl(a.s_obs, a.s_action, a.s_reward, a.s_discount, a.s_next, a.indices, a.obs_out, a.next_obs_out,
-              a.action_out, a.return_out, a.discount_out, a.status, a.B, a.D, a.W, a.C, a.n_envs, a.n_step, a.lag);
+              a.action_out, a.return_out, a.discount_out, a.status, a.B, a.D, a.C, a.n_envs, a.n_step, a.lag);
 }
 
 // ---------------------------------------------------------------------------------------------
 // sample_search_gather: sample_search and gather in one launch. The warp that finds sample j's
-// slot gathers it (lanes over the W columns, lane 0 the action and n-step targets): the same
+// slot gathers it (lanes over the D columns, lane 0 the action and n-step targets): the same
 // writes, so the same bits, as sample_search then gather, one graph node fewer on the train
 // step's chain. Threads: one warp per sample, as sample_search.
 extern "C" __global__ void cudarl_replay_sample_search_gather(
     const i64* tree, const i64* levels, const i64* step, int* indices, i64* qsel, i64* status, i64 B, int depth,
     u64 seed, unsigned int stream_id, const float* s_obs, const int* s_action, const float* s_reward,
     const float* s_discount, const float* s_next, float* obs_out, float* next_obs_out, int* action_out,
-    float* return_out, float* discount_out, i64 D, i64 W, i64 C, i64 n_envs, int n_step, i64 lag) {
+    float* return_out, float* discount_out, i64 D, i64 C, i64 n_envs, int n_step, i64 lag) {
   const i64 j = ((i64)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
   if (j >= B) return;  // whole warps exit together (blockDim is a multiple of 32)
   const int lane = (int)(threadIdx.x & 31);
   const i64 s = search_one(tree, levels, step, indices, qsel, status, j, B, depth, seed, stream_id, lane);
-  for (i64 c = lane; c < W; c += 32)
+  for (i64 c = lane; c < D; c += 32)
     gather_one(s_obs, s_action, s_reward, s_discount, s_next, j, c, s, obs_out, next_obs_out, action_out, return_out,
-               discount_out, status, D, W, C, n_envs, n_step, lag);
+               discount_out, status, D, C, n_envs, n_step, lag);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -4,16 +4,20 @@
 that :class:`cudarl.graph.StepGraph` captures (GPU) or runs in order (NumPy)::
 
     collect: act (the head rule's: the online forward, then one kernel for expected Q, the device
-             epsilon and epsilon-greedy) - env_step (record the transition, step, reset ended
-             episodes) - replay_insert
+             epsilon and epsilon-greedy; with net.plan the plan head's gate into env.scale) -
+             env_step (record the transition, step, reset ended episodes) - replay_insert
     train:   schedules (lr and tau: a parallel branch, joined by the first learn phase) - sample (the
              search and the gather of the state rows in one launch; the importance weights on that
              branch; then the observation windows of s and s' from the feature matrix) - forward
              (the rule's) - the rule's learn phases (C51: targets_loss, one launch; IQN, QR-DQN:
-             targets - loss) - the auxiliary signals' loss phases - priorities (a parallel branch to
-             the end) - backward (dx chain | weight gradients, in parallel) - adam (one launch: the
-             gradient norm and clip, the update with the target net's soft update and the publish of
-             loss and gradient norm to the host ring; three launches with run.grid_barrier = false)
+             targets - loss) - q_stats (the expected Q at s; the statistics' reduction on a branch)
+             - cql (agent.cql_alpha) - plan (net.plan: cudarl.plan) - the auxiliary signals' loss
+             phases - priorities (a parallel branch to the end) -
+             backward (dx chain | weight gradients, in parallel) - adam (one launch: the gradient
+             norm and clip, the update with the target net's soft update and the publish of loss
+             and gradient norm to the host ring; three launches with run.grid_barrier = false) -
+             spectral (net.spectral: a power iteration and W_sn of both nets) - publish (the
+             step's observables, :class:`cudarl.stats.StepStats`, to their host ring)
 
 On the GPU "in parallel" means a :class:`cudarl.graph.SideStream`: a branch of the captured graph
 that runs beside the main chain (same kernels and inputs, so the same bits as one stream).
@@ -27,6 +31,8 @@ there, before any capture. The math is in :mod:`cudarl.losses`.
 
 from __future__ import annotations
 
+from contextlib import nullcontext
+
 import numpy as np
 
 from .auxiliary import AUX_SIGNALS
@@ -34,12 +40,14 @@ from .backend import family
 from .config import Config
 from .graph import SideStream
 from .nn import QNetwork
-from .optim import Adam, Schedule, SoftUpdate
+from .optim import Adam, Schedule, SoftUpdate, shrink_perturb
 from .pinned import DeviceScalars, PinnedReadback
+from .plan import PlanLoss, gate
 from .popart import PopArt
 from .reference.window import STATE_DIM
 from .replay import Batch
 from .rules import HEAD_RULES, LearnerBuffers
+from .stats import StepStats
 
 #: Pinned ring slots of (loss, grad_norm): the graph writes step t while the host reads t - 1.
 PUBLISH_SLOTS = 2
@@ -73,6 +81,9 @@ class Agent:
         self.online.prepare_backward(B)  # the backward runs over the s rows
         self.target = QNetwork(obs_dim, n_actions, cfg.net, max_batch=B, **net_kw)
         self.target.params[...] = self.online.params
+        for net in (self.online, self.target):  # net.spectral: one power iteration a step, in its phase
+            net.spectral_in_steps()
+        self.target.spectral_step(iterate=False)  # W_sn of the copied weights
         self.pair = xp.zeros((2 * B, obs_dim), np.float32)
         #: The state rows of s and s' the replay gathers into (halves of one buffer), whose windows the
         #: sample phase gathers into ``pair``.
@@ -82,10 +93,19 @@ class Agent:
         #: The fixed batch the network reads: obs and next_obs are halves of ``pair``.
         self.batch = Batch(self.pair[:B], self.pair[B:], action, ret, discount)
         self.popart = PopArt(beta=a.popart_beta, scale=rule_cls.popart_scale(cfg.net), xp=xp) if a.popart else None
+        #: the observables the step computes and publishes to the host (metrics.jsonl, the guard)
+        blocks = {
+            "q": 2 * n_actions + 2,
+            **({"plan": 2} if cfg.net.plan else {}),
+            **({"cql": 1} if a.cql_alpha else {}),
+        }
+        self.stats = StepStats(blocks, n_actions, xp, PUBLISH_SLOTS)
         self.buffers = buf = LearnerBuffers(
-            cfg, xp, self.online, self.target, self.batch, self.pair, n_envs, self.popart
+            cfg, xp, self.online, self.target, self.batch, self.pair, n_envs, self.stats, self.popart
         )
         self.rule = rule_cls.allocate(buf)
+        #: the plan head's loss (net.plan), or None
+        self.plan = PlanLoss(buf, cfg.env.position_levels()) if cfg.net.plan else None
         for s in self.aux:
             s.allocate(buf)
         self.loss, self.loss_per, self.priority = buf.loss, buf.loss_per, buf.priority
@@ -110,6 +130,7 @@ class Agent:
             initial={"gamma": a.gamma, "epsilon": a.eps_start},
         )
         self.ops = family("agent", xp)
+        self._popart_live = self.popart is not None  # host's view of PopArt's statistics still moving
         #: the priority update's branch (beside the backward and the optimiser)
         self.side_priorities = SideStream(xp)
         #: one branch per layer for its weight gradients: the layers' dW GEMMs (each with its bias
@@ -133,6 +154,8 @@ class Agent:
 
         def act():
             self.rule.act(env, eps_args)
+            if self.plan is not None:  # the gate of the forward the rule just ran, into the env's scale
+                gate(self.online, self.buffers.ws_act, env.n_envs, env.scale)
 
         def env_step():
             env.record(transitions)
@@ -203,22 +226,59 @@ class Agent:
             with self.side_priorities.fork():
                 replay.update_priorities(buf.idx, buf.priority, device_rules=True)
 
+        def spectral():
+            # net.spectral: after the optimiser and the soft update moved the weights, one power
+            # iteration and W_sn for each net, read by the next forwards (acting and learning)
+            self.online.spectral_step()
+            self.target.spectral_step()
+
+        def publish():
+            # after the optimiser (whose step counter names the ring slot the host marks) and every
+            # producer: the statistics' branch is joined here
+            buf.side_stats.join()
+            self.stats.publish(self.adam.scalars.view("step"))
+
         aux = [phase for s in self.aux for phase in s.phases()]
+        plan = [] if self.plan is None else [("plan", self.plan.phase)]
+        cql = [("cql", self.rule.cql)] if self.cfg.agent.cql_alpha > 0 else []
         return [
             ("schedules", schedules),
             ("sample", sample),
             ("forward", forward),
             *self.rule.learn_phases(),
+            ("q_stats", self.rule.q_stats),
+            *cql,
+            *plan,
             *aux,
             ("priorities", priorities),
             ("backward", backward),
             ("adam", adam),
+            *([("spectral", spectral)] if self.cfg.net.spectral else []),
+            ("publish", publish),
         ]
+
+    # --- between two updates ------------------------------------------------------------------------
+    def between_updates(self, step: int, stream=None) -> None:
+        """Host-driven work after update ``step`` (outside any graph, ordered on ``stream``, no sync):
+        PopArt's statistics freeze once ``agent.popart_warmup`` updates are done; every
+        ``optim.shrink_every`` updates the online network is shrunk and perturbed."""
+        warmup, o = self.cfg.agent.popart_warmup, self.cfg.optim
+        if self._popart_live and warmup and step >= warmup:
+            self.popart.freeze(stream)
+            self._popart_live = False
+        if o.shrink_every and step % o.shrink_every == 0:
+            with stream if stream is not None else nullcontext():
+                shrink_perturb(self.online.params, o.shrink, o.perturb, self.cfg.run.seed, step // o.shrink_every)
+                self.online.spectral_step(iterate=False)  # W_sn of the new weights (net.spectral)
 
     # --- what the host reads ---------------------------------------------------------------------
     def q_values(self, obs, out) -> None:
         """Expected Q of the online network for ``obs [n, obs_dim]`` (n <= n_envs) into ``out [n, A]``."""
         self.rule.expected_q(out, obs)
+
+    def plan_scale(self, obs, out) -> None:
+        """The plan head's gate (``out [n]``) of the forward :meth:`q_values` just ran on ``obs`` (net.plan)."""
+        gate(self.online, self.buffers.ws_act, obs.shape[0], out)
 
     def observables(self) -> dict:
         """The auxiliary signals' values for a metrics row (host reads: outside any capture)."""
@@ -258,6 +318,7 @@ class Agent:
         self.scalars.load_state_dict(s["scalars"])
         if self.popart is not None:
             self.popart.load_state_dict(s["popart"])
+            self._popart_live = not self.popart.frozen
         self.rule.load_state_dict(s.get(self.cfg.net.head, {}))
         for sig in self.aux:
             sig.load_state_dict(s.get(f"aux.{sig.name}", {}))

@@ -225,9 +225,10 @@ def _user_errors():
     from cudarl.backend import BackendError
     from cudarl.checkpoint import CheckpointError
     from cudarl.config import ConfigError
+    from cudarl.experience import ExperienceError
     from cudarl.guard import GuardStop
 
-    return (DataError, ConfigError, CheckpointError, BackendError, GuardStop, FileNotFoundError)
+    return (DataError, ConfigError, CheckpointError, BackendError, GuardStop, FileNotFoundError, ExperienceError)
 
 
 @app.command("train")
@@ -248,6 +249,12 @@ def train(
         None,
         "--resume",
         help="continue from a resume checkpoint, checkpoints/latest.npz (its config; --steps may extend it)",
+    ),
+    record: Path | None = typer.Option(
+        None, "--record", help="write the replay's transitions to FILE when the run ends (run.record)"
+    ),
+    offline: Path | None = typer.Option(
+        None, "--offline", help="train from transitions recorded with --record, collecting none (run.offline)"
     ),
     sort: bool = SORT,
     dedupe: str | None = DEDUPE,
@@ -272,6 +279,9 @@ def train(
     if walk_forward and resume is not None:
         fail("--walk-forward trains every fold from the start; it does not take --resume", 2)
     try:
+        run_files = {k: str(v) for k, v in (("record", record), ("offline", offline)) if v is not None}
+        if walk_forward and run_files:
+            fail("--walk-forward trains its folds from the start; it does not take --record or --offline", 2)
         if walk_forward:
             from cudarl.walkforward import run_walk_forward
 
@@ -280,12 +290,14 @@ def train(
             run_walk_forward(cfg, walk_forward, echo=say)
             return
         if resume is not None:
-            if data is not None or data_fields or sets or config_file is not None:
+            if data is not None or data_fields or sets or config_file is not None or run_files:
                 fail("--resume takes the checkpoint's own config; only --steps may change it", 2)
             overrides = {"run": {"steps": steps}} if steps is not None else None
             trainer = Trainer.resume(resume, overrides=overrides, echo=say)
         else:
             cfg, _ = build_config(data, config_file, sets, steps, device, seed, name, out, data_fields=data_fields)
+            if run_files:  # paths, taken as given (never read as TOML values)
+                cfg = cfg.with_overrides({"run": run_files})
             trainer = Trainer(cfg, echo=say)
         say(f"run directory: {trainer.run_dir} (backend {trainer.be.name}, {trainer.be.device})")
         prog, update = _progress_printer(trainer.cfg.run.steps)

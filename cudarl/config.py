@@ -78,6 +78,12 @@ class RunConfig:
     tensorboard: bool = False
     """Also write every number of ``metrics.jsonl`` to a TensorBoard event file in ``<run>/tensorboard/``
     (needs tensorboardX: ``pip install 'cudarl[tensorboard]'``)."""
+    record: str = ""
+    """Write the transitions the replay holds when the run ends to this file (a recorded behaviour policy
+    for offline training; CLI ``--record``; format: cudarl/experience.py). Empty: none."""
+    offline: str = ""
+    """Train from the transitions recorded in this file (``run.record``) without collecting any (CLI
+    ``--offline``); the replay buffer holds the recording's last ``replay.capacity`` rows. Empty: online."""
     grid_barrier: bool = True
     """GPU: let the train step's C51 targets-and-loss (with PopArt) and its optimiser update each be one
     launch whose blocks wait for one another (``cudarl::grid_barrier``; grid at most one block per SM).
@@ -98,6 +104,7 @@ class RunConfig:
         for n in ("eval_every", "checkpoint_every"):
             _in(s, n, getattr(self, n), 0, 10**12, integer=True)
         _in(s, "log_every", self.log_every, 1, 10**12, integer=True)
+        _need(s, not (self.record and self.offline), "record and offline: record a run that collects, or train offline")
 
 
 @dataclass(frozen=True)
@@ -270,6 +277,16 @@ class NetConfig:
     """IQN and QR-DQN quantiles per state (online and target)."""
     n_cos: int = 64
     """IQN cosine embedding size."""
+    spectral: tuple = ()
+    """Linear layers to spectrally normalise (Miyato et al. 2018; ``W / sigma_max(W)``, one power
+    iteration per update), by name: ``enc.0``, ``enc.1``, ... (the encoder's), ``head.va`` (C51),
+    ``head.out`` (IQN, QR-DQN); e.g. ``["enc.1"]``, the layer before the head (Gogianu et al. 2021).
+    Empty: none."""
+    plan: bool = False
+    """The plan head on the encoder's output: conviction and readiness (sigmoids), trained by their own
+    loss (``agent.plan_hurdle``). Where readiness >= 1/2 the gate opens and the position of the chosen
+    action is scaled by conviction (fractional env positions, in training and evaluation); elsewhere the
+    gate returns exactly 1, so an untrained head changes nothing (docs/guide.md)."""
     tf32: bool = False
     """Let cuBLAS use TF32 tensor cores for the network's GEMMs (GPU; ~1e-3 relative error)."""
     gemm: str = "cublaslt_nosplit"
@@ -300,6 +317,11 @@ class NetConfig:
             s,
             math.isfinite(self.v_min) and math.isfinite(self.v_max) and self.v_min < self.v_max,
             f"need v_min < v_max, got {self.v_min}, {self.v_max}",
+        )
+        _need(
+            s,
+            all(isinstance(x, str) and x for x in self.spectral) and len(set(self.spectral)) == len(self.spectral),
+            f"spectral must be a list of distinct layer names, got {list(self.spectral)!r}",
         )
         _in(s, "n_quantiles", self.n_quantiles, 1, 1024, integer=True)
         _in(s, "n_cos", self.n_cos, 1, 1024, integer=True)
@@ -373,6 +395,14 @@ class OptimConfig:
     """Decoupled weight decay (weights only, not biases or norms)."""
     max_grad_norm: float = 10.0
     """Clip the global gradient norm to this (0 disables clipping)."""
+    shrink_every: int = 0
+    """Shrink-and-perturb (Ash & Adams 2020) every this many learner updates: every parameter of the
+    online network becomes ``shrink * theta + perturb * N(0, 1)`` between two updates (the target
+    follows by the soft update). 0: never."""
+    shrink: float = 0.8
+    """Shrink-and-perturb's factor on the parameters (read with ``shrink_every``)."""
+    perturb: float = 0.01
+    """Shrink-and-perturb's noise standard deviation (read with ``shrink_every``)."""
 
     def __post_init__(self):
         s = "optim"
@@ -390,6 +420,9 @@ class OptimConfig:
         _in(s, "eps", self.eps, 0, 1, lo_open=True)
         _in(s, "weight_decay", self.weight_decay, 0, 1)
         _in(s, "max_grad_norm", self.max_grad_norm, 0, 1e9)
+        _in(s, "shrink_every", self.shrink_every, 0, 10**12, integer=True)
+        _in(s, "shrink", self.shrink, 0, 1)
+        _in(s, "perturb", self.perturb, 0, 10)
 
 
 @dataclass(frozen=True)
@@ -429,6 +462,22 @@ class AgentConfig:
     without it bar returns of a few basis points fill one or two atoms; IQN: quantiles of unit scale."""
     popart_beta: float = 3e-4
     """PopArt's statistics step size."""
+    popart_warmup: int = 2_000
+    """Learner updates during which PopArt's statistics move; then they are frozen (0: they never stop).
+    C51's atoms are fixed, so while the statistics move each atom's return ``s z + mu`` moves under the
+    learned distribution; frozen, its meaning cannot drift (docs/guide.md). The quantile heads rescale
+    their last layer with every update, so their outputs keep their meaning either way. A fifth of the
+    default budget: while updates << 1 / ``popart_beta`` the bias-corrected statistics weigh every batch
+    so far about equally, so after a few hundred batches they barely move; ``tools/gpu_mechanisms.sh``
+    measures it against never freezing."""
+    cql_alpha: float = 0.0
+    """Weight of discrete CQL (Kumar et al. 2020, ``alpha (logsumexp_a Q(s, a) - Q(s, a_data))`` on the
+    head's expected Q) added to the loss: it pushes down the values of actions the data did not take,
+    for offline training (``cudarl-train train --offline``). 0: off."""
+    plan_hurdle: float = 0.1
+    """The plan head's readiness clears 1/2 (its gate opens) where the greedy trade's expected n-step
+    return exceeds this many times the batch's mean absolute return; without an edge readiness settles
+    at 1 / (2 (1 + hurdle)) (cudarl.reference.nn.plan_loss). Read with ``net.plan``."""
     train_cost_bps: float = 0.0
     """Extra cost per unit of position change charged in the training environments' reward only (added
     to ``env.slippage_bps`` there; evaluation keeps the true costs): a turnover penalty against trading
@@ -452,6 +501,9 @@ class AgentConfig:
         _need(s, self.priority in ("kl", "ce"), f"priority must be kl or ce, got {self.priority!r}")
         _in(s, "kappa", self.kappa, 0, 1e6)
         _in(s, "popart_beta", self.popart_beta, 0, 1, lo_open=True)
+        _in(s, "popart_warmup", self.popart_warmup, 0, 10**12, integer=True)
+        _in(s, "plan_hurdle", self.plan_hurdle, 0, 100)
+        _in(s, "cql_alpha", self.cql_alpha, 0, 1e6)
         _in(s, "train_cost_bps", self.train_cost_bps, 0, 1e4)
         from .auxiliary import AUX_SIGNALS
 
@@ -476,6 +528,11 @@ class GuardConfig:
     """Learning-rate multiplier after a rollback."""
     snapshot_every: int = 500
     """Learner updates between in-memory snapshots (the rollback point)."""
+    min_atom_utilisation: float = 0.05
+    """Collapse rule (C51): the guard trips when the atom utilisation (``atom_utilisation`` in
+    metrics.jsonl: the share of atoms whose batch-mean probability exceeds 1/(10 atoms)) of each of
+    the last ``window`` updates was below this; 0 turns the rule off. The seed system trained with 2%
+    of its atoms in use."""
 
     def __post_init__(self):
         s = "guard"
@@ -485,6 +542,7 @@ class GuardConfig:
         _in(s, "max_rollbacks", self.max_rollbacks, 0, 1000, integer=True)
         _in(s, "lr_factor", self.lr_factor, 0, 1, lo_open=True)
         _in(s, "snapshot_every", self.snapshot_every, 1, 10**12, integer=True)
+        _in(s, "min_atom_utilisation", self.min_atom_utilisation, 0, 1)
 
 
 @dataclass(frozen=True)
@@ -568,6 +626,11 @@ class Config:
             not (self.env.counterfactual and self.replay.n_step != 1),
             "counterfactual rows are single transitions: they need replay.n_step = 1",
         )
+        _need(
+            "agent",
+            not (self.run.record and self.agent.gamma == 0),
+            "run.record needs gamma > 0 (the recording's episode ends are read from the discounts)",
+        )
         _need("agent", self.agent.batch_size <= self.replay.capacity, "batch_size must not exceed replay.capacity")
 
     def to_dict(self) -> dict:
@@ -589,7 +652,8 @@ CPU_DEFAULTS = {
     "replay": {"capacity": 100_000},
     # the temporal encoders' widths too (they run only where net.encoder asks for them)
     "net": {"hidden": (64, 64), "d_model": 32, "ssm_state": 16, "ssm_headdim": 16},
-    "agent": {"batch_size": 64, "learning_starts": 500, "eps_steps": 2_000},
+    # popart_warmup: a fifth of the budget, as on the GPU (2,000 of 10,000 updates)
+    "agent": {"batch_size": 64, "learning_starts": 500, "eps_steps": 2_000, "popart_warmup": 400},
     # Fewer updates on the CPU want a larger step: on builtin:regime, 2000 updates, 3 seeds, the
     # test-split Sharpe was 1.62 at 1e-4, 1.96 at 3e-4, 1.41 at 1e-3 (docs/sweeps.md).
     "optim": {"lr": 3e-4},

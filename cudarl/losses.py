@@ -539,8 +539,8 @@ def sample_taus(seed: int, counter, stream_id: int, shape=None, out=None):
 # ---- Q statistics -------------------------------------------------------------------------------
 @dataclass
 class QStats(_Result):
-    """:func:`q_stats`' ``stats`` float32 ``[2A + 2]`` (may be ``PinnedReadback.device``) and its
-    GPU scratch: ``q [B, A]``, ``ent [B]``, ``mass [B, K]``."""
+    """:func:`q_stats`' ``stats`` float32 ``[2A + 2]`` and the per-sample rows it reduces: ``q [B, A]``
+    (expected Q), ``ent [B]``, ``mass [B, K]`` (entropy and atom mass, averaged over actions)."""
 
     stats: object
     q: object = None
@@ -564,17 +564,58 @@ def q_stats(logits, support, out: QStats | None = None) -> QStats:
 
     ``Q[b, a] = sum_k softmax(logits[b, a])_k z_k``; utilisation is the fraction of atoms whose
     batch-mean probability (over samples and actions) exceeds ``1 / (10 K)``. Deterministic
-    two-stage reductions."""
-    xp = get_array_module(logits)
-    ops = family("qstats", xp)
-    if is_numpy(xp):
-        return _numpy(QStats, out, stats=ops.q_stats(logits, support))
-    out = out if out is not None else QStats.empty(xp, *logits.shape)
-    ops.q_stats(logits, support, out.q, out.ent, out.mass, out.stats)
+    two-stage reductions: :func:`q_stats_rows`, then :func:`q_stats_reduce`."""
+    out = out if out is not None else QStats.empty(get_array_module(logits), *logits.shape)
+    q_stats_rows(logits, support, out)
+    q_stats_reduce(out)
     return out
 
 
-# ---- CQL / IQL ------------------------------------------------------------------------------------
+def q_stats_rows(logits, support, out: QStats) -> QStats:
+    """Stage 1 of :func:`q_stats`: ``out.q [B, A]``, ``out.ent [B]``, ``out.mass [B, K]`` of ``logits [B, A, K]``."""
+    xp = get_array_module(logits)
+    ops = family("qstats", xp)
+    if is_numpy(xp):
+        return _numpy(QStats, out, **dict(zip(("q", "ent", "mass"), ops.per_sample(logits, support), strict=True)))
+    ops.per_sample(logits, support, out.q, out.ent, out.mass)
+    return out
+
+
+def q_stats_reduce(out: QStats) -> QStats:
+    """Stage 2 of :func:`q_stats`: ``out.stats`` from ``out``'s per-sample rows (one block on the GPU)."""
+    xp = get_array_module(out.q)
+    ops = family("qstats", xp)
+    if is_numpy(xp):
+        out.stats[...] = ops.reduce(out.q, out.ent, out.mass)
+        return out
+    ops.reduce(out.q, out.ent, out.mass, out.stats)
+    return out
+
+
+def q_moments(q, stats):
+    """A head without atoms: ``stats [2A + 2]`` = mean and batch variance of each action's ``q [B, A]``
+    (:func:`q_stats`' layout), entropy and utilisation NaN."""
+    xp = get_array_module(q)
+    ops = family("qstats", xp)
+    if is_numpy(xp):
+        stats[...] = ops.moments(q)
+    else:
+        ops.moments(q, stats)
+    return stats
+
+
+def expected_q(logits, support, out):
+    """``out [B, A] = sum_k softmax(logits[b, a])_k z_k`` (the act kernel's bits; nothing else written)."""
+    xp = get_array_module(logits)
+    ops = family("qstats", xp)
+    if is_numpy(xp):
+        out[...] = ops.expected_q(logits, support)
+    else:
+        ops.expected_q(logits, support, out)
+    return out
+
+
+# ---- CQL ------------------------------------------------------------------------------------------
 @dataclass
 class CQL(_Result):
     """:func:`cql_c51` / :func:`cql_quantile` buffers: ``cql_per [B]``, ``loss`` (``[1]``), ``grad``
@@ -590,19 +631,27 @@ class CQL(_Result):
         return cls._alloc(xp, spec, given)
 
 
-CQL_FIELDS = ("cql_per", "loss", "grad")
+def _cql_numpy(out, accumulate: bool, values) -> CQL:
+    """The twin's ``(cql_per, loss, grad)`` into ``out`` (``accumulate``: the gradient added, as the kernel does)."""
+    cql_per, loss, grad = values
+    if accumulate:
+        if out is None:
+            raise ValueError("accumulate needs out: the gradient to add into")
+        out.grad += grad
+        return _numpy(CQL, out, cql_per=cql_per, loss=loss)
+    return _numpy(CQL, out, cql_per=cql_per, loss=loss, grad=grad)
 
 
 def cql_c51(logits, a_data, support, alpha, *, out: CQL | None = None, accumulate=False) -> CQL:
     """Discrete CQL on expected C51 Q: ``alpha (1/B) sum_b (logsumexp_a Q(s_b, a) - Q(s_b, a_b))``.
 
-    ``Q = sum_k softmax(logits)_k z_k``; ``grad [B, A, K]``; on CuPy ``accumulate=True`` adds the
-    gradient into ``out.grad`` (e.g. the C51 loss gradient).
+    ``Q = sum_k softmax(logits)_k z_k``; ``grad [B, A, K]``; ``accumulate=True`` adds the gradient
+    into ``out.grad`` (e.g. the C51 loss gradient).
     """
     xp = get_array_module(logits)
     ops = family("regularizers", xp)
     if is_numpy(xp):
-        return _numpy(CQL, out, **dict(zip(CQL_FIELDS, ops.cql_c51(logits, a_data, support, alpha), strict=True)))
+        return _cql_numpy(out, accumulate, ops.cql_c51(logits, a_data, support, alpha))
     out = out if out is not None else CQL.empty(xp, logits.shape)
     ops.cql_c51(logits, a_data, support, alpha, out.cql_per, out.loss, out.grad, accumulate=accumulate)
     return out
@@ -615,39 +664,7 @@ def cql_quantile(theta, a_data, alpha, *, out: CQL | None = None, accumulate=Fal
     xp = get_array_module(theta)
     ops = family("regularizers", xp)
     if is_numpy(xp):
-        return _numpy(CQL, out, **dict(zip(CQL_FIELDS, ops.cql_quantile(theta, a_data, alpha), strict=True)))
+        return _cql_numpy(out, accumulate, ops.cql_quantile(theta, a_data, alpha))
     out = out if out is not None else CQL.empty(xp, theta.shape)
     ops.cql_quantile(theta, a_data, alpha, out.cql_per, out.loss, out.grad, accumulate=accumulate)
-    return out
-
-
-@dataclass
-class Expectile(_Result):
-    """:func:`iql_expectile`' buffers, float32: ``loss_per``, ``grad_v``, ``priority`` ``[B]``, ``loss`` ``[1]``."""
-
-    loss_per: object
-    loss: object
-    grad_v: object
-    priority: object
-
-    @classmethod
-    def empty(cls, xp, B: int, **given) -> Expectile:
-        spec = {name: ((1,) if name == "loss" else (B,), F32, False) for name in ("loss_per", "loss", "grad_v")}
-        spec["priority"] = ((B,), F32, False)
-        return cls._alloc(xp, spec, given)
-
-
-def iql_expectile(q, v, priority, tau=0.7, *, out: Expectile | None = None) -> Expectile:
-    """IQL expectile regression of ``v`` towards ``q`` and priority modulation.
-
-    ``u = q - v``, ``w = |tau - 1{u < 0}|``, ``loss = (1/B) sum_b w u^2``, ``dloss/dv = -2 w u / B``,
-    ``priority_out = priority * 2 w`` (identity at ``tau = 0.5``).
-    """
-    xp = get_array_module(q)
-    ops = family("regularizers", xp)
-    if is_numpy(xp):
-        names = ("loss_per", "loss", "grad_v", "priority")
-        return _numpy(Expectile, out, **dict(zip(names, ops.expectile(q, v, priority, tau), strict=True)))
-    out = out if out is not None else Expectile.empty(xp, q.shape[0])
-    ops.expectile(q, v, priority, tau, out.loss_per, out.loss, out.grad_v, out.priority)
     return out

@@ -31,7 +31,8 @@ class StepMonitor:
         on_stop: called before a :class:`GuardStop` propagates (the trainer saves ``guard-stop``), or None.
 
     Attributes:
-        losses: the loss of every update read, in order. last: ``(loss, grad_norm)`` of the latest.
+        losses: the loss of every update read, in order. last: ``(loss, grad_norm)`` of the latest;
+        last_stats: its observables (:meth:`cudarl.stats.StepStats.decode`), ``{}`` before any.
         pending: the update launched but not read yet (GPU), or None. snapshot: ``(step, agent state)``.
     """
 
@@ -42,6 +43,7 @@ class StepMonitor:
         self.on_event, self.on_stop = on_event, on_stop or (lambda: None)
         self.losses: list[float] = []
         self.last = (math.nan, math.nan)
+        self.last_stats: dict = {}
         self.pending: int | None = None
         self.step = 0  # the latest update launched (events name it)
         self.snapshot: tuple | None = None
@@ -52,6 +54,7 @@ class StepMonitor:
         update in flight is then never read)."""
         self.step = step
         self.agent.readback.mark_written(self.stream, slot=step % PUBLISH_SLOTS)
+        self.agent.stats.ring.mark_written(self.stream, slot=step % PUBLISH_SLOTS)
         if self.pending is not None and self._check(self.pending):
             self.pending = None
             return True
@@ -77,8 +80,9 @@ class StepMonitor:
         loss, gn = float(v[0]), float(v[1])
         self.losses.append(loss)
         self.last = (loss, gn)
+        self.last_stats = self.agent.stats.read(step)
         try:
-            ev = self.guard.check(step, loss, gn)
+            ev = self.guard.check(step, loss, gn, self.last_stats.get("atom_utilisation"))
         except GuardStop as exc:
             self.on_event({"event": "guard", "step": step, "action": "stop", "message": str(exc)})
             self.on_stop()

@@ -320,10 +320,12 @@ def soft_update(target, online, tau) -> None:
 
 
 def shrink_perturb(theta, lam: float, sigma: float, seed: int, epoch: int, stream_id: int = 0x5B) -> None:
-    """``theta = lam * theta + sigma * z``, ``z ~ N(0, 1)`` from Philox ``(seed, epoch, stream_id)``.
+    """``theta = lam * theta + sigma * z``, ``z ~ N(0, 1)`` from Philox ``(seed, epoch, stream_id)``
+    (Ash & Adams 2020). The trainer calls it every ``optim.shrink_every`` updates on the online network
+    (:meth:`cudarl.agent.Agent.between_updates`, ``epoch`` the count of calls so far).
 
-    Call it at epoch boundaries, between replays (it is launched from the ungraphed module and
-    refuses to run inside a capture). theta: flat float32 ``[n]``, updated in place.
+    Call it between replays (it is launched from the ungraphed module and refuses to run inside a
+    capture), on the graphs' stream. theta: flat float32 ``[n]``, updated in place.
     """
     if not (0 <= lam <= 1 and sigma >= 0):
         raise ValueError(f"shrink_perturb: need lam in [0, 1] and sigma >= 0, got {lam}, {sigma}")

@@ -4,7 +4,9 @@ A policy file is a safetensors file (:mod:`cudarl.tensorfile`: no pickle, memory
 
 * tensors ``online/<layer>`` (float32, one per parameter of the Q-network, e.g.
   ``online/enc.0.w [in, out]``), ``normaliser/mean`` and ``normaliser/std`` (float64 ``[F]``),
-  and for IQN ``iqn/tau_counter`` (int64 ``[1]``, the Philox counter of the acting taus);
+  for IQN ``iqn/tau_counter`` (int64 ``[1]``, the Philox counter of the acting taus), and with
+  ``net.spectral`` ``spectral/<layer>/u`` and ``/v`` (float32, the power iteration's vectors, so the
+  policy's ``W / sigma`` is the trainer's bit for bit);
 * ``__metadata__``: ``format`` (``cudarl-policy``), ``version``, ``config`` (the run's resolved
   configuration, JSON), ``normaliser`` (feature names, clip, fitted rows), ``step``, ``best``
   (the best validation Sharpe so far and its update), ``data`` (a fingerprint of the training
@@ -63,6 +65,7 @@ class PolicyState:
     normaliser: Normaliser
     step: int
     tau_counter: int | None = None
+    spectral: dict | None = None  # net.spectral: {layer: {"u": ..., "v": ...}}
     best: dict | None = None
     data: dict | None = None
     versions: dict | None = None
@@ -85,6 +88,7 @@ class PolicyState:
             normaliser=trainer.data.normaliser,
             step=int(trainer.step),
             tau_counter=_tau(agent),
+            spectral=agent["online"].get("spectral") or None,
             best=best if best is not None else trainer.best,
             data=data_fingerprint(trainer.data.bars),
             versions=versions(),
@@ -109,6 +113,7 @@ class PolicyState:
             step=int(info.get("step", t["step"])),
             weights_kind="moving average" if "average" in state else "last",
             tau_counter=_tau(state["agent"]),
+            spectral=state["agent"]["online"].get("spectral") or None,
             best=None if best_step < 0 else {"step": best_step, "sharpe": float(t["best_sharpe"])},
             data=info.get("data"),
             versions=info.get("versions"),
@@ -122,6 +127,9 @@ class PolicyState:
         tensors["normaliser/std"] = np.asarray(n.std, np.float64)
         if self.tau_counter is not None:
             tensors["iqn/tau_counter"] = np.array([self.tau_counter], np.int64)
+        for layer, vecs in (self.spectral or {}).items():
+            for k in ("u", "v"):
+                tensors[f"spectral/{layer}/{k}"] = np.asarray(vecs[k], np.float32)
         meta = {
             "format": FORMAT,
             "version": str(VERSION),
@@ -156,12 +164,18 @@ class PolicyState:
                 fitted_on=tuple(nm["fitted_on"]),
             )
             tau = tensors.get("iqn/tau_counter")
+            spectral: dict = {}
+            for k, v in tensors.items():
+                if k.startswith("spectral/"):
+                    _, layer, which = k.split("/")
+                    spectral.setdefault(layer, {})[which] = v
             return cls(
                 config=from_dict(json.loads(meta["config"])),
                 weights={k[len("online/") :]: v for k, v in tensors.items() if k.startswith("online/")},
                 normaliser=norm,
                 step=int(meta["step"]),
                 tau_counter=None if tau is None else int(tau[0]),
+                spectral=spectral or None,
                 best=json.loads(meta.get("best", "null")),
                 data=json.loads(meta.get("data", "null")),
                 versions=json.loads(meta.get("versions", "null")),
@@ -286,12 +300,23 @@ class Policy:
             raise CheckpointError(f"{source}: the weights {theirs} do not fit the network of its config {mine}")
         for name, w in state.weights.items():
             self.net.P[name][...] = xp.asarray(np.asarray(w, np.float32))
+        # net.spectral: the trainer's vectors, and W_sn made from them once, as the trainer acts
+        self.net.spectral_in_steps()
+        if set(state.spectral or {}) != set(n.spectral):
+            raise CheckpointError(
+                f"{source}: spectral vectors for {sorted(state.spectral or {})}, config {list(n.spectral)}"
+            )
+        for layer, vecs in (state.spectral or {}).items():
+            for k in ("u", "v"):
+                self.net.linears[layer].sn[k][...] = xp.asarray(np.asarray(vecs[k], np.float32))
+        self.net.spectral_step(iterate=False)
         self._ws = {cfg.env.n_envs: self.net.ws}
         self.counters = None  # IQN: the Philox counter of the acting taus, as the trainer had it
         if state.tau_counter is not None:
             self.counters = DeviceScalars({"tau": np.int64}, xp, initial={"tau": state.tau_counter})
         #: the expected Q the head's rule acts and evaluates with (the same bits as the trainer's)
         self._values = HEAD_RULES[n.head].greedy_values(self.net, cfg, self.counters)
+        self._scale = self.plan_scale_into if n.plan else None
 
     def __repr__(self) -> str:
         n = self.config.net
@@ -311,6 +336,12 @@ class Policy:
     def q_values_into(self, obs, out) -> None:
         """Expected Q of ``obs`` (float32 ``[n, obs_dim]`` of this backend) into ``out`` ``[n, A]``."""
         self._values(out, obs, self._workspace(obs.shape[0]))
+
+    def plan_scale_into(self, obs, out) -> None:
+        """The plan head's gate (``out [n]``, ``net.plan``) of the forward :meth:`q_values_into` just ran on ``obs``."""
+        from .plan import gate
+
+        gate(self.net, self._workspace(obs.shape[0]), obs.shape[0], out)
 
     def _q_rows(self):
         """:func:`row_exact_q` of this policy's network (None on the GPU)."""
@@ -364,7 +395,15 @@ class Policy:
 
         def val_psr():
             ev = evaluate_split(
-                prepared, "val", cfg.env, self.q_values_into, self.be.name, margin=e.margin, eval_cfg=e, q_rows=q_rows
+                prepared,
+                "val",
+                cfg.env,
+                self.q_values_into,
+                self.be.name,
+                margin=e.margin,
+                eval_cfg=e,
+                q_rows=q_rows,
+                scale=self._scale,
             )
             return ev.summary["statistics"]["psr"]
 
@@ -379,6 +418,7 @@ class Policy:
             eval_cfg=e,
             trading=dep["trading"],
             q_rows=q_rows,
+            scale=self._scale,
         )
         ev.summary["step"] = self.step
         ev.summary["deployment"] = {**dep, "margin": e.margin, "weights": self.state.weights_kind}
@@ -456,39 +496,55 @@ def eval_env(prepared, split, env_cfg, backend: str):
 def greedy_actions(
     env, q_values, stream=None, walk_on_host: bool = True, margin: float = 0.0, q_rows=None
 ) -> np.ndarray:
-    """int64 ``[episode_len]``: the greedy actions of one episode of ``env`` (reset first).
+    """int64 ``[episode_len]``: the greedy actions of one episode of ``env`` (:func:`greedy_walk`'s,
+    without a plan head)."""
+    return greedy_walk(env, q_values, stream, walk_on_host, margin, q_rows)[0]
+
+
+def greedy_walk(
+    env, q_values, stream=None, walk_on_host: bool = True, margin: float = 0.0, q_rows=None, scale=None
+) -> tuple:
+    """``(actions int64, scales float32)``, each ``[episode_len]``: one greedy episode of ``env`` (reset first).
 
     ``q_values(obs, out)`` writes Q ``[1, A]``; the action is the first maximum (the env's act with
     epsilon 0) of Q with ``margin`` added to the held position's action (``eval.margin``: the position
     is left only for an action whose value exceeds the held one's by more than the margin; on the
     device the held action is found from the env's position, so nothing synchronises).
+    ``scale(obs, out)``, the plan head's gate (``net.plan``), is called right after ``q_values`` on the
+    same ``obs`` and writes the position scale ``[1]`` (it reads that forward); the position taken is
+    ``levels[a] * scale``; without it every scale is 1.
     On the GPU the env's kernels step it and the actions stay on the device until the
     end (no synchronisation per bar). On the NumPy backend, for an evaluation env (one env, one
     episode from its first bar), the walk is done on the host with the env's observation rule
     (docs/env.md) instead of its act and step, which draw Philox numbers a greedy walk never uses
     (``walk_on_host=False`` takes the env's path; a test holds the two equal); ``q_rows`` (see
-    :func:`_walk_on_host`) lets it evaluate many bars at once.
+    :func:`_walk_on_host`) lets it evaluate many bars at once (not with a plan head).
     """
     xp = env.xp
     one_episode = env.n_envs == 1 and env.params.n_starts == 1 and not env.params.stagger
     if walk_on_host and not env.is_gpu and one_episode:
-        return _walk_on_host(env, q_values, margin, q_rows)
+        return _walk_on_host(env, q_values, margin, None if scale is not None else q_rows, scale)
     with stream if stream is not None else nullcontext():
         env.reset()
         q = xp.zeros((1, env.n_actions), np.float32)
         eps = xp.zeros(1, np.float32)
-        acts = xp.zeros(env.config.episode_len, np.int32)
+        n = env.config.episode_len
+        acts, scales = xp.zeros(n, np.int32), xp.ones(n, np.float32)
         row = xp.zeros(1, np.int64)
-        for k in range(env.config.episode_len):
+        env.scale[...] = 1
+        for k in range(n):
             q_values(env.obs, q)
+            if scale is not None:
+                scale(env.obs, env.scale)
+                scales[k : k + 1] = env.scale
             if margin:
                 held = xp.argmin(xp.abs(env.data.levels - env.state.position[:1]))  # the held level's action
                 q[row, held] += np.float32(margin)
             env.act(q, eps)
             env.step()
             acts[k : k + 1] = env.actions
-        out = _backend.to_numpy(acts)
-    return out.astype(np.int64)
+        out, out_scales = _backend.to_numpy(acts), _backend.to_numpy(scales)
+    return out.astype(np.int64), out_scales
 
 
 #: (Fewest, most) bars the host walk evaluates at once with ``q_rows``; each block after the first
@@ -496,11 +552,12 @@ def greedy_actions(
 WALK_BLOCK = (4, 1024)
 
 
-def _walk_on_host(env, q_values, margin: float = 0.0, q_rows=None) -> np.ndarray:
+def _walk_on_host(env, q_values, margin: float = 0.0, q_rows=None, scale=None) -> tuple:
     """The env's greedy episode from bar ``t_begin`` on the host: the state row ``[t, 0, p_{t-1},
     min(hold, cap) / cap]`` and its window (``env.windows``), action the first maximum of Q (a strict
     ``>`` scan, as ``env.act``; ``margin`` added to the held position's action first),
-    ``p = levels[a]``, ``hold + 1`` if ``p`` did not change, else 1.
+    ``p = levels[a] * scale`` (float32, as the env; ``scale`` the plan head's gate, else 1),
+    ``hold + 1`` if ``p`` did not change, else 1. Returns ``(actions, scales)``.
 
     ``q_values(obs [1, obs_dim], out [1, A])`` gives the Q of one bar, and the walk takes one bar at
     a time. ``q_rows(obs [k, obs_dim]) -> Q [k, A]`` must give each row bit for bit as ``q_values``
@@ -513,11 +570,14 @@ def _walk_on_host(env, q_values, margin: float = 0.0, q_rows=None) -> np.ndarray
 
     levels = np.asarray(env.data.levels, np.float32)
     n, cap = env.config.episode_len, env.params.hold_cap
+    sc = np.ones(1, np.float32)
     if q_rows is None:
         q1 = np.zeros((1, env.n_actions), np.float32)
 
         def q_rows(obs):
             q_values(obs, q1)
+            if scale is not None:  # the gate of this same forward
+                scale(obs, sc)
             return q1
 
         block, most = 1, 1
@@ -525,7 +585,7 @@ def _walk_on_host(env, q_values, margin: float = 0.0, q_rows=None) -> np.ndarray
         block, most = WALK_BLOCK
     rows = np.zeros((min(n, most), env.windows.state_dim), np.float32)
     obs = np.zeros((min(n, most), env.obs_dim), np.float32)
-    acts = np.empty(n, np.int64)
+    acts, scales = np.empty(n, np.int64), np.ones(n, np.float32)
     prev, hold, k, t0 = np.float32(0), 0, 0, env.params.t_begin
     while k < n:
         m = min(block, n - k)
@@ -536,14 +596,15 @@ def _walk_on_host(env, q_values, margin: float = 0.0, q_rows=None) -> np.ndarray
         if margin:  # the held level's action, the same for every bar of a block
             q[:, int(np.argmin(np.abs(env.data.levels - prev)))] += np.float32(margin)
         a = first_max(q)
-        p = levels[a]
+        p = levels[a] * sc[0] if scale is not None else levels[a]  # a plan head: one bar a block
         moved = np.flatnonzero(p != prev)
         kept = int(moved[0]) + 1 if moved.size else m
         acts[k : k + kept] = a[:kept]
+        scales[k : k + kept] = sc[0]
         prev, hold = (p[kept - 1], 1) if moved.size else (prev, hold + kept)
         k += kept
         block = min(most, max(WALK_BLOCK[0], 2 * kept))
-    return acts
+    return acts, scales
 
 
 def first_max(q: np.ndarray) -> np.ndarray:
@@ -574,19 +635,20 @@ def evaluate_split(
     eval_cfg=None,
     trading: bool = True,
     q_rows=None,
+    scale=None,
 ):
     """Greedy positions over ``split_name`` of ``prepared`` (with the no-trade ``margin``; all flat when
-    not ``trading``) evaluated with the env's fill and costs and the statistics of ``eval_cfg``
-    (:class:`cudarl.config.EvalConfig`: trials, level, resamples; default its defaults). ``q_values``,
-    ``q_rows``: :func:`greedy_actions`."""
+    not ``trading``; sized by the plan head's gate ``scale``) evaluated with the env's fill and costs and
+    the statistics of ``eval_cfg`` (:class:`cudarl.config.EvalConfig`: trials, level, resamples; default
+    its defaults). ``q_values``, ``q_rows``, ``scale``: :func:`greedy_walk`."""
     from .config import EvalConfig
     from .evaluate import evaluate_positions
 
     e = eval_cfg if eval_cfg is not None else EvalConfig()
     split = getattr(prepared.splits, split_name)
     env = env if env is not None else eval_env(prepared, split, env_cfg, backend)
-    actions = greedy_actions(env, q_values, stream, margin=margin, q_rows=q_rows)
-    pos = env_cfg.position_levels().astype(np.float64)[actions]
+    actions, scales = greedy_walk(env, q_values, stream, margin=margin, q_rows=q_rows, scale=scale)
+    pos = (env_cfg.position_levels()[actions] * scales).astype(np.float64)  # float32 levels * scale, as the env
     if not trading:
         pos = np.zeros_like(pos)
     return evaluate_positions(

@@ -11,11 +11,15 @@ this object owns the buffers and dispatches. Where it sits in a train step's tar
           barrier, or two with run.grid_barrier = false; cudarl.losses.c51_targets takes ``state`` too)
     IQN:  r~ = update_normalize_rewards(r_t, r_t, discount_t)   (one launch); quantile targets on r~
 
-``rescale(W, b)`` keeps a value-producing last layer's denormalised output across an update.
+``rescale(W, b)`` keeps a value-producing last layer's denormalised output across an update: the
+quantile heads rescale their ``head.out`` (online and target) with every statistics update.
 
-The categorical (C51) head outputs logits over fixed atoms, not values, so there is no affine
-last layer to rescale: for C51 PopArt normalises the targets (``normalize_rewards``) and the
-statistics move slowly (small ``beta``), which is what fits returns to the atom support.
+The categorical (C51) head outputs logits over fixed atoms, not values, so there is no affine last
+layer to rescale, and no change of logits moves a distribution's atoms by an affine map. For C51 the
+statistics therefore move only during a warm-up (``agent.popart_warmup`` updates) and are then
+frozen (:meth:`PopArt.freeze`: ``beta = 0``, which leaves every statistic's bits as they are): from
+then on atom ``z_k`` always means the return ``s z_k + mu``, so the learned distribution's meaning
+cannot drift (docs/guide.md).
 """
 
 from __future__ import annotations
@@ -68,9 +72,19 @@ class PopArt:
         z = np.asarray(_backend.to_numpy(support), np.float64)
         return cls(scale=float(z[-1] - z[0]) / 2 / n_sigma, **kw)
 
-    def set_beta(self, beta: float) -> None:
-        """Move the step size between replays (not inside a capture)."""
-        self.scalars.set("beta", beta)
+    def set_beta(self, beta: float, stream=None) -> None:
+        """Move the step size between replays (not inside a capture), ordered on ``stream``."""
+        self.scalars.set("beta", beta, stream=stream)
+
+    def freeze(self, stream=None) -> None:
+        """Stop the statistics: ``beta = 0`` from the next update on (an update with ``beta = 0`` keeps
+        every statistic's bits, and the rescale is then the identity)."""
+        self.set_beta(0.0, stream)
+
+    @property
+    def frozen(self) -> bool:
+        """Whether :meth:`freeze` holds (a device read: between replays, not inside a capture)."""
+        return float(self.scalars.get("beta")) == 0.0
 
     # -- ops ----------------------------------------------------------------------------------
     def update(self, y) -> None:
@@ -96,7 +110,8 @@ class PopArt:
         return out
 
     def rescale(self, W, b) -> None:
-        """Rescale a last layer ``W [out, in]``, ``b [out]`` in place to undo the last update."""
+        """Rescale a last layer ``W [n_in, n_out]``, ``b [n_out]`` (:class:`cudarl.nn.Linear`'s layout) in
+        place so its denormalised output is what it was before the last update."""
         if self.gpu:
             self.ops.rescale(W, b, self.state)
         else:

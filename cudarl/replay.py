@@ -36,7 +36,7 @@ STATUS_NAMES = _ref.STATUS_NAMES
 
 
 class Batch(NamedTuple):
-    """Gathered rows. ``obs``/``next_obs`` float32 ``[B, W]`` (``W`` = row width, zero padded),
+    """Gathered rows. ``obs``/``next_obs`` float32 ``[B, D]``,
     ``action`` int32 ``[B]``, ``ret`` float32 ``[B]`` (n-step return), ``discount`` float32
     ``[B]`` (bootstrap discount, 0 when the episode ended inside the window)."""
 
@@ -59,7 +59,6 @@ class PrioritizedReplay:
         beta0, beta_final: importance-weight exponent at step 0 and after ``beta_steps`` samples.
             (These defaults are :class:`cudarl.config.ReplayConfig`'s.)
         initial_priority: priority of the first rows before any update (> 0).
-        pad_rows: gather rows padded to a multiple of 32 floats (128 bytes).
         store_next_obs: each row carries its own next observation (``add(..., next_obs=...)``),
             stored in a second ring and returned by ``gather``; a row is ready as soon as it is
             written. For rows whose next state is not the next row of their column (the env's
@@ -81,7 +80,6 @@ class PrioritizedReplay:
         beta_final: float = _REPLAY.beta_final,
         beta_steps: int = _REPLAY.beta_steps,
         initial_priority: float = 1.0,
-        pad_rows: bool = False,
         store_next_obs: bool = False,
         seed: int = 0,
         stream_id: int = 0x5E9,
@@ -109,11 +107,9 @@ class PrioritizedReplay:
             raise ValueError(f"store_next_obs: requires n_step == 1, got n_step={n_step}")
         if capacity <= n_step * n_envs or capacity >= 1 << 23:
             raise ValueError(f"capacity: must be > n_step * n_envs = {n_step * n_envs} and < 2**23, got {capacity}")
-        pad = bool(pad_rows)
         self.spec = _ref.ReplaySpec(
             capacity=capacity,
             obs_dim=obs_dim,
-            row_width=(-(-obs_dim // 32) * 32) if pad else obs_dim,
             n_step=n_step,
             n_envs=n_envs,
             alpha=real("alpha", alpha, 0.0, 8.0),
@@ -160,11 +156,6 @@ class PrioritizedReplay:
     @property
     def capacity(self) -> int:
         return self.spec.capacity
-
-    @property
-    def row_width(self) -> int:
-        """Width of gathered rows: ``obs_dim``, or rounded up to 32 floats with ``pad_rows``."""
-        return self.spec.row_width
 
     def added(self) -> int:
         """Rows ever added (a device read: synchronises; not inside a capture)."""
@@ -290,7 +281,7 @@ class PrioritizedReplay:
         if B not in self._batches:
             if self._capturing():
                 raise ValueError(f"batch_size: buffers for {B} do not exist yet; call reserve({B}) before the capture")
-            xp, W = self.xp, self.row_width
+            xp, W = self.xp, self.spec.obs_dim
             self._batches[B] = (
                 xp.zeros(B, np.int32),
                 xp.zeros(B, np.float32),
@@ -360,7 +351,7 @@ class PrioritizedReplay:
         return out
 
     def _check_out(self, out: Batch, B: int) -> None:
-        W = self.row_width
+        W = self.spec.obs_dim
         for name, a, shape, dt in (
             ("out.obs", out.obs, (B, W), np.float32),
             ("out.next_obs", out.next_obs, (B, W), np.float32),

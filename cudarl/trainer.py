@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import __version__, interrupt, metrics_log, rundir
+from . import __version__, experience, interrupt, metrics_log, rundir
 from . import backend as _backend
 from . import checkpoint as ckpt
 from .agent import Agent
@@ -40,7 +40,7 @@ from .evaluate import json_safe, write_outputs
 from .features import Normaliser, compute, return_sign
 from .graph import StepGraph, capture_all
 from .monitor import StepMonitor
-from .policy import PolicyState, deployment, eval_env, evaluate_split, greedy_actions, is_policy_file
+from .policy import PolicyState, deployment, eval_env, evaluate_split, greedy_walk, is_policy_file
 from .replay import PrioritizedReplay
 from .splits import chronological
 from .timing import Stopwatch
@@ -150,13 +150,21 @@ class Trainer:
         rows = self.env.rows_per_step * self.env.n_envs
         self.transitions = self.env.make_transitions()
         self.discount = xp.zeros(rows, np.float32)
+        # offline (run.offline): the replay's columns are the recording's rows of a step, filled from it
+        self.experience = None
+        if cfg.run.offline:
+            self.experience = experience.read(cfg.run.offline)
+            experience.check_fits(
+                self.experience, cfg.run.offline, self.data, cfg.env.position_levels(), cfg.replay.n_step
+            )
+        columns = rows if self.experience is None else self.experience.rows_per_step
         # replay: every row group of a step is one interleaved "env" column of the ring; its rows are
         # state rows (bar indices and position features), whatever the window
         self.replay = PrioritizedReplay(
             cfg.replay.capacity,
             self.env.windows.state_dim,
             n_step=cfg.replay.n_step,
-            n_envs=rows,
+            n_envs=columns,
             alpha=cfg.replay.alpha,
             eps=cfg.replay.eps,
             beta0=cfg.replay.beta0,
@@ -164,11 +172,14 @@ class Trainer:
             beta_steps=cfg.replay.beta_steps,
             seed=cfg.run.seed,
             backend=self.be.name,
-            store_next_obs=cfg.env.counterfactual,
+            store_next_obs=cfg.env.counterfactual
+            if self.experience is None
+            else self.experience.next_state is not None,
         )
+        if self.experience is not None:
+            n = experience.load_into(self.experience, self.replay, cfg.agent.gamma)
+            echo(f"offline: {n:,} recorded transitions from {cfg.run.offline} ({self.experience.steps} steps)")
         self.agent = Agent(cfg, self.env.obs_dim, self.env.n_actions, self.env.n_envs, xp)
-        if self.replay.row_width != self.env.windows.state_dim:
-            raise ValueError("padded replay rows are not supported by the trainer (the window gather reads state rows)")
         self.batch = self.agent.batch
         self.replay.reserve(cfg.agent.batch_size)
         stream = None
@@ -262,6 +273,8 @@ class Trainer:
 
     # --- the loop ----------------------------------------------------------------------------------
     def _ready_rows(self) -> int:
+        if self.experience is not None:
+            return self.replay.ready()  # offline: what the recording filled (a device read, before training)
         lag = 0 if self.cfg.env.counterfactual else self.cfg.replay.n_step * self.rows_per_collect
         return max(0, min(self.collect_steps * self.rows_per_collect, self.cfg.replay.capacity) - lag)
 
@@ -277,6 +290,11 @@ class Trainer:
         sw = Stopwatch(self.timings)
         self._capture()
         sw.lap("capture")
+        if self.experience is not None and self._ready_rows() < need:
+            raise experience.ExperienceError(
+                f"{self.cfg.run.offline}: {self._ready_rows()} recorded transitions are ready to sample; "
+                f"training needs max(agent.learning_starts, agent.batch_size) = {need}"
+            )
         while self._ready_rows() < need and not stop:
             self.collect_graph.replay()
             self.collect_steps += 1
@@ -284,18 +302,24 @@ class Trainer:
 
     def advance(self, collect_steps: int) -> None:
         """Launch ``collect_steps`` collection steps, each followed by ``agent.updates_per_collect``
-        learner updates, back to back on the stream (call :meth:`prime` first).
+        learner updates, back to back on the stream (call :meth:`prime` first): :meth:`run`'s own
+        update (:meth:`_update`) without the readback, guard, logging, evaluation or checkpoint (the
+        epoch benchmark). Returns without synchronising."""
+        for _ in range(int(collect_steps) * self.cfg.agent.updates_per_collect):
+            self._update()
 
-        Only graph replays: no loss readback, guard, logging, evaluation or checkpoint (for
-        benchmarks; :meth:`run` is the training loop). Returns without synchronising.
-        """
-        k = self.cfg.agent.updates_per_collect
-        for _ in range(int(collect_steps)):
+    def _update(self) -> None:
+        """One learner update as the run loop makes it: a collection step first every
+        ``agent.updates_per_collect`` updates, the train graph, then the agent's host-driven work
+        between updates (:meth:`cudarl.agent.Agent.between_updates`)."""
+        # collect (never offline: the replay holds the recording)
+        if self.experience is None and self.step % self.cfg.agent.updates_per_collect == 0:
             self.collect_graph.replay()
             self.collect_steps += 1
-            for _ in range(k):
-                self.train_graph.replay()
-                self.step += 1
+        # learn
+        self.train_graph.replay()
+        self.step += 1
+        self.agent.between_updates(self.step, self.stream)
 
     def run(self, steps: int | None = None, progress=None) -> dict:
         """Train until ``steps`` learner updates in total (default ``run.steps``); returns the last evaluation.
@@ -312,13 +336,8 @@ class Trainer:
         while self.step < target:
             if stop:
                 self._interrupted(stop)
-            # collect
-            if self.step % cfg.agent.updates_per_collect == 0:
-                self.collect_graph.replay()
-                self.collect_steps += 1
-            # learn
-            self.train_graph.replay()
-            self.step += 1
+            # collect and learn
+            self._update()
             # guard: read the update before this one (GPU) or this one (CPU); a rollback skips the rest
             if self.monitor.launched(self.step):
                 continue
@@ -355,6 +374,9 @@ class Trainer:
         result = self.last_evaluation.summary if evaluated else self.evaluate("val")
         if not evaluated:
             self._save_evaluated()
+        if self.cfg.run.record:
+            path = experience.record(self, self.cfg.run.record)
+            self.echo(f"recorded the replay's transitions to {path} (cudarl-train train --offline {path})")
         if progress is not None and self._last_row is not None:
             progress(self.step, self._last_row, self.last_eval)  # show the final validation Sharpe
         best = (
@@ -390,15 +412,18 @@ class Trainer:
         if self.average is None or not averaged:
             yield
             return
-        params = self.agent.online.params
+        online = self.agent.online
+        params = online.params
         with self.stream if self.stream is not None else nullcontext():  # ordered with the graphs' work
             own = params.copy()
             params[...] = self.average
+            online.spectral_step(iterate=False)  # net.spectral: W_sn of the weights that act
         try:
             yield
         finally:
             with self.stream if self.stream is not None else nullcontext():
                 params[...] = own
+                online.spectral_step(iterate=False)
             self.synchronize()
 
     def _save_evaluated(self) -> None:
@@ -432,6 +457,7 @@ class Trainer:
             "grad_norm": gn,
             "updates_per_s": sps,
             "env_steps": self.collect_steps * self.env.n_envs,
+            **self.monitor.last_stats,  # the step's observables: Q statistics, plan head, regularisers
             **self.agent.observables(),  # the auxiliary signals' (agent.aux)
         }
         self._log_row(row)
@@ -451,8 +477,13 @@ class Trainer:
             self._eval_envs[key] = eval_env(self.data, split, self.cfg.env, self.be.name)
         return self._eval_envs[key]
 
+    def _plan_scale(self):
+        """The plan head's gate for the greedy walk (net.plan), or None."""
+        return self.agent.plan_scale if self.cfg.net.plan else None
+
     def greedy_positions(self, split, margin: float | None = None, averaged: bool = True) -> np.ndarray:
-        """The online network's greedy positions at the decision bars of ``split`` (float64 ``[len - 2]``).
+        """The online network's greedy positions at the decision bars of ``split`` (float64 ``[len - 2]``;
+        with net.plan sized by the plan head's gate).
 
         ``margin`` (default ``eval.margin``): the held position is kept unless another action's expected
         value exceeds its own by more than this (:func:`cudarl.policy.greedy_actions`). ``averaged``:
@@ -460,9 +491,9 @@ class Trainer:
         env = self._eval_env(split)
         margin = self.cfg.eval.margin if margin is None else float(margin)
         self.synchronize()
-        levels = self.cfg.env.position_levels().astype(np.float64)
         with self._weights(averaged):
-            return levels[greedy_actions(env, self.agent.q_values, self.stream, margin=margin)]
+            acts, scales = greedy_walk(env, self.agent.q_values, self.stream, margin=margin, scale=self._plan_scale())
+        return (self.cfg.env.position_levels()[acts] * scales).astype(np.float64)
 
     def validation_psr(self) -> float:
         """The probabilistic Sharpe ratio (against 0) of the validation split at the current weights."""
@@ -493,6 +524,7 @@ class Trainer:
                 margin=margin,
                 eval_cfg=self.cfg.eval,
                 trading=dep["trading"],
+                scale=self._plan_scale(),
             )
         ev.summary["step"] = self.step
         ev.summary["deployment"] = {

@@ -56,7 +56,7 @@ def cudarl_arms(args, rows, extra):
 
     C, D, B = args.capacity, args.dim, args.batch
     rng = np.random.default_rng(0)
-    r = PrioritizedReplay(C, D, n_step=3, pad_rows=True, alpha=ALPHA, beta0=BETA, seed=1, backend="cupy")
+    r = PrioritizedReplay(C, D, n_step=3, alpha=ALPHA, beta0=BETA, seed=1, backend="cupy")
     chunk = 1 << 16
     for start in range(0, C, chunk):
         n = min(chunk, C - start)
@@ -231,7 +231,7 @@ def numpy_arm(args, rows):
 
     C, D, B = args.capacity, args.dim, args.batch
     rng = np.random.default_rng(0)
-    r = PrioritizedReplay(C, D, n_step=3, pad_rows=True, alpha=ALPHA, beta0=BETA, backend="numpy")
+    r = PrioritizedReplay(C, D, n_step=3, alpha=ALPHA, beta0=BETA, backend="numpy")
     chunk = 1 << 16
     for start in range(0, C, chunk):
         r.add(*fill_rows(rng, min(chunk, C - start), D))

@@ -78,6 +78,9 @@ GPU_BUDGET = {"run": {"steps": 10_000, "eval_every": 1_000}}
 #: evaluated with, on the same final weights.
 VIEW_MARGINS = (0.0, 0.05, 0.1, 0.2)
 VIEW_GATE = 0.95
+#: The canary's bar, every head and seed (tests/unit/test_learning.py's, measured there with and
+#: without PopArt): a run below it is a named failure of the check.
+CANARY_BAR = 10.0
 
 
 def merge(*dicts) -> dict:
@@ -430,7 +433,16 @@ def main() -> int:
     if args.results_md:
         args.results_md.write_text(learning_report.results_markdown(meta, rows, failed, args.screen))
         print(f"wrote {args.results_md}")
-    return 1 if failed else 0
+    return 1 if failed or not canary_passes(rows) else 0
+
+
+def canary_passes(rows: list[dict]) -> bool:
+    """Every canary run (each head, each seed) clears :data:`CANARY_BAR`; prints the runs that do not
+    (the named failure of a learning regression: PopArt removed, a sign flipped)."""
+    bad = [r for r in rows if r["task"] == "canary" and not r["test_sharpe"] > CANARY_BAR]
+    for r in bad:
+        print(f"FAILED canary[{r['head']}] seed {r['seed']}: test Sharpe {r['test_sharpe']:.2f} <= {CANARY_BAR:g}")
+    return not bad
 
 
 if __name__ == "__main__":

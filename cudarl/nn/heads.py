@@ -64,11 +64,13 @@ class C51Head(Head):
     def forward(self, psi, ws: Workspace, raw: bool = False):
         """Logits ``[B, A, atoms]``; with ``raw`` the head's output before the dueling combine,
         ``va [B, (1 + A) atoms]`` (for a loss that combines it itself: losses.c51_targets_loss)."""
-        B = psi.shape[0]
         va = self.va.forward(psi, ws)
-        if raw:
-            return va
-        logits = ws.rows(f"{self.name}.logits", B)
+        return va if raw else self.logits_of(va, ws)
+
+    def logits_of(self, va, ws: Workspace):
+        """The dueling combine of a raw output ``va [B, (1 + A) atoms]`` into the workspace's logits
+        ``[B, A, atoms]`` (returned)."""
+        logits = ws.rows(f"{self.name}.logits", va.shape[0])
         self.ops.dueling_forward(va, logits)
         return logits
 
@@ -199,12 +201,18 @@ class QRHead(Head):
 
 
 class PlanHead(Module):
-    """Conviction and readiness, both sigmoid outputs in [0, 1]: ``plan [B, 2]``.
+    """Conviction and readiness, both sigmoid outputs in [0, 1]: ``plan [B, 2]`` (``net.plan``; its
+    loss is :func:`cudarl.reference.nn.plan_loss`, wired by :mod:`cudarl.plan`).
 
     ``scale(ws)`` is the readiness gate: conviction where readiness >= 0.5, else exactly 1.
     At initialisation the weights are Xavier times ``gain=0.01`` and the readiness bias is
     ``-4`` (readiness ~ 0.018), so the gate starts closed and conviction cannot shrink rewards
     before the head has learned (the seed's bug: every reward times ~0.1 at init).
+
+    The head reads ``psi`` but does not train the encoder (its backward leaves ``dpsi`` alone): with
+    its gradient in the encoder the network learned which training states happened to have positive
+    returns, and on a random walk the gate opened for 30-45% of the batch (CPU, 600 updates); as a
+    probe of the Q-network's representation it stayed shut there and opened on the leakage canary.
     """
 
     THRESHOLD = 0.5
@@ -243,12 +251,14 @@ class PlanHead(Module):
     def forward(self, psi, ws: Workspace):
         return self.lin.forward(psi, ws)
 
-    def scale(self, ws: Workspace, B: int | None = None):
-        """Gate into ``ws[<name>.scale]`` ``[B]``; returns it."""
+    def scale(self, ws: Workspace, B: int | None = None, out=None):
+        """The gate of the last forward over ``ws``: float32 ``[B]`` into ``out`` (default
+        ``ws[<name>.scale]``, e.g. a :class:`cudarl.TradingEnv`'s ``scale``); returns it."""
         B = ws.batch if B is None else B
-        out = ws.rows(f"{self.name}.scale", B)
+        out = ws.rows(f"{self.name}.scale", B) if out is None else out
         self.ops.plan_gate(ws.rows(f"{self.lin.name}.out", B), out, self.THRESHOLD)
         return out
 
     def backward(self, psi, ws: Workspace, dpsi=None, accumulate: bool = True) -> None:
-        self.lin.backward(psi, ws, dpsi, accumulate)
+        """Its own parameters' gradients; ``dpsi`` is not touched (see the class docstring)."""
+        self.lin.backward(psi, ws, None)

@@ -56,9 +56,11 @@ class Linear(Module):
 
     With ``spectral=True`` the layer uses ``W_sn = W / sigma``, ``sigma = u^T W v`` estimated by
     one power iteration per forward (Miyato et al. 2018; ``sn_update=False`` freezes u and v,
-    e.g. for a target network or a gradient check). The backward holds u and v constant:
-    ``dW = (dW_sn - <dW_sn, W_sn> u v^T) / sigma``. Its state (u, v, sigma and scratch) is
-    allocated by :meth:`alloc_state`; ``u`` is part of the network's state dict.
+    e.g. for a gradient check), or, with ``sn_in_forward=False`` (the trainer's networks, whose
+    forwards run side by side), only in :meth:`spectral_step`, which the train step runs once per
+    update after the optimiser; the forward then reads ``W_sn`` as that step left it. The backward
+    holds u and v constant: ``dW = (dW_sn - <dW_sn, W_sn> u v^T) / sigma``. Its state (u, v, sigma
+    and scratch) is allocated by :meth:`alloc_state`; ``u`` and ``v`` are part of the network's state dict.
 
     ``gemm="cublaslt"`` makes the forward one cuBLASLt GEMM with the bias (and ReLU) in its epilogue
     when ``act`` is identity or relu, on the GPU, for an input aligned to 16 bytes; otherwise the
@@ -90,7 +92,7 @@ class Linear(Module):
         self.init = init or ("he" if act == "relu" else "xavier")
         self.gain, self.bias_init, self.tf32 = gain, bias_init, tf32
         self.rows = int(rows)  # input rows per sample: IQN's layers see [B * N, n_in]
-        self.spectral, self.sn, self.sn_update = bool(spectral), None, True
+        self.spectral, self.sn, self.sn_update, self.sn_in_forward = bool(spectral), None, True, True
         self.side = None  # a cudarl.graph.SideStream for the weight gradients (QNetwork.set_side_stream)
         self.gemm = gemm
         #: The cuBLASLt activation name when the forward can be one fused GEMM, else None.
@@ -121,8 +123,14 @@ class Linear(Module):
             "partial": xp.zeros(GN_BLOCKS, dtype=np.float64),
         }
         self.optim_ops = family("optim", xp)  # the spectral-norm ops live in the optim family
-        sn = self.sn  # one iteration now, so v is meaningful even if the first forward is frozen
-        self.optim_ops.spectral_power_iter(self.P[f"{self.name}.weight"], sn["u"], sn["v"], sn["wv"], sn["sigma"], 1)
+        self.spectral_step(iterate=True)  # v meaningful even if the first forward is frozen; W_sn made
+
+    def spectral_step(self, iterate: bool = True) -> None:
+        """One power iteration (``iterate``; else u and v kept) and ``W_sn = W / sigma`` into the layer's
+        state: what a forward with ``sn_in_forward`` does first."""
+        W, sn = self.P[f"{self.name}.weight"], self.sn
+        self.optim_ops.spectral_power_iter(W, sn["u"], sn["v"], sn["wv"], sn["sigma"], 1 if iterate else 0)
+        self.optim_ops.spectral_scale(W, sn["sigma"], sn["w"])
 
     @property
     def grad_name(self) -> str:
@@ -168,10 +176,8 @@ class Linear(Module):
 
     def forward(self, x, ws: Workspace):
         y = ws.rows(f"{self.name}.out", x.shape[0] // self.rows)
-        if self.spectral:
-            W, sn = self.P[f"{self.name}.weight"], self.sn
-            self.optim_ops.spectral_power_iter(W, sn["u"], sn["v"], sn["wv"], sn["sigma"], 1 if self.sn_update else 0)
-            self.optim_ops.spectral_scale(W, sn["sigma"], sn["w"])
+        if self.spectral and self.sn_in_forward:
+            self.spectral_step(self.sn_update)
         bias = self.P[f"{self.name}.bias"]
         if self.panel and not isinstance(y, np.ndarray):
             panel = family("gemm", self.xp)

@@ -34,14 +34,14 @@ class QNetwork:
     Args:
         n_in: input features (the flattened window, ``window * features``).
         n_actions: actions.
-        net: the :class:`cudarl.config.NetConfig` (``encoder``, ``head`` and their sizes, ``tf32``,
-            ``gemm``); keyword ``fields`` override it (``QNetwork(8, 3, hidden=(6,), head="iqn")``), so
-            every default is the configuration's.
-        plan: add the plan head (conviction, readiness ``[B, 2]``) as the extra head ``"plan"``.
+        net: the :class:`cudarl.config.NetConfig` (``encoder``, ``head`` and their sizes, ``plan``,
+            ``tf32``, ``gemm``); keyword ``fields`` override it (``QNetwork(8, 3, hidden=(6,), head="iqn")``),
+            so every default is the configuration's. ``net.plan`` adds the plan head (conviction,
+            readiness ``[B, 2]``) as the extra head ``"plan"``.
         extra_heads: ``{name: make(d) -> module or None}``, more heads on ``psi [B, d]`` (an auxiliary
             signal's, :class:`cudarl.auxiliary.AuxSignal`): their outputs are ``forward()[name]``, their
             gradients ``grad_outputs()[name]``, and :meth:`backward` adds their dL/dpsi to the head's.
-        spectral: names of linear layers to spectrally normalise (e.g. ``("enc.1",)``).
+        ``net.spectral`` names linear layers to spectrally normalise (e.g. ``("enc.1",)``).
         xp, dtype: backend and float type (float64 only on NumPy, for gradient checks).
         max_batch: rows of the default workspace :attr:`ws`.
         seed: Philox seed of the initialisation.
@@ -59,9 +59,7 @@ class QNetwork:
         n_actions: int,
         net: NetConfig | None = None,
         *,
-        plan: bool = False,
         extra_heads: dict | None = None,
-        spectral=(),
         xp=np,
         dtype=np.float32,
         max_batch: int = 512,
@@ -78,7 +76,7 @@ class QNetwork:
         self.head = head_module(net, d, self.n_actions)
         #: heads on psi besides the distributional one, by name (``forward()[name]``)
         self.extras = {name: m for name, make in (extra_heads or {}).items() if (m := make(d)) is not None}
-        if plan:
+        if net.plan:
             self.extras["plan"] = PlanHead("plan", d, tf32=net.tf32, gemm=net.gemm)
         self.plan = self.extras.get("plan")
         self.modules = [self.encoder, self.head, *self.extras.values()]
@@ -92,10 +90,12 @@ class QNetwork:
         for m in self.modules:
             m.bind(self.P, self.G, xp)
         self.linears = {lin.name: lin for lin in _walk(self.modules) if isinstance(lin, Linear)}
-        unknown = set(spectral) - set(self.linears)
+        unknown = set(net.spectral) - set(self.linears)
         if unknown:
-            raise ValueError(f"spectral: no linear layer named {sorted(unknown)} (have {sorted(self.linears)})")
-        for k, name in enumerate(sorted(spectral)):
+            raise ValueError(
+                f"net.spectral: no linear layer named {sorted(unknown)} (the layers: {sorted(self.linears)})"
+            )
+        for k, name in enumerate(sorted(net.spectral)):
             self.linears[name].spectral = True
             self.linears[name].alloc_state(xp, self.dtype, seed, 1000 + k)
         self.ws = self.new_workspace(max_batch)
@@ -117,6 +117,18 @@ class QNetwork:
         ``gemm="cublaslt_nosplit"`` and ``"cudarl"``, whose dx falls back to it, have any; GPU)."""
         for lin in self.linears.values():
             lin.prepare_backward(batch)
+
+    def spectral_in_steps(self) -> None:
+        """Spectral norm by :meth:`spectral_step` only (the trainer's networks: forwards that run side by
+        side must not each move u, v and W_sn); the forwards read ``W_sn`` as the last step left it."""
+        for lin in self.linears.values():
+            lin.sn_in_forward = False
+
+    def spectral_step(self, iterate: bool = True) -> None:
+        """One power iteration (``iterate``) and ``W_sn`` of every spectrally normalised layer (none: a no-op)."""
+        for lin in self.linears.values():
+            if lin.spectral:
+                lin.spectral_step(iterate)
 
     def set_side_stream(self, side) -> None:
         """Run the weight gradients of :meth:`backward` on side branches: ``side`` is one
@@ -200,3 +212,4 @@ class QNetwork:
         for n, vecs in state.get("spectral", {}).items():
             for k in ("u", "v"):
                 self.linears[n].sn[k][...] = self.xp.asarray(np.asarray(vecs[k], dtype=self.dtype))
+        self.spectral_step(iterate=False)  # sigma and W_sn of the loaded weights and vectors

@@ -163,3 +163,12 @@ def publish(ring, loss, grad_norm, step, slots: int, stream=None) -> None:
         (ring, loss, grad_norm, step, slots),
         stream=stream,
     )
+
+
+def publish_row(ring, values, step, slots: int, stream=None) -> None:
+    """Copy ``values`` (float32 ``[n]``) into slot ``step[0] % slots`` of ``ring`` (float32 ``[slots * n]``)."""
+    (n,) = values.shape
+    _check("values", values, np.float32, (n,))
+    _check("ring", ring, np.float32, (slots * n,))
+    _check("step", step, np.int64, (1,))
+    launch("agent", "publish_row", 1, 256, (ring, values, n, step, slots), stream=stream)

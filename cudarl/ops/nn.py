@@ -158,8 +158,8 @@ def dueling_forward(va, logits) -> None:
     )
 
 
-def dueling_backward(dlogits, dva) -> None:
-    """dlogits ``[B, A, Z]`` -> dva ``[B, (1+A) Z]``."""
+def dueling_backward(dlogits, dva, accumulate: bool = False) -> None:
+    """dlogits ``[B, A, Z]`` -> dva ``[B, (1+A) Z]`` (``accumulate``: added into dva)."""
     B, A, Z = dlogits.shape
     _shape("nn.dueling_backward", "dva", dva, (B, (1 + A) * Z))
     launch(
@@ -167,7 +167,7 @@ def dueling_backward(dlogits, dva) -> None:
         "dueling_backward",
         _grid(B * Z),
         _T,
-        (dlogits, dva, B, A, Z),
+        (dlogits, dva, B, A, Z, int(bool(accumulate))),
     )
 
 
@@ -242,15 +242,21 @@ def plan_gate(plan, scale, threshold: float = 0.5) -> None:
     )
 
 
-def plan_gate_backward(dscale, plan, dplan, threshold: float = 0.5) -> None:
-    """dscale ``[B]`` -> dplan ``[B, 2]``."""
-    B = plan.shape[0]
-    _shape("nn.plan_gate_backward", "dscale", dscale, (B,))
-    _shape("nn.plan_gate_backward", "dplan", dplan, (B, 2))
+def plan_loss(plan, q, actions, ret, levels, dplan, stats, hurdle: float, threshold: float = 0.5) -> None:
+    """The plan head's loss gradient ``dplan [B, 2]`` and ``stats [2]`` (gate open share, mean scale) from
+    plan ``[B, 2]``, expected Q ``q [B, A]``, data actions int32 ``[B]``, n-step returns ``ret [B]`` and the
+    env's position ``levels [A]``: one block (the twin's docstring has the equations)."""
+    B, A = q.shape
+    w = "nn.plan_loss"
+    for name, a, shp in (
+        ("plan", plan, (B, 2)),
+        ("actions", actions, (B,)),
+        ("ret", ret, (B,)),
+        ("levels", levels, (A,)),
+        ("dplan", dplan, (B, 2)),
+        ("stats", stats, (2,)),
+    ):
+        _shape(w, name, a, shp)
     launch(
-        "nn",
-        "plan_gate_backward",
-        _grid(B),
-        _T,
-        (dscale, plan, dplan, B, float(threshold)),
+        "nn", "plan_loss", 1, 256, (plan, q, actions, ret, levels, dplan, stats, B, A, float(hurdle), float(threshold))
     )

@@ -53,9 +53,11 @@ def update_normalize_rewards(y, r_t, discount_t, state, beta, out, sigma_min=1e-
 
 
 def rescale(W, b, state, stream=None) -> None:
-    """Rescale a last layer ``W [out, in]``, ``b [out]`` in place so its denormalised output is unchanged."""
-    n_out, n_in = W.shape
-    check("popart.rescale", "W", W, F32, (n_out, n_in))
+    """Rescale a last layer in place so its denormalised output is unchanged: ``W [n_in, n_out]``,
+    ``b [n_out]`` as :class:`cudarl.nn.Linear` stores them (C-contiguous views of a network's flat
+    parameters); a no-op when the statistics did not move."""
+    n_in, n_out = W.shape
+    check("popart.rescale", "W", W, F32, (n_in, n_out))
     check("popart.rescale", "b", b, F32, (n_out,))
     check("popart.rescale", "state", state, F32, (STATE_SIZE,))
     launch(
@@ -63,7 +65,7 @@ def rescale(W, b, state, stream=None) -> None:
         "rescale",
         blocks_for(max(n_out * n_in, n_out)),
         256,
-        (W, b, state, n_out, n_in),
+        (W, b, state, n_in, n_out),
         stream=stream,
     )
 

@@ -59,21 +59,22 @@ def q_stats(logits, support, scratch_q, scratch_ent, scratch_mass, out, stream=N
     reduce(scratch_q, scratch_ent, scratch_mass, out, stream=stream)
 
 
-def adapt_gamma(
-    stats, gamma, util_index: int, target: float, rate: float, gamma_min: float, gamma_max: float, stream=None
-) -> None:
-    """``gamma[0] <- clip(gamma + rate (target - stats[util_index]), gamma_min, gamma_max)`` on the device."""
-    check("qstats.adapt_gamma", "stats", stats, F32, tuple(stats.shape))
-    check("qstats.adapt_gamma", "gamma", gamma, F32, (1,))
-    if not 0 <= util_index < stats.size:
-        raise ValueError(f"qstats.adapt_gamma: util_index {util_index} outside stats of size {stats.size}")
-    if not 0 < gamma_min <= gamma_max < 1:
-        raise ValueError(f"qstats.adapt_gamma: need 0 < gamma_min <= gamma_max < 1, got {gamma_min}, {gamma_max}")
-    launch(
-        "qstats",
-        "adapt_gamma",
-        1,
-        32,
-        (stats, gamma, int(util_index), float(target), float(rate), float(gamma_min), float(gamma_max)),
-        stream=stream,
-    )
+def moments(q, out, stream=None) -> None:
+    """A head without atoms: ``out [2A + 2]`` = mean and variance of ``q [B, A]`` over B (reduce's
+    layout), entropy and utilisation NaN. One block."""
+    w = "qstats.moments"
+    B, A = q.shape
+    check(w, "q", q, F32, (B, A))
+    check(w, "out", out, F32, (2 * A + 2,))
+    launch("qstats", "moments", 1, THREADS, (q, out, B, A), stream=stream)
+
+
+def expected_q(logits, support, out_q, stream=None) -> None:
+    """``out_q [B, A]``: the expected Q of ``logits [B, A, K]`` over ``support [K]`` (per_sample's, alone)."""
+    w = "qstats.expected_q"
+    B, A, K = logits.shape
+    check(w, "logits", logits, F32, (B, A, K))
+    check(w, "support", support, F32, (K,))
+    check(w, "out_q", out_q, F32, (B, A))
+    grid, block = warp_grid(B)
+    launch("qstats", "expected_q", grid, block, (logits, support, out_q, B, A, K), stream=stream)

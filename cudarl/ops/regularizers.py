@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..kernels import blocks_for, launch
+from ..kernels import launch
 from ._arrays import check, warp_grid
 
 F32, I32 = np.float32, np.int32
@@ -76,30 +76,3 @@ def cql_quantile(theta, a_data, alpha, out_cql_per, out_loss, out_grad, accumula
         stream=stream,
     )
     mean(out_cql_per, out_loss, float(alpha) / B, stream=stream)
-
-
-def expectile(q, v, priority, tau, out_loss_per, out_loss, out_grad_v, out_priority, stream=None) -> None:
-    """IQL expectile loss of ``v [B]`` towards ``q [B]`` and priorities modulated by ``2 w``."""
-    w = "regularizers.expectile"
-    (B,) = q.shape
-    for name, a in (
-        ("q", q),
-        ("v", v),
-        ("priority", priority),
-        ("out_loss_per", out_loss_per),
-        ("out_grad_v", out_grad_v),
-        ("out_priority", out_priority),
-    ):
-        check(w, name, a, F32, (B,))
-    check(w, "out_loss", out_loss, F32, (1,))
-    if not 0 < tau < 1:
-        raise ValueError(f"{w}: tau must be in (0, 1), got {tau}")
-    launch(
-        "regularizers",
-        "expectile",
-        blocks_for(B),
-        256,
-        (q, v, priority, out_loss_per, out_grad_v, out_priority, B, float(tau)),
-        stream=stream,
-    )
-    mean(out_loss_per, out_loss, 1.0 / B, stream=stream)

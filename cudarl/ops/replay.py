@@ -221,9 +221,9 @@ def _gather_args(
     spec: ReplaySpec, bufs: ReplayBuffers, B: int, obs_out, next_obs_out, action_out, return_out, discount_out
 ) -> tuple[tuple, tuple]:
     """The gather's checked (sources, outputs) and (shape constants): shared by both gathering launches."""
-    W = spec.row_width
-    _need("obs_out", obs_out, (B, W), np.float32)
-    _need("next_obs_out", next_obs_out, (B, W), np.float32)
+    D = spec.obs_dim
+    _need("obs_out", obs_out, (B, D), np.float32)
+    _need("next_obs_out", next_obs_out, (B, D), np.float32)
     _need("action_out", action_out, (B,), np.int32)
     _need("return_out", return_out, (B,), np.float32)
     _need("discount_out", discount_out, (B,), np.float32)
@@ -232,7 +232,7 @@ def _gather_args(
     s_next = bufs.next_obs if spec.store_next_obs else bufs.obs
     sources = (bufs.obs, bufs.action, bufs.reward, bufs.discount, s_next)
     outputs = (obs_out, next_obs_out, action_out, return_out, discount_out)
-    return sources + outputs, (spec.obs_dim, W, spec.capacity, spec.n_envs, spec.n_step, spec.lag)
+    return sources + outputs, (D, spec.capacity, spec.n_envs, spec.n_step, spec.lag)
 
 
 def gather(
@@ -248,7 +248,7 @@ def gather(
     launch(
         "replay",
         "gather",
-        blocks_for(B * spec.row_width),
+        blocks_for(B * spec.obs_dim),
         256,
         arrays[:5] + (indices,) + arrays[5:] + (bufs.status, B) + shape,
     )

@@ -82,3 +82,10 @@ def publish(ring: np.ndarray, loss: np.ndarray, grad_norm: np.ndarray, step: np.
     s = int(step[0]) % slots
     ring[2 * s] = loss[0]
     ring[2 * s + 1] = grad_norm[0]
+
+
+def publish_row(ring: np.ndarray, values: np.ndarray, step: np.ndarray, slots: int) -> None:
+    """``ring[s n : (s + 1) n] = values`` with ``s = step[0] % slots``, ``n = values.size``."""
+    n = values.size
+    s = int(step[0]) % slots
+    ring[s * n : (s + 1) * n] = values

@@ -119,14 +119,20 @@ def dueling_forward(va: np.ndarray, logits: np.ndarray) -> None:
     logits[...] = (v[:, None, :] + adv) - (s / va.dtype.type(A))[:, None, :]
 
 
-def dueling_backward(dlogits: np.ndarray, dva: np.ndarray) -> None:
-    """``dV[b, z] = sum_a dL[b, a, z]``; ``dAdv[b, a, z] = dL[b, a, z] - dV[b, z] / A``. dva ``[B, (1+A) Z]``."""
+def dueling_backward(dlogits: np.ndarray, dva: np.ndarray, accumulate: bool = False) -> None:
+    """``dV[b, z] = sum_a dL[b, a, z]``; ``dAdv[b, a, z] = dL[b, a, z] - dV[b, z] / A``. dva ``[B, (1+A) Z]``
+    (written, or with ``accumulate`` added into)."""
     B, A, Z = dlogits.shape
     s = dlogits[:, 0, :].copy()
     for a in range(1, A):
         s = s + dlogits[:, a, :]
-    dva[:, :Z] = s
-    dva[:, Z:] = (dlogits - (s / dva.dtype.type(A))[:, None, :]).reshape(B, A * Z)
+    adv = (dlogits - (s / dva.dtype.type(A))[:, None, :]).reshape(B, A * Z)
+    if accumulate:
+        dva[:, :Z] += s
+        dva[:, Z:] += adv
+    else:
+        dva[:, :Z] = s
+        dva[:, Z:] = adv
 
 
 def iqn_sample_tau(tau: np.ndarray, counter: np.ndarray, seed: int, stream_id: int) -> None:
@@ -182,7 +188,50 @@ def plan_gate(plan: np.ndarray, scale: np.ndarray, threshold: float = 0.5) -> No
     scale[...] = np.where(plan[:, 1] >= plan.dtype.type(threshold), plan[:, 0], scale.dtype.type(1))
 
 
-def plan_gate_backward(dscale: np.ndarray, plan: np.ndarray, dplan: np.ndarray, threshold: float = 0.5) -> None:
-    """``dplan[:, 0] = dscale * [readiness >= threshold]``; ``dplan[:, 1] = 0`` (the gate is a step)."""
-    dplan[:, 0] = np.where(plan[:, 1] >= plan.dtype.type(threshold), dscale, dscale.dtype.type(0))
-    dplan[:, 1] = 0
+def plan_loss(
+    plan: np.ndarray,
+    q: np.ndarray,
+    actions: np.ndarray,
+    ret: np.ndarray,
+    levels: np.ndarray,
+    dplan: np.ndarray,
+    stats: np.ndarray,
+    hurdle: float,
+    threshold: float = 0.5,
+) -> None:
+    """The plan head's loss: readiness trained by a loss that targets it, conviction by its own.
+
+    Rows that teach it: the data action is the greedy one (the first maximum of ``q [B, A]``) and not
+    flat (``levels [A]``, the env's positions): ``m_b``, ``n = sum m``. With the batch's n-step returns
+    ``R = ret [B]``, ``Rbar = sum m |R| / n``, ``w+ = max(R, 0) / Rbar``, ``w- = max(-R, 0) / Rbar``::
+
+        L = (1/n) sum_b m_b [-w+ log c - w- log(1 - c) - w+ log r - (w- + h) log(1 - r)]
+
+    (``c``, ``r`` = ``plan[:, 0]``, ``plan[:, 1]``, clamped to [1e-6, 1 - 1e-6] in the gradient). Its
+    minimisers, per state: conviction ``c = E[R+] / E[|R|]`` (the return-weighted share of wins) and
+    readiness ``r = E[R+] / (E[|R|] + h Rbar)``, which is >= 1/2 exactly when ``E[R | s] >= h Rbar``: the
+    gate opens where the greedy trade's expected return clears the hurdle ``h`` (in units of the batch's
+    mean |R|), and on a market without an edge it stays below 1/2 (``1 / (2 (1 + h))``).
+
+    Writes ``dplan [B, 2] = dL/dplan`` (zero where ``m_b = 0``, and everywhere when ``n = 0``) and
+    ``stats [2]`` = (share of rows with readiness >= threshold, mean of the gate's scale :func:`plan_gate`).
+    """
+    B, A = q.shape
+    dt = plan.dtype.type
+    m = (np.asarray(actions) == np.argmax(q, axis=1)) & (np.asarray(levels)[np.argmax(q, axis=1)] != 0)
+    n = dt(m.sum())
+    abs_r = dt(np.abs(ret[m]).sum(dtype=np.float64))
+    learn = n > 0 and abs_r > 0
+    rbar = abs_r / n if learn else dt(1)
+    wp, wn = np.maximum(ret, dt(0)) / rbar, np.maximum(-ret, dt(0)) / rbar
+    lo, hi = dt(1e-6), dt(1) - dt(1e-6)
+    c, r = np.clip(plan[:, 0], lo, hi), np.clip(plan[:, 1], lo, hi)
+    dc = (-wp / c + wn / (dt(1) - c)) / n if learn else np.zeros(B, dt)
+    dr = (-wp / r + (wn + dt(hurdle)) / (dt(1) - r)) / n if learn else np.zeros(B, dt)
+    dplan[:, 0] = np.where(m, dc, dt(0))
+    dplan[:, 1] = np.where(m, dr, dt(0))
+    scale = np.empty(B, dt)
+    plan_gate(plan, scale, threshold)
+    open_ = plan[:, 1] >= dt(threshold)
+    stats[0] = dt(open_.sum()) / dt(B)
+    stats[1] = dt(scale.sum(dtype=np.float64)) / dt(B)

@@ -11,9 +11,15 @@ Fitting the support: values live in the normalised coordinate ``y_hat = (y - mu)
 ``s = sigma / scale``, where ``scale`` is support units per standard deviation (for C51 with
 support ``[-v, v]`` choose ``scale = v / n_sigma``: ``n_sigma`` standard deviations of return
 reach the edge atom). Preserving outputs: after each update a value-producing last layer
-``y_hat = W h + b`` is rescaled so ``s y_hat + mu`` is unchanged::
+``y_hat = h W + b`` (``W [n_in, n_out]``, as :class:`cudarl.nn.Linear` stores it) is rescaled so
+``s y_hat + mu`` is unchanged (left as it is when the statistics did not move)::
 
     W <- W s_prev / s,  b <- (s_prev b + mu_prev - mu) / s
+
+The first update starts from the initial identity (``decay = 1``: no statistics yet) and sets
+``mu_prev, sigma_prev`` to its own result: there is nothing to preserve, and a fresh network's
+random outputs are read as normalised values (preserving them as returns would multiply them by
+``sigma_0 / sigma_1``, about 70 for bar returns of 1.5%).
 
 ``state`` is float32 ``[8]``: ``mu, sigma, mu_prev, sigma_prev, m1, m2, decay, scale``.
 """
@@ -49,6 +55,7 @@ def update(y, state, beta, sigma_min=1e-4, compute_dtype=np.float32):
     one = compute_dtype(1)
     mean = compute_dtype(y.sum(dtype=np.float64) / y.size)
     mean2 = compute_dtype((y.astype(np.float64) ** 2).sum() / y.size)
+    first = st[DECAY] == one
     st[MU_PREV], st[SIGMA_PREV] = st[MU], st[SIGMA]
     st[M1] = (one - bt) * st[M1] + bt * mean
     st[M2] = (one - bt) * st[M2] + bt * mean2
@@ -56,6 +63,8 @@ def update(y, state, beta, sigma_min=1e-4, compute_dtype=np.float32):
     c = one - st[DECAY]
     st[MU] = st[M1] / c
     st[SIGMA] = np.sqrt(max(st[M2] / c - st[MU] * st[MU], compute_dtype(sigma_min) ** 2))
+    if first:
+        st[MU_PREV], st[SIGMA_PREV] = st[MU], st[SIGMA]
     return st
 
 
@@ -67,11 +76,14 @@ def update_normalize_rewards(y, r_t, discount_t, state, beta, sigma_min=1e-4):
 
 
 def rescale(W, b, state, compute_dtype=np.float32):
-    """Last layer ``W [out, in]``, ``b [out]`` after an update: returns new ``(W, b)``."""
-    W = np.asarray(W, compute_dtype)
-    b = np.asarray(b, compute_dtype)
+    """Last layer ``W [n_in, n_out]``, ``b [n_out]`` after an update: returns new ``(W, b)`` (copies of
+    the inputs when the statistics did not move)."""
+    W = np.array(W, compute_dtype)
+    b = np.array(b, compute_dtype)
     state = np.asarray(state, compute_dtype)
     s, s_prev = _s(state), _s(state, prev=True)
+    if s == s_prev and state[MU] == state[MU_PREV]:
+        return W, b
     return W * (s_prev / s), (s_prev * b + state[MU_PREV] - state[MU]) / s
 
 

@@ -1,4 +1,4 @@
-"""Q statistics of a C51 head and the adaptive discount controller: twin of ``cuda_src/qstats.cu``.
+"""Q statistics of a head: twin of ``cuda_src/qstats.cu``.
 
 ``stats`` float32 ``[2A + 2]`` = ``mean_Q [A]``, ``entropy``, ``utilisation``, ``var_Q [A]``::
 
@@ -6,6 +6,10 @@
     mean_Q[a]   = (1/B) sum_b Q[b, a];   var_Q[a] = (1/B) sum_b (Q[b, a] - mean_Q[a])^2
     entropy     = (1/(B A)) sum_{b, a} -sum_k p_k log p_k
     utilisation = (1/K) #{k : (1/(B A)) sum_{b, a} p[b, a, k] > 1/(10 K)}
+
+A head without atoms (IQN, QR-DQN: ``Q`` the quantile mean) has :func:`moments`: the same mean and
+variance, entropy and utilisation NaN. The train step computes them every update over the batch's
+``s`` (``cudarl.rules``) and the host reads them one step late (metrics.jsonl, the guard).
 """
 
 from __future__ import annotations
@@ -44,17 +48,23 @@ def reduce(q, ent, mass, compute_dtype=np.float32):
     return out.astype(compute_dtype)
 
 
+def moments(q, compute_dtype=np.float32):
+    """A head without atoms: the ``[2A + 2]`` vector with :func:`reduce`'s mean and variance of
+    ``q [B, A]`` and NaN entropy and utilisation."""
+    q = np.asarray(q, np.float64)
+    A = q.shape[1]
+    out = np.full(2 * A + 2, np.nan, np.float64)
+    mean = q.mean(0)
+    out[:A] = mean
+    out[A + 2 :] = ((q - mean) ** 2).mean(0)
+    return out.astype(compute_dtype)
+
+
+def expected_q(logits, support, compute_dtype=np.float32):
+    """``Q [B, A] = sum_k softmax(logits[b, a])_k z_k``: :func:`per_sample`'s first output alone."""
+    return per_sample(logits, support, compute_dtype)[0]
+
+
 def q_stats(logits, support, compute_dtype=np.float32):
     """Both stages: float ``[2A + 2]`` statistics of ``logits [B, A, K]``."""
     return reduce(*per_sample(logits, support, compute_dtype), compute_dtype=compute_dtype)
-
-
-def adapt_gamma(stats, gamma, util_index, target, rate, gamma_min, gamma_max):
-    """``clip(gamma + rate (target - stats[util_index]), gamma_min, gamma_max)`` as float32.
-
-    Utilisation below ``target`` lengthens the horizon (returns spread over more atoms); above
-    it shortens it. A proportional controller: its fixed point is utilisation = target unless
-    the clip binds.
-    """
-    g = np.float32(gamma) + np.float32(rate) * (np.float32(target) - np.float32(stats[util_index]))
-    return np.float32(min(max(g, np.float32(gamma_min)), np.float32(gamma_max)))

@@ -9,14 +9,9 @@ with ``Q = sum_k softmax(logits)_k z_k`` for C51 (chain rule ``dQ_a/dlogit_ak = 
 and ``Q_a = mean_i theta[b, i, a]`` for IQN/QR, ``theta [B, N, A]`` as the IQN head outputs it
 (``dQ_a / dtheta[b, i, a] = 1/N``).
 
-IQL expectile regression (Kostrikov, Nair & Levine 2021, "Offline RL with Implicit Q-Learning")
-of a value estimate ``v(s)`` towards ``q = Q_target(s, a_data)``::
-
-    u = q - v,  w = |tau - 1{u < 0}|,  loss = (1/B) sum_b w_b u_b^2,  d loss / d v_b = -2 w_b u_b / B
-
-Modulation (the definition cudarl implements): priorities are multiplied by ``2 w_b``, so
-``tau = 0.5`` leaves them unchanged and ``tau > 0.5`` replays transitions whose action beats the
-value estimate (positive advantage) more often, the same asymmetry IQL puts on the value loss.
+The train step adds it to the head's loss with ``agent.cql_alpha`` (offline training,
+``cudarl-train train --offline``). (IQL's expectile regression with priority modulation was retired:
+docs/results.md, issue 18.)
 """
 
 from __future__ import annotations
@@ -63,22 +58,3 @@ def cql_quantile(theta, a_data, alpha, compute_dtype=np.float32):
     coef[np.arange(B), a] -= 1
     grad = np.broadcast_to((compute_dtype(alpha) / B) * coef[:, None, :] / N, th.shape).copy()
     return per.astype(compute_dtype), mean(per, alpha / B, compute_dtype), grad.astype(compute_dtype)
-
-
-def expectile(q, v, priority, tau, compute_dtype=np.float32):
-    """IQL expectile loss of ``v`` and modulated priorities.
-
-    Returns ``(loss_per [B], loss scalar, grad_v [B], priority_out [B])``.
-    """
-    q = np.asarray(q, compute_dtype)
-    v = np.asarray(v, compute_dtype)
-    u = q - v
-    w = np.where(u < 0, compute_dtype(1) - compute_dtype(tau), compute_dtype(tau))
-    per = w * u * u
-    B = q.shape[0]
-    return (
-        per.astype(compute_dtype),
-        mean(per, 1.0 / B, compute_dtype),
-        (-2 * w * u / B).astype(compute_dtype),
-        (np.asarray(priority, compute_dtype) * 2 * w).astype(compute_dtype),
-    )

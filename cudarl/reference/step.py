@@ -35,7 +35,7 @@ def c51_update(net: dict, opt: dict, rb: dict, cfg) -> dict:
     # sample B rows in proportion to priority**alpha (stratified search of the sum tree, Philox), with
     # their n-step return and bootstrap discount, and the importance weights (min_k q_k / q_j)**beta;
     # the rows are state rows (a bar index and the position features)
-    spec, bufs, W = rb["spec"], rb["bufs"], rb["spec"].row_width
+    spec, bufs, W = rb["spec"], rb["bufs"], rb["spec"].obs_dim
     idx, qsel, w = np.zeros(B, np.int32), np.zeros(B, np.int64), np.zeros(B, np.float32)
     rows, rows_next = np.zeros((B, W), np.float32), np.zeros((B, W), np.float32)
     act, ret, disc = np.zeros(B, np.int32), np.zeros(B, np.float32), np.zeros(B, np.float32)

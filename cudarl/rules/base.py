@@ -29,14 +29,19 @@ class LearnerBuffers:
         loss: float32 ``[1]``, the step's loss (published to the host); loss_per, priority: float32
             ``[B]``, per-sample loss and the replay priority signal the rule writes.
         q_act: float32 ``[n_envs, A]``, the acting forward's expected Q.
+        q_s: float32 ``[B, A]``, the expected Q of the online net at the batch's ``s`` (the rule's
+            ``q_stats`` phase writes it; the plan head and the offline regularisers read it).
+        stats: the :class:`cudarl.stats.StepStats` the step publishes (the rule writes its ``q``
+            block: :func:`cudarl.reference.qstats.layout`).
         popart: the :class:`cudarl.popart.PopArt` when ``agent.popart``, else None.
-        side, side_next, side_small: :class:`cudarl.graph.SideStream` branches (the target net's
-            forward; the online net's at ``s'``; small kernels nothing waits for at once).
+        side, side_next, side_small, side_stats: :class:`cudarl.graph.SideStream` branches (the target
+            net's forward; the online net's at ``s'``; small kernels nothing waits for at once; the
+            statistics' reduction, joined by the step's last phase).
         idx, weights: the sampled rows and their importance weights, set by the sample phase (fixed
             buffers of the replay); read the weights with :meth:`importance_weights`.
     """
 
-    def __init__(self, cfg, xp, online, target, batch, pair, n_envs: int, popart=None):
+    def __init__(self, cfg, xp, online, target, batch, pair, n_envs: int, stats, popart=None):
         self.cfg, self.xp = cfg, xp
         self.batch_size, self.n_envs, self.n_actions = cfg.agent.batch_size, int(n_envs), online.n_actions
         self.online, self.target = online, target
@@ -48,8 +53,11 @@ class LearnerBuffers:
         self.loss_per = xp.zeros(B, np.float32)
         self.priority = xp.zeros(B, np.float32)
         self.q_act = xp.zeros((self.n_envs, self.n_actions), np.float32)
+        self.q_s = xp.zeros((B, self.n_actions), np.float32)
+        self.stats = stats
         self.popart = popart
         self.side, self.side_next, self.side_small = SideStream(xp), SideStream(xp), SideStream(xp)
+        self.side_stats = SideStream(xp)
         self.idx = None
         self.weights = None
 
@@ -107,6 +115,17 @@ class HeadRule(Protocol):
     def learn_phases(self) -> list[Phase]:
         """The rule's own phases after :meth:`forward`: they write ``buffers.loss``, ``loss_per``,
         ``priority`` and dL/d(head output) in ``buffers.ws`` (:meth:`LearnerBuffers.train_grad`)."""
+
+    def q_stats(self) -> None:
+        """The train step's ``q_stats`` phase, after the learn phases: ``buffers.q_s`` (the online net's
+        expected Q at the batch's ``s``, from this step's forward) on the current stream, then the
+        ``q`` block of ``buffers.stats`` on ``buffers.side_stats`` (the step's last phase joins it)."""
+
+    def cql(self) -> None:
+        """The ``cql`` phase (``agent.cql_alpha`` > 0), after ``q_stats``: discrete CQL on the expected Q
+        at ``s`` (:func:`cudarl.losses.cql_c51`, :func:`cudarl.losses.cql_quantile`), its gradient added
+        to the head's (:meth:`LearnerBuffers.train_grad`), its loss into the ``cql`` block of
+        ``buffers.stats``."""
 
     def state_dict(self) -> dict:
         """The rule's own state for a checkpoint (counters; ``{}`` when it has none)."""

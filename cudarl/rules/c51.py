@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import losses
-from ..backend import family, is_numpy
+from ..backend import family
 from ..nn.heads import C51Head
 from .base import LearnerBuffers, Phase, RuleBase
 
@@ -16,25 +16,15 @@ def support(net) -> np.ndarray:
 
 
 class C51Values:
-    """Expected Q of a C51 network, ``Q[i, a] = sum_k softmax(logits[i, a])_k z_k`` (``qstats.per_sample``),
-    into ``out [n, A]``: ``values(out, obs, ws)``. The kernel's per-row entropy and mass go to scratch
-    made once per row count, outside any capture (evaluation and policies run eagerly)."""
+    """Expected Q of a C51 network, ``Q[i, a] = sum_k softmax(logits[i, a])_k z_k`` (``qstats.expected_q``:
+    the act kernel's bits, and nothing else computed), into ``out [n, A]``: ``values(out, obs, ws)``."""
 
     def __init__(self, net, net_cfg):
-        self.net, self.xp, self.atoms = net, net.xp, net_cfg.atoms
-        self.support = self.xp.asarray(support(net_cfg))
-        self.qstats = family("qstats", self.xp)
-        self._scratch: dict = {}
+        self.net = net
+        self.support = net.xp.asarray(support(net_cfg))
 
     def __call__(self, out, obs, ws) -> None:
-        logits = self.net.forward(obs, ws)["q"]
-        if is_numpy(self.xp):
-            out[...] = self.qstats.per_sample(logits, self.support)[0]
-            return
-        n = obs.shape[0]
-        if n not in self._scratch:
-            self._scratch[n] = (self.xp.empty(n, np.float32), self.xp.empty((n, self.atoms), np.float32))
-        self.qstats.per_sample(logits, self.support, out, *self._scratch[n])
+        losses.expected_q(self.net.forward(obs, ws)["q"], self.support, out)
 
 
 class C51Rule(RuleBase):
@@ -81,7 +71,18 @@ class C51Rule(RuleBase):
         )
         self.values = self.greedy_values(buf.online, buf.cfg)
         self.va = self.va_online_next = self.va_target_next = None  # the forward's outputs (workspace views)
+        # the logits at s (the dueling combine of va) and the Q statistics' rows: q_stats writes them
+        self.logits_s = None
+        self.qs = losses.QStats.empty(xp, B, buf.n_actions, K, stats=buf.stats.view("q"), q=buf.q_s)
+        # CQL (agent.cql_alpha): its dL/dlogits in the head's logits-gradient buffer, which the raw
+        # backward does not use, then added into dL/dva through the dueling backward
+        self.cql_out = None
+        if buf.cfg.agent.cql_alpha > 0:
+            head = buf.online.head
+            dlogits = buf.ws.rows(head.grad_name, B)
+            self.cql_out = losses.CQL.empty(xp, dlogits.shape, grad=dlogits, loss=buf.stats.view("cql"))
         self.agent_ops = family("agent", xp)
+        self.nn_ops = family("nn", xp)
 
     def expected_q(self, out, obs) -> None:
         self.values(out, obs, self.buf.ws_act)
@@ -107,6 +108,18 @@ class C51Rule(RuleBase):
 
     def learn_phases(self) -> list[Phase]:
         return [("targets_loss", self._targets_loss)]
+
+    def cql(self) -> None:
+        buf = self.buf
+        losses.cql_c51(self.logits_s, buf.batch.action, self.support, buf.cfg.agent.cql_alpha, out=self.cql_out)
+        self.nn_ops.dueling_backward(self.cql_out.grad, buf.train_grad(raw=True), accumulate=True)
+
+    def q_stats(self) -> None:
+        buf = self.buf
+        self.logits_s = buf.online.head.logits_of(self.va, buf.ws)
+        losses.q_stats_rows(self.logits_s, self.support, self.qs)
+        with buf.side_stats.fork():  # one block's reduction: beside the backward and the optimiser
+            losses.q_stats_reduce(self.qs)
 
     def _targets_loss(self) -> None:
         """The target distribution and the loss in one launch, writing dL/dva for the backward. With

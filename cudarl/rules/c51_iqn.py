@@ -11,8 +11,13 @@ branches; then)::
     targets_loss  C51's fused launch on the chain, beside the IQN branch (its loss into a buffer of its own)
     loss_sum      join the IQN branch; loss = C51's + IQN's (what the host reads and the guard watches)
 
+With PopArt the forward phase first rescales the IQN head's last layer (online and target) from the
+statistics before the last update to the ones C51's launch moved them to, so its unnormalised outputs
+at fixed weights are preserved (C51's own head has no such layer: its statistics freeze instead).
+
 The priorities are C51's (``agent.priority``); with PopArt both heads live in C51's normalised support
-coordinates. The backward adds both heads' dL/dpsi (:class:`cudarl.nn.c51_iqn_head.C51IQNHead`).
+coordinates (frozen after ``agent.popart_warmup``). The backward adds both heads' dL/dpsi
+(:class:`cudarl.nn.c51_iqn_head.C51IQNHead`).
 """
 
 from __future__ import annotations
@@ -86,6 +91,14 @@ class C51IQNRule(C51Rule):
                 theta, batch.action, self.targets_out.target, taus, weights, cfg.agent.kappa, out=self.loss_out
             )
             self.util.add_i64(self.counters.view("tau"), 1)
+
+    def forward(self, batch) -> None:
+        buf = self.buf
+        if buf.popart is not None:  # the last update's move of the statistics, into the IQN head's last layer
+            for net in (buf.online, buf.target):
+                out = net.head.iqn.out.name
+                buf.popart.rescale(net.P[f"{out}.weight"], net.P[f"{out}.bias"])
+        super().forward(batch)
 
     def _loss_sum(self) -> None:
         self.iqn_side.join()

@@ -28,10 +28,14 @@ class QuantileValues:
 class QuantileRule(RuleBase):
     """A rule over quantile values ``theta [B, N, A]`` (:class:`IQNRule`, :class:`QRDQNRule`).
 
-    Train step: the online net sees s and s' in one forward pass of 2B rows (the batch's ``obs`` and
-    ``next_obs`` are the halves of ``buffers.pair``; the backward covers the s half), the target net
-    s' on a branch. Learn phases: ``targets`` (double-DQN quantile targets; with PopArt on rewards
-    normalised by statistics that follow the n-step returns, (r - (1 - d) mu) / s) and ``loss`` (the
+    Train step: with PopArt the forward phase first moves the statistics with the batch's n-step
+    returns and rescales the last layer (``head.out``) of the online and the target net so their
+    unnormalised outputs ``s theta + mu`` are what they were (van Hasselt et al. 2016: the
+    output-preserving half; :meth:`popart_step`). Then the online net sees s and s' in one forward
+    pass of 2B rows (the batch's ``obs`` and ``next_obs`` are the halves of ``buffers.pair``; the
+    backward covers the s half), the target net s' on a branch. Learn phases: ``targets``
+    (double-DQN quantile targets, with PopArt on rewards normalised by the new statistics,
+    (r - (1 - d) mu) / s, and both nets' quantiles in the same new coordinates) and ``loss`` (the
     quantile Huber loss, whose per-sample values are the priorities). Subclasses say where the
     quantile fractions come from (:meth:`draw_taus`, :meth:`loss_taus`).
     """
@@ -60,6 +64,10 @@ class QuantileRule(RuleBase):
             xp, B, N, A, loss_per=buf.priority, loss=buf.loss, grad=buf.train_grad()
         )
         self.r_norm = xp.zeros(B, np.float32)
+        self.cql_out = None  # agent.cql_alpha: its gradient added into the loss's dL/dtheta
+        if buf.cfg.agent.cql_alpha > 0:
+            grad = buf.train_grad()
+            self.cql_out = losses.CQL.empty(xp, grad.shape, grad=grad, loss=buf.stats.view("cql"))
         self.theta = self.online_next = self.target_next = None  # the forward's outputs (workspace views)
         self.agent_ops = family("agent", xp)
         self.values = None  # greedy_values: made by the subclass, once its counters exist
@@ -84,8 +92,21 @@ class QuantileRule(RuleBase):
         theta = buf.online.forward(env.obs, buf.ws_act)["q"]
         self.agent_ops.act_iqn(env.actions, buf.q_act, theta, env.state.count, env.params, *eps_args)
 
+    def popart_step(self) -> None:
+        """PopArt's two halves before the forward: the statistics follow the batch's n-step returns
+        (``r_norm`` = (r - (1 - d) mu) / s with the new ones, one launch), then each net's last layer
+        is rescaled so its unnormalised output at fixed weights does not move (a no-op once the
+        statistics are frozen, ``agent.popart_warmup``)."""
+        buf, batch = self.buf, self.buf.batch
+        buf.popart.update_normalize_rewards(batch.ret, batch.ret, batch.discount, out=self.r_norm)
+        for net in (buf.online, buf.target):
+            out = net.head.out.name
+            buf.popart.rescale(net.P[f"{out}.weight"], net.P[f"{out}.bias"])
+
     def forward(self, batch) -> None:
         buf, B = self.buf, self.buf.batch_size
+        if buf.popart is not None:
+            self.popart_step()
         with buf.side.fork():  # the target net runs beside the online net (its own taus and workspace)
             self.draw_taus(buf.target, buf.target.ws, B, 0x1A2)
             self.target_next = buf.target.forward(batch.next_obs, buf.target.ws)["q"]
@@ -96,14 +117,21 @@ class QuantileRule(RuleBase):
     def learn_phases(self) -> list[Phase]:
         return [("targets", self._targets), ("loss", self._loss)]
 
+    def cql(self) -> None:
+        buf = self.buf
+        losses.cql_quantile(self.theta, buf.batch.action, buf.cfg.agent.cql_alpha, out=self.cql_out, accumulate=True)
+
+    def q_stats(self) -> None:
+        buf = self.buf
+        self.agent_ops.quantile_mean(buf.q_s, self.theta)
+        with buf.side_stats.fork():  # one block's reduction: beside the backward and the optimiser
+            losses.q_moments(buf.q_s, buf.stats.view("q"))
+
     def _targets(self) -> None:
         buf, batch = self.buf, self.buf.batch
         buf.side.join()  # the target net's forward
-        ret = batch.ret
-        if buf.popart is not None:
-            # The statistics follow the n-step returns (the scale of the rewards); quantiles then
-            # live in normalised units: T = (r - (1 - d) mu) / s + d theta'.
-            ret = buf.popart.update_normalize_rewards(batch.ret, batch.ret, batch.discount, out=self.r_norm)
+        # with PopArt the quantiles live in normalised units: T = (r - (1 - d) mu) / s + d theta'
+        ret = batch.ret if buf.popart is None else self.r_norm
         losses.quantile_targets(self.online_next, self.target_next, ret, batch.discount, out=self.targets_out)
 
     def _loss(self) -> None:

@@ -78,6 +78,29 @@ def test_gpu_publish_into_pinned_ring(cp):
         assert rb.read(t % 2).tolist() == [t, -t]
 
 
+def test_reference_publish_row_rotates_slots():
+    ring = np.zeros(6, np.float32)
+    for t in range(1, 5):
+        ref.publish_row(ring, np.array([t, 10 * t, -t], np.float32), np.array([t], np.int64), 2)
+    assert ring.tolist() == [4, 40, -4, 3, 30, -3]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n", [1, 9, 300])
+def test_gpu_publish_row_into_pinned_ring(cp, rng, n):
+    from cudarl.ops import agent as ops
+    from cudarl.pinned import PinnedReadback
+
+    rb = PinnedReadback(n, np.float32, cp, slots=2)
+    step = cp.zeros(1, np.int64)
+    for t in range(1, 4):
+        step.fill(t)
+        values = rng.normal(size=n).astype(np.float32)
+        ops.publish_row(rb.device, cp.asarray(values), step, 2)
+        rb.mark_written(slot=t % 2)
+        assert_bitwise(rb.read(t % 2), values, what=f"slot {t % 2}")
+
+
 # --- the fused act kernels (act_c51, act_iqn) ------------------------------------------------------
 _SCHEDULE = (1.0, 0.05, 9)  # eps_start, eps_end, eps_steps: from exploring everything to mostly greedy
 

@@ -40,14 +40,97 @@ def test_act_backward_is_bias_act_backwards_dz(rng, act):
         assert np.array_equal(got == 0, (y <= 0) | (d == 0))
 
 
+def test_dueling_backward_accumulates(rng):
+    dl = rng.standard_normal((4, 3, 5)).astype(np.float32)
+    base = rng.standard_normal((4, 20)).astype(np.float32)
+    alone, acc = np.empty_like(base), base.copy()
+    ref.dueling_backward(dl, alone)
+    ref.dueling_backward(dl, acc, accumulate=True)
+    assert_bitwise(acc, base + alone, what="accumulated dva")
+
+
 def test_plan_gate_is_exactly_one_until_ready():
     plan = np.array([[0.1, 0.0], [0.1, 0.4999], [0.1, 0.5], [0.8, 0.9], [0.0, 1.0]], dtype=np.float32)
     scale = np.full(5, np.nan, dtype=np.float32)
     ref.plan_gate(plan, scale)
     assert scale.tolist() == [1.0, 1.0, np.float32(0.1), np.float32(0.8), 0.0]
-    dplan = np.full((5, 2), np.nan, dtype=np.float32)
-    ref.plan_gate_backward(np.ones(5, np.float32), plan, dplan)
-    assert dplan[:, 0].tolist() == [0, 0, 1, 1, 1] and not dplan[:, 1].any()
+
+
+def _plan_case(rng, B=64, A=3):
+    plan = rng.uniform(0.05, 0.95, (B, 2)).astype(np.float32)
+    q = rng.normal(size=(B, A)).astype(np.float32)
+    greedy = q.argmax(1)
+    actions = np.where(rng.uniform(size=B) < 0.7, greedy, rng.integers(0, A, B)).astype(np.int32)
+    ret = (rng.normal(size=B) * 0.01).astype(np.float32)
+    levels = np.linspace(-1, 1, A).astype(np.float32)
+    return plan, q, actions, ret, levels
+
+
+def _plan_loss_value(plan, q, actions, ret, levels, h):
+    """The loss the docstring of ref.plan_loss writes down, in float64."""
+    plan, ret = plan.astype(np.float64), ret.astype(np.float64)
+    g = q.argmax(1)
+    m = (actions == g) & (levels[g] != 0)
+    rbar = np.abs(ret[m]).mean()
+    wp, wn = np.maximum(ret, 0) / rbar, np.maximum(-ret, 0) / rbar
+    c, r = plan[:, 0], plan[:, 1]
+    per = -wp * np.log(c) - wn * np.log(1 - c) - wp * np.log(r) - (wn + h) * np.log(1 - r)
+    return per[m].sum() / m.sum()
+
+
+def test_plan_loss_is_the_gradient_of_its_loss_on_the_greedy_rows(rng):
+    """Finite differences in float64 of the written-down loss; rows whose data action is not the greedy one,
+    or flat, get no gradient (they say nothing about the greedy trade)."""
+    plan, q, actions, ret, levels = _plan_case(rng)
+    h = 0.1
+    dplan, stats = np.empty((64, 2), np.float64), np.empty(2, np.float64)
+    ref.plan_loss(plan.astype(np.float64), q, actions, ret.astype(np.float64), levels, dplan, stats, h)
+    eps = 1e-6
+    for b in range(0, 64, 7):
+        for k in (0, 1):
+            up, dn = plan.astype(np.float64), plan.astype(np.float64)
+            up[b, k] += eps
+            dn[b, k] -= eps
+            fd = (
+                _plan_loss_value(up, q, actions, ret, levels, h) - _plan_loss_value(dn, q, actions, ret, levels, h)
+            ) / (2 * eps)
+            assert abs(dplan[b, k] - fd) < 1e-6 * max(1.0, abs(fd)), (b, k, dplan[b, k], fd)
+    g = q.argmax(1)
+    off = (actions != g) | (levels[g] == 0)
+    assert off.any() and not dplan[off].any()
+
+
+def test_plan_loss_minimisers_open_the_gate_only_past_the_hurdle():
+    """Per state: conviction -> E[R+]/E|R| and readiness -> E[R+]/(E|R| + h Rbar), so readiness crosses
+    1/2 exactly where the expected return clears h Rbar. Two states, one with an edge, one without."""
+    rng = np.random.default_rng(5)
+    B, h = 4000, 0.2
+    edge = np.arange(B) % 2 == 0
+    ret = (rng.normal(size=B) + np.where(edge, 0.5, 0.0)).astype(np.float64)
+    q = np.tile(np.float32([0.0, 0.0, 1.0]), (B, 1))  # greedy: long
+    actions = np.full(B, 2, np.int32)
+    levels = np.float32([-1, 0, 1])
+    rbar = np.abs(ret).mean()
+    want_c = [np.maximum(ret[s], 0).sum() / np.abs(ret[s]).sum() for s in (edge, ~edge)]
+    want_r = [np.maximum(ret[s], 0).sum() / (np.abs(ret[s]).sum() + h * rbar * s.sum()) for s in (edge, ~edge)]
+    # at the minimiser the gradient of each state's rows sums to zero
+    for k, want in ((0, want_c), (1, want_r)):
+        plan = np.full((B, 2), 0.5)
+        plan[edge, k], plan[~edge, k] = want[0], want[1]
+        dplan, stats = np.empty((B, 2)), np.empty(2)
+        ref.plan_loss(plan, q, actions, ret, levels, dplan, stats, h)
+        for s in (edge, ~edge):
+            assert abs(dplan[s, k].sum()) < 1e-9
+    assert want_r[0] > 0.5 > want_r[1]  # the gate opens on the edge, stays shut without one
+    assert want_c[0] > 0.5
+
+
+def test_plan_loss_writes_zeros_without_a_teaching_row():
+    plan = np.full((4, 2), 0.5, np.float32)
+    q = np.tile(np.float32([0, 1, 0]), (4, 1))  # greedy: flat
+    dplan, stats = np.full((4, 2), np.nan, np.float32), np.empty(2, np.float32)
+    ref.plan_loss(plan, q, np.ones(4, np.int32), np.ones(4, np.float32), np.float32([-1, 0, 1]), dplan, stats, 0.1)
+    assert not dplan.any() and stats.tolist() == [1.0, 0.5]
 
 
 def test_plan_head_gate_is_closed_at_initialisation(rng):
@@ -243,6 +326,11 @@ def test_gpu_dueling(cp, rng, B, A, Z):
     ops.dueling_backward(gdl, gdva)
     assert_parity(glo, lo, rtol=1e-6, what="logits")
     assert_parity(gdva, dva, rtol=1e-6, what="dva")
+    base = rng.standard_normal(va.shape).astype(np.float32)  # accumulate: added to what dva holds
+    acc, gacc = base.copy(), cp.asarray(base)
+    ref.dueling_backward(dl, acc, accumulate=True)
+    ops.dueling_backward(gdl, gacc, accumulate=True)
+    assert_parity(gacc, acc, rtol=1e-6, what="dva accumulated")
 
 
 @pytest.mark.gpu
@@ -285,18 +373,35 @@ def test_gpu_plan_gate(cp, rng, B):
 
     plan = rng.uniform(size=(B, 2)).astype(np.float32)
     plan[0] = (0.25, 0.5)  # on the threshold: ready, scale = conviction
-    ds = rng.standard_normal(B).astype(np.float32)
-    s, dp = np.empty(B, np.float32), np.empty((B, 2), np.float32)
+    s = np.empty(B, np.float32)
     ref.plan_gate(plan, s)
-    ref.plan_gate_backward(ds, plan, dp)
-    gp, gds, gs, gdp = _to(cp, plan, ds, s, dp)
+    gp, gs = _to(cp, plan, s)
     poison(gs)
-    poison(gdp)
     ops.plan_gate(gp, gs)
-    ops.plan_gate_backward(gds, gp, gdp)
     assert_bitwise(gs, s, what="scale")
-    assert_bitwise(gdp, dp, what="dplan")
     assert float(gs.get()[0]) == 0.25
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("B,A", [(1, 3), (7, 3), (256, 3), (4097, 5)])
+def test_gpu_plan_loss(cp, rng, B, A):
+    from cudarl.ops import nn as ops
+
+    plan, q, actions, ret, levels = _plan_case(rng, B, A)
+    plan[0, 1] = 0.5  # on the threshold
+    dp, st = np.empty((B, 2), np.float32), np.empty(2, np.float32)
+    ref.plan_loss(plan, q, actions, ret, levels, dp, st, 0.1)
+    gp, gq, ga, gr, gl = _to(cp, plan, q, actions, ret, levels)
+    gdp, gst = cp.empty((B, 2), np.float32), cp.empty(2, np.float32)
+    poison(gdp)
+    poison(gst)
+    ops.plan_loss(gp, gq, ga, gr, gl, gdp, gst, 0.1)
+    if dp.any():
+        assert_parity(gdp, dp, what="dplan")  # Rbar's sum in another order: within rounding
+    else:
+        assert not gdp.get().any()
+    assert_bitwise(gst[:1], st[:1], what="gate open share")  # counts: exact
+    assert_parity(gst[1:], st[1:], what="mean scale")
 
 
 # --- GPU: the whole network ----------------------------------------------------------------------

@@ -21,7 +21,10 @@ def test_first_update_sets_the_batch_statistics_then_tracks_an_ema(rng):
     st = ref.update(y, st, beta=0.01)
     np.testing.assert_allclose(st[ref.MU], y.mean(), rtol=1e-5)  # bias correction: no pull towards 0
     np.testing.assert_allclose(st[ref.SIGMA], y.std(), rtol=1e-4)
-    assert (st[ref.MU_PREV], st[ref.SIGMA_PREV]) == (0.0, 1.0)
+    # the first update adopts its statistics (no rescale of a fresh network's outputs: nothing to preserve)
+    assert (st[ref.MU_PREV], st[ref.SIGMA_PREV]) == (st[ref.MU], st[ref.SIGMA])
+    st2 = ref.update(y + 1, st, beta=0.01)
+    assert (st2[ref.MU_PREV], st2[ref.SIGMA_PREV]) == (st[ref.MU], st[ref.SIGMA])
     for _ in range(2000):
         st = ref.update(rng.normal(-3.0, 0.5, 256), st, beta=0.01)
     np.testing.assert_allclose([st[ref.MU], st[ref.SIGMA]], [-3.0, 0.5], rtol=0.05)
@@ -29,16 +32,16 @@ def test_first_update_sets_the_batch_statistics_then_tracks_an_ema(rng):
 
 def _preservation_errors(rng, dtype, scale, moves, beta):
     n_out, n_in = 8, 16
-    W = rng.normal(size=(n_out, n_in)).astype(dtype)
+    W = rng.normal(size=(n_in, n_out)).astype(dtype)  # cudarl.nn.Linear's layout
     b = rng.normal(size=n_out).astype(dtype)
     h = rng.normal(size=(32, n_in)).astype(dtype)
-    st = ref.init_state(scale).astype(dtype)
+    st = ref.update(rng.normal(0.0, 1.0, 512), ref.init_state(scale).astype(dtype), beta=beta, compute_dtype=dtype)
     errs = []
     for loc, sd in moves:
-        before = ref.normalize(h @ W.T + b, st, inverse=True, compute_dtype=dtype)
+        before = ref.normalize(h @ W + b, st, inverse=True, compute_dtype=dtype)
         st = ref.update(rng.normal(loc, sd, 512), st, beta=beta, compute_dtype=dtype)
         W, b = ref.rescale(W, b, st, compute_dtype=dtype)
-        after = ref.normalize(h @ W.T + b, st, inverse=True, compute_dtype=dtype)
+        after = ref.normalize(h @ W + b, st, inverse=True, compute_dtype=dtype)
         errs.append(np.linalg.norm(after - before) / np.linalg.norm(before))
     assert abs(st[ref.MU]) > 0.01 and st[ref.SIGMA] != 1.0  # the statistics moved
     return errs
@@ -60,15 +63,16 @@ def test_rescale_is_exact_in_float64_under_violent_moves(rng, scale):
 
 def test_popart_object_preserves_outputs_and_round_trips_its_state(rng):
     pop = PopArt(beta=0.2, scale=4.0, xp=np)
-    W = rng.normal(size=(3, 5)).astype(np.float32)
+    pop.update(rng.normal(0.0, 1.0, 128).astype(np.float32))  # the first update only sets the statistics
+    W = rng.normal(size=(5, 3)).astype(np.float32)  # [n_in, n_out]
     b = rng.normal(size=3).astype(np.float32)
     h = rng.normal(size=(10, 5)).astype(np.float32)
-    before = pop.denormalize(h @ W.T + b)
+    before = pop.denormalize(h @ W + b)
     pop.update(rng.normal(20.0, 5.0, 128).astype(np.float32))
     pop.rescale(W, b)
-    assert rel_error(pop.denormalize(h @ W.T + b), before) < 1e-5
+    assert rel_error(pop.denormalize(h @ W + b), before) < 1e-5
     mu, sigma = pop.statistics()
-    assert mu > 15 and sigma > 3
+    assert mu > 9 and sigma > 3  # half way from the first batch (mean 0) to this one (mean 20)
     other = PopArt(xp=np)
     other.load_state_dict(pop.state_dict())
     assert other.statistics() == (mu, sigma) and other.state_dict()["beta"] == np.float32(0.2)
@@ -154,7 +158,7 @@ def test_gpu_popart_ops_match_reference(cp, rng, B):
     np.testing.assert_allclose(state.get(), want, rtol=1e-5, atol=1e-6)
     st = want
     n_out, n_in = 5, 33
-    W, b = rng.normal(size=(n_out, n_in)).astype(np.float32), rng.normal(size=n_out).astype(np.float32)
+    W, b = rng.normal(size=(n_in, n_out)).astype(np.float32), rng.normal(size=n_out).astype(np.float32)
     Wd, bd = cp.asarray(W), cp.asarray(b)
     ops.rescale(Wd, bd, cp.asarray(st))
     rW, rb = ref.rescale(W, b, st)
@@ -241,7 +245,7 @@ def test_gpu_popart_object_follows_its_numpy_twin_and_replays_bitwise(cp, rng):
 
     B = 512
     gpu, cpu = PopArt(beta=0.05, scale=10.0, xp=cp), PopArt(beta=0.05, scale=10.0, xp=np)
-    W = rng.normal(size=(4, 16)).astype(np.float32)
+    W = rng.normal(size=(16, 4)).astype(np.float32)  # [n_in, n_out], as a Linear stores it
     b = rng.normal(size=4).astype(np.float32)
     Wd, bd = cp.asarray(W), cp.asarray(b)
     y = cp.asarray(rng.normal(4.0, 2.0, B).astype(np.float32))
@@ -271,3 +275,36 @@ def test_gpu_popart_object_follows_its_numpy_twin_and_replays_bitwise(cp, rng):
     g.synchronize()
     for got, want, what in zip((gpu.state, Wd, bd), after_graph, ("state", "W", "b"), strict=True):
         assert_bitwise(got, want, what=f"eager vs graphed {what}")
+
+
+def test_rescale_is_the_identity_when_the_statistics_did_not_move(rng):
+    """Frozen statistics (agent.popart_warmup): W and b keep their bits ((s b) / s would round b)."""
+    st = ref.update(rng.normal(1.0, 2.0, 64), ref.init_state(3.0), beta=0.1)
+    st = ref.update(rng.normal(1.0, 2.0, 64), st, beta=0.0)  # beta 0: the statistics stay
+    assert st[ref.MU] == st[ref.MU_PREV] and st[ref.SIGMA] == st[ref.SIGMA_PREV]
+    W, b = rng.normal(size=(7, 3)).astype(np.float32), rng.normal(size=3).astype(np.float32) * 1e3
+    W2, b2 = ref.rescale(W, b, st)
+    assert_bitwise(W2, W, what="W")
+    assert_bitwise(b2, b, what="b")
+
+
+@pytest.mark.gpu
+def test_gpu_rescale_takes_a_networks_own_last_layer_and_freezes_exactly(cp, rng):
+    """The launcher takes a Linear's views of the flat parameters, W [n_in, n_out] (it wanted
+    [n_out, n_in] and refused the project's own layers); with unmoved statistics nothing changes."""
+    from cudarl.nn import QNetwork
+    from cudarl.ops import popart as ops
+
+    net = QNetwork(9, 3, head="iqn", hidden=(16,), n_quantiles=4, n_cos=8, max_batch=4, xp=cp)
+    W, b = net.P["head.out.weight"], net.P["head.out.bias"]
+    st = ref.update(rng.normal(0.5, 2.0, 64), ref.init_state(1.0), beta=0.2)
+    W0, b0 = W.get(), b.get()
+    ops.rescale(W, b, cp.asarray(st))
+    rW, rb = ref.rescale(W0, b0, st)
+    assert_parity(W, rW, what="W of head.out")
+    assert_parity(b, rb, what="b of head.out")
+    frozen = ref.update(rng.normal(0.5, 2.0, 64), st, beta=0.0)
+    W1, b1 = W.get(), b.get()
+    ops.rescale(W, b, cp.asarray(frozen))
+    assert_bitwise(W, W1, what="frozen W")
+    assert_bitwise(b, b1, what="frozen b")

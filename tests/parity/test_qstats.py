@@ -1,4 +1,4 @@
-"""Q statistics (expected Q, entropy, utilisation, Q variance) and the adaptive discount."""
+"""Q statistics (expected Q, entropy, utilisation, Q variance; the moments of a head without atoms)."""
 
 import numpy as np
 import pytest
@@ -52,14 +52,20 @@ def test_q_statistics_move_after_a_c51_step(rng):
     assert np.all(after[L["var_q"]] != before[L["var_q"]])
 
 
-def test_adaptive_gamma_moves_towards_the_target_utilisation_and_clips():
-    stats = np.float32([0, 0.2])  # utilisation at index 1
-    up = ref.adapt_gamma(stats, 0.9, 1, target=0.6, rate=0.05, gamma_min=0.8, gamma_max=0.995)
-    assert up == np.float32(0.9) + np.float32(0.05) * (np.float32(0.6) - np.float32(0.2))
-    down = ref.adapt_gamma(np.float32([0, 0.9]), 0.9, 1, 0.6, 0.05, 0.8, 0.995)
-    assert down < 0.9
-    assert ref.adapt_gamma(np.float32([0, 0.0]), 0.99, 1, 0.6, 0.5, 0.8, 0.995) == np.float32(0.995)
-    assert ref.adapt_gamma(np.float32([0, 1.0]), 0.81, 1, 0.6, 0.5, 0.8, 0.995) == np.float32(0.8)
+def test_moments_are_reduces_q_half_and_leave_the_atom_statistics_nan(rng):
+    q = rng.normal(size=(33, 3)).astype(np.float32)
+    L = ref.layout(3)
+    m = ref.moments(q)
+    full = ref.reduce(q, np.zeros(33, np.float32), np.full((33, 5), 0.2, np.float32))
+    np.testing.assert_array_equal(m[L["mean_q"]], full[L["mean_q"]])
+    np.testing.assert_array_equal(m[L["var_q"]], full[L["var_q"]])
+    assert np.isnan(m[L["entropy"]]) and np.isnan(m[L["utilisation"]])
+
+
+def test_expected_q_is_per_samples_q(rng):
+    logits = rng.normal(size=(9, 3, 11)).astype(np.float32)
+    z = np.linspace(-1, 1, 11, dtype=np.float32)
+    assert_bitwise(ref.expected_q(logits, z), ref.per_sample(logits, z)[0], what="expected Q")
 
 
 # ---- GPU ------------------------------------------------------------------------------------
@@ -116,11 +122,9 @@ def test_gpu_q_stats_reach_the_host_through_pinned_memory_bitwise_repeatably(cp,
     logits = cp.asarray(_concentrated_logits(rng, B, A, K))
     q, ent, mass = cp.empty((B, A), np.float32), cp.empty(B, np.float32), cp.empty((B, K), np.float32)
     rb = PinnedReadback(2 * A + 2, np.float32, cp)
-    gamma = cp.asarray(np.float32([0.9]))
 
     def phase():
         ops.q_stats(logits, z, q, ent, mass, rb.device)
-        ops.adapt_gamma(rb.device, gamma, A + 1, target=1.0, rate=0.01, gamma_min=0.5, gamma_max=0.999)
 
     cp.cuda.Device().synchronize()
     g = StepGraph("qstats_parity", [("stats", phase)], xp=cp)
@@ -128,16 +132,45 @@ def test_gpu_q_stats_reach_the_host_through_pinned_memory_bitwise_repeatably(cp,
     rb.mark_written(g.stream)
     eager = rb.read()
     np.testing.assert_allclose(eager, ref.q_stats(logits.get(), z.get()), rtol=1e-5, atol=1e-6)
-    g.synchronize()
-    want_gamma = ref.adapt_gamma(eager, 0.9, A + 1, 1.0, 0.01, 0.5, 0.999)
-    assert np.isclose(gamma.get()[0], want_gamma, rtol=1e-6, atol=0) and want_gamma > np.float32(
-        0.9
-    )  # utilisation < 1 raised gamma
     g.capture()
     g.replay()
     rb.mark_written(g.stream)
     assert_bitwise(rb.read(), eager, what="graphed q stats")
-    g.synchronize()
-    assert np.isclose(
-        gamma.get()[0], ref.adapt_gamma(eager, want_gamma, A + 1, 1.0, 0.01, 0.5, 0.999), rtol=1e-6, atol=0
-    )
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("B,A", [(1, 3), (7, 2), (512, 3), (4097, 5)])
+def test_gpu_moments_match_reference_and_reduce(cp, rng, B, A):
+    from cudarl.ops import qstats as ops
+
+    q = rng.normal(size=(B, A)).astype(np.float32) * 3 + 1
+    out = cp.empty(2 * A + 2, np.float32)
+    poison(out)
+    ops.moments(cp.asarray(q), out)
+    got, want, L = out.get(), ref.moments(q), ref.layout(A)
+    assert_parity(got[L["mean_q"]], want[L["mean_q"]], what="mean Q")
+    if B > 1:
+        assert_parity(got[L["var_q"]], want[L["var_q"]], what="var Q")
+    assert np.isnan(got[L["entropy"]]) and np.isnan(got[L["utilisation"]])
+    # the same Q half, bit for bit, as reduce writes it
+    K = 5
+    full = cp.empty(2 * A + 2, np.float32)
+    ops.reduce(cp.asarray(q), cp.zeros(B, np.float32), cp.full((B, K), 0.2, np.float32), full)
+    assert_bitwise(got[L["mean_q"]], full.get()[L["mean_q"]], what="moments vs reduce mean")
+    assert_bitwise(got[L["var_q"]], full.get()[L["var_q"]], what="moments vs reduce var")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("B,A,K", [(1, 3, 11), (33, 3, 51), (4096, 3, 51)])
+def test_gpu_expected_q_is_per_samples_q_bitwise(cp, rng, B, A, K):
+    from cudarl.ops import qstats as ops
+
+    logits = cp.asarray(_concentrated_logits(rng, B, A, K))
+    z = cp.asarray(np.linspace(-10, 10, K, dtype=np.float32))
+    q1, q2 = cp.empty((B, A), np.float32), cp.empty((B, A), np.float32)
+    poison(q1)
+    poison(q2)
+    ops.expected_q(logits, z, q1)
+    ops.per_sample(logits, z, q2, cp.empty(B, np.float32), cp.empty((B, K), np.float32))
+    assert_bitwise(q1, q2, what="expected_q vs per_sample")
+    assert_parity(q1, ref.expected_q(logits.get(), z.get()), what="expected Q")

@@ -1,4 +1,4 @@
-"""CQL (C51 and quantile heads) and IQL expectile regression + priority modulation."""
+"""CQL (C51 and quantile heads)."""
 
 import numpy as np
 import pytest
@@ -45,33 +45,6 @@ def test_cql_quantile_gradient_matches_finite_differences(rng):
     )
 
 
-@pytest.mark.parametrize("tau", [0.5, 0.7, 0.9])
-def test_expectile_gradient_matches_finite_differences(rng, tau):
-    q = rng.normal(size=9)
-    v = rng.normal(size=9)
-    _, _, gv, _ = ref.expectile(q, v, np.ones(9), tau, compute_dtype=np.float64)
-    np.testing.assert_allclose(
-        gv,
-        finite_difference(lambda t: ref.expectile(q, t, np.ones(9), tau, compute_dtype=np.float64)[1], v),
-        rtol=1e-6,
-        atol=1e-9,
-    )
-
-
-def test_expectile_minimiser_is_the_upper_expectile_and_modulation_is_asymmetric(rng):
-    q = rng.normal(size=20000)
-    v = np.zeros(1)
-    for _ in range(500):  # gradient descent on a shared v
-        _, _, gv, _ = ref.expectile(q, np.full(q.size, v[0]), np.ones(q.size), 0.9, compute_dtype=np.float64)
-        v -= 2.0 * gv.sum()
-    assert v[0] > 0.5  # the 0.9-expectile of N(0, 1) is about 0.86
-    prio = rng.uniform(0.5, 1.5, 4)
-    _, _, _, same = ref.expectile(np.float64([1, -1, 2, -2]), np.zeros(4), prio, 0.5, compute_dtype=np.float64)
-    np.testing.assert_allclose(same, prio)  # tau = 0.5 is the identity
-    _, _, _, mod = ref.expectile(np.float64([1, -1, 2, -2]), np.zeros(4), prio, 0.8, compute_dtype=np.float64)
-    np.testing.assert_allclose(mod, prio * np.float64([1.6, 0.4, 1.6, 0.4]))
-
-
 # ---- GPU ------------------------------------------------------------------------------------
 def _e(cp, shape):
     x = cp.empty(shape, np.float32)
@@ -116,25 +89,6 @@ def test_gpu_cql_quantile_matches_reference(cp, rng, B, A, N, accumulate):
     assert_parity(per, r_per, what="cql per sample")
     assert_parity(loss, np.float32([r_loss]), what="cql loss")
     assert_parity(grad, (r_grad + base) if accumulate else r_grad, what="cql grad")
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("B", [1, 300, 4096])
-def test_gpu_expectile_matches_reference(cp, rng, B):
-    from cudarl.ops import regularizers as ops
-
-    q, v = rng.normal(size=B).astype(np.float32), rng.normal(size=B).astype(np.float32)
-    prio = rng.uniform(0.1, 2, B).astype(np.float32)
-    per, loss, gv, po = _e(cp, (B,)), _e(cp, (1,)), _e(cp, (B,)), _e(cp, (B,))
-    ops.expectile(cp.asarray(q), cp.asarray(v), cp.asarray(prio), 0.7, per, loss, gv, po)
-    r = ref.expectile(q, v, prio, 0.7)
-    for got, want, what in zip(
-        (per, loss, gv, po),
-        (r[0], np.float32([r[1]]), r[2], r[3]),
-        ("loss per", "loss", "grad v", "priority"),
-        strict=True,
-    ):
-        assert_parity(got, want, what=what)
 
 
 @pytest.mark.gpu

@@ -178,7 +178,7 @@ def test_importance_weights_match_the_closed_form_and_beta_anneals(rng):
 
 # --- n-step returns -----------------------------------------------------------------------------
 def test_n_step_hand_case_with_an_episode_ending_inside_the_window():
-    r = _cpu(20, D=2, n_step=3, pad_rows=True)
+    r = _cpu(20, D=2, n_step=3)
     rew = np.array([1, 2, 4, 8, 16, 32, 64], np.float32)
     disc = np.array([0.9, 0.9, 0.0, 0.9, 0.9, 0.9, 0.9], np.float32)  # the episode ends after step 2
     obs = np.arange(14, dtype=np.float32).reshape(7, 2)
@@ -186,8 +186,8 @@ def test_n_step_hand_case_with_an_episode_ending_inside_the_window():
     b = r.gather(np.array([0, 1, 2, 3], np.int32))
     np.testing.assert_allclose(b.ret, [1 + 0.9 * 2 + 0.81 * 4, 2 + 0.9 * 4, 4, 8 + 0.9 * 16 + 0.81 * 32], rtol=1e-6)
     np.testing.assert_allclose(b.discount, [0, 0, 0, 0.9**3], rtol=1e-6)
-    assert b.obs.shape == (4, 32) and np.all(b.obs[:, 2:] == 0) and np.all(b.next_obs[:, 2:] == 0)
-    assert np.array_equal(b.obs[:, :2], obs[:4]) and np.array_equal(b.next_obs[:, :2], obs[3:7])
+    assert b.obs.shape == (4, 2) and b.next_obs.shape == (4, 2)
+    assert np.array_equal(b.obs, obs[:4]) and np.array_equal(b.next_obs, obs[3:7])
     assert np.array_equal(b.action, [0, 1, 2, 3])
 
 
@@ -286,7 +286,7 @@ def _round_trip(rng, kw: dict, rows, field: str):
 
 
 def test_state_round_trips_and_resumes_identically(rng):
-    _round_trip(rng, dict(n_step=3, n_envs=2, pad_rows=True, seed=7), _rows, "ret")
+    _round_trip(rng, dict(n_step=3, n_envs=2, seed=7), _rows, "ret")
 
 
 # --- bad input ------------------------------------------------------------------------------------
@@ -366,7 +366,7 @@ def _assert_same_state(gpu, cpu, what):
 def test_gpu_stream_of_add_sample_update_matches_the_twin(cp, rng, C, D, n, E, B, add_rows):
     """100 steps of add / sample / gather / update (with duplicate indices): indices, gathered rows
     and n-step targets identical, weights within 1e-6, the whole tree and every counter identical."""
-    kw = dict(n_step=n, n_envs=E, pad_rows=True, seed=int(rng.integers(1 << 62)), beta_steps=50)
+    kw = dict(n_step=n, n_envs=E, seed=int(rng.integers(1 << 62)), beta_steps=50)
     gpu, cpu = _pair(C, D, **kw)
     add_rows -= add_rows % E
     step = 0
@@ -590,7 +590,7 @@ def test_gpu_graphed_equals_eager_bitwise(cp, rng):
     bufs = []
     o, a, rew, d = _rows(rng, 3000, 16)
     for _ in range(2):
-        r = PrioritizedReplay(5000, 16, n_step=3, pad_rows=True, seed=3, backend="cupy")
+        r = PrioritizedReplay(5000, 16, n_step=3, seed=3, backend="cupy")
         r.add(cp.asarray(o), cp.asarray(a), cp.asarray(rew), cp.asarray(d))
         r.reserve(B)
         bufs.append(r)
@@ -659,15 +659,14 @@ def _rows_next(rng, B, D, discount=0.9):
 
 
 def test_store_next_obs_rows_are_ready_at_once_and_gather_returns_the_stored_next_obs(rng):
-    r = _cpu(40, D=3, n_envs=2, store_next_obs=True, pad_rows=True)
+    r = _cpu(40, D=3, n_envs=2, store_next_obs=True)
     o, a, rew, d, nx = _rows_next(rng, 6, 3)
     d[4] = 0.0
     r.add(o, a, rew, d, nx)
     assert r.ready() == 6 and np.all(r.bufs.tree[:6] == 1 << 24) and np.all(r.bufs.tree[6:40] == 0)
     _check_invariants(r)
     b = r.gather(np.arange(6, dtype=np.int32))
-    assert np.array_equal(b.next_obs[:, :3], nx) and np.all(b.next_obs[:, 3:] == 0)
-    assert np.array_equal(b.obs[:, :3], o) and np.array_equal(b.action, a)
+    assert np.array_equal(b.next_obs, nx) and np.array_equal(b.obs, o) and np.array_equal(b.action, a)
     assert np.array_equal(b.ret, rew) and np.array_equal(b.discount, d)
     idx, w = r.sample(6)  # every row, the last one included, can be drawn right away
     assert np.all(idx < 6) and np.all(w > 0)
@@ -733,7 +732,7 @@ def test_store_next_obs_refuses_n_step_other_than_one():
     with pytest.raises(ValueError, match="store_next_obs"):
         _cpu(64, store_next_obs="yes")
     with pytest.raises(ValueError, match="store_next_obs"):
-        ref.ReplaySpec(64, 3, 3, 2, 1, 0.6, 1e-6, 0.4, 1.0, 10, 0, 0, store_next_obs=True)
+        ref.ReplaySpec(64, 3, 2, 1, 0.6, 1e-6, 0.4, 1.0, 10, 0, 0, store_next_obs=True)
 
 
 def _bad_next_calls(rng):
@@ -789,10 +788,10 @@ def test_store_next_obs_twin_rejects_a_batch_with_non_finite_next_obs(rng):
 
 
 def test_store_next_obs_state_round_trips_and_resumes_identically(rng):
-    state = _round_trip(rng, dict(n_envs=2, pad_rows=True, seed=9, store_next_obs=True), _rows_next, "next_obs")
+    state = _round_trip(rng, dict(n_envs=2, seed=9, store_next_obs=True), _rows_next, "next_obs")
     assert state["store_next_obs"] is True and state["next_obs"].shape == (80, 3)
     with pytest.raises(ValueError, match="store_next_obs"):
-        _cpu(80, n_envs=2, pad_rows=True).load_state_dict(state)
+        _cpu(80, n_envs=2).load_state_dict(state)
 
 
 @pytest.mark.gpu
@@ -800,7 +799,7 @@ def test_store_next_obs_state_round_trips_and_resumes_identically(rng):
 def test_gpu_store_next_obs_stream_matches_the_twin(cp, rng, C, D, E, B, add_rows):
     """40 steps of add (with next_obs) / sample / gather / update: indices and gathered rows
     identical, weights within 1e-6, tree, rings and counters identical."""
-    kw = dict(n_envs=E, pad_rows=True, seed=int(rng.integers(1 << 62)), beta_steps=30, store_next_obs=True)
+    kw = dict(n_envs=E, seed=int(rng.integers(1 << 62)), beta_steps=30, store_next_obs=True)
     gpu, cpu = _pair(C, D, **kw)
     add_rows -= add_rows % E
     step = 0
@@ -840,7 +839,7 @@ def test_gpu_store_next_obs_graphed_equals_eager_bitwise(cp, rng):
     td = cp.asarray(rng.standard_normal(B).astype(np.float32))
     bufs = []
     for _ in range(2):
-        r = PrioritizedReplay(3000, D, n_step=1, n_envs=E, pad_rows=True, seed=4, store_next_obs=True, backend="cupy")
+        r = PrioritizedReplay(3000, D, n_step=1, n_envs=E, seed=4, store_next_obs=True, backend="cupy")
         r.add(o, a, rew, d, nx)
         r.reserve(B)
         bufs.append(r)

@@ -25,7 +25,7 @@ SECTIONS = {name: cls() for name, cls in C.SECTIONS.items()}
 #: function of the section} where the names differ)
 CASES = [
     (QNetwork, "net", {}),
-    (Linear, "net", {}),
+    (Linear, "net", {"spectral": "(a flag per layer: whether net.spectral names it)"}),
     (MLP, "net", {}),
     (C51Head, "net", {}),
     (IQNHead, "net", {}),

@@ -56,3 +56,18 @@ def test_state_round_trip_and_validation():
     with pytest.raises(ValueError, match="spike_factor"):
         Guard(GuardConfig(spike_factor=1.0))
     assert Guard().spike_factor == GuardConfig().spike_factor == 20.0  # one source of defaults
+
+
+def test_collapse_rule_needs_a_whole_window_below_the_threshold():
+    g = Guard(GuardConfig(action="rollback", window=3, min_atom_utilisation=0.1))
+    assert g.check(0, 1.0, 1.0, 0.05) is None
+    assert g.check(1, 1.0, 1.0, 0.05) is None
+    assert g.check(2, 1.0, 1.0, 0.5) is None  # one healthy update resets the run
+    for t in range(3, 5):
+        assert g.check(t, 1.0, 1.0, 0.02) is None
+    ev = g.check(5, 1.0, 1.0, 0.02)
+    assert ev is not None and (ev.reason, ev.what, ev.action) == ("collapse", "atom_utilisation", "rollback")
+    assert "atom_utilisation = 0.02 < 0.1" in ev.message() and "agent.popart" in ev.message()
+    assert g.check(6, 1.0, 1.0, None) is None  # a head without atoms: no rule
+    off = Guard(GuardConfig(window=2, min_atom_utilisation=0.0))
+    assert all(off.check(t, 1.0, 1.0, 0.0) is None for t in range(10))

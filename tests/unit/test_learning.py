@@ -1,5 +1,14 @@
 """Learning regressions fail CI (the CPU smoke of tools/learning_check.py): on the leakage canary both
-heads must find the leak, and on a martingale the default configuration must stay flat."""
+heads must find the leak, with PopArt, and on a martingale the default configuration must stay flat.
+
+The canary's bars (issue 18: removing PopArt or flipping a sign must fail a named test), measured on
+the CPU at ef35931 (600 updates, seeds 0 and 1): with PopArt the held-out Sharpe was 20.0 and 20.2
+(C51), 19.5 and 20.2 (IQN), and the batch variance of the expected Q (``q_var``, the head's units)
+5.9-6.2 (C51) and 0.56-0.66 (IQN); without PopArt 5.6 and 0.0 (C51), and for IQN the validation
+gate stayed shut (no edge: flat, no Sharpe), with ``q_var`` about 1e-3 for both. A held-out Sharpe
+above 10 and ``q_var`` above 0.1 fail without PopArt; a flipped sign of the reward or of the leak
+fails the Sharpe (the agent learns the opposite trade).
+"""
 
 import time
 
@@ -16,6 +25,7 @@ def train(over):
     return tr, tr.evaluate("test", write=False)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("head", ["c51", "iqn"])
 def test_cpu_canary_learns_the_leak(head):
     """builtin:canary leaks the next bar's return (named in features.extra); a correct learner's held-out
@@ -29,11 +39,12 @@ def test_cpu_canary_learns_the_leak(head):
         "net": {"head": head},
     }
     t0 = time.process_time()  # CPU time: the check is the work done, not the machine's load
-    _, test = train(over)
-    assert time.process_time() - t0 < 60
+    tr, test = train(over)
+    assert time.process_time() - t0 < 90
     assert test["deployment"]["trading"], test["deployment"]  # the validation gate opens on a real edge
-    assert test["policy"]["sharpe"] > 2.0, test["policy"]
+    assert test["policy"]["sharpe"] > 10.0, test["policy"]  # PopArt removed: 5.6 and 0.0 (C51)
     assert test["policy"]["sharpe"] > test["buy_and_hold"]["sharpe"] + 2.0
+    assert tr.monitor.last_stats["q_var"] > 0.1, tr.monitor.last_stats  # values on the support's scale
 
 
 def test_cpu_noise_stays_flat_with_the_defaults():

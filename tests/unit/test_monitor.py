@@ -28,6 +28,17 @@ class _Ring:
         return self.slots[slot].copy()
 
 
+class _Stats:
+    """The step's observables (cudarl.stats.StepStats): a ring marked with the loss's, read with it."""
+
+    def __init__(self):
+        self.ring, self.read_steps = _Ring(), []
+
+    def read(self, step):
+        self.read_steps.append(step)
+        return {"atom_utilisation": None}
+
+
 class _Adam:
     def __init__(self):
         self.schedule = Schedule(lr=1e-3)
@@ -37,7 +48,7 @@ class _Agent:
     """Publishes update t's values into slot t % 2 (the graph's publish); state is one number."""
 
     def __init__(self):
-        self.readback, self.adam, self.weights = _Ring(), _Adam(), 0.0
+        self.readback, self.adam, self.weights, self.stats = _Ring(), _Adam(), 0.0, _Stats()
 
     def update(self, t, loss):
         self.weights += 1.0
@@ -87,6 +98,8 @@ def test_every_update_is_read_once_in_order(gpu):
     m.settle()
     assert m.losses == [float(k) for k in range(1, 8)] and m.pending is None and not events
     assert m.last == (7.0, 0.5) and agent.readback.marked == [t % 2 for t in range(1, 8)]
+    # the step's observables: their ring marked with the loss's, each update read once, in order
+    assert agent.stats.ring.marked == agent.readback.marked and agent.stats.read_steps == list(range(1, 8))
 
 
 @pytest.mark.parametrize("gpu", [False, True])

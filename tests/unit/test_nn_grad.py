@@ -155,18 +155,21 @@ def test_iqn_head_fd(rng):
     assert max(errs) <= TOL, errs
 
 
-def test_plan_head_fd(rng):
+def test_plan_head_fd_and_it_leaves_the_encoder_alone(rng):
+    """The plan head's own gradients by finite differences; it reads psi but writes no dL/dpsi (a probe:
+    trained into the encoder it learned the training noise, see PlanHead)."""
     m = PlanHead("plan", 6, gain=1.0, readiness_bias=0.3)
     params, grads, ws = build(m, 5, rng)
     psi = rng.standard_normal((5, 6))
+    dpsi = np.full_like(psi, 7.0)
 
-    def bwd(R, dpsi):
+    def bwd(R, _):
         ws.rows(m.grad_name)[...] = R
-        dpsi[...] = 0
         m.backward(psi, ws, dpsi, accumulate=True)
 
-    errs = check(lambda: m.forward(psi, ws), bwd, params, grads, psi, rng)
+    errs = check(lambda: m.forward(psi, ws), bwd, params, grads, psi, rng, d_in=False)
     assert max(errs) <= TOL, errs
+    assert (dpsi == 7.0).all()
 
 
 @pytest.mark.parametrize(
@@ -192,14 +195,21 @@ def test_qnetwork_fd(head, layernorm, spectral, rng):
     for name in spectral:
         net.linears[name].sn_update = False
     net.params += 0.1 * rng.standard_normal(net.params.shape)
-    net.P["plan.lin.weight"][...] *= 50.0  # make the plan head's contribution to dpsi visible
     x = rng.standard_normal((3, 6))
     tau = rng.uniform(size=(3, 3))
     Rq, Rp = rng.standard_normal(net.forward_shape(3)), rng.standard_normal((3, 2))
+    # the plan head's loss reaches its own parameters only (it is a probe of psi): the loss the
+    # backward differentiates holds psi constant in the plan term, which this linearisation does
+    psi0 = net.forward(x, **({"tau": tau} if head == "iqn" else {}))["plan"]
+    lin = net.plan.lin
+    psi_fixed = net.ws.rows(f"{net.encoder.out_name}.out").copy()
 
     def loss():
         o = net.forward(x, **({"tau": tau} if head == "iqn" else {}))
-        return float(np.sum(o["q"] * Rq) + np.sum(o["plan"] * Rp))
+        plan = 1.0 / (1.0 + np.exp(-(psi_fixed @ net.P[f"{lin.name}.weight"] + net.P[f"{lin.name}.bias"])))
+        return float(np.sum(o["q"] * Rq) + np.sum(plan * Rp))
+
+    del psi0
 
     loss()
     g = net.grad_outputs()

@@ -82,7 +82,7 @@ def test_replay_memory_does_not_grow_with_the_window():
     one = Trainer(small(), run_dir=False, echo=quiet)
     wide = Trainer(small(net={"window": 64}), run_dir=False, echo=quiet)
     assert wide.env.obs_dim == 64 * one.env.obs_dim
-    assert one.replay.row_width == wide.replay.row_width == 4
+    assert one.replay.spec.obs_dim == wide.replay.spec.obs_dim == 4
     assert one.replay.nbytes() == wide.replay.nbytes()
     per_row = one.replay.nbytes() / one.replay.capacity
     # state row 16, action, reward, discount 4 each, owner 4, leaf 8, internal nodes about 8 / 31

@@ -26,13 +26,18 @@ __device__ __forceinline__ float dueling_logit(const float* va, float mean, int 
   return dueling_combine(va[z], va[(1 + a) * Z + z], mean);
 }
 
-// d: one sample's dL/dlogits [A, Z]; dva: its dL/dva [(1 + A) Z]; writes atom z of both streams.
-__device__ __forceinline__ void dueling_backward_atom(const float* d, float* dva, int A, int Z, int z) {
+// d: one sample's dL/dlogits [A, Z]; dva: its dL/dva [(1 + A) Z]; writes (accumulate: adds into)
+// atom z of both streams.
+__device__ __forceinline__ void dueling_backward_atom(const float* d, float* dva, int A, int Z, int z,
+                                                      bool accumulate = false) {
   float s = d[z];
   for (int a = 1; a < A; ++a) s += d[a * Z + z];
   const float m = s / (float)A;
-  dva[z] = s;
-  for (int a = 0; a < A; ++a) dva[(1 + a) * Z + z] = d[a * Z + z] - m;
+  dva[z] = accumulate ? dva[z] + s : s;
+  for (int a = 0; a < A; ++a) {
+    const float g = d[a * Z + z] - m;
+    dva[(1 + a) * Z + z] = accumulate ? dva[(1 + a) * Z + z] + g : g;
+  }
 }
 
 template <int MAXA>

@@ -16,7 +16,11 @@
 //   batch_moments_half(...)      the same bits from a block of kReduceThreads / 2 threads
 //   updated(old, beta, sum, sum2, B, sigma_min)
 //                                the statistics after one batch of B targets with those sums
-//   store(state, old, new)       write them (mu_prev, sigma_prev <- old mu, sigma; scale kept)
+//   store(state, old, new)       write them (mu_prev, sigma_prev <- old mu, sigma; scale kept). The
+//                                first update (old.decay == 1: the initial identity, no statistics
+//                                yet) sets mu_prev, sigma_prev to the new ones: there is nothing to
+//                                preserve, so the rescale leaves a fresh network's outputs as
+//                                normalised values instead of blowing them up by sigma_0 / sigma_1
 //   normalized_reward(r, d, mu, s), td_target(r, d, v, mu, s)
 //                                (r - (1 - d) mu) / s  and  r + d (s v + mu)
 #pragma once
@@ -94,8 +98,9 @@ __device__ __forceinline__ Stats updated(const Stats& old, float beta, float sum
 }
 
 __device__ __forceinline__ void store(float* state, const Stats& old, const Stats& s) {
-  state[MU_PREV] = old.mu;
-  state[SIGMA_PREV] = old.sigma;
+  const bool first = old.decay == 1.f;
+  state[MU_PREV] = first ? s.mu : old.mu;
+  state[SIGMA_PREV] = first ? s.sigma : old.sigma;
   state[M1] = s.m1;
   state[M2] = s.m2;
   state[DECAY] = s.decay;

@@ -36,7 +36,6 @@ class ReplaySpec:
     Attributes:
         capacity: rows in the ring, ``C``.
         obs_dim: features per observation row, ``D``.
-        row_width: width of a gathered row, ``D`` or ``D`` rounded up to 32 floats (128 bytes).
         n_step: ``n`` of the n-step return.
         n_envs: ``E``, environments interleaved time-major in the ring.
         alpha: priority exponent.
@@ -48,7 +47,6 @@ class ReplaySpec:
 
     capacity: int
     obs_dim: int
-    row_width: int
     n_step: int
     n_envs: int
     alpha: float

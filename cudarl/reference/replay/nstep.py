@@ -34,23 +34,19 @@ def gather(
 
     Args:
         indices: int32 ``[B]`` slots.
-    Writes ``obs_out``, ``next_obs_out`` float32 ``[B, row_width]`` (columns ``>= D`` zero;
-    ``next_obs`` is the bootstrap row ``s_{t+n}``, or the row's stored ``next_obs`` with
-    ``store_next_obs``), ``action_out`` int32 ``[B]``,
+    Writes ``obs_out``, ``next_obs_out`` float32 ``[B, D]`` (``next_obs`` is the bootstrap row
+    ``s_{t+n}``, or the row's stored ``next_obs`` with ``store_next_obs``), ``action_out`` int32 ``[B]``,
     ``return_out`` / ``discount_out`` float32 ``[B]`` (``nstep``). An index outside ``[0, C)``
     gives a zero row and ``STATUS_BAD_INDEX`` (the kernel never reads out of bounds).
     """
-    D = spec.obs_dim
     s = np.asarray(indices, np.int64)
     bad = (s < 0) | (s >= spec.capacity)
     if np.any(bad):
         bufs.status[0] |= STATUS_BAD_INDEX
     s = np.where(bad, 0, s)
     G, gamma, nxt = nstep(spec, bufs, s)
-    obs_out[:, :D] = bufs.obs[s]
-    obs_out[:, D:] = 0
-    next_obs_out[:, :D] = (bufs.next_obs if spec.store_next_obs else bufs.obs)[nxt]
-    next_obs_out[:, D:] = 0
+    obs_out[...] = bufs.obs[s]
+    next_obs_out[...] = (bufs.next_obs if spec.store_next_obs else bufs.obs)[nxt]
     action_out[:] = bufs.action[s]
     return_out[:] = G
     discount_out[:] = gamma

@@ -1,0 +1,36 @@
+"""tools/mechanism_screen.py end to end on the CPU at a tiny budget: the behaviour runs are recorded
+first, the offline rows train from them, and the on/off table pairs each row with its reference."""
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "tools"))
+
+
+@pytest.mark.slow
+def test_the_screen_records_then_trains_offline_and_tabulates(tmp_path, monkeypatch):
+    import learning_check
+    import mechanism_screen
+
+    task = {**learning_check.TASKS["regime"], "config": {"data": {"source": "builtin:regime?n=1500"}}}
+    monkeypatch.setitem(learning_check.TASKS, "regime", task)
+    tiny = {"run": {"steps": 30, "eval_every": 0}, "env": {"n_envs": 8, "episode_len": 128}}
+    tiny["agent"] = {"batch_size": 32, "learning_starts": 200}
+    tiny["replay"] = {"capacity": 4096}
+    monkeypatch.setattr(learning_check, "QUICK", tiny)
+    out, md, jsonl = tmp_path / "m.json", tmp_path / "m.md", tmp_path / "m.jsonl"
+    argv = ["x", "--quick", "--seeds", "1", "--workers", "1", "--device", "cpu", "--only", "offline"]
+    argv += ["--out", str(out), "--md", str(md), "--jsonl", str(jsonl), "--recordings", str(tmp_path / "rec")]
+    monkeypatch.setattr(sys, "argv", argv)
+    assert mechanism_screen.main() == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["variant"] for r in rows][0] == "behaviour (recorded)"
+    assert (tmp_path / "rec" / "behaviour-0.safetensors").is_file()
+    table = {(e["row"], e["head"]): e for e in json.loads(out.read_text())["table"]}
+    assert table[("offline cql 1", "iqn")]["compared_with"] == "offline ddqn"
+    assert "difference" in table[("offline cql 1", "c51")] and table[("offline ddqn", "c51")]["n"] == 1
+    assert "| offline (CQL) | offline cql 1 |" in md.read_text()

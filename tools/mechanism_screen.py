@@ -1,0 +1,236 @@
+#!/usr/bin/env python3
+"""The on/off screen of the mechanisms issue 18 wired: each one trained with and without it, 3 seeds.
+
+Every run is ``tools/learning_check.py``'s (``learning_check.run_jobs``: the same budget, tasks and
+evaluation as the learning check, so a row here and a row there are the same measurement). Rows
+(``SCREEN``: name, the task, the heads, the overrides) pair each mechanism's "on" with the defaults
+(``base``) or with its own "off"; the offline rows first record one behaviour run per seed
+(``run.record``, the C51 defaults on the task) and then train each head offline from it, plain double
+DQN against CQL; that chain runs beside the online rows on a quarter of the workers. Each finished
+run is appended to ``--jsonl`` at once (a call cut short keeps what it measured); at the end
+``--out`` gets every row and the on/off table as JSON and ``--md`` the table (docs/results.md's
+section). One GPU call: ``tools/gpu_mechanisms.sh``.
+
+    python3 tools/mechanism_screen.py --seeds 3 --workers 14 --out $OUT/mechanisms.json \\
+        --jsonl $OUT/mechanisms.jsonl --md $OUT/mechanisms.md
+    python3 tools/mechanism_screen.py --quick --seeds 1 --workers 2 --only plan,popart   # CPU-sized
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tools"))
+
+import learning_check  # noqa: E402
+
+#: (row name, the mechanism it measures, task, heads, overrides). "base" rows are the defaults; each
+#: other row is compared with the base row of its task and head, or with the row named in COMPARE.
+#: The Q statistics (and the guard's collapse rule, which never trips on these tasks) have no row: they
+#: change no bit of training (tests/unit/test_mechanisms.py), so their on/off table is that test.
+SCREEN = [
+    ("base", "defaults", "regime", ("c51", "iqn"), []),
+    ("base", "defaults", "canary", ("c51",), []),
+    ("base", "defaults", "noise", ("c51",), []),
+    ("popart off", "PopArt", "regime", ("c51", "iqn"), ["agent.popart=false"]),
+    ("popart never frozen", "PopArt (C51 warm-up)", "regime", ("c51",), ["agent.popart_warmup=0"]),
+    ("plan head", "plan head", "regime", ("c51", "iqn"), ["net.plan=true"]),
+    ("plan head", "plan head", "canary", ("c51",), ["net.plan=true"]),
+    ("plan head", "plan head", "noise", ("c51",), ["net.plan=true"]),
+    ("spectral enc.1", "spectral norm", "regime", ("c51", "iqn"), ["net.spectral=[enc.1]"]),
+    ("shrink-perturb 2000", "shrink-and-perturb", "regime", ("c51", "iqn"), ["optim.shrink_every=2000"]),
+    ("offline ddqn", "offline (CQL)", "regime", ("c51", "iqn"), ["run.offline={rec}"]),
+    ("offline cql 1", "offline (CQL)", "regime", ("c51", "iqn"), ["run.offline={rec}", "agent.cql_alpha=1.0"]),
+]
+#: Rows compared with another row than their task's base.
+COMPARE = {"offline cql 1": "offline ddqn"}
+#: The behaviour runs the offline rows learn from (one per seed; C51 defaults on this task).
+RECORD_TASK = "regime"
+
+
+def jobs_for(rows, seeds: int, device: str, quick: bool, rec_dir: Path) -> list[dict]:
+    out = []
+    for name, mech, task, heads, sets in rows:
+        for head in heads:
+            for seed in range(seeds):
+                rec = str(rec_dir / f"behaviour-{seed}.safetensors")
+                out.append(
+                    {
+                        "task": task,
+                        "head": head,
+                        "seed": seed,
+                        "variant": name,
+                        "mechanism": mech,
+                        "sets": [s.format(rec=rec) for s in sets],
+                        "row_sets": list(sets),  # as the row names them ({rec}: the seed's recording)
+                        "device": device,
+                        "quick": quick,
+                    }
+                )
+    return out
+
+
+def _mean(xs):
+    ok = [x for x in xs if isinstance(x, (int, float)) and math.isfinite(x)]
+    return (statistics.mean(ok), statistics.stdev(ok) if len(ok) > 1 else 0.0, len(ok)) if ok else (math.nan, 0, 0)
+
+
+def table(rows: list[dict]) -> list[dict]:
+    """One entry per (row, task, head) that is not a base or reference: its test Sharpe over seeds against
+    the one it is compared with, and the per-seed difference."""
+    by = {}
+    for r in rows:
+        by.setdefault((r["variant"], r["task"], r["head"]), []).append(r)
+    out = []
+    for (name, task, head), rs in by.items():
+        if name == "base" or name in COMPARE.values():
+            ref_name = None
+        else:
+            ref_name = COMPARE.get(name, "base")
+        ok = [r for r in rs if r.get("error") is None]
+        entry = {
+            "row": name,
+            "mechanism": rs[0]["mechanism"],
+            "task": task,
+            "head": head,
+            "sets": rs[0].get("row_sets", rs[0]["sets"]),
+            "n": len(ok),
+            "errors": [r["error"] for r in rs if r.get("error")],
+            "sharpe": _mean([r["test_sharpe"] for r in ok]),
+            "per_seed": {r["seed"]: r["test_sharpe"] for r in ok},
+            "compared_with": ref_name,
+        }
+        if ref_name is not None:
+            ref = {r["seed"]: r["test_sharpe"] for r in by.get((ref_name, task, head), []) if r.get("error") is None}
+            entry["reference_sharpe"] = _mean(list(ref.values()))
+            entry["difference"] = _mean([entry["per_seed"][s] - ref[s] for s in entry["per_seed"] if s in ref])
+        out.append(entry)
+    return out
+
+
+def markdown(entries: list[dict], header: str) -> str:
+    f = lambda m: "—" if not math.isfinite(m[0]) else f"{m[0]:.2f} ± {m[1]:.2f} (n={m[2]})"  # noqa: E731
+    lines = [
+        header,
+        "",
+        "| mechanism | row | overrides | task | head | test Sharpe | compared with | its test Sharpe "
+        "| difference, paired by seed |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for e in entries:
+        ref = e.get("compared_with")
+        err = f" ({len(e['errors'])} failed)" if e["errors"] else ""
+        lines.append(
+            f"| {e['mechanism']} | {e['row']} | {', '.join(f'`{s}`' for s in e['sets']) or '(defaults)'} | {e['task']} "
+            f"| {e['head']} | {f(e['sharpe'])}{err} | {ref or ''} | {f(e['reference_sharpe']) if ref else ''} "
+            f"| {f(e['difference']) if ref else ''} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    learning_check.add_run_args(ap)
+    ap.add_argument("--only", default="", help="comma-separated mechanisms (words of their names) to run")
+    ap.add_argument("--out", type=Path, default=ROOT / "docs" / "bench" / "mechanisms.json")
+    ap.add_argument("--jsonl", type=Path, default=ROOT / "docs" / "bench" / "mechanisms.jsonl")
+    ap.add_argument("--md", type=Path, default=None)
+    ap.add_argument("--recordings", type=Path, default=None, help="folder of the behaviour recordings")
+    ap.add_argument("--table-only", action="store_true", help="write --out and --md from the rows in --jsonl")
+    args = ap.parse_args()
+    if args.table_only:  # e.g. after a call cut short: the rows finished so far
+        rows = [json.loads(x) for x in args.jsonl.read_text().splitlines() if x.strip()]
+        return write_table(rows, args, f"Mechanism screen (issue 18): {len(rows)} runs read from {args.jsonl.name}.")
+    device = learning_check.resolve_device(args.device)
+    keep = [w.strip().lower() for w in args.only.split(",") if w.strip()]
+    rows = [r for r in SCREEN if r[0] != "base" and (not keep or any(w in r[1].lower() for w in keep))]
+    # the base rows the selected rows are compared with (task and head)
+    need = {(r[2], h) for r in rows if r[0] not in COMPARE and r[0] not in COMPARE.values() for h in r[3]}
+    base = [(n, m, t, tuple(h for h in hs if (t, h) in need), s) for n, m, t, hs, s in SCREEN if n == "base"]
+    rows = [r for r in base if r[3]] + rows
+    rec_dir = args.recordings or args.out.parent / "recordings"
+    rec_dir.mkdir(parents=True, exist_ok=True)
+    args.jsonl.parent.mkdir(parents=True, exist_ok=True)
+    t0, done = time.perf_counter(), []
+    jobs = jobs_for(rows, args.seeds, device, args.quick, rec_dir)
+    record = [
+        {
+            "task": RECORD_TASK,
+            "head": "c51",
+            "seed": s,
+            "variant": "behaviour (recorded)",
+            "mechanism": "offline (CQL)",
+            "sets": [f"run.record={rec_dir / f'behaviour-{s}.safetensors'}"],
+            "device": device,
+            "quick": args.quick,
+        }
+        for s in range(args.seeds)
+    ]
+    if not any(s.startswith("run.offline=") for j in jobs for s in j["sets"]):
+        record = []
+    with args.jsonl.open("a") as log:
+
+        def on_row(r):
+            done.append(r)
+            log.write(json.dumps(r, default=float) + "\n")
+            log.flush()
+            print(
+                f"[{len(done)} {time.perf_counter() - t0:.0f}s] {r.get('variant')} {r['task']} {r['head']} "
+                f"seed {r['seed']}: {learning_check.describe(r)}",
+                flush=True,
+            )
+
+        offline = [j for j in jobs if any(x.startswith("run.offline=") for x in j["sets"])]
+        online = [j for j in jobs if j not in offline]
+        # the offline chain (the behaviour runs, then the offline rows that learn from them) beside the
+        # online rows, on a share of the workers: the GPU is never idle while the recordings are made
+        k = min(max(1, args.workers // 4), args.workers - 1) if online and (record or offline) else args.workers
+        lock = threading.Lock()
+
+        def locked(r):
+            with lock:
+                on_row(r)
+
+        def chain():
+            if record:
+                print(f"recording {len(record)} behaviour runs into {rec_dir}", flush=True)
+                learning_check.run_jobs(record, k, locked)
+            if offline:
+                learning_check.run_jobs(offline, k, locked)
+
+        side = threading.Thread(target=chain)
+        side.start()
+        print(f"mechanism screen: {len(jobs)} runs on {device}, {args.workers} worker(s)", flush=True)
+        if online:
+            learning_check.run_jobs(online, max(1, args.workers - k), locked)
+        side.join()
+    header = (
+        f"Mechanism screen (issue 18): {args.seeds} seeds, device {device}, "
+        f"{'CPU-sized' if args.quick else 'the learning check budget'}; {time.perf_counter() - t0:.0f} s wall."
+    )
+    return write_table(done, args, header)
+
+
+def write_table(rows: list[dict], args, header: str) -> int:
+    """The on/off table of ``rows`` printed and written to ``--out`` (JSON, with the rows) and ``--md``."""
+    entries = table([r for r in rows if r.get("variant") != "behaviour (recorded)"])
+    md = markdown(entries, header)
+    print("\n" + md)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({"rows": rows, "table": entries}, indent=1, default=float))
+    if args.md:
+        args.md.write_text(md)
+    return 0 if all(r.get("error") is None for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
