@@ -64,6 +64,9 @@ def test_gpu_gemm_eager_and_captured(cp, rng, m, n, k, ta, tb, tf32):
     a2 = rng.standard_normal(a.shape).astype(np.float32)
     da[...] = cp.asarray(a2)
     cap[...] = cp.asarray(c)
+    # the copies ran on the current stream and the graph replays on its own non-blocking one: without
+    # this wait the replay may read the old inputs (it did once for m = 4096, ta, on an H200)
+    cp.cuda.Device().synchronize()
     g.replay()
     g.synchronize()
     ref2 = 0.75 * (a2.T if ta else a2).astype(np.float64) @ (b.T if tb else b).astype(np.float64) - 0.5 * c

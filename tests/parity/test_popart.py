@@ -297,7 +297,10 @@ def test_gpu_rescale_takes_a_networks_own_last_layer_and_freezes_exactly(cp, rng
 
     net = QNetwork(9, 3, head="iqn", hidden=(16,), n_quantiles=4, n_cos=8, max_batch=4, xp=cp)
     W, b = net.P["head.out.weight"], net.P["head.out.bias"]
+    b[...] = cp.asarray(rng.standard_normal(b.shape).astype(np.float32))  # a zero bias maps to zeros
+    # the first update only adopts its statistics (no rescale): the second moves them
     st = ref.update(rng.normal(0.5, 2.0, 64), ref.init_state(1.0), beta=0.2)
+    st = ref.update(rng.normal(1.5, 3.0, 64), st, beta=0.2)
     W0, b0 = W.get(), b.get()
     ops.rescale(W, b, cp.asarray(st))
     rW, rb = ref.rescale(W0, b0, st)
