@@ -12,8 +12,9 @@ that :class:`cudarl.graph.StepGraph` captures (GPU) or runs in order (NumPy)::
              (the rule's) - the rule's learn phases (C51: targets_loss, one launch; IQN, QR-DQN:
              targets - loss) - q_stats (the expected Q at s; the statistics' reduction on a branch)
              - cql (agent.cql_alpha) - plan (net.plan: cudarl.plan) - the auxiliary signals' loss
-             phases - priorities (a parallel branch to the end) -
-             backward (dx chain | weight gradients, in parallel) - adam (one launch: the gradient
+             phases (on their branch, joined by the backward) - priorities (a parallel branch to the end) -
+             backward (dx chain | weight gradients, in parallel) - the auxiliary signals' own optimiser
+             steps (agent.aux "risk": aux_risk_sgd) - adam (one launch: the gradient
              norm and clip, the update with the target net's soft update and the publish of loss
              and gradient norm to the host ring; three launches with run.grid_barrier = false) -
              spectral (net.spectral: a power iteration and W_sn of both nets) - publish (the
@@ -63,6 +64,8 @@ class Agent:
         n_actions: actions of the env.
         n_envs: environments acting together (rows of the acting forward pass).
         xp: ``numpy`` or ``cupy``.
+        market: the :class:`cudarl.env.TradingEnv` whose bars the replay's rows index (the auxiliary
+            signals that predict future bars read its returns; the Trainer passes its env), or None.
 
     Attributes: :attr:`online`, :attr:`target` (:class:`cudarl.nn.QNetwork`), :attr:`buffers` (what
     the rule and the auxiliary signals share), :attr:`rule`, :attr:`aux`, :attr:`adam`, :attr:`soft`,
@@ -70,7 +73,7 @@ class Agent:
     (the buffers').
     """
 
-    def __init__(self, cfg: Config, obs_dim: int, n_actions: int, n_envs: int, xp):
+    def __init__(self, cfg: Config, obs_dim: int, n_actions: int, n_envs: int, xp, market=None):
         self.cfg, self.xp, self.n_envs = cfg, xp, int(n_envs)
         self.batch_size = B = cfg.agent.batch_size
         a, o = cfg.agent, cfg.optim
@@ -101,7 +104,17 @@ class Agent:
         }
         self.stats = StepStats(blocks, n_actions, xp, PUBLISH_SLOTS)
         self.buffers = buf = LearnerBuffers(
-            cfg, xp, self.online, self.target, self.batch, self.pair, n_envs, self.stats, self.popart
+            cfg,
+            xp,
+            self.online,
+            self.target,
+            self.batch,
+            self.pair,
+            n_envs,
+            self.stats,
+            self.popart,
+            rows=self.rows_pair[:B],
+            market=market,
         )
         self.rule = rule_cls.allocate(buf)
         #: the plan head's loss (net.plan), or None
@@ -176,6 +189,7 @@ class Agent:
     def backward(self) -> None:
         """Gradients of the online net from the s half of the rule's forward (``buffers.ws``)."""
         buf = self.buffers
+        buf.side_aux.join()  # the auxiliary signals' loss branch wrote their heads' gradients
         buf.ws.set_batch(self.batch_size)
         self.online.backward(self.batch.obs, buf.ws)
         for side in self.grad_sides:  # the weight gradients, before anything reads them
@@ -239,6 +253,7 @@ class Agent:
             self.stats.publish(self.adam.scalars.view("step"))
 
         aux = [phase for s in self.aux for phase in s.phases()]
+        aux_update = [phase for s in self.aux if hasattr(s, "update_phases") for phase in s.update_phases()]
         plan = [] if self.plan is None else [("plan", self.plan.phase)]
         cql = [("cql", self.rule.cql)] if self.cfg.agent.cql_alpha > 0 else []
         return [
@@ -252,6 +267,7 @@ class Agent:
             *aux,
             ("priorities", priorities),
             ("backward", backward),
+            *aux_update,
             ("adam", adam),
             *([("spectral", spectral)] if self.cfg.net.spectral else []),
             ("publish", publish),

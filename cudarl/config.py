@@ -484,7 +484,21 @@ class AgentConfig:
     on noise. 0: the training reward is the evaluation's."""
     aux: tuple = ()
     """Auxiliary signals by name (``cudarl.auxiliary.AUX_SIGNALS``): each adds its head on the encoder's
-    output, its loss phase to the train step and its observable to ``metrics.jsonl``. None is built in yet."""
+    output, its loss phase to the train step and its observable to ``metrics.jsonl`` (docs/guide.md,
+    "Auxiliary signals"). Built in: ``horizons``, ``risk``, ``denoise``."""
+    aux_horizons: tuple = (1, 4, 16, 64)
+    """Bars ahead whose cumulative log return the ``horizons`` head predicts (ascending, distinct; each
+    target is in units of the split's per-bar deviation times sqrt(bars)). Read with ``aux = ["horizons"]``."""
+    aux_horizons_weight: float = 1.0
+    """Weight of the ``horizons`` head's squared error in the loss (shared Adam; UNREAL-style auxiliary task)."""
+    aux_risk_bars: int = 16
+    """Bars ahead over which the ``risk`` head predicts realised volatility and drawdown."""
+    aux_risk_weight: float = 1.0
+    """Weight of the ``risk`` loss's gradient into the encoder (the shared Adam steps the encoder); the
+    head's own step divides it out, so its rate is ``aux_risk_lr`` whatever the weight (> 0)."""
+    aux_risk_lr: float = 0.01
+    """Learning rate of the ``risk`` head's own optimiser step: plain SGD on its parameters inside the
+    train graph (the seed's "risk SGD"); the shared Adam leaves the head alone."""
 
     def __post_init__(self):
         s = "agent"
@@ -505,6 +519,15 @@ class AgentConfig:
         _in(s, "plan_hurdle", self.plan_hurdle, 0, 100)
         _in(s, "cql_alpha", self.cql_alpha, 0, 1e6)
         _in(s, "train_cost_bps", self.train_cost_bps, 0, 1e4)
+        hz = self.aux_horizons
+        _need(s, len(hz) >= 1, "aux_horizons: at least one horizon")
+        for k in hz:
+            _in(s, "aux_horizons", k, 1, 1 << 16, integer=True)
+        _need(s, list(hz) == sorted(set(hz)), f"aux_horizons must be ascending and distinct, got {list(hz)}")
+        _in(s, "aux_horizons_weight", self.aux_horizons_weight, 0, 1e6)
+        _in(s, "aux_risk_bars", self.aux_risk_bars, 1, 1 << 16, integer=True)
+        _in(s, "aux_risk_weight", self.aux_risk_weight, 0, 1e6, lo_open=True)
+        _in(s, "aux_risk_lr", self.aux_risk_lr, 0, 10)
         from .auxiliary import AUX_SIGNALS
 
         unknown = [name for name in self.aux if name not in AUX_SIGNALS]

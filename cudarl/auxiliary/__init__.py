@@ -5,8 +5,13 @@ network's flat buffer, so Adam trains them and the encoder learns from its gradi
 phase inside the train graph (after the head rule's, before the backward) and reports an
 observable that the trainer writes into ``metrics.jsonl``. ``agent.aux`` names the signals a run
 builds from :data:`AUX_SIGNALS`; adding one is its module (and a kernel family's four faces if it
-has kernels) plus one line in that registry. The planned signals (multi-horizon returns, risk,
-denoising, selectivity, ...) are not built yet, so the registry starts empty.
+has kernels) plus one line in that registry. Built in: ``horizons`` (multi-horizon returns,
+:mod:`cudarl.auxiliary.horizons`), ``risk`` (realised volatility and drawdown, its head on its own SGD
+step, :mod:`cudarl.auxiliary.risk`).
+
+A signal's loss phase usually forks onto ``buffers.side_aux`` (a branch beside the main chain that the
+backward joins before it reads the heads' gradients); a signal with its own optimiser step also has
+``update_phases()``, placed after the backward and before the shared Adam.
 """
 
 from __future__ import annotations
@@ -35,6 +40,10 @@ class AuxSignal(Protocol):
         """Its loss phase(s) in the train graph, after the head rule's learn phases: they read this step's
         forward (``buffers.ws``, the batch) and write its head's gradient over the first B rows."""
 
+    def update_phases(self) -> list[Phase]:
+        """Optional: phases after the backward and before the shared Adam (an optimiser step of its own
+        on the gradients the backward wrote). The agent calls it only where the signal defines it."""
+
     def observable(self) -> dict[str, float]:
         """Host values for ``metrics.jsonl`` (keys ``aux.<name>.<what>``), read when a row is logged,
         outside any capture (a synchronising read is allowed there)."""
@@ -46,7 +55,10 @@ class AuxSignal(Protocol):
         """Restore :meth:`state_dict`."""
 
 
-#: Auxiliary signals by name (``agent.aux``): ``factory(cfg) -> AuxSignal``. None is built in yet.
-AUX_SIGNALS: dict[str, type] = {}
+from .horizons import Horizons  # noqa: E402 (after the protocol they implement)
+from .risk import Risk  # noqa: E402
+
+#: Auxiliary signals by name (``agent.aux``): ``factory(cfg) -> AuxSignal``.
+AUX_SIGNALS: dict[str, type] = {"horizons": Horizons, "risk": Risk}
 
 __all__ = ["AUX_SIGNALS", "AuxSignal"]

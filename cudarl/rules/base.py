@@ -39,9 +39,13 @@ class LearnerBuffers:
             statistics' reduction, joined by the step's last phase).
         idx, weights: the sampled rows and their importance weights, set by the sample phase (fixed
             buffers of the replay); read the weights with :meth:`importance_weights`.
+        rows: float32 ``[B, STATE_DIM]``, the state rows of the batch's ``s`` (their bar indices), or
+            None; market: the :class:`cudarl.env.TradingEnv` the replay's rows come from, or None (the
+            auxiliary signals that read future bars need both); side_aux: the auxiliary signals' loss
+            branch, joined by the backward before it reads their heads' gradients.
     """
 
-    def __init__(self, cfg, xp, online, target, batch, pair, n_envs: int, stats, popart=None):
+    def __init__(self, cfg, xp, online, target, batch, pair, n_envs: int, stats, popart=None, rows=None, market=None):
         self.cfg, self.xp = cfg, xp
         self.batch_size, self.n_envs, self.n_actions = cfg.agent.batch_size, int(n_envs), online.n_actions
         self.online, self.target = online, target
@@ -58,6 +62,8 @@ class LearnerBuffers:
         self.popart = popart
         self.side, self.side_next, self.side_small = SideStream(xp), SideStream(xp), SideStream(xp)
         self.side_stats = SideStream(xp)
+        self.side_aux = SideStream(xp)
+        self.rows, self.market = rows, market
         self.idx = None
         self.weights = None
 
