@@ -38,14 +38,17 @@ def future_log_returns(ret) -> tuple[np.ndarray, np.ndarray]:
 
 
 def future_windows(rows, up, down, k: int, t_end: int) -> tuple[np.ndarray, np.ndarray]:
-    """The ``k`` log returns after each row's decision bar: ``(x [n, k], fits [n] bool)``, ``x`` zero
-    where the ``k`` bars do not fit in the split (``t + k + 1 >= t_end``; nothing past it is read)."""
+    """The ``k`` log returns after each row's decision bar: ``(x [n, k], fits [n] bool)``. ``x[:, j]``
+    is zero where bar ``t + j``'s return is not inside the split (``t + j + 2 >= t_end``; nothing past
+    it is read); ``fits``: all ``k`` are (``t + k + 1 < t_end``)."""
     rows = np.asarray(rows)
     t = rows[:, BAR].astype(np.int64)
     fits = (t >= 0) & (t + k + 1 < t_end)
-    idx = np.where(fits, t, 0)[:, None] + np.arange(k)[None, :]
+    j = np.arange(k)[None, :]
+    inside = (t[:, None] >= 0) & (t[:, None] + j + 2 < t_end)
+    idx = np.where(inside, t[:, None] + j, 0)
     src = np.where((rows[:, MIRROR] != 0)[:, None], np.asarray(down)[idx], np.asarray(up)[idx])
-    return np.where(fits[:, None], src, src.dtype.type(0)), fits
+    return np.where(inside, src, src.dtype.type(0)), fits
 
 
 def total(per, out, scale) -> None:
