@@ -36,19 +36,21 @@ def test_hand_case_targets_mask_and_mirror():
     up, down = ref.future_log_returns(ret)
     np.testing.assert_allclose(up, np.log1p(ret.astype(np.float64)), rtol=1e-6)
     np.testing.assert_allclose(down, np.log1p(-ret.astype(np.float64)), rtol=1e-6)
-    rows = np.float32([[0, 0, 0, 0], [1, 1, 0, 0], [4, 0, 0, 0]])
-    pred = np.zeros((3, 2), np.float64)
+    rows = np.float32([[0, 0, 0, 0], [1, 1, 0, 0], [4, 0, 0, 0], [3, 0, 0, 0]])
+    pred = np.zeros((4, 2), np.float64)
     per, valid, grad, out = run(pred, rows, up, down, (1, 3), t_end=7, weight=1.0, inv_sigma=1.0)
     # row 0: y_1 = log 1.1, y_3 = (log 1.1 + log .95 + log 1.02) / sqrt 3; row 1 (mirror): log .95 ... of -ret
     y0 = np.array([np.log(1.1), (np.log(1.1) + np.log(0.95) + np.log(1.02)) / np.sqrt(3)])
     y1 = np.array([np.log(1.05), (np.log(1.05) + np.log(0.98) + np.log(1.0)) / np.sqrt(3)])
     # row 2 at t = 4: horizon 1 reads the price at 4 + 2 = 6 < 7 (fits); horizon 3 needs bar 8 (masked)
-    np.testing.assert_allclose(grad[0], -2 * y0 / 6, rtol=1e-6)
-    np.testing.assert_allclose(grad[1], -2 * y1 / 6, rtol=1e-6)
-    np.testing.assert_allclose(grad[2], [-2 * np.log(1.03) / 6, 0.0], rtol=1e-6)
-    np.testing.assert_allclose(valid, [1, 1, 0.5])
-    np.testing.assert_allclose(out[0], (np.sum(y0**2) + np.sum(y1**2) + np.log(1.03) ** 2) / 6, rtol=1e-6)
-    np.testing.assert_allclose(out[1], 2.5 / 3, rtol=1e-6)
+    # row 3 at t = 3: horizon 3 reads the price at 3 + 3 + 1 = 7, the split end: masked
+    np.testing.assert_allclose(grad[0], -2 * y0 / 8, rtol=1e-6)
+    np.testing.assert_allclose(grad[1], -2 * y1 / 8, rtol=1e-6)
+    np.testing.assert_allclose(grad[2], [-2 * np.log(1.03) / 8, 0.0], rtol=1e-6)
+    np.testing.assert_allclose(grad[3], [0.0, 0.0], atol=1e-12)  # ret[3] = 0: horizon 1 fits, target 0
+    np.testing.assert_allclose(valid, [1, 1, 0.5, 0.5])
+    np.testing.assert_allclose(out[0], (np.sum(y0**2) + np.sum(y1**2) + np.log(1.03) ** 2) / 8, rtol=1e-6)
+    np.testing.assert_allclose(out[1], 3 / 4, rtol=1e-6)
 
 
 def test_nothing_past_the_split_end_is_read(rng):
@@ -79,6 +81,8 @@ def test_gpu_horizons_loss_matches_reference(cp, rng, B, horizons, T):
 
     t_end = T - 7
     _, up, down, rows = market(rng, T, B, t_end)
+    up[t_end - 2 :] = np.nan  # outside the split: a read would poison the outputs
+    down[t_end - 2 :] = np.nan
     pred = rng.normal(size=(B, len(horizons))).astype(np.float32)
     k = np.asarray(horizons, np.int32)
     hscale = (50.0 / np.sqrt(k.astype(np.float64))).astype(np.float32)
