@@ -499,6 +499,12 @@ class AgentConfig:
     aux_risk_lr: float = 0.01
     """Learning rate of the ``risk`` head's own optimiser step: plain SGD on its parameters inside the
     train graph (the seed's "risk SGD"); the shared Adam leaves the head alone."""
+    aux_denoise_mask: float = 0.25
+    """Share of the observation window's inputs the ``denoise`` signal zeroes (masking noise, Vincent et
+    al. 2008) before its encoder pass reconstructs the clean window."""
+    aux_denoise_lr: float = 1e-3
+    """Learning rate of the ``denoise`` signal's own optimiser step: plain SGD on the encoder and its
+    decoder from the reconstruction's gradient, inside the train graph (the shared Adam never sees it)."""
 
     def __post_init__(self):
         s = "agent"
@@ -528,6 +534,8 @@ class AgentConfig:
         _in(s, "aux_risk_bars", self.aux_risk_bars, 1, 1 << 16, integer=True)
         _in(s, "aux_risk_weight", self.aux_risk_weight, 0, 1e6, lo_open=True)
         _in(s, "aux_risk_lr", self.aux_risk_lr, 0, 10)
+        _in(s, "aux_denoise_mask", self.aux_denoise_mask, 0, 1, hi_open=True)
+        _in(s, "aux_denoise_lr", self.aux_denoise_lr, 0, 10)
         from .auxiliary import AUX_SIGNALS
 
         unknown = [name for name in self.aux if name not in AUX_SIGNALS]

@@ -7,7 +7,8 @@ observable that the trainer writes into ``metrics.jsonl``. ``agent.aux`` names t
 builds from :data:`AUX_SIGNALS`; adding one is its module (and a kernel family's four faces if it
 has kernels) plus one line in that registry. Built in: ``horizons`` (multi-horizon returns,
 :mod:`cudarl.auxiliary.horizons`), ``risk`` (realised volatility and drawdown, its head on its own SGD
-step, :mod:`cudarl.auxiliary.risk`).
+step, :mod:`cudarl.auxiliary.risk`), ``denoise`` (a denoising autoencoder's reconstruction on its own SGD
+step, :mod:`cudarl.auxiliary.denoise`).
 
 A signal's loss phase usually forks onto ``buffers.side_aux`` (a branch beside the main chain that the
 backward joins before it reads the heads' gradients); a signal with its own optimiser step also has
@@ -55,10 +56,11 @@ class AuxSignal(Protocol):
         """Restore :meth:`state_dict`."""
 
 
-from .horizons import Horizons  # noqa: E402 (after the protocol they implement)
+from .denoise import Denoise  # noqa: E402 (after the protocol they implement)
+from .horizons import Horizons  # noqa: E402
 from .risk import Risk  # noqa: E402
 
 #: Auxiliary signals by name (``agent.aux``): ``factory(cfg) -> AuxSignal``.
-AUX_SIGNALS: dict[str, type] = {"horizons": Horizons, "risk": Risk}
+AUX_SIGNALS: dict[str, type] = {"horizons": Horizons, "risk": Risk, "denoise": Denoise}
 
 __all__ = ["AUX_SIGNALS", "AuxSignal"]

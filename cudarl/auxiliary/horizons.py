@@ -28,12 +28,13 @@ class Horizons:
     head_name = "aux.horizons"
 
     def __init__(self, cfg):
+        self.net = cfg.net
         self.horizons = tuple(int(k) for k in cfg.agent.aux_horizons)
         self.weight = float(cfg.agent.aux_horizons_weight)
         self.buf = None
 
     def make_head(self, d: int):
-        return Linear(self.head_name, d, len(self.horizons), act="identity")
+        return Linear(self.head_name, d, len(self.horizons), act="identity", tf32=self.net.tf32, gemm=self.net.gemm)
 
     def allocate(self, buffers) -> None:
         xp, B = buffers.xp, buffers.batch_size

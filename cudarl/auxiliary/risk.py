@@ -32,12 +32,13 @@ class Risk:
     head_name = "aux.risk"
 
     def __init__(self, cfg):
+        self.net = cfg.net
         a = cfg.agent
         self.k, self.weight, self.lr = int(a.aux_risk_bars), float(a.aux_risk_weight), float(a.aux_risk_lr)
         self.buf = None
 
     def make_head(self, d: int):
-        return Linear(self.head_name, d, 2, act="identity")
+        return Linear(self.head_name, d, 2, act="identity", tf32=self.net.tf32, gemm=self.net.gemm)
 
     def allocate(self, buffers) -> None:
         xp, B = buffers.xp, buffers.batch_size

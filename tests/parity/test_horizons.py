@@ -26,7 +26,12 @@ def run(pred, rows, up, down, horizons, t_end, weight=1.0, inv_sigma=50.0):
     B, H = pred.shape
     k = np.asarray(horizons, np.int32)
     hscale = (inv_sigma / np.sqrt(k.astype(np.float64))).astype(np.float32)
-    per, valid, grad, out = np.zeros(B, pred.dtype), np.zeros(B, np.float32), np.zeros_like(pred), np.zeros(2, pred.dtype)
+    per, valid, grad, out = (
+        np.zeros(B, pred.dtype),
+        np.zeros(B, np.float32),
+        np.zeros_like(pred),
+        np.zeros(2, pred.dtype),
+    )
     ref.loss(pred, rows, up, down, k, hscale, t_end, weight, per, valid, grad, out)
     return per, valid, grad, out
 

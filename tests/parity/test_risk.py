@@ -12,7 +12,12 @@ from cudarl.testing import assert_bitwise, assert_parity, finite_difference, poi
 
 def run(pred, rows, up, down, k, t_end, weight=1.0, inv_sigma=50.0):
     B = pred.shape[0]
-    per, valid, grad, out = np.zeros(B, pred.dtype), np.zeros(B, np.float32), np.zeros_like(pred), np.zeros(2, pred.dtype)
+    per, valid, grad, out = (
+        np.zeros(B, pred.dtype),
+        np.zeros(B, np.float32),
+        np.zeros_like(pred),
+        np.zeros(2, pred.dtype),
+    )
     ref.loss(pred, rows, up, down, k, t_end, inv_sigma, weight, per, valid, grad, out)
     return per, valid, grad, out
 

@@ -1,5 +1,6 @@
-"""The auxiliary heads of issue 19 through the trainer: multi-horizon returns (``horizons``) and risk
-(``risk``, its head on its own SGD step). Each is reached from config, runs in the train graph, and its
+"""The auxiliary signals of issue 19 through the trainer: multi-horizon returns (``horizons``), risk
+(``risk``, its head on its own SGD step) and denoising (``denoise``, its encoder pass and decoder on their
+own SGD step). Each is reached from config, runs in the train graph, and its
 observable moves when on and is absent when off; no auxiliary target reaches an observation; they work
 on the MLP and the temporal encoders. GPU tests (graphed == eager, bit for bit) are marked."""
 
@@ -16,11 +17,19 @@ from cudarl.data import load
 from cudarl.reference.window import STATE_DIM
 from cudarl.trainer import Trainer
 
-SIGNALS = {"horizons": ("loss", "valid"), "risk": ("loss", "valid")}
+SIGNALS = {"horizons": ("loss", "valid"), "risk": ("loss", "valid"), "denoise": ("loss",)}
+
+
+def own_params(t: Trainer, name: str) -> np.ndarray:
+    """A host copy of the parameters only the signal trains: its head's weight, or denoise's decoder."""
+    sig = next(s for s in t.agent.aux if s.name == name)
+    return np.array(sig.dec_params if name == "denoise" else t.agent.online.P[f"aux.{name}.weight"])
 
 
 def trainer(tmp_path=None, **over) -> Trainer:
-    return Trainer(small(tmp_path, **over), run_dir=False if tmp_path is None else tmp_path / "run", echo=lambda m: None)
+    return Trainer(
+        small(tmp_path, **over), run_dir=False if tmp_path is None else tmp_path / "run", echo=lambda m: None
+    )
 
 
 def rows_of(tmp_path) -> list:
@@ -33,14 +42,14 @@ def test_each_signal_runs_in_the_train_graph_and_its_observable_moves(tmp_path, 
     t = trainer(tmp_path, net={"head": head}, agent={"aux": [name]}, run={"log_every": 10})
     phases = [p for p, _ in t.train_graph.phases]
     assert phases.index(f"aux_{name}") == phases.index("priorities") - 1
-    w0 = t.agent.online.P[f"aux.{name}.weight"].copy()
+    w0 = own_params(t, name)
     t.run(40)
     seen = [r for r in rows_of(tmp_path) if f"aux.{name}.loss" in r]
-    assert len(seen) == 4
+    assert len(seen) == 4 and all(f"aux.{name}.{what}" in r for r in seen for what in SIGNALS[name])
     losses = [r[f"aux.{name}.loss"] for r in seen]
     assert np.all(np.isfinite(losses)) and len(set(losses)) == 4, losses
-    assert all(0 < r[f"aux.{name}.valid"] <= 1 for r in seen)
-    assert not np.array_equal(w0, t.agent.online.P[f"aux.{name}.weight"]), "its head was not trained"
+    assert all(0 < r[f"aux.{name}.valid"] <= 1 for r in seen if "valid" in SIGNALS[name])
+    assert not np.array_equal(w0, own_params(t, name)), "its head was not trained"
 
 
 def test_off_by_default_no_head_no_phase_no_observable(tmp_path):
@@ -55,7 +64,8 @@ def test_off_by_default_no_head_no_phase_no_observable(tmp_path):
 @pytest.mark.parametrize("name", sorted(SIGNALS))
 def test_the_signal_moves_the_encoder(name):
     plain, aux = trainer(), trainer(agent={"aux": [name]})
-    assert set(aux.agent.online.P) - set(plain.agent.online.P) == {f"aux.{name}.weight", f"aux.{name}.bias"}
+    heads = set() if name == "denoise" else {f"aux.{name}.weight", f"aux.{name}.bias"}  # its decoder is its own
+    assert set(aux.agent.online.P) - set(plain.agent.online.P) == heads
     plain.run(1)
     aux.run(1)
     assert not np.array_equal(plain.agent.online.P["enc.0.weight"], aux.agent.online.P["enc.0.weight"])
@@ -83,12 +93,37 @@ def test_the_risk_head_steps_by_its_own_sgd_and_adam_leaves_it_alone():
 
 @pytest.mark.parametrize("kind", ["ssm", "attention"])
 def test_the_signals_run_on_the_temporal_encoders(tmp_path, kind):
-    t = trainer(tmp_path, net=ENCODER_NETS[kind], agent={"aux": ["horizons", "risk"]}, run={"log_every": 10})
+    t = trainer(tmp_path, net=ENCODER_NETS[kind], agent={"aux": list(SIGNALS)}, run={"log_every": 10})
     enc0 = t.agent.online.params.copy()
     t.run(20)
     row = [r for r in rows_of(tmp_path) if "aux.risk.loss" in r][-1]
-    assert np.isfinite(row["aux.horizons.loss"]) and np.isfinite(row["aux.risk.loss"])
+    assert all(np.isfinite(row[f"aux.{name}.loss"]) for name in SIGNALS)
     assert not np.array_equal(enc0, t.agent.online.params)
+
+
+def test_denoise_steps_the_encoder_by_its_own_sgd_and_nothing_else():
+    """With a rate of 0 its pass changes nothing a run without it has (the same bits: its draws, buffers
+    and gradients are its own); with a rate it moves the encoder, and its decoder and counter are in the
+    checkpoint."""
+    plain, zero = trainer(), trainer(agent={"aux": ["denoise"], "aux_denoise_lr": 0.0})
+    plain.run(25)
+    zero.run(25)
+    np.testing.assert_array_equal(plain.agent.online.params, zero.agent.online.params)
+    assert plain.losses == zero.losses
+    on = trainer(agent={"aux": ["denoise"], "aux_denoise_lr": 0.05})
+    on.run(25)
+    assert not np.array_equal(plain.agent.online.P["enc.0.weight"], on.agent.online.P["enc.0.weight"])
+    state = on.agent.state_dict()["aux.denoise"]
+    assert state["counter"][0] == on.step and state["decoder"].shape == on.agent.aux[0].dec_params.shape
+    other = trainer(agent={"aux": ["denoise"], "aux_denoise_lr": 0.05})
+    other.agent.load_state_dict(on.agent.state_dict())
+    np.testing.assert_array_equal(other.agent.aux[0].dec_params, on.agent.aux[0].dec_params)
+    assert other.agent.aux[0].counter[0] == on.step
+
+
+def test_denoise_refuses_spectral_norm():
+    with pytest.raises(ValueError, match="net.spectral"):
+        trainer(agent={"aux": ["denoise"]}, net={"spectral": ["enc.1"]})
 
 
 def _targets(t: Trainer, rows: np.ndarray) -> dict:
@@ -96,7 +131,7 @@ def _targets(t: Trainer, rows: np.ndarray) -> dict:
     buf, B = t.agent.buffers, t.cfg.agent.batch_size
     buf.rows[...] = rows
     out = {}
-    for sig in t.agent.aux:
+    for sig in t.agent.aux[:2]:  # horizons, risk (denoise's target is the window itself)
         buf.ws.rows(f"{sig.head_name}.out", B)[...] = 0
         sig.phases()[0][1]()
         out[sig.name] = buf.ws.rows(f"{sig.head_name}.dout", B).copy()
@@ -111,7 +146,9 @@ def test_no_auxiliary_target_reaches_an_observation(rng):
     a = Trainer(small(**cfg), bars=bars, run_dir=False, echo=lambda m: None)
     tr = a.data.splits.train
     c = (tr.start + tr.stop) // 2
-    b = Trainer(small(**cfg), bars=perturb_after(bars, c, rng), normaliser=a.data.normaliser, run_dir=False, echo=lambda m: None)
+    b = Trainer(
+        small(**cfg), bars=perturb_after(bars, c, rng), normaliser=a.data.normaliser, run_dir=False, echo=lambda m: None
+    )
     rows = np.zeros((32, STATE_DIM), np.float32)
     rows[:, 0] = np.linspace(c - 100, c, 32).round()
     rows[::2, 1] = 1.0  # mirror rows too
@@ -144,9 +181,9 @@ def test_config_validates_the_horizons():
 @pytest.mark.parametrize("encoder", ["mlp", "ssm"])
 @pytest.mark.parametrize("head", ["c51", "iqn"])
 def test_gpu_aux_heads_graphed_equal_eager(head, encoder):
-    """horizons and risk (its loss branch, its own SGD step), graphed and eager, bit for bit."""
+    """horizons, risk and denoise (their loss branches, their own SGD steps), graphed and eager, bit for bit."""
     net = {"head": head, **({} if encoder == "mlp" else ENCODER_NETS["ssm"])}
-    over = {"net": net, "agent": {"aux": ["horizons", "risk"]}}
+    over = {"net": net, "agent": {"aux": list(SIGNALS), "aux_denoise_lr": 0.01}}
     g = Trainer(gpu_small(**over), run_dir=False, echo=lambda m: None)
     e = Trainer(gpu_small(**over), run_dir=False, echo=lambda m: None)
     e.collect_graph.replay = e.collect_graph.run_eager
@@ -157,4 +194,5 @@ def test_gpu_aux_heads_graphed_equal_eager(head, encoder):
     for x, y in ((g.agent.online.params, e.agent.online.params), (g.agent.target.params, e.agent.target.params)):
         assert np.array_equal(x.get(), y.get())
     assert g.agent.observables() == e.agent.observables()
-    assert np.isfinite(g.agent.observables()["aux.risk.loss"])
+    assert all(np.isfinite(g.agent.observables()[f"aux.{name}.loss"]) for name in SIGNALS)
+    assert np.array_equal(g.agent.aux[2].dec_params.get(), e.agent.aux[2].dec_params.get())

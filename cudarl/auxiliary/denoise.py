@@ -1,0 +1,125 @@
+"""``denoise``: a denoising objective on the encoder, with its own optimiser step.
+
+Published method: the denoising autoencoder (Vincent et al. 2008; :mod:`cudarl.reference.denoise` has
+the equations). Each update the batch's observation windows ``s`` are corrupted by masking noise (each
+input zeroed with probability ``agent.aux_denoise_mask``, Philox draws keyed by a device counter), the
+encoder reads the corrupted windows and a linear decoder ``aux.denoise`` (``psi -> window``) reconstructs
+the clean ones; squared error.
+
+What we chose:
+
+* Its own optimiser step (as the issue asks): the encoder pass runs over the *online network's own
+  parameters* (the same tensors: an encoder module bound to ``online.P``) with a gradient buffer of its
+  own, and plain SGD (rate ``agent.aux_denoise_lr``, :mod:`cudarl.reference.auxsgd`) steps the encoder
+  and the decoder after the main backward, before the shared Adam. The Q loss's gradient and Adam's
+  moments never see the reconstruction's; the encoder is shaped by both.
+* The decoder is the signal's own parameters (checkpointed in its state), not a head of the Q-networks:
+  acting and policy files do not carry it.
+* Not with ``net.spectral`` (its encoder pass would read ``W`` where the network reads ``W_sn``): a
+  clear error at start-up.
+
+Train graph: ``aux_denoise`` forks its whole pass (corrupt, encoder and decoder forward, loss, backward)
+onto a branch of its own beside the main chain (it reads the batch and the parameters, writes only its
+own buffers); ``aux_denoise_sgd`` after the backward joins it and takes the steps. Observable:
+``aux.denoise.loss`` (the reconstruction's mean squared error on the corrupted batch).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..backend import family, to_numpy
+from ..graph import SideStream
+from ..nn.encoders import ENCODERS
+from ..nn.layers import Linear
+from ..nn.network import _walk
+from ..nn.params import ParamLayout, Workspace
+from .future import host_values, param_span
+
+#: Philox stream id of the masking draws.
+STREAM = 0xDE
+
+
+class Denoise:
+    name = "denoise"
+    head_name = "aux.denoise"
+
+    def __init__(self, cfg):
+        self.cfg = cfg
+        self.p, self.lr, self.seed = float(cfg.agent.aux_denoise_mask), float(cfg.agent.aux_denoise_lr), cfg.run.seed
+        self.buf = None
+
+    def make_head(self, d: int):
+        return None  # the decoder is this signal's own (allocate), not a head of the Q-networks
+
+    def allocate(self, buffers) -> None:
+        net, cfg, xp, B = buffers.online, self.cfg.net, buffers.xp, buffers.batch_size
+        if cfg.spectral:
+            raise ValueError("agent.aux 'denoise' does not run with net.spectral (its encoder pass reads W, not W_sn)")
+        self.buf, m = buffers, net.n_in
+        self.enc = ENCODERS[cfg.encoder]("enc", m, cfg)
+        self.dec = Linear(self.head_name, self.enc.n_out, m, act="identity", tf32=cfg.tf32, gemm=cfg.gemm)
+        enc_layout, dec_layout, spec = ParamLayout(), ParamLayout(), []
+        self.enc.declare(enc_layout, spec)
+        self.dec.declare(dec_layout, spec)
+        mine = [(e.name, e.shape) for e in enc_layout.entries]
+        theirs = [(e.name, e.shape) for e in net.layout.entries if e.name.startswith("enc.")]
+        if mine != theirs:
+            raise ValueError("aux denoise: its encoder's parameters do not match the network's")
+        # the online network's parameters, a gradient buffer of its own
+        self.grads = xp.zeros(net.layout.padded_size, np.float32)
+        self.enc.bind(net.P, net.layout.views(self.grads), xp)
+        self.dec_params = xp.asarray(dec_layout.init_host(self.seed, np.float32))
+        self.dec_grads = xp.zeros_like(self.dec_params)
+        self.dec.bind(dec_layout.views(self.dec_params), dec_layout.views(self.dec_grads), xp)
+        self.ws = Workspace(xp, np.float32, B)
+        for name, row, merge in spec:
+            self.ws.add(name, row, merge=merge)
+        for lin in _walk([self.enc, self.dec]):
+            if isinstance(lin, Linear):
+                lin.prepare(B)
+                lin.prepare_backward(B)
+        lo, hi = param_span(net, "enc.")
+        self.enc_params, self.enc_grads = net.params[lo:hi], self.grads[lo:hi]
+        self.corrupted = xp.zeros((B, m), np.float32)
+        self.loss_per, self.out = xp.zeros(B, np.float32), xp.zeros(1, np.float32)
+        self.counter = xp.zeros(1, np.int64)
+        self.scale = float(np.float32(1.0 / (B * m)))
+        self.side = SideStream(xp)
+        self.ops, self.sgd = family("denoise", xp), family("auxsgd", xp)
+
+    def phases(self) -> list:
+        return [("aux_denoise", self._pass)]
+
+    def update_phases(self) -> list:
+        return [("aux_denoise_sgd", self._step)]
+
+    def _pass(self) -> None:
+        buf, ws, B = self.buf, self.ws, self.buf.batch_size
+        clean = buf.batch.obs
+        with self.side.fork():
+            self.ops.corrupt(clean, self.corrupted, self.counter, self.p, self.seed, STREAM)
+            ws.set_batch(B)
+            psi = self.enc.forward(self.corrupted, ws)
+            recon = self.dec.forward(psi, ws)
+            self.ops.loss(recon, clean, ws.rows(self.dec.grad_name, B), self.loss_per, self.counter, self.scale)
+            self.ops.total(self.loss_per, self.out, 1.0)
+            self.dec.backward(psi, ws, ws.rows(f"{self.enc.out_name}.dout", B))
+            self.enc.backward(self.corrupted, ws)
+
+    def _step(self) -> None:
+        self.side.join()
+        self.sgd.step(self.enc_params, self.enc_grads, self.lr, clear=True)
+        self.sgd.step(self.dec_params, self.dec_grads, self.lr, clear=True)
+
+    def observable(self) -> dict:
+        return {"aux.denoise.loss": float(host_values(self.out)[0])}
+
+    def state_dict(self) -> dict:
+        return {"decoder": to_numpy(self.dec_params).copy(), "counter": to_numpy(self.counter).copy()}
+
+    def load_state_dict(self, state: dict) -> None:
+        if set(state) != {"decoder", "counter"}:
+            raise ValueError(f"aux.denoise: expected its decoder and counter, got {sorted(state)}")
+        self.dec_params[...] = self.buf.xp.asarray(np.asarray(state["decoder"], np.float32))
+        self.counter[...] = self.buf.xp.asarray(np.asarray(state["counter"], np.int64))
