@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The on/off screen of the mechanisms issue 18 wired: each one trained with and without it, 3 seeds.
+"""The on/off screen of the mechanisms issues 18 and 19 wired: each one trained with and without it, 3 seeds.
 
 Every run is ``tools/learning_check.py``'s (``learning_check.run_jobs``: the same budget, tasks and
 evaluation as the learning check, so a row here and a row there are the same measurement). Rows
@@ -50,6 +50,13 @@ SCREEN = [
     ("shrink-perturb 2000", "shrink-and-perturb", "regime", ("c51", "iqn"), ["optim.shrink_every=2000"]),
     ("offline ddqn", "offline (CQL)", "regime", ("c51", "iqn"), ["run.offline={rec}"]),
     ("offline cql 1", "offline (CQL)", "regime", ("c51", "iqn"), ["run.offline={rec}", "agent.cql_alpha=1.0"]),
+    # issue 19's auxiliary signals (agent.aux; --only aux): the known-answer markets and a real series
+    ("base", "defaults", "sp500", ("c51",), []),
+    *[
+        (f"aux {name}", f"aux: {mech}", task, heads, [f"agent.aux=[{name}]"])
+        for name, mech in (("horizons", "multi-horizon returns"), ("risk", "risk head"), ("denoise", "denoising"))
+        for task, heads in (("regime", ("c51", "iqn")), ("canary", ("c51",)), ("noise", ("c51",)), ("sp500", ("c51",)))
+    ],
 ]
 #: Rows compared with another row than their task's base.
 COMPARE = {"offline cql 1": "offline ddqn"}
