@@ -36,7 +36,7 @@ from contextlib import nullcontext
 
 import numpy as np
 
-from .auxiliary import AUX_SIGNALS
+from .auxiliary import AUX_SIGNALS, update_phases
 from .backend import family
 from .config import Config
 from .graph import SideStream
@@ -253,7 +253,7 @@ class Agent:
             self.stats.publish(self.adam.scalars.view("step"))
 
         aux = [phase for s in self.aux for phase in s.phases()]
-        aux_update = [phase for s in self.aux if hasattr(s, "update_phases") for phase in s.update_phases()]
+        aux_update = [phase for s in self.aux for phase in update_phases(s)]
         plan = [] if self.plan is None else [("plan", self.plan.phase)]
         cql = [("cql", self.rule.cql)] if self.cfg.agent.cql_alpha > 0 else []
         return [

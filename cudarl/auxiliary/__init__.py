@@ -60,7 +60,15 @@ from .denoise import Denoise  # noqa: E402 (after the protocol they implement)
 from .horizons import Horizons  # noqa: E402
 from .risk import Risk  # noqa: E402
 
+
+def update_phases(signal) -> list[Phase]:
+    """A signal's :meth:`AuxSignal.update_phases`, or none where it defines no optimiser step of its own
+    (the method is optional, so a signal with only a loss phase need not write it)."""
+    own = getattr(signal, "update_phases", None)
+    return list(own()) if own is not None else []
+
+
 #: Auxiliary signals by name (``agent.aux``): ``factory(cfg) -> AuxSignal``.
 AUX_SIGNALS: dict[str, type] = {"horizons": Horizons, "risk": Risk, "denoise": Denoise}
 
-__all__ = ["AUX_SIGNALS", "AuxSignal"]
+__all__ = ["AUX_SIGNALS", "AuxSignal", "update_phases"]
