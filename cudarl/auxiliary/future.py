@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..backend import to_numpy
+from ..backend import family, to_numpy
+from ..nn.layers import Linear
 from ..reference.horizons import future_log_returns
 
 
@@ -69,3 +70,53 @@ def param_span(net, prefix: str) -> tuple[int, int]:
     if other:
         raise ValueError(f"parameters {other} lie inside the span of {prefix}*")
     return lo, hi
+
+
+class FutureHead:
+    """What the heads trained against future bars share (``horizons``, ``risk``): a linear head
+    ``aux.<name>`` of :attr:`n_out` outputs on ``psi``, the loss phase ``aux_<name>`` on the auxiliary
+    branch (``buffers.side_aux``) launching the kernel family ``<name>``'s ``loss`` (:meth:`launch`), and
+    the observables ``aux.<name>.loss`` and ``aux.<name>.valid`` (the share of targets inside the split)."""
+
+    name: str
+    n_out: int
+
+    def __init__(self, cfg):
+        self.net, self.buf = cfg.net, None
+
+    @property
+    def head_name(self) -> str:
+        return f"aux.{self.name}"
+
+    def make_head(self, d: int):
+        return Linear(self.head_name, d, self.n_out, act="identity", tf32=self.net.tf32, gemm=self.net.gemm)
+
+    def allocate(self, buffers) -> None:
+        xp, B = buffers.xp, buffers.batch_size
+        self.buf, self.future = buffers, future_returns(buffers)
+        self.loss_per, self.valid_per = xp.zeros(B, np.float32), xp.zeros(B, np.float32)
+        self.out = xp.zeros(2, np.float32)  # the loss and the valid share
+        self.ops = family(self.name, xp)
+
+    def phases(self) -> list:
+        return [(f"aux_{self.name}", self._loss)]
+
+    def _loss(self) -> None:
+        buf, B = self.buf, self.buf.batch_size
+        with buf.side_aux.fork():
+            self.launch(buf.ws.rows(f"{self.head_name}.out", B), buf.ws.rows(f"{self.head_name}.dout", B))
+
+    def launch(self, pred, grad) -> None:
+        """The family's loss from the head's outputs ``pred`` into its gradient rows ``grad``."""
+        raise NotImplementedError
+
+    def observable(self) -> dict:
+        loss, valid = host_values(self.out)
+        return {f"aux.{self.name}.loss": float(loss), f"aux.{self.name}.valid": float(valid)}
+
+    def state_dict(self) -> dict:
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        if state:
+            raise ValueError(f"aux.{self.name} has no state to load, got {sorted(state)}")
