@@ -9,7 +9,7 @@ import json
 import numpy as np
 import pytest
 from test_features import perturb_after
-from test_trainer import gpu_small, small
+from test_trainer import gpu_small, resumed_and_uninterrupted, small
 from test_windows import ENCODER_NETS
 
 from cudarl.auxiliary.future import param_span
@@ -119,6 +119,19 @@ def test_denoise_steps_the_encoder_by_its_own_sgd_and_nothing_else():
     other.agent.load_state_dict(on.agent.state_dict())
     np.testing.assert_array_equal(other.agent.aux[0].dec_params, on.agent.aux[0].dec_params)
     assert other.agent.aux[0].counter[0] == on.step
+
+
+def test_all_signals_resume_exactly_and_a_policy_file_acts_as_the_trainer(tmp_path):
+    """A run with every signal stopped, saved and resumed continues bit for bit (denoise's decoder and draw
+    counter are in the checkpoint); its policy file (the heads' weights, no decoder) acts as the trainer."""
+    from cudarl.policy import load_policy
+
+    cfg = small(agent={"aux": list(SIGNALS), "aux_denoise_lr": 0.01}, run={"checkpoint_every": 50})
+    resumed, full = resumed_and_uninterrupted(cfg, tmp_path)
+    np.testing.assert_array_equal(resumed.agent.online.params, full.agent.online.params)
+    np.testing.assert_array_equal(resumed.agent.aux[2].dec_params, full.agent.aux[2].dec_params)
+    p = load_policy(tmp_path / "full" / "checkpoints" / "step-00000100.safetensors", device="cpu")
+    np.testing.assert_array_equal(p.evaluate(split="val").position, full.greedy_positions(full.data.splits.val))
 
 
 def test_denoise_refuses_spectral_norm():
