@@ -158,9 +158,8 @@ class Agent:
                 gate(self.online, self.buffers.ws_act, env.n_envs, env.scale)
 
         def env_step():
-            env.record(transitions)
-            env.step()
-            self.ops.discount(discount, transitions.done, self.scalars.view("gamma"))
+            # record, step, the next windows and the rows' discounts in one launch (env.record_step)
+            env.record_step(transitions, discount, self.scalars.view("gamma"))
 
         def replay_insert():
             if replay.spec.store_next_obs:
