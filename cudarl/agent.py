@@ -192,11 +192,12 @@ class Agent:
                 self.soft.schedule_step()
 
         def sample():
-            # the state rows gathered by the search's launch; the importance weights beside the forward
-            # (the first learn phase joins them: buffers.importance_weights); then the windows of s and
-            # s' in one launch from the feature matrix (the replay stores no windows)
-            buf.idx, buf.weights = replay.sample(self.batch_size, side=buf.side_small, out=self.rows_batch)
-            windows.gather(self.rows_pair, self.pair)
+            # the state rows and the windows of s and s' (from the feature matrix: the replay stores no
+            # windows) gathered by the search's launch; the importance weights beside the forward (the
+            # first learn phase joins them: buffers.importance_weights)
+            buf.idx, buf.weights = replay.sample(
+                self.batch_size, side=buf.side_small, out=self.rows_batch, windows=windows, windows_out=self.pair
+            )
 
         def forward():
             self.rule.forward(self.batch)
