@@ -456,6 +456,22 @@ extern "C" __global__ void cudarl_replay_gather(const GatherArgs a) {
               a.action_out, a.return_out, a.discount_out, a.status, a.B, a.D, a.C, a.n_envs, a.n_step, a.lag);
 }
 
+// One warp's sample j of sample_search_gather (all 32 lanes): the search, then the gather of the
+// slot found (lanes over the D columns). Returns the slot (every lane).
+__device__ __forceinline__ i64 search_gather_warp(const i64* tree, const i64* levels, const i64* step, int* indices,
+                                                  i64* qsel, i64* status, i64 B, int depth, u64 seed,
+                                                  unsigned int stream_id, const float* s_obs, const int* s_action,
+                                                  const float* s_reward, const float* s_discount, const float* s_next,
+                                                  float* obs_out, float* next_obs_out, int* action_out,
+                                                  float* return_out, float* discount_out, i64 D, i64 C, i64 n_envs,
+                                                  int n_step, i64 lag, i64 j, int lane) {
+  const i64 s = search_one(tree, levels, step, indices, qsel, status, j, B, depth, seed, stream_id, lane);
+  for (i64 c = lane; c < D; c += 32)
+    gather_one(s_obs, s_action, s_reward, s_discount, s_next, j, c, s, obs_out, next_obs_out, action_out, return_out,
+               discount_out, status, D, C, n_envs, n_step, lag);
+  return s;
+}
+
 // ---------------------------------------------------------------------------------------------
 // sample_search_gather: sample_search and gather in one launch. The warp that finds sample j's
 // slot gathers it (lanes over the D columns, lane 0 the action and n-step targets): the same
@@ -468,11 +484,9 @@ extern "C" __global__ void cudarl_replay_sample_search_gather(
     float* return_out, float* discount_out, i64 D, i64 C, i64 n_envs, int n_step, i64 lag) {
   const i64 j = ((i64)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
   if (j >= B) return;  // whole warps exit together (blockDim is a multiple of 32)
-  const int lane = (int)(threadIdx.x & 31);
-  const i64 s = search_one(tree, levels, step, indices, qsel, status, j, B, depth, seed, stream_id, lane);
-  for (i64 c = lane; c < D; c += 32)
-    gather_one(s_obs, s_action, s_reward, s_discount, s_next, j, c, s, obs_out, next_obs_out, action_out, return_out,
-               discount_out, status, D, C, n_envs, n_step, lag);
+  search_gather_warp(tree, levels, step, indices, qsel, status, B, depth, seed, stream_id, s_obs, s_action, s_reward,
+                     s_discount, s_next, obs_out, next_obs_out, action_out, return_out, discount_out, D, C, n_envs,
+                     n_step, lag, j, (int)(threadIdx.x & 31));
 }
 
 // sample_search_gather_windows: sample_search_gather, then the observation windows of the two state
@@ -492,10 +506,9 @@ extern "C" __global__ void cudarl_replay_sample_search_gather_windows(
   const i64 j = ((i64)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
   if (j >= B) return;  // whole warps exit together (blockDim is a multiple of 32)
   const int lane = (int)(threadIdx.x & 31);
-  const i64 s = search_one(tree, levels, step, indices, qsel, status, j, B, depth, seed, stream_id, lane);
-  for (i64 c = lane; c < D; c += 32)
-    gather_one(s_obs, s_action, s_reward, s_discount, s_next, j, c, s, obs_out, next_obs_out, action_out, return_out,
-               discount_out, status, D, C, n_envs, n_step, lag);
+  const i64 s = search_gather_warp(tree, levels, step, indices, qsel, status, B, depth, seed, stream_id, s_obs, s_action,
+                                   s_reward, s_discount, s_next, obs_out, next_obs_out, action_out, return_out,
+                                   discount_out, D, C, n_envs, n_step, lag, j, lane);
   float r0 = 0.0f, r1 = 0.0f, r2 = 0.0f, r3 = 0.0f, n0 = 0.0f, n1 = 0.0f, n2 = 0.0f, n3 = 0.0f;
   if (s >= 0 && s < C) {  // the values gather_one copied (every lane reads them: one cached line each)
     const float* r = s_obs + s * D;

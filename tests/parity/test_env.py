@@ -213,6 +213,15 @@ def test_gpu_act_parity(cp, rng, n, a_n, eps):
     np.testing.assert_array_equal(out_g.get(), out_c)
 
 
+def _graph_test_envs(rng):
+    """Two GPU envs of 300 (counterfactual and mirror rows, 4-bar windows) on one market, and their
+    transitions: (eager, graphed, out_eager, out_graphed)."""
+    cfg = EnvConfig(n_envs=300, episode_len=9, n_actions=3, counterfactual=True, mirror=True, seed=3)
+    open_, close, feats, sign = market(rng, 400, 8)
+    eager, graphed = (TradingEnv(open_, close, feats, sign, cfg, window=4, backend="cupy") for _ in range(2))
+    return eager, graphed, eager.make_transitions(), graphed.make_transitions()
+
+
 @pytest.mark.gpu
 def test_gpu_graphed_equals_eager_and_sees_device_epsilon(cp, rng):
     """act + record + step captured once and replayed equals eager launches bit for bit; epsilon
@@ -220,11 +229,7 @@ def test_gpu_graphed_equals_eager_and_sees_device_epsilon(cp, rng):
     from cudarl.graph import StepGraph
     from cudarl.pinned import DeviceScalars
 
-    cfg = EnvConfig(n_envs=300, episode_len=9, n_actions=3, counterfactual=True, mirror=True, seed=3)
-    open_, close, feats, sign = market(rng, 400, 8)
-    eager = TradingEnv(open_, close, feats, sign, cfg, window=4, backend="cupy")
-    graphed = TradingEnv(open_, close, feats, sign, cfg, window=4, backend="cupy")
-    out_e, out_g = eager.make_transitions(), graphed.make_transitions()
+    eager, graphed, out_e, out_g = _graph_test_envs(rng)
     eps_e = DeviceScalars({"epsilon": np.float32}, xp=cp)
     eps_g = DeviceScalars({"epsilon": np.float32}, xp=cp)
     q_e = cp.zeros((300, 3), np.float32)
@@ -369,11 +374,7 @@ def test_gpu_record_step_graphed_equals_eager(cp, rng):
     live in device memory, so moving them between replays changes what the graph writes."""
     from cudarl.graph import StepGraph
 
-    cfg = EnvConfig(n_envs=300, episode_len=9, n_actions=3, counterfactual=True, mirror=True, seed=3)
-    open_, close, feats, sign = market(rng, 400, 8)
-    eager = TradingEnv(open_, close, feats, sign, cfg, window=4, backend="cupy")
-    graphed = TradingEnv(open_, close, feats, sign, cfg, window=4, backend="cupy")
-    out_e, out_g = eager.make_transitions(), graphed.make_transitions()
+    eager, graphed, out_e, out_g = _graph_test_envs(rng)
     m = eager.rows_per_step * 300
     disc_e, disc_g = cp.zeros(m, F32), cp.zeros(m, F32)
     gam_e, gam_g = cp.zeros(1, F32), cp.zeros(1, F32)
