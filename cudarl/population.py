@@ -159,7 +159,9 @@ class Population:
             configs = [replace(c, run=replace(c.run, grid_barrier=False)) for c in configs]
         self.configs, self.echo = configs, echo
         gpu = _backend.get(_BACKEND[configs[0].run.device]).is_gpu
+        self._blas_before = _blas_prepared(gpu)
         self.members: list[Trainer] = []
+        self._branches: list[SideStream] = []
         self.member_bytes: list[int | None] = []
         prepared, stream = None, None
         for i, (cfg, rd) in enumerate(zip(configs, run_dirs, strict=True)):
@@ -172,13 +174,13 @@ class Population:
                 stream = m.stream
             if self.members:
                 _share_features(self.members[0], m)
+            # the member's branch: a stream of its own (with its cuBLAS handle, before any capture)
+            self._branches.append(SideStream(m.xp))
             after = _allocated(gpu)
             self.member_bytes.append(None if before is None or after is None else after - before)
             self.members.append(m)
         self.xp, self.stream = self.members[0].xp, stream
         self.stopped: dict[int, str] = {}
-        # one branch per member, each a stream of its own (with its cuBLAS handle, before any capture)
-        self._branches = [SideStream(self.xp) for _ in self.members]
         self._build_graphs()
 
     # --- graphs ------------------------------------------------------------------------------------
@@ -294,6 +296,20 @@ class Population:
         if self.stream is not None:
             self.stream.synchronize()
 
+    def close(self) -> None:
+        """Free what the population holds outside its arrays: its graphs, and the cuBLAS handles and
+        workspaces (one per stream: 32 MiB each, about nine a member) made while building it, which the
+        cuBLAS module would otherwise keep for the life of the process. The population cannot train after."""
+        self.synchronize()
+        self.train_graph = self.collect_graph = None
+        for m in self.members:
+            m.train_graph = m.collect_graph = m.monitor.train_graph = None
+        if self.stream is not None:
+            from . import blas
+
+            for ptr in blas.prepared() - self._blas_before:
+                blas.release(ptr)
+
 
 def branches(name: str, member_phases: list, sides: list, stream, xp) -> StepGraph:
     """One :class:`StepGraph` named ``name`` whose phase ``member<i>`` runs ``member_phases[i]`` (a
@@ -325,6 +341,14 @@ def _share_features(lead: Trainer, m: Trainer) -> None:
     m.env.windows.features = lead.env.data.features
 
 
+def _blas_prepared(gpu: bool) -> set[int]:
+    if not gpu:
+        return set()
+    from . import blas
+
+    return blas.prepared()
+
+
 def _allocated(gpu: bool) -> int | None:
     """Bytes allocated now: CuPy's default pool (``gpu``), or tracemalloc's traced total when it is
     tracing (NumPy arrays report to it), else None."""
@@ -351,7 +375,7 @@ def memory_per_member(cfg: Config, *, bars=None, splits=None) -> int:
     try:
         pop = Population([cfg, cfg], bars=bars, splits=splits, run_dirs=[False, False], echo=lambda m: None)
         got = pop.member_bytes[1]
-        del pop
+        pop.close()
     finally:
         if started:
             tracemalloc.stop()

@@ -148,3 +148,17 @@ def test_gpu_each_member_is_that_agent_trained_alone():
 @pytest.mark.gpu
 def test_gpu_population_memory_per_member_is_measured():
     assert memory_per_member(gpu_small()) > 0
+
+
+@pytest.mark.gpu
+def test_gpu_population_close_releases_its_cublas_handles():
+    """Every stream of a population (its members' side streams, the branches) holds a cuBLAS handle and a
+    32 MiB workspace that cudarl.blas keeps for the process; close() gives them back."""
+    from cudarl import blas
+
+    before = blas.prepared()
+    pop = Population([gpu_small()] * 2, run_dirs=[False, False], **QUIET)
+    pop.run(5)
+    assert len(blas.prepared() - before) >= 4
+    pop.close()
+    assert not blas.prepared() - before
