@@ -366,7 +366,8 @@ def memory_per_member(cfg: Config, *, bars=None, splits=None) -> int:
     built (no run directories, nothing captured) and the second member's allocations are counted (the
     feature matrix is shared, so it is not in them). On the NumPy backend host bytes, by tracemalloc.
 
-    Not counted: the captured graphs' own device memory and the streams' (outside the allocator)."""
+    Counted: every array of the member and the cuBLAS workspace of each of its streams (32 MiB each,
+    about nine a member). Not counted: what the driver holds for the graphs and streams themselves."""
     import tracemalloc
 
     started = not _backend.get(_BACKEND[cfg.run.device]).is_gpu and not tracemalloc.is_tracing()

@@ -109,6 +109,30 @@ def test_member_run_directories_and_progress(tmp_path):
     assert len(evals) == 2 and evals[0]["policy"]["sharpe"] != evals[1]["policy"]["sharpe"]
 
 
+@pytest.mark.parametrize("action", ["stop", "rollback"])
+def test_a_member_the_guard_stops_leaves_and_the_others_go_on(action):
+    """NaN in member 1's replay: its guard rolls back (recapturing the population's graph) and stops it,
+    as alone; member 0 trains on to the end, bitwise as alone."""
+    guard_stops_one_member(small(guard={"action": action, "max_rollbacks": 2}))
+
+
+def guard_stops_one_member(cfg):
+    from cudarl.reference.window import POSITION
+
+    configs = [cfg, from_dict({"run": {"seed": 3}}, base=cfg)]
+    pop = Population(configs, run_dirs=[False, False], **QUIET)
+    alone = Trainer(configs[0], run_dir=False, **QUIET)
+    pop.run(30)
+    alone.run(30)
+    pop.members[1].replay.bufs.obs[:, POSITION] = np.nan
+    summaries = pop.run(60)
+    alone.run(60)
+    assert "loss = nan" in summaries[1]["guard_stop"] and pop.active() == [0]
+    assert pop.members[1].events[-1]["action"] == "stop" and pop.members[1].step < 60
+    assert summaries[0]["step"] == 60
+    assert_same_agent(pop.members[0], alone)
+
+
 def test_memory_per_member_is_measured_and_grows_with_the_replay():
     small_replay = memory_per_member(small())
     big_replay = memory_per_member(small(replay={"capacity": 4 * 4096}))
@@ -143,6 +167,12 @@ def test_gpu_each_member_is_that_agent_trained_alone():
         assert not m.cfg.run.grid_barrier
         assert_same_agent(m, a)
     assert len({tuple(m.losses) for m in pop.members}) == 3
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("action", ["stop", "rollback"])
+def test_gpu_a_member_the_guard_stops_leaves_and_the_others_go_on(action):
+    guard_stops_one_member(gpu_small(guard={"action": action, "max_rollbacks": 2, "snapshot_every": 20}))
 
 
 @pytest.mark.gpu
