@@ -30,7 +30,7 @@ from pathlib import Path
 from . import backend as _backend
 from . import experience, interrupt
 from .config import Config
-from .graph import SideStream, StepGraph, capture_all
+from .graph import SideStream, StepGraph
 from .guard import GuardStop
 from .trainer import Trainer, _Rate, prepare_data
 
@@ -172,8 +172,10 @@ class Population:
             m = Trainer(cfg, run_dir=rd, echo=say, stream=stream, prepared=prepared)
             if stream is None:
                 stream = m.stream
+            # one device copy of the feature matrix, for training and evaluation
+            m.features_of = self.members[0].env if self.members else m.env
             if self.members:
-                _share_features(self.members[0], m)
+                m.env.share_features(m.features_of)
             # the member's branch: a stream of its own (with its cuBLAS handle, before any capture)
             self._branches.append(SideStream(m.xp))
             after = _allocated(gpu)
@@ -198,8 +200,17 @@ class Population:
             self.members[i].monitor.train_graph = self.train_graph
 
     def capture(self) -> None:
-        """Capture the population's graphs (both, if not captured yet)."""
-        capture_all([g for g in (self.collect_graph, self.train_graph) if not g.captured])
+        """Capture the population's graphs (those not captured yet), after starting the compiles of the
+        kernel families the first member's graphs launch (:meth:`StepGraph.prefetch`; the members'
+        phases are the same program, so one discovery pass serves all, not one over P members; a
+        family only another member launches compiles at its first launch)."""
+        todo = [g for g in (self.collect_graph, self.train_graph) if not g.captured]
+        if todo:
+            lead = self.members[self.active()[0]]
+            for g in (lead.collect_graph, lead.train_graph):
+                g.prefetch()
+        for g in todo:
+            g.capture()
 
     # --- the loop ----------------------------------------------------------------------------------
     def prime(self, stop=()) -> None:
@@ -330,15 +341,6 @@ def branches(name: str, member_phases: list, sides: list, stream, xp) -> StepGra
 
     phases = [(f"member{i}", member(p, s)) for i, (p, s) in enumerate(zip(member_phases, sides, strict=True))]
     return StepGraph(name, [*phases, ("join", join)], stream=stream, xp=xp)
-
-
-def _share_features(lead: Trainer, m: Trainer) -> None:
-    """Point member ``m``'s env at ``lead``'s device feature matrix (the same prepared data, so the same
-    values) and drop its own copy, before any capture."""
-    if m.env.data.features.shape != lead.env.data.features.shape:
-        raise ValueError("members of a population must have the same feature matrix")
-    m.env.data = m.env.data._replace(features=lead.env.data.features)
-    m.env.windows.features = lead.env.data.features
 
 
 def _blas_prepared(gpu: bool) -> set[int]:

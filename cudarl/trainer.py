@@ -231,6 +231,8 @@ class Trainer:
         self.events: list[dict] = []
         self._last_row: dict | None = None  # the latest metrics row (the progress display's last line)
         self._eval_envs: dict = {}
+        #: an env whose device feature matrix this run's evaluation envs read (cudarl.population), or None
+        self.features_of: TradingEnv | None = None
         self.last_eval: dict | None = None
         self.last_evaluation = None
         self.history: list[dict] = []  # every evaluation row, in order (the validation Sharpe over training)
@@ -500,7 +502,9 @@ class Trainer:
     def _eval_env(self, split) -> TradingEnv:
         key = (split.start, split.stop)
         if key not in self._eval_envs:
-            self._eval_envs[key] = eval_env(self.data, split, self.cfg.env, self.be.name)
+            env = self._eval_envs[key] = eval_env(self.data, split, self.cfg.env, self.be.name)
+            if self.features_of is not None:  # a population's member: one device copy of the features
+                env.share_features(self.features_of)
         return self._eval_envs[key]
 
     def _plan_scale(self):

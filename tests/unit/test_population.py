@@ -107,6 +107,8 @@ def test_member_run_directories_and_progress(tmp_path):
     assert {i for i, _ in seen} == {0, 1} and (1, STEPS) in seen
     evals = pop.evaluate("test")
     assert len(evals) == 2 and evals[0]["policy"]["sharpe"] != evals[1]["policy"]["sharpe"]
+    one = pop.members[0].env.data.features  # the evaluation envs read the one feature matrix too
+    assert all(e.data.features is one and e.windows.features is one for m in pop.members for e in m._eval_envs.values())
 
 
 @pytest.mark.parametrize("action", ["stop", "rollback"])
