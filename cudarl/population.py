@@ -216,10 +216,12 @@ class Population:
     def prime(self, stop=()) -> None:
         """Capture both graphs and collect until every member's replay holds enough rows to learn from
         (each member collects exactly as :meth:`Trainer.prime` would alone: they share the count)."""
+        if not self.active():
+            return
         self.capture()
         a = self.configs[0].agent
         need = max(a.learning_starts, a.batch_size)
-        lead = self.members[0]
+        lead = self.members[self.active()[0]]
         if lead.experience is not None:  # offline: nothing to collect (the replays hold the recording)
             if lead._ready_rows() < need:
                 raise experience.ExperienceError(

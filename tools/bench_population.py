@@ -139,7 +139,6 @@ def cudarl_arms(tf32: bool, sizes, args, rows, extra, peak) -> dict:
     single = step_benchmark(repeats=args.repeats, cfg=reference_config("gpu", net=net), bars=bars, phases=False)
     single_us = next(r["value"] for r in single if r["metric"] == "train step (graph replay)")
     rows.append(row(f"cudarl single agent, {prec}", "train step (its own graph, grid barrier on)", single_us, "us"))
-    t0 = time.perf_counter()
     per = memory_per_member(reference_config("gpu", net=net), bars=bars)
     rows.append(row(case, "memory per agent (allocator: one more member)", per / 2**20, "MiB"))
     free = _free_device_bytes()
@@ -152,6 +151,7 @@ def cudarl_arms(tf32: bool, sizes, args, rows, extra, peak) -> dict:
         return out
     Pmax = max(fits)
     configs = [reference_config("gpu", run={"seed": i}, net=net) for i in range(Pmax)]
+    t0 = time.perf_counter()
     pop = Population(configs, bars=bars, run_dirs=[False] * Pmax, echo=lambda m: None)
     build_s = time.perf_counter() - t0
     pop.prime()  # captures the Pmax graphs, collects until a batch can be sampled
@@ -293,6 +293,42 @@ class TorchPopulationStep:
         return (core or self.core)(u)
 
 
+def vmap_check(device: str, P: int = 3, capacity: int = 4096, agent: int = 1) -> dict:
+    """Agent ``agent`` of :class:`TorchPopulationStep`'s vmapped loss and gradient against
+    ``TorchC51Step`` (plain autograd on modules holding that agent's weights), same batch: relative
+    differences of the loss, the priorities and the gradient (float32; the arm computes what it claims)."""
+    import torch
+
+    ts = TorchPopulationStep(P, device, capacity=capacity)
+    single = ts.single
+    with torch.no_grad():
+        for mod, stacked in ((single.online, ts.params), (single.target, ts.target)):
+            for name, prm in mod.named_parameters():
+                prm.copy_(stacked[name][agent])
+    g = torch.Generator(device=ts.dev).manual_seed(5)
+    idx = torch.randint(0, capacity, (P, B), device=ts.dev, generator=g)
+    nxt = (idx + ts.lag) % capacity
+    w = torch.rand(P, B, device=ts.dev, generator=g)
+    take = lambda x, i: x[ts.agents, i]  # noqa: E731
+    batch = (take(ts.obs, idx), take(ts.obs, nxt), take(ts.action, idx), take(ts.ret, idx), take(ts.discount, idx), w)
+    grads, (loss, prio) = ts.grad(ts.params, ts.target, *batch)
+    single.online.zero_grad(set_to_none=True)
+    loss1, prio1 = single.loss(*(x[agent] for x in batch))
+    loss1.backward()
+    names = [n for n, _ in single.online.named_parameters()]
+    g_ref = torch.cat([p.grad.reshape(-1) for _, p in single.online.named_parameters()])
+    g_vmap = torch.cat([grads[n][agent].reshape(-1) for n in names])
+
+    def rel(a, b):
+        return float((a - b).norm() / b.norm().clamp_min(1e-30))
+
+    return {
+        "loss_rel_diff": abs(float(loss[agent]) - float(loss1)) / abs(float(loss1)),
+        "priority_rel_diff": rel(prio[agent], prio1.detach()),
+        "grad_rel_diff": rel(g_vmap, g_ref),
+    }
+
+
 def torch_arms(tf32: bool, sizes, args, rows, extra, peak) -> dict:
     """The PyTorch vmap arm (and compiled with ``--torch-compile``) at ``sizes``; ``{P: us}``."""
     try:
@@ -310,12 +346,22 @@ def torch_arms(tf32: bool, sizes, args, rows, extra, peak) -> dict:
     prec = "TF32" if tf32 else "FP32"
     extra["torch"] = torch.__version__
     out: dict = {}
+    try:
+        diffs = vmap_check("cuda")
+        for k, v in diffs.items():
+            rows.append(
+                row(f"check: PyTorch vmap agent vs its single step, {prec}", k, v, "", "<= 1e-4" if not tf32 else "")
+            )
+        extra.setdefault("vmap_check", {})[prec] = diffs
+    except Exception as exc:
+        _failed(rows, f"check: PyTorch vmap agent vs its single step, {prec}", exc)
     arms = [("vmap, one CUDA graph", False)] + (
         [("vmap, torch.compile, one CUDA graph", True)] if args.torch_compile else []
     )
     for P in sizes:
         free = _free_device_bytes()
-        cap = min(CAPACITY, int(MEMORY_HEADROOM * free / 2 / P / TorchPopulationStep.bytes_per_agent(1)))
+        # the replays, with a quarter more for the step's temporaries and the graph's pool
+        cap = min(CAPACITY, int(MEMORY_HEADROOM * free / 1.25 / P / TorchPopulationStep.bytes_per_agent(1)))
         for name, compiled in arms:
             case = f"PyTorch {torch.__version__} {name}, {prec}"
             if cap < 4 * B:

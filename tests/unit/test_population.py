@@ -97,7 +97,7 @@ def test_can_share_allows_settings_and_refuses_shapes():
 
 
 def test_member_run_directories_and_progress(tmp_path):
-    configs = [replace(c, run=replace(c.run, eval_every=20)) for c in variants(small())[:2]]
+    configs = [replace(c, run=replace(c.run, eval_every=STEPS // 2)) for c in variants(small())[:2]]
     seen = []
     pop = Population(configs, run_dirs=[tmp_path / "a", tmp_path / "b"], **QUIET)
     pop.run(STEPS, progress=lambda i, step, row, ev: seen.append((i, step)))
@@ -139,6 +139,21 @@ def test_memory_per_member_is_measured_and_grows_with_the_replay():
     small_replay = memory_per_member(small())
     big_replay = memory_per_member(small(replay={"capacity": 4 * 4096}))
     assert 0 < small_replay < big_replay
+
+
+@pytest.mark.slow
+def test_bench_population_pytorch_vmap_arm_computes_the_single_step():
+    """tools/bench_population.py's PyTorch arm: one agent of the vmapped loss and gradient equals the plain
+    PyTorch step (tools/bench_step.py) on that agent's weights and batch (float32, CPU). Skipped without torch."""
+    pytest.importorskip("torch")
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
+    from bench_population import vmap_check
+
+    diffs = vmap_check("cpu", P=3, capacity=2048)
+    assert diffs["loss_rel_diff"] < 1e-6 and diffs["priority_rel_diff"] < 1e-5 and diffs["grad_rel_diff"] < 1e-5, diffs
 
 
 # --- GPU (the coordinator runs these) ------------------------------------------------------------
