@@ -111,6 +111,28 @@ def test_member_run_directories_and_progress(tmp_path):
     assert all(e.data.features is one and e.windows.features is one for m in pop.members for e in m._eval_envs.values())
 
 
+def test_an_interrupted_population_saves_every_member(tmp_path):
+    """SIGTERM during a population's run: every member writes latest.npz at the same update, then
+    Interrupted (exit code 143); each checkpoint resumes that member."""
+    import signal
+
+    from cudarl.interrupt import Interrupted
+
+    pop = Population(variants(small())[:2], run_dirs=[tmp_path / "a", tmp_path / "b"], **QUIET)
+
+    def progress(i, step, row, ev):
+        if i == 1 and step == 20:
+            signal.raise_signal(signal.SIGTERM)  # the run's handler sets its stop flag
+
+    with pytest.raises(Interrupted) as e:
+        pop.run(STEPS, progress=progress)
+    assert e.value.exit_code == 143
+    for d, m in zip("ab", pop.members, strict=True):
+        resumed = Trainer.resume(tmp_path / d / "checkpoints" / "latest.npz", run_dir=tmp_path / f"{d}2", **QUIET)
+        assert resumed.step == m.step == 20
+        np.testing.assert_array_equal(resumed.agent.online.params, m.agent.online.params)
+
+
 @pytest.mark.parametrize("action", ["stop", "rollback"])
 def test_a_member_the_guard_stops_leaves_and_the_others_go_on(action):
     """NaN in member 1's replay: its guard rolls back (recapturing the population's graph) and stops it,
