@@ -128,7 +128,7 @@ def cudarl_arms(tf32: bool, sizes, args, rows, extra, peak) -> dict:
     import cupy
 
     from cudarl.bench import reference_bars, reference_config, step_benchmark
-    from cudarl.population import Population, branches, memory_per_member
+    from cudarl.population import Population, branches
 
     prec = "TF32" if tf32 else "FP32"
     case, seq_case = f"cudarl population, {prec}", f"cudarl sequential single-agent graphs, {prec}"
@@ -139,12 +139,21 @@ def cudarl_arms(tf32: bool, sizes, args, rows, extra, peak) -> dict:
     single = step_benchmark(repeats=args.repeats, cfg=reference_config("gpu", net=net), bars=bars, phases=False)
     single_us = next(r["value"] for r in single if r["metric"] == "train step (graph replay)")
     rows.append(row(f"cudarl single agent, {prec}", "train step (its own graph, grid barrier on)", single_us, "us"))
-    per = memory_per_member(reference_config("gpu", net=net), bars=bars)
-    rows.append(row(case, "memory per agent (allocator: one more member)", per / 2**20, "MiB"))
+    # a probe population of two: the allocator's bytes of its second member (what
+    # cudarl.population.memory_per_member measures) and the device's free-memory drop per member (which
+    # also counts the cuBLAS handles' own memory and the streams); sizes are fitted on the larger
     free = _free_device_bytes()
-    fits = [P for P in sizes if P * per <= MEMORY_HEADROOM * free]
+    probe = Population([reference_config("gpu", net=net)] * 2, bars=bars, run_dirs=[False] * 2, echo=lambda m: None)
+    per, per_dev = probe.member_bytes[1], (free - int(cupy.cuda.runtime.memGetInfo()[0])) / 2
+    probe.close()
+    del probe
+    rows.append(row(case, "memory per agent (allocator: one more member)", per / 2**20, "MiB"))
+    rows.append(row(case, "memory per agent (device free-memory drop, 2 members / 2)", per_dev / 2**20, "MiB"))
+    need = max(per, per_dev)
+    free = _free_device_bytes()
+    fits = [P for P in sizes if P * need <= MEMORY_HEADROOM * free]
     for P in sorted(set(sizes) - set(fits)):
-        msg = f"needs ~{P * per / 2**30:.1f} GiB, {free / 2**30:.1f} GiB free"
+        msg = f"needs ~{P * need / 2**30:.1f} GiB, {free / 2**30:.1f} GiB free"
         print(f"{case}: skipping P={P}: {msg}")
         rows.append(row(case, f"P={P}: skipped", msg, ""))
     if not fits:
@@ -160,7 +169,10 @@ def cudarl_arms(tf32: bool, sizes, args, rows, extra, peak) -> dict:
     rows.append(row(case, f"P={Pmax}: build (members, buffers)", build_s, "s"))
     rows.append(row(case, f"P={Pmax}: capture + first collections", time.perf_counter() - t0 - build_s, "s"))
     rows.append(row(case, f"P={Pmax}: device memory per agent (free-memory drop / P)", used / Pmax / 2**20, "MiB"))
-    ext = extra.setdefault(f"cudarl_{prec.lower()}", {"single_agent_us": single_us, "memory_per_agent_bytes": per})
+    ext = extra.setdefault(
+        f"cudarl_{prec.lower()}",
+        {"single_agent_us": single_us, "memory_per_agent_bytes": per, "probe_device_bytes_per_agent": per_dev},
+    )
     ext["device_bytes_per_agent"] = used / Pmax
     target = {TARGET_P: f"<= {TARGET_TF32_US if tf32 else TARGET_FP32_US:g} us"}
     for P in sorted(fits):
