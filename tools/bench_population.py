@@ -379,6 +379,7 @@ def torch_arms(tf32: bool, sizes, args, rows, extra, peak) -> dict:
             if cap < 4 * B:
                 rows.append(row(case, f"P={P}: skipped", f"{P} replays do not fit {free / 2**30:.1f} GiB", ""))
                 continue
+            ts = graph = core = None
             try:
                 t0 = time.perf_counter()
                 ts = TorchPopulationStep(P, "cuda", capacity=cap)
@@ -400,9 +401,10 @@ def torch_arms(tf32: bool, sizes, args, rows, extra, peak) -> dict:
                 if not compiled:
                     out[P] = us
                 extra.setdefault(f"torch_{prec.lower()}", {}).setdefault(name, {})[P] = us
-                del graph, ts, core
             except Exception as exc:
                 _failed(rows, f"{case}, P={P}", exc)
+            finally:
+                ts = graph = core = None  # the replays' memory goes back before the next size
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     return out
