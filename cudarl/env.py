@@ -227,6 +227,17 @@ class TradingEnv:
         self.scale = xp.ones(n, np.float32)
         self.reset()
 
+    def share_features(self, other: TradingEnv) -> None:
+        """Gather windows from ``other``'s device feature matrix instead of this env's own copy, which is
+        dropped (a population's members: the same prepared features, one copy). Before any capture."""
+        if other.data.features.shape != self.data.features.shape:
+            raise ValueError(
+                f"share_features: feature matrices differ in shape ({list(self.data.features.shape)} here, "
+                f"{list(other.data.features.shape)} there)"
+            )
+        self.data = self.data._replace(features=other.data.features)
+        self.windows.features = other.data.features
+
     # --- ops ----------------------------------------------------------------------------------------
     def reset(self) -> None:
         """Start a new episode in every env (draws keyed by each env's step counter); writes ``rows``
@@ -262,6 +273,27 @@ class TradingEnv:
             self.params,
         )
         self.windows.gather(self.rows, self.obs)
+
+    def record_step(self, out: Transitions, discount, gamma) -> Transitions:
+        """:meth:`record` into ``out``, ``discount = gamma[0] * (1 - out.done)`` (float32 ``[M]``;
+        ``gamma`` a float32 ``[1]`` device scalar) and :meth:`step`, with ``actions`` and ``scale``,
+        in one launch (four on the unfused path, which stays as its oracle: the collect step's env phase)."""
+        self._ops.record_step(
+            out,
+            discount,
+            gamma,
+            self.state,
+            self.rows,
+            self.reward,
+            self.done,
+            self.obs,
+            self.actions,
+            self.scale,
+            self.data,
+            self.params,
+            self.window,
+        )
+        return out
 
     def _actions(self, actions):
         return self.actions if actions is None else actions

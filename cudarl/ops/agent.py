@@ -68,6 +68,35 @@ def _check_act(actions, q, env_count, eps, count, arrivals) -> tuple[int, int]:
     return n, a_n
 
 
+def _launch_act_c51(
+    op: str, head, actions, q, support, env_count, params, n, a_n, k_n, eps, count, arrivals, start, end, steps, stream
+) -> None:
+    launch(
+        "agent",
+        op,
+        blocks_for(32 * n),  # a warp per env
+        256,
+        (
+            actions,
+            q,
+            head,
+            support,
+            env_count,
+            n,
+            a_n,
+            k_n,
+            eps,
+            count,
+            arrivals,
+            float(start),
+            float(end),
+            int(steps),
+            int(params.seed),
+        ),
+        stream=stream,
+    )
+
+
 def act_c51(
     actions,
     q,
@@ -92,30 +121,37 @@ def act_c51(
     k_n = logits.shape[-1] if logits.ndim == 3 else 0
     _check("logits", logits, np.float32, (n, a_n, k_n))
     _check("support", support, np.float32, (k_n,))
-    launch(
-        "agent",
-        "act_c51",
-        blocks_for(32 * n),
-        256,
-        (
-            actions,
-            q,
-            logits,
-            support,
-            env_count,
-            n,
-            a_n,
-            k_n,
-            eps,
-            count,
-            arrivals,
-            float(start),
-            float(end),
-            int(steps),
-            int(params.seed),
-        ),
-        stream=stream,
-    )
+    _launch_act_c51(
+        "act_c51", logits, actions, q, support, env_count, params, n, a_n, k_n, eps, count, arrivals, start, end,
+        steps, stream,
+    )  # fmt: skip
+
+
+def act_c51_dueling(
+    actions,
+    q,
+    va,
+    support,
+    env_count,
+    params,
+    eps,
+    count,
+    arrivals,
+    start: float,
+    end: float,
+    steps: int,
+    stream=None,
+) -> None:
+    """:func:`act_c51` from the dueling head's raw output ``va`` float32 ``[n, (1 + A) K]`` (``K`` =
+    ``support``'s length): the dueling combine (``nn.dueling_forward``'s bits) inside the same launch."""
+    n, a_n = _check_act(actions, q, env_count, eps, count, arrivals)
+    k_n = support.shape[0] if support.ndim == 1 else 0
+    _check("support", support, np.float32, (k_n,))
+    _check("va", va, np.float32, (n, (1 + a_n) * k_n))
+    _launch_act_c51(
+        "act_c51_dueling", va, actions, q, support, env_count, params, n, a_n, k_n, eps, count, arrivals, start, end,
+        steps, stream,
+    )  # fmt: skip
 
 
 def act_iqn(

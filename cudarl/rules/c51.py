@@ -88,11 +88,12 @@ class C51Rule(RuleBase):
         self.values(out, obs, self.buf.ws_act)
 
     def act(self, env, eps_args: tuple) -> None:
-        """The online forward over ``env.obs``, then one kernel: expected Q (``buffers.q_act``), the
-        device epsilon and the epsilon-greedy ``env.actions``."""
+        """The online forward over ``env.obs`` up to the head's raw output, then one kernel: the dueling
+        combine, expected Q (``buffers.q_act``), the device epsilon and the epsilon-greedy ``env.actions``
+        (``act_c51_dueling``; the dueling kernel then ``act_c51`` is its oracle)."""
         buf = self.buf
-        logits = buf.online.forward(env.obs, buf.ws_act)["q"]
-        self.agent_ops.act_c51(env.actions, buf.q_act, logits, self.support, env.state.count, env.params, *eps_args)
+        va = buf.online.forward(env.obs, buf.ws_act, raw_head=True)["q"]
+        self.agent_ops.act_c51_dueling(env.actions, buf.q_act, va, self.support, env.state.count, env.params, *eps_args)
 
     def forward(self, batch) -> None:
         # the head's raw outputs va [B, (1 + A) K]: targets_loss combines them itself. Three forwards

@@ -226,6 +226,68 @@ def test_gpu_act_c51_equals_the_three_kernels_it_fuses(cp, rng, n, A, K):
     )
 
 
+def test_reference_act_c51_dueling_is_the_combine_then_act_c51(rng):
+    """The twin of act_c51_dueling is nn.dueling_forward then act_c51 (the NumPy backend's act is
+    what it was before the fusion)."""
+    from cudarl.reference import nn as nn_ref
+
+    n, A, K = 6, 3, 51
+    va = rng.standard_normal((n, (1 + A) * K)).astype(np.float32) * 3
+    support = np.linspace(-10, 10, K, dtype=np.float32)
+    env_count = rng.integers(0, 2**40, n, dtype=np.uint64)
+    logits = np.zeros((n, A, K), np.float32)
+    nn_ref.dueling_forward(va, logits)
+    outs = []
+    for op, head in ((ref.act_c51_dueling, va), (ref.act_c51, logits)):
+        bufs = (np.full(n, -1, np.int32), np.zeros((n, A), np.float32), np.zeros(1, np.float32))
+        op(*bufs[:2], head, support, env_count, _env_params(), bufs[2], np.array([7], np.int64),
+           np.zeros(1, np.uint32), *_SCHEDULE)  # fmt: skip
+        outs.append(bufs)
+    for x, y in zip(*outs, strict=True):
+        assert_bitwise(x, y)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n, A, K", [(1, 2, 1), (7, 3, 51), (33, 9, 33), (4096, 3, 51), (4099, 5, 77)])
+def test_gpu_act_c51_dueling_equals_the_dueling_kernel_then_act_c51(cp, rng, n, A, K):
+    """act_c51_dueling against nn.dueling_forward + act_c51 on the GPU (bitwise: q, actions, epsilon,
+    the step counter), and the twin; K = 1, 33, 77: atoms not a multiple of the warp."""
+    from cudarl.ops import agent as ops
+    from cudarl.ops import nn as nn_ops
+    from cudarl.reference import nn as nn_ref
+    from cudarl.reference import qstats
+
+    params = _env_params(3)
+    support = np.linspace(-10, 10, K, dtype=np.float32)
+    sup, logits_d = cp.asarray(support), cp.full((n, A, K), np.nan, np.float32)
+
+    def draw():
+        va = (rng.standard_normal((n, (1 + A) * K)) * 3).astype(np.float32)
+        va[::4, 2 * K : 3 * K] = va[::4, K : 2 * K]  # tied advantages (so tied actions): the first must win
+        return va
+
+    def separate(va, ec, bufs):
+        nn_ops.dueling_forward(va, logits_d)
+        ops.act_c51(bufs[0], bufs[1], logits_d, sup, ec, params, *bufs[2:], *_SCHEDULE)
+
+    def twin_q(va):
+        logits = np.zeros((n, A, K), np.float32)
+        nn_ref.dueling_forward(va, logits)
+        return qstats.per_sample(logits, support)[0]
+
+    _fused_vs_separate(
+        cp,
+        rng,
+        n,
+        A,
+        params,
+        draw,
+        lambda va, ec, b: ops.act_c51_dueling(b[0], b[1], va, sup, ec, params, *b[2:], *_SCHEDULE),
+        separate,
+        twin_q,
+    )
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("n, N, A", [(1, 1, 2), (7, 32, 3), (4099, 8, 5)])
 def test_gpu_act_iqn_equals_the_three_kernels_it_fuses(cp, rng, n, N, A):
@@ -260,28 +322,30 @@ def test_gpu_act_iqn_equals_the_three_kernels_it_fuses(cp, rng, n, N, A):
 
 
 @pytest.mark.gpu
-def test_gpu_act_c51_graphed_equals_eager_and_advances_the_schedule(cp, rng):
-    """act_c51 captured once: each replay reads the step counter from device memory (epsilon
-    follows the schedule) and the logits and env counters written between replays; graphed and
-    eager launches agree bitwise at every step."""
+@pytest.mark.parametrize("op", ["act_c51", "act_c51_dueling"])
+def test_gpu_act_c51_graphed_equals_eager_and_advances_the_schedule(cp, rng, op):
+    """act_c51 (act_c51_dueling, from the raw head output) captured once: each replay reads the step
+    counter from device memory (epsilon follows the schedule) and the head outputs and env counters
+    written between replays; graphed and eager launches agree bitwise at every step."""
     from cudarl.graph import StepGraph
     from cudarl.ops import agent as ops
 
     n, A, K = 4096, 3, 51
     params = _env_params(9)
     sup = cp.asarray(np.linspace(-10, 10, K, dtype=np.float32))
-    lg, ec = cp.zeros((n, A, K), np.float32), cp.zeros(n, np.uint64)
+    head_shape = (n, A, K) if op == "act_c51" else (n, (1 + A) * K)
+    lg, ec = cp.zeros(head_shape, np.float32), cp.zeros(n, np.uint64)
     bufs_g, bufs_e = _act_buffers(cp, n, A), _act_buffers(cp, n, A)
 
     def act(bufs):
         actions, q, eps, count, arrivals = bufs
-        ops.act_c51(actions, q, lg, sup, ec, params, eps, count, arrivals, *_SCHEDULE)
+        getattr(ops, op)(actions, q, lg, sup, ec, params, eps, count, arrivals, *_SCHEDULE)
 
     g = StepGraph("agent_act_graphed", [("act", lambda: act(bufs_g))], xp=cp)
     g.capture()
     eps_twin, count_twin = np.zeros(1, np.float32), np.zeros(1, np.int64)
     for step in range(12):
-        lg.set((rng.standard_normal((n, A, K)) * 3).astype(np.float32))
+        lg.set((rng.standard_normal(head_shape) * 3).astype(np.float32))
         ec.set(rng.integers(0, 2**40, n, dtype=np.uint64))
         cp.cuda.Device().synchronize()
         g.replay()
