@@ -134,6 +134,19 @@ def test_all_signals_resume_exactly_and_a_policy_file_acts_as_the_trainer(tmp_pa
     np.testing.assert_array_equal(p.evaluate(split="val").position, full.greedy_positions(full.data.splits.val))
 
 
+def test_a_population_member_with_every_signal_is_that_agent_trained_alone():
+    """The signals' branches and own steps inside a population's graphs (each member's on its branch)
+    leave each member bitwise equal to the agent trained alone."""
+    from test_population import assert_same_agent, population_and_alone, variants
+
+    configs = variants(small(agent={"aux": list(SIGNALS), "aux_denoise_lr": 0.01}))[:2]
+    pop, _, alone = population_and_alone(configs)
+    for m, a in zip(pop.members, alone, strict=True):
+        assert [s.name for s in m.agent.aux] == list(SIGNALS) and m.step > 0 and m.agent.aux[2].counter[0] == m.step
+        assert_same_agent(m, a)
+        np.testing.assert_array_equal(m.agent.aux[2].dec_params, a.agent.aux[2].dec_params)
+
+
 def test_denoise_refuses_spectral_norm():
     with pytest.raises(ValueError, match="net.spectral"):
         trainer(agent={"aux": ["denoise"]}, net={"spectral": ["enc.1"]})
