@@ -179,7 +179,7 @@ class Trainer:
         if self.experience is not None:
             n = experience.load_into(self.experience, self.replay, cfg.agent.gamma)
             echo(f"offline: {n:,} recorded transitions from {cfg.run.offline} ({self.experience.steps} steps)")
-        self.agent = Agent(cfg, self.env.obs_dim, self.env.n_actions, self.env.n_envs, xp)
+        self.agent = Agent(cfg, self.env.obs_dim, self.env.n_actions, self.env.n_envs, xp, self.data.names)
         self.batch = self.agent.batch
         self.replay.reserve(cfg.agent.batch_size)
         stream = None
