@@ -529,8 +529,11 @@ class AgentConfig:
         _in(s, "vaccine_beta", self.vaccine_beta, 0, 1)
         object.__setattr__(self, "causal_groups", tuple(self.causal_groups))
         bad = [g for g in self.causal_groups if g not in ("calendar", "level", "offset")]
-        _need(s, not bad and len(set(self.causal_groups)) == len(self.causal_groups) and self.causal_groups,
-              f"causal_groups: each of calendar, level, offset at most once, got {list(self.causal_groups)}")
+        _need(
+            s,
+            not bad and len(set(self.causal_groups)) == len(self.causal_groups) and self.causal_groups,
+            f"causal_groups: each of calendar, level, offset at most once, got {list(self.causal_groups)}",
+        )
         from .auxiliary import AUX_SIGNALS
 
         unknown = [name for name in self.aux if name not in AUX_SIGNALS]

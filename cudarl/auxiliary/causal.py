@@ -70,9 +70,7 @@ class Causal(AuxBase):
         names = tuple(buffers.feature_names) or tuple(f"f{j}" for j in range(F))
         self.need(len(names) == F, f"{len(names)} feature names for {F} feature columns")
         self.groups, mask, mode = group_masks(names, cfg.agent.causal_groups)
-        self.need(
-            bool(self.groups), f"none of agent.causal_groups {list(cfg.agent.causal_groups)} has a column here"
-        )
+        self.need(bool(self.groups), f"none of agent.causal_groups {list(cfg.agent.causal_groups)} has a column here")
         self.mask, self.mode = xp.asarray(mask), xp.asarray(mode)
         self.counter = xp.zeros(1, np.int64)
         self.state = xp.zeros(2 + len(self.groups), np.float32)

@@ -239,6 +239,9 @@ class _ReturnSignal:
     def phases(self):
         return [("aux_ret", self._loss)]
 
+    def grad_phases(self):
+        return []
+
     def _loss(self):
         buf, B = self.buf, self.buf.batch_size
         err = buf.ws.rows("aux.ret.out", B)[:, 0] - buf.batch.ret

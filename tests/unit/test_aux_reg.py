@@ -1,0 +1,215 @@
+"""The regularising auxiliary signals through the trainer (issue 19: homeostatic, causal, vaccine).
+
+Each signal is reached from ``agent.aux``, runs in the train graph where the module docstrings say, and
+its observable (``aux.<name>.<what>`` in metrics.jsonl) moves when it is on; with its weight at 0 the
+run is the same, bit for bit, as a run without it (the signal measures but changes nothing), on the MLP
+and on the temporal encoders. CPU (NumPy backend); tests/unit/test_trainer.py's GPU twins replay them."""
+
+import json
+
+import numpy as np
+import pytest
+from test_rules import _ReturnSignal
+from test_trainer import gpu_small, small
+from test_windows import ENCODER_NETS
+
+from cudarl.auxiliary import AUX_SIGNALS
+from cudarl.config import ConfigError
+from cudarl.trainer import Trainer
+
+#: signal -> (its observable that must move, its "changes nothing" override)
+SIGNALS = {
+    "homeostatic": ("aux.homeostatic.utilisation", {"homeostatic_weight": 0.0}),
+    "causal": ("aux.causal.sensitivity.offset", {"causal_weight": 0.0}),
+}
+
+
+def _rows(path):
+    return [json.loads(line) for line in (path / "metrics.jsonl").read_text().splitlines()]
+
+
+def _trainer(tmp_path=None, **over):
+    run_dir = False if tmp_path is None else tmp_path / "run"
+    return Trainer(small(tmp_path, run={"log_every": 5}, **over), run_dir=run_dir, echo=lambda m: None)
+
+
+@pytest.mark.parametrize("encoder", ["mlp", "ssm", "attention"])
+@pytest.mark.parametrize("signal", sorted(SIGNALS))
+def test_the_signals_observable_moves_when_on_and_training_stays_put_when_its_weight_is_zero(tmp_path, signal, encoder):
+    key, zero = SIGNALS[signal]
+    net = ENCODER_NETS[encoder]
+    on = _trainer(tmp_path, net=net, agent={"aux": [signal]})
+    on.run(20)
+    seen = [r[key] for r in _rows(tmp_path / "run") if key in r]
+    assert len(seen) == 4 and np.all(np.isfinite(seen)) and len(set(seen)) > 1, seen
+    base, off = _trainer(net=net), _trainer(net=net, agent={"aux": [signal], **zero})
+    base.run(20)
+    off.run(20)
+    assert off.losses == base.losses
+    assert np.array_equal(off.agent.online.params, base.agent.online.params)
+    assert not np.array_equal(on.agent.online.params, base.agent.online.params), "the signal changed nothing"
+    assert all(k.startswith(f"aux.{signal}.") for k in off.agent.observables())
+    assert not base.agent.observables()
+
+
+def test_the_phases_sit_where_the_docstrings_say():
+    t = _trainer(agent={"aux": ["homeostatic", "causal"]})
+    names = [n for n, _ in t.train_graph.phases]
+    assert names.index("q_stats") < names.index("aux_homeostatic") < names.index("aux_causal") < names.index("backward")
+    assert names.index("backward") < names.index("causal") < names.index("adam")
+
+
+def test_homeostatic_pulls_atom_utilisation_toward_its_set_point():
+    """Set points far apart give utilisations in that order (the regulariser's measured effect)."""
+    u = {}
+    for target in (0.05, 0.95):
+        t = _trainer(agent={"aux": ["homeostatic"], "homeostatic_target": target, "homeostatic_weight": 50.0})
+        t.run(40)
+        u[target] = t.agent.observables()["aux.homeostatic.utilisation"]
+    assert u[0.05] < u[0.95], u
+
+
+def test_homeostatic_needs_atoms():
+    with pytest.raises(ConfigError, match="homeostatic: needs net.head = c51"):
+        _trainer(net={"head": "iqn"}, agent={"aux": ["homeostatic"]})
+
+
+@pytest.mark.parametrize("head", ["iqn", "qrdqn"])
+def test_causal_on_quantile_heads_reports_every_group_it_can_intervene_on(head):
+    t = _trainer(net={"head": head}, agent={"aux": ["causal"]})
+    t.run(6)  # two rotations over calendar and offset ("level" has no column in the default features)
+    obs = t.agent.observables()
+    assert t.agent.aux[0].groups == ["calendar", "offset"]
+    assert obs["aux.causal.sensitivity.calendar"] > 0 and obs["aux.causal.sensitivity.offset"] > 0
+    assert "aux.causal.sensitivity.level" not in obs
+
+
+def test_causal_with_level_features_rotates_through_three_groups():
+    feats = {"groups": ["returns", "log_vol", "time", "level"]}
+    t = _trainer(features=feats, agent={"aux": ["causal"], "causal_groups": ["level", "calendar", "offset"]})
+    t.run(3)
+    obs = t.agent.observables()
+    assert [g for g in ("level", "calendar", "offset") if obs[f"aux.causal.sensitivity.{g}"] > 0] == [
+        "level",
+        "calendar",
+        "offset",
+    ]
+
+
+def test_causal_refuses_when_no_group_has_a_column():
+    with pytest.raises(ConfigError, match="none of agent.causal_groups"):
+        _trainer(agent={"aux": ["causal"], "causal_groups": ["level"]})
+
+
+def test_vaccine_aligns_the_aux_heads_gradient_and_its_observables_move(monkeypatch, tmp_path):
+    monkeypatch.setitem(AUX_SIGNALS, "ret", _ReturnSignal)
+    on = _trainer(tmp_path, agent={"aux": ["ret", "vaccine"], "vaccine_beta": 0.2})
+    names = [n for n, _ in on.train_graph.phases]
+    assert names.index("backward") + 1 == names.index("vaccine") == names.index("adam") - 1
+    on.run(20)
+    rows = [r for r in _rows(tmp_path / "run") if "aux.vaccine.cos" in r]
+    cos, target = [r["aux.vaccine.cos"] for r in rows], [r["aux.vaccine.target"] for r in rows]
+    assert len(rows) == 4 and all(-1 <= c <= 1 for c in cos) and len(set(cos)) == 4 and len(set(target)) == 4
+    assert all(r["aux.vaccine.norm_main"] > 0 and r["aux.vaccine.norm_aux"] > 0 for r in rows)
+    plain = _trainer(agent={"aux": ["ret"]})
+    plain.run(20)
+    assert not np.array_equal(on.agent.online.P["enc.0.weight"], plain.agent.online.P["enc.0.weight"])
+
+
+def test_vaccine_changes_only_the_encoders_gradient_by_the_papers_rule(monkeypatch):
+    """One update by hand: the gradient the optimiser sees is the plain one plus c g_main on the encoder
+    (c from the signal's state) and the plain one elsewhere, where g_main is the gradient without the
+    auxiliary head's output gradient."""
+    monkeypatch.setitem(AUX_SIGNALS, "ret", _ReturnSignal)
+    t = _trainer(agent={"aux": ["ret", "vaccine"]})
+    t.agent.aux[1].state[0] = 0.9  # a target the first step's cosine is below
+    seen = {}
+    phases = dict(t.train_graph.phases)
+
+    def spy_backward(inner=phases["backward"]):
+        inner()
+        seen["full"] = t.agent.online.grads.copy()
+
+    def spy_vaccine(inner=phases["vaccine"]):
+        inner()
+        seen["after"] = t.agent.online.grads.copy()
+
+    t.train_graph.phases = [
+        (n, {"backward": spy_backward, "vaccine": spy_vaccine}.get(n, f)) for n, f in t.train_graph.phases
+    ]
+    t.run(1)
+    vac = t.agent.aux[1]
+    lo, hi = vac.lo, vac.hi
+    c = float(vac.state[2])
+    aux_only = seen["full"] - (seen["after"] - seen["full"]) / c if c else None
+    assert c > 0, "a cosine below 0.9 on the first step must be corrected"
+    assert np.array_equal(seen["after"][hi:], seen["full"][hi:])
+    g_main = seen["full"][lo:hi] - aux_only[lo:hi]
+    cos = g_main @ aux_only[lo:hi] / np.linalg.norm(g_main) / np.linalg.norm(aux_only[lo:hi])
+    np.testing.assert_allclose(cos, float(vac.state[1]), rtol=1e-3)
+
+
+def test_vaccine_needs_a_signal_with_a_head():
+    with pytest.raises(ConfigError, match="vaccine: no auxiliary signal with a head"):
+        _trainer(agent={"aux": ["homeostatic", "vaccine"]})
+
+
+def test_the_signals_state_rides_in_the_checkpoint(monkeypatch, tmp_path):
+    monkeypatch.setitem(AUX_SIGNALS, "ret", _ReturnSignal)
+    over = {"agent": {"aux": ["ret", "vaccine", "causal"]}, "run": {"checkpoint_every": 10, "steps": 10}}
+    t = Trainer(small(tmp_path, **over), run_dir=tmp_path / "a", echo=lambda m: None)
+    t.run()
+    r = Trainer.resume(tmp_path / "a" / "checkpoints" / "latest.npz", run_dir=tmp_path / "b", echo=lambda m: None)
+    mine = lambda obs: {k: v for k, v in obs.items() if not k.startswith("aux.ret.")}  # noqa: E731 (no state)
+    assert mine(r.agent.observables()) == mine(t.agent.observables())
+    assert int(r.agent.aux[2].counter[0]) == 10
+
+
+# ---- GPU ------------------------------------------------------------------------------------
+@pytest.mark.gpu
+@pytest.mark.parametrize("encoder", ["mlp", "ssm", "attention"])
+@pytest.mark.parametrize("aux", [["homeostatic"], ["causal"], ["ret", "vaccine"], ["ret", "causal", "vaccine"]])
+def test_gpu_graphed_step_with_the_signal_equals_eager_step(monkeypatch, aux, encoder):
+    monkeypatch.setitem(AUX_SIGNALS, "ret", _GpuReturnSignal)
+    net = {k: v for k, v in ENCODER_NETS[encoder].items()}
+    g = Trainer(gpu_small(agent={"aux": aux}, net=net), run_dir=False, echo=lambda m: None)
+    e = Trainer(gpu_small(agent={"aux": aux}, net=net), run_dir=False, echo=lambda m: None)
+    e.collect_graph.replay = e.collect_graph.run_eager
+    e.train_graph.replay = e.train_graph.run_eager
+    g.run(30)
+    e.run(30)
+    assert g.losses == e.losses
+    assert np.array_equal(g.agent.online.params.get(), e.agent.online.params.get())
+    assert g.agent.observables() == e.agent.observables()
+    obs = g.agent.observables()
+    assert obs and all(np.isfinite(v) for v in obs.values())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("aux", [["homeostatic"], ["causal"], ["ret", "vaccine"]])
+def test_gpu_step_with_the_signal_matches_the_cpu_step(monkeypatch, aux):
+    """The same first updates on the GPU and the NumPy backend (the twins), within float32 rounding."""
+    monkeypatch.setitem(AUX_SIGNALS, "ret", _GpuReturnSignal)
+    over = {"agent": {"aux": aux, "batch_size": 32, "learning_starts": 200}, "env": {"n_envs": 8}}
+    over["net"] = {"hidden": [32, 32], "tf32": False}
+    g = Trainer(small(run={"device": "gpu"}, **over), run_dir=False, echo=lambda m: None)
+    c = Trainer(small(**over), run_dir=False, echo=lambda m: None)
+    g.run(3)
+    c.run(3)
+    np.testing.assert_allclose(g.losses, c.losses, rtol=1e-3)
+    og, oc = g.agent.observables(), c.agent.observables()
+    for k in oc:
+        np.testing.assert_allclose(og[k], oc[k], rtol=2e-2, atol=1e-5, err_msg=k)
+
+
+class _GpuReturnSignal(_ReturnSignal):
+    """test_rules' signal on either backend (its arithmetic in the array module of the buffers)."""
+
+    def _loss(self):
+        buf, B = self.buf, self.buf.batch_size
+        err = buf.ws.rows("aux.ret.out", B)[:, 0] - buf.batch.ret
+        self.loss = (err * err).mean().reshape(1)
+        buf.ws.rows("aux.ret.dout", B)[:, 0] = 2 * err / B
+
+    def observable(self):
+        return {"aux.ret.loss": float(self.loss[0])}
