@@ -36,7 +36,7 @@ from contextlib import nullcontext
 
 import numpy as np
 
-from .auxiliary import AUX_SIGNALS
+from .auxiliary import AUX_SIGNALS, input_gate
 from .backend import family
 from .config import Config
 from .graph import SideStream
@@ -79,7 +79,12 @@ class Agent:
         a, o = cfg.agent, cfg.optim
         rule_cls = HEAD_RULES[cfg.net.head]
         self.aux = [AUX_SIGNALS[name](cfg) for name in a.aux]
-        net_kw = dict(extra_heads={s.name: s.make_head for s in self.aux}, xp=xp, seed=cfg.run.seed)
+        net_kw = dict(
+            extra_heads={s.name: s.make_head for s in self.aux},
+            input_gate=input_gate(self.aux),
+            xp=xp,
+            seed=cfg.run.seed,
+        )
         self.online = QNetwork(obs_dim, n_actions, cfg.net, max_batch=B, **net_kw)
         self.online.prepare_backward(B)  # the backward runs over the s rows
         self.target = QNetwork(obs_dim, n_actions, cfg.net, max_batch=B, **net_kw)

@@ -485,7 +485,7 @@ class AgentConfig:
     aux: tuple = ()
     """Auxiliary signals by name (``cudarl.auxiliary.AUX_SIGNALS``): each adds its head on the encoder's
     output (if it has one), its phases to the train step and its observables (``aux.<name>.<what>``) to
-    ``metrics.jsonl``. Built in: ``homeostatic``, ``causal``, ``vaccine`` (docs/guide.md)."""
+    ``metrics.jsonl``. Built in: ``homeostatic``, ``causal``, ``vaccine``, ``selectivity`` (docs/guide.md)."""
     homeostatic_target: float = 0.5
     """Set point of the effective share of atoms ``exp(H(m)) / K`` (``m`` the batch-mean atom distribution)
     that ``agent.aux = ["homeostatic"]`` holds C51's atom utilisation at (cudarl.reference.homeostatic)."""
@@ -499,6 +499,11 @@ class AgentConfig:
     """Weight of the causal penalty ``mean (Q(do(x)) - Q(x))^2`` (cudarl.reference.causal)."""
     causal_offset: float = 0.5
     """The ``offset`` intervention's shift, in normalised feature units."""
+    selectivity_over: str = "features"
+    """What ``agent.aux = ["selectivity"]`` gates: ``features`` (a gate per feature column, every bar) or
+    ``positions`` (a gate per bar of the window, every feature); the position columns are never gated."""
+    selectivity_l1: float = 1e-3
+    """Weight of the selectivity gates' L1 penalty ``(1/J) sum_j sigmoid(l_j)`` (cudarl.reference.selectivity)."""
     vaccine_beta: float = 0.01
     """Rate of the EMA of Gradient Vaccine's target cosine (Wang et al. 2021's beta; ``agent.aux`` with
     ``"vaccine"`` and at least one signal with a head)."""
@@ -527,6 +532,12 @@ class AgentConfig:
         _in(s, "causal_weight", self.causal_weight, 0, 1e6)
         _in(s, "causal_offset", self.causal_offset, -1e3, 1e3)
         _in(s, "vaccine_beta", self.vaccine_beta, 0, 1)
+        _need(
+            s,
+            self.selectivity_over in ("features", "positions"),
+            f"selectivity_over must be features or positions, got {self.selectivity_over!r}",
+        )
+        _in(s, "selectivity_l1", self.selectivity_l1, 0, 1e6)
         object.__setattr__(self, "causal_groups", tuple(self.causal_groups))
         bad = [g for g in self.causal_groups if g not in ("calendar", "level", "offset")]
         _need(

@@ -31,6 +31,7 @@ from . import __version__, experience, interrupt, metrics_log, rundir
 from . import backend as _backend
 from . import checkpoint as ckpt
 from .agent import Agent
+from .auxiliary.selectivity import features_used
 from .atomic import atomic_open
 from .config import Config, data_options, from_dict
 from .data import load as load_bars
@@ -540,6 +541,9 @@ class Trainer:
         """Greedy evaluation over a split with the env's fill and costs, the statistics and the deployment
         rules of ``eval`` (gate, margin, moving average); writes ``eval/<split>-<step>/``."""
         ev = self._evaluation(split_name)
+        used = features_used(self.agent.observables())  # agent.aux = ["selectivity"]: its gates
+        if used:
+            ev.summary["features_used"] = used
         self.last_evaluation = ev
         if write and self.run_dir is not None:
             written = write_outputs(ev, self.run_dir / "eval" / f"{split_name}-{self.step:08d}", plot=True)

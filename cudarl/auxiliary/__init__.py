@@ -8,7 +8,8 @@ builds from :data:`AUX_SIGNALS`; adding one is its module (and a kernel family's
 has kernels) plus one line in that registry; :class:`cudarl.auxiliary.base.AuxBase` gives every
 method a default. Built in: ``homeostatic`` (atom utilisation held at a set point), ``causal``
 (interventions on feature groups that should not matter), ``vaccine`` (Gradient Vaccine between the
-auxiliary heads' gradient and the main loss's on the encoder).
+auxiliary heads' gradient and the main loss's on the encoder), ``selectivity`` (a learned, sparse gate
+on the input features or bars).
 """
 
 from __future__ import annotations
@@ -29,6 +30,11 @@ class AuxSignal(Protocol):
         ``grad_name``), or None for a signal without parameters. Its output is
         ``online.forward(...)[name]`` and the gradient the loss phase writes is
         ``online.grad_outputs(ws)[name]``; the backward adds its dL/dpsi to the head's."""
+
+    def make_input_gate(self, n_in: int):
+        """A module on the network's input before the encoder (``input_gate`` of
+        :class:`cudarl.nn.QNetwork`), or None (every signal but ``selectivity``). At most one signal of a
+        run has one."""
 
     def allocate(self, buffers: LearnerBuffers) -> None:
         """Make every buffer the loss phase and the observable use (before any capture)."""
@@ -56,9 +62,29 @@ class AuxSignal(Protocol):
 
 from .causal import Causal  # noqa: E402 (the protocol above is what they implement)
 from .homeostatic import Homeostatic  # noqa: E402
+from .selectivity import Selectivity  # noqa: E402
 from .vaccine import Vaccine  # noqa: E402
 
 #: Auxiliary signals by name (``agent.aux``): ``factory(cfg) -> AuxSignal``.
-AUX_SIGNALS: dict[str, type] = {"homeostatic": Homeostatic, "causal": Causal, "vaccine": Vaccine}
+AUX_SIGNALS: dict[str, type] = {
+    "homeostatic": Homeostatic,
+    "causal": Causal,
+    "vaccine": Vaccine,
+    "selectivity": Selectivity,
+}
 
-__all__ = ["AUX_SIGNALS", "AuxSignal", "Causal", "Homeostatic", "Vaccine"]
+
+def input_gate(signals):
+    """``make(n_in)`` for :class:`cudarl.nn.QNetwork`'s ``input_gate``: the one signal's gate that has one
+    (``selectivity``), else None."""
+
+    def make(n_in: int):
+        gates = [g for s in signals if (g := s.make_input_gate(n_in)) is not None]
+        if len(gates) > 1:
+            raise ValueError(f"agent.aux: {len(gates)} signals put a gate on the input; at most one may")
+        return gates[0] if gates else None
+
+    return make
+
+
+__all__ = ["AUX_SIGNALS", "AuxSignal", "Causal", "Homeostatic", "Selectivity", "Vaccine", "input_gate"]

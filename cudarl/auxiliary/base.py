@@ -23,6 +23,9 @@ class AuxBase:
     def make_head(self, d: int):
         return None
 
+    def make_input_gate(self, n_in: int):
+        return None
+
     def allocate(self, buffers) -> None:
         self.buf, self.xp = buffers, buffers.xp
         self.numpy = is_numpy(buffers.xp)

@@ -21,6 +21,7 @@ from cudarl.trainer import Trainer
 SIGNALS = {
     "homeostatic": ("aux.homeostatic.utilisation", {"homeostatic_weight": 0.0}),
     "causal": ("aux.causal.sensitivity.offset", {"causal_weight": 0.0}),
+    "selectivity": ("aux.selectivity.mean", None),  # a gate on the input changes the network itself
 }
 
 
@@ -42,14 +43,18 @@ def test_the_signals_observable_moves_when_on_and_training_stays_put_when_its_we
     on.run(20)
     seen = [r[key] for r in _rows(tmp_path / "run") if key in r]
     assert len(seen) == 4 and np.all(np.isfinite(seen)) and len(set(seen)) > 1, seen
-    base, off = _trainer(net=net), _trainer(net=net, agent={"aux": [signal], **zero})
+    base = _trainer(net=net)
     base.run(20)
+    assert not base.agent.observables()
+    first = "enc.0.weight" if encoder == "mlp" else "enc.embed.weight"
+    assert not np.array_equal(on.agent.online.P[first], base.agent.online.P[first]), "the signal changed nothing"
+    if zero is None:
+        return
+    off = _trainer(net=net, agent={"aux": [signal], **zero})
     off.run(20)
     assert off.losses == base.losses
     assert np.array_equal(off.agent.online.params, base.agent.online.params)
-    assert not np.array_equal(on.agent.online.params, base.agent.online.params), "the signal changed nothing"
     assert all(k.startswith(f"aux.{signal}.") for k in off.agent.observables())
-    assert not base.agent.observables()
 
 
 def test_the_phases_sit_where_the_docstrings_say():
@@ -57,6 +62,30 @@ def test_the_phases_sit_where_the_docstrings_say():
     names = [n for n, _ in t.train_graph.phases]
     assert names.index("q_stats") < names.index("aux_homeostatic") < names.index("aux_causal") < names.index("backward")
     assert names.index("backward") < names.index("causal") < names.index("adam")
+
+
+def test_selectivity_gates_shrink_under_their_penalty_and_the_evaluation_lists_them(tmp_path):
+    from cudarl.policy import load_policy
+
+    means = {}
+    for l1 in (0.0, 20.0):
+        t = _trainer(agent={"aux": ["selectivity"], "selectivity_l1": l1})
+        t.run(30)
+        means[l1] = t.agent.observables()["aux.selectivity.mean"]
+    assert means[20.0] < means[0.0], means
+    summary = t.evaluate("val", write=False)
+    used = summary["features_used"]
+    assert [n for n, _ in used] == sorted(
+        t.data.names, key=lambda n: -t.agent.observables()[f"aux.selectivity.gate.{n}"]
+    )
+    assert all(0 < v < 1 for _, v in used)
+    t.run_dir = tmp_path  # the policy file carries the gate and acts through it
+    pol = load_policy(t.save_policy("gated"), device="cpu")
+    assert np.array_equal(pol.net.P["sel.logit"], t.agent.online.P["sel.logit"])
+    obs = t.data.x[:1].repeat(pol.obs_dim // t.data.x.shape[1] + 1, 0).ravel()[: pol.obs_dim].reshape(1, -1)
+    plain = pol.q_values(obs.astype(np.float32))
+    pol.net.P["sel.logit"][...] = -30.0  # every gate shut: the features no longer reach the encoder
+    assert not np.array_equal(plain, pol.q_values(obs.astype(np.float32)))
 
 
 def test_homeostatic_pulls_atom_utilisation_toward_its_set_point():
@@ -168,7 +197,10 @@ def test_the_signals_state_rides_in_the_checkpoint(monkeypatch, tmp_path):
 # ---- GPU ------------------------------------------------------------------------------------
 @pytest.mark.gpu
 @pytest.mark.parametrize("encoder", ["mlp", "ssm", "attention"])
-@pytest.mark.parametrize("aux", [["homeostatic"], ["causal"], ["ret", "vaccine"], ["ret", "causal", "vaccine"]])
+@pytest.mark.parametrize(
+    "aux",
+    [["homeostatic"], ["causal"], ["selectivity"], ["ret", "vaccine"], ["ret", "selectivity", "causal", "vaccine"]],
+)
 def test_gpu_graphed_step_with_the_signal_equals_eager_step(monkeypatch, aux, encoder):
     monkeypatch.setitem(AUX_SIGNALS, "ret", _GpuReturnSignal)
     net = {k: v for k, v in ENCODER_NETS[encoder].items()}
@@ -186,7 +218,7 @@ def test_gpu_graphed_step_with_the_signal_equals_eager_step(monkeypatch, aux, en
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("aux", [["homeostatic"], ["causal"], ["ret", "vaccine"]])
+@pytest.mark.parametrize("aux", [["homeostatic"], ["causal"], ["selectivity"], ["ret", "vaccine"]])
 def test_gpu_step_with_the_signal_matches_the_cpu_step(monkeypatch, aux):
     """The same first updates on the GPU and the NumPy backend (the twins), within float32 rounding."""
     monkeypatch.setitem(AUX_SIGNALS, "ret", _GpuReturnSignal)

@@ -242,6 +242,9 @@ class _ReturnSignal:
     def grad_phases(self):
         return []
 
+    def make_input_gate(self, n_in):
+        return None
+
     def _loss(self):
         buf, B = self.buf, self.buf.batch_size
         err = buf.ws.rows("aux.ret.out", B)[:, 0] - buf.batch.ret
