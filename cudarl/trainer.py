@@ -31,8 +31,8 @@ from . import __version__, experience, interrupt, metrics_log, rundir
 from . import backend as _backend
 from . import checkpoint as ckpt
 from .agent import Agent
-from .auxiliary.selectivity import features_used
 from .atomic import atomic_open
+from .auxiliary.selectivity import features_used
 from .config import Config, data_options, from_dict
 from .data import load as load_bars
 from .data import report as data_report
