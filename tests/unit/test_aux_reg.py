@@ -9,7 +9,7 @@ import json
 
 import numpy as np
 import pytest
-from test_rules import _ReturnSignal
+from test_rules import _ReturnSignal, one_batch
 from test_trainer import gpu_small, small
 from test_windows import ENCODER_NETS
 
@@ -249,22 +249,12 @@ def test_gpu_learn_step_with_the_signal_matches_the_numpy_backend(monkeypatch, r
     )
     names = ("ret_1", "dow_sin", "dow_cos", "volume")
     agents = {dev: Agent(cfg, 12, 3, 4, xp, feature_names=names) for dev, xp in (("cpu", np), ("gpu", cp))}
-    host = dict(
-        obs=rng.normal(size=(64, 12)),
-        next_obs=rng.normal(size=(64, 12)),
-        ret=rng.uniform(-1, 1, 64),
-        discount=rng.choice([0.0, 0.97], 64),
-        action=rng.integers(0, 3, 64),
-    )
-    w = rng.uniform(0.1, 1, 64).astype(np.float32)
+    fill = one_batch(rng, 64, 12)
     params = agents["cpu"].online.params.copy()
     for agent in agents.values():
-        xp = agent.xp
-        agent.online.params[...] = xp.asarray(params)
-        agent.target.params[...] = xp.asarray(params)
-        for k, v in host.items():
-            getattr(agent.batch, k)[...] = xp.asarray(v.astype(getattr(agent.batch, k).dtype))
-        agent.buffers.weights = xp.asarray(w)
+        agent.online.params[...] = agent.xp.asarray(params)
+        agent.target.params[...] = agent.xp.asarray(params)
+        fill(agent)
         agent.rule.forward(agent.batch)
         for _, phase in agent.rule.learn_phases():
             phase()
