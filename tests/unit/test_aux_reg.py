@@ -14,6 +14,7 @@ from test_trainer import gpu_small, small
 from test_windows import ENCODER_NETS
 
 from cudarl.auxiliary import AUX_SIGNALS
+from cudarl.auxiliary.selectivity import features_used
 from cudarl.config import ConfigError
 from cudarl.trainer import Trainer
 
@@ -86,6 +87,25 @@ def test_selectivity_gates_shrink_under_their_penalty_and_the_evaluation_lists_t
     plain = pol.q_values(obs.astype(np.float32))
     pol.net.P["sel.logit"][...] = -30.0  # every gate shut: the features no longer reach the encoder
     assert not np.array_equal(plain, pol.q_values(obs.astype(np.float32)))
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_selectivity_names_the_canarys_leak_as_the_feature_the_agent_uses_most(seed):
+    """On the canary (a random walk plus a column holding the next bar's return) the leak's gate ends
+    highest of every feature after 300 updates, by a margin (measured: 0.960-0.962 against at most 0.950
+    for the others, every gate starting at 0.950); the L1 penalty pulls the rest down."""
+    cfg = small(
+        data={"source": "builtin:canary?n=3000"},
+        features={"extra": ["next_return"]},
+        agent={"aux": ["selectivity"], "gamma": 0.5, "selectivity_l1": 0.01},
+        replay={"n_step": 1},
+        run={"seed": seed},
+        optim={"lr": 1e-3},
+    )
+    t = Trainer(cfg, run_dir=False, echo=lambda m: None)
+    t.run(300)
+    used = features_used(t.agent.observables())
+    assert used[0][0] == "next_return" and used[0][1] - used[1][1] > 0.005, used[:3]
 
 
 def test_homeostatic_pulls_atom_utilisation_toward_its_set_point():
