@@ -491,10 +491,12 @@ class AgentConfig:
     that ``agent.aux = ["homeostatic"]`` holds C51's atom utilisation at (cudarl.reference.homeostatic)."""
     homeostatic_weight: float = 1.0
     """Weight of the homeostatic loss ``(u - homeostatic_target)^2`` beside the head's loss."""
-    causal_groups: tuple = ("calendar", "level", "offset")
+    causal_groups: tuple = ("calendar", "level")
     """Feature groups ``agent.aux = ["causal"]`` intervenes on, one a step in rotation: ``calendar`` (the
     date columns swapped with another sample's), ``level`` (the price-level columns likewise), ``offset``
-    (every feature column shifted by ``causal_offset``). Groups this run's features lack are skipped."""
+    (every feature column shifted by ``causal_offset``; not by default: the shift moves the return
+    columns too, which do matter, and on the CPU it inflated Q instead of removing a dependence). Groups
+    this run's features lack are skipped."""
     causal_weight: float = 0.1
     """Weight of the causal penalty ``mean (Q(do(x)) - Q(x))^2`` (cudarl.reference.causal)."""
     causal_offset: float = 0.5

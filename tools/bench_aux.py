@@ -47,7 +47,8 @@ def main() -> int:
         net = {} if enc == "mlp" else {"encoder": enc, **ENCODER_WORKLOAD}
         base_us = None
         for name, aux in variants(args.head_signal):
-            cfg = reference_config(args.device, net=net, agent={"aux": aux})
+            # causal: its cost is one forward and one backward whatever the group (offset: always a column)
+            cfg = reference_config(args.device, net=net, agent={"aux": aux, "causal_groups": ["calendar", "offset"]})
             try:
                 got = step_benchmark(args.repeats, args.device, cfg=cfg, bars=bars, phases=False, label=f" {enc}")
             except Exception as e:  # one failing variant prints its reason; the others still run
