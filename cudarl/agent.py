@@ -14,9 +14,12 @@ that :class:`cudarl.graph.StepGraph` captures (GPU) or runs in order (NumPy)::
              targets - loss) - q_stats (the expected Q at s; the statistics' reduction on a branch)
              - cql (agent.cql_alpha) - plan (net.plan: cudarl.plan) - the auxiliary signals' loss
              phases (on their branch, joined by the backward) - priorities (a parallel branch to the end) -
-             backward (dx chain | weight gradients, in parallel) - the auxiliary signals' own optimiser
-             steps (agent.aux "risk": aux_risk_sgd) - adam (one launch: the gradient
-             norm and clip, the update with the target net's soft update and the publish of loss
+             backward (dx chain | weight gradients, in parallel; joins the auxiliary branches) - the
+             auxiliary signals' grad phases (Gradient Vaccine, the causal penalty's backward: they read
+             and rewrite the flat gradient, the auxiliary heads' included) - the auxiliary signals' own
+             optimiser steps (agent.aux "risk": aux_risk_sgd; "denoise": aux_denoise_sgd; after the grad
+             phases so that those see the heads' gradients before a step clears them) - adam (one launch: the
+             gradient norm and clip, the update with the target net's soft update and the publish of loss
              and gradient norm to the host ring; three launches with run.grid_barrier = false) -
              spectral (net.spectral: a power iteration and W_sn of both nets) - publish (the
              step's observables, :class:`cudarl.stats.StepStats`, to their host ring)
@@ -37,7 +40,7 @@ from contextlib import nullcontext
 
 import numpy as np
 
-from .auxiliary import AUX_SIGNALS, update_phases
+from .auxiliary import AUX_SIGNALS, input_gate
 from .backend import family
 from .config import Config
 from .graph import SideStream
@@ -67,6 +70,8 @@ class Agent:
         xp: ``numpy`` or ``cupy``.
         market: the :class:`cudarl.env.TradingEnv` whose bars the replay's rows index (the auxiliary
             signals that predict future bars read its returns; the Trainer passes its env), or None.
+        feature_names: the feature matrix's column names (``LearnerBuffers.feature_names``: what an
+            auxiliary signal that intervenes on feature groups reads), or () when unknown.
 
     Attributes: :attr:`online`, :attr:`target` (:class:`cudarl.nn.QNetwork`), :attr:`buffers` (what
     the rule and the auxiliary signals share), :attr:`rule`, :attr:`aux`, :attr:`adam`, :attr:`soft`,
@@ -74,13 +79,20 @@ class Agent:
     (the buffers').
     """
 
-    def __init__(self, cfg: Config, obs_dim: int, n_actions: int, n_envs: int, xp, market=None):
+    def __init__(
+        self, cfg: Config, obs_dim: int, n_actions: int, n_envs: int, xp, market=None, feature_names: tuple = ()
+    ):
         self.cfg, self.xp, self.n_envs = cfg, xp, int(n_envs)
         self.batch_size = B = cfg.agent.batch_size
         a, o = cfg.agent, cfg.optim
         rule_cls = HEAD_RULES[cfg.net.head]
         self.aux = [AUX_SIGNALS[name](cfg) for name in a.aux]
-        net_kw = dict(extra_heads={s.name: s.make_head for s in self.aux}, xp=xp, seed=cfg.run.seed)
+        net_kw = dict(
+            extra_heads={s.name: s.make_head for s in self.aux},
+            input_gate=input_gate(self.aux),
+            xp=xp,
+            seed=cfg.run.seed,
+        )
         self.online = QNetwork(obs_dim, n_actions, cfg.net, max_batch=B, **net_kw)
         self.online.prepare_backward(B)  # the backward runs over the s rows
         self.target = QNetwork(obs_dim, n_actions, cfg.net, max_batch=B, **net_kw)
@@ -116,6 +128,7 @@ class Agent:
             self.popart,
             rows=self.rows_pair[:B],
             market=market,
+            feature_names=feature_names,
         )
         self.rule = rule_cls.allocate(buf)
         #: the plan head's loss (net.plan), or None
@@ -254,7 +267,8 @@ class Agent:
             self.stats.publish(self.adam.scalars.view("step"))
 
         aux = [phase for s in self.aux for phase in s.phases()]
-        aux_update = [phase for s in self.aux for phase in update_phases(s)]
+        aux_grad = [phase for s in self.aux for phase in s.grad_phases()]  # on the flat gradient
+        aux_update = [phase for s in self.aux for phase in s.update_phases()]  # own optimiser steps
         plan = [] if self.plan is None else [("plan", self.plan.phase)]
         cql = [("cql", self.rule.cql)] if self.cfg.agent.cql_alpha > 0 else []
         return [
@@ -268,6 +282,7 @@ class Agent:
             *aux,
             ("priorities", priorities),
             ("backward", backward),
+            *aux_grad,
             *aux_update,
             ("adam", adam),
             *([("spectral", spectral)] if self.cfg.net.spectral else []),

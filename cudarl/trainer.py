@@ -32,6 +32,7 @@ from . import backend as _backend
 from . import checkpoint as ckpt
 from .agent import Agent
 from .atomic import atomic_open
+from .auxiliary.selectivity import features_used
 from .config import Config, data_options, from_dict
 from .data import load as load_bars
 from .data import report as data_report
@@ -195,7 +196,15 @@ class Trainer:
         if self.experience is not None:
             n = experience.load_into(self.experience, self.replay, cfg.agent.gamma)
             echo(f"offline: {n:,} recorded transitions from {cfg.run.offline} ({self.experience.steps} steps)")
-        self.agent = Agent(cfg, self.env.obs_dim, self.env.n_actions, self.env.n_envs, xp, market=self.env)
+        self.agent = Agent(
+            cfg,
+            self.env.obs_dim,
+            self.env.n_actions,
+            self.env.n_envs,
+            xp,
+            market=self.env,
+            feature_names=self.data.names,
+        )
         self.batch = self.agent.batch
         self.replay.reserve(cfg.agent.batch_size)
         if self.be.is_gpu and stream is None:
@@ -570,6 +579,9 @@ class Trainer:
         """Greedy evaluation over a split with the env's fill and costs, the statistics and the deployment
         rules of ``eval`` (gate, margin, moving average); writes ``eval/<split>-<step>/``."""
         ev = self._evaluation(split_name)
+        used = features_used(self.agent.observables())  # agent.aux = ["selectivity"]: its gates
+        if used:
+            ev.summary["features_used"] = used
         self.last_evaluation = ev
         if write and self.run_dir is not None:
             written = write_outputs(ev, self.run_dir / "eval" / f"{split_name}-{self.step:08d}", plot=True)

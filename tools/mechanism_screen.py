@@ -48,6 +48,19 @@ SCREEN = [
     ("plan head", "plan head", "noise", ("c51",), ["net.plan=true"]),
     ("spectral enc.1", "spectral norm", "regime", ("c51", "iqn"), ["net.spectral=[enc.1]"]),
     ("shrink-perturb 2000", "shrink-and-perturb", "regime", ("c51", "iqn"), ["optim.shrink_every=2000"]),
+    ("homeostatic 0.5", "homeostatic regulariser", "regime", ("c51",), ["agent.aux=[homeostatic]"]),
+    ("homeostatic 0.5", "homeostatic regulariser", "canary", ("c51",), ["agent.aux=[homeostatic]"]),
+    ("causal 0.1", "causal intervention", "regime", ("c51", "iqn"), ["agent.aux=[causal]"]),
+    ("causal 0.1", "causal intervention", "noise", ("c51",), ["agent.aux=[causal]"]),
+    ("selectivity features", "selectivity", "regime", ("c51", "iqn"), ["agent.aux=[selectivity]"]),
+    ("selectivity features", "selectivity", "canary", ("c51",), ["agent.aux=[selectivity]"]),
+    (
+        "selectivity bars",
+        "selectivity",
+        "regime",
+        ("c51",),
+        ["agent.aux=[selectivity]", "agent.selectivity_over=positions"],
+    ),
     ("offline ddqn", "offline (CQL)", "regime", ("c51", "iqn"), ["run.offline={rec}"]),
     ("offline cql 1", "offline (CQL)", "regime", ("c51", "iqn"), ["run.offline={rec}", "agent.cql_alpha=1.0"]),
     # issue 19's auxiliary signals (agent.aux; --only aux): the known-answer markets and a real series
@@ -56,6 +69,11 @@ SCREEN = [
         (f"aux {name}", f"aux: {mech}", task, heads, [f"agent.aux=[{name}]"])
         for name, mech in (("horizons", "multi-horizon returns"), ("risk", "risk head"), ("denoise", "denoising"))
         for task, heads in (("regime", ("c51", "iqn")), ("canary", ("c51",)), ("noise", ("c51",)), ("sp500", ("c51",)))
+    ],
+    # Gradient Vaccine needs a head to align: horizons (read its row against "aux horizons" of its task)
+    *[
+        ("aux horizons + vaccine", "aux: Gradient Vaccine", task, heads, ["agent.aux=[horizons,vaccine]"])
+        for task, heads in (("regime", ("c51", "iqn")), ("canary", ("c51",)))
     ],
 ]
 #: Rows compared with another row than their task's base.

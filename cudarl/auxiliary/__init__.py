@@ -5,14 +5,27 @@ network's flat buffer, so Adam trains them and the encoder learns from its gradi
 phase inside the train graph (after the head rule's, before the backward) and reports an
 observable that the trainer writes into ``metrics.jsonl``. ``agent.aux`` names the signals a run
 builds from :data:`AUX_SIGNALS`; adding one is its module (and a kernel family's four faces if it
-has kernels) plus one line in that registry. Built in: ``horizons`` (multi-horizon returns,
-:mod:`cudarl.auxiliary.horizons`), ``risk`` (realised volatility and drawdown, its head on its own SGD
-step, :mod:`cudarl.auxiliary.risk`), ``denoise`` (a denoising autoencoder's reconstruction on its own SGD
-step, :mod:`cudarl.auxiliary.denoise`).
+has kernels) plus one line in that registry; :class:`cudarl.auxiliary.base.AuxBase` gives every
+method of :class:`AuxSignal` a default, and every built-in signal subclasses it. Built in:
 
-A signal's loss phase usually forks onto ``buffers.side_aux`` (a branch beside the main chain that the
-backward joins before it reads the heads' gradients); a signal with its own optimiser step also has
-``update_phases()``, placed after the backward and before the shared Adam.
+* heads and their own optimiser steps: ``horizons`` (multi-horizon returns,
+  :mod:`cudarl.auxiliary.horizons`), ``risk`` (realised volatility and drawdown, its head on its own SGD
+  step, :mod:`cudarl.auxiliary.risk`), ``denoise`` (a denoising autoencoder's reconstruction on its own
+  SGD step, :mod:`cudarl.auxiliary.denoise`);
+* regularisers: ``homeostatic`` (atom utilisation held at a set point), ``causal`` (interventions on
+  feature groups that should not matter), ``vaccine`` (Gradient Vaccine between the auxiliary heads'
+  gradient and the main loss's on the encoder), ``selectivity`` (a learned, sparse gate on the input
+  features or bars).
+
+Where each kind of phase sits in the train graph (:meth:`cudarl.agent.Agent.phases`; docs/architecture.md):
+the loss phases (:meth:`AuxSignal.phases`, most forked onto ``buffers.side_aux`` or a branch of their
+own) - the backward (joins those branches) - the grad phases (:meth:`AuxSignal.grad_phases`: vaccine,
+causal) - the update phases (:meth:`AuxSignal.update_phases`: risk's and denoise's SGD) - Adam. The grad
+phases come first so that they see the whole gradient the backward wrote, the auxiliary heads' included
+(an update phase clears its head's gradient once it has stepped on it), and every update phase steps on
+the gradient as the grad phases left it: Gradient Vaccine copies the heads' gradients back outside the
+encoder, so risk's SGD reads the same values either way today, but a grad phase that rewrote a head's
+gradient would be lost if that head had already stepped.
 """
 
 from __future__ import annotations
@@ -34,6 +47,11 @@ class AuxSignal(Protocol):
         ``online.forward(...)[name]`` and the gradient the loss phase writes is
         ``online.grad_outputs(ws)[name]``; the backward adds its dL/dpsi to the head's."""
 
+    def make_input_gate(self, n_in: int):
+        """A module on the network's input before the encoder (``input_gate`` of
+        :class:`cudarl.nn.QNetwork`), or None (every signal but ``selectivity``). At most one signal of a
+        run has one."""
+
     def allocate(self, buffers: LearnerBuffers) -> None:
         """Make every buffer the loss phase and the observable use (before any capture)."""
 
@@ -41,9 +59,17 @@ class AuxSignal(Protocol):
         """Its loss phase(s) in the train graph, after the head rule's learn phases: they read this step's
         forward (``buffers.ws``, the batch) and write its head's gradient over the first B rows."""
 
+    def grad_phases(self) -> list[Phase]:
+        """Its phase(s) after the backward and before the optimiser: they may read and rewrite the
+        step's flat gradient (``buffers.online.grads``); most signals have none
+        (:class:`cudarl.auxiliary.base.AuxBase`'s default). Gradient Vaccine and causal intervention
+        run a backward of their own here."""
+
     def update_phases(self) -> list[Phase]:
-        """Optional: phases after the backward and before the shared Adam (an optimiser step of its own
-        on the gradients the backward wrote). The agent calls it only where the signal defines it."""
+        """Its optimiser step(s) of its own, after every grad phase and before the shared Adam: they read
+        the gradient the backward (and the grad phases) left for their parameters, step them and clear it
+        so Adam leaves them alone; most signals have none (:class:`cudarl.auxiliary.base.AuxBase`'s
+        default)."""
 
     def observable(self) -> dict[str, float]:
         """Host values for ``metrics.jsonl`` (keys ``aux.<name>.<what>``), read when a row is logged,
@@ -56,19 +82,48 @@ class AuxSignal(Protocol):
         """Restore :meth:`state_dict`."""
 
 
-from .denoise import Denoise  # noqa: E402 (after the protocol they implement)
+from .causal import Causal  # noqa: E402 (the protocol above is what they implement)
+from .denoise import Denoise  # noqa: E402
+from .homeostatic import Homeostatic  # noqa: E402
 from .horizons import Horizons  # noqa: E402
 from .risk import Risk  # noqa: E402
-
-
-def update_phases(signal) -> list[Phase]:
-    """A signal's :meth:`AuxSignal.update_phases`, or none where it defines no optimiser step of its own
-    (the method is optional, so a signal with only a loss phase need not write it)."""
-    own = getattr(signal, "update_phases", None)
-    return list(own()) if own is not None else []
-
+from .selectivity import Selectivity  # noqa: E402
+from .vaccine import Vaccine  # noqa: E402
 
 #: Auxiliary signals by name (``agent.aux``): ``factory(cfg) -> AuxSignal``.
-AUX_SIGNALS: dict[str, type] = {"horizons": Horizons, "risk": Risk, "denoise": Denoise}
+AUX_SIGNALS: dict[str, type] = {
+    "horizons": Horizons,
+    "risk": Risk,
+    "denoise": Denoise,
+    "homeostatic": Homeostatic,
+    "causal": Causal,
+    "vaccine": Vaccine,
+    "selectivity": Selectivity,
+}
 
-__all__ = ["AUX_SIGNALS", "AuxSignal", "update_phases"]
+
+def input_gate(signals):
+    """``make(n_in)`` for :class:`cudarl.nn.QNetwork`'s ``input_gate``: the one signal's gate that has one
+    (``selectivity``), else None."""
+
+    def make(n_in: int):
+        gates = [g for s in signals if (g := s.make_input_gate(n_in)) is not None]
+        if len(gates) > 1:
+            raise ValueError(f"agent.aux: {len(gates)} signals put a gate on the input; at most one may")
+        return gates[0] if gates else None
+
+    return make
+
+
+__all__ = [
+    "AUX_SIGNALS",
+    "AuxSignal",
+    "Causal",
+    "Denoise",
+    "Homeostatic",
+    "Horizons",
+    "Risk",
+    "Selectivity",
+    "Vaccine",
+    "input_gate",
+]

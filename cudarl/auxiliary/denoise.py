@@ -34,29 +34,29 @@ from ..nn.encoders import ENCODERS
 from ..nn.layers import Linear
 from ..nn.network import _walk
 from ..nn.params import ParamLayout, Workspace
+from .base import AuxBase
 from .future import host_values, param_span
 
 #: Philox stream id of the masking draws.
 STREAM = 0xDE
 
 
-class Denoise:
+class Denoise(AuxBase):
+    """No head of the Q-networks (:meth:`AuxBase.make_head`'s None): the decoder is this signal's own."""
+
     name = "denoise"
     head_name = "aux.denoise"
 
     def __init__(self, cfg):
-        self.cfg = cfg
+        super().__init__(cfg)
         self.p, self.lr, self.seed = float(cfg.agent.aux_denoise_mask), float(cfg.agent.aux_denoise_lr), cfg.run.seed
-        self.buf = None
-
-    def make_head(self, d: int):
-        return None  # the decoder is this signal's own (allocate), not a head of the Q-networks
 
     def allocate(self, buffers) -> None:
+        super().allocate(buffers)
         net, cfg, xp, B = buffers.online, self.cfg.net, buffers.xp, buffers.batch_size
         if cfg.spectral:
             raise ValueError("agent.aux 'denoise' does not run with net.spectral (its encoder pass reads W, not W_sn)")
-        self.buf, m = buffers, net.n_in
+        m = net.n_in
         self.enc = ENCODERS[cfg.encoder]("enc", m, cfg)
         self.dec = Linear(self.head_name, self.enc.n_out, m, act="identity", tf32=cfg.tf32, gemm=cfg.gemm)
         enc_layout, dec_layout, spec = ParamLayout(), ParamLayout(), []

@@ -13,6 +13,7 @@ import numpy as np
 from ..backend import family, to_numpy
 from ..nn.layers import Linear
 from ..reference.horizons import future_log_returns
+from .base import AuxBase
 
 
 class FutureReturns:
@@ -72,7 +73,7 @@ def param_span(net, prefix: str) -> tuple[int, int]:
     return lo, hi
 
 
-class FutureHead:
+class FutureHead(AuxBase):
     """What the heads trained against future bars share (``horizons``, ``risk``): a linear head
     ``aux.<name>`` of :attr:`n_out` outputs on ``psi``, the loss phase ``aux_<name>`` on the auxiliary
     branch (``buffers.side_aux``) launching the kernel family ``<name>``'s ``loss`` (:meth:`launch`), and
@@ -82,7 +83,8 @@ class FutureHead:
     n_out: int
 
     def __init__(self, cfg):
-        self.net, self.buf = cfg.net, None
+        super().__init__(cfg)
+        self.net = cfg.net
 
     @property
     def head_name(self) -> str:
@@ -92,8 +94,9 @@ class FutureHead:
         return Linear(self.head_name, d, self.n_out, act="identity", tf32=self.net.tf32, gemm=self.net.gemm)
 
     def allocate(self, buffers) -> None:
+        super().allocate(buffers)
         xp, B = buffers.xp, buffers.batch_size
-        self.buf, self.future = buffers, future_returns(buffers)
+        self.future = future_returns(buffers)
         self.loss_per, self.valid_per = xp.zeros(B, np.float32), xp.zeros(B, np.float32)
         self.out = xp.zeros(2, np.float32)  # the loss and the valid share
         self.ops = family(self.name, xp)
@@ -113,10 +116,3 @@ class FutureHead:
     def observable(self) -> dict:
         loss, valid = host_values(self.out)
         return {f"aux.{self.name}.loss": float(loss), f"aux.{self.name}.valid": float(valid)}
-
-    def state_dict(self) -> dict:
-        return {}
-
-    def load_state_dict(self, state: dict) -> None:
-        if state:
-            raise ValueError(f"aux.{self.name} has no state to load, got {sorted(state)}")

@@ -69,7 +69,8 @@ def _drive(tmp_path: Path) -> None:
         {"run": {"offline": str(rec)}, "agent": {"cql_alpha": 1.0}},
         {"env": {"counterfactual": True, "mirror": True}, "replay": {"n_step": 1}, "guard": {"action": "stop"}},
         {"features": {"groups": ["returns", "log_vol", "level"]}},  # a group off by default reads its fields
-        {"agent": {"aux": ["horizons", "risk", "denoise"]}},  # the auxiliary signals read their fields
+        # issue 19's signals, all seven together (vaccine aligns the horizons and risk heads)
+        {"agent": {"aux": ["horizons", "risk", "denoise", "homeostatic", "causal", "selectivity", "vaccine"]}},
     ):
         Trainer(small(**over), run_dir=False, **quiet).run(20)
 

@@ -1,0 +1,93 @@
+"""All seven auxiliary signals of issue 19 on together, through the trainer: the heads (``horizons``,
+``risk``, ``denoise``) and the regularisers (``homeostatic``, ``causal``, ``vaccine``, ``selectivity``) in
+one train graph, in the order docs/architecture.md gives (loss phases - backward - grad phases - own
+optimiser steps - Adam); each signal's observable is in ``metrics.jsonl`` and moves; a run stopped, saved
+and resumed continues bit for bit. CPU (NumPy backend); the GPU twin is the graphed == eager test of
+tests/unit/test_aux_reg.py with every signal."""
+
+import json
+
+import numpy as np
+import pytest
+from test_trainer import small
+from test_windows import ENCODER_NETS
+
+from cudarl.trainer import Trainer
+
+ALL = ["horizons", "risk", "denoise", "homeostatic", "causal", "selectivity", "vaccine"]
+#: one observable per signal that must be in metrics.jsonl and move
+KEYS = {
+    "horizons": "aux.horizons.loss",
+    "risk": "aux.risk.loss",
+    "denoise": "aux.denoise.loss",
+    "homeostatic": "aux.homeostatic.utilisation",
+    "causal": "aux.causal.loss",
+    "selectivity": "aux.selectivity.mean",
+    "vaccine": "aux.vaccine.cos",
+}
+
+
+def _cfg(tmp_path, encoder):
+    return small(
+        tmp_path,
+        net=dict(ENCODER_NETS[encoder]),
+        agent={"aux": ALL, "aux_denoise_lr": 0.01, "vaccine_beta": 0.2},
+        run={"log_every": 5, "checkpoint_every": 10},
+    )
+
+
+def test_the_phases_of_all_seven_sit_in_the_documented_order():
+    t = Trainer(_cfg(None, "mlp"), run_dir=False, echo=lambda m: None)
+    names = [n for n, _ in t.train_graph.phases]
+    after = names[names.index("backward") :]
+    # the grad phases (vaccine, causal's backward) before the heads' own SGD steps, then Adam
+    assert after[: after.index("adam") + 1] == [
+        "backward",
+        "causal",
+        "vaccine",
+        "aux_risk_sgd",
+        "aux_denoise_sgd",
+        "adam",
+    ]
+    loss = names[: names.index("backward")]
+    assert all(p in loss for p in ("aux_horizons", "aux_risk", "aux_denoise", "aux_homeostatic", "aux_causal"))
+    assert t.agent.aux[-1].aux_heads == ["horizons", "risk"]  # vaccine aligns the two heads
+
+
+@pytest.mark.parametrize("encoder", ["mlp", "ssm"])
+def test_all_seven_signals_train_show_their_observables_and_resume_bitwise(tmp_path, encoder):
+    cfg = _cfg(tmp_path, encoder)
+    full = Trainer(cfg, run_dir=tmp_path / "full", echo=lambda m: None)
+    full.run(20)
+    rows = [json.loads(line) for line in (tmp_path / "full" / "metrics.jsonl").read_text().splitlines()]
+    for name, key in KEYS.items():
+        seen = [r[key] for r in rows if key in r]
+        assert len(seen) == 4 and np.all(np.isfinite(seen)) and len(set(seen)) > 1, (name, seen)
+    half = Trainer(cfg, run_dir=tmp_path / "half", echo=lambda m: None)
+    half.run(10)
+    resumed = Trainer.resume(half.save(), run_dir=tmp_path / "resumed", echo=lambda m: None)
+    assert resumed.step == 10
+    resumed.run(20)
+    assert resumed.losses == full.losses[10:20]
+    np.testing.assert_array_equal(resumed.agent.online.params, full.agent.online.params)
+    np.testing.assert_array_equal(resumed.agent.target.params, full.agent.target.params)
+    for a, b in zip(resumed.agent.aux, full.agent.aux, strict=True):
+        for k, v in b.state_dict().items():
+            np.testing.assert_array_equal(a.state_dict()[k], v, err_msg=f"{b.name}.{k}")
+    assert resumed.agent.observables() == full.agent.observables()
+
+
+def test_a_population_member_with_all_seven_is_that_agent_trained_alone():
+    """Every signal's branches, grad phases and own steps inside a population's graph (two members)
+    leave each member bitwise equal to the agent trained alone, the signals' states included."""
+    from test_population import assert_same_agent, population_and_alone, variants
+
+    configs = variants(small(agent={"aux": ALL, "aux_denoise_lr": 0.01}))[:2]
+    pop, _, alone = population_and_alone(configs)
+    for m, a in zip(pop.members, alone, strict=True):
+        assert [s.name for s in m.agent.aux] == ALL and m.step > 0
+        assert_same_agent(m, a)
+        for sm, sa in zip(m.agent.aux, a.agent.aux, strict=True):
+            for k, v in sa.state_dict().items():
+                np.testing.assert_array_equal(sm.state_dict()[k], v, err_msg=f"{sa.name}.{k}")
+        assert m.agent.observables() == a.agent.observables()
