@@ -91,3 +91,33 @@ def test_a_population_member_with_all_seven_is_that_agent_trained_alone():
             for k, v in sa.state_dict().items():
                 np.testing.assert_array_equal(sm.state_dict()[k], v, err_msg=f"{sa.name}.{k}")
         assert m.agent.observables() == a.agent.observables()
+
+
+# --- GPU ---------------------------------------------------------------------------------------------
+@pytest.mark.gpu
+@pytest.mark.parametrize("encoder", ["mlp", "ssm", "attention"])
+@pytest.mark.parametrize("head", ["c51", "iqn"])
+def test_gpu_all_seven_graphed_equal_eager(head, encoder):
+    """All seven signals (IQN: six, homeostatic is C51's) in one captured train graph, replayed, against
+    the same phases run eagerly: losses, weights, every signal's state and observables, bit for bit."""
+    from test_trainer import gpu_small
+
+    from cudarl.backend import to_numpy
+
+    aux = [s for s in ALL if head == "c51" or s != "homeostatic"]
+    over = {"net": {"head": head, **ENCODER_NETS[encoder]}, "agent": {"aux": aux, "aux_denoise_lr": 0.01}}
+    g = Trainer(gpu_small(**over), run_dir=False, echo=lambda m: None)
+    e = Trainer(gpu_small(**over), run_dir=False, echo=lambda m: None)
+    e.collect_graph.replay = e.collect_graph.run_eager
+    e.train_graph.replay = e.train_graph.run_eager
+    g.run(40)
+    e.run(40)
+    assert g.losses == e.losses
+    for x, y in ((g.agent.online.params, e.agent.online.params), (g.agent.target.params, e.agent.target.params)):
+        assert np.array_equal(x.get(), y.get())
+    for sg, se in zip(g.agent.aux, e.agent.aux, strict=True):
+        for k, v in se.state_dict().items():
+            assert np.array_equal(to_numpy(sg.state_dict()[k]), to_numpy(v)), f"{se.name}.{k}"
+    obs = g.agent.observables()
+    assert obs == e.agent.observables()
+    assert all(KEYS[s] in obs and np.isfinite(obs[KEYS[s]]) for s in aux)
