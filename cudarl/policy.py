@@ -19,7 +19,8 @@ No replay buffer, optimiser state or target network: those live only in the resu
 ``latest.npz``. :func:`load_policy` reads either kind of file.
 
     policy = cudarl.load_policy("runs/x/checkpoints/best.safetensors")
-    q = policy.q_values(obs)          # obs float32 [n, F + 2] (normalised features, position, hold)
+    q = policy.q_values(obs)          # obs float32 [n, F + 2] (normalised features, position, hold);
+                                      # the expected Q, or the risk measure of the config's agent.act_by
     a = policy.act(obs)               # int32 [n], the greedy action (the first maximum)
     ev = policy.evaluate(split="test")  # the trainer's greedy evaluation, Evaluation
 """
@@ -333,6 +334,7 @@ class Policy:
         n = self.config.net
         return (
             f"Policy({n.head}, hidden={list(n.hidden)}, obs_dim={self.obs_dim}, actions={self.n_actions}, "
+            f"act_by={self.config.agent.act_by}, "
             f"step={self.step}, backend={self.be.name}, from {self.source})"
         )
 
@@ -369,7 +371,8 @@ class Policy:
         return self.xp.ascontiguousarray(x, dtype=np.float32), on_gpu
 
     def q_values(self, obs):
-        """float32 ``[n, A]``: expected Q of each action for ``obs`` ``[n, obs_dim]``."""
+        """float32 ``[n, A]``: expected Q of each action for ``obs`` ``[n, obs_dim]`` (with the config's
+        ``agent.act_by`` its risk measure: CVaR or mean - lambda std, what the policy acts on)."""
         x, on_gpu = self._input(obs)
         out = self.xp.empty((x.shape[0], self.n_actions), np.float32)
         self.q_values_into(x, out)
@@ -491,6 +494,10 @@ def row_exact_q(net, values):
             h = y
         logits = np.empty((len(h), head.n_actions, head.atoms), np.float32)
         ref.dueling_forward(h, logits)
+        if values.risk[0] != 0:  # agent.act_by: the twin C51Values runs, row by row
+            q = np.empty((len(h), head.n_actions), np.float32)
+            values.of_logits(logits, q)
+            return q
         # qstats.per_sample's Q (C51Values'), without the entropy and mass it also computes
         return (np.exp(log_softmax(logits)) * support).sum(-1)
 

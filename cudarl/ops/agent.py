@@ -151,6 +151,161 @@ def act_iqn(
     )
 
 
+def _check_risk(mode: int, alpha: float, lam: float) -> None:
+    if mode not in (1, 2):
+        raise ValueError(f"mode: 1 (cvar) or 2 (mean_std), got {mode!r} (the mean has kernels of its own)")
+    if not (0 < alpha <= 1) or not lam >= 0:
+        raise ValueError(f"alpha must be in (0, 1] and lam >= 0, got {alpha!r}, {lam!r}")
+
+
+def c51_risk(q, logits, support, mode: int, alpha: float, lam: float, stream=None) -> None:
+    """The risk measure ``mode`` (1: CVaR at ``alpha``, 2: mean minus ``lam`` std; ``cudarl.config.ACT_BY``)
+    of each action's categorical distribution, ``logits`` float32 ``[n, A, K]`` over ``support`` ``[K]``
+    (ascending), into ``q`` ``[n, A]``. A warp per row."""
+    _check_risk(mode, alpha, lam)
+    n, a_n, k_n = logits.shape if logits.ndim == 3 else (0, 0, 0)
+    _check("logits", logits, np.float32, (n, a_n, k_n))
+    _check("support", support, np.float32, (k_n,))
+    _check("q", q, np.float32, (n, a_n))
+    launch(
+        "agent",
+        "c51_risk",
+        blocks_for(32 * n),
+        256,
+        (q, logits, support, n, a_n, k_n, int(mode), float(alpha), float(lam)),
+        stream=stream,
+    )
+
+
+def quantile_risk(q, theta, mode: int, alpha: float, lam: float, stream=None) -> None:
+    """The risk measure ``mode`` (:func:`c51_risk`) of quantiles ``theta`` float32 ``[B, N, A]`` at QR-DQN's
+    fixed fractions (CVaR), or of any quantile sample (mean - lam std), into ``q`` ``[B, A]``."""
+    _check_risk(mode, alpha, lam)
+    B, N, A = theta.shape if theta.ndim == 3 else (0, 0, 0)
+    _check("theta", theta, np.float32, (B, N, A))
+    _check("q", q, np.float32, (B, A))
+    launch(
+        "agent",
+        "quantile_risk",
+        blocks_for(B * A),
+        256,
+        (q, theta, B, N, A, int(mode), float(alpha), float(lam)),
+        stream=stream,
+    )
+
+
+def cvar_taus(tau, alpha: float, stream=None) -> None:
+    """``tau *= alpha`` in place (float32, C-contiguous): IQN's acting fractions into ``[0, alpha)``."""
+    if tau.dtype != np.float32 or not tau.flags.c_contiguous:
+        raise ValueError(f"tau: expected a C-contiguous float32 array, got {tau.dtype}")
+    if not 0 < alpha <= 1:
+        raise ValueError(f"alpha must be in (0, 1], got {alpha!r}")
+    launch("agent", "cvar_taus", min(blocks_for(tau.size), 4096), 256, (tau, float(alpha), tau.size), stream=stream)
+
+
+def act_c51_risk(
+    actions,
+    q,
+    logits,
+    support,
+    env_count,
+    params,
+    mode: int,
+    alpha: float,
+    lam: float,
+    eps,
+    count,
+    arrivals,
+    start: float,
+    end: float,
+    steps: int,
+    stream=None,
+) -> None:
+    """:func:`act_c51` acting on :func:`c51_risk`'s values (the same bits) instead of the expected Q."""
+    _check_risk(mode, alpha, lam)
+    n, a_n = _check_act(actions, q, env_count, eps, count, arrivals)
+    k_n = logits.shape[-1] if logits.ndim == 3 else 0
+    _check("logits", logits, np.float32, (n, a_n, k_n))
+    _check("support", support, np.float32, (k_n,))
+    launch(
+        "agent",
+        "act_c51_risk",
+        blocks_for(32 * n),
+        256,
+        (
+            actions,
+            q,
+            logits,
+            support,
+            env_count,
+            n,
+            a_n,
+            k_n,
+            int(mode),
+            float(alpha),
+            float(lam),
+            eps,
+            count,
+            arrivals,
+            float(start),
+            float(end),
+            int(steps),
+            int(params.seed),
+        ),
+        stream=stream,
+    )
+
+
+def act_quantile_risk(
+    actions,
+    q,
+    theta,
+    env_count,
+    params,
+    mode: int,
+    alpha: float,
+    lam: float,
+    eps,
+    count,
+    arrivals,
+    start: float,
+    end: float,
+    steps: int,
+    stream=None,
+) -> None:
+    """:func:`act_iqn` acting on :func:`quantile_risk`'s values (the same bits) instead of the mean."""
+    _check_risk(mode, alpha, lam)
+    n, a_n = _check_act(actions, q, env_count, eps, count, arrivals)
+    n_q = theta.shape[1] if theta.ndim == 3 else 0
+    _check("theta", theta, np.float32, (n, n_q, a_n))
+    launch(
+        "agent",
+        "act_quantile_risk",
+        blocks_for(n),
+        256,
+        (
+            actions,
+            q,
+            theta,
+            env_count,
+            n,
+            n_q,
+            a_n,
+            int(mode),
+            float(alpha),
+            float(lam),
+            eps,
+            count,
+            arrivals,
+            float(start),
+            float(end),
+            int(steps),
+            int(params.seed),
+        ),
+        stream=stream,
+    )
+
+
 def publish(ring, loss, grad_norm, step, slots: int, stream=None) -> None:
     """Copy ``loss[0]``, ``grad_norm[0]`` into slot ``step[0] % slots`` of ``ring`` (float32 ``[2 * slots]``)."""
     if ring.size != 2 * slots:

@@ -293,3 +293,242 @@ def test_gpu_act_c51_graphed_equals_eager_and_advances_the_schedule(cp, rng):
         ref.epsilon(eps_twin, count_twin, *_SCHEDULE)
         assert_bitwise(bufs_g[2], eps_twin, what=f"epsilon at step {step}")
         assert int(bufs_g[3].get()[0]) == step + 1 and int(bufs_g[4].get()[0]) == 0
+
+
+# --- risk-sensitive acting (agent.act_by): c51_risk, quantile_risk, cvar_taus, the fused act kernels ---
+CVAR, MEAN_STD = ref.CVAR, ref.MEAN_STD
+
+
+def _logits_of(p):
+    """Logits whose softmax is ``p`` (zero mass: -80, below float32's reach after the softmax)."""
+    p = np.asarray(p, np.float64)
+    return np.where(p > 0, np.log(np.maximum(p, 1e-300)), -80.0).astype(np.float32)
+
+
+def test_reference_c51_risk_by_hand():
+    """Atoms -5, 0, 1 with mass 0.1, 0, 0.9: the mean 0.4 prefers it to a sure 0, its 10% tail (-5) and
+    mean - std (0.4 - 1.8) do not; at alpha 0.5 the tail is the -5 atom and 0.4 of the 1 atom."""
+    support = np.array([-5, 0, 1], np.float32)
+    logits = _logits_of([[[0.1, 0, 0.9], [0, 1, 0]]])
+    q = np.empty((1, 2), np.float32)
+    for mode, alpha, lam, want in (
+        (CVAR, 0.1, 0, [-5.0, 0.0]),
+        (CVAR, 0.5, 0, [(0.1 * -5 + 0.4 * 1) / 0.5, 0.0]),
+        (CVAR, 1.0, 0, [0.4, 0.0]),
+        (MEAN_STD, 1.0, 1.0, [0.4 - 1.8, 0.0]),
+        (MEAN_STD, 1.0, 0.0, [0.4, 0.0]),
+    ):
+        ref.c51_risk(q, logits, support, mode, alpha, lam)
+        np.testing.assert_allclose(q, [want], rtol=1e-5, atol=1e-5, err_msg=f"mode {mode} alpha {alpha}")
+
+
+def test_reference_c51_cvar_is_the_integral_of_the_quantile_function(rng):
+    """CVaR_alpha = (1/alpha) int_0^alpha F^-1(u) du of the categorical distribution, in float64 by
+    integrating its step quantile function on a fine grid of u."""
+    K = 21
+    support = np.linspace(-3, 4, K, dtype=np.float32)
+    logits = (rng.standard_normal((5, 2, K)) * 2).astype(np.float32)
+    p = np.exp(logits.astype(np.float64) - logits.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    q = np.empty((5, 2), np.float32)
+    for alpha in (0.03, 0.25, 0.5, 0.9):
+        ref.c51_risk(q, logits, support, CVAR, alpha, 0.0)
+        u = (np.arange(200_000) + 0.5) / 200_000 * alpha
+        cdf = np.cumsum(p, -1)
+        want = np.empty((5, 2))
+        for i in range(5):
+            for a in range(2):
+                k = np.minimum(np.searchsorted(cdf[i, a], u, side="right"), K - 1)
+                want[i, a] = support.astype(np.float64)[k].mean()
+        np.testing.assert_allclose(q, want, atol=2e-3)
+
+
+def test_reference_quantile_risk_by_hand():
+    theta = np.array([-4, 0, 1, 3], np.float32).reshape(1, 4, 1)
+    q = np.empty((1, 1), np.float32)
+    for mode, alpha, lam, want in (
+        (CVAR, 0.5, 0, -2.0),  # the first two of four cells
+        (CVAR, 0.375, 0, -4.0 / 1.5),  # the first cell and half the second
+        (CVAR, 1.0, 0, 0.0),
+        (MEAN_STD, 1.0, 1.0, -np.sqrt(6.5)),
+        (MEAN_STD, 1.0, 0.5, -0.5 * np.sqrt(6.5)),
+    ):
+        ref.quantile_risk(q, theta, mode, alpha, lam)
+        assert q[0, 0] == pytest.approx(want, rel=1e-6, abs=1e-6), (mode, alpha)
+    tau = np.array([0.0, 0.5, 0.999], np.float32)
+    ref.cvar_taus(tau, 0.2)
+    assert tau.tolist() == pytest.approx([0.0, 0.1, 0.1998]) and tau.max() < 0.2
+
+
+def test_reference_act_risk_is_the_three_steps_it_fuses(rng):
+    from cudarl.reference import env as env_ref
+
+    n, A, K, N = 9, 3, 51, 8
+    logits = rng.standard_normal((n, A, K)).astype(np.float32) * 3
+    theta = rng.standard_normal((n, N, A)).astype(np.float32)
+    support = np.linspace(-10, 10, K, dtype=np.float32)
+    env_count = rng.integers(0, 2**40, n, dtype=np.uint64)
+    params = _env_params()
+    for mode, alpha, lam in ((CVAR, 0.2, 0.0), (MEAN_STD, 1.0, 0.7)):
+        for fused, value, head in (
+            (ref.act_c51_risk, ref.c51_risk, (logits, support)),
+            (ref.act_quantile_risk, ref.quantile_risk, (theta,)),
+        ):
+            eps, count, arrivals = np.zeros(1, np.float32), np.array([4], np.int64), np.zeros(1, np.uint32)
+            actions, q = np.full(n, -1, np.int32), np.zeros((n, A), np.float32)
+            fused(actions, q, *head, env_count, params, mode, alpha, lam, eps, count, arrivals, *_SCHEDULE)
+            q_want, e_want, c_want = np.zeros((n, A), np.float32), np.zeros(1, np.float32), np.array([4], np.int64)
+            value(q_want, *head, mode, alpha, lam)
+            ref.epsilon(e_want, c_want, *_SCHEDULE)
+            a_want = np.zeros(n, np.int32)
+            env_ref.act(a_want, q_want, e_want, env_count, params)
+            assert_bitwise(q, q_want)
+            assert_bitwise(actions, a_want)
+            assert eps[0] == e_want[0] and count[0] == 5
+
+
+_RISKS = [(CVAR, 0.05, 0.0), (CVAR, 0.37, 0.0), (CVAR, 1.0, 0.0), (MEAN_STD, 1.0, 0.0), (MEAN_STD, 1.0, 1.3)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n, A, K", [(1, 2, 1), (7, 3, 51), (4099, 5, 77), (33, 3, 32)])
+@pytest.mark.parametrize("mode, alpha, lam", _RISKS)
+def test_gpu_c51_risk(cp, rng, n, A, K, mode, alpha, lam):
+    from cudarl.ops import agent as ops
+
+    logits = (rng.standard_normal((n, A, K)) * 3).astype(np.float32)
+    support = np.linspace(-10, 10, K, dtype=np.float32)
+    q = cp.full((n, A), np.nan, np.float32)
+    ops.c51_risk(q, cp.asarray(logits), cp.asarray(support), mode, alpha, lam)
+    want = np.empty((n, A), np.float32)
+    ref.c51_risk(want, logits, support, mode, alpha, lam)
+    assert_parity(q, want, what=f"c51_risk mode {mode} alpha {alpha} lam {lam}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("B, N, A", [(1, 1, 2), (7, 32, 3), (4096, 8, 5), (9, 200, 3)])
+@pytest.mark.parametrize("mode, alpha, lam", _RISKS)
+def test_gpu_quantile_risk_and_cvar_taus(cp, rng, B, N, A, mode, alpha, lam):
+    from cudarl.ops import agent as ops
+
+    theta = rng.standard_normal((B, N, A)).astype(np.float32)
+    q = cp.full((B, A), np.nan, np.float32)
+    ops.quantile_risk(q, cp.asarray(theta), mode, alpha, lam)
+    want = np.empty((B, A), np.float32)
+    ref.quantile_risk(want, theta, mode, alpha, lam)
+    assert_parity(q, want, what=f"quantile_risk mode {mode} alpha {alpha} lam {lam}")
+    tau = rng.random((B, N)).astype(np.float32)
+    tau_g = cp.asarray(tau)
+    ops.cvar_taus(tau_g, alpha)
+    ref.cvar_taus(tau, alpha)
+    assert_bitwise(tau_g, tau)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n, A, K", [(1, 2, 1), (7, 3, 51), (4099, 5, 77)])
+@pytest.mark.parametrize("mode, alpha, lam", [(CVAR, 0.1, 0.0), (MEAN_STD, 1.0, 0.8)])
+def test_gpu_act_c51_risk_equals_the_three_kernels_it_fuses(cp, rng, n, A, K, mode, alpha, lam):
+    """act_c51_risk against c51_risk + epsilon + env.act on the GPU, and the twin."""
+    from cudarl.ops import agent as ops
+    from cudarl.ops import env as env_ops
+
+    params = _env_params()
+    support = np.linspace(-10, 10, K, dtype=np.float32)
+    sup = cp.asarray(support)
+
+    def draw():
+        logits = (rng.standard_normal((n, A, K)) * 3).astype(np.float32)
+        logits[::4, -1] = logits[::4, 0]  # tied actions: the first index must win on every path
+        return logits
+
+    def separate(lg, ec, bufs):
+        actions, q, eps, count, _ = bufs
+        ops.c51_risk(q, lg, sup, mode, alpha, lam)
+        ops.epsilon(eps, count, *_SCHEDULE)
+        env_ops.act(actions, q, eps, ec, params)
+
+    def twin_q(logits):
+        q = np.zeros((n, A), np.float32)
+        ref.c51_risk(q, logits, support, mode, alpha, lam)
+        return q
+
+    _fused_vs_separate(
+        cp,
+        rng,
+        n,
+        A,
+        params,
+        draw,
+        lambda lg, ec, b: ops.act_c51_risk(b[0], b[1], lg, sup, ec, params, mode, alpha, lam, *b[2:], *_SCHEDULE),
+        separate,
+        twin_q,
+    )
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n, N, A", [(1, 1, 2), (7, 32, 3), (4099, 8, 5)])
+@pytest.mark.parametrize("mode, alpha, lam", [(CVAR, 0.3, 0.0), (MEAN_STD, 1.0, 0.8)])
+def test_gpu_act_quantile_risk_equals_the_three_kernels_it_fuses(cp, rng, n, N, A, mode, alpha, lam):
+    from cudarl.ops import agent as ops
+    from cudarl.ops import env as env_ops
+
+    params = _env_params(5)
+
+    def separate(th, ec, bufs):
+        actions, q, eps, count, _ = bufs
+        ops.quantile_risk(q, th, mode, alpha, lam)
+        ops.epsilon(eps, count, *_SCHEDULE)
+        env_ops.act(actions, q, eps, ec, params)
+
+    def twin_q(theta):
+        q = np.zeros((n, A), np.float32)
+        ref.quantile_risk(q, theta, mode, alpha, lam)
+        return q
+
+    _fused_vs_separate(
+        cp,
+        rng,
+        n,
+        A,
+        params,
+        lambda: rng.standard_normal((n, N, A)).astype(np.float32),
+        lambda th, ec, b: ops.act_quantile_risk(b[0], b[1], th, ec, params, mode, alpha, lam, *b[2:], *_SCHEDULE),
+        separate,
+        twin_q,
+    )
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", ["c51", "quantile"])
+def test_gpu_act_risk_graphed_equals_eager(cp, rng, kind):
+    """act_c51_risk / act_quantile_risk captured once: each replay reads new head outputs and env
+    counters and the device step counter; graphed and eager launches agree bitwise at every step."""
+    from cudarl.graph import StepGraph
+    from cudarl.ops import agent as ops
+
+    n, A, K, N = 4096, 3, 51, 16
+    params = _env_params(9)
+    sup = cp.asarray(np.linspace(-10, 10, K, dtype=np.float32))
+    shape = (n, A, K) if kind == "c51" else (n, N, A)
+    head, ec = cp.zeros(shape, np.float32), cp.zeros(n, np.uint64)
+    bufs_g, bufs_e = _act_buffers(cp, n, A), _act_buffers(cp, n, A)
+
+    def act(bufs):
+        actions, q, eps, count, arrivals = bufs
+        if kind == "c51":
+            ops.act_c51_risk(actions, q, head, sup, ec, params, CVAR, 0.2, 0.0, eps, count, arrivals, *_SCHEDULE)
+        else:
+            ops.act_quantile_risk(actions, q, head, ec, params, MEAN_STD, 1.0, 0.5, eps, count, arrivals, *_SCHEDULE)
+
+    g = StepGraph(f"agent_act_risk_{kind}", [("act", lambda: act(bufs_g))], xp=cp)
+    g.capture()
+    for step in range(8):
+        head.set((rng.standard_normal(shape) * 3).astype(np.float32))
+        ec.set(rng.integers(0, 2**40, n, dtype=np.uint64))
+        cp.cuda.Device().synchronize()
+        g.replay()
+        g.synchronize()
+        act(bufs_e)
+        cp.cuda.Device().synchronize()
+        for name, x, y in zip(("actions", "q", "epsilon", "count", "arrivals"), bufs_g, bufs_e, strict=True):
+            assert_bitwise(x, y, what=f"{name} at step {step}: graphed vs eager")
