@@ -68,6 +68,12 @@ def _check_act(actions, q, env_count, eps, count, arrivals) -> tuple[int, int]:
     return n, a_n
 
 
+def _launch_act(op: str, grid: int, args: tuple, params, eps, count, arrivals, start, end, steps, stream) -> None:
+    """Launch the fused act kernel ``op`` with its own ``args`` and the schedule's (ACT_SCHEDULE_PARAMS)."""
+    schedule = (eps, count, arrivals, float(start), float(end), int(steps), int(params.seed))
+    launch("agent", op, grid, 256, (*args, *schedule), stream=stream)
+
+
 def act_c51(
     actions,
     q,
@@ -92,30 +98,8 @@ def act_c51(
     k_n = logits.shape[-1] if logits.ndim == 3 else 0
     _check("logits", logits, np.float32, (n, a_n, k_n))
     _check("support", support, np.float32, (k_n,))
-    launch(
-        "agent",
-        "act_c51",
-        blocks_for(32 * n),
-        256,
-        (
-            actions,
-            q,
-            logits,
-            support,
-            env_count,
-            n,
-            a_n,
-            k_n,
-            eps,
-            count,
-            arrivals,
-            float(start),
-            float(end),
-            int(steps),
-            int(params.seed),
-        ),
-        stream=stream,
-    )
+    args = (actions, q, logits, support, env_count, n, a_n, k_n)
+    _launch_act("act_c51", blocks_for(32 * n), args, params, eps, count, arrivals, start, end, steps, stream)
 
 
 def act_iqn(
@@ -126,29 +110,8 @@ def act_iqn(
     n, a_n = _check_act(actions, q, env_count, eps, count, arrivals)
     n_q = theta.shape[1] if theta.ndim == 3 else 0
     _check("theta", theta, np.float32, (n, n_q, a_n))
-    launch(
-        "agent",
-        "act_iqn",
-        blocks_for(n),
-        256,
-        (
-            actions,
-            q,
-            theta,
-            env_count,
-            n,
-            n_q,
-            a_n,
-            eps,
-            count,
-            arrivals,
-            float(start),
-            float(end),
-            int(steps),
-            int(params.seed),
-        ),
-        stream=stream,
-    )
+    args = (actions, q, theta, env_count, n, n_q, a_n)
+    _launch_act("act_iqn", blocks_for(n), args, params, eps, count, arrivals, start, end, steps, stream)
 
 
 def _check_risk(mode: int, alpha: float, lam: float) -> None:
@@ -227,33 +190,8 @@ def act_c51_risk(
     k_n = logits.shape[-1] if logits.ndim == 3 else 0
     _check("logits", logits, np.float32, (n, a_n, k_n))
     _check("support", support, np.float32, (k_n,))
-    launch(
-        "agent",
-        "act_c51_risk",
-        blocks_for(32 * n),
-        256,
-        (
-            actions,
-            q,
-            logits,
-            support,
-            env_count,
-            n,
-            a_n,
-            k_n,
-            int(mode),
-            float(alpha),
-            float(lam),
-            eps,
-            count,
-            arrivals,
-            float(start),
-            float(end),
-            int(steps),
-            int(params.seed),
-        ),
-        stream=stream,
-    )
+    args = (actions, q, logits, support, env_count, n, a_n, k_n, int(mode), float(alpha), float(lam))
+    _launch_act("act_c51_risk", blocks_for(32 * n), args, params, eps, count, arrivals, start, end, steps, stream)
 
 
 def act_quantile_risk(
@@ -278,32 +216,8 @@ def act_quantile_risk(
     n, a_n = _check_act(actions, q, env_count, eps, count, arrivals)
     n_q = theta.shape[1] if theta.ndim == 3 else 0
     _check("theta", theta, np.float32, (n, n_q, a_n))
-    launch(
-        "agent",
-        "act_quantile_risk",
-        blocks_for(n),
-        256,
-        (
-            actions,
-            q,
-            theta,
-            env_count,
-            n,
-            n_q,
-            a_n,
-            int(mode),
-            float(alpha),
-            float(lam),
-            eps,
-            count,
-            arrivals,
-            float(start),
-            float(end),
-            int(steps),
-            int(params.seed),
-        ),
-        stream=stream,
-    )
+    args = (actions, q, theta, env_count, n, n_q, a_n, int(mode), float(alpha), float(lam))
+    _launch_act("act_quantile_risk", blocks_for(n), args, params, eps, count, arrivals, start, end, steps, stream)
 
 
 def publish(ring, loss, grad_norm, step, slots: int, stream=None) -> None:

@@ -111,18 +111,22 @@ def _env_params(seed=77):
     return EnvParams(0, 1, 1, 1, False, 0.0, 0.0, seed, False, False)
 
 
+def _twin_act_inputs(rng, n, A, K=51, N=8):
+    """Logits [n, A, K], quantiles [n, N, A], the support, env counters and env params for the twins."""
+    logits = rng.standard_normal((n, A, K)).astype(np.float32) * 3
+    theta = rng.standard_normal((n, N, A)).astype(np.float32)
+    support = np.linspace(-10, 10, K, dtype=np.float32)
+    return logits, theta, support, rng.integers(0, 2**40, n, dtype=np.uint64), _env_params()
+
+
 def test_reference_act_is_the_three_steps_it_fuses(rng):
     """The twin of act_c51 (act_iqn) is expected Q (quantile mean), the epsilon schedule, then the
     env's epsilon-greedy act, in that order: the NumPy backend runs exactly what it ran before."""
     from cudarl.reference import env as env_ref
     from cudarl.reference import qstats
 
-    n, A, K, N = 9, 3, 51, 8
-    logits = rng.standard_normal((n, A, K)).astype(np.float32) * 3
-    theta = rng.standard_normal((n, N, A)).astype(np.float32)
-    support = np.linspace(-10, 10, K, dtype=np.float32)
-    env_count = rng.integers(0, 2**40, n, dtype=np.uint64)
-    params = _env_params()
+    n, A = 9, 3
+    logits, theta, support, env_count, params = _twin_act_inputs(rng, n, A)
     for fused, head, q_of in (
         (ref.act_c51, (logits, support), lambda: qstats.per_sample(logits, support)[0]),
         (ref.act_iqn, (theta,), None),
@@ -189,18 +193,16 @@ def _fused_vs_separate(cp, rng, n, A, params, draw_head, fused, separate, twin_q
         _check_act_against_twin(q, actions, eps, count, twin_q(head), env_count, params, eps_twin, step)
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("n, A, K", [(1, 2, 1), (7, 3, 51), (4096, 3, 51), (4099, 5, 77)])
-def test_gpu_act_c51_equals_the_three_kernels_it_fuses(cp, rng, n, A, K):
-    """act_c51 against qstats.per_sample + epsilon + env.act on the GPU, and the twin."""
+def _c51_act_case(cp, rng, n, A, K, fused, q_separate, q_twin):
+    """A fused C51 act kernel ``fused(actions, q, logits, support, env_count, params, eps, count,
+    arrivals, *schedule)`` against ``q_separate(q, logits, support)`` + epsilon + env.act on the GPU, and
+    the twin's values ``q_twin(q, logits, support)``."""
     from cudarl.ops import agent as ops
     from cudarl.ops import env as env_ops
-    from cudarl.ops import qstats as qstats_ops
-    from cudarl.reference import qstats
 
     params = _env_params()
     support = np.linspace(-10, 10, K, dtype=np.float32)
-    sup, ent, mass = cp.asarray(support), cp.zeros(n, np.float32), cp.zeros((n, K), np.float32)
+    sup = cp.asarray(support)
 
     def draw():
         logits = (rng.standard_normal((n, A, K)) * 3).astype(np.float32)
@@ -209,27 +211,24 @@ def test_gpu_act_c51_equals_the_three_kernels_it_fuses(cp, rng, n, A, K):
 
     def separate(lg, ec, bufs):
         actions, q, eps, count, _ = bufs
-        qstats_ops.per_sample(lg, sup, q, ent, mass)
+        q_separate(q, lg, sup)
         ops.epsilon(eps, count, *_SCHEDULE)
         env_ops.act(actions, q, eps, ec, params)
 
-    _fused_vs_separate(
-        cp,
-        rng,
-        n,
-        A,
-        params,
-        draw,
-        lambda lg, ec, b: ops.act_c51(b[0], b[1], lg, sup, ec, params, *b[2:], *_SCHEDULE),
-        separate,
-        lambda logits: qstats.per_sample(logits, support)[0],
-    )
+    def twin_q(logits):
+        q = np.zeros((n, A), np.float32)
+        q_twin(q, logits, support)
+        return q
+
+    def run_fused(lg, ec, b):
+        fused(b[0], b[1], lg, sup, ec, params, *b[2:], *_SCHEDULE)
+
+    _fused_vs_separate(cp, rng, n, A, params, draw, run_fused, separate, twin_q)
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("n, N, A", [(1, 1, 2), (7, 32, 3), (4099, 8, 5)])
-def test_gpu_act_iqn_equals_the_three_kernels_it_fuses(cp, rng, n, N, A):
-    """act_iqn against quantile_mean + epsilon + env.act on the GPU, and the twin."""
+def _quantile_act_case(cp, rng, n, N, A, fused, q_separate, q_twin):
+    """:func:`_c51_act_case` for a fused quantile act kernel ``fused(actions, q, theta, env_count, params,
+    eps, count, arrivals, *schedule)``, ``q_separate(q, theta)`` and ``q_twin(q, theta)``."""
     from cudarl.ops import agent as ops
     from cudarl.ops import env as env_ops
 
@@ -237,51 +236,78 @@ def test_gpu_act_iqn_equals_the_three_kernels_it_fuses(cp, rng, n, N, A):
 
     def separate(th, ec, bufs):
         actions, q, eps, count, _ = bufs
-        ops.quantile_mean(q, th)
+        q_separate(q, th)
         ops.epsilon(eps, count, *_SCHEDULE)
         env_ops.act(actions, q, eps, ec, params)
 
     def twin_q(theta):
         q = np.zeros((n, A), np.float32)
-        ref.quantile_mean(q, theta)
+        q_twin(q, theta)
         return q
 
-    _fused_vs_separate(
-        cp,
-        rng,
-        n,
-        A,
-        params,
-        lambda: rng.standard_normal((n, N, A)).astype(np.float32),
-        lambda th, ec, b: ops.act_iqn(b[0], b[1], th, ec, params, *b[2:], *_SCHEDULE),
-        separate,
-        twin_q,
-    )
+    def run_fused(th, ec, b):
+        fused(b[0], b[1], th, ec, params, *b[2:], *_SCHEDULE)
+
+    draw = lambda: rng.standard_normal((n, N, A)).astype(np.float32)  # noqa: E731
+    _fused_vs_separate(cp, rng, n, A, params, draw, run_fused, separate, twin_q)
 
 
 @pytest.mark.gpu
-def test_gpu_act_c51_graphed_equals_eager_and_advances_the_schedule(cp, rng):
-    """act_c51 captured once: each replay reads the step counter from device memory (epsilon
-    follows the schedule) and the logits and env counters written between replays; graphed and
-    eager launches agree bitwise at every step."""
+@pytest.mark.parametrize("n, A, K", [(1, 2, 1), (7, 3, 51), (4096, 3, 51), (4099, 5, 77)])
+def test_gpu_act_c51_equals_the_three_kernels_it_fuses(cp, rng, n, A, K):
+    """act_c51 against qstats.per_sample + epsilon + env.act on the GPU, and the twin."""
+    from cudarl.ops import agent as ops
+    from cudarl.ops import qstats as qstats_ops
+    from cudarl.reference import qstats
+
+    ent, mass = cp.zeros(n, np.float32), cp.zeros((n, K), np.float32)
+
+    def twin(q, logits, support):
+        q[...] = qstats.per_sample(logits, support)[0]
+
+    _c51_act_case(cp, rng, n, A, K, ops.act_c51, lambda q, lg, sup: qstats_ops.per_sample(lg, sup, q, ent, mass), twin)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n, N, A", [(1, 1, 2), (7, 32, 3), (4099, 8, 5)])
+def test_gpu_act_iqn_equals_the_three_kernels_it_fuses(cp, rng, n, N, A):
+    """act_iqn against quantile_mean + epsilon + env.act on the GPU, and the twin."""
+    from cudarl.ops import agent as ops
+
+    _quantile_act_case(cp, rng, n, N, A, ops.act_iqn, ops.quantile_mean, ref.quantile_mean)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", ["c51", "c51 cvar", "quantile mean_std"])
+def test_gpu_act_graphed_equals_eager_and_advances_the_schedule(cp, rng, kind):
+    """act_c51 (act_c51_risk, act_quantile_risk) captured once: each replay reads the step counter from
+    device memory (epsilon follows the schedule) and the head outputs and env counters written between
+    replays; graphed and eager launches agree bitwise at every step."""
     from cudarl.graph import StepGraph
     from cudarl.ops import agent as ops
 
-    n, A, K = 4096, 3, 51
+    n, A, K, N = 4096, 3, 51, 16
     params = _env_params(9)
     sup = cp.asarray(np.linspace(-10, 10, K, dtype=np.float32))
-    lg, ec = cp.zeros((n, A, K), np.float32), cp.zeros(n, np.uint64)
+    shape = (n, N, A) if kind.startswith("quantile") else (n, A, K)
+    head, ec = cp.zeros(shape, np.float32), cp.zeros(n, np.uint64)
     bufs_g, bufs_e = _act_buffers(cp, n, A), _act_buffers(cp, n, A)
 
     def act(bufs):
         actions, q, eps, count, arrivals = bufs
-        ops.act_c51(actions, q, lg, sup, ec, params, eps, count, arrivals, *_SCHEDULE)
+        sched = (eps, count, arrivals, *_SCHEDULE)
+        if kind == "c51":
+            ops.act_c51(actions, q, head, sup, ec, params, *sched)
+        elif kind == "c51 cvar":
+            ops.act_c51_risk(actions, q, head, sup, ec, params, CVAR, 0.2, 0.0, *sched)
+        else:
+            ops.act_quantile_risk(actions, q, head, ec, params, MEAN_STD, 1.0, 0.5, *sched)
 
-    g = StepGraph("agent_act_graphed", [("act", lambda: act(bufs_g))], xp=cp)
+    g = StepGraph(f"agent_act_graphed_{kind.replace(' ', '_')}", [("act", lambda: act(bufs_g))], xp=cp)
     g.capture()
     eps_twin, count_twin = np.zeros(1, np.float32), np.zeros(1, np.int64)
     for step in range(12):
-        lg.set((rng.standard_normal((n, A, K)) * 3).astype(np.float32))
+        head.set((rng.standard_normal(shape) * 3).astype(np.float32))
         ec.set(rng.integers(0, 2**40, n, dtype=np.uint64))
         cp.cuda.Device().synchronize()
         g.replay()
@@ -363,12 +389,8 @@ def test_reference_quantile_risk_by_hand():
 def test_reference_act_risk_is_the_three_steps_it_fuses(rng):
     from cudarl.reference import env as env_ref
 
-    n, A, K, N = 9, 3, 51, 8
-    logits = rng.standard_normal((n, A, K)).astype(np.float32) * 3
-    theta = rng.standard_normal((n, N, A)).astype(np.float32)
-    support = np.linspace(-10, 10, K, dtype=np.float32)
-    env_count = rng.integers(0, 2**40, n, dtype=np.uint64)
-    params = _env_params()
+    n, A = 9, 3
+    logits, theta, support, env_count, params = _twin_act_inputs(rng, n, A)
     for mode, alpha, lam in ((CVAR, 0.2, 0.0), (MEAN_STD, 1.0, 0.7)):
         for fused, value, head in (
             (ref.act_c51_risk, ref.c51_risk, (logits, support)),
@@ -430,38 +452,21 @@ def test_gpu_quantile_risk_and_cvar_taus(cp, rng, B, N, A, mode, alpha, lam):
 def test_gpu_act_c51_risk_equals_the_three_kernels_it_fuses(cp, rng, n, A, K, mode, alpha, lam):
     """act_c51_risk against c51_risk + epsilon + env.act on the GPU, and the twin."""
     from cudarl.ops import agent as ops
-    from cudarl.ops import env as env_ops
 
-    params = _env_params()
-    support = np.linspace(-10, 10, K, dtype=np.float32)
-    sup = cp.asarray(support)
+    risk = (mode, alpha, lam)
 
-    def draw():
-        logits = (rng.standard_normal((n, A, K)) * 3).astype(np.float32)
-        logits[::4, -1] = logits[::4, 0]  # tied actions: the first index must win on every path
-        return logits
+    def fused(actions, q, lg, sup, ec, params, *rest):
+        ops.act_c51_risk(actions, q, lg, sup, ec, params, *risk, *rest)
 
-    def separate(lg, ec, bufs):
-        actions, q, eps, count, _ = bufs
-        ops.c51_risk(q, lg, sup, mode, alpha, lam)
-        ops.epsilon(eps, count, *_SCHEDULE)
-        env_ops.act(actions, q, eps, ec, params)
-
-    def twin_q(logits):
-        q = np.zeros((n, A), np.float32)
-        ref.c51_risk(q, logits, support, mode, alpha, lam)
-        return q
-
-    _fused_vs_separate(
+    _c51_act_case(
         cp,
         rng,
         n,
         A,
-        params,
-        draw,
-        lambda lg, ec, b: ops.act_c51_risk(b[0], b[1], lg, sup, ec, params, mode, alpha, lam, *b[2:], *_SCHEDULE),
-        separate,
-        twin_q,
+        K,
+        fused,
+        lambda q, lg, sup: ops.c51_risk(q, lg, sup, *risk),
+        lambda q, lg, sup: ref.c51_risk(q, lg, sup, *risk),
     )
 
 
@@ -469,66 +474,21 @@ def test_gpu_act_c51_risk_equals_the_three_kernels_it_fuses(cp, rng, n, A, K, mo
 @pytest.mark.parametrize("n, N, A", [(1, 1, 2), (7, 32, 3), (4099, 8, 5)])
 @pytest.mark.parametrize("mode, alpha, lam", [(CVAR, 0.3, 0.0), (MEAN_STD, 1.0, 0.8)])
 def test_gpu_act_quantile_risk_equals_the_three_kernels_it_fuses(cp, rng, n, N, A, mode, alpha, lam):
+    """act_quantile_risk against quantile_risk + epsilon + env.act on the GPU, and the twin."""
     from cudarl.ops import agent as ops
-    from cudarl.ops import env as env_ops
 
-    params = _env_params(5)
+    risk = (mode, alpha, lam)
 
-    def separate(th, ec, bufs):
-        actions, q, eps, count, _ = bufs
-        ops.quantile_risk(q, th, mode, alpha, lam)
-        ops.epsilon(eps, count, *_SCHEDULE)
-        env_ops.act(actions, q, eps, ec, params)
+    def fused(actions, q, th, ec, params, *rest):
+        ops.act_quantile_risk(actions, q, th, ec, params, *risk, *rest)
 
-    def twin_q(theta):
-        q = np.zeros((n, A), np.float32)
-        ref.quantile_risk(q, theta, mode, alpha, lam)
-        return q
-
-    _fused_vs_separate(
+    _quantile_act_case(
         cp,
         rng,
         n,
+        N,
         A,
-        params,
-        lambda: rng.standard_normal((n, N, A)).astype(np.float32),
-        lambda th, ec, b: ops.act_quantile_risk(b[0], b[1], th, ec, params, mode, alpha, lam, *b[2:], *_SCHEDULE),
-        separate,
-        twin_q,
+        fused,
+        lambda q, th: ops.quantile_risk(q, th, *risk),
+        lambda q, th: ref.quantile_risk(q, th, *risk),
     )
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("kind", ["c51", "quantile"])
-def test_gpu_act_risk_graphed_equals_eager(cp, rng, kind):
-    """act_c51_risk / act_quantile_risk captured once: each replay reads new head outputs and env
-    counters and the device step counter; graphed and eager launches agree bitwise at every step."""
-    from cudarl.graph import StepGraph
-    from cudarl.ops import agent as ops
-
-    n, A, K, N = 4096, 3, 51, 16
-    params = _env_params(9)
-    sup = cp.asarray(np.linspace(-10, 10, K, dtype=np.float32))
-    shape = (n, A, K) if kind == "c51" else (n, N, A)
-    head, ec = cp.zeros(shape, np.float32), cp.zeros(n, np.uint64)
-    bufs_g, bufs_e = _act_buffers(cp, n, A), _act_buffers(cp, n, A)
-
-    def act(bufs):
-        actions, q, eps, count, arrivals = bufs
-        if kind == "c51":
-            ops.act_c51_risk(actions, q, head, sup, ec, params, CVAR, 0.2, 0.0, eps, count, arrivals, *_SCHEDULE)
-        else:
-            ops.act_quantile_risk(actions, q, head, ec, params, MEAN_STD, 1.0, 0.5, eps, count, arrivals, *_SCHEDULE)
-
-    g = StepGraph(f"agent_act_risk_{kind}", [("act", lambda: act(bufs_g))], xp=cp)
-    g.capture()
-    for step in range(8):
-        head.set((rng.standard_normal(shape) * 3).astype(np.float32))
-        ec.set(rng.integers(0, 2**40, n, dtype=np.uint64))
-        cp.cuda.Device().synchronize()
-        g.replay()
-        g.synchronize()
-        act(bufs_e)
-        cp.cuda.Device().synchronize()
-        for name, x, y in zip(("actions", "q", "epsilon", "count", "arrivals"), bufs_g, bufs_e, strict=True):
-            assert_bitwise(x, y, what=f"{name} at step {step}: graphed vs eager")
