@@ -1,6 +1,7 @@
 // agent: the small glue of the collect step. Twin: cudarl/reference/agent.py.
 // Launchers: cudarl/ops/agent.py.
 #include <cudarl/act.cuh>
+#include <cudarl/dueling.cuh>
 #include <cudarl/softmax.cuh>
 
 // The mean over n = 0..N-1 of theta[b, n, a], summed in that order (the twin's sequential sum).
@@ -58,13 +59,29 @@ __device__ __forceinline__ void advance_epsilon(float eps, long long c, float* _
   float *__restrict__ eps_out, long long *__restrict__ count, unsigned int *__restrict__ arrivals, \
       double start, double end, long long steps, unsigned long long seed
 
+// One env's C51 act from its logits (logit(a, k), a pure function): q[i, a] = sum_k softmax(logits[i,
+// a])_k z_k (warp_softmax_visit_at and the statement of qstats.per_sample: the same bits), then
+// actions[i] = epsilon_greedy(q[i], eps, env_count[i]) (env.act's rule and Philox draws). A warp:
+// lanes over atoms; lane 0 writes q[i] and chooses.
+template <class Logit>
+__device__ __forceinline__ void act_c51_env(int* __restrict__ actions, float* __restrict__ q,
+                                            const float* __restrict__ support,
+                                            const unsigned long long* __restrict__ env_count, long long i, int A,
+                                            int K, int lane, float eps, unsigned long long seed, Logit&& logit) {
+  for (int a = 0; a < A; ++a) {
+    float qa = 0.f;
+    cudarl::warp_softmax_visit_at([&](int k) { return logit(a, k); }, K, lane,
+                                  [&](int k, float, float p) { qa += p * support[k]; });
+    qa = cudarl::warp_sum(qa);
+    if (lane == 0) q[i * A + a] = qa;
+  }
+  if (lane == 0) actions[i] = cudarl::epsilon_greedy(q + i * A, A, eps, seed, env_count[i], i);
+}
+
 // act_c51: a C51 agent's act phase after the online forward, in one launch (it was three:
-// qstats.per_sample, epsilon, env.act). With c = *count and eps = epsilon_at(c):
-//   q[i, a] = sum_k softmax(logits[i, a])_k z_k     (warp_softmax_visit and the statement of
-//                                                    qstats.per_sample: the same bits)
-//   actions[i] = epsilon_greedy(q[i], eps, env_count[i])   (env.act's rule and Philox draws)
-// then advance_epsilon. Thread mapping: a warp per env, lanes over atoms; lane 0 writes q[i]
-// and chooses. Reads A*K + K floats and 8 bytes per env, 8 bytes of count; writes 4A + 4 bytes.
+// qstats.per_sample, epsilon, env.act). With c = *count and eps = epsilon_at(c): act_c51_env over
+// logits [n, A, K], then advance_epsilon. Thread mapping: a warp per env. Reads A*K + K floats and
+// 8 bytes per env, 8 bytes of count; writes 4A + 4 bytes.
 extern "C" __global__ void cudarl_agent_act_c51(int* __restrict__ actions, float* __restrict__ q,
                                                 const float* __restrict__ logits, const float* __restrict__ support,
                                                 const unsigned long long* __restrict__ env_count, int n, int A, int K,
@@ -74,15 +91,31 @@ extern "C" __global__ void cudarl_agent_act_c51(int* __restrict__ actions, float
   const int lane = threadIdx.x & 31;
   const long long i = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
   if (i < n) {  // whole warps: blockDim is a multiple of 32
-    for (int a = 0; a < A; ++a) {
-      float qa = 0.f;
-      cudarl::warp_softmax_visit(logits + (i * A + a) * K, K, lane, [&](int k, float, float p) {
-        qa += p * support[k];
-      });
-      qa = cudarl::warp_sum(qa);
-      if (lane == 0) q[i * A + a] = qa;
-    }
-    if (lane == 0) actions[i] = cudarl::epsilon_greedy(q + i * A, A, eps, seed, env_count[i], i);
+    const float* row = logits + i * A * K;
+    act_c51_env(actions, q, support, env_count, i, A, K, lane, eps, seed, [&](int a, int k) { return row[a * K + k]; });
+  }
+  advance_epsilon(eps, c, eps_out, count, arrivals);
+}
+
+// act_c51_dueling: act_c51 from the dueling head's raw output va [n, (1 + A) K] (V, then Adv), the
+// combine done on the fly: logit(a, k) = dueling_logit(va[i], dueling_mean(va[i], k), a, k), the
+// bits of nn.dueling_forward (dueling.cuh), so no logits tensor and no dueling launch (the act
+// phase was the dueling kernel, then act_c51). Thread mapping: a warp per env. Reads (1 + A) K + K
+// floats (each up to 3A times, from L1) and 8 bytes per env; writes 4A + 4 bytes.
+extern "C" __global__ void cudarl_agent_act_c51_dueling(int* __restrict__ actions, float* __restrict__ q,
+                                                        const float* __restrict__ va,
+                                                        const float* __restrict__ support,
+                                                        const unsigned long long* __restrict__ env_count, int n, int A,
+                                                        int K, ACT_SCHEDULE_PARAMS) {
+  const long long c = *count;
+  const float eps = cudarl::epsilon_at(c, start, end, steps);
+  const int lane = threadIdx.x & 31;
+  const long long i = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+  if (i < n) {  // whole warps: blockDim is a multiple of 32
+    const float* row = va + i * (1 + A) * K;
+    act_c51_env(actions, q, support, env_count, i, A, K, lane, eps, seed, [&](int a, int k) {
+      return cudarl::dueling_logit(row, cudarl::dueling_mean(row, A, K, k), a, K, k);
+    });
   }
   advance_epsilon(eps, c, eps_out, count, arrivals);
 }

@@ -183,6 +183,7 @@ extern "C" __global__ __launch_bounds__(ATT_THREADS) void cudarl_attention_backw
 }
 
 // ---- step -----------------------------------------------------------------------------------------
+#define STEP_MAX_WINDOW 128  // ops/attention.py MAX_WINDOW: a lane holds W / 32 scores in registers
 // One bar over the key/value cache [B, H, W, Dh]: at p = pos[b], rope(k) and v go to slot p mod W, and
 // rope(q) attends to the last min(p + 1, W) bars, oldest first (warp 0: scores, max and sum by lanes
 // and the butterfly; then o by threads over channels, bars ascending). Block per (env, head),
@@ -211,22 +212,37 @@ extern "C" __global__ void cudarl_attention_step(const float* qkv, float* kcache
   const i64 first = p - n + 1;
   const float scale = sqrtf((float)Dh);
   if (tid < 32) {
+    // Scores stay in registers (bar tid + 32 k) until every lane has finished reading qr; only then, after
+    // __syncwarp, go to shared memory (racecheck reported a warp-level WAR hazard between the q reads
+    // and the score writes when each lane stored its score as soon as it had it).
+    float e[STEP_MAX_WINDOW / 32];
     float m = ATT_NEG_INF;
-    for (int j = tid; j < n; j += 32) {
-      const float* kr = kc + ((first + j) % W) * Dh;
-      float dot = 0.f;
-      for (int c = 0; c < Dh; ++c) dot += qr[c] * kr[c];
-      sc[j] = dot / scale;
-      m = fmaxf(m, sc[j]);
+#pragma unroll
+    for (int k = 0; k < STEP_MAX_WINDOW / 32; ++k) {
+      const int j = tid + 32 * k;
+      e[k] = ATT_NEG_INF;
+      if (j < n) {
+        const float* kr = kc + ((first + j) % W) * Dh;
+        float dot = 0.f;
+        for (int c = 0; c < Dh; ++c) dot += qr[c] * kr[c];
+        e[k] = dot / scale;
+        m = fmaxf(m, e[k]);
+      }
     }
     m = warp_max(m);
     float l = 0.f;
-    for (int j = tid; j < n; j += 32) {
-      const float e = expf(sc[j] - m);
-      sc[j] = e;
-      l += e;
+#pragma unroll
+    for (int k = 0; k < STEP_MAX_WINDOW / 32; ++k) {
+      if (tid + 32 * k < n) {
+        e[k] = expf(e[k] - m);
+        l += e[k];
+      }
     }
     l = warp_sum(l);
+    __syncwarp();
+#pragma unroll
+    for (int k = 0; k < STEP_MAX_WINDOW / 32; ++k)
+      if (tid + 32 * k < n) sc[tid + 32 * k] = e[k];
     if (tid == 0) sc[W] = l;
   }
   __syncthreads();

@@ -11,6 +11,7 @@
 // a subtract into an FMA: each kernel matches the NumPy twin bit for bit. No atomics anywhere.
 #include <cudarl/act.cuh>
 #include <cudarl/philox.cuh>
+#include <cudarl/window.cuh>
 
 using cudarl::below;
 using cudarl::lane_of;
@@ -68,6 +69,56 @@ extern "C" __global__ void cudarl_env_reset(int* __restrict__ t, int* __restrict
   write_state_row(rows + (long long)i * kStateDim, s, false, 0.0f, hold_feature(0, hold_cap));
 }
 
+// One env's step from its state before it (registers): the new state, the reward, whether the
+// episode ended (and was reset). The math of cudarl_env_step; record_step runs it too.
+struct StepOut {
+  int t, start, steps_left, hold;
+  float position, reward;
+  u64 count;
+  bool ended;
+};
+
+__device__ __forceinline__ StepOut step_env(int i, int a, int t0, int s0, int left0, float prev, int hold0, u64 count0,
+                                            float scale_i, const float* __restrict__ ret,
+                                            const float* __restrict__ levels, int t_begin, int n_starts,
+                                            int episode_len, float rate, u64 seed) {
+  const float p = __fmul_rn(levels[a], scale_i);
+  StepOut o;
+  o.reward = bar_reward(prev, p, ret[t0], rate);
+  o.hold = (p == prev) ? hold0 + 1 : 1;
+  o.t = t0 + 1;
+  o.steps_left = left0 - 1;
+  o.start = s0;
+  o.position = p;
+  o.count = count0 + 1;
+  o.ended = (o.steps_left == 0);
+  if (o.ended) {
+    const uint4 blk = cudarl::philox_block(seed, o.count, kStreamEpisode, (u32)(i >> 2));
+    o.start = t_begin + below(lane_of(blk, (u32)(i & 3)), n_starts);
+    o.t = o.start;
+    o.steps_left = episode_len;
+    o.position = 0.0f;
+    o.hold = 0;
+  }
+  return o;
+}
+
+// Write env i's step: its state, reward, done and its 16-byte state row.
+__device__ __forceinline__ void store_step(const StepOut& o, int i, int* __restrict__ t, int* __restrict__ start,
+                                           int* __restrict__ steps_left, float* __restrict__ position,
+                                           int* __restrict__ hold, u64* __restrict__ count, float* __restrict__ rows,
+                                           float* __restrict__ reward, float* __restrict__ done, int hold_cap) {
+  t[i] = o.t;
+  start[i] = o.start;
+  steps_left[i] = o.steps_left;
+  position[i] = o.position;
+  hold[i] = o.hold;
+  count[i] = o.count;
+  reward[i] = o.reward;
+  done[i] = o.ended ? 1.0f : 0.0f;
+  write_state_row(rows + (long long)i * kStateDim, o.t, false, o.position, hold_feature(o.hold, hold_cap));
+}
+
 // step: move to the target position, earn the reward, advance a bar, reset ended episodes.
 // Thread mapping: one thread per env. Reads per env: the state (28 bytes), action, scale, ret[t],
 // levels[a]; writes the state, reward, done and the 16-byte state row.
@@ -82,44 +133,46 @@ extern "C" __global__ void cudarl_env_step(int* __restrict__ t, int* __restrict_
   const long long gi = (long long)blockIdx.x * blockDim.x + threadIdx.x;
   if (gi >= n_envs) return;
   const int i = (int)gi;
-  const int a = clamp_action(actions[i], n_actions);
-  const float prev = position[i];
-  const float p = __fmul_rn(levels[a], scale[i]);
-  const int t0 = t[i];
-  const float r = bar_reward(prev, p, ret[t0], rate);
-  int h = (p == prev) ? hold[i] + 1 : 1;
-  int t1 = t0 + 1;
-  int left = steps_left[i] - 1;
-  int s = start[i];
-  float p1 = p;
-  const u64 c = count[i] + 1;
-  const bool ended = (left == 0);
-  if (ended) {
-    const uint4 blk = cudarl::philox_block(seed, c, kStreamEpisode, (u32)(i >> 2));
-    s = t_begin + below(lane_of(blk, (u32)(i & 3)), n_starts);
-    t1 = s;
-    left = episode_len;
-    p1 = 0.0f;
-    h = 0;
-  }
-  t[i] = t1;
-  start[i] = s;
-  steps_left[i] = left;
-  position[i] = p1;
-  hold[i] = h;
-  count[i] = c;
-  reward[i] = r;
-  done[i] = ended ? 1.0f : 0.0f;
-  write_state_row(rows + (long long)i * kStateDim, t1, false, p1, hold_feature(h, hold_cap));
+  const StepOut o = step_env(i, clamp_action(actions[i], n_actions), t[i], start[i], steps_left[i], position[i],
+                             hold[i], count[i], scale[i], ret, levels, t_begin, n_starts, episode_len, rate, seed);
+  store_step(o, i, t, start, steps_left, position, hold, count, rows, reward, done, hold_cap);
 }
 
-// record: the transitions of the coming step, read from the state before step() runs.
-// Row g * N + i is group g of env i: 0 real, 1 .. A-1 counterfactual action (a + g) % A (when
-// counterfactual != 0), last the directional mirror (when mirror != 0): return-sign columns
-// times sign[], positions and the market return negated, action A-1-a, reward computed in the
-// mirrored market; its state rows carry the mirror flag (the window gather negates the return-sign
-// columns). Thread mapping: one thread per row (g, i), g = row / N. Reads per row the state,
-// ret[t], levels[a]; writes 2 state rows (32 bytes) + 12 bytes.
+// Row group g (of n_groups) of env i's transition: group 0 real, 1 .. A-1 counterfactual action
+// (a + g) % A (when counterfactual), the last the directional mirror (when mirror): return-sign
+// columns times sign[], positions and the market return negated, action A-1-a, reward computed in
+// the mirrored market; its state rows carry the mirror flag (the window gather negates the
+// return-sign columns). From env i's state before the step (registers). Writes row g * n_envs + i;
+// returns its done (1 when the episode ends with this step).
+__device__ __forceinline__ float record_row(float* __restrict__ obs_out, int* __restrict__ action_out,
+                                            float* __restrict__ reward_out, float* __restrict__ next_obs_out,
+                                            float* __restrict__ done_out, int g, int n_groups, int i, int n_envs,
+                                            int a_real, int t0, int h, int left0, float position_i, float scale_i,
+                                            float ret_t0, const float* __restrict__ levels, int n_actions,
+                                            int hold_cap, float rate, int mirror) {
+  const bool mirrored = mirror && g == n_groups - 1;
+  const int a = mirrored ? n_actions - 1 - a_real : (a_real + g) % n_actions;
+  const float p = __fmul_rn(levels[a], scale_i);
+  const float prev = mirrored ? -position_i : position_i;
+  const float r_t = mirrored ? -ret_t0 : ret_t0;
+  const int h_next = (p == prev) ? h + 1 : 1;
+  const long long row = (long long)g * n_envs + i;
+  const float d = left0 == 1 ? 1.0f : 0.0f;
+  action_out[row] = a;
+  reward_out[row] = bar_reward(prev, p, r_t, rate);
+  done_out[row] = d;
+  write_state_row(obs_out + row * kStateDim, t0, mirrored, prev, hold_feature(h, hold_cap));
+  write_state_row(next_obs_out + row * kStateDim, t0 + 1, mirrored, p, hold_feature(h_next, hold_cap));
+  return d;
+}
+
+__device__ __forceinline__ int n_row_groups(int n_actions, int counterfactual, int mirror) {
+  return 1 + (counterfactual ? n_actions - 1 : 0) + (mirror ? 1 : 0);
+}
+
+// record: the transitions of the coming step, read from the state before step() runs (record_row).
+// Thread mapping: one thread per row (g, i), g = row / N. Reads per row the state, ret[t],
+// levels[a]; writes 2 state rows (32 bytes) + 12 bytes.
 extern "C" __global__ void cudarl_env_record(float* __restrict__ obs_out, int* __restrict__ action_out,
                                              float* __restrict__ reward_out, float* __restrict__ next_obs_out,
                                              float* __restrict__ done_out, const int* __restrict__ t,
@@ -128,24 +181,64 @@ extern "C" __global__ void cudarl_env_record(float* __restrict__ obs_out, int* _
                                              const float* __restrict__ scale, const float* __restrict__ ret,
                                              const float* __restrict__ levels, int n_envs, int n_actions,
                                              int hold_cap, float rate, int counterfactual, int mirror) {
-  const int n_groups = 1 + (counterfactual ? n_actions - 1 : 0) + (mirror ? 1 : 0);
+  const int n_groups = n_row_groups(n_actions, counterfactual, mirror);
   const long long gw = (long long)blockIdx.x * blockDim.x + threadIdx.x;
   if (gw >= (long long)n_envs * n_groups) return;
   const int g = (int)(gw / n_envs), i = (int)(gw % n_envs);
-  const bool mirrored = mirror && g == n_groups - 1;
+  const int t0 = t[i];
+  record_row(obs_out, action_out, reward_out, next_obs_out, done_out, g, n_groups, i, n_envs,
+             clamp_action(actions[i], n_actions), t0, hold[i], steps_left[i], position[i], scale[i], ret[t0], levels,
+             n_actions, hold_cap, rate, mirror);
+}
+
+// record_step: the collect step's env work in one launch (it was four: record, step, the window
+// gather of the next observation, agent.discount). For env i, from its state before the step:
+//   record_row for every row group g (the bits of cudarl_env_record), and
+//   discount_out[row] = gamma[0] * (1 - done_out[row])  (the bits of cudarl_agent_discount);
+//   step_env / store_step (the bits of cudarl_env_step);
+//   obs[i] = the window of the new state row (cudarl::window_value: the bits of cudarl_window_gather).
+// Thread mapping: a warp per env (blockDim a multiple of 32). Every lane reads env i's state and
+// computes its step (the same values); __syncwarp orders those reads before lane 0 writes the state.
+// Lane g writes row group g (grid of groups strided by 32); lanes stride over the window's
+// window * (F + 2) floats, coalesced. Reads ~40 bytes of state per env, the window's features;
+// writes M rows of 44 + 4 bytes, the state (36 bytes) and the window.
+extern "C" __global__ void cudarl_env_record_step(
+    float* __restrict__ obs_out, int* __restrict__ action_out, float* __restrict__ reward_out,
+    float* __restrict__ next_obs_out, float* __restrict__ done_out, float* __restrict__ discount_out,
+    const float* __restrict__ gamma, int* __restrict__ t, int* __restrict__ start, int* __restrict__ steps_left,
+    float* __restrict__ position, int* __restrict__ hold, u64* __restrict__ count, float* __restrict__ rows,
+    float* __restrict__ reward, float* __restrict__ done, float* __restrict__ obs, const int* __restrict__ actions,
+    const float* __restrict__ scale, const float* __restrict__ ret, const float* __restrict__ levels,
+    const float* __restrict__ features, const float* __restrict__ sign, int n_envs, int n_actions, int t_begin,
+    int n_starts, int episode_len, int hold_cap, float rate, u64 seed, int counterfactual, int mirror, int window,
+    int n_features, long long n_bars) {
+  const int lane = threadIdx.x & 31;
+  const long long gi = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+  if (gi >= n_envs) return;  // the whole warp: its lanes share gi
+  const int i = (int)gi;
   const int a_real = clamp_action(actions[i], n_actions);
-  const int a = mirrored ? n_actions - 1 - a_real : (a_real + g) % n_actions;
-  const int t0 = t[i], h = hold[i];
-  const float p = __fmul_rn(levels[a], scale[i]);
-  const float prev = mirrored ? -position[i] : position[i];
-  const float r_t = mirrored ? -ret[t0] : ret[t0];
-  const int h_next = (p == prev) ? h + 1 : 1;
-  const long long row = (long long)g * n_envs + i;
-  action_out[row] = a;
-  reward_out[row] = bar_reward(prev, p, r_t, rate);
-  done_out[row] = steps_left[i] == 1 ? 1.0f : 0.0f;
-  write_state_row(obs_out + row * kStateDim, t0, mirrored, prev, hold_feature(h, hold_cap));
-  write_state_row(next_obs_out + row * kStateDim, t0 + 1, mirrored, p, hold_feature(h_next, hold_cap));
+  const int t0 = t[i], s0 = start[i], left0 = steps_left[i], h0 = hold[i];
+  const float prev = position[i], sc = scale[i];
+  const u64 c0 = count[i];
+  __syncwarp();  // every lane has read the state before lane 0 overwrites it
+  const int n_groups = n_row_groups(n_actions, counterfactual, mirror);
+  const float g_disc = gamma[0];
+  const float ret_t0 = ret[t0];
+  for (int g = lane; g < n_groups; g += 32) {
+    const float d = record_row(obs_out, action_out, reward_out, next_obs_out, done_out, g, n_groups, i, n_envs,
+                               a_real, t0, h0, left0, prev, sc, ret_t0, levels, n_actions, hold_cap, rate, mirror);
+    discount_out[(long long)g * n_envs + i] = __fmul_rn(g_disc, __fsub_rn(1.0f, d));
+  }
+  const StepOut o =
+      step_env(i, a_real, t0, s0, left0, prev, h0, c0, sc, ret, levels, t_begin, n_starts, episode_len, rate, seed);
+  if (lane == 0) store_step(o, i, t, start, steps_left, position, hold, count, rows, reward, done, hold_cap);
+  const float bar = (float)o.t, hold_f = hold_feature(o.hold, hold_cap);  // the state row store_step wrote
+  const int bar_width = n_features + 2, row_width = window * bar_width;
+  float* __restrict__ out = obs + (long long)i * row_width;
+  for (int e = lane; e < row_width; e += 32) {
+    const int w = e / bar_width, col = e - w * bar_width;
+    out[e] = cudarl::window_value(bar, 0.0f, o.position, hold_f, features, sign, w, col, window, n_features, n_bars);
+  }
 }
 
 // act: epsilon-greedy actions (cudarl::epsilon_greedy, act.cuh: the rule agent.cu's fused act

@@ -14,6 +14,7 @@
 // from device memory, so a graph captured at one size samples rows added later.
 #include <cudarl/philox.cuh>
 #include <cudarl/reduce.cuh>
+#include <cudarl/window.cuh>
 
 typedef long long i64;
 typedef unsigned long long u64;
@@ -455,6 +456,22 @@ extern "C" __global__ void cudarl_replay_gather(const GatherArgs a) {
               a.action_out, a.return_out, a.discount_out, a.status, a.B, a.D, a.C, a.n_envs, a.n_step, a.lag);
 }
 
+// One warp's sample j of sample_search_gather (all 32 lanes): the search, then the gather of the
+// slot found (lanes over the D columns). Returns the slot (every lane).
+__device__ __forceinline__ i64 search_gather_warp(const i64* tree, const i64* levels, const i64* step, int* indices,
+                                                  i64* qsel, i64* status, i64 B, int depth, u64 seed,
+                                                  unsigned int stream_id, const float* s_obs, const int* s_action,
+                                                  const float* s_reward, const float* s_discount, const float* s_next,
+                                                  float* obs_out, float* next_obs_out, int* action_out,
+                                                  float* return_out, float* discount_out, i64 D, i64 C, i64 n_envs,
+                                                  int n_step, i64 lag, i64 j, int lane) {
+  const i64 s = search_one(tree, levels, step, indices, qsel, status, j, B, depth, seed, stream_id, lane);
+  for (i64 c = lane; c < D; c += 32)
+    gather_one(s_obs, s_action, s_reward, s_discount, s_next, j, c, s, obs_out, next_obs_out, action_out, return_out,
+               discount_out, status, D, C, n_envs, n_step, lag);
+  return s;
+}
+
 // ---------------------------------------------------------------------------------------------
 // sample_search_gather: sample_search and gather in one launch. The warp that finds sample j's
 // slot gathers it (lanes over the D columns, lane 0 the action and n-step targets): the same
@@ -467,11 +484,46 @@ extern "C" __global__ void cudarl_replay_sample_search_gather(
     float* return_out, float* discount_out, i64 D, i64 C, i64 n_envs, int n_step, i64 lag) {
   const i64 j = ((i64)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
   if (j >= B) return;  // whole warps exit together (blockDim is a multiple of 32)
+  search_gather_warp(tree, levels, step, indices, qsel, status, B, depth, seed, stream_id, s_obs, s_action, s_reward,
+                     s_discount, s_next, obs_out, next_obs_out, action_out, return_out, discount_out, D, C, n_envs,
+                     n_step, lag, j, (int)(threadIdx.x & 31));
+}
+
+// sample_search_gather_windows: sample_search_gather, then the observation windows of the two state
+// rows (D = 4: bar, mirror, position, hold) the warp has just gathered, in the same launch:
+//   obs_win[j] = window of obs_out[j], next_win[j] = window of next_obs_out[j]
+// (cudarl::window_value: window.gather's bits; a bad index's zero rows give the windows of zero
+// rows, as window.gather of them would). One node fewer on the train step's chain (the window
+// gather was the launch after the search). Threads: a warp per sample; lanes over the window's
+// window * (F + 2) floats, twice. Reads the rows from the ring (not the outputs just written).
+extern "C" __global__ void cudarl_replay_sample_search_gather_windows(
+    const i64* tree, const i64* levels, const i64* step, int* indices, i64* qsel, i64* status, i64 B, int depth,
+    u64 seed, unsigned int stream_id, const float* s_obs, const int* s_action, const float* s_reward,
+    const float* s_discount, const float* s_next, float* obs_out, float* next_obs_out, int* action_out,
+    float* return_out, float* discount_out, i64 D, i64 C, i64 n_envs, int n_step, i64 lag,
+    const float* __restrict__ features, const float* __restrict__ sign, float* __restrict__ obs_win,
+    float* __restrict__ next_win, int window, int n_features, i64 n_bars) {
+  const i64 j = ((i64)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+  if (j >= B) return;  // whole warps exit together (blockDim is a multiple of 32)
   const int lane = (int)(threadIdx.x & 31);
-  const i64 s = search_one(tree, levels, step, indices, qsel, status, j, B, depth, seed, stream_id, lane);
-  for (i64 c = lane; c < D; c += 32)
-    gather_one(s_obs, s_action, s_reward, s_discount, s_next, j, c, s, obs_out, next_obs_out, action_out, return_out,
-               discount_out, status, D, C, n_envs, n_step, lag);
+  const i64 s = search_gather_warp(tree, levels, step, indices, qsel, status, B, depth, seed, stream_id, s_obs, s_action,
+                                   s_reward, s_discount, s_next, obs_out, next_obs_out, action_out, return_out,
+                                   discount_out, D, C, n_envs, n_step, lag, j, lane);
+  float r0 = 0.0f, r1 = 0.0f, r2 = 0.0f, r3 = 0.0f, n0 = 0.0f, n1 = 0.0f, n2 = 0.0f, n3 = 0.0f;
+  if (s >= 0 && s < C) {  // the values gather_one copied (every lane reads them: one cached line each)
+    const float* r = s_obs + s * D;
+    const float* nr = s_next + ((s + lag) % C) * D;
+    r0 = r[0], r1 = r[1], r2 = r[2], r3 = r[3];
+    n0 = nr[0], n1 = nr[1], n2 = nr[2], n3 = nr[3];
+  }
+  const int bar_width = n_features + 2;
+  const i64 row_width = (i64)window * bar_width;
+  for (i64 e = lane; e < row_width; e += 32) {
+    const int w = (int)(e / bar_width), col = (int)(e - (i64)w * bar_width);
+    obs_win[j * row_width + e] = cudarl::window_value(r0, r1, r2, r3, features, sign, w, col, window, n_features, n_bars);
+    next_win[j * row_width + e] =
+        cudarl::window_value(n0, n1, n2, n3, features, sign, w, col, window, n_features, n_bars);
+  }
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -6,6 +6,7 @@
 // oldest first: bar b = bar - (window - 1) + w gives features[b] (times sign[c] on a mirror row; zeros
 // for b outside [0, T)), then the position and the hold fraction on the newest bar and zeros before.
 // Pure copies (and a sign flip by __fmul_rn, exact), so the kernel equals the twin bit for bit.
+#include <cudarl/window.cuh>
 
 typedef long long i64;
 
@@ -25,16 +26,8 @@ extern "C" __global__ void cudarl_window_gather(const float* __restrict__ rows, 
     const int r = (int)(e - i * row_width);
     const int w = r / bar_width, c = r - w * bar_width;
     const float* row = rows + i * STATE_DIM;
-    float v = 0.0f;
-    if (c < n_features) {
-      const i64 b = (i64)row[0] - (window - 1) + w;
-      if (b >= 0 && b < n_bars) {
-        const float f = features[b * n_features + c];
-        v = row[1] != 0.0f ? __fmul_rn(f, sign[c]) : f;
-      }
-    } else if (w == window - 1) {
-      v = row[2 + (c - n_features)];  // position, then hold
-    }
+    const float v = cudarl::window_value(row[0], row[1], row[2], row[3], features, sign, w, c, window, n_features,
+                                         n_bars);
     out[e] = v;
   }
 }

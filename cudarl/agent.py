@@ -4,11 +4,12 @@
 that :class:`cudarl.graph.StepGraph` captures (GPU) or runs in order (NumPy)::
 
     collect: act (the head rule's: the online forward, then one kernel for expected Q, the device
-             epsilon and epsilon-greedy; with net.plan the plan head's gate into env.scale) -
-             env_step (record the transition, step, reset ended episodes) - replay_insert
+             epsilon and epsilon-greedy; C51 combines the dueling head in that kernel; with net.plan
+             the plan head's gate into env.scale) - env_step (one launch, env.record_step: record the
+             transitions, their discounts, step, reset ended episodes, the next windows) - replay_insert
     train:   schedules (lr and tau: a parallel branch, joined by the first learn phase) - sample (the
-             search and the gather of the state rows in one launch; the importance weights on that
-             branch; then the observation windows of s and s' from the feature matrix) - forward
+             search, the gather of the state rows and the observation windows of s and s' from the
+             feature matrix in one launch; the importance weights on that branch) - forward
              (the rule's) - the rule's learn phases (C51: targets_loss, one launch; IQN, QR-DQN:
              targets - loss) - q_stats (the expected Q at s; the statistics' reduction on a branch)
              - cql (agent.cql_alpha) - plan (net.plan: cudarl.plan) - the auxiliary signals' loss
@@ -158,9 +159,8 @@ class Agent:
                 gate(self.online, self.buffers.ws_act, env.n_envs, env.scale)
 
         def env_step():
-            env.record(transitions)
-            env.step()
-            self.ops.discount(discount, transitions.done, self.scalars.view("gamma"))
+            # record, step, the next windows and the rows' discounts in one launch (env.record_step)
+            env.record_step(transitions, discount, self.scalars.view("gamma"))
 
         def replay_insert():
             if replay.spec.store_next_obs:
@@ -193,11 +193,12 @@ class Agent:
                 self.soft.schedule_step()
 
         def sample():
-            # the state rows gathered by the search's launch; the importance weights beside the forward
-            # (the first learn phase joins them: buffers.importance_weights); then the windows of s and
-            # s' in one launch from the feature matrix (the replay stores no windows)
-            buf.idx, buf.weights = replay.sample(self.batch_size, side=buf.side_small, out=self.rows_batch)
-            windows.gather(self.rows_pair, self.pair)
+            # the state rows and the windows of s and s' (from the feature matrix: the replay stores no
+            # windows) gathered by the search's launch; the importance weights beside the forward (the
+            # first learn phase joins them: buffers.importance_weights)
+            buf.idx, buf.weights = replay.sample(
+                self.batch_size, side=buf.side_small, out=self.rows_batch, windows=windows, windows_out=self.pair
+            )
 
         def forward():
             self.rule.forward(self.batch)

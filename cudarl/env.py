@@ -263,6 +263,27 @@ class TradingEnv:
         )
         self.windows.gather(self.rows, self.obs)
 
+    def record_step(self, out: Transitions, discount, gamma) -> Transitions:
+        """:meth:`record` into ``out``, ``discount = gamma[0] * (1 - out.done)`` (float32 ``[M]``;
+        ``gamma`` a float32 ``[1]`` device scalar) and :meth:`step`, with ``actions`` and ``scale``,
+        in one launch (four on the unfused path, which stays as its oracle: the collect step's env phase)."""
+        self._ops.record_step(
+            out,
+            discount,
+            gamma,
+            self.state,
+            self.rows,
+            self.reward,
+            self.done,
+            self.obs,
+            self.actions,
+            self.scale,
+            self.data,
+            self.params,
+            self.window,
+        )
+        return out
+
     def _actions(self, actions):
         return self.actions if actions is None else actions
 

@@ -305,7 +305,7 @@ class PrioritizedReplay:
                 raise ValueError(f"batch_size: {B} is larger than the {ready} rows ready to sample")
         return B
 
-    def sample(self, batch_size: int, side=None, out: Batch | None = None):
+    def sample(self, batch_size: int, side=None, out: Batch | None = None, windows=None, windows_out=None):
         """Draw ``batch_size`` rows with probability ``p_i**alpha / sum_k p_k**alpha`` (stratified).
 
         Returns ``(indices int32 [B], weights float32 [B])``, views of buffers this object owns
@@ -316,11 +316,23 @@ class PrioritizedReplay:
         whatever follows the search; the caller joins it before reading ``weights``.
         ``out`` (a :class:`Batch`): the rows found are also gathered into it, as :meth:`gather`
         would (on the GPU in the search's launch: one launch fewer).
+        ``windows`` (a :class:`cudarl.window.Windows`, with ``out`` of state rows) and ``windows_out``
+        (float32 ``[2B, windows.width]``): the observation windows of ``out.obs`` into its first ``B``
+        rows and of ``out.next_obs`` into the rest, what ``windows.gather`` of them writes (on the GPU
+        in the same launch: one launch fewer again).
         """
         B = self._check_batch_size(batch_size)
         self.reserve(B)
         idx, w, qsel, _ = self._batches[B]
-        if out is not None:
+        if windows is not None:
+            if out is None or windows_out is None:
+                raise ValueError("sample: windows needs out (the state rows) and windows_out [2B, width]")
+            self._check_out(out, B)
+            self._ops.sample_search_gather_windows(
+                self.spec, self.bufs, idx, qsel, *out, windows.features, windows.sign, windows.window,
+                windows_out[:B], windows_out[B:],
+            )  # fmt: skip
+        elif out is not None:
             self._check_out(out, B)
             self._ops.sample_search_gather(self.spec, self.bufs, idx, qsel, *out)
         else:

@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """TradingEnv throughput: env-steps per second at 256, 4096 and 65536 environments on the GPU,
 without acting (step only), with acting (act + step), and collecting (act + record with
-counterfactual and mirror rows + step), next to one gym-anytrading StocksEnv on the CPU.
+counterfactual and mirror rows + step; and the same as the collect step runs it, ``record_step``:
+record, discount, step and the next windows in one launch), next to one gym-anytrading StocksEnv on
+the CPU.
 
 Each GPU arm captures ``--inner`` consecutive steps in one StepGraph and times its replays with
 CUDA events; "eager" launches one step at a time from Python. Target: >= 1e8 env-steps/s at
@@ -92,6 +94,7 @@ def main() -> int:
         q = cp.asarray(rng.standard_normal((n, 3), dtype=np.float32))
         eps = DeviceScalars({"epsilon": np.float32}, xp=cp, initial={"epsilon": 0.1})
         out = env.make_transitions()
+        disc, gamma = cp.zeros(out.done.shape, np.float32), cp.full(1, 0.99, np.float32)
         case = f"TradingEnv x {n} (H200)"
         target = f">= {TARGET_4096:.0e}" if n == 4096 else ""
 
@@ -105,6 +108,10 @@ def main() -> int:
             ],
             "act + record cf+mirror + step (graph)": lambda env=env, q=q, eps=eps, out=out: [
                 (env.act(q, eps.view("epsilon")), env.record(out), env.step()) for _ in range(k)
+            ],
+            # the collect step's env phase: record, discount, step and the next windows in one launch
+            "act + record_step cf+mirror, fused (graph)": lambda env=env, q=q, eps=eps, out=out, d=disc, g=gamma: [
+                (env.act(q, eps.view("epsilon")), env.record_step(out, d, g)) for _ in range(k)
             ],
         }
         rows.append(row(case, "step only (eager), env-steps/s", n / (t_eager * 1e-6), "steps/s"))
@@ -120,7 +127,7 @@ def main() -> int:
             if i == 0 and n == 4096:
                 extra["steps_per_s_4096_no_acting"] = rate
                 extra["target_met"] = bool(rate >= TARGET_4096)
-        del env, out, arms, fn, g  # the arms' lambdas (and the graph holding one) keep env and out alive
+        del env, out, disc, arms, fn, g  # the arms' lambdas (and the graph holding one) keep env and out alive
     report("bench_env", rows, args.out, extra)
     return 0
 

@@ -105,16 +105,28 @@ def table(rows: list[dict]) -> list[dict]:
             "sets": rs[0].get("row_sets", rs[0]["sets"]),
             "n": len(ok),
             "errors": [r["error"] for r in rs if r.get("error")],
-            "sharpe": _mean([r["test_sharpe"] for r in ok]),
-            "per_seed": {r["seed"]: r["test_sharpe"] for r in ok},
+            "sharpe": _mean([_sharpe(r) for r in ok]),
+            "per_seed": {r["seed"]: _sharpe(r) for r in ok},
+            "flat": sum(1 for r in ok if _flat(r)),
             "compared_with": ref_name,
         }
         if ref_name is not None:
-            ref = {r["seed"]: r["test_sharpe"] for r in by.get((ref_name, task, head), []) if r.get("error") is None}
+            ref = {r["seed"]: _sharpe(r) for r in by.get((ref_name, task, head), []) if r.get("error") is None}
             entry["reference_sharpe"] = _mean(list(ref.values()))
             entry["difference"] = _mean([entry["per_seed"][s] - ref[s] for s in entry["per_seed"] if s in ref])
         out.append(entry)
     return out
+
+
+def _flat(r: dict) -> bool:
+    """A run whose deployed policy stayed flat on the test split (the gate shut, or no trade)."""
+    return r.get("test_trades") == 0
+
+
+def _sharpe(r: dict) -> float:
+    """The run's test Sharpe, a flat run's as 0: it earned nothing (its own ratio is undefined), and a
+    mechanism that leaves the agent flat must count against it in the paired difference."""
+    return 0.0 if _flat(r) else r["test_sharpe"]
 
 
 def markdown(entries: list[dict], header: str) -> str:
@@ -129,6 +141,7 @@ def markdown(entries: list[dict], header: str) -> str:
     for e in entries:
         ref = e.get("compared_with")
         err = f" ({len(e['errors'])} failed)" if e["errors"] else ""
+        err += f" ({e['flat']} flat)" if e.get("flat") else ""
         lines.append(
             f"| {e['mechanism']} | {e['row']} | {', '.join(f'`{s}`' for s in e['sets']) or '(defaults)'} | {e['task']} "
             f"| {e['head']} | {f(e['sharpe'])}{err} | {ref or ''} | {f(e['reference_sharpe']) if ref else ''} "

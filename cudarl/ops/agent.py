@@ -102,6 +102,31 @@ def act_c51(
     _launch_act("act_c51", blocks_for(32 * n), args, params, eps, count, arrivals, start, end, steps, stream)
 
 
+def act_c51_dueling(
+    actions,
+    q,
+    va,
+    support,
+    env_count,
+    params,
+    eps,
+    count,
+    arrivals,
+    start: float,
+    end: float,
+    steps: int,
+    stream=None,
+) -> None:
+    """:func:`act_c51` from the dueling head's raw output ``va`` float32 ``[n, (1 + A) K]`` (``K`` =
+    ``support``'s length): the dueling combine (``nn.dueling_forward``'s bits) inside the same launch."""
+    n, a_n = _check_act(actions, q, env_count, eps, count, arrivals)
+    k_n = support.shape[0] if support.ndim == 1 else 0
+    _check("support", support, np.float32, (k_n,))
+    _check("va", va, np.float32, (n, (1 + a_n) * k_n))
+    args = (actions, q, va, support, env_count, n, a_n, k_n)
+    _launch_act("act_c51_dueling", blocks_for(32 * n), args, params, eps, count, arrivals, start, end, steps, stream)
+
+
 def act_iqn(
     actions, q, theta, env_count, params, eps, count, arrivals, start: float, end: float, steps: int, stream=None
 ) -> None:

@@ -13,7 +13,7 @@ import numpy as np
 
 from ..kernels import blocks_for, launch
 from ..reference.env import EnvData, EnvParams, EnvState, Transitions, rows_per_step
-from ..reference.window import STATE_DIM
+from ..reference.window import STATE_DIM, width
 
 _THREADS = 256
 
@@ -175,6 +175,92 @@ def record(out: Transitions, state: EnvState, actions, scale, data: EnvData, par
             params.rate,
             int(bool(params.counterfactual)),
             int(bool(params.mirror)),
+        ),
+        stream=stream,
+    )
+
+
+def record_step(
+    out: Transitions,
+    discount_out,
+    gamma,
+    state: EnvState,
+    rows,
+    reward_out,
+    done_out,
+    obs,
+    actions,
+    scale,
+    data: EnvData,
+    params: EnvParams,
+    window: int,
+    stream=None,
+) -> None:
+    """:func:`record`, the discount of its rows, :func:`step` and the window gather of the new
+    observations in one launch (the twin's composition, bit for bit).
+
+    Args:
+        out: the transitions (``rows_per_step * N`` rows); discount_out: float32 ``[M]``;
+        gamma: float32 ``[1]`` (device memory); rows: float32 ``[N, STATE_DIM]``;
+        reward_out, done_out: float32 ``[N]``; obs: float32 ``[N, window * (F + 2)]``;
+        actions: int32 ``[N]``; scale: float32 ``[N]``.
+    """
+    n = _check_state(state)
+    t_n, f_n, a_n = _check_data(data)
+    _check_params(params, t_n)
+    m = rows_per_step(a_n, params.counterfactual, params.mirror) * n
+    if int(window) < 1:
+        raise ValueError(f"window must be >= 1, got {window}")
+    for name, a, dt, shape in (
+        ("out.obs", out.obs, np.float32, (m, STATE_DIM)),
+        ("out.action", out.action, np.int32, (m,)),
+        ("out.reward", out.reward, np.float32, (m,)),
+        ("out.next_obs", out.next_obs, np.float32, (m, STATE_DIM)),
+        ("out.done", out.done, np.float32, (m,)),
+        ("discount_out", discount_out, np.float32, (m,)),
+        ("gamma", gamma, np.float32, (1,)),
+        ("rows", rows, np.float32, (n, STATE_DIM)),
+        ("reward_out", reward_out, np.float32, (n,)),
+        ("done_out", done_out, np.float32, (n,)),
+        ("obs", obs, np.float32, (n, width(f_n, int(window)))),
+        ("actions", actions, np.int32, (n,)),
+        ("scale", scale, np.float32, (n,)),
+    ):
+        _check(name, a, dt, shape)
+    launch(
+        "env",
+        "record_step",
+        blocks_for(32 * n, _THREADS),  # a warp per env
+        _THREADS,
+        (
+            *out,
+            discount_out,
+            gamma,
+            *state[:5],
+            state.count,
+            rows,
+            reward_out,
+            done_out,
+            obs,
+            actions,
+            scale,
+            data.ret,
+            data.levels,
+            data.features,
+            data.sign,
+            n,
+            a_n,
+            params.t_begin,
+            params.n_starts,
+            params.episode_len,
+            params.hold_cap,
+            params.rate,
+            int(params.seed),
+            int(bool(params.counterfactual)),
+            int(bool(params.mirror)),
+            int(window),
+            f_n,
+            t_n,
         ),
         stream=stream,
     )

@@ -12,6 +12,7 @@ import numpy as np
 
 from ..kernels import blocks_for, launch
 from ..reference.replay import FLAG_WORDS, ReplayBuffers, ReplaySpec, check_next_obs_arg, tree_layout
+from ..reference.window import STATE_DIM, width
 
 _ONE_BLOCK = 1024
 _WARPS_PER_BLOCK = 8
@@ -276,6 +277,49 @@ def sample_search_gather(
         blocks_for(32 * B, threads),
         threads,
         search + arrays + shape,
+    )
+
+
+def sample_search_gather_windows(
+    spec: ReplaySpec,
+    bufs: ReplayBuffers,
+    indices_out,
+    qsel_out,
+    obs_out,
+    next_obs_out,
+    action_out,
+    return_out,
+    discount_out,
+    features,
+    sign,
+    window: int,
+    obs_win,
+    next_win,
+) -> None:
+    """:func:`sample_search_gather` of state rows (``spec.obs_dim`` = STATE_DIM), and the observation
+    windows of the rows gathered, ``obs_win``/``next_win`` float32 ``[B, window * (F + 2)]`` from
+    ``features [T, F]`` and ``sign [F]`` (``window.gather``'s bits), in one launch."""
+    B, search = _search_args(spec, bufs, indices_out, qsel_out)
+    arrays, shape = _gather_args(spec, bufs, B, obs_out, next_obs_out, action_out, return_out, discount_out)
+    if spec.obs_dim != STATE_DIM:
+        raise ValueError(
+            f"the replay holds rows of {spec.obs_dim} floats; windows are gathered from state rows of {STATE_DIM}"
+        )
+    if features.ndim != 2 or int(window) < 1:
+        raise ValueError(f"features: expected float32 [T, F] and window >= 1, got {list(features.shape)}, {window}")
+    t_n, f_n = features.shape
+    W = width(f_n, int(window))
+    _need("features", features, (t_n, f_n), np.float32)
+    _need("sign", sign, (f_n,), np.float32)
+    _need("obs_win", obs_win, (B, W), np.float32)
+    _need("next_win", next_win, (B, W), np.float32)
+    threads = 32 * _WARPS_PER_BLOCK
+    launch(
+        "replay",
+        "sample_search_gather_windows",
+        blocks_for(32 * B, threads),
+        threads,
+        search + arrays + shape + (features, sign, obs_win, next_win, int(window), f_n, t_n),
     )
 
 

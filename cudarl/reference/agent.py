@@ -55,6 +55,31 @@ def act_c51(
     env.act(actions, q, eps, env_count, params)
 
 
+def act_c51_dueling(
+    actions: np.ndarray,
+    q: np.ndarray,
+    va: np.ndarray,
+    support: np.ndarray,
+    env_count: np.ndarray,
+    params,
+    eps: np.ndarray,
+    count: np.ndarray,
+    arrivals: np.ndarray,
+    start: float,
+    end: float,
+    steps: int,
+) -> None:
+    """:func:`act_c51` from the dueling C51 head's raw output ``va`` float32 ``[n, (1 + A) K]``: exactly
+    ``nn.dueling_forward(va, logits)`` then :func:`act_c51` on those logits (the kernel combines them
+    on the fly and keeps no logits)."""
+    from . import nn
+
+    n, A = q.shape
+    logits = np.empty((n, A, support.shape[0]), np.float32)
+    nn.dueling_forward(va, logits)
+    act_c51(actions, q, logits, support, env_count, params, eps, count, arrivals, start, end, steps)
+
+
 def act_iqn(
     actions: np.ndarray,
     q: np.ndarray,

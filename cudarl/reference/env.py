@@ -46,7 +46,9 @@ import numpy as np
 
 from .. import costs
 from . import philox
+from .agent import discount as _discount
 from .window import STATE_DIM
+from .window import gather as _gather
 
 STREAM_RESET = 0x656E7630  # "env0"
 STREAM_EPISODE = 0x656E7631  # "env1"
@@ -351,6 +353,32 @@ def record(
         write_state(out.obs[rows], t, prev_g, hold, params.hold_cap, mirrored)
         hold_next = np.where(p == prev_g, hold + 1, 1)
         write_state(out.next_obs[rows], t + 1, p, hold_next, params.hold_cap, mirrored)
+
+
+def record_step(
+    out: Transitions,
+    discount_out: np.ndarray,
+    gamma: np.ndarray,
+    state: EnvState,
+    rows: np.ndarray,
+    reward_out: np.ndarray,
+    done_out: np.ndarray,
+    obs: np.ndarray,
+    actions: np.ndarray,
+    scale: np.ndarray,
+    data: EnvData,
+    params: EnvParams,
+    window: int,
+) -> None:
+    """The collect step's env work, the composition the fused kernel computes in one launch:
+    :func:`record` into ``out``; ``discount_out = gamma[0] * (1 - out.done)`` (float32 ``[M]``,
+    :func:`cudarl.reference.agent.discount`; ``gamma`` float32 ``[1]``); :func:`step`; then ``obs``
+    float32 ``[N, window * (F + 2)]``, the windows of the new state rows
+    (:func:`cudarl.reference.window.gather`)."""
+    record(out, state, actions, scale, data, params)
+    _discount(discount_out, out.done, gamma)
+    step(state, rows, reward_out, done_out, actions, scale, data, params)
+    _gather(rows, data.features, data.sign, obs, window)
 
 
 def act(actions: np.ndarray, q: np.ndarray, epsilon: np.ndarray, count: np.ndarray, params: EnvParams) -> None:

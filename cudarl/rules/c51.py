@@ -99,14 +99,17 @@ class C51Rule(RuleBase):
         self.values(out, obs, self.buf.ws_act)
 
     def act(self, env, eps_args: tuple) -> None:
-        """The online forward over ``env.obs``, then one kernel: expected Q (``buffers.q_act``; with
-        ``agent.act_by`` its risk measure, ``act_c51_risk``), the device epsilon and the epsilon-greedy
-        ``env.actions``."""
+        """The online forward over ``env.obs`` up to the head's raw output, then one kernel: the dueling
+        combine, expected Q (``buffers.q_act``), the device epsilon and the epsilon-greedy ``env.actions``
+        (``act_c51_dueling``; the dueling kernel then ``act_c51`` is its oracle). With ``agent.act_by``
+        the forward's logits and ``act_c51_risk``: its risk measure in place of the expected Q."""
         buf, risk = self.buf, self.values.risk
-        logits = buf.online.forward(env.obs, buf.ws_act)["q"]
         if risk[0] == 0:
-            self.agent_ops.act_c51(env.actions, buf.q_act, logits, self.support, env.state.count, env.params, *eps_args)
+            va = buf.online.forward(env.obs, buf.ws_act, raw_head=True)["q"]
+            args = (env.actions, buf.q_act, va, self.support, env.state.count, env.params)
+            self.agent_ops.act_c51_dueling(*args, *eps_args)
         else:
+            logits = buf.online.forward(env.obs, buf.ws_act)["q"]
             args = (env.actions, buf.q_act, logits, self.support, env.state.count, env.params, *risk)
             self.agent_ops.act_c51_risk(*args, *eps_args)
 

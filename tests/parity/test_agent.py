@@ -277,19 +277,82 @@ def test_gpu_act_iqn_equals_the_three_kernels_it_fuses(cp, rng, n, N, A):
     _quantile_act_case(cp, rng, n, N, A, ops.act_iqn, ops.quantile_mean, ref.quantile_mean)
 
 
+def test_reference_act_c51_dueling_is_the_combine_then_act_c51(rng):
+    """The twin of act_c51_dueling is nn.dueling_forward then act_c51 (the NumPy backend's act is
+    what it was before the fusion)."""
+    from cudarl.reference import nn as nn_ref
+
+    n, A, K = 6, 3, 51
+    va = rng.standard_normal((n, (1 + A) * K)).astype(np.float32) * 3
+    support = np.linspace(-10, 10, K, dtype=np.float32)
+    env_count = rng.integers(0, 2**40, n, dtype=np.uint64)
+    logits = np.zeros((n, A, K), np.float32)
+    nn_ref.dueling_forward(va, logits)
+    outs = []
+    for op, head in ((ref.act_c51_dueling, va), (ref.act_c51, logits)):
+        bufs = (np.full(n, -1, np.int32), np.zeros((n, A), np.float32), np.zeros(1, np.float32))
+        op(*bufs[:2], head, support, env_count, _env_params(), bufs[2], np.array([7], np.int64),
+           np.zeros(1, np.uint32), *_SCHEDULE)  # fmt: skip
+        outs.append(bufs)
+    for x, y in zip(*outs, strict=True):
+        assert_bitwise(x, y)
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("kind", ["c51", "c51 cvar", "quantile mean_std"])
+@pytest.mark.parametrize("n, A, K", [(1, 2, 1), (7, 3, 51), (33, 9, 33), (4096, 3, 51), (4099, 5, 77)])
+def test_gpu_act_c51_dueling_equals_the_dueling_kernel_then_act_c51(cp, rng, n, A, K):
+    """act_c51_dueling against nn.dueling_forward + act_c51 on the GPU (bitwise: q, actions, epsilon,
+    the step counter), and the twin; K = 1, 33, 77: atoms not a multiple of the warp."""
+    from cudarl.ops import agent as ops
+    from cudarl.ops import nn as nn_ops
+    from cudarl.reference import nn as nn_ref
+    from cudarl.reference import qstats
+
+    params = _env_params(3)
+    support = np.linspace(-10, 10, K, dtype=np.float32)
+    sup, logits_d = cp.asarray(support), cp.full((n, A, K), np.nan, np.float32)
+
+    def draw():
+        va = (rng.standard_normal((n, (1 + A) * K)) * 3).astype(np.float32)
+        va[::4, 2 * K : 3 * K] = va[::4, K : 2 * K]  # tied advantages (so tied actions): the first must win
+        return va
+
+    def separate(va, ec, bufs):
+        nn_ops.dueling_forward(va, logits_d)
+        ops.act_c51(bufs[0], bufs[1], logits_d, sup, ec, params, *bufs[2:], *_SCHEDULE)
+
+    def twin_q(va):
+        logits = np.zeros((n, A, K), np.float32)
+        nn_ref.dueling_forward(va, logits)
+        return qstats.per_sample(logits, support)[0]
+
+    _fused_vs_separate(
+        cp,
+        rng,
+        n,
+        A,
+        params,
+        draw,
+        lambda va, ec, b: ops.act_c51_dueling(b[0], b[1], va, sup, ec, params, *b[2:], *_SCHEDULE),
+        separate,
+        twin_q,
+    )
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", ["c51", "c51 dueling", "c51 cvar", "quantile mean_std"])
 def test_gpu_act_graphed_equals_eager_and_advances_the_schedule(cp, rng, kind):
-    """act_c51 (act_c51_risk, act_quantile_risk) captured once: each replay reads the step counter from
-    device memory (epsilon follows the schedule) and the head outputs and env counters written between
-    replays; graphed and eager launches agree bitwise at every step."""
+    """act_c51 (act_c51_dueling from the raw head output, act_c51_risk, act_quantile_risk) captured once:
+    each replay reads the step counter from device memory (epsilon follows the schedule) and the head
+    outputs and env counters written between replays; graphed and eager launches agree bitwise at every
+    step."""
     from cudarl.graph import StepGraph
     from cudarl.ops import agent as ops
 
     n, A, K, N = 4096, 3, 51, 16
     params = _env_params(9)
     sup = cp.asarray(np.linspace(-10, 10, K, dtype=np.float32))
-    shape = (n, N, A) if kind.startswith("quantile") else (n, A, K)
+    shape = {"c51 dueling": (n, (1 + A) * K), "quantile mean_std": (n, N, A)}.get(kind, (n, A, K))
     head, ec = cp.zeros(shape, np.float32), cp.zeros(n, np.uint64)
     bufs_g, bufs_e = _act_buffers(cp, n, A), _act_buffers(cp, n, A)
 
@@ -298,6 +361,8 @@ def test_gpu_act_graphed_equals_eager_and_advances_the_schedule(cp, rng, kind):
         sched = (eps, count, arrivals, *_SCHEDULE)
         if kind == "c51":
             ops.act_c51(actions, q, head, sup, ec, params, *sched)
+        elif kind == "c51 dueling":
+            ops.act_c51_dueling(actions, q, head, sup, ec, params, *sched)
         elif kind == "c51 cvar":
             ops.act_c51_risk(actions, q, head, sup, ec, params, CVAR, 0.2, 0.0, *sched)
         else:

@@ -213,6 +213,15 @@ def test_gpu_act_parity(cp, rng, n, a_n, eps):
     np.testing.assert_array_equal(out_g.get(), out_c)
 
 
+def _graph_test_envs(rng):
+    """Two GPU envs of 300 (counterfactual and mirror rows, 4-bar windows) on one market, and their
+    transitions: (eager, graphed, out_eager, out_graphed)."""
+    cfg = EnvConfig(n_envs=300, episode_len=9, n_actions=3, counterfactual=True, mirror=True, seed=3)
+    open_, close, feats, sign = market(rng, 400, 8)
+    eager, graphed = (TradingEnv(open_, close, feats, sign, cfg, window=4, backend="cupy") for _ in range(2))
+    return eager, graphed, eager.make_transitions(), graphed.make_transitions()
+
+
 @pytest.mark.gpu
 def test_gpu_graphed_equals_eager_and_sees_device_epsilon(cp, rng):
     """act + record + step captured once and replayed equals eager launches bit for bit; epsilon
@@ -220,11 +229,7 @@ def test_gpu_graphed_equals_eager_and_sees_device_epsilon(cp, rng):
     from cudarl.graph import StepGraph
     from cudarl.pinned import DeviceScalars
 
-    cfg = EnvConfig(n_envs=300, episode_len=9, n_actions=3, counterfactual=True, mirror=True, seed=3)
-    open_, close, feats, sign = market(rng, 400, 8)
-    eager = TradingEnv(open_, close, feats, sign, cfg, window=4, backend="cupy")
-    graphed = TradingEnv(open_, close, feats, sign, cfg, window=4, backend="cupy")
-    out_e, out_g = eager.make_transitions(), graphed.make_transitions()
+    eager, graphed, out_e, out_g = _graph_test_envs(rng)
     eps_e = DeviceScalars({"epsilon": np.float32}, xp=cp)
     eps_g = DeviceScalars({"epsilon": np.float32}, xp=cp)
     q_e = cp.zeros((300, 3), np.float32)
@@ -265,3 +270,131 @@ def test_gpu_graphed_equals_eager_and_sees_device_epsilon(cp, rng):
     explored = np.array(explored)
     assert np.all(explored[[k for k in range(25) if k % 5 != 4]] == 0.0)  # epsilon 0: greedy
     assert np.all(explored[4::5] > 0.4)  # epsilon 1: uniform actions, 2/3 differ from greedy
+
+
+# --- record_step: record + discount + step + window gather in one launch ---------------------------
+def _env_outputs(env, out, disc):
+    """Every buffer record_step writes, by name."""
+    named = {f"state.{k}": v for k, v in env.state._asdict().items()}
+    named.update(rows=env.rows, obs=env.obs, reward=env.reward, done=env.done, discount=disc)
+    named.update({f"transitions.{k}": getattr(out, k) for k in out._fields})
+    return named
+
+
+@pytest.mark.parametrize("cf,mirror,window", [(False, False, 1), (True, True, 3)])
+def test_record_step_twin_is_the_unfused_sequence(rng, cf, mirror, window):
+    """CPU: TradingEnv.record_step writes what record, discount and step (with its gather) write."""
+    from cudarl.reference.agent import discount
+
+    cfg = EnvConfig(n_envs=7, episode_len=3, n_actions=3, cost_bps=2.0, counterfactual=cf, mirror=mirror, seed=5)
+    open_, close, feats, sign = market(rng, 80, 4)
+    fused, split = (TradingEnv(open_, close, feats, sign, cfg, backend="numpy", window=window) for _ in range(2))
+    m = fused.rows_per_step * 7
+    out_f, out_s = fused.make_transitions(), split.make_transitions()
+    disc_f, disc_s, gamma = np.zeros(m, F32), np.zeros(m, F32), np.array([0.97], F32)
+    for k in range(8):
+        a = rng.integers(0, 3, 7).astype(np.int32)
+        fused.actions[:], split.actions[:] = a, a
+        fused.record_step(out_f, disc_f, gamma)
+        split.record(out_s)
+        discount(disc_s, out_s.done, gamma)
+        split.step()
+        want, got = _env_outputs(split, out_s, disc_s), _env_outputs(fused, out_f, disc_f)
+        for name in want:
+            assert_bitwise(got[name], want[name], f"{name} at step {k}")
+    assert (disc_f == 0).any() and (disc_f == gamma[0]).any()  # episodes ended within the 8 steps
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "n,a_n,f_n,window,cf,mirror",
+    [
+        (1, 2, 1, 1, False, False),  # one warp, one lane of groups, a 3-float window
+        (33, 3, 7, 1, True, True),  # a block and a bit; 5 groups
+        (257, 5, 64, 1, False, True),  # the reference's features: a 66-float window, 3 lanes' strides
+        (1000, 4, 3, 8, True, False),  # windows reaching back before bar 0 (t_begin = 2 < window - 1)
+        (4096, 3, 64, 1, True, True),  # the reference collect step
+        (70, 40, 5, 2, True, True),  # 41 row groups: more groups than lanes
+        (9, 2, 30, 40, False, False),  # a 1280-float window
+    ],
+)
+def test_gpu_record_step_parity(cp, rng, n, a_n, f_n, window, cf, mirror):
+    """The fused launch equals the twin's composition (record, discount, step, gather) bit for bit,
+    and the four unfused GPU launches bit for bit, over steps with episode ends, conviction sizing and
+    gamma moved between steps; every output poisoned before each launch."""
+    from cudarl.ops.agent import discount as gpu_discount
+
+    cfg = EnvConfig(
+        n_envs=n,
+        episode_len=4,
+        n_actions=a_n,
+        cost_bps=4.0,
+        slippage_bps=1.5,
+        counterfactual=cf,
+        mirror=mirror,
+        seed=11,
+    )
+    open_, close, feats, sign = market(rng, 150, f_n)
+    kw = dict(window=window, t_begin=2)
+    cpu = TradingEnv(open_, close, feats, sign, cfg, backend="numpy", **kw)
+    fused = TradingEnv(open_, close, feats, sign, cfg, backend="cupy", **kw)
+    split = TradingEnv(open_, close, feats, sign, cfg, backend="cupy", **kw)
+    m = cpu.rows_per_step * n
+    out_c, out_f, out_s = cpu.make_transitions(), fused.make_transitions(), split.make_transitions()
+    disc_c, disc_f, disc_s = np.zeros(m, F32), cp.zeros(m, F32), cp.zeros(m, F32)
+    n_done = 0
+    for k in range(10):
+        a = rng.integers(-1, a_n + 1, n).astype(np.int32)  # out-of-range actions are clamped
+        s = rng.random(n).astype(F32) if k % 2 else np.ones(n, F32)
+        gamma = np.array([0.99 if k % 3 else 0.5], F32)
+        for env in (cpu, fused, split):
+            env.actions[...] = env.xp.asarray(a)
+            env.scale[...] = env.xp.asarray(s)
+        for env, out, d in ((fused, out_f, disc_f), (split, out_s, disc_s)):
+            for arr in (env.rows, env.obs, env.reward, env.done, d, *out):  # not the state: it is read
+                poison(arr)
+        cpu.record_step(out_c, disc_c, gamma)
+        fused.record_step(out_f, disc_f, cp.asarray(gamma))
+        split.record(out_s)
+        gpu_discount(disc_s, out_s.done, cp.asarray(gamma))
+        split.step()
+        want, got, unfused = (
+            _env_outputs(e, o, d) for e, o, d in ((cpu, out_c, disc_c), (fused, out_f, disc_f), (split, out_s, disc_s))
+        )
+        for name in want:
+            assert_bitwise(got[name], want[name], f"{name} at step {k} (fused against the twin)")
+            assert_bitwise(got[name], unfused[name], f"{name} at step {k} (fused against the unfused launches)")
+        n_done += int(cpu.done.sum())
+    assert n_done >= n  # episodes ended (episode_len 4) and were reset inside the fused launch
+
+
+@pytest.mark.gpu
+def test_gpu_record_step_graphed_equals_eager(cp, rng):
+    """record_step captured once and replayed equals eager launches bit for bit; gamma and the actions
+    live in device memory, so moving them between replays changes what the graph writes."""
+    from cudarl.graph import StepGraph
+
+    eager, graphed, out_e, out_g = _graph_test_envs(rng)
+    m = eager.rows_per_step * 300
+    disc_e, disc_g = cp.zeros(m, F32), cp.zeros(m, F32)
+    gam_e, gam_g = cp.zeros(1, F32), cp.zeros(1, F32)
+    g = StepGraph("record_step_test", [("env_step", lambda: graphed.record_step(out_g, disc_g, gam_g))], xp=cp)
+    cp.cuda.Device().synchronize()  # construction (reset) ran on the default stream; the graph's is non-blocking
+    g.capture()
+    for k in range(25):
+        a = rng.integers(0, 3, 300).astype(np.int32)
+        gamma = np.array([0.9 + 0.004 * k], F32)
+        with g.stream:
+            graphed.actions.set(a, stream=g.stream)
+            gam_g.set(gamma, stream=g.stream)
+        g.replay()
+        g.synchronize()
+        eager.actions.set(a)
+        gam_e.set(gamma)
+        eager.record_step(out_e, disc_e, gam_e)
+        cp.cuda.get_current_stream().synchronize()
+        want, got = _env_outputs(eager, out_e, disc_e), _env_outputs(graphed, out_g, disc_g)
+        for name in want:
+            assert_bitwise(got[name], want[name], f"{name} at step {k}")
+        done = out_e.done.get()
+        np.testing.assert_array_equal(disc_g.get(), (gamma[0] * (F32(1) - done)).astype(F32))

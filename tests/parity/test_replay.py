@@ -878,3 +878,126 @@ def test_device_rules_on_numpy_skip_nan_td_instead_of_raising():
     after = r.priorities()
     assert after[2] == before[2] and after[3] != before[3]
     assert r.status(), "the skipped NaN must be reported in the status bits"
+
+
+# --- sample with windows: search, gather and the observation windows in one launch -----------------
+def _state_rows(rng, n, t_n):
+    """Valid state rows [n, 4] (bar in [0, t_n), mirror 0/1, position, hold fraction): bars near 0
+    too, so windows reach before the first bar."""
+    rows = np.zeros((n, 4), np.float32)
+    rows[:, 0] = np.where(rng.random(n) < 0.3, rng.integers(0, 3, n), rng.integers(0, t_n, n))
+    rows[:, 1] = rng.random(n) < 0.5
+    rows[:, 2] = rng.choice(np.array([-1, 0, 1], np.float32), n)
+    rows[:, 3] = rng.random(n).astype(np.float32)
+    return rows
+
+
+def _windowed(xp, backend, rng_seed, C, n, E, store_next, t_n, f_n, window, add_rows):
+    """A replay of state rows (numpy or cupy), the Windows of a random feature matrix, filled alike."""
+    from cudarl.window import Windows
+
+    rng = np.random.default_rng(rng_seed)
+    feats = rng.standard_normal((t_n, f_n)).astype(np.float32)
+    sign = np.where(rng.random(f_n) < 0.5, -1, 1).astype(np.float32)
+    r = PrioritizedReplay(C, 4, n_step=n, n_envs=E, store_next_obs=store_next, seed=17, backend=backend)
+    rows = _state_rows(rng, add_rows, t_n)
+    _, a, rew, d = _rows(rng, add_rows, 4)
+    kw = {"next_obs": xp.asarray(_state_rows(rng, add_rows, t_n))} if store_next else {}
+    r.add(xp.asarray(rows), xp.asarray(a), xp.asarray(rew), xp.asarray(d), **kw)
+    return r, Windows(xp.asarray(feats), xp.asarray(sign), window, xp)
+
+
+def test_sample_with_windows_writes_what_sample_then_windows_gather_would(rng):
+    """CPU: the twin's fused op is the unfused sequence (sample with out, then windows.gather of s and s')."""
+    B = 9
+    (one, win1), (two, win2) = (_windowed(np, "numpy", 5, 300, 3, 4, False, 50, 3, 4, 200) for _ in range(2))
+    for _ in range(3):
+        b1, b2 = (Batch(np.zeros((B, 4), np.float32), np.zeros((B, 4), np.float32), *_gather_scalars(np, B))
+                  for _ in range(2))  # fmt: skip
+        pair1, pair2 = np.full((2 * B, win1.width), np.nan, np.float32), np.zeros((2 * B, win2.width), np.float32)
+        i1, w1 = one.sample(B, out=b1, windows=win1, windows_out=pair1)
+        i2, w2 = two.sample(B, out=b2)
+        win2.gather(np.concatenate([b2.obs, b2.next_obs]), pair2)
+        assert_bitwise(i1, i2)
+        assert_bitwise(w1, w2)
+        for x, y in zip(b1, b2, strict=True):
+            assert_bitwise(x, y)
+        assert_bitwise(pair1, pair2)
+
+
+def _gather_scalars(xp, B):
+    return xp.zeros(B, np.int32), xp.zeros(B, np.float32), xp.zeros(B, np.float32)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "C, n, E, store_next, t_n, f_n, window, B, add_rows",
+    [
+        (50, 1, 1, False, 20, 1, 1, 1, 30),  # one sample, a 3-float window
+        (1000, 3, 4, False, 500, 7, 3, 33, 600),  # odd batch, windows reaching before bar 0
+        (1000, 1, 4, True, 500, 64, 1, 512, 1000),  # the reference: 66-float windows, stored next rows
+        ((1 << 16) + 3, 3, 64, False, 4000, 30, 40, 100, 20_000),  # a 1280-float window
+    ],
+)
+def test_gpu_sample_with_windows_equals_the_twin_and_the_unfused_launches(
+    cp, C, n, E, store_next, t_n, f_n, window, B, add_rows
+):
+    """sample(out=, windows=) on the GPU (one launch) against the twin and against sample(out=) then
+    windows.gather on the GPU: indices, rows, targets and both windows bit for bit, weights to 1e-6."""
+    add_rows -= add_rows % E
+    args = (C, n, E, store_next, t_n, f_n, window, add_rows)
+    (cpu, win_c), (fused, win_f), (split, win_s) = (
+        _windowed(xp, be, 23, *args) for xp, be in ((np, "numpy"), (cp, "cupy"), (cp, "cupy"))
+    )
+    mirrored = 0
+    for step in range(6):
+        out_c = Batch(np.zeros((B, 4), np.float32), np.zeros((B, 4), np.float32), *_gather_scalars(np, B))
+        out_f = Batch(cp.full((B, 4), np.nan, np.float32), cp.full((B, 4), np.nan, np.float32), *_gather_scalars(cp, B))
+        out_s = Batch(cp.zeros((B, 4), np.float32), cp.zeros((B, 4), np.float32), *_gather_scalars(cp, B))
+        pair_c = np.zeros((2 * B, win_c.width), np.float32)
+        pair_f = cp.full((2 * B, win_f.width), np.nan, np.float32)
+        pair_s = cp.zeros((2 * B, win_s.width), np.float32)
+        ic, wc = cpu.sample(B, out=out_c, windows=win_c, windows_out=pair_c)
+        i_f, w_f = fused.sample(B, out=out_f, windows=win_f, windows_out=pair_f)
+        i_s, w_s = split.sample(B, out=out_s)
+        win_s.gather(cp.concatenate([out_s.obs, out_s.next_obs]), pair_s)
+        assert_bitwise(i_f, ic, what=f"indices at step {step}")
+        assert_bitwise(i_f, i_s, what=f"indices at step {step} (unfused)")
+        assert_parity(w_f, wc, rtol=1e-6, what=f"weights at step {step}")
+        for name, x, y, z in zip(Batch._fields, out_f, out_c, out_s, strict=True):
+            assert_bitwise(x, y, what=f"{name} at step {step}")
+            assert_bitwise(x, z, what=f"{name} at step {step} (unfused)")
+        assert_bitwise(pair_f, pair_c, what=f"windows at step {step}")
+        assert_bitwise(pair_f, pair_s, what=f"windows at step {step} (unfused)")
+        mirrored += int((out_c.obs[:, 1] == 1).sum())
+    assert mirrored > 0 or B == 1  # mirror rows among the samples: the sign flip ran
+
+
+@pytest.mark.gpu
+def test_gpu_sample_with_windows_graphed_equals_eager(cp):
+    """The fused sample captured once and replayed equals eager launches bit for bit (the step counter,
+    and so the draws, advance in device memory)."""
+    from cudarl.graph import StepGraph
+
+    B = 64
+    (eager, win_e), (graphed, win_g) = (_windowed(cp, "cupy", 29, 2000, 3, 4, False, 300, 5, 4, 1200) for _ in range(2))
+    outs = []
+    for r, win in ((eager, win_e), (graphed, win_g)):
+        r.reserve(B)
+        out = Batch(cp.zeros((B, 4), np.float32), cp.zeros((B, 4), np.float32), *_gather_scalars(cp, B))
+        pair = cp.zeros((2 * B, win.width), np.float32)
+        outs.append(
+            (out, pair, lambda r=r, out=out, win=win, pair=pair: r.sample(B, out=out, windows=win, windows_out=pair))
+        )
+    cp.cuda.Device().synchronize()
+    g = StepGraph("replay_windows_graphed", [("sample", outs[1][2])], xp=cp)
+    g.capture()
+    for k in range(5):
+        outs[0][2]()
+        g.replay()
+        g.synchronize()
+        cp.cuda.Device().synchronize()
+        for x, y in zip((*outs[1][0], outs[1][1]), (*outs[0][0], outs[0][1]), strict=True):
+            assert_bitwise(x, y, what=f"step {k}")
+        idx_g, idx_e = graphed._batches[B][0], eager._batches[B][0]
+        assert_bitwise(idx_g, idx_e, what=f"indices at step {k}")

@@ -158,6 +158,67 @@ def test_gpu_graphed_step_equals_eager_step():
     assert np.array_equal(g.replay.priorities(), e.replay.priorities())
 
 
+def unfuse(t: Trainer) -> None:
+    """Point ``t`` (before its capture) at the launches the fused ones replaced: env.record, the
+    discount and env.step (with its window gather) for env.record_step; the dueling kernel then
+    act_c51 for the C51 rule's act; sample(out=) then two window gathers for sample(windows=)."""
+    env, rule, replay = t.env, t.agent.rule, t.replay
+
+    def record_step(out, discount, gamma):
+        env.record(out)
+        t.agent.ops.discount(discount, out.done, gamma)
+        env.step()
+        return out
+
+    def act(env_, eps_args):
+        buf = rule.buf
+        logits = buf.online.forward(env_.obs, buf.ws_act)["q"]
+        rule.agent_ops.act_c51(env_.actions, buf.q_act, logits, rule.support, env_.state.count, env_.params, *eps_args)
+
+    fused_sample = replay.sample
+
+    def sample(batch_size, side=None, out=None, windows=None, windows_out=None):
+        got = fused_sample(batch_size, side=side, out=out)
+        windows.gather(out.obs, windows_out[:batch_size])
+        windows.gather(out.next_obs, windows_out[batch_size:])
+        return got
+
+    env.record_step, rule.act, replay.sample = record_step, act, sample
+
+
+FUSED = {"cudarl_env_record_step", "cudarl_agent_act_c51_dueling", "cudarl_replay_sample_search_gather_windows"}
+UNFUSED = {"cudarl_env_record", "cudarl_env_step", "cudarl_agent_discount", "cudarl_nn_dueling_forward",
+           "cudarl_window_gather", "cudarl_replay_sample_search_gather"}  # fmt: skip
+
+
+@pytest.mark.gpu
+def test_gpu_fused_launches_equal_the_launches_they_replace():
+    """The trainer's graphs launch the fused kernels (collect: record_step, act_c51_dueling; train:
+    the sample with windows) and none they replaced; the same trainer pointed at the replaced launches
+    (:func:`unfuse`) gives the same losses, parameters, priorities, replay rows and env state, bit for bit."""
+    from cudarl import kernels
+
+    fused = Trainer(gpu_small(), run_dir=False, echo=lambda m: None)
+    split = Trainer(gpu_small(), run_dir=False, echo=lambda m: None)
+    unfuse(split)
+    names = []
+    for t in (fused, split):
+        with kernels.tracing() as events:  # both graphs' captures, in this thread
+            t._capture()
+        names.append({e["name"] for e in events if e.get("kind") == "kernel"})
+    assert FUSED <= names[0] and not UNFUSED & names[0], names[0]
+    assert UNFUSED <= names[1] and not FUSED & names[1], names[1]
+    fused.run(40)
+    split.run(40)
+    assert fused.losses == split.losses and np.all(np.isfinite(fused.losses))
+    assert np.array_equal(fused.agent.online.params.get(), split.agent.online.params.get())
+    assert np.array_equal(fused.replay.priorities(), split.replay.priorities())
+    for name in ("obs", "action", "reward", "discount"):
+        assert np.array_equal(getattr(fused.replay.bufs, name).get(), getattr(split.replay.bufs, name).get()), name
+    for name in ("rows", "obs", "actions"):
+        assert np.array_equal(getattr(fused.env, name).get(), getattr(split.env, name).get()), name
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("gemm", ["cublaslt_nosplit", "cudarl"])
 def test_gpu_grid_barrier_off_gives_the_same_bits(gemm):

@@ -80,7 +80,14 @@ from .ring import (
     insert_commit_next,
     insert_range,
 )
-from .sampling import beta_at, sample, sample_search, sample_search_gather, sample_weights
+from .sampling import (
+    beta_at,
+    sample,
+    sample_search,
+    sample_search_gather,
+    sample_search_gather_windows,
+    sample_weights,
+)
 from .sumtree import (
     build_tree,
     changed_nodes,
@@ -129,6 +136,7 @@ __all__ = [
     "sample",
     "sample_search",
     "sample_search_gather",
+    "sample_search_gather_windows",
     "sample_weights",
     "tree_layout",
     "tree_level",

@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import philox
+from ..window import gather as gather_windows
 from .buffers import STATUS_EMPTY, ReplayBuffers, ReplaySpec
 from .nstep import gather
 
@@ -83,3 +84,27 @@ def sample_search_gather(
     """:func:`sample_search` then :func:`gather` of the rows found (the GPU does both in one launch)."""
     sample_search(spec, bufs, indices_out, qsel_out)
     gather(spec, bufs, indices_out, obs_out, next_obs_out, action_out, return_out, discount_out)
+
+
+def sample_search_gather_windows(
+    spec: ReplaySpec,
+    bufs: ReplayBuffers,
+    indices_out,
+    qsel_out,
+    obs_out,
+    next_obs_out,
+    action_out,
+    return_out,
+    discount_out,
+    features,
+    sign,
+    window: int,
+    obs_win,
+    next_win,
+) -> None:
+    """:func:`sample_search_gather` of state rows, then the windows of the rows gathered:
+    ``window.gather(obs_out, features, sign, obs_win, window)`` and the same of ``next_obs_out`` into
+    ``next_win`` (the GPU does all of it in one launch)."""
+    sample_search_gather(spec, bufs, indices_out, qsel_out, obs_out, next_obs_out, action_out, return_out, discount_out)
+    gather_windows(obs_out, features, sign, obs_win, window)
+    gather_windows(next_obs_out, features, sign, next_win, window)
