@@ -8,7 +8,8 @@ A policy file is a safetensors file (:mod:`cudarl.tensorfile`: no pickle, memory
   ``net.spectral`` ``spectral/<layer>/u`` and ``/v`` (float32, the power iteration's vectors, so the
   policy's ``W / sigma`` is the trainer's bit for bit);
 * ``__metadata__``: ``format`` (``cudarl-policy``), ``version``, ``config`` (the run's resolved
-  configuration, JSON), ``normaliser`` (feature names, clip, fitted rows), ``step``, ``best``
+  configuration, JSON; its ``agent.act_by`` is the risk measure the policy acts by, as in
+  training), ``normaliser`` (feature names, clip, fitted rows), ``step``, ``best``
   (the best validation Sharpe so far and its update), ``data`` (a fingerprint of the training
   bars: source, count, first and last time, SHA-256 of the closes), ``validation`` (the validation
   split's probabilistic Sharpe ratio of these weights, ``{"step", "psr"}``, what ``eval.gate_psr``

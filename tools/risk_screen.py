@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -30,6 +29,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tools"))
 
 import learning_check  # noqa: E402
+from mechanism_screen import _mean as _stats  # noqa: E402  (mean, sd, n of the finite values)
 
 #: (variant, overrides). "mean" is today's acting, the reference of every other row.
 VARIANTS = [
@@ -54,11 +54,6 @@ def jobs_for(variants, tasks, heads, seeds: int, device: str, quick: bool) -> li
         for h in heads
         for s in range(seeds)
     ]
-
-
-def _stats(xs) -> tuple:
-    ok = [x for x in xs if isinstance(x, (int, float)) and math.isfinite(x)]
-    return (statistics.mean(ok), statistics.stdev(ok) if len(ok) > 1 else 0.0, len(ok)) if ok else (math.nan, 0, 0)
 
 
 def _measures(r: dict) -> dict:
