@@ -14,7 +14,8 @@ that :class:`cudarl.graph.StepGraph` captures (GPU) or runs in order (NumPy)::
              targets - loss) - q_stats (the expected Q at s; the statistics' reduction on a branch)
              - cql (agent.cql_alpha) - plan (net.plan: cudarl.plan) - the auxiliary signals' loss
              phases - priorities (a parallel branch to the end) -
-             backward (dx chain | weight gradients, in parallel) - adam (one launch: the gradient
+             backward (dx chain | weight gradients, in parallel) - the auxiliary signals' grad phases
+             (Gradient Vaccine, the causal penalty's backward) - adam (one launch: the gradient
              norm and clip, the update with the target net's soft update and the publish of loss
              and gradient norm to the host ring; three launches with run.grid_barrier = false) -
              spectral (net.spectral: a power iteration and W_sn of both nets) - publish (the
@@ -36,7 +37,7 @@ from contextlib import nullcontext
 
 import numpy as np
 
-from .auxiliary import AUX_SIGNALS
+from .auxiliary import AUX_SIGNALS, input_gate
 from .backend import family
 from .config import Config
 from .graph import SideStream
@@ -64,6 +65,8 @@ class Agent:
         n_actions: actions of the env.
         n_envs: environments acting together (rows of the acting forward pass).
         xp: ``numpy`` or ``cupy``.
+        feature_names: the feature matrix's column names (``LearnerBuffers.feature_names``: what an
+            auxiliary signal that intervenes on feature groups reads), or () when unknown.
 
     Attributes: :attr:`online`, :attr:`target` (:class:`cudarl.nn.QNetwork`), :attr:`buffers` (what
     the rule and the auxiliary signals share), :attr:`rule`, :attr:`aux`, :attr:`adam`, :attr:`soft`,
@@ -71,13 +74,18 @@ class Agent:
     (the buffers').
     """
 
-    def __init__(self, cfg: Config, obs_dim: int, n_actions: int, n_envs: int, xp):
+    def __init__(self, cfg: Config, obs_dim: int, n_actions: int, n_envs: int, xp, feature_names: tuple = ()):
         self.cfg, self.xp, self.n_envs = cfg, xp, int(n_envs)
         self.batch_size = B = cfg.agent.batch_size
         a, o = cfg.agent, cfg.optim
         rule_cls = HEAD_RULES[cfg.net.head]
         self.aux = [AUX_SIGNALS[name](cfg) for name in a.aux]
-        net_kw = dict(extra_heads={s.name: s.make_head for s in self.aux}, xp=xp, seed=cfg.run.seed)
+        net_kw = dict(
+            extra_heads={s.name: s.make_head for s in self.aux},
+            input_gate=input_gate(self.aux),
+            xp=xp,
+            seed=cfg.run.seed,
+        )
         self.online = QNetwork(obs_dim, n_actions, cfg.net, max_batch=B, **net_kw)
         self.online.prepare_backward(B)  # the backward runs over the s rows
         self.target = QNetwork(obs_dim, n_actions, cfg.net, max_batch=B, **net_kw)
@@ -102,7 +110,7 @@ class Agent:
         }
         self.stats = StepStats(blocks, n_actions, xp, PUBLISH_SLOTS)
         self.buffers = buf = LearnerBuffers(
-            cfg, xp, self.online, self.target, self.batch, self.pair, n_envs, self.stats, self.popart
+            cfg, xp, self.online, self.target, self.batch, self.pair, n_envs, self.stats, self.popart, feature_names
         )
         self.rule = rule_cls.allocate(buf)
         #: the plan head's loss (net.plan), or None
@@ -240,6 +248,7 @@ class Agent:
             self.stats.publish(self.adam.scalars.view("step"))
 
         aux = [phase for s in self.aux for phase in s.phases()]
+        aux_grad = [phase for s in self.aux for phase in s.grad_phases()]  # on the flat gradient
         plan = [] if self.plan is None else [("plan", self.plan.phase)]
         cql = [("cql", self.rule.cql)] if self.cfg.agent.cql_alpha > 0 else []
         return [
@@ -253,6 +262,7 @@ class Agent:
             *aux,
             ("priorities", priorities),
             ("backward", backward),
+            *aux_grad,
             ("adam", adam),
             *([("spectral", spectral)] if self.cfg.net.spectral else []),
             ("publish", publish),

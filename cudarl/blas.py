@@ -450,6 +450,20 @@ def prepare(stream) -> None:
         _handles[stream.ptr] = _Handle(stream)
 
 
+def prepared() -> set[int]:
+    """The stream pointers that have a handle and workspace now (:func:`release` the ones a finished
+    owner made: :meth:`cudarl.population.Population.close`)."""
+    return set(_handles)
+
+
+def release(stream_ptr: int) -> None:
+    """Destroy the handle of the stream ``stream_ptr`` and free its workspace. Only after every graph that
+    captured a GEMM on that stream is gone; a later GEMM on the stream prepares a new one (outside capture)."""
+    h = _handles.pop(int(stream_ptr), None)
+    if h is not None:
+        _check(_lib().cublasDestroy_v2(h.ptr), "cublasDestroy_v2")
+
+
 def _handle_for(stream) -> _Handle:
     h = _handles.get(stream.ptr)
     if h is None:

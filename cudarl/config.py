@@ -502,7 +502,31 @@ class AgentConfig:
     rounding)."""
     aux: tuple = ()
     """Auxiliary signals by name (``cudarl.auxiliary.AUX_SIGNALS``): each adds its head on the encoder's
-    output, its loss phase to the train step and its observable to ``metrics.jsonl``. None is built in yet."""
+    output (if it has one), its phases to the train step and its observables (``aux.<name>.<what>``) to
+    ``metrics.jsonl``. Built in: ``homeostatic``, ``causal``, ``vaccine``, ``selectivity`` (docs/guide.md)."""
+    homeostatic_target: float = 0.5
+    """Set point of the effective share of atoms ``exp(H(m)) / K`` (``m`` the batch-mean atom distribution)
+    that ``agent.aux = ["homeostatic"]`` holds C51's atom utilisation at (cudarl.reference.homeostatic)."""
+    homeostatic_weight: float = 1.0
+    """Weight of the homeostatic loss ``(u - homeostatic_target)^2`` beside the head's loss."""
+    causal_groups: tuple = ("calendar", "level")
+    """Feature groups ``agent.aux = ["causal"]`` intervenes on, one a step in rotation: ``calendar`` (the
+    date columns swapped with another sample's), ``level`` (the price-level columns likewise), ``offset``
+    (every feature column shifted by ``causal_offset``; not by default: the shift moves the return
+    columns too, which do matter, and on the CPU it inflated Q instead of removing a dependence). Groups
+    this run's features lack are skipped."""
+    causal_weight: float = 0.1
+    """Weight of the causal penalty ``mean (Q(do(x)) - Q(x))^2`` (cudarl.reference.causal)."""
+    causal_offset: float = 0.5
+    """The ``offset`` intervention's shift, in normalised feature units."""
+    selectivity_over: str = "features"
+    """What ``agent.aux = ["selectivity"]`` gates: ``features`` (a gate per feature column, every bar) or
+    ``positions`` (a gate per bar of the window, every feature); the position columns are never gated."""
+    selectivity_l1: float = 1e-3
+    """Weight of the selectivity gates' L1 penalty ``(1/J) sum_j sigmoid(l_j)`` (cudarl.reference.selectivity)."""
+    vaccine_beta: float = 0.01
+    """Rate of the EMA of Gradient Vaccine's target cosine (Wang et al. 2021's beta; ``agent.aux`` with
+    ``"vaccine"`` and at least one signal with a head)."""
 
     def __post_init__(self):
         s = "agent"
@@ -526,6 +550,24 @@ class AgentConfig:
         _need(s, self.act_by in ACT_BY, f"act_by must be one of {list(ACT_BY)}, got {self.act_by!r}")
         _in(s, "act_alpha", self.act_alpha, 0, 1, lo_open=True)
         _in(s, "act_lambda", self.act_lambda, 0, 1e6)
+        _in(s, "homeostatic_target", self.homeostatic_target, 0, 1, lo_open=True)
+        _in(s, "homeostatic_weight", self.homeostatic_weight, 0, 1e6)
+        _in(s, "causal_weight", self.causal_weight, 0, 1e6)
+        _in(s, "causal_offset", self.causal_offset, -1e3, 1e3)
+        _in(s, "vaccine_beta", self.vaccine_beta, 0, 1)
+        _need(
+            s,
+            self.selectivity_over in ("features", "positions"),
+            f"selectivity_over must be features or positions, got {self.selectivity_over!r}",
+        )
+        _in(s, "selectivity_l1", self.selectivity_l1, 0, 1e6)
+        object.__setattr__(self, "causal_groups", tuple(self.causal_groups))
+        bad = [g for g in self.causal_groups if g not in ("calendar", "level", "offset")]
+        _need(
+            s,
+            not bad and len(set(self.causal_groups)) == len(self.causal_groups) and self.causal_groups,
+            f"causal_groups: each of calendar, level, offset at most once, got {list(self.causal_groups)}",
+        )
         from .auxiliary import AUX_SIGNALS
 
         unknown = [name for name in self.aux if name not in AUX_SIGNALS]

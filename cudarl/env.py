@@ -227,6 +227,17 @@ class TradingEnv:
         self.scale = xp.ones(n, np.float32)
         self.reset()
 
+    def share_features(self, other: TradingEnv) -> None:
+        """Gather windows from ``other``'s device feature matrix instead of this env's own copy, which is
+        dropped (a population's members: the same prepared features, one copy). Before any capture."""
+        if other.data.features.shape != self.data.features.shape:
+            raise ValueError(
+                f"share_features: feature matrices differ in shape ({list(self.data.features.shape)} here, "
+                f"{list(other.data.features.shape)} there)"
+            )
+        self.data = self.data._replace(features=other.data.features)
+        self.windows.features = other.data.features
+
     # --- ops ----------------------------------------------------------------------------------------
     def reset(self) -> None:
         """Start a new episode in every env (draws keyed by each env's step counter); writes ``rows``

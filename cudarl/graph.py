@@ -305,6 +305,19 @@ class SideStream:
         with self.stream:
             yield
 
+    @contextmanager
+    def branch(self):
+        """``with side.branch():`` a :meth:`fork` whose body is closed at its end: every side stream the
+        body forked and left open is joined back into the stream it forked from, innermost first, so
+        the body is one self-contained parallel branch (a population member's step). The caller still
+        joins this side stream with :meth:`join`."""
+        with self.fork():
+            mark = len(SideStream._open)  # this side is registered by now; what opens after is the body's
+            yield
+            for side, main in reversed(SideStream._open[mark:]):
+                with main:
+                    side.join()
+
     def join(self) -> None:
         """The current stream waits for every fork so far (no-op if nothing is pending)."""
         if self.stream is None or not self._pending:

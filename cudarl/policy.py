@@ -282,7 +282,7 @@ class Policy:
     """
 
     def __init__(self, state: PolicyState, device: str = "auto", source: str = "<memory>"):
-        from .auxiliary import AUX_SIGNALS
+        from .auxiliary import AUX_SIGNALS, input_gate
         from .nn import QNetwork
         from .pinned import DeviceScalars
         from .reference.window import width
@@ -303,6 +303,7 @@ class Policy:
             self.n_actions,
             n,
             extra_heads={s.name: s.make_head for s in aux},
+            input_gate=input_gate(aux),  # the selectivity gate is in the weights and in every forward
             xp=xp,
             max_batch=cfg.env.n_envs,  # as the trainer's acting workspace, so the GEMMs see the same shapes
             seed=cfg.run.seed,

@@ -32,6 +32,7 @@ from . import backend as _backend
 from . import checkpoint as ckpt
 from .agent import Agent
 from .atomic import atomic_open
+from .auxiliary.selectivity import features_used
 from .config import Config, data_options, from_dict
 from .data import load as load_bars
 from .data import report as data_report
@@ -119,16 +120,32 @@ class Trainer:
         normaliser: a trained model's feature normaliser (evaluation on other bars).
         splits: train / val / test :class:`cudarl.splits.Splits` (default: chronological from ``data``).
         echo: a function printing one line (progress when not on a TTY, guard events, evaluations).
+        stream: the CuPy stream both graphs run on (default: a new one; :class:`cudarl.population.Population`
+            gives its members its own, so their host-driven work is ordered with the population's graphs).
+        prepared: the :class:`Prepared` data to use instead of preparing it (a population's members share one).
     """
 
-    def __init__(self, cfg: Config, *, run_dir=None, bars=None, normaliser=None, splits=None, echo=print):
+    def __init__(
+        self,
+        cfg: Config,
+        *,
+        run_dir=None,
+        bars=None,
+        normaliser=None,
+        splits=None,
+        echo=print,
+        stream=None,
+        prepared: Prepared | None = None,
+    ):
         self.timings: dict[str, float] = {}  # start-up seconds by stage (cudarl.timing; tools/bench_startup.py)
         sw = Stopwatch(self.timings)
         self.cfg, self.echo = cfg, echo
         self.be = _backend.get({"auto": None, "gpu": "cupy", "cpu": "numpy"}[cfg.run.device])
         xp = self.xp = self.be.xp
         sw.lap("backend")
-        self.data = prepare_data(cfg, bars, normaliser, stopwatch=sw, splits=splits)
+        self.data = (
+            prepared if prepared is not None else prepare_data(cfg, bars, normaliser, stopwatch=sw, splits=splits)
+        )
         tr = self.data.splits.train
         b = self.data.bars
         # environments over the training split (their reward may carry the turnover penalty, evaluation
@@ -179,11 +196,10 @@ class Trainer:
         if self.experience is not None:
             n = experience.load_into(self.experience, self.replay, cfg.agent.gamma)
             echo(f"offline: {n:,} recorded transitions from {cfg.run.offline} ({self.experience.steps} steps)")
-        self.agent = Agent(cfg, self.env.obs_dim, self.env.n_actions, self.env.n_envs, xp)
+        self.agent = Agent(cfg, self.env.obs_dim, self.env.n_actions, self.env.n_envs, xp, self.data.names)
         self.batch = self.agent.batch
         self.replay.reserve(cfg.agent.batch_size)
-        stream = None
-        if self.be.is_gpu:
+        if self.be.is_gpu and stream is None:
             import cupy
 
             stream = cupy.cuda.Stream(non_blocking=True)
@@ -216,6 +232,8 @@ class Trainer:
         self.events: list[dict] = []
         self._last_row: dict | None = None  # the latest metrics row (the progress display's last line)
         self._eval_envs: dict = {}
+        #: an env whose device feature matrix this run's evaluation envs read (cudarl.population), or None
+        self.features_of: TradingEnv | None = None
         self.last_eval: dict | None = None
         self.last_evaluation = None
         self.history: list[dict] = []  # every evaluation row, in order (the validation Sharpe over training)
@@ -330,7 +348,7 @@ class Trainer:
             return self._run(steps, progress, stop)
 
     def _run(self, steps, progress, stop) -> dict:
-        cfg, target = self.cfg, int(steps if steps is not None else self.cfg.run.steps)
+        target = int(steps if steps is not None else self.cfg.run.steps)
         self.prime(stop)
         t0, rate = time.perf_counter(), _Rate(self.step)
         while self.step < target:
@@ -338,29 +356,36 @@ class Trainer:
                 self._interrupted(stop)
             # collect and learn
             self._update()
-            # guard: read the update before this one (GPU) or this one (CPU); a rollback skips the rest
-            if self.monitor.launched(self.step):
-                continue
-            if self.average is not None and self.step % AVERAGE_EVERY == 0:
-                self._update_average()
-            # log
-            if self.step % cfg.run.log_every == 0:
-                self._log_step(rate(self.step), progress)
-            # evaluate
-            if cfg.run.eval_every and self.step % cfg.run.eval_every == 0:
-                self.monitor.settle()
-                self.evaluate("val")
-                self._save_evaluated()
-            # checkpoint
-            if cfg.run.checkpoint_every and self.step % cfg.run.checkpoint_every == 0:
-                self.monitor.settle()
-                self.save_policy(f"step-{self.step:08d}")
-            if self.step % cfg.guard.snapshot_every == 0:
-                self.monitor.take_snapshot(self.step)
+            self._after_update(rate, progress)
         self.monitor.settle()
         if stop:
             self._interrupted(stop)
         return self._finish(t0, progress)
+
+    def _after_update(self, rate, progress) -> None:
+        """The host's work after update :attr:`step` was launched: the guard's readback of the update
+        before it (a rollback skips the rest), the moving average, the metrics row, the validation
+        evaluation, the policy checkpoint and the guard's snapshot, each at its interval."""
+        cfg = self.cfg
+        # guard: read the update before this one (GPU) or this one (CPU); a rollback skips the rest
+        if self.monitor.launched(self.step):
+            return
+        if self.average is not None and self.step % AVERAGE_EVERY == 0:
+            self._update_average()
+        # log
+        if self.step % cfg.run.log_every == 0:
+            self._log_step(rate(self.step), progress)
+        # evaluate
+        if cfg.run.eval_every and self.step % cfg.run.eval_every == 0:
+            self.monitor.settle()
+            self.evaluate("val")
+            self._save_evaluated()
+        # checkpoint
+        if cfg.run.checkpoint_every and self.step % cfg.run.checkpoint_every == 0:
+            self.monitor.settle()
+            self.save_policy(f"step-{self.step:08d}")
+        if self.step % cfg.guard.snapshot_every == 0:
+            self.monitor.take_snapshot(self.step)
 
     def _finish(self, t0: float, progress) -> dict:
         """The end of :meth:`run`: a validation evaluation at the last update (unless one was just
@@ -390,6 +415,10 @@ class Trainer:
 
     def _interrupted(self, stop) -> None:
         """Settle the update in flight, write ``latest.npz``, log and say so, raise ``Interrupted``."""
+        raise interrupt.Interrupted(stop.signum, self._save_interrupted(stop))
+
+    def _save_interrupted(self, stop) -> str:
+        """:meth:`_interrupted` but the raise: settle, write ``latest.npz``, log and say so; the message."""
         self.monitor.settle()
         path = self.save()
         self._log_row({"event": "interrupted", "step": self.step, "signal": stop.name})
@@ -397,7 +426,7 @@ class Trainer:
         if path is not None:
             msg += f"; wrote {path}; continue with: cudarl-train train --resume {path}"
         self.echo(msg)
-        raise interrupt.Interrupted(stop.signum, msg)
+        return msg
 
     def _update_average(self) -> None:
         """``average += (1 - 2^(-AVERAGE_EVERY / halflife)) (online - average)``, on the training stream."""
@@ -474,7 +503,9 @@ class Trainer:
     def _eval_env(self, split) -> TradingEnv:
         key = (split.start, split.stop)
         if key not in self._eval_envs:
-            self._eval_envs[key] = eval_env(self.data, split, self.cfg.env, self.be.name)
+            env = self._eval_envs[key] = eval_env(self.data, split, self.cfg.env, self.be.name)
+            if self.features_of is not None:  # a population's member: one device copy of the features
+                env.share_features(self.features_of)
         return self._eval_envs[key]
 
     def _plan_scale(self):
@@ -540,6 +571,9 @@ class Trainer:
         """Greedy evaluation over a split with the env's fill and costs, the statistics and the deployment
         rules of ``eval`` (gate, margin, moving average); writes ``eval/<split>-<step>/``."""
         ev = self._evaluation(split_name)
+        used = features_used(self.agent.observables())  # agent.aux = ["selectivity"]: its gates
+        if used:
+            ev.summary["features_used"] = used
         self.last_evaluation = ev
         if write and self.run_dir is not None:
             written = write_outputs(ev, self.run_dir / "eval" / f"{split_name}-{self.step:08d}", plot=True)

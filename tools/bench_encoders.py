@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np  # noqa: E402
-from benchlib import cuda_time_us, parser, report, row  # noqa: E402
+from benchlib import cuda_time_us, fp32_peak_tflops, parser, report, row  # noqa: E402
 
 FULL = dict(F=66, W=64, d=128, L=2, B=512, envs=4096)
 SMALL = dict(F=5, W=9, d=16, L=2, B=8, envs=16)
@@ -70,13 +70,6 @@ def forward_flops(kind: str, F: int, a: dict) -> float:
         ff = a["mlp_ratio"] * d
         layer = W * (d * 3 * d + d * d + 2 * d * ff) + d * W * (W + 1)  # projections, MLP, q.k and p.v
     return fl + 2 * L * layer
-
-
-def fp32_peak_tflops() -> float:
-    import cupy
-
-    p = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)
-    return p["multiProcessorCount"] * 128 * 2 * p["clockRate"] * 1e3 / 1e12
 
 
 def _failed(rows, case: str, exc: BaseException) -> None:

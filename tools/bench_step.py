@@ -104,16 +104,18 @@ class TorchC51Step:
         self.lag = N_STEP * N_ENVS  # s' of row i is row i + n * n_envs of the time-major ring
         self.strata = torch.arange(B, device=self.dev, dtype=torch.float32)
         self.beta = torch.full((), BETA0, device=self.dev)
-        self.rows = torch.arange(B, device=self.dev)
 
-    def loss(self, obs, next_obs, action, ret, discount, w):
-        """``(loss, priority)``: weighted C51 cross-entropy (differentiable) and detached KL priorities."""
+    def loss(self, obs, next_obs, action, ret, discount, w, online=None, target=None):
+        """``(loss, priority)``: weighted C51 cross-entropy (differentiable) and detached KL priorities.
+        ``online``, ``target``: the networks as callables (default the step's own modules;
+        ``tools/bench_population.py`` passes functional calls of one agent's slice of stacked weights)."""
         torch = self.torch
-        logits = self.online(obs)
+        online, target = online or self.online, target or self.target
+        logits = online(obs)
         with torch.no_grad():
-            q_next = (torch.softmax(self.online(next_obs), -1) * self.support).sum(-1)
+            q_next = (torch.softmax(online(next_obs), -1) * self.support).sum(-1)
             a_star = q_next.argmax(1)
-            p = torch.softmax(self.target(next_obs)[self.rows, a_star], -1)
+            p = torch.softmax(target(next_obs).gather(1, a_star.view(-1, 1, 1).expand(-1, 1, K)).squeeze(1), -1)
             tz = (ret[:, None] + discount[:, None] * self.support).clamp(V_MIN, V_MAX)
             gpos = ((tz - V_MIN) / self.dz).clamp(0, K - 1)
             lo = gpos.floor()

@@ -72,6 +72,14 @@ def device_name() -> str:
         return "cpu"
 
 
+def fp32_peak_tflops() -> float:
+    """The device's FP32 peak: SMs x 128 FP32 lanes x 2 (fused multiply-add) x the SM clock."""
+    import cupy
+
+    p = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)
+    return p["multiProcessorCount"] * 128 * 2 * p["clockRate"] * 1e3 / 1e12
+
+
 def report(name: str, rows: list[dict], out: Path | None, extra: dict | None = None) -> None:
     """Print the table and write the JSON."""
     w = max([len(r["case"]) for r in rows] + [4])

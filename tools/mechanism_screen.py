@@ -48,6 +48,21 @@ SCREEN = [
     ("plan head", "plan head", "noise", ("c51",), ["net.plan=true"]),
     ("spectral enc.1", "spectral norm", "regime", ("c51", "iqn"), ["net.spectral=[enc.1]"]),
     ("shrink-perturb 2000", "shrink-and-perturb", "regime", ("c51", "iqn"), ["optim.shrink_every=2000"]),
+    ("homeostatic 0.5", "homeostatic regulariser", "regime", ("c51",), ["agent.aux=[homeostatic]"]),
+    ("homeostatic 0.5", "homeostatic regulariser", "canary", ("c51",), ["agent.aux=[homeostatic]"]),
+    ("causal 0.1", "causal intervention", "regime", ("c51", "iqn"), ["agent.aux=[causal]"]),
+    ("causal 0.1", "causal intervention", "noise", ("c51",), ["agent.aux=[causal]"]),
+    ("selectivity features", "selectivity", "regime", ("c51", "iqn"), ["agent.aux=[selectivity]"]),
+    ("selectivity features", "selectivity", "canary", ("c51",), ["agent.aux=[selectivity]"]),
+    (
+        "selectivity bars",
+        "selectivity",
+        "regime",
+        ("c51",),
+        ["agent.aux=[selectivity]", "agent.selectivity_over=positions"],
+    ),
+    # Gradient Vaccine needs an auxiliary head (multi-horizon, risk, denoise: branch aux/heads); its rows
+    # pair "<head>" with "<head> + vaccine" once those are registered (docs/mechanisms.md)
     ("offline ddqn", "offline (CQL)", "regime", ("c51", "iqn"), ["run.offline={rec}"]),
     ("offline cql 1", "offline (CQL)", "regime", ("c51", "iqn"), ["run.offline={rec}", "agent.cql_alpha=1.0"]),
 ]

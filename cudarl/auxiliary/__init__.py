@@ -5,8 +5,11 @@ network's flat buffer, so Adam trains them and the encoder learns from its gradi
 phase inside the train graph (after the head rule's, before the backward) and reports an
 observable that the trainer writes into ``metrics.jsonl``. ``agent.aux`` names the signals a run
 builds from :data:`AUX_SIGNALS`; adding one is its module (and a kernel family's four faces if it
-has kernels) plus one line in that registry. The planned signals (multi-horizon returns, risk,
-denoising, selectivity, ...) are not built yet, so the registry starts empty.
+has kernels) plus one line in that registry; :class:`cudarl.auxiliary.base.AuxBase` gives every
+method a default. Built in: ``homeostatic`` (atom utilisation held at a set point), ``causal``
+(interventions on feature groups that should not matter), ``vaccine`` (Gradient Vaccine between the
+auxiliary heads' gradient and the main loss's on the encoder), ``selectivity`` (a learned, sparse gate
+on the input features or bars).
 """
 
 from __future__ import annotations
@@ -28,12 +31,23 @@ class AuxSignal(Protocol):
         ``online.forward(...)[name]`` and the gradient the loss phase writes is
         ``online.grad_outputs(ws)[name]``; the backward adds its dL/dpsi to the head's."""
 
+    def make_input_gate(self, n_in: int):
+        """A module on the network's input before the encoder (``input_gate`` of
+        :class:`cudarl.nn.QNetwork`), or None (every signal but ``selectivity``). At most one signal of a
+        run has one."""
+
     def allocate(self, buffers: LearnerBuffers) -> None:
         """Make every buffer the loss phase and the observable use (before any capture)."""
 
     def phases(self) -> list[Phase]:
         """Its loss phase(s) in the train graph, after the head rule's learn phases: they read this step's
         forward (``buffers.ws``, the batch) and write its head's gradient over the first B rows."""
+
+    def grad_phases(self) -> list[Phase]:
+        """Its phase(s) after the backward and before the optimiser: they may read and rewrite the
+        step's flat gradient (``buffers.online.grads``); most signals have none
+        (:class:`cudarl.auxiliary.base.AuxBase`'s default). Gradient Vaccine and causal intervention
+        run a backward of their own here."""
 
     def observable(self) -> dict[str, float]:
         """Host values for ``metrics.jsonl`` (keys ``aux.<name>.<what>``), read when a row is logged,
@@ -46,7 +60,31 @@ class AuxSignal(Protocol):
         """Restore :meth:`state_dict`."""
 
 
-#: Auxiliary signals by name (``agent.aux``): ``factory(cfg) -> AuxSignal``. None is built in yet.
-AUX_SIGNALS: dict[str, type] = {}
+from .causal import Causal  # noqa: E402 (the protocol above is what they implement)
+from .homeostatic import Homeostatic  # noqa: E402
+from .selectivity import Selectivity  # noqa: E402
+from .vaccine import Vaccine  # noqa: E402
 
-__all__ = ["AUX_SIGNALS", "AuxSignal"]
+#: Auxiliary signals by name (``agent.aux``): ``factory(cfg) -> AuxSignal``.
+AUX_SIGNALS: dict[str, type] = {
+    "homeostatic": Homeostatic,
+    "causal": Causal,
+    "vaccine": Vaccine,
+    "selectivity": Selectivity,
+}
+
+
+def input_gate(signals):
+    """``make(n_in)`` for :class:`cudarl.nn.QNetwork`'s ``input_gate``: the one signal's gate that has one
+    (``selectivity``), else None."""
+
+    def make(n_in: int):
+        gates = [g for s in signals if (g := s.make_input_gate(n_in)) is not None]
+        if len(gates) > 1:
+            raise ValueError(f"agent.aux: {len(gates)} signals put a gate on the input; at most one may")
+        return gates[0] if gates else None
+
+    return make
+
+
+__all__ = ["AUX_SIGNALS", "AuxSignal", "Causal", "Homeostatic", "Selectivity", "Vaccine", "input_gate"]

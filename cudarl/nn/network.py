@@ -41,6 +41,10 @@ class QNetwork:
         extra_heads: ``{name: make(d) -> module or None}``, more heads on ``psi [B, d]`` (an auxiliary
             signal's, :class:`cudarl.auxiliary.AuxSignal`): their outputs are ``forward()[name]``, their
             gradients ``grad_outputs()[name]``, and :meth:`backward` adds their dL/dpsi to the head's.
+        input_gate: ``make(n_in) -> module or None``, a module on the input before the encoder (the
+            selectivity signal's gate, :class:`cudarl.auxiliary.selectivity.InputGate`): ``forward(x, ws)``
+            returns the encoder's input, ``backward(x, ws)`` reads the encoder's input gradient from
+            ``ws[sel.dx]``. Available as :attr:`gate` (None without).
         ``net.spectral`` names linear layers to spectrally normalise (e.g. ``("enc.1",)``).
         xp, dtype: backend and float type (float64 only on NumPy, for gradient checks).
         max_batch: rows of the default workspace :attr:`ws`.
@@ -60,6 +64,7 @@ class QNetwork:
         net: NetConfig | None = None,
         *,
         extra_heads: dict | None = None,
+        input_gate=None,
         xp=np,
         dtype=np.float32,
         max_batch: int = 512,
@@ -71,6 +76,7 @@ class QNetwork:
             raise ValueError("the GPU backend is float32 only")
         self.xp, self.dtype, self.config = xp, np.dtype(dtype), net
         self.n_in, self.n_actions = int(n_in), int(n_actions)
+        self.gate = input_gate(self.n_in) if input_gate is not None else None
         self.encoder = ENCODERS[net.encoder]("enc", self.n_in, net)
         d = self.encoder.n_out
         self.head = head_module(net, d, self.n_actions)
@@ -79,7 +85,7 @@ class QNetwork:
         if net.plan:
             self.extras["plan"] = PlanHead("plan", d, tf32=net.tf32, gemm=net.gemm)
         self.plan = self.extras.get("plan")
-        self.modules = [self.encoder, self.head, *self.extras.values()]
+        self.modules = [*([self.gate] if self.gate is not None else []), self.encoder, self.head, *self.extras.values()]
         self.layout = ParamLayout()
         self._ws_spec: list = []
         for m in self.modules:
@@ -152,7 +158,7 @@ class QNetwork:
         ws.set_batch(x.shape[0])
         ws.x = x  # the input of this workspace's forward, for backward
         ws.raw_head = bool(raw_head)
-        psi = self.encoder.forward(x, ws)
+        psi = self.encoder.forward(x if self.gate is None else self.gate.forward(x, ws), ws)
         out = {"q": self.head.forward(psi, ws, raw=raw_head, **head_kw)}
         for name, h in self.extras.items():
             out[name] = h.forward(psi, ws)
@@ -184,7 +190,13 @@ class QNetwork:
         self.head.backward(psi, ws, dpsi, accumulate=False, raw=ws.raw_head)
         for h in self.extras.values():
             h.backward(psi, ws, dpsi, accumulate=True)
-        self.encoder.backward(x, ws, dx)
+        if self.gate is None:
+            self.encoder.backward(x, ws, dx)
+            return
+        if dx is not None:
+            raise ValueError("QNetwork.backward: no input gradient through the input gate")
+        self.encoder.backward(ws.rows("sel.x", ws.batch), ws, ws.rows("sel.dx", ws.batch))
+        self.gate.backward(x, ws)
 
     # --- checkpoints ------------------------------------------------------------------------
     def state_dict(self) -> dict:

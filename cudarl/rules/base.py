@@ -37,12 +37,14 @@ class LearnerBuffers:
         side, side_next, side_small, side_stats: :class:`cudarl.graph.SideStream` branches (the target
             net's forward; the online net's at ``s'``; small kernels nothing waits for at once; the
             statistics' reduction, joined by the step's last phase).
+        feature_names: the feature matrix's column names (one bar of the window), or () when unknown.
         idx, weights: the sampled rows and their importance weights, set by the sample phase (fixed
             buffers of the replay); read the weights with :meth:`importance_weights`.
     """
 
-    def __init__(self, cfg, xp, online, target, batch, pair, n_envs: int, stats, popart=None):
+    def __init__(self, cfg, xp, online, target, batch, pair, n_envs: int, stats, popart=None, feature_names=()):
         self.cfg, self.xp = cfg, xp
+        self.feature_names = tuple(feature_names)
         self.batch_size, self.n_envs, self.n_actions = cfg.agent.batch_size, int(n_envs), online.n_actions
         self.online, self.target = online, target
         self.ws = online.ws

@@ -8,6 +8,7 @@ GPU: graphed equals eager, the IQN loss runs on another stream than C51's, and a
 
 import numpy as np
 import pytest
+from test_rules import one_batch
 from test_trainer import gpu_small, resumed_and_uninterrupted, small
 
 from cudarl import losses
@@ -33,18 +34,9 @@ def agent(head: str, xp=np, popart: bool = True, **net) -> Agent:
 
 
 def fill(ag, rng, xp=np) -> None:
-    """One batch of random transitions and importance weights."""
-    host = dict(
-        obs=rng.normal(size=(B, OBS)),
-        next_obs=rng.normal(size=(B, OBS)),
-        ret=rng.uniform(-1, 1, B),
-        discount=rng.choice([0.0, 0.97], B),
-        action=rng.integers(0, A, B),
-    )
-    for k, v in host.items():
-        getattr(ag.batch, k)[...] = xp.asarray(v.astype(getattr(ag.batch, k).dtype))
-    w = rng.uniform(0.1, 1, B).astype(np.float32)
-    ag.buffers.weights = xp.asarray(w / w.max())
+    """One batch of random transitions and importance weights (largest 1) into ``ag`` (of backend ``xp``)."""
+    assert ag.xp is xp
+    one_batch(rng, B, OBS, A, max_one=True)(ag)
 
 
 def learn(ag) -> None:

@@ -69,11 +69,17 @@ def _drive(tmp_path: Path) -> None:
         {"run": {"offline": str(rec)}, "agent": {"cql_alpha": 1.0}},
         {"env": {"counterfactual": True, "mirror": True}, "replay": {"n_step": 1}, "guard": {"action": "stop"}},
         {"features": {"groups": ["returns", "log_vol", "level"]}},  # a group off by default reads its fields
+        {"agent": {"aux": ["homeostatic", "causal", "selectivity", "ret", "vaccine"]}},  # issue 19's signals
     ):
         Trainer(small(**over), run_dir=False, **quiet).run(20)
 
 
 def test_every_config_field_is_read_by_the_library(monkeypatch, tmp_path):
+    from test_rules import _ReturnSignal
+
+    from cudarl.auxiliary import AUX_SIGNALS
+
+    monkeypatch.setitem(AUX_SIGNALS, "ret", _ReturnSignal)  # vaccine needs a signal with a head
     reads = _instrument(monkeypatch)
     _drive(tmp_path)
     every = {(s, f.name) for s, cls in SECTIONS.items() for f in dataclasses.fields(cls)}

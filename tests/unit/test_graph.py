@@ -265,3 +265,41 @@ def test_gpu_side_stream_branches_join_and_replay(cp, explicit_join):
     assert not SideStream._open
     prof = g.profile(repeats=3)
     assert set(prof) == {"produce", "branch", "total"} and not SideStream._open
+
+
+@pytest.mark.gpu
+def test_gpu_branch_closes_the_side_streams_its_body_left_open(cp):
+    """SideStream.branch (a population member's step): the body forks side streams of its own and leaves
+    one open; the branch joins it back before the caller joins the branch, so two such branches in one
+    graph capture, replay with the right values, and leave nothing open."""
+    n = 1 << 18
+    outs = [(cp.zeros(n, cp.float32), cp.zeros(n, cp.float32)) for _ in range(2)]
+    counter = cp.zeros(n, cp.float32)
+    members = [SideStream(xp=cp) for _ in outs]
+    inner = [SideStream(xp=cp) for _ in outs]
+
+    def produce():
+        cp.add(counter, 1.0, out=counter)
+
+    def member(i):
+        def run():
+            x, y = outs[i]
+            with members[i].branch():
+                with inner[i].fork():  # left open: the branch must join it
+                    cp.multiply(counter, float(i + 2), out=y)
+                cp.multiply(counter, 10.0, out=x)
+
+        return run
+
+    def join():
+        for m in members:
+            m.join()
+
+    g = StepGraph("branchgraph", [("produce", produce), ("m0", member(0)), ("m1", member(1)), ("join", join)])
+    g.capture()
+    assert not SideStream._open
+    for k in range(1, 4):
+        g.replay()
+        g.synchronize()
+        for i, (x, y) in enumerate(outs):
+            assert float(x[-1]) == 10 * k and float(y[-1]) == (i + 2) * k

@@ -152,6 +152,29 @@ def test_gpu_qrdqn_graphed_equals_eager_and_same_seed_is_bitwise():
     assert np.array_equal(g.agent.online.params.get(), e.agent.online.params.get())
 
 
+def one_batch(rng, B: int, obs_dim: int, n_actions: int = 3, max_one: bool = False):
+    """``fill(agent)``: writes one random batch and importance weights (``max_one``: scaled to a largest
+    of 1) into an agent of either backend, the same values every call (a GPU step against the NumPy
+    backend's)."""
+    host = dict(
+        obs=rng.normal(size=(B, obs_dim)),
+        next_obs=rng.normal(size=(B, obs_dim)),
+        ret=rng.uniform(-1, 1, B),
+        discount=rng.choice([0.0, 0.97], B),
+        action=rng.integers(0, n_actions, B),
+    )
+    w = rng.uniform(0.1, 1, B).astype(np.float32)
+    w = w / w.max() if max_one else w
+
+    def fill(agent):
+        xp = agent.xp
+        for k, v in host.items():
+            getattr(agent.batch, k)[...] = xp.asarray(v.astype(getattr(agent.batch, k).dtype))
+        agent.buffers.weights = xp.asarray(w)
+
+    return fill
+
+
 @pytest.mark.gpu
 def test_gpu_qrdqn_matches_the_numpy_backend_for_a_step(rng):
     """One QR-DQN learn step on the GPU (graphed pieces: the quantile kernels with taus [N]) against
@@ -162,19 +185,9 @@ def test_gpu_qrdqn_matches_the_numpy_backend_for_a_step(rng):
 
     cfg = from_dict({"net": {"hidden": [32], "head": "qrdqn", "n_quantiles": 8}, "agent": {"batch_size": 64}})
     agents = {xp.__name__: Agent(cfg, 6, 3, 4, xp) for xp in (np, cp)}
-    host = dict(
-        obs=rng.normal(size=(64, 6)),
-        next_obs=rng.normal(size=(64, 6)),
-        ret=rng.uniform(-1, 1, 64),
-        discount=rng.choice([0.0, 0.97], 64),
-        action=rng.integers(0, 3, 64),
-    )
-    w = rng.uniform(0.1, 1, 64).astype(np.float32)
-    for name, agent in agents.items():
-        xp = np if name == "numpy" else cp
-        for k, v in host.items():
-            getattr(agent.batch, k)[...] = xp.asarray(v.astype(getattr(agent.batch, k).dtype))
-        agent.buffers.weights = xp.asarray(w)
+    fill = one_batch(rng, 64, 6)
+    for agent in agents.values():
+        fill(agent)
         agent.rule.forward(agent.batch)
         for _, phase in agent.rule.learn_phases():
             phase()
@@ -238,6 +251,12 @@ class _ReturnSignal:
 
     def phases(self):
         return [("aux_ret", self._loss)]
+
+    def grad_phases(self):
+        return []
+
+    def make_input_gate(self, n_in):
+        return None
 
     def _loss(self):
         buf, B = self.buf, self.buf.batch_size

@@ -1,0 +1,85 @@
+// Gradient Vaccine (Wang et al., ICLR 2021) between the main and the auxiliary gradients on the
+// encoder (agent.aux = [..., "vaccine"]). Twin: cudarl/reference/vaccine.py (the equations and our
+// choices). Launchers: cudarl/ops/vaccine.py. Three launches, no atomics, fixed-order sums:
+// dots (a block a VC_CHUNK chunk), control (one block), apply (grid-stride).
+
+#include <cudarl/reduce.cuh>
+
+#define VC_THREADS 256
+#define VC_CHUNK 4096
+#define VC_PHI_MAX (1.0f - 1e-6f)
+
+// ---------------------------------------------------------------------------------------------
+// cudarl_vaccine_dots: over chunk p of [lo, hi), with g_m = full - aux and g_a = aux:
+//   partial[p] = (sum g_m g_a, sum g_m^2, sum g_a^2). Threads: one VC_THREADS block per chunk,
+//   elements strided per thread in order, then the block's tree. Reads 8 (hi - lo) bytes; writes 12/block.
+extern "C" __global__ void cudarl_vaccine_dots(const float* __restrict__ full, const float* __restrict__ aux,
+                                               float* __restrict__ partial, long long lo, long long hi) {
+  __shared__ float sh[VC_THREADS];
+  const long long start = lo + (long long)blockIdx.x * VC_CHUNK;
+  const long long stop = min(start + VC_CHUNK, hi);
+  float mg = 0.f, mm = 0.f, aa = 0.f;
+  for (long long i = start + threadIdx.x; i < stop; i += VC_THREADS) {
+    const float a = aux[i];
+    const float m = full[i] - a;
+    mg += m * a;
+    mm += m * m;
+    aa += a * a;
+  }
+  mg = cudarl::block_sum(mg, sh, VC_THREADS);
+  mm = cudarl::block_sum(mm, sh, VC_THREADS);
+  aa = cudarl::block_sum(aa, sh, VC_THREADS);
+  if (threadIdx.x == 0) {
+    partial[3 * blockIdx.x + 0] = mg;
+    partial[3 * blockIdx.x + 1] = mm;
+    partial[3 * blockIdx.x + 2] = aa;
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// cudarl_vaccine_control: sums the P partials (strided then a tree), phi = cosine, the coefficient c
+// of the paper's eq. 4 against phi_hat = state[0] (read before it moves), then the EMA
+// phi_hat <- (1 - beta) phi_hat + beta phi; state = [phi_hat, phi, c, |g_m|, |g_a|].
+// Threads: one VC_THREADS block. Reads 3P + 1 floats; writes 5.
+extern "C" __global__ void cudarl_vaccine_control(const float* __restrict__ partial, float* __restrict__ state, int P,
+                                                  float beta) {
+  __shared__ float sh[VC_THREADS];
+  float mg = 0.f, mm = 0.f, aa = 0.f;
+  for (int p = threadIdx.x; p < P; p += VC_THREADS) {
+    mg += partial[3 * p + 0];
+    mm += partial[3 * p + 1];
+    aa += partial[3 * p + 2];
+  }
+  mg = cudarl::block_sum(mg, sh, VC_THREADS);
+  mm = cudarl::block_sum(mm, sh, VC_THREADS);
+  aa = cudarl::block_sum(aa, sh, VC_THREADS);
+  if (threadIdx.x != 0) return;
+  const float target = fminf(state[0], VC_PHI_MAX);
+  const float nm = sqrtf(mm), na = sqrtf(aa);
+  const bool both = nm > 0.f && na > 0.f;
+  const float phi = both ? mg / (nm * na) : 0.f;
+  float c = 0.f;
+  if (both && phi < target) {
+    const float st = sqrtf(1.f - target * target);
+    c = na * (target * sqrtf(fmaxf(1.f - phi * phi, 0.f)) - phi * st) / (nm * st);
+  }
+  state[0] = (1.f - beta) * target + beta * phi;
+  state[1] = phi;
+  state[2] = c;
+  state[3] = nm;
+  state[4] = na;
+}
+
+// ---------------------------------------------------------------------------------------------
+// cudarl_vaccine_apply: grads[i] = full[i] + c (full[i] - aux[i]) on [lo, hi), full[i] elsewhere
+// (c = state[2]; grads may be aux: each element is read, then written, by one thread).
+// Threads: grid-stride. Reads 8n bytes; writes 4n.
+extern "C" __global__ void cudarl_vaccine_apply(const float* __restrict__ full, const float* aux, float* grads,
+                                                const float* __restrict__ state, long long n, long long lo,
+                                                long long hi) {
+  const float c = state[2];
+  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
+    const float f = full[i];
+    grads[i] = (i >= lo && i < hi) ? f + c * (f - aux[i]) : f;
+  }
+}

@@ -1,0 +1,138 @@
+"""``causal``: intervene on feature groups that should not matter and penalise the change in Q.
+
+Equations, the interventions and the references: :mod:`cudarl.reference.causal`. One group a step, in
+rotation (``agent.causal_groups``; a device counter picks it, so graph replays rotate too). A group
+whose columns this run's features lack (``level`` is not a default feature group; ``calendar`` is absent
+with ``features.time_features = false``) is left out of the rotation, and the signal refuses to run
+when none is left. The clean expected Q is the step's ``q_s`` (the rule's ``q_stats`` phase), held fixed.
+
+Phases: ``aux_causal`` (on a branch of its own, beside the other loss phases: intervene - the online
+forward over the intervened batch in a workspace of its own - penalty - reduce) and, after the
+backward, ``causal`` (join - save the step's gradient - a backward over the intervened forward -
+add the saved gradient back). Observables: ``aux.causal.loss``, ``aux.causal.group`` (the index of the
+step's group in :attr:`Causal.groups`) and ``aux.causal.sensitivity.<group>``, the mean absolute
+change of Q the last time that group was intervened on (what ``docs/guide.md`` calls the measured
+sensitivity).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..backend import family, to_numpy
+from ..graph import SideStream
+from ..nn.heads import C51Head, IQNHead
+from ..reference import causal as ref
+from ..reference.window import N_POSITION_FEATURES
+from ..rules.c51 import support
+from .base import AuxBase, ExtraBackward, read
+
+#: The groups an intervention can name: the feature-name test of their columns and the mode.
+GROUPS = {
+    "calendar": (lambda n: n.startswith(("dow_", "hod_")), ref.SWAP),
+    "level": (lambda n: n.startswith("level_"), ref.SWAP),
+    "offset": (lambda n: True, ref.OFFSET),
+}
+
+
+def group_masks(names, groups) -> tuple[list, np.ndarray, np.ndarray]:
+    """``(kept group names, mask int32 [G, F + 2], mode int32 [G])`` for feature ``names`` (the position
+    columns are never intervened on); groups without a column are left out."""
+    F = len(names)
+    kept, masks, modes = [], [], []
+    for g in groups:
+        test, mode = GROUPS[g]
+        row = np.zeros(F + N_POSITION_FEATURES, np.int32)
+        row[:F] = [int(test(n)) for n in names]
+        if row.any():
+            kept.append(g)
+            masks.append(row)
+            modes.append(mode)
+    C = F + N_POSITION_FEATURES
+    return kept, np.array(masks, np.int32).reshape(-1, C), np.array(modes, np.int32)
+
+
+class Causal(AuxBase):
+    name = "causal"
+
+    def __init__(self, cfg):
+        super().__init__(cfg)
+        self.need(cfg.net.head != "c51+iqn", "the two-head c51+iqn rule is not supported yet")
+        a = cfg.agent
+        self.weight, self.offset = a.causal_weight, a.causal_offset
+
+    def allocate(self, buffers) -> None:
+        super().allocate(buffers)
+        xp, online, cfg = self.xp, buffers.online, self.cfg
+        B, W = buffers.batch_size, cfg.net.window
+        self.need(online.n_in % W == 0, f"observation width {online.n_in} is not window {W} times a row")
+        F = online.n_in // W - N_POSITION_FEATURES
+        names = tuple(buffers.feature_names) or tuple(f"f{j}" for j in range(F))
+        self.need(len(names) == F, f"{len(names)} feature names for {F} feature columns")
+        self.groups, mask, mode = group_masks(names, cfg.agent.causal_groups)
+        self.need(bool(self.groups), f"none of agent.causal_groups {list(cfg.agent.causal_groups)} has a column here")
+        self.mask, self.mode = xp.asarray(mask), xp.asarray(mode)
+        self.counter = xp.zeros(1, np.int64)
+        self.state = xp.zeros(2 + len(self.groups), np.float32)
+        self.x = xp.zeros((B, online.n_in), np.float32)
+        self.d = xp.zeros((B, buffers.n_actions), np.float32)
+        self.ws = online.new_workspace(B)
+        head = online.head
+        self.c51 = isinstance(head, C51Head)
+        self.support = xp.asarray(support(cfg.net)) if self.c51 else None
+        # IQN: the intervened forward uses the taus of the online forward at s (the same quantiles of Q)
+        self.taus = buffers.ws.rows(f"{head.name}.tau", B) if isinstance(head, IQNHead) else None
+        self.extra = ExtraBackward(online, xp)
+        self.side = SideStream(xp)
+        self.ops, self.util = family("causal", xp), family("util", xp)
+
+    def phases(self) -> list:
+        return [("aux_causal", self._penalty)]
+
+    def grad_phases(self) -> list:
+        return [("causal", self._grad)]
+
+    def _penalty(self) -> None:
+        buf, W = self.buf, self.cfg.net.window
+        # beside the other loss phases: it reads the batch's s, the taus at s and q_s (written before
+        # this fork) and writes only its own buffers and workspace; the grad phase joins it
+        with self.side.fork():
+            kw = {} if self.taus is None else {"tau": self.taus}
+            if self.numpy:
+                self.x[...] = ref.intervene(buf.batch.obs, self.mask, self.mode, self.counter, self.offset, W)
+            else:
+                self.ops.intervene(buf.batch.obs, self.x, self.mask, self.mode, self.counter, self.offset, W)
+            out = buf.online.forward(self.x, self.ws, **kw)["q"]
+            grad = buf.online.grad_outputs(self.ws)["q"]
+            if self.numpy:
+                if self.c51:
+                    self.d[...], grad[...] = ref.penalty_c51(out, buf.q_s, self.support, self.weight)
+                else:
+                    self.d[...], grad[...] = ref.penalty_quantile(out, buf.q_s, self.weight)
+                ref.reduce(self.d, self.state, self.counter, self.weight)
+            else:
+                if self.c51:
+                    self.ops.penalty_c51(out, buf.q_s, self.support, self.weight, self.d, grad)
+                else:
+                    self.ops.penalty_quantile(out, buf.q_s, self.weight, self.d, grad)
+                self.ops.reduce(self.d, self.state, self.counter, self.weight)
+
+    def _grad(self) -> None:
+        self.side.join()
+        self.extra.save()
+        self.extra.run(self.x, self.ws, self.buf.batch_size)
+        self.extra.add_saved()
+
+    def observable(self) -> dict:
+        s = read(self.state)
+        out = {"aux.causal.loss": s[0], "aux.causal.group": s[1]}
+        out.update({f"aux.causal.sensitivity.{g}": s[2 + i] for i, g in enumerate(self.groups)})
+        return out
+
+    def state_dict(self) -> dict:
+        return {"state": read(self.state).astype(np.float32), "counter": to_numpy(self.counter).copy()}
+
+    def load_state_dict(self, state: dict) -> None:
+        if state:
+            self.state[...] = self.xp.asarray(np.asarray(state["state"], np.float32))
+            self.counter[...] = self.xp.asarray(np.asarray(state["counter"], np.int64))

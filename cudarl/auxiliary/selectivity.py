@@ -1,0 +1,100 @@
+"""``selectivity``: a learned gate over the input features (or the window's bars) with an L1 penalty.
+
+Equations, choices and references: :mod:`cudarl.reference.selectivity`. The gate is a module of the
+network in front of the encoder (:class:`InputGate`, parameters ``sel.logit`` in the flat buffer: Adam
+trains them, the target net and every checkpoint and policy file carry them, acting and evaluation go
+through them), so it changes what the agent sees everywhere, not only in the train step. Its gradient is
+the encoder's input gradient (the encoder's backward writes ``dx`` into the workspace's ``sel.dx``)
+times the input, summed over each gate's columns, plus the penalty's.
+
+``agent.selectivity_over`` picks features or bars, ``agent.selectivity_l1`` the penalty's weight.
+Observables: ``aux.selectivity.gate.<feature>`` (or ``.gate.t-<k>``, the bar ``k`` before the
+decision) in ``[0, 1]``, ``aux.selectivity.mean`` and ``aux.selectivity.penalty``. An evaluation's
+``summary.json`` lists the gates as ``features_used``, largest first (:func:`features_used`).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..backend import family
+from ..reference import selectivity as ref
+from ..reference.window import N_POSITION_FEATURES
+from .base import AuxBase, read
+
+PREFIX = "aux.selectivity.gate."
+
+
+class InputGate:
+    """The gate module ``sel`` on the network's input ``x [B, W * C]`` (``C = F + 2``): ``forward(x, ws)``
+    writes and returns ``ws[sel.x]``; ``backward(x, ws)`` reads ``ws[sel.dx]`` (dL/dx', which the encoder's
+    backward wrote) and writes ``G[sel.logit]``."""
+
+    name = "sel"
+
+    def __init__(self, n_in: int, window: int, over: str, l1: float):
+        self.n_in, self.W = int(n_in), int(window)
+        self.C = self.n_in // self.W
+        self.F = self.C - N_POSITION_FEATURES
+        if self.W * self.C != self.n_in or self.F < 1:
+            raise ValueError(f"selectivity: input width {n_in} is not window {window} times (features + 2)")
+        self.over, self.l1 = over, float(l1)
+        self.J = ref.n_gates(self.W, self.F, over)
+
+    def declare(self, layout, ws_spec: list) -> None:
+        layout.add("sel.logit", (self.J,), init=("const", ref.INIT))
+        ws_spec += [("sel.x", (self.n_in,), False), ("sel.dx", (self.n_in,), False)]
+
+    def bind(self, P, G, xp) -> None:
+        self.logit, self.dlogit, self.xp = P["sel.logit"], G["sel.logit"], xp
+        self.numpy = xp.__name__ == "numpy"
+        self.ops = family("selectivity", xp)
+
+    def forward(self, x, ws):
+        out = ws.rows("sel.x", x.shape[0])
+        shape = (self.W, self.C, self.F, self.over)
+        if self.numpy:
+            out[...] = ref.forward(x, self.logit, *shape, compute_dtype=out.dtype.type)
+        else:
+            self.ops.forward(x, self.logit, out, *shape)
+        return out
+
+    def backward(self, x, ws) -> None:
+        dxg = ws.rows("sel.dx", x.shape[0])
+        shape = (self.W, self.C, self.F, self.over, self.l1)
+        if self.numpy:
+            self.dlogit[...] = ref.backward(x, dxg, self.logit, *shape, compute_dtype=self.dlogit.dtype.type)
+        else:
+            self.ops.backward(x, dxg, self.logit, self.dlogit, *shape)
+
+
+class Selectivity(AuxBase):
+    name = "selectivity"
+
+    def __init__(self, cfg):
+        super().__init__(cfg)
+        a = cfg.agent
+        self.over, self.l1, self.W = a.selectivity_over, a.selectivity_l1, cfg.net.window
+
+    def make_input_gate(self, n_in: int) -> InputGate:
+        return InputGate(n_in, self.W, self.over, self.l1)
+
+    def allocate(self, buffers) -> None:
+        super().allocate(buffers)
+        gate = buffers.online.gate
+        names = tuple(buffers.feature_names) or tuple(f"f{j}" for j in range(gate.F))
+        self.need(len(names) == gate.F, f"{len(names)} feature names for {gate.F} feature columns")
+        self.labels = list(names) if self.over == "features" else [f"t-{self.W - 1 - w}" for w in range(self.W)]
+        self.logit = gate.logit
+
+    def observable(self) -> dict:
+        s = 1.0 / (1.0 + np.exp(-read(self.logit)))
+        out = {f"{PREFIX}{k}": v for k, v in zip(self.labels, s, strict=True)}
+        out.update({"aux.selectivity.mean": float(s.mean()), "aux.selectivity.penalty": self.l1 * float(s.mean())})
+        return out
+
+
+def features_used(observables: dict) -> list:
+    """``[[name, gate], ...]``, largest gate first, from a metrics row's selectivity gates (empty without)."""
+    gates = [(k[len(PREFIX) :], float(v)) for k, v in observables.items() if k.startswith(PREFIX)]
+    return [[k, v] for k, v in sorted(gates, key=lambda kv: -kv[1])]

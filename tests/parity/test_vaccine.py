@@ -1,0 +1,122 @@
+"""Gradient Vaccine (Wang et al., ICLR 2021): cuda_src/vaccine.cu, cudarl/reference/vaccine.py."""
+
+import numpy as np
+import pytest
+
+from cudarl.reference import vaccine as ref
+from cudarl.testing import assert_bitwise, assert_parity, poison
+
+
+def _cos(a, b):
+    return float(a @ b / np.linalg.norm(a) / np.linalg.norm(b))
+
+
+@pytest.mark.parametrize("target", [0.0, 0.3, 0.8])
+def test_surgery_lands_exactly_on_the_target_cosine(rng, target):
+    gm = rng.normal(size=500)
+    ga = -0.7 * gm + rng.normal(size=500)  # conflicting: cosine well below every target
+    assert _cos(gm, ga) < target
+    new, phi = ref.surgery(gm, ga, target)
+    np.testing.assert_allclose(phi, _cos(gm, ga), rtol=1e-12)
+    np.testing.assert_allclose(_cos(gm, new), target, atol=1e-10)
+    # only g_main's direction is added: the part of g_aux orthogonal to g_main is untouched
+    perp = lambda v: v - (v @ gm) / (gm @ gm) * gm  # noqa: E731
+    np.testing.assert_allclose(perp(new), perp(ga), atol=1e-10)
+
+
+def test_gradients_already_aligned_beyond_the_target_are_left_alone(rng):
+    gm = rng.normal(size=300)
+    ga = gm + 0.1 * rng.normal(size=300)
+    new, phi = ref.surgery(gm, ga, 0.5)
+    assert phi > 0.5 and np.array_equal(new, ga)
+
+
+def test_control_moves_the_target_by_its_ema_and_zero_gradients_give_no_correction():
+    part = np.array([[-1.0, 4.0, 1.0]])  # g_m.g_a = -1, |g_m| = 2, |g_a| = 1: phi = -1/2
+    st = ref.control(part, np.array([0.2, 0, 0, 0, 0]), 0.1, np.float64)
+    np.testing.assert_allclose(st[[0, 1, 3, 4]], [0.9 * 0.2 + 0.1 * -0.5, -0.5, 2.0, 1.0])
+    assert st[2] > 0
+    st = ref.control(np.zeros((3, 3)), np.array([0.2, 0, 0, 0, 0]), 0.1, np.float64)
+    assert st[2] == 0 and st[1] == 0
+
+
+def test_apply_changes_only_the_encoder_slice(rng):
+    full, aux = rng.normal(size=50).astype(np.float32), rng.normal(size=50).astype(np.float32)
+    out = ref.apply(full, aux, np.float32([0, 0, 0.5, 0, 0]), 10, 30)
+    assert np.array_equal(out[:10], full[:10]) and np.array_equal(out[30:], full[30:])
+    np.testing.assert_allclose(out[10:30], full[10:30] + 0.5 * (full[10:30] - aux[10:30]), rtol=1e-6)
+
+
+def test_dots_chunks_cover_the_slice_once(rng):
+    n = 3 * ref.CHUNK + 17
+    full, aux = rng.normal(size=n + 40), rng.normal(size=n + 40)
+    part = ref.dots(full, aux, 20, 20 + n, np.float64)
+    assert part.shape == (4, 3)
+    gm, ga = (full - aux)[20 : 20 + n], aux[20 : 20 + n]
+    np.testing.assert_allclose(part.sum(0), [gm @ ga, gm @ gm, ga @ ga], rtol=1e-12)
+
+
+# ---- GPU ------------------------------------------------------------------------------------
+def _case(rng, n):
+    gm = rng.normal(size=n).astype(np.float32)
+    ga = (-0.5 * gm + rng.normal(size=n)).astype(np.float32)
+    return gm + ga, ga
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n,lo,hi", [(10, 0, 10), (5000, 3, 4999), (70_001, 0, 65_537), (300_000, 1024, 299_999)])
+def test_gpu_matches_reference(cp, rng, n, lo, hi):
+    from cudarl.ops import vaccine as ops
+
+    full, aux = _case(rng, n)
+    P = ref.blocks(hi - lo)
+    part, grads = cp.empty((P, 3), np.float32), cp.empty(n, np.float32)
+    poison(part)
+    poison(grads)
+    state = cp.asarray(np.float32([0.3, 0, 0, 0, 0]))
+    ops.dots(cp.asarray(full), cp.asarray(aux), part, lo, hi)
+    ops.control(part, state, 0.05)
+    ops.apply(cp.asarray(full), cp.asarray(aux), grads, state, lo, hi)
+    r_part = ref.dots(full, aux, lo, hi)
+    r_state = ref.control(r_part, np.float32([0.3, 0, 0, 0, 0]), 0.05)
+    assert_parity(part, r_part, rtol=1e-5, what="partial sums")
+    assert_parity(state, r_state, rtol=1e-5, what="state")
+    assert_parity(grads, ref.apply(full, aux, r_state, lo, hi), rtol=1e-5, what="grads")
+    inplace = cp.asarray(aux)
+    ops.apply(cp.asarray(full), inplace, inplace, state, lo, hi)
+    assert_bitwise(inplace, grads, what="in place (grads = aux)")
+
+
+@pytest.mark.gpu
+def test_gpu_graphed_equals_eager_bitwise_and_the_target_moves_each_replay(cp, rng):
+    from cudarl.graph import StepGraph
+    from cudarl.ops import vaccine as ops
+
+    n, lo, hi = 100_000, 0, 90_000
+    full, aux = (cp.asarray(a) for a in _case(rng, n))
+    part, grads, state = (
+        cp.zeros((ref.blocks(hi - lo), 3), np.float32),
+        cp.zeros(n, np.float32),
+        cp.zeros(5, np.float32),
+    )
+
+    def phase():
+        ops.dots(full, aux, part, lo, hi)
+        ops.control(part, state, 0.1)
+        ops.apply(full, aux, grads, state, lo, hi)
+
+    g = StepGraph("vaccine_parity", [("v", phase)], xp=cp)
+    g.run_eager()
+    g.synchronize()
+    want_g, want_s = grads.get(), state.get()
+    g.capture()
+    state[...] = 0  # the eager run moved the target; the replay starts where it started
+    poison(grads)
+    cp.cuda.Device().synchronize()
+    g.replay()
+    g.synchronize()
+    assert_bitwise(grads, want_g, what="graphed grads")
+    assert_bitwise(state, want_s, what="graphed state")
+    g.replay()
+    g.synchronize()
+    assert state.get()[0] != want_s[0], "the target's EMA did not move on the second replay"

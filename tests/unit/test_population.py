@@ -1,0 +1,233 @@
+"""Populations (cudarl.population): P agents in one train graph and one collect graph; member i is
+bitwise the agent trained alone, on the NumPy backend (always) and the GPU (marked)."""
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+from test_trainer import gpu_small, small
+
+from cudarl.backend import to_numpy
+from cudarl.config import from_dict
+from cudarl.population import Population, can_share, memory_per_member
+from cudarl.trainer import Trainer
+
+STEPS = 40
+QUIET = dict(echo=lambda m: None)
+
+
+def variants(base):
+    """Three members that differ in seed, learning rate, gamma, tau, epsilon, PER alpha and beta, cost,
+    shrink-and-perturb and PopArt's warm-up (the last two: work the host launches between updates)."""
+    over = [
+        {},
+        {"run": {"seed": 7}, "optim": {"lr": 3e-4}, "agent": {"gamma": 0.95, "tau_start": 0.01, "tau_end": 0.01}},
+        {
+            "run": {"seed": 11},
+            "optim": {"lr": 5e-5, "shrink_every": 15},  # host-driven work between updates
+            "agent": {"eps_start": 0.5, "eps_steps": 100, "popart_warmup": 20},
+            "replay": {"alpha": 0.4, "beta0": 0.6},
+            "env": {"cost_bps": 3.0},
+        },
+    ]
+    return [from_dict(o, base=base) for o in over]
+
+
+def assert_same_agent(member: Trainer, alone: Trainer, *, eval_too: bool = True) -> None:
+    """Bitwise: losses of every update, online and target weights, Adam's moments, replay priorities,
+    and the validation evaluation's numbers."""
+    assert member.step == alone.step and member.collect_steps == alone.collect_steps
+    assert len(member.losses) == len(alone.losses) > 0 and member.losses == alone.losses
+    for a, b in (
+        (member.agent.online.params, alone.agent.online.params),
+        (member.agent.target.params, alone.agent.target.params),
+        (member.agent.adam.m, alone.agent.adam.m),
+        (member.agent.adam.v, alone.agent.adam.v),
+    ):
+        np.testing.assert_array_equal(to_numpy(a), to_numpy(b))
+    np.testing.assert_array_equal(member.replay.priorities(), alone.replay.priorities())
+    if eval_too:
+        assert member.last_eval["sharpe"] == alone.last_eval["sharpe"]
+        assert member.last_eval["total_return"] == alone.last_eval["total_return"]
+
+
+def population_and_alone(configs, steps=STEPS):
+    pop = Population(configs, run_dirs=[False] * len(configs), **QUIET)
+    summaries = pop.run(steps)
+    alone = []
+    for c in configs:
+        t = Trainer(c, run_dir=False, **QUIET)
+        t.run(steps)
+        alone.append(t)
+    return pop, summaries, alone
+
+
+def test_population_of_one_is_the_single_agent():
+    pop, summaries, (alone,) = population_and_alone([small()])
+    assert len(summaries) == 1 and summaries[0]["policy"]["sharpe"] == alone.last_eval["sharpe"]
+    assert_same_agent(pop.members[0], alone)
+
+
+def test_each_member_is_that_agent_trained_alone():
+    configs = variants(small())
+    pop, summaries, alone = population_and_alone(configs)
+    assert len(summaries) == 3
+    for m, a in zip(pop.members, alone, strict=True):
+        assert_same_agent(m, a)
+    # the members really differ (a population that trained one agent three times would pass the above
+    # only if every alone run were equal too)
+    assert len({tuple(m.losses) for m in pop.members}) == 3
+    # one device feature matrix for all, not P copies
+    assert all(m.env.data.features is pop.members[0].env.data.features for m in pop.members)
+    assert all(m.env.windows.features is pop.members[0].env.data.features for m in pop.members)
+
+
+def test_can_share_allows_settings_and_refuses_shapes():
+    base = small()
+    a, b, c = variants(base)
+    assert can_share(a, b) and can_share(a, c)
+    wider = from_dict({"net": {"hidden": [64, 32]}}, base=base)
+    more_envs = from_dict({"env": {"n_envs": 16}}, base=base)
+    other_data = from_dict({"data": {"source": "builtin:regime?n=1600"}}, base=base)
+    other_loop = from_dict({"agent": {"updates_per_collect": 2}}, base=base)
+    for other in (wider, more_envs, other_data, other_loop):
+        assert not can_share(base, other)
+    with pytest.raises(ValueError, match=r"net\.hidden"):
+        Population([base, wider], run_dirs=[False, False], **QUIET)
+
+
+def test_member_run_directories_and_progress(tmp_path):
+    configs = [replace(c, run=replace(c.run, eval_every=STEPS // 2)) for c in variants(small())[:2]]
+    seen = []
+    pop = Population(configs, run_dirs=[tmp_path / "a", tmp_path / "b"], **QUIET)
+    pop.run(STEPS, progress=lambda i, step, row, ev: seen.append((i, step)))
+    for d in ("a", "b"):
+        assert (tmp_path / d / "checkpoints" / "latest.npz").is_file()
+        assert sorted(p.name for p in (tmp_path / d / "eval").iterdir()) == ["val-00000020", "val-00000040"]
+    assert {i for i, _ in seen} == {0, 1} and (1, STEPS) in seen
+    evals = pop.evaluate("test")
+    assert len(evals) == 2 and evals[0]["policy"]["sharpe"] != evals[1]["policy"]["sharpe"]
+    one = pop.members[0].env.data.features  # the evaluation envs read the one feature matrix too
+    assert all(e.data.features is one and e.windows.features is one for m in pop.members for e in m._eval_envs.values())
+
+
+def test_an_interrupted_population_saves_every_member(tmp_path):
+    """SIGTERM during a population's run: every member writes latest.npz at the same update, then
+    Interrupted (exit code 143); each checkpoint resumes that member."""
+    import signal
+
+    from cudarl.interrupt import Interrupted
+
+    pop = Population(variants(small())[:2], run_dirs=[tmp_path / "a", tmp_path / "b"], **QUIET)
+
+    def progress(i, step, row, ev):
+        if i == 1 and step == 20:
+            signal.raise_signal(signal.SIGTERM)  # the run's handler sets its stop flag
+
+    with pytest.raises(Interrupted) as e:
+        pop.run(STEPS, progress=progress)
+    assert e.value.exit_code == 143
+    for d, m in zip("ab", pop.members, strict=True):
+        resumed = Trainer.resume(tmp_path / d / "checkpoints" / "latest.npz", run_dir=tmp_path / f"{d}2", **QUIET)
+        assert resumed.step == m.step == 20
+        np.testing.assert_array_equal(resumed.agent.online.params, m.agent.online.params)
+
+
+@pytest.mark.parametrize("action", ["stop", "rollback"])
+def test_a_member_the_guard_stops_leaves_and_the_others_go_on(action):
+    """NaN in member 1's replay: its guard rolls back (recapturing the population's graph) and stops it,
+    as alone; member 0 trains on to the end, bitwise as alone."""
+    guard_stops_one_member(small(guard={"action": action, "max_rollbacks": 2}))
+
+
+def guard_stops_one_member(cfg):
+    from cudarl.reference.window import POSITION
+
+    configs = [cfg, from_dict({"run": {"seed": 3}}, base=cfg)]
+    pop = Population(configs, run_dirs=[False, False], **QUIET)
+    alone = Trainer(configs[0], run_dir=False, **QUIET)
+    pop.run(30)
+    alone.run(30)
+    pop.members[1].replay.bufs.obs[:, POSITION] = np.nan
+    summaries = pop.run(60)
+    alone.run(60)
+    assert "loss = nan" in summaries[1]["guard_stop"] and pop.active() == [0]
+    assert pop.members[1].events[-1]["action"] == "stop" and pop.members[1].step < 60
+    assert summaries[0]["step"] == 60
+    assert_same_agent(pop.members[0], alone)
+
+
+def test_memory_per_member_is_measured_and_grows_with_the_replay():
+    small_replay = memory_per_member(small())
+    big_replay = memory_per_member(small(replay={"capacity": 4 * 4096}))
+    assert 0 < small_replay < big_replay
+
+
+@pytest.mark.slow
+def test_bench_population_pytorch_vmap_arm_computes_the_single_step():
+    """tools/bench_population.py's PyTorch arm: one agent of the vmapped loss and gradient equals the plain
+    PyTorch step (tools/bench_step.py) on that agent's weights and batch (float32, CPU). Skipped without torch."""
+    pytest.importorskip("torch")
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
+    from bench_population import vmap_check
+
+    diffs = vmap_check("cpu", P=3, capacity=2048)
+    assert diffs["loss_rel_diff"] < 1e-6 and diffs["priority_rel_diff"] < 1e-5 and diffs["grad_rel_diff"] < 1e-5, diffs
+
+
+# --- GPU (the coordinator runs these) ------------------------------------------------------------
+def gpu_population_and_alone(configs, steps=60):
+    pop = Population(configs, run_dirs=[False] * len(configs), **QUIET)
+    pop.run(steps)
+    alone = []
+    for c in configs:
+        t = Trainer(c, run_dir=False, **QUIET)  # grid_barrier on, as a single run has it
+        t.run(steps)
+        alone.append(t)
+    return pop, alone
+
+
+@pytest.mark.gpu
+def test_gpu_population_of_one_is_the_single_agent():
+    pop, (alone,) = gpu_population_and_alone([gpu_small()])
+    assert pop.members[0].cfg.run.grid_barrier  # P = 1 keeps the single agent's launches
+    assert_same_agent(pop.members[0], alone)
+
+
+@pytest.mark.gpu
+def test_gpu_each_member_is_that_agent_trained_alone():
+    """Three members on parallel branches of one graph, each bitwise its agent alone (which runs with
+    run.grid_barrier on; the members with it off: the same bits)."""
+    pop, alone = gpu_population_and_alone(variants(gpu_small(agent={"popart": True})))
+    for m, a in zip(pop.members, alone, strict=True):
+        assert not m.cfg.run.grid_barrier
+        assert_same_agent(m, a)
+    assert len({tuple(m.losses) for m in pop.members}) == 3
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("action", ["stop", "rollback"])
+def test_gpu_a_member_the_guard_stops_leaves_and_the_others_go_on(action):
+    guard_stops_one_member(gpu_small(guard={"action": action, "max_rollbacks": 2, "snapshot_every": 20}))
+
+
+@pytest.mark.gpu
+def test_gpu_population_memory_per_member_is_measured():
+    assert memory_per_member(gpu_small()) > 0
+
+
+@pytest.mark.gpu
+def test_gpu_population_close_releases_its_cublas_handles():
+    """Every stream of a population (its members' side streams, the branches) holds a cuBLAS handle and a
+    32 MiB workspace that cudarl.blas keeps for the process; close() gives them back."""
+    from cudarl import blas
+
+    before = blas.prepared()
+    pop = Population([gpu_small()] * 2, run_dirs=[False, False], **QUIET)
+    pop.run(5)
+    assert len(blas.prepared() - before) >= 4
+    pop.close()
+    assert not blas.prepared() - before
