@@ -399,6 +399,58 @@ def evaluate(
         fail(f"{e.filename or checkpoint}: {e.strerror or e}")
 
 
+@app.command("sweep")
+def sweep(
+    spec: Path = typer.Argument(
+        ..., help="the sweep's TOML spec (docs/guide.md: base config, grid or random, seeds, folds)"
+    ),
+    out: Path | None = typer.Option(
+        None, "--out", help="the sweep directory (default: <spec out>/<spec name>; an existing one resumes)"
+    ),
+    ray: bool = typer.Option(False, "--ray", help="run populations on Ray actors, one per GPU (CPU actors without)"),
+    ray_address: str | None = typer.Option(
+        None,
+        "--ray-address",
+        help="the Ray cluster to join, e.g. HOST:6379 (implies --ray; default: RAY_ADDRESS or a local one)",
+    ),
+    workers: int = typer.Option(0, "--workers", min=0, help="Ray CPU actors when the cluster has no GPU (0: its CPUs)"),
+    optuna: int = typer.Option(
+        0, "--optuna", min=0, help="ROUNDS of Optuna over the spec's [random] space, a population each"
+    ),
+):
+    """Train a spec's trials in populations, evaluate each on validation and test, rank by validation.
+
+    Writes sweep.csv (one row a trial), sweep.json, sweep.png; a re-run resumes, skipping finished trials."""
+    from cudarl.interrupt import Interrupted
+    from cudarl.sweep import SpecError, SweepError, load_spec, run_sweep
+
+    say = Say()
+    try:
+        sp = load_spec(spec)
+        executor = None
+        if ray or ray_address:
+            from cudarl.sweep.cluster import RayExecutor
+
+            executor = RayExecutor(ray_address, workers=workers, device=sp.base.run.device, echo=say)
+        run_sweep(sp, out=out, executor=executor, optuna_rounds=optuna, echo=say)
+    except Interrupted as e:
+        typer.echo(
+            "cudarl-train: sweep interrupted; finished trials are kept: run the same command to resume", err=True
+        )
+        raise typer.Exit(e.exit_code) from None
+    except KeyboardInterrupt:
+        typer.echo(
+            "cudarl-train: sweep interrupted; finished trials are kept: run the same command to resume", err=True
+        )
+        raise typer.Exit(130) from None
+    except (SpecError, SweepError) as e:
+        fail(str(e), 2 if isinstance(e, SpecError) else 1)
+    except _user_errors() as e:
+        fail(str(e))
+    except ValueError as e:
+        fail(str(e))
+
+
 @app.command("config")
 def config_cmd(
     device: str = typer.Option(

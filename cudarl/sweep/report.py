@@ -76,7 +76,7 @@ def summarise(records: list[dict], level: float = 0.95, resamples: int = 1000) -
         row["val"]["dsr_mean"] = _mean([dsr[r["key"]] for r in mine])
         row["val"]["dsr_trials"] = len({r["config_id"] for r in records})
         rows.append(row)
-    rows.sort(key=lambda x: (-x["val"]["sharpe"]["mean"] if math.isfinite(x["val"]["sharpe"]["mean"]) else math.inf))
+    rows.sort(key=lambda x: -x["val"]["sharpe"]["mean"] if math.isfinite(x["val"]["sharpe"]["mean"]) else math.inf)
     for i, row in enumerate(rows, start=1):
         row["rank"] = i
     return rows
@@ -98,8 +98,8 @@ def _params(p: dict) -> str:
 def table_lines(rows: list[dict]) -> list[str]:
     """The ranked table: validation columns (what ranks) and test beside them (never used to choose)."""
     out = [
-        "rank  config  trials  VAL Sharpe mean ± sd  [bootstrap]      DSR   | test Sharpe mean ± sd  [bootstrap]    flat"
-        "  | params"
+        "rank  config  trials  VAL Sharpe mean ± sd  [bootstrap]      DSR   "
+        "| test Sharpe mean ± sd  [bootstrap]    flat  | params"
     ]
     for r in rows:
         v, t = r["val"], r["test"]

@@ -94,7 +94,9 @@ class SweepSpec:
         try:
             return from_dict(explicit), explicit
         except ConfigError as e:
-            raise SpecError(f"{self.path}: the trial {json.dumps(params)} (seed {seed}) is not a valid config: {e}")
+            raise SpecError(
+                f"{self.path}: the trial {json.dumps(params)} (seed {seed}) is not a valid config: {e}"
+            ) from None
 
 
 def draw(rng, kind: str, args):
@@ -118,16 +120,16 @@ def _flat(table: dict, where: str, path: Path, leaf_dicts: bool = False) -> dict
             for f, vv in v.items():
                 out[f"{k}.{f}"] = vv
         else:
-            raise SpecError(f"{path}: {where}.{k}: expected SECTION.FIELD (e.g. \"optim.lr\"), got {k!r}")
+            raise SpecError(f'{path}: {where}.{k}: expected SECTION.FIELD (e.g. "optim.lr"), got {k!r}')
     for k in out:
         sec, _, f = k.partition(".")
         if sec not in SECTIONS:
-            raise SpecError(f"{path}: {where}.\"{k}\": no section [{sec}]; sections are {sorted(SECTIONS)}")
+            raise SpecError(f'{path}: {where}."{k}": no section [{sec}]; sections are {sorted(SECTIONS)}')
         names = [x.name for x in SECTIONS[sec].__dataclass_fields__.values()]
         if f not in names:
-            raise SpecError(f"{path}: {where}.\"{k}\": [{sec}] has no field {f!r}; fields are {sorted(names)}")
+            raise SpecError(f'{path}: {where}."{k}": [{sec}] has no field {f!r}; fields are {sorted(names)}')
         if k in RESERVED:
-            raise SpecError(f"{path}: {where}.\"{k}\": the sweep sets {k} itself (seeds: the top-level `seeds`)")
+            raise SpecError(f'{path}: {where}."{k}": the sweep sets {k} itself (seeds: the top-level `seeds`)')
     return out
 
 
@@ -136,7 +138,7 @@ def _check_value(base: Config, key: str, value, where: str, path: Path) -> None:
     try:
         from_dict({sec: {f: value}}, base=base)
     except ConfigError as e:
-        raise SpecError(f"{path}: {where}.\"{key}\" = {json.dumps(value)}: {e}") from None
+        raise SpecError(f'{path}: {where}."{key}" = {json.dumps(value)}: {e}') from None
 
 
 def _int(d: dict, key: str, default: int, lo: int, path: Path, where: str = "") -> int:
@@ -210,7 +212,7 @@ def load_spec(path) -> SweepSpec:
             raise SpecError(f"{path}: grid: expected a table of SECTION.FIELD = [values]")
         for key, vals in _flat(raw["grid"], "grid", path).items():
             if not isinstance(vals, list) or not vals:
-                raise SpecError(f"{path}: grid.\"{key}\": expected a non-empty list of values, got {vals!r}")
+                raise SpecError(f'{path}: grid."{key}": expected a non-empty list of values, got {vals!r}')
             for v in vals:
                 _check_value(base, key, v, "grid", path)
             grid[key] = vals
@@ -224,7 +226,9 @@ def load_spec(path) -> SweepSpec:
         for key, d in _flat(dists, "random", path, leaf_dicts=True).items():
             random[key] = _distribution(base, key, d, path)
         if not random:
-            raise SpecError(f"{path}: random: no field to draw (add e.g. \"optim.lr\" = {{ log_uniform = [1e-5, 1e-3] }})")
+            raise SpecError(
+                f'{path}: random: no field to draw (add e.g. "optim.lr" = {{ log_uniform = [1e-5, 1e-3] }})'
+            )
     return SweepSpec(
         path=path,
         name=name,
@@ -243,7 +247,7 @@ def load_spec(path) -> SweepSpec:
 
 
 def _distribution(base: Config, key: str, d, path: Path) -> tuple:
-    where = f"random.\"{key}\""
+    where = f'random."{key}"'
     if not isinstance(d, dict) or len(d) != 1 or next(iter(d)) not in DISTRIBUTIONS:
         raise SpecError(f"{path}: {where}: expected one of {{ {' | '.join(DISTRIBUTIONS)} = [...] }}, got {d!r}")
     kind, args = next(iter(d.items()))
