@@ -69,7 +69,9 @@ class RayExecutor:
         cls = ray.remote(**opts)(_Worker)
         self.actors = [cls.remote(self.gpu) for _ in range(n)]
         infos = ray.get([a.info.remote() for a in self.actors])
-        self.names = {a: f"{i} ({x['host']} pid {x['pid']})" for i, (a, x) in enumerate(zip(self.actors, infos))}
+        self.names = {
+            a: f"{i} ({x['host']} pid {x['pid']})" for i, (a, x) in enumerate(zip(self.actors, infos, strict=True))
+        }
         free = [x["free_bytes"] for x in infos if x["free_bytes"] is not None]
         self.gpu_free = min(free) if free else None
         self.startup_s = time.perf_counter() - t0
