@@ -451,6 +451,50 @@ def sweep(
         fail(str(e))
 
 
+@app.command("ensemble")
+def ensemble(
+    policies: list[Path] = typer.Argument(
+        None, help="policy files (best.safetensors, a sweep's policies/*.safetensors)"
+    ),
+    sweep_dir: Path | None = typer.Option(None, "--sweep", help="take the members from a finished sweep directory"),
+    rank: int = typer.Option(1, "--rank", min=1, help="with --sweep: the configuration of this validation rank"),
+    fold: int | None = typer.Option(
+        None, "--fold", min=0, help="with --sweep: its trials of this fold (default the first)"
+    ),
+    mode: str = typer.Option("mean", "--mode", help="mean (of the members' Q) or vote (of their greedy actions)"),
+    data: str | None = typer.Option(None, "--data", help="bars to evaluate on (default: the members' data.source)"),
+    out: Path | None = typer.Option(None, "--out", help="also write the report as JSON here"),
+    device: str = typer.Option("auto", "--device", help="auto, gpu or cpu"),
+):
+    """Evaluate several policies as one (mean of their Q, or a vote) on validation and test, beside each member."""
+    from cudarl.data.validate import write_json_atomic
+    from cudarl.evaluate import json_safe
+    from cudarl.sweep.ensemble import MODES, evaluate_ensemble, sweep_members, table_lines
+
+    if mode not in MODES:
+        fail(f"--mode takes {' or '.join(MODES)}, got {mode!r}", 2)
+    if device not in ("auto", "gpu", "cpu"):
+        fail(f"--device takes auto, gpu or cpu, got {device!r}", 2)
+    if bool(policies) == (sweep_dir is not None):
+        fail("give policy files or --sweep DIR (one of the two)", 2)
+    try:
+        splits = None
+        if sweep_dir is not None:
+            policies, splits, row = sweep_members(sweep_dir, rank, fold)
+            typer.echo(
+                f"members: the {len(policies)} trial(s) of c{row['config_id']} (validation rank {rank})", err=True
+            )
+        rep = evaluate_ensemble(policies, mode, data, splits, device)
+        for line in table_lines(rep):
+            typer.echo(line)
+        if out is not None:
+            write_json_atomic(json_safe(rep), out)
+    except _user_errors() as e:
+        fail(str(e))
+    except ValueError as e:
+        fail(str(e))
+
+
 @app.command("config")
 def config_cmd(
     device: str = typer.Option(
