@@ -45,7 +45,9 @@ from ..config import SECTIONS, Config, ConfigError, from_dict, load_toml
 TOP = ("name", "config", "data", "seeds", "folds", "population", "out", "set", "grid", "random")
 DISTRIBUTIONS = ("uniform", "log_uniform", "int", "choice")
 #: Fields a sweep sets itself (seeds come from ``seeds``; trials write no run directory).
-RESERVED = ("run.seed", "run.name", "run.out_dir", "run.device", "run.record", "run.offline")
+RESERVED = ("run.seed", "run.name", "run.out_dir", "run.record", "run.offline")
+#: ... and fields that must be the same for every trial (the backend they run on).
+NOT_VARIED = (*RESERVED, "run.device")
 
 
 class SpecError(ValueError):
@@ -110,7 +112,7 @@ def draw(rng, kind: str, args):
     return args[int(rng.integers(len(args)))]
 
 
-def _flat(table: dict, where: str, path: Path, leaf_dicts: bool = False) -> dict:
+def _flat(table: dict, where: str, path: Path, leaf_dicts: bool = False, reserved=NOT_VARIED) -> dict:
     """``{"sec.field": value}`` from a table of quoted ``"sec.field"`` keys or dotted (nested) ones."""
     out = {}
     for k, v in table.items():
@@ -128,8 +130,11 @@ def _flat(table: dict, where: str, path: Path, leaf_dicts: bool = False) -> dict
         names = [x.name for x in SECTIONS[sec].__dataclass_fields__.values()]
         if f not in names:
             raise SpecError(f'{path}: {where}."{k}": [{sec}] has no field {f!r}; fields are {sorted(names)}')
-        if k in RESERVED:
-            raise SpecError(f'{path}: {where}."{k}": the sweep sets {k} itself (seeds: the top-level `seeds`)')
+        if k in reserved:
+            why = "the sweep sets it itself (seeds: the top-level `seeds`)"
+            if k not in RESERVED:
+                why = "every trial runs on one backend (set it in [set])"
+            raise SpecError(f'{path}: {where}."{k}": {why}')
     return out
 
 
@@ -182,7 +187,7 @@ def load_spec(path) -> SweepSpec:
     sets = raw.get("set", {})
     if not isinstance(sets, dict):
         raise SpecError(f"{path}: set: expected a table of SECTION.FIELD = value")
-    for key, v in _flat(sets, "set", path).items():
+    for key, v in _flat(sets, "set", path, reserved=RESERVED).items():
         sec, f = key.split(".")
         explicit.setdefault(sec, {})[f] = v
     try:
