@@ -219,3 +219,26 @@ def test_trial_config_is_resolved_for_the_backend_it_runs_on(tmp_path):
     assert cfg.run.seed == 3 and cfg.optim.lr == 1e-3 and cfg.run.name == "s"
     assert explicit["optim"]["lr"] == 1e-3
     assert from_dict(explicit).to_dict() == cfg.to_dict()
+
+
+def test_ranking_reads_validation_only_never_test():
+    from cudarl.sweep.report import summarise, table_lines
+
+    def rec(key, cid, val, test):
+        def split(s):
+            return {"sharpe": s, "psr": 0.5, "trading": True, "bars": 300, "skew": 0.0, "kurtosis": 3.0}
+
+        return {
+            "key": key,
+            "config_id": cid,
+            "params": {"optim.lr": cid},
+            "val": split(val),
+            "test": split(test),
+            "periods_per_year": 252,
+        }
+
+    records = [rec("a", 0, 0.1, 3.0), rec("b", 0, 0.2, 2.5), rec("c", 1, 1.0, -1.0), rec("d", 1, 1.2, -2.0)]
+    rows = summarise(records, resamples=50)
+    assert [r["config_id"] for r in rows] == [1, 0]  # the validation winner first, though its test is worse
+    assert rows[0]["test"]["sharpe"]["mean"] == pytest.approx(-1.5)
+    assert table_lines(rows)[1].split()[:2] == ["1", "c1"]
