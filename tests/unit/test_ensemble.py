@@ -4,12 +4,12 @@ import json
 
 import numpy as np
 import pytest
+from test_sweep import GRID, ledger, write_spec
 from typer.testing import CliRunner
 
 from cudarl.checkpoint import CheckpointError
 from cudarl.cli import app
 from cudarl.sweep.ensemble import _combine, evaluate_ensemble, sweep_members
-from test_sweep import GRID, ledger, write_spec
 
 runner = CliRunner()
 

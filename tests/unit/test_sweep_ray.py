@@ -6,12 +6,11 @@ import json
 import time
 
 import pytest
+from test_sweep import GRID, ledger, write_spec
 from typer.testing import CliRunner
 
 from cudarl.cli import app
 from cudarl.sweep import load_spec, run_sweep
-
-from test_sweep import GRID, ledger, write_spec
 
 ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'cudarl[cluster]')")
 runner = CliRunner()
