@@ -414,6 +414,9 @@ def sweep(
         help="the Ray cluster to join, e.g. HOST:6379 (implies --ray; default: RAY_ADDRESS or a local one)",
     ),
     workers: int = typer.Option(0, "--workers", min=0, help="Ray CPU actors when the cluster has no GPU (0: its CPUs)"),
+    gpus_per_actor: float = typer.Option(
+        1.0, "--gpus-per-actor", help="GPU share of a Ray actor: 1 (one actor a GPU) or a fraction (0.5: two a GPU)"
+    ),
     optuna: int = typer.Option(
         0, "--optuna", min=0, help="ROUNDS of Optuna over the spec's [random] space, a population each"
     ),
@@ -431,7 +434,9 @@ def sweep(
         if ray or ray_address:
             from cudarl.sweep.cluster import RayExecutor
 
-            executor = RayExecutor(ray_address, workers=workers, device=sp.base.run.device, echo=say)
+            executor = RayExecutor(
+                ray_address, workers=workers, device=sp.base.run.device, gpus_per_actor=gpus_per_actor, echo=say
+            )
         run_sweep(sp, out=out, executor=executor, optuna_rounds=optuna, echo=say)
     except Interrupted as e:
         typer.echo(

@@ -45,10 +45,20 @@ class RayExecutor:
 
     ``address``: the cluster (``None``: Ray's default, ``RAY_ADDRESS`` or a new local instance);
     ``workers``: CPU actors when there is no GPU (0: the cluster's CPUs); ``device``: the spec's
-    ``run.device`` (``cpu`` keeps GPU hosts on the NumPy backend); ``on_dispatch(executor, actor, job)``
+    ``run.device`` (``cpu`` keeps GPU hosts on the NumPy backend); ``gpus_per_actor``: 1 (one actor a
+    GPU), or a fraction for several actors on one GPU (0.5: two); ``on_dispatch(executor, actor, job)``
     is called after each hand-out (tests kill an actor there)."""
 
-    def __init__(self, address=None, *, workers: int = 0, device: str = "auto", echo=print, on_dispatch=None):
+    def __init__(
+        self,
+        address=None,
+        *,
+        workers: int = 0,
+        device: str = "auto",
+        gpus_per_actor: float = 1.0,
+        echo=print,
+        on_dispatch=None,
+    ):
         try:
             import ray
         except ImportError:
@@ -63,9 +73,11 @@ class RayExecutor:
         gpus = int(res.get("GPU", 0))
         if device == "gpu" and not gpus:
             raise SweepError("run.device is gpu but the Ray cluster has no GPU")
+        if not 0 < gpus_per_actor <= 1:
+            raise SweepError(f"--gpus-per-actor must be in (0, 1], got {gpus_per_actor}")
         self.gpu = bool(gpus) and device != "cpu"
-        n = gpus if self.gpu else (workers or max(1, int(res.get("CPU", 1))))
-        opts = {"num_cpus": 1, "num_gpus": 1 if self.gpu else 0, "max_restarts": 0}
+        n = int(gpus / gpus_per_actor + 1e-9) if self.gpu else (workers or max(1, int(res.get("CPU", 1))))
+        opts = {"num_cpus": 1, "num_gpus": gpus_per_actor if self.gpu else 0, "max_restarts": 0}
         cls = ray.remote(**opts)(_Worker)
         self.actors = [cls.remote(self.gpu) for _ in range(n)]
         infos = ray.get([a.info.remote() for a in self.actors])
