@@ -158,9 +158,10 @@ def plot(records: list[dict], rows: list[dict], path) -> bool:
     fig, ax = plt.subplots(figsize=(6, 5))
     ranked = [r["config_id"] for r in rows]
     cmap = plt.get_cmap("viridis", max(2, len(ranked)))
-    lim = []
+    lim, flat = [], 0
     for i, cid in enumerate(ranked):
         pts = [(r["val"]["sharpe"], r["test"]["sharpe"]) for r in records if r["config_id"] == cid]
+        flat += sum(a is None or b is None for a, b in pts)
         pts = [(a, b) for a, b in pts if a is not None and b is not None]
         if pts:
             x, y = zip(*pts, strict=True)
@@ -173,8 +174,8 @@ def plot(records: list[dict], rows: list[dict], path) -> bool:
     ax.axvline(0, color="grey", lw=0.5)
     ax.set_xlabel("validation Sharpe (what the ranking reads)")
     ax.set_ylabel("test Sharpe (held out)")
-    ax.set_title("sweep: validation against test, one point a trial")
-    if ranked:
+    ax.set_title("sweep: validation against test, one point a trial" + (f" ({flat} flat not shown)" if flat else ""))
+    if lim:
         ax.legend(fontsize=7, title="rank order", loc="best")
     tmp = temporary_name(path).with_suffix(".tmp.png")
     fig.savefig(tmp, dpi=110, bbox_inches="tight")
