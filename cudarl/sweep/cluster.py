@@ -91,6 +91,7 @@ class RayExecutor:
         echo(f"Ray: {n} {kind} actor(s) ready in {self.startup_s:.1f} s")
 
     def describe(self) -> str:
+        """Where populations run, in words (the report's ``executor``)."""
         return f"{len(self.actors)} Ray {'GPU' if self.gpu else 'CPU'} actor(s)"
 
     def run(self, jobs: list[dict], bars, done, echo) -> None:
@@ -127,6 +128,7 @@ class RayExecutor:
             done(result)
 
     def close(self) -> None:
+        """Kill the actors; shut Ray down if this executor started it."""
         for a in self.actors:
             self.ray.kill(a)
         self.actors = []

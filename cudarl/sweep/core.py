@@ -211,9 +211,11 @@ class LocalExecutor:
         self.retried: list[dict] = []
 
     def describe(self) -> str:
+        """Where populations run, in words."""
         return "this process (GPU)" if self.gpu else "this process (NumPy backend)"
 
     def run(self, jobs: list[dict], bars, done, echo) -> None:
+        """Run each job, calling ``done(result)`` as each ends."""
         from .work import run_population
 
         for job in jobs:
@@ -221,4 +223,4 @@ class LocalExecutor:
             done(run_population(job, bars))
 
     def close(self) -> None:
-        pass
+        """Nothing to release."""
