@@ -438,21 +438,14 @@ def sweep(
                 ray_address, workers=workers, device=sp.base.run.device, gpus_per_actor=gpus_per_actor, echo=say
             )
         run_sweep(sp, out=out, executor=executor, optuna_rounds=optuna, echo=say)
-    except Interrupted as e:
+    except (Interrupted, KeyboardInterrupt) as e:
         typer.echo(
             "cudarl-train: sweep interrupted; finished trials are kept: run the same command to resume", err=True
         )
-        raise typer.Exit(e.exit_code) from None
-    except KeyboardInterrupt:
-        typer.echo(
-            "cudarl-train: sweep interrupted; finished trials are kept: run the same command to resume", err=True
-        )
-        raise typer.Exit(130) from None
+        raise typer.Exit(getattr(e, "exit_code", 130)) from None
     except (SpecError, SweepError) as e:
         fail(str(e), 2 if isinstance(e, SpecError) else 1)
-    except _user_errors() as e:
-        fail(str(e))
-    except ValueError as e:
+    except (*_user_errors(), ValueError) as e:
         fail(str(e))
 
 
@@ -494,9 +487,7 @@ def ensemble(
             typer.echo(line)
         if out is not None:
             write_json_atomic(json_safe(rep), out)
-    except _user_errors() as e:
-        fail(str(e))
-    except ValueError as e:
+    except (*_user_errors(), ValueError) as e:
         fail(str(e))
 
 

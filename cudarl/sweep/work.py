@@ -8,7 +8,6 @@ results, and each member's policy file as bytes, go back to the sweep's driver, 
 from __future__ import annotations
 
 import hashlib
-import math
 import os
 import socket
 import tempfile
@@ -16,6 +15,8 @@ import time
 from pathlib import Path
 
 import numpy as np
+
+from ..evaluate import json_safe
 
 #: The numbers of one split's evaluation a trial keeps (the evaluation summary's).
 POLICY_KEYS = ("sharpe", "total_return", "max_drawdown", "trades", "turnover", "bar_hit_rate")
@@ -29,17 +30,7 @@ def split_numbers(summary: dict) -> dict:
     out.update({k: st.get(k) for k in STAT_KEYS})
     out["buy_and_hold_sharpe"] = summary["buy_and_hold"].get("sharpe")
     out["trading"] = bool(summary["deployment"]["trading"])
-    return {k: _clean(v) for k, v in out.items()}
-
-
-def _clean(v):
-    if isinstance(v, (list, tuple)):
-        return [_clean(x) for x in v]
-    if isinstance(v, (float, np.floating)):
-        return float(v) if math.isfinite(v) else None
-    if isinstance(v, np.integer):
-        return int(v)
-    return v
+    return {k: json_safe(v) for k, v in out.items()}  # value by value: NaN as None, no reasons added
 
 
 def weights_digest(state) -> str:
