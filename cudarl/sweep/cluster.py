@@ -16,7 +16,7 @@ from __future__ import annotations
 import time
 from collections import deque
 
-from .core import SweepError
+from .core import SweepError, check_stop
 
 
 class _Worker:
@@ -94,8 +94,10 @@ class RayExecutor:
         """Where populations run, in words (the report's ``executor``)."""
         return f"{len(self.actors)} Ray {'GPU' if self.gpu else 'CPU'} actor(s)"
 
-    def run(self, jobs: list[dict], bars, done, echo) -> None:
-        """Hand each job to an idle actor; ``done(result)`` as each returns; requeue a dead actor's job."""
+    def run(self, jobs: list[dict], bars, done, echo, stop=()) -> None:
+        """Hand each job to an idle actor; ``done(result)`` as each returns; requeue a dead actor's job.
+        Once ``stop`` is set (a signal), return at once: the populations in flight are dropped with the
+        actors (:meth:`close`), and their trials run again on resume."""
         ray = self.ray
         bars_ref = ray.put(bars)
         queue, idle, inflight = deque(jobs), list(self.actors), {}
@@ -111,7 +113,11 @@ class RayExecutor:
                     f"every Ray actor died; {sum(len(j['trials']) for j in queue)} trial(s) not run "
                     "(finished trials are kept: run the sweep again to resume)"
                 )
-            (ref,), _ = ray.wait(list(inflight), num_returns=1)
+            ready = []
+            while not ready:  # wake up now and then to see a signal
+                check_stop(stop)
+                ready, _ = ray.wait(list(inflight), num_returns=1, timeout=0.5)
+            ref = ready[0]
             actor, job = inflight.pop(ref)
             try:
                 result = ray.get(ref)

@@ -200,6 +200,14 @@ def free_device_memory() -> int | None:
         return None
 
 
+def check_stop(stop) -> None:
+    """Raise :class:`cudarl.interrupt.Interrupted` once ``stop`` is set (finished trials are in the ledger)."""
+    if stop:
+        from ..interrupt import Interrupted
+
+        raise Interrupted(stop.signum, f"sweep stopped by {stop.name}; finished trials are kept")
+
+
 class LocalExecutor:
     """Populations one after another in this process."""
 
@@ -214,11 +222,13 @@ class LocalExecutor:
         """Where populations run, in words."""
         return "this process (GPU)" if self.gpu else "this process (NumPy backend)"
 
-    def run(self, jobs: list[dict], bars, done, echo) -> None:
-        """Run each job, calling ``done(result)`` as each ends."""
+    def run(self, jobs: list[dict], bars, done, echo, stop=()) -> None:
+        """Run each job, calling ``done(result)`` as each ends; stop before the next one once ``stop``
+        (:class:`cudarl.interrupt.StopFlag`) is set (a signal during training stops that trainer itself)."""
         from .work import run_population
 
         for job in jobs:
+            check_stop(stop)
             echo(f"population {job['index']}: {len(job['trials'])} member(s) ...")
             done(run_population(job, bars))
 

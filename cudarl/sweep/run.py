@@ -6,6 +6,7 @@ import json
 import time
 from pathlib import Path
 
+from .. import interrupt
 from ..atomic import atomic_open
 from ..config import data_options
 from ..data import load as load_bars
@@ -40,55 +41,61 @@ def run_sweep(spec: SweepSpec, *, out=None, executor=None, optuna_rounds: int = 
         executor = LocalExecutor(be.is_gpu)
     sd = SweepDir(sweep_dir_of(spec, out), spec, echo)
     try:
-        echo(f"sweep directory {sd.path}; populations run in {executor.describe()}")
-        stats = {"trained": 0, "skipped": 0, "populations": 0}
-
-        def train(configurations, first_id=0):
-            ts = make_trials(spec, configurations, executor.gpu, bars, first_id)
-            _train(spec, ts, sd, executor, bars, echo, stats)
-            return ts
-
-        if optuna_rounds:
-            from .tune import optuna_trials
-
-            trials = optuna_trials(spec, optuna_rounds, train, sd, echo)
-        else:
-            trials = train(spec.configurations())
-        ledger = sd.ledger()
-        records = [ledger[t.key] for t in trials]
-        e = spec.base.eval
-        rows = report.summarise(records, e.level, e.resamples)
-        dsr = report.trial_dsr(records)
-        report.write_csv(records, sd.path / "sweep.csv", dsr)
-        rep = {
-            "spec": str(spec.path),
-            "sweep_dir": str(sd.path),
-            "executor": executor.describe(),
-            "trials": len(records),
-            "trained_now": stats["trained"],
-            "skipped_finished": stats["skipped"],
-            "populations_now": stats["populations"],
-            "retried": executor.retried,
-            "configurations": rows,
-            "wall_s": time.perf_counter() - t0,
-        }
-        with atomic_open(sd.path / "sweep.json") as f:
-            json.dump(json_safe(rep), f, indent=1, allow_nan=False)
-        for line in report.table_lines(rows):
-            echo(line)
-        if not report.plot(records, rows, sd.path / "sweep.png"):
-            echo(NO_PLOT)
-        if executor.retried:
-            for r in executor.retried:
-                echo(f"retried: population {r['population']} ({len(r['trials'])} trial(s)) after {r['reason']}")
-        echo(f"wrote {sd.path / 'sweep.csv'}, {sd.path / 'sweep.json'}")
-        return rep
+        with interrupt.deferred() as stop:  # a signal stops the sweep between trials (or a trainer mid-run)
+            return _sweep(spec, sd, executor, bars, optuna_rounds, echo, stop, t0)
     finally:
         sd.close()
         executor.close()
 
 
-def _train(spec, trials, sd: SweepDir, executor, bars, echo, stats) -> None:
+def _sweep(spec, sd, executor, bars, optuna_rounds, echo, stop, t0) -> dict:
+    """The sweep inside run_sweep's signal handling: train what is left, then report."""
+    echo(f"sweep directory {sd.path}; populations run in {executor.describe()}")
+    stats = {"trained": 0, "skipped": 0, "populations": 0}
+
+    def train(configurations, first_id=0):
+        ts = make_trials(spec, configurations, executor.gpu, bars, first_id)
+        _train(spec, ts, sd, executor, bars, echo, stats, stop)
+        return ts
+
+    if optuna_rounds:
+        from .tune import optuna_trials
+
+        trials = optuna_trials(spec, optuna_rounds, train, sd, echo)
+    else:
+        trials = train(spec.configurations())
+    ledger = sd.ledger()
+    records = [ledger[t.key] for t in trials]
+    e = spec.base.eval
+    rows = report.summarise(records, e.level, e.resamples)
+    dsr = report.trial_dsr(records)
+    report.write_csv(records, sd.path / "sweep.csv", dsr)
+    rep = {
+        "spec": str(spec.path),
+        "sweep_dir": str(sd.path),
+        "executor": executor.describe(),
+        "trials": len(records),
+        "trained_now": stats["trained"],
+        "skipped_finished": stats["skipped"],
+        "populations_now": stats["populations"],
+        "retried": executor.retried,
+        "configurations": rows,
+        "wall_s": time.perf_counter() - t0,
+    }
+    with atomic_open(sd.path / "sweep.json") as f:
+        json.dump(json_safe(rep), f, indent=1, allow_nan=False)
+    for line in report.table_lines(rows):
+        echo(line)
+    if not report.plot(records, rows, sd.path / "sweep.png"):
+        echo(NO_PLOT)
+    if executor.retried:
+        for r in executor.retried:
+            echo(f"retried: population {r['population']} ({len(r['trials'])} trial(s)) after {r['reason']}")
+    echo(f"wrote {sd.path / 'sweep.csv'}, {sd.path / 'sweep.json'}")
+    return rep
+
+
+def _train(spec, trials, sd: SweepDir, executor, bars, echo, stats, stop) -> None:
     """Train the trials of ``trials`` not yet in the ledger, recording each population as it ends."""
     done_keys = set(sd.ledger())
     todo = [t for t in trials if t.key not in done_keys]
@@ -125,4 +132,4 @@ def _train(spec, trials, sd: SweepDir, executor, bars, echo, stats) -> None:
         left[0] -= len(recs)
 
     left = [len(todo)]
-    executor.run(jobs, bars, done, echo)
+    executor.run(jobs, bars, done, echo, stop)

@@ -165,32 +165,60 @@ def test_an_existing_sweep_of_another_spec_is_refused(tmp_path):
     assert r.exit_code == 1 and "another spec" in r.stderr
 
 
-def test_an_interrupted_sweep_resumes_without_redoing_finished_trials(tmp_path):
-    # 4 trials, one a population, long enough (400 updates each) to kill the sweep between two
-    spec = write_spec(tmp_path, GRID, population=1, steps=400)
-    d = tmp_path / "sweeps" / "s"
+def _start_and_stop_after(spec, d: Path, finished: int, sig) -> subprocess.Popen:
+    """Run the sweep in a subprocess; send ``sig`` once ``finished`` trials are in its ledger."""
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
     proc = subprocess.Popen(
         [sys.executable, "-m", "cudarl.cli", "sweep", str(spec)], env=env, stderr=subprocess.PIPE, text=True
     )
     deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and not (d / "trials").is_dir() or not list((d / "trials").glob("*.json")):
+    while time.monotonic() < deadline and len(list((d / "trials").glob("*.json"))) < finished:
         assert proc.poll() is None, proc.stderr.read()
         time.sleep(0.02)
-    proc.send_signal(signal.SIGKILL)
+    proc.send_signal(sig)
     proc.wait()
+    return proc
+
+
+def test_an_interrupted_sweep_resumes_without_redoing_finished_trials(tmp_path):
+    # 4 trials, one a population, long enough (200 updates each) to stop the sweep between two
+    spec = write_spec(tmp_path, GRID, population=1, steps=200)
+    d = tmp_path / "sweeps" / "s"
+    _start_and_stop_after(spec, d, 1, signal.SIGKILL)  # killed: no chance to clean up
     first = ledger(d)
     assert 1 <= len(first) < 4, "the sweep was not killed between two trials"
     stamps = {p.name: p.stat().st_mtime_ns for p in (d / "trials").iterdir()}
     assert not (d / "sweep.csv").exists()
+    # resumed, then stopped by SIGTERM: it says how to go on and exits 143
+    proc = _start_and_stop_after(spec, d, len(first) + 1, signal.SIGTERM)
+    err = proc.stderr.read()
+    assert f"resuming: {len(first)} of 4 trial(s) already finished" in err
+    if len(first) + 1 < 4:  # trials were left when the signal came
+        assert proc.returncode == 143 and "run the same command to resume" in err
+    second = ledger(d)
+    assert len(second) > len(first)
     r = runner.invoke(app, ["sweep", str(spec)])
     assert r.exit_code == 0, r.output
-    assert f"resuming: {len(first)} of 4 trial(s) already finished" in r.stderr
+    if len(second) < 4:
+        assert f"resuming: {len(second)} of 4 trial(s) already finished" in r.stderr
     assert {p.name: p.stat().st_mtime_ns for p in (d / "trials").iterdir() if p.name in stamps} == stamps  # untouched
     rep = json.loads((d / "sweep.json").read_text())
-    assert rep["trained_now"] == 4 - len(first) and rep["skipped_finished"] == len(first)
+    assert rep["trained_now"] == 4 - len(second) and rep["skipped_finished"] == len(second)
     rows = list(csv.DictReader((d / "sweep.csv").open()))
     assert len(rows) == 4 and len({x["key"] for x in rows}) == 4
+
+
+def test_a_second_sweep_in_the_same_directory_is_refused_while_one_runs(tmp_path):
+    from cudarl.sweep.core import SweepDir, SweepError
+
+    spec = load_spec(write_spec(tmp_path, GRID))
+    first = SweepDir(tmp_path / "x", spec, echo=lambda m: None)
+    try:
+        with pytest.raises(SweepError, match="another sweep is running"):
+            SweepDir(tmp_path / "x", spec, echo=lambda m: None)
+    finally:
+        first.close()
+    SweepDir(tmp_path / "x", spec, echo=lambda m: None).close()  # free again once the first has closed
 
 
 def test_optuna_rounds_are_seeded_and_resume(tmp_path):
