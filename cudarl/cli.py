@@ -418,7 +418,7 @@ def sweep(
         1.0, "--gpus-per-actor", help="GPU share of a Ray actor: 1 (one actor a GPU) or a fraction (0.5: two a GPU)"
     ),
     optuna: int = typer.Option(
-        0, "--optuna", min=0, help="ROUNDS of Optuna over the spec's [random] space, a population each"
+        0, "--optuna", min=0, help="ROUNDS of Optuna over the spec's random table, a population a round"
     ),
 ):
     """Train a spec's trials in populations, evaluate each on validation and test, rank by validation.
