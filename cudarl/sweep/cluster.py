@@ -43,7 +43,8 @@ class _Worker:
 class RayExecutor:
     """Populations sharded over Ray actors.
 
-    ``address``: the cluster (``None``: Ray's default, ``RAY_ADDRESS`` or a new local instance);
+    ``address``: the cluster (``None``: what ``ray.init()`` finds, ``RAY_ADDRESS``, then a
+    ``ray start`` of this host, else a new local instance);
     ``workers``: CPU actors when there is no GPU (0: the cluster's CPUs); ``device``: the spec's
     ``run.device`` (``cpu`` keeps GPU hosts on the NumPy backend); ``gpus_per_actor``: 1 (one actor a
     GPU), or a fraction for several actors on one GPU (0.5: two); ``on_dispatch(executor, actor, job)``
