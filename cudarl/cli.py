@@ -411,7 +411,8 @@ def sweep(
     ray_address: str | None = typer.Option(
         None,
         "--ray-address",
-        help="the Ray cluster to join, e.g. HOST:6379 (implies --ray; default: RAY_ADDRESS, a `ray start` of this host, else a new local one)",
+        help="the Ray cluster to join, e.g. HOST:6379 (implies --ray; default: RAY_ADDRESS, "
+        "a `ray start` of this host, else a new local one)",
     ),
     workers: int = typer.Option(0, "--workers", min=0, help="Ray CPU actors when the cluster has no GPU (0: its CPUs)"),
     gpus_per_actor: float = typer.Option(
