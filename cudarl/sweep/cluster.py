@@ -91,6 +91,11 @@ class RayExecutor:
         kind = "GPU" if self.gpu else "CPU (NumPy backend)"
         echo(f"Ray: {n} {kind} actor(s) ready in {self.startup_s:.1f} s")
 
+    @property
+    def slots(self) -> int:
+        """Populations at a time: the live actors."""
+        return max(1, len(self.actors))
+
     def describe(self) -> str:
         """Where populations run, in words (the report's ``executor``)."""
         return f"{len(self.actors)} Ray {'GPU' if self.gpu else 'CPU'} actor(s)"

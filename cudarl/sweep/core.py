@@ -90,9 +90,10 @@ def population_capacity(cfg: Config, gpu: bool, spec_cap: int, free_bytes: int |
     return min(fit, spec_cap) if spec_cap else fit
 
 
-def pack(trials: list[Trial], capacity) -> list[list[Trial]]:
+def pack(trials: list[Trial], capacity, slots: int = 1) -> list[list[Trial]]:
     """Trials in populations: same fold, members that can share, at most ``capacity(cfg)`` each;
-    in the trials' order."""
+    in the trials' order. With ``slots`` workers (Ray actors), a group's populations are made a
+    multiple of ``slots`` in number, of even size, so no worker is left alone with the last one."""
     from ..population import can_share
 
     groups: list[list[Trial]] = []
@@ -106,7 +107,11 @@ def pack(trials: list[Trial], capacity) -> list[list[Trial]]:
     out = []
     for g in groups:
         cap = capacity(g[0].config)
-        out += [g[i : i + cap] for i in range(0, len(g), cap)]
+        n = -(-len(g) // cap)  # populations at full size
+        n = min(len(g), -(-n // slots) * slots)  # rounded up to a multiple of the workers
+        q, r = divmod(len(g), n)  # n populations of q or q + 1 members
+        starts = [i * q + min(i, r) for i in range(n + 1)]
+        out += [g[a:b] for a, b in zip(starts, starts[1:], strict=False)]
     return out
 
 
@@ -212,6 +217,7 @@ class LocalExecutor:
     """Populations one after another in this process."""
 
     gpu_free: int | None = None
+    slots = 1  # populations at a time
 
     def __init__(self, gpu: bool):
         self.gpu = gpu

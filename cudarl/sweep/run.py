@@ -106,7 +106,9 @@ def _train(spec, trials, sd: SweepDir, executor, bars, echo, stats, stop) -> Non
     if not todo:
         return
     groups = pack(
-        todo, lambda cfg: population_capacity(cfg, executor.gpu, spec.population, getattr(executor, "gpu_free", None))
+        todo,
+        lambda cfg: population_capacity(cfg, executor.gpu, spec.population, executor.gpu_free),
+        slots=executor.slots,
     )
     base = stats["populations"]
     by_key = {t.key: t for t in todo}

@@ -270,3 +270,16 @@ def test_ranking_reads_validation_only_never_test():
     assert [r["config_id"] for r in rows] == [1, 0]  # the validation winner first, though its test is worse
     assert rows[0]["test"]["sharpe"]["mean"] == pytest.approx(-1.5)
     assert table_lines(rows)[1].split()[:2] == ["1", "c1"]
+
+
+def test_packing_for_several_workers_leaves_none_alone(tmp_path):
+    from cudarl.sweep.core import make_trials
+
+    spec = load_spec(write_spec(tmp_path, '\n[grid]\n"optim.lr" = [1e-4, 2e-4, 3e-4, 4e-4]\n', seeds=3))
+    trials = make_trials(spec, spec.configurations(), False, None)
+    cap = lambda cfg: 4  # noqa: E731
+    assert [len(g) for g in pack(trials, cap)] == [4, 4, 4]
+    assert [len(g) for g in pack(trials, cap, slots=2)] == [3, 3, 3, 3]  # two rounds on two workers
+    groups = pack(trials, cap, slots=5)
+    assert len(groups) == 5 and sum(map(len, groups)) == 12 and max(map(len, groups)) <= 4
+    assert [t.key for g in groups for t in g] == [t.key for t in trials]  # every trial once, in order
