@@ -79,19 +79,19 @@ def make_trials(spec: SweepSpec, configurations: list[dict], gpu: bool, bars, fi
     return out
 
 
-def population_capacity(cfg: Config, gpu: bool, spec_cap: int, free_bytes: int | None) -> int:
+def population_capacity(cfg: Config, gpu: bool, spec_cap: int, free_bytes: int | None, bars=None, splits=None) -> int:
     """Most members of a population of ``cfg``: the spec's ``population`` when set, else on the GPU as
     many as :data:`MEMORY_SHARE` of ``free_bytes`` holds, on the CPU :data:`CPU_POPULATION`."""
     from ..population import memory_per_member
 
     if not gpu:
         return spec_cap or CPU_POPULATION
-    fit = max(1, int(MEMORY_SHARE * (free_bytes or 0)) // memory_per_member(cfg))
+    fit = max(1, int(MEMORY_SHARE * (free_bytes or 0)) // memory_per_member(cfg, bars=bars, splits=splits))
     return min(fit, spec_cap) if spec_cap else fit
 
 
 def pack(trials: list[Trial], capacity, slots: int = 1) -> list[list[Trial]]:
-    """Trials in populations: same fold, members that can share, at most ``capacity(cfg)`` each;
+    """Trials in populations: same fold, members that can share, at most ``capacity(trial)`` each;
     in the trials' order. With ``slots`` workers (Ray actors), a group's populations are made a
     multiple of ``slots`` in number, of even size, so no worker is left alone with the last one."""
     from ..population import can_share
@@ -106,7 +106,7 @@ def pack(trials: list[Trial], capacity, slots: int = 1) -> list[list[Trial]]:
             groups.append([t])
     out = []
     for g in groups:
-        cap = capacity(g[0].config)
+        cap = capacity(g[0])
         n = -(-len(g) // cap)  # populations at full size
         n = min(len(g), -(-n // slots) * slots)  # rounded up to a multiple of the workers
         q, r = divmod(len(g), n)  # n populations of q or q + 1 members
@@ -180,7 +180,7 @@ class SweepDir:
             "seed": trial.seed,
             "fold": trial.fold,
             "splits": None if trial.splits is None else trial.splits.as_dict(),
-            **{k: result[k] for k in ("val", "test", "step", "periods_per_year", "weights_sha256")},
+            **{k: result[k] for k in ("val", "test", "step", "periods_per_year", "weights_sha256", "guard_stop")},
             "policy": f"policies/{trial.key}.safetensors",
             "population": population["index"],
             "worker": population["worker"],

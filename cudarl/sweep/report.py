@@ -122,7 +122,7 @@ def write_csv(records: list[dict], path, dsr: dict) -> None:
     keys = sorted({k for r in records for k in r["params"]})
     head = ["key", "config_id", "fold", "seed", *keys]
     head += [f"val_{c}" for c in SPLIT_COLUMNS] + ["val_dsr"] + [f"test_{c}" for c in SPLIT_COLUMNS]
-    head += ["step", "population", "worker_host", "weights_sha256", "policy"]
+    head += ["step", "guard_stop", "population", "worker_host", "weights_sha256", "policy"]
     with atomic_open(path, "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(head)
@@ -131,7 +131,8 @@ def write_csv(records: list[dict], path, dsr: dict) -> None:
             row += [json_cell(r["params"].get(k)) for k in keys]
             row += [json_cell(r["val"][c]) for c in SPLIT_COLUMNS] + [json_cell(dsr.get(r["key"]))]
             row += [json_cell(r["test"][c]) for c in SPLIT_COLUMNS]
-            row += [r["step"], r["population"], r["worker"]["host"], r["weights_sha256"], r["policy"]]
+            row += [r["step"], r.get("guard_stop") or "", r["population"], r["worker"]["host"]]
+            row += [r["weights_sha256"], r["policy"]]
             w.writerow(row)
 
 

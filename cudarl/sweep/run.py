@@ -107,7 +107,7 @@ def _train(spec, trials, sd: SweepDir, executor, bars, echo, stats, stop) -> Non
         return
     groups = pack(
         todo,
-        lambda cfg: population_capacity(cfg, executor.gpu, spec.population, executor.gpu_free),
+        lambda t: population_capacity(t.config, executor.gpu, spec.population, executor.gpu_free, bars, t.splits),
         slots=executor.slots,
     )
     base = stats["populations"]

@@ -47,7 +47,7 @@ def run_population(job: dict, bars) -> dict:
 
     ``job``: ``{"index": int, "splits": Splits or None, "trials": [{"key", "config": {sec: {field}}}]}``;
     ``bars``: the sweep's :class:`cudarl.data.Bars`. Returns ``{"index", "results": [per trial:
-    {"key", "val", "test", "step", "weights_sha256", "policy": bytes}], "log": [lines], "worker",
+    {"key", "val", "test", "step", "weights_sha256", "guard_stop", "policy": bytes}], "log": [lines], "worker",
     "wall_s"}``.
     """
     from ..config import from_dict
@@ -57,8 +57,8 @@ def run_population(job: dict, bars) -> dict:
     t0 = time.perf_counter()
     log: list[str] = []
     cfgs = [from_dict(t["config"]) for t in job["trials"]]
-    pop = Population(cfgs, bars=bars, splits=job["splits"], echo=log.append)
-    pop.run()
+    pop = Population(cfgs, bars=bars, splits=job["splits"], run_dirs=[False] * len(cfgs), echo=log.append)
+    runs = pop.run()
     val, test = pop.evaluate("val"), pop.evaluate("test")
     results = []
     with tempfile.TemporaryDirectory(prefix="cudarl-sweep-") as tmp:
@@ -74,8 +74,11 @@ def run_population(job: dict, bars) -> dict:
                     "periods_per_year": m.data.periods_per_year,
                     "weights_sha256": weights_digest(state),
                     "policy": path.read_bytes(),
+                    # a member its guard stopped keeps the weights it stopped with, and says so
+                    "guard_stop": (runs[i] or {}).get("guard_stop"),
                 }
             )
     be = pop.members[0].be
+    pop.close()
     worker = {"host": socket.gethostname(), "pid": os.getpid(), "backend": be.name, "device": str(be.device)}
     return {"index": job["index"], "results": results, "log": log, "worker": worker, "wall_s": time.perf_counter() - t0}

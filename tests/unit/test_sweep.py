@@ -130,7 +130,7 @@ def test_packing_respects_folds_sharing_and_capacity(tmp_path):
 
     spec = load_spec(write_spec(tmp_path, '\n[grid]\n"net.hidden" = [[8], [16]]\n', seeds=3, population=0))
     trials = make_trials(spec, spec.configurations(), False, None)
-    groups = pack(trials, lambda cfg: population_capacity(cfg, False, 2, None))
+    groups = pack(trials, lambda t: population_capacity(t.config, False, 2, None))
     # two net shapes never share a population; at most 2 members each
     assert [len(g) for g in groups] == [2, 1, 2, 1]
     assert all(len({tuple(t.config.net.hidden) for t in g}) == 1 for g in groups)
@@ -277,9 +277,21 @@ def test_packing_for_several_workers_leaves_none_alone(tmp_path):
 
     spec = load_spec(write_spec(tmp_path, '\n[grid]\n"optim.lr" = [1e-4, 2e-4, 3e-4, 4e-4]\n', seeds=3))
     trials = make_trials(spec, spec.configurations(), False, None)
-    cap = lambda cfg: 4  # noqa: E731
+    cap = lambda t: 4  # noqa: E731
     assert [len(g) for g in pack(trials, cap)] == [4, 4, 4]
     assert [len(g) for g in pack(trials, cap, slots=2)] == [3, 3, 3, 3]  # two rounds on two workers
     groups = pack(trials, cap, slots=5)
     assert len(groups) == 5 and sum(map(len, groups)) == 12 and max(map(len, groups)) <= 4
     assert [t.key for g in groups for t in g] == [t.key for t in trials]  # every trial once, in order
+
+
+def test_a_trial_its_guard_stopped_is_recorded_as_such(tmp_path):
+    # a "spike" of 1.0001 times the median of the last two losses trips soon: the guard stops the trial
+    body = '"guard.action" = "stop"\n"guard.window" = 2\n"guard.spike_factor" = 1.0001\n'
+    spec = write_spec(tmp_path, body, seeds=1)
+    r = runner.invoke(app, ["sweep", str(spec)])
+    assert r.exit_code == 0, r.output
+    (rec,) = ledger(tmp_path / "sweeps" / "s").values()
+    assert "spike" in rec["guard_stop"] and rec["step"] < 30
+    (row,) = csv.DictReader((tmp_path / "sweeps" / "s" / "sweep.csv").open())
+    assert row["guard_stop"] == rec["guard_stop"]
