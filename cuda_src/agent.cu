@@ -138,6 +138,145 @@ extern "C" __global__ void cudarl_agent_act_iqn(int* __restrict__ actions, float
   advance_epsilon(eps, c, eps_out, count, arrivals);
 }
 
+// --- risk-sensitive acting (agent.act_by: cudarl.config.ACT_BY) -----------------------------------
+// mode 1 (cvar): the mean of the lower alpha tail of the return distribution; mode 2 (mean_std): its
+// mean minus lam standard deviations. (Mode 0, the mean, is the kernels above, untouched.)
+#define RISK_CVAR 1
+#define RISK_MEAN_STD 2
+
+// A C51 row's risk measure, a warp over its K atoms (ascending support z), on every lane. The softmax
+// p_k = exp(x_k - m - log sum_j exp(x_j - m)) (warp_softmax_visit's statement), then
+//   cvar:     (1/alpha) sum_k z_k clamp(alpha - F_k, 0, p_k),  F_k = p_0 + ... + p_{k-1} (a warp scan per
+//             chunk of 32 atoms, carried across chunks): the boundary atom counts with the part of its
+//             mass below alpha;
+//   mean_std: mu - lam sqrt(sum_k p_k (z_k - mu)^2),  mu = sum_k p_k z_k.
+// Call with all 32 lanes.
+__device__ __forceinline__ float c51_risk_at(const float* __restrict__ x, const float* __restrict__ z, int K, int lane,
+                                             int mode, float alpha, float lam) {
+  float mx = __int_as_float((int)0xff800000u);  // -inf
+  for (int k = lane; k < K; k += 32) mx = fmaxf(mx, x[k]);
+  mx = cudarl::warp_max(mx);
+  float s = 0.f;
+  for (int k = lane; k < K; k += 32) s += expf(x[k] - mx);
+  const float log_s = logf(cudarl::warp_sum(s));
+  if (mode == RISK_CVAR) {
+    float carry = 0.f, acc = 0.f;
+    for (int base = 0; base < K; base += 32) {
+      const int k = base + lane;
+      const float p = k < K ? expf(x[k] - mx - log_s) : 0.f;
+      float incl = p;  // inclusive scan over the chunk's lanes
+#pragma unroll
+      for (int o = 1; o < 32; o <<= 1) {
+        const float v = __shfl_up_sync(0xffffffffu, incl, o);
+        if (lane >= o) incl += v;
+      }
+      float excl = __shfl_up_sync(0xffffffffu, incl, 1);
+      if (lane == 0) excl = 0.f;
+      if (k < K) acc += z[k] * fminf(fmaxf(alpha - (carry + excl), 0.f), p);
+      carry += __shfl_sync(0xffffffffu, incl, 31);
+    }
+    return cudarl::warp_sum(acc) / alpha;
+  }
+  float mu = 0.f;
+  for (int k = lane; k < K; k += 32) mu += expf(x[k] - mx - log_s) * z[k];
+  mu = cudarl::warp_sum(mu);
+  float var = 0.f;
+  for (int k = lane; k < K; k += 32) {
+    const float d = z[k] - mu;
+    var += expf(x[k] - mx - log_s) * (d * d);
+  }
+  return mu - lam * sqrtf(cudarl::warp_sum(var));
+}
+
+// A quantile row's risk measure over theta[b, 0..N-1, a] (one thread):
+//   cvar:     sum_n w_n theta_n / (alpha N),  w_n = clamp(alpha N - n, 0, 1): quantile n stands for the
+//             fractions [n/N, (n+1)/N) (QR-DQN's fixed midpoints), the part of them below alpha;
+//   mean_std: mu - lam sqrt(sum_n (theta_n - mu)^2 / N),  mu = quantile_mean_at (summed in order).
+__device__ __forceinline__ float quantile_risk_at(const float* __restrict__ theta, long long b, int a, int N, int A,
+                                                  int mode, float alpha, float lam) {
+  if (mode == RISK_CVAR) {
+    const float an = alpha * (float)N;
+    float s = 0.f;
+    for (int n = 0; n < N; ++n) s += fminf(fmaxf(an - (float)n, 0.f), 1.f) * theta[(b * N + n) * A + a];
+    return s / an;
+  }
+  const float mu = quantile_mean_at(theta, b, a, N, A);
+  float var = 0.f;
+  for (int n = 0; n < N; ++n) {
+    const float d = theta[(b * N + n) * A + a] - mu;
+    var += d * d;
+  }
+  return mu - lam * sqrtf(var / (float)N);
+}
+
+// c51_risk: q[i, a] = c51_risk_at(logits[i, a]) (mode 1 or 2), the values evaluation and a policy act
+// on. A warp per row i, lanes over atoms. Reads A*K + K floats a row, writes 4A bytes.
+extern "C" __global__ void cudarl_agent_c51_risk(float* __restrict__ q, const float* __restrict__ logits,
+                                                 const float* __restrict__ support, int n, int A, int K, int mode,
+                                                 float alpha, float lam) {
+  const int lane = threadIdx.x & 31;
+  const long long i = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+  if (i >= n) return;  // whole warps leave together
+  for (int a = 0; a < A; ++a) {
+    const float v = c51_risk_at(logits + (i * A + a) * K, support, K, lane, mode, alpha, lam);
+    if (lane == 0) q[i * A + a] = v;
+  }
+}
+
+// quantile_risk: q[b, a] = quantile_risk_at(theta, b, a) (mode 1 or 2). One thread per (b, a); reads
+// N floats, writes 4 bytes.
+extern "C" __global__ void cudarl_agent_quantile_risk(float* __restrict__ q, const float* __restrict__ theta, int B,
+                                                      int N, int A, int mode, float alpha, float lam) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= B * A) return;
+  q[i] = quantile_risk_at(theta, i / A, i % A, N, A, mode, alpha, lam);
+}
+
+// cvar_taus: tau[i] = alpha * tau[i], IQN's acting fractions drawn uniform in [0, 1) mapped into
+// [0, alpha) (the CVaR distortion of Dabney et al. 2018): the mean of the quantiles at them is a sample
+// estimate of CVaR_alpha. Grid-stride; reads and writes 4 bytes an element.
+extern "C" __global__ void cudarl_agent_cvar_taus(float* __restrict__ tau, float alpha, long long n) {
+  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
+    tau[i] = alpha * tau[i];
+}
+
+// act_c51_risk: act_c51 with q = c51_risk's (mode 1 or 2): the same bits as c51_risk, then
+// epsilon_greedy and advance_epsilon as act_c51. A warp per env.
+extern "C" __global__ void cudarl_agent_act_c51_risk(int* __restrict__ actions, float* __restrict__ q,
+                                                     const float* __restrict__ logits,
+                                                     const float* __restrict__ support,
+                                                     const unsigned long long* __restrict__ env_count, int n, int A,
+                                                     int K, int mode, float alpha, float lam, ACT_SCHEDULE_PARAMS) {
+  const long long c = *count;
+  const float eps = cudarl::epsilon_at(c, start, end, steps);
+  const int lane = threadIdx.x & 31;
+  const long long i = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+  if (i < n) {
+    for (int a = 0; a < A; ++a) {
+      const float v = c51_risk_at(logits + (i * A + a) * K, support, K, lane, mode, alpha, lam);
+      if (lane == 0) q[i * A + a] = v;
+    }
+    if (lane == 0) actions[i] = cudarl::epsilon_greedy(q + i * A, A, eps, seed, env_count[i], i);
+  }
+  advance_epsilon(eps, c, eps_out, count, arrivals);
+}
+
+// act_quantile_risk: act_iqn with q = quantile_risk's (mode 1 or 2). A thread per env.
+extern "C" __global__ void cudarl_agent_act_quantile_risk(int* __restrict__ actions, float* __restrict__ q,
+                                                          const float* __restrict__ theta,
+                                                          const unsigned long long* __restrict__ env_count, int n,
+                                                          int N, int A, int mode, float alpha, float lam,
+                                                          ACT_SCHEDULE_PARAMS) {
+  const long long c = *count;
+  const float eps = cudarl::epsilon_at(c, start, end, steps);
+  const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) {
+    for (int a = 0; a < A; ++a) q[i * A + a] = quantile_risk_at(theta, i, a, N, A, mode, alpha, lam);
+    actions[i] = cudarl::epsilon_greedy(q + i * A, A, eps, seed, env_count[i], i);
+  }
+  advance_epsilon(eps, c, eps_out, count, arrivals);
+}
+
 // publish: copy this step's loss and gradient norm into slot (*step % slots) of a pinned ring
 // (mapped host memory), so the host reads step t - 1 from one slot while step t writes another.
 // One thread; reads 16 bytes, writes 8 bytes over the bus.

@@ -51,6 +51,7 @@ _PUBLIC = {
     "datasets": ("cudarl.datasets", None),
     "evaluate": ("cudarl.evaluate", None),
     "gym": ("cudarl.gym", None),
+    "sweep": ("cudarl.sweep", None),
     # the GPU machinery
     "StepGraph": ("cudarl.graph", "StepGraph"),
     "SideStream": ("cudarl.graph", "SideStream"),

@@ -399,6 +399,99 @@ def evaluate(
         fail(f"{e.filename or checkpoint}: {e.strerror or e}")
 
 
+@app.command("sweep")
+def sweep(
+    spec: Path = typer.Argument(
+        ..., help="the sweep's TOML spec (docs/guide.md: base config, grid or random, seeds, folds)"
+    ),
+    out: Path | None = typer.Option(
+        None, "--out", help="the sweep directory (default: <spec out>/<spec name>; an existing one resumes)"
+    ),
+    ray: bool = typer.Option(False, "--ray", help="run populations on Ray actors, one per GPU (CPU actors without)"),
+    ray_address: str | None = typer.Option(
+        None,
+        "--ray-address",
+        help="the Ray cluster to join, e.g. HOST:6379 (implies --ray; default: RAY_ADDRESS, "
+        "a `ray start` of this host, else a new local one)",
+    ),
+    workers: int = typer.Option(0, "--workers", min=0, help="Ray CPU actors when the cluster has no GPU (0: its CPUs)"),
+    gpus_per_actor: float = typer.Option(
+        1.0, "--gpus-per-actor", help="GPU share of a Ray actor: 1 (one actor a GPU) or a fraction (0.5: two a GPU)"
+    ),
+    optuna: int = typer.Option(
+        0, "--optuna", min=0, help="ROUNDS of Optuna over the spec's random table, a population a round"
+    ),
+):
+    """Train a spec's trials in populations, evaluate each on validation and test, rank by validation.
+
+    Writes sweep.csv (one row a trial), sweep.json, sweep.png; a re-run resumes, skipping finished trials."""
+    from cudarl.interrupt import Interrupted
+    from cudarl.sweep import SpecError, SweepError, load_spec, run_sweep
+
+    say = Say()
+    try:
+        sp = load_spec(spec)
+        executor = None
+        if ray or ray_address:
+            from cudarl.sweep.cluster import RayExecutor
+
+            executor = RayExecutor(
+                ray_address, workers=workers, device=sp.base.run.device, gpus_per_actor=gpus_per_actor, echo=say
+            )
+        run_sweep(sp, out=out, executor=executor, optuna_rounds=optuna, echo=say)
+    except (Interrupted, KeyboardInterrupt) as e:
+        typer.echo(
+            "cudarl-train: sweep interrupted; finished trials are kept: run the same command to resume", err=True
+        )
+        raise typer.Exit(getattr(e, "exit_code", 130)) from None
+    except (SpecError, SweepError) as e:
+        fail(str(e), 2 if isinstance(e, SpecError) else 1)
+    except (*_user_errors(), ValueError) as e:
+        fail(str(e))
+
+
+@app.command("ensemble")
+def ensemble(
+    policies: list[Path] = typer.Argument(
+        None, help="policy files (best.safetensors, a sweep's policies/*.safetensors)"
+    ),
+    sweep_dir: Path | None = typer.Option(None, "--sweep", help="take the members from a finished sweep directory"),
+    rank: int = typer.Option(1, "--rank", min=1, help="with --sweep: the configuration of this validation rank"),
+    fold: int | None = typer.Option(
+        None, "--fold", min=0, help="with --sweep: its trials of this fold (default the first)"
+    ),
+    mode: str = typer.Option("mean", "--mode", help="mean (of the members' Q) or vote (of their greedy actions)"),
+    data: str | None = typer.Option(None, "--data", help="bars to evaluate on (default: the members' data.source)"),
+    out: Path | None = typer.Option(None, "--out", help="also write the report as JSON here"),
+    device: str = typer.Option("auto", "--device", help="auto, gpu or cpu"),
+):
+    """Evaluate several policies as one (mean of their Q, or a vote) on validation and test, beside each member."""
+    from cudarl.data.validate import write_json_atomic
+    from cudarl.evaluate import json_safe
+    from cudarl.sweep.ensemble import MODES, evaluate_ensemble, sweep_members, table_lines
+
+    if mode not in MODES:
+        fail(f"--mode takes {' or '.join(MODES)}, got {mode!r}", 2)
+    if device not in ("auto", "gpu", "cpu"):
+        fail(f"--device takes auto, gpu or cpu, got {device!r}", 2)
+    if bool(policies) == (sweep_dir is not None):
+        fail("give policy files or --sweep DIR (one of the two)", 2)
+    try:
+        splits = None
+        if sweep_dir is not None:
+            policies, splits, row = sweep_members(sweep_dir, rank, fold)
+            typer.echo(
+                f"members: the {len(policies)} trial(s) of c{row['config_id']} (validation rank {rank})", err=True
+            )
+        rep = evaluate_ensemble(policies, mode, data, splits, device)
+        for line in table_lines(rep):
+            typer.echo(line)
+        if out is not None:
+            write_json_atomic(json_safe(rep), out)
+    except (*_user_errors(), ValueError) as e:
+        fail(str(e))
+
+
 @app.command("config")
 def config_cmd(
     device: str = typer.Option(

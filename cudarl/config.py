@@ -425,6 +425,10 @@ class OptimConfig:
         _in(s, "perturb", self.perturb, 0, 10)
 
 
+#: ``agent.act_by``: the risk measures acting can use, and their codes in the act kernels (cuda_src/agent.cu).
+ACT_BY = {"mean": 0, "cvar": 1, "mean_std": 2}
+
+
 @dataclass(frozen=True)
 class AgentConfig:
     """The learning rule: targets, exploration, target network, regularisers."""
@@ -482,6 +486,20 @@ class AgentConfig:
     """Extra cost per unit of position change charged in the training environments' reward only (added
     to ``env.slippage_bps`` there; evaluation keeps the true costs): a turnover penalty against trading
     on noise. 0: the training reward is the evaluation's."""
+    act_by: str = "mean"
+    """The risk measure of the learned return distribution the agent acts on, in the collect step, in
+    evaluation and in a policy file: ``mean`` (expected Q), ``cvar`` (the mean of the lower
+    ``act_alpha`` tail: C51 sums its atoms' mass up to ``act_alpha``, a part of the boundary atom; IQN
+    draws its acting quantile fractions in ``[0, act_alpha)``, Dabney et al. 2018's distortion; QR-DQN
+    averages its fixed quantiles over ``[0, act_alpha)``) or ``mean_std`` (mean minus ``act_lambda``
+    standard deviations of the distribution). PopArt's normalisation is affine with a positive scale,
+    so the choices are those of the return-space measures. docs/guide.md, "Risk-sensitive acting"."""
+    act_alpha: float = 0.25
+    """CVaR level of ``act_by = "cvar"``: the share of the return distribution's lower tail averaged, in
+    (0, 1] (1: the mean, up to rounding)."""
+    act_lambda: float = 1.0
+    """Standard deviations subtracted from the mean with ``act_by = "mean_std"`` (>= 0; 0: the mean, up to
+    rounding)."""
     aux: tuple = ()
     """Auxiliary signals by name (``cudarl.auxiliary.AUX_SIGNALS``): each adds its head on the encoder's
     output (if it has one), its phases to the train step and its observables (``aux.<name>.<what>``) to
@@ -560,6 +578,9 @@ class AgentConfig:
         _in(s, "aux_risk_lr", self.aux_risk_lr, 0, 10)
         _in(s, "aux_denoise_mask", self.aux_denoise_mask, 0, 1, hi_open=True)
         _in(s, "aux_denoise_lr", self.aux_denoise_lr, 0, 10)
+        _need(s, self.act_by in ACT_BY, f"act_by must be one of {list(ACT_BY)}, got {self.act_by!r}")
+        _in(s, "act_alpha", self.act_alpha, 0, 1, lo_open=True)
+        _in(s, "act_lambda", self.act_lambda, 0, 1e6)
         _in(s, "homeostatic_target", self.homeostatic_target, 0, 1, lo_open=True)
         _in(s, "homeostatic_weight", self.homeostatic_weight, 0, 1e6)
         _in(s, "causal_weight", self.causal_weight, 0, 1e6)

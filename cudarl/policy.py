@@ -8,15 +8,20 @@ A policy file is a safetensors file (:mod:`cudarl.tensorfile`: no pickle, memory
   ``net.spectral`` ``spectral/<layer>/u`` and ``/v`` (float32, the power iteration's vectors, so the
   policy's ``W / sigma`` is the trainer's bit for bit);
 * ``__metadata__``: ``format`` (``cudarl-policy``), ``version``, ``config`` (the run's resolved
-  configuration, JSON), ``normaliser`` (feature names, clip, fitted rows), ``step``, ``best``
+  configuration, JSON; its ``agent.act_by`` is the risk measure the policy acts by, as in
+  training), ``normaliser`` (feature names, clip, fitted rows), ``step``, ``best``
   (the best validation Sharpe so far and its update), ``data`` (a fingerprint of the training
-  bars: source, count, first and last time, SHA-256 of the closes) and ``versions``.
+  bars: source, count, first and last time, SHA-256 of the closes), ``validation`` (the validation
+  split's probabilistic Sharpe ratio of these weights, ``{"step", "psr"}``, what ``eval.gate_psr``
+  reads, when the trainer had it at the save: ``evaluate`` then need not walk the validation split)
+  and ``versions``.
 
 No replay buffer, optimiser state or target network: those live only in the resume checkpoint
 ``latest.npz``. :func:`load_policy` reads either kind of file.
 
     policy = cudarl.load_policy("runs/x/checkpoints/best.safetensors")
-    q = policy.q_values(obs)          # obs float32 [n, F + 2] (normalised features, position, hold)
+    q = policy.q_values(obs)          # obs float32 [n, F + 2] (normalised features, position, hold);
+                                      # the expected Q, or the risk measure of the config's agent.act_by
     a = policy.act(obs)               # int32 [n], the greedy action (the first maximum)
     ev = policy.evaluate(split="test")  # the trainer's greedy evaluation, Evaluation
 """
@@ -70,6 +75,7 @@ class PolicyState:
     data: dict | None = None
     versions: dict | None = None
     weights_kind: str = "last"  # "moving average" when eval.average_halflife made the deployed weights
+    validation: dict | None = None  # {"step", "psr"}: the validation PSR of these weights (the gate's input)
 
     @classmethod
     def of_trainer(cls, trainer, best=None) -> PolicyState:
@@ -82,6 +88,10 @@ class PolicyState:
         online = agent["online"]
         if getattr(trainer, "average", None) is not None:
             online = {**online, "params": _backend.to_numpy(trainer.average).copy()}
+        # the gate's evidence when the trainer has it for these weights (after a validation evaluation,
+        # as for ``best``); otherwise evaluate recomputes it. Walking the split here would slow training
+        val = getattr(trainer, "_val_psr", None)
+        validation = {"step": int(val[0]), "psr": float(val[1])} if val and val[0] == trainer.step else None
         return cls(
             config=trainer.cfg,
             weights=_split_params(online),
@@ -93,6 +103,7 @@ class PolicyState:
             data=data_fingerprint(trainer.data.bars),
             versions=versions(),
             weights_kind="last" if online is agent["online"] else "moving average",
+            validation=validation,
         )
 
     @classmethod
@@ -140,6 +151,7 @@ class PolicyState:
             "data": json.dumps(self.data),
             "versions": json.dumps(self.versions or {"cudarl": __version__}),
             "weights": self.weights_kind,
+            "validation": json.dumps(self.validation),
         }
         return tensorfile.save(path, tensors, meta)
 
@@ -180,6 +192,7 @@ class PolicyState:
                 data=json.loads(meta.get("data", "null")),
                 versions=json.loads(meta.get("versions", "null")),
                 weights_kind=meta.get("weights", "last"),
+                validation=json.loads(meta.get("validation", "null")),
             )
         except KeyError as exc:
             raise CheckpointError(f"{path}: the policy file has no {exc.args[0]!r}") from None
@@ -220,7 +233,7 @@ def read_policy_info(path) -> dict:
     except tensorfile.TensorFileError as exc:
         raise CheckpointError(str(exc)) from None
     out = dict(meta)
-    for k in ("config", "normaliser", "best", "data", "versions"):
+    for k in ("config", "normaliser", "best", "data", "versions", "validation"):
         if k in out:
             out[k] = json.loads(out[k])
     if "step" in out:
@@ -323,6 +336,7 @@ class Policy:
         n = self.config.net
         return (
             f"Policy({n.head}, hidden={list(n.hidden)}, obs_dim={self.obs_dim}, actions={self.n_actions}, "
+            f"act_by={self.config.agent.act_by}, "
             f"step={self.step}, backend={self.be.name}, from {self.source})"
         )
 
@@ -359,7 +373,8 @@ class Policy:
         return self.xp.ascontiguousarray(x, dtype=np.float32), on_gpu
 
     def q_values(self, obs):
-        """float32 ``[n, A]``: expected Q of each action for ``obs`` ``[n, obs_dim]``."""
+        """float32 ``[n, A]``: expected Q of each action for ``obs`` ``[n, obs_dim]`` (with the config's
+        ``agent.act_by`` its risk measure: CVaR or mean - lambda std, what the policy acts on)."""
         x, on_gpu = self._input(obs)
         out = self.xp.empty((x.shape[0], self.n_actions), np.float32)
         self.q_values_into(x, out)
@@ -382,7 +397,11 @@ class Policy:
         ``builtin:<name>``; default: the training run's ``data.source`` with its data options), with the
         deployment rules of its config's ``eval`` (the validation gate, the margin): a
         :class:`cudarl.evaluate.Evaluation` whose summary carries ``step`` and ``deployment``. ``echo`` (a function of
-        one line) hears when the default bars are no longer those the policy was trained on."""
+        one line) hears when the default bars are no longer those the policy was trained on.
+
+        The gate reads the validation PSR the policy file recorded (:meth:`validation_psr`) when
+        ``data`` is the training run's bars (same closes); otherwise it evaluates the validation split
+        of ``data`` now. ``deployment.validation_psr_from`` says which."""
         from .trainer import prepare_data
 
         cfg = self.config
@@ -390,40 +409,51 @@ class Policy:
             cfg = from_dict({"data": {"source": str(data)}}, base=cfg)
         prepared = prepare_data(cfg, None if isinstance(data, (str, Path)) else data, self.normaliser)
         trained = (self.state.data or {}).get("close_sha256")
-        if data is None and echo is not None and trained not in (None, data_fingerprint(prepared.bars)["close_sha256"]):
+        same_bars = trained == data_fingerprint(prepared.bars)["close_sha256"]
+        if data is None and echo is not None and trained is not None and not same_bars:
             echo(f"warning: the bars of {cfg.data.source} differ from those the policy was trained on")
-        e, q_rows = cfg.eval, self._q_rows()
+        stored = self.state.validation if data is None and same_bars else None
 
         def val_psr():
-            ev = evaluate_split(
-                prepared,
-                "val",
-                cfg.env,
-                self.q_values_into,
-                self.be.name,
-                margin=e.margin,
-                eval_cfg=e,
-                q_rows=q_rows,
-                scale=self._scale,
-            )
-            return ev.summary["statistics"]["psr"]
+            if stored is not None:
+                return stored["psr"]
+            return self._evaluate_split(prepared, "val").summary["statistics"]["psr"]
 
-        dep = deployment(e, split, val_psr)
-        ev = evaluate_split(
+        dep = deployment(cfg.eval, split, val_psr)
+        ev = self._evaluate_split(prepared, split, trading=dep["trading"])
+        ev.summary["step"] = self.step
+        ev.summary["deployment"] = {**dep, "margin": cfg.eval.margin, "weights": self.state.weights_kind}
+        if "validation_psr" in dep:
+            ev.summary["deployment"]["validation_psr_from"] = "policy file" if stored is not None else "recomputed"
+        return ev
+
+    def validation_psr(self, recompute: bool = False) -> float:
+        """The validation split's probabilistic Sharpe ratio of this policy on its training bars, what
+        ``eval.gate_psr`` compares: the value the trainer recorded in the policy file at its save (the
+        same weights, config and bars), or (``recompute``, or none recorded) the split walked and
+        evaluated now."""
+        if not recompute and self.state.validation is not None:
+            return self.state.validation["psr"]
+        from .trainer import prepare_data
+
+        prepared = prepare_data(self.config, None, self.normaliser)
+        return self._evaluate_split(prepared, "val").summary["statistics"]["psr"]
+
+    def _evaluate_split(self, prepared, split: str, trading: bool = True):
+        """:func:`evaluate_split` of this policy (its env, margin and statistics config) over ``split``."""
+        cfg = self.config
+        return evaluate_split(
             prepared,
             split,
             cfg.env,
             self.q_values_into,
             self.be.name,
-            margin=e.margin,
-            eval_cfg=e,
-            trading=dep["trading"],
-            q_rows=q_rows,
+            margin=cfg.eval.margin,
+            eval_cfg=cfg.eval,
+            trading=trading,
+            q_rows=self._q_rows(),
             scale=self._scale,
         )
-        ev.summary["step"] = self.step
-        ev.summary["deployment"] = {**dep, "margin": e.margin, "weights": self.state.weights_kind}
-        return ev
 
 
 # --- the greedy walk, shared with the trainer ------------------------------------------------------
@@ -466,6 +496,10 @@ def row_exact_q(net, values):
             h = y
         logits = np.empty((len(h), head.n_actions, head.atoms), np.float32)
         ref.dueling_forward(h, logits)
+        if values.risk[0] != 0:  # agent.act_by: the twin C51Values runs, row by row
+            q = np.empty((len(h), head.n_actions), np.float32)
+            values.of_logits(logits, q)
+            return q
         # qstats.per_sample's Q (C51Values'), without the entropy and mass it also computes
         return (np.exp(log_softmax(logits)) * support).sum(-1)
 
@@ -647,11 +681,12 @@ def evaluate_split(
 
     e = eval_cfg if eval_cfg is not None else EvalConfig()
     split = getattr(prepared.splits, split_name)
-    env = env if env is not None else eval_env(prepared, split, env_cfg, backend)
-    actions, scales = greedy_walk(env, q_values, stream, margin=margin, q_rows=q_rows, scale=scale)
-    pos = (env_cfg.position_levels()[actions] * scales).astype(np.float64)  # float32 levels * scale, as the env
-    if not trading:
-        pos = np.zeros_like(pos)
+    if trading:
+        env = env if env is not None else eval_env(prepared, split, env_cfg, backend)
+        actions, scales = greedy_walk(env, q_values, stream, margin=margin, q_rows=q_rows, scale=scale)
+        pos = (env_cfg.position_levels()[actions] * scales).astype(np.float64)  # float32 levels * scale, as the env
+    else:  # the gate keeps it flat: no walk (an episode of len(split) - 2 decisions, as the env's)
+        pos = np.zeros(split.stop - split.start - 2, np.float64)
     return evaluate_positions(
         prepared.bars,
         pos,

@@ -51,11 +51,9 @@ def run_walk_forward(cfg: Config, folds: int, run_dir=None, echo=print, bars=Non
     rows, net, bh = [], [], []
     t0 = time.perf_counter()
     for i, sp in enumerate(parts):
-        fold_cfg = cfg
-        room = len(sp.train) - 2
-        if cfg.env.episode_len > room:
-            fold_cfg = replace(cfg, env=replace(cfg.env, episode_len=room))
-            echo(f"fold {i}: episode_len {cfg.env.episode_len} -> {room} (the fold trains on {len(sp.train)} bars)")
+        fold_cfg, note = fold_config(cfg, sp)
+        if note:
+            echo(f"fold {i}: {note}")
         echo(
             f"fold {i}/{folds}: train [{sp.train.start}, {sp.train.stop}), val [{sp.val.start}, {sp.val.stop}), "
             f"test [{sp.test.start}, {sp.test.stop})"
@@ -107,6 +105,16 @@ def run_walk_forward(cfg: Config, folds: int, run_dir=None, echo=print, bars=Non
     for line in report_lines(report):
         echo(line)
     return report
+
+
+def fold_config(cfg: Config, sp) -> tuple[Config, str]:
+    """``(config, note)``: ``cfg`` for a fold with splits ``sp``, its episodes shortened to fit the fold's
+    training bars when they are longer (``note`` says so; empty otherwise)."""
+    room = len(sp.train) - 2
+    if cfg.env.episode_len <= room:
+        return cfg, ""
+    note = f"episode_len {cfg.env.episode_len} -> {room} (the fold trains on {len(sp.train)} bars)"
+    return replace(cfg, env=replace(cfg.env, episode_len=room)), note
 
 
 def _f(v, spec=".2f") -> str:

@@ -113,6 +113,7 @@ def _summary_row(ev) -> dict:
         "trade_bars_pct": trade_bars_pct(ev.position),
         "exposure": pol.get("exposure"),
         "total_return": pol["total_return"],
+        "max_drawdown": pol.get("max_drawdown"),
         "sharpe_se": st.get("sharpe_se"),
         "sharpe_interval": st.get("sharpe_interval"),
         "psr": st.get("psr"),

@@ -68,33 +68,10 @@ def _check_act(actions, q, env_count, eps, count, arrivals) -> tuple[int, int]:
     return n, a_n
 
 
-def _launch_act_c51(
-    op: str, head, actions, q, support, env_count, params, n, a_n, k_n, eps, count, arrivals, start, end, steps, stream
-) -> None:
-    launch(
-        "agent",
-        op,
-        blocks_for(32 * n),  # a warp per env
-        256,
-        (
-            actions,
-            q,
-            head,
-            support,
-            env_count,
-            n,
-            a_n,
-            k_n,
-            eps,
-            count,
-            arrivals,
-            float(start),
-            float(end),
-            int(steps),
-            int(params.seed),
-        ),
-        stream=stream,
-    )
+def _launch_act(op: str, grid: int, args: tuple, params, eps, count, arrivals, start, end, steps, stream) -> None:
+    """Launch the fused act kernel ``op`` with its own ``args`` and the schedule's (ACT_SCHEDULE_PARAMS)."""
+    schedule = (eps, count, arrivals, float(start), float(end), int(steps), int(params.seed))
+    launch("agent", op, grid, 256, (*args, *schedule), stream=stream)
 
 
 def act_c51(
@@ -121,10 +98,8 @@ def act_c51(
     k_n = logits.shape[-1] if logits.ndim == 3 else 0
     _check("logits", logits, np.float32, (n, a_n, k_n))
     _check("support", support, np.float32, (k_n,))
-    _launch_act_c51(
-        "act_c51", logits, actions, q, support, env_count, params, n, a_n, k_n, eps, count, arrivals, start, end,
-        steps, stream,
-    )  # fmt: skip
+    args = (actions, q, logits, support, env_count, n, a_n, k_n)
+    _launch_act("act_c51", blocks_for(32 * n), args, params, eps, count, arrivals, start, end, steps, stream)
 
 
 def act_c51_dueling(
@@ -148,10 +123,8 @@ def act_c51_dueling(
     k_n = support.shape[0] if support.ndim == 1 else 0
     _check("support", support, np.float32, (k_n,))
     _check("va", va, np.float32, (n, (1 + a_n) * k_n))
-    _launch_act_c51(
-        "act_c51_dueling", va, actions, q, support, env_count, params, n, a_n, k_n, eps, count, arrivals, start, end,
-        steps, stream,
-    )  # fmt: skip
+    args = (actions, q, va, support, env_count, n, a_n, k_n)
+    _launch_act("act_c51_dueling", blocks_for(32 * n), args, params, eps, count, arrivals, start, end, steps, stream)
 
 
 def act_iqn(
@@ -162,29 +135,114 @@ def act_iqn(
     n, a_n = _check_act(actions, q, env_count, eps, count, arrivals)
     n_q = theta.shape[1] if theta.ndim == 3 else 0
     _check("theta", theta, np.float32, (n, n_q, a_n))
+    args = (actions, q, theta, env_count, n, n_q, a_n)
+    _launch_act("act_iqn", blocks_for(n), args, params, eps, count, arrivals, start, end, steps, stream)
+
+
+def _check_risk(mode: int, alpha: float, lam: float) -> None:
+    if mode not in (1, 2):
+        raise ValueError(f"mode: 1 (cvar) or 2 (mean_std), got {mode!r} (the mean has kernels of its own)")
+    if not (0 < alpha <= 1) or not lam >= 0:
+        raise ValueError(f"alpha must be in (0, 1] and lam >= 0, got {alpha!r}, {lam!r}")
+
+
+def c51_risk(q, logits, support, mode: int, alpha: float, lam: float, stream=None) -> None:
+    """The risk measure ``mode`` (1: CVaR at ``alpha``, 2: mean minus ``lam`` std; ``cudarl.config.ACT_BY``)
+    of each action's categorical distribution, ``logits`` float32 ``[n, A, K]`` over ``support`` ``[K]``
+    (ascending), into ``q`` ``[n, A]``. A warp per row."""
+    _check_risk(mode, alpha, lam)
+    n, a_n, k_n = logits.shape if logits.ndim == 3 else (0, 0, 0)
+    _check("logits", logits, np.float32, (n, a_n, k_n))
+    _check("support", support, np.float32, (k_n,))
+    _check("q", q, np.float32, (n, a_n))
     launch(
         "agent",
-        "act_iqn",
-        blocks_for(n),
+        "c51_risk",
+        blocks_for(32 * n),
         256,
-        (
-            actions,
-            q,
-            theta,
-            env_count,
-            n,
-            n_q,
-            a_n,
-            eps,
-            count,
-            arrivals,
-            float(start),
-            float(end),
-            int(steps),
-            int(params.seed),
-        ),
+        (q, logits, support, n, a_n, k_n, int(mode), float(alpha), float(lam)),
         stream=stream,
     )
+
+
+def quantile_risk(q, theta, mode: int, alpha: float, lam: float, stream=None) -> None:
+    """The risk measure ``mode`` (:func:`c51_risk`) of quantiles ``theta`` float32 ``[B, N, A]`` at QR-DQN's
+    fixed fractions (CVaR), or of any quantile sample (mean - lam std), into ``q`` ``[B, A]``."""
+    _check_risk(mode, alpha, lam)
+    B, N, A = theta.shape if theta.ndim == 3 else (0, 0, 0)
+    _check("theta", theta, np.float32, (B, N, A))
+    _check("q", q, np.float32, (B, A))
+    launch(
+        "agent",
+        "quantile_risk",
+        blocks_for(B * A),
+        256,
+        (q, theta, B, N, A, int(mode), float(alpha), float(lam)),
+        stream=stream,
+    )
+
+
+def cvar_taus(tau, alpha: float, stream=None) -> None:
+    """``tau *= alpha`` in place (float32, C-contiguous): IQN's acting fractions into ``[0, alpha)``."""
+    if tau.dtype != np.float32 or not tau.flags.c_contiguous:
+        raise ValueError(f"tau: expected a C-contiguous float32 array, got {tau.dtype}")
+    if not 0 < alpha <= 1:
+        raise ValueError(f"alpha must be in (0, 1], got {alpha!r}")
+    launch("agent", "cvar_taus", min(blocks_for(tau.size), 4096), 256, (tau, float(alpha), tau.size), stream=stream)
+
+
+def act_c51_risk(
+    actions,
+    q,
+    logits,
+    support,
+    env_count,
+    params,
+    mode: int,
+    alpha: float,
+    lam: float,
+    eps,
+    count,
+    arrivals,
+    start: float,
+    end: float,
+    steps: int,
+    stream=None,
+) -> None:
+    """:func:`act_c51` acting on :func:`c51_risk`'s values (the same bits) instead of the expected Q."""
+    _check_risk(mode, alpha, lam)
+    n, a_n = _check_act(actions, q, env_count, eps, count, arrivals)
+    k_n = logits.shape[-1] if logits.ndim == 3 else 0
+    _check("logits", logits, np.float32, (n, a_n, k_n))
+    _check("support", support, np.float32, (k_n,))
+    args = (actions, q, logits, support, env_count, n, a_n, k_n, int(mode), float(alpha), float(lam))
+    _launch_act("act_c51_risk", blocks_for(32 * n), args, params, eps, count, arrivals, start, end, steps, stream)
+
+
+def act_quantile_risk(
+    actions,
+    q,
+    theta,
+    env_count,
+    params,
+    mode: int,
+    alpha: float,
+    lam: float,
+    eps,
+    count,
+    arrivals,
+    start: float,
+    end: float,
+    steps: int,
+    stream=None,
+) -> None:
+    """:func:`act_iqn` acting on :func:`quantile_risk`'s values (the same bits) instead of the mean."""
+    _check_risk(mode, alpha, lam)
+    n, a_n = _check_act(actions, q, env_count, eps, count, arrivals)
+    n_q = theta.shape[1] if theta.ndim == 3 else 0
+    _check("theta", theta, np.float32, (n, n_q, a_n))
+    args = (actions, q, theta, env_count, n, n_q, a_n, int(mode), float(alpha), float(lam))
+    _launch_act("act_quantile_risk", blocks_for(n), args, params, eps, count, arrivals, start, end, steps, stream)
 
 
 def publish(ring, loss, grad_norm, step, slots: int, stream=None) -> None:

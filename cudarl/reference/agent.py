@@ -102,6 +102,98 @@ def act_iqn(
     env.act(actions, q, eps, env_count, params)
 
 
+# --- risk-sensitive acting (agent.act_by) -------------------------------------------------------------
+#: ``mode`` codes of the risk kernels (``cudarl.config.ACT_BY``; 0, the mean, has kernels of its own).
+CVAR, MEAN_STD = 1, 2
+
+
+def c51_risk(q: np.ndarray, logits: np.ndarray, support: np.ndarray, mode: int, alpha: float, lam: float) -> None:
+    """A risk measure of each action's categorical return distribution, into ``q`` float32 ``[n, A]``.
+
+    ``p = softmax(logits)`` over ``support`` z (float32 ``[n, A, K]`` and ``[K]``, ascending), then
+
+    * ``mode`` 1, CVaR at ``alpha`` (the mean of the lower ``alpha`` tail; Rockafellar and Uryasev 2000):
+      ``(1/alpha) sum_k z_k clip(alpha - F_k, 0, p_k)`` with ``F_k = p_0 + ... + p_{k-1}``, so the atom
+      where the tail ends counts with the part of its mass below ``alpha``;
+    * ``mode`` 2: ``mu - lam sigma``, ``mu = sum_k p_k z_k``, ``sigma^2 = sum_k p_k (z_k - mu)^2``.
+
+    float32 arithmetic row by row (a row's value does not depend on the others)."""
+    x = np.asarray(logits, np.float32)
+    z = np.asarray(support, np.float32)
+    m = x.max(axis=-1, keepdims=True)
+    log_s = np.log(np.exp(x - m).sum(axis=-1, keepdims=True))
+    p = np.exp(x - m - log_s)
+    if mode == CVAR:
+        a = np.float32(alpha)
+        before = np.zeros_like(p)  # F_k, the mass of the atoms below k
+        np.cumsum(p[..., :-1], axis=-1, dtype=np.float32, out=before[..., 1:])
+        w = np.minimum(np.maximum(a - before, np.float32(0)), p)
+        q[...] = (w * z).sum(axis=-1, dtype=np.float32) / a
+    elif mode == MEAN_STD:
+        mu = (p * z).sum(axis=-1, dtype=np.float32)
+        d = z - mu[..., None]
+        q[...] = mu - np.float32(lam) * np.sqrt((p * (d * d)).sum(axis=-1, dtype=np.float32))
+    else:
+        raise ValueError(f"mode: 1 (cvar) or 2 (mean_std), got {mode!r}")
+
+
+def quantile_risk(q: np.ndarray, theta: np.ndarray, mode: int, alpha: float, lam: float) -> None:
+    """A risk measure of quantiles ``theta`` float32 ``[B, N, A]``, into ``q`` ``[B, A]`` (sums in order
+    n = 0..N-1):
+
+    * ``mode`` 1, CVaR at ``alpha`` over QR-DQN's fixed fractions, quantile n standing for
+      ``[n/N, (n+1)/N)``: ``sum_n w_n theta_n / (alpha N)``, ``w_n = clip(alpha N - n, 0, 1)`` (the part of
+      its fractions below ``alpha``; by their fractions, not sorted: Dabney et al. 2018 act on the
+      quantile function as learned);
+    * ``mode`` 2: ``mu - lam sigma`` of the N values (``mu`` as :func:`quantile_mean`, ``sigma^2`` their
+      mean squared deviation): for IQN a sample estimate from its drawn fractions."""
+    N = theta.shape[1]
+    if mode == CVAR:
+        an = np.float32(alpha) * np.float32(N)
+        s = np.zeros(q.shape, np.float32)
+        for n in range(N):
+            w = np.minimum(np.maximum(an - np.float32(n), np.float32(0)), np.float32(1))
+            s += w * theta[:, n, :]
+        q[...] = s / an
+    elif mode == MEAN_STD:
+        mu = np.empty(q.shape, np.float32)
+        quantile_mean(mu, theta)
+        v = np.zeros(q.shape, np.float32)
+        for n in range(N):
+            d = theta[:, n, :] - mu
+            v += d * d
+        q[...] = mu - np.float32(lam) * np.sqrt(v / np.float32(N))
+    else:
+        raise ValueError(f"mode: 1 (cvar) or 2 (mean_std), got {mode!r}")
+
+
+def cvar_taus(tau: np.ndarray, alpha: float) -> None:
+    """``tau *= alpha`` in place: IQN's acting fractions, uniform in ``[0, 1)``, into ``[0, alpha)`` (the
+    CVaR distortion ``beta(tau) = alpha tau`` of Dabney, Ostrovski, Silver and Munos 2018, section 3.1):
+    the mean of the quantiles there estimates CVaR_alpha."""
+    tau *= np.float32(alpha)
+
+
+def act_c51_risk(
+    actions, q, logits, support, env_count, params, mode, alpha, lam, eps, count, arrivals, start, end, steps
+):
+    """:func:`act_c51` on :func:`c51_risk`'s values: ``c51_risk``, ``epsilon``, ``env.act``, in that order."""
+    from . import env
+
+    c51_risk(q, logits, support, mode, alpha, lam)
+    epsilon(eps, count, start, end, steps)
+    env.act(actions, q, eps, env_count, params)
+
+
+def act_quantile_risk(actions, q, theta, env_count, params, mode, alpha, lam, eps, count, arrivals, start, end, steps):
+    """:func:`act_iqn` on :func:`quantile_risk`'s values: ``quantile_risk``, ``epsilon``, ``env.act``."""
+    from . import env
+
+    quantile_risk(q, theta, mode, alpha, lam)
+    epsilon(eps, count, start, end, steps)
+    env.act(actions, q, eps, env_count, params)
+
+
 def publish(ring: np.ndarray, loss: np.ndarray, grad_norm: np.ndarray, step: np.ndarray, slots: int) -> None:
     """``ring[2s], ring[2s + 1] = loss[0], grad_norm[0]`` with ``s = step[0] % slots``."""
     s = int(step[0]) % slots

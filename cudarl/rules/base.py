@@ -92,7 +92,8 @@ class HeadRule(Protocol):
     Class-level (before the networks exist, or without an agent):
         make_head(name, d, n_actions, net) -> the :class:`cudarl.nn.heads.Head` on ``psi [B, d]``.
         popart_scale(net) -> support units per standard deviation of return for PopArt.
-        greedy_values(net, cfg, counters) -> the expected-Q function acting and evaluation use.
+        greedy_values(net, cfg, counters) -> the values acting and evaluation choose by: the expected Q,
+            or the risk measure of ``agent.act_by`` (:func:`acting_risk`).
     """
 
     @classmethod
@@ -103,9 +104,10 @@ class HeadRule(Protocol):
 
     @classmethod
     def greedy_values(cls, net, cfg, counters=None):
-        """``values(out, obs, ws)``: the expected Q of ``net``'s forward of ``obs [n, obs_dim]`` over the
-        workspace ``ws`` into ``out [n, A]``. What :meth:`expected_q` runs, and what a policy file acts
-        with (:class:`cudarl.policy.Policy`), so both give the same bits. ``counters``: the rule's own
+        """``values(out, obs, ws)``: the expected Q (or ``agent.act_by``'s risk measure) of ``net``'s
+        forward of ``obs [n, obs_dim]`` over the workspace ``ws`` into ``out [n, A]``. What
+        :meth:`expected_q` runs, and what a policy file acts with (:class:`cudarl.policy.Policy`), so
+        both give the same bits. ``counters``: the rule's own
         device counters where acting draws from them (IQN's taus), else None."""
 
     @classmethod
@@ -114,8 +116,9 @@ class HeadRule(Protocol):
 
     def act(self, env, eps_args: tuple) -> None:
         """The collect step's act: the online forward over ``env.obs`` (``buffers.ws_act``), then the
-        expected Q into ``buffers.q_act``, the device epsilon and the epsilon-greedy ``env.actions``
-        (``eps_args``: ``cudarl.ops.agent.act_*``'s schedule arguments)."""
+        expected Q (or ``agent.act_by``'s risk measure: :meth:`greedy_values`' bits) into
+        ``buffers.q_act``, the device epsilon and the epsilon-greedy ``env.actions`` (``eps_args``:
+        ``cudarl.ops.agent.act_*``'s schedule arguments)."""
 
     def expected_q(self, out, obs) -> None:
         """Expected Q of the online network for ``obs [n, obs_dim]`` (n <= n_envs) into ``out [n, A]``."""
@@ -143,6 +146,15 @@ class HeadRule(Protocol):
 
     def load_state_dict(self, state: dict) -> None:
         """Restore :meth:`state_dict` into the existing buffers."""
+
+
+def acting_risk(cfg) -> tuple[int, float, float]:
+    """``(mode, alpha, lam)`` of ``agent.act_by`` for the act and value kernels: mode 0 (the mean), 1
+    (CVaR at ``agent.act_alpha``) or 2 (mean minus ``agent.act_lambda`` standard deviations)."""
+    from ..config import ACT_BY
+
+    a = cfg.agent
+    return ACT_BY[a.act_by], float(a.act_alpha), float(a.act_lambda)
 
 
 class RuleBase:

@@ -7,7 +7,7 @@ import numpy as np
 from .. import losses
 from ..backend import family
 from ..nn.heads import C51Head
-from .base import LearnerBuffers, Phase, RuleBase
+from .base import LearnerBuffers, Phase, RuleBase, acting_risk
 
 
 def support(net) -> np.ndarray:
@@ -16,15 +16,26 @@ def support(net) -> np.ndarray:
 
 
 class C51Values:
-    """Expected Q of a C51 network, ``Q[i, a] = sum_k softmax(logits[i, a])_k z_k`` (``qstats.expected_q``:
-    the act kernel's bits, and nothing else computed), into ``out [n, A]``: ``values(out, obs, ws)``."""
+    """What a C51 network acts and evaluates by, into ``out [n, A]``: ``values(out, obs, ws)``. With
+    ``agent.act_by = "mean"`` the expected Q ``Q[i, a] = sum_k softmax(logits[i, a])_k z_k``
+    (``qstats.expected_q``: the act kernel's bits, and nothing else computed); otherwise the risk measure
+    of ``agent.act_by`` (``agent.c51_risk``: CVaR or mean - lambda std, ``act_c51_risk``'s bits)."""
 
-    def __init__(self, net, net_cfg):
+    def __init__(self, net, cfg):
         self.net = net
-        self.support = net.xp.asarray(support(net_cfg))
+        self.support = net.xp.asarray(support(cfg.net))
+        self.risk = acting_risk(cfg)
+        self.agent_ops = family("agent", net.xp)
 
     def __call__(self, out, obs, ws) -> None:
-        losses.expected_q(self.net.forward(obs, ws)["q"], self.support, out)
+        self.of_logits(self.net.forward(obs, ws)["q"], out)
+
+    def of_logits(self, logits, out) -> None:
+        """The values of the head's ``logits [n, A, K]`` into ``out [n, A]``."""
+        if self.risk[0] == 0:
+            losses.expected_q(logits, self.support, out)
+        else:
+            self.agent_ops.c51_risk(out, logits, self.support, *self.risk)
 
 
 class C51Rule(RuleBase):
@@ -49,7 +60,7 @@ class C51Rule(RuleBase):
 
     @classmethod
     def greedy_values(cls, net, cfg, counters=None) -> C51Values:
-        return C51Values(net, cfg.net)
+        return C51Values(net, cfg)
 
     def __init__(self, buf: LearnerBuffers):
         xp, B, K = buf.xp, buf.batch_size, buf.cfg.net.atoms
@@ -90,10 +101,17 @@ class C51Rule(RuleBase):
     def act(self, env, eps_args: tuple) -> None:
         """The online forward over ``env.obs`` up to the head's raw output, then one kernel: the dueling
         combine, expected Q (``buffers.q_act``), the device epsilon and the epsilon-greedy ``env.actions``
-        (``act_c51_dueling``; the dueling kernel then ``act_c51`` is its oracle)."""
-        buf = self.buf
-        va = buf.online.forward(env.obs, buf.ws_act, raw_head=True)["q"]
-        self.agent_ops.act_c51_dueling(env.actions, buf.q_act, va, self.support, env.state.count, env.params, *eps_args)
+        (``act_c51_dueling``; the dueling kernel then ``act_c51`` is its oracle). With ``agent.act_by``
+        the forward's logits and ``act_c51_risk``: its risk measure in place of the expected Q."""
+        buf, risk = self.buf, self.values.risk
+        if risk[0] == 0:
+            va = buf.online.forward(env.obs, buf.ws_act, raw_head=True)["q"]
+            args = (env.actions, buf.q_act, va, self.support, env.state.count, env.params)
+            self.agent_ops.act_c51_dueling(*args, *eps_args)
+        else:
+            logits = buf.online.forward(env.obs, buf.ws_act)["q"]
+            args = (env.actions, buf.q_act, logits, self.support, env.state.count, env.params, *risk)
+            self.agent_ops.act_c51_risk(*args, *eps_args)
 
     def forward(self, batch) -> None:
         # the head's raw outputs va [B, (1 + A) K]: targets_loss combines them itself. Three forwards

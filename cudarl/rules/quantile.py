@@ -7,22 +7,42 @@ import numpy as np
 
 from .. import losses
 from ..backend import family
-from .base import LearnerBuffers, Phase, RuleBase
+from .base import LearnerBuffers, Phase, RuleBase, acting_risk
 
 
 class QuantileValues:
-    """Expected Q of a quantile network, the mean over its quantiles (``agent.quantile_mean``), into
-    ``out [n, A]``: ``values(out, obs, ws)``; ``draw_taus(ws, n)`` first writes the quantile fractions of
-    the forward (IQN's acting taus), or is None (fixed fractions)."""
+    """What a quantile network acts and evaluates by, into ``out [n, A]``: ``values(out, obs, ws)``.
+    ``draw_taus(ws, n)`` first writes the quantile fractions of the forward (IQN's acting taus), or is
+    None (fixed fractions). ``agent.act_by``: ``mean``, the mean over the quantiles (``quantile_mean``);
+    ``cvar`` with drawn fractions (IQN), the mean over quantiles at fractions mapped into ``[0, alpha)``
+    (``cvar_taus``: Dabney et al. 2018's distortion), with fixed ones (QR-DQN) ``quantile_risk``'s CVaR
+    over them; ``mean_std``, ``quantile_risk``'s mean - lambda std of the N values."""
 
-    def __init__(self, net, draw_taus=None):
+    def __init__(self, net, cfg, draw_taus=None):
         self.net, self.draw_taus = net, draw_taus
         self.agent_ops = family("agent", net.xp)
+        mode, alpha, lam = self.risk = acting_risk(cfg)
+        #: IQN's CVaR distorts its fractions and then takes the mean (mode 0 on the quantiles)
+        self.distort = alpha if mode == 1 and draw_taus is not None else None
+        self.head_risk = (0, alpha, lam) if self.distort is not None else self.risk
 
     def __call__(self, out, obs, ws) -> None:
+        self.draw(ws, obs.shape[0])
+        self.of_quantiles(self.net.forward(obs, ws)["q"], out)
+
+    def draw(self, ws, n: int) -> None:
+        """The acting forward's fractions into ``ws`` (IQN; with CVaR mapped into ``[0, alpha)``)."""
         if self.draw_taus is not None:
-            self.draw_taus(ws, obs.shape[0])
-        self.agent_ops.quantile_mean(out, self.net.forward(obs, ws)["q"])
+            tau = self.draw_taus(ws, n)
+            if self.distort is not None:
+                self.agent_ops.cvar_taus(tau, self.distort)
+
+    def of_quantiles(self, theta, out) -> None:
+        """The values of quantiles ``theta [n, N, A]`` (after :meth:`draw`) into ``out [n, A]``."""
+        if self.head_risk[0] == 0:
+            self.agent_ops.quantile_mean(out, theta)
+        else:
+            self.agent_ops.quantile_risk(out, theta, *self.head_risk)
 
 
 class QuantileRule(RuleBase):
@@ -51,7 +71,7 @@ class QuantileRule(RuleBase):
 
     @classmethod
     def greedy_values(cls, net, cfg, counters=None) -> QuantileValues:
-        return QuantileValues(net, cls.acting_taus(net, cfg, counters))
+        return QuantileValues(net, cfg, cls.acting_taus(net, cfg, counters))
 
     def __init__(self, buf: LearnerBuffers):
         xp, B, N, A = buf.xp, buf.batch_size, buf.cfg.net.n_quantiles, buf.n_actions
@@ -86,11 +106,16 @@ class QuantileRule(RuleBase):
 
     def act(self, env, eps_args: tuple) -> None:
         """The online forward over ``env.obs``, then one kernel (``act_iqn``): the quantile mean into
-        ``buffers.q_act``, the device epsilon and the epsilon-greedy ``env.actions``."""
-        buf = self.buf
-        self.draw_taus(buf.online, buf.ws_act, env.obs.shape[0], ACT_STREAM)
+        ``buffers.q_act``, the device epsilon and the epsilon-greedy ``env.actions``. With
+        ``agent.act_by``: :class:`QuantileValues`' fractions and measure (``act_quantile_risk``)."""
+        buf, values = self.buf, self.values
+        values.draw(buf.ws_act, env.obs.shape[0])
         theta = buf.online.forward(env.obs, buf.ws_act)["q"]
-        self.agent_ops.act_iqn(env.actions, buf.q_act, theta, env.state.count, env.params, *eps_args)
+        if values.head_risk[0] == 0:
+            self.agent_ops.act_iqn(env.actions, buf.q_act, theta, env.state.count, env.params, *eps_args)
+        else:
+            args = (env.actions, buf.q_act, theta, env.state.count, env.params, *values.head_risk)
+            self.agent_ops.act_quantile_risk(*args, *eps_args)
 
     def popart_step(self) -> None:
         """PopArt's two halves before the forward: the statistics follow the batch's n-step returns

@@ -203,22 +203,28 @@ def test_config_validates_the_horizons():
 
 
 # --- GPU ---------------------------------------------------------------------------------------------
+def graphed_and_eager(over: dict, steps: int = 40) -> tuple[Trainer, Trainer]:
+    """Two GPU trainers of ``gpu_small(**over)``, one replaying its captured graphs, one running the same
+    phases eagerly, after ``steps`` updates; asserts their losses, weights and observables are equal."""
+    g = Trainer(gpu_small(**over), run_dir=False, echo=lambda m: None)
+    e = Trainer(gpu_small(**over), run_dir=False, echo=lambda m: None)
+    e.collect_graph.replay = e.collect_graph.run_eager
+    e.train_graph.replay = e.train_graph.run_eager
+    g.run(steps)
+    e.run(steps)
+    assert g.losses == e.losses
+    for x, y in ((g.agent.online.params, e.agent.online.params), (g.agent.target.params, e.agent.target.params)):
+        assert np.array_equal(x.get(), y.get())
+    assert g.agent.observables() == e.agent.observables()
+    return g, e
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("encoder", ["mlp", "ssm"])
 @pytest.mark.parametrize("head", ["c51", "iqn"])
 def test_gpu_aux_heads_graphed_equal_eager(head, encoder):
     """horizons, risk and denoise (their loss branches, their own SGD steps), graphed and eager, bit for bit."""
     net = {"head": head, **({} if encoder == "mlp" else ENCODER_NETS["ssm"])}
-    over = {"net": net, "agent": {"aux": list(SIGNALS), "aux_denoise_lr": 0.01}}
-    g = Trainer(gpu_small(**over), run_dir=False, echo=lambda m: None)
-    e = Trainer(gpu_small(**over), run_dir=False, echo=lambda m: None)
-    e.collect_graph.replay = e.collect_graph.run_eager
-    e.train_graph.replay = e.train_graph.run_eager
-    g.run(40)
-    e.run(40)
-    assert g.losses == e.losses
-    for x, y in ((g.agent.online.params, e.agent.online.params), (g.agent.target.params, e.agent.target.params)):
-        assert np.array_equal(x.get(), y.get())
-    assert g.agent.observables() == e.agent.observables()
+    g, e = graphed_and_eager({"net": net, "agent": {"aux": list(SIGNALS), "aux_denoise_lr": 0.01}})
     assert all(np.isfinite(g.agent.observables()[f"aux.{name}.loss"]) for name in SIGNALS)
     assert np.array_equal(g.agent.aux[2].dec_params.get(), e.agent.aux[2].dec_params.get())

@@ -11,10 +11,9 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tools"))
 
 
-@pytest.mark.slow
-def test_the_screen_records_then_trains_offline_and_tabulates(tmp_path, monkeypatch):
+def _tiny_regime(monkeypatch):
+    """The learning check's ``regime`` task and its CPU budget cut to a few seconds a run."""
     import learning_check
-    import mechanism_screen
 
     task = {**learning_check.TASKS["regime"], "config": {"data": {"source": "builtin:regime?n=1500"}}}
     monkeypatch.setitem(learning_check.TASKS, "regime", task)
@@ -22,6 +21,13 @@ def test_the_screen_records_then_trains_offline_and_tabulates(tmp_path, monkeypa
     tiny["agent"] = {"batch_size": 32, "learning_starts": 200}
     tiny["replay"] = {"capacity": 4096}
     monkeypatch.setattr(learning_check, "QUICK", tiny)
+
+
+@pytest.mark.slow
+def test_the_screen_records_then_trains_offline_and_tabulates(tmp_path, monkeypatch):
+    import mechanism_screen
+
+    _tiny_regime(monkeypatch)
     out, md, jsonl = tmp_path / "m.json", tmp_path / "m.md", tmp_path / "m.jsonl"
     argv = ["x", "--quick", "--seeds", "1", "--workers", "1", "--device", "cpu", "--only", "offline"]
     argv += ["--out", str(out), "--md", str(md), "--jsonl", str(jsonl), "--recordings", str(tmp_path / "rec")]
@@ -34,3 +40,24 @@ def test_the_screen_records_then_trains_offline_and_tabulates(tmp_path, monkeypa
     assert table[("offline cql 1", "iqn")]["compared_with"] == "offline ddqn"
     assert "difference" in table[("offline cql 1", "c51")] and table[("offline ddqn", "c51")]["n"] == 1
     assert "| offline (CQL) | offline cql 1 |" in md.read_text()
+
+
+@pytest.mark.slow
+def test_the_risk_screen_runs_and_pairs_each_measure_with_the_mean(tmp_path, monkeypatch):
+    """tools/risk_screen.py on the CPU at a tiny budget: each variant's Sharpe and drawdown, gated and
+    with the gate off, and the paired difference from acting on the mean."""
+    import risk_screen
+
+    _tiny_regime(monkeypatch)
+    out, md, jsonl = tmp_path / "r.json", tmp_path / "r.md", tmp_path / "r.jsonl"
+    argv = ["x", "--quick", "--seeds", "1", "--device", "cpu", "--tasks", "regime", "--heads", "c51"]
+    argv += ["--only", "cvar 0.1", "--out", str(out), "--md", str(md), "--jsonl", str(jsonl)]
+    monkeypatch.setattr(sys, "argv", argv)
+    assert risk_screen.main() == 0
+    got = json.loads(out.read_text())
+    assert sorted(r["sets"][0] for r in got["rows"]) == ["agent.act_by=cvar", "agent.act_by=mean"]
+    table = {e["variant"]: e for e in got["table"]}
+    assert set(table) == {"mean", "cvar 0.1"} and table["cvar 0.1"]["n"] == 1
+    assert "ungated_max_drawdown_difference" in table["cvar 0.1"] and "sharpe_difference" not in table["mean"]
+    assert all(r["views"]["margin=0"]["max_drawdown"] is not None for r in got["rows"])
+    assert "| regime | c51 | cvar 0.1 |" in md.read_text()

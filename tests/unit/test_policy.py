@@ -156,6 +156,33 @@ def test_a_policy_of_other_bars_is_refused_and_a_changed_source_is_said(tmp_path
         p.evaluate("builtin:eurusd-1h", split="test")  # hourly bars: time-of-day features, other columns
 
 
+def test_the_gate_reads_the_validation_psr_the_policy_file_recorded(tmp_path, monkeypatch):
+    """The trainer records the validation PSR of the saved weights in the policy file; evaluate's gate
+    reads it instead of walking the validation split, and it equals the one walked again. With other
+    bars the split is walked."""
+    import cudarl.policy as pol
+
+    t = trained(tmp_path, eval={"gate_psr": 0.5})
+    p = load_policy(t.run_dir / "checkpoints" / "step-00000040.safetensors", device="cpu")
+    assert p.state.validation == {"step": 40, "psr": t.validation_psr()}
+    assert p.validation_psr() == p.validation_psr(recompute=True)  # the file's equals the walked one
+    walked = []
+    orig = pol.evaluate_split
+    monkeypatch.setattr(
+        pol, "evaluate_split", lambda prep, split, *a, **k: walked.append(split) or orig(prep, split, *a, **k)
+    )
+    ev = p.evaluate(split="test")
+    dep = ev.summary["deployment"]
+    assert walked == ["test"] and dep["validation_psr_from"] == "policy file"
+    assert dep["validation_psr"] == p.validation_psr(recompute=True)
+    assert dep["trading"] == (p.validation_psr(recompute=True) >= 0.5)
+    walked.clear()
+    p.state.data["close_sha256"] = "0" * 64  # bars other than the training run's: walk their split
+    dep2 = p.evaluate(split="test").summary["deployment"]
+    assert walked[0] == "val" and dep2["validation_psr_from"] == "recomputed"
+    assert dep2["validation_psr"] == dep["validation_psr"]  # (the same bars, in truth)
+
+
 def test_policy_state_round_trip(tmp_path):
     t = trained(tmp_path)
     a = PolicyState.of_trainer(t)
@@ -286,7 +313,8 @@ def test_the_block_walk_takes_the_bar_by_bar_actions(monkeypatch, rule):
 
 
 def test_evaluating_a_policy_imports_no_scipy_signal(tmp_path, rng):
-    """The features of a short series need no scipy.signal (most of a second of start-up)."""
+    """The features of a short series need no scipy.signal, and the statistics no scipy.stats (each most
+    of a second of start-up)."""
     import subprocess
     import sys
     from pathlib import Path
@@ -297,7 +325,7 @@ def test_evaluating_a_policy_imports_no_scipy_signal(tmp_path, rng):
     random_policy(rng, normaliser=prepare_data(small()).normaliser).state.save(path)
     code = (
         "import sys, cudarl; p = cudarl.load_policy(sys.argv[1], device='cpu'); p.evaluate(split='test'); "
-        "print(sorted(m for m in sys.modules if m.startswith('scipy.signal')))"
+        "print(sorted(m for m in sys.modules if m.startswith(('scipy.signal', 'scipy.stats'))))"
     )
     root = Path(__file__).resolve().parents[2]
     r = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, cwd=root)

@@ -1,0 +1,84 @@
+"""The unit of work of a sweep: one population trained and evaluated, in this process or a Ray actor.
+
+:func:`run_population` is all a worker does, wherever it runs, so a trial's numbers do not depend on
+where it ran (a test holds a local sweep and a Ray sweep equal, bit for bit). It writes nothing: the
+results, and each member's policy file as bytes, go back to the sweep's driver, which records them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import socket
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from ..evaluate import json_safe
+
+#: The numbers of one split's evaluation a trial keeps (the evaluation summary's).
+POLICY_KEYS = ("sharpe", "total_return", "max_drawdown", "trades", "turnover", "bar_hit_rate")
+STAT_KEYS = ("psr", "sharpe_interval", "skew", "kurtosis", "bars")
+
+
+def split_numbers(summary: dict) -> dict:
+    """The numbers a sweep keeps of one evaluation summary (NaN as None)."""
+    pol, st = summary["policy"], summary["statistics"]
+    out = {k: pol.get(k) for k in POLICY_KEYS}
+    out.update({k: st.get(k) for k in STAT_KEYS})
+    out["buy_and_hold_sharpe"] = summary["buy_and_hold"].get("sharpe")
+    out["trading"] = bool(summary["deployment"]["trading"])
+    return {k: json_safe(v) for k, v in out.items()}  # value by value: NaN as None, no reasons added
+
+
+def weights_digest(state) -> str:
+    """SHA-256 of a policy's weights (layer names sorted, float32 bytes): equal digests, equal weights."""
+    h = hashlib.sha256()
+    for k in sorted(state.weights):
+        h.update(k.encode())
+        h.update(np.ascontiguousarray(state.weights[k], np.float32).tobytes())
+    return h.hexdigest()
+
+
+def run_population(job: dict, bars) -> dict:
+    """Train and evaluate the population ``job`` describes; return its results.
+
+    ``job``: ``{"index": int, "splits": Splits or None, "trials": [{"key", "config": {sec: {field}}}]}``;
+    ``bars``: the sweep's :class:`cudarl.data.Bars`. Returns ``{"index", "results": [per trial:
+    {"key", "val", "test", "step", "weights_sha256", "guard_stop", "policy": bytes}], "log": [lines], "worker",
+    "wall_s"}``.
+    """
+    from ..config import from_dict
+    from ..policy import PolicyState
+    from ..population import Population
+
+    t0 = time.perf_counter()
+    log: list[str] = []
+    cfgs = [from_dict(t["config"]) for t in job["trials"]]
+    pop = Population(cfgs, bars=bars, splits=job["splits"], run_dirs=[False] * len(cfgs), echo=log.append)
+    runs = pop.run()
+    val, test = pop.evaluate("val"), pop.evaluate("test")
+    results = []
+    with tempfile.TemporaryDirectory(prefix="cudarl-sweep-") as tmp:
+        for i, (t, m) in enumerate(zip(job["trials"], pop.members, strict=True)):
+            state = PolicyState.of_trainer(m)
+            path = state.save(Path(tmp) / f"{i}.safetensors")
+            results.append(
+                {
+                    "key": t["key"],
+                    "val": split_numbers(val[i]),
+                    "test": split_numbers(test[i]),
+                    "step": int(m.step),
+                    "periods_per_year": m.data.periods_per_year,
+                    "weights_sha256": weights_digest(state),
+                    "policy": path.read_bytes(),
+                    # a member its guard stopped keeps the weights it stopped with, and says so
+                    "guard_stop": (runs[i] or {}).get("guard_stop"),
+                }
+            )
+    be = pop.members[0].be
+    pop.close()
+    worker = {"host": socket.gethostname(), "pid": os.getpid(), "backend": be.name, "device": str(be.device)}
+    return {"index": job["index"], "results": results, "log": log, "worker": worker, "wall_s": time.perf_counter() - t0}
