@@ -26,6 +26,7 @@ from __future__ import annotations
 import ctypes
 import re
 import threading
+import weakref
 from pathlib import Path
 
 import numpy as np
@@ -462,6 +463,19 @@ def release(stream_ptr: int) -> None:
     h = _handles.pop(int(stream_ptr), None)
     if h is not None:
         _check(_lib().cublasDestroy_v2(h.ptr), "cublasDestroy_v2")
+
+
+def release_with(owner, stream) -> None:
+    """Release ``stream``'s handle and workspace when ``owner`` is garbage-collected (the object that made
+    the stream and whose graphs captured GEMMs on it: once it is gone, nothing can replay them). Without
+    it every trainer a process builds keeps a handle and a 32 MiB workspace for each of its streams until
+    exit: the GPU suite's thousand trainers ran cublasCreate out of memory."""
+    weakref.finalize(owner, _release_stream, stream)
+
+
+def _release_stream(stream) -> None:
+    stream.synchronize()  # no replay still running reads the workspace about to go back to the pool
+    release(stream.ptr)
 
 
 def _handle_for(stream) -> _Handle:

@@ -91,7 +91,12 @@ class StepGraph:
         if self.is_gpu:
             import cupy
 
-            self.stream = stream if stream is not None else cupy.cuda.Stream(non_blocking=True)
+            if stream is None:
+                from . import blas
+
+                stream = cupy.cuda.Stream(non_blocking=True)
+                blas.release_with(self, stream)  # its own stream: its handle goes with it
+            self.stream = stream
         self._graph = None
         self._captured = False
         self._phase = None
@@ -284,6 +289,7 @@ class SideStream:
             self._forked = cupy.cuda.Event(disable_timing=True)
             self._done = cupy.cuda.Event(disable_timing=True)
             blas.prepare(self.stream)
+            blas.release_with(self, self.stream)
 
     @contextmanager
     def fork(self):
