@@ -445,6 +445,7 @@ class _Handle:
 
 def prepare(stream) -> None:
     """Create the handle and workspace for ``stream``; call before capturing on it."""
+    _release_queued()
     if stream.ptr not in _handles:
         if stream.is_capturing():
             raise BlasError("blas.prepare inside a capture: the handle and its workspace must exist before capture")
@@ -466,16 +467,24 @@ def release(stream_ptr: int) -> None:
 
 
 def release_with(owner, stream) -> None:
-    """Release ``stream``'s handle and workspace when ``owner`` is garbage-collected (the object that made
+    """Release ``stream``'s handle and workspace once ``owner`` is garbage-collected (the object that made
     the stream and whose graphs captured GEMMs on it: once it is gone, nothing can replay them). Without
     it every trainer a process builds keeps a handle and a 32 MiB workspace for each of its streams until
-    exit: the GPU suite's thousand trainers ran cublasCreate out of memory."""
-    weakref.finalize(owner, _release_stream, stream)
+    exit: the GPU suite's thousand trainers ran cublasCreate out of memory. The finalizer only queues the
+    stream (it may run inside a capture, where a synchronisation or a cublasDestroy would invalidate
+    it); :func:`prepare`, which runs outside any capture, releases the queue."""
+    weakref.finalize(owner, _released.append, stream)
 
 
-def _release_stream(stream) -> None:
-    stream.synchronize()  # no replay still running reads the workspace about to go back to the pool
-    release(stream.ptr)
+#: streams whose owners are gone, waiting for :func:`prepare` to release their handles
+_released: list = []
+
+
+def _release_queued() -> None:
+    while _released:
+        stream = _released.pop()
+        stream.synchronize()  # no replay still running reads the workspace about to go back to the pool
+        release(stream.ptr)
 
 
 def _handle_for(stream) -> _Handle:
