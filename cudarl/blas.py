@@ -445,7 +445,7 @@ class _Handle:
 
 def prepare(stream) -> None:
     """Create the handle and workspace for ``stream``; call before capturing on it."""
-    _release_queued()
+    release_queued()
     if stream.ptr not in _handles:
         if stream.is_capturing():
             raise BlasError("blas.prepare inside a capture: the handle and its workspace must exist before capture")
@@ -480,7 +480,10 @@ def release_with(owner, stream) -> None:
 _released: list = []
 
 
-def _release_queued() -> None:
+def release_queued() -> None:
+    """Release the handles of streams whose owners are gone (:func:`release_with`); outside any capture.
+    :func:`prepare` calls it; a caller measuring allocations calls it first, so the releases of earlier
+    owners do not land inside its measurement."""
     while _released:
         stream = _released.pop()
         stream.synchronize()  # no replay still running reads the workspace about to go back to the pool

@@ -374,7 +374,15 @@ def memory_per_member(cfg: Config, *, bars=None, splits=None) -> int:
     about nine a member). Not counted: what the driver holds for the graphs and streams themselves."""
     import tracemalloc
 
-    started = not _backend.get(_BACKEND[cfg.run.device]).is_gpu and not tracemalloc.is_tracing()
+    gpu = _backend.get(_BACKEND[cfg.run.device]).is_gpu
+    if gpu:  # earlier owners' streams released now, not inside the measurement (it read negative bytes)
+        import gc
+
+        from . import blas
+
+        gc.collect()
+        blas.release_queued()
+    started = not gpu and not tracemalloc.is_tracing()
     if started:
         tracemalloc.start()
     try:
@@ -384,4 +392,6 @@ def memory_per_member(cfg: Config, *, bars=None, splits=None) -> int:
     finally:
         if started:
             tracemalloc.stop()
+    if got is None or got <= 0:
+        raise RuntimeError(f"memory_per_member: measured {got} bytes for one more member; expected a positive count")
     return int(got)
