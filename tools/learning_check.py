@@ -242,6 +242,15 @@ def _overrides(sets: list[str]) -> dict:
     return extra
 
 
+def log_row(fh, r: dict) -> None:
+    """Append one finished run's row to an open JSONL file at once (a call cut short keeps what it
+    measured), as strict JSON: NaN and infinities become null with their reason (``json_safe``)."""
+    from cudarl.evaluate import json_safe
+
+    fh.write(json.dumps(json_safe(r), allow_nan=False) + "\n")
+    fh.flush()
+
+
 def add_run_args(ap: argparse.ArgumentParser) -> None:
     """The options every multi-run tool shares (this one and tools/sweep.py)."""
     ap.add_argument("--seeds", type=int, default=3)
@@ -399,13 +408,11 @@ def main() -> int:
     ]
     t0 = time.perf_counter()
 
-    from cudarl.evaluate import json_safe
-
     def on_row(r):
         print(f"{r['task']:10s} {r['head']:4s} seed {r['seed']}: {describe(r)}", flush=True)
         if args.jsonl:
             with args.jsonl.open("a") as fh:
-                fh.write(json.dumps(json_safe(r), allow_nan=False) + "\n")
+                log_row(fh, r)
 
     rows = run_jobs(jobs, args.workers, on_row)
     wall = time.perf_counter() - t0

@@ -33,6 +33,8 @@ sys.path.insert(0, str(ROOT / "tools"))
 
 import learning_check  # noqa: E402
 
+from cudarl.evaluate import json_safe  # noqa: E402
+
 #: (row name, the mechanism it measures, task, heads, overrides). "base" rows are the defaults; each
 #: other row is compared with the base row of its task and head, or with the row named in COMPARE.
 #: The Q statistics (and the guard's collapse rule, which never trips on these tasks) have no row: they
@@ -154,8 +156,13 @@ def _sharpe(r: dict) -> float:
     return 0.0 if _flat(r) else r["test_sharpe"]
 
 
+def cell(m) -> str:
+    """A table cell of :func:`_mean`'s (mean, sd, n): ``—`` when no seed gave a finite value."""
+    return "—" if not math.isfinite(m[0]) else f"{m[0]:.2f} ± {m[1]:.2f} (n={m[2]})"
+
+
 def markdown(entries: list[dict], header: str) -> str:
-    f = lambda m: "—" if not math.isfinite(m[0]) else f"{m[0]:.2f} ± {m[1]:.2f} (n={m[2]})"  # noqa: E731
+    f = cell
     lines = [
         header,
         "",
@@ -219,8 +226,7 @@ def main() -> int:
 
         def on_row(r):
             done.append(r)
-            log.write(json.dumps(r, default=float) + "\n")
-            log.flush()
+            learning_check.log_row(log, r)
             print(
                 f"[{len(done)} {time.perf_counter() - t0:.0f}s] {r.get('variant')} {r['task']} {r['head']} "
                 f"seed {r['seed']}: {learning_check.describe(r)}",
@@ -264,7 +270,7 @@ def write_table(rows: list[dict], args, header: str) -> int:
     md = markdown(entries, header)
     print("\n" + md)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"rows": rows, "table": entries}, indent=1, default=float))
+    args.out.write_text(json.dumps(json_safe({"rows": rows, "table": entries}), indent=1, allow_nan=False))
     if args.md:
         args.md.write_text(md)
     return 0 if all(r.get("error") is None for r in rows) else 1

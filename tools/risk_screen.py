@@ -30,6 +30,9 @@ sys.path.insert(0, str(ROOT / "tools"))
 
 import learning_check  # noqa: E402
 from mechanism_screen import _mean as _stats  # noqa: E402  (mean, sd, n of the finite values)
+from mechanism_screen import cell  # noqa: E402
+
+from cudarl.evaluate import json_safe  # noqa: E402
 
 #: (variant, overrides). "mean" is today's acting, the reference of every other row.
 VARIANTS = [
@@ -93,7 +96,7 @@ def _num(*xs) -> bool:
 
 
 def markdown(entries: list[dict], header: str) -> str:
-    f = lambda m: "—" if not math.isfinite(m[0]) else f"{m[0]:.2f} ± {m[1]:.2f} (n={m[2]})"  # noqa: E731
+    f = cell
     d = lambda e, k: f(e[f"{k}_difference"]) if f"{k}_difference" in e else ""  # noqa: E731
     lines = [
         header,
@@ -134,8 +137,7 @@ def main() -> int:
     with args.jsonl.open("a") as log:
 
         def on_row(r):
-            log.write(json.dumps(r, default=float) + "\n")
-            log.flush()
+            learning_check.log_row(log, r)
             print(
                 f"[{time.perf_counter() - t0:.0f}s] {r['variant']} {r['task']} {r['head']} seed {r['seed']}: "
                 f"{learning_check.describe(r) if r.get('error') is None else r['error']}",
@@ -146,7 +148,7 @@ def main() -> int:
     entries = table(rows)
     header = f"Risk-sensitive acting (issue 19 item 8): {len(rows)} runs on {device}, {args.seeds} seed(s)."
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"rows": rows, "table": entries}, indent=1, default=float))
+    args.out.write_text(json.dumps(json_safe({"rows": rows, "table": entries}), indent=1, allow_nan=False))
     if args.md:
         args.md.write_text(markdown(entries, header))
     print(markdown(entries, header))

@@ -15,7 +15,6 @@ what it measured; ``--md`` writes the summary table (mean, spread, per-seed valu
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import statistics
 import sys
@@ -27,8 +26,6 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tools"))
 
 import learning_check  # noqa: E402
-
-from cudarl.evaluate import json_safe  # noqa: E402
 
 
 def parse_variant(text: str) -> tuple[str, list[str]]:
@@ -143,8 +140,7 @@ def main() -> int:
 
     def on_row(r):  # each finished run is on disk at once: a sweep cut short keeps what it measured
         n_done.append(1)
-        log.write(json.dumps(json_safe(r), allow_nan=False) + "\n")
-        log.flush()
+        learning_check.log_row(log, r)
         res = learning_check.describe(r)
         print(
             f"[{len(n_done)}/{len(jobs)} {time.perf_counter() - t0:.0f}s] {r['variant']:16s} {r['task']} {r['head']} "
