@@ -582,7 +582,7 @@ def q_stats_rows(logits, support, out: QStats) -> QStats:
 
 
 def q_stats_reduce(out: QStats) -> QStats:
-    """Stage 2 of :func:`q_stats`: ``out.stats`` from ``out``'s per-sample rows (one block on the GPU)."""
+    """Stage 2 of :func:`q_stats`: ``out.stats`` from ``out``'s per-sample rows (A + 2 blocks on the GPU)."""
     xp = get_array_module(out.q)
     ops = family("qstats", xp)
     if is_numpy(xp):

@@ -46,7 +46,7 @@ def reduce(q, ent, mass, out, stream=None) -> None:
     launch(
         "qstats",
         "reduce",
-        1,
+        A + 2,  # a block per action's moments, one for the entropy, one for the utilisation
         THREADS,
         (q, ent, mass, out, B, A, K),
         stream=stream,
@@ -61,12 +61,12 @@ def q_stats(logits, support, scratch_q, scratch_ent, scratch_mass, out, stream=N
 
 def moments(q, out, stream=None) -> None:
     """A head without atoms: ``out [2A + 2]`` = mean and variance of ``q [B, A]`` over B (reduce's
-    layout), entropy and utilisation NaN. One block."""
+    layout), entropy and utilisation NaN. A block per action."""
     w = "qstats.moments"
     B, A = q.shape
     check(w, "q", q, F32, (B, A))
     check(w, "out", out, F32, (2 * A + 2,))
-    launch("qstats", "moments", 1, THREADS, (q, out, B, A), stream=stream)
+    launch("qstats", "moments", A, THREADS, (q, out, B, A), stream=stream)
 
 
 def expected_q(logits, support, out_q, stream=None) -> None:

@@ -137,7 +137,7 @@ class C51Rule(RuleBase):
         buf = self.buf
         self.logits_s = buf.online.head.logits_of(self.va, buf.ws)
         losses.q_stats_rows(self.logits_s, self.support, self.qs)
-        with buf.side_stats.fork():  # one block's reduction: beside the backward and the optimiser
+        with buf.side_stats.fork():  # the reduction (A + 2 blocks): beside the backward and the optimiser
             losses.q_stats_reduce(self.qs)
 
     def _targets_loss(self) -> None:

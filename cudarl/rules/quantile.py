@@ -149,7 +149,7 @@ class QuantileRule(RuleBase):
     def q_stats(self) -> None:
         buf = self.buf
         self.agent_ops.quantile_mean(buf.q_s, self.theta)
-        with buf.side_stats.fork():  # one block's reduction: beside the backward and the optimiser
+        with buf.side_stats.fork():  # the reduction (A + 2 blocks): beside the backward and the optimiser
             losses.q_moments(buf.q_s, buf.stats.view("q"))
 
     def _targets(self) -> None:
