@@ -83,6 +83,7 @@ class Agent:
         self, cfg: Config, obs_dim: int, n_actions: int, n_envs: int, xp, market=None, feature_names: tuple = ()
     ):
         self.cfg, self.xp, self.n_envs = cfg, xp, int(n_envs)
+        self._eval_rows = None  # eval_rows(), made at the first evaluation
         self.batch_size = B = cfg.agent.batch_size
         a, o = cfg.agent, cfg.optim
         rule_cls = HEAD_RULES[cfg.net.head]
@@ -307,6 +308,16 @@ class Agent:
     def q_values(self, obs, out) -> None:
         """Expected Q of the online network for ``obs [n, obs_dim]`` (n <= n_envs) into ``out [n, A]``."""
         self.rule.expected_q(out, obs)
+
+    def eval_rows(self):
+        """The online network's ``q_rows`` for evaluation's host walk (:func:`cudarl.policy.row_exact_q`:
+        many bars a forward, each bar's Q the bits it gets alone), or None where there is none; made
+        once (on the GPU it owns a workspace)."""
+        if self._eval_rows is None:
+            from .policy import row_exact_q
+
+            self._eval_rows = (row_exact_q(self.online, self.rule.values),)
+        return self._eval_rows[0]
 
     def plan_scale(self, obs, out) -> None:
         """The plan head's gate (``out [n]``) of the forward :meth:`q_values` just ran on ``obs`` (net.plan)."""

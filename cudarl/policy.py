@@ -256,6 +256,9 @@ def save_policy(path, trainer, best=None) -> Path:
     return PolicyState.of_trainer(trainer, best).save(path)
 
 
+_UNMADE = object()  # a lazily made value not made yet (None is a made value)
+
+
 def load_policy(path, device: str = "auto") -> Policy:
     """A :class:`Policy` from a policy file (``best``/``step-N``) or a resume checkpoint (``latest.npz``).
 
@@ -331,6 +334,7 @@ class Policy:
         #: the expected Q the head's rule acts and evaluates with (the same bits as the trainer's)
         self._values = HEAD_RULES[n.head].greedy_values(self.net, cfg, self.counters)
         self._scale = self.plan_scale_into if n.plan else None
+        self._rows_fn = _UNMADE  # _q_rows
 
     def __repr__(self) -> str:
         n = self.config.net
@@ -359,8 +363,11 @@ class Policy:
         gate(self.net, self._workspace(obs.shape[0]), obs.shape[0], out)
 
     def _q_rows(self):
-        """:func:`row_exact_q` of this policy's network (None on the GPU)."""
-        return None if self.be.is_gpu else row_exact_q(self.net, self._values)
+        """:func:`row_exact_q` of this policy's network, made at the first walk (on the GPU it has a
+        workspace of its own)."""
+        if self._rows_fn is _UNMADE:
+            self._rows_fn = row_exact_q(self.net, self._values)
+        return self._rows_fn
 
     def _input(self, obs):
         on_gpu = type(obs).__module__.startswith("cupy")
@@ -473,10 +480,12 @@ def row_exact_q(net, values):
     from .rules.c51 import C51Values
 
     plain_c51 = isinstance(values, C51Values) and type(net.head) is C51Head  # not c51+iqn's joint head
-    if not plain_c51 or not isinstance(net.encoder, MLP) or not _backend.is_numpy(net.xp):
+    if not plain_c51 or not isinstance(net.encoder, MLP):
         return None
     if any(lin.spectral for lin in net.linears.values()):
         return None
+    if not _backend.is_numpy(net.xp):
+        return _padded_q_rows(net, values)
     from .reference import nn as ref
     from .reference.c51_chain import log_softmax
 
@@ -503,6 +512,33 @@ def row_exact_q(net, values):
         # qstats.per_sample's Q (C51Values'), without the entropy and mass it also computes
         return (np.exp(log_softmax(logits)) * support).sum(-1)
 
+    return q_rows
+
+
+#: Rows of every evaluation forward of a GPU host walk (:func:`_padded_q_rows`).
+EVAL_ROWS = 256
+
+
+def _padded_q_rows(net, values):
+    """The GPU's ``q_rows``: every block of ``k <= EVAL_ROWS`` bars is copied into the first rows of one
+    ``[EVAL_ROWS, obs_dim]`` buffer and the whole buffer goes through the forward, so every GEMM has
+    the same shape whatever ``k`` is. At one shape a row's Q is bit for bit the same whatever the other
+    rows hold (checked on an H200 for every ``net.gemm``: tests/unit/test_policy.py's GPU walk test);
+    across shapes it is not (cuBLASLt picks another algorithm for 1 to 4 rows than for 17 and more).
+    A bar's Q is therefore defined as its row of that forward, for a block of one bar as for 256.
+    Returns host float32 ``[k, A]``."""
+    xp = net.xp
+    buf = xp.zeros((EVAL_ROWS, net.n_in), np.float32)
+    out = xp.empty((EVAL_ROWS, net.n_actions), np.float32)
+    ws = net.new_workspace(EVAL_ROWS)
+
+    def q_rows(obs):
+        k = obs.shape[0]
+        buf[:k] = obs
+        values(out, buf, ws)
+        return _backend.to_numpy(out[:k])
+
+    q_rows.max_rows = EVAL_ROWS
     return q_rows
 
 
@@ -548,17 +584,21 @@ def greedy_walk(
     ``scale(obs, out)``, the plan head's gate (``net.plan``), is called right after ``q_values`` on the
     same ``obs`` and writes the position scale ``[1]`` (it reads that forward); the position taken is
     ``levels[a] * scale``; without it every scale is 1.
-    On the GPU the env's kernels step it and the actions stay on the device until the
-    end (no synchronisation per bar). On the NumPy backend, for an evaluation env (one env, one
-    episode from its first bar), the walk is done on the host with the env's observation rule
+    For an evaluation env (one env, one episode from its first bar) on the NumPy backend, and on the
+    GPU when ``q_rows`` is given, the walk is done on the host with the env's observation rule
     (docs/env.md) instead of its act and step, which draw Philox numbers a greedy walk never uses
     (``walk_on_host=False`` takes the env's path; a test holds the two equal); ``q_rows`` (see
-    :func:`_walk_on_host`) lets it evaluate many bars at once (not with a plan head).
+    :func:`_walk_on_host`) lets it evaluate many bars at once (not with a plan head). Otherwise on
+    the GPU the env's kernels step it and the actions stay on the device until the end (no
+    synchronisation per bar, but about ten launches a bar: 0.9 ms a bar on an H200 at 3447ac3).
     """
     xp = env.xp
     one_episode = env.n_envs == 1 and env.params.n_starts == 1 and not env.params.stagger
-    if walk_on_host and not env.is_gpu and one_episode:
-        return _walk_on_host(env, q_values, margin, None if scale is not None else q_rows, scale)
+    if scale is not None:
+        q_rows = None  # the plan head's gate: one bar at a time
+    if walk_on_host and one_episode and (not env.is_gpu or q_rows is not None):
+        with stream if stream is not None else nullcontext():  # ordered after the caller's work on it
+            return _walk_on_host(env, q_values, margin, q_rows, scale)
     with stream if stream is not None else nullcontext():
         env.reset()
         q = xp.zeros((1, env.n_actions), np.float32)
@@ -603,7 +643,7 @@ def _walk_on_host(env, q_values, margin: float = 0.0, q_rows=None, scale=None) -
     """
     from .reference.env import write_state
 
-    levels = np.asarray(env.data.levels, np.float32)
+    levels = _backend.to_numpy(env.data.levels).astype(np.float32)
     n, cap = env.config.episode_len, env.params.hold_cap
     sc = np.ones(1, np.float32)
     if q_rows is None:
@@ -618,18 +658,19 @@ def _walk_on_host(env, q_values, margin: float = 0.0, q_rows=None, scale=None) -
         block, most = 1, 1
     else:
         block, most = WALK_BLOCK
+        most = min(most, getattr(q_rows, "max_rows", most))
     rows = np.zeros((min(n, most), env.windows.state_dim), np.float32)
-    obs = np.zeros((min(n, most), env.obs_dim), np.float32)
+    obs = env.xp.zeros((min(n, most), env.obs_dim), np.float32)  # on the GPU: the rows are uploaded
     acts, scales = np.empty(n, np.int64), np.ones(n, np.float32)
     prev, hold, k, t0 = np.float32(0), 0, 0, env.params.t_begin
     while k < n:
         m = min(block, n - k)
         write_state(rows[:m], np.arange(t0 + k, t0 + k + m), prev, np.arange(hold, hold + m), cap)
         o = obs[:m]
-        env.windows.gather(rows[:m], o)
+        env.windows.gather(rows[:m] if not env.is_gpu else env.xp.asarray(rows[:m]), o)
         q = q_rows(o)
         if margin:  # the held level's action, the same for every bar of a block
-            q[:, int(np.argmin(np.abs(env.data.levels - prev)))] += np.float32(margin)
+            q[:, int(np.argmin(np.abs(levels - prev)))] += np.float32(margin)
         a = first_max(q)
         p = levels[a] * sc[0] if scale is not None else levels[a]  # a plan head: one bar a block
         moved = np.flatnonzero(p != prev)

@@ -531,7 +531,14 @@ class Trainer:
         margin = self.cfg.eval.margin if margin is None else float(margin)
         self.synchronize()
         with self._weights(averaged):
-            acts, scales = greedy_walk(env, self.agent.q_values, self.stream, margin=margin, scale=self._plan_scale())
+            acts, scales = greedy_walk(
+                env,
+                self.agent.q_values,
+                self.stream,
+                margin=margin,
+                q_rows=self.agent.eval_rows(),
+                scale=self._plan_scale(),
+            )
         return (self.cfg.env.position_levels()[acts] * scales).astype(np.float64)
 
     def validation_psr(self) -> float:
@@ -563,6 +570,7 @@ class Trainer:
                 margin=margin,
                 eval_cfg=self.cfg.eval,
                 trading=dep["trading"],
+                q_rows=self.agent.eval_rows(),
                 scale=self._plan_scale(),
             )
         ev.summary["step"] = self.step

@@ -242,6 +242,41 @@ def test_the_host_walk_equals_the_envs_walk(tmp_path, head):
             np.testing.assert_array_equal(greedy_actions(env, t.agent.q_values, q_rows=q_rows), host)
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("gemm", ["cublaslt_nosplit", "cudarl", "cublas"])
+def test_gpu_block_walk_gives_each_bar_the_q_it_gets_alone(tmp_path, monkeypatch, gemm):
+    """On the GPU the evaluation forward always runs at EVAL_ROWS rows, so a row's Q does not depend on
+    the other rows (at one shape; cuBLASLt's algorithm for 1 to 4 rows differs from 17 and more): each
+    row of a block equals that row in a block of one, and the walk by blocks takes the actions of the
+    walk bar by bar and of the env's own act and step fed the same Q, with and without a margin."""
+    import cupy
+
+    import cudarl.policy as pol
+
+    run = {"eval_every": 1000, "checkpoint_every": 0, "out_dir": str(tmp_path)}
+    t = Trainer(gpu_small(run=run, net={"gemm": gemm}, env={"cost_bps": 3.0, "hold_cap": 5}), echo=quiet)
+    t.run(60)
+    q_rows = t.agent.eval_rows()
+    assert q_rows is not None and q_rows.max_rows == pol.EVAL_ROWS
+    rng = np.random.default_rng(1)
+    obs = cupy.asarray(rng.standard_normal((pol.EVAL_ROWS, t.agent.online.n_in)).astype(np.float32))
+    block = q_rows(obs)
+    for i in range(0, pol.EVAL_ROWS, 17):
+        np.testing.assert_array_equal(q_rows(obs[i : i + 1])[0].view(np.int32), block[i].view(np.int32))
+
+    def q_values(o, out):  # a bar alone through the same fixed-shape forward
+        out[...] = cupy.asarray(q_rows(o))
+
+    env = t._eval_env(t.data.splits.val)
+    for margin in (0.0, 0.05):
+        by_block = greedy_actions(env, t.agent.q_values, margin=margin, q_rows=q_rows)
+        np.testing.assert_array_equal(by_block, greedy_actions(env, q_values, walk_on_host=False, margin=margin))
+        with monkeypatch.context() as m:
+            m.setattr(pol, "WALK_BLOCK", (1, 1))
+            np.testing.assert_array_equal(by_block, greedy_actions(env, t.agent.q_values, margin=margin, q_rows=q_rows))
+    assert len(set(by_block.tolist())) > 1
+
+
 def random_policy(rng, normaliser=None, **net) -> Policy:
     """A C51 (or ``net``) policy of ``small()``'s config with random weights in every layer, biases
     too; ``normaliser`` (default: 11 made-up features) sets the features it reads."""
