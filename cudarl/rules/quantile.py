@@ -3,6 +3,8 @@ targets, the quantile Huber loss, and acting on the quantile mean."""
 
 from __future__ import annotations
 
+from contextlib import nullcontext
+
 import numpy as np
 
 from .. import losses
@@ -148,7 +150,8 @@ class QuantileRule(RuleBase):
 
     def q_stats(self) -> None:
         buf = self.buf
-        self.agent_ops.quantile_mean(buf.q_s, self.theta)
+        with nullcontext() if buf.q_rows_on_chain else buf.side_stats.fork():  # q_s: see C51Rule.q_stats
+            self.agent_ops.quantile_mean(buf.q_s, self.theta)
         with buf.side_stats.fork():  # the reduction (A + 2 blocks): beside the backward and the optimiser
             losses.q_moments(buf.q_s, buf.stats.view("q"))
 
