@@ -350,3 +350,61 @@ def test_gpu_gemm_lt_prepare_lets_a_first_call_be_captured(cp, rng, tf32):
     g.replay()
     g.synchronize()
     assert_parity(out, ref.astype(np.float32), **_lt_kind(tf32), what="prepared, then captured")
+
+
+@pytest.mark.gpu
+def test_gpu_one_handle_and_workspace_per_stream_whatever_the_graphs(cp, rng):
+    """The seed gave each parallel branch (forward and backward) a cuBLAS workspace of its own, 4 x 32 MB,
+    and ran an H100 out of memory. Here a stream has one handle and one 32 MiB workspace, shared by every
+    graph captured on it: four graphs on one stream, each captured, profiled phase by phase (a capture
+    per phase) and replayed, with gemm, gemm_lt and a branch forked onto one side stream, allocate no
+    workspace, and the stream's and the side stream's handles stay the same objects."""
+    from cudarl.graph import SideStream, StepGraph
+
+    blas.release_queued()  # earlier tests' finished owners: their releases must not land in the measurement
+    s = cp.cuda.Stream(non_blocking=True)
+    blas.prepare(s)
+    side = SideStream(xp=cp)
+    handles = {s.ptr: blas._handles[s.ptr], side.stream.ptr: blas._handles[side.stream.ptr]}
+    a32, w32 = rng.standard_normal((64, 32)).astype(np.float32), rng.standard_normal((32, 16)).astype(np.float32)
+    a, w, bias = cp.asarray(a32), cp.asarray(w32), cp.zeros(16, np.float32)
+    outs = [[cp.empty((64, 16), np.float32) for _ in range(3)] for _ in range(4)]
+    with s:
+        blas.gemm_lt(a, w, outs[0][1], bias=bias, act="relu")  # the key's plan, made outside any capture
+    s.synchronize()
+
+    def phases(x, y, z):
+        def branch():
+            with side.fork():
+                blas.gemm(a, w, z)
+            side.join()
+
+        def lt():
+            blas.gemm_lt(a, w, y, bias=bias, act="relu")
+
+        return [("gemm", lambda: blas.gemm(a, w, x)), ("gemm_lt", lt), ("branch", branch)]
+
+    pool = cp.get_default_memory_pool()
+    used = pool.used_bytes()
+    graphs = [StepGraph(f"one_workspace_{i}", phases(*out), stream=s, xp=cp) for i, out in enumerate(outs)]
+    for g, out in zip(graphs, outs, strict=True):
+        g.capture()
+        g.profile(repeats=1)  # a capture per phase too, on the same stream
+        for x in out:
+            poison(x)
+        cp.cuda.Device().synchronize()
+        g.replay()
+    s.synchronize()
+    grown = pool.used_bytes() - used
+    for ptr, h in handles.items():
+        assert blas._handles[ptr] is h, "a capture on a prepared stream made a cuBLAS handle of its own"
+    assert grown < blas.WORKSPACE_BYTES, (
+        f"four graphs on one stream allocated {grown / 2**20:.1f} MiB (a workspace is {blas.WORKSPACE_BYTES >> 20} MiB)"
+    )
+    ref = a32.astype(np.float64) @ w32.astype(np.float64)
+    for x, y, z in outs:
+        assert_parity(x, ref.astype(np.float32), what="gemm")
+        assert_parity(y, np.maximum(ref, 0).astype(np.float32), what="gemm_lt")
+        assert_parity(z, ref.astype(np.float32), what="gemm on the side stream")
+    del graphs, g
+    blas.release(s.ptr)
