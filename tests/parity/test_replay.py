@@ -930,8 +930,8 @@ def test_fused_sample_launchers_pass_their_kernels_c_parameters(monkeypatch, sto
     """CPU: the arguments cudarl.ops.replay's fused search-and-gather launchers build (recorded, not
     launched) are, in order, what cuda_src/replay.cu declares: a NumPy array of the declared dtype for
     each pointer, a scalar for each value (kernels.launch checks the same on the GPU)."""
-    from cudarl import signatures
     from cudarl.ops import replay as ops
+    from cudarl.testing import assert_launch_args
 
     launched = []
     monkeypatch.setattr(ops, "launch", lambda family, op, grid, block, args: launched.append((op, args)))
@@ -944,11 +944,7 @@ def test_fused_sample_launchers_pass_their_kernels_c_parameters(monkeypatch, sto
     ops.sample_search_gather_windows(r.spec, r.bufs, *outs, win.features, win.sign, win.window, *pair)
     assert [op for op, _ in launched] == ["sample_search_gather", "sample_search_gather_windows"]
     for op, args in launched:
-        params = signatures.of("replay", op).params
-        assert len(args) == len(params), op
-        for (name, dtype, is_ptr), a in zip(params, args, strict=True):
-            assert isinstance(a, np.ndarray) == is_ptr, (op, name)
-            assert not is_ptr or a.dtype == dtype, (op, name, a.dtype)
+        assert_launch_args("replay", op, args)
 
 
 def _gather_scalars(xp, B):
