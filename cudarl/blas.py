@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import ctypes
 import re
+import sys
 import threading
 import weakref
 from pathlib import Path
@@ -453,8 +454,7 @@ def prepare(stream) -> None:
 
 
 def prepared() -> set[int]:
-    """The stream pointers that have a handle and workspace now (:func:`release` the ones a finished
-    owner made: :meth:`cudarl.population.Population.close`)."""
+    """The stream pointers that have a handle and workspace now."""
     return set(_handles)
 
 
@@ -472,7 +472,9 @@ def release_with(owner, stream) -> None:
     it every trainer a process builds keeps a handle and a 32 MiB workspace for each of its streams until
     exit: the GPU suite's thousand trainers ran cublasCreate out of memory. The finalizer only queues the
     stream (it may run inside a capture, where a synchronisation or a cublasDestroy would invalidate
-    it); :func:`prepare`, which runs outside any capture, releases the queue."""
+    it); :func:`prepare`, which runs outside any capture, releases the queue, and so does
+    :meth:`cudarl.population.Population.close` (a process that prepares no stream again would otherwise
+    keep them until exit)."""
     weakref.finalize(owner, _released.append, stream)
 
 
@@ -481,13 +483,27 @@ _released: list = []
 
 
 def release_queued() -> None:
-    """Release the handles of streams whose owners are gone (:func:`release_with`); outside any capture.
-    :func:`prepare` calls it; a caller measuring allocations calls it first, so the releases of earlier
-    owners do not land inside its measurement."""
+    """Release the handles of streams whose owners are gone (:func:`release_with`). Inside a capture it
+    does nothing (the queue waits for the next call): the synchronisation and ``cublasDestroy`` it makes
+    would invalidate the capture. :func:`prepare` calls it; so do an owner's ``close`` (after a
+    ``gc.collect()``, so that owners in reference cycles are gone) and a caller measuring allocations,
+    first, so that the releases of earlier owners do not land inside its measurement."""
+    if not _released or _capturing():
+        return
     while _released:
         stream = _released.pop()
         stream.synchronize()  # no replay still running reads the workspace about to go back to the pool
         release(stream.ptr)
+
+
+def _capturing() -> bool:
+    """Whether this thread is inside a capture: a :class:`cudarl.graph.StepGraph` capturing (its
+    kernel context is not ``ungraphed``) or CuPy's current stream capturing (no CuPy loaded: no
+    capture can be under way)."""
+    if kernels.current_context() != kernels.UNGRAPHED:
+        return True
+    cupy = sys.modules.get("cupy")
+    return cupy is not None and bool(cupy.cuda.get_current_stream().is_capturing())
 
 
 def _handle_for(stream) -> _Handle:

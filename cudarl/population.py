@@ -159,7 +159,8 @@ class Population:
             configs = [replace(c, run=replace(c.run, grid_barrier=False)) for c in configs]
         self.configs, self.echo = configs, echo
         gpu = _backend.get(_BACKEND[configs[0].run.device]).is_gpu
-        self._blas_before = _blas_prepared(gpu)
+        # earlier owners' streams released now, not inside member_bytes (it read negative bytes)
+        _release_dead_streams(gpu)
         self.members: list[Trainer] = []
         self._branches: list[SideStream] = []
         self.member_bytes: list[int | None] = []
@@ -310,18 +311,17 @@ class Population:
             self.stream.synchronize()
 
     def close(self) -> None:
-        """Free what the population holds outside its arrays: its graphs, and the cuBLAS handles and
-        workspaces (one per stream: 32 MiB each, about nine a member) made while building it, which the
-        cuBLAS module would otherwise keep for the life of the process. The population cannot train after."""
+        """Free what the population holds outside its arrays: its graphs, its members and their streams,
+        and with them the cuBLAS handles and workspaces of those streams (32 MiB each, about nine a
+        member), released now rather than at the next ``blas.prepare`` (:func:`cudarl.blas.release_with`).
+        A member the caller still holds keeps its streams until it is dropped. The population cannot
+        train or evaluate after (:attr:`members` is empty)."""
         self.synchronize()
         self.train_graph = self.collect_graph = None
         for m in self.members:
             m.train_graph = m.collect_graph = m.monitor.train_graph = None
-        if self.stream is not None:
-            from . import blas
-
-            for ptr in blas.prepared() - self._blas_before:
-                blas.release(ptr)
+        self.members, self._branches = [], []
+        _release_dead_streams(self.stream is not None)
 
 
 def branches(name: str, member_phases: list, sides: list, stream, xp) -> StepGraph:
@@ -345,12 +345,16 @@ def branches(name: str, member_phases: list, sides: list, stream, xp) -> StepGra
     return StepGraph(name, [*phases, ("join", join)], stream=stream, xp=xp)
 
 
-def _blas_prepared(gpu: bool) -> set[int]:
-    if not gpu:
-        return set()
-    from . import blas
+def _release_dead_streams(gpu: bool) -> None:
+    """Release the cuBLAS handles and workspaces of streams whose owners are gone (collected first: a
+    trainer sits in reference cycles); nothing inside a capture (:func:`cudarl.blas.release_queued`)."""
+    if gpu:
+        import gc
 
-    return blas.prepared()
+        from . import blas
+
+        gc.collect()
+        blas.release_queued()
 
 
 def _allocated(gpu: bool) -> int | None:
@@ -375,13 +379,6 @@ def memory_per_member(cfg: Config, *, bars=None, splits=None) -> int:
     import tracemalloc
 
     gpu = _backend.get(_BACKEND[cfg.run.device]).is_gpu
-    if gpu:  # earlier owners' streams released now, not inside the measurement (it read negative bytes)
-        import gc
-
-        from . import blas
-
-        gc.collect()
-        blas.release_queued()
     started = not gpu and not tracemalloc.is_tracing()
     if started:
         tracemalloc.start()

@@ -113,6 +113,20 @@ def assert_reruns_bitwise(
             check(attempt)
 
 
+def assert_launch_args(family: str, op: str, args: tuple) -> None:
+    """``args`` as ``cuda_src/<family>.cu`` declares ``cudarl_<family>_<op>``'s parameters, in order: an
+    array of the declared dtype for each pointer, a scalar for each value. For a launcher's tuple
+    recorded on the CPU (its module's ``launch`` patched, NumPy arrays in); on the GPU
+    :func:`cudarl.kernels.launch` checks the same, and more, when it launches."""
+    from . import signatures
+
+    params = signatures.of(family, op).params
+    assert len(args) == len(params), f"{op}: {len(args)} arguments, the kernel takes {len(params)}"
+    for (name, dtype, is_ptr), a in zip(params, args, strict=True):
+        assert isinstance(a, np.ndarray) == is_ptr, f"{op}: {name} is {'a pointer' if is_ptr else 'a value'}"
+        assert not is_ptr or a.dtype == dtype, f"{op}: {name} is {a.dtype}, the kernel takes {dtype}"
+
+
 def gpu_skip_reason() -> str | None:
     """Why GPU tests cannot run here (``None`` if they can)."""
     return cupy_unavailable_reason()

@@ -210,7 +210,12 @@ class Trainer:
         if self.be.is_gpu and stream is None:
             import cupy
 
+            from . import blas
+
             stream = cupy.cuda.Stream(non_blocking=True)
+            # its cuBLAS handle goes with the agent: every graph that captures on this stream (the two
+            # below, a population's) runs the agent's phases, so none can replay once the agent is gone
+            blas.release_with(self.agent, stream)
         self.collect_graph = StepGraph(
             "collect",
             self.agent.collect_phases(self.env, self.replay, self.transitions, self.discount),

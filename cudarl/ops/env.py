@@ -60,6 +60,29 @@ def _check_params(params: EnvParams, t_n: int) -> None:
         )
 
 
+def _check_record(
+    out: Transitions, state: EnvState, actions, scale, data: EnvData, params: EnvParams
+) -> tuple[int, int, int, int, int]:
+    """The checks :func:`record` and :func:`record_step` share: the state, data and params, this step's
+    transitions ``out`` (``rows_per_step * N`` rows) and ``actions``/``scale``. Returns ``N``, the
+    transition rows ``M``, the feature matrix's ``T`` and ``F``, and the action count ``A``."""
+    n = _check_state(state)
+    t_n, f_n, a_n = _check_data(data)
+    _check_params(params, t_n)
+    m = rows_per_step(a_n, params.counterfactual, params.mirror) * n
+    for name, a, dt, shape in (
+        ("out.obs", out.obs, np.float32, (m, STATE_DIM)),
+        ("out.action", out.action, np.int32, (m,)),
+        ("out.reward", out.reward, np.float32, (m,)),
+        ("out.next_obs", out.next_obs, np.float32, (m, STATE_DIM)),
+        ("out.done", out.done, np.float32, (m,)),
+        ("actions", actions, np.int32, (n,)),
+        ("scale", scale, np.float32, (n,)),
+    ):
+        _check(name, a, dt, shape)
+    return n, m, t_n, f_n, a_n
+
+
 def reset(state: EnvState, rows, params: EnvParams, stream=None) -> None:
     """Start a new episode in every env; writes ``state`` (not ``count``) and the state rows ``rows``
     float32 ``[N, STATE_DIM]``."""
@@ -138,18 +161,7 @@ def record(out: Transitions, state: EnvState, actions, scale, data: EnvData, par
 
     Call before :func:`step`, with the same ``actions`` (int32 ``[N]``) and ``scale`` (float32 ``[N]``).
     """
-    n = _check_state(state)
-    t_n, f_n, a_n = _check_data(data)
-    _check_params(params, t_n)
-    g_n = rows_per_step(a_n, params.counterfactual, params.mirror)
-    m = g_n * n
-    _check("out.obs", out.obs, np.float32, (m, STATE_DIM))
-    _check("out.action", out.action, np.int32, (m,))
-    _check("out.reward", out.reward, np.float32, (m,))
-    _check("out.next_obs", out.next_obs, np.float32, (m, STATE_DIM))
-    _check("out.done", out.done, np.float32, (m,))
-    _check("actions", actions, np.int32, (n,))
-    _check("scale", scale, np.float32, (n,))
+    n, m, _, _, a_n = _check_record(out, state, actions, scale, data, params)
     launch(
         "env",
         "record",
@@ -205,26 +217,16 @@ def record_step(
         reward_out, done_out: float32 ``[N]``; obs: float32 ``[N, window * (F + 2)]``;
         actions: int32 ``[N]``; scale: float32 ``[N]``.
     """
-    n = _check_state(state)
-    t_n, f_n, a_n = _check_data(data)
-    _check_params(params, t_n)
-    m = rows_per_step(a_n, params.counterfactual, params.mirror) * n
     if int(window) < 1:
         raise ValueError(f"window must be >= 1, got {window}")
+    n, m, t_n, f_n, a_n = _check_record(out, state, actions, scale, data, params)
     for name, a, dt, shape in (
-        ("out.obs", out.obs, np.float32, (m, STATE_DIM)),
-        ("out.action", out.action, np.int32, (m,)),
-        ("out.reward", out.reward, np.float32, (m,)),
-        ("out.next_obs", out.next_obs, np.float32, (m, STATE_DIM)),
-        ("out.done", out.done, np.float32, (m,)),
         ("discount_out", discount_out, np.float32, (m,)),
         ("gamma", gamma, np.float32, (1,)),
         ("rows", rows, np.float32, (n, STATE_DIM)),
         ("reward_out", reward_out, np.float32, (n,)),
         ("done_out", done_out, np.float32, (n,)),
         ("obs", obs, np.float32, (n, width(f_n, int(window)))),
-        ("actions", actions, np.int32, (n,)),
-        ("scale", scale, np.float32, (n,)),
     ):
         _check(name, a, dt, shape)
     launch(

@@ -255,6 +255,15 @@ def gather(
     )
 
 
+def _sample_args(spec: ReplaySpec, bufs: ReplayBuffers, indices_out, qsel_out, *gather_out) -> tuple[int, tuple]:
+    """B and the checked arguments the search-and-gather kernels begin with: the search's, then the
+    gather's sources, outputs (``gather_out``: obs, next_obs, action, return, discount) and shape
+    constants (``cuda_src/replay.cu``: the windows kernel takes its own after them)."""
+    B, search = _search_args(spec, bufs, indices_out, qsel_out)
+    arrays, shape = _gather_args(spec, bufs, B, *gather_out)
+    return B, search + arrays + shape
+
+
 def sample_search_gather(
     spec: ReplaySpec,
     bufs: ReplayBuffers,
@@ -268,16 +277,11 @@ def sample_search_gather(
 ) -> None:
     """:func:`sample_search` and :func:`gather` of the rows found, in one launch (a warp per sample
     finds its row and copies it): the same writes as the two launches. 1 launch."""
-    B, search = _search_args(spec, bufs, indices_out, qsel_out)
-    arrays, shape = _gather_args(spec, bufs, B, obs_out, next_obs_out, action_out, return_out, discount_out)
-    threads = 32 * _WARPS_PER_BLOCK
-    launch(
-        "replay",
-        "sample_search_gather",
-        blocks_for(32 * B, threads),
-        threads,
-        search + arrays + shape,
+    B, args = _sample_args(
+        spec, bufs, indices_out, qsel_out, obs_out, next_obs_out, action_out, return_out, discount_out
     )
+    threads = 32 * _WARPS_PER_BLOCK
+    launch("replay", "sample_search_gather", blocks_for(32 * B, threads), threads, args)
 
 
 def sample_search_gather_windows(
@@ -299,8 +303,9 @@ def sample_search_gather_windows(
     """:func:`sample_search_gather` of state rows (``spec.obs_dim`` = STATE_DIM), and the observation
     windows of the rows gathered, ``obs_win``/``next_win`` float32 ``[B, window * (F + 2)]`` from
     ``features [T, F]`` and ``sign [F]`` (``window.gather``'s bits), in one launch."""
-    B, search = _search_args(spec, bufs, indices_out, qsel_out)
-    arrays, shape = _gather_args(spec, bufs, B, obs_out, next_obs_out, action_out, return_out, discount_out)
+    B, args = _sample_args(
+        spec, bufs, indices_out, qsel_out, obs_out, next_obs_out, action_out, return_out, discount_out
+    )
     if spec.obs_dim != STATE_DIM:
         raise ValueError(
             f"the replay holds rows of {spec.obs_dim} floats; windows are gathered from state rows of {STATE_DIM}"
@@ -319,7 +324,7 @@ def sample_search_gather_windows(
         "sample_search_gather_windows",
         blocks_for(32 * B, threads),
         threads,
-        search + arrays + shape + (features, sign, obs_win, next_win, int(window), f_n, t_n),
+        args + (features, sign, obs_win, next_win, int(window), f_n, t_n),
     )
 
 

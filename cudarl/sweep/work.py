@@ -62,16 +62,17 @@ def run_population(job: dict, bars) -> dict:
     val, test = pop.evaluate("val"), pop.evaluate("test")
     results = []
     with tempfile.TemporaryDirectory(prefix="cudarl-sweep-") as tmp:
-        for i, (t, m) in enumerate(zip(job["trials"], pop.members, strict=True)):
-            state = PolicyState.of_trainer(m)
+        # no name outlives the loop holding a member: close() below releases the members' streams
+        states = (PolicyState.of_trainer(m) for m in pop.members)
+        for i, (t, state) in enumerate(zip(job["trials"], states, strict=True)):
             path = state.save(Path(tmp) / f"{i}.safetensors")
             results.append(
                 {
                     "key": t["key"],
                     "val": split_numbers(val[i]),
                     "test": split_numbers(test[i]),
-                    "step": int(m.step),
-                    "periods_per_year": m.data.periods_per_year,
+                    "step": state.step,
+                    "periods_per_year": pop.members[i].data.periods_per_year,
                     "weights_sha256": weights_digest(state),
                     "policy": path.read_bytes(),
                     # a member its guard stopped keeps the weights it stopped with, and says so

@@ -86,6 +86,56 @@ def test_gpu_gemm_without_prepared_handle_inside_capture(cp):
             s.end_capture()
 
 
+class _QueuedStream:
+    """Stands in for a stream whose owner is gone: what release_queued calls on it."""
+
+    ptr = 0x5EED
+
+    def __init__(self, log):
+        self.log = log
+
+    def synchronize(self):
+        self.log.append("synchronize")
+
+
+def test_release_queued_waits_for_the_end_of_a_capture(monkeypatch):
+    """Inside a StepGraph capture (its kernel context) the queue is left alone: the synchronisation and
+    cublasDestroy would invalidate the capture. Outside, every queued stream is synchronised, then released."""
+    from cudarl import kernels
+
+    log = []
+    monkeypatch.setattr(blas, "_released", [_QueuedStream(log)])
+    monkeypatch.setattr(blas, "release", lambda ptr: log.append(("release", ptr)))
+    with kernels.use_context("train"):
+        blas.release_queued()
+    assert log == [] and len(blas._released) == 1
+    blas.release_queued()
+    assert log == ["synchronize", ("release", 0x5EED)] and blas._released == []
+
+
+@pytest.mark.gpu
+def test_gpu_release_queued_releases_a_dead_owners_handle_after_the_capture_not_inside(cp):
+    import gc
+
+    from cudarl.graph import SideStream, StepGraph
+
+    owners = [SideStream(cp)]
+    ptr = owners[0].stream.ptr
+    seen = []
+
+    def phase():
+        owners.clear()  # the side stream's finalizer queues its stream, inside the capture
+        blas.release_queued()
+        seen.append(ptr in blas.prepared())
+
+    g = StepGraph("train", [("drop", phase)], xp=cp)
+    g.capture()
+    assert seen == [True]
+    gc.collect()
+    blas.release_queued()
+    assert ptr not in blas.prepared()
+
+
 # --- gemm_lt: out = act(op(a) @ op(b) + bias), cuBLASLt with the bias/ReLU epilogue ------------
 LT_EPILOGUES = [
     ("identity", False),

@@ -305,6 +305,35 @@ def test_record_step_twin_is_the_unfused_sequence(rng, cf, mirror, window):
     assert (disc_f == 0).any() and (disc_f == gamma[0]).any()  # episodes ended within the 8 steps
 
 
+@pytest.mark.parametrize("cf,mirror,window", [(False, False, 1), (True, True, 3)])
+def test_launchers_pass_their_kernels_c_parameters(monkeypatch, rng, cf, mirror, window):
+    """CPU: the arguments cudarl.ops.env's step, record and record_step build (recorded, not launched)
+    are what cuda_src/env.cu declares, and a transitions buffer of the wrong size is refused by both
+    record launchers, naming it."""
+    from cudarl.ops import env as ops
+    from cudarl.testing import assert_launch_args
+
+    launched = []
+    monkeypatch.setattr(ops, "launch", lambda family, op, grid, block, args, stream=None: launched.append((op, args)))
+    cfg = EnvConfig(n_envs=7, episode_len=3, n_actions=3, counterfactual=cf, mirror=mirror, seed=5)
+    env = TradingEnv(*market(rng, 80, 4), cfg, backend="numpy", window=window)
+    out, m = env.make_transitions(), env.rows_per_step * 7
+    disc, gamma = np.zeros(m, F32), np.array([0.97], F32)
+    ops.step(env.state, env.rows, env.reward, env.done, env.actions, env.scale, env.data, env.params)
+    ops.record(out, env.state, env.actions, env.scale, env.data, env.params)
+    ops.record_step(out, disc, gamma, env.state, env.rows, env.reward, env.done, env.obs, env.actions, env.scale,
+                    env.data, env.params, window)  # fmt: skip
+    assert [op for op, _ in launched] == ["step", "record", "record_step"]
+    for op, args in launched:
+        assert_launch_args("env", op, args)
+    short = out._replace(done=np.zeros(m - 1, F32))
+    with pytest.raises(ValueError, match="out.done"):
+        ops.record(short, env.state, env.actions, env.scale, env.data, env.params)
+    with pytest.raises(ValueError, match="out.done"):
+        ops.record_step(short, disc, gamma, env.state, env.rows, env.reward, env.done, env.obs, env.actions,
+                        env.scale, env.data, env.params, window)  # fmt: skip
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize(
     "n,a_n,f_n,window,cf,mirror",

@@ -925,6 +925,28 @@ def test_sample_with_windows_writes_what_sample_then_windows_gather_would(rng):
         assert_bitwise(pair1, pair2)
 
 
+@pytest.mark.parametrize("store_next", [False, True])
+def test_fused_sample_launchers_pass_their_kernels_c_parameters(monkeypatch, store_next):
+    """CPU: the arguments cudarl.ops.replay's fused search-and-gather launchers build (recorded, not
+    launched) are, in order, what cuda_src/replay.cu declares: a NumPy array of the declared dtype for
+    each pointer, a scalar for each value (kernels.launch checks the same on the GPU)."""
+    from cudarl.ops import replay as ops
+    from cudarl.testing import assert_launch_args
+
+    launched = []
+    monkeypatch.setattr(ops, "launch", lambda family, op, grid, block, args: launched.append((op, args)))
+    r, win = _windowed(np, "numpy", 5, 300, 1 if store_next else 3, 4, store_next, 50, 3, 4, 200)
+    B = 9
+    outs = (np.zeros(B, np.int32), np.zeros(B, np.int64), np.zeros((B, 4), np.float32), np.zeros((B, 4), np.float32),
+            *_gather_scalars(np, B))  # fmt: skip
+    pair = np.zeros((2, B, win.width), np.float32)
+    ops.sample_search_gather(r.spec, r.bufs, *outs)
+    ops.sample_search_gather_windows(r.spec, r.bufs, *outs, win.features, win.sign, win.window, *pair)
+    assert [op for op, _ in launched] == ["sample_search_gather", "sample_search_gather_windows"]
+    for op, args in launched:
+        assert_launch_args("replay", op, args)
+
+
 def _gather_scalars(xp, B):
     return xp.zeros(B, np.int32), xp.zeros(B, np.float32), xp.zeros(B, np.float32)
 
