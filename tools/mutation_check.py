@@ -22,7 +22,12 @@ Usage (from the repository root)::
     python3 tools/mutation_check.py --only allocation-during-capture
 
 Exit status 0 if every mutation run was caught or not checked; 1 if any was missed, errored, timed
-out, or its tests failed unmutated.
+out, or its tests failed unmutated; 2 if GPU mutations were asked for while a CUDA MPS daemon runs.
+
+The GPU mutations run alone on their GPU: under MPS a fatal fault of one client (the null-pointer
+mutation faults on purpose) is raised in every client of the same GPU, so other work sharing the
+MPS server dies with it (12 learning runs did, on an H200 at c7b19c7). The tool refuses to run them
+while an MPS control pipe exists (``$CUDA_MPS_PIPE_DIRECTORY``, default ``/tmp/nvidia-mps``).
 """
 
 from __future__ import annotations
@@ -520,6 +525,12 @@ MUTATIONS: tuple[Mutation, ...] = (
 )
 
 
+def mps_pipe() -> Path | None:
+    """The CUDA MPS control pipe this process's CUDA would connect to, if one exists (else None)."""
+    pipe = Path(os.environ.get("CUDA_MPS_PIPE_DIRECTORY") or "/tmp/nvidia-mps") / "control"
+    return pipe if pipe.exists() else None
+
+
 def select(names=(), gpu_only=False, cpu_only=False) -> list[Mutation]:
     known = {m.name: m for m in MUTATIONS}
     unknown = [n for n in names if n not in known]
@@ -576,6 +587,14 @@ def main(argv=None) -> int:
             for t in m.tests or (" ".join(m.command),):
                 print(f"    runs  {t}")
         return 0
+    pipe = mps_pipe()
+    if pipe is not None and any(m.gpu for m in ms):
+        print(
+            f"refusing the GPU mutations: a CUDA MPS daemon runs ({pipe}); a fault they inject would end every "
+            "process sharing the GPU. Stop it (echo quit | nvidia-cuda-mps-control) or pass --cpu-only.",
+            file=sys.stderr,
+        )
+        return 2
     old = signal.signal(signal.SIGTERM, _on_sigterm)
     recs = []
     try:

@@ -102,3 +102,16 @@ def test_every_seed_bug_mutation_applies_and_names_tests_that_exist(tool):
         "allocation-during-capture",
         "cublas-workspace-per-capture",
     }
+
+
+def test_gpu_mutations_are_refused_while_an_mps_daemon_runs(tool, tmp_path, monkeypatch, capsys):
+    # Under MPS the null-pointer mutation's fault ends every client of the GPU (12 learning runs beside it
+    # died on an H200): the GPU mutations must not start then (listing them still works).
+    (tmp_path / "control").touch()
+    monkeypatch.setenv("CUDA_MPS_PIPE_DIRECTORY", str(tmp_path))
+    assert tool.mps_pipe() == tmp_path / "control"
+    assert tool.main(["--gpu-only"]) == 2
+    assert "MPS" in capsys.readouterr().err
+    assert tool.main(["--cpu-only", "--list"]) == 0
+    monkeypatch.setenv("CUDA_MPS_PIPE_DIRECTORY", str(tmp_path / "none"))
+    assert tool.mps_pipe() is None
