@@ -67,18 +67,43 @@ def ewm_mean(x: np.ndarray, halflife: float, present: np.ndarray | None = None) 
 
 
 def ew_filter_loop(x: np.ndarray, w: np.ndarray, a: float) -> tuple:
-    """``y_t = a x_t + (1 - a) y_{t-1}``, ``y_{-1} = 0``, of float64 [T] ``x`` and of ``w`` (one
-    Python loop over the rows), bit for bit as ``scipy.signal.lfilter([a], [1, a - 1], x)`` computes
-    it: its direct form II transposed, ``y_t = z + a x_t``, then ``z = 0 x_t - (a - 1) y_t``."""
+    """``y_t = a x_t + (1 - a) y_{t-1}``, ``y_{-1} = 0``, of float64 [T] ``x`` and of ``w`` (a Python
+    loop over the rows), bit for bit as ``scipy.signal.lfilter([a], [1, a - 1], x)`` computes it: its
+    direct form II transposed, ``y_t = z + a x_t``, then ``z = 0 x_t - (a - 1) y_t``.
+
+    ``w`` is a presence weight: 0 or 1. Once ``w`` holds 1 to its end and the state ``z`` repeats, every
+    later ``y`` repeats too (the same operations on the same operands), so the rest is filled: the
+    weights of a series with every row present cost ~50 half-lives of loop, not ``T`` rows."""
     c1 = a - 1.0
-    num, den = [], []
-    zx = zw = 0.0
-    for u, v in zip(x.tolist(), w.tolist(), strict=True):
-        yx, yw = zx + a * u, zw + a * v
-        zx, zw = u * 0.0 - yx * c1, v * 0.0 - yw * c1
-        num.append(yx)
-        den.append(yw)
-    return np.array(num), np.array(den)
+    return np.array(_ew_filter(x.tolist(), a, c1)), np.array(_ew_filter(w.tolist(), a, c1, settles=_ones_from(w)))
+
+
+def _ones_from(w: np.ndarray) -> int:
+    """The first index from which ``w`` is 1.0 to its end (``len(w)`` if its last row is not 1)."""
+    not_one = np.flatnonzero(w != 1.0)
+    return 0 if not_one.size == 0 else int(not_one[-1]) + 1
+
+
+def _ew_filter(xs: list, a: float, c1: float, settles: int | None = None) -> list:
+    """:func:`ew_filter_loop`'s recurrence over ``xs`` (floats). From index ``settles`` on (every input
+    1.0 there) it stops at the first repeated state and fills the rest with the ``y`` that repeats:
+    ``y = z + a`` of an equal ``z`` (a zero of either sign gives ``a``) is the same bits."""
+    n = len(xs) if settles is None else min(settles, len(xs))
+    out = []
+    push = out.append
+    z = 0.0
+    for u in xs[:n]:
+        y = z + a * u
+        z = u * 0.0 - y * c1
+        push(y)
+    for t in range(n, len(xs)):  # xs[t] == 1.0: a * u is a, u * 0.0 is 0.0
+        y = z + a
+        push(y)
+        z_next = 0.0 - y * c1
+        if z_next == z:
+            return out + [y] * (len(xs) - t - 1)
+        z = z_next
+    return out
 
 
 @dataclass(frozen=True)

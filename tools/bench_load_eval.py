@@ -11,7 +11,12 @@ busy machine the wall times grow and the minimum is the one to read):
 * evaluate: ``cudarl.load_policy(best.safetensors).evaluate(split="test")`` over a test split of
   10,000 bars (``builtin:regime?n=66700``), on the CPU and on the GPU when one is usable: the
   whole process from its start (interpreter, imports, features of every bar, the greedy walk,
-  the metrics), and the part of it inside Python after ``import cudarl``. Target: < 1 s.
+  the metrics), and the part of it inside Python after ``import cudarl``. Target: < 1 s. The policy
+  is trained with the validation gate off (``eval.gate_psr = 0``), so the test split is walked bar
+  by bar (a closed gate would leave it flat without a forward; the bench refuses that case). Its
+  trades are in the JSON: the host walk evaluates a block of bars per forward up to the first
+  position change, so its cost grows with the trades (this barely trained policy changes position
+  on about a third of the bars).
 
 The CSV and the policy are made once in a temporary folder (not timed). Prints a table and writes
 JSON (``--out``, default ``docs/bench/bench_load_eval_<cpu|gpu>.json``).
@@ -58,7 +63,8 @@ t1 = time.perf_counter()
 policy = cudarl.load_policy({path!r}, device={device!r})
 ev = policy.evaluate(split="test")
 t2 = time.perf_counter()
-print(json.dumps({{"import_s": t1 - t0, "eval_s": t2 - t1, "bars": len(ev.position), "backend": policy.be.name}}))
+out = {{"import_s": t1 - t0, "eval_s": t2 - t1, "bars": len(ev.position), "backend": policy.be.name}}
+print(json.dumps({{**out, "trading": ev.summary["deployment"]["trading"], "trades": ev.summary["policy"]["trades"]}}))
 """
 
 
@@ -115,6 +121,7 @@ def make_policy(folder: Path) -> Path:
         {
             "run": {"steps": 20, "eval_every": 20, "checkpoint_every": 0, "out_dir": str(folder)},
             "data": {"source": EVAL_DATA},
+            "eval": {"gate_psr": 0.0},  # the gate off: the test split is walked (a closed gate walks nothing)
             "env": {"n_envs": 4, "episode_len": 64},
             "agent": {"learning_starts": 64, "batch_size": 32},
             "replay": {"capacity": 2000},
@@ -171,6 +178,8 @@ def main() -> int:
         for device in devices:
             r = timed_runs(EVAL_CODE.format(path=str(policy), device=device), args.repeats)
             extra[f"eval_bars_{device}"] = r["bars"]
+            assert r["trading"], "the evaluated policy stayed flat: nothing was walked"
+            extra[f"eval_trades_{device}"] = r["trades"]  # the walk's cost grows with the position changes
             case = f"evaluate {r['bars']} bars, {device}"
             rows += timing_rows(case, "whole process", r["wall"], "< 1 s")
             rows += timing_rows(case, "after import cudarl", r["eval_s"])

@@ -137,30 +137,37 @@ def optimal_block_length(r) -> float:
 
 
 def stationary_bootstrap(n: int, block: float, resamples: int, seed: int = 0) -> np.ndarray:
-    """int64 [resamples, n]: indices of stationary-bootstrap resamples of ``n`` bars (Politis and Romano
+    """int32 [resamples, n]: indices of stationary-bootstrap resamples of ``n`` bars (Politis and Romano
     1994): each index is the previous plus one (wrapping around) except with probability ``1 / block``,
     when a new block starts at a uniform bar."""
     rng = np.random.default_rng([int(seed), 0xB007])
-    new = rng.random((resamples, n)) < 1.0 / max(block, 1.0)
-    new[:, 0] = True
-    starts = rng.integers(0, n, size=(resamples, n))
-    # Rows in chunks of about 2^16 bars, each chunk flattened: every row starts a block, so the running
-    # maximum of the flat positions where a block starts never reaches back into an earlier row, and
-    # ``p - last`` is the offset within the block. One 1-D scan and gather per chunk, in buffers that
-    # stay in cache (the 2-D scan and gather over [resamples, n] took 0.85 s at 1000 x 10k bars).
-    out = np.empty((resamples, n), np.int64)
+    # Made in chunks of about 2^16 bars (rows whole), in the fewest fresh bytes: a fresh process pays
+    # for every page it touches, and the uniforms of all [resamples, n] at once were 8 bytes a bar. The
+    # uniforms drawn a chunk at a time are the same stream; the block starts are drawn as int32, the
+    # same values as int64 (one bounded 32-bit draw each), after all the uniforms as before.
     rows = max(1, (1 << 16) // n)
-    p = np.arange(rows * n, dtype=np.int64)
-    last, off = np.empty_like(p), np.empty_like(p)
+    new = np.empty((resamples, n), bool)
+    for r0 in range(0, resamples, rows):
+        np.less(rng.random((min(rows, resamples - r0), n)), 1.0 / max(block, 1.0), out=new[r0 : r0 + rows])
+    new[:, 0] = True
+    starts = rng.integers(0, n, size=(resamples, n), dtype=np.int32)
+    # Each chunk flattened: every row starts a block, so the running maximum of the flat positions where
+    # a block starts never reaches back into an earlier row, and ``p - last`` is the offset within the
+    # block. One 1-D scan and gather per chunk, in buffers that stay in cache (the 2-D scan and gather
+    # over [resamples, n] took 0.85 s at 1000 x 10k bars).
+    out = starts  # written over in place, chunk by chunk, after its chunk of starts is read
+    p = np.arange(rows * n, dtype=np.int32)
+    last, off, got = np.empty_like(p), np.empty_like(p), np.empty_like(p)
     for r0 in range(0, resamples, rows):
         k = min(rows, resamples - r0) * n
-        pk, lk, ok, o = p[:k], last[:k], off[:k], out[r0 : r0 + k // n].reshape(-1)
+        pk, lk, ok, o = p[:k], last[:k], off[:k], got[:k]
         np.multiply(new[r0 : r0 + k // n].reshape(-1), pk, out=lk)
         np.maximum.accumulate(lk, out=lk)
-        np.take(starts[r0 : r0 + k // n].reshape(-1), lk, out=o)
+        np.take(starts[r0 : r0 + k // n].reshape(-1), lk, out=o, mode="clip")  # in range; "raise" buffers
         np.subtract(pk, lk, out=ok)
         o += ok  # start + offset < 2 n
-        o[o >= n] -= n
+        np.subtract(o, n, out=o, where=o >= n)
+        out[r0 : r0 + k // n].reshape(-1)[:] = o
     return out
 
 

@@ -125,14 +125,19 @@ def test_the_python_recurrence_is_lfilter_bit_for_bit(rng):
     the same bits, so the features do not depend on which one ran."""
     from scipy.signal import lfilter
 
-    for trial in range(60):
-        n = int(rng.integers(1, 3000))
+    for trial in range(80):
+        n = int(rng.integers(1, 6000))
         halflife = float(rng.choice([0.3, 1.0, 4.0, 32.0, 64.0, 1e4, rng.uniform(0.1, 500)]))
         a = 1.0 - 0.5 ** (1.0 / halflife)
         x = rng.standard_normal(n) * 10.0 ** rng.uniform(-8, 8)
         x = x * x if trial % 3 == 0 else x
         x[rng.random(n) < 0.05] = 0.0
-        w = (rng.random(n) < 0.8).astype(np.float64)
+        # weights: some rows absent, every row present (the loop stops once its state repeats and fills
+        # the rest), absent only first (the volatility's), absent then present to the end
+        kind = trial % 4
+        w = (rng.random(n) < 0.8) if kind == 0 else np.ones(n) if kind == 1 else np.arange(n) >= 1
+        w = np.r_[rng.random(n // 2) < 0.5, np.ones(n - n // 2)] if kind == 3 else w
+        w = w.astype(np.float64)
         got = ew_filter_loop(x, w, a)
         for g, v in zip(got, (x, w), strict=True):
             want = lfilter([a], [1.0, a - 1.0], v)
