@@ -318,8 +318,7 @@ class Population:
         train or evaluate after (:attr:`members` is empty)."""
         self.synchronize()
         self.train_graph = self.collect_graph = None
-        for m in self.members:
-            m.train_graph = m.collect_graph = m.monitor.train_graph = None
+        _drop_graphs(self.members)  # in a function: a loop variable here would keep the last member alive
         self.members, self._branches = [], []
         _release_dead_streams(self.stream is not None)
 
@@ -343,6 +342,12 @@ def branches(name: str, member_phases: list, sides: list, stream, xp) -> StepGra
 
     phases = [(f"member{i}", member(p, s)) for i, (p, s) in enumerate(zip(member_phases, sides, strict=True))]
     return StepGraph(name, [*phases, ("join", join)], stream=stream, xp=xp)
+
+
+def _drop_graphs(members: list) -> None:
+    """Drop every member's graphs (the population's branches replay their phases)."""
+    for m in members:
+        m.train_graph = m.collect_graph = m.monitor.train_graph = None
 
 
 def _release_dead_streams(gpu: bool) -> None:

@@ -231,3 +231,27 @@ def test_gpu_population_close_releases_its_cublas_handles():
     assert len(blas.prepared() - before) >= 4
     pop.close()
     assert not blas.prepared() - before
+
+
+def test_close_releases_the_streams_once_no_member_is_left_alive(monkeypatch):
+    """close() releases the cuBLAS handles of streams whose owners (each member's agent and side streams)
+    are collected, so no member may still be referenced when it does: the loop that dropped the members'
+    graphs kept the last member in close()'s frame, and on an H200 at 6fab362 that member's nine
+    streams kept their handles and 32 MiB workspaces (test_gpu_population_close_releases_its_cublas_handles)."""
+    import gc
+    import weakref
+
+    import cudarl.population as population_mod
+
+    pop = Population([small()] * 2, run_dirs=[False, False], **QUIET)
+    pop.run(3)
+    owners = [weakref.ref(m.agent) for m in pop.members] + [weakref.ref(s) for s in pop._branches]
+    alive_at_release = []
+
+    def release(gpu):
+        gc.collect()
+        alive_at_release.append([r() is not None for r in owners])
+
+    monkeypatch.setattr(population_mod, "_release_dead_streams", release)
+    pop.close()
+    assert alive_at_release == [[False] * len(owners)]
