@@ -192,3 +192,34 @@ def test_env_fill_timing_matches_the_env_reward():
     np.testing.assert_allclose(ev.net, want, rtol=0, atol=5e-7)
     with pytest.raises(ValueError, match="expected 98 positions"):
         evaluate_positions(bars, pos[:-1], split, cost_bps=2.0, periods_per_year=252, fill="open")
+
+
+def _trades_bar_by_bar(p, net, costs):
+    """The trade list as a bar-by-bar scan (the oracle of the run-finding one)."""
+    side, out, k, n = np.sign(p), [], 0, len(p)
+
+    def share(j, old, new):
+        total = abs(old) + abs(new)
+        return float(costs[j] * abs(old) / total) if total > 0 else 0.0
+
+    while k < n:
+        if side[k] == 0:
+            k += 1
+            continue
+        j = k
+        while j < n and side[j] == side[k]:
+            j += 1
+        ret = float(net[k:j].sum()) + (share(k, p[k - 1], p[k]) if k > 0 and side[k - 1] != 0 else 0.0)
+        ret -= share(j, p[j - 1], p[j]) if j < n else 0.0
+        out.append({"start": k, "stop": j, "side": int(side[k]), "bars": j - k, "return": ret, "open": j == n})
+        k = j
+    return out
+
+
+def test_trades_are_the_bar_by_bar_scans_exactly(rng):
+    for trial in range(300):
+        n = int(rng.integers(0, 200))
+        levels = [-1.0, -0.5, 0.0, 0.5, 1.0]
+        p = rng.choice(levels, size=n) if trial % 2 else np.repeat(rng.choice(levels, size=n // 4 + 1), 4)[:n]
+        net, costs = rng.normal(size=len(p)) * 0.01, np.abs(rng.normal(size=len(p))) * 1e-4
+        assert trades(p, net, costs) == _trades_bar_by_bar(p, net, costs)
