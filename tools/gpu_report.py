@@ -12,29 +12,11 @@ import datetime as _dt
 import json
 import platform
 import sys
-import xml.etree.ElementTree as ET
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-def junit_counts(path: Path) -> dict:
-    c = {"passed": 0, "failed": 0, "errors": 0, "skipped": 0, "failures": []}
-    if not path.is_file():
-        c["missing"] = True
-        return c
-    root = ET.parse(path).getroot()
-    for tc in root.iter("testcase"):
-        name = f"{tc.get('classname')}::{tc.get('name')}"
-        if tc.find("failure") is not None:
-            c["failed"] += 1
-            c["failures"].append(name)
-        elif tc.find("error") is not None:
-            c["errors"] += 1
-            c["failures"].append(name)
-        elif tc.find("skipped") is not None:
-            c["skipped"] += 1
-        else:
-            c["passed"] += 1
-    return c
+from junit_read import read_junit  # noqa: E402
 
 
 def load_benches(d: Path) -> list[dict]:
@@ -92,11 +74,12 @@ def main() -> int:
     ap.add_argument("--bench-json", type=Path)
     ap.add_argument("--summary-only", action="store_true")
     a = ap.parse_args()
-    c = junit_counts(a.junit)
+    c = read_junit(a.junit)
+    failed = c["failed"] + c["errors"] + c["collection_errors"]
     benches = load_benches(a.bench_dir)
     if a.summary_only:
-        print(f"GPU tests: {c['passed']} passed, {c['failed'] + c['errors']} failed, {c['skipped']} skipped")
-        for f in c["failures"][:30]:
+        print(f"GPU tests: {c['passed']} passed, {failed} failed, {c['skipped']} skipped")
+        for f in c["failed_tests"][:30]:
             print(f"  FAILED {f}")
         print(bench_table(benches))
         return 0
@@ -115,11 +98,11 @@ def main() -> int:
         "",
         "## GPU tests (`pytest -m gpu`)",
         "",
-        f"**{c['passed']} passed, {c['failed'] + c['errors']} failed, {c['skipped']} skipped**"
-        + (" (no JUnit file: the test run did not finish)" if c.get("missing") else ""),
+        f"**{c['passed']} passed, {failed} failed, {c['skipped']} skipped**"
+        + (" (no JUnit file: the test run did not finish)" if c["missing"] else ""),
         "",
     ]
-    md += [f"- FAILED `{f}`" for f in c["failures"]]
+    md += [f"- FAILED `{f}`" for f in c["failed_tests"]]
     md += ["", "## Benchmarks", "", bench_table(benches), ""]
     if a.out:
         a.out.write_text("\n".join(md))

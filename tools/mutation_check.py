@@ -41,11 +41,13 @@ import subprocess
 import sys
 import tempfile
 import time
-import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from junit_read import read_junit  # noqa: E402
 
 
 class MutationError(RuntimeError):
@@ -133,33 +135,6 @@ def _env(root: Path) -> dict:
     return env
 
 
-def _junit(path: Path) -> dict:
-    """Counts and the names of failed tests from a pytest JUnit file."""
-    out = {"passed": 0, "failed": 0, "errors": 0, "skipped": 0, "collection_errors": 0}
-    out.update(failed_tests=[], skip_reasons=[])
-    try:
-        tree = ET.parse(path)
-    except (OSError, ET.ParseError):
-        return out
-    for case in tree.iter("testcase"):
-        name = f"{case.get('classname', '')}::{case.get('name', '')}"
-        tags = {child.tag: child for child in case}
-        if "error" in tags and tags["error"].get("message", "") == "collection failure":
-            out["collection_errors"] += 1  # an import error: the mutation broke the module, not the behaviour
-            out["failed_tests"].append(name)
-        elif "failure" in tags or "error" in tags:
-            out["failed" if "failure" in tags else "errors"] += 1
-            out["failed_tests"].append(name)
-        elif "skipped" in tags:
-            out["skipped"] += 1
-            reason = tags["skipped"].get("message", "")
-            if reason not in out["skip_reasons"]:
-                out["skip_reasons"].append(reason)
-        else:
-            out["passed"] += 1
-    return out
-
-
 def run_tests(tests, root: Path = ROOT, timeout: float = 600.0) -> dict:
     """Run pytest on ``tests`` in a subprocess; return the counts and a verdict: ``failed`` (a test
     failed or errored), ``passed``, ``skipped`` (all skipped), ``error`` (pytest could not run them)
@@ -173,7 +148,7 @@ def run_tests(tests, root: Path = ROOT, timeout: float = 600.0) -> dict:
         except subprocess.TimeoutExpired as exc:
             tail = (exc.stdout or b"")[-2000:]
             return {"outcome": "timeout", "seconds": round(time.perf_counter() - t0, 1), "tail": str(tail)}
-        res = _junit(xml)
+        res = read_junit(xml)
     res["seconds"] = round(time.perf_counter() - t0, 1)
     res["returncode"] = p.returncode
     res["tail"] = (p.stdout + p.stderr)[-2000:]
