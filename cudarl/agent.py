@@ -83,7 +83,7 @@ class Agent:
         self, cfg: Config, obs_dim: int, n_actions: int, n_envs: int, xp, market=None, feature_names: tuple = ()
     ):
         self.cfg, self.xp, self.n_envs = cfg, xp, int(n_envs)
-        self._eval_rows = None  # eval_rows(), made at the first evaluation
+        self._eval_rows = None  # (eval_rows(),) once made: row_exact_q may be None
         self.batch_size = B = cfg.agent.batch_size
         a, o = cfg.agent, cfg.optim
         rule_cls = HEAD_RULES[cfg.net.head]

@@ -256,9 +256,6 @@ def save_policy(path, trainer, best=None) -> Path:
     return PolicyState.of_trainer(trainer, best).save(path)
 
 
-_UNMADE = object()  # a lazily made value not made yet (None is a made value)
-
-
 def load_policy(path, device: str = "auto") -> Policy:
     """A :class:`Policy` from a policy file (``best``/``step-N``) or a resume checkpoint (``latest.npz``).
 
@@ -334,7 +331,7 @@ class Policy:
         #: the expected Q the head's rule acts and evaluates with (the same bits as the trainer's)
         self._values = HEAD_RULES[n.head].greedy_values(self.net, cfg, self.counters)
         self._scale = self.plan_scale_into if n.plan else None
-        self._rows_fn = _UNMADE  # _q_rows
+        self._rows_fn = None  # (_q_rows,) once made: row_exact_q may be None
 
     def __repr__(self) -> str:
         n = self.config.net
@@ -365,9 +362,9 @@ class Policy:
     def _q_rows(self):
         """:func:`row_exact_q` of this policy's network, made at the first walk (on the GPU it has a
         workspace of its own)."""
-        if self._rows_fn is _UNMADE:
-            self._rows_fn = row_exact_q(self.net, self._values)
-        return self._rows_fn
+        if self._rows_fn is None:
+            self._rows_fn = (row_exact_q(self.net, self._values),)
+        return self._rows_fn[0]
 
     def _input(self, obs):
         on_gpu = type(obs).__module__.startswith("cupy")
