@@ -131,7 +131,6 @@ class Agent:
             market=market,
             feature_names=feature_names,
         )
-        buf.q_rows_on_chain = bool(a.cql_alpha) or cfg.net.plan or any(s.reads_q_rows for s in self.aux)
         self.rule = rule_cls.allocate(buf)
         #: the plan head's loss (net.plan), or None
         self.plan = PlanLoss(buf, cfg.env.position_levels()) if cfg.net.plan else None

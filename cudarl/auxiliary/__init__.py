@@ -40,10 +40,6 @@ class AuxSignal(Protocol):
     allocated after :meth:`allocate` (graph capture, DESIGN.md rule 9)."""
 
     name: str
-    #: Its loss phase reads the step's Q rows (``buffers.q_s``, or the C51 logits at ``s`` the rule's
-    #: ``q_stats`` phase combines): the rule then writes them on the train graph's chain, not on the
-    #: statistics' side branch.
-    reads_q_rows: bool
 
     def make_head(self, d: int):
         """Its head on ``psi [B, d]`` (a :class:`cudarl.nn.Module` named ``aux.<name>``, with a

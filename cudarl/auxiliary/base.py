@@ -15,7 +15,6 @@ class AuxBase:
     :attr:`name` and overrides what it uses; :meth:`allocate` keeps the buffers as :attr:`buf`."""
 
     name = ""
-    reads_q_rows = False
 
     def __init__(self, cfg):
         self.cfg = cfg

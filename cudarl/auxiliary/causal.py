@@ -54,7 +54,6 @@ def group_masks(names, groups) -> tuple[list, np.ndarray, np.ndarray]:
 
 class Causal(AuxBase):
     name = "causal"
-    reads_q_rows = True  # q_s, the clean expected Q
 
     def __init__(self, cfg):
         super().__init__(cfg)

@@ -24,7 +24,6 @@ from .base import AuxBase, read
 
 class Homeostatic(AuxBase):
     name = "homeostatic"
-    reads_q_rows = True  # the logits at s
 
     def __init__(self, cfg):
         super().__init__(cfg)

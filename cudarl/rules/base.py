@@ -36,7 +36,7 @@ class LearnerBuffers:
         popart: the :class:`cudarl.popart.PopArt` when ``agent.popart``, else None.
         side, side_next, side_small, side_stats: :class:`cudarl.graph.SideStream` branches (the target
             net's forward; the online net's at ``s'``; small kernels nothing waits for at once; the
-            statistics' reduction, joined by the step's last phase); q_rows_on_chain: see ``__init__``.
+            statistics' reduction, joined by the step's last phase).
         feature_names: the feature matrix's column names (one bar of the window), or () when unknown.
         idx, weights: the sampled rows and their importance weights, set by the sample phase (fixed
             buffers of the replay); read the weights with :meth:`importance_weights`.
@@ -67,10 +67,6 @@ class LearnerBuffers:
         self.popart = popart
         self.side, self.side_next, self.side_small = SideStream(xp), SideStream(xp), SideStream(xp)
         self.side_stats = SideStream(xp)
-        #: does a phase on the train graph's chain read the rule's Q rows (q_s, the logits at s)? The
-        #: agent sets it (CQL, the plan head, an auxiliary signal that reads them); when it is False the
-        #: rule's whole q_stats phase runs on side_stats, beside the backward and the optimiser.
-        self.q_rows_on_chain = True
         self.side_aux = SideStream(xp)
         self.rows, self.market = rows, market
         self.idx = None

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from contextlib import nullcontext
-
 import numpy as np
 
 from .. import losses
@@ -137,11 +135,8 @@ class C51Rule(RuleBase):
 
     def q_stats(self) -> None:
         buf = self.buf
-        # the dueling combine at s and the per-sample rows: on the chain when a phase there reads them
-        # (buffers.q_rows_on_chain), else beside the backward and the optimiser like the reduction
-        with nullcontext() if buf.q_rows_on_chain else buf.side_stats.fork():
-            self.logits_s = buf.online.head.logits_of(self.va, buf.ws)
-            losses.q_stats_rows(self.logits_s, self.support, self.qs)
+        self.logits_s = buf.online.head.logits_of(self.va, buf.ws)
+        losses.q_stats_rows(self.logits_s, self.support, self.qs)
         with buf.side_stats.fork():  # the reduction (A + 2 blocks): beside the backward and the optimiser
             losses.q_stats_reduce(self.qs)
 

@@ -3,8 +3,6 @@ targets, the quantile Huber loss, and acting on the quantile mean."""
 
 from __future__ import annotations
 
-from contextlib import nullcontext
-
 import numpy as np
 
 from .. import losses
@@ -150,8 +148,7 @@ class QuantileRule(RuleBase):
 
     def q_stats(self) -> None:
         buf = self.buf
-        with nullcontext() if buf.q_rows_on_chain else buf.side_stats.fork():  # q_s: see C51Rule.q_stats
-            self.agent_ops.quantile_mean(buf.q_s, self.theta)
+        self.agent_ops.quantile_mean(buf.q_s, self.theta)
         with buf.side_stats.fork():  # the reduction (A + 2 blocks): beside the backward and the optimiser
             losses.q_moments(buf.q_s, buf.stats.view("q"))
 

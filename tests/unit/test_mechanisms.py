@@ -319,23 +319,3 @@ def test_gpu_plan_spectral_shrink_and_cql_graphed_equal_eager(head):
     _assert_same_bits(g, e)
     assert np.array_equal(g.env.scale.get(), e.env.scale.get())
     assert g.monitor.last_stats["cql_loss"] > 0 and 0 <= g.monitor.last_stats["plan_ready"] <= 1
-
-
-@pytest.mark.parametrize(
-    "over, on_chain",
-    [
-        ({}, False),
-        ({"agent": {"cql_alpha": 1.0}}, True),
-        ({"net": {"plan": True}}, True),
-        ({"agent": {"aux": ["causal"]}}, True),
-        ({"agent": {"aux": ["homeostatic"]}}, True),
-        ({"agent": {"aux": ["horizons"]}}, False),
-        ({"net": {"head": "iqn"}}, False),
-        ({"net": {"head": "iqn"}, "agent": {"cql_alpha": 1.0}}, True),
-    ],
-)
-def test_q_rows_stay_on_the_chain_only_where_a_phase_there_reads_them(tmp_path, over, on_chain):
-    """The Q statistics' per-sample rows (q_s, the logits at s) move to the statistics' side branch
-    unless CQL, the plan head or an auxiliary signal that reads them is on (issue 20: the step's chain)."""
-    t = Trainer(small(tmp_path, **over), echo=lambda m: None)
-    assert t.agent.buffers.q_rows_on_chain is on_chain
