@@ -310,9 +310,9 @@ class Agent:
         self.rule.expected_q(out, obs)
 
     def eval_rows(self):
-        """The online network's ``q_rows`` for evaluation's host walk (:func:`cudarl.policy.row_exact_q`:
-        many bars a forward, each bar's Q the bits it gets alone), or None where there is none; made
-        once (on the GPU it owns a workspace)."""
+        """The online network's block Q for evaluation's host walk (:func:`cudarl.policy.row_exact_q`:
+        many bar states a forward, each with the bits the walk defines as its Q), or None where there
+        is none; made once (on the GPU it owns its buffers and workspace)."""
         if self._eval_rows is None:
             from .policy import row_exact_q
 

@@ -32,6 +32,7 @@ import hashlib
 import json
 from contextlib import nullcontext
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
@@ -462,18 +463,12 @@ class Policy:
 
 # --- the greedy walk, shared with the trainer ------------------------------------------------------
 def row_exact_q(net, values):
-    """A function ``obs [k, obs_dim] -> Q [k, A]`` (float32) whose every row is bit for bit what
-    ``values(out, obs_row, ws)`` (the head rule's greedy values) gives for that row alone, for the
-    host walk's blocks of bars (:func:`greedy_actions`' ``q_rows``); None where there is none: a
-    NumPy ``net`` is needed, with the MLP encoder, the C51 head (IQN's acting taus depend on the
-    batch) and no spectral norm.
-
-    Each GEMM runs as ``k`` one-row GEMMs (``matmul`` of a ``[k, 1, n]`` stack: NumPy calls the
-    BLAS routine of one row for each, where a ``[k, n]`` product may sum in another order); every
-    other op of the reference forward (``cudarl.reference.nn``, then ``qstats.per_sample``'s Q, a
-    test holds them equal) works row by row."""
+    """The host walk's :class:`RowExactQ` (NumPy) or :class:`PaddedQ` (GPU) of ``net`` and the head
+    rule's greedy ``values``: Q of many bars at once, each row bit for bit what the walk defines as
+    that bar's Q; None where there is none: the MLP encoder, the C51 head (IQN's acting taus depend on
+    the batch) and no spectral norm are needed."""
     from .nn.heads import C51Head
-    from .nn.layers import MLP, Linear
+    from .nn.layers import MLP
     from .rules.c51 import C51Values
 
     plain_c51 = isinstance(values, C51Values) and type(net.head) is C51Head  # not c51+iqn's joint head
@@ -481,18 +476,51 @@ def row_exact_q(net, values):
         return None
     if any(lin.spectral for lin in net.linears.values()):
         return None
-    if not _backend.is_numpy(net.xp):
-        return _padded_q_rows(net, values)
-    from .reference import nn as ref
-    from .reference.c51_chain import log_softmax
+    return RowExactQ(net, values) if _backend.is_numpy(net.xp) else PaddedQ(net, values)
 
-    P, head, support = net.P, net.head, values.support
-    layers = [*net.encoder.children, head.va]
 
-    def q_rows(obs):
-        h = obs
-        for layer in layers:
-            if isinstance(layer, Linear):
+#: Most rows of one block of the NumPy host walk (:class:`RowExactQ`).
+CPU_BLOCK_ROWS = 1024
+#: What one more row of a NumPy block costs, as a share of a block's fixed cost (its NumPy calls and
+#: the walk's Python): about 2.3 us a row against 60 us a block, from timing ``RowExactQ`` at 1 to
+#: 4096 rows and the walk's blocks on a 2-core x86-64 host (an estimate the block planner weighs
+#: rows with; the walk's actions do not depend on it).
+CPU_ROW_COST = 1 / 30
+
+
+class RowExactQ:
+    """``q(obs [k, obs_dim]) -> Q [k, A]`` (float32, host) whose every row is bit for bit what
+    ``values(out, obs_row, ws)`` (the head rule's greedy values) gives for that row alone, on the NumPy
+    backend. ``of_states(rows [k, STATE_DIM], windows)`` gathers the state rows' observations first.
+
+    Each GEMM runs as ``k`` one-row GEMMs (``matmul`` of a ``[k, 1, n]`` stack: NumPy calls the
+    BLAS routine of one row for each, where a ``[k, n]`` product may sum in another order); every
+    other op of the reference forward (``cudarl.reference.nn``, then ``qstats.per_sample``'s Q, a
+    test holds them equal) works row by row."""
+
+    max_rows = CPU_BLOCK_ROWS
+    row_cost = CPU_ROW_COST
+
+    def __init__(self, net, values):
+        from .nn.layers import Linear
+
+        self.net, self.values = net, values
+        self.P, self.head, self.support = net.P, net.head, values.support
+        self.layers = [(layer, isinstance(layer, Linear)) for layer in [*net.encoder.children, net.head.va]]
+        self.obs = np.zeros((self.max_rows, net.n_in), np.float32)
+
+    def of_states(self, rows, windows) -> np.ndarray:
+        obs = self.obs[: len(rows)]
+        windows.gather(rows, obs)
+        return self(obs)
+
+    def __call__(self, obs) -> np.ndarray:
+        from .reference import nn as ref
+        from .reference.c51_chain import log_softmax
+
+        P, head, h = self.P, self.head, obs
+        for layer, linear in self.layers:
+            if linear:
                 y = np.matmul(h[:, None, :], layer.weight())[:, 0, :]
                 ref.bias_act_forward(y, P[f"{layer.name}.bias"], y, layer.act)
             else:  # LayerNorm
@@ -502,41 +530,79 @@ def row_exact_q(net, values):
             h = y
         logits = np.empty((len(h), head.n_actions, head.atoms), np.float32)
         ref.dueling_forward(h, logits)
-        if values.risk[0] != 0:  # agent.act_by: the twin C51Values runs, row by row
+        if self.values.risk[0] != 0:  # agent.act_by: the twin C51Values runs, row by row
             q = np.empty((len(h), head.n_actions), np.float32)
-            values.of_logits(logits, q)
+            self.values.of_logits(logits, q)
             return q
         # qstats.per_sample's Q (C51Values'), without the entropy and mass it also computes
-        return (np.exp(log_softmax(logits)) * support).sum(-1)
-
-    return q_rows
+        return (np.exp(log_softmax(logits)) * self.support).sum(-1)
 
 
-#: Rows of every evaluation forward of a GPU host walk (:func:`_padded_q_rows`).
-EVAL_ROWS = 256
+#: Rows of every evaluation forward of a GPU host walk (:class:`PaddedQ`). One forward costs about the
+#: same from 256 to 4096 rows (189 and 196 us on an H200 at 9a99649, launches and all), so a block
+#: holds up to 4096 bar states.
+EVAL_ROWS = 4096
 
 
-def _padded_q_rows(net, values):
-    """The GPU's ``q_rows``: every block of ``k <= EVAL_ROWS`` bars is copied into the first rows of one
+class PaddedQ:
+    """The GPU's block Q: every block of ``k <= EVAL_ROWS`` rows is written into the first rows of one
     ``[EVAL_ROWS, obs_dim]`` buffer and the whole buffer goes through the forward, so every GEMM has
     the same shape whatever ``k`` is. At one shape a row's Q is bit for bit the same whatever the other
     rows hold (checked on an H200 for every ``net.gemm``: tests/unit/test_policy.py's GPU walk test);
     across shapes it is not (cuBLASLt picks another algorithm for 1 to 4 rows than for 17 and more).
-    A bar's Q is therefore defined as its row of that forward, for a block of one bar as for 256.
-    Returns host float32 ``[k, A]``."""
-    xp = net.xp
-    buf = xp.zeros((EVAL_ROWS, net.n_in), np.float32)
-    out = xp.empty((EVAL_ROWS, net.n_actions), np.float32)
-    ws = net.new_workspace(EVAL_ROWS)
+    A bar's Q is therefore defined as its row of that forward, for a block of one bar as for 4096.
+    ``q(obs [k, obs_dim])`` and ``of_states(rows [k, STATE_DIM] host, windows)`` (the state rows are
+    uploaded into a fixed buffer and gathered straight into the padded one) return host float32
+    ``[k, A]``."""
 
-    def q_rows(obs):
+    max_rows = EVAL_ROWS
+    row_cost = 0.0  # rows up to EVAL_ROWS cost nothing more: the forward has one shape
+
+    def __init__(self, net, values):
+        from .reference.window import STATE_DIM
+
+        xp = net.xp
+        self.values = values
+        self.buf = xp.zeros((EVAL_ROWS, net.n_in), np.float32)
+        self.rows = xp.zeros((EVAL_ROWS, STATE_DIM), np.float32)  # bar 0: a valid row until written
+        self.out = xp.empty((EVAL_ROWS, net.n_actions), np.float32)
+        self.ws = net.new_workspace(EVAL_ROWS)
+
+    def _forward(self, k: int) -> np.ndarray:
+        self.values(self.out, self.buf, self.ws)
+        return _backend.to_numpy(self.out[:k])
+
+    def __call__(self, obs) -> np.ndarray:
         k = obs.shape[0]
-        buf[:k] = obs
-        values(out, buf, ws)
-        return _backend.to_numpy(out[:k])
+        self.buf[:k] = obs
+        return self._forward(k)
 
-    q_rows.max_rows = EVAL_ROWS
-    return q_rows
+    def of_states(self, rows, windows) -> np.ndarray:
+        k = len(rows)
+        self.rows[:k].set(np.ascontiguousarray(rows))
+        windows.gather(self.rows, self.buf)  # rows past k: earlier blocks' (valid) states
+        return self._forward(k)
+
+
+class _OneBar:
+    """The NumPy walk's block Q for a network without a row-exact one (IQN, a temporal encoder, the
+    plan head): ``q_values(obs [1, obs_dim], out [1, A])`` a bar at a time, and the plan head's gate
+    ``scale(obs, out [1])`` of the same forward (kept in ``self.scale``)."""
+
+    max_rows, row_cost = 1, 0.0
+
+    def __init__(self, env, q_values, scale):
+        self.q_values, self.scale_fn = q_values, scale
+        self.obs = np.zeros((1, env.obs_dim), np.float32)
+        self.q = np.zeros((1, env.n_actions), np.float32)
+        self.scale = np.ones(1, np.float32)
+
+    def of_states(self, rows, windows) -> np.ndarray:
+        windows.gather(rows, self.obs)
+        self.q_values(self.obs, self.q)
+        if self.scale_fn is not None:  # the gate of this same forward
+            self.scale_fn(self.obs, self.scale)
+        return self.q
 
 
 def eval_env(prepared, split, env_cfg, backend: str):
@@ -584,8 +650,9 @@ def greedy_walk(
     For an evaluation env (one env, one episode from its first bar) on the NumPy backend, and on the
     GPU when ``q_rows`` is given, the walk is done on the host with the env's observation rule
     (docs/env.md) instead of its act and step, which draw Philox numbers a greedy walk never uses
-    (``walk_on_host=False`` takes the env's path; a test holds the two equal); ``q_rows`` (see
-    :func:`_walk_on_host`) lets it evaluate many bars at once (not with a plan head). Otherwise on
+    (``walk_on_host=False`` takes the env's path; a test holds the two equal); ``q_rows`` (a block Q,
+    :func:`row_exact_q`; see :func:`_walk_on_host`) lets it evaluate at once every state the walk can
+    reach in a block of bars (not with a plan head). Otherwise on
     the GPU the env's kernels step it and the actions stay on the device until the end (no
     synchronisation per bar, but about ten launches a bar: 0.9 ms a bar on an H200 at 3447ac3).
     """
@@ -619,9 +686,103 @@ def greedy_walk(
     return out.astype(np.int64), out_scales
 
 
-#: (Fewest, most) bars the host walk evaluates at once with ``q_rows``; each block after the first
-#: is twice the bars the one before kept, within these.
-WALK_BLOCK = (4, 1024)
+def block_tree(depth: int, hold_max: int, n_levels: int) -> tuple:
+    """The states a greedy walk can reach in ``depth`` bars from one state, as rows of one block:
+    rows ``0 .. depth - 1`` are the path that holds the block's first position (row ``i``: bar ``i``);
+    after them, for each bar ``i >= 1``, each hold ``h = 1 .. min(i, hold_max)`` and each level ``l``,
+    the state of a walk that moved to level ``l`` ``h`` bars before bar ``i`` (a move at bar ``i - h``).
+
+    Returns ``(bar, level, hold, index)``: int64 ``[R]`` each (``level`` -1 and ``hold`` 0 on the held
+    path; ``hold`` is the state row's hold count), and int64 ``index [depth, hold_max + 1, n_levels]``,
+    the row of bar ``i``'s state ``(l, h)``. ``R = depth + n_levels * sum_i min(i, hold_max)``."""
+    return _block_tree(int(depth), int(hold_max), int(n_levels))
+
+
+@lru_cache(maxsize=64)
+def _block_tree(depth: int, hold_max: int, n_levels: int) -> tuple:
+    i, h, lvl = np.meshgrid(np.arange(depth), np.arange(1, hold_max + 1), np.arange(n_levels), indexing="ij")
+    keep = h <= i
+    i, h, lvl = i[keep], h[keep], lvl[keep]  # in (bar, hold, level) order
+    index = np.full((depth, hold_max + 1, n_levels), -1, np.int64)
+    index[i, h, lvl] = depth + np.arange(i.size)
+    bar = np.concatenate([np.arange(depth), i]).astype(np.int64)
+    level = np.concatenate([np.full(depth, -1), lvl]).astype(np.int64)
+    hold = np.concatenate([np.zeros(depth, np.int64), h]).astype(np.int64)
+    for a in (bar, level, hold, index):
+        a.flags.writeable = False  # cached: shared by every caller
+    return bar, level, hold, index
+
+
+def tree_rows(depth: int, hold_max: int, n_levels: int) -> int:
+    """Rows of :func:`block_tree` ``(depth, hold_max, n_levels)``: ``depth + n_levels * sum_{i < depth}
+    min(i, hold_max)``."""
+    full = min(depth, hold_max + 1)  # bars i < full hold every hold 1..i; the later ones 1..hold_max
+    return depth + n_levels * (full * (full - 1) // 2 + hold_max * (depth - full))
+
+
+class WalkPlanner:
+    """The shape ``(depth, hold_max)`` of the host walk's next block (:func:`block_tree`).
+
+    A block covers the walk until a position entered inside it is held past ``hold_max`` bars (its state
+    is then in no row) or ``depth`` bars pass, and costs ``1 + row_cost * rows`` (a block's fixed cost
+    and its rows'). From the holds at which the walk moved in its last 256 moves (once it has 8),
+    every ``REPLAN`` blocks the planner picks the shape of least expected cost per bar, counting bars from
+    each move out of a position held longer than ``hold_max`` to the next such move (the stretches a
+    block of that shape covers, split into ``depth``-bar blocks), within ``max_rows``. A block that
+    held its first position throughout is followed by one of up to twice its bars (a policy that holds
+    has no moves to learn from). Only the speed depends on the plan, never the actions."""
+
+    HOLD_CHOICES = (0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
+    REPLAN = 32
+
+    def __init__(self, max_rows: int, row_cost: float, n_levels: int, first: tuple = (4, 0)):
+        self.max_rows, self.row_cost, self.n_levels = int(max_rows), float(row_cost), int(n_levels)
+        self.depths = [1 << j for j in range(max(self.max_rows, 1).bit_length())]
+        self.moves: list[int] = []
+        self.plan, self.blocks, self.held, self.last = first, 0, False, first[0]
+        self.planned = None  # the block count at the last plan
+
+    def note_move(self, hold: int) -> None:
+        """The walk left a position it had held ``hold`` bars."""
+        self.moves.append(hold)
+
+    def note_held(self) -> None:
+        """The last block held its first position throughout."""
+        self.held = True
+
+    def next(self, left: int) -> tuple[int, int]:
+        """``(depth, hold_max)`` of the next block, ``left`` bars before the episode's end."""
+        if self.max_rows <= 1:
+            return 1, 0
+        if len(self.moves) >= 8 and (self.planned is None or self.blocks - self.planned >= self.REPLAN):
+            self.plan, self.planned = self._best(np.asarray(self.moves[-256:], np.int64)), self.blocks
+        self.blocks += 1
+        depth, hold_max = self.plan
+        if self.held:
+            while depth < 2 * self.last and tree_rows(2 * depth, hold_max, self.n_levels) <= self.max_rows:
+                depth *= 2
+        self.held = False
+        self.last = depth = max(1, min(depth, left))
+        return depth, hold_max
+
+    def _best(self, m) -> tuple[int, int]:
+        ends = np.concatenate([[0], np.cumsum(m)])
+        depths = np.asarray(self.depths)
+        best = None
+        for hold_max in self.HOLD_CHOICES:
+            rows = np.array([tree_rows(d, hold_max, self.n_levels) for d in self.depths])
+            ok = (rows <= self.max_rows) & ((depths > hold_max) | (hold_max == 0))
+            if not ok.any():
+                continue
+            cuts = np.unique(np.concatenate([[0], np.flatnonzero(m > hold_max), [len(m)]]))
+            stretch = np.diff(ends[cuts])
+            stretch = stretch[stretch > 0]
+            blocks = np.ceil(stretch[:, None] / depths[None, ok]).sum(axis=0)
+            cost = (1.0 + self.row_cost * rows[ok]) * blocks / stretch.sum()
+            j = int(np.argmin(cost))
+            if best is None or cost[j] < best[0]:
+                best = (float(cost[j]), int(depths[ok][j]), hold_max)
+        return best[1:]
 
 
 def _walk_on_host(env, q_values, margin: float = 0.0, q_rows=None, scale=None) -> tuple:
@@ -632,51 +793,56 @@ def _walk_on_host(env, q_values, margin: float = 0.0, q_rows=None, scale=None) -
     ``hold + 1`` if ``p`` did not change, else 1. Returns ``(actions, scales)``.
 
     ``q_values(obs [1, obs_dim], out [1, A])`` gives the Q of one bar, and the walk takes one bar at
-    a time. ``q_rows(obs [k, obs_dim]) -> Q [k, A]`` must give each row bit for bit as ``q_values``
-    gives it alone; the walk then guesses that the position holds, evaluates a block of bars with
-    the hold counting up, keeps them up to and including the first whose action moves the
-    position (its inputs were still those of the bar-by-bar walk), and goes on from there: the
-    same actions, with one NumPy call per op and block instead of per bar.
+    a time. With ``q_rows`` (:class:`RowExactQ` or :class:`PaddedQ`: each row bit for bit that bar's
+    Q) it evaluates, in one forward, every state the walk can reach in the next bars
+    (:func:`block_tree`, shaped by a :class:`WalkPlanner`), then follows the walk through them up to
+    the first state the block does not hold: the same actions, with one forward per block of bars
+    instead of per bar.
     """
     from .reference.env import write_state
 
     levels = _backend.to_numpy(env.data.levels).astype(np.float32)
-    n, cap = env.config.episode_len, env.params.hold_cap
-    sc = np.ones(1, np.float32)
-    if q_rows is None:
-        q1 = np.zeros((1, env.n_actions), np.float32)
-
-        def q_rows(obs):
-            q_values(obs, q1)
-            if scale is not None:  # the gate of this same forward
-                scale(obs, sc)
-            return q1
-
-        block, most = 1, 1
-    else:
-        block, most = WALK_BLOCK
-        most = min(most, getattr(q_rows, "max_rows", most))
-    rows = np.zeros((min(n, most), env.windows.state_dim), np.float32)
-    obs = env.xp.zeros((min(n, most), env.obs_dim), np.float32)  # on the GPU: the rows are uploaded
+    n, cap, t0 = env.config.episode_len, env.params.hold_cap, env.params.t_begin
+    block_q = q_rows if (q_rows is not None and scale is None) else _OneBar(env, q_values, scale)
+    n_levels = len(levels) if scale is None else 0  # a plan head's positions are not levels: no tree
+    planner = WalkPlanner(block_q.max_rows, block_q.row_cost, n_levels)
+    rows = np.zeros((block_q.max_rows, env.windows.state_dim), np.float32)
     acts, scales = np.empty(n, np.int64), np.ones(n, np.float32)
-    prev, hold, k, t0 = np.float32(0), 0, 0, env.params.t_begin
+    prev, hold, k = np.float32(0), 0, 0
     while k < n:
-        m = min(block, n - k)
-        write_state(rows[:m], np.arange(t0 + k, t0 + k + m), prev, np.arange(hold, hold + m), cap)
-        o = obs[:m]
-        env.windows.gather(rows[:m] if not env.is_gpu else env.xp.asarray(rows[:m]), o)
-        q = q_rows(o)
-        if margin:  # the held level's action, the same for every bar of a block
-            q[:, int(np.argmin(np.abs(levels - prev)))] += np.float32(margin)
+        depth, hold_max = planner.next(n - k)
+        bar, level, row_hold, index = block_tree(depth, hold_max, n_levels)
+        r_n = len(bar)
+        pos = np.where(level < 0, prev, levels[np.maximum(level, 0)]).astype(np.float32)
+        write_state(rows[:r_n], t0 + k + bar, pos, np.where(level < 0, hold + bar, row_hold), cap)
+        q = block_q.of_states(rows[:r_n], env.windows)
+        if margin:  # each state's held level's action (the first nearest level, as the env finds it)
+            held = np.abs(levels[None, :] - pos[:, None]).argmin(axis=1)
+            q[np.arange(r_n), held] += np.float32(margin)
         a = first_max(q)
-        p = levels[a] * sc[0] if scale is not None else levels[a]  # a plan head: one bar a block
-        moved = np.flatnonzero(p != prev)
-        kept = int(moved[0]) + 1 if moved.size else m
-        acts[k : k + kept] = a[:kept]
-        scales[k : k + kept] = sc[0]
-        prev, hold = (p[kept - 1], 1) if moved.size else (prev, hold + kept)
-        k += kept
-        block = min(most, max(WALK_BLOCK[0], 2 * kept))
+        sc = block_q.scale[0] if scale is not None else np.float32(1)
+        p = levels[a] * sc if scale is not None else levels[a]
+        moved = p != pos
+        r, i, on_path = 0, 0, True
+        while True:  # follow the walk through the block's states
+            acts[k + i], scales[k + i] = a[r], sc
+            if moved[r]:
+                planner.note_move(hold)
+                prev, hold, on_path, lvl = p[r], 1, False, a[r]
+            else:
+                hold += 1
+            i += 1
+            if i == depth:
+                break
+            if on_path:
+                r = i
+            elif hold <= hold_max:
+                r = index[i, hold, lvl]
+            else:
+                break
+        if on_path:
+            planner.note_held()
+        k += i
     return acts, scales
 
 

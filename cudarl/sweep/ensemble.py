@@ -78,12 +78,26 @@ def ensemble_q(policies, mode: str):
     rows = [p._q_rows() for p in policies]
     if any(r is None for r in rows):
         return q_into, None
+    return q_into, EnsembleRows(rows, mode)
 
-    def q_rows(obs):
-        qs = np.stack([r(obs) for r in rows]).astype(np.float64)
-        return _combine(qs, mode, np)
 
-    return q_into, q_rows
+class EnsembleRows:
+    """The host walk's block Q (:class:`cudarl.policy.RowExactQ`'s interface) of an ensemble whose
+    members each have one: the members' rows combined by ``mode`` (host float32 ``[k, A]``)."""
+
+    def __init__(self, rows: list, mode: str):
+        self.rows, self.mode = rows, mode
+        self.max_rows = min(r.max_rows for r in rows)
+        self.row_cost = sum(r.row_cost for r in rows)
+
+    def _combined(self, qs: list) -> np.ndarray:
+        return _combine(np.stack(qs).astype(np.float64), self.mode, np)
+
+    def __call__(self, obs) -> np.ndarray:
+        return self._combined([r(obs) for r in self.rows])
+
+    def of_states(self, states, windows) -> np.ndarray:
+        return self._combined([r.of_states(states, windows) for r in self.rows])
 
 
 def _evaluate(prepared, cfg, q_into, q_rows, backend: str) -> dict:

@@ -271,9 +271,12 @@ def test_gpu_block_walk_gives_each_bar_the_q_it_gets_alone(tmp_path, monkeypatch
     for margin in (0.0, 0.05):
         by_block = greedy_actions(env, t.agent.q_values, margin=margin, q_rows=q_rows)
         np.testing.assert_array_equal(by_block, greedy_actions(env, q_values, walk_on_host=False, margin=margin))
-        with monkeypatch.context() as m:
-            m.setattr(pol, "WALK_BLOCK", (1, 1))
-            np.testing.assert_array_equal(by_block, greedy_actions(env, t.agent.q_values, margin=margin, q_rows=q_rows))
+        with monkeypatch.context() as m:  # one bar a block, and trees of every hold
+            for shape in [(1, 0), (64, 64)]:
+                m.setattr(pol, "WalkPlanner", fixed_planner(*shape))
+                np.testing.assert_array_equal(
+                    by_block, greedy_actions(env, t.agent.q_values, margin=margin, q_rows=q_rows)
+                )
     assert len(set(by_block.tolist())) > 1
 
 
@@ -311,11 +314,38 @@ def test_q_rows_gives_every_row_bit_for_bit_as_that_row_alone(rng, layernorm):
         assert random_policy(rng, head=head)._q_rows() is None
 
 
-@pytest.mark.parametrize("rule", ["holds", "moves_on_hold", "alternates", "nan"])
+class FnRows:
+    """A block Q of a function of observations, with the interface of RowExactQ."""
+
+    row_cost = 1 / 30
+
+    def __init__(self, fn, max_rows: int):
+        self.fn, self.max_rows = fn, max_rows
+
+    def of_states(self, rows, windows):
+        return self(windows.of(rows))
+
+    def __call__(self, obs):
+        return self.fn(obs)
+
+
+def fixed_planner(depth: int, hold_max: int):
+    """A WalkPlanner that always plans blocks of ``(depth, hold_max)`` (fewer bars at the episode's end)."""
+    import cudarl.policy as pol
+
+    class Fixed(pol.WalkPlanner):
+        def next(self, left):
+            return min(depth, left), hold_max
+
+    return Fixed
+
+
+@pytest.mark.parametrize("rule", ["holds", "moves_on_hold", "alternates", "nan", "mixed"])
 def test_the_block_walk_takes_the_bar_by_bar_actions(monkeypatch, rule):
     """Positions held for long (past the largest block), moved by the hold feature, flipped at every bar,
-    and Q-values with NaN (the first maximum by a strict > scan, as env.act): the walk by blocks of bars,
-    the walk bar by bar and the env's own act and step agree."""
+    Q-values with NaN (the first maximum by a strict > scan, as env.act) and runs of every length: the
+    walk by blocks of bars (every block shape, from one bar to a whole tree, and the planner's), the walk
+    bar by bar and the env's own act and step agree."""
     import cudarl.policy as pol
     from cudarl.trainer import prepare_data
 
@@ -332,19 +362,78 @@ def test_the_block_walk_takes_the_bar_by_bar_actions(monkeypatch, rule):
             "moves_on_hold": [hold + 0.1 * x, zero + 0.1, 0.6 - hold],
             "alternates": [pos, zero, -pos],
             "nan": [np.where(x > 0.8, np.nan, hold + 0.1 * x), np.where(x < -0.5, np.nan, zero + 0.1), 0.6 - hold],
+            "mixed": [np.sin(37 * x + 3 * pos + 2 * hold), np.sin(11 * x - pos) * 0.9, np.cos(5 * x + 7 * hold + pos)],
         }[rule]
         return np.stack(q, axis=1).astype(np.float32)
 
     def q_values(obs, out):
         out[...] = q_rows(obs)
 
-    monkeypatch.setattr(pol, "WALK_BLOCK", (2, 16))
+    shapes = [(1, 0), (2, 0), (4, 1), (8, 3), (16, 16), None]  # None: the planner's own
     for margin in (0.05, 0.0):  # the no-trade margin, added to the held action's Q in every walk
-        by_block = greedy_actions(env, q_values, margin=margin, q_rows=q_rows)
-        np.testing.assert_array_equal(by_block, greedy_actions(env, q_values, margin=margin))
-        np.testing.assert_array_equal(by_block, greedy_actions(env, q_values, walk_on_host=False, margin=margin))
-    moves = int(np.count_nonzero(np.diff(cfg.env.position_levels()[by_block])))
-    assert moves == 0 if rule == "holds" else moves > len(by_block) // 8
+        want = greedy_actions(env, q_values, margin=margin)
+        np.testing.assert_array_equal(want, greedy_actions(env, q_values, walk_on_host=False, margin=margin))
+        for shape in shapes:
+            with monkeypatch.context() as m:
+                if shape is not None:
+                    m.setattr(pol, "WalkPlanner", fixed_planner(*shape))
+                by_block = greedy_actions(env, q_values, margin=margin, q_rows=FnRows(q_rows, 512))
+            np.testing.assert_array_equal(by_block, want, err_msg=f"blocks of {shape}, margin {margin}")
+    moves = int(np.count_nonzero(np.diff(cfg.env.position_levels()[want])))
+    assert moves == 0 if rule == "holds" else moves > len(want) // 8
+
+
+def test_a_block_tree_holds_every_state_a_walk_can_reach():
+    """block_tree(depth, hold_max, L): the held path and, for each bar, every (level, hold <= hold_max) a
+    walk that moved inside the block can be in, each once, found by its index; no other rows."""
+
+    from cudarl.policy import block_tree, tree_rows
+
+    levels = 3
+    for depth, hold_max in [(1, 0), (4, 0), (5, 2), (6, 6), (8, 3)]:
+        bar, level, hold, index = block_tree(depth, hold_max, levels)
+        assert len(bar) == tree_rows(depth, hold_max, levels)
+        rows = set(zip(bar.tolist(), level.tolist(), hold.tolist(), strict=True))
+        assert len(rows) == len(bar)
+        # the walk's states bar by bar: (-1, 0) the block's first position held, or (level, hold); an
+        # action holds the position or moves to another level (from the held path: to any level)
+        states, reach = {(-1, 0)}, set()
+        for i in range(depth):
+            reach |= {(i, lv, h) for lv, h in states if lv < 0 or h <= hold_max}
+            states = {(lv, h + 1 if lv >= 0 else 0) for lv, h in states} | {
+                (c, 1) for lv, _ in states for c in range(levels) if c != lv
+            }
+        assert rows == reach, (depth, hold_max)
+        for b, lv, h in rows - {(i, -1, 0) for i in range(depth)}:
+            r = index[b, h, lv]
+            assert (bar[r], level[r], hold[r]) == (b, lv, h)
+
+
+def test_the_walk_planner_fits_blocks_to_the_walks_moves():
+    """A walk that never moves gets blocks that double up to the most rows, with no tree; one that moves
+    at every bar, trees of short holds; both within max_rows; only short episodes' ends cut a block."""
+    from cudarl.policy import WalkPlanner, tree_rows
+
+    p = WalkPlanner(max_rows=1024, row_cost=0.0, n_levels=3)
+    depths = []
+    for _ in range(12):
+        d, h = p.next(10**6)
+        p.note_held()
+        depths.append((d, h))
+    assert (
+        depths[0] == (4, 0)
+        and depths[-1] == (1024, 0)
+        and all(b[0] >= a[0] for a, b in zip(depths[:-1], depths[1:], strict=True))
+    )
+    churn = WalkPlanner(max_rows=4096, row_cost=0.0, n_levels=3)
+    for _ in range(64):
+        churn.note_move(1)
+    for _ in range(20):
+        d, h = churn.next(10**6)
+        assert tree_rows(d, h, 3) <= 4096
+    assert h >= 1 and d >= 16  # a tree of short holds covers many moves in one forward
+    assert churn.next(3)[0] == 3
+    assert WalkPlanner(max_rows=1, row_cost=0.0, n_levels=3).next(100) == (1, 0)
 
 
 def test_evaluating_a_policy_imports_no_scipy_signal(tmp_path, rng):
