@@ -45,39 +45,53 @@ def trades(positions, net, costs) -> list[dict]:
     cost, ``open`` (still held after the last bar, so no exit cost yet). On a flip the flip
     bar's cost is shared between the two trades in proportion to the two positions.
     """
+    start, stop, side, ret = _trade_table(positions, net, costs)
+    n = len(positions)
+    return [
+        {"start": k, "stop": j, "side": int(sd), "bars": j - k, "return": x, "open": j == n}
+        for k, j, sd, x in zip(start.tolist(), stop.tolist(), side.tolist(), ret.tolist(), strict=True)
+    ]
+
+
+#: Trades up to this many bars have their returns summed in one NumPy pass per bar (below 8 numbers,
+#: NumPy's ``sum`` adds them one after another from 0.0, so the same order gives the same bits);
+#: longer ones call ``sum`` (pairwise) themselves.
+_SUMMED_IN_ORDER = 7
+
+
+def _trade_table(positions, net, costs) -> tuple:
+    """:func:`trades` as arrays: ``(start, stop, side, return)``, int64, int64, float64, float64 [trades].
+
+    One NumPy call over the runs per step, not a Python step per trade (which was most of an
+    evaluation's metrics), with the same bits: each return is ``net[k:j].sum()`` (short trades summed
+    bar by bar in NumPy's order, :data:`_SUMMED_IN_ORDER`), then the cost shares in the order a trade
+    meets them, each ``costs[j] * |old| / (|old| + |new|)`` as the scalar computation was."""
     p = np.asarray(positions, dtype=np.float64)
     net = np.asarray(net, dtype=np.float64)
     costs = np.asarray(costs, dtype=np.float64)
     side = np.sign(p)
-    N = len(p)
-    # the runs of one sign, found at once (a Python step per bar was most of this function's time)
-    cuts = (np.flatnonzero(side[1:] != side[:-1]) + 1).tolist()
-    sides, pl, cl = side.tolist(), p.tolist(), costs.tolist()
+    n = len(p)
+    first = np.flatnonzero(np.diff(side, prepend=np.nan))  # the first bar of each run of one sign
+    stop = np.append(first[1:], n)
+    held = side[first] != 0
+    k, j = first[held], stop[held]
+    bars = j - k
+    ret = np.zeros(len(k))
+    for i in range(_SUMMED_IN_ORDER):
+        more = bars > i
+        ret[more] += net[k[more] + i]
+    for t in np.flatnonzero(bars > _SUMMED_IN_ORDER).tolist():
+        ret[t] = net[k[t] : j[t]].sum()
+    a = np.abs(p)
 
-    def share(j, old, new):  # the part of bar j's cost that closes ``old``
-        total = abs(old) + abs(new)
-        return float(cl[j] * abs(old) / total) if total > 0 else 0.0
+    def share(b):  # the part of bar b's cost that closes the position held before it
+        return costs[b] * a[b - 1] / (a[b - 1] + a[b])
 
-    out = []
-    for k, j in zip([0, *cuts], [*cuts, N], strict=True):
-        if k >= N or sides[k] == 0:
-            continue
-        ret = float(net[k:j].sum())
-        if k > 0 and sides[k - 1] != 0:
-            ret += share(k, pl[k - 1], pl[k])  # the closing part belongs to the previous trade
-        if j < N:
-            ret -= share(j, pl[j - 1], pl[j])
-        out.append(
-            {
-                "start": int(k),
-                "stop": int(j),
-                "side": int(sides[k]),
-                "bars": int(j - k),
-                "return": ret,
-                "open": bool(j == N),
-            }
-        )
-    return out
+    opens = (k > 0) & (side[np.maximum(k - 1, 0)] != 0)  # a flip: the closing part belongs to the last trade
+    ret[opens] += share(k[opens])
+    closes = j < n
+    ret[closes] -= share(j[closes])
+    return k, j, side[k], ret
 
 
 def resolve_periods_per_year(periods_per_year=None, times=None) -> tuple[float, str]:
@@ -141,12 +155,12 @@ def metrics(returns, periods_per_year: float | None = None, *, times=None, posit
         c = np.zeros(n) if costs is None else np.asarray(costs, dtype=np.float64)
         moved = np.abs(np.diff(p, prepend=0.0))
         held = p != 0
-        tr = trades(p, r, c)
+        trade_returns = _trade_table(p, r, c)[3]
         out.update(
             {
                 "turnover": float(moved.sum() / n * ppy) if n else math.nan,
-                "trades": len(tr),
-                "trade_win_rate": float(np.mean([t["return"] > 0 for t in tr])) if tr else math.nan,
+                "trades": len(trade_returns),
+                "trade_win_rate": float(np.mean(trade_returns > 0)) if len(trade_returns) else math.nan,
                 "bar_hit_rate": float(np.mean(r[held] > 0)) if held.any() else math.nan,
                 "exposure": float(held.mean()) if n else math.nan,
                 "mean_abs_position": float(np.abs(p).mean()) if n else math.nan,

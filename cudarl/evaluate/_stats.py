@@ -136,38 +136,71 @@ def optimal_block_length(r) -> float:
     return float(min(max(b, 1.0), min(3.0 * math.sqrt(n), n / 3.0)))
 
 
+#: Block starts per bar above which :func:`stationary_bootstrap` draws one 32-bit uniform per bar
+#: rather than the geometric gaps between starts (the cheaper of the two draws of the same process).
+_PER_BAR_ABOVE = 1.0 / 8.0
+
+
+def _bootstrap_chunks(n: int, block: float, resamples: int, seed: int):
+    """Yield ``(r0, idx)``: :func:`stationary_bootstrap`'s rows ``r0 .. r0 + len(idx)`` as int32
+    ``[k, n]``, a few rows at a time (about 2^16 bars, so a chunk and its gathers stay in cache). ``idx``
+    is one buffer written over for each chunk: copy what must outlive the next."""
+    p = 1.0 / max(block, 1.0)
+    rng = np.random.default_rng([int(seed), 0xB007])
+    rows = max(1, (1 << 16) // n)
+    buf = np.empty(rows * n, np.int32)
+    bar = np.arange(rows * n, dtype=np.int32)
+    wrapped = np.empty(rows * n, np.int32)
+    log_q = math.log1p(-p) if p < 1.0 else -math.inf
+    below = np.uint32(min(round(p * 2.0**32), 2**32 - 1))  # P(u32 < below) = p to within 2^-33
+    for r0 in range(0, resamples, rows):
+        m = min(rows, resamples - r0) * n  # the chunk's rows laid end to end
+        if p >= 1.0:
+            new = np.ones(m, bool)
+        elif p > _PER_BAR_ABOVE:
+            new = rng.bit_generator.random_raw((m + 1) // 2).view(np.uint32)[:m] < below
+        else:  # the gaps between starts: 1 + floor(log(1 - U) / log(1 - p)), geometric with mean 1 / p
+            new = np.zeros(m, bool)
+            at = 0
+            while at < m:
+                mean = (m - at) * p
+                gap = np.log1p(-rng.random(int(mean + 6.0 * math.sqrt(mean) + 16)))
+                gap /= log_q
+                pos = np.cumsum(np.minimum(gap, m).astype(np.int64) + 1) + at
+                at = int(pos[-1])
+                new[pos[pos < m]] = True
+        new[::n] = True  # every resample starts a block
+        # delta[j] = start - first bar of block j - 1 (delta[0] unused): bar t of that block is
+        # start + (t - first), before the wrap
+        blocks = int(np.count_nonzero(new))
+        delta = np.zeros(blocks + 1, np.int32)
+        delta[1:] = rng.integers(0, n, blocks, dtype=np.int32)
+        np.subtract(delta[1:], np.flatnonzero(new), out=delta[1:], casting="unsafe")  # |values| < 2^31
+        o = buf[:m]
+        np.cumsum(new, dtype=np.int32, out=o)  # block number + 1 of each bar
+        np.take(delta, o, out=o, mode="clip")  # in range; "raise" would buffer
+        o += bar[:m]  # start + offset, in [0, 2 n)
+        # the wrap: as uint32, o - n is o - n where o >= n and above 2^31 > o where o < n
+        np.subtract(o, n, out=wrapped[:m])
+        np.minimum(o.view(np.uint32), wrapped[:m].view(np.uint32), out=o.view(np.uint32))
+        yield r0, o.reshape(-1, n)
+
+
 def stationary_bootstrap(n: int, block: float, resamples: int, seed: int = 0) -> np.ndarray:
     """int32 [resamples, n]: indices of stationary-bootstrap resamples of ``n`` bars (Politis and Romano
-    1994): each index is the previous plus one (wrapping around) except with probability ``1 / block``,
-    when a new block starts at a uniform bar."""
-    rng = np.random.default_rng([int(seed), 0xB007])
-    # Made in chunks of about 2^16 bars (rows whole), in the fewest fresh bytes: a fresh process pays
-    # for every page it touches, and the uniforms of all [resamples, n] at once were 8 bytes a bar. The
-    # uniforms drawn a chunk at a time are the same stream; the block starts are drawn as int32, the
-    # same values as int64 (one bounded 32-bit draw each), after all the uniforms as before.
-    rows = max(1, (1 << 16) // n)
-    new = np.empty((resamples, n), bool)
-    for r0 in range(0, resamples, rows):
-        np.less(rng.random((min(rows, resamples - r0), n)), 1.0 / max(block, 1.0), out=new[r0 : r0 + rows])
-    new[:, 0] = True
-    starts = rng.integers(0, n, size=(resamples, n), dtype=np.int32)
-    # Each chunk flattened: every row starts a block, so the running maximum of the flat positions where
-    # a block starts never reaches back into an earlier row, and ``p - last`` is the offset within the
-    # block. One 1-D scan and gather per chunk, in buffers that stay in cache (the 2-D scan and gather
-    # over [resamples, n] took 0.85 s at 1000 x 10k bars).
-    out = starts  # written over in place, chunk by chunk, after its chunk of starts is read
-    p = np.arange(rows * n, dtype=np.int32)
-    last, off, got = np.empty_like(p), np.empty_like(p), np.empty_like(p)
-    for r0 in range(0, resamples, rows):
-        k = min(rows, resamples - r0) * n
-        pk, lk, ok, o = p[:k], last[:k], off[:k], got[:k]
-        np.multiply(new[r0 : r0 + k // n].reshape(-1), pk, out=lk)
-        np.maximum.accumulate(lk, out=lk)
-        np.take(starts[r0 : r0 + k // n].reshape(-1), lk, out=o, mode="clip")  # in range; "raise" buffers
-        np.subtract(pk, lk, out=ok)
-        o += ok  # start + offset < 2 n
-        np.subtract(o, n, out=o, where=o >= n)
-        out[r0 : r0 + k // n].reshape(-1)[:] = o
+    1994): blocks of consecutive bars (wrapping from ``n - 1`` to 0) whose lengths are geometric with
+    mean ``block`` (at least 1), each from a uniform start; every resample starts a block. Each bar
+    after the first of a resample starts a block with probability ``p = 1 / block``, independently.
+
+    Deterministic in ``(n, block, resamples, seed)``. Drawn with one random number per block, not two
+    per bar: where ``p > 1/8`` a 32-bit uniform per bar (``p`` held to within ``2^-33``) marks the
+    starts, otherwise the geometric gaps between them (one double each); then one int32 start, uniform
+    over ``[0, n)``, per block. (Before, a double and an int32 were drawn for every bar, the start
+    used only where a block began: the same process, another random stream, so the indices, and the
+    bootstrap intervals of an evaluation, changed with it.)"""
+    out = np.empty((resamples, n), np.int32)
+    for r0, idx in _bootstrap_chunks(n, block, resamples, seed):
+        out[r0 : r0 + len(idx)] = idx
     return out
 
 
@@ -184,25 +217,58 @@ def _sharpe_rows(x) -> np.ndarray:
         return np.where(sd > 0, mean / np.where(sd > 0, sd, 1.0), np.nan)
 
 
-def resampled_sharpe(r, idx, rows: int = 64) -> np.ndarray:
+def _gathered_sharpe(r, idx, buf) -> np.ndarray:
+    """:func:`_sharpe_rows` of ``r[idx]`` for ``idx`` int [k, N], gathered into ``buf`` float64 [>= k, N]."""
+    return _sharpe_rows(np.take(r, idx, out=buf[: len(idx)], mode="clip"))  # in range; "raise" buffers
+
+
+def resampled_sharpe(r, idx, rows: int = 16) -> np.ndarray:
     """float64 [B]: :func:`_sharpe_rows` of ``r[idx]`` for resamples ``idx`` [B, N], gathered ``rows``
-    resamples at a time (the same values; the [B, N] gather is never made whole). All-zero returns (a
-    flat policy) have Sharpe NaN in every resample without a gather."""
+    resamples at a time into one buffer (the same values; the [B, N] gather is never made whole). All-zero
+    returns (a flat policy) have Sharpe NaN in every resample without a gather."""
     r = np.asarray(r, dtype=np.float64)
     if not r.any():
         return np.full(len(idx), np.nan)
-    return np.concatenate([_sharpe_rows(r[idx[i : i + rows]]) for i in range(0, len(idx), rows)])
+    buf = np.empty((min(rows, len(idx)), r.size))
+    return np.concatenate([_gathered_sharpe(r, idx[i : i + rows], buf) for i in range(0, len(idx), rows)] or [[]])
+
+
+def bootstrap_sharpes(series, block: float, resamples: int, seed: int = 0) -> np.ndarray:
+    """float64 [len(series), resamples]: :func:`resampled_sharpe` of each of ``series`` (each float64
+    [N]) over the same :func:`stationary_bootstrap` resamples ``(N, block, resamples, seed)`` (the same
+    values), each chunk of indices made and used while it is in cache, never the [resamples, N] whole."""
+    series = [np.asarray(s, dtype=np.float64) for s in series]
+    n = series[0].size
+    out = np.full((len(series), resamples), np.nan)
+    live = [i for i, s in enumerate(series) if s.any()]  # all zeros: NaN without a gather
+    if not live or n == 0:
+        return out
+    buf = None
+    for r0, idx in _bootstrap_chunks(n, block, resamples, seed):
+        buf = np.empty(idx.shape) if buf is None else buf
+        for i in live:
+            out[i, r0 : r0 + len(idx)] = _gathered_sharpe(series[i], idx, buf)
+    return out
+
+
+def _percentile_interval(v, level: float) -> tuple[float, float]:
+    a = (1.0 - level) / 2.0
+    return float(np.quantile(v, a)), float(np.quantile(v, 1.0 - a))
+
+
+def _interval_of(resampled, periods_per_year: float, level: float) -> tuple[float, float]:
+    """:func:`sharpe_interval` from the per-bar Sharpe of each resample."""
+    sr = resampled * math.sqrt(periods_per_year)
+    ok = sr[np.isfinite(sr)]
+    if ok.size < sr.size / 2:
+        return math.nan, math.nan
+    return _percentile_interval(ok, level)
 
 
 def sharpe_interval(r, idx, periods_per_year: float, level: float = LEVEL) -> tuple[float, float]:
     """Percentile interval of the annualised Sharpe over resamples ``idx`` [B, N]; NaN when the
     resampled Sharpe is undefined in more than half of them (constant returns)."""
-    sr = resampled_sharpe(r, idx) * math.sqrt(periods_per_year)
-    ok = sr[np.isfinite(sr)]
-    if ok.size < sr.size / 2:
-        return math.nan, math.nan
-    a = (1.0 - level) / 2.0
-    return float(np.quantile(ok, a)), float(np.quantile(ok, 1.0 - a))
+    return _interval_of(resampled_sharpe(r, idx), periods_per_year, level)
 
 
 def newey_west_se(d) -> float:
@@ -227,20 +293,24 @@ def paired_comparison(r, benchmark, idx, periods_per_year: float, level: float =
     and ``p_not_better`` = the share of resamples where the difference is <= 0. ``mean_excess`` = the mean
     per-bar difference ``r - benchmark``, with ``t_newey_west`` its Newey-West t statistic.
     """
+    return _paired(r, benchmark, resampled_sharpe(r, idx), resampled_sharpe(benchmark, idx), periods_per_year, level)
+
+
+def _paired(r, benchmark, sr_r, sr_b, periods_per_year: float, level: float) -> dict:
+    """:func:`paired_comparison` from the per-bar Sharpe of each resample of ``r`` and of ``benchmark``."""
     r, b = np.asarray(r, dtype=np.float64), np.asarray(benchmark, dtype=np.float64)
     ann = math.sqrt(periods_per_year)
 
     def sr0(v):  # constant returns: Sharpe 0 for the comparison (flat earns nothing, risks nothing)
         return np.where(np.isfinite(v), v, 0.0)
 
-    diff = (sr0(resampled_sharpe(r, idx)) - sr0(resampled_sharpe(b, idx))) * ann
+    diff = (sr0(sr_r) - sr0(sr_b)) * ann
     point = float((sr0(_sharpe_rows(r[None])) - sr0(_sharpe_rows(b[None])))[0] * ann)
-    a = (1.0 - level) / 2.0
     d = r - b
     se = newey_west_se(d)
     return {
         "sharpe_difference": point,
-        "sharpe_difference_interval": [float(np.quantile(diff, a)), float(np.quantile(diff, 1.0 - a))],
+        "sharpe_difference_interval": list(_percentile_interval(diff, level)),
         "p_not_better": float(np.mean(diff <= 0.0)),
         "mean_excess_per_bar": float(d.mean()),
         "t_newey_west": float(d.mean() / se) if se > 0 else math.nan,
@@ -281,8 +351,7 @@ def return_statistics(
         reasons["block_length"] = reasons["trial_variance"] = why
     else:
         block = optimal_block_length(r)
-        idx = stationary_bootstrap(n, block, resamples, seed)
-        lo, hi = sharpe_interval(r, idx, periods_per_year, level)
+        lo, hi = _interval_of(bootstrap_sharpes([r], block, resamples, seed)[0], periods_per_year, level)
         var = (1.0 / (n - 1)) if trial_variance is None else float(trial_variance)
         sr0 = expected_max_sharpe(trials, var)
         out.update(
@@ -306,8 +375,8 @@ def return_statistics(
             raise ValueError(f"benchmark {b.shape} and returns {r.shape} differ")
         if n >= 2:
             block = optimal_block_length(r - b) if math.isfinite(sr) else optimal_block_length(b)
-            idx = stationary_bootstrap(n, block, resamples, seed + 1)
-            out["versus_benchmark"] = paired_comparison(r, b, idx, periods_per_year, level)
+            sr_r, sr_b = bootstrap_sharpes([r, b], block, resamples, seed + 1)
+            out["versus_benchmark"] = _paired(r, b, sr_r, sr_b, periods_per_year, level)
             out["versus_benchmark"]["block_length"] = block
         else:
             out["versus_benchmark"] = None

@@ -86,15 +86,6 @@ def test_block_length_follows_politis_white_for_an_ar1():
     assert optimal_block_length(np.ones(10)) == 1.0
 
 
-def test_stationary_bootstrap_blocks_have_the_mean_length_and_wrap():
-    idx = stationary_bootstrap(500, 10.0, 200, seed=1)
-    assert idx.shape == (200, 500) and idx.min() >= 0 and idx.max() < 500
-    step = (idx[:, 1:] - idx[:, :-1]) % 500
-    new_blocks = (step != 1).sum() + 200
-    assert new_blocks / idx.size == pytest.approx(0.1, rel=0.05)
-    assert np.array_equal(idx, stationary_bootstrap(500, 10.0, 200, seed=1))
-
-
 def test_normal_cdf_and_ppf_are_scipys_without_importing_it():
     """PSR and the expected maximum Sharpe use the standard library's erf/erfc and NormalDist (scipy.stats
     cost 0.7 s of an evaluation's start): within 5e-14 of scipy's (relative) down to x = -30."""
@@ -110,7 +101,8 @@ def test_normal_cdf_and_ppf_are_scipys_without_importing_it():
 
 
 def _bootstrap_2d(n, block, resamples, seed):
-    """The stationary bootstrap as the 2-D scan over [resamples, n] it was (the chunked one's oracle)."""
+    """The stationary bootstrap as it was first drawn: a uniform and a start for every bar, a block
+    starting where the uniform is below 1 / block (the law the cheaper draw must keep)."""
     rng = np.random.default_rng([int(seed), 0xB007])
     new = rng.random((resamples, n)) < 1.0 / max(block, 1.0)
     new[:, 0] = True
@@ -120,13 +112,85 @@ def _bootstrap_2d(n, block, resamples, seed):
     return (np.take_along_axis(starts, last, axis=1) + t - last) % n
 
 
-@pytest.mark.parametrize(
-    "n, block, resamples", [(1, 1.0, 3), (7, 1.0, 13), (500, 40.0, 300), (70_000, 9.0, 3), (2, 1e9, 5)]
-)
-def test_the_chunked_bootstrap_gives_the_2d_scans_indices(n, block, resamples):
-    got = stationary_bootstrap(n, block, resamples, seed=n)
-    want = _bootstrap_2d(n, block, resamples, n)
-    assert got.dtype == np.int32 and np.array_equal(got, want)  # int32: half the bytes of int64
+# both draws of the block starts (one uniform a bar; geometric gaps), block 1, one block a resample,
+# one bar, a chunk of one resample (n > 2^16) and chunks of several
+BOOTSTRAPS = [(1, 1.0, 3), (7, 1.0, 13), (500, 2.5, 400), (500, 40.0, 400), (70_000, 9.0, 3), (2, 1e9, 5)]
+
+
+@pytest.mark.parametrize("n, block, resamples", BOOTSTRAPS)
+def test_the_bootstrap_is_seeded_int32_in_range_and_a_block_starts_each_resample(n, block, resamples):
+    idx = stationary_bootstrap(n, block, resamples, seed=n)
+    assert idx.dtype == np.int32 and idx.shape == (resamples, n)  # int32: half the bytes of int64
+    assert idx.min() >= 0 and idx.max() < n
+    assert np.array_equal(idx, stationary_bootstrap(n, block, resamples, seed=n))
+    if n > 2 and resamples > 2:
+        assert not np.array_equal(idx, stationary_bootstrap(n, block, resamples, seed=n + 1))
+    if block >= n:  # one block a resample: consecutive bars from a start, wrapping around
+        assert np.array_equal(idx, (idx[:, :1] + np.arange(n)) % n)
+
+
+@pytest.mark.parametrize("block", [1.0, 2.5, 6.0, 10.0, 40.0])
+def test_the_bootstraps_blocks_are_geometric_from_uniform_starts_and_wrap(block):
+    """The law of the stationary bootstrap, whichever way its starts are drawn (per bar above 1/8 a
+    bar, geometric gaps below): each later bar starts a block with probability 1 / block wherever it
+    is (in a resample, in a chunk), the gaps between starts are geometric, and blocks start at uniform
+    bars and run on past the last bar to the first."""
+    n, resamples, p = 500, 800, 1.0 / block
+    idx = stationary_bootstrap(n, block, resamples, seed=5).astype(np.int64)
+    cont = (idx[:, 1:] - idx[:, :-1]) % n == 1  # a new block continues the last one by chance 1 / n
+    new = ~cont
+    rate = p * (1 - 1 / n)
+    se = math.sqrt(rate * (1 - rate) / new.size)
+    assert abs(new.mean() - rate) < 5 * se + 1e-12
+    for part in (new[:, : n // 2], new[:, n // 2 :], new[: resamples // 2], new[resamples // 2 :]):
+        assert abs(part.mean() - rate) < 5 * math.sqrt(rate * (1 - rate) / part.size) + 1e-12
+    if p < 1:  # gaps from a start to the next one, cut at k bars: E[min(G, k)] = (1 - (1 - p)^k) / p
+        k = 20
+        starts = np.argwhere(new[:, : n - 1 - k])
+        ahead = np.stack([new[starts[:, 0], starts[:, 1] + j] for j in range(1, k + 1)], axis=1)
+        gap = np.where(ahead.any(axis=1), ahead.argmax(axis=1) + 1, k)
+        want = (1 - (1 - p) ** k) / p
+        assert abs(gap.mean() - want) < 5 * gap.std() / math.sqrt(gap.size)
+        assert abs(np.mean(gap == 1) - p) < 5 * math.sqrt(p * (1 - p) / gap.size) + 1e-12
+    first = np.concatenate([idx[:, 0], idx[:, 1:][new]])  # the starts (and a few continuations)
+    counts = np.bincount(first, minlength=n)
+    chi2 = ((counts - first.size / n) ** 2 / (first.size / n)).sum()  # n - 1 dof
+    assert chi2 < (n - 1) + 5 * math.sqrt(2 * (n - 1))
+    wraps = ((idx[:, :-1] == n - 1) & (idx[:, 1:] == 0)).sum()  # blocks running past the last bar
+    want = idx[:, :-1].size / n * ((1 - p) + p / n)
+    assert abs(wraps - want) < 5 * math.sqrt(want) and (wraps > 0 or p == 1)
+
+
+def test_the_bootstrap_resamples_as_the_per_bar_draw_did():
+    """The variance of the resampled mean of an AR(1) series, and the share of resamples whose mean is
+    above the series', agree with those of the per-bar draw the bootstrap had before (another random
+    stream, the same process)."""
+    x = lfilter([1.0], [1.0, -0.5], np.random.default_rng(4).normal(size=1000))
+    for block in (2.0, 12.0):
+        new = x[stationary_bootstrap(1000, block, 3000, seed=1)].mean(axis=1)
+        old = x[_bootstrap_2d(1000, block, 3000, 1)].mean(axis=1)
+        assert new.var() == pytest.approx(old.var(), rel=0.12), block
+        assert np.mean(new > x.mean()) == pytest.approx(np.mean(old > x.mean()), abs=0.05)
+
+
+def test_return_statistics_uses_the_bootstraps_resamples():
+    """The intervals :func:`return_statistics` makes chunk by chunk are those of the whole
+    :func:`stationary_bootstrap` indices, bit for bit."""
+    from cudarl.evaluate._stats import sharpe_interval
+
+    rng = np.random.default_rng(8)
+    r, b = rng.standard_t(4, 2500) * 0.01, rng.normal(0.0003, 0.01, 2500)
+    st = return_statistics(r, 252, benchmark=b, resamples=300, seed=17)
+    idx = stationary_bootstrap(2500, st["block_length"], 300, 17)
+    assert st["sharpe_interval"] == list(sharpe_interval(r, idx, 252))
+    vb = st["versus_benchmark"]
+    idx = stationary_bootstrap(2500, vb["block_length"], 300, 18)
+    assert {**paired_comparison(r, b, idx, 252), "block_length": vb["block_length"]} == vb
+    flat = return_statistics(np.zeros(2500), 252, benchmark=b, resamples=300, seed=17)["versus_benchmark"]
+    assert flat == {
+        **paired_comparison(np.zeros(2500), b, stationary_bootstrap(2500, flat["block_length"], 300, 18), 252),
+        "block_length": flat["block_length"],
+    }
 
 
 def test_resampled_sharpe_is_numpys_mean_over_std_bit_for_bit(rng):
