@@ -47,7 +47,7 @@ OWN_OPTIONS = ("split", "features", "data_options", "backend", "window")
 def _market(data, split: str, features, data_options, env_options: dict, n_envs: int, backend, window: int):
     """``(prepared bars, the split, EnvConfig, backend name)`` for the options of :func:`make`."""
     from .config import Config, from_dict
-    from .trainer import prepare_data
+    from .prepare import prepare_data
 
     known = {f.name for f in fields(EnvConfig)} - {"n_envs"}
     bad = sorted(set(env_options) - known)

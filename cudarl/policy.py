@@ -393,7 +393,7 @@ class Policy:
     # --- bars to decisions --------------------------------------------------------------------------
     def features(self, bars):
         """float32 ``[T, F]``: the normalised features of ``bars`` (the normaliser fitted in training)."""
-        from .trainer import prepare_data
+        from .prepare import prepare_data
 
         return prepare_data(self.config, bars, self.normaliser).x
 
@@ -407,7 +407,7 @@ class Policy:
         The gate reads the validation PSR the policy file recorded (:meth:`validation_psr`) when
         ``data`` is the training run's bars (same closes); otherwise it evaluates the validation split
         of ``data`` now. ``deployment.validation_psr_from`` says which."""
-        from .trainer import prepare_data
+        from .prepare import prepare_data
 
         cfg = self.config
         if isinstance(data, (str, Path)):
@@ -439,7 +439,7 @@ class Policy:
         evaluated now."""
         if not recompute and self.state.validation is not None:
             return self.state.validation["psr"]
-        from .trainer import prepare_data
+        from .prepare import prepare_data
 
         prepared = prepare_data(self.config, None, self.normaliser)
         return self._evaluate_split(prepared, "val").summary["statistics"]["psr"]

@@ -130,7 +130,7 @@ def evaluate_ensemble(paths, mode: str = "mean", data=None, splits=None, device:
     ``beats_every_member`` and ``beats_member_mean`` (a flat policy's undefined Sharpe counts as 0)."""
     from ..config import from_dict
     from ..policy import load_policy
-    from ..trainer import prepare_data
+    from ..prepare import prepare_data
 
     if not paths:
         raise ValueError("an ensemble needs at least one policy")
