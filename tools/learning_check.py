@@ -32,6 +32,7 @@ import json
 import math
 import multiprocessing as mp
 import platform
+import queue
 import statistics
 import subprocess
 import sys
@@ -276,17 +277,18 @@ def _run_job(job: dict, shared_gpu: bool = False) -> dict:
         row = run_one(job["task"], job["head"], job["seed"], job["device"], job["quick"], ov)
         row["error"] = None
     except Exception as exc:  # a diverged or invalid run is a result, not a crash of the whole check
-        row = {
-            "task": job["task"],
-            "head": job["head"],
-            "seed": job["seed"],
-            "error": f"{type(exc).__name__}: {exc}",
-            "wall_s": time.perf_counter() - t0,
-        }
+        row = _failed(job, exc, time.perf_counter() - t0)
     return {**row, **{k: job[k] for k in job if k not in row}}
 
 
-def run_jobs(jobs: list[dict], workers: int, on_row) -> list[dict]:
+def _failed(job: dict, exc: BaseException, wall_s: float) -> dict:
+    """The row of a run that raised ``exc``."""
+    row = {"task": job["task"], "head": job["head"], "seed": job["seed"]}
+    row.update(error=f"{type(exc).__name__}: {exc}", wall_s=wall_s)
+    return {**row, **{k: job[k] for k in job if k not in row}}
+
+
+def run_jobs(jobs: list[dict], workers: int, on_row, start_if=None) -> list[dict]:
     """Run ``jobs`` (dicts with task, head, seed, device, quick, sets and any labels) and return their rows.
 
     ``workers > 1`` spreads them over spawned processes (CUDA state must not be forked); on one GPU
@@ -294,21 +296,42 @@ def run_jobs(jobs: list[dict], workers: int, on_row) -> list[dict]:
     ``gpu`` runs with ``run.grid_barrier`` off (MPS overlaps the processes' kernels, so no launch may
     wait for all its blocks; the same bits), unless its ``sets`` give ``run.grid_barrier`` explicitly.
     ``on_row(row)`` is called as each run ends (rows then come in completion order; the returned list
-    is in job order).
+    is in job order). Jobs start in list order, each when a worker is free; ``start_if(job)``, asked
+    at that moment, may decline it (a deadline: ``run_plan.StartBy``): a declined job has no row.
     """
     if workers <= 1:
         rows = []
         for job in jobs:
-            rows.append(_run_job(job))
-            on_row(rows[-1])
+            if start_if is None or start_if(job):
+                rows.append(_run_job(job))
+                on_row(rows[-1])
         return rows
-    done = {}
-    items = [(i, job, job["device"] == "gpu") for i, job in enumerate(jobs)]  # gpu: processes share it
+    done: dict = {}
+    finished: queue.SimpleQueue = queue.SimpleQueue()
+    todo = iter(enumerate(jobs))
+
+    def submit(pool) -> bool:
+        """Start the next job that ``start_if`` accepts; False when none is left."""
+        for i, job in todo:
+            if start_if is None or start_if(job):
+                # gpu: processes share it; a crash in the pool's plumbing ends the wait, not a hang
+                pool.apply_async(
+                    _indexed,
+                    ((i, job, job["device"] == "gpu"),),
+                    callback=finished.put,
+                    error_callback=lambda e, i=i, job=job: finished.put((i, _failed(job, e, 0.0))),
+                )
+                return True
+        return False
+
     with mp.get_context("spawn").Pool(workers, maxtasksperchild=1) as pool:
-        for i, row in pool.imap_unordered(_indexed, items):
+        running = sum(submit(pool) for _ in range(workers))
+        while running:
+            i, row = finished.get()
             done[i] = row
             on_row(row)
-    return [done[i] for i in range(len(jobs))]
+            running += submit(pool) - 1
+    return [done[i] for i in sorted(done)]
 
 
 def _indexed(item):

@@ -9,11 +9,15 @@ evaluation as the learning check, so a row here and a row there are the same mea
 DQN against CQL; that chain runs beside the online rows on a quarter of the workers. Each finished
 run is appended to ``--jsonl`` at once (a call cut short keeps what it measured); at the end
 ``--out`` gets every row and the on/off table as JSON and ``--md`` the table (docs/results.md's
-section). One GPU call: ``tools/gpu_mechanisms.sh``.
+section). ``--tasks`` and ``--heads`` narrow the screen; ``--resume`` skips the runs ``--jsonl``
+already holds and ``--deadline-s`` starts no run that would end after it (``tools/run_plan.py``), so a
+screen larger than one GPU call is measured over several. GPU calls: ``tools/gpu_mechanisms.sh``
+(issue 18), ``tools/screens_gpu.sh`` (issue 19's signals, ``--only aux``).
 
     python3 tools/mechanism_screen.py --seeds 3 --workers 14 --out $OUT/mechanisms.json \\
         --jsonl $OUT/mechanisms.jsonl --md $OUT/mechanisms.md
     python3 tools/mechanism_screen.py --quick --seeds 1 --workers 2 --only plan,popart   # CPU-sized
+    python3 tools/mechanism_screen.py --table-only --jsonl aux.jsonl --out /tmp/aux.json --md aux.md
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tools"))
 
 import learning_check  # noqa: E402
+import run_plan  # noqa: E402
 
 from cudarl.evaluate import json_safe  # noqa: E402
 
@@ -50,33 +55,41 @@ SCREEN = [
     ("plan head", "plan head", "noise", ("c51",), ["net.plan=true"]),
     ("spectral enc.1", "spectral norm", "regime", ("c51", "iqn"), ["net.spectral=[enc.1]"]),
     ("shrink-perturb 2000", "shrink-and-perturb", "regime", ("c51", "iqn"), ["optim.shrink_every=2000"]),
-    ("homeostatic 0.5", "homeostatic regulariser", "regime", ("c51",), ["agent.aux=[homeostatic]"]),
-    ("homeostatic 0.5", "homeostatic regulariser", "canary", ("c51",), ["agent.aux=[homeostatic]"]),
-    ("causal 0.1", "causal intervention", "regime", ("c51", "iqn"), ["agent.aux=[causal]"]),
-    ("causal 0.1", "causal intervention", "noise", ("c51",), ["agent.aux=[causal]"]),
-    ("selectivity features", "selectivity", "regime", ("c51", "iqn"), ["agent.aux=[selectivity]"]),
-    ("selectivity features", "selectivity", "canary", ("c51",), ["agent.aux=[selectivity]"]),
-    (
-        "selectivity bars",
-        "selectivity",
-        "regime",
-        ("c51",),
-        ["agent.aux=[selectivity]", "agent.selectivity_over=positions"],
-    ),
     ("offline ddqn", "offline (CQL)", "regime", ("c51", "iqn"), ["run.offline={rec}"]),
     ("offline cql 1", "offline (CQL)", "regime", ("c51", "iqn"), ["run.offline={rec}", "agent.cql_alpha=1.0"]),
-    # issue 19's auxiliary signals (agent.aux; --only aux): the known-answer markets and a real series
+    # issue 19's auxiliary signals (agent.aux; --only aux selects all seven): each on the hidden-regime
+    # market and the real series (sp500) with C51; IQN where the signal applies to it (homeostatic
+    # holds C51's atoms); the canary (must still exploit its leak) and noise (must stay flat) as checks
     ("base", "defaults", "sp500", ("c51",), []),
     *[
         (f"aux {name}", f"aux: {mech}", task, heads, [f"agent.aux=[{name}]"])
         for name, mech in (("horizons", "multi-horizon returns"), ("risk", "risk head"), ("denoise", "denoising"))
-        for task, heads in (("regime", ("c51", "iqn")), ("canary", ("c51",)), ("noise", ("c51",)), ("sp500", ("c51",)))
+        for task, heads in (("regime", ("c51", "iqn")), ("sp500", ("c51",)), ("canary", ("c51",)), ("noise", ("c51",)))
     ],
     # Gradient Vaccine needs a head to align: horizons (read its row against "aux horizons" of its task)
     *[
         ("aux horizons + vaccine", "aux: Gradient Vaccine", task, heads, ["agent.aux=[horizons,vaccine]"])
-        for task, heads in (("regime", ("c51", "iqn")), ("canary", ("c51",)))
+        for task, heads in (("regime", ("c51", "iqn")), ("sp500", ("c51",)), ("canary", ("c51",)))
     ],
+    *[
+        ("homeostatic 0.5", "aux: homeostatic regulariser", task, ("c51",), ["agent.aux=[homeostatic]"])
+        for task in ("regime", "sp500", "canary")
+    ],
+    *[
+        ("causal 0.1", "aux: causal intervention", task, heads, ["agent.aux=[causal]"])
+        for task, heads in (("regime", ("c51", "iqn")), ("sp500", ("c51",)), ("noise", ("c51",)))
+    ],
+    *[
+        ("selectivity features", "aux: selectivity", task, heads, ["agent.aux=[selectivity]"])
+        for task, heads in (("regime", ("c51", "iqn")), ("sp500", ("c51",)), ("canary", ("c51",)))
+    ],
+    (
+        "selectivity bars",
+        "aux: selectivity",
+        "regime",
+        ("c51",),
+        ["agent.aux=[selectivity]", "agent.selectivity_over=positions"],
+    ),
 ]
 #: Rows compared with another row than their task's base.
 COMPARE = {"offline cql 1": "offline ddqn"}
@@ -134,6 +147,7 @@ def table(rows: list[dict]) -> list[dict]:
             "errors": [r["error"] for r in rs if r.get("error")],
             "sharpe": _mean([_sharpe(r) for r in ok]),
             "per_seed": {r["seed"]: _sharpe(r) for r in ok},
+            "ungated_sharpe": _mean([_ungated(r) for r in ok]),
             "flat": sum(1 for r in ok if _flat(r)),
             "compared_with": ref_name,
         }
@@ -141,6 +155,9 @@ def table(rows: list[dict]) -> list[dict]:
             ref = {r["seed"]: _sharpe(r) for r in by.get((ref_name, task, head), []) if r.get("error") is None}
             entry["reference_sharpe"] = _mean(list(ref.values()))
             entry["difference"] = _mean([entry["per_seed"][s] - ref[s] for s in entry["per_seed"] if s in ref])
+            own = {r["seed"]: _ungated(r) for r in ok}
+            ref = {r["seed"]: _ungated(r) for r in by.get((ref_name, task, head), []) if r.get("error") is None}
+            entry["ungated_difference"] = _mean([own[s] - ref[s] for s in own if s in ref and _finite(own[s], ref[s])])
         out.append(entry)
     return out
 
@@ -156,6 +173,17 @@ def _sharpe(r: dict) -> float:
     return 0.0 if _flat(r) else r["test_sharpe"]
 
 
+def _ungated(r: dict):
+    """The same final weights' test Sharpe with the validation gate off (``margin=0``, the learning
+    check's view): what the mechanism did to the policy where the gate keeps the deployed one flat (on
+    the real series it mostly does). None without the view; NaN when the policy never traded."""
+    return r.get("views", {}).get("margin=0", {}).get("sharpe")
+
+
+def _finite(*xs) -> bool:
+    return all(isinstance(x, (int, float)) and math.isfinite(x) for x in xs)
+
+
 def cell(m) -> str:
     """A table cell of :func:`_mean`'s (mean, sd, n): ``—`` when no seed gave a finite value."""
     return "—" if not math.isfinite(m[0]) else f"{m[0]:.2f} ± {m[1]:.2f} (n={m[2]})"
@@ -167,8 +195,8 @@ def markdown(entries: list[dict], header: str) -> str:
         header,
         "",
         "| mechanism | row | overrides | task | head | test Sharpe | compared with | its test Sharpe "
-        "| difference, paired by seed |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| difference, paired by seed | Sharpe, gate off | difference, gate off |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for e in entries:
         ref = e.get("compared_with")
@@ -177,7 +205,8 @@ def markdown(entries: list[dict], header: str) -> str:
         lines.append(
             f"| {e['mechanism']} | {e['row']} | {', '.join(f'`{s}`' for s in e['sets']) or '(defaults)'} | {e['task']} "
             f"| {e['head']} | {f(e['sharpe'])}{err} | {ref or ''} | {f(e['reference_sharpe']) if ref else ''} "
-            f"| {f(e['difference']) if ref else ''} |"
+            f"| {f(e['difference']) if ref else ''} | {f(e['ungated_sharpe'])} "
+            f"| {f(e['ungated_difference']) if ref else ''} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -185,7 +214,10 @@ def markdown(entries: list[dict], header: str) -> str:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     learning_check.add_run_args(ap)
+    run_plan.add_args(ap)
     ap.add_argument("--only", default="", help="comma-separated mechanisms (words of their names) to run")
+    ap.add_argument("--tasks", default="", help="comma-separated tasks to keep (default: every task of a row)")
+    ap.add_argument("--heads", default="", help="comma-separated heads to keep (default: every head of a row)")
     ap.add_argument("--out", type=Path, default=ROOT / "docs" / "bench" / "mechanisms.json")
     ap.add_argument("--jsonl", type=Path, default=ROOT / "docs" / "bench" / "mechanisms.jsonl")
     ap.add_argument("--md", type=Path, default=None)
@@ -193,17 +225,12 @@ def main() -> int:
     ap.add_argument("--table-only", action="store_true", help="write --out and --md from the rows in --jsonl")
     args = ap.parse_args()
     if args.table_only:  # e.g. after a call cut short: the rows finished so far
-        rows = [json.loads(x) for x in args.jsonl.read_text().splitlines() if x.strip()]
-        return write_table(rows, args, f"Mechanism screen (issue 18): {len(rows)} runs read from {args.jsonl.name}.")
+        rows = run_plan.read_rows(args.jsonl)
+        return write_table(rows, args, f"Mechanism screen: {len(rows)} runs read from {args.jsonl.name}.")
     device = learning_check.resolve_device(args.device)
-    keep = [w.strip().lower() for w in args.only.split(",") if w.strip()]
-    rows = [r for r in SCREEN if r[0] != "base" and (not keep or any(w in r[1].lower() for w in keep))]
-    # the base rows the selected rows are compared with (task and head)
-    need = {(r[2], h) for r in rows if r[0] not in COMPARE and r[0] not in COMPARE.values() for h in r[3]}
-    base = [(n, m, t, tuple(h for h in hs if (t, h) in need), s) for n, m, t, hs, s in SCREEN if n == "base"]
-    rows = [r for r in base if r[3]] + rows
+    rows = select(args.only, args.tasks, args.heads)
+    learning_check._overrides([x for r in rows for x in r[4] if "{rec}" not in x] + args.set)  # fail early
     rec_dir = args.recordings or args.out.parent / "recordings"
-    rec_dir.mkdir(parents=True, exist_ok=True)
     args.jsonl.parent.mkdir(parents=True, exist_ok=True)
     t0, done = time.perf_counter(), []
     jobs = jobs_for(rows, args.seeds, device, args.quick, rec_dir)
@@ -220,12 +247,29 @@ def main() -> int:
         }
         for s in range(args.seeds)
     ]
-    if not any(s.startswith("run.offline=") for j in jobs for s in j["sets"]):
-        record = []
+    for j in jobs + record:
+        j["sets"] = j["sets"] + args.set
+    offline = [j for j in jobs if any(x.startswith("run.offline=") for x in j["sets"])]
+    online = [j for j in jobs if j not in offline]
+    if args.resume:  # the runs an earlier call finished are not repeated
+        old = run_plan.read_rows(args.jsonl)
+        online, offline = run_plan.pending(online, old), run_plan.pending(offline, old)
+        print(f"resume: {len(old)} rows in {args.jsonl}; {len(online) + len(offline)} runs left", flush=True)
+    # a recording is made when an offline run needs it and it is not on disk (a call's folder is not kept)
+    record = [r for r in record if offline and not Path(r["sets"][0].partition("=")[2]).is_file()]
+    if record:
+        rec_dir.mkdir(parents=True, exist_ok=True)
+    walls = run_plan.recorded_walls()
+    online = run_plan.seed_major(online, walls)  # a deadline cuts the last seed's short runs
+    start_if = run_plan.StartBy(args.deadline_s, walls)
+    if args.resume:
+        for r in old:
+            start_if.saw(r)
     with args.jsonl.open("a") as log:
 
         def on_row(r):
             done.append(r)
+            start_if.saw(r)
             learning_check.log_row(log, r)
             print(
                 f"[{len(done)} {time.perf_counter() - t0:.0f}s] {r.get('variant')} {r['task']} {r['head']} "
@@ -233,8 +277,6 @@ def main() -> int:
                 flush=True,
             )
 
-        offline = [j for j in jobs if any(x.startswith("run.offline=") for x in j["sets"])]
-        online = [j for j in jobs if j not in offline]
         # the offline chain (the behaviour runs, then the offline rows that learn from them) beside the
         # online rows, on a share of the workers: the GPU is never idle while the recordings are made
         k = min(max(1, args.workers // 4), args.workers - 1) if online and (record or offline) else args.workers
@@ -247,21 +289,47 @@ def main() -> int:
         def chain():
             if record:
                 print(f"recording {len(record)} behaviour runs into {rec_dir}", flush=True)
-                learning_check.run_jobs(record, k, locked)
+                learning_check.run_jobs(record, k, locked, start_if)
             if offline:
-                learning_check.run_jobs(offline, k, locked)
+                learning_check.run_jobs(offline, k, locked, start_if)
 
         side = threading.Thread(target=chain)
         side.start()
-        print(f"mechanism screen: {len(jobs)} runs on {device}, {args.workers} worker(s)", flush=True)
+        n = len(online) + len(offline) + len(record)
+        print(f"mechanism screen: {n} runs on {device}, {args.workers} worker(s)", flush=True)
         if online:
-            learning_check.run_jobs(online, max(1, args.workers - k), locked)
+            learning_check.run_jobs(online, max(1, args.workers - k), locked, start_if)
         side.join()
+    wall = time.perf_counter() - t0
+    if start_if.declined:
+        print(f"{len(start_if.declined)} runs not started (--deadline-s {args.deadline_s:g}); --resume runs them")
     header = (
-        f"Mechanism screen (issue 18): {args.seeds} seeds, device {device}, "
-        f"{'CPU-sized' if args.quick else 'the learning check budget'}; {time.perf_counter() - t0:.0f} s wall."
+        f"Mechanism screen: {args.seeds} seeds, device {device}, "
+        f"{'CPU-sized' if args.quick else 'the learning check budget'}; {len(done)} runs in {wall:.0f} s wall"
+        f"{f', {len(start_if.declined)} left for a later call' if start_if.declined else ''}."
     )
+    if args.resume:  # the table of every call's rows
+        return write_table(run_plan.read_rows(args.jsonl), args, header)
     return write_table(done, args, header)
+
+
+def select(only: str, tasks: str, heads: str) -> list[tuple]:
+    """The rows of ``SCREEN`` whose mechanism names a word of ``only`` (all if empty), narrowed to
+    ``tasks`` and ``heads`` (comma-separated; all if empty), with the base rows they are compared with
+    first."""
+    keep = [w.strip().lower() for w in only.split(",") if w.strip()]
+    ts = {t for t in tasks.split(",") if t} or None
+    hs = {h for h in heads.split(",") if h} or None
+
+    def narrow(rows):
+        rows = [(n, m, t, tuple(h for h in hh if hs is None or h in hs), s) for n, m, t, hh, s in rows]
+        return [r for r in rows if r[3] and (ts is None or r[2] in ts)]
+
+    rows = narrow([r for r in SCREEN if r[0] != "base" and (not keep or any(w in r[1].lower() for w in keep))])
+    # the base rows the selected rows are compared with (task and head)
+    need = {(r[2], h) for r in rows if r[0] not in COMPARE and r[0] not in COMPARE.values() for h in r[3]}
+    base = [(n, m, t, tuple(h for h in hh if (t, h) in need), s) for n, m, t, hh, s in SCREEN if n == "base"]
+    return [r for r in base if r[3]] + rows
 
 
 def write_table(rows: list[dict], args, header: str) -> int:

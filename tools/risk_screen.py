@@ -8,11 +8,15 @@ seeds; the table gives, per (task, head, variant), the deployed test Sharpe and 
 (``eval.gate_psr`` applies: a shut gate is flat, Sharpe undefined and drawdown 0) and the same final
 weights' own positions with the gate off (``margin=0`` view: the trade-off the measure makes), each as
 mean +- sd over seeds, with the difference from ``mean`` paired by seed. Rows are appended to
-``--jsonl`` as runs end; ``--out`` gets rows and table as JSON, ``--md`` the table.
+``--jsonl`` as runs end; ``--out`` gets rows and table as JSON, ``--md`` the table; ``--table-only``
+writes both from ``--jsonl`` (after a call cut short, or over several calls: ``--resume`` skips the runs
+``--jsonl`` holds, ``--deadline-s`` starts no run that would end after it; ``tools/run_plan.py``).
+One GPU call with the auxiliary signals' screen: ``tools/screens_gpu.sh``.
 
     python3 tools/risk_screen.py --seeds 3 --workers 14 --out $OUT/risk.json --jsonl $OUT/risk.jsonl \\
         --md $OUT/risk.md                                     # one GPU call: regime, ar, ou, sp500
     python3 tools/risk_screen.py --quick --seeds 1 --tasks regime --heads c51 --only "cvar 0.1"  # CPU
+    python3 tools/risk_screen.py --table-only --jsonl risk.jsonl --out /tmp/risk.json --md risk.md
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tools"))
 
 import learning_check  # noqa: E402
+import run_plan  # noqa: E402
 from mechanism_screen import _mean as _stats  # noqa: E402  (mean, sd, n of the finite values)
 from mechanism_screen import cell  # noqa: E402
 
@@ -117,26 +122,48 @@ def markdown(entries: list[dict], header: str) -> str:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     learning_check.add_run_args(ap)
+    run_plan.add_args(ap)
     ap.add_argument("--tasks", default=",".join(TASKS))
     ap.add_argument("--heads", default=",".join(HEADS))
     ap.add_argument("--only", default="", help="comma-separated variants to run besides mean (e.g. 'cvar 0.1')")
     ap.add_argument("--out", type=Path, default=ROOT / "docs" / "bench" / "risk_screen.json")
     ap.add_argument("--jsonl", type=Path, default=ROOT / "docs" / "bench" / "risk_screen.jsonl")
     ap.add_argument("--md", type=Path, default=None)
+    ap.add_argument("--table-only", action="store_true", help="write --out and --md from the rows in --jsonl")
     args = ap.parse_args()
+    if args.table_only:
+        rows = run_plan.read_rows(args.jsonl)
+        return write_table(
+            rows, args, f"Risk-sensitive acting (issue 19 item 8): {len(rows)} runs read from {args.jsonl.name}."
+        )
     device = learning_check.resolve_device(args.device)
     keep = [w.strip() for w in args.only.split(",") if w.strip()]
-    variants = [v for v in VARIANTS if v[0] == "mean" or not keep or v[0] in keep]
+    unknown = [w for w in keep if w not in [v for v, _ in VARIANTS]]
+    if unknown:
+        ap.error(f"unknown variant(s) {unknown}; variants are {[v for v, _ in VARIANTS]}")
+    variants = [(v, sets + args.set) for v, sets in VARIANTS if v == "mean" or not keep or v in keep]
+    learning_check._overrides([x for _, sets in variants for x in sets])  # fail on a bad override at once
     tasks, heads = args.tasks.split(","), args.heads.split(",")
     unknown = [t for t in tasks if t not in learning_check.TASKS]
     if unknown:
         ap.error(f"unknown task(s) {unknown}; tasks are {list(learning_check.TASKS)}")
     jobs = jobs_for(variants, tasks, heads, args.seeds, device, args.quick)
+    if args.resume:  # the runs an earlier call finished are not repeated
+        old = run_plan.read_rows(args.jsonl)
+        jobs = run_plan.pending(jobs, old)
+        print(f"resume: {len(old)} rows in {args.jsonl}; {len(jobs)} runs left", flush=True)
+    walls = run_plan.recorded_walls()
+    jobs = run_plan.seed_major(jobs, walls)  # a deadline cuts the last seed's short runs
+    start_if = run_plan.StartBy(args.deadline_s, walls)
+    for r in old if args.resume else []:
+        start_if.saw(r)
     args.jsonl.parent.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
+    print(f"risk screen: {len(jobs)} runs on {device}, {args.workers} worker(s)", flush=True)
     with args.jsonl.open("a") as log:
 
         def on_row(r):
+            start_if.saw(r)
             learning_check.log_row(log, r)
             print(
                 f"[{time.perf_counter() - t0:.0f}s] {r['variant']} {r['task']} {r['head']} seed {r['seed']}: "
@@ -144,15 +171,28 @@ def main() -> int:
                 flush=True,
             )
 
-        rows = learning_check.run_jobs(jobs, args.workers, on_row)
+        rows = learning_check.run_jobs(jobs, args.workers, on_row, start_if)
+    if start_if.declined:
+        print(f"{len(start_if.declined)} runs not started (--deadline-s {args.deadline_s:g}); --resume runs them")
+    header = (
+        f"Risk-sensitive acting (issue 19 item 8): {len(rows)} runs on {device}, {args.seeds} seed(s), "
+        f"{time.perf_counter() - t0:.0f} s wall"
+        f"{f', {len(start_if.declined)} left for a later call' if start_if.declined else ''}."
+    )
+    return write_table(run_plan.read_rows(args.jsonl) if args.resume else rows, args, header)
+
+
+def write_table(rows: list[dict], args, header: str) -> int:
+    """The table of ``rows`` printed and written to ``--out`` (JSON, with the rows) and ``--md``; 1 if a
+    run failed."""
     entries = table(rows)
-    header = f"Risk-sensitive acting (issue 19 item 8): {len(rows)} runs on {device}, {args.seeds} seed(s)."
+    md = markdown(entries, header)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(json_safe({"rows": rows, "table": entries}), indent=1, allow_nan=False))
     if args.md:
-        args.md.write_text(markdown(entries, header))
-    print(markdown(entries, header))
-    return 0
+        args.md.write_text(md)
+    print(md)
+    return 0 if all(r.get("error") is None for r in rows) else 1
 
 
 if __name__ == "__main__":

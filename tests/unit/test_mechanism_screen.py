@@ -61,3 +61,9 @@ def test_the_risk_screen_runs_and_pairs_each_measure_with_the_mean(tmp_path, mon
     assert "ungated_max_drawdown_difference" in table["cvar 0.1"] and "sharpe_difference" not in table["mean"]
     assert all(r["views"]["margin=0"]["max_drawdown"] is not None for r in got["rows"])
     assert "| regime | c51 | cvar 0.1 |" in md.read_text()
+    # a second call with --resume runs only what the first did not, and tabulates both calls' rows
+    monkeypatch.setattr(sys, "argv", [*argv[:-6], "--only", "cvar 0.1,cvar 0.5", *argv[-6:], "--resume"])
+    assert risk_screen.main() == 0
+    rows = [json.loads(x) for x in jsonl.read_text().splitlines()]
+    assert [r["variant"] for r in rows][2:] == ["cvar 0.5"]
+    assert {e["variant"] for e in json.loads(out.read_text())["table"]} == {"mean", "cvar 0.1", "cvar 0.5"}
