@@ -141,16 +141,15 @@ def optimal_block_length(r) -> float:
 _PER_BAR_ABOVE = 1.0 / 8.0
 
 
-def _bootstrap_chunks(n: int, block: float, resamples: int, seed: int):
-    """Yield ``(r0, idx)``: :func:`stationary_bootstrap`'s rows ``r0 .. r0 + len(idx)`` as int32
-    ``[k, n]``, a few rows at a time (about 2^16 bars, so a chunk and its gathers stay in cache). ``idx``
-    is one buffer written over for each chunk: copy what must outlive the next."""
+def _bootstrap_blocks(n: int, block: float, resamples: int, seed: int):
+    """Yield ``(r0, new, first, start)``, a few of :func:`stationary_bootstrap`'s rows at a time (about
+    2^16 bars, so a chunk and what is made from it stay in cache): its rows ``r0 ..`` laid end to end,
+    ``new`` bool [rows * n] marking the bars that start a block (every row's first does), ``first``
+    int64 [blocks] where they are, and ``start`` int32 [blocks] the bar each block starts from. The
+    draws of a chunk are its marks then its starts, so the chunking is part of the random stream."""
     p = 1.0 / max(block, 1.0)
     rng = np.random.default_rng([int(seed), 0xB007])
     rows = max(1, (1 << 16) // n)
-    buf = np.empty(rows * n, np.int32)
-    bar = np.arange(rows * n, dtype=np.int32)
-    wrapped = np.empty(rows * n, np.int32)
     log_q = math.log1p(-p) if p < 1.0 else -math.inf
     below = np.uint32(min(round(p * 2.0**32), 2**32 - 1))  # P(u32 < below) = p to within 2^-33
     for r0 in range(0, resamples, rows):
@@ -170,12 +169,24 @@ def _bootstrap_chunks(n: int, block: float, resamples: int, seed: int):
                 at = int(pos[-1])
                 new[pos[pos < m]] = True
         new[::n] = True  # every resample starts a block
+        first = np.flatnonzero(new)
+        yield r0, new, first, rng.integers(0, n, first.size, dtype=np.int32)
+
+
+def _bootstrap_chunks(n: int, block: float, resamples: int, seed: int):
+    """Yield ``(r0, idx)``: :func:`stationary_bootstrap`'s rows ``r0 .. r0 + len(idx)`` as int32
+    ``[k, n]``, a chunk of :func:`_bootstrap_blocks` at a time. ``idx`` is one buffer written over for
+    each chunk: copy what must outlive the next."""
+    rows = max(1, (1 << 16) // n)
+    buf = np.empty(rows * n, np.int32)
+    bar = np.arange(rows * n, dtype=np.int32)
+    wrapped = np.empty(rows * n, np.int32)
+    for r0, new, first, start in _bootstrap_blocks(n, block, resamples, seed):
+        m = new.size
         # delta[j] = start - first bar of block j - 1 (delta[0] unused): bar t of that block is
         # start + (t - first), before the wrap
-        blocks = int(np.count_nonzero(new))
-        delta = np.zeros(blocks + 1, np.int32)
-        delta[1:] = rng.integers(0, n, blocks, dtype=np.int32)
-        np.subtract(delta[1:], np.flatnonzero(new), out=delta[1:], casting="unsafe")  # |values| < 2^31
+        delta = np.zeros(first.size + 1, np.int32)
+        np.subtract(start, first, out=delta[1:], casting="unsafe")  # |values| < 2^31
         o = buf[:m]
         np.cumsum(new, dtype=np.int32, out=o)  # block number + 1 of each bar
         np.take(delta, o, out=o, mode="clip")  # in range; "raise" would buffer
