@@ -216,16 +216,22 @@ def stationary_bootstrap(n: int, block: float, resamples: int, seed: int = 0) ->
 
 
 def _sharpe_rows(x) -> np.ndarray:
-    """Per-row ``mean / std(ddof=1)`` of ``x`` [B, N]; NaN where the std is 0. The sums are NumPy's
+    """Per-row ``mean / std(ddof=1)`` of ``x`` [B, N]; NaN where a row is constant (as
+    :func:`sharpe_per_bar`) or its std is 0, and for fewer than 2 columns. The sums are NumPy's
     ``x.mean(axis=1)`` and ``x.std(axis=1, ddof=1)`` as they compute them (the same bits), the row sum
-    taken once."""
+    taken once. (A constant row's std is not always 0 in floating point: 300 times 0.1 has mean
+    0.1 + 1.4e-17, std 1.4e-17 and "Sharpe" 7e15; it is NaN here.)"""
     n = x.shape[1]
+    if n < 2:
+        return np.full(x.shape[0], np.nan)
     mean = np.add.reduce(x, axis=1) / n
+    flat = np.maximum.reduce(x, axis=1) == np.minimum.reduce(x, axis=1)
     d = x - mean[:, None]
     np.multiply(d, d, out=d)
-    sd = np.sqrt(np.add.reduce(d, axis=1) / max(n - 1, 0))
+    sd = np.sqrt(np.add.reduce(d, axis=1) / (n - 1))
+    ok = (sd > 0) & ~flat
     with np.errstate(divide="ignore", invalid="ignore"):
-        return np.where(sd > 0, mean / np.where(sd > 0, sd, 1.0), np.nan)
+        return np.where(ok, mean / np.where(ok, sd, 1.0), np.nan)
 
 
 def _gathered_sharpe(r, idx, buf) -> np.ndarray:

@@ -194,15 +194,21 @@ def test_return_statistics_uses_the_bootstraps_resamples():
 
 
 def test_resampled_sharpe_is_numpys_mean_over_std_bit_for_bit(rng):
+    """NumPy's mean over its std (ddof 1), bit for bit, and NaN where a resample is constant: 300 times
+    0.1 has a std of 1.4e-17 in floating point, not 0, and would have a Sharpe of 7e15."""
     from cudarl.evaluate._stats import resampled_sharpe
 
-    for r in (rng.standard_t(4, 3001) * 0.01, np.zeros(300), np.full(300, 0.1), rng.normal(size=2)):
+    flat_once = np.r_[np.full(5, 0.1), rng.normal(size=2)]
+    for r in (rng.standard_t(4, 3001) * 0.01, np.zeros(300), np.full(300, 0.1), rng.normal(size=2), flat_once):
         idx = stationary_bootstrap(len(r), 3.0, 150, seed=3)
         x = r[idx]
         sd = x.std(axis=1, ddof=1)
+        ok = (sd > 0) & (x.max(axis=1) > x.min(axis=1))
         with np.errstate(divide="ignore", invalid="ignore"):
-            want = np.where(sd > 0, x.mean(axis=1) / np.where(sd > 0, sd, 1.0), np.nan)
+            want = np.where(ok, x.mean(axis=1) / np.where(ok, sd, 1.0), np.nan)
         np.testing.assert_array_equal(resampled_sharpe(r, idx), want)
+    assert np.isnan(resampled_sharpe(np.full(300, 0.1), stationary_bootstrap(300, 3.0, 10))).all()
+    assert np.isnan(resampled_sharpe(flat_once, stationary_bootstrap(7, 3.0, 150, seed=3))).any()
 
 
 def test_sharpe_interval_covers_the_truth_about_as_often_as_it_says():
@@ -227,6 +233,12 @@ def test_paired_comparison_by_hand():
     assert better["mean_excess_per_bar"] == pytest.approx(0.003)
     flat = paired_comparison(np.zeros(600), b + 0.002, idx, 252)
     assert flat["sharpe_difference"] == pytest.approx(-sharpe_per_bar(b + 0.002) * math.sqrt(252))
+    steady = paired_comparison(b, np.full(600, 0.001), idx, 252)  # a constant benchmark counts as Sharpe 0
+    assert steady["sharpe_difference"] == pytest.approx(sharpe_per_bar(b) * math.sqrt(252))
+    assert (
+        steady["sharpe_difference_interval"]
+        == paired_comparison(b, np.zeros(600), idx, 252)["sharpe_difference_interval"]
+    )
 
 
 def test_newey_west_by_hand():
