@@ -173,36 +173,128 @@ def test_the_bootstrap_resamples_as_the_per_bar_draw_did():
         assert np.mean(new > x.mean()) == pytest.approx(np.mean(old > x.mean()), abs=0.05)
 
 
+def _close_to_the_reference(got, want, n):
+    """Equal NaN, and within 1e-9 relative or 1e-10 of the Sharpe's standard error ``1 / sqrt(n)``."""
+    assert np.array_equal(np.isnan(got), np.isnan(want))
+    np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-10 / math.sqrt(n))
+
+
 def test_return_statistics_uses_the_bootstraps_resamples():
-    """The intervals :func:`return_statistics` makes chunk by chunk are those of the whole
-    :func:`stationary_bootstrap` indices, bit for bit."""
+    """The intervals :func:`return_statistics` makes from the resamples' blocks are those of the whole
+    :func:`stationary_bootstrap` indices (the reference), to 1e-9."""
     from cudarl.evaluate._stats import sharpe_interval
 
     rng = np.random.default_rng(8)
     r, b = rng.standard_t(4, 2500) * 0.01, rng.normal(0.0003, 0.01, 2500)
     st = return_statistics(r, 252, benchmark=b, resamples=300, seed=17)
     idx = stationary_bootstrap(2500, st["block_length"], 300, 17)
-    assert st["sharpe_interval"] == list(sharpe_interval(r, idx, 252))
+    _close_to_the_reference(np.array(st["sharpe_interval"]), np.array(sharpe_interval(r, idx, 252)), 2500)
     vb = st["versus_benchmark"]
     idx = stationary_bootstrap(2500, vb["block_length"], 300, 18)
-    assert {**paired_comparison(r, b, idx, 252), "block_length": vb["block_length"]} == vb
     flat = return_statistics(np.zeros(2500), 252, benchmark=b, resamples=300, seed=17)["versus_benchmark"]
-    assert flat == {
-        **paired_comparison(np.zeros(2500), b, stationary_bootstrap(2500, flat["block_length"], 300, 18), 252),
-        "block_length": flat["block_length"],
-    }
+    flat_idx = stationary_bootstrap(2500, flat["block_length"], 300, 18)
+    for got, want in (
+        (vb, paired_comparison(r, b, idx, 252)),
+        (flat, paired_comparison(np.zeros(2500), b, flat_idx, 252)),
+    ):
+        assert got.keys() == {*want, "block_length"} and got["p_not_better"] == want["p_not_better"]
+        for k in ("sharpe_difference", "mean_excess_per_bar", "t_newey_west"):
+            assert got[k] == want[k]
+        _close_to_the_reference(
+            np.array(got["sharpe_difference_interval"]), np.array(want["sharpe_difference_interval"]), 2500
+        )
+
+
+def _series(kind, rng):
+    n = 2000
+    return {
+        "normal": lambda: rng.normal(3e-4, 0.01, n),
+        "heavy tails": lambda: rng.standard_t(1.5, n) * 0.01,
+        "cauchy": lambda: rng.standard_cauchy(n) * 0.01,
+        "mostly flat": lambda: np.where(rng.random(n) < 0.02, rng.normal(0.001, 0.01, n), 0.0),
+        "far from 0": lambda: 0.01 + 1e-7 * rng.normal(size=n),
+        "constant": lambda: np.full(n, 0.001),
+        "zeros": lambda: np.zeros(n),
+        "one bar": lambda: np.array([0.01]),
+        "two bars": lambda: np.array([0.01, -0.02]),
+        "constant resamples": lambda: np.array([0.0, 0.0, 1.0]),
+        "flat, then not": lambda: np.r_[np.full(5, 0.1), rng.normal(size=2)],
+        "almost constant": lambda: np.r_[np.full(50, 0.01), 0.01 + 1e-9],
+        "above 2^16 bars": lambda: rng.normal(1e-4, 0.01, 70_001),
+    }[kind]()
+
+
+@pytest.mark.parametrize("block", [1.0, 2.2, 14.7, 1e6])
+@pytest.mark.parametrize(
+    "kind",
+    [
+        "normal",
+        "heavy tails",
+        "cauchy",
+        "mostly flat",
+        "far from 0",
+        "constant",
+        "zeros",
+        "one bar",
+        "two bars",
+        "constant resamples",
+        "flat, then not",
+        "almost constant",
+        "above 2^16 bars",
+    ],
+)
+def test_block_sums_give_each_resamples_sharpe(kind, block, rng):
+    """:func:`bootstrap_sharpes` sums each resample's blocks (prefix-sum differences), not its bars: the
+    reference is :func:`resampled_sharpe` of :func:`stationary_bootstrap`'s indices with the same seed,
+    NaN where it is NaN (constant resamples: every one of constant returns, some of a short or flat
+    series), within 1e-9 elsewhere; block 1 (one bar a block), 1e6 (one block a resample, wrapping)."""
+    from cudarl.evaluate._stats import bootstrap_sharpes, resampled_sharpe
+
+    r = _series(kind, rng)
+    resamples = 7 if r.size > 65_536 else 300
+    got = bootstrap_sharpes([r], block, resamples, seed=4)
+    assert got.shape == (1, resamples)
+    want = resampled_sharpe(r, stationary_bootstrap(r.size, block, resamples, seed=4))
+    _close_to_the_reference(got[0], want, r.size)
+    if kind in ("constant", "zeros", "one bar"):
+        assert np.isnan(got).all()
+    if kind in ("constant resamples", "flat, then not") and block < 20:
+        assert np.isnan(got).any() and not np.isnan(got).all()
+
+
+@pytest.mark.parametrize("block", [1.0, 2.2, 14.7])
+def test_block_sums_of_two_series_use_the_same_resamples(block, rng):
+    """A policy and its benchmark are resampled by the same blocks: each series' Sharpe is the
+    reference over the same indices, a flat policy NaN and a constant benchmark NaN in each."""
+    from cudarl.evaluate._stats import bootstrap_sharpes, resampled_sharpe
+
+    b = rng.normal(0.0, 0.01, 3000)
+    r = np.where(rng.random(3000) < 0.3, 0.0, b)
+    idx = stationary_bootstrap(3000, block, 200, seed=9)
+    for pair in ([r, b], [b, r], [np.zeros(3000), b], [r, np.full(3000, 0.001)]):
+        got = bootstrap_sharpes(pair, block, 200, seed=9)
+        for g, x in zip(got, pair, strict=True):
+            _close_to_the_reference(g, resampled_sharpe(x, idx), 3000)
+    same = bootstrap_sharpes([b, b], block, 200, seed=9)
+    assert np.array_equal(same[0], same[1])
 
 
 def test_resampled_sharpe_is_numpys_mean_over_std_bit_for_bit(rng):
+    """NumPy's mean over its std (ddof 1), bit for bit, and NaN where a resample is constant: 300 times
+    0.1 has a std of 1.4e-17 in floating point, not 0, and would have a Sharpe of 7e15."""
     from cudarl.evaluate._stats import resampled_sharpe
 
-    for r in (rng.standard_t(4, 3001) * 0.01, np.zeros(300), np.full(300, 0.1), rng.normal(size=2)):
+    flat_once = np.r_[np.full(5, 0.1), rng.normal(size=2)]
+    for r in (rng.standard_t(4, 3001) * 0.01, np.zeros(300), np.full(300, 0.1), rng.normal(size=2), flat_once):
         idx = stationary_bootstrap(len(r), 3.0, 150, seed=3)
         x = r[idx]
         sd = x.std(axis=1, ddof=1)
+        ok = (sd > 0) & (x.max(axis=1) > x.min(axis=1))
         with np.errstate(divide="ignore", invalid="ignore"):
-            want = np.where(sd > 0, x.mean(axis=1) / np.where(sd > 0, sd, 1.0), np.nan)
+            want = np.where(ok, x.mean(axis=1) / np.where(ok, sd, 1.0), np.nan)
         np.testing.assert_array_equal(resampled_sharpe(r, idx), want)
+    assert np.isnan(resampled_sharpe(np.full(300, 0.1), stationary_bootstrap(300, 3.0, 10))).all()
+    assert np.isnan(resampled_sharpe(flat_once, stationary_bootstrap(7, 3.0, 150, seed=3))).any()
 
 
 def test_sharpe_interval_covers_the_truth_about_as_often_as_it_says():
@@ -227,6 +319,12 @@ def test_paired_comparison_by_hand():
     assert better["mean_excess_per_bar"] == pytest.approx(0.003)
     flat = paired_comparison(np.zeros(600), b + 0.002, idx, 252)
     assert flat["sharpe_difference"] == pytest.approx(-sharpe_per_bar(b + 0.002) * math.sqrt(252))
+    steady = paired_comparison(b, np.full(600, 0.001), idx, 252)  # a constant benchmark counts as Sharpe 0
+    assert steady["sharpe_difference"] == pytest.approx(sharpe_per_bar(b) * math.sqrt(252))
+    assert (
+        steady["sharpe_difference_interval"]
+        == paired_comparison(b, np.zeros(600), idx, 252)["sharpe_difference_interval"]
+    )
 
 
 def test_newey_west_by_hand():
