@@ -813,6 +813,10 @@ def _walk_on_host(env, q_values, margin: float = 0.0, q_rows=None, scale=None) -
         depth, hold_max = planner.next(n - k)
         bar, level, row_hold, index = block_tree(depth, hold_max, n_levels)
         r_n = len(bar)
+        if r_n > len(rows):
+            raise ValueError(
+                f"walk: a block of {depth} bars and holds up to {hold_max} has {r_n} rows, over {len(rows)}"
+            )
         pos = np.where(level < 0, prev, levels[np.maximum(level, 0)]).astype(np.float32)
         write_state(rows[:r_n], t0 + k + bar, pos, np.where(level < 0, hold + bar, row_hold), cap)
         q = block_q.of_states(rows[:r_n], env.windows)
