@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import importlib
 import os
+import threading
 from dataclasses import dataclass
 from types import ModuleType
 
@@ -89,9 +90,43 @@ def _cached(requested: str | None, env: str | None) -> Backend:
     return select(requested)
 
 
+#: background selections started by :func:`warm_up` (key of :func:`_cached` -> thread), and the keys
+#: :func:`get` has returned
+_warming: dict = {}
+_selected: set = set()
+
+
+def warm_up(requested: str | None = None) -> None:
+    """Start :func:`get` ``(requested)`` in a background thread, so that CuPy's import and the device's
+    initialisation (about half a second on an H200 host) overlap with host work the caller does before
+    its first :func:`get` (reading a policy file, say), which then waits for it. A failure is not
+    raised there: :func:`get` selects again and raises it in the caller's thread. Nothing starts for
+    ``numpy`` or once the backend is known."""
+    key = (requested, os.environ.get(ENV_VAR))
+    choice = requested if requested not in (None, "", "auto") else (key[1] or "auto")
+    if choice.strip().lower() == "numpy" or key in _warming or key in _selected:
+        return
+
+    def select_quietly():
+        try:
+            _cached(*key)
+        except Exception:
+            pass  # get() selects again in the caller's thread and raises it there
+
+    t = threading.Thread(target=select_quietly, name="cudarl-backend-warm-up", daemon=True)
+    _warming[key] = t
+    t.start()
+
+
 def get(requested: str | None = None) -> Backend:
     """The process-wide backend (cached per request and environment value)."""
-    return _cached(requested, os.environ.get(ENV_VAR))
+    key = (requested, os.environ.get(ENV_VAR))
+    t = _warming.pop(key, None)
+    if t is not None:
+        t.join()  # a warm-up still selecting: functools.cache would let both threads select
+    be = _cached(*key)
+    _selected.add(key)
+    return be
 
 
 def get_array_module(*arrays) -> ModuleType:

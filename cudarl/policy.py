@@ -44,6 +44,8 @@ from .config import Config, from_dict
 from .features import Normaliser
 
 FORMAT = "cudarl-policy"
+#: ``device`` of :func:`load_policy` -> the backend it asks for
+DEVICE_BACKENDS = {"auto": None, "gpu": "cupy", "cpu": "numpy"}
 VERSION = 1
 SUFFIX = ".safetensors"
 
@@ -266,6 +268,8 @@ def load_policy(path, device: str = "auto") -> Policy:
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"{path}: no such policy or checkpoint file")
+    if device in DEVICE_BACKENDS:
+        _backend.warm_up(DEVICE_BACKENDS[device])  # CuPy's import and the device's start, while the file is read
     state = PolicyState.read(path) if is_policy_file(path) else PolicyState.of_checkpoint(path)
     state.check_finite(path)
     return Policy(state, device=device, source=str(path))
@@ -292,7 +296,7 @@ class Policy:
         self.state, self.source = state, source
         cfg = self.config = state.config
         self.normaliser, self.step = state.normaliser, state.step
-        self.be = _backend.get({"auto": None, "gpu": "cupy", "cpu": "numpy"}[device])
+        self.be = _backend.get(DEVICE_BACKENDS[device])
         xp = self.xp = self.be.xp
         self.obs_dim = width(len(self.normaliser.names), cfg.net.window)
         self.n_actions = cfg.env.n_actions

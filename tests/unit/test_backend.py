@@ -51,3 +51,41 @@ def test_get_array_module_and_to_numpy():
     assert backend.get_array_module(a, 1.0) is np
     assert backend.to_numpy(a) is a
     assert backend.to_numpy([1, 2]).tolist() == [1, 2]
+
+
+def test_warm_up_selects_in_the_background_and_get_waits_for_it(monkeypatch):
+    """warm_up starts the selection in a thread; get() waits for it and returns what it selected, the
+    selection running once; a failure there is raised by get() in the caller's thread; numpy and a
+    known backend start nothing."""
+    import threading
+    import time
+
+    calls, release = [], threading.Event()
+
+    def slow_select(requested):
+        calls.append(threading.current_thread().name)
+        release.wait(5)
+        return backend.Backend("numpy", np, f"warmed {requested}")
+
+    monkeypatch.setattr(backend, "select", slow_select)
+    monkeypatch.setattr(backend, "_cached", backend.functools.cache(lambda r, env: backend.select(r)))
+    monkeypatch.setattr(backend, "_warming", {})
+    monkeypatch.setattr(backend, "_selected", set())
+    monkeypatch.delenv("CUDARL_BACKEND", raising=False)
+    backend.warm_up("cupy")
+    time.sleep(0.05)
+    assert calls == ["cudarl-backend-warm-up"]  # started, and waiting
+    release.set()
+    assert backend.get("cupy").device == "warmed cupy"
+    assert calls == ["cudarl-backend-warm-up"]  # get() reused the warm-up's selection
+    backend.warm_up("cupy")  # known now: nothing starts
+    backend.warm_up("numpy")
+    assert not backend._warming and len(calls) == 1
+
+    def failing(requested):
+        raise backend.BackendError(f"no {requested} here")
+
+    monkeypatch.setattr(backend, "select", failing)
+    backend.warm_up("other")
+    with pytest.raises(backend.BackendError, match="no other here"):
+        backend.get("other")
