@@ -22,7 +22,8 @@ The CSV and the policy are made once in a temporary folder (not timed), and cuda
 byte-compiled first (``compileall``), as an installed package has them: where a checkout's processes
 write no ``.pyc`` (``PYTHONDONTWRITEBYTECODE=1`` on the development box; on the H200 host at 3795f4e a
 profiled evaluation after the timed runs still compiled 242 modules from source, 0.57 s under the
-profiler) every timed process would compile every module. Prints a table and writes JSON (``--out``, default ``docs/bench/bench_load_eval_<cpu|gpu>.json``).
+profiler) every timed process would compile every module. Prints a table and writes JSON (``--out``,
+default ``docs/bench/bench_load_eval_<cpu|gpu>.json``).
 """
 
 from __future__ import annotations

@@ -279,7 +279,7 @@ def main() -> int:
 
         # the offline chain (the behaviour runs, then the offline rows that learn from them) beside the
         # online rows, on a share of the workers: the GPU is never idle while the recordings are made
-        k = min(max(1, args.workers // 4), args.workers - 1) if online and (record or offline) else args.workers
+        n_online, k = split_workers(args.workers, bool(online), bool(record or offline))
         lock = threading.Lock()
 
         def locked(r):
@@ -298,7 +298,7 @@ def main() -> int:
         n = len(online) + len(offline) + len(record)
         print(f"mechanism screen: {n} runs on {device}, {args.workers} worker(s)", flush=True)
         if online:
-            learning_check.run_jobs(online, max(1, args.workers - k), locked, start_if)
+            learning_check.run_jobs(online, n_online, locked, start_if)
         side.join()
     wall = time.perf_counter() - t0
     if start_if.declined:
@@ -311,6 +311,16 @@ def main() -> int:
     if args.resume:  # the table of every call's rows
         return write_table(run_plan.read_rows(args.jsonl), args, header)
     return write_table(done, args, header)
+
+
+def split_workers(workers: int, online: bool, offline: bool) -> tuple[int, int]:
+    """``(online, offline)`` workers: a quarter (at least one) to the offline chain when both kinds of
+    run are there, else every worker to the one there is (at 3795f4e the online rows got one worker of
+    nine whenever no offline row was selected, and the aux screen ran one run at a time)."""
+    if online and offline:
+        side = min(max(1, workers // 4), workers - 1) if workers > 1 else 1
+        return max(1, workers - side), side
+    return (workers, 0) if online else (0, workers)
 
 
 def select(only: str, tasks: str, heads: str) -> list[tuple]:

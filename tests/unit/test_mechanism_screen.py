@@ -67,3 +67,15 @@ def test_the_risk_screen_runs_and_pairs_each_measure_with_the_mean(tmp_path, mon
     rows = [json.loads(x) for x in jsonl.read_text().splitlines()]
     assert [r["variant"] for r in rows][2:] == ["cvar 0.5"]
     assert {e["variant"] for e in json.loads(out.read_text())["table"]} == {"mean", "cvar 0.1", "cvar 0.5"}
+
+
+def test_the_workers_go_to_the_runs_there_are():
+    """Online rows alone get every worker (at 3795f4e they got one of nine, and the aux screen ran one
+    run at a time); with the offline chain beside them, it gets a quarter."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
+    from mechanism_screen import split_workers
+
+    assert split_workers(9, online=True, offline=False) == (9, 0)
+    assert split_workers(9, online=False, offline=True) == (0, 9)
+    assert split_workers(14, online=True, offline=True) == (11, 3)
+    assert split_workers(2, online=True, offline=True) == (1, 1)
