@@ -11,7 +11,9 @@ busy machine the wall times grow and the minimum is the one to read):
 * evaluate: ``cudarl.load_policy(best.safetensors).evaluate(split="test")`` over a test split of
   10,000 bars (``builtin:regime?n=66700``), on the CPU and on the GPU when one is usable: the
   whole process from its start (interpreter, imports, features of every bar, the greedy walk,
-  the metrics), and the part of it inside Python after ``import cudarl``. Target: < 1 s. The policy
+  the metrics), and the part of it inside Python after ``import cudarl``. Target: < 1 s. On the GPU also
+  without :func:`cudarl.backend.warm_up` (CuPy's import and the device's start then begin after the policy
+  file is read, as before ``bab599e``): the difference is the warm-up's share. The policy
   is trained with the validation gate off (``eval.gate_psr = 0``), so the test split is walked bar
   by bar (a closed gate would leave it flat without a forward; the bench refuses that case). Its
   trades are in the JSON: the host walk evaluates a block of bars per forward up to the first
@@ -65,6 +67,9 @@ import time, json
 t0 = time.perf_counter()
 import cudarl
 t1 = time.perf_counter()
+if {no_warm_up}:  # the comparison arm: CuPy's import and the device's start after the file is read
+    import cudarl.backend
+    cudarl.backend.warm_up = lambda requested=None: None
 policy = cudarl.load_policy({path!r}, device={device!r})
 ev = policy.evaluate(split="test")
 t2 = time.perf_counter()
@@ -178,16 +183,18 @@ def main() -> int:
             rows += timing_rows(case, "whole process", r["wall"])
             rows += timing_rows(case, "whole process CPU time", r["cpu"])
         policy = make_policy(folder)
-        devices = ["cpu"] + ([] if gpu_why else ["gpu"])
+        # (device, without load_policy's backend warm-up): the GPU also without it, to show its share
+        arms = [("cpu", False)] + ([] if gpu_why else [("gpu", False), ("gpu", True)])
         if gpu_why:
-            print(f"skipping the GPU evaluate arm: {gpu_why}")
-        for device in devices:
-            r = timed_runs(EVAL_CODE.format(path=str(policy), device=device), args.repeats)
+            print(f"skipping the GPU evaluate arms: {gpu_why}")
+        for device, no_warm_up in arms:
+            code = EVAL_CODE.format(path=str(policy), device=device, no_warm_up=no_warm_up)
+            r = timed_runs(code, args.repeats)
             extra[f"eval_bars_{device}"] = r["bars"]
             assert r["trading"], "the evaluated policy stayed flat: nothing was walked"
             extra[f"eval_trades_{device}"] = r["trades"]  # the walk's cost grows with the position changes
-            case = f"evaluate {r['bars']} bars, {device}"
-            rows += timing_rows(case, "whole process", r["wall"], "< 1 s")
+            case = f"evaluate {r['bars']} bars, {device}" + (", no backend warm-up" if no_warm_up else "")
+            rows += timing_rows(case, "whole process", r["wall"], "" if no_warm_up else "< 1 s")
             rows += timing_rows(case, "after import cudarl", r["eval_s"])
             rows += timing_rows(case, "whole process CPU time", r["cpu"])
     extra["loadavg_after"] = [round(x, 2) for x in os.getloadavg()]
