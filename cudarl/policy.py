@@ -34,6 +34,7 @@ from contextlib import nullcontext
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 
@@ -483,6 +484,23 @@ def row_exact_q(net, values):
     return RowExactQ(net, values) if _backend.is_numpy(net.xp) else PaddedQ(net, values)
 
 
+class BlockQ(Protocol):
+    """What the host walk (:func:`_walk_on_host`) asks of a block Q: the Q of many bar states in one
+    forward, each row bit for bit what the walk defines as that bar's Q (:class:`RowExactQ`,
+    :class:`PaddedQ`, the ensemble's ``EnsembleRows``; a bar at a time: ``_OneBar``)."""
+
+    #: most rows one call takes
+    max_rows: int
+    #: one more row's cost as a share of a call's fixed cost (0: free up to ``max_rows``); the
+    #: :class:`WalkPlanner` weighs rows with it
+    row_cost: float
+
+    def of_states(self, rows: np.ndarray, windows) -> np.ndarray:
+        """Host float32 ``[k, A]``: the Q of the state rows ``rows`` (host float32 ``[k, STATE_DIM]``,
+        ``k <= max_rows``), their observations gathered by ``windows`` (:class:`cudarl.window.Windows`)."""
+        ...
+
+
 #: Most rows of one block of the NumPy host walk (:class:`RowExactQ`).
 CPU_BLOCK_ROWS = 1024
 #: What one more row of a NumPy block costs, as a share of a block's fixed cost (its NumPy calls and
@@ -797,11 +815,10 @@ def _walk_on_host(env, q_values, margin: float = 0.0, q_rows=None, scale=None) -
     ``hold + 1`` if ``p`` did not change, else 1. Returns ``(actions, scales)``.
 
     ``q_values(obs [1, obs_dim], out [1, A])`` gives the Q of one bar, and the walk takes one bar at
-    a time. With ``q_rows`` (:class:`RowExactQ` or :class:`PaddedQ`: each row bit for bit that bar's
-    Q) it evaluates, in one forward, every state the walk can reach in the next bars
-    (:func:`block_tree`, shaped by a :class:`WalkPlanner`), then follows the walk through them up to
-    the first state the block does not hold: the same actions, with one forward per block of bars
-    instead of per bar.
+    a time. With ``q_rows`` (a :class:`BlockQ`: each row bit for bit that bar's Q) it evaluates, in
+    one forward, every state the walk can reach in the next bars (:func:`block_tree`, shaped by a
+    :class:`WalkPlanner`), then follows the walk through them up to the first state the block does not
+    hold: the same actions, with one forward per block of bars instead of per bar.
     """
     from .reference.env import write_state
 

@@ -234,11 +234,6 @@ def _sharpe_rows(x) -> np.ndarray:
         return np.where(ok, mean / np.where(ok, sd, 1.0), np.nan)
 
 
-def _gathered_sharpe(r, idx, buf) -> np.ndarray:
-    """:func:`_sharpe_rows` of ``r[idx]`` for ``idx`` int [k, N], gathered into ``buf`` float64 [>= k, N]."""
-    return _sharpe_rows(np.take(r, idx, out=buf[: len(idx)], mode="clip"))  # in range; "raise" buffers
-
-
 def resampled_sharpe(r, idx, rows: int = 16) -> np.ndarray:
     """float64 [B]: :func:`_sharpe_rows` of ``r[idx]`` for resamples ``idx`` [B, N], gathered ``rows``
     resamples at a time into one buffer (the same values; the [B, N] gather is never made whole). All-zero
@@ -248,7 +243,11 @@ def resampled_sharpe(r, idx, rows: int = 16) -> np.ndarray:
     if not r.any():
         return np.full(len(idx), np.nan)
     buf = np.empty((min(rows, len(idx)), r.size))
-    return np.concatenate([_gathered_sharpe(r, idx[i : i + rows], buf) for i in range(0, len(idx), rows)] or [[]])
+    out = []
+    for i in range(0, len(idx), rows):
+        part = idx[i : i + rows]
+        out.append(_sharpe_rows(np.take(r, part, out=buf[: len(part)], mode="clip")))  # in range; "raise" buffers
+    return np.concatenate(out or [[]])
 
 
 #: float64's unit roundoff: a sum's rounding is at most this times its magnitude.

@@ -82,7 +82,7 @@ def ensemble_q(policies, mode: str):
 
 
 class EnsembleRows:
-    """The host walk's block Q (:class:`cudarl.policy.RowExactQ`'s interface) of an ensemble whose
+    """The host walk's block Q (:class:`cudarl.policy.BlockQ`) of an ensemble whose
     members each have one: the members' rows combined by ``mode`` (host float32 ``[k, A]``)."""
 
     def __init__(self, rows: list, mode: str):
@@ -90,14 +90,9 @@ class EnsembleRows:
         self.max_rows = min(r.max_rows for r in rows)
         self.row_cost = sum(r.row_cost for r in rows)
 
-    def _combined(self, qs: list) -> np.ndarray:
-        return _combine(np.stack(qs).astype(np.float64), self.mode, np)
-
-    def __call__(self, obs) -> np.ndarray:
-        return self._combined([r(obs) for r in self.rows])
-
     def of_states(self, states, windows) -> np.ndarray:
-        return self._combined([r.of_states(states, windows) for r in self.rows])
+        qs = [r.of_states(states, windows) for r in self.rows]
+        return _combine(np.stack(qs).astype(np.float64), self.mode, np)
 
 
 def _evaluate(prepared, cfg, q_into, q_rows, backend: str) -> dict:
