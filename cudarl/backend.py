@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import importlib.util
 import os
 import threading
 from dataclasses import dataclass
@@ -99,23 +100,56 @@ _selected: set = set()
 def warm_up(requested: str | None = None) -> None:
     """Start :func:`get` ``(requested)`` in a background thread, so that CuPy's import and the device's
     initialisation (about half a second on an H200 host) overlap with host work the caller does before
-    its first :func:`get` (reading a policy file, say), which then waits for it. A failure is not
-    raised there: :func:`get` selects again and raises it in the caller's thread. Nothing starts for
-    ``numpy`` or once the backend is known."""
+    its first :func:`get` (reading a policy file and the bars, say), which then waits for it. A failure
+    is not raised there: :func:`get` selects again and raises it in the caller's thread. Nothing starts
+    for ``numpy``, once the backend is known, or where CuPy is not installed.
+
+    The driver's start (``cuInit``, the device's primary context) runs in a thread of its own through
+    the driver library (:func:`_start_driver`): a ctypes call lets go of the GIL, so it overlaps with
+    CuPy's import and with the caller, where CuPy's own first calls would hold the GIL through it."""
     key = (requested, os.environ.get(ENV_VAR))
     choice = requested if requested not in (None, "", "auto") else (key[1] or "auto")
     if choice.strip().lower() == "numpy" or key in _warming or key in _selected:
         return
+    if not _cupy_installed():
+        return  # get() says why, in the caller's thread
 
     def select_quietly():
+        driver = threading.Thread(target=_start_driver, name="cudarl-driver-start", daemon=True)
+        driver.start()
+        try:
+            import cupy  # noqa: F401  (beside the driver's start)
+        except Exception:
+            pass  # get() selects again in the caller's thread and raises it there
+        driver.join()  # CuPy's first call would otherwise wait inside cuInit holding the GIL
         try:
             _cached(*key)
         except Exception:
-            pass  # get() selects again in the caller's thread and raises it there
+            pass
 
     t = threading.Thread(target=select_quietly, name="cudarl-backend-warm-up", daemon=True)
     _warming[key] = t
     t.start()
+
+
+def _cupy_installed() -> bool:
+    """Whether CuPy can be found (without importing it)."""
+    return importlib.util.find_spec("cupy") is not None
+
+
+def _start_driver() -> None:
+    """``cuInit`` and the primary context of the device CuPy starts on (ordinal 0 in a new process), through
+    ``libcuda`` directly; the runtime, and so CuPy, then finds both made. The retained context is kept
+    (the runtime keeps the same one for the process). Any failure is left for :func:`select` to report."""
+    import ctypes
+
+    try:
+        cu = ctypes.CDLL("libcuda.so.1")
+        dev, ctx = ctypes.c_int(), ctypes.c_void_p()
+        if cu.cuInit(0) == 0 and cu.cuDeviceGet(ctypes.byref(dev), 0) == 0:
+            cu.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev)
+    except (OSError, AttributeError):
+        pass
 
 
 def get(requested: str | None = None) -> Backend:

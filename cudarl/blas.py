@@ -113,16 +113,16 @@ def gemm(
     import cupy
 
     s = stream if stream is not None else cupy.cuda.get_current_stream()
-    h = _handle_for(s)
+    h = _handle_for(s).cublas()
     if m == 0 or n == 0:
         return
     kernels.trace({"kind": "library", "name": "cublas_sgemm", "stream": s.ptr, "m": m, "n": n, "k": k, "beta": beta})
     lib = _lib()
-    _check(lib.cublasSetMathMode(h.ptr, _TF32_MATH if tf32 else _DEFAULT_MATH), "cublasSetMathMode")
+    _check(lib.cublasSetMathMode(h, _TF32_MATH if tf32 else _DEFAULT_MATH), "cublasSetMathMode")
     al, be = ctypes.c_float(alpha), ctypes.c_float(beta)
     _check(
         lib.cublasSgemm_v2(
-            h.ptr,
+            h,
             _CUBLAS_OP_T if trans_b else _CUBLAS_OP_N,
             _CUBLAS_OP_T if trans_a else _CUBLAS_OP_N,
             n,
@@ -397,19 +397,35 @@ def _lib():
     return lib
 
 
+_NO_HANDLE = (
+    "gemm inside a capture on a stream with no prepared cuBLAS handle: call blas.prepare(stream) before capture"
+)
+
+
 class _Handle:
-    """A cuBLAS handle bound to one stream, with its own workspace (kept alive with it)."""
+    """A stream's workspace and its cuBLAS handle (made at the first need of one: :func:`gemm` on the stream,
+    or :func:`prepare`; a stream with only cuBLASLt GEMMs needs the workspace alone, and cublasCreate with
+    its warm-up GEMMs cost about 90 ms of a GPU evaluation's start on an H200 at 95f3251)."""
 
     def __init__(self, stream):
+        import cupy
+
+        self.stream = stream
+        self.workspace = cupy.empty(WORKSPACE_BYTES, dtype=np.uint8)
+        self.ptr = None  # the cuBLAS handle, once made
+
+    def cublas(self) -> ctypes.c_void_p:
+        """The stream's cuBLAS handle, made now if it has none (outside any capture)."""
+        if self.ptr is not None:
+            return self.ptr
+        if self.stream.is_capturing():
+            raise BlasError(_NO_HANDLE)
         import cupy
 
         lib = _lib()
         h = ctypes.c_void_p()
         _check(lib.cublasCreate_v2(ctypes.byref(h)), "cublasCreate_v2")
-        self.ptr = h
-        self.stream = stream
-        self.workspace = cupy.empty(WORKSPACE_BYTES, dtype=np.uint8)
-        _check(lib.cublasSetStream_v2(h, ctypes.c_void_p(stream.ptr)), "cublasSetStream_v2")
+        _check(lib.cublasSetStream_v2(h, ctypes.c_void_p(self.stream.ptr)), "cublasSetStream_v2")
         _check(
             lib.cublasSetWorkspace_v2(h, ctypes.c_void_p(self.workspace.data.ptr), WORKSPACE_BYTES),
             "cublasSetWorkspace_v2",
@@ -417,7 +433,7 @@ class _Handle:
         # cuBLAS initialises lazily at its first GEMM on a handle, which fails inside a capture
         # (seen on an H200: CUBLAS_STATUS_EXECUTION_FAILED); so run one of each math mode now.
         x, y = cupy.ones((8, 8), dtype=np.float32), cupy.empty((8, 8), dtype=np.float32)
-        with stream:
+        with self.stream:
             for tf32 in (False, True):
                 _check(lib.cublasSetMathMode(h, _TF32_MATH if tf32 else _DEFAULT_MATH), "cublasSetMathMode")
                 one, zero = ctypes.c_float(1.0), ctypes.c_float(0.0)
@@ -441,20 +457,25 @@ class _Handle:
                     ),
                     "cublasSgemm_v2 (warm-up)",
                 )
-        stream.synchronize()
+        self.stream.synchronize()
+        self.ptr = h
+        return h
 
 
 def prepare(stream) -> None:
     """Create the handle and workspace for ``stream``; call before capturing on it."""
     release_queued()
-    if stream.ptr not in _handles:
+    h = _handles.get(stream.ptr)
+    if h is None or h.ptr is None:
         if stream.is_capturing():
             raise BlasError("blas.prepare inside a capture: the handle and its workspace must exist before capture")
-        _handles[stream.ptr] = _Handle(stream)
+        if h is None:
+            h = _handles[stream.ptr] = _Handle(stream)
+        h.cublas()
 
 
 def prepared() -> set[int]:
-    """The stream pointers that have a handle and workspace now."""
+    """The stream pointers that have a workspace now (and a cuBLAS handle, once one was needed)."""
     return set(_handles)
 
 
@@ -462,7 +483,7 @@ def release(stream_ptr: int) -> None:
     """Destroy the handle of the stream ``stream_ptr`` and free its workspace. Only after every graph that
     captured a GEMM on that stream is gone; a later GEMM on the stream prepares a new one (outside capture)."""
     h = _handles.pop(int(stream_ptr), None)
-    if h is not None:
+    if h is not None and h.ptr is not None:
         _check(_lib().cublasDestroy_v2(h.ptr), "cublasDestroy_v2")
 
 
@@ -507,15 +528,14 @@ def _capturing() -> bool:
 
 
 def _handle_for(stream) -> _Handle:
+    """The stream's :class:`_Handle`, its workspace made now if it has none (outside any capture); its
+    cuBLAS handle is made by :meth:`_Handle.cublas` at the first :func:`gemm` on it."""
     h = _handles.get(stream.ptr)
     if h is None:
         if stream.is_capturing():
-            raise BlasError(
-                "gemm inside a capture on a stream with no prepared cuBLAS handle: "
-                "call blas.prepare(stream) before capture"
-            )
-        prepare(stream)
-        h = _handles[stream.ptr]
+            raise BlasError(_NO_HANDLE)
+        release_queued()
+        h = _handles[stream.ptr] = _Handle(stream)
     return h
 
 

@@ -270,7 +270,7 @@ def load_policy(path, device: str = "auto") -> Policy:
     if not path.is_file():
         raise CheckpointError(f"{path}: no such policy or checkpoint file")
     if device in DEVICE_BACKENDS:
-        _backend.warm_up(DEVICE_BACKENDS[device])  # CuPy's import and the device's start, while the file is read
+        _backend.warm_up(DEVICE_BACKENDS[device])  # CuPy's import and the device's start, from here on
     state = PolicyState.read(path) if is_policy_file(path) else PolicyState.of_checkpoint(path)
     state.check_finite(path)
     return Policy(state, device=device, source=str(path))
@@ -289,55 +289,53 @@ class Policy:
 
     def __init__(self, state: PolicyState, device: str = "auto", source: str = "<memory>"):
         from .auxiliary import AUX_SIGNALS, input_gate
-        from .nn import QNetwork
-        from .pinned import DeviceScalars
+        from .nn.network import param_layout
         from .reference.window import width
-        from .rules import HEAD_RULES
 
         self.state, self.source = state, source
         cfg = self.config = state.config
         self.normaliser, self.step = state.normaliser, state.step
-        self.be = _backend.get(DEVICE_BACKENDS[device])
-        xp = self.xp = self.be.xp
+        self._request = DEVICE_BACKENDS[device]
+        # CuPy's import and the device's start run in a background thread while the caller works on the
+        # host (reading bars, their features): the network is made on the device at its first use
+        _backend.warm_up(self._request)
         self.obs_dim = width(len(self.normaliser.names), cfg.net.window)
         self.n_actions = cfg.env.n_actions
         self.levels = cfg.env.position_levels().astype(np.float64)
-        n = cfg.net
         aux = [AUX_SIGNALS[name](cfg) for name in cfg.agent.aux]  # their heads are in the weights too
-        self.net = QNetwork(
-            self.obs_dim,
-            self.n_actions,
-            n,
-            extra_heads={s.name: s.make_head for s in aux},
-            input_gate=input_gate(aux),  # the selectivity gate is in the weights and in every forward
-            xp=xp,
-            max_batch=cfg.env.n_envs,  # as the trainer's acting workspace, so the GEMMs see the same shapes
-            seed=cfg.run.seed,
-        )
-        mine = {e.name: e.shape for e in self.net.layout.entries}
+        #: QNetwork's arguments besides the backend: the selectivity gate is in the weights and in every forward
+        self._net_args = {"extra_heads": {s.name: s.make_head for s in aux}, "input_gate": input_gate(aux)}
+        layout = param_layout(self.obs_dim, self.n_actions, cfg.net, **self._net_args)
+        mine = {e.name: e.shape for e in layout.entries}
         theirs = {k: tuple(v.shape) for k, v in state.weights.items()}
         if mine != theirs:
             raise CheckpointError(f"{source}: the weights {theirs} do not fit the network of its config {mine}")
-        for name, w in state.weights.items():
-            self.net.P[name][...] = xp.asarray(np.asarray(w, np.float32))
-        # net.spectral: the trainer's vectors, and W_sn made from them once, as the trainer acts
-        self.net.spectral_in_steps()
-        if set(state.spectral or {}) != set(n.spectral):
+        if set(state.spectral or {}) != set(cfg.net.spectral):
             raise CheckpointError(
-                f"{source}: spectral vectors for {sorted(state.spectral or {})}, config {list(n.spectral)}"
+                f"{source}: spectral vectors for {sorted(state.spectral or {})}, config {list(cfg.net.spectral)}"
             )
-        for layer, vecs in (state.spectral or {}).items():
-            for k in ("u", "v"):
-                self.net.linears[layer].sn[k][...] = xp.asarray(np.asarray(vecs[k], np.float32))
-        self.net.spectral_step(iterate=False)
-        self._ws = {cfg.env.n_envs: self.net.ws}
-        self.counters = None  # IQN: the Philox counter of the acting taus, as the trainer had it
-        if state.tau_counter is not None:
-            self.counters = DeviceScalars({"tau": np.int64}, xp, initial={"tau": state.tau_counter})
-        #: the expected Q the head's rule acts and evaluates with (the same bits as the trainer's)
-        self._values = HEAD_RULES[n.head].greedy_values(self.net, cfg, self.counters)
-        self._scale = self.plan_scale_into if n.plan else None
+        self._on_device = None  # the network and its workspaces, made by _device() at the first forward
         self._rows_fn = None  # (_q_rows,) once made: row_exact_q may be None
+
+    @property
+    def be(self) -> _backend.Backend:
+        """The backend this policy runs on (waits for the device's start, if it is still going)."""
+        return _backend.get(self._request)
+
+    @property
+    def xp(self):
+        """The array module of :attr:`be`."""
+        return self.be.xp
+
+    @property
+    def net(self):
+        """The :class:`cudarl.nn.QNetwork` with the policy's weights (made on the device at its first use)."""
+        return self._device().net
+
+    def _device(self) -> _OnDevice:
+        if self._on_device is None:
+            self._on_device = _OnDevice(self)
+        return self._on_device
 
     def __repr__(self) -> str:
         n = self.config.net
@@ -348,28 +346,24 @@ class Policy:
         )
 
     # --- Q-values and actions ---------------------------------------------------------------------
-    def _workspace(self, n: int):
-        cap = min((c for c in self._ws if c >= n), default=None)
-        if cap is None:
-            cap = n
-            self._ws[cap] = self.net.new_workspace(cap)
-        return self._ws[cap]
-
     def q_values_into(self, obs, out) -> None:
         """Expected Q of ``obs`` (float32 ``[n, obs_dim]`` of this backend) into ``out`` ``[n, A]``."""
-        self._values(out, obs, self._workspace(obs.shape[0]))
+        d = self._device()
+        d.values(out, obs, d.workspace(obs.shape[0]))
 
     def plan_scale_into(self, obs, out) -> None:
         """The plan head's gate (``out [n]``, ``net.plan``) of the forward :meth:`q_values_into` just ran on ``obs``."""
         from .plan import gate
 
-        gate(self.net, self._workspace(obs.shape[0]), obs.shape[0], out)
+        d = self._device()
+        gate(d.net, d.workspace(obs.shape[0]), obs.shape[0], out)
 
     def _q_rows(self):
         """:func:`row_exact_q` of this policy's network, made at the first walk (on the GPU it has a
         workspace of its own)."""
         if self._rows_fn is None:
-            self._rows_fn = (row_exact_q(self.net, self._values),)
+            d = self._device()
+            self._rows_fn = (row_exact_q(d.net, d.values),)
         return self._rows_fn[0]
 
     def _input(self, obs):
@@ -462,8 +456,49 @@ class Policy:
             eval_cfg=cfg.eval,
             trading=trading,
             q_rows=self._q_rows(),
-            scale=self._scale,
+            scale=self.plan_scale_into if cfg.net.plan else None,
         )
+
+
+class _OnDevice:
+    """A :class:`Policy`'s device side: the Q-network with the policy's weights on the policy's backend,
+    its workspaces by row count and the head rule's greedy values. The default workspace has
+    ``env.n_envs`` rows, as the trainer's acting workspace, so the GEMMs of a forward of up to that
+    many rows see the trainer's shapes; it is made at its first use (a walk on the GPU has its own)."""
+
+    def __init__(self, policy: Policy):
+        from .nn import QNetwork
+        from .pinned import DeviceScalars
+        from .rules import HEAD_RULES
+
+        state, cfg = policy.state, policy.config
+        xp = policy.be.xp
+        self.n_envs = cfg.env.n_envs
+        self.net = QNetwork(
+            policy.obs_dim, policy.n_actions, cfg.net, **policy._net_args, xp=xp, max_batch=None, seed=cfg.run.seed
+        )
+        for name, w in state.weights.items():
+            self.net.P[name][...] = xp.asarray(np.asarray(w, np.float32))
+        # net.spectral: the trainer's vectors, and W_sn made from them once, as the trainer acts
+        self.net.spectral_in_steps()
+        for layer, vecs in (state.spectral or {}).items():
+            for k in ("u", "v"):
+                self.net.linears[layer].sn[k][...] = xp.asarray(np.asarray(vecs[k], np.float32))
+        self.net.spectral_step(iterate=False)
+        self.ws = {}
+        counters = None  # IQN: the Philox counter of the acting taus, as the trainer had it
+        if state.tau_counter is not None:
+            counters = DeviceScalars({"tau": np.int64}, xp, initial={"tau": state.tau_counter})
+        #: the expected Q the head's rule acts and evaluates with (the same bits as the trainer's)
+        self.values = HEAD_RULES[cfg.net.head].greedy_values(self.net, cfg, counters)
+
+    def workspace(self, n: int):
+        """The workspace of a forward over ``n`` rows: ``n_envs`` rows for up to that many, else ``n``."""
+        cap = min((c for c in self.ws if c >= n), default=None)
+        if cap is None:
+            cap = self.n_envs if n <= self.n_envs else n
+            self.ws[cap] = self.net.new_workspace(cap)
+        return self.ws[cap]
 
 
 # --- the greedy walk, shared with the trainer ------------------------------------------------------

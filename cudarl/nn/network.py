@@ -28,6 +28,38 @@ def head_module(net: NetConfig, d: int, n_actions: int):
     return HEAD_RULES[net.head].make_head("head", d, n_actions, net)
 
 
+def _modules(n_in: int, n_actions: int, net: NetConfig, extra_heads, input_gate) -> tuple:
+    """(input gate or None, encoder, head, {name: extra head on psi}) of a :class:`QNetwork`, unbound."""
+    gate = input_gate(n_in) if input_gate is not None else None
+    encoder = ENCODERS[net.encoder]("enc", n_in, net)
+    d = encoder.n_out
+    head = head_module(net, d, n_actions)
+    extras = {name: m for name, make in (extra_heads or {}).items() if (m := make(d)) is not None}
+    if net.plan:
+        extras["plan"] = PlanHead("plan", d, tf32=net.tf32, gemm=net.gemm)
+    return gate, encoder, head, extras
+
+
+def _in_order(gate, encoder, head, extras) -> list:
+    """The modules of :func:`_modules` in forward (and layout) order."""
+    return [*([gate] if gate is not None else []), encoder, head, *extras.values()]
+
+
+def _declare(modules) -> tuple:
+    """(the parameter layout, the workspace spec) the modules declare, in order."""
+    layout, ws_spec = ParamLayout(), []
+    for m in modules:
+        m.declare(layout, ws_spec)
+    return layout, ws_spec
+
+
+def param_layout(n_in: int, n_actions: int, net: NetConfig, *, extra_heads=None, input_gate=None) -> ParamLayout:
+    """The :class:`ParamLayout` of ``QNetwork(n_in, n_actions, net, extra_heads=..., input_gate=...)``
+    without making the network: nothing is allocated and no backend is needed (a policy file's
+    weights are checked against it before the device is up)."""
+    return _declare(_in_order(*_modules(int(n_in), int(n_actions), net, extra_heads, input_gate)))[0]
+
+
 class QNetwork:
     """Encoder ``[B, n_in] -> psi [B, D]``, then the head, and any extra heads on ``psi``.
 
@@ -47,7 +79,7 @@ class QNetwork:
             ``ws[sel.dx]``. Available as :attr:`gate` (None without).
         ``net.spectral`` names linear layers to spectrally normalise (e.g. ``("enc.1",)``).
         xp, dtype: backend and float type (float64 only on NumPy, for gradient checks).
-        max_batch: rows of the default workspace :attr:`ws`.
+        max_batch: rows of the default workspace :attr:`ws` (``None``: no default workspace, ``ws`` is None).
         seed: Philox seed of the initialisation.
 
     ``net.gemm`` is one of :data:`cudarl.nn.layers.GEMMS` (docs/config.md), GPU only; each new
@@ -67,7 +99,7 @@ class QNetwork:
         input_gate=None,
         xp=np,
         dtype=np.float32,
-        max_batch: int = 512,
+        max_batch: int | None = 512,
         seed: int = 0,
         **fields,
     ):
@@ -76,20 +108,12 @@ class QNetwork:
             raise ValueError("the GPU backend is float32 only")
         self.xp, self.dtype, self.config = xp, np.dtype(dtype), net
         self.n_in, self.n_actions = int(n_in), int(n_actions)
-        self.gate = input_gate(self.n_in) if input_gate is not None else None
-        self.encoder = ENCODERS[net.encoder]("enc", self.n_in, net)
-        d = self.encoder.n_out
-        self.head = head_module(net, d, self.n_actions)
-        #: heads on psi besides the distributional one, by name (``forward()[name]``)
-        self.extras = {name: m for name, make in (extra_heads or {}).items() if (m := make(d)) is not None}
-        if net.plan:
-            self.extras["plan"] = PlanHead("plan", d, tf32=net.tf32, gemm=net.gemm)
+        parts = _modules(self.n_in, self.n_actions, net, extra_heads, input_gate)
+        #: ``extras``: heads on psi besides the distributional one, by name (``forward()[name]``)
+        self.gate, self.encoder, self.head, self.extras = parts
         self.plan = self.extras.get("plan")
-        self.modules = [*([self.gate] if self.gate is not None else []), self.encoder, self.head, *self.extras.values()]
-        self.layout = ParamLayout()
-        self._ws_spec: list = []
-        for m in self.modules:
-            m.declare(self.layout, self._ws_spec)
+        self.modules = _in_order(*parts)
+        self.layout, self._ws_spec = _declare(self.modules)
         self.params = xp.asarray(self.layout.init_host(seed, self.dtype))
         self.grads = xp.zeros(self.layout.padded_size, dtype=self.dtype)
         self.P, self.G = self.layout.views(self.params), self.layout.views(self.grads)
@@ -104,7 +128,7 @@ class QNetwork:
         for k, name in enumerate(sorted(net.spectral)):
             self.linears[name].spectral = True
             self.linears[name].alloc_state(xp, self.dtype, seed, 1000 + k)
-        self.ws = self.new_workspace(max_batch)
+        self.ws = self.new_workspace(max_batch) if max_batch is not None else None
 
     def new_workspace(self, max_batch: int) -> Workspace:
         """A workspace for batches up to ``max_batch`` (one per concurrent forward, e.g. s and s').

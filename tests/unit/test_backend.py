@@ -72,20 +72,26 @@ def test_warm_up_selects_in_the_background_and_get_waits_for_it(monkeypatch):
     monkeypatch.setattr(backend, "_warming", {})
     monkeypatch.setattr(backend, "_selected", set())
     monkeypatch.delenv("CUDARL_BACKEND", raising=False)
+    monkeypatch.setattr(backend, "_cupy_installed", lambda: True)
+    monkeypatch.setattr(backend, "_start_driver", lambda: calls.append("driver"))
     backend.warm_up("cupy")
     time.sleep(0.05)
-    assert calls == ["cudarl-backend-warm-up"]  # started, and waiting
+    assert calls == ["driver", "cudarl-backend-warm-up"]  # the driver's start, then the selection, waiting
     release.set()
     assert backend.get("cupy").device == "warmed cupy"
-    assert calls == ["cudarl-backend-warm-up"]  # get() reused the warm-up's selection
+    assert calls == ["driver", "cudarl-backend-warm-up"]  # get() reused the warm-up's selection
     backend.warm_up("cupy")  # known now: nothing starts
     backend.warm_up("numpy")
-    assert not backend._warming and len(calls) == 1
+    assert not backend._warming and len(calls) == 2
 
     def failing(requested):
         raise backend.BackendError(f"no {requested} here")
 
     monkeypatch.setattr(backend, "select", failing)
     backend.warm_up("other")
+    assert ("other", None) in backend._warming
     with pytest.raises(backend.BackendError, match="no other here"):
         backend.get("other")
+    monkeypatch.setattr(backend, "_cupy_installed", lambda: False)
+    backend.warm_up("auto")  # no CuPy: nothing to warm up
+    assert not backend._warming and len(calls) == 3
