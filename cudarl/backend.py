@@ -97,12 +97,15 @@ _warming: dict = {}
 _selected: set = set()
 
 
-def warm_up(requested: str | None = None) -> None:
+def warm_up(requested: str | None = None, then=None) -> None:
     """Start :func:`get` ``(requested)`` in a background thread, so that CuPy's import and the device's
     initialisation (about half a second on an H200 host) overlap with host work the caller does before
     its first :func:`get` (reading a policy file and the bars, say), which then waits for it. A failure
     is not raised there: :func:`get` selects again and raises it in the caller's thread. Nothing starts
-    for ``numpy``, once the backend is known, or where CuPy is not installed.
+    for ``numpy``, once the backend is known, or where CuPy is not installed. ``then(backend)``, if
+    given, runs in that thread after a selection that succeeded (device work the caller will need
+    first, made before it asks: :func:`get` waits for it too); what it raises is dropped, so the caller
+    must be able to redo its work.
 
     The driver's start (``cuInit``, the device's primary context) runs in a thread of its own through
     the driver library (:func:`_start_driver`): a ctypes call lets go of the GIL, so it overlaps with
@@ -123,7 +126,9 @@ def warm_up(requested: str | None = None) -> None:
             pass  # get() selects again in the caller's thread and raises it there
         driver.join()  # CuPy's first call would otherwise wait inside cuInit holding the GIL
         try:
-            _cached(*key)
+            be = _cached(*key)
+            if then is not None:
+                then(be)
         except Exception:
             pass
 
@@ -155,9 +160,10 @@ def _start_driver() -> None:
 def get(requested: str | None = None) -> Backend:
     """The process-wide backend (cached per request and environment value)."""
     key = (requested, os.environ.get(ENV_VAR))
-    t = _warming.pop(key, None)
-    if t is not None:
+    t = _warming.get(key)
+    if t is not None and t is not threading.current_thread():  # (the warm-up's own then() asks too)
         t.join()  # a warm-up still selecting: functools.cache would let both threads select
+        _warming.pop(key, None)
     be = _cached(*key)
     _selected.add(key)
     return be

@@ -269,8 +269,6 @@ def load_policy(path, device: str = "auto") -> Policy:
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"{path}: no such policy or checkpoint file")
-    if device in DEVICE_BACKENDS:
-        _backend.warm_up(DEVICE_BACKENDS[device])  # CuPy's import and the device's start, from here on
     state = PolicyState.read(path) if is_policy_file(path) else PolicyState.of_checkpoint(path)
     state.check_finite(path)
     return Policy(state, device=device, source=str(path))
@@ -296,9 +294,6 @@ class Policy:
         cfg = self.config = state.config
         self.normaliser, self.step = state.normaliser, state.step
         self._request = DEVICE_BACKENDS[device]
-        # CuPy's import and the device's start run in a background thread while the caller works on the
-        # host (reading bars, their features): the network is made on the device at its first use
-        _backend.warm_up(self._request)
         self.obs_dim = width(len(self.normaliser.names), cfg.net.window)
         self.n_actions = cfg.env.n_actions
         self.levels = cfg.env.position_levels().astype(np.float64)
@@ -316,6 +311,10 @@ class Policy:
             )
         self._on_device = None  # the network and its workspaces, made by _device() at the first forward
         self._rows_fn = None  # (_q_rows,) once made: row_exact_q may be None
+        # On a backend not yet started, CuPy's import, the device's start and this policy's network and
+        # walk plans on it are made in a background thread while the caller works on the host (reading
+        # the bars, their features: evaluate), and the first use of the device waits for them
+        _backend.warm_up(self._request, then=lambda be: self._q_rows())
 
     @property
     def be(self) -> _backend.Backend:
@@ -333,8 +332,9 @@ class Policy:
         return self._device().net
 
     def _device(self) -> _OnDevice:
+        be = self.be  # first: a warm-up may be making the device side now (it is then made once)
         if self._on_device is None:
-            self._on_device = _OnDevice(self)
+            self._on_device = _OnDevice(self, be)
         return self._on_device
 
     def __repr__(self) -> str:
@@ -466,13 +466,13 @@ class _OnDevice:
     ``env.n_envs`` rows, as the trainer's acting workspace, so the GEMMs of a forward of up to that
     many rows see the trainer's shapes; it is made at its first use (a walk on the GPU has its own)."""
 
-    def __init__(self, policy: Policy):
+    def __init__(self, policy: Policy, be: _backend.Backend):
         from .nn import QNetwork
         from .pinned import DeviceScalars
         from .rules import HEAD_RULES
 
         state, cfg = policy.state, policy.config
-        xp = policy.be.xp
+        xp = be.xp
         self.n_envs = cfg.env.n_envs
         self.net = QNetwork(
             policy.obs_dim, policy.n_actions, cfg.net, **policy._net_args, xp=xp, max_batch=None, seed=cfg.run.seed

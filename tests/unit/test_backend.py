@@ -95,3 +95,35 @@ def test_warm_up_selects_in_the_background_and_get_waits_for_it(monkeypatch):
     monkeypatch.setattr(backend, "_cupy_installed", lambda: False)
     backend.warm_up("auto")  # no CuPy: nothing to warm up
     assert not backend._warming and len(calls) == 3
+
+
+def test_warm_up_then_runs_in_the_thread_and_get_waits_for_it(monkeypatch):
+    """then(backend) runs in the warm-up thread after the selection (its own get() returns there, no
+    self-join); a get() from the caller waits for then to finish; what then raises is dropped."""
+    import threading
+
+    calls, release = [], threading.Event()
+    monkeypatch.setattr(backend, "select", lambda r: backend.Backend("numpy", np, f"warmed {r}"))
+    monkeypatch.setattr(backend, "_cached", backend.functools.cache(lambda r, env: backend.select(r)))
+    monkeypatch.setattr(backend, "_warming", {})
+    monkeypatch.setattr(backend, "_selected", set())
+    monkeypatch.delenv("CUDARL_BACKEND", raising=False)
+    monkeypatch.setattr(backend, "_cupy_installed", lambda: True)
+    monkeypatch.setattr(backend, "_start_driver", lambda: None)
+
+    def then(be):
+        calls.append((threading.current_thread().name, be.device, backend.get("cupy").device))
+        release.wait(5)
+        calls.append("then done")
+
+    backend.warm_up("cupy", then=then)
+    threading.Timer(0.1, release.set).start()
+    assert backend.get("cupy").device == "warmed cupy"
+    assert calls == [("cudarl-backend-warm-up", "warmed cupy", "warmed cupy"), "then done"]
+    assert not backend._warming
+
+    def raising(be):
+        raise RuntimeError("dropped")
+
+    backend.warm_up("other", then=raising)
+    assert backend.get("other").device == "warmed other"

@@ -123,6 +123,38 @@ def test_load_policy_gives_the_trainers_greedy_evaluation(tmp_path, head):
     np.testing.assert_array_equal(p.act(obs), q.argmax(1))
 
 
+def test_a_policy_makes_its_device_side_in_the_warm_up_once(tmp_path, monkeypatch):
+    """On a backend not started yet, Policy makes its network and walk in the backend's warm-up thread
+    (beside the caller's host work) and the first use waits for them: one network, made there, and the
+    same evaluation as a policy made without a warm-up. (The "GPU" here is NumPy under another name:
+    the thread and the waiting are what is tested; the GPU's own test is the walk tests above.)"""
+    import threading
+
+    from cudarl import backend
+    from cudarl.nn import network
+
+    t = trained(tmp_path)
+    path = t.run_dir / "checkpoints" / "best.safetensors"
+    want = load_policy(path, device="cpu").evaluate(split="test")
+    monkeypatch.setattr(backend, "select", lambda r: backend.Backend("numpy", np, f"pretend {r}"))
+    monkeypatch.setattr(backend, "_cached", backend.functools.cache(lambda r, env: backend.select(r)))
+    monkeypatch.setattr(backend, "_warming", {})
+    monkeypatch.setattr(backend, "_selected", set())
+    monkeypatch.setattr(backend, "_cupy_installed", lambda: True)
+    monkeypatch.setattr(backend, "_start_driver", lambda: None)
+    made, init = [], network.QNetwork.__init__
+    monkeypatch.setattr(
+        network.QNetwork,
+        "__init__",
+        lambda self, *a, **k: made.append(threading.current_thread().name) or init(self, *a, **k),
+    )
+    p = load_policy(path, device="gpu")
+    ev = p.evaluate(split="test")
+    assert made == ["cudarl-backend-warm-up"] and p.be.device == "pretend cupy"
+    np.testing.assert_array_equal(ev.position, want.position)
+    assert json.dumps(ev.summary["policy"], sort_keys=True) == json.dumps(want.summary["policy"], sort_keys=True)
+
+
 def test_evaluate_builds_no_trainer_and_reads_no_replay(tmp_path, monkeypatch):
     t = trained(tmp_path)
     import cudarl.checkpoint as ckpt
