@@ -91,21 +91,23 @@ def _cached(requested: str | None, env: str | None) -> Backend:
     return select(requested)
 
 
-#: background selections started by :func:`warm_up` (key of :func:`_cached` -> thread), and the keys
-#: :func:`get` has returned
+#: background selections started by :func:`warm_up` (key of :func:`_cached` -> an Event set once that
+#: selection has ended, in success or failure), and the keys :func:`get` has returned
 _warming: dict = {}
 _selected: set = set()
 
 
-def warm_up(requested: str | None = None, then=None) -> None:
+def warm_up(requested: str | None = None, then=None) -> threading.Thread | None:
     """Start :func:`get` ``(requested)`` in a background thread, so that CuPy's import and the device's
     initialisation (about half a second on an H200 host) overlap with host work the caller does before
-    its first :func:`get` (reading a policy file and the bars, say), which then waits for it. A failure
-    is not raised there: :func:`get` selects again and raises it in the caller's thread. Nothing starts
-    for ``numpy``, once the backend is known, or where CuPy is not installed. ``then(backend)``, if
-    given, runs in that thread after a selection that succeeded (device work the caller will need
-    first, made before it asks: :func:`get` waits for it too); what it raises is dropped, so the caller
-    must be able to redo its work.
+    its first :func:`get` (reading a policy file and the bars, say), which then waits for the selection.
+    A failure is not raised there: :func:`get` selects again and raises it in the caller's thread.
+    Nothing starts for ``numpy``, once the backend is known, or where CuPy is not installed.
+
+    ``then(backend)``, if given, runs in that thread after a selection that succeeded: device work the
+    caller will need, made while it works on (its own objects: :func:`get` does not wait for it; the
+    caller joins the returned thread before it uses what ``then`` makes). What ``then`` raises is
+    dropped, so the caller must be able to redo its work. Returns the thread, or None if none started.
 
     The driver's start (``cuInit``, the device's primary context) runs in a thread of its own through
     the driver library (:func:`_start_driver`): a ctypes call lets go of the GIL, so it overlaps with
@@ -113,9 +115,10 @@ def warm_up(requested: str | None = None, then=None) -> None:
     key = (requested, os.environ.get(ENV_VAR))
     choice = requested if requested not in (None, "", "auto") else (key[1] or "auto")
     if choice.strip().lower() == "numpy" or key in _warming or key in _selected:
-        return
+        return None
     if not _cupy_installed():
-        return  # get() says why, in the caller's thread
+        return None  # get() says why, in the caller's thread
+    selected = threading.Event()
 
     def select_quietly():
         driver = threading.Thread(target=_start_driver, name="cudarl-driver-start", daemon=True)
@@ -127,14 +130,20 @@ def warm_up(requested: str | None = None, then=None) -> None:
         driver.join()  # CuPy's first call would otherwise wait inside cuInit holding the GIL
         try:
             be = _cached(*key)
-            if then is not None:
-                then(be)
         except Exception:
-            pass
+            return
+        finally:
+            selected.set()
+        if then is not None:
+            try:
+                then(be)
+            except Exception:
+                pass
 
     t = threading.Thread(target=select_quietly, name="cudarl-backend-warm-up", daemon=True)
-    _warming[key] = t
+    _warming[key] = selected
     t.start()
+    return t
 
 
 def _cupy_installed() -> bool:
@@ -160,10 +169,9 @@ def _start_driver() -> None:
 def get(requested: str | None = None) -> Backend:
     """The process-wide backend (cached per request and environment value)."""
     key = (requested, os.environ.get(ENV_VAR))
-    t = _warming.get(key)
-    if t is not None and t is not threading.current_thread():  # (the warm-up's own then() asks too)
-        t.join()  # a warm-up still selecting: functools.cache would let both threads select
-        _warming.pop(key, None)
+    selected = _warming.pop(key, None)
+    if selected is not None:
+        selected.wait()  # a warm-up still selecting: functools.cache would let both threads select
     be = _cached(*key)
     _selected.add(key)
     return be

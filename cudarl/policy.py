@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import threading
 from contextlib import nullcontext
 from dataclasses import dataclass
 from functools import lru_cache
@@ -314,7 +315,7 @@ class Policy:
         # On a backend not yet started, CuPy's import, the device's start and this policy's network and
         # walk plans on it are made in a background thread while the caller works on the host (reading
         # the bars, their features: evaluate), and the first use of the device waits for them
-        _backend.warm_up(self._request, then=lambda be: self._q_rows())
+        self._warm_up = _backend.warm_up(self._request, then=lambda be: self._q_rows())
 
     @property
     def be(self) -> _backend.Backend:
@@ -332,9 +333,12 @@ class Policy:
         return self._device().net
 
     def _device(self) -> _OnDevice:
-        be = self.be  # first: a warm-up may be making the device side now (it is then made once)
+        t = self._warm_up
+        if t is not None and t is not threading.current_thread():  # (the warm-up itself makes it)
+            t.join()  # it may be making the device side now: it is made once
+            self._warm_up = None
         if self._on_device is None:
-            self._on_device = _OnDevice(self, be)
+            self._on_device = _OnDevice(self, self.be)
         return self._on_device
 
     def __repr__(self) -> str:
@@ -446,12 +450,15 @@ class Policy:
     def _evaluate_split(self, prepared, split: str, trading: bool = True):
         """:func:`evaluate_split` of this policy (its env, margin and statistics config) over ``split``."""
         cfg = self.config
+        # the env first: the walk's network may still be in the making in the warm-up thread
+        env = eval_env(prepared, getattr(prepared.splits, split), cfg.env, self.be.name) if trading else None
         return evaluate_split(
             prepared,
             split,
             cfg.env,
             self.q_values_into,
             self.be.name,
+            env=env,
             margin=cfg.eval.margin,
             eval_cfg=cfg.eval,
             trading=trading,
