@@ -49,7 +49,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchlib import parser, report, row  # noqa: E402
+from benchlib import commit, parser, report, row  # noqa: E402
 
 LOAD_ROWS = 1_000_000
 EVAL_DATA = "builtin:regime?n=66700"  # the test split (15% of the bars after the warm-up) has ~10,000 bars
@@ -151,11 +151,6 @@ def make_policy(folder: Path) -> Path:
     return t.run_dir / "checkpoints" / "best.safetensors"
 
 
-def _commit() -> str | None:
-    r = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT)
-    return r.stdout.strip() or None if r.returncode == 0 else None
-
-
 def main() -> int:
     ap = parser(__doc__.splitlines()[0])
     ap.set_defaults(repeats=5)
@@ -171,7 +166,7 @@ def main() -> int:
     except ImportError:
         arrow = False
         print("skipping the pyarrow load arm: pyarrow is not installed (pip install 'cudarl[parquet]')")
-    extra["commit"] = _commit()
+    extra["commit"] = commit()
     extra["bytecode_compiled"] = compileall.compile_dir(str(ROOT / "cudarl"), quiet=1)
     extra["cpus"] = os.cpu_count()
     extra["loadavg_before"] = [round(x, 2) for x in os.getloadavg()]

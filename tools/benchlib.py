@@ -8,9 +8,26 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
+import subprocess
 import time
 from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def commit() -> str:
+    """The commit measured: ``$CUDARL_COMMIT`` (a GPU host's tree has no ``.git``, or a stale one), else
+    ``git rev-parse --short HEAD``, else ``"unknown"``."""
+    if os.environ.get("CUDARL_COMMIT"):
+        return os.environ["CUDARL_COMMIT"]
+    try:
+        return subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
 
 
 def parser(description: str) -> argparse.ArgumentParser:

@@ -34,7 +34,6 @@ import multiprocessing as mp
 import platform
 import queue
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -42,6 +41,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tools"))
+
+from benchlib import commit  # noqa: E402
 
 from cudarl.config import from_dict, resolve_for_backend  # noqa: E402
 
@@ -339,19 +340,6 @@ def _indexed(item):
     return i, _run_job(job, shared_gpu)
 
 
-def _commit() -> str:
-    import os
-
-    if os.environ.get("CUDARL_COMMIT"):  # a GPU host gets a tree without .git
-        return os.environ["CUDARL_COMMIT"]
-    try:
-        return subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True
-        ).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-
-
 def _gpu_name(device: str) -> str:
     if device != "gpu":
         return f"CPU ({platform.processor() or platform.machine()})"
@@ -449,7 +437,7 @@ def main() -> int:
         "workers": args.workers,
         "wall_s": wall,
         "sets": sets,
-        "commit": _commit(),
+        "commit": commit(),
         "gpu": _gpu_name(device),
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "python": platform.python_version(),
