@@ -302,14 +302,14 @@ MUTATIONS: tuple[Mutation, ...] = (
         (
             Edit(
                 "cudarl/blas.py",
-                "    if stream.ptr not in _handles:\n",
+                "    if h is None or h.ptr is None:\n",
                 "    if not stream.is_capturing():  # mutation: a new handle and workspace at every prepare\n",
             ),
             Edit(
                 "cudarl/blas.py",
-                "        _handles[stream.ptr] = _Handle(stream)\n",
-                "        _kept.append(_handles.get(stream.ptr))  # mutation: the earlier handle stays alive\n"
-                "        _handles[stream.ptr] = _Handle(stream)\n",
+                "        if h is None:\n            h = _handles[stream.ptr] = _Handle(stream)\n",
+                "        _kept.append(h)  # mutation: the earlier handle stays alive\n"
+                "        h = _handles[stream.ptr] = _Handle(stream)\n",
             ),
             Edit(
                 "cudarl/blas.py",
