@@ -365,8 +365,8 @@ class Policy:
     def _q_rows(self):
         """:func:`row_exact_q` of this policy's network, made at the first walk (on the GPU it has a
         workspace of its own)."""
+        d = self._device()  # first: it waits for a warm-up that may be making the rows now
         if self._rows_fn is None:
-            d = self._device()
             self._rows_fn = (row_exact_q(d.net, d.values),)
         return self._rows_fn[0]
 

@@ -129,8 +129,10 @@ def test_a_policy_makes_its_device_side_in_the_warm_up_once(tmp_path, monkeypatc
     same evaluation as a policy made without a warm-up. (The "GPU" here is NumPy under another name:
     the thread and the waiting are what is tested; the GPU's own test is the walk tests above.)"""
     import threading
+    import time
 
     from cudarl import backend
+    from cudarl import policy as policy_module
     from cudarl.nn import network
 
     t = trained(tmp_path)
@@ -148,9 +150,17 @@ def test_a_policy_makes_its_device_side_in_the_warm_up_once(tmp_path, monkeypatc
         "__init__",
         lambda self, *a, **k: made.append(threading.current_thread().name) or init(self, *a, **k),
     )
+    rows, q_rows = [], policy_module.row_exact_q
+
+    def slow_rows(*a):  # the main thread asks while the warm-up still makes them
+        rows.append(threading.current_thread().name)
+        time.sleep(1.0 if len(rows) == 1 else 0.0)
+        return q_rows(*a)
+
+    monkeypatch.setattr(policy_module, "row_exact_q", slow_rows)
     p = load_policy(path, device="gpu")
     ev = p.evaluate(split="test")
-    assert made == ["cudarl-backend-warm-up"] and p.be.device == "pretend cupy"
+    assert made == rows == ["cudarl-backend-warm-up"] and p.be.device == "pretend cupy"
     np.testing.assert_array_equal(ev.position, want.position)
     assert json.dumps(ev.summary["policy"], sort_keys=True) == json.dumps(want.summary["policy"], sort_keys=True)
 
