@@ -197,7 +197,7 @@ def read(path) -> Experience:
 
 def check_fits(exp: Experience, path, data, levels, n_step: int) -> None:
     """Refuse a recording an offline run cannot learn from: other bars (its states index them), features,
-    normaliser or actions (``data``: the run's :class:`cudarl.trainer.Prepared`), or rows with their own
+    normaliser or actions (``data``: the run's :class:`cudarl.prepare.Prepared`), or rows with their own
     next state and ``replay.n_step`` > 1."""
     from .policy import data_fingerprint
 

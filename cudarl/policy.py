@@ -311,7 +311,6 @@ class Policy:
                 f"{source}: spectral vectors for {sorted(state.spectral or {})}, config {list(cfg.net.spectral)}"
             )
         self._on_device = None  # the network and its workspaces, made by _device() at the first forward
-        self._rows_fn = None  # (_q_rows,) once made: row_exact_q may be None
         # On a backend not yet started, CuPy's import, the device's start and this policy's network and
         # walk plans on it are made in a background thread while the caller works on the host (reading
         # the bars, their features: evaluate), and the first use of the device waits for them
@@ -365,10 +364,7 @@ class Policy:
     def _q_rows(self):
         """:func:`row_exact_q` of this policy's network, made at the first walk (on the GPU it has a
         workspace of its own)."""
-        d = self._device()  # first: it waits for a warm-up that may be making the rows now
-        if self._rows_fn is None:
-            self._rows_fn = (row_exact_q(d.net, d.values),)
-        return self._rows_fn[0]
+        return self._device().block_q()  # _device() first waits for a warm-up that may be making them
 
     def _input(self, obs):
         on_gpu = type(obs).__module__.startswith("cupy")
@@ -498,6 +494,13 @@ class _OnDevice:
             counters = DeviceScalars({"tau": np.int64}, xp, initial={"tau": state.tau_counter})
         #: the expected Q the head's rule acts and evaluates with (the same bits as the trainer's)
         self.values = HEAD_RULES[cfg.net.head].greedy_values(self.net, cfg, counters)
+        self._block_q = None  # (row_exact_q,) once made: it may be None
+
+    def block_q(self):
+        """:func:`row_exact_q` of this network, made once (on the GPU it has buffers and a workspace of its own)."""
+        if self._block_q is None:
+            self._block_q = (row_exact_q(self.net, self.values),)
+        return self._block_q[0]
 
     def workspace(self, n: int):
         """The workspace of a forward over ``n`` rows: ``n_envs`` rows for up to that many, else ``n``."""

@@ -32,7 +32,8 @@ from . import experience, interrupt
 from .config import Config
 from .graph import SideStream, StepGraph
 from .guard import GuardStop
-from .trainer import Trainer, _Rate, prepare_data
+from .prepare import prepare_data
+from .trainer import Trainer, _Rate
 
 #: Config fields members of one population may set differently (section -> fields; ``"*"``: all of
 #: the section). Anything else must be equal (:func:`can_share`): it shapes buffers, the shared data or

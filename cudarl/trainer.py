@@ -41,7 +41,7 @@ from .features import Normaliser
 from .graph import StepGraph, capture_all
 from .monitor import StepMonitor
 from .policy import PolicyState, deployment, eval_env, evaluate_split, greedy_walk, is_policy_file
-from .prepare import Prepared, prepare_data  # noqa: F401  (re-exported: cudarl.trainer.prepare_data)
+from .prepare import Prepared, prepare_data
 from .replay import PrioritizedReplay
 from .timing import Stopwatch
 

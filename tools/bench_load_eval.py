@@ -17,7 +17,7 @@ busy machine the wall times grow and the minimum is the one to read):
   ``os._exit``), and the part inside Python after ``import cudarl``. On the GPU also
   without :func:`cudarl.backend.warm_up` (CuPy's import, the device's start and the policy's network on
   it then wait for the first forward, after the bars' features): the difference is the warm-up's share
-  (the policy's network and walk plans are made in the warm-up thread since this commit). The policy
+  (the policy's network and walk plans are made in the warm-up thread since ``41cbc02``). The policy
   is trained with the validation gate off (``eval.gate_psr = 0``), so the test split is walked bar
   by bar (a closed gate would leave it flat without a forward; the bench refuses that case). Its
   trades are in the JSON: the host walk evaluates a block of bars per forward up to the first

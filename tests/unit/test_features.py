@@ -417,7 +417,7 @@ def test_a_registered_feature_of_the_wrong_length_non_finite_or_misnamed_is_refu
 def test_a_registered_feature_is_selectable_from_toml_and_set(registry, tmp_path):
     from cudarl.cli import build_config
     from cudarl.config import tomllib
-    from cudarl.trainer import prepare_data
+    from cudarl.prepare import prepare_data
 
     registry.register_feature("mom", momentum, signed=True)
     (tmp_path / "run.toml").write_text('[features]\ngroups = ["returns", "mom"]\n')

@@ -389,7 +389,7 @@ def test_the_block_walk_takes_the_bar_by_bar_actions(monkeypatch, rule):
     walk by blocks of bars (every block shape, from one bar to a whole tree, and the planner's), the walk
     bar by bar and the env's own act and step agree."""
     import cudarl.policy as pol
-    from cudarl.trainer import prepare_data
+    from cudarl.prepare import prepare_data
 
     cfg = small(env={"hold_cap": 5, "cost_bps": 1.0})
     prepared = prepare_data(cfg)
@@ -486,7 +486,7 @@ def test_evaluating_a_policy_imports_no_scipy_signal(tmp_path, rng):
     import sys
     from pathlib import Path
 
-    from cudarl.trainer import prepare_data
+    from cudarl.prepare import prepare_data
 
     path = tmp_path / "p.safetensors"
     random_policy(rng, normaliser=prepare_data(small()).normaliser).state.save(path)

@@ -15,8 +15,9 @@ from test_trainer import gpu_small, small
 
 from cudarl.data import load
 from cudarl.env import TradingEnv
+from cudarl.prepare import prepare_data
 from cudarl.reference.window import BAR, HOLD, MIRROR, POSITION
-from cudarl.trainer import Trainer, prepare_data
+from cudarl.trainer import Trainer
 
 #: Small temporal encoders (odd sizes: a window the chunk does not divide, two groups of heads).
 ENCODER_NETS = {
