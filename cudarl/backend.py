@@ -97,7 +97,7 @@ _warming: dict = {}
 _selected: set = set()
 
 
-def warm_up(requested: str | None = None, then=None) -> threading.Thread | None:
+def warm_up(requested: str | None = None, then=None, on_context=None) -> threading.Thread | None:
     """Start :func:`get` ``(requested)`` in a background thread, so that CuPy's import and the device's
     initialisation (about half a second on an H200 host) overlap with host work the caller does before
     its first :func:`get` (reading a policy file and the bars, say), which then waits for the selection.
@@ -111,7 +111,11 @@ def warm_up(requested: str | None = None, then=None) -> threading.Thread | None:
 
     The driver's start (``cuInit``, the device's primary context) runs in a thread of its own through
     the driver library (:func:`_start_driver`): a ctypes call lets go of the GIL, so it overlaps with
-    CuPy's import and with the caller, where CuPy's own first calls would hold the GIL through it."""
+    CuPy's import and with the caller, where CuPy's own first calls would hold the GIL through it.
+    Beside it, a third thread loads the GEMM libraries (:func:`cudarl.blas.load_libraries`). Then
+    ``on_context()``, if given, runs in the driver's thread with the device's primary context current:
+    device work through the driver API alone (no CuPy; ctypes calls, which let go of the GIL), such as
+    :func:`cudarl.blas.warm_plans`. What it raises is dropped, like ``then``'s."""
     key = (requested, os.environ.get(ENV_VAR))
     choice = requested if requested not in (None, "", "auto") else (key[1] or "auto")
     if choice.strip().lower() == "numpy" or key in _warming or key in _selected:
@@ -120,8 +124,19 @@ def warm_up(requested: str | None = None, then=None) -> threading.Thread | None:
         return None  # get() says why, in the caller's thread
     selected = threading.Event()
 
+    def drive():
+        libraries = threading.Thread(target=_load_libraries, name="cudarl-gemm-libraries", daemon=True)
+        libraries.start()
+        started = _start_driver()
+        libraries.join()
+        if started and on_context is not None:
+            try:
+                on_context()
+            except Exception:
+                pass  # the same work is redone, and any error raised, where it is needed
+
     def select_quietly():
-        driver = threading.Thread(target=_start_driver, name="cudarl-driver-start", daemon=True)
+        driver = threading.Thread(target=drive, name="cudarl-driver-start", daemon=True)
         driver.start()
         try:
             import cupy  # noqa: F401  (beside the driver's start)
@@ -151,19 +166,31 @@ def _cupy_installed() -> bool:
     return importlib.util.find_spec("cupy") is not None
 
 
-def _start_driver() -> None:
+def _start_driver() -> bool:
     """``cuInit`` and the primary context of the device CuPy starts on (ordinal 0 in a new process), through
     ``libcuda`` directly; the runtime, and so CuPy, then finds both made. The retained context is kept
-    (the runtime keeps the same one for the process). Any failure is left for :func:`select` to report."""
+    (the runtime keeps the same one for the process) and made current in this thread. Returns whether
+    it is; any failure is left for :func:`select` to report."""
     import ctypes
 
     try:
         cu = ctypes.CDLL("libcuda.so.1")
         dev, ctx = ctypes.c_int(), ctypes.c_void_p()
-        if cu.cuInit(0) == 0 and cu.cuDeviceGet(ctypes.byref(dev), 0) == 0:
-            cu.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev)
+        return (
+            cu.cuInit(0) == 0
+            and cu.cuDeviceGet(ctypes.byref(dev), 0) == 0
+            and cu.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev) == 0
+            and cu.cuCtxSetCurrent(ctx) == 0
+        )
     except (OSError, AttributeError):
-        pass
+        return False
+
+
+def _load_libraries() -> None:
+    """:func:`cudarl.blas.load_libraries`, beside the driver's start (no device needed to load them)."""
+    from . import blas
+
+    blas.load_libraries()
 
 
 def get(requested: str | None = None) -> Backend:

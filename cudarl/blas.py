@@ -277,6 +277,101 @@ def gemm_lt_prepare(
     s.synchronize()  # the scratch operands outlive the GEMM
 
 
+#: Alignment of every parameter view (:data:`cudarl.nn.params.ALIGN` floats), the bias alignment of the
+#: plans :func:`plan_key` names
+PARAM_ALIGN_BYTES = 256
+
+
+def plan_key(
+    m: int,
+    n: int,
+    k: int,
+    *,
+    bias: bool,
+    act: str = "identity",
+    trans_a: bool = False,
+    trans_b: bool = False,
+    tf32: bool = False,
+    split_k: bool = True,
+) -> tuple:
+    """The key of the :func:`gemm_lt` plan of a ``[M, K] x [K, N]`` GEMM on operands aligned to
+    :data:`LT_ALIGN` bytes, with a bias that is a parameter view (:data:`PARAM_ALIGN_BYTES`) or none:
+    what :func:`gemm_lt_prepare` makes for a layer's forward, named without a device."""
+    if act not in LT_ACTS:
+        raise BlasError(f"plan_key: act must be one of {LT_ACTS}, got {act!r}")
+    bias_ptr = PARAM_ALIGN_BYTES if bias else 0
+    return _lt_key(m, n, k, trans_a, trans_b, bias_ptr, act, tf32, LT_ALIGN, LT_ALIGN, LT_ALIGN, split_k)
+
+
+def warm_plans(keys) -> None:
+    """Make the :func:`gemm_lt` plans of ``keys`` (:func:`plan_key`) and run each GEMM once on scratch
+    memory, through the driver library and cuBLASLt alone (no CuPy), in the calling thread with its
+    current context. :func:`cudarl.backend.warm_up` runs it in its driver thread (``on_context``):
+    the library's handle, its heuristics and its kernels' first load (about 0.1 s of a GPU evaluation's
+    start on an H200 at 95f3251) then happen where ctypes calls let go of the GIL, and a later
+    :func:`gemm_lt_prepare` of a key finds its plan made. Keys with a plan already are skipped."""
+    keys = [key for key in dict.fromkeys(keys) if key not in _plans]
+    if not keys:
+        return
+    cu = ctypes.CDLL("libcuda.so.1")
+    cu.cuMemAlloc_v2.argtypes = [ctypes.POINTER(ctypes.c_uint64), ctypes.c_size_t]
+    cu.cuMemsetD8_v2.argtypes = [ctypes.c_uint64, ctypes.c_ubyte, ctypes.c_size_t]
+    cu.cuMemFree_v2.argtypes = [ctypes.c_uint64]
+    lib, handle = _lt_lib(), _lt_handle()
+    scratch = []
+
+    def alloc(nbytes: int) -> int:
+        p = ctypes.c_uint64()
+        if cu.cuMemAlloc_v2(ctypes.byref(p), max(int(nbytes), 4)) != 0:
+            raise BlasError(f"warm_plans: cuMemAlloc of {nbytes} bytes failed")
+        scratch.append(p.value)
+        cu.cuMemsetD8_v2(p.value, 0, max(int(nbytes), 4))
+        return p.value
+
+    try:
+        a = alloc(4 * max(key[0] * key[2] for key in keys))
+        b = alloc(4 * max(key[1] * key[2] for key in keys))
+        out = alloc(4 * max(key[0] * key[1] for key in keys))
+        bias = alloc(4 * max(key[1] for key in keys))  # cuMemAlloc's addresses are 256-byte aligned at least
+        work = alloc(WORKSPACE_BYTES)
+        for key in keys:
+            has_bias = key[10] != 0
+            plan = _plans[key] = _LtPlan(key, bias if has_bias else 0)
+            if has_bias:
+                _set_attr(
+                    lib.cublasLtMatmulDescSetAttribute,
+                    plan.desc,
+                    _DESC_BIAS_POINTER,
+                    ctypes.c_void_p(bias),
+                    "cublasLtMatmulDescSetAttribute(BIAS_POINTER)",
+                )
+            _check(
+                lib.cublasLtMatmul(
+                    handle,
+                    plan.desc,
+                    ctypes.byref(plan.alpha),
+                    ctypes.c_void_p(b),
+                    plan.layout_a,
+                    ctypes.c_void_p(a),
+                    plan.layout_b,
+                    ctypes.byref(plan.beta),
+                    ctypes.c_void_p(out),
+                    plan.layout_d,
+                    ctypes.c_void_p(out),
+                    plan.layout_d,
+                    ctypes.byref(plan.algo),
+                    ctypes.c_void_p(work),
+                    WORKSPACE_BYTES,
+                    None,
+                ),
+                "cublasLtMatmul",
+            )
+        cu.cuCtxSynchronize()
+    finally:
+        for p in scratch:
+            cu.cuMemFree_v2(p)
+
+
 def _check_lt_args(a, b, out, bias, act: str, n: int, k: int) -> None:
     if act not in LT_ACTS:
         raise BlasError(f"gemm_lt: act must be one of {LT_ACTS}, got {act!r}")
@@ -557,10 +652,26 @@ class _LtHeuristicResult(ctypes.Structure):
     ]
 
 
+def load_libraries() -> None:
+    """Load cuBLAS, and with it cuBLASLt (its dependency), the way CuPy loads them (``cuda.pathfinder``),
+    without CuPy: :func:`cudarl.backend.warm_up` calls it in a thread beside the driver's start, where
+    the load lets go of the GIL (CuPy's import of its cuBLAS module would load them holding it; the
+    later loads find them loaded). Failures are left for the first GEMM to report."""
+    if _find_loaded(r"/libcublasLt\.so") is not None:
+        return
+    try:
+        from cuda import pathfinder
+
+        pathfinder.load_nvidia_dynamic_lib("cublas")
+    except Exception:
+        pass
+
+
 def _lt_lib():
     if _lt_cache:
         return _lt_cache[0]
-    _lib()  # libcublas loads libcublasLt, its dependency
+    if _find_loaded(r"/libcublasLt\.so") is None:
+        _lib()  # libcublas, as CuPy loads it, loads libcublasLt, its dependency
     lib = _open("cublasLt", r"/libcublasLt\.so", beside=_lib_paths.get("cublas"))
     vp, ci, sz = ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t
     pvp = ctypes.POINTER(vp)

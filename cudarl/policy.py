@@ -313,8 +313,18 @@ class Policy:
         self._on_device = None  # the network and its workspaces, made by _device() at the first forward
         # On a backend not yet started, CuPy's import, the device's start and this policy's network and
         # walk plans on it are made in a background thread while the caller works on the host (reading
-        # the bars, their features: evaluate), and the first use of the device waits for them
-        self._warm_up = _backend.warm_up(self._request, then=lambda be: self._q_rows())
+        # the bars, their features: evaluate), and the first use of the device waits for them; the
+        # walk's GEMM plans and their kernels' first run are made in the driver's thread, without CuPy
+        self._warm_up = _backend.warm_up(self._request, then=lambda be: self._q_rows(), on_context=self._warm_plans)
+
+    def _warm_plans(self) -> None:
+        """The cuBLASLt plans of the GPU walk's forward (:class:`PaddedQ`, :data:`EVAL_ROWS` rows), made
+        and run once through the driver (:func:`cudarl.blas.warm_plans`)."""
+        from . import blas
+        from .nn.network import forward_plan_keys
+
+        cfg = self.config
+        blas.warm_plans(forward_plan_keys(self.obs_dim, self.n_actions, cfg.net, EVAL_ROWS, **self._net_args))
 
     @property
     def be(self) -> _backend.Backend:

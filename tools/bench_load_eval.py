@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Loading bars and evaluating a trained policy, timed from the start of a fresh process.
 
-Arms (each run in its own Python process, ``--repeats`` times; the minimum and the median are
+Arms (each run in its own Python process, ``--repeats`` times after one uncounted run; the minimum and the median are
 reported, with the processes' CPU time, and the load average around the runs in the JSON: on a
 busy machine the wall times grow and the minimum is the one to read):
 * load: ``cudarl.data.load`` of a CSV of 1,000,000 one-minute bars (Date, OHLC, Volume; about
@@ -105,9 +105,13 @@ def _children_cpu() -> float:
 
 
 def timed_runs(code: str, repeats: int) -> dict:
-    """``{"wall": [s], "cpu": [s], <each float the process printed>: [values]}`` over ``repeats`` runs."""
+    """``{"wall": [s], "cpu": [s], <each float the process printed>: [values]}`` over ``repeats`` runs,
+    after one more run that is not counted: the first process of an arm reads what the others find in
+    the page cache (on a freshly started H200 host at 87a5720, every arm's runs were slower when the
+    bench ran first). That run's wall time is kept as ``"uncounted_wall"``."""
+    uncounted = timed_process(code)[0]
     runs = [timed_process(code) for _ in range(repeats)]
-    out = {"wall": [w for w, _, _ in runs], "cpu": [c for _, c, _ in runs]}
+    out = {"wall": [w for w, _, _ in runs], "cpu": [c for _, c, _ in runs], "uncounted_wall": uncounted}
     for k, v in runs[0][2].items():
         out[k] = [r[k] for _, _, r in runs] if isinstance(v, float) else v
     return out
@@ -201,6 +205,7 @@ def main() -> int:
             rows += timing_rows(case, "whole process (to its exit)", r["wall"])
             rows += timing_rows(case, "after import cudarl", r["eval_s"])
             rows += timing_rows(case, "whole process CPU time", r["cpu"])
+            extra[f"uncounted_first_wall_{device}{'_no_warm_up' if no_warm_up else ''}"] = r["uncounted_wall"]
     extra["loadavg_after"] = [round(x, 2) for x in os.getloadavg()]
     suffix = "gpu" if not gpu_why else "cpu"
     out = args.out or ROOT / "docs" / "bench" / f"bench_load_eval_{suffix}.json"

@@ -152,20 +152,32 @@ class Linear(Module):
         row = (self.n_out,) if self.rows == 1 else (self.rows, self.n_out)
         ws_spec += [(f"{self.name}.out", row, self.rows > 1), (f"{self.name}.dout", row, self.rows > 1)]
 
+    def _forward_gemm(self, batch: int):
+        """``(m, n, k, options)`` of the forward's cuBLASLt GEMM over ``batch`` samples (with the bias in
+        its epilogue), or None where the forward has none (``gemm="cublas"``, a sigmoid layer)."""
+        if self.lt_act is None:
+            return None
+        return (
+            batch * self.rows,
+            self.n_out,
+            self.n_in,
+            {"act": self.lt_act, "tf32": self.tf32, "split_k": not self.lt_all},
+        )
+
+    def forward_plan_key(self, batch: int):
+        """The :func:`cudarl.blas.plan_key` of the plan :meth:`prepare` makes for ``batch`` samples, or
+        None (no cuBLASLt forward); needs no binding and no device."""
+        g = self._forward_gemm(batch)
+        return None if g is None else blas.plan_key(g[0], g[1], g[2], bias=True, **g[3])
+
     def prepare(self, batch: int) -> None:
         """Make the cuBLASLt plan of a forward over ``batch`` samples (GPU, ``gemm="cublaslt"``); a
         forward inside a capture needs the plan of its batch size already made (:func:`cudarl.blas.gemm_lt`)."""
         bias = self.P[f"{self.name}.bias"]
-        if self.lt_act is not None and not isinstance(bias, np.ndarray):
-            blas.gemm_lt_prepare(
-                batch * self.rows,
-                self.n_out,
-                self.n_in,
-                bias=bias,
-                act=self.lt_act,
-                tf32=self.tf32,
-                split_k=not self.lt_all,
-            )
+        g = self._forward_gemm(batch)
+        if g is not None and not isinstance(bias, np.ndarray):
+            m, n, k, options = g
+            blas.gemm_lt_prepare(m, n, k, bias=bias, **options)
 
     def prepare_backward(self, batch: int) -> None:
         """Make the cuBLASLt plan of a backward over ``batch`` samples (GPU, ``gemm="cublaslt_nosplit"``

@@ -60,6 +60,17 @@ def param_layout(n_in: int, n_actions: int, net: NetConfig, *, extra_heads=None,
     return _declare(_in_order(*_modules(int(n_in), int(n_actions), net, extra_heads, input_gate)))[0]
 
 
+def forward_plan_keys(
+    n_in: int, n_actions: int, net: NetConfig, batch: int, *, extra_heads=None, input_gate=None
+) -> list:
+    """The :func:`cudarl.blas.plan_key` of every cuBLASLt plan ``QNetwork(n_in, n_actions, net, ...)
+    .new_workspace(batch)`` makes, without making the network (for :func:`cudarl.blas.warm_plans` before
+    the device is up)."""
+    mods = _in_order(*_modules(int(n_in), int(n_actions), net, extra_heads, input_gate))
+    keys = (lin.forward_plan_key(batch) for lin in _walk(mods) if isinstance(lin, Linear))
+    return [k for k in keys if k is not None]
+
+
 class QNetwork:
     """Encoder ``[B, n_in] -> psi [B, D]``, then the head, and any extra heads on ``psi``.
 

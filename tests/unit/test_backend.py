@@ -131,3 +131,42 @@ def test_warm_up_then_runs_in_the_thread_after_the_selection(monkeypatch):
     t = backend.warm_up("other", then=raising)
     t.join(5)
     assert backend.get("other").device == "warmed other"
+
+
+def test_warm_up_runs_on_context_in_the_driver_thread_after_the_libraries(monkeypatch):
+    """on_context() runs in the driver's thread once the driver's start made the context current and the
+    GEMM libraries' load beside it has ended; not when the driver did not start; what it raises is
+    dropped, and the selection still happens."""
+    import threading
+    import time
+
+    calls = []
+    monkeypatch.setattr(backend, "select", lambda r: backend.Backend("numpy", np, f"warmed {r}"))
+    monkeypatch.setattr(backend, "_cached", backend.functools.cache(lambda r, env: backend.select(r)))
+    monkeypatch.setattr(backend, "_warming", {})
+    monkeypatch.setattr(backend, "_selected", set())
+    monkeypatch.delenv("CUDARL_BACKEND", raising=False)
+    monkeypatch.setattr(backend, "_cupy_installed", lambda: True)
+
+    def libraries():
+        time.sleep(0.2)  # slower than the driver: on_context must wait for it
+        calls.append(("libraries", threading.current_thread().name))
+
+    monkeypatch.setattr(backend, "_load_libraries", libraries)
+    monkeypatch.setattr(backend, "_start_driver", lambda: calls.append("driver") or True)
+    t = backend.warm_up("cupy", on_context=lambda: calls.append(("context", threading.current_thread().name)))
+    t.join(5)
+    assert calls == ["driver", ("libraries", "cudarl-gemm-libraries"), ("context", "cudarl-driver-start")]
+    assert backend.get("cupy").device == "warmed cupy"
+
+    calls.clear()
+    monkeypatch.setattr(backend, "_start_driver", lambda: calls.append("no driver") or False)
+    backend.warm_up("other", on_context=lambda: calls.append("context")).join(5)
+    assert calls == ["no driver", ("libraries", "cudarl-gemm-libraries")]  # no context: on_context skipped
+
+    def raising():
+        raise RuntimeError("dropped")
+
+    monkeypatch.setattr(backend, "_start_driver", lambda: True)
+    backend.warm_up("third", on_context=raising).join(5)
+    assert backend.get("third").device == "warmed third"

@@ -227,3 +227,27 @@ def test_qnetwork_fd(head, layernorm, spectral, rng):
     for e in net.layout.entries:  # per tensor, so a small tensor's error is not hidden by a big one
         sl = slice(e.offset, e.offset + e.size)
         assert fd_rel_error(fd[sl], net.grads[sl]) <= 1e-5, e.name
+
+
+def test_forward_plan_keys_name_the_plans_of_a_workspace_without_a_network():
+    """forward_plan_keys lists the cuBLASLt plan key of each linear layer's forward at a batch size, as
+    new_workspace(batch) makes them on the GPU (blas.gemm_lt_prepare's key for 256-byte aligned
+    parameter views), with no network made and no device: the key names the shape, the bias and
+    ReLU epilogue, TF32 and the one-kernel choice of net.gemm."""
+    from cudarl import blas
+    from cudarl.config import NetConfig
+    from cudarl.nn.network import forward_plan_keys
+
+    net = NetConfig(hidden=(64, 32), head="c51", atoms=11)
+    keys = forward_plan_keys(10, 3, net, 4096)
+    # m, n, k of the encoder's two ReLU layers and the dueling head's linear (1 + A) K outputs
+    assert [k[:3] for k in keys] == [(4096, 64, 10), (4096, 32, 64), (4096, 4 * 11, 32)]
+    assert [k[5] for k in keys] == [6, 6, 4]  # cuBLASLt's RELU_BIAS, RELU_BIAS, BIAS epilogues
+    assert all(k[11] is False for k in keys)  # cublaslt_nosplit (the default): one-kernel algorithms
+    lt = forward_plan_keys(10, 3, NetConfig(hidden=(64, 32), head="c51", atoms=11, gemm="cublaslt", tf32=True), 8)
+    assert [k[:3] for k in lt] == [(8, 64, 10), (8, 32, 64), (8, 44, 32)] and all(k[6] and k[11] for k in lt)
+    assert forward_plan_keys(10, 3, NetConfig(hidden=(64, 32), gemm="cublas"), 8) == []  # no cuBLASLt forward
+    # the key gemm_lt_prepare computes for a parameter view's bias (512-byte aligned pool address + 256 k)
+    m, n, k = keys[0][:3]
+    made = blas._lt_key(m, n, k, False, False, 0x7F0000000200, "relu", False, 512, 512, 512, False)
+    assert made == keys[0] == blas.plan_key(m, n, k, bias=True, act="relu", split_k=False)

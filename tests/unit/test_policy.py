@@ -257,6 +257,37 @@ def test_gpu_load_policy_gives_the_trainers_greedy_evaluation(tmp_path, head):
     np.testing.assert_array_equal(p.q_values(obs.get()), q.get())
 
 
+@pytest.mark.gpu
+def test_gpu_warm_plans_makes_the_walks_plans_through_the_driver(tmp_path, monkeypatch):
+    """Policy._warm_plans (the warm-up's on_context) makes the cuBLASLt plans of the GPU walk's forward
+    through the driver and cuBLASLt alone; the walk's workspace then makes none of its own, and the
+    evaluation is the one made with the plans gemm_lt_prepare makes."""
+    import cupy
+
+    from cudarl import blas
+    from cudarl.nn.network import forward_plan_keys
+    from cudarl.policy import EVAL_ROWS
+
+    run = {"eval_every": 1000, "checkpoint_every": 40, "out_dir": str(tmp_path)}
+    t = Trainer(gpu_small(run=run), echo=quiet)
+    t.run(40)
+    path = t.run_dir / "checkpoints" / "step-00000040.safetensors"
+    monkeypatch.setattr(blas, "_plans", {})  # as in a new process
+    want = load_policy(path, device="gpu").evaluate(split="val")
+    monkeypatch.setattr(blas, "_plans", {})
+    p = load_policy(path, device="gpu")
+    keys = forward_plan_keys(p.obs_dim, p.n_actions, p.config.net, EVAL_ROWS, **p._net_args)
+    assert len(keys) == 3
+    cupy.cuda.Device().synchronize()
+    p._warm_plans()
+    made = dict(blas._plans)
+    assert set(made) == set(keys)
+    ev = p.evaluate(split="val")
+    assert all(blas._plans[k] is made[k] for k in keys)  # the walk's workspace found them made
+    np.testing.assert_array_equal(ev.position, want.position)
+    assert json.dumps(ev.summary["policy"], sort_keys=True) == json.dumps(want.summary["policy"], sort_keys=True)
+
+
 @pytest.mark.parametrize("head", ["c51", "iqn"])
 def test_the_host_walk_equals_the_envs_walk(tmp_path, head):
     """The NumPy evaluation walks the bars on the host; the env's act and step give the same actions,
