@@ -115,19 +115,23 @@ def warm_up(requested: str | None = None, then=None, on_context=None) -> threadi
     Beside it, a third thread loads the GEMM libraries (:func:`cudarl.blas.load_libraries`). Then
     ``on_context()``, if given, runs in the driver's thread with the device's primary context current:
     device work through the driver API alone (no CuPy; ctypes calls, which let go of the GIL), such as
-    :func:`cudarl.blas.warm_plans`. What it raises is dropped, like ``then``'s."""
+    :func:`cudarl.blas.warm_plans`. The selection does not wait for it; ``then`` does. What it raises
+    is dropped, like ``then``'s."""
     key = (requested, os.environ.get(ENV_VAR))
     choice = requested if requested not in (None, "", "auto") else (key[1] or "auto")
     if choice.strip().lower() == "numpy" or key in _warming or key in _selected:
         return None
     if not _cupy_installed():
         return None  # get() says why, in the caller's thread
-    selected = threading.Event()
+    selected, context = threading.Event(), threading.Event()
 
     def drive():
         libraries = threading.Thread(target=_load_libraries, name="cudarl-gemm-libraries", daemon=True)
         libraries.start()
-        started = _start_driver()
+        try:
+            started = _start_driver()
+        finally:
+            context.set()
         libraries.join()
         if started and on_context is not None:
             try:
@@ -142,13 +146,14 @@ def warm_up(requested: str | None = None, then=None, on_context=None) -> threadi
             import cupy  # noqa: F401  (beside the driver's start)
         except Exception:
             pass  # get() selects again in the caller's thread and raises it there
-        driver.join()  # CuPy's first call would otherwise wait inside cuInit holding the GIL
+        context.wait()  # CuPy's first call would otherwise wait inside cuInit holding the GIL
         try:
             be = _cached(*key)
         except Exception:
             return
         finally:
-            selected.set()
+            selected.set()  # the selection does not wait for on_context; then does
+        driver.join()
         if then is not None:
             try:
                 then(be)

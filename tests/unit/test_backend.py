@@ -170,3 +170,18 @@ def test_warm_up_runs_on_context_in_the_driver_thread_after_the_libraries(monkey
     monkeypatch.setattr(backend, "_start_driver", lambda: True)
     backend.warm_up("third", on_context=raising).join(5)
     assert backend.get("third").device == "warmed third"
+
+    # the selection (and so get()) does not wait for on_context; then does
+    calls.clear()
+    release = threading.Event()
+    monkeypatch.setattr(backend, "_load_libraries", lambda: None)
+
+    def slow_context():
+        release.wait(5)
+        calls.append("context")
+
+    t = backend.warm_up("fourth", on_context=slow_context, then=lambda be: calls.append("then"))
+    assert backend.get("fourth").device == "warmed fourth" and calls == []
+    release.set()
+    t.join(5)
+    assert calls == ["context", "then"]
