@@ -30,7 +30,7 @@ _PUBLIC = {
     "Guard": ("cudarl.guard", "Guard"),
     "GuardStop": ("cudarl.guard", "GuardStop"),
     "Policy": ("cudarl.policy", "Policy"),
-    "load_policy": ("cudarl.policy", "load_policy"),
+    "load_policy": ("cudarl._load", "load_policy"),
     # the learner and its declared parts
     "Agent": ("cudarl.agent", "Agent"),
     "HeadRule": ("cudarl.rules", "HeadRule"),

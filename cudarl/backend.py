@@ -17,6 +17,8 @@ from types import ModuleType
 
 import numpy as np
 
+from . import _driver
+
 ENV_VAR = "CUDARL_BACKEND"
 CHOICES = ("numpy", "cupy")
 
@@ -126,6 +128,7 @@ def warm_up(requested: str | None = None, then=None, on_context=None) -> threadi
     selected, context = threading.Event(), threading.Event()
 
     def drive():
+        _driver.join_early()  # cudarl.load_policy may have begun the driver's start (then this is quick)
         libraries = threading.Thread(target=_load_libraries, name="cudarl-gemm-libraries", daemon=True)
         libraries.start()
         try:
@@ -171,24 +174,8 @@ def _cupy_installed() -> bool:
     return importlib.util.find_spec("cupy") is not None
 
 
-def _start_driver() -> bool:
-    """``cuInit`` and the primary context of the device CuPy starts on (ordinal 0 in a new process), through
-    ``libcuda`` directly; the runtime, and so CuPy, then finds both made. The retained context is kept
-    (the runtime keeps the same one for the process) and made current in this thread. Returns whether
-    it is; any failure is left for :func:`select` to report."""
-    import ctypes
-
-    try:
-        cu = ctypes.CDLL("libcuda.so.1")
-        dev, ctx = ctypes.c_int(), ctypes.c_void_p()
-        return (
-            cu.cuInit(0) == 0
-            and cu.cuDeviceGet(ctypes.byref(dev), 0) == 0
-            and cu.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev) == 0
-            and cu.cuCtxSetCurrent(ctx) == 0
-        )
-    except (OSError, AttributeError):
-        return False
+#: ``cuInit`` and the primary context, current in the calling thread (:func:`cudarl._driver.start`)
+_start_driver = _driver.start
 
 
 def _load_libraries() -> None:

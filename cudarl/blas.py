@@ -32,7 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import kernels
+from . import _driver, kernels
 
 WORKSPACE_BYTES = 32 * 1024 * 1024  # cuBLAS's recommendation for Hopper
 _CUBLAS_OP_N, _CUBLAS_OP_T = 0, 1
@@ -657,14 +657,8 @@ def load_libraries() -> None:
     without CuPy: :func:`cudarl.backend.warm_up` calls it in a thread beside the driver's start, where
     the load lets go of the GIL (CuPy's import of its cuBLAS module would load them holding it; the
     later loads find them loaded). Failures are left for the first GEMM to report."""
-    if _find_loaded(r"/libcublasLt\.so") is not None:
-        return
-    try:
-        from cuda import pathfinder
-
-        pathfinder.load_nvidia_dynamic_lib("cublas")
-    except Exception:
-        pass
+    if _find_loaded(r"/libcublasLt\.so") is None:
+        _driver.load_cublas()
 
 
 def _lt_lib():

@@ -363,6 +363,10 @@ def evaluate(
     """Evaluate a policy's greedy actions on a split: summary.json, equity.csv, trades.csv, equity.png.
 
     Loads the policy alone (cudarl.load_policy): no trainer, no replay buffer."""
+    from cudarl import _driver
+
+    if device in ("auto", "gpu"):
+        _driver.start_early(device)  # the GPU's start, beside the imports below and the file's read
     from cudarl import rundir
     from cudarl.evaluate import json_safe, write_outputs
     from cudarl.policy import load_policy

@@ -185,3 +185,37 @@ def test_warm_up_runs_on_context_in_the_driver_thread_after_the_libraries(monkey
     release.set()
     t.join(5)
     assert calls == ["context", "then"]
+
+
+def test_load_policy_begins_the_drivers_start_before_cudarls_modules(monkeypatch):
+    """cudarl.load_policy (cudarl._load, light to import) begins the driver's start in a thread for a
+    gpu or auto request where CuPy is installed, once a process, before importing cudarl.policy; the
+    warm-up's driver thread waits for it; cpu, CUDARL_BACKEND=numpy and no CuPy start nothing."""
+    import subprocess
+    import sys
+    import threading
+
+    from cudarl import _driver
+
+    calls = []
+    monkeypatch.setattr(_driver, "_early", [])
+    monkeypatch.setattr(_driver, "start", lambda: calls.append(("start", threading.current_thread().name)) or True)
+    monkeypatch.setattr(_driver, "load_cublas", lambda: calls.append("cublas"))
+    monkeypatch.setattr(_driver.importlib.util, "find_spec", lambda name: None)  # no CuPy
+    _driver.start_early("gpu")
+    monkeypatch.setenv("CUDARL_BACKEND", "numpy")
+    _driver.start_early("auto")
+    assert not _driver._early
+    monkeypatch.delenv("CUDARL_BACKEND")
+    monkeypatch.setattr(_driver.importlib.util, "find_spec", lambda name: object())  # CuPy "installed"
+    _driver.start_early("cpu")
+    assert not _driver._early
+    _driver.start_early("auto")
+    _driver.start_early("gpu")  # once a process
+    _driver.join_early()
+    assert len(_driver._early) == 1 and _driver._early[0][1] == {"started": True}
+    assert sorted(map(str, calls)) == sorted(map(str, ["cublas", ("start", "cudarl-driver-early")]))
+    # importing cudarl.load_policy imports neither NumPy nor cudarl.policy (a fresh interpreter)
+    code = "import sys, cudarl; cudarl.load_policy; print('numpy' in sys.modules, 'cudarl.policy' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert out == ["False", "False"]

@@ -1,0 +1,71 @@
+"""The CUDA driver's start, through ``libcuda`` with ctypes (no CuPy, no NumPy): ``cuInit`` and the
+primary context of device 0, the one CuPy starts on in a new process. A ctypes call lets go of the GIL,
+so this runs beside the caller's host work. :func:`start_early` begins it in a thread of its own before
+the rest of cudarl is imported (``cudarl.load_policy`` does, for a GPU request);
+:func:`cudarl.backend.warm_up` waits for that thread rather than starting the driver a second time."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import threading
+
+#: the thread :func:`start_early` began, and what its :func:`start` returned (once it has)
+_early: list = []
+
+
+def start() -> bool:
+    """``cuInit`` and device 0's primary context, made current in this thread. The retained context is
+    kept (the runtime keeps the same one for the process). Returns whether it is current; any failure
+    is left for the backend's selection to report."""
+    import ctypes
+
+    try:
+        cu = ctypes.CDLL("libcuda.so.1")
+        dev, ctx = ctypes.c_int(), ctypes.c_void_p()
+        return (
+            cu.cuInit(0) == 0
+            and cu.cuDeviceGet(ctypes.byref(dev), 0) == 0
+            and cu.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev) == 0
+            and cu.cuCtxSetCurrent(ctx) == 0
+        )
+    except (OSError, AttributeError):
+        return False
+
+
+def load_cublas() -> None:
+    """Load cuBLAS, and with it cuBLASLt (its dependency), the way CuPy loads them (``cuda.pathfinder``),
+    so CuPy's import of its cuBLAS module and :mod:`cudarl.blas` later find them loaded. Failures are
+    left for the first GEMM to report."""
+    try:
+        from cuda import pathfinder
+
+        pathfinder.load_nvidia_dynamic_lib("cublas")
+    except Exception:
+        pass
+
+
+def start_early(device: str) -> None:
+    """For ``device`` ``"gpu"`` or ``"auto"`` (not ``"cpu"``, nor with ``CUDARL_BACKEND=numpy``), where CuPy
+    is installed: begin :func:`start` and :func:`load_cublas` in a thread now, once a process."""
+    if device == "cpu" or os.environ.get("CUDARL_BACKEND", "").strip().lower() == "numpy" or _early:
+        return
+    if importlib.util.find_spec("cupy") is None:
+        return
+    result = {}
+
+    def run():
+        libraries = threading.Thread(target=load_cublas, name="cudarl-gemm-libraries", daemon=True)
+        libraries.start()
+        result["started"] = start()
+        libraries.join()
+
+    t = threading.Thread(target=run, name="cudarl-driver-early", daemon=True)
+    _early.append((t, result))
+    t.start()
+
+
+def join_early() -> None:
+    """Wait for the thread :func:`start_early` began, if any."""
+    if _early:
+        _early[0][0].join()
