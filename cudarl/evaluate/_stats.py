@@ -29,6 +29,8 @@ reason stored beside them (``null_reasons``).
 from __future__ import annotations
 
 import math
+import os
+import threading
 from statistics import NormalDist
 
 import numpy as np
@@ -141,43 +143,72 @@ def optimal_block_length(r) -> float:
 _PER_BAR_ABOVE = 1.0 / 8.0
 
 
-def _bootstrap_blocks(n: int, block: float, resamples: int, seed: int):
-    """Yield ``(r0, new, first, start)``, a few of :func:`stationary_bootstrap`'s rows at a time (about
-    2^16 bars, so a chunk and what is made from it stay in cache): its rows ``r0 ..`` laid end to end,
-    ``new`` bool [rows * n] marking the bars that start a block (every row's first does), ``first``
-    int64 [blocks] where they are, and ``start`` int32 [blocks] the bar each block starts from. The
-    draws of a chunk are its marks then its starts, so the chunking is part of the random stream."""
+def _chunk_rows(n: int) -> int:
+    """Resamples of one chunk of draws: about 2^16 bars, so a chunk and what is made from it stay in cache."""
+    return max(1, (1 << 16) // n)
+
+
+def _chunk_blocks(n: int, block: float, resamples: int, seed: int, c: int) -> tuple:
+    """``(r0, new, first, start)`` of chunk ``c``: :func:`stationary_bootstrap`'s rows ``r0 = c * rows ..``
+    (:func:`_chunk_rows`) laid end to end, ``new`` bool [rows * n] marking the bars that start a block
+    (every row's first does), ``first`` int64 [blocks] where they are, and ``start`` int32 [blocks] the
+    bar each block starts from. Each chunk draws from a generator of its own, seeded by ``(seed, c)``:
+    its marks then its starts. So chunks can be drawn in any order, or at once in threads, with the same
+    bits (and the chunk size is part of the random stream)."""
     p = 1.0 / max(block, 1.0)
-    rng = np.random.default_rng([int(seed), 0xB007])
-    rows = max(1, (1 << 16) // n)
-    log_q = math.log1p(-p) if p < 1.0 else -math.inf
-    below = np.uint32(min(round(p * 2.0**32), 2**32 - 1))  # P(u32 < below) = p to within 2^-33
-    for r0 in range(0, resamples, rows):
-        m = min(rows, resamples - r0) * n  # the chunk's rows laid end to end
-        if p >= 1.0:
-            new = np.ones(m, bool)
-        elif p > _PER_BAR_ABOVE:
-            new = rng.bit_generator.random_raw((m + 1) // 2).view(np.uint32)[:m] < below
-        else:  # the gaps between starts: 1 + floor(log(1 - U) / log(1 - p)), geometric with mean 1 / p
-            new = np.zeros(m, bool)
-            at = 0
-            while at < m:
-                mean = (m - at) * p
-                gap = np.log1p(-rng.random(int(mean + 6.0 * math.sqrt(mean) + 16)))
-                gap /= log_q
-                pos = np.cumsum(np.minimum(gap, m).astype(np.int64) + 1) + at
-                at = int(pos[-1])
-                new[pos[pos < m]] = True
-        new[::n] = True  # every resample starts a block
-        first = np.flatnonzero(new)
-        yield r0, new, first, rng.integers(0, n, first.size, dtype=np.int32)
+    rng = np.random.default_rng([int(seed), 0xB007, int(c)])
+    rows = _chunk_rows(n)
+    r0 = c * rows
+    m = min(rows, resamples - r0) * n  # the chunk's rows laid end to end
+    if p >= 1.0:
+        new = np.ones(m, bool)
+    elif p > _PER_BAR_ABOVE:
+        below = np.uint32(min(round(p * 2.0**32), 2**32 - 1))  # P(u32 < below) = p to within 2^-33
+        new = rng.bit_generator.random_raw((m + 1) // 2).view(np.uint32)[:m] < below
+    else:  # the gaps between starts: 1 + floor(log(1 - U) / log(1 - p)), geometric with mean 1 / p
+        log_q = math.log1p(-p)
+        new = np.zeros(m, bool)
+        at = 0
+        while at < m:
+            mean = (m - at) * p
+            gap = np.log1p(-rng.random(int(mean + 6.0 * math.sqrt(mean) + 16)))
+            gap /= log_q
+            pos = np.cumsum(np.minimum(gap, m).astype(np.int64) + 1) + at
+            at = int(pos[-1])
+            new[pos[pos < m]] = True
+    new[::n] = True  # every resample starts a block
+    first = np.flatnonzero(new)
+    return r0, new, first, rng.integers(0, n, first.size, dtype=np.int32)
+
+
+def _chunks(n: int, resamples: int) -> range:
+    """The chunk numbers of ``resamples`` resamples of ``n`` bars."""
+    return range(-(-resamples // _chunk_rows(n)))
+
+
+def _bootstrap_blocks(n: int, block: float, resamples: int, seed: int):
+    """Yield :func:`_chunk_blocks` of every chunk, in order."""
+    for c in _chunks(n, resamples):
+        yield _chunk_blocks(n, block, resamples, seed, c)
+
+
+#: Threads :func:`bootstrap_sharpes` draws and sums chunks in (NumPy lets go of the GIL in its loops)
+_POOL: list = []
+
+
+def _pool():
+    if not _POOL:
+        from concurrent.futures import ThreadPoolExecutor
+
+        _POOL.append(ThreadPoolExecutor(max(1, min(4, os.cpu_count() or 1)), thread_name_prefix="cudarl-bootstrap"))
+    return _POOL[0]
 
 
 def _bootstrap_chunks(n: int, block: float, resamples: int, seed: int):
     """Yield ``(r0, idx)``: :func:`stationary_bootstrap`'s rows ``r0 .. r0 + len(idx)`` as int32
     ``[k, n]``, a chunk of :func:`_bootstrap_blocks` at a time. ``idx`` is one buffer written over for
     each chunk: copy what must outlive the next."""
-    rows = max(1, (1 << 16) // n)
+    rows = _chunk_rows(n)
     buf = np.empty(rows * n, np.int32)
     bar = np.arange(rows * n, dtype=np.int32)
     wrapped = np.empty(rows * n, np.int32)
@@ -206,9 +237,11 @@ def stationary_bootstrap(n: int, block: float, resamples: int, seed: int = 0) ->
     Deterministic in ``(n, block, resamples, seed)``. Drawn with one random number per block, not two
     per bar: where ``p > 1/8`` a 32-bit uniform per bar (``p`` held to within ``2^-33``) marks the
     starts, otherwise the geometric gaps between them (one double each); then one int32 start, uniform
-    over ``[0, n)``, per block. (Before, a double and an int32 were drawn for every bar, the start
-    used only where a block began: the same process, another random stream, so the indices, and the
-    bootstrap intervals of an evaluation, changed with it.)"""
+    over ``[0, n)``, per block. The draws come in chunks of about 2^16 bars, each chunk from a generator
+    seeded by ``(seed, chunk)`` (:func:`_chunk_blocks`), so :func:`bootstrap_sharpes` draws chunks in
+    threads with the same bits. (Each change of the random stream changed the indices, and the bootstrap
+    intervals of an evaluation, with it: before, one generator drew every chunk in turn; before that, a
+    double and an int32 were drawn for every bar, the start used only where a block began.)"""
     out = np.empty((resamples, n), np.int32)
     for r0, idx in _bootstrap_chunks(n, block, resamples, seed):
         out[r0 : r0 + len(idx)] = idx
@@ -300,22 +333,32 @@ def bootstrap_sharpes(series, block: float, resamples: int, seed: int = 0) -> np
     tables = [_prefix_table(series[i]) for i in live]
     sums = np.empty((len(live), resamples), np.complex128)
     blocks = np.empty(resamples, np.int64)  # each resample's
-    rows = max(1, (1 << 16) // n)
-    row_start = np.arange(0, rows * n, n)
-    end, d, ds = np.empty(rows * n, np.intp), np.empty(rows * n, np.complex128), np.empty(rows * n, np.complex128)
-    for r0, new, first, start in _bootstrap_blocks(n, block, resamples, seed):
+
+    size = _chunk_rows(n) * n
+    local = threading.local()  # each thread's buffers, made once: fresh large arrays fault in their pages
+
+    def chunk(c: int) -> None:  # writes only its own columns of sums and blocks
+        r0, new, first, start = _chunk_blocks(n, block, resamples, seed, c)
         k, J = new.size // n, first.size
-        e = end[:J]  # one past each block's last bar: start + length, in [1, 2 n)
+        if not hasattr(local, "e"):
+            local.e, local.d, local.ds = (
+                np.empty(size, np.intp),
+                np.empty(size, np.complex128),
+                np.empty(size, np.complex128),
+            )
+        e, d, ds = local.e[:J], local.d[:J], local.ds[:J]  # e: one past each block's last bar, in [1, 2 n)
         np.subtract(first[1:], first[:-1], out=e[: J - 1])
         e[J - 1] = new.size - first[J - 1]
         e += start
-        heads = np.searchsorted(first, row_start[:k])  # each resample's first block
+        heads = np.searchsorted(first, np.arange(0, k * n, n))  # each resample's first block
         np.subtract(heads[1:], heads[:-1], out=blocks[r0 : r0 + k - 1])
         blocks[r0 + k - 1] = J - heads[-1]
         for j, (t, _, _, _) in enumerate(tables):
-            np.take(t, e, out=d[:J], mode="clip")  # in range; "raise" would buffer
-            np.subtract(d[:J], np.take(t, start, out=ds[:J], mode="clip"), out=d[:J])
-            sums[j, r0 : r0 + k] = np.add.reduceat(d[:J], heads)
+            np.take(t, e, out=d, mode="clip")  # in range; "raise" would buffer
+            np.subtract(d, np.take(t, start, out=ds, mode="clip"), out=d)
+            sums[j, r0 : r0 + k] = np.add.reduceat(d, heads)
+
+    list(_pool().map(chunk, _chunks(n, resamples)))  # raises what a chunk raised
     s1, s2 = sums.real, sums.imag
     mean_c = s1 / n
     q = s2 - s1 * mean_c  # (n - 1) times the variance
