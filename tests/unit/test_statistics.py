@@ -365,3 +365,31 @@ def test_evaluation_summary_is_strict_json_with_reasons_for_every_null():
     stats = json.loads(text)["statistics"]
     assert stats["trials"] == 3 and 0 <= stats["psr"] <= 1 and stats["sharpe_interval"][0] < stats["sharpe"]
     assert "versus_benchmark" in stats
+
+
+def test_bootstrap_sharpes_has_the_same_bits_whatever_its_threads(monkeypatch):
+    """Each chunk of draws has a generator of its own, so the chunks drawn in 1, 2 or 4 threads, or in
+    reverse order, give the same bits; and chunk c's draws are those the index reference makes."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from cudarl.evaluate import _stats
+
+    rng = np.random.default_rng(3)
+    r, b = rng.standard_normal(3000) * 0.01, rng.standard_normal(3000) * 0.01
+    got = []
+    for workers in (1, 2, 4):
+        monkeypatch.setattr(_stats, "_POOL", [ThreadPoolExecutor(workers)])
+        got.append(_stats.bootstrap_sharpes([r, b], 2.5, 300, seed=7))
+
+    class Reversed:
+        def map(self, f, items):
+            return list(map(f, reversed(list(items))))
+
+    monkeypatch.setattr(_stats, "_POOL", [Reversed()])
+    got.append(_stats.bootstrap_sharpes([r, b], 2.5, 300, seed=7))
+    for g in got[1:]:
+        np.testing.assert_array_equal(g, got[0])
+    c = 3
+    r0, new, first, start = _stats._chunk_blocks(3000, 2.5, 300, 7, c)
+    assert r0 == c * _stats._chunk_rows(3000) and list(_stats._bootstrap_blocks(3000, 2.5, 300, 7))[c][0] == r0
+    np.testing.assert_array_equal(list(_stats._bootstrap_blocks(3000, 2.5, 300, 7))[c][3], start)
