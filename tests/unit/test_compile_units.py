@@ -170,3 +170,37 @@ def test_nvrtc_each_unit_emits_its_kernels_with_the_whole_familys_machine_code(f
         assert set(got) == want, f"{family}.{unit}"
         for k, b in got.items():
             assert b == whole[k], f"{k}: its machine code in unit {unit} differs from the whole family's"
+
+
+def test_get_function_loads_the_module_of_the_kernels_unit(fake_nvrtc, monkeypatch):
+    """Kernel lookup by (family, op) compiles and loads only the unit holding the kernel (CuPy faked:
+    the module records the binary it was loaded from)."""
+    import types
+
+    class RawModule:
+        def __init__(self, path):
+            self.path = path
+
+        def compile(self):
+            pass
+
+        def get_function(self, name):
+            return (name, Path(self.path).name)
+
+    fake = types.SimpleNamespace(
+        RawModule=RawModule,
+        cuda=types.SimpleNamespace(
+            Device=lambda: types.SimpleNamespace(compute_capability="90"),
+            driver=types.SimpleNamespace(CUDADriverError=RuntimeError),
+        ),
+    )
+    monkeypatch.setitem(sys.modules, "cupy", fake)
+    monkeypatch.setattr(kernels, "_modules", {})
+    monkeypatch.setattr(kernels, "_functions", {})
+    name, loaded_from = kernels.get_function("c51", "n_step", "ungraphed")
+    unit = kernels.unit_of("c51", "n_step")
+    assert name == "cudarl_c51_n_step" and loaded_from.startswith(f"c51.{unit}-")
+    assert len(fake_nvrtc) == 1 and f"#define CUDARL_UNIT_{unit} 1\n" in fake_nvrtc[0]
+    assert list(kernels.loaded()) == [("c51", unit, "ungraphed")]
+    with pytest.raises(kernels.KernelError, match="no kernel cudarl_c51_nope"):
+        kernels.get_function("c51", "nope", "ungraphed")
