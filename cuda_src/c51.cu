@@ -12,6 +12,7 @@
 #include <cudarl/dueling.cuh>
 #include <cudarl/popart.cuh>
 #include <cudarl/reduce.cuh>
+#include <cudarl/units.cuh>
 
 using namespace cudarl::c51;  // NOLINT: the rows shared with the chain (cudarl/c51_rows.cuh)
 
@@ -524,6 +525,19 @@ __device__ __forceinline__ void targets_loss_body(
 
 }  // namespace
 
+// Both targets_loss kernels use cudarl::last_block, whose flag is a function-static __shared__
+// variable: used by two kernels, it stays a module-level variable in the whole family. A unit
+// compile holds one of them, and NVVM would move the flag into that kernel, which lays out its shared
+// memory otherwise (other address arithmetic, the same results). This kernel, never launched, keeps
+// the flag shared in every unit, so each kernel's machine code is the whole family's, byte for byte
+// (tests/unit/test_compile_units.py).
+#ifdef CUDARL_UNIT
+namespace {
+__global__ void unit_keeps_last_block_shared(unsigned int* done) { cudarl::last_block(done); }
+}  // namespace
+#endif
+
+#if CUDARL_UNIT_IS(targets_loss)
 extern "C" __global__ void cudarl_c51_targets_loss(
     const float* __restrict__ va_tm1, const float* __restrict__ va_online_tp1, const float* __restrict__ va_target_tp1,
     const int* __restrict__ actions, const float* __restrict__ weights, const float* __restrict__ support,
@@ -535,7 +549,9 @@ extern "C" __global__ void cudarl_c51_targets_loss(
                            nullptr, nullptr, nullptr, nullptr, probs, a_star, target, loss_per, priority, dva, loss, done,
                            nullptr, nullptr, B, A, K, kind, scale, 0.f, 0);
 }
+#endif  // targets_loss
 
+#if CUDARL_UNIT_IS(targets_loss_popart)
 extern "C" __global__ void cudarl_c51_targets_loss_popart(
     const float* __restrict__ va_tm1, const float* __restrict__ va_online_tp1, const float* __restrict__ va_target_tp1,
     const int* __restrict__ actions, const float* __restrict__ weights, const float* __restrict__ support,
@@ -548,7 +564,9 @@ extern "C" __global__ void cudarl_c51_targets_loss_popart(
                           state, y, r_norm, probs, a_star, target, loss_per, priority, dva, loss, done, barrier, state_prev,
                           B, A, K, kind, scale, sigma_min, phase);
 }
+#endif  // targets_loss_popart
 
+#if CUDARL_UNIT_IS(n_step)
 // ---------------------------------------------------------------------------------------------
 // cudarl_c51_n_step: n-step reward and bootstrap discount of each sample.
 //   R_b = sum_{i<n} gamma^i r_{b,i} prod_{j<i} (1 - term_{b,j}),  d_b = gamma^n prod_{j<n} (1 - term_{b,j})
@@ -569,3 +587,4 @@ extern "C" __global__ void cudarl_c51_n_step(const float* __restrict__ rewards, 
   r_t[b] = ret;
   discount_t[b] = g * alive;
 }
+#endif  // n_step

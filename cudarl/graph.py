@@ -175,11 +175,11 @@ class StepGraph:
         self._graph = self._capture(self.phases, self.name)
         self._captured = True
 
-    def kernel_families(self) -> set[str]:
-        """The kernel families the phases launch (empty on the NumPy backend).
+    def kernel_ops(self) -> set[tuple[str, str]]:
+        """The kernels the phases launch, as ``(family, op)`` (empty on the NumPy backend).
 
         The phases run once inside a capture that is then thrown away, with
-        :func:`cudarl.kernels.discovering` noting each launch's family instead of launching it: no
+        :func:`cudarl.kernels.discovering` noting each launch's kernel instead of launching it: no
         kernel is compiled, loaded or run, and the captured graph is never launched.
         """
         if not self.is_gpu:
@@ -188,10 +188,15 @@ class StepGraph:
             self._capture(self.phases, self.name)
         return set(found)
 
+    def kernel_families(self) -> set[str]:
+        """The kernel families the phases launch (empty on the NumPy backend): see :meth:`kernel_ops`."""
+        return {family for family, _ in self.kernel_ops()}
+
     def prefetch(self) -> None:
-        """Start compiling every kernel family the phases launch, in parallel (:func:`cudarl.kernels.prefetch`)."""
+        """Start compiling, in parallel, the compile units holding the kernels the phases launch
+        (:func:`cudarl.kernels.prefetch`): a family's other units are not waited for."""
         if self.is_gpu:
-            kernels.prefetch(sorted(self.kernel_families()))
+            kernels.prefetch(sorted(self.kernel_ops()))
 
     def replay(self) -> None:
         """Launch the captured graph on :attr:`stream` (NumPy: run the phases)."""
@@ -250,8 +255,9 @@ class StepGraph:
 
 
 def capture_all(graphs: Sequence[StepGraph]) -> None:
-    """Capture ``graphs`` in order, after starting the compiles of every kernel family any of them
-    launches: a cold start compiles them side by side, not one at a time at each first launch."""
+    """Capture ``graphs`` in order, after starting the compiles of every kernel any of them launches
+    (its family's compile unit): a cold start compiles them side by side, not one at a time at each
+    first launch."""
     for g in graphs:
         g.prefetch()
     for g in graphs:

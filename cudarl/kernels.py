@@ -11,13 +11,19 @@ the cubin in a disk cache, and loads one ``cupy.RawModule`` per (family, context
 * A family is compiled once, whatever the contexts: the contexts differ only in the module the
   cubin is loaded into. CuPy memoises ``RawModule(path=...)`` by path, so each context loads the
   cubin through a name of its own (a hard link beside it); each load is a module of its own.
-* The disk cache (``$CUDARL_CACHE_DIR``, default ``~/.cache/cudarl``, under ``kernels/``) is keyed
-  by the sha256 of the program text, every header under ``cuda_src/include``, the options, the
-  target architecture and NVRTC's version; entries are written atomically (temporary file, fsync,
-  rename), so processes may share it and a crash leaves no partial cubin.
-* Compiles run lazily (a family is compiled when a kernel of it is first resolved), and
+* A family may be split into compile units (``cudarl/units.cuh``: kernels between
+  ``#if CUDARL_UNIT_IS(name)`` and ``#endif``), each one NVRTC program that emits only its own
+  kernels; a kernel is then compiled and loaded from its unit alone, so a start-up waits only for
+  the units holding the kernels it launches, and they compile side by side. A kernel's machine
+  code is the same in its unit as in the whole family (``tests/unit/test_compile_units.py``).
+* The disk cache (``$CUDARL_CACHE_DIR``, default ``~/.cache/cudarl``, under ``kernels/``) holds an
+  entry per family or unit, keyed by the sha256 of the program text (which names the unit), every
+  header under ``cuda_src/include``, the options, the target architecture and NVRTC's version;
+  entries are written atomically (temporary file, fsync, rename), so processes may share it and a
+  crash leaves no partial cubin.
+* Compiles run lazily (a unit is compiled when a kernel of it is first resolved), and
   :func:`prefetch` starts several on a thread pool (NVRTC releases the GIL), which is how
-  ``cudarl.graph`` compiles what a graph launches in parallel before capturing it.
+  ``cudarl.graph`` compiles the units a graph launches in parallel before capturing it.
 
 Compile options live here and nowhere else (:func:`compile_options`): no fast-math, and
 ``-ftz=false``, so float32 subnormals survive as they do in the NumPy twins (CuPy's own
@@ -109,12 +115,47 @@ def check_context(context: str) -> str:
     return context
 
 
-def program(family: str) -> str:
-    """The exact text NVRTC compiles for ``family``: a ``#line`` directive, then the file."""
+def _source(family: str) -> Path:
     path = SRC_DIR / f"{family}.cu"
     if not path.is_file():
         raise KernelError(f"no kernel family {family!r}: {path} does not exist (families: {', '.join(families())})")
-    return f'#line 1 "cuda_src/{family}.cu"\n' + path.read_text()
+    return path
+
+
+def program(family: str, unit: str | None = None) -> str:
+    """The exact text NVRTC compiles for ``family`` (or its compile unit ``unit``): a ``#line``
+    directive, then the file; a unit's program first defines ``CUDARL_UNIT`` and ``CUDARL_UNIT_<unit>``
+    (``cudarl/units.cuh``), so it emits that unit's kernels only. ``unit=None``: the whole family."""
+    path = _source(family)
+    head = ""
+    if unit is not None:
+        if unit not in units(family):
+            raise KernelError(f"cuda_src/{family}.cu has no compile unit {unit!r} (units: {units(family)})")
+        head = f"#define CUDARL_UNIT 1\n#define CUDARL_UNIT_{unit} 1\n"
+    return head + f'#line 1 "cuda_src/{family}.cu"\n' + path.read_text()
+
+
+def units(family: str) -> list[str | None]:
+    """The compile units of ``family`` (``[None]``: the file is one unit), read from its guards."""
+    _source(family)
+    try:
+        return signatures.units(family, SRC_DIR)
+    except signatures.SignatureError as exc:
+        raise KernelError(str(exc)) from None
+
+
+def unit_of(family: str, op: str) -> str | None:
+    """The compile unit holding ``cudarl_<family>_<op>`` (``None``: the family is one unit)."""
+    _source(family)
+    try:
+        return signatures.unit_of(family, op, SRC_DIR)
+    except signatures.SignatureError as exc:
+        raise KernelError(str(exc)) from None
+
+
+def unit_name(family: str, unit: str | None) -> str:
+    """``family``, or ``family.unit`` for a compile unit: the name of a cache entry and a report row."""
+    return family if unit is None else f"{family}.{unit}"
 
 
 # --- the disk cache ------------------------------------------------------------------------------
@@ -136,9 +177,10 @@ def target(compute_capability=None) -> tuple[str, str]:
         raise KernelError(str(exc)) from None
 
 
-def cache_key(family: str, arch: str, kind: str) -> str:
-    """sha256 over everything that decides the binary: the program, the headers, the options (the
-    include folder's path left out), the architecture and output kind, and NVRTC's version."""
+def cache_key(family: str, arch: str, kind: str, unit: str | None = None) -> str:
+    """sha256 over everything that decides the binary: the program (the unit's, which names it), the
+    headers, the options (the include folder's path left out), the architecture and output kind,
+    and NVRTC's version."""
     h = hashlib.sha256()
 
     def put(*parts) -> None:
@@ -146,7 +188,7 @@ def cache_key(family: str, arch: str, kind: str) -> str:
             b = p if isinstance(p, bytes) else str(p).encode()
             h.update(len(b).to_bytes(8, "little") + b)  # length-prefixed: no two splits collide
 
-    put(f"cudarl-kernel-cache {CACHE_FORMAT}", family, program(family))
+    put(f"cudarl-kernel-cache {CACHE_FORMAT}", family, program(family, unit))
     for name, data in headers():
         put(name, data)
     # the include folder by role, not by path: its files are hashed above, and two checkouts of one
@@ -167,8 +209,9 @@ _fallback_dir: list[Path] = []
 
 
 def compile_report() -> list[dict]:
-    """A record per family binary this process asked for: ``family``, ``cached`` (found on disk),
-    ``compile_s`` (NVRTC's wall time, 0 when cached), ``bytes``, ``path``."""
+    """A record per binary (a family's, or a compile unit's) this process asked for: ``family``,
+    ``unit`` (None: the whole family), ``cached`` (found on disk), ``compile_s`` (NVRTC's wall time,
+    0 when cached), ``bytes``, ``path``."""
     with _report_lock:
         return [dict(r) for r in _report]
 
@@ -193,25 +236,26 @@ def _writable_dir() -> Path:
     return _fallback_dir[0]
 
 
-def binary(family: str, compute_capability=None) -> Path:
-    """The path of ``family``'s compiled binary for the device, compiling it if the cache lacks it.
+def binary(family: str, compute_capability=None, unit: str | None = None) -> Path:
+    """The path of the compiled binary of ``family`` (of its compile unit ``unit``; None: the whole
+    family) for the device, compiling it if the cache lacks it.
 
     Thread-safe, and safe between processes (an entry appears whole, by rename). Needs no GPU when
     ``compute_capability`` is given (e.g. ``90``).
     """
     arch, kind = target(compute_capability)
-    key = cache_key(family, arch, kind)
-    path = cache_dir() / f"{family}-{key[:32]}.{kind}"
+    key = cache_key(family, arch, kind, unit)
+    path = cache_dir() / f"{unit_name(family, unit)}-{key[:32]}.{kind}"
     try:
         data = path.read_bytes()
     except OSError:
         data = b""
     if _valid(data, kind):
-        _record(family, True, 0.0, len(data), path)
+        _record(family, unit, True, 0.0, len(data), path)
         return path
     t0 = time.perf_counter()
     try:
-        data = nvrtc.compile_source(program(family), f"{family}.cu", compile_options() + (arch,), kind)
+        data = nvrtc.compile_source(program(family, unit), f"{family}.cu", compile_options() + (arch,), kind)
     except nvrtc.NvrtcCompileError as exc:
         raise KernelCompileError(f"cuda_src/{family}.cu failed to compile:\n{exc.log.strip()}") from None
     except nvrtc.NvrtcError as exc:
@@ -220,13 +264,14 @@ def binary(family: str, compute_capability=None) -> Path:
     path = _writable_dir() / path.name
     with atomic_open(path, "wb") as f:
         f.write(data)
-    _record(family, False, seconds, len(data), path)
+    _record(family, unit, False, seconds, len(data), path)
     return path
 
 
-def _record(family: str, cached: bool, seconds: float, size: int, path: Path) -> None:
+def _record(family: str, unit: str | None, cached: bool, seconds: float, size: int, path: Path) -> None:
+    rec = {"family": family, "unit": unit, "cached": cached, "compile_s": seconds, "bytes": size, "path": str(path)}
     with _report_lock:
-        _report.append({"family": family, "cached": cached, "compile_s": seconds, "bytes": size, "path": str(path)})
+        _report.append(rec)
 
 
 # --- compiles in flight: the lazy path and the parallel one share them --------------------------
@@ -241,27 +286,27 @@ def _executor() -> ThreadPoolExecutor:
     return _pool[0]
 
 
-def _binary_future(family: str, compute_capability, parallel: bool) -> Future:
-    """The one compile of (family, options, device) in this process: started now on the pool
+def _binary_future(family: str, unit: str | None, compute_capability, parallel: bool) -> Future:
+    """The one compile of (family, unit, options, device) in this process: started now on the pool
     (``parallel``) or run in the caller's thread when first asked for without a prefetch."""
-    key = (family, compile_options(), compute_capability)
+    key = (family, unit, compile_options(), compute_capability)
     with _inflight_lock:
         fut = _inflight.get(key)
         if fut is not None:
             return fut
-        fut = _executor().submit(binary, family, compute_capability) if parallel else Future()
+        fut = _executor().submit(binary, family, compute_capability, unit) if parallel else Future()
         _inflight[key] = fut
     if not parallel:
         try:
-            fut.set_result(binary(family, compute_capability))
+            fut.set_result(binary(family, compute_capability, unit))
         except BaseException as exc:
             fut.set_exception(exc)
     return fut
 
 
-def _forget(family: str, compute_capability) -> None:
+def _forget(family: str, unit: str | None, compute_capability) -> None:
     with _inflight_lock:
-        _inflight.pop((family, compile_options(), compute_capability), None)
+        _inflight.pop((family, unit, compile_options(), compute_capability), None)
 
 
 def _device_cc() -> str:
@@ -271,28 +316,36 @@ def _device_cc() -> str:
 
 
 def prefetch(names, compute_capability=None) -> list[Future]:
-    """Start compiling the families ``names`` in parallel (a thread pool); return at once.
+    """Start compiling in parallel (a thread pool) the compile units of ``names``; return at once.
 
-    A family already compiled or in flight is not started again. A compile error is raised where
-    the family is first used (:func:`get_module`), as without the prefetch.
+    A name is a family (every unit of it) or a ``(family, op)`` pair (the unit holding that kernel:
+    what :func:`discovering` notes). A unit already compiled or in flight is not started again; one
+    future per distinct unit, in order. A compile error is raised where the unit is first used
+    (:func:`get_module`), as without the prefetch.
     """
     cc = _device_cc() if compute_capability is None else compute_capability
-    out = []
-    for fam in dict.fromkeys(names):
-        program(fam)  # an unknown family fails here, in the caller
-        out.append(_binary_future(fam, cc, parallel=True))
-    return out
+    wanted = []
+    for name in names:
+        if isinstance(name, str):
+            program(name)  # an unknown family fails here, in the caller
+            wanted += [(name, u) for u in units(name)]
+        else:
+            family, op = name
+            program(family)
+            wanted.append((family, unit_of(family, op)))
+    return [_binary_future(fam, unit, cc, parallel=True) for fam, unit in dict.fromkeys(wanted)]
 
 
-# --- discovery: which families a block of launches needs, without launching ---------------------
+# --- discovery: which kernels a block of launches needs, without launching ----------------------
 _local = threading.local()
 
 
 @contextmanager
 def discovering():
-    """Inside the block :func:`launch` records the family of each kernel instead of launching it;
-    the block yields that (growing) set. ``cudarl.graph`` runs a graph's phases this way, inside a
-    capture that is then thrown away, to learn what to :func:`prefetch` before the real capture."""
+    """Inside the block :func:`launch` records ``(family, op)`` of each kernel instead of launching
+    it; the block yields that (growing) set. ``cudarl.graph`` runs a graph's phases this way, inside a
+    capture that is then thrown away, to learn what to :func:`prefetch` before the real capture (the
+    units holding those kernels, not whole families)."""
     prev = getattr(_local, "found", None)
     _local.found = found = set()
     try:
@@ -341,7 +394,7 @@ def use_context(context: str):
 
 
 # --- module and function caches ----------------------------------------------------------------
-_modules: dict[tuple[str, str], object] = {}
+_modules: dict[tuple[str, str | None, str], object] = {}
 _functions: dict[tuple[str, str, str], object] = {}
 _lock = threading.Lock()
 #: Seconds the loading thread waited for binaries (compiles or cache reads) and spent loading
@@ -362,13 +415,13 @@ def _context_path(path: Path, context: str) -> Path:
         return _writable_dir() / name
 
 
-def _load(family: str, context: str):
+def _load(family: str, unit: str | None, context: str):
     import cupy
 
     cc = _device_cc()
     for attempt in (0, 1):
         t0 = time.perf_counter()
-        path = _binary_future(family, cc, parallel=False).result()
+        path = _binary_future(family, unit, cc, parallel=False).result()
         t1 = time.perf_counter()
         own = _context_path(path, context)
         try:
@@ -379,7 +432,7 @@ def _load(family: str, context: str):
                 raise KernelError(f"cannot load {own} for cuda_src/{family}.cu: {exc}") from None
             path.unlink(missing_ok=True)  # a damaged cache entry: compile again, once
             own.unlink(missing_ok=True)
-            _forget(family, cc)
+            _forget(family, unit, cc)
             continue
         load_seconds["wait"] += t1 - t0
         load_seconds["load"] += time.perf_counter() - t1
@@ -387,28 +440,29 @@ def _load(family: str, context: str):
     raise AssertionError("unreachable")
 
 
-def get_module(family: str, context: str):
-    """The ``cupy.RawModule`` of (family, context), compiled (or read from the cache) and loaded on
-    first use."""
-    key = (family, check_context(context))
+def get_module(family: str, context: str, unit: str | None = None):
+    """The ``cupy.RawModule`` of (family's compile unit ``unit``, context), compiled (or read from
+    the cache) and loaded on first use. ``unit=None``: the whole family (a family of one unit)."""
+    key = (family, unit, check_context(context))
     mod = _modules.get(key)
     if mod is None:
         with _lock:
             mod = _modules.get(key)
             if mod is None:
-                mod = _modules[key] = _load(family, context)
+                mod = _modules[key] = _load(family, unit, context)
     return mod
 
 
 def get_function(family: str, op: str, context: str | None = None):
-    """The ``cupy.RawKernel`` for ``cudarl_<family>_<op>`` in ``context`` (default: current)."""
+    """The ``cupy.RawKernel`` for ``cudarl_<family>_<op>`` in ``context`` (default: current), from
+    the module of the compile unit that holds it."""
     ctx = current_context() if context is None else context
     key = (family, op, ctx)
     fn = _functions.get(key)
     if fn is None:
         name = f"cudarl_{family}_{op}"
         try:
-            fn = get_module(family, ctx).get_function(name)
+            fn = get_module(family, ctx, unit_of(family, op)).get_function(name)
         except KernelError:
             raise
         except Exception as exc:
@@ -417,8 +471,8 @@ def get_function(family: str, op: str, context: str | None = None):
     return fn
 
 
-def loaded() -> dict[tuple[str, str], object]:
-    """A snapshot of the loaded modules, keyed by (family, context)."""
+def loaded() -> dict[tuple[str, str | None, str], object]:
+    """A snapshot of the loaded modules, keyed by (family, unit, context)."""
     return dict(_modules)
 
 
@@ -507,8 +561,8 @@ def launch(family: str, op: str, grid, block, args: tuple, *legacy, stream=None,
     if not capturing and ctx != UNGRAPHED:
         raise KernelError(f"{where}: context {ctx!r} belongs to a capture, but the stream is not capturing")
     found = getattr(_local, "found", None)
-    if found is not None:  # discovering(): note the family, launch nothing
-        found.add(family)
+    if found is not None:  # discovering(): note the kernel, launch nothing
+        found.add((family, op))
         return
     fn = get_function(family, op, ctx)
     trace({"kind": "kernel", "name": where, "stream": s.ptr, "grid": list(grid), "block": list(block)})

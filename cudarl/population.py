@@ -203,9 +203,9 @@ class Population:
 
     def capture(self) -> None:
         """Capture the population's graphs (those not captured yet), after starting the compiles of the
-        kernel families the first member's graphs launch (:meth:`StepGraph.prefetch`; the members'
-        phases are the same program, so one discovery pass serves all, not one over P members; a
-        family only another member launches compiles at its first launch)."""
+        kernels the first member's graphs launch (:meth:`StepGraph.prefetch`; the members' phases are
+        the same program, so one discovery pass serves all, not one over P members; a kernel only
+        another member launches compiles at its first launch)."""
         todo = [g for g in (self.collect_graph, self.train_graph) if not g.captured]
         if todo:
             lead = self.members[self.active()[0]]

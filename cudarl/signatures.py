@@ -8,6 +8,9 @@ has that struct's fields as its parameters, and :attr:`Signature.struct` is the 
 C layout (``align=True``: each field at its natural alignment), so a launcher still passes one flat
 tuple and :func:`cudarl.kernels.launch` packs it (CuPy passes a one-element NumPy array by value).
 
+:func:`unit_of` reads which compile unit (``cudarl/units.cuh``: ``#if CUDARL_UNIT_IS(name)`` ... ``#endif``)
+holds a kernel, which is the program ``cudarl.kernels`` compiles and loads it from.
+
 Pure Python: ``tools/check_faces.py`` and the CPU tests use it without a GPU.
 """
 
@@ -155,6 +158,63 @@ def forwarding_problems(path: Path) -> list[str]:
         if names != fields:
             out.append(f"{where}: the parameters of {body} are {names}, the fields of {sname} {fields}")
     return out
+
+
+_UNIT_RE = re.compile(r"^[ \t]*#[ \t]*if[ \t]+CUDARL_UNIT_IS\((\w+)\)[ \t]*$(.*?)^[ \t]*#[ \t]*endif\b", re.M | re.S)
+_UNIT_OPEN_RE = re.compile(r"^[ \t]*#[ \t]*if\b.*\bCUDARL_UNIT_IS\b", re.M)
+
+
+def parse_units(path: Path, family: str) -> dict[str, str | None]:
+    """The compile unit of every kernel of one ``.cu`` file, by op name (``cudarl/units.cuh``).
+
+    A unit's kernels sit between ``#if CUDARL_UNIT_IS(name)`` and the next ``#endif`` (no ``#if``
+    nested inside); a file without such blocks is one unit, ``None`` for every op. In a file with
+    units every kernel must sit in exactly one: one outside them would be compiled by no unit.
+    """
+    src = strip_comments(path.read_text())
+    blocks = list(_UNIT_RE.finditer(src))
+    if len(blocks) != len(_UNIT_OPEN_RE.findall(src)):
+        raise SignatureError(f"cuda_src/{path.name}: write each unit as '#if CUDARL_UNIT_IS(name)' ... '#endif'")
+    for b in blocks:
+        if re.search(r"^[ \t]*#[ \t]*if", b.group(2), re.M):
+            raise SignatureError(f"cuda_src/{path.name}: unit {b.group(1)} holds a nested #if; keep units flat")
+    prefix = f"cudarl_{family}_"
+    out: dict[str, str | None] = {}
+    for m in _KERNEL_RE.finditer(src):
+        if not m.group(1).startswith(prefix):
+            continue
+        op = m.group(1)[len(prefix) :]
+        inside = [b.group(1) for b in blocks if b.start(2) <= m.start() < b.end(2)]
+        if blocks and not inside:
+            raise SignatureError(f"cuda_src/{path.name}: kernel {m.group(1)} is in no compile unit (CUDARL_UNIT_IS)")
+        out[op] = inside[0] if inside else None
+    return out
+
+
+@functools.cache
+def _units(src_dir: str, family: str) -> dict[str, str | None]:
+    return parse_units(Path(src_dir) / f"{family}.cu", family)
+
+
+def unit_of(family: str, op: str, src_dir: Path | None = None) -> str | None:
+    """The compile unit holding ``cudarl_<family>_<op>`` (``None``: the family is one unit)."""
+    if src_dir is None:
+        from .kernels import SRC_DIR
+
+        src_dir = SRC_DIR
+    units = _units(str(src_dir), family)
+    if op not in units:
+        of(family, op, src_dir)  # raises, naming the ops
+    return units[op]
+
+
+def units(family: str, src_dir: Path | None = None) -> list[str | None]:
+    """The compile units of ``family`` in order of first appearance (``[None]``: one unit, the file)."""
+    if src_dir is None:
+        from .kernels import SRC_DIR
+
+        src_dir = SRC_DIR
+    return list(dict.fromkeys(_units(str(src_dir), family).values())) or [None]
 
 
 def _slot(field) -> np.dtype:

@@ -5,6 +5,7 @@ For each cuda_src/<family>.cu: every kernel is named cudarl_<family>_<op>; cudar
 and cudarl/ops/<family>.py exist and define a function named <op> for every kernel op; and
 tests/parity/test_<family>.py exists. Every kernel's ``extern "C"`` parameters can be read
 (cudarl.signatures: the one source of a signature, which kernels.launch checks arguments against),
+a family split into compile units (cuda_src/include/cudarl/units.cuh) has every kernel in exactly one,
 and every ``launch(family, op, grid, block, args)`` in cudarl/ops names a kernel that exists, passes no
 signature string, and (where ``args`` is a tuple written out) as many arguments as the kernel takes.
 Prints one line per problem; exit status 1 if any.
@@ -69,6 +70,10 @@ def problems() -> list[str]:
         except signatures.SignatureError as exc:
             out.append(str(exc))
             continue
+        try:
+            signatures.parse_units(cu, fam)  # compile units: each kernel in exactly one, or none at all
+        except signatures.SignatureError as exc:
+            out.append(str(exc))
         out += signatures.forwarding_problems(cu)
         if (ROOT / f"cudarl/ops/{fam}.py").is_file():
             out += launch_problems(ROOT / f"cudarl/ops/{fam}.py", sigs)

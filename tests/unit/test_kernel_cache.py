@@ -232,17 +232,20 @@ def test_the_ftz_choice_reaches_the_compiler(cache, monkeypatch):
 @pytest.mark.slow
 @needs_nvrtc
 def test_every_family_compiles_with_nvrtc_and_then_hits(cache, monkeypatch):
-    """NVRTC with the GPU's options accepts every family (nvcc in tools/compile_cuda.py is another compiler)."""
+    """NVRTC with the GPU's options accepts every compile unit of every family, as the loader compiles
+    them (nvcc in tools/compile_cuda.py is another compiler, and compiles whole files)."""
     fams = kernels.families()
+    want = sorted(kernels.unit_name(f, u) for f in fams for u in kernels.units(f))
     n0 = len(kernels.compile_report())
     for f in kernels.prefetch(fams, compute_capability=90):
         assert f.result().read_bytes().startswith(b"\x7fELF")
     first = kernels.compile_report()[n0:]
-    assert sorted(r["family"] for r in first) == fams and not any(r["cached"] for r in first)
+    assert sorted(kernels.unit_name(r["family"], r["unit"]) for r in first) == want
+    assert not any(r["cached"] for r in first)
     monkeypatch.setattr(kernels, "_inflight", {})
     for f in kernels.prefetch(fams, compute_capability=90):
         f.result()
-    assert all(r["cached"] for r in kernels.compile_report()[n0 + len(fams) :])
+    assert all(r["cached"] for r in kernels.compile_report()[n0 + len(want) :])
 
 
 # --- GPU ------------------------------------------------------------------------------------------

@@ -1,0 +1,206 @@
+"""Compile units (cuda_src/include/cudarl/units.cuh): a family split into several NVRTC programs, each
+emitting only its own kernels, so a start-up compiles and waits for only the units it launches.
+
+The parsing and loader tests need no compiler; those marked for NVRTC compile for real (no GPU) and
+hold the promise the split rests on: a kernel's machine code (its cubin's ``.text.<kernel>``) is the
+same bytes in its unit as in the whole family, so no GPU bit can move.
+"""
+
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+from cudarl import kernels, nvrtc, signatures
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "tools"))
+
+from compare_kernels import elf_sections  # noqa: E402
+
+needs_nvrtc = pytest.mark.skipif(nvrtc.available() is not None, reason=f"NVRTC: {nvrtc.available()}")
+
+
+def split_families() -> list[str]:
+    return [f for f in kernels.families() if kernels.units(f) != [None]]
+
+
+@pytest.fixture
+def cache(monkeypatch, tmp_path):
+    monkeypatch.setenv(kernels.CACHE_ENV, str(tmp_path / "cache"))
+    monkeypatch.delenv(kernels.LINEINFO_ENV, raising=False)
+    monkeypatch.setattr(kernels, "_inflight", {})
+    return tmp_path / "cache" / "kernels"
+
+
+@pytest.fixture
+def fake_nvrtc(monkeypatch, cache):
+    """NVRTC replaced by a recorder of the programs it was given (returns a fake ELF image)."""
+    programs = []
+
+    def compile_source(source, name, options, kind="cubin"):
+        programs.append(source)
+        return b"\x7fELF" + str(len(programs)).encode()
+
+    monkeypatch.setattr(nvrtc, "compile_source", compile_source)
+    monkeypatch.setattr(nvrtc, "version", lambda: (13, 0))
+    monkeypatch.setattr(nvrtc, "supported_archs", lambda: (80, 90))
+    return programs
+
+
+def _tree_copy(tmp_path, monkeypatch) -> Path:
+    src = tmp_path / "cuda_src"
+    shutil.copytree(kernels.SRC_DIR, src)
+    monkeypatch.setattr(kernels, "SRC_DIR", src)
+    monkeypatch.setattr(kernels, "INCLUDE_DIR", src / "include")
+    return src
+
+
+# --- the split, as the sources declare it ----------------------------------------------------------
+
+
+def test_c51_is_split_and_the_reference_step_needs_one_small_unit():
+    """The reference step launches targets_loss and n_step: neither shares a unit with the PopArt kernel."""
+    assert "c51" in split_families()
+    assert kernels.unit_of("c51", "targets_loss") != kernels.unit_of("c51", "targets_loss_popart")
+    assert kernels.unit_of("c51", "n_step") not in {kernels.unit_of("c51", "targets_loss_popart")}
+
+
+def test_every_kernel_of_a_split_family_is_in_exactly_one_unit():
+    for fam in kernels.families():
+        ops = signatures.parse_source(kernels.SRC_DIR / f"{fam}.cu", fam)
+        where = signatures.parse_units(kernels.SRC_DIR / f"{fam}.cu", fam)
+        assert set(where) == set(ops), fam
+        if kernels.units(fam) == [None]:
+            assert set(where.values()) == {None}
+        else:
+            assert None not in where.values() and set(where.values()) == set(kernels.units(fam)), fam
+
+
+def test_a_kernel_outside_every_unit_or_a_nested_if_is_refused(tmp_path):
+    unit = '#if CUDARL_UNIT_IS(a)\nextern "C" __global__ void cudarl_f_x(int n) {}\n#endif  // a\n'
+    stray = 'extern "C" __global__ void cudarl_f_y(int n) {}\n'
+    nested = '#if CUDARL_UNIT_IS(b)\n#if 1\nextern "C" __global__ void cudarl_f_z(int n) {}\n#endif\n#endif\n'
+    path = tmp_path / "f.cu"
+    path.write_text(unit)
+    assert signatures.parse_units(path, "f") == {"x": "a"}
+    path.write_text(unit + stray)
+    with pytest.raises(signatures.SignatureError, match="cudarl_f_y is in no compile unit"):
+        signatures.parse_units(path, "f")
+    path.write_text(unit + nested)
+    with pytest.raises(signatures.SignatureError, match="nested #if"):
+        signatures.parse_units(path, "f")
+    path.write_text(stray)
+    assert signatures.parse_units(path, "f") == {"y": None}
+
+
+def test_a_unit_program_names_its_unit_and_the_whole_family_is_unchanged():
+    whole = kernels.program("c51")
+    assert whole.startswith('#line 1 "cuda_src/c51.cu"\n') and "CUDARL_UNIT" not in whole.split("\n", 1)[0]
+    for unit in kernels.units("c51"):
+        text = kernels.program("c51", unit)
+        assert text == f"#define CUDARL_UNIT 1\n#define CUDARL_UNIT_{unit} 1\n" + whole
+    with pytest.raises(kernels.KernelError, match="no compile unit 'nope'"):
+        kernels.program("c51", "nope")
+    with pytest.raises(kernels.KernelError, match="no kernel cudarl_c51_nope"):
+        kernels.unit_of("c51", "nope")
+
+
+# --- the loader: a cache entry per unit, prefetch by kernel ----------------------------------------
+
+
+def test_each_unit_has_its_own_cache_entry(fake_nvrtc, cache):
+    paths = {u: kernels.binary("c51", 90, u) for u in kernels.units("c51")}
+    assert len(set(paths.values())) == len(paths) == len(fake_nvrtc)
+    for unit, path in paths.items():
+        assert path.name.startswith(f"c51.{unit}-")
+    whole = kernels.binary("c51", 90)
+    assert whole.name.startswith("c51-") and whole not in paths.values()
+    n = len(fake_nvrtc)
+    assert {u: kernels.binary("c51", 90, u) for u in kernels.units("c51")} == paths and len(fake_nvrtc) == n
+    report = kernels.compile_report()[-len(paths) :]
+    assert [r["unit"] for r in report] == kernels.units("c51") and all(r["cached"] for r in report)
+
+
+def test_prefetch_of_a_kernel_compiles_only_its_unit(fake_nvrtc, monkeypatch):
+    monkeypatch.setattr(kernels, "_pool", [])
+    unit = kernels.unit_of("c51", "targets_loss")
+    futures = kernels.prefetch([("c51", "targets_loss"), ("c51", "targets_loss"), ("util", "add_i64")], 90)
+    for f in futures:
+        f.result()
+    assert len(futures) == 2 and len(fake_nvrtc) == 2
+    c51_program = next(p for p in fake_nvrtc if "c51.cu" in p.split("\n", 3)[2])
+    assert c51_program.startswith(f"#define CUDARL_UNIT 1\n#define CUDARL_UNIT_{unit} 1\n")
+    assert any(p.startswith('#line 1 "cuda_src/util.cu"') for p in fake_nvrtc)  # one unit: the whole file
+    assert len(kernels.prefetch(["c51"], 90)) == len(kernels.units("c51"))  # a family: all its units
+    kernels._pool[0].shutdown()
+
+
+def test_an_edited_unit_keys_every_unit_of_the_family_again(fake_nvrtc, monkeypatch, tmp_path):
+    """The key hashes the whole file: an edit anywhere in it (shared helpers) recompiles every unit."""
+    src = _tree_copy(tmp_path, monkeypatch)
+    keys = {u: kernels.cache_key("c51", "-arch=sm_90", "cubin", u) for u in kernels.units("c51")}
+    assert len(set(keys.values())) == len(keys)
+    (src / "c51.cu").write_text((src / "c51.cu").read_text() + "\n// one more line\n")
+    assert all(kernels.cache_key("c51", "-arch=sm_90", "cubin", u) != k for u, k in keys.items())
+
+
+# --- NVRTC for real: the same machine code ------------------------------------------------------------
+
+
+def _texts(path: Path) -> dict[str, bytes]:
+    return {n[len(".text.") :]: b for n, b in elf_sections(path.read_bytes()).items() if n.startswith(".text.")}
+
+
+@pytest.mark.slow
+@needs_nvrtc
+@pytest.mark.parametrize("family", split_families())
+def test_nvrtc_each_unit_emits_its_kernels_with_the_whole_familys_machine_code(family, cache):
+    """Each unit's cubin holds exactly its own kernels (plus never-launched helpers that are not
+    ``cudarl_`` kernels), and each kernel's ``.text`` is byte-identical to the whole family's."""
+    cc = 90
+    futures = kernels.prefetch([family], cc)  # the units side by side
+    whole = _texts(kernels.binary(family, cc))
+    where = signatures.parse_units(kernels.SRC_DIR / f"{family}.cu", family)
+    assert set(whole) >= {f"cudarl_{family}_{op}" for op in where}
+    for unit, fut in zip(kernels.units(family), futures, strict=True):
+        got = {k: b for k, b in _texts(fut.result()).items() if k.startswith("cudarl_")}
+        want = {f"cudarl_{family}_{op}" for op, u in where.items() if u == unit}
+        assert set(got) == want, f"{family}.{unit}"
+        for k, b in got.items():
+            assert b == whole[k], f"{k}: its machine code in unit {unit} differs from the whole family's"
+
+
+def test_get_function_loads_the_module_of_the_kernels_unit(fake_nvrtc, monkeypatch):
+    """Kernel lookup by (family, op) compiles and loads only the unit holding the kernel (CuPy faked:
+    the module records the binary it was loaded from)."""
+    import types
+
+    class RawModule:
+        def __init__(self, path):
+            self.path = path
+
+        def compile(self):
+            pass
+
+        def get_function(self, name):
+            return (name, Path(self.path).name)
+
+    fake = types.SimpleNamespace(
+        RawModule=RawModule,
+        cuda=types.SimpleNamespace(
+            Device=lambda: types.SimpleNamespace(compute_capability="90"),
+            driver=types.SimpleNamespace(CUDADriverError=RuntimeError),
+        ),
+    )
+    monkeypatch.setitem(sys.modules, "cupy", fake)
+    monkeypatch.setattr(kernels, "_modules", {})
+    monkeypatch.setattr(kernels, "_functions", {})
+    name, loaded_from = kernels.get_function("c51", "n_step", "ungraphed")
+    unit = kernels.unit_of("c51", "n_step")
+    assert name == "cudarl_c51_n_step" and loaded_from.startswith(f"c51.{unit}-")
+    assert len(fake_nvrtc) == 1 and f"#define CUDARL_UNIT_{unit} 1\n" in fake_nvrtc[0]
+    assert list(kernels.loaded()) == [("c51", unit, "ungraphed")]
+    with pytest.raises(kernels.KernelError, match="no kernel cudarl_c51_nope"):
+        kernels.get_function("c51", "nope", "ungraphed")
