@@ -427,6 +427,8 @@ class OptimConfig:
 
 #: ``agent.act_by``: the risk measures acting can use, and their codes in the act kernels (cuda_src/agent.cu).
 ACT_BY = {"mean": 0, "cvar": 1, "mean_std": 2}
+#: Gradient Vaccine's parameter scopes (``agent.vaccine_scope``).
+VACCINE_SCOPES = ("encoder", "last")
 
 
 @dataclass(frozen=True)
@@ -524,6 +526,19 @@ class AgentConfig:
     aux_denoise_lr: float = 1e-3
     """Learning rate of the ``denoise`` signal's own optimiser step: plain SGD on the encoder and its
     decoder from the reconstruction's gradient, inside the train graph (the shared Adam never sees it)."""
+    aux_batch: float = 0.25
+    """Share of the batch the ``denoise`` and ``causal`` passes run over, in (0, 1]: :attr:`aux_rows` =
+    ``ceil(aux_batch * batch_size)`` rows, spread evenly over the batch (row ``r`` of the sub-batch is
+    batch row ``floor(r B / R)``). Spread, not the first rows: the replay's prioritised sampling is
+    stratified (batch row ``j`` is drawn from the ``j``-th of ``B`` equal slices of the priority mass, in
+    slot order), so the first rows all come from the start of the buffer, while rows spread over the
+    batch are a stratified sample of the whole buffer, one from every ``B / R`` strata. Each of the two
+    passes runs the encoder once more, forward and backward, so its cost grows with its rows; its loss
+    is a mean over the sub-batch (the same expectation as over the whole batch, with about ``B / R``
+    times the variance). 0.25: those two extra passes cost about a quarter of what they cost over the
+    whole batch (64 rows at the default 256), while the main Q loss, which the signals only shape, keeps
+    every row; ``tools/bench_aux.py`` measures it against 1 (every row, the cost and the bits of the
+    passes before this field)."""
     homeostatic_target: float = 0.5
     """Set point of the effective share of atoms ``exp(H(m)) / K`` (``m`` the batch-mean atom distribution)
     that ``agent.aux = ["homeostatic"]`` holds C51's atom utilisation at (cudarl.reference.homeostatic)."""
@@ -547,6 +562,24 @@ class AgentConfig:
     vaccine_beta: float = 0.01
     """Rate of the EMA of Gradient Vaccine's target cosine (Wang et al. 2021's beta; ``agent.aux`` with
     ``"vaccine"`` and at least one signal with a head)."""
+    vaccine_scope: str = "last"
+    """The shared parameters Gradient Vaccine aligns the auxiliary heads' gradient with the main loss's on
+    (Wang et al. 2021 apply it at a chosen granularity of the shared parameters: the whole model, per
+    module, per layer): ``encoder`` (every ``enc.*`` parameter; its extra backward, the auxiliary heads'
+    gradient alone, runs through the whole encoder) or ``last`` (the encoder's last layer, the one psi
+    comes out of: the MLP's last Linear (and its LayerNorm), the SSM's and the attention encoder's last
+    block's output projection (``out_proj``, ``fc2``) and the final RMSNorm; its extra backward stops
+    after that layer's parameter gradients, a small part of a whole backward). The rest of the gradient
+    is the step's full one either way (:mod:`cudarl.auxiliary.vaccine`). ``last``: on the temporal
+    encoders the ``encoder`` backward costs about as much as the step's own backward, and the last layer
+    is where the heads' gradients meet before anything else mixes them."""
+
+    @property
+    def aux_rows(self) -> int:
+        """Rows of the ``denoise`` and ``causal`` passes: ``ceil(aux_batch * batch_size)``, in ``[1, batch_size]``
+        (the product rounded to 6 decimals first, so 0.1 of 30 is 3 rows, not 4)."""
+        B = self.batch_size
+        return max(1, min(B, math.ceil(round(self.aux_batch * B, 6))))
 
     def __post_init__(self):
         s = "agent"
@@ -578,6 +611,7 @@ class AgentConfig:
         _in(s, "aux_risk_lr", self.aux_risk_lr, 0, 10)
         _in(s, "aux_denoise_mask", self.aux_denoise_mask, 0, 1, hi_open=True)
         _in(s, "aux_denoise_lr", self.aux_denoise_lr, 0, 10)
+        _in(s, "aux_batch", self.aux_batch, 0, 1, lo_open=True)
         _need(s, self.act_by in ACT_BY, f"act_by must be one of {list(ACT_BY)}, got {self.act_by!r}")
         _in(s, "act_alpha", self.act_alpha, 0, 1, lo_open=True)
         _in(s, "act_lambda", self.act_lambda, 0, 1e6)
@@ -586,6 +620,11 @@ class AgentConfig:
         _in(s, "causal_weight", self.causal_weight, 0, 1e6)
         _in(s, "causal_offset", self.causal_offset, -1e3, 1e3)
         _in(s, "vaccine_beta", self.vaccine_beta, 0, 1)
+        _need(
+            s,
+            self.vaccine_scope in VACCINE_SCOPES,
+            f"vaccine_scope must be one of {list(VACCINE_SCOPES)}, got {self.vaccine_scope!r}",
+        )
         _need(
             s,
             self.selectivity_over in ("features", "positions"),

@@ -10,6 +10,13 @@ measured against the ``horizons`` arm (vaccine's own phase), beside its cost aga
 intervenes on ``calendar`` and ``offset`` here (the reference bars have no level columns; ``offset``
 always has one), in every arm that has it.
 
+The two choices that cut the cost (docs/guide.md, "Auxiliary signals"): the arms run with
+``agent.aux_batch`` (the share of the batch the denoise and causal passes read) and
+``agent.vaccine_scope`` at ``--aux-batch`` and ``--vaccine-scope`` (default: the configuration's
+defaults). The arms marked ``(whole)`` run denoise, causal, vaccine and all seven as they ran before
+those fields (``aux_batch = 1``, ``vaccine_scope = "encoder"``), so one run shows each signal's cost both
+ways; ``--no-whole`` leaves them out.
+
 Each arm is :func:`cudarl.bench.step_benchmark` (CUDA events, median of ``--repeats`` replays; replay
 capacity 100k, which the train step does not depend on). Prints a table and writes JSON (``--out``,
 default ``docs/bench/bench_aux.json``)::
@@ -28,31 +35,49 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchlib import parser, report, row, skipped_without_gpu  # noqa: E402
 
+from cudarl.config import VACCINE_SCOPES, AgentConfig  # noqa: E402
+
+AGENT = AgentConfig()
+
 HEADS = ["horizons", "risk", "denoise"]
 REGULARISERS = ["homeostatic", "causal", "selectivity"]
-#: arm -> (its signals, the arm its added cost is measured against)
-ARMS = {"none": ([], None)}
-ARMS.update({s: ([s], "none") for s in HEADS + REGULARISERS})
-ARMS["vaccine"] = (["horizons", "vaccine"], "horizons")
-ARMS["all"] = ([*HEADS, *REGULARISERS, "vaccine"], "none")
+#: the settings before agent.aux_batch and agent.vaccine_scope: the whole batch, the whole encoder
+WHOLE = {"aux_batch": 1.0, "vaccine_scope": "encoder"}
+#: arm -> (its signals, the arm its added cost is measured against, whether it runs with WHOLE)
+ARMS = {"none": ([], None, False)}
+ARMS.update({s: ([s], "none", False) for s in HEADS + REGULARISERS})
+ARMS["vaccine"] = (["horizons", "vaccine"], "horizons", False)
+ARMS["all"] = ([*HEADS, *REGULARISERS, "vaccine"], "none", False)
+#: the signals whose cost the two fields change, as they ran before them
+ARMS.update({f"{a} (whole)": (ARMS[a][0], ARMS[a][1], True) for a in ("denoise", "causal", "vaccine", "all")})
 TRAIN = "train step (graph replay)"
+
+
+def arms(whole: bool) -> dict:
+    """The arms to run (``whole``: with the ``(whole)`` ones)."""
+    return {a: v for a, v in ARMS.items() if whole or not v[2]}
 
 
 def main() -> int:
     ap = parser(__doc__.splitlines()[0])
     ap.add_argument("--encoder", default="mlp", choices=["mlp", "ssm", "attention"])
     ap.add_argument("--device", default="gpu", choices=["gpu", "cpu"], help="cpu: a smoke run of the arms only")
+    ap.add_argument("--aux-batch", type=float, default=AGENT.aux_batch, help="agent.aux_batch of the arms")
+    ap.add_argument("--vaccine-scope", default=AGENT.vaccine_scope, choices=VACCINE_SCOPES)
+    ap.add_argument("--no-whole", action="store_true", help="leave out the (whole) arms (aux_batch 1, encoder)")
     args = ap.parse_args()
     if args.device == "gpu" and skipped_without_gpu("bench_aux", "aux signals", args.out):
         return 0
     from cudarl.bench import ENCODER_WORKLOAD, reference_config, step_benchmark
 
     net = {} if args.encoder == "mlp" else {"encoder": args.encoder, **ENCODER_WORKLOAD}
+    mine = {"aux_batch": args.aux_batch, "vaccine_scope": args.vaccine_scope}
+    runs = arms(not args.no_whole)
     rows, us = [], {}
-    for arm, (signals, _) in ARMS.items():
+    for arm, (signals, _, whole) in runs.items():
         case = f"{args.encoder}, aux {arm}"
         try:
-            agent = {"aux": signals, "causal_groups": ["calendar", "offset"]}
+            agent = {"aux": signals, "causal_groups": ["calendar", "offset"], **(WHOLE if whole else mine)}
             cfg = reference_config(args.device, capacity=100_000, net=net, agent=agent)
             got = step_benchmark(args.repeats, args.device, cfg=cfg, phases=False, label=f" aux {arm}")
             us[arm] = next(r["value"] for r in got if r["metric"] == TRAIN)
@@ -60,17 +85,18 @@ def main() -> int:
         except Exception as exc:  # one failing arm says why; the others still run
             traceback.print_exc()
             rows.append(row(case, "failed", f"{type(exc).__name__}: {exc}"[:60], ""))
-    for arm, (_, against) in ARMS.items():
-        if against is None or arm not in us or "none" not in us:
+    for arm, (_, against, _) in runs.items():
+        if against is None or arm not in us or "none" not in us or against not in us:
             continue
         case = f"{args.encoder}, aux {arm}"
         bases = [("none", "")] if against == "none" else [("none", " (with horizons)"), (against, f" over {against}")]
         for base, what in bases:
             added = us[arm] - us[base]
             rows.append(row(case, f"added to the train step{what}", added, "us"))
-            target = "<= 40%" if arm == "all" else ""
+            target = "<= 40%" if arm.startswith("all") else ""
             rows.append(row(case, f"added, share of the step{what}", 100 * added / us["none"], "%", target))
-    report("bench_aux", rows, args.out, {"encoder": args.encoder, "target": "all signals <= +40% of the step"})
+    meta = {"encoder": args.encoder, "target": "all signals <= +40% of the step", **mine, "whole": WHOLE}
+    report("bench_aux", rows, args.out, meta)
     return 0
 
 

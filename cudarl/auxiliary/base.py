@@ -1,6 +1,7 @@
-"""What the built-in auxiliary signals share: :class:`AuxBase` (the protocol's defaults) and
+"""What the built-in auxiliary signals share: :class:`AuxBase` (the protocol's defaults),
 :class:`ExtraBackward` (a backward of the online net of a signal's own, kept out of the step's gradient
-until the signal recombines it)."""
+until the signal recombines it) and :class:`SubBatch` (the rows ``agent.aux_batch`` gives the denoise and
+causal passes)."""
 
 from __future__ import annotations
 
@@ -75,9 +76,11 @@ class ExtraBackward:
     def save(self) -> None:
         self.copy_ops.copy(self.saved, self.online.grads)
 
-    def run(self, x, ws, rows: int) -> None:
+    def run(self, x, ws, rows: int, last_layer: bool = False) -> None:
+        """The backward over ``rows`` of ``ws`` (``last_layer``: the encoder's stops after its last layer,
+        :meth:`cudarl.nn.QNetwork.backward`)."""
         ws.set_batch(rows)
-        self.online.backward(x, ws)
+        self.online.backward(x, ws, last_layer=last_layer)
         sides = {id(lin.side): lin.side for lin in self.online.linears.values() if lin.side is not None}
         for side in sides.values():
             side.join()
@@ -85,3 +88,37 @@ class ExtraBackward:
     def add_saved(self) -> None:
         g = self.online.grads
         self.util.add_f32(g, g, self.saved)
+
+
+class SubBatch:
+    """The sub-batch a signal's own pass runs over: :attr:`rows` (``agent.aux_rows``, R) of the batch's B
+    rows, spread evenly over it (row ``r`` is batch row ``floor(r B / R)``,
+    :func:`cudarl.reference.auxgrad.spread`; ``agent.aux_batch`` says why spread and not the first rows).
+
+    :meth:`of` takes a fixed ``[B, ...]`` float32 buffer of the step (the batch's observations, ``q_s``,
+    IQN's taus) before any capture and gives its sub-batch: the buffer itself when R == B (no copy, so
+    ``aux_batch = 1`` runs the pass exactly as over the whole batch), else a ``[R, ...]`` buffer of its
+    own that :meth:`gather` fills, one ``auxgrad.spread_rows`` launch per buffer, inside the pass."""
+
+    def __init__(self, cfg, xp):
+        self.B, self.rows, self.xp = int(cfg.agent.batch_size), int(cfg.agent.aux_rows), xp
+        self.whole = self.rows == self.B
+        self._pairs: list = []
+        self.ops = family("auxgrad", xp)
+
+    def of(self, src):
+        """The sub-batch of ``src [B, ...]``: ``src`` when R == B, else a new ``[R, ...]`` buffer."""
+        if src.shape[0] != self.B or src.dtype != np.float32 or not src.flags.c_contiguous:
+            raise ValueError(
+                f"SubBatch.of: a C-contiguous float32 [{self.B}, ...] buffer, got {src.dtype} {tuple(src.shape)}"
+            )
+        if self.whole:
+            return src
+        dst = self.xp.zeros((self.rows, *src.shape[1:]), np.float32)
+        self._pairs.append((src.reshape(self.B, -1), dst.reshape(self.rows, -1)))
+        return dst
+
+    def gather(self) -> None:
+        """Copy the sub-batch rows of every buffer :meth:`of` was given (none when R == B)."""
+        for src, dst in self._pairs:
+            self.ops.spread_rows(dst, src)

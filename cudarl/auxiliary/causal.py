@@ -6,7 +6,15 @@ whose columns this run's features lack (``level`` is not a default feature group
 with ``features.time_features = false``) is left out of the rotation, and the signal refuses to run
 when none is left. The clean expected Q is the step's ``q_s`` (the rule's ``q_stats`` phase), held fixed.
 
-Phases: ``aux_causal`` (on a branch of its own, beside the other loss phases: intervene - the online
+Over a sub-batch: ``agent.aux_rows`` of the batch's rows, spread evenly over it (``agent.aux_batch``,
+:class:`cudarl.auxiliary.base.SubBatch`). The pass gathers the same rows of the observations, of ``q_s``
+and (IQN) of the taus of the forward at ``s``, so row ``r`` of ``Q(do(x))`` is compared with the clean Q
+of the same sample; the swap interventions draw the other sample from the sub-batch, and the penalty and
+the sensitivity are means over its rows. Its workspace and GEMM plans are made for that many rows;
+``aux_batch = 1`` reads the whole batch in place.
+
+Phases: ``aux_causal`` (on a branch of its own, beside the other loss phases: the sub-batch's rows -
+intervene - the online
 forward over the intervened batch in a workspace of its own - penalty - reduce) and, after the
 backward, ``causal`` (join - save the step's gradient - a backward over the intervened forward -
 add the saved gradient back). Observables: ``aux.causal.loss``, ``aux.causal.group`` (the index of the
@@ -25,7 +33,7 @@ from ..nn.heads import C51Head, IQNHead
 from ..reference import causal as ref
 from ..reference.window import N_POSITION_FEATURES
 from ..rules.c51 import support
-from .base import AuxBase, ExtraBackward, read
+from .base import AuxBase, ExtraBackward, SubBatch, read
 
 #: The groups an intervention can name: the feature-name test of their columns and the mode.
 GROUPS = {
@@ -64,7 +72,8 @@ class Causal(AuxBase):
     def allocate(self, buffers) -> None:
         super().allocate(buffers)
         xp, online, cfg = self.xp, buffers.online, self.cfg
-        B, W = buffers.batch_size, cfg.net.window
+        self.sub = SubBatch(cfg, xp)
+        B, W = self.sub.rows, cfg.net.window  # the pass's rows (agent.aux_rows)
         self.need(online.n_in % W == 0, f"observation width {online.n_in} is not window {W} times a row")
         F = online.n_in // W - N_POSITION_FEATURES
         names = tuple(buffers.feature_names) or tuple(f"f{j}" for j in range(F))
@@ -77,11 +86,16 @@ class Causal(AuxBase):
         self.x = xp.zeros((B, online.n_in), np.float32)
         self.d = xp.zeros((B, buffers.n_actions), np.float32)
         self.ws = online.new_workspace(B)
+        online.prepare_backward(B)
         head = online.head
         self.c51 = isinstance(head, C51Head)
         self.support = xp.asarray(support(cfg.net)) if self.c51 else None
+        # the same rows of the batch's s and of the clean Q (and of the taus below): row r compares
+        # Q(do(x_r)) with Q(x_r)
+        self.obs, self.q_s = self.sub.of(buffers.batch.obs), self.sub.of(buffers.q_s)
         # IQN: the intervened forward uses the taus of the online forward at s (the same quantiles of Q)
-        self.taus = buffers.ws.rows(f"{head.name}.tau", B) if isinstance(head, IQNHead) else None
+        taus = buffers.ws.rows(f"{head.name}.tau", buffers.batch_size) if isinstance(head, IQNHead) else None
+        self.taus = None if taus is None else self.sub.of(taus)
         self.extra = ExtraBackward(online, xp)
         self.side = SideStream(xp)
         self.ops, self.util = family("causal", xp), family("util", xp)
@@ -93,34 +107,35 @@ class Causal(AuxBase):
         return [("causal", self._grad)]
 
     def _penalty(self) -> None:
-        buf, W = self.buf, self.cfg.net.window
+        buf, W, obs, q_s = self.buf, self.cfg.net.window, self.obs, self.q_s
         # beside the other loss phases: it reads the batch's s, the taus at s and q_s (written before
         # this fork) and writes only its own buffers and workspace; the grad phase joins it
         with self.side.fork():
+            self.sub.gather()
             kw = {} if self.taus is None else {"tau": self.taus}
             if self.numpy:
-                self.x[...] = ref.intervene(buf.batch.obs, self.mask, self.mode, self.counter, self.offset, W)
+                self.x[...] = ref.intervene(obs, self.mask, self.mode, self.counter, self.offset, W)
             else:
-                self.ops.intervene(buf.batch.obs, self.x, self.mask, self.mode, self.counter, self.offset, W)
+                self.ops.intervene(obs, self.x, self.mask, self.mode, self.counter, self.offset, W)
             out = buf.online.forward(self.x, self.ws, **kw)["q"]
             grad = buf.online.grad_outputs(self.ws)["q"]
             if self.numpy:
                 if self.c51:
-                    self.d[...], grad[...] = ref.penalty_c51(out, buf.q_s, self.support, self.weight)
+                    self.d[...], grad[...] = ref.penalty_c51(out, q_s, self.support, self.weight)
                 else:
-                    self.d[...], grad[...] = ref.penalty_quantile(out, buf.q_s, self.weight)
+                    self.d[...], grad[...] = ref.penalty_quantile(out, q_s, self.weight)
                 ref.reduce(self.d, self.state, self.counter, self.weight)
             else:
                 if self.c51:
-                    self.ops.penalty_c51(out, buf.q_s, self.support, self.weight, self.d, grad)
+                    self.ops.penalty_c51(out, q_s, self.support, self.weight, self.d, grad)
                 else:
-                    self.ops.penalty_quantile(out, buf.q_s, self.weight, self.d, grad)
+                    self.ops.penalty_quantile(out, q_s, self.weight, self.d, grad)
                 self.ops.reduce(self.d, self.state, self.counter, self.weight)
 
     def _grad(self) -> None:
         self.side.join()
         self.extra.save()
-        self.extra.run(self.x, self.ws, self.buf.batch_size)
+        self.extra.run(self.x, self.ws, self.sub.rows)
         self.extra.add_saved()
 
     def observable(self) -> dict:

@@ -17,11 +17,16 @@ What we chose:
   acting and policy files do not carry it.
 * Not with ``net.spectral`` (its encoder pass would read ``W`` where the network reads ``W_sn``): a
   clear error at start-up.
+* Over a sub-batch: ``agent.aux_rows`` of the batch's rows, spread evenly over it (``agent.aux_batch``,
+  :class:`cudarl.auxiliary.base.SubBatch`); the loss is the mean over those rows and the window's
+  inputs, and the workspace and the GEMM plans are made for that many rows. ``aux_batch = 1``: the whole
+  batch, read in place.
 
-Train graph: ``aux_denoise`` forks its whole pass (corrupt, encoder and decoder forward, loss, backward)
+Train graph: ``aux_denoise`` forks its whole pass (the sub-batch's rows, corrupt, encoder and decoder
+forward, loss, backward)
 onto a branch of its own beside the main chain (it reads the batch and the parameters, writes only its
 own buffers); ``aux_denoise_sgd`` after the backward joins it and takes the steps. Observable:
-``aux.denoise.loss`` (the reconstruction's mean squared error on the corrupted batch).
+``aux.denoise.loss`` (the reconstruction's mean squared error on the corrupted sub-batch).
 """
 
 from __future__ import annotations
@@ -34,7 +39,7 @@ from ..nn.encoders import ENCODERS
 from ..nn.layers import Linear
 from ..nn.network import _walk
 from ..nn.params import ParamLayout, Workspace
-from .base import AuxBase
+from .base import AuxBase, SubBatch
 from .future import host_values, param_span
 
 #: Philox stream id of the masking draws.
@@ -53,7 +58,9 @@ class Denoise(AuxBase):
 
     def allocate(self, buffers) -> None:
         super().allocate(buffers)
-        net, cfg, xp, B = buffers.online, self.cfg.net, buffers.xp, buffers.batch_size
+        net, cfg, xp = buffers.online, self.cfg.net, buffers.xp
+        self.sub = SubBatch(self.cfg, xp)
+        B = self.sub.rows  # the pass's rows (agent.aux_rows)
         if cfg.spectral:
             raise ValueError("agent.aux 'denoise' does not run with net.spectral (its encoder pass reads W, not W_sn)")
         m = net.n_in
@@ -81,6 +88,7 @@ class Denoise(AuxBase):
                 lin.prepare_backward(B)
         lo, hi = param_span(net, "enc.")
         self.enc_params, self.enc_grads = net.params[lo:hi], self.grads[lo:hi]
+        self.clean = self.sub.of(buffers.batch.obs)
         self.corrupted = xp.zeros((B, m), np.float32)
         self.loss_per, self.out = xp.zeros(B, np.float32), xp.zeros(1, np.float32)
         self.counter = xp.zeros(1, np.int64)
@@ -95,9 +103,9 @@ class Denoise(AuxBase):
         return [("aux_denoise_sgd", self._step)]
 
     def _pass(self) -> None:
-        buf, ws, B = self.buf, self.ws, self.buf.batch_size
-        clean = buf.batch.obs
+        ws, B, clean = self.ws, self.sub.rows, self.clean
         with self.side.fork():
+            self.sub.gather()
             self.ops.corrupt(clean, self.corrupted, self.counter, self.p, self.seed, STREAM)
             ws.set_batch(B)
             psi = self.enc.forward(self.corrupted, ws)

@@ -9,13 +9,21 @@ there is nothing to align, and the configuration is refused. Any head signal is 
 the multi-horizon, risk and denoise heads join once registered (list ``vaccine`` after them or not:
 the grad phase runs after every loss phase either way).
 
+Which shared parameters (``agent.vaccine_scope``; Wang et al. apply the method at a chosen granularity:
+the whole model, per module, per layer): ``encoder``, every ``enc.*`` parameter (:func:`encoder_slice`),
+or ``last``, the encoder's last layer (``online.encoder.last_layer``: the MLP's last Linear and its
+LayerNorm, the temporal encoders' last output projection and final RMSNorm), one layer as the paper's
+per-layer granularity, the one psi comes out of. With ``last`` the auxiliary-only backward stops after
+that layer's parameter gradients (:meth:`cudarl.nn.QNetwork.backward`'s ``last_layer``): the heads'
+backward and one layer's, not the whole encoder's.
+
 Phase ``vaccine`` after the backward, before the optimiser (:meth:`grad_phases`): save the full gradient
 - zero the main outputs' gradients in the workspace - a backward with only the auxiliary heads'
-(``aux``) - dots - control - apply (the encoder's slice becomes ``full + c (full - aux)``, the rest
-``full``). The target cosine ``phi_hat`` is an EMA in device memory (``state[0]``), read and moved by
-the control kernel inside the graph; it is checkpointed. Observables: ``aux.vaccine.cos`` (phi),
-``aux.vaccine.target`` (phi_hat after the step), ``aux.vaccine.coef`` (c), ``aux.vaccine.norm_main``,
-``aux.vaccine.norm_aux``.
+(``aux``; through the scope's parameters) - dots - control - apply (the scope's slice ``[lo, hi)``
+becomes ``full + c (full - aux)``, the rest ``full``). The target cosine ``phi_hat`` is an EMA in device
+memory (``state[0]``), read and moved by the control kernel inside the graph; it is checkpointed.
+Observables: ``aux.vaccine.cos`` (phi), ``aux.vaccine.target`` (phi_hat after the step),
+``aux.vaccine.coef`` (c), ``aux.vaccine.norm_main``, ``aux.vaccine.norm_aux``.
 """
 
 from __future__ import annotations
@@ -29,15 +37,19 @@ from .base import AuxBase, ExtraBackward, read
 KEYS = ("target", "cos", "coef", "norm_main", "norm_aux")
 
 
-def encoder_slice(layout, prefix: str = "enc.") -> tuple[int, int]:
-    """``[lo, hi)`` of the flat parameters that are the encoder's (entries named ``enc.*``); no other
-    entry may lie inside it."""
-    mine = [e for e in layout.entries if e.name.startswith(prefix)]
+def encoder_slice(layout, prefix: str = "enc.", names=None) -> tuple[int, int]:
+    """``[lo, hi)`` of the flat parameters that are the encoder's (entries named ``enc.*``), or with
+    ``names`` of those parameters only (the last layer's); no other entry may lie inside it (the kernels
+    work on one slice: a scope whose parameters are not contiguous in the layout is refused)."""
+    ours = (lambda n: n.startswith(prefix)) if names is None else set(names).__contains__
+    mine = [e for e in layout.entries if ours(e.name)]
+    if names is not None and len(mine) != len(set(names)):
+        raise ValueError(f"vaccine: no parameter named {sorted(set(names) - {e.name for e in mine})}")
     lo = min(e.offset for e in mine)
     hi = max(e.offset + int(np.prod(e.shape)) for e in mine)
-    inside = [e.name for e in layout.entries if not e.name.startswith(prefix) and lo <= e.offset < hi]
+    inside = [e.name for e in layout.entries if not ours(e.name) and lo <= e.offset < hi]
     if inside:
-        raise ValueError(f"vaccine: the encoder's parameters are not contiguous ({inside} lie inside)")
+        raise ValueError(f"vaccine: the scope's parameters are not contiguous ({inside} lie inside)")
     return lo, hi
 
 
@@ -47,7 +59,7 @@ class Vaccine(AuxBase):
     def __init__(self, cfg):
         super().__init__(cfg)
         self.need(cfg.net.head != "c51+iqn", "the two-head c51+iqn rule is not supported yet")
-        self.beta = cfg.agent.vaccine_beta
+        self.beta, self.scope = cfg.agent.vaccine_beta, cfg.agent.vaccine_scope
 
     def allocate(self, buffers) -> None:
         super().allocate(buffers)
@@ -55,7 +67,9 @@ class Vaccine(AuxBase):
         self.aux_heads = [n for n in self.cfg.agent.aux if n in online.extras]
         self.need(bool(self.aux_heads), "no auxiliary signal with a head in agent.aux: nothing to align")
         self.main_extras = [n for n in online.extras if n not in self.aux_heads]
-        self.lo, self.hi = encoder_slice(online.layout)
+        self.last_layer = self.scope == "last"
+        scope = online.encoder.last_layer if self.last_layer else None
+        self.lo, self.hi = encoder_slice(online.layout, names=scope)
         self.extra = ExtraBackward(online, xp)
         self.partial = xp.zeros((ref.blocks(self.hi - self.lo), 3), np.float32)
         self.state = xp.zeros(ref.STATE, np.float32)  # phi_hat_0 = 0 (the paper's initial target)
@@ -72,7 +86,7 @@ class Vaccine(AuxBase):
         outs = online.grad_outputs(ws, raw_head=ws.raw_head)
         for name in ("q", *self.main_extras):  # only the auxiliary heads' gradients stay
             self.util.fill_u32(outs[name].view(np.uint32), 0)
-        self.extra.run(buf.batch.obs, ws, B)
+        self.extra.run(buf.batch.obs, ws, B, last_layer=self.last_layer)
         full, aux = self.extra.saved, online.grads
         if self.numpy:
             self.partial[...] = ref.dots(full, aux, self.lo, self.hi)

@@ -351,9 +351,38 @@ class MLP(Module):
 
     def backward(self, x, ws: Workspace, dx=None) -> None:
         """Gradient of the output expected in ``ws[<out_name>.dout]``; ``dx`` optional ``[B, n_in]``."""
+        self._backward(x, ws, 0, dx)
+
+    def _last(self) -> int:
+        """The index of the last Linear among :attr:`children` (the last layer begins there)."""
+        return max(i for i, c in enumerate(self.children) if isinstance(c, Linear))
+
+    @property
+    def last_layer(self) -> tuple:
+        """The parameters of the last layer: the last Linear's weight and bias (and its LayerNorm's)."""
+        return param_names(self.children[self._last() :])
+
+    def backward_last(self, x, ws: Workspace) -> None:
+        """:meth:`backward` of the last layer only: overwrite its parameters' gradients (:attr:`last_layer`)
+        and stop (the other layers' gradients are left as they are; no dx)."""
+        self._backward(x, ws, self._last(), None)
+
+    def _backward(self, x, ws: Workspace, stop: int, dx) -> None:
+        """The children's backward from the last down to ``stop``; the one at ``stop`` writes ``dx`` if
+        ``stop`` is 0, else nothing below it."""
         B = x.shape[0]
-        for i in range(len(self.children) - 1, -1, -1):
+        for i in range(len(self.children) - 1, stop - 1, -1):
             c = self.children[i]
             inp = x if i == 0 else ws.rows(f"{self.children[i - 1].name}.out", B)
-            below = dx if i == 0 else ws.rows(f"{self.children[i - 1].name}.dout", B)
+            below = (
+                None if i == stop and stop > 0 else dx if i == 0 else ws.rows(f"{self.children[i - 1].name}.dout", B)
+            )
             c.backward(inp, ws, below)
+
+
+def param_names(modules) -> tuple:
+    """The names of the parameters ``modules`` declare, in layout order."""
+    layout = ParamLayout()
+    for m in modules:
+        m.declare(layout, [])
+    return tuple(e.name for e in layout.entries)

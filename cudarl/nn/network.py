@@ -215,9 +215,13 @@ class QNetwork:
         """The shape of ``forward()["q"]`` for ``B`` samples (the head's)."""
         return self.head.output_shape(B)
 
-    def backward(self, x=None, ws: Workspace | None = None, dx=None) -> None:
+    def backward(self, x=None, ws: Workspace | None = None, dx=None, last_layer: bool = False) -> None:
         """Overwrite :attr:`grads` from the gradients in :meth:`grad_outputs` (last forward on ``ws``,
-        raw or not as that forward was)."""
+        raw or not as that forward was).
+
+        ``last_layer``: the heads' backward, then the encoder's stops after its last layer's parameter
+        gradients (:meth:`Encoder.backward_last`, ``encoder.last_layer``); the other encoder parameters'
+        and the input gate's gradients are left as they were (no ``dx``)."""
         ws = ws or self.ws
         x = ws.x if x is None else x
         psi = ws.rows(f"{self.encoder.out_name}.out")
@@ -225,6 +229,11 @@ class QNetwork:
         self.head.backward(psi, ws, dpsi, accumulate=False, raw=ws.raw_head)
         for h in self.extras.values():
             h.backward(psi, ws, dpsi, accumulate=True)
+        if last_layer:
+            if dx is not None:
+                raise ValueError("QNetwork.backward: no input gradient with last_layer")
+            self.encoder.backward_last(x if self.gate is None else ws.rows("sel.x", ws.batch), ws)
+            return
         if self.gate is None:
             self.encoder.backward(x, ws, dx)
             return

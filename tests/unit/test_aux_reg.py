@@ -15,6 +15,7 @@ from test_windows import ENCODER_NETS
 
 from cudarl.auxiliary import AUX_SIGNALS
 from cudarl.auxiliary.selectivity import features_used
+from cudarl.auxiliary.vaccine import encoder_slice
 from cudarl.config import ConfigError
 from cudarl.trainer import Trainer
 
@@ -146,16 +147,19 @@ def test_causal_with_level_features_rotates_through_three_groups():
     ]
 
 
-def test_the_causal_penalty_lowers_the_measured_calendar_sensitivity():
+@pytest.mark.parametrize("share", [1.0, 0.5])
+def test_the_causal_penalty_lowers_the_measured_calendar_sensitivity(share):
     """The regime task has no calendar effect: with the penalty (weight 1) the agent's Q depends on the
     date about half as much as when the signal only measures (weight 0). Measured on the CPU, mean over
-    updates 151-210: 0.103 -> 0.049 (seed 0), 0.116 -> 0.064 (seed 1); seed 2 0.114 -> 0.121 (not tested)."""
+    updates 151-210, over the whole batch of 32 (``aux_batch`` 1): 0.103 -> 0.049 (seed 0), 0.116 -> 0.064
+    (seed 1); seed 2 0.114 -> 0.121 (not tested). Over 16 of its rows (0.5): 0.111 -> 0.042, 0.109 -> 0.064.
+    Over 8 (0.25, the default share of this small batch; not tested): 0.121 -> 0.089, 0.103 -> 0.093, a
+    weaker pull in as many updates (the default batch of 256 gives the pass 64 rows)."""
     for seed in (0, 1):
         sens = {}
         for w in (0.0, 1.0):
-            t = _trainer(
-                agent={"aux": ["causal"], "causal_weight": w, "causal_groups": ["calendar"]}, run={"seed": seed}
-            )
+            agent = {"aux": ["causal"], "causal_weight": w, "causal_groups": ["calendar"], "aux_batch": share}
+            t = _trainer(agent=agent, run={"seed": seed})
             t.run(150)
             seen = []
             for _ in range(60):
@@ -189,12 +193,23 @@ def test_vaccine_aligns_the_aux_heads_gradient_and_its_observables_move(tmp_path
     assert not np.array_equal(on.agent.online.P["enc.0.weight"], plain.agent.online.P["enc.0.weight"])
 
 
-def test_vaccine_changes_only_the_encoders_gradient_by_the_papers_rule():
+@pytest.mark.parametrize(
+    "scope,encoder", [("encoder", "mlp"), ("last", "mlp"), ("last", "ssm"), ("last", "attention"), ("encoder", "ssm")]
+)
+def test_vaccine_changes_only_the_scopes_gradient_by_the_papers_rule(scope, encoder):
     """One update, watched: the full gradient after the backward, the auxiliary-only gradient of the
-    vaccine's own backward, and the gradient Adam is given. On the encoder it is ``g_m + g_a'`` with
-    ``cos(g_m, g_a') = phi_hat`` exactly (the paper's eq. 4; g_m = full - aux); elsewhere it is the full one."""
-    t = _trainer(agent={"aux": ["horizons", "vaccine"], "vaccine_beta": 0.0})
+    vaccine's own backward, and the gradient Adam is given. On the scope's slice (``agent.vaccine_scope``:
+    the whole encoder, or its last layer) it is ``g_m + g_a'`` with ``cos(g_m, g_a') = phi_hat`` exactly
+    (the paper's eq. 4; g_m = full - aux); elsewhere it is the full one."""
+    net = ENCODER_NETS[encoder]
+    t = _trainer(net=net, agent={"aux": ["horizons", "vaccine"], "vaccine_beta": 0.0, "vaccine_scope": scope})
     vac = t.agent.aux[1]
+    online = t.agent.online
+    names = online.encoder.last_layer if scope == "last" else [n for n in online.P if n.startswith("enc.")]
+    assert (vac.lo, vac.hi) == (
+        min(online.layout[n].offset for n in names),
+        max(online.layout[n].offset + online.layout[n].size for n in names),
+    )
     vac.state[0] = 0.9  # a target the first step's cosine is below
     seen = {}
     phases = dict(t.train_graph.phases)
@@ -204,8 +219,9 @@ def test_vaccine_changes_only_the_encoders_gradient_by_the_papers_rule():
         inner()
         seen["full"] = t.agent.online.grads.astype(np.float64)
 
-    def spy_run(*args):
-        run(*args)
+    def spy_run(*args, **kw):
+        seen["before"] = t.agent.online.grads.copy()  # the full gradient: "last" overwrites only its slice
+        run(*args, **kw)
         seen["aux"] = t.agent.online.grads.astype(np.float64)
 
     def spy_vaccine(inner=phases["vaccine"]):
@@ -219,6 +235,9 @@ def test_vaccine_changes_only_the_encoders_gradient_by_the_papers_rule():
     lo, hi = vac.lo, vac.hi
     full, aux, after = seen["full"], seen["aux"], seen["after"]
     assert np.array_equal(after[:lo], full[:lo]) and np.array_equal(after[hi:], full[hi:])
+    if scope == "last":  # its backward stopped at the last layer: the encoder below it kept the full gradient
+        lo_enc, _ = encoder_slice(online.layout)
+        assert lo_enc < lo and np.array_equal(aux[lo_enc:lo], full[lo_enc:lo])
     g_m, g_a = full[lo:hi] - aux[lo:hi], aux[lo:hi]
     assert np.linalg.norm(g_m) > 0 and np.linalg.norm(g_a) > 0
     cos = lambda u, v: u @ v / np.linalg.norm(u) / np.linalg.norm(v)  # noqa: E731

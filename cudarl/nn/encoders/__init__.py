@@ -68,6 +68,15 @@ class Encoder(Protocol):
     def backward(self, x, ws: Workspace, dx=None) -> None:
         """Overwrite the encoder's parameter gradients from ``ws[<out_name>.dout]``; write ``dx`` if given."""
 
+    @property
+    def last_layer(self) -> tuple:
+        """The names of the last layer's parameters, the layer psi comes out of (contiguous in the layout,
+        the encoder's last): Gradient Vaccine's ``agent.vaccine_scope = "last"``."""
+
+    def backward_last(self, x, ws: Workspace) -> None:
+        """:meth:`backward` of :attr:`last_layer` only: overwrite those parameters' gradients from
+        ``ws[<out_name>.dout]`` and stop, leaving every other gradient as it is (no dx)."""
+
 
 def bar_width(n_in: int, net) -> int:
     """The width of one bar of the window, ``n_in / net.window`` (a ValueError when it does not divide)."""

@@ -109,6 +109,10 @@ class AttentionEncoder(SequenceEncoder):
     def top_h(self, ws: Workspace, B: int):
         return ws.rows(f"{self.blocks[-1]}.h", B)
 
+    def last_linear(self, ws: Workspace | None, B: int):
+        _, _, fc1, fc2 = self._lins(self.blocks[-1])
+        return fc2, None if ws is None else ws.rows(f"{fc1.name}.out", B)
+
     def _block(self, p: str, h, ws: Workspace, lins: dict | None, attend):
         """One block over ``ws``'s batch (a window's bars, or one bar of every environment): ``attend(qkv, o)``
         is the windowed attention or the cache step."""

@@ -29,7 +29,7 @@ import numpy as np
 
 from ...backend import family
 from ...reference.seq import n_parts
-from ..layers import Linear, Module
+from ..layers import Linear, Module, param_names
 from ..params import ParamLayout, Workspace
 
 #: RMSNorm's epsilon in every encoder norm (Mamba2's and most pre-norm transformers' value).
@@ -182,6 +182,28 @@ class SequenceEncoder(Module):
         """Overwrite this encoder's parameter gradients from dL/dpsi in ``ws[<out_name>.dout]`` (the last
         forward on ``ws``); ``dx`` optional ``[B, W, F]`` or ``[B, W F]``."""
         B = ws.batch
+        self._final_norm_backward(ws, B)
+        self._blocks_backward(ws, B)
+        self.embed.backward(self.flat(x, B), ws, None if dx is None else dx.reshape(B * self.W, self.F))
+
+    @property
+    def last_layer(self) -> tuple:
+        """The parameters of the last layer, the one psi comes out of: the last block's output projection
+        (:meth:`last_linear`) and the final RMSNorm's weight (contiguous in the layout: declared last)."""
+        lin, _ = self.last_linear(None, 0)
+        return (*param_names([lin]), f"{self.out_name}.weight")
+
+    def backward_last(self, x, ws: Workspace) -> None:
+        """:meth:`backward` of :attr:`last_layer` only: the final norm's backward, then the last block's
+        output projection's weight and bias gradients, and stop (no dx of that projection, nothing of
+        the blocks below; their gradients are left as they are)."""
+        B = ws.batch
+        self._final_norm_backward(ws, B)
+        lin, inp = self.last_linear(ws, B)
+        lin.backward(inp, ws, None)
+
+    def _final_norm_backward(self, ws: Workspace, B: int) -> None:
+        """psi = RMSNorm(h_L[:, W - 1]): the norm weight's gradient, and dL/dh_L into :meth:`top_dout`."""
         wname = f"{self.out_name}.weight"
         top = ws.rows(self.top_dout(), B)  # dL/dh_L: the residual gradient at the top
         part = self.part(ws, n_parts(B), self.d)
@@ -194,8 +216,6 @@ class SequenceEncoder(Module):
             part,
         )
         self.seq.colsum(part, self.G[wname])
-        self._blocks_backward(ws, B)
-        self.embed.backward(self.flat(x, B), ws, None if dx is None else dx.reshape(B * self.W, self.F))
 
     # --- acting --------------------------------------------------------------------------------------
     def new_state(self, n_envs: int) -> ActState:
@@ -236,6 +256,11 @@ class SequenceEncoder(Module):
 
     def top_h(self, ws: Workspace, B: int):
         """h_L ``[B W, d]``."""
+        raise NotImplementedError
+
+    def last_linear(self, ws: Workspace | None, B: int):
+        """``(the last block's output projection, its input [B W, n_in] in ws)``: the Linear whose output
+        the residual stream's top adds (its dout is :meth:`top_dout`); the input is None without ``ws``."""
         raise NotImplementedError
 
 

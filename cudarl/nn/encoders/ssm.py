@@ -133,6 +133,10 @@ class SSMEncoder(SequenceEncoder):
     def top_h(self, ws: Workspace, B: int):
         return ws.rows(f"{self.blocks[-1]}.h", B)
 
+    def last_linear(self, ws: Workspace | None, B: int):
+        p = self.blocks[-1]
+        return self._block_linears(p)[1], None if ws is None else ws.rows(f"{p}.yn", B)
+
     def _block(self, p: str, h, ws: Workspace, lins: dict | None, mix):
         """One block over ``ws``'s batch (a window's bars, or one bar of every environment): ``mix(zx, xbc, y)``
         is the conv and the scan, windowed or one bar."""
