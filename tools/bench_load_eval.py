@@ -205,7 +205,9 @@ def main() -> int:
             rows += timing_rows(case, "whole process (to its exit)", r["wall"])
             rows += timing_rows(case, "after import cudarl", r["eval_s"])
             rows += timing_rows(case, "whole process CPU time", r["cpu"])
-            extra[f"uncounted_first_wall_{device}{'_no_warm_up' if no_warm_up else ''}"] = r["uncounted_wall"]
+            arm = f"{device}{'_no_warm_up' if no_warm_up else ''}"
+            extra[f"uncounted_first_wall_{arm}"] = r["uncounted_wall"]
+            extra[f"result_s_{arm}"] = [round(v, 4) for v in r["result_s"]]  # every counted run, in order
     extra["loadavg_after"] = [round(x, 2) for x in os.getloadavg()]
     suffix = "gpu" if not gpu_why else "cpu"
     out = args.out or ROOT / "docs" / "bench" / f"bench_load_eval_{suffix}.json"
