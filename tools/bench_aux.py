@@ -73,6 +73,13 @@ def main() -> int:
     net = {} if args.encoder == "mlp" else {"encoder": args.encoder, **ENCODER_WORKLOAD}
     mine = {"aux_batch": args.aux_batch, "vaccine_scope": args.vaccine_scope}
     runs = arms(not args.no_whole)
+    first = ("none", "all", "denoise", "causal", "vaccine")  # the costly signals first: a run cut short has them
+
+    def rank(arm: str) -> int:
+        base = arm.split(" ")[0]
+        return first.index(base) if base in first else len(first)
+
+    runs = dict(sorted(runs.items(), key=lambda kv: rank(kv[0])))
     rows, us = [], {}
     for arm, (signals, _, whole) in runs.items():
         case = f"{args.encoder}, aux {arm}"
@@ -82,6 +89,7 @@ def main() -> int:
             got = step_benchmark(args.repeats, args.device, cfg=cfg, phases=False, label=f" aux {arm}")
             us[arm] = next(r["value"] for r in got if r["metric"] == TRAIN)
             rows.append(row(case, TRAIN, us[arm], "us"))
+            print(f"{case}: {us[arm]:.1f} us", flush=True)  # a run cut short still shows its arms
         except Exception as exc:  # one failing arm says why; the others still run
             traceback.print_exc()
             rows.append(row(case, "failed", f"{type(exc).__name__}: {exc}"[:60], ""))
