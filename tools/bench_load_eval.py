@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Loading bars and evaluating a trained policy, timed from the start of a fresh process.
 
-Arms (each run in its own Python process, ``--repeats`` times after one uncounted run; the minimum and the median are
+Arms (each run in its own Python process, ``--repeats`` rounds that run each arm of a kind once in turn,
+after one uncounted run of each; ``--only load|evaluate``; the minimum and the median are
 reported, with the processes' CPU time, and the load average around the runs in the JSON: on a
 busy machine the wall times grow and the minimum is the one to read):
 * load: ``cudarl.data.load`` of a CSV of 1,000,000 one-minute bars (Date, OHLC, Volume; about
@@ -104,16 +105,23 @@ def _children_cpu() -> float:
     return u.ru_utime + u.ru_stime
 
 
-def timed_runs(code: str, repeats: int) -> dict:
-    """``{"wall": [s], "cpu": [s], <each float the process printed>: [values]}`` over ``repeats`` runs,
-    after one more run that is not counted: the first process of an arm reads what the others find in
-    the page cache (on a freshly started H200 host at 87a5720, every arm's runs were slower when the
-    bench ran first). That run's wall time is kept as ``"uncounted_wall"``."""
-    uncounted = timed_process(code)[0]
-    runs = [timed_process(code) for _ in range(repeats)]
-    out = {"wall": [w for w, _, _ in runs], "cpu": [c for _, c, _ in runs], "uncounted_wall": uncounted}
-    for k, v in runs[0][2].items():
-        out[k] = [r[k] for _, _, r in runs] if isinstance(v, float) else v
+def timed_runs(codes: dict, repeats: int) -> dict:
+    """``{arm: {"wall": [s], "cpu": [s], <each float the process printed>: [values]}}`` for each arm's
+    code of ``codes``, over ``repeats`` rounds that run every arm once, in turn: so a drift of the host's
+    load hits every arm alike. Before them, one more run of each arm that is not counted: the first
+    process of an arm reads what the others find in the page cache (on a freshly started H200 host at
+    87a5720, every arm's runs were slower when the bench ran first). That run's wall time is kept as
+    ``"uncounted_wall"``."""
+    uncounted = {arm: timed_process(code)[0] for arm, code in codes.items()}
+    runs = {arm: [] for arm in codes}
+    for _ in range(repeats):
+        for arm, code in codes.items():
+            runs[arm].append(timed_process(code))
+    out = {}
+    for arm, got in runs.items():
+        o = out[arm] = {"wall": [w for w, _, _ in got], "cpu": [c for _, c, _ in got], "uncounted_wall": uncounted[arm]}
+        for k, v in got[0][2].items():
+            o[k] = [r[k] for _, _, r in got] if isinstance(v, float) else v
     return out
 
 
@@ -158,6 +166,7 @@ def make_policy(folder: Path) -> Path:
 def main() -> int:
     ap = parser(__doc__.splitlines()[0])
     ap.set_defaults(repeats=5)
+    ap.add_argument("--only", choices=("all", "load", "evaluate"), default="all", help="run only these arms")
     args = ap.parse_args()
     from cudarl.backend import cupy_unavailable_reason
 
@@ -180,10 +189,14 @@ def main() -> int:
         csv = make_csv(folder)
         extra["csv_mb"] = round(csv.stat().st_size / 2**20, 1)
         print(f"wrote {csv.name} ({extra['csv_mb']} MB) in {time.perf_counter() - t0:.1f} s")
-        for name, hide, target in (("pyarrow", False, 1.0), ("numpy", True, 3.0)):
-            if name == "pyarrow" and not arrow:
-                continue
-            r = timed_runs(LOAD_CODE.format(hide=hide, path=str(csv)), args.repeats)
+        loads = {"pyarrow": (False, 1.0), "numpy": (True, 3.0)} if args.only != "evaluate" else {}
+        if not arrow:
+            loads.pop("pyarrow", None)
+        got = timed_runs(
+            {name: LOAD_CODE.format(hide=hide, path=str(csv)) for name, (hide, _) in loads.items()}, args.repeats
+        )
+        for name, (_, target) in loads.items():
+            r = got[name]
             assert r["bars"] == LOAD_ROWS
             case = f"load 1M CSV rows, {name}"
             rows += timing_rows(case, "load() call", r["load_s"], f"< {target:g} s")
@@ -194,9 +207,10 @@ def main() -> int:
         arms = [("cpu", False)] + ([] if gpu_why else [("gpu", False), ("gpu", True)])
         if gpu_why:
             print(f"skipping the GPU evaluate arms: {gpu_why}")
-        for device, no_warm_up in arms:
-            code = EVAL_CODE.format(path=str(policy), device=device, no_warm_up=no_warm_up)
-            r = timed_runs(code, args.repeats)
+        codes = {arm: EVAL_CODE.format(path=str(policy), device=arm[0], no_warm_up=arm[1]) for arm in arms}
+        got = timed_runs(codes if args.only != "load" else {}, args.repeats)
+        for device, no_warm_up in arms if args.only != "load" else []:
+            r = got[(device, no_warm_up)]
             extra[f"eval_bars_{device}"] = r["bars"]
             assert r["trading"], "the evaluated policy stayed flat: nothing was walked"
             extra[f"eval_trades_{device}"] = r["trades"]  # the walk's cost grows with the position changes
