@@ -53,6 +53,17 @@ def test_get_array_module_and_to_numpy():
     assert backend.to_numpy([1, 2]).tolist() == [1, 2]
 
 
+def _pretend_selection(monkeypatch, select=None) -> None:
+    """A warm-up with nothing of its own yet: ``select`` (default: NumPy named "warmed <request>") for
+    the selection, CuPy "installed", no environment override."""
+    monkeypatch.setattr(backend, "select", select or (lambda r: backend.Backend("numpy", np, f"warmed {r}")))
+    monkeypatch.setattr(backend, "_cached", backend.functools.cache(lambda r, env: backend.select(r)))
+    monkeypatch.setattr(backend, "_warming", {})
+    monkeypatch.setattr(backend, "_selected", set())
+    monkeypatch.delenv("CUDARL_BACKEND", raising=False)
+    monkeypatch.setattr(backend, "_cupy_installed", lambda: True)
+
+
 def test_warm_up_selects_in_the_background_and_get_waits_for_it(monkeypatch):
     """warm_up starts the selection in a thread; get() waits for it and returns what it selected, the
     selection running once; a failure there is raised by get() in the caller's thread; numpy and a
@@ -67,12 +78,7 @@ def test_warm_up_selects_in_the_background_and_get_waits_for_it(monkeypatch):
         release.wait(5)
         return backend.Backend("numpy", np, f"warmed {requested}")
 
-    monkeypatch.setattr(backend, "select", slow_select)
-    monkeypatch.setattr(backend, "_cached", backend.functools.cache(lambda r, env: backend.select(r)))
-    monkeypatch.setattr(backend, "_warming", {})
-    monkeypatch.setattr(backend, "_selected", set())
-    monkeypatch.delenv("CUDARL_BACKEND", raising=False)
-    monkeypatch.setattr(backend, "_cupy_installed", lambda: True)
+    _pretend_selection(monkeypatch, slow_select)
     monkeypatch.setattr(backend, "_start_driver", lambda: calls.append("driver"))
     backend.warm_up("cupy")
     time.sleep(0.05)
@@ -104,12 +110,7 @@ def test_warm_up_then_runs_in_the_thread_after_the_selection(monkeypatch):
     import threading
 
     calls, release = [], threading.Event()
-    monkeypatch.setattr(backend, "select", lambda r: backend.Backend("numpy", np, f"warmed {r}"))
-    monkeypatch.setattr(backend, "_cached", backend.functools.cache(lambda r, env: backend.select(r)))
-    monkeypatch.setattr(backend, "_warming", {})
-    monkeypatch.setattr(backend, "_selected", set())
-    monkeypatch.delenv("CUDARL_BACKEND", raising=False)
-    monkeypatch.setattr(backend, "_cupy_installed", lambda: True)
+    _pretend_selection(monkeypatch)
     monkeypatch.setattr(backend, "_start_driver", lambda: None)
 
     def then(be):
@@ -141,12 +142,7 @@ def test_warm_up_runs_on_context_in_the_driver_thread_after_the_libraries(monkey
     import time
 
     calls = []
-    monkeypatch.setattr(backend, "select", lambda r: backend.Backend("numpy", np, f"warmed {r}"))
-    monkeypatch.setattr(backend, "_cached", backend.functools.cache(lambda r, env: backend.select(r)))
-    monkeypatch.setattr(backend, "_warming", {})
-    monkeypatch.setattr(backend, "_selected", set())
-    monkeypatch.delenv("CUDARL_BACKEND", raising=False)
-    monkeypatch.setattr(backend, "_cupy_installed", lambda: True)
+    _pretend_selection(monkeypatch)
 
     def libraries():
         time.sleep(0.2)  # slower than the driver: on_context must wait for it

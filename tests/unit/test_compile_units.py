@@ -6,7 +6,6 @@ hold the promise the split rests on: a kernel's machine code (its cubin's ``.tex
 same bytes in its unit as in the whole family, so no GPU bit can move.
 """
 
-import shutil
 import sys
 from pathlib import Path
 
@@ -24,37 +23,6 @@ needs_nvrtc = pytest.mark.skipif(nvrtc.available() is not None, reason=f"NVRTC: 
 
 def split_families() -> list[str]:
     return [f for f in kernels.families() if kernels.units(f) != [None]]
-
-
-@pytest.fixture
-def cache(monkeypatch, tmp_path):
-    monkeypatch.setenv(kernels.CACHE_ENV, str(tmp_path / "cache"))
-    monkeypatch.delenv(kernels.LINEINFO_ENV, raising=False)
-    monkeypatch.setattr(kernels, "_inflight", {})
-    return tmp_path / "cache" / "kernels"
-
-
-@pytest.fixture
-def fake_nvrtc(monkeypatch, cache):
-    """NVRTC replaced by a recorder of the programs it was given (returns a fake ELF image)."""
-    programs = []
-
-    def compile_source(source, name, options, kind="cubin"):
-        programs.append(source)
-        return b"\x7fELF" + str(len(programs)).encode()
-
-    monkeypatch.setattr(nvrtc, "compile_source", compile_source)
-    monkeypatch.setattr(nvrtc, "version", lambda: (13, 0))
-    monkeypatch.setattr(nvrtc, "supported_archs", lambda: (80, 90))
-    return programs
-
-
-def _tree_copy(tmp_path, monkeypatch) -> Path:
-    src = tmp_path / "cuda_src"
-    shutil.copytree(kernels.SRC_DIR, src)
-    monkeypatch.setattr(kernels, "SRC_DIR", src)
-    monkeypatch.setattr(kernels, "INCLUDE_DIR", src / "include")
-    return src
 
 
 # --- the split, as the sources declare it ----------------------------------------------------------
@@ -130,16 +98,16 @@ def test_prefetch_of_a_kernel_compiles_only_its_unit(fake_nvrtc, monkeypatch):
     for f in futures:
         f.result()
     assert len(futures) == 2 and len(fake_nvrtc) == 2
-    c51_program = next(p for p in fake_nvrtc if "c51.cu" in p.split("\n", 3)[2])
+    c51_program = next(p for p in fake_nvrtc.sources if "c51.cu" in p.split("\n", 3)[2])
     assert c51_program.startswith(f"#define CUDARL_UNIT 1\n#define CUDARL_UNIT_{unit} 1\n")
-    assert any(p.startswith('#line 1 "cuda_src/util.cu"') for p in fake_nvrtc)  # one unit: the whole file
+    assert any(p.startswith('#line 1 "cuda_src/util.cu"') for p in fake_nvrtc.sources)  # one unit: the whole file
     assert len(kernels.prefetch(["c51"], 90)) == len(kernels.units("c51"))  # a family: all its units
     kernels._pool[0].shutdown()
 
 
-def test_an_edited_unit_keys_every_unit_of_the_family_again(fake_nvrtc, monkeypatch, tmp_path):
+def test_an_edited_unit_keys_every_unit_of_the_family_again(fake_nvrtc, monkeypatch, tmp_path, cuda_tree):
     """The key hashes the whole file: an edit anywhere in it (shared helpers) recompiles every unit."""
-    src = _tree_copy(tmp_path, monkeypatch)
+    src = cuda_tree
     keys = {u: kernels.cache_key("c51", "-arch=sm_90", "cubin", u) for u in kernels.units("c51")}
     assert len(set(keys.values())) == len(keys)
     (src / "c51.cu").write_text((src / "c51.cu").read_text() + "\n// one more line\n")
@@ -200,7 +168,7 @@ def test_get_function_loads_the_module_of_the_kernels_unit(fake_nvrtc, monkeypat
     name, loaded_from = kernels.get_function("c51", "n_step", "ungraphed")
     unit = kernels.unit_of("c51", "n_step")
     assert name == "cudarl_c51_n_step" and loaded_from.startswith(f"c51.{unit}-")
-    assert len(fake_nvrtc) == 1 and f"#define CUDARL_UNIT_{unit} 1\n" in fake_nvrtc[0]
+    assert len(fake_nvrtc) == 1 and f"#define CUDARL_UNIT_{unit} 1\n" in fake_nvrtc.sources[0]
     assert list(kernels.loaded()) == [("c51", unit, "ungraphed")]
     with pytest.raises(kernels.KernelError, match="no kernel cudarl_c51_nope"):
         kernels.get_function("c51", "nope", "ungraphed")

@@ -5,7 +5,6 @@ compile for real and skip, with the reason, where ``libnvrtc`` is missing; the G
 run what was compiled.
 """
 
-import hashlib
 import os
 import re
 import shutil
@@ -21,49 +20,6 @@ from cudarl import kernels, nvrtc
 
 ROOT = Path(__file__).resolve().parents[2]
 needs_nvrtc = pytest.mark.skipif(nvrtc.available() is not None, reason=f"NVRTC: {nvrtc.available()}")
-
-
-@pytest.fixture
-def cache(monkeypatch, tmp_path):
-    """A fresh cache folder, default options, and a clean slate of compiles in flight."""
-    monkeypatch.setenv(kernels.CACHE_ENV, str(tmp_path / "cache"))
-    monkeypatch.delenv(kernels.LINEINFO_ENV, raising=False)
-    monkeypatch.setattr(kernels, "_inflight", {})
-    monkeypatch.setattr(kernels, "_fallback_dir", [])
-    return tmp_path / "cache" / "kernels"
-
-
-class _Calls(list):
-    """The names compiled, in order; ``delay`` seconds each."""
-
-    delay = 0.0
-
-
-@pytest.fixture
-def fake_nvrtc(monkeypatch, cache):
-    """NVRTC replaced by a function that records each compile and returns a fake ELF image."""
-    calls = _Calls()
-
-    def compile_source(source, name, options, kind="cubin"):
-        calls.append(name)
-        time.sleep(calls.delay)
-        if "#error" in source:
-            raise nvrtc.NvrtcCompileError(name, f"cuda_src/{name}(2): error: boom")
-        return b"\x7fELF" + hashlib.sha256(source.encode() + repr(options).encode()).digest()
-
-    monkeypatch.setattr(nvrtc, "compile_source", compile_source)
-    monkeypatch.setattr(nvrtc, "version", lambda: (13, 0))
-    monkeypatch.setattr(nvrtc, "supported_archs", lambda: (80, 90))
-    return calls
-
-
-def _tree_copy(tmp_path, monkeypatch) -> Path:
-    """A copy of cuda_src/ that the loader reads instead (to change a file without touching the repo)."""
-    src = tmp_path / "cuda_src"
-    shutil.copytree(kernels.SRC_DIR, src)
-    monkeypatch.setattr(kernels, "SRC_DIR", src)
-    monkeypatch.setattr(kernels, "INCLUDE_DIR", src / "include")
-    return src
 
 
 def test_a_miss_compiles_once_and_a_hit_reads_the_file(fake_nvrtc, cache):
@@ -88,7 +44,7 @@ def test_each_context_loads_the_cubin_through_a_name_of_its_own(fake_nvrtc, cach
     assert sorted(p.name for p in cache.iterdir()) == sorted([path.name, train.name, collect.name])
 
 
-def test_the_key_covers_source_headers_options_arch_and_nvrtc(fake_nvrtc, monkeypatch, tmp_path):
+def test_the_key_covers_source_headers_options_arch_and_nvrtc(fake_nvrtc, monkeypatch, tmp_path, cuda_tree):
     def key():
         return kernels.cache_key("util", "-arch=sm_90", "cubin")
 
@@ -104,7 +60,7 @@ def test_the_key_covers_source_headers_options_arch_and_nvrtc(fake_nvrtc, monkey
     assert key() != base
     monkeypatch.setattr(nvrtc, "version", lambda: (13, 0))
     assert key() == base
-    src = _tree_copy(tmp_path, monkeypatch)
+    src = cuda_tree
     assert key() == base  # the same files elsewhere (another checkout): the same cubin
     (src / "include" / "cudarl" / "reduce.cuh").write_text("// util.cu does not include this header\n")
     assert key() != base, "a change to any header must change the key"
@@ -113,8 +69,8 @@ def test_the_key_covers_source_headers_options_arch_and_nvrtc(fake_nvrtc, monkey
     assert key() != header_changed
 
 
-def test_an_edited_header_compiles_again(fake_nvrtc, monkeypatch, tmp_path):
-    src = _tree_copy(tmp_path, monkeypatch)
+def test_an_edited_header_compiles_again(fake_nvrtc, monkeypatch, tmp_path, cuda_tree):
+    src = cuda_tree
     first = kernels.binary("util", 90)
     (src / "include" / "cudarl" / "philox.cuh").write_text("// edited\n")
     second = kernels.binary("util", 90)
@@ -150,8 +106,8 @@ def test_an_unusable_cache_dir_falls_back_with_a_warning(fake_nvrtc, monkeypatch
         shutil.rmtree(path.parent, ignore_errors=True)
 
 
-def test_a_compile_error_names_the_file(fake_nvrtc, monkeypatch, tmp_path):
-    src = _tree_copy(tmp_path, monkeypatch)
+def test_a_compile_error_names_the_file(fake_nvrtc, monkeypatch, tmp_path, cuda_tree):
+    src = cuda_tree
     (src / "broken.cu").write_text('extern "C" __global__ void cudarl_broken_x() {}\n#error here\n')
     with pytest.raises(kernels.KernelCompileError, match=r"cuda_src/broken\.cu failed to compile:\n.*boom"):
         kernels.binary("broken", 90)
@@ -175,8 +131,8 @@ def test_prefetch_compiles_side_by_side_and_each_family_once(fake_nvrtc, monkeyp
     kernels._pool[0].shutdown()
 
 
-def test_prefetch_raises_a_compile_error_where_the_family_is_used(fake_nvrtc, monkeypatch, tmp_path):
-    src = _tree_copy(tmp_path, monkeypatch)
+def test_prefetch_raises_a_compile_error_where_the_family_is_used(fake_nvrtc, monkeypatch, tmp_path, cuda_tree):
+    src = cuda_tree
     (src / "broken.cu").write_text("#error here\n")
     (fut,) = kernels.prefetch(["broken"], compute_capability=90)
     with pytest.raises(kernels.KernelCompileError, match="cuda_src/broken.cu"):
@@ -206,8 +162,8 @@ def test_nvrtc_compiles_a_family_and_the_next_call_hits(cache):
 
 
 @needs_nvrtc
-def test_nvrtc_errors_point_at_the_cu_file_and_line(cache, monkeypatch, tmp_path):
-    src = _tree_copy(tmp_path, monkeypatch)
+def test_nvrtc_errors_point_at_the_cu_file_and_line(cache, monkeypatch, tmp_path, cuda_tree):
+    src = cuda_tree
     (src / "broken.cu").write_text('#include <cudarl/philox.cuh>\n\nextern "C" __global__ void k() { int x = ; }\n')
     with pytest.raises(kernels.KernelCompileError, match=r"cuda_src/broken\.cu\(3\): error"):
         kernels.binary("broken", 90)
