@@ -45,12 +45,18 @@ def load_cublas() -> None:
         pass
 
 
+def cupy_installed() -> bool:
+    """Whether CuPy can be found (without importing it)."""
+    return importlib.util.find_spec("cupy") is not None
+
+
 def start_early(device: str) -> None:
     """For ``device`` ``"gpu"`` or ``"auto"`` (not ``"cpu"``, nor with ``CUDARL_BACKEND=numpy``), where CuPy
-    is installed: begin :func:`start` and :func:`load_cublas` in a thread now, once a process."""
+    is installed: begin :func:`start` and, in a thread beside it, :func:`load_cublas`, in a thread now,
+    once a process (:func:`join_early` waits for both)."""
     if device == "cpu" or os.environ.get("CUDARL_BACKEND", "").strip().lower() == "numpy" or _early:
         return
-    if importlib.util.find_spec("cupy") is None:
+    if not cupy_installed():
         return
     result = {}
 

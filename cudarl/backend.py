@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import functools
 import importlib
-import importlib.util
 import os
 import threading
 from dataclasses import dataclass
@@ -114,7 +113,8 @@ def warm_up(requested: str | None = None, then=None, on_context=None) -> threadi
     The driver's start (``cuInit``, the device's primary context) runs in a thread of its own through
     the driver library (:func:`_start_driver`): a ctypes call lets go of the GIL, so it overlaps with
     CuPy's import and with the caller, where CuPy's own first calls would hold the GIL through it.
-    Beside it, a third thread loads the GEMM libraries (:func:`cudarl.blas.load_libraries`). Then
+    Beside it, a third thread loads cuBLAS (:func:`cudarl._driver.start_early`, which
+    ``cudarl.load_policy`` may have begun before cudarl's modules were imported). Then
     ``on_context()``, if given, runs in the driver's thread with the device's primary context current:
     device work through the driver API alone (no CuPy; ctypes calls, which let go of the GIL), such as
     :func:`cudarl.blas.warm_plans`. The selection does not wait for it; ``then`` does. What it raises
@@ -128,14 +128,13 @@ def warm_up(requested: str | None = None, then=None, on_context=None) -> threadi
     selected, context = threading.Event(), threading.Event()
 
     def drive():
-        _driver.join_early()  # cudarl.load_policy may have begun the driver's start (then this is quick)
-        libraries = threading.Thread(target=_load_libraries, name="cudarl-gemm-libraries", daemon=True)
-        libraries.start()
+        started = False
         try:
-            started = _start_driver()
+            _driver.start_early("gpu")  # the driver's start beside cuBLAS's load, unless load_policy began them
+            _driver.join_early()
+            started = _start_driver()  # quick once started: the context, current in this thread
         finally:
             context.set()
-        libraries.join()
         if started and on_context is not None:
             try:
                 on_context()
@@ -169,20 +168,12 @@ def warm_up(requested: str | None = None, then=None, on_context=None) -> threadi
     return t
 
 
-def _cupy_installed() -> bool:
-    """Whether CuPy can be found (without importing it)."""
-    return importlib.util.find_spec("cupy") is not None
+#: Whether CuPy can be found, without importing it (:func:`cudarl._driver.cupy_installed`)
+_cupy_installed = _driver.cupy_installed
 
 
 #: ``cuInit`` and the primary context, current in the calling thread (:func:`cudarl._driver.start`)
 _start_driver = _driver.start
-
-
-def _load_libraries() -> None:
-    """:func:`cudarl.blas.load_libraries`, beside the driver's start (no device needed to load them)."""
-    from . import blas
-
-    blas.load_libraries()
 
 
 def get(requested: str | None = None) -> Backend:

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import _driver, kernels
+from . import kernels
 
 WORKSPACE_BYTES = 32 * 1024 * 1024  # cuBLAS's recommendation for Hopper
 _CUBLAS_OP_N, _CUBLAS_OP_T = 0, 1
@@ -50,6 +50,7 @@ _PREF_MAX_WORKSPACE_BYTES, _PREF_REDUCTION_SCHEME_MASK = (
 _PREF_MIN_ALIGNMENT_A, _PREF_MIN_ALIGNMENT_B, _PREF_MIN_ALIGNMENT_C, _PREF_MIN_ALIGNMENT_D = 5, 6, 7, 8
 #: cublasLtEpilogue_t by (has bias, activation): DEFAULT 1, RELU 2, BIAS 4, RELU_BIAS 6.
 _EPILOGUES = {(False, "identity"): 1, (False, "relu"): 2, (True, "identity"): 4, (True, "relu"): 6}
+_EPILOGUE_HAS_BIAS = {e: has_bias for (has_bias, _), e in _EPILOGUES.items()}
 #: The activations :func:`gemm_lt` fuses.
 LT_ACTS = ("identity", "relu")
 #: The operand alignment (bytes) plans assume at most: a CuPy allocation, or a view starting at a
@@ -277,17 +278,12 @@ def gemm_lt_prepare(
     s.synchronize()  # the scratch operands outlive the GEMM
 
 
-#: Alignment of every parameter view (:data:`cudarl.nn.params.ALIGN` floats), the bias alignment of the
-#: plans :func:`plan_key` names
-PARAM_ALIGN_BYTES = 256
-
-
 def plan_key(
     m: int,
     n: int,
     k: int,
     *,
-    bias: bool,
+    bias_align: int,
     act: str = "identity",
     trans_a: bool = False,
     trans_b: bool = False,
@@ -295,11 +291,11 @@ def plan_key(
     split_k: bool = True,
 ) -> tuple:
     """The key of the :func:`gemm_lt` plan of a ``[M, K] x [K, N]`` GEMM on operands aligned to
-    :data:`LT_ALIGN` bytes, with a bias that is a parameter view (:data:`PARAM_ALIGN_BYTES`) or none:
-    what :func:`gemm_lt_prepare` makes for a layer's forward, named without a device."""
+    :data:`LT_ALIGN` bytes, with a bias whose address is a multiple of ``bias_align`` bytes (0: no
+    bias): what :func:`gemm_lt_prepare` makes for a layer's forward, named without a device."""
     if act not in LT_ACTS:
         raise BlasError(f"plan_key: act must be one of {LT_ACTS}, got {act!r}")
-    bias_ptr = PARAM_ALIGN_BYTES if bias else 0
+    bias_ptr = bias_align  # an address with exactly that alignment (up to the 256 the key counts)
     return _lt_key(m, n, k, trans_a, trans_b, bias_ptr, act, tf32, LT_ALIGN, LT_ALIGN, LT_ALIGN, split_k)
 
 
@@ -329,13 +325,14 @@ def warm_plans(keys) -> None:
         return p.value
 
     try:
-        a = alloc(4 * max(key[0] * key[2] for key in keys))
-        b = alloc(4 * max(key[1] * key[2] for key in keys))
-        out = alloc(4 * max(key[0] * key[1] for key in keys))
-        bias = alloc(4 * max(key[1] for key in keys))  # cuMemAlloc's addresses are 256-byte aligned at least
+        mnk = [key[:3] for key in keys]  # _lt_key's (m, n, k, ...)
+        a = alloc(4 * max(m * k for m, _, k in mnk))
+        b = alloc(4 * max(n * k for _, n, k in mnk))
+        out = alloc(4 * max(m * n for m, n, _ in mnk))
+        bias = alloc(4 * max(n for _, n, _ in mnk))  # cuMemAlloc's addresses are 256-byte aligned at least
         work = alloc(WORKSPACE_BYTES)
         for key in keys:
-            has_bias = key[10] != 0
+            has_bias = _EPILOGUE_HAS_BIAS[key[5]]
             plan = _plans[key] = _LtPlan(key, bias if has_bias else 0)
             if has_bias:
                 _set_attr(
@@ -650,15 +647,6 @@ class _LtHeuristicResult(ctypes.Structure):
         ("wavesCount", ctypes.c_float),
         ("reserved", ctypes.c_int * 4),
     ]
-
-
-def load_libraries() -> None:
-    """Load cuBLAS, and with it cuBLASLt (its dependency), the way CuPy loads them (``cuda.pathfinder``),
-    without CuPy: :func:`cudarl.backend.warm_up` calls it in a thread beside the driver's start, where
-    the load lets go of the GIL (CuPy's import of its cuBLAS module would load them holding it; the
-    later loads find them loaded). Failures are left for the first GEMM to report."""
-    if _find_loaded(r"/libcublasLt\.so") is None:
-        _driver.load_cublas()
 
 
 def _lt_lib():

@@ -191,6 +191,15 @@ def parse_units(path: Path, family: str) -> dict[str, str | None]:
     return out
 
 
+def _src_dir(src_dir: Path | None) -> Path:
+    """``src_dir``, or the loader's ``cuda_src/`` (:data:`cudarl.kernels.SRC_DIR`, read at the call: tests move it)."""
+    if src_dir is None:
+        from .kernels import SRC_DIR
+
+        return SRC_DIR
+    return src_dir
+
+
 @functools.cache
 def _units(src_dir: str, family: str) -> dict[str, str | None]:
     return parse_units(Path(src_dir) / f"{family}.cu", family)
@@ -198,10 +207,7 @@ def _units(src_dir: str, family: str) -> dict[str, str | None]:
 
 def unit_of(family: str, op: str, src_dir: Path | None = None) -> str | None:
     """The compile unit holding ``cudarl_<family>_<op>`` (``None``: the family is one unit)."""
-    if src_dir is None:
-        from .kernels import SRC_DIR
-
-        src_dir = SRC_DIR
+    src_dir = _src_dir(src_dir)
     units = _units(str(src_dir), family)
     if op not in units:
         of(family, op, src_dir)  # raises, naming the ops
@@ -210,10 +216,7 @@ def unit_of(family: str, op: str, src_dir: Path | None = None) -> str | None:
 
 def units(family: str, src_dir: Path | None = None) -> list[str | None]:
     """The compile units of ``family`` in order of first appearance (``[None]``: one unit, the file)."""
-    if src_dir is None:
-        from .kernels import SRC_DIR
-
-        src_dir = SRC_DIR
+    src_dir = _src_dir(src_dir)
     return list(dict.fromkeys(_units(str(src_dir), family).values())) or [None]
 
 
@@ -229,10 +232,7 @@ def _family(src_dir: str, family: str) -> dict[str, Signature]:
 
 def of(family: str, op: str, src_dir: Path | None = None) -> Signature:
     """The signature of ``cudarl_<family>_<op>`` (parsed once per family)."""
-    if src_dir is None:
-        from .kernels import SRC_DIR
-
-        src_dir = SRC_DIR
+    src_dir = _src_dir(src_dir)
     sigs = _family(str(src_dir), family)
     if op not in sigs:
         raise SignatureError(f"cuda_src/{family}.cu has no kernel cudarl_{family}_{op} (ops: {sorted(sigs)})")

@@ -27,7 +27,11 @@ from ..config import NetConfig as _NET
 from ..reference import philox
 from ..reference.nn import ACTS, IDENTITY, RELU
 from ..reference.optim import GN_BLOCKS
-from .params import ParamLayout, Workspace, matmul
+from .params import ALIGN, ParamLayout, Workspace, matmul
+
+#: The alignment of every float32 parameter view in bytes (:data:`cudarl.nn.params.ALIGN` elements into a
+#: buffer the allocator aligns further): a bias's, in the cuBLASLt plan keys of a forward.
+PARAM_ALIGN_BYTES = ALIGN * np.dtype(np.float32).itemsize
 
 #: Linear's GEMMs (``net.gemm``, docs/config.md): cuBLAS then the bias/activation kernel; cuBLASLt with
 #: the bias and ReLU in its epilogue; the same limited to one-kernel algorithms for the forward and dx;
@@ -168,7 +172,7 @@ class Linear(Module):
         """The :func:`cudarl.blas.plan_key` of the plan :meth:`prepare` makes for ``batch`` samples, or
         None (no cuBLASLt forward); needs no binding and no device."""
         g = self._forward_gemm(batch)
-        return None if g is None else blas.plan_key(g[0], g[1], g[2], bias=True, **g[3])
+        return None if g is None else blas.plan_key(g[0], g[1], g[2], bias_align=PARAM_ALIGN_BYTES, **g[3])
 
     def prepare(self, batch: int) -> None:
         """Make the cuBLASLt plan of a forward over ``batch`` samples (GPU, ``gemm="cublaslt"``); a

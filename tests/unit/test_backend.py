@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from cudarl import backend
+from cudarl import _driver, backend
 from cudarl.testing import gpu_skip_reason
 
 
@@ -62,6 +62,26 @@ def _pretend_selection(monkeypatch, select=None) -> None:
     monkeypatch.setattr(backend, "_selected", set())
     monkeypatch.delenv("CUDARL_BACKEND", raising=False)
     monkeypatch.setattr(backend, "_cupy_installed", lambda: True)
+    monkeypatch.setattr(_driver, "_early", [])  # the driver's early start: none here (see _fake_early_start)
+    monkeypatch.setattr(_driver, "cupy_installed", lambda: False)
+
+
+def _fake_early_start(monkeypatch, calls: list, cublas_s: float = 0.0) -> None:
+    """The early start's two calls recorded in ``calls`` with their threads (``load_cublas`` slowed by
+    ``cublas_s``), CuPy "installed" for it, and no early start yet."""
+    import threading
+    import time
+
+    def cublas():
+        time.sleep(cublas_s)
+        calls.append(("libraries", threading.current_thread().name))
+
+    monkeypatch.setattr(_driver, "_early", [])
+    monkeypatch.setattr(_driver, "cupy_installed", lambda: True)
+    monkeypatch.setattr(
+        _driver, "start", lambda: calls.append(("early start", threading.current_thread().name)) or True
+    )
+    monkeypatch.setattr(_driver, "load_cublas", cublas)
 
 
 def test_warm_up_selects_in_the_background_and_get_waits_for_it(monkeypatch):
@@ -135,34 +155,47 @@ def test_warm_up_then_runs_in_the_thread_after_the_selection(monkeypatch):
 
 
 def test_warm_up_runs_on_context_in_the_driver_thread_after_the_libraries(monkeypatch):
-    """on_context() runs in the driver's thread once the driver's start made the context current and the
-    GEMM libraries' load beside it has ended; not when the driver did not start; what it raises is
-    dropped, and the selection still happens."""
+    """The warm-up's driver thread begins the early start (the driver's start, cuBLAS's load beside it)
+    unless cudarl.load_policy did, waits for it, makes the context current in itself, then runs
+    on_context() there once the GEMM libraries' load has ended; not when the driver did not start; what
+    on_context raises is dropped, and the selection still happens."""
     import threading
-    import time
 
     calls = []
     _pretend_selection(monkeypatch)
-
-    def libraries():
-        time.sleep(0.2)  # slower than the driver: on_context must wait for it
-        calls.append(("libraries", threading.current_thread().name))
-
-    monkeypatch.setattr(backend, "_load_libraries", libraries)
+    _fake_early_start(monkeypatch, calls, cublas_s=0.2)  # slower than the driver: on_context must wait for it
     monkeypatch.setattr(backend, "_start_driver", lambda: calls.append("driver") or True)
     t = backend.warm_up("cupy", on_context=lambda: calls.append(("context", threading.current_thread().name)))
     t.join(5)
-    assert calls == ["driver", ("libraries", "cudarl-gemm-libraries"), ("context", "cudarl-driver-start")]
+    assert calls == [
+        ("early start", "cudarl-driver-early"),
+        ("libraries", "cudarl-gemm-libraries"),
+        "driver",
+        ("context", "cudarl-driver-start"),
+    ]
     assert backend.get("cupy").device == "warmed cupy"
 
     calls.clear()
+    _fake_early_start(monkeypatch, calls)
     monkeypatch.setattr(backend, "_start_driver", lambda: calls.append("no driver") or False)
     backend.warm_up("other", on_context=lambda: calls.append("context")).join(5)
-    assert calls == ["no driver", ("libraries", "cudarl-gemm-libraries")]  # no context: on_context skipped
+    assert sorted(map(str, calls)) == sorted(
+        map(str, [("early start", "cudarl-driver-early"), ("libraries", "cudarl-gemm-libraries"), "no driver"])
+    )  # no context: on_context skipped
+    assert calls[-1] == "no driver"  # after the early start's two calls
+
+    # an early start begun before (cudarl.load_policy) is waited for, not begun again
+    calls.clear()
+    _fake_early_start(monkeypatch, calls)
+    _driver.start_early("gpu")
+    monkeypatch.setattr(backend, "_start_driver", lambda: calls.append("driver") or True)
+    backend.warm_up("fifth", on_context=lambda: calls.append("context")).join(5)
+    assert len(_driver._early) == 1 and calls[-2:] == ["driver", "context"] and len(calls) == 4
 
     def raising():
         raise RuntimeError("dropped")
 
+    _fake_early_start(monkeypatch, calls)
     monkeypatch.setattr(backend, "_start_driver", lambda: True)
     backend.warm_up("third", on_context=raising).join(5)
     assert backend.get("third").device == "warmed third"
@@ -170,7 +203,7 @@ def test_warm_up_runs_on_context_in_the_driver_thread_after_the_libraries(monkey
     # the selection (and so get()) does not wait for on_context; then does
     calls.clear()
     release = threading.Event()
-    monkeypatch.setattr(backend, "_load_libraries", lambda: None)
+    _fake_early_start(monkeypatch, [])
 
     def slow_context():
         release.wait(5)
@@ -191,19 +224,17 @@ def test_load_policy_begins_the_drivers_start_before_cudarls_modules(monkeypatch
     import sys
     import threading
 
-    from cudarl import _driver
-
     calls = []
     monkeypatch.setattr(_driver, "_early", [])
     monkeypatch.setattr(_driver, "start", lambda: calls.append(("start", threading.current_thread().name)) or True)
     monkeypatch.setattr(_driver, "load_cublas", lambda: calls.append("cublas"))
-    monkeypatch.setattr(_driver.importlib.util, "find_spec", lambda name: None)  # no CuPy
+    monkeypatch.setattr(_driver, "cupy_installed", lambda: False)  # no CuPy
     _driver.start_early("gpu")
     monkeypatch.setenv("CUDARL_BACKEND", "numpy")
     _driver.start_early("auto")
     assert not _driver._early
     monkeypatch.delenv("CUDARL_BACKEND")
-    monkeypatch.setattr(_driver.importlib.util, "find_spec", lambda name: object())  # CuPy "installed"
+    monkeypatch.setattr(_driver, "cupy_installed", lambda: True)  # CuPy "installed"
     _driver.start_early("cpu")
     assert not _driver._early
     _driver.start_early("auto")

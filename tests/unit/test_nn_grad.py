@@ -250,4 +250,5 @@ def test_forward_plan_keys_name_the_plans_of_a_workspace_without_a_network():
     # the key gemm_lt_prepare computes for a parameter view's bias (512-byte aligned pool address + 256 k)
     m, n, k = keys[0][:3]
     made = blas._lt_key(m, n, k, False, False, 0x7F0000000200, "relu", False, 512, 512, 512, False)
-    assert made == keys[0] == blas.plan_key(m, n, k, bias=True, act="relu", split_k=False)
+    assert made == keys[0] == blas.plan_key(m, n, k, bias_align=256, act="relu", split_k=False)
+    assert blas.plan_key(m, n, k, bias_align=0)[5] == 1  # no bias: cuBLASLt's DEFAULT epilogue
