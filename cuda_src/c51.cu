@@ -99,11 +99,11 @@ namespace pa = cudarl::popart;
 // generic path). Four to five graph nodes fewer on the step's critical path.
 //
 // Variants: each path is a kernel of its own, in a compile unit of its own, so a start-up compiles
-// only the one it launches (each register path costs NVRTC about as much as the rest of the kernel):
-// _regs3 (A <= 3), _regs4 (A == 4) and _regs8 (A <= 8), the register path for K <= 64 atoms and at
-// most that many actions, and _generic (any A and K). The launcher (cudarl/ops/c51.py tl_variant)
-// picks the one for A and K that a single kernel once picked at run time; a register variant must
-// not be launched with more actions or atoms than it holds.
+// only the one it launches, in a fraction of the time the kernel holding every path took
+// (docs/perf-notes.md): _regs3 (A <= 3), _regs4 (A == 4) and _regs8 (A <= 8), the register path for
+// K <= 64 atoms and at most that many actions, and _generic (any A and K). The launcher
+// (cudarl/ops/c51.py tl_variant) picks the one for A and K that a single kernel once picked at run
+// time; a register variant must not be launched with more actions or atoms than it holds.
 //
 // Threads: blocks of 4 warps (128 threads: twice the SMs of 8-warp blocks at B = 512), one warp per
 // sample, samples b = warp, warp + 4 * gridDim.x, ... (any grid covers any B). With PopArt every y
