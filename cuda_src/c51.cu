@@ -1,6 +1,6 @@
 // C51 (Bellemare et al. 2017) with double-DQN selection: the train step's targets and loss fused into
-// one launch from the dueling head's raw output (cudarl_c51_targets_loss[_popart]), and the n-step
-// return. Twin: cudarl/reference/c51.py. Launchers: cudarl/ops/c51.py.
+// one launch from the dueling head's raw output (cudarl_c51_targets_loss[_popart]_<variant>), and the
+// n-step return. Twin: cudarl/reference/c51.py. Launchers: cudarl/ops/c51.py.
 //
 // Layout: va [B, (1 + A) K] row-major (V, then Adv [A, K]), support [K] uniform (z_k = v_min + k dz),
 // actions int32 [B]. Every per-sample op maps ONE WARP TO ONE SAMPLE (cudarl/c51_rows.cuh, the rows
@@ -83,9 +83,10 @@ __device__ __forceinline__ void project_row_staged(const float* p, float r, floa
 namespace pa = cudarl::popart;
 
 // ---------------------------------------------------------------------------------------------
-// cudarl_c51_targets_loss (no PopArt) and cudarl_c51_targets_loss_popart: the train step's targets
-// and loss in ONE launch, from the dueling head's raw output va [B, (1 + A) K] (V, then Adv [A, K])
-// of the online net at s_t (va_tm1) and s_{t+1} (va_online_tp1) and the target net at s_{t+1}:
+// cudarl_c51_targets_loss_<variant> (no PopArt) and cudarl_c51_targets_loss_popart_<variant>: the
+// train step's targets and loss in ONE launch, from the dueling head's raw output va [B, (1 + A) K]
+// (V, then Adv [A, K]) of the online net at s_t (va_tm1) and s_{t+1} (va_online_tp1) and the target
+// net at s_{t+1}:
 //   logits = dueling combine of va (cudarl/dueling.cuh: cudarl_nn_dueling_forward's rounding)
 //   a*, probs, [y, PopArt update, r_norm], target m   as cudarl_c51_chain_targets / next_probs_td +
 //                                                       project_popart
@@ -96,6 +97,13 @@ namespace pa = cudarl::popart;
 // pair, loss, dueling_backward), with no logits or dlogits buffers in memory: the combined rows
 // live in registers (the register path, K <= 64 and A <= 8) or in shared memory per warp (the
 // generic path). Four to five graph nodes fewer on the step's critical path.
+//
+// Variants: each path is a kernel of its own, in a compile unit of its own, so a start-up compiles
+// only the one it launches, in a fraction of the time the kernel holding every path took
+// (docs/perf-notes.md): _regs3 (A <= 3), _regs4 (A == 4) and _regs8 (A <= 8), the register path for
+// K <= 64 atoms and at most that many actions, and _generic (any A and K). The launcher
+// (cudarl/ops/c51.py tl_variant) picks the one for A and K that a single kernel once picked at run
+// time; a register variant must not be launched with more actions or atoms than it holds.
 //
 // Threads: blocks of 4 warps (128 threads: twice the SMs of 8-warp blocks at B = 512), one warp per
 // sample, samples b = warp, warp + 4 * gridDim.x, ... (any grid covers any B). With PopArt every y
@@ -442,7 +450,9 @@ __device__ __forceinline__ void targets_loss_regs(const TlArgs& t, const pa::Sta
   tl_finish(kPopArt, t.phase, t.loss_per, t.weights, B, t.scale, part, t.loss, t.done, t.barrier);
 }
 
-template <bool kPopArt>
+// MAXA > 0: the register path for at most MAXA actions (the launcher's choice: A <= MAXA, K <=
+// C51_TLR_MAXK); MAXA == 0: the generic path. Only the chosen path is compiled.
+template <bool kPopArt, int MAXA>
 __device__ __forceinline__ void targets_loss_body(
     const float* __restrict__ va_tm1, const float* __restrict__ va_online_tp1, const float* __restrict__ va_target_tp1,
     const int* __restrict__ actions, const float* __restrict__ weights, const float* __restrict__ support,
@@ -455,78 +465,75 @@ __device__ __forceinline__ void targets_loss_body(
   __shared__ float part[C51_MEAN_SLOTS];
   __shared__ float s1[pa::kReduceThreads / 2];
   __shared__ float s2[pa::kReduceThreads / 2];
-  const int lane = threadIdx.x % C51_WARP, warp = threadIdx.x / C51_WARP;
-  const int row = (1 + A) * K;
+  const int warp = threadIdx.x / C51_WARP;
   // per warp, in float4s: [max(A, 4) K floats: the online logits at s', then the projection's
   // shares, then dL/dlogits] [K floats: the target row a*, then the online row a]
   const int big = (A > 4 ? A : 4) * K, per_warp4 = (big + K + 3) / 4;
   float4* stage = c51_tl_smem + (long long)warp * per_warp4;
-  float* logits = reinterpret_cast<float*>(stage);
-  float* x = logits + big;
-  const int first = blockIdx.x * C51_TL_WARPS + warp, stride = gridDim.x * C51_TL_WARPS;
   pa::Stats old{};
   if (kPopArt) old = pa::load(phase == 2 ? state_prev : state);  // every block, before block 0 stores the new ones
   if (kPopArt && phase == 1 && blockIdx.x == 0 && threadIdx.x < pa::STATE_SIZE) state_prev[threadIdx.x] = state[threadIdx.x];
-  if (K <= C51_TLR_MAXK && A <= 8) {  // the register path (uniform: A and K are launch arguments)
+  if constexpr (MAXA > 0) {
     const TlArgs t{va_tm1, va_online_tp1, va_target_tp1, actions, weights, support, r_t, discount_t, beta, state_out, y,
                    r_norm, probs, a_star, target, loss_per, priority, dva, loss, done, barrier, B, A, K, kind, scale,
                    sigma_min, phase};
-    if (A <= 3) targets_loss_regs<kPopArt, 3>(t, old, stage, part, s1, s2);  // short, flat, long
-    else if (A == 4) targets_loss_regs<kPopArt, 4>(t, old, stage, part, s1, s2);
-    else targets_loss_regs<kPopArt, 8>(t, old, stage, part, s1, s2);
-    return;
-  }
-
-  // the generic path. pass 1: a*, probs (and y)
-  for (int b = first; b < B && phase != 2; b += stride) {
-    const float* vo = va_online_tp1 + (long long)b * row;
-    for (int a = 0; a < A; ++a) dueling_row(vo, a, logits + a * K, A, K, lane);
-    __syncwarp();
-    const int best = select_action(logits, support, A, K, lane);
-    dueling_row(va_target_tp1 + (long long)b * row, best, x, A, K, lane);
-    __syncwarp();
-    float pz;
-    probs_row(x, support, probs + (long long)b * K, K, lane, pz);
-    if (kPopArt) {
-      const float v = warp_sum(pz);
-      if (lane == 0) y[b] = pa::td_target(r_t[b], discount_t[b], v, old.mu, old.sigma / old.scale);
-    }
-    if (lane == 0) a_star[b] = best;
-    __syncwarp();  // every lane's probs and x reads are done before the next sample overwrites x
-  }
-  if (phase == 1) return;  // the two-launch form's first launch: the second reads y
-  pa::Stats st{};
-  if (kPopArt) st = tl_popart_stats(y, B, old, beta, sigma_min, phase, barrier, s1, s2, state_out);
-
-  // pass 2: the projection, the loss and dL/dva
-  for (int b = first; b < B; b += stride) {
-    const float d = discount_t[b];
-    float rn = r_t[b];
-    if (kPopArt) {
-      rn = pa::normalized_reward(rn, d, st.mu, st.sigma / st.scale);
-      if (lane == 0) r_norm[b] = rn;
-    }
-    float* m = target + (long long)b * K;
-    project_row_staged(probs + (long long)b * K, rn, d, support, m, K, lane, stage);
-    const int act = actions[b];
-    if (act < 0 || act >= A) {
-      loss_row_bad_action(logits, loss_per + b, priority + b, A, K, lane);
-    } else {
-      dueling_row(va_tm1 + (long long)b * row, act, x, A, K, lane);
+    targets_loss_regs<kPopArt, MAXA>(t, old, stage, part, s1, s2);
+  } else {
+    const int lane = threadIdx.x % C51_WARP, row = (1 + A) * K;
+    float* logits = reinterpret_cast<float*>(stage);
+    float* x = logits + big;
+    const int first = blockIdx.x * C51_TL_WARPS + warp, stride = gridDim.x * C51_TL_WARPS;
+    // the generic path. pass 1: a*, probs (and y)
+    for (int b = first; b < B && phase != 2; b += stride) {
+      const float* vo = va_online_tp1 + (long long)b * row;
+      for (int a = 0; a < A; ++a) dueling_row(vo, a, logits + a * K, A, K, lane);
       __syncwarp();
-      loss_row_x(x, act, m, weights[b], logits, loss_per + b, priority + b, B, A, K, kind, lane);
+      const int best = select_action(logits, support, A, K, lane);
+      dueling_row(va_target_tp1 + (long long)b * row, best, x, A, K, lane);
+      __syncwarp();
+      float pz;
+      probs_row(x, support, probs + (long long)b * K, K, lane, pz);
+      if (kPopArt) {
+        const float v = warp_sum(pz);
+        if (lane == 0) y[b] = pa::td_target(r_t[b], discount_t[b], v, old.mu, old.sigma / old.scale);
+      }
+      if (lane == 0) a_star[b] = best;
+      __syncwarp();  // every lane's probs and x reads are done before the next sample overwrites x
     }
-    __syncwarp();
-    for (int k = lane; k < K; k += C51_WARP) cudarl::dueling_backward_atom(logits, dva + (long long)b * row, A, K, k);
-    __syncwarp();
+    if (phase == 1) return;  // the two-launch form's first launch: the second reads y
+    pa::Stats st{};
+    if (kPopArt) st = tl_popart_stats(y, B, old, beta, sigma_min, phase, barrier, s1, s2, state_out);
+
+    // pass 2: the projection, the loss and dL/dva
+    for (int b = first; b < B; b += stride) {
+      const float d = discount_t[b];
+      float rn = r_t[b];
+      if (kPopArt) {
+        rn = pa::normalized_reward(rn, d, st.mu, st.sigma / st.scale);
+        if (lane == 0) r_norm[b] = rn;
+      }
+      float* m = target + (long long)b * K;
+      project_row_staged(probs + (long long)b * K, rn, d, support, m, K, lane, stage);
+      const int act = actions[b];
+      if (act < 0 || act >= A) {
+        loss_row_bad_action(logits, loss_per + b, priority + b, A, K, lane);
+      } else {
+        dueling_row(va_tm1 + (long long)b * row, act, x, A, K, lane);
+        __syncwarp();
+        loss_row_x(x, act, m, weights[b], logits, loss_per + b, priority + b, B, A, K, kind, lane);
+      }
+      __syncwarp();
+      for (int k = lane; k < K; k += C51_WARP) cudarl::dueling_backward_atom(logits, dva + (long long)b * row, A, K, k);
+      __syncwarp();
+    }
+    tl_finish(kPopArt, phase, loss_per, weights, B, scale, part, loss, done, barrier);
   }
-  tl_finish(kPopArt, phase, loss_per, weights, B, scale, part, loss, done, barrier);
 }
 
 }  // namespace
 
-// Both targets_loss kernels use cudarl::last_block, whose flag is a function-static __shared__
-// variable: used by two kernels, it stays a module-level variable in the whole family. A unit
+// The targets_loss kernels use cudarl::last_block, whose flag is a function-static __shared__
+// variable: used by several kernels, it stays a module-level variable in the whole family. A unit
 // compile holds one of them, and NVVM would move the flag into that kernel, which lays out its shared
 // memory otherwise (other address arithmetic, the same results). This kernel, never launched, keeps
 // the flag shared in every unit, so each kernel's machine code is the whole family's, byte for byte
@@ -537,34 +544,63 @@ __global__ void unit_keeps_last_block_shared(unsigned int* done) { cudarl::last_
 }  // namespace
 #endif
 
-#if CUDARL_UNIT_IS(targets_loss)
-extern "C" __global__ void cudarl_c51_targets_loss(
-    const float* __restrict__ va_tm1, const float* __restrict__ va_online_tp1, const float* __restrict__ va_target_tp1,
-    const int* __restrict__ actions, const float* __restrict__ weights, const float* __restrict__ support,
-    const float* __restrict__ r_t, const float* __restrict__ discount_t, float* __restrict__ probs,
-    int* __restrict__ a_star, float* __restrict__ target, float* __restrict__ loss_per, float* __restrict__ priority,
-    float* __restrict__ dva, float* __restrict__ loss, unsigned int* __restrict__ done, int B, int A, int K, int kind,
-    float scale) {
-  targets_loss_body<false>(va_tm1, va_online_tp1, va_target_tp1, actions, weights, support, r_t, discount_t, nullptr,
-                           nullptr, nullptr, nullptr, nullptr, probs, a_star, target, loss_per, priority, dva, loss, done,
-                           nullptr, nullptr, B, A, K, kind, scale, 0.f, 0);
-}
-#endif  // targets_loss
+// The variants of each op (see the banner above) take the same parameters and differ only in the
+// path they compile: targets_loss_body's MAXA (0: the generic path).
+#define C51_TL_PARAMS                                                                                               \
+  const float *__restrict__ va_tm1, const float *__restrict__ va_online_tp1, const float *__restrict__ va_target_tp1, \
+      const int *__restrict__ actions, const float *__restrict__ weights, const float *__restrict__ support,          \
+      const float *__restrict__ r_t, const float *__restrict__ discount_t, float *__restrict__ probs,                 \
+      int *__restrict__ a_star, float *__restrict__ target, float *__restrict__ loss_per,                            \
+      float *__restrict__ priority, float *__restrict__ dva, float *__restrict__ loss, unsigned int *__restrict__ done, \
+      int B, int A, int K, int kind, float scale
+#define C51_TL_BODY(MAXA)                                                                                             \
+  targets_loss_body<false, MAXA>(va_tm1, va_online_tp1, va_target_tp1, actions, weights, support, r_t, discount_t,     \
+                                 nullptr, nullptr, nullptr, nullptr, nullptr, probs, a_star, target, loss_per, priority, \
+                                 dva, loss, done, nullptr, nullptr, B, A, K, kind, scale, 0.f, 0)
+#define C51_TL_POPART_PARAMS                                                                                        \
+  const float *__restrict__ va_tm1, const float *__restrict__ va_online_tp1, const float *__restrict__ va_target_tp1, \
+      const int *__restrict__ actions, const float *__restrict__ weights, const float *__restrict__ support,          \
+      const float *__restrict__ r_t, const float *__restrict__ discount_t, float *state, const float *__restrict__ beta, \
+      float *__restrict__ y, float *__restrict__ r_norm, float *__restrict__ probs, int *__restrict__ a_star,        \
+      float *__restrict__ target, float *__restrict__ loss_per, float *__restrict__ priority, float *__restrict__ dva, \
+      float *__restrict__ loss, unsigned int *__restrict__ done, unsigned int *__restrict__ barrier,                 \
+      float *__restrict__ state_prev, int B, int A, int K, int kind, float scale, float sigma_min, int phase
+#define C51_TL_POPART_BODY(MAXA)                                                                                      \
+  targets_loss_body<true, MAXA>(va_tm1, va_online_tp1, va_target_tp1, actions, weights, support, r_t, discount_t,      \
+                                state, beta, state, y, r_norm, probs, a_star, target, loss_per, priority, dva, loss, done, \
+                                barrier, state_prev, B, A, K, kind, scale, sigma_min, phase)
 
-#if CUDARL_UNIT_IS(targets_loss_popart)
-extern "C" __global__ void cudarl_c51_targets_loss_popart(
-    const float* __restrict__ va_tm1, const float* __restrict__ va_online_tp1, const float* __restrict__ va_target_tp1,
-    const int* __restrict__ actions, const float* __restrict__ weights, const float* __restrict__ support,
-    const float* __restrict__ r_t, const float* __restrict__ discount_t, float* state, const float* __restrict__ beta,
-    float* __restrict__ y, float* __restrict__ r_norm, float* __restrict__ probs, int* __restrict__ a_star,
-    float* __restrict__ target, float* __restrict__ loss_per, float* __restrict__ priority, float* __restrict__ dva,
-    float* __restrict__ loss, unsigned int* __restrict__ done, unsigned int* __restrict__ barrier,
-    float* __restrict__ state_prev, int B, int A, int K, int kind, float scale, float sigma_min, int phase) {
-  targets_loss_body<true>(va_tm1, va_online_tp1, va_target_tp1, actions, weights, support, r_t, discount_t, state, beta,
-                          state, y, r_norm, probs, a_star, target, loss_per, priority, dva, loss, done, barrier, state_prev,
-                          B, A, K, kind, scale, sigma_min, phase);
-}
-#endif  // targets_loss_popart
+#if CUDARL_UNIT_IS(targets_loss_regs3)
+extern "C" __global__ void cudarl_c51_targets_loss_regs3(C51_TL_PARAMS) { C51_TL_BODY(3); }
+#endif  // targets_loss_regs3
+
+#if CUDARL_UNIT_IS(targets_loss_regs4)
+extern "C" __global__ void cudarl_c51_targets_loss_regs4(C51_TL_PARAMS) { C51_TL_BODY(4); }
+#endif  // targets_loss_regs4
+
+#if CUDARL_UNIT_IS(targets_loss_regs8)
+extern "C" __global__ void cudarl_c51_targets_loss_regs8(C51_TL_PARAMS) { C51_TL_BODY(8); }
+#endif  // targets_loss_regs8
+
+#if CUDARL_UNIT_IS(targets_loss_generic)
+extern "C" __global__ void cudarl_c51_targets_loss_generic(C51_TL_PARAMS) { C51_TL_BODY(0); }
+#endif  // targets_loss_generic
+
+#if CUDARL_UNIT_IS(targets_loss_popart_regs3)
+extern "C" __global__ void cudarl_c51_targets_loss_popart_regs3(C51_TL_POPART_PARAMS) { C51_TL_POPART_BODY(3); }
+#endif  // targets_loss_popart_regs3
+
+#if CUDARL_UNIT_IS(targets_loss_popart_regs4)
+extern "C" __global__ void cudarl_c51_targets_loss_popart_regs4(C51_TL_POPART_PARAMS) { C51_TL_POPART_BODY(4); }
+#endif  // targets_loss_popart_regs4
+
+#if CUDARL_UNIT_IS(targets_loss_popart_regs8)
+extern "C" __global__ void cudarl_c51_targets_loss_popart_regs8(C51_TL_POPART_PARAMS) { C51_TL_POPART_BODY(8); }
+#endif  // targets_loss_popart_regs8
+
+#if CUDARL_UNIT_IS(targets_loss_popart_generic)
+extern "C" __global__ void cudarl_c51_targets_loss_popart_generic(C51_TL_POPART_PARAMS) { C51_TL_POPART_BODY(0); }
+#endif  // targets_loss_popart_generic
 
 #if CUDARL_UNIT_IS(n_step)
 // ---------------------------------------------------------------------------------------------

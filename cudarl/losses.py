@@ -351,10 +351,10 @@ def c51_targets_loss(
         (L_b, loss, dL/dlogits, priority) = c51_loss(logits(va_tm1), a, m, w)
         dva = dL/dva:   dV = sum_a dL/dlogits_a,   dAdv_a = dL/dlogits_a - dV / A
 
-    On CuPy it is one launch (``cudarl_c51_targets_loss[_popart]``) with the bits of the chain of
-    launches it replaces (cuda_src/c51_chain.cu, its oracle): the head's dueling kernels, the targets,
-    the loss. The logits and their gradient are never stored; the network's backward starts from
-    ``dva`` (``QNetwork.backward(raw_head=True)``).
+    On CuPy it is one launch (``cudarl_c51_targets_loss[_popart]_<variant>``, the kernel variant for A
+    and K) with the bits of the chain of launches it replaces (cuda_src/c51_chain.cu, its oracle): the
+    head's dueling kernels, the targets, the loss. The logits and their gradient are never stored; the
+    network's backward starts from ``dva`` (``QNetwork.backward(raw_head=True)``).
 
     Args:
         va_tm1, va_online_tp1, va_target_tp1: float32 ``[B, (1 + A) K]``.

@@ -3,7 +3,10 @@
 
 For each cuda_src/<family>.cu: every kernel is named cudarl_<family>_<op>; cudarl/reference/<family>.py
 and cudarl/ops/<family>.py exist and define a function named <op> for every kernel op; and
-tests/parity/test_<family>.py exists. Every kernel's ``extern "C"`` parameters can be read
+tests/parity/test_<family>.py exists. An op may have several kernels, ``cudarl_<family>_<op>_<variant>``,
+where cudarl/ops/<family>.py declares them (``KERNEL_VARIANTS = {op: (variant, ...)}``: one launcher and
+one twin for the op, the launcher choosing the kernel): every declared variant must exist, and the
+variants of an op must take the same parameters. Every kernel's ``extern "C"`` parameters can be read
 (cudarl.signatures: the one source of a signature, which kernels.launch checks arguments against),
 a family split into compile units (cuda_src/include/cudarl/units.cuh) has every kernel in exactly one,
 and every ``launch(family, op, grid, block, args)`` in cudarl/ops names a kernel that exists, passes no
@@ -41,6 +44,21 @@ def face(rel: str) -> Path:
     return pkg if not p.is_file() and pkg.is_file() else p
 
 
+def kernel_variants(path: Path) -> dict[str, tuple[str, ...]]:
+    """``KERNEL_VARIANTS`` of a launcher module (op -> its kernels' suffixes), a literal read without
+    importing it; ``{}`` if it declares none. Raises ``ValueError`` if it is not a literal of that form."""
+    if not path.is_file():
+        return {}
+    for n in ast.parse(path.read_text()).body:
+        targets = n.targets if isinstance(n, ast.Assign) else [n.target] if isinstance(n, ast.AnnAssign) else []
+        if any(isinstance(t, ast.Name) and t.id == "KERNEL_VARIANTS" for t in targets):
+            found = ast.literal_eval(n.value)
+            if not (isinstance(found, dict) and all(isinstance(v, tuple) and v for v in found.values())):
+                raise ValueError("KERNEL_VARIANTS is not {op: (variant, ...)}")
+            return found
+    return {}
+
+
 def problems() -> list[str]:
     out = []
     for cu in sorted((ROOT / "cuda_src").glob("*.cu")):
@@ -48,13 +66,22 @@ def problems() -> list[str]:
         names = KERNEL_RE.findall(cu.read_text())
         if not names:
             out.append(f'cuda_src/{fam}.cu: no extern "C" __global__ kernels found')
-        ops = set()
+        try:
+            variants = kernel_variants(face(f"cudarl/ops/{fam}.py"))
+        except ValueError as exc:
+            out.append(f"cudarl/ops/{fam}.py: {exc} (write KERNEL_VARIANTS as a literal)")
+            variants = {}
+        of_variant = {f"{op}_{v}": op for op, vs in variants.items() for v in vs}
+        ops, kernel_ops = set(), set()
         for n in names:
             prefix = f"cudarl_{fam}_"
             if not n.startswith(prefix):
                 out.append(f"cuda_src/{fam}.cu: kernel {n} is not named {prefix}<op>")
             else:
-                ops.add(n[len(prefix) :])
+                kernel_ops.add(n[len(prefix) :])
+                ops.add(of_variant.get(n[len(prefix) :], n[len(prefix) :]))
+        for v in sorted(set(of_variant) - kernel_ops):
+            out.append(f"cudarl/ops/{fam}.py: KERNEL_VARIANTS names cudarl_{fam}_{v}, which cuda_src/{fam}.cu lacks")
         for rel in (f"cudarl/reference/{fam}.py", f"cudarl/ops/{fam}.py"):
             p = face(rel)
             if not p.is_file():
@@ -74,14 +101,33 @@ def problems() -> list[str]:
             signatures.parse_units(cu, fam)  # compile units: each kernel in exactly one, or none at all
         except signatures.SignatureError as exc:
             out.append(str(exc))
+        for op, vs in variants.items():
+            params = {sigs[f"{op}_{v}"].params for v in vs if f"{op}_{v}" in sigs}
+            if len(params) > 1:
+                out.append(f"cuda_src/{fam}.cu: the kernels of {op} ({', '.join(vs)}) take different parameters")
         out += signatures.forwarding_problems(cu)
         if (ROOT / f"cudarl/ops/{fam}.py").is_file():
-            out += launch_problems(ROOT / f"cudarl/ops/{fam}.py", sigs)
+            out += launch_problems(ROOT / f"cudarl/ops/{fam}.py", sigs, variants)
     return out
 
 
-def launch_problems(path: Path, sigs: dict) -> list[str]:
-    """The launches in ``path`` that disagree with the kernels' C signatures ``sigs`` (op -> Signature)."""
+def launch_ops(op: ast.expr, variants: dict) -> list[str] | None:
+    """The kernel ops a launch's ``op`` argument names: a string; ``f"<op>_{variant}"`` for an op with
+    declared variants, every variant; ``None`` for anything else (kernels.launch checks it when it runs)."""
+    if isinstance(op, ast.Constant) and isinstance(op.value, str):
+        return [op.value]
+    if isinstance(op, ast.JoinedStr) and len(op.values) == 2:
+        head, tail = op.values
+        if isinstance(head, ast.Constant) and isinstance(tail, ast.FormattedValue) and head.value.endswith("_"):
+            base = head.value[:-1]
+            if base in variants:
+                return [f"{base}_{v}" for v in variants[base]]
+    return None
+
+
+def launch_problems(path: Path, sigs: dict, variants: dict | None = None) -> list[str]:
+    """The launches in ``path`` that disagree with the kernels' C signatures ``sigs`` (op -> Signature);
+    ``variants``: the ops' declared kernel variants (``KERNEL_VARIANTS``)."""
     out, rel = [], path.relative_to(ROOT) if path.is_relative_to(ROOT) else path
     for n in ast.walk(ast.parse(path.read_text())):
         if not (isinstance(n, ast.Call) and getattr(n.func, "id", getattr(n.func, "attr", None)) == "launch"):
@@ -90,20 +136,21 @@ def launch_problems(path: Path, sigs: dict) -> list[str]:
         if len(n.args) > 5 or any(isinstance(a, ast.Constant) and isinstance(a.value, str) for a in n.args[4:5]):
             out.append(f"{where}: launch passes a signature string; the kernel's C declaration is the signature")
             continue
-        op = n.args[1] if len(n.args) > 1 else None
-        if not (isinstance(op, ast.Constant) and isinstance(op.value, str)):
+        ops = launch_ops(n.args[1], variants or {}) if len(n.args) > 1 else None
+        if ops is None:
             continue  # the op is a variable: kernels.launch checks it when it runs
-        if op.value not in sigs:
-            out.append(f"{where}: no kernel for op {op.value!r} (ops: {', '.join(sorted(sigs))})")
-            continue
-        args = n.args[4] if len(n.args) > 4 else None
-        if isinstance(args, ast.Tuple) and not any(isinstance(e, ast.Starred) for e in args.elts):
-            want = sigs[op.value].params
-            if len(args.elts) != len(want):
-                out.append(
-                    f"{where}: {len(args.elts)} arguments for {sigs[op.value].kernel}, which takes {len(want)} "
-                    f"({sigs[op.value].text()})"
-                )
+        for op in ops:
+            if op not in sigs:
+                out.append(f"{where}: no kernel for op {op!r} (ops: {', '.join(sorted(sigs))})")
+                continue
+            args = n.args[4] if len(n.args) > 4 else None
+            if isinstance(args, ast.Tuple) and not any(isinstance(e, ast.Starred) for e in args.elts):
+                want = sigs[op].params
+                if len(args.elts) != len(want):
+                    out.append(
+                        f"{where}: {len(args.elts)} arguments for {sigs[op].kernel}, which takes {len(want)} "
+                        f"({sigs[op].text()})"
+                    )
     return out
 
 

@@ -36,7 +36,8 @@ def _check_targets_loss(
     done,
     priority,
 ):
-    """Checks shared by :func:`targets_loss` and :func:`targets_loss_popart`: ``(B, A, K, kind, grid, smem)``."""
+    """Checks shared by :func:`targets_loss` and :func:`targets_loss_popart`: ``(B, A, K, kind, grid, smem,
+    variant)``, ``variant`` the kernel's (:func:`tl_variant`)."""
     if priority not in PRIORITY_KINDS:
         raise ValueError(f"{w}: priority {priority!r} is not one of {PRIORITY_KINDS}")
     K = support.shape[0]
@@ -72,7 +73,7 @@ def _check_targets_loss(
             f"{w}: {A} actions x {K} atoms need {smem} bytes of shared memory per block (at most "
             f"{TL_MAX_SMEM}); use losses.c51_targets and losses.c51_loss"
         )
-    return B, A, K, PRIORITY_KINDS.index(priority), blocks_for(B, TL_WARPS), smem
+    return B, A, K, PRIORITY_KINDS.index(priority), blocks_for(B, TL_WARPS), smem, tl_variant(A, K)
 
 
 #: Warps (samples at a time) of a targets_loss block (C51_TL_WARPS in cuda_src/c51.cu).
@@ -80,6 +81,26 @@ TL_WARPS = 4
 #: Dynamic shared memory of a targets_loss block: (max(A, 4) + 1) K floats a warp; past 48 KiB the
 #: launch opts in (kernels.launch), up to what every sm_90 part has (227 KiB): 1024 atoms take 80 KiB.
 TL_MAX_SMEM = 227 * 1024
+#: The most atoms the register path holds (C51_TLR_MAXK in cuda_src/c51.cu: two atoms a lane).
+TLR_MAXK = 64
+#: The kernels of each op by action count (cuda_src/c51.cu): ``cudarl_c51_<op>_<variant>``, the
+#: register path compiled for at most 3, 4 or 8 actions, or the generic path; one compile unit each,
+#: so a start-up compiles only the variant it launches. A variant is one kernel of the op, not an op
+#: of its own: one launcher and one twin serve them all (``tools/check_faces.py`` reads this literal).
+KERNEL_VARIANTS = {
+    "targets_loss": ("regs3", "regs4", "regs8", "generic"),
+    "targets_loss_popart": ("regs3", "regs4", "regs8", "generic"),
+}
+
+
+def tl_variant(A: int, K: int) -> str:
+    """The ``targets_loss[_popart]`` kernel variant for ``A`` actions and ``K`` atoms: with K <= 64,
+    the register path compiled for the fewest actions (3, 4 or 8) that holds ``A``; else, or with
+    more than 8 actions, the generic path. Every variant gives the bits of the unfused chain
+    (tests/parity/test_c51.py runs each against it)."""
+    if K > TLR_MAXK or A > 8:
+        return "generic"
+    return "regs3" if A <= 3 else "regs4" if A == 4 else "regs8"
 
 
 def targets_loss(
@@ -108,7 +129,7 @@ def targets_loss(
     ``out_target``, ``out_loss_per``, ``out_loss [1]``, ``out_priority`` and ``out_dva [B, (1 + A) K]``
     (dL/dva of the s rows); ``done`` is a uint32 ``[1]`` ticket, 0 before and left 0."""
     w = "c51.targets_loss"
-    B, A, K, kind, grid, smem = _check_targets_loss(
+    B, A, K, kind, grid, smem, variant = _check_targets_loss(
         w,
         va_tm1,
         va_online_tp1,
@@ -130,7 +151,7 @@ def targets_loss(
     )
     launch(
         "c51",
-        "targets_loss",
+        f"targets_loss_{variant}",
         grid,
         32 * TL_WARPS,
         (
@@ -199,7 +220,7 @@ def targets_loss_popart(
     from ..kernels import resident_grid_limit
 
     w = "c51.targets_loss_popart"
-    B, A, K, kind, grid, smem = _check_targets_loss(
+    B, A, K, kind, grid, smem, variant = _check_targets_loss(
         w,
         va_tm1,
         va_online_tp1,
@@ -260,7 +281,7 @@ def targets_loss_popart(
     if grid_barrier:
         launch(
             "c51",
-            "targets_loss_popart",
+            f"targets_loss_popart_{variant}",
             min(grid, resident_grid_limit()),
             32 * TL_WARPS,
             args + (0,),
@@ -269,7 +290,15 @@ def targets_loss_popart(
         )
         return
     for phase in (1, 2):
-        launch("c51", "targets_loss_popart", grid, 32 * TL_WARPS, args + (phase,), stream=stream, shared_mem=smem)
+        launch(
+            "c51",
+            f"targets_loss_popart_{variant}",
+            grid,
+            32 * TL_WARPS,
+            args + (phase,),
+            stream=stream,
+            shared_mem=smem,
+        )
 
 
 def n_step(rewards, terminal, gamma, out_r_t, out_discount_t, stream=None) -> None:

@@ -338,30 +338,50 @@ def _gpu_launch_chain(cp, dev, outs, popart):
     nops.dueling_backward(grad, outs["dva"])
 
 
+#: (B, A, K) of the bitwise test below: every kernel variant (cudarl/ops/c51.py tl_variant) at its
+#: edges. regs3: A = 1, 2, 3 (K = 11, 33, 51, 64); regs4: A = 4; regs8: A = 5, 6, 8 (K = 11, 17, 64;
+#: B = 1000 puts two samples on some warps); generic: A = 9, K = 65 (one atom past the register
+#: path), K = 101, B = 4096 (1024 blocks' worth of samples on at most one block per SM), K = 1024
+#: (80 KiB of shared memory, the opt-in).
+TL_CASES = [
+    (1, 3, 11),
+    (7, 3, 51),
+    (512, 3, 51),
+    (33, 1, 33),
+    (50, 2, 51),
+    (9, 3, 64),
+    (40, 4, 40),
+    (100, 8, 64),
+    (1000, 5, 11),
+    (20, 6, 17),
+    (64, 9, 51),
+    (70, 3, 65),
+    (4096, 3, 101),
+    (300, 3, 1024),
+]
+
+
+def test_the_bitwise_cases_launch_every_kernel_variant():
+    """Each variant of targets_loss[_popart] (one compile unit each: their machine code is their own)
+    is run by the GPU test below, at the fewest and the most actions it takes."""
+    from cudarl.ops import c51 as ops
+
+    got = {}
+    for _, A, K in TL_CASES:
+        got.setdefault(ops.tl_variant(A, K), set()).add(A)
+    for op, variants in ops.KERNEL_VARIANTS.items():
+        assert set(got) == set(variants), op
+    assert got["regs3"] >= {1, 2, 3} and got["regs4"] == {4} and got["regs8"] >= {5, 8} and 9 in got["generic"]
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("popart,grid_barrier", [(False, True), (True, True), (True, False)])
-@pytest.mark.parametrize(
-    "B,A,K",
-    [
-        (1, 3, 11),
-        (7, 3, 51),
-        (512, 3, 51),
-        (33, 1, 33),
-        (40, 4, 40),
-        (100, 8, 64),
-        (1000, 5, 11),
-        (64, 9, 51),
-        (4096, 3, 101),
-        (300, 3, 1024),
-    ],
-)
+@pytest.mark.parametrize("B,A,K", TL_CASES)
 def test_gpu_targets_loss_is_bitwise_the_launch_chain_it_replaces(cp, rng, B, A, K, popart, grid_barrier):
     """Every output of the one launch, or of the two-launch form without the grid barrier, against
     the six to seven launches it replaces (three dueling_forward, the targets in one launch or two
-    with PopArt, the loss, dueling_backward). Both of the kernel's paths: registers (K <= 64, A <= 8;
-    A = 1, 4 and 8, K = 33 and 64 at the edges; B = 1000 puts two samples on some warps) and generic
-    (A = 9; K = 101; B = 4096: 1024 blocks' worth of samples on at most one block per SM; K = 1024:
-    80 KiB of shared memory, the opt-in)."""
+    with PopArt, the loss, dueling_backward), for every kernel variant (:data:`TL_CASES`): the
+    register path for at most 3, 4 and 8 actions (K <= 64) and the generic path."""
     host, dev, outs = _tl_buffers(cp, rng, B, A, K, popart)
     if B >= 7:
         dev["a"][3] = A  # an action out of range: NaN loss and priority, zero gradient, in both
@@ -404,10 +424,11 @@ def test_gpu_targets_loss_matches_the_twin(cp, rng, popart):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("popart", [False, True])
-def test_gpu_targets_loss_is_repeatable_and_graphed_equals_eager(cp, rng, popart):
+@pytest.mark.parametrize("A,K", [(3, 51), (4, 51), (6, 51), (9, 51)])  # regs3, regs4, regs8, generic
+def test_gpu_targets_loss_is_repeatable_and_graphed_equals_eager(cp, rng, popart, A, K):
     from cudarl.graph import StepGraph
 
-    host, dev, outs = _tl_buffers(cp, rng, 2000, 3, 51, popart)
+    host, dev, outs = _tl_buffers(cp, rng, 2000, A, K, popart)
     cp.cuda.Device().synchronize()
     g = StepGraph("c51_targets_loss_parity", [("targets_loss", lambda: _gpu_targets_loss(dev, outs, popart))], xp=cp)
     g.run_eager()

@@ -7,8 +7,10 @@ same bytes in its unit as in the whole family, so no GPU bit can move.
 """
 
 import sys
+import types
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from cudarl import kernels, nvrtc, signatures
@@ -28,11 +30,15 @@ def split_families() -> list[str]:
 # --- the split, as the sources declare it ----------------------------------------------------------
 
 
-def test_c51_is_split_and_the_reference_step_needs_one_small_unit():
-    """The reference step launches targets_loss and n_step: neither shares a unit with the PopArt kernel."""
+def test_c51_is_split_into_a_unit_per_kernel_variant():
+    """Every variant of targets_loss[_popart] (cudarl/ops/c51.py KERNEL_VARIANTS: a register path by
+    action count, or the generic path) is a unit of its own, apart from n_step and from each other."""
+    from cudarl.ops import c51 as ops
+
     assert "c51" in split_families()
-    assert kernels.unit_of("c51", "targets_loss") != kernels.unit_of("c51", "targets_loss_popart")
-    assert kernels.unit_of("c51", "n_step") not in {kernels.unit_of("c51", "targets_loss_popart")}
+    ops_ = [f"{op}_{v}" for op, vs in ops.KERNEL_VARIANTS.items() for v in vs] + ["n_step"]
+    assert sorted(signatures.parse_source(kernels.SRC_DIR / "c51.cu", "c51")) == sorted(ops_)
+    assert len({kernels.unit_of("c51", op) for op in ops_}) == len(ops_) == len(kernels.units("c51"))
 
 
 def test_every_kernel_of_a_split_family_is_in_exactly_one_unit():
@@ -93,8 +99,8 @@ def test_each_unit_has_its_own_cache_entry(fake_nvrtc, cache):
 
 def test_prefetch_of_a_kernel_compiles_only_its_unit(fake_nvrtc, monkeypatch):
     monkeypatch.setattr(kernels, "_pool", [])
-    unit = kernels.unit_of("c51", "targets_loss")
-    futures = kernels.prefetch([("c51", "targets_loss"), ("c51", "targets_loss"), ("util", "add_i64")], 90)
+    unit = kernels.unit_of("c51", "targets_loss_regs3")
+    futures = kernels.prefetch([("c51", "targets_loss_regs3"), ("c51", "targets_loss_regs3"), ("util", "add_i64")], 90)
     for f in futures:
         f.result()
     assert len(futures) == 2 and len(fake_nvrtc) == 2
@@ -102,6 +108,86 @@ def test_prefetch_of_a_kernel_compiles_only_its_unit(fake_nvrtc, monkeypatch):
     assert c51_program.startswith(f"#define CUDARL_UNIT 1\n#define CUDARL_UNIT_{unit} 1\n")
     assert any(p.startswith('#line 1 "cuda_src/util.cu"') for p in fake_nvrtc.sources)  # one unit: the whole file
     assert len(kernels.prefetch(["c51"], 90)) == len(kernels.units("c51"))  # a family: all its units
+    kernels._pool[0].shutdown()
+
+
+class _DeviceArray:
+    """What a launcher and ``kernels.launch`` read of a CuPy array (dtype, shape, flags, an address),
+    with no memory behind it: enough for :func:`kernels.discovering`, which launches nothing."""
+
+    __module__ = "cupy.fake"  # kernels.check_args takes arrays of CuPy's modules only
+    _address = 0x10000
+
+    def __init__(self, shape, dtype=np.float32):
+        self.shape, self.dtype, self.size = tuple(shape), np.dtype(dtype), int(np.prod(shape))
+        self.flags = types.SimpleNamespace(c_contiguous=True)
+        _DeviceArray._address += 0x10000
+        self.data = types.SimpleNamespace(ptr=_DeviceArray._address)
+
+
+@pytest.fixture
+def fake_cupy(monkeypatch):
+    """CuPy's stream and device queries, for a launcher run under :func:`kernels.discovering`."""
+    stream = types.SimpleNamespace(is_capturing=lambda: False, ptr=0)
+    fake = types.SimpleNamespace(cuda=types.SimpleNamespace(get_current_stream=lambda: stream))
+    monkeypatch.setitem(sys.modules, "cupy", fake)
+    monkeypatch.setattr(kernels, "resident_grid_limit", lambda: 132)  # the PopArt launch's grid cap
+
+
+def _discover_targets_loss(B, A, K, popart, grid_barrier=True) -> set:
+    """The ``(family, op)`` pairs the targets_loss launcher launches for ``B`` samples, ``A`` actions and
+    ``K`` atoms (kernels.discovering: what a graph's prefetch asks for)."""
+    from cudarl.ops import c51 as ops
+
+    def f(*shape, dtype=np.float32):
+        return _DeviceArray(shape, dtype)
+
+    row = (1 + A) * K
+    common = (f(B, row), f(B, row), f(B, row), f(B, dtype=np.int32), f(B), f(K), f(B), f(B))
+    outs = dict(out_probs=f(B, K), out_a_star=f(B, dtype=np.int32), out_target=f(B, K), out_loss_per=f(B))
+    outs.update(out_loss=f(1), out_priority=f(B), out_dva=f(B, row), done=f(1, dtype=np.uint32))
+    with kernels.discovering() as found:
+        if popart:
+            outs.update(out_y=f(B), out_r_norm=f(B), barrier=f(1, dtype=np.uint32), scratch=f(8))
+            ops.targets_loss_popart(*common, state=f(8), beta=f(1), **outs, grid_barrier=grid_barrier)
+        else:
+            ops.targets_loss(*common, **outs)
+    return set(found)
+
+
+@pytest.mark.parametrize("popart", [False, True])
+@pytest.mark.parametrize(
+    "A,K,variant",
+    [(1, 51, "regs3"), (2, 51, "regs3"), (3, 64, "regs3"), (4, 2, "regs4"), (5, 51, "regs8"), (8, 64, "regs8"),
+     (9, 51, "generic"), (3, 65, "generic"), (2, 1024, "generic")],
+)  # fmt: skip
+def test_the_launcher_launches_the_variant_for_its_actions_and_atoms(fake_cupy, A, K, variant, popart):
+    """The register path for the fewest actions (3, 4, 8) holding A when K <= 64, else the generic path:
+    the dispatch one kernel did at run time, now the launcher's (both PopArt forms launch the same)."""
+    op = "targets_loss_popart" if popart else "targets_loss"
+    assert _discover_targets_loss(64, A, K, popart) == {("c51", f"{op}_{variant}")}
+    if popart:
+        assert _discover_targets_loss(64, A, K, popart, grid_barrier=False) == {("c51", f"{op}_{variant}")}
+
+
+def test_the_reference_step_compiles_only_its_targets_loss_variant(fake_cupy, fake_nvrtc, monkeypatch):
+    """The reference config's C51 step (its actions, atoms, batch and PopArt setting) launches one
+    targets_loss kernel, and its discovery prefetches that kernel's unit alone: one NVRTC program,
+    none of the other variants'."""
+    from cudarl.bench import reference_config
+
+    cfg = reference_config("gpu")
+    assert cfg.net.head == "c51"
+    found = _discover_targets_loss(cfg.agent.batch_size, cfg.env.n_actions, cfg.net.atoms, cfg.agent.popart)
+    assert found == {("c51", "targets_loss_popart_regs3" if cfg.agent.popart else "targets_loss_regs3")}
+    monkeypatch.setattr(kernels, "_pool", [])
+    for fut in kernels.prefetch(sorted(found), 90):  # what StepGraph.prefetch does with its kernel_ops()
+        fut.result()
+    unit = kernels.unit_of(*next(iter(found)))
+    assert len(fake_nvrtc) == 1 and fake_nvrtc.sources[0].startswith(
+        f"#define CUDARL_UNIT 1\n#define CUDARL_UNIT_{unit} 1\n"
+    )
+    assert [(r["family"], r["unit"]) for r in kernels.compile_report()[-1:]] == [("c51", unit)]
     kernels._pool[0].shutdown()
 
 

@@ -85,6 +85,40 @@ def test_the_checker_passes_a_launch_that_agrees(tmp_path, monkeypatch):
     assert tool.problems() == []
 
 
+_VARIANTS_LAUNCHER = """from ..kernels import launch
+
+KERNEL_VARIANTS = {{"scale": ("small", "big")}}
+
+
+def scale(x, scale):
+    launch("demo", f"scale_{{'small' if x.size < 64 else 'big'}}", 1, 256, {args})
+"""
+
+
+def test_an_ops_kernel_variants_share_its_faces_and_its_signature(tmp_path, monkeypatch):
+    """``cudarl_demo_scale_small`` and ``_big``, declared in the launcher's ``KERNEL_VARIANTS``, are two
+    kernels of the one op ``scale``: one launcher and one twin named ``scale``. A declared variant
+    without its kernel, variants that take different parameters, and an ``f"scale_{...}"`` launch
+    with the wrong argument count are each reported."""
+    tool = _tool()
+    _demo_family(tmp_path, _VARIANTS_LAUNCHER.format(args="(x, x.size, scale)"))
+    cu = tmp_path / "cuda_src" / "demo.cu"
+    kernel = 'extern "C" __global__ void cudarl_demo_scale_{}(float* __restrict__ x, long long n, float scale) {{}}\n'
+    cu.write_text(kernel.format("small") + kernel.format("big"))
+    monkeypatch.setattr(tool, "ROOT", tmp_path)
+    assert tool.problems() == []
+    cu.write_text(kernel.format("small") + kernel.format("big").replace("long long n", "int n"))
+    assert tool.problems() == ["cuda_src/demo.cu: the kernels of scale (small, big) take different parameters"]
+    cu.write_text(kernel.format("small"))
+    found = tool.problems()
+    assert "cudarl/ops/demo.py: KERNEL_VARIANTS names cudarl_demo_scale_big, which cuda_src/demo.cu lacks" in found
+    assert any("no kernel for op 'scale_big'" in f for f in found)
+    cu.write_text(kernel.format("small") + kernel.format("big"))
+    (tmp_path / "cudarl" / "ops" / "demo.py").write_text(_VARIANTS_LAUNCHER.format(args="(x, scale)"))
+    found = tool.problems()
+    assert len(found) == 2 and all("2 arguments for cudarl_demo_scale_" in f for f in found), found
+
+
 def test_config_reference_is_current():
     """docs/config.md is generated from the dataclasses; a changed default must regenerate it."""
     mod = _load_tool("gen_config_reference")
