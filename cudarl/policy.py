@@ -573,25 +573,41 @@ class RowExactQ:
     Each GEMM runs as ``k`` one-row GEMMs (``matmul`` of a ``[k, 1, n]`` stack: NumPy calls the
     BLAS routine of one row for each, where a ``[k, n]`` product may sum in another order); every
     other op of the reference forward (``cudarl.reference.nn``, then ``qstats.per_sample``'s Q, a
-    test holds them equal) works row by row."""
+    test holds them equal) works row by row. :meth:`reference` is that composition of the twins;
+    ``__call__`` does the same operations in the same order into buffers made once (a walk runs
+    over a thousand blocks of a few dozen rows, where NumPy's temporaries and calls are most of the
+    cost), and a test holds the two bit for bit equal."""
 
     max_rows = CPU_BLOCK_ROWS
     row_cost = CPU_ROW_COST
 
     def __init__(self, net, values):
         from .nn.layers import Linear
+        from .reference import nn as ref
 
         self.net, self.values = net, values
         self.P, self.head, self.support = net.P, net.head, values.support
         self.layers = [(layer, isinstance(layer, Linear)) for layer in [*net.encoder.children, net.head.va]]
         self.obs = np.zeros((self.max_rows, net.n_in), np.float32)
+        # each layer's output rows, and the head's logits and their softmax's work, as [max_rows, ...]
+        self.outs = [
+            np.empty((self.max_rows, layer.n_out if linear else layer.n), np.float32) for layer, linear in self.layers
+        ]
+        a_n, k_n = self.head.n_actions, self.head.atoms
+        self.logits = np.empty((self.max_rows, a_n, k_n), np.float32)
+        self.work = np.empty((self.max_rows, a_n, k_n), np.float32)
+        self.rmax = np.empty((self.max_rows, a_n, 1), np.float32)
+        self.rsum = np.empty((self.max_rows, a_n, 1), np.float32)
+        self.adv_sum = np.empty((self.max_rows, k_n), np.float32)
+        self.plain = all(not linear or layer.act in (ref.IDENTITY, ref.RELU) for layer, linear in self.layers)
 
     def of_states(self, rows, windows) -> np.ndarray:
         obs = self.obs[: len(rows)]
         windows.gather(rows, obs)
         return self(obs)
 
-    def __call__(self, obs) -> np.ndarray:
+    def reference(self, obs) -> np.ndarray:
+        """The composition of the reference twins that ``__call__`` computes (its test oracle)."""
         from .reference import nn as ref
         from .reference.c51_chain import log_softmax
 
@@ -607,12 +623,59 @@ class RowExactQ:
             h = y
         logits = np.empty((len(h), head.n_actions, head.atoms), np.float32)
         ref.dueling_forward(h, logits)
+        return self._values(logits, lambda: (np.exp(log_softmax(logits)) * self.support).sum(-1))
+
+    def _values(self, logits, expected):
         if self.values.risk[0] != 0:  # agent.act_by: the twin C51Values runs, row by row
-            q = np.empty((len(h), head.n_actions), np.float32)
+            q = np.empty(logits.shape[:2], np.float32)
             self.values.of_logits(logits, q)
             return q
-        # qstats.per_sample's Q (C51Values'), without the entropy and mass it also computes
-        return (np.exp(log_softmax(logits)) * self.support).sum(-1)
+        return expected()  # qstats.per_sample's Q (C51Values'), without the entropy and mass it also computes
+
+    def __call__(self, obs) -> np.ndarray:
+        if not self.plain:
+            return self.reference(obs)
+        from .reference import nn as ref
+
+        k, P, h = len(obs), self.P, obs
+        for (layer, linear), out in zip(self.layers, self.outs, strict=True):
+            y = out[:k]
+            if linear:  # ref.bias_act_forward: act(y + bias), in place
+                np.matmul(h[:, None, :], layer.weight(), out=y[:, None, :])
+                np.add(y, P[f"{layer.name}.bias"], out=y)
+                if layer.act == ref.RELU:
+                    np.maximum(y, np.float32(0), out=y)
+            else:
+                stats = np.empty((2, k), np.float32)
+                g, b = P[f"{layer.name}.gamma"], P[f"{layer.name}.beta"]
+                ref.layernorm_forward(h, g, b, y, stats[0], stats[1], layer.eps, layer.act)
+            h = y
+        # ref.dueling_forward: logits = (V + Adv) - (Adv_0 + Adv_1 + ...) / A
+        a_n, k_n = self.head.n_actions, self.head.atoms
+        logits, s = self.logits[:k], self.adv_sum[:k]
+        adv = h[:, k_n:].reshape(k, a_n, k_n)
+        np.copyto(s, adv[:, 0, :])
+        for a in range(1, a_n):
+            np.add(s, adv[:, a, :], out=s)
+        np.divide(s, np.float32(a_n), out=s)
+        np.add(h[:, None, :k_n], adv, out=logits)
+        np.subtract(logits, s[:, None, :], out=logits)
+        return self._values(logits, lambda: self._expected(logits))
+
+    def _expected(self, logits) -> np.ndarray:
+        """``(exp(log_softmax(logits)) * support).sum(-1)``, c51_chain.log_softmax's operations in its order."""
+        k = len(logits)
+        m, e, total = self.rmax[:k], self.work[:k], self.rsum[:k]
+        np.maximum.reduce(logits, axis=-1, keepdims=True, out=m)
+        np.subtract(logits, m, out=e)  # x - m
+        np.exp(e, out=e)
+        np.add.reduce(e, axis=-1, keepdims=True, out=total)
+        np.log(total, out=total)
+        np.subtract(logits, m, out=e)  # (x - m) - log(sum)
+        np.subtract(e, total, out=e)
+        np.exp(e, out=e)
+        np.multiply(e, self.support, out=e)
+        return np.add.reduce(e, axis=-1)
 
 
 #: Rows of every evaluation forward of a GPU host walk (:class:`PaddedQ`). One forward costs about the
@@ -815,6 +878,14 @@ class WalkPlanner:
     def __init__(self, max_rows: int, row_cost: float, n_levels: int, first: tuple = (4, 0)):
         self.max_rows, self.row_cost, self.n_levels = int(max_rows), float(row_cost), int(n_levels)
         self.depths = [1 << j for j in range(max(self.max_rows, 1).bit_length())]
+        # each hold_max's depths that fit and their rows (the same at every plan)
+        depths = np.asarray(self.depths)
+        self.shapes = []
+        for hold_max in self.HOLD_CHOICES:
+            rows = np.array([tree_rows(d, hold_max, self.n_levels) for d in self.depths])
+            ok = (rows <= self.max_rows) & ((depths > hold_max) | (hold_max == 0))
+            if ok.any():
+                self.shapes.append((hold_max, depths[ok], rows[ok]))
         self.moves: list[int] = []
         self.plan, self.blocks, self.held, self.last = first, 0, False, first[0]
         self.planned = None  # the block count at the last plan
@@ -844,21 +915,16 @@ class WalkPlanner:
 
     def _best(self, m) -> tuple[int, int]:
         ends = np.concatenate([[0], np.cumsum(m)])
-        depths = np.asarray(self.depths)
         best = None
-        for hold_max in self.HOLD_CHOICES:
-            rows = np.array([tree_rows(d, hold_max, self.n_levels) for d in self.depths])
-            ok = (rows <= self.max_rows) & ((depths > hold_max) | (hold_max == 0))
-            if not ok.any():
-                continue
+        for hold_max, depths, rows in self.shapes:
             cuts = np.unique(np.concatenate([[0], np.flatnonzero(m > hold_max), [len(m)]]))
             stretch = np.diff(ends[cuts])
             stretch = stretch[stretch > 0]
-            blocks = np.ceil(stretch[:, None] / depths[None, ok]).sum(axis=0)
-            cost = (1.0 + self.row_cost * rows[ok]) * blocks / stretch.sum()
+            blocks = np.ceil(stretch[:, None] / depths[None, :]).sum(axis=0)
+            cost = (1.0 + self.row_cost * rows) * blocks / stretch.sum()
             j = int(np.argmin(cost))
             if best is None or cost[j] < best[0]:
-                best = (float(cost[j]), int(depths[ok][j]), hold_max)
+                best = (float(cost[j]), int(depths[j]), hold_max)
         return best[1:]
 
 
@@ -885,16 +951,28 @@ def _walk_on_host(env, q_values, margin: float = 0.0, q_rows=None, scale=None) -
     rows = np.zeros((block_q.max_rows, env.windows.state_dim), np.float32)
     acts, scales = np.empty(n, np.int64), np.ones(n, np.float32)
     prev, hold, k = np.float32(0), 0, 0
+    trees: dict = {}  # (depth, hold_max) -> what each block of that shape reuses
     while k < n:
         depth, hold_max = planner.next(n - k)
-        bar, level, row_hold, index = block_tree(depth, hold_max, n_levels)
-        r_n = len(bar)
-        if r_n > len(rows):
-            raise ValueError(
-                f"walk: a block of {depth} bars and holds up to {hold_max} has {r_n} rows, over {len(rows)}"
+        tree = trees.get((depth, hold_max))
+        if tree is None:
+            bar, level, row_hold, index = block_tree(depth, hold_max, n_levels)
+            if len(bar) > len(rows):
+                raise ValueError(
+                    f"walk: a block of {depth} bars and holds up to {hold_max} has {len(bar)} rows, over {len(rows)}"
+                )
+            on_held = level < 0
+            tree = trees[(depth, hold_max)] = (
+                bar,
+                on_held,
+                levels[np.maximum(level, 0)],
+                row_hold,
+                index.tolist(),  # nested lists: the walk below indexes it a bar at a time
             )
-        pos = np.where(level < 0, prev, levels[np.maximum(level, 0)]).astype(np.float32)
-        write_state(rows[:r_n], t0 + k + bar, pos, np.where(level < 0, hold + bar, row_hold), cap)
+        bar, on_held, tree_pos, row_hold, index = tree
+        r_n = len(bar)
+        pos = np.where(on_held, prev, tree_pos).astype(np.float32)
+        write_state(rows[:r_n], t0 + k + bar, pos, np.where(on_held, hold + bar, row_hold), cap)
         q = block_q.of_states(rows[:r_n], env.windows)
         if margin:  # each state's held level's action (the first nearest level, as the env finds it)
             held = np.abs(levels[None, :] - pos[:, None]).argmin(axis=1)
@@ -902,13 +980,13 @@ def _walk_on_host(env, q_values, margin: float = 0.0, q_rows=None, scale=None) -
         a = first_max(q)
         sc = block_q.scale[0] if scale is not None else np.float32(1)
         p = levels[a] * sc if scale is not None else levels[a]
-        moved = p != pos
-        r, i, on_path = 0, 0, True
+        moved, a_l = (p != pos).tolist(), a.tolist()
+        r, i, on_path, taken = 0, 0, True, []
         while True:  # follow the walk through the block's states
-            acts[k + i], scales[k + i] = a[r], sc
+            taken.append(a_l[r])
             if moved[r]:
                 planner.note_move(hold)
-                prev, hold, on_path, lvl = p[r], 1, False, a[r]
+                prev, hold, on_path, lvl = p[r], 1, False, a_l[r]
             else:
                 hold += 1
             i += 1
@@ -917,9 +995,12 @@ def _walk_on_host(env, q_values, margin: float = 0.0, q_rows=None, scale=None) -
             if on_path:
                 r = i
             elif hold <= hold_max:
-                r = index[i, hold, lvl]
+                r = index[i][hold][lvl]
             else:
                 break
+        acts[k : k + i] = taken
+        if scale is not None:
+            scales[k : k + i] = sc
         if on_path:
             planner.note_held()
         k += i

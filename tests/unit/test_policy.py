@@ -353,10 +353,10 @@ def test_gpu_block_walk_gives_each_bar_the_q_it_gets_alone(tmp_path, monkeypatch
     assert len(set(by_block.tolist())) > 1
 
 
-def random_policy(rng, normaliser=None, **net) -> Policy:
-    """A C51 (or ``net``) policy of ``small()``'s config with random weights in every layer, biases
-    too; ``normaliser`` (default: 11 made-up features) sets the features it reads."""
-    cfg = small(net={"hidden": [64, 48], **net})
+def random_policy(rng, normaliser=None, agent=None, **net) -> Policy:
+    """A C51 (or ``net``) policy of ``small()``'s config (and ``agent``'s fields) with random weights in
+    every layer, biases too; ``normaliser`` (default: 11 made-up features) sets the features it reads."""
+    cfg = small(net={"hidden": [64, 48], **net}, agent=agent or {})
     if normaliser is None:
         names = tuple(f"f{i}" for i in range(11))
         normaliser = Normaliser(mean=np.zeros(len(names)), std=np.ones(len(names)), names=names)
@@ -367,17 +367,20 @@ def random_policy(rng, normaliser=None, **net) -> Policy:
     return Policy(state, device="cpu")
 
 
-@pytest.mark.parametrize("layernorm", [False, True])
-def test_q_rows_gives_every_row_bit_for_bit_as_that_row_alone(rng, layernorm):
+@pytest.mark.parametrize("layernorm,act_by", [(False, "mean"), (True, "mean"), (False, "cvar")])
+def test_q_rows_gives_every_row_bit_for_bit_as_that_row_alone(rng, layernorm, act_by):
     """The block walk's Q of k bars at once equals the Q of each bar alone, to the bit: a [k, n] GEMM
-    may sum in another order than k one-row GEMMs (BLAS picks kernels by shape), the stacked one cannot."""
-    p = random_policy(rng, layernorm=layernorm)
+    may sum in another order than k one-row GEMMs (BLAS picks kernels by shape), the stacked one cannot.
+    Its forward into buffers made once is also the composition of the twins it restates (``reference``)."""
+    p = random_policy(rng, layernorm=layernorm, agent={"act_by": act_by})
     obs = rng.standard_normal((300, p.obs_dim)).astype(np.float32)
     obs[:, -2] = rng.choice([-1.0, 0.0, 1.0], 300)
     obs[:, -1] = rng.integers(0, 65, 300) / np.float32(64)
     q_rows = p._q_rows()
+    assert q_rows.plain  # the buffered forward, not its reference, is what runs
     for k in (1, 2, 7, 300):
         got = q_rows(obs[:k])
+        np.testing.assert_array_equal(got.view(np.int32), q_rows.reference(obs[:k]).view(np.int32))
         one = np.zeros((1, p.n_actions), np.float32)
         for i in range(k):
             p.q_values_into(obs[i : i + 1], one)
