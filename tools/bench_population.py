@@ -342,7 +342,7 @@ def vmap_check(device: str, P: int = 3, capacity: int = 4096, agent: int = 1) ->
         return float((a - b).norm() / b.norm().clamp_min(1e-30))
 
     return {
-        "loss_rel_diff": abs(float(loss[agent]) - float(loss1)) / abs(float(loss1)),
+        "loss_rel_diff": abs(float(loss[agent].detach()) - float(loss1.detach())) / abs(float(loss1.detach())),
         "priority_rel_diff": rel(prio[agent], prio1.detach()),
         "grad_rel_diff": rel(g_vmap, g_ref),
     }
