@@ -12,6 +12,17 @@ import threading
 
 #: the thread :func:`start_early` began, and what its :func:`start` returned (once it has)
 _early: list = []
+#: The environment variable that picks a backend when the caller asks for ``auto``.
+ENV_VAR = "CUDARL_BACKEND"
+#: A policy's or the CLI's ``device`` -> the backend it requests (None: ``auto``).
+DEVICE_BACKENDS = {"auto": None, "gpu": "cupy", "cpu": "numpy"}
+
+
+def backend_choice(requested: str | None) -> str:
+    """What :func:`cudarl.backend.select` acts on: ``requested`` unless it is None, empty or ``auto``,
+    else ``$CUDARL_BACKEND`` (``auto`` when unset), stripped and lower-cased (not yet validated)."""
+    choice = requested if requested not in (None, "", "auto") else os.environ.get(ENV_VAR, "auto")
+    return choice.strip().lower()
 
 
 def start() -> bool:
@@ -51,10 +62,11 @@ def cupy_installed() -> bool:
 
 
 def start_early(device: str) -> None:
-    """For ``device`` ``"gpu"`` or ``"auto"`` (not ``"cpu"``, nor with ``CUDARL_BACKEND=numpy``), where CuPy
-    is installed: begin :func:`start` and, in a thread beside it, :func:`load_cublas`, in a thread now,
-    once a process (:func:`join_early` waits for both)."""
-    if device == "cpu" or os.environ.get("CUDARL_BACKEND", "").strip().lower() == "numpy" or _early:
+    """For a ``device`` whose backend (:data:`DEVICE_BACKENDS`, then :func:`backend_choice`: ``gpu``, or
+    ``auto`` without ``CUDARL_BACKEND=numpy``) is not NumPy, where CuPy is installed: begin :func:`start`
+    and, in a thread beside it, :func:`load_cublas`, in a thread now, once a process (:func:`join_early`
+    waits for both). An unknown ``device`` starts nothing (its load reports it)."""
+    if device not in DEVICE_BACKENDS or backend_choice(DEVICE_BACKENDS[device]) == "numpy" or _early:
         return
     if not cupy_installed():
         return

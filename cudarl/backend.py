@@ -18,7 +18,7 @@ import numpy as np
 
 from . import _driver
 
-ENV_VAR = "CUDARL_BACKEND"
+ENV_VAR = _driver.ENV_VAR
 CHOICES = ("numpy", "cupy")
 
 
@@ -73,8 +73,7 @@ def _make_cupy() -> Backend:
 
 def select(requested: str | None = None) -> Backend:
     """Pick a backend. ``requested`` overrides ``$CUDARL_BACKEND``; ``None``/``"auto"`` chooses."""
-    choice = requested if requested not in (None, "", "auto") else os.environ.get(ENV_VAR, "auto")
-    choice = choice.strip().lower()
+    choice = _driver.backend_choice(requested)
     if choice not in CHOICES + ("auto",):
         raise BackendError(f"{ENV_VAR}={choice!r} is not one of numpy, cupy, auto")
     if choice == "numpy":
@@ -120,8 +119,7 @@ def warm_up(requested: str | None = None, then=None, on_context=None) -> threadi
     :func:`cudarl.blas.warm_plans`. The selection does not wait for it; ``then`` does. What it raises
     is dropped, like ``then``'s."""
     key = (requested, os.environ.get(ENV_VAR))
-    choice = requested if requested not in (None, "", "auto") else (key[1] or "auto")
-    if choice.strip().lower() == "numpy" or key in _warming or key in _selected:
+    if _driver.backend_choice(requested) == "numpy" or key in _warming or key in _selected:
         return None
     if not _cupy_installed():
         return None  # get() says why, in the caller's thread

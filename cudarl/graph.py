@@ -188,10 +188,6 @@ class StepGraph:
             self._capture(self.phases, self.name)
         return set(found)
 
-    def kernel_families(self) -> set[str]:
-        """The kernel families the phases launch (empty on the NumPy backend): see :meth:`kernel_ops`."""
-        return {family for family, _ in self.kernel_ops()}
-
     def prefetch(self) -> None:
         """Start compiling, in parallel, the compile units holding the kernels the phases launch
         (:func:`cudarl.kernels.prefetch`): a family's other units are not waited for."""

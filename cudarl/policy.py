@@ -41,13 +41,13 @@ import numpy as np
 
 from . import __version__, tensorfile
 from . import backend as _backend
+from ._driver import DEVICE_BACKENDS
 from .checkpoint import CheckpointError
 from .config import Config, from_dict
 from .features import Normaliser
 
 FORMAT = "cudarl-policy"
 #: ``device`` of :func:`load_policy` -> the backend it asks for
-DEVICE_BACKENDS = {"auto": None, "gpu": "cupy", "cpu": "numpy"}
 VERSION = 1
 SUFFIX = ".safetensors"
 
@@ -599,7 +599,11 @@ class RowExactQ:
         self.rmax = np.empty((self.max_rows, a_n, 1), np.float32)
         self.rsum = np.empty((self.max_rows, a_n, 1), np.float32)
         self.adv_sum = np.empty((self.max_rows, k_n), np.float32)
-        self.plain = all(not linear or layer.act in (ref.IDENTITY, ref.RELU) for layer, linear in self.layers)
+        self.stats = np.empty((2, self.max_rows), np.float32)  # a LayerNorm's mean and rstd
+        self.risky = values.risk[0] != 0  # agent.act_by other than the mean
+        for layer, linear in self.layers:  # the MLP's: __call__ restates these two only
+            if linear and layer.act not in (ref.IDENTITY, ref.RELU):
+                raise ValueError(f"RowExactQ: {layer.name}'s activation {layer.act} is neither identity nor ReLU")
 
     def of_states(self, rows, windows) -> np.ndarray:
         obs = self.obs[: len(rows)]
@@ -623,18 +627,18 @@ class RowExactQ:
             h = y
         logits = np.empty((len(h), head.n_actions, head.atoms), np.float32)
         ref.dueling_forward(h, logits)
-        return self._values(logits, lambda: (np.exp(log_softmax(logits)) * self.support).sum(-1))
+        if self.risky:
+            return self._risk_q(logits)
+        # qstats.per_sample's Q (C51Values'), without the entropy and mass it also computes
+        return (np.exp(log_softmax(logits)) * self.support).sum(-1)
 
-    def _values(self, logits, expected):
-        if self.values.risk[0] != 0:  # agent.act_by: the twin C51Values runs, row by row
-            q = np.empty(logits.shape[:2], np.float32)
-            self.values.of_logits(logits, q)
-            return q
-        return expected()  # qstats.per_sample's Q (C51Values'), without the entropy and mass it also computes
+    def _risk_q(self, logits) -> np.ndarray:
+        """agent.act_by's risk measure of ``logits [k, A, K]``: the twin C51Values runs, row by row."""
+        q = np.empty(logits.shape[:2], np.float32)
+        self.values.of_logits(logits, q)
+        return q
 
     def __call__(self, obs) -> np.ndarray:
-        if not self.plain:
-            return self.reference(obs)
         from .reference import nn as ref
 
         k, P, h = len(obs), self.P, obs
@@ -646,9 +650,8 @@ class RowExactQ:
                 if layer.act == ref.RELU:
                     np.maximum(y, np.float32(0), out=y)
             else:
-                stats = np.empty((2, k), np.float32)
                 g, b = P[f"{layer.name}.gamma"], P[f"{layer.name}.beta"]
-                ref.layernorm_forward(h, g, b, y, stats[0], stats[1], layer.eps, layer.act)
+                ref.layernorm_forward(h, g, b, y, self.stats[0, :k], self.stats[1, :k], layer.eps, layer.act)
             h = y
         # ref.dueling_forward: logits = (V + Adv) - (Adv_0 + Adv_1 + ...) / A
         a_n, k_n = self.head.n_actions, self.head.atoms
@@ -660,7 +663,7 @@ class RowExactQ:
         np.divide(s, np.float32(a_n), out=s)
         np.add(h[:, None, :k_n], adv, out=logits)
         np.subtract(logits, s[:, None, :], out=logits)
-        return self._values(logits, lambda: self._expected(logits))
+        return self._risk_q(logits) if self.risky else self._expected(logits)
 
     def _expected(self, logits) -> np.ndarray:
         """``(exp(log_softmax(logits)) * support).sum(-1)``, c51_chain.log_softmax's operations in its order."""

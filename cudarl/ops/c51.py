@@ -98,9 +98,11 @@ def tl_variant(A: int, K: int) -> str:
     the register path compiled for the fewest actions (3, 4 or 8) that holds ``A``; else, or with
     more than 8 actions, the generic path. Every variant gives the bits of the unfused chain
     (tests/parity/test_c51.py runs each against it)."""
-    if K > TLR_MAXK or A > 8:
-        return "generic"
-    return "regs3" if A <= 3 else "regs4" if A == 4 else "regs8"
+    if K <= TLR_MAXK:
+        for v in KERNEL_VARIANTS["targets_loss"]:  # regs<n> in increasing n, then generic
+            if v.startswith("regs") and A <= int(v[4:]):
+                return v
+    return "generic"
 
 
 def targets_loss(

@@ -219,7 +219,8 @@ def test_warm_up_runs_on_context_in_the_driver_thread_after_the_libraries(monkey
 def test_load_policy_begins_the_drivers_start_before_cudarls_modules(monkeypatch):
     """cudarl.load_policy (cudarl._load, light to import) begins the driver's start in a thread for a
     gpu or auto request where CuPy is installed, once a process, before importing cudarl.policy; the
-    warm-up's driver thread waits for it; cpu, CUDARL_BACKEND=numpy and no CuPy start nothing."""
+    warm-up's driver thread waits for it; cpu, auto with CUDARL_BACKEND=numpy, an unknown device and no
+    CuPy start nothing, while an explicit gpu overrides the variable (backend.select's precedence)."""
     import subprocess
     import sys
     import threading
@@ -233,12 +234,17 @@ def test_load_policy_begins_the_drivers_start_before_cudarls_modules(monkeypatch
     monkeypatch.setenv("CUDARL_BACKEND", "numpy")
     _driver.start_early("auto")
     assert not _driver._early
-    monkeypatch.delenv("CUDARL_BACKEND")
     monkeypatch.setattr(_driver, "cupy_installed", lambda: True)  # CuPy "installed"
+    _driver.start_early("auto")  # CUDARL_BACKEND=numpy: auto is NumPy, as backend.select picks
+    _driver.start_early("tpu")  # an unknown device: its load reports it
+    assert not _driver._early
+    monkeypatch.delenv("CUDARL_BACKEND")
     _driver.start_early("cpu")
     assert not _driver._early
-    _driver.start_early("auto")
-    _driver.start_early("gpu")  # once a process
+    monkeypatch.setenv("CUDARL_BACKEND", "numpy")
+    _driver.start_early("gpu")  # an explicit gpu overrides the variable, as in backend.select
+    monkeypatch.delenv("CUDARL_BACKEND")
+    _driver.start_early("auto")  # once a process
     _driver.join_early()
     assert len(_driver._early) == 1 and _driver._early[0][1] == {"started": True}
     assert sorted(map(str, calls)) == sorted(map(str, ["cublas", ("start", "cudarl-driver-early")]))

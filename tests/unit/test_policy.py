@@ -377,7 +377,16 @@ def test_q_rows_gives_every_row_bit_for_bit_as_that_row_alone(rng, layernorm, ac
     obs[:, -2] = rng.choice([-1.0, 0.0, 1.0], 300)
     obs[:, -1] = rng.integers(0, 65, 300) / np.float32(64)
     q_rows = p._q_rows()
-    assert q_rows.plain  # the buffered forward, not its reference, is what runs
+    # the buffered forward restates identity and ReLU only: a layer with another activation is refused
+    from cudarl.policy import RowExactQ
+    from cudarl.reference.nn import SIGMOID
+
+    first = q_rows.layers[0][0]
+    act = first.act
+    first.act = SIGMOID
+    with pytest.raises(ValueError, match="neither identity nor ReLU"):
+        RowExactQ(q_rows.net, q_rows.values)
+    first.act = act
     for k in (1, 2, 7, 300):
         got = q_rows(obs[:k])
         np.testing.assert_array_equal(got.view(np.int32), q_rows.reference(obs[:k]).view(np.int32))
