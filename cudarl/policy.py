@@ -360,9 +360,16 @@ class Policy:
 
     # --- Q-values and actions ---------------------------------------------------------------------
     def q_values_into(self, obs, out) -> None:
-        """Expected Q of ``obs`` (float32 ``[n, obs_dim]`` of this backend) into ``out`` ``[n, A]``."""
+        """Expected Q of ``obs`` (float32 ``[n, obs_dim]`` of this backend) into ``out`` ``[n, A]``: through
+        the block Q of the evaluation walk where the network has one (:func:`row_exact_q`; not with a
+        plan head, whose gate reads this forward's workspace), so each row is bit for bit the Q that
+        :meth:`evaluate` acts on, whatever the batch."""
         d = self._device()
-        d.values(out, obs, d.workspace(obs.shape[0]))
+        block = None if self.config.net.plan else d.block_q()
+        if block is not None:
+            block.into(obs, out)
+        else:
+            d.values(out, obs, d.workspace(obs.shape[0]))
 
     def plan_scale_into(self, obs, out) -> None:
         """The plan head's gate (``out [n]``, ``net.plan``) of the forward :meth:`q_values_into` just ran on ``obs``."""
@@ -558,21 +565,29 @@ class BlockQ(Protocol):
 
 #: Most rows of one block of the NumPy host walk (:class:`RowExactQ`).
 CPU_BLOCK_ROWS = 1024
+#: Rows of every GEMM of the NumPy host walk's forward (:class:`RowExactQ`): a block's rows go through
+#: it in chunks of this many (the last one's spare rows hold zeros or earlier blocks' finite values),
+#: so every GEMM has one shape whatever the block, and a row's bits do not depend on it. (A one-row
+#: GEMM is a BLAS's GEMV, which sums in another order, and costs more a row: on the 2-core x86-64
+#: development box at cbb1ee2, a 13-256-256-204 MLP took 5.9 us a row as one-row GEMMs and 2.0 us as
+#: 64-row ones; the evaluation bench's 13-64-64-204 walk went from 0.25 to 0.22 s.)
+CPU_Q_ROWS = 64
 #: What one more row of a NumPy block costs, as a share of a block's fixed cost (its NumPy calls and
-#: the walk's Python): about 2.3 us a row against 60 us a block, from timing ``RowExactQ`` at 1 to
-#: 4096 rows and the walk's blocks on a 2-core x86-64 host (an estimate the block planner weighs
-#: rows with; the walk's actions do not depend on it).
+#: the walk's Python): from timing the walk's blocks on a 2-core x86-64 host (an estimate the block
+#: planner weighs rows with; the walk's actions do not depend on it).
 CPU_ROW_COST = 1 / 30
 
 
 class RowExactQ:
-    """``q(obs [k, obs_dim]) -> Q [k, A]`` (float32, host) whose every row is bit for bit what
-    ``values(out, obs_row, ws)`` (the head rule's greedy values) gives for that row alone, on the NumPy
-    backend. ``of_states(rows [k, STATE_DIM], windows)`` gathers the state rows' observations first.
+    """The NumPy backend's block Q: ``q(obs [k, obs_dim]) -> Q [k, A]`` (float32, host) whose every GEMM
+    runs at :data:`CPU_Q_ROWS` rows (``matmul`` of a ``[c, CPU_Q_ROWS, n]`` stack: one BLAS GEMM of that
+    shape for each chunk), so a row's Q is bit for bit the same whatever the other rows hold and
+    wherever it sits, in a block of one bar as of a thousand (a test holds it, on the machine it runs
+    on). A bar's Q on the NumPy host walk is defined as its row of this forward, as :class:`PaddedQ`
+    defines it on the GPU; :meth:`Policy.q_values <cudarl.policy.Policy.q_values>` goes through it too.
+    ``of_states(rows [k, STATE_DIM], windows)`` gathers the state rows' observations first.
 
-    Each GEMM runs as ``k`` one-row GEMMs (``matmul`` of a ``[k, 1, n]`` stack: NumPy calls the
-    BLAS routine of one row for each, where a ``[k, n]`` product may sum in another order); every
-    other op of the reference forward (``cudarl.reference.nn``, then ``qstats.per_sample``'s Q, a
+    Every other op of the reference forward (``cudarl.reference.nn``, then ``qstats.per_sample``'s Q, a
     test holds them equal) works row by row. :meth:`reference` is that composition of the twins;
     ``__call__`` does the same operations in the same order into buffers made once (a walk runs
     over a thousand blocks of a few dozen rows, where NumPy's temporaries and calls are most of the
@@ -588,37 +603,45 @@ class RowExactQ:
         self.net, self.values = net, values
         self.P, self.head, self.support = net.P, net.head, values.support
         self.layers = [(layer, isinstance(layer, Linear)) for layer in [*net.encoder.children, net.head.va]]
+        # zeros, not empty: a chunk's spare rows must be finite (earlier rows' values after the first)
         self.obs = np.zeros((self.max_rows, net.n_in), np.float32)
         # each layer's output rows, and the head's logits and their softmax's work, as [max_rows, ...]
         self.outs = [
-            np.empty((self.max_rows, layer.n_out if linear else layer.n), np.float32) for layer, linear in self.layers
+            np.zeros((self.max_rows, layer.n_out if linear else layer.n), np.float32) for layer, linear in self.layers
         ]
         a_n, k_n = self.head.n_actions, self.head.atoms
         self.logits = np.empty((self.max_rows, a_n, k_n), np.float32)
         self.work = np.empty((self.max_rows, a_n, k_n), np.float32)
         self.rmax = np.empty((self.max_rows, a_n, 1), np.float32)
-        self.rsum = np.empty((self.max_rows, a_n, 1), np.float32)
+        self.moments = np.empty((self.max_rows * a_n, 2), np.float32)  # sum exp * z, sum exp
+        self.q = np.empty((self.max_rows, a_n), np.float32)
         self.adv_sum = np.empty((self.max_rows, k_n), np.float32)
+        #: [K, 2]: the support and ones, the right side of the expectation's GEMM
+        self.z1 = np.ascontiguousarray(np.stack([self.support, np.ones_like(self.support)], axis=1), np.float32)
         self.stats = np.empty((2, self.max_rows), np.float32)  # a LayerNorm's mean and rstd
         self.risky = values.risk[0] != 0  # agent.act_by other than the mean
         for layer, linear in self.layers:  # the MLP's: __call__ restates these two only
             if linear and layer.act not in (ref.IDENTITY, ref.RELU):
                 raise ValueError(f"RowExactQ: {layer.name}'s activation {layer.act} is neither identity nor ReLU")
 
+    def into(self, obs, out) -> None:
+        """``out [n, A] = Q(obs [n, obs_dim])`` for any ``n``, a block of up to :attr:`max_rows` at a time."""
+        for i in range(0, obs.shape[0], self.max_rows):
+            part = obs[i : i + self.max_rows]
+            out[i : i + len(part)] = self(part)
+
     def of_states(self, rows, windows) -> np.ndarray:
-        obs = self.obs[: len(rows)]
-        windows.gather(rows, obs)
-        return self(obs)
+        windows.gather(rows, self.obs[: len(rows)])
+        return self._forward(len(rows))
 
     def reference(self, obs) -> np.ndarray:
         """The composition of the reference twins that ``__call__`` computes (its test oracle)."""
         from .reference import nn as ref
-        from .reference.c51_chain import log_softmax
 
         P, head, h = self.P, self.head, obs
         for layer, linear in self.layers:
             if linear:
-                y = np.matmul(h[:, None, :], layer.weight())[:, 0, :]
+                y = _chunked_matmul(h, layer.weight())
                 ref.bias_act_forward(y, P[f"{layer.name}.bias"], y, layer.act)
             else:  # LayerNorm
                 y, stats = np.empty_like(h), np.empty((2, len(h)), h.dtype)
@@ -629,8 +652,9 @@ class RowExactQ:
         ref.dueling_forward(h, logits)
         if self.risky:
             return self._risk_q(logits)
-        # qstats.per_sample's Q (C51Values'), without the entropy and mass it also computes
-        return (np.exp(log_softmax(logits)) * self.support).sum(-1)
+        e = np.exp(logits - logits.max(axis=-1, keepdims=True))
+        moments = _chunked_matmul(e.reshape(-1, head.atoms), self.z1, rows=CPU_Q_ROWS * head.n_actions)
+        return (moments[:, 0] / moments[:, 1]).reshape(len(h), head.n_actions)
 
     def _risk_q(self, logits) -> np.ndarray:
         """agent.act_by's risk measure of ``logits [k, A, K]``: the twin C51Values runs, row by row."""
@@ -639,46 +663,62 @@ class RowExactQ:
         return q
 
     def __call__(self, obs) -> np.ndarray:
+        """Q ``[k, A]`` of ``obs [k, obs_dim]``, ``k <= max_rows`` (a view of buffers the next call reuses)."""
+        self.obs[: len(obs)] = obs
+        return self._forward(len(obs))
+
+    def _forward(self, k: int) -> np.ndarray:
+        """Q of the first ``k`` rows of ``self.obs``."""
         from .reference import nn as ref
 
-        k, P, h = len(obs), self.P, obs
+        P = self.P
+        c = -(-k // CPU_Q_ROWS) * CPU_Q_ROWS  # the rows of whole chunks
+        h = self.obs[:c]
         for (layer, linear), out in zip(self.layers, self.outs, strict=True):
-            y = out[:k]
+            y = out[:c]
             if linear:  # ref.bias_act_forward: act(y + bias), in place
-                np.matmul(h[:, None, :], layer.weight(), out=y[:, None, :])
+                np.matmul(
+                    h.reshape(-1, CPU_Q_ROWS, h.shape[1]), layer.weight(), out=y.reshape(-1, CPU_Q_ROWS, y.shape[1])
+                )
                 np.add(y, P[f"{layer.name}.bias"], out=y)
                 if layer.act == ref.RELU:
                     np.maximum(y, np.float32(0), out=y)
             else:
                 g, b = P[f"{layer.name}.gamma"], P[f"{layer.name}.beta"]
-                ref.layernorm_forward(h, g, b, y, self.stats[0, :k], self.stats[1, :k], layer.eps, layer.act)
+                ref.layernorm_forward(h, g, b, y, self.stats[0, :c], self.stats[1, :c], layer.eps, layer.act)
             h = y
-        # ref.dueling_forward: logits = (V + Adv) - (Adv_0 + Adv_1 + ...) / A
+        # ref.dueling_forward: logits = (V + Adv) - (Adv_0 + Adv_1 + ...) / A, on the chunks' rows
         a_n, k_n = self.head.n_actions, self.head.atoms
-        logits, s = self.logits[:k], self.adv_sum[:k]
-        adv = h[:, k_n:].reshape(k, a_n, k_n)
+        logits, s = self.logits[:c], self.adv_sum[:c]
+        adv = h[:, k_n:].reshape(c, a_n, k_n)
         np.copyto(s, adv[:, 0, :])
         for a in range(1, a_n):
             np.add(s, adv[:, a, :], out=s)
         np.divide(s, np.float32(a_n), out=s)
         np.add(h[:, None, :k_n], adv, out=logits)
         np.subtract(logits, s[:, None, :], out=logits)
-        return self._risk_q(logits) if self.risky else self._expected(logits)
+        return self._risk_q(logits[:k]) if self.risky else self._expected(logits)[:k]
 
     def _expected(self, logits) -> np.ndarray:
-        """``(exp(log_softmax(logits)) * support).sum(-1)``, c51_chain.log_softmax's operations in its order."""
-        k = len(logits)
-        m, e, total = self.rmax[:k], self.work[:k], self.rsum[:k]
+        """The C51 expectation ``sum_j p_j z_j`` of ``logits [c, A, K]`` (``c`` whole chunks), ``p =
+        softmax``: ``sum_j e_j z_j / sum_j e_j`` with ``e = exp(logits - max)``, both sums one GEMM of
+        fixed shape per chunk (``e [CPU_Q_ROWS * A, K] @ [z, 1]``)."""
+        c, a_n, k_n = logits.shape
+        m, e, mo, q = self.rmax[:c], self.work[:c], self.moments[: c * a_n], self.q[:c]
         np.maximum.reduce(logits, axis=-1, keepdims=True, out=m)
-        np.subtract(logits, m, out=e)  # x - m
+        np.subtract(logits, m, out=e)
         np.exp(e, out=e)
-        np.add.reduce(e, axis=-1, keepdims=True, out=total)
-        np.log(total, out=total)
-        np.subtract(logits, m, out=e)  # (x - m) - log(sum)
-        np.subtract(e, total, out=e)
-        np.exp(e, out=e)
-        np.multiply(e, self.support, out=e)
-        return np.add.reduce(e, axis=-1)
+        np.matmul(e.reshape(-1, CPU_Q_ROWS * a_n, k_n), self.z1, out=mo.reshape(-1, CPU_Q_ROWS * a_n, 2))
+        np.divide(mo[:, 0], mo[:, 1], out=q.reshape(-1))
+        return q
+
+
+def _chunked_matmul(x, w, rows: int = CPU_Q_ROWS) -> np.ndarray:
+    """``x [k, n] @ w [n, m]`` as GEMMs of ``rows`` rows (``x`` zero-padded to whole chunks), float32 ``[k, m]``."""
+    c = -(-len(x) // rows) * rows
+    padded = np.zeros((c, x.shape[1]), x.dtype)
+    padded[: len(x)] = x
+    return np.matmul(padded.reshape(-1, rows, x.shape[1]), w).reshape(c, -1)[: len(x)]
 
 
 #: Rows of every evaluation forward of a GPU host walk (:class:`PaddedQ`). One forward costs about the
@@ -714,6 +754,14 @@ class PaddedQ:
     def _forward(self, k: int) -> np.ndarray:
         self.values(self.out, self.buf, self.ws)
         return _backend.to_numpy(self.out[:k])
+
+    def into(self, obs, out) -> None:
+        """``out [n, A] = Q(obs [n, obs_dim])`` on the device for any ``n``, :data:`EVAL_ROWS` rows at a time."""
+        for i in range(0, obs.shape[0], EVAL_ROWS):
+            k = min(EVAL_ROWS, obs.shape[0] - i)
+            self.buf[:k] = obs[i : i + k]
+            self.values(self.out, self.buf, self.ws)
+            out[i : i + k] = self.out[:k]
 
     def __call__(self, obs) -> np.ndarray:
         k = obs.shape[0]

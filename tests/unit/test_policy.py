@@ -112,15 +112,20 @@ def test_load_policy_gives_the_trainers_greedy_evaluation(tmp_path, head):
         ev = p.evaluate(split="val")
         np.testing.assert_array_equal(ev.position, want)
         assert ev.summary["policy"] == ev_t["policy"] and ev.summary["step"] == 40
-    # act and q_values agree with the trainer's network on the same observations
+    # act and q_values agree with the trainer's network on the same observations (C51: with the walk's Q)
     env = t._eval_env(t.data.splits.val)
     env.reset()
     obs = np.repeat(env.obs, 5, axis=0)
     obs[:, -2] = [-1, 0, 1, 0, 1]
     q = np.zeros((5, 3), np.float32)
     t.agent.q_values(obs, q)
-    np.testing.assert_array_equal(p.q_values(obs), q)
-    np.testing.assert_array_equal(p.act(obs), q.argmax(1))
+    got = p.q_values(obs)
+    if p._q_rows() is None:  # the network's forward itself
+        np.testing.assert_array_equal(got, q)
+    else:  # the walk's block Q (its own GEMM shape and expectation): its bits, the trainer's values
+        np.testing.assert_array_equal(got, p._q_rows()(obs))
+        np.testing.assert_allclose(got, q, rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(p.act(obs), got.argmax(1))
 
 
 def test_a_policy_makes_its_device_side_in_the_warm_up_once(tmp_path, monkeypatch):
@@ -291,26 +296,28 @@ def test_gpu_warm_plans_makes_the_walks_plans_through_the_driver(tmp_path, monke
 @pytest.mark.parametrize("head", ["c51", "iqn"])
 def test_the_host_walk_equals_the_envs_walk(tmp_path, head):
     """The NumPy evaluation walks the bars on the host; the env's act and step give the same actions,
-    and so does the policy's walk by blocks of bars (C51)."""
+    and so does the policy's walk by blocks of bars (C51). A C51 bar's Q is its row of the block Q's
+    fixed-shape forward (RowExactQ), which the policy's q_values go through, a bar alone or in a block."""
     t = trained(tmp_path, net={"head": head}, env={"cost_bps": 3.0, "hold_cap": 5})
     p = Policy(PolicyState.of_trainer(t), device="cpu")
     assert (p._q_rows() is None) == (head != "c51")
+    q_values = p.q_values_into if head == "c51" else t.agent.q_values  # a bar at a time
     for split in (t.data.splits.val, t.data.splits.test):
         env = t._eval_env(split)
-        host = greedy_actions(env, t.agent.q_values)
-        via_env = greedy_actions(env, t.agent.q_values, walk_on_host=False)
+        host = greedy_actions(env, q_values)
+        via_env = greedy_actions(env, q_values, walk_on_host=False)
         np.testing.assert_array_equal(host, via_env)
         assert len(set(host.tolist())) > 1  # the walk moves between positions (hold and position matter)
         # the no-trade margin (eval.margin): the env's path finds the held action from its position
         for m in (0.01, 0.05):
-            held = greedy_actions(env, t.agent.q_values, margin=m)
-            np.testing.assert_array_equal(held, greedy_actions(env, t.agent.q_values, walk_on_host=False, margin=m))
+            held = greedy_actions(env, q_values, margin=m)
+            np.testing.assert_array_equal(held, greedy_actions(env, q_values, walk_on_host=False, margin=m))
             assert np.count_nonzero(np.diff(held)) <= np.count_nonzero(np.diff(host))
             if head == "c51":  # the block walk adds the margin as the bar-by-bar walk does
                 np.testing.assert_array_equal(greedy_actions(env, p.q_values_into, margin=m, q_rows=p._q_rows()), held)
         if head == "c51":
             np.testing.assert_array_equal(greedy_actions(env, p.q_values_into, q_rows=p._q_rows()), host)
-            # the trainer's own network and rule give the same rows (what Trainer.evaluate could pass)
+            # the trainer's own network and rule give the same rows (what Trainer.evaluate passes)
             q_rows = row_exact_q(t.agent.online, t.agent.rule.values)
             np.testing.assert_array_equal(greedy_actions(env, t.agent.q_values, q_rows=q_rows), host)
 
@@ -369,31 +376,40 @@ def random_policy(rng, normaliser=None, agent=None, **net) -> Policy:
 
 @pytest.mark.parametrize("layernorm,act_by", [(False, "mean"), (True, "mean"), (False, "cvar")])
 def test_q_rows_gives_every_row_bit_for_bit_as_that_row_alone(rng, layernorm, act_by):
-    """The block walk's Q of k bars at once equals the Q of each bar alone, to the bit: a [k, n] GEMM
-    may sum in another order than k one-row GEMMs (BLAS picks kernels by shape), the stacked one cannot.
-    Its forward into buffers made once is also the composition of the twins it restates (``reference``)."""
-    p = random_policy(rng, layernorm=layernorm, agent={"act_by": act_by})
-    obs = rng.standard_normal((300, p.obs_dim)).astype(np.float32)
-    obs[:, -2] = rng.choice([-1.0, 0.0, 1.0], 300)
-    obs[:, -1] = rng.integers(0, 65, 300) / np.float32(64)
-    q_rows = p._q_rows()
-    # the buffered forward restates identity and ReLU only: a layer with another activation is refused
-    from cudarl.policy import RowExactQ
+    """The block walk's Q of k bars at once equals the Q of each bar alone, to the bit, wherever it sits
+    in the block: every GEMM runs at CPU_Q_ROWS rows (a one-row GEMM is a GEMV, which sums in another
+    order), so this holds the BLAS of the machine it runs on to it. Its forward into buffers made once
+    is also the composition of the twins it restates (``reference``), and the policy's q_values go
+    through it, for one row as for many."""
+    from cudarl.policy import CPU_Q_ROWS, RowExactQ
     from cudarl.reference.nn import SIGMOID
 
+    p = random_policy(rng, layernorm=layernorm, agent={"act_by": act_by})
+    n = 2 * RowExactQ.max_rows + 5  # q_values over more rows than a block
+    obs = rng.standard_normal((n, p.obs_dim)).astype(np.float32)
+    obs[:, -2] = rng.choice([-1.0, 0.0, 1.0], n)
+    obs[:, -1] = rng.integers(0, 65, n) / np.float32(64)
+    q_rows = p._q_rows()
+    # the buffered forward restates identity and ReLU only: a layer with another activation is refused
     first = q_rows.layers[0][0]
     act = first.act
     first.act = SIGMOID
     with pytest.raises(ValueError, match="neither identity nor ReLU"):
         RowExactQ(q_rows.net, q_rows.values)
     first.act = act
-    for k in (1, 2, 7, 300):
-        got = q_rows(obs[:k])
+    alone = np.concatenate([q_rows(obs[i : i + 1]).copy() for i in range(300)])
+    for k in (1, 2, 7, CPU_Q_ROWS, CPU_Q_ROWS + 1, 300):
+        got = q_rows(obs[:k]).copy()
         np.testing.assert_array_equal(got.view(np.int32), q_rows.reference(obs[:k]).view(np.int32))
-        one = np.zeros((1, p.n_actions), np.float32)
-        for i in range(k):
-            p.q_values_into(obs[i : i + 1], one)
-            np.testing.assert_array_equal(got[i].view(np.int32), one[0].view(np.int32))
+        np.testing.assert_array_equal(got.view(np.int32), alone[:k].view(np.int32))
+    for shift in (1, 37):  # the same rows at other places of their chunks, after other rows
+        shifted = q_rows(np.concatenate([obs[300 : 300 + shift], obs[:300]])).copy()
+        np.testing.assert_array_equal(shifted[shift:].view(np.int32), alone.view(np.int32))
+    via_policy = p.q_values(obs)
+    np.testing.assert_array_equal(via_policy[:300].view(np.int32), alone.view(np.int32))
+    for i in (0, 1, 299):
+        np.testing.assert_array_equal(p.q_values(obs[i : i + 1])[0].view(np.int32), alone[i].view(np.int32))
+    np.testing.assert_array_equal(via_policy[-5:].view(np.int32), q_rows(obs[-5:]).view(np.int32))
 
     for head in ("iqn", "qrdqn"):  # the bar-by-bar walk (IQN's acting taus depend on the batch)
         assert random_policy(rng, head=head)._q_rows() is None
