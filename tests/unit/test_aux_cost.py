@@ -42,8 +42,8 @@ def _watch(t: Trainer, name: str, before, after) -> None:
 
 
 def test_the_options_are_validated_and_the_rows_are_a_ceiling():
-    assert AgentConfig().aux_batch == 0.25 and AgentConfig().vaccine_scope == "last"
-    assert AgentConfig(batch_size=256).aux_rows == 64
+    assert AgentConfig().aux_batch == 0.125 and AgentConfig().vaccine_scope == "last"
+    assert AgentConfig(batch_size=256).aux_rows == 32
     assert AgentConfig(batch_size=30, aux_batch=0.1).aux_rows == 3  # not 4 from 0.1 * 30 = 3.0000000000000004
     assert AgentConfig(batch_size=32, aux_batch=0.2).aux_rows == 7
     assert AgentConfig(batch_size=5, aux_batch=0.01).aux_rows == 1
