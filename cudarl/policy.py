@@ -602,6 +602,7 @@ class RowExactQ:
 
         self.net, self.values = net, values
         self.P, self.head, self.support = net.P, net.head, values.support
+        self.gate = net.gate  # the selectivity signal's input gate, before the encoder (None without)
         self.layers = [(layer, isinstance(layer, Linear)) for layer in [*net.encoder.children, net.head.va]]
         # zeros, not empty: a chunk's spare rows must be finite (earlier rows' values after the first)
         self.obs = np.zeros((self.max_rows, net.n_in), np.float32)
@@ -634,11 +635,20 @@ class RowExactQ:
         windows.gather(rows, self.obs[: len(rows)])
         return self._forward(len(rows))
 
+    def _gated(self, x) -> np.ndarray:
+        """The encoder's input: ``x`` through the input gate, if any (its twin, row by row)."""
+        if self.gate is None:
+            return x
+        from .reference import selectivity
+
+        g = self.gate
+        return selectivity.forward(x, g.logit, g.W, g.C, g.F, g.over, compute_dtype=np.float32)
+
     def reference(self, obs) -> np.ndarray:
         """The composition of the reference twins that ``__call__`` computes (its test oracle)."""
         from .reference import nn as ref
 
-        P, head, h = self.P, self.head, obs
+        P, head, h = self.P, self.head, self._gated(obs)
         for layer, linear in self.layers:
             if linear:
                 y = _chunked_matmul(h, layer.weight())
@@ -673,7 +683,7 @@ class RowExactQ:
 
         P = self.P
         c = -(-k // CPU_Q_ROWS) * CPU_Q_ROWS  # the rows of whole chunks
-        h = self.obs[:c]
+        h = self._gated(self.obs[:c])
         for (layer, linear), out in zip(self.layers, self.outs, strict=True):
             y = out[:c]
             if linear:  # ref.bias_act_forward: act(y + bias), in place

@@ -87,6 +87,11 @@ def test_selectivity_gates_shrink_under_their_penalty_and_the_evaluation_lists_t
     assert np.array_equal(pol.net.P["sel.logit"], t.agent.online.P["sel.logit"])
     obs = t.data.x[:1].repeat(pol.obs_dim // t.data.x.shape[1] + 1, 0).ravel()[: pol.obs_dim].reshape(1, -1)
     plain = pol.q_values(obs.astype(np.float32))
+    # the evaluation's block Q (C51 on the MLP) reads the gate as the network's forward does
+    assert pol._q_rows() is not None
+    forward = np.empty_like(plain)
+    t.agent.q_values(obs.astype(np.float32), forward)
+    np.testing.assert_allclose(plain, forward, rtol=1e-5, atol=1e-6)
     pol.net.P["sel.logit"][...] = -30.0  # every gate shut: the features no longer reach the encoder
     assert not np.array_equal(plain, pol.q_values(obs.astype(np.float32)))
 
