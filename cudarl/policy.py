@@ -587,11 +587,13 @@ class RowExactQ:
     defines it on the GPU; :meth:`Policy.q_values <cudarl.policy.Policy.q_values>` goes through it too.
     ``of_states(rows [k, STATE_DIM], windows)`` gathers the state rows' observations first.
 
-    Every other op of the reference forward (``cudarl.reference.nn``, then ``qstats.per_sample``'s Q, a
-    test holds them equal) works row by row. :meth:`reference` is that composition of the twins;
-    ``__call__`` does the same operations in the same order into buffers made once (a walk runs
-    over a thousand blocks of a few dozen rows, where NumPy's temporaries and calls are most of the
-    cost), and a test holds the two bit for bit equal."""
+    Every other op works row by row: the selectivity gate, bias, activation, LayerNorm and dueling twins
+    (``cudarl.reference``), then the C51 expectation ``sum(e z) / sum(e)`` with ``e = exp(logits - max)``
+    (both sums one fixed-shape GEMM), or the risk measure's twin with ``agent.act_by``. These bits are
+    not the trainer's ``qstats.per_sample`` Q (the same value within float32 rounding; a test holds both).
+    :meth:`reference` is that composition in plain NumPy; ``__call__`` does the same operations in the
+    same order into buffers made once (a walk runs over a thousand blocks of a few dozen rows, where
+    NumPy's temporaries and calls are most of the cost), and a test holds the two bit for bit equal."""
 
     max_rows = CPU_BLOCK_ROWS
     row_cost = CPU_ROW_COST
