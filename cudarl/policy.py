@@ -361,11 +361,10 @@ class Policy:
     # --- Q-values and actions ---------------------------------------------------------------------
     def q_values_into(self, obs, out) -> None:
         """Expected Q of ``obs`` (float32 ``[n, obs_dim]`` of this backend) into ``out`` ``[n, A]``: through
-        the block Q of the evaluation walk where the network has one (:func:`row_exact_q`; not with a
-        plan head, whose gate reads this forward's workspace), so each row is bit for bit the Q that
-        :meth:`evaluate` acts on, whatever the batch."""
+        the block Q of the evaluation walk where the network has one (:func:`row_exact_q`), so each row
+        is bit for bit the Q that :meth:`evaluate` acts on, whatever the batch."""
         d = self._device()
-        block = None if self.config.net.plan else d.block_q()
+        block = d.block_q()
         if block is not None:
             block.into(obs, out)
         else:
@@ -533,7 +532,8 @@ def row_exact_q(net, values):
     """The host walk's :class:`RowExactQ` (NumPy) or :class:`PaddedQ` (GPU) of ``net`` and the head
     rule's greedy ``values``: Q of many bars at once, each row bit for bit what the walk defines as
     that bar's Q; None where there is none: the MLP encoder, the C51 head (IQN's acting taus depend on
-    the batch) and no spectral norm are needed."""
+    the batch), no spectral norm and no plan head (its gate reads the forward's workspace and scales
+    positions that are then no levels: that walk goes a bar at a time) are needed."""
     from .nn.heads import C51Head
     from .nn.layers import MLP
     from .rules.c51 import C51Values
@@ -541,7 +541,7 @@ def row_exact_q(net, values):
     plain_c51 = isinstance(values, C51Values) and type(net.head) is C51Head  # not c51+iqn's joint head
     if not plain_c51 or not isinstance(net.encoder, MLP):
         return None
-    if any(lin.spectral for lin in net.linears.values()):
+    if any(lin.spectral for lin in net.linears.values()) or net.plan is not None:
         return None
     return RowExactQ(net, values) if _backend.is_numpy(net.xp) else PaddedQ(net, values)
 

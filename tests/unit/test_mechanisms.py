@@ -252,6 +252,7 @@ def test_a_policy_file_sizes_positions_as_the_trainer(tmp_path):
     assert ((np.abs(want) > 0) & (np.abs(want) < 1)).any()
     p = load_policy(tmp_path / "r" / "checkpoints" / "open.safetensors", device="cpu")
     np.testing.assert_array_equal(p.evaluate(split="val").position, want)
+    assert p._q_rows() is None  # no block Q: q_values is the network's forward, which the gate reads
 
 
 # --- spectral normalisation (net.spectral) and shrink-and-perturb (optim.shrink_every) ---------------
