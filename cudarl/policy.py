@@ -557,6 +557,11 @@ class BlockQ(Protocol):
     #: :class:`WalkPlanner` weighs rows with it
     row_cost: float
 
+    def begin(self) -> None:
+        """A walk starts: what the block Q derives from the network's weights is made from their values
+        now (every block of the walk uses them)."""
+        ...
+
     def of_states(self, rows: np.ndarray, windows) -> np.ndarray:
         """Host float32 ``[k, A]``: the Q of the state rows ``rows`` (host float32 ``[k, STATE_DIM]``,
         ``k <= max_rows``), their observations gathered by ``windows`` (:class:`cudarl.window.Windows`)."""
@@ -605,7 +610,8 @@ class RowExactQ:
         self.net, self.values = net, values
         self.P, self.head, self.support = net.P, net.head, values.support
         self.gate = net.gate  # the selectivity signal's input gate, before the encoder (None without)
-        self.layers = [(layer, isinstance(layer, Linear)) for layer in [*net.encoder.children, net.head.va]]
+        self.layers = [(layer, isinstance(layer, Linear)) for layer in net.encoder.children]
+        self.va = net.head.va  # the dueling head's linear layer, folded by begin()
         # zeros, not empty: a chunk's spare rows must be finite (earlier rows' values after the first)
         self.obs = np.zeros((self.max_rows, net.n_in), np.float32)
         # each layer's output rows, and the head's logits and their softmax's work, as [max_rows, ...]
@@ -613,25 +619,34 @@ class RowExactQ:
             np.zeros((self.max_rows, layer.n_out if linear else layer.n), np.float32) for layer, linear in self.layers
         ]
         a_n, k_n = self.head.n_actions, self.head.atoms
+        #: the head's weights and bias with the dueling combine folded in: logits = h @ w_fold + b_fold
+        self.w_fold = np.empty((self.va.n_in, a_n * k_n), np.float32)
+        self.b_fold = np.empty(a_n * k_n, np.float32)
         self.logits = np.empty((self.max_rows, a_n, k_n), np.float32)
         self.work = np.empty((self.max_rows, a_n, k_n), np.float32)
         self.rmax = np.empty((self.max_rows, a_n, 1), np.float32)
         self.moments = np.empty((self.max_rows * a_n, 2), np.float32)  # sum exp * z, sum exp
         self.q = np.empty((self.max_rows, a_n), np.float32)
-        self.adv_sum = np.empty((self.max_rows, k_n), np.float32)
         #: [K, 2]: the support and ones, the right side of the expectation's GEMM
         self.z1 = np.ascontiguousarray(np.stack([self.support, np.ones_like(self.support)], axis=1), np.float32)
         self.stats = np.empty((2, self.max_rows), np.float32)  # a LayerNorm's mean and rstd
         self.risky = values.risk[0] != 0  # agent.act_by other than the mean
-        for layer, linear in self.layers:  # the MLP's: __call__ restates these two only
+        for layer, linear in [*self.layers, (self.va, True)]:  # the MLP's: __call__ restates these two only
             if linear and layer.act not in (ref.IDENTITY, ref.RELU):
                 raise ValueError(f"RowExactQ: {layer.name}'s activation {layer.act} is neither identity nor ReLU")
 
+    def begin(self) -> None:
+        """Fold the dueling combine into the head's current weights (:func:`fold_dueling`)."""
+        fold_dueling(self.va.weight(), self.P[f"{self.va.name}.bias"], self.head.n_actions, self.w_fold, self.b_fold)
+
     def into(self, obs, out) -> None:
-        """``out [n, A] = Q(obs [n, obs_dim])`` for any ``n``, a block of up to :attr:`max_rows` at a time."""
+        """``out [n, A] = Q(obs [n, obs_dim])`` for any ``n``, with the weights as they are now, a block of
+        up to :attr:`max_rows` at a time."""
+        self.begin()
         for i in range(0, obs.shape[0], self.max_rows):
             part = obs[i : i + self.max_rows]
-            out[i : i + len(part)] = self(part)
+            self.obs[: len(part)] = part
+            out[i : i + len(part)] = self._forward(len(part))
 
     def of_states(self, rows, windows) -> np.ndarray:
         windows.gather(rows, self.obs[: len(rows)])
@@ -660,13 +675,16 @@ class RowExactQ:
                 g, b = P[f"{layer.name}.gamma"], P[f"{layer.name}.beta"]
                 ref.layernorm_forward(h, g, b, y, stats[0], stats[1], layer.eps, layer.act)
             h = y
-        logits = np.empty((len(h), head.n_actions, head.atoms), np.float32)
-        ref.dueling_forward(h, logits)
+        a_n, k_n = head.n_actions, head.atoms
+        w = np.empty((self.va.n_in, a_n * k_n), np.float32)
+        b = np.empty(a_n * k_n, np.float32)
+        fold_dueling(self.va.weight(), P[f"{self.va.name}.bias"], a_n, w, b)
+        logits = (_chunked_matmul(h, w) + b).reshape(len(h), a_n, k_n)
         if self.risky:
             return self._risk_q(logits)
         e = np.exp(logits - logits.max(axis=-1, keepdims=True))
-        moments = _chunked_matmul(e.reshape(-1, head.atoms), self.z1, rows=CPU_Q_ROWS * head.n_actions)
-        return (moments[:, 0] / moments[:, 1]).reshape(len(h), head.n_actions)
+        moments = _chunked_matmul(e.reshape(-1, k_n), self.z1, rows=CPU_Q_ROWS * a_n)
+        return (moments[:, 0] / moments[:, 1]).reshape(len(h), a_n)
 
     def _risk_q(self, logits) -> np.ndarray:
         """agent.act_by's risk measure of ``logits [k, A, K]``: the twin C51Values runs, row by row."""
@@ -675,7 +693,9 @@ class RowExactQ:
         return q
 
     def __call__(self, obs) -> np.ndarray:
-        """Q ``[k, A]`` of ``obs [k, obs_dim]``, ``k <= max_rows`` (a view of buffers the next call reuses)."""
+        """Q ``[k, A]`` of ``obs [k, obs_dim]``, ``k <= max_rows``, with the weights as they are now (a view
+        of buffers the next call reuses)."""
+        self.begin()
         self.obs[: len(obs)] = obs
         return self._forward(len(obs))
 
@@ -699,16 +719,12 @@ class RowExactQ:
                 g, b = P[f"{layer.name}.gamma"], P[f"{layer.name}.beta"]
                 ref.layernorm_forward(h, g, b, y, self.stats[0, :c], self.stats[1, :c], layer.eps, layer.act)
             h = y
-        # ref.dueling_forward: logits = (V + Adv) - (Adv_0 + Adv_1 + ...) / A, on the chunks' rows
+        # the head, its dueling combine folded in (begin): logits = h @ w_fold + b_fold, on the chunks' rows
         a_n, k_n = self.head.n_actions, self.head.atoms
-        logits, s = self.logits[:c], self.adv_sum[:c]
-        adv = h[:, k_n:].reshape(c, a_n, k_n)
-        np.copyto(s, adv[:, 0, :])
-        for a in range(1, a_n):
-            np.add(s, adv[:, a, :], out=s)
-        np.divide(s, np.float32(a_n), out=s)
-        np.add(h[:, None, :k_n], adv, out=logits)
-        np.subtract(logits, s[:, None, :], out=logits)
+        logits = self.logits[:c]
+        flat = logits.reshape(c, a_n * k_n)
+        np.matmul(h.reshape(-1, CPU_Q_ROWS, h.shape[1]), self.w_fold, out=flat.reshape(-1, CPU_Q_ROWS, a_n * k_n))
+        np.add(flat, self.b_fold, out=flat)
         return self._risk_q(logits[:k]) if self.risky else self._expected(logits)[:k]
 
     def _expected(self, logits) -> np.ndarray:
@@ -723,6 +739,20 @@ class RowExactQ:
         np.matmul(e.reshape(-1, CPU_Q_ROWS * a_n, k_n), self.z1, out=mo.reshape(-1, CPU_Q_ROWS * a_n, 2))
         np.divide(mo[:, 0], mo[:, 1], out=q.reshape(-1))
         return q
+
+
+def fold_dueling(w, b, n_actions: int, w_out, b_out) -> None:
+    """The dueling combine folded into the head's linear layer: with ``w [n, (1 + A) K]`` and ``b [(1 + A) K]``
+    (the value's K columns, then each action's advantage), ``w_out [n, A K]`` and ``b_out [A K]`` give
+    ``logits[a] = h @ w_out[:, a] + b_out[a] = V + Adv_a - mean_a' Adv_a'`` as one GEMM (the same logits
+    as ``cudarl.reference.nn.dueling_forward`` of ``h @ w + b``, within float32 rounding; a test holds it):
+    ``w_out[:, a] = (w_adv[:, a] - mean_a' w_adv[:, a']) + w_val``, the bias likewise, in float32."""
+    k = w.shape[1] // (n_actions + 1)
+    for src, dst in ((w, w_out), (b, b_out)):
+        val, adv = src[..., :k], src[..., k:].reshape(*src.shape[:-1], n_actions, k)
+        out = dst.reshape(adv.shape)
+        np.subtract(adv, adv.mean(axis=-2, keepdims=True, dtype=np.float32), out=out)
+        np.add(out, val[..., None, :], out=out)
 
 
 def _chunked_matmul(x, w, rows: int = CPU_Q_ROWS) -> np.ndarray:
@@ -752,6 +782,9 @@ class PaddedQ:
 
     max_rows = EVAL_ROWS
     row_cost = 0.0  # rows up to EVAL_ROWS cost nothing more: the forward has one shape
+
+    def begin(self) -> None:
+        """Nothing to derive: the forward reads the network's weights."""
 
     def __init__(self, net, values):
         from .reference.window import STATE_DIM
@@ -793,6 +826,9 @@ class _OneBar:
     ``scale(obs, out [1])`` of the same forward (kept in ``self.scale``)."""
 
     max_rows, row_cost = 1, 0.0
+
+    def begin(self) -> None:
+        """Nothing to derive: ``q_values`` reads the network's weights."""
 
     def __init__(self, env, q_values, scale):
         self.q_values, self.scale_fn = q_values, scale
@@ -936,7 +972,7 @@ class WalkPlanner:
     has no moves to learn from). Only the speed depends on the plan, never the actions."""
 
     HOLD_CHOICES = (0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
-    REPLAN = 32
+    REPLAN = 128
 
     def __init__(self, max_rows: int, row_cost: float, n_levels: int, first: tuple = (4, 0)):
         self.max_rows, self.row_cost, self.n_levels = int(max_rows), float(row_cost), int(n_levels)
@@ -1011,6 +1047,7 @@ def _walk_on_host(env, q_values, margin: float = 0.0, q_rows=None, scale=None) -
     block_q = q_rows if (q_rows is not None and scale is None) else _OneBar(env, q_values, scale)
     n_levels = len(levels) if scale is None else 0  # a plan head's positions are not levels: no tree
     planner = WalkPlanner(block_q.max_rows, block_q.row_cost, n_levels)
+    block_q.begin()
     rows = np.zeros((block_q.max_rows, env.windows.state_dim), np.float32)
     acts, scales = np.empty(n, np.int64), np.ones(n, np.float32)
     prev, hold, k = np.float32(0), 0, 0

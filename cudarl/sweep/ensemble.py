@@ -90,6 +90,10 @@ class EnsembleRows:
         self.max_rows = min(r.max_rows for r in rows)
         self.row_cost = sum(r.row_cost for r in rows)
 
+    def begin(self) -> None:
+        for r in self.rows:
+            r.begin()
+
     def of_states(self, states, windows) -> np.ndarray:
         qs = [r.of_states(states, windows) for r in self.rows]
         return _combine(np.stack(qs).astype(np.float64), self.mode, np)

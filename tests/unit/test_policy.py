@@ -415,6 +415,25 @@ def test_q_rows_gives_every_row_bit_for_bit_as_that_row_alone(rng, layernorm, ac
         assert random_policy(rng, head=head)._q_rows() is None
 
 
+@pytest.mark.parametrize("n_actions", [2, 3, 5])
+def test_the_folded_dueling_head_gives_the_dueling_logits(rng, n_actions):
+    """fold_dueling: one GEMM with the folded weights gives the logits of dueling_forward over the head's
+    GEMM, within float32 rounding (the walk's block Q defines its own bits with it)."""
+    from cudarl.policy import fold_dueling
+    from cudarl.reference.nn import dueling_forward
+
+    n, k = 48, 51
+    w = rng.standard_normal((n, (n_actions + 1) * k)).astype(np.float32)
+    b = rng.standard_normal((n_actions + 1) * k).astype(np.float32)
+    h = rng.standard_normal((130, n)).astype(np.float32)
+    want = np.empty((130, n_actions, k), np.float32)
+    dueling_forward((h.astype(np.float64) @ w + b).astype(np.float32), want)
+    w_f, b_f = np.empty((n, n_actions * k), np.float32), np.empty(n_actions * k, np.float32)
+    fold_dueling(w, b, n_actions, w_f, b_f)
+    got = (h @ w_f + b_f).reshape(130, n_actions, k)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4)
+
+
 class FnRows:
     """A block Q of a function of observations, with the interface of RowExactQ."""
 
@@ -422,6 +441,9 @@ class FnRows:
 
     def __init__(self, fn, max_rows: int):
         self.fn, self.max_rows = fn, max_rows
+
+    def begin(self):
+        pass
 
     def of_states(self, rows, windows):
         return self(windows.of(rows))
