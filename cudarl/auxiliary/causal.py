@@ -85,7 +85,7 @@ class Causal(AuxBase):
         self.state = xp.zeros(2 + len(self.groups), np.float32)
         self.x = xp.zeros((B, online.n_in), np.float32)
         self.d = xp.zeros((B, buffers.n_actions), np.float32)
-        self.ws = online.new_workspace(B)
+        self.ws = buffers.step_workspace(online, B)
         online.prepare_backward(B)
         head = online.head
         self.c51 = isinstance(head, C51Head)

@@ -8,6 +8,7 @@ import numpy as np
 
 from ..backend import is_numpy, to_numpy
 from ..config import NetConfig
+from ..graph import SideStream
 from .encoders import ENCODERS
 from .heads import PlanHead
 from .layers import Linear
@@ -131,6 +132,7 @@ class QNetwork:
         for m in self.modules:
             m.bind(self.P, self.G, xp)
         self.linears = {lin.name: lin for lin in _walk(self.modules) if isinstance(lin, Linear)}
+        self._branched: list[Workspace] = []  # the workspaces whose extra heads run on a branch
         unknown = set(net.spectral) - set(self.linears)
         if unknown:
             raise ValueError(
@@ -158,6 +160,26 @@ class QNetwork:
         ``gemm="cublaslt_nosplit"`` and ``"cudarl"``, whose dx falls back to it, have any; GPU)."""
         for lin in self.linears.values():
             lin.prepare_backward(batch)
+
+    def branch_extras(self, ws: Workspace) -> None:
+        """Run the extra heads of every later :meth:`forward` over ``ws`` on a branch of their own (a
+        :class:`cudarl.graph.SideStream` made here, before any capture: ``ws.extras_side``), forked once
+        psi is written, so the head's forward and whatever follows it go on beside them. A network
+        without extra heads has nothing to branch; a workspace is branched once.
+
+        Their outputs are read after :meth:`join_extras` (the current stream then waits for them);
+        :meth:`backward` over ``ws`` joins first. Hazards: nothing may write the extra heads' rows of
+        ``ws`` or their parameters before the join, and the branch writes only those rows."""
+        if self.extras and ws.extras_side is None:
+            ws.extras_side = SideStream(self.xp)
+            self._branched.append(ws)
+
+    def join_extras(self, ws: Workspace | None = None) -> None:
+        """The current stream waits for the extra heads of the last forward over ``ws`` (None: over every
+        workspace :meth:`branch_extras` branched); a no-op where nothing is pending."""
+        for w in self._branched if ws is None else [ws]:
+            if w.extras_side is not None:
+                w.extras_side.join()
 
     def spectral_in_steps(self) -> None:
         """Spectral norm by :meth:`spectral_step` only (the trainer's networks: forwards that run side by
@@ -188,16 +210,26 @@ class QNetwork:
 
         ``raw_head`` (C51 only): ``"q"`` is the head's output before the dueling combine,
         ``va [B, (1 + A) atoms]``; the workspace remembers it, so :meth:`backward` starts from dL/dva.
-        ``head_kw`` go to the head's forward (IQN: ``tau [B, N]``, else the workspace's)."""
+        ``head_kw`` go to the head's forward (IQN: ``tau [B, N]``, else the workspace's).
+
+        On a workspace :meth:`branch_extras` branched, the extra heads are enqueued first, on its
+        branch, forked after psi; the head's forward follows on the current stream at once (the same
+        kernels and inputs: the same bits). Read their outputs after :meth:`join_extras`."""
         ws = ws or self.ws
         ws.set_batch(x.shape[0])
         ws.x = x  # the input of this workspace's forward, for backward
         ws.raw_head = bool(raw_head)
         psi = self.encoder.forward(x if self.gate is None else self.gate.forward(x, ws), ws)
-        out = {"q": self.head.forward(psi, ws, raw=raw_head, **head_kw)}
-        for name, h in self.extras.items():
-            out[name] = h.forward(psi, ws)
-        return out
+        extras, side = {}, ws.extras_side
+        if side is not None:
+            with side.fork():  # each extra head reads psi and writes its own rows only
+                for name, h in self.extras.items():
+                    extras[name] = h.forward(psi, ws)
+        q = self.head.forward(psi, ws, raw=raw_head, **head_kw)
+        if side is None:
+            for name, h in self.extras.items():
+                extras[name] = h.forward(psi, ws)
+        return {"q": q, **extras}
 
     def grad_outputs(self, ws: Workspace | None = None, raw_head: bool = False) -> dict:
         """The buffers the losses write ``dL/d(output)`` into, shaped like :meth:`forward`'s outputs
@@ -221,8 +253,10 @@ class QNetwork:
 
         ``last_layer``: the heads' backward, then the encoder's stops after its last layer's parameter
         gradients (:meth:`Encoder.backward_last`, ``encoder.last_layer``); the other encoder parameters'
-        and the input gate's gradients are left as they were (no ``dx``)."""
+        and the input gate's gradients are left as they were (no ``dx``). The extra heads' branch of
+        that forward (:meth:`branch_extras`) is joined first."""
         ws = ws or self.ws
+        self.join_extras(ws)
         x = ws.x if x is None else x
         psi = ws.rows(f"{self.encoder.out_name}.out")
         dpsi = ws.rows(f"{self.encoder.out_name}.dout")

@@ -72,6 +72,15 @@ class LearnerBuffers:
         self.idx = None
         self.weights = None
 
+    def step_workspace(self, net, rows: int):
+        """A workspace of ``rows`` for a forward of the train step (``net.new_workspace``) whose extra heads
+        run on a branch of their own (:meth:`cudarl.nn.QNetwork.branch_extras`): nothing in the step reads
+        them before the agent joins that branch (the ``q_stats`` phase for :attr:`ws`, the backward for
+        the others)."""
+        ws = net.new_workspace(rows)
+        net.branch_extras(ws)
+        return ws
+
     def importance_weights(self):
         """The batch's importance weights, once the branch computing them (and the schedules, forked
         before it) is joined: call it in the first phase that reads them."""
