@@ -1,6 +1,6 @@
 """Where the auxiliary signals' work sits in the train graph (issue 19, the signals' cost on the MLP's
 critical path): the extra heads of the step's forwards on branches of their own, forked once psi is
-written and joined where something reads them.
+written and joined where something reads them; horizons' and risk's losses on a branch each.
 
 On the NumPy backend a branch runs in place, so the CPU tests check what the branches are made of and
 that a branched forward is the same function; the GPU tests read the captured graph's edges
@@ -103,3 +103,14 @@ def test_gpu_the_extra_heads_at_s_run_beside_the_q_head_and_the_targets(head):
     assert not set(extras) & ancestors(nodes, first_learn)  # the rule's loss does not wait for them
     loss = next(n["id"] for n in nodes if n["name"] == "cudarl_horizons_loss")
     assert set(extras) <= ancestors(nodes, loss)  # the loss reads them: joined before it
+
+
+@pytest.mark.gpu
+def test_gpu_the_horizons_and_risk_losses_run_beside_each_other_and_the_backward_waits_for_both():
+    nodes, t = traced_train_graph({"agent": {"aux": ["horizons", "risk"]}})
+    h, r = (next(n["id"] for n in nodes if n["name"] == f"cudarl_{s}_loss") for s in ("horizons", "risk"))
+    assert nodes[h]["stream"] != nodes[r]["stream"]
+    assert h not in ancestors(nodes, r) and r not in ancestors(nodes, h)
+    assert not any(n["name"] == "cudarl_regularizers_mean" for n in nodes)  # the totals are in the losses
+    first_backward = next(n["id"] for n in nodes if n["phase"] == "backward")
+    assert {h, r} <= ancestors(nodes, first_backward)
