@@ -16,8 +16,9 @@ that :class:`cudarl.graph.StepGraph` captures (GPU) or runs in order (NumPy)::
              - cql (agent.cql_alpha) - plan (net.plan: cudarl.plan) - the auxiliary signals' loss
              phases (on their branch, joined by the backward) - priorities (a parallel branch to the end) -
              backward (dx chain | weight gradients, in parallel; joins the auxiliary branches) - the
-             auxiliary signals' grad phases (Gradient Vaccine, the causal penalty's backward: they read
-             and rewrite the flat gradient, the auxiliary heads' included) - the auxiliary signals' own
+             auxiliary signals' grad phases (Gradient Vaccine's backward; the causal penalty's gradient,
+             from a backward on its branch beside this one, added: they read and rewrite the flat
+             gradient, the auxiliary heads' included) - the auxiliary signals' own
              optimiser steps (agent.aux "risk": aux_risk_sgd; "denoise": aux_denoise_sgd; after the grad
              phases so that those see the heads' gradients before a step clears them) - adam (one launch: the
              gradient norm and clip, the update with the target net's soft update and the publish of loss

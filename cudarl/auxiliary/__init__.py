@@ -64,8 +64,9 @@ class AuxSignal(Protocol):
     def grad_phases(self) -> list[Phase]:
         """Its phase(s) after the backward and before the optimiser: they may read and rewrite the
         step's flat gradient (``buffers.online.grads``); most signals have none
-        (:class:`cudarl.auxiliary.base.AuxBase`'s default). Gradient Vaccine and causal intervention
-        run a backward of their own here."""
+        (:class:`cudarl.auxiliary.base.AuxBase`'s default). Gradient Vaccine runs a backward of its own
+        here; causal intervention adds the gradient of the backward it ran on its loss branch, into a
+        buffer of its own (:class:`cudarl.auxiliary.base.OwnBackward`), beside the step's."""
 
     def update_phases(self) -> list[Phase]:
         """Its optimiser step(s) of its own, after every grad phase and before the shared Adam: they read

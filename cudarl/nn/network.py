@@ -93,6 +93,8 @@ class QNetwork:
         xp, dtype: backend and float type (float64 only on NumPy, for gradient checks).
         max_batch: rows of the default workspace :attr:`ws` (``None``: no default workspace, ``ws`` is None).
         seed: Philox seed of the initialisation.
+        params_of: None, or a network of the same layout whose :attr:`params` this one uses (the same
+            buffer, not a copy) with a gradient buffer of its own: what :meth:`twin` makes.
 
     ``net.gemm`` is one of :data:`cudarl.nn.layers.GEMMS` (docs/config.md), GPU only; each new
     workspace makes the cuBLASLt plans of its ``max_batch`` before any capture.
@@ -113,6 +115,7 @@ class QNetwork:
         dtype=np.float32,
         max_batch: int | None = 512,
         seed: int = 0,
+        params_of: QNetwork | None = None,
         **fields,
     ):
         net = replace(net or NetConfig(), **fields) if fields else (net or NetConfig())
@@ -120,13 +123,19 @@ class QNetwork:
             raise ValueError("the GPU backend is float32 only")
         self.xp, self.dtype, self.config = xp, np.dtype(dtype), net
         self.n_in, self.n_actions = int(n_in), int(n_actions)
+        self._makers = (extra_heads, input_gate)  # for twin()
         parts = _modules(self.n_in, self.n_actions, net, extra_heads, input_gate)
         #: ``extras``: heads on psi besides the distributional one, by name (``forward()[name]``)
         self.gate, self.encoder, self.head, self.extras = parts
         self.plan = self.extras.get("plan")
         self.modules = _in_order(*parts)
         self.layout, self._ws_spec = _declare(self.modules)
-        self.params = xp.asarray(self.layout.init_host(seed, self.dtype))
+        if params_of is None:
+            self.params = xp.asarray(self.layout.init_host(seed, self.dtype))
+        elif params_of.layout.entries != self.layout.entries or params_of.params.dtype != self.dtype:
+            raise ValueError("params_of: a network of another layout or dtype")
+        else:
+            self.params = params_of.params
         self.grads = xp.zeros(self.layout.padded_size, dtype=self.dtype)
         self.P, self.G = self.layout.views(self.params), self.layout.views(self.grads)
         for m in self.modules:
@@ -140,8 +149,26 @@ class QNetwork:
             )
         for k, name in enumerate(sorted(net.spectral)):
             self.linears[name].spectral = True
-            self.linears[name].alloc_state(xp, self.dtype, seed, 1000 + k)
+            if params_of is None:
+                self.linears[name].alloc_state(xp, self.dtype, seed, 1000 + k)
+            else:
+                self.linears[name].share_state(params_of.linears[name])
         self.ws = self.new_workspace(max_batch) if max_batch is not None else None
+
+    def twin(self) -> QNetwork:
+        """A network over these parameters (the same buffer, which it only reads) with a gradient buffer
+        of its own and modules of its own bound to both: its :meth:`backward` over a workspace of this
+        network's forward writes the twin's :attr:`grads`, bit for bit what this network's backward would
+        write into its own, and nothing this network's backward writes, so the two can run beside each
+        other (a second backward of the step on a branch: :class:`cudarl.auxiliary.base.OwnBackward`).
+        Spectrally normalised layers read this network's u, v, sigma and ``W_sn`` (moved only by this
+        network's :meth:`spectral_step`) and have their own scratch. No default workspace; its weight
+        gradients run on the current stream until :meth:`set_side_stream`."""
+        extra_heads, input_gate = self._makers
+        return QNetwork(
+            self.n_in, self.n_actions, self.config, extra_heads=extra_heads, input_gate=input_gate, xp=self.xp,
+            dtype=self.dtype, max_batch=None, params_of=self,
+        )  # fmt: skip
 
     def new_workspace(self, max_batch: int) -> Workspace:
         """A workspace for batches up to ``max_batch`` (one per concurrent forward, e.g. s and s').

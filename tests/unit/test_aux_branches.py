@@ -1,6 +1,8 @@
 """Where the auxiliary signals' work sits in the train graph (issue 19, the signals' cost on the MLP's
 critical path): the extra heads of the step's forwards on branches of their own, forked once psi is
-written and joined where something reads them; horizons' and risk's losses on a branch each.
+written and joined where something reads them; horizons' and risk's losses on a branch each; causal
+intervention's backward on its branch, beside the step's, into a gradient buffer of its own that its grad
+phase adds to the step's (the bits of the backward on the flat gradient it replaces).
 
 On the NumPy backend a branch runs in place, so the CPU tests check what the branches are made of and
 that a branched forward is the same function; the GPU tests read the captured graph's edges
@@ -12,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from test_trainer import gpu_small, small
+from test_windows import ENCODER_NETS
 
 from cudarl.graph import SideStream
 from cudarl.nn import QNetwork
@@ -65,6 +68,68 @@ def test_a_branched_forward_is_the_unbranched_one(rng):
     net.join_extras()  # NumPy: nothing pending; the calls are the GPU's program
 
 
+def _bits(a):
+    return np.ascontiguousarray(a, np.float32).view(np.uint32)
+
+
+@pytest.mark.parametrize(
+    "net",
+    [
+        {"head": "c51"},
+        {"head": "iqn"},
+        {"head": "qrdqn", "spectral": ("enc.1",)},
+        {"head": "c51", **ENCODER_NETS["ssm"]},
+        {"head": "iqn", **ENCODER_NETS["attention"]},
+    ],
+)
+def test_causals_own_backward_added_is_the_backward_on_the_flat_gradient_bit_for_bit(net):
+    """One update, watched: causal's backward (in aux_causal, into its own buffer) equals the online net's
+    backward over the same intervened forward, and the gradient its grad phase leaves is that backward's
+    plus the step's, as the grad phase computed it when it ran that backward on the flat gradient (save,
+    backward, add the saved gradient): every bit, signed zeros included."""
+    aux = ["horizons", "risk", "selectivity", "causal"]
+    t = _trainer(net=net, agent={"aux": aux, "causal_weight": 1.0, "causal_groups": ["calendar", "offset"]})
+    online, causal = t.agent.online, t.agent.aux[3]
+    seen = {}
+
+    def after(name, fn):
+        def spy(inner=dict(t.train_graph.phases)[name]):
+            inner()
+            fn()
+
+        return spy
+
+    def old_way():  # the step's gradient, then the former grad phase's backward, into the flat buffer
+        seen["step"] = online.grads.copy()
+        causal.ws.set_batch(causal.sub.rows)
+        online.backward(causal.x, causal.ws)
+        seen["old"] = online.grads.copy()
+        online.grads[...] = seen["step"]
+
+    spies = {
+        "aux_causal": after("aux_causal", lambda: seen.update(own=causal.extra.grads.copy())),
+        "backward": after("backward", old_way),
+        "causal": after("causal", lambda: seen.update(sum=online.grads.copy())),
+    }
+    t.train_graph.phases = [(n, spies.get(n, f)) for n, f in t.train_graph.phases]
+    t.run(t.cfg.agent.learning_starts // t.cfg.env.n_envs + 2)
+    assert np.any(seen["own"] != 0) and causal.extra.grads is not online.grads
+    np.testing.assert_array_equal(_bits(seen["own"]), _bits(seen["old"]))
+    np.testing.assert_array_equal(_bits(seen["sum"]), _bits(np.add(seen["old"], seen["step"], dtype=np.float32)))
+
+
+def test_the_twin_shares_the_parameters_and_only_the_parameters():
+    net = QNetwork(12, 3, hidden=(16, 8), extra_heads={"probe": _extra}, spectral=("enc.1",), max_batch=4)
+    twin = net.twin()
+    assert twin.params is net.params and twin.grads is not net.grads and twin.ws is None
+    assert list(twin.linears) == list(net.linears) and list(twin.extras) == ["probe"]
+    a, b = net.linears["enc.1"].sn, twin.linears["enc.1"].sn
+    assert all(a[k] is b[k] for k in ("u", "v", "sigma", "w")) and a["dw"] is not b["dw"]
+    assert not twin.linears["enc.1"].sn_in_forward  # only the network it shares moves u, v and W_sn
+    with pytest.raises(ValueError, match="params_of"):
+        QNetwork(12, 3, hidden=(16, 9), max_batch=None, params_of=net)
+
+
 # --- GPU ---------------------------------------------------------------------------------------------
 def traced_train_graph(over: dict):
     """The captured train graph of a ``gpu_small(**over)`` trainer, captured again with tracing on: its
@@ -114,3 +179,17 @@ def test_gpu_the_horizons_and_risk_losses_run_beside_each_other_and_the_backward
     assert not any(n["name"] == "cudarl_regularizers_mean" for n in nodes)  # the totals are in the losses
     first_backward = next(n["id"] for n in nodes if n["phase"] == "backward")
     assert {h, r} <= ancestors(nodes, first_backward)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("head", ["c51", "iqn"])
+def test_gpu_causals_backward_runs_beside_the_steps_and_its_grad_phase_adds_it(head):
+    nodes, t = traced_train_graph({"net": {"head": head}, "agent": {"aux": HEADS_AND_CAUSAL}})
+    mine = {n["id"] for n in nodes if n["phase"] == "aux_causal"}
+    steps = [n["id"] for n in nodes if n["phase"] == "backward"]
+    assert mine and steps
+    assert not any(mine & ancestors(nodes, i) for i in steps)  # the step's backward waits for none of it
+    assert not any(set(steps) & ancestors(nodes, i) for i in mine)  # nor it for the step's
+    (add,) = [n["id"] for n in nodes if n["phase"] == "causal"]  # one launch: the sum
+    assert nodes[add]["name"] == "cudarl_util_add_f32" and mine <= ancestors(nodes, add)
+    assert set(steps) <= ancestors(nodes, add)
