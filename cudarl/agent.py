@@ -10,13 +10,15 @@ that :class:`cudarl.graph.StepGraph` captures (GPU) or runs in order (NumPy)::
     train:   schedules (lr and tau: a parallel branch, joined by the first learn phase) - sample (the
              search, the gather of the state rows and the observation windows of s and s' from the
              feature matrix in one launch; the importance weights on that branch) - forward
-             (the rule's) - the rule's learn phases (C51: targets_loss, one launch; IQN, QR-DQN:
-             targets - loss) - q_stats (the expected Q at s; the statistics' reduction on a branch)
+             (the rule's; the extra heads of each of its forwards on a branch of their own) - the rule's
+             learn phases (C51: targets_loss, one launch; IQN, QR-DQN: targets - loss) - q_stats (the
+             expected Q at s; the statistics' reduction on a branch; joins the extra heads at s)
              - cql (agent.cql_alpha) - plan (net.plan: cudarl.plan) - the auxiliary signals' loss
              phases (on their branch, joined by the backward) - priorities (a parallel branch to the end) -
              backward (dx chain | weight gradients, in parallel; joins the auxiliary branches) - the
-             auxiliary signals' grad phases (Gradient Vaccine, the causal penalty's backward: they read
-             and rewrite the flat gradient, the auxiliary heads' included) - the auxiliary signals' own
+             auxiliary signals' grad phases (Gradient Vaccine's backward; the causal penalty's gradient,
+             from a backward on its branch beside this one, added: they read and rewrite the flat
+             gradient, the auxiliary heads' included) - the auxiliary signals' own
              optimiser steps (agent.aux "risk": aux_risk_sgd; "denoise": aux_denoise_sgd; after the grad
              phases so that those see the heads' gradients before a step clears them) - adam (one launch: the
              gradient norm and clip, the update with the target net's soft update and the publish of loss
@@ -132,6 +134,10 @@ class Agent:
             feature_names=feature_names,
         )
         self.rule = rule_cls.allocate(buf)
+        # the extra heads of the step's forwards at s (the backward's) and of the target net at s' run on
+        # branches of their own (the rule's other workspaces are buffers.step_workspace's)
+        self.online.branch_extras(buf.ws)
+        self.target.branch_extras(self.target.ws)
         #: the plan head's loss (net.plan), or None
         self.plan = PlanLoss(buf, cfg.env.position_levels()) if cfg.net.plan else None
         for s in self.aux:
@@ -200,6 +206,14 @@ class Agent:
         return [("act", act), ("env_step", env_step), ("replay_insert", replay_insert)]
 
     # --- train ---------------------------------------------------------------------------------
+    def q_stats(self) -> None:
+        """The rule's ``q_stats`` phase, then the join of the extra heads' branch of the forward at s
+        (:meth:`cudarl.nn.QNetwork.branch_extras`): the phases after it (CQL, the plan head, the
+        auxiliary signals' losses) may read their outputs. They ran beside the head's forward, the
+        rule's learn phases and this one."""
+        self.rule.q_stats()
+        self.online.join_extras(self.buffers.ws)
+
     def backward(self) -> None:
         """Gradients of the online net from the s half of the rule's forward (``buffers.ws``)."""
         buf = self.buffers
@@ -208,6 +222,10 @@ class Agent:
         self.online.backward(self.batch.obs, buf.ws)
         for side in self.grad_sides:  # the weight gradients, before anything reads them
             side.join()
+        # the extra heads' branches still open (the forwards at s', which nothing reads), long done:
+        # joined here, so every branch is closed before the capture ends
+        self.online.join_extras()
+        self.target.join_extras()
 
     def train_phases(self, replay, windows) -> list:
         """Phases of one learner update from ``replay`` (of state rows) into the fixed :attr:`batch`
@@ -277,7 +295,7 @@ class Agent:
             ("sample", sample),
             ("forward", forward),
             *self.rule.learn_phases(),
-            ("q_stats", self.rule.q_stats),
+            ("q_stats", self.q_stats),
             *cql,
             *plan,
             *aux,

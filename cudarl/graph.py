@@ -347,7 +347,9 @@ class SideStream:
 
     @classmethod
     def join_all(cls) -> None:
-        """Join every side stream with pending work into the stream it forked from."""
-        for side, main in list(cls._open):
+        """Join every side stream with pending work into the stream it forked from, the last opened
+        first: a branch forked from another side stream (an extra head's, inside a forward on a branch)
+        is joined into that stream before that stream is joined into its own."""
+        for side, main in reversed(list(cls._open)):
             with main:
                 side.join()

@@ -426,7 +426,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         "q-stats-phase-no-op",
         "statistics written to buffers nobody read",
-        (Edit("cudarl/agent.py", '("q_stats", self.rule.q_stats),', '("q_stats", lambda: None),  # mutation'),),
+        (Edit("cudarl/agent.py", '("q_stats", self.q_stats),', '("q_stats", lambda: None),  # mutation'),),
         (
             *(f"{_MECH}test_q_statistics_reach_every_metrics_row_one_step_late[{h}]" for h in ("c51", "iqn", "qrdqn")),
             f"{_MECH}test_the_guard_stops_a_collapsed_distribution",

@@ -45,7 +45,9 @@ class AuxSignal(Protocol):
         """Its head on ``psi [B, d]`` (a :class:`cudarl.nn.Module` named ``aux.<name>``, with a
         ``grad_name``), or None for a signal without parameters. Its output is
         ``online.forward(...)[name]`` and the gradient the loss phase writes is
-        ``online.grad_outputs(ws)[name]``; the backward adds its dL/dpsi to the head's."""
+        ``online.grad_outputs(ws)[name]``; the backward adds its dL/dpsi to the head's. In the train
+        step the extra heads run on a branch beside the Q head's forward, which the agent's ``q_stats``
+        phase joins (:meth:`cudarl.nn.QNetwork.branch_extras`): a loss phase reads the output as it is."""
 
     def make_input_gate(self, n_in: int):
         """A module on the network's input before the encoder (``input_gate`` of
@@ -62,8 +64,9 @@ class AuxSignal(Protocol):
     def grad_phases(self) -> list[Phase]:
         """Its phase(s) after the backward and before the optimiser: they may read and rewrite the
         step's flat gradient (``buffers.online.grads``); most signals have none
-        (:class:`cudarl.auxiliary.base.AuxBase`'s default). Gradient Vaccine and causal intervention
-        run a backward of their own here."""
+        (:class:`cudarl.auxiliary.base.AuxBase`'s default). Gradient Vaccine runs a backward of its own
+        here; causal intervention adds the gradient of the backward it ran on its loss branch, into a
+        buffer of its own (:class:`cudarl.auxiliary.base.OwnBackward`), beside the step's."""
 
     def update_phases(self) -> list[Phase]:
         """Its optimiser step(s) of its own, after every grad phase and before the shared Adam: they read

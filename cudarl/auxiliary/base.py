@@ -1,6 +1,7 @@
 """What the built-in auxiliary signals share: :class:`AuxBase` (the protocol's defaults),
 :class:`ExtraBackward` (a backward of the online net of a signal's own, kept out of the step's gradient
-until the signal recombines it) and :class:`SubBatch` (the rows ``agent.aux_batch`` gives the denoise and
+until the signal recombines it), :class:`OwnBackward` (one into a gradient buffer of its own, which runs
+beside the step's backward) and :class:`SubBatch` (the rows ``agent.aux_batch`` gives the denoise and
 causal passes)."""
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ import numpy as np
 
 from ..backend import family, is_numpy, to_numpy
 from ..config import ConfigError
+from ..graph import SideStream
 
 
 class AuxBase:
@@ -62,11 +64,12 @@ def read(state) -> np.ndarray:
 
 
 class ExtraBackward:
-    """A second backward of ``online`` in the same step. :meth:`QNetwork.backward` overwrites the flat
-    gradient, so :meth:`save` copies the step's gradient into :attr:`saved` first; :meth:`run` then
-    runs the backward over a workspace and joins the layers' weight-gradient branches (the agent's
-    :meth:`cudarl.agent.Agent.backward` does the same), leaving that backward's gradient in
-    ``online.grads``; :meth:`add_saved` puts the step's gradient back on top of it."""
+    """A second backward of ``online`` in the same step, on the flat gradient (Gradient Vaccine's, which
+    needs the step's gradient anyway; :class:`OwnBackward` is one beside the step's).
+    :meth:`QNetwork.backward` overwrites the flat gradient, so :meth:`save` copies the step's gradient
+    into :attr:`saved` first; :meth:`run` then runs the backward over a workspace and joins the layers'
+    weight-gradient branches (the agent's :meth:`cudarl.agent.Agent.backward` does the same), leaving that
+    backward's gradient in ``online.grads``; :meth:`add_saved` puts the step's gradient back on top of it."""
 
     def __init__(self, online, xp):
         self.online = online
@@ -88,6 +91,41 @@ class ExtraBackward:
     def add_saved(self) -> None:
         g = self.online.grads
         self.util.add_f32(g, g, self.saved)
+
+
+class OwnBackward:
+    """A second backward of ``online`` in the same step that writes a gradient buffer of its own,
+    :attr:`grads` (through :attr:`net`, ``online.twin()``: the same parameters, its own gradient views),
+    never the flat gradient the step's backward writes: it can run on a branch beside that backward.
+    :meth:`run` runs it over a workspace of one of ``online``'s forwards, its layers' weight gradients on
+    branches of their own (:attr:`sides`, joined before it returns), and :meth:`add_into` adds it to the
+    step's gradient: ``grads[i] = grads[i] + own[i]`` (one launch; IEEE addition is commutative, so this is
+    bit for bit :class:`ExtraBackward`'s ``own + saved``).
+
+    ``rows``: the largest batch :meth:`run` is given (its cuBLASLt plans are made here, before any
+    capture). Hazards: :meth:`run` reads ``online``'s parameters (and spectral state) and the workspace's
+    forward, and writes only :attr:`grads` and the workspace's gradient rows; nothing may write those
+    parameters (an optimiser step) before it is joined."""
+
+    def __init__(self, online, xp, rows: int):
+        self.net = online.twin()
+        self.grads = self.net.grads
+        self.net.prepare_backward(rows)
+        self.sides = [SideStream(xp) for _ in self.net.linears]
+        self.net.set_side_stream(self.sides)
+        self.util = family("util", xp)
+
+    def run(self, x, ws, rows: int) -> None:
+        """The backward over ``rows`` of ``ws`` (a workspace of the online net's forward of ``x``) into
+        :attr:`grads`, on the current stream and :attr:`sides`, joined back into it."""
+        ws.set_batch(rows)
+        self.net.backward(x, ws)
+        for side in self.sides:
+            side.join()
+
+    def add_into(self, grads) -> None:
+        """``grads += grads of this backward`` (the step's flat gradient, ``online.grads``)."""
+        self.util.add_f32(grads, grads, self.grads)
 
 
 class SubBatch:

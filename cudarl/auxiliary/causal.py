@@ -13,11 +13,12 @@ of the same sample; the swap interventions draw the other sample from the sub-ba
 the sensitivity are means over its rows. Its workspace and GEMM plans are made for that many rows;
 ``aux_batch = 1`` reads the whole batch in place.
 
-Phases: ``aux_causal`` (on a branch of its own, beside the other loss phases: the sub-batch's rows -
-intervene - the online
-forward over the intervened batch in a workspace of its own - penalty - reduce) and, after the
-backward, ``causal`` (join - save the step's gradient - a backward over the intervened forward -
-add the saved gradient back). Observables: ``aux.causal.loss``, ``aux.causal.group`` (the index of the
+Phases: ``aux_causal`` (on a branch of its own, beside the other loss phases and the step's backward:
+the sub-batch's rows - intervene - the online forward over the intervened batch in a workspace of its
+own - penalty - reduce - a backward over that forward into a gradient buffer of its own,
+:class:`cudarl.auxiliary.base.OwnBackward`) and, after the backward, ``causal`` (join - add that
+gradient to the step's, one launch: the bits of adding the step's to it, as when this backward ran
+after the step's on the flat gradient). Observables: ``aux.causal.loss``, ``aux.causal.group`` (the index of the
 step's group in :attr:`Causal.groups`) and ``aux.causal.sensitivity.<group>``, the mean absolute
 change of Q the last time that group was intervened on (what ``docs/guide.md`` calls the measured
 sensitivity).
@@ -33,7 +34,7 @@ from ..nn.heads import C51Head, IQNHead
 from ..reference import causal as ref
 from ..reference.window import N_POSITION_FEATURES
 from ..rules.c51 import support
-from .base import AuxBase, ExtraBackward, SubBatch, read
+from .base import AuxBase, OwnBackward, SubBatch, read
 
 #: The groups an intervention can name: the feature-name test of their columns and the mode.
 GROUPS = {
@@ -85,7 +86,7 @@ class Causal(AuxBase):
         self.state = xp.zeros(2 + len(self.groups), np.float32)
         self.x = xp.zeros((B, online.n_in), np.float32)
         self.d = xp.zeros((B, buffers.n_actions), np.float32)
-        self.ws = online.new_workspace(B)
+        self.ws = buffers.step_workspace(online, B)
         online.prepare_backward(B)
         head = online.head
         self.c51 = isinstance(head, C51Head)
@@ -96,7 +97,7 @@ class Causal(AuxBase):
         # IQN: the intervened forward uses the taus of the online forward at s (the same quantiles of Q)
         taus = buffers.ws.rows(f"{head.name}.tau", buffers.batch_size) if isinstance(head, IQNHead) else None
         self.taus = None if taus is None else self.sub.of(taus)
-        self.extra = ExtraBackward(online, xp)
+        self.extra = OwnBackward(online, xp, B)
         self.side = SideStream(xp)
         self.ops, self.util = family("causal", xp), family("util", xp)
 
@@ -108,8 +109,9 @@ class Causal(AuxBase):
 
     def _penalty(self) -> None:
         buf, W, obs, q_s = self.buf, self.cfg.net.window, self.obs, self.q_s
-        # beside the other loss phases: it reads the batch's s, the taus at s and q_s (written before
-        # this fork) and writes only its own buffers and workspace; the grad phase joins it
+        # beside the other loss phases and the step's backward: it reads the batch's s, the taus at s and
+        # q_s (written before this fork) and the online parameters (no step moves them before the grad
+        # phase joins it), and writes only its own buffers, workspace and gradient buffer
         with self.side.fork():
             self.sub.gather()
             kw = {} if self.taus is None else {"tau": self.taus}
@@ -131,12 +133,12 @@ class Causal(AuxBase):
                 else:
                     self.ops.penalty_quantile(out, q_s, self.weight, self.d, grad)
                 self.ops.reduce(self.d, self.state, self.counter, self.weight)
+            self.extra.run(self.x, self.ws, self.sub.rows)
 
     def _grad(self) -> None:
+        # the penalty's gradient onto the step's (and whatever a grad phase before this one left there)
         self.side.join()
-        self.extra.save()
-        self.extra.run(self.x, self.ws, self.sub.rows)
-        self.extra.add_saved()
+        self.extra.add_into(self.buf.online.grads)
 
     def observable(self) -> dict:
         s = read(self.state)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..backend import family, to_numpy
+from ..graph import SideStream
 from ..nn.layers import Linear
 from ..reference.horizons import future_log_returns
 from .base import AuxBase
@@ -75,9 +76,11 @@ def param_span(net, prefix: str) -> tuple[int, int]:
 
 class FutureHead(AuxBase):
     """What the heads trained against future bars share (``horizons``, ``risk``): a linear head
-    ``aux.<name>`` of :attr:`n_out` outputs on ``psi``, the loss phase ``aux_<name>`` on the auxiliary
-    branch (``buffers.side_aux``) launching the kernel family ``<name>``'s ``loss`` (:meth:`launch`), and
-    the observables ``aux.<name>.loss`` and ``aux.<name>.valid`` (the share of targets inside the split)."""
+    ``aux.<name>`` of :attr:`n_out` outputs on ``psi``, the loss phase ``aux_<name>`` on a branch of its
+    own (:attr:`side`, beside the other signals' losses; the backward waits for it through
+    ``buffers.side_aux``) launching the kernel family ``<name>``'s ``loss`` (:meth:`launch`: the loss, its
+    gradient and the two totals in one launch), and the observables ``aux.<name>.loss`` and
+    ``aux.<name>.valid`` (the share of targets inside the split)."""
 
     name: str
     n_out: int
@@ -99,6 +102,8 @@ class FutureHead(AuxBase):
         self.future = future_returns(buffers)
         self.loss_per, self.valid_per = xp.zeros(B, np.float32), xp.zeros(B, np.float32)
         self.out = xp.zeros(2, np.float32)  # the loss and the valid share
+        self.done = xp.zeros(1, np.uint32)  # the loss launch's ticket counter (0 between launches)
+        self.side = SideStream(xp)
         self.ops = family(self.name, xp)
 
     def phases(self) -> list:
@@ -106,11 +111,14 @@ class FutureHead(AuxBase):
 
     def _loss(self) -> None:
         buf, B = self.buf, self.buf.batch_size
-        with buf.side_aux.fork():
+        # its own branch: it reads the head's outputs at s (joined by q_stats) and writes only its head's
+        # gradient rows and its own buffers; the backward joins it through side_aux
+        with buf.aux_branch(self.side):
             self.launch(buf.ws.rows(f"{self.head_name}.out", B), buf.ws.rows(f"{self.head_name}.dout", B))
 
     def launch(self, pred, grad) -> None:
-        """The family's loss from the head's outputs ``pred`` into its gradient rows ``grad``."""
+        """The family's loss from the head's outputs ``pred`` into its gradient rows ``grad`` (and
+        :attr:`out`, with the ticket :attr:`done`)."""
         raise NotImplementedError
 
     def observable(self) -> dict:

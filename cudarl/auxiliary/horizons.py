@@ -9,9 +9,10 @@ Its gradient joins the head's at ``psi``; the shared Adam steps the head and the
 discounts) and no blend of n-step targets across horizons into the Q target (the issue's optional
 part: not built).
 
-Train graph: the loss phase ``aux_horizons`` runs on the auxiliary branch (``buffers.side_aux``,
-beside the main chain; the backward joins it). Observables: ``aux.horizons.loss`` and
-``aux.horizons.valid`` (the share of (sample, horizon) pairs whose horizon fits in the split).
+Train graph: the loss phase ``aux_horizons`` runs on a branch of its own (beside the main chain and the
+other signals' losses; the backward joins it through ``buffers.side_aux``). Observables:
+``aux.horizons.loss`` and ``aux.horizons.valid`` (the share of (sample, horizon) pairs whose horizon fits
+in the split).
 """
 
 from __future__ import annotations
@@ -40,5 +41,5 @@ class Horizons(FutureHead):
         fut = self.future
         self.ops.loss(
             pred, self.buf.rows, fut.up, fut.down, self.k, self.hscale, fut.t_end, self.weight,
-            self.loss_per, self.valid_per, grad, self.out,
+            self.loss_per, self.valid_per, grad, self.out, self.done,
         )  # fmt: skip

@@ -14,7 +14,8 @@ leaves the head alone and the gradient-norm clip does not see it. The encoder ge
 alone with the head under Adam, is ``horizons``'s design; a separate optimiser keeps a probe head's
 scale from moving Adam's statistics and makes its rate a knob of its own.)
 
-Train graph: ``aux_risk`` (the loss, on ``buffers.side_aux``), then ``aux_risk_sgd`` after the backward.
+Train graph: ``aux_risk`` (the loss, on a branch of its own, joined by the backward through
+``buffers.side_aux``), then ``aux_risk_sgd`` after the backward.
 Observables: ``aux.risk.loss`` and ``aux.risk.valid`` (the share of the batch whose k bars fit).
 """
 
@@ -46,7 +47,7 @@ class Risk(FutureHead):
         fut = self.future
         self.ops.loss(
             pred, self.buf.rows, fut.up, fut.down, self.k, fut.t_end, fut.inv_sigma, self.weight,
-            self.loss_per, self.valid_per, grad, self.out,
+            self.loss_per, self.valid_per, grad, self.out, self.done,
         )  # fmt: skip
 
     def _step(self) -> None:

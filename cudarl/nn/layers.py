@@ -129,6 +129,16 @@ class Linear(Module):
         self.optim_ops = family("optim", xp)  # the spectral-norm ops live in the optim family
         self.spectral_step(iterate=True)  # v meaningful even if the first forward is frozen; W_sn made
 
+    def share_state(self, other: Linear) -> None:
+        """The spectral-norm state of ``other`` (the same layer of the network whose parameters this one's
+        shares, :meth:`cudarl.nn.QNetwork.twin`): its u, v, sigma and ``W_sn``, read (only ``other`` moves
+        them), and scratch of this layer's own for the backward (dW_sn and the partial sums), so the two
+        layers' backwards can run beside each other. The forward reads ``W_sn`` as ``other`` left it."""
+        xp, sn = self.xp, other.sn  # after bind
+        self.sn = {**sn, "dw": xp.zeros_like(sn["dw"]), "partial": xp.zeros_like(sn["partial"])}
+        self.optim_ops = other.optim_ops
+        self.sn_in_forward = False
+
     def spectral_step(self, iterate: bool = True) -> None:
         """One power iteration (``iterate``; else u and v kept) and ``W_sn = W / sigma`` into the layer's
         state: what a forward with ``sn_in_forward`` does first."""

@@ -8,6 +8,7 @@ import numpy as np
 
 from ..backend import is_numpy, to_numpy
 from ..config import NetConfig
+from ..graph import SideStream
 from .encoders import ENCODERS
 from .heads import PlanHead
 from .layers import Linear
@@ -92,6 +93,8 @@ class QNetwork:
         xp, dtype: backend and float type (float64 only on NumPy, for gradient checks).
         max_batch: rows of the default workspace :attr:`ws` (``None``: no default workspace, ``ws`` is None).
         seed: Philox seed of the initialisation.
+        params_of: None, or a network of the same layout whose :attr:`params` this one uses (the same
+            buffer, not a copy) with a gradient buffer of its own: what :meth:`twin` makes.
 
     ``net.gemm`` is one of :data:`cudarl.nn.layers.GEMMS` (docs/config.md), GPU only; each new
     workspace makes the cuBLASLt plans of its ``max_batch`` before any capture.
@@ -112,6 +115,7 @@ class QNetwork:
         dtype=np.float32,
         max_batch: int | None = 512,
         seed: int = 0,
+        params_of: QNetwork | None = None,
         **fields,
     ):
         net = replace(net or NetConfig(), **fields) if fields else (net or NetConfig())
@@ -119,18 +123,25 @@ class QNetwork:
             raise ValueError("the GPU backend is float32 only")
         self.xp, self.dtype, self.config = xp, np.dtype(dtype), net
         self.n_in, self.n_actions = int(n_in), int(n_actions)
+        self._makers = (extra_heads, input_gate)  # for twin()
         parts = _modules(self.n_in, self.n_actions, net, extra_heads, input_gate)
         #: ``extras``: heads on psi besides the distributional one, by name (``forward()[name]``)
         self.gate, self.encoder, self.head, self.extras = parts
         self.plan = self.extras.get("plan")
         self.modules = _in_order(*parts)
         self.layout, self._ws_spec = _declare(self.modules)
-        self.params = xp.asarray(self.layout.init_host(seed, self.dtype))
+        if params_of is None:
+            self.params = xp.asarray(self.layout.init_host(seed, self.dtype))
+        elif params_of.layout.entries != self.layout.entries or params_of.params.dtype != self.dtype:
+            raise ValueError("params_of: a network of another layout or dtype")
+        else:
+            self.params = params_of.params
         self.grads = xp.zeros(self.layout.padded_size, dtype=self.dtype)
         self.P, self.G = self.layout.views(self.params), self.layout.views(self.grads)
         for m in self.modules:
             m.bind(self.P, self.G, xp)
         self.linears = {lin.name: lin for lin in _walk(self.modules) if isinstance(lin, Linear)}
+        self._branched: list[Workspace] = []  # the workspaces whose extra heads run on a branch
         unknown = set(net.spectral) - set(self.linears)
         if unknown:
             raise ValueError(
@@ -138,8 +149,26 @@ class QNetwork:
             )
         for k, name in enumerate(sorted(net.spectral)):
             self.linears[name].spectral = True
-            self.linears[name].alloc_state(xp, self.dtype, seed, 1000 + k)
+            if params_of is None:
+                self.linears[name].alloc_state(xp, self.dtype, seed, 1000 + k)
+            else:
+                self.linears[name].share_state(params_of.linears[name])
         self.ws = self.new_workspace(max_batch) if max_batch is not None else None
+
+    def twin(self) -> QNetwork:
+        """A network over these parameters (the same buffer, which it only reads) with a gradient buffer
+        of its own and modules of its own bound to both: its :meth:`backward` over a workspace of this
+        network's forward writes the twin's :attr:`grads`, bit for bit what this network's backward would
+        write into its own, and nothing this network's backward writes, so the two can run beside each
+        other (a second backward of the step on a branch: :class:`cudarl.auxiliary.base.OwnBackward`).
+        Spectrally normalised layers read this network's u, v, sigma and ``W_sn`` (moved only by this
+        network's :meth:`spectral_step`) and have their own scratch. No default workspace; its weight
+        gradients run on the current stream until :meth:`set_side_stream`."""
+        extra_heads, input_gate = self._makers
+        return QNetwork(
+            self.n_in, self.n_actions, self.config, extra_heads=extra_heads, input_gate=input_gate, xp=self.xp,
+            dtype=self.dtype, max_batch=None, params_of=self,
+        )  # fmt: skip
 
     def new_workspace(self, max_batch: int) -> Workspace:
         """A workspace for batches up to ``max_batch`` (one per concurrent forward, e.g. s and s').
@@ -158,6 +187,26 @@ class QNetwork:
         ``gemm="cublaslt_nosplit"`` and ``"cudarl"``, whose dx falls back to it, have any; GPU)."""
         for lin in self.linears.values():
             lin.prepare_backward(batch)
+
+    def branch_extras(self, ws: Workspace) -> None:
+        """Run the extra heads of every later :meth:`forward` over ``ws`` on a branch of their own (a
+        :class:`cudarl.graph.SideStream` made here, before any capture: ``ws.extras_side``), forked once
+        psi is written, so the head's forward and whatever follows it go on beside them. A network
+        without extra heads has nothing to branch; a workspace is branched once.
+
+        Their outputs are read after :meth:`join_extras` (the current stream then waits for them);
+        :meth:`backward` over ``ws`` joins first. Hazards: nothing may write the extra heads' rows of
+        ``ws`` or their parameters before the join, and the branch writes only those rows."""
+        if self.extras and ws.extras_side is None:
+            ws.extras_side = SideStream(self.xp)
+            self._branched.append(ws)
+
+    def join_extras(self, ws: Workspace | None = None) -> None:
+        """The current stream waits for the extra heads of the last forward over ``ws`` (None: over every
+        workspace :meth:`branch_extras` branched); a no-op where nothing is pending."""
+        for w in self._branched if ws is None else [ws]:
+            if w.extras_side is not None:
+                w.extras_side.join()
 
     def spectral_in_steps(self) -> None:
         """Spectral norm by :meth:`spectral_step` only (the trainer's networks: forwards that run side by
@@ -188,16 +237,26 @@ class QNetwork:
 
         ``raw_head`` (C51 only): ``"q"`` is the head's output before the dueling combine,
         ``va [B, (1 + A) atoms]``; the workspace remembers it, so :meth:`backward` starts from dL/dva.
-        ``head_kw`` go to the head's forward (IQN: ``tau [B, N]``, else the workspace's)."""
+        ``head_kw`` go to the head's forward (IQN: ``tau [B, N]``, else the workspace's).
+
+        On a workspace :meth:`branch_extras` branched, the extra heads are enqueued first, on its
+        branch, forked after psi; the head's forward follows on the current stream at once (the same
+        kernels and inputs: the same bits). Read their outputs after :meth:`join_extras`."""
         ws = ws or self.ws
         ws.set_batch(x.shape[0])
         ws.x = x  # the input of this workspace's forward, for backward
         ws.raw_head = bool(raw_head)
         psi = self.encoder.forward(x if self.gate is None else self.gate.forward(x, ws), ws)
-        out = {"q": self.head.forward(psi, ws, raw=raw_head, **head_kw)}
-        for name, h in self.extras.items():
-            out[name] = h.forward(psi, ws)
-        return out
+        extras, side = {}, ws.extras_side
+        if side is not None:
+            with side.fork():  # each extra head reads psi and writes its own rows only
+                for name, h in self.extras.items():
+                    extras[name] = h.forward(psi, ws)
+        q = self.head.forward(psi, ws, raw=raw_head, **head_kw)
+        if side is None:
+            for name, h in self.extras.items():
+                extras[name] = h.forward(psi, ws)
+        return {"q": q, **extras}
 
     def grad_outputs(self, ws: Workspace | None = None, raw_head: bool = False) -> dict:
         """The buffers the losses write ``dL/d(output)`` into, shaped like :meth:`forward`'s outputs
@@ -221,8 +280,10 @@ class QNetwork:
 
         ``last_layer``: the heads' backward, then the encoder's stops after its last layer's parameter
         gradients (:meth:`Encoder.backward_last`, ``encoder.last_layer``); the other encoder parameters'
-        and the input gate's gradients are left as they were (no ``dx``)."""
+        and the input gate's gradients are left as they were (no ``dx``). The extra heads' branch of
+        that forward (:meth:`branch_extras`) is joined first."""
         ws = ws or self.ws
+        self.join_extras(ws)
         x = ws.x if x is None else x
         psi = ws.rows(f"{self.encoder.out_name}.out")
         dpsi = ws.rows(f"{self.encoder.out_name}.dout")

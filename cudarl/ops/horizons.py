@@ -7,7 +7,7 @@ import numpy as np
 from ..kernels import blocks_for, launch
 from ..reference.window import STATE_DIM
 from . import regularizers
-from ._arrays import check
+from ._arrays import check, check_counter
 
 F32, I32 = np.float32, np.int32
 _THREADS = 128
@@ -18,8 +18,10 @@ def total(per, out, scale) -> None:
     regularizers.mean(per, out, scale)
 
 
-def loss(pred, rows, up, down, horizons, hscale, t_end, weight, loss_per, valid_per, grad, out) -> None:
-    """The multi-horizon loss (see the reference): 1 launch, then 2 one-block reductions into ``out [2]``."""
+def loss(pred, rows, up, down, horizons, hscale, t_end, weight, loss_per, valid_per, grad, out, done) -> None:
+    """The multi-horizon loss (see the reference) and its two batch totals into ``out [2]``, in 1 launch:
+    the block that finishes last sums them in the order of :func:`total` (the same bits). ``done`` is a
+    uint32 ``[1]`` ticket counter, 0 before the launch and left 0."""
     w = "horizons.loss"
     B, H = pred.shape
     (T,) = up.shape
@@ -33,6 +35,7 @@ def loss(pred, rows, up, down, horizons, hscale, t_end, weight, loss_per, valid_
     check(w, "valid_per", valid_per, F32, (B,))
     check(w, "grad", grad, F32, (B, H))
     check(w, "out", out, F32, (2,))
+    check_counter(w, "done", done)
     if not 0 < int(t_end) <= T:
         raise ValueError(f"{w}: t_end {t_end} outside (0, {T}]")
     scale = float(F32(weight / (B * H)))
@@ -41,7 +44,11 @@ def loss(pred, rows, up, down, horizons, hscale, t_end, weight, loss_per, valid_
         "loss",
         blocks_for(B, _THREADS),
         _THREADS,
-        (pred, rows, up, down, horizons, hscale, loss_per, valid_per, grad, B, H, int(t_end), scale),
-    )
-    total(loss_per, out[0:1], 1.0)
-    total(valid_per, out[1:2], 1.0 / B)
+        (pred, rows, up, down, horizons, hscale, loss_per, valid_per, grad, out, done, B, H, int(t_end), scale,
+         *totals_scales(B)),
+    )  # fmt: skip
+
+
+def totals_scales(B: int) -> tuple[float, float]:
+    """The scales of the two batch totals (the loss, the valid share): what :func:`total` was given."""
+    return 1.0, 1.0 / B

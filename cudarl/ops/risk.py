@@ -7,15 +7,17 @@ import numpy as np
 from ..kernels import blocks_for, launch
 from ..reference.risk import scales
 from ..reference.window import STATE_DIM
-from ._arrays import check
-from .horizons import total
+from ._arrays import check, check_counter
+from .horizons import totals_scales
 
 F32 = np.float32
 _THREADS = 128
 
 
-def loss(pred, rows, up, down, k, t_end, inv_sigma, weight, loss_per, valid_per, grad, out) -> None:
-    """The risk loss (see the reference): 1 launch, then 2 one-block reductions into ``out [2]``."""
+def loss(pred, rows, up, down, k, t_end, inv_sigma, weight, loss_per, valid_per, grad, out, done) -> None:
+    """The risk loss (see the reference) and its two batch totals into ``out [2]``, in 1 launch (the
+    totals' bits are :func:`cudarl.ops.horizons.total`'s). ``done`` is a uint32 ``[1]`` ticket counter,
+    0 before the launch and left 0."""
     w = "risk.loss"
     B = pred.shape[0]
     (T,) = up.shape
@@ -27,6 +29,7 @@ def loss(pred, rows, up, down, k, t_end, inv_sigma, weight, loss_per, valid_per,
     check(w, "valid_per", valid_per, F32, (B,))
     check(w, "grad", grad, F32, (B, 2))
     check(w, "out", out, F32, (2,))
+    check_counter(w, "done", done)
     if not 0 < int(t_end) <= T or int(k) < 1:
         raise ValueError(f"{w}: need k >= 1 and t_end in (0, {T}], got k={k}, t_end={t_end}")
     inv_k, vol_scale, dd_scale = scales(int(k), inv_sigma)
@@ -36,7 +39,6 @@ def loss(pred, rows, up, down, k, t_end, inv_sigma, weight, loss_per, valid_per,
         "loss",
         blocks_for(B, _THREADS),
         _THREADS,
-        (pred, rows, up, down, loss_per, valid_per, grad, B, int(k), int(t_end), inv_k, vol_scale, dd_scale, scale),
-    )
-    total(loss_per, out[0:1], 1.0)
-    total(valid_per, out[1:2], 1.0 / B)
+        (pred, rows, up, down, loss_per, valid_per, grad, out, done, B, int(k), int(t_end), inv_k, vol_scale,
+         dd_scale, scale, *totals_scales(B)),
+    )  # fmt: skip

@@ -56,7 +56,7 @@ def total(per, out, scale) -> None:
     out[0] = float(np.sum(np.asarray(per, np.float64))) * scale
 
 
-def loss(pred, rows, up, down, horizons, hscale, t_end, weight, loss_per, valid_per, grad, out) -> None:
+def loss(pred, rows, up, down, horizons, hscale, t_end, weight, loss_per, valid_per, grad, out, done=None) -> None:
     """The multi-horizon loss (module docstring).
 
     Args:
@@ -67,6 +67,7 @@ def loss(pred, rows, up, down, horizons, hscale, t_end, weight, loss_per, valid_
         loss_per, valid_per: ``[B]``, written: ``w / (B H) sum_k e_bk^2`` and the share of horizons that fit.
         grad: ``[B, H]``, written: dloss/dpred.
         out: ``[2]``, written: the loss and the batch's mean share of horizons that fit.
+        done: the launcher's ticket counter (its last block writes ``out``); unused here.
     """
     pred = np.asarray(pred)
     dt = pred.dtype.type

@@ -41,7 +41,7 @@ def targets(x) -> tuple[np.ndarray, np.ndarray]:
     return ss, dd
 
 
-def loss(pred, rows, up, down, k, t_end, inv_sigma, weight, loss_per, valid_per, grad, out) -> None:
+def loss(pred, rows, up, down, k, t_end, inv_sigma, weight, loss_per, valid_per, grad, out, done=None) -> None:
     """The risk loss (module docstring).
 
     Args:
@@ -51,6 +51,7 @@ def loss(pred, rows, up, down, k, t_end, inv_sigma, weight, loss_per, valid_per,
             end; inv_sigma: 1 / the split's per-bar log-return deviation; weight: w.
         loss_per, valid_per: ``[B]``, written (valid_per: 1 where the k bars fit, else 0).
         grad: ``[B, 2]``, written. out: ``[2]``, written: the loss and the batch's share that fits.
+        done: the launcher's ticket counter (its last block writes ``out``); unused here.
     """
     pred = np.asarray(pred)
     dt = pred.dtype.type

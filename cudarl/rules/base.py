@@ -4,6 +4,7 @@ rule is given instead of the agent, and :class:`RuleBase`, what every rule share
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import contextmanager
 from typing import Protocol
 
 import numpy as np
@@ -43,7 +44,8 @@ class LearnerBuffers:
         rows: float32 ``[B, STATE_DIM]``, the state rows of the batch's ``s`` (their bar indices), or
             None; market: the :class:`cudarl.env.TradingEnv` the replay's rows come from, or None (the
             auxiliary signals that read future bars need both); side_aux: the auxiliary signals' loss
-            branch, joined by the backward before it reads their heads' gradients.
+            branch, joined by the backward before it reads their heads' gradients (a signal's own loss
+            branch joins into it: :meth:`aux_branch`).
     """
 
     def __init__(
@@ -71,6 +73,26 @@ class LearnerBuffers:
         self.rows, self.market = rows, market
         self.idx = None
         self.weights = None
+
+    def step_workspace(self, net, rows: int):
+        """A workspace of ``rows`` for a forward of the train step (``net.new_workspace``) whose extra heads
+        run on a branch of their own (:meth:`cudarl.nn.QNetwork.branch_extras`): nothing in the step reads
+        them before the agent joins that branch (the ``q_stats`` phase for :attr:`ws`, the backward for
+        the others)."""
+        ws = net.new_workspace(rows)
+        net.branch_extras(ws)
+        return ws
+
+    @contextmanager
+    def aux_branch(self, side):
+        """``with buffers.aux_branch(side):`` the body on ``side`` (a :class:`cudarl.graph.SideStream` of an
+        auxiliary signal's own, forked from the current stream), which is then joined into
+        :attr:`side_aux`: the backward, joining :attr:`side_aux`, waits for it, and the signals' loss
+        branches run beside each other."""
+        with side.fork():
+            yield
+        with self.side_aux.fork():
+            side.join()
 
     def importance_weights(self):
         """The batch's importance weights, once the branch computing them (and the schedules, forked

@@ -67,7 +67,7 @@ class C51Rule(RuleBase):
         self.buf = buf
         self.support = xp.asarray(support(buf.cfg.net))
         # the online net at s' runs on a branch beside its forward at s: a workspace of its own
-        self.ws_next = buf.online.new_workspace(B)
+        self.ws_next = buf.step_workspace(buf.online, B)
         # the targets-and-loss launch's buffers; the loss, priorities and dL/dva are the buffers'
         self.out = losses.C51TargetsLoss.empty(
             xp,

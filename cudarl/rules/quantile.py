@@ -77,7 +77,7 @@ class QuantileRule(RuleBase):
         xp, B, N, A = buf.xp, buf.batch_size, buf.cfg.net.n_quantiles, buf.n_actions
         self.buf = buf
         # s and s' in one pass of 2B rows; the backward runs over the s half
-        buf.ws = buf.online.new_workspace(2 * B)
+        buf.ws = buf.step_workspace(buf.online, 2 * B)
         self.targets_out = losses.QuantileTargets.empty(xp, B, N)
         # the per-sample loss is the priority signal: written straight into buffers.priority (one launch)
         self.loss_out = losses.QuantileLoss.empty(

@@ -1,5 +1,6 @@
 """The multi-horizon return loss (agent.aux "horizons"): the twin by hand, its gradient by finite
-differences, the mask at the split end, the mirror; the kernel against the twin on the GPU."""
+differences, the mask at the split end, the mirror; the kernel against the twin on the GPU (its totals,
+summed by its last block, against the one-block means they replace, bit for bit)."""
 
 import numpy as np
 import pytest
@@ -80,7 +81,9 @@ def test_gradient_matches_finite_differences(rng):
 
 # ---- GPU ------------------------------------------------------------------------------------
 @pytest.mark.gpu
-@pytest.mark.parametrize("B,horizons,T", [(1, (1,), 50), (37, (1, 4, 16, 64), 400), (512, (2, 3, 100), 3000)])
+@pytest.mark.parametrize(
+    "B,horizons,T", [(1, (1,), 50), (37, (1, 4, 16, 64), 400), (512, (2, 3, 100), 3000), (1025, (1, 4), 3000)]
+)
 def test_gpu_horizons_loss_matches_reference(cp, rng, B, horizons, T):
     from cudarl.ops import horizons as ops
 
@@ -97,7 +100,15 @@ def test_gpu_horizons_loss_matches_reference(cp, rng, B, horizons, T):
     for a in (*got, out):
         poison(a)
     d = cp.asarray
-    ops.loss(d(pred), d(rows), d(up), d(down), d(k), d(hscale), t_end, 0.3, *got, out)
-    for g, w, what in zip(got, want[:3], ("loss_per", "valid_per", "grad"), strict=True):
-        assert_bitwise(g, w, what)  # the same float32 operations in the same order
-    assert_parity(out, want[3], what="loss and valid share")
+    done = cp.zeros(1, np.uint32)
+    for _ in range(2):  # the ticket is left at 0: a second launch is the first
+        ops.loss(d(pred), d(rows), d(up), d(down), d(k), d(hscale), t_end, 0.3, *got, out, done)
+        for g, w, what in zip(got, want[:3], ("loss_per", "valid_per", "grad"), strict=True):
+            assert_bitwise(g, w, what)  # the same float32 operations in the same order
+        assert_parity(out, want[3], what="loss and valid share")
+        assert int(done[0]) == 0
+    # the totals in the launch's tail have the bits of the two one-block means they replace
+    chain = cp.empty(2, np.float32)
+    ops.total(got[0], chain[0:1], 1.0)
+    ops.total(got[1], chain[1:2], 1.0 / B)
+    assert_bitwise(out, chain, "the totals against regularizers.mean")

@@ -65,8 +65,9 @@ def test_gradient_matches_finite_differences(rng):
 
 # ---- GPU ------------------------------------------------------------------------------------
 @pytest.mark.gpu
-@pytest.mark.parametrize("B,k,T", [(1, 1, 50), (37, 16, 400), (512, 64, 3000)])
+@pytest.mark.parametrize("B,k,T", [(1, 1, 50), (37, 16, 400), (512, 64, 3000), (1025, 8, 3000)])
 def test_gpu_risk_loss_matches_reference(cp, rng, B, k, T):
+    from cudarl.ops import horizons
     from cudarl.ops import risk as ops
 
     t_end = T - 5
@@ -80,7 +81,15 @@ def test_gpu_risk_loss_matches_reference(cp, rng, B, k, T):
     for a in (*got, out):
         poison(a)
     d = cp.asarray
-    ops.loss(d(pred), d(rows), d(up), d(down), k, t_end, 50.0, 0.4, *got, out)
-    for g, w, what in zip(got, want[:3], ("loss_per", "valid_per", "grad"), strict=True):
-        assert_bitwise(g, w, what)
-    assert_parity(out, want[3], what="loss and valid share")
+    done = cp.zeros(1, np.uint32)
+    for _ in range(2):  # the ticket is left at 0: a second launch is the first
+        ops.loss(d(pred), d(rows), d(up), d(down), k, t_end, 50.0, 0.4, *got, out, done)
+        for g, w, what in zip(got, want[:3], ("loss_per", "valid_per", "grad"), strict=True):
+            assert_bitwise(g, w, what)
+        assert_parity(out, want[3], what="loss and valid share")
+        assert int(done[0]) == 0
+    # the totals in the launch's tail have the bits of the two one-block means they replace
+    chain = cp.empty(2, np.float32)
+    horizons.total(got[0], chain[0:1], 1.0)
+    horizons.total(got[1], chain[1:2], 1.0 / B)
+    assert_bitwise(out, chain, "the totals against regularizers.mean")

@@ -329,7 +329,7 @@ def test_gpu_learn_step_with_the_signal_matches_the_numpy_backend(monkeypatch, r
         agent.rule.forward(agent.batch)
         for _, phase in agent.rule.learn_phases():
             phase()
-        agent.rule.q_stats()
+        agent.q_stats()  # the rule's, then the join of the extra heads' branch the signals' losses read
         for s in agent.aux:
             for _, phase in s.phases():
                 phase()

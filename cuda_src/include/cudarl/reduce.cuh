@@ -20,6 +20,10 @@
 //                           every block size gives the same bits. values are read from L2
 //                           (load_l2, not through L1): they may be what other blocks of this
 //                           launch wrote before a last_block() that returned true.
+//   block_ordered_sum<N>(values, n, sh)
+//                           block_weighted_sum<N> without the weights: sum_i values_i in the
+//                           order of an N-thread block (the one-block regularizers_mean launch's
+//                           when N is its 256), read from L2 as above.
 //   last_block(counter)     true in every thread of the one block of the launch that finishes
 //                           last (integer atomicAdd on *counter: which block is last varies,
 //                           what it computes then does not). Writes a block made before the
@@ -130,6 +134,23 @@ __device__ __forceinline__ float block_weighted_sum(const float* values, const f
   for (int j = (int)threadIdx.x; j < N; j += (int)blockDim.x) {
     float acc = 0.f;
     for (int i = j; i < n; i += N) acc += w[i] * load_l2(values + i);
+    sh[j] = acc;
+  }
+  for (int s = N >> 1; s > 0; s >>= 1) {  // the pairs of block_tree_sum(sh, N), for any blockDim.x
+    __syncthreads();
+    for (int j = (int)threadIdx.x; j < s; j += (int)blockDim.x) sh[j] += sh[j + s];
+  }
+  __syncthreads();
+  return sh[0];
+}
+
+// Fixed-order sum of n values by one block (see the banner): block_weighted_sum's order and tree.
+template <int N>
+__device__ __forceinline__ float block_ordered_sum(const float* values, int n, float* sh) {
+  __syncthreads();  // sh may still be read by a previous call
+  for (int j = (int)threadIdx.x; j < N; j += (int)blockDim.x) {
+    float acc = 0.f;
+    for (int i = j; i < n; i += N) acc += load_l2(values + i);
     sh[j] = acc;
   }
   for (int s = N >> 1; s > 0; s >>= 1) {  // the pairs of block_tree_sum(sh, N), for any blockDim.x

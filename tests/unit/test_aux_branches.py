@@ -1,0 +1,195 @@
+"""Where the auxiliary signals' work sits in the train graph (issue 19, the signals' cost on the MLP's
+critical path): the extra heads of the step's forwards on branches of their own, forked once psi is
+written and joined where something reads them; horizons' and risk's losses on a branch each; causal
+intervention's backward on its branch, beside the step's, into a gradient buffer of its own that its grad
+phase adds to the step's (the bits of the backward on the flat gradient it replaces).
+
+On the NumPy backend a branch runs in place, so the CPU tests check what the branches are made of and
+that a branched forward is the same function; the GPU tests read the captured graph's edges
+(``cudarl.kernels.tracing``, ``tools/critical_path.py``) and check what no longer waits for what."""
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from test_trainer import gpu_small, small
+from test_windows import ENCODER_NETS
+
+from cudarl.graph import SideStream
+from cudarl.nn import QNetwork
+from cudarl.nn.layers import Linear
+from cudarl.trainer import Trainer
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
+
+HEADS_AND_CAUSAL = ["horizons", "risk", "causal"]
+
+
+def _trainer(**over) -> Trainer:
+    return Trainer(small(**over), run_dir=False, echo=lambda m: None)
+
+
+@pytest.mark.parametrize("head", ["c51", "iqn"])
+def test_the_step_forwards_branch_their_extra_heads_and_acting_does_not(head):
+    t = _trainer(net={"head": head}, agent={"aux": HEADS_AND_CAUSAL})
+    agent, buf = t.agent, t.agent.buffers
+    causal = agent.aux[2]
+    step = [buf.ws, agent.target.ws, causal.ws] + ([agent.rule.ws_next] if head == "c51" else [])
+    sides = [ws.extras_side for ws in step]
+    assert all(isinstance(s, SideStream) for s in sides) and len({id(s) for s in sides}) == len(sides)
+    assert buf.ws_act.extras_side is None  # the collect graph's forward is as it was
+    phases = [n for n, _ in t.train_graph.phases]
+    assert phases.index("q_stats") < phases.index("aux_horizons")  # q_stats joins the branch at s
+
+
+def test_nothing_is_branched_without_extra_heads():
+    t = _trainer(agent={"aux": ["homeostatic"]})
+    assert not t.agent.online.extras
+    assert t.agent.buffers.ws.extras_side is None and t.agent.target.ws.extras_side is None
+
+
+def _extra(d: int):
+    return Linear("aux.probe", d, 3, act="identity")
+
+
+def test_a_branched_forward_is_the_unbranched_one(rng):
+    net = QNetwork(12, 3, hidden=(16, 8), extra_heads={"probe": _extra}, max_batch=5)
+    plain, branched = net.new_workspace(5), net.new_workspace(5)
+    net.branch_extras(branched)
+    net.branch_extras(branched)  # once only
+    assert net._branched == [branched]
+    x = rng.normal(size=(5, 12)).astype(np.float32)
+    want = {k: v.copy() for k, v in net.forward(x, plain).items()}
+    got = net.forward(x, branched)
+    assert list(got) == ["q", "probe"]  # the head's output first, as before
+    for k in want:
+        np.testing.assert_array_equal(got[k], want[k])
+    net.join_extras()  # NumPy: nothing pending; the calls are the GPU's program
+
+
+def _bits(a):
+    return np.ascontiguousarray(a, np.float32).view(np.uint32)
+
+
+@pytest.mark.parametrize(
+    "net",
+    [
+        {"head": "c51"},
+        {"head": "iqn"},
+        {"head": "qrdqn", "spectral": ("enc.1",)},
+        {"head": "c51", **ENCODER_NETS["ssm"]},
+        {"head": "iqn", **ENCODER_NETS["attention"]},
+    ],
+)
+def test_causals_own_backward_added_is_the_backward_on_the_flat_gradient_bit_for_bit(net):
+    """One update, watched: causal's backward (in aux_causal, into its own buffer) equals the online net's
+    backward over the same intervened forward, and the gradient its grad phase leaves is that backward's
+    plus the step's, as the grad phase computed it when it ran that backward on the flat gradient (save,
+    backward, add the saved gradient): every bit, signed zeros included."""
+    aux = ["horizons", "risk", "selectivity", "causal"]
+    t = _trainer(net=net, agent={"aux": aux, "causal_weight": 1.0, "causal_groups": ["calendar", "offset"]})
+    online, causal = t.agent.online, t.agent.aux[3]
+    seen = {}
+
+    def after(name, fn):
+        def spy(inner=dict(t.train_graph.phases)[name]):
+            inner()
+            fn()
+
+        return spy
+
+    def old_way():  # the step's gradient, then the former grad phase's backward, into the flat buffer
+        seen["step"] = online.grads.copy()
+        causal.ws.set_batch(causal.sub.rows)
+        online.backward(causal.x, causal.ws)
+        seen["old"] = online.grads.copy()
+        online.grads[...] = seen["step"]
+
+    spies = {
+        "aux_causal": after("aux_causal", lambda: seen.update(own=causal.extra.grads.copy())),
+        "backward": after("backward", old_way),
+        "causal": after("causal", lambda: seen.update(sum=online.grads.copy())),
+    }
+    t.train_graph.phases = [(n, spies.get(n, f)) for n, f in t.train_graph.phases]
+    t.run(t.cfg.agent.learning_starts // t.cfg.env.n_envs + 2)
+    assert np.any(seen["own"] != 0) and causal.extra.grads is not online.grads
+    np.testing.assert_array_equal(_bits(seen["own"]), _bits(seen["old"]))
+    np.testing.assert_array_equal(_bits(seen["sum"]), _bits(np.add(seen["old"], seen["step"], dtype=np.float32)))
+
+
+def test_the_twin_shares_the_parameters_and_only_the_parameters():
+    net = QNetwork(12, 3, hidden=(16, 8), extra_heads={"probe": _extra}, spectral=("enc.1",), max_batch=4)
+    twin = net.twin()
+    assert twin.params is net.params and twin.grads is not net.grads and twin.ws is None
+    assert list(twin.linears) == list(net.linears) and list(twin.extras) == ["probe"]
+    a, b = net.linears["enc.1"].sn, twin.linears["enc.1"].sn
+    assert all(a[k] is b[k] for k in ("u", "v", "sigma", "w")) and a["dw"] is not b["dw"]
+    assert not twin.linears["enc.1"].sn_in_forward  # only the network it shares moves u, v and W_sn
+    with pytest.raises(ValueError, match="params_of"):
+        QNetwork(12, 3, hidden=(16, 9), max_batch=None, params_of=net)
+
+
+# --- GPU ---------------------------------------------------------------------------------------------
+def traced_train_graph(over: dict):
+    """The captured train graph of a ``gpu_small(**over)`` trainer, captured again with tracing on: its
+    nodes (``critical_path.build_graph``) and the trainer."""
+    import critical_path as cpath
+
+    from cudarl import kernels
+
+    t = Trainer(gpu_small(**over), run_dir=False, echo=lambda m: None)
+    t._capture()
+    with kernels.tracing() as events:
+        t.train_graph.capture()
+    t.synchronize()
+    return cpath.build_graph(events), t
+
+
+def ancestors(nodes: list, i: int) -> set:
+    """The ids every path into node ``i`` passes through."""
+    seen, todo = set(), list(nodes[i]["deps"])
+    while todo:
+        j = todo.pop()
+        if j not in seen:
+            seen.add(j)
+            todo.extend(nodes[j]["deps"])
+    return seen
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("head", ["c51", "iqn"])
+def test_gpu_the_extra_heads_at_s_run_beside_the_q_head_and_the_targets(head):
+    nodes, t = traced_train_graph({"net": {"head": head}, "agent": {"aux": HEADS_AND_CAUSAL}})
+    side = t.agent.buffers.ws.extras_side.stream.ptr
+    extras = [n["id"] for n in nodes if n["stream"] == side and n["phase"] == "forward"]
+    assert len(extras) >= 2  # the horizons and risk heads' GEMMs (and any bias kernels)
+    first_learn = next(n["id"] for n in nodes if n["phase"] not in ("schedules", "sample", "forward"))
+    assert not set(extras) & ancestors(nodes, first_learn)  # the rule's loss does not wait for them
+    loss = next(n["id"] for n in nodes if n["name"] == "cudarl_horizons_loss")
+    assert set(extras) <= ancestors(nodes, loss)  # the loss reads them: joined before it
+
+
+@pytest.mark.gpu
+def test_gpu_the_horizons_and_risk_losses_run_beside_each_other_and_the_backward_waits_for_both():
+    nodes, t = traced_train_graph({"agent": {"aux": ["horizons", "risk"]}})
+    h, r = (next(n["id"] for n in nodes if n["name"] == f"cudarl_{s}_loss") for s in ("horizons", "risk"))
+    assert nodes[h]["stream"] != nodes[r]["stream"]
+    assert h not in ancestors(nodes, r) and r not in ancestors(nodes, h)
+    assert not any(n["name"] == "cudarl_regularizers_mean" for n in nodes)  # the totals are in the losses
+    first_backward = next(n["id"] for n in nodes if n["phase"] == "backward")
+    assert {h, r} <= ancestors(nodes, first_backward)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("head", ["c51", "iqn"])
+def test_gpu_causals_backward_runs_beside_the_steps_and_its_grad_phase_adds_it(head):
+    nodes, t = traced_train_graph({"net": {"head": head}, "agent": {"aux": HEADS_AND_CAUSAL}})
+    mine = {n["id"] for n in nodes if n["phase"] == "aux_causal"}
+    steps = [n["id"] for n in nodes if n["phase"] == "backward"]
+    assert mine and steps
+    assert not any(mine & ancestors(nodes, i) for i in steps)  # the step's backward waits for none of it
+    assert not any(set(steps) & ancestors(nodes, i) for i in mine)  # nor it for the step's
+    (add,) = [n["id"] for n in nodes if n["phase"] == "causal"]  # one launch: the sum
+    assert nodes[add]["name"] == "cudarl_util_add_f32" and mine <= ancestors(nodes, add)
+    assert set(steps) <= ancestors(nodes, add)
