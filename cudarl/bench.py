@@ -17,6 +17,25 @@ from .config import Config, from_dict
 #: Replays per timing in the back-to-back metric (tools/bench_step.py times the PyTorch graph the same way).
 BACK_TO_BACK = 20
 
+#: The metric of :func:`step_benchmark`'s device-memory row
+DEVICE_MEMORY = "device memory held (CuPy pool)"
+
+
+def _pool_bytes_in_use() -> int:
+    """Bytes CuPy's default memory pool has handed out now, after collecting the garbage of earlier
+    trainers and releasing their streams' cuBLAS workspaces (0 when CuPy is not loaded: nothing is)."""
+    import gc
+    import sys
+
+    cupy = sys.modules.get("cupy")
+    if cupy is None:
+        return 0
+    from . import blas
+
+    gc.collect()
+    blas.release_queued()
+    return cupy.get_default_memory_pool().used_bytes()
+
 
 def reference_config(device: str = "gpu", capacity: int = 1_000_000, **over) -> Config:
     """The DESIGN.md reference workload as a :class:`Config` (64 features come from the extra columns of
@@ -100,6 +119,7 @@ def step_benchmark(
     from .trainer import Trainer
 
     cfg = cfg or reference_config(device)
+    held_before = _pool_bytes_in_use()
     t = Trainer(cfg, run_dir=False, bars=bars if bars is not None else reference_bars(), echo=lambda m: None)
     t._capture()
     while t._ready_rows() < cfg.agent.batch_size:
@@ -134,6 +154,9 @@ def step_benchmark(
         collect_us = _time(t.collect_graph.replay, t.synchronize, repeats)
     case = f"reference step ({t.be.device}){label}"
     rows += memory_rows(t, case)
+    if t.be.is_gpu:  # buffers, replay, workspaces (one 32 MiB cuBLAS workspace per stream); not the graphs' own
+        held = (_pool_bytes_in_use() - held_before) / 2**20
+        rows.append({"case": case, "metric": DEVICE_MEMORY, "value": held, "unit": "MiB", "target": ""})
     rows.append(
         {"case": case, "metric": "train step (graph replay)", "value": train_us, "unit": "us", "target": "<= 100 us"}
     )

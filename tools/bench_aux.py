@@ -18,7 +18,9 @@ those fields (``aux_batch = 1``, ``vaccine_scope = "encoder"``), so one run show
 ways; ``--no-whole`` leaves them out.
 
 Each arm is :func:`cudarl.bench.step_benchmark` (CUDA events, median of ``--repeats`` replays; replay
-capacity 100k, which the train step does not depend on). Prints a table and writes JSON (``--out``,
+capacity 100k, which the train step does not depend on), with the device memory each arm's trainer holds
+in CuPy's pool and what each signal adds to it (its buffers and its streams' cuBLAS workspaces, 32 MiB
+each: the signals on branches of their own have streams of their own). Prints a table and writes JSON (``--out``,
 default ``docs/bench/bench_aux.json``)::
 
     python3 tools/bench_aux.py --encoder mlp --out $OUT/bench_aux_mlp.json
@@ -68,7 +70,7 @@ def main() -> int:
     args = ap.parse_args()
     if args.device == "gpu" and skipped_without_gpu("bench_aux", "aux signals", args.out):
         return 0
-    from cudarl.bench import ENCODER_WORKLOAD, reference_config, step_benchmark
+    from cudarl.bench import DEVICE_MEMORY, ENCODER_WORKLOAD, reference_config, step_benchmark
 
     net = {} if args.encoder == "mlp" else {"encoder": args.encoder, **ENCODER_WORKLOAD}
     mine = {"aux_batch": args.aux_batch, "vaccine_scope": args.vaccine_scope}
@@ -80,7 +82,7 @@ def main() -> int:
         return first.index(base) if base in first else len(first)
 
     runs = dict(sorted(runs.items(), key=lambda kv: rank(kv[0])))
-    rows, us = [], {}
+    rows, us, mib = [], {}, {}
     for arm, (signals, _, whole) in runs.items():
         case = f"{args.encoder}, aux {arm}"
         try:
@@ -89,6 +91,10 @@ def main() -> int:
             got = step_benchmark(args.repeats, args.device, cfg=cfg, phases=False, label=f" aux {arm}")
             us[arm] = next(r["value"] for r in got if r["metric"] == TRAIN)
             rows.append(row(case, TRAIN, us[arm], "us"))
+            held = next((r["value"] for r in got if r["metric"] == DEVICE_MEMORY), None)
+            if held is not None:
+                mib[arm] = held
+                rows.append(row(case, DEVICE_MEMORY, held, "MiB"))
             print(f"{case}: {us[arm]:.1f} us", flush=True)  # a run cut short still shows its arms
         except Exception as exc:  # one failing arm says why; the others still run
             traceback.print_exc()
@@ -103,6 +109,8 @@ def main() -> int:
             rows.append(row(case, f"added to the train step{what}", added, "us"))
             target = "<= 40%" if arm.startswith("all") else ""
             rows.append(row(case, f"added, share of the step{what}", 100 * added / us["none"], "%", target))
+        if against == "none" and arm in mib and "none" in mib:
+            rows.append(row(case, "added device memory", mib[arm] - mib["none"], "MiB"))
     meta = {"encoder": args.encoder, "target": "all signals <= +40% of the step", **mine, "whole": WHOLE}
     report("bench_aux", rows, args.out, meta)
     return 0
