@@ -19,6 +19,11 @@ once per key (shape, transposes, epilogue, TF32, operand alignment) outside any 
 cached; a call passes its own pointers (the bias pointer is a descriptor attribute set per call,
 a host-side write that a capture sees as the launch's argument). cuBLASLt's heuristic query can
 fail inside a capture, so a key first met inside one raises :class:`BlasError`.
+
+:func:`gemm_lt_batched` runs P such GEMMs (a population's members, issue 23) as one strided-batched
+cuBLASLt call: the layouts carry the batch count and strides, the descriptor the bias's batch stride,
+and the algorithm is the one the single GEMM's plan chose, so entry ``i`` keeps the bits of the single
+GEMM of entry ``i``. Its key is the single key plus the batch; a batch of 1 is the single key.
 """
 
 from __future__ import annotations
@@ -43,6 +48,8 @@ _DEFAULT_MATH, _TF32_MATH = 0, 3  # CUBLAS_DEFAULT_MATH, CUBLAS_TF32_TENSOR_OP_M
 _CUDA_R_32F = 0
 _COMPUTE_32F, _COMPUTE_32F_FAST_TF32 = 68, 77  # cublasComputeType_t
 _DESC_TRANSA, _DESC_TRANSB, _DESC_EPILOGUE, _DESC_BIAS_POINTER = 3, 4, 7, 8  # cublasLtMatmulDescAttributes_t
+_DESC_BIAS_BATCH_STRIDE = 10  # cublasLtMatmulDescAttributes_t, int64_t elements (cublasLt.h, CUDA 12.6)
+_LAYOUT_BATCH_COUNT, _LAYOUT_STRIDED_BATCH_OFFSET = 5, 6  # cublasLtMatrixLayoutAttribute_t: int32_t, int64_t
 _PREF_MAX_WORKSPACE_BYTES, _PREF_REDUCTION_SCHEME_MASK = (
     1,
     3,
@@ -177,12 +184,7 @@ def gemm_lt(
     m, n, k = _shapes(a, b, out, trans_a, trans_b, "gemm_lt")
     _check_lt_args(a, b, out, bias, act, n, k)
     if isinstance(out, np.ndarray):
-        res = np.matmul(a.T if trans_a else a, b.T if trans_b else b)
-        if bias is not None:
-            res += bias
-        if act == "relu":
-            np.maximum(res, np.float32(0), out=res)
-        out[...] = res
+        _lt_numpy(a, b, out, bias, act, trans_a, trans_b)
         return
     import cupy
 
@@ -191,53 +193,69 @@ def gemm_lt(
     if m == 0 or n == 0:
         return
     kernels.trace({"kind": "library", "name": "cublaslt_matmul", "stream": s.ptr, "m": m, "n": n, "k": k, "beta": 0.0})
-    bias_ptr = 0 if bias is None else bias.data.ptr
-    if bias_ptr % LT_ALIGN:
-        raise BlasError(
-            f"gemm_lt: the bias must start at a multiple of {LT_ALIGN} bytes on the GPU (address {bias_ptr:#x})"
-        )
+    bias_ptr = _bias_ptr(bias, "gemm_lt")
     key = _lt_key(m, n, k, trans_a, trans_b, bias_ptr, act, tf32, a.data.ptr, b.data.ptr, out.data.ptr, split_k)
-    plan = _plans.get(key)
-    if plan is None:
-        if s.is_capturing():
-            raise BlasError(
-                f"gemm_lt: no cuBLASLt plan for {_describe(key)} inside a capture; plans are made at a key's "
-                "first call outside any capture: run the step once eagerly first (StepGraph.run_eager), "
-                "or call blas.gemm_lt_prepare for this shape before capturing"
-            )
-        plan = _plans[key] = _LtPlan(key, bias_ptr)
-    lib = _lt_lib()
-    if bias is not None:
-        _set_attr(
-            lib.cublasLtMatmulDescSetAttribute,
-            plan.desc,
-            _DESC_BIAS_POINTER,
-            ctypes.c_void_p(bias_ptr),
-            "cublasLtMatmulDescSetAttribute(BIAS_POINTER)",
-        )
-    d = ctypes.c_void_p(out.data.ptr)
-    # cuBLASLt's A is the row-major b (read as b^T), its B the row-major a: D = C^T = op(b)^T op(a)^T.
-    _check(
-        lib.cublasLtMatmul(
-            _lt_handle(),
-            plan.desc,
-            ctypes.byref(plan.alpha),
-            ctypes.c_void_p(b.data.ptr),
-            plan.layout_a,
-            ctypes.c_void_p(a.data.ptr),
-            plan.layout_b,
-            ctypes.byref(plan.beta),
-            d,
-            plan.layout_d,
-            d,
-            plan.layout_d,
-            ctypes.byref(plan.algo),
-            ctypes.c_void_p(h.workspace.data.ptr),
-            WORKSPACE_BYTES,
-            ctypes.c_void_p(s.ptr),
-        ),
-        "cublasLtMatmul",
-    )
+    _lt_run(_lt_plan(key, bias_ptr, s), a.data.ptr, b.data.ptr, out.data.ptr, bias_ptr, h.workspace.data.ptr, s.ptr)
+
+
+def gemm_lt_batched(
+    a,
+    b,
+    out,
+    *,
+    bias=None,
+    act: str = "identity",
+    trans_a: bool = False,
+    trans_b: bool = False,
+    tf32: bool = False,
+    stream=None,
+) -> None:
+    """``out[i] = act(op(a[i]) @ op(b[i]) + bias[i])`` for every entry ``i`` of a batch, in float32,
+    row-major: one strided-batched cuBLASLt GEMM (a population's members in one launch).
+
+    Args:
+        a: float32 ``[P, M, K]`` (``[P, K, M]`` if ``trans_a``).
+        b: float32 ``[P, K, N]`` (``[P, N, K]`` if ``trans_b``).
+        out: float32 ``[P, M, N]``, overwritten.
+        bias: float32 ``[P, N]`` (``None``: no bias), entry ``i`` added to every row of ``out[i]``; on
+            the GPU every entry's address must be a multiple of 16 bytes.
+        act: ``"identity"`` or ``"relu"``, applied after the bias.
+        tf32: allow TF32 tensor-core math (GPU only; ~1e-3 relative error).
+        stream: CuPy stream (default: the current stream).
+
+    Each entry is a C-contiguous matrix; the leading axis may have any stride of at least 0 elements
+    (0: one operand shared by every entry, e.g. a ``broadcast_to`` view), but ``out``'s entries must
+    not overlap. The batch count and the four leading strides are the GEMM's batch layout.
+
+    Entry ``i`` equals ``gemm_lt(a[i], b[i], out[i], bias=bias[i], act=act, trans_a=trans_a,
+    trans_b=trans_b, tf32=tf32, split_k=False)`` bit for bit by design: the batch runs the algorithm
+    that call's plan chose (a one-kernel algorithm, no split-K reduction), checked for the batch
+    layout by ``cublasLtMatmulAlgoCheck``. So every entry must have the alignment class of entry 0
+    (a stride in bytes that is a multiple of 16, of 256 for the bias, or of the operand's own
+    alignment), else entry ``i`` alone could get another plan; a stride that breaks it is refused.
+    A batch of 1 is exactly that single call (same plan key, same plan). Plans are made outside any
+    capture as for :func:`gemm_lt` (:func:`gemm_lt_prepare` with ``batch``). NumPy arrays run the
+    NumPy math of :func:`gemm_lt` entry by entry.
+    """
+    P, m, n, k, strides = _batched_shapes(a, b, out, bias, act, trans_a, trans_b)
+    if isinstance(out, np.ndarray):
+        for i in range(P):
+            _lt_numpy(a[i], b[i], out[i], None if bias is None else bias[i], act, trans_a, trans_b)
+        return
+    import cupy
+
+    s = stream if stream is not None else cupy.cuda.get_current_stream()
+    h = _handle_for(s)
+    if m == 0 or n == 0:
+        return
+    event = {"kind": "library", "name": "cublaslt_matmul", "stream": s.ptr, "m": m, "n": n, "k": k, "beta": 0.0}
+    kernels.trace(event if P == 1 else {**event, "batch": P})
+    bias_ptr = _bias_ptr(bias, "gemm_lt_batched")
+    ptrs = (a.data.ptr, b.data.ptr, out.data.ptr)
+    key = _lt_key(m, n, k, trans_a, trans_b, bias_ptr, act, tf32, *ptrs, split_k=False)
+    _check_entry_alignment(key, ptrs + (bias_ptr,), strides, P)
+    plan = _lt_plan(_batch_key(key, P, strides), bias_ptr, s)
+    _lt_run(plan, *ptrs, bias_ptr, h.workspace.data.ptr, s.ptr)
 
 
 def gemm_lt_prepare(
@@ -251,30 +269,48 @@ def gemm_lt_prepare(
     trans_b: bool = False,
     tf32: bool = False,
     split_k: bool = True,
+    batch: int = 1,
+    strides: tuple[int, int, int] | None = None,
     stream=None,
 ) -> None:
-    """Make the :func:`gemm_lt` plan of a ``[M, K] x [K, N]`` key before any capture (GPU).
+    """Make the :func:`gemm_lt` plan of a ``[M, K] x [K, N]`` key before any capture (GPU), or with
+    ``batch`` (or ``strides``, or a 2-D ``bias``) the :func:`gemm_lt_batched` plan of ``batch`` of them.
 
-    For operands aligned to :data:`LT_ALIGN` bytes and a bias aligned like ``bias`` (a CuPy
-    float32 ``[N]`` or ``None``): if the key has no plan yet, runs the GEMM once on scratch
-    operands (so the chosen kernel has also run once outside a capture) and synchronises ``stream``.
+    For operands aligned to :data:`LT_ALIGN` bytes and a bias aligned like ``bias`` (a CuPy float32
+    ``[N]``, ``[batch, N]`` for a batch, or ``None``): if the key has no plan yet, runs the GEMM once on
+    scratch operands (so the chosen kernel has also run once outside a capture) and synchronises
+    ``stream``. A batch takes ``strides = (a, b, out)``, each entry's offset in elements (default: packed,
+    ``M*K, K*N, M*N``), the bias's from ``bias`` itself, and ``split_k=False`` (its only algorithms).
     """
     import cupy
 
     if act not in LT_ACTS:
         raise BlasError(f"gemm_lt_prepare: act must be one of {LT_ACTS}, got {act!r}")
+    batched = batch != 1 or strides is not None or (bias is not None and bias.ndim == 2)
+    if batched and split_k:
+        raise BlasError("gemm_lt_prepare: a batched GEMM runs one-kernel algorithms only: pass split_k=False")
+    if batch < 1:
+        raise BlasError(f"gemm_lt_prepare: batch must be at least 1, got {batch}")
     s = stream if stream is not None else cupy.cuda.get_current_stream()
     if m == 0 or n == 0:
         return
     bias_ptr = 0 if bias is None else bias.data.ptr
-    if _lt_key(m, n, k, trans_a, trans_b, bias_ptr, act, tf32, LT_ALIGN, LT_ALIGN, LT_ALIGN, split_k) in _plans:
+    key = _lt_key(m, n, k, trans_a, trans_b, bias_ptr, act, tf32, LT_ALIGN, LT_ALIGN, LT_ALIGN, split_k)
+    strides = tuple(strides) if strides is not None else (m * k, k * n, m * n)
+    if batched:
+        bias_stride = 0 if bias is None or bias.ndim != 2 else bias.strides[0] // bias.itemsize
+        key = _batch_key(key, batch, strides + (bias_stride,))
+    if key in _plans:
         return
     if s.is_capturing():
         raise BlasError("gemm_lt_prepare inside a capture: plans must be made before capture")
-    a = cupy.zeros((k, m) if trans_a else (m, k), dtype=np.float32)  # CuPy allocations are 256-byte aligned
-    b = cupy.zeros((n, k) if trans_b else (k, n), dtype=np.float32)
-    out = cupy.empty((m, n), dtype=np.float32)
-    gemm_lt(a, b, out, bias=bias, act=act, trans_a=trans_a, trans_b=trans_b, tf32=tf32, split_k=split_k, stream=s)
+    # scratch operands: CuPy allocations are 256-byte aligned
+    shapes = ((k, m) if trans_a else (m, k), (n, k) if trans_b else (k, n), (m, n))
+    kw = dict(bias=bias, act=act, trans_a=trans_a, trans_b=trans_b, tf32=tf32, stream=s)
+    if batched:
+        gemm_lt_batched(*(_strided(cupy, sh, batch, st) for sh, st in zip(shapes, strides, strict=True)), **kw)
+    else:
+        gemm_lt(*(cupy.zeros(sh, dtype=np.float32) for sh in shapes), split_k=split_k, **kw)
     s.synchronize()  # the scratch operands outlive the GEMM
 
 
@@ -289,14 +325,21 @@ def plan_key(
     trans_b: bool = False,
     tf32: bool = False,
     split_k: bool = True,
+    batch: int = 1,
+    strides: tuple[int, int, int, int] | None = None,
 ) -> tuple:
     """The key of the :func:`gemm_lt` plan of a ``[M, K] x [K, N]`` GEMM on operands aligned to
     :data:`LT_ALIGN` bytes, with a bias whose address is a multiple of ``bias_align`` bytes (0: no
-    bias): what :func:`gemm_lt_prepare` makes for a layer's forward, named without a device."""
+    bias): what :func:`gemm_lt_prepare` makes for a layer's forward, named without a device. With
+    ``batch`` > 1, the :func:`gemm_lt_batched` plan of that many entries ``strides = (a, b, out, bias)``
+    elements apart (``split_k=False``, the batch's only algorithms)."""
     if act not in LT_ACTS:
         raise BlasError(f"plan_key: act must be one of {LT_ACTS}, got {act!r}")
+    if batch != 1 and (strides is None or split_k):
+        raise BlasError("plan_key: a batch needs its strides (a, b, out, bias) and split_k=False")
     bias_ptr = bias_align  # an address with exactly that alignment (up to the 256 the key counts)
-    return _lt_key(m, n, k, trans_a, trans_b, bias_ptr, act, tf32, LT_ALIGN, LT_ALIGN, LT_ALIGN, split_k)
+    key = _lt_key(m, n, k, trans_a, trans_b, bias_ptr, act, tf32, LT_ALIGN, LT_ALIGN, LT_ALIGN, split_k)
+    return key if batch == 1 else _batch_key(key, batch, strides)
 
 
 def warm_plans(keys) -> None:
@@ -305,15 +348,15 @@ def warm_plans(keys) -> None:
     current context. :func:`cudarl.backend.warm_up` runs it in its driver thread (``on_context``):
     the library's handle, its heuristics and its kernels' first load (about 0.1 s of a GPU evaluation's
     start on an H200 at 95f3251) then happen where ctypes calls let go of the GIL, and a later
-    :func:`gemm_lt_prepare` of a key finds its plan made. Keys with a plan already are skipped."""
-    keys = [key for key in dict.fromkeys(keys) if key not in _plans]
+    :func:`gemm_lt_prepare` of a key finds its plan made. Keys with a plan already are skipped; a
+    batched key's batch-1 plan (whose algorithm it runs) is made first."""
+    keys = [key for key in dict.fromkeys(k for key in keys for k in (key[:_BASE_KEY], key)) if key not in _plans]
     if not keys:
         return
     cu = ctypes.CDLL("libcuda.so.1")
     cu.cuMemAlloc_v2.argtypes = [ctypes.POINTER(ctypes.c_uint64), ctypes.c_size_t]
     cu.cuMemsetD8_v2.argtypes = [ctypes.c_uint64, ctypes.c_ubyte, ctypes.c_size_t]
     cu.cuMemFree_v2.argtypes = [ctypes.c_uint64]
-    lib, handle = _lt_lib(), _lt_handle()
     scratch = []
 
     def alloc(nbytes: int) -> int:
@@ -325,61 +368,173 @@ def warm_plans(keys) -> None:
         return p.value
 
     try:
-        mnk = [key[:3] for key in keys]  # _lt_key's (m, n, k, ...)
-        a = alloc(4 * max(m * k for m, _, k in mnk))
-        b = alloc(4 * max(n * k for _, n, k in mnk))
-        out = alloc(4 * max(m * n for m, n, _ in mnk))
-        bias = alloc(4 * max(n for _, n, _ in mnk))  # cuMemAlloc's addresses are 256-byte aligned at least
+        extents = [_extents(key) for key in keys]  # elements of a, b, out and bias
+        # cuMemAlloc's addresses are 256-byte aligned at least
+        a, b, out, bias = (alloc(4 * max(e[i] for e in extents)) for i in range(4))
         work = alloc(WORKSPACE_BYTES)
         for key in keys:
-            has_bias = _EPILOGUE_HAS_BIAS[key[5]]
-            plan = _plans[key] = _LtPlan(key, bias if has_bias else 0)
-            if has_bias:
-                _set_attr(
-                    lib.cublasLtMatmulDescSetAttribute,
-                    plan.desc,
-                    _DESC_BIAS_POINTER,
-                    ctypes.c_void_p(bias),
-                    "cublasLtMatmulDescSetAttribute(BIAS_POINTER)",
-                )
-            _check(
-                lib.cublasLtMatmul(
-                    handle,
-                    plan.desc,
-                    ctypes.byref(plan.alpha),
-                    ctypes.c_void_p(b),
-                    plan.layout_a,
-                    ctypes.c_void_p(a),
-                    plan.layout_b,
-                    ctypes.byref(plan.beta),
-                    ctypes.c_void_p(out),
-                    plan.layout_d,
-                    ctypes.c_void_p(out),
-                    plan.layout_d,
-                    ctypes.byref(plan.algo),
-                    ctypes.c_void_p(work),
-                    WORKSPACE_BYTES,
-                    None,
-                ),
-                "cublasLtMatmul",
-            )
+            bias_ptr = bias if _EPILOGUE_HAS_BIAS[key[5]] else 0
+            plan = _plans[key] = _LtPlan(key, bias_ptr)
+            _lt_run(plan, a, b, out, bias_ptr, work, 0)
         cu.cuCtxSynchronize()
     finally:
         for p in scratch:
             cu.cuMemFree_v2(p)
 
 
-def _check_lt_args(a, b, out, bias, act: str, n: int, k: int) -> None:
+def _check_lt_args(a, b, out, bias, act: str, n: int, k: int, what: str = "gemm_lt") -> None:
     if act not in LT_ACTS:
-        raise BlasError(f"gemm_lt: act must be one of {LT_ACTS}, got {act!r}")
+        raise BlasError(f"{what}: act must be one of {LT_ACTS}, got {act!r}")
     if k == 0:
-        raise BlasError("gemm_lt: the inner dimension k must be at least 1")
+        raise BlasError(f"{what}: the inner dimension k must be at least 1")
     on_host = isinstance(out, np.ndarray)
     if any(isinstance(x, np.ndarray) != on_host for x in (a, b, bias) if x is not None):
-        raise BlasError("gemm_lt: a, b, out and bias must all be NumPy arrays or all CuPy arrays")
+        raise BlasError(f"{what}: a, b, out and bias must all be NumPy arrays or all CuPy arrays")
     if bias is not None:
         if bias.shape != (n,) or bias.dtype != np.float32 or not bias.flags.c_contiguous:
-            raise BlasError(f"gemm_lt: bias must be a contiguous float32 [{n}], got {bias.dtype} {bias.shape}")
+            raise BlasError(f"{what}: bias must be a contiguous float32 [{n}], got {bias.dtype} {bias.shape}")
+
+
+def _lt_numpy(a, b, out, bias, act: str, trans_a: bool, trans_b: bool) -> None:
+    """:func:`gemm_lt`'s math on NumPy arrays (one entry of :func:`gemm_lt_batched`'s too)."""
+    res = np.matmul(a.T if trans_a else a, b.T if trans_b else b)
+    if bias is not None:
+        res += bias
+    if act == "relu":
+        np.maximum(res, np.float32(0), out=res)
+    out[...] = res
+
+
+def _bias_ptr(bias, what: str) -> int:
+    """The bias's device address (0: none), refused unless cuBLASLt's bias epilogue can take it."""
+    ptr = 0 if bias is None else bias.data.ptr
+    if ptr % LT_ALIGN:
+        raise BlasError(f"{what}: the bias must start at a multiple of {LT_ALIGN} bytes on the GPU (address {ptr:#x})")
+    return ptr
+
+
+def _batched_shapes(a, b, out, bias, act: str, trans_a: bool, trans_b: bool):
+    """Check :func:`gemm_lt_batched`'s arguments; return ``(P, M, N, K, strides)``, the leading strides
+    of a, b, out and the bias in elements (the bias's 0 without one)."""
+    what = "gemm_lt_batched"
+    for name, x in (("out", out), ("a", a), ("b", b), ("bias", bias)):
+        if x is None:
+            continue
+        ndim = 2 if name == "bias" else 3
+        if x.ndim != ndim:
+            raise BlasError(f"{what}: {name} must be {ndim}-D (a leading batch axis), got shape {x.shape}")
+        if x.dtype != np.float32:
+            raise BlasError(f"{what}: {name} must be float32, got {x.dtype}")
+        if x.shape[0] != out.shape[0]:
+            raise BlasError(f"{what}: {name} has {x.shape[0]} entries, out has {out.shape[0]}")
+        if x.strides[0] < 0 or x.strides[0] % x.itemsize:
+            raise BlasError(
+                f"{what}: {name}'s batch stride must be a non-negative number of elements, got {x.strides[0]} bytes"
+            )
+    P = out.shape[0]
+    if P < 1:
+        raise BlasError(f"{what}: the batch must have at least 1 entry, out has shape {out.shape}")
+    m, n, k = _shapes(a[0], b[0], out[0], trans_a, trans_b, what)
+    _check_lt_args(a[0], b[0], out[0], None if bias is None else bias[0], act, n, k, what)
+    if P > 1 and out.strides[0] < m * n * out.itemsize:
+        raise BlasError(
+            f"{what}: out's entries overlap (batch stride {out.strides[0]} bytes, an entry is {m}x{n} floats)"
+        )
+    strides = tuple(0 if x is None else x.strides[0] // x.itemsize for x in (a, b, out, bias))
+    return P, m, n, k, strides
+
+
+def _check_entry_alignment(key: tuple, ptrs: tuple, strides: tuple, batch: int) -> None:
+    """Refuse strides that give entry ``i`` another alignment class than entry 0 (the key counts a/b/out
+    up to :data:`LT_ALIGN` bytes, the bias up to 256): alone, entry ``i`` would get another plan, maybe
+    another algorithm, and the batch could not keep its single GEMM's bits."""
+    if batch == 1:
+        return
+    for name, ptr, stride, cap in zip(("a", "b", "out", "bias"), ptrs, strides, (LT_ALIGN,) * 3 + (256,), strict=True):
+        if ptr and stride and _alignment(4 * stride, cap) < _alignment(ptr, cap):
+            raise BlasError(
+                f"gemm_lt_batched: {name}'s batch stride ({4 * stride} bytes) gives its entries other alignments "
+                f"than entry 0's {_alignment(ptr, cap)} bytes (the plan of {_describe(key)}); make it a multiple of "
+                f"{_alignment(ptr, cap)} bytes so each entry keeps the plan, and the bits, of its single GEMM"
+            )
+
+
+#: the length of a batch-1 plan key (_lt_key); a batched key appends (batch, strides of a, b, out, bias)
+_BASE_KEY = 12
+
+
+def _batch_key(key: tuple, batch: int, strides: tuple) -> tuple:
+    """The plan key of ``batch`` GEMMs of ``key`` with leading ``strides`` (a, b, out, bias; elements).
+    A batch of 1 is the single GEMM's own key: the same plan, the same call."""
+    return key if batch == 1 else key + (int(batch),) + tuple(int(x) for x in strides)
+
+
+def _extents(key: tuple) -> tuple[int, int, int, int]:
+    """Elements that a plan's a, b, out and bias span (a batch: the last entry's offset plus an entry)."""
+    m, n, k = key[:3]
+    batch, *strides = key[_BASE_KEY:] or (1, 0, 0, 0, 0)
+    return tuple(size + stride * (batch - 1) for size, stride in zip((m * k, k * n, m * n, n), strides, strict=True))
+
+
+def _strided(xp, shape: tuple[int, int], batch: int, stride: int):
+    """A zero float32 ``[batch, *shape]`` view of one fresh buffer, its entries ``stride`` elements apart."""
+    rows, cols = shape
+    buf = xp.zeros(rows * cols + stride * (batch - 1), dtype=np.float32)
+    return xp.lib.stride_tricks.as_strided(buf, shape=(batch, rows, cols), strides=(4 * stride, 4 * cols, 4))
+
+
+def _lt_plan(key: tuple, bias_ptr: int, stream) -> _LtPlan:
+    """The plan of ``key``, made now (outside any capture) if it has none; a batched key's batch-1 plan
+    first, whose algorithm the batch runs."""
+    plan = _plans.get(key)
+    if plan is None:
+        if stream.is_capturing():
+            raise BlasError(
+                f"gemm_lt: no cuBLASLt plan for {_describe(key)} inside a capture; plans are made at a key's "
+                "first call outside any capture: run the step once eagerly first (StepGraph.run_eager), "
+                "or call blas.gemm_lt_prepare for this shape before capturing"
+            )
+        if len(key) > _BASE_KEY:
+            _lt_plan(key[:_BASE_KEY], bias_ptr, stream)
+        plan = _plans[key] = _LtPlan(key, bias_ptr)
+    return plan
+
+
+def _lt_run(plan: _LtPlan, a: int, b: int, out: int, bias: int, workspace: int, stream: int) -> None:
+    """One ``cublasLtMatmul`` of ``plan`` on device addresses (``bias`` 0: none; ``stream`` 0: the legacy
+    default stream). The bias pointer is a descriptor attribute, written here for this call."""
+    lib = _lt_lib()
+    if bias:
+        _set_attr(
+            lib.cublasLtMatmulDescSetAttribute,
+            plan.desc,
+            _DESC_BIAS_POINTER,
+            ctypes.c_void_p(bias),
+            "cublasLtMatmulDescSetAttribute(BIAS_POINTER)",
+        )
+    d = ctypes.c_void_p(out)
+    # cuBLASLt's A is the row-major b (read as b^T), its B the row-major a: D = C^T = op(b)^T op(a)^T.
+    _check(
+        lib.cublasLtMatmul(
+            _lt_handle(),
+            plan.desc,
+            ctypes.byref(plan.alpha),
+            ctypes.c_void_p(b),
+            plan.layout_a,
+            ctypes.c_void_p(a),
+            plan.layout_b,
+            ctypes.byref(plan.beta),
+            d,
+            plan.layout_d,
+            d,
+            plan.layout_d,
+            ctypes.byref(plan.algo),
+            ctypes.c_void_p(workspace),
+            WORKSPACE_BYTES,
+            ctypes.c_void_p(stream),
+        ),
+        "cublasLtMatmul",
+    )
 
 
 def _alignment(ptr: int, cap: int) -> int:
@@ -401,10 +556,14 @@ def _lt_key(m, n, k, trans_a, trans_b, bias_ptr, act, tf32, a_ptr, b_ptr, out_pt
 
 
 def _describe(key: tuple) -> str:
-    m, n, k, ta, tb, epi, tf32, al_a, al_b, al_out, al_bias, split_k = key
+    m, n, k, ta, tb, epi, tf32, al_a, al_b, al_out, al_bias, split_k = key[:_BASE_KEY]
+    batch = ""
+    if len(key) > _BASE_KEY:
+        count, *strides = key[_BASE_KEY:]
+        batch = f", batch {count} with strides a/b/out/bias {'/'.join(map(str, strides))} elements"
     return (
         f"[{m}x{k}] x [{k}x{n}] (trans_a={ta}, trans_b={tb}, epilogue {epi}, tf32={tf32}, "
-        f"alignment a/b/out/bias {al_a}/{al_b}/{al_out}/{al_bias} bytes, split_k={split_k})"
+        f"alignment a/b/out/bias {al_a}/{al_b}/{al_out}/{al_bias} bytes, split_k={split_k}{batch})"
     )
 
 
@@ -666,6 +825,7 @@ def _lt_lib():
             "cublasLtMatmulDescSetAttribute": [vp, ci, vp, sz],
             "cublasLtMatrixLayoutCreate": [pvp, ci, ctypes.c_uint64, ctypes.c_uint64, ctypes.c_int64],
             "cublasLtMatrixLayoutDestroy": [vp],
+            "cublasLtMatrixLayoutSetAttribute": [vp, ci, vp, sz],
             "cublasLtMatmulPreferenceCreate": [pvp],
             "cublasLtMatmulPreferenceDestroy": [vp],
             "cublasLtMatmulPreferenceSetAttribute": [vp, ci, vp, sz],
@@ -681,6 +841,8 @@ def _lt_lib():
                 ctypes.POINTER(_LtHeuristicResult),
                 ctypes.POINTER(ci),
             ],
+            # handle, desc, Adesc, Bdesc, Cdesc, Ddesc, algo, result
+            "cublasLtMatmulAlgoCheck": [vp] * 6 + [ctypes.POINTER(_LtAlgo), ctypes.POINTER(_LtHeuristicResult)],
             # handle, desc, alpha, A, Adesc, B, Bdesc, beta, C, Cdesc, D, Ddesc, algo, workspace, its size, stream
             "cublasLtMatmul": [vp] * 14 + [sz, vp],
         },
@@ -699,22 +861,72 @@ def _lt_handle():
 
 
 class _LtPlan:
-    """The matmul descriptor, the three matrix layouts and the algorithm of one :func:`gemm_lt` key."""
+    """The matmul descriptor, the three matrix layouts and the algorithm of one :func:`gemm_lt` key, or
+    of a :func:`gemm_lt_batched` key: its layouts carry the batch, and its algorithm is the one its
+    batch-1 key's plan chose (made first: :func:`_lt_plan`), so entry ``i`` runs the single GEMM's kernel
+    configuration. The heuristic is not asked again for the batch: for another problem it may pick
+    another algorithm, and the entries would lose the single GEMM's bits."""
 
     def __init__(self, key: tuple, bias_ptr: int):
-        m, n, k, trans_a, trans_b, epilogue, tf32, al_a, al_b, al_out, _, split_k = key
+        m, n, k, trans_a, trans_b, epilogue, tf32, al_a, al_b, al_out, _, split_k = key[:_BASE_KEY]
         lib = _lt_lib()
         self.desc = ctypes.c_void_p()
         self.layout_a, self.layout_b, self.layout_d = ctypes.c_void_p(), ctypes.c_void_p(), ctypes.c_void_p()
         self.alpha, self.beta = ctypes.c_float(1.0), ctypes.c_float(0.0)
         self.algo = _LtAlgo()
         try:
-            self._make(lib, m, n, k, trans_a, trans_b, epilogue, tf32, (al_a, al_b, al_out), bias_ptr, split_k)
+            self._describe_problem(lib, m, n, k, trans_a, trans_b, epilogue, tf32, bias_ptr)
+            if len(key) > _BASE_KEY:
+                self._batch(lib, key)
+            else:
+                self._choose(lib, m, n, k, epilogue, tf32, (al_a, al_b, al_out), split_k)
         except BaseException:
             self.destroy()
             raise
 
-    def _make(self, lib, m, n, k, trans_a, trans_b, epilogue, tf32, aligns, bias_ptr, split_k) -> None:
+    def _batch(self, lib, key: tuple) -> None:
+        """Give the layouts the batch count and strides (cuBLASLt's A is the row-major b, its B the
+        row-major a), the descriptor the bias's batch stride, and take the batch-1 plan's algorithm once
+        ``cublasLtMatmulAlgoCheck`` accepts it for the batch (and its workspace fits)."""
+        count, stride_a, stride_b, stride_out, stride_bias = key[_BASE_KEY:]
+        for lay, stride in ((self.layout_a, stride_b), (self.layout_b, stride_a), (self.layout_d, stride_out)):
+            for attr, value, name in (
+                (_LAYOUT_BATCH_COUNT, ctypes.c_int32(count), "BATCH_COUNT"),
+                (_LAYOUT_STRIDED_BATCH_OFFSET, ctypes.c_int64(stride), "STRIDED_BATCH_OFFSET"),
+            ):
+                _set_attr(
+                    lib.cublasLtMatrixLayoutSetAttribute, lay, attr, value, f"cublasLtMatrixLayoutSetAttribute({name})"
+                )
+        if stride_bias:
+            _set_attr(
+                lib.cublasLtMatmulDescSetAttribute,
+                self.desc,
+                _DESC_BIAS_BATCH_STRIDE,
+                ctypes.c_int64(stride_bias),
+                "cublasLtMatmulDescSetAttribute(BIAS_BATCH_STRIDE)",
+            )
+        single = _plans[key[:_BASE_KEY]]
+        result = _LtHeuristicResult()
+        status = lib.cublasLtMatmulAlgoCheck(
+            _lt_handle(),
+            self.desc,
+            self.layout_a,
+            self.layout_b,
+            self.layout_d,
+            self.layout_d,
+            ctypes.byref(single.algo),
+            ctypes.byref(result),
+        )
+        if status != 0 or result.workspaceSize > WORKSPACE_BYTES:
+            raise BlasError(
+                f"gemm_lt_batched: the algorithm of the single GEMM's plan does not take {_describe(key)} "
+                f"(cublasLtMatmulAlgoCheck status {status}, workspace {result.workspaceSize} bytes of "
+                f"{WORKSPACE_BYTES}); another algorithm would not keep each entry's bits"
+            )
+        self.algo = _LtAlgo.from_buffer_copy(single.algo)
+
+    def _describe_problem(self, lib, m, n, k, trans_a, trans_b, epilogue, tf32, bias_ptr) -> None:
+        """The matmul descriptor and the column-major layouts of one GEMM."""
         compute = _COMPUTE_32F_FAST_TF32 if tf32 else _COMPUTE_32F
         _check(lib.cublasLtMatmulDescCreate(ctypes.byref(self.desc), compute, _CUDA_R_32F), "cublasLtMatmulDescCreate")
 
@@ -739,6 +951,9 @@ class _LtPlan:
                 lib.cublasLtMatrixLayoutCreate(ctypes.byref(lay), _CUDA_R_32F, rows, cols, rows),
                 "cublasLtMatrixLayoutCreate",
             )
+
+    def _choose(self, lib, m, n, k, epilogue, tf32, aligns, split_k) -> None:
+        """The heuristic's first algorithm for the operands' alignments (one-kernel only without split_k)."""
         pref = ctypes.c_void_p()
         _check(lib.cublasLtMatmulPreferenceCreate(ctypes.byref(pref)), "cublasLtMatmulPreferenceCreate")
         try:

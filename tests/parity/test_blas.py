@@ -458,3 +458,214 @@ def test_gpu_one_handle_and_workspace_per_stream_whatever_the_graphs(cp, rng):
         assert_parity(z, ref.astype(np.float32), what="gemm on the side stream")
     del graphs, g
     blas.release(s.ptr)
+
+
+# --- gemm_lt_batched: out[i] = act(op(a[i]) @ op(b[i]) + bias[i]), one strided-batched cuBLASLt GEMM --
+#: the bias stride of stacked parameters: each member's bias 256-byte aligned like a single agent's
+#: (cudarl.nn.layers.PARAM_ALIGN_BYTES), so each entry keeps the single GEMM's plan key
+BIAS_STRIDE_ALIGN = 64
+
+
+def _padded(n: int, align: int = BIAS_STRIDE_ALIGN) -> int:
+    return -(-n // align) * align
+
+
+def _stacked(xp, rng, P, shape, stride=None, scale=1.0):
+    """A float32 ``[P, *shape]`` of random entries ``stride`` elements apart (default packed) in one buffer;
+    ``stride`` 0 is one entry shared by all (a broadcast view)."""
+    size = int(np.prod(shape))
+    stride = size if stride is None else stride
+    buf = np.full(size + stride * (P - 1), np.nan, np.float32)
+    host = np.lib.stride_tricks.as_strided(buf, (P, *shape), (4 * stride, *np.empty(shape, np.float32).strides))
+    for i in range(P if stride else 1):
+        host[i] = (scale * rng.standard_normal(shape)).astype(np.float32)
+    if xp is np:
+        return host
+    dev = xp.asarray(buf)
+    return xp.lib.stride_tricks.as_strided(dev, host.shape, host.strides)
+
+
+def _batched_operands(xp, rng, P, m, n, k, ta, tb, with_bias, strides=(None, None, None)):
+    a = _stacked(xp, rng, P, (k, m) if ta else (m, k), strides[0])
+    b = _stacked(xp, rng, P, (n, k) if tb else (k, n), strides[1], scale=1 / np.sqrt(k))
+    bias = _stacked(xp, rng, P, (n,), _padded(n), scale=np.sqrt(k) / 4) if with_bias else None
+    out = _stacked(xp, rng, P, (m, n), strides[2])
+    return a, b, bias, out
+
+
+@pytest.mark.parametrize("P", [1, 3])
+@pytest.mark.parametrize("m,n,k", [(1, 5, 3), (7, 13, 5), (64, 33, 17)])
+@pytest.mark.parametrize("ta,tb", TRANS)
+@pytest.mark.parametrize("act,with_bias", LT_EPILOGUES)
+def test_numpy_gemm_lt_batched_entry_is_the_single_gemm_bitwise(rng, P, m, n, k, ta, tb, act, with_bias):
+    """The NumPy twin: entry i is gemm_lt of entry i, bit for bit (CPU parity of a population member with
+    the agent alone stays bitwise), and within float32 rounding of float64 math."""
+    a, b, bias, out = _batched_operands(np, rng, P, m, n, k, ta, tb, with_bias)
+    poison(out)
+    blas.gemm_lt_batched(a, b, out, bias=bias, act=act, trans_a=ta, trans_b=tb)
+    for i in range(P):
+        single = np.full((m, n), np.nan, np.float32)
+        blas.gemm_lt(a[i], b[i], single, bias=None if bias is None else bias[i], act=act, trans_a=ta, trans_b=tb)
+        assert_bitwise(out[i], single, what=f"entry {i} of {P}")
+        ref = (a[i].T if ta else a[i]).astype(np.float64) @ (b[i].T if tb else b[i]).astype(np.float64)
+        ref += 0.0 if bias is None else bias[i].astype(np.float64)
+        want = (np.maximum(ref, 0) if act == "relu" else ref).astype(np.float32)
+        if want.any():  # (a one-row entry may be all cut by the ReLU; the bitwise check above holds anyway)
+            assert_parity(out[i], want, what=f"entry {i} of {P} against float64")
+
+
+def test_numpy_gemm_lt_batched_takes_padded_and_shared_entries(rng):
+    """Entries farther apart than packed (padded strides), and an operand shared by every entry (stride 0,
+    e.g. one input for every member), leaving the padding untouched."""
+    P, m, n, k = 4, 6, 8, 5
+    a, b, bias, out = _batched_operands(np, rng, P, m, n, k, False, True, True, strides=(0, n * k + 12, m * n + 4))
+    assert a.strides[0] == 0 and out.strides[0] == 4 * (m * n + 4)
+    blas.gemm_lt_batched(a, b, out, bias=bias, act="relu", trans_b=True)
+    for i in range(P):
+        assert_bitwise(out[i], np.maximum(a[0] @ b[i].T + bias[i], 0), what=f"entry {i}")
+    span = np.lib.stride_tricks.as_strided(out, (P - 1, m * n + 4), (out.strides[0], 4))  # entry + its gap
+    assert np.isnan(span[:, m * n :]).all(), "the padding between entries was written"
+
+
+def test_gemm_lt_batched_argument_errors(rng):
+    """Each bad argument is named: rank, dtype, entry counts, overlapping outputs, negative strides,
+    the bias's shape, the activation, an empty batch."""
+    a, b, bias, out = _batched_operands(np, rng, 3, 4, 5, 6, False, False, True)
+    cases = [
+        (dict(a=a[0]), r"a must be 3-D"),
+        (dict(out=out[0]), r"out must be 3-D"),
+        (dict(b=b.astype(np.float64)), r"b must be float32"),
+        (dict(a=a[:2]), r"a has 2 entries, out has 3"),
+        (dict(bias=bias[:, 0]), r"bias must be 2-D"),
+        (dict(bias=bias[:, :4]), r"bias must be a contiguous float32 \[5\]"),
+        (dict(a=a[::-1]), r"a's batch stride must be a non-negative"),
+        (dict(out=np.lib.stride_tricks.as_strided(out, strides=(4 * 7, 20, 4))), r"out's entries overlap"),
+        (dict(b=np.zeros((3, 7, 5), np.float32)), r"expected out 4x5 and matching k"),
+        (dict(a=np.zeros((3, 4, 6), np.float32)[:, :, ::2].copy()[:, :, :3]), r"expected out|matching k"),
+        (dict(act="gelu"), r"gemm_lt_batched: act must be one of"),
+        (
+            dict(a=a[:0], b=b[:0], out=out[:0], bias=bias[:0]),
+            r"at least 1 entry",
+        ),
+    ]
+    for change, match in cases:
+        kw = dict(a=a, b=b, out=out, bias=bias, act="relu") | change
+        with pytest.raises(blas.BlasError, match=match):
+            blas.gemm_lt_batched(kw.pop("a"), kw.pop("b"), kw.pop("out"), **kw)
+    strided_rows = np.zeros((3, 4, 12), np.float32)[:, :, ::2]  # entries that are not C-contiguous
+    with pytest.raises(blas.BlasError, match="a must be C-contiguous"):
+        blas.gemm_lt_batched(strided_rows, b, out)
+
+
+def test_batched_plan_keys_extend_the_single_key():
+    """A batch of 1 is the single GEMM's key (same plan, same call); a batch appends its count and the
+    strides of a, b, out and the bias; plan_key names it, and the extents cover the last entry."""
+    single = blas.plan_key(512, 256, 64, bias_align=256, act="relu", split_k=False)
+    strides = (512 * 64, 64 * 256, 512 * 256, 256)
+    assert blas._batch_key(single, 1, strides) == single
+    batched = blas.plan_key(512, 256, 64, bias_align=256, act="relu", split_k=False, batch=64, strides=strides)
+    assert batched == single + (64,) + strides
+    assert blas._extents(batched) == (512 * 64 * 64, 64 * 256 * 64, 512 * 256 * 64, 256 * 63 + 256)
+    assert blas._extents(single) == (512 * 64, 64 * 256, 512 * 256, 256)
+    assert "batch 64 with strides a/b/out/bias 32768/16384/131072/256 elements" in blas._describe(batched)
+    with pytest.raises(blas.BlasError, match="a batch needs its strides"):
+        blas.plan_key(512, 256, 64, bias_align=256, batch=64, split_k=False)
+    with pytest.raises(blas.BlasError, match="split_k=False"):
+        blas.plan_key(512, 256, 64, bias_align=256, batch=64, strides=strides)
+
+
+def test_batched_strides_must_keep_each_entry_in_entry_0s_alignment_class():
+    """Entry i alone must get entry 0's plan: a stride of 204 floats (816 bytes) between 256-byte aligned
+    biases would put entry 1 at 16-byte alignment, a plan key of its own, maybe another algorithm."""
+    key = blas._lt_key(512, 204, 256, False, False, 0x10000, "identity", False, 0x20000, 0x30000, 0x40000)
+    ptrs = (0x20000, 0x30000, 0x40000, 0x10000)
+    blas._check_entry_alignment(key, ptrs, (512 * 256, 256 * 204, 512 * 204, 256), 64)
+    blas._check_entry_alignment(key, ptrs, (0, 0, 512 * 204, 0), 64)  # shared operands: one address
+    blas._check_entry_alignment(key, ptrs, (3, 3, 3, 3), 1)  # a batch of 1 has one entry
+    with pytest.raises(blas.BlasError, match=r"bias's batch stride \(816 bytes\).*multiple of 256 bytes"):
+        blas._check_entry_alignment(key, ptrs, (512 * 256, 256 * 204, 512 * 204, 204), 64)
+    with pytest.raises(blas.BlasError, match=r"a's batch stride \(4100 bytes\).*multiple of 16 bytes"):
+        blas._check_entry_alignment(key, ptrs, (1025, 0, 512 * 204, 256), 2)
+
+
+#: The GEMMs of the reference train step (batch 512, 64 features, MLP 256-256, dueling C51 head of
+#: 204 outputs) as gemm_lt takes them: (name, M, N, K, trans_a, trans_b, act, bias). Forwards with the
+#: bias (and ReLU) epilogue; the backward's dx = dz W^T and dW = x^T dz.
+REF_GEMMS = [
+    ("fwd 64->256", 512, 256, 64, False, False, "relu", True),
+    ("fwd 256->256", 512, 256, 256, False, False, "relu", True),
+    ("fwd 256->204", 512, 204, 256, False, False, "identity", True),
+    ("dx 256<-256", 512, 256, 256, False, True, "identity", False),
+    ("dx 256<-204", 512, 256, 204, False, True, "identity", False),
+    ("dW 64x256", 64, 256, 512, True, False, "identity", False),
+    ("dW 256x256", 256, 256, 512, True, False, "identity", False),
+    ("dW 256x204", 256, 204, 512, True, False, "identity", False),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tf32", [False, True])
+@pytest.mark.parametrize("P", [1, 3, 64])
+@pytest.mark.parametrize("name,m,n,k,ta,tb,act,with_bias", REF_GEMMS, ids=[g[0] for g in REF_GEMMS])
+def test_gpu_gemm_lt_batched_entry_is_the_single_gemm_bitwise(cp, rng, name, m, n, k, ta, tb, act, with_bias, P, tf32):
+    """Issue 23's rule for the agent axis: entry i of one strided-batched GEMM equals the single
+    gemm_lt(split_k=False) of entry i bit for bit (the batch runs the single plan's algorithm), for the
+    reference step's shapes, with members' parameters stacked as a population would (biases 256-byte
+    aligned); and the last entry is within the float32 (TF32) tolerance of float64 math."""
+    a, b, bias, out = _batched_operands(cp, rng, P, m, n, k, ta, tb, with_bias)
+    kw = dict(act=act, trans_a=ta, trans_b=tb, tf32=tf32)
+    poison(out)
+    blas.gemm_lt_batched(a, b, out, bias=bias, **kw)
+    got = out.get()
+    single = cp.empty((m, n), np.float32)
+    for i in range(P):
+        poison(single)
+        blas.gemm_lt(a[i], b[i], single, bias=None if bias is None else bias[i], split_k=False, **kw)
+        assert_bitwise(got[i], single, what=f"{name}: entry {i} of {P} vs its single GEMM")
+    ha, hb = a[-1].get().astype(np.float64), b[-1].get().astype(np.float64)
+    ref = (ha.T if ta else ha) @ (hb.T if tb else hb) + (0.0 if bias is None else bias[-1].get().astype(np.float64))
+    ref = np.maximum(ref, 0) if act == "relu" else ref
+    assert_parity(got[-1], ref.astype(np.float32), **_lt_kind(tf32), what=f"{name}: entry {P - 1} vs float64")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tf32", [False, True])
+def test_gpu_gemm_lt_batched_prepared_then_captured_with_a_shared_operand(cp, rng, tf32):
+    """gemm_lt_prepare(batch=...) makes the batch's plan (and its single GEMM's) before capture, so the
+    key's first real call can be captured; one operand shared by every entry (stride 0) and padded
+    output entries; the replay equals each entry's single GEMM bit for bit and leaves the padding alone."""
+    from cudarl.graph import StepGraph
+
+    P, m, n, k = 5, 37, 44, 28  # a shape no other test plans
+    strides = (0, k * n, m * n + 4)
+    a, b, bias, out = _batched_operands(cp, rng, P, m, n, k, False, False, True, strides=strides)
+    blas.gemm_lt_prepare(m, n, k, bias=bias, act="relu", tf32=tf32, split_k=False, batch=P, strides=strides)
+    g = StepGraph(
+        "gemm_lt_batched",
+        [("gemm", lambda: blas.gemm_lt_batched(a, b, out, bias=bias, act="relu", tf32=tf32))],
+        xp=cp,
+    )
+    g.capture()
+    poison(out)
+    cp.cuda.Device().synchronize()
+    g.replay()
+    g.synchronize()
+    got = out.get()
+    single = cp.empty((m, n), np.float32)
+    for i in range(P):
+        blas.gemm_lt(a[0], b[i], single, bias=bias[i], act="relu", tf32=tf32, split_k=False)
+        assert_bitwise(got[i], single, what=f"captured entry {i} of {P}")
+    span = cp.lib.stride_tricks.as_strided(out, (P - 1, m * n + 4), (out.strides[0], 4))
+    assert bool(cp.isnan(span[:, m * n :]).all()), "the padding between output entries was written"
+
+
+@pytest.mark.gpu
+def test_gpu_gemm_lt_batched_refuses_strides_that_would_change_an_entrys_plan(cp):
+    """Biases 204 floats apart put entry 1 at 16-byte alignment while entry 0 has 256: entry 1 alone
+    would get a plan key of its own, so the batch is refused with the stride to use."""
+    P, m, n, k = 2, 8, 204, 16
+    a, b, out = cp.zeros((P, m, k), np.float32), cp.zeros((P, k, n), np.float32), cp.empty((P, m, n), np.float32)
+    with pytest.raises(blas.BlasError, match=r"bias's batch stride \(816 bytes\)"):
+        blas.gemm_lt_batched(a, b, out, bias=cp.zeros((P, n), np.float32))
+    with pytest.raises(blas.BlasError, match="all NumPy arrays or all CuPy arrays"):
+        blas.gemm_lt_batched(a, np.zeros((P, k, n), np.float32), out)
