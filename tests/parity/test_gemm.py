@@ -111,3 +111,53 @@ def test_gpu_launchers_refuse_what_the_kernels_cannot_take(cp):
         ops.nt(a, b, out)
     x = cp.zeros(8 * 64 + 1, np.float32)[1:].reshape(8, 64)  # 4-byte aligned only
     assert not ops.eligible(x, K=64, N=8)
+
+
+# --- tools/bench_gemm.py's batched arm (issue 23): smoke on the CPU ---------------------------------
+def _bench_gemm():
+    import sys
+    from pathlib import Path
+
+    tools = str(Path(__file__).resolve().parents[2] / "tools")
+    if tools not in sys.path:
+        sys.path.insert(0, tools)
+    import bench_gemm
+
+    return bench_gemm
+
+
+def test_bench_gemm_batched_arm_operands_on_numpy(rng):
+    """The batched arm's cases on the NumPy backend (P = 2): every step GEMM's stacked operands fit
+    gemm_lt_batched and gemm_lt, and the batch equals its singles bit for bit, as the GPU arm reports."""
+    from cudarl import blas
+
+    bench = _bench_gemm()
+    for name, M, N, K, ta, tb, act, has_bias in bench.STEP_GEMMS:
+        a, b, bias, out_b, out_s = bench.batched_operands(np, rng, 2, M, N, K, ta, tb, has_bias)
+        if has_bias:
+            assert bias.strides[0] % 256 == 0, f"{name}: members' biases must keep 256-byte alignment"
+        blas.gemm_lt_batched(a, b, out_b, bias=bias, act=act, trans_a=ta, trans_b=tb)
+        for i in range(2):
+            b_i = None if bias is None else bias[i]
+            blas.gemm_lt(a[i], b[i], out_s[i], bias=b_i, act=act, trans_a=ta, trans_b=tb, split_k=False)
+        assert_bitwise(out_b, out_s, what=name)
+
+
+def test_bench_gemm_skips_cleanly_without_a_gpu(tmp_path):
+    """Without a GPU the bench says why and writes the skip only to an explicit --out."""
+    import json
+    import subprocess
+    import sys
+
+    from cudarl.testing import gpu_skip_reason
+
+    if gpu_skip_reason() is None:
+        pytest.skip("a GPU is here: the bench would run (tools/gpu_check.sh runs it)")
+    bench = _bench_gemm()
+    out = tmp_path / "bench_gemm.json"
+    done = subprocess.run(
+        [sys.executable, bench.__file__, "--arms", "batched", "--out", str(out)], capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    assert "skipping:" in done.stdout
+    assert json.loads(out.read_text())["rows"][0]["metric"] == "skipped"
