@@ -44,14 +44,16 @@ SHAPES = [
 INNER = 20
 
 #: The GEMMs of the reference train step as gemm_lt takes them (the batched arm):
-#: (name, M, N, K, trans_a, trans_b, act, bias)
+#: (name, M, N, K, trans_a, trans_b, act, bias); the observation has 66 columns (64 features, 2 of position)
 STEP_GEMMS = [
     ("fwd 64->256", 512, 256, 64, False, False, "relu", True),
+    ("fwd 66->256", 512, 256, 66, False, False, "relu", True),
     ("fwd 256->256", 512, 256, 256, False, False, "relu", True),
     ("fwd 256->204", 512, 204, 256, False, False, "identity", True),
     ("dx 256<-256", 512, 256, 256, False, True, "identity", False),
     ("dx 256<-204", 512, 256, 204, False, True, "identity", False),
     ("dW 64x256", 64, 256, 512, True, False, "identity", False),
+    ("dW 66x256", 66, 256, 512, True, False, "identity", False),
     ("dW 256x256", 256, 256, 512, True, False, "identity", False),
     ("dW 256x204", 256, 204, 512, True, False, "identity", False),
 ]

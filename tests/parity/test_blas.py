@@ -590,14 +590,17 @@ def test_batched_strides_must_keep_each_entry_in_entry_0s_alignment_class():
 
 #: The GEMMs of the reference train step (batch 512, 64 features, MLP 256-256, dueling C51 head of
 #: 204 outputs) as gemm_lt takes them: (name, M, N, K, trans_a, trans_b, act, bias). Forwards with the
-#: bias (and ReLU) epilogue; the backward's dx = dz W^T and dW = x^T dz.
+#: bias (and ReLU) epilogue; the backward's dx = dz W^T and dW = x^T dz. The step's observation has 66
+#: columns (the 64 features and two of position: K = 66 in a profile's trace), so both are here.
 REF_GEMMS = [
     ("fwd 64->256", 512, 256, 64, False, False, "relu", True),
+    ("fwd 66->256", 512, 256, 66, False, False, "relu", True),
     ("fwd 256->256", 512, 256, 256, False, False, "relu", True),
     ("fwd 256->204", 512, 204, 256, False, False, "identity", True),
     ("dx 256<-256", 512, 256, 256, False, True, "identity", False),
     ("dx 256<-204", 512, 256, 204, False, True, "identity", False),
     ("dW 64x256", 64, 256, 512, True, False, "identity", False),
+    ("dW 66x256", 66, 256, 512, True, False, "identity", False),
     ("dW 256x256", 256, 256, 512, True, False, "identity", False),
     ("dW 256x204", 256, 204, 512, True, False, "identity", False),
 ]
