@@ -15,7 +15,8 @@ another in one graph (both one-kernel algorithms, members' operands stacked as a
 the ratio, the fraction of the FP32 peak the batch reaches, and whether every entry of the batch equals
 its single GEMM bit for bit. ``--arms`` picks ``panel``, ``batched`` or both.
 
-Prints a table, writes JSON (``--out``, default ``docs/bench/bench_gemm.json``). Without a usable CuPy
+Prints a table, writes JSON (``--out``, default ``docs/bench/bench_gemm.json``, or
+``docs/bench/bench_gemm_batched.json`` for ``--arms batched``). Without a usable CuPy
 and GPU it prints why and skips, writing the skip only to an explicit ``--out`` (the default file
 keeps its measurements).
 """
@@ -141,7 +142,8 @@ def main() -> int:
         more, batched_extra = batched_rows([int(x) for x in args.sizes.split(",")], args.repeats)
         rows += more
         extra["batched"] = batched_extra
-    report("bench_gemm", rows, args.out, extra)
+    # the batched arm alone gets a file of its own: the default bench_gemm.json keeps the panel arm's numbers
+    report("bench_gemm_batched" if args.arms == "batched" else "bench_gemm", rows, args.out, extra)
     return 0
 
 
