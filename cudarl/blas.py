@@ -186,16 +186,7 @@ def gemm_lt(
     if isinstance(out, np.ndarray):
         _lt_numpy(a, b, out, bias, act, trans_a, trans_b)
         return
-    import cupy
-
-    s = stream if stream is not None else cupy.cuda.get_current_stream()
-    h = _handle_for(s)  # the stream's workspace
-    if m == 0 or n == 0:
-        return
-    kernels.trace({"kind": "library", "name": "cublaslt_matmul", "stream": s.ptr, "m": m, "n": n, "k": k, "beta": 0.0})
-    bias_ptr = _bias_ptr(bias, "gemm_lt")
-    key = _lt_key(m, n, k, trans_a, trans_b, bias_ptr, act, tf32, a.data.ptr, b.data.ptr, out.data.ptr, split_k)
-    _lt_run(_lt_plan(key, bias_ptr, s), a.data.ptr, b.data.ptr, out.data.ptr, bias_ptr, h.workspace.data.ptr, s.ptr)
+    _lt_device("gemm_lt", (m, n, k), a, b, out, bias, act, trans_a, trans_b, tf32, split_k, stream)
 
 
 def gemm_lt_batched(
@@ -242,20 +233,28 @@ def gemm_lt_batched(
         for i in range(P):
             _lt_numpy(a[i], b[i], out[i], None if bias is None else bias[i], act, trans_a, trans_b)
         return
+    _lt_device("gemm_lt_batched", (m, n, k), a, b, out, bias, act, trans_a, trans_b, tf32, False, stream, P, strides)
+
+
+def _lt_device(what, mnk, a, b, out, bias, act, trans_a, trans_b, tf32, split_k, stream, batch=1, strides=None):
+    """The GPU side of :func:`gemm_lt` (``batch`` 1) and :func:`gemm_lt_batched`: the stream's workspace,
+    the trace, the plan of the key (made now outside a capture), one ``cublasLtMatmul``."""
     import cupy
 
+    m, n, k = mnk
     s = stream if stream is not None else cupy.cuda.get_current_stream()
-    h = _handle_for(s)
+    h = _handle_for(s)  # the stream's workspace
     if m == 0 or n == 0:
         return
     event = {"kind": "library", "name": "cublaslt_matmul", "stream": s.ptr, "m": m, "n": n, "k": k, "beta": 0.0}
-    kernels.trace(event if P == 1 else {**event, "batch": P})
-    bias_ptr = _bias_ptr(bias, "gemm_lt_batched")
+    kernels.trace(event if batch == 1 else {**event, "batch": batch})
+    bias_ptr = _bias_ptr(bias, what)
     ptrs = (a.data.ptr, b.data.ptr, out.data.ptr)
-    key = _lt_key(m, n, k, trans_a, trans_b, bias_ptr, act, tf32, *ptrs, split_k=False)
-    _check_entry_alignment(key, ptrs + (bias_ptr,), strides, P)
-    plan = _lt_plan(_batch_key(key, P, strides), bias_ptr, s)
-    _lt_run(plan, *ptrs, bias_ptr, h.workspace.data.ptr, s.ptr)
+    key = _lt_key(m, n, k, trans_a, trans_b, bias_ptr, act, tf32, *ptrs, split_k)
+    if batch != 1:
+        _check_entry_alignment(key, ptrs + (bias_ptr,), strides, batch)
+        key = _batch_key(key, batch, strides)
+    _lt_run(_lt_plan(key, bias_ptr, s), *ptrs, bias_ptr, h.workspace.data.ptr, s.ptr)
 
 
 def gemm_lt_prepare(

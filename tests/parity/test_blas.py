@@ -1,10 +1,17 @@
 """Capture-safe GEMM: the NumPy path against float64 on the CPU; cuBLAS eager and captured on the GPU."""
 
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 
 from cudarl import blas
 from cudarl.testing import assert_bitwise, assert_parity, poison
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
+#: the reference step's GEMMs (forwards with their epilogues, dx, dW), shared with the bench's batched arm
+from bench_gemm import STEP_GEMMS  # noqa: E402
 
 SHAPES = [(1, 1, 1), (7, 13, 5), (512, 256, 256), (4096, 64, 256)]
 TRANS = [(False, False), (True, False), (False, True), (True, True)]
@@ -588,28 +595,10 @@ def test_batched_strides_must_keep_each_entry_in_entry_0s_alignment_class():
         blas._check_entry_alignment(key, ptrs, (1025, 0, 512 * 204, 256), 2)
 
 
-#: The GEMMs of the reference train step (batch 512, 64 features, MLP 256-256, dueling C51 head of
-#: 204 outputs) as gemm_lt takes them: (name, M, N, K, trans_a, trans_b, act, bias). Forwards with the
-#: bias (and ReLU) epilogue; the backward's dx = dz W^T and dW = x^T dz. The step's observation has 66
-#: columns (the 64 features and two of position: K = 66 in a profile's trace), so both are here.
-REF_GEMMS = [
-    ("fwd 64->256", 512, 256, 64, False, False, "relu", True),
-    ("fwd 66->256", 512, 256, 66, False, False, "relu", True),
-    ("fwd 256->256", 512, 256, 256, False, False, "relu", True),
-    ("fwd 256->204", 512, 204, 256, False, False, "identity", True),
-    ("dx 256<-256", 512, 256, 256, False, True, "identity", False),
-    ("dx 256<-204", 512, 256, 204, False, True, "identity", False),
-    ("dW 64x256", 64, 256, 512, True, False, "identity", False),
-    ("dW 66x256", 66, 256, 512, True, False, "identity", False),
-    ("dW 256x256", 256, 256, 512, True, False, "identity", False),
-    ("dW 256x204", 256, 204, 512, True, False, "identity", False),
-]
-
-
 @pytest.mark.gpu
 @pytest.mark.parametrize("tf32", [False, True])
 @pytest.mark.parametrize("P", [1, 3, 64])
-@pytest.mark.parametrize("name,m,n,k,ta,tb,act,with_bias", REF_GEMMS, ids=[g[0] for g in REF_GEMMS])
+@pytest.mark.parametrize("name,m,n,k,ta,tb,act,with_bias", STEP_GEMMS, ids=[g[0] for g in STEP_GEMMS])
 def test_gpu_gemm_lt_batched_entry_is_the_single_gemm_bitwise(cp, rng, name, m, n, k, ta, tb, act, with_bias, P, tf32):
     """Issue 23's rule for the agent axis: entry i of one strided-batched GEMM equals the single
     gemm_lt(split_k=False) of entry i bit for bit (the batch runs the single plan's algorithm), for the

@@ -1,10 +1,16 @@
 """gemm family: the panel GEMMs against float64 NumPy and cuBLAS, repeatability, graphs, edges."""
 
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 
 from cudarl.reference import gemm as ref
 from cudarl.testing import assert_bitwise, assert_parity, assert_reruns_bitwise, poison
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
+import bench_gemm  # noqa: E402  (tools/bench_gemm.py's batched arm, smoke-tested on the CPU below)
 
 # (M, N, K): the network's (512/1024/4096 x 256 x 256, the head's 204 columns) and ragged edges
 SHAPES = [
@@ -114,26 +120,13 @@ def test_gpu_launchers_refuse_what_the_kernels_cannot_take(cp):
 
 
 # --- tools/bench_gemm.py's batched arm (issue 23): smoke on the CPU ---------------------------------
-def _bench_gemm():
-    import sys
-    from pathlib import Path
-
-    tools = str(Path(__file__).resolve().parents[2] / "tools")
-    if tools not in sys.path:
-        sys.path.insert(0, tools)
-    import bench_gemm
-
-    return bench_gemm
-
-
 def test_bench_gemm_batched_arm_operands_on_numpy(rng):
     """The batched arm's cases on the NumPy backend (P = 2): every step GEMM's stacked operands fit
     gemm_lt_batched and gemm_lt, and the batch equals its singles bit for bit, as the GPU arm reports."""
     from cudarl import blas
 
-    bench = _bench_gemm()
-    for name, M, N, K, ta, tb, act, has_bias in bench.STEP_GEMMS:
-        a, b, bias, out_b, out_s = bench.batched_operands(np, rng, 2, M, N, K, ta, tb, has_bias)
+    for name, M, N, K, ta, tb, act, has_bias in bench_gemm.STEP_GEMMS:
+        a, b, bias, out_b, out_s = bench_gemm.batched_operands(np, rng, 2, M, N, K, ta, tb, has_bias)
         if has_bias:
             assert bias.strides[0] % 256 == 0, f"{name}: members' biases must keep 256-byte alignment"
         blas.gemm_lt_batched(a, b, out_b, bias=bias, act=act, trans_a=ta, trans_b=tb)
@@ -153,10 +146,9 @@ def test_bench_gemm_skips_cleanly_without_a_gpu(tmp_path):
 
     if gpu_skip_reason() is None:
         pytest.skip("a GPU is here: the bench would run (tools/gpu_check.sh runs it)")
-    bench = _bench_gemm()
     out = tmp_path / "bench_gemm.json"
     done = subprocess.run(
-        [sys.executable, bench.__file__, "--arms", "batched", "--out", str(out)], capture_output=True, text=True
+        [sys.executable, bench_gemm.__file__, "--arms", "batched", "--out", str(out)], capture_output=True, text=True
     )
     assert done.returncode == 0, done.stderr
     assert "skipping:" in done.stdout
