@@ -222,8 +222,8 @@ def gemm_lt_batched(
     trans_b=trans_b, tf32=tf32, split_k=False)`` bit for bit by design: the batch runs the algorithm
     that call's plan chose (a one-kernel algorithm, no split-K reduction), checked for the batch
     layout by ``cublasLtMatmulAlgoCheck``. So every entry must have the alignment class of entry 0
-    (a stride in bytes that is a multiple of 16, of 256 for the bias, or of the operand's own
-    alignment), else entry ``i`` alone could get another plan; a stride that breaks it is refused.
+    (with 16-byte aligned operands and 256-byte aligned biases: strides in bytes that are multiples of
+    16 and 256), else entry ``i`` alone could get another plan; a stride that breaks it is refused.
     A batch of 1 is exactly that single call (same plan key, same plan). Plans are made outside any
     capture as for :func:`gemm_lt` (:func:`gemm_lt_prepare` with ``batch``). NumPy arrays run the
     NumPy math of :func:`gemm_lt` entry by entry.
@@ -450,11 +450,15 @@ def _check_entry_alignment(key: tuple, ptrs: tuple, strides: tuple, batch: int) 
     if batch == 1:
         return
     for name, ptr, stride, cap in zip(("a", "b", "out", "bias"), ptrs, strides, (LT_ALIGN,) * 3 + (256,), strict=True):
-        if ptr and stride and _alignment(4 * stride, cap) < _alignment(ptr, cap):
+        # entry i is ptr + i * stride bytes: it keeps entry 0's capped alignment a exactly when the stride is
+        # a multiple of 2a (of the cap itself when a is the cap): 4 bytes apart, a 4-aligned entry 0 puts
+        # entry 1 at 8
+        need = min(2 * _alignment(ptr, cap), cap)
+        if ptr and stride and _alignment(4 * stride, cap) < need:
             raise BlasError(
                 f"gemm_lt_batched: {name}'s batch stride ({4 * stride} bytes) gives its entries other alignments "
                 f"than entry 0's {_alignment(ptr, cap)} bytes (the plan of {_describe(key)}); make it a multiple of "
-                f"{_alignment(ptr, cap)} bytes so each entry keeps the plan, and the bits, of its single GEMM"
+                f"{need} bytes so each entry keeps the plan, and the bits, of its single GEMM"
             )
 
 

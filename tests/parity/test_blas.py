@@ -593,6 +593,11 @@ def test_batched_strides_must_keep_each_entry_in_entry_0s_alignment_class():
         blas._check_entry_alignment(key, ptrs, (512 * 256, 256 * 204, 512 * 204, 204), 64)
     with pytest.raises(blas.BlasError, match=r"a's batch stride \(4100 bytes\).*multiple of 16 bytes"):
         blas._check_entry_alignment(key, ptrs, (1025, 0, 512 * 204, 256), 2)
+    # a view 4 bytes into its buffer: entries 4 bytes apart alternate between 4- and 8-byte alignment
+    odd = (0x20004,) + ptrs[1:]
+    blas._check_entry_alignment(key, odd, (2, 0, 512 * 204, 256), 3)
+    with pytest.raises(blas.BlasError, match=r"a's batch stride \(4 bytes\).*entry 0's 4 bytes.*multiple of 8"):
+        blas._check_entry_alignment(key, odd, (1, 0, 512 * 204, 256), 3)
 
 
 @pytest.mark.gpu
