@@ -6,6 +6,12 @@
 // Column reductions (bias, gamma, beta gradients) are blocks of a few columns each (see each
 // kernel's banner) with a fixed row order per thread and a fixed tree across threads: no
 // atomics, bitwise reproducible for a given shape.
+//
+// The member axis (a population's agents, cudarl/nn/stacked.py): the kernels whose last arguments are
+// s_<pointer> strides take blockIdx.y as the member; each pointer advances by member * its stride (in
+// elements), and the x grid, block and per-thread work are the single launch's, so member m computes
+// exactly what a single launch on its slices would. One member (gridDim.y = 1, strides unused) is the
+// single network's launch.
 #include <cudarl/dueling.cuh>
 #include <cudarl/philox.cuh>
 #include <cudarl/reduce.cuh>
@@ -56,7 +62,7 @@ extern "C" __global__ void cudarl_nn_bias_act_forward(const float* y, const floa
 // dz = dout * act'(out); dbias[c] = sum_r dz[r, c].
 // block (BAB_TX, BAB_TY) = (8, 128), grid.x = ceil(cols / 8): thread (tx, ty) owns column
 // 8*bx + tx and rows ty, ty + 128, ... in ascending order (its partial sum), then a fixed tree
-// over ty. Reads 8*rows*cols bytes, writes 4*rows*cols + 4*cols.
+// over ty; grid.y = members. Reads 8*rows*cols bytes, writes 4*rows*cols + 4*cols.
 // Why this shape (ncu, docs/perf-notes.md): with (32, 32) blocks a 512 x 256 launch was 8 blocks
 // whose threads each walked 16 rows, and as dz may alias dout every row was a dependent memory
 // round trip (5.5-8 us); here 32 blocks, 4 rows a thread, all loads of a thread before its stores.
@@ -67,9 +73,15 @@ extern "C" __global__ void cudarl_nn_bias_act_forward(const float* y, const floa
 #define BAB_TY 128
 #define BAB_CHUNK 4
 extern "C" __global__ __launch_bounds__(BAB_TX * BAB_TY) void cudarl_nn_bias_act_backward(
-    const float* dout, const float* out, float* dz, float* dbias, i64 rows, i64 cols, int act) {
+    const float* dout, const float* out, float* dz, float* dbias, i64 rows, i64 cols, int act, i64 s_dout,
+    i64 s_out, i64 s_dz, i64 s_dbias) {
   __shared__ float sh[BAB_TY][BAB_TX + 1];
   const int tx = threadIdx.x, ty = threadIdx.y;
+  const i64 m = blockIdx.y;  // the member
+  dout += m * s_dout;
+  out += m * s_out;
+  dz += m * s_dz;
+  dbias += m * s_dbias;
   const i64 c = (i64)blockIdx.x * BAB_TX + tx;
   const bool store = !(act == 0 && dz == dout);
   float acc = 0.f;
@@ -101,9 +113,14 @@ extern "C" __global__ __launch_bounds__(BAB_TX * BAB_TY) void cudarl_nn_bias_act
 // backward's dx chain the ReLU mask is all the next GEMM waits for, and the bias gradient, a
 // column sum of dz, goes to the weight-gradient branch as bias_act_backward(dz, ., dz, db, 0),
 // which only reads: the same dz and dbias bits as one bias_act_backward, and a 4-us node on the
-// chain becomes a ~2-us one (ncu, docs/perf-notes.md). One thread per element, grid-stride.
-// dz may alias dout. Reads 8*n bytes, writes 4*n.
-extern "C" __global__ void cudarl_nn_act_backward(const float* dout, const float* out, float* dz, i64 n, int act) {
+// chain becomes a ~2-us one (ncu, docs/perf-notes.md). One thread per element, grid-stride;
+// grid.y = members. dz may alias dout. Reads 8*n bytes, writes 4*n (a member).
+extern "C" __global__ void cudarl_nn_act_backward(const float* dout, const float* out, float* dz, i64 n, int act,
+                                                  i64 s_dout, i64 s_out, i64 s_dz) {
+  const i64 m = blockIdx.y;
+  dout += m * s_dout;
+  out += m * s_out;
+  dz += m * s_dz;
   for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < n; i += (i64)gridDim.x * blockDim.x)
     dz[i] = act_bwd(dout[i], out[i], act);
 }
@@ -184,8 +201,12 @@ extern "C" __global__ void cudarl_nn_layernorm_backward_params(const float* dout
 
 // ---- dueling_forward / dueling_backward -----------------------------------------------------
 // va [B, (1 + A) Z] = (V [B, Z], Adv [B, A, Z]); logits [B, A, Z] = (V + Adv) - sum_a Adv / A.
-// One thread per (b, z), actions summed in ascending order. Reads/writes 4*B*(1+A)*Z bytes.
-extern "C" __global__ void cudarl_nn_dueling_forward(const float* va, float* logits, i64 B, int A, int Z) {
+// One thread per (b, z), actions summed in ascending order; grid.y = members. Reads/writes
+// 4*B*(1+A)*Z bytes (a member).
+extern "C" __global__ void cudarl_nn_dueling_forward(const float* va, float* logits, i64 B, int A, int Z, i64 s_va,
+                                                     i64 s_logits) {
+  va += blockIdx.y * s_va;
+  logits += blockIdx.y * s_logits;
   const i64 n = B * Z;
   for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < n; i += (i64)gridDim.x * blockDim.x) {
     const i64 b = i / Z;
@@ -199,7 +220,9 @@ extern "C" __global__ void cudarl_nn_dueling_forward(const float* va, float* log
 // dV[b, z] = sum_a dL[b, a, z]; dAdv[b, a, z] = dL[b, a, z] - dV[b, z] / A; accumulate = 1 adds them
 // into dva (a second loss's gradient on the logits, e.g. CQL's beside the C51 loss's dva).
 extern "C" __global__ void cudarl_nn_dueling_backward(const float* dlogits, float* dva, i64 B, int A, int Z,
-                                                      int accumulate) {
+                                                      int accumulate, i64 s_dlogits, i64 s_dva) {
+  dlogits += blockIdx.y * s_dlogits;
+  dva += blockIdx.y * s_dva;
   const i64 n = B * Z;
   for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < n; i += (i64)gridDim.x * blockDim.x) {
     const i64 b = i / Z;

@@ -130,6 +130,27 @@ class ParamLayout:
         return "\n".join(rows)
 
 
+def stacked_zeros(xp, members: int, shape: tuple, dtype=np.float32):
+    """A zero ``[members, *shape]`` array of ``dtype`` whose entries are C-contiguous and start a multiple of
+    :data:`cudarl.nn.params.ALIGN` elements apart (256 bytes in float32): each entry padded, so a batched
+    GEMM over the entries keeps entry 0's alignment class (:func:`cudarl.blas.gemm_lt_batched`)."""
+    size = math.prod(shape)
+    flat = xp.zeros((int(members), -(-size // ALIGN) * ALIGN), dtype=dtype)
+    return member_view(xp, flat, 0, shape)
+
+
+def member_view(xp, flat, offset: int, shape: tuple):
+    """``flat[:, offset : offset + prod(shape)]`` of a 2-D ``[P, stride]`` buffer as ``[P, *shape]``, a view
+    (never a copy: the strides are given explicitly), each entry C-contiguous."""
+    shape = tuple(int(s) for s in shape)
+    inner, step = [], flat.itemsize
+    for s in reversed(shape):
+        inner.insert(0, step)
+        step *= s
+    view = flat[:, offset:]
+    return xp.lib.stride_tricks.as_strided(view, shape=(flat.shape[0], *shape), strides=(flat.strides[0], *inner))
+
+
 class Workspace:
     """Activation and activation-gradient buffers for batches up to ``max_batch``.
 
@@ -155,9 +176,13 @@ class Workspace:
     def add(self, name: str, row_shape, dtype=None, merge: bool = False):
         if name in self.bufs:
             raise ValueError(f"workspace buffer {name!r} added twice")
-        self.bufs[name] = self.xp.zeros((self.max_batch,) + tuple(row_shape), dtype=dtype or self.dtype)
+        self.bufs[name] = self._zeros((self.max_batch,) + tuple(row_shape), dtype or self.dtype)
         self._merge[name] = merge
         return self.bufs[name]
+
+    def _zeros(self, shape: tuple, dtype):
+        """A new zero buffer of ``shape`` (what :meth:`add` allocates)."""
+        return self.xp.zeros(shape, dtype=dtype)
 
     def rows(self, name: str, B: int | None = None):
         B = self.batch if B is None else B

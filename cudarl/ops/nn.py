@@ -2,6 +2,12 @@
 
 Each checks shapes here (dtype and contiguity are checked by ``kernels.launch``), writes only
 into the buffers it is given, and never allocates or synchronises: safe inside a capture.
+
+The member axis: ``bias_act_backward``, ``act_backward``, ``dueling_forward`` and ``dueling_backward``
+also take every array with a leading axis of ``P`` members (a population's agents,
+:class:`cudarl.nn.stacked.StackedQNetwork`), each member's entry C-contiguous and the entries any
+non-negative number of elements apart: one launch whose ``blockIdx.y`` is the member, entry 0 and the
+strides as arguments, so member ``i`` gets the bits of a single launch on its entries.
 """
 
 from __future__ import annotations
@@ -12,6 +18,7 @@ _T = 256
 _MAX_GRID = 8192  # grid-stride loops cover the rest
 _COL_BLOCK = (32, 32)
 _BAB_BLOCK = (8, 128)  # nn.cu BAB_TX, BAB_TY
+_MAX_MEMBERS = 65535  # gridDim.y's limit
 
 
 def _grid(n: int) -> int:
@@ -21,6 +28,29 @@ def _grid(n: int) -> int:
 def _shape(where: str, name: str, a, shape: tuple) -> None:
     if tuple(a.shape) != tuple(shape):
         raise ValueError(f"{where}: {name} must have shape {tuple(shape)}, got {tuple(a.shape)}")
+
+
+def _members(where: str, *arrays) -> tuple:
+    """``(P, entries, strides)`` of ``(array, ndim)`` pairs, ``ndim`` an array's rank without the member
+    axis: all of them carry a leading member axis of one length ``P`` (entries: each array's entry 0,
+    strides: its member stride in elements), or none does (``P`` 1, the arrays themselves, strides 0)."""
+    stacked = [a.ndim == nd + 1 for a, nd in arrays]
+    if not any(stacked):
+        return 1, tuple(a for a, _ in arrays), (0,) * len(arrays)
+    if not all(stacked):
+        raise ValueError(
+            f"{where}: every array has the member axis or none does, got shapes {[a.shape for a, _ in arrays]}"
+        )
+    P = arrays[0][0].shape[0]
+    if any(a.shape[0] != P for a, _ in arrays) or not 1 <= P <= _MAX_MEMBERS:
+        raise ValueError(
+            f"{where}: 1 to {_MAX_MEMBERS} members, the same in every array, got {[a.shape for a, _ in arrays]}"
+        )
+    if any(a.strides[0] < 0 or a.strides[0] % a.itemsize for a, _ in arrays):
+        raise ValueError(
+            f"{where}: member strides must be non-negative whole elements, got {[a.strides for a, _ in arrays]}"
+        )
+    return P, tuple(a[0] for a, _ in arrays), tuple(a.strides[0] // a.itemsize for a, _ in arrays)
 
 
 def _act(where: str, act: int) -> int:
@@ -45,32 +75,37 @@ def bias_act_forward(y, bias, out, act: int) -> None:
 
 
 def bias_act_backward(dout, out, dz, dbias, act: int) -> None:
-    """``dz = dout * act'(out)`` ``[B, N]`` (may alias dout); ``dbias = sum_b dz`` ``[N]``."""
+    """``dz = dout * act'(out)`` ``[B, N]`` (may alias dout); ``dbias = sum_b dz`` ``[N]``. With the member
+    axis: dout, out, dz ``[P, B, N]``, dbias ``[P, N]``."""
     w = "nn.bias_act_backward"
+    P, (dout, out, dz, dbias), strides = _members(w, (dout, 2), (out, 2), (dz, 2), (dbias, 1))
     B, N = dout.shape
     _shape(w, "out", out, (B, N))
     _shape(w, "dz", dz, (B, N))
     _shape(w, "dbias", dbias, (N,))
+    s_dout, s_out, s_dz, s_dbias = strides
     launch(
         "nn",
         "bias_act_backward",
-        blocks_for(N, _BAB_BLOCK[0]),
+        (blocks_for(N, _BAB_BLOCK[0]), P),
         _BAB_BLOCK,
-        (dout, out, dz, dbias, B, N, _act(w, act)),
+        (dout, out, dz, dbias, B, N, _act(w, act), s_dout, s_out, s_dz, s_dbias),
     )
 
 
 def act_backward(dout, out, dz, act: int) -> None:
-    """``dz = dout * act'(out)`` ``[B, N]`` (may alias dout): bias_act_backward without the bias sums."""
+    """``dz = dout * act'(out)`` ``[B, N]`` (may alias dout): bias_act_backward without the bias sums.
+    With the member axis: dout, out, dz ``[P, B, N]``."""
     w = "nn.act_backward"
+    P, (dout, out, dz), (s_dout, s_out, s_dz) = _members(w, (dout, 2), (out, 2), (dz, 2))
     _shape(w, "out", out, dout.shape)
     _shape(w, "dz", dz, dout.shape)
     launch(
         "nn",
         "act_backward",
-        _grid(dout.size),
+        (_grid(dout.size), P),
         _T,
-        (dout, out, dz, dout.size, _act(w, act)),
+        (dout, out, dz, dout.size, _act(w, act), s_dout, s_out, s_dz),
     )
 
 
@@ -146,28 +181,31 @@ def layernorm_backward(dout, out, x, gamma, mean, rstd, dx, dgamma, dbeta, act: 
 
 
 def dueling_forward(va, logits) -> None:
-    """va ``[B, (1+A) Z]`` -> logits ``[B, A, Z]``."""
+    """va ``[B, (1+A) Z]`` -> logits ``[B, A, Z]`` (with the member axis ``[P, B, (1+A) Z]`` -> ``[P, B, A, Z]``)."""
+    P, (va, logits), (s_va, s_logits) = _members("nn.dueling_forward", (va, 2), (logits, 3))
     B, A, Z = logits.shape
     _shape("nn.dueling_forward", "va", va, (B, (1 + A) * Z))
     launch(
         "nn",
         "dueling_forward",
-        _grid(B * Z),
+        (_grid(B * Z), P),
         _T,
-        (va, logits, B, A, Z),
+        (va, logits, B, A, Z, s_va, s_logits),
     )
 
 
 def dueling_backward(dlogits, dva, accumulate: bool = False) -> None:
-    """dlogits ``[B, A, Z]`` -> dva ``[B, (1+A) Z]`` (``accumulate``: added into dva)."""
+    """dlogits ``[B, A, Z]`` -> dva ``[B, (1+A) Z]`` (``accumulate``: added into dva); with the member axis
+    ``[P, B, A, Z]`` -> ``[P, B, (1+A) Z]``."""
+    P, (dlogits, dva), (s_dlogits, s_dva) = _members("nn.dueling_backward", (dlogits, 3), (dva, 2))
     B, A, Z = dlogits.shape
     _shape("nn.dueling_backward", "dva", dva, (B, (1 + A) * Z))
     launch(
         "nn",
         "dueling_backward",
-        _grid(B * Z),
+        (_grid(B * Z), P),
         _T,
-        (dlogits, dva, B, A, Z, int(bool(accumulate))),
+        (dlogits, dva, B, A, Z, int(bool(accumulate)), s_dlogits, s_dva),
     )
 
 

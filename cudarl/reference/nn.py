@@ -7,9 +7,15 @@ float32 CPU backend and, with float64 buffers, the finite-difference oracle.
 Activations are coded as integers shared with the kernels: ``0`` identity, ``1`` ReLU,
 ``2`` sigmoid. Derivatives are taken from the activation's *output* ``y``:
 ``relu'(y) = [y > 0]``, ``sigmoid'(y) = y (1 - y)``.
+
+The functions marked :func:`members` also take their arrays with a leading axis of ``P`` members
+(a population's agents) and run the single function on each member's entries in turn: member ``i``
+is the single call's result by construction, as the kernels' ``blockIdx.y`` makes it on the GPU.
 """
 
 from __future__ import annotations
+
+import functools
 
 import numpy as np
 
@@ -17,6 +23,28 @@ from . import philox
 
 IDENTITY, RELU, SIGMOID = 0, 1, 2
 ACTS = {"identity": IDENTITY, "relu": RELU, "sigmoid": SIGMOID}
+
+
+def members(*ndims: int):
+    """Give a twin the member axis: ``ndims`` are the ranks of its leading array arguments without it.
+    When the first has one more axis, the twin runs once per member ``i`` on ``a[i]`` of each of them
+    (the other arguments as given); otherwise it is the single call."""
+
+    def wrap(fn):
+        @functools.wraps(fn)
+        def run(*args, **kw):
+            arrays, rest = args[: len(ndims)], args[len(ndims) :]
+            if arrays[0].ndim == ndims[0]:
+                return fn(*args, **kw)
+            P = arrays[0].shape[0]
+            if any(a.ndim != nd + 1 or a.shape[0] != P for a, nd in zip(arrays, ndims, strict=True)):
+                raise ValueError(f"{fn.__name__}: every array has the member axis or none does")
+            for i in range(P):
+                fn(*(a[i] for a in arrays), *rest, **kw)
+
+        return run
+
+    return wrap
 
 
 def _act(z: np.ndarray, act: int) -> np.ndarray:
@@ -45,6 +73,7 @@ def bias_act_forward(y: np.ndarray, bias: np.ndarray, out: np.ndarray, act: int)
     out[...] = _act(y + bias, act)
 
 
+@members(2, 2, 2, 1)
 def bias_act_backward(dout: np.ndarray, out: np.ndarray, dz: np.ndarray, dbias: np.ndarray, act: int) -> None:
     """``dz = dout * act'(out)``, ``dbias = sum_b dz[b]``.
 
@@ -55,6 +84,7 @@ def bias_act_backward(dout: np.ndarray, out: np.ndarray, dz: np.ndarray, dbias: 
     dbias[...] = g.sum(axis=0)
 
 
+@members(2, 2, 2)
 def act_backward(dout: np.ndarray, out: np.ndarray, dz: np.ndarray, act: int) -> None:
     """``dz = dout * act'(out)`` (:func:`bias_act_backward` without ``dbias``); ``dz`` may alias ``dout``."""
     dz[...] = _act_grad(dout, out, act)
@@ -103,6 +133,7 @@ def layernorm_backward_params(dout, out, x, mean, rstd, dgamma, dbeta, act: int)
     dbeta[...] = dy.sum(axis=0)
 
 
+@members(2, 3)
 def dueling_forward(va: np.ndarray, logits: np.ndarray) -> None:
     """Dueling combine per atom (Wang et al. 2016, applied to C51 logits).
 
@@ -119,6 +150,7 @@ def dueling_forward(va: np.ndarray, logits: np.ndarray) -> None:
     logits[...] = (v[:, None, :] + adv) - (s / va.dtype.type(A))[:, None, :]
 
 
+@members(3, 2)
 def dueling_backward(dlogits: np.ndarray, dva: np.ndarray, accumulate: bool = False) -> None:
     """``dV[b, z] = sum_a dL[b, a, z]``; ``dAdv[b, a, z] = dL[b, a, z] - dV[b, z] / A``. dva ``[B, (1+A) Z]``
     (written, or with ``accumulate`` added into)."""

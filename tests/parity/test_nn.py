@@ -215,6 +215,75 @@ def test_state_dict_carries_the_spectral_vectors(rng):
         QNetwork(8, 3, hidden=(5, 4), seed=1, max_batch=2).load_state_dict(a.state_dict())
 
 
+# --- the member axis (a population's agents): member i is a single call on its entries ---------------
+def _member_ops(act: int) -> tuple:
+    """(op, its array arguments' shapes by code, aliases {index: the index it is}, its other arguments) of
+    each nn op with a member axis; an alias is an in-place call (dz is dout, as the layers run it)."""
+    rows = ("BN", "BN", "BN")
+    return (
+        ("bias_act_backward", (*rows, "N"), {}, (act,)),
+        ("bias_act_backward", (*rows, "N"), {2: 0}, (act,)),
+        ("act_backward", rows, {}, (act,)),
+        ("act_backward", rows, {2: 0}, (act,)),
+        ("dueling_forward", ("BV", "BAZ"), {}, ()),
+        ("dueling_backward", ("BAZ", "BV"), {}, (False,)),
+        ("dueling_backward", ("BAZ", "BV"), {}, (True,)),  # accumulate: dva's values are read too
+    )
+
+
+def _member_axis_is_single_calls(xp, mod, rng, P, shape, act, padded):
+    """Run each op of :func:`_member_ops` once over P members (entries padded apart as the stacked network's,
+    or packed) and assert member i's outputs equal one single call of ``mod``'s op on copies of its entries."""
+    from cudarl.nn.params import stacked_zeros
+
+    B, N, A, Z = shape
+    shapes = {"BN": (B, N), "N": (N,), "BV": (B, (1 + A) * Z), "BAZ": (B, A, Z)}
+    for op, codes, alias, extra in _member_ops(act):
+        arrays = []
+        for k, c in enumerate(codes):
+            if k in alias:
+                arrays.append(arrays[alias[k]])
+                continue
+            a = stacked_zeros(xp, P, shapes[c]) if padded else xp.zeros((P, *shapes[c]), dtype=np.float32)
+            a[...] = xp.asarray(rng.standard_normal(a.shape).astype(np.float32))
+            arrays.append(a)
+        singles = []
+        for i in range(P):
+            one = []
+            for k, a in enumerate(arrays):
+                one.append(one[alias[k]] if k in alias else a[i].copy())
+            singles.append(one)
+        getattr(mod, op)(*arrays, *extra)
+        for i, one in enumerate(singles):
+            getattr(mod, op)(*one, *extra)
+            for k, a in enumerate(arrays):
+                assert_bitwise(a[i], one[k], what=f"{op} {extra} member {i} of {P}, argument {k}")
+
+
+@pytest.mark.parametrize("P", [1, 3])
+@pytest.mark.parametrize("act", [0, 1, 2])
+def test_twins_member_axis_is_single_calls(rng, P, act):
+    _member_axis_is_single_calls(np, ref, rng, P, (5, 7, 3, 4), act, padded=True)
+
+
+def test_member_axis_all_or_none():
+    """A launcher and a twin take every array with the member axis or none; the launcher hands the kernel
+    entry 0 and each array's member stride in elements."""
+    from cudarl.nn.params import stacked_zeros
+    from cudarl.ops import nn as ops
+
+    dout, db = stacked_zeros(np, 3, (5, 7)), stacked_zeros(np, 3, (7,))
+    P, entries, strides = ops._members("w", (dout, 2), (db, 1))
+    assert P == 3 and [e.shape for e in entries] == [(5, 7), (7,)] and strides == (64, 64)
+    assert ops._members("w", (dout[0], 2), (db[0], 1))[::2] == (1, (0, 0))
+    with pytest.raises(ValueError, match="member axis or none"):
+        ops._members("w", (dout, 2), (db[0], 1))
+    with pytest.raises(ValueError, match="the same in every array"):
+        ops._members("w", (dout, 2), (db[:2], 1))
+    with pytest.raises(ValueError, match="member axis or none"):
+        ref.bias_act_backward(dout, dout, dout, db[0], 1)
+
+
 # --- GPU: op parity ---------------------------------------------------------------------------
 # The reference runs in float64 on the same float32 inputs and is rounded once to float32, so the
 # tolerance measures the kernel's own rounding, not NumPy's float32 summation order.
@@ -402,6 +471,19 @@ def test_gpu_plan_loss(cp, rng, B, A):
         assert not gdp.get().any()
     assert_bitwise(gst[:1], st[:1], what="gate open share")  # counts: exact
     assert_parity(gst[1:], st[1:], what="mean scale")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("P", [1, 3, 64])
+@pytest.mark.parametrize("shape", [(1, 1, 1, 1), (7, 33, 3, 51), (512, 256, 3, 51)])
+@pytest.mark.parametrize("act", [0, 1, 2])
+@pytest.mark.parametrize("padded", [True, False])
+def test_gpu_member_axis_is_single_launches_bitwise(cp, rng, P, shape, act, padded):
+    """The bias/activation backward and dueling kernels with a member axis (blockIdx.y the member) give
+    member i the bits of a single launch on its entries; P = 1 is the single launch."""
+    from cudarl.ops import nn as ops
+
+    _member_axis_is_single_calls(cp, ops, rng, P, shape, act, padded)
 
 
 # --- GPU: the whole network ----------------------------------------------------------------------
