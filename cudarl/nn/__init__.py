@@ -2,7 +2,8 @@
 
 ``ParamLayout`` (flat layout + Philox initialisation), ``Workspace`` (preallocated
 activations), layers (``Linear``, ``LayerNorm``, ``MLP``), encoders (:data:`ENCODERS`), heads
-(``C51Head``, ``IQNHead``, ``QRHead``, ``PlanHead``) and ``QNetwork``. Kernels: ``cuda_src/nn.cu``;
+(``C51Head``, ``IQNHead``, ``QRHead``, ``PlanHead``), ``QNetwork`` and ``StackedQNetwork`` (P members of
+the reference network with a leading member axis). Kernels: ``cuda_src/nn.cu``;
 NumPy twin: ``cudarl.reference.nn``.
 """
 
@@ -11,6 +12,7 @@ from .heads import C51Head, Head, IQNHead, PlanHead, QRHead
 from .layers import MLP, LayerNorm, Linear, Module
 from .network import QNetwork
 from .params import ALIGN, ParamLayout, Workspace, matmul
+from .stacked import StackedQNetwork, StackedWorkspace
 
 __all__ = [
     "ALIGN",
@@ -27,6 +29,8 @@ __all__ = [
     "PlanHead",
     "QNetwork",
     "QRHead",
+    "StackedQNetwork",
+    "StackedWorkspace",
     "Workspace",
     "matmul",
 ]

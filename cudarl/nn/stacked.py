@@ -1,0 +1,243 @@
+"""``StackedQNetwork``: P members of the reference network with a leading member axis on every buffer.
+
+The reference network is an MLP encoder (``net.hidden``, no LayerNorm) and the dueling C51 head, with
+``net.gemm = "cublaslt_nosplit"``. Its population form (issue 23, docs/perf-notes.md, "The agent axis,
+in stages", stage 2) stacks P members' flat parameter and gradient buffers as one ``[P, padded_size]``
+array: row ``i`` is exactly the flat buffer of a :class:`cudarl.nn.QNetwork` of the same configuration
+(the same :class:`cudarl.nn.params.ParamLayout`), so a member is copied to or from a single network
+bit for bit (:meth:`StackedQNetwork.load_member`, :meth:`StackedQNetwork.store_member`). The member
+stride, ``padded_size`` elements, is a multiple of :data:`cudarl.nn.params.ALIGN` floats (256 bytes),
+which :func:`cudarl.blas.gemm_lt_batched` asks of a batch so every entry keeps entry 0's plan.
+
+A forward or backward runs every member at once: each Linear's forward is one strided-batched cuBLASLt
+GEMM with its bias and activation in the epilogue, each dx one batched GEMM, and the bias/activation
+backward and dueling kernels one launch with the member as ``blockIdx.y`` (``cuda_src/nn.cu``). Member
+``i`` of a forward or backward equals the single network with member ``i``'s parameters, bit for bit:
+each batched operation is P copies of the single operation (the NumPy twins loop over members).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+
+from .. import blas
+from ..backend import family
+from ..config import NetConfig
+from .layers import Linear
+from .network import QNetwork, _declare, _modules, _walk
+from .params import Workspace, matmul, member_view, stacked_zeros
+
+#: The one ``net.gemm`` whose GEMMs a batch can reproduce: the forward and dx as one-kernel cuBLASLt GEMMs.
+STACKED_GEMM = "cublaslt_nosplit"
+
+
+class StackedWorkspace(Workspace):
+    """A :class:`cudarl.nn.params.Workspace` of ``members`` members: ``add(name, row)`` allocates
+    ``[P, max_batch, *row]`` (:func:`cudarl.nn.params.stacked_zeros`: members a multiple of 256 bytes
+    apart) and ``rows(name, B)`` is ``[P, B, *row]``, each member's entry C-contiguous. Member ``i``'s
+    entries are a single network's workspace rows."""
+
+    def __init__(self, xp, dtype, members: int, max_batch: int):
+        if int(members) < 1:
+            raise ValueError(f"members must be >= 1, got {members}")
+        self.members = int(members)
+        super().__init__(xp, dtype, max_batch)
+
+    def _zeros(self, shape: tuple, dtype):
+        return stacked_zeros(self.xp, self.members, shape, dtype)
+
+    def add(self, name: str, row_shape, dtype=None, merge: bool = False):
+        if merge:
+            raise ValueError(f"{name}: a stacked workspace has no merged rows (the reference network has none)")
+        return super().add(name, row_shape, dtype=dtype)
+
+    def rows(self, name: str, B: int | None = None):
+        return self.bufs[name][:, : self.batch if B is None else B]
+
+
+def _reference_network(net: NetConfig) -> None:
+    """Refuse a configuration the stacked network does not build (only the reference network's)."""
+    unsupported = {
+        "encoder": net.encoder != "mlp",
+        "head": net.head != "c51",
+        "layernorm": net.layernorm,
+        "spectral": bool(net.spectral),
+        "plan": net.plan,
+        "gemm": net.gemm != STACKED_GEMM,
+    }
+    bad = sorted(k for k, v in unsupported.items() if v)
+    if bad:
+        raise ValueError(
+            f"StackedQNetwork builds the reference network only (encoder 'mlp' without layernorm, head 'c51', "
+            f"no spectral norm, no plan head, gemm {STACKED_GEMM!r}: the GEMMs a batch reproduces); not {bad}"
+        )
+
+
+class StackedQNetwork:
+    """P members of the reference network (MLP encoder, dueling C51 head) in stacked buffers.
+
+    Args:
+        n_in: input features (the flattened window).
+        n_actions: actions.
+        net: the :class:`cudarl.config.NetConfig` (keyword ``fields`` override it, as for
+            :class:`cudarl.nn.QNetwork`); the reference network only (``encoder="mlp"``, no
+            ``layernorm``, ``head="c51"``, no ``spectral``, no ``plan``, ``gemm="cublaslt_nosplit"``).
+        members: P.
+        xp: backend (float32 only).
+        max_batch: rows per member of the default workspace :attr:`ws` (None: none).
+        seeds: P Philox seeds, member ``i`` initialised as ``QNetwork(..., seed=seeds[i])`` (default
+            ``0 .. P-1``).
+
+    Buffers: :attr:`params` and :attr:`grads`, float32 ``[P, layout.padded_size]`` (row ``i``: member
+    ``i``'s flat buffer in the single network's :attr:`layout`); :attr:`P` and :attr:`G` their named
+    views ``[P, *shape]`` (``P["enc.0.weight"]`` is ``[P, n_in, hidden[0]]``).
+
+    Plans: :meth:`new_workspace` makes the cuBLASLt plans of a forward and backward over its
+    ``max_batch`` rows for an input in its ``"x"`` rows (:meth:`input`), so both can be captured
+    without an eager run; an input with other member strides makes its plan at its first eager call.
+
+    The weight gradients run per member: under ``cublaslt_nosplit`` the single network's dW GEMMs are
+    cuBLAS with split-K (K is the batch; in ``Linear._dx``'s note the split pair was faster than any
+    one-kernel algorithm), which a strided-batched one-kernel GEMM cannot reproduce, so :meth:`backward`
+    calls the single network's dW GEMM for each member in turn and member ``i`` keeps the single
+    network's bits. Whether the single network's dW should move to one-kernel cuBLASLt (a one-time
+    change of its bits) so that dW batches too is decided by measurement: the single train step with
+    one-kernel dW (``tools/bench_step.py``) against today's, and the stacked backward at P = 64 with
+    batched against per-member dW (docs/perf-notes.md, "The agent axis, in stages", stage 2).
+    """
+
+    def __init__(
+        self,
+        n_in: int,
+        n_actions: int,
+        net: NetConfig | None = None,
+        *,
+        members: int,
+        xp=np,
+        max_batch: int | None = 512,
+        seeds=None,
+        **fields,
+    ):
+        net = replace(net or NetConfig(), **fields) if fields else (net or NetConfig())
+        _reference_network(net)
+        self.xp, self.config, self.members = xp, net, int(members)
+        self.n_in, self.n_actions = int(n_in), int(n_actions)
+        seeds = list(range(self.members)) if seeds is None else [int(s) for s in seeds]
+        if self.members < 1 or len(seeds) != self.members:
+            raise ValueError(f"StackedQNetwork: {members} members and {len(seeds)} seeds")
+        _, self.encoder, self.head, _ = _modules(self.n_in, self.n_actions, net, None, None)
+        self.layout, self._ws_spec = _declare([self.encoder, self.head])
+        #: the Linear layers in forward order (the encoder's, then the head's ``va``); unbound, they
+        #: describe the shapes and GEMM options
+        self.linears = [m for m in _walk([self.encoder, self.head]) if isinstance(m, Linear)]
+        host = np.stack([self.layout.init_host(s, np.float32) for s in seeds])
+        self.params = xp.asarray(host)
+        self.grads = xp.zeros_like(self.params)
+        self.P, self.G = self.views(self.params), self.views(self.grads)
+        self.ops = family("nn", xp)
+        self.ws = self.new_workspace(max_batch) if max_batch is not None else None
+
+    def views(self, buf) -> dict:
+        """``{name: [P, *shape] view}`` of a ``[P, layout.padded_size]`` buffer (no copies)."""
+        if tuple(buf.shape) != (self.members, self.layout.padded_size):
+            raise ValueError(f"stacked buffer must be [{self.members}, {self.layout.padded_size}], got {buf.shape}")
+        return {e.name: member_view(self.xp, buf, e.offset, e.shape) for e in self.layout.entries}
+
+    def _same_layout(self, net: QNetwork) -> None:
+        if net.layout.entries != self.layout.entries or net.params.dtype != self.params.dtype:
+            raise ValueError("a single network of another layout or dtype than the members'")
+
+    def load_member(self, i: int, net: QNetwork) -> None:
+        """Member ``i``'s parameters := ``net``'s (a :class:`cudarl.nn.QNetwork` of the same layout and
+        backend), bit for bit."""
+        self._same_layout(net)
+        self.params[i] = net.params
+
+    def store_member(self, i: int, net: QNetwork) -> None:
+        """``net``'s parameters := member ``i``'s, bit for bit (into ``net``'s buffer, same address)."""
+        self._same_layout(net)
+        net.params[...] = self.params[i]
+
+    def new_workspace(self, max_batch: int) -> StackedWorkspace:
+        """A :class:`StackedWorkspace` for batches up to ``max_batch`` rows per member, with the input rows
+        ``"x"`` (:meth:`input`) beside the layers'; on the GPU it also makes the cuBLASLt plans of a forward
+        and a backward over ``max_batch`` rows on it (before any capture)."""
+        ws = StackedWorkspace(self.xp, np.float32, self.members, max_batch)
+        ws.add("x", (self.n_in,))
+        for name, row, merge in self._ws_spec:
+            ws.add(name, row, merge=merge)
+        if not isinstance(self.params, np.ndarray):
+            self._prepare(ws, max_batch)
+        return ws
+
+    def input(self, ws: StackedWorkspace | None = None, B: int | None = None):
+        """The workspace's input rows ``[P, B, n_in]`` (B: its ``max_batch``), the input the plans of
+        :meth:`new_workspace` were made for: write the members' observations here."""
+        ws = ws or self.ws
+        return ws.bufs["x"][:, : ws.max_batch if B is None else B]
+
+    def _layers(self, ws: StackedWorkspace, x, dx=None):
+        """``(layer, its input, the rows its dx goes to)`` of each Linear, forward order, for the input ``x``
+        ``[P, B, n_in]`` and its gradient ``dx`` (None: none) over ``B`` rows of ``ws``."""
+        B = x.shape[1]
+        below = [(x, dx)] + [(ws.rows(f"{a.name}.out", B), ws.rows(f"{a.name}.dout", B)) for a in self.linears[:-1]]
+        return [(lin, a, d) for lin, (a, d) in zip(self.linears, below, strict=True)]
+
+    def _prepare(self, ws: StackedWorkspace, B: int) -> None:
+        """The batched cuBLASLt plans of a forward and backward over ``B`` rows of ``ws`` (GPU)."""
+        elems = lambda a: a.strides[0] // a.itemsize  # noqa: E731
+        for lin, x, dx in self._layers(ws, self.input(ws, B)):
+            W, bias, y = self.P[f"{lin.name}.weight"], self.P[f"{lin.name}.bias"], ws.rows(f"{lin.name}.out", B)
+            opts = {"batch": self.members, "tf32": lin.tf32, "split_k": False}
+            blas.gemm_lt_prepare(
+                B, lin.n_out, lin.n_in, bias=bias, act=lin.lt_act, strides=(elems(x), elems(W), elems(y)), **opts
+            )
+            if dx is not None:
+                dy = ws.rows(f"{lin.name}.dout", B)
+                strides = (elems(dy), elems(W), elems(dx))
+                blas.gemm_lt_prepare(B, lin.n_in, lin.n_out, trans_b=True, strides=strides, **opts)
+
+    def forward(self, x, ws: StackedWorkspace | None = None, raw_head: bool = False):
+        """x float32 ``[P, B, n_in]`` (each member's rows C-contiguous; on the GPU members a multiple of 16
+        bytes apart, e.g. :meth:`input`) -> logits ``[P, B, A, atoms]`` in ``ws`` (``raw_head``: the head's
+        ``va [P, B, (1 + A) atoms]`` before the dueling combine; :meth:`backward` then starts from dL/dva).
+        Writes every layer's ``out`` rows of ``ws``."""
+        ws = ws or self.ws
+        ws.set_batch(x.shape[1])
+        ws.x, ws.raw_head = x, bool(raw_head)
+        h = x
+        for lin in self.linears:
+            y = ws.rows(f"{lin.name}.out")
+            W, bias = self.P[f"{lin.name}.weight"], self.P[f"{lin.name}.bias"]
+            blas.gemm_lt_batched(h, W, y, bias=bias, act=lin.lt_act, tf32=lin.tf32)
+            h = y
+        if raw_head:
+            return h
+        logits = ws.rows(f"{self.head.name}.logits")
+        self.ops.dueling_forward(h, logits)
+        return logits
+
+    def grad_output(self, ws: StackedWorkspace | None = None, raw_head: bool = False):
+        """The buffer the loss writes dL/dlogits into, ``[P, B, A, atoms]`` (``raw_head``: dL/dva
+        ``[P, B, (1 + A) atoms]``)."""
+        ws = ws or self.ws
+        return ws.rows(self.head.raw_grad_name() if raw_head else self.head.grad_name)
+
+    def backward(self, ws: StackedWorkspace | None = None, dx=None) -> None:
+        """Overwrite :attr:`grads` from :meth:`grad_output` of the last forward over ``ws`` (raw or not as
+        that forward was); ``dx`` float32 ``[P, B, n_in]`` (optional) gets dL/dx. Consumes the ``dout``
+        rows of ``ws``. Per layer, from the head down: the bias/activation backward (one launch for every
+        member), the weight gradient per member (see the class docstring), dx as one batched GEMM."""
+        ws = ws or self.ws
+        if not ws.raw_head:
+            self.ops.dueling_backward(ws.rows(self.head.grad_name), ws.rows(self.head.raw_grad_name()))
+        for lin, x, below in reversed(self._layers(ws, ws.x, dx)):
+            y, dy = ws.rows(f"{lin.name}.out"), ws.rows(f"{lin.name}.dout")
+            self.ops.bias_act_backward(dy, y, dy, self.G[f"{lin.name}.bias"], lin.act)
+            gw = self.G[f"{lin.name}.weight"]
+            for i in range(self.members):
+                matmul(x[i], dy[i], gw[i], trans_a=True, tf32=lin.tf32)
+            if below is not None:
+                blas.gemm_lt_batched(dy, self.P[f"{lin.name}.weight"], below, trans_b=True, tf32=lin.tf32)

@@ -1,0 +1,163 @@
+"""``StackedQNetwork``: P members of the reference network with a leading member axis (issue 23, stage 2).
+
+Member ``i`` of a stacked forward and backward is the single ``QNetwork`` with member ``i``'s parameters,
+bit for bit: on the CPU at P = 1 and 3 (the twins loop over members), on the GPU at P = 1, 3 and 64
+(batched cuBLASLt GEMMs and the member-axis kernels against P single networks), and a captured stacked
+forward + backward replays the eager run's bits.
+"""
+
+import numpy as np
+import pytest
+
+from cudarl.nn import QNetwork, StackedQNetwork, StackedWorkspace
+from cudarl.nn.params import ALIGN, stacked_zeros
+from cudarl.testing import assert_bitwise, poison
+
+SMALL = {"hidden": (32, 16), "atoms": 11}  # the CPU's members: a small reference network
+REFERENCE = {"hidden": (256, 256), "atoms": 51}  # the reference workload's network
+N_ACTIONS = 3
+
+
+def _stacked_and_singles(xp, P: int, n_in: int, max_batch: int, net_kw: dict, seeds=None):
+    """A stacked network of P members and the P single networks of the same seeds."""
+    seeds = list(range(11, 11 + P)) if seeds is None else seeds
+    stacked = StackedQNetwork(n_in, N_ACTIONS, members=P, xp=xp, max_batch=max_batch, seeds=seeds, **net_kw)
+    singles = [QNetwork(n_in, N_ACTIONS, xp=xp, max_batch=max_batch, seed=s, **net_kw) for s in seeds]
+    return stacked, singles
+
+
+def _assert_members_are_singles(xp, rng, stacked, singles, B: int, raw_head: bool = False, with_dx: bool = True):
+    """One forward and backward of ``stacked`` on random inputs and output gradients, the same of each
+    single network on its member's; member i's output, parameter gradients and dx equal network i's."""
+    P, n_in = stacked.members, stacked.n_in
+    x = stacked.input(B=B)
+    x[...] = xp.asarray(rng.standard_normal(x.shape).astype(np.float32))
+    poison(stacked.grads)
+    out = stacked.forward(x, raw_head=raw_head)
+    g = stacked.grad_output(raw_head=raw_head)
+    g[...] = xp.asarray(rng.standard_normal(g.shape).astype(np.float32))
+    want = []
+    for i, net in enumerate(singles):  # before the stacked backward, which consumes the gradient rows
+        q = net.forward(x[i].copy(), raw_head=raw_head)["q"]
+        net.grad_outputs(raw_head=raw_head)["q"][...] = g[i]
+        poison(net.grads)
+        d = xp.full((B, n_in), np.nan, dtype=np.float32) if with_dx else None
+        net.backward(dx=d)
+        want.append((q, net.grads, d))
+    dx = None
+    if with_dx:
+        dx = stacked_zeros(xp, P, (B, n_in))
+        poison(dx)
+    stacked.backward(dx=dx)
+    for i, (q, grads, d) in enumerate(want):
+        assert_bitwise(out[i], q, what=f"member {i} of {P}: {'va' if raw_head else 'logits'}")
+        assert_bitwise(stacked.grads[i], grads, what=f"member {i} of {P}: gradients")
+        if with_dx:
+            assert_bitwise(dx[i], d, what=f"member {i} of {P}: dx")
+
+
+# --- CPU -------------------------------------------------------------------------------------------------
+def test_member_rows_are_single_network_buffers():
+    """Row i of the stacked parameters is QNetwork(seed=seeds[i])'s flat buffer; rows are 256 bytes apart
+    (a multiple); the named views are views; a member copies to and from a single network bit for bit."""
+    stacked, singles = _stacked_and_singles(np, 3, 10, 8, SMALL, seeds=[5, 9, 2])
+    assert stacked.layout.entries == singles[0].layout.entries
+    assert stacked.params.shape == (3, singles[0].layout.padded_size)
+    assert stacked.params.strides[0] % (ALIGN * 4) == 0 and stacked.grads.strides[0] % (ALIGN * 4) == 0
+    for i, net in enumerate(singles):
+        assert_bitwise(stacked.params[i], net.params, what=f"member {i}'s initial parameters")
+        for name, view in stacked.P.items():
+            assert view.shape == (3, *net.P[name].shape) and np.shares_memory(view, stacked.params)
+            assert_bitwise(view[i], net.P[name], what=f"member {i}'s {name}")
+    stacked.P["enc.1.bias"][1, 0] = 7.0  # a write through a view lands in member 1's row at the layout's offset
+    assert stacked.params[1, stacked.layout["enc.1.bias"].offset] == 7.0
+    stacked.store_member(1, singles[0])
+    assert_bitwise(singles[0].params, stacked.params[1], what="stored member")
+    stacked.load_member(2, singles[0])
+    assert_bitwise(stacked.params[2], stacked.params[1], what="loaded member")
+    with pytest.raises(ValueError, match="another layout"):
+        stacked.load_member(0, QNetwork(10, N_ACTIONS, hidden=(32,), atoms=11))
+
+
+@pytest.mark.parametrize("P", [1, 3])
+@pytest.mark.parametrize("raw_head", [False, True])
+@pytest.mark.parametrize("with_dx", [False, True])
+def test_members_equal_single_networks(rng, P, raw_head, with_dx):
+    stacked, singles = _stacked_and_singles(np, P, 10, 9, SMALL)
+    _assert_members_are_singles(np, rng, stacked, singles, B=7, raw_head=raw_head, with_dx=with_dx)
+
+
+def test_members_stay_single_networks_over_a_second_batch(rng):
+    """A second forward and backward on other rows (and a smaller batch) over the same workspace."""
+    stacked, singles = _stacked_and_singles(np, 3, 10, 9, SMALL)
+    _assert_members_are_singles(np, rng, stacked, singles, B=9)
+    _assert_members_are_singles(np, rng, stacked, singles, B=1)
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [{"layernorm": True}, {"head": "iqn"}, {"spectral": ("enc.0",)}, {"plan": True}, {"gemm": "cublas"}],
+)
+def test_only_the_reference_network_is_stacked(fields):
+    with pytest.raises(ValueError, match="reference network only"):
+        StackedQNetwork(10, N_ACTIONS, members=2, **SMALL, **fields)
+
+
+def test_workspace_rows_are_members_of_single_rows():
+    ws = StackedWorkspace(np, np.float32, 3, 5)
+    ws.add("a", (7,))
+    ws.set_batch(4)
+    rows = ws.rows("a")
+    assert rows.shape == (3, 4, 7) and rows.strides[0] % (ALIGN * 4) == 0
+    assert all(rows[i].flags.c_contiguous for i in range(3))
+    with pytest.raises(ValueError, match="no merged rows"):
+        ws.add("b", (2, 3), merge=True)
+
+
+# --- GPU -------------------------------------------------------------------------------------------------
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "P,B,tf32", [(1, 512, False), (3, 7, False), (3, 512, False), (3, 512, True), (64, 512, False)]
+)
+def test_gpu_members_equal_single_networks_bitwise(cp, rng, P, B, tf32):
+    """The reference network (66 inputs: 64 features + 2 of position; 256-256; 51 atoms): batched
+    cuBLASLt forwards and dx, per-member cuBLAS dW, the member-axis kernels, against P single networks."""
+    stacked, singles = _stacked_and_singles(cp, P, 66, 512, {**REFERENCE, "tf32": tf32})
+    _assert_members_are_singles(cp, rng, stacked, singles, B=B)
+    if P == 3 and B == 512 and not tf32:
+        _assert_members_are_singles(cp, rng, stacked, singles, B=B, raw_head=True, with_dx=False)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("P", [3, 64])
+def test_gpu_stacked_graphed_equals_eager_bitwise(cp, rng, P):
+    """One stacked forward + backward captured before any eager run (the plans come from new_workspace):
+    the replay and a later eager run give the same logits, gradients and dx, bit for bit."""
+    from cudarl.graph import StepGraph
+
+    B = 512
+    stacked = StackedQNetwork(66, N_ACTIONS, members=P, xp=cp, max_batch=B, **REFERENCE)
+    x = stacked.input()
+    x[...] = cp.asarray(rng.standard_normal(x.shape).astype(np.float32))
+    g = cp.asarray(rng.standard_normal((P, B, N_ACTIONS, REFERENCE["atoms"])).astype(np.float32))
+    dx = stacked_zeros(cp, P, (B, 66))
+    outs = {}
+
+    def step():
+        outs["logits"] = stacked.forward(x)
+        cp.copyto(stacked.grad_output(), g)  # a device-to-device copy, no allocation
+        stacked.backward(dx=dx)
+
+    graph = StepGraph(f"stacked_net_{P}", [("fwd_bwd", step)], xp=cp)
+    graph.capture()
+    results = {}
+    for what, run in (("graphed", graph.replay), ("eager", graph.run_eager)):
+        for buf in (stacked.grads, dx, stacked.ws.bufs["head.logits"]):
+            poison(buf)
+        cp.cuda.Device().synchronize()
+        run()
+        cp.cuda.Device().synchronize()
+        results[what] = {"logits": outs["logits"].get(), "grads": stacked.grads.get(), "dx": dx.get()}
+    for k, v in results["graphed"].items():
+        assert_bitwise(v, results["eager"][k], what=f"P = {P}: graphed vs eager {k}")
+    assert np.isfinite(results["graphed"]["grads"]).all()
