@@ -178,9 +178,10 @@ class StackedQNetwork:
         ws = ws or self.ws
         return ws.bufs["x"][:, : ws.max_batch if B is None else B]
 
-    def _layers(self, ws: StackedWorkspace, x, dx=None):
-        """``(layer, its input, the rows its dx goes to)`` of each Linear, forward order, for the input ``x``
-        ``[P, B, n_in]`` and its gradient ``dx`` (None: none) over ``B`` rows of ``ws``."""
+    def layer_rows(self, ws: StackedWorkspace, x, dx=None) -> list:
+        """``(layer, its input [P, B, n_in], the rows its dx goes to)`` of each :class:`cudarl.nn.Linear` in
+        forward order, for the input ``x`` ``[P, B, n_in]`` and its gradient ``dx`` (None: none) over the
+        ``B`` rows of ``ws`` (the layer's own rows are ``ws.rows(f"{layer.name}.out")`` and ``.dout``)."""
         B = x.shape[1]
         below = [(x, dx)] + [(ws.rows(f"{a.name}.out", B), ws.rows(f"{a.name}.dout", B)) for a in self.linears[:-1]]
         return [(lin, a, d) for lin, (a, d) in zip(self.linears, below, strict=True)]
@@ -188,7 +189,7 @@ class StackedQNetwork:
     def _prepare(self, ws: StackedWorkspace, B: int) -> None:
         """The batched cuBLASLt plans of a forward and backward over ``B`` rows of ``ws`` (GPU)."""
         elems = lambda a: a.strides[0] // a.itemsize  # noqa: E731
-        for lin, x, dx in self._layers(ws, self.input(ws, B)):
+        for lin, x, dx in self.layer_rows(ws, self.input(ws, B)):
             W, bias, y = self.P[f"{lin.name}.weight"], self.P[f"{lin.name}.bias"], ws.rows(f"{lin.name}.out", B)
             opts = {"batch": self.members, "tf32": lin.tf32, "split_k": False}
             blas.gemm_lt_prepare(
@@ -233,7 +234,7 @@ class StackedQNetwork:
         ws = ws or self.ws
         if not ws.raw_head:
             self.ops.dueling_backward(ws.rows(self.head.grad_name), ws.rows(self.head.raw_grad_name()))
-        for lin, x, below in reversed(self._layers(ws, ws.x, dx)):
+        for lin, x, below in reversed(self.layer_rows(ws, ws.x, dx)):
             y, dy = ws.rows(f"{lin.name}.out"), ws.rows(f"{lin.name}.dout")
             self.ops.bias_act_backward(dy, y, dy, self.G[f"{lin.name}.bias"], lin.act)
             gw = self.G[f"{lin.name}.weight"]
