@@ -104,8 +104,9 @@ class StackedQNetwork:
     calls the single network's dW GEMM for each member in turn and member ``i`` keeps the single
     network's bits. Whether the single network's dW should move to one-kernel cuBLASLt (a one-time
     change of its bits) so that dW batches too is decided by measurement: the single train step with
-    one-kernel dW (``tools/bench_step.py``) against today's, and the stacked backward at P = 64 with
-    batched against per-member dW (docs/perf-notes.md, "The agent axis, in stages", stage 2).
+    one-kernel dW (``tools/bench_step.py``) against today's, and the share of the stacked forward +
+    backward at P = 64 that per-member dW takes against batched one-kernel dW (``tools/bench_stacked.py``;
+    docs/perf-notes.md, "The agent axis, in stages", stage 2).
     """
 
     def __init__(
