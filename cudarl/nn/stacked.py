@@ -188,9 +188,12 @@ class StackedQNetwork:
         return [(lin, a, d) for lin, (a, d) in zip(self.linears, below, strict=True)]
 
     def _prepare(self, ws: StackedWorkspace, B: int) -> None:
-        """The batched cuBLASLt plans of a forward and backward over ``B`` rows of ``ws`` (GPU)."""
+        """The batched cuBLASLt plans of a forward and backward over ``B`` rows of ``ws`` (GPU), the input's
+        gradient included for a ``dx`` laid out as ``stacked_zeros(xp, P, (B, n_in))`` (a capture without an
+        eager run first found no plan for it, on an H200, 2026-12-03)."""
         elems = lambda a: a.strides[0] // a.itemsize  # noqa: E731
-        for lin, x, dx in self.layer_rows(ws, self.input(ws, B)):
+        dx_in = stacked_zeros(self.xp, self.members, (B, self.n_in))  # only its strides are read
+        for lin, x, dx in self.layer_rows(ws, self.input(ws, B), dx_in):
             W, bias, y = self.P[f"{lin.name}.weight"], self.P[f"{lin.name}.bias"], ws.rows(f"{lin.name}.out", B)
             opts = {"batch": self.members, "tf32": lin.tf32, "split_k": False}
             blas.gemm_lt_prepare(
@@ -229,7 +232,9 @@ class StackedQNetwork:
 
     def backward(self, ws: StackedWorkspace | None = None, dx=None) -> None:
         """Overwrite :attr:`grads` from :meth:`grad_output` of the last forward over ``ws`` (raw or not as
-        that forward was); ``dx`` float32 ``[P, B, n_in]`` (optional) gets dL/dx. Consumes the ``dout``
+        that forward was); ``dx`` float32 ``[P, B, n_in]`` (optional) gets dL/dx (laid out as
+        :func:`cudarl.nn.params.stacked_zeros` makes it, its plan is made by :meth:`new_workspace`; another
+        layout's is made at its first eager call, outside any capture). Consumes the ``dout``
         rows of ``ws``. Per layer, from the head down: the bias/activation backward (one launch for every
         member), the weight gradient per member (see the class docstring), dx as one batched GEMM."""
         ws = ws or self.ws

@@ -664,5 +664,5 @@ def test_gpu_gemm_lt_batched_refuses_strides_that_would_change_an_entrys_plan(cp
     a, b, out = cp.zeros((P, m, k), np.float32), cp.zeros((P, k, n), np.float32), cp.empty((P, m, n), np.float32)
     with pytest.raises(blas.BlasError, match=r"bias's batch stride \(816 bytes\)"):
         blas.gemm_lt_batched(a, b, out, bias=cp.zeros((P, n), np.float32))
-    with pytest.raises(blas.BlasError, match="all NumPy arrays or all CuPy arrays"):
+    with pytest.raises(blas.BlasError, match="all be NumPy arrays or all CuPy arrays"):
         blas.gemm_lt_batched(a, np.zeros((P, k, n), np.float32), out)

@@ -160,4 +160,6 @@ def test_gpu_stacked_graphed_equals_eager_bitwise(cp, rng, P):
         results[what] = {"logits": outs["logits"].get(), "grads": stacked.grads.get(), "dx": dx.get()}
     for k, v in results["graphed"].items():
         assert_bitwise(v, results["eager"][k], what=f"P = {P}: graphed vs eager {k}")
-    assert np.isfinite(results["graphed"]["grads"]).all()
+    # every gradient the layout names is written (the padding between entries and members is not)
+    grads = cp.asarray(results["graphed"]["grads"])
+    assert all(bool(cp.isfinite(v).all()) for v in stacked.views(grads).values())
