@@ -6,6 +6,17 @@
 // The gradient norm is a two-stage, fixed-order reduction in double: bitwise reproducible.
 // clip_adam_soft does grad_norm, adam_update_soft and the publish of (loss, norm) in one launch
 // (a grid barrier between the partials and the update), with the bits of the three.
+//
+// The member axis (a population's agents, docs/perf-notes.md "The agent axis, in stages", stage 3):
+// grad_norm_partial, grad_norm_finalize, grad_norm, lr_schedule, adam_update, adam_update_soft,
+// clip_adam_soft, tau_schedule and soft_update take blockIdx.y as the member mb. The element buffers
+// (g, p, m, v, mask, target, online) are [P, s] rows: each advances by mb * s elements (the argument
+// s, one stride for all of them); the partials by mb * GN_BLOCKS, a ring by mb * 2 * slots, and each
+// device scalar (step, lr, m_scale, bc1, bc2, clip/scale, norm, tau, count, loss, the counters done
+// and barrier) by mb: [P] arrays. The x grid, the block and each thread's work and reduction order
+// are the single launch's, so member mb gets the bits of a single launch on its rows. One member
+// (gridDim.y = 1, mb = 0: every offset zero) is the single launch. The by-value constants (betas,
+// eps, wd, max_norm, the schedules' shapes) are one value for every member of a launch.
 #include <cudarl/philox.cuh>
 #include <cudarl/reduce.cuh>
 
@@ -37,9 +48,9 @@ __device__ double schedule_lr(i64 s, int kind, double lr_max, double lr_min, i64
 }  // namespace
 
 // ---- grad_norm_partial ----------------------------------------------------------------------
-// grid = GN_BLOCKS, block = GN_THREADS. Thread (k, t) sums g[i]^2 in double over
+// grid = (GN_BLOCKS, members), block = GN_THREADS. Thread (k, t) sums g[i]^2 in double over
 // i = k*256 + t + j*GN_BLOCKS*256 (j ascending), then a fixed tree per block -> partial[k].
-// Reads 4*n bytes, writes 8*GN_BLOCKS.
+// Reads 4*n bytes, writes 8*GN_BLOCKS (a member).
 namespace {
 
 __device__ __forceinline__ void gn_block_partial(const float* g, double* partial, i64 n, double* sh) {
@@ -71,17 +82,23 @@ __device__ __forceinline__ void gn_finish(double total, float* norm, float* scal
 
 }  // namespace
 
-extern "C" __global__ __launch_bounds__(GN_THREADS) void cudarl_optim_grad_norm_partial(const float* g, double* partial, i64 n) {
+extern "C" __global__ __launch_bounds__(GN_THREADS) void cudarl_optim_grad_norm_partial(const float* g, double* partial, i64 n,
+                                                                                       i64 s) {
   __shared__ double sh[GN_THREADS];
-  gn_block_partial(g, partial, n, sh);
+  const i64 mb = blockIdx.y;  // the member
+  gn_block_partial(g + mb * s, partial + mb * GN_BLOCKS, n, sh);
 }
 
 // ---- grad_norm_finalize ---------------------------------------------------------------------
-// One block of GN_BLOCKS threads: fixed tree over the partials, then gn_finish.
-// Reads 8*GN_BLOCKS bytes, writes 8.
+// One block of GN_BLOCKS threads per member: fixed tree over the partials, then gn_finish.
+// Reads 8*GN_BLOCKS bytes, writes 8 (a member).
 extern "C" __global__ __launch_bounds__(GN_BLOCKS) void cudarl_optim_grad_norm_finalize(const double* partial, float* norm,
                                                                                        float* scale, float max_norm) {
   __shared__ double sh[GN_BLOCKS];
+  const int mb = blockIdx.y;
+  partial += (i64)mb * GN_BLOCKS;
+  norm += mb;
+  scale += mb;
   sh[threadIdx.x] = partial[threadIdx.x];
   cudarl::block_tree_sum(sh, GN_BLOCKS);
   if (threadIdx.x == 0) gn_finish(sh[0], norm, scale, max_norm);
@@ -96,8 +113,14 @@ extern "C" __global__ __launch_bounds__(GN_BLOCKS) void cudarl_optim_grad_norm_f
 // Reads 4*n + 8*GN_BLOCKS bytes, writes 8*GN_BLOCKS + 8.
 extern "C" __global__ __launch_bounds__(GN_THREADS) void cudarl_optim_grad_norm(const float* g, double* partial, float* norm,
                                                                                float* scale, float max_norm,
-                                                                               unsigned int* done, i64 n) {
+                                                                               unsigned int* done, i64 n, i64 s) {
   __shared__ double sh[GN_THREADS];
+  const i64 mb = blockIdx.y;
+  g += mb * s;
+  partial += mb * GN_BLOCKS;
+  norm += mb;
+  scale += mb;
+  done += mb;  // a ticket per member: last_block counts the member's gridDim.x blocks
   gn_block_partial(g, partial, n, sh);
   if (cudarl::last_block(done)) {
     const int t = (int)threadIdx.x;
@@ -108,12 +131,18 @@ extern "C" __global__ __launch_bounds__(GN_THREADS) void cudarl_optim_grad_norm(
 }
 
 // ---- lr_schedule ------------------------------------------------------------------------------
-// One thread: step += 1 (t = step), lr = schedule(t - 1), m_scale (warm restarts), bias
+// One thread per member (block (0, mb)): step += 1 (t = step), lr = schedule(t - 1), m_scale (warm restarts), bias
 // corrections bc1 = 1 - beta1^t, bc2 = 1 - beta2^t, all in double, rounded once.
 extern "C" __global__ void cudarl_optim_lr_schedule(i64* step, float* lr, float* m_scale, float* bc1, float* bc2,
                                                     int kind, float lr_max, float lr_min, i64 warmup, i64 period, i64 mult,
                                                     float restart_m_scale, float beta1, float beta2) {
   if (blockIdx.x != 0 || threadIdx.x != 0) return;
+  const int mb = blockIdx.y;
+  step += mb;
+  lr += mb;
+  m_scale += mb;
+  bc1 += mb;
+  bc2 += mb;
   const i64 t = step[0] + 1;
   step[0] = t;
   bool restart;
@@ -183,6 +212,7 @@ struct AdamUpdateArgs {
   float* v;
   const unsigned char* mask;
   i64 n;
+  i64 s;
   const float* lr;
   const float* m_scale;
   const float* bc1;
@@ -204,8 +234,9 @@ __device__ __forceinline__ void adam_update_impl(float* p, const float* g, float
 }
 
 extern "C" __global__ void cudarl_optim_adam_update(const AdamUpdateArgs a) {
-  adam_update_impl(a.p, a.g, a.m, a.v, a.mask, a.n, a.lr, a.m_scale, a.bc1, a.bc2, a.clip, a.beta1, a.beta2, a.eps,
-                   a.wd);
+  const i64 mb = blockIdx.y, o = mb * a.s;
+  adam_update_impl(a.p + o, a.g + o, a.m + o, a.v + o, a.mask + o, a.n, a.lr + mb, a.m_scale + mb, a.bc1 + mb,
+                   a.bc2 + mb, a.clip + mb, a.beta1, a.beta2, a.eps, a.wd);
 }
 
 // ---- adam_update_soft ---------------------------------------------------------------------------
@@ -224,6 +255,7 @@ struct AdamUpdateSoftArgs {
   const unsigned char* mask;
   float* target;
   i64 n;
+  i64 s;
   const float* lr;
   const float* m_scale;
   const float* bc1;
@@ -249,8 +281,10 @@ __device__ __forceinline__ void adam_update_soft_impl(float* p, const float* g, 
 }
 
 extern "C" __global__ void cudarl_optim_adam_update_soft(const AdamUpdateSoftArgs a) {
-  adam_update_soft_impl(a.p, a.g, a.m, a.v, a.mask, a.target, a.n, a.lr, a.m_scale, a.bc1, a.bc2, a.clip, a.tau,
-                        a.beta1, a.beta2, a.eps, a.wd);
+  const i64 mb = blockIdx.y, o = mb * a.s;
+  adam_update_soft_impl(a.p + o, a.g + o, a.m + o, a.v + o, a.mask + o, a.target + o, a.n, a.lr + mb,
+                        a.m_scale + mb, a.bc1 + mb, a.bc2 + mb, a.clip + mb, a.tau + mb, a.beta1, a.beta2, a.eps,
+                        a.wd);
 }
 
 // ---- clip_adam_soft -----------------------------------------------------------------------------
@@ -277,6 +311,9 @@ extern "C" __global__ void cudarl_optim_adam_update_soft(const AdamUpdateSoftArg
 //     soft update. Each thread's first element (i = blockIdx.x*1024 + threadIdx.x, the element it
 //     squared first in stage 1 when the round is the first) is loaded before the barrier, so the
 //     update's reads overlap stage 1 and the barrier; nothing else in the launch writes it.
+// Members (grid.y = P): each member's G blocks run the above on its rows with its own counters
+// (done[mb], barrier[mb]: the barrier waits for the member's gridDim.x blocks), so all G*P blocks
+// must be resident at once: the launcher keeps G*P <= kernels.resident_grid_limit().
 // Reads about 24*n + 8*GN_BLOCKS*G bytes (+ scalars: g for the norm, then p, g, m, v and the target for
 // the update; each thread's first element once), writes 16*n + 8*GN_BLOCKS + 16.
 #define CAS_THREADS 1024
@@ -310,12 +347,34 @@ __device__ __forceinline__ double tree_gn(double* s, int t) {
 }  // namespace
 
 extern "C" __global__ __launch_bounds__(CAS_THREADS, 1) void cudarl_optim_clip_adam_soft(
-    float* p, const float* g, float* m, float* v, const unsigned char* mask, float* target, i64 n, double* partial,
-    float* norm, float* scale, float max_norm, const float* lr, const float* m_scale, const float* bc1,
-    const float* bc2, const float* tau, float* ring, const float* loss, const i64* step, int slots,
+    float* p, const float* g, float* m, float* v, const unsigned char* mask, float* target, i64 n, i64 s,
+    double* partial, float* norm, float* scale, float max_norm, const float* lr, const float* m_scale,
+    const float* bc1, const float* bc2, const float* tau, float* ring, const float* loss, const i64* step, int slots,
     unsigned int* done, unsigned int* barrier, float beta1, float beta2, float eps, float wd) {
   __shared__ double sh[CAS_THREADS];
   __shared__ float sh_clip;
+  {  // the member's rows, partials, ring slots and scalars (member 0: the pointers as given)
+    const i64 mb = blockIdx.y, o = mb * s;
+    p += o;
+    g += o;
+    m += o;
+    v += o;
+    mask += o;
+    target += o;
+    partial += mb * GN_BLOCKS;
+    ring += mb * 2 * (i64)slots;
+    norm += mb;
+    scale += mb;
+    lr += mb;
+    m_scale += mb;
+    bc1 += mb;
+    bc2 += mb;
+    tau += mb;
+    loss += mb;
+    step += mb;
+    done += mb;
+    barrier += mb;
+  }
   const int tid = (int)threadIdx.x, group = tid / GN_THREADS, t = tid % GN_THREADS;
   const i64 i0 = (i64)blockIdx.x * CAS_THREADS + tid;
 
@@ -404,9 +463,11 @@ extern "C" __global__ __launch_bounds__(CAS_THREADS, 1) void cudarl_optim_clip_a
 }
 
 // ---- tau_schedule -----------------------------------------------------------------------------
-// One thread: count += 1; tau = tau_end + (tau_start - tau_end)(1 + cos(pi min(c, T) / T)) / 2, c = count - 1.
+// One thread per member (block (0, mb)): count += 1; tau = tau_end + (tau_start - tau_end)(1 + cos(pi min(c, T) / T)) / 2, c = count - 1.
 extern "C" __global__ void cudarl_optim_tau_schedule(i64* count, float* tau, float tau_start, float tau_end, i64 period) {
   if (blockIdx.x != 0 || threadIdx.x != 0) return;
+  count += blockIdx.y;
+  tau += blockIdx.y;
   const i64 c1 = count[0] + 1;
   count[0] = c1;
   const i64 c = (c1 - 1) < period ? (c1 - 1) : period;
@@ -415,9 +476,13 @@ extern "C" __global__ void cudarl_optim_tau_schedule(i64* count, float* tau, flo
 }
 
 // ---- soft_update ------------------------------------------------------------------------------
-// target = tau*online + (1 - tau)*target, one thread per element. Reads 8*n + 4, writes 4*n.
-extern "C" __global__ void cudarl_optim_soft_update(float* target, const float* online, i64 n, const float* tau) {
-  const float t = tau[0], u = 1.f - t;
+// target = tau*online + (1 - tau)*target, one thread per element; grid.y = members. Reads 8*n + 4,
+// writes 4*n (a member).
+extern "C" __global__ void cudarl_optim_soft_update(float* target, const float* online, i64 n, const float* tau, i64 s) {
+  const i64 mb = blockIdx.y;
+  target += mb * s;
+  online += mb * s;
+  const float t = tau[mb], u = 1.f - t;
   for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < n; i += (i64)gridDim.x * blockDim.x)
     target[i] = soft_elem(t, u, online[i], target[i]);
 }

@@ -4,6 +4,15 @@ Shapes are checked here (and the dtypes of the counters and pointer tables the l
 cannot say), other dtypes and contiguity by ``kernels.launch``. Nothing here allocates,
 synchronises or reads a device value, so every launcher but :func:`shrink_perturb` (which
 refuses to run inside a capture) can be captured.
+
+The member axis (a population's agents, :class:`cudarl.optim.StackedAdam`): ``grad_norm_partial``,
+``grad_norm_finalize``, ``grad_norm``, ``lr_schedule``, ``adam_update``, ``adam_update_soft``,
+``clip_adam_soft``, ``tau_schedule`` and ``soft_update`` also take their arrays with a leading axis of
+``P`` members: the element buffers ``[P, n]`` (each member's row C-contiguous, every buffer the same
+member stride in elements), the partials ``[P, GN_BLOCKS]`` and a ring ``[P, 2 * slots]`` C-contiguous,
+and each device scalar ``[P]``. One launch whose ``blockIdx.y`` is the member gets each member the bits
+of a single launch on its rows; arrays without the member axis are the single launch (``gridDim.y`` 1,
+stride 0). The by-value constants are one value for every member.
 """
 
 from __future__ import annotations
@@ -16,6 +25,7 @@ from ..reference.optim import GN_BLOCKS, GN_THREADS
 
 _T = 256
 _MAX_GRID = 8192
+_MAX_MEMBERS = 65535  # gridDim.y's limit
 
 
 def _grid(n: int) -> int:
@@ -34,20 +44,75 @@ def _flat(where: str, n: int, **arrs) -> None:
             raise ValueError(f"{where}: {name} must be flat [{n}], got {a.shape}")
 
 
+def _rows(where: str, **arrs) -> tuple[int, dict, int, int]:
+    """``(P, entries, n, s)`` of element buffers: all flat ``[n]`` (one member: ``P`` 1, the arrays
+    themselves, stride 0) or all ``[P, n]`` with one member stride ``s`` in elements (entries: each
+    buffer's row 0), rows that do not overlap."""
+    first = next(iter(arrs.values()))
+    if all(a.ndim == 1 for a in arrs.values()):
+        _flat(where, first.shape[0], **arrs)
+        return 1, arrs, first.shape[0], 0
+    if not all(a.ndim == 2 for a in arrs.values()):
+        raise ValueError(
+            f"{where}: every buffer has the member axis or none does, got {[tuple(a.shape) for a in arrs.values()]}"
+        )
+    P, n = first.shape
+    if not 1 <= P <= _MAX_MEMBERS or any(a.shape != first.shape for a in arrs.values()):
+        raise ValueError(
+            f"{where}: 1 to {_MAX_MEMBERS} members of one length, got {[tuple(a.shape) for a in arrs.values()]}"
+        )
+    strides = {a.strides[0] / a.itemsize for a in arrs.values()}
+    s = strides.pop()
+    if strides or s != int(s) or (P > 1 and s < n):
+        raise ValueError(
+            f"{where}: every buffer's members one stride of whole elements, at least the row ({n}), got "
+            f"{[a.strides for a in arrs.values()]}"
+        )
+    return P, {k: a[0] for k, a in arrs.items()}, n, int(s)
+
+
+def _member_scalars(where: str, P: int, **arrs) -> None:
+    """Device scalars: ``[1]`` for one member, ``[P]`` (one per member) for ``P``."""
+    if P == 1:
+        _scalar(where, **arrs)
+        return
+    for name, a in arrs.items():
+        if a.shape != (P,):
+            raise ValueError(f"{where}: {name} must be [{P}], a device scalar per member, got shape {a.shape}")
+
+
+def _member_table(where: str, P: int, name: str, a, width: int):
+    """A per-member table (``partial [GN_BLOCKS]``, a ring): ``[width]`` for one member, ``[P, width]``
+    C-contiguous for ``P``; returns its row 0 (the array itself for one member)."""
+    if a.ndim == 1:
+        if P != 1 or a.shape[0] != width:
+            raise ValueError(f"{where}: {name} must be flat [{width}] (or [{P}, {width}]), got {a.shape}")
+        return a
+    if a.shape != (P, width) or a.strides != (width * a.itemsize, a.itemsize):
+        raise ValueError(f"{where}: {name} must be C-contiguous [{P}, {width}], got {a.shape} strides {a.strides}")
+    return a[0]
+
+
 def grad_norm_partial(g, partial) -> None:
-    """Stage 1: float64 ``partial [GN_BLOCKS]`` of sums of squares of flat float32 ``g``."""
-    _flat("optim.grad_norm_partial", GN_BLOCKS, partial=partial)
-    launch("optim", "grad_norm_partial", GN_BLOCKS, GN_THREADS, (g, partial, g.size))
+    """Stage 1: float64 ``partial [GN_BLOCKS]`` of sums of squares of flat float32 ``g`` (members: g
+    ``[P, n]``, partial ``[P, GN_BLOCKS]``)."""
+    w = "optim.grad_norm_partial"
+    P, e, n, s = _rows(w, g=g)
+    partial = _member_table(w, P, "partial", partial, GN_BLOCKS)
+    launch("optim", "grad_norm_partial", (GN_BLOCKS, P), GN_THREADS, (e["g"], partial, n, s))
 
 
 def grad_norm_finalize(partial, norm, scale, max_norm: float) -> None:
-    """Stage 2: ``norm [1]`` and clip ``scale [1]`` (float32) from the partials."""
-    _flat("optim.grad_norm_finalize", GN_BLOCKS, partial=partial)
-    _scalar("optim.grad_norm_finalize", norm=norm, scale=scale)
+    """Stage 2: ``norm [1]`` and clip ``scale [1]`` (float32) from the partials (members: partial
+    ``[P, GN_BLOCKS]``, norm and scale ``[P]``)."""
+    w = "optim.grad_norm_finalize"
+    P = partial.shape[0] if partial.ndim == 2 else 1
+    partial = _member_table(w, P, "partial", partial, GN_BLOCKS)
+    _member_scalars(w, P, norm=norm, scale=scale)
     launch(
         "optim",
         "grad_norm_finalize",
-        1,
+        (1, P),
         GN_BLOCKS,
         (partial, norm, scale, float(max_norm)),
     )
@@ -57,25 +122,27 @@ def grad_norm(g, partial, norm, scale, max_norm: float, done=None) -> None:
     """Both stages (deterministic global L2 norm and clip scale).
 
     With ``done`` (uint32 ``[1]``, 0, the launch's ticket; left 0) one launch whose last block does
-    stage 2, with the same bits as the two launches made without it.
+    stage 2, with the same bits as the two launches made without it. Members: g ``[P, n]``, partial
+    ``[P, GN_BLOCKS]``, norm, scale and done ``[P]`` (a ticket per member).
     """
-    if g.ndim != 1:
-        raise ValueError(f"optim.grad_norm: g must be flat, got {g.shape}")
+    if g.ndim not in (1, 2):
+        raise ValueError(f"optim.grad_norm: g must be flat (or [P, n]), got {g.shape}")
     if done is None:
         grad_norm_partial(g, partial)
         grad_norm_finalize(partial, norm, scale, max_norm)
         return
     w = "optim.grad_norm"
-    _flat(w, GN_BLOCKS, partial=partial)
-    _scalar(w, norm=norm, scale=scale)
-    if done.dtype != np.uint32 or done.shape != (1,):
-        raise ValueError(f"{w}: done must be a uint32 [1] ticket, got {done.dtype} {done.shape}")
+    P, e, n, s = _rows(w, g=g)
+    partial = _member_table(w, P, "partial", partial, GN_BLOCKS)
+    _member_scalars(w, P, norm=norm, scale=scale)
+    if done.dtype != np.uint32 or done.shape != (P,):
+        raise ValueError(f"{w}: done must be a uint32 [{P}] ticket, got {done.dtype} {done.shape}")
     launch(
         "optim",
         "grad_norm",
-        GN_BLOCKS,
+        (GN_BLOCKS, P),
         GN_THREADS,
-        (g, partial, norm, scale, float(max_norm), done, g.size),
+        (e["g"], partial, norm, scale, float(max_norm), done, n, s),
     )
 
 
@@ -95,14 +162,16 @@ def lr_schedule(
     beta1: float,
     beta2: float,
 ) -> None:
-    """Advance ``step`` (int64 ``[1]``) and write lr, m_scale, bc1, bc2 (float32 ``[1]``) on the device."""
-    _scalar("optim.lr_schedule", step=step, lr=lr, m_scale=m_scale, bc1=bc1, bc2=bc2)
+    """Advance ``step`` (int64 ``[1]``) and write lr, m_scale, bc1, bc2 (float32 ``[1]``) on the device
+    (members: every scalar ``[P]``, one schedule for all)."""
+    P = step.shape[0] if step.ndim == 1 else 1
+    _member_scalars("optim.lr_schedule", P, step=step, lr=lr, m_scale=m_scale, bc1=bc1, bc2=bc2)
     if period < 1 or mult < 1 or warmup < 0 or kind not in (0, 1, 2):
         raise ValueError(f"optim.lr_schedule: bad schedule kind={kind} period={period} mult={mult} warmup={warmup}")
     launch(
         "optim",
         "lr_schedule",
-        1,
+        (1, P),
         1,
         (
             step,
@@ -123,24 +192,38 @@ def lr_schedule(
     )
 
 
-def _adam_checks(w: str, p, g, m, v, mask, lr, m_scale, bc1, bc2, clip) -> int:
-    n = p.size
-    _flat(w, n, p=p, g=g, m=m, v=v, mask=mask)
-    _scalar(w, lr=lr, m_scale=m_scale, bc1=bc1, bc2=bc2, clip=clip)
-    return n
+def _adam_checks(w: str, p, g, m, v, mask, lr, m_scale, bc1, bc2, clip, **more) -> tuple[int, dict, int, int]:
+    """:func:`_rows` of p, g, m, v, mask and ``more`` (e.g. the target); the scalars checked against ``P``."""
+    P, e, n, s = _rows(w, p=p, g=g, m=m, v=v, mask=mask, **more)
+    _member_scalars(w, P, lr=lr, m_scale=m_scale, bc1=bc1, bc2=bc2, clip=clip)
+    return P, e, n, s
 
 
 def adam_update(
     p, g, m, v, mask, lr, m_scale, bc1, bc2, clip, beta1: float, beta2: float, eps: float, wd: float
 ) -> None:
-    """Fused Adam(W) over flat float32 ``p, g, m, v [n]`` with uint8 ``mask [n]`` and device scalars."""
-    n = _adam_checks("optim.adam_update", p, g, m, v, mask, lr, m_scale, bc1, bc2, clip)
+    """Fused Adam(W) over flat float32 ``p, g, m, v [n]`` with uint8 ``mask [n]`` and device scalars
+    (members: ``[P, n]`` buffers, ``[P]`` scalars)."""
+    P, e, n, s = _adam_checks("optim.adam_update", p, g, m, v, mask, lr, m_scale, bc1, bc2, clip)
     launch(
         "optim",
         "adam_update",
-        _grid(n),
+        (_grid(n), P),
         _T,
-        (p, g, m, v, mask, n, lr, m_scale, bc1, bc2, clip, float(beta1), float(beta2), float(eps), float(wd)),
+        (
+            *(e[k] for k in ("p", "g", "m", "v", "mask")),
+            n,
+            s,
+            lr,
+            m_scale,
+            bc1,
+            bc2,
+            clip,
+            float(beta1),
+            float(beta2),
+            float(eps),
+            float(wd),
+        ),
     )
 
 
@@ -148,26 +231,21 @@ def adam_update_soft(
     p, g, m, v, mask, target, lr, m_scale, bc1, bc2, clip, tau, beta1: float, beta2: float, eps: float, wd: float
 ) -> None:
     """:func:`adam_update`, then :func:`soft_update` of ``target [n]`` toward the new ``p`` with ``tau [1]``,
-    in one launch (the same bits as the two)."""
+    in one launch (the same bits as the two). Members: ``[P, n]`` buffers, ``[P]`` scalars."""
     w = "optim.adam_update_soft"
-    n = _adam_checks(w, p, g, m, v, mask, lr, m_scale, bc1, bc2, clip)
-    _flat(w, n, target=target)
-    _scalar(w, tau=tau)
-    if target.data.ptr == p.data.ptr:
+    P, e, n, s = _adam_checks(w, p, g, m, v, mask, lr, m_scale, bc1, bc2, clip, target=target)
+    _member_scalars(w, P, tau=tau)
+    if _base_ptr(target) == _base_ptr(p):
         raise ValueError(f"{w}: target must be a buffer of its own, not the parameters")
     launch(
         "optim",
         "adam_update_soft",
-        _grid(n),
+        (_grid(n), P),
         _T,
         (
-            p,
-            g,
-            m,
-            v,
-            mask,
-            target,
+            *(e[k] for k in ("p", "g", "m", "v", "mask", "target")),
             n,
+            s,
             lr,
             m_scale,
             bc1,
@@ -226,39 +304,48 @@ def clip_adam_soft(
     ``loss``, ``norm``, ``scale``, ``tau`` float32 ``[1]``; ``step`` int64 ``[1]``.
     ``grid``: at most :func:`cudarl.kernels.resident_grid_limit` blocks (default: that limit, or
     fewer when ``n`` needs fewer blocks of ``CAS_THREADS``); any grid gives the same bits.
+
+    Members: p, g, m, v, mask, target ``[P, n]``, partial ``[P, GN_BLOCKS]``, ring ``[P, 2 * slots]``,
+    the scalars and both counters ``[P]``; ``grid`` is then the blocks of each member, and all
+    ``grid * P`` blocks must be resident at once (at most ``resident_grid_limit()``, so ``P`` at most
+    the multiprocessor count; default ``grid``: the limit's share of each member).
     """
     w = "optim.clip_adam_soft"
-    n = _adam_checks(w, p, g, m, v, mask, lr, m_scale, bc1, bc2, scale)
-    _flat(w, n, target=target)
-    _flat(w, GN_BLOCKS, partial=partial)
-    _scalar(w, norm=norm, tau=tau, loss=loss, step=step)
-    if int(slots) < 1 or ring.ndim != 1 or ring.shape[0] != 2 * int(slots):
+    P, e, n, s = _adam_checks(w, p, g, m, v, mask, lr, m_scale, bc1, bc2, scale, target=target)
+    partial = _member_table(w, P, "partial", partial, GN_BLOCKS)
+    _member_scalars(w, P, norm=norm, tau=tau, loss=loss, step=step)
+    if int(slots) < 1 or ring.ndim not in (1, 2) or ring.shape[-1] != 2 * int(slots):
         raise ValueError(f"{w}: ring must be flat [2 * slots] with slots >= 1, got {ring.shape} for slots={slots}")
+    ring = _member_table(w, P, "ring", ring, 2 * int(slots))
     for name, c in (("done", done), ("barrier", barrier)):
-        if c.dtype != np.uint32 or c.shape != (1,):
-            raise ValueError(f"{w}: {name} must be a uint32 [1] counter, got {c.dtype} {c.shape}")
+        if c.dtype != np.uint32 or c.shape != (P,):
+            raise ValueError(f"{w}: {name} must be a uint32 [{P}] counter, got {c.dtype} {c.shape}")
     if _base_ptr(done) == _base_ptr(barrier):
         raise ValueError(f"{w}: done and barrier must be two counters, not one buffer")
     if _base_ptr(target) == _base_ptr(p):
         raise ValueError(f"{w}: target must be a buffer of its own, not the parameters")
     limit = kernels.resident_grid_limit()
+    if P > limit:
+        raise ValueError(
+            f"{w}: {P} members need {P} resident blocks at least, more than {limit} (one per multiprocessor); "
+            "use grad_norm and adam_update_soft (no grid barrier)"
+        )
     if grid is None:
-        grid = min(limit, blocks_for(n, CAS_THREADS))
-    elif not 1 <= int(grid) <= limit:
-        raise ValueError(f"{w}: grid must be in [1, {limit}] (one block per multiprocessor at most), got {grid}")
+        grid = min(limit // P, blocks_for(n, CAS_THREADS))
+    elif not 1 <= int(grid) <= limit // P:
+        raise ValueError(
+            f"{w}: grid must be in [1, {limit // P}] (one block per multiprocessor at most, for {P} member(s)), "
+            f"got {grid}"
+        )
     launch(
         "optim",
         "clip_adam_soft",
-        int(grid),
+        (int(grid), P),
         CAS_THREADS,
         (
-            p,
-            g,
-            m,
-            v,
-            mask,
-            target,
+            *(e[k] for k in ("p", "g", "m", "v", "mask", "target")),
             n,
+            s,
             partial,
             norm,
             scale,
@@ -283,30 +370,33 @@ def clip_adam_soft(
 
 
 def tau_schedule(count, tau, tau_start: float, tau_end: float, period: int) -> None:
-    """Advance ``count`` (int64 ``[1]``) and write the cosine-annealed ``tau`` (float32 ``[1]``)."""
-    _scalar("optim.tau_schedule", count=count, tau=tau)
+    """Advance ``count`` (int64 ``[1]``) and write the cosine-annealed ``tau`` (float32 ``[1]``) (members:
+    both ``[P]``, one schedule for all)."""
+    P = count.shape[0] if count.ndim == 1 else 1
+    _member_scalars("optim.tau_schedule", P, count=count, tau=tau)
     if period < 1:
         raise ValueError(f"optim.tau_schedule: period must be >= 1, got {period}")
     launch(
         "optim",
         "tau_schedule",
-        1,
+        (1, P),
         1,
         (count, tau, float(tau_start), float(tau_end), int(period)),
     )
 
 
 def soft_update(target, online, tau) -> None:
-    """``target = tau * online + (1 - tau) * target`` over flat float32 buffers; tau ``[1]`` on the device."""
-    n = target.size
-    _flat("optim.soft_update", n, target=target, online=online)
-    _scalar("optim.soft_update", tau=tau)
+    """``target = tau * online + (1 - tau) * target`` over flat float32 buffers; tau ``[1]`` on the device
+    (members: ``[P, n]`` buffers, tau ``[P]``)."""
+    w = "optim.soft_update"
+    P, e, n, s = _rows(w, target=target, online=online)
+    _member_scalars(w, P, tau=tau)
     launch(
         "optim",
         "soft_update",
-        _grid(n),
+        (_grid(n), P),
         _T,
-        (target, online, n, tau),
+        (e["target"], e["online"], n, tau, s),
     )
 
 

@@ -3,10 +3,17 @@
 Device scalars (step counters, lr, bias corrections, tau) are 1-element arrays, read and
 written in place like the kernels do. Scalar math of the schedules is done in float64 and
 rounded once to float32, on both faces.
+
+The functions marked :func:`members` also take a leading axis of ``P`` members (a population's
+agents): buffers ``[P, ...]``, device scalars ``[P]``. They run the single function on each member's
+rows and scalars in turn, so member ``i`` is the single call's result by construction, as the
+kernels' ``blockIdx.y`` makes it on the GPU.
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
 import math
 
 import numpy as np
@@ -19,6 +26,38 @@ CONSTANT, COSINE, COSINE_RESTARTS = 0, 1, 2
 SCHEDULES = {"constant": CONSTANT, "cosine": COSINE, "cosine_restarts": COSINE_RESTARTS}
 
 
+def members(rows: tuple = (), scalars: tuple = ()):
+    """Give a twin the member axis. ``rows``: the arguments that are one member's flat array (``[n]``,
+    ``partial [GN_BLOCKS]``, a ring), ``[P, ...]`` with the axis; ``scalars``: its device scalars, ``[1]``
+    for one member and ``[P]`` for P (None, an absent optional one, stays None). With the axis (the first
+    row has two dimensions; a twin without rows: its first scalar has more than one element) the twin runs
+    once per member ``i`` on row ``i`` of each row argument and a 1-element view of element ``i`` of each
+    scalar, the other arguments as given; otherwise it is the single call."""
+
+    def wrap(fn):
+        sig = inspect.signature(fn)
+
+        @functools.wraps(fn)
+        def run(*args, **kw):
+            bound = sig.bind(*args, **kw)
+            a = bound.arguments
+            lead = a[rows[0]].ndim == 2 if rows else a[scalars[0]].shape[0] != 1
+            if not lead:
+                return fn(*args, **kw)
+            P = a[rows[0]].shape[0] if rows else a[scalars[0]].shape[0]
+            sc = [k for k in scalars if a.get(k) is not None]
+            if any(a[k].ndim != 2 or a[k].shape[0] != P for k in rows) or any(a[k].shape != (P,) for k in sc):
+                raise ValueError(f"{fn.__name__}: every buffer has the member axis of one length, or none does")
+            for i in range(P):
+                one = dict(a, **{k: a[k][i] for k in rows}, **{k: a[k][i : i + 1] for k in sc})
+                fn(**one)
+
+        return run
+
+    return wrap
+
+
+@members(rows=("g", "partial"))
 def grad_norm_partial(g: np.ndarray, partial: np.ndarray) -> None:
     """``partial[k] = sum_{i in block k} g[i]^2`` in float64. g ``[n]``; partial float64 ``[GN_BLOCKS]``."""
     n = g.size
@@ -28,6 +67,7 @@ def grad_norm_partial(g: np.ndarray, partial: np.ndarray) -> None:
     partial[...] = np.bincount(blk, weights=sq, minlength=GN_BLOCKS)[:GN_BLOCKS]
 
 
+@members(rows=("partial",), scalars=("norm", "scale"))
 def grad_norm_finalize(partial: np.ndarray, norm: np.ndarray, scale: np.ndarray, max_norm: float) -> None:
     """``norm = sqrt(sum_k partial[k])``; clip ``scale = max_norm / (norm + 1e-6)`` if that is < 1, else 1.
 
@@ -40,6 +80,7 @@ def grad_norm_finalize(partial: np.ndarray, norm: np.ndarray, scale: np.ndarray,
     scale[0] = float(np.float32(max_norm)) / denom if (max_norm > 0 and denom > float(np.float32(max_norm))) else 1.0
 
 
+@members(rows=("g", "partial"), scalars=("norm", "scale", "done"))
 def grad_norm(g, partial, norm, scale, max_norm: float, done=None) -> None:
     """Both stages: global L2 norm of ``g`` and the clip scale (``done``: the GPU launch's ticket; unused here)."""
     grad_norm_partial(g, partial)
@@ -73,6 +114,7 @@ def schedule_lr(
     return lr_min + 0.5 * (lr_max - lr_min) * (1.0 + math.cos(math.pi * tcur / ti)), (tcur == 0 and i > 0)
 
 
+@members(scalars=("step", "lr", "m_scale", "bc1", "bc2"))
 def lr_schedule(
     step,
     lr,
@@ -103,6 +145,7 @@ def lr_schedule(
     bc2[0] = 1.0 - f(beta2) ** t
 
 
+@members(rows=("p", "g", "m", "v", "mask"), scalars=("lr", "m_scale", "bc1", "bc2", "clip"))
 def adam_update(
     p, g, m, v, mask, lr, m_scale, bc1, bc2, clip, beta1: float, beta2: float, eps: float, wd: float
 ) -> None:
@@ -125,6 +168,7 @@ def adam_update(
     p[...] = p - lr_ * (mhat / (np.sqrt(vhat) + e))
 
 
+@members(rows=("p", "g", "m", "v", "mask", "target"), scalars=("lr", "m_scale", "bc1", "bc2", "clip", "tau"))
 def adam_update_soft(
     p, g, m, v, mask, target, lr, m_scale, bc1, bc2, clip, tau, beta1: float, beta2: float, eps: float, wd: float
 ) -> None:
@@ -133,6 +177,10 @@ def adam_update_soft(
     soft_update(target, p, tau)
 
 
+@members(
+    rows=("p", "g", "m", "v", "mask", "target", "partial", "ring"),
+    scalars=("norm", "scale", "done", "barrier", "lr", "m_scale", "bc1", "bc2", "tau", "loss", "step"),
+)
 def clip_adam_soft(
     p,
     g,
@@ -173,6 +221,7 @@ def clip_adam_soft(
     agent.publish(ring, loss, norm, step, slots)
 
 
+@members(scalars=("count", "tau"))
 def tau_schedule(count, tau, tau_start: float, tau_end: float, period: int) -> None:
     """``count += 1``; ``tau = tau_end + (tau_start - tau_end)(1 + cos(pi min(c, T) / T)) / 2`` with c = count - 1.
 
@@ -184,6 +233,7 @@ def tau_schedule(count, tau, tau_start: float, tau_end: float, period: int) -> N
     tau[0] = b + 0.5 * (a - b) * (1.0 + math.cos(math.pi * c / period))
 
 
+@members(rows=("target", "online"), scalars=("tau",))
 def soft_update(target, online, tau) -> None:
     """Polyak averaging ``target = tau * online + (1 - tau) * target``. target, online ``[n]``; tau ``[1]``."""
     T = target.dtype.type
