@@ -437,9 +437,9 @@ extern "C" __global__ __launch_bounds__(CAS_THREADS, 1) void cudarl_optim_clip_a
     if (blockIdx.x == 0) {
       norm[0] = nf;
       scale[0] = sf;
-      const i64 s = step0 % slots;
-      ring[2 * s] = loss0;
-      ring[2 * s + 1] = nf;
+      const i64 slot = step0 % slots;
+      ring[2 * slot] = loss0;
+      ring[2 * slot + 1] = nf;
     }
   }
   __syncthreads();

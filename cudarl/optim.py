@@ -3,6 +3,11 @@
 Every counter and schedule value lives in device memory (:class:`cudarl.pinned.DeviceScalars`)
 and is advanced by a kernel, so a captured step replays with the current learning rate, bias
 correction and tau. Kernels: ``cuda_src/optim.cu``; twin: ``cudarl.reference.optim``.
+
+:class:`StackedAdam` and :class:`StackedSoftUpdate` are the same objects over P members' stacked
+``[P, n]`` buffers (a population's agents, e.g. :class:`cudarl.nn.StackedQNetwork`'s ``params`` and
+``grads``), with ``[P]`` device scalars: one launch per operation for every member, member ``i`` the
+bits of the single object on its row.
 """
 
 from __future__ import annotations
@@ -14,8 +19,18 @@ import numpy as np
 from .backend import family, get_array_module, to_numpy
 from .config import AgentConfig as _AGENT
 from .config import OptimConfig as _OPTIM
-from .pinned import DeviceScalars
+from .pinned import DeviceScalars, MemberScalars
 from .reference.optim import GN_BLOCKS, SCHEDULES
+
+
+def _zeros_like_rows(xp, a, dtype=None):
+    """Zeros shaped as ``a``; for ``[P, n]`` members, rows as many elements apart as ``a``'s, so the
+    optimiser's buffers share the parameters' member stride (the kernels take one)."""
+    if a.ndim == 1:
+        return xp.zeros_like(a, dtype=dtype)
+    P, n = a.shape
+    s = a.strides[0] // a.itemsize
+    return xp.zeros((P, max(s, n)), dtype=dtype or a.dtype)[:, :n]
 
 
 @dataclass(frozen=True)
@@ -81,6 +96,8 @@ class Adam:
             slice) that receives the norm instead of the scalar slot.
     """
 
+    _RANK, _FORM = 1, "flat"  # the parameters' rank and its name in errors (StackedAdam: [P, n])
+
     def __init__(
         self,
         params,
@@ -96,26 +113,31 @@ class Adam:
         xp=None,
     ):
         self.xp = xp if xp is not None else get_array_module(params)
-        if params.shape != grads.shape or params.ndim != 1:
-            raise ValueError(f"params and grads must be flat and alike, got {params.shape} and {grads.shape}")
+        if params.shape != grads.shape or params.ndim != self._RANK:
+            raise ValueError(f"params and grads must be {self._FORM} and alike, got {params.shape} and {grads.shape}")
         if not (0 <= betas[0] < 1 and 0 <= betas[1] < 1 and eps > 0 and weight_decay >= 0 and max_grad_norm >= 0):
             raise ValueError("Adam: need betas in [0, 1), eps > 0, weight_decay >= 0, max_grad_norm >= 0")
         self.params, self.grads, self.schedule = params, grads, schedule
         self.beta1, self.beta2, self.eps = float(betas[0]), float(betas[1]), float(eps)
         self.weight_decay, self.max_grad_norm = float(weight_decay), float(max_grad_norm)
         xp = self.xp
-        self.m = xp.zeros_like(params)
-        self.v = xp.zeros_like(params)
-        mask = np.ones(params.size, np.uint8) if decay_mask is None else np.asarray(to_numpy(decay_mask), np.uint8)
+        self.m = _zeros_like_rows(xp, params)
+        self.v = _zeros_like_rows(xp, params)
+        n, lead = params.shape[-1], params.shape[:-1]  # lead: () for one agent, (P,) for members
+        mask = np.ones(n, np.uint8) if decay_mask is None else np.asarray(to_numpy(decay_mask), np.uint8)
+        if mask.shape == (n,):
+            mask = np.ascontiguousarray(np.broadcast_to(mask, params.shape))
         if mask.shape != params.shape:
-            raise ValueError(f"decay_mask must be [{params.size}], got {mask.shape}")
-        self.mask = xp.asarray(mask)
-        self.partial = xp.zeros(GN_BLOCKS, dtype=np.float64)
-        self.gn_done = xp.zeros(1, dtype=np.uint32)  # the one-launch gradient norm's ticket (0 between launches)
+            raise ValueError(f"decay_mask must be [{n}] or {list(params.shape)}, got {mask.shape}")
+        self.mask = _zeros_like_rows(xp, params, np.uint8)
+        self.mask[...] = xp.asarray(mask)
+        self.partial = xp.zeros((*lead, GN_BLOCKS), dtype=np.float64)
+        members = lead[0] if lead else 1
+        self.gn_done = xp.zeros(members, dtype=np.uint32)  # the one-launch gradient norm's ticket (0 between launches)
         self.gn_barrier = xp.zeros(
-            1, dtype=np.uint32
+            members, dtype=np.uint32
         )  # clip_update_publish's grid-barrier counter (0 between launches)
-        self.scalars = DeviceScalars(
+        self.scalars = self._new_scalars(
             {
                 "step": np.int64,
                 "lr": np.float32,
@@ -135,6 +157,10 @@ class Adam:
 
             # clip_update_publish's launcher asks it: the device query is made here, before any capture
             resident_grid_limit()
+
+    def _new_scalars(self, spec: dict, xp, initial: dict):
+        """The device scalars (one agent: a :class:`cudarl.pinned.DeviceScalars`)."""
+        return DeviceScalars(spec, xp, initial=initial)
 
     def schedule_step(self) -> None:
         """Advance the step counter, the learning rate, the restart factor and the bias corrections (one thread)."""
@@ -271,6 +297,8 @@ class SoftUpdate:
     ``tau_c = tau_end + (tau_start - tau_end)(1 + cos(pi min(c, period) / period)) / 2``.
     """
 
+    _RANK = 1  # the buffers' rank (StackedSoftUpdate: [P, n])
+
     def __init__(
         self,
         target,
@@ -280,14 +308,16 @@ class SoftUpdate:
         period: int = _AGENT.tau_period,
         xp=None,
     ):
-        if target.shape != online.shape or target.ndim != 1:
-            raise ValueError(f"target and online must be flat and alike, got {target.shape}, {online.shape}")
+        if target.shape != online.shape or target.ndim != self._RANK:
+            form = "flat" if self._RANK == 1 else "[P, n]"
+            raise ValueError(f"target and online must be {form} and alike, got {target.shape}, {online.shape}")
         if not (0 < tau_start <= 1 and 0 < tau_end <= 1 and period >= 1):
             raise ValueError("SoftUpdate: need tau_start, tau_end in (0, 1] and period >= 1")
         self.xp = xp if xp is not None else get_array_module(target)
         self.target, self.online = target, online
         self.tau_start, self.tau_end, self.period = float(tau_start), float(tau_end), int(period)
-        self.scalars = DeviceScalars({"count": np.int64, "tau": np.float32}, self.xp)
+        spec = {"count": np.int64, "tau": np.float32}
+        self.scalars = DeviceScalars(spec, self.xp) if self._RANK == 1 else MemberScalars(spec, len(target), self.xp)
         self.ops = family("optim", self.xp)
 
     def schedule_step(self) -> None:
@@ -312,6 +342,54 @@ class SoftUpdate:
     def load_state_dict(self, state: dict) -> None:
         """Restore :meth:`state_dict`."""
         self.scalars.load_state_dict(state["scalars"])
+
+
+class StackedAdam(Adam):
+    """:class:`Adam` over P members: ``params`` and ``grads`` float32 ``[P, n]`` (each member's row
+    C-contiguous, the rows one stride apart: :class:`cudarl.nn.StackedQNetwork`'s ``params`` and
+    ``grads``), Adam's ``m`` and ``v`` ``[P, n]``, the partials ``[P, GN_BLOCKS]``, and every device scalar
+    of :attr:`scalars` ``[P]`` (a :class:`cudarl.pinned.MemberScalars`: step, lr, bias corrections, grad
+    norm, clip scale per member). Each method is one launch for every member, as :class:`Adam`'s is for
+    one (the kernels' ``blockIdx.y`` is the member), and member ``i`` gets the bits of an :class:`Adam` on
+    its row (:meth:`member_state_dict` is that Adam's :meth:`Adam.state_dict`).
+
+    The arguments are :class:`Adam`'s; ``decay_mask`` ``[n]`` (every member's) or ``[P, n]``;
+    ``grad_norm_out`` float32 ``[P]``. One schedule, betas, eps, weight decay and clip norm for every
+    member: the kernels take them by value (members that differ in them are not one StackedAdam yet).
+
+    :meth:`clip_update_publish` takes a :class:`StackedSoftUpdate`, a ring ``[P, 2 * slots]`` and the
+    losses ``[P]``; its one launch holds a grid barrier, so it serves at most
+    :func:`cudarl.kernels.resident_grid_limit` members (one block each at least); more members take
+    :meth:`clip_step` and :meth:`update_step` (no publish with a member axis yet).
+    """
+
+    _RANK, _FORM = 2, "[P, n]"
+
+    def _new_scalars(self, spec: dict, xp, initial: dict):
+        return MemberScalars(spec, self.params.shape[0], xp, initial=initial)
+
+    @property
+    def members(self) -> int:
+        """P."""
+        return self.params.shape[0]
+
+    def member_state_dict(self, i: int) -> dict:
+        """Member ``i``'s state as the :meth:`Adam.state_dict` of an :class:`Adam` on its row (host copies)."""
+        sc = self.scalars.state_dict()
+        return {
+            "m": to_numpy(self.m[i]).copy(),
+            "v": to_numpy(self.v[i]).copy(),
+            "scalars": {k: v[i] for k, v in sc.items()},
+        }
+
+
+class StackedSoftUpdate(SoftUpdate):
+    """:class:`SoftUpdate` over P members: ``target`` and ``online`` float32 ``[P, n]`` (rows one stride
+    apart), ``count`` and ``tau`` ``[P]`` (:class:`cudarl.pinned.MemberScalars`); one tau schedule for
+    every member. Each method is one launch for every member; member ``i`` gets the bits of a
+    :class:`SoftUpdate` on its rows."""
+
+    _RANK = 2
 
 
 def soft_update(target, online, tau) -> None:

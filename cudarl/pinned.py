@@ -135,6 +135,72 @@ class DeviceScalars:
             self.set(name, state[name])
 
 
+class MemberScalars:
+    """:class:`DeviceScalars` for ``members`` members (a population's agents): each name a ``[members]``
+    device array, element ``i`` member ``i``'s scalar, in one buffer of 8-byte slots (a row of them per
+    name).
+
+    Args:
+        spec: ``{name: dtype}`` as for :class:`DeviceScalars`.
+        members: P.
+        xp: ``numpy`` or ``cupy`` (default: the process backend).
+        initial: optional ``{name: value}``, the same value for every member.
+
+    ``view(name)`` is the ``[members]`` array to pass to kernels with a member axis; :meth:`get` and
+    :meth:`set` copy all members' values (between replays, never inside a capture).
+    """
+
+    def __init__(self, spec: dict, members: int, xp=None, initial: dict | None = None):
+        if not spec or int(members) < 1:
+            raise ValueError(f"MemberScalars: at least one scalar and one member, got {list(spec)} and {members}")
+        self.xp = xp if xp is not None else _backend.get().xp
+        self.members = int(members)
+        self.dtypes = {}
+        for name, dt in spec.items():
+            dt = np.dtype(dt)
+            if dt.type not in _SLOT_TYPES:
+                raise ValueError(f"spec[{name!r}]: dtype {dt} is not a supported scalar type")
+            self.dtypes[name] = dt
+        self.names = tuple(self.dtypes)
+        self.buffer = self.xp.zeros((len(self.names), self.members), dtype=np.uint64)
+        self._views = {n: self.buffer[i].view(self.dtypes[n])[: self.members] for i, n in enumerate(self.names)}
+        for name, value in (initial or {}).items():
+            self.set(name, value)
+
+    def view(self, name: str):
+        """The ``[members]`` device array of ``name``, element ``i`` member ``i``'s (kernels read and write it)."""
+        try:
+            return self._views[name]
+        except KeyError:
+            raise KeyError(f"no member scalar {name!r} (have {', '.join(self.names)})") from None
+
+    def set(self, name: str, values) -> None:
+        """Write ``values`` (one for every member, or ``[members]``) into ``name`` (not inside a capture)."""
+        v = self.view(name)
+        host = np.ascontiguousarray(np.broadcast_to(np.asarray(values, dtype=v.dtype), (self.members,)))
+        if _is_cupy(self.xp):
+            _refuse_if_capturing(f"MemberScalars.set({name!r})")
+        v[...] = self.xp.asarray(host)
+
+    def get(self, name: str) -> np.ndarray:
+        """A host copy of ``name``'s ``[members]`` values (synchronises; for debugging and checkpoints)."""
+        v = self.view(name)
+        if _is_cupy(self.xp):
+            _refuse_if_capturing(f"MemberScalars.get({name!r})")
+            return v.get()
+        return v.copy()
+
+    def state_dict(self) -> dict:
+        return {name: self.get(name) for name in self.names}
+
+    def load_state_dict(self, state: dict) -> None:
+        missing = set(self.names) - set(state)
+        if missing:
+            raise KeyError(f"state is missing member scalars: {sorted(missing)}")
+        for name in self.names:
+            self.set(name, state[name])
+
+
 class _HostAllocation:
     """Owns one cudaHostAlloc block; freed when the last array over it goes (no reference cycle,
     so the cyclic collector never frees it at a random moment, e.g. inside a capture)."""
