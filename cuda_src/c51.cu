@@ -7,6 +7,18 @@
 // shared with the unfused chain). The fused kernels' oracle is that chain, cuda_src/c51_chain.cu: the
 // dueling combine, cudarl_c51_chain_targets (or next_probs_td + project_popart with PopArt),
 // cudarl_c51_chain_loss and the dueling backward in a row, whose bits they must give.
+//
+// The member axis (a population's agents, docs/perf-notes.md "The agent axis, in stages", stage 4):
+// targets_loss[_popart]_<variant> and n_step take blockIdx.y as the member mb. Each row family
+// advances by mb times its stride argument, in elements: s_va the va rows and dva ([B, (1 + A) K]),
+// s_bk probs and target ([B, K]), s_b the per-sample arrays ([B]: actions, weights, r_t, discount_t,
+// a_star, loss_per, priority, y, r_norm; n_step's r_t, discount_t), s_z the support ([K]; 0: one
+// support for every member), s_n n_step's rewards and terminal ([B, n]); each device scalar (loss,
+// gamma, beta, the counters done and barrier) by mb and a PopArt state (and its scratch) by
+// mb * STATE_SIZE: [P] and [P, 8] arrays. The x grid, the block, each thread's work and every
+// reduction's order are the single launch's, so member mb gets the bits of a single launch on its
+// rows. One member (gridDim.y = 1, mb = 0: every offset zero) is the single launch. The by-value
+// constants (B, A, K, kind, scale, sigma_min, n) are one value for every member of a launch.
 
 #include <cudarl/c51_rows.cuh>
 #include <cudarl/dueling.cuh>
@@ -117,6 +129,11 @@ namespace pa = cudarl::popart;
 // a launch's blocks cannot count on being resident together (run.grid_barrier = false); phase 0
 // is the one launch. The projection stages its shares in shared memory
 // (project_row_staged: the same bits as project_row).
+// Members (gridDim.y = P): each member's gridDim.x blocks run the above on its rows with its own
+// counters (done[mb], barrier[mb]: the barrier waits for the member's gridDim.x blocks), so with
+// PopArt's grid barrier all gridDim.x * P blocks must be resident: the launcher keeps them at most
+// kernels.resident_grid_limit(). The grid does not change a bit of the results (a sample's work is
+// one warp's wherever it runs; every reduction has a fixed order).
 // Shared memory: 4 warps x (max(A, 4) + 1) K floats, rounded up to float4s (dynamic; past 48 KiB
 // the launcher opts in) + 256 + 2 * 128 floats.
 // Reads 3 (1 + A) K + K + 4 floats per sample (+ 2B by the last block, + B per block with
@@ -460,7 +477,35 @@ __device__ __forceinline__ void targets_loss_body(
     float* state_out, float* y, float* r_norm, float* __restrict__ probs, int* __restrict__ a_star,
     float* __restrict__ target, float* __restrict__ loss_per, float* __restrict__ priority, float* __restrict__ dva,
     float* __restrict__ loss, unsigned int* done, unsigned int* barrier, float* state_prev, int B, int A, int K,
-    int kind, float scale, float sigma_min, int phase) {
+    int kind, float scale, float sigma_min, int phase, long long s_va, long long s_bk, long long s_b, long long s_z) {
+  {  // the member's rows and scalars (member 0: the pointers as given; PopArt's only with PopArt)
+    const long long mb = blockIdx.y;
+    va_tm1 += mb * s_va;
+    va_online_tp1 += mb * s_va;
+    va_target_tp1 += mb * s_va;
+    dva += mb * s_va;
+    probs += mb * s_bk;
+    target += mb * s_bk;
+    actions += mb * s_b;
+    weights += mb * s_b;
+    r_t += mb * s_b;
+    discount_t += mb * s_b;
+    a_star += mb * s_b;
+    loss_per += mb * s_b;
+    priority += mb * s_b;
+    support += mb * s_z;
+    loss += mb;
+    done += mb;
+    if (kPopArt) {
+      y += mb * s_b;
+      r_norm += mb * s_b;
+      state += mb * pa::STATE_SIZE;
+      state_out += mb * pa::STATE_SIZE;
+      state_prev += mb * pa::STATE_SIZE;
+      beta += mb;
+      barrier += mb;
+    }
+  }
   extern __shared__ float4 c51_tl_smem[];
   __shared__ float part[C51_MEAN_SLOTS];
   __shared__ float s1[pa::kReduceThreads / 2];
@@ -552,11 +597,12 @@ __global__ void unit_keeps_last_block_shared(unsigned int* done) { cudarl::last_
       const float *__restrict__ r_t, const float *__restrict__ discount_t, float *__restrict__ probs,                 \
       int *__restrict__ a_star, float *__restrict__ target, float *__restrict__ loss_per,                            \
       float *__restrict__ priority, float *__restrict__ dva, float *__restrict__ loss, unsigned int *__restrict__ done, \
-      int B, int A, int K, int kind, float scale
+      int B, int A, int K, int kind, float scale, long long s_va, long long s_bk, long long s_b, long long s_z
 #define C51_TL_BODY(MAXA)                                                                                             \
   targets_loss_body<false, MAXA>(va_tm1, va_online_tp1, va_target_tp1, actions, weights, support, r_t, discount_t,     \
                                  nullptr, nullptr, nullptr, nullptr, nullptr, probs, a_star, target, loss_per, priority, \
-                                 dva, loss, done, nullptr, nullptr, B, A, K, kind, scale, 0.f, 0)
+                                 dva, loss, done, nullptr, nullptr, B, A, K, kind, scale, 0.f, 0, s_va, s_bk, s_b, \
+                                 s_z)
 #define C51_TL_POPART_PARAMS                                                                                        \
   const float *__restrict__ va_tm1, const float *__restrict__ va_online_tp1, const float *__restrict__ va_target_tp1, \
       const int *__restrict__ actions, const float *__restrict__ weights, const float *__restrict__ support,          \
@@ -564,11 +610,12 @@ __global__ void unit_keeps_last_block_shared(unsigned int* done) { cudarl::last_
       float *__restrict__ y, float *__restrict__ r_norm, float *__restrict__ probs, int *__restrict__ a_star,        \
       float *__restrict__ target, float *__restrict__ loss_per, float *__restrict__ priority, float *__restrict__ dva, \
       float *__restrict__ loss, unsigned int *__restrict__ done, unsigned int *__restrict__ barrier,                 \
-      float *__restrict__ state_prev, int B, int A, int K, int kind, float scale, float sigma_min, int phase
+      float *__restrict__ state_prev, int B, int A, int K, int kind, float scale, float sigma_min, int phase,        \
+      long long s_va, long long s_bk, long long s_b, long long s_z
 #define C51_TL_POPART_BODY(MAXA)                                                                                      \
   targets_loss_body<true, MAXA>(va_tm1, va_online_tp1, va_target_tp1, actions, weights, support, r_t, discount_t,      \
                                 state, beta, state, y, r_norm, probs, a_star, target, loss_per, priority, dva, loss, done, \
-                                barrier, state_prev, B, A, K, kind, scale, sigma_min, phase)
+                                barrier, state_prev, B, A, K, kind, scale, sigma_min, phase, s_va, s_bk, s_b, s_z)
 
 #if CUDARL_UNIT_IS(targets_loss_regs3)
 extern "C" __global__ void cudarl_c51_targets_loss_regs3(C51_TL_PARAMS) { C51_TL_BODY(3); }
@@ -607,13 +654,20 @@ extern "C" __global__ void cudarl_c51_targets_loss_popart_generic(C51_TL_POPART_
 // cudarl_c51_n_step: n-step reward and bootstrap discount of each sample.
 //   R_b = sum_{i<n} gamma^i r_{b,i} prod_{j<i} (1 - term_{b,j}),  d_b = gamma^n prod_{j<n} (1 - term_{b,j})
 // gamma is read from device memory (a schedule, or the adaptive-gamma controller, moves it).
-// Threads: one per sample, summing i = 0..n-1 in order. Reads 2n + 1 floats; writes 2.
+// Threads: one per sample, summing i = 0..n-1 in order; grid.y = members (rewards and terminal s_n
+// apart, r_t and discount_t s_b, gamma [P]). Reads 2n + 1 floats; writes 2.
 extern "C" __global__ void cudarl_c51_n_step(const float* __restrict__ rewards, const float* __restrict__ terminal,
                                              const float* __restrict__ gamma, float* __restrict__ r_t,
-                                             float* __restrict__ discount_t, int B, int n) {
+                                             float* __restrict__ discount_t, int B, int n, long long s_n,
+                                             long long s_b) {
   const int b = blockIdx.x * blockDim.x + threadIdx.x;
   if (b >= B) return;
-  const float gm = gamma[0];
+  const long long mb = blockIdx.y;
+  rewards += mb * s_n;
+  terminal += mb * s_n;
+  r_t += mb * s_b;
+  discount_t += mb * s_b;
+  const float gm = gamma[mb];
   float ret = 0.f, g = 1.f, alive = 1.f;
   for (int i = 0; i < n; ++i) {
     ret += g * alive * rewards[(long long)b * n + i];

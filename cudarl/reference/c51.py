@@ -4,12 +4,18 @@ from the dueling head's raw output (:func:`targets_loss`, written as the chain o
 
 Bellemare, Dabney & Munos (2017), "A Distributional Perspective on Reinforcement Learning";
 double-DQN action selection from van Hasselt, Guez & Silver (2016).
+
+The functions marked :func:`members` also take a leading axis of ``P`` members (a population's agents):
+every array argument ``[P, ...]`` (the support may stay ``[K]``, one for every member) and each device
+scalar (``beta``, ``gamma``) ``[P]``; each result gains the axis. Member ``i`` is the single call on
+member ``i``'s arguments, as the kernels' ``blockIdx.y`` makes it.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from ._members import members
 from .c51_chain import loss, targets
 from .util import weighted_mean
 
@@ -25,6 +31,10 @@ def _combine(va, K):
     return logits
 
 
+_TL_RANKS = dict(va_tm1=2, va_online_tp1=2, va_target_tp1=2, a_tm1=1, weights=1, support=1, r_t=1, discount_t=1)
+
+
+@members(shared=("support",), **_TL_RANKS)
 def targets_loss(va_tm1, va_online_tp1, va_target_tp1, a_tm1, weights, support, r_t, discount_t, priority="kl"):
     """The C51 target without PopArt and the loss from the dueling head's raw outputs (twin of
     ``cudarl_c51_targets_loss``): with ``logits = dueling_forward(va)`` (:mod:`cudarl.reference.nn`)::
@@ -45,6 +55,7 @@ def targets_loss(va_tm1, va_online_tp1, va_target_tp1, a_tm1, weights, support, 
     return m, probs, a_star, out["loss_per"], out["loss"], out["priority"], out["dva"]
 
 
+@members(shared=("support",), **_TL_RANKS, state=1, beta=0)
 def targets_loss_popart(
     va_tm1,
     va_online_tp1,
@@ -102,6 +113,7 @@ def _targets_loss(
     return {"targets": tg, "loss_per": loss_per, "loss": mean, "priority": prio, "dva": dva}
 
 
+@members(rewards=2, terminal=2, gamma=0)
 def n_step(rewards, terminal, gamma, compute_dtype=np.float32):
     """n-step reward and bootstrap discount.
 
