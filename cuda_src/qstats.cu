@@ -13,6 +13,14 @@
 // backward and the optimiser it runs beside, so it became the train graph's critical path. Each block
 // below computes exactly what the one block computed for its statistic, in the same order (the same
 // bits for the means, variances and entropy); the utilisation block gives each warp whole atom columns.
+//
+// The member axis (a population's agents, docs/perf-notes.md "The agent axis, in stages", stage 4):
+// per_sample and reduce take blockIdx.y as the member mb. Each row family advances by mb times its
+// stride argument, in elements: s_l the logits ([B, A, K]), s_z the support ([K]; 0: one support for
+// every member), s_q the Q rows ([B, A]), s_e the entropies ([B]), s_m the atom masses ([B, K]); the
+// statistics vector out by mb * (2A + 2) ([P, 2A + 2]). The x grid, the block, each thread's work
+// and every reduction's order are the single launch's, so member mb gets the bits of a single launch
+// on its rows; one member (gridDim.y = 1, mb = 0: every offset zero) is the single launch.
 
 #include <cudarl/reduce.cuh>
 #include <cudarl/softmax.cuh>
@@ -43,13 +51,21 @@ __device__ __forceinline__ void q_moments(const float* __restrict__ q, float* __
 // ---------------------------------------------------------------------------------------------
 // cudarl_qstats_per_sample: p = softmax(logits[b, a]);
 //   q[b, a] = sum_k p_k z_k;  ent[b] = (1/A) sum_a -sum_k p_k log p_k;  mass[b, k] = (1/A) sum_a p_k
-// Threads: one warp per sample, lanes over atoms. Reads A*K + K floats; writes A + 1 + K.
+// Threads: one warp per sample, lanes over atoms; grid.y = members. Reads A*K + K floats; writes
+// A + 1 + K (a sample).
 extern "C" __global__ void cudarl_qstats_per_sample(const float* __restrict__ logits, const float* __restrict__ support,
                                                     float* __restrict__ q, float* __restrict__ ent,
-                                                    float* __restrict__ mass, int B, int A, int K) {
+                                                    float* __restrict__ mass, int B, int A, int K, long long s_l,
+                                                    long long s_z, long long s_q, long long s_e, long long s_m) {
   const int lane = threadIdx.x % QS_WARP;
   const int b = blockIdx.x * (blockDim.x / QS_WARP) + threadIdx.x / QS_WARP;
   if (b >= B) return;
+  const long long mb = blockIdx.y;
+  logits += mb * s_l;
+  support += mb * s_z;
+  q += mb * s_q;
+  ent += mb * s_e;
+  mass += mb * s_m;
   float h_sum = 0.f;
   for (int k = lane; k < K; k += QS_WARP) mass[(long long)b * K + k] = 0.f;
   for (int a = 0; a < A; ++a) {
@@ -72,11 +88,17 @@ extern "C" __global__ void cudarl_qstats_per_sample(const float* __restrict__ lo
 // utilisation = (1/K) #{k : (1/B) sum_b mass[b, k] > 1/(10K)}, warp w summing columns k = w, w + 8,
 // ... over b (lane-strided, then warp_sum: a fixed order), the count a block tree of integers.
 // var is the population variance (1/B) sum_b (Q[b, a] - mean_a)^2 (two passes).
-// Reads 2*B*A + B + B*K floats (Q twice for the two-pass variance); writes 2A + 2.
+// grid.y = members. Reads 2*B*A + B + B*K floats (Q twice for the two-pass variance); writes 2A + 2
+// (a member).
 extern "C" __global__ void cudarl_qstats_reduce(const float* __restrict__ q, const float* __restrict__ ent,
                                                 const float* __restrict__ mass, float* __restrict__ out,
-                                                int B, int A, int K) {
+                                                int B, int A, int K, long long s_q, long long s_e, long long s_m) {
   __shared__ float sh[QS_THREADS];
+  const long long mb = blockIdx.y;
+  q += mb * s_q;
+  ent += mb * s_e;
+  mass += mb * s_m;
+  out += mb * (2 * A + 2);
   const int t = threadIdx.x;
   const float inv_b = 1.f / (float)B;
   if ((int)blockIdx.x < A) {

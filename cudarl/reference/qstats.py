@@ -10,12 +10,18 @@
 A head without atoms (IQN, QR-DQN: ``Q`` the quantile mean) has :func:`moments`: the same mean and
 variance, entropy and utilisation NaN. The train step computes them every update over the batch's
 ``s`` (``cudarl.rules``) and the host reads them one step late (metrics.jsonl, the guard).
+
+The functions marked :func:`members` (and :func:`q_stats`, which calls them) also take a leading axis
+of ``P`` members (a population's agents): logits ``[P, B, A, K]`` (the support ``[P, K]`` or ``[K]``,
+one for every member), the stage-1 rows ``[P, ...]``; each result gains the axis. Member ``i`` is the
+single call on member ``i``'s arguments, as the kernels' ``blockIdx.y`` makes it.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from ._members import members
 from .c51_chain import log_softmax
 
 
@@ -24,6 +30,7 @@ def layout(A: int) -> dict:
     return {"mean_q": slice(0, A), "entropy": A, "utilisation": A + 1, "var_q": slice(A + 2, 2 * A + 2)}
 
 
+@members(shared=("support",), logits=3, support=1)
 def per_sample(logits, support, compute_dtype=np.float32):
     """Stage 1: ``(q [B, A], ent [B], mass [B, K])`` (``ent`` and ``mass`` averaged over actions)."""
     x = np.asarray(logits, compute_dtype)
@@ -34,6 +41,7 @@ def per_sample(logits, support, compute_dtype=np.float32):
     return q.astype(compute_dtype), ent.astype(compute_dtype), p.mean(1).astype(compute_dtype)
 
 
+@members(q=2, ent=1, mass=2)
 def reduce(q, ent, mass, compute_dtype=np.float32):
     """Stage 2: the ``[2A + 2]`` statistics vector from the stage-1 rows."""
     q = np.asarray(q, np.float64)
