@@ -29,7 +29,7 @@ import numpy as np
 from . import backend as _backend
 from .backend import family, is_numpy
 from .config import AgentConfig as _AGENT
-from .pinned import DeviceScalars
+from .pinned import DeviceScalars, MemberScalars
 from .reference import popart as _ref
 
 
@@ -86,20 +86,24 @@ class PopArt:
         """Whether :meth:`freeze` holds (a device read: between replays, not inside a capture)."""
         return float(self.scalars.get("beta")) == 0.0
 
+    def _twin_beta(self):
+        """The step size as the NumPy twin takes it (one value)."""
+        return self.scalars.view("beta")[0]
+
     # -- ops ----------------------------------------------------------------------------------
     def update(self, y) -> None:
         """Move the statistics with return-space targets ``y`` float32 ``[B]``."""
         if self.gpu:
             self.ops.update(y, self.state, self.scalars.view("beta"), self.sigma_min)
         else:
-            self.state[:] = self.ops.update(y, self.state, self.scalars.view("beta")[0], self.sigma_min)
+            self.state[:] = self.ops.update(y, self.state, self._twin_beta(), self.sigma_min)
 
     def update_normalize_rewards(self, y, r_t, discount_t, out=None):
         """:meth:`update` with ``y [B]``, then :meth:`normalize_rewards` with the updated statistics,
         in one launch on the GPU (``y`` may be ``r_t``; ``out`` is a buffer of its own)."""
         if not self.gpu:
             state, r_norm = self.ops.update_normalize_rewards(
-                y, r_t, discount_t, self.state, self.scalars.view("beta")[0], self.sigma_min
+                y, r_t, discount_t, self.state, self._twin_beta(), self.sigma_min
             )
             self.state[:] = state
             return _numpy_out(out, r_norm)
@@ -167,3 +171,83 @@ class PopArt:
         self.state[...] = self.xp.asarray(st)
         self.set_beta(sd["beta"])
         self.sigma_min = float(sd["sigma_min"])
+
+
+class StackedPopArt(PopArt):
+    """:class:`PopArt` for P members (a population's agents), each with its own statistics: ``state``
+    float32 ``[P, 8]`` (row ``i`` member ``i``'s, C-contiguous) and ``beta`` a :class:`cudarl.pinned.MemberScalars`
+    ``[P]``. Each method is one launch for every member, as :class:`PopArt`'s is for one (the kernels'
+    ``blockIdx.y`` is the member), over the member-axis forms of its arrays (``[P, B]`` targets and
+    rewards, a stacked last layer ``W [P, n_in, n_out]``, ``b [P, n_out]``; ``cudarl/ops/popart.py``), and
+    member ``i`` gets the bits of a :class:`PopArt` with member ``i``'s settings on its rows.
+
+    Args:
+        members: P.
+        beta: the step size, one for every member or ``[P]``.
+        scale: support units per standard deviation, one or ``[P]``.
+        sigma_min: one floor for every member (the kernels take it by value).
+        xp: ``numpy`` or ``cupy`` (default: the process backend).
+    """
+
+    def __init__(self, members: int, beta=_AGENT.popart_beta, scale=1.0, sigma_min: float = 1e-4, xp=None):
+        P = int(members)
+        betas = np.broadcast_to(np.asarray(beta, np.float64), (P,))
+        scales = np.broadcast_to(np.asarray(scale, np.float64), (P,))
+        if P < 1 or not np.all((betas > 0) & (betas <= 1)):
+            raise ValueError(f"StackedPopArt: at least one member and every beta in (0, 1], got {P} and {beta}")
+        if not sigma_min > 0:
+            raise ValueError(f"sigma_min must be > 0, got {sigma_min}")
+        self.xp = xp if xp is not None else _backend.get().xp
+        self.sigma_min = float(sigma_min)
+        self.state = self.xp.asarray(np.stack([_ref.init_state(float(s)) for s in scales]))
+        self.scalars = MemberScalars({"beta": np.float32}, P, self.xp, initial={"beta": betas})
+        self.gpu = not is_numpy(self.xp)
+        self.ops = family("popart", self.xp)
+
+    @property
+    def members(self) -> int:
+        """P."""
+        return self.state.shape[0]
+
+    def _twin_beta(self):
+        return self.scalars.view("beta")  # [P]: the twins take it per member
+
+    def set_beta(self, beta, stream=None) -> None:
+        """Move the step sizes (one for every member, or ``[P]``) between replays, on ``stream``."""
+        if stream is not None and self.gpu:
+            with stream:
+                self.scalars.set("beta", beta)
+            return
+        self.scalars.set("beta", beta)
+
+    @property
+    def frozen(self) -> bool:
+        """Whether every member's statistics are frozen (a device read: between replays)."""
+        return bool(np.all(self.scalars.get("beta") == 0.0))
+
+    def statistics(self) -> tuple[np.ndarray, np.ndarray]:
+        """``(mu [P], sigma [P])`` (a synchronising read: for logs and tests, never inside a capture)."""
+        st = _backend.to_numpy(self.state)
+        return st[:, _ref.MU].astype(np.float64), st[:, _ref.SIGMA].astype(np.float64)
+
+    def state_dict(self) -> dict:
+        """The statistics ``[P, 8]``, the step sizes ``[P]`` and the sigma floor."""
+        return {
+            "state": np.array(_backend.to_numpy(self.state)),
+            "beta": self.scalars.get("beta").astype(np.float64),
+            "sigma_min": self.sigma_min,
+        }
+
+    def load_state_dict(self, sd: dict) -> None:
+        """Restore :meth:`state_dict` into the existing device state."""
+        st = np.asarray(sd["state"], np.float32)
+        if st.shape != self.state.shape:
+            raise ValueError(f"StackedPopArt state must have shape {tuple(self.state.shape)}, got {st.shape}")
+        self.state[...] = self.xp.asarray(st)
+        self.scalars.set("beta", sd["beta"])
+        self.sigma_min = float(sd["sigma_min"])
+
+    def member_state_dict(self, i: int) -> dict:
+        """Member ``i``'s as the :meth:`PopArt.state_dict` of a :class:`PopArt` with its settings."""
+        sd = self.state_dict()
+        return {"state": sd["state"][i].copy(), "beta": float(sd["beta"][i]), "sigma_min": self.sigma_min}

@@ -15,8 +15,9 @@ def members(shared: tuple = (), **ranks: int):
     """Give a twin that returns its results the member axis.
 
     ``ranks`` maps an argument's name to its rank without the axis (a device scalar such as ``beta`` or
-    ``gamma``: 0, a float or a ``[1]`` array alone and ``[P]`` with the axis). When the first named
-    argument has one more axis than its rank, the twin runs once per member ``i`` on element ``i`` of each
+    ``gamma``: 0, a float or a ``[1]`` array alone and ``[P]`` with the axis; None: any rank, the axis
+    there whenever the first argument has it). When the first named argument has one more axis than
+    its rank, the twin runs once per member ``i`` on element ``i`` of each
     named argument (the names in ``shared`` may come without the axis: one value for every member; None,
     an absent optional argument, stays None), the others as given, and each result gains the leading
     axis (``np.stack``: a ``[B]`` result ``[P, B]``, a scalar ``[P]``; a None result stays None).
@@ -38,7 +39,7 @@ def members(shared: tuple = (), **ranks: int):
                 v = a.get(k)
                 if v is None:
                     continue
-                if np.ndim(v) == r + 1 and np.shape(v)[0] == P:
+                if (r is None or np.ndim(v) == r + 1) and np.shape(v)[0] == P:
                     lead[k] = np.asarray(v)
                 elif k not in shared:
                     raise ValueError(f"{fn.__name__}: every argument has the member axis of one length, or none does")

@@ -22,11 +22,18 @@ random outputs are read as normalised values (preserving them as returns would m
 ``sigma_0 / sigma_1``, about 70 for bar returns of 1.5%).
 
 ``state`` is float32 ``[8]``: ``mu, sigma, mu_prev, sigma_prev, m1, m2, decay, scale``.
+
+The functions marked :func:`members` also take a leading axis of ``P`` members (a population's agents,
+each with its own statistics): ``state [P, 8]``, ``beta [P]``, the arrays ``[P, ...]``; each result gains
+the axis. Member ``i`` is the single call on member ``i``'s arguments, as the kernels' ``blockIdx.y``
+makes it.
 """
 
 from __future__ import annotations
 
 import numpy as np
+
+from ._members import members
 
 MU, SIGMA, MU_PREV, SIGMA_PREV, M1, M2, DECAY, SCALE = range(8)
 STATE_SIZE = 8
@@ -47,6 +54,7 @@ def _s(state, prev=False):
     return state[SIGMA_PREV if prev else SIGMA] / state[SCALE]
 
 
+@members(y=1, state=1, beta=0)
 def update(y, state, beta, sigma_min=1e-4, compute_dtype=np.float32):
     """New state after one batch of return-space targets ``y [B]`` (``state`` is not modified)."""
     y = np.asarray(y, compute_dtype)
@@ -68,6 +76,7 @@ def update(y, state, beta, sigma_min=1e-4, compute_dtype=np.float32):
     return st
 
 
+@members(y=1, r_t=1, discount_t=1, state=1, beta=0)
 def update_normalize_rewards(y, r_t, discount_t, state, beta, sigma_min=1e-4):
     """:func:`update` with ``y``, then :func:`normalize_rewards` with the updated statistics (one
     kernel on the GPU): returns ``(state' [8], r_norm [B])``; ``state`` is not modified."""
@@ -75,6 +84,7 @@ def update_normalize_rewards(y, r_t, discount_t, state, beta, sigma_min=1e-4):
     return new_state, normalize_rewards(r_t, discount_t, new_state)
 
 
+@members(W=2, b=1, state=1)
 def rescale(W, b, state, compute_dtype=np.float32):
     """Last layer ``W [n_in, n_out]``, ``b [n_out]`` after an update: returns new ``(W, b)`` (copies of
     the inputs when the statistics did not move)."""
@@ -87,6 +97,7 @@ def rescale(W, b, state, compute_dtype=np.float32):
     return W * (s_prev / s), (s_prev * b + state[MU_PREV] - state[MU]) / s
 
 
+@members(state=1, x=None)
 def normalize(x, state, inverse=False, compute_dtype=np.float32):
     """``(x - mu) / s``, or ``s x + mu`` with ``inverse=True``: ``x``'s shape."""
     x = np.asarray(x, compute_dtype)
@@ -95,6 +106,7 @@ def normalize(x, state, inverse=False, compute_dtype=np.float32):
     return (s * x + state[MU]) if inverse else (x - state[MU]) / s
 
 
+@members(r_t=1, discount_t=1, state=1)
 def normalize_rewards(r_t, discount_t, state):
     """Rewards of a target in normalised coordinates: ``(r - (1 - d) mu) / s`` (discount unchanged).
 
@@ -106,6 +118,7 @@ def normalize_rewards(r_t, discount_t, state):
     return (r - (np.float32(1) - d) * state[MU]) / _s(state)
 
 
+@members(r_t=1, discount_t=1, v_hat=1, state=1)
 def td_targets(r_t, discount_t, v_hat, state):
     """Return-space TD targets ``y = r + d (s v_hat + mu)`` from normalised next values ``v_hat [B]``."""
     r = np.asarray(r_t, np.float32)
