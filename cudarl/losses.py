@@ -288,7 +288,8 @@ class C51TargetsLoss(_Result):
     :class:`C51Loss`' ``loss_per``, ``loss``, ``priority``, and ``dva [B, (1 + A) K]``, dL/d(the dueling
     head's raw output) at s_t (no gradient wrt the logits); with PopArt ``y``, ``r_norm [B]``. GPU
     launch state: ``done`` and (PopArt) ``barrier``, uint32 ``[1]`` counters of zeros left zero, and
-    ``scratch`` float32 ``[8]``."""
+    ``scratch`` float32 ``[8]``. With ``members=P`` (:meth:`empty`) every buffer has a leading axis of P
+    members, C-contiguous (``loss``, ``done``, ``barrier`` ``[P]``, ``scratch`` ``[P, 8]``)."""
 
     target: object
     probs: object
@@ -304,7 +305,9 @@ class C51TargetsLoss(_Result):
     scratch: object = None
 
     @classmethod
-    def empty(cls, xp, B: int, A: int, K: int, popart: bool = False, **given) -> C51TargetsLoss:
+    def empty(
+        cls, xp, B: int, A: int, K: int, popart: bool = False, members: int | None = None, **given
+    ) -> C51TargetsLoss:
         spec = {
             "target": ((B, K), F32, False),
             "probs": ((B, K), F32, False),
@@ -322,6 +325,9 @@ class C51TargetsLoss(_Result):
                 barrier=_counter(),
                 scratch=((STATE_SIZE,), F32, False),
             )
+        if members is not None:  # the member axis: [P, ...], the loss and counters [1] -> [P]
+            P = int(members)
+            spec = {k: ((P,) if shape == (1,) else (P, *shape), dt, z) for k, (shape, dt, z) in spec.items()}
         return cls._alloc(xp, spec, given)
 
 
@@ -361,6 +367,11 @@ def c51_targets_loss(
         a_tm1: int32 ``[B]``; weights: float32 ``[B]``; the rest as :func:`c51_targets` and :func:`c51_loss`
             (``popart_state`` is updated in place on both backends).
         out: :class:`C51TargetsLoss` (made with ``popart=True`` for PopArt).
+
+    Members (a population's agents): every array with a leading axis of P (``va [P, B, (1 + A) K]``, the
+    support ``[P, K]`` or ``[K]``, ``popart_state [P, 8]``, ``popart_beta [P]``), ``out`` made with
+    ``members=P``: member ``i`` gets the bits of the call on its arrays alone (one launch on CuPy;
+    ``cudarl/ops/c51.py``).
         grid_barrier: CuPy with PopArt, one launch that waits for all its blocks (False: two launches,
             the same bits; see ``run.grid_barrier``).
     """
@@ -378,8 +389,9 @@ def c51_targets_loss(
             popart_state[...] = state
         values = dict(target=m, probs=probs, a_star=a_star, y=y, r_norm=r_norm)
         return _numpy(C51TargetsLoss, out, **values, loss_per=per, loss=mean, priority=prio, dva=dva)
-    B, K = va_tm1.shape[0], support.shape[0]
-    out = out if out is not None else C51TargetsLoss.empty(xp, B, va_tm1.shape[1] // K - 1, K, popart_state is not None)
+    P = va_tm1.shape[0] if va_tm1.ndim == 3 else None
+    B, row, K = va_tm1.shape[-2], va_tm1.shape[-1], support.shape[-1]
+    out = out if out is not None else C51TargetsLoss.empty(xp, B, row // K - 1, K, popart_state is not None, members=P)
     res = (out.probs, out.a_star, out.target, out.loss_per, out.loss, out.priority, out.dva, out.done)
     if popart_state is None:
         ops.targets_loss(*args, *res, priority=priority)

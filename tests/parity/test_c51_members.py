@@ -112,6 +112,14 @@ def test_losses_c51_targets_loss_takes_the_member_axis_on_numpy(rng):
     assert_bitwise(res.dva, want[-1], what="dva")
     assert_bitwise(res.loss, want[-3], what="loss [P]")
     assert_bitwise(state, want[5], what="PopArt state [P, 8]")
+    out = losses.C51TargetsLoss.empty(np, 9, 4, 11, popart=True, members=3)
+    assert out.dva.shape == (3, 9, 55) and out.loss.shape == (3,) and out.scratch.shape == (3, 8)
+    again = losses.c51_targets_loss(
+        *(h[k] for k in INPUTS), popart_state=h["state"].copy(), popart_beta=h["beta"], out=out
+    )
+    assert again is out
+    assert_bitwise(out.dva, want[-1], what="dva into out")
+    assert_bitwise(out.loss, want[-3], what="loss into out")
 
 
 def _np_args(P: int, B: int, A: int, K: int, popart: bool) -> dict:
@@ -326,3 +334,30 @@ def test_gpu_n_step_member_is_a_single_launch(cp, rng, P):
     want_r, want_d = ref.n_step(rewards, terminal, gamma)
     assert_parity(r_t, want_r, what="n-step reward")
     assert_parity(d_t, want_d, what="n-step discount")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("popart", [False, True])
+def test_gpu_losses_c51_targets_loss_takes_the_member_axis(cp, rng, popart):
+    """``losses.c51_targets_loss`` with the member axis and no ``out`` allocates ``[P, ...]`` buffers
+    (``C51TargetsLoss.empty(members=P)``) and gives the stacked launch's bits."""
+    from cudarl import losses
+
+    P, B, A, K = 3, 64, 3, 51
+    h = _host(rng, P, B, A, K, own_support=False)
+    dev, outs = _device(cp, h, P, popart, padded=False)
+    _launch(dev, outs, popart, grid_barrier=True)
+    state = cp.asarray(h["state"])
+    kw = dict(popart_state=state, popart_beta=dev["beta"]) if popart else {}
+    res = losses.c51_targets_loss(*(dev[k] for k in INPUTS), **kw)
+    cp.cuda.get_current_stream().synchronize()
+    for k, got in (
+        ("m", res.target),
+        ("probs", res.probs),
+        ("per", res.loss_per),
+        ("dva", res.dva),
+        ("loss", res.loss),
+    ):
+        assert_bitwise(got, outs[k], what=k)
+    if popart:
+        assert_bitwise(state, dev["state"], what="PopArt state")
