@@ -126,9 +126,16 @@ class PrioritizedReplay:
         xp = self.xp = self.backend.xp
         self._ops = family("replay", xp)
         self._scalars = DeviceScalars(
-            {"added": np.int64, "step": np.int64, "max_q": np.int64, "status": np.int64, "beta": np.float64},
+            {
+                "added": np.int64,
+                "step": np.int64,
+                "max_q": np.int64,
+                "status": np.int64,
+                "beta": np.float64,
+                "seed": np.uint64,
+            },
             xp,
-            initial={"max_q": q0, "beta": self.spec.beta0},
+            initial={"max_q": q0, "beta": self.spec.beta0, "seed": self.spec.seed},
         )
         C = capacity
         self.bufs = _ref.ReplayBuffers(
@@ -145,6 +152,7 @@ class PrioritizedReplay:
             max_q=self._scalars.view("max_q"),
             status=self._scalars.view("status"),
             beta=self._scalars.view("beta"),
+            seed=self._scalars.view("seed"),
             next_obs=xp.zeros((C, obs_dim), np.float32) if store_next_obs else None,
         )
         self._batches: dict[int, tuple] = {}
