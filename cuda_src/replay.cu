@@ -392,13 +392,13 @@ __device__ __forceinline__ i64 search_one(const i64* tree, const i64* levels, co
 }
 
 // The member's tree, batch vectors and scalars (mb = blockIdx.y), for the searching kernels.
-#define SEARCH_MEMBER()    \
+#define SEARCH_MEMBER()      \
   const i64 mb = blockIdx.y; \
-  tree += mb * st;         \
-  step += mb;              \
-  indices += mb * sv;      \
-  qsel += mb * sv;         \
-  status += mb;            \
+  tree += mb * st;           \
+  step += mb;                \
+  indices += mb * sv;        \
+  qsel += mb * sv;           \
+  status += mb;              \
   seed += mb
 
 extern "C" __global__ void cudarl_replay_sample_search(const i64* tree, const i64* levels, const i64* step,
@@ -518,16 +518,16 @@ struct GatherArgs {
 };
 
 // The member's ring and batch (mb = blockIdx.y), for the gathering kernels.
-#define GATHER_MEMBER()                     \
-  s_obs += mb * sr;                         \
-  s_next += mb * sr;                        \
-  s_action += mb * sc;                      \
-  s_reward += mb * sc;                      \
-  s_discount += mb * sc;                    \
-  obs_out += mb * sx;                       \
-  next_obs_out += mb * sx;                  \
-  action_out += mb * sv;                    \
-  return_out += mb * sv;                    \
+#define GATHER_MEMBER()    \
+  s_obs += mb * sr;        \
+  s_next += mb * sr;       \
+  s_action += mb * sc;     \
+  s_reward += mb * sc;     \
+  s_discount += mb * sc;   \
+  obs_out += mb * sx;      \
+  next_obs_out += mb * sx; \
+  action_out += mb * sv;   \
+  return_out += mb * sv;   \
   discount_out += mb * sv
 
 __device__ __forceinline__ void gather_impl(const float* s_obs, const int* s_action, const float* s_reward,
