@@ -610,9 +610,9 @@ extern "C" __global__ void cudarl_replay_sample_search_gather_windows(
   obs_win += mb * sw;
   next_win += mb * sw;
   const int lane = (int)(threadIdx.x & 31);
-  const i64 s = search_gather_warp(tree, levels, step, indices, qsel, status, B, depth, seed[0], stream_id, s_obs, s_action,
-                                   s_reward, s_discount, s_next, obs_out, next_obs_out, action_out, return_out,
-                                   discount_out, D, C, n_envs, n_step, lag, j, lane);
+  const i64 s = search_gather_warp(tree, levels, step, indices, qsel, status, B, depth, seed[0], stream_id, s_obs,
+                                   s_action, s_reward, s_discount, s_next, obs_out, next_obs_out, action_out,
+                                   return_out, discount_out, D, C, n_envs, n_step, lag, j, lane);
   float r0 = 0.0f, r1 = 0.0f, r2 = 0.0f, r3 = 0.0f, n0 = 0.0f, n1 = 0.0f, n2 = 0.0f, n3 = 0.0f;
   if (s >= 0 && s < C) {  // the values gather_one copied (every lane reads them: one cached line each)
     const float* r = s_obs + s * D;
