@@ -12,6 +12,20 @@
 //
 // Every size, counter and schedule that changes between replays (added, step, max_q) is read
 // from device memory, so a graph captured at one size samples rows added later.
+//
+// The member axis (a population's agents, docs/perf-notes.md "The agent axis, in stages", stage 5):
+// every kernel takes blockIdx.y as the member mb. Each family of rows advances by mb times its
+// stride argument (elements): the tree by st; the ring's state rows (s_obs, s_next, s_next_obs) by
+// sr; its per-slot arrays (s_action, s_reward, s_discount, owner) by sc; a batch's rows (an insert's
+// obs and next_obs, a gather's obs_out and next_obs_out) by sx; a batch's vectors (an insert's
+// action, reward and discount, indices, qsel, td, weights, action_out, return_out, discount_out) by
+// sv; the windows by sw; the flag scratch by FLAG_WORDS; each device scalar (added, step, max_q,
+// status, beta, seed) by 1: [P] arrays. The Philox key is the member's seed[mb] and the counter the
+// member's (step, stream_id), so a member draws what the agent alone draws. levels is shared (members
+// have one capacity). The x grid, the block and each thread's work and order are the single launch's,
+// so member mb gets the bits of a single launch on its rows; one member (gridDim.y = 1, mb = 0:
+// every offset zero) is the single launch. The by-value constants (alpha, eps, the beta schedule,
+// stream_id, the shapes) are one value for every member of a launch.
 #include <cudarl/philox.cuh>
 #include <cudarl/reduce.cuh>
 #include <cudarl/window.cuh>
@@ -55,6 +69,7 @@ __device__ __forceinline__ void add_to_ancestors(i64* tree, const i64* levels, i
 #define FLAG_REJECT 0           // 1: the batch being inserted is rejected
 #define FLAG_CHECK_ARRIVALS 1   // insert_check's arrival counter (0 between launches)
 #define FLAG_COMMIT_ARRIVALS 2  // insert_commit's arrival counter (0 between launches)
+#define FLAG_WORDS 3            // words of a member's flag scratch (reference.replay.FLAG_WORDS)
 #define BAD_BLOCK (1ULL << 32)  // what a block that found a bad value adds on top of its ticket
 
 // insert_check[_next]: grid-stride over the batch's B*D observations (and next_obs) and its B
@@ -65,7 +80,15 @@ __device__ __forceinline__ void add_to_ancestors(i64* tree, const i64* levels, i
 template <bool kNext>
 __device__ __forceinline__ void check_batch(const float* obs, const float* next_obs, const int* action,
                                             const float* reward, const float* discount, i64* flag, i64* status,
-                                            i64 B, i64 D) {
+                                            i64 B, i64 D, i64 sx, i64 sv) {
+  const i64 mb = blockIdx.y;  // the member: its batch, flag words and status
+  obs += mb * sx;
+  if (kNext) next_obs += mb * sx;
+  action += mb * sv;
+  reward += mb * sv;
+  discount += mb * sv;
+  flag += mb * FLAG_WORDS;
+  status += mb;
   const i64 stride = (i64)gridDim.x * blockDim.x;
   const i64 t = (i64)blockIdx.x * blockDim.x + threadIdx.x;
   int bad = 0;
@@ -91,14 +114,15 @@ __device__ __forceinline__ void check_batch(const float* obs, const float* next_
 }
 
 extern "C" __global__ void cudarl_replay_insert_check(const float* obs, const int* action, const float* reward,
-                                                      const float* discount, i64* flag, i64* status, i64 B, i64 D) {
-  check_batch<false>(obs, nullptr, action, reward, discount, flag, status, B, D);  // next_obs: never read
+                                                      const float* discount, i64* flag, i64* status, i64 B, i64 D,
+                                                      i64 sx, i64 sv) {
+  check_batch<false>(obs, nullptr, action, reward, discount, flag, status, B, D, sx, sv);  // next_obs: never read
 }
 
 extern "C" __global__ void cudarl_replay_insert_check_next(const float* obs, const float* next_obs, const int* action,
                                                            const float* reward, const float* discount, i64* flag,
-                                                           i64* status, i64 B, i64 D) {
-  check_batch<true>(obs, next_obs, action, reward, discount, flag, status, B, D);
+                                                           i64* status, i64 B, i64 D, i64 sx, i64 sv) {
+  check_batch<true>(obs, next_obs, action, reward, discount, flag, status, B, D, sx, sv);
 }
 
 // The nodes of one tree level (shift = 5 * level) whose subtree holds a slot of the ring range
@@ -146,7 +170,25 @@ __device__ __forceinline__ void commit_batch(const float* obs, const float* next
                                              const float* reward, const float* discount, float* s_obs,
                                              float* s_next_obs, int* s_action, float* s_reward, float* s_discount,
                                              i64* tree, const i64* levels, i64* flag, i64* added, const i64* max_q,
-                                             i64 B, i64 D, i64 C, i64 lag, int depth, i64 row_blocks) {
+                                             i64 B, i64 D, i64 C, i64 lag, int depth, i64 row_blocks, i64 sx,
+                                             i64 sv, i64 sr, i64 sc, i64 st) {
+  {  // the member's batch, ring, tree, flag words and scalars (member 0: the pointers as given)
+    const i64 mb = blockIdx.y;
+    obs += mb * sx;
+    if (kNext) next_obs += mb * sx;
+    action += mb * sv;
+    reward += mb * sv;
+    discount += mb * sv;
+    s_obs += mb * sr;
+    if (kNext) s_next_obs += mb * sr;
+    s_action += mb * sc;
+    s_reward += mb * sc;
+    s_discount += mb * sc;
+    tree += mb * st;
+    flag += mb * FLAG_WORDS;
+    added += mb;
+    max_q += mb;
+  }
   if (flag[FLAG_REJECT] != 0) return;  // the same word for every block: the whole grid skips
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const i64 wpb = blockDim.x >> 5;
@@ -227,19 +269,26 @@ struct InsertCommitArgs {
   i64 lag;
   int depth;
   i64 row_blocks;
+  i64 sx;
+  i64 sv;
+  i64 sr;
+  i64 sc;
+  i64 st;
 };
 
 __device__ __forceinline__ void insert_commit_impl(
     const float* obs, const int* action, const float* reward, const float* discount, float* s_obs, int* s_action,
     float* s_reward, float* s_discount, i64* tree, const i64* levels, i64* flag, i64* added, const i64* max_q, i64 B,
-    i64 D, i64 C, i64 lag, int depth, i64 row_blocks) {
+    i64 D, i64 C, i64 lag, int depth, i64 row_blocks, i64 sx, i64 sv, i64 sr, i64 sc, i64 st) {
   commit_batch<false>(obs, nullptr, action, reward, discount, s_obs, nullptr, s_action, s_reward, s_discount, tree,
-                      levels, flag, added, max_q, B, D, C, lag, depth, row_blocks);  // next_obs: never touched
+                      levels, flag, added, max_q, B, D, C, lag, depth, row_blocks, sx, sv, sr, sc,
+                      st);  // next_obs: never touched
 }
 
 extern "C" __global__ __launch_bounds__(COMMIT_THREADS, 1) void cudarl_replay_insert_commit(const InsertCommitArgs a) {
   insert_commit_impl(a.obs, a.action, a.reward, a.discount, a.s_obs, a.s_action, a.s_reward, a.s_discount, a.tree,
-                     a.levels, a.flag, a.added, a.max_q, a.B, a.D, a.C, a.lag, a.depth, a.row_blocks);
+                     a.levels, a.flag, a.added, a.max_q, a.B, a.D, a.C, a.lag, a.depth, a.row_blocks, a.sx, a.sv,
+                     a.sr, a.sc, a.st);
 }
 
 // The parameters of cudarl_replay_insert_commit_next, passed as one value (cudarl.signatures reads them here).
@@ -265,21 +314,27 @@ struct InsertCommitNextArgs {
   i64 lag;
   int depth;
   i64 row_blocks;
+  i64 sx;
+  i64 sv;
+  i64 sr;
+  i64 sc;
+  i64 st;
 };
 
 __device__ __forceinline__ void insert_commit_next_impl(
     const float* obs, const float* next_obs, const int* action, const float* reward, const float* discount,
     float* s_obs, float* s_next_obs, int* s_action, float* s_reward, float* s_discount, i64* tree, const i64* levels,
-    i64* flag, i64* added, const i64* max_q, i64 B, i64 D, i64 C, i64 lag, int depth, i64 row_blocks) {
+    i64* flag, i64* added, const i64* max_q, i64 B, i64 D, i64 C, i64 lag, int depth, i64 row_blocks, i64 sx, i64 sv,
+    i64 sr, i64 sc, i64 st) {
   commit_batch<true>(obs, next_obs, action, reward, discount, s_obs, s_next_obs, s_action, s_reward, s_discount, tree,
-                     levels, flag, added, max_q, B, D, C, lag, depth, row_blocks);
+                     levels, flag, added, max_q, B, D, C, lag, depth, row_blocks, sx, sv, sr, sc, st);
 }
 
 extern "C" __global__ __launch_bounds__(COMMIT_THREADS, 1) void cudarl_replay_insert_commit_next(
     const InsertCommitNextArgs a) {
   insert_commit_next_impl(a.obs, a.next_obs, a.action, a.reward, a.discount, a.s_obs, a.s_next_obs, a.s_action,
                           a.s_reward, a.s_discount, a.tree, a.levels, a.flag, a.added, a.max_q, a.B, a.D, a.C, a.lag,
-                          a.depth, a.row_blocks);
+                          a.depth, a.row_blocks, a.sx, a.sv, a.sr, a.sc, a.st);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -336,19 +391,38 @@ __device__ __forceinline__ i64 search_one(const i64* tree, const i64* levels, co
   return p;
 }
 
+// The member's tree, batch vectors and scalars (mb = blockIdx.y), for the searching kernels.
+#define SEARCH_MEMBER()      \
+  const i64 mb = blockIdx.y; \
+  tree += mb * st;           \
+  step += mb;                \
+  indices += mb * sv;        \
+  qsel += mb * sv;           \
+  status += mb;              \
+  seed += mb
+
 extern "C" __global__ void cudarl_replay_sample_search(const i64* tree, const i64* levels, const i64* step,
                                                        int* indices, i64* qsel, i64* status, i64 B, int depth,
-                                                       u64 seed, unsigned int stream_id) {
+                                                       const u64* seed, unsigned int stream_id, i64 st, i64 sv) {
   const i64 j = ((i64)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
   if (j >= B) return;  // whole warps exit together (blockDim is a multiple of 32)
-  search_one(tree, levels, step, indices, qsel, status, j, B, depth, seed, stream_id, (int)(threadIdx.x & 31));
+  SEARCH_MEMBER();
+  search_one(tree, levels, step, indices, qsel, status, j, B, depth, seed[0], stream_id, (int)(threadIdx.x & 31));
 }
 
-// sample_weights: one block of 1024 threads. Reads qsel [B] and step; writes
+// sample_weights: one block of 1024 threads (a member). Reads qsel [B] and step; writes
 // weights[j] = (q_min / q_j)^beta (float64 pow, rounded to float32), beta[0], then step += 1.
 extern "C" __global__ void cudarl_replay_sample_weights(const i64* qsel, float* weights, i64* step, double* beta_out,
-                                                        i64 B, double beta0, double beta_final, i64 beta_steps) {
+                                                        i64 B, double beta0, double beta_final, i64 beta_steps,
+                                                        i64 sv) {
   __shared__ u64 smin[32];
+  {  // one block per member (block (0, mb))
+    const i64 mb = blockIdx.y;
+    qsel += mb * sv;
+    weights += mb * sv;
+    step += mb;
+    beta_out += mb;
+  }
   const i64 s = step[0];
   double frac = __ddiv_rn((double)s, (double)beta_steps);
   if (frac > 1.0) frac = 1.0;
@@ -437,15 +511,36 @@ struct GatherArgs {
   i64 n_envs;
   int n_step;
   i64 lag;
+  i64 sv;
+  i64 sx;
+  i64 sr;
+  i64 sc;
 };
+
+// The member's ring and batch (mb = blockIdx.y), for the gathering kernels.
+#define GATHER_MEMBER()    \
+  s_obs += mb * sr;        \
+  s_next += mb * sr;       \
+  s_action += mb * sc;     \
+  s_reward += mb * sc;     \
+  s_discount += mb * sc;   \
+  obs_out += mb * sx;      \
+  next_obs_out += mb * sx; \
+  action_out += mb * sv;   \
+  return_out += mb * sv;   \
+  discount_out += mb * sv
 
 __device__ __forceinline__ void gather_impl(const float* s_obs, const int* s_action, const float* s_reward,
                                             const float* s_discount, const float* s_next, const int* indices,
                                             float* obs_out, float* next_obs_out, int* action_out,
                                             float* return_out, float* discount_out, i64* status, i64 B, i64 D,
-                                            i64 C, i64 n_envs, int n_step, i64 lag) {
+                                            i64 C, i64 n_envs, int n_step, i64 lag, i64 sv, i64 sx, i64 sr, i64 sc) {
   const i64 e = (i64)blockIdx.x * blockDim.x + threadIdx.x;
   if (e >= B * D) return;
+  const i64 mb = blockIdx.y;
+  GATHER_MEMBER();
+  indices += mb * sv;
+  status += mb;
   const i64 j = e / D;
   gather_one(s_obs, s_action, s_reward, s_discount, s_next, j, e - j * D, indices[j], obs_out, next_obs_out, action_out,
              return_out, discount_out, status, D, C, n_envs, n_step, lag);
@@ -453,7 +548,8 @@ __device__ __forceinline__ void gather_impl(const float* s_obs, const int* s_act
 
 extern "C" __global__ void cudarl_replay_gather(const GatherArgs a) {
   gather_impl(a.s_obs, a.s_action, a.s_reward, a.s_discount, a.s_next, a.indices, a.obs_out, a.next_obs_out,
-              a.action_out, a.return_out, a.discount_out, a.status, a.B, a.D, a.C, a.n_envs, a.n_step, a.lag);
+              a.action_out, a.return_out, a.discount_out, a.status, a.B, a.D, a.C, a.n_envs, a.n_step, a.lag, a.sv,
+              a.sx, a.sr, a.sc);
 }
 
 // One warp's sample j of sample_search_gather (all 32 lanes): the search, then the gather of the
@@ -479,12 +575,15 @@ __device__ __forceinline__ i64 search_gather_warp(const i64* tree, const i64* le
 // step's chain. Threads: one warp per sample, as sample_search.
 extern "C" __global__ void cudarl_replay_sample_search_gather(
     const i64* tree, const i64* levels, const i64* step, int* indices, i64* qsel, i64* status, i64 B, int depth,
-    u64 seed, unsigned int stream_id, const float* s_obs, const int* s_action, const float* s_reward,
+    const u64* seed, unsigned int stream_id, const float* s_obs, const int* s_action, const float* s_reward,
     const float* s_discount, const float* s_next, float* obs_out, float* next_obs_out, int* action_out,
-    float* return_out, float* discount_out, i64 D, i64 C, i64 n_envs, int n_step, i64 lag) {
+    float* return_out, float* discount_out, i64 D, i64 C, i64 n_envs, int n_step, i64 lag, i64 st, i64 sv, i64 sx,
+    i64 sr, i64 sc) {
   const i64 j = ((i64)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
   if (j >= B) return;  // whole warps exit together (blockDim is a multiple of 32)
-  search_gather_warp(tree, levels, step, indices, qsel, status, B, depth, seed, stream_id, s_obs, s_action, s_reward,
+  SEARCH_MEMBER();
+  GATHER_MEMBER();
+  search_gather_warp(tree, levels, step, indices, qsel, status, B, depth, seed[0], stream_id, s_obs, s_action, s_reward,
                      s_discount, s_next, obs_out, next_obs_out, action_out, return_out, discount_out, D, C, n_envs,
                      n_step, lag, j, (int)(threadIdx.x & 31));
 }
@@ -498,17 +597,22 @@ extern "C" __global__ void cudarl_replay_sample_search_gather(
 // window * (F + 2) floats, twice. Reads the rows from the ring (not the outputs just written).
 extern "C" __global__ void cudarl_replay_sample_search_gather_windows(
     const i64* tree, const i64* levels, const i64* step, int* indices, i64* qsel, i64* status, i64 B, int depth,
-    u64 seed, unsigned int stream_id, const float* s_obs, const int* s_action, const float* s_reward,
+    const u64* seed, unsigned int stream_id, const float* s_obs, const int* s_action, const float* s_reward,
     const float* s_discount, const float* s_next, float* obs_out, float* next_obs_out, int* action_out,
     float* return_out, float* discount_out, i64 D, i64 C, i64 n_envs, int n_step, i64 lag,
     const float* __restrict__ features, const float* __restrict__ sign, float* __restrict__ obs_win,
-    float* __restrict__ next_win, int window, int n_features, i64 n_bars) {
+    float* __restrict__ next_win, int window, int n_features, i64 n_bars, i64 st, i64 sv, i64 sx, i64 sr, i64 sc,
+    i64 sw) {
   const i64 j = ((i64)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
   if (j >= B) return;  // whole warps exit together (blockDim is a multiple of 32)
+  SEARCH_MEMBER();
+  GATHER_MEMBER();
+  obs_win += mb * sw;
+  next_win += mb * sw;
   const int lane = (int)(threadIdx.x & 31);
-  const i64 s = search_gather_warp(tree, levels, step, indices, qsel, status, B, depth, seed, stream_id, s_obs, s_action,
-                                   s_reward, s_discount, s_next, obs_out, next_obs_out, action_out, return_out,
-                                   discount_out, D, C, n_envs, n_step, lag, j, lane);
+  const i64 s = search_gather_warp(tree, levels, step, indices, qsel, status, B, depth, seed[0], stream_id, s_obs,
+                                   s_action, s_reward, s_discount, s_next, obs_out, next_obs_out, action_out,
+                                   return_out, discount_out, D, C, n_envs, n_step, lag, j, lane);
   float r0 = 0.0f, r1 = 0.0f, r2 = 0.0f, r3 = 0.0f, n0 = 0.0f, n1 = 0.0f, n2 = 0.0f, n3 = 0.0f;
   if (s >= 0 && s < C) {  // the values gather_one copied (every lane reads them: one cached line each)
     const float* r = s_obs + s * D;
@@ -527,7 +631,7 @@ extern "C" __global__ void cudarl_replay_sample_search_gather_windows(
 }
 
 // ---------------------------------------------------------------------------------------------
-// update_priorities: one block of 1024 threads, three phases over the batch:
+// update_priorities: one block of 1024 threads (a member), three phases over the batch:
 //   1. owner[idx] = max j over occurrences (integer atomicMax: the last occurrence wins);
 //   2. each winner with a finite td on a ready row writes its leaf and adds the delta to the
 //      ancestors; the block's largest new leaf raises max_q;
@@ -535,9 +639,19 @@ extern "C" __global__ void cudarl_replay_sample_search_gather_windows(
 // Reads B indices and tds, 32-bit owner entries, depth ancestors per winner.
 extern "C" __global__ void cudarl_replay_update_priorities(const int* indices, const float* td, i64* tree,
                                                            const i64* levels, int* owner, i64* max_q, i64* status,
-                                                           i64 B, i64 C, int depth, double alpha, double eps) {
+                                                           i64 B, i64 C, int depth, double alpha, double eps,
+                                                           i64 sv, i64 st, i64 sc) {
   __shared__ u64 smax[32];
   __shared__ int sflags;
+  {  // one block per member (block (0, mb)): its batch, tree, owner scratch and scalars
+    const i64 mb = blockIdx.y;
+    indices += mb * sv;
+    td += mb * sv;
+    tree += mb * st;
+    owner += mb * sc;
+    max_q += mb;
+    status += mb;
+  }
   if (threadIdx.x == 0) sflags = 0;
   __syncthreads();
   int flags = 0;
@@ -582,9 +696,10 @@ extern "C" __global__ void cudarl_replay_update_priorities(const int* indices, c
 // ---------------------------------------------------------------------------------------------
 // tree_level: thread p < n_dst sums the 32 children of node p: reads 256 bytes, writes 8.
 // Launched once per level, bottom up, to rebuild the tree after a state is loaded.
-extern "C" __global__ void cudarl_replay_tree_level(i64* tree, i64 src_off, i64 dst_off, i64 n_dst) {
+extern "C" __global__ void cudarl_replay_tree_level(i64* tree, i64 src_off, i64 dst_off, i64 n_dst, i64 st) {
   const i64 p = (i64)blockIdx.x * blockDim.x + threadIdx.x;
   if (p >= n_dst) return;
+  tree += (i64)blockIdx.y * st;  // the member's tree
   i64 s = 0;
   for (int c = 0; c < FANOUT; ++c) s += tree[src_off + p * FANOUT + c];
   tree[dst_off + p] = s;

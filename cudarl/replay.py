@@ -125,32 +125,47 @@ class PrioritizedReplay:
         self.backend = _backend.get(backend)
         xp = self.xp = self.backend.xp
         self._ops = family("replay", xp)
-        self._scalars = DeviceScalars(
-            {"added": np.int64, "step": np.int64, "max_q": np.int64, "status": np.int64, "beta": np.float64},
+        self._scalars = self._new_scalars(
+            {
+                "added": np.int64,
+                "step": np.int64,
+                "max_q": np.int64,
+                "status": np.int64,
+                "beta": np.float64,
+                "seed": np.uint64,
+            },
             xp,
-            initial={"max_q": q0, "beta": self.spec.beta0},
+            initial={"max_q": q0, "beta": self.spec.beta0, "seed": self.spec.seed},
         )
-        C = capacity
+        C, lead = capacity, self._lead
         self.bufs = _ref.ReplayBuffers(
-            obs=xp.zeros((C, obs_dim), np.float32),
-            action=xp.zeros(C, np.int32),
-            reward=xp.zeros(C, np.float32),
-            discount=xp.zeros(C, np.float32),
-            tree=xp.zeros(_ref.tree_nodes(C), np.int64),
+            obs=xp.zeros((*lead, C, obs_dim), np.float32),
+            action=xp.zeros((*lead, C), np.int32),
+            reward=xp.zeros((*lead, C), np.float32),
+            discount=xp.zeros((*lead, C), np.float32),
+            tree=xp.zeros((*lead, _ref.tree_nodes(C)), np.int64),
             levels=xp.asarray(np.array([o for o, _ in _ref.tree_layout(C)], np.int64)),
-            owner=xp.full(C, -1, np.int32),
-            flag=xp.zeros(_ref.FLAG_WORDS, np.int64),
+            owner=xp.full((*lead, C), -1, np.int32),
+            flag=xp.zeros((*lead, _ref.FLAG_WORDS), np.int64),
             added=self._scalars.view("added"),
             step=self._scalars.view("step"),
             max_q=self._scalars.view("max_q"),
             status=self._scalars.view("status"),
             beta=self._scalars.view("beta"),
-            next_obs=xp.zeros((C, obs_dim), np.float32) if store_next_obs else None,
+            seed=self._scalars.view("seed"),
+            next_obs=xp.zeros((*lead, C, obs_dim), np.float32) if store_next_obs else None,
         )
         self._batches: dict[int, tuple] = {}
         # Rows added as the host saw them; None once an add() was captured (a graph's replays add
         # rows the host cannot count), after which batch sizes are checked on the device only.
         self._added_host: int | None = 0
+
+    # The leading shape of every buffer and batch array: none for one buffer (the stacked subclass: (P,)).
+    _lead: tuple = ()
+    _form = ""  # how a batch array's shape begins in messages ("P, " with members)
+
+    def _new_scalars(self, spec: dict, xp, initial: dict):
+        return DeviceScalars(spec, xp, initial=initial)
 
     # --- properties ---------------------------------------------------------------------------
     @property
@@ -235,25 +250,26 @@ class PrioritizedReplay:
         complete (``n * n_envs`` rows later), or at once with ``store_next_obs``. CuPy arguments
         are checked on the device: a bad batch is rejected whole and sets status bit "bad rows rejected".
         """
-        if not hasattr(obs, "shape") or len(obs.shape) != 2:
+        lead = self._lead
+        if not hasattr(obs, "shape") or len(obs.shape) != 2 + len(lead):
             raise ValueError(
-                f"obs: expected a float32 array [B, {self.spec.obs_dim}], "
+                f"obs: expected a float32 array [{self._form}B, {self.spec.obs_dim}], "
                 f"got {getattr(obs, 'shape', type(obs).__name__)}"
             )
-        B = int(obs.shape[0])
+        B = int(obs.shape[len(lead)])
         if B < 1 or B > self.capacity or B % self.spec.n_envs:
             raise ValueError(
                 f"obs: {B} rows; need 1..capacity={self.capacity} rows, a multiple of n_envs={self.spec.n_envs}"
             )
-        obs = self._arg("obs", obs, (B, self.spec.obs_dim), np.float32, check_values=self._finite)
+        obs = self._arg("obs", obs, (*lead, B, self.spec.obs_dim), np.float32, check_values=self._finite)
         action = self._arg(
-            "action", action, (B,), np.int32, check_values=lambda a: None if np.all(a >= 0) else "negative action"
+            "action", action, (*lead, B), np.int32, check_values=lambda a: None if np.all(a >= 0) else "negative action"
         )
-        reward = self._arg("reward", reward, (B,), np.float32, check_values=self._finite)
+        reward = self._arg("reward", reward, (*lead, B), np.float32, check_values=self._finite)
         discount = self._arg(
             "discount",
             discount,
-            (B,),
+            (*lead, B),
             np.float32,
             check_values=lambda a: (
                 None if np.all(np.isfinite(a) & (a >= 0) & (a <= 1)) else "must be finite and in [0, 1]"
@@ -262,9 +278,12 @@ class PrioritizedReplay:
         if self.spec.store_next_obs:
             if next_obs is None:
                 raise ValueError(
-                    f"next_obs: required (float32 [B, {self.spec.obs_dim}]) by a buffer with store_next_obs=True"
+                    f"next_obs: required (float32 [{self._form}B, {self.spec.obs_dim}]) by a buffer with "
+                    "store_next_obs=True"
                 )
-            next_obs = self._arg("next_obs", next_obs, (B, self.spec.obs_dim), np.float32, check_values=self._finite)
+            next_obs = self._arg(
+                "next_obs", next_obs, (*lead, B, self.spec.obs_dim), np.float32, check_values=self._finite
+            )
         elif next_obs is not None:
             raise ValueError(
                 "next_obs: this buffer takes s_{t+n} from the ring; construct it with store_next_obs=True to store it"
@@ -281,17 +300,17 @@ class PrioritizedReplay:
         if B not in self._batches:
             if self._capturing():
                 raise ValueError(f"batch_size: buffers for {B} do not exist yet; call reserve({B}) before the capture")
-            xp, W = self.xp, self.spec.obs_dim
+            xp, W, lead = self.xp, self.spec.obs_dim, self._lead
             self._batches[B] = (
-                xp.zeros(B, np.int32),
-                xp.zeros(B, np.float32),
-                xp.zeros(B, np.int64),
+                xp.zeros((*lead, B), np.int32),
+                xp.zeros((*lead, B), np.float32),
+                xp.zeros((*lead, B), np.int64),
                 Batch(
-                    xp.zeros((B, W), np.float32),
-                    xp.zeros((B, W), np.float32),
-                    xp.zeros(B, np.int32),
-                    xp.zeros(B, np.float32),
-                    xp.zeros(B, np.float32),
+                    xp.zeros((*lead, B, W), np.float32),
+                    xp.zeros((*lead, B, W), np.float32),
+                    xp.zeros((*lead, B), np.int32),
+                    xp.zeros((*lead, B), np.float32),
+                    xp.zeros((*lead, B), np.float32),
                 ),
             )
 
@@ -330,7 +349,7 @@ class PrioritizedReplay:
             self._check_out(out, B)
             self._ops.sample_search_gather_windows(
                 self.spec, self.bufs, idx, qsel, *out, windows.features, windows.sign, windows.window,
-                windows_out[:B], windows_out[B:],
+                windows_out[..., :B, :], windows_out[..., B:, :],
             )  # fmt: skip
         elif out is not None:
             self._check_out(out, B)
@@ -349,12 +368,8 @@ class PrioritizedReplay:
 
         Writes into ``out`` (the trainer's fixed buffers) or into buffers this object owns.
         """
-        if not hasattr(indices, "shape") or len(indices.shape) != 1 or indices.shape[0] < 1:
-            raise ValueError(
-                f"indices: expected an int32 array [B], got {getattr(indices, 'shape', type(indices).__name__)}"
-            )
-        B = int(indices.shape[0])
-        indices = self._arg("indices", indices, (B,), np.int32, check_values=self._index_check)
+        B = self._indices_batch(indices)
+        indices = self._arg("indices", indices, (*self._lead, B), np.int32, check_values=self._index_check)
         if out is None:
             self.reserve(B)
             out = self._batches[B][3]
@@ -362,14 +377,23 @@ class PrioritizedReplay:
         self._ops.gather(self.spec, self.bufs, indices, *out)
         return out
 
+    def _indices_batch(self, indices) -> int:
+        """``B`` of an ``indices`` argument ``[B]`` (``[P, B]`` with members), refused when not of that form."""
+        if not hasattr(indices, "shape") or len(indices.shape) != 1 + len(self._lead) or indices.shape[-1] < 1:
+            raise ValueError(
+                f"indices: expected an int32 array [{self._form}B], "
+                f"got {getattr(indices, 'shape', type(indices).__name__)}"
+            )
+        return int(indices.shape[-1])
+
     def _check_out(self, out: Batch, B: int) -> None:
-        W = self.spec.obs_dim
+        W, lead = self.spec.obs_dim, self._lead
         for name, a, shape, dt in (
-            ("out.obs", out.obs, (B, W), np.float32),
-            ("out.next_obs", out.next_obs, (B, W), np.float32),
-            ("out.action", out.action, (B,), np.int32),
-            ("out.ret", out.ret, (B,), np.float32),
-            ("out.discount", out.discount, (B,), np.float32),
+            ("out.obs", out.obs, (*lead, B, W), np.float32),
+            ("out.next_obs", out.next_obs, (*lead, B, W), np.float32),
+            ("out.action", out.action, (*lead, B), np.int32),
+            ("out.ret", out.ret, (*lead, B), np.float32),
+            ("out.discount", out.discount, (*lead, B), np.float32),
         ):
             if (
                 type(a).__module__.split(".")[0] != self.xp.__name__
@@ -394,13 +418,9 @@ class PrioritizedReplay:
         device rules (that priority left unchanged, status bit set). Rows that are no longer
         ready (overwritten since they were sampled) keep their priority.
         """
-        if not hasattr(indices, "shape") or len(indices.shape) != 1 or indices.shape[0] < 1:
-            raise ValueError(
-                f"indices: expected an int32 array [B], got {getattr(indices, 'shape', type(indices).__name__)}"
-            )
-        B = int(indices.shape[0])
-        indices = self._arg("indices", indices, (B,), np.int32, check_values=self._index_check)
-        td = self._arg("td", td, (B,), np.float32, check_values=None if device_rules else self._finite)
+        B = self._indices_batch(indices)
+        indices = self._arg("indices", indices, (*self._lead, B), np.int32, check_values=self._index_check)
+        td = self._arg("td", td, (*self._lead, B), np.float32, check_values=None if device_rules else self._finite)
         self._ops.update_priorities(self.spec, self.bufs, indices, td)
 
     def nbytes(self) -> int:
@@ -411,7 +431,7 @@ class PrioritizedReplay:
 
     def priorities(self) -> np.ndarray:
         """``p_i**alpha`` of every slot as float64 ``[C]`` (0 = not ready; a device read)."""
-        return _backend.to_numpy(self.bufs.tree[: self.capacity]).astype(np.float64) / _ref.SCALE
+        return _backend.to_numpy(self.bufs.tree[..., : self.capacity]).astype(np.float64) / _ref.SCALE
 
     # --- state --------------------------------------------------------------------------------
     @property

@@ -4,6 +4,16 @@ Each launcher checks shapes and dtypes on the host, then launches; it never allo
 synchronises or reads a device value, so each is capture-safe. Values that only the device
 can see (NaN ``td`` produced inside a graph, non-finite rows from an environment kernel) are
 handled by the kernels' documented rules and status bits (see the reference's docstring).
+
+The member axis (a population's agents, docs/perf-notes.md "The agent axis, in stages", stage 5): every
+launcher also takes buffers with a leading axis of ``P`` members (:class:`ReplayBuffers` whose ``tree`` is
+``[P, nodes]``: rows ``[P, C, D]`` and ``[P, C]``, ``flag [P, FLAG_WORDS]``, device scalars ``[P]``,
+``levels`` shared) and its batch arrays as ``[P, B, ...]``. Each family of arrays (the ring's state rows,
+its per-slot arrays, the tree, a batch's rows, its vectors, the windows) shares one member stride (each
+member's row C-contiguous); one launch whose ``blockIdx.y`` is the member gets each member the bits of a
+single launch on its rows. Buffers without the axis are the single launch (``gridDim.y`` 1, strides 0).
+The by-value constants (``spec``: alpha, eps, the beta schedule, stream_id, the shapes) are one value for
+every member; the Philox keys are ``bufs.seed``, a member's own.
 """
 
 from __future__ import annotations
@@ -16,6 +26,7 @@ from ..reference.window import STATE_DIM, width
 
 _ONE_BLOCK = 1024
 _WARPS_PER_BLOCK = 8
+_MAX_MEMBERS = 65535  # gridDim.y's limit
 
 
 def _need(name: str, a, shape: tuple, dtype) -> None:
@@ -29,26 +40,107 @@ def _depth(bufs: ReplayBuffers) -> int:
     return int(bufs.levels.shape[0]) - 1
 
 
-def _check_rows(spec: ReplaySpec, obs, action, reward, discount) -> int:
-    B, D, C = int(obs.shape[0]), spec.obs_dim, spec.capacity
-    _need("obs", obs, (B, D), np.float32)
-    _need("action", action, (B,), np.int32)
-    _need("reward", reward, (B,), np.float32)
-    _need("discount", discount, (B,), np.float32)
+def _members(bufs: ReplayBuffers) -> int:
+    """``P``: 1 for one buffer (no member axis), else the leading axis of ``bufs.tree``."""
+    P = bufs.members
+    if P is None:
+        return 1
+    if not 1 <= P <= _MAX_MEMBERS:
+        raise ValueError(f"bufs: 1 to {_MAX_MEMBERS} members, got {P}")
+    return P
+
+
+def _family(bufs: ReplayBuffers, **arrays) -> tuple[dict, int]:
+    """``(rows, s)`` of a family of arrays that share a member stride: ``arrays`` maps a name to
+    ``(array, one member's shape, dtype)``. One buffer: each array that shape, ``rows`` the arrays, ``s`` 0.
+    Members: each ``[P, *shape]`` with member 0's row C-contiguous, one stride ``s`` in elements for every
+    array, at least a row (members do not overlap); ``rows`` the member-0 rows the kernel offsets."""
+    if bufs.members is None:
+        for name, (a, shape, dt) in arrays.items():
+            _need(name, a, shape, dt)
+        return {name: a for name, (a, _, _) in arrays.items()}, 0
+    P = _members(bufs)
+    rows, strides = {}, set()
+    for name, (a, shape, dt) in arrays.items():
+        if a.ndim != len(shape) + 1 or a.shape[0] != P:
+            raise ValueError(f"{name}: expected the member axis, [{P}, *{tuple(shape)}], got {tuple(a.shape)}")
+        _need(f"{name}[0]", a[0], shape, dt)
+        strides.add(a.strides[0] / a.itemsize)
+        rows[name] = a[0]
+    if P == 1:
+        return rows, 0
+    s = strides.pop()
+    size = int(np.prod(next(iter(arrays.values()))[1], dtype=np.int64))
+    if strides or s != int(s) or s < size:
+        raise ValueError(
+            f"{sorted(arrays)}: one member stride of whole elements, at least a member's {size}, got "
+            f"{[a.strides for a, _, _ in arrays.values()]}"
+        )
+    return rows, int(s)
+
+
+def _scalars(bufs: ReplayBuffers, **dtypes) -> None:
+    """Device scalars: ``[1]`` for one buffer, ``[P]`` (one per member) with the member axis."""
+    P = _members(bufs)
+    for name, dt in dtypes.items():
+        a = getattr(bufs, name)
+        if tuple(a.shape) != (P,) or a.dtype != np.dtype(dt):
+            raise ValueError(f"bufs.{name}: expected {np.dtype(dt)} [{P}], a device scalar per member, got "
+                             f"{a.dtype} {tuple(a.shape)}")  # fmt: skip
+
+
+def _flag(bufs: ReplayBuffers):
+    """``bufs.flag``: ``[FLAG_WORDS]``, or C-contiguous ``[P, FLAG_WORDS]`` (the kernels step by FLAG_WORDS)."""
+    if bufs.members is None:
+        _need("bufs.flag", bufs.flag, (FLAG_WORDS,), np.int64)
+        return bufs.flag
+    _need("bufs.flag", bufs.flag, (_members(bufs), FLAG_WORDS), np.int64)
+    return bufs.flag
+
+
+def _tree(bufs: ReplayBuffers) -> tuple:
+    """``(tree, st)``: the tree (member 0's with the axis) and its member stride."""
+    rows, st = _family(bufs, **{"bufs.tree": (bufs.tree, (int(bufs.tree.shape[-1]),), np.int64)})
+    return rows["bufs.tree"], st
+
+
+def _ring(spec: ReplaySpec, bufs: ReplayBuffers, *names: str) -> tuple[dict, int]:
+    """The ring's arrays ``names`` of one family (state rows ``[C, D]`` or per-slot ``[C]``), checked."""
+    C, D = spec.capacity, spec.obs_dim
+    shapes = {"obs": ((C, D), np.float32), "next_obs": ((C, D), np.float32), "action": ((C,), np.int32),
+              "reward": ((C,), np.float32), "discount": ((C,), np.float32), "owner": ((C,), np.int32)}  # fmt: skip
+    rows, s = _family(bufs, **{f"bufs.{n}": (getattr(bufs, n), *shapes[n]) for n in names})
+    return {n: rows[f"bufs.{n}"] for n in names}, s
+
+
+def _batch_size(bufs: ReplayBuffers, a) -> int:
+    """``B`` of a batch array ``[B, ...]`` (``[P, B, ...]`` with the member axis)."""
+    k = 0 if bufs.members is None else 1
+    if a.ndim <= k:
+        raise ValueError(f"expected a batch array with{'out' if k == 0 else ''} the member axis, got {tuple(a.shape)}")
+    return int(a.shape[k])
+
+
+def _check_rows(spec: ReplaySpec, bufs: ReplayBuffers, obs, action, reward, discount, next_obs=None) -> tuple:
+    """``(B, rows, sx, vectors, sv)`` of an insert's batch: obs (and next_obs) ``[B, D]``, action, reward and
+    discount ``[B]`` (each ``[P, ...]`` with the member axis)."""
+    B, D, C = _batch_size(bufs, obs), spec.obs_dim, spec.capacity
     if B < 1 or B > C or B % spec.n_envs:
         raise ValueError(f"obs: batch of {B} rows must be in [1, capacity={C}] and a multiple of n_envs={spec.n_envs}")
-    return B
+    xs = {"obs": (obs, (B, D), np.float32)}
+    if next_obs is not None:
+        xs["next_obs"] = (next_obs, (B, D), np.float32)
+    rows, sx = _family(bufs, **xs)
+    vectors, sv = _family(
+        bufs, action=(action, (B,), np.int32), reward=(reward, (B,), np.float32), discount=(discount, (B,), np.float32)
+    )
+    return B, rows, sx, vectors, sv
 
 
-def _check_next(spec: ReplaySpec, bufs: ReplayBuffers, next_obs, B: int) -> None:
+def _check_next(spec: ReplaySpec, bufs: ReplayBuffers) -> None:
     if not spec.store_next_obs:
         raise ValueError("next_obs: this buffer has no next_obs ring (store_next_obs=False)")
-    _need("next_obs", next_obs, (B, spec.obs_dim), np.float32)
-    _need("bufs.next_obs", bufs.next_obs, (spec.capacity, spec.obs_dim), np.float32)
-
-
-def _check_flag(bufs: ReplayBuffers) -> None:
-    _need("bufs.flag", bufs.flag, (FLAG_WORDS,), np.int64)
+    _ring(spec, bufs, "obs", "next_obs")
 
 
 _CHECK_THREADS, _CHECK_PER_THREAD, _MAX_BLOCKS = 256, 4, 1024
@@ -58,31 +150,28 @@ def _check_grid(B: int, D: int) -> int:
     return max(1, min(_MAX_BLOCKS, -(-B * D // (_CHECK_THREADS * _CHECK_PER_THREAD))))
 
 
-def insert_check(spec: ReplaySpec, bufs: ReplayBuffers, obs, action, reward, discount) -> None:
-    """Set ``flag[FLAG_REJECT]`` (and ``status``) from the batch's values. A grid; its last block decides."""
-    B, D = _check_rows(spec, obs, action, reward, discount), spec.obs_dim
-    _check_flag(bufs)
+def _insert_check(op: str, spec: ReplaySpec, bufs: ReplayBuffers, obs, next_obs, action, reward, discount) -> None:
+    B, rows, sx, v, sv = _check_rows(spec, bufs, obs, action, reward, discount, next_obs)
+    _scalars(bufs, status=np.int64)
+    x = (rows["obs"],) if next_obs is None else (rows["obs"], rows["next_obs"])
     launch(
         "replay",
-        "insert_check",
-        _check_grid(B, D),
+        op,
+        (_check_grid(B if next_obs is None else 2 * B, spec.obs_dim), _members(bufs)),
         _CHECK_THREADS,
-        (obs, action, reward, discount, bufs.flag, bufs.status, B, D),
+        (*x, v["action"], v["reward"], v["discount"], _flag(bufs), bufs.status, B, spec.obs_dim, sx, sv),
     )
+
+
+def insert_check(spec: ReplaySpec, bufs: ReplayBuffers, obs, action, reward, discount) -> None:
+    """Set ``flag[FLAG_REJECT]`` (and ``status``) from the batch's values. A grid; its last block decides."""
+    _insert_check("insert_check", spec, bufs, obs, None, action, reward, discount)
 
 
 def insert_check_next(spec: ReplaySpec, bufs: ReplayBuffers, obs, next_obs, action, reward, discount) -> None:
     """``insert_check`` of a batch with ``next_obs`` (``store_next_obs``): a non-finite ``next_obs`` rejects it too."""
-    B, D = _check_rows(spec, obs, action, reward, discount), spec.obs_dim
-    _check_next(spec, bufs, next_obs, B)
-    _check_flag(bufs)
-    launch(
-        "replay",
-        "insert_check_next",
-        _check_grid(2 * B, D),
-        _CHECK_THREADS,
-        (obs, next_obs, action, reward, discount, bufs.flag, bufs.status, B, D),
-    )
+    _check_next(spec, bufs)
+    _insert_check("insert_check_next", spec, bufs, obs, next_obs, action, reward, discount)
 
 
 _COMMIT_THREADS = 1024  # COMMIT_THREADS in replay.cu (its __launch_bounds__)
@@ -92,29 +181,37 @@ _COMMIT_WARPS = _COMMIT_THREADS // 32
 def commit_grid(spec: ReplaySpec, B: int) -> tuple[int, int]:
     """``(row_blocks, tree_blocks)`` of ``insert_commit``: a warp per batch row, and a warp per
     level-1 node over the most slots an insert of ``B`` rows can set, ``min(B + lag, C)`` (both
-    loops are grid-strided, so the caps only bound the grid)."""
+    loops are grid-strided, so the caps only bound the grid). A member's; members are ``gridDim.y``."""
     slots = min(B + spec.lag, spec.capacity)
     nodes = min(slots // 32 + 2, -(-spec.capacity // 32))
     return (min(_MAX_BLOCKS, -(-B // _COMMIT_WARPS)), max(1, min(_MAX_BLOCKS, -(-nodes // _COMMIT_WARPS))))
 
 
-def _commit(op: str, spec: ReplaySpec, bufs: ReplayBuffers, B: int, head: tuple, rings: tuple) -> None:
-    _check_flag(bufs)
+def _commit(op: str, spec: ReplaySpec, bufs: ReplayBuffers, obs, next_obs, action, reward, discount) -> None:
+    B, rows, sx, v, sv = _check_rows(spec, bufs, obs, action, reward, discount, next_obs)
+    ring = ("obs",) if next_obs is None else ("obs", "next_obs")
+    r, sr = _ring(spec, bufs, *ring)
+    c, sc = _ring(spec, bufs, "action", "reward", "discount")
+    tree, st = _tree(bufs)
+    _scalars(bufs, added=np.int64, max_q=np.int64)
     row_blocks, tree_blocks = commit_grid(spec, B)
     launch(
         "replay",
         op,
-        row_blocks + tree_blocks,
+        (row_blocks + tree_blocks, _members(bufs)),
         _COMMIT_THREADS,
         (
-            *head,
-            *rings,
-            bufs.action,
-            bufs.reward,
-            bufs.discount,
-            bufs.tree,
+            *(rows[k] for k in ring),
+            v["action"],
+            v["reward"],
+            v["discount"],
+            *(r[k] for k in ring),
+            c["action"],
+            c["reward"],
+            c["discount"],
+            tree,
             bufs.levels,
-            bufs.flag,
+            _flag(bufs),
             bufs.added,
             bufs.max_q,
             B,
@@ -123,6 +220,11 @@ def _commit(op: str, spec: ReplaySpec, bufs: ReplayBuffers, B: int, head: tuple,
             spec.lag,
             _depth(bufs),
             row_blocks,
+            sx,
+            sv,
+            sr,
+            sc,
+            st,
         ),
     )
 
@@ -131,29 +233,13 @@ def insert_commit(spec: ReplaySpec, bufs: ReplayBuffers, obs, action, reward, di
     """Unless ``flag[FLAG_REJECT]``: the rows at slots ``(added + k) mod C``, the leaves of the
     written and newly ready rows, their ancestors (the grid's last block does levels >= 2), then
     ``added += B``. 1 launch."""
-    B = _check_rows(spec, obs, action, reward, discount)
-    _commit(
-        "insert_commit",
-        spec,
-        bufs,
-        B,
-        (obs, action, reward, discount),
-        (bufs.obs,),
-    )
+    _commit("insert_commit", spec, bufs, obs, None, action, reward, discount)
 
 
 def insert_commit_next(spec: ReplaySpec, bufs: ReplayBuffers, obs, next_obs, action, reward, discount) -> None:
     """``insert_commit`` that also writes ``next_obs`` into ``bufs.next_obs`` (``store_next_obs``). 1 launch."""
-    B = _check_rows(spec, obs, action, reward, discount)
-    _check_next(spec, bufs, next_obs, B)
-    _commit(
-        "insert_commit_next",
-        spec,
-        bufs,
-        B,
-        (obs, next_obs, action, reward, discount),
-        (bufs.obs, bufs.next_obs),
-    )
+    _check_next(spec, bufs)
+    _commit("insert_commit_next", spec, bufs, obs, next_obs, action, reward, discount)
 
 
 def insert(spec: ReplaySpec, bufs: ReplayBuffers, obs, action, reward, discount, next_obs=None) -> None:
@@ -168,43 +254,56 @@ def insert(spec: ReplaySpec, bufs: ReplayBuffers, obs, action, reward, discount,
         insert_commit(spec, bufs, obs, action, reward, discount)
 
 
-def _search_args(spec: ReplaySpec, bufs: ReplayBuffers, indices_out, qsel_out) -> tuple[int, tuple]:
-    """B and the search's arguments: shared by both searching launches."""
-    B = int(indices_out.shape[0])
-    _need("indices_out", indices_out, (B,), np.int32)
-    _need("qsel_out", qsel_out, (B,), np.int64)
-    return B, (
-        bufs.tree,
+def _search_args(spec: ReplaySpec, bufs: ReplayBuffers, indices_out, qsel_out) -> tuple[int, tuple, tuple]:
+    """B, the search's arguments and its strides ``(st, sv)``: shared by every searching launch."""
+    B = _batch_size(bufs, indices_out)
+    v, sv = _family(bufs, indices_out=(indices_out, (B,), np.int32), qsel_out=(qsel_out, (B,), np.int64))
+    tree, st = _tree(bufs)
+    _scalars(bufs, step=np.int64, status=np.int64, seed=np.uint64)
+    args = (
+        tree,
         bufs.levels,
         bufs.step,
-        indices_out,
-        qsel_out,
+        v["indices_out"],
+        v["qsel_out"],
         bufs.status,
         B,
         _depth(bufs),
-        int(spec.seed) & 0xFFFFFFFFFFFFFFFF,
+        bufs.seed,
         int(spec.stream_id),
     )
+    return B, args, (st, sv)
 
 
 def sample_search(spec: ReplaySpec, bufs: ReplayBuffers, indices_out, qsel_out) -> None:
     """A warp per sample descends the tree; writes ``indices_out`` int32 ``[B]``, ``qsel_out`` int64 ``[B]``."""
-    B, args = _search_args(spec, bufs, indices_out, qsel_out)
+    B, args, strides = _search_args(spec, bufs, indices_out, qsel_out)
     threads = 32 * _WARPS_PER_BLOCK
-    launch("replay", "sample_search", blocks_for(32 * B, threads), threads, args)
+    launch("replay", "sample_search", (blocks_for(32 * B, threads), _members(bufs)), threads, args + strides)
 
 
 def sample_weights(spec: ReplaySpec, bufs: ReplayBuffers, qsel, weights_out) -> None:
-    """One block: ``weights_out`` float32 ``[B]`` from ``qsel`` int64 ``[B]``; writes ``beta``; ``step += 1``."""
-    B = int(qsel.shape[0])
-    _need("qsel", qsel, (B,), np.int64)
-    _need("weights_out", weights_out, (B,), np.float32)
+    """One block: ``weights_out`` float32 ``[B]`` from ``qsel`` int64 ``[B]``; writes ``beta``; ``step += 1``
+    (members: a block each)."""
+    B = _batch_size(bufs, qsel)
+    v, sv = _family(bufs, qsel=(qsel, (B,), np.int64), weights_out=(weights_out, (B,), np.float32))
+    _scalars(bufs, step=np.int64, beta=np.float64)
     launch(
         "replay",
         "sample_weights",
-        1,
+        (1, _members(bufs)),
         _ONE_BLOCK,
-        (qsel, weights_out, bufs.step, bufs.beta, B, float(spec.beta0), float(spec.beta_final), int(spec.beta_steps)),
+        (
+            v["qsel"],
+            v["weights_out"],
+            bufs.step,
+            bufs.beta,
+            B,
+            float(spec.beta0),
+            float(spec.beta_final),
+            int(spec.beta_steps),
+            sv,
+        ),
     )
 
 
@@ -220,20 +319,23 @@ def sample(spec: ReplaySpec, bufs: ReplayBuffers, indices_out, weights_out, qsel
 
 def _gather_args(
     spec: ReplaySpec, bufs: ReplayBuffers, B: int, obs_out, next_obs_out, action_out, return_out, discount_out
-) -> tuple[tuple, tuple]:
-    """The gather's checked (sources, outputs) and (shape constants): shared by both gathering launches."""
+) -> tuple[tuple, tuple, dict]:
+    """The gather's checked (sources, outputs), (shape constants) and strides ``{sv, sx, sr, sc}``: shared by
+    every gathering launch."""
     D = spec.obs_dim
-    _need("obs_out", obs_out, (B, D), np.float32)
-    _need("next_obs_out", next_obs_out, (B, D), np.float32)
-    _need("action_out", action_out, (B,), np.int32)
-    _need("return_out", return_out, (B,), np.float32)
-    _need("discount_out", discount_out, (B,), np.float32)
-    if spec.store_next_obs:
-        _need("bufs.next_obs", bufs.next_obs, (spec.capacity, spec.obs_dim), np.float32)
-    s_next = bufs.next_obs if spec.store_next_obs else bufs.obs
-    sources = (bufs.obs, bufs.action, bufs.reward, bufs.discount, s_next)
-    outputs = (obs_out, next_obs_out, action_out, return_out, discount_out)
-    return sources + outputs, (D, spec.capacity, spec.n_envs, spec.n_step, spec.lag)
+    x, sx = _family(bufs, obs_out=(obs_out, (B, D), np.float32), next_obs_out=(next_obs_out, (B, D), np.float32))
+    v, sv = _family(
+        bufs,
+        action_out=(action_out, (B,), np.int32),
+        return_out=(return_out, (B,), np.float32),
+        discount_out=(discount_out, (B,), np.float32),
+    )
+    r, sr = _ring(spec, bufs, "obs", "next_obs") if spec.store_next_obs else _ring(spec, bufs, "obs")
+    c, sc = _ring(spec, bufs, "action", "reward", "discount")
+    s_next = r["next_obs"] if spec.store_next_obs else r["obs"]
+    sources = (r["obs"], c["action"], c["reward"], c["discount"], s_next)
+    outputs = (x["obs_out"], x["next_obs_out"], v["action_out"], v["return_out"], v["discount_out"])
+    return sources + outputs, (D, spec.capacity, spec.n_envs, spec.n_step, spec.lag), dict(sv=sv, sx=sx, sr=sr, sc=sc)
 
 
 def gather(
@@ -243,25 +345,31 @@ def gather(
 
     The bootstrap row is row ``(s + lag) mod C`` of the ring ``obs`` (``lag = nE``), or of the
     stored ``next_obs`` ring (``lag = 0``) with ``store_next_obs``."""
-    B = int(indices.shape[0])
-    _need("indices", indices, (B,), np.int32)
-    arrays, shape = _gather_args(spec, bufs, B, obs_out, next_obs_out, action_out, return_out, discount_out)
+    B = _batch_size(bufs, indices)
+    arrays, shape, s = _gather_args(spec, bufs, B, obs_out, next_obs_out, action_out, return_out, discount_out)
+    ix, s_ix = _family(bufs, indices=(indices, (B,), np.int32))
+    if s_ix != s["sv"] and _members(bufs) > 1:
+        raise ValueError(f"indices: the member stride of the batch's vectors ({s['sv']}), got {s_ix}")
+    _scalars(bufs, status=np.int64)
     launch(
         "replay",
         "gather",
-        blocks_for(B * spec.obs_dim),
+        (blocks_for(B * spec.obs_dim), _members(bufs)),
         256,
-        arrays[:5] + (indices,) + arrays[5:] + (bufs.status, B) + shape,
+        arrays[:5] + (ix["indices"],) + arrays[5:] + (bufs.status, B) + shape + (s["sv"], s["sx"], s["sr"], s["sc"]),
     )
 
 
 def _sample_args(spec: ReplaySpec, bufs: ReplayBuffers, indices_out, qsel_out, *gather_out) -> tuple[int, tuple]:
-    """B and the checked arguments the search-and-gather kernels begin with: the search's, then the
-    gather's sources, outputs (``gather_out``: obs, next_obs, action, return, discount) and shape
-    constants (``cuda_src/replay.cu``: the windows kernel takes its own after them)."""
-    B, search = _search_args(spec, bufs, indices_out, qsel_out)
-    arrays, shape = _gather_args(spec, bufs, B, *gather_out)
-    return B, search + arrays + shape
+    """B and the checked arguments the search-and-gather kernels take: the search's, then the gather's
+    sources, outputs (``gather_out``: obs, next_obs, action, return, discount) and shape constants, then the
+    strides st, sv, sx, sr, sc (``cuda_src/replay.cu``: the windows kernel takes its own arrays before the
+    strides and sw after them)."""
+    B, search, (st, sv) = _search_args(spec, bufs, indices_out, qsel_out)
+    arrays, shape, s = _gather_args(spec, bufs, B, *gather_out)
+    if s["sv"] != sv and _members(bufs) > 1:
+        raise ValueError(f"action_out: the member stride of indices_out ({sv}), got {s['sv']}")
+    return B, (search + arrays + shape, (st, sv, s["sx"], s["sr"], s["sc"]))
 
 
 def sample_search_gather(
@@ -277,11 +385,11 @@ def sample_search_gather(
 ) -> None:
     """:func:`sample_search` and :func:`gather` of the rows found, in one launch (a warp per sample
     finds its row and copies it): the same writes as the two launches. 1 launch."""
-    B, args = _sample_args(
+    B, (args, strides) = _sample_args(
         spec, bufs, indices_out, qsel_out, obs_out, next_obs_out, action_out, return_out, discount_out
     )
     threads = 32 * _WARPS_PER_BLOCK
-    launch("replay", "sample_search_gather", blocks_for(32 * B, threads), threads, args)
+    launch("replay", "sample_search_gather", (blocks_for(32 * B, threads), _members(bufs)), threads, args + strides)
 
 
 def sample_search_gather_windows(
@@ -302,8 +410,10 @@ def sample_search_gather_windows(
 ) -> None:
     """:func:`sample_search_gather` of state rows (``spec.obs_dim`` = STATE_DIM), and the observation
     windows of the rows gathered, ``obs_win``/``next_win`` float32 ``[B, window * (F + 2)]`` from
-    ``features [T, F]`` and ``sign [F]`` (``window.gather``'s bits), in one launch."""
-    B, args = _sample_args(
+    ``features [T, F]`` and ``sign [F]`` (``window.gather``'s bits), in one launch. Members: the windows
+    ``[P, B, width]`` (one member stride, e.g. the halves of a ``[P, 2B, width]`` pair); one feature
+    matrix for all."""
+    B, (args, strides) = _sample_args(
         spec, bufs, indices_out, qsel_out, obs_out, next_obs_out, action_out, return_out, discount_out
     )
     if spec.obs_dim != STATE_DIM:
@@ -316,34 +426,36 @@ def sample_search_gather_windows(
     W = width(f_n, int(window))
     _need("features", features, (t_n, f_n), np.float32)
     _need("sign", sign, (f_n,), np.float32)
-    _need("obs_win", obs_win, (B, W), np.float32)
-    _need("next_win", next_win, (B, W), np.float32)
+    w, sw = _family(bufs, obs_win=(obs_win, (B, W), np.float32), next_win=(next_win, (B, W), np.float32))
     threads = 32 * _WARPS_PER_BLOCK
     launch(
         "replay",
         "sample_search_gather_windows",
-        blocks_for(32 * B, threads),
+        (blocks_for(32 * B, threads), _members(bufs)),
         threads,
-        args + (features, sign, obs_win, next_win, int(window), f_n, t_n),
+        args + (features, sign, w["obs_win"], w["next_win"], int(window), f_n, t_n) + strides + (sw,),
     )
 
 
 def update_priorities(spec: ReplaySpec, bufs: ReplayBuffers, indices, td) -> None:
-    """Set priorities from TD errors; see ``reference.replay.update_priorities``. 1 launch (one block)."""
-    B = int(indices.shape[0])
-    _need("indices", indices, (B,), np.int32)
-    _need("td", td, (B,), np.float32)
+    """Set priorities from TD errors; see ``reference.replay.update_priorities``. 1 launch (one block;
+    members: a block each)."""
+    B = _batch_size(bufs, indices)
+    v, sv = _family(bufs, indices=(indices, (B,), np.int32), td=(td, (B,), np.float32))
+    tree, st = _tree(bufs)
+    o, sc = _ring(spec, bufs, "owner")
+    _scalars(bufs, max_q=np.int64, status=np.int64)
     launch(
         "replay",
         "update_priorities",
-        1,
+        (1, _members(bufs)),
         _ONE_BLOCK,
         (
-            indices,
-            td,
-            bufs.tree,
+            v["indices"],
+            v["td"],
+            tree,
             bufs.levels,
-            bufs.owner,
+            o["owner"],
             bufs.max_q,
             bufs.status,
             B,
@@ -351,25 +463,33 @@ def update_priorities(spec: ReplaySpec, bufs: ReplayBuffers, indices, td) -> Non
             _depth(bufs),
             float(spec.alpha),
             float(spec.eps),
+            sv,
+            st,
+            sc,
         ),
     )
 
 
 def tree_level(tree, src_off: int, dst_off: int, n_dst: int) -> None:
-    """``tree[dst_off + p] = sum of the 32 children at src_off + 32p`` for ``p < n_dst``. A thread per node."""
-    if tree.dtype != np.int64 or tree.ndim != 1:
-        raise ValueError(f"tree: expected int64 [nodes], got {tree.dtype} {tuple(tree.shape)}")
+    """``tree[dst_off + p] = sum of the 32 children at src_off + 32p`` for ``p < n_dst``. A thread per node
+    (members: ``tree [P, nodes]``, rows one stride apart, C-contiguous each)."""
+    if tree.dtype != np.int64 or tree.ndim not in (1, 2) or not tree[(0,) * (tree.ndim - 1)].flags.c_contiguous:
+        raise ValueError(f"tree: expected int64 [nodes] (or [P, nodes]), got {tree.dtype} {tuple(tree.shape)}")
+    P, st = (1, 0) if tree.ndim == 1 else (int(tree.shape[0]), int(tree.strides[0] // tree.itemsize))
+    if tree.ndim == 2 and (not 1 <= P <= _MAX_MEMBERS or (P > 1 and st < tree.shape[1])):
+        raise ValueError(f"tree: 1 to {_MAX_MEMBERS} members that do not overlap, got {tree.shape} {tree.strides}")
     launch(
         "replay",
         "tree_level",
-        blocks_for(n_dst),
+        (blocks_for(n_dst), P),
         256,
-        (tree, int(src_off), int(dst_off), int(n_dst)),
+        (tree if tree.ndim == 1 else tree[0], int(src_off), int(dst_off), int(n_dst), 0 if P == 1 else st),
     )
 
 
 def build_tree(spec: ReplaySpec, bufs: ReplayBuffers) -> None:
-    """Rebuild the internal nodes from the leaves, bottom up: one launch per level."""
+    """Rebuild the internal nodes from the leaves, bottom up: one launch per level (members: each launch
+    every member's level)."""
     layout = tree_layout(spec.capacity)
     for (src_off, src_n), (dst_off, _) in zip(layout[:-1], layout[1:], strict=False):
         tree_level(bufs.tree, src_off, dst_off, src_n // 32)

@@ -48,6 +48,11 @@ the ops themselves behave as the kernels do on inputs no host could check):
   sampled) are left unchanged.
 * ``sample`` from an empty tree writes index 0, weight 0 and sets ``STATUS_EMPTY``.
 
+**Members** (a population's agents): every op also takes buffers with a leading axis of ``P``
+(:class:`ReplayBuffers`, :func:`members`) and ``[P, ...]`` batch arrays, and runs the single op on each
+member in turn (the kernels: ``blockIdx.y``); one spec holds the constants they share, ``bufs.seed [P]``
+their Philox keys.
+
 The twin is a package by concept: :mod:`.buffers` (constants, spec, arrays, readiness), :mod:`.sumtree`
 (fixed-point priorities and their sums), :mod:`.ring` (insert), :mod:`.sampling` (search and weights),
 :mod:`.nstep` (returns and gather); every op of ``cuda_src/replay.cu`` is importable from here.
@@ -67,6 +72,7 @@ from .buffers import (
     STATUS_NAMES,
     ReplayBuffers,
     ReplaySpec,
+    members,
     ready_count,
     ready_slots,
 )
@@ -126,6 +132,7 @@ __all__ = [
     "insert_commit",
     "insert_commit_next",
     "insert_range",
+    "members",
     "nstep",
     "priority_to_leaf",
     "quantize",

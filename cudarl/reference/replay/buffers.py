@@ -4,7 +4,9 @@ arithmetic (``added`` is the one counter: ``write_pos = added mod C``, ``size = 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import functools
+import inspect
+from dataclasses import dataclass, fields
 
 import numpy as np
 
@@ -82,8 +84,12 @@ class ReplayBuffers:
         flag: int64 ``[FLAG_WORDS]`` scratch: ``flag[FLAG_REJECT]`` is ``insert``'s reject flag;
             the other words are the insert kernels' arrival counters (0 between launches).
         added, step, max_q, status: int64 ``[1]`` device scalars; beta: float64 ``[1]``, the
-        last beta used.
+        last beta used; seed: uint64 ``[1]``, the sampler's Philox key (``spec.seed`` for one buffer).
         next_obs: float32 ``[C, D]`` with ``store_next_obs``, else ``None`` (never launched on).
+
+    Members (a population's agents, :meth:`member`): every array but ``levels`` (one capacity, one
+    layout) has a leading axis of ``P``: rows ``[P, C, D]``, ``[P, C]``, ``tree [P, nodes]``,
+    ``flag [P, FLAG_WORDS]``, each device scalar ``[P]`` (a seed per member).
     """
 
     obs: object
@@ -99,11 +105,64 @@ class ReplayBuffers:
     max_q: object
     status: object
     beta: object
+    seed: object
     next_obs: object = None
 
     @property
     def leaves(self):
         return self.tree[: self.owner.shape[0]]
+
+    @property
+    def members(self) -> int | None:
+        """``P`` when the buffers have the member axis (``tree [P, nodes]``), else None."""
+        return int(self.tree.shape[0]) if self.tree.ndim == 2 else None
+
+    def member(self, i: int) -> ReplayBuffers:
+        """Member ``i``'s buffers as one buffer's (views: writes reach the stacked arrays): row ``i`` of each
+        array, a 1-element view of each device scalar, ``levels`` shared."""
+        one = {}
+        for f in fields(self):
+            a = getattr(self, f.name)
+            if a is None or f.name == "levels":
+                one[f.name] = a
+            elif f.name in SCALARS:
+                one[f.name] = a[i : i + 1]
+            else:
+                one[f.name] = a[i]
+        return ReplayBuffers(**one)
+
+
+#: The device scalars of :class:`ReplayBuffers` (``[1]``, or ``[P]`` with the member axis).
+SCALARS = ("added", "step", "max_q", "status", "beta", "seed")
+
+
+def members(*shared: str):
+    """Give a twin ``fn(spec, bufs, ...)`` the member axis: when ``bufs`` has it (:attr:`ReplayBuffers.members`),
+    run ``fn`` once per member ``i`` on ``bufs.member(i)`` and row ``i`` of every other array argument
+    (``[P, ...]``), the arguments named in ``shared`` (the feature matrix, ...) and the non-arrays as given;
+    otherwise it is the single call. Member ``i`` is then the single call's result by construction, as the
+    kernels' ``blockIdx.y`` makes it on the GPU."""
+
+    def wrap(fn):
+        sig = inspect.signature(fn)
+
+        @functools.wraps(fn)
+        def run(*args, **kw):
+            bound = sig.bind(*args, **kw)
+            a = bound.arguments
+            P = a["bufs"].members
+            if P is None:
+                return fn(*args, **kw)
+            rows = [k for k, v in a.items() if k not in ("spec", "bufs", *shared) and hasattr(v, "ndim")]
+            bad = [k for k in rows if a[k].ndim < 1 or a[k].shape[0] != P]
+            if bad:
+                raise ValueError(f"{fn.__name__}: {bad} must have the member axis of {P} members, as bufs has")
+            for i in range(P):
+                fn(**dict(a, bufs=a["bufs"].member(i), **{k: a[k][i] for k in rows}))
+
+        return run
+
+    return wrap
 
 
 def ready_slots(capacity: int, lag: int, added: int) -> np.ndarray:

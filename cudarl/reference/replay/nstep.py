@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .buffers import STATUS_BAD_INDEX, ReplayBuffers, ReplaySpec
+from .buffers import STATUS_BAD_INDEX, ReplayBuffers, ReplaySpec, members
 
 
 def nstep(spec: ReplaySpec, bufs: ReplayBuffers, slots) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -27,6 +27,7 @@ def nstep(spec: ReplaySpec, bufs: ReplayBuffers, slots) -> tuple[np.ndarray, np.
     return G, g, (s + spec.lag) % C
 
 
+@members()
 def gather(
     spec: ReplaySpec, bufs: ReplayBuffers, indices, obs_out, next_obs_out, action_out, return_out, discount_out
 ) -> None:

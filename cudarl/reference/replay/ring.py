@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .buffers import FLAG_REJECT, STATUS_BAD_ROWS, ReplayBuffers, ReplaySpec
+from .buffers import FLAG_REJECT, STATUS_BAD_ROWS, ReplayBuffers, ReplaySpec, members
 from .sumtree import rebuild_ancestors
 
 
@@ -28,12 +28,14 @@ def _set_reject(bufs: ReplayBuffers, bad: bool) -> None:
         bufs.status[0] |= STATUS_BAD_ROWS
 
 
+@members()
 def insert_check(spec: ReplaySpec, bufs: ReplayBuffers, obs, action, reward, discount) -> None:
     """``flag[FLAG_REJECT] = 1`` (and ``status |= STATUS_BAD_ROWS``) when the batch has a
     non-finite value, a discount outside ``[0, 1]`` or a negative action; else 0."""
     _set_reject(bufs, _batch_is_bad(obs, action, reward, discount))
 
 
+@members()
 def insert_check_next(spec: ReplaySpec, bufs: ReplayBuffers, obs, next_obs, action, reward, discount) -> None:
     """``insert_check`` of a batch that also carries ``next_obs`` float32 ``[B, D]`` (``store_next_obs``):
     a non-finite ``next_obs`` rejects it too."""
@@ -67,6 +69,7 @@ def _commit(spec: ReplaySpec, bufs: ReplayBuffers, obs, action, reward, discount
     bufs.added[0] = a1
 
 
+@members()
 def insert_commit(spec: ReplaySpec, bufs: ReplayBuffers, obs, action, reward, discount) -> None:
     """Unless ``flag[FLAG_REJECT]``: write the batch at slots ``(added + k) mod C``; set the leaves
     of absolute rows ``a in [lo, a1)`` (``insert_range``) to ``max_q`` where ``a + lag < a1``
@@ -74,6 +77,7 @@ def insert_commit(spec: ReplaySpec, bufs: ReplayBuffers, obs, action, reward, di
     _commit(spec, bufs, obs, action, reward, discount)
 
 
+@members()
 def insert_commit_next(spec: ReplaySpec, bufs: ReplayBuffers, obs, next_obs, action, reward, discount) -> None:
     """``insert_commit`` that also writes ``next_obs`` float32 ``[B, D]`` at the same slots of
     ``bufs.next_obs`` (``store_next_obs``)."""
@@ -88,6 +92,7 @@ def check_next_obs_arg(spec: ReplaySpec, next_obs) -> None:
         raise ValueError("next_obs: this buffer takes s_{t+n} from the ring; pass store_next_obs=True to store it")
 
 
+@members()
 def insert(spec: ReplaySpec, bufs: ReplayBuffers, obs, action, reward, discount, next_obs=None) -> None:
     """Append ``B`` transitions at the write position and mark rows that became ready.
 

@@ -7,7 +7,7 @@ import numpy as np
 
 from .. import philox
 from ..window import gather as gather_windows
-from .buffers import STATUS_EMPTY, ReplayBuffers, ReplaySpec
+from .buffers import STATUS_EMPTY, ReplayBuffers, ReplaySpec, members
 from .nstep import gather
 
 
@@ -22,9 +22,11 @@ def _mulhi64(r: np.ndarray, w: np.ndarray) -> np.ndarray:
     return np.array([(int(a) * int(b)) >> 64 for a, b in zip(r, w, strict=True)], dtype=np.uint64)
 
 
+@members()
 def sample_search(spec: ReplaySpec, bufs: ReplayBuffers, indices_out, qsel_out) -> None:
     """Stratified proportional search: ``indices_out`` int32 ``[B]``, ``qsel_out`` int64 ``[B]``
-    (the sampled leaves), from the stream ``(seed, step, stream_id)``. Reads ``step``, does not
+    (the sampled leaves), from the stream ``(seed, step, stream_id)`` (``seed``: ``bufs.seed``, the
+    device's copy of ``spec.seed``, a member's own with the member axis). Reads ``step``, does not
     advance it. An empty tree gives index 0, leaf 0 and ``STATUS_EMPTY``."""
     B = indices_out.shape[0]
     leaves = bufs.tree[: spec.capacity]
@@ -35,7 +37,7 @@ def sample_search(spec: ReplaySpec, bufs: ReplayBuffers, indices_out, qsel_out) 
         qsel_out[:] = 0
         bufs.status[0] |= STATUS_EMPTY
         return
-    blk = philox.blocks(spec.seed, int(bufs.step[0]), spec.stream_id, np.arange(B, dtype=np.uint32))
+    blk = philox.blocks(int(bufs.seed[0]), int(bufs.step[0]), spec.stream_id, np.arange(B, dtype=np.uint32))
     r = (blk[:, 1].astype(np.uint64) << np.uint64(32)) | blk[:, 0].astype(np.uint64)
     j = np.arange(B + 1, dtype=np.uint64)
     qB, rB = np.uint64(T // B), np.uint64(T % B)
@@ -46,6 +48,7 @@ def sample_search(spec: ReplaySpec, bufs: ReplayBuffers, indices_out, qsel_out) 
     qsel_out[:] = leaves[idx]
 
 
+@members()
 def sample_weights(spec: ReplaySpec, bufs: ReplayBuffers, qsel, weights_out) -> None:
     """``weights_out[j] = (min_k q_k / q_j)**beta(step)`` (float64, then float32; 0 if a leaf is 0);
     writes ``beta``, then ``step += 1``."""
@@ -60,6 +63,7 @@ def sample_weights(spec: ReplaySpec, bufs: ReplayBuffers, qsel, weights_out) -> 
     bufs.step[0] = step + 1
 
 
+@members()
 def sample(spec: ReplaySpec, bufs: ReplayBuffers, indices_out, weights_out, qsel_out) -> None:
     """Stratified proportional sampling of ``B = len(indices_out)`` rows; then ``step += 1``.
 
@@ -70,6 +74,7 @@ def sample(spec: ReplaySpec, bufs: ReplayBuffers, indices_out, weights_out, qsel
     sample_weights(spec, bufs, qsel_out, weights_out)
 
 
+@members()
 def sample_search_gather(
     spec: ReplaySpec,
     bufs: ReplayBuffers,
@@ -86,6 +91,7 @@ def sample_search_gather(
     gather(spec, bufs, indices_out, obs_out, next_obs_out, action_out, return_out, discount_out)
 
 
+@members("features", "sign")
 def sample_search_gather_windows(
     spec: ReplaySpec,
     bufs: ReplayBuffers,

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .buffers import FANOUT, Q_MAX, SCALE, STATUS_BAD_INDEX, STATUS_BAD_TD, ReplayBuffers, ReplaySpec
+from .buffers import FANOUT, Q_MAX, SCALE, STATUS_BAD_INDEX, STATUS_BAD_TD, ReplayBuffers, ReplaySpec, members
 
 
 def tree_layout(capacity: int) -> tuple[tuple[int, int], ...]:
@@ -50,10 +50,16 @@ def refresh(tree: np.ndarray, capacity: int) -> None:
 
 
 def tree_level(tree: np.ndarray, src_off: int, dst_off: int, n_dst: int) -> None:
-    """``tree[dst_off + p] = sum_{c<32} tree[src_off + 32p + c]`` for ``p < n_dst`` (int64)."""
+    """``tree[dst_off + p] = sum_{c<32} tree[src_off + 32p + c]`` for ``p < n_dst`` (int64). Members:
+    ``tree [P, nodes]``, each member's tree in turn."""
+    if tree.ndim == 2:
+        for one in tree:
+            tree_level(one, src_off, dst_off, n_dst)
+        return
     tree[dst_off : dst_off + n_dst] = tree[src_off : src_off + FANOUT * n_dst].reshape(n_dst, FANOUT).sum(axis=1)
 
 
+@members()
 def build_tree(spec: ReplaySpec, bufs: ReplayBuffers) -> None:
     """Rebuild ``bufs.tree``'s internal nodes from its leaves, bottom up (after loading a state)."""
     refresh(bufs.tree, spec.capacity)
@@ -84,6 +90,7 @@ def rebuild_ancestors(tree: np.ndarray, capacity: int, s_lo: int, R: int) -> Non
         tree[dst + p] = tree[src + FANOUT * p[:, None] + np.arange(FANOUT)].sum(axis=1)
 
 
+@members()
 def update_priorities(spec: ReplaySpec, bufs: ReplayBuffers, indices, td) -> None:
     """Set the priority of rows ``indices`` (int32 ``[B]``) to ``(|td| + eps)**alpha``.
 
