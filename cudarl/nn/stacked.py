@@ -33,6 +33,11 @@ from .params import Workspace, matmul, member_view, stacked_zeros
 STACKED_GEMM = "cublaslt_nosplit"
 
 
+def _elems(a) -> int:
+    """The member stride of a ``[P, ...]`` array, in elements."""
+    return a.strides[0] // a.itemsize
+
+
 class StackedWorkspace(Workspace):
     """A :class:`cudarl.nn.params.Workspace` of ``members`` members: ``add(name, row)`` allocates
     ``[P, max_batch, *row]`` (:func:`cudarl.nn.params.stacked_zeros`: members a multiple of 256 bytes
@@ -191,18 +196,34 @@ class StackedQNetwork:
         """The batched cuBLASLt plans of a forward and backward over ``B`` rows of ``ws`` (GPU), the input's
         gradient included for a ``dx`` laid out as ``stacked_zeros(xp, P, (B, n_in))`` (a capture without an
         eager run first found no plan for it, on an H200, 2026-12-03)."""
-        elems = lambda a: a.strides[0] // a.itemsize  # noqa: E731
         dx_in = stacked_zeros(self.xp, self.members, (B, self.n_in))  # only its strides are read
         for lin, x, dx in self.layer_rows(ws, self.input(ws, B), dx_in):
-            W, bias, y = self.P[f"{lin.name}.weight"], self.P[f"{lin.name}.bias"], ws.rows(f"{lin.name}.out", B)
-            opts = {"batch": self.members, "tf32": lin.tf32, "split_k": False}
-            blas.gemm_lt_prepare(
-                B, lin.n_out, lin.n_in, bias=bias, act=lin.lt_act, strides=(elems(x), elems(W), elems(y)), **opts
-            )
+            self._prepare_forward(lin, x, ws.rows(f"{lin.name}.out", B))
             if dx is not None:
-                dy = ws.rows(f"{lin.name}.dout", B)
-                strides = (elems(dy), elems(W), elems(dx))
+                W, dy = self.P[f"{lin.name}.weight"], ws.rows(f"{lin.name}.dout", B)
+                strides = (_elems(dy), _elems(W), _elems(dx))
+                opts = {"batch": self.members, "tf32": lin.tf32, "split_k": False}
                 blas.gemm_lt_prepare(B, lin.n_in, lin.n_out, trans_b=True, strides=strides, **opts)
+
+    def _prepare_forward(self, lin: Linear, x, y) -> None:
+        """The batched cuBLASLt plan of ``lin``'s forward from ``x`` into ``y`` (``[P, B, ...]``; GPU)."""
+        W, bias = self.P[f"{lin.name}.weight"], self.P[f"{lin.name}.bias"]
+        blas.gemm_lt_prepare(
+            x.shape[1], lin.n_out, lin.n_in, bias=bias, act=lin.lt_act, strides=(_elems(x), _elems(W), _elems(y)),
+            batch=self.members, tf32=lin.tf32, split_k=False,
+        )  # fmt: skip
+
+    def prepare_input(self, x, ws: StackedWorkspace | None = None) -> None:
+        """Make the plan of a forward over ``ws`` from the input ``x`` float32 ``[P, B, n_in]`` whose member
+        stride is not that of ``ws``'s ``"x"`` rows (e.g. a half of the train step's ``[P, 2B, width]``
+        window pair), before any capture (GPU; nothing on NumPy): only the first layer reads ``x``, and
+        :meth:`new_workspace` made the other layers' plans. A forward from ``x`` can then be captured
+        without an eager run."""
+        ws = ws or self.ws
+        if isinstance(self.params, np.ndarray):
+            return
+        lin = self.linears[0]
+        self._prepare_forward(lin, x, ws.rows(f"{lin.name}.out", x.shape[1]))
 
     def forward(self, x, ws: StackedWorkspace | None = None, raw_head: bool = False):
         """x float32 ``[P, B, n_in]`` (each member's rows C-contiguous; on the GPU members a multiple of 16
