@@ -1,0 +1,307 @@
+"""``StackedLearner``: the train step of P agents, one launch per operation for all P members.
+
+Issue 23's agent axis, stage 6a (docs/perf-notes.md, "The agent axis, in stages"): the phases of
+:meth:`cudarl.agent.Agent.train_phases` for the reference configuration (MLP encoder, dueling C51,
+``net.gemm = "cublaslt_nosplit"``, PopArt on or off, no auxiliary signals), composed from the stacked
+pieces of stages 0-5 instead of one agent's::
+
+    schedules     StackedAdam.schedule_step, StackedSoftUpdate.schedule_step    (a branch, as alone)
+    sample        StackedPrioritizedReplay.sample: search, gather and windows; the weights on a branch
+    forward       StackedQNetwork: target at s' | online at s' (branches) | online at s (chain)
+    targets_loss  losses.c51_targets_loss over [P, ...] (PopArt: StackedPopArt's [P, 8] state)
+    q_stats       dueling combine, qstats per_sample; the reduction on a branch
+    priorities    StackedPrioritizedReplay.update_priorities (a branch to the end)
+    backward      StackedQNetwork.backward (dW per member: see below)
+    adam          StackedAdam.clip_update_publish (norm, clip, update, soft update, the publish of
+                  loss and norm to a [P, 2 slots] ring); run.grid_barrier = false or more members than
+                  resident blocks: clip_step, the publish per member, update_step(soft)
+    publish       the Q statistics of every member to their pinned ring (one publish_row launch)
+
+Member ``i`` is bitwise the :class:`cudarl.agent.Agent` of ``run.seed = seeds[i]`` fed the same replay
+(``tests/unit/test_stacked_agent.py``): each operation is P copies of the single one (DESIGN.md: "a
+population is an extra leading axis on every buffer of an agent"), and every per-member scalar (the
+optimiser's step, lr, bias corrections, grad norm and clip scale; tau; PopArt's statistics and beta;
+the replay's counters, beta and Philox key; the loss) is a ``[P]`` device array.
+
+Still per member (a loop of the single launch, inside the same phase): the weight gradients
+(``StackedQNetwork.backward``: the single agent's split-K cuBLAS dW, which a batched GEMM does not
+reproduce), the loss-and-norm publish of the three-launch optimiser form (``agent.publish`` has no
+member axis), and shrink-and-perturb between updates (``optim.shrink_every``). The statistics' publish
+is one launch over the ``[P, n]`` statistics with member 0's step counter naming the ring slot: the
+members' counters advance together (one ``lr_schedule`` launch for all), so it is every member's slot.
+Not built: the collect step (act and env step with a member axis), the guard and its one-step-late
+readbacks per member, checkpoints per member, and wiring into :class:`cudarl.population.Population`.
+"""
+
+from __future__ import annotations
+
+from contextlib import nullcontext
+
+import numpy as np
+
+from . import losses
+from .agent import PUBLISH_SLOTS
+from .backend import family
+from .config import Config
+from .graph import SideStream
+from .nn.params import stacked_zeros
+from .nn.stacked import StackedQNetwork, _reference_network
+from .optim import Schedule, StackedAdam, StackedSoftUpdate, shrink_perturb
+from .pinned import PinnedReadback
+from .popart import StackedPopArt
+from .reference.window import STATE_DIM
+from .replay import Batch
+from .rules.c51 import C51Rule, support
+
+
+def reference_config(cfg: Config) -> None:
+    """Refuse a configuration whose train step :class:`StackedLearner` does not build: the reference
+    network's (:class:`cudarl.nn.StackedQNetwork`'s refusals) without auxiliary signals or CQL."""
+    _reference_network(cfg.net)
+    a = cfg.agent
+    bad = sorted(k for k, v in {"agent.aux": bool(a.aux), "agent.cql_alpha": a.cql_alpha > 0}.items() if v)
+    if bad:
+        raise ValueError(
+            f"StackedLearner builds the reference train step only (no auxiliary signals, no CQL); not {bad}"
+        )
+
+
+def stacked_replay(cfg: Config, n_envs: int, seeds, backend: str | None = None):
+    """The :class:`cudarl.stacked_replay.StackedPrioritizedReplay` of state rows whose member ``i`` is the
+    replay :class:`cudarl.trainer.Trainer` makes for ``cfg`` with ``run.seed = seeds[i]`` (``n_envs``: its
+    interleaved columns, rows of a collect step)."""
+    from .stacked_replay import StackedPrioritizedReplay
+
+    r = cfg.replay
+    return StackedPrioritizedReplay(
+        len(seeds), r.capacity, STATE_DIM, seeds=np.asarray(seeds, np.int64), n_step=r.n_step, n_envs=n_envs,
+        alpha=r.alpha, eps=r.eps, beta0=r.beta0, beta_final=r.beta_final, beta_steps=r.beta_steps,
+        store_next_obs=cfg.env.counterfactual, backend=backend,
+    )  # fmt: skip
+
+
+class StackedLearner:
+    """The learner of P agents of one reference configuration, members differing in their seeds.
+
+    Args:
+        cfg: the :class:`cudarl.config.Config` every member runs (``run.seed`` is not read: ``seeds``);
+            the reference train step only (:func:`reference_config`).
+        obs_dim: the network's input (:attr:`cudarl.window.Windows.width`); n_actions: A.
+        seeds: P seeds, member ``i`` initialised as ``Agent`` with ``run.seed = seeds[i]``.
+        xp: ``numpy`` or ``cupy``.
+
+    Buffers (member ``i`` at index ``i`` of the leading axis): :attr:`online`, :attr:`target`
+    (:class:`cudarl.nn.StackedQNetwork`), :attr:`adam` (:class:`cudarl.optim.StackedAdam`),
+    :attr:`soft`, :attr:`popart` (:class:`cudarl.popart.StackedPopArt` or None), :attr:`out` (the
+    targets-and-loss buffers: ``loss [P]``, ``loss_per``, ``priority [P, B]``, ...), :attr:`loss`,
+    :attr:`priority`, :attr:`grad_norm` ``[P]``, :attr:`stats` float32 ``[P, 2A + 2]`` (the Q statistics,
+    :func:`cudarl.reference.qstats.layout`), :attr:`batch` (the windows ``[P, B, obs_dim]`` and the
+    batch's action, return and discount), and the host rings :attr:`readback` (loss and grad norm,
+    ``ring [P, 2 * PUBLISH_SLOTS]``) and :attr:`stats_ring` (``[slots, P * (2A + 2)]``).
+    """
+
+    def __init__(self, cfg: Config, obs_dim: int, n_actions: int, seeds, xp):
+        reference_config(cfg)
+        self.cfg, self.xp = cfg, xp
+        self.seeds = [int(s) for s in seeds]
+        P = self.members = len(self.seeds)
+        B = self.batch_size = cfg.agent.batch_size
+        a, o = cfg.agent, cfg.optim
+        A, K = int(n_actions), cfg.net.atoms
+        net = dict(members=P, xp=xp, max_batch=B, seeds=self.seeds)
+        self.online = StackedQNetwork(obs_dim, A, cfg.net, **net)
+        self.target = StackedQNetwork(obs_dim, A, cfg.net, **net)
+        self.target.params[...] = self.online.params
+        self.ws = self.online.ws  # the online forward at s, which the backward runs over
+        self.ws_next = self.online.new_workspace(B)  # the online forward at s', on a branch
+        # the state rows the replay gathers, and the windows of s and s' (halves of one pair a member,
+        # members 256 bytes apart, as the batched GEMMs' inputs)
+        f32 = np.float32
+        self.rows = Batch(
+            xp.zeros((P, B, STATE_DIM), f32), xp.zeros((P, B, STATE_DIM), f32), xp.zeros((P, B), np.int32),
+            xp.zeros((P, B), f32), xp.zeros((P, B), f32),
+        )  # fmt: skip
+        self.pair = stacked_zeros(xp, P, (2 * B, obs_dim))
+        self.batch = Batch(self.pair[:, :B], self.pair[:, B:], *self.rows[2:])
+        self.online.prepare_input(self.batch.obs, self.ws)  # its plan before any capture (s' has the stride)
+        self.target.prepare_input(self.batch.next_obs, self.target.ws)
+        self.support = xp.asarray(support(cfg.net))
+        self.popart = (
+            StackedPopArt(P, beta=a.popart_beta, scale=C51Rule.popart_scale(cfg.net), xp=xp) if a.popart else None
+        )
+        self.ws.set_batch(B)
+        self.out = losses.C51TargetsLoss.empty(
+            xp, B, A, K, popart=a.popart, members=P, dva=self.online.grad_output(self.ws, raw_head=True)
+        )
+        self.loss, self.priority = self.out.loss, self.out.priority
+        n_stats = 2 * A + 2  # the single agent's one statistics block, "q" (cudarl.reference.qstats.layout)
+        self.stats = xp.full((P, n_stats), np.nan, f32)
+        self.qs = losses.QStats(
+            stats=self.stats, q=xp.zeros((P, B, A), f32), ent=xp.zeros((P, B), f32), mass=xp.zeros((P, B, K), f32)
+        )
+        self.stats_ring = PinnedReadback(P * n_stats, f32, xp, slots=PUBLISH_SLOTS)
+        #: loss and grad norm of every member, ``ring`` ``[P, 2 * PUBLISH_SLOTS]`` as each member's own
+        #: ring alone (one event for all of it: the per-member monitor is not built)
+        self.readback = PinnedReadback(P * 2 * PUBLISH_SLOTS, f32, xp)
+        self.ring = self.readback.device.reshape(P, 2 * PUBLISH_SLOTS)
+        self.grad_norm = xp.zeros(P, f32)
+        self.adam = StackedAdam(
+            self.online.params,
+            self.online.grads,
+            schedule=Schedule.from_config(o),
+            betas=(o.beta1, o.beta2),
+            eps=o.eps,
+            weight_decay=o.weight_decay,
+            decay_mask=self.online.layout.decay_mask(),
+            max_grad_norm=o.max_grad_norm,
+            grad_norm_out=self.grad_norm,
+            xp=xp,
+        )
+        self.soft = StackedSoftUpdate(
+            self.target.params, self.online.params, a.tau_start, a.tau_end, a.tau_period, xp=xp
+        )
+        self.fused = cfg.run.grid_barrier and self._fits_one_launch()
+        self.agent_ops, self.nn_ops = family("agent", xp), family("nn", xp)
+        #: branches as the single agent's: the target net's forward, the online net's at s', small kernels
+        #: (schedules, importance weights, the unfused publish), the statistics' reduction, the priorities
+        self.side, self.side_next, self.side_small = SideStream(xp), SideStream(xp), SideStream(xp)
+        self.side_stats, self.side_priorities = SideStream(xp), SideStream(xp)
+        self.idx = self.weights = None  # the replay's [P, B] buffers, set by the sample phase
+        self.va = self.va_online_next = self.va_target_next = None  # the forward's outputs (workspace rows)
+        self._popart_live = self.popart is not None
+
+    def _fits_one_launch(self) -> bool:
+        """Whether every member gets a block of the optimiser's one launch (its grid barrier needs all of
+        them resident: at most :func:`cudarl.kernels.resident_grid_limit` members; NumPy: always)."""
+        if isinstance(self.online.params, np.ndarray):
+            return True
+        from .kernels import resident_grid_limit
+
+        return self.members <= resident_grid_limit()
+
+    # --- train ---------------------------------------------------------------------------------
+    def train_phases(self, replay, windows) -> list:
+        """The phases of one update of every member from ``replay`` (a
+        :class:`cudarl.stacked_replay.StackedPrioritizedReplay` of P members, e.g. :func:`stacked_replay`),
+        whose observation windows ``windows`` (:class:`cudarl.window.Windows`, one for all) gathers: the
+        single agent's phases in its order, each launch over every member."""
+        cfg, B = self.cfg, self.batch_size
+        if getattr(replay, "members", None) != self.members:
+            raise ValueError(f"train_phases: a stacked replay of {self.members} members, got {type(replay).__name__}")
+        replay.reserve(B)  # its index and weight buffers exist before any capture
+        head = self.online.head.name
+
+        def schedules():
+            with self.side_small.fork():  # joined by targets_loss, the first phase that reads them
+                self.adam.schedule_step()
+                self.soft.schedule_step()
+
+        def sample():
+            self.idx, self.weights = replay.sample(
+                B, side=self.side_small, out=self.rows, windows=windows, windows_out=self.pair
+            )
+
+        def forward():
+            with self.side.fork():
+                self.va_target_next = self.target.forward(self.batch.next_obs, self.target.ws, raw_head=True)
+            with self.side_next.fork():
+                self.va_online_next = self.online.forward(self.batch.next_obs, self.ws_next, raw_head=True)
+            self.va = self.online.forward(self.batch.obs, self.ws, raw_head=True)
+
+        def targets_loss():
+            self.side_small.join()  # the schedules and the importance weights
+            self.side.join()
+            self.side_next.join()
+            pa = self.popart
+            popart = (
+                {}
+                if pa is None
+                else dict(popart_state=pa.state, popart_beta=pa.scalars.view("beta"), sigma_min=pa.sigma_min)
+            )
+            losses.c51_targets_loss(
+                self.va,
+                self.va_online_next,
+                self.va_target_next,
+                self.batch.action,
+                self.weights,
+                self.support,
+                self.batch.ret,
+                self.batch.discount,
+                cfg.agent.priority,
+                **popart,
+                out=self.out,
+                grid_barrier=cfg.run.grid_barrier,
+            )
+
+        def q_stats():
+            logits = self.ws.rows(f"{head}.logits", B)
+            self.nn_ops.dueling_forward(self.va, logits)
+            losses.q_stats_rows(logits, self.support, self.qs)
+            with self.side_stats.fork():
+                losses.q_stats_reduce(self.qs)
+
+        def priorities():
+            with self.side_priorities.fork():  # beside the backward and the optimiser, as alone
+                replay.update_priorities(self.idx, self.priority, device_rules=True)
+
+        def backward():
+            self.online.backward(self.ws)
+
+        def adam():
+            if self.fused:
+                self.adam.clip_update_publish(self.soft, self.ring, self.loss, PUBLISH_SLOTS)
+                return
+            self.adam.clip_step()
+            with self.side_small.fork():  # per member: agent.publish has no member axis
+                step = self.adam.scalars.view("step")
+                for i in range(self.members):
+                    self.agent_ops.publish(
+                        self.ring[i], self.loss[i : i + 1], self.grad_norm[i : i + 1], step[i : i + 1], PUBLISH_SLOTS
+                    )
+            self.adam.update_step(soft=self.soft)
+
+        def publish():
+            self.side_stats.join()
+            step = self.adam.scalars.view("step")[:1]  # every member's: they advance together
+            self.agent_ops.publish_row(self.stats_ring.device, self.stats.reshape(-1), step, PUBLISH_SLOTS)
+
+        return [
+            ("schedules", schedules),
+            ("sample", sample),
+            ("forward", forward),
+            ("targets_loss", targets_loss),
+            ("q_stats", q_stats),
+            ("priorities", priorities),
+            ("backward", backward),
+            ("adam", adam),
+            ("publish", publish),
+        ]
+
+    # --- between two updates ------------------------------------------------------------------------
+    def between_updates(self, step: int, stream=None) -> None:
+        """:meth:`cudarl.agent.Agent.between_updates` for every member: PopArt's statistics freeze once
+        ``agent.popart_warmup`` updates are done; every ``optim.shrink_every`` updates each member's online
+        network is shrunk and perturbed with its own seed (a launch per member)."""
+        warmup, o = self.cfg.agent.popart_warmup, self.cfg.optim
+        if self._popart_live and warmup and step >= warmup:
+            self.popart.freeze(stream)
+            self._popart_live = False
+        if o.shrink_every and step % o.shrink_every == 0:
+            with stream if stream is not None else nullcontext():
+                for i, seed in enumerate(self.seeds):
+                    shrink_perturb(self.online.params[i], o.shrink, o.perturb, seed, step // o.shrink_every)
+
+    # --- what the host reads ---------------------------------------------------------------------
+    def published(self, step: int) -> dict:
+        """What update ``step`` published, per member: ``loss``, ``grad_norm`` float32 ``[P]`` and the Q
+        statistics ``stats [P, 2A + 2]``; call :meth:`mark_published` after launching it (host reads, after
+        the events)."""
+        s = step % PUBLISH_SLOTS
+        ring = self.readback.read().reshape(self.members, 2 * PUBLISH_SLOTS)
+        stats = self.stats_ring.read(s).reshape(self.members, -1)
+        return {"loss": ring[:, 2 * s], "grad_norm": ring[:, 2 * s + 1], "stats": stats}
+
+    def mark_published(self, step: int, stream=None) -> None:
+        """Update ``step`` was just launched on ``stream``: its rings are read after this point."""
+        self.readback.mark_written(stream)
+        self.stats_ring.mark_written(stream, slot=step % PUBLISH_SLOTS)

@@ -1,0 +1,278 @@
+"""The joined train step (issue 23's agent axis, stage 6a: docs/perf-notes.md "The agent axis, in stages"):
+a :class:`cudarl.stacked_agent.StackedLearner` of P members is P single :class:`cudarl.agent.Agent` s,
+member ``i`` the agent of ``run.seed = seeds[i]`` fed the same replay rows, bit for bit over several
+updates: parameters, gradients, target net, Adam's moments and scalars, tau, loss, per-sample loss,
+priorities, sampled rows and weights, grad norm, PopArt's statistics, the Q statistics, the published
+rings and the sum trees.
+
+CPU (NumPy backend): P = 1 and 3, PopArt on and off, one launch and three for the optimiser and the
+PopArt loss (``run.grid_barrier``), a clip that acts, shrink-and-perturb. GPU (marked): the reference
+sizes (66 inputs, 256-256, 51 atoms, batch 512) at P = 1, 3, 64 (at 64, three members against singles),
+and a captured step against the eager one, bit for bit.
+"""
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from cudarl.agent import Agent
+from cudarl.backend import to_numpy
+from cudarl.config import from_dict
+from cudarl.graph import StepGraph
+from cudarl.replay import PrioritizedReplay
+from cudarl.stacked_agent import StackedLearner, reference_config, stacked_replay
+from cudarl.testing import assert_bitwise
+from cudarl.window import Windows
+
+T_N, F_N, E = 80, 5, 4  # bars and features of the shared feature matrix; interleaved columns of the replay
+
+
+def _config(**over):
+    d = {
+        "run": {"device": "cpu", "eval_every": 0, "checkpoint_every": 0},
+        "env": {"n_envs": E},
+        "net": {"hidden": [24, 16], "atoms": 21},
+        "replay": {"capacity": 512},
+        "agent": {"batch_size": 16, "popart_warmup": 4},
+        "optim": {"schedule": "cosine", "warmup": 2, "period": 40, "weight_decay": 0.01, "max_grad_norm": 0.1},
+    }
+    for sec, vals in over.items():
+        d.setdefault(sec, {}).update(vals)
+    return from_dict(d)
+
+
+def _state_rows(rng, shape) -> np.ndarray:
+    """State rows ``[*shape, 4]``: bar index, mirror flag, position, hold fraction."""
+    rows = np.zeros((*shape, 4), np.float32)
+    rows[..., 0] = rng.integers(0, T_N, shape)
+    rows[..., 1] = rng.random(shape) < 0.3
+    rows[..., 2] = rng.choice(np.array([-1, 0, 1], np.float32), shape)
+    rows[..., 3] = rng.random(shape)
+    return rows
+
+
+def _windows(xp, rng, window: int, features: int = F_N) -> Windows:
+    feats = rng.standard_normal((T_N, features)).astype(np.float32)
+    sign = np.ones(features, np.float32)
+    sign[1] = -1.0
+    return Windows(xp.asarray(feats), xp.asarray(sign), window, xp)
+
+
+def _fill(xp, rng, stacked, singles, rows: int, members) -> None:
+    """Each member's own rows (rewards of its own scale, an episode end here and there), added in three
+    rounds to the stacked replay and to member ``members[j]``'s single replay ``singles[j]``."""
+    P = stacked.members
+    for _ in range(3):
+        d = np.full((P, rows), 0.97, np.float32)
+        d[rng.random((P, rows)) < 0.05] = 0.0
+        batch = (
+            _state_rows(rng, (P, rows)),
+            rng.integers(0, 3, (P, rows)).astype(np.int32),
+            (rng.standard_normal((P, rows)) * rng.uniform(0.2, 3.0, (P, 1))).astype(np.float32),
+            d,
+        )
+        stacked.add(*(xp.asarray(a) for a in batch))
+        for j, i in enumerate(members):
+            singles[j].add(*(xp.asarray(a[i]) for a in batch))
+
+
+def _build(xp, cfg, P, seeds, members, rng, window=1, features=F_N, n_actions=3):
+    """The stacked learner and replay, and the single agents and replays of ``members``, all fed the
+    same rows, and the windows (one feature matrix for all)."""
+    backend = "numpy" if xp is np else "cupy"
+    win = _windows(xp, rng, window, features)
+    learner = StackedLearner(cfg, win.width, n_actions, seeds, xp)
+    replay = stacked_replay(cfg, E, seeds, backend=backend)
+    singles, replays = [], []
+    for i in members:
+        c = replace(cfg, run=replace(cfg.run, seed=int(seeds[i])))
+        singles.append(Agent(c, win.width, n_actions, E, xp))
+        r = cfg.replay
+        replays.append(
+            PrioritizedReplay(
+                r.capacity, 4, n_step=r.n_step, n_envs=E, alpha=r.alpha, eps=r.eps, beta0=r.beta0,
+                beta_final=r.beta_final, beta_steps=r.beta_steps, seed=int(seeds[i]), backend=backend,
+            )
+        )  # fmt: skip
+    _fill(xp, rng, replay, replays, 48, members)
+    for r in replays:
+        r.reserve(cfg.agent.batch_size)
+    return learner, replay, singles, replays, win
+
+
+def _assert_member_is_agent(learner, replay, i, agent, single_replay, what):
+    """Member ``i`` of the learner and its replay against ``agent`` and its replay, bit for bit."""
+    w = f"{what}, member {i}"
+    L, a = learner, agent
+    pairs = [
+        ("sampled rows", L.idx[i], a.buffers.idx),
+        ("weights", L.weights[i], a.buffers.weights),
+        ("loss", L.loss[i : i + 1], a.loss),
+        ("per-sample loss", L.out.loss_per[i], a.loss_per),
+        ("priorities", L.priority[i], a.priority),
+        ("gradients", L.online.grads[i], a.online.grads),
+        ("parameters", L.online.params[i], a.online.params),
+        ("target net", L.target.params[i], a.target.params),
+        ("Adam m", L.adam.m[i], a.adam.m),
+        ("Adam v", L.adam.v[i], a.adam.v),
+        ("grad norm", L.grad_norm[i : i + 1], a.grad_norm),
+        ("Q statistics", L.stats[i], a.stats.values),
+        ("published loss and grad norm", L.ring[i], a.readback.device),
+        ("sum tree", replay.bufs.tree[i], single_replay.bufs.tree),
+    ]
+    for name in a.adam.scalars.names:
+        pairs.append((f"Adam {name}", L.adam.scalars.view(name)[i : i + 1], a.adam.scalars.view(name)))
+    for name in a.soft.scalars.names:
+        pairs.append((f"tau schedule {name}", L.soft.scalars.view(name)[i : i + 1], a.soft.scalars.view(name)))
+    if a.popart is not None:
+        pairs.append(("PopArt state", L.popart.state[i], a.popart.state))
+        pairs.append(("PopArt beta", L.popart.scalars.view("beta")[i : i + 1], a.popart.scalars.view("beta")))
+    for name, got, want in pairs:
+        assert_bitwise(to_numpy(got), to_numpy(want), what=f"{w}: {name}")
+    n = a.stats.n
+    ring = to_numpy(L.stats_ring.device).reshape(-1, L.members, n)[:, i]
+    assert_bitwise(ring.reshape(-1), to_numpy(a.stats.ring.device), what=f"{w}: published Q statistics")
+
+
+def _run_and_compare(xp, cfg, P, seeds, members, rng, updates, window=1, features=F_N, sync=lambda: None):
+    """``updates`` updates of the learner (one StepGraph) and of the single agents of ``members``; member
+    ``i`` against its agent after each."""
+    learner, replay, singles, replays, win = _build(xp, cfg, P, seeds, members, rng, window, features)
+    graph = StepGraph("train_stacked", learner.train_phases(replay, win), xp=xp)
+    alone = [
+        StepGraph(f"train_{j}", a.train_phases(r, win), xp=xp)
+        for j, (a, r) in enumerate(zip(singles, replays, strict=True))
+    ]
+    for g in (graph, *alone):  # on the GPU before any eager run; on NumPy the phases run in order
+        g.capture()
+    for step in range(1, updates + 1):
+        graph.replay()
+        learner.between_updates(step, graph.stream)
+        for a, g in zip(singles, alone, strict=True):
+            g.replay()
+            a.between_updates(step, g.stream)
+        sync()
+        for j, i in enumerate(members):
+            _assert_member_is_agent(learner, replay, i, singles[j], replays[j], f"update {step}")
+    return learner
+
+
+def _seeds(rng, P):
+    return [int(s) for s in rng.choice(1 << 30, P, replace=False)]
+
+
+# --- CPU ------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("P", [1, 3])
+@pytest.mark.parametrize(
+    "over",
+    [
+        {},  # the defaults: PopArt (frozen after its warm-up), one launch for the loss and for the optimiser
+        {"agent": {"popart": False, "priority": "ce"}, "optim": {"schedule": "constant"}},
+        {"run": {"grid_barrier": False}, "optim": {"shrink_every": 3}},
+    ],
+    ids=["defaults", "no-popart", "three-launches-shrink"],
+)
+def test_members_are_single_agents_bitwise(rng, P, over):
+    cfg = _config(**over)
+    learner = _run_and_compare(np, cfg, P, _seeds(rng, P), list(range(P)), rng, updates=7)
+    assert np.all(learner.grad_norm > cfg.optim.max_grad_norm), "the clip must act for the test to cover it"
+    assert len(set(learner.loss.tolist())) == P, "members with their own seeds and rows have their own losses"
+    if learner.popart is not None:
+        assert learner.popart.frozen, "PopArt's warm-up ended inside the run: its freeze is covered"
+        assert np.all(learner.popart.statistics()[0] != 0.0), "PopArt's statistics moved"
+
+
+def test_members_with_a_window_of_bars_and_n_step_one(rng):
+    cfg = _config(replay={"n_step": 1}, net={"window": 3, "hidden": [16]})
+    _run_and_compare(np, cfg, 3, _seeds(rng, 3), [0, 1, 2], rng, updates=4, window=3)
+
+
+@pytest.mark.parametrize(
+    "over, bad",
+    [
+        ({"agent": {"cql_alpha": 0.1}}, "agent.cql_alpha"),
+        ({"agent": {"aux": ["horizons"]}}, "agent.aux"),
+        ({"net": {"head": "iqn"}}, "head"),
+        ({"net": {"layernorm": True}}, "layernorm"),
+        ({"net": {"spectral": ["enc.0"]}}, "spectral"),
+        ({"net": {"gemm": "cublaslt"}}, "gemm"),
+    ],
+)
+def test_only_the_reference_train_step_is_stacked(over, bad):
+    cfg = _config(**over)
+    with pytest.raises(ValueError, match=bad):
+        reference_config(cfg)
+    with pytest.raises(ValueError, match="reference"):
+        StackedLearner(cfg, 7, 3, [1, 2], np)
+
+
+def test_train_phases_refuse_a_single_replay(rng):
+    cfg = _config()
+    learner = StackedLearner(cfg, 7, 3, [1, 2], np)
+    with pytest.raises(ValueError, match="stacked replay of 2 members"):
+        learner.train_phases(stacked_replay(cfg, E, [1, 2, 3], backend="numpy"), _windows(np, rng, 1))
+
+
+def test_published_reads_every_members_loss_and_statistics(rng):
+    cfg = _config()
+    learner, replay, _, _, win = _build(np, cfg, 2, _seeds(rng, 2), [], rng)
+    g = StepGraph("train_stacked", learner.train_phases(replay, win), xp=np)
+    g.capture()
+    g.replay()
+    learner.mark_published(1)
+    got = learner.published(1)
+    assert_bitwise(got["loss"], learner.loss, what="published loss")
+    assert_bitwise(got["grad_norm"], learner.grad_norm, what="published grad norm")
+    assert_bitwise(got["stats"], learner.stats, what="published statistics")
+
+
+# --- GPU ------------------------------------------------------------------------------------------------
+def _reference_cfg(**over):
+    """The reference workload's learner (64 features + 2 of position, 256-256, 51 atoms, batch 512),
+    its replay small."""
+    return _config(
+        net={"hidden": [256, 256], "atoms": 51},
+        agent={"batch_size": 512, "popart_warmup": 4},
+        replay={"capacity": 4096},
+        **over,
+    )
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("P, members", [(1, [0]), (3, [0, 1, 2]), (64, [0, 37, 63])])
+def test_gpu_members_are_single_agents_bitwise(cp, rng, P, members):
+    """Every graph captured before any eager run; member ``i`` against its agent after each update."""
+    sync = cp.cuda.Device().synchronize
+    _run_and_compare(cp, _reference_cfg(), P, _seeds(rng, P), members, rng, 6, features=64, sync=sync)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("P", [3, 64])
+def test_gpu_stacked_step_graphed_equals_eager(cp, P):
+    """Two learners of the same seeds and rows: one captured before any eager run and replayed, one run
+    eagerly; every member buffer equal after each update, bit for bit."""
+    cfg, seeds = _reference_cfg(), _seeds(np.random.default_rng(11), P)
+    runs = []
+    for _ in range(2):
+        learner, replay, _, _, win = _build(cp, cfg, P, seeds, [], np.random.default_rng(5), features=64)
+        runs.append((learner, replay, StepGraph(f"train_stacked_{P}", learner.train_phases(replay, win), xp=cp)))
+    runs[0][2].capture()
+    for step in range(1, 6):
+        for k, (learner, _, g) in enumerate(runs):
+            (g.replay if k == 0 else g.run_eager)()
+            learner.between_updates(step, g.stream)
+        cp.cuda.Device().synchronize()
+        (lg, rg, _), (le, re, _) = runs
+        for name, x, y in (
+            ("parameters", lg.online.params, le.online.params),
+            ("target", lg.target.params, le.target.params),
+            ("Adam m", lg.adam.m, le.adam.m),
+            ("Adam v", lg.adam.v, le.adam.v),
+            ("loss", lg.loss, le.loss),
+            ("priorities", lg.priority, le.priority),
+            ("PopArt", lg.popart.state, le.popart.state),
+            ("statistics", lg.stats, le.stats),
+            ("sum trees", rg.bufs.tree, re.bufs.tree),
+        ):
+            assert_bitwise(x, y, what=f"update {step}: {name}, graphed against eager")
