@@ -95,7 +95,7 @@ def _build(xp, cfg, P, seeds, members, rng, window=1, features=F_N, n_actions=3)
                 beta_final=r.beta_final, beta_steps=r.beta_steps, seed=int(seeds[i]), backend=backend,
             )
         )  # fmt: skip
-    _fill(xp, rng, replay, replays, 48, members)
+    _fill(xp, rng, replay, replays, max(48, -(-cfg.agent.batch_size // (2 * E)) * E), members)  # 1.5 B rows at least
     for r in replays:
         r.reserve(cfg.agent.batch_size)
     return learner, replay, singles, replays, win
