@@ -25,8 +25,9 @@ the replay's counters, beta and Philox key; the loss) is a ``[P]`` device array.
 
 Still per member (a loop of the single launch, inside the same phase): the weight gradients
 (``StackedQNetwork.backward``: the single agent's split-K cuBLAS dW, which a batched GEMM does not
-reproduce), the loss-and-norm publish of the three-launch optimiser form (``agent.publish`` has no
-member axis), and shrink-and-perturb between updates (``optim.shrink_every``). The statistics' publish
+reproduce; each layer's P GEMMs on that layer's branch, as the single agent's one GEMM), the
+loss-and-norm publish of the three-launch optimiser form (``agent.publish`` has no member axis), and
+shrink-and-perturb between updates (``optim.shrink_every``). The statistics' publish
 is one launch over the ``[P, n]`` statistics with member 0's step counter naming the ring slot: the
 members' counters advance together (one ``lr_schedule`` launch for all), so it is every member's slot.
 Not built: the collect step (act and env step with a member axis), the guard and its one-step-late
@@ -166,6 +167,9 @@ class StackedLearner:
         #: (schedules, importance weights, the unfused publish), the statistics' reduction, the priorities
         self.side, self.side_next, self.side_small = SideStream(xp), SideStream(xp), SideStream(xp)
         self.side_stats, self.side_priorities = SideStream(xp), SideStream(xp)
+        #: one branch per layer for its weight gradients (every member's), beside the dx chain, as alone
+        self.grad_sides = [SideStream(xp) for _ in self.online.linears]
+        self.online.set_side_stream(self.grad_sides)
         self.idx = self.weights = None  # the replay's [P, B] buffers, set by the sample phase
         self.va = self.va_online_next = self.va_target_next = None  # the forward's outputs (workspace rows)
         self._popart_live = self.popart is not None
@@ -246,6 +250,8 @@ class StackedLearner:
 
         def backward():
             self.online.backward(self.ws)
+            for side in self.grad_sides:  # the weight gradients, before anything reads them
+                side.join()
 
         def adam():
             if self.fused:

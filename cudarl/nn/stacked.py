@@ -25,6 +25,7 @@ import numpy as np
 from .. import blas
 from ..backend import family
 from ..config import NetConfig
+from ..reference.nn import IDENTITY
 from .layers import Linear
 from .network import QNetwork, _declare, _modules, _walk
 from .params import Workspace, matmul, member_view, stacked_zeros
@@ -143,6 +144,7 @@ class StackedQNetwork:
         self.grads = xp.zeros_like(self.params)
         self.P, self.G = self.views(self.params), self.views(self.grads)
         self.ops = family("nn", xp)
+        self._sides = None  # a side stream per layer for the weight gradients (set_side_stream)
         self.ws = self.new_workspace(max_batch) if max_batch is not None else None
 
     def views(self, buf) -> dict:
@@ -261,11 +263,37 @@ class StackedQNetwork:
         ws = ws or self.ws
         if not ws.raw_head:
             self.ops.dueling_backward(ws.rows(self.head.grad_name), ws.rows(self.head.raw_grad_name()))
-        for lin, x, below in reversed(self.layer_rows(ws, ws.x, dx)):
+        sides = self._sides or [None] * len(self.linears)
+        for (lin, x, below), side in reversed(list(zip(self.layer_rows(ws, ws.x, dx), sides, strict=True))):
             y, dy = ws.rows(f"{lin.name}.out"), ws.rows(f"{lin.name}.dout")
-            self.ops.bias_act_backward(dy, y, dy, self.G[f"{lin.name}.bias"], lin.act)
-            gw = self.G[f"{lin.name}.weight"]
-            for i in range(self.members):
-                matmul(x[i], dy[i], gw[i], trans_a=True, tf32=lin.tf32)
+            gb, gw = self.G[f"{lin.name}.bias"], self.G[f"{lin.name}.weight"]
+            if side is None:
+                self.ops.bias_act_backward(dy, y, dy, gb, lin.act)
+                self._dw(lin, x, dy, gw)
+            else:
+                # as Linear.backward on its side branch: the activation's backward on the chain, dW and
+                # the bias sums (the identity's bias_act_backward, the same bits as one) beside it
+                if lin.act != IDENTITY:
+                    self.ops.act_backward(dy, y, dy, lin.act)
+                with side.fork():
+                    self._dw(lin, x, dy, gw)
+                    if below is not None:
+                        self.ops.bias_act_backward(dy, y, dy, gb, IDENTITY)
+                if below is None:
+                    self.ops.bias_act_backward(dy, y, dy, gb, IDENTITY)
             if below is not None:
                 blas.gemm_lt_batched(dy, self.P[f"{lin.name}.weight"], below, trans_b=True, tf32=lin.tf32)
+
+    def _dw(self, lin: Linear, x, dy, gw) -> None:
+        """The weight gradients ``gw[i] = x[i]^T dy[i]``, the single network's GEMM for each member."""
+        for i in range(self.members):
+            matmul(x[i], dy[i], gw[i], trans_a=True, tf32=lin.tf32)
+
+    def set_side_stream(self, sides) -> None:
+        """Run each layer's weight and bias gradients in :meth:`backward` on a branch of its own, as
+        :meth:`cudarl.nn.QNetwork.set_side_stream` does for one network: ``sides`` one
+        :class:`cudarl.graph.SideStream` per layer (in :attr:`linears` order), or None for one stream. The
+        caller joins every one before reading :attr:`grads`."""
+        if sides is not None and len(sides) != len(self.linears):
+            raise ValueError(f"set_side_stream: {len(sides)} side streams for {len(self.linears)} layers")
+        self._sides = None if sides is None else list(sides)

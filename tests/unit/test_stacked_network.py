@@ -26,9 +26,12 @@ def _stacked_and_singles(xp, P: int, n_in: int, max_batch: int, net_kw: dict, se
     return stacked, singles
 
 
-def _assert_members_are_singles(xp, rng, stacked, singles, B: int, raw_head: bool = False, with_dx: bool = True):
+def _assert_members_are_singles(
+    xp, rng, stacked, singles, B: int, raw_head: bool = False, with_dx: bool = True, sides=()
+):
     """One forward and backward of ``stacked`` on random inputs and output gradients, the same of each
-    single network on its member's; member i's output, parameter gradients and dx equal network i's."""
+    single network on its member's; member i's output, parameter gradients and dx equal network i's.
+    ``sides``: the stacked network's side streams, joined after its backward."""
     P, n_in = stacked.members, stacked.n_in
     x = stacked.input(B=B)
     x[...] = xp.asarray(rng.standard_normal(x.shape).astype(np.float32))
@@ -43,12 +46,17 @@ def _assert_members_are_singles(xp, rng, stacked, singles, B: int, raw_head: boo
         poison(net.grads)
         d = xp.full((B, n_in), np.nan, dtype=np.float32) if with_dx else None
         net.backward(dx=d)
+        for lin in net.linears.values():  # the single network's branches (set_side_stream), if any
+            if lin.side is not None:
+                lin.side.join()
         want.append((q, net.grads, d))
     dx = None
     if with_dx:
         dx = stacked_zeros(xp, P, (B, n_in))
         poison(dx)
     stacked.backward(dx=dx)
+    for side in sides:
+        side.join()
     for i, (q, grads, d) in enumerate(want):
         assert_bitwise(out[i], q, what=f"member {i} of {P}: {'va' if raw_head else 'logits'}")
         assert_bitwise(stacked.grads[i], grads, what=f"member {i} of {P}: gradients")
@@ -85,6 +93,24 @@ def test_member_rows_are_single_network_buffers():
 def test_members_equal_single_networks(rng, P, raw_head, with_dx):
     stacked, singles = _stacked_and_singles(np, P, 10, 9, SMALL)
     _assert_members_are_singles(np, rng, stacked, singles, B=7, raw_head=raw_head, with_dx=with_dx)
+
+
+@pytest.mark.parametrize("P", [1, 3])
+@pytest.mark.parametrize("with_dx", [False, True])
+def test_weight_gradients_on_branches_keep_the_bits(rng, P, with_dx):
+    """With a side stream per layer (the train step's: dW and the bias sums beside the dx chain), member
+    i still equals the single network on one stream, and the one with its layers' branches."""
+    from cudarl.graph import SideStream
+
+    stacked, singles = _stacked_and_singles(np, P, 10, 9, SMALL)
+    sides = [SideStream(np) for _ in stacked.linears]
+    stacked.set_side_stream(sides)
+    _assert_members_are_singles(np, rng, stacked, singles, B=7, raw_head=True, with_dx=with_dx, sides=sides)
+    for net in singles:
+        net.set_side_stream([SideStream(np) for _ in net.linears])
+    _assert_members_are_singles(np, rng, stacked, singles, B=7, raw_head=True, with_dx=with_dx, sides=sides)
+    with pytest.raises(ValueError, match="2 side streams for 3 layers"):
+        stacked.set_side_stream([SideStream(np)] * 2)
 
 
 def test_members_stay_single_networks_over_a_second_batch(rng):
@@ -126,6 +152,19 @@ def test_gpu_members_equal_single_networks_bitwise(cp, rng, P, B, tf32):
     _assert_members_are_singles(cp, rng, stacked, singles, B=B)
     if P == 3 and B == 512 and not tf32:
         _assert_members_are_singles(cp, rng, stacked, singles, B=B, raw_head=True, with_dx=False)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("P", [3, 64])
+def test_gpu_weight_gradients_on_branches_keep_the_bits(cp, rng, P):
+    """The weight gradients of every layer on a branch of its own (the train step's), eager: member i
+    equals the single network on one stream."""
+    from cudarl.graph import SideStream
+
+    stacked, singles = _stacked_and_singles(cp, P, 66, 512, REFERENCE)
+    sides = [SideStream(cp) for _ in stacked.linears]
+    stacked.set_side_stream(sides)
+    _assert_members_are_singles(cp, rng, stacked, singles, B=512, raw_head=True, with_dx=True, sides=sides)
 
 
 @pytest.mark.gpu
