@@ -148,6 +148,7 @@ def _run_and_compare(xp, cfg, P, seeds, members, rng, updates, window=1, feature
         g.capture()
     for step in range(1, updates + 1):
         graph.replay()
+        learner.mark_published(step, graph.stream)
         learner.between_updates(step, graph.stream)
         for a, g in zip(singles, alone, strict=True):
             g.replay()
@@ -155,6 +156,8 @@ def _run_and_compare(xp, cfg, P, seeds, members, rng, updates, window=1, feature
         sync()
         for j, i in enumerate(members):
             _assert_member_is_agent(learner, replay, i, singles[j], replays[j], f"update {step}")
+        got = learner.published(step)
+        assert_bitwise(got["loss"], to_numpy(learner.loss), what=f"update {step}: the host's read of the losses")
     return learner
 
 
