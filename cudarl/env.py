@@ -139,7 +139,9 @@ class TradingEnv:
         ``rows`` float32 ``[N, STATE_DIM]`` (the observations by reference), ``obs`` float32
         ``[N, window * (F + 2)]`` (gathered from them: what the network reads), ``reward`` and
         ``done`` float32 ``[N]``, ``actions`` int32 ``[N]``, ``scale`` float32 ``[N]`` (ones),
-        ``state`` (:class:`EnvState`). :attr:`windows` gathers windows of any state rows.
+        ``state`` (:class:`EnvState`), ``seed`` uint64 ``[1]`` (the Philox key ``config.seed``, in device
+        memory as the kernels read it: a population's members each their own). :attr:`windows` gathers
+        windows of any state rows.
     """
 
     def __init__(
@@ -225,6 +227,7 @@ class TradingEnv:
         self.done = xp.zeros(n, np.float32)
         self.actions = xp.zeros(n, np.int32)
         self.scale = xp.ones(n, np.float32)
+        self.seed = xp.asarray(np.array([config.seed], np.uint64))
         self.reset()
 
     def share_features(self, other: TradingEnv) -> None:
@@ -242,14 +245,14 @@ class TradingEnv:
     def reset(self) -> None:
         """Start a new episode in every env (draws keyed by each env's step counter); writes ``rows``
         and ``obs``."""
-        self._ops.reset(self.state, self.rows, self.params)
+        self._ops.reset(self.state, self.rows, self.params, self.seed)
         self.windows.gather(self.rows, self.obs)
 
     def act(self, q, epsilon, out=None):
         """Epsilon-greedy actions from ``q`` float32 ``[N, A]`` and ``epsilon`` float32 ``[1]``
         (e.g. a ``DeviceScalars`` view); writes ``out`` (default ``self.actions``) and returns it."""
         out = self.actions if out is None else out
-        self._ops.act(out, q, epsilon, self.state.count, self.params)
+        self._ops.act(out, q, epsilon, self.state.count, self.seed)
         return out
 
     def record(self, out: Transitions, actions=None, scale=None) -> Transitions:
@@ -271,6 +274,7 @@ class TradingEnv:
             self._scale(scale),
             self.data,
             self.params,
+            self.seed,
         )
         self.windows.gather(self.rows, self.obs)
 
@@ -291,6 +295,7 @@ class TradingEnv:
             self.scale,
             self.data,
             self.params,
+            self.seed,
             self.window,
         )
         return out
