@@ -1,5 +1,19 @@
 // agent: the small glue of the collect step. Twin: cudarl/reference/agent.py.
 // Launchers: cudarl/ops/agent.py.
+//
+// The member axis (a population's agents, docs/perf-notes.md "The agent axis, in stages", stage 5b):
+// the fused act kernels, epsilon, publish and publish_row take blockIdx.y as the member mb. Each row
+// family advances by mb times its stride argument (elements): the per-env vectors (actions,
+// env_count) by sn; q by sq; the head's output (logits, va, theta) by sl; the support by sz (0: one
+// support for every member); publish_row's values by sv (its ring, [P, slots * n] C-contiguous, and
+// publish's, [P, 2 * slots], by their own sizes); each device scalar (eps, count, arrivals, seed,
+// loss, grad_norm, step) by 1: [P] arrays. The Philox key is the member's seed[mb] (the env's own, a
+// device scalar), so a member draws what the agent alone draws whatever P or its index. The last-block
+// ticket is per member (each counts its member's gridDim.x blocks). The x grid, the block and each
+// thread's work and order are the single launch's, so member mb gets the bits of a single launch on
+// its rows; one member (gridDim.y = 1, mb = 0: every offset zero) is the single launch. The by-value
+// constants (the schedule's start, end and steps, the risk mode, alpha and lam, the shapes) are one
+// value for every member of a launch.
 #include <cudarl/act.cuh>
 #include <cudarl/dueling.cuh>
 #include <cudarl/softmax.cuh>
@@ -32,10 +46,13 @@ extern "C" __global__ void cudarl_agent_discount(float* __restrict__ out, const 
 
 // epsilon: the linear exploration schedule on the device. With c = *count:
 //   eps = start + (end - start) * min(c, steps) / steps;  then *count = c + 1.
-// One thread; computed in double and rounded once, like the twin (cudarl::epsilon_at, act.cuh).
+// One thread a member (block (0, mb): eps and count [P]); computed in double and rounded once, like
+// the twin (cudarl::epsilon_at, act.cuh).
 extern "C" __global__ void cudarl_agent_epsilon(float* __restrict__ eps, long long* __restrict__ count,
                                                 double start, double end, long long steps) {
   if (blockIdx.x != 0 || threadIdx.x != 0) return;
+  eps += blockIdx.y;
+  count += blockIdx.y;
   const long long c = *count;
   *eps = cudarl::epsilon_at(c, start, end, steps);
   *count = c + 1;
@@ -54,10 +71,28 @@ __device__ __forceinline__ void advance_epsilon(float eps, long long c, float* _
 }
 
 // The parameters every fused act kernel ends with: the epsilon schedule's output, its step counter
-// and the ticket counter (advance_epsilon), the schedule's constants, the envs' Philox seed.
+// and the ticket counter (advance_epsilon), the schedule's constants, the envs' Philox seed (a device
+// scalar), and the member strides of the per-env vectors, q and the head's output.
 #define ACT_SCHEDULE_PARAMS                                                                            \
   float *__restrict__ eps_out, long long *__restrict__ count, unsigned int *__restrict__ arrivals, \
-      double start, double end, long long steps, unsigned long long seed
+      double start, double end, long long steps, const unsigned long long *__restrict__ seed, long long sn, \
+      long long sq, long long sl
+
+// The member's rows and scalars (mb = blockIdx.y), then its schedule: c = *count, eps = epsilon_at(c).
+// Every fused act kernel starts with it (head: its head's output pointer); the Philox key *seed is
+// read where an action is chosen (not held in registers across the Q loop).
+#define ACT_MEMBER(head)                                          \
+  const long long mb = blockIdx.y;                                \
+  actions += mb * sn;                                             \
+  env_count += mb * sn;                                           \
+  q += mb * sq;                                                   \
+  head += mb * sl;                                                \
+  eps_out += mb;                                                  \
+  count += mb;                                                    \
+  arrivals += mb;                                                 \
+  const long long c = *count;                                     \
+  const float eps = cudarl::epsilon_at(c, start, end, steps);     \
+  seed += mb
 
 // One env's C51 act from its logits (logit(a, k), a pure function): q[i, a] = sum_k softmax(logits[i,
 // a])_k z_k (warp_softmax_visit_at and the statement of qstats.per_sample: the same bits), then
@@ -67,7 +102,8 @@ template <class Logit>
 __device__ __forceinline__ void act_c51_env(int* __restrict__ actions, float* __restrict__ q,
                                             const float* __restrict__ support,
                                             const unsigned long long* __restrict__ env_count, long long i, int A,
-                                            int K, int lane, float eps, unsigned long long seed, Logit&& logit) {
+                                            int K, int lane, float eps, const unsigned long long* __restrict__ seed,
+                                            Logit&& logit) {
   for (int a = 0; a < A; ++a) {
     float qa = 0.f;
     cudarl::warp_softmax_visit_at([&](int k) { return logit(a, k); }, K, lane,
@@ -75,7 +111,7 @@ __device__ __forceinline__ void act_c51_env(int* __restrict__ actions, float* __
     qa = cudarl::warp_sum(qa);
     if (lane == 0) q[i * A + a] = qa;
   }
-  if (lane == 0) actions[i] = cudarl::epsilon_greedy(q + i * A, A, eps, seed, env_count[i], i);
+  if (lane == 0) actions[i] = cudarl::epsilon_greedy(q + i * A, A, eps, *seed, env_count[i], i);
 }
 
 // act_c51: a C51 agent's act phase after the online forward, in one launch (it was three:
@@ -85,9 +121,9 @@ __device__ __forceinline__ void act_c51_env(int* __restrict__ actions, float* __
 extern "C" __global__ void cudarl_agent_act_c51(int* __restrict__ actions, float* __restrict__ q,
                                                 const float* __restrict__ logits, const float* __restrict__ support,
                                                 const unsigned long long* __restrict__ env_count, int n, int A, int K,
-                                                ACT_SCHEDULE_PARAMS) {
-  const long long c = *count;
-  const float eps = cudarl::epsilon_at(c, start, end, steps);
+                                                long long sz, ACT_SCHEDULE_PARAMS) {
+  ACT_MEMBER(logits);
+  support += mb * sz;
   const int lane = threadIdx.x & 31;
   const long long i = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
   if (i < n) {  // whole warps: blockDim is a multiple of 32
@@ -106,9 +142,9 @@ extern "C" __global__ void cudarl_agent_act_c51_dueling(int* __restrict__ action
                                                         const float* __restrict__ va,
                                                         const float* __restrict__ support,
                                                         const unsigned long long* __restrict__ env_count, int n, int A,
-                                                        int K, ACT_SCHEDULE_PARAMS) {
-  const long long c = *count;
-  const float eps = cudarl::epsilon_at(c, start, end, steps);
+                                                        int K, long long sz, ACT_SCHEDULE_PARAMS) {
+  ACT_MEMBER(va);
+  support += mb * sz;
   const int lane = threadIdx.x & 31;
   const long long i = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
   if (i < n) {  // whole warps: blockDim is a multiple of 32
@@ -128,12 +164,11 @@ extern "C" __global__ void cudarl_agent_act_iqn(int* __restrict__ actions, float
                                                 const float* __restrict__ theta,
                                                 const unsigned long long* __restrict__ env_count, int n, int N, int A,
                                                 ACT_SCHEDULE_PARAMS) {
-  const long long c = *count;
-  const float eps = cudarl::epsilon_at(c, start, end, steps);
+  ACT_MEMBER(theta);
   const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
   if (i < n) {
     for (int a = 0; a < A; ++a) q[i * A + a] = quantile_mean_at(theta, i, a, N, A);
-    actions[i] = cudarl::epsilon_greedy(q + i * A, A, eps, seed, env_count[i], i);
+    actions[i] = cudarl::epsilon_greedy(q + i * A, A, eps, *seed, env_count[i], i);
   }
   advance_epsilon(eps, c, eps_out, count, arrivals);
 }
@@ -246,9 +281,10 @@ extern "C" __global__ void cudarl_agent_act_c51_risk(int* __restrict__ actions, 
                                                      const float* __restrict__ logits,
                                                      const float* __restrict__ support,
                                                      const unsigned long long* __restrict__ env_count, int n, int A,
-                                                     int K, int mode, float alpha, float lam, ACT_SCHEDULE_PARAMS) {
-  const long long c = *count;
-  const float eps = cudarl::epsilon_at(c, start, end, steps);
+                                                     int K, int mode, float alpha, float lam, long long sz,
+                                                     ACT_SCHEDULE_PARAMS) {
+  ACT_MEMBER(logits);
+  support += mb * sz;
   const int lane = threadIdx.x & 31;
   const long long i = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
   if (i < n) {
@@ -256,7 +292,7 @@ extern "C" __global__ void cudarl_agent_act_c51_risk(int* __restrict__ actions, 
       const float v = c51_risk_at(logits + (i * A + a) * K, support, K, lane, mode, alpha, lam);
       if (lane == 0) q[i * A + a] = v;
     }
-    if (lane == 0) actions[i] = cudarl::epsilon_greedy(q + i * A, A, eps, seed, env_count[i], i);
+    if (lane == 0) actions[i] = cudarl::epsilon_greedy(q + i * A, A, eps, *seed, env_count[i], i);
   }
   advance_epsilon(eps, c, eps_out, count, arrivals);
 }
@@ -267,23 +303,28 @@ extern "C" __global__ void cudarl_agent_act_quantile_risk(int* __restrict__ acti
                                                           const unsigned long long* __restrict__ env_count, int n,
                                                           int N, int A, int mode, float alpha, float lam,
                                                           ACT_SCHEDULE_PARAMS) {
-  const long long c = *count;
-  const float eps = cudarl::epsilon_at(c, start, end, steps);
+  ACT_MEMBER(theta);
   const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
   if (i < n) {
     for (int a = 0; a < A; ++a) q[i * A + a] = quantile_risk_at(theta, i, a, N, A, mode, alpha, lam);
-    actions[i] = cudarl::epsilon_greedy(q + i * A, A, eps, seed, env_count[i], i);
+    actions[i] = cudarl::epsilon_greedy(q + i * A, A, eps, *seed, env_count[i], i);
   }
   advance_epsilon(eps, c, eps_out, count, arrivals);
 }
 
 // publish: copy this step's loss and gradient norm into slot (*step % slots) of a pinned ring
 // (mapped host memory), so the host reads step t - 1 from one slot while step t writes another.
-// One thread; reads 16 bytes, writes 8 bytes over the bus.
+// One thread a member (block (0, mb): its ring [2 * slots] of a C-contiguous [P, 2 * slots], loss,
+// grad_norm and step [P]); reads 16 bytes, writes 8 bytes over the bus.
 extern "C" __global__ void cudarl_agent_publish(float* __restrict__ ring, const float* __restrict__ loss,
                                                 const float* __restrict__ grad_norm, const long long* __restrict__ step,
                                                 int slots) {
   if (blockIdx.x != 0 || threadIdx.x != 0) return;
+  const long long mb = blockIdx.y;
+  ring += mb * 2 * slots;
+  loss += mb;
+  grad_norm += mb;
+  step += mb;
   const long long s = *step % slots;
   ring[2 * s] = *loss;
   ring[2 * s + 1] = *grad_norm;
@@ -291,9 +332,15 @@ extern "C" __global__ void cudarl_agent_publish(float* __restrict__ ring, const 
 
 // publish_row: copy this step's n observables (cudarl.stats.StepStats: the Q statistics, the plan
 // head's, the offline regularisers' losses) into slot (*step % slots) of a pinned ring, as publish
-// does for the loss. One block, a thread per value; reads 4n + 8 bytes, writes 4n over the bus.
+// does for the loss. One block a member (block (0, mb): its ring [slots * n] of a C-contiguous
+// [P, slots * n], its values sv apart, its step), a thread per value; reads 4n + 8 bytes, writes 4n
+// over the bus.
 extern "C" __global__ void cudarl_agent_publish_row(float* __restrict__ ring, const float* __restrict__ values, int n,
-                                                    const long long* __restrict__ step, int slots) {
+                                                    const long long* __restrict__ step, int slots, long long sv) {
+  const long long mb = blockIdx.y;
+  ring += mb * slots * n;
+  values += mb * sv;
+  step += mb;
   const long long s = *step % slots;
   for (int i = threadIdx.x; i < n; i += blockDim.x) ring[s * n + i] = values[i];
 }

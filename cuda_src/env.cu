@@ -9,6 +9,20 @@
 //
 // Float arithmetic uses __fmul_rn / __fsub_rn / __fdiv_rn so nvcc cannot contract a multiply and
 // a subtract into an FMA: each kernel matches the NumPy twin bit for bit. No atomics anywhere.
+//
+// The member axis (a population's agents, docs/perf-notes.md "The agent axis, in stages", stage 5b):
+// reset, step, record_step and act take blockIdx.y as the member mb: P members' N envs each. Each row
+// family advances by mb times its stride argument (elements): the per-env vectors (the state's t,
+// start, steps_left, position, hold, count; reward, done, actions, scale) by sn; the state rows by sr;
+// record_step's observation windows by so, its transition vectors (action, reward, done, discount) by
+// sm and its transition state rows (obs, next_obs) by st4; act's Q rows by sq; each device scalar
+// (seed, gamma, epsilon) by 1: [P] arrays. The Philox key is the member's seed[mb] (a device scalar,
+// the env's own), so a member draws what the env alone draws whatever P or its index. The market
+// data (ret, levels, features, sign) is one copy for every member. The x grid, the block and each
+// thread's work are the single launch's, so member mb gets the bits of a single launch on its rows;
+// one member (gridDim.y = 1, mb = 0: every offset zero) is the single launch. The by-value constants
+// (t_begin, n_starts, episode_len, hold_cap, the cost rate, the shapes) are one value for every member
+// of a launch. record (the unfused oracle, no draws) has no member axis.
 #include <cudarl/act.cuh>
 #include <cudarl/philox.cuh>
 #include <cudarl/window.cuh>
@@ -48,16 +62,25 @@ __device__ __forceinline__ void write_state_row(float* __restrict__ dst, int bar
 }  // namespace
 
 // reset: every env starts a new episode and writes its observation's state row.
-// Thread mapping: one thread per env. Reads 8 bytes (count) per env; writes 20 + 16 bytes per env.
+// Thread mapping: one thread per env (blockIdx.y the member). Reads 8 bytes (count) per env; writes
+// 20 + 16 bytes per env.
 extern "C" __global__ void cudarl_env_reset(int* __restrict__ t, int* __restrict__ start, int* __restrict__ steps_left,
                                             float* __restrict__ position, int* __restrict__ hold,
                                             const u64* __restrict__ count, float* __restrict__ rows, int n_envs,
                                             int t_begin, int n_starts, int episode_len, int hold_cap, int stagger,
-                                            u64 seed) {
+                                            const u64* __restrict__ seed, long long sn, long long sr) {
   const long long gi = (long long)blockIdx.x * blockDim.x + threadIdx.x;
   if (gi >= n_envs) return;
   const int i = (int)gi;
-  const uint4 blk = cudarl::philox_block(seed, count[i], kStreamReset, (u32)(i >> 1));
+  const long long mb = blockIdx.y, o = mb * sn;
+  t += o;
+  start += o;
+  steps_left += o;
+  position += o;
+  hold += o;
+  count += o;
+  rows += mb * sr;
+  const uint4 blk = cudarl::philox_block(seed[mb], count[i], kStreamReset, (u32)(i >> 1));
   const u32 k = 2u * (u32)(i & 1);
   const int s = t_begin + below(lane_of(blk, k), n_starts);
   const int len = stagger ? 1 + below(lane_of(blk, k + 1), episode_len) : episode_len;
@@ -120,8 +143,8 @@ __device__ __forceinline__ void store_step(const StepOut& o, int i, int* __restr
 }
 
 // step: move to the target position, earn the reward, advance a bar, reset ended episodes.
-// Thread mapping: one thread per env. Reads per env: the state (28 bytes), action, scale, ret[t],
-// levels[a]; writes the state, reward, done and the 16-byte state row.
+// Thread mapping: one thread per env (blockIdx.y the member). Reads per env: the state (28 bytes),
+// action, scale, ret[t], levels[a]; writes the state, reward, done and the 16-byte state row.
 extern "C" __global__ void cudarl_env_step(int* __restrict__ t, int* __restrict__ start, int* __restrict__ steps_left,
                                            float* __restrict__ position, int* __restrict__ hold,
                                            u64* __restrict__ count, float* __restrict__ rows,
@@ -129,12 +152,25 @@ extern "C" __global__ void cudarl_env_step(int* __restrict__ t, int* __restrict_
                                            const int* __restrict__ actions, const float* __restrict__ scale,
                                            const float* __restrict__ ret, const float* __restrict__ levels,
                                            int n_envs, int n_actions, int t_begin, int n_starts, int episode_len,
-                                           int hold_cap, float rate, u64 seed) {
+                                           int hold_cap, float rate, const u64* __restrict__ seed, long long sn,
+                                           long long sr) {
   const long long gi = (long long)blockIdx.x * blockDim.x + threadIdx.x;
   if (gi >= n_envs) return;
   const int i = (int)gi;
+  const long long mb = blockIdx.y, m = mb * sn;
+  t += m;
+  start += m;
+  steps_left += m;
+  position += m;
+  hold += m;
+  count += m;
+  reward += m;
+  done += m;
+  actions += m;
+  scale += m;
+  rows += mb * sr;
   const StepOut o = step_env(i, clamp_action(actions[i], n_actions), t[i], start[i], steps_left[i], position[i],
-                             hold[i], count[i], scale[i], ret, levels, t_begin, n_starts, episode_len, rate, seed);
+                             hold[i], count[i], scale[i], ret, levels, t_begin, n_starts, episode_len, rate, seed[mb]);
   store_step(o, i, t, start, steps_left, position, hold, count, rows, reward, done, hold_cap);
 }
 
@@ -197,8 +233,9 @@ extern "C" __global__ void cudarl_env_record(float* __restrict__ obs_out, int* _
 //   discount_out[row] = gamma[0] * (1 - done_out[row])  (the bits of cudarl_agent_discount);
 //   step_env / store_step (the bits of cudarl_env_step);
 //   obs[i] = the window of the new state row (cudarl::window_value: the bits of cudarl_window_gather).
-// Thread mapping: a warp per env (blockDim a multiple of 32). Every lane reads env i's state and
-// computes its step (the same values); __syncwarp orders those reads before lane 0 writes the state.
+// Thread mapping: a warp per env (blockDim a multiple of 32; blockIdx.y the member). Every lane reads
+// env i's state and computes its step (the same values); __syncwarp orders those reads before lane 0
+// writes the state.
 // Lane g writes row group g (grid of groups strided by 32); lanes stride over the window's
 // window * (F + 2) floats, coalesced. Reads ~40 bytes of state per env, the window's features;
 // writes M rows of 44 + 4 bytes, the state (36 bytes) and the window.
@@ -210,12 +247,36 @@ extern "C" __global__ void cudarl_env_record_step(
     float* __restrict__ reward, float* __restrict__ done, float* __restrict__ obs, const int* __restrict__ actions,
     const float* __restrict__ scale, const float* __restrict__ ret, const float* __restrict__ levels,
     const float* __restrict__ features, const float* __restrict__ sign, int n_envs, int n_actions, int t_begin,
-    int n_starts, int episode_len, int hold_cap, float rate, u64 seed, int counterfactual, int mirror, int window,
-    int n_features, long long n_bars) {
+    int n_starts, int episode_len, int hold_cap, float rate, const u64* __restrict__ seed, int counterfactual,
+    int mirror, int window, int n_features, long long n_bars, long long sn, long long sr, long long so, long long sm,
+    long long st4) {
   const int lane = threadIdx.x & 31;
   const long long gi = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
   if (gi >= n_envs) return;  // the whole warp: its lanes share gi
   const int i = (int)gi;
+  {  // the member's rows and scalars (member 0: the pointers as given)
+    const long long mb = blockIdx.y, m = mb * sn;
+    obs_out += mb * st4;
+    next_obs_out += mb * st4;
+    action_out += mb * sm;
+    reward_out += mb * sm;
+    done_out += mb * sm;
+    discount_out += mb * sm;
+    gamma += mb;
+    seed += mb;
+    t += m;
+    start += m;
+    steps_left += m;
+    position += m;
+    hold += m;
+    count += m;
+    reward += m;
+    done += m;
+    actions += m;
+    scale += m;
+    rows += mb * sr;
+    obs += mb * so;
+  }
   const int a_real = clamp_action(actions[i], n_actions);
   const int t0 = t[i], s0 = start[i], left0 = steps_left[i], h0 = hold[i];
   const float prev = position[i], sc = scale[i];
@@ -230,7 +291,7 @@ extern "C" __global__ void cudarl_env_record_step(
     discount_out[(long long)g * n_envs + i] = __fmul_rn(g_disc, __fsub_rn(1.0f, d));
   }
   const StepOut o =
-      step_env(i, a_real, t0, s0, left0, prev, h0, c0, sc, ret, levels, t_begin, n_starts, episode_len, rate, seed);
+      step_env(i, a_real, t0, s0, left0, prev, h0, c0, sc, ret, levels, t_begin, n_starts, episode_len, rate, seed[0]);
   if (lane == 0) store_step(o, i, t, start, steps_left, position, hold, count, rows, reward, done, hold_cap);
   const float bar = (float)o.t, hold_f = hold_feature(o.hold, hold_cap);  // the state row store_step wrote
   const int bar_width = n_features + 2, row_width = window * bar_width;
@@ -242,12 +303,18 @@ extern "C" __global__ void cudarl_env_record_step(
 }
 
 // act: epsilon-greedy actions (cudarl::epsilon_greedy, act.cuh: the rule agent.cu's fused act
-// kernels apply too). Thread mapping: one thread per env. Reads 4A bytes of Q, the env's counter
-// (8 bytes) and epsilon (4 bytes, device memory so a replay sees updates); writes 4 bytes.
+// kernels apply too). Thread mapping: one thread per env (blockIdx.y the member). Reads 4A bytes of
+// Q, the env's counter (8 bytes), epsilon and the seed (device memory so a replay sees updates);
+// writes 4 bytes.
 extern "C" __global__ void cudarl_env_act(int* __restrict__ actions, const float* __restrict__ q,
                                           const float* __restrict__ epsilon, const u64* __restrict__ count,
-                                          int n_envs, int n_actions, u64 seed) {
+                                          int n_envs, int n_actions, const u64* __restrict__ seed, long long sn,
+                                          long long sq) {
   const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= n_envs) return;
-  actions[i] = cudarl::epsilon_greedy(q + i * n_actions, n_actions, *epsilon, seed, count[i], i);
+  const long long mb = blockIdx.y;
+  actions += mb * sn;
+  count += mb * sn;
+  q += mb * sq;
+  actions[i] = cudarl::epsilon_greedy(q + i * n_actions, n_actions, epsilon[mb], seed[mb], count[i], i);
 }

@@ -31,6 +31,8 @@ from .reference.env import EnvData, EnvParams, EnvState, Transitions
 from .reference.window import STATE_DIM
 from .window import Windows
 
+F32 = np.float32
+
 __all__ = ["EnvConfig", "TradingEnv", "Transitions", "EnvState"]
 
 
@@ -139,7 +141,9 @@ class TradingEnv:
         ``rows`` float32 ``[N, STATE_DIM]`` (the observations by reference), ``obs`` float32
         ``[N, window * (F + 2)]`` (gathered from them: what the network reads), ``reward`` and
         ``done`` float32 ``[N]``, ``actions`` int32 ``[N]``, ``scale`` float32 ``[N]`` (ones),
-        ``state`` (:class:`EnvState`). :attr:`windows` gathers windows of any state rows.
+        ``state`` (:class:`EnvState`), ``seed`` uint64 ``[1]`` (the Philox key ``config.seed``, in device
+        memory as the kernels read it: a population's members each their own). :attr:`windows` gathers
+        windows of any state rows.
     """
 
     def __init__(
@@ -208,24 +212,26 @@ class TradingEnv:
             xp.asarray(config.position_levels()),
             xp.asarray(np.where(sign_mask, np.float32(-1), np.float32(1)).astype(np.float32)),
         )
-        self.state = EnvState(
-            xp.zeros(n, np.int32),
-            xp.zeros(n, np.int32),
-            xp.zeros(n, np.int32),
-            xp.zeros(n, np.float32),
-            xp.zeros(n, np.int32),
-            xp.zeros(n, np.uint64),
-        )
+        lead = (*self._lead, n)  # one env's buffers, or a population's (StackedTradingEnv: [P, N])
+        self.state = EnvState(*(xp.zeros(lead, dt) for dt in (np.int32, np.int32, np.int32, F32, np.int32, np.uint64)))
         #: gathers the observation windows from the feature matrix (the env's, the replay's rows too)
         self.windows = Windows(self.data.features, self.data.sign, window, xp)
         self.window, self.obs_dim = self.windows.window, self.windows.width
-        self.rows = xp.zeros((n, STATE_DIM), np.float32)
-        self.obs = xp.zeros((n, self.obs_dim), np.float32)
-        self.reward = xp.zeros(n, np.float32)
-        self.done = xp.zeros(n, np.float32)
-        self.actions = xp.zeros(n, np.int32)
-        self.scale = xp.ones(n, np.float32)
+        self.rows = xp.zeros((*lead, STATE_DIM), F32)
+        self.obs = xp.zeros((*lead, self.obs_dim), F32)
+        self.reward = xp.zeros(lead, F32)
+        self.done = xp.zeros(lead, F32)
+        self.actions = xp.zeros(lead, np.int32)
+        self.scale = xp.ones(lead, F32)
+        self.seed = xp.asarray(self._seeds(config))
         self.reset()
+
+    #: the leading shape of every per-env buffer before ``[N]``: none for one env
+    _lead: tuple = ()
+
+    def _seeds(self, config: EnvConfig) -> np.ndarray:
+        """The host value of :attr:`seed`: uint64 ``[1]``, ``config.seed``."""
+        return np.array([config.seed], np.uint64)
 
     def share_features(self, other: TradingEnv) -> None:
         """Gather windows from ``other``'s device feature matrix instead of this env's own copy, which is
@@ -242,14 +248,14 @@ class TradingEnv:
     def reset(self) -> None:
         """Start a new episode in every env (draws keyed by each env's step counter); writes ``rows``
         and ``obs``."""
-        self._ops.reset(self.state, self.rows, self.params)
-        self.windows.gather(self.rows, self.obs)
+        self._ops.reset(self.state, self.rows, self.params, self.seed)
+        self._gather()
 
     def act(self, q, epsilon, out=None):
         """Epsilon-greedy actions from ``q`` float32 ``[N, A]`` and ``epsilon`` float32 ``[1]``
         (e.g. a ``DeviceScalars`` view); writes ``out`` (default ``self.actions``) and returns it."""
         out = self.actions if out is None else out
-        self._ops.act(out, q, epsilon, self.state.count, self.params)
+        self._ops.act(out, q, epsilon, self.state.count, self.seed)
         return out
 
     def record(self, out: Transitions, actions=None, scale=None) -> Transitions:
@@ -271,8 +277,9 @@ class TradingEnv:
             self._scale(scale),
             self.data,
             self.params,
+            self.seed,
         )
-        self.windows.gather(self.rows, self.obs)
+        self._gather()
 
     def record_step(self, out: Transitions, discount, gamma) -> Transitions:
         """:meth:`record` into ``out``, ``discount = gamma[0] * (1 - out.done)`` (float32 ``[M]``;
@@ -291,6 +298,7 @@ class TradingEnv:
             self.scale,
             self.data,
             self.params,
+            self.seed,
             self.window,
         )
         return out
@@ -340,4 +348,9 @@ class TradingEnv:
                     f"env state {k}: {src.dtype} {list(src.shape)} does not fit {buf.dtype} {list(buf.shape)}"
                 )
             buf[...] = self.xp.asarray(src)
-        self.windows.gather(self.rows, self.obs)
+        self._gather()
+
+    def _gather(self) -> None:
+        """``obs`` from ``rows``: the windows of every env's state row (one launch, whatever the leading
+        shape: the rows are C-contiguous)."""
+        self.windows.gather(self.rows.reshape(-1, STATE_DIM), self.obs.reshape(-1, self.obs_dim))

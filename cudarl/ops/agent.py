@@ -1,10 +1,22 @@
-"""Launchers for cuda_src/agent.cu (twin: cudarl/reference/agent.py)."""
+"""Launchers for cuda_src/agent.cu (twin: cudarl/reference/agent.py).
+
+The member axis (a population's agents, docs/perf-notes.md "The agent axis, in stages", stage 5b): the
+fused act launchers (:func:`act_c51`, :func:`act_c51_dueling`, :func:`act_iqn`, :func:`act_c51_risk`,
+:func:`act_quantile_risk`), :func:`epsilon`, :func:`publish` and :func:`publish_row` also take their
+arrays with a leading axis of ``P`` members: actions and env_count ``[P, n]`` (one member stride), q
+``[P, n, A]``, the head's output ``[P, n, ...]``, the support ``[P, K]`` or ``[K]`` (one for every
+member), each device scalar (seed, eps, count, arrivals, loss, grad_norm, step) ``[P]``, a publish ring
+``[P, ...]`` C-contiguous. One launch whose ``blockIdx.y`` is the member gives member ``i`` the bits of
+a single launch on its entries; arrays without the axis are the single launch. ``seed`` is the envs'
+Philox key, a uint64 device scalar (:attr:`cudarl.env.TradingEnv.seed`, a member's own).
+"""
 
 from __future__ import annotations
 
 import numpy as np
 
 from ..kernels import blocks_for, launch
+from ._arrays import family_stride, members
 
 
 def quantile_mean(q, theta, stream=None) -> None:
@@ -37,11 +49,15 @@ def discount(out, done, gamma, stream=None) -> None:
 
 
 def epsilon(eps, count, start: float, end: float, steps: int, stream=None) -> None:
-    """Linear epsilon schedule from the device counter ``count`` (int64 ``[1]``, incremented)."""
+    """Linear epsilon schedule from the device counter ``count`` (int64 ``[1]``, incremented) into ``eps``
+    (float32 ``[1]``); ``[P]`` each for P members (one launch)."""
+    P = eps.shape[0] if eps.ndim == 1 else 0
+    _check("eps", eps, np.float32, (P,))
+    _check("count", count, np.int64, (P,))
     launch(
         "agent",
         "epsilon",
-        1,
+        (1, P),
         1,
         (eps, count, float(start), float(end), int(steps)),
         stream=stream,
@@ -55,23 +71,39 @@ def _check(name: str, a, dtype, shape: tuple) -> None:
         )
 
 
-def _check_act(actions, q, env_count, eps, count, arrivals) -> tuple[int, int]:
-    if q.ndim != 2:
-        raise ValueError(f"q: expected float32 [n, A], got shape {list(q.shape)}")
-    n, a_n = q.shape
-    _check("q", q, np.float32, (n, a_n))
-    _check("actions", actions, np.int32, (n,))
-    _check("env_count", env_count, np.uint64, (n,))
-    _check("eps", eps, np.float32, (1,))
-    _check("count", count, np.int64, (1,))
-    _check("arrivals", arrivals, np.uint32, (1,))
-    return n, a_n
+class _Act:
+    """A fused act launch's member axis: ``P``, each array's member-0 entry (``e``), the strides of the
+    per-env vectors (``sn``), q (``sq``), the head's output (``sl``) and the support (``sz``, 0: shared)."""
 
+    def __init__(self, w: str, actions, q, head, head_rank: int, env_count, seed, eps, count, arrivals, support=None):
+        arrays = {"actions": (actions, 1), "env_count": (env_count, 1), "q": (q, 2), "head": (head, head_rank)}
+        if support is not None:
+            arrays["support"] = (support, 1)
+        P, e, st = members(w, arrays, shared=("support",))
+        axis = len(actions.shape) == 2
+        q = e["q"]
+        if q.ndim != 2:
+            raise ValueError(f"q: expected float32 [n, A], got shape {list(q.shape)}")
+        n, a_n = q.shape
+        _check("q", q, np.float32, (n, a_n))
+        _check("actions", e["actions"], np.int32, (n,))
+        _check("env_count", e["env_count"], np.uint64, (n,))
+        for name, a, dt in (("seed", seed, np.uint64), ("eps", eps, np.float32), ("count", count, np.int64)):
+            _check(name, a, dt, (P if axis else 1,))
+        _check("arrivals", arrivals, np.uint32, (P if axis else 1,))
+        self.P, self.e, self.n, self.a_n = P, e, n, a_n
+        self.sn = family_stride(w, P, e, st, ("actions", "env_count"))
+        self.sq = family_stride(w, P, e, st, ("q",))
+        self.sl = family_stride(w, P, e, st, ("head",))
+        shared = support is None or len(support.shape) == 1
+        self.sz = 0 if shared else family_stride(w, P, e, st, ("support",))  # 0: one support for every member
+        self.seed, self.eps, self.count, self.arrivals = seed, eps, count, arrivals
 
-def _launch_act(op: str, grid: int, args: tuple, params, eps, count, arrivals, start, end, steps, stream) -> None:
-    """Launch the fused act kernel ``op`` with its own ``args`` and the schedule's (ACT_SCHEDULE_PARAMS)."""
-    schedule = (eps, count, arrivals, float(start), float(end), int(steps), int(params.seed))
-    launch("agent", op, grid, 256, (*args, *schedule), stream=stream)
+    def run(self, op: str, grid: int, args: tuple, start, end, steps, stream) -> None:
+        """Launch ``op`` over every member with its own ``args`` and the schedule's (ACT_SCHEDULE_PARAMS)."""
+        schedule = (self.eps, self.count, self.arrivals, float(start), float(end), int(steps), self.seed)
+        strides = (self.sn, self.sq, self.sl)
+        launch("agent", op, (grid, self.P), 256, (*args, *schedule, *strides), stream=stream)
 
 
 def act_c51(
@@ -80,7 +112,7 @@ def act_c51(
     logits,
     support,
     env_count,
-    params,
+    seed,
     eps,
     count,
     arrivals,
@@ -91,15 +123,17 @@ def act_c51(
 ) -> None:
     """Expected Q of ``logits`` float32 ``[n, A, K]`` into ``q`` ``[n, A]``, the epsilon schedule
     (``eps`` float32 ``[1]``, ``count`` int64 ``[1]``, incremented) and epsilon-greedy ``actions``
-    int32 ``[n]`` from the envs' counters ``env_count`` uint64 ``[n]`` and ``params.seed``; one
-    launch (a warp per env). ``arrivals`` uint32 ``[1]``: the kernel's ticket counter, 0 between
-    launches (allocate it zeroed and leave it to the kernel)."""
-    n, a_n = _check_act(actions, q, env_count, eps, count, arrivals)
-    k_n = logits.shape[-1] if logits.ndim == 3 else 0
-    _check("logits", logits, np.float32, (n, a_n, k_n))
-    _check("support", support, np.float32, (k_n,))
-    args = (actions, q, logits, support, env_count, n, a_n, k_n)
-    _launch_act("act_c51", blocks_for(32 * n), args, params, eps, count, arrivals, start, end, steps, stream)
+    int32 ``[n]`` from the envs' counters ``env_count`` uint64 ``[n]`` and their Philox key ``seed``
+    (uint64 ``[1]``, device memory); one launch (a warp per env). ``arrivals`` uint32 ``[1]``: the
+    kernel's ticket counter, 0 between launches (allocate it zeroed and leave it to the kernel).
+    Members: the module's docstring."""
+    m = _Act("agent.act_c51", actions, q, logits, 3, env_count, seed, eps, count, arrivals, support)
+    n, a_n, e = m.n, m.a_n, m.e
+    k_n = e["head"].shape[-1] if e["head"].ndim == 3 else 0
+    _check("logits", e["head"], np.float32, (n, a_n, k_n))
+    _check("support", e["support"], np.float32, (k_n,))
+    args = (e["actions"], e["q"], e["head"], e["support"], e["env_count"], n, a_n, k_n, m.sz)
+    m.run("act_c51", blocks_for(32 * n), args, start, end, steps, stream)
 
 
 def act_c51_dueling(
@@ -108,7 +142,7 @@ def act_c51_dueling(
     va,
     support,
     env_count,
-    params,
+    seed,
     eps,
     count,
     arrivals,
@@ -118,25 +152,28 @@ def act_c51_dueling(
     stream=None,
 ) -> None:
     """:func:`act_c51` from the dueling head's raw output ``va`` float32 ``[n, (1 + A) K]`` (``K`` =
-    ``support``'s length): the dueling combine (``nn.dueling_forward``'s bits) inside the same launch."""
-    n, a_n = _check_act(actions, q, env_count, eps, count, arrivals)
-    k_n = support.shape[0] if support.ndim == 1 else 0
-    _check("support", support, np.float32, (k_n,))
-    _check("va", va, np.float32, (n, (1 + a_n) * k_n))
-    args = (actions, q, va, support, env_count, n, a_n, k_n)
-    _launch_act("act_c51_dueling", blocks_for(32 * n), args, params, eps, count, arrivals, start, end, steps, stream)
+    ``support``'s length): the dueling combine (``nn.dueling_forward``'s bits) inside the same launch.
+    Members: ``va [P, n, (1 + A) K]``, the rest as the module's docstring."""
+    m = _Act("agent.act_c51_dueling", actions, q, va, 2, env_count, seed, eps, count, arrivals, support)
+    n, a_n, e = m.n, m.a_n, m.e
+    k_n = e["support"].shape[0] if e["support"].ndim == 1 else 0
+    _check("support", e["support"], np.float32, (k_n,))
+    _check("va", e["head"], np.float32, (n, (1 + a_n) * k_n))
+    args = (e["actions"], e["q"], e["head"], e["support"], e["env_count"], n, a_n, k_n, m.sz)
+    m.run("act_c51_dueling", blocks_for(32 * n), args, start, end, steps, stream)
 
 
 def act_iqn(
-    actions, q, theta, env_count, params, eps, count, arrivals, start: float, end: float, steps: int, stream=None
+    actions, q, theta, env_count, seed, eps, count, arrivals, start: float, end: float, steps: int, stream=None
 ) -> None:
     """:func:`act_c51` for an IQN head: ``q`` is the mean over quantiles of ``theta`` float32
     ``[n, N, A]`` (the bits of :func:`quantile_mean`). One launch (a thread per env)."""
-    n, a_n = _check_act(actions, q, env_count, eps, count, arrivals)
-    n_q = theta.shape[1] if theta.ndim == 3 else 0
-    _check("theta", theta, np.float32, (n, n_q, a_n))
-    args = (actions, q, theta, env_count, n, n_q, a_n)
-    _launch_act("act_iqn", blocks_for(n), args, params, eps, count, arrivals, start, end, steps, stream)
+    m = _Act("agent.act_iqn", actions, q, theta, 3, env_count, seed, eps, count, arrivals)
+    n, a_n, e = m.n, m.a_n, m.e
+    n_q = e["head"].shape[1] if e["head"].ndim == 3 else 0
+    _check("theta", e["head"], np.float32, (n, n_q, a_n))
+    args = (e["actions"], e["q"], e["head"], e["env_count"], n, n_q, a_n)
+    m.run("act_iqn", blocks_for(n), args, start, end, steps, stream)
 
 
 def _check_risk(mode: int, alpha: float, lam: float) -> None:
@@ -197,7 +234,7 @@ def act_c51_risk(
     logits,
     support,
     env_count,
-    params,
+    seed,
     mode: int,
     alpha: float,
     lam: float,
@@ -211,12 +248,14 @@ def act_c51_risk(
 ) -> None:
     """:func:`act_c51` acting on :func:`c51_risk`'s values (the same bits) instead of the expected Q."""
     _check_risk(mode, alpha, lam)
-    n, a_n = _check_act(actions, q, env_count, eps, count, arrivals)
-    k_n = logits.shape[-1] if logits.ndim == 3 else 0
-    _check("logits", logits, np.float32, (n, a_n, k_n))
-    _check("support", support, np.float32, (k_n,))
-    args = (actions, q, logits, support, env_count, n, a_n, k_n, int(mode), float(alpha), float(lam))
-    _launch_act("act_c51_risk", blocks_for(32 * n), args, params, eps, count, arrivals, start, end, steps, stream)
+    m = _Act("agent.act_c51_risk", actions, q, logits, 3, env_count, seed, eps, count, arrivals, support)
+    n, a_n, e = m.n, m.a_n, m.e
+    k_n = e["head"].shape[-1] if e["head"].ndim == 3 else 0
+    _check("logits", e["head"], np.float32, (n, a_n, k_n))
+    _check("support", e["support"], np.float32, (k_n,))
+    args = (e["actions"], e["q"], e["head"], e["support"], e["env_count"], n, a_n, k_n)
+    args = (*args, int(mode), float(alpha), float(lam), m.sz)
+    m.run("act_c51_risk", blocks_for(32 * n), args, start, end, steps, stream)
 
 
 def act_quantile_risk(
@@ -224,7 +263,7 @@ def act_quantile_risk(
     q,
     theta,
     env_count,
-    params,
+    seed,
     mode: int,
     alpha: float,
     lam: float,
@@ -238,21 +277,28 @@ def act_quantile_risk(
 ) -> None:
     """:func:`act_iqn` acting on :func:`quantile_risk`'s values (the same bits) instead of the mean."""
     _check_risk(mode, alpha, lam)
-    n, a_n = _check_act(actions, q, env_count, eps, count, arrivals)
-    n_q = theta.shape[1] if theta.ndim == 3 else 0
-    _check("theta", theta, np.float32, (n, n_q, a_n))
-    args = (actions, q, theta, env_count, n, n_q, a_n, int(mode), float(alpha), float(lam))
-    _launch_act("act_quantile_risk", blocks_for(n), args, params, eps, count, arrivals, start, end, steps, stream)
+    m = _Act("agent.act_quantile_risk", actions, q, theta, 3, env_count, seed, eps, count, arrivals)
+    n, a_n, e = m.n, m.a_n, m.e
+    n_q = e["head"].shape[1] if e["head"].ndim == 3 else 0
+    _check("theta", e["head"], np.float32, (n, n_q, a_n))
+    args = (e["actions"], e["q"], e["head"], e["env_count"], n, n_q, a_n, int(mode), float(alpha), float(lam))
+    m.run("act_quantile_risk", blocks_for(n), args, start, end, steps, stream)
 
 
 def publish(ring, loss, grad_norm, step, slots: int, stream=None) -> None:
-    """Copy ``loss[0]``, ``grad_norm[0]`` into slot ``step[0] % slots`` of ``ring`` (float32 ``[2 * slots]``)."""
-    if ring.size != 2 * slots:
+    """Copy ``loss[0]``, ``grad_norm[0]`` into slot ``step[0] % slots`` of ``ring`` (float32 ``[2 * slots]``).
+    Members: ``ring [P, 2 * slots]`` C-contiguous, ``loss``, ``grad_norm``, ``step`` ``[P]`` (one launch)."""
+    P = ring.shape[0] if ring.ndim == 2 else 1
+    if ring.ndim == 2:
+        _check("ring", ring, np.float32, (P, 2 * slots))
+        for name, a, dt in (("loss", loss, np.float32), ("grad_norm", grad_norm, np.float32), ("step", step, np.int64)):
+            _check(name, a, dt, (P,))
+    elif ring.size != 2 * slots:
         raise ValueError(f"ring: expected {2 * slots} floats, got {ring.size}")
     launch(
         "agent",
         "publish",
-        1,
+        (1, P),
         1,
         (ring, loss, grad_norm, step, slots),
         stream=stream,
@@ -260,9 +306,15 @@ def publish(ring, loss, grad_norm, step, slots: int, stream=None) -> None:
 
 
 def publish_row(ring, values, step, slots: int, stream=None) -> None:
-    """Copy ``values`` (float32 ``[n]``) into slot ``step[0] % slots`` of ``ring`` (float32 ``[slots * n]``)."""
-    (n,) = values.shape
-    _check("values", values, np.float32, (n,))
-    _check("ring", ring, np.float32, (slots * n,))
-    _check("step", step, np.int64, (1,))
-    launch("agent", "publish_row", 1, 256, (ring, values, n, step, slots), stream=stream)
+    """Copy ``values`` (float32 ``[n]``) into slot ``step[0] % slots`` of ``ring`` (float32 ``[slots * n]``).
+    Members: ``values [P, n]`` (members any whole number of elements apart), ``ring [P, slots * n]``
+    C-contiguous, ``step [P]`` (one launch)."""
+    w = "agent.publish_row"
+    P, e, st = members(w, {"values": (values, 1), "ring": (ring, 1)})
+    axis = len(values.shape) == 2
+    (n,) = e["values"].shape
+    _check("values", e["values"], np.float32, (n,))
+    _check("ring", ring, np.float32, (P, slots * n) if axis else (slots * n,))
+    _check("step", step, np.int64, (P if axis else 1,))
+    sv = family_stride(w, P, e, st, ("values",))
+    launch("agent", "publish_row", (1, P), 256, (e["ring"], e["values"], n, step, slots, sv), stream=stream)

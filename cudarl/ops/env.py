@@ -4,7 +4,16 @@ Same op names and signatures as the reference; each checks shapes and dtypes, th
 They write only into the buffers they are given and never allocate, synchronise or read device
 values, so they are capture-safe. ``params`` holds constants baked into the launch (fixed for
 an env's lifetime); everything that changes between replays (the state, the step counters,
-epsilon, the conviction scale) is read from device memory.
+epsilon, the conviction scale, the Philox key ``seed``) is read from device memory.
+
+The member axis (a population's agents, docs/perf-notes.md "The agent axis, in stages", stage 5b):
+:func:`reset`, :func:`step`, :func:`record_step` and :func:`act` also take P members' envs in one
+launch: every field of the state and the per-env vectors (reward, done, actions, scale) ``[P, N]``
+(one member stride), the state rows ``[P, N, STATE_DIM]``, the windows ``[P, N, width]``, the
+transitions' fields ``[P, M, ...]`` and the discounts ``[P, M]``, q ``[P, N, A]``, the device scalars
+(seed, gamma, epsilon) ``[P]``; the market data (``data``) and ``params`` are one for every member.
+Member ``i`` gets the bits of a single launch on its entries; arrays without the axis are the single
+launch. :func:`record` (the unfused oracle) has no member axis.
 """
 
 from __future__ import annotations
@@ -14,6 +23,7 @@ import numpy as np
 from ..kernels import blocks_for, launch
 from ..reference.env import EnvData, EnvParams, EnvState, Transitions, rows_per_step
 from ..reference.window import STATE_DIM, width
+from ._arrays import family_stride, members
 
 _THREADS = 256
 
@@ -23,6 +33,30 @@ def _check(name: str, a, dtype, shape: tuple) -> None:
         raise ValueError(f"{name}: expected {np.dtype(dtype)} {list(shape)}, got {a.dtype} {list(a.shape)}")
     if not a.flags.c_contiguous:
         raise ValueError(f"{name}: must be C-contiguous")
+
+
+class _Members:
+    """The member axis of an env launch: ``P``, each array's member-0 entry by name (``e``; the state's
+    fields as ``state.<field>``), whether the arrays have the axis, and :meth:`stride` of a row family."""
+
+    VECTORS = ("reward", "done", "actions", "scale", *(f"state.{k}" for k in EnvState._fields))
+
+    def __init__(self, w: str, state: EnvState, ranks: dict):
+        arrays = {f"state.{k}": (getattr(state, k), 1) for k in EnvState._fields}
+        arrays.update(ranks)
+        self.w = w
+        self.P, self.e, self.st = members(w, arrays)
+        self.axis = len(state.t.shape) == 2
+        self.state = EnvState(*(self.e[f"state.{k}"] for k in EnvState._fields))
+
+    def stride(self, *names: str) -> int:
+        """The one member stride (elements) of the row family ``names``."""
+        return family_stride(self.w, self.P, self.e, self.st, names)
+
+    def scalars(self, **arrays) -> None:
+        """Device scalars: ``[1]`` for one member, ``[P]`` with the axis."""
+        for name, (a, dt) in arrays.items():
+            _check(name, a, dt, (self.P if self.axis else 1,))
 
 
 def _check_state(state: EnvState) -> int:
@@ -83,17 +117,21 @@ def _check_record(
     return n, m, t_n, f_n, a_n
 
 
-def reset(state: EnvState, rows, params: EnvParams, stream=None) -> None:
+def reset(state: EnvState, rows, params: EnvParams, seed, stream=None) -> None:
     """Start a new episode in every env; writes ``state`` (not ``count``) and the state rows ``rows``
-    float32 ``[N, STATE_DIM]``."""
+    float32 ``[N, STATE_DIM]``. ``seed``: the Philox key, uint64 ``[1]`` (device memory). Members: the
+    module's docstring."""
+    m = _Members("env.reset", state, {"rows": (rows, 2)})
+    state, rows = m.state, m.e["rows"]
     n = _check_state(state)
     _check("rows", rows, np.float32, (n, STATE_DIM))
+    m.scalars(seed=(seed, np.uint64))
     if not (0 <= params.t_begin and params.n_starts >= 1 and params.episode_len >= 1 and params.hold_cap >= 1):
         raise ValueError(f"params out of range: {params}")
     launch(
         "env",
         "reset",
-        blocks_for(n, _THREADS),
+        (blocks_for(n, _THREADS), m.P),
         _THREADS,
         (
             *state[:5],
@@ -105,21 +143,31 @@ def reset(state: EnvState, rows, params: EnvParams, stream=None) -> None:
             params.episode_len,
             params.hold_cap,
             int(bool(params.stagger)),
-            int(params.seed),
+            seed,
+            m.stride(*(f"state.{k}" for k in EnvState._fields)),
+            m.stride("rows"),
         ),
         stream=stream,
     )
 
 
 def step(
-    state: EnvState, rows, reward_out, done_out, actions, scale, data: EnvData, params: EnvParams, stream=None
+    state: EnvState, rows, reward_out, done_out, actions, scale, data: EnvData, params: EnvParams, seed, stream=None
 ) -> None:
     """Advance every env one bar (see the reference); writes ``state``, ``rows``, ``reward_out``, ``done_out``.
 
     Args:
         actions: int32 ``[N]``; scale: float32 ``[N]``; rows: float32 ``[N, STATE_DIM]``;
-        reward_out, done_out: float32 ``[N]``.
+        reward_out, done_out: float32 ``[N]``; seed: uint64 ``[1]``, the Philox key (device memory).
+        Members: the module's docstring.
     """
+    vec = {"reward": (reward_out, 1), "done": (done_out, 1), "actions": (actions, 1), "scale": (scale, 1)}
+    m = _Members("env.step", state, {**vec, "rows": (rows, 2)})
+    state, rows, reward_out, done_out, actions, scale = (
+        m.state,
+        *(m.e[k] for k in ("rows", "reward", "done", "actions", "scale")),
+    )
+    m.scalars(seed=(seed, np.uint64))
     n = _check_state(state)
     t_n, f_n, a_n = _check_data(data)
     _check_params(params, t_n)
@@ -131,7 +179,7 @@ def step(
     launch(
         "env",
         "step",
-        blocks_for(n, _THREADS),
+        (blocks_for(n, _THREADS), m.P),
         _THREADS,
         (
             *state[:5],
@@ -150,7 +198,9 @@ def step(
             params.episode_len,
             params.hold_cap,
             params.rate,
-            int(params.seed),
+            seed,
+            m.stride(*_Members.VECTORS),
+            m.stride("rows"),
         ),
         stream=stream,
     )
@@ -205,6 +255,7 @@ def record_step(
     scale,
     data: EnvData,
     params: EnvParams,
+    seed,
     window: int,
     stream=None,
 ) -> None:
@@ -215,14 +266,25 @@ def record_step(
         out: the transitions (``rows_per_step * N`` rows); discount_out: float32 ``[M]``;
         gamma: float32 ``[1]`` (device memory); rows: float32 ``[N, STATE_DIM]``;
         reward_out, done_out: float32 ``[N]``; obs: float32 ``[N, window * (F + 2)]``;
-        actions: int32 ``[N]``; scale: float32 ``[N]``.
+        actions: int32 ``[N]``; scale: float32 ``[N]``; seed: uint64 ``[1]``, the Philox key (device
+        memory). Members: the module's docstring.
     """
     if int(window) < 1:
         raise ValueError(f"window must be >= 1, got {window}")
+    w = "env.record_step"
+    vec = {"reward": (reward_out, 1), "done": (done_out, 1), "actions": (actions, 1), "scale": (scale, 1)}
+    trans = {f"out.{k}": (getattr(out, k), 2 if k in ("obs", "next_obs") else 1) for k in Transitions._fields}
+    mb = _Members(w, state, {**vec, "rows": (rows, 2), "obs": (obs, 2), "discount": (discount_out, 1), **trans})
+    e = mb.e
+    out = Transitions(*(e[f"out.{k}"] for k in Transitions._fields))
+    state, rows, reward_out, done_out, obs, actions, scale, discount_out = (
+        mb.state,
+        *(e[k] for k in ("rows", "reward", "done", "obs", "actions", "scale", "discount")),
+    )
+    mb.scalars(gamma=(gamma, np.float32), seed=(seed, np.uint64))
     n, m, t_n, f_n, a_n = _check_record(out, state, actions, scale, data, params)
     for name, a, dt, shape in (
         ("discount_out", discount_out, np.float32, (m,)),
-        ("gamma", gamma, np.float32, (1,)),
         ("rows", rows, np.float32, (n, STATE_DIM)),
         ("reward_out", reward_out, np.float32, (n,)),
         ("done_out", done_out, np.float32, (n,)),
@@ -232,7 +294,7 @@ def record_step(
     launch(
         "env",
         "record_step",
-        blocks_for(32 * n, _THREADS),  # a warp per env
+        (blocks_for(32 * n, _THREADS), mb.P),  # a warp per env
         _THREADS,
         (
             *out,
@@ -257,32 +319,45 @@ def record_step(
             params.episode_len,
             params.hold_cap,
             params.rate,
-            int(params.seed),
+            seed,
             int(bool(params.counterfactual)),
             int(bool(params.mirror)),
             int(window),
             f_n,
             t_n,
+            mb.stride(*_Members.VECTORS),
+            mb.stride("rows"),
+            mb.stride("obs"),
+            mb.stride("out.action", "out.reward", "out.done", "discount"),
+            mb.stride("out.obs", "out.next_obs"),
         ),
         stream=stream,
     )
 
 
-def act(actions, q, epsilon, count, params: EnvParams, stream=None) -> None:
+def act(actions, q, epsilon, count, seed, stream=None) -> None:
     """Epsilon-greedy ``actions`` int32 ``[N]`` from ``q`` float32 ``[N, A]``, ``epsilon`` float32 ``[1]``
-    (device memory) and the envs' counters ``count`` uint64 ``[N]``."""
+    (device memory), the envs' counters ``count`` uint64 ``[N]`` and their Philox key ``seed`` uint64
+    ``[1]`` (device memory). Members: ``actions``, ``count`` ``[P, N]`` (one stride), ``q [P, N, A]``,
+    ``epsilon``, ``seed`` ``[P]``."""
+    w = "env.act"
+    P, e, st = members(w, {"actions": (actions, 1), "count": (count, 1), "q": (q, 2)})
+    axis = len(actions.shape) == 2
+    actions, count, q = e["actions"], e["count"], e["q"]
     if q.ndim != 2:
         raise ValueError(f"q: expected float32 [N, A], got shape {list(q.shape)}")
     n, a_n = q.shape
     _check("q", q, np.float32, (n, a_n))
     _check("actions", actions, np.int32, (n,))
-    _check("epsilon", epsilon, np.float32, (1,))
+    _check("epsilon", epsilon, np.float32, (P if axis else 1,))
+    _check("seed", seed, np.uint64, (P if axis else 1,))
     _check("count", count, np.uint64, (n,))
+    sn, sq = family_stride(w, P, e, st, ("actions", "count")), family_stride(w, P, e, st, ("q",))
     launch(
         "env",
         "act",
-        blocks_for(n, _THREADS),
+        (blocks_for(n, _THREADS), P),
         _THREADS,
-        (actions, q, epsilon, count, n, a_n, int(params.seed)),
+        (actions, q, epsilon, count, n, a_n, seed, sn, sq),
         stream=stream,
     )

@@ -51,3 +51,55 @@ def members(shared: tuple = (), **ranks: int):
         return run
 
     return wrap
+
+
+def in_place(scalars: tuple = (), shared: tuple = (), **ranks: int):
+    """Give a twin that writes in place the member axis (the agent and env twins: the act and env-step
+    kernels' ``blockIdx.y``).
+
+    ``ranks`` maps an argument's name to its rank without the axis (a NamedTuple of arrays, such as an
+    ``EnvState`` or ``Transitions``: its first field's rank; every field gains the axis); ``scalars``
+    names its device scalars, ``[1]`` alone and ``[P]`` with the axis. When the first argument named has
+    one more axis than its rank (a twin without ranks: its first scalar has more than one element), the
+    twin runs once per member ``i`` on element ``i`` of each named argument (views, so its writes land
+    in the member's rows; a scalar as a 1-element view of its element ``i``), the names in ``shared``
+    passed whole when they come without the axis, the other arguments as given. Otherwise it is the
+    single call."""
+
+    def wrap(fn):
+        sig = inspect.signature(fn)
+
+        def lead_ndim(v) -> int:
+            return np.ndim(v[0]) if isinstance(v, tuple) else np.ndim(v)
+
+        def pick(v, i: int):
+            return type(v)(*(f[i] for f in v)) if isinstance(v, tuple) else v[i]
+
+        @functools.wraps(fn)
+        def run(*args, **kw):
+            a = sig.bind(*args, **kw).arguments
+            if ranks:
+                first = next(iter(ranks))
+                if lead_ndim(a[first]) != ranks[first] + 1:
+                    return fn(*args, **kw)
+                P = np.shape(a[first][0] if isinstance(a[first], tuple) else a[first])[0]
+            else:
+                P = np.shape(a[scalars[0]])[0]
+                if P == 1:
+                    return fn(*args, **kw)
+            lead = [k for k, r in ranks.items() if not (k in shared and lead_ndim(a[k]) == r)]
+            fields = {k: a[k] if isinstance(a[k], tuple) else (a[k],) for k in lead}
+            bad = [
+                k for k in lead if lead_ndim(a[k]) != ranks[k] + 1 or any(np.shape(f)[:1] != (P,) for f in fields[k])
+            ]
+            bad += [k for k in scalars if a.get(k) is not None and np.shape(a[k]) != (P,)]
+            if bad:
+                raise ValueError(f"{fn.__name__}: every buffer has the member axis of one length, or none does: {bad}")
+            for i in range(P):
+                one = {k: pick(a[k], i) for k in lead}
+                one.update({k: a[k][i : i + 1] for k in scalars if a.get(k) is not None})
+                fn(**dict(a, **one))
+
+        return run
+
+    return wrap

@@ -1,8 +1,20 @@
-"""NumPy twin of cuda_src/agent.cu: the glue of the collect step."""
+"""NumPy twin of cuda_src/agent.cu: the glue of the collect step.
+
+The twins marked :func:`~cudarl.reference._members.in_place` (the fused act ops, :func:`epsilon`,
+:func:`publish`, :func:`publish_row`) also take a leading axis of ``P`` members (a population's agents,
+the kernels' ``blockIdx.y``): actions and env_count ``[P, n]``, q ``[P, n, A]``, the head's output
+``[P, n, ...]``, the support ``[P, K]`` or ``[K]`` (shared), each device scalar ``[P]``, a ring
+``[P, ...]``; member ``i`` is the single call on its entries, by construction. ``seed`` (uint64 ``[1]``)
+is the envs' Philox key, the device copy of :attr:`cudarl.reference.env.EnvParams.seed`.
+"""
 
 from __future__ import annotations
 
 import numpy as np
+
+from ._members import in_place
+
+_ACT = ("seed", "eps", "count", "arrivals")  # the fused act ops' device scalars
 
 
 def quantile_mean(q: np.ndarray, theta: np.ndarray) -> None:
@@ -18,6 +30,7 @@ def discount(out: np.ndarray, done: np.ndarray, gamma: np.ndarray) -> None:
     out[...] = np.float32(gamma[0]) * (np.float32(1) - done)
 
 
+@in_place(scalars=("eps", "count"))
 def epsilon(eps: np.ndarray, count: np.ndarray, start: float, end: float, steps: int) -> None:
     """``eps[0] = start + (end - start) * min(count, steps) / steps``, then ``count += 1``."""
     c = int(count[0])
@@ -25,13 +38,14 @@ def epsilon(eps: np.ndarray, count: np.ndarray, start: float, end: float, steps:
     count[0] = c + 1
 
 
+@in_place(scalars=_ACT, shared=("support",), actions=1, q=2, logits=3, support=1, env_count=1)
 def act_c51(
     actions: np.ndarray,
     q: np.ndarray,
     logits: np.ndarray,
     support: np.ndarray,
     env_count: np.ndarray,
-    params,
+    seed: np.ndarray,
     eps: np.ndarray,
     count: np.ndarray,
     arrivals: np.ndarray,
@@ -42,26 +56,26 @@ def act_c51(
     """A C51 agent's act phase after the forward: expected Q, the epsilon schedule, epsilon-greedy.
 
     Exactly ``q = qstats.per_sample(logits, support)[0]``; ``epsilon(eps, count, start, end, steps)``;
-    ``env.act(actions, q, eps, env_count, params)``, in that order (the kernel fuses the three).
+    ``env.act(actions, q, eps, env_count, seed)``, in that order (the kernel fuses the three).
     logits float32 ``[n, A, K]``, support ``[K]``, q float32 ``[n, A]`` and actions int32 ``[n]``
-    (written), env_count uint64 ``[n]`` (the envs' step counters), params the env's
-    :class:`~cudarl.reference.env.EnvParams`. ``arrivals`` (uint32 ``[1]``) is the kernel's
-    ticket counter, untouched here.
+    (written), env_count uint64 ``[n]`` (the envs' step counters), seed uint64 ``[1]`` (their Philox
+    key). ``arrivals`` (uint32 ``[1]``) is the kernel's ticket counter, untouched here.
     """
     from . import env, qstats
 
     q[...] = qstats.per_sample(logits, support)[0]
     epsilon(eps, count, start, end, steps)
-    env.act(actions, q, eps, env_count, params)
+    env.act(actions, q, eps, env_count, seed)
 
 
+@in_place(scalars=_ACT, shared=("support",), actions=1, q=2, va=2, support=1, env_count=1)
 def act_c51_dueling(
     actions: np.ndarray,
     q: np.ndarray,
     va: np.ndarray,
     support: np.ndarray,
     env_count: np.ndarray,
-    params,
+    seed: np.ndarray,
     eps: np.ndarray,
     count: np.ndarray,
     arrivals: np.ndarray,
@@ -77,15 +91,16 @@ def act_c51_dueling(
     n, A = q.shape
     logits = np.empty((n, A, support.shape[0]), np.float32)
     nn.dueling_forward(va, logits)
-    act_c51(actions, q, logits, support, env_count, params, eps, count, arrivals, start, end, steps)
+    act_c51(actions, q, logits, support, env_count, seed, eps, count, arrivals, start, end, steps)
 
 
+@in_place(scalars=_ACT, actions=1, q=2, theta=3, env_count=1)
 def act_iqn(
     actions: np.ndarray,
     q: np.ndarray,
     theta: np.ndarray,
     env_count: np.ndarray,
-    params,
+    seed: np.ndarray,
     eps: np.ndarray,
     count: np.ndarray,
     arrivals: np.ndarray,
@@ -99,7 +114,7 @@ def act_iqn(
 
     quantile_mean(q, theta)
     epsilon(eps, count, start, end, steps)
-    env.act(actions, q, eps, env_count, params)
+    env.act(actions, q, eps, env_count, seed)
 
 
 # --- risk-sensitive acting (agent.act_by) -------------------------------------------------------------
@@ -174,26 +189,29 @@ def cvar_taus(tau: np.ndarray, alpha: float) -> None:
     tau *= np.float32(alpha)
 
 
+@in_place(scalars=_ACT, shared=("support",), actions=1, q=2, logits=3, support=1, env_count=1)
 def act_c51_risk(
-    actions, q, logits, support, env_count, params, mode, alpha, lam, eps, count, arrivals, start, end, steps
+    actions, q, logits, support, env_count, seed, mode, alpha, lam, eps, count, arrivals, start, end, steps
 ):
     """:func:`act_c51` on :func:`c51_risk`'s values: ``c51_risk``, ``epsilon``, ``env.act``, in that order."""
     from . import env
 
     c51_risk(q, logits, support, mode, alpha, lam)
     epsilon(eps, count, start, end, steps)
-    env.act(actions, q, eps, env_count, params)
+    env.act(actions, q, eps, env_count, seed)
 
 
-def act_quantile_risk(actions, q, theta, env_count, params, mode, alpha, lam, eps, count, arrivals, start, end, steps):
+@in_place(scalars=_ACT, actions=1, q=2, theta=3, env_count=1)
+def act_quantile_risk(actions, q, theta, env_count, seed, mode, alpha, lam, eps, count, arrivals, start, end, steps):
     """:func:`act_iqn` on :func:`quantile_risk`'s values: ``quantile_risk``, ``epsilon``, ``env.act``."""
     from . import env
 
     quantile_risk(q, theta, mode, alpha, lam)
     epsilon(eps, count, start, end, steps)
-    env.act(actions, q, eps, env_count, params)
+    env.act(actions, q, eps, env_count, seed)
 
 
+@in_place(scalars=("loss", "grad_norm", "step"), ring=1)
 def publish(ring: np.ndarray, loss: np.ndarray, grad_norm: np.ndarray, step: np.ndarray, slots: int) -> None:
     """``ring[2s], ring[2s + 1] = loss[0], grad_norm[0]`` with ``s = step[0] % slots``."""
     s = int(step[0]) % slots
@@ -201,6 +219,7 @@ def publish(ring: np.ndarray, loss: np.ndarray, grad_norm: np.ndarray, step: np.
     ring[2 * s + 1] = grad_norm[0]
 
 
+@in_place(scalars=("step",), ring=1, values=1)
 def publish_row(ring: np.ndarray, values: np.ndarray, step: np.ndarray, slots: int) -> None:
     """``ring[s n : (s + 1) n] = values`` with ``s = step[0] % slots``, ``n = values.size``."""
     n = values.size

@@ -23,7 +23,8 @@ The semantics live here (the CUDA kernels follow them bit for bit; docs/env.md e
   whose ``steps_left`` reaches 0 reports ``done = 1`` and resets the env on the spot (flat,
   ``hold = 0``, new start). :func:`reset` (all envs) may stagger the first episode's length
   uniformly in ``[1, episode_len]`` so that episode ends spread out.
-* Randomness. Philox4x32-10 keyed by ``(seed, count[i], stream_id)`` where ``count[i]`` is env
+* Randomness. Philox4x32-10 keyed by ``(seed, count[i], stream_id)`` (``seed``: the ops' uint64
+  ``[1]`` argument, the device copy of :attr:`EnvParams.seed`) where ``count[i]`` is env
   i's own device-side step counter (steps taken since construction, incremented by
   :func:`step`), so no two envs or steps share draws and no global counter is raced:
 
@@ -46,6 +47,7 @@ import numpy as np
 
 from .. import costs
 from . import philox
+from ._members import in_place
 from .agent import discount as _discount
 from .window import STATE_DIM
 from .window import gather as _gather
@@ -240,7 +242,8 @@ def write_state(
 
 
 # --- the ops ---------------------------------------------------------------------------------------
-def reset(state: EnvState, rows: np.ndarray, params: EnvParams) -> None:
+@in_place(scalars=("seed",), state=1, rows=2)
+def reset(state: EnvState, rows: np.ndarray, params: EnvParams, seed: np.ndarray) -> None:
     """Start a new episode in every env and write its observation's state row.
 
     Writes ``state.t, start, steps_left, position (0), hold (0)`` and ``rows`` float32
@@ -248,7 +251,7 @@ def reset(state: EnvState, rows: np.ndarray, params: EnvParams) -> None:
     """
     n = state.t.shape[0]
     i = np.arange(n, dtype=np.int64)
-    blk = _philox_per_env(params.seed, state.count, STREAM_RESET, i >> 1)
+    blk = _philox_per_env(int(seed[0]), state.count, STREAM_RESET, i >> 1)
     lane = 2 * (i & 1)
     s = params.t_begin + _below(_lane(blk, lane), params.n_starts)
     if params.stagger:
@@ -268,6 +271,7 @@ def _target(actions: np.ndarray, scale: np.ndarray, levels: np.ndarray) -> tuple
     return a, (levels[a] * scale).astype(F32)
 
 
+@in_place(scalars=("seed",), state=1, rows=2, reward_out=1, done_out=1, actions=1, scale=1)
 def step(
     state: EnvState,
     rows: np.ndarray,
@@ -277,6 +281,7 @@ def step(
     scale: np.ndarray,
     data: EnvData,
     params: EnvParams,
+    seed: np.ndarray,
 ) -> None:
     """Move every env to its target position, earn the reward, advance one bar, reset ended episodes.
 
@@ -297,7 +302,7 @@ def step(
     count = state.count + np.uint64(1)
     done = steps_left == 0
     i = np.arange(n, dtype=np.int64)
-    blk = _philox_per_env(params.seed, count, STREAM_EPISODE, i >> 2)
+    blk = _philox_per_env(int(seed[0]), count, STREAM_EPISODE, i >> 2)
     s = (params.t_begin + _below(_lane(blk, i & 3), params.n_starts)).astype(np.int32)
     state.t[:] = np.where(done, s, t)
     state.start[:] = np.where(done, s, state.start)
@@ -355,6 +360,18 @@ def record(
         write_state(out.next_obs[rows], t + 1, p, hold_next, params.hold_cap, mirrored)
 
 
+@in_place(
+    scalars=("gamma", "seed"),
+    out=2,
+    discount_out=1,
+    state=1,
+    rows=2,
+    reward_out=1,
+    done_out=1,
+    obs=2,
+    actions=1,
+    scale=1,
+)
 def record_step(
     out: Transitions,
     discount_out: np.ndarray,
@@ -368,20 +385,24 @@ def record_step(
     scale: np.ndarray,
     data: EnvData,
     params: EnvParams,
+    seed: np.ndarray,
     window: int,
 ) -> None:
     """The collect step's env work, the composition the fused kernel computes in one launch:
     :func:`record` into ``out``; ``discount_out = gamma[0] * (1 - out.done)`` (float32 ``[M]``,
     :func:`cudarl.reference.agent.discount`; ``gamma`` float32 ``[1]``); :func:`step`; then ``obs``
     float32 ``[N, window * (F + 2)]``, the windows of the new state rows
-    (:func:`cudarl.reference.window.gather`)."""
+    (:func:`cudarl.reference.window.gather`). With the member axis (the kernels' ``blockIdx.y``) every
+    argument but ``data``, ``params`` and ``window`` gains a leading ``[P]``: member ``i`` is this call
+    on its entries."""
     record(out, state, actions, scale, data, params)
     _discount(discount_out, out.done, gamma)
-    step(state, rows, reward_out, done_out, actions, scale, data, params)
+    step(state, rows, reward_out, done_out, actions, scale, data, params, seed)
     _gather(rows, data.features, data.sign, obs, window)
 
 
-def act(actions: np.ndarray, q: np.ndarray, epsilon: np.ndarray, count: np.ndarray, params: EnvParams) -> None:
+@in_place(scalars=("epsilon", "seed"), actions=1, q=2, count=1)
+def act(actions: np.ndarray, q: np.ndarray, epsilon: np.ndarray, count: np.ndarray, seed: np.ndarray) -> None:
     """Epsilon-greedy actions from Q values.
 
     Args:
@@ -389,12 +410,13 @@ def act(actions: np.ndarray, q: np.ndarray, epsilon: np.ndarray, count: np.ndarr
         q: float32 ``[N, A]``.
         epsilon: float32 ``[1]`` (device memory on the GPU, so a graph replay sees updates).
         count: uint64 ``[N]``, the envs' step counters (``EnvState.count``).
+        seed: uint64 ``[1]``, their Philox key.
     Env i explores when ``uniform(draw 2i) < epsilon`` and then takes ``below(draw 2i+1, A)``;
     otherwise the first index of the largest Q (a strict ``>`` scan from action 0).
     """
     n, a_n = q.shape
     i = np.arange(n, dtype=np.int64)
-    blk = _philox_per_env(params.seed, count, STREAM_ACT, i >> 1)
+    blk = _philox_per_env(int(seed[0]), count, STREAM_ACT, i >> 1)
     lane = 2 * (i & 1)
     explore = philox.to_uniform(_lane(blk, lane)) < F32(epsilon[0])
     rand_a = _below(_lane(blk, lane + 1), a_n)

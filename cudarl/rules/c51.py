@@ -106,11 +106,11 @@ class C51Rule(RuleBase):
         buf, risk = self.buf, self.values.risk
         if risk[0] == 0:
             va = buf.online.forward(env.obs, buf.ws_act, raw_head=True)["q"]
-            args = (env.actions, buf.q_act, va, self.support, env.state.count, env.params)
+            args = (env.actions, buf.q_act, va, self.support, env.state.count, env.seed)
             self.agent_ops.act_c51_dueling(*args, *eps_args)
         else:
             logits = buf.online.forward(env.obs, buf.ws_act)["q"]
-            args = (env.actions, buf.q_act, logits, self.support, env.state.count, env.params, *risk)
+            args = (env.actions, buf.q_act, logits, self.support, env.state.count, env.seed, *risk)
             self.agent_ops.act_c51_risk(*args, *eps_args)
 
     def forward(self, batch) -> None:

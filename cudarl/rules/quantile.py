@@ -112,9 +112,9 @@ class QuantileRule(RuleBase):
         values.draw(buf.ws_act, env.obs.shape[0])
         theta = buf.online.forward(env.obs, buf.ws_act)["q"]
         if values.head_risk[0] == 0:
-            self.agent_ops.act_iqn(env.actions, buf.q_act, theta, env.state.count, env.params, *eps_args)
+            self.agent_ops.act_iqn(env.actions, buf.q_act, theta, env.state.count, env.seed, *eps_args)
         else:
-            args = (env.actions, buf.q_act, theta, env.state.count, env.params, *values.head_risk)
+            args = (env.actions, buf.q_act, theta, env.state.count, env.seed, *values.head_risk)
             self.agent_ops.act_quantile_risk(*args, *eps_args)
 
     def popart_step(self) -> None:

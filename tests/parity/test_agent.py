@@ -106,9 +106,8 @@ _SCHEDULE = (1.0, 0.05, 9)  # eps_start, eps_end, eps_steps: from exploring ever
 
 
 def _env_params(seed=77):
-    from cudarl.reference.env import EnvParams
-
-    return EnvParams(0, 1, 1, 1, False, 0.0, 0.0, seed, False, False)
+    """The envs' Philox key as the act ops take it: uint64 ``[1]`` (device memory on the GPU)."""
+    return np.array([seed], np.uint64)
 
 
 def _twin_act_inputs(rng, n, A, K=51, N=8):
@@ -201,6 +200,7 @@ def _c51_act_case(cp, rng, n, A, K, fused, q_separate, q_twin):
     from cudarl.ops import env as env_ops
 
     params = _env_params()
+    seed = cp.asarray(params)
     support = np.linspace(-10, 10, K, dtype=np.float32)
     sup = cp.asarray(support)
 
@@ -213,7 +213,7 @@ def _c51_act_case(cp, rng, n, A, K, fused, q_separate, q_twin):
         actions, q, eps, count, _ = bufs
         q_separate(q, lg, sup)
         ops.epsilon(eps, count, *_SCHEDULE)
-        env_ops.act(actions, q, eps, ec, params)
+        env_ops.act(actions, q, eps, ec, seed)
 
     def twin_q(logits):
         q = np.zeros((n, A), np.float32)
@@ -221,7 +221,7 @@ def _c51_act_case(cp, rng, n, A, K, fused, q_separate, q_twin):
         return q
 
     def run_fused(lg, ec, b):
-        fused(b[0], b[1], lg, sup, ec, params, *b[2:], *_SCHEDULE)
+        fused(b[0], b[1], lg, sup, ec, seed, *b[2:], *_SCHEDULE)
 
     _fused_vs_separate(cp, rng, n, A, params, draw, run_fused, separate, twin_q)
 
@@ -233,12 +233,13 @@ def _quantile_act_case(cp, rng, n, N, A, fused, q_separate, q_twin):
     from cudarl.ops import env as env_ops
 
     params = _env_params(5)
+    seed = cp.asarray(params)
 
     def separate(th, ec, bufs):
         actions, q, eps, count, _ = bufs
         q_separate(q, th)
         ops.epsilon(eps, count, *_SCHEDULE)
-        env_ops.act(actions, q, eps, ec, params)
+        env_ops.act(actions, q, eps, ec, seed)
 
     def twin_q(theta):
         q = np.zeros((n, A), np.float32)
@@ -246,7 +247,7 @@ def _quantile_act_case(cp, rng, n, N, A, fused, q_separate, q_twin):
         return q
 
     def run_fused(th, ec, b):
-        fused(b[0], b[1], th, ec, params, *b[2:], *_SCHEDULE)
+        fused(b[0], b[1], th, ec, seed, *b[2:], *_SCHEDULE)
 
     draw = lambda: rng.standard_normal((n, N, A)).astype(np.float32)  # noqa: E731
     _fused_vs_separate(cp, rng, n, A, params, draw, run_fused, separate, twin_q)
@@ -309,6 +310,7 @@ def test_gpu_act_c51_dueling_equals_the_dueling_kernel_then_act_c51(cp, rng, n, 
     from cudarl.reference import qstats
 
     params = _env_params(3)
+    seed = cp.asarray(params)
     support = np.linspace(-10, 10, K, dtype=np.float32)
     sup, logits_d = cp.asarray(support), cp.full((n, A, K), np.nan, np.float32)
 
@@ -319,7 +321,7 @@ def test_gpu_act_c51_dueling_equals_the_dueling_kernel_then_act_c51(cp, rng, n, 
 
     def separate(va, ec, bufs):
         nn_ops.dueling_forward(va, logits_d)
-        ops.act_c51(bufs[0], bufs[1], logits_d, sup, ec, params, *bufs[2:], *_SCHEDULE)
+        ops.act_c51(bufs[0], bufs[1], logits_d, sup, ec, seed, *bufs[2:], *_SCHEDULE)
 
     def twin_q(va):
         logits = np.zeros((n, A, K), np.float32)
@@ -333,7 +335,7 @@ def test_gpu_act_c51_dueling_equals_the_dueling_kernel_then_act_c51(cp, rng, n, 
         A,
         params,
         draw,
-        lambda va, ec, b: ops.act_c51_dueling(b[0], b[1], va, sup, ec, params, *b[2:], *_SCHEDULE),
+        lambda va, ec, b: ops.act_c51_dueling(b[0], b[1], va, sup, ec, seed, *b[2:], *_SCHEDULE),
         separate,
         twin_q,
     )
@@ -350,7 +352,7 @@ def test_gpu_act_graphed_equals_eager_and_advances_the_schedule(cp, rng, kind):
     from cudarl.ops import agent as ops
 
     n, A, K, N = 4096, 3, 51, 16
-    params = _env_params(9)
+    params = cp.asarray(_env_params(9))
     sup = cp.asarray(np.linspace(-10, 10, K, dtype=np.float32))
     shape = {"c51 dueling": (n, (1 + A) * K), "quantile mean_std": (n, N, A)}.get(kind, (n, A, K))
     head, ec = cp.zeros(shape, np.float32), cp.zeros(n, np.uint64)

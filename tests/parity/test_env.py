@@ -205,11 +205,11 @@ def test_gpu_act_parity(cp, rng, n, a_n, eps):
     q = rng.normal(size=(n, a_n)).astype(F32)
     q[::3, -1] = q[::3, 0]  # ties: the first index wins
     count = rng.integers(0, 2**40, n, dtype=np.uint64)
-    params = ref.EnvParams(0, 1, 1, 1, False, 0.0, 0.0, 99, False, False)
+    seed = np.array([99], np.uint64)
     out_c = np.zeros(n, np.int32)
-    ref.act(out_c, q, np.array([eps], F32), count, params)
+    ref.act(out_c, q, np.array([eps], F32), count, seed)
     out_g = cp.full(n, -7, dtype=np.int32)
-    ops.act(out_g, cp.asarray(q), cp.asarray(np.array([eps], F32)), cp.asarray(count), params)
+    ops.act(out_g, cp.asarray(q), cp.asarray(np.array([eps], F32)), cp.asarray(count), cp.asarray(seed))
     np.testing.assert_array_equal(out_g.get(), out_c)
 
 
@@ -319,10 +319,10 @@ def test_launchers_pass_their_kernels_c_parameters(monkeypatch, rng, cf, mirror,
     env = TradingEnv(*market(rng, 80, 4), cfg, backend="numpy", window=window)
     out, m = env.make_transitions(), env.rows_per_step * 7
     disc, gamma = np.zeros(m, F32), np.array([0.97], F32)
-    ops.step(env.state, env.rows, env.reward, env.done, env.actions, env.scale, env.data, env.params)
+    ops.step(env.state, env.rows, env.reward, env.done, env.actions, env.scale, env.data, env.params, env.seed)
     ops.record(out, env.state, env.actions, env.scale, env.data, env.params)
     ops.record_step(out, disc, gamma, env.state, env.rows, env.reward, env.done, env.obs, env.actions, env.scale,
-                    env.data, env.params, window)  # fmt: skip
+                    env.data, env.params, env.seed, window)  # fmt: skip
     assert [op for op, _ in launched] == ["step", "record", "record_step"]
     for op, args in launched:
         assert_launch_args("env", op, args)
@@ -331,7 +331,7 @@ def test_launchers_pass_their_kernels_c_parameters(monkeypatch, rng, cf, mirror,
         ops.record(short, env.state, env.actions, env.scale, env.data, env.params)
     with pytest.raises(ValueError, match="out.done"):
         ops.record_step(short, disc, gamma, env.state, env.rows, env.reward, env.done, env.obs, env.actions,
-                        env.scale, env.data, env.params, window)  # fmt: skip
+                        env.scale, env.data, env.params, env.seed, window)  # fmt: skip
 
 
 @pytest.mark.gpu

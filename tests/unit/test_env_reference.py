@@ -135,26 +135,26 @@ def test_reset_draws_follow_the_documented_philox_layout():
 
 def test_act_greedy_takes_the_first_maximum():
     q = np.array([[1, 3, 3], [5, 5, 5], [-1, -2, -3], [0, 0, 7]], F32)
-    params = ref.EnvParams(0, 1, 1, 1, False, 0.0, 0.0, 1, False, False)
+    seed = np.array([1], np.uint64)
     out = np.full(4, -1, np.int32)
-    ref.act(out, q, np.array([0.0], F32), np.arange(4, dtype=np.uint64), params)
+    ref.act(out, q, np.array([0.0], F32), np.arange(4, dtype=np.uint64), seed)
     np.testing.assert_array_equal(out, [1, 0, 0, 2])
 
 
 def test_act_explores_at_rate_epsilon_uniformly():
     n, a_n, eps = 40_000, 4, 0.3
     q = np.tile(np.array([0, 0, 0, 1], F32), (n, 1))  # greedy is always action 3
-    params = ref.EnvParams(0, 1, 1, 1, False, 0.0, 0.0, 5, False, False)
+    seed = np.array([5], np.uint64)
     out = np.zeros(n, np.int32)
-    ref.act(out, q, np.array([eps], F32), np.full(n, 17, np.uint64), params)
+    ref.act(out, q, np.array([eps], F32), np.full(n, 17, np.uint64), seed)
     # actions 0..2 only come from exploration: each has probability eps / 4
     counts = np.bincount(out, minlength=a_n)
     expected = np.array([eps / 4] * 3 + [1 - 3 * eps / 4]) * n
     assert stats.chisquare(counts, expected).pvalue > 1e-4
     same = np.zeros(n, np.int32)
-    ref.act(same, q, np.array([eps], F32), np.full(n, 17, np.uint64), params)
+    ref.act(same, q, np.array([eps], F32), np.full(n, 17, np.uint64), seed)
     np.testing.assert_array_equal(same, out)  # deterministic in (seed, counter)
-    ref.act(same, q, np.array([eps], F32), np.full(n, 18, np.uint64), params)
+    ref.act(same, q, np.array([eps], F32), np.full(n, 18, np.uint64), seed)
     assert not np.array_equal(same, out)
 
 

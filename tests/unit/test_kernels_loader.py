@@ -75,7 +75,9 @@ def test_signatures_are_read_from_the_c_declaration():
     every = [signatures.of(f, op) for f in kernels.families() for op in signatures._family(str(kernels.SRC_DIR), f)]
     assert len(every) >= 80 and [s.kernel for s in every if not s.params] == ["cudarl_testing_empty"]
     act = signatures.of("agent", "act_c51")  # ends with a macro of parameters (ACT_SCHEDULE_PARAMS)
-    assert act.text().endswith("f32* eps_out, i64* count, u32* arrivals, f64 start, f64 end, i64 steps, u64 seed")
+    assert act.text().endswith(
+        "f32* eps_out, i64* count, u32* arrivals, f64 start, f64 end, i64 steps, u64* seed, i64 sn, i64 sq, i64 sl"
+    )
 
 
 def test_a_struct_by_value_is_read_with_the_c_layout():

@@ -1,0 +1,101 @@
+"""``StackedTradingEnv``: P members' trading environments in stacked buffers (a population's agents).
+
+Every per-env buffer of :class:`cudarl.env.TradingEnv` gains a leading axis of ``P`` members: the state's
+fields, ``reward``, ``done``, ``actions`` and ``scale`` ``[P, N]``, the state rows ``[P, N, STATE_DIM]``,
+the windows ``obs [P, N, width]``, and the Philox key ``seed [P]`` (member ``i``'s ``seeds[i]``). Each
+method is one launch per operation for every member (the kernels' ``blockIdx.y`` is the member;
+docs/perf-notes.md "The agent axis, in stages", stage 5b), and member ``i`` gets the bits of a
+:class:`TradingEnv` built with ``seed=seeds[i]`` given member ``i``'s actions, Q values and scales: its
+draws are keyed by its own seed and counted by its own envs' counters, so they do not depend on ``P`` or
+on its index. The market (bars, features, returns, levels, return signs) is one copy for every member.
+
+One configuration for every member but the seed (episode length, actions and levels, costs, hold cap,
+stagger, counterfactual and mirror rows: the kernels take them by value; members that differ in them
+are not one stacked env yet). ``config.seed`` is not read: ``seeds`` are.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+
+from .env import EnvConfig, TradingEnv
+from .reference.env import EnvState, Transitions
+from .reference.window import STATE_DIM
+
+
+class StackedTradingEnv(TradingEnv):
+    """:class:`TradingEnv` over ``members`` members' ``config.n_envs`` envs each, in stacked buffers.
+
+    Args:
+        members: P (>= 1).
+        seeds: P Philox keys (integers in ``[0, 2**64)``), member ``i``'s the ``seed`` of the env it equals.
+        The other arguments are :class:`TradingEnv`'s (one value for every member; ``config`` by default
+        ``EnvConfig()``).
+
+    The methods are :class:`TradingEnv`'s with a leading member axis on every per-env array: :meth:`act`
+    takes ``q [P, N, A]`` and ``epsilon [P]``; :meth:`record_step` writes ``Transitions`` of ``[P, M, ...]``
+    arrays (:meth:`make_transitions`) and ``discount [P, M]`` with ``gamma [P]``; :meth:`record` (the
+    unfused oracle) is one launch per member.
+    """
+
+    def __init__(
+        self, members: int, open, close, features, return_sign, config: EnvConfig | None = None, *, seeds, **kw
+    ):
+        if isinstance(members, bool) or not isinstance(members, (int, np.integer)) or int(members) < 1:
+            raise ValueError(f"members: expected an integer >= 1, got {members!r}")
+        seeds = np.asarray(seeds)
+        if (
+            seeds.shape != (int(members),)
+            or seeds.dtype.kind not in "iu"
+            or np.any(seeds < 0)
+            or any(int(s) >= 2**64 for s in seeds)
+        ):
+            raise ValueError(f"seeds: expected {int(members)} integers in [0, 2**64), got {seeds!r}")
+        self.members = int(members)
+        self._member_seeds = seeds.astype(np.uint64)
+        super().__init__(open, close, features, return_sign, EnvConfig() if config is None else config, **kw)
+
+    @property
+    def _lead(self) -> tuple:
+        return (self.members,)
+
+    def _seeds(self, config: EnvConfig) -> np.ndarray:
+        return self._member_seeds.copy()
+
+    @property
+    def seeds(self) -> np.ndarray:
+        """uint64 ``[P]``: the members' Philox keys (host copies)."""
+        return self._member_seeds.copy()
+
+    def member_config(self, i: int) -> EnvConfig:
+        """The :class:`EnvConfig` of the :class:`TradingEnv` member ``i`` equals (its own seed)."""
+        return replace(self.config, seed=int(self._member_seeds[i]))
+
+    def record(self, out: Transitions, actions=None, scale=None) -> Transitions:
+        """:meth:`TradingEnv.record` for every member: ``out`` of ``[P, M, ...]`` arrays (one launch a member:
+        ``record`` is the unfused oracle of :meth:`record_step`, which is one launch for all)."""
+        actions, scale = self._actions(actions), self._scale(scale)
+        for i in range(self.members):
+            self._ops.record(
+                Transitions(*(f[i] for f in out)),
+                EnvState(*(f[i] for f in self.state)),
+                actions[i],
+                scale[i],
+                self.data,
+                self.params,
+            )
+        return out
+
+    def make_transitions(self) -> Transitions:
+        """A :class:`Transitions` of ``[P, rows_per_step * N, ...]`` arrays for :meth:`record_step` (allocate
+        before any capture)."""
+        xp, lead = self.xp, (self.members, self.rows_per_step * self.n_envs)
+        return Transitions(
+            xp.zeros((*lead, STATE_DIM), np.float32),
+            xp.zeros(lead, np.int32),
+            xp.zeros(lead, np.float32),
+            xp.zeros((*lead, STATE_DIM), np.float32),
+            xp.zeros(lead, np.float32),
+        )
