@@ -14,7 +14,7 @@ pieces of stages 0-5 instead of one agent's::
     backward      StackedQNetwork.backward (dW per member: see below)
     adam          StackedAdam.clip_update_publish (norm, clip, update, soft update, the publish of
                   loss and norm to a [P, 2 slots] ring); run.grid_barrier = false or more members than
-                  resident blocks: clip_step, the publish per member, update_step(soft)
+                  resident blocks: clip_step, the publish (one launch), update_step(soft)
     publish       the Q statistics of every member to their pinned ring (one publish_row launch)
 
 Member ``i`` is bitwise the :class:`cudarl.agent.Agent` of ``run.seed = seeds[i]`` fed the same replay
@@ -25,12 +25,12 @@ the replay's counters, beta and Philox key; the loss) is a ``[P]`` device array.
 
 Still per member (a loop of the single launch, inside the same phase): the weight gradients
 (``StackedQNetwork.backward``: the single agent's split-K cuBLAS dW, which a batched GEMM does not
-reproduce; each layer's P GEMMs on that layer's branch, as the single agent's one GEMM), the
-loss-and-norm publish of the three-launch optimiser form (``agent.publish`` has no member axis), and
+reproduce; each layer's P GEMMs on that layer's branch, as the single agent's one GEMM) and
 shrink-and-perturb between updates (``optim.shrink_every``). The statistics' publish
 is one launch over the ``[P, n]`` statistics with member 0's step counter naming the ring slot: the
 members' counters advance together (one ``lr_schedule`` launch for all), so it is every member's slot.
-Not built: the collect step (act and env step with a member axis), the guard and its one-step-late
+Not built: the joined collect step (its act and env-step kernels have the member axis:
+``StackedTradingEnv``), the guard and its one-step-late
 readbacks per member, checkpoints per member, and wiring into :class:`cudarl.population.Population`.
 """
 
@@ -258,12 +258,9 @@ class StackedLearner:
                 self.adam.clip_update_publish(self.soft, self.ring, self.loss, PUBLISH_SLOTS)
                 return
             self.adam.clip_step()
-            with self.side_small.fork():  # per member: agent.publish has no member axis
+            with self.side_small.fork():  # every member's loss and norm, one launch (agent.publish's member axis)
                 step = self.adam.scalars.view("step")
-                for i in range(self.members):
-                    self.agent_ops.publish(
-                        self.ring[i], self.loss[i : i + 1], self.grad_norm[i : i + 1], step[i : i + 1], PUBLISH_SLOTS
-                    )
+                self.agent_ops.publish(self.ring, self.loss, self.grad_norm, step, PUBLISH_SLOTS)
             self.adam.update_step(soft=self.soft)
 
         def publish():
