@@ -5,20 +5,32 @@ single-agent graphs one after another and against PyTorch vectorised over the ag
 Reference workload per agent (DESIGN.md): observation 66 floats, MLP 256-256, dueling C51 51 atoms x 3
 actions, batch 512, replay 1M rows with PER, n-step 3, 4,096 environments. Agent ``i`` has seed ``i``.
 
-Arms, at each P of ``--sizes`` (default 1, 8, 64, 256; a size whose measured memory does not fit the
-free device memory is skipped, saying so):
+Arms (``--arms``, default ``vmap,branches,joined``), at each P of ``--sizes`` (default 1, 8, 64, 256; a
+size whose measured memory does not fit the free device memory is skipped, saying so):
 
-* cudarl population: :class:`cudarl.population.Population`, every member's train phases on a parallel
+* cudarl joined (``joined``; issue 23's agent axis, stage 6 in docs/perf-notes.md):
+  :class:`cudarl.stacked_agent.StackedLearner`, the train step of P members with one launch per
+  operation for all of them (batched GEMMs, kernels with a member axis), captured as one graph
+  (:class:`cudarl.graph.StepGraph`) over :func:`cudarl.stacked_agent.stacked_replay` filled with random
+  rows over a shared random feature matrix of 20,000 bars x 64 features (the cost does not depend on the
+  values); a fresh learner per size, timed as the other arms; memory per agent by CuPy's pool and by the
+  device's free-memory drop, and the replay's bytes per agent. The learner runs ``run.grid_barrier`` on
+  (the single agent's one-launch loss and optimiser); a size it refuses (the loss's grid barrier needs a
+  resident block per member: P at most the SM count) is a row ``refused: <reason>`` and is tried again
+  with ``run.grid_barrier = false`` (two launches, the same bits) as a case of its own. Beside it, at each
+  P the other arms ran: its speed-up over the branches, over the PyTorch vmap arm (target at P = 64) and
+  over P x the single agent.
+* cudarl population (``branches``): :class:`cudarl.population.Population`, every member's train phases on a parallel
   branch of ONE graph; median us per replay (CUDA events), agent-updates per second summed over the
   agents (P / step time), achieved GFLOP/s and its fraction of the FP32 peak, memory per agent (the
   allocator's bytes of one more member, :func:`cudarl.population.memory_per_member`; and the device's
   free memory drop over the whole population divided by P, which also counts graphs and streams).
   One population of the largest size that fits is built; each smaller P is a graph over its first P
   members.
-* cudarl sequential: the same P members' own single-agent train graphs replayed one after another on
+* cudarl sequential (with ``branches``): the same P members' own single-agent train graphs replayed one after another on
   one stream (members of a population run with run.grid_barrier = false; the single agent alone, with
   it on, is its own row).
-* PyTorch vmap: the step of ``tools/bench_step.py`` (``TorchC51Step.loss``: PER sample, double-DQN C51
+* PyTorch vmap (``vmap``): the step of ``tools/bench_step.py`` (``TorchC51Step.loss``: PER sample, double-DQN C51
   targets, weighted cross-entropy, KL priorities) for P agents at once: ``torch.func.vmap`` of
   ``torch.func.grad`` over stacked parameters (``torch.func.stack_module_state``), per-agent gradient
   clipping and Adam on the stacked tensors, per-agent replays ``[P, capacity]``; the whole step in one
@@ -33,6 +45,10 @@ FLOPs per agent-update: the GEMMs of three forwards (online s and s', target s')
 
 Targets (issue 23, H200): P = 64 in <= 1.2 ms FP32 and >= 2.5x the PyTorch vmap arm; <= 0.4 ms TF32.
 Prints a table and writes JSON (``--out``, default ``docs/bench/bench_population.json``).
+
+``--device cpu``: the joined arm alone on the NumPy backend at tiny sizes (:data:`CPU_WORKLOAD`, P = 1, 3;
+host-clock times, memory by ``tracemalloc``), a smoke run; its JSON goes to ``--out`` or the temporary
+directory, never over the GPU numbers.
 """
 
 from __future__ import annotations
@@ -41,9 +57,12 @@ import argparse
 import copy
 import gc
 import sys
+import tempfile
 import time
 import traceback
 from pathlib import Path
+
+import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -68,7 +87,15 @@ from bench_step import (  # noqa: E402
     K,
     TorchC51Step,
 )
-from benchlib import cuda_time_us, fp32_peak_tflops, parser, report, row, skipped_without_gpu  # noqa: E402
+from benchlib import (  # noqa: E402
+    cuda_time_us,
+    fp32_peak_tflops,
+    host_time_us,
+    parser,
+    report,
+    row,
+    skipped_without_gpu,
+)
 
 SIZES, TF32_SIZES, QUICK_SIZES = (1, 8, 64, 256), (64,), (1, 8)
 TARGET_P, TARGET_FP32_US, TARGET_TF32_US, TARGET_VS_TORCH = 64, 1200.0, 400.0, 2.5
@@ -76,12 +103,13 @@ TARGET_P, TARGET_FP32_US, TARGET_TF32_US, TARGET_VS_TORCH = 64, 1200.0, 400.0, 2
 MEMORY_HEADROOM = 0.85
 
 
-def flops_per_update() -> float:
-    """GEMM FLOPs of one agent-update: 3 forwards of batch B plus the backward of the online s pass."""
-    widths = [OBS, *HIDDEN, (1 + A) * K]
+def flops_per_update(obs: int = OBS, hidden=HIDDEN, n_actions: int = A, atoms: int = K, batch: int = B) -> float:
+    """GEMM FLOPs of one agent-update: 3 forwards of batch B plus the backward of the online s pass
+    (default: the reference workload)."""
+    widths = [obs, *hidden, (1 + n_actions) * atoms]
     layers = list(zip(widths[:-1], widths[1:], strict=True))
-    fwd = sum(2 * B * i * o for i, o in layers)
-    first = 2 * B * layers[0][0] * layers[0][1]
+    fwd = sum(2 * batch * i * o for i, o in layers)
+    first = 2 * batch * layers[0][0] * layers[0][1]
     return 3 * fwd + fwd + (fwd - first)  # forwards, weight gradients, input gradients (not the first layer's)
 
 
@@ -117,9 +145,12 @@ def _free_device_bytes() -> int:
     return int(cupy.cuda.runtime.memGetInfo()[0])
 
 
-def step_rows(case: str, P: int, us: float, peak_tflops: float | None, target: str = "") -> list[dict]:
-    """Step time, agent-updates per second, us per agent and achieved FLOP rate of a P-agent step."""
-    tflops = P * flops_per_update() / (us * 1e-6) / 1e12
+def step_rows(
+    case: str, P: int, us: float, peak_tflops: float | None, target: str = "", flops: float | None = None
+) -> list[dict]:
+    """Step time, agent-updates per second, us per agent and achieved FLOP rate of a P-agent step
+    (``flops`` per agent-update; default the reference workload's)."""
+    tflops = P * (flops or flops_per_update()) / (us * 1e-6) / 1e12
     frac = f"{tflops / peak_tflops:.1%} of FP32 peak" if peak_tflops else ""
     return [
         row(case, f"P={P}: step", us, "us", target),
@@ -214,6 +245,210 @@ def cudarl_arms(tf32: bool, sizes, args, rows, extra, peak) -> dict:
     rows.append(row(case, "every member's last loss finite", all(map(lambda v: v == v and abs(v) < 1e30, losses)), ""))
     pop.close()
     del pop
+    return out
+
+
+# --- cudarl joined: the agent axis ------------------------------------------------------------------------
+#: The joined arm's workload on the NumPy backend (``--device cpu``, a smoke run): tiny sizes, same code.
+CPU_WORKLOAD = {
+    "features": 5,
+    "bars": 80,
+    "net": {"hidden": [24, 16], "atoms": 11},
+    "agent": {"batch_size": 16, "learning_starts": 16},
+    "replay": {"capacity": 512},
+    "env": {"n_envs": 4},
+}
+CPU_SIZES = (1, 3)
+#: Bars of the joined arm's random feature matrix on the GPU (reference_bars' count); its 64 features are
+#: the reference observation's (OBS = 64 + 2 position columns).
+GPU_BARS = 20_000
+
+
+def joined_config(device: str, tf32: bool = False, grid_barrier: bool = True, **over):
+    """The joined arm's config: the reference workload on the GPU, :data:`CPU_WORKLOAD` on the CPU."""
+    from cudarl.bench import reference_config
+
+    run = {"grid_barrier": grid_barrier, **over.pop("run", {})}
+    if device == "gpu":
+        return reference_config("gpu", net={"tf32": tf32}, run=run, **over)
+    w = CPU_WORKLOAD
+    sections = {k: {**w[k], **over.pop(k, {})} for k in ("net", "agent", "env")}
+    sections["net"]["tf32"] = tf32
+    return reference_config("cpu", capacity=w["replay"]["capacity"], run=run, **sections, **over)
+
+
+def fill_stacked_replay(xp, replay, n_bars: int, n_actions: int, batch: int, seed: int = 0) -> None:
+    """Every member's own rows, ``n_envs`` at a time, until 1.5 batches a member are ready to sample (the
+    n-step lag filled first): state rows of random bars, rewards of a scale per member, an episode end
+    here and there (as ``tests/unit/test_stacked_agent.py`` fills it)."""
+    from cudarl.reference.window import STATE_DIM
+
+    rng = np.random.default_rng(seed)
+    P, E, n = replay.members, replay.spec.n_envs, replay.spec.n_step
+    scale = rng.uniform(0.2, 3.0, (P, 1))
+    for _ in range(n + -(-3 * batch // (2 * E))):
+        rows = np.zeros((P, E, STATE_DIM), np.float32)
+        rows[..., 0] = rng.integers(0, n_bars, (P, E))
+        rows[..., 1] = rng.random((P, E)) < 0.3
+        rows[..., 2] = rng.choice(np.array([-1, 0, 1], np.float32), (P, E))
+        rows[..., 3] = rng.random((P, E))
+        action = rng.integers(0, n_actions, (P, E)).astype(np.int32)
+        reward = (rng.standard_normal((P, E)) * scale).astype(np.float32)
+        discount = np.where(rng.random((P, E)) < 0.05, 0.0, GAMMA**n).astype(np.float32)
+        replay.add(*(xp.asarray(a) for a in (rows, action, reward, discount)))
+    ready = int(np.min(replay.ready()))
+    if ready < batch:
+        raise RuntimeError(f"fill_stacked_replay: {ready} rows ready, fewer than the batch of {batch}")
+
+
+def _refusal(exc: BaseException) -> str | None:
+    """cudarl's reason when ``exc`` (or the error a capture wrapped it in) is a ValueError: a size or
+    config the learner or a launcher refuses."""
+    while exc is not None:
+        if isinstance(exc, ValueError):
+            return str(exc)
+        exc = exc.__cause__
+    return None
+
+
+def joined_size(cfg, P: int, device: str, repeats: int, case: str, peak, target: str, rows, ext) -> float:
+    """One :class:`cudarl.stacked_agent.StackedLearner` of P members (seeds 0..P-1) and its stacked replay,
+    filled; its train step captured as one graph and replayed (timed as the other arms); its rows. Returns
+    the median us per replay. The learner's and launchers' refusals raise (ValueError)."""
+    from cudarl.graph import StepGraph
+    from cudarl.stacked_agent import StackedLearner, stacked_replay
+    from cudarl.window import Windows
+
+    gpu = device == "gpu"
+    if gpu:
+        import cupy as xp
+
+        from cudarl.bench import _pool_bytes_in_use
+
+        free0, held0 = _free_device_bytes(), _pool_bytes_in_use()
+    else:
+        import tracemalloc
+
+        xp = np
+        tracing = tracemalloc.is_tracing()  # a caller's tracing goes on; its earlier bytes are not ours
+        if not tracing:
+            tracemalloc.start()
+        held0 = tracemalloc.get_traced_memory()[0]
+    n_features, n_bars = (OBS - 2, GPU_BARS) if gpu else (CPU_WORKLOAD["features"], CPU_WORKLOAD["bars"])
+    t0 = time.perf_counter()
+    try:
+        rng = np.random.default_rng(P)
+        feats = rng.standard_normal((n_bars, n_features)).astype(np.float32)
+        win = Windows(xp.asarray(feats), xp.ones(n_features, np.float32), cfg.net.window, xp)
+        seeds, A_, Bsz = list(range(P)), cfg.env.n_actions, cfg.agent.batch_size
+        learner = StackedLearner(cfg, win.width, A_, seeds, xp)
+        replay = stacked_replay(cfg, cfg.env.n_envs, seeds, backend="cupy" if gpu else "numpy")
+        fill_stacked_replay(xp, replay, n_bars, A_, Bsz, seed=P)
+        graph = StepGraph("train", learner.train_phases(replay, win), xp=xp)
+        if gpu:
+            xp.cuda.Device().synchronize()  # the fill (default stream) done before the graph's stream reads it
+        graph.capture()
+    finally:
+        if not gpu:
+            held = tracemalloc.get_traced_memory()[0] - held0
+            if not tracing:
+                tracemalloc.stop()
+    build_s = time.perf_counter() - t0
+    if gpu:
+        held = _pool_bytes_in_use() - held0
+        dev = free0 - int(xp.cuda.runtime.memGetInfo()[0])
+        us = cuda_time_us(graph.replay, graph.stream, repeats=repeats_for(P, repeats))
+    else:
+        us = host_time_us(graph.replay, repeats=repeats_for(P, repeats), warmup=2)
+    flops = flops_per_update(win.width, cfg.net.hidden, A_, cfg.net.atoms, Bsz)
+    rows.extend(step_rows(case, P, us, peak, target, flops=flops))
+    rows.append(row(case, f"P={P}: build + fill + capture", build_s, "s"))
+    pool = "CuPy pool" if gpu else "tracemalloc, NumPy backend"
+    rows.append(row(case, f"P={P}: memory per agent ({pool})", held / P / 2**20, "MiB"))
+    if gpu:
+        rows.append(row(case, f"P={P}: device memory per agent (free-memory drop / P)", dev / P / 2**20, "MiB"))
+    rows.append(row(case, f"P={P}: replay memory per agent", replay.nbytes() / P / 2**20, "MiB"))
+    form = "one launch (grid barrier)" if learner.fused else "clip, publish per member, update"
+    rows.append(row(case, f"P={P}: optimiser", form, ""))
+    loss = np.asarray(learner.loss.get() if gpu else learner.loss)
+    rows.append(row(case, f"P={P}: every member's loss finite", bool(np.all(np.isfinite(loss))), ""))
+    ext.setdefault("step_us", {})[P] = us
+    ext.setdefault("memory_per_agent_bytes", {})[P] = held / P
+    ext.setdefault("grid_barrier", {})[P] = cfg.run.grid_barrier
+    return us
+
+
+def joined_arm(tf32: bool, sizes, args, rows, extra, peak, device: str = "gpu") -> dict:
+    """The joined population at ``sizes`` (:func:`joined_size`, a fresh learner per size); ``{P: us}``.
+
+    A size the learner refuses is a row ``refused: <reason>``; with ``run.grid_barrier`` on (the single
+    agent's one-launch loss and optimiser, which need a resident block per member: P at most the SM count)
+    the size is tried again with it off (the two-launch forms, the same bits), as its own case. A size
+    whose memory (per agent at the last size built, times P) does not fit is skipped."""
+    prec = "TF32" if tf32 else "FP32"
+    case = f"cudarl joined (agent axis), {prec}"
+    target = {TARGET_P: f"<= {TARGET_TF32_US if tf32 else TARGET_FP32_US:g} us"}
+    ext = extra.setdefault(f"joined_{prec.lower()}", {})
+    out: dict = {}
+    need = 0.0
+    for P in sorted(sizes):
+        if device == "gpu" and need:
+            free = _free_device_bytes()
+            if P * need > MEMORY_HEADROOM * free:
+                msg = f"needs ~{P * need / 2**30:.1f} GiB, {free / 2**30:.1f} GiB free"
+                print(f"{case}: skipping P={P}: {msg}")
+                rows.append(row(case, f"P={P}: skipped", msg, ""))
+                continue
+        for grid_barrier in (True, False):
+            c = case if grid_barrier else f"{case}, run.grid_barrier = false"
+            try:
+                cfg = joined_config(device, tf32, grid_barrier)
+                out[P] = joined_size(cfg, P, device, args.repeats, c, peak, target.get(P, ""), rows, ext)
+                need = ext["memory_per_agent_bytes"][P]  # the shared workspaces weigh less as P grows
+                break
+            except Exception as exc:
+                why = _refusal(exc)
+                if why is None:
+                    _failed(rows, f"{c}, P={P}", exc)
+                    break
+                print(f"{c}: P={P} refused: {why}")
+                rows.append(row(c, f"P={P}: step", f"refused: {why}", ""))
+                ext.setdefault("refused", {})[f"{P}{'' if grid_barrier else ', grid barrier off'}"] = why
+            finally:
+                if device == "gpu":
+                    _free_device_bytes()  # this size's learner, replay and graph go back before the next
+    return out
+
+
+def ratio_rows(prec: str, joined: dict, branches: dict, vmap: dict, single_us: float | None) -> list[dict]:
+    """The joined step against the branches arm, the PyTorch vmap arm and P x the single agent, at each P
+    both have (``{P: us}``); the vmap target at P = 64 in FP32."""
+    out = []
+    for P, us in sorted(joined.items()):
+        if P in branches:
+            out.append(
+                row(f"cudarl joined vs branches, {prec}", f"P={P}: speed-up (branches / joined)", branches[P] / us, "x")
+            )
+        if P in vmap:
+            target = f">= {TARGET_VS_TORCH:g}x" if P == TARGET_P and prec == "FP32" else ""
+            out.append(
+                row(
+                    f"cudarl joined vs PyTorch vmap, {prec}",
+                    f"P={P}: speed-up (vmap / joined)",
+                    vmap[P] / us,
+                    "x",
+                    target,
+                )
+            )
+        if single_us:
+            out.append(
+                row(
+                    f"cudarl joined vs the single agent, {prec}",
+                    f"P={P}: speed-up (P x single / joined)",
+                    P * single_us / us,
+                    "x",
+                )
+            )
     return out
 
 
@@ -427,47 +662,94 @@ def _sizes(text: str) -> tuple[int, ...]:
     return out
 
 
-def main() -> int:
+ARMS = ("vmap", "branches", "joined")
+
+
+def _arms(text: str) -> tuple[str, ...]:
+    got = tuple(dict.fromkeys(x.strip() for x in text.split(",") if x.strip()))
+    bad = [a for a in got if a not in ARMS]
+    if not got or bad:
+        raise argparse.ArgumentTypeError(f"arms: comma-separated names of {', '.join(ARMS)}; got {text!r}")
+    return got
+
+
+def main(argv=None) -> int:
     ap = parser(__doc__)
-    ap.add_argument("--sizes", type=_sizes, default=SIZES, help="population sizes (default 1,8,64,256)")
+    ap.add_argument("--sizes", type=_sizes, default=None, help="population sizes (default 1,8,64,256; CPU: 1,3)")
     ap.add_argument("--tf32-sizes", type=_sizes, default=TF32_SIZES, help="TF32 sizes (default 64)")
     ap.add_argument("--no-tf32", action="store_true", help="skip the TF32 arms")
-    ap.add_argument("--no-torch", action="store_true", help="skip the PyTorch arms")
+    ap.add_argument("--no-torch", action="store_true", help="skip the PyTorch arms (as --arms without vmap)")
+    ap.add_argument(
+        "--arms",
+        type=_arms,
+        default=ARMS,
+        help="arms to run, comma-separated: vmap (PyTorch), branches (cudarl.population.Population, the "
+        "sequential graphs and the single agent), joined (StackedLearner); default all",
+    )
+    ap.add_argument(
+        "--device",
+        choices=("gpu", "cpu"),
+        default="gpu",
+        help="cpu: the joined arm alone on the NumPy backend at tiny sizes (a smoke run; host-clock times)",
+    )
     ap.add_argument("--quick", action="store_true", help="sizes 1,8 (TF32: 8) and 20 repeats: a smoke run")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
+    cpu = args.device == "cpu"
+    arms = [a for a in args.arms if not (a == "vmap" and args.no_torch)]
     if args.quick:
-        args.sizes, args.tf32_sizes, args.repeats = QUICK_SIZES, (8,), min(args.repeats, 20)
-    if skipped_without_gpu("bench_population", "population", args.out):
+        args.sizes, args.tf32_sizes, args.repeats = args.sizes or QUICK_SIZES, (8,), min(args.repeats, 20)
+    args.sizes = args.sizes or (CPU_SIZES if cpu else SIZES)
+    if not cpu and skipped_without_gpu("bench_population", "population", args.out):
         return 0
     t_start = time.perf_counter()
-    peak = fp32_peak_tflops()
-    rows = [row("device", "FP32 peak (SMs x 128 x 2 x clock)", peak, "TFLOP/s")]
-    rows.append(row("workload", "GEMM FLOPs per agent-update", flops_per_update() / 1e9, "GFLOP"))
+    peak = None if cpu else fp32_peak_tflops()
+    rows = [row("device", "FP32 peak (SMs x 128 x 2 x clock)", peak, "TFLOP/s")] if peak else []
+    if cpu:  # the committed default file keeps its GPU numbers
+        args.out = args.out or Path(tempfile.gettempdir()) / "bench_population_cpu.json"
+        for a in sorted(set(arms) - {"joined"}):
+            rows.append(row(a, "skipped", "GPU only", ""))
+        arms = [a for a in arms if a == "joined"]
     extra: dict = {
         "workload": f"obs {OBS}, MLP {HIDDEN[0]}-{HIDDEN[1]}, dueling C51 {A}x{K}, batch {B}, replay {CAPACITY:,} "
         f"PER, n-step {N_STEP}, {N_ENVS} envs per agent",
+        "device_kind": args.device,
+        "arms": arms,
         "sizes": list(args.sizes),
-        "tf32_sizes": [] if args.no_tf32 else list(args.tf32_sizes),
+        "tf32_sizes": [] if args.no_tf32 or cpu else list(args.tf32_sizes),
         "flops_per_update": flops_per_update(),
         "repeats": args.repeats,
     }
-    plan = [(False, args.sizes)] + ([] if args.no_tf32 else [(True, args.tf32_sizes)])
+    if cpu:
+        extra["workload"] = f"NumPy smoke: {CPU_WORKLOAD}"
+    else:
+        rows.append(row("workload", "GEMM FLOPs per agent-update", flops_per_update() / 1e9, "GFLOP"))
+    plan = [(False, args.sizes)] + ([] if args.no_tf32 or cpu else [(True, args.tf32_sizes)])
     torch_us: dict = {}
-    for tf32, sizes in plan:  # PyTorch first: its replays need the memory before cudarl's populations hold it
-        if not args.no_torch:
+    branches_us: dict = {}
+    if "vmap" in arms:
+        for tf32, sizes in plan:  # PyTorch first: its replays need the memory before cudarl's populations hold it
             torch_us[tf32] = torch_arms(tf32, sizes, args, rows, extra, peak)
     for tf32, sizes in plan:
         prec = "TF32" if tf32 else "FP32"
-        try:
-            ours = cudarl_arms(tf32, sizes, args, rows, extra, peak)
-        except Exception as exc:
-            _failed(rows, f"cudarl, {prec}", exc)
-            continue
-        for P, us in ours.items():
-            theirs = torch_us.get(tf32, {}).get(P)
-            if theirs:
-                target = f">= {TARGET_VS_TORCH:g}x" if P == TARGET_P and not tf32 else ""
-                rows.append(row(f"cudarl vs PyTorch vmap, {prec}", f"P={P}: speed-up", theirs / us, "x", target))
+        if "branches" in arms:
+            try:
+                branches_us[tf32] = ours = cudarl_arms(tf32, sizes, args, rows, extra, peak)
+            except Exception as exc:
+                _failed(rows, f"cudarl, {prec}", exc)
+                ours = {}
+            for P, us in ours.items():
+                theirs = torch_us.get(tf32, {}).get(P)
+                if theirs:
+                    target = f">= {TARGET_VS_TORCH:g}x" if P == TARGET_P and not tf32 else ""
+                    rows.append(row(f"cudarl vs PyTorch vmap, {prec}", f"P={P}: speed-up", theirs / us, "x", target))
+        if "joined" in arms:
+            try:
+                joined = joined_arm(tf32, sizes, args, rows, extra, peak, args.device)
+            except Exception as exc:
+                _failed(rows, f"cudarl joined, {prec}", exc)
+                joined = {}
+            single_us = extra.get(f"cudarl_{prec.lower()}", {}).get("single_agent_us")
+            rows += ratio_rows(prec, joined, branches_us.get(tf32, {}), torch_us.get(tf32, {}), single_us)
         print(f"cudarl {prec} done at {time.perf_counter() - t_start:.0f} s")
     extra["wall_s"] = time.perf_counter() - t_start
     report("bench_population", rows, args.out, extra)

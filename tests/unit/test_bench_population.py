@@ -1,0 +1,108 @@
+"""tools/bench_population.py's joined arm (issue 23's agent axis, :class:`cudarl.stacked_agent.StackedLearner`)
+on the NumPy backend at tiny sizes: its rows (names and units; no timing is asserted), a size the learner
+refuses recorded as rows in both forms instead of a crash, the speed-up rows against the other arms, and
+``--device cpu`` end to end (the table and the JSON)."""
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "tools"))
+import bench_population as bp  # noqa: E402
+
+CASE = "cudarl joined (agent axis), FP32"
+#: metric (after "P=<P>: ") -> unit of every row the joined arm writes for a size it ran
+JOINED_ROWS = {
+    "step": "us",
+    "agent-updates/s (summed)": "1/s",
+    "us per agent-update": "us",
+    "achieved": "TFLOP/s",
+    "build + fill + capture": "s",
+    "memory per agent (tracemalloc, NumPy backend)": "MiB",
+    "replay memory per agent": "MiB",
+    "optimiser": "",
+    "every member's loss finite": "",
+}
+
+
+def _by_size(rows, case=CASE) -> dict:
+    """``{P: {metric: row}}`` of ``case``'s rows."""
+    out: dict = {}
+    for r in rows:
+        if r["case"] == case:
+            size, metric = r["metric"].split(": ", 1)
+            out.setdefault(int(size.removeprefix("P=")), {})[metric] = r
+    return out
+
+
+def test_joined_arm_rows_on_numpy():
+    rows, extra = [], {}
+    got = bp.joined_arm(False, (1, 3), argparse.Namespace(repeats=1), rows, extra, None, device="cpu")
+    assert sorted(got) == [1, 3] and all(us > 0 for us in got.values())
+    sizes = _by_size(rows)
+    assert sorted(sizes) == [1, 3]
+    for P, metrics in sizes.items():
+        assert {m: r["unit"] for m, r in metrics.items()} == JOINED_ROWS, P
+        assert metrics["every member's loss finite"]["value"] is True
+        assert metrics["memory per agent (tracemalloc, NumPy backend)"]["value"] > 0
+        assert metrics["step"]["value"] == got[P]
+    assert not [r for r in rows if r["case"] != CASE], "a size the learner builds writes no failure or refusal"
+    assert sorted(extra["joined_fp32"]["step_us"]) == [1, 3]
+    assert extra["joined_fp32"]["grid_barrier"] == {1: True, 3: True}
+
+
+def test_joined_arm_records_a_refusal_as_rows(monkeypatch):
+    """A config the learner refuses (CQL: not the reference step) is a row per form, with the reason."""
+    config = bp.joined_config
+    monkeypatch.setattr(bp, "joined_config", lambda *a: config(*a, agent={"cql_alpha": 0.1}))
+    rows, extra = [], {}
+    got = bp.joined_arm(False, (2,), argparse.Namespace(repeats=1), rows, extra, None, device="cpu")
+    assert got == {}
+    refused = [(r["case"], r["metric"], r["value"]) for r in rows]
+    assert [(c, m) for c, m, _ in refused] == [(CASE, "P=2: step"), (f"{CASE}, run.grid_barrier = false", "P=2: step")]
+    assert all(v.startswith("refused: ") and "reference" in v for _, _, v in refused)
+    assert sorted(extra["joined_fp32"]["refused"]) == ["2", "2, grid barrier off"]
+
+
+def test_ratio_rows_against_the_other_arms():
+    rows = bp.ratio_rows("FP32", {1: 10.0, 64: 100.0}, {64: 300.0}, {64: 400.0}, 20.0)
+    got = {(r["case"], r["metric"]): (r["value"], r["unit"], r["target"]) for r in rows}
+    assert got == {
+        ("cudarl joined vs the single agent, FP32", "P=1: speed-up (P x single / joined)"): (2.0, "x", ""),
+        ("cudarl joined vs branches, FP32", "P=64: speed-up (branches / joined)"): (3.0, "x", ""),
+        ("cudarl joined vs PyTorch vmap, FP32", "P=64: speed-up (vmap / joined)"): (4.0, "x", ">= 2.5x"),
+        ("cudarl joined vs the single agent, FP32", "P=64: speed-up (P x single / joined)"): (12.8, "x", ""),
+    }
+    tf32 = bp.ratio_rows("TF32", {64: 100.0}, {}, {64: 400.0}, None)
+    assert [(r["metric"], r["target"]) for r in tf32] == [("P=64: speed-up (vmap / joined)", "")]
+
+
+def test_bench_population_cpu_runs_the_joined_arm(tmp_path):
+    out = tmp_path / "pop.json"
+    cmd = [sys.executable, str(ROOT / "tools" / "bench_population.py"), "--device", "cpu", "--repeats", "1"]
+    r = subprocess.run([*cmd, "--out", str(out)], capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    rep = json.loads(out.read_text())
+    assert rep["benchmark"] == "bench_population" and rep["arms"] == ["joined"]
+    sizes = _by_size(rep["rows"])
+    assert sorted(sizes) == list(bp.CPU_SIZES)
+    assert all({m: x["unit"] for m, x in metrics.items()} == JOINED_ROWS for metrics in sizes.values())
+    assert {(x["case"], x["value"]) for x in rep["rows"] if x["metric"] == "skipped"} == {
+        ("branches", "GPU only"),
+        ("vmap", "GPU only"),
+    }
+    assert np.isfinite(rep["joined_fp32"]["step_us"]["1"])
+    bad = subprocess.run([*cmd, "--arms", "joined,bogus"], capture_output=True, text=True, cwd=tmp_path, timeout=60)
+    assert bad.returncode == 2 and "arms" in bad.stderr
+
+
+@pytest.mark.parametrize("text", ["joined", "vmap,joined", "joined,joined,branches"])
+def test_arms_option(text):
+    got = bp._arms(text)
+    assert set(got) <= set(bp.ARMS) and len(got) == len(set(got))
