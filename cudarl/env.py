@@ -322,32 +322,35 @@ class TradingEnv:
     def state_dict(self) -> dict:
         """Host copies of the state and the last outputs (for checkpoints; not inside a capture). The
         observations are kept as state rows (``rows``); :meth:`load_state_dict` gathers ``obs`` again."""
-        out = {f"state.{k}": _backend.to_numpy(v).copy() for k, v in self.state._asdict().items()}
-        out.update(
-            rows=_backend.to_numpy(self.rows).copy(),
-            actions=_backend.to_numpy(self.actions).copy(),
-            scale=_backend.to_numpy(self.scale).copy(),
-        )
-        return out
+        return {k: _backend.to_numpy(v).copy() for k, v in self._state_buffers().items()}
 
-    def load_state_dict(self, sd: dict) -> None:
-        """Restore :meth:`state_dict` into the existing buffers (their addresses stay the same)."""
-        dst = {
+    def _state_buffers(self) -> dict:
+        """The buffers :meth:`state_dict` holds, by their keys."""
+        return {
             **{f"state.{k}": v for k, v in self.state._asdict().items()},
             "rows": self.rows,
             "actions": self.actions,
             "scale": self.scale,
         }
+
+    def load_state_dict(self, sd: dict) -> None:
+        """Restore :meth:`state_dict` into the existing buffers (their addresses stay the same)."""
+        self._load_state(self._state_buffers(), sd)
+
+    def _load_state(self, dst: dict, sd: dict) -> None:
+        """Copy ``sd`` into the buffers ``dst`` (:meth:`_state_buffers`, or views of them), every entry
+        checked first, then gather ``obs`` from the rows."""
         missing = sorted(set(dst) - set(sd))
         if missing:
             raise KeyError(f"env state is missing {missing}")
+        src = {k: np.asarray(sd[k]) for k in dst}
         for k, buf in dst.items():
-            src = np.asarray(sd[k])
-            if src.shape != tuple(buf.shape) or src.dtype != buf.dtype:
+            if src[k].shape != tuple(buf.shape) or src[k].dtype != buf.dtype:
                 raise ValueError(
-                    f"env state {k}: {src.dtype} {list(src.shape)} does not fit {buf.dtype} {list(buf.shape)}"
+                    f"env state {k}: {src[k].dtype} {list(src[k].shape)} does not fit {buf.dtype} {list(buf.shape)}"
                 )
-            buf[...] = self.xp.asarray(src)
+        for k, buf in dst.items():
+            buf[...] = self.xp.asarray(src[k])
         self._gather()
 
     def _gather(self) -> None:

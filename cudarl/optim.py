@@ -19,7 +19,7 @@ import numpy as np
 from .backend import family, get_array_module, to_numpy
 from .config import AgentConfig as _AGENT
 from .config import OptimConfig as _OPTIM
-from .pinned import DeviceScalars, MemberScalars
+from .pinned import DeviceScalars, MemberScalars, member_index
 from .reference.optim import GN_BLOCKS, SCHEDULES
 
 
@@ -375,21 +375,43 @@ class StackedAdam(Adam):
 
     def member_state_dict(self, i: int) -> dict:
         """Member ``i``'s state as the :meth:`Adam.state_dict` of an :class:`Adam` on its row (host copies)."""
-        sc = self.scalars.state_dict()
+        i = member_index(i, self.members)
         return {
             "m": to_numpy(self.m[i]).copy(),
             "v": to_numpy(self.v[i]).copy(),
-            "scalars": {k: v[i] for k, v in sc.items()},
+            "scalars": self.scalars.member_state_dict(i),
         }
+
+    def load_member_state_dict(self, i: int, state: dict) -> None:
+        """Restore an :meth:`Adam.state_dict` (e.g. a single agent's) into member ``i``; the other members
+        keep theirs (same addresses: captured graphs stay valid)."""
+        i = member_index(i, self.members)
+        rows = {}
+        for k in ("m", "v"):
+            a = np.asarray(state[k], dtype=np.float32)
+            if a.shape != self.params.shape[1:]:
+                raise ValueError(f"Adam state {k!r} has shape {a.shape}, expected {self.params.shape[1:]}")
+            rows[k] = a
+        self.scalars.load_member_state_dict(i, state["scalars"])
+        for k, a in rows.items():
+            getattr(self, k)[i] = self.xp.asarray(a)
 
 
 class StackedSoftUpdate(SoftUpdate):
     """:class:`SoftUpdate` over P members: ``target`` and ``online`` float32 ``[P, n]`` (rows one stride
     apart), ``count`` and ``tau`` ``[P]`` (:class:`cudarl.pinned.MemberScalars`); one tau schedule for
     every member. Each method is one launch for every member; member ``i`` gets the bits of a
-    :class:`SoftUpdate` on its rows."""
+    :class:`SoftUpdate` on its rows (:meth:`member_state_dict` is that SoftUpdate's :meth:`SoftUpdate.state_dict`)."""
 
     _RANK = 2
+
+    def member_state_dict(self, i: int) -> dict:
+        """Member ``i``'s tau schedule as the :meth:`SoftUpdate.state_dict` of a :class:`SoftUpdate` alone."""
+        return {"scalars": self.scalars.member_state_dict(i)}
+
+    def load_member_state_dict(self, i: int, state: dict) -> None:
+        """Restore a :meth:`SoftUpdate.state_dict` into member ``i`` (the others keep theirs)."""
+        self.scalars.load_member_state_dict(i, state["scalars"])
 
 
 def soft_update(target, online, tau) -> None:

@@ -135,6 +135,13 @@ class DeviceScalars:
             self.set(name, state[name])
 
 
+def member_index(i, members: int) -> int:
+    """``i`` as a member index of ``members`` (an integer in ``[0, members)``), else IndexError."""
+    if isinstance(i, bool) or not isinstance(i, (int, np.integer)) or not 0 <= int(i) < members:
+        raise IndexError(f"member {i!r} out of range [0, {members})")
+    return int(i)
+
+
 class MemberScalars:
     """:class:`DeviceScalars` for ``members`` members (a population's agents): each name a ``[members]``
     device array, element ``i`` member ``i``'s scalar, in one buffer of 8-byte slots (a row of them per
@@ -199,6 +206,32 @@ class MemberScalars:
             raise KeyError(f"state is missing member scalars: {sorted(missing)}")
         for name in self.names:
             self.set(name, state[name])
+
+    def _member(self, i) -> int:
+        return member_index(i, self.members)
+
+    def set_member(self, name: str, i: int, value) -> None:
+        """Write ``value`` into member ``i``'s element of ``name`` only (not inside a capture)."""
+        v, i = self.view(name), self._member(i)
+        host = np.asarray([value], dtype=v.dtype)
+        if _is_cupy(self.xp):
+            _refuse_if_capturing(f"MemberScalars.set_member({name!r})")
+        v[i : i + 1] = self.xp.asarray(host)
+
+    def member_state_dict(self, i: int) -> dict:
+        """Member ``i``'s values as the :meth:`DeviceScalars.state_dict` of its scalars alone (NumPy scalars
+        of each slot's dtype)."""
+        i = self._member(i)
+        return {name: self.get(name)[i] for name in self.names}
+
+    def load_member_state_dict(self, i: int, state: dict) -> None:
+        """Restore a :meth:`DeviceScalars.state_dict` of these names into member ``i`` (the others keep theirs)."""
+        i = self._member(i)
+        missing = set(self.names) - set(state)
+        if missing:
+            raise KeyError(f"state is missing device scalars: {sorted(missing)}")
+        for name in self.names:
+            self.set_member(name, i, state[name])
 
 
 class _HostAllocation:

@@ -29,7 +29,7 @@ import numpy as np
 from . import backend as _backend
 from .backend import family, is_numpy
 from .config import AgentConfig as _AGENT
-from .pinned import DeviceScalars, MemberScalars
+from .pinned import DeviceScalars, MemberScalars, member_index
 from .reference import popart as _ref
 
 
@@ -251,3 +251,16 @@ class StackedPopArt(PopArt):
         """Member ``i``'s as the :meth:`PopArt.state_dict` of a :class:`PopArt` with its settings."""
         sd = self.state_dict()
         return {"state": sd["state"][i].copy(), "beta": float(sd["beta"][i]), "sigma_min": self.sigma_min}
+
+    def load_member_state_dict(self, i: int, sd: dict) -> None:
+        """Restore a :meth:`PopArt.state_dict` (e.g. a single agent's) into member ``i``; the others keep
+        theirs. Its ``sigma_min`` must be the members' (one floor for every member: the kernels take it by
+        value)."""
+        i = member_index(i, self.members)
+        st = np.asarray(sd["state"], np.float32)
+        if st.shape != (_ref.STATE_SIZE,):
+            raise ValueError(f"PopArt state must have shape ({_ref.STATE_SIZE},), got {st.shape}")
+        if float(sd["sigma_min"]) != self.sigma_min:
+            raise ValueError(f"PopArt sigma_min {float(sd['sigma_min'])} is not the members' {self.sigma_min}")
+        self.scalars.set_member("beta", i, sd["beta"])
+        self.state[i] = self.xp.asarray(st)

@@ -443,16 +443,24 @@ class PrioritizedReplay:
         ``added`` (write position = added mod C, size = min(added, C)), ``step``, ``max_priority``
         (fixed point), ``status``, and the constants for a compatibility check. NumPy values only.
         With ``store_next_obs`` the rows include ``next_obs`` float32 ``[C, obs_dim]``."""
-        state = {name: _backend.to_numpy(getattr(self.bufs, name)).copy() for name in self._row_names}
-        state["priorities"] = _backend.to_numpy(self.bufs.tree[: self.capacity]).copy()
-        state["added"] = int(self._scalars.get("added"))
-        state["step"] = int(self._scalars.get("step"))
-        state["max_priority"] = int(self._scalars.get("max_q"))
-        state["status"] = int(self._scalars.get("status"))
+        return self._state_of(self.bufs, self._scalars.get)
+
+    def _state_of(self, bufs, scalar) -> dict:
+        """:meth:`state_dict` of the buffers ``bufs`` (this buffer's, or a member's views) whose device scalar
+        ``name`` is ``scalar(name)``."""
+        state = {name: _backend.to_numpy(getattr(bufs, name)).copy() for name in self._row_names}
+        state["priorities"] = _backend.to_numpy(bufs.tree[: self.capacity]).copy()
+        state["added"] = int(scalar("added"))
+        state["step"] = int(scalar("step"))
+        state["max_priority"] = int(scalar("max_q"))
+        state["status"] = int(scalar("status"))
         state["write_pos"] = state["added"] % self.capacity
         state["size"] = min(state["added"], self.capacity)
-        for k in ("capacity", "obs_dim", "n_step", "n_envs"):
-            state[k] = getattr(self.spec, k)
+        return {**state, **self._state_constants()}
+
+    def _state_constants(self) -> dict:
+        """The constants a :meth:`state_dict` carries for the compatibility check."""
+        state = {k: getattr(self.spec, k) for k in ("capacity", "obs_dim", "n_step", "n_envs")}
         if self.spec.store_next_obs:  # absent otherwise, so the default mode's state is as before
             state["store_next_obs"] = True
         state["priority_scale_bits"] = _ref.SCALE_BITS
@@ -460,6 +468,13 @@ class PrioritizedReplay:
 
     def load_state_dict(self, state: dict) -> None:
         """Restore a ``state_dict``. Everything is validated before anything is written."""
+        arrays, scal = self._checked_state(state)
+        self._write_state(self.bufs, arrays, scal, self._scalars.set)
+        self._added_host = scal["added"]
+
+    def _checked_state(self, state: dict) -> tuple[dict, dict]:
+        """The rows and priorities (``arrays``) and the counters (``scal``) of a :meth:`state_dict`, each
+        checked against this buffer's constants (nothing is written)."""
         missing = [
             k
             for k in (
@@ -522,16 +537,20 @@ class PrioritizedReplay:
             raise ValueError("state['priorities']: must be >= 1 exactly on the ready rows and 0 elsewhere")
         if not 1 <= scal["max_priority"] <= _ref.Q_MAX:
             raise ValueError("state['max_priority']: must lie in [1, 2**40]")
+        return arrays, scal
+
+    def _write_state(self, bufs, arrays: dict, scal: dict, set_scalar) -> None:
+        """Write a :meth:`_checked_state` into ``bufs`` (this buffer's, or a member's views) and its device
+        scalars through ``set_scalar(name, value)``; the tree's inner nodes are rebuilt from the leaves."""
         if self._capturing():
             raise ValueError("state: load_state_dict inside a capture")
-        xp = self.xp
+        C, xp = self.capacity, self.xp
         for name in self._row_names:
-            getattr(self.bufs, name)[...] = xp.asarray(arrays[name])
-        self.bufs.tree[...] = 0
-        self.bufs.tree[:C] = xp.asarray(pr)
-        self._ops.build_tree(self.spec, self.bufs)
-        self._scalars.set("added", scal["added"])
-        self._scalars.set("step", scal["step"])
-        self._scalars.set("max_q", scal["max_priority"])
-        self._scalars.set("status", scal["status"])
-        self._added_host = scal["added"]
+            getattr(bufs, name)[...] = xp.asarray(arrays[name])
+        bufs.tree[...] = 0
+        bufs.tree[:C] = xp.asarray(arrays["priorities"])
+        self._ops.build_tree(self.spec, bufs)
+        set_scalar("added", scal["added"])
+        set_scalar("step", scal["step"])
+        set_scalar("max_q", scal["max_priority"])
+        set_scalar("status", scal["status"])

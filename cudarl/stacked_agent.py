@@ -48,7 +48,7 @@ from .graph import SideStream
 from .nn.params import stacked_zeros
 from .nn.stacked import StackedQNetwork, _reference_network
 from .optim import Schedule, StackedAdam, StackedSoftUpdate, shrink_perturb
-from .pinned import PinnedReadback
+from .pinned import MemberScalars, PinnedReadback, member_index
 from .popart import StackedPopArt
 from .reference.window import STATE_DIM
 from .replay import Batch
@@ -173,6 +173,14 @@ class StackedLearner:
         self.idx = self.weights = None  # the replay's [P, B] buffers, set by the sample phase
         self.va = self.va_online_next = self.va_target_next = None  # the forward's outputs (workspace rows)
         self._popart_live = self.popart is not None
+        #: the collect step's scalars, as :attr:`cudarl.agent.Agent.scalars` a member (``[P]`` each): gamma,
+        #: epsilon and the collect-step counter (checkpointed with the member; the train step reads none)
+        self.scalars = MemberScalars(
+            {"gamma": np.float32, "epsilon": np.float32, "collect_steps": np.int64},
+            P,
+            xp,
+            initial={"gamma": a.gamma, "epsilon": a.eps_start},
+        )
 
     def _fits_one_launch(self) -> bool:
         """Whether every member gets a block of the optimiser's one launch (its grid barrier needs all of
@@ -308,3 +316,77 @@ class StackedLearner:
         """Update ``step`` was just launched on ``stream``: its rings are read after this point."""
         self.readback.mark_written(stream)
         self.stats_ring.mark_written(stream, slot=step % PUBLISH_SLOTS)
+
+    # --- checkpoints -------------------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        """Host copies of every member's networks, optimiser, target update, scalars and PopArt: each entry
+        the single agent's (:meth:`cudarl.agent.Agent.state_dict`) with a leading member axis, and ``seeds``
+        for the compatibility check. The replay is the caller's (:meth:`StackedPrioritizedReplay.state_dict`
+        beside this, as a :class:`cudarl.trainer.Trainer` checkpoint holds ``agent`` and ``replay``)."""
+        s = {
+            "online": self.online.state_dict(),
+            "target": self.target.state_dict(),
+            "adam": self.adam.state_dict(),
+            "soft": self.soft.state_dict(),
+            "scalars": self.scalars.state_dict(),
+            "seeds": np.array(self.seeds, np.int64),
+        }
+        if self.popart is not None:
+            s["popart"] = self.popart.state_dict()
+        return s
+
+    def load_state_dict(self, s: dict) -> None:
+        """Restore :meth:`state_dict` into the existing buffers (their addresses stay, so captured graphs stay
+        valid); its ``seeds`` must be this learner's (they key shrink-and-perturb's draws)."""
+        seeds = np.asarray(s["seeds"])
+        if seeds.shape != (self.members,) or seeds.tolist() != self.seeds:
+            raise ValueError(f"StackedLearner state: seeds {seeds.tolist()} are not this learner's {self.seeds}")
+        self._check_keys(s, {"seeds"})
+        self.online.load_state_dict(s["online"])
+        self.target.load_state_dict(s["target"])
+        self.adam.load_state_dict(s["adam"])
+        self.soft.load_state_dict(s["soft"])
+        self.scalars.load_state_dict(s["scalars"])
+        if self.popart is not None:
+            self.popart.load_state_dict(s["popart"])
+        self._popart_live = self.popart is not None and not self.popart.frozen
+
+    def member_state_dict(self, i: int) -> dict:
+        """Member ``i``'s state as the :meth:`cudarl.agent.Agent.state_dict` of the agent it equals (``run.seed
+        = seeds[i]``), bit for bit: a checkpoint's ``agent`` that a single agent loads and continues from."""
+        i = member_index(i, self.members)
+        s = {
+            "online": self.online.member_state_dict(i),
+            "target": self.target.member_state_dict(i),
+            "adam": self.adam.member_state_dict(i),
+            "soft": self.soft.member_state_dict(i),
+            "scalars": self.scalars.member_state_dict(i),
+        }
+        if self.popart is not None:
+            s["popart"] = self.popart.member_state_dict(i)
+        return s
+
+    def load_member_state_dict(self, i: int, s: dict) -> None:
+        """Restore an :meth:`cudarl.agent.Agent.state_dict` of this configuration (e.g. a single agent's
+        checkpoint's ``agent``) into member ``i``; the other members keep theirs. Member ``i`` continues as
+        that agent would if its ``run.seed`` is ``seeds[i]`` (shrink-and-perturb draws with it). PopArt's
+        statistics keep moving until :meth:`between_updates` freezes every member's, if any member's move."""
+        i = member_index(i, self.members)
+        self._check_keys(s, set())
+        self.online.load_member_state_dict(i, s["online"])
+        self.target.load_member_state_dict(i, s["target"])
+        self.adam.load_member_state_dict(i, s["adam"])
+        self.soft.load_member_state_dict(i, s["soft"])
+        self.scalars.load_member_state_dict(i, s["scalars"])
+        if self.popart is not None:
+            self.popart.load_member_state_dict(i, s["popart"])
+        self._popart_live = self.popart is not None and not self.popart.frozen
+
+    def _check_keys(self, s: dict, extra: set) -> None:
+        """Refuse a state of another configuration: PopArt's presence must match, and nothing the reference
+        train step does not hold (a rule's or an auxiliary signal's state)."""
+        want = {"online", "target", "adam", "soft", "scalars", *extra} | ({"popart"} if self.popart else set())
+        if set(s) != want:
+            raise ValueError(
+                f"StackedLearner state: entries {sorted(s)}, expected {sorted(want)} (another configuration?)"
+            )

@@ -20,7 +20,9 @@ from dataclasses import replace
 
 import numpy as np
 
+from . import backend as _backend
 from .env import EnvConfig, TradingEnv
+from .pinned import member_index
 from .reference.env import EnvState, Transitions
 from .reference.window import STATE_DIM
 
@@ -99,3 +101,31 @@ class StackedTradingEnv(TradingEnv):
             xp.zeros((*lead, STATE_DIM), np.float32),
             xp.zeros(lead, np.float32),
         )
+
+    # --- state --------------------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        """:meth:`TradingEnv.state_dict` with a leading member axis on every entry (``[P, N]``, rows
+        ``[P, N, 4]``), and ``seeds`` uint64 ``[P]`` for the compatibility check."""
+        return {**super().state_dict(), "seeds": self.seeds}
+
+    def load_state_dict(self, sd: dict) -> None:
+        """Restore :meth:`state_dict` (its ``seeds`` must be this env's) into the existing buffers."""
+        seeds = np.asarray(sd.get("seeds", []))
+        if seeds.shape != (self.members,) or not np.array_equal(seeds.astype(np.uint64), self._member_seeds):
+            raise ValueError(f"env state seeds {seeds.tolist()} are not this env's {self._member_seeds.tolist()}")
+        super().load_state_dict({k: v for k, v in sd.items() if k != "seeds"})
+
+    def _member(self, i) -> int:
+        return member_index(i, self.members)
+
+    def member_state_dict(self, i: int) -> dict:
+        """Member ``i``'s state as the :meth:`TradingEnv.state_dict` of the env it equals (host copies)."""
+        i = self._member(i)
+        return {k: _backend.to_numpy(v[i]).copy() for k, v in self._state_buffers().items()}
+
+    def load_member_state_dict(self, i: int, sd: dict) -> None:
+        """Restore a :meth:`TradingEnv.state_dict` (e.g. a single env's) into member ``i``; the others keep
+        theirs (their windows are gathered again from their rows, the same bits). Member ``i`` keeps its own
+        Philox key ``seeds[i]``."""
+        i = self._member(i)
+        self._load_state({k: v[i] for k, v in self._state_buffers().items()}, sd)

@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .pinned import MemberScalars
+from . import backend as _backend
+from .pinned import MemberScalars, member_index
 from .reference import replay as _ref
 from .replay import STATUS_NAMES, PrioritizedReplay
 
@@ -36,7 +37,8 @@ class StackedPrioritizedReplay(PrioritizedReplay):
     ``sample`` returns indices and weights ``[P, B]`` and gathers into a :class:`cudarl.replay.Batch` of
     ``[P, B, ...]`` arrays, the windows into ``windows_out [P, 2B, width]``; ``update_priorities`` takes
     ``[P, B]``. :meth:`added`, :meth:`size` and :meth:`ready` are ``[P]`` arrays, :meth:`status` one list of
-    names per member. Checkpoints per member are not built (``state_dict`` refuses).
+    names per member. :meth:`state_dict` holds every member's state (:meth:`member_state_dict` one member's,
+    as the single replay's :meth:`PrioritizedReplay.state_dict`).
     """
 
     def __init__(self, members: int, capacity: int, obs_dim: int, *, seeds, **kw):
@@ -92,8 +94,59 @@ class StackedPrioritizedReplay(PrioritizedReplay):
         """Each member's sticky status bits, as names (a device read)."""
         return [[name for bit, name in STATUS_NAMES.items() if int(s) & bit] for s in self._scalars.get("status")]
 
+    # --- state --------------------------------------------------------------------------------
+    @property
+    def _member_keys(self) -> tuple[str, ...]:
+        """The :meth:`state_dict` entries with a leading member axis (the others are one for all)."""
+        return (*self._row_names, "priorities", "added", "step", "max_priority", "status", "write_pos", "size")
+
     def state_dict(self) -> dict:
-        raise NotImplementedError("StackedPrioritizedReplay: checkpoints per member are not built")
+        """:meth:`PrioritizedReplay.state_dict` with a leading member axis on each member's entries (rows
+        ``[P, C, ...]``, priorities int64 ``[P, C]``, the counters int64 ``[P]``), the constants once, and
+        ``members`` and ``seeds`` (uint64 ``[P]``) for the compatibility check. NumPy values only."""
+        C = self.capacity
+        sc = {k: self._scalars.get(k).astype(np.int64) for k in ("added", "step", "max_q", "status")}
+        state = {name: _backend.to_numpy(getattr(self.bufs, name)).copy() for name in self._row_names}
+        state["priorities"] = _backend.to_numpy(self.bufs.tree[:, :C]).copy()
+        state.update(added=sc["added"], step=sc["step"], max_priority=sc["max_q"], status=sc["status"])
+        state.update(write_pos=sc["added"] % C, size=np.minimum(sc["added"], C))
+        return {**state, **self._state_constants(), "members": self._members, "seeds": self.seeds}
 
     def load_state_dict(self, state: dict) -> None:
-        raise NotImplementedError("StackedPrioritizedReplay: checkpoints per member are not built")
+        """Restore :meth:`state_dict`: every member is checked as :meth:`PrioritizedReplay.load_state_dict`
+        checks one before anything is written; ``members`` and ``seeds`` must be this replay's."""
+        P = self._members
+        if "members" not in state or int(state["members"]) != P:
+            raise ValueError(f"state['members']: {state.get('members')} does not match this replay's {P}")
+        seeds = np.asarray(state.get("seeds", []))
+        if seeds.shape != (P,) or not np.array_equal(seeds.astype(np.uint64), self._seeds):
+            raise ValueError(f"state['seeds']: {seeds.tolist()} are not this replay's {self._seeds.tolist()}")
+        for k in self._member_keys:
+            if k in state and np.shape(state[k])[:1] != (P,):
+                raise ValueError(f"state[{k!r}]: expected a leading axis of {P} members, got {np.shape(state[k])}")
+        rest = {k: v for k, v in state.items() if k not in ("members", "seeds")}
+        checked = [
+            self._checked_state({k: (v[i] if k in self._member_keys else v) for k, v in rest.items()}) for i in range(P)
+        ]
+        for i, (arrays, scal) in enumerate(checked):
+            self._write_member(i, arrays, scal)
+        self._added_host = min(scal["added"] for _, scal in checked)
+
+    def member_state_dict(self, i: int) -> dict:
+        """Member ``i``'s state as the :meth:`PrioritizedReplay.state_dict` of the replay it equals (host
+        copies): a replay with ``seed=seeds[i]`` loads it and samples what member ``i`` would."""
+        i = member_index(i, self._members)
+        return self._state_of(self.bufs.member(i), lambda name: self._scalars.get(name)[i])
+
+    def load_member_state_dict(self, i: int, state: dict) -> None:
+        """Restore a :meth:`PrioritizedReplay.state_dict` (e.g. a single agent's replay) into member ``i``,
+        checked as that method checks it; the other members keep theirs. Member ``i`` keeps its own Philox
+        key ``seeds[i]`` (a single replay's state does not hold its seed): it continues as the replay of
+        that seed would."""
+        i = member_index(i, self._members)
+        arrays, scal = self._checked_state(state)
+        self._write_member(i, arrays, scal)
+        self._added_host = int(self.added().min())
+
+    def _write_member(self, i: int, arrays: dict, scal: dict) -> None:
+        self._write_state(self.bufs.member(i), arrays, scal, lambda name, v: self._scalars.set_member(name, i, v))

@@ -66,6 +66,24 @@ def assert_bitwise(actual, expected, what: str = "output") -> None:
     assert bad.size == 0, f"{what}: {bad.size} bytes differ (first at byte {bad[0]})"
 
 
+def assert_state_bitwise(actual, expected, what: str = "state") -> None:
+    """Assert two state trees (nested dicts, as ``state_dict()`` returns) are the same: the same keys at
+    every level, arrays and NumPy scalars of one type, dtype and shape equal bit for bit, and plain values
+    (ints, floats, strings, layouts as lists of tuples) of one type and equal (NaN equal to NaN)."""
+    if isinstance(expected, dict):
+        assert isinstance(actual, dict), f"{what}: {type(actual).__name__}, expected a dict"
+        assert sorted(actual) == sorted(expected), f"{what}: keys {sorted(actual)}, expected {sorted(expected)}"
+        for k in expected:
+            assert_state_bitwise(actual[k], expected[k], f"{what}/{k}")
+        return
+    assert type(actual) is type(expected), f"{what}: {type(actual).__name__}, expected {type(expected).__name__}"
+    if isinstance(expected, (np.ndarray, np.generic)) or type(expected).__module__.startswith("cupy"):
+        assert_bitwise(actual, expected, what)
+        return
+    nan = isinstance(expected, float) and expected != expected and actual != actual
+    assert nan or actual == expected, f"{what}: {actual!r}, expected {expected!r}"
+
+
 def finite_difference(f, x: np.ndarray, eps: float = 1e-6) -> np.ndarray:
     """Central differences ``(f(x + eps e_i) - f(x - eps e_i)) / (2 eps)`` of a scalar ``f`` at every
     element of float64 ``x`` (the gradient checks of the loss twins)."""

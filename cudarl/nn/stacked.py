@@ -23,8 +23,9 @@ from dataclasses import replace
 import numpy as np
 
 from .. import blas
-from ..backend import family
+from ..backend import family, to_numpy
 from ..config import NetConfig
+from ..pinned import member_index
 from ..reference.nn import IDENTITY
 from .layers import Linear
 from .network import QNetwork, _declare, _modules, _walk
@@ -297,3 +298,42 @@ class StackedQNetwork:
         if sides is not None and len(sides) != len(self.linears):
             raise ValueError(f"set_side_stream: {len(sides)} side streams for {len(self.linears)} layers")
         self._sides = None if sides is None else list(sides)
+
+    # --- checkpoints ------------------------------------------------------------------------
+    def _layout_state(self) -> list:
+        return [(e.name, e.offset, e.shape) for e in self.layout.entries]
+
+    def _check_state(self, state: dict, shape: tuple) -> np.ndarray:
+        """``state``'s parameters as float32 of ``shape`` after checking its layout (a stacked network has
+        no spectral norm, so ``spectral`` must be empty)."""
+        theirs = [(n, int(o), tuple(s)) for n, o, s in state["layout"]]
+        if self._layout_state() != theirs:
+            raise ValueError("state_dict layout does not match this network's layout")
+        if state.get("spectral", {}):
+            raise ValueError(f"state_dict spectral layers {sorted(state['spectral'])}: a stacked network has none")
+        p = np.asarray(state["params"], dtype=np.float32)
+        if p.shape != shape:
+            raise ValueError(f"params shape {p.shape} != {shape}")
+        return p
+
+    def state_dict(self) -> dict:
+        """Host copies of every member's flat parameters ``params [P, padded_size]``, the layout they follow
+        and ``spectral`` (empty: none here), as :meth:`cudarl.nn.QNetwork.state_dict` with a member axis."""
+        return {"params": to_numpy(self.params).copy(), "layout": self._layout_state(), "spectral": {}}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore :meth:`state_dict` into the existing buffer (same address: captured graphs stay valid)."""
+        self.params[...] = self.xp.asarray(self._check_state(state, tuple(self.params.shape)))
+
+    def member_state_dict(self, i: int) -> dict:
+        """Member ``i``'s as the :meth:`cudarl.nn.QNetwork.state_dict` of the network alone (host copies)."""
+        return {"params": to_numpy(self.params[self._member(i)]).copy(), "layout": self._layout_state(), "spectral": {}}
+
+    def load_member_state_dict(self, i: int, state: dict) -> None:
+        """Restore a :meth:`cudarl.nn.QNetwork.state_dict` of this layout (e.g. a single agent's) into member
+        ``i``; the other members keep theirs."""
+        i = self._member(i)
+        self.params[i] = self.xp.asarray(self._check_state(state, (self.layout.padded_size,)))
+
+    def _member(self, i) -> int:
+        return member_index(i, self.members)
