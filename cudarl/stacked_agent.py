@@ -31,7 +31,9 @@ is one launch over the ``[P, n]`` statistics with member 0's step counter naming
 members' counters advance together (one ``lr_schedule`` launch for all), so it is every member's slot.
 Not built: the joined collect step (its act and env-step kernels have the member axis:
 ``StackedTradingEnv``), the guard and its one-step-late
-readbacks per member, checkpoints per member, and wiring into :class:`cudarl.population.Population`.
+readbacks per member, and wiring into :class:`cudarl.population.Population`. Checkpoints:
+:meth:`StackedLearner.state_dict` (every member) and :meth:`StackedLearner.member_state_dict` (one
+member, the :meth:`cudarl.agent.Agent.state_dict` of the agent it equals) and their loads.
 """
 
 from __future__ import annotations
