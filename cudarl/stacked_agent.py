@@ -387,7 +387,9 @@ class StackedLearner:
     def _check_keys(self, s: dict, extra: set) -> None:
         """Refuse a state of another configuration: PopArt's presence must match, and nothing the reference
         train step does not hold (a rule's or an auxiliary signal's state)."""
-        want = {"online", "target", "adam", "soft", "scalars", *extra} | ({"popart"} if self.popart else set())
+        want = {"online", "target", "adam", "soft", "scalars", *extra}
+        if self.popart is not None:
+            want.add("popart")
         if set(s) != want:
             raise ValueError(
                 f"StackedLearner state: entries {sorted(s)}, expected {sorted(want)} (another configuration?)"
