@@ -90,9 +90,24 @@ class RunConfig:
     ``false``: the same bits in two and three launches. Turn it off when other processes share the GPU
     at once (MPS, as ``tools/gpu_sweep.sh`` runs): their kernels may hold the SMs a launch's last blocks
     wait for."""
+    population: str = "branches"
+    """How :class:`cudarl.population.Population` (sweeps) trains its members. ``branches``: each member's own
+    train and collect phases on a parallel branch of one graph (any configuration; P times the nodes).
+    ``joined``: one launch per operation for every member (issue 23's agent axis: the stacked network,
+    optimiser, loss, replay and environments; docs/perf-notes.md, "The agent axis, in stages"), member
+    ``i`` bitwise the agent alone. ``joined`` takes the reference configuration only (MLP encoder without
+    LayerNorm, dueling C51, ``net.gemm = "cublaslt_nosplit"``, no spectral norm, plan head, auxiliary
+    signals or CQL, acting by the mean), members that differ only in seeds and host-side settings, no run
+    directories or recording (checkpoints per member are not built) and no guard rollback (a trip stops
+    the member); anything else is refused naming the field."""
 
     def __post_init__(self):
         s = "run"
+        _need(
+            s,
+            self.population in ("branches", "joined"),
+            f"population must be branches or joined, got {self.population!r}",
+        )
         _need(
             s,
             bool(self.name) and "/" not in self.name,

@@ -34,6 +34,8 @@ class StepMonitor:
         losses: the loss of every update read, in order. last: ``(loss, grad_norm)`` of the latest;
         last_stats: its observables (:meth:`cudarl.stats.StepStats.decode`), ``{}`` before any.
         pending: the update launched but not read yet (GPU), or None. snapshot: ``(step, agent state)``.
+        snapshots_off: why no snapshots are taken ("" when they are; a joined population's members: their
+        state is the stacked learner's), so a trip that would roll back stops instead, saying why.
     """
 
     def __init__(self, agent, train_graph, guard, *, stream=None, on_event=print, on_stop=None):
@@ -47,6 +49,7 @@ class StepMonitor:
         self.pending: int | None = None
         self.step = 0  # the latest update launched (events name it)
         self.snapshot: tuple | None = None
+        self.snapshots_off = ""
 
     def launched(self, step: int) -> bool:
         """Update ``step`` was just launched: mark its readback slot and read the update it is time to read
@@ -72,7 +75,8 @@ class StepMonitor:
     def take_snapshot(self, step: int) -> None:
         """Settle, then keep the agent's state in memory as the rollback point of ``step``."""
         self.settle()
-        self.snapshot = (step, self.agent.state_dict())
+        if not self.snapshots_off:
+            self.snapshot = (step, self.agent.state_dict())
 
     def _check(self, step: int) -> bool:
         """Read update ``step``'s loss and grad norm, record them, run the guard. True if rolled back."""
@@ -96,7 +100,8 @@ class StepMonitor:
     def _rollback(self, ev) -> None:
         """Restore the last good snapshot and lower the learning rate by ``guard.lr_factor``."""
         if self.snapshot is None:
-            raise GuardStop(ev.message() + " (no snapshot to roll back to yet)")
+            why = self.snapshots_off or "no snapshot to roll back to yet"
+            raise GuardStop(f"{ev.message()} ({why})")
         step, state = self.snapshot
         if self.stream is not None:
             self.stream.synchronize()

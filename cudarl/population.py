@@ -16,24 +16,34 @@ device feature matrix (one copy, not P).
 
 On the NumPy backend the same graphs run their phases in order: the members one after another.
 
-This is parallel branches of per-member kernels, not the agent axis of issue 23 (every kernel with a
-leading agent dimension and strided-batched GEMMs); docs/guide.md ("Populations") says what that
-would add.
+That is ``run.population = "branches"`` (the default): parallel branches of per-member kernels.
+``run.population = "joined"`` runs the members through issue 23's agent axis instead (docs/perf-notes.md,
+"The agent axis, in stages", 6b): one :class:`cudarl.stacked_agent.StackedLearner` train step and its
+collect step (:meth:`~cudarl.stacked_agent.StackedLearner.collect_phases`) over a
+:class:`cudarl.stacked_env.StackedTradingEnv` and a stacked replay, one launch per operation for every
+member. The members are still :class:`Trainer` s: they evaluate, log and report as in the branches mode
+(their guards read the learner's per-member loss, gradient norm and Q statistics; their networks get the
+learner's weights before an evaluation, a moving-average update and at the end), but their own graphs,
+replays and optimisers do not run. What it takes and refuses: :func:`check_joined`.
 """
 
 from __future__ import annotations
 
 import time
+from contextlib import nullcontext
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
+
 from . import backend as _backend
 from . import experience, interrupt
+from .agent import PUBLISH_SLOTS
 from .config import Config
 from .graph import SideStream, StepGraph
 from .guard import GuardStop
 from .prepare import prepare_data
-from .trainer import Trainer, _Rate
+from .trainer import AVERAGE_EVERY, Trainer, _Rate
 
 #: Config fields members of one population may set differently (section -> fields; ``"*"``: all of
 #: the section). Anything else must be equal (:func:`can_share`): it shapes buffers, the shared data or
@@ -74,14 +84,26 @@ MAY_DIFFER = {
 }
 
 
+#: Config fields members of a ``run.population = "joined"`` population may set differently: their seeds
+#: (the learner's, the replay's and the envs' Philox keys are ``[P]`` device arrays) and what the host
+#: alone reads. The by-value constants of the stacked kernels (lr and tau schedules, gamma, epsilon
+#: schedule, PER alpha and beta, costs, PopArt's) are one for every member: not yet ``[P]`` arrays.
+JOINED_MAY_DIFFER = {
+    "run": {"name", "seed", "out_dir", "eval_every", "checkpoint_every", "keep_best", "log_every", "tensorboard",
+            "grid_barrier"},
+    "env": {"seed"},
+    "guard": {"*"},
+    "eval": {"*"},
+}  # fmt: skip
+
 #: run.device -> the backend request (as :class:`Trainer` resolves it)
 _BACKEND = {"auto": None, "gpu": "cupy", "cpu": "numpy"}
 
 
-def _shared_part(cfg: Config) -> dict:
-    """``cfg`` as a dict without the fields of :data:`MAY_DIFFER`."""
+def _shared_part(cfg: Config, may: dict = MAY_DIFFER) -> dict:
+    """``cfg`` as a dict without the fields of ``may`` (:data:`MAY_DIFFER`)."""
     d = cfg.to_dict()
-    for sec, fields in MAY_DIFFER.items():
+    for sec, fields in may.items():
         if "*" in fields:
             d.pop(sec, None)
             continue
@@ -90,20 +112,55 @@ def _shared_part(cfg: Config) -> dict:
     return d
 
 
+def _may_differ(cfg: Config) -> tuple[dict, str]:
+    """The fields members of ``cfg``'s population may set differently, and their name: :data:`MAY_DIFFER`,
+    or :data:`JOINED_MAY_DIFFER` with ``run.population = "joined"``."""
+    if cfg.run.population == "joined":
+        return JOINED_MAY_DIFFER, "JOINED_MAY_DIFFER"
+    return MAY_DIFFER, "MAY_DIFFER"
+
+
 def can_share(a: Config, b: Config) -> bool:
     """True when ``a`` and ``b`` may be members of one population: equal in every field outside
-    :data:`MAY_DIFFER` (the same shapes, the same data and features, the same loop)."""
-    return _shared_part(a) == _shared_part(b)
+    :data:`MAY_DIFFER` (the same shapes, the same data and features, the same loop), or with
+    ``run.population = "joined"`` outside :data:`JOINED_MAY_DIFFER` (so a sweep packs joined trials that
+    differ in seeds only)."""
+    may = _may_differ(a)[0]
+    return _shared_part(a, may) == _shared_part(b, may)
 
 
-def _differences(a: Config, b: Config) -> list[str]:
-    """The ``section.field`` names where ``a`` and ``b`` differ outside :data:`MAY_DIFFER`."""
-    da, db = _shared_part(a), _shared_part(b)
+def _differences(a: Config, b: Config, may: dict = MAY_DIFFER) -> list[str]:
+    """The ``section.field`` names where ``a`` and ``b`` differ outside ``may`` (:data:`MAY_DIFFER`)."""
+    da, db = _shared_part(a, may), _shared_part(b, may)
     out = []
     for sec in sorted(set(da) | set(db)):
         sa, sb = da.get(sec, {}), db.get(sec, {})
         out += [f"{sec}.{k}" for k in sorted(set(sa) | set(sb)) if sa.get(k) != sb.get(k)]
     return out
+
+
+def check_joined(configs: list[Config], run_dirs) -> None:
+    """Refuse what a ``run.population = "joined"`` population does not build, naming the field: a train or
+    collect step other than the reference one (:func:`cudarl.stacked_agent.reference_collect_config`),
+    offline training, ``run.record``, and run
+    directories (``run_dirs`` must all be False: the stacked objects have per-member states, but a
+    joined population's checkpoint and resume through them are not built)."""
+    from .stacked_agent import reference_collect_config
+
+    why = 'run.population = "joined"'
+    try:
+        reference_collect_config(configs[0])
+    except ValueError as exc:
+        raise ValueError(f'{why}: {exc}; use run.population = "branches" for this configuration') from None
+    c = configs[0]
+    for field, bad in (("run.offline", c.run.offline), ("run.record", c.run.record)):
+        if bad:
+            raise ValueError(f'{why}: {field} is not built for joined members (use run.population = "branches")')
+    if any(rd is not False for rd in run_dirs):
+        raise ValueError(
+            f"{why}: members write no run directories (pass run_dirs=[False] * P): a member's resume "
+            "checkpoint (the stacked objects' per-member states, written and resumed by the population) is not built"
+        )
 
 
 class Population:
@@ -125,7 +182,12 @@ class Population:
         member_bytes: device bytes each member allocated (GPU: CuPy's pool; NumPy: ``tracemalloc`` when
             it is tracing, else None), after the shared feature matrix replaced its own copy.
         stopped: ``{member index: guard message}`` of members the guard stopped (their branches leave
-            the graphs, the others go on).
+            the graphs, the others go on; joined: they stay in the graph, masking them is not built, and
+            only their host-side work stops).
+        mode: ``run.population`` of the first config, ``"branches"`` or ``"joined"``.
+        learner, env, replay: joined mode, the :class:`cudarl.stacked_agent.StackedLearner`, the
+            :class:`cudarl.stacked_env.StackedTradingEnv` and the stacked replay (member ``i`` at index
+            ``i``); None in the branches mode.
 
     With P > 1 on the GPU every member runs with ``run.grid_barrier = false``: a launch whose blocks wait
     for each other may never finish while other branches hold the SMs it waits for (the config field
@@ -144,19 +206,24 @@ class Population:
         configs = list(configs)
         if not configs:
             raise ValueError("configs: a population needs at least one member")
+        may, may_name = _may_differ(configs[0])
         for i, c in enumerate(configs[1:], 1):
             if not can_share(configs[0], c):
                 raise ValueError(
                     f"configs[{i}] cannot share a population with configs[0]: they differ in "
-                    f"{', '.join(_differences(configs[0], c))} (only the fields of "
-                    "cudarl.population.MAY_DIFFER may differ)"
+                    f"{', '.join(_differences(configs[0], c, may))} (only the fields of "
+                    f"cudarl.population.{may_name} may differ)"
                 )
         if run_dirs is None:
             run_dirs = [None] * len(configs)
         if len(run_dirs) != len(configs):
             raise ValueError(f"run_dirs: {len(run_dirs)} entries for {len(configs)} configs")
         P = len(configs)
-        if P > 1:
+        self.mode = configs[0].run.population
+        self.learner = self.env = self.replay = None
+        if self.mode == "joined":
+            check_joined(configs, run_dirs)
+        elif P > 1:  # branches: no launch may wait for blocks another member's branch holds (joined has none)
             configs = [replace(c, run=replace(c.run, grid_barrier=False)) for c in configs]
         self.configs, self.echo = configs, echo
         gpu = _backend.get(_BACKEND[configs[0].run.device]).is_gpu
@@ -178,14 +245,17 @@ class Population:
             m.features_of = self.members[0].env if self.members else m.env
             if self.members:
                 m.env.share_features(m.features_of)
-            # the member's branch: a stream of its own (with its cuBLAS handle, before any capture)
-            self._branches.append(SideStream(m.xp))
+            if self.mode == "branches":  # the member's branch: a stream of its own (its cuBLAS handle: now)
+                self._branches.append(SideStream(m.xp))
             after = _allocated(gpu)
             self.member_bytes.append(None if before is None or after is None else after - before)
             self.members.append(m)
         self.xp, self.stream = self.members[0].xp, stream
         self.stopped: dict[int, str] = {}
-        self._build_graphs()
+        if self.mode == "joined":
+            self._build_joined()
+        else:
+            self._build_graphs()
 
     # --- graphs ------------------------------------------------------------------------------------
     def active(self) -> list[int]:
@@ -201,15 +271,65 @@ class Population:
         for i in live:  # a member's rollback recaptures the graph that holds its schedule's constants
             self.members[i].monitor.train_graph = self.train_graph
 
+    def _build_joined(self) -> None:
+        """Joined mode: the stacked env, replay and learner of every member, and the population's two graphs
+        made of the learner's collect and train phases (one launch per operation for all members). Member
+        ``i``'s seeds: ``run.seed`` (network, replay) and its env's ``env.seed``; the market, features and
+        splits are the first member's (they share them), its one device feature matrix too."""
+        from .stacked_agent import StackedLearner, stacked_replay
+        from .stacked_env import StackedTradingEnv
+
+        lead, P, xp = self.members[0], len(self.members), self.xp
+        cfg, e, data = lead.cfg, lead.env, lead.data
+        env_seeds = [m.env.config.seed for m in self.members]
+        env = StackedTradingEnv(
+            P, data.bars.open, data.bars.close, data.x, data.sign, e.config, seeds=env_seeds,
+            t_begin=e.t_begin, t_end=e.t_end, window=data.window, backend=lead.be.name,
+        )  # fmt: skip
+        env.share_features(e)
+        seeds = [m.cfg.run.seed for m in self.members]
+        rows = env.rows_per_step * env.n_envs
+        self.env, self.replay = env, stacked_replay(cfg, rows, seeds, backend=lead.be.name)
+        self.learner = StackedLearner(cfg, env.obs_dim, env.n_actions, seeds, xp)
+        self._transitions, self._discount = env.make_transitions(), xp.zeros((P, rows), np.float32)
+        if self.stream is not None:  # the envs' reset ran on the current stream; the graphs' is another
+            xp.cuda.get_current_stream().synchronize()
+        collect = self.learner.collect_phases(env, self.replay, self._transitions, self._discount)
+        self.collect_graph = StepGraph("collect", collect, stream=self.stream, xp=xp)
+        self.train_graph = StepGraph(
+            "train", self.learner.train_phases(self.replay, env.windows), stream=self.stream, xp=xp
+        )
+        for i, m in enumerate(self.members):  # the guard reads member i of the learner; it has no snapshots
+            m.monitor.agent = _MemberReadings(self.learner, i, m.agent.stats)
+            m.monitor.snapshots_off = "joined population: per-member snapshots are not built"
+            m.monitor.train_graph = self.train_graph
+            m.train_graph = m.collect_graph = None  # never captured: the population's graphs run instead
+
+    def _sync_member(self, i: int) -> None:
+        """Joined mode: member ``i``'s networks and Adam moments := the learner's member ``i`` (on the
+        population's stream), so its evaluation, moving average and summary read the trained weights."""
+        L, a = self.learner, self.members[i].agent
+        with self.stream if self.stream is not None else nullcontext():
+            L.online.store_member(i, a.online)
+            L.target.store_member(i, a.target)
+            a.adam.m[...] = L.adam.m[i]
+            a.adam.v[...] = L.adam.v[i]
+
+    def _reads_weights(self, m) -> bool:
+        """Whether member ``m``'s host work after its update reads its network (an evaluation or a moving
+        average update is due)."""
+        every, s = m.cfg.run.eval_every, m.step
+        return bool(every and s % every == 0) or (m.average is not None and s % AVERAGE_EVERY == 0)
+
     def capture(self) -> None:
         """Capture the population's graphs (those not captured yet), after starting the compiles of the
         kernels the first member's graphs launch (:meth:`StepGraph.prefetch`; the members' phases are
         the same program, so one discovery pass serves all, not one over P members; a kernel only
-        another member launches compiles at its first launch)."""
+        another member launches compiles at its first launch). Joined: the population's own graphs."""
         todo = [g for g in (self.collect_graph, self.train_graph) if not g.captured]
         if todo:
             lead = self.members[self.active()[0]]
-            for g in (lead.collect_graph, lead.train_graph):
+            for g in (lead.collect_graph, lead.train_graph) if self.mode == "branches" else todo:
                 g.prefetch()
         for g in todo:
             g.capture()
@@ -246,10 +366,15 @@ class Population:
         if lead.experience is None and lead.step % lead.cfg.agent.updates_per_collect == 0:
             self._collect()
         self.train_graph.replay()
+        if self.mode == "joined":
+            step = lead.step + 1
+            self.learner.mark_published(step, self.stream)
+            self.learner.between_updates(step, self.stream)
         for i in self.active():
             m = self.members[i]
             m.step += 1
-            m.agent.between_updates(m.step, m.stream)
+            if self.mode == "branches":
+                m.agent.between_updates(m.step, m.stream)
 
     def run(self, steps: int | None = None, progress=None) -> list[dict]:
         """Train every member until ``steps`` learner updates (default ``run.steps`` of the first config);
@@ -273,12 +398,16 @@ class Population:
                 self._interrupted(stop)
             self.update()
             for i in self.active():
+                if self.mode == "joined" and self._reads_weights(self.members[i]):
+                    self._sync_member(i)
                 try:
                     self.members[i]._after_update(rates[i], prog[i])
                 except GuardStop as exc:
                     self._stop_member(i, str(exc))
         for i in self.active():
             self.members[i].monitor.settle()
+            if self.mode == "joined":
+                self._sync_member(i)
         if stop:
             self._interrupted(stop)
         out = []
@@ -294,6 +423,9 @@ class Population:
         which are recaptured for the others."""
         self.stopped[i] = message
         self.members[i].synchronize()
+        if self.mode == "joined":  # it stays in the joined graph (no mask yet): only its host work stops
+            self._sync_member(i)  # the weights it stopped with, for its summary and policy file
+            return
         if self.active():
             self._build_graphs()
             self.capture()
@@ -304,6 +436,9 @@ class Population:
 
     def evaluate(self, split_name: str = "val") -> list[dict]:
         """:meth:`Trainer.evaluate` of every member on ``split_name``: one summary per member."""
+        if self.mode == "joined":
+            for i in self.active():
+                self._sync_member(i)
         return [m.evaluate(split_name) for m in self.members]
 
     def synchronize(self) -> None:
@@ -319,9 +454,47 @@ class Population:
         train or evaluate after (:attr:`members` is empty)."""
         self.synchronize()
         self.train_graph = self.collect_graph = None
+        self.learner = self.env = self.replay = None
         _drop_graphs(self.members)  # in a function: a loop variable here would keep the last member alive
         self.members, self._branches = [], []
         _release_dead_streams(self.stream is not None)
+
+
+class _Ring:
+    """A readback ring's face to :class:`cudarl.monitor.StepMonitor`: ``read`` as given, ``mark_written`` a
+    no-op (:meth:`Population.update` marks the learner's rings once for every member)."""
+
+    def __init__(self, read, ring=None):
+        self.read, self.ring = read, ring
+
+    def mark_written(self, stream=None, slot: int = 0) -> None:
+        pass
+
+
+class _MemberReadings:
+    """What member ``i``'s :class:`cudarl.monitor.StepMonitor` reads in a joined population, in an agent's
+    form: ``readback.read(slot)`` (loss and grad norm of the learner's member ``i``) and
+    ``stats.read(step)`` (its Q statistics, decoded by the member's own :class:`cudarl.stats.StepStats`).
+    Its state is not readable here (a joined population's checkpoint is not built; the learner's
+    ``member_state_dict`` is the state it would hold)."""
+
+    def __init__(self, learner, i: int, stats):
+        P = learner.members
+
+        def loss_and_norm(slot):
+            return learner.readback.read().reshape(P, -1)[i, 2 * slot : 2 * slot + 2]
+
+        def statistics(step):
+            return stats.decode(learner.stats_ring.read(step % PUBLISH_SLOTS).reshape(P, -1)[i])
+
+        self.readback = _Ring(loss_and_norm)
+        self.stats = _Ring(statistics, ring=_Ring(None))
+
+    def state_dict(self):
+        raise NotImplementedError("a joined population's member state: its checkpoint is not built")
+
+    def load_state_dict(self, state):
+        raise NotImplementedError("a joined population's member state: its checkpoint is not built")
 
 
 def branches(name: str, member_phases: list, sides: list, stream, xp) -> StepGraph:

@@ -29,9 +29,16 @@ reproduce; each layer's P GEMMs on that layer's branch, as the single agent's on
 shrink-and-perturb between updates (``optim.shrink_every``). The statistics' publish
 is one launch over the ``[P, n]`` statistics with member 0's step counter naming the ring slot: the
 members' counters advance together (one ``lr_schedule`` launch for all), so it is every member's slot.
-Not built: the joined collect step (its act and env-step kernels have the member axis:
-``StackedTradingEnv``), the guard and its one-step-late
-readbacks per member, and wiring into :class:`cudarl.population.Population`. Checkpoints:
+The collect step (stage 6b), :meth:`StackedLearner.collect_phases`, is the single agent's
+(:meth:`cudarl.agent.Agent.collect_phases` with the C51 rule) over the members::
+
+    act            StackedQNetwork forward over the envs' windows [P, N, width] (raw head), then
+                   act_c51_dueling over every member (its own epsilon schedule, counters and env seed)
+    env_step       StackedTradingEnv.record_step (record, discounts with gamma [P], step, windows)
+    replay_insert  StackedPrioritizedReplay.add of every member's rows
+
+:class:`cudarl.population.Population` runs both with ``run.population = "joined"``. Not built: the guard's
+one-step-late readbacks per member (one event for every member's ring). Checkpoints:
 :meth:`StackedLearner.state_dict` (every member) and :meth:`StackedLearner.member_state_dict` (one
 member, the :meth:`cudarl.agent.Agent.state_dict` of the agent it equals) and their loads.
 """
@@ -66,6 +73,18 @@ def reference_config(cfg: Config) -> None:
     if bad:
         raise ValueError(
             f"StackedLearner builds the reference train step only (no auxiliary signals, no CQL); not {bad}"
+        )
+
+
+def reference_collect_config(cfg: Config) -> None:
+    """Refuse a configuration whose collect step :meth:`StackedLearner.collect_phases` does not build: the
+    reference train step's refusals (:func:`reference_config`), and acting by the expected Q
+    (``agent.act_by = "mean"``: the fused ``act_c51_dueling``)."""
+    reference_config(cfg)
+    if cfg.agent.act_by != "mean":
+        raise ValueError(
+            "StackedLearner builds the reference collect step only (acting by the expected Q); "
+            f"not agent.act_by = {cfg.agent.act_by!r}"
         )
 
 
@@ -175,14 +194,13 @@ class StackedLearner:
         self.idx = self.weights = None  # the replay's [P, B] buffers, set by the sample phase
         self.va = self.va_online_next = self.va_target_next = None  # the forward's outputs (workspace rows)
         self._popart_live = self.popart is not None
-        #: the collect step's scalars, as :attr:`cudarl.agent.Agent.scalars` a member (``[P]`` each): gamma,
-        #: epsilon and the collect-step counter (checkpointed with the member; the train step reads none)
+        #: the collect step's device scalars, each ``[P]`` (as :class:`cudarl.agent.Agent`'s one each; checkpointed
+        #: with the member)
         self.scalars = MemberScalars(
-            {"gamma": np.float32, "epsilon": np.float32, "collect_steps": np.int64},
-            P,
-            xp,
+            {"gamma": f32, "epsilon": f32, "collect_steps": np.int64}, P, xp,
             initial={"gamma": a.gamma, "epsilon": a.eps_start},
-        )
+        )  # fmt: skip
+        self.ws_act = self.q_act = None  # the acting forward's workspace and expected Q (collect_phases)
 
     def _fits_one_launch(self) -> bool:
         """Whether every member gets a block of the optimiser's one launch (its grid barrier needs all of
@@ -192,6 +210,47 @@ class StackedLearner:
         from .kernels import resident_grid_limit
 
         return self.members <= resident_grid_limit()
+
+    # --- collect -------------------------------------------------------------------------------
+    def collect_phases(self, env, replay, transitions, discount) -> list:
+        """The phases of one collection step of every member's environments (the single agent's, module
+        docstring): ``env`` a :class:`cudarl.stacked_env.StackedTradingEnv` of P members (member ``i``'s
+        draws keyed by its ``env.seed``), ``replay`` a stacked replay of P members (:func:`stacked_replay`),
+        ``transitions`` its :meth:`~cudarl.stacked_env.StackedTradingEnv.make_transitions` and ``discount``
+        float32 ``[P, rows]``. Allocates the acting workspace (``[P, n_envs]`` rows) and ``q_act [P, N, A]``
+        here, before any capture."""
+        reference_collect_config(self.cfg)
+        P, xp, a = self.members, self.xp, self.cfg.agent
+        for name, obj in (("env", env), ("replay", replay)):
+            if getattr(obj, "members", None) != P:
+                raise ValueError(f"collect_phases: a stacked {name} of {P} members, got {type(obj).__name__}")
+        N = env.n_envs
+        self.ws_act = self.online.new_workspace(N)
+        self.online.prepare_input(env.obs, self.ws_act)  # the windows' member stride: a plan before capture
+        self.q_act = xp.zeros((P, N, env.n_actions), np.float32)
+        # the device epsilon, its step counter, the fused act kernel's ticket counters (0 between launches)
+        eps_args = (
+            self.scalars.view("epsilon"), self.scalars.view("collect_steps"), xp.zeros(P, np.uint32),
+            a.eps_start, a.eps_end, a.eps_steps,
+        )  # fmt: skip
+
+        def act():
+            va = self.online.forward(env.obs, self.ws_act, raw_head=True)
+            self.agent_ops.act_c51_dueling(
+                env.actions, self.q_act, va, self.support, env.state.count, env.seed, *eps_args
+            )
+
+        def env_step():
+            env.record_step(transitions, discount, self.scalars.view("gamma"))
+
+        def replay_insert():
+            t = transitions
+            if replay.spec.store_next_obs:
+                replay.add(t.obs, t.action, t.reward, discount, next_obs=t.next_obs)
+            else:
+                replay.add(t.obs, t.action, t.reward, discount)
+
+        return [("act", act), ("env_step", env_step), ("replay_insert", replay_insert)]
 
     # --- train ---------------------------------------------------------------------------------
     def train_phases(self, replay, windows) -> list:

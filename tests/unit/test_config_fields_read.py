@@ -5,7 +5,8 @@ Each section's dataclass is instrumented to record which fields are read, except
 configuration's own machinery (a class's ``__post_init__`` validation, ``to_dict``/TOML, overrides,
 ``dataclasses``: :data:`_NOT_A_USE`), while short CPU runs drive the trainer through every mode: each head,
 the plan head, CQL, spectral norm, shrink-and-perturb, recording and training offline, an evaluation, a
-run directory of its own, a resume and a policy file. The test fails naming every field never read."""
+run directory of its own, a resume, a policy file and a joined population. The test fails naming every
+field never read."""
 
 import dataclasses
 import sys
@@ -73,6 +74,9 @@ def _drive(tmp_path: Path) -> None:
         {"agent": {"aux": ["horizons", "risk", "denoise", "homeostatic", "causal", "selectivity", "vaccine"]}},
     ):
         Trainer(small(**over), run_dir=False, **quiet).run(20)
+    from cudarl.population import Population
+
+    Population([small(run={"population": "joined"})], run_dirs=[False], **quiet).run(5)  # run.population
 
 
 def test_every_config_field_is_read_by_the_library(monkeypatch, tmp_path):

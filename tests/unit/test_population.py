@@ -258,3 +258,145 @@ def test_close_releases_the_streams_once_no_member_is_left_alive(monkeypatch):
     monkeypatch.setattr(population_mod, "_release_dead_streams", release)
     pop.close()
     assert alive_at_release == [[False] * len(owners)]
+
+
+# --- run.population = "joined": the agent axis (docs/perf-notes.md, "The agent axis, in stages", 6b) ----
+def joined(configs):
+    """``configs`` with ``run.population = "joined"``."""
+    return [replace(c, run=replace(c.run, population="joined")) for c in configs]
+
+
+def joined_variants(base):
+    """Three members that differ in what a joined population lets differ: the seeds of the network and
+    replay (run.seed) and of the envs (env.seed), and host-side settings (evaluation interval, moving
+    average of the weights, guard)."""
+    over = [
+        {},
+        {"run": {"seed": 7, "eval_every": 20}, "env": {"seed": 3}, "eval": {"average_halflife": 20}},
+        {"run": {"seed": 11}, "env": {"seed": 12}, "guard": {"spike_factor": 50.0}},
+    ]
+    return joined([from_dict(o, base=base) for o in over])
+
+
+def assert_joined_member_is_alone(pop: Population, i: int, alone: Trainer) -> None:
+    """Member ``i`` of a joined population against the agent trained alone, bitwise: every update's loss,
+    the learner's member ``i`` (online and target weights, Adam's moments, the replay's sum tree) and the
+    member's own networks (synchronised for its evaluations), and the validation evaluation."""
+    m, L = pop.members[i], pop.learner
+    assert m.step == alone.step and m.collect_steps == alone.collect_steps
+    assert len(m.losses) == len(alone.losses) > 0 and m.losses == alone.losses
+    for name, got, want in (
+        ("online", L.online.params[i], alone.agent.online.params),
+        ("target", L.target.params[i], alone.agent.target.params),
+        ("Adam m", L.adam.m[i], alone.agent.adam.m),
+        ("Adam v", L.adam.v[i], alone.agent.adam.v),
+        ("sum tree", pop.replay.bufs.tree[i], alone.replay.bufs.tree),
+        ("member's online", m.agent.online.params, alone.agent.online.params),
+        ("member's target", m.agent.target.params, alone.agent.target.params),
+    ):
+        np.testing.assert_array_equal(to_numpy(got), to_numpy(want), err_msg=f"member {i}: {name}")
+    assert m.last_eval["sharpe"] == alone.last_eval["sharpe"]
+    assert m.last_eval["total_return"] == alone.last_eval["total_return"]
+    assert [r["step"] for r in m.history] == [r["step"] for r in alone.history]
+
+
+@pytest.mark.parametrize("P", [1, 3])
+def test_joined_members_are_those_agents_trained_alone(P):
+    """run.population = "joined": one StackedLearner train step and its collect step for every member;
+    member i is the Trainer of its config alone (the branches mode's oracle), bit for bit."""
+    configs = joined_variants(small())[:P]
+    pop = Population(configs, run_dirs=[False] * P, **QUIET)
+    assert pop.mode == "joined" and pop.learner.members == P and pop.env.members == P
+    summaries = pop.run(STEPS)
+    assert len(summaries) == P
+    for i, c in enumerate(configs):
+        alone = Trainer(replace(c, run=replace(c.run, population="branches")), run_dir=False, **QUIET)
+        alone.run(STEPS)
+        assert summaries[i]["policy"]["sharpe"] == alone.last_eval["sharpe"]
+        assert_joined_member_is_alone(pop, i, alone)
+    if P > 1:
+        assert len({tuple(m.losses) for m in pop.members}) == P
+        assert pop.env.windows.features is pop.members[0].env.data.features  # one feature matrix
+
+
+def test_joined_population_is_the_branches_population():
+    """The same three members as branches and as joined: the same losses and weights, bit for bit."""
+    configs = joined_variants(small())
+    a = Population(
+        [replace(c, run=replace(c.run, population="branches")) for c in configs], run_dirs=[False] * 3, **QUIET
+    )
+    b = Population(configs, run_dirs=[False] * 3, **QUIET)
+    a.run(STEPS // 2)
+    b.run(STEPS // 2)
+    assert a.mode == "branches" and a.learner is None
+    for i, (x, y) in enumerate(zip(a.members, b.members, strict=True)):
+        assert x.losses == y.losses
+        np.testing.assert_array_equal(x.agent.online.params, b.learner.online.params[i])
+    evals_a, evals_b = a.evaluate("val"), b.evaluate("val")
+    sharpes = [e["policy"]["sharpe"] for e in evals_a]
+    assert all(np.isfinite(sharpes)) and sharpes == [e["policy"]["sharpe"] for e in evals_b]
+
+
+@pytest.mark.parametrize(
+    "over, match",
+    [
+        ({"net": {"layernorm": True}}, r'run.population = "joined".*layernorm'),
+        ({"agent": {"act_by": "cvar"}}, "act_by"),
+        ({"agent": {"aux": ["horizons"]}}, "agent.aux"),
+        ({"run": {"record": "x.safetensors"}}, "run.record"),
+    ],
+)
+def test_joined_refuses_what_it_does_not_build(over, match):
+    cfg = joined([from_dict(over, base=small())])[0]
+    with pytest.raises(ValueError, match=match):
+        Population([cfg, cfg], run_dirs=[False, False], **QUIET)
+
+
+def test_joined_refuses_members_that_differ_in_a_kernel_constant_and_run_directories(tmp_path):
+    a, b = joined([small(), from_dict({"agent": {"gamma": 0.95}}, base=small())])
+    with pytest.raises(ValueError, match=r"agent\.gamma.*JOINED_MAY_DIFFER"):
+        Population([a, b], run_dirs=[False, False], **QUIET)
+    with pytest.raises(ValueError, match=r"run_dirs=\[False\] \* P.*per-member state"):
+        Population([a], **QUIET)
+    with pytest.raises(ValueError, match="run_dirs"):
+        Population([a], run_dirs=[tmp_path / "a"], **QUIET)
+    from cudarl.config import ConfigError
+
+    with pytest.raises(ConfigError, match="population must be branches or joined"):
+        from_dict({"run": {"population": "vmap"}}, base=small())
+
+
+def test_joined_guard_stops_a_member_and_the_others_go_on():
+    """NaN in joined member 1's replay rows: its guard trips; with no per-member snapshot to roll back to
+    it stops (saying why); member 0 trains on to the end, bitwise as alone."""
+    from cudarl.reference.window import POSITION
+
+    base = small(guard={"action": "rollback", "max_rollbacks": 2})
+    configs = joined([base, from_dict({"run": {"seed": 3}}, base=base)])
+    pop = Population(configs, run_dirs=[False, False], **QUIET)
+    alone = Trainer(base, run_dir=False, **QUIET)
+    pop.run(30)
+    alone.run(30)
+    pop.replay.bufs.obs[1, :, POSITION] = np.nan
+    summaries = pop.run(60)
+    alone.run(60)
+    assert (
+        "loss = nan" in summaries[1]["guard_stop"]
+        and "per-member snapshots are not built" in summaries[1]["guard_stop"]
+    )
+    assert pop.active() == [0] and pop.members[1].step < 60 and summaries[0]["step"] == 60
+    assert_joined_member_is_alone(pop, 0, alone)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("P", [1, 3])
+def test_gpu_joined_members_are_those_agents_trained_alone(P):
+    """The joined population on the GPU (graphs captured, the learner's one-launch optimiser): member i
+    against its Trainer alone, bitwise."""
+    configs = joined_variants(gpu_small())[:P]
+    pop = Population(configs, run_dirs=[False] * P, **QUIET)
+    pop.run(60)
+    for i, c in enumerate(configs):
+        alone = Trainer(replace(c, run=replace(c.run, population="branches")), run_dir=False, **QUIET)
+        alone.run(60)
+        assert_joined_member_is_alone(pop, i, alone)

@@ -296,3 +296,26 @@ def test_a_trial_its_guard_stopped_is_recorded_as_such(tmp_path):
     assert "spike" in rec["guard_stop"] and rec["step"] < 30
     (row,) = csv.DictReader((tmp_path / "sweeps" / "s" / "sweep.csv").open())
     assert row["guard_stop"] == rec["guard_stop"]
+
+
+def test_a_joined_sweep_gives_each_trial_the_branches_sweeps_numbers(tmp_path):
+    """``run.population = "joined"`` in a spec (the agent axis: one launch per operation for a population's
+    members): trials are packed with the seeds of one configuration together (the only fields joined
+    members may differ in) and each trial's validation and test numbers and weights are the branches
+    sweep's, bit for bit."""
+    rows = {}
+    for mode in ("branches", "joined"):
+        spec = write_spec(tmp_path, f'"run.population" = "{mode}"\n' + GRID, name=mode)
+        r = runner.invoke(app, ["sweep", str(spec)])
+        assert r.exit_code == 0, r.output
+        got = list(csv.DictReader((tmp_path / "sweeps" / mode / "sweep.csv").open()))
+        rows[mode] = {(x["optim.lr"], x["seed"]): x for x in got}
+    assert rows["joined"].keys() == rows["branches"].keys() and len(rows["joined"]) == 4
+    for k, x in rows["joined"].items():
+        y = rows["branches"][k]
+        assert (x["val_sharpe"], x["test_sharpe"]) == (y["val_sharpe"], y["test_sharpe"]), k
+    digests = {}
+    for mode in rows:  # the trials' keys hash their configs (run.population too): matched by (lr, seed)
+        by_key = {t["key"]: t.get("weights_sha256") for t in ledger(tmp_path / "sweeps" / mode).values()}
+        digests[mode] = {k: by_key[x["key"]] for k, x in rows[mode].items()}
+    assert digests["joined"] == digests["branches"] and None not in digests["joined"].values()
