@@ -97,9 +97,9 @@ class RunConfig:
     optimiser, loss, replay and environments; docs/perf-notes.md, "The agent axis, in stages"), member
     ``i`` bitwise the agent alone. ``joined`` takes the reference configuration only (MLP encoder without
     LayerNorm, dueling C51, ``net.gemm = "cublaslt_nosplit"``, no spectral norm, plan head, auxiliary
-    signals or CQL, acting by the mean), members that differ only in seeds and host-side settings, no run
-    directories or recording (checkpoints per member are not built) and no guard rollback (a trip stops
-    the member); anything else is refused naming the field."""
+    signals or CQL, acting by the mean), members that differ only in seeds and host-side settings, no
+    recording and no guard rollback (a trip stops the member); anything else is refused naming the field.
+    Its members write run directories and the checkpoints their Trainers alone would write."""
 
     def __post_init__(self):
         s = "run"

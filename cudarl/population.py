@@ -23,8 +23,11 @@ collect step (:meth:`~cudarl.stacked_agent.StackedLearner.collect_phases`) over 
 :class:`cudarl.stacked_env.StackedTradingEnv` and a stacked replay, one launch per operation for every
 member. The members are still :class:`Trainer` s: they evaluate, log and report as in the branches mode
 (their guards read the learner's per-member loss, gradient norm and Q statistics; their networks get the
-learner's weights before an evaluation, a moving-average update and at the end), but their own graphs,
-replays and optimisers do not run. What it takes and refuses: :func:`check_joined`.
+learner's weights before an evaluation, a moving-average update, a policy file and at the end), but their own
+graphs, replays and optimisers do not run. Each writes its run directory and resume checkpoint as a
+:class:`JoinedMember`: the checkpoint a ``Trainer`` alone would write at that update, its agent, replay and env
+states the stacked objects' member ``i``; :meth:`Population.resume` continues a population (either mode) from
+its members' checkpoints. What it takes and refuses: :func:`check_joined`.
 """
 
 from __future__ import annotations
@@ -37,13 +40,14 @@ from pathlib import Path
 import numpy as np
 
 from . import backend as _backend
+from . import checkpoint as ckpt
 from . import experience, interrupt
 from .agent import PUBLISH_SLOTS
-from .config import Config
+from .config import Config, from_dict
 from .graph import SideStream, StepGraph
 from .guard import GuardStop
 from .prepare import prepare_data
-from .trainer import AVERAGE_EVERY, Trainer, _Rate
+from .trainer import AVERAGE_EVERY, Trainer, _Rate, check_finite_state
 
 #: Config fields members of one population may set differently (section -> fields; ``"*"``: all of
 #: the section). Anything else must be equal (:func:`can_share`): it shapes buffers, the shared data or
@@ -139,12 +143,10 @@ def _differences(a: Config, b: Config, may: dict = MAY_DIFFER) -> list[str]:
     return out
 
 
-def check_joined(configs: list[Config], run_dirs) -> None:
+def check_joined(configs: list[Config]) -> None:
     """Refuse what a ``run.population = "joined"`` population does not build, naming the field: a train or
     collect step other than the reference one (:func:`cudarl.stacked_agent.reference_collect_config`),
-    offline training, ``run.record``, and run
-    directories (``run_dirs`` must all be False: the stacked objects have per-member states, but a
-    joined population's checkpoint and resume through them are not built)."""
+    offline training and ``run.record``."""
     from .stacked_agent import reference_collect_config
 
     why = 'run.population = "joined"'
@@ -156,11 +158,6 @@ def check_joined(configs: list[Config], run_dirs) -> None:
     for field, bad in (("run.offline", c.run.offline), ("run.record", c.run.record)):
         if bad:
             raise ValueError(f'{why}: {field} is not built for joined members (use run.population = "branches")')
-    if any(rd is not False for rd in run_dirs):
-        raise ValueError(
-            f"{why}: members write no run directories (pass run_dirs=[False] * P): a member's resume "
-            "checkpoint (the stacked objects' per-member states, written and resumed by the population) is not built"
-        )
 
 
 class Population:
@@ -222,7 +219,7 @@ class Population:
         self.mode = configs[0].run.population
         self.learner = self.env = self.replay = None
         if self.mode == "joined":
-            check_joined(configs, run_dirs)
+            check_joined(configs)
         elif P > 1:  # branches: no launch may wait for blocks another member's branch holds (joined has none)
             configs = [replace(c, run=replace(c.run, grid_barrier=False)) for c in configs]
         self.configs, self.echo = configs, echo
@@ -238,7 +235,8 @@ class Population:
             before = _allocated(gpu)
             if prepared is None:
                 prepared = prepare_data(cfg, bars, splits=splits)
-            m = Trainer(cfg, run_dir=rd, echo=say, stream=stream, prepared=prepared)
+            member = JoinedMember if self.mode == "joined" else Trainer
+            m = member(cfg, run_dir=rd, echo=say, stream=stream, prepared=prepared)
             if stream is None:
                 stream = m.stream
             # one device copy of the feature matrix, for training and evaluation
@@ -256,6 +254,40 @@ class Population:
             self._build_joined()
         else:
             self._build_graphs()
+
+    @classmethod
+    def resume(
+        cls, paths, *, run_dirs=None, overrides: dict | None = None, bars=None, splits=None, echo=print
+    ) -> Population:
+        """A population in the state of its members' resume checkpoints ``paths`` (member ``i``'s
+        ``checkpoints/latest.npz`` at ``paths[i]``, all at one update), with their configs (``overrides``
+        applied to each); either mode. A joined member's checkpoint goes into the stacked objects' member
+        ``i`` (:class:`JoinedMember`), so the population continues as if never stopped, bit for bit.
+
+        ``run_dirs``: per member, as :meth:`Trainer.resume`'s ``run_dir`` (None: its checkpoint's own run
+        directory when that is the run's newest state, else a new one; a path), or False: none. Nothing
+        is written before every checkpoint loads. ``bars``, ``splits``, ``echo``: as :class:`Population`'s."""
+        paths = list(paths)
+        run_dirs = [None] * len(paths) if run_dirs is None else list(run_dirs)
+        if len(run_dirs) != len(paths):
+            raise ValueError(f"run_dirs: {len(run_dirs)} entries for {len(paths)} checkpoints")
+        loaded = [ckpt.load(p) for p in paths]
+        steps = [int(state["trainer"]["step"]) for state, _ in loaded]
+        if len(set(steps)) > 1:
+            raise ValueError(f"Population.resume: the checkpoints are at updates {steps}; members resume at one")
+        configs = []
+        for p, (state, info) in zip(paths, loaded, strict=True):
+            check_finite_state(state["agent"], p)
+            cfg = from_dict(info["config"])
+            configs.append(from_dict(overrides, base=cfg) if overrides else cfg)
+        pop = cls(configs, bars=bars, splits=splits, run_dirs=[False] * len(configs), echo=echo)
+        for m, (state, _) in zip(pop.members, loaded, strict=True):
+            m.load_state_dict(state)
+        pop.synchronize()
+        for m, p, rd in zip(pop.members, paths, run_dirs, strict=True):
+            if rd is not False:
+                m._attach_resumed(p, rd)
+        return pop
 
     # --- graphs ------------------------------------------------------------------------------------
     def active(self) -> list[int]:
@@ -300,6 +332,7 @@ class Population:
             "train", self.learner.train_phases(self.replay, env.windows), stream=self.stream, xp=xp
         )
         for i, m in enumerate(self.members):  # the guard reads member i of the learner; it has no snapshots
+            m.stacked = (self.learner, self.replay, self.env, i)
             m.monitor.agent = _MemberReadings(self.learner, i, m.agent.stats)
             m.monitor.snapshots_off = "joined population: per-member snapshots are not built"
             m.monitor.train_graph = self.train_graph
@@ -316,10 +349,11 @@ class Population:
             a.adam.v[...] = L.adam.v[i]
 
     def _reads_weights(self, m) -> bool:
-        """Whether member ``m``'s host work after its update reads its network (an evaluation or a moving
-        average update is due)."""
-        every, s = m.cfg.run.eval_every, m.step
-        return bool(every and s % every == 0) or (m.average is not None and s % AVERAGE_EVERY == 0)
+        """Whether member ``m``'s host work after its update reads its network (an evaluation, a policy file
+        or a moving average update is due)."""
+        r, s = m.cfg.run, m.step
+        due = any(every and s % every == 0 for every in (r.eval_every, r.checkpoint_every))
+        return due or (m.average is not None and s % AVERAGE_EVERY == 0)
 
     def capture(self) -> None:
         """Capture the population's graphs (those not captured yet), after starting the compiles of the
@@ -471,12 +505,43 @@ class _Ring:
         pass
 
 
+class JoinedMember(Trainer):
+    """A joined population's member ``i``: a :class:`Trainer` whose agent, replay and env states (its
+    checkpoint's ``agent``, ``replay`` and ``env``) are the stacked objects' member ``i``
+    (``member_state_dict(i)``, bit for bit the single objects' states), so it writes and loads the
+    checkpoint ``Trainer(configs[i])`` alone would, and that checkpoint resumes as a single Trainer. Its
+    own agent, replay and env stay idle but for evaluation (the population copies the learner's weights
+    into its agent before it reads them; a load writes them there too).
+
+    Attributes:
+        stacked: ``(learner, replay, env, i)``, set by the population once it has built them.
+    """
+
+    stacked: tuple
+
+    def _learning_state(self) -> dict:
+        learner, replay, env, i = self.stacked
+        return {
+            "agent": learner.member_state_dict(i),
+            "replay": replay.member_state_dict(i),
+            "env": env.member_state_dict(i),
+        }
+
+    def _load_learning_state(self, s: dict) -> None:
+        learner, replay, env, i = self.stacked
+        learner.load_member_state_dict(i, s["agent"])
+        replay.load_member_state_dict(i, s["replay"])
+        env.load_member_state_dict(i, s["env"])
+        self.agent.load_state_dict(s["agent"])  # what its evaluation and moving average read
+
+
 class _MemberReadings:
     """What member ``i``'s :class:`cudarl.monitor.StepMonitor` reads in a joined population, in an agent's
     form: ``readback.read(slot)`` (loss and grad norm of the learner's member ``i``) and
     ``stats.read(step)`` (its Q statistics, decoded by the member's own :class:`cudarl.stats.StepStats`).
-    Its state is not readable here (a joined population's checkpoint is not built; the learner's
-    ``member_state_dict`` is the state it would hold)."""
+    No state: the monitor takes no snapshots of a joined member (``snapshots_off``; a rollback would lower
+    one member's learning rate, which the stacked optimiser shares), and its checkpoint is
+    :class:`JoinedMember`'s."""
 
     def __init__(self, learner, i: int, stats):
         P = learner.members
@@ -489,12 +554,6 @@ class _MemberReadings:
 
         self.readback = _Ring(loss_and_norm)
         self.stats = _Ring(statistics, ring=_Ring(None))
-
-    def state_dict(self):
-        raise NotImplementedError("a joined population's member state: its checkpoint is not built")
-
-    def load_state_dict(self, state):
-        raise NotImplementedError("a joined population's member state: its checkpoint is not built")
 
 
 def branches(name: str, member_phases: list, sides: list, stream, xp) -> StepGraph:

@@ -594,9 +594,7 @@ class Trainer:
         """Host copies of everything a resume needs: agent, replay, environments, guard, normaliser, counters."""
         self.synchronize()
         return {
-            "agent": self.agent.state_dict(),
-            "replay": self.replay.state_dict(),
-            "env": self.env.state_dict(),
+            **self._learning_state(),
             "guard": self.guard.state_dict(),
             "normaliser": self.data.normaliser.state_dict(),
             "trainer": {
@@ -611,9 +609,7 @@ class Trainer:
     def load_state_dict(self, s: dict) -> None:
         """Restore :meth:`state_dict` into the existing buffers (captured graphs stay valid)."""
         self.synchronize()
-        self.agent.load_state_dict(s["agent"])
-        self.replay.load_state_dict(s["replay"])
-        self.env.load_state_dict(s["env"])
+        self._load_learning_state(s)
         self.guard.load_state_dict(s["guard"])
         norm = Normaliser.from_state_dict(s["normaliser"])
         if not (
@@ -629,6 +625,17 @@ class Trainer:
         if self.average is not None:  # a checkpoint without one (written before) starts it from the weights
             src = s["average"]["params"] if "average" in s else _backend.to_numpy(self.agent.online.params)
             self.average[...] = self.xp.asarray(src)
+
+    def _learning_state(self) -> dict:
+        """``{"agent", "replay", "env"}``: the states of what the graphs train (a joined population's member
+        reads its stacked objects' member instead: :class:`cudarl.population.JoinedMember`)."""
+        return {"agent": self.agent.state_dict(), "replay": self.replay.state_dict(), "env": self.env.state_dict()}
+
+    def _load_learning_state(self, s: dict) -> None:
+        """Restore :meth:`_learning_state`'s three entries of ``s``."""
+        self.agent.load_state_dict(s["agent"])
+        self.replay.load_state_dict(s["replay"])
+        self.env.load_state_dict(s["env"])
 
     def save(self, name: str = "latest") -> Path | None:
         """Write the resume checkpoint ``checkpoints/<name>.npz`` (everything, the replay too) atomically."""
@@ -674,31 +681,37 @@ class Trainer:
         check_finite_state(state["agent"], path)
         t = cls(cfg, run_dir=False, echo=echo)
         t.load_state_dict(state)
-        here, why = (None, "") if run_dir is not None else rundir.resume_in_place(path, t.step, _checkpoint_step)
+        t._attach_resumed(path, run_dir)
+        return t
+
+    def _attach_resumed(self, path, run_dir=None) -> None:
+        """After :meth:`load_state_dict` of resume checkpoint ``path``: continue in its own run directory
+        when it is that run's newest state, else in ``run_dir`` or a new one (:meth:`resume`)."""
+        echo = self.echo
+        here, why = (None, "") if run_dir is not None else rundir.resume_in_place(path, self.step, _checkpoint_step)
         if here is not None:
             rundir.sweep(here, echo)
-            dropped = metrics_log.truncate(here, t.step, echo)
-            t._keep_better_best(here / "checkpoints" / "best.safetensors")
-            t._attach_run_dir(here, fresh=False)
-            t.echo(
-                f"resumed from {path} at update {t.step} in its run directory {here}"
-                + (f" ({dropped} metric row(s) after update {t.step} dropped)" if dropped else "")
+            dropped = metrics_log.truncate(here, self.step, echo)
+            self._keep_better_best(here / "checkpoints" / "best.safetensors")
+            self._attach_run_dir(here, fresh=False)
+            self.echo(
+                f"resumed from {path} at update {self.step} in its run directory {here}"
+                + (f" ({dropped} metric row(s) after update {self.step} dropped)" if dropped else "")
             )
-            return t
+            return
         source = rundir.run_dir_of(path)
         if source is not None:
             rundir.sweep(source, echo)
-        r = cfg.run
+        r = self.cfg.run
         made = rundir.claim(run_dir) if run_dir is not None else rundir.create(r.out_dir, r.name, r.seed)
         if source is not None:
             old = metrics_log.read_rows(source / metrics_log.JSONL, echo)
-            metrics_log.write_rows(made, [x for x in old if x.get("step", 0) <= t.step])
-        t._attach_run_dir(made, resumed_from=Path(path).resolve())
-        t.echo(
-            f"resumed from {path} at update {t.step}; continuing in a new run directory {made}"
+            metrics_log.write_rows(made, [x for x in old if x.get("step", 0) <= self.step])
+        self._attach_run_dir(made, resumed_from=Path(path).resolve())
+        self.echo(
+            f"resumed from {path} at update {self.step}; continuing in a new run directory {made}"
             + (f": {why}" if why else "")
         )
-        return t
 
     def _keep_better_best(self, best_file: Path) -> None:
         """Take the best record of an existing ``best`` policy file if it is better than the checkpoint's."""

@@ -352,14 +352,10 @@ def test_joined_refuses_what_it_does_not_build(over, match):
         Population([cfg, cfg], run_dirs=[False, False], **QUIET)
 
 
-def test_joined_refuses_members_that_differ_in_a_kernel_constant_and_run_directories(tmp_path):
+def test_joined_refuses_members_that_differ_in_a_kernel_constant():
     a, b = joined([small(), from_dict({"agent": {"gamma": 0.95}}, base=small())])
     with pytest.raises(ValueError, match=r"agent\.gamma.*JOINED_MAY_DIFFER"):
         Population([a, b], run_dirs=[False, False], **QUIET)
-    with pytest.raises(ValueError, match=r"run_dirs=\[False\] \* P.*per-member state"):
-        Population([a], **QUIET)
-    with pytest.raises(ValueError, match="run_dirs"):
-        Population([a], run_dirs=[tmp_path / "a"], **QUIET)
     from cudarl.config import ConfigError
 
     with pytest.raises(ConfigError, match="population must be branches or joined"):
