@@ -24,7 +24,8 @@ b) py b 240 tests/parity/test_c51_members.py tests/parity/test_qstats_members.py
      tests/parity/test_replay_members.py tests/parity/test_replay.py \
      tests/parity/test_collect_members.py tests/parity/test_agent.py tests/parity/test_env.py ;;
 c) py c 240 tests/unit/test_stacked_agent.py tests/unit/test_stacked_collect.py tests/unit/test_stacked_checkpoint.py \
-     tests/parity/test_state_members.py tests/unit/test_population.py tests/parity/test_step.py ;;
+     tests/parity/test_state_members.py tests/unit/test_population.py tests/unit/test_population_resume.py \
+     tests/parity/test_step.py ;;
 bench)
   t "bench_step (the single step with member-axis kernels)"
   timeout 120 python3 tools/bench_step.py --no-net-variants --no-encoders --no-torch --out $B/bench_step.json 2>&1 | tail -30 >> $L
