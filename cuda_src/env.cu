@@ -142,6 +142,25 @@ __device__ __forceinline__ void store_step(const StepOut& o, int i, int* __restr
   write_state_row(rows + (long long)i * kStateDim, o.t, false, o.position, hold_feature(o.hold, hold_cap));
 }
 
+// The member's slice of env step's arrays, as cudarl_env_step and cudarl_env_record_step name them:
+// m = member * sn elements into each [P, N] array, mb * sr floats into the state rows. A macro, not a
+// function taking the pointers by reference: that form left the registers as they were but let the
+// compiler reorder the kernels' integer code (the PTX differed); this one gives the same PTX.
+#define ENV_MEMBER_STEP_ARRAYS(mb, m, sr) \
+  do {                                    \
+    t += (m);                             \
+    start += (m);                         \
+    steps_left += (m);                    \
+    position += (m);                      \
+    hold += (m);                          \
+    count += (m);                         \
+    reward += (m);                        \
+    done += (m);                          \
+    actions += (m);                       \
+    scale += (m);                         \
+    rows += (mb) * (sr);                  \
+  } while (0)
+
 // step: move to the target position, earn the reward, advance a bar, reset ended episodes.
 // Thread mapping: one thread per env (blockIdx.y the member). Reads per env: the state (28 bytes),
 // action, scale, ret[t], levels[a]; writes the state, reward, done and the 16-byte state row.
@@ -158,17 +177,7 @@ extern "C" __global__ void cudarl_env_step(int* __restrict__ t, int* __restrict_
   if (gi >= n_envs) return;
   const int i = (int)gi;
   const long long mb = blockIdx.y, m = mb * sn;
-  t += m;
-  start += m;
-  steps_left += m;
-  position += m;
-  hold += m;
-  count += m;
-  reward += m;
-  done += m;
-  actions += m;
-  scale += m;
-  rows += mb * sr;
+  ENV_MEMBER_STEP_ARRAYS(mb, m, sr);
   const StepOut o = step_env(i, clamp_action(actions[i], n_actions), t[i], start[i], steps_left[i], position[i],
                              hold[i], count[i], scale[i], ret, levels, t_begin, n_starts, episode_len, rate, seed[mb]);
   store_step(o, i, t, start, steps_left, position, hold, count, rows, reward, done, hold_cap);
@@ -264,17 +273,7 @@ extern "C" __global__ void cudarl_env_record_step(
     discount_out += mb * sm;
     gamma += mb;
     seed += mb;
-    t += m;
-    start += m;
-    steps_left += m;
-    position += m;
-    hold += m;
-    count += m;
-    reward += m;
-    done += m;
-    actions += m;
-    scale += m;
-    rows += mb * sr;
+    ENV_MEMBER_STEP_ARRAYS(mb, m, sr);
     obs += mb * so;
   }
   const int a_real = clamp_action(actions[i], n_actions);
@@ -301,6 +300,8 @@ extern "C" __global__ void cudarl_env_record_step(
     out[e] = cudarl::window_value(bar, 0.0f, o.position, hold_f, features, sign, w, col, window, n_features, n_bars);
   }
 }
+
+#undef ENV_MEMBER_STEP_ARRAYS
 
 // act: epsilon-greedy actions (cudarl::epsilon_greedy, act.cuh: the rule agent.cu's fused act
 // kernels apply too). Thread mapping: one thread per env (blockIdx.y the member). Reads 4A bytes of

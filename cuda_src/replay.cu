@@ -72,6 +72,18 @@ __device__ __forceinline__ void add_to_ancestors(i64* tree, const i64* levels, i
 #define FLAG_WORDS 3            // words of a member's flag scratch (reference.replay.FLAG_WORDS)
 #define BAD_BLOCK (1ULL << 32)  // what a block that found a bad value adds on top of its ticket
 
+// The member's batch to insert: mb * sx floats into obs (and next_obs), mb * sv into action, reward
+// and discount (check_batch's and commit_batch's inputs).
+template <bool kNext>
+__device__ __forceinline__ void member_batch(i64 mb, i64 sx, i64 sv, const float*& obs, const float*& next_obs,
+                                             const int*& action, const float*& reward, const float*& discount) {
+  obs += mb * sx;
+  if (kNext) next_obs += mb * sx;
+  action += mb * sv;
+  reward += mb * sv;
+  discount += mb * sv;
+}
+
 // insert_check[_next]: grid-stride over the batch's B*D observations (and next_obs) and its B
 // actions, rewards and discounts; a block ORs its threads' verdicts and adds 1 (+ BAD_BLOCK if
 // bad) to flag[FLAG_CHECK_ARRIVALS]. The last block writes flag[FLAG_REJECT] (1 = reject; any
@@ -82,11 +94,7 @@ __device__ __forceinline__ void check_batch(const float* obs, const float* next_
                                             const float* reward, const float* discount, i64* flag, i64* status,
                                             i64 B, i64 D, i64 sx, i64 sv) {
   const i64 mb = blockIdx.y;  // the member: its batch, flag words and status
-  obs += mb * sx;
-  if (kNext) next_obs += mb * sx;
-  action += mb * sv;
-  reward += mb * sv;
-  discount += mb * sv;
+  member_batch<kNext>(mb, sx, sv, obs, next_obs, action, reward, discount);
   flag += mb * FLAG_WORDS;
   status += mb;
   const i64 stride = (i64)gridDim.x * blockDim.x;
@@ -174,11 +182,7 @@ __device__ __forceinline__ void commit_batch(const float* obs, const float* next
                                              i64 sv, i64 sr, i64 sc, i64 st) {
   {  // the member's batch, ring, tree, flag words and scalars (member 0: the pointers as given)
     const i64 mb = blockIdx.y;
-    obs += mb * sx;
-    if (kNext) next_obs += mb * sx;
-    action += mb * sv;
-    reward += mb * sv;
-    discount += mb * sv;
+    member_batch<kNext>(mb, sx, sv, obs, next_obs, action, reward, discount);
     s_obs += mb * sr;
     if (kNext) s_next_obs += mb * sr;
     s_action += mb * sc;

@@ -47,7 +47,7 @@ from .backend import family
 from .config import Config
 from .graph import SideStream
 from .nn import QNetwork
-from .optim import Adam, Schedule, SoftUpdate, shrink_perturb
+from .optim import Adam, SoftUpdate, shrink_perturb
 from .pinned import DeviceScalars, PinnedReadback
 from .plan import PlanLoss, gate
 from .popart import PopArt
@@ -145,18 +145,7 @@ class Agent:
         self.loss, self.loss_per, self.priority = buf.loss, buf.loss_per, buf.priority
         self.readback = PinnedReadback(2, np.float32, xp, slots=PUBLISH_SLOTS)
         self.grad_norm = xp.zeros(1, np.float32)
-        self.adam = Adam(
-            self.online.params,
-            self.online.grads,
-            schedule=Schedule.from_config(o),
-            betas=(o.beta1, o.beta2),
-            eps=o.eps,
-            weight_decay=o.weight_decay,
-            decay_mask=self.online.layout.decay_mask(),
-            max_grad_norm=o.max_grad_norm,
-            grad_norm_out=self.grad_norm,
-            xp=xp,
-        )
+        self.adam = Adam.from_config(self.online, o, self.grad_norm, xp)
         self.soft = SoftUpdate(self.target.params, self.online.params, a.tau_start, a.tau_end, a.tau_period, xp=xp)
         self.scalars = DeviceScalars(
             {"gamma": np.float32, "epsilon": np.float32, "collect_steps": np.int64},

@@ -98,6 +98,23 @@ class Adam:
 
     _RANK, _FORM = 1, "flat"  # the parameters' rank and its name in errors (StackedAdam: [P, n])
 
+    @classmethod
+    def from_config(cls, net, o, grad_norm_out=None, xp=None):
+        """The optimiser an :class:`cudarl.config.OptimConfig` ``o`` describes over ``net``'s ``params`` and
+        ``grads`` (decay where ``net.layout.decay_mask()`` is 1); ``grad_norm_out`` and ``xp`` as above."""
+        return cls(
+            net.params,
+            net.grads,
+            schedule=Schedule.from_config(o),
+            betas=(o.beta1, o.beta2),
+            eps=o.eps,
+            weight_decay=o.weight_decay,
+            decay_mask=net.layout.decay_mask(),
+            max_grad_norm=o.max_grad_norm,
+            grad_norm_out=grad_norm_out,
+            xp=xp,
+        )
+
     def __init__(
         self,
         params,

@@ -56,7 +56,48 @@ def _device_pointer_of_host(hptr: int) -> int:
 _SLOT_TYPES = (np.int64, np.uint64, np.float32, np.float64, np.int32, np.uint32)
 
 
-class DeviceScalars:
+def _slot_dtypes(spec: dict) -> dict:
+    """``{name: np.dtype}`` of a ``{name: dtype}`` spec, each a type an 8-byte slot holds, else ValueError."""
+    dtypes = {}
+    for name, dt in spec.items():
+        dt = np.dtype(dt)
+        if dt.type not in _SLOT_TYPES:
+            raise ValueError(f"spec[{name!r}]: dtype {dt} is not a supported scalar type")
+        dtypes[name] = dt
+    return dtypes
+
+
+def _check_state_names(names: tuple, state: dict, what: str) -> None:
+    """KeyError naming the ``names`` that ``state`` lacks (``what``: the scalars' kind, for the message)."""
+    missing = set(names) - set(state)
+    if missing:
+        raise KeyError(f"state is missing {what}: {sorted(missing)}")
+
+
+class _NamedSlots:
+    """What :class:`DeviceScalars` and :class:`MemberScalars` share over their ``names`` and ``_views``
+    (``_KIND`` names their scalars in errors; ``set`` and ``get`` are each class's own)."""
+
+    _KIND = "device scalar"
+
+    def view(self, name: str):
+        """The device array of ``name`` that kernels read (and may write): :class:`DeviceScalars`' 1-element
+        slot, :class:`MemberScalars`' ``[members]`` array (element ``i`` member ``i``'s)."""
+        try:
+            return self._views[name]
+        except KeyError:
+            raise KeyError(f"no {self._KIND} {name!r} (have {', '.join(self.names)})") from None
+
+    def state_dict(self) -> dict:
+        return {name: self.get(name) for name in self.names}
+
+    def load_state_dict(self, state: dict) -> None:
+        _check_state_names(self.names, state, f"{self._KIND}s")
+        for name in self.names:
+            self.set(name, state[name])
+
+
+class DeviceScalars(_NamedSlots):
     """Named scalars in one device buffer of 8-byte slots.
 
     Args:
@@ -71,12 +112,7 @@ class DeviceScalars:
         if not spec:
             raise ValueError("spec: at least one scalar is needed")
         self.xp = xp if xp is not None else _backend.get().xp
-        self.dtypes = {}
-        for name, dt in spec.items():
-            dt = np.dtype(dt)
-            if dt.type not in _SLOT_TYPES:
-                raise ValueError(f"spec[{name!r}]: dtype {dt} is not a supported scalar type")
-            self.dtypes[name] = dt
+        self.dtypes = _slot_dtypes(spec)
         self.names = tuple(self.dtypes)
         self.buffer = self.xp.zeros(len(self.names), dtype=np.uint64)
         self._views = {}
@@ -85,13 +121,6 @@ class DeviceScalars:
             self._views[name] = self.buffer[i : i + 1].view(dt)[:1]
         for name, value in (initial or {}).items():
             self.set(name, value)
-
-    def view(self, name: str):
-        """The device slot of ``name``: a 1-element array kernels read (and may write)."""
-        try:
-            return self._views[name]
-        except KeyError:
-            raise KeyError(f"no device scalar {name!r} (have {', '.join(self.names)})") from None
 
     @staticmethod
     def _bits(dt: np.dtype, value) -> int:
@@ -124,16 +153,6 @@ class DeviceScalars:
             return v.get()[0]
         return v[0].copy()
 
-    def state_dict(self) -> dict:
-        return {name: self.get(name) for name in self.names}
-
-    def load_state_dict(self, state: dict) -> None:
-        missing = set(self.names) - set(state)
-        if missing:
-            raise KeyError(f"state is missing device scalars: {sorted(missing)}")
-        for name in self.names:
-            self.set(name, state[name])
-
 
 def member_index(i, members: int) -> int:
     """``i`` as a member index of ``members`` (an integer in ``[0, members)``), else IndexError."""
@@ -142,7 +161,7 @@ def member_index(i, members: int) -> int:
     return int(i)
 
 
-class MemberScalars:
+class MemberScalars(_NamedSlots):
     """:class:`DeviceScalars` for ``members`` members (a population's agents): each name a ``[members]``
     device array, element ``i`` member ``i``'s scalar, in one buffer of 8-byte slots (a row of them per
     name).
@@ -157,29 +176,19 @@ class MemberScalars:
     :meth:`set` copy all members' values (between replays, never inside a capture).
     """
 
+    _KIND = "member scalar"
+
     def __init__(self, spec: dict, members: int, xp=None, initial: dict | None = None):
         if not spec or int(members) < 1:
             raise ValueError(f"MemberScalars: at least one scalar and one member, got {list(spec)} and {members}")
         self.xp = xp if xp is not None else _backend.get().xp
         self.members = int(members)
-        self.dtypes = {}
-        for name, dt in spec.items():
-            dt = np.dtype(dt)
-            if dt.type not in _SLOT_TYPES:
-                raise ValueError(f"spec[{name!r}]: dtype {dt} is not a supported scalar type")
-            self.dtypes[name] = dt
+        self.dtypes = _slot_dtypes(spec)
         self.names = tuple(self.dtypes)
         self.buffer = self.xp.zeros((len(self.names), self.members), dtype=np.uint64)
         self._views = {n: self.buffer[i].view(self.dtypes[n])[: self.members] for i, n in enumerate(self.names)}
         for name, value in (initial or {}).items():
             self.set(name, value)
-
-    def view(self, name: str):
-        """The ``[members]`` device array of ``name``, element ``i`` member ``i``'s (kernels read and write it)."""
-        try:
-            return self._views[name]
-        except KeyError:
-            raise KeyError(f"no member scalar {name!r} (have {', '.join(self.names)})") from None
 
     def set(self, name: str, values) -> None:
         """Write ``values`` (one for every member, or ``[members]``) into ``name`` (not inside a capture)."""
@@ -196,16 +205,6 @@ class MemberScalars:
             _refuse_if_capturing(f"MemberScalars.get({name!r})")
             return v.get()
         return v.copy()
-
-    def state_dict(self) -> dict:
-        return {name: self.get(name) for name in self.names}
-
-    def load_state_dict(self, state: dict) -> None:
-        missing = set(self.names) - set(state)
-        if missing:
-            raise KeyError(f"state is missing member scalars: {sorted(missing)}")
-        for name in self.names:
-            self.set(name, state[name])
 
     def _member(self, i) -> int:
         return member_index(i, self.members)
@@ -227,9 +226,7 @@ class MemberScalars:
     def load_member_state_dict(self, i: int, state: dict) -> None:
         """Restore a :meth:`DeviceScalars.state_dict` of these names into member ``i`` (the others keep theirs)."""
         i = self._member(i)
-        missing = set(self.names) - set(state)
-        if missing:
-            raise KeyError(f"state is missing device scalars: {sorted(missing)}")
+        _check_state_names(self.names, state, "device scalars")
         for name in self.names:
             self.set_member(name, i, state[name])
 

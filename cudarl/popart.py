@@ -41,6 +41,15 @@ def _numpy_out(out, values):
     return out
 
 
+def targets_loss_kwargs(popart) -> dict:
+    """The PopArt keyword arguments of :func:`cudarl.losses.c51_targets_loss` for ``popart`` (a
+    :class:`PopArt` or a :class:`StackedPopArt`: its state, its ``beta`` slot, its sigma floor); ``{}`` for
+    None (the loss without PopArt)."""
+    if popart is None:
+        return {}
+    return dict(popart_state=popart.state, popart_beta=popart.scalars.view("beta"), sigma_min=popart.sigma_min)
+
+
 class PopArt:
     """Running mean/std of return-space TD targets, fitted to a value support.
 

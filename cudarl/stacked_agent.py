@@ -56,9 +56,9 @@ from .config import Config
 from .graph import SideStream
 from .nn.params import stacked_zeros
 from .nn.stacked import StackedQNetwork, _reference_network
-from .optim import Schedule, StackedAdam, StackedSoftUpdate, shrink_perturb
+from .optim import StackedAdam, StackedSoftUpdate, shrink_perturb
 from .pinned import MemberScalars, PinnedReadback, member_index
-from .popart import StackedPopArt
+from .popart import StackedPopArt, targets_loss_kwargs
 from .reference.window import STATE_DIM
 from .replay import Batch
 from .rules.c51 import C51Rule, support
@@ -167,18 +167,7 @@ class StackedLearner:
         self.readback = PinnedReadback(P * 2 * PUBLISH_SLOTS, f32, xp)
         self.ring = self.readback.device.reshape(P, 2 * PUBLISH_SLOTS)
         self.grad_norm = xp.zeros(P, f32)
-        self.adam = StackedAdam(
-            self.online.params,
-            self.online.grads,
-            schedule=Schedule.from_config(o),
-            betas=(o.beta1, o.beta2),
-            eps=o.eps,
-            weight_decay=o.weight_decay,
-            decay_mask=self.online.layout.decay_mask(),
-            max_grad_norm=o.max_grad_norm,
-            grad_norm_out=self.grad_norm,
-            xp=xp,
-        )
+        self.adam = StackedAdam.from_config(self.online, o, self.grad_norm, xp)
         self.soft = StackedSoftUpdate(
             self.target.params, self.online.params, a.tau_start, a.tau_end, a.tau_period, xp=xp
         )
@@ -285,12 +274,7 @@ class StackedLearner:
             self.side_small.join()  # the schedules and the importance weights
             self.side.join()
             self.side_next.join()
-            pa = self.popart
-            popart = (
-                {}
-                if pa is None
-                else dict(popart_state=pa.state, popart_beta=pa.scalars.view("beta"), sigma_min=pa.sigma_min)
-            )
+            popart = targets_loss_kwargs(self.popart)
             losses.c51_targets_loss(
                 self.va,
                 self.va_online_next,

@@ -11,6 +11,39 @@ import inspect
 import numpy as np
 
 
+def over_members(split, combine=None):
+    """The frame of every twin's member axis (:func:`members`, :func:`in_place`,
+    :func:`cudarl.reference.optim.members`, :func:`cudarl.reference.replay.buffers.members`).
+
+    ``split(fn, a)`` reads the twin ``fn``'s bound arguments ``a`` (a dict) and returns None (no member
+    axis: the single call) or the list of member ``i``'s keyword arguments for every ``i``, having checked
+    them all first (a ValueError naming ``fn`` when the axis is not one length). The twin then runs once
+    per member, in order, and returns ``combine`` of the list of the members' results (None: the twin
+    writes in place and returns None)."""
+
+    def wrap(fn):
+        sig = inspect.signature(fn)
+
+        @functools.wraps(fn)
+        def run(*args, **kw):
+            each = split(fn, sig.bind(*args, **kw).arguments)
+            if each is None:
+                return fn(*args, **kw)
+            per = [fn(**one) for one in each]
+            return None if combine is None else combine(per)
+
+        return run
+
+    return wrap
+
+
+def _stack(per: list):
+    """The members' results with the leading axis: an array's stacked, a tuple's field by field (None stays None)."""
+    if not isinstance(per[0], tuple):
+        return np.stack(per)
+    return tuple(None if r[0] is None else np.stack(r) for r in zip(*per, strict=True))
+
+
 def members(shared: tuple = (), **ranks: int):
     """Give a twin that returns its results the member axis.
 
@@ -23,34 +56,24 @@ def members(shared: tuple = (), **ranks: int):
     axis (``np.stack``: a ``[B]`` result ``[P, B]``, a scalar ``[P]``; a None result stays None).
     Otherwise it is the single call."""
 
-    def wrap(fn):
-        sig = inspect.signature(fn)
-        first = next(iter(ranks))
+    first = next(iter(ranks))
 
-        @functools.wraps(fn)
-        def run(*args, **kw):
-            bound = sig.bind(*args, **kw)
-            a = bound.arguments
-            if np.ndim(a[first]) != ranks[first] + 1:
-                return fn(*args, **kw)
-            P = np.shape(a[first])[0]
-            lead = {}
-            for k, r in ranks.items():
-                v = a.get(k)
-                if v is None:
-                    continue
-                if (r is None or np.ndim(v) == r + 1) and np.shape(v)[0] == P:
-                    lead[k] = np.asarray(v)
-                elif k not in shared:
-                    raise ValueError(f"{fn.__name__}: every argument has the member axis of one length, or none does")
-            per = [fn(**dict(a, **{k: v[i] for k, v in lead.items()})) for i in range(P)]
-            if not isinstance(per[0], tuple):
-                return np.stack(per)
-            return tuple(None if r[0] is None else np.stack(r) for r in zip(*per, strict=True))
+    def split(fn, a):
+        if np.ndim(a[first]) != ranks[first] + 1:
+            return None
+        P = np.shape(a[first])[0]
+        lead = {}
+        for k, r in ranks.items():
+            v = a.get(k)
+            if v is None:
+                continue
+            if (r is None or np.ndim(v) == r + 1) and np.shape(v)[0] == P:
+                lead[k] = np.asarray(v)
+            elif k not in shared:
+                raise ValueError(f"{fn.__name__}: every argument has the member axis of one length, or none does")
+        return [dict(a, **{k: v[i] for k, v in lead.items()}) for i in range(P)]
 
-        return run
-
-    return wrap
+    return over_members(split, _stack)
 
 
 def in_place(scalars: tuple = (), shared: tuple = (), **ranks: int):
@@ -66,40 +89,33 @@ def in_place(scalars: tuple = (), shared: tuple = (), **ranks: int):
     passed whole when they come without the axis, the other arguments as given. Otherwise it is the
     single call."""
 
-    def wrap(fn):
-        sig = inspect.signature(fn)
+    def lead_ndim(v) -> int:
+        return np.ndim(v[0]) if isinstance(v, tuple) else np.ndim(v)
 
-        def lead_ndim(v) -> int:
-            return np.ndim(v[0]) if isinstance(v, tuple) else np.ndim(v)
+    def pick(v, i: int):
+        return type(v)(*(f[i] for f in v)) if isinstance(v, tuple) else v[i]
 
-        def pick(v, i: int):
-            return type(v)(*(f[i] for f in v)) if isinstance(v, tuple) else v[i]
+    def split(fn, a):
+        if ranks:
+            first = next(iter(ranks))
+            if lead_ndim(a[first]) != ranks[first] + 1:
+                return None
+            P = np.shape(a[first][0] if isinstance(a[first], tuple) else a[first])[0]
+        else:
+            P = np.shape(a[scalars[0]])[0]
+            if P == 1:
+                return None
+        lead = [k for k, r in ranks.items() if not (k in shared and lead_ndim(a[k]) == r)]
+        fields = {k: a[k] if isinstance(a[k], tuple) else (a[k],) for k in lead}
+        bad = [k for k in lead if lead_ndim(a[k]) != ranks[k] + 1 or any(np.shape(f)[:1] != (P,) for f in fields[k])]
+        bad += [k for k in scalars if a.get(k) is not None and np.shape(a[k]) != (P,)]
+        if bad:
+            raise ValueError(f"{fn.__name__}: every buffer has the member axis of one length, or none does: {bad}")
+        each = []
+        for i in range(P):
+            one = {k: pick(a[k], i) for k in lead}
+            one.update({k: a[k][i : i + 1] for k in scalars if a.get(k) is not None})
+            each.append(dict(a, **one))
+        return each
 
-        @functools.wraps(fn)
-        def run(*args, **kw):
-            a = sig.bind(*args, **kw).arguments
-            if ranks:
-                first = next(iter(ranks))
-                if lead_ndim(a[first]) != ranks[first] + 1:
-                    return fn(*args, **kw)
-                P = np.shape(a[first][0] if isinstance(a[first], tuple) else a[first])[0]
-            else:
-                P = np.shape(a[scalars[0]])[0]
-                if P == 1:
-                    return fn(*args, **kw)
-            lead = [k for k, r in ranks.items() if not (k in shared and lead_ndim(a[k]) == r)]
-            fields = {k: a[k] if isinstance(a[k], tuple) else (a[k],) for k in lead}
-            bad = [
-                k for k in lead if lead_ndim(a[k]) != ranks[k] + 1 or any(np.shape(f)[:1] != (P,) for f in fields[k])
-            ]
-            bad += [k for k in scalars if a.get(k) is not None and np.shape(a[k]) != (P,)]
-            if bad:
-                raise ValueError(f"{fn.__name__}: every buffer has the member axis of one length, or none does: {bad}")
-            for i in range(P):
-                one = {k: pick(a[k], i) for k in lead}
-                one.update({k: a[k][i : i + 1] for k in scalars if a.get(k) is not None})
-                fn(**dict(a, **one))
-
-        return run
-
-    return wrap
+    return over_members(split)

@@ -12,13 +12,12 @@ kernels' ``blockIdx.y`` makes it on the GPU.
 
 from __future__ import annotations
 
-import functools
-import inspect
 import math
 
 import numpy as np
 
 from . import philox
+from ._members import over_members
 
 #: Blocks of the first stage of the gradient norm; block k owns elements i with (i // 256) % GN_BLOCKS == k.
 GN_BLOCKS, GN_THREADS = 512, 256
@@ -34,27 +33,17 @@ def members(rows: tuple = (), scalars: tuple = ()):
     once per member ``i`` on row ``i`` of each row argument and a 1-element view of element ``i`` of each
     scalar, the other arguments as given; otherwise it is the single call."""
 
-    def wrap(fn):
-        sig = inspect.signature(fn)
+    def split(fn, a):
+        lead = a[rows[0]].ndim == 2 if rows else a[scalars[0]].shape[0] != 1
+        if not lead:
+            return None
+        P = a[rows[0]].shape[0] if rows else a[scalars[0]].shape[0]
+        sc = [k for k in scalars if a.get(k) is not None]
+        if any(a[k].ndim != 2 or a[k].shape[0] != P for k in rows) or any(a[k].shape != (P,) for k in sc):
+            raise ValueError(f"{fn.__name__}: every buffer has the member axis of one length, or none does")
+        return [dict(a, **{k: a[k][i] for k in rows}, **{k: a[k][i : i + 1] for k in sc}) for i in range(P)]
 
-        @functools.wraps(fn)
-        def run(*args, **kw):
-            bound = sig.bind(*args, **kw)
-            a = bound.arguments
-            lead = a[rows[0]].ndim == 2 if rows else a[scalars[0]].shape[0] != 1
-            if not lead:
-                return fn(*args, **kw)
-            P = a[rows[0]].shape[0] if rows else a[scalars[0]].shape[0]
-            sc = [k for k in scalars if a.get(k) is not None]
-            if any(a[k].ndim != 2 or a[k].shape[0] != P for k in rows) or any(a[k].shape != (P,) for k in sc):
-                raise ValueError(f"{fn.__name__}: every buffer has the member axis of one length, or none does")
-            for i in range(P):
-                one = dict(a, **{k: a[k][i] for k in rows}, **{k: a[k][i : i + 1] for k in sc})
-                fn(**one)
-
-        return run
-
-    return wrap
+    return over_members(split)
 
 
 @members(rows=("g", "partial"))

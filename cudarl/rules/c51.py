@@ -7,6 +7,7 @@ import numpy as np
 from .. import losses
 from ..backend import family
 from ..nn.heads import C51Head
+from ..popart import targets_loss_kwargs
 from .base import LearnerBuffers, Phase, RuleBase, acting_risk
 
 
@@ -148,12 +149,7 @@ class C51Rule(RuleBase):
         weights = buf.importance_weights()
         buf.side.join()  # the target net's forward
         buf.side_next.join()  # the online net's at s'
-        pa = buf.popart
-        popart = (
-            {}
-            if pa is None
-            else dict(popart_state=pa.state, popart_beta=pa.scalars.view("beta"), sigma_min=pa.sigma_min)
-        )
+        popart = targets_loss_kwargs(buf.popart)
         losses.c51_targets_loss(
             self.va,
             self.va_online_next,

@@ -4,11 +4,11 @@ arithmetic (``added`` is the one counter: ``write_pos = added mod C``, ``size = 
 
 from __future__ import annotations
 
-import functools
-import inspect
 from dataclasses import dataclass, fields
 
 import numpy as np
+
+from .._members import over_members
 
 SCALE_BITS = 24
 #: Fixed-point scale of a leaf: ``q = rint(p**alpha * SCALE)``.
@@ -143,26 +143,17 @@ def members(*shared: str):
     otherwise it is the single call. Member ``i`` is then the single call's result by construction, as the
     kernels' ``blockIdx.y`` makes it on the GPU."""
 
-    def wrap(fn):
-        sig = inspect.signature(fn)
+    def split(fn, a):
+        P = a["bufs"].members
+        if P is None:
+            return None
+        rows = [k for k, v in a.items() if k not in ("spec", "bufs", *shared) and hasattr(v, "ndim")]
+        bad = [k for k in rows if a[k].ndim < 1 or a[k].shape[0] != P]
+        if bad:
+            raise ValueError(f"{fn.__name__}: {bad} must have the member axis of {P} members, as bufs has")
+        return [dict(a, bufs=a["bufs"].member(i), **{k: a[k][i] for k in rows}) for i in range(P)]
 
-        @functools.wraps(fn)
-        def run(*args, **kw):
-            bound = sig.bind(*args, **kw)
-            a = bound.arguments
-            P = a["bufs"].members
-            if P is None:
-                return fn(*args, **kw)
-            rows = [k for k, v in a.items() if k not in ("spec", "bufs", *shared) and hasattr(v, "ndim")]
-            bad = [k for k in rows if a[k].ndim < 1 or a[k].shape[0] != P]
-            if bad:
-                raise ValueError(f"{fn.__name__}: {bad} must have the member axis of {P} members, as bufs has")
-            for i in range(P):
-                fn(**dict(a, bufs=a["bufs"].member(i), **{k: a[k][i] for k in rows}))
-
-        return run
-
-    return wrap
+    return over_members(split)
 
 
 def ready_slots(capacity: int, lag: int, added: int) -> np.ndarray:
