@@ -23,8 +23,9 @@ collect step (:meth:`~cudarl.stacked_agent.StackedLearner.collect_phases`) over 
 :class:`cudarl.stacked_env.StackedTradingEnv` and a stacked replay, one launch per operation for every
 member. The members are still :class:`Trainer` s: they evaluate, log and report as in the branches mode
 (their guards read the learner's per-member loss, gradient norm and Q statistics; their networks get the
-learner's weights before an evaluation, a moving-average update, a policy file and at the end), but their own
-graphs, replays and optimisers do not run. Each writes its run directory and resume checkpoint as a
+learner's weights before an evaluation, a moving-average update, a policy file and at the end), but they build
+no graphs, replays or transition buffers of their own (``Trainer(learner_state="external")``), and their
+optimisers do not run. Each writes its run directory and resume checkpoint as a
 :class:`JoinedMember`: the checkpoint a ``Trainer`` alone would write at that update, its agent, replay and env
 states the stacked objects' member ``i``; :meth:`Population.resume` continues a population (either mode) from
 its members' checkpoints. What it takes and refuses: :func:`check_joined`.
@@ -510,14 +511,20 @@ class JoinedMember(Trainer):
     checkpoint's ``agent``, ``replay`` and ``env``) are the stacked objects' member ``i``
     (``member_state_dict(i)``, bit for bit the single objects' states), so it writes and loads the
     checkpoint ``Trainer(configs[i])`` alone would, and that checkpoint resumes as a single Trainer. Its
-    own agent, replay and env stay idle but for evaluation (the population copies the learner's weights
+    own agent and env stay idle but for evaluation (the population copies the learner's weights
     into its agent before it reads them; a load writes them there too).
+
+    It is a ``Trainer(learner_state="external")``: no replay, no graphs and no transition buffers of its own
+    are built (the stacked objects hold them); its agent and env are.
 
     Attributes:
         stacked: ``(learner, replay, env, i)``, set by the population once it has built them.
     """
 
     stacked: tuple
+
+    def __init__(self, cfg: Config, **kw):
+        super().__init__(cfg, learner_state="external", **kw)
 
     def _learning_state(self) -> dict:
         learner, replay, env, i = self.stacked

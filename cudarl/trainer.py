@@ -83,7 +83,18 @@ class Trainer:
         stream: the CuPy stream both graphs run on (default: a new one; :class:`cudarl.population.Population`
             gives its members its own, so their host-driven work is ordered with the population's graphs).
         prepared: the :class:`Prepared` data to use instead of preparing it (a population's members share one).
+        learner_state: ``"own"`` (default): the trainer trains its agent, with a replay of its own, the
+            collect and train graphs and their transition buffers. ``"external"``: something else trains
+            it (a joined population's :class:`cudarl.population.JoinedMember`, whose stacked learner,
+            replay and env hold its learning state): no replay, no graphs and no transition buffers are
+            built, :attr:`replay`, :attr:`transitions`, :attr:`discount`, :attr:`collect_graph` and
+            :attr:`train_graph` are None; its agent (networks for evaluation, policy files and the moving
+            average), env (the features, the env config), guard, normaliser and run directory are kept.
+            The subclass supplies :meth:`_learning_state` and :meth:`_load_learning_state`.
     """
+
+    #: the values of ``learner_state``
+    LEARNER_STATES = ("own", "external")
 
     def __init__(
         self,
@@ -96,7 +107,14 @@ class Trainer:
         echo=print,
         stream=None,
         prepared: Prepared | None = None,
+        learner_state: str = "own",
     ):
+        if learner_state not in self.LEARNER_STATES:
+            raise ValueError(f"learner_state: {learner_state!r} is not one of {self.LEARNER_STATES}")
+        if learner_state == "external" and cfg.run.offline:
+            raise ValueError('learner_state = "external": run.offline fills a replay of its own, which it has none of')
+        self.learner_state = learner_state
+        own = learner_state == "own"
         self.timings: dict[str, float] = {}  # start-up seconds by stage (cudarl.timing; tools/bench_startup.py)
         sw = Stopwatch(self.timings)
         self.cfg, self.echo = cfg, echo
@@ -125,8 +143,9 @@ class Trainer:
             backend=self.be.name,
         )
         rows = self.env.rows_per_step * self.env.n_envs
-        self.transitions = self.env.make_transitions()
-        self.discount = xp.zeros(rows, np.float32)
+        # learner_state "external": the transition buffers and the replay are the stacked objects'
+        self.transitions = self.env.make_transitions() if own else None
+        self.discount = xp.zeros(rows, np.float32) if own else None
         # offline (run.offline): the replay's columns are the recording's rows of a step, filled from it
         self.experience = None
         if cfg.run.offline:
@@ -137,21 +156,25 @@ class Trainer:
         columns = rows if self.experience is None else self.experience.rows_per_step
         # replay: every row group of a step is one interleaved "env" column of the ring; its rows are
         # state rows (bar indices and position features), whatever the window
-        self.replay = PrioritizedReplay(
-            cfg.replay.capacity,
-            self.env.windows.state_dim,
-            n_step=cfg.replay.n_step,
-            n_envs=columns,
-            alpha=cfg.replay.alpha,
-            eps=cfg.replay.eps,
-            beta0=cfg.replay.beta0,
-            beta_final=cfg.replay.beta_final,
-            beta_steps=cfg.replay.beta_steps,
-            seed=cfg.run.seed,
-            backend=self.be.name,
-            store_next_obs=cfg.env.counterfactual
-            if self.experience is None
-            else self.experience.next_state is not None,
+        self.replay = (
+            None
+            if not own
+            else PrioritizedReplay(
+                cfg.replay.capacity,
+                self.env.windows.state_dim,
+                n_step=cfg.replay.n_step,
+                n_envs=columns,
+                alpha=cfg.replay.alpha,
+                eps=cfg.replay.eps,
+                beta0=cfg.replay.beta0,
+                beta_final=cfg.replay.beta_final,
+                beta_steps=cfg.replay.beta_steps,
+                seed=cfg.run.seed,
+                backend=self.be.name,
+                store_next_obs=cfg.env.counterfactual
+                if self.experience is None
+                else self.experience.next_state is not None,
+            )
         )
         if self.experience is not None:
             n = experience.load_into(self.experience, self.replay, cfg.agent.gamma)
@@ -166,7 +189,8 @@ class Trainer:
             feature_names=self.data.names,
         )
         self.batch = self.agent.batch
-        self.replay.reserve(cfg.agent.batch_size)
+        if own:
+            self.replay.reserve(cfg.agent.batch_size)
         if self.be.is_gpu and stream is None:
             import cupy
 
@@ -176,16 +200,18 @@ class Trainer:
             # its cuBLAS handle goes with the agent: every graph that captures on this stream (the two
             # below, a population's) runs the agent's phases, so none can replay once the agent is gone
             blas.release_with(self.agent, stream)
-        self.collect_graph = StepGraph(
-            "collect",
-            self.agent.collect_phases(self.env, self.replay, self.transitions, self.discount),
-            stream=stream,
-            xp=xp,
-        )
-        self.train_graph = StepGraph(
-            "train", self.agent.train_phases(self.replay, self.env.windows), stream=stream, xp=xp
-        )
-        self.stream = self.train_graph.stream
+        self.collect_graph = self.train_graph = None  # learner_state "external": whoever trains it has graphs
+        if own:
+            self.collect_graph = StepGraph(
+                "collect",
+                self.agent.collect_phases(self.env, self.replay, self.transitions, self.discount),
+                stream=stream,
+                xp=xp,
+            )
+            self.train_graph = StepGraph(
+                "train", self.agent.train_phases(self.replay, self.env.windows), stream=stream, xp=xp
+            )
+        self.stream = self.train_graph.stream if own else stream
         sw.lap("allocation")
         self.best = None  # {"step", "sharpe"} of the best validation evaluation (run.keep_best)
         #: the one-step-late readback, the guard and the rollback (cudarl.monitor)
