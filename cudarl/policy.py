@@ -844,14 +844,18 @@ class _OneBar:
         return self.q
 
 
+#: Environments of an evaluation env (:func:`eval_env`): the rows a greedy walk's forward acts on.
+EVAL_ENVS = 1
+
+
 def eval_env(prepared, split, env_cfg, backend: str):
-    """One environment over ``split``, one episode of ``len(split) - 2`` steps from its first bar."""
+    """:data:`EVAL_ENVS` environment over ``split``, one episode of ``len(split) - 2`` steps from its first bar."""
     from dataclasses import replace
 
     from .env import TradingEnv
 
     n = split.stop - split.start - 2
-    cfg = replace(env_cfg, n_envs=1, episode_len=n, stagger=False, counterfactual=False, mirror=False)
+    cfg = replace(env_cfg, n_envs=EVAL_ENVS, episode_len=n, stagger=False, counterfactual=False, mirror=False)
     b = prepared.bars
     return TradingEnv(
         b.open,

@@ -178,7 +178,11 @@ class Population:
         members: ``list[Trainer]``; member ``i`` behaves exactly as ``Trainer(configs[i])`` alone.
         train_graph, collect_graph: the population's :class:`cudarl.graph.StepGraph`\\ s.
         member_bytes: device bytes each member allocated (GPU: CuPy's pool; NumPy: ``tracemalloc`` when
-            it is tracing, else None), after the shared feature matrix replaced its own copy.
+            it is tracing, else None), after the shared feature matrix replaced its own copy. A joined
+            member builds no replay, graphs or transition buffers (``Trainer(learner_state="external")``):
+            its learning state is in the stacked objects, counted in ``stacked_bytes``.
+        stacked_bytes: joined mode, device bytes of the stacked learner, env, replay and the population's
+            graphs (measured as ``member_bytes``); None in the branches mode or where not measured.
         stopped: ``{member index: guard message}`` of members the guard stopped (their branches leave
             the graphs, the others go on; joined: they stay in the graph, masking them is not built, and
             only their host-side work stops).
@@ -251,8 +255,12 @@ class Population:
             self.members.append(m)
         self.xp, self.stream = self.members[0].xp, stream
         self.stopped: dict[int, str] = {}
+        self.stacked_bytes: int | None = None
         if self.mode == "joined":
+            before = _allocated(gpu)
             self._build_joined()
+            after = _allocated(gpu)
+            self.stacked_bytes = None if before is None or after is None else after - before
         else:
             self._build_graphs()
 
@@ -617,7 +625,9 @@ def _allocated(gpu: bool) -> int | None:
 def memory_per_member(cfg: Config, *, bars=None, splits=None) -> int:
     """Device bytes one more member of ``cfg`` takes in a population, measured: a population of two is
     built (no run directories, nothing captured) and the second member's allocations are counted (the
-    feature matrix is shared, so it is not in them). On the NumPy backend host bytes, by tracemalloc.
+    feature matrix is shared, so it is not in them); with ``run.population = "joined"`` plus half the
+    stacked objects' bytes (:attr:`Population.stacked_bytes`: the learning state of both members, which
+    their own trainers do not hold). On the NumPy backend host bytes, by tracemalloc.
 
     Counted: every array of the member and the cuBLAS workspace of each of its streams (32 MiB each,
     about nine a member). Not counted: what the driver holds for the graphs and streams themselves."""
@@ -630,6 +640,8 @@ def memory_per_member(cfg: Config, *, bars=None, splits=None) -> int:
     try:
         pop = Population([cfg, cfg], bars=bars, splits=splits, run_dirs=[False, False], echo=lambda m: None)
         got = pop.member_bytes[1]
+        if got is not None and pop.stacked_bytes is not None:  # joined: its share of the stacked objects
+            got += pop.stacked_bytes // len(pop.members)
         pop.close()
     finally:
         if started:

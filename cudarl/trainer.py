@@ -40,7 +40,7 @@ from .evaluate import json_safe, write_outputs
 from .features import Normaliser
 from .graph import StepGraph, capture_all
 from .monitor import StepMonitor
-from .policy import PolicyState, deployment, eval_env, evaluate_split, greedy_walk, is_policy_file
+from .policy import EVAL_ENVS, PolicyState, deployment, eval_env, evaluate_split, greedy_walk, is_policy_file
 from .prepare import Prepared, prepare_data
 from .replay import PrioritizedReplay
 from .timing import Stopwatch
@@ -88,8 +88,10 @@ class Trainer:
             it (a joined population's :class:`cudarl.population.JoinedMember`, whose stacked learner,
             replay and env hold its learning state): no replay, no graphs and no transition buffers are
             built, :attr:`replay`, :attr:`transitions`, :attr:`discount`, :attr:`collect_graph` and
-            :attr:`train_graph` are None; its agent (networks for evaluation, policy files and the moving
-            average), env (the features, the env config), guard, normaliser and run directory are kept.
+            :attr:`train_graph` are None, and its agent's acting workspace has the evaluation envs' rows
+            (:data:`cudarl.policy.EVAL_ENVS`), not the training envs'; its agent (networks for evaluation,
+            policy files and the moving average), env (the features, the env config), guard, normaliser
+            and run directory are kept.
             The subclass supplies :meth:`_learning_state` and :meth:`_load_learning_state`.
     """
 
@@ -179,11 +181,13 @@ class Trainer:
         if self.experience is not None:
             n = experience.load_into(self.experience, self.replay, cfg.agent.gamma)
             echo(f"offline: {n:,} recorded transitions from {cfg.run.offline} ({self.experience.steps} steps)")
+        # learner_state "external": the agent acts in evaluation only, over EVAL_ENVS rows (its acting
+        # workspace sized so, not for the training envs)
         self.agent = Agent(
             cfg,
             self.env.obs_dim,
             self.env.n_actions,
-            self.env.n_envs,
+            self.env.n_envs if own else EVAL_ENVS,
             xp,
             market=self.env,
             feature_names=self.data.names,

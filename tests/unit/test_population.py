@@ -9,6 +9,7 @@ from test_trainer import gpu_small, small
 
 from cudarl.backend import to_numpy
 from cudarl.config import from_dict
+from cudarl.policy import EVAL_ENVS
 from cudarl.population import Population, can_share, memory_per_member
 from cudarl.trainer import Trainer
 
@@ -382,6 +383,37 @@ def test_joined_guard_stops_a_member_and_the_others_go_on():
     )
     assert pop.active() == [0] and pop.members[1].step < 60 and summaries[0]["step"] == 60
     assert_joined_member_is_alone(pop, 0, alone)
+
+
+def test_a_joined_member_allocates_no_learning_state_of_its_own():
+    """A joined member is a Trainer(learner_state="external"): no replay, graphs or transition buffers of
+    its own, an acting workspace of the evaluation's rows; the member's bytes (tracemalloc, as
+    Population.member_bytes counts them) are less than a branches member's by more than its replay's."""
+    import tracemalloc
+
+    cfg = small(replay={"capacity": 4 * 4096})
+    tracemalloc.start()
+    try:
+        pops = {mode: Population(configs, run_dirs=[False, False], **QUIET)
+                for mode, configs in (("branches", [cfg, cfg]), ("joined", joined([cfg, cfg])))}  # fmt: skip
+    finally:
+        tracemalloc.stop()
+    b, j = pops["branches"], pops["joined"]
+    m = j.members[1]
+    assert m.learner_state == "external" and b.members[1].learner_state == "own"
+    assert m.replay is None and m.transitions is None and m.discount is None
+    assert m.train_graph is None and m.collect_graph is None
+    assert m.agent.n_envs == EVAL_ENVS < b.members[1].agent.n_envs  # the acting workspace's rows
+    replay = b.members[1].replay.nbytes()
+    assert 0 < j.member_bytes[1] < b.member_bytes[1] - replay
+    assert j.stacked_bytes > 2 * replay  # the stacked replay holds both members' rows
+    # memory_per_member counts a joined member's share of the stacked objects
+    assert memory_per_member(joined([cfg])[0]) > j.member_bytes[1] + replay
+
+
+def test_learner_state_is_declared():
+    with pytest.raises(ValueError, match="learner_state: 'none' is not one of"):
+        Trainer(small(), run_dir=False, learner_state="none", **QUIET)
 
 
 @pytest.mark.gpu
