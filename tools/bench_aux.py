@@ -21,8 +21,8 @@ Each arm is :func:`cudarl.bench.step_benchmark` (CUDA events, median of ``--repe
 capacity 100k, which the train step does not depend on), with the device memory each arm's trainer holds
 in CuPy's pool and what each signal adds to it (its buffers and its streams' cuBLAS workspaces, 32 MiB
 each: the signals on branches of their own have streams of their own; a trainer built first and not
-counted takes what the process keeps after its first one, so every arm's row holds only its own). Prints a table and writes JSON (``--out``,
-default ``docs/bench/bench_aux.json``)::
+counted takes what the process keeps after its first one, so every arm's row holds only its own).
+Prints a table and writes JSON (``--out``, default ``docs/bench/bench_aux.json``)::
 
     python3 tools/bench_aux.py --encoder mlp --out $OUT/bench_aux_mlp.json
 """
