@@ -5,8 +5,14 @@
 * The act path is the windowed forward: the Q-values the collect step acted on equal the network's
   forward of windows cut from the feature matrix by hand.
 * Each encoder trains through the trainer (its parameters move; same seed, same bits).
+* On ``builtin:lag`` the signal reaches the agent: bar t - 4's return sits at its window slot, the
+  reward correlates with that slot alone, and a ridge regression on 64-bar windows recovers it
+  (tools/probe_window.py, whose probes are smoke-tested here too).
 GPU: the same through the graphs (graphed equals eager, and against the NumPy backend).
 """
+
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -18,6 +24,8 @@ from cudarl.env import TradingEnv
 from cudarl.prepare import prepare_data
 from cudarl.reference.window import BAR, HOLD, MIRROR, POSITION
 from cudarl.trainer import Trainer
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
 
 #: Small temporal encoders (odd sizes: a window the chunk does not divide, two groups of heads).
 ENCODER_NETS = {
@@ -130,37 +138,49 @@ def test_the_lag_signal_reaches_the_reward_through_its_slot_alone():
     assert np.all(np.abs(others) < 4 * se), corr
 
 
-def split_windows(p, split, window):
-    """The windows the env gathers at every decision bar of ``split`` (flat, held 0 bars) [S, width], and
-    the return each earns, ``R_(t+1)`` [S]."""
-    from cudarl.reference.window import STATE_DIM
-    from cudarl.window import Windows
-
-    t = np.arange(split.start, split.stop - 2)
-    rows = np.zeros((t.size, STATE_DIM), np.float32)
-    rows[:, BAR] = t
-    sign = np.where(p.sign, -1, 1).astype(np.float32)
-    return Windows(p.x, sign, window, np).of(rows), p.bars.simple_returns()[t + 1]
-
-
 def test_least_squares_on_the_windows_recovers_the_lag_signal():
     """The information is there and usable: a ridge regression of ``R_(t+1)`` on the 64-bar windows of the
     training split (832 inputs, a ridge of one per training row: a prior chosen before looking, no
     tuning) puts its largest weight on bar t - 4's return (``ret_1``, or ``body``, the same column on a
     synthetic market whose bars open at the previous close), and its forecast correlates with the
     validation split's next returns by more than half of ``phi = 0.15``, the best causal forecast's."""
+    from probe_window import ridge_fit, ridge_predict, split_windows
+
     window = 64
     p = prepare_data(small(net={"window": window}), load("builtin:lag?n=20000"))
     x, y = split_windows(p, p.splits.train, window)
-    a = np.c_[x, np.ones(len(x))].astype(np.float64)
-    ridge = len(x) * np.eye(a.shape[1])
-    ridge[-1, -1] = 0.0  # the intercept is not shrunk
-    beta = np.linalg.solve(a.T @ a + ridge, a.T @ y)
+    beta = ridge_fit(x, y, penalty=float(len(x)))
     slot, col = divmod(int(np.argmax(np.abs(beta[:-1]))), p.x.shape[1] + 2)
     assert slot == window - 5 and p.names[col] in ("ret_1", "body"), (slot, col)
     xv, yv = split_windows(p, p.splits.val, window)
-    corr = np.corrcoef(np.c_[xv, np.ones(len(xv))] @ beta, yv)[0, 1]
+    corr = np.corrcoef(ridge_predict(beta, xv), yv)[0, 1]
     assert corr > 0.15 / 2, corr
+
+
+def test_probe_window_reports_every_fit():
+    """tools/probe_window.py end to end on a small market: the linear probes, and the MLP twin's curve
+    when PyTorch is installed."""
+    import probe_window
+
+    from cudarl.config import from_dict
+
+    use_mlp = probe_window_has_torch()
+    cfg = from_dict({"data": {"source": "builtin:lag?n=3000"}, "net": {"window": 4, "hidden": [8]},
+                     "run": {"steps": 20}, "agent": {"batch_size": 16}})  # fmt: skip
+    rows = probe_window.probe(cfg, [0], use_mlp)
+    assert [r["fit"] for r in rows] == ["ols", "ridge"] + ["mlp"] * use_mlp
+    assert rows[0]["inputs"] == 4 * (len(prepare_data(cfg).names) + 2) and rows[0]["reference_test_sharpe"] > 0
+    assert all(np.isfinite(r["val_corr"]) for r in rows[:2])
+    if use_mlp:
+        assert [c["update"] for c in rows[2]["curve"]] == list(range(2, 21, 2))
+
+
+def probe_window_has_torch() -> bool:
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 def test_replay_memory_does_not_grow_with_the_window():
