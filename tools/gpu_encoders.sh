@@ -8,8 +8,8 @@
 #   CUDARL_COMMIT=<sha> OUT=<dir> bash tools/gpu_encoders.sh
 # Writes $OUT/encoders_lag.jsonl (each run as it ends) and $OUT/encoders_lag.md (the summary table).
 #
-# Larger than one device call: on an H200 at 156104e a temporal run took about 310 s alone or two at a
-# time (about 33 updates a second each), the MLP runs about 70 s beside six others
+# Larger than one device call: on an H200 at 156104e a temporal run took about 310 s two at a time
+# (about 33 updates a second each; alone: not measured), the MLP runs about 70 s beside six others
 # (docs/bench/learning/encoders-156104e/). Split it: ENCODERS picks the variants (default: all four),
 # SEED_LIST the seeds of this call (default: 0 .. SEEDS - 1), FROM the rows of earlier calls (copied into
 # $OUT/encoders_lag.jsonl; their runs are not repeated and the table covers them). For example, two calls
