@@ -125,41 +125,48 @@ def _summary_row(ev) -> dict:
     }
 
 
-def _references(tr, split, cfg) -> dict:
-    """Sharpe of the market's full-information and causal reference policies on ``split``."""
-    from cudarl.datasets import MARKETS, parse
-    from cudarl.datasets.references import reference_positions
+def positions_sharpe(bars, positions, split, env, periods_per_year: float):
+    """The annualised Sharpe (None if undefined) of holding ``positions`` over ``split``, with the env
+    config ``env``'s costs and fills."""
     from cudarl.evaluate import evaluate_positions
 
-    bars = tr.data.bars
+    ev = evaluate_positions(
+        bars,
+        positions,
+        split,
+        cost_bps=env.cost_bps,
+        slippage_bps=env.slippage_bps,
+        periods_per_year=periods_per_year,
+        fill=env.fill,
+        resamples=10,
+    )
+    return ev.summary["policy"]["sharpe"]
+
+
+def references(bars, split, env, periods_per_year: float) -> dict:
+    """Sharpe of the market's full-information and causal reference policies on ``split`` (``{}`` for
+    bars that are no built-in market with references), with the env config ``env``'s costs and fills."""
+    from cudarl.datasets import MARKETS, parse
+    from cudarl.datasets.references import reference_positions
+
     if not (bars.source or "").startswith("builtin:"):
         return {}
     name = bars.source[len("builtin:") :].partition("?")[0]
     if name not in MARKETS or not MARKETS[name].has_references:
         return {}
     parse(bars.source)  # the market's parameters, checked
-    e = cfg.env
     refs = reference_positions(
         bars,
         split.start,
         len(split) - 2,
-        cost_rate=(e.cost_bps + e.slippage_bps) * 1e-4,
-        levels=tuple(float(v) for v in e.position_levels()),
-        fill=e.fill,
+        cost_rate=(env.cost_bps + env.slippage_bps) * 1e-4,
+        levels=tuple(float(v) for v in env.position_levels()),
+        fill=env.fill,
     )
     out = {"method": refs["method"]}
     for k in ("full_information", "causal"):
-        ev = evaluate_positions(
-            bars,
-            refs[k],
-            split,
-            cost_bps=e.cost_bps,
-            slippage_bps=e.slippage_bps,
-            periods_per_year=tr.data.periods_per_year,
-            fill=e.fill,
-            resamples=10,
-        )
-        out[k] = {"sharpe": ev.summary["policy"]["sharpe"], "trade_bars_pct": trade_bars_pct(refs[k])}
+        sharpe = positions_sharpe(bars, refs[k], split, env, periods_per_year)
+        out[k] = {"sharpe": sharpe, "trade_bars_pct": trade_bars_pct(refs[k])}
     return out
 
 
@@ -214,7 +221,7 @@ def run_one(task: str, head: str, seed: int, device: str, quick: bool, extra: di
     flat = {"sharpe": math.nan, "trades": 0, "trade_bars_pct": 0.0, "exposure": 0.0}
     views[f"gate={VIEW_GATE:g}"] = {**(base if gate_open else flat), "validation_psr": psr, "open": gate_open}
     row["views"] = views
-    row["references"] = _references(tr, split, cfg)
+    row["references"] = references(tr.data.bars, split, cfg.env, tr.data.periods_per_year)
     for k in ("full_information", "causal"):
         if k in row["references"]:
             ref = row["references"][k]["sharpe"]

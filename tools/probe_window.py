@@ -36,6 +36,9 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tools"))
+
+import learning_check  # noqa: E402  (the references and the Sharpe of held positions, as the learning check scores them)
 
 
 def split_windows(prepared, split, window: int):
@@ -69,41 +72,14 @@ def ridge_predict(beta, x) -> np.ndarray:
 
 def sign_sharpe(prepared, split, forecast, env) -> float:
     """Test Sharpe (annualised) of holding ``sign(forecast)`` with the env's costs and fills."""
-    from cudarl.evaluate import evaluate_positions
-
-    ev = evaluate_positions(
-        prepared.bars,
-        np.sign(forecast),
-        split,
-        cost_bps=env.cost_bps,
-        slippage_bps=env.slippage_bps,
-        periods_per_year=prepared.periods_per_year,
-        fill=env.fill,
-        resamples=10,
-    )
-    s = ev.summary["policy"]["sharpe"]
+    s = learning_check.positions_sharpe(prepared.bars, np.sign(forecast), split, env, prepared.periods_per_year)
     return float(s) if s is not None else float("nan")
 
 
 def reference_sharpe(prepared, split, env) -> float | None:
     """The causal reference's Sharpe on ``split`` (None for a market without one)."""
-    from cudarl.datasets import MARKETS
-    from cudarl.datasets.references import reference_positions
-    from cudarl.evaluate import evaluate_positions
-
-    src = prepared.bars.source or ""
-    name = src[len("builtin:") :].partition("?")[0] if src.startswith("builtin:") else ""
-    if name not in MARKETS or not MARKETS[name].has_references:
-        return None
-    n = len(split) - 2
-    rate = (env.cost_bps + env.slippage_bps) * 1e-4
-    levels = tuple(float(v) for v in env.position_levels())
-    pos = reference_positions(prepared.bars, split.start, n, cost_rate=rate, levels=levels, fill=env.fill)["causal"]
-    ev = evaluate_positions(
-        prepared.bars, pos, split, cost_bps=env.cost_bps, slippage_bps=env.slippage_bps,
-        periods_per_year=prepared.periods_per_year, fill=env.fill, resamples=10,
-    )  # fmt: skip
-    return float(ev.summary["policy"]["sharpe"])
+    refs = learning_check.references(prepared.bars, split, env, prepared.periods_per_year)
+    return float(refs["causal"]["sharpe"]) if refs else None
 
 
 def corr(a, b) -> float:
