@@ -289,16 +289,16 @@ def main() -> int:
         def chain():
             if record:
                 print(f"recording {len(record)} behaviour runs into {rec_dir}", flush=True)
-                learning_check.run_jobs(record, k, locked, start_if)
+                learning_check.run_jobs(record, k, locked, start_if, run_root=args.run_root, resume=args.resume)
             if offline:
-                learning_check.run_jobs(offline, k, locked, start_if)
+                learning_check.run_jobs(offline, k, locked, start_if, run_root=args.run_root, resume=args.resume)
 
         side = threading.Thread(target=chain)
         side.start()
         n = len(online) + len(offline) + len(record)
         print(f"mechanism screen: {n} runs on {device}, {args.workers} worker(s)", flush=True)
         if online:
-            learning_check.run_jobs(online, n_online, locked, start_if)
+            learning_check.run_jobs(online, n_online, locked, start_if, run_root=args.run_root, resume=args.resume)
         side.join()
     wall = time.perf_counter() - t0
     if start_if.declined:
@@ -355,4 +355,4 @@ def write_table(rows: list[dict], args, header: str) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(learning_check.exit_code(main))

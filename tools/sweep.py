@@ -171,7 +171,7 @@ def main() -> int:
         )
 
     with log:
-        rows = learning_check.run_jobs(jobs, args.workers, on_row)
+        rows = learning_check.run_jobs(jobs, args.workers, on_row, run_root=args.run_root, resume=args.resume)
     if args.resume:  # the table of every call's rows
         rows = run_plan.read_rows(args.jsonl)
     summary = summarise(rows)
@@ -188,4 +188,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(learning_check.exit_code(main))
