@@ -216,6 +216,9 @@ class Trainer:
         self.run_dir = None
         self.log = None
         self._said_no_plot = False
+        #: draw ``equity.png`` with each evaluation written to the run directory (about half a second of
+        #: CPU each; the learning check's runs, which read only the numbers, turn it off)
+        self.plot_evaluations = True
         for w in self.data.bars.warnings:
             echo(f"data: warning: {w}")
         if self.data.bars.repairs:
@@ -559,8 +562,9 @@ class Trainer:
             ev.summary["features_used"] = used
         self.last_evaluation = ev
         if write and self.run_dir is not None:
-            written = write_outputs(ev, self.run_dir / "eval" / f"{split_name}-{self.step:08d}", plot=True)
-            if not self._said_no_plot and not any(p.name == "equity.png" for p in written):
+            plot = self.plot_evaluations
+            written = write_outputs(ev, self.run_dir / "eval" / f"{split_name}-{self.step:08d}", plot=plot)
+            if plot and not self._said_no_plot and not any(p.name == "equity.png" for p in written):
                 self._said_no_plot = True
                 self.echo(NO_PLOT)
         p, st = ev.summary["policy"], ev.summary["statistics"]

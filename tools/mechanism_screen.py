@@ -259,6 +259,10 @@ def main() -> int:
     record = [r for r in record if offline and not Path(r["sets"][0].partition("=")[2]).is_file()]
     if record:
         rec_dir.mkdir(parents=True, exist_ok=True)
+    if args.run_root is not None and not args.resume:  # refused here, not in the offline chain's thread
+        import run_dirs
+
+        run_dirs.plan([dict(j) for j in online + offline + record], args.run_root, resume=False)
     walls = run_plan.recorded_walls()
     online = run_plan.seed_major(online, walls)  # a deadline cuts the last seed's short runs
     start_if = run_plan.StartBy(args.deadline_s, walls)

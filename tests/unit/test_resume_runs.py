@@ -128,6 +128,9 @@ def test_the_best_validation_view_is_the_last_weights_when_the_last_evaluation_i
     # headline and the other views are the last weights', whatever the best)
     learning_check.run_jobs([_job(seed=1)], 1, rows.append)
     assert learning_check.BEST_VIEW not in rows[2]["views"]
+    import learning_report
+
+    assert f"`{learning_check.BEST_VIEW}`" in learning_report.view_lines([json_safe(r) for r in rows])[0]
     del rows[1]["views"][learning_check.BEST_VIEW]
     assert _result(rows[1]) == _result(rows[2])
 
