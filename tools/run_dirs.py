@@ -93,7 +93,9 @@ def open_trainer(cfg, run_dir, resume: bool, echo):
     d = Path(run_dir)
     latest = d / LATEST
     if resume and latest.is_file():
-        t = Trainer.resume(latest, echo=echo)
+        # how this call runs it, not what it computes: run.grid_barrier is off when processes share a GPU
+        # (learning_check.run_jobs), the same bits either way, and the calls may differ in workers
+        t = Trainer.resume(latest, overrides={"run": {"grid_barrier": cfg.run.grid_barrier}}, echo=echo)
         if t.cfg != cfg:
             mine, theirs = cfg.to_dict(), t.cfg.to_dict()
             diff = [f"{s}.{k}" for s in mine for k in mine[s] if theirs.get(s, {}).get(k) != mine[s][k]]

@@ -100,6 +100,19 @@ def test_an_existing_run_dir_is_continued_only_with_resume(tmp_path, monkeypatch
     learning_check.run_jobs([_job()], 1, rows.append, run_root=tmp_path)
     with pytest.raises(SystemExit, match="--resume"):
         learning_check.run_jobs([_job()], 1, rows.append, run_root=tmp_path)
+    # its checkpoint continues under a config that differs only in how the run is launched (workers
+    # sharing a GPU turn run.grid_barrier off: the same bits), never under another config
+    from dataclasses import replace
+
+    from cudarl import checkpoint as ckpt
+    from cudarl.config import from_dict
+
+    done = tmp_path / run_dirs.name(_job())
+    cfg = from_dict(ckpt.load(done / run_dirs.LATEST, only=("trainer/",))[1]["config"])
+    t, at = run_dirs.open_trainer(replace(cfg, run=replace(cfg.run, grid_barrier=False)), done, True, print)
+    assert at == 60 and t.cfg.run.grid_barrier is False
+    with pytest.raises(ValueError, match="optim.lr"):
+        run_dirs.open_trainer(replace(cfg, optim=replace(cfg.optim, lr=1e-2)), done, True, print)
     # a directory a killed start left without a checkpoint is started over
     bare = tmp_path / run_dirs.name(_job(seed=1))
     from cudarl import rundir
