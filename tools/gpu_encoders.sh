@@ -6,7 +6,8 @@
 # before any run, not tuned on this market), C51, 3 seeds, the default 10,000 updates each.
 # Pass: ssm and attention reach >= 90% of the causal reference's test Sharpe; mlp measurably less.
 #   CUDARL_COMMIT=<sha> OUT=<dir> bash tools/gpu_encoders.sh
-# Writes $OUT/encoders_lag.jsonl (each run as it ends) and $OUT/encoders_lag.md (the summary table).
+# Writes $OUT/encoders_lag.jsonl (the rows of every call, each run's as it ends) and $OUT/encoders_lag.md
+# (the summary table).
 #
 # Larger than one device call: on an H200 at 156104e a temporal run took about 310 s two at a time
 # (about 33 updates a second each; alone: not measured), the MLP runs about 70 s beside six others
@@ -14,12 +15,23 @@
 # SEED_LIST the seeds of this call (default: 0 .. SEEDS - 1), FROM the rows of earlier calls (copied into
 # $OUT/encoders_lag.jsonl; their runs are not repeated and the table covers them). For example, two calls
 # of about 330 s:
-#   ENCODERS="ssm attention" SEED_LIST=0 WORKERS=2 ENCODERS_LIMIT_S=560 bash tools/gpu_encoders.sh
+#   ENCODERS="ssm attention" SEED_LIST=0 WORKERS=2 ENCODERS_LIMIT_S=540 bash tools/gpu_encoders.sh
 #   ENCODERS="ssm attention" SEED_LIST=1 WORKERS=2 FROM=<first call's jsonl> bash tools/gpu_encoders.sh
+#
+# No run loses its work when the time limit cuts it: every run has a run directory under RUN_ROOT (default
+# .runs/encoders, inside the working tree and git-ignored, so a warm device machine keeps it between chained
+# calls), checkpointed after each validation evaluation (every 1,000 updates) and when timeout's SIGTERM
+# arrives (the workers save, the sweep waits for them, then exits; KILL_AFTER_S, default 30, is timeout's
+# --kill-after: SIGKILL only if that takes longer). A later call on the same machine repeats the same command:
+# the runs with rows are skipped, the others continue from their checkpoints (the log says from which
+# update), to the rows an uncut run gives. The rows of every call on the machine are kept beside the run
+# directories ($RUN_ROOT/encoders_lag.jsonl; FROM replaces them); rm -rf "$RUN_ROOT" to start anew.
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/cudarl-encoders}; mkdir -p "$OUT"
-if [ -n "${FROM:-}" ]; then cp "$FROM" "$OUT/encoders_lag.jsonl"; else rm -f "$OUT/encoders_lag.jsonl"; fi
+RUN_ROOT=${RUN_ROOT:-.runs/encoders}; mkdir -p "$RUN_ROOT"
+ROWS="$RUN_ROOT/encoders_lag.jsonl"
+if [ -n "${FROM:-}" ]; then cp "$FROM" "$ROWS"; fi
 export PYTHONPATH=. PYTHONFAULTHANDLER=1
 . tools/mps.sh
 mps_start
@@ -34,10 +46,12 @@ for e in ${ENCODERS:-mlp mlp-w64 ssm attention}; do
   esac
 done
 SEEDS_ARG=(--seeds "${SEEDS:-3}"); [ -n "${SEED_LIST:-}" ] && SEEDS_ARG=(--seed-list "$SEED_LIST")
-timeout "${ENCODERS_LIMIT_S:-540}" python3 tools/sweep.py --tasks lag --heads "${HEADS:-c51}" "${SEEDS_ARG[@]}" \
-  --workers "${WORKERS:-4}" --resume --jsonl "$OUT/encoders_lag.jsonl" --md "$OUT/encoders_lag.md" "${V[@]}" \
-  > "$OUT/encoders_lag.log" 2>&1
+# the limit plus KILL_AFTER_S stays under a device call's 600 s
+timeout --kill-after="${KILL_AFTER_S:-30}" "${ENCODERS_LIMIT_S:-540}" python3 tools/sweep.py --tasks lag \
+  --heads "${HEADS:-c51}" "${SEEDS_ARG[@]}" --workers "${WORKERS:-4}" --resume --run-root "$RUN_ROOT" \
+  --jsonl "$ROWS" --md "$OUT/encoders_lag.md" "${V[@]}" > "$OUT/encoders_lag.log" 2>&1
 rc=$?
 mps_stop
+cp "$ROWS" "$OUT/encoders_lag.jsonl" 2>/dev/null
 grep -v '^  ' "$OUT/encoders_lag.log" | tail -n 30
 exit $rc

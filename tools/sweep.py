@@ -8,7 +8,10 @@ processes (on one GPU they share it; the step is latency-bound, so several proce
 busier than one). Each finished run is appended to ``--jsonl`` at once, so a sweep cut short keeps
 what it measured; ``--md`` writes the summary table (mean, spread, per-seed values). A sweep larger
 than one GPU call runs over several: ``--seed-list`` picks the seeds of a call and ``--resume`` skips
-the runs ``--jsonl`` already holds (its table then covers every call's rows).
+the runs ``--jsonl`` already holds (its table then covers every call's rows). With ``--run-root DIR`` each
+run has a run directory there (``tools/run_dirs.py``), checkpointed as it trains and when SIGTERM or SIGINT
+(``timeout``) stops the sweep; ``--resume`` then continues a run cut short from its checkpoint, to the row
+an uncut run gives (docs/sweeps.md, "Runs that survive being cut").
 
     python3 tools/sweep.py --tasks regime,noise --heads c51 --seeds 3 --workers 4 \\
         --variant base --variant "gamma0.9:agent.gamma=0.9" --variant "lr3e-4:optim.lr=3e-4"
@@ -171,7 +174,7 @@ def main() -> int:
         )
 
     with log:
-        rows = learning_check.run_jobs(jobs, args.workers, on_row)
+        rows = learning_check.run_jobs(jobs, args.workers, on_row, run_root=args.run_root, resume=args.resume)
     if args.resume:  # the table of every call's rows
         rows = run_plan.read_rows(args.jsonl)
     summary = summarise(rows)
@@ -188,4 +191,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(learning_check.exit_code(main))

@@ -137,7 +137,7 @@ def test_sweep_resume_runs_only_the_seeds_and_runs_an_earlier_call_left(tmp_path
 
     ran = []
 
-    def fake_run_jobs(jobs, workers, on_row, start_if=None):
+    def fake_run_jobs(jobs, workers, on_row, start_if=None, run_root=None, resume=False):
         rows = []
         for j in jobs:
             ran.append((j["variant"], j["seed"]))
