@@ -682,7 +682,7 @@ class Trainer:
         check_finite_state(state["agent"], path)
         t = cls(cfg, run_dir=False, echo=echo)
         t.load_state_dict(state)
-        here, why = (None, "") if run_dir is not None else rundir.resume_in_place(path, t.step, _checkpoint_step)
+        here, why = (None, "") if run_dir is not None else rundir.resume_in_place(path, t.step, ckpt.trainer_step)
         if here is not None:
             rundir.sweep(here, echo)
             dropped = metrics_log.truncate(here, t.step, echo)
@@ -753,11 +753,6 @@ def _eval_history(rows: list[dict]) -> list[dict]:
         nan = r.get("null_reasons") or {}
         out.append({k: math.nan if k in nan else v for k, v in r.items() if k != "null_reasons"})
     return out
-
-
-def _checkpoint_step(path) -> int:
-    """The update a resume checkpoint was written at (reads its header, not its arrays)."""
-    return int(ckpt.load(path, only=("trainer/",))[1]["step"])
 
 
 def check_finite_state(tree, source, prefix: str = "agent/") -> None:

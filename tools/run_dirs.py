@@ -42,10 +42,10 @@ def name(job: dict) -> str:
 
 
 def checkpoint_step(path) -> int:
-    """The update a resume checkpoint was written at (its header only)."""
-    from cudarl import checkpoint as ckpt
+    """The update a resume checkpoint was written at (its header only: :func:`cudarl.checkpoint.trainer_step`)."""
+    from cudarl.checkpoint import trainer_step
 
-    return int(ckpt.load(path, only=("trainer/",))[1]["step"])
+    return trainer_step(path)
 
 
 def plan(jobs: list[dict], root, resume: bool) -> list[str]:
