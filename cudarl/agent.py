@@ -10,7 +10,7 @@ that :class:`cudarl.graph.StepGraph` captures (GPU) or runs in order (NumPy)::
     train:   schedules (lr and tau: a parallel branch, joined by the first learn phase) - sample (the
              search, the gather of the state rows and the observation windows of s and s' from the
              feature matrix in one launch; the importance weights on that branch) - forward
-             (the rule's; the extra heads of each of its forwards on a branch of their own) - the rule's
+             (the rule's; the extra heads run at s only, on a branch of their own) - the rule's
              learn phases (C51: targets_loss, one launch; IQN, QR-DQN: targets - loss) - q_stats (the
              expected Q at s; the statistics' reduction on a branch; joins the extra heads at s)
              - cql (agent.cql_alpha) - plan (net.plan: cudarl.plan) - the auxiliary signals' loss
@@ -134,10 +134,9 @@ class Agent:
             feature_names=feature_names,
         )
         self.rule = rule_cls.allocate(buf)
-        # the extra heads of the step's forwards at s (the backward's) and of the target net at s' run on
-        # branches of their own (the rule's other workspaces are buffers.step_workspace's)
+        # the extra heads of the step's forward at s (the backward's) run on a branch of their own (the
+        # forwards at s' run none; causal's intervened forward branches through buffers.step_workspace)
         self.online.branch_extras(buf.ws)
-        self.target.branch_extras(self.target.ws)
         #: the plan head's loss (net.plan), or None
         self.plan = PlanLoss(buf, cfg.env.position_levels()) if cfg.net.plan else None
         for s in self.aux:
@@ -211,10 +210,6 @@ class Agent:
         self.online.backward(self.batch.obs, buf.ws)
         for side in self.grad_sides:  # the weight gradients, before anything reads them
             side.join()
-        # the extra heads' branches still open (the forwards at s', which nothing reads), long done:
-        # joined here, so every branch is closed before the capture ends
-        self.online.join_extras()
-        self.target.join_extras()
 
     def train_phases(self, replay, windows) -> list:
         """Phases of one learner update from ``replay`` (of state rows) into the fixed :attr:`batch`

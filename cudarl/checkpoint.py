@@ -147,3 +147,9 @@ def load(path, only=None) -> tuple[dict, dict]:
         raise CheckpointError(f"{path}: not a loadable cudarl checkpoint ({exc})") from None
     meta = {k: v for k, v in header.get("meta", {}).items() if only is None or k.startswith(tuple(only))}
     return _unflatten(arrays, meta, str(path)), header.get("info", {})
+
+
+def trainer_step(path) -> int:
+    """The update a trainer's resume checkpoint at ``path`` was written at (reads its header, not its
+    arrays): what a resume continues from."""
+    return int(load(path, only=("trainer/",))[1]["step"])

@@ -246,6 +246,9 @@ class Trainer:
         self.run_dir = None
         self.log = None
         self._said_no_plot = False
+        #: draw ``equity.png`` with each evaluation written to the run directory (about half a second of
+        #: CPU each; the learning check's runs, which read only the numbers, turn it off)
+        self.plot_evaluations = True
         for w in self.data.bars.warnings:
             echo(f"data: warning: {w}")
         if self.data.bars.repairs:
@@ -399,6 +402,8 @@ class Trainer:
             and self.last_eval.get("split") == "val"
             and self.last_evaluation is not None
         )
+        if not evaluated:  # a run resumed at its last update evaluates it again: drop the restored row
+            self.history = [r for r in self.history if (r.get("split"), r.get("step")) != ("val", self.step)]
         result = self.last_evaluation.summary if evaluated else self.evaluate("val")
         if not evaluated:
             self._save_evaluated()
@@ -587,8 +592,9 @@ class Trainer:
             ev.summary["features_used"] = used
         self.last_evaluation = ev
         if write and self.run_dir is not None:
-            written = write_outputs(ev, self.run_dir / "eval" / f"{split_name}-{self.step:08d}", plot=True)
-            if not self._said_no_plot and not any(p.name == "equity.png" for p in written):
+            plot = self.plot_evaluations
+            written = write_outputs(ev, self.run_dir / "eval" / f"{split_name}-{self.step:08d}", plot=plot)
+            if plot and not self._said_no_plot and not any(p.name == "equity.png" for p in written):
                 self._said_no_plot = True
                 self.echo(NO_PLOT)
         p, st = ev.summary["policy"], ev.summary["statistics"]
@@ -698,6 +704,8 @@ class Trainer:
         state (its metrics are cut back to the checkpoint's update; a better ``best`` stays);
         otherwise (an older checkpoint, or a folder cudarl did not make) in a new run directory under
         ``run.out_dir``, or in ``run_dir`` when given. Nothing is written before the checkpoint loads.
+        Its :attr:`history` holds the run's evaluations up to that update (read from its metric log), so
+        the validation Sharpe over training reads as if the run had never stopped.
         """
         if is_policy_file(path):
             raise ckpt.CheckpointError(
@@ -718,10 +726,11 @@ class Trainer:
         """After :meth:`load_state_dict` of resume checkpoint ``path``: continue in its own run directory
         when it is that run's newest state, else in ``run_dir`` or a new one (:meth:`resume`)."""
         echo = self.echo
-        here, why = (None, "") if run_dir is not None else rundir.resume_in_place(path, self.step, _checkpoint_step)
+        here, why = (None, "") if run_dir is not None else rundir.resume_in_place(path, self.step, ckpt.trainer_step)
         if here is not None:
             rundir.sweep(here, echo)
             dropped = metrics_log.truncate(here, self.step, echo)
+            self.history = _eval_history(metrics_log.read_rows(here / metrics_log.JSONL, echo))
             self._keep_better_best(here / "checkpoints" / "best.safetensors")
             self._attach_run_dir(here, fresh=False)
             self.echo(
@@ -735,8 +744,9 @@ class Trainer:
         r = self.cfg.run
         made = rundir.claim(run_dir) if run_dir is not None else rundir.create(r.out_dir, r.name, r.seed)
         if source is not None:
-            old = metrics_log.read_rows(source / metrics_log.JSONL, echo)
-            metrics_log.write_rows(made, [x for x in old if x.get("step", 0) <= self.step])
+            old = [x for x in metrics_log.read_rows(source / metrics_log.JSONL, echo) if x.get("step", 0) <= self.step]
+            metrics_log.write_rows(made, old)
+            self.history = _eval_history(old)
         self._attach_run_dir(made, resumed_from=Path(path).resolve())
         self.echo(
             f"resumed from {path} at update {self.step}; continuing in a new run directory {made}"
@@ -776,9 +786,16 @@ def _write_text(path: Path, text: str) -> None:
         f.write(text)
 
 
-def _checkpoint_step(path) -> int:
-    """The update a resume checkpoint was written at (reads its header, not its arrays)."""
-    return int(ckpt.load(path, only=("trainer/",))[1]["step"])
+def _eval_history(rows: list[dict]) -> list[dict]:
+    """The evaluation rows of a metric log (:attr:`Trainer.history` of a resumed run), their nulls
+    NaN again (``json_safe`` wrote NaN as null with a reason)."""
+    out = []
+    for r in rows:
+        if r.get("event") != "eval":
+            continue
+        nan = r.get("null_reasons") or {}
+        out.append({k: math.nan if k in nan else v for k, v in r.items() if k != "null_reasons"})
+    return out
 
 
 def check_finite_state(tree, source, prefix: str = "agent/") -> None:

@@ -6,22 +6,52 @@
 # before any run, not tuned on this market), C51, 3 seeds, the default 10,000 updates each.
 # Pass: ssm and attention reach >= 90% of the causal reference's test Sharpe; mlp measurably less.
 #   CUDARL_COMMIT=<sha> OUT=<dir> bash tools/gpu_encoders.sh
-# Writes $OUT/encoders_lag.jsonl (each run as it ends) and $OUT/encoders_lag.md (the summary table).
+# Writes $OUT/encoders_lag.jsonl (the rows of every call, each run's as it ends) and $OUT/encoders_lag.md
+# (the summary table).
+#
+# Larger than one device call: on an H200 at 156104e a temporal run took about 310 s two at a time
+# (about 33 updates a second each; alone: not measured), the MLP runs about 70 s beside six others
+# (docs/bench/learning/encoders-156104e/). Split it: ENCODERS picks the variants (default: all four),
+# SEED_LIST the seeds of this call (default: 0 .. SEEDS - 1), FROM the rows of earlier calls (copied into
+# $OUT/encoders_lag.jsonl; their runs are not repeated and the table covers them). For example, two calls
+# of about 330 s:
+#   ENCODERS="ssm attention" SEED_LIST=0 WORKERS=2 ENCODERS_LIMIT_S=540 bash tools/gpu_encoders.sh
+#   ENCODERS="ssm attention" SEED_LIST=1 WORKERS=2 FROM=<first call's jsonl> bash tools/gpu_encoders.sh
+#
+# No run loses its work when the time limit cuts it: every run has a run directory under RUN_ROOT (default
+# .runs/encoders, inside the working tree and git-ignored, so a warm device machine keeps it between chained
+# calls), checkpointed after each validation evaluation (every 1,000 updates) and when timeout's SIGTERM
+# arrives (the workers save, the sweep waits for them, then exits; KILL_AFTER_S, default 30, is timeout's
+# --kill-after: SIGKILL only if that takes longer). A later call on the same machine repeats the same command:
+# the runs with rows are skipped, the others continue from their checkpoints (the log says from which
+# update), to the rows an uncut run gives. The rows of every call on the machine are kept beside the run
+# directories ($RUN_ROOT/encoders_lag.jsonl; FROM replaces them); rm -rf "$RUN_ROOT" to start anew.
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/cudarl-encoders}; mkdir -p "$OUT"
+RUN_ROOT=${RUN_ROOT:-.runs/encoders}; mkdir -p "$RUN_ROOT"
+ROWS="$RUN_ROOT/encoders_lag.jsonl"
+if [ -n "${FROM:-}" ]; then cp "$FROM" "$ROWS"; fi
 export PYTHONPATH=. PYTHONFAULTHANDLER=1
 . tools/mps.sh
 mps_start
 W="net.window=64"
-V=(--variant "mlp:net.encoder=mlp"
-   --variant "mlp-w64:net.encoder=mlp,$W"
-   --variant "ssm:net.encoder=ssm,$W"
-   --variant "attention:net.encoder=attention,$W")
-timeout "${ENCODERS_LIMIT_S:-540}" python3 tools/sweep.py --tasks lag --heads "${HEADS:-c51}" --seeds "${SEEDS:-3}" \
-  --workers "${WORKERS:-4}" --jsonl "$OUT/encoders_lag.jsonl" --md "$OUT/encoders_lag.md" "${V[@]}" \
-  > "$OUT/encoders_lag.log" 2>&1
+V=()
+for e in ${ENCODERS:-mlp mlp-w64 ssm attention}; do
+  case "$e" in
+    mlp) V+=(--variant "mlp:net.encoder=mlp") ;;
+    mlp-w64) V+=(--variant "mlp-w64:net.encoder=mlp,$W") ;;
+    ssm|attention) V+=(--variant "$e:net.encoder=$e,$W") ;;
+    *) echo "ENCODERS: unknown variant $e (mlp, mlp-w64, ssm, attention)"; exit 2 ;;
+  esac
+done
+SEEDS_ARG=(--seeds "${SEEDS:-3}"); [ -n "${SEED_LIST:-}" ] && SEEDS_ARG=(--seed-list "$SEED_LIST")
+# the limit plus KILL_AFTER_S stays under a device call's 600 s
+timeout --kill-after="${KILL_AFTER_S:-30}" "${ENCODERS_LIMIT_S:-540}" python3 tools/sweep.py --tasks lag \
+  --heads "${HEADS:-c51}" "${SEEDS_ARG[@]}" --workers "${WORKERS:-4}" --resume --run-root "$RUN_ROOT" \
+  --jsonl "$ROWS" --md "$OUT/encoders_lag.md" "${V[@]}" > "$OUT/encoders_lag.log" 2>&1
 rc=$?
 mps_stop
-tail -n 30 "$OUT/encoders_lag.log"
+cp "$ROWS" "$OUT/encoders_lag.jsonl" 2>/dev/null
+grep -v '^  ' "$OUT/encoders_lag.log" | tail -n 30
 exit $rc

@@ -261,6 +261,8 @@ def read_rows(path) -> list[dict]:
 def results_markdown(meta: dict, rows: list[dict], failed: list[dict], screen=None) -> str:
     """The results page: method, targets, markets, deployment rules, real series, every run; with
     ``screen`` (tools/sweep.py JSON-lines files: a path or a list) also the training mechanisms' on/off table."""
+    from learning_check import BEST_VIEW  # tools/ is on the path of every caller
+
     budgets = sorted({(r["updates"], r["envs"]) for r in rows})
     for r in rows:
         r["quick"] = meta.get("quick", False)
@@ -292,7 +294,14 @@ def results_markdown(meta: dict, rows: list[dict], failed: list[dict], screen=No
         "",
         f"`margin=m`: the no-trade margin `eval.margin = m` (`margin=0` is the plain greedy policy); "
         f"`gate={meta.get('view_gate', 0.95):g}`: flat unless the validation PSR reaches it "
-        f"(`eval.gate_psr`), with the margin of the run's configuration. Mean over seeds (lowest seed).",
+        f"(`eval.gate_psr`), with the margin of the run's configuration. Mean over seeds (lowest seed)."
+        + (
+            f" `{BEST_VIEW}` (early stopping; not the final weights): the weights of the run's best validation "
+            "evaluation (`checkpoints/best.safetensors`, chosen on the validation split only), gate off, with "
+            "the margin of the run's configuration."
+            if any(BEST_VIEW in r.get("views", {}) for r in rows)
+            else ""
+        ),
         "",
         *view_lines(rows),
         "",

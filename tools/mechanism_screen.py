@@ -259,6 +259,10 @@ def main() -> int:
     record = [r for r in record if offline and not Path(r["sets"][0].partition("=")[2]).is_file()]
     if record:
         rec_dir.mkdir(parents=True, exist_ok=True)
+    if args.run_root is not None and not args.resume:  # refused here, not in the offline chain's thread
+        import run_dirs
+
+        run_dirs.plan([dict(j) for j in online + offline + record], args.run_root, resume=False)
     walls = run_plan.recorded_walls()
     online = run_plan.seed_major(online, walls)  # a deadline cuts the last seed's short runs
     start_if = run_plan.StartBy(args.deadline_s, walls)
@@ -289,16 +293,16 @@ def main() -> int:
         def chain():
             if record:
                 print(f"recording {len(record)} behaviour runs into {rec_dir}", flush=True)
-                learning_check.run_jobs(record, k, locked, start_if)
+                learning_check.run_jobs(record, k, locked, start_if, run_root=args.run_root, resume=args.resume)
             if offline:
-                learning_check.run_jobs(offline, k, locked, start_if)
+                learning_check.run_jobs(offline, k, locked, start_if, run_root=args.run_root, resume=args.resume)
 
         side = threading.Thread(target=chain)
         side.start()
         n = len(online) + len(offline) + len(record)
         print(f"mechanism screen: {n} runs on {device}, {args.workers} worker(s)", flush=True)
         if online:
-            learning_check.run_jobs(online, n_online, locked, start_if)
+            learning_check.run_jobs(online, n_online, locked, start_if, run_root=args.run_root, resume=args.resume)
         side.join()
     wall = time.perf_counter() - t0
     if start_if.declined:
@@ -355,4 +359,4 @@ def write_table(rows: list[dict], args, header: str) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(learning_check.exit_code(main))

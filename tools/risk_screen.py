@@ -171,7 +171,7 @@ def main() -> int:
                 flush=True,
             )
 
-        rows = learning_check.run_jobs(jobs, args.workers, on_row, start_if)
+        rows = learning_check.run_jobs(jobs, args.workers, on_row, start_if, run_root=args.run_root, resume=args.resume)
     if start_if.declined:
         print(f"{len(start_if.declined)} runs not started (--deadline-s {args.deadline_s:g}); --resume runs them")
     header = (
@@ -196,4 +196,4 @@ def write_table(rows: list[dict], args, header: str) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(learning_check.exit_code(main))

@@ -31,16 +31,26 @@
 # Knobs: DEADLINE_S (280), AUX_WORKERS (9) and RISK_WORKERS (5): 14 processes share the GPU, as the
 # recorded calls ran (16 CPU cores); SEEDS (3). DRY=1 DEVICE=cpu: the same plumbing with CPU-sized,
 # 40-update runs (with SEEDS=1, one seed; a check of the script, no result).
+#
+# No run loses its work when a stage's timeout cuts it: every run has a run directory under RUN_ROOT
+# (default .runs/screens, inside the working tree and git-ignored, so a warm device machine keeps it between
+# chained calls; aux/, risk/, and the behaviour recordings in recordings/), checkpointed after each
+# validation evaluation and when timeout's SIGTERM arrives (the workers save, the screen waits for them;
+# KILL_AFTER_S, default 20, is timeout's --kill-after: SIGKILL only if that takes longer, so a call may end
+# up to that much after DEADLINE_S). The rows of every call on the machine are kept there too
+# ($RUN_ROOT/aux.jsonl, risk.jsonl; AUX_FROM / RISK_FROM replace them): a later call with the same command
+# skips the finished runs and continues the cut ones from their checkpoints. rm -rf "$RUN_ROOT" to start anew.
 set -u
 cd "$(dirname "$0")/.."
 START=$(date +%s)
 DEADLINE_S=${DEADLINE_S:-280}
 END=$((START + DEADLINE_S))
 OUT=${OUT:-/tmp/cudarl-screens}; mkdir -p "$OUT"
+RUN_ROOT=${RUN_ROOT:-.runs/screens}; mkdir -p "$RUN_ROOT"
 TMP=$(mktemp -d)  # the JSON copies of the tables (the rows are in the JSONL files already)
 for name in aux risk; do  # rows of earlier calls, if given: their runs are not repeated
   from_var=$(echo "${name}_FROM" | tr a-z A-Z)
-  if [ -n "${!from_var:-}" ]; then cp "${!from_var}" "$OUT/$name.jsonl"; else rm -f "$OUT/$name.jsonl"; fi
+  if [ -n "${!from_var:-}" ]; then cp "${!from_var}" "$RUN_ROOT/$name.jsonl"; fi
 done
 export PYTHONPATH=. PYTHONFAULTHANDLER=1
 . tools/mps.sh
@@ -50,24 +60,27 @@ RUN=(--seeds "$SEEDS" --device "${DEVICE:-auto}" --resume ${DRY:+--quick --set r
 CORE_VARIANTS="cvar 0.1,cvar 0.25,cvar 0.5,mean-std 1"
 left() { echo $((END - $(date +%s))); }  # seconds to the deadline
 # each stage: no run starts unless expected to end 10 s before the deadline (tables, MPS shutdown);
-# timeout is the hard stop
+# timeout is the hard stop (its SIGTERM checkpoints the runs it cuts)
 stage() {
   local tool=$1 t; shift; t=$(left)
   if [ "$t" -le 20 ]; then echo "$tool: skipped, ${t} s to the deadline"; return; fi
-  timeout "$t" python3 "tools/$tool" "${RUN[@]}" --deadline-s "$((t - 10))" "$@"
+  timeout --kill-after="${KILL_AFTER_S:-20}" "$t" python3 "tools/$tool" "${RUN[@]}" --deadline-s "$((t - 10))" "$@"
 }
 (
-  A=(--only aux --workers "${AUX_WORKERS:-9}" --jsonl "$OUT/aux.jsonl" --out "$TMP/aux.json" --recordings "$TMP/rec")
+  # the recordings' paths are part of the offline runs' overrides, so they stay put between calls
+  A=(--only aux --workers "${AUX_WORKERS:-9}" --jsonl "$RUN_ROOT/aux.jsonl" --out "$TMP/aux.json"
+     --recordings "$RUN_ROOT/recordings" --run-root "$RUN_ROOT/aux")
   stage mechanism_screen.py "${A[@]}" --tasks regime,sp500 --heads c51
   stage mechanism_screen.py "${A[@]}"
 ) > "$OUT/aux.log" 2>&1 &
 (
-  R=(--workers "${RISK_WORKERS:-5}" --jsonl "$OUT/risk.jsonl" --out "$TMP/risk.json")
+  R=(--workers "${RISK_WORKERS:-5}" --jsonl "$RUN_ROOT/risk.jsonl" --out "$TMP/risk.json" --run-root "$RUN_ROOT/risk")
   stage risk_screen.py "${R[@]}" --tasks regime,sp500 --heads c51 --only "$CORE_VARIANTS"
   stage risk_screen.py "${R[@]}"
 ) > "$OUT/risk.log" 2>&1 &
 wait
 mps_stop
+for name in aux risk; do cp "$RUN_ROOT/$name.jsonl" "$OUT/$name.jsonl" 2>/dev/null || : > "$OUT/$name.jsonl"; done
 WALL=$(($(date +%s) - START))
 H="Issue 19's screens, commit ${CUDARL_COMMIT:-unknown}, ${SEEDS} seed(s), ${WALL} s wall (deadline ${DEADLINE_S} s)."
 {

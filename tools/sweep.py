@@ -6,7 +6,12 @@ the task's settings in ``tools/learning_check.py``); every run is ``learning_che
 sweep row and a learning-check row are the same measurement. Runs are spread over ``--workers``
 processes (on one GPU they share it; the step is latency-bound, so several processes keep it
 busier than one). Each finished run is appended to ``--jsonl`` at once, so a sweep cut short keeps
-what it measured; ``--md`` writes the summary table (mean, spread, per-seed values).
+what it measured; ``--md`` writes the summary table (mean, spread, per-seed values). A sweep larger
+than one GPU call runs over several: ``--seed-list`` picks the seeds of a call and ``--resume`` skips
+the runs ``--jsonl`` already holds (its table then covers every call's rows). With ``--run-root DIR`` each
+run has a run directory there (``tools/run_dirs.py``), checkpointed as it trains and when SIGTERM or SIGINT
+(``timeout``) stops the sweep; ``--resume`` then continues a run cut short from its checkpoint, to the row
+an uncut run gives (docs/sweeps.md, "Runs that survive being cut").
 
     python3 tools/sweep.py --tasks regime,noise --heads c51 --seeds 3 --workers 4 \\
         --variant base --variant "gamma0.9:agent.gamma=0.9" --variant "lr3e-4:optim.lr=3e-4"
@@ -26,6 +31,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tools"))
 
 import learning_check  # noqa: E402
+import run_plan  # noqa: E402
 
 
 def parse_variant(text: str) -> tuple[str, list[str]]:
@@ -107,6 +113,13 @@ def markdown(summary: list[dict], header: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def seeds(args) -> list[int]:
+    """The seeds to run: ``--seed-list``, else 0 .. ``--seeds`` - 1."""
+    if args.seed_list:
+        return [int(x) for x in args.seed_list.split(",")]
+    return list(range(args.seeds))
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tasks", default="regime", help="comma-separated tasks of tools/learning_check.py")
@@ -116,6 +129,14 @@ def main() -> int:
     ap.add_argument("--set", action="append", default=[], help="SECTION.FIELD=VALUE applied to every variant")
     ap.add_argument("--jsonl", type=Path, default=ROOT / "docs" / "bench" / "sweep.jsonl")
     ap.add_argument("--md", type=Path, default=None, help="write the summary table here")
+    ap.add_argument(
+        "--seed-list", default=None, help="comma-separated seeds to run instead of 0 .. --seeds - 1 (one call a seed)"
+    )
+    ap.add_argument(
+        "--resume",
+        action="store_true",
+        help="skip the runs whose row --jsonl already holds (and is not an error); the table covers every row",
+    )
     args = ap.parse_args()
     device = learning_check.resolve_device(args.device)
     variants = [(n, args.set + sets) for n, sets in (parse_variant(v) for v in (args.variant or ["base"]))]
@@ -126,10 +147,14 @@ def main() -> int:
         for n, sets in variants
         for t in args.tasks.split(",")
         for h in args.heads.split(",")
-        for s in range(args.seeds)
+        for s in seeds(args)
     ]
+    if args.resume:  # the runs an earlier call finished are not repeated
+        old = run_plan.read_rows(args.jsonl)
+        jobs = run_plan.pending(jobs, old)
+        print(f"resume: {len(old)} rows in {args.jsonl}; {len(jobs)} runs left", flush=True)
     print(
-        f"sweep: {len(jobs)} runs ({len(variants)} variants x {args.tasks} x {args.heads} x {args.seeds} seeds) "
+        f"sweep: {len(jobs)} runs ({len(variants)} variants x {args.tasks} x {args.heads} x seeds {seeds(args)}) "
         f"on {device}, "
         f"{args.workers} worker(s)",
         flush=True,
@@ -149,11 +174,13 @@ def main() -> int:
         )
 
     with log:
-        rows = learning_check.run_jobs(jobs, args.workers, on_row)
+        rows = learning_check.run_jobs(jobs, args.workers, on_row, run_root=args.run_root, resume=args.resume)
+    if args.resume:  # the table of every call's rows
+        rows = run_plan.read_rows(args.jsonl)
     summary = summarise(rows)
     table = markdown(
         summary,
-        f"Sweep on `{args.tasks}`, {args.seeds} seeds, device {device}, "
+        f"Sweep on `{args.tasks}`, seeds {seeds(args)}, device {device}, "
         f"{time.perf_counter() - t0:.0f} s wall with {args.workers} worker(s).",
     )
     print("\n" + table)
@@ -164,4 +191,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(learning_check.exit_code(main))

@@ -44,10 +44,12 @@ class AuxSignal(Protocol):
     def make_head(self, d: int):
         """Its head on ``psi [B, d]`` (a :class:`cudarl.nn.Module` named ``aux.<name>``, with a
         ``grad_name``), or None for a signal without parameters. Its output is
-        ``online.forward(...)[name]`` and the gradient the loss phase writes is
-        ``online.grad_outputs(ws)[name]``; the backward adds its dL/dpsi to the head's. In the train
-        step the extra heads run on a branch beside the Q head's forward, which the agent's ``q_stats``
-        phase joins (:meth:`cudarl.nn.QNetwork.branch_extras`): a loss phase reads the output as it is."""
+        ``online.forward(...)[name]`` of a forward that runs it (``heads``: the train step's forward at s
+        runs every extra head, its forwards at s' and acting none but the plan head) and the gradient
+        the loss phase writes is ``online.grad_outputs(ws)[name]``; the backward adds its dL/dpsi to the
+        head's. In the train step the extra heads run on a branch beside the Q head's forward, which the
+        agent's ``q_stats`` phase joins (:meth:`cudarl.nn.QNetwork.branch_extras`): a loss phase reads the
+        output as it is."""
 
     def make_input_gate(self, n_in: int):
         """A module on the network's input before the encoder (``input_gate`` of

@@ -119,7 +119,9 @@ class Causal(AuxBase):
                 self.x[...] = ref.intervene(obs, self.mask, self.mode, self.counter, self.offset, W)
             else:
                 self.ops.intervene(obs, self.x, self.mask, self.mode, self.counter, self.offset, W)
-            out = buf.online.forward(self.x, self.ws, **kw)["q"]
+            # every extra head, though only "q" is read: its own backward runs theirs too (from their
+            # zero gradient rows), as it always has, so the gradient it adds keeps its bits (signed zeros)
+            out = buf.online.forward(self.x, self.ws, heads="all", **kw)["q"]
             grad = buf.online.grad_outputs(self.ws)["q"]
             if self.numpy:
                 if self.c51:

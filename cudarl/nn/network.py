@@ -128,6 +128,9 @@ class QNetwork:
         #: ``extras``: heads on psi besides the distributional one, by name (``forward()[name]``)
         self.gate, self.encoder, self.head, self.extras = parts
         self.plan = self.extras.get("plan")
+        #: the extra heads whose outputs acting and evaluation read: the plan head's gate (``net.plan``),
+        #: else none; their forwards pass ``heads=net.acting_heads``
+        self.acting_heads = ("plan",) if self.plan is not None else ()
         self.modules = _in_order(*parts)
         self.layout, self._ws_spec = _declare(self.modules)
         if params_of is None:
@@ -231,9 +234,29 @@ class QNetwork:
         for lin, s in zip(self.linears.values(), sides, strict=True):
             lin.side = s
 
-    def forward(self, x, ws: Workspace | None = None, raw_head: bool = False, **head_kw) -> dict:
-        """x ``[B, n_in]`` -> ``{"q": the head's output, name: each extra head's output}``; ``"q"`` is
-        ``head.output_shape(B)`` (C51 logits ``[B, A, atoms]``, quantiles ``[B, N, A]``).
+    def head_names(self, heads="all") -> tuple:
+        """The names of the extra heads a forward with ``heads`` runs, in :attr:`extras` order: ``"all"``
+        (every one), ``"none"`` or a sequence of names in :attr:`extras` (``()``: none)."""
+        if heads == "all":
+            return tuple(self.extras)
+        if heads == "none":
+            return ()
+        if isinstance(heads, str):
+            raise ValueError(f'heads: "all", "none" or a sequence of extra heads\' names, got {heads!r}')
+        unknown = set(heads) - set(self.extras)
+        if unknown:
+            raise ValueError(f"heads: no extra head named {sorted(unknown)} (the extra heads: {list(self.extras)})")
+        return tuple(name for name in self.extras if name in heads)
+
+    def forward(self, x, ws: Workspace | None = None, raw_head: bool = False, *, heads="all", **head_kw) -> dict:
+        """x ``[B, n_in]`` -> ``{"q": the head's output, name: each extra head's output that ran}``; ``"q"``
+        is ``head.output_shape(B)`` (C51 logits ``[B, A, atoms]``, quantiles ``[B, N, A]``).
+
+        ``heads``: which extra heads this forward runs (:meth:`head_names`: ``"all"``, ``"none"`` or a
+        sequence of names); the others are not run and their rows of ``ws`` are left as they were. Each
+        call site names what it reads: the train step's forward at s runs all (the losses and the backward
+        read them), its forwards at s' none, acting and evaluation :attr:`acting_heads`. The workspace
+        remembers the choice, so :meth:`backward` runs the backward of those heads only.
 
         ``raw_head`` (C51 only): ``"q"`` is the head's output before the dueling combine,
         ``va [B, (1 + A) atoms]``; the workspace remembers it, so :meth:`backward` starts from dL/dva.
@@ -241,21 +264,24 @@ class QNetwork:
 
         On a workspace :meth:`branch_extras` branched, the extra heads are enqueued first, on its
         branch, forked after psi; the head's forward follows on the current stream at once (the same
-        kernels and inputs: the same bits). Read their outputs after :meth:`join_extras`."""
+        kernels and inputs: the same bits). Read their outputs after :meth:`join_extras`. A forward that
+        runs none forks nothing."""
         ws = ws or self.ws
+        names = self.head_names(heads)
         ws.set_batch(x.shape[0])
         ws.x = x  # the input of this workspace's forward, for backward
         ws.raw_head = bool(raw_head)
+        ws.heads = names
         psi = self.encoder.forward(x if self.gate is None else self.gate.forward(x, ws), ws)
-        extras, side = {}, ws.extras_side
+        extras, side = {}, ws.extras_side if names else None
         if side is not None:
             with side.fork():  # each extra head reads psi and writes its own rows only
-                for name, h in self.extras.items():
-                    extras[name] = h.forward(psi, ws)
+                for name in names:
+                    extras[name] = self.extras[name].forward(psi, ws)
         q = self.head.forward(psi, ws, raw=raw_head, **head_kw)
         if side is None:
-            for name, h in self.extras.items():
-                extras[name] = h.forward(psi, ws)
+            for name in names:
+                extras[name] = self.extras[name].forward(psi, ws)
         return {"q": q, **extras}
 
     def grad_outputs(self, ws: Workspace | None = None, raw_head: bool = False) -> dict:
@@ -276,7 +302,7 @@ class QNetwork:
 
     def backward(self, x=None, ws: Workspace | None = None, dx=None, last_layer: bool = False) -> None:
         """Overwrite :attr:`grads` from the gradients in :meth:`grad_outputs` (last forward on ``ws``,
-        raw or not as that forward was).
+        raw or not as that forward was; the extra heads that forward ran, :meth:`forward`'s ``heads``).
 
         ``last_layer``: the heads' backward, then the encoder's stops after its last layer's parameter
         gradients (:meth:`Encoder.backward_last`, ``encoder.last_layer``); the other encoder parameters'
@@ -288,8 +314,8 @@ class QNetwork:
         psi = ws.rows(f"{self.encoder.out_name}.out")
         dpsi = ws.rows(f"{self.encoder.out_name}.dout")
         self.head.backward(psi, ws, dpsi, accumulate=False, raw=ws.raw_head)
-        for h in self.extras.values():
-            h.backward(psi, ws, dpsi, accumulate=True)
+        for name in ws.heads:
+            self.extras[name].backward(psi, ws, dpsi, accumulate=True)
         if last_layer:
             if dx is not None:
                 raise ValueError("QNetwork.backward: no input gradient with last_layer")

@@ -169,6 +169,7 @@ class Workspace:
         self.batch = None
         self.x = None  # the input of the last forward over this workspace
         self.raw_head = False  # whether that forward gave the head's raw output (C51's va)
+        self.heads: tuple = ()  # the names of the extra heads that forward ran (QNetwork.forward's heads)
         #: the :class:`cudarl.graph.SideStream` the extra heads of a forward over this workspace run on
         #: (:meth:`cudarl.nn.QNetwork.branch_extras`), or None: on the forward's own stream
         self.extras_side = None

@@ -75,10 +75,11 @@ class LearnerBuffers:
         self.weights = None
 
     def step_workspace(self, net, rows: int):
-        """A workspace of ``rows`` for a forward of the train step (``net.new_workspace``) whose extra heads
-        run on a branch of their own (:meth:`cudarl.nn.QNetwork.branch_extras`): nothing in the step reads
-        them before the agent joins that branch (the ``q_stats`` phase for :attr:`ws`, the backward for
-        the others)."""
+        """A workspace of ``rows`` for a forward of the train step (``net.new_workspace``) that runs extra
+        heads, on a branch of their own (:meth:`cudarl.nn.QNetwork.branch_extras`): nothing in the step
+        reads them before that branch is joined (the agent's ``q_stats`` phase for :attr:`ws`, the
+        backward over the workspace for the others). A forward that runs none (``heads="none"``: the
+        forwards at s') needs only ``net.new_workspace``."""
         ws = net.new_workspace(rows)
         net.branch_extras(ws)
         return ws
@@ -129,7 +130,8 @@ class HeadRule(Protocol):
         """``values(out, obs, ws)``: the expected Q (or ``agent.act_by``'s risk measure) of ``net``'s
         forward of ``obs [n, obs_dim]`` over the workspace ``ws`` into ``out [n, A]``. What
         :meth:`expected_q` runs, and what a policy file acts with (:class:`cudarl.policy.Policy`), so
-        both give the same bits. ``counters``: the rule's own
+        both give the same bits; of the extra heads the forward runs ``net.acting_heads`` (the plan
+        head, whose gate is read after it). ``counters``: the rule's own
         device counters where acting draws from them (IQN's taus), else None."""
 
     @classmethod
@@ -137,7 +139,8 @@ class HeadRule(Protocol):
         """The rule with every buffer and workspace it uses, made from ``buffers`` (before any capture)."""
 
     def act(self, env, eps_args: tuple) -> None:
-        """The collect step's act: the online forward over ``env.obs`` (``buffers.ws_act``), then the
+        """The collect step's act: the online forward over ``env.obs`` (``buffers.ws_act``; of the extra
+        heads only ``online.acting_heads``, the plan head whose gate the agent reads next), then the
         expected Q (or ``agent.act_by``'s risk measure: :meth:`greedy_values`' bits) into
         ``buffers.q_act``, the device epsilon and the epsilon-greedy ``env.actions`` (``eps_args``:
         ``cudarl.ops.agent.act_*``'s schedule arguments)."""
@@ -146,7 +149,9 @@ class HeadRule(Protocol):
         """Expected Q of the online network for ``obs [n, obs_dim]`` (n <= n_envs) into ``out [n, A]``."""
 
     def forward(self, batch) -> None:
-        """The train step's forward phase over ``batch`` (online at s and s', target at s')."""
+        """The train step's forward phase over ``batch`` (online at s and s', target at s'). The forward
+        at s runs every extra head (``heads="all"``: the losses and the backward read them), those at
+        s' none (``heads="none"``)."""
 
     def learn_phases(self) -> list[Phase]:
         """The rule's own phases after :meth:`forward`: they write ``buffers.loss``, ``loss_per``,

@@ -29,7 +29,7 @@ class C51Values:
         self.agent_ops = family("agent", net.xp)
 
     def __call__(self, out, obs, ws) -> None:
-        self.of_logits(self.net.forward(obs, ws)["q"], out)
+        self.of_logits(self.net.forward(obs, ws, heads=self.net.acting_heads)["q"], out)
 
     def of_logits(self, logits, out) -> None:
         """The values of the head's ``logits [n, A, K]`` into ``out [n, A]``."""
@@ -43,7 +43,8 @@ class C51Rule(RuleBase):
     """Categorical DQN over the dueling head's logits ``[B, A, atoms]``.
 
     Train step: the forward runs the online net at s (on the chain) and at s' and the target net at
-    s' (two branches), keeping the head's raw output ``va [B, (1 + A) K]``; its one learn phase,
+    s' (two branches; only the forward at s runs the extra heads), keeping the head's raw output
+    ``va [B, (1 + A) K]``; its one learn phase,
     ``targets_loss``, is one launch (:func:`cudarl.losses.c51_targets_loss`): the double-DQN target
     (with PopArt: return-space targets, statistics update, normalised rewards), the projection, the
     loss, the priorities and dL/dva, which the backward starts from.
@@ -67,8 +68,9 @@ class C51Rule(RuleBase):
         xp, B, K = buf.xp, buf.batch_size, buf.cfg.net.atoms
         self.buf = buf
         self.support = xp.asarray(support(buf.cfg.net))
-        # the online net at s' runs on a branch beside its forward at s: a workspace of its own
-        self.ws_next = buf.step_workspace(buf.online, B)
+        # the online net at s' runs on a branch beside its forward at s: a workspace of its own (its
+        # forward runs no extra heads, so none are branched)
+        self.ws_next = buf.online.new_workspace(B)
         # the targets-and-loss launch's buffers; the loss, priorities and dL/dva are the buffers'
         self.out = losses.C51TargetsLoss.empty(
             xp,
@@ -105,12 +107,13 @@ class C51Rule(RuleBase):
         (``act_c51_dueling``; the dueling kernel then ``act_c51`` is its oracle). With ``agent.act_by``
         the forward's logits and ``act_c51_risk``: its risk measure in place of the expected Q."""
         buf, risk = self.buf, self.values.risk
+        heads = buf.online.acting_heads  # the plan head's gate (net.plan) reads this forward
         if risk[0] == 0:
-            va = buf.online.forward(env.obs, buf.ws_act, raw_head=True)["q"]
+            va = buf.online.forward(env.obs, buf.ws_act, raw_head=True, heads=heads)["q"]
             args = (env.actions, buf.q_act, va, self.support, env.state.count, env.seed)
             self.agent_ops.act_c51_dueling(*args, *eps_args)
         else:
-            logits = buf.online.forward(env.obs, buf.ws_act)["q"]
+            logits = buf.online.forward(env.obs, buf.ws_act, heads=heads)["q"]
             args = (env.actions, buf.q_act, logits, self.support, env.state.count, env.seed, *risk)
             self.agent_ops.act_c51_risk(*args, *eps_args)
 
@@ -118,13 +121,14 @@ class C51Rule(RuleBase):
         # the head's raw outputs va [B, (1 + A) K]: targets_loss combines them itself. Three forwards
         # of B rows side by side: the target net at s' and the online net at s' on branches, the
         # online net at s (the backward's) on the chain; one 2B-row pass of the online net was a
-        # longer chain (8.4 against 7.1 us a 256-wide layer, tools/bench_gemm.py on an H200)
+        # longer chain (8.4 against 7.1 us a 256-wide layer, tools/bench_gemm.py on an H200). Only the
+        # forward at s runs the extra heads: the losses and the backward read them there, nothing at s'
         buf = self.buf
         with buf.side.fork():  # its own weights and workspace
-            self.va_target_next = buf.target.forward(batch.next_obs, buf.target.ws, raw_head=True)["q"]
+            self.va_target_next = buf.target.forward(batch.next_obs, buf.target.ws, raw_head=True, heads="none")["q"]
         with buf.side_next.fork():  # its own workspace; reads the same weights
-            self.va_online_next = buf.online.forward(batch.next_obs, self.ws_next, raw_head=True)["q"]
-        self.va = buf.online.forward(batch.obs, buf.ws, raw_head=True)["q"]
+            self.va_online_next = buf.online.forward(batch.next_obs, self.ws_next, raw_head=True, heads="none")["q"]
+        self.va = buf.online.forward(batch.obs, buf.ws, raw_head=True, heads="all")["q"]
 
     def learn_phases(self) -> list[Phase]:
         return [("targets_loss", self._targets_loss)]

@@ -28,7 +28,7 @@ class QuantileValues:
 
     def __call__(self, out, obs, ws) -> None:
         self.draw(ws, obs.shape[0])
-        self.of_quantiles(self.net.forward(obs, ws)["q"], out)
+        self.of_quantiles(self.net.forward(obs, ws, heads=self.net.acting_heads)["q"], out)
 
     def draw(self, ws, n: int) -> None:
         """The acting forward's fractions into ``ws`` (IQN; with CVaR mapped into ``[0, alpha)``)."""
@@ -53,7 +53,8 @@ class QuantileRule(RuleBase):
     unnormalised outputs ``s theta + mu`` are what they were (van Hasselt et al. 2016: the
     output-preserving half; :meth:`popart_step`). Then the online net sees s and s' in one forward
     pass of 2B rows (the batch's ``obs`` and ``next_obs`` are the halves of ``buffers.pair``; the
-    backward covers the s half), the target net s' on a branch. Learn phases: ``targets``
+    backward covers the s half; the extra heads run over both halves, as one pass), the target net s'
+    on a branch (no extra heads). Learn phases: ``targets``
     (double-DQN quantile targets, with PopArt on rewards normalised by the new statistics,
     (r - (1 - d) mu) / s, and both nets' quantiles in the same new coordinates) and ``loss`` (the
     quantile Huber loss, whose per-sample values are the priorities). Subclasses say where the
@@ -110,7 +111,8 @@ class QuantileRule(RuleBase):
         ``agent.act_by``: :class:`QuantileValues`' fractions and measure (``act_quantile_risk``)."""
         buf, values = self.buf, self.values
         values.draw(buf.ws_act, env.obs.shape[0])
-        theta = buf.online.forward(env.obs, buf.ws_act)["q"]
+        # the plan head's gate (net.plan) reads this forward: the acting heads, no others
+        theta = buf.online.forward(env.obs, buf.ws_act, heads=buf.online.acting_heads)["q"]
         if values.head_risk[0] == 0:
             self.agent_ops.act_iqn(env.actions, buf.q_act, theta, env.state.count, env.seed, *eps_args)
         else:
@@ -134,9 +136,11 @@ class QuantileRule(RuleBase):
             self.popart_step()
         with buf.side.fork():  # the target net runs beside the online net (its own taus and workspace)
             self.draw_taus(buf.target, buf.target.ws, B, 0x1A2)
-            self.target_next = buf.target.forward(batch.next_obs, buf.target.ws)["q"]
+            self.target_next = buf.target.forward(batch.next_obs, buf.target.ws, heads="none")["q"]
         self.draw_taus(buf.online, buf.ws, 2 * B, 0x1A0)  # s and s' in one pass
-        both = buf.online.forward(buf.pair, buf.ws)["q"]  # [2B, N, A]
+        # every extra head: the losses and the backward read their s half (one pass: their s' half is
+        # computed too, at the same GEMM shapes as always)
+        both = buf.online.forward(buf.pair, buf.ws, heads="all")["q"]  # [2B, N, A]
         self.theta, self.online_next = both[:B], both[B:]
 
     def learn_phases(self) -> list[Phase]:

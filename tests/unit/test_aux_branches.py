@@ -31,14 +31,16 @@ def _trainer(**over) -> Trainer:
 
 
 @pytest.mark.parametrize("head", ["c51", "iqn"])
-def test_the_step_forwards_branch_their_extra_heads_and_acting_does_not(head):
+def test_the_step_forwards_that_run_extra_heads_branch_them_and_the_others_do_not(head):
     t = _trainer(net={"head": head}, agent={"aux": HEADS_AND_CAUSAL})
     agent, buf = t.agent, t.agent.buffers
     causal = agent.aux[2]
-    step = [buf.ws, agent.target.ws, causal.ws] + ([agent.rule.ws_next] if head == "c51" else [])
-    sides = [ws.extras_side for ws in step]
+    sides = [ws.extras_side for ws in (buf.ws, causal.ws)]  # the forwards that run them: at s, intervened
     assert all(isinstance(s, SideStream) for s in sides) and len({id(s) for s in sides}) == len(sides)
-    assert buf.ws_act.extras_side is None  # the collect graph's forward is as it was
+    # the forwards at s' run no extra heads (test_extra_heads.py), so nothing of theirs is branched; nor
+    # is the collect graph's forward
+    at_s_next = [agent.target.ws] + ([agent.rule.ws_next] if head == "c51" else [])
+    assert all(ws.extras_side is None for ws in [*at_s_next, buf.ws_act])
     phases = [n for n, _ in t.train_graph.phases]
     assert phases.index("q_stats") < phases.index("aux_horizons")  # q_stats joins the branch at s
 

@@ -162,3 +162,38 @@ def test_references_refuse_bars_without_a_model():
         ref.reference_positions(ds.canary(n=300), 100, 10, cost_rate=0.0)
     with pytest.raises(ValueError, match="band references trade the levels"):
         ref.reference_positions(ds.lag(n=300), 100, 10, cost_rate=0.0, levels=(-1.0, -0.5, 0.5, 1.0))
+
+
+def test_lag_reference_reads_bar_t_minus_4_and_the_env_pays_what_it_is_scored_on():
+    """``builtin:lag``'s causal reference trades a band rule on ``phi R_(t-4)``, the answer column
+    ``drift`` (``E[R_(t+1) | past]``), computed from the prices alone; and its positions, played as
+    actions through a :class:`cudarl.TradingEnv` with the agent's defaults (costs, fills at the next
+    open, levels -1, 0, +1, starting flat), earn bar by bar the net returns it is scored on."""
+    from cudarl.env import EnvConfig, TradingEnv
+    from cudarl.features import compute, return_sign
+
+    bars = ds.resolve("builtin:lag?n=4000")
+    R = bars.simple_returns()
+    m = ref.ar_forecast(R, ds.markets.lag_coefficients(5, 0.15))
+    np.testing.assert_allclose(m[5:], 0.15 * R[1:-4], rtol=0, atol=1e-15)
+    np.testing.assert_allclose(m[5:], bars.extra["drift"][5:], rtol=0, atol=1e-12)
+    env_cfg = EnvConfig()
+    sp = chronological(len(bars), 0.7, 0.15, warmup=64).test
+    n = len(sp) - 2
+    rate = (env_cfg.cost_bps + env_cfg.slippage_bps) * 1e-4
+    pos = ref.reference_positions(bars, sp.start, n, cost_rate=rate, fill=env_cfg.fill)["causal"]
+    assert 0.2 < np.mean(pos != 0) and np.mean(np.diff(pos) != 0) > 0.05  # it trades
+    ev = evaluate_positions(bars, pos, sp, cost_bps=env_cfg.cost_bps, fill=env_cfg.fill)
+    feats = compute(bars)
+    one = EnvConfig(n_envs=1, episode_len=n, stagger=False)
+    env = TradingEnv(
+        bars.open, bars.close, feats.values, return_sign(feats.names), one, t_begin=sp.start, t_end=sp.stop,
+        backend="numpy",
+    )  # fmt: skip
+    levels = list(env_cfg.position_levels())
+    paid = []
+    for p in pos:
+        env.step(np.array([levels.index(p)], np.int32))
+        paid.append(float(env.reward[0]))
+    # float32 prices round each return by ~1e-7; one bar of timing off would miss by ~1e-2
+    np.testing.assert_allclose(paid, ev.net, rtol=0, atol=5e-7)

@@ -127,3 +127,33 @@ def test_table_only_rebuilds_both_tables_with_the_gate_off_columns(tmp_path, mon
     entry = {e["variant"]: e for e in json.loads((tmp_path / "risk.json").read_text())["table"]}["cvar 0.1"]
     assert entry["ungated_sharpe_difference"] == pytest.approx([0.35, 0.1 / 2**0.5, 2])
     assert "| regime | c51 | cvar 0.1 |" in (tmp_path / "risk.md").read_text()
+
+
+def test_sweep_resume_runs_only_the_seeds_and_runs_an_earlier_call_left(tmp_path, monkeypatch, capsys):
+    """tools/sweep.py over two calls (tools/gpu_encoders.sh): ``--seed-list`` picks a call's seeds,
+    ``--resume`` skips the runs whose row ``--jsonl`` holds, and the table covers every call's rows."""
+    import learning_check
+    import sweep
+
+    ran = []
+
+    def fake_run_jobs(jobs, workers, on_row, start_if=None, run_root=None, resume=False):
+        rows = []
+        for j in jobs:
+            ran.append((j["variant"], j["seed"]))
+            rows.append({**j, "error": None, "test_sharpe": 1.0, "wall_s": 1.0})
+            on_row(rows[-1])
+        return rows
+
+    monkeypatch.setattr(learning_check, "run_jobs", fake_run_jobs)
+    monkeypatch.setattr(learning_check, "describe", lambda r: "ok")
+    monkeypatch.setattr(sweep, "summarise", lambda rows: sorted((r["variant"], r["seed"]) for r in rows))
+    monkeypatch.setattr(sweep, "markdown", lambda summary, header: repr(summary))
+    jsonl, md = tmp_path / "rows.jsonl", tmp_path / "table.md"
+    common = ["--tasks", "lag", "--device", "cpu", "--jsonl", str(jsonl), "--md", str(md), "--resume"]
+    common += ["--variant", "ssm:net.encoder=ssm", "--variant", "attention:net.encoder=attention"]
+    for seed_list in ("0", "0,1"):
+        monkeypatch.setattr(sys, "argv", ["sweep.py", *common, "--seed-list", seed_list])
+        assert sweep.main() == 0
+    assert ran == [("ssm", 0), ("attention", 0), ("ssm", 1), ("attention", 1)]  # seed 0 not run twice
+    assert md.read_text() == repr([("attention", 0), ("attention", 1), ("ssm", 0), ("ssm", 1)])

@@ -55,6 +55,29 @@ def test_resume_from_an_older_checkpoint_continues_in_a_new_run_directory(tmp_pa
     assert snapshot(t.run_dir) == before  # the first run's best, metrics, config: untouched
 
 
+def test_a_resumed_run_has_the_history_of_evaluations_a_run_that_never_stopped_has(tmp_path):
+    """The validation Sharpe over training (``Trainer.history``) of a resumed run: read back from the
+    metric log up to the checkpoint (in place, in a new directory, and at the last update, whose
+    evaluation is made again, not listed twice)."""
+    cfg = small(tmp_path / "runs", run={"eval_every": 20, "steps": 100})
+    whole = Trainer(cfg, echo=quiet)
+    whole.run(100)
+    key = [(r["step"], r["sharpe"], r["psr"]) for r in whole.history]
+    t = Trainer(cfg, echo=quiet)
+    t.run(40)
+    keep = t.run_dir / "checkpoints" / "keep-40.npz"
+    shutil.copyfile(t.run_dir / "checkpoints" / "latest.npz", keep)
+    r = Trainer.resume(t.run_dir / "checkpoints" / "latest.npz", echo=quiet)  # in place
+    assert [(x["step"], x["sharpe"], x["psr"]) for x in r.history] == key[:2]
+    r.run(100)
+    assert [(x["step"], x["sharpe"], x["psr"]) for x in r.history] == key
+    again = Trainer.resume(t.run_dir / "checkpoints" / "latest.npz", echo=quiet)  # at the last update
+    again.run(100)
+    assert [(x["step"], x["sharpe"], x["psr"]) for x in again.history] == key
+    older = Trainer.resume(keep, echo=quiet)  # a new run directory
+    assert older.run_dir != t.run_dir and [x["step"] for x in older.history] == [20, 40]
+
+
 def test_resume_from_a_user_folder_writes_nothing_there_even_when_it_fails(tmp_path):
     t = Trainer(small(tmp_path / "runs"), echo=quiet)
     t.run(30)

@@ -5,8 +5,14 @@
 * The act path is the windowed forward: the Q-values the collect step acted on equal the network's
   forward of windows cut from the feature matrix by hand.
 * Each encoder trains through the trainer (its parameters move; same seed, same bits).
+* On ``builtin:lag`` the signal reaches the agent: bar t - 4's return sits at its window slot, the
+  reward correlates with that slot alone, and a ridge regression on 64-bar windows recovers it
+  (tools/probe_window.py, whose probes are smoke-tested here too).
 GPU: the same through the graphs (graphed equals eager, and against the NumPy backend).
 """
+
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -18,6 +24,8 @@ from cudarl.env import TradingEnv
 from cudarl.prepare import prepare_data
 from cudarl.reference.window import BAR, HOLD, MIRROR, POSITION
 from cudarl.trainer import Trainer
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
 
 #: Small temporal encoders (odd sizes: a window the chunk does not divide, two groups of heads).
 ENCODER_NETS = {
@@ -75,6 +83,104 @@ def test_no_lookahead_with_windows(rng):
             past += int(early.sum())
             future += int(np.any(obs_a[~early] != obs_b[~early]))
         assert past > 100 and future > 10  # both kinds were seen, and the change is visible after t
+
+
+def walk_long(spec, window, episode_len):
+    """One env, always long, over the training split of ``spec`` from its first bar whose window is past
+    the features' warm-up (whose rows are zeros): the prepared data, the observations it saw
+    [S, window, F + 2], their bars [S] and the rewards they earned [S]."""
+    cfg = small(net={"window": window}, env={"n_envs": 1, "episode_len": episode_len, "stagger": False})
+    p = prepare_data(cfg, load(spec))
+    t0 = p.splits.train.start + window
+    env = TradingEnv(
+        p.bars.open, p.bars.close, p.x, p.sign, cfg.env, t_begin=t0, t_end=t0 + episode_len + 2,
+        window=p.window, backend="numpy",
+    )  # fmt: skip
+    long_ = np.full(1, cfg.env.n_actions - 1, np.int32)
+    obs, bars, rewards = [], [], []
+    for _ in range(episode_len):
+        obs.append(env.obs[0].copy())
+        bars.append(int(env.rows[0, BAR]))
+        env.step(long_)
+        rewards.append(float(env.reward[0]))
+    return p, np.array(obs).reshape(episode_len, window, -1), np.array(bars), np.array(rewards)
+
+
+def test_a_window_holds_each_past_bars_return_at_its_slot():
+    """Slot ``window - 1 - k`` of the observation of bar t holds bar t - k's normalised 1-bar return,
+    computed here from the closes: ``clip(log(C_b / C_(b-1)) / (sigma_b std), 5)``. On ``builtin:lag``
+    (lag 5) the slot ``window - 5`` (bar t - 4) is the one the next return echoes."""
+    from cudarl.features import FeatureContext
+
+    window = 8
+    p, obs, bars, _ = walk_long("builtin:lag?n=3000", window, 600)
+    assert np.array_equal(bars, p.splits.train.start + window + np.arange(bars.size))  # one bar at a time
+    j = p.names.index("ret_1")
+    c = p.bars.close
+    sigma = FeatureContext.of(p.bars, small().features).sigma
+    for k in range(window):
+        b = bars - k
+        want = np.clip(np.log(c[b] / c[b - 1]) / sigma[b] / p.normaliser.std[j], -5, 5)
+        np.testing.assert_allclose(obs[:, window - 1 - k, j], want, rtol=1e-5, atol=1e-6)
+
+
+def test_the_lag_signal_reaches_the_reward_through_its_slot_alone():
+    """End to end through the env: the reward of a long position taken at bar t (``R_(t+1)`` less costs)
+    correlates with the window slot of bar t - 4's return (``phi = 0.15``) and with no other slot's.
+    The bound is 4 standard errors of a correlation (``1 / sqrt(n)``) on these fixed bars."""
+    window, n = 8, 6000
+    p, obs, _, reward = walk_long(f"builtin:lag?n={n}", window, 3500)
+    j = p.names.index("ret_1")
+    corr = np.array([np.corrcoef(obs[:, w, j], reward)[0, 1] for w in range(window)])
+    se = 1 / np.sqrt(reward.size)
+    assert abs(corr[window - 5] - 0.15) < 4 * se, corr
+    others = np.delete(corr, window - 5)
+    assert np.all(np.abs(others) < 4 * se), corr
+
+
+def test_least_squares_on_the_windows_recovers_the_lag_signal():
+    """The information is there and usable: a ridge regression of ``R_(t+1)`` on the 64-bar windows of the
+    training split (832 inputs, a ridge of one per training row: a prior chosen before looking, no
+    tuning) puts its largest weight on bar t - 4's return (``ret_1``, or ``body``, the same column on a
+    synthetic market whose bars open at the previous close), and its forecast correlates with the
+    validation split's next returns by more than half of ``phi = 0.15``, the best causal forecast's."""
+    from probe_window import ridge_fit, ridge_predict, split_windows
+
+    window = 64
+    p = prepare_data(small(net={"window": window}), load("builtin:lag?n=20000"))
+    x, y = split_windows(p, p.splits.train, window)
+    beta = ridge_fit(x, y, penalty=float(len(x)))
+    slot, col = divmod(int(np.argmax(np.abs(beta[:-1]))), p.x.shape[1] + 2)
+    assert slot == window - 5 and p.names[col] in ("ret_1", "body"), (slot, col)
+    xv, yv = split_windows(p, p.splits.val, window)
+    corr = np.corrcoef(ridge_predict(beta, xv), yv)[0, 1]
+    assert corr > 0.15 / 2, corr
+
+
+def test_probe_window_reports_every_fit():
+    """tools/probe_window.py end to end on a small market: the linear probes, and the MLP twin's curve
+    when PyTorch is installed."""
+    import probe_window
+
+    from cudarl.config import from_dict
+
+    use_mlp = probe_window_has_torch()
+    cfg = from_dict({"data": {"source": "builtin:lag?n=3000"}, "net": {"window": 4, "hidden": [8]},
+                     "run": {"steps": 20}, "agent": {"batch_size": 16}})  # fmt: skip
+    rows = probe_window.probe(cfg, [0], use_mlp)
+    assert [r["fit"] for r in rows] == ["ols", "ridge"] + ["mlp"] * use_mlp
+    assert rows[0]["inputs"] == 4 * (len(prepare_data(cfg).names) + 2) and rows[0]["reference_test_sharpe"] > 0
+    assert all(np.isfinite(r["val_corr"]) for r in rows[:2])
+    if use_mlp:
+        assert [c["update"] for c in rows[2]["curve"]] == list(range(2, 21, 2))
+
+
+def probe_window_has_torch() -> bool:
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 def test_replay_memory_does_not_grow_with_the_window():

@@ -1,0 +1,209 @@
+#!/usr/bin/env python3
+"""Is a market's signal learnable from the agent's observation window, and does the agent's MLP body
+memorise the training bars? Supervised probes, no reinforcement learning (issue 22, point 6).
+
+For each decision bar t of a split: the observation the env gathers there (:class:`cudarl.window.Windows`
+on a flat state row, ``net.window`` bars of normalised features) and the return a long position taken at
+t earns (the env's ``bar_returns``: filled at the next open). Then, fitted on the training split:
+
+- ``ols``: least squares on every input; ``ridge``: with a penalty of one per training row on each
+  (standardised) input, a unit prior chosen before looking at any result;
+- ``mlp`` (PyTorch, optional): the agent's MLP body (``net.hidden``, ReLU) with one linear output, Adam
+  (``optim.lr``, ``optim.weight_decay`` decoupled, on weights only), mean squared error on the return
+  scaled to unit variance, ``agent.batch_size`` rows drawn uniformly per update, ``run.steps`` updates:
+  the number of updates and the batch of the agent's learner, on the one target every action's value
+  shares. Evaluated at every tenth of the budget.
+
+Each fit reports the correlation of its forecast with the return on train (how much of the training
+noise it has memorised: the best causal forecast's is about the signal's own, ``phi`` on ``builtin:lag``)
+and on validation, and the test Sharpe of trading its sign (:func:`cudarl.evaluate.evaluate_positions`,
+the env's costs and fills), beside the causal reference's on the same bars when the market has one.
+
+    python3 tools/probe_window.py --source "builtin:lag?n=20000" --window 64            # GPU defaults
+    python3 tools/probe_window.py --source "builtin:lag?n=20000" --window 64 --cpu      # CPU defaults
+    python3 tools/probe_window.py ... --set optim.weight_decay=1.0 --seeds 2 --jsonl out.jsonl
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tools"))
+
+import learning_check  # noqa: E402  (the references and the Sharpe of held positions, as the learning check scores them)
+
+
+def split_windows(prepared, split, window: int):
+    """The observations the env gathers at the decision bars ``split.start .. split.stop - 3`` (flat,
+    held 0 bars) float32 [S, window * (F + 2)], and the return a long position earns there (fill at the
+    next open) float64 [S]."""
+    from cudarl.reference.env import bar_returns
+    from cudarl.reference.window import BAR, STATE_DIM
+    from cudarl.window import Windows
+
+    t = np.arange(split.start, split.stop - 2)
+    rows = np.zeros((t.size, STATE_DIM), np.float32)
+    rows[:, BAR] = t
+    sign = np.where(prepared.sign, -1, 1).astype(np.float32)
+    bars = prepared.bars
+    ret = bar_returns(np.asarray(bars.open, np.float32), np.asarray(bars.close, np.float32), "open")
+    return Windows(prepared.x, sign, window, np).of(rows), ret[t].astype(np.float64)
+
+
+def ridge_fit(x, y, penalty: float) -> np.ndarray:
+    """float64 [D + 1]: ``argmin |[x, 1] b - y|^2 + penalty |b[:D]|^2`` (the intercept not shrunk)."""
+    a = np.c_[x, np.ones(len(x))].astype(np.float64)
+    reg = penalty * np.eye(a.shape[1])
+    reg[-1, -1] = 0.0
+    return np.linalg.lstsq(a.T @ a + reg, a.T @ y, rcond=None)[0]
+
+
+def ridge_predict(beta, x) -> np.ndarray:
+    return np.c_[x, np.ones(len(x))] @ beta
+
+
+def sign_sharpe(prepared, split, forecast, env) -> float:
+    """Test Sharpe (annualised) of holding ``sign(forecast)`` with the env's costs and fills."""
+    s = learning_check.positions_sharpe(prepared.bars, np.sign(forecast), split, env, prepared.periods_per_year)
+    return float(s) if s is not None else float("nan")
+
+
+def reference_sharpe(prepared, split, env) -> float | None:
+    """The causal reference's Sharpe on ``split`` (None for a market without one)."""
+    refs = learning_check.references(prepared.bars, split, env, prepared.periods_per_year)
+    return float(refs["causal"]["sharpe"]) if refs else None
+
+
+def corr(a, b) -> float:
+    return float(np.corrcoef(a, b)[0, 1]) if np.std(a) > 0 else float("nan")
+
+
+def mlp_curve(cfg, data: dict, seed: int, points: int = 10) -> list[dict]:
+    """The MLP twin (module docstring) trained on ``data["train"]``; a row at every ``1 / points`` of the
+    budget: the update, the train and validation correlations, and the validation forecast."""
+    import torch
+
+    torch.manual_seed(seed)
+    x, y = data["train"]
+    X, Y = torch.tensor(x), torch.tensor(y / y.std(), dtype=torch.float32)
+    layers, width = [], x.shape[1]
+    for h in cfg.net.hidden:
+        layers += [torch.nn.Linear(width, h), torch.nn.ReLU()]
+        width = h
+    net = torch.nn.Sequential(*layers, torch.nn.Linear(width, 1))
+    weights = [p for p in net.parameters() if p.ndim > 1]
+    biases = [p for p in net.parameters() if p.ndim == 1]
+    opt = torch.optim.AdamW(
+        [{"params": weights, "weight_decay": cfg.optim.weight_decay}, {"params": biases, "weight_decay": 0.0}],
+        lr=cfg.optim.lr,
+    )
+    gen = torch.Generator().manual_seed(seed)
+    steps, batch = cfg.run.steps, cfg.agent.batch_size
+    out = []
+    for k in range(1, steps + 1):
+        i = torch.randint(0, len(X), (batch,), generator=gen)
+        loss = ((net(X[i])[:, 0] - Y[i]) ** 2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        if k % max(steps // points, 1) == 0 or k == steps:
+            with torch.no_grad():
+                f = {s: net(torch.tensor(v[0]))[:, 0].numpy().astype(np.float64) for s, v in data.items()}
+            out.append({"update": k, **{f"{s}_corr": corr(f[s], data[s][1]) for s in data}, "forecast": f})
+    return out
+
+
+def probe(cfg, seeds, use_mlp: bool) -> list[dict]:
+    from cudarl.prepare import prepare_data
+
+    p = prepare_data(cfg)
+    w = cfg.net.window
+    data = {s: split_windows(p, getattr(p.splits, s), w) for s in ("train", "val", "test")}
+    test = p.splits.test
+    base = {
+        "source": p.bars.source,
+        "window": w,
+        "inputs": int(data["train"][0].shape[1]),
+        "train_rows": len(data["train"][1]),
+        "reference_test_sharpe": reference_sharpe(p, test, cfg.env),
+    }
+    rows = []
+    for name, penalty in (("ols", 0.0), ("ridge", float(len(data["train"][1])))):
+        beta = ridge_fit(*data["train"], penalty)
+        f = {s: ridge_predict(beta, v[0]) for s, v in data.items()}
+        rows.append(
+            {**base, "fit": name, "penalty": penalty, **{f"{s}_corr": corr(f[s], data[s][1]) for s in data},
+             "test_sign_sharpe": sign_sharpe(p, test, f["test"], cfg.env)}
+        )  # fmt: skip
+    if use_mlp:
+        for seed in seeds:
+            t0 = time.perf_counter()
+            curve = mlp_curve(cfg, data, seed)
+            for r in curve:
+                r["test_sign_sharpe"] = sign_sharpe(p, test, r.pop("forecast")["test"], cfg.env)
+            rows.append(
+                {**base, "fit": "mlp", "seed": seed, "hidden": list(cfg.net.hidden), "lr": cfg.optim.lr,
+                 "batch": cfg.agent.batch_size, "updates": cfg.run.steps, "weight_decay": cfg.optim.weight_decay,
+                 "curve": curve, "wall_s": time.perf_counter() - t0}
+            )  # fmt: skip
+    return rows
+
+
+def _f(x, fmt=".3f") -> str:
+    return "—" if x is None or not np.isfinite(x) else format(x, fmt)
+
+
+def show(rows) -> None:
+    ref = rows[0]["reference_test_sharpe"]
+    print(f"{rows[0]['source']}, window {rows[0]['window']} ({rows[0]['inputs']} inputs, "
+          f"{rows[0]['train_rows']} training rows); causal reference's test Sharpe {_f(ref, '.2f')}")  # fmt: skip
+    for r in rows:
+        if r["fit"] != "mlp":
+            print(f"  {r['fit']:5} corr train {_f(r['train_corr'])} val {_f(r['val_corr'])} "
+                  f"test {_f(r['test_corr'])}; sign test Sharpe {_f(r['test_sign_sharpe'], '.2f')}")  # fmt: skip
+            continue
+        print(f"  mlp {r['hidden']} lr {r['lr']:g} batch {r['batch']} wd {r['weight_decay']:g} seed {r['seed']} "
+              f"({r['wall_s']:.0f} s): update, corr train / val / test, sign test Sharpe")  # fmt: skip
+        for c in r["curve"]:
+            print(f"    {c['update']:6d}  {_f(c['train_corr'])} / {_f(c['val_corr'])} / {_f(c['test_corr'])}  "
+                  f"{_f(c['test_sign_sharpe'], '.2f')}")  # fmt: skip
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--source", default="builtin:lag?n=20000")
+    ap.add_argument("--window", type=int, default=64)
+    ap.add_argument("--cpu", action="store_true", help="the CPU defaults (config.CPU_DEFAULTS), not the GPU ones")
+    ap.add_argument("--set", action="append", default=[], help="SECTION.FIELD=VALUE")
+    ap.add_argument("--seeds", type=int, default=1)
+    ap.add_argument("--no-mlp", action="store_true", help="the linear probes only (no PyTorch)")
+    ap.add_argument("--jsonl", type=Path, default=None, help="append the rows here")
+    a = ap.parse_args()
+
+    from cudarl.config import from_dict, parse_override, resolve_for_backend
+    from cudarl.evaluate import json_safe
+
+    over: dict = {"data": {"source": a.source}, "net": {"window": a.window}}
+    for s in a.set:
+        sec, field, value = parse_override(s)
+        over.setdefault(sec, {})[field] = value
+    cfg = resolve_for_backend(from_dict(over), not a.cpu, over)
+    rows = probe(cfg, range(a.seeds), not a.no_mlp)
+    show(rows)
+    if a.jsonl is not None:
+        with a.jsonl.open("a") as fh:
+            for r in rows:
+                fh.write(json.dumps(json_safe({**r, "sets": a.set, "cpu": a.cpu}), allow_nan=False) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
