@@ -424,6 +424,7 @@ def test_gpu_stacked_step_graphed_equals_eager(cp, rng, P):
     feats = cp.asarray(rng.standard_normal((T_N, F_N)).astype(np.float32))
     sign = cp.asarray(np.ones(F_N, np.float32))
     B, E = 32, 4
+    td_host = rng.standard_normal((P, B)).astype(np.float32)  # one draw: both runs update the same priorities
     runs = []
     for _ in range(2):
         r = StackedPrioritizedReplay(P, 900, 4, n_step=3, n_envs=E, seeds=seeds, backend="cupy")
@@ -433,7 +434,7 @@ def test_gpu_stacked_step_graphed_equals_eager(cp, rng, P):
         rows = {k: cp.asarray(v) for k, v in _batch(np.random.default_rng(4), P, 2 * E, False).items()}
         out = Batch(*(cp.zeros((P, *a.shape), a.dtype) for a in _one_batch(cp, B)))
         pair = cp.zeros((P, 2 * B, win.width), np.float32)
-        td = cp.asarray(rng.standard_normal((P, B)).astype(np.float32))
+        td = cp.asarray(td_host)
 
         def step(r=r, win=win, rows=rows, out=out, pair=pair, td=td):
             r.add(rows["obs"], rows["action"], rows["reward"], rows["discount"])

@@ -70,6 +70,7 @@ def _single(xp, cfg, seed: int, win, backend):
         r.capacity, 4, n_step=r.n_step, n_envs=E, alpha=r.alpha, eps=r.eps, beta0=r.beta0,
         beta_final=r.beta_final, beta_steps=r.beta_steps, seed=seed, backend=backend,
     )  # fmt: skip
+    single.reserve(cfg.agent.batch_size)  # a graph's sample phase needs its buffers before the capture
     return agent, single
 
 
