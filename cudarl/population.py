@@ -48,6 +48,7 @@ from .config import Config, from_dict
 from .graph import SideStream, StepGraph
 from .guard import GuardStop
 from .prepare import prepare_data
+from .stacked_agent import MEMBER_SETTINGS
 from .trainer import AVERAGE_EVERY, Trainer, _Rate, check_finite_state
 
 #: Config fields members of one population may set differently (section -> fields; ``"*"``: all of
@@ -90,9 +91,11 @@ MAY_DIFFER = {
 
 
 #: Config fields members of a ``run.population = "joined"`` population may set differently: their seeds
-#: (the learner's, the replay's and the envs' Philox keys are ``[P]`` device arrays) and what the host
-#: alone reads. The by-value constants of the stacked kernels (lr and tau schedules, gamma, epsilon
-#: schedule, PER alpha and beta, costs, PopArt's) are one for every member: not yet ``[P]`` arrays.
+#: (the learner's, the replay's and the envs' Philox keys are ``[P]`` device arrays), what the host
+#: alone reads, and the settings the stacked kernels read per member from ``[P]`` device arrays
+#: (:data:`cudarl.stacked_agent.MEMBER_SETTINGS`: the learning-rate schedule, gamma, the tau schedule).
+#: The other by-value constants of the stacked kernels (the epsilon schedule, PER alpha and beta, costs,
+#: reward options, Adam's betas, PopArt's) are one for every member: not yet ``[P]`` arrays.
 JOINED_MAY_DIFFER = {
     "run": {"name", "seed", "out_dir", "eval_every", "checkpoint_every", "keep_best", "log_every", "tensorboard",
             "grid_barrier"},
@@ -100,6 +103,8 @@ JOINED_MAY_DIFFER = {
     "guard": {"*"},
     "eval": {"*"},
 }  # fmt: skip
+for _sec, _fields in MEMBER_SETTINGS.items():
+    JOINED_MAY_DIFFER.setdefault(_sec, set()).update(_fields)
 
 #: run.device -> the backend request (as :class:`Trainer` resolves it)
 _BACKEND = {"auto": None, "gpu": "cupy", "cpu": "numpy"}
@@ -331,7 +336,7 @@ class Population:
         seeds = [m.cfg.run.seed for m in self.members]
         rows = env.rows_per_step * env.n_envs
         self.env, self.replay = env, stacked_replay(cfg, rows, seeds, backend=lead.be.name)
-        self.learner = StackedLearner(cfg, env.obs_dim, env.n_actions, seeds, xp)
+        self.learner = StackedLearner(cfg, env.obs_dim, env.n_actions, seeds, xp, [m.cfg for m in self.members])
         self._transitions, self._discount = env.make_transitions(), xp.zeros((P, rows), np.float32)
         if self.stream is not None:  # the envs' reset ran on the current stream; the graphs' is another
             xp.cuda.get_current_stream().synchronize()

@@ -102,8 +102,39 @@ def stacked_replay(cfg: Config, n_envs: int, seeds, backend: str | None = None):
     )  # fmt: skip
 
 
+#: The settings members of one :class:`StackedLearner` may set differently (section -> fields): each is a
+#: ``[P]`` device array (an optimiser's or schedule's table, or the initial value of a per-member device
+#: scalar), so member ``i`` runs its own value with the single kernel's arithmetic. Every other field the
+#: learner reads is one for every member.
+MEMBER_SETTINGS = {
+    "optim": ("schedule", "lr", "lr_min", "warmup", "period", "mult", "restart_m_scale"),
+    "agent": ("gamma", "tau_start", "tau_end", "tau_period"),
+}
+
+
+def member_settings(configs) -> list[str]:
+    """The ``section.field`` names of :data:`MEMBER_SETTINGS` in which ``configs`` differ (for messages)."""
+    return [
+        f"{sec}.{f}"
+        for sec, fields in MEMBER_SETTINGS.items()
+        for f in fields
+        if len({getattr(getattr(c, sec), f) for c in configs}) > 1
+    ]
+
+
+def _learner_differences(a: Config, b: Config) -> list[str]:
+    """The ``section.field`` names of the sections the learner reads (net, agent, optim, replay) where ``a`` and
+    ``b`` differ outside :data:`MEMBER_SETTINGS`."""
+    out = []
+    for sec in ("net", "agent", "optim", "replay"):
+        da, db = getattr(a, sec).__dict__, getattr(b, sec).__dict__
+        out += [f"{sec}.{k}" for k in da if da[k] != db[k] and k not in MEMBER_SETTINGS.get(sec, ())]
+    return out
+
+
 class StackedLearner:
-    """The learner of P agents of one reference configuration, members differing in their seeds.
+    """The learner of P agents of one reference configuration, members differing in their seeds and in the
+    settings of :data:`MEMBER_SETTINGS`.
 
     Args:
         cfg: the :class:`cudarl.config.Config` every member runs (``run.seed`` is not read: ``seeds``);
@@ -111,6 +142,9 @@ class StackedLearner:
         obs_dim: the network's input (:attr:`cudarl.window.Windows.width`); n_actions: A.
         seeds: P seeds, member ``i`` initialised as ``Agent`` with ``run.seed = seeds[i]``.
         xp: ``numpy`` or ``cupy``.
+        configs: optional P configs, member ``i`` reading the fields of :data:`MEMBER_SETTINGS` from
+            ``configs[i]`` (its learning-rate schedule, gamma, tau schedule); the rest from ``cfg``. Default:
+            ``cfg`` for every member.
 
     Buffers (member ``i`` at index ``i`` of the leading axis): :attr:`online`, :attr:`target`
     (:class:`cudarl.nn.StackedQNetwork`), :attr:`adam` (:class:`cudarl.optim.StackedAdam`),
@@ -122,13 +156,24 @@ class StackedLearner:
     ``ring [P, 2 * PUBLISH_SLOTS]``) and :attr:`stats_ring` (``[slots, P * (2A + 2)]``).
     """
 
-    def __init__(self, cfg: Config, obs_dim: int, n_actions: int, seeds, xp):
+    def __init__(self, cfg: Config, obs_dim: int, n_actions: int, seeds, xp, configs=None):
         reference_config(cfg)
         self.cfg, self.xp = cfg, xp
         self.seeds = [int(s) for s in seeds]
         P = self.members = len(self.seeds)
+        configs = [cfg] * P if configs is None else list(configs)
+        if len(configs) != P:
+            raise ValueError(f"StackedLearner: {len(configs)} configs for {P} members")
+        bad = sorted({f for c in configs for f in _learner_differences(cfg, c)})
+        if bad:
+            raise ValueError(
+                f"StackedLearner: members differ in {', '.join(bad)}; only the fields of MEMBER_SETTINGS may differ"
+            )
+        #: member ``i``'s config (its :data:`MEMBER_SETTINGS`)
+        self.configs = configs
+        per = [c.agent for c in configs]
         B = self.batch_size = cfg.agent.batch_size
-        a, o = cfg.agent, cfg.optim
+        a = cfg.agent
         A, K = int(n_actions), cfg.net.atoms
         net = dict(members=P, xp=xp, max_batch=B, seeds=self.seeds)
         self.online = StackedQNetwork(obs_dim, A, cfg.net, **net)
@@ -167,9 +212,12 @@ class StackedLearner:
         self.readback = PinnedReadback(P * 2 * PUBLISH_SLOTS, f32, xp)
         self.ring = self.readback.device.reshape(P, 2 * PUBLISH_SLOTS)
         self.grad_norm = xp.zeros(P, f32)
-        self.adam = StackedAdam.from_config(self.online, o, self.grad_norm, xp)
+        self.adam = StackedAdam.from_config(self.online, [c.optim for c in configs], self.grad_norm, xp)
         self.soft = StackedSoftUpdate(
-            self.target.params, self.online.params, a.tau_start, a.tau_end, a.tau_period, xp=xp
+            self.target.params,
+            self.online.params,
+            *([getattr(m, k) for m in per] for k in ("tau_start", "tau_end", "tau_period")),
+            xp=xp,
         )
         self.fused = cfg.run.grid_barrier and self._fits_one_launch()
         self.agent_ops, self.nn_ops = family("agent", xp), family("nn", xp)
@@ -187,7 +235,7 @@ class StackedLearner:
         #: with the member)
         self.scalars = MemberScalars(
             {"gamma": f32, "epsilon": f32, "collect_steps": np.int64}, P, xp,
-            initial={"gamma": a.gamma, "epsilon": a.eps_start},
+            initial={"gamma": [m.gamma for m in per], "epsilon": a.eps_start},
         )  # fmt: skip
         self.ws_act = self.q_act = None  # the acting forward's workspace and expected Q (collect_phases)
 

@@ -25,6 +25,7 @@ b) py b 240 tests/parity/test_c51_members.py tests/parity/test_qstats_members.py
      tests/parity/test_collect_members.py tests/parity/test_agent.py tests/parity/test_env.py ;;
 c) py c 240 tests/unit/test_stacked_agent.py tests/unit/test_stacked_collect.py tests/unit/test_stacked_checkpoint.py \
      tests/parity/test_state_members.py tests/unit/test_population.py tests/unit/test_population_resume.py \
+     tests/unit/test_population_settings.py \
      tests/parity/test_step.py ;;
 bench)
   t "bench_step (the single step with member-axis kernels)"
