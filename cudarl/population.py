@@ -93,9 +93,9 @@ MAY_DIFFER = {
 #: Config fields members of a ``run.population = "joined"`` population may set differently: their seeds
 #: (the learner's, the replay's and the envs' Philox keys are ``[P]`` device arrays), what the host
 #: alone reads, and the settings the stacked kernels read per member from ``[P]`` device arrays
-#: (:data:`cudarl.stacked_agent.MEMBER_SETTINGS`: the learning-rate schedule, gamma, the tau schedule).
-#: The other by-value constants of the stacked kernels (the epsilon schedule, PER alpha and beta, costs,
-#: reward options, Adam's betas, PopArt's) are one for every member: not yet ``[P]`` arrays.
+#: (:data:`cudarl.stacked_agent.MEMBER_SETTINGS`: the learning-rate schedule, gamma, the tau and epsilon
+#: schedules). The other by-value constants of the stacked kernels (PER alpha and beta, costs, reward
+#: options, Adam's betas, PopArt's) are one for every member: not yet ``[P]`` arrays.
 JOINED_MAY_DIFFER = {
     "run": {"name", "seed", "out_dir", "eval_every", "checkpoint_every", "keep_best", "log_every", "tensorboard",
             "grid_barrier"},

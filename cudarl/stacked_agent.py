@@ -33,7 +33,7 @@ The collect step (stage 6b), :meth:`StackedLearner.collect_phases`, is the singl
 (:meth:`cudarl.agent.Agent.collect_phases` with the C51 rule) over the members::
 
     act            StackedQNetwork forward over the envs' windows [P, N, width] (raw head), then
-                   act_c51_dueling over every member (its own epsilon schedule, counters and env seed)
+                   act_c51_dueling_members over every member (its own epsilon schedule, counters and env seed)
     env_step       StackedTradingEnv.record_step (record, discounts with gamma [P], step, windows)
     replay_insert  StackedPrioritizedReplay.add of every member's rows
 
@@ -108,7 +108,7 @@ def stacked_replay(cfg: Config, n_envs: int, seeds, backend: str | None = None):
 #: learner reads is one for every member.
 MEMBER_SETTINGS = {
     "optim": ("schedule", "lr", "lr_min", "warmup", "period", "mult", "restart_m_scale"),
-    "agent": ("gamma", "tau_start", "tau_end", "tau_period"),
+    "agent": ("gamma", "tau_start", "tau_end", "tau_period", "eps_start", "eps_end", "eps_steps"),
 }
 
 
@@ -143,8 +143,8 @@ class StackedLearner:
         seeds: P seeds, member ``i`` initialised as ``Agent`` with ``run.seed = seeds[i]``.
         xp: ``numpy`` or ``cupy``.
         configs: optional P configs, member ``i`` reading the fields of :data:`MEMBER_SETTINGS` from
-            ``configs[i]`` (its learning-rate schedule, gamma, tau schedule); the rest from ``cfg``. Default:
-            ``cfg`` for every member.
+            ``configs[i]`` (its learning-rate schedule, gamma, tau and epsilon schedules); the rest from
+            ``cfg``. Default: ``cfg`` for every member.
 
     Buffers (member ``i`` at index ``i`` of the leading axis): :attr:`online`, :attr:`target`
     (:class:`cudarl.nn.StackedQNetwork`), :attr:`adam` (:class:`cudarl.optim.StackedAdam`),
@@ -235,7 +235,7 @@ class StackedLearner:
         #: with the member)
         self.scalars = MemberScalars(
             {"gamma": f32, "epsilon": f32, "collect_steps": np.int64}, P, xp,
-            initial={"gamma": [m.gamma for m in per], "epsilon": a.eps_start},
+            initial={"gamma": [m.gamma for m in per], "epsilon": [m.eps_start for m in per]},
         )  # fmt: skip
         self.ws_act = self.q_act = None  # the acting forward's workspace and expected Q (collect_phases)
 
@@ -257,7 +257,7 @@ class StackedLearner:
         float32 ``[P, rows]``. Allocates the acting workspace (``[P, n_envs]`` rows) and ``q_act [P, N, A]``
         here, before any capture."""
         reference_collect_config(self.cfg)
-        P, xp, a = self.members, self.xp, self.cfg.agent
+        P, xp = self.members, self.xp
         for name, obj in (("env", env), ("replay", replay)):
             if getattr(obj, "members", None) != P:
                 raise ValueError(f"collect_phases: a stacked {name} of {P} members, got {type(obj).__name__}")
@@ -265,15 +265,19 @@ class StackedLearner:
         self.ws_act = self.online.new_workspace(N)
         self.online.prepare_input(env.obs, self.ws_act)  # the windows' member stride: a plan before capture
         self.q_act = xp.zeros((P, N, env.n_actions), np.float32)
-        # the device epsilon, its step counter, the fused act kernel's ticket counters (0 between launches)
+        # the device epsilon, its step counter, the fused act kernel's ticket counters (0 between launches),
+        # each member's epsilon schedule ([P] arrays of act_c51_dueling's by-value types)
+        per = [c.agent for c in self.configs]
         eps_args = (
             self.scalars.view("epsilon"), self.scalars.view("collect_steps"), xp.zeros(P, np.uint32),
-            a.eps_start, a.eps_end, a.eps_steps,
+            xp.asarray(np.array([m.eps_start for m in per], np.float64)),
+            xp.asarray(np.array([m.eps_end for m in per], np.float64)),
+            xp.asarray(np.array([m.eps_steps for m in per], np.int64)),
         )  # fmt: skip
 
         def act():
             va = self.online.forward(env.obs, self.ws_act, raw_head=True)
-            self.agent_ops.act_c51_dueling(
+            self.agent_ops.act_c51_dueling_members(
                 env.actions, self.q_act, va, self.support, env.state.count, env.seed, *eps_args
             )
 

@@ -257,6 +257,63 @@ def test_act_twin_support_per_member_and_swapped_members_differ(rng):
     assert not np.array_equal(b["q"][1][0], swapped["q"][1][0])
 
 
+def _schedules(P: int) -> list:
+    """P distinct epsilon schedules (start, end, steps), from exploring everything to mostly greedy."""
+    return [(1.0 - 0.7 * i / P, 0.05 + 0.2 * i / P, 9 + 3 * i) for i in range(P)]
+
+
+def _assert_own_schedules_are_singles(xp, fam, rng, P: int, padded: bool, swap=None) -> dict:
+    """``act_c51_dueling_members`` (member ``i``'s epsilon schedule at ``i`` of ``[P]`` arrays) against
+    ``act_c51_dueling`` alone on copies of member ``i``'s buffers with its schedule, bit for bit (``swap``:
+    two members' schedules traded in the stacked call, which must then fail). Returns the stacked buffers."""
+    _, b, _ = _act_case(xp, rng, P, padded, "c51_dueling")
+    sched = _schedules(P)
+    order = list(range(P))
+    if swap is not None:
+        order[swap[0]], order[swap[1]] = order[swap[1]], order[swap[0]]
+    table = [
+        xp.asarray(np.array([sched[j][k] for j in order], dt))
+        for k, dt in enumerate((np.float64, np.float64, np.int64))
+    ]
+    singles = [_member(xp, b, i) for i in range(P)]
+    a = _stacked(b)
+    keys = ("actions", "q", "head", "support", "env_count", "seed", "eps", "count", "arrivals")
+    fam.act_c51_dueling_members(*(a[k] for k in keys), *table)
+    for i, one in enumerate(singles):
+        fam.act_c51_dueling(*(one[k] for k in keys), *sched[i])
+        for k, (kind, arr) in b.items():
+            if kind != "shared":
+                got = arr[i] if kind == ROW else arr[i : i + 1]
+                assert_bitwise(got, one[k], what=f"act_c51_dueling_members: member {i} of {P}, {k}")
+    return a
+
+
+@pytest.mark.parametrize("P", [1, 3])
+def test_act_twin_with_each_members_epsilon_schedule_is_single_twins(monkeypatch, rng, P):
+    """CPU: ``act_c51_dueling_members`` is the single twin with member i's schedule; members' epsilons
+    differ; two schedules swapped fail; the launcher's arguments (recorded) are the kernel's C
+    parameters, and it checks the schedule arrays."""
+    from cudarl.ops import agent as agent_ops
+
+    a = _assert_own_schedules_are_singles(np, agent_ref, rng, P, padded=P == 3)
+    assert len(set(a["eps"].tolist())) == P
+    if P > 1:
+        with pytest.raises(AssertionError, match="member 0 of 3, (q|actions|eps)"):
+            _assert_own_schedules_are_singles(np, agent_ref, rng, P, True, swap=(0, 2))
+    _, b, _ = _act_case(np, rng, 3, False, "c51_dueling")
+    a = _stacked(b)
+    keys = ("actions", "q", "head", "support", "env_count", "seed", "eps", "count", "arrivals")
+    with pytest.raises(ValueError, match=r"start: expected a C-contiguous float64 array \[3\]"):
+        agent_ops.act_c51_dueling_members(*(a[k] for k in keys), np.ones(3, F32), np.ones(3), np.ones(3, np.int64))
+    with pytest.raises(ValueError, match=r"steps: expected a C-contiguous int64 array \[3\]"):
+        agent_ops.act_c51_dueling_members(*(a[k] for k in keys), np.ones(3), np.ones(3), np.ones(2, np.int64))
+    launched = _recorded(monkeypatch, agent_ops)
+    agent_ops.act_c51_dueling_members(*(a[k] for k in keys), np.ones(3), np.ones(3), np.ones(3, np.int64))
+    ((_, op, grid, args),) = launched
+    assert op == "act_c51_dueling_members" and grid[1] == 3
+    assert_launch_args("agent", op, args)
+
+
 def _recorded(monkeypatch, module) -> list:
     launched = []
     monkeypatch.setattr(
@@ -345,6 +402,31 @@ def test_gpu_agent_members_are_single_launches(cp, rng, case, P, padded):
     """Each agent kernel over P members equals P single launches on copies (bitwise), and the twin."""
     _assert_members_are_singles(cp, _family(cp, "agent"), AGENT_CASES[case], rng, P, padded)
     _gpu_vs_twin(cp, "agent", AGENT_CASES[case], P, padded)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("P", [1, 3, 64])
+@pytest.mark.parametrize("padded", [False, True])
+def test_gpu_act_with_each_members_epsilon_schedule_is_single_launches(cp, rng, P, padded):
+    """act_c51_dueling_members (each member's epsilon schedule [P] on the device) equals act_c51_dueling
+    launched alone on copies of member i's buffers with its schedule, bit for bit; its epsilon and counter
+    equal the twin's, its Q within the single op's tolerance."""
+    a = _assert_own_schedules_are_singles(cp, _family(cp, "agent"), rng, P, padded)
+    _, b, _ = _act_case(np, np.random.default_rng(P), P, padded, "c51_dueling")
+    dev = {k: cp.asarray(v) for k, (_, v) in b.items()}
+    host = {k: v.copy() for k, (_, v) in b.items()}
+    keys = ("actions", "q", "head", "support", "env_count", "seed", "eps", "count", "arrivals")
+    sched = _schedules(P)
+    for fam, d, xp in ((_family(cp, "agent"), dev, cp), (agent_ref, host, np)):
+        table = [
+            xp.asarray(np.array([s[k] for s in sched], dt)) for k, dt in enumerate((np.float64, np.float64, np.int64))
+        ]
+        fam.act_c51_dueling_members(*(d[k] for k in keys), *table)
+    for k in ("eps", "count", "arrivals"):
+        assert_bitwise(dev[k], host[k], what=f"P={P}: {k} against the twin")
+    assert_parity(dev["q"], host["q"], what=f"P={P}: q against the twin")
+    if P <= 3:
+        assert len(set(to_numpy(a["eps"]).tolist())) == P
 
 
 @pytest.mark.gpu

@@ -299,6 +299,27 @@ def test_stacked_adam_members_with_their_own_schedules_on_numpy(fused):
         _train_members(np, 4, 1_001, 12, fused, own=True, swap=(1, 2))
 
 
+def test_member_schedule_launchers_pass_their_kernels_c_parameters(monkeypatch):
+    """The launchers' arguments (recorded, not launched) are what the kernels declare; the grid's y is P."""
+    from cudarl.ops import optim as ops
+    from cudarl.testing import assert_launch_args
+
+    launched = []
+    monkeypatch.setattr(ops, "launch", lambda fam, op, grid, block, args: launched.append((op, grid, args)))
+    stacked, _ = _objects(np, 4, 8, 0, own=True)
+    adam, soft = stacked["adam"], stacked["soft"]
+    for obj in (adam, soft):
+        obj.ops = ops  # the launchers on host arrays: recorded, not launched
+    adam.schedule_step()
+    soft.schedule_step()
+    assert [(op, grid) for op, grid, _ in launched] == [
+        ("lr_schedule_members", (1, 4)),
+        ("tau_schedule_members", (1, 4)),
+    ]
+    for op, _, args in launched:
+        assert_launch_args("optim", op, args)
+
+
 def test_member_schedule_twins_are_the_single_twins():
     """``lr_schedule_members`` and ``tau_schedule_members`` (each member's constants ``[P]``) against the single
     twins with member i's constants, over warm-ups, cosines and restarts; the launchers' shape checks."""

@@ -36,10 +36,15 @@ SETTINGS = {
         {"agent": {"tau_start": 0.2, "tau_end": 0.01, "tau_period": 25}},
         {"agent": {"tau_start": 0.02, "tau_end": 0.02, "tau_period": 1}},
     ],
+    "epsilon": [
+        {"agent": {"eps_start": 1.0, "eps_end": 0.02, "eps_steps": 300}},
+        {"agent": {"eps_start": 0.5, "eps_end": 0.1, "eps_steps": 100}},
+        {"agent": {"eps_start": 0.3, "eps_end": 0.05, "eps_steps": 1000}},
+    ],
 }  # fmt: skip
 
 #: Fields members of a joined population may not yet set differently, with a value other than the default.
-REFUSED = [("agent", "eps_start", 0.5), ("replay", "alpha", 0.4), ("env", "cost_bps", 3.0), ("optim", "beta1", 0.8)]
+REFUSED = [("replay", "alpha", 0.4), ("env", "cost_bps", 3.0), ("optim", "beta1", 0.8)]
 
 
 def _merge(*overs) -> dict:
@@ -84,6 +89,8 @@ def test_joined_members_with_their_own_settings_are_those_agents_alone(groups):
         np.testing.assert_array_equal(L.scalars.get("gamma"), np.float32([0.99, 0.95, 0.9]))
     if "lr" in groups:
         assert len(set(L.adam.scalars.get("lr").tolist())) == 3
+    if "epsilon" in groups:
+        assert len(set(L.scalars.get("epsilon").tolist())) == 3
     if "tau" in groups:
         assert len(set(L.soft.scalars.get("tau").tolist())) == 3
 
@@ -98,8 +105,8 @@ def test_joined_refuses_members_that_differ_in_a_setting_not_built_per_member(se
 def test_stacked_learner_refuses_configs_that_differ_outside_its_member_settings():
     from cudarl.stacked_agent import StackedLearner
 
-    a, b = small(), from_dict({"agent": {"eps_end": 0.1}, "optim": {"lr": 3e-4}}, base=small())
-    with pytest.raises(ValueError, match=r"members differ in agent\.eps_end; only the fields of MEMBER_SETTINGS"):
+    a, b = small(), from_dict({"agent": {"batch_size": 16}, "optim": {"lr": 3e-4}}, base=small())
+    with pytest.raises(ValueError, match=r"members differ in agent\.batch_size; only the fields of MEMBER_SETTINGS"):
         StackedLearner(a, 6, 3, [0, 1], np, configs=[a, b])
 
 
