@@ -94,8 +94,8 @@ MAY_DIFFER = {
 #: (the learner's, the replay's and the envs' Philox keys are ``[P]`` device arrays), what the host
 #: alone reads, and the settings the stacked kernels read per member from ``[P]`` device arrays
 #: (:data:`cudarl.stacked_agent.MEMBER_SETTINGS`: the learning-rate schedule, gamma, the tau and epsilon
-#: schedules). The other by-value constants of the stacked kernels (PER alpha and beta, costs, reward
-#: options, Adam's betas, PopArt's) are one for every member: not yet ``[P]`` arrays.
+#: schedules, PER alpha, eps and beta schedule). The other by-value constants of the stacked kernels
+#: (costs, reward options, Adam's betas, PopArt's) are one for every member: not yet ``[P]`` arrays.
 JOINED_MAY_DIFFER = {
     "run": {"name", "seed", "out_dir", "eval_every", "checkpoint_every", "keep_best", "log_every", "tensorboard",
             "grid_barrier"},
@@ -335,8 +335,9 @@ class Population:
         env.share_features(e)
         seeds = [m.cfg.run.seed for m in self.members]
         rows = env.rows_per_step * env.n_envs
-        self.env, self.replay = env, stacked_replay(cfg, rows, seeds, backend=lead.be.name)
-        self.learner = StackedLearner(cfg, env.obs_dim, env.n_actions, seeds, xp, [m.cfg for m in self.members])
+        configs = [m.cfg for m in self.members]
+        self.env, self.replay = env, stacked_replay(cfg, rows, seeds, backend=lead.be.name, configs=configs)
+        self.learner = StackedLearner(cfg, env.obs_dim, env.n_actions, seeds, xp, configs)
         self._transitions, self._discount = env.make_transitions(), xp.zeros((P, rows), np.float32)
         if self.stream is not None:  # the envs' reset ran on the current stream; the graphs' is another
             xp.cuda.get_current_stream().synchronize()

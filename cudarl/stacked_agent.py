@@ -88,17 +88,19 @@ def reference_collect_config(cfg: Config) -> None:
         )
 
 
-def stacked_replay(cfg: Config, n_envs: int, seeds, backend: str | None = None):
+def stacked_replay(cfg: Config, n_envs: int, seeds, backend: str | None = None, configs=None):
     """The :class:`cudarl.stacked_replay.StackedPrioritizedReplay` of state rows whose member ``i`` is the
     replay :class:`cudarl.trainer.Trainer` makes for ``cfg`` with ``run.seed = seeds[i]`` (``n_envs``: its
-    interleaved columns, rows of a collect step)."""
-    from .stacked_replay import StackedPrioritizedReplay
+    interleaved columns, rows of a collect step); ``configs``: optional P configs, member ``i``'s alpha, eps
+    and beta schedule ``configs[i].replay``'s (:data:`MEMBER_SETTINGS`)."""
+    from .stacked_replay import MEMBER_FIELDS, StackedPrioritizedReplay
 
     r = cfg.replay
+    per = [c.replay for c in configs] if configs is not None else [r]
+    own = {k: [getattr(m, k) for m in per] if configs is not None else getattr(r, k) for k in MEMBER_FIELDS}
     return StackedPrioritizedReplay(
         len(seeds), r.capacity, STATE_DIM, seeds=np.asarray(seeds, np.int64), n_step=r.n_step, n_envs=n_envs,
-        alpha=r.alpha, eps=r.eps, beta0=r.beta0, beta_final=r.beta_final, beta_steps=r.beta_steps,
-        store_next_obs=cfg.env.counterfactual, backend=backend,
+        store_next_obs=cfg.env.counterfactual, backend=backend, **own,
     )  # fmt: skip
 
 
@@ -109,6 +111,7 @@ def stacked_replay(cfg: Config, n_envs: int, seeds, backend: str | None = None):
 MEMBER_SETTINGS = {
     "optim": ("schedule", "lr", "lr_min", "warmup", "period", "mult", "restart_m_scale"),
     "agent": ("gamma", "tau_start", "tau_end", "tau_period", "eps_start", "eps_end", "eps_steps"),
+    "replay": ("alpha", "eps", "beta0", "beta_final", "beta_steps"),
 }
 
 
@@ -143,8 +146,8 @@ class StackedLearner:
         seeds: P seeds, member ``i`` initialised as ``Agent`` with ``run.seed = seeds[i]``.
         xp: ``numpy`` or ``cupy``.
         configs: optional P configs, member ``i`` reading the fields of :data:`MEMBER_SETTINGS` from
-            ``configs[i]`` (its learning-rate schedule, gamma, tau and epsilon schedules); the rest from
-            ``cfg``. Default: ``cfg`` for every member.
+            ``configs[i]`` (its learning-rate schedule, gamma, tau and epsilon schedules; its replay's PER
+            settings are :func:`stacked_replay`'s); the rest from ``cfg``. Default: ``cfg`` for every member.
 
     Buffers (member ``i`` at index ``i`` of the leading axis): :attr:`online`, :attr:`target`
     (:class:`cudarl.nn.StackedQNetwork`), :attr:`adam` (:class:`cudarl.optim.StackedAdam`),

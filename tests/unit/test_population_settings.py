@@ -41,10 +41,15 @@ SETTINGS = {
         {"agent": {"eps_start": 0.5, "eps_end": 0.1, "eps_steps": 100}},
         {"agent": {"eps_start": 0.3, "eps_end": 0.05, "eps_steps": 1000}},
     ],
+    "per": [
+        {"replay": {"alpha": 0.6, "eps": 1e-6, "beta0": 0.4, "beta_final": 1.0, "beta_steps": 100}},
+        {"replay": {"alpha": 0.4, "eps": 1e-3, "beta0": 0.6, "beta_final": 0.9, "beta_steps": 30}},
+        {"replay": {"alpha": 0.8, "eps": 1e-2, "beta0": 0.2, "beta_final": 0.7, "beta_steps": 500}},
+    ],
 }  # fmt: skip
 
 #: Fields members of a joined population may not yet set differently, with a value other than the default.
-REFUSED = [("replay", "alpha", 0.4), ("env", "cost_bps", 3.0), ("optim", "beta1", 0.8)]
+REFUSED = [("env", "cost_bps", 3.0), ("optim", "beta1", 0.8)]
 
 
 def _merge(*overs) -> dict:
@@ -91,6 +96,9 @@ def test_joined_members_with_their_own_settings_are_those_agents_alone(groups):
         assert len(set(L.adam.scalars.get("lr").tolist())) == 3
     if "epsilon" in groups:
         assert len(set(L.scalars.get("epsilon").tolist())) == 3
+    if "per" in groups:
+        assert len(set(pop.replay.bufs.beta.tolist())) == 3
+        assert [pop.replay.member_spec(i).alpha for i in range(3)] == [0.6, 0.4, 0.8]
     if "tau" in groups:
         assert len(set(L.soft.scalars.get("tau").tolist())) == 3
 
