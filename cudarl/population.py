@@ -94,8 +94,8 @@ MAY_DIFFER = {
 #: (the learner's, the replay's and the envs' Philox keys are ``[P]`` device arrays), what the host
 #: alone reads, and the settings the stacked kernels read per member from ``[P]`` device arrays
 #: (:data:`cudarl.stacked_agent.MEMBER_SETTINGS`: the learning-rate schedule, gamma, the tau and epsilon
-#: schedules, PER alpha, eps and beta schedule). The other by-value constants of the stacked kernels
-#: (costs, reward options, Adam's betas, PopArt's) are one for every member: not yet ``[P]`` arrays.
+#: schedules, PER alpha, eps and beta schedule, the costs). The other by-value constants of the stacked
+#: kernels (the other reward options, Adam's betas, PopArt's) are one for every member: not yet ``[P]`` arrays.
 JOINED_MAY_DIFFER = {
     "run": {"name", "seed", "out_dir", "eval_every", "checkpoint_every", "keep_best", "log_every", "tensorboard",
             "grid_barrier"},
@@ -328,8 +328,9 @@ class Population:
         lead, P, xp = self.members[0], len(self.members), self.xp
         cfg, e, data = lead.cfg, lead.env, lead.data
         env_seeds = [m.env.config.seed for m in self.members]
+        costs = [(m.env.config.cost_bps, m.env.config.slippage_bps) for m in self.members]  # with train_cost_bps
         env = StackedTradingEnv(
-            P, data.bars.open, data.bars.close, data.x, data.sign, e.config, seeds=env_seeds,
+            P, data.bars.open, data.bars.close, data.x, data.sign, e.config, seeds=env_seeds, costs=costs,
             t_begin=e.t_begin, t_end=e.t_end, window=data.window, backend=lead.be.name,
         )  # fmt: skip
         env.share_features(e)

@@ -104,14 +104,17 @@ def stacked_replay(cfg: Config, n_envs: int, seeds, backend: str | None = None, 
     )  # fmt: skip
 
 
-#: The settings members of one :class:`StackedLearner` may set differently (section -> fields): each is a
-#: ``[P]`` device array (an optimiser's or schedule's table, or the initial value of a per-member device
-#: scalar), so member ``i`` runs its own value with the single kernel's arithmetic. Every other field the
-#: learner reads is one for every member.
+#: The settings members of a joined population (:class:`StackedLearner`, :func:`stacked_replay` and
+#: :class:`cudarl.stacked_env.StackedTradingEnv`) may set differently (section -> fields): each is a ``[P]``
+#: device array (an optimiser's, schedule's, replay's or env's table, or the initial value of a per-member
+#: device scalar), so member ``i`` runs its own value with the single kernel's arithmetic. The costs
+#: (``env.cost_bps``, ``env.slippage_bps`` and the training reward's ``agent.train_cost_bps``) are the
+#: stacked env's cost rates. Every other field the learner reads is one for every member.
 MEMBER_SETTINGS = {
     "optim": ("schedule", "lr", "lr_min", "warmup", "period", "mult", "restart_m_scale"),
-    "agent": ("gamma", "tau_start", "tau_end", "tau_period", "eps_start", "eps_end", "eps_steps"),
+    "agent": ("gamma", "tau_start", "tau_end", "tau_period", "eps_start", "eps_end", "eps_steps", "train_cost_bps"),
     "replay": ("alpha", "eps", "beta0", "beta_final", "beta_steps"),
+    "env": ("cost_bps", "slippage_bps"),
 }
 
 

@@ -9,9 +9,11 @@ docs/perf-notes.md "The agent axis, in stages", stage 5b), and member ``i`` gets
 draws are keyed by its own seed and counted by its own envs' counters, so they do not depend on ``P`` or
 on its index. The market (bars, features, returns, levels, return signs) is one copy for every member.
 
-One configuration for every member but the seed (episode length, actions and levels, costs, hold cap,
-stagger, counterfactual and mirror rows: the kernels take them by value; members that differ in them
-are not one stacked env yet). ``config.seed`` is not read: ``seeds`` are.
+One configuration for every member but the seed and the costs (episode length, actions and levels, hold
+cap, stagger, counterfactual and mirror rows: the kernels take them by value). Each member's cost rate
+(``cost_bps`` and ``slippage_bps``: ``costs``) is a float32 ``[P]`` device array, :attr:`rates`, that
+``env.step_members`` and ``env.record_step_members`` read at the member. ``config.seed`` is not read:
+``seeds`` are.
 """
 
 from __future__ import annotations
@@ -33,6 +35,8 @@ class StackedTradingEnv(TradingEnv):
     Args:
         members: P (>= 1).
         seeds: P Philox keys (integers in ``[0, 2**64)``), member ``i``'s the ``seed`` of the env it equals.
+        costs: optional P pairs ``(cost_bps, slippage_bps)``, member ``i``'s (default: ``config``'s for every
+            member).
         The other arguments are :class:`TradingEnv`'s (one value for every member; ``config`` by default
         ``EnvConfig()``).
 
@@ -43,7 +47,17 @@ class StackedTradingEnv(TradingEnv):
     """
 
     def __init__(
-        self, members: int, open, close, features, return_sign, config: EnvConfig | None = None, *, seeds, **kw
+        self,
+        members: int,
+        open,
+        close,
+        features,
+        return_sign,
+        config: EnvConfig | None = None,
+        *,
+        seeds,
+        costs=None,
+        **kw,
     ):
         if isinstance(members, bool) or not isinstance(members, (int, np.integer)) or int(members) < 1:
             raise ValueError(f"members: expected an integer >= 1, got {members!r}")
@@ -55,9 +69,22 @@ class StackedTradingEnv(TradingEnv):
             or any(int(s) >= 2**64 for s in seeds)
         ):
             raise ValueError(f"seeds: expected {int(members)} integers in [0, 2**64), got {seeds!r}")
-        self.members = int(members)
+        self.members = P = int(members)
         self._member_seeds = seeds.astype(np.uint64)
-        super().__init__(open, close, features, return_sign, EnvConfig() if config is None else config, **kw)
+        config = EnvConfig() if config is None else config
+        costs = [(config.cost_bps, config.slippage_bps)] * P if costs is None else [tuple(c) for c in costs]
+        if len(costs) != P or any(len(c) != 2 for c in costs):
+            raise ValueError(f"costs: {P} pairs (cost_bps, slippage_bps), one per member, got {costs!r}")
+        #: member ``i``'s :class:`EnvConfig` but its seed (its costs); each validated as an env's
+        self._member_configs = [replace(config, cost_bps=c, slippage_bps=sl) for c, sl in costs]
+        super().__init__(open, close, features, return_sign, config, **kw)
+        #: each member's :class:`cudarl.reference.env.EnvParams` (its costs; the seed is :attr:`seed`'s)
+        self.member_params = [
+            self.params._replace(cost_bps=float(c.cost_bps), slippage_bps=float(c.slippage_bps))
+            for c in self._member_configs
+        ]
+        #: each member's cost rate, float32 ``[P]`` (:attr:`EnvParams.rate`, what the kernels read)
+        self.rates = self.xp.asarray(np.array([p.rate for p in self.member_params], np.float32))
 
     @property
     def _lead(self) -> tuple:
@@ -72,12 +99,13 @@ class StackedTradingEnv(TradingEnv):
         return self._member_seeds.copy()
 
     def member_config(self, i: int) -> EnvConfig:
-        """The :class:`EnvConfig` of the :class:`TradingEnv` member ``i`` equals (its own seed)."""
-        return replace(self.config, seed=int(self._member_seeds[i]))
+        """The :class:`EnvConfig` of the :class:`TradingEnv` member ``i`` equals (its own seed and costs)."""
+        i = self._member(i)
+        return replace(self._member_configs[i], seed=int(self._member_seeds[i]))
 
     def record(self, out: Transitions, actions=None, scale=None) -> Transitions:
-        """:meth:`TradingEnv.record` for every member: ``out`` of ``[P, M, ...]`` arrays (one launch a member:
-        ``record`` is the unfused oracle of :meth:`record_step`, which is one launch for all)."""
+        """:meth:`TradingEnv.record` for every member: ``out`` of ``[P, M, ...]`` arrays (one launch a member,
+        with its costs: ``record`` is the unfused oracle of :meth:`record_step`, which is one launch for all)."""
         actions, scale = self._actions(actions), self._scale(scale)
         for i in range(self.members):
             self._ops.record(
@@ -86,8 +114,25 @@ class StackedTradingEnv(TradingEnv):
                 actions[i],
                 scale[i],
                 self.data,
-                self.params,
+                self.member_params[i],
             )
+        return out
+
+    def step(self, actions=None, scale=None) -> None:
+        """:meth:`TradingEnv.step` for every member, each with its cost rate (one launch: ``env.step_members``)."""
+        self._ops.step_members(
+            self.state, self.rows, self.reward, self.done, self._actions(actions), self._scale(scale), self.data,
+            self.params, self.seed, self.rates,
+        )  # fmt: skip
+        self._gather()
+
+    def record_step(self, out: Transitions, discount, gamma) -> Transitions:
+        """:meth:`TradingEnv.record_step` for every member, each with its cost rate (one launch:
+        ``env.record_step_members``)."""
+        self._ops.record_step_members(
+            out, discount, gamma, self.state, self.rows, self.reward, self.done, self.obs, self.actions, self.scale,
+            self.data, self.params, self.seed, self.window, self.rates,
+        )  # fmt: skip
         return out
 
     def make_transitions(self) -> Transitions:

@@ -161,8 +161,31 @@ def step(
         reward_out, done_out: float32 ``[N]``; seed: uint64 ``[1]``, the Philox key (device memory).
         Members: the module's docstring.
     """
+    _step("step", None, state, rows, reward_out, done_out, actions, scale, data, params, seed, stream)
+
+
+def step_members(
+    state: EnvState, rows, reward_out, done_out, actions, scale, data: EnvData, params: EnvParams, seed, rates,
+    stream=None,
+) -> None:  # fmt: skip
+    """:func:`step` over P members (the member axis only) whose cost rates differ: ``rates`` float32 ``[P]``
+    (member ``i``'s :attr:`EnvParams.rate`; ``params``' is not read), member ``i`` the bits of :func:`step`
+    with its rate."""
+    _step("step_members", rates, state, rows, reward_out, done_out, actions, scale, data, params, seed, stream)
+
+
+def _rates(m: _Members, rates):
+    """``rates``: the member axis (``m``) and a float32 ``[P]`` array (the single kernels' by-value rate)."""
+    if not m.axis:
+        raise ValueError(f"{m.w}: the arrays must have the member axis (rates is [P])")
+    _check("rates", rates, np.float32, (m.P,))
+    return rates
+
+
+def _step(op: str, rates, state, rows, reward_out, done_out, actions, scale, data, params, seed, stream) -> None:
+    """:func:`step` (``rates`` None: ``params.rate``) or :func:`step_members`."""
     vec = {"reward": (reward_out, 1), "done": (done_out, 1), "actions": (actions, 1), "scale": (scale, 1)}
-    m = _Members("env.step", state, {**vec, "rows": (rows, 2)})
+    m = _Members(f"env.{op}", state, {**vec, "rows": (rows, 2)})
     state, rows, reward_out, done_out, actions, scale = (
         m.state,
         *(m.e[k] for k in ("rows", "reward", "done", "actions", "scale")),
@@ -178,7 +201,7 @@ def step(
     _check("scale", scale, np.float32, (n,))
     launch(
         "env",
-        "step",
+        op,
         (blocks_for(n, _THREADS), m.P),
         _THREADS,
         (
@@ -197,7 +220,7 @@ def step(
             params.n_starts,
             params.episode_len,
             params.hold_cap,
-            params.rate,
+            params.rate if rates is None else _rates(m, rates),
             seed,
             m.stride(*_Members.VECTORS),
             m.stride("rows"),
@@ -269,9 +292,27 @@ def record_step(
         actions: int32 ``[N]``; scale: float32 ``[N]``; seed: uint64 ``[1]``, the Philox key (device
         memory). Members: the module's docstring.
     """
+    _record_step("record_step", None, out, discount_out, gamma, state, rows, reward_out, done_out, obs, actions,
+                 scale, data, params, seed, window, stream)  # fmt: skip
+
+
+def record_step_members(
+    out: Transitions, discount_out, gamma, state: EnvState, rows, reward_out, done_out, obs, actions, scale,
+    data: EnvData, params: EnvParams, seed, window: int, rates, stream=None,
+) -> None:  # fmt: skip
+    """:func:`record_step` over P members (the member axis only) whose cost rates differ: ``rates`` float32
+    ``[P]`` (member ``i``'s :attr:`EnvParams.rate`; ``params``' is not read), member ``i`` the bits of
+    :func:`record_step` with its rate."""
+    _record_step("record_step_members", rates, out, discount_out, gamma, state, rows, reward_out, done_out, obs,
+                 actions, scale, data, params, seed, window, stream)  # fmt: skip
+
+
+def _record_step(op, rates, out, discount_out, gamma, state, rows, reward_out, done_out, obs, actions, scale, data,
+                 params, seed, window, stream) -> None:  # fmt: skip
+    """:func:`record_step` (``rates`` None: ``params.rate``) or :func:`record_step_members`."""
     if int(window) < 1:
         raise ValueError(f"window must be >= 1, got {window}")
-    w = "env.record_step"
+    w = f"env.{op}"
     vec = {"reward": (reward_out, 1), "done": (done_out, 1), "actions": (actions, 1), "scale": (scale, 1)}
     trans = {f"out.{k}": (getattr(out, k), 2 if k in ("obs", "next_obs") else 1) for k in Transitions._fields}
     mb = _Members(w, state, {**vec, "rows": (rows, 2), "obs": (obs, 2), "discount": (discount_out, 1), **trans})
@@ -293,7 +334,7 @@ def record_step(
         _check(name, a, dt, shape)
     launch(
         "env",
-        "record_step",
+        op,
         (blocks_for(32 * n, _THREADS), mb.P),  # a warp per env
         _THREADS,
         (
@@ -318,7 +359,7 @@ def record_step(
             params.n_starts,
             params.episode_len,
             params.hold_cap,
-            params.rate,
+            params.rate if rates is None else _rates(mb, rates),
             seed,
             int(bool(params.counterfactual)),
             int(bool(params.mirror)),

@@ -448,8 +448,15 @@ def test_gpu_env_members_are_single_launches(cp, rng, case, P, padded):
 
 
 # --- the object: StackedTradingEnv against P single TradingEnvs --------------------------------------
-def _env_objects(backend: str, rng, P: int, cf: bool, mirror: bool):
-    """A stacked env of P members and P single envs (member ``i``'s seed) over one market."""
+def _member_costs(P: int) -> list:
+    """P members' own (cost_bps, slippage_bps), every rate distinct."""
+    return [(0.5 + 1.5 * i, 0.25 * (i % 3)) for i in range(P)]
+
+
+def _env_objects(backend: str, rng, P: int, cf: bool, mirror: bool, own_costs: bool = False, swap=None):
+    """A stacked env of P members and P single envs (member ``i``'s seed) over one market (``own_costs``:
+    member ``i``'s costs :func:`_member_costs`, the single env's too; ``swap``: two members' costs traded
+    in the stacked env only)."""
     from dataclasses import replace
 
     from cudarl.env import EnvConfig, TradingEnv
@@ -461,9 +468,17 @@ def _env_objects(backend: str, rng, P: int, cf: bool, mirror: bool):
     cfg = EnvConfig(n_envs=37, episode_len=6, n_actions=3, cost_bps=2.0, hold_cap=4, counterfactual=cf, mirror=mirror)
     seeds = rng.integers(0, 2**63, P, dtype=np.uint64)
     kw = dict(window=WINDOW, backend=backend)
-    stacked = StackedTradingEnv(P, *market, cfg, seeds=seeds, **kw)
-    singles = [TradingEnv(*market, replace(cfg, seed=int(s)), **kw) for s in seeds]
-    assert all(stacked.member_config(i) == s.config for i, s in enumerate(singles))
+    costs = _member_costs(P) if own_costs else [(cfg.cost_bps, cfg.slippage_bps)] * P
+    order = list(range(P))
+    if swap is not None:
+        order[swap[0]], order[swap[1]] = order[swap[1]], order[swap[0]]
+    stacked = StackedTradingEnv(P, *market, cfg, seeds=seeds, costs=[costs[j] for j in order], **kw)
+    singles = [
+        TradingEnv(*market, replace(cfg, seed=int(s), cost_bps=c, slippage_bps=sl), **kw)
+        for s, (c, sl) in zip(seeds, costs, strict=True)
+    ]
+    if swap is None:
+        assert all(stacked.member_config(i) == s.config for i, s in enumerate(singles))
     return stacked, singles
 
 
@@ -521,6 +536,70 @@ def test_stacked_env_is_single_envs_on_numpy(rng, P, cf, mirror):
     _env_stream(np, stacked, singles, rng)
 
 
+@pytest.mark.parametrize("P", [1, 3])
+def test_stacked_env_members_with_their_own_costs_are_single_envs_on_numpy(rng, P):
+    """CPU: each member its own cost_bps and slippage_bps (rates [P], read by env.record_step_members and
+    env.step_members; record with the member's params): member i equals the single env of its costs through
+    act, record_step, record + step and reset, bit for bit; two members' costs swapped fail."""
+    stacked, singles = _env_objects("numpy", rng, P, True, True, own_costs=True)
+    assert len(set(stacked.rates.tolist())) == P
+    _env_stream(np, stacked, singles, rng)
+    if P > 1:
+        stacked, singles = _env_objects("numpy", rng, P, True, True, own_costs=True, swap=(0, 2))
+        with pytest.raises(AssertionError, match="member (0|2)"):
+            _env_stream(np, stacked, singles, rng)
+
+
+def _assert_own_rates_are_singles(xp, fam, rng, P: int, padded: bool, op: str) -> None:
+    """``env.<op>_members`` (member i's cost rate at i of ``rates [P]``) against ``env.<op>`` alone on copies
+    of member i's buffers with params of its costs, bit for bit."""
+    from cudarl.reference.env import with_rate
+
+    _, b, call = _env_case(xp, rng, P, padded, op)
+    params = EnvParams(3, T_N - 3 - 7 - 1, 7, 4, True, 2.0, 1.0, 0, True, True)  # _env_case's
+    member_params = [params._replace(cost_bps=c, slippage_bps=sl) for c, sl in _member_costs(P)]
+    rates = xp.asarray(np.array([p.rate for p in member_params], F32))
+    assert all(with_rate(params, r).rate == p.rate for r, p in zip(to_numpy(rates), member_params, strict=True))
+    data = _market(xp, np.random.default_rng(5))
+    d = EnvData(*(to_numpy(x) for x in data)) if fam is env_ref else data
+    singles = [_member(xp, b, i) for i in range(P)]
+    a = _stacked(b)
+    st = EnvState(*(a[f"state.{k}"] for k in STATE))
+    head = (a["rows"], a["reward"], a["done"], a["actions"], a["scale"])
+    if op == "step":
+        fam.step_members(st, *head, d, params, a["seed"], rates)
+    else:
+        out = Transitions(*(a[f"out.{k}"] for k in OUT))
+        fam.record_step_members(out, a["discount"], a["gamma"], st, a["rows"], a["reward"], a["done"], a["obs"],
+                                a["actions"], a["scale"], d, params, a["seed"], WINDOW, rates)  # fmt: skip
+    for i, one in enumerate(singles):
+        st1 = EnvState(*(one[f"state.{k}"] for k in STATE))
+        if op == "step":
+            fam.step(st1, one["rows"], one["reward"], one["done"], one["actions"], one["scale"], d, member_params[i],
+                     one["seed"])  # fmt: skip
+        else:
+            fam.record_step(Transitions(*(one[f"out.{k}"] for k in OUT)), one["discount"], one["gamma"], st1,
+                            one["rows"], one["reward"], one["done"], one["obs"], one["actions"], one["scale"], d,
+                            member_params[i], one["seed"], WINDOW)  # fmt: skip
+        for k, (kind, arr) in b.items():
+            got = arr[i] if kind == ROW else arr[i : i + 1]
+            assert_bitwise(got, one[k], what=f"{op}_members: member {i} of {P}, {k}")
+
+
+@pytest.mark.parametrize("op", ["step", "record_step"])
+def test_env_twin_with_each_members_rate_is_single_twins(monkeypatch, rng, op):
+    """CPU: step_members and record_step_members twins are the single twins with member i's costs; the
+    launchers pass their kernels' C parameters (recorded) and refuse rates of another length."""
+    from cudarl.ops import env as env_ops
+
+    _assert_own_rates_are_singles(np, env_ref, rng, 3, True, op)
+    launched = _recorded(monkeypatch, env_ops)
+    _assert_own_rates_are_singles(np, env_ops, rng, 3, False, op)  # launches recorded: compare nothing
+    (_, name, grid, args), *_ = launched
+    assert name == f"{op}_members" and grid[1] == 3
+    assert_launch_args("env", name, args)
+
+
 def test_stacked_env_refuses_bad_members_and_seeds(rng):
     from cudarl.stacked_env import StackedTradingEnv
 
@@ -539,6 +618,25 @@ def test_gpu_stacked_env_is_single_envs(cp, rng, P):
     """A StackedTradingEnv over P members equals P single TradingEnvs on the GPU, every buffer bitwise."""
     stacked, singles = _env_objects("cupy", rng, P, True, True)
     _env_stream(cp, stacked, singles, rng, steps=6)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("P", [1, 3, 64])
+def test_gpu_stacked_env_members_with_their_own_costs_are_single_envs(cp, rng, P):
+    """A StackedTradingEnv whose members each have their own costs equals the single TradingEnvs of those
+    costs on the GPU, every buffer bitwise."""
+    stacked, singles = _env_objects("cupy", rng, P, True, True, own_costs=True)
+    _env_stream(cp, stacked, singles, rng, steps=6)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("P", [1, 3, 64])
+@pytest.mark.parametrize("padded", [False, True])
+@pytest.mark.parametrize("op", ["step", "record_step"])
+def test_gpu_env_with_each_members_rate_is_single_launches(cp, rng, P, padded, op):
+    """env.step_members and env.record_step_members (each member's cost rate [P] on the device) equal
+    env.step and env.record_step launched alone on copies of member i's buffers with its costs, bitwise."""
+    _assert_own_rates_are_singles(cp, _family(cp, "env"), rng, P, padded, op)
 
 
 @pytest.mark.gpu

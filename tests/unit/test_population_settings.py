@@ -46,10 +46,15 @@ SETTINGS = {
         {"replay": {"alpha": 0.4, "eps": 1e-3, "beta0": 0.6, "beta_final": 0.9, "beta_steps": 30}},
         {"replay": {"alpha": 0.8, "eps": 1e-2, "beta0": 0.2, "beta_final": 0.7, "beta_steps": 500}},
     ],
+    "costs": [
+        {"env": {"cost_bps": 1.0, "slippage_bps": 0.0}, "agent": {"train_cost_bps": 0.0}},
+        {"env": {"cost_bps": 3.0, "slippage_bps": 0.5}, "agent": {"train_cost_bps": 2.0}},
+        {"env": {"cost_bps": 0.0, "slippage_bps": 2.0}, "agent": {"train_cost_bps": 5.0}},
+    ],
 }  # fmt: skip
 
 #: Fields members of a joined population may not yet set differently, with a value other than the default.
-REFUSED = [("env", "cost_bps", 3.0), ("optim", "beta1", 0.8)]
+REFUSED = [("env", "hold_cap", 16), ("env", "fill", "close"), ("optim", "beta1", 0.8), ("agent", "popart_beta", 0.01)]
 
 
 def _merge(*overs) -> dict:
@@ -99,6 +104,8 @@ def test_joined_members_with_their_own_settings_are_those_agents_alone(groups):
     if "per" in groups:
         assert len(set(pop.replay.bufs.beta.tolist())) == 3
         assert [pop.replay.member_spec(i).alpha for i in range(3)] == [0.6, 0.4, 0.8]
+    if "costs" in groups:
+        assert len(set(pop.env.rates.tolist())) == 3
     if "tau" in groups:
         assert len(set(L.soft.scalars.get("tau").tolist())) == 3
 
