@@ -109,10 +109,35 @@ def stacked_replay(cfg: Config, n_envs: int, seeds, backend: str | None = None, 
 #: device array (an optimiser's, schedule's, replay's or env's table, or the initial value of a per-member
 #: device scalar), so member ``i`` runs its own value with the single kernel's arithmetic. The costs
 #: (``env.cost_bps``, ``env.slippage_bps`` and the training reward's ``agent.train_cost_bps``) are the
-#: stacked env's cost rates. Every other field the learner reads is one for every member.
+#: stacked env's cost rates. Shrink-and-perturb (``optim.shrink_every``, ``shrink``, ``perturb``) and PopArt's
+#: freeze (``agent.popart_warmup``) are host-driven work between updates, member by member; PopArt's
+#: ``agent.popart_beta`` is the initial value of its ``beta [P]``. Every other field the learner reads is one
+#: for every member.
 MEMBER_SETTINGS = {
-    "optim": ("schedule", "lr", "lr_min", "warmup", "period", "mult", "restart_m_scale"),
-    "agent": ("gamma", "tau_start", "tau_end", "tau_period", "eps_start", "eps_end", "eps_steps", "train_cost_bps"),
+    "optim": (
+        "schedule",
+        "lr",
+        "lr_min",
+        "warmup",
+        "period",
+        "mult",
+        "restart_m_scale",
+        "shrink_every",
+        "shrink",
+        "perturb",
+    ),
+    "agent": (
+        "gamma",
+        "tau_start",
+        "tau_end",
+        "tau_period",
+        "eps_start",
+        "eps_end",
+        "eps_steps",
+        "train_cost_bps",
+        "popart_beta",
+        "popart_warmup",
+    ),
     "replay": ("alpha", "eps", "beta0", "beta_final", "beta_steps"),
     "env": ("cost_bps", "slippage_bps"),
 }
@@ -200,7 +225,9 @@ class StackedLearner:
         self.target.prepare_input(self.batch.next_obs, self.target.ws)
         self.support = xp.asarray(support(cfg.net))
         self.popart = (
-            StackedPopArt(P, beta=a.popart_beta, scale=C51Rule.popart_scale(cfg.net), xp=xp) if a.popart else None
+            StackedPopArt(P, beta=[m.popart_beta for m in per], scale=C51Rule.popart_scale(cfg.net), xp=xp)
+            if a.popart
+            else None
         )
         self.ws.set_batch(B)
         self.out = losses.C51TargetsLoss.empty(
@@ -236,7 +263,7 @@ class StackedLearner:
         self.online.set_side_stream(self.grad_sides)
         self.idx = self.weights = None  # the replay's [P, B] buffers, set by the sample phase
         self.va = self.va_online_next = self.va_target_next = None  # the forward's outputs (workspace rows)
-        self._popart_live = self.popart is not None
+        self._popart_live = set(range(P)) if self.popart is not None else set()  # members whose PopArt moves
         #: the collect step's device scalars, each ``[P]`` (as :class:`cudarl.agent.Agent`'s one each; checkpointed
         #: with the member)
         self.scalars = MemberScalars(
@@ -393,16 +420,19 @@ class StackedLearner:
 
     # --- between two updates ------------------------------------------------------------------------
     def between_updates(self, step: int, stream=None) -> None:
-        """:meth:`cudarl.agent.Agent.between_updates` for every member: PopArt's statistics freeze once
-        ``agent.popart_warmup`` updates are done; every ``optim.shrink_every`` updates each member's online
-        network is shrunk and perturbed with its own seed (a launch per member)."""
-        warmup, o = self.cfg.agent.popart_warmup, self.cfg.optim
-        if self._popart_live and warmup and step >= warmup:
-            self.popart.freeze(stream)
-            self._popart_live = False
-        if o.shrink_every and step % o.shrink_every == 0:
-            with stream if stream is not None else nullcontext():
-                for i, seed in enumerate(self.seeds):
+        """:meth:`cudarl.agent.Agent.between_updates` for every member, each with its own settings: member
+        ``i``'s PopArt statistics freeze once its ``agent.popart_warmup`` updates are done; every
+        ``optim.shrink_every`` updates of its own its online network is shrunk and perturbed with its seed
+        (a launch per member)."""
+        warmups = [c.agent.popart_warmup for c in self.configs]
+        due = sorted(i for i in self._popart_live if warmups[i] and step >= warmups[i])
+        if due:
+            self.popart.freeze_members(due, stream)
+            self._popart_live -= set(due)
+        with stream if stream is not None else nullcontext():
+            for i, (seed, c) in enumerate(zip(self.seeds, self.configs, strict=True)):
+                o = c.optim
+                if o.shrink_every and step % o.shrink_every == 0:
                     shrink_perturb(self.online.params[i], o.shrink, o.perturb, seed, step // o.shrink_every)
 
     # --- what the host reads ---------------------------------------------------------------------
@@ -452,7 +482,7 @@ class StackedLearner:
         self.scalars.load_state_dict(s["scalars"])
         if self.popart is not None:
             self.popart.load_state_dict(s["popart"])
-        self._popart_live = self.popart is not None and not self.popart.frozen
+        self._popart_live = self._live_popart()
 
     def member_state_dict(self, i: int) -> dict:
         """Member ``i``'s state as the :meth:`cudarl.agent.Agent.state_dict` of the agent it equals (``run.seed
@@ -483,7 +513,13 @@ class StackedLearner:
         self.scalars.load_member_state_dict(i, s["scalars"])
         if self.popart is not None:
             self.popart.load_member_state_dict(i, s["popart"])
-        self._popart_live = self.popart is not None and not self.popart.frozen
+        self._popart_live = self._live_popart()
+
+    def _live_popart(self) -> set:
+        """The members whose PopArt statistics still move (beta not 0: a device read, between replays)."""
+        if self.popart is None:
+            return set()
+        return {i for i, frozen in enumerate(self.popart.frozen_members()) if not frozen}
 
     def _check_keys(self, s: dict, extra: set) -> None:
         """Refuse a state of another configuration: PopArt's presence must match, and nothing the reference

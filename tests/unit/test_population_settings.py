@@ -51,10 +51,20 @@ SETTINGS = {
         {"env": {"cost_bps": 3.0, "slippage_bps": 0.5}, "agent": {"train_cost_bps": 2.0}},
         {"env": {"cost_bps": 0.0, "slippage_bps": 2.0}, "agent": {"train_cost_bps": 5.0}},
     ],
+    "popart": [
+        {"agent": {"popart_beta": 3e-4, "popart_warmup": 10}},
+        {"agent": {"popart_beta": 1e-2, "popart_warmup": 25}},
+        {"agent": {"popart_beta": 3e-3, "popart_warmup": 0}},
+    ],
+    "shrink": [
+        {"optim": {"shrink_every": 0}},
+        {"optim": {"shrink_every": 15, "shrink": 0.8, "perturb": 0.01}},
+        {"optim": {"shrink_every": 10, "shrink": 0.9, "perturb": 0.02}},
+    ],
 }  # fmt: skip
 
 #: Fields members of a joined population may not yet set differently, with a value other than the default.
-REFUSED = [("env", "hold_cap", 16), ("env", "fill", "close"), ("optim", "beta1", 0.8), ("agent", "popart_beta", 0.01)]
+REFUSED = [("env", "hold_cap", 16), ("env", "fill", "close"), ("optim", "beta1", 0.8), ("optim", "max_grad_norm", 1.0)]
 
 
 def _merge(*overs) -> dict:
@@ -106,6 +116,9 @@ def test_joined_members_with_their_own_settings_are_those_agents_alone(groups):
         assert [pop.replay.member_spec(i).alpha for i in range(3)] == [0.6, 0.4, 0.8]
     if "costs" in groups:
         assert len(set(pop.env.rates.tolist())) == 3
+    if "popart" in groups:
+        assert L.popart.frozen_members() == [True, True, False]  # member 2's warm-up 0: never frozen
+        assert len(set(L.popart.scalars.get("beta").tolist())) == 2
     if "tau" in groups:
         assert len(set(L.soft.scalars.get("tau").tolist())) == 3
 
