@@ -22,8 +22,8 @@
 // thread's work are the single launch's, so member mb gets the bits of a single launch on its rows;
 // one member (gridDim.y = 1, mb = 0: every offset zero) is the single launch. The by-value constants
 // (t_begin, n_starts, episode_len, hold_cap, the cost rate, the shapes) are one value for every member
-// of a launch; step_members and record_step_members take each member's cost rate as a [P] array. record
-// (the unfused oracle, no draws) has no member axis.
+// of a launch; step_members and record_step_members take each member's cost rate and hold cap as [P]
+// arrays and its returns and levels as rows. record (the unfused oracle, no draws) has no member axis.
 #include <cudarl/act.cuh>
 #include <cudarl/philox.cuh>
 #include <cudarl/window.cuh>
@@ -196,8 +196,10 @@ extern "C" __global__ void cudarl_env_step(int* __restrict__ t, int* __restrict_
             n_actions, t_begin, n_starts, episode_len, hold_cap, rate, seed, sn, sr);
 }
 
-// step_members: step whose members each have their own cost rate (rate [P], float as step's by-value
-// rate; member mb reads rate[mb]): the bits of step launched alone with its rate.
+// step_members: step whose members each have their own costs and reward options: rates [P] (float,
+// step's by-value rate) and hold_caps [P] (int, its hold_cap), member mb reading element mb, and the
+// market's returns (ret: the member's fill) and position levels as [P, T] and [P, A] rows (s_ret, s_lv
+// their member strides; 0: one array for every member): the bits of step launched alone with its values.
 extern "C" __global__ void cudarl_env_step_members(int* __restrict__ t, int* __restrict__ start,
                                                    int* __restrict__ steps_left, float* __restrict__ position,
                                                    int* __restrict__ hold, u64* __restrict__ count,
@@ -205,11 +207,14 @@ extern "C" __global__ void cudarl_env_step_members(int* __restrict__ t, int* __r
                                                    float* __restrict__ done, const int* __restrict__ actions,
                                                    const float* __restrict__ scale, const float* __restrict__ ret,
                                                    const float* __restrict__ levels, int n_envs, int n_actions,
-                                                   int t_begin, int n_starts, int episode_len, int hold_cap,
-                                                   const float* __restrict__ rate, const u64* __restrict__ seed,
-                                                   long long sn, long long sr) {
-  step_impl(t, start, steps_left, position, hold, count, rows, reward, done, actions, scale, ret, levels, n_envs,
-            n_actions, t_begin, n_starts, episode_len, hold_cap, rate[blockIdx.y], seed, sn, sr);
+                                                   int t_begin, int n_starts, int episode_len,
+                                                   const int* __restrict__ hold_caps, const float* __restrict__ rates,
+                                                   const u64* __restrict__ seed, long long sn, long long sr,
+                                                   long long s_ret, long long s_lv) {
+  const long long mb = blockIdx.y;
+  step_impl(t, start, steps_left, position, hold, count, rows, reward, done, actions, scale, ret + mb * s_ret,
+            levels + mb * s_lv, n_envs, n_actions, t_begin, n_starts, episode_len, hold_caps[mb], rates[mb], seed, sn,
+            sr);
 }
 
 // Row group g (of n_groups) of env i's transition: group 0 real, 1 .. A-1 counterfactual action
@@ -278,8 +283,8 @@ extern "C" __global__ void cudarl_env_record(float* __restrict__ obs_out, int* _
 // window * (F + 2) floats, coalesced. Reads ~40 bytes of state per env, the window's features;
 // writes M rows of 44 + 4 bytes, the state (36 bytes) and the window.
 //
-// The body of record_step and record_step_members, one text for both (rate: the member's cost rate, a
-// by-value float in both: record_step's argument, record_step_members' rates[blockIdx.y]). A macro: moved
+// The body of record_step and record_step_members, one text for both (rate and hold_cap: by-value in
+// both, record_step's arguments, record_step_members' rates[blockIdx.y] and hold_caps[blockIdx.y]). A macro: moved
 // into an inline function the body kept its arithmetic but the compiler reordered record_step's address
 // code (its PTX differed, nvcc 13.0); the macro leaves record_step's text, and so its PTX, as it was.
 #define RECORD_STEP_BODY \
@@ -339,9 +344,11 @@ extern "C" __global__ void cudarl_env_record_step(
   RECORD_STEP_BODY
 }
 
-// record_step_members: record_step whose members each have their own cost rate (rates [P], float as
-// record_step's by-value rate; member mb reads rates[mb]): the bits of record_step launched alone with its
-// rate (a member's training cost: env.cost_bps + env.slippage_bps + agent.train_cost_bps).
+// record_step_members: record_step whose members each have their own costs and reward options: rates
+// [P] (float, record_step's by-value rate: env.cost_bps + env.slippage_bps + agent.train_cost_bps) and
+// hold_caps [P] (int, its hold_cap), member mb reading element mb, and the market's returns (ret: the
+// member's env.fill) and position levels (env.levels) as [P, T] and [P, A] rows (s_ret, s_lv their member
+// strides; 0: one array for every member): the bits of record_step launched alone with its values.
 extern "C" __global__ void cudarl_env_record_step_members(
     float* __restrict__ obs_out, int* __restrict__ action_out, float* __restrict__ reward_out,
     float* __restrict__ next_obs_out, float* __restrict__ done_out, float* __restrict__ discount_out,
@@ -350,10 +357,13 @@ extern "C" __global__ void cudarl_env_record_step_members(
     float* __restrict__ reward, float* __restrict__ done, float* __restrict__ obs, const int* __restrict__ actions,
     const float* __restrict__ scale, const float* __restrict__ ret, const float* __restrict__ levels,
     const float* __restrict__ features, const float* __restrict__ sign, int n_envs, int n_actions, int t_begin,
-    int n_starts, int episode_len, int hold_cap, const float* __restrict__ rates, const u64* __restrict__ seed,
-    int counterfactual, int mirror, int window, int n_features, long long n_bars, long long sn, long long sr,
-    long long so, long long sm, long long st4) {
+    int n_starts, int episode_len, const int* __restrict__ hold_caps, const float* __restrict__ rates,
+    const u64* __restrict__ seed, int counterfactual, int mirror, int window, int n_features, long long n_bars,
+    long long sn, long long sr, long long so, long long sm, long long st4, long long s_ret, long long s_lv) {
   const float rate = rates[blockIdx.y];
+  const int hold_cap = hold_caps[blockIdx.y];
+  ret += blockIdx.y * s_ret;
+  levels += blockIdx.y * s_lv;
   RECORD_STEP_BODY
 }
 

@@ -328,9 +328,9 @@ class Population:
         lead, P, xp = self.members[0], len(self.members), self.xp
         cfg, e, data = lead.cfg, lead.env, lead.data
         env_seeds = [m.env.config.seed for m in self.members]
-        costs = [(m.env.config.cost_bps, m.env.config.slippage_bps) for m in self.members]  # with train_cost_bps
+        env_configs = [m.env.config for m in self.members]  # the training envs' (their slippage: + train_cost_bps)
         env = StackedTradingEnv(
-            P, data.bars.open, data.bars.close, data.x, data.sign, e.config, seeds=env_seeds, costs=costs,
+            P, data.bars.open, data.bars.close, data.x, data.sign, e.config, seeds=env_seeds, configs=env_configs,
             t_begin=e.t_begin, t_end=e.t_end, window=data.window, backend=lead.be.name,
         )  # fmt: skip
         env.share_features(e)

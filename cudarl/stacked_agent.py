@@ -109,10 +109,11 @@ def stacked_replay(cfg: Config, n_envs: int, seeds, backend: str | None = None, 
 #: device array (an optimiser's, schedule's, replay's or env's table, or the initial value of a per-member
 #: device scalar), so member ``i`` runs its own value with the single kernel's arithmetic. The costs
 #: (``env.cost_bps``, ``env.slippage_bps`` and the training reward's ``agent.train_cost_bps``) are the
-#: stacked env's cost rates. Shrink-and-perturb (``optim.shrink_every``, ``shrink``, ``perturb``) and PopArt's
-#: freeze (``agent.popart_warmup``) are host-driven work between updates, member by member; PopArt's
-#: ``agent.popart_beta`` is the initial value of its ``beta [P]``. Every other field the learner reads is one
-#: for every member.
+#: stacked env's cost rates, the reward options (``env.hold_cap``, ``env.fill``, ``env.levels``) its hold
+#: caps, return rows and level rows (:data:`cudarl.stacked_env.MEMBER_FIELDS`). Shrink-and-perturb
+#: (``optim.shrink_every``, ``shrink``, ``perturb``) and PopArt's freeze (``agent.popart_warmup``) are
+#: host-driven work between updates, member by member; ``agent.popart_beta`` is the initial value of
+#: PopArt's ``beta [P]``. Every other field the learner reads is one for every member.
 MEMBER_SETTINGS = {
     "optim": (
         "schedule",
@@ -139,7 +140,7 @@ MEMBER_SETTINGS = {
         "popart_warmup",
     ),
     "replay": ("alpha", "eps", "beta0", "beta_final", "beta_steps"),
-    "env": ("cost_bps", "slippage_bps"),
+    "env": ("cost_bps", "slippage_bps", "hold_cap", "fill", "levels"),
 }
 
 

@@ -421,26 +421,38 @@ def _member_args(i: int, **arrays) -> dict:
     }
 
 
-def step_members(state, rows, reward_out, done_out, actions, scale, data: EnvData, params: EnvParams, seed, rates):
-    """:func:`step` over P members whose cost rates differ (``rates`` float32 ``[P]``): member ``i`` is
-    :func:`step` on its entries with ``with_rate(params, rates[i])``."""
+def _member_market(i: int, data: EnvData, params: EnvParams, rates, hold_caps) -> tuple[EnvData, EnvParams]:
+    """Member ``i``'s data (its rows of ``data.ret`` and ``data.levels`` where they are ``[P, ...]``) and params
+    (``with_rate(params, rates[i])`` with ``hold_cap = hold_caps[i]``)."""
+    one = {k: getattr(data, k)[i] for k in ("ret", "levels") if np.ndim(getattr(data, k)) == 2}
+    return data._replace(**one), with_rate(params, rates[i])._replace(hold_cap=int(hold_caps[i]))
+
+
+def step_members(
+    state, rows, reward_out, done_out, actions, scale, data: EnvData, params: EnvParams, seed, rates, hold_caps
+) -> None:
+    """:func:`step` over P members whose costs and reward options differ (``rates`` float32, ``hold_caps``
+    int32 ``[P]``, ``data.ret`` ``[T]`` or ``[P, T]``, ``data.levels`` ``[A]`` or ``[P, A]``): member ``i`` is
+    :func:`step` on its entries with its data and params (:func:`_member_market`)."""
     for i in range(rates.shape[0]):
-        a = _member_args(i, state=state, rows=rows, seed=seed)
-        a.update(reward_out=reward_out[i], done_out=done_out[i], actions=actions[i], scale=scale[i])
-        step(data=data, params=with_rate(params, rates[i]), **a)
+        d, p = _member_market(i, data, params, rates, hold_caps)
+        a = _member_args(i, state=state, rows=rows, seed=seed, reward_out=reward_out, done_out=done_out,
+                         actions=actions, scale=scale)  # fmt: skip
+        step(data=d, params=p, **a)
 
 
 def record_step_members(
     out, discount_out, gamma, state, rows, reward_out, done_out, obs, actions, scale, data: EnvData,
-    params: EnvParams, seed, window: int, rates,
+    params: EnvParams, seed, window: int, rates, hold_caps,
 ) -> None:  # fmt: skip
-    """:func:`record_step` over P members whose cost rates differ (``rates`` float32 ``[P]``): member ``i``
-    is :func:`record_step` on its entries with ``with_rate(params, rates[i])``."""
+    """:func:`record_step` over P members whose costs and reward options differ (as :func:`step_members`):
+    member ``i`` is :func:`record_step` on its entries with its data and params."""
     for i in range(rates.shape[0]):
-        a = _member_args(i, out=out, gamma=gamma, state=state, rows=rows, obs=obs, seed=seed)
-        a.update(discount_out=discount_out[i], reward_out=reward_out[i], done_out=done_out[i], actions=actions[i],
-                 scale=scale[i])  # fmt: skip
-        record_step(data=data, params=with_rate(params, rates[i]), window=window, **a)
+        d, p = _member_market(i, data, params, rates, hold_caps)
+        a = _member_args(i, out=out, gamma=gamma, state=state, rows=rows, obs=obs, seed=seed,
+                         discount_out=discount_out, reward_out=reward_out, done_out=done_out, actions=actions,
+                         scale=scale)  # fmt: skip
+        record_step(data=d, params=p, window=window, **a)
 
 
 @in_place(scalars=("epsilon", "seed"), actions=1, q=2, count=1)

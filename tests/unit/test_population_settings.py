@@ -61,10 +61,20 @@ SETTINGS = {
         {"optim": {"shrink_every": 15, "shrink": 0.8, "perturb": 0.01}},
         {"optim": {"shrink_every": 10, "shrink": 0.9, "perturb": 0.02}},
     ],
+    "reward": [
+        {"env": {"hold_cap": 64, "fill": "open"}},
+        {"env": {"hold_cap": 16, "fill": "close", "levels": [-0.5, 0.0, 0.5]}},
+        {"env": {"hold_cap": 8, "fill": "open", "levels": [-1.0, 0.25, 1.0]}},
+    ],
 }  # fmt: skip
 
 #: Fields members of a joined population may not yet set differently, with a value other than the default.
-REFUSED = [("env", "hold_cap", 16), ("env", "fill", "close"), ("optim", "beta1", 0.8), ("optim", "max_grad_norm", 1.0)]
+REFUSED = [
+    ("optim", "beta1", 0.8),
+    ("optim", "max_grad_norm", 1.0),
+    ("optim", "weight_decay", 0.1),
+    ("agent", "kappa", 2.0),
+]
 
 
 def _merge(*overs) -> dict:
@@ -119,6 +129,8 @@ def test_joined_members_with_their_own_settings_are_those_agents_alone(groups):
     if "popart" in groups:
         assert L.popart.frozen_members() == [True, True, False]  # member 2's warm-up 0: never frozen
         assert len(set(L.popart.scalars.get("beta").tolist())) == 2
+    if "reward" in groups:
+        assert pop.env.hold_caps.tolist() == [64, 16, 8] and pop.env.member_data.ret.shape[0] == 3
     if "tau" in groups:
         assert len(set(L.soft.scalars.get("tau").tolist())) == 3
 
