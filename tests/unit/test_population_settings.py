@@ -150,6 +150,32 @@ def test_stacked_learner_refuses_configs_that_differ_outside_its_member_settings
         StackedLearner(a, 6, 3, [0, 1], np, configs=[a, b])
 
 
+def _checkpoints_are_trainers(base, tmp_path, steps):
+    """Joined members with their own settings and run directories: each member's latest.npz is the state tree
+    its Trainer alone writes at that update, bit for bit."""
+    from test_population_resume import assert_same_checkpoint, latest, member_dirs
+
+    configs = settings_variants(base)
+    dirs = member_dirs(tmp_path / "pop", 3)
+    Population(configs, run_dirs=dirs, **QUIET).run(steps)
+    for i, c in enumerate(configs):
+        alone = Trainer(replace(c, run=replace(c.run, population="branches")), run_dir=tmp_path / f"alone{i}", **QUIET)
+        alone.run(steps)
+        assert_same_checkpoint(latest(dirs[i]), latest(tmp_path / f"alone{i}"), f"member {i}")
+
+
+def test_joined_members_with_their_own_settings_checkpoint_as_their_trainers(tmp_path):
+    _checkpoints_are_trainers(small(), tmp_path, STEPS)
+
+
+def test_joined_members_with_their_own_settings_resume_exactly(tmp_path):
+    """SIGTERM at update 20, Population.resume from the members' checkpoints (each member's config, its own
+    settings, rebuilt from its checkpoint), on to 40: the uninterrupted population, bit for bit."""
+    from test_population_resume import resumes_exactly
+
+    resumes_exactly(settings_variants(small()), tmp_path, STEPS)
+
+
 # --- GPU --------------------------------------------------------------------------------------------------
 @pytest.mark.gpu
 @pytest.mark.parametrize("groups", [tuple(SETTINGS)], ids=["all"])
@@ -161,3 +187,15 @@ def test_gpu_joined_members_with_their_own_settings_are_those_agents_alone(group
     pop.run(60)
     for i, c in enumerate(configs):
         assert_joined_member_is_alone(pop, i, _alone(c, 60))
+
+
+@pytest.mark.gpu
+def test_gpu_joined_members_with_their_own_settings_checkpoint_as_their_trainers(tmp_path):
+    _checkpoints_are_trainers(gpu_small(), tmp_path, 60)
+
+
+@pytest.mark.gpu
+def test_gpu_joined_members_with_their_own_settings_resume_exactly(tmp_path):
+    from test_population_resume import resumes_exactly
+
+    resumes_exactly(settings_variants(gpu_small()), tmp_path, 60)
