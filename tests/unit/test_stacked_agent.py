@@ -130,6 +130,8 @@ def _assert_member_is_agent(learner, replay, i, agent, single_replay, what):
         pairs.append(("PopArt beta", L.popart.scalars.view("beta")[i : i + 1], a.popart.scalars.view("beta")))
     for name, got, want in pairs:
         assert_bitwise(to_numpy(got), to_numpy(want), what=f"{w}: {name}")
+    # whole rings, the slots no update has written yet included: zero on both sides (PinnedReadback zeroes
+    # its memory), so a write into another member's or another slot's place shows here
     n = a.stats.n
     ring = to_numpy(L.stats_ring.device).reshape(-1, L.members, n)[:, i]
     assert_bitwise(ring.reshape(-1), to_numpy(a.stats.ring.device), what=f"{w}: published Q statistics")
