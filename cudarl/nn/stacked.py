@@ -143,6 +143,8 @@ class StackedQNetwork:
         #: the Linear layers in forward order (the encoder's, then the head's ``va``); unbound, they
         #: describe the shapes and GEMM options
         self.linears = [m for m in _walk([self.encoder, self.head]) if isinstance(m, Linear)]
+        for lin in self.linears:  # as QNetwork sets its layers'
+            lin.dw_gemm = net.dw_gemm
         host = np.stack([self.layout.init_host(s, np.float32) for s in seeds])
         self.params = xp.asarray(host)
         self.grads = xp.zeros_like(self.params)
