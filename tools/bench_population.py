@@ -5,7 +5,7 @@ single-agent graphs one after another and against PyTorch vectorised over the ag
 Reference workload per agent (DESIGN.md): observation 66 floats, MLP 256-256, dueling C51 51 atoms x 3
 actions, batch 512, replay 1M rows with PER, n-step 3, 4,096 environments. Agent ``i`` has seed ``i``.
 
-Arms (``--arms``, default ``vmap,branches,joined``; ``joined-onekernel`` on request), at each P of
+Arms (``--arms``, default every one: ``vmap,branches,joined,joined-onekernel``), at each P of
 ``--sizes`` (default 1, 8, 64, 256; a size whose measured memory does not fit the free device memory is
 skipped, saying so):
 
@@ -698,8 +698,8 @@ def _sizes(text: str) -> tuple[int, ...]:
 
 
 ARMS = ("vmap", "branches", *JOINED_ARMS)
-#: The arms a plain run takes (``joined-onekernel`` on request).
-DEFAULT_ARMS = ("vmap", "branches", "joined")
+#: The arms a plain run takes: every one, so one run holds the ratio rows of both dW settings.
+DEFAULT_ARMS = ARMS
 
 
 def _arms(text: str) -> tuple[str, ...]:

@@ -116,7 +116,7 @@ def test_bench_population_cpu_runs_the_joined_arm(tmp_path):
     r = subprocess.run([*cmd, "--out", str(out)], capture_output=True, text=True, cwd=tmp_path, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
     rep = json.loads(out.read_text())
-    assert rep["benchmark"] == "bench_population" and rep["arms"] == ["joined"]
+    assert rep["benchmark"] == "bench_population" and rep["arms"] == ["joined", "joined-onekernel"]
     sizes = _by_size(rep["rows"])
     assert sorted(sizes) == list(bp.CPU_SIZES)
     assert all({m: x["unit"] for m, x in metrics.items()} == JOINED_ROWS for metrics in sizes.values())
