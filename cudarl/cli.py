@@ -428,7 +428,13 @@ def sweep(
 ):
     """Train a spec's trials in populations, evaluate each on validation and test, rank by validation.
 
-    Writes sweep.csv (one row a trial), sweep.json, sweep.png; a re-run resumes, skipping finished trials."""
+    Writes sweep.csv (one row a trial), sweep.json, sweep.png.
+
+    Ctrl-C or SIGTERM stops it: finished trials are kept, the population in training writes checkpoints.
+
+    The same command resumes: it skips finished trials and continues a cut population from its checkpoints.
+
+    It says "resuming population K from update N", or why it starts that population over (docs/guide.md)."""
     from cudarl.interrupt import Interrupted
     from cudarl.sweep import SpecError, SweepError, load_spec, run_sweep
 
@@ -445,7 +451,9 @@ def sweep(
         run_sweep(sp, out=out, executor=executor, optuna_rounds=optuna, echo=say)
     except (Interrupted, KeyboardInterrupt) as e:
         typer.echo(
-            "cudarl-train: sweep interrupted; finished trials are kept: run the same command to resume", err=True
+            "cudarl-train: sweep interrupted; finished trials are kept, and a population cut mid-training "
+            "continues from its members' checkpoints: run the same command to resume",
+            err=True,
         )
         raise typer.Exit(getattr(e, "exit_code", 130)) from None
     except (SpecError, SweepError) as e:

@@ -309,15 +309,27 @@ class NetConfig:
     ``cublaslt`` (the forward as one cuBLASLt GEMM with the bias and ReLU fused into its epilogue;
     sigmoid layers keep the kernel), ``cublaslt_nosplit`` (``cublaslt``, and the forward and the
     input-gradient GEMMs limited to one-kernel algorithms, no split-K reduction kernels; the weight
-    gradients keep cuBLAS's split-K) or ``cudarl`` (the panel GEMMs of ``cuda_src/gemm.cu`` for the
+    gradients are ``dw_gemm``'s) or ``cudarl`` (the panel GEMMs of ``cuda_src/gemm.cu`` for the
     forward and input gradients where they take the shape, else ``cublaslt_nosplit``). Same math to
     float32 rounding. The train step on an H200 at 8550a3d: 100.7 us with ``cublaslt_nosplit``,
     107.8 ``cudarl``, 120.0 ``cublaslt``, 126.1 ``cublas`` (``tools/bench_step.py``; docs/gpu-report.md)."""
+    dw_gemm: str = "split_k"
+    """The algorithm of the linear layers' weight-gradient GEMMs ``dW = x^T dz`` (GPU), under every ``gemm``:
+    ``split_k`` (cuBLAS, whose heuristic splits K, the batch, into partial sums and a reduction kernel) or
+    ``one_kernel`` (cuBLASLt limited to one-kernel algorithms, ``cudarl.blas.gemm_lt(split_k=False)``, on
+    operands aligned to 16 bytes, as the train step's are; others keep cuBLAS). The same math to float32
+    rounding, not the same bits. A joined population (``run.population = "joined"``) reads it too: with
+    ``one_kernel`` each layer's dW is one strided-batched GEMM over every member
+    (``cudarl.blas.gemm_lt_batched``), whose entry ``i`` is the single ``one_kernel`` GEMM bit for bit;
+    with ``split_k`` a GEMM per member. Either way member ``i`` equals the agent alone under the same
+    setting. The trade, predicted from the dW GEMMs timed alone (docs/perf-notes.md, "The agent axis, in
+    stages"): ``one_kernel`` costs one agent a little and saves a population much. The NumPy backend
+    computes the same product either way."""
 
     def __post_init__(self):
         s = "net"
         from .nn.encoders import ENCODERS
-        from .nn.layers import GEMMS
+        from .nn.layers import DW_GEMMS, GEMMS
         from .rules import HEAD_RULES
 
         _need(s, self.encoder in ENCODERS, f"encoder must be one of {sorted(ENCODERS)}, got {self.encoder!r}")
@@ -341,6 +353,7 @@ class NetConfig:
         _in(s, "n_quantiles", self.n_quantiles, 1, 1024, integer=True)
         _in(s, "n_cos", self.n_cos, 1, 1024, integer=True)
         _need(s, self.gemm in GEMMS, f"gemm must be one of {list(GEMMS)}, got {self.gemm!r}")
+        _need(s, self.dw_gemm in DW_GEMMS, f"dw_gemm must be one of {list(DW_GEMMS)}, got {self.dw_gemm!r}")
         self._check_window_encoder(s)
 
     def _check_window_encoder(self, s: str) -> None:

@@ -259,6 +259,10 @@ class PinnedReadback:
     on the same stream; :meth:`read` waits on that slot's event and returns a copy. A read of a slot
     with no recorded write raises instead of returning whatever the memory held. Several slots let
     a graph write step ``t`` into one while the host reads step ``t - 1`` from another.
+
+    Every value is zero until a kernel writes it, on both backends: cudaHostAlloc does not clear its
+    memory (a small allocation reuses what an earlier, freed one left), so the CuPy ring is zeroed
+    here as NumPy's is. Two rings written alike are then equal bit for bit, unwritten slots included.
     """
 
     def __init__(self, n: int, dtype=np.float32, xp=None, slots: int = 1):
@@ -279,6 +283,7 @@ class PinnedReadback:
             dptr = _device_pointer_of_host(self._alloc.ptr)
             raw = (ctypes.c_uint8 * nbytes).from_address(self._alloc.ptr)
             self.host = np.frombuffer(raw, dtype=self.dtype, count=total)
+            self.host[...] = 0  # no kernel has this memory yet: a host write, before any launch
             mem = cupy.cuda.UnownedMemory(dptr, nbytes, self._alloc)
             self.device = cupy.ndarray((total,), dtype=self.dtype, memptr=cupy.cuda.MemoryPointer(mem, 0))
             self._events = [cupy.cuda.Event(block=False, disable_timing=True) for _ in range(self.slots)]

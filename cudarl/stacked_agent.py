@@ -11,7 +11,7 @@ pieces of stages 0-5 instead of one agent's::
     targets_loss  losses.c51_targets_loss over [P, ...] (PopArt: StackedPopArt's [P, 8] state)
     q_stats       dueling combine, qstats per_sample; the reduction on a branch
     priorities    StackedPrioritizedReplay.update_priorities (a branch to the end)
-    backward      StackedQNetwork.backward (dW per member: see below)
+    backward      StackedQNetwork.backward (dW by net.dw_gemm: see below)
     adam          StackedAdam.clip_update_publish (norm, clip, update, soft update, the publish of
                   loss and norm to a [P, 2 slots] ring); run.grid_barrier = false or more members than
                   resident blocks: clip_step, the publish (one launch), update_step(soft)
@@ -23,10 +23,11 @@ population is an extra leading axis on every buffer of an agent"), and every per
 optimiser's step, lr, bias corrections, grad norm and clip scale; tau; PopArt's statistics and beta;
 the replay's counters, beta and Philox key; the loss) is a ``[P]`` device array.
 
-Still per member (a loop of the single launch, inside the same phase): the weight gradients
-(``StackedQNetwork.backward``: the single agent's split-K cuBLAS dW, which a batched GEMM does not
-reproduce; each layer's P GEMMs on that layer's branch, as the single agent's one GEMM) and
-shrink-and-perturb between updates (``optim.shrink_every``). The statistics' publish
+The weight gradients follow ``net.dw_gemm``, as the single agent's do (``StackedQNetwork.backward``):
+``"one_kernel"``, one batched GEMM a layer for every member; ``"split_k"`` (the default), still per
+member (a loop of the single agent's split-K cuBLAS GEMM, which a batched GEMM does not reproduce).
+Either way each layer's dW runs on that layer's branch, as the single agent's one GEMM. Still per
+member: shrink-and-perturb between updates (``optim.shrink_every``). The statistics' publish
 is one launch over the ``[P, n]`` statistics with member 0's step counter naming the ring slot: the
 members' counters advance together (one ``lr_schedule`` launch for all), so it is every member's slot.
 The collect step (stage 6b), :meth:`StackedLearner.collect_phases`, is the single agent's
@@ -222,7 +223,8 @@ class StackedLearner:
         )  # fmt: skip
         self.pair = stacked_zeros(xp, P, (2 * B, obs_dim))
         self.batch = Batch(self.pair[:, :B], self.pair[:, B:], *self.rows[2:])
-        self.online.prepare_input(self.batch.obs, self.ws)  # its plan before any capture (s' has the stride)
+        # their plans before any capture (s' has the stride); the backward runs over the online forward at s
+        self.online.prepare_input(self.batch.obs, self.ws, backward=True)
         self.target.prepare_input(self.batch.next_obs, self.target.ws)
         self.support = xp.asarray(support(cfg.net))
         self.popart = (

@@ -5,8 +5,9 @@ single-agent graphs one after another and against PyTorch vectorised over the ag
 Reference workload per agent (DESIGN.md): observation 66 floats, MLP 256-256, dueling C51 51 atoms x 3
 actions, batch 512, replay 1M rows with PER, n-step 3, 4,096 environments. Agent ``i`` has seed ``i``.
 
-Arms (``--arms``, default ``vmap,branches,joined``), at each P of ``--sizes`` (default 1, 8, 64, 256; a
-size whose measured memory does not fit the free device memory is skipped, saying so):
+Arms (``--arms``, default every one: ``vmap,branches,joined,joined-onekernel``), at each P of
+``--sizes`` (default 1, 8, 64, 256; a size whose measured memory does not fit the free device memory is
+skipped, saying so):
 
 * cudarl joined (``joined``; issue 23's agent axis, stage 6 in docs/perf-notes.md):
   :class:`cudarl.stacked_agent.StackedLearner`, the train step of P members with one launch per
@@ -19,7 +20,13 @@ size whose measured memory does not fit the free device memory is skipped, sayin
   resident block per member: P at most the SM count) is a row ``refused: <reason>`` and is tried again
   with ``run.grid_barrier = false`` (two launches, the same bits) as a case of its own. Beside it, at each
   P the other arms ran: its speed-up over the branches, over the PyTorch vmap arm (target at P = 64) and
-  over P x the single agent.
+  over P x the single agent. Its weight gradients are ``net.dw_gemm``'s default, ``split_k``: P cuBLAS
+  split-K GEMMs a layer (a row ``weight gradients (net.dw_gemm)`` says which).
+* cudarl joined, one-kernel dW (``joined-onekernel``): the joined arm with ``net.dw_gemm = "one_kernel"``
+  (each layer's weight gradients one strided-batched one-kernel cuBLASLt GEMM over every member; members
+  equal single agents of that setting), as cases ``cudarl joined (agent axis), one-kernel dW, <prec>``;
+  beside the joined arm, its speed-up over it (``split-K dW / one-kernel dW``). Its ratio against P x the
+  single agent uses the single agent of the default ``split_k`` (the branches arm's).
 * cudarl population (``branches``): :class:`cudarl.population.Population`, every member's train phases on a parallel
   branch of ONE graph; median us per replay (CUDA events), agent-updates per second summed over the
   agents (P / step time), achieved GFLOP/s and its fraction of the FP32 peak, memory per agent (the
@@ -46,7 +53,7 @@ FLOPs per agent-update: the GEMMs of three forwards (online s and s', target s')
 Targets (issue 23, H200): P = 64 in <= 1.2 ms FP32 and >= 2.5x the PyTorch vmap arm; <= 0.4 ms TF32.
 Prints a table and writes JSON (``--out``, default ``docs/bench/bench_population.json``).
 
-``--device cpu``: the joined arm alone on the NumPy backend at tiny sizes (:data:`CPU_WORKLOAD`, P = 1, 3;
+``--device cpu``: the joined arms alone on the NumPy backend at tiny sizes (:data:`CPU_WORKLOAD`, P = 1, 3;
 host-clock times, memory by ``tracemalloc``), a smoke run; its JSON goes to ``--out`` or the temporary
 directory, never over the GPU numbers.
 """
@@ -264,16 +271,17 @@ CPU_SIZES = (1, 3)
 GPU_BARS = 20_000
 
 
-def joined_config(device: str, tf32: bool = False, grid_barrier: bool = True, **over):
-    """The joined arm's config: the reference workload on the GPU, :data:`CPU_WORKLOAD` on the CPU."""
+def joined_config(device: str, tf32: bool = False, grid_barrier: bool = True, dw_gemm: str = "split_k", **over):
+    """The joined arm's config: the reference workload on the GPU, :data:`CPU_WORKLOAD` on the CPU, with
+    ``net.tf32`` and ``net.dw_gemm`` as given."""
     from cudarl.bench import reference_config
 
     run = {"grid_barrier": grid_barrier, **over.pop("run", {})}
     if device == "gpu":
-        return reference_config("gpu", net={"tf32": tf32}, run=run, **over)
+        return reference_config("gpu", net={"tf32": tf32, "dw_gemm": dw_gemm}, run=run, **over)
     w = CPU_WORKLOAD
     sections = {k: {**w[k], **over.pop(k, {})} for k in ("net", "agent", "env")}
-    sections["net"]["tf32"] = tf32
+    sections["net"].update(tf32=tf32, dw_gemm=dw_gemm)
     return reference_config("cpu", capacity=w["replay"]["capacity"], run=run, **sections, **over)
 
 
@@ -370,6 +378,8 @@ def joined_size(cfg, P: int, device: str, repeats: int, case: str, peak, target:
     rows.append(row(case, f"P={P}: replay memory per agent", replay.nbytes() / P / 2**20, "MiB"))
     form = "one launch (grid barrier)" if learner.fused else "clip, publish per member, update"
     rows.append(row(case, f"P={P}: optimiser", form, ""))
+    dw = "one batched GEMM a layer" if learner.online.dw_batched else "a GEMM per member a layer"
+    rows.append(row(case, f"P={P}: weight gradients (net.dw_gemm)", f"{cfg.net.dw_gemm}: {dw}", ""))
     loss = np.asarray(learner.loss.get() if gpu else learner.loss)
     rows.append(row(case, f"P={P}: every member's loss finite", bool(np.all(np.isfinite(loss))), ""))
     ext.setdefault("step_us", {})[P] = us
@@ -378,17 +388,24 @@ def joined_size(cfg, P: int, device: str, repeats: int, case: str, peak, target:
     return us
 
 
-def joined_arm(tf32: bool, sizes, args, rows, extra, peak, device: str = "gpu") -> dict:
+#: The joined arms: ``--arms`` name -> (``net.dw_gemm``, the label its cases and JSON carry).
+JOINED_ARMS = {"joined": ("split_k", ""), "joined-onekernel": ("one_kernel", "one-kernel dW")}
+
+
+def joined_arm(tf32: bool, sizes, args, rows, extra, peak, device: str = "gpu", dw_gemm: str = "split_k") -> dict:
     """The joined population at ``sizes`` (:func:`joined_size`, a fresh learner per size); ``{P: us}``.
+    ``dw_gemm``: its ``net.dw_gemm`` (``"one_kernel"``: cases ``cudarl joined (agent axis), one-kernel dW,
+    <prec>``, JSON ``joined_onekernel_<prec>``).
 
     A size the learner refuses is a row ``refused: <reason>``; with ``run.grid_barrier`` on (the single
     agent's one-launch loss and optimiser, which need a resident block per member: P at most the SM count)
     the size is tried again with it off (the two-launch forms, the same bits), as its own case. A size
     whose memory (per agent at the last size built, times P) does not fit is skipped."""
     prec = "TF32" if tf32 else "FP32"
-    case = f"cudarl joined (agent axis), {prec}"
+    one = dw_gemm == "one_kernel"
+    case = f"cudarl joined (agent axis){', one-kernel dW' if one else ''}, {prec}"
     target = {TARGET_P: f"<= {TARGET_TF32_US if tf32 else TARGET_FP32_US:g} us"}
-    ext = extra.setdefault(f"joined_{prec.lower()}", {})
+    ext = extra.setdefault(f"joined{'_onekernel' if one else ''}_{prec.lower()}", {})
     out: dict = {}
     need = 0.0
     for P in sorted(sizes):
@@ -402,7 +419,7 @@ def joined_arm(tf32: bool, sizes, args, rows, extra, peak, device: str = "gpu") 
         for grid_barrier in (True, False):
             c = case if grid_barrier else f"{case}, run.grid_barrier = false"
             try:
-                cfg = joined_config(device, tf32, grid_barrier)
+                cfg = joined_config(device, tf32, grid_barrier, dw_gemm)
                 out[P] = joined_size(cfg, P, device, args.repeats, c, peak, target.get(P, ""), rows, ext)
                 need = ext["memory_per_agent_bytes"][P]  # the shared workspaces weigh less as P grows
                 break
@@ -420,20 +437,24 @@ def joined_arm(tf32: bool, sizes, args, rows, extra, peak, device: str = "gpu") 
     return out
 
 
-def ratio_rows(prec: str, joined: dict, branches: dict, vmap: dict, single_us: float | None) -> list[dict]:
+def ratio_rows(
+    prec: str, joined: dict, branches: dict, vmap: dict, single_us: float | None, label: str = ""
+) -> list[dict]:
     """The joined step against the branches arm, the PyTorch vmap arm and P x the single agent, at each P
-    both have (``{P: us}``); the vmap target at P = 64 in FP32."""
+    both have (``{P: us}``); the vmap target at P = 64 in FP32. ``label`` names a joined variant in the
+    cases (``"one-kernel dW"``: ``cudarl joined, one-kernel dW vs ...``)."""
     out = []
+    name = f"cudarl joined, {label}" if label else "cudarl joined"
     for P, us in sorted(joined.items()):
         if P in branches:
             out.append(
-                row(f"cudarl joined vs branches, {prec}", f"P={P}: speed-up (branches / joined)", branches[P] / us, "x")
+                row(f"{name} vs branches, {prec}", f"P={P}: speed-up (branches / joined)", branches[P] / us, "x")
             )
         if P in vmap:
             target = f">= {TARGET_VS_TORCH:g}x" if P == TARGET_P and prec == "FP32" else ""
             out.append(
                 row(
-                    f"cudarl joined vs PyTorch vmap, {prec}",
+                    f"{name} vs PyTorch vmap, {prec}",
                     f"P={P}: speed-up (vmap / joined)",
                     vmap[P] / us,
                     "x",
@@ -443,13 +464,27 @@ def ratio_rows(prec: str, joined: dict, branches: dict, vmap: dict, single_us: f
         if single_us:
             out.append(
                 row(
-                    f"cudarl joined vs the single agent, {prec}",
+                    f"{name} vs the single agent, {prec}",
                     f"P={P}: speed-up (P x single / joined)",
                     P * single_us / us,
                     "x",
                 )
             )
     return out
+
+
+def dw_rows(prec: str, split_k: dict, one_kernel: dict) -> list[dict]:
+    """The joined step with one-kernel dW against the joined step with split-K dW, at each P both ran
+    (``{P: us}``)."""
+    return [
+        row(
+            f"cudarl joined, one-kernel dW vs split-K dW, {prec}",
+            f"P={P}: speed-up (split-K dW / one-kernel dW)",
+            split_k[P] / one_kernel[P],
+            "x",
+        )
+        for P in sorted(set(split_k) & set(one_kernel))
+    ]
 
 
 # --- PyTorch vmap ----------------------------------------------------------------------------------------
@@ -662,7 +697,9 @@ def _sizes(text: str) -> tuple[int, ...]:
     return out
 
 
-ARMS = ("vmap", "branches", "joined")
+ARMS = ("vmap", "branches", *JOINED_ARMS)
+#: The arms a plain run takes: every one, so one run holds the ratio rows of both dW settings.
+DEFAULT_ARMS = ARMS
 
 
 def _arms(text: str) -> tuple[str, ...]:
@@ -682,15 +719,16 @@ def main(argv=None) -> int:
     ap.add_argument(
         "--arms",
         type=_arms,
-        default=ARMS,
+        default=DEFAULT_ARMS,
         help="arms to run, comma-separated: vmap (PyTorch), branches (cudarl.population.Population, the "
-        "sequential graphs and the single agent), joined (StackedLearner); default all",
+        "sequential graphs and the single agent), joined (StackedLearner), joined-onekernel (StackedLearner "
+        "with net.dw_gemm = one_kernel); default vmap,branches,joined",
     )
     ap.add_argument(
         "--device",
         choices=("gpu", "cpu"),
         default="gpu",
-        help="cpu: the joined arm alone on the NumPy backend at tiny sizes (a smoke run; host-clock times)",
+        help="cpu: the joined arms alone on the NumPy backend at tiny sizes (a smoke run; host-clock times)",
     )
     ap.add_argument("--quick", action="store_true", help="sizes 1,8 (TF32: 8) and 20 repeats: a smoke run")
     args = ap.parse_args(argv)
@@ -706,9 +744,9 @@ def main(argv=None) -> int:
     rows = [row("device", "FP32 peak (SMs x 128 x 2 x clock)", peak, "TFLOP/s")] if peak else []
     if cpu:  # the committed default file keeps its GPU numbers
         args.out = args.out or Path(tempfile.gettempdir()) / "bench_population_cpu.json"
-        for a in sorted(set(arms) - {"joined"}):
+        for a in sorted(set(arms) - set(JOINED_ARMS)):
             rows.append(row(a, "skipped", "GPU only", ""))
-        arms = [a for a in arms if a == "joined"]
+        arms = [a for a in arms if a in JOINED_ARMS]
     extra: dict = {
         "workload": f"obs {OBS}, MLP {HIDDEN[0]}-{HIDDEN[1]}, dueling C51 {A}x{K}, batch {B}, replay {CAPACITY:,} "
         f"PER, n-step {N_STEP}, {N_ENVS} envs per agent",
@@ -742,14 +780,19 @@ def main(argv=None) -> int:
                 if theirs:
                     target = f">= {TARGET_VS_TORCH:g}x" if P == TARGET_P and not tf32 else ""
                     rows.append(row(f"cudarl vs PyTorch vmap, {prec}", f"P={P}: speed-up", theirs / us, "x", target))
-        if "joined" in arms:
+        single_us = extra.get(f"cudarl_{prec.lower()}", {}).get("single_agent_us")
+        joined_us: dict = {}
+        for arm, (dw_gemm, label) in JOINED_ARMS.items():
+            if arm not in arms:
+                continue
             try:
-                joined = joined_arm(tf32, sizes, args, rows, extra, peak, args.device)
+                joined_us[arm] = joined_arm(tf32, sizes, args, rows, extra, peak, args.device, dw_gemm)
             except Exception as exc:
-                _failed(rows, f"cudarl joined, {prec}", exc)
-                joined = {}
-            single_us = extra.get(f"cudarl_{prec.lower()}", {}).get("single_agent_us")
-            rows += ratio_rows(prec, joined, branches_us.get(tf32, {}), torch_us.get(tf32, {}), single_us)
+                _failed(rows, f"cudarl joined{', ' + label if label else ''}, {prec}", exc)
+                joined_us[arm] = {}
+            others = (branches_us.get(tf32, {}), torch_us.get(tf32, {}), single_us)
+            rows += ratio_rows(prec, joined_us[arm], *others, label)
+        rows += dw_rows(prec, joined_us.get("joined", {}), joined_us.get("joined-onekernel", {}))
         print(f"cudarl {prec} done at {time.perf_counter() - t_start:.0f} s")
     extra["wall_s"] = time.perf_counter() - t_start
     report("bench_population", rows, args.out, extra)

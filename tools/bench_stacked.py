@@ -11,11 +11,13 @@ one CUDA graph and timed as the median of ``--repeats`` replays (CUDA events):
 * ``singles``: the same for P ``QNetwork``s one after another;
 * ``dW per member``: the stacked backward's weight gradients alone (P x 3 cuBLAS GEMMs, the single agent's);
 * ``dW batched``: the same gradients as 3 one-kernel strided-batched cuBLASLt GEMMs (``gemm_lt_batched``,
-  ``trans_a``), what the stacked backward would run if the single agent's dW moved to one-kernel cuBLASLt.
+  ``trans_a``), what the stacked backward runs under ``net.dw_gemm = "one_kernel"`` (the single agent's
+  dW then a one-kernel cuBLASLt GEMM too).
 
-The last two decide the dW question of docs/perf-notes.md ("The agent axis, in stages", stage 2), with the
-single step's time under one-kernel dW. Prints a table, writes JSON (``--out``, default
-``docs/bench/bench_stacked.json``); without a usable CuPy and GPU it prints why and skips.
+The last two price the ``net.dw_gemm`` choice of docs/perf-notes.md ("The agent axis, in stages"), with the
+single step's time under each (``tools/bench_step.py``'s ``net.dw_gemm=one_kernel`` case). Prints a
+table, writes JSON (``--out``, default ``docs/bench/bench_stacked.json``); without a usable CuPy and GPU it
+prints why and skips.
 """
 
 from __future__ import annotations

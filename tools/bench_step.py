@@ -9,7 +9,11 @@ gradient norm clipped to 10, KL priorities, soft target update tau 0.005.
 
 Arms:
 * cudarl: ``cudarl.bench.step_benchmark`` (train-graph replay, collect-graph replay of 4096
-  environments, per-phase profile). Targets: train step <= 100 us, collect step <= 50 us.
+  environments, per-phase profile). Targets: train step <= 100 us, collect step <= 50 us. With
+  ``--net-variants`` (default) also the step under each other ``net.gemm`` and TF32; with
+  ``--dw-variants`` (default) under each other ``net.dw_gemm`` (``one_kernel``: the weight gradients
+  as one-kernel cuBLASLt GEMMs, what a joined population batches), each a case of its own
+  (``reference step (gpu), net.dw_gemm=one_kernel``).
 * check: the cudarl agent's forward/targets/loss/backward and the PyTorch step's loss on the
   same weights (target net perturbed, so double DQN matters) and the same batch; relative
   differences of the loss, the priorities and the gradients.
@@ -423,6 +427,12 @@ def main() -> int:
         default=True,
         help="also time the step with the other GEMM options (net.gemm, net.tf32)",
     )
+    ap.add_argument(
+        "--dw-variants",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also time the step with the other weight-gradient GEMM algorithms (net.dw_gemm)",
+    )
     args = ap.parse_args()
     t_start = time.perf_counter()
     rows: list = []
@@ -459,19 +469,24 @@ def main() -> int:
             )
         except Exception as exc:
             _failed(rows, "cudarl step_benchmark", exc)
+        variants = []
         if args.net_variants:
             from cudarl.nn.layers import GEMMS  # every net.gemm option, so a new one is timed too
 
             default_gemm = reference_config().net.gemm
-            others = [{"gemm": g} for g in GEMMS if g != default_gemm]
-            for net in others + [{"tf32": True}]:
-                label = ", " + ", ".join(f"net.{k}={v}" for k, v in net.items())
-                try:
-                    rows += step_benchmark(
-                        repeats=args.repeats, cfg=reference_config("gpu", net=net), phases=False, label=label
-                    )
-                except Exception as exc:
-                    _failed(rows, "cudarl step_benchmark" + label, exc)
+            variants += [{"gemm": g} for g in GEMMS if g != default_gemm] + [{"tf32": True}]
+        if args.dw_variants:
+            from cudarl.nn.layers import DW_GEMMS  # every net.dw_gemm option
+
+            variants += [{"dw_gemm": d} for d in DW_GEMMS if d != reference_config().net.dw_gemm]
+        for net in variants:
+            label = ", " + ", ".join(f"net.{k}={v}" for k, v in net.items())
+            try:
+                rows += step_benchmark(
+                    repeats=args.repeats, cfg=reference_config("gpu", net=net), phases=False, label=label
+                )
+            except Exception as exc:
+                _failed(rows, "cudarl step_benchmark" + label, exc)
     if args.encoders and not why:
         encoder_arms(args, rows, extra)
     torch_us: dict = {}

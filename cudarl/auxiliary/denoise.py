@@ -84,6 +84,7 @@ class Denoise(AuxBase):
             self.ws.add(name, row, merge=merge)
         for lin in _walk([self.enc, self.dec]):
             if isinstance(lin, Linear):
+                lin.dw_gemm = cfg.dw_gemm  # as the network's layers (QNetwork sets theirs)
                 lin.prepare(B)
                 lin.prepare_backward(B)
         lo, hi = param_span(net, "enc.")

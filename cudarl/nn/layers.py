@@ -37,6 +37,9 @@ PARAM_ALIGN_BYTES = ALIGN * np.dtype(np.float32).itemsize
 #: the bias and ReLU in its epilogue; the same limited to one-kernel algorithms for the forward and dx;
 #: or the panel GEMMs of cuda_src/gemm.cu where they take the shape.
 GEMMS = ("cublas", "cublaslt", "cublaslt_nosplit", "cudarl")
+#: The weight gradients' GEMM algorithm (``net.dw_gemm``, docs/config.md): cuBLAS with its split-K, or
+#: one-kernel cuBLASLt (``blas.gemm_lt(split_k=False)``, what a batch of members reproduces).
+DW_GEMMS = ("split_k", "one_kernel")
 _LT_ACTS = {IDENTITY: "identity", RELU: "relu"}  # the activations cuBLASLt's epilogue applies
 
 
@@ -72,6 +75,11 @@ class Linear(Module):
     plan for a batch size before any capture. ``gemm="cublaslt_nosplit"`` runs the forward and dx
     through cuBLASLt with one-kernel algorithms only; ``gemm="cudarl"`` through the panel GEMMs of
     ``cuda_src/gemm.cu`` where they take the shapes, else as ``cublaslt_nosplit`` (docs/perf-notes.md).
+
+    ``dw_gemm`` picks dW's algorithm under any ``gemm``: ``"split_k"`` (cuBLAS; its heuristic splits K)
+    or ``"one_kernel"`` (cuBLASLt without split-K on the GPU for 16-byte aligned float32 operands, else
+    cuBLAS); :meth:`prepare_backward` makes its plan. :class:`cudarl.nn.QNetwork` sets the attribute of
+    every layer it holds from ``net.dw_gemm``, whichever module built the layer.
     """
 
     def __init__(
@@ -87,6 +95,7 @@ class Linear(Module):
         rows: int = 1,
         spectral: bool = False,
         gemm: str = _NET.gemm,
+        dw_gemm: str = _NET.dw_gemm,
     ):
         if act not in ACTS:
             raise ValueError(f"{name}: activation {act!r} not in {sorted(ACTS)}")
@@ -99,10 +108,13 @@ class Linear(Module):
         self.spectral, self.sn, self.sn_update, self.sn_in_forward = bool(spectral), None, True, True
         self.side = None  # a cudarl.graph.SideStream for the weight gradients (QNetwork.set_side_stream)
         self.gemm = gemm
+        if dw_gemm not in DW_GEMMS:
+            raise ValueError(f"{name}: dw_gemm {dw_gemm!r} not in {DW_GEMMS}")
+        self.dw_gemm = dw_gemm
         #: The cuBLASLt activation name when the forward can be one fused GEMM, else None.
         self.lt_act = _LT_ACTS.get(self.act) if gemm != "cublas" else None
         #: ``cublaslt_nosplit``: the forward and dx GEMMs through cuBLASLt with one-kernel algorithms
-        #: only (no split-K reduction kernels: graph nodes on the chain); dW keeps cuBLAS's split-K.
+        #: only (no split-K reduction kernels: graph nodes on the chain); dW is ``dw_gemm``'s.
         #: ``cudarl``: the forward and dx through the panel GEMMs of cuda_src/gemm.cu where they can
         #: take the shapes (K, N multiples of 4, aligned, at most panel.MAX_ROWS rows), else as
         #: ``cublaslt_nosplit``.
@@ -194,11 +206,16 @@ class Linear(Module):
             blas.gemm_lt_prepare(m, n, k, bias=bias, **options)
 
     def prepare_backward(self, batch: int) -> None:
-        """Make the cuBLASLt plan of a backward over ``batch`` samples (GPU, ``gemm="cublaslt_nosplit"``
-        or ``"cudarl"``: dx = dz W^T); a backward inside a capture needs it made."""
-        if self.lt_all and not isinstance(self.P[f"{self.name}.bias"], np.ndarray):
-            m = batch * self.rows
+        """Make the cuBLASLt plans of a backward over ``batch`` samples (GPU): dx = dz W^T under
+        ``gemm="cublaslt_nosplit"`` or ``"cudarl"``, dW = x^T dz under ``dw_gemm="one_kernel"``; a
+        backward inside a capture needs them made."""
+        if isinstance(self.P[f"{self.name}.bias"], np.ndarray):
+            return
+        m = batch * self.rows
+        if self.lt_all:
             blas.gemm_lt_prepare(m, self.n_in, self.n_out, trans_b=True, tf32=self.tf32, split_k=False)
+        if self.dw_gemm == "one_kernel":
+            blas.gemm_lt_prepare(self.n_in, self.n_out, m, trans_a=True, tf32=self.tf32, split_k=False)
 
     def forward(self, x, ws: Workspace):
         y = ws.rows(f"{self.name}.out", x.shape[0] // self.rows)
@@ -221,9 +238,8 @@ class Linear(Module):
     def _dx(self, dz, dx, accumulate: bool) -> None:
         """dx (+)= dz W^T: the panel kernel under ``cudarl`` where it can take the call (GPU, no
         accumulate), else cuBLASLt without split-K under ``cublaslt_nosplit`` (GPU, no accumulate,
-        operands aligned as the plan :meth:`prepare_backward` made), else :func:`matmul`. (dW keeps
-        cuBLAS and its split-K: K is the batch there, and one-kernel algorithms took 13-14 us
-        against 5.5 + 2.5 for the split pair, ncu on an H200 at 3707fef.)"""
+        operands aligned as the plan :meth:`prepare_backward` made), else :func:`matmul`. (dW is
+        :meth:`_dw`'s, by ``dw_gemm``.)"""
         W = self.weight()
         gpu_overwrite = not accumulate and not isinstance(dx, np.ndarray)
         if self.panel and gpu_overwrite:
@@ -236,6 +252,18 @@ class Linear(Module):
             return
         matmul(dz, W, dx, trans_b=True, beta=1.0 if accumulate else 0.0, tf32=self.tf32)
 
+    def _dw(self, x, dz, out) -> None:
+        """out = x^T dz. ``dw_gemm="one_kernel"``: cuBLASLt without split-K for float32 operands (on the GPU
+        aligned to 16 bytes: the plan :meth:`prepare_backward` made; NumPy: the same product as
+        :func:`matmul`'s). Else, and for float64 (gradient checks), :func:`matmul`: cuBLAS, whose
+        heuristic splits K (the batch) for the step's shapes; one-kernel algorithms took 13-14 us against
+        5.5 + 2.5 for the split pair (ncu on an H200 at 3707fef), so it stays the default."""
+        if self.dw_gemm == "one_kernel" and out.dtype == np.float32:
+            if isinstance(out, np.ndarray) or all(t.data.ptr % blas.LT_ALIGN == 0 for t in (x, dz, out)):
+                blas.gemm_lt(x, dz, out, trans_a=True, tf32=self.tf32, split_k=False)
+                return
+        matmul(x, dz, out, trans_a=True, tf32=self.tf32)
+
     def backward(self, x, ws: Workspace, dx=None, accumulate: bool = False) -> None:
         B = x.shape[0] // self.rows
         y, dy = ws.rows(f"{self.name}.out", B), ws.rows(f"{self.name}.dout", B)
@@ -244,7 +272,7 @@ class Linear(Module):
         gw = self.G[f"{self.name}.weight"]
         if not side:
             self.ops.bias_act_backward(dy, y, dy, gb, self.act)
-            matmul(x, dy, self.sn["dw"] if self.spectral else gw, trans_a=True, tf32=self.tf32)
+            self._dw(x, dy, self.sn["dw"] if self.spectral else gw)
         else:
             # The dx chain only waits for dz: the activation's backward in place (act_backward;
             # nothing with the identity). dW = x^T dz feeds nothing until the optimiser, so it runs
@@ -257,7 +285,7 @@ class Linear(Module):
             if self.act != IDENTITY:
                 self.ops.act_backward(dy, y, dy, self.act)
             with self.side.fork():
-                matmul(x, dy, gw, trans_a=True, tf32=self.tf32)
+                self._dw(x, dy, gw)
                 if dx is not None:
                     self.ops.bias_act_backward(dy, y, dy, gb, IDENTITY)
             if dx is None:

@@ -79,9 +79,9 @@ class QNetwork:
         n_in: input features (the flattened window, ``window * features``).
         n_actions: actions.
         net: the :class:`cudarl.config.NetConfig` (``encoder``, ``head`` and their sizes, ``plan``,
-            ``tf32``, ``gemm``); keyword ``fields`` override it (``QNetwork(8, 3, hidden=(6,), head="iqn")``),
-            so every default is the configuration's. ``net.plan`` adds the plan head (conviction,
-            readiness ``[B, 2]``) as the extra head ``"plan"``.
+            ``tf32``, ``gemm``, ``dw_gemm``); keyword ``fields`` override it
+            (``QNetwork(8, 3, hidden=(6,), head="iqn")``), so every default is the configuration's.
+            ``net.plan`` adds the plan head (conviction, readiness ``[B, 2]``) as the extra head ``"plan"``.
         extra_heads: ``{name: make(d) -> module or None}``, more heads on ``psi [B, d]`` (an auxiliary
             signal's, :class:`cudarl.auxiliary.AuxSignal`): their outputs are ``forward()[name]``, their
             gradients ``grad_outputs()[name]``, and :meth:`backward` adds their dL/dpsi to the head's.
@@ -97,7 +97,9 @@ class QNetwork:
             buffer, not a copy) with a gradient buffer of its own: what :meth:`twin` makes.
 
     ``net.gemm`` is one of :data:`cudarl.nn.layers.GEMMS` (docs/config.md), GPU only; each new
-    workspace makes the cuBLASLt plans of its ``max_batch`` before any capture.
+    workspace makes the cuBLASLt plans of its ``max_batch`` before any capture. ``net.dw_gemm`` (one of
+    :data:`cudarl.nn.layers.DW_GEMMS`) is every layer's weight-gradient GEMM; :meth:`prepare_backward`
+    makes the plans a backward needs.
 
     Buffers: :attr:`params` and :attr:`grads`, flat ``[layout.padded_size]``; :attr:`P` and
     :attr:`G` their named views (see :mod:`cudarl.nn.params` for the layout).
@@ -144,6 +146,8 @@ class QNetwork:
         for m in self.modules:
             m.bind(self.P, self.G, xp)
         self.linears = {lin.name: lin for lin in _walk(self.modules) if isinstance(lin, Linear)}
+        for lin in self.linears.values():  # whichever module built the layer (an auxiliary head's too)
+            lin.dw_gemm = net.dw_gemm
         self._branched: list[Workspace] = []  # the workspaces whose extra heads run on a branch
         unknown = set(net.spectral) - set(self.linears)
         if unknown:
@@ -186,8 +190,9 @@ class QNetwork:
         return ws
 
     def prepare_backward(self, batch: int) -> None:
-        """Make the cuBLASLt plans of a backward over ``batch`` rows before any capture (only
-        ``gemm="cublaslt_nosplit"`` and ``"cudarl"``, whose dx falls back to it, have any; GPU)."""
+        """Make the cuBLASLt plans of a backward over ``batch`` rows before any capture (GPU; only
+        ``gemm="cublaslt_nosplit"`` and ``"cudarl"``, whose dx falls back to it, have any for dx, and
+        ``dw_gemm="one_kernel"`` for dW: :meth:`cudarl.nn.Linear.prepare_backward`)."""
         for lin in self.linears.values():
             lin.prepare_backward(batch)
 

@@ -10,10 +10,12 @@ stride, ``padded_size`` elements, is a multiple of :data:`cudarl.nn.params.ALIGN
 which :func:`cudarl.blas.gemm_lt_batched` asks of a batch so every entry keeps entry 0's plan.
 
 A forward or backward runs every member at once: each Linear's forward is one strided-batched cuBLASLt
-GEMM with its bias and activation in the epilogue, each dx one batched GEMM, and the bias/activation
+GEMM with its bias and activation in the epilogue, each dx one batched GEMM, each dW one batched GEMM
+under ``net.dw_gemm = "one_kernel"`` (a GEMM per member under ``"split_k"``), and the bias/activation
 backward and dueling kernels one launch with the member as ``blockIdx.y`` (``cuda_src/nn.cu``). Member
-``i`` of a forward or backward equals the single network with member ``i``'s parameters, bit for bit:
-each batched operation is P copies of the single operation (the NumPy twins loop over members).
+``i`` of a forward or backward equals the single network of the same configuration with member ``i``'s
+parameters, bit for bit: each batched operation is P copies of the single operation (the NumPy twins
+loop over members).
 """
 
 from __future__ import annotations
@@ -103,17 +105,18 @@ class StackedQNetwork:
 
     Plans: :meth:`new_workspace` makes the cuBLASLt plans of a forward and backward over its
     ``max_batch`` rows for an input in its ``"x"`` rows (:meth:`input`), so both can be captured
-    without an eager run; an input with other member strides makes its plan at its first eager call.
+    without an eager run; an input with other member strides makes its plan at its first eager call, or
+    before it with :meth:`prepare_input`.
 
-    The weight gradients run per member: under ``cublaslt_nosplit`` the single network's dW GEMMs are
-    cuBLAS with split-K (K is the batch; in ``Linear._dx``'s note the split pair was faster than any
-    one-kernel algorithm), which a strided-batched one-kernel GEMM cannot reproduce, so :meth:`backward`
-    calls the single network's dW GEMM for each member in turn and member ``i`` keeps the single
-    network's bits. Whether the single network's dW should move to one-kernel cuBLASLt (a one-time
-    change of its bits) so that dW batches too is decided by measurement: the single train step with
-    one-kernel dW (``tools/bench_step.py``) against today's, and the share of the stacked forward +
-    backward at P = 64 that per-member dW takes against batched one-kernel dW (``tools/bench_stacked.py``;
-    docs/perf-notes.md, "The agent axis, in stages", stage 2).
+    The weight gradients follow ``net.dw_gemm``, as the single network's do
+    (:meth:`cudarl.nn.Linear.prepare_backward`'s plans, ``Linear._dw``): under ``"one_kernel"`` the single
+    network's dW is a one-kernel cuBLASLt GEMM, so :meth:`backward` runs each layer's as one
+    :func:`cudarl.blas.gemm_lt_batched` over every member (entry ``i`` is that single GEMM bit for bit);
+    under ``"split_k"`` (the default) it is cuBLAS with split-K (K is the batch), which a batched
+    one-kernel GEMM cannot reproduce, so :meth:`backward` calls the single network's dW GEMM for each
+    member in turn. Either way member ``i`` keeps the bits of the single network with the same
+    ``dw_gemm``. What each costs: ``tools/bench_stacked.py`` (dW per member and batched, alone) and
+    ``tools/bench_step.py`` (the single step under each; docs/perf-notes.md, "The agent axis, in stages").
     """
 
     def __init__(
@@ -140,12 +143,16 @@ class StackedQNetwork:
         #: the Linear layers in forward order (the encoder's, then the head's ``va``); unbound, they
         #: describe the shapes and GEMM options
         self.linears = [m for m in _walk([self.encoder, self.head]) if isinstance(m, Linear)]
+        for lin in self.linears:  # as QNetwork sets its layers'
+            lin.dw_gemm = net.dw_gemm
         host = np.stack([self.layout.init_host(s, np.float32) for s in seeds])
         self.params = xp.asarray(host)
         self.grads = xp.zeros_like(self.params)
         self.P, self.G = self.views(self.params), self.views(self.grads)
         self.ops = family("nn", xp)
         self._sides = None  # a side stream per layer for the weight gradients (set_side_stream)
+        #: the weight gradients as one batched GEMM a layer (``net.dw_gemm = "one_kernel"``), else per member
+        self.dw_batched = net.dw_gemm == "one_kernel"
         self.ws = self.new_workspace(max_batch) if max_batch is not None else None
 
     def views(self, buf) -> dict:
@@ -198,10 +205,12 @@ class StackedQNetwork:
     def _prepare(self, ws: StackedWorkspace, B: int) -> None:
         """The batched cuBLASLt plans of a forward and backward over ``B`` rows of ``ws`` (GPU), the input's
         gradient included for a ``dx`` laid out as ``stacked_zeros(xp, P, (B, n_in))`` (a capture without an
-        eager run first found no plan for it, on an H200, 2026-12-03)."""
+        eager run first found no plan for it, on an H200, 2026-12-03), and the weight gradients' under
+        ``net.dw_gemm = "one_kernel"``."""
         dx_in = stacked_zeros(self.xp, self.members, (B, self.n_in))  # only its strides are read
         for lin, x, dx in self.layer_rows(ws, self.input(ws, B), dx_in):
             self._prepare_forward(lin, x, ws.rows(f"{lin.name}.out", B))
+            self._prepare_dw(lin, x, ws)
             if dx is not None:
                 W, dy = self.P[f"{lin.name}.weight"], ws.rows(f"{lin.name}.dout", B)
                 strides = (_elems(dy), _elems(W), _elems(dx))
@@ -216,17 +225,31 @@ class StackedQNetwork:
             batch=self.members, tf32=lin.tf32, split_k=False,
         )  # fmt: skip
 
-    def prepare_input(self, x, ws: StackedWorkspace | None = None) -> None:
+    def _prepare_dw(self, lin: Linear, x, ws: StackedWorkspace) -> None:
+        """The batched cuBLASLt plan of ``lin``'s weight gradients from its input ``x`` ``[P, B, n_in]`` and
+        the ``dout`` rows of ``ws`` (GPU; only under ``net.dw_gemm = "one_kernel"``)."""
+        if not self.dw_batched:
+            return
+        B, gw = x.shape[1], self.G[f"{lin.name}.weight"]
+        strides = (_elems(x), _elems(ws.rows(f"{lin.name}.dout", B)), _elems(gw))
+        blas.gemm_lt_prepare(
+            lin.n_in, lin.n_out, B, trans_a=True, strides=strides, batch=self.members, tf32=lin.tf32, split_k=False
+        )
+
+    def prepare_input(self, x, ws: StackedWorkspace | None = None, backward: bool = False) -> None:
         """Make the plan of a forward over ``ws`` from the input ``x`` float32 ``[P, B, n_in]`` whose member
         stride is not that of ``ws``'s ``"x"`` rows (e.g. a half of the train step's ``[P, 2B, width]``
         window pair), before any capture (GPU; nothing on NumPy): only the first layer reads ``x``, and
         :meth:`new_workspace` made the other layers' plans. A forward from ``x`` can then be captured
-        without an eager run."""
+        without an eager run; with ``backward``, a backward over ``ws`` too (the first layer's weight
+        gradients read ``x``: their plan under ``net.dw_gemm = "one_kernel"``)."""
         ws = ws or self.ws
         if isinstance(self.params, np.ndarray):
             return
         lin = self.linears[0]
         self._prepare_forward(lin, x, ws.rows(f"{lin.name}.out", x.shape[1]))
+        if backward:
+            self._prepare_dw(lin, x, ws)
 
     def forward(self, x, ws: StackedWorkspace | None = None, raw_head: bool = False):
         """x float32 ``[P, B, n_in]`` (each member's rows C-contiguous; on the GPU members a multiple of 16
@@ -260,7 +283,8 @@ class StackedQNetwork:
         :func:`cudarl.nn.params.stacked_zeros` makes it, its plan is made by :meth:`new_workspace`; another
         layout's is made at its first eager call, outside any capture). Consumes the ``dout``
         rows of ``ws``. Per layer, from the head down: the bias/activation backward (one launch for every
-        member), the weight gradient per member (see the class docstring), dx as one batched GEMM."""
+        member), the weight gradients (one batched GEMM, or one per member: ``net.dw_gemm``, see the class
+        docstring), dx as one batched GEMM."""
         ws = ws or self.ws
         if not ws.raw_head:
             self.ops.dueling_backward(ws.rows(self.head.grad_name), ws.rows(self.head.raw_grad_name()))
@@ -286,7 +310,11 @@ class StackedQNetwork:
                 blas.gemm_lt_batched(dy, self.P[f"{lin.name}.weight"], below, trans_b=True, tf32=lin.tf32)
 
     def _dw(self, lin: Linear, x, dy, gw) -> None:
-        """The weight gradients ``gw[i] = x[i]^T dy[i]``, the single network's GEMM for each member."""
+        """The weight gradients ``gw[i] = x[i]^T dy[i]``: the single network's GEMM (``net.dw_gemm``), as one
+        batched one-kernel GEMM for every member, or for each member in turn (cuBLAS's split-K)."""
+        if self.dw_batched:
+            blas.gemm_lt_batched(x, dy, gw, trans_a=True, tf32=lin.tf32)
+            return
         for i in range(self.members):
             matmul(x[i], dy[i], gw[i], trans_a=True, tf32=lin.tf32)
 

@@ -5,7 +5,9 @@ object store); the driver hands a population to each idle actor and records what
 When an actor dies (its process or node lost, or ``ray.kill``), the population it held comes back as
 ``RayActorError``; its trials were not recorded, so they go back to the queue and run on another actor,
 and the sweep's report lists what was retried. A dead actor is not replaced. Trials recorded before
-stay recorded; if every actor dies the sweep stops, and running it again resumes it.
+stay recorded; if every actor dies the sweep stops, and running it again resumes it. Populations on
+actors write no run directories (an actor's disk need not be the driver's), so a population cut there
+runs again from update 0.
 
     ray start --head                       # or a cluster: ray start --address HEAD:6379 on each node
     cudarl-train sweep SPEC.toml --ray-address HEAD:6379
@@ -41,7 +43,7 @@ class _Worker:
 
 
 class RayExecutor:
-    """Populations sharded over Ray actors.
+    """Populations sharded over Ray actors (their members keep no checkpoints: ``checkpoints = False``).
 
     ``address``: the cluster (``None``: what ``ray.init()`` finds, ``RAY_ADDRESS``, then a
     ``ray start`` of this host, else a new local instance);
@@ -65,6 +67,7 @@ class RayExecutor:
         except ImportError:
             raise SweepError("--ray needs Ray: pip install 'cudarl[cluster]'") from None
         self.ray, self.echo, self.on_dispatch = ray, echo, on_dispatch
+        self.checkpoints = False  # no run directories: a population cut on an actor restarts
         self.retried: list[dict] = []
         t0 = time.perf_counter()
         self.started_here = not ray.is_initialized()

@@ -8,6 +8,14 @@ hands each to an executor (this process, or Ray actors: :mod:`cudarl.sweep.clust
 each finished trial at once: its policy file, then its ledger entry ``trials/<key>.json`` (the entry
 is the commit; both written atomically). A sweep run again on its directory skips the trials in the
 ledger.
+
+Populations run in this process write a run directory per member, ``runs/<key>/``, with its resume
+checkpoint ``checkpoints/latest.npz`` (after each validation evaluation, and when SIGTERM or SIGINT
+stops the sweep); it is removed once the trial is in the ledger. A re-run packs all the spec's trials
+as before (so a population keeps its members and its index) and continues a cut population from its
+members' checkpoints (:func:`resume_plan`, :meth:`cudarl.population.Population.resume`, bit for bit)
+when every member has one at the same update of its trial's config; otherwise it starts that
+population over and says why.
 """
 
 from __future__ import annotations
@@ -16,15 +24,21 @@ import fcntl
 import hashlib
 import json
 import os
+import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from .. import rundir
 from ..atomic import atomic_open, remove_stale_temporaries
-from ..config import Config, resolve_for_backend
+from ..config import Config, from_dict, resolve_for_backend
 from .spec import SpecError, SweepSpec
 
 MARKER = ".cudarl-sweep"
+#: The members' run directories in a sweep directory: ``runs/<key>/``.
+RUNS = "runs"
+#: A member's resume checkpoint in its run directory.
+LATEST = Path("checkpoints") / "latest.npz"
 #: Members of a population on the CPU when the spec does not say.
 CPU_POPULATION = 4
 #: Share of the device's free memory a population may take.
@@ -117,7 +131,8 @@ def pack(trials: list[Trial], capacity, slots: int = 1) -> list[list[Trial]]:
 
 class SweepDir:
     """A sweep directory: the marker, the spec it runs, a lock held while a sweep runs in it, the
-    ledger ``trials/`` and the policies ``policies/``. Created exclusively; taken again only by the same spec."""
+    ledger ``trials/``, the policies ``policies/`` and the run directories of unfinished trials ``runs/``.
+    Created exclusively; taken again only by the same spec."""
 
     def __init__(self, path: Path, spec: SweepSpec, echo=print):
         self.path = Path(path)
@@ -190,9 +205,78 @@ class SweepDir:
             json.dump(rec, f, indent=1, allow_nan=False)
         return rec
 
+    def run_dir(self, key: str) -> Path:
+        """Where trial ``key``'s member writes its run directory: ``runs/<key>``."""
+        return self.path / RUNS / key
+
+    def remove_runs(self, keys) -> None:
+        """Remove the run directories of trials ``keys`` (those cudarl made, or empty folders)."""
+        for k in keys:
+            d = self.run_dir(k)
+            if d.is_dir() and (rundir.is_run_dir(d) or not any(d.iterdir())):
+                shutil.rmtree(d)
+        runs = self.path / RUNS
+        if runs.is_dir() and not any(runs.iterdir()):
+            runs.rmdir()
+
     def append_log(self, lines: list[str]) -> None:
         with open(self.path / "populations.log", "a") as f:
             f.writelines(x + "\n" for x in lines)
+
+
+def resume_plan(sd: SweepDir, index: int, trials: list[Trial], checkpoints: bool = True):
+    """``(paths, line)``: how population ``index`` of ``trials`` starts in sweep directory ``sd``.
+
+    ``paths``: its members' resume checkpoints (``runs/<key>/checkpoints/latest.npz``, in member order)
+    when every member has one, all at one update, each of its trial's config (``run.grid_barrier`` aside:
+    a population of several members turns it off, the same bits); then ``line`` says it resumes.
+    Otherwise ``paths`` is None and the population starts from update 0 in fresh run directories (the
+    old ones are removed); ``line`` says why when a member had left a run directory (the population was
+    cut), else it is None. ``checkpoints``: False where populations keep none (Ray actors)."""
+    dirs = [sd.run_dir(t.key) for t in trials]
+    if not any(d.exists() for d in dirs):
+        return None, None
+    paths = [d / LATEST for d in dirs]
+    step, why = (
+        _common_update(paths, trials) if checkpoints else (None, "populations on Ray actors keep no checkpoints")
+    )
+    if why is None:
+        return paths, f"resuming population {index} from update {step} (its members' checkpoints in {sd.path / RUNS})"
+    sd.remove_runs(t.key for t in trials)
+    return None, f"restarting population {index} from update 0: {why}"
+
+
+def _common_update(paths: list[Path], trials: list[Trial]) -> tuple[int | None, str | None]:
+    """``(update, None)``: every checkpoint of ``paths`` is of its trial's config and at ``update``; else
+    ``(None, why not)``."""
+    from ..checkpoint import CheckpointError
+    from ..checkpoint import load as load_checkpoint
+
+    missing = [str(i) for i, p in enumerate(paths) if not p.is_file()]
+    if missing:
+        return None, f"member(s) {', '.join(missing)} of {len(paths)} wrote no checkpoint before the sweep stopped"
+    steps = []
+    for i, (p, t) in enumerate(zip(paths, trials, strict=True)):
+        try:
+            info = load_checkpoint(p, only=("trainer/",))[1]  # the header: config and update
+        except CheckpointError as e:
+            return None, f"member {i}'s checkpoint cannot be read ({e})"
+        diff = _config_differences(from_dict(info["config"]), t.config)
+        if diff:
+            return None, f"member {i}'s checkpoint {p} is of another config than its trial's ({', '.join(diff)})"
+        steps.append(int(info["step"]))
+    if len(set(steps)) > 1:
+        return None, f"its members' checkpoints are at different updates {steps}"
+    return steps[0], None
+
+
+def _config_differences(a: Config, b: Config) -> list[str]:
+    """The ``section.field`` names where ``a`` and ``b`` differ, ``run.grid_barrier`` aside."""
+    da, db = a.to_dict(), b.to_dict()
+    for d in (da, db):
+        d["run"].pop("grid_barrier", None)
+    return [f"{s}.{k}" for s in sorted(set(da) | set(db)) for k in sorted(set(da.get(s, {})) | set(db.get(s, {})))
+            if da.get(s, {}).get(k) != db.get(s, {}).get(k)]  # fmt: skip
 
 
 def free_device_memory() -> int | None:
@@ -218,6 +302,7 @@ class LocalExecutor:
 
     gpu_free: int | None = None
     slots = 1  # populations at a time
+    checkpoints = True  # members write run directories in the sweep's runs/; a cut population resumes
 
     def __init__(self, gpu: bool):
         self.gpu = gpu

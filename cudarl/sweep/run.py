@@ -12,7 +12,7 @@ from ..config import data_options
 from ..data import load as load_bars
 from ..evaluate import json_safe
 from . import report
-from .core import LocalExecutor, SweepDir, make_trials, pack, population_capacity
+from .core import LocalExecutor, SweepDir, make_trials, pack, population_capacity, resume_plan
 from .spec import SweepSpec
 
 #: Said when sweep.png could not be drawn.
@@ -27,6 +27,10 @@ def sweep_dir_of(spec: SweepSpec, out=None) -> Path:
 
 def run_sweep(spec: SweepSpec, *, out=None, executor=None, optuna_rounds: int = 0, echo=print) -> dict:
     """Run (or resume) the sweep of ``spec``; returns the report written to ``sweep.json``.
+
+    A resume skips the trials in the ledger and continues a population cut mid-training from its
+    members' checkpoints in ``runs/`` (:func:`cudarl.sweep.core.resume_plan`: else it starts over and
+    ``echo`` says why); its trials end with the numbers of a sweep never cut.
 
     ``executor``: where populations run (default :class:`cudarl.sweep.core.LocalExecutor`, this
     process; :class:`cudarl.sweep.cluster.RayExecutor` shards them over Ray actors).
@@ -51,7 +55,7 @@ def run_sweep(spec: SweepSpec, *, out=None, executor=None, optuna_rounds: int = 
 def _sweep(spec, sd, executor, bars, optuna_rounds, echo, stop, t0) -> dict:
     """The sweep inside run_sweep's signal handling: train what is left, then report."""
     echo(f"sweep directory {sd.path}; populations run in {executor.describe()}")
-    stats = {"trained": 0, "skipped": 0, "populations": 0}
+    stats = {"trained": 0, "skipped": 0, "populations": 0, "packed": 0}
 
     def train(configurations, first_id=0):
         ts = make_trials(spec, configurations, executor.gpu, bars, first_id)
@@ -96,30 +100,49 @@ def _sweep(spec, sd, executor, bars, optuna_rounds, echo, stop, t0) -> dict:
 
 
 def _train(spec, trials, sd: SweepDir, executor, bars, echo, stats, stop) -> None:
-    """Train the trials of ``trials`` not yet in the ledger, recording each population as it ends."""
+    """Train the trials of ``trials`` not yet in the ledger, recording each population as it ends.
+
+    All of ``trials`` are packed, finished ones too, and then left out: a population keeps its index
+    and its unfinished members from one run of the sweep to the next, so a cut population continues
+    from its members' checkpoints (:func:`cudarl.sweep.core.resume_plan`) where the executor keeps them."""
     done_keys = set(sd.ledger())
+    sd.remove_runs(t.key for t in trials if t.key in done_keys)  # left by a kill after the ledger entry
     todo = [t for t in trials if t.key not in done_keys]
     skipped = len(trials) - len(todo)
     stats["skipped"] += skipped
     if skipped:
         echo(f"resuming: {skipped} of {len(trials)} trial(s) already finished in {sd.path}; skipping them")
-    if not todo:
-        return
     groups = pack(
-        todo,
+        trials,
         lambda t: population_capacity(t.config, executor.gpu, spec.population, executor.gpu_free, bars, t.splits),
         slots=executor.slots,
     )
-    base = stats["populations"]
+    base = stats["packed"]  # indices go on over Optuna's rounds, finished populations counted
+    stats["packed"] += len(groups)
+    if not todo:
+        return
     by_key = {t.key: t for t in todo}
-    jobs = [
-        {"index": base + i, "splits": g[0].splits, "trials": [t.job_entry() for t in g]} for i, g in enumerate(groups)
-    ]
+    checkpoints = getattr(executor, "checkpoints", False)
+    jobs, lines = [], []
+    for i, g in enumerate(groups):
+        members = [t for t in g if t.key not in done_keys]
+        if not members:
+            continue
+        job = {"index": base + i, "splits": g[0].splits, "trials": [t.job_entry() for t in members]}
+        paths, line = resume_plan(sd, base + i, members, checkpoints)
+        if checkpoints:
+            job["run_dirs"] = [str(sd.run_dir(t.key)) for t in members]
+            job["resume"] = None if paths is None else [str(p) for p in paths]
+        lines += [line] if line else []
+        jobs.append(job)
     echo(f"{len(todo)} trial(s) in {len(jobs)} population(s)")
+    for line in lines:
+        echo(line)
     t0 = time.perf_counter()
 
     def done(result: dict) -> None:
         recs = [sd.record(by_key[r["key"]], r, result) for r in result["results"]]
+        sd.remove_runs(r["key"] for r in recs)  # recorded: their checkpoints are not needed any more
         sd.append_log([f"[population {result['index']}] {line}" for line in result["log"]])
         stats["trained"] += len(recs)
         stats["populations"] += 1

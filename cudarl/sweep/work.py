@@ -1,8 +1,9 @@
 """The unit of work of a sweep: one population trained and evaluated, in this process or a Ray actor.
 
 :func:`run_population` is all a worker does, wherever it runs, so a trial's numbers do not depend on
-where it ran (a test holds a local sweep and a Ray sweep equal, bit for bit). It writes nothing: the
-results, and each member's policy file as bytes, go back to the sweep's driver, which records them.
+where it ran (a test holds a local sweep and a Ray sweep equal, bit for bit). It writes nothing but
+its members' run directories, when the job names them (their resume checkpoints): the results, and
+each member's policy file as bytes, go back to the sweep's driver, which records them.
 """
 
 from __future__ import annotations
@@ -45,7 +46,10 @@ def weights_digest(state) -> str:
 def run_population(job: dict, bars) -> dict:
     """Train and evaluate the population ``job`` describes; return its results.
 
-    ``job``: ``{"index": int, "splits": Splits or None, "trials": [{"key", "config": {sec: {field}}}]}``;
+    ``job``: ``{"index": int, "splits": Splits or None, "trials": [{"key", "config": {sec: {field}}}]}``,
+    optionally ``"run_dirs"`` (per member, its run directory: resume checkpoints are written there) and
+    ``"resume"`` (per member, its ``checkpoints/latest.npz``: the population continues from them,
+    :meth:`cudarl.population.Population.resume`, in those run directories);
     ``bars``: the sweep's :class:`cudarl.data.Bars`. Returns ``{"index", "results": [per trial:
     {"key", "val", "test", "step", "weights_sha256", "guard_stop", "policy": bytes}], "log": [lines], "worker",
     "wall_s"}``.
@@ -57,7 +61,13 @@ def run_population(job: dict, bars) -> dict:
     t0 = time.perf_counter()
     log: list[str] = []
     cfgs = [from_dict(t["config"]) for t in job["trials"]]
-    pop = Population(cfgs, bars=bars, splits=job["splits"], run_dirs=[False] * len(cfgs), echo=log.append)
+    if job.get("resume"):
+        pop = Population.resume(job["resume"], bars=bars, splits=job["splits"], echo=log.append)
+    else:
+        dirs = [Path(d) for d in job["run_dirs"]] if job.get("run_dirs") else [False] * len(cfgs)
+        pop = Population(cfgs, bars=bars, splits=job["splits"], run_dirs=dirs, echo=log.append)
+    for m in pop.members:
+        m.plot_evaluations = False  # equity.png: half a second of CPU an evaluation, for a folder soon removed
     runs = pop.run()
     val, test = pop.evaluate("val"), pop.evaluate("test")
     results = []

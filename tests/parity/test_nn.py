@@ -725,6 +725,69 @@ def test_agent_builds_its_networks_with_the_configured_gemm():
         assert {lin.gemm for lin in net.linears.values()} == {"cublaslt"}
 
 
+# --- net.dw_gemm: the weight gradients' GEMM algorithm --------------------------------------------------
+def _dw_calls(monkeypatch) -> list:
+    """Record ``(out.shape, split_k)`` of every ``blas.gemm_lt`` call with ``trans_a`` (a weight gradient)."""
+    from cudarl import blas
+
+    calls, gemm_lt = [], blas.gemm_lt
+
+    def spy(a, b, out, **kw):
+        if kw.get("trans_a"):
+            calls.append((tuple(out.shape), kw.get("split_k", True)))
+        return gemm_lt(a, b, out, **kw)
+
+    monkeypatch.setattr(blas, "gemm_lt", spy)
+    return calls
+
+
+@pytest.mark.parametrize("head", ["c51", "iqn"])
+def test_dw_gemm_reaches_every_linear_and_numpy_computes_the_same(rng, monkeypatch, head):
+    """net.dw_gemm = "one_kernel" sets every layer's weight-gradient GEMM (the plan head's, and a twin's),
+    whose float32 backward calls gemm_lt(trans_a, split_k=False) once a layer; on NumPy that is the same
+    product as the default's cuBLAS call, so the gradients are the default's bit for bit. A float64
+    network (gradient checks) keeps matmul."""
+    from cudarl.nn import QNetwork
+
+    calls = _dw_calls(monkeypatch)
+    kw = dict(hidden=(6, 5), head=head, plan=True, atoms=5, n_quantiles=4, n_cos=8, max_batch=3, seed=4)
+    one, base = QNetwork(8, 3, dw_gemm="one_kernel", **kw), QNetwork(8, 3, **kw)
+    assert base.config.dw_gemm == "split_k" and {lin.dw_gemm for lin in base.linears.values()} == {"split_k"}
+    for net in (one, one.twin()):
+        assert {lin.dw_gemm for lin in net.linears.values()} == {"one_kernel"}
+    one.prepare_backward(3)  # nothing to make on NumPy
+    x = rng.standard_normal((3, 8)).astype(np.float32)
+    tau = {"tau": rng.uniform(size=(3, 4)).astype(np.float32)} if head == "iqn" else {}
+    d = rng.standard_normal(base.forward_shape(3)).astype(np.float32)
+    dp = rng.standard_normal((3, 2)).astype(np.float32)
+    for net in (one, base):
+        net.forward(x, **tau)
+        _set_grad_outputs(net, d, dp)
+        net.backward()
+    assert_bitwise(one.grads, base.grads, what="one-kernel dW vs split-K dW on NumPy")
+    want = sorted(((lin.n_in, lin.n_out), False) for lin in one.linears.values())
+    assert sorted(calls) == want, "one gemm_lt(trans_a, split_k=False) a layer, nothing else"
+    calls.clear()
+    f64 = QNetwork(8, 3, dw_gemm="one_kernel", dtype=np.float64, **kw)
+    f64.forward(x.astype(np.float64), **{k: v.astype(np.float64) for k, v in tau.items()})
+    _set_grad_outputs(f64, d, dp)
+    f64.backward()
+    assert calls == [] and np.all(np.isfinite(f64.grads))
+
+
+def test_dw_gemm_is_validated():
+    from cudarl.config import ConfigError, NetConfig, from_dict
+    from cudarl.nn.layers import Linear
+
+    with pytest.raises(ConfigError, match=r"net: dw_gemm must be one of \['split_k', 'one_kernel'\], got 'splitk'"):
+        NetConfig(dw_gemm="splitk")
+    with pytest.raises(ConfigError, match="dw_gemm must be one of"):
+        from_dict({"net": {"dw_gemm": "batched"}})
+    with pytest.raises(ValueError, match="dw_gemm 'x' not in"):
+        Linear("l", 4, 3, dw_gemm="x")
+    assert from_dict({"net": {"dw_gemm": "one_kernel"}}).net.dw_gemm == "one_kernel"
+
+
 def _gemm_pair(cp, head, layernorm, B, spectral=(), seed=3, gemm="cublaslt"):
     """The same network (same seed, same parameters) with ``gemm`` and with the default; the first
     has its backward's plans made too (``cublaslt_nosplit``)."""
@@ -811,6 +874,51 @@ def test_gpu_qnetwork_gemm_option_captures_before_any_eager_run(cp, rng, head, l
     graphed = {"q": outs["q"].get(), "plan": outs["plan"].get(), "grads": lt.grads.get()}
     assert_parity(graphed["q"], base.forward(x)["q"].get(), rtol=1e-5, what="graphed cuBLASLt q vs default network")
     _rerun_bitwise(cp, g.run_eager, lt, outs, graphed, "eager (after the graph) vs graphed:")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dw_gemm", ["split_k", "one_kernel"])
+def test_gpu_dw_gemm_is_the_weight_gradients_gemm_and_captures_before_any_eager_run(cp, rng, dw_gemm):
+    """The reference network with the plan head (66 inputs, 256-256, 51 atoms, batch 512): forward and
+    backward captured before any eager run (prepare_backward made the dW plans), the replay equal to a
+    later eager run bit for bit. Under "one_kernel" each layer's weight gradient is, bit for bit,
+    blas.gemm_lt(x, dz, trans_a=True, split_k=False) on the backward's own operands (its input rows and
+    the dz its dout rows hold after the backward), and the gradients match the default (split-K)
+    network's to rel. error <= 1e-5; under "split_k" they are the default network's bit for bit."""
+    from cudarl import blas
+    from cudarl.graph import StepGraph
+    from cudarl.nn import QNetwork
+
+    B = 512
+    kw = dict(hidden=(256, 256), plan=True, atoms=51, max_batch=B, seed=5, xp=cp)
+    net, base = QNetwork(66, 3, dw_gemm=dw_gemm, **kw), QNetwork(66, 3, **kw)
+    net.prepare_backward(B)
+    x = cp.asarray(rng.standard_normal((B, 66)).astype(np.float32))
+    gq = cp.asarray(rng.standard_normal(net.forward_shape(B)).astype(np.float32))
+    gp = cp.asarray(rng.standard_normal((B, 2)).astype(np.float32))
+    outs = {}
+    cp.cuda.Device().synchronize()
+    g = StepGraph(f"nn_dw_{dw_gemm}", [("fwd_bwd", _fwd_bwd(cp, net, x, gq, gp, outs))], xp=cp)
+    g.capture()  # no eager run before: the plans come from new_workspace and prepare_backward
+    g.replay()
+    g.synchronize()
+    graphed = {"q": outs["q"].get(), "plan": outs["plan"].get(), "grads": net.grads.get()}
+    psi = net.ws.rows("enc.1.out", B)
+    inputs = {"enc.0": x, "enc.1": net.ws.rows("enc.0.out", B), "head.va": psi, "plan.lin": psi}
+    assert set(inputs) == set(net.linears)
+    if dw_gemm == "one_kernel":
+        for name, xin in inputs.items():
+            want = cp.full(net.G[f"{name}.weight"].shape, np.nan, np.float32)
+            blas.gemm_lt(xin, net.ws.rows(f"{name}.dout", B), want, trans_a=True, split_k=False)
+            assert_bitwise(net.G[f"{name}.weight"], want, what=f"{name}: dW against one one-kernel cuBLASLt GEMM")
+    base.forward(x)
+    _set_grad_outputs(base, gq, gp)
+    base.backward(x)
+    if dw_gemm == "split_k":
+        assert_bitwise(graphed["grads"], base.grads.get(), what="split-K dW vs the default network")
+    else:
+        assert_parity(graphed["grads"], base.grads.get(), rtol=1e-5, what="one-kernel dW vs split-K dW")
+    _rerun_bitwise(cp, g.run_eager, net, outs, graphed, f"dw_gemm {dw_gemm}: eager (after the graph) vs graphed:")
 
 
 @pytest.mark.gpu

@@ -27,6 +27,7 @@ JOINED_ROWS = {
     "memory per agent (tracemalloc, NumPy backend)": "MiB",
     "replay memory per agent": "MiB",
     "optimiser": "",
+    "weight gradients (net.dw_gemm)": "",
     "every member's loss finite": "",
 }
 
@@ -55,6 +56,30 @@ def test_joined_arm_rows_on_numpy():
     assert not [r for r in rows if r["case"] != CASE], "a size the learner builds writes no failure or refusal"
     assert sorted(extra["joined_fp32"]["step_us"]) == [1, 3]
     assert extra["joined_fp32"]["grid_barrier"] == {1: True, 3: True}
+    assert {m["weight gradients (net.dw_gemm)"]["value"] for m in sizes.values()} == {
+        "split_k: a GEMM per member a layer"
+    }
+
+
+def test_joined_onekernel_arm_rows_on_numpy():
+    """The joined arm with net.dw_gemm = "one_kernel": cases and JSON of their own, a row saying so, and its
+    speed-up over the split-K arm."""
+    rows, extra = [], {}
+    args = argparse.Namespace(repeats=1)
+    got = bp.joined_arm(False, (1, 3), args, rows, extra, None, device="cpu", dw_gemm="one_kernel")
+    case = "cudarl joined (agent axis), one-kernel dW, FP32"
+    sizes = _by_size(rows, case)
+    assert sorted(got) == sorted(sizes) == [1, 3]
+    assert not [r for r in rows if r["case"] != case]
+    for metrics in sizes.values():
+        assert {m: r["unit"] for m, r in metrics.items()} == JOINED_ROWS
+        assert metrics["weight gradients (net.dw_gemm)"]["value"] == "one_kernel: one batched GEMM a layer"
+        assert metrics["every member's loss finite"]["value"] is True
+    assert sorted(extra["joined_onekernel_fp32"]["step_us"]) == [1, 3] and "joined_fp32" not in extra
+    dw = bp.dw_rows("FP32", {1: 30.0, 64: 3000.0}, {64: 1500.0, 8: 5.0})
+    assert [(r["case"], r["metric"], r["value"]) for r in dw] == [
+        ("cudarl joined, one-kernel dW vs split-K dW, FP32", "P=64: speed-up (split-K dW / one-kernel dW)", 2.0)
+    ]
 
 
 def test_joined_arm_records_a_refusal_as_rows(monkeypatch):
@@ -81,6 +106,8 @@ def test_ratio_rows_against_the_other_arms():
     }
     tf32 = bp.ratio_rows("TF32", {64: 100.0}, {}, {64: 400.0}, None)
     assert [(r["metric"], r["target"]) for r in tf32] == [("P=64: speed-up (vmap / joined)", "")]
+    one = bp.ratio_rows("FP32", {64: 100.0}, {64: 300.0}, {}, None, "one-kernel dW")
+    assert [r["case"] for r in one] == ["cudarl joined, one-kernel dW vs branches, FP32"]
 
 
 def test_bench_population_cpu_runs_the_joined_arm(tmp_path):
@@ -89,7 +116,7 @@ def test_bench_population_cpu_runs_the_joined_arm(tmp_path):
     r = subprocess.run([*cmd, "--out", str(out)], capture_output=True, text=True, cwd=tmp_path, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
     rep = json.loads(out.read_text())
-    assert rep["benchmark"] == "bench_population" and rep["arms"] == ["joined"]
+    assert rep["benchmark"] == "bench_population" and rep["arms"] == ["joined", "joined-onekernel"]
     sizes = _by_size(rep["rows"])
     assert sorted(sizes) == list(bp.CPU_SIZES)
     assert all({m: x["unit"] for m, x in metrics.items()} == JOINED_ROWS for metrics in sizes.values())
@@ -102,7 +129,7 @@ def test_bench_population_cpu_runs_the_joined_arm(tmp_path):
     assert bad.returncode == 2 and "arms" in bad.stderr
 
 
-@pytest.mark.parametrize("text", ["joined", "vmap,joined", "joined,joined,branches"])
+@pytest.mark.parametrize("text", ["joined", "vmap,joined", "joined,joined,branches", "joined,joined-onekernel"])
 def test_arms_option(text):
     got = bp._arms(text)
     assert set(got) <= set(bp.ARMS) and len(got) == len(set(got))

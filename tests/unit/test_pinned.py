@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 
+from cudarl.backend import to_numpy
 from cudarl.pinned import DeviceScalars, PinnedReadback, ReadbackError
 
 
@@ -57,6 +58,33 @@ def test_gpu_readback_never_older_than_its_writer(cp):
         ops.spin_then_write(r.device, float(i), 100_000_000, stream=s)  # ~50 ms at ~2 GHz
         r.mark_written(s)
         assert r.read()[0] == float(i)
+
+
+def _fresh_rings_are_zero(xp, rounds: int = 32) -> None:
+    """Rings of the train step's sizes (the Q statistics of 1 and 3 members, the loss ring), each
+    allocated ``rounds`` times after as many of its size were filled with NaN and freed: every value of
+    every slot of a new ring has all bits zero, on the host and through the device pointer."""
+    for n, slots in ((8, 2), (24, 2), (2, 2), (12, 1)):
+        dirty = [PinnedReadback(n, np.float32, xp, slots=slots) for _ in range(rounds)]
+        for r in dirty:
+            r.host[...] = np.nan
+        del dirty, r  # freed: a small cudaHostAlloc block is handed out again
+        for r in [PinnedReadback(n, np.float32, xp, slots=slots) for _ in range(rounds)]:
+            for what, values in (("host", r.host), ("device", np.asarray(to_numpy(r.device)))):
+                bits = values.view(np.uint32)
+                assert not bits.any(), f"a fresh [{slots} x {n}] ring's {what} values are not zero: {values}"
+
+
+def test_readback_starts_zeroed():
+    _fresh_rings_are_zero(np)
+
+
+@pytest.mark.gpu
+def test_gpu_readback_starts_zeroed_over_reused_memory(cp):
+    """cudaHostAlloc does not clear what it hands out, and a small block freed is handed out again:
+    without the ring's own zeroing a population's Q statistics ring held stale statistics in a slot no
+    update had written, and the bitwise member-against-agent test failed there."""
+    _fresh_rings_are_zero(cp)
 
 
 @pytest.mark.gpu

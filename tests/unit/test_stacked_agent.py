@@ -6,9 +6,10 @@ priorities, sampled rows and weights, grad norm, PopArt's statistics, the Q stat
 rings and the sum trees.
 
 CPU (NumPy backend): P = 1 and 3, PopArt on and off, one launch and three for the optimiser and the
-PopArt loss (``run.grid_barrier``), a clip that acts, shrink-and-perturb. GPU (marked): the reference
-sizes (66 inputs, 256-256, 51 atoms, batch 512) at P = 1, 3, 64 (at 64, three members against singles),
-and a captured step against the eager one, bit for bit.
+PopArt loss (``run.grid_barrier``), a clip that acts, shrink-and-perturb, and ``net.dw_gemm =
+"one_kernel"`` (read by the learner and the agents alike). GPU (marked): the reference sizes (66 inputs,
+256-256, 51 atoms, batch 512) at P = 1, 3, 64 (at 64, three members against singles), under each
+``net.dw_gemm`` at P = 3 and 64, and a captured step against the eager one, bit for bit.
 """
 
 from dataclasses import replace
@@ -130,6 +131,8 @@ def _assert_member_is_agent(learner, replay, i, agent, single_replay, what):
         pairs.append(("PopArt beta", L.popart.scalars.view("beta")[i : i + 1], a.popart.scalars.view("beta")))
     for name, got, want in pairs:
         assert_bitwise(to_numpy(got), to_numpy(want), what=f"{w}: {name}")
+    # whole rings, the slots no update has written yet included: zero on both sides (PinnedReadback zeroes
+    # its memory), so a write into another member's or another slot's place shows here
     n = a.stats.n
     ring = to_numpy(L.stats_ring.device).reshape(-1, L.members, n)[:, i]
     assert_bitwise(ring.reshape(-1), to_numpy(a.stats.ring.device), what=f"{w}: published Q statistics")
@@ -186,6 +189,34 @@ def test_members_are_single_agents_bitwise(rng, P, over):
         assert np.all(learner.popart.statistics()[0] != 0.0), "PopArt's statistics moved"
 
 
+@pytest.mark.parametrize("P", [1, 3])
+def test_members_are_single_agents_bitwise_with_one_kernel_weight_gradients(rng, monkeypatch, P):
+    """net.dw_gemm = "one_kernel" is read by both: each update the learner runs each layer's weight
+    gradients as one gemm_lt_batched(trans_a) over its members, each agent as one gemm_lt(trans_a,
+    split_k=False) a layer; member i still equals agent i bit for bit (on NumPy both are the same product
+    as the default's)."""
+    from cudarl import blas
+
+    calls = {"gemm_lt_batched": 0, "gemm_lt": 0}
+
+    def spy(name, f):
+        def counted(*args, **kw):
+            if kw.get("trans_a"):
+                assert kw.get("split_k", False) is False, "a weight gradient with split-K under one_kernel"
+                calls[name] += 1
+            return f(*args, **kw)
+
+        return counted
+
+    for name in calls:
+        monkeypatch.setattr(blas, name, spy(name, getattr(blas, name)))
+    cfg = _config(net={"dw_gemm": "one_kernel"})
+    updates = 4
+    learner = _run_and_compare(np, cfg, P, _seeds(rng, P), list(range(P)), rng, updates=updates)
+    layers = len(learner.online.linears)
+    assert calls == {"gemm_lt_batched": updates * layers, "gemm_lt": updates * layers * P}
+
+
 def test_members_with_a_window_of_bars_and_n_step_one(rng):
     cfg = _config(replay={"n_step": 1}, net={"window": 3, "hidden": [16]})
     _run_and_compare(np, cfg, 3, _seeds(rng, 3), [0, 1, 2], rng, updates=4, window=3)
@@ -231,11 +262,11 @@ def test_published_reads_every_members_loss_and_statistics(rng):
 
 
 # --- GPU ------------------------------------------------------------------------------------------------
-def _reference_cfg(**over):
+def _reference_cfg(net=None, **over):
     """The reference workload's learner (64 features + 2 of position, 256-256, 51 atoms, batch 512),
-    its replay small."""
+    its replay small; ``net`` overrides its net section."""
     return _config(
-        net={"hidden": [256, 256], "atoms": 51},
+        net={"hidden": [256, 256], "atoms": 51, **(net or {})},
         agent={"batch_size": 512, "popart_warmup": 4},
         replay={"capacity": 4096},
         **over,
@@ -251,15 +282,29 @@ def test_gpu_members_are_single_agents_bitwise(cp, rng, P, members):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("P, members", [(3, [0, 1, 2]), (64, [0, 37, 63])])
+def test_gpu_members_are_single_agents_bitwise_with_one_kernel_weight_gradients(cp, rng, P, members):
+    """net.dw_gemm = "one_kernel" for the learner and the agents: each layer's weight gradients one batched
+    one-kernel cuBLASLt GEMM over the members against each agent's one-kernel GEMM; every graph captured
+    before any eager run (the plans: StackedQNetwork.new_workspace and prepare_input(backward=True),
+    Agent's prepare_backward); member ``i`` against its agent after each update."""
+    sync = cp.cuda.Device().synchronize
+    cfg = _reference_cfg(net={"dw_gemm": "one_kernel"})
+    _run_and_compare(cp, cfg, P, _seeds(rng, P), members, rng, 6, features=64, sync=sync)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("P", [3, 64])
-def test_gpu_stacked_step_graphed_equals_eager(cp, P):
+@pytest.mark.parametrize("dw_gemm", ["split_k", "one_kernel"])
+def test_gpu_stacked_step_graphed_equals_eager(cp, P, dw_gemm):
     """Two learners of the same seeds and rows: one captured before any eager run and replayed, one run
     eagerly; every member buffer equal after each update, bit for bit."""
-    cfg, seeds = _reference_cfg(), _seeds(np.random.default_rng(11), P)
+    cfg, seeds = _reference_cfg(net={"dw_gemm": dw_gemm}), _seeds(np.random.default_rng(11), P)
     runs = []
     for _ in range(2):
         learner, replay, _, _, win = _build(cp, cfg, P, seeds, [], np.random.default_rng(5), features=64)
-        runs.append((learner, replay, StepGraph(f"train_stacked_{P}", learner.train_phases(replay, win), xp=cp)))
+        graph = StepGraph(f"train_stacked_{P}_{dw_gemm}", learner.train_phases(replay, win), xp=cp)
+        runs.append((learner, replay, graph))
     runs[0][2].capture()
     for step in range(1, 6):
         for k, (learner, _, g) in enumerate(runs):

@@ -3,7 +3,8 @@
 Member ``i`` of a stacked forward and backward is the single ``QNetwork`` with member ``i``'s parameters,
 bit for bit: on the CPU at P = 1 and 3 (the twins loop over members), on the GPU at P = 1, 3 and 64
 (batched cuBLASLt GEMMs and the member-axis kernels against P single networks), and a captured stacked
-forward + backward replays the eager run's bits.
+forward + backward replays the eager run's bits; under each ``net.dw_gemm`` (the weight gradients per
+member with split-K, or one batched one-kernel GEMM a layer), against single networks of the same.
 """
 
 import numpy as np
@@ -90,19 +91,21 @@ def test_member_rows_are_single_network_buffers():
 @pytest.mark.parametrize("P", [1, 3])
 @pytest.mark.parametrize("raw_head", [False, True])
 @pytest.mark.parametrize("with_dx", [False, True])
-def test_members_equal_single_networks(rng, P, raw_head, with_dx):
-    stacked, singles = _stacked_and_singles(np, P, 10, 9, SMALL)
+@pytest.mark.parametrize("dw_gemm", ["split_k", "one_kernel"])
+def test_members_equal_single_networks(rng, P, raw_head, with_dx, dw_gemm):
+    stacked, singles = _stacked_and_singles(np, P, 10, 9, {**SMALL, "dw_gemm": dw_gemm})
     _assert_members_are_singles(np, rng, stacked, singles, B=7, raw_head=raw_head, with_dx=with_dx)
 
 
 @pytest.mark.parametrize("P", [1, 3])
 @pytest.mark.parametrize("with_dx", [False, True])
-def test_weight_gradients_on_branches_keep_the_bits(rng, P, with_dx):
+@pytest.mark.parametrize("dw_gemm", ["split_k", "one_kernel"])
+def test_weight_gradients_on_branches_keep_the_bits(rng, P, with_dx, dw_gemm):
     """With a side stream per layer (the train step's: dW and the bias sums beside the dx chain), member
     i still equals the single network on one stream, and the one with its layers' branches."""
     from cudarl.graph import SideStream
 
-    stacked, singles = _stacked_and_singles(np, P, 10, 9, SMALL)
+    stacked, singles = _stacked_and_singles(np, P, 10, 9, {**SMALL, "dw_gemm": dw_gemm})
     sides = [SideStream(np) for _ in stacked.linears]
     stacked.set_side_stream(sides)
     _assert_members_are_singles(np, rng, stacked, singles, B=7, raw_head=True, with_dx=with_dx, sides=sides)
@@ -111,6 +114,39 @@ def test_weight_gradients_on_branches_keep_the_bits(rng, P, with_dx):
     _assert_members_are_singles(np, rng, stacked, singles, B=7, raw_head=True, with_dx=with_dx, sides=sides)
     with pytest.raises(ValueError, match="2 side streams for 3 layers"):
         stacked.set_side_stream([SideStream(np)] * 2)
+
+
+@pytest.mark.parametrize("dw_gemm", ["split_k", "one_kernel"])
+def test_dw_gemm_picks_one_batched_gemm_a_layer_or_one_per_member(rng, monkeypatch, dw_gemm):
+    """The stacked backward reads net.dw_gemm as the single network does: "one_kernel", each layer's weight
+    gradients one gemm_lt_batched(trans_a) over every member and no per-member GEMM; "split_k", P
+    cuBLAS GEMMs a layer (the single network's matmul) and no batched one."""
+    from cudarl import blas
+    from cudarl.nn import stacked as stacked_mod
+
+    calls = {"batched": [], "per member": []}
+    batched, matmul = blas.gemm_lt_batched, stacked_mod.matmul
+
+    def spy_batched(a, b, out, **kw):
+        if kw.get("trans_a"):
+            calls["batched"].append(tuple(out.shape))
+        return batched(a, b, out, **kw)
+
+    def spy_matmul(a, b, out, **kw):
+        calls["per member"].append(tuple(out.shape))
+        return matmul(a, b, out, **kw)
+
+    monkeypatch.setattr(blas, "gemm_lt_batched", spy_batched)
+    monkeypatch.setattr(stacked_mod, "matmul", spy_matmul)
+    P = 3
+    stacked, singles = _stacked_and_singles(np, P, 10, 9, {**SMALL, "dw_gemm": dw_gemm})
+    assert stacked.dw_batched == (dw_gemm == "one_kernel")
+    _assert_members_are_singles(np, rng, stacked, singles, B=7)
+    shapes = [(lin.n_in, lin.n_out) for lin in reversed(stacked.linears)]  # the backward's order
+    if dw_gemm == "one_kernel":
+        assert calls == {"batched": [(P, *s) for s in shapes], "per member": []}
+    else:
+        assert calls == {"batched": [], "per member": [s for s in shapes for _ in range(P)]}
 
 
 def test_members_stay_single_networks_over_a_second_batch(rng):
@@ -143,12 +179,24 @@ def test_workspace_rows_are_members_of_single_rows():
 # --- GPU -------------------------------------------------------------------------------------------------
 @pytest.mark.gpu
 @pytest.mark.parametrize(
-    "P,B,tf32", [(1, 512, False), (3, 7, False), (3, 512, False), (3, 512, True), (64, 512, False)]
+    "P,B,tf32,dw_gemm",
+    [
+        (1, 512, False, "split_k"),
+        (3, 7, False, "split_k"),
+        (3, 512, False, "split_k"),
+        (3, 512, True, "split_k"),
+        (64, 512, False, "split_k"),
+        (1, 512, False, "one_kernel"),
+        (3, 7, False, "one_kernel"),
+        (3, 512, True, "one_kernel"),
+        (64, 512, False, "one_kernel"),
+    ],
 )
-def test_gpu_members_equal_single_networks_bitwise(cp, rng, P, B, tf32):
+def test_gpu_members_equal_single_networks_bitwise(cp, rng, P, B, tf32, dw_gemm):
     """The reference network (66 inputs: 64 features + 2 of position; 256-256; 51 atoms): batched
-    cuBLASLt forwards and dx, per-member cuBLAS dW, the member-axis kernels, against P single networks."""
-    stacked, singles = _stacked_and_singles(cp, P, 66, 512, {**REFERENCE, "tf32": tf32})
+    cuBLASLt forwards and dx, dW per member (cuBLAS split-K) or batched (one-kernel cuBLASLt), the
+    member-axis kernels, against P single networks of the same dw_gemm."""
+    stacked, singles = _stacked_and_singles(cp, P, 66, 512, {**REFERENCE, "tf32": tf32, "dw_gemm": dw_gemm})
     _assert_members_are_singles(cp, rng, stacked, singles, B=B)
     if P == 3 and B == 512 and not tf32:
         _assert_members_are_singles(cp, rng, stacked, singles, B=B, raw_head=True, with_dx=False)
@@ -156,12 +204,14 @@ def test_gpu_members_equal_single_networks_bitwise(cp, rng, P, B, tf32):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("P", [3, 64])
-def test_gpu_weight_gradients_on_branches_keep_the_bits(cp, rng, P):
+@pytest.mark.parametrize("dw_gemm", ["split_k", "one_kernel"])
+def test_gpu_weight_gradients_on_branches_keep_the_bits(cp, rng, P, dw_gemm):
     """The weight gradients of every layer on a branch of its own (the train step's), eager: member i
-    equals the single network on one stream."""
+    equals the single network of the same dw_gemm on one stream ("one_kernel": one batched GEMM a layer
+    against each single network's one-kernel cuBLASLt GEMM)."""
     from cudarl.graph import SideStream
 
-    stacked, singles = _stacked_and_singles(cp, P, 66, 512, REFERENCE)
+    stacked, singles = _stacked_and_singles(cp, P, 66, 512, {**REFERENCE, "dw_gemm": dw_gemm})
     sides = [SideStream(cp) for _ in stacked.linears]
     stacked.set_side_stream(sides)
     _assert_members_are_singles(cp, rng, stacked, singles, B=512, raw_head=True, with_dx=True, sides=sides)
@@ -169,13 +219,15 @@ def test_gpu_weight_gradients_on_branches_keep_the_bits(cp, rng, P):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("P", [3, 64])
-def test_gpu_stacked_graphed_equals_eager_bitwise(cp, rng, P):
-    """One stacked forward + backward captured before any eager run (the plans come from new_workspace):
-    the replay and a later eager run give the same logits, gradients and dx, bit for bit."""
+@pytest.mark.parametrize("dw_gemm", ["split_k", "one_kernel"])
+def test_gpu_stacked_graphed_equals_eager_bitwise(cp, rng, P, dw_gemm):
+    """One stacked forward + backward captured before any eager run (the plans come from new_workspace,
+    the batched dW's under "one_kernel" too): the replay and a later eager run give the same logits,
+    gradients and dx, bit for bit."""
     from cudarl.graph import StepGraph
 
     B = 512
-    stacked = StackedQNetwork(66, N_ACTIONS, members=P, xp=cp, max_batch=B, **REFERENCE)
+    stacked = StackedQNetwork(66, N_ACTIONS, members=P, xp=cp, max_batch=B, dw_gemm=dw_gemm, **REFERENCE)
     x = stacked.input()
     x[...] = cp.asarray(rng.standard_normal(x.shape).astype(np.float32))
     g = cp.asarray(rng.standard_normal((P, B, N_ACTIONS, REFERENCE["atoms"])).astype(np.float32))
@@ -187,7 +239,7 @@ def test_gpu_stacked_graphed_equals_eager_bitwise(cp, rng, P):
         cp.copyto(stacked.grad_output(), g)  # a device-to-device copy, no allocation
         stacked.backward(dx=dx)
 
-    graph = StepGraph(f"stacked_net_{P}", [("fwd_bwd", step)], xp=cp)
+    graph = StepGraph(f"stacked_net_{P}_{dw_gemm}", [("fwd_bwd", step)], xp=cp)
     graph.capture()
     results = {}
     for what, run in (("graphed", graph.replay), ("eager", graph.run_eager)):

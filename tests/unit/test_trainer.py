@@ -135,6 +135,17 @@ def gpu_small(**over):
     return small(**base)
 
 
+def test_the_networks_and_auxiliary_layers_take_the_configured_dw_gemm():
+    """net.dw_gemm reaches the agent's online and target networks (an auxiliary head among their layers)
+    and the layers an auxiliary signal builds outside them (denoise's encoder and decoder)."""
+    t = Trainer(small(net={"dw_gemm": "one_kernel"}, agent={"aux": ["horizons", "denoise"]}), run_dir=False)
+    a = t.agent
+    assert "aux.horizons" in a.online.linears
+    denoise = next(s for s in a.aux if s.name == "denoise")
+    layers = [*a.online.linears.values(), *a.target.linears.values(), denoise.dec, *denoise.enc.children]
+    assert {lin.dw_gemm for lin in layers if hasattr(lin, "dw_gemm")} == {"one_kernel"}
+
+
 @pytest.mark.gpu
 def test_gpu_same_seed_runs_are_bitwise_identical():
     a = Trainer(gpu_small(), run_dir=False, echo=lambda m: None)
@@ -156,6 +167,40 @@ def test_gpu_graphed_step_equals_eager_step():
     assert g.losses == e.losses
     assert np.array_equal(g.agent.online.params.get(), e.agent.online.params.get())
     assert np.array_equal(g.replay.priorities(), e.replay.priorities())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dw_gemm", ["split_k", "one_kernel"])
+def test_gpu_dw_gemm_picks_the_train_graphs_weight_gradients_and_graphed_equals_eager(dw_gemm):
+    """net.dw_gemm in the trainer's train graph, captured without an eager step (Agent's prepare_backward
+    made the one-kernel plans): each layer's weight gradient (m, n, k) = (n_in, n_out, batch) is a cuBLAS
+    GEMM under "split_k" and a cuBLASLt one under "one_kernel"; either trains
+    (finite losses) and the graphed run equals the eager one bit for bit."""
+    from cudarl import kernels
+
+    over = {"net": {"dw_gemm": dw_gemm}}
+    g = Trainer(gpu_small(**over), run_dir=False, echo=lambda m: None)
+    e = Trainer(gpu_small(**over), run_dir=False, echo=lambda m: None)
+    with kernels.tracing() as events:  # the train graph's capture, in this thread
+        g.train_graph.capture()
+    B = g.cfg.agent.batch_size
+    dw = {(lin.n_in, lin.n_out, B * lin.rows) for lin in g.agent.online.linears.values()}
+    shapes = {}
+    for ev in events:
+        if ev.get("kind") == "library":
+            shapes.setdefault(ev["name"], set()).add((ev["m"], ev["n"], ev["k"]))
+    cublas, lt = shapes.get("cublas_sgemm", set()), shapes.get("cublaslt_matmul", set())
+    if dw_gemm == "split_k":
+        assert dw <= cublas and not dw & lt, shapes
+    else:
+        assert dw <= lt and not dw & cublas, shapes
+    e.collect_graph.replay = e.collect_graph.run_eager  # the same phases, launched one by one
+    e.train_graph.replay = e.train_graph.run_eager
+    g.run(40)
+    e.run(40)
+    assert len(g.losses) == 40 and np.all(np.isfinite(g.losses))
+    assert g.losses == e.losses
+    assert np.array_equal(g.agent.online.params.get(), e.agent.online.params.get())
 
 
 def unfuse(t: Trainer) -> None:
