@@ -18,7 +18,7 @@
 // (gridDim.y = 1, mb = 0: every offset zero) is the single launch. The by-value constants (betas,
 // eps, wd, max_norm) are one value for every member of a launch; lr_schedule_members and
 // tau_schedule_members take each member's schedule as [P] arrays of the by-value types (members whose
-// learning rate or tau schedules differ: docs/perf-notes.md, "Per-member settings").
+// learning rate or tau schedules differ: docs/perf-notes.md, "The agent axis, in stages", 6c).
 #include <cudarl/philox.cuh>
 #include <cudarl/reduce.cuh>
 

@@ -29,7 +29,10 @@ member (a loop of the single agent's split-K cuBLAS GEMM, which a batched GEMM d
 Either way each layer's dW runs on that layer's branch, as the single agent's one GEMM. Still per
 member: shrink-and-perturb between updates (``optim.shrink_every``). The statistics' publish
 is one launch over the ``[P, n]`` statistics with member 0's step counter naming the ring slot: the
-members' counters advance together (one ``lr_schedule`` launch for all), so it is every member's slot.
+members' counters advance together (one ``lr_schedule_members`` launch for all), so it is every member's slot.
+Members may differ in the settings of :data:`MEMBER_SETTINGS` (``configs``): each a ``[P]`` device array
+read by a ``_members`` kernel (the single kernel's body with member ``i``'s value) or host work done member
+by member (docs/perf-notes.md, "The agent axis, in stages", 6c).
 The collect step (stage 6b), :meth:`StackedLearner.collect_phases`, is the single agent's
 (:meth:`cudarl.agent.Agent.collect_phases` with the C51 rule) over the members::
 
