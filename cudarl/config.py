@@ -98,9 +98,9 @@ class RunConfig:
     ``i`` bitwise the agent alone. ``joined`` takes the reference configuration only (MLP encoder without
     LayerNorm, dueling C51, ``net.gemm = "cublaslt_nosplit"``, no spectral norm, plan head, auxiliary
     signals or CQL, acting by the mean), members that differ in seeds, host-side settings and the per-member
-    settings of ``cudarl.stacked_agent.MEMBER_SETTINGS`` (learning-rate schedule, gamma, tau and epsilon
-    schedules, PER alpha, eps and beta, costs, hold cap, fill, levels, PopArt's beta and warm-up,
-    shrink-and-perturb), no recording and no guard rollback (a trip stops the member); anything else is
+    settings of ``cudarl.stacked_agent.MEMBER_SETTINGS`` (learning-rate schedule, Adam's constants, gamma,
+    tau and epsilon schedules, PER alpha, eps and beta, costs, hold cap, fill, levels, PopArt's beta and
+    warm-up, shrink-and-perturb), no recording and no guard rollback (a trip stops the member); anything else is
     refused naming the field.
     Its members write run directories and the checkpoints their Trainers alone would write."""
 

@@ -111,7 +111,8 @@ def stacked_replay(cfg: Config, n_envs: int, seeds, backend: str | None = None, 
 #: The settings members of a joined population (:class:`StackedLearner`, :func:`stacked_replay` and
 #: :class:`cudarl.stacked_env.StackedTradingEnv`) may set differently (section -> fields): each is a ``[P]``
 #: device array (an optimiser's, schedule's, replay's or env's table, or the initial value of a per-member
-#: device scalar), so member ``i`` runs its own value with the single kernel's arithmetic. The costs
+#: device scalar), so member ``i`` runs its own value with the single kernel's arithmetic (Adam's betas, eps,
+#: weight decay and clip norm: :attr:`cudarl.optim.StackedAdam.constant_table`). The costs
 #: (``env.cost_bps``, ``env.slippage_bps`` and the training reward's ``agent.train_cost_bps``) are the
 #: stacked env's cost rates, the reward options (``env.hold_cap``, ``env.fill``, ``env.levels``) its hold
 #: caps, return rows and level rows (:data:`cudarl.stacked_env.MEMBER_FIELDS`). Shrink-and-perturb
@@ -127,6 +128,11 @@ MEMBER_SETTINGS = {
         "period",
         "mult",
         "restart_m_scale",
+        "beta1",
+        "beta2",
+        "eps",
+        "weight_decay",
+        "max_grad_norm",
         "shrink_every",
         "shrink",
         "perturb",
@@ -179,8 +185,9 @@ class StackedLearner:
         seeds: P seeds, member ``i`` initialised as ``Agent`` with ``run.seed = seeds[i]``.
         xp: ``numpy`` or ``cupy``.
         configs: optional P configs, member ``i`` reading the fields of :data:`MEMBER_SETTINGS` from
-            ``configs[i]`` (its learning-rate schedule, gamma, tau and epsilon schedules; its replay's PER
-            settings are :func:`stacked_replay`'s); the rest from ``cfg``. Default: ``cfg`` for every member.
+            ``configs[i]`` (its optimiser, gamma, tau and epsilon schedules, PopArt, shrink-and-perturb; its
+            replay's PER settings are :func:`stacked_replay`'s); the rest from ``cfg``. Default: ``cfg`` for
+            every member.
 
     Buffers (member ``i`` at index ``i`` of the leading axis): :attr:`online`, :attr:`target`
     (:class:`cudarl.nn.StackedQNetwork`), :attr:`adam` (:class:`cudarl.optim.StackedAdam`),
