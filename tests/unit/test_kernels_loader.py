@@ -170,6 +170,7 @@ def test_a_struct_kernel_forwards_its_fields_in_order(tmp_path):
 def test_struct_layouts_are_the_c_compilers():
     """Every kernel that takes a struct: the NumPy dtype kernels.launch packs has the size and field
     offsets a C++ compiler gives the struct (host and device lay such structs out alike)."""
+    import re
     import shutil
     import subprocess
     import tempfile
@@ -185,12 +186,12 @@ def test_struct_layouts_are_the_c_compilers():
         src = signatures.strip_comments((kernels.SRC_DIR / f"{fam}.cu").read_text())
         structs = {m.group(1): m.group(0) for m in signatures._STRUCT_RE.finditer(src)}
         for sig in signatures._family(str(kernels.SRC_DIR), fam).values():
-            if sig.struct is not None:
-                name = next(n for n, text in structs.items() if all(f in text for f, _, _ in sig.params))
+            if sig.struct is not None:  # the struct the kernel declares (two may share field names)
+                name = re.search(rf"\b{sig.kernel}\s*\(\s*(?:const\s+)?(\w+)\s+\w+\s*\)", src).group(1)
                 cases.append((sig, name, structs[name]))
     assert len(cases) >= 5
     prog = ["#include <cstdio>", "#include <cstddef>", "typedef long long i64;", "typedef unsigned long long u64;"]
-    prog += ["typedef unsigned int u32;"] + [text for _, _, text in cases] + ["int main() {"]
+    prog += ["typedef unsigned int u32;"] + list(dict.fromkeys(text for _, _, text in cases)) + ["int main() {"]
     for sig, name, _ in cases:
         prog.append(f'  printf("%zu", sizeof({name}));')
         prog += [f'  printf(" %zu", offsetof({name}, {f}));' for f, _, _ in sig.params]
