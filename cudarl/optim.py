@@ -390,6 +390,23 @@ class StackedAdam(Adam):
         """P."""
         return self.params.shape[0]
 
+    def member_schedule(self, i: int) -> Schedule:
+        """Member ``i``'s learning-rate :class:`Schedule` (every member's: they share one)."""
+        member_index(i, self.members)
+        return self.schedule
+
+    def set_member_schedule(self, i: int, schedule: Schedule) -> None:
+        """Member ``i``'s learning-rate schedule := ``schedule`` (a guard rollback lowers one member's rate),
+        the others keep theirs; recapture the graphs after (the kernels take it by value). The members share
+        one schedule, so with P > 1 only the one they share: another raises :class:`ValueError`."""
+        member_index(i, self.members)
+        if schedule != self.schedule and self.members > 1:
+            raise ValueError(
+                f"StackedAdam: its {self.members} members share one learning-rate schedule (optim.lr_schedule "
+                f"takes it by value), so member {i}'s alone cannot change"
+            )
+        self.schedule = schedule
+
     def member_state_dict(self, i: int) -> dict:
         """Member ``i``'s state as the :meth:`Adam.state_dict` of an :class:`Adam` on its row (host copies)."""
         i = member_index(i, self.members)
