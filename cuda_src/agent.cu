@@ -13,7 +13,8 @@
 // thread's work and order are the single launch's, so member mb gets the bits of a single launch on
 // its rows; one member (gridDim.y = 1, mb = 0: every offset zero) is the single launch. The by-value
 // constants (the schedule's start, end and steps, the risk mode, alpha and lam, the shapes) are one
-// value for every member of a launch.
+// value for every member of a launch; act_c51_dueling_members takes each member's epsilon schedule as
+// [P] arrays (ACT_SCHEDULE_TABLE_PARAMS).
 #include <cudarl/act.cuh>
 #include <cudarl/dueling.cuh>
 #include <cudarl/softmax.cuh>
@@ -78,6 +79,13 @@ __device__ __forceinline__ void advance_epsilon(float eps, long long c, float* _
       double start, double end, long long steps, const unsigned long long *__restrict__ seed, long long sn, \
       long long sq, long long sl
 
+// ACT_SCHEDULE_PARAMS with each member's schedule constants as [P] arrays (the act kernels' _members
+// variants: members with their own epsilon schedules).
+#define ACT_SCHEDULE_TABLE_PARAMS                                                                            \
+  float *__restrict__ eps_out, long long *__restrict__ count, unsigned int *__restrict__ arrivals,         \
+      const double *__restrict__ start, const double *__restrict__ end, const long long *__restrict__ steps, \
+      const unsigned long long *__restrict__ seed, long long sn, long long sq, long long sl
+
 // The member's rows and scalars (mb = blockIdx.y), then its schedule: c = *count, eps = epsilon_at(c).
 // Every fused act kernel starts with it (head: its head's output pointer); the Philox key *seed is
 // read where an action is chosen (not held in registers across the Q loop).
@@ -138,11 +146,10 @@ extern "C" __global__ void cudarl_agent_act_c51(int* __restrict__ actions, float
 // bits of nn.dueling_forward (dueling.cuh), so no logits tensor and no dueling launch (the act
 // phase was the dueling kernel, then act_c51). Thread mapping: a warp per env. Reads (1 + A) K + K
 // floats (each up to 3A times, from L1) and 8 bytes per env; writes 4A + 4 bytes.
-extern "C" __global__ void cudarl_agent_act_c51_dueling(int* __restrict__ actions, float* __restrict__ q,
-                                                        const float* __restrict__ va,
-                                                        const float* __restrict__ support,
-                                                        const unsigned long long* __restrict__ env_count, int n, int A,
-                                                        int K, long long sz, ACT_SCHEDULE_PARAMS) {
+__device__ __forceinline__ void act_c51_dueling_impl(int* __restrict__ actions, float* __restrict__ q,
+                                                     const float* __restrict__ va, const float* __restrict__ support,
+                                                     const unsigned long long* __restrict__ env_count, int n, int A,
+                                                     int K, long long sz, ACT_SCHEDULE_PARAMS) {
   ACT_MEMBER(va);
   support += mb * sz;
   const int lane = threadIdx.x & 31;
@@ -154,6 +161,30 @@ extern "C" __global__ void cudarl_agent_act_c51_dueling(int* __restrict__ action
     });
   }
   advance_epsilon(eps, c, eps_out, count, arrivals);
+}
+
+extern "C" __global__ void cudarl_agent_act_c51_dueling(int* __restrict__ actions, float* __restrict__ q,
+                                                        const float* __restrict__ va,
+                                                        const float* __restrict__ support,
+                                                        const unsigned long long* __restrict__ env_count, int n, int A,
+                                                        int K, long long sz, ACT_SCHEDULE_PARAMS) {
+  act_c51_dueling_impl(actions, q, va, support, env_count, n, A, K, sz, eps_out, count, arrivals, start, end, steps,
+                       seed, sn, sq, sl);
+}
+
+// act_c51_dueling_members: act_c51_dueling whose members each run their own epsilon schedule: start,
+// end (double) and steps (long long) are [P] arrays, member mb reading element mb (act_c51_dueling's
+// by-value types), so member mb gets the bits of act_c51_dueling launched alone with its schedule.
+// Reads 24 bytes a member more.
+extern "C" __global__ void cudarl_agent_act_c51_dueling_members(int* __restrict__ actions, float* __restrict__ q,
+                                                                const float* __restrict__ va,
+                                                                const float* __restrict__ support,
+                                                                const unsigned long long* __restrict__ env_count,
+                                                                int n, int A, int K, long long sz,
+                                                                ACT_SCHEDULE_TABLE_PARAMS) {
+  const long long mb = blockIdx.y;
+  act_c51_dueling_impl(actions, q, va, support, env_count, n, A, K, sz, eps_out, count, arrivals, start[mb], end[mb],
+                       steps[mb], seed, sn, sq, sl);
 }
 
 // act_iqn: an IQN agent's act phase after the online forward, in one launch (it was three:

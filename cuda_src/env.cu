@@ -22,7 +22,8 @@
 // thread's work are the single launch's, so member mb gets the bits of a single launch on its rows;
 // one member (gridDim.y = 1, mb = 0: every offset zero) is the single launch. The by-value constants
 // (t_begin, n_starts, episode_len, hold_cap, the cost rate, the shapes) are one value for every member
-// of a launch. record (the unfused oracle, no draws) has no member axis.
+// of a launch; step_members and record_step_members take each member's cost rate and hold cap as [P]
+// arrays and its returns and levels as rows. record (the unfused oracle, no draws) has no member axis.
 #include <cudarl/act.cuh>
 #include <cudarl/philox.cuh>
 #include <cudarl/window.cuh>
@@ -164,6 +165,24 @@ __device__ __forceinline__ void store_step(const StepOut& o, int i, int* __restr
 // step: move to the target position, earn the reward, advance a bar, reset ended episodes.
 // Thread mapping: one thread per env (blockIdx.y the member). Reads per env: the state (28 bytes),
 // action, scale, ret[t], levels[a]; writes the state, reward, done and the 16-byte state row.
+__device__ __forceinline__ void step_impl(int* __restrict__ t, int* __restrict__ start, int* __restrict__ steps_left,
+                                          float* __restrict__ position, int* __restrict__ hold,
+                                          u64* __restrict__ count, float* __restrict__ rows, float* __restrict__ reward,
+                                          float* __restrict__ done, const int* __restrict__ actions,
+                                          const float* __restrict__ scale, const float* __restrict__ ret,
+                                          const float* __restrict__ levels, int n_envs, int n_actions, int t_begin,
+                                          int n_starts, int episode_len, int hold_cap, float rate,
+                                          const u64* __restrict__ seed, long long sn, long long sr) {
+  const long long gi = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+  if (gi >= n_envs) return;
+  const int i = (int)gi;
+  const long long mb = blockIdx.y, m = mb * sn;
+  ENV_MEMBER_STEP_ARRAYS(mb, m, sr);
+  const StepOut o = step_env(i, clamp_action(actions[i], n_actions), t[i], start[i], steps_left[i], position[i],
+                             hold[i], count[i], scale[i], ret, levels, t_begin, n_starts, episode_len, rate, seed[mb]);
+  store_step(o, i, t, start, steps_left, position, hold, count, rows, reward, done, hold_cap);
+}
+
 extern "C" __global__ void cudarl_env_step(int* __restrict__ t, int* __restrict__ start, int* __restrict__ steps_left,
                                            float* __restrict__ position, int* __restrict__ hold,
                                            u64* __restrict__ count, float* __restrict__ rows,
@@ -173,14 +192,29 @@ extern "C" __global__ void cudarl_env_step(int* __restrict__ t, int* __restrict_
                                            int n_envs, int n_actions, int t_begin, int n_starts, int episode_len,
                                            int hold_cap, float rate, const u64* __restrict__ seed, long long sn,
                                            long long sr) {
-  const long long gi = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-  if (gi >= n_envs) return;
-  const int i = (int)gi;
-  const long long mb = blockIdx.y, m = mb * sn;
-  ENV_MEMBER_STEP_ARRAYS(mb, m, sr);
-  const StepOut o = step_env(i, clamp_action(actions[i], n_actions), t[i], start[i], steps_left[i], position[i],
-                             hold[i], count[i], scale[i], ret, levels, t_begin, n_starts, episode_len, rate, seed[mb]);
-  store_step(o, i, t, start, steps_left, position, hold, count, rows, reward, done, hold_cap);
+  step_impl(t, start, steps_left, position, hold, count, rows, reward, done, actions, scale, ret, levels, n_envs,
+            n_actions, t_begin, n_starts, episode_len, hold_cap, rate, seed, sn, sr);
+}
+
+// step_members: step whose members each have their own costs and reward options: rates [P] (float,
+// step's by-value rate) and hold_caps [P] (int, its hold_cap), member mb reading element mb, and the
+// market's returns (ret: the member's fill) and position levels as [P, T] and [P, A] rows (s_ret, s_lv
+// their member strides; 0: one array for every member): the bits of step launched alone with its values.
+extern "C" __global__ void cudarl_env_step_members(int* __restrict__ t, int* __restrict__ start,
+                                                   int* __restrict__ steps_left, float* __restrict__ position,
+                                                   int* __restrict__ hold, u64* __restrict__ count,
+                                                   float* __restrict__ rows, float* __restrict__ reward,
+                                                   float* __restrict__ done, const int* __restrict__ actions,
+                                                   const float* __restrict__ scale, const float* __restrict__ ret,
+                                                   const float* __restrict__ levels, int n_envs, int n_actions,
+                                                   int t_begin, int n_starts, int episode_len,
+                                                   const int* __restrict__ hold_caps, const float* __restrict__ rates,
+                                                   const u64* __restrict__ seed, long long sn, long long sr,
+                                                   long long s_ret, long long s_lv) {
+  const long long mb = blockIdx.y;
+  step_impl(t, start, steps_left, position, hold, count, rows, reward, done, actions, scale, ret + mb * s_ret,
+            levels + mb * s_lv, n_envs, n_actions, t_begin, n_starts, episode_len, hold_caps[mb], rates[mb], seed, sn,
+            sr);
 }
 
 // Row group g (of n_groups) of env i's transition: group 0 real, 1 .. A-1 counterfactual action
@@ -248,6 +282,54 @@ extern "C" __global__ void cudarl_env_record(float* __restrict__ obs_out, int* _
 // Lane g writes row group g (grid of groups strided by 32); lanes stride over the window's
 // window * (F + 2) floats, coalesced. Reads ~40 bytes of state per env, the window's features;
 // writes M rows of 44 + 4 bytes, the state (36 bytes) and the window.
+//
+// The body of record_step and record_step_members, one text for both (rate and hold_cap: by-value in
+// both, record_step's arguments, record_step_members' rates[blockIdx.y] and hold_caps[blockIdx.y]). A macro: moved
+// into an inline function the body kept its arithmetic but the compiler reordered record_step's address
+// code (its PTX differed, nvcc 13.0); the macro leaves record_step's text, and so its PTX, as it was.
+#define RECORD_STEP_BODY \
+  const int lane = threadIdx.x & 31;                                                                                  \
+  const long long gi = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;                                       \
+  if (gi >= n_envs) return;  /* the whole warp: its lanes share gi */                                                 \
+  const int i = (int)gi;                                                                                              \
+  {  /* the member's rows and scalars (member 0: the pointers as given) */                                            \
+    const long long mb = blockIdx.y, m = mb * sn;                                                                     \
+    obs_out += mb * st4;                                                                                              \
+    next_obs_out += mb * st4;                                                                                         \
+    action_out += mb * sm;                                                                                            \
+    reward_out += mb * sm;                                                                                            \
+    done_out += mb * sm;                                                                                              \
+    discount_out += mb * sm;                                                                                          \
+    gamma += mb;                                                                                                      \
+    seed += mb;                                                                                                       \
+    ENV_MEMBER_STEP_ARRAYS(mb, m, sr);                                                                                \
+    obs += mb * so;                                                                                                   \
+  }                                                                                                                   \
+  const int a_real = clamp_action(actions[i], n_actions);                                                             \
+  const int t0 = t[i], s0 = start[i], left0 = steps_left[i], h0 = hold[i];                                            \
+  const float prev = position[i], sc = scale[i];                                                                      \
+  const u64 c0 = count[i];                                                                                            \
+  __syncwarp();  /* every lane has read the state before lane 0 overwrites it */                                      \
+  const int n_groups = n_row_groups(n_actions, counterfactual, mirror);                                               \
+  const float g_disc = gamma[0];                                                                                      \
+  const float ret_t0 = ret[t0];                                                                                       \
+  for (int g = lane; g < n_groups; g += 32) {                                                                         \
+    const float d = record_row(obs_out, action_out, reward_out, next_obs_out, done_out, g, n_groups, i, n_envs,       \
+                               a_real, t0, h0, left0, prev, sc, ret_t0, levels, n_actions, hold_cap, rate, mirror);   \
+    discount_out[(long long)g * n_envs + i] = __fmul_rn(g_disc, __fsub_rn(1.0f, d));                                  \
+  }                                                                                                                   \
+  const StepOut o =                                                                                                   \
+      step_env(i, a_real, t0, s0, left0, prev, h0, c0, sc, ret, levels, t_begin, n_starts, episode_len, rate,         \
+               seed[0]);                                                                                              \
+  if (lane == 0) store_step(o, i, t, start, steps_left, position, hold, count, rows, reward, done, hold_cap);         \
+  const float bar = (float)o.t, hold_f = hold_feature(o.hold, hold_cap); /* store_step's row */                       \
+  const int bar_width = n_features + 2, row_width = window * bar_width;                                               \
+  float* __restrict__ out = obs + (long long)i * row_width;                                                           \
+  for (int e = lane; e < row_width; e += 32) {                                                                        \
+    const int w = e / bar_width, col = e - w * bar_width;                                                             \
+    out[e] = cudarl::window_value(bar, 0.0f, o.position, hold_f, features, sign, w, col, window, n_features, n_bars); \
+  }
+
 extern "C" __global__ void cudarl_env_record_step(
     float* __restrict__ obs_out, int* __restrict__ action_out, float* __restrict__ reward_out,
     float* __restrict__ next_obs_out, float* __restrict__ done_out, float* __restrict__ discount_out,
@@ -259,48 +341,33 @@ extern "C" __global__ void cudarl_env_record_step(
     int n_starts, int episode_len, int hold_cap, float rate, const u64* __restrict__ seed, int counterfactual,
     int mirror, int window, int n_features, long long n_bars, long long sn, long long sr, long long so, long long sm,
     long long st4) {
-  const int lane = threadIdx.x & 31;
-  const long long gi = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
-  if (gi >= n_envs) return;  // the whole warp: its lanes share gi
-  const int i = (int)gi;
-  {  // the member's rows and scalars (member 0: the pointers as given)
-    const long long mb = blockIdx.y, m = mb * sn;
-    obs_out += mb * st4;
-    next_obs_out += mb * st4;
-    action_out += mb * sm;
-    reward_out += mb * sm;
-    done_out += mb * sm;
-    discount_out += mb * sm;
-    gamma += mb;
-    seed += mb;
-    ENV_MEMBER_STEP_ARRAYS(mb, m, sr);
-    obs += mb * so;
-  }
-  const int a_real = clamp_action(actions[i], n_actions);
-  const int t0 = t[i], s0 = start[i], left0 = steps_left[i], h0 = hold[i];
-  const float prev = position[i], sc = scale[i];
-  const u64 c0 = count[i];
-  __syncwarp();  // every lane has read the state before lane 0 overwrites it
-  const int n_groups = n_row_groups(n_actions, counterfactual, mirror);
-  const float g_disc = gamma[0];
-  const float ret_t0 = ret[t0];
-  for (int g = lane; g < n_groups; g += 32) {
-    const float d = record_row(obs_out, action_out, reward_out, next_obs_out, done_out, g, n_groups, i, n_envs,
-                               a_real, t0, h0, left0, prev, sc, ret_t0, levels, n_actions, hold_cap, rate, mirror);
-    discount_out[(long long)g * n_envs + i] = __fmul_rn(g_disc, __fsub_rn(1.0f, d));
-  }
-  const StepOut o =
-      step_env(i, a_real, t0, s0, left0, prev, h0, c0, sc, ret, levels, t_begin, n_starts, episode_len, rate, seed[0]);
-  if (lane == 0) store_step(o, i, t, start, steps_left, position, hold, count, rows, reward, done, hold_cap);
-  const float bar = (float)o.t, hold_f = hold_feature(o.hold, hold_cap);  // the state row store_step wrote
-  const int bar_width = n_features + 2, row_width = window * bar_width;
-  float* __restrict__ out = obs + (long long)i * row_width;
-  for (int e = lane; e < row_width; e += 32) {
-    const int w = e / bar_width, col = e - w * bar_width;
-    out[e] = cudarl::window_value(bar, 0.0f, o.position, hold_f, features, sign, w, col, window, n_features, n_bars);
-  }
+  RECORD_STEP_BODY
 }
 
+// record_step_members: record_step whose members each have their own costs and reward options: rates
+// [P] (float, record_step's by-value rate: env.cost_bps + env.slippage_bps + agent.train_cost_bps) and
+// hold_caps [P] (int, its hold_cap), member mb reading element mb, and the market's returns (ret: the
+// member's env.fill) and position levels (env.levels) as [P, T] and [P, A] rows (s_ret, s_lv their member
+// strides; 0: one array for every member): the bits of record_step launched alone with its values.
+extern "C" __global__ void cudarl_env_record_step_members(
+    float* __restrict__ obs_out, int* __restrict__ action_out, float* __restrict__ reward_out,
+    float* __restrict__ next_obs_out, float* __restrict__ done_out, float* __restrict__ discount_out,
+    const float* __restrict__ gamma, int* __restrict__ t, int* __restrict__ start, int* __restrict__ steps_left,
+    float* __restrict__ position, int* __restrict__ hold, u64* __restrict__ count, float* __restrict__ rows,
+    float* __restrict__ reward, float* __restrict__ done, float* __restrict__ obs, const int* __restrict__ actions,
+    const float* __restrict__ scale, const float* __restrict__ ret, const float* __restrict__ levels,
+    const float* __restrict__ features, const float* __restrict__ sign, int n_envs, int n_actions, int t_begin,
+    int n_starts, int episode_len, const int* __restrict__ hold_caps, const float* __restrict__ rates,
+    const u64* __restrict__ seed, int counterfactual, int mirror, int window, int n_features, long long n_bars,
+    long long sn, long long sr, long long so, long long sm, long long st4, long long s_ret, long long s_lv) {
+  const float rate = rates[blockIdx.y];
+  const int hold_cap = hold_caps[blockIdx.y];
+  ret += blockIdx.y * s_ret;
+  levels += blockIdx.y * s_lv;
+  RECORD_STEP_BODY
+}
+
+#undef RECORD_STEP_BODY
 #undef ENV_MEMBER_STEP_ARRAYS
 
 // act: epsilon-greedy actions (cudarl::epsilon_greedy, act.cuh: the rule agent.cu's fused act

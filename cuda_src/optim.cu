@@ -16,7 +16,9 @@
 // and barrier) by mb: [P] arrays. The x grid, the block and each thread's work and reduction order
 // are the single launch's, so member mb gets the bits of a single launch on its rows. One member
 // (gridDim.y = 1, mb = 0: every offset zero) is the single launch. The by-value constants (betas,
-// eps, wd, max_norm, the schedules' shapes) are one value for every member of a launch.
+// eps, wd, max_norm) are one value for every member of a launch; lr_schedule_members and
+// tau_schedule_members take each member's schedule as [P] arrays of the by-value types (members whose
+// learning rate or tau schedules differ: docs/perf-notes.md, "Per-member settings").
 #include <cudarl/philox.cuh>
 #include <cudarl/reduce.cuh>
 
@@ -133,16 +135,13 @@ extern "C" __global__ __launch_bounds__(GN_THREADS) void cudarl_optim_grad_norm(
 // ---- lr_schedule ------------------------------------------------------------------------------
 // One thread per member (block (0, mb)): step += 1 (t = step), lr = schedule(t - 1), m_scale (warm restarts), bias
 // corrections bc1 = 1 - beta1^t, bc2 = 1 - beta2^t, all in double, rounded once.
-extern "C" __global__ void cudarl_optim_lr_schedule(i64* step, float* lr, float* m_scale, float* bc1, float* bc2,
-                                                    int kind, float lr_max, float lr_min, i64 warmup, i64 period, i64 mult,
-                                                    float restart_m_scale, float beta1, float beta2) {
-  if (blockIdx.x != 0 || threadIdx.x != 0) return;
-  const int mb = blockIdx.y;
-  step += mb;
-  lr += mb;
-  m_scale += mb;
-  bc1 += mb;
-  bc2 += mb;
+namespace {
+
+// The schedule of one member's scalars (step, lr, m_scale, bc1, bc2 at its slot), from its constants: the one
+// statement of lr_schedule and lr_schedule_members.
+__device__ __forceinline__ void lr_schedule_one(i64* step, float* lr, float* m_scale, float* bc1, float* bc2, int kind,
+                                                float lr_max, float lr_min, i64 warmup, i64 period, i64 mult,
+                                                float restart_m_scale, float beta1, float beta2) {
   const i64 t = step[0] + 1;
   step[0] = t;
   bool restart;
@@ -150,6 +149,33 @@ extern "C" __global__ void cudarl_optim_lr_schedule(i64* step, float* lr, float*
   m_scale[0] = restart ? restart_m_scale : 1.f;
   bc1[0] = (float)(1.0 - pow((double)beta1, (double)t));
   bc2[0] = (float)(1.0 - pow((double)beta2, (double)t));
+}
+
+}  // namespace
+
+extern "C" __global__ void cudarl_optim_lr_schedule(i64* step, float* lr, float* m_scale, float* bc1, float* bc2,
+                                                    int kind, float lr_max, float lr_min, i64 warmup, i64 period, i64 mult,
+                                                    float restart_m_scale, float beta1, float beta2) {
+  if (blockIdx.x != 0 || threadIdx.x != 0) return;
+  const int mb = blockIdx.y;
+  lr_schedule_one(step + mb, lr + mb, m_scale + mb, bc1 + mb, bc2 + mb, kind, lr_max, lr_min, warmup, period, mult,
+                  restart_m_scale, beta1, beta2);
+}
+
+// ---- lr_schedule_members ----------------------------------------------------------------------
+// lr_schedule with each member's own schedule: kind, lr_max, lr_min, warmup, period, mult and
+// restart_m_scale are [P] arrays (lr_schedule's by-value types), member mb reading element mb, so its
+// scalars get the bits of lr_schedule launched alone with its values. beta1 and beta2 (Adam's, which
+// adam_update also takes by value) are one for every member. Reads 36 bytes a member, writes 24.
+extern "C" __global__ void cudarl_optim_lr_schedule_members(i64* step, float* lr, float* m_scale, float* bc1,
+                                                            float* bc2, const int* kind, const float* lr_max,
+                                                            const float* lr_min, const i64* warmup, const i64* period,
+                                                            const i64* mult, const float* restart_m_scale, float beta1,
+                                                            float beta2) {
+  if (blockIdx.x != 0 || threadIdx.x != 0) return;
+  const int mb = blockIdx.y;
+  lr_schedule_one(step + mb, lr + mb, m_scale + mb, bc1 + mb, bc2 + mb, kind[mb], lr_max[mb], lr_min[mb], warmup[mb],
+                  period[mb], mult[mb], restart_m_scale[mb], beta1, beta2);
 }
 
 // ---- adam_update ------------------------------------------------------------------------------
@@ -464,15 +490,33 @@ extern "C" __global__ __launch_bounds__(CAS_THREADS, 1) void cudarl_optim_clip_a
 
 // ---- tau_schedule -----------------------------------------------------------------------------
 // One thread per member (block (0, mb)): count += 1; tau = tau_end + (tau_start - tau_end)(1 + cos(pi min(c, T) / T)) / 2, c = count - 1.
-extern "C" __global__ void cudarl_optim_tau_schedule(i64* count, float* tau, float tau_start, float tau_end, i64 period) {
-  if (blockIdx.x != 0 || threadIdx.x != 0) return;
-  count += blockIdx.y;
-  tau += blockIdx.y;
+namespace {
+
+// One member's tau schedule (count and tau at its slot): the one statement of tau_schedule and tau_schedule_members.
+__device__ __forceinline__ void tau_schedule_one(i64* count, float* tau, float tau_start, float tau_end, i64 period) {
   const i64 c1 = count[0] + 1;
   count[0] = c1;
   const i64 c = (c1 - 1) < period ? (c1 - 1) : period;
   const double a = (double)tau_start, b = (double)tau_end;
   tau[0] = (float)(b + 0.5 * (a - b) * (1.0 + cos(PI_D * (double)c / (double)period)));
+}
+
+}  // namespace
+
+extern "C" __global__ void cudarl_optim_tau_schedule(i64* count, float* tau, float tau_start, float tau_end, i64 period) {
+  if (blockIdx.x != 0 || threadIdx.x != 0) return;
+  tau_schedule_one(count + blockIdx.y, tau + blockIdx.y, tau_start, tau_end, period);
+}
+
+// ---- tau_schedule_members ---------------------------------------------------------------------
+// tau_schedule with each member's own schedule: tau_start, tau_end and period are [P] arrays
+// (tau_schedule's by-value types), member mb reading element mb: the bits of tau_schedule alone with
+// its values. Reads 24 bytes a member, writes 12.
+extern "C" __global__ void cudarl_optim_tau_schedule_members(i64* count, float* tau, const float* tau_start,
+                                                             const float* tau_end, const i64* period) {
+  if (blockIdx.x != 0 || threadIdx.x != 0) return;
+  const int mb = blockIdx.y;
+  tau_schedule_one(count + mb, tau + mb, tau_start[mb], tau_end[mb], period[mb]);
 }
 
 // ---- soft_update ------------------------------------------------------------------------------

@@ -25,7 +25,8 @@
 // have one capacity). The x grid, the block and each thread's work and order are the single launch's,
 // so member mb gets the bits of a single launch on its rows; one member (gridDim.y = 1, mb = 0:
 // every offset zero) is the single launch. The by-value constants (alpha, eps, the beta schedule,
-// stream_id, the shapes) are one value for every member of a launch.
+// stream_id, the shapes) are one value for every member of a launch; sample_weights_members and
+// update_priorities_members take each member's beta schedule, alpha and eps as [P] arrays.
 #include <cudarl/philox.cuh>
 #include <cudarl/reduce.cuh>
 #include <cudarl/window.cuh>
@@ -416,17 +417,12 @@ extern "C" __global__ void cudarl_replay_sample_search(const i64* tree, const i6
 
 // sample_weights: one block of 1024 threads (a member). Reads qsel [B] and step; writes
 // weights[j] = (q_min / q_j)^beta (float64 pow, rounded to float32), beta[0], then step += 1.
-extern "C" __global__ void cudarl_replay_sample_weights(const i64* qsel, float* weights, i64* step, double* beta_out,
-                                                        i64 B, double beta0, double beta_final, i64 beta_steps,
-                                                        i64 sv) {
-  __shared__ u64 smin[32];
-  {  // one block per member (block (0, mb))
-    const i64 mb = blockIdx.y;
-    qsel += mb * sv;
-    weights += mb * sv;
-    step += mb;
-    beta_out += mb;
-  }
+namespace {
+
+// One member's weights (its qsel, weights, step and beta at their offsets) with its beta schedule: the
+// one statement of sample_weights and sample_weights_members. smin: the block's shared scratch [32].
+__device__ __forceinline__ void sample_weights_one(const i64* qsel, float* weights, i64* step, double* beta_out, i64 B,
+                                                   double beta0, double beta_final, i64 beta_steps, u64* smin) {
   const i64 s = step[0];
   double frac = __ddiv_rn((double)s, (double)beta_steps);
   if (frac > 1.0) frac = 1.0;
@@ -451,6 +447,30 @@ extern "C" __global__ void cudarl_replay_sample_weights(const i64* qsel, float* 
     beta_out[0] = beta;
     step[0] = s + 1;
   }
+}
+
+}  // namespace
+
+extern "C" __global__ void cudarl_replay_sample_weights(const i64* qsel, float* weights, i64* step, double* beta_out,
+                                                        i64 B, double beta0, double beta_final, i64 beta_steps,
+                                                        i64 sv) {
+  __shared__ u64 smin[32];
+  const i64 mb = blockIdx.y;  // one block per member (block (0, mb))
+  sample_weights_one(qsel + mb * sv, weights + mb * sv, step + mb, beta_out + mb, B, beta0, beta_final, beta_steps,
+                     smin);
+}
+
+// sample_weights_members: sample_weights whose members each run their own beta schedule: beta0,
+// beta_final (double) and beta_steps (i64) are [P] arrays (sample_weights' by-value types), member mb
+// reading element mb, so it gets the bits of sample_weights launched alone with its schedule.
+extern "C" __global__ void cudarl_replay_sample_weights_members(const i64* qsel, float* weights, i64* step,
+                                                                double* beta_out, i64 B, const double* beta0,
+                                                                const double* beta_final, const i64* beta_steps,
+                                                                i64 sv) {
+  __shared__ u64 smin[32];
+  const i64 mb = blockIdx.y;
+  sample_weights_one(qsel + mb * sv, weights + mb * sv, step + mb, beta_out + mb, B, beta0[mb], beta_final[mb],
+                     beta_steps[mb], smin);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -641,22 +661,16 @@ extern "C" __global__ void cudarl_replay_sample_search_gather_windows(
 //      ancestors; the block's largest new leaf raises max_q;
 //   3. winners reset owner[idx] = -1 (every touched entry has exactly one winner).
 // Reads B indices and tds, 32-bit owner entries, depth ancestors per winner.
-extern "C" __global__ void cudarl_replay_update_priorities(const int* indices, const float* td, i64* tree,
-                                                           const i64* levels, int* owner, i64* max_q, i64* status,
-                                                           i64 B, i64 C, int depth, double alpha, double eps,
-                                                           i64 sv, i64 st, i64 sc) {
-  __shared__ u64 smax[32];
-  __shared__ int sflags;
-  {  // one block per member (block (0, mb)): its batch, tree, owner scratch and scalars
-    const i64 mb = blockIdx.y;
-    indices += mb * sv;
-    td += mb * sv;
-    tree += mb * st;
-    owner += mb * sc;
-    max_q += mb;
-    status += mb;
-  }
-  if (threadIdx.x == 0) sflags = 0;
+namespace {
+
+// One member's update (its batch, tree, owner scratch and scalars at their offsets) with its alpha and
+// eps: the one statement of update_priorities and update_priorities_members. smax [32], sflags: the
+// block's shared scratch.
+__device__ __forceinline__ void update_priorities_one(const int* indices, const float* td, i64* tree,
+                                                      const i64* levels, int* owner, i64* max_q, i64* status, i64 B,
+                                                      i64 C, int depth, double alpha, double eps, u64* smax,
+                                                      int* sflags) {
+  if (threadIdx.x == 0) *sflags = 0;
   __syncthreads();
   int flags = 0;
   for (i64 j = threadIdx.x; j < B; j += blockDim.x) {
@@ -683,7 +697,7 @@ extern "C" __global__ void cudarl_replay_update_priorities(const int* indices, c
   }
   m = cudarl::warp_max(m);
   if ((threadIdx.x & 31) == 0) smax[threadIdx.x >> 5] = m;
-  if (flags) atomicOr(&sflags, flags);
+  if (flags) atomicOr(sflags, flags);
   __syncthreads();
   for (i64 j = threadIdx.x; j < B; j += blockDim.x) {
     const int i = indices[j];
@@ -693,8 +707,36 @@ extern "C" __global__ void cudarl_replay_update_priorities(const int* indices, c
     u64 mm = 0;
     for (int w = 0; w < (int)(blockDim.x >> 5); ++w) mm = umax64(mm, smax[w]);
     if ((i64)mm > max_q[0]) max_q[0] = (i64)mm;
-    if (sflags) status[0] |= (i64)sflags;
+    if (*sflags) status[0] |= (i64)*sflags;
   }
+}
+
+}  // namespace
+
+extern "C" __global__ void cudarl_replay_update_priorities(const int* indices, const float* td, i64* tree,
+                                                           const i64* levels, int* owner, i64* max_q, i64* status,
+                                                           i64 B, i64 C, int depth, double alpha, double eps,
+                                                           i64 sv, i64 st, i64 sc) {
+  __shared__ u64 smax[32];
+  __shared__ int sflags;
+  const i64 mb = blockIdx.y;  // one block per member (block (0, mb)): its batch, tree, owner scratch and scalars
+  update_priorities_one(indices + mb * sv, td + mb * sv, tree + mb * st, levels, owner + mb * sc, max_q + mb,
+                        status + mb, B, C, depth, alpha, eps, smax, &sflags);
+}
+
+// update_priorities_members: update_priorities whose members each have their own alpha and eps ([P]
+// arrays of update_priorities' by-value type, double), member mb reading element mb: the bits of
+// update_priorities launched alone with its constants.
+extern "C" __global__ void cudarl_replay_update_priorities_members(const int* indices, const float* td, i64* tree,
+                                                                   const i64* levels, int* owner, i64* max_q,
+                                                                   i64* status, i64 B, i64 C, int depth,
+                                                                   const double* alpha, const double* eps, i64 sv,
+                                                                   i64 st, i64 sc) {
+  __shared__ u64 smax[32];
+  __shared__ int sflags;
+  const i64 mb = blockIdx.y;
+  update_priorities_one(indices + mb * sv, td + mb * sv, tree + mb * st, levels, owner + mb * sc, max_q + mb,
+                        status + mb, B, C, depth, alpha[mb], eps[mb], smax, &sflags);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -370,9 +370,11 @@ class StackedAdam(Adam):
     one (the kernels' ``blockIdx.y`` is the member), and member ``i`` gets the bits of an :class:`Adam` on
     its row (:meth:`member_state_dict` is that Adam's :meth:`Adam.state_dict`).
 
-    The arguments are :class:`Adam`'s; ``decay_mask`` ``[n]`` (every member's) or ``[P, n]``;
-    ``grad_norm_out`` float32 ``[P]``. One schedule, betas, eps, weight decay and clip norm for every
-    member: the kernels take them by value (members that differ in them are not one StackedAdam yet).
+    The arguments are :class:`Adam`'s; ``schedule`` one :class:`Schedule` for every member or a sequence
+    of P (member ``i``'s learning-rate schedule: its constants are ``[P]`` device arrays,
+    :attr:`schedule_table`, read by ``optim.lr_schedule_members``); ``decay_mask`` ``[n]`` (every
+    member's) or ``[P, n]``; ``grad_norm_out`` float32 ``[P]``. One set of betas, eps, weight decay and
+    clip norm for every member: the update kernels take them by value.
 
     :meth:`clip_update_publish` takes a :class:`StackedSoftUpdate`, a ring ``[P, 2 * slots]`` and the
     losses ``[P]``; its one launch holds a grid barrier, so it serves at most
@@ -381,6 +383,61 @@ class StackedAdam(Adam):
     """
 
     _RANK, _FORM = 2, "[P, n]"
+
+    @classmethod
+    def from_config(cls, net, o, grad_norm_out=None, xp=None):
+        """:meth:`Adam.from_config` over a :class:`cudarl.nn.StackedQNetwork`'s buffers; ``o`` one
+        :class:`cudarl.config.OptimConfig` for every member or a sequence of P, whose learning-rate schedules
+        may differ (``schedule``, ``lr``, ``lr_min``, ``warmup``, ``period``, ``mult``,
+        ``restart_m_scale``: :class:`Schedule`) and whose other fields the optimiser reads must be equal."""
+        if isinstance(o, _OPTIM):
+            return super().from_config(net, o, grad_norm_out, xp)
+        optims = list(o)
+        if len(optims) != net.params.shape[0]:
+            raise ValueError(f"StackedAdam.from_config: {len(optims)} configs for {net.params.shape[0]} members")
+        shared = ("beta1", "beta2", "eps", "weight_decay", "max_grad_norm")
+        bad = [f"optim.{k}" for k in shared if len({getattr(c, k) for c in optims}) > 1]
+        if bad:
+            raise ValueError(f"StackedAdam: members must share {', '.join(bad)} (the update kernels take it by value)")
+        adam = super().from_config(net, optims[0], grad_norm_out, xp)
+        adam._set_schedules([Schedule.from_config(c) for c in optims])
+        return adam
+
+    def __init__(self, params, grads, *, schedule=Schedule(), **kw):
+        schedules = [schedule] * params.shape[0] if isinstance(schedule, Schedule) else list(schedule)
+        super().__init__(params, grads, schedule=schedules[0], **kw)
+        self._set_schedules(schedules)
+
+    def _set_schedules(self, schedules: list) -> None:
+        """Member ``i``'s learning-rate schedule ``schedules[i]``: :attr:`schedules` and the device table."""
+        P, xp = self.members, self.xp
+        if len(schedules) != P or not all(isinstance(s, Schedule) for s in schedules):
+            raise ValueError(f"StackedAdam: schedule must be one Schedule or {P}, got {len(schedules)}")
+        self.schedules = tuple(schedules)
+
+        def col(field, dtype, f=lambda v: v):
+            return xp.asarray(np.array([f(getattr(s, field)) for s in schedules], dtype))
+
+        #: the schedules' constants as ``[P]`` device arrays of ``optim.lr_schedule``'s by-value types
+        self.schedule_table = {
+            "kind": col("kind", np.int32, SCHEDULES.get),
+            "lr_max": col("lr", np.float32),
+            "lr_min": col("lr_min", np.float32),
+            "warmup": col("warmup", np.int64),
+            "period": col("period", np.int64),
+            "mult": col("mult", np.int64, int),
+            "restart_m_scale": col("restart_m_scale", np.float32),
+        }
+
+    def schedule_step(self) -> None:
+        """:meth:`Adam.schedule_step` of every member with its own schedule (one thread a member)."""
+        sc, t = self.scalars, self.schedule_table
+        self.ops.lr_schedule_members(
+            *(sc.view(k) for k in ("step", "lr", "m_scale", "bc1", "bc2")),
+            *(t[k] for k in ("kind", "lr_max", "lr_min", "warmup", "period", "mult", "restart_m_scale")),
+            self.beta1,
+            self.beta2,
+        )
 
     def _new_scalars(self, spec: dict, xp, initial: dict):
         return MemberScalars(spec, self.params.shape[0], xp, initial=initial)
@@ -433,11 +490,45 @@ class StackedAdam(Adam):
 
 class StackedSoftUpdate(SoftUpdate):
     """:class:`SoftUpdate` over P members: ``target`` and ``online`` float32 ``[P, n]`` (rows one stride
-    apart), ``count`` and ``tau`` ``[P]`` (:class:`cudarl.pinned.MemberScalars`); one tau schedule for
-    every member. Each method is one launch for every member; member ``i`` gets the bits of a
-    :class:`SoftUpdate` on its rows (:meth:`member_state_dict` is that SoftUpdate's :meth:`SoftUpdate.state_dict`)."""
+    apart), ``count`` and ``tau`` ``[P]`` (:class:`cudarl.pinned.MemberScalars`); ``tau_start``,
+    ``tau_end`` and ``period`` one value for every member or a sequence of P (member ``i``'s schedule; on
+    the device ``[P]`` arrays, :attr:`schedule_table`, read by ``optim.tau_schedule_members``). Each
+    method is one launch for every member; member ``i`` gets the bits of a :class:`SoftUpdate` with its
+    schedule on its rows (:meth:`member_state_dict` is that SoftUpdate's :meth:`SoftUpdate.state_dict`)."""
 
     _RANK = 2
+
+    def __init__(
+        self,
+        target,
+        online,
+        tau_start=_AGENT.tau_start,
+        tau_end=_AGENT.tau_end,
+        period=_AGENT.tau_period,
+        xp=None,
+    ):
+        P = target.shape[0] if target.ndim == 2 else 0
+        cols = [list(v) if np.ndim(v) else [v] * P for v in (tau_start, tau_end, period)]
+        if any(len(c) != P for c in cols):
+            raise ValueError(f"StackedSoftUpdate: tau_start, tau_end and period: one value or {P}")
+        super().__init__(target, online, cols[0][0], cols[1][0], cols[2][0], xp)
+        for a, b, t in zip(*cols, strict=True):
+            if not (0 < a <= 1 and 0 < b <= 1 and t >= 1):
+                raise ValueError("SoftUpdate: need tau_start, tau_end in (0, 1] and period >= 1")
+        xp = self.xp
+        #: each member's schedule as ``[P]`` device arrays of ``optim.tau_schedule``'s by-value types
+        self.schedule_table = {
+            "tau_start": xp.asarray(np.array(cols[0], np.float32)),
+            "tau_end": xp.asarray(np.array(cols[1], np.float32)),
+            "period": xp.asarray(np.array(cols[2], np.int64)),
+        }
+
+    def schedule_step(self) -> None:
+        """Advance every member's tau schedule, each with its own constants (one thread a member)."""
+        t = self.schedule_table
+        self.ops.tau_schedule_members(
+            self.scalars.view("count"), self.scalars.view("tau"), t["tau_start"], t["tau_end"], t["period"]
+        )
 
     def member_state_dict(self, i: int) -> dict:
         """Member ``i``'s tau schedule as the :meth:`SoftUpdate.state_dict` of a :class:`SoftUpdate` alone."""

@@ -170,7 +170,7 @@ class MemberScalars(_NamedSlots):
         spec: ``{name: dtype}`` as for :class:`DeviceScalars`.
         members: P.
         xp: ``numpy`` or ``cupy`` (default: the process backend).
-        initial: optional ``{name: value}``, the same value for every member.
+        initial: optional ``{name: value}``, the same value for every member or ``[members]`` values.
 
     ``view(name)`` is the ``[members]`` array to pass to kernels with a member axis; :meth:`get` and
     :meth:`set` copy all members' values (between replays, never inside a capture).

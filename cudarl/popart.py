@@ -24,6 +24,8 @@ cannot drift (docs/guide.md).
 
 from __future__ import annotations
 
+from contextlib import nullcontext
+
 import numpy as np
 
 from . import backend as _backend
@@ -228,6 +230,17 @@ class StackedPopArt(PopArt):
                 self.scalars.set("beta", beta)
             return
         self.scalars.set("beta", beta)
+
+    def freeze_members(self, members, stream=None) -> None:
+        """:meth:`PopArt.freeze` of the members ``members`` only (``beta = 0`` for each; the others keep
+        theirs), between replays, on ``stream``."""
+        with stream if stream is not None and self.gpu else nullcontext():
+            for i in members:
+                self.scalars.set_member("beta", i, 0.0)
+
+    def frozen_members(self) -> list[bool]:
+        """Whether each member's statistics are frozen (a device read: between replays)."""
+        return [bool(b == 0.0) for b in self.scalars.get("beta")]
 
     @property
     def frozen(self) -> bool:

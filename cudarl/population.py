@@ -49,6 +49,7 @@ from .config import Config, from_dict
 from .graph import SideStream, StepGraph
 from .guard import GuardStop
 from .prepare import prepare_data
+from .stacked_agent import MEMBER_SETTINGS
 from .trainer import AVERAGE_EVERY, Trainer, _Rate, check_finite_state
 
 #: Config fields members of one population may set differently (section -> fields; ``"*"``: all of
@@ -91,9 +92,11 @@ MAY_DIFFER = {
 
 
 #: Config fields members of a ``run.population = "joined"`` population may set differently: their seeds
-#: (the learner's, the replay's and the envs' Philox keys are ``[P]`` device arrays) and what the host
-#: alone reads. The by-value constants of the stacked kernels (lr and tau schedules, gamma, epsilon
-#: schedule, PER alpha and beta, costs, PopArt's) are one for every member: not yet ``[P]`` arrays.
+#: (the learner's, the replay's and the envs' Philox keys are ``[P]`` device arrays), what the host
+#: alone reads, and the settings the stacked kernels read per member from ``[P]`` device arrays
+#: (:data:`cudarl.stacked_agent.MEMBER_SETTINGS`: the learning-rate schedule, gamma, the tau and epsilon
+#: schedules, PER alpha, eps and beta schedule, the costs). The other by-value constants of the stacked
+#: kernels (the other reward options, Adam's betas, PopArt's) are one for every member: not yet ``[P]`` arrays.
 JOINED_MAY_DIFFER = {
     "run": {"name", "seed", "out_dir", "eval_every", "checkpoint_every", "keep_best", "log_every", "tensorboard",
             "grid_barrier"},
@@ -101,6 +104,8 @@ JOINED_MAY_DIFFER = {
     "guard": {"*"},
     "eval": {"*"},
 }  # fmt: skip
+for _sec, _fields in MEMBER_SETTINGS.items():
+    JOINED_MAY_DIFFER.setdefault(_sec, set()).update(_fields)
 
 #: run.device -> the backend request (as :class:`Trainer` resolves it)
 _BACKEND = {"auto": None, "gpu": "cupy", "cpu": "numpy"}
@@ -328,15 +333,17 @@ class Population:
         lead, P, xp = self.members[0], len(self.members), self.xp
         cfg, e, data = lead.cfg, lead.env, lead.data
         env_seeds = [m.env.config.seed for m in self.members]
+        env_configs = [m.env.config for m in self.members]  # the training envs' (their slippage: + train_cost_bps)
         env = StackedTradingEnv(
-            P, data.bars.open, data.bars.close, data.x, data.sign, e.config, seeds=env_seeds,
+            P, data.bars.open, data.bars.close, data.x, data.sign, e.config, seeds=env_seeds, configs=env_configs,
             t_begin=e.t_begin, t_end=e.t_end, window=data.window, backend=lead.be.name,
         )  # fmt: skip
         env.share_features(e)
         seeds = [m.cfg.run.seed for m in self.members]
         rows = env.rows_per_step * env.n_envs
-        self.env, self.replay = env, stacked_replay(cfg, rows, seeds, backend=lead.be.name)
-        self.learner = StackedLearner(cfg, env.obs_dim, env.n_actions, seeds, xp)
+        configs = [m.cfg for m in self.members]
+        self.env, self.replay = env, stacked_replay(cfg, rows, seeds, backend=lead.be.name, configs=configs)
+        self.learner = StackedLearner(cfg, env.obs_dim, env.n_actions, seeds, xp, configs)
         self._transitions, self._discount = env.make_transitions(), xp.zeros((P, rows), np.float32)
         if self.stream is not None:  # the envs' reset ran on the current stream; the graphs' is another
             xp.cuda.get_current_stream().synchronize()

@@ -47,6 +47,31 @@ class Batch(NamedTuple):
     discount: object
 
 
+def _integer(name, v, lo) -> int:
+    if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or int(v) < lo:
+        raise ValueError(f"{name}: expected an integer >= {lo}, got {v!r}")
+    return int(v)
+
+
+def _real(name, v, lo, hi, lo_open=False) -> float:
+    ok = isinstance(v, (int, float, np.floating, np.integer)) and not isinstance(v, bool) and math.isfinite(v)
+    if not ok or v < lo or v > hi or (lo_open and v == lo):
+        raise ValueError(f"{name}: expected a finite number in {'(' if lo_open else '['}{lo}, {hi}], got {v!r}")
+    return float(v)
+
+
+def priority_constants(alpha, eps, beta0, beta_final, beta_steps) -> dict:
+    """The priority exponent, its ``eps`` and the beta schedule of a :class:`PrioritizedReplay`, validated
+    (a :class:`ValueError` names the argument), as :class:`cudarl.reference.replay.ReplaySpec` fields."""
+    return {
+        "alpha": _real("alpha", alpha, 0.0, 8.0),
+        "eps": _real("eps", eps, 0.0, 1.0, True),
+        "beta0": _real("beta0", beta0, 0.0, 1.0),
+        "beta_final": _real("beta_final", beta_final, 0.0, 1.0),
+        "beta_steps": _integer("beta_steps", beta_steps, 1),
+    }
+
+
 class PrioritizedReplay:
     """Proportional prioritized replay over a ring of ``capacity`` transitions.
 
@@ -85,17 +110,7 @@ class PrioritizedReplay:
         stream_id: int = 0x5E9,
         backend: str | None = None,
     ):
-        def integer(name, v, lo):
-            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or int(v) < lo:
-                raise ValueError(f"{name}: expected an integer >= {lo}, got {v!r}")
-            return int(v)
-
-        def real(name, v, lo, hi, lo_open=False):
-            ok = isinstance(v, (int, float, np.floating, np.integer)) and not isinstance(v, bool) and math.isfinite(v)
-            if not ok or v < lo or v > hi or (lo_open and v == lo):
-                raise ValueError(f"{name}: expected a finite number in {'(' if lo_open else '['}{lo}, {hi}], got {v!r}")
-            return float(v)
-
+        integer, real = _integer, _real
         capacity = integer("capacity", capacity, 1)
         obs_dim = integer("obs_dim", obs_dim, 1)
         n_step = integer("n_step", n_step, 1)
@@ -112,11 +127,7 @@ class PrioritizedReplay:
             obs_dim=obs_dim,
             n_step=n_step,
             n_envs=n_envs,
-            alpha=real("alpha", alpha, 0.0, 8.0),
-            eps=real("eps", eps, 0.0, 1.0, True),
-            beta0=real("beta0", beta0, 0.0, 1.0),
-            beta_final=real("beta_final", beta_final, 0.0, 1.0),
-            beta_steps=integer("beta_steps", beta_steps, 1),
+            **priority_constants(alpha, eps, beta0, beta_final, beta_steps),
             seed=integer("seed", seed, 0) & 0xFFFFFFFFFFFFFFFF,
             stream_id=integer("stream_id", stream_id, 0) & 0xFFFFFFFF,
             store_next_obs=store_next_obs,
@@ -357,11 +368,15 @@ class PrioritizedReplay:
         else:
             self._ops.sample_search(self.spec, self.bufs, idx, qsel)
         if side is None:
-            self._ops.sample_weights(self.spec, self.bufs, qsel, w)
+            self._sample_weights(qsel, w)
         else:
             with side.fork():
-                self._ops.sample_weights(self.spec, self.bufs, qsel, w)
+                self._sample_weights(qsel, w)
         return idx, w
+
+    def _sample_weights(self, qsel, w) -> None:
+        """The importance weights of the sampled leaves ``qsel`` into ``w`` (beta and step advance)."""
+        self._ops.sample_weights(self.spec, self.bufs, qsel, w)
 
     def gather(self, indices, out: Batch | None = None) -> Batch:
         """Gather rows ``indices`` (int32 ``[B]``, as returned by ``sample``) with their n-step targets.
@@ -421,6 +436,10 @@ class PrioritizedReplay:
         B = self._indices_batch(indices)
         indices = self._arg("indices", indices, (*self._lead, B), np.int32, check_values=self._index_check)
         td = self._arg("td", td, (*self._lead, B), np.float32, check_values=None if device_rules else self._finite)
+        self._update_priorities(indices, td)
+
+    def _update_priorities(self, indices, td) -> None:
+        """The launch of :meth:`update_priorities` on checked arguments."""
         self._ops.update_priorities(self.spec, self.bufs, indices, td)
 
     def nbytes(self) -> int:

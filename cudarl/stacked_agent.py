@@ -34,7 +34,7 @@ The collect step (stage 6b), :meth:`StackedLearner.collect_phases`, is the singl
 (:meth:`cudarl.agent.Agent.collect_phases` with the C51 rule) over the members::
 
     act            StackedQNetwork forward over the envs' windows [P, N, width] (raw head), then
-                   act_c51_dueling over every member (its own epsilon schedule, counters and env seed)
+                   act_c51_dueling_members over every member (its own epsilon schedule, counters and env seed)
     env_step       StackedTradingEnv.record_step (record, discounts with gamma [P], step, windows)
     replay_insert  StackedPrioritizedReplay.add of every member's rows
 
@@ -91,22 +91,85 @@ def reference_collect_config(cfg: Config) -> None:
         )
 
 
-def stacked_replay(cfg: Config, n_envs: int, seeds, backend: str | None = None):
+def stacked_replay(cfg: Config, n_envs: int, seeds, backend: str | None = None, configs=None):
     """The :class:`cudarl.stacked_replay.StackedPrioritizedReplay` of state rows whose member ``i`` is the
     replay :class:`cudarl.trainer.Trainer` makes for ``cfg`` with ``run.seed = seeds[i]`` (``n_envs``: its
-    interleaved columns, rows of a collect step)."""
-    from .stacked_replay import StackedPrioritizedReplay
+    interleaved columns, rows of a collect step); ``configs``: optional P configs, member ``i``'s alpha, eps
+    and beta schedule ``configs[i].replay``'s (:data:`MEMBER_SETTINGS`)."""
+    from .stacked_replay import MEMBER_FIELDS, StackedPrioritizedReplay
 
     r = cfg.replay
+    per = [c.replay for c in configs] if configs is not None else [r]
+    own = {k: [getattr(m, k) for m in per] if configs is not None else getattr(r, k) for k in MEMBER_FIELDS}
     return StackedPrioritizedReplay(
         len(seeds), r.capacity, STATE_DIM, seeds=np.asarray(seeds, np.int64), n_step=r.n_step, n_envs=n_envs,
-        alpha=r.alpha, eps=r.eps, beta0=r.beta0, beta_final=r.beta_final, beta_steps=r.beta_steps,
-        store_next_obs=cfg.env.counterfactual, backend=backend,
+        store_next_obs=cfg.env.counterfactual, backend=backend, **own,
     )  # fmt: skip
 
 
+#: The settings members of a joined population (:class:`StackedLearner`, :func:`stacked_replay` and
+#: :class:`cudarl.stacked_env.StackedTradingEnv`) may set differently (section -> fields): each is a ``[P]``
+#: device array (an optimiser's, schedule's, replay's or env's table, or the initial value of a per-member
+#: device scalar), so member ``i`` runs its own value with the single kernel's arithmetic. The costs
+#: (``env.cost_bps``, ``env.slippage_bps`` and the training reward's ``agent.train_cost_bps``) are the
+#: stacked env's cost rates, the reward options (``env.hold_cap``, ``env.fill``, ``env.levels``) its hold
+#: caps, return rows and level rows (:data:`cudarl.stacked_env.MEMBER_FIELDS`). Shrink-and-perturb
+#: (``optim.shrink_every``, ``shrink``, ``perturb``) and PopArt's freeze (``agent.popart_warmup``) are
+#: host-driven work between updates, member by member; ``agent.popart_beta`` is the initial value of
+#: PopArt's ``beta [P]``. Every other field the learner reads is one for every member.
+MEMBER_SETTINGS = {
+    "optim": (
+        "schedule",
+        "lr",
+        "lr_min",
+        "warmup",
+        "period",
+        "mult",
+        "restart_m_scale",
+        "shrink_every",
+        "shrink",
+        "perturb",
+    ),
+    "agent": (
+        "gamma",
+        "tau_start",
+        "tau_end",
+        "tau_period",
+        "eps_start",
+        "eps_end",
+        "eps_steps",
+        "train_cost_bps",
+        "popart_beta",
+        "popart_warmup",
+    ),
+    "replay": ("alpha", "eps", "beta0", "beta_final", "beta_steps"),
+    "env": ("cost_bps", "slippage_bps", "hold_cap", "fill", "levels"),
+}
+
+
+def member_settings(configs) -> list[str]:
+    """The ``section.field`` names of :data:`MEMBER_SETTINGS` in which ``configs`` differ (for messages)."""
+    return [
+        f"{sec}.{f}"
+        for sec, fields in MEMBER_SETTINGS.items()
+        for f in fields
+        if len({getattr(getattr(c, sec), f) for c in configs}) > 1
+    ]
+
+
+def _learner_differences(a: Config, b: Config) -> list[str]:
+    """The ``section.field`` names of the sections the learner reads (net, agent, optim, replay) where ``a`` and
+    ``b`` differ outside :data:`MEMBER_SETTINGS`."""
+    out = []
+    for sec in ("net", "agent", "optim", "replay"):
+        da, db = getattr(a, sec).__dict__, getattr(b, sec).__dict__
+        out += [f"{sec}.{k}" for k in da if da[k] != db[k] and k not in MEMBER_SETTINGS.get(sec, ())]
+    return out
+
+
 class StackedLearner:
-    """The learner of P agents of one reference configuration, members differing in their seeds.
+    """The learner of P agents of one reference configuration, members differing in their seeds and in the
+    settings of :data:`MEMBER_SETTINGS`.
 
     Args:
         cfg: the :class:`cudarl.config.Config` every member runs (``run.seed`` is not read: ``seeds``);
@@ -114,6 +177,9 @@ class StackedLearner:
         obs_dim: the network's input (:attr:`cudarl.window.Windows.width`); n_actions: A.
         seeds: P seeds, member ``i`` initialised as ``Agent`` with ``run.seed = seeds[i]``.
         xp: ``numpy`` or ``cupy``.
+        configs: optional P configs, member ``i`` reading the fields of :data:`MEMBER_SETTINGS` from
+            ``configs[i]`` (its learning-rate schedule, gamma, tau and epsilon schedules; its replay's PER
+            settings are :func:`stacked_replay`'s); the rest from ``cfg``. Default: ``cfg`` for every member.
 
     Buffers (member ``i`` at index ``i`` of the leading axis): :attr:`online`, :attr:`target`
     (:class:`cudarl.nn.StackedQNetwork`), :attr:`adam` (:class:`cudarl.optim.StackedAdam`),
@@ -125,13 +191,24 @@ class StackedLearner:
     ``ring [P, 2 * PUBLISH_SLOTS]``) and :attr:`stats_ring` (``[slots, P * (2A + 2)]``).
     """
 
-    def __init__(self, cfg: Config, obs_dim: int, n_actions: int, seeds, xp):
+    def __init__(self, cfg: Config, obs_dim: int, n_actions: int, seeds, xp, configs=None):
         reference_config(cfg)
         self.cfg, self.xp = cfg, xp
         self.seeds = [int(s) for s in seeds]
         P = self.members = len(self.seeds)
+        configs = [cfg] * P if configs is None else list(configs)
+        if len(configs) != P:
+            raise ValueError(f"StackedLearner: {len(configs)} configs for {P} members")
+        bad = sorted({f for c in configs for f in _learner_differences(cfg, c)})
+        if bad:
+            raise ValueError(
+                f"StackedLearner: members differ in {', '.join(bad)}; only the fields of MEMBER_SETTINGS may differ"
+            )
+        #: member ``i``'s config (its :data:`MEMBER_SETTINGS`)
+        self.configs = configs
+        per = [c.agent for c in configs]
         B = self.batch_size = cfg.agent.batch_size
-        a, o = cfg.agent, cfg.optim
+        a = cfg.agent
         A, K = int(n_actions), cfg.net.atoms
         net = dict(members=P, xp=xp, max_batch=B, seeds=self.seeds)
         self.online = StackedQNetwork(obs_dim, A, cfg.net, **net)
@@ -153,7 +230,9 @@ class StackedLearner:
         self.target.prepare_input(self.batch.next_obs, self.target.ws)
         self.support = xp.asarray(support(cfg.net))
         self.popart = (
-            StackedPopArt(P, beta=a.popart_beta, scale=C51Rule.popart_scale(cfg.net), xp=xp) if a.popart else None
+            StackedPopArt(P, beta=[m.popart_beta for m in per], scale=C51Rule.popart_scale(cfg.net), xp=xp)
+            if a.popart
+            else None
         )
         self.ws.set_batch(B)
         self.out = losses.C51TargetsLoss.empty(
@@ -171,9 +250,12 @@ class StackedLearner:
         self.readback = PinnedReadback(P * 2 * PUBLISH_SLOTS, f32, xp)
         self.ring = self.readback.device.reshape(P, 2 * PUBLISH_SLOTS)
         self.grad_norm = xp.zeros(P, f32)
-        self.adam = StackedAdam.from_config(self.online, o, self.grad_norm, xp)
+        self.adam = StackedAdam.from_config(self.online, [c.optim for c in configs], self.grad_norm, xp)
         self.soft = StackedSoftUpdate(
-            self.target.params, self.online.params, a.tau_start, a.tau_end, a.tau_period, xp=xp
+            self.target.params,
+            self.online.params,
+            *([getattr(m, k) for m in per] for k in ("tau_start", "tau_end", "tau_period")),
+            xp=xp,
         )
         self.fused = cfg.run.grid_barrier and self._fits_one_launch()
         self.agent_ops, self.nn_ops = family("agent", xp), family("nn", xp)
@@ -186,12 +268,12 @@ class StackedLearner:
         self.online.set_side_stream(self.grad_sides)
         self.idx = self.weights = None  # the replay's [P, B] buffers, set by the sample phase
         self.va = self.va_online_next = self.va_target_next = None  # the forward's outputs (workspace rows)
-        self._popart_live = self.popart is not None
+        self._popart_live = set(range(P)) if self.popart is not None else set()  # members whose PopArt moves
         #: the collect step's device scalars, each ``[P]`` (as :class:`cudarl.agent.Agent`'s one each; checkpointed
         #: with the member)
         self.scalars = MemberScalars(
             {"gamma": f32, "epsilon": f32, "collect_steps": np.int64}, P, xp,
-            initial={"gamma": a.gamma, "epsilon": a.eps_start},
+            initial={"gamma": [m.gamma for m in per], "epsilon": [m.eps_start for m in per]},
         )  # fmt: skip
         self.ws_act = self.q_act = None  # the acting forward's workspace and expected Q (collect_phases)
 
@@ -213,7 +295,7 @@ class StackedLearner:
         float32 ``[P, rows]``. Allocates the acting workspace (``[P, n_envs]`` rows) and ``q_act [P, N, A]``
         here, before any capture."""
         reference_collect_config(self.cfg)
-        P, xp, a = self.members, self.xp, self.cfg.agent
+        P, xp = self.members, self.xp
         for name, obj in (("env", env), ("replay", replay)):
             if getattr(obj, "members", None) != P:
                 raise ValueError(f"collect_phases: a stacked {name} of {P} members, got {type(obj).__name__}")
@@ -221,15 +303,19 @@ class StackedLearner:
         self.ws_act = self.online.new_workspace(N)
         self.online.prepare_input(env.obs, self.ws_act)  # the windows' member stride: a plan before capture
         self.q_act = xp.zeros((P, N, env.n_actions), np.float32)
-        # the device epsilon, its step counter, the fused act kernel's ticket counters (0 between launches)
+        # the device epsilon, its step counter, the fused act kernel's ticket counters (0 between launches),
+        # each member's epsilon schedule ([P] arrays of act_c51_dueling's by-value types)
+        per = [c.agent for c in self.configs]
         eps_args = (
             self.scalars.view("epsilon"), self.scalars.view("collect_steps"), xp.zeros(P, np.uint32),
-            a.eps_start, a.eps_end, a.eps_steps,
+            xp.asarray(np.array([m.eps_start for m in per], np.float64)),
+            xp.asarray(np.array([m.eps_end for m in per], np.float64)),
+            xp.asarray(np.array([m.eps_steps for m in per], np.int64)),
         )  # fmt: skip
 
         def act():
             va = self.online.forward(env.obs, self.ws_act, raw_head=True)
-            self.agent_ops.act_c51_dueling(
+            self.agent_ops.act_c51_dueling_members(
                 env.actions, self.q_act, va, self.support, env.state.count, env.seed, *eps_args
             )
 
@@ -339,16 +425,19 @@ class StackedLearner:
 
     # --- between two updates ------------------------------------------------------------------------
     def between_updates(self, step: int, stream=None) -> None:
-        """:meth:`cudarl.agent.Agent.between_updates` for every member: PopArt's statistics freeze once
-        ``agent.popart_warmup`` updates are done; every ``optim.shrink_every`` updates each member's online
-        network is shrunk and perturbed with its own seed (a launch per member)."""
-        warmup, o = self.cfg.agent.popart_warmup, self.cfg.optim
-        if self._popart_live and warmup and step >= warmup:
-            self.popart.freeze(stream)
-            self._popart_live = False
-        if o.shrink_every and step % o.shrink_every == 0:
-            with stream if stream is not None else nullcontext():
-                for i, seed in enumerate(self.seeds):
+        """:meth:`cudarl.agent.Agent.between_updates` for every member, each with its own settings: member
+        ``i``'s PopArt statistics freeze once its ``agent.popart_warmup`` updates are done; every
+        ``optim.shrink_every`` updates of its own its online network is shrunk and perturbed with its seed
+        (a launch per member)."""
+        warmups = [c.agent.popart_warmup for c in self.configs]
+        due = sorted(i for i in self._popart_live if warmups[i] and step >= warmups[i])
+        if due:
+            self.popart.freeze_members(due, stream)
+            self._popart_live -= set(due)
+        with stream if stream is not None else nullcontext():
+            for i, (seed, c) in enumerate(zip(self.seeds, self.configs, strict=True)):
+                o = c.optim
+                if o.shrink_every and step % o.shrink_every == 0:
                     shrink_perturb(self.online.params[i], o.shrink, o.perturb, seed, step // o.shrink_every)
 
     # --- what the host reads ---------------------------------------------------------------------
@@ -398,7 +487,7 @@ class StackedLearner:
         self.scalars.load_state_dict(s["scalars"])
         if self.popart is not None:
             self.popart.load_state_dict(s["popart"])
-        self._popart_live = self.popart is not None and not self.popart.frozen
+        self._popart_live = self._live_popart()
 
     def member_state_dict(self, i: int) -> dict:
         """Member ``i``'s state as the :meth:`cudarl.agent.Agent.state_dict` of the agent it equals (``run.seed
@@ -429,7 +518,13 @@ class StackedLearner:
         self.scalars.load_member_state_dict(i, s["scalars"])
         if self.popart is not None:
             self.popart.load_member_state_dict(i, s["popart"])
-        self._popart_live = self.popart is not None and not self.popart.frozen
+        self._popart_live = self._live_popart()
+
+    def _live_popart(self) -> set:
+        """The members whose PopArt statistics still move (beta not 0: a device read, between replays)."""
+        if self.popart is None:
+            return set()
+        return {i for i, frozen in enumerate(self.popart.frozen_members()) if not frozen}
 
     def _check_keys(self, s: dict, extra: set) -> None:
         """Refuse a state of another configuration: PopArt's presence must match, and nothing the reference

@@ -10,18 +10,32 @@ axis, in stages", stage 5), and member ``i`` gets the bits of a :class:`Prioriti
 step, so they do not depend on ``P`` or on its index. The feature matrix the windows are gathered from
 is one copy for every member.
 
-One spec for every member: capacity, row width, n-step, environments, alpha, eps and the beta schedule
-(the kernels take them by value; members that differ in them are not one stacked replay yet).
+One spec for every member: capacity, row width, n-step and environments (they shape the buffers and the
+kernels take them by value). Alpha, eps and the beta schedule may be each member's own
+(:data:`MEMBER_FIELDS`): ``[P]`` device arrays (:attr:`StackedPrioritizedReplay.member_table`) that
+``sample_weights_members`` and ``update_priorities_members`` read at the member.
 """
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import numpy as np
 
 from . import backend as _backend
 from .pinned import MemberScalars, member_index
 from .reference import replay as _ref
-from .replay import STATUS_NAMES, PrioritizedReplay
+from .replay import STATUS_NAMES, PrioritizedReplay, priority_constants
+
+#: The arguments a member may set to its own value (one value for every member, or a sequence of P), with
+#: the dtype of its ``[P]`` device array (the single kernels' by-value type).
+MEMBER_FIELDS = {
+    "alpha": np.float64,
+    "eps": np.float64,
+    "beta0": np.float64,
+    "beta_final": np.float64,
+    "beta_steps": np.int64,
+}
 
 
 class StackedPrioritizedReplay(PrioritizedReplay):
@@ -30,6 +44,8 @@ class StackedPrioritizedReplay(PrioritizedReplay):
     Args:
         members: P (>= 1).
         seeds: P Philox keys, member ``i``'s the ``seed`` of the replay it equals.
+        alpha, eps, beta0, beta_final, beta_steps: one value for every member or a sequence of P (member
+            ``i``'s the argument of the replay it equals; :data:`MEMBER_FIELDS`).
         The other arguments are :class:`PrioritizedReplay`'s (one value for every member).
 
     The methods are :class:`PrioritizedReplay`'s with a leading member axis on every batch array: ``add``
@@ -49,9 +65,34 @@ class StackedPrioritizedReplay(PrioritizedReplay):
         seeds = np.asarray(seeds)
         if seeds.shape != (int(members),) or seeds.dtype.kind not in "iu" or np.any(seeds < 0):
             raise ValueError(f"seeds: expected {int(members)} non-negative integers, got {seeds!r}")
-        self._members = int(members)
+        self._members = P = int(members)
         self._seeds = (seeds.astype(np.uint64) & np.uint64(0xFFFFFFFFFFFFFFFF)).astype(np.uint64)
-        super().__init__(capacity, obs_dim, **kw)
+        per = {}
+        for k in MEMBER_FIELDS:
+            if k in kw and np.ndim(kw[k]):
+                v = list(kw.pop(k))
+                if len(v) != P:
+                    raise ValueError(f"{k}: one value or {P} (one per member), got {len(v)}")
+                per[k] = v
+        super().__init__(capacity, obs_dim, **kw, **{k: v[0] for k, v in per.items()})
+        #: member ``i``'s :class:`cudarl.reference.replay.ReplaySpec` (its seed, alpha, eps and beta schedule);
+        #: each is validated as a single replay's arguments
+        self._specs = []
+        for i in range(P):
+            own = {k: v[i] for k, v in per.items()}
+            if own:
+                base = {k: getattr(self.spec, k) for k in MEMBER_FIELDS}
+                own = {k: v for k, v in priority_constants(**{**base, **own}).items() if k in per}
+            self._specs.append(replace(self.spec, seed=int(self._seeds[i]), **own))
+        xp = self.xp
+        #: each member's :data:`MEMBER_FIELDS` as ``[P]`` device arrays (read by the ``_members`` kernels)
+        self.member_table = {
+            k: xp.asarray(np.array([getattr(sp, k) for sp in self._specs], dt)) for k, dt in MEMBER_FIELDS.items()
+        }
+        # beta starts at each member's beta0, the running maximum at its initial_priority ** alpha
+        self._scalars.set("beta", [sp.beta0 for sp in self._specs])
+        ip = float(kw.get("initial_priority", 1.0))
+        self._scalars.set("max_q", [int(_ref.quantize(ip**sp.alpha)) for sp in self._specs])
 
     @property
     def _lead(self) -> tuple:
@@ -73,10 +114,17 @@ class StackedPrioritizedReplay(PrioritizedReplay):
         return self._seeds.copy()
 
     def member_spec(self, i: int) -> _ref.ReplaySpec:
-        """The :class:`cudarl.reference.replay.ReplaySpec` of the replay member ``i`` equals (its own seed)."""
-        from dataclasses import replace
+        """The :class:`cudarl.reference.replay.ReplaySpec` of the replay member ``i`` equals (its own seed,
+        alpha, eps and beta schedule)."""
+        return self._specs[member_index(i, self._members)]
 
-        return replace(self.spec, seed=int(self._seeds[i]))
+    def _sample_weights(self, qsel, w) -> None:
+        t = self.member_table
+        self._ops.sample_weights_members(self.spec, self.bufs, qsel, w, t["beta0"], t["beta_final"], t["beta_steps"])
+
+    def _update_priorities(self, indices, td) -> None:
+        t = self.member_table
+        self._ops.update_priorities_members(self.spec, self.bufs, indices, td, t["alpha"], t["eps"])
 
     def added(self) -> np.ndarray:
         """Rows ever added, int64 ``[P]`` (a device read)."""

@@ -163,6 +163,27 @@ def act_c51_dueling(
     m.run("act_c51_dueling", blocks_for(32 * n), args, start, end, steps, stream)
 
 
+def act_c51_dueling_members(
+    actions, q, va, support, env_count, seed, eps, count, arrivals, start, end, steps, stream=None
+) -> None:
+    """:func:`act_c51_dueling` over ``P`` members (the member axis only) whose epsilon schedules differ:
+    ``start``, ``end`` float64 and ``steps`` int64 ``[P]`` (member ``i``'s at ``i``), each member the bits
+    of :func:`act_c51_dueling` with its schedule."""
+    if len(actions.shape) != 2:
+        raise ValueError(f"agent.act_c51_dueling_members: actions [P, n], got {list(actions.shape)}")
+    P = actions.shape[0]
+    for name, a, dt in (("start", start, np.float64), ("end", end, np.float64), ("steps", steps, np.int64)):
+        _check(name, a, dt, (P,))
+    m = _Act("agent.act_c51_dueling_members", actions, q, va, 2, env_count, seed, eps, count, arrivals, support)
+    n, a_n, e = m.n, m.a_n, m.e
+    k_n = e["support"].shape[0] if e["support"].ndim == 1 else 0
+    _check("support", e["support"], np.float32, (k_n,))
+    _check("va", e["head"], np.float32, (n, (1 + a_n) * k_n))
+    args = (e["actions"], e["q"], e["head"], e["support"], e["env_count"], n, a_n, k_n, m.sz)
+    schedule = (m.eps, m.count, m.arrivals, start, end, steps, m.seed, m.sn, m.sq, m.sl)
+    launch("agent", "act_c51_dueling_members", (blocks_for(32 * n), P), 256, (*args, *schedule), stream=stream)
+
+
 def act_iqn(
     actions, q, theta, env_count, seed, eps, count, arrivals, start: float, end: float, steps: int, stream=None
 ) -> None:

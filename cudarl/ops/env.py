@@ -161,15 +161,55 @@ def step(
         reward_out, done_out: float32 ``[N]``; seed: uint64 ``[1]``, the Philox key (device memory).
         Members: the module's docstring.
     """
+    _step("step", None, state, rows, reward_out, done_out, actions, scale, data, params, seed, stream)
+
+
+def step_members(
+    state: EnvState, rows, reward_out, done_out, actions, scale, data: EnvData, params: EnvParams, seed, rates,
+    hold_caps, stream=None,
+) -> None:  # fmt: skip
+    """:func:`step` over P members (the member axis only) whose costs and reward options differ: ``rates``
+    float32 and ``hold_caps`` int32 ``[P]`` (member ``i``'s :attr:`EnvParams.rate` and ``hold_cap``;
+    ``params``' are not read), ``data.ret`` ``[T]`` or ``[P, T]`` (a member's fill) and ``data.levels``
+    ``[A]`` or ``[P, A]``; member ``i`` the bits of :func:`step` with its values."""
+    _step("step_members", (hold_caps, rates), state, rows, reward_out, done_out, actions, scale, data, params, seed,
+          stream)  # fmt: skip
+
+
+def _members_data(m: _Members, data: EnvData, consts) -> tuple:
+    """The ``_members`` ops' constants: the member axis (``m``), ``consts`` = ``(hold_caps, rates)`` int32 and
+    float32 ``[P]`` (the kernels' order), ``data.ret`` and ``data.levels`` one array or C-contiguous
+    ``[P, ...]`` rows. Returns ``(data, (s_ret, s_lv))``: ``data`` with member 0's rows (for the single op's
+    checks) and the rows' member strides (0: one array for every member)."""
+    if not m.axis:
+        raise ValueError(f"{m.w}: the arrays must have the member axis (rates and hold_caps are [P])")
+    hold_caps, rates = consts
+    _check("hold_caps", hold_caps, np.int32, (m.P,))
+    _check("rates", rates, np.float32, (m.P,))
+    one, strides = {}, []
+    for name in ("ret", "levels"):
+        a = getattr(data, name)
+        if a.ndim == 2:
+            _check(f"data.{name}", a, np.float32, (m.P, a.shape[1]))
+            one[name], stride = a[0], a.shape[1]
+        else:
+            one[name], stride = a, 0
+        strides.append(stride)
+    return data._replace(**one), tuple(strides)
+
+
+def _step(op: str, consts, state, rows, reward_out, done_out, actions, scale, data, params, seed, stream) -> None:
+    """:func:`step` (``consts`` None: ``params``') or :func:`step_members` (``consts``: its rates and hold caps)."""
     vec = {"reward": (reward_out, 1), "done": (done_out, 1), "actions": (actions, 1), "scale": (scale, 1)}
-    m = _Members("env.step", state, {**vec, "rows": (rows, 2)})
+    m = _Members(f"env.{op}", state, {**vec, "rows": (rows, 2)})
     state, rows, reward_out, done_out, actions, scale = (
         m.state,
         *(m.e[k] for k in ("rows", "reward", "done", "actions", "scale")),
     )
     m.scalars(seed=(seed, np.uint64))
+    rows_data, extra = (data, ()) if consts is None else _members_data(m, data, consts)
     n = _check_state(state)
-    t_n, f_n, a_n = _check_data(data)
+    t_n, f_n, a_n = _check_data(rows_data)
     _check_params(params, t_n)
     _check("rows", rows, np.float32, (n, STATE_DIM))
     _check("reward_out", reward_out, np.float32, (n,))
@@ -178,7 +218,7 @@ def step(
     _check("scale", scale, np.float32, (n,))
     launch(
         "env",
-        "step",
+        op,
         (blocks_for(n, _THREADS), m.P),
         _THREADS,
         (
@@ -196,11 +236,11 @@ def step(
             params.t_begin,
             params.n_starts,
             params.episode_len,
-            params.hold_cap,
-            params.rate,
+            *((params.hold_cap, params.rate) if consts is None else consts),
             seed,
             m.stride(*_Members.VECTORS),
             m.stride("rows"),
+            *extra,
         ),
         stream=stream,
     )
@@ -269,9 +309,28 @@ def record_step(
         actions: int32 ``[N]``; scale: float32 ``[N]``; seed: uint64 ``[1]``, the Philox key (device
         memory). Members: the module's docstring.
     """
+    _record_step("record_step", None, out, discount_out, gamma, state, rows, reward_out, done_out, obs, actions,
+                 scale, data, params, seed, window, stream)  # fmt: skip
+
+
+def record_step_members(
+    out: Transitions, discount_out, gamma, state: EnvState, rows, reward_out, done_out, obs, actions, scale,
+    data: EnvData, params: EnvParams, seed, window: int, rates, hold_caps, stream=None,
+) -> None:  # fmt: skip
+    """:func:`record_step` over P members (the member axis only) whose costs and reward options differ:
+    ``rates``, ``hold_caps``, ``data.ret`` and ``data.levels`` as :func:`step_members`'s; member ``i`` the
+    bits of :func:`record_step` with its values."""
+    _record_step("record_step_members", (hold_caps, rates), out, discount_out, gamma, state, rows, reward_out,
+                 done_out, obs, actions, scale, data, params, seed, window, stream)  # fmt: skip
+
+
+def _record_step(op, consts, out, discount_out, gamma, state, rows, reward_out, done_out, obs, actions, scale, data,
+                 params, seed, window, stream) -> None:  # fmt: skip
+    """:func:`record_step` (``consts`` None: ``params``') or :func:`record_step_members` (``consts``: its rates
+    and hold caps)."""
     if int(window) < 1:
         raise ValueError(f"window must be >= 1, got {window}")
-    w = "env.record_step"
+    w = f"env.{op}"
     vec = {"reward": (reward_out, 1), "done": (done_out, 1), "actions": (actions, 1), "scale": (scale, 1)}
     trans = {f"out.{k}": (getattr(out, k), 2 if k in ("obs", "next_obs") else 1) for k in Transitions._fields}
     mb = _Members(w, state, {**vec, "rows": (rows, 2), "obs": (obs, 2), "discount": (discount_out, 1), **trans})
@@ -282,7 +341,8 @@ def record_step(
         *(e[k] for k in ("rows", "reward", "done", "obs", "actions", "scale", "discount")),
     )
     mb.scalars(gamma=(gamma, np.float32), seed=(seed, np.uint64))
-    n, m, t_n, f_n, a_n = _check_record(out, state, actions, scale, data, params)
+    rows_data, extra = (data, ()) if consts is None else _members_data(mb, data, consts)
+    n, m, t_n, f_n, a_n = _check_record(out, state, actions, scale, rows_data, params)
     for name, a, dt, shape in (
         ("discount_out", discount_out, np.float32, (m,)),
         ("rows", rows, np.float32, (n, STATE_DIM)),
@@ -293,7 +353,7 @@ def record_step(
         _check(name, a, dt, shape)
     launch(
         "env",
-        "record_step",
+        op,
         (blocks_for(32 * n, _THREADS), mb.P),  # a warp per env
         _THREADS,
         (
@@ -317,8 +377,7 @@ def record_step(
             params.t_begin,
             params.n_starts,
             params.episode_len,
-            params.hold_cap,
-            params.rate,
+            *((params.hold_cap, params.rate) if consts is None else consts),
             seed,
             int(bool(params.counterfactual)),
             int(bool(params.mirror)),
@@ -330,6 +389,7 @@ def record_step(
             mb.stride("obs"),
             mb.stride("out.action", "out.reward", "out.done", "discount"),
             mb.stride("out.obs", "out.next_obs"),
+            *extra,
         ),
         stream=stream,
     )

@@ -12,7 +12,8 @@ The member axis (a population's agents, :class:`cudarl.optim.StackedAdam`): ``gr
 member stride in elements), the partials ``[P, GN_BLOCKS]`` and a ring ``[P, 2 * slots]`` C-contiguous,
 and each device scalar ``[P]``. One launch whose ``blockIdx.y`` is the member gets each member the bits
 of a single launch on its rows; arrays without the member axis are the single launch (``gridDim.y`` 1,
-stride 0). The by-value constants are one value for every member.
+stride 0). The by-value constants are one value for every member; ``lr_schedule_members`` and
+``tau_schedule_members`` take each member's schedule as ``[P]`` arrays instead.
 """
 
 from __future__ import annotations
@@ -190,6 +191,51 @@ def lr_schedule(
             float(beta2),
         ),
     )
+
+
+def _member_consts(where: str, P: int, **arrs) -> None:
+    """Per-member constants (``lr_schedule_members``, ``tau_schedule_members``): each a C-contiguous
+    ``[P]`` array of the dtype its single kernel takes by value (the kernels' signature checks it)."""
+    for name, a in arrs.items():
+        if a.shape != (P,) or not a.flags.c_contiguous:
+            raise ValueError(f"{where}: {name} must be [{P}], a constant per member, got shape {a.shape}")
+
+
+def lr_schedule_members(
+    step,
+    lr,
+    m_scale,
+    bc1,
+    bc2,
+    kind,
+    lr_max,
+    lr_min,
+    warmup,
+    period,
+    mult,
+    restart_m_scale,
+    beta1: float,
+    beta2: float,
+) -> None:
+    """:func:`lr_schedule` with each member's own schedule: the scalars ``[P]``; ``kind`` int32, ``lr_max``,
+    ``lr_min``, ``restart_m_scale`` float32, ``warmup``, ``period``, ``mult`` int64, each ``[P]`` (member
+    ``i``'s constants at ``i``); ``beta1``, ``beta2`` one for every member. Member ``i`` gets the bits of
+    :func:`lr_schedule` with its constants."""
+    P = step.shape[0] if step.ndim == 1 else 1
+    w = "optim.lr_schedule_members"
+    _member_scalars(w, P, step=step, lr=lr, m_scale=m_scale, bc1=bc1, bc2=bc2)
+    if step.shape != (P,):
+        raise ValueError(f"{w}: step must be [P], got shape {step.shape}")
+    _member_consts(w, P, kind=kind, lr_max=lr_max, lr_min=lr_min, warmup=warmup, period=period, mult=mult,
+                   restart_m_scale=restart_m_scale)  # fmt: skip
+    launch(
+        "optim",
+        "lr_schedule_members",
+        (1, P),
+        1,
+        (step, lr, m_scale, bc1, bc2, kind, lr_max, lr_min, warmup, period, mult, restart_m_scale,
+         float(beta1), float(beta2)),
+    )  # fmt: skip
 
 
 def _adam_checks(w: str, p, g, m, v, mask, lr, m_scale, bc1, bc2, clip, **more) -> tuple[int, dict, int, int]:
@@ -383,6 +429,17 @@ def tau_schedule(count, tau, tau_start: float, tau_end: float, period: int) -> N
         1,
         (count, tau, float(tau_start), float(tau_end), int(period)),
     )
+
+
+def tau_schedule_members(count, tau, tau_start, tau_end, period) -> None:
+    """:func:`tau_schedule` with each member's own schedule: ``count``, ``tau`` ``[P]``; ``tau_start``,
+    ``tau_end`` float32 and ``period`` int64 ``[P]`` (member ``i``'s at ``i``): member ``i`` gets the bits
+    of :func:`tau_schedule` with its constants."""
+    w = "optim.tau_schedule_members"
+    P = count.shape[0]
+    _member_scalars(w, P, count=count, tau=tau)
+    _member_consts(w, P, tau_start=tau_start, tau_end=tau_end, period=period)
+    launch("optim", "tau_schedule_members", (1, P), 1, (count, tau, tau_start, tau_end, period))
 
 
 def soft_update(target, online, tau) -> None:

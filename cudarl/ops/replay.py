@@ -13,7 +13,8 @@ its per-slot arrays, the tree, a batch's rows, its vectors, the windows) shares 
 member's row C-contiguous); one launch whose ``blockIdx.y`` is the member gets each member the bits of a
 single launch on its rows. Buffers without the axis are the single launch (``gridDim.y`` 1, strides 0).
 The by-value constants (``spec``: alpha, eps, the beta schedule, stream_id, the shapes) are one value for
-every member; the Philox keys are ``bufs.seed``, a member's own.
+every member (``sample_weights_members`` and ``update_priorities_members`` take each member's beta schedule,
+alpha and eps as ``[P]`` arrays instead); the Philox keys are ``bufs.seed``, a member's own.
 """
 
 from __future__ import annotations
@@ -307,6 +308,34 @@ def sample_weights(spec: ReplaySpec, bufs: ReplayBuffers, qsel, weights_out) -> 
     )
 
 
+def _member_consts(where: str, bufs: ReplayBuffers, **arrs) -> None:
+    """Per-member constants (the ``_members`` ops): ``bufs`` with the member axis and each ``(array, dtype)``
+    a C-contiguous ``[P]`` array of that dtype (the single kernel's by-value type)."""
+    if bufs.members is None:
+        raise ValueError(f"{where}: bufs must have the member axis (tree [P, nodes])")
+    for name, (a, dt) in arrs.items():
+        _need(name, a, (bufs.members,), dt)
+
+
+def sample_weights_members(
+    spec: ReplaySpec, bufs: ReplayBuffers, qsel, weights_out, beta0, beta_final, beta_steps
+) -> None:
+    """:func:`sample_weights` over P members each with its own beta schedule: ``beta0``, ``beta_final``
+    float64 and ``beta_steps`` int64 ``[P]`` (``spec``'s schedule is not read); a block a member."""
+    _member_consts("replay.sample_weights_members", bufs, beta0=(beta0, np.float64),
+                   beta_final=(beta_final, np.float64), beta_steps=(beta_steps, np.int64))  # fmt: skip
+    B = _batch_size(bufs, qsel)
+    v, sv = _family(bufs, qsel=(qsel, (B,), np.int64), weights_out=(weights_out, (B,), np.float32))
+    _scalars(bufs, step=np.int64, beta=np.float64)
+    launch(
+        "replay",
+        "sample_weights_members",
+        (1, _members(bufs)),
+        _ONE_BLOCK,
+        (v["qsel"], v["weights_out"], bufs.step, bufs.beta, B, beta0, beta_final, beta_steps, sv),
+    )
+
+
 def sample(spec: ReplaySpec, bufs: ReplayBuffers, indices_out, weights_out, qsel_out) -> None:
     """Stratified proportional sample of ``B = len(indices_out)`` rows; see ``reference.replay.sample``.
 
@@ -468,6 +497,25 @@ def update_priorities(spec: ReplaySpec, bufs: ReplayBuffers, indices, td) -> Non
             sc,
         ),
     )
+
+
+def update_priorities_members(spec: ReplaySpec, bufs: ReplayBuffers, indices, td, alpha, eps) -> None:
+    """:func:`update_priorities` over P members each with its own ``alpha`` and ``eps`` (float64 ``[P]``;
+    ``spec``'s are not read); a block a member."""
+    _member_consts("replay.update_priorities_members", bufs, alpha=(alpha, np.float64), eps=(eps, np.float64))
+    B = _batch_size(bufs, indices)
+    v, sv = _family(bufs, indices=(indices, (B,), np.int32), td=(td, (B,), np.float32))
+    tree, st = _tree(bufs)
+    o, sc = _ring(spec, bufs, "owner")
+    _scalars(bufs, max_q=np.int64, status=np.int64)
+    launch(
+        "replay",
+        "update_priorities_members",
+        (1, _members(bufs)),
+        _ONE_BLOCK,
+        (v["indices"], v["td"], tree, bufs.levels, o["owner"], bufs.max_q, bufs.status, B, spec.capacity,
+         _depth(bufs), alpha, eps, sv, st, sc),
+    )  # fmt: skip
 
 
 def tree_level(tree, src_off: int, dst_off: int, n_dst: int) -> None:

@@ -94,6 +94,18 @@ def act_c51_dueling(
     act_c51(actions, q, logits, support, env_count, seed, eps, count, arrivals, start, end, steps)
 
 
+def act_c51_dueling_members(actions, q, va, support, env_count, seed, eps, count, arrivals, start, end, steps) -> None:
+    """:func:`act_c51_dueling` over ``P`` members (``actions [P, n]``, the rest as its member axis) whose
+    epsilon schedules differ: ``start``, ``end``, ``steps`` ``[P]``, member ``i`` the single call with
+    its schedule on its entries."""
+    for i in range(actions.shape[0]):
+        s = slice(i, i + 1)
+        act_c51_dueling(
+            actions[i], q[i], va[i], support if support.ndim == 1 else support[i], env_count[i], seed[s], eps[s],
+            count[s], arrivals[s], float(start[i]), float(end[i]), int(steps[i]),
+        )  # fmt: skip
+
+
 @in_place(scalars=_ACT, actions=1, q=2, theta=3, env_count=1)
 def act_iqn(
     actions: np.ndarray,

@@ -401,6 +401,60 @@ def record_step(
     _gather(rows, data.features, data.sign, obs, window)
 
 
+def with_rate(params: EnvParams, rate) -> EnvParams:
+    """``params`` whose :attr:`EnvParams.rate` is the float32 ``rate`` (its cost: ``rate / 1e-4`` bps, no
+    slippage). The round trip is exact: ``(rate / 1e-4) * 1e-4`` in float64 is within a few float64 ulps
+    of ``rate``, which is a float32, so it rounds back to ``rate``; the rewards (:func:`reward`, in float32)
+    are then those of any params of that rate."""
+    out = params._replace(cost_bps=float(rate) / 1e-4, slippage_bps=0.0)
+    if out.rate != F32(rate):
+        raise ValueError(f"with_rate: {rate!r} does not round-trip")  # never, by the argument above
+    return out
+
+
+def _member_args(i: int, **arrays) -> dict:
+    """Member ``i``'s entries of ``arrays`` (a NamedTuple of arrays field by field; a device scalar as a
+    1-element view)."""
+    return {
+        k: type(v)(*(f[i] for f in v)) if isinstance(v, tuple) else (v[i : i + 1] if v.ndim == 1 else v[i])
+        for k, v in arrays.items()
+    }
+
+
+def _member_market(i: int, data: EnvData, params: EnvParams, rates, hold_caps) -> tuple[EnvData, EnvParams]:
+    """Member ``i``'s data (its rows of ``data.ret`` and ``data.levels`` where they are ``[P, ...]``) and params
+    (``with_rate(params, rates[i])`` with ``hold_cap = hold_caps[i]``)."""
+    one = {k: getattr(data, k)[i] for k in ("ret", "levels") if np.ndim(getattr(data, k)) == 2}
+    return data._replace(**one), with_rate(params, rates[i])._replace(hold_cap=int(hold_caps[i]))
+
+
+def step_members(
+    state, rows, reward_out, done_out, actions, scale, data: EnvData, params: EnvParams, seed, rates, hold_caps
+) -> None:
+    """:func:`step` over P members whose costs and reward options differ (``rates`` float32, ``hold_caps``
+    int32 ``[P]``, ``data.ret`` ``[T]`` or ``[P, T]``, ``data.levels`` ``[A]`` or ``[P, A]``): member ``i`` is
+    :func:`step` on its entries with its data and params (:func:`_member_market`)."""
+    for i in range(rates.shape[0]):
+        d, p = _member_market(i, data, params, rates, hold_caps)
+        a = _member_args(i, state=state, rows=rows, seed=seed, reward_out=reward_out, done_out=done_out,
+                         actions=actions, scale=scale)  # fmt: skip
+        step(data=d, params=p, **a)
+
+
+def record_step_members(
+    out, discount_out, gamma, state, rows, reward_out, done_out, obs, actions, scale, data: EnvData,
+    params: EnvParams, seed, window: int, rates, hold_caps,
+) -> None:  # fmt: skip
+    """:func:`record_step` over P members whose costs and reward options differ (as :func:`step_members`):
+    member ``i`` is :func:`record_step` on its entries with its data and params."""
+    for i in range(rates.shape[0]):
+        d, p = _member_market(i, data, params, rates, hold_caps)
+        a = _member_args(i, out=out, gamma=gamma, state=state, rows=rows, obs=obs, seed=seed,
+                         discount_out=discount_out, reward_out=reward_out, done_out=done_out, actions=actions,
+                         scale=scale)  # fmt: skip
+        record_step(data=d, params=p, window=window, **a)
+
+
 @in_place(scalars=("epsilon", "seed"), actions=1, q=2, count=1)
 def act(actions: np.ndarray, q: np.ndarray, epsilon: np.ndarray, count: np.ndarray, seed: np.ndarray) -> None:
     """Epsilon-greedy actions from Q values.

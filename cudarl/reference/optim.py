@@ -134,6 +134,20 @@ def lr_schedule(
     bc2[0] = 1.0 - f(beta2) ** t
 
 
+def lr_schedule_members(
+    step, lr, m_scale, bc1, bc2, kind, lr_max, lr_min, warmup, period, mult, restart_m_scale, beta1, beta2
+) -> None:
+    """:func:`lr_schedule` with each member's own schedule: the scalars ``[P]``; kind, lr_max, lr_min,
+    warmup, period, mult and restart_m_scale ``[P]`` (member ``i``'s at ``i``); member ``i`` is
+    :func:`lr_schedule` on its scalars with its constants."""
+    for i in range(step.shape[0]):
+        s = slice(i, i + 1)
+        lr_schedule(
+            step[s], lr[s], m_scale[s], bc1[s], bc2[s], int(kind[i]), float(lr_max[i]), float(lr_min[i]),
+            int(warmup[i]), int(period[i]), int(mult[i]), float(restart_m_scale[i]), beta1, beta2,
+        )  # fmt: skip
+
+
 @members(rows=("p", "g", "m", "v", "mask"), scalars=("lr", "m_scale", "bc1", "bc2", "clip"))
 def adam_update(
     p, g, m, v, mask, lr, m_scale, bc1, bc2, clip, beta1: float, beta2: float, eps: float, wd: float
@@ -220,6 +234,14 @@ def tau_schedule(count, tau, tau_start: float, tau_end: float, period: int) -> N
     c = min(int(count[0]) - 1, period)
     a, b = float(np.float32(tau_start)), float(np.float32(tau_end))
     tau[0] = b + 0.5 * (a - b) * (1.0 + math.cos(math.pi * c / period))
+
+
+def tau_schedule_members(count, tau, tau_start, tau_end, period) -> None:
+    """:func:`tau_schedule` with each member's own schedule: count, tau ``[P]``; tau_start, tau_end,
+    period ``[P]`` (member ``i``'s at ``i``)."""
+    for i in range(count.shape[0]):
+        s = slice(i, i + 1)
+        tau_schedule(count[s], tau[s], float(tau_start[i]), float(tau_end[i]), int(period[i]))
 
 
 @members(rows=("target", "online"), scalars=("tau",))

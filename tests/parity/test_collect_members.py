@@ -257,6 +257,63 @@ def test_act_twin_support_per_member_and_swapped_members_differ(rng):
     assert not np.array_equal(b["q"][1][0], swapped["q"][1][0])
 
 
+def _schedules(P: int) -> list:
+    """P distinct epsilon schedules (start, end, steps), from exploring everything to mostly greedy."""
+    return [(1.0 - 0.7 * i / P, 0.05 + 0.2 * i / P, 9 + 3 * i) for i in range(P)]
+
+
+def _assert_own_schedules_are_singles(xp, fam, rng, P: int, padded: bool, swap=None) -> dict:
+    """``act_c51_dueling_members`` (member ``i``'s epsilon schedule at ``i`` of ``[P]`` arrays) against
+    ``act_c51_dueling`` alone on copies of member ``i``'s buffers with its schedule, bit for bit (``swap``:
+    two members' schedules traded in the stacked call, which must then fail). Returns the stacked buffers."""
+    _, b, _ = _act_case(xp, rng, P, padded, "c51_dueling")
+    sched = _schedules(P)
+    order = list(range(P))
+    if swap is not None:
+        order[swap[0]], order[swap[1]] = order[swap[1]], order[swap[0]]
+    table = [
+        xp.asarray(np.array([sched[j][k] for j in order], dt))
+        for k, dt in enumerate((np.float64, np.float64, np.int64))
+    ]
+    singles = [_member(xp, b, i) for i in range(P)]
+    a = _stacked(b)
+    keys = ("actions", "q", "head", "support", "env_count", "seed", "eps", "count", "arrivals")
+    fam.act_c51_dueling_members(*(a[k] for k in keys), *table)
+    for i, one in enumerate(singles):
+        fam.act_c51_dueling(*(one[k] for k in keys), *sched[i])
+        for k, (kind, arr) in b.items():
+            if kind != "shared":
+                got = arr[i] if kind == ROW else arr[i : i + 1]
+                assert_bitwise(got, one[k], what=f"act_c51_dueling_members: member {i} of {P}, {k}")
+    return a
+
+
+@pytest.mark.parametrize("P", [1, 3])
+def test_act_twin_with_each_members_epsilon_schedule_is_single_twins(monkeypatch, rng, P):
+    """CPU: ``act_c51_dueling_members`` is the single twin with member i's schedule; members' epsilons
+    differ; two schedules swapped fail; the launcher's arguments (recorded) are the kernel's C
+    parameters, and it checks the schedule arrays."""
+    from cudarl.ops import agent as agent_ops
+
+    a = _assert_own_schedules_are_singles(np, agent_ref, rng, P, padded=P == 3)
+    assert len(set(a["eps"].tolist())) == P
+    if P > 1:
+        with pytest.raises(AssertionError, match="member 0 of 3, (q|actions|eps)"):
+            _assert_own_schedules_are_singles(np, agent_ref, rng, P, True, swap=(0, 2))
+    _, b, _ = _act_case(np, rng, 3, False, "c51_dueling")
+    a = _stacked(b)
+    keys = ("actions", "q", "head", "support", "env_count", "seed", "eps", "count", "arrivals")
+    with pytest.raises(ValueError, match=r"start: expected a C-contiguous float64 array \[3\]"):
+        agent_ops.act_c51_dueling_members(*(a[k] for k in keys), np.ones(3, F32), np.ones(3), np.ones(3, np.int64))
+    with pytest.raises(ValueError, match=r"steps: expected a C-contiguous int64 array \[3\]"):
+        agent_ops.act_c51_dueling_members(*(a[k] for k in keys), np.ones(3), np.ones(3), np.ones(2, np.int64))
+    launched = _recorded(monkeypatch, agent_ops)
+    agent_ops.act_c51_dueling_members(*(a[k] for k in keys), np.ones(3), np.ones(3), np.ones(3, np.int64))
+    ((_, op, grid, args),) = launched
+    assert op == "act_c51_dueling_members" and grid[1] == 3
+    assert_launch_args("agent", op, args)
+
+
 def _recorded(monkeypatch, module) -> list:
     launched = []
     monkeypatch.setattr(
@@ -349,6 +406,31 @@ def test_gpu_agent_members_are_single_launches(cp, rng, case, P, padded):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("P", [1, 3, 64])
+@pytest.mark.parametrize("padded", [False, True])
+def test_gpu_act_with_each_members_epsilon_schedule_is_single_launches(cp, rng, P, padded):
+    """act_c51_dueling_members (each member's epsilon schedule [P] on the device) equals act_c51_dueling
+    launched alone on copies of member i's buffers with its schedule, bit for bit; its epsilon and counter
+    equal the twin's, its Q within the single op's tolerance."""
+    a = _assert_own_schedules_are_singles(cp, _family(cp, "agent"), rng, P, padded)
+    _, b, _ = _act_case(np, np.random.default_rng(P), P, padded, "c51_dueling")
+    dev = {k: cp.asarray(v) for k, (_, v) in b.items()}
+    host = {k: v.copy() for k, (_, v) in b.items()}
+    keys = ("actions", "q", "head", "support", "env_count", "seed", "eps", "count", "arrivals")
+    sched = _schedules(P)
+    for fam, d, xp in ((_family(cp, "agent"), dev, cp), (agent_ref, host, np)):
+        table = [
+            xp.asarray(np.array([s[k] for s in sched], dt)) for k, dt in enumerate((np.float64, np.float64, np.int64))
+        ]
+        fam.act_c51_dueling_members(*(d[k] for k in keys), *table)
+    for k in ("eps", "count", "arrivals"):
+        assert_bitwise(dev[k], host[k], what=f"P={P}: {k} against the twin")
+    assert_parity(dev["q"], host["q"], what=f"P={P}: q against the twin")
+    if P <= 3:
+        assert len(set(to_numpy(a["eps"]).tolist())) == P
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("P", [1, 3, 64])
 def test_gpu_act_support_per_member(cp, rng, P):
     """act_c51_dueling with a support per member ([P, K]) equals single launches on copies."""
     make = partial(_act_case, kind="c51_dueling", shared_support=False)
@@ -366,8 +448,27 @@ def test_gpu_env_members_are_single_launches(cp, rng, case, P, padded):
 
 
 # --- the object: StackedTradingEnv against P single TradingEnvs --------------------------------------
-def _env_objects(backend: str, rng, P: int, cf: bool, mirror: bool):
-    """A stacked env of P members and P single envs (member ``i``'s seed) over one market."""
+def _member_costs(P: int) -> list:
+    """P members' own (cost_bps, slippage_bps), every rate distinct."""
+    return [(0.5 + 1.5 * i, 0.25 * (i % 3)) for i in range(P)]
+
+
+def _member_envs(P: int) -> list:
+    """P members' own costs and reward options (EnvConfig overrides): rates and hold caps distinct, fills
+    alternating, antisymmetric levels of three sizes."""
+    out = []
+    for i, (c, sl) in enumerate(_member_costs(P)):
+        lv = 1.0 - 0.25 * (i % 3)
+        out.append(
+            dict(cost_bps=c, slippage_bps=sl, hold_cap=3 + i, fill=("open", "close")[i % 2], levels=(-lv, 0.0, lv))
+        )
+    return out
+
+
+def _env_objects(backend: str, rng, P: int, cf: bool, mirror: bool, own: bool = False, swap=None):
+    """A stacked env of P members and P single envs (member ``i``'s seed) over one market (``own``: member
+    ``i``'s costs and reward options :func:`_member_envs`, the single env's too; ``swap``: two members'
+    traded in the stacked env only)."""
     from dataclasses import replace
 
     from cudarl.env import EnvConfig, TradingEnv
@@ -379,9 +480,14 @@ def _env_objects(backend: str, rng, P: int, cf: bool, mirror: bool):
     cfg = EnvConfig(n_envs=37, episode_len=6, n_actions=3, cost_bps=2.0, hold_cap=4, counterfactual=cf, mirror=mirror)
     seeds = rng.integers(0, 2**63, P, dtype=np.uint64)
     kw = dict(window=WINDOW, backend=backend)
-    stacked = StackedTradingEnv(P, *market, cfg, seeds=seeds, **kw)
-    singles = [TradingEnv(*market, replace(cfg, seed=int(s)), **kw) for s in seeds]
-    assert all(stacked.member_config(i) == s.config for i, s in enumerate(singles))
+    configs = [replace(cfg, **o) for o in _member_envs(P)] if own else [cfg] * P
+    order = list(range(P))
+    if swap is not None:
+        order[swap[0]], order[swap[1]] = order[swap[1]], order[swap[0]]
+    stacked = StackedTradingEnv(P, *market, cfg, seeds=seeds, configs=[configs[j] for j in order], **kw)
+    singles = [TradingEnv(*market, replace(c, seed=int(s)), **kw) for s, c in zip(seeds, configs, strict=True)]
+    if swap is None:
+        assert all(stacked.member_config(i) == s.config for i, s in enumerate(singles))
     return stacked, singles
 
 
@@ -439,6 +545,102 @@ def test_stacked_env_is_single_envs_on_numpy(rng, P, cf, mirror):
     _env_stream(np, stacked, singles, rng)
 
 
+@pytest.mark.parametrize("P", [1, 3])
+def test_stacked_env_members_with_their_own_costs_and_reward_options_are_single_envs_on_numpy(rng, P):
+    """CPU: each member its own cost_bps, slippage_bps, hold_cap, fill and levels (rates and hold caps [P],
+    returns and levels rows, read by env.record_step_members and env.step_members; record with the member's
+    data and params): member i equals the single env of its config through act, record_step, record + step
+    and reset, bit for bit; two members' settings swapped fail."""
+    stacked, singles = _env_objects("numpy", rng, P, True, True, own=True)
+    assert len(set(stacked.rates.tolist())) == P and len(set(stacked.hold_caps.tolist())) == P
+    assert stacked.member_data.ret.ndim == (2 if P > 1 else 1) and stacked.member_data.levels.ndim == (
+        2 if P > 1 else 1
+    )
+    _env_stream(np, stacked, singles, rng)
+    if P > 1:
+        stacked, singles = _env_objects("numpy", rng, P, True, True, own=True, swap=(0, 2))
+        with pytest.raises(AssertionError, match="member (0|2)"):
+            _env_stream(np, stacked, singles, rng)
+    from dataclasses import replace
+
+    from cudarl.env import EnvConfig
+    from cudarl.stacked_env import StackedTradingEnv
+
+    market = (np.full(T_N, 100, F32), np.full(T_N, 100, F32), np.zeros((T_N, F_N), F32), np.zeros(F_N, bool))
+    cfg = EnvConfig(n_envs=4, episode_len=6)
+    with pytest.raises(ValueError, match=r"configs\[1\]: members differ in env.episode_len"):
+        StackedTradingEnv(2, *market, cfg, seeds=[1, 2], configs=[cfg, replace(cfg, episode_len=5)], backend="numpy")
+
+
+def _assert_own_rates_are_singles(xp, fam, rng, P: int, padded: bool, op: str) -> None:
+    """``env.<op>_members`` (member i's cost rate and hold cap at i of ``[P]`` arrays, its returns and levels
+    rows of ``[P, T]`` and ``[P, A]``) against ``env.<op>`` alone on copies of member i's buffers with its
+    data and params, bit for bit."""
+    from cudarl.reference.env import with_rate
+
+    _, b, call = _env_case(xp, rng, P, padded, op)
+    params = EnvParams(3, T_N - 3 - 7 - 1, 7, 4, True, 2.0, 1.0, 0, True, True)  # _env_case's
+    envs = _member_envs(P)
+    member_params = [
+        params._replace(cost_bps=e["cost_bps"], slippage_bps=e["slippage_bps"], hold_cap=e["hold_cap"]) for e in envs
+    ]
+    rates = xp.asarray(np.array([p.rate for p in member_params], F32))
+    hold_caps = xp.asarray(np.array([p.hold_cap for p in member_params], np.int32))
+    assert all(with_rate(params, r).rate == p.rate for r, p in zip(to_numpy(rates), member_params, strict=True))
+    base = _market(np, np.random.default_rng(5))
+    ret = (rng.standard_normal((P, T_N)) * 0.01).astype(F32)
+    levels = np.array([e["levels"] for e in envs], F32)
+    data = EnvData(*(xp.asarray(a) for a in (base.features, ret, levels, base.sign)))
+    d = EnvData(*(to_numpy(x) for x in data)) if fam is env_ref else data
+    singles = [_member(xp, b, i) for i in range(P)]
+    a = _stacked(b)
+    st = EnvState(*(a[f"state.{k}"] for k in STATE))
+    if op == "step":
+        fam.step_members(st, a["rows"], a["reward"], a["done"], a["actions"], a["scale"], d, params, a["seed"], rates,
+                         hold_caps)  # fmt: skip
+    else:
+        out = Transitions(*(a[f"out.{k}"] for k in OUT))
+        fam.record_step_members(out, a["discount"], a["gamma"], st, a["rows"], a["reward"], a["done"], a["obs"],
+                                a["actions"], a["scale"], d, params, a["seed"], WINDOW, rates, hold_caps)  # fmt: skip
+    for i, one in enumerate(singles):
+        st1 = EnvState(*(one[f"state.{k}"] for k in STATE))
+        d1 = d._replace(ret=d.ret[i].copy(), levels=d.levels[i].copy())
+        if op == "step":
+            fam.step(st1, one["rows"], one["reward"], one["done"], one["actions"], one["scale"], d1, member_params[i],
+                     one["seed"])  # fmt: skip
+        else:
+            fam.record_step(Transitions(*(one[f"out.{k}"] for k in OUT)), one["discount"], one["gamma"], st1,
+                            one["rows"], one["reward"], one["done"], one["obs"], one["actions"], one["scale"], d1,
+                            member_params[i], one["seed"], WINDOW)  # fmt: skip
+        for k, (kind, arr) in b.items():
+            got = arr[i] if kind == ROW else arr[i : i + 1]
+            assert_bitwise(got, one[k], what=f"{op}_members: member {i} of {P}, {k}")
+
+
+@pytest.mark.parametrize("op", ["step", "record_step"])
+def test_env_twin_with_each_members_rate_is_single_twins(monkeypatch, rng, op):
+    """CPU: step_members and record_step_members twins are the single twins with member i's costs; the
+    launchers pass their kernels' C parameters (recorded) and refuse rates of another length."""
+    from cudarl.ops import env as env_ops
+
+    _assert_own_rates_are_singles(np, env_ref, rng, 3, True, op)
+    launched = _recorded(monkeypatch, env_ops)
+    _assert_own_rates_are_singles(np, env_ops, rng, 3, False, op)  # launches recorded: compare nothing
+    (_, name, grid, args), *_ = launched
+    assert name == f"{op}_members" and grid[1] == 3
+    assert_launch_args("env", name, args)
+    assert args[-2:] == (T_N, 3)  # the returns' and levels' member strides: [P, T] and [P, A] rows
+    _, b, _ = _env_case(np, rng, 3, False, "step")
+    a = _stacked(b)
+    st = EnvState(*(a[f"state.{k}"] for k in STATE))
+    step_args = (st, a["rows"], a["reward"], a["done"], a["actions"], a["scale"], _market(np, rng))
+    params = EnvParams(3, T_N - 3 - 7 - 1, 7, 4, True, 2.0, 1.0, 0, True, True)
+    with pytest.raises(ValueError, match=r"rates: expected float32 \[3\]"):
+        env_ops.step_members(*step_args, params, a["seed"], np.ones(2, F32), np.ones(3, np.int32))
+    with pytest.raises(ValueError, match=r"hold_caps: expected int32 \[3\]"):
+        env_ops.step_members(*step_args, params, a["seed"], np.ones(3, F32), np.ones(3, np.int64))
+
+
 def test_stacked_env_refuses_bad_members_and_seeds(rng):
     from cudarl.stacked_env import StackedTradingEnv
 
@@ -457,6 +659,26 @@ def test_gpu_stacked_env_is_single_envs(cp, rng, P):
     """A StackedTradingEnv over P members equals P single TradingEnvs on the GPU, every buffer bitwise."""
     stacked, singles = _env_objects("cupy", rng, P, True, True)
     _env_stream(cp, stacked, singles, rng, steps=6)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("P", [1, 3, 64])
+def test_gpu_stacked_env_members_with_their_own_costs_and_reward_options_are_single_envs(cp, rng, P):
+    """A StackedTradingEnv whose members each have their own costs, hold cap, fill and levels equals the single
+    TradingEnvs of those configs on the GPU, every buffer bitwise."""
+    stacked, singles = _env_objects("cupy", rng, P, True, True, own=True)
+    _env_stream(cp, stacked, singles, rng, steps=6)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("P", [1, 3, 64])
+@pytest.mark.parametrize("padded", [False, True])
+@pytest.mark.parametrize("op", ["step", "record_step"])
+def test_gpu_env_with_each_members_rate_is_single_launches(cp, rng, P, padded, op):
+    """env.step_members and env.record_step_members (each member's cost rate and hold cap [P], returns and
+    levels rows on the device) equal env.step and env.record_step launched alone on copies of member i's
+    buffers with its values, bitwise."""
+    _assert_own_rates_are_singles(cp, _family(cp, "env"), rng, P, padded, op)
 
 
 @pytest.mark.gpu

@@ -178,10 +178,25 @@ def test_member_axis_all_or_none():
 
 
 # --- CPU: the objects ----------------------------------------------------------------------------------
-def _objects(xp, P: int, n: int, seed: int):
+def _member_schedules(P: int) -> tuple[list, list]:
+    """P learning-rate schedules and P tau schedules, each member's its own (every kind, warm-ups and
+    restarts crossed within a few steps): ``(schedules, [(tau_start, tau_end, period)])``."""
+    kinds = ("cosine_restarts", "cosine", "constant")
+    scheds = [
+        Schedule(kinds[i % 3], lr=1e-3 * (1 + 0.37 * i), lr_min=1e-5 * (i + 1), warmup=2 + i % 3, period=3 + i % 4,
+                 mult=1 + i % 2, restart_m_scale=0.5 + 0.125 * (i % 3))
+        for i in range(P)
+    ]  # fmt: skip
+    taus = [(0.5 - 0.03 * (i % 10), 0.01 * (1 + i % 5), 4 + i % 6) for i in range(P)]
+    return scheds, taus
+
+
+def _objects(xp, P: int, n: int, seed: int, own: bool = False, swap=None):
     """A StackedAdam + StackedSoftUpdate over P members (rows padded as StackedQNetwork's) and P single
     Adam + SoftUpdate on copies of each member's row: ``(stacked, singles)``, each a dict of p, g, target,
-    loss, ring, adam, soft."""
+    loss, ring, adam, soft. ``own``: each member its own learning-rate and tau schedules
+    (:func:`_member_schedules`), single ``i`` member ``i``'s (``swap``: a pair of members whose stacked
+    schedules trade places, for a test that must then fail)."""
     from cudarl.nn.params import stacked_zeros
 
     rng = np.random.default_rng(seed)
@@ -196,17 +211,26 @@ def _objects(xp, P: int, n: int, seed: int):
         xp=xp,
     )
     tkw = dict(tau_start=0.5, tau_end=0.01, period=5, xp=xp)
+    scheds, taus = _member_schedules(P) if own else ([kw["schedule"]] * P, [(0.5, 0.01, 5)] * P)
+    order = list(range(P))
+    if swap is not None:
+        order[swap[0]], order[swap[1]] = order[swap[1]], order[swap[0]]
     p, g, target = (stacked_zeros(xp, P, (n,)) for _ in range(3))
     p[...], target[...] = xp.asarray(p0), xp.asarray(t0)
     stacked = dict(p=p, g=g, target=target, loss=xp.zeros(P, np.float32), p0=p0)
     stacked["ring"] = xp.asarray(np.full((P, 2 * SLOTS), -1.0, np.float32))
-    stacked["adam"] = StackedAdam(p, g, **kw)
-    stacked["soft"] = StackedSoftUpdate(target, p, **tkw)
+    if own:
+        stacked["adam"] = StackedAdam(p, g, **dict(kw, schedule=[scheds[j] for j in order]))
+        stacked["soft"] = StackedSoftUpdate(target, p, *zip(*(taus[j] for j in order), strict=True), xp=xp)
+    else:
+        stacked["adam"] = StackedAdam(p, g, **kw)
+        stacked["soft"] = StackedSoftUpdate(target, p, **tkw)
     singles = []
     for i in range(P):
         s = dict(p=xp.asarray(p0[i].copy()), g=xp.zeros(n, np.float32), target=xp.asarray(t0[i].copy()))
         s["loss"], s["ring"] = xp.zeros(1, np.float32), xp.asarray(np.full(2 * SLOTS, -1.0, np.float32))
-        s["adam"], s["soft"] = Adam(s["p"], s["g"], **kw), SoftUpdate(s["target"], s["p"], **tkw)
+        s["adam"] = Adam(s["p"], s["g"], **dict(kw, schedule=scheds[i]))
+        s["soft"] = SoftUpdate(s["target"], s["p"], *taus[i], xp=xp)
         singles.append(s)
     return stacked, singles
 
@@ -221,10 +245,11 @@ def _step(o: dict, fused: bool) -> None:
         o["adam"].update_step(soft=o["soft"])
 
 
-def _train_members(xp, P, n, steps, fused, seed=3, sync=lambda: None, run=None):
+def _train_members(xp, P, n, steps, fused, seed=3, sync=lambda: None, run=None, own=False, swap=None):
     """``steps`` steps of the stacked objects and of the P single ones on the same gradients and losses
-    (``run(stacked)``: how the stacked step runs, default eager); asserts member i == single i, bitwise."""
-    stacked, singles = _objects(xp, P, n, seed)
+    (``run(stacked)``: how the stacked step runs, default eager; ``own``, ``swap``: :func:`_objects`'s);
+    asserts member i == single i, bitwise."""
+    stacked, singles = _objects(xp, P, n, seed, own, swap)
     rng = np.random.default_rng(seed + 1)
     clipped = set()
     for k in range(steps):
@@ -260,6 +285,72 @@ def _train_members(xp, P, n, steps, fused, seed=3, sync=lambda: None, run=None):
 @pytest.mark.parametrize("fused", [True, False])
 def test_stacked_adam_is_p_single_adams_on_numpy(fused):
     _train_members(np, 3, 1_001, 12, fused)
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_stacked_adam_members_with_their_own_schedules_on_numpy(fused):
+    """Each member its own learning-rate schedule (kind, peak, floor, warm-up, period, restarts) and tau
+    schedule: member i is the single Adam + SoftUpdate of its schedules, bit for bit; the same members with
+    two schedules swapped are not (the test sees which member runs which schedule)."""
+    stacked = _train_members(np, 4, 1_001, 12, fused, own=True)
+    lrs = stacked["adam"].scalars.get("lr")
+    assert len(set(lrs.tolist())) == 4 and len(set(stacked["soft"].scalars.get("tau").tolist())) == 4
+    with pytest.raises(AssertionError, match="member 1"):
+        _train_members(np, 4, 1_001, 12, fused, own=True, swap=(1, 2))
+
+
+def test_member_schedule_launchers_pass_their_kernels_c_parameters(monkeypatch):
+    """The launchers' arguments (recorded, not launched) are what the kernels declare; the grid's y is P."""
+    from cudarl.ops import optim as ops
+    from cudarl.testing import assert_launch_args
+
+    launched = []
+    monkeypatch.setattr(ops, "launch", lambda fam, op, grid, block, args: launched.append((op, grid, args)))
+    stacked, _ = _objects(np, 4, 8, 0, own=True)
+    adam, soft = stacked["adam"], stacked["soft"]
+    for obj in (adam, soft):
+        obj.ops = ops  # the launchers on host arrays: recorded, not launched
+    adam.schedule_step()
+    soft.schedule_step()
+    assert [(op, grid) for op, grid, _ in launched] == [
+        ("lr_schedule_members", (1, 4)),
+        ("tau_schedule_members", (1, 4)),
+    ]
+    for op, _, args in launched:
+        assert_launch_args("optim", op, args)
+
+
+def test_member_schedule_twins_are_the_single_twins():
+    """``lr_schedule_members`` and ``tau_schedule_members`` (each member's constants ``[P]``) against the single
+    twins with member i's constants, over warm-ups, cosines and restarts; the launchers' shape checks."""
+    from cudarl.ops import optim as ops
+
+    P = 5
+    scheds, taus = _member_schedules(P)
+    stacked, _ = _objects(np, P, 8, 0, own=True)
+    table, ttable = stacked["adam"].schedule_table, stacked["soft"].schedule_table
+    assert table["kind"].dtype == np.int32 and table["warmup"].dtype == np.int64 and table["lr_max"].dtype == np.float32
+    sc = {k: np.zeros(P, np.float32) for k in ("lr", "m_scale", "bc1", "bc2", "tau")}
+    step, count = np.zeros(P, np.int64), np.zeros(P, np.int64)
+    one = [{k: np.zeros(1, np.float32) for k in sc} | {"step": np.zeros(1, np.int64), "count": np.zeros(1, np.int64)}
+           for _ in range(P)]  # fmt: skip
+    names = ("kind", "lr_max", "lr_min", "warmup", "period", "mult", "restart_m_scale")
+    for _ in range(9):
+        ref.lr_schedule_members(step, sc["lr"], sc["m_scale"], sc["bc1"], sc["bc2"], *(table[k] for k in names), B1, B2)
+        ref.tau_schedule_members(count, sc["tau"], ttable["tau_start"], ttable["tau_end"], ttable["period"])
+        for i, (s, o) in enumerate(zip(scheds, one, strict=True)):
+            ref.lr_schedule(o["step"], o["lr"], o["m_scale"], o["bc1"], o["bc2"], ref.SCHEDULES[s.kind], s.lr,
+                            s.lr_min, s.warmup, s.period, s.mult, s.restart_m_scale, B1, B2)  # fmt: skip
+            ref.tau_schedule(o["count"], o["tau"], *taus[i])
+            for k in (*sc, "step", "count"):
+                got = (step if k == "step" else count if k == "count" else sc[k])[i : i + 1]
+                assert_bitwise(got, o[k], what=f"member {i}: {k}")
+    assert len(set(sc["lr"].tolist())) == P
+    with pytest.raises(ValueError, match=r"lr_max must be \[5\]"):
+        ops.lr_schedule_members(step, *(sc[k] for k in ("lr", "m_scale", "bc1", "bc2")),
+                                *(table[k][:4] if k == "lr_max" else table[k] for k in names), B1, B2)  # fmt: skip
+    with pytest.raises(ValueError, match=r"period must be \[5\]"):
+        ops.tau_schedule_members(count, sc["tau"], ttable["tau_start"], ttable["tau_end"], ttable["period"][:1])
 
 
 def test_stacked_adam_takes_stacked_network_buffers_and_checkpoints():
@@ -368,3 +459,53 @@ def test_gpu_stacked_adam_graphed_equals_eager_and_singles(cp, P):
         holder["graph"].synchronize()
 
     _train_members(cp, P, 135_000, 12, True, sync=cp.cuda.Device().synchronize, run=run)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("P", [1, 3, 64])
+def test_gpu_member_schedule_kernels_are_single_launches_bitwise(cp, P):
+    """``optim.lr_schedule_members`` and ``optim.tau_schedule_members`` (each member's schedule ``[P]`` on the
+    device) against ``optim.lr_schedule`` and ``optim.tau_schedule`` launched alone with member i's constants,
+    bit for bit, over 9 steps (warm-ups, cosines, restarts); and against the twins."""
+    from cudarl.ops import optim as ops
+
+    scheds, taus = _member_schedules(P)
+    stacked, _ = _objects(cp, P, 8, 0, own=True)
+    table, ttable = stacked["adam"].schedule_table, stacked["soft"].schedule_table
+    names = ("kind", "lr_max", "lr_min", "warmup", "period", "mult", "restart_m_scale")
+    keys = ("lr", "m_scale", "bc1", "bc2", "tau")
+    sc = {k: cp.full(P, np.nan, np.float32) for k in keys} | {
+        "step": cp.zeros(P, np.int64),
+        "count": cp.zeros(P, np.int64),
+    }
+    host = {k: np.zeros(P, np.float32) for k in keys} | {"step": np.zeros(P, np.int64), "count": np.zeros(P, np.int64)}
+    one = [{k: cp.zeros(1, np.float32) for k in keys} | {"step": cp.zeros(1, np.int64), "count": cp.zeros(1, np.int64)}
+           for _ in range(P)]  # fmt: skip
+    for _ in range(9):
+        for f, d in ((ops, sc), (ref, host)):
+            t = table if f is ops else {k: v.get() for k, v in table.items()}
+            tt = ttable if f is ops else {k: v.get() for k, v in ttable.items()}
+            f.lr_schedule_members(d["step"], d["lr"], d["m_scale"], d["bc1"], d["bc2"], *(t[k] for k in names), B1, B2)
+            f.tau_schedule_members(d["count"], d["tau"], tt["tau_start"], tt["tau_end"], tt["period"])
+        for i, (s, o) in enumerate(zip(scheds, one, strict=True)):
+            ops.lr_schedule(o["step"], o["lr"], o["m_scale"], o["bc1"], o["bc2"], ref.SCHEDULES[s.kind], s.lr,
+                            s.lr_min, s.warmup, s.period, s.mult, s.restart_m_scale, B1, B2)  # fmt: skip
+            ops.tau_schedule(o["count"], o["tau"], *taus[i])
+        cp.cuda.Device().synchronize()
+        for i, o in enumerate(one):
+            for k in (*keys, "step", "count"):
+                assert_bitwise(sc[k][i : i + 1], o[k], what=f"member {i} of {P}: {k}")
+        for k in (*keys, "step", "count"):
+            if k in ("step", "count"):
+                assert_bitwise(sc[k], host[k], what=f"{k} against the twin")
+            else:
+                assert_parity(sc[k], host[k], rtol=1e-6, what=f"{k} against the twin")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("P", [3, 64])
+@pytest.mark.parametrize("fused", [True, False])
+def test_gpu_stacked_adam_members_with_their_own_schedules(cp, P, fused):
+    """StackedAdam + StackedSoftUpdate whose members each run their own learning-rate and tau schedules, at
+    the reference network's size: member i equals the single Adam + SoftUpdate of its schedules, bit for bit."""
+    _train_members(cp, P, 135_000, 12, fused, sync=cp.cuda.Device().synchronize, own=True)

@@ -48,14 +48,42 @@ def _batch(rng, P: int, B: int, store_next: bool) -> dict:
     return out
 
 
-def _objects(xp, backend, rng, P, C, n, E, store_next, fill, seeds=None):
+def _member_priorities(P: int) -> dict:
+    """P members' own alpha, eps and beta schedule (every value distinct)."""
+    return {
+        "alpha": [0.7 - 0.1 * i / P for i in range(P)],
+        "eps": [1e-3 * (1 + i) for i in range(P)],
+        "beta0": [0.3 + 0.2 * i / P for i in range(P)],
+        "beta_final": [1.0 - 0.1 * i / P for i in range(P)],
+        "beta_steps": [5 + 2 * i for i in range(P)],
+    }
+
+
+def _objects(xp, backend, rng, P, C, n, E, store_next, fill, seeds=None, own=False, swap=None):
     """A stacked replay of P members and P single replays (member ``i``'s seed), fed the same rows: each
     member's own ``fill`` rows (in three adds), then one round of sample and priority updates, so the
-    members' rows, priorities, counters and seeds all differ. Returns ``(stacked, singles)``."""
+    members' rows, priorities, counters and seeds all differ. ``own``: each member its own alpha, eps, beta
+    schedule (:func:`_member_priorities`) and an initial priority of 2 (so its first leaves depend on its
+    alpha), single ``i`` member ``i``'s (``swap``: two members' values traded in the stacked replay only).
+    Returns ``(stacked, singles)``."""
     seeds = rng.integers(0, 1 << 62, P) if seeds is None else np.asarray(seeds)
     kw = dict(n_step=n, n_envs=E, store_next_obs=store_next, beta_steps=7, backend=backend)
-    stacked = StackedPrioritizedReplay(P, C, 4, seeds=seeds, **kw)
-    singles = [PrioritizedReplay(C, 4, seed=int(s), **kw) for s in seeds]
+    if not own:
+        stacked = StackedPrioritizedReplay(P, C, 4, seeds=seeds, **kw)
+        singles = [PrioritizedReplay(C, 4, seed=int(s), **kw) for s in seeds]
+    else:
+        values = _member_priorities(P)
+        order = list(range(P))
+        if swap is not None:
+            order[swap[0]], order[swap[1]] = order[swap[1]], order[swap[0]]
+        kw["initial_priority"] = 2.0
+        stacked = StackedPrioritizedReplay(
+            P, C, 4, seeds=seeds, **{**kw, **{k: [v[j] for j in order] for k, v in values.items()}}
+        )
+        singles = [
+            PrioritizedReplay(C, 4, seed=int(s), **{**kw, **{k: v[i] for k, v in values.items()}})
+            for i, s in enumerate(seeds)
+        ]
     per = max(E, (fill // 3) // E * E)
     for _ in range(3):
         _add(xp, stacked, singles, _batch(rng, P, per, store_next))
@@ -223,12 +251,15 @@ def test_members_hold_distinct_rows_and_draws(rng):
 
 
 # --- CPU: the objects -----------------------------------------------------------------------------------
-def _stream_equals_singles(xp, backend, rng, P, C, n, E, store_next, steps, seeds=None, sync=lambda: None):
+def _stream_equals_singles(
+    xp, backend, rng, P, C, n, E, store_next, steps, seeds=None, sync=lambda: None, own=False, swap=None
+):
     """``steps`` rounds of add, sample with windows (search, gather and windows in one launch; weights) and
-    priority updates on a stacked replay and on P single ones: every output and buffer bitwise."""
+    priority updates on a stacked replay and on P single ones: every output and buffer bitwise (``own``,
+    ``swap``: :func:`_objects`'s)."""
     from cudarl.window import Windows
 
-    stacked, singles = _objects(xp, backend, rng, P, C, n, E, store_next, fill=C // 2, seeds=seeds)
+    stacked, singles = _objects(xp, backend, rng, P, C, n, E, store_next, fill=C // 2, seeds=seeds, own=own, swap=swap)
     win = Windows(
         xp.asarray(rng.standard_normal((T_N, F_N)).astype(np.float32)),
         xp.asarray(np.where(rng.random(F_N) < 0.5, -1, 1).astype(np.float32)),
@@ -271,6 +302,25 @@ def _one_batch(xp, B):
 @pytest.mark.parametrize("P, store_next", [(1, False), (3, False), (3, True)])
 def test_stacked_replay_is_p_single_replays(rng, P, store_next):
     _stream_equals_singles(np, "numpy", rng, P, 500, 1 if store_next else 3, 4, store_next, steps=6)
+
+
+@pytest.mark.parametrize("P, store_next", [(1, False), (3, False), (3, True)])
+def test_stacked_replay_members_with_their_own_alpha_and_beta_are_single_replays(rng, P, store_next):
+    """Each member its own alpha, eps and beta schedule (``[P]`` device arrays read by sample_weights_members
+    and update_priorities_members): member i is the single replay of its values, bit for bit (weights,
+    trees, beta, running maximum); two members' values swapped fail."""
+    stacked, singles = _stream_equals_singles(
+        np, "numpy", rng, P, 500, 1 if store_next else 3, 4, store_next, steps=6, own=True
+    )
+    assert [stacked.member_spec(i).alpha for i in range(P)] == _member_priorities(P)["alpha"]
+    assert len(set(stacked.bufs.beta.tolist())) == P
+    if P > 1:
+        with pytest.raises(AssertionError, match="member (0|2) of 3"):
+            _stream_equals_singles(np, "numpy", rng, P, 500, 3, 4, False, steps=6, own=True, swap=(0, 2))
+    with pytest.raises(ValueError, match="alpha: one value or 3"):
+        StackedPrioritizedReplay(3, 100, 4, n_step=1, seeds=[1, 2, 3], alpha=[0.5, 0.6], backend="numpy")
+    with pytest.raises(ValueError, match=r"beta0: expected a finite number in \[0.0, 1.0\]"):
+        StackedPrioritizedReplay(2, 100, 4, n_step=1, seeds=[1, 2], beta0=[0.5, 1.5], backend="numpy")
 
 
 def test_a_members_draws_do_not_depend_on_p_or_its_index(rng):
@@ -351,6 +401,39 @@ def test_launchers_pass_the_member_axis_and_strides(monkeypatch, rng, store_next
     assert one["update_priorities"][1][-3:] == (0, 0, 0)
 
 
+def test_member_constant_launchers_pass_their_kernels_c_parameters(monkeypatch, rng):
+    """CPU: sample_weights_members and update_priorities_members (recorded, not launched) pass what
+    cuda_src/replay.cu declares, grid y the members and the single launches' strides; they refuse
+    constants of another length or dtype, and buffers without the member axis."""
+    from cudarl.ops import replay as ops
+
+    P, C, B = 3, 200, 9
+    stacked, singles = _objects(np, "numpy", rng, P, C, 3, 1, False, fill=150, own=True)
+    t = stacked.member_table
+    launched = {}
+    monkeypatch.setattr(ops, "launch", lambda family, op, grid, block, args: launched.setdefault(op, (grid, args)))
+    idx, w, qsel = np.zeros((P, B), np.int32), np.zeros((P, B), np.float32), np.ones((P, B), np.int64)
+    ops.sample_weights_members(stacked.spec, stacked.bufs, qsel, w, t["beta0"], t["beta_final"], t["beta_steps"])
+    ops.update_priorities_members(stacked.spec, stacked.bufs, idx, w, t["alpha"], t["eps"])
+    ops.sample_weights(stacked.spec, stacked.bufs, qsel, w)
+    ops.update_priorities(stacked.spec, stacked.bufs, idx, w)
+    for op in ("sample_weights", "update_priorities"):
+        (g, args), (g1, args1) = launched[op + "_members"], launched[op]
+        assert_launch_args("replay", op + "_members", args)
+        assert g == g1 == (1, P)
+        # the same batch, shapes and strides (the single kernel's by-value beta_steps aside)
+        ints = [a for a in args if isinstance(a, int)]
+        skip = 7 if op == "sample_weights" else None
+        assert ints == [a for k, a in enumerate(args1) if isinstance(a, int) and k != skip], op
+    with pytest.raises(ValueError, match=r"alpha: expected float64 \(3,\)"):
+        ops.update_priorities_members(stacked.spec, stacked.bufs, idx, w, t["alpha"][:2], t["eps"])
+    with pytest.raises(ValueError, match=r"beta_steps: expected int64 \(3,\)"):
+        ops.sample_weights_members(stacked.spec, stacked.bufs, qsel, w, t["beta0"], t["beta_final"], t["beta0"])
+    one = singles[0]
+    with pytest.raises(ValueError, match="member axis"):
+        ops.update_priorities_members(one.spec, one.bufs, idx[0], w[0], t["alpha"][:1], t["eps"][:1])
+
+
 def test_launchers_refuse_a_partial_member_axis(rng):
     from cudarl.ops import replay as ops
 
@@ -410,6 +493,17 @@ def test_gpu_stacked_replay_is_p_single_replays(cp, rng, P, store_next):
     _stream_equals_singles(
         cp, "cupy", rng, P, 700, 1 if store_next else 3, 4, store_next, steps=5, sync=cp.cuda.Device().synchronize
     )
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("P, store_next", [(1, False), (3, False), (3, True), (64, False)])
+def test_gpu_stacked_replay_members_with_their_own_alpha_and_beta_are_single_replays(cp, rng, P, store_next):
+    """sample_weights_members and update_priorities_members (each member's alpha, eps and beta schedule on
+    the device): member i equals the single replay of its values, bit for bit."""
+    _stream_equals_singles(
+        cp, "cupy", rng, P, 700, 1 if store_next else 3, 4, store_next, steps=5, sync=cp.cuda.Device().synchronize,
+        own=True,
+    )  # fmt: skip
 
 
 @pytest.mark.gpu

@@ -93,6 +93,7 @@ from .sampling import (
     sample_search_gather,
     sample_search_gather_windows,
     sample_weights,
+    sample_weights_members,
 )
 from .sumtree import (
     build_tree,
@@ -105,6 +106,7 @@ from .sumtree import (
     tree_level,
     tree_nodes,
     update_priorities,
+    update_priorities_members,
 )
 
 __all__ = [
@@ -145,8 +147,10 @@ __all__ = [
     "sample_search_gather",
     "sample_search_gather_windows",
     "sample_weights",
+    "sample_weights_members",
     "tree_layout",
     "tree_level",
     "tree_nodes",
     "update_priorities",
+    "update_priorities_members",
 ]

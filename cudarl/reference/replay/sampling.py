@@ -63,6 +63,17 @@ def sample_weights(spec: ReplaySpec, bufs: ReplayBuffers, qsel, weights_out) -> 
     bufs.step[0] = step + 1
 
 
+def sample_weights_members(spec: ReplaySpec, bufs: ReplayBuffers, qsel, weights_out, beta0, beta_final, beta_steps):
+    """:func:`sample_weights` over the member axis (``bufs`` with it, ``qsel`` and ``weights_out`` ``[P, B]``)
+    whose members each run their own beta schedule: ``beta0``, ``beta_final``, ``beta_steps`` ``[P]``,
+    member ``i`` the single call with ``spec``'s schedule replaced by its own."""
+    from dataclasses import replace
+
+    for i in range(bufs.members):
+        one = replace(spec, beta0=float(beta0[i]), beta_final=float(beta_final[i]), beta_steps=int(beta_steps[i]))
+        sample_weights(one, bufs.member(i), qsel[i], weights_out[i])
+
+
 @members()
 def sample(spec: ReplaySpec, bufs: ReplayBuffers, indices_out, weights_out, qsel_out) -> None:
     """Stratified proportional sampling of ``B = len(indices_out)`` rows; then ``step += 1``.

@@ -122,3 +122,13 @@ def update_priorities(spec: ReplaySpec, bufs: ReplayBuffers, indices, td) -> Non
     bufs.tree[rows[keep]] = q
     bufs.max_q[0] = max(int(bufs.max_q[0]), int(q.max()))
     refresh(bufs.tree, C)
+
+
+def update_priorities_members(spec: ReplaySpec, bufs: ReplayBuffers, indices, td, alpha, eps) -> None:
+    """:func:`update_priorities` over the member axis (``bufs`` with it, ``indices`` and ``td`` ``[P, B]``)
+    whose members each have their own ``alpha`` and ``eps`` (``[P]``): member ``i`` the single call with
+    ``spec``'s alpha and eps replaced by its own."""
+    from dataclasses import replace
+
+    for i in range(bufs.members):
+        update_priorities(replace(spec, alpha=float(alpha[i]), eps=float(eps[i])), bufs.member(i), indices[i], td[i])
