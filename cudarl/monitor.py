@@ -104,7 +104,8 @@ class StepMonitor:
         step, state = self.snapshot
         sch, f = self.agent.adam.schedule, self.lr_factor
         try:  # first: a joined member whose rate cannot change alone stops as it is, not half rolled back
-            self.agent.adam.schedule = replace(sch, lr=sch.lr * f, lr_min=sch.lr_min * f)
+            with self._on_stream():  # a joined member's schedule is device memory the next replay reads
+                self.agent.adam.schedule = replace(sch, lr=sch.lr * f, lr_min=sch.lr_min * f)
         except ValueError as exc:
             self._stop(ev.step, f"{ev.message()} (cannot roll back: {exc})")
         if self.stream is not None:
