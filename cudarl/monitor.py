@@ -103,15 +103,11 @@ class StepMonitor:
             self._stop(ev.step, f"{ev.message()} (no snapshot to roll back to yet)")
         step, state = self.snapshot
         sch, f = self.agent.adam.schedule, self.lr_factor
-        try:  # first: a joined member whose rate cannot change alone stops as it is, not half rolled back
-            with self._on_stream():  # a joined member's schedule is device memory the next replay reads
-                self.agent.adam.schedule = replace(sch, lr=sch.lr * f, lr_min=sch.lr_min * f)
-        except ValueError as exc:
-            self._stop(ev.step, f"{ev.message()} (cannot roll back: {exc})")
         if self.stream is not None:
             self.stream.synchronize()
-        with self._on_stream():  # the next replay, on that stream, reads what is loaded
-            self.agent.load_state_dict(state)
+        with self._on_stream():  # the next replay, on that stream, reads what is loaded (a joined member's
+            self.agent.load_state_dict(state)  # schedule too: its entries of the learner's device table)
+            self.agent.adam.schedule = replace(sch, lr=sch.lr * f, lr_min=sch.lr_min * f)
         self.train_graph.capture()  # the schedule's constants are kernel arguments
         self.on_event(
             {

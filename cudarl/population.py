@@ -191,9 +191,8 @@ class Population:
             graphs (measured as ``member_bytes``); None in the branches mode or where not measured.
         stopped: ``{member index: guard message}`` of members the guard stopped (their branches leave
             the graphs, the others go on; joined: they stay in the graph, masking them is not built, and
-            only their host-side work stops). A member's guard rolls back that member alone, in either mode;
-            joined, a rollback that lowers the learning rate (``guard.lr_factor`` < 1) needs P = 1, since the
-            members share one schedule: with more the member stops instead, saying why.
+            only their host-side work stops). A member's guard rolls back that member alone, in either mode
+            (joined: its slices of the stacked learner and its entries of the learning-rate table).
         mode: ``run.population`` of the first config, ``"branches"`` or ``"joined"``.
         learner, env, replay: joined mode, the :class:`cudarl.stacked_agent.StackedLearner`, the
             :class:`cudarl.stacked_env.StackedTradingEnv` and the stacked replay (member ``i`` at index
@@ -592,8 +591,7 @@ class _MemberAgent:
 
 
 class _MemberSchedule:
-    """``schedule``: member ``i``'s learning-rate schedule of a :class:`cudarl.optim.StackedAdam` (setting
-    it raises ValueError where the members cannot differ in it)."""
+    """``schedule``: member ``i``'s learning-rate schedule of a :class:`cudarl.optim.StackedAdam`."""
 
     def __init__(self, adam, i: int):
         self._adam, self._i = adam, i

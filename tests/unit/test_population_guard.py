@@ -89,8 +89,8 @@ def assert_guarded_as_alone(pop, summaries, alone, i: int) -> None:
 def test_a_joined_member_rolls_back_as_alone_and_the_others_train_on(i):
     """NaN in member i's weights at update 30: its guard trips at update 31 (the CPU reads each update at
     once), it rolls back to its snapshot of update 20 and trains on; every member equals its Trainer alone
-    (member i with the same fault) to update 60, bit for bit. guard.lr_factor = 1: the members share one
-    learning-rate schedule (a rollback that lowers it: the next tests)."""
+    (member i with the same fault) to update 60, bit for bit. guard.lr_factor = 1 here; a rollback that
+    lowers each member's own rate: the tests below."""
     configs = joined_variants(small(guard={"lr_factor": 1.0}))
     assert_guarded_as_alone(*fault_in_one_member(configs, i, _weights), i)
 
@@ -116,6 +116,21 @@ def test_a_joined_population_of_one_rolls_back_and_lowers_its_learning_rate():
     assert_guarded_as_alone(pop, summaries, alone, 0)
     lr = configs[0].optim.lr * configs[0].guard.lr_factor
     assert pop.learner.adam.member_schedule(0).lr == alone[0].agent.adam.schedule.lr == lr
+
+
+@pytest.mark.parametrize("i", [0, 1])
+def test_joined_members_of_their_own_learning_rates_roll_back_and_lower_their_own(i):
+    """guard.lr_factor = 0.5 (the default) with three learning rates: member i's rollback lowers its own
+    rate (StackedAdam.set_member_schedule: its entries of the [P] schedule table) as alone, the others keep
+    theirs, and every member equals its Trainer alone to the end, bit for bit."""
+    base = small()
+    over = [{}, {"run": {"seed": 7}, "optim": {"lr": 3e-4}}, {"run": {"seed": 11}, "optim": {"lr": 5e-5}}]
+    configs = joined([from_dict(o, base=base) for o in over])
+    pop, summaries, alone = fault_in_one_member(configs, i, _weights)
+    assert_guarded_as_alone(pop, summaries, alone, i)
+    lrs = [pop.learner.adam.member_schedule(j).lr for j in range(3)]
+    assert lrs == [a.agent.adam.schedule.lr for a in alone]
+    assert lrs[i] == configs[i].optim.lr * 0.5 and all(lrs[j] == configs[j].optim.lr for j in range(3) if j != i)
 
 
 def test_a_lasting_fault_rolls_a_joined_member_back_then_stops_it_as_alone():
@@ -147,6 +162,18 @@ def test_gpu_a_joined_member_rolls_back_as_alone_and_the_others_train_on():
     Trainer.prime); the train phases reserve the replay's batch before any capture."""
     configs = joined_variants(gpu_small(guard={"lr_factor": 1.0, "snapshot_every": 20}))
     assert_guarded_as_alone(*fault_in_one_member(configs, 1, _weights), 1)
+
+
+@pytest.mark.gpu
+def test_gpu_joined_members_of_their_own_learning_rates_roll_back_and_lower_their_own():
+    """The CPU test with guard.lr_factor = 0.5 on the GPU: member 1's rate, lowered in its entries of the
+    [P] schedule table between replays (on the graphs' stream), as alone."""
+    base = gpu_small(guard={"snapshot_every": 20})
+    over = [{}, {"run": {"seed": 7}, "optim": {"lr": 3e-4}}, {"run": {"seed": 11}, "optim": {"lr": 5e-5}}]
+    configs = joined([from_dict(o, base=base) for o in over])
+    pop, summaries, alone = fault_in_one_member(configs, 1, _weights)
+    assert_guarded_as_alone(pop, summaries, alone, 1)
+    assert [pop.learner.adam.member_schedule(j).lr for j in range(3)] == [a.agent.adam.schedule.lr for a in alone]
 
 
 @pytest.mark.gpu
