@@ -16,9 +16,10 @@
 // and barrier) by mb: [P] arrays. The x grid, the block and each thread's work and reduction order
 // are the single launch's, so member mb gets the bits of a single launch on its rows. One member
 // (gridDim.y = 1, mb = 0: every offset zero) is the single launch. The by-value constants (betas,
-// eps, wd, max_norm) are one value for every member of a launch; lr_schedule_members and
-// tau_schedule_members take each member's schedule as [P] arrays of the by-value types (members whose
-// learning rate or tau schedules differ: docs/perf-notes.md, "Per-member settings").
+// eps, wd, max_norm) are one value for every member of a launch; the _members kernels (lr_schedule,
+// tau_schedule, grad_norm, adam_update, adam_update_soft, clip_adam_soft) take each member's as [P] arrays
+// of the by-value types (members whose optimiser settings differ: docs/perf-notes.md, "The agent axis, in
+// stages", 6c).
 #include <cudarl/philox.cuh>
 #include <cudarl/reduce.cuh>
 
@@ -113,24 +114,42 @@ extern "C" __global__ __launch_bounds__(GN_BLOCKS) void cudarl_optim_grad_norm_f
 // first level of finalize's GN_BLOCKS-slot tree, and the tree goes on over GN_THREADS slots: the
 // same bits as the two launches, one graph node fewer on the train step's chain.
 // Reads 4*n + 8*GN_BLOCKS bytes, writes 8*GN_BLOCKS + 8.
+// The body of grad_norm and grad_norm_members, one text for both (max_norm: by-value in both, grad_norm's
+// argument, grad_norm_members' max_norms[blockIdx.y]): a macro, so grad_norm's text and PTX stay as they were.
+#define GRAD_NORM_BODY \
+  __shared__ double sh[GN_THREADS];                                                       \
+  const i64 mb = blockIdx.y;                                                              \
+  g += mb * s;                                                                            \
+  partial += mb * GN_BLOCKS;                                                              \
+  norm += mb;                                                                             \
+  scale += mb;                                                                            \
+  done += mb;  /* a ticket per member: last_block counts the member's gridDim.x blocks */ \
+  gn_block_partial(g, partial, n, sh);                                                    \
+  if (cudarl::last_block(done)) {                                                         \
+    const int t = (int)threadIdx.x;                                                       \
+    sh[t] = cudarl::load_l2(partial + t) + cudarl::load_l2(partial + t + GN_THREADS);     \
+    cudarl::block_tree_sum(sh, GN_THREADS);                                               \
+    if (t == 0) gn_finish(sh[0], norm, scale, max_norm);                                  \
+  }
+
 extern "C" __global__ __launch_bounds__(GN_THREADS) void cudarl_optim_grad_norm(const float* g, double* partial, float* norm,
                                                                                float* scale, float max_norm,
                                                                                unsigned int* done, i64 n, i64 s) {
-  __shared__ double sh[GN_THREADS];
-  const i64 mb = blockIdx.y;
-  g += mb * s;
-  partial += mb * GN_BLOCKS;
-  norm += mb;
-  scale += mb;
-  done += mb;  // a ticket per member: last_block counts the member's gridDim.x blocks
-  gn_block_partial(g, partial, n, sh);
-  if (cudarl::last_block(done)) {
-    const int t = (int)threadIdx.x;
-    sh[t] = cudarl::load_l2(partial + t) + cudarl::load_l2(partial + t + GN_THREADS);
-    cudarl::block_tree_sum(sh, GN_THREADS);
-    if (t == 0) gn_finish(sh[0], norm, scale, max_norm);
-  }
+  GRAD_NORM_BODY
 }
+
+// grad_norm_members: grad_norm whose members each clip at their own norm (max_norms [P], float as
+// grad_norm's by-value max_norm; member mb reads max_norms[mb]): the bits of grad_norm launched alone with it.
+extern "C" __global__ __launch_bounds__(GN_THREADS) void cudarl_optim_grad_norm_members(const float* g, double* partial,
+                                                                                       float* norm, float* scale,
+                                                                                       const float* max_norms,
+                                                                                       unsigned int* done, i64 n,
+                                                                                       i64 s) {
+  const float max_norm = max_norms[blockIdx.y];
+  GRAD_NORM_BODY
+}
+
+#undef GRAD_NORM_BODY
 
 // ---- lr_schedule ------------------------------------------------------------------------------
 // One thread per member (block (0, mb)): step += 1 (t = step), lr = schedule(t - 1), m_scale (warm restarts), bias
@@ -164,18 +183,18 @@ extern "C" __global__ void cudarl_optim_lr_schedule(i64* step, float* lr, float*
 
 // ---- lr_schedule_members ----------------------------------------------------------------------
 // lr_schedule with each member's own schedule: kind, lr_max, lr_min, warmup, period, mult and
-// restart_m_scale are [P] arrays (lr_schedule's by-value types), member mb reading element mb, so its
-// scalars get the bits of lr_schedule launched alone with its values. beta1 and beta2 (Adam's, which
-// adam_update also takes by value) are one for every member. Reads 36 bytes a member, writes 24.
+// restart_m_scale, and Adam's beta1 and beta2 (the bias corrections') are [P] arrays (lr_schedule's
+// by-value types), member mb reading element mb, so its scalars get the bits of lr_schedule launched alone
+// with its values. Reads 44 bytes a member, writes 24.
 extern "C" __global__ void cudarl_optim_lr_schedule_members(i64* step, float* lr, float* m_scale, float* bc1,
                                                             float* bc2, const int* kind, const float* lr_max,
                                                             const float* lr_min, const i64* warmup, const i64* period,
-                                                            const i64* mult, const float* restart_m_scale, float beta1,
-                                                            float beta2) {
+                                                            const i64* mult, const float* restart_m_scale,
+                                                            const float* beta1, const float* beta2) {
   if (blockIdx.x != 0 || threadIdx.x != 0) return;
   const int mb = blockIdx.y;
   lr_schedule_one(step + mb, lr + mb, m_scale + mb, bc1 + mb, bc2 + mb, kind[mb], lr_max[mb], lr_min[mb], warmup[mb],
-                  period[mb], mult[mb], restart_m_scale[mb], beta1, beta2);
+                  period[mb], mult[mb], restart_m_scale[mb], beta1[mb], beta2[mb]);
 }
 
 // ---- adam_update ------------------------------------------------------------------------------
@@ -265,6 +284,34 @@ extern "C" __global__ void cudarl_optim_adam_update(const AdamUpdateArgs a) {
                    a.bc2 + mb, a.clip + mb, a.beta1, a.beta2, a.eps, a.wd);
 }
 
+// adam_update_members: adam_update whose members each have their own beta1, beta2, eps and wd ([P] arrays
+// of adam_update's by-value float; member mb reads element mb): the bits of adam_update alone with them.
+// The parameters of cudarl_optim_adam_update_members, passed as one value (cudarl.signatures reads them here).
+struct AdamUpdateMembersArgs {
+  float* p;
+  const float* g;
+  float* m;
+  float* v;
+  const unsigned char* mask;
+  i64 n;
+  i64 s;
+  const float* lr;
+  const float* m_scale;
+  const float* bc1;
+  const float* bc2;
+  const float* clip;
+  const float* beta1;
+  const float* beta2;
+  const float* eps;
+  const float* wd;
+};
+
+extern "C" __global__ void cudarl_optim_adam_update_members(const AdamUpdateMembersArgs a) {
+  const i64 mb = blockIdx.y, o = mb * a.s;
+  adam_update_impl(a.p + o, a.g + o, a.m + o, a.v + o, a.mask + o, a.n, a.lr + mb, a.m_scale + mb, a.bc1 + mb,
+                   a.bc2 + mb, a.clip + mb, a.beta1[mb], a.beta2[mb], a.eps[mb], a.wd[mb]);
+}
+
 // ---- adam_update_soft ---------------------------------------------------------------------------
 // adam_update, then soft_update of target toward the new p in the same pass:
 // target[i] = tau*p[i] + (1 - tau)*target[i] with p[i] the value just stored, one graph node fewer.
@@ -311,6 +358,37 @@ extern "C" __global__ void cudarl_optim_adam_update_soft(const AdamUpdateSoftArg
   adam_update_soft_impl(a.p + o, a.g + o, a.m + o, a.v + o, a.mask + o, a.target + o, a.n, a.lr + mb,
                         a.m_scale + mb, a.bc1 + mb, a.bc2 + mb, a.clip + mb, a.tau + mb, a.beta1, a.beta2, a.eps,
                         a.wd);
+}
+
+// adam_update_soft_members: adam_update_soft whose members each have their own beta1, beta2, eps and wd
+// ([P] arrays of its by-value float; member mb reads element mb): the bits of adam_update_soft alone with them.
+// The parameters of cudarl_optim_adam_update_soft_members, passed as one value (cudarl.signatures reads them here).
+struct AdamUpdateSoftMembersArgs {
+  float* p;
+  const float* g;
+  float* m;
+  float* v;
+  const unsigned char* mask;
+  float* target;
+  i64 n;
+  i64 s;
+  const float* lr;
+  const float* m_scale;
+  const float* bc1;
+  const float* bc2;
+  const float* clip;
+  const float* tau;
+  const float* beta1;
+  const float* beta2;
+  const float* eps;
+  const float* wd;
+};
+
+extern "C" __global__ void cudarl_optim_adam_update_soft_members(const AdamUpdateSoftMembersArgs a) {
+  const i64 mb = blockIdx.y, o = mb * a.s;
+  adam_update_soft_impl(a.p + o, a.g + o, a.m + o, a.v + o, a.mask + o, a.target + o, a.n, a.lr + mb,
+                        a.m_scale + mb, a.bc1 + mb, a.bc2 + mb, a.clip + mb, a.tau + mb, a.beta1[mb], a.beta2[mb],
+                        a.eps[mb], a.wd[mb]);
 }
 
 // ---- clip_adam_soft -----------------------------------------------------------------------------
@@ -372,121 +450,143 @@ __device__ __forceinline__ double tree_gn(double* s, int t) {
 
 }  // namespace
 
+// The body of clip_adam_soft and clip_adam_soft_members, one text for both (max_norm, beta1, beta2, eps and
+// wd: by-value in both, clip_adam_soft's arguments, clip_adam_soft_members' element blockIdx.y of theirs): a
+// macro, so clip_adam_soft's text and PTX stay as they were.
+#define CLIP_ADAM_SOFT_BODY \
+  __shared__ double sh[CAS_THREADS];                                                                                 \
+  __shared__ float sh_clip;                                                                                          \
+  {  /* the member's rows, partials, ring slots and scalars (member 0: the pointers as given) */                     \
+    const i64 mb = blockIdx.y, o = mb * s;                                                                           \
+    p += o;                                                                                                          \
+    g += o;                                                                                                          \
+    m += o;                                                                                                          \
+    v += o;                                                                                                          \
+    mask += o;                                                                                                       \
+    target += o;                                                                                                     \
+    partial += mb * GN_BLOCKS;                                                                                       \
+    ring += mb * 2 * (i64)slots;                                                                                     \
+    norm += mb;                                                                                                      \
+    scale += mb;                                                                                                     \
+    lr += mb;                                                                                                        \
+    m_scale += mb;                                                                                                   \
+    bc1 += mb;                                                                                                       \
+    bc2 += mb;                                                                                                       \
+    tau += mb;                                                                                                       \
+    loss += mb;                                                                                                      \
+    step += mb;                                                                                                      \
+    done += mb;                                                                                                      \
+    barrier += mb;                                                                                                   \
+  }                                                                                                                  \
+  const int tid = (int)threadIdx.x, group = tid / GN_THREADS, t = tid % GN_THREADS;                                  \
+  const i64 i0 = (i64)blockIdx.x * CAS_THREADS + tid;                                                                \
+                                                                                                                     \
+/* Everything the update reads but the clip scale, before the barrier. */                                            \
+  const float lr_ = lr[0], ms = m_scale[0], c1 = bc1[0], c2 = bc2[0], ta = tau[0], u = 1.f - ta;                     \
+  float g0 = 0.f, m0 = 0.f, v0 = 0.f, p0 = 0.f, tg0 = 0.f;                                                           \
+  bool decay0 = false;                                                                                               \
+  if (i0 < n) {                                                                                                      \
+    g0 = g[i0];                                                                                                      \
+    m0 = m[i0];                                                                                                      \
+    v0 = v[i0];                                                                                                      \
+    p0 = p[i0];                                                                                                      \
+    tg0 = target[i0];                                                                                                \
+    decay0 = wd != 0.f && mask[i0];                                                                                  \
+  }                                                                                                                  \
+  float loss0 = 0.f;                                                                                                 \
+  i64 step0 = 0;                                                                                                     \
+  if (blockIdx.x == 0 && tid == 0) {                                                                                 \
+    loss0 = loss[0];                                                                                                 \
+    step0 = step[0];                                                                                                 \
+  }                                                                                                                  \
+                                                                                                                     \
+/* 1. grad_norm's partials, CAS_GROUPS virtual blocks per round. */                                                  \
+  const i64 span = (i64)GN_BLOCKS * GN_THREADS;                                                                      \
+  const int kv = (int)(((n < span ? n : span) + GN_THREADS - 1) / GN_THREADS);  /* virtual blocks with an element */ \
+  for (int base = (int)blockIdx.x * CAS_GROUPS; base < GN_BLOCKS; base += (int)gridDim.x * CAS_GROUPS) {             \
+    const int k = base + group;                                                                                      \
+    if (base >= kv) {  /* uniform over the block: every group of the round sums nothing */                           \
+      if (t == 0) partial[k] = 0.0;                                                                                  \
+      continue;                                                                                                      \
+    }                                                                                                                \
+    double acc = 0.0;                                                                                                \
+    i64 i = (i64)k * GN_THREADS + t;                                                                                 \
+    if (base == (int)blockIdx.x * CAS_GROUPS && i < n) {  /* the first round's first element is i0's */              \
+      const double x = (double)g0;                                                                                   \
+      acc += x * x;                                                                                                  \
+      i += span;                                                                                                     \
+    }                                                                                                                \
+    for (; i < n; i += span) {                                                                                       \
+      const double x = (double)g[i];                                                                                 \
+      acc += x * x;                                                                                                  \
+    }                                                                                                                \
+    __syncthreads();  /* the previous round's tree may still read sh */                                              \
+    sh[tid] = acc;                                                                                                   \
+    const double sum = tree_gn(sh + group * GN_THREADS, t);                                                          \
+    if (t == 0) partial[k] = sum;                                                                                    \
+  }                                                                                                                  \
+                                                                                                                     \
+/* 2. Every partial is written; the block last_block picks resets the barrier's counter. */                          \
+  cudarl::grid_barrier(barrier);                                                                                     \
+  if (cudarl::last_block(done) && tid == 0) *barrier = 0u;                                                           \
+                                                                                                                     \
+/* 3. The norm and the clip scale in every block, in grad_norm's order; block 0 publishes. */                        \
+  if (tid < GN_THREADS) sh[tid] = cudarl::load_l2(partial + tid) + cudarl::load_l2(partial + tid + GN_THREADS);      \
+  const double total = tree_gn(sh, tid);                                                                             \
+  if (tid == 0) {                                                                                                    \
+    float nf, sf;                                                                                                    \
+    gn_norm_scale(total, max_norm, &nf, &sf);                                                                        \
+    sh_clip = sf;                                                                                                    \
+    if (blockIdx.x == 0) {                                                                                           \
+      norm[0] = nf;                                                                                                  \
+      scale[0] = sf;                                                                                                 \
+      const i64 slot = step0 % slots;                                                                                \
+      ring[2 * slot] = loss0;                                                                                        \
+      ring[2 * slot + 1] = nf;                                                                                       \
+    }                                                                                                                \
+  }                                                                                                                  \
+  __syncthreads();                                                                                                   \
+  const float cl = sh_clip;                                                                                          \
+                                                                                                                     \
+/* 4. adam_update_soft's elements. */                                                                                \
+  const i64 stride = (i64)gridDim.x * CAS_THREADS;                                                                   \
+  i64 i = i0;                                                                                                        \
+  if (i < n) {                                                                                                       \
+    const float pi = adam_math(g0, m0, v0, p0, decay0, lr_, ms, c1, c2, cl, beta1, beta2, eps, wd);                  \
+    m[i] = m0;                                                                                                       \
+    v[i] = v0;                                                                                                       \
+    p[i] = pi;                                                                                                       \
+    target[i] = soft_elem(ta, u, pi, tg0);                                                                           \
+    i += stride;                                                                                                     \
+  }                                                                                                                  \
+  for (; i < n; i += stride) {                                                                                       \
+    const float pi = adam_elem(p, g, m, v, mask, i, lr_, ms, c1, c2, cl, beta1, beta2, eps, wd);                     \
+    target[i] = soft_elem(ta, u, pi, target[i]);                                                                     \
+  }
+
 extern "C" __global__ __launch_bounds__(CAS_THREADS, 1) void cudarl_optim_clip_adam_soft(
     float* p, const float* g, float* m, float* v, const unsigned char* mask, float* target, i64 n, i64 s,
     double* partial, float* norm, float* scale, float max_norm, const float* lr, const float* m_scale,
     const float* bc1, const float* bc2, const float* tau, float* ring, const float* loss, const i64* step, int slots,
     unsigned int* done, unsigned int* barrier, float beta1, float beta2, float eps, float wd) {
-  __shared__ double sh[CAS_THREADS];
-  __shared__ float sh_clip;
-  {  // the member's rows, partials, ring slots and scalars (member 0: the pointers as given)
-    const i64 mb = blockIdx.y, o = mb * s;
-    p += o;
-    g += o;
-    m += o;
-    v += o;
-    mask += o;
-    target += o;
-    partial += mb * GN_BLOCKS;
-    ring += mb * 2 * (i64)slots;
-    norm += mb;
-    scale += mb;
-    lr += mb;
-    m_scale += mb;
-    bc1 += mb;
-    bc2 += mb;
-    tau += mb;
-    loss += mb;
-    step += mb;
-    done += mb;
-    barrier += mb;
-  }
-  const int tid = (int)threadIdx.x, group = tid / GN_THREADS, t = tid % GN_THREADS;
-  const i64 i0 = (i64)blockIdx.x * CAS_THREADS + tid;
-
-  // Everything the update reads but the clip scale, before the barrier.
-  const float lr_ = lr[0], ms = m_scale[0], c1 = bc1[0], c2 = bc2[0], ta = tau[0], u = 1.f - ta;
-  float g0 = 0.f, m0 = 0.f, v0 = 0.f, p0 = 0.f, tg0 = 0.f;
-  bool decay0 = false;
-  if (i0 < n) {
-    g0 = g[i0];
-    m0 = m[i0];
-    v0 = v[i0];
-    p0 = p[i0];
-    tg0 = target[i0];
-    decay0 = wd != 0.f && mask[i0];
-  }
-  float loss0 = 0.f;
-  i64 step0 = 0;
-  if (blockIdx.x == 0 && tid == 0) {
-    loss0 = loss[0];
-    step0 = step[0];
-  }
-
-  // 1. grad_norm's partials, CAS_GROUPS virtual blocks per round.
-  const i64 span = (i64)GN_BLOCKS * GN_THREADS;
-  const int kv = (int)(((n < span ? n : span) + GN_THREADS - 1) / GN_THREADS);  // virtual blocks with an element
-  for (int base = (int)blockIdx.x * CAS_GROUPS; base < GN_BLOCKS; base += (int)gridDim.x * CAS_GROUPS) {
-    const int k = base + group;
-    if (base >= kv) {  // uniform over the block: every group of the round sums nothing
-      if (t == 0) partial[k] = 0.0;
-      continue;
-    }
-    double acc = 0.0;
-    i64 i = (i64)k * GN_THREADS + t;
-    if (base == (int)blockIdx.x * CAS_GROUPS && i < n) {  // the first round's first element is i0's
-      const double x = (double)g0;
-      acc += x * x;
-      i += span;
-    }
-    for (; i < n; i += span) {
-      const double x = (double)g[i];
-      acc += x * x;
-    }
-    __syncthreads();  // the previous round's tree may still read sh
-    sh[tid] = acc;
-    const double sum = tree_gn(sh + group * GN_THREADS, t);
-    if (t == 0) partial[k] = sum;
-  }
-
-  // 2. Every partial is written; the block last_block picks resets the barrier's counter.
-  cudarl::grid_barrier(barrier);
-  if (cudarl::last_block(done) && tid == 0) *barrier = 0u;
-
-  // 3. The norm and the clip scale in every block, in grad_norm's order; block 0 publishes.
-  if (tid < GN_THREADS) sh[tid] = cudarl::load_l2(partial + tid) + cudarl::load_l2(partial + tid + GN_THREADS);
-  const double total = tree_gn(sh, tid);
-  if (tid == 0) {
-    float nf, sf;
-    gn_norm_scale(total, max_norm, &nf, &sf);
-    sh_clip = sf;
-    if (blockIdx.x == 0) {
-      norm[0] = nf;
-      scale[0] = sf;
-      const i64 slot = step0 % slots;
-      ring[2 * slot] = loss0;
-      ring[2 * slot + 1] = nf;
-    }
-  }
-  __syncthreads();
-  const float cl = sh_clip;
-
-  // 4. adam_update_soft's elements.
-  const i64 stride = (i64)gridDim.x * CAS_THREADS;
-  i64 i = i0;
-  if (i < n) {
-    const float pi = adam_math(g0, m0, v0, p0, decay0, lr_, ms, c1, c2, cl, beta1, beta2, eps, wd);
-    m[i] = m0;
-    v[i] = v0;
-    p[i] = pi;
-    target[i] = soft_elem(ta, u, pi, tg0);
-    i += stride;
-  }
-  for (; i < n; i += stride) {
-    const float pi = adam_elem(p, g, m, v, mask, i, lr_, ms, c1, c2, cl, beta1, beta2, eps, wd);
-    target[i] = soft_elem(ta, u, pi, target[i]);
-  }
+  CLIP_ADAM_SOFT_BODY
 }
+
+// clip_adam_soft_members: clip_adam_soft whose members each have their own clip norm and Adam constants
+// (max_norms, beta1s, beta2s, epss, wds: [P] arrays of its by-value float; member mb reads element mb): the
+// bits of clip_adam_soft launched alone with them.
+extern "C" __global__ __launch_bounds__(CAS_THREADS, 1) void cudarl_optim_clip_adam_soft_members(
+    float* p, const float* g, float* m, float* v, const unsigned char* mask, float* target, i64 n, i64 s,
+    double* partial, float* norm, float* scale, const float* max_norms, const float* lr, const float* m_scale,
+    const float* bc1, const float* bc2, const float* tau, float* ring, const float* loss, const i64* step, int slots,
+    unsigned int* done, unsigned int* barrier, const float* beta1s, const float* beta2s,
+    const float* epss, const float* wds) {
+  const int mb_ = blockIdx.y;
+  const float max_norm = max_norms[mb_], beta1 = beta1s[mb_], beta2 = beta2s[mb_], eps = epss[mb_], wd = wds[mb_];
+  CLIP_ADAM_SOFT_BODY
+}
+
+#undef CLIP_ADAM_SOFT_BODY
 
 // ---- tau_schedule -----------------------------------------------------------------------------
 // One thread per member (block (0, mb)): count += 1; tau = tau_end + (tau_start - tau_end)(1 + cos(pi min(c, T) / T)) / 2, c = count - 1.

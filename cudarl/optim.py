@@ -388,11 +388,12 @@ class StackedAdam(Adam):
     one (the kernels' ``blockIdx.y`` is the member), and member ``i`` gets the bits of an :class:`Adam` on
     its row (:meth:`member_state_dict` is that Adam's :meth:`Adam.state_dict`).
 
-    The arguments are :class:`Adam`'s; ``schedule`` one :class:`Schedule` for every member or a sequence
-    of P (member ``i``'s learning-rate schedule: its constants are ``[P]`` device arrays,
-    :attr:`schedule_table`, read by ``optim.lr_schedule_members``); ``decay_mask`` ``[n]`` (every
-    member's) or ``[P, n]``; ``grad_norm_out`` float32 ``[P]``. One set of betas, eps, weight decay and
-    clip norm for every member: the update kernels take them by value.
+    The arguments are :class:`Adam`'s, each of ``schedule``, ``betas``, ``eps``, ``weight_decay`` and
+    ``max_grad_norm`` one value for every member or a sequence of P (member ``i``'s; :attr:`schedules`,
+    :attr:`constants`): on the device ``[P]`` arrays (:attr:`schedule_table`, :attr:`constant_table`) read by
+    the ``_members`` kernels (``optim.lr_schedule_members``, ``grad_norm_members``, ``adam_update_members``,
+    ``adam_update_soft_members``, ``clip_adam_soft_members``), each member's bits those of an :class:`Adam`
+    with its values; ``decay_mask`` ``[n]`` (every member's) or ``[P, n]``; ``grad_norm_out`` float32 ``[P]``.
 
     :meth:`clip_update_publish` takes a :class:`StackedSoftUpdate`, a ring ``[P, 2 * slots]`` and the
     losses ``[P]``; its one launch holds a grid barrier, so it serves at most
@@ -405,25 +406,69 @@ class StackedAdam(Adam):
     @classmethod
     def from_config(cls, net, o, grad_norm_out=None, xp=None):
         """:meth:`Adam.from_config` over a :class:`cudarl.nn.StackedQNetwork`'s buffers; ``o`` one
-        :class:`cudarl.config.OptimConfig` for every member or a sequence of P, whose learning-rate schedules
-        may differ (``schedule``, ``lr``, ``lr_min``, ``warmup``, ``period``, ``mult``,
-        ``restart_m_scale``: :class:`Schedule`) and whose other fields the optimiser reads must be equal."""
+        :class:`cudarl.config.OptimConfig` for every member or a sequence of P (member ``i``'s schedule,
+        betas, eps, weight decay and clip norm from ``o[i]``)."""
         if isinstance(o, _OPTIM):
             return super().from_config(net, o, grad_norm_out, xp)
         optims = list(o)
         if len(optims) != net.params.shape[0]:
             raise ValueError(f"StackedAdam.from_config: {len(optims)} configs for {net.params.shape[0]} members")
-        shared = ("beta1", "beta2", "eps", "weight_decay", "max_grad_norm")
-        bad = [f"optim.{k}" for k in shared if len({getattr(c, k) for c in optims}) > 1]
-        if bad:
-            raise ValueError(f"StackedAdam: members must share {', '.join(bad)} (the update kernels take it by value)")
-        adam = super().from_config(net, optims[0], grad_norm_out, xp)
-        adam._set_schedules([Schedule.from_config(c) for c in optims])
-        return adam
+        return cls(
+            net.params,
+            net.grads,
+            schedule=[Schedule.from_config(c) for c in optims],
+            betas=[(c.beta1, c.beta2) for c in optims],
+            eps=[c.eps for c in optims],
+            weight_decay=[c.weight_decay for c in optims],
+            max_grad_norm=[c.max_grad_norm for c in optims],
+            decay_mask=net.layout.decay_mask(),
+            grad_norm_out=grad_norm_out,
+            xp=xp,
+        )
 
-    def __init__(self, params, grads, *, schedule=Schedule(), **kw):
-        schedules = [schedule] * params.shape[0] if isinstance(schedule, Schedule) else list(schedule)
-        super().__init__(params, grads, schedule=schedules[0], **kw)
+    def __init__(
+        self,
+        params,
+        grads,
+        *,
+        schedule=Schedule(),
+        betas=(_OPTIM.beta1, _OPTIM.beta2),
+        eps=_OPTIM.eps,
+        weight_decay=_OPTIM.weight_decay,
+        max_grad_norm=_OPTIM.max_grad_norm,
+        **kw,
+    ):
+        P = params.shape[0] if params.ndim == 2 else 1
+
+        def each(v, scalar: bool) -> list:
+            return [v] * P if scalar else list(v)
+
+        schedules = each(schedule, isinstance(schedule, Schedule))
+        pairs = each(betas, np.ndim(betas) == 1)
+        cols = {
+            "eps": each(eps, np.ndim(eps) == 0),
+            "wd": each(weight_decay, np.ndim(weight_decay) == 0),
+            "max_norm": each(max_grad_norm, np.ndim(max_grad_norm) == 0),
+        }
+        if any(len(c) != P for c in (pairs, *cols.values())):
+            raise ValueError(f"StackedAdam: betas, eps, weight_decay and max_grad_norm: one value or {P}")
+        super().__init__(
+            params, grads, schedule=schedules[0], betas=pairs[0], eps=cols["eps"][0], weight_decay=cols["wd"][0],
+            max_grad_norm=cols["max_norm"][0], **kw,
+        )  # fmt: skip
+        for b, e, w, c in zip(pairs, cols["eps"], cols["wd"], cols["max_norm"], strict=True):
+            if not (0 <= b[0] < 1 and 0 <= b[1] < 1 and e > 0 and w >= 0 and c >= 0):
+                raise ValueError("Adam: need betas in [0, 1), eps > 0, weight_decay >= 0, max_grad_norm >= 0")
+        #: member ``i``'s ``(beta1, beta2, eps, weight_decay, max_grad_norm)``
+        self.constants = tuple(
+            (float(b[0]), float(b[1]), float(e), float(w), float(c))
+            for b, e, w, c in zip(pairs, cols["eps"], cols["wd"], cols["max_norm"], strict=True)
+        )
+        #: the constants as float32 ``[P]`` device arrays (the update kernels' by-value type)
+        self.constant_table = {
+            k: self.xp.asarray(np.array([c[j] for c in self.constants], np.float32))
+            for j, k in enumerate(("beta1", "beta2", "eps", "wd", "max_norm"))
+        }
         self._set_schedules(schedules)
 
     def _set_schedules(self, schedules: list) -> None:
@@ -435,15 +480,53 @@ class StackedAdam(Adam):
         #: the schedules' constants as ``[P]`` device arrays of ``optim.lr_schedule``'s by-value types
         self.schedule_table = _schedule_columns(schedules, xp)
 
+    def _consts(self, *names: str) -> tuple:
+        return tuple(self.constant_table[k] for k in names)
+
     def schedule_step(self) -> None:
-        """:meth:`Adam.schedule_step` of every member with its own schedule (one thread a member)."""
+        """:meth:`Adam.schedule_step` of every member with its own schedule and betas (one thread a member)."""
         sc, t = self.scalars, self.schedule_table
         self.ops.lr_schedule_members(
             *(sc.view(k) for k in ("step", "lr", "m_scale", "bc1", "bc2")),
             *(t[k] for k in ("kind", "lr_max", "lr_min", "warmup", "period", "mult", "restart_m_scale")),
-            self.beta1,
-            self.beta2,
+            *self._consts("beta1", "beta2"),
         )
+
+    def clip_step(self) -> None:
+        """:meth:`Adam.clip_step` of every member at its own clip norm (one launch)."""
+        self.ops.grad_norm_members(
+            self.grads, self.partial, self.grad_norm_out, self.scalars.view("clip_scale"), *self._consts("max_norm"),
+            self.gn_done,
+        )  # fmt: skip
+
+    def update_step(self, soft: SoftUpdate | None = None) -> None:
+        """:meth:`Adam.update_step` of every member with its own constants (one launch)."""
+        sc = self.scalars
+        scalars = tuple(sc.view(k) for k in ("lr", "m_scale", "bc1", "bc2", "clip_scale"))
+        consts = self._consts("beta1", "beta2", "eps", "wd")
+        if soft is None:
+            self.ops.adam_update_members(self.params, self.grads, self.m, self.v, self.mask, *scalars, *consts)
+            return
+        if soft.online is not self.params:
+            raise ValueError("Adam.update_step: soft must average toward these parameters (soft.online is params)")
+        self.ops.adam_update_soft_members(
+            self.params, self.grads, self.m, self.v, self.mask, soft.target, *scalars, soft.scalars.view("tau"),
+            *consts,
+        )  # fmt: skip
+
+    def clip_update_publish(self, soft: SoftUpdate, ring, loss, slots: int) -> None:
+        """:meth:`Adam.clip_update_publish` of every member with its own constants (one launch)."""
+        if soft.online is not self.params:
+            raise ValueError(
+                "Adam.clip_update_publish: soft must average toward these parameters (soft.online is params)"
+            )
+        sc = self.scalars
+        self.ops.clip_adam_soft_members(
+            self.params, self.grads, self.m, self.v, self.mask, soft.target, self.partial, self.grad_norm_out,
+            sc.view("clip_scale"), *self._consts("max_norm"), self.gn_done, self.gn_barrier, sc.view("lr"),
+            sc.view("m_scale"), sc.view("bc1"), sc.view("bc2"), soft.scalars.view("tau"), ring, loss,
+            sc.view("step"), slots, *self._consts("beta1", "beta2", "eps", "wd"),
+        )  # fmt: skip
 
     def _new_scalars(self, spec: dict, xp, initial: dict):
         return MemberScalars(spec, self.params.shape[0], xp, initial=initial)

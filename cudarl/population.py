@@ -94,9 +94,10 @@ MAY_DIFFER = {
 #: Config fields members of a ``run.population = "joined"`` population may set differently: their seeds
 #: (the learner's, the replay's and the envs' Philox keys are ``[P]`` device arrays), what the host
 #: alone reads, and the settings the stacked kernels read per member from ``[P]`` device arrays
-#: (:data:`cudarl.stacked_agent.MEMBER_SETTINGS`: the learning-rate schedule, gamma, the tau and epsilon
-#: schedules, PER alpha, eps and beta schedule, the costs). The other by-value constants of the stacked
-#: kernels (the other reward options, Adam's betas, PopArt's) are one for every member: not yet ``[P]`` arrays.
+#: (:data:`cudarl.stacked_agent.MEMBER_SETTINGS`: the learning-rate schedule, Adam's betas, eps, weight
+#: decay and clip norm, gamma, the tau and epsilon schedules, PER alpha, eps and beta schedule, the costs,
+#: the reward options hold cap, fill and levels, PopArt's beta and warm-up, shrink-and-perturb). The replay's
+#: n-step is one for every member (not built per member), so members that differ in it are refused.
 JOINED_MAY_DIFFER = {
     "run": {"name", "seed", "out_dir", "eval_every", "checkpoint_every", "keep_best", "log_every", "tensorboard",
             "grid_barrier"},

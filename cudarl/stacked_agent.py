@@ -29,7 +29,10 @@ member (a loop of the single agent's split-K cuBLAS GEMM, which a batched GEMM d
 Either way each layer's dW runs on that layer's branch, as the single agent's one GEMM. Still per
 member: shrink-and-perturb between updates (``optim.shrink_every``). The statistics' publish
 is one launch over the ``[P, n]`` statistics with member 0's step counter naming the ring slot: the
-members' counters advance together (one ``lr_schedule`` launch for all), so it is every member's slot.
+members' counters advance together (one ``lr_schedule_members`` launch for all), so it is every member's slot.
+Members may differ in the settings of :data:`MEMBER_SETTINGS` (``configs``): each a ``[P]`` device array
+read by a ``_members`` kernel (the single kernel's body with member ``i``'s value) or host work done member
+by member (docs/perf-notes.md, "The agent axis, in stages", 6c).
 The collect step (stage 6b), :meth:`StackedLearner.collect_phases`, is the single agent's
 (:meth:`cudarl.agent.Agent.collect_phases` with the C51 rule) over the members::
 
@@ -110,7 +113,8 @@ def stacked_replay(cfg: Config, n_envs: int, seeds, backend: str | None = None, 
 #: The settings members of a joined population (:class:`StackedLearner`, :func:`stacked_replay` and
 #: :class:`cudarl.stacked_env.StackedTradingEnv`) may set differently (section -> fields): each is a ``[P]``
 #: device array (an optimiser's, schedule's, replay's or env's table, or the initial value of a per-member
-#: device scalar), so member ``i`` runs its own value with the single kernel's arithmetic. The costs
+#: device scalar), so member ``i`` runs its own value with the single kernel's arithmetic (Adam's betas, eps,
+#: weight decay and clip norm: :attr:`cudarl.optim.StackedAdam.constant_table`). The costs
 #: (``env.cost_bps``, ``env.slippage_bps`` and the training reward's ``agent.train_cost_bps``) are the
 #: stacked env's cost rates, the reward options (``env.hold_cap``, ``env.fill``, ``env.levels``) its hold
 #: caps, return rows and level rows (:data:`cudarl.stacked_env.MEMBER_FIELDS`). Shrink-and-perturb
@@ -126,6 +130,11 @@ MEMBER_SETTINGS = {
         "period",
         "mult",
         "restart_m_scale",
+        "beta1",
+        "beta2",
+        "eps",
+        "weight_decay",
+        "max_grad_norm",
         "shrink_every",
         "shrink",
         "perturb",
@@ -178,8 +187,9 @@ class StackedLearner:
         seeds: P seeds, member ``i`` initialised as ``Agent`` with ``run.seed = seeds[i]``.
         xp: ``numpy`` or ``cupy``.
         configs: optional P configs, member ``i`` reading the fields of :data:`MEMBER_SETTINGS` from
-            ``configs[i]`` (its learning-rate schedule, gamma, tau and epsilon schedules; its replay's PER
-            settings are :func:`stacked_replay`'s); the rest from ``cfg``. Default: ``cfg`` for every member.
+            ``configs[i]`` (its optimiser, gamma, tau and epsilon schedules, PopArt, shrink-and-perturb; its
+            replay's PER settings are :func:`stacked_replay`'s); the rest from ``cfg``. Default: ``cfg`` for
+            every member.
 
     Buffers (member ``i`` at index ``i`` of the leading axis): :attr:`online`, :attr:`target`
     (:class:`cudarl.nn.StackedQNetwork`), :attr:`adam` (:class:`cudarl.optim.StackedAdam`),

@@ -12,8 +12,9 @@ The member axis (a population's agents, :class:`cudarl.optim.StackedAdam`): ``gr
 member stride in elements), the partials ``[P, GN_BLOCKS]`` and a ring ``[P, 2 * slots]`` C-contiguous,
 and each device scalar ``[P]``. One launch whose ``blockIdx.y`` is the member gets each member the bits
 of a single launch on its rows; arrays without the member axis are the single launch (``gridDim.y`` 1,
-stride 0). The by-value constants are one value for every member; ``lr_schedule_members`` and
-``tau_schedule_members`` take each member's schedule as ``[P]`` arrays instead.
+stride 0). The by-value constants are one value for every member; the ``_members`` launchers
+(``lr_schedule``, ``tau_schedule``, ``grad_norm``, ``adam_update``, ``adam_update_soft``, ``clip_adam_soft``)
+take each member's as ``[P]`` arrays instead.
 """
 
 from __future__ import annotations
@@ -147,6 +148,23 @@ def grad_norm(g, partial, norm, scale, max_norm: float, done=None) -> None:
     )
 
 
+def grad_norm_members(g, partial, norm, scale, max_norms, done) -> None:
+    """:func:`grad_norm` (one launch, ``done``) over P members each clipping at its own norm: ``max_norms``
+    float32 ``[P]`` (member ``i``'s ``max_norm``), the rest as its member axis."""
+    w = "optim.grad_norm_members"
+    if g.ndim != 2:
+        raise ValueError(f"{w}: g must be [P, n], got {g.shape}")
+    P, e, n, s = _rows(w, g=g)
+    partial = _member_table(w, P, "partial", partial, GN_BLOCKS)
+    _member_scalars(w, P, norm=norm, scale=scale)
+    _member_consts(w, P, max_norms=max_norms)
+    if done.dtype != np.uint32 or done.shape != (P,):
+        raise ValueError(f"{w}: done must be a uint32 [{P}] ticket, got {done.dtype} {done.shape}")
+    launch(
+        "optim", "grad_norm_members", (GN_BLOCKS, P), GN_THREADS, (e["g"], partial, norm, scale, max_norms, done, n, s)
+    )
+
+
 def lr_schedule(
     step,
     lr,
@@ -214,28 +232,27 @@ def lr_schedule_members(
     period,
     mult,
     restart_m_scale,
-    beta1: float,
-    beta2: float,
+    beta1,
+    beta2,
 ) -> None:
     """:func:`lr_schedule` with each member's own schedule: the scalars ``[P]``; ``kind`` int32, ``lr_max``,
-    ``lr_min``, ``restart_m_scale`` float32, ``warmup``, ``period``, ``mult`` int64, each ``[P]`` (member
-    ``i``'s constants at ``i``); ``beta1``, ``beta2`` one for every member. Member ``i`` gets the bits of
-    :func:`lr_schedule` with its constants."""
+    ``lr_min``, ``restart_m_scale``, ``beta1``, ``beta2`` float32, ``warmup``, ``period``, ``mult`` int64,
+    each ``[P]`` (member ``i``'s constants at ``i``). Member ``i`` gets the bits of :func:`lr_schedule` with
+    its constants."""
     P = step.shape[0] if step.ndim == 1 else 1
     w = "optim.lr_schedule_members"
     _member_scalars(w, P, step=step, lr=lr, m_scale=m_scale, bc1=bc1, bc2=bc2)
     if step.shape != (P,):
         raise ValueError(f"{w}: step must be [P], got shape {step.shape}")
     _member_consts(w, P, kind=kind, lr_max=lr_max, lr_min=lr_min, warmup=warmup, period=period, mult=mult,
-                   restart_m_scale=restart_m_scale)  # fmt: skip
+                   restart_m_scale=restart_m_scale, beta1=beta1, beta2=beta2)  # fmt: skip
     launch(
         "optim",
         "lr_schedule_members",
         (1, P),
         1,
-        (step, lr, m_scale, bc1, bc2, kind, lr_max, lr_min, warmup, period, mult, restart_m_scale,
-         float(beta1), float(beta2)),
-    )  # fmt: skip
+        (step, lr, m_scale, bc1, bc2, kind, lr_max, lr_min, warmup, period, mult, restart_m_scale, beta1, beta2),
+    )
 
 
 def _adam_checks(w: str, p, g, m, v, mask, lr, m_scale, bc1, bc2, clip, **more) -> tuple[int, dict, int, int]:
@@ -245,31 +262,41 @@ def _adam_checks(w: str, p, g, m, v, mask, lr, m_scale, bc1, bc2, clip, **more) 
     return P, e, n, s
 
 
+def _by_value(w: str, P: int, **consts) -> tuple:
+    """The single launch's constants: Python floats, as its by-value parameters."""
+    return tuple(float(v) for v in consts.values())
+
+
+def _per_member(w: str, P: int, **consts) -> tuple:
+    """A ``_members`` launch's constants: float32 ``[P]`` arrays (member ``i``'s at ``i``)."""
+    _member_consts(w, P, **consts)
+    return tuple(consts.values())
+
+
 def adam_update(
     p, g, m, v, mask, lr, m_scale, bc1, bc2, clip, beta1: float, beta2: float, eps: float, wd: float
 ) -> None:
     """Fused Adam(W) over flat float32 ``p, g, m, v [n]`` with uint8 ``mask [n]`` and device scalars
     (members: ``[P, n]`` buffers, ``[P]`` scalars)."""
-    P, e, n, s = _adam_checks("optim.adam_update", p, g, m, v, mask, lr, m_scale, bc1, bc2, clip)
+    _adam_update("adam_update", _by_value, p, g, m, v, mask, lr, m_scale, bc1, bc2, clip, beta1, beta2, eps, wd)
+
+
+def adam_update_members(p, g, m, v, mask, lr, m_scale, bc1, bc2, clip, beta1, beta2, eps, wd) -> None:
+    """:func:`adam_update` over P members each with its own ``beta1``, ``beta2``, ``eps``, ``wd`` (float32
+    ``[P]``): member ``i`` the bits of :func:`adam_update` with its constants."""
+    _adam_update("adam_update_members", _per_member, p, g, m, v, mask, lr, m_scale, bc1, bc2, clip, beta1, beta2,
+                 eps, wd)  # fmt: skip
+
+
+def _adam_update(op, consts, p, g, m, v, mask, lr, m_scale, bc1, bc2, clip, beta1, beta2, eps, wd) -> None:
+    P, e, n, s = _adam_checks(f"optim.{op}", p, g, m, v, mask, lr, m_scale, bc1, bc2, clip)
+    c = consts(f"optim.{op}", P, beta1=beta1, beta2=beta2, eps=eps, wd=wd)
     launch(
         "optim",
-        "adam_update",
+        op,
         (_grid(n), P),
         _T,
-        (
-            *(e[k] for k in ("p", "g", "m", "v", "mask")),
-            n,
-            s,
-            lr,
-            m_scale,
-            bc1,
-            bc2,
-            clip,
-            float(beta1),
-            float(beta2),
-            float(eps),
-            float(wd),
-        ),
+        (*(e[k] for k in ("p", "g", "m", "v", "mask")), n, s, lr, m_scale, bc1, bc2, clip, *c),
     )
 
 
@@ -278,31 +305,31 @@ def adam_update_soft(
 ) -> None:
     """:func:`adam_update`, then :func:`soft_update` of ``target [n]`` toward the new ``p`` with ``tau [1]``,
     in one launch (the same bits as the two). Members: ``[P, n]`` buffers, ``[P]`` scalars."""
-    w = "optim.adam_update_soft"
+    _adam_update_soft("adam_update_soft", _by_value, p, g, m, v, mask, target, lr, m_scale, bc1, bc2, clip, tau,
+                      beta1, beta2, eps, wd)  # fmt: skip
+
+
+def adam_update_soft_members(p, g, m, v, mask, target, lr, m_scale, bc1, bc2, clip, tau, beta1, beta2, eps, wd) -> None:
+    """:func:`adam_update_soft` over P members each with its own ``beta1``, ``beta2``, ``eps``, ``wd``
+    (float32 ``[P]``): member ``i`` the bits of :func:`adam_update_soft` with its constants."""
+    _adam_update_soft("adam_update_soft_members", _per_member, p, g, m, v, mask, target, lr, m_scale, bc1, bc2,
+                      clip, tau, beta1, beta2, eps, wd)  # fmt: skip
+
+
+def _adam_update_soft(op, consts, p, g, m, v, mask, target, lr, m_scale, bc1, bc2, clip, tau, beta1, beta2, eps,
+                      wd) -> None:  # fmt: skip
+    w = f"optim.{op}"
     P, e, n, s = _adam_checks(w, p, g, m, v, mask, lr, m_scale, bc1, bc2, clip, target=target)
     _member_scalars(w, P, tau=tau)
     if _base_ptr(target) == _base_ptr(p):
         raise ValueError(f"{w}: target must be a buffer of its own, not the parameters")
+    c = consts(w, P, beta1=beta1, beta2=beta2, eps=eps, wd=wd)
     launch(
         "optim",
-        "adam_update_soft",
+        op,
         (_grid(n), P),
         _T,
-        (
-            *(e[k] for k in ("p", "g", "m", "v", "mask", "target")),
-            n,
-            s,
-            lr,
-            m_scale,
-            bc1,
-            bc2,
-            clip,
-            tau,
-            float(beta1),
-            float(beta2),
-            float(eps),
-            float(wd),
-        ),
+        (*(e[k] for k in ("p", "g", "m", "v", "mask", "target")), n, s, lr, m_scale, bc1, bc2, clip, tau, *c),
     )
 
 
@@ -356,7 +383,26 @@ def clip_adam_soft(
     ``grid * P`` blocks must be resident at once (at most ``resident_grid_limit()``, so ``P`` at most
     the multiprocessor count; default ``grid``: the limit's share of each member).
     """
-    w = "optim.clip_adam_soft"
+    _clip_adam_soft("clip_adam_soft", _by_value, p, g, m, v, mask, target, partial, norm, scale, max_norm,
+                    done, barrier, lr, m_scale, bc1, bc2, tau, ring, loss, step, slots, beta1, beta2, eps, wd,
+                    grid)  # fmt: skip
+
+
+def clip_adam_soft_members(
+    p, g, m, v, mask, target, partial, norm, scale, max_norm, done, barrier, lr, m_scale, bc1, bc2, tau, ring, loss,
+    step, slots: int, beta1, beta2, eps, wd, grid: int | None = None,
+) -> None:  # fmt: skip
+    """:func:`clip_adam_soft` over P members each with its own clip norm and Adam constants: ``max_norm``,
+    ``beta1``, ``beta2``, ``eps``, ``wd`` float32 ``[P]`` (member ``i``'s at ``i``), the rest as its member
+    axis: member ``i`` the bits of :func:`clip_adam_soft` with its constants."""
+    _clip_adam_soft("clip_adam_soft_members", _per_member, p, g, m, v, mask, target, partial, norm, scale, max_norm,
+                    done, barrier, lr, m_scale, bc1, bc2, tau, ring, loss, step, slots, beta1, beta2, eps, wd,
+                    grid)  # fmt: skip
+
+
+def _clip_adam_soft(op, consts, p, g, m, v, mask, target, partial, norm, scale, max_norm, done, barrier, lr, m_scale,
+                    bc1, bc2, tau, ring, loss, step, slots, beta1, beta2, eps, wd, grid) -> None:  # fmt: skip
+    w = f"optim.{op}"
     P, e, n, s = _adam_checks(w, p, g, m, v, mask, lr, m_scale, bc1, bc2, scale, target=target)
     partial = _member_table(w, P, "partial", partial, GN_BLOCKS)
     _member_scalars(w, P, norm=norm, tau=tau, loss=loss, step=step)
@@ -385,7 +431,7 @@ def clip_adam_soft(
         )
     launch(
         "optim",
-        "clip_adam_soft",
+        op,
         (int(grid), P),
         CAS_THREADS,
         (
@@ -395,7 +441,7 @@ def clip_adam_soft(
             partial,
             norm,
             scale,
-            float(max_norm),
+            *consts(w, P, max_norm=max_norm),
             lr,
             m_scale,
             bc1,
@@ -407,10 +453,7 @@ def clip_adam_soft(
             int(slots),
             done,
             barrier,
-            float(beta1),
-            float(beta2),
-            float(eps),
-            float(wd),
+            *consts(w, P, beta1=beta1, beta2=beta2, eps=eps, wd=wd),
         ),
     )
 

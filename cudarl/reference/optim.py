@@ -138,13 +138,14 @@ def lr_schedule_members(
     step, lr, m_scale, bc1, bc2, kind, lr_max, lr_min, warmup, period, mult, restart_m_scale, beta1, beta2
 ) -> None:
     """:func:`lr_schedule` with each member's own schedule: the scalars ``[P]``; kind, lr_max, lr_min,
-    warmup, period, mult and restart_m_scale ``[P]`` (member ``i``'s at ``i``); member ``i`` is
-    :func:`lr_schedule` on its scalars with its constants."""
+    warmup, period, mult, restart_m_scale, beta1 and beta2 ``[P]`` (member ``i``'s at ``i``); member ``i``
+    is :func:`lr_schedule` on its scalars with its constants."""
     for i in range(step.shape[0]):
         s = slice(i, i + 1)
         lr_schedule(
             step[s], lr[s], m_scale[s], bc1[s], bc2[s], int(kind[i]), float(lr_max[i]), float(lr_min[i]),
-            int(warmup[i]), int(period[i]), int(mult[i]), float(restart_m_scale[i]), beta1, beta2,
+            int(warmup[i]), int(period[i]), int(mult[i]), float(restart_m_scale[i]), float(beta1[i]),
+            float(beta2[i]),
         )  # fmt: skip
 
 
@@ -234,6 +235,54 @@ def tau_schedule(count, tau, tau_start: float, tau_end: float, period: int) -> N
     c = min(int(count[0]) - 1, period)
     a, b = float(np.float32(tau_start)), float(np.float32(tau_end))
     tau[0] = b + 0.5 * (a - b) * (1.0 + math.cos(math.pi * c / period))
+
+
+def _each_member(fn, P: int, rows: dict, scalars: dict, consts: dict, **shared) -> None:
+    """``fn`` once per member ``i``: row ``i`` of each of ``rows``, a 1-element view of element ``i`` of each of
+    ``scalars``, ``float(c[i])`` of each of ``consts`` (member ``i``'s by-value constants), ``shared`` as given."""
+    for i in range(P):
+        fn(
+            **{k: a[i] for k, a in rows.items()},
+            **{k: a[i : i + 1] for k, a in scalars.items()},
+            **{k: float(c[i]) for k, c in consts.items()},
+            **shared,
+        )
+
+
+def grad_norm_members(g, partial, norm, scale, max_norms, done) -> None:
+    """:func:`grad_norm` over P members each clipping at its own ``max_norms[i]`` (``[P]``)."""
+    _each_member(grad_norm, g.shape[0], dict(g=g, partial=partial), dict(norm=norm, scale=scale, done=done),
+                 dict(max_norm=max_norms))  # fmt: skip
+
+
+def adam_update_members(p, g, m, v, mask, lr, m_scale, bc1, bc2, clip, beta1, beta2, eps, wd) -> None:
+    """:func:`adam_update` over P members each with its own beta1, beta2, eps and wd (``[P]``)."""
+    _each_member(
+        adam_update, p.shape[0], dict(p=p, g=g, m=m, v=v, mask=mask),
+        dict(lr=lr, m_scale=m_scale, bc1=bc1, bc2=bc2, clip=clip), dict(beta1=beta1, beta2=beta2, eps=eps, wd=wd),
+    )  # fmt: skip
+
+
+def adam_update_soft_members(p, g, m, v, mask, target, lr, m_scale, bc1, bc2, clip, tau, beta1, beta2, eps, wd):
+    """:func:`adam_update_soft` over P members each with its own beta1, beta2, eps and wd (``[P]``)."""
+    _each_member(
+        adam_update_soft, p.shape[0], dict(p=p, g=g, m=m, v=v, mask=mask, target=target),
+        dict(lr=lr, m_scale=m_scale, bc1=bc1, bc2=bc2, clip=clip, tau=tau),
+        dict(beta1=beta1, beta2=beta2, eps=eps, wd=wd),
+    )  # fmt: skip
+
+
+def clip_adam_soft_members(
+    p, g, m, v, mask, target, partial, norm, scale, max_norm, done, barrier, lr, m_scale, bc1, bc2, tau, ring, loss,
+    step, slots, beta1, beta2, eps, wd, grid=None,
+) -> None:  # fmt: skip
+    """:func:`clip_adam_soft` over P members each with its own max_norm, beta1, beta2, eps and wd (``[P]``)."""
+    _each_member(
+        clip_adam_soft, p.shape[0], dict(p=p, g=g, m=m, v=v, mask=mask, target=target, partial=partial, ring=ring),
+        dict(norm=norm, scale=scale, done=done, barrier=barrier, lr=lr, m_scale=m_scale, bc1=bc1, bc2=bc2, tau=tau,
+             loss=loss, step=step),
+        dict(max_norm=max_norm, beta1=beta1, beta2=beta2, eps=eps, wd=wd), slots=slots,
+    )  # fmt: skip
 
 
 def tau_schedule_members(count, tau, tau_start, tau_end, period) -> None:

@@ -191,12 +191,26 @@ def _member_schedules(P: int) -> tuple[list, list]:
     return scheds, taus
 
 
+def _member_constants(P: int, n: int) -> list:
+    """P members' own Adam constants ``dict(betas, eps, weight_decay, max_grad_norm)``, each distinct (the clip
+    norm around :func:`_objects`' shared one, so some steps clip and some do not)."""
+    return [
+        dict(
+            betas=(0.875 - 0.01 * i, 0.9990234375 - 1e-4 * (i % 7)),
+            eps=1e-8 * (1 + i),
+            weight_decay=WD * (i % 4),
+            max_grad_norm=float(np.sqrt(n)) * (0.15 + 0.1 * (i % 3)),
+        )
+        for i in range(P)
+    ]
+
+
 def _objects(xp, P: int, n: int, seed: int, own: bool = False, swap=None):
     """A StackedAdam + StackedSoftUpdate over P members (rows padded as StackedQNetwork's) and P single
     Adam + SoftUpdate on copies of each member's row: ``(stacked, singles)``, each a dict of p, g, target,
     loss, ring, adam, soft. ``own``: each member its own learning-rate and tau schedules
-    (:func:`_member_schedules`), single ``i`` member ``i``'s (``swap``: a pair of members whose stacked
-    schedules trade places, for a test that must then fail)."""
+    (:func:`_member_schedules`) and Adam constants (:func:`_member_constants`), single ``i`` member ``i``'s
+    (``swap``: a pair of members whose stacked settings trade places, for a test that must then fail)."""
     from cudarl.nn.params import stacked_zeros
 
     rng = np.random.default_rng(seed)
@@ -219,8 +233,10 @@ def _objects(xp, P: int, n: int, seed: int, own: bool = False, swap=None):
     p[...], target[...] = xp.asarray(p0), xp.asarray(t0)
     stacked = dict(p=p, g=g, target=target, loss=xp.zeros(P, np.float32), p0=p0)
     stacked["ring"] = xp.asarray(np.full((P, 2 * SLOTS), -1.0, np.float32))
+    consts = _member_constants(P, n) if own else [{}] * P
     if own:
-        stacked["adam"] = StackedAdam(p, g, **dict(kw, schedule=[scheds[j] for j in order]))
+        per = {k: [consts[j][k] for j in order] for k in consts[0]}
+        stacked["adam"] = StackedAdam(p, g, **dict(kw, schedule=[scheds[j] for j in order], **per))
         stacked["soft"] = StackedSoftUpdate(target, p, *zip(*(taus[j] for j in order), strict=True), xp=xp)
     else:
         stacked["adam"] = StackedAdam(p, g, **kw)
@@ -229,7 +245,7 @@ def _objects(xp, P: int, n: int, seed: int, own: bool = False, swap=None):
     for i in range(P):
         s = dict(p=xp.asarray(p0[i].copy()), g=xp.zeros(n, np.float32), target=xp.asarray(t0[i].copy()))
         s["loss"], s["ring"] = xp.zeros(1, np.float32), xp.asarray(np.full(2 * SLOTS, -1.0, np.float32))
-        s["adam"] = Adam(s["p"], s["g"], **dict(kw, schedule=scheds[i]))
+        s["adam"] = Adam(s["p"], s["g"], **dict(kw, schedule=scheds[i], **consts[i]))
         s["soft"] = SoftUpdate(s["target"], s["p"], *taus[i], xp=xp)
         singles.append(s)
     return stacked, singles
@@ -289,9 +305,10 @@ def test_stacked_adam_is_p_single_adams_on_numpy(fused):
 
 @pytest.mark.parametrize("fused", [True, False])
 def test_stacked_adam_members_with_their_own_schedules_on_numpy(fused):
-    """Each member its own learning-rate schedule (kind, peak, floor, warm-up, period, restarts) and tau
-    schedule: member i is the single Adam + SoftUpdate of its schedules, bit for bit; the same members with
-    two schedules swapped are not (the test sees which member runs which schedule)."""
+    """Each member its own learning-rate schedule (kind, peak, floor, warm-up, period, restarts), tau schedule
+    and Adam constants (betas, eps, weight decay, clip norm): member i is the single Adam + SoftUpdate of its
+    settings, bit for bit; the same members with two members' settings swapped are not (the test sees which
+    member runs which)."""
     stacked = _train_members(np, 4, 1_001, 12, fused, own=True)
     lrs = stacked["adam"].scalars.get("lr")
     assert len(set(lrs.tolist())) == 4 and len(set(stacked["soft"].scalars.get("tau").tolist())) == 4
@@ -299,8 +316,33 @@ def test_stacked_adam_members_with_their_own_schedules_on_numpy(fused):
         _train_members(np, 4, 1_001, 12, fused, own=True, swap=(1, 2))
 
 
+def _plain_steps_equal_singles(xp, P: int, n: int, steps: int, sync=lambda: None) -> None:
+    """``Adam.step`` (schedule, clip, update without a target: ``adam_update_members``) of a StackedAdam whose
+    members have their own settings against the single Adams, bit for bit."""
+    stacked, singles = _objects(xp, P, n, 5, own=True)
+    rng = np.random.default_rng(6)
+    for k in range(steps):
+        g = rng.standard_normal((P, n)).astype(np.float32)
+        stacked["g"][...] = xp.asarray(g)
+        for i, s in enumerate(singles):
+            s["g"][...] = xp.asarray(g[i])
+        stacked["adam"].step()
+        for s in singles:
+            s["adam"].step()
+        sync()
+        for i, s in enumerate(singles):
+            for what in ("p",):
+                assert_bitwise(stacked[what][i], s[what], what=f"step {k}: member {i}, {what}")
+            assert_bitwise(stacked["adam"].m[i], s["adam"].m, what=f"step {k}: member {i}, m")
+
+
+def test_stacked_adam_plain_step_with_each_members_constants_on_numpy():
+    _plain_steps_equal_singles(np, 3, 1_001, 6)
+
+
 def test_member_schedule_launchers_pass_their_kernels_c_parameters(monkeypatch):
-    """The launchers' arguments (recorded, not launched) are what the kernels declare; the grid's y is P."""
+    """The _members launchers' arguments (recorded, not launched) are what the kernels declare; the grid's y
+    is P. (clip_adam_soft_members asks the device for its grid: its arguments are the GPU tests'.)"""
     from cudarl.ops import optim as ops
     from cudarl.testing import assert_launch_args
 
@@ -312,9 +354,15 @@ def test_member_schedule_launchers_pass_their_kernels_c_parameters(monkeypatch):
         obj.ops = ops  # the launchers on host arrays: recorded, not launched
     adam.schedule_step()
     soft.schedule_step()
-    assert [(op, grid) for op, grid, _ in launched] == [
-        ("lr_schedule_members", (1, 4)),
-        ("tau_schedule_members", (1, 4)),
+    adam.clip_step()
+    adam.update_step(soft=soft)
+    adam.update_step()
+    assert [(op, grid[1]) for op, grid, _ in launched] == [
+        ("lr_schedule_members", 4),
+        ("tau_schedule_members", 4),
+        ("grad_norm_members", 4),
+        ("adam_update_soft_members", 4),
+        ("adam_update_members", 4),
     ]
     for op, _, args in launched:
         assert_launch_args("optim", op, args)
@@ -335,12 +383,15 @@ def test_member_schedule_twins_are_the_single_twins():
     one = [{k: np.zeros(1, np.float32) for k in sc} | {"step": np.zeros(1, np.int64), "count": np.zeros(1, np.int64)}
            for _ in range(P)]  # fmt: skip
     names = ("kind", "lr_max", "lr_min", "warmup", "period", "mult", "restart_m_scale")
+    betas = (stacked["adam"].constant_table["beta1"], stacked["adam"].constant_table["beta2"])
+    assert len(set(betas[0].tolist())) == P
     for _ in range(9):
-        ref.lr_schedule_members(step, sc["lr"], sc["m_scale"], sc["bc1"], sc["bc2"], *(table[k] for k in names), B1, B2)
+        ref.lr_schedule_members(step, sc["lr"], sc["m_scale"], sc["bc1"], sc["bc2"], *(table[k] for k in names), *betas)
         ref.tau_schedule_members(count, sc["tau"], ttable["tau_start"], ttable["tau_end"], ttable["period"])
         for i, (s, o) in enumerate(zip(scheds, one, strict=True)):
             ref.lr_schedule(o["step"], o["lr"], o["m_scale"], o["bc1"], o["bc2"], ref.SCHEDULES[s.kind], s.lr,
-                            s.lr_min, s.warmup, s.period, s.mult, s.restart_m_scale, B1, B2)  # fmt: skip
+                            s.lr_min, s.warmup, s.period, s.mult, s.restart_m_scale,
+                            *stacked["adam"].constants[i][:2])  # fmt: skip
             ref.tau_schedule(o["count"], o["tau"], *taus[i])
             for k in (*sc, "step", "count"):
                 got = (step if k == "step" else count if k == "count" else sc[k])[i : i + 1]
@@ -348,7 +399,7 @@ def test_member_schedule_twins_are_the_single_twins():
     assert len(set(sc["lr"].tolist())) == P
     with pytest.raises(ValueError, match=r"lr_max must be \[5\]"):
         ops.lr_schedule_members(step, *(sc[k] for k in ("lr", "m_scale", "bc1", "bc2")),
-                                *(table[k][:4] if k == "lr_max" else table[k] for k in names), B1, B2)  # fmt: skip
+                                *(table[k][:4] if k == "lr_max" else table[k] for k in names), *betas)  # fmt: skip
     with pytest.raises(ValueError, match=r"period must be \[5\]"):
         ops.tau_schedule_members(count, sc["tau"], ttable["tau_start"], ttable["tau_end"], ttable["period"][:1])
 
@@ -485,11 +536,18 @@ def test_gpu_member_schedule_kernels_are_single_launches_bitwise(cp, P):
         for f, d in ((ops, sc), (ref, host)):
             t = table if f is ops else {k: v.get() for k, v in table.items()}
             tt = ttable if f is ops else {k: v.get() for k, v in ttable.items()}
-            f.lr_schedule_members(d["step"], d["lr"], d["m_scale"], d["bc1"], d["bc2"], *(t[k] for k in names), B1, B2)
+            b = (
+                stacked["adam"].constant_table
+                if f is ops
+                else {k: v.get() for k, v in stacked["adam"].constant_table.items()}
+            )
+            f.lr_schedule_members(d["step"], d["lr"], d["m_scale"], d["bc1"], d["bc2"], *(t[k] for k in names),
+                                  b["beta1"], b["beta2"])  # fmt: skip
             f.tau_schedule_members(d["count"], d["tau"], tt["tau_start"], tt["tau_end"], tt["period"])
         for i, (s, o) in enumerate(zip(scheds, one, strict=True)):
             ops.lr_schedule(o["step"], o["lr"], o["m_scale"], o["bc1"], o["bc2"], ref.SCHEDULES[s.kind], s.lr,
-                            s.lr_min, s.warmup, s.period, s.mult, s.restart_m_scale, B1, B2)  # fmt: skip
+                            s.lr_min, s.warmup, s.period, s.mult, s.restart_m_scale,
+                            *stacked["adam"].constants[i][:2])  # fmt: skip
             ops.tau_schedule(o["count"], o["tau"], *taus[i])
         cp.cuda.Device().synchronize()
         for i, o in enumerate(one):
@@ -506,6 +564,15 @@ def test_gpu_member_schedule_kernels_are_single_launches_bitwise(cp, P):
 @pytest.mark.parametrize("P", [3, 64])
 @pytest.mark.parametrize("fused", [True, False])
 def test_gpu_stacked_adam_members_with_their_own_schedules(cp, P, fused):
-    """StackedAdam + StackedSoftUpdate whose members each run their own learning-rate and tau schedules, at
-    the reference network's size: member i equals the single Adam + SoftUpdate of its schedules, bit for bit."""
+    """StackedAdam + StackedSoftUpdate whose members each run their own learning-rate and tau schedules and
+    Adam constants (the _members kernels: lr_schedule, tau_schedule, grad_norm, adam_update_soft,
+    clip_adam_soft), at the reference network's size: member i equals the single Adam + SoftUpdate of its
+    settings, bit for bit."""
     _train_members(cp, P, 135_000, 12, fused, sync=cp.cuda.Device().synchronize, own=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("P", [1, 3, 64])
+def test_gpu_stacked_adam_plain_step_with_each_members_constants(cp, P):
+    """adam_update_members (Adam.step without a target) with each member's constants against single Adams."""
+    _plain_steps_equal_singles(cp, P, 135_000, 6, sync=cp.cuda.Device().synchronize)

@@ -355,8 +355,8 @@ def test_joined_refuses_what_it_does_not_build(over, match):
 
 
 def test_joined_refuses_members_that_differ_in_a_kernel_constant():
-    a, b = joined([small(), from_dict({"optim": {"beta1": 0.8}}, base=small())])
-    with pytest.raises(ValueError, match=r"optim\.beta1.*JOINED_MAY_DIFFER"):
+    a, b = joined([small(), from_dict({"agent": {"kappa": 2.0}}, base=small())])
+    with pytest.raises(ValueError, match=r"agent\.kappa.*JOINED_MAY_DIFFER"):
         Population([a, b], run_dirs=[False, False], **QUIET)
     from cudarl.config import ConfigError
 

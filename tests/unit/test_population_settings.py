@@ -30,6 +30,11 @@ SETTINGS = {
                    "mult": 2, "restart_m_scale": 0.5}},
         {"optim": {"schedule": "constant", "lr": 5e-5, "warmup": 10}},
     ],
+    "adam": [
+        {"optim": {"beta1": 0.9, "beta2": 0.999, "eps": 1e-8, "weight_decay": 0.0, "max_grad_norm": 0.2}},
+        {"optim": {"beta1": 0.8, "beta2": 0.99, "eps": 1e-6, "weight_decay": 0.01, "max_grad_norm": 0.5}},
+        {"optim": {"beta1": 0.95, "beta2": 0.995, "eps": 1e-7, "weight_decay": 0.05, "max_grad_norm": 0.05}},
+    ],
     "gamma": [{"agent": {"gamma": 0.99}}, {"agent": {"gamma": 0.95}}, {"agent": {"gamma": 0.9}}],
     "tau": [
         {"agent": {"tau_start": 0.05, "tau_end": 0.005, "tau_period": 10}},
@@ -70,10 +75,10 @@ SETTINGS = {
 
 #: Fields members of a joined population may not yet set differently, with a value other than the default.
 REFUSED = [
-    ("optim", "beta1", 0.8),
-    ("optim", "max_grad_norm", 1.0),
-    ("optim", "weight_decay", 0.1),
     ("agent", "kappa", 2.0),
+    ("replay", "n_step", 1),
+    ("agent", "priority", "ce"),
+    ("agent", "updates_per_collect", 2),
 ]
 
 
