@@ -97,9 +97,11 @@ class RunConfig:
     optimiser, loss, replay and environments; docs/perf-notes.md, "The agent axis, in stages"), member
     ``i`` bitwise the agent alone. ``joined`` takes the reference configuration only (MLP encoder without
     LayerNorm, dueling C51, ``net.gemm = "cublaslt_nosplit"``, no spectral norm, plan head, auxiliary
-    signals or CQL, acting by the mean), members that differ only in seeds and host-side settings, no
-    recording and no guard rollback (a trip stops the member); anything else is refused naming the field.
-    Its members write run directories and the checkpoints their Trainers alone would write."""
+    signals or CQL, acting by the mean), members that differ only in seeds and host-side settings, and no
+    recording; anything else is refused naming the field. Each member's guard rolls back that member alone,
+    as a single run's (a rollback that lowers the learning rate, ``guard.lr_factor`` < 1, with P = 1 only:
+    the members share one schedule; with more the member stops, saying why). Its members write run
+    directories and the checkpoints their Trainers alone would write."""
 
     def __post_init__(self):
         s = "run"
