@@ -100,9 +100,9 @@ class RunConfig:
     signals or CQL, acting by the mean), members that differ in seeds, host-side settings and the per-member
     settings of ``cudarl.stacked_agent.MEMBER_SETTINGS`` (learning-rate schedule, Adam's constants, gamma,
     tau and epsilon schedules, PER alpha, eps and beta, costs, hold cap, fill, levels, PopArt's beta and
-    warm-up, shrink-and-perturb), no recording and no guard rollback (a trip stops the member); anything else is
-    refused naming the field.
-    Its members write run directories and the checkpoints their Trainers alone would write."""
+    warm-up, shrink-and-perturb), and no recording; anything else is refused naming the field. Each member's
+    guard rolls back that member alone (its learning rate lowered alone), as a single run's. Its members
+    write run directories and the checkpoints their Trainers alone would write."""
 
     def __post_init__(self):
         s = "run"

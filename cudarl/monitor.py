@@ -12,6 +12,7 @@ or rolls the agent back to its last in-memory snapshot and lowers the learning r
 from __future__ import annotations
 
 import math
+from contextlib import nullcontext
 from dataclasses import replace
 
 from .agent import PUBLISH_SLOTS
@@ -34,8 +35,10 @@ class StepMonitor:
         losses: the loss of every update read, in order. last: ``(loss, grad_norm)`` of the latest;
         last_stats: its observables (:meth:`cudarl.stats.StepStats.decode`), ``{}`` before any.
         pending: the update launched but not read yet (GPU), or None. snapshot: ``(step, agent state)``.
-        snapshots_off: why no snapshots are taken ("" when they are; a joined population's members: their
-        state is the stacked learner's), so a trip that would roll back stops instead, saying why.
+
+    The agent is anything with the faces the monitor reads: ``readback``, ``stats``, ``state_dict()``,
+    ``load_state_dict()`` and ``adam.schedule`` (a joined population's member ``i`` reads, snapshots and rolls
+    back the stacked learner's member ``i`` in this form, so its guard acts as a single run's).
     """
 
     def __init__(self, agent, train_graph, guard, *, stream=None, on_event=print, on_stop=None):
@@ -49,7 +52,6 @@ class StepMonitor:
         self.pending: int | None = None
         self.step = 0  # the latest update launched (events name it)
         self.snapshot: tuple | None = None
-        self.snapshots_off = ""
 
     def launched(self, step: int) -> bool:
         """Update ``step`` was just launched: mark its readback slot and read the update it is time to read
@@ -75,7 +77,7 @@ class StepMonitor:
     def take_snapshot(self, step: int) -> None:
         """Settle, then keep the agent's state in memory as the rollback point of ``step``."""
         self.settle()
-        if not self.snapshots_off:
+        with self._on_stream():  # after everything launched on it (a population's work between updates too)
             self.snapshot = (step, self.agent.state_dict())
 
     def _check(self, step: int) -> bool:
@@ -88,9 +90,7 @@ class StepMonitor:
         try:
             ev = self.guard.check(step, loss, gn, self.last_stats.get("atom_utilisation"))
         except GuardStop as exc:
-            self.on_event({"event": "guard", "step": step, "action": "stop", "message": str(exc)})
-            self.on_stop()
-            raise
+            self._stop(step, str(exc))
         if ev is None:
             return False
         self.on_event({**ev.as_dict(), "message": ev.message()})
@@ -100,14 +100,14 @@ class StepMonitor:
     def _rollback(self, ev) -> None:
         """Restore the last good snapshot and lower the learning rate by ``guard.lr_factor``."""
         if self.snapshot is None:
-            why = self.snapshots_off or "no snapshot to roll back to yet"
-            raise GuardStop(f"{ev.message()} ({why})")
+            self._stop(ev.step, f"{ev.message()} (no snapshot to roll back to yet)")
         step, state = self.snapshot
+        sch, f = self.agent.adam.schedule, self.lr_factor
         if self.stream is not None:
             self.stream.synchronize()
-        self.agent.load_state_dict(state)
-        sch, f = self.agent.adam.schedule, self.lr_factor
-        self.agent.adam.schedule = replace(sch, lr=sch.lr * f, lr_min=sch.lr_min * f)
+        with self._on_stream():  # the next replay, on that stream, reads what is loaded (a joined member's
+            self.agent.load_state_dict(state)  # schedule too: its entries of the learner's device table)
+            self.agent.adam.schedule = replace(sch, lr=sch.lr * f, lr_min=sch.lr_min * f)
         self.train_graph.capture()  # the schedule's constants are kernel arguments
         self.on_event(
             {
@@ -118,3 +118,13 @@ class StepMonitor:
                 "message": f"guard: rolled back to the snapshot of update {step}; learning rate now {sch.lr * f:.3g}",
             }
         )
+
+    def _stop(self, step: int, message: str):
+        """Stop: the event, ``on_stop`` (the trainer saves), then :class:`GuardStop` with ``message``."""
+        self.on_event({"event": "guard", "step": step, "action": "stop", "message": message})
+        self.on_stop()
+        raise GuardStop(message)
+
+    def _on_stream(self):
+        """The graphs' stream as the current one (a no-op context on the NumPy backend)."""
+        return self.stream if self.stream is not None else nullcontext()

@@ -361,6 +361,24 @@ class SoftUpdate:
         self.scalars.load_state_dict(state["scalars"])
 
 
+def _schedule_columns(schedules, xp) -> dict:
+    """The constants of ``schedules`` (:class:`Schedule` s) as arrays of ``optim.lr_schedule``'s by-value
+    types, one element a schedule (:attr:`StackedAdam.schedule_table`)."""
+
+    def col(field, dtype, f=lambda v: v):
+        return xp.asarray(np.array([f(getattr(s, field)) for s in schedules], dtype))
+
+    return {
+        "kind": col("kind", np.int32, SCHEDULES.get),
+        "lr_max": col("lr", np.float32),
+        "lr_min": col("lr_min", np.float32),
+        "warmup": col("warmup", np.int64),
+        "period": col("period", np.int64),
+        "mult": col("mult", np.int64, int),
+        "restart_m_scale": col("restart_m_scale", np.float32),
+    }
+
+
 class StackedAdam(Adam):
     """:class:`Adam` over P members: ``params`` and ``grads`` float32 ``[P, n]`` (each member's row
     C-contiguous, the rows one stride apart: :class:`cudarl.nn.StackedQNetwork`'s ``params`` and
@@ -459,20 +477,8 @@ class StackedAdam(Adam):
         if len(schedules) != P or not all(isinstance(s, Schedule) for s in schedules):
             raise ValueError(f"StackedAdam: schedule must be one Schedule or {P}, got {len(schedules)}")
         self.schedules = tuple(schedules)
-
-        def col(field, dtype, f=lambda v: v):
-            return xp.asarray(np.array([f(getattr(s, field)) for s in schedules], dtype))
-
         #: the schedules' constants as ``[P]`` device arrays of ``optim.lr_schedule``'s by-value types
-        self.schedule_table = {
-            "kind": col("kind", np.int32, SCHEDULES.get),
-            "lr_max": col("lr", np.float32),
-            "lr_min": col("lr_min", np.float32),
-            "warmup": col("warmup", np.int64),
-            "period": col("period", np.int64),
-            "mult": col("mult", np.int64, int),
-            "restart_m_scale": col("restart_m_scale", np.float32),
-        }
+        self.schedule_table = _schedule_columns(schedules, xp)
 
     def _consts(self, *names: str) -> tuple:
         return tuple(self.constant_table[k] for k in names)
@@ -529,6 +535,22 @@ class StackedAdam(Adam):
     def members(self) -> int:
         """P."""
         return self.params.shape[0]
+
+    def member_schedule(self, i: int) -> Schedule:
+        """Member ``i``'s learning-rate :class:`Schedule`."""
+        return self.schedules[member_index(i, self.members)]
+
+    def set_member_schedule(self, i: int, schedule: Schedule) -> None:
+        """Member ``i``'s learning-rate schedule := ``schedule`` (a guard rollback lowers one member's rate),
+        the others keep theirs: member ``i``'s entries of :attr:`schedule_table`, written in place (the
+        captured graphs read them there)."""
+        i = member_index(i, self.members)
+        schedules = list(self.schedules)
+        schedules[i] = schedule
+        row = _schedule_columns([schedule], np)
+        for k, col in self.schedule_table.items():
+            col[i] = row[k][0]
+        self.schedules = tuple(schedules)
 
     def member_state_dict(self, i: int) -> dict:
         """Member ``i``'s state as the :meth:`Adam.state_dict` of an :class:`Adam` on its row (host copies)."""

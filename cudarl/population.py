@@ -22,7 +22,8 @@ That is ``run.population = "branches"`` (the default): parallel branches of per-
 collect step (:meth:`~cudarl.stacked_agent.StackedLearner.collect_phases`) over a
 :class:`cudarl.stacked_env.StackedTradingEnv` and a stacked replay, one launch per operation for every
 member. The members are still :class:`Trainer` s: they evaluate, log and report as in the branches mode
-(their guards read the learner's per-member loss, gradient norm and Q statistics; their networks get the
+(their guards read the learner's per-member loss, gradient norm and Q statistics, snapshot member ``i``'s
+learner state and roll back that member alone, as a single run's guard; their networks get the
 learner's weights before an evaluation, a moving-average update, a policy file and at the end), but they build
 no graphs, replays or transition buffers of their own (``Trainer(learner_state="external")``), and their
 optimisers do not run. Each writes its run directory and resume checkpoint as a
@@ -191,7 +192,8 @@ class Population:
             graphs (measured as ``member_bytes``); None in the branches mode or where not measured.
         stopped: ``{member index: guard message}`` of members the guard stopped (their branches leave
             the graphs, the others go on; joined: they stay in the graph, masking them is not built, and
-            only their host-side work stops).
+            only their host-side work stops). A member's guard rolls back that member alone, in either mode
+            (joined: its slices of the stacked learner and its entries of the learning-rate table).
         mode: ``run.population`` of the first config, ``"branches"`` or ``"joined"``.
         learner, env, replay: joined mode, the :class:`cudarl.stacked_agent.StackedLearner`, the
             :class:`cudarl.stacked_env.StackedTradingEnv` and the stacked replay (member ``i`` at index
@@ -248,6 +250,8 @@ class Population:
                 prepared = prepare_data(cfg, bars, splits=splits)
             member = JoinedMember if self.mode == "joined" else Trainer
             m = member(cfg, run_dir=rd, echo=say, stream=stream, prepared=prepared)
+            if P > 1:  # its guard's and rollbacks' rows in metrics.jsonl name the member, as its echo does
+                m.monitor.on_event = lambda row, log=m._event, i=i: log({**row, "member": i})
             if stream is None:
                 stream = m.stream
             # one device copy of the feature matrix, for training and evaluation
@@ -348,10 +352,9 @@ class Population:
         self.train_graph = StepGraph(
             "train", self.learner.train_phases(self.replay, env.windows), stream=self.stream, xp=xp
         )
-        for i, m in enumerate(self.members):  # the guard reads member i of the learner; it has no snapshots
+        for i, m in enumerate(self.members):  # the guard reads, snapshots and rolls back member i of the learner
             m.stacked = (self.learner, self.replay, self.env, i)
-            m.monitor.agent = _MemberReadings(self.learner, i, m.agent.stats)
-            m.monitor.snapshots_off = "joined population: per-member snapshots are not built"
+            m.monitor.agent = _MemberAgent(self.learner, i, m.agent.stats)
             m.monitor.train_graph = self.train_graph
             m.train_graph = m.collect_graph = None  # never captured: the population's graphs run instead
 
@@ -558,13 +561,14 @@ class JoinedMember(Trainer):
         self.agent.load_state_dict(s["agent"])  # what its evaluation and moving average read
 
 
-class _MemberReadings:
-    """What member ``i``'s :class:`cudarl.monitor.StepMonitor` reads in a joined population, in an agent's
-    form: ``readback.read(slot)`` (loss and grad norm of the learner's member ``i``) and
-    ``stats.read(step)`` (its Q statistics, decoded by the member's own :class:`cudarl.stats.StepStats`).
-    No state: the monitor takes no snapshots of a joined member (``snapshots_off``; a rollback would lower
-    one member's learning rate, which the stacked optimiser shares), and its checkpoint is
-    :class:`JoinedMember`'s."""
+class _MemberAgent:
+    """Member ``i`` of a joined population's learner in the form an agent has for its
+    :class:`cudarl.monitor.StepMonitor`: ``readback.read(slot)`` (loss and grad norm of the learner's member
+    ``i``), ``stats.read(step)`` (its Q statistics, decoded by the member's own
+    :class:`cudarl.stats.StepStats`), ``state_dict()`` and ``load_state_dict()`` (the learner's
+    ``member_state_dict(i)`` and its load: the guard's snapshot and rollback, the single agent's state bit
+    for bit) and ``adam.schedule`` (member ``i``'s learning-rate schedule, which a rollback lowers). A
+    rollback touches member ``i``'s slices only; the others train on."""
 
     def __init__(self, learner, i: int, stats):
         P = learner.members
@@ -575,8 +579,31 @@ class _MemberReadings:
         def statistics(step):
             return stats.decode(learner.stats_ring.read(step % PUBLISH_SLOTS).reshape(P, -1)[i])
 
+        self.learner, self.i = learner, i
         self.readback = _Ring(loss_and_norm)
         self.stats = _Ring(statistics, ring=_Ring(None))
+        self.adam = _MemberSchedule(learner.adam, i)
+
+    def state_dict(self) -> dict:
+        return self.learner.member_state_dict(self.i)
+
+    def load_state_dict(self, s: dict) -> None:
+        self.learner.load_member_state_dict(self.i, s)
+
+
+class _MemberSchedule:
+    """``schedule``: member ``i``'s learning-rate schedule of a :class:`cudarl.optim.StackedAdam`."""
+
+    def __init__(self, adam, i: int):
+        self._adam, self._i = adam, i
+
+    @property
+    def schedule(self):
+        return self._adam.member_schedule(self._i)
+
+    @schedule.setter
+    def schedule(self, s) -> None:
+        self._adam.set_member_schedule(self._i, s)
 
 
 def branches(name: str, member_phases: list, sides: list, stream, xp) -> StepGraph:

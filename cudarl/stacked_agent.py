@@ -41,8 +41,10 @@ The collect step (stage 6b), :meth:`StackedLearner.collect_phases`, is the singl
     env_step       StackedTradingEnv.record_step (record, discounts with gamma [P], step, windows)
     replay_insert  StackedPrioritizedReplay.add of every member's rows
 
-:class:`cudarl.population.Population` runs both with ``run.population = "joined"``. Not built: the guard's
-one-step-late readbacks per member (one event for every member's ring). Checkpoints:
+:class:`cudarl.population.Population` runs both with ``run.population = "joined"``; each member's guard
+reads its loss and grad norm from the ``[P, 2 slots]`` ring (one event for every member's ring: the read of
+update t - 1 waits for update t) and rolls that member back through :meth:`StackedLearner.member_state_dict`
+and :meth:`StackedLearner.load_member_state_dict`. Checkpoints:
 :meth:`StackedLearner.state_dict` (every member) and :meth:`StackedLearner.member_state_dict` (one
 member, the :meth:`cudarl.agent.Agent.state_dict` of the agent it equals) and their loads.
 """
