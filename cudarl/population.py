@@ -60,6 +60,7 @@ MAY_DIFFER = {
         "out_dir",
         "eval_every",
         "checkpoint_every",
+        "resume_checkpoint",
         "keep_best",
         "log_every",
         "tensorboard",
@@ -94,8 +95,8 @@ MAY_DIFFER = {
 #: alone reads. The by-value constants of the stacked kernels (lr and tau schedules, gamma, epsilon
 #: schedule, PER alpha and beta, costs, PopArt's) are one for every member: not yet ``[P]`` arrays.
 JOINED_MAY_DIFFER = {
-    "run": {"name", "seed", "out_dir", "eval_every", "checkpoint_every", "keep_best", "log_every", "tensorboard",
-            "grid_barrier"},
+    "run": {"name", "seed", "out_dir", "eval_every", "checkpoint_every", "resume_checkpoint", "keep_best",
+            "log_every", "tensorboard", "grid_barrier"},
     "env": {"seed"},
     "guard": {"*"},
     "eval": {"*"},
