@@ -430,7 +430,8 @@ def sweep(
 
     Writes sweep.csv (one row a trial), sweep.json, sweep.png.
 
-    Ctrl-C or SIGTERM stops it: finished trials are kept, the population in training writes checkpoints.
+    Ctrl-C or SIGTERM stops it: finished trials are kept, the population in training writes checkpoints
+    (unless the spec says checkpoint = "never").
 
     The same command resumes: it skips finished trials and continues a cut population from its checkpoints.
 
@@ -439,6 +440,7 @@ def sweep(
     from cudarl.sweep import SpecError, SweepError, load_spec, run_sweep
 
     say = Say()
+    sp = None
     try:
         sp = load_spec(spec)
         executor = None
@@ -450,9 +452,14 @@ def sweep(
             )
         run_sweep(sp, out=out, executor=executor, optuna_rounds=optuna, echo=say)
     except (Interrupted, KeyboardInterrupt) as e:
+        cut = (
+            'starts over (the spec\'s checkpoint = "never")'
+            if sp is not None and sp.checkpoint == "never"
+            else "continues from its members' checkpoints"
+        )
         typer.echo(
-            "cudarl-train: sweep interrupted; finished trials are kept, and a population cut mid-training "
-            "continues from its members' checkpoints: run the same command to resume",
+            f"cudarl-train: sweep interrupted; finished trials are kept, and a population cut mid-training {cut}: "
+            "run the same command to resume",
             err=True,
         )
         raise typer.Exit(getattr(e, "exit_code", 130)) from None

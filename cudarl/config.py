@@ -49,6 +49,10 @@ def _in(section, name, v, lo, hi, integer=False, lo_open=False, hi_open=False):
     )
 
 
+#: ``run.resume_checkpoint``'s choices: when ``latest.npz`` is written.
+RESUME_CHECKPOINTS = ("eval", "end", "never")
+
+
 @dataclass(frozen=True)
 class RunConfig:
     """What to run and where the results go."""
@@ -69,7 +73,13 @@ class RunConfig:
     """Learner updates between validation evaluations (0: only at the end)."""
     checkpoint_every: int = 5_000
     """Learner updates between policy files ``checkpoints/step-N.safetensors`` (the resume checkpoint
-    ``latest.npz`` is written at each evaluation, at the end and on Ctrl-C or SIGTERM)."""
+    ``latest.npz``: ``run.resume_checkpoint``)."""
+    resume_checkpoint: str = "eval"
+    """When the resume checkpoint ``checkpoints/latest.npz`` (everything, the replay buffer too) is
+    written. ``eval``: after each validation evaluation, at the end and on Ctrl-C or SIGTERM; ``end``:
+    at the end and on Ctrl-C or SIGTERM only (a ``kill -9`` loses the run); ``never``: not at all (the
+    run cannot be resumed; the guard's ``guard-stop.npz`` is still written). A sweep sets it from its
+    spec's ``checkpoint``."""
     keep_best: bool = True
     """Write the policy file ``checkpoints/best.safetensors`` whenever the validation Sharpe improves
     (model selection on the validation split; more updates can overfit: docs/sweeps.md)."""
@@ -110,6 +120,12 @@ class RunConfig:
             s,
             self.population in ("branches", "joined"),
             f"population must be branches or joined, got {self.population!r}",
+        )
+        _need(
+            s,
+            self.resume_checkpoint in RESUME_CHECKPOINTS,
+            f"resume_checkpoint must be {', '.join(RESUME_CHECKPOINTS[:-1])} or {RESUME_CHECKPOINTS[-1]}, "
+            f"got {self.resume_checkpoint!r}",
         )
         _need(
             s,

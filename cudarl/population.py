@@ -62,6 +62,7 @@ MAY_DIFFER = {
         "out_dir",
         "eval_every",
         "checkpoint_every",
+        "resume_checkpoint",
         "keep_best",
         "log_every",
         "tensorboard",
@@ -99,8 +100,8 @@ MAY_DIFFER = {
 #: the reward options hold cap, fill and levels, PopArt's beta and warm-up, shrink-and-perturb). The replay's
 #: n-step is one for every member (not built per member), so members that differ in it are refused.
 JOINED_MAY_DIFFER = {
-    "run": {"name", "seed", "out_dir", "eval_every", "checkpoint_every", "keep_best", "log_every", "tensorboard",
-            "grid_barrier"},
+    "run": {"name", "seed", "out_dir", "eval_every", "checkpoint_every", "resume_checkpoint", "keep_best",
+            "log_every", "tensorboard", "grid_barrier"},
     "env": {"seed"},
     "guard": {"*"},
     "eval": {"*"},

@@ -234,6 +234,8 @@ class Trainer:
         self.rows_per_collect = rows
         self.events: list[dict] = []
         self._last_row: dict | None = None  # the latest metrics row (the progress display's last line)
+        #: bytes of the last checkpoint :meth:`save` wrote (None before one): its cost on disk
+        self.checkpoint_bytes: int | None = None
         self._eval_envs: dict = {}
         #: an env whose device feature matrix this run's evaluation envs read (cudarl.population), or None
         self.features_of: TradingEnv | None = None
@@ -348,7 +350,8 @@ class Trainer:
     def run(self, steps: int | None = None, progress=None) -> dict:
         """Train until ``steps`` learner updates in total (default ``run.steps``); returns the last evaluation.
 
-        Ctrl-C or SIGTERM stops it between updates: a final ``checkpoints/latest.npz``, then
+        Ctrl-C or SIGTERM stops it between updates: a final ``checkpoints/latest.npz`` (none with
+        ``run.resume_checkpoint = "never"``), then
         :class:`cudarl.interrupt.Interrupted` (exit code 130 or 143 from the command line)."""
         with interrupt.deferred() as stop:
             return self._run(steps, progress, stop)
@@ -395,7 +398,7 @@ class Trainer:
 
     def _finish(self, t0: float, progress) -> dict:
         """The end of :meth:`run`: a validation evaluation at the last update (unless one was just
-        made), ``latest`` saved, the final line."""
+        made), ``latest`` saved (unless ``run.resume_checkpoint = "never"``), the final line."""
         evaluated = (
             self.last_eval is not None
             and self.last_eval.get("step") == self.step
@@ -406,7 +409,9 @@ class Trainer:
             self.history = [r for r in self.history if (r.get("split"), r.get("step")) != ("val", self.step)]
         result = self.last_evaluation.summary if evaluated else self.evaluate("val")
         if not evaluated:
-            self._save_evaluated()
+            self._save_evaluated(end=True)
+        elif self.cfg.run.resume_checkpoint == "end":  # "eval" wrote it with that evaluation
+            self.save()
         if self.cfg.run.record:
             path = experience.record(self, self.cfg.run.record)
             self.echo(f"recorded the replay's transitions to {path} (cudarl-train train --offline {path})")
@@ -422,17 +427,21 @@ class Trainer:
         return result
 
     def _interrupted(self, stop) -> None:
-        """Settle the update in flight, write ``latest.npz``, log and say so, raise ``Interrupted``."""
+        """Settle the update in flight, write ``latest.npz`` (``run.resume_checkpoint`` not ``never``), log
+        and say so, raise ``Interrupted``."""
         raise interrupt.Interrupted(stop.signum, self._save_interrupted(stop))
 
     def _save_interrupted(self, stop) -> str:
         """:meth:`_interrupted` but the raise: settle, write ``latest.npz``, log and say so; the message."""
         self.monitor.settle()
-        path = self.save()
+        never = self.cfg.run.resume_checkpoint == "never"
+        path = None if never else self.save()
         self._log_row({"event": "interrupted", "step": self.step, "signal": stop.name})
         msg = f"interrupted by {stop.name} at update {self.step}"
         if path is not None:
             msg += f"; wrote {path}; continue with: cudarl-train train --resume {path}"
+        elif never and self.run_dir is not None:
+            msg += "; no checkpoint written (run.resume_checkpoint = never)"
         self.echo(msg)
         return msg
 
@@ -463,9 +472,10 @@ class Trainer:
                 online.spectral_step(iterate=False)
             self.synchronize()
 
-    def _save_evaluated(self) -> None:
-        """After a validation evaluation: write ``latest.npz``, and if its Sharpe is the best so far
-        (``run.keep_best``), the policy file ``best.safetensors``."""
+    def _save_evaluated(self, end: bool = False) -> None:
+        """After a validation evaluation (``end``: the run's last): write ``latest.npz`` as
+        ``run.resume_checkpoint`` says, and if its Sharpe is the best so far (``run.keep_best``), the
+        policy file ``best.safetensors``."""
         sharpe = (self.last_eval or {}).get("sharpe")
         improved = (
             self.cfg.run.keep_best
@@ -475,7 +485,9 @@ class Trainer:
         )
         if improved:  # before the save, so the checkpoint carries its own best record
             self.best = {"step": self.step, "sharpe": float(sharpe)}
-        self.save()
+        when = self.cfg.run.resume_checkpoint
+        if when == "eval" or (end and when == "end"):
+            self.save()
         if improved and self.run_dir is not None:
             self.save_policy("best")
             self._log_row({"event": "best", "split": "val", **self.best})
@@ -687,7 +699,9 @@ class Trainer:
             "backend": self.be.name,
             "data": data_fingerprint(self.data.bars),
         }
-        return ckpt.save(path, self.state_dict(), info)
+        path = ckpt.save(path, self.state_dict(), info)
+        self.checkpoint_bytes = path.stat().st_size
+        return path
 
     def save_policy(self, name: str) -> Path | None:
         """Write the policy file ``checkpoints/<name>.safetensors`` (weights, normaliser, config,

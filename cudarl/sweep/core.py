@@ -10,8 +10,9 @@ is the commit; both written atomically). A sweep run again on its directory skip
 ledger.
 
 Populations run in this process write a run directory per member, ``runs/<key>/``, with its resume
-checkpoint ``checkpoints/latest.npz`` (after each validation evaluation, and when SIGTERM or SIGINT
-stops the sweep); it is removed once the trial is in the ledger. A re-run packs all the spec's trials
+checkpoint ``checkpoints/latest.npz`` when the spec's ``checkpoint`` says (by default after each
+validation evaluation, and when SIGTERM or SIGINT stops the sweep; ``end``; ``never``); it is removed
+once the trial is in the ledger. A re-run packs all the spec's trials
 as before (so a population keeps its members and its index) and continues a cut population from its
 members' checkpoints (:func:`resume_plan`, :meth:`cudarl.population.Population.resume`, bit for bit)
 when every member has one at the same update of its trial's config; otherwise it starts that
@@ -232,14 +233,21 @@ def resume_plan(sd: SweepDir, index: int, trials: list[Trial], checkpoints: bool
     a population of several members turns it off, the same bits); then ``line`` says it resumes.
     Otherwise ``paths`` is None and the population starts from update 0 in fresh run directories (the
     old ones are removed); ``line`` says why when a member had left a run directory (the population was
-    cut), else it is None. ``checkpoints``: False where populations keep none (Ray actors)."""
+    cut), else it is None. ``checkpoints``: False where populations keep none (Ray actors); members of
+    trials whose ``run.resume_checkpoint`` is ``never`` (the spec's ``checkpoint``) keep none either."""
     dirs = [sd.run_dir(t.key) for t in trials]
     if not any(d.exists() for d in dirs):
         return None, None
     paths = [d / LATEST for d in dirs]
-    step, why = (
-        _common_update(paths, trials) if checkpoints else (None, "populations on Ray actors keep no checkpoints")
-    )
+    when = trials[0].config.run.resume_checkpoint  # the spec's checkpoint, every trial's
+    if not checkpoints:
+        step, why = None, "populations on Ray actors keep no checkpoints"
+    elif when == "never":
+        step, why = None, 'its members write no checkpoints (the spec\'s checkpoint = "never")'
+    else:
+        step, why = _common_update(paths, trials)
+        if why is not None and when == "end" and not any(p.is_file() for p in paths):
+            why += ' (the spec\'s checkpoint = "end": only a Ctrl-C or SIGTERM of the sweep writes one mid-run)'
     if why is None:
         return paths, f"resuming population {index} from update {step} (its members' checkpoints in {sd.path / RUNS})"
     sd.remove_runs(t.key for t in trials)
@@ -321,7 +329,7 @@ class LocalExecutor:
         for job in jobs:
             check_stop(stop)
             echo(f"population {job['index']}: {len(job['trials'])} member(s) ...")
-            done(run_population(job, bars))
+            done(run_population(job, bars, echo))
 
     def close(self) -> None:
         """Nothing to release."""

@@ -8,6 +8,7 @@
     seeds = [0, 1, 2]                  # or a count: 3 means 0, 1, 2 (default [0])
     folds = 0                          # walk-forward folds (0: the config's chronological split)
     population = 0                     # most members a population (0: as many as fit; 4 on the CPU)
+    checkpoint = "eval"                # when members write resume checkpoints: eval, end or never
     out = "sweeps"                     # parent folder of the sweep directory
 
     [set]                              # fields every trial gets
@@ -27,6 +28,13 @@
 
 Keys are ``SECTION.FIELD`` of :mod:`cudarl.config` (quoted, or as TOML dotted keys). Every error
 names the file and the key.
+
+``checkpoint`` is every trial's ``run.resume_checkpoint``: when a member writes its resume checkpoint
+``runs/<key>/checkpoints/latest.npz`` (the whole replay buffer: tens of MiB a member at the default
+capacity). ``eval``: after each validation evaluation, at the end and when the sweep is stopped (a
+``kill -9`` loses only the updates since the last evaluation); ``end``: at the end and when the sweep is
+stopped (Ctrl-C, SIGTERM: a ``kill -9`` restarts the population); ``never``: a cut population restarts
+from update 0.
 """
 
 from __future__ import annotations
@@ -40,12 +48,15 @@ from pathlib import Path
 
 import numpy as np
 
-from ..config import SECTIONS, Config, ConfigError, from_dict, load_toml
+from ..config import RESUME_CHECKPOINTS, SECTIONS, Config, ConfigError, from_dict, load_toml
 
-TOP = ("name", "config", "data", "seeds", "folds", "population", "out", "set", "grid", "random")
+TOP = ("name", "config", "data", "seeds", "folds", "population", "checkpoint", "out", "set", "grid", "random")
 DISTRIBUTIONS = ("uniform", "log_uniform", "int", "choice")
-#: Fields a sweep sets itself (seeds come from ``seeds``; trials write no run directory).
-RESERVED = ("run.seed", "run.name", "run.out_dir", "run.record", "run.offline")
+#: Fields a sweep sets itself (seeds come from ``seeds``, resume checkpoints from ``checkpoint``; trials'
+#: run directories are the sweep's ``runs/<key>``).
+RESERVED = ("run.seed", "run.name", "run.out_dir", "run.record", "run.offline", "run.resume_checkpoint")
+#: The top-level key that sets a reserved field, where one does.
+SET_BY = {"run.seed": "seeds", "run.resume_checkpoint": "checkpoint"}
 #: ... and fields that must be the same for every trial (the backend they run on).
 NOT_VARIED = (*RESERVED, "run.device")
 
@@ -67,6 +78,7 @@ class SweepSpec:
     folds: int
     population: int
     out: Path
+    checkpoint: str = "eval"  # every trial's run.resume_checkpoint
     grid: dict = field(default_factory=dict)  # {"sec.field": [values]}
     random: dict = field(default_factory=dict)  # {"sec.field": (kind, args)}
     random_n: int = 0
@@ -90,7 +102,8 @@ class SweepSpec:
     def trial_config(self, params: dict, seed: int) -> tuple[Config, dict]:
         """``(config, explicit)`` of one trial (not yet resolved for a backend)."""
         explicit = {s: dict(v) for s, v in self.explicit.items()}
-        for key, v in {**params, "run.seed": seed, "run.name": self.name}.items():
+        sets = {"run.seed": seed, "run.name": self.name, "run.resume_checkpoint": self.checkpoint}
+        for key, v in {**params, **sets}.items():
             sec, f = key.split(".")
             explicit.setdefault(sec, {})[f] = v
         try:
@@ -131,7 +144,7 @@ def _flat(table: dict, where: str, path: Path, leaf_dicts: bool = False, reserve
         if f not in names:
             raise SpecError(f'{path}: {where}."{k}": [{sec}] has no field {f!r}; fields are {sorted(names)}')
         if k in reserved:
-            why = "the sweep sets it itself (seeds: the top-level `seeds`)"
+            why = "the sweep sets it itself" + (f" (the top-level `{SET_BY[k]}`)" if k in SET_BY else "")
             if k not in RESERVED:
                 why = "every trial runs on one backend (set it in [set])"
             raise SpecError(f'{path}: {where}."{k}": {why}')
@@ -206,6 +219,10 @@ def load_spec(path) -> SweepSpec:
         raise SpecError(f"{path}: seeds: expected a count >= 1 or a list of distinct integers >= 0, got {seeds!r}")
     folds = _int(raw, "folds", 0, 0, path)
     population = _int(raw, "population", 0, 0, path)
+    checkpoint = raw.get("checkpoint", "eval")
+    if checkpoint not in RESUME_CHECKPOINTS:
+        choices = ", ".join(json.dumps(c) for c in RESUME_CHECKPOINTS)
+        raise SpecError(f"{path}: checkpoint: expected one of {choices}, got {checkpoint!r}")
     out = raw.get("out", "sweeps")
     if not isinstance(out, str) or not out:
         raise SpecError(f"{path}: out: expected a folder name, got {out!r}")
@@ -243,6 +260,7 @@ def load_spec(path) -> SweepSpec:
         seeds=tuple(seeds),
         folds=folds,
         population=population,
+        checkpoint=checkpoint,
         out=Path(out),
         grid=grid,
         random=random,

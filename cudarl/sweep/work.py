@@ -43,16 +43,47 @@ def weights_digest(state) -> str:
     return h.hexdigest()
 
 
-def run_population(job: dict, bars) -> dict:
+#: When members write resume checkpoints, by ``run.resume_checkpoint`` (the spec's ``checkpoint``).
+WRITTEN = {"eval": "at each validation evaluation and at the end", "end": "at the end"}
+
+
+def mib(n: int) -> str:
+    """``n`` bytes in MiB (GiB from 1 GiB on)."""
+    return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
+
+
+def checkpoint_cost(index: int, members: list, say):
+    """A callable (a :meth:`cudarl.population.Population.run` ``progress``, which ignores its arguments)
+    that says once, as soon as a member of population ``index`` has written a resume checkpoint, what one
+    costs on disk and what the population's members write together each time."""
+    said, when = [], members[0].cfg.run.resume_checkpoint
+
+    def check(*_) -> None:
+        if said or when not in WRITTEN:  # "never": the guard's guard-stop.npz is no resume checkpoint
+            return
+        got = next((m.checkpoint_bytes for m in members if m.checkpoint_bytes), None)
+        if got is None:
+            return
+        said.append(got)
+        say(
+            f"population {index}: a member's resume checkpoint is {mib(got)}, {mib(got * len(members))} for its "
+            f'{len(members)} member(s) {WRITTEN[when]} (the spec\'s checkpoint = "{when}")'
+        )
+
+    return check
+
+
+def run_population(job: dict, bars, echo=None) -> dict:
     """Train and evaluate the population ``job`` describes; return its results.
 
     ``job``: ``{"index": int, "splits": Splits or None, "trials": [{"key", "config": {sec: {field}}}]}``,
     optionally ``"run_dirs"`` (per member, its run directory: resume checkpoints are written there) and
     ``"resume"`` (per member, its ``checkpoints/latest.npz``: the population continues from them,
     :meth:`cudarl.population.Population.resume`, in those run directories);
-    ``bars``: the sweep's :class:`cudarl.data.Bars`. Returns ``{"index", "results": [per trial:
-    {"key", "val", "test", "step", "weights_sha256", "guard_stop", "policy": bytes}], "log": [lines], "worker",
-    "wall_s"}``.
+    ``bars``: the sweep's :class:`cudarl.data.Bars`; ``echo``: where to say, once, what a member's resume
+    checkpoint costs on disk (:func:`checkpoint_cost`; default: the returned log). Returns ``{"index",
+    "results": [per trial: {"key", "val", "test", "step", "weights_sha256", "guard_stop", "policy": bytes}],
+    "log": [lines], "worker", "wall_s"}``.
     """
     from ..config import from_dict
     from ..policy import PolicyState
@@ -68,7 +99,9 @@ def run_population(job: dict, bars) -> dict:
         pop = Population(cfgs, bars=bars, splits=job["splits"], run_dirs=dirs, echo=log.append)
     for m in pop.members:
         m.plot_evaluations = False  # equity.png: half a second of CPU an evaluation, for a folder soon removed
-    runs = pop.run()
+    cost = checkpoint_cost(job["index"], pop.members, echo or log.append)
+    runs = pop.run(progress=cost)
+    cost()  # a run too short for a metrics row
     val, test = pop.evaluate("val"), pop.evaluate("test")
     results = []
     with tempfile.TemporaryDirectory(prefix="cudarl-sweep-") as tmp:

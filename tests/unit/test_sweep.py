@@ -13,9 +13,9 @@ import pytest
 from typer.testing import CliRunner
 
 from cudarl.cli import app
-from cudarl.config import from_dict
+from cudarl.config import ConfigError, from_dict
 from cudarl.sweep import SpecError, load_spec
-from cudarl.sweep.core import pack, population_capacity
+from cudarl.sweep.core import make_trials, pack, population_capacity
 
 runner = CliRunner()
 
@@ -35,10 +35,13 @@ TINY = """
 """
 
 
-def write_spec(tmp_path, body: str = "", *, seeds=2, population=2, steps=30, name="s", data="builtin:ar?n=1500"):
-    """A tiny sweep spec (CPU, 30 updates a trial) with ``body`` appended; returns its path."""
+def write_spec(
+    tmp_path, body: str = "", *, seeds=2, population=2, steps=30, name="s", data="builtin:ar?n=1500", top=""
+):
+    """A tiny sweep spec (CPU, 30 updates a trial) with ``body`` appended (``top``: top-level lines); returns
+    its path."""
     p = tmp_path / f"{name}.toml"
-    head = f'name = "{name}"\ndata = "{data}"\nseeds = {seeds}\npopulation = {population}\n'
+    head = f'name = "{name}"\ndata = "{data}"\nseeds = {seeds}\npopulation = {population}\n{top}'
     p.write_text(head + f'out = "{tmp_path / "sweeps"}"\n\n[set]\n' + TINY.format(steps=steps) + body)
     return p
 
@@ -99,6 +102,7 @@ def test_dsr_falls_as_the_number_of_configurations_grows():
         ('\n[grid]\n"optim.lr" = 1e-4\n', ['grid."optim.lr"', "non-empty list"]),
         ('\n[grid]\n"agent.gamma" = [0.9, 1.5]\n', ['grid."agent.gamma" = 1.5', "gamma"]),
         ('\n[grid]\n"run.seed" = [1, 2]\n', ['grid."run.seed"', "seeds"]),
+        ('"run.resume_checkpoint" = "never"\n', ['set."run.resume_checkpoint"', "the top-level `checkpoint`"]),
         ('\n[random]\nn = 2\n"optim.lr" = { log_uniform = [0, 1e-3] }\n', ['random."optim.lr".log_uniform']),
         ('\n[random]\nn = 2\n"optim.lr" = { normal = [0, 1] }\n', ['random."optim.lr"', "uniform"]),
         ("\n[bogus]\nx = 1\n", ["unknown key(s) ['bogus']"]),
@@ -113,6 +117,26 @@ def test_spec_errors_name_the_file_and_key(tmp_path, body, words):
         assert w in str(e.value)
     r = runner.invoke(app, ["sweep", str(spec)])
     assert r.exit_code == 2 and str(spec) in r.stderr and not (tmp_path / "sweeps").exists()  # nothing written
+
+
+def test_spec_checkpoint_sets_every_trials_resume_checkpoint_and_a_bad_one_is_refused(tmp_path):
+    """The spec's ``checkpoint`` (default ``eval``) is every trial's ``run.resume_checkpoint``; another
+    value is refused naming the file and the key, as the config refuses another ``resume_checkpoint``."""
+
+    def modes(spec) -> set:
+        return {t.config.run.resume_checkpoint for t in make_trials(spec, spec.configurations(), False, None)}
+
+    assert modes(load_spec(write_spec(tmp_path, GRID))) == {"eval"}
+    never = load_spec(write_spec(tmp_path, GRID, top='checkpoint = "never"\n', name="n"))
+    assert never.checkpoint == "never" and modes(never) == {"never"}
+    bad = write_spec(tmp_path, top='checkpoint = "sometimes"\n', name="b")
+    with pytest.raises(SpecError) as e:
+        load_spec(bad)
+    assert str(e.value) == f'{bad}: checkpoint: expected one of "eval", "end", "never", got \'sometimes\''
+    r = runner.invoke(app, ["sweep", str(bad)])
+    assert r.exit_code == 2 and "checkpoint: expected one of" in r.stderr and not (tmp_path / "sweeps").exists()
+    with pytest.raises(ConfigError, match=r"run: resume_checkpoint must be eval, end or never, got 'sometimes'"):
+        from_dict({"run": {"resume_checkpoint": "sometimes"}})
 
 
 def test_random_draws_are_seeded_and_in_range(tmp_path):

@@ -82,6 +82,8 @@ def test_a_sweep_cut_mid_population_resumes_it_to_the_uncut_sweeps_rows(tmp_path
     r = runner.invoke(app, ["sweep", str(spec), "--out", str(tmp_path / "whole")])
     assert r.exit_code == 0, r.output
     assert "resuming population" not in r.stderr and not (tmp_path / "whole" / RUNS).exists()
+    cost = "population 1: a member's resume checkpoint is "  # once a population, with what 2 members write
+    assert r.stderr.count(cost) == 1 and "for its 2 member(s) at each validation evaluation and at the end" in r.stderr
 
     cut = tmp_path / "cut"
     proc = cut_in_second_population(spec, cut)
@@ -114,6 +116,36 @@ def test_a_sweep_cut_mid_population_resumes_it_to_the_uncut_sweeps_rows(tmp_path
     assert r.exit_code == 0, r.output
     assert "restarting population 1 from update 0: member(s) " in r.stderr and "wrote no checkpoint" in r.stderr
     assert rows_of(restart) == rows_of(tmp_path / "whole")
+
+
+def test_a_sweep_whose_spec_says_checkpoint_never_writes_none_and_restarts_a_cut_population(tmp_path):
+    """``checkpoint = "never"`` (branches, an evaluation every 20 updates): a sweep SIGTERMed while its
+    second population trains leaves its members' run directories without a latest.npz (past their
+    evaluation at update 20), the interrupt message and the re-run say that population starts over and
+    why, and the re-run ends with the rows of the same sweep never cut."""
+    spec = write_spec(tmp_path, LOG + GRID, steps=STEPS, top='checkpoint = "never"\n')
+    spec.write_text(spec.read_text().replace('"run.eval_every" = 0', '"run.eval_every" = 20'))
+    r = runner.invoke(app, ["sweep", str(spec), "--out", str(tmp_path / "whole")])
+    assert r.exit_code == 0, r.output
+    assert "resume checkpoint is" not in r.stderr
+
+    cut = tmp_path / "cut"
+    proc = cut_in_second_population(spec, cut)
+    err = proc.stderr.read()
+    assert proc.returncode == 143 and "population cut mid-training starts over (the spec's checkpoint" in err, err
+    left = [d for d in (cut / RUNS).iterdir() if d.name not in ledger(cut)]
+    assert len(left) == 2 and all(_logged(d / "metrics.jsonl", CUT) for d in left)
+    assert not list((cut / RUNS).rglob("*.npz"))  # no resume checkpoint, evaluations or SIGTERM notwithstanding
+
+    r = runner.invoke(app, ["sweep", str(spec), "--out", str(cut)])
+    assert r.exit_code == 0, r.output
+    assert "resuming: 2 of 4 trial(s) already finished" in r.stderr
+    assert (
+        'restarting population 1 from update 0: its members write no checkpoints (the spec\'s checkpoint = "never")'
+        in r.stderr
+    )
+    assert rows_of(cut) == rows_of(tmp_path / "whole") and report_of(cut) == report_of(tmp_path / "whole")
+    assert not (cut / RUNS).exists()
 
 
 def test_resume_plan_resumes_only_checkpoints_of_one_update_and_the_trials_configs(tmp_path):
@@ -162,6 +194,18 @@ def test_resume_plan_resumes_only_checkpoints_of_one_update_and_the_trials_confi
         assert plan() == (
             None,
             "restarting population 3 from update 0: member(s) 0 of 2 wrote no checkpoint before the sweep stopped",
+        )
+
+        def when(mode):  # the trials of a spec with checkpoint = mode
+            return [
+                replace(t, config=replace(t.config, run=replace(t.config.run, resume_checkpoint=mode))) for t in trials
+            ]
+
+        assert plan(when("never"))[1].endswith('its members write no checkpoints (the spec\'s checkpoint = "never")')
+        (pristine / trials[1].key / LATEST).unlink()
+        assert plan(when("end"))[1].endswith(
+            'member(s) 0, 1 of 2 wrote no checkpoint before the sweep stopped (the spec\'s checkpoint = "end": '
+            "only a Ctrl-C or SIGTERM of the sweep writes one mid-run)"
         )
     finally:
         sd.close()

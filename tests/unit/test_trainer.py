@@ -1,10 +1,13 @@
 """The trainer on the NumPy backend: run directory, determinism, exact resume, the guard."""
 
+import signal
+
 import numpy as np
 import pytest
 
 from cudarl.config import from_dict, resolve_for_backend
 from cudarl.guard import GuardStop
+from cudarl.interrupt import Interrupted
 from cudarl.trainer import Trainer
 
 
@@ -334,3 +337,28 @@ def test_every_enabled_feature_moves_its_observable(head):
     np.testing.assert_array_equal(cf2, (real + 2) % 3)
     np.testing.assert_array_equal(mirror, 2 - real)
     assert t.replay.spec.store_next_obs
+
+
+@pytest.mark.parametrize("when", ["eval", "end", "never"])
+def test_resume_checkpoint_says_when_latest_npz_is_written(tmp_path, when):
+    """run.resume_checkpoint: ``eval`` writes latest.npz at the evaluation at update 20, ``end`` only at
+    the end, ``never`` not at all; SIGTERM at update 30 writes it at that update but with ``never``, whose
+    message says none was written."""
+    cfg = small(tmp_path, run={"steps": 40, "eval_every": 20, "log_every": 10, "resume_checkpoint": when})
+    latest = tmp_path / when / "checkpoints" / "latest.npz"
+    seen = {}
+    t = Trainer(cfg, run_dir=tmp_path / when, echo=lambda m: None)
+    t.run(progress=lambda step, row, ev: seen.setdefault(step, latest.is_file()))
+    assert seen[30] == (when == "eval") and latest.is_file() == (when != "never")
+    assert t.checkpoint_bytes == (latest.stat().st_size if when != "never" else None)
+
+    def stop(step, row, ev):
+        if step == 30:
+            signal.raise_signal(signal.SIGTERM)  # the run's handler sets its stop flag
+
+    cut = Trainer(cfg, run_dir=tmp_path / f"{when}-cut", echo=lambda m: None)
+    with pytest.raises(Interrupted) as e:
+        cut.run(progress=stop)
+    written = cut.run_dir / "checkpoints" / "latest.npz"
+    assert written.is_file() == (when != "never")
+    assert ("no checkpoint written (run.resume_checkpoint = never)" in str(e.value)) == (when == "never")

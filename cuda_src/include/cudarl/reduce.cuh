@@ -24,6 +24,9 @@
 //                           block_weighted_sum<N> without the weights: sum_i values_i in the
 //                           order of an N-thread block (the one-block regularizers_mean launch's
 //                           when N is its 256), read from L2 as above.
+//   block_strided_sum<N>(n, sh, term)
+//                           the body of both: sum_i term(i) in that order and tree (term: a
+//                           device lambda; the two above pass w[i] * value_i and value_i).
 //   last_block(counter)     true in every thread of the one block of the launch that finishes
 //                           last (integer atomicAdd on *counter: which block is last varies,
 //                           what it computes then does not). Writes a block made before the
@@ -126,14 +129,15 @@ __device__ __forceinline__ double load_l2(const double* p) {
   return v;
 }
 
-// Fixed-order weighted sum of n values by one block (see the banner); sh holds N floats, N a
-// power of two. Returns the sum to every thread.
-template <int N>
-__device__ __forceinline__ float block_weighted_sum(const float* values, const float* w, int n, float* sh) {
+// Fixed-order sum of term(i) over i < n by one block (see block_weighted_sum in the banner); sh
+// holds N floats, N a power of two. Returns the sum to every thread. The one body of
+// block_weighted_sum and block_ordered_sum, which differ only in the term.
+template <int N, typename Term>
+__device__ __forceinline__ float block_strided_sum(int n, float* sh, Term term) {
   __syncthreads();  // sh may still be read by a previous call
   for (int j = (int)threadIdx.x; j < N; j += (int)blockDim.x) {
     float acc = 0.f;
-    for (int i = j; i < n; i += N) acc += w[i] * load_l2(values + i);
+    for (int i = j; i < n; i += N) acc += term(i);
     sh[j] = acc;
   }
   for (int s = N >> 1; s > 0; s >>= 1) {  // the pairs of block_tree_sum(sh, N), for any blockDim.x
@@ -144,21 +148,16 @@ __device__ __forceinline__ float block_weighted_sum(const float* values, const f
   return sh[0];
 }
 
+// Fixed-order weighted sum of n values by one block (see the banner).
+template <int N>
+__device__ __forceinline__ float block_weighted_sum(const float* values, const float* w, int n, float* sh) {
+  return block_strided_sum<N>(n, sh, [=](int i) { return w[i] * load_l2(values + i); });
+}
+
 // Fixed-order sum of n values by one block (see the banner): block_weighted_sum's order and tree.
 template <int N>
 __device__ __forceinline__ float block_ordered_sum(const float* values, int n, float* sh) {
-  __syncthreads();  // sh may still be read by a previous call
-  for (int j = (int)threadIdx.x; j < N; j += (int)blockDim.x) {
-    float acc = 0.f;
-    for (int i = j; i < n; i += N) acc += load_l2(values + i);
-    sh[j] = acc;
-  }
-  for (int s = N >> 1; s > 0; s >>= 1) {  // the pairs of block_tree_sum(sh, N), for any blockDim.x
-    __syncthreads();
-    for (int j = (int)threadIdx.x; j < s; j += (int)blockDim.x) sh[j] += sh[j + s];
-  }
-  __syncthreads();
-  return sh[0];
+  return block_strided_sum<N>(n, sh, [=](int i) { return load_l2(values + i); });
 }
 
 // A fence with acquire and release semantics at GPU scope (PTX fence.acq_rel.gpu): lighter than
