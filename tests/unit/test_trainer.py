@@ -184,6 +184,7 @@ def test_gpu_dw_gemm_picks_the_train_graphs_weight_gradients_and_graphed_equals_
     over = {"net": {"dw_gemm": dw_gemm}}
     g = Trainer(gpu_small(**over), run_dir=False, echo=lambda m: None)
     e = Trainer(gpu_small(**over), run_dir=False, echo=lambda m: None)
+    g.collect_graph.capture()  # as the trainer does: the replay's host count of rows is then unknown
     with kernels.tracing() as events:  # the train graph's capture, in this thread
         g.train_graph.capture()
     B = g.cfg.agent.batch_size
@@ -220,8 +221,8 @@ def unfuse(t: Trainer) -> None:
 
     def act(env_, eps_args):
         buf = rule.buf
-        logits = buf.online.forward(env_.obs, buf.ws_act)["q"]
-        rule.agent_ops.act_c51(env_.actions, buf.q_act, logits, rule.support, env_.state.count, env_.params, *eps_args)
+        logits = buf.online.forward(env_.obs, buf.ws_act, heads=buf.online.acting_heads)["q"]
+        rule.agent_ops.act_c51(env_.actions, buf.q_act, logits, rule.support, env_.state.count, env_.seed, *eps_args)
 
     fused_sample = replay.sample
 
