@@ -319,10 +319,14 @@ def _refusal(exc: BaseException) -> str | None:
     return None
 
 
-def joined_size(cfg, P: int, device: str, repeats: int, case: str, peak, target: str, rows, ext) -> float:
+def joined_size(
+    cfg, P: int, device: str, repeats: int, case: str, peak, target: str, rows, ext, profile: bool = False
+) -> float:
     """One :class:`cudarl.stacked_agent.StackedLearner` of P members (seeds 0..P-1) and its stacked replay,
     filled; its train step captured as one graph and replayed (timed as the other arms); its rows. Returns
-    the median us per replay. The learner's and launchers' refusals raise (ValueError)."""
+    the median us per replay. The learner's and launchers' refusals raise (ValueError). ``profile``: also
+    each phase captured alone and timed (:meth:`cudarl.graph.StepGraph.profile`; a phase's side branches
+    are joined at its end, so a phase's time includes the branches it forks), rows ``P=<P>: phase <name>``."""
     from cudarl.graph import StepGraph
     from cudarl.stacked_agent import StackedLearner, stacked_replay
     from cudarl.window import Windows
@@ -383,6 +387,13 @@ def joined_size(cfg, P: int, device: str, repeats: int, case: str, peak, target:
     loss = np.asarray(learner.loss.get() if gpu else learner.loss)
     rows.append(row(case, f"P={P}: every member's loss finite", bool(np.all(np.isfinite(loss))), ""))
     ext.setdefault("step_us", {})[P] = us
+    if profile:
+        phases = {k: v * 1e3 for k, v in graph.profile(repeats=repeats_for(P, repeats)).items()}
+        for name, p_us in phases.items():
+            rows.append(row(case, f"P={P}: phase {name}" if name != "total" else f"P={P}: phases' graph", p_us, "us"))
+        alone = sum(v for k, v in phases.items() if k != "total")
+        rows.append(row(case, f"P={P}: sum of the phases alone", alone, "us"))
+        ext.setdefault("phases_us", {})[P] = phases
     ext.setdefault("memory_per_agent_bytes", {})[P] = held / P
     ext.setdefault("grid_barrier", {})[P] = cfg.run.grid_barrier
     return us
@@ -420,7 +431,8 @@ def joined_arm(tf32: bool, sizes, args, rows, extra, peak, device: str = "gpu", 
             c = case if grid_barrier else f"{case}, run.grid_barrier = false"
             try:
                 cfg = joined_config(device, tf32, grid_barrier, dw_gemm)
-                out[P] = joined_size(cfg, P, device, args.repeats, c, peak, target.get(P, ""), rows, ext)
+                prof = P in (args.profile or ())
+                out[P] = joined_size(cfg, P, device, args.repeats, c, peak, target.get(P, ""), rows, ext, prof)
                 need = ext["memory_per_agent_bytes"][P]  # the shared workspaces weigh less as P grows
                 break
             except Exception as exc:
@@ -731,6 +743,12 @@ def main(argv=None) -> int:
         help="cpu: the joined arms alone on the NumPy backend at tiny sizes (a smoke run; host-clock times)",
     )
     ap.add_argument("--quick", action="store_true", help="sizes 1,8 (TF32: 8) and 20 repeats: a smoke run")
+    ap.add_argument(
+        "--profile",
+        type=_sizes,
+        default=None,
+        help="joined arms: at these sizes also time each train phase captured alone (rows 'P=<P>: phase <name>')",
+    )
     args = ap.parse_args(argv)
     cpu = args.device == "cpu"
     arms = [a for a in args.arms if not (a == "vmap" and args.no_torch)]
