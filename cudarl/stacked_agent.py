@@ -166,8 +166,8 @@ NOT_MEMBER_SETTINGS = {
         "replay.capacity) - n_step * (rows a collection) >= max(agent.learning_starts, agent.batch_size), so "
         "n_step + ceil(that maximum / rows a collection) times before the first update, and a population's "
         "members collect and update in step (either mode; no member's updates are masked): a member whose "
-        "n_step differed from the first's would start learning that many collections away from its run alone "
-        "and differ from it from then on (the replay's kernels could take each member's n and lag as [P] "
+        "n_step differed from the first's by k would make its first update k collections away from its run "
+        "alone's and differ from it from then on (the replay's kernels could take each member's n and lag as [P] "
         "arrays with no shape changed; the shared loop is the obstacle)"
     ),
     "agent.kappa": (
