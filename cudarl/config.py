@@ -239,7 +239,9 @@ class ReplayConfig:
     eps: float = 1e-6
     """Added to |TD| before the exponent."""
     n_step: int = 3
-    """n of the n-step return."""
+    """n of the n-step return. One for every member of a population (either mode): it sets how many
+    collections come before the first update (``n_step`` more than the rows ``agent.learning_starts``
+    needs), and members collect and update in step (``cudarl.stacked_agent.NOT_MEMBER_SETTINGS``)."""
 
     def __post_init__(self):
         s = "replay"

@@ -10,9 +10,10 @@ bitwise equal to it by construction (the tests check it, P = 1 and P = 3, on the
 
 What members may differ in: everything that does not change the loop they share (seed, learning
 rate and its schedule, gamma, tau, the epsilon schedule, PER alpha and beta, costs, reward options,
-guard, evaluation and logging intervals: :data:`MAY_DIFFER`); :func:`can_share` says whether two
-configs may be members of one population. They share the bars, the prepared features and the
-device feature matrix (one copy, not P).
+guard, evaluation and logging intervals: :data:`MAY_DIFFER`), not the replay's n-step, which sets the
+update the shared loop starts learning at (:data:`cudarl.stacked_agent.NOT_MEMBER_SETTINGS`);
+:func:`can_share` says whether two configs may be members of one population. They share the bars, the
+prepared features and the device feature matrix (one copy, not P).
 
 On the NumPy backend the same graphs run their phases in order: the members one after another.
 
@@ -49,7 +50,7 @@ from .config import Config, from_dict
 from .graph import SideStream, StepGraph
 from .guard import GuardStop
 from .prepare import prepare_data
-from .stacked_agent import MEMBER_SETTINGS
+from .stacked_agent import MEMBER_SETTINGS, why_not_member_settings
 from .trainer import AVERAGE_EVERY, Trainer, _Rate, check_finite_state
 
 #: Config fields members of one population may set differently (section -> fields; ``"*"``: all of
@@ -97,8 +98,10 @@ MAY_DIFFER = {
 #: alone reads, and the settings the stacked kernels read per member from ``[P]`` device arrays
 #: (:data:`cudarl.stacked_agent.MEMBER_SETTINGS`: the learning-rate schedule, Adam's betas, eps, weight
 #: decay and clip norm, gamma, the tau and epsilon schedules, PER alpha, eps and beta schedule, the costs,
-#: the reward options hold cap, fill and levels, PopArt's beta and warm-up, shrink-and-perturb). The replay's
-#: n-step is one for every member (not built per member), so members that differ in it are refused.
+#: the reward options hold cap, fill and levels, PopArt's beta and warm-up, shrink-and-perturb). What stays one
+#: for every member of issue 23's list, and why (the n-step: it sets the shared loop's first update; kappa,
+#: cql_alpha, plan_hurdle: the joined step does not read them):
+#: :data:`cudarl.stacked_agent.NOT_MEMBER_SETTINGS`, whose reasons the refusals name.
 JOINED_MAY_DIFFER = {
     "run": {"name", "seed", "out_dir", "eval_every", "checkpoint_every", "resume_checkpoint", "keep_best",
             "log_every", "tensorboard", "grid_barrier"},
@@ -220,10 +223,11 @@ class Population:
         may, may_name = _may_differ(configs[0])
         for i, c in enumerate(configs[1:], 1):
             if not can_share(configs[0], c):
+                diff = _differences(configs[0], c, may)
                 raise ValueError(
                     f"configs[{i}] cannot share a population with configs[0]: they differ in "
-                    f"{', '.join(_differences(configs[0], c, may))} (only the fields of "
-                    f"cudarl.population.{may_name} may differ)"
+                    f"{', '.join(diff)} (only the fields of cudarl.population.{may_name} may differ"
+                    f"{why_not_member_settings(diff)})"
                 )
         if run_dirs is None:
             run_dirs = [None] * len(configs)

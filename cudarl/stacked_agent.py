@@ -120,7 +120,8 @@ def stacked_replay(cfg: Config, n_envs: int, seeds, backend: str | None = None, 
 #: caps, return rows and level rows (:data:`cudarl.stacked_env.MEMBER_FIELDS`). Shrink-and-perturb
 #: (``optim.shrink_every``, ``shrink``, ``perturb``) and PopArt's freeze (``agent.popart_warmup``) are
 #: host-driven work between updates, member by member; ``agent.popart_beta`` is the initial value of
-#: PopArt's ``beta [P]``. Every other field the learner reads is one for every member.
+#: PopArt's ``beta [P]``. Every other field the learner reads is one for every member (why, for those of issue
+#: 23's list: :data:`NOT_MEMBER_SETTINGS`).
 MEMBER_SETTINGS = {
     "optim": (
         "schedule",
@@ -154,6 +155,40 @@ MEMBER_SETTINGS = {
     "replay": ("alpha", "eps", "beta0", "beta_final", "beta_steps"),
     "env": ("cost_bps", "slippage_bps", "hold_cap", "fill", "levels"),
 }
+
+
+#: The fields of issue 23's list, or of the branches mode's :data:`cudarl.population.MAY_DIFFER`, that stay one for
+#: every member of a joined population, each with why (``section.field`` -> the reason; :class:`StackedLearner`'s
+#: and :class:`cudarl.population.Population`'s refusals append it to the field's name).
+NOT_MEMBER_SETTINGS = {
+    "replay.n_step": (
+        "the n-step sets when a run starts learning: Trainer.prime collects until min(rows collected, "
+        "replay.capacity) - n_step * (rows a collection) >= max(agent.learning_starts, agent.batch_size), so "
+        "n_step + ceil(that maximum / rows a collection) times before the first update, and a population's "
+        "members collect and update in step (either mode; no member's updates are masked): a member whose "
+        "n_step differed from the first's by k would make its first update k collections away from its run "
+        "alone's and differ from it from then on (the replay's kernels could take each member's n and lag as [P] "
+        "arrays with no shape changed; the shared loop is the obstacle)"
+    ),
+    "agent.kappa": (
+        "the quantile heads' Huber threshold (net.head 'iqn', 'qrdqn', 'c51+iqn'); the joined step is "
+        "dueling C51 and never reads it (the branches mode takes it per member)"
+    ),
+    "agent.cql_alpha": (
+        "conservative Q-learning's weight; the joined step builds no CQL (agent.cql_alpha > 0 is refused for "
+        "every member) and never reads it (the branches mode takes it per member)"
+    ),
+    "agent.plan_hurdle": (
+        "the plan head's hurdle (net.plan); the joined step builds no plan head and never reads it (the "
+        "branches mode takes it per member)"
+    ),
+}
+
+
+def why_not_member_settings(fields) -> str:
+    """The reasons :data:`NOT_MEMBER_SETTINGS` gives for those of ``fields`` (``section.field`` names) it holds,
+    as a refusal's tail (``"; field: reason"`` each; empty when none)."""
+    return "".join(f"; {f}: {NOT_MEMBER_SETTINGS[f]}" for f in fields if f in NOT_MEMBER_SETTINGS)
 
 
 def member_settings(configs) -> list[str]:
@@ -213,6 +248,7 @@ class StackedLearner:
         if bad:
             raise ValueError(
                 f"StackedLearner: members differ in {', '.join(bad)}; only the fields of MEMBER_SETTINGS may differ"
+                + why_not_member_settings(bad)
             )
         #: member ``i``'s config (its :data:`MEMBER_SETTINGS`)
         self.configs = configs

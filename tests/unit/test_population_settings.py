@@ -2,7 +2,8 @@
 shapes"; docs/perf-notes.md, "The agent axis, in stages", per-member settings): a ``run.population =
 "joined"`` population whose members differ in the fields of :data:`cudarl.stacked_agent.MEMBER_SETTINGS`
 (each a ``[P]`` device array the stacked kernels read at the member) is, member by member, the Trainer of
-that member's config trained alone, bit for bit; the fields not built per member yet are refused, named.
+that member's config trained alone, bit for bit; the fields not built per member are refused, named, those of
+issue 23's list with why (:data:`cudarl.stacked_agent.NOT_MEMBER_SETTINGS`; the n-step: the shared loop).
 
 CPU (NumPy backend) always; GPU twins marked (graphs captured; ``tools/gpu_pop_axis.sh`` part c).
 """
@@ -16,7 +17,7 @@ from test_trainer import gpu_small, small
 
 from cudarl.config import from_dict
 from cudarl.population import JOINED_MAY_DIFFER, Population
-from cudarl.stacked_agent import MEMBER_SETTINGS
+from cudarl.stacked_agent import MEMBER_SETTINGS, NOT_MEMBER_SETTINGS
 from cudarl.trainer import Trainer
 
 STEPS = 40
@@ -76,6 +77,8 @@ SETTINGS = {
 #: Fields members of a joined population may not yet set differently, with a value other than the default.
 REFUSED = [
     ("agent", "kappa", 2.0),
+    ("agent", "cql_alpha", 0.5),
+    ("agent", "plan_hurdle", 0.3),
     ("replay", "n_step", 1),
     ("agent", "priority", "ce"),
     ("agent", "updates_per_collect", 2),
@@ -142,9 +145,39 @@ def test_joined_members_with_their_own_settings_are_those_agents_alone(groups):
 
 @pytest.mark.parametrize("sec, field, value", REFUSED, ids=[f"{s}.{f}" for s, f, _ in REFUSED])
 def test_joined_refuses_members_that_differ_in_a_setting_not_built_per_member(sec, field, value):
+    """Refused naming the field, and, for a field of issue 23's list (NOT_MEMBER_SETTINGS), why."""
     a, b = joined([small(), from_dict({sec: {field: value}}, base=small())])
-    with pytest.raises(ValueError, match=rf"{sec}\.{field}.*JOINED_MAY_DIFFER"):
+    with pytest.raises(ValueError, match=rf"{sec}\.{field}.*JOINED_MAY_DIFFER") as exc:
         Population([a, b], run_dirs=[False, False], **QUIET)
+    why = NOT_MEMBER_SETTINGS.get(f"{sec}.{field}")
+    assert why is None or f"; {sec}.{field}: {why})" in str(exc.value)
+
+
+def test_not_member_settings_are_refused_fields_of_the_joined_step():
+    """Every field NOT_MEMBER_SETTINGS explains is one a joined population refuses (none is a member setting),
+    and the n-step is the only one the branches mode refuses too (the others it takes per member)."""
+    from cudarl.population import MAY_DIFFER
+
+    for name in NOT_MEMBER_SETTINGS:
+        sec, field = name.split(".")
+        assert field not in MEMBER_SETTINGS.get(sec, ()) and field not in JOINED_MAY_DIFFER.get(sec, ())
+    assert [n for n in NOT_MEMBER_SETTINGS if n.split(".")[1] not in MAY_DIFFER[n.split(".")[0]]] == ["replay.n_step"]
+
+
+def test_the_n_step_sets_the_collections_before_the_first_update():
+    """NOT_MEMBER_SETTINGS' reason for the n-step: a Trainer alone collects n_step + ceil(max(learning_starts,
+    batch_size) / rows a collection) times before its first update, so runs that differ in it start learning
+    on different collections, which members sharing one loop cannot (the branches mode refuses it, with why)."""
+    counts = {}
+    for n in (1, 3, 5):
+        t = Trainer(from_dict({"replay": {"n_step": n}}, base=small()), run_dir=False, **QUIET)
+        t.prime()
+        a = t.cfg.agent
+        counts[n] = t.collect_steps
+        assert t.collect_steps == n + -(-max(a.learning_starts, a.batch_size) // t.rows_per_collect)
+    assert counts[3] - counts[1] == 2 and counts[5] - counts[3] == 2
+    with pytest.raises(ValueError, match=r"replay\.n_step.*MAY_DIFFER.*replay\.n_step: the n-step sets when"):
+        Population([small(), from_dict({"replay": {"n_step": 1}}, base=small())], run_dirs=[False] * 2, **QUIET)
 
 
 def test_stacked_learner_refuses_configs_that_differ_outside_its_member_settings():
@@ -153,6 +186,11 @@ def test_stacked_learner_refuses_configs_that_differ_outside_its_member_settings
     a, b = small(), from_dict({"agent": {"batch_size": 16}, "optim": {"lr": 3e-4}}, base=small())
     with pytest.raises(ValueError, match=r"members differ in agent\.batch_size; only the fields of MEMBER_SETTINGS"):
         StackedLearner(a, 6, 3, [0, 1], np, configs=[a, b])
+    c = from_dict({"replay": {"n_step": 2}, "agent": {"kappa": 2.0}}, base=small())
+    with pytest.raises(
+        ValueError, match=r"agent\.kappa, replay\.n_step; .*MEMBER_SETTINGS.*agent\.kappa: .*replay\.n_step: "
+    ):
+        StackedLearner(a, 6, 3, [0, 1], np, configs=[a, c])
 
 
 def _checkpoints_are_trainers(base, tmp_path, steps):
