@@ -119,7 +119,7 @@ def _check_targets_loss(
         family_stride(w, P, e, st, tuple(TL_PER_SAMPLE)),
         st["support"],
     )
-    return B, A, K, PRIORITY_KINDS.index(priority), blocks_for(B, TL_WARPS), smem, tl_variant(A, K), P, e, strides
+    return B, A, K, PRIORITY_KINDS.index(priority), targets_loss_blocks(B), smem, tl_variant(A, K), P, e, strides
 
 
 #: The per-sample ``[B]`` arrays of targets_loss[_popart]: one row family (the kernel's ``s_b``).
@@ -163,6 +163,13 @@ def tl_variant(A: int, K: int) -> str:
             if v.startswith("regs") and A <= int(v[4:]):
                 return v
     return "generic"
+
+
+def targets_loss_blocks(B: int) -> int:
+    """The blocks a member's ``targets_loss[_popart]`` launch covers ``B`` samples with (a warp a sample,
+    :data:`TL_WARPS` a block): the whole grid without the grid barrier; with it, at most the member's
+    share of the resident grid (:func:`cudarl.kernels.barrier_grid_fits`)."""
+    return blocks_for(B, TL_WARPS)
 
 
 def targets_loss(

@@ -337,6 +337,12 @@ def _adam_update_soft(op, consts, p, g, m, v, mask, target, lr, m_scale, bc1, bc
 CAS_THREADS = 1024
 
 
+def clip_adam_soft_blocks(n: int) -> int:
+    """The blocks of :data:`CAS_THREADS` that cover a member's ``n`` parameters: :func:`clip_adam_soft`'s
+    grid a member when the resident grid does not cap it (:func:`cudarl.kernels.barrier_grid_fits`)."""
+    return blocks_for(n, CAS_THREADS)
+
+
 def _base_ptr(a) -> int:
     return a.data.ptr if hasattr(a.data, "ptr") else a.__array_interface__["data"][0]
 
@@ -423,7 +429,7 @@ def _clip_adam_soft(op, consts, p, g, m, v, mask, target, partial, norm, scale, 
             "use grad_norm and adam_update_soft (no grid barrier)"
         )
     if grid is None:
-        grid = min(limit // P, blocks_for(n, CAS_THREADS))
+        grid = min(limit // P, clip_adam_soft_blocks(n))
     elif not 1 <= int(grid) <= limit // P:
         raise ValueError(
             f"{w}: grid must be in [1, {limit // P}] (one block per multiprocessor at most, for {P} member(s)), "
