@@ -75,8 +75,6 @@ from .graph import SideStream
 from .kernels import barrier_grid_fits, resident_grid_limit
 from .nn.params import stacked_zeros
 from .nn.stacked import StackedQNetwork, _reference_network
-from .ops.c51 import targets_loss_blocks
-from .ops.optim import clip_adam_soft_blocks
 from .optim import StackedAdam, StackedSoftUpdate, shrink_perturb
 from .pinned import MemberScalars, PinnedReadback, member_index
 from .popart import StackedPopArt, targets_loss_kwargs
@@ -313,8 +311,8 @@ class StackedLearner:
         With ``run.grid_barrier`` on, an operation takes its one launch where every member gets the blocks
         the single agent gets alone (:func:`cudarl.kernels.barrier_grid_fits` over ``limit`` resident blocks,
         default :func:`cudarl.kernels.resident_grid_limit`; the loss's full grid
-        :func:`cudarl.ops.c51.targets_loss_blocks` of the batch, the optimiser's
-        :func:`cudarl.ops.optim.clip_adam_soft_blocks` of a member's parameters): the barrier caps the
+        :func:`cudarl.reference.c51.targets_loss_blocks` of the batch, the optimiser's
+        :func:`cudarl.reference.optim.clip_adam_soft_blocks` of a member's parameters): the barrier caps the
         whole launch at the resident grid, so past that each member's work runs on fewer blocks, one after
         another. One member always fits (a population of one is the single agent's launches); ``False``
         everywhere with ``run.grid_barrier`` off. The loss without PopArt is one launch with no grid
@@ -325,9 +323,10 @@ class StackedLearner:
             if isinstance(self.online.params, np.ndarray):
                 return {"targets_loss": True, "adam": True}
             limit = resident_grid_limit()
+        c51, optim = family("c51", self.xp), family("optim", self.xp)
         full = {
-            "targets_loss": targets_loss_blocks(self.batch_size),
-            "adam": clip_adam_soft_blocks(self.adam.params.shape[-1]),
+            "targets_loss": c51.targets_loss_blocks(self.batch_size),
+            "adam": optim.clip_adam_soft_blocks(self.adam.params.shape[-1]),
         }
         return {op: barrier_grid_fits(self.members, g, limit) for op, g in full.items()}
 

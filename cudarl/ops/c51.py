@@ -20,6 +20,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..kernels import blocks_for, launch
+from ..reference.c51 import TL_WARPS, targets_loss_blocks
 from ..reference.c51_chain import PRIORITY_KINDS
 from ..reference.popart import STATE_SIZE
 from ._arrays import check, check_counter, family_stride, member_scalars, member_state, members
@@ -136,8 +137,6 @@ TL_PER_SAMPLE = (
 )
 
 
-#: Warps (samples at a time) of a targets_loss block (C51_TL_WARPS in cuda_src/c51.cu).
-TL_WARPS = 4
 #: Dynamic shared memory of a targets_loss block: (max(A, 4) + 1) K floats a warp; past 48 KiB the
 #: launch opts in (kernels.launch), up to what every sm_90 part has (227 KiB): 1024 atoms take 80 KiB.
 TL_MAX_SMEM = 227 * 1024
@@ -163,13 +162,6 @@ def tl_variant(A: int, K: int) -> str:
             if v.startswith("regs") and A <= int(v[4:]):
                 return v
     return "generic"
-
-
-def targets_loss_blocks(B: int) -> int:
-    """The blocks a member's ``targets_loss[_popart]`` launch covers ``B`` samples with (a warp a sample,
-    :data:`TL_WARPS` a block): the whole grid without the grid barrier; with it, at most the member's
-    share of the resident grid (:func:`cudarl.kernels.barrier_grid_fits`)."""
-    return blocks_for(B, TL_WARPS)
 
 
 def targets_loss(

@@ -23,7 +23,7 @@ import numpy as np
 
 from .. import kernels
 from ..kernels import blocks_for, launch
-from ..reference.optim import GN_BLOCKS, GN_THREADS
+from ..reference.optim import CAS_THREADS, GN_BLOCKS, GN_THREADS, clip_adam_soft_blocks
 
 _T = 256
 _MAX_GRID = 8192
@@ -331,16 +331,6 @@ def _adam_update_soft(op, consts, p, g, m, v, mask, target, lr, m_scale, bc1, bc
         _T,
         (*(e[k] for k in ("p", "g", "m", "v", "mask", "target")), n, s, lr, m_scale, bc1, bc2, clip, tau, *c),
     )
-
-
-#: Threads of a clip_adam_soft block (CAS_THREADS in optim.cu): CAS_THREADS / GN_THREADS virtual blocks of grad_norm.
-CAS_THREADS = 1024
-
-
-def clip_adam_soft_blocks(n: int) -> int:
-    """The blocks of :data:`CAS_THREADS` that cover a member's ``n`` parameters: :func:`clip_adam_soft`'s
-    grid a member when the resident grid does not cap it (:func:`cudarl.kernels.barrier_grid_fits`)."""
-    return blocks_for(n, CAS_THREADS)
 
 
 def _base_ptr(a) -> int:

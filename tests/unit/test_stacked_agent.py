@@ -249,8 +249,8 @@ def test_the_learner_takes_each_one_launch_only_where_every_member_gets_its_grid
     both one-launch forms at P = 1 only; the forms at P = 8, 64 and 256 follow from the same rule; off
     with run.grid_barrier = false; NumPy without a limit: the one launches (today's, no residency)."""
     from cudarl.bench import reference_config as bench_config
-    from cudarl.ops.c51 import targets_loss_blocks
-    from cudarl.ops.optim import clip_adam_soft_blocks
+    from cudarl.reference.c51 import targets_loss_blocks
+    from cudarl.reference.optim import clip_adam_soft_blocks
 
     cfg, limit = bench_config("cpu"), 132
     both = {"targets_loss": True, "adam": True}
