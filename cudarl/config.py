@@ -99,7 +99,10 @@ class RunConfig:
     launch whose blocks wait for one another (``cudarl::grid_barrier``; grid at most one block per SM).
     ``false``: the same bits in two and three launches. Turn it off when other processes share the GPU
     at once (MPS, as ``tools/gpu_sweep.sh`` runs): their kernels may hold the SMs a launch's last blocks
-    wait for."""
+    wait for. ``true`` permits the one launches: the single agent takes them; a joined population
+    (``run.population = "joined"``) takes each only where every member still gets the blocks one agent
+    gets alone, ``SMs // P >= min(full grid, SMs)`` (:func:`cudarl.kernels.barrier_grid_fits`; the
+    reference sizes: P = 1 only), and the barrier-free launches otherwise."""
     population: str = "branches"
     """How :class:`cudarl.population.Population` (sweeps) trains its members. ``branches``: each member's own
     train and collect phases on a parallel branch of one graph (any configuration; P times the nodes).

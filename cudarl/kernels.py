@@ -593,3 +593,19 @@ def resident_grid_limit() -> int:
     import cupy
 
     return _multiprocessors(cupy.cuda.Device().id)
+
+
+def barrier_grid_fits(members: int, full_grid: int, limit: int) -> bool:
+    """Whether an op's one launch with a grid barrier over ``members`` members (``gridDim.y``) gives each
+    member as many blocks as the single agent's launch gets alone: ``limit // members >= min(full_grid,
+    limit)``, ``limit`` the resident grid (:func:`resident_grid_limit`), ``full_grid`` the blocks the op
+    covers a member with when nothing caps them.
+
+    Why: every block of a launch that waits on ``cudarl::grid_barrier`` must be resident at once, so the
+    whole launch has at most ``limit`` blocks and each member ``limit // members`` of them; the single
+    agent has ``min(full_grid, limit)``. A member given fewer runs its work on fewer multiprocessors, a
+    block doing the work of several one after another, while the op's form without the barrier (the same
+    bits in two or three launches) has no residency limit and gives every member its full grid. The
+    joined learner (:class:`cudarl.stacked_agent.StackedLearner`) takes the one launch only where this
+    holds; one member always fits."""
+    return int(limit) // int(members) >= min(int(full_grid), int(limit))

@@ -397,8 +397,9 @@ class StackedAdam(Adam):
 
     :meth:`clip_update_publish` takes a :class:`StackedSoftUpdate`, a ring ``[P, 2 * slots]`` and the
     losses ``[P]``; its one launch holds a grid barrier, so it serves at most
-    :func:`cudarl.kernels.resident_grid_limit` members (one block each at least); more members take
-    :meth:`clip_step` and :meth:`update_step` (no publish with a member axis yet).
+    :func:`cudarl.kernels.resident_grid_limit` members (one block each at least) and gives each member
+    ``resident_grid_limit() // P`` blocks; :meth:`clip_step`, ``agent.publish`` and :meth:`update_step` are
+    the same bits with no such limit (which to take: :meth:`cudarl.stacked_agent.StackedLearner.one_launch_forms`).
     """
 
     _RANK, _FORM = 2, "[P, n]"

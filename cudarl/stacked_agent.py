@@ -8,14 +8,26 @@ pieces of stages 0-5 instead of one agent's::
     schedules     StackedAdam.schedule_step, StackedSoftUpdate.schedule_step    (a branch, as alone)
     sample        StackedPrioritizedReplay.sample: search, gather and windows; the weights on a branch
     forward       StackedQNetwork: target at s' | online at s' (branches) | online at s (chain)
-    targets_loss  losses.c51_targets_loss over [P, ...] (PopArt: StackedPopArt's [P, 8] state)
+    targets_loss  losses.c51_targets_loss over [P, ...] (PopArt: StackedPopArt's [P, 8] state; its one
+                  launch with a grid barrier, or two launches: below)
     q_stats       dueling combine, qstats per_sample; the reduction on a branch
     priorities    StackedPrioritizedReplay.update_priorities (a branch to the end)
     backward      StackedQNetwork.backward (dW by net.dw_gemm: see below)
     adam          StackedAdam.clip_update_publish (norm, clip, update, soft update, the publish of
-                  loss and norm to a [P, 2 slots] ring); run.grid_barrier = false or more members than
-                  resident blocks: clip_step, the publish (one launch), update_step(soft)
+                  loss and norm to a [P, 2 slots] ring, one launch with a grid barrier), or
+                  clip_step, the publish (one launch), update_step(soft): below
     publish       the Q statistics of every member to their pinned ring (one publish_row launch)
+
+The forms of the PopArt loss and the optimiser (:meth:`StackedLearner.one_launch_forms`): each has one
+launch whose blocks wait for one another (``cudarl::grid_barrier``) and a form in two or three launches
+without it, the same bits. The barrier needs every block of the launch resident at once, so the launch
+has at most :func:`cudarl.kernels.resident_grid_limit` blocks (one per multiprocessor) for all P members.
+With ``run.grid_barrier`` on each operation takes its one launch only where every member still gets the
+blocks the single agent gets alone (:func:`cudarl.kernels.barrier_grid_fits`): P = 1 always (a population
+of one launches what the single agent does); in the reference configuration on an H200 (132 blocks; the
+single agent's loss takes 128 of them, its optimiser all 132) no P above 1, since a member given fewer
+blocks works through its batch or its parameters on them one after another. ``run.grid_barrier = false``:
+the launches without the barrier at every P.
 
 Member ``i`` is bitwise the :class:`cudarl.agent.Agent` of ``run.seed = seeds[i]`` fed the same replay
 (``tests/unit/test_stacked_agent.py``): each operation is P copies of the single one (DESIGN.md: "a
@@ -60,6 +72,7 @@ from .agent import PUBLISH_SLOTS
 from .backend import family
 from .config import Config
 from .graph import SideStream
+from .kernels import barrier_grid_fits, resident_grid_limit
 from .nn.params import stacked_zeros
 from .nn.stacked import StackedQNetwork, _reference_network
 from .optim import StackedAdam, StackedSoftUpdate, shrink_perturb
@@ -303,7 +316,9 @@ class StackedLearner:
             *([getattr(m, k) for m in per] for k in ("tau_start", "tau_end", "tau_period")),
             xp=xp,
         )
-        self.fused = cfg.run.grid_barrier and self._fits_one_launch()
+        #: per operation with a grid-barrier form, whether it takes its one launch: ``{"targets_loss": bool,
+        #: "adam": bool}`` (:meth:`one_launch_forms`; False: the launches without the barrier, the same bits)
+        self.one_launch = self.one_launch_forms()
         self.agent_ops, self.nn_ops = family("agent", xp), family("nn", xp)
         #: branches as the single agent's: the target net's forward, the online net's at s', small kernels
         #: (schedules, importance weights, the unfused publish), the statistics' reduction, the priorities
@@ -323,14 +338,44 @@ class StackedLearner:
         )  # fmt: skip
         self.ws_act = self.q_act = None  # the acting forward's workspace and expected Q (collect_phases)
 
-    def _fits_one_launch(self) -> bool:
-        """Whether every member gets a block of the optimiser's one launch (its grid barrier needs all of
-        them resident: at most :func:`cudarl.kernels.resident_grid_limit` members; NumPy: always)."""
-        if isinstance(self.online.params, np.ndarray):
-            return True
-        from .kernels import resident_grid_limit
+    def one_launch_forms(self, limit: int | None = None) -> dict:
+        """Which form each operation with a grid barrier takes: ``{"targets_loss": bool, "adam": bool}``,
+        True for its one launch (``c51.targets_loss_popart`` phase 0; ``StackedAdam.clip_update_publish``),
+        False for the launches without the barrier (the PopArt loss's two, the optimiser's clip, publish and
+        update), the same bits either way.
 
-        return self.members <= resident_grid_limit()
+        With ``run.grid_barrier`` on, an operation takes its one launch where every member gets the blocks
+        the single agent gets alone (:func:`cudarl.kernels.barrier_grid_fits` over ``limit`` resident blocks,
+        default :func:`cudarl.kernels.resident_grid_limit`; the loss's full grid
+        :func:`cudarl.reference.c51.targets_loss_blocks` of the batch, the optimiser's
+        :func:`cudarl.reference.optim.clip_adam_soft_blocks` of a member's parameters): the barrier caps the
+        whole launch at the resident grid, so past that each member's work runs on fewer blocks, one after
+        another. One member always fits (a population of one is the single agent's launches); ``False``
+        everywhere with ``run.grid_barrier`` off. The loss without PopArt is one launch with no grid
+        barrier whatever this says. NumPy, ``limit`` not given: one launch (the twins have no residency)."""
+        if not self.cfg.run.grid_barrier:
+            return {"targets_loss": False, "adam": False}
+        if limit is None:
+            if isinstance(self.online.params, np.ndarray):
+                return {"targets_loss": True, "adam": True}
+            limit = resident_grid_limit()
+        c51, optim = family("c51", self.xp), family("optim", self.xp)
+        full = {
+            "targets_loss": c51.targets_loss_blocks(self.batch_size),
+            "adam": optim.clip_adam_soft_blocks(self.adam.params.shape[-1]),
+        }
+        return {op: barrier_grid_fits(self.members, g, limit) for op, g in full.items()}
+
+    def forms(self) -> dict:
+        """What :meth:`train_phases` launches for the loss and the optimiser, in words (benchmark rows):
+        ``{"targets_loss": str, "adam": str}``."""
+        one = self.one_launch
+        if self.popart is None:
+            loss = "one launch (no grid barrier)"
+        else:
+            loss = "one launch (grid barrier)" if one["targets_loss"] else "two launches (no grid barrier)"
+        adam = "one launch (grid barrier)" if one["adam"] else "clip, publish per member, update"
+        return {"targets_loss": loss, "adam": adam}
 
     # --- collect -------------------------------------------------------------------------------
     def collect_phases(self, env, replay, transitions, discount) -> list:
@@ -423,7 +468,7 @@ class StackedLearner:
                 cfg.agent.priority,
                 **popart,
                 out=self.out,
-                grid_barrier=cfg.run.grid_barrier,
+                grid_barrier=self.one_launch["targets_loss"],
             )
 
         def q_stats():
@@ -443,7 +488,7 @@ class StackedLearner:
                 side.join()
 
         def adam():
-            if self.fused:
+            if self.one_launch["adam"]:
                 self.adam.clip_update_publish(self.soft, self.ring, self.loss, PUBLISH_SLOTS)
                 return
             self.adam.clip_step()

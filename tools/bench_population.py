@@ -15,10 +15,12 @@ skipped, saying so):
   (:class:`cudarl.graph.StepGraph`) over :func:`cudarl.stacked_agent.stacked_replay` filled with random
   rows over a shared random feature matrix of 20,000 bars x 64 features (the cost does not depend on the
   values); a fresh learner per size, timed as the other arms; memory per agent by CuPy's pool and by the
-  device's free-memory drop, and the replay's bytes per agent. The learner runs ``run.grid_barrier`` on
-  (the single agent's one-launch loss and optimiser); a size it refuses (the loss's grid barrier needs a
-  resident block per member: P at most the SM count) is a row ``refused: <reason>`` and is tried again
-  with ``run.grid_barrier = false`` (two launches, the same bits) as a case of its own. Beside it, at each
+  device's free-memory drop, and the replay's bytes per agent. The learner runs ``run.grid_barrier`` on:
+  the PopArt loss and the optimiser each take their one launch with a grid barrier where every member gets
+  the blocks the single agent gets alone, and their two- or three-launch forms (the same bits) otherwise
+  (:meth:`cudarl.stacked_agent.StackedLearner.one_launch_forms`); rows ``P=<P>: loss`` and ``P=<P>:
+  optimiser`` say which form ran. A size it refuses is a row ``refused: <reason>`` and is tried again with
+  ``run.grid_barrier = false`` (the barrier-free forms) as a case of its own. Beside it, at each
   P the other arms ran: its speed-up over the branches, over the PyTorch vmap arm (target at P = 64) and
   over P x the single agent. Its weight gradients are ``net.dw_gemm``'s default, ``split_k``: P cuBLAS
   split-K GEMMs a layer (a row ``weight gradients (net.dw_gemm)`` says which).
@@ -380,8 +382,9 @@ def joined_size(
     if gpu:
         rows.append(row(case, f"P={P}: device memory per agent (free-memory drop / P)", dev / P / 2**20, "MiB"))
     rows.append(row(case, f"P={P}: replay memory per agent", replay.nbytes() / P / 2**20, "MiB"))
-    form = "one launch (grid barrier)" if learner.fused else "clip, publish per member, update"
-    rows.append(row(case, f"P={P}: optimiser", form, ""))
+    forms = learner.forms()  # which form of each grid-barrier operation this step ran
+    rows.append(row(case, f"P={P}: loss", forms["targets_loss"], ""))
+    rows.append(row(case, f"P={P}: optimiser", forms["adam"], ""))
     dw = "one batched GEMM a layer" if learner.online.dw_batched else "a GEMM per member a layer"
     rows.append(row(case, f"P={P}: weight gradients (net.dw_gemm)", f"{cfg.net.dw_gemm}: {dw}", ""))
     loss = np.asarray(learner.loss.get() if gpu else learner.loss)
@@ -396,6 +399,7 @@ def joined_size(
         ext.setdefault("phases_us", {})[P] = phases
     ext.setdefault("memory_per_agent_bytes", {})[P] = held / P
     ext.setdefault("grid_barrier", {})[P] = cfg.run.grid_barrier
+    ext.setdefault("one_launch", {})[P] = dict(learner.one_launch)
     return us
 
 
@@ -408,10 +412,10 @@ def joined_arm(tf32: bool, sizes, args, rows, extra, peak, device: str = "gpu", 
     ``dw_gemm``: its ``net.dw_gemm`` (``"one_kernel"``: cases ``cudarl joined (agent axis), one-kernel dW,
     <prec>``, JSON ``joined_onekernel_<prec>``).
 
-    A size the learner refuses is a row ``refused: <reason>``; with ``run.grid_barrier`` on (the single
-    agent's one-launch loss and optimiser, which need a resident block per member: P at most the SM count)
-    the size is tried again with it off (the two-launch forms, the same bits), as its own case. A size
-    whose memory (per agent at the last size built, times P) does not fit is skipped."""
+    A size the learner refuses is a row ``refused: <reason>``; with ``run.grid_barrier`` on (the one-launch
+    loss and optimiser where each member gets the single agent's blocks, the barrier-free forms otherwise)
+    the size is tried again with it off (the barrier-free forms at every P, the same bits), as its own case.
+    A size whose memory (per agent at the last size built, times P) does not fit is skipped."""
     prec = "TF32" if tf32 else "FP32"
     one = dw_gemm == "one_kernel"
     case = f"cudarl joined (agent axis){', one-kernel dW' if one else ''}, {prec}"

@@ -20,6 +20,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..kernels import blocks_for, launch
+from ..reference.c51 import TL_WARPS, targets_loss_blocks
 from ..reference.c51_chain import PRIORITY_KINDS
 from ..reference.popart import STATE_SIZE
 from ._arrays import check, check_counter, family_stride, member_scalars, member_state, members
@@ -119,7 +120,7 @@ def _check_targets_loss(
         family_stride(w, P, e, st, tuple(TL_PER_SAMPLE)),
         st["support"],
     )
-    return B, A, K, PRIORITY_KINDS.index(priority), blocks_for(B, TL_WARPS), smem, tl_variant(A, K), P, e, strides
+    return B, A, K, PRIORITY_KINDS.index(priority), targets_loss_blocks(B), smem, tl_variant(A, K), P, e, strides
 
 
 #: The per-sample ``[B]`` arrays of targets_loss[_popart]: one row family (the kernel's ``s_b``).
@@ -136,8 +137,6 @@ TL_PER_SAMPLE = (
 )
 
 
-#: Warps (samples at a time) of a targets_loss block (C51_TL_WARPS in cuda_src/c51.cu).
-TL_WARPS = 4
 #: Dynamic shared memory of a targets_loss block: (max(A, 4) + 1) K floats a warp; past 48 KiB the
 #: launch opts in (kernels.launch), up to what every sm_90 part has (227 KiB): 1024 atoms take 80 KiB.
 TL_MAX_SMEM = 227 * 1024

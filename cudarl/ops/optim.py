@@ -23,7 +23,7 @@ import numpy as np
 
 from .. import kernels
 from ..kernels import blocks_for, launch
-from ..reference.optim import GN_BLOCKS, GN_THREADS
+from ..reference.optim import CAS_THREADS, GN_BLOCKS, GN_THREADS, clip_adam_soft_blocks
 
 _T = 256
 _MAX_GRID = 8192
@@ -333,10 +333,6 @@ def _adam_update_soft(op, consts, p, g, m, v, mask, target, lr, m_scale, bc1, bc
     )
 
 
-#: Threads of a clip_adam_soft block (CAS_THREADS in optim.cu): CAS_THREADS / GN_THREADS virtual blocks of grad_norm.
-CAS_THREADS = 1024
-
-
 def _base_ptr(a) -> int:
     return a.data.ptr if hasattr(a.data, "ptr") else a.__array_interface__["data"][0]
 
@@ -423,7 +419,7 @@ def _clip_adam_soft(op, consts, p, g, m, v, mask, target, partial, norm, scale, 
             "use grad_norm and adam_update_soft (no grid barrier)"
         )
     if grid is None:
-        grid = min(limit // P, blocks_for(n, CAS_THREADS))
+        grid = min(limit // P, clip_adam_soft_blocks(n))
     elif not 1 <= int(grid) <= limit // P:
         raise ValueError(
             f"{w}: grid must be in [1, {limit // P}] (one block per multiprocessor at most, for {P} member(s)), "

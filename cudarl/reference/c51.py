@@ -19,6 +19,17 @@ from ._members import members
 from .c51_chain import loss, targets
 from .util import weighted_mean
 
+#: Warps (samples at a time) of a targets_loss block (C51_TL_WARPS in cuda_src/c51.cu).
+TL_WARPS = 4
+
+
+def targets_loss_blocks(B: int) -> int:
+    """The blocks a member's ``targets_loss[_popart]`` launch covers ``B`` samples with (a warp a sample,
+    :data:`TL_WARPS` a block): the whole grid without the grid barrier; with it, at most the member's
+    share of the resident grid (:func:`cudarl.kernels.barrier_grid_fits`). The launcher's
+    (``cudarl.ops.c51``) is this one; the twin has no grid."""
+    return max(1, -(-int(B) // TL_WARPS))
+
 
 def _combine(va, K):
     """The dueling combine of raw head rows ``va [B, (1 + A) K]`` into logits ``[B, A, K]``."""

@@ -21,8 +21,17 @@ from ._members import over_members
 
 #: Blocks of the first stage of the gradient norm; block k owns elements i with (i // 256) % GN_BLOCKS == k.
 GN_BLOCKS, GN_THREADS = 512, 256
+#: Threads of a clip_adam_soft block (CAS_THREADS in optim.cu): CAS_THREADS / GN_THREADS virtual blocks of grad_norm.
+CAS_THREADS = 1024
 CONSTANT, COSINE, COSINE_RESTARTS = 0, 1, 2
 SCHEDULES = {"constant": CONSTANT, "cosine": COSINE, "cosine_restarts": COSINE_RESTARTS}
+
+
+def clip_adam_soft_blocks(n: int) -> int:
+    """The blocks of :data:`CAS_THREADS` that cover a member's ``n`` parameters: ``clip_adam_soft``'s
+    grid a member when the resident grid does not cap it (:func:`cudarl.kernels.barrier_grid_fits`;
+    the launcher's, ``cudarl.ops.optim``, is this one)."""
+    return max(1, -(-int(n) // CAS_THREADS))
 
 
 def members(rows: tuple = (), scalars: tuple = ()):

@@ -26,6 +26,7 @@ JOINED_ROWS = {
     "build + fill + capture": "s",
     "memory per agent (tracemalloc, NumPy backend)": "MiB",
     "replay memory per agent": "MiB",
+    "loss": "",
     "optimiser": "",
     "weight gradients (net.dw_gemm)": "",
     "every member's loss finite": "",
@@ -56,6 +57,9 @@ def test_joined_arm_rows_on_numpy():
     assert not [r for r in rows if r["case"] != CASE], "a size the learner builds writes no failure or refusal"
     assert sorted(extra["joined_fp32"]["step_us"]) == [1, 3]
     assert extra["joined_fp32"]["grid_barrier"] == {1: True, 3: True}
+    one = "one launch (grid barrier)"  # NumPy: no residency, the one launches at every P
+    assert {(m["loss"]["value"], m["optimiser"]["value"]) for m in sizes.values()} == {(one, one)}
+    assert extra["joined_fp32"]["one_launch"] == {P: {"targets_loss": True, "adam": True} for P in (1, 3)}
     assert {m["weight gradients (net.dw_gemm)"]["value"] for m in sizes.values()} == {
         "split_k: a GEMM per member a layer"
     }
@@ -80,6 +84,26 @@ def test_joined_onekernel_arm_rows_on_numpy():
     assert [(r["case"], r["metric"], r["value"]) for r in dw] == [
         ("cudarl joined, one-kernel dW vs split-K dW, FP32", "P=64: speed-up (split-K dW / one-kernel dW)", 2.0)
     ]
+
+
+def test_joined_arm_rows_say_which_form_ran(monkeypatch):
+    """The loss's and the optimiser's rows name the form the learner took: on a device of 3 resident
+    blocks (the learner's limit patched; NumPy runs either form), P = 1 takes both one launches and P = 3
+    (one block a member, fewer than alone) the barrier-free forms; --profile's phase rows beside them."""
+    from cudarl.stacked_agent import StackedLearner
+
+    forms = StackedLearner.one_launch_forms
+    monkeypatch.setattr(StackedLearner, "one_launch_forms", lambda self, limit=None: forms(self, limit or 3))
+    rows, extra = [], {}
+    bp.joined_arm(False, (1, 3), argparse.Namespace(repeats=1, profile=(3,)), rows, extra, None, device="cpu")
+    sizes = _by_size(rows)
+    got = {P: (m["loss"]["value"], m["optimiser"]["value"]) for P, m in sizes.items()}
+    one = "one launch (grid barrier)"
+    assert got == {1: (one, one), 3: ("two launches (no grid barrier)", "clip, publish per member, update")}
+    assert extra["joined_fp32"]["one_launch"][3] == {"targets_loss": False, "adam": False}
+    assert all(m["every member's loss finite"]["value"] is True for m in sizes.values())
+    phases = {m.removeprefix("phase ") for m in sizes[3] if m.startswith("phase ")}
+    assert {"targets_loss", "adam"} <= phases and not any(m.startswith("phase ") for m in sizes[1])
 
 
 def test_joined_arm_records_a_refusal_as_rows(monkeypatch):

@@ -6,10 +6,13 @@ priorities, sampled rows and weights, grad norm, PopArt's statistics, the Q stat
 rings and the sum trees.
 
 CPU (NumPy backend): P = 1 and 3, PopArt on and off, one launch and three for the optimiser and the
-PopArt loss (``run.grid_barrier``), a clip that acts, shrink-and-perturb, and ``net.dw_gemm =
-"one_kernel"`` (read by the learner and the agents alike). GPU (marked): the reference sizes (66 inputs,
-256-256, 51 atoms, batch 512) at P = 1, 3, 64 (at 64, three members against singles), under each
-``net.dw_gemm`` at P = 3 and 64, and a captured step against the eager one, bit for bit.
+PopArt loss (``run.grid_barrier``), each operation in the other form than the agents', a clip that acts,
+shrink-and-perturb, and ``net.dw_gemm = "one_kernel"`` (read by the learner and the agents alike); which
+form the learner takes at which P (``StackedLearner.one_launch_forms``, ``kernels.barrier_grid_fits``).
+GPU (marked): the reference sizes (66 inputs, 256-256, 51 atoms, batch 512) at P = 1, 3, 64 (at 64,
+three members against singles) in the forms the learner takes and in the one-launch forms at P = 3, 64,
+under each ``net.dw_gemm`` at P = 3 and 64, the forms it takes on the device, and a captured step against
+the eager one, bit for bit.
 """
 
 from dataclasses import replace
@@ -21,6 +24,7 @@ from cudarl.agent import Agent
 from cudarl.backend import to_numpy
 from cudarl.config import from_dict
 from cudarl.graph import StepGraph
+from cudarl.kernels import barrier_grid_fits
 from cudarl.replay import PrioritizedReplay
 from cudarl.stacked_agent import StackedLearner, reference_config, stacked_replay
 from cudarl.testing import assert_bitwise
@@ -78,12 +82,15 @@ def _fill(xp, rng, stacked, singles, rows: int, members) -> None:
             singles[j].add(*(xp.asarray(a[i]) for a in batch))
 
 
-def _build(xp, cfg, P, seeds, members, rng, window=1, features=F_N, n_actions=3):
+def _build(xp, cfg, P, seeds, members, rng, window=1, features=F_N, n_actions=3, one_launch=None):
     """The stacked learner and replay, and the single agents and replays of ``members``, all fed the
-    same rows, and the windows (one feature matrix for all)."""
+    same rows, and the windows (one feature matrix for all). ``one_launch``: the learner's forms of the
+    loss and the optimiser (:attr:`StackedLearner.one_launch`) in place of the ones it chose."""
     backend = "numpy" if xp is np else "cupy"
     win = _windows(xp, rng, window, features)
     learner = StackedLearner(cfg, win.width, n_actions, seeds, xp)
+    if one_launch is not None:
+        learner.one_launch = dict(one_launch)
     replay = stacked_replay(cfg, E, seeds, backend=backend)
     singles, replays = [], []
     for i in members:
@@ -138,10 +145,14 @@ def _assert_member_is_agent(learner, replay, i, agent, single_replay, what):
     assert_bitwise(ring.reshape(-1), to_numpy(a.stats.ring.device), what=f"{w}: published Q statistics")
 
 
-def _run_and_compare(xp, cfg, P, seeds, members, rng, updates, window=1, features=F_N, sync=lambda: None):
+def _run_and_compare(
+    xp, cfg, P, seeds, members, rng, updates, window=1, features=F_N, sync=lambda: None, one_launch=None
+):
     """``updates`` updates of the learner (one StepGraph) and of the single agents of ``members``; member
-    ``i`` against its agent after each."""
-    learner, replay, singles, replays, win = _build(xp, cfg, P, seeds, members, rng, window, features)
+    ``i`` against its agent after each. ``one_launch``: the learner's forms (:func:`_build`)."""
+    learner, replay, singles, replays, win = _build(
+        xp, cfg, P, seeds, members, rng, window, features, one_launch=one_launch
+    )
     graph = StepGraph("train_stacked", learner.train_phases(replay, win), xp=xp)
     alone = [
         StepGraph(f"train_{j}", a.train_phases(r, win), xp=xp)
@@ -222,6 +233,85 @@ def test_members_with_a_window_of_bars_and_n_step_one(rng):
     _run_and_compare(np, cfg, 3, _seeds(rng, 3), [0, 1, 2], rng, updates=4, window=3)
 
 
+def test_barrier_grid_fits_gives_each_member_the_single_agents_grid():
+    """The rule (cudarl.kernels.barrier_grid_fits): a grid-barrier launch over P members is taken only where
+    each member's share of the resident grid, limit // P, is the grid the op gets alone, min(full, limit)."""
+    limit = 132  # an H200's multiprocessors
+    assert [P for P in range(1, 300) if barrier_grid_fits(P, 128, limit)] == [1]  # the reference loss: B = 512
+    assert [P for P in range(1, 300) if barrier_grid_fits(P, 500, limit)] == [1]  # capped at the limit alone
+    assert [P for P in range(1, 300) if barrier_grid_fits(P, 8, limit)] == list(range(1, 17))  # 132 // 16 = 8
+    assert barrier_grid_fits(1, 1, 1) and not barrier_grid_fits(2, 1, 1)
+
+
+def test_the_learner_takes_each_one_launch_only_where_every_member_gets_its_grid():
+    """StackedLearner.one_launch_forms: the reference workload (batch 512: the loss's 128 blocks a member;
+    the optimiser's blocks of 1024 over a member's parameters) against an H200's 132 resident blocks takes
+    both one-launch forms at P = 1 only; the forms at P = 8, 64 and 256 follow from the same rule; off
+    with run.grid_barrier = false; NumPy without a limit: the one launches (today's, no residency)."""
+    from cudarl.bench import reference_config as bench_config
+    from cudarl.reference.c51 import targets_loss_blocks
+    from cudarl.reference.optim import clip_adam_soft_blocks
+
+    cfg, limit = bench_config("cpu"), 132
+    both = {"targets_loss": True, "adam": True}
+    learners = {P: StackedLearner(cfg, 66, 3, list(range(P)), np) for P in (1, 2)}
+    n = learners[1].adam.params.shape[-1]
+    full = {"targets_loss": targets_loss_blocks(cfg.agent.batch_size), "adam": clip_adam_soft_blocks(n)}
+    assert full["targets_loss"] == 128 and full["adam"] >= limit, "the reference grids this test reasons about"
+    assert learners[1].one_launch == learners[2].one_launch == both  # NumPy: no limit asked
+    assert learners[1].one_launch_forms(limit) == both, "a population of one keeps the single agent's launches"
+    assert learners[2].one_launch_forms(limit) == {"targets_loss": False, "adam": False}  # 66 blocks a member
+    assert learners[2].one_launch_forms(2 * max(full.values())) == both  # a device with room for two members
+    for P in (8, 64, 256):
+        assert not any(barrier_grid_fits(P, g, limit) for g in full.values()), P
+    off = StackedLearner(_config(run={"grid_barrier": False}), 7, 3, [1], np)
+    assert off.one_launch == off.one_launch_forms(limit) == {"targets_loss": False, "adam": False}
+    assert learners[1].forms() == {"targets_loss": "one launch (grid barrier)", "adam": "one launch (grid barrier)"}
+    learners[2].one_launch = learners[2].one_launch_forms(limit)
+    assert learners[2].forms() == {
+        "targets_loss": "two launches (no grid barrier)",
+        "adam": "clip, publish per member, update",
+    }
+    no_popart = StackedLearner(_config(agent={"popart": False}), 7, 3, [1, 2], np)
+    assert no_popart.forms()["targets_loss"] == "one launch (no grid barrier)"
+
+
+@pytest.mark.parametrize(
+    "one_launch",
+    [{"targets_loss": False, "adam": True}, {"targets_loss": True, "adam": False}],
+    ids=["loss-two-launches", "adam-three-launches"],
+)
+def test_members_are_single_agents_bitwise_in_each_form(rng, monkeypatch, one_launch):
+    """Each operation in the form the learner was given (the other form than the single agents' one
+    launch for one of them): the launches it makes say so, and member i still equals agent i bit for bit
+    (on NumPy the one-launch twins are the compositions of the others)."""
+    from cudarl import losses
+    from cudarl.optim import StackedAdam
+
+    seen = {"grid_barrier": set(), "adam": set()}
+
+    def spy(owner, name, record):
+        f = getattr(owner, name)
+
+        def called(*args, **kw):
+            record(args, kw)
+            return f(*args, **kw)
+
+        monkeypatch.setattr(owner, name, called)
+
+    def learners_loss(args, kw):  # the learner's loss ([P] members), not an agent's ([1])
+        if kw["out"].loss.shape == (3,):
+            seen["grid_barrier"].add(kw["grid_barrier"])
+
+    spy(losses, "c51_targets_loss", learners_loss)
+    for name in ("clip_update_publish", "clip_step"):
+        spy(StackedAdam, name, lambda args, kw, name=name: seen["adam"].add(name))
+    cfg = _config()
+    _run_and_compare(np, cfg, 3, _seeds(rng, 3), [0, 1, 2], rng, updates=5, one_launch=one_launch)
+    assert seen["grid_barrier"] == {one_launch["targets_loss"]}
+    assert seen["adam"] == {"clip_update_publish" if one_launch["adam"] else "clip_step"}
+
+
 @pytest.mark.parametrize(
     "over, bad",
     [
@@ -279,6 +369,30 @@ def test_gpu_members_are_single_agents_bitwise(cp, rng, P, members):
     """Every graph captured before any eager run; member ``i`` against its agent after each update."""
     sync = cp.cuda.Device().synchronize
     _run_and_compare(cp, _reference_cfg(), P, _seeds(rng, P), members, rng, 6, features=64, sync=sync)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("P", [1, 2, 64, 256])
+def test_gpu_learner_takes_the_forms_of_the_rule(cp, P):
+    """On the device's resident grid: a population of one takes both one-launch forms (the single
+    agent's); any P takes what barrier_grid_fits says for the loss's and the optimiser's full grids."""
+    from cudarl.kernels import resident_grid_limit
+
+    learner = StackedLearner(_reference_cfg(), 66, 3, list(range(P)), cp)
+    assert learner.one_launch == learner.one_launch_forms(resident_grid_limit())
+    if P == 1:
+        assert learner.one_launch == {"targets_loss": True, "adam": True}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("P, members", [(3, [0, 1, 2]), (64, [0, 37, 63])])
+def test_gpu_members_are_single_agents_bitwise_in_the_one_launch_forms(cp, rng, P, members):
+    """The one-launch forms at P > 1 (each member resident_grid_limit() // P blocks of the grid-barrier
+    launches), which the learner does not take by itself in the reference configuration (the test above
+    runs the forms it takes): member ``i`` against its agent after each update."""
+    sync = cp.cuda.Device().synchronize
+    one = {"targets_loss": True, "adam": True}
+    _run_and_compare(cp, _reference_cfg(), P, _seeds(rng, P), members, rng, 6, features=64, sync=sync, one_launch=one)
 
 
 @pytest.mark.gpu
