@@ -44,7 +44,7 @@ def _by_size(rows, case=CASE) -> dict:
 
 def test_joined_arm_rows_on_numpy():
     rows, extra = [], {}
-    got = bp.joined_arm(False, (1, 3), argparse.Namespace(repeats=1), rows, extra, None, device="cpu")
+    got = bp.joined_arm(False, (1, 3), argparse.Namespace(repeats=1, profile=None), rows, extra, None, device="cpu")
     assert sorted(got) == [1, 3] and all(us > 0 for us in got.values())
     sizes = _by_size(rows)
     assert sorted(sizes) == [1, 3]
@@ -65,7 +65,7 @@ def test_joined_onekernel_arm_rows_on_numpy():
     """The joined arm with net.dw_gemm = "one_kernel": cases and JSON of their own, a row saying so, and its
     speed-up over the split-K arm."""
     rows, extra = [], {}
-    args = argparse.Namespace(repeats=1)
+    args = argparse.Namespace(repeats=1, profile=None)
     got = bp.joined_arm(False, (1, 3), args, rows, extra, None, device="cpu", dw_gemm="one_kernel")
     case = "cudarl joined (agent axis), one-kernel dW, FP32"
     sizes = _by_size(rows, case)
@@ -87,7 +87,7 @@ def test_joined_arm_records_a_refusal_as_rows(monkeypatch):
     config = bp.joined_config
     monkeypatch.setattr(bp, "joined_config", lambda *a: config(*a, agent={"cql_alpha": 0.1}))
     rows, extra = [], {}
-    got = bp.joined_arm(False, (2,), argparse.Namespace(repeats=1), rows, extra, None, device="cpu")
+    got = bp.joined_arm(False, (2,), argparse.Namespace(repeats=1, profile=None), rows, extra, None, device="cpu")
     assert got == {}
     refused = [(r["case"], r["metric"], r["value"]) for r in rows]
     assert [(c, m) for c, m, _ in refused] == [(CASE, "P=2: step"), (f"{CASE}, run.grid_barrier = false", "P=2: step")]
