@@ -70,6 +70,7 @@ import tempfile
 import time
 import traceback
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
@@ -275,12 +276,14 @@ GPU_BARS = 20_000
 
 def joined_config(device: str, tf32: bool = False, grid_barrier: bool = True, dw_gemm: str = "split_k", **over):
     """The joined arm's config: the reference workload on the GPU, :data:`CPU_WORKLOAD` on the CPU, with
-    ``net.tf32`` and ``net.dw_gemm`` as given."""
+    ``net.tf32``, ``net.dw_gemm`` and ``run.grid_barrier`` as given and ``over``'s sections on top
+    (``tools/profile_step.py --graph joined`` passes its ``--set`` overrides so)."""
     from cudarl.bench import reference_config
 
     run = {"grid_barrier": grid_barrier, **over.pop("run", {})}
     if device == "gpu":
-        return reference_config("gpu", net={"tf32": tf32, "dw_gemm": dw_gemm}, run=run, **over)
+        net = {**over.pop("net", {}), "tf32": tf32, "dw_gemm": dw_gemm}
+        return reference_config("gpu", net=net, run=run, **over)
     w = CPU_WORKLOAD
     sections = {k: {**w[k], **over.pop(k, {})} for k in ("net", "agent", "env")}
     sections["net"].update(tf32=tf32, dw_gemm=dw_gemm)
@@ -321,18 +324,56 @@ def _refusal(exc: BaseException) -> str | None:
     return None
 
 
-def joined_size(
-    cfg, P: int, device: str, repeats: int, case: str, peak, target: str, rows, ext, profile: bool = False
-) -> float:
-    """One :class:`cudarl.stacked_agent.StackedLearner` of P members (seeds 0..P-1) and its stacked replay,
-    filled; its train step captured as one graph and replayed (timed as the other arms); its rows. Returns
-    the median us per replay. The learner's and launchers' refusals raise (ValueError). ``profile``: also
-    each phase captured alone and timed (:meth:`cudarl.graph.StepGraph.profile`; a phase's side branches
-    are joined at its end, so a phase's time includes the branches it forks), rows ``P=<P>: phase <name>``."""
+class JoinedStep(NamedTuple):
+    """The joined arm's train step of P members, built by :func:`build_joined`."""
+
+    learner: object  #: :class:`cudarl.stacked_agent.StackedLearner`
+    replay: object  #: its stacked replay (:func:`cudarl.stacked_agent.stacked_replay`), filled
+    windows: object  #: :class:`cudarl.window.Windows` over the random feature matrix
+    graph: object  #: :class:`cudarl.graph.StepGraph` of the train phases, captured
+
+
+def build_joined(cfg, P: int, device: str) -> JoinedStep:
+    """The joined arm's train step of P members (seeds 0..P-1), ready to replay: a
+    :class:`cudarl.stacked_agent.StackedLearner` of ``cfg``, its stacked replay filled with random rows
+    (:func:`fill_stacked_replay`) over a random feature matrix (:data:`GPU_BARS` bars x the reference
+    observation's 64 features on the GPU, :data:`CPU_WORKLOAD`'s on the CPU), and its train phases
+    captured as one :class:`cudarl.graph.StepGraph`. What :func:`joined_size` times and
+    ``tools/profile_step.py --graph joined`` profiles kernel by kernel. The learner's and launchers'
+    refusals raise (ValueError)."""
     from cudarl.graph import StepGraph
     from cudarl.stacked_agent import StackedLearner, stacked_replay
     from cudarl.window import Windows
 
+    gpu = device == "gpu"
+    if gpu:
+        import cupy as xp
+    else:
+        xp = np
+    n_features, n_bars = (OBS - 2, GPU_BARS) if gpu else (CPU_WORKLOAD["features"], CPU_WORKLOAD["bars"])
+    rng = np.random.default_rng(P)
+    feats = rng.standard_normal((n_bars, n_features)).astype(np.float32)
+    win = Windows(xp.asarray(feats), xp.ones(n_features, np.float32), cfg.net.window, xp)
+    seeds, A_, Bsz = list(range(P)), cfg.env.n_actions, cfg.agent.batch_size
+    learner = StackedLearner(cfg, win.width, A_, seeds, xp)
+    replay = stacked_replay(cfg, cfg.env.n_envs, seeds, backend="cupy" if gpu else "numpy")
+    fill_stacked_replay(xp, replay, n_bars, A_, Bsz, seed=P)
+    graph = StepGraph("train", learner.train_phases(replay, win), xp=xp)
+    if gpu:
+        xp.cuda.Device().synchronize()  # the fill (default stream) done before the graph's stream reads it
+    graph.capture()
+    return JoinedStep(learner, replay, win, graph)
+
+
+def joined_size(
+    cfg, P: int, device: str, repeats: int, case: str, peak, target: str, rows, ext, profile: bool = False
+) -> float:
+    """One :class:`cudarl.stacked_agent.StackedLearner` of P members (seeds 0..P-1) and its stacked replay,
+    filled; its train step captured as one graph (:func:`build_joined`, its memory counted here) and
+    replayed (timed as the other arms); its rows. Returns the median us per replay. The learner's and
+    launchers' refusals raise (ValueError). ``profile``: also each phase captured alone and timed
+    (:meth:`cudarl.graph.StepGraph.profile`; a phase's side branches are joined at its end, so a phase's
+    time includes the branches it forks), rows ``P=<P>: phase <name>``."""
     gpu = device == "gpu"
     if gpu:
         import cupy as xp
@@ -343,25 +384,13 @@ def joined_size(
     else:
         import tracemalloc
 
-        xp = np
         tracing = tracemalloc.is_tracing()  # a caller's tracing goes on; its earlier bytes are not ours
         if not tracing:
             tracemalloc.start()
         held0 = tracemalloc.get_traced_memory()[0]
-    n_features, n_bars = (OBS - 2, GPU_BARS) if gpu else (CPU_WORKLOAD["features"], CPU_WORKLOAD["bars"])
     t0 = time.perf_counter()
     try:
-        rng = np.random.default_rng(P)
-        feats = rng.standard_normal((n_bars, n_features)).astype(np.float32)
-        win = Windows(xp.asarray(feats), xp.ones(n_features, np.float32), cfg.net.window, xp)
-        seeds, A_, Bsz = list(range(P)), cfg.env.n_actions, cfg.agent.batch_size
-        learner = StackedLearner(cfg, win.width, A_, seeds, xp)
-        replay = stacked_replay(cfg, cfg.env.n_envs, seeds, backend="cupy" if gpu else "numpy")
-        fill_stacked_replay(xp, replay, n_bars, A_, Bsz, seed=P)
-        graph = StepGraph("train", learner.train_phases(replay, win), xp=xp)
-        if gpu:
-            xp.cuda.Device().synchronize()  # the fill (default stream) done before the graph's stream reads it
-        graph.capture()
+        learner, replay, win, graph = build_joined(cfg, P, device)
     finally:
         if not gpu:
             held = tracemalloc.get_traced_memory()[0] - held0
@@ -374,6 +403,7 @@ def joined_size(
         us = cuda_time_us(graph.replay, graph.stream, repeats=repeats_for(P, repeats))
     else:
         us = host_time_us(graph.replay, repeats=repeats_for(P, repeats), warmup=2)
+    A_, Bsz = cfg.env.n_actions, cfg.agent.batch_size
     flops = flops_per_update(win.width, cfg.net.hidden, A_, cfg.net.atoms, Bsz)
     rows.extend(step_rows(case, P, us, peak, target, flops=flops))
     rows.append(row(case, f"P={P}: build + fill + capture", build_s, "s"))

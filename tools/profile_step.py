@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Per-kernel GPU times of one train-graph replay or one collect-graph replay of the reference
-workload (DESIGN.md), read with Nsight Compute: where the step's time goes, kernel by kernel.
+workload (DESIGN.md), or of one train-graph replay of the joined population, read with Nsight Compute:
+where the step's time goes, kernel by kernel.
 
-Three modes:
+Modes:
 
 * ``--graph train|collect`` (under ``ncu``): builds the reference trainer, captures, fills the replay,
   replays the graph 10 times, then replays it once between ``cudaProfilerStart``/``Stop``::
@@ -11,13 +12,24 @@ Three modes:
         --print-units base --metrics "$(python3 tools/profile_step.py --metrics)" \\
         python3 tools/profile_step.py --graph train [--set net.gemm=cublas] > train.csv
 
+* ``--graph joined --members P`` (under ``ncu``, as above): the joined population's train step of P
+  members (default 64, issue 23's target size; :class:`cudarl.stacked_agent.StackedLearner`) built
+  exactly as ``tools/bench_population.py``'s joined arm builds it (``bench_population.build_joined``: the
+  learner, its stacked replay filled with random rows, the step captured as one graph), then replayed 10
+  times and once between ``cudaProfilerStart``/``Stop``. ``--set`` overrides go on top of the arm's
+  config: ``--set net.dw_gemm=one_kernel`` (the ``joined-onekernel`` arm), ``--set net.tf32=true``; P
+  above the SM count needs ``--set run.grid_barrier=false`` (the arm's fallback, which it takes itself).
+  ``GRAPHS=joined MEMBERS=64 bash tools/gpu_profile.sh --set net.dw_gemm=one_kernel`` runs it.
+
 * ``--summarize train.csv [collect.csv ...]``: one table per file, the kernels in launch order with
   their time, grid, block and registers, then the sum of kernel times and the kernels grouped by
-  name. The sum of the kernel times against the replay's wall time (``tools/bench_step.py``) says how
-  much of the step is kernels and how much is the gaps between nodes. Writes JSON with ``--out``.
-  A file without ncu's table (ncu failed) gets one line saying so, and the others their tables.
+  name (:func:`kernel_key`: the demangled name without its parameter list, so cuBLASLt's kernels of
+  different algorithms and tiles stay apart). The sum of the kernel times against the replay's wall time
+  (``tools/bench_step.py``, ``tools/bench_population.py``) says how much of the step is kernels and how
+  much is the gaps between nodes. Writes JSON with ``--out``. A file without ncu's table (ncu failed)
+  gets one line saying so, and the others their tables.
 
-* ``--graph train|collect --trace trace.json`` (no ncu): the graph's launches in capture order with
+* ``--graph train|collect|joined --trace trace.json`` (no ncu): the graph's launches in capture order with
   their streams, phases and side-stream forks and joins, for ``tools/critical_path.py``.
 
 * ``--metrics``: prints the comma list of the ncu metrics to collect for the table (:data:`METRICS`,
@@ -54,6 +66,10 @@ METRICS = (
 )
 
 
+#: ``--graph``'s choices: the reference trainer's two graphs and the joined population's train graph.
+GRAPHS = ("train", "collect", "joined")
+
+
 def _num(r: dict, key: str) -> float:
     """A metric of an ncu row (``5,856`` style), 0 when ncu did not collect it."""
     try:
@@ -62,8 +78,30 @@ def _num(r: dict, key: str) -> float:
         return 0.0
 
 
-def _primed(graph_name: str, sets: list[str]):
-    """The reference trainer, captured, with a replay that can be sampled; and the graph asked for."""
+def joined_graph(sets: list[str], members: int, device: str = "gpu"):
+    """The joined population's train step of ``members`` members, captured, over its filled stacked replay:
+    ``tools/bench_population.py``'s joined arm (:func:`bench_population.build_joined` of
+    :func:`bench_population.joined_config`) with the ``--set`` overrides on top; ``net.tf32``,
+    ``net.dw_gemm`` and ``run.grid_barrier`` default as that arm's (false, ``split_k``, true). Returns the
+    :class:`bench_population.JoinedStep` (learner, replay, windows, graph). ``device="cpu"``: the arm's
+    NumPy smoke workload (the tests)."""
+    from bench_population import build_joined, joined_config
+    from learning_check import _overrides
+
+    over = _overrides(sets)
+    net, run = over.pop("net", {}), over.pop("run", {})
+    tf32, dw_gemm = bool(net.pop("tf32", False)), net.pop("dw_gemm", "split_k")
+    cfg = joined_config(device, tf32, bool(run.pop("grid_barrier", True)), dw_gemm, net=net, run=run, **over)
+    return build_joined(cfg, members, device)
+
+
+def _primed(graph_name: str, sets: list[str], members: int = 0):
+    """The graph asked for, captured, with a replay that can be sampled, and what waits for its work
+    (``(graph, synchronize)``): the reference trainer's train or collect graph, or the joined
+    population's train graph of ``members`` members (:func:`joined_graph`)."""
+    if graph_name == "joined":
+        graph = joined_graph(sets, members).graph
+        return graph, graph.synchronize
     from learning_check import _overrides
 
     from cudarl.bench import reference_bars, reference_config
@@ -75,32 +113,33 @@ def _primed(graph_name: str, sets: list[str]):
     while t._ready_rows() < t.cfg.agent.batch_size:
         t.collect_graph.replay()
         t.collect_steps += 1
-    return t, t.train_graph if graph_name == "train" else t.collect_graph
+    return t.train_graph if graph_name == "train" else t.collect_graph, t.synchronize
 
 
-def trace(graph_name: str, sets: list[str], out: Path) -> None:
+def trace(graph_name: str, sets: list[str], out: Path, members: int = 0) -> None:
     """Capture the graph again with ``cudarl.kernels.tracing`` on and write its launches, phases,
     forks and joins (the input of ``tools/critical_path.py --trace``)."""
     from cudarl import kernels
 
-    t, graph = _primed(graph_name, sets)
+    graph, synchronize = _primed(graph_name, sets, members)
     with kernels.tracing() as events:
         graph.capture()
-    t.synchronize()
-    out.write_text(json.dumps({"graph": graph_name, "set": sets, "events": events}, indent=1))
+    synchronize()
+    head = {"graph": graph_name, "set": sets, **({"members": members} if graph_name == "joined" else {})}
+    out.write_text(json.dumps({**head, "events": events}, indent=1))
     print(f"wrote {out}: {sum(e['kind'] in ('kernel', 'library') for e in events)} launches")
 
 
-def profile(graph_name: str, sets: list[str]) -> None:
+def profile(graph_name: str, sets: list[str], members: int = 0) -> None:
     import cupy
 
-    t, graph = _primed(graph_name, sets)
+    graph, synchronize = _primed(graph_name, sets, members)
     for _ in range(10):
         graph.replay()
-    t.synchronize()
+    synchronize()
     cupy.cuda.runtime.profilerStart()
     graph.replay()
-    t.synchronize()
+    synchronize()
     cupy.cuda.runtime.profilerStop()
 
 
@@ -135,6 +174,23 @@ def read_csv(path: Path) -> list[dict]:
     return kernels
 
 
+def kernel_key(name: str) -> str:
+    """A kernel's name as the tables print and group it: ncu's demangled signature without the return type
+    and the parameter list (``void cutlass::Kernel2<cutlass_80_simt_sgemm_128x32_8x5_nt_align1>(T1::Params)``
+    -> ``cutlass::Kernel2<cutlass_80_simt_sgemm_128x32_8x5_nt_align1>``), the rest whole: cuBLASLt's kernels
+    differ past their 80th character (``..._execute_kernel__5x_cublas`` and
+    ``..._execute_split_k_kernel__5x_cublas`` of one tile; the template arguments of ``splitKreduce_kernel``)."""
+    key = name.strip().removeprefix("void ")
+    if key.endswith(")"):  # the parameter list: back to its opening parenthesis
+        depth = 0
+        for i in range(len(key) - 1, -1, -1):
+            depth += {")": 1, "(": -1}.get(key[i], 0)
+            if depth == 0:
+                key = key[:i].rstrip() or key
+                break
+    return key
+
+
 def summarize(paths: list[Path], out: Path | None) -> None:
     result = {}
     for p in paths:
@@ -147,11 +203,11 @@ def summarize(paths: list[Path], out: Path | None) -> None:
         print(f"\n== {p.name}: {len(ks)} kernels, {total:.1f} us of kernel time (serialised)")
         print(f"{'#':>3} {'us':>7} {'grid':>14} {'block':>14} {'regs':>4}  kernel")
         for i, k in enumerate(ks):
-            print(f"{i:>3} {k['us']:7.2f} {k['grid']:>14} {k['block']:>14} {k['regs']:>4}  {k['name'][:100]}")
+            print(f"{i:>3} {k['us']:7.2f} {k['grid']:>14} {k['block']:>14} {k['regs']:>4}  {kernel_key(k['name'])}")
         by = defaultdict(lambda: [0, 0.0])
         for k in ks:
-            by[k["name"][:80]][0] += 1
-            by[k["name"][:80]][1] += k["us"]
+            by[kernel_key(k["name"])][0] += 1
+            by[kernel_key(k["name"])][1] += k["us"]
         print("-- by kernel name")
         for name, (n, us) in sorted(by.items(), key=lambda kv: -kv[1][1]):
             print(f"{us:8.2f} us {n:>3} x  {name}")
@@ -160,25 +216,40 @@ def summarize(paths: list[Path], out: Path | None) -> None:
         out.write_text(json.dumps(result, indent=1))
 
 
-def main() -> int:
+def build_parser() -> argparse.ArgumentParser:
+    from bench_population import TARGET_P  # --members' default: the size of issue 23's targets
+
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--graph", choices=("train", "collect"))
+    ap.add_argument("--graph", choices=GRAPHS)
     ap.add_argument(
         "--set", action="append", default=[], help="config override SECTION.FIELD=VALUE, as cudarl-train --set"
+    )
+    ap.add_argument(
+        "--members",
+        type=int,
+        default=TARGET_P,
+        help=f"--graph joined: the population's size P (default {TARGET_P})",
     )
     ap.add_argument("--summarize", nargs="+", type=Path)
     ap.add_argument("--out", type=Path)
     ap.add_argument("--metrics", action="store_true", help="print the ncu metrics to collect, comma-separated")
     ap.add_argument("--trace", type=Path, help="with --graph, no ncu: write the graph's launch trace JSON here")
-    args = ap.parse_args()
+    return ap
+
+
+def main(argv=None) -> int:
+    ap = build_parser()
+    args = ap.parse_args(argv)
+    if args.members < 1:
+        ap.error(f"--members must be at least 1, got {args.members}")
     if args.trace and args.graph:
-        trace(args.graph, args.set, args.trace)
+        trace(args.graph, args.set, args.trace, args.members)
     elif args.metrics:
         print(",".join(METRICS))
     elif args.summarize:
         summarize(args.summarize, args.out)
     elif args.graph:
-        profile(args.graph, args.set)
+        profile(args.graph, args.set, args.members)
     else:
         ap.error("give --graph (under ncu), --summarize or --metrics")
     return 0

@@ -1,0 +1,118 @@
+"""tools/profile_step.py without a GPU or ncu: ``--graph joined`` parses and its build (the joined arm of
+tools/bench_population.py, ``build_joined``) builds a tiny joined graph on the NumPy backend with the
+``--set`` overrides on top; ``--summarize`` keeps cuBLASLt's kernels of different algorithms apart and
+groups the ``_members`` kernels; tools/gpu_profile.sh passes ``--members`` to the joined graph only."""
+
+import csv
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "tools"))
+import bench_population as bp  # noqa: E402
+import profile_step as ps  # noqa: E402
+
+
+def test_joined_graph_option_parses():
+    args = ps.build_parser().parse_args(["--graph", "joined", "--members", "3", "--set", "net.tf32=true"])
+    assert (args.graph, args.members, args.set) == ("joined", 3, ["net.tf32=true"])
+    assert ps.build_parser().parse_args(["--graph", "joined"]).members == bp.TARGET_P
+    assert ps.build_parser().parse_args(["--graph", "train"]).graph == "train"
+    with pytest.raises(SystemExit):
+        ps.main(["--graph", "joined", "--members", "0"])
+
+
+def test_joined_graph_builds_the_joined_arm_on_numpy():
+    """The bench's joined arm (its CPU workload) with the overrides on top, captured and replayable."""
+    step = ps.joined_graph(["net.dw_gemm=one_kernel", "agent.batch_size=8"], 3, device="cpu")
+    assert step.learner.cfg == bp.joined_config("cpu", dw_gemm="one_kernel", agent={"batch_size": 8})
+    assert step.learner.online.dw_batched and step.graph.captured
+    step.graph.replay()
+    loss = np.asarray(step.learner.loss)
+    assert loss.shape == (3,) and np.all(np.isfinite(loss))
+    plain = ps.joined_graph(["run.grid_barrier=false"], 2, device="cpu")  # the arm's defaults otherwise
+    assert plain.learner.cfg == bp.joined_config("cpu", grid_barrier=False)
+    assert not plain.learner.online.dw_batched and not plain.learner.cfg.net.tf32
+
+
+XMMA = "sm90_xmma_gemm_f32f32_tf32f32_f32_tn_n_tilesize64x64x8_stage3_warpsize1x4x1_tensor_aligna4_alignc4_"
+SPLITK = "void cublasLt::splitKreduce_kernel<32, 16, int, float, float, float, float, 0, float, float, float, 1>"
+KERNELS = [  # (ncu's Kernel Name, ns)
+    (XMMA + "execute_kernel__5x_cublas", 10_000),
+    (XMMA + "execute_split_k_kernel__5x_cublas", 20_000),
+    (SPLITK + "(cublasLt::cublasSplitKParams<T6>, const T4 *, const T9 *, T9 *)", 3_000),
+    ("void cutlass::Kernel2<cutlass_80_simt_sgemm_128x32_8x5_nt_align1>(T1::Params)", 4_000),
+    ("cudarl_optim_adam_update_members", 5_000),
+    ("cudarl_optim_adam_update_members", 6_000),
+    (XMMA + "execute_kernel__5x_cublas", 1_000),
+]
+
+
+def _ncu_csv(path: Path) -> None:
+    """A file as ``ncu --csv --page raw --print-units base`` writes it: a log line, the header, the units
+    row, a row per kernel (numbers with thousands separators)."""
+    head = ["ID", "Kernel Name", "Grid Size", "Block Size", *ps.METRICS]
+    with path.open("w", newline="") as fh:
+        fh.write("==PROF== Disconnected from process 1\n")
+        w = csv.writer(fh, quoting=csv.QUOTE_ALL)
+        w.writerow(head)
+        w.writerow(["", "", "", "", "nsecond", *[""] * (len(ps.METRICS) - 1)])
+        for i, (name, ns) in enumerate(KERNELS):
+            w.writerow([i, name, "(8, 1, 64)", "(128, 1, 1)", f"{ns:,}", *["0"] * (len(ps.METRICS) - 1)])
+
+
+def test_summarize_keeps_cublaslt_algorithms_apart(tmp_path, capsys):
+    _ncu_csv(tmp_path / "ncu_joined.csv")
+    ps.summarize([tmp_path / "ncu_joined.csv"], tmp_path / "profile.json")
+    text = capsys.readouterr().out
+    by_name = text.split("-- by kernel name\n", 1)[1].splitlines()
+    got = {line.split("x  ", 1)[1]: line.split(" us", 1)[0].strip() for line in by_name}
+    assert got == {
+        XMMA + "execute_kernel__5x_cublas": "11.00",
+        XMMA + "execute_split_k_kernel__5x_cublas": "20.00",
+        SPLITK.removeprefix("void "): "3.00",
+        "cutlass::Kernel2<cutlass_80_simt_sgemm_128x32_8x5_nt_align1>": "4.00",
+        "cudarl_optim_adam_update_members": "11.00",
+    }
+    assert "7 kernels, 49.0 us" in text
+    saved = json.loads((tmp_path / "profile.json").read_text())["ncu_joined.csv"]
+    assert [k["name"] for k in saved["kernels"]] == [n for n, _ in KERNELS]  # the JSON keeps ncu's names
+
+
+def test_gpu_profile_passes_members_to_the_joined_graph_only(tmp_path):
+    """gpu_profile.sh with a stand-in ncu and python3 (each noting its arguments): train's command lines
+    as before, the joined graph's with --members and the --set arguments."""
+    log = tmp_path / "calls.log"
+    bin_ = tmp_path / "bin"
+    bin_.mkdir()
+    (bin_ / "ncu").write_text(f'#!/bin/sh\necho "ncu $*" >> {log}\n')
+    (bin_ / "python3").write_text(  # the tool's own --metrics and --summarize run for real
+        f'#!/bin/sh\ncase "$*" in *--metrics*|*--summarize*) exec {sys.executable} "$@";; esac\n'
+        f'echo "python3 $*" >> {log}\n'
+    )
+    for f in bin_.iterdir():
+        f.chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_}:{os.environ['PATH']}", "OUT": str(tmp_path / "out")}
+    env.update(GRAPHS="train joined", MEMBERS="3", NCU=str(bin_ / "ncu"))
+    cmd = ["bash", str(ROOT / "tools" / "gpu_profile.sh"), "--set", "net.dw_gemm=one_kernel"]
+    r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    calls = log.read_text().splitlines()
+    tool = "python3 tools/profile_step.py"
+    ncu = [c.split(" python3 ", 1)[1] for c in calls if c.startswith("ncu ")]
+    assert ncu == [
+        "tools/profile_step.py --graph train --set net.dw_gemm=one_kernel",
+        "tools/profile_step.py --graph joined --members 3 --set net.dw_gemm=one_kernel",
+    ]
+    out = tmp_path / "out"
+    assert [c for c in calls if c.startswith("python3 ")] == [
+        f"{tool} --graph train --trace {out}/trace_train.json --set net.dw_gemm=one_kernel",
+        f"{tool} --graph joined --members 3 --trace {out}/trace_joined.json --set net.dw_gemm=one_kernel",
+    ]
+    assert "no kernel rows" in r.stdout  # the stand-in ncu wrote no table
