@@ -324,6 +324,7 @@ class Trainer:
         while self._ready_rows() < need and not stop:
             self.collect_graph.replay()
             self.collect_steps += 1
+            self.agent.collected()
         sw.lap("prime_collect")
 
     def advance(self, collect_steps: int) -> None:
@@ -342,6 +343,7 @@ class Trainer:
         if self.experience is None and self.step % self.cfg.agent.updates_per_collect == 0:
             self.collect_graph.replay()
             self.collect_steps += 1
+            self.agent.collected()
         # learn
         self.train_graph.replay()
         self.step += 1
@@ -499,6 +501,8 @@ class Trainer:
 
     def _log_step(self, sps: float, progress) -> None:
         loss, gn = self.monitor.last
+        with self.stream if self.stream is not None else nullcontext():  # reads after the graphs' work
+            observed = {**self.agent.observables(), **self.agent.acting_observables()}
         row = {
             "step": self.step,
             "collect_steps": self.collect_steps,
@@ -507,7 +511,7 @@ class Trainer:
             "updates_per_s": sps,
             "env_steps": self.collect_steps * self.env.n_envs,
             **self.monitor.last_stats,  # the step's observables: Q statistics, plan head, regularisers
-            **self.agent.observables(),  # the auxiliary signals' (agent.aux)
+            **observed,  # the auxiliary signals' (agent.aux) and the collect step's act (agent.act_by)
         }
         self._log_row(row)
         self._last_row = row
