@@ -32,6 +32,7 @@ from . import backend as _backend
 from . import checkpoint as ckpt
 from .agent import Agent
 from .atomic import atomic_open
+from .auxiliary.causal import sensitivities
 from .auxiliary.selectivity import features_used
 from .config import Config, from_dict
 from .data import report as data_report
@@ -603,9 +604,13 @@ class Trainer:
         """Greedy evaluation over a split with the env's fill and costs, the statistics and the deployment
         rules of ``eval`` (gate, margin, moving average); writes ``eval/<split>-<step>/``."""
         ev = self._evaluation(split_name)
-        used = features_used(self.agent.observables())  # agent.aux = ["selectivity"]: its gates
+        observed = self.agent.observables()
+        used = features_used(observed)  # agent.aux = ["selectivity"]: its gates
         if used:
             ev.summary["features_used"] = used
+        sensitivity = sensitivities(observed)  # agent.aux = ["causal"]: each group's measured sensitivity
+        if sensitivity:
+            ev.summary["causal_sensitivity"] = sensitivity
         self.last_evaluation = ev
         if write and self.run_dir is not None:
             plot = self.plot_evaluations
