@@ -43,7 +43,7 @@ from contextlib import nullcontext
 import numpy as np
 
 from .auxiliary import AUX_SIGNALS, input_gate
-from .backend import family
+from .backend import family, to_numpy
 from .config import Config
 from .graph import SideStream
 from .nn import QNetwork
@@ -86,6 +86,9 @@ class Agent:
     ):
         self.cfg, self.xp, self.n_envs = cfg, xp, int(n_envs)
         self._eval_rows = None  # (eval_rows(),) once made: row_exact_q may be None
+        # acting_observables: a collect step has acted (collected); no forward of q_values has written the
+        # acting workspace since the last one
+        self._acted = self._act_ws_fresh = False
         self.batch_size = B = cfg.agent.batch_size
         a, o = cfg.agent, cfg.optim
         rule_cls = HEAD_RULES[cfg.net.head]
@@ -309,6 +312,7 @@ class Agent:
     # --- what the host reads ---------------------------------------------------------------------
     def q_values(self, obs, out) -> None:
         """Expected Q of the online network for ``obs [n, obs_dim]`` (n <= n_envs) into ``out [n, A]``."""
+        self._act_ws_fresh = False  # its forward runs over the acting workspace
         self.rule.expected_q(out, obs)
 
     def eval_rows(self):
@@ -330,6 +334,33 @@ class Agent:
         out = {}
         for s in self.aux:
             out.update(s.observable())
+        return out
+
+    def collected(self) -> None:
+        """A collect step ran (the trainer replayed the collect graph): ``buffers.q_act`` and the acting
+        workspace hold its act, which :meth:`acting_observables` reads."""
+        self._acted = self._act_ws_fresh = True
+
+    def acting_observables(self) -> dict:
+        """The latest collect step's act, for a metrics row (host reads of ``buffers.q_act`` and the rule's
+        :meth:`cudarl.rules.HeadRule.act_mean`, outside any capture; nothing is launched):
+
+        * ``act.value``: the mean over the environments of ``max_a q_act``, the value ``agent.act_by``'s
+          measure gives its greedy action (the expected Q with ``mean``; CVaR or mean - lambda std);
+        * ``act.disagreement``: the share of environments whose greedy action by that measure is not the
+          mean's (first maximum, as the act kernels; 0 with ``mean`` by definition); None where the
+          mean is not at hand (IQN's CVaR; the acting workspace overwritten by :meth:`q_values` since
+          the last collect step).
+
+        Empty before any collect step (:meth:`collected`; an offline run never acts)."""
+        if not self._acted:
+            return {}
+        q = to_numpy(self.buffers.q_act).astype(np.float64)
+        out = {"act.value": float(q.max(axis=1).mean()), "act.disagreement": None}
+        if self.cfg.agent.act_by == "mean":
+            out["act.disagreement"] = 0.0
+        elif self._act_ws_fresh and (mean := self.rule.act_mean()) is not None:
+            out["act.disagreement"] = float(np.mean(mean.argmax(axis=1) != q.argmax(axis=1)))
         return out
 
     # --- state ---------------------------------------------------------------------------------

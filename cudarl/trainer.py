@@ -32,6 +32,7 @@ from . import backend as _backend
 from . import checkpoint as ckpt
 from .agent import Agent
 from .atomic import atomic_open
+from .auxiliary.causal import sensitivities
 from .auxiliary.selectivity import features_used
 from .config import Config, from_dict
 from .data import report as data_report
@@ -324,6 +325,7 @@ class Trainer:
         while self._ready_rows() < need and not stop:
             self.collect_graph.replay()
             self.collect_steps += 1
+            self.agent.collected()
         sw.lap("prime_collect")
 
     def advance(self, collect_steps: int) -> None:
@@ -342,6 +344,7 @@ class Trainer:
         if self.experience is None and self.step % self.cfg.agent.updates_per_collect == 0:
             self.collect_graph.replay()
             self.collect_steps += 1
+            self.agent.collected()
         # learn
         self.train_graph.replay()
         self.step += 1
@@ -499,6 +502,8 @@ class Trainer:
 
     def _log_step(self, sps: float, progress) -> None:
         loss, gn = self.monitor.last
+        with self.stream if self.stream is not None else nullcontext():  # reads after the graphs' work
+            observed = {**self.agent.observables(), **self.agent.acting_observables()}
         row = {
             "step": self.step,
             "collect_steps": self.collect_steps,
@@ -507,7 +512,7 @@ class Trainer:
             "updates_per_s": sps,
             "env_steps": self.collect_steps * self.env.n_envs,
             **self.monitor.last_stats,  # the step's observables: Q statistics, plan head, regularisers
-            **self.agent.observables(),  # the auxiliary signals' (agent.aux)
+            **observed,  # the auxiliary signals' (agent.aux) and the collect step's act (agent.act_by)
         }
         self._log_row(row)
         self._last_row = row
@@ -599,9 +604,13 @@ class Trainer:
         """Greedy evaluation over a split with the env's fill and costs, the statistics and the deployment
         rules of ``eval`` (gate, margin, moving average); writes ``eval/<split>-<step>/``."""
         ev = self._evaluation(split_name)
-        used = features_used(self.agent.observables())  # agent.aux = ["selectivity"]: its gates
+        observed = self.agent.observables()
+        used = features_used(observed)  # agent.aux = ["selectivity"]: its gates
         if used:
             ev.summary["features_used"] = used
+        sensitivity = sensitivities(observed)  # agent.aux = ["causal"]: each group's measured sensitivity
+        if sensitivity:
+            ev.summary["causal_sensitivity"] = sensitivity
         self.last_evaluation = ev
         if write and self.run_dir is not None:
             plot = self.plot_evaluations

@@ -22,7 +22,8 @@ capacity 100k, which the train step does not depend on), with the device memory 
 in CuPy's pool and what each signal adds to it (its buffers and its streams' cuBLAS workspaces, 32 MiB
 each: the signals on branches of their own have streams of their own; a trainer built first and not
 counted takes what the process keeps after its first one, so every arm's row holds only its own).
-Prints a table and writes JSON (``--out``, default ``docs/bench/bench_aux.json``)::
+Prints a table and writes JSON (``--out``, default ``docs/bench/bench_aux.json``); ``tools/bench_step.py --aux``
+runs the same arms (:func:`run_arms`) into its own table and JSON::
 
     python3 tools/bench_aux.py --encoder mlp --out $OUT/bench_aux_mlp.json
 """
@@ -61,21 +62,22 @@ def arms(whole: bool) -> dict:
     return {a: v for a, v in ARMS.items() if whole or not v[2]}
 
 
-def main() -> int:
-    ap = parser(__doc__.splitlines()[0])
-    ap.add_argument("--encoder", default="mlp", choices=["mlp", "ssm", "attention"])
-    ap.add_argument("--device", default="gpu", choices=["gpu", "cpu"], help="cpu: a smoke run of the arms only")
-    ap.add_argument("--aux-batch", type=float, default=AGENT.aux_batch, help="agent.aux_batch of the arms")
-    ap.add_argument("--vaccine-scope", default=AGENT.vaccine_scope, choices=VACCINE_SCOPES)
-    ap.add_argument("--no-whole", action="store_true", help="leave out the (whole) arms (aux_batch 1, encoder)")
-    args = ap.parse_args()
-    if args.device == "gpu" and skipped_without_gpu("bench_aux", "aux signals", args.out):
-        return 0
+def run_arms(
+    encoder: str = "mlp",
+    device: str = "gpu",
+    repeats: int = 200,
+    aux_batch: float = AGENT.aux_batch,
+    vaccine_scope: str = AGENT.vaccine_scope,
+    whole: bool = True,
+) -> tuple[list, dict]:
+    """``(rows, meta)`` for :func:`benchlib.report`: every arm's train step and device memory, each
+    signal's added us and share of the step (``whole``: with the ``(whole)`` arms). What :func:`main` runs
+    from its flags, and ``tools/bench_step.py --aux`` at these defaults."""
     from cudarl.bench import DEVICE_MEMORY, ENCODER_WORKLOAD, reference_config, step_benchmark
 
-    net = {} if args.encoder == "mlp" else {"encoder": args.encoder, **ENCODER_WORKLOAD}
-    mine = {"aux_batch": args.aux_batch, "vaccine_scope": args.vaccine_scope}
-    runs = arms(not args.no_whole)
+    net = {} if encoder == "mlp" else {"encoder": encoder, **ENCODER_WORKLOAD}
+    mine = {"aux_batch": aux_batch, "vaccine_scope": vaccine_scope}
+    runs = arms(whole)
     first = ("none", "all", "denoise", "causal", "vaccine")  # the costly signals first: a run cut short has them
 
     def rank(arm: str) -> int:
@@ -84,15 +86,15 @@ def main() -> int:
 
     runs = dict(sorted(runs.items(), key=lambda kv: rank(kv[0])))
     rows, us, mib = [], {}, {}
-    if args.device == "gpu":  # not counted: what the process keeps after its first trainer (at 156104e about
+    if device == "gpu":  # not counted: what the process keeps after its first trainer (at 156104e about
         # 31 MiB, which the first arm's memory row held and the later arms' did not) is held before the arms
-        step_benchmark(2, args.device, cfg=reference_config(args.device, capacity=100_000, net=net), phases=False)
+        step_benchmark(2, device, cfg=reference_config(device, capacity=100_000, net=net), phases=False)
     for arm, (signals, _, whole) in runs.items():
-        case = f"{args.encoder}, aux {arm}"
+        case = f"{encoder}, aux {arm}"
         try:
             agent = {"aux": signals, "causal_groups": ["calendar", "offset"], **(WHOLE if whole else mine)}
-            cfg = reference_config(args.device, capacity=100_000, net=net, agent=agent)
-            got = step_benchmark(args.repeats, args.device, cfg=cfg, phases=False, label=f" aux {arm}")
+            cfg = reference_config(device, capacity=100_000, net=net, agent=agent)
+            got = step_benchmark(repeats, device, cfg=cfg, phases=False, label=f" aux {arm}")
             us[arm] = next(r["value"] for r in got if r["metric"] == TRAIN)
             rows.append(row(case, TRAIN, us[arm], "us"))
             held = next((r["value"] for r in got if r["metric"] == DEVICE_MEMORY), None)
@@ -106,7 +108,7 @@ def main() -> int:
     for arm, (_, against, _) in runs.items():
         if against is None or arm not in us or "none" not in us or against not in us:
             continue
-        case = f"{args.encoder}, aux {arm}"
+        case = f"{encoder}, aux {arm}"
         bases = [("none", "")] if against == "none" else [("none", " (with horizons)"), (against, f" over {against}")]
         for base, what in bases:
             added = us[arm] - us[base]
@@ -115,7 +117,23 @@ def main() -> int:
             rows.append(row(case, f"added, share of the step{what}", 100 * added / us["none"], "%", target))
         if against == "none" and arm in mib and "none" in mib:
             rows.append(row(case, "added device memory", mib[arm] - mib["none"], "MiB"))
-    meta = {"encoder": args.encoder, "target": "all signals <= +40% of the step", **mine, "whole": WHOLE}
+    meta = {"encoder": encoder, "target": "all signals <= +40% of the step", **mine, "whole": WHOLE}
+    return rows, meta
+
+
+def main() -> int:
+    ap = parser(__doc__.splitlines()[0])
+    ap.add_argument("--encoder", default="mlp", choices=["mlp", "ssm", "attention"])
+    ap.add_argument("--device", default="gpu", choices=["gpu", "cpu"], help="cpu: a smoke run of the arms only")
+    ap.add_argument("--aux-batch", type=float, default=AGENT.aux_batch, help="agent.aux_batch of the arms")
+    ap.add_argument("--vaccine-scope", default=AGENT.vaccine_scope, choices=VACCINE_SCOPES)
+    ap.add_argument("--no-whole", action="store_true", help="leave out the (whole) arms (aux_batch 1, encoder)")
+    args = ap.parse_args()
+    if args.device == "gpu" and skipped_without_gpu("bench_aux", "aux signals", args.out):
+        return 0
+    rows, meta = run_arms(
+        args.encoder, args.device, args.repeats, args.aux_batch, args.vaccine_scope, whole=not args.no_whole
+    )
     report("bench_aux", rows, args.out, meta)
     return 0
 

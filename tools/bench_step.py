@@ -27,6 +27,10 @@ Arms:
   of compiling). Skipped with a printed reason when torch or CUDA is missing.
   Target: cudarl >= 2.5x faster than the fastest PyTorch arm that ran (DESIGN.md names the
   compiled-in-one-graph arm, so the ratio meets its definition only with ``--torch-compile``).
+* aux (``--aux``, issue 19): the train step with all the auxiliary signals on and with each alone, and
+  each signal's cost in us and as a share of the step (:func:`aux_arms`: ``tools/bench_aux.py``'s arms,
+  which that tool also runs alone, for the temporal encoders too). Target: all signals together add at
+  most 40% to the step.
 * epoch (``--epoch``; ``tools/bench_epoch.py`` runs it in a process of its own): a ``Trainer`` on
   ``--epoch-bars`` regime bars (64 features), reference config; after graph capture and warm-up
   collection, wall time of
@@ -331,6 +335,21 @@ def encoder_arms(args, rows, extra) -> None:
                 _failed(rows, "cudarl step_benchmark" + label, exc)
 
 
+def aux_arms(args, rows, extra, device: str = "gpu") -> None:
+    """Issue 19's auxiliary signals on this workload: the train step with no signal, each alone and all
+    together, and each one's added us and share of the step (``tools/bench_aux.py``'s arms,
+    :func:`bench_aux.run_arms`, at its defaults on the MLP; ``tools/bench_aux.py`` itself takes the
+    temporal encoders and the ``agent.aux_batch`` and ``agent.vaccine_scope`` it times).
+    ``device = "cpu"``: a smoke run."""
+    from bench_aux import run_arms
+
+    try:
+        got, extra["aux"] = run_arms(device=device, repeats=args.repeats)
+        rows += got
+    except Exception as exc:
+        _failed(rows, "aux signals", exc)
+
+
 def epoch_arm(args, rows, extra) -> None:
     """One epoch over ``args.epoch_bars`` bars: collect + train, wall clock after capture and warm-up."""
     from cudarl.bench import reference_bars, reference_config
@@ -416,6 +435,12 @@ def main() -> int:
     ap.add_argument("--epoch-bars", type=int, default=4_000_000)
     ap.add_argument("--no-torch", action="store_true", help="skip the PyTorch arms and the check")
     ap.add_argument(
+        "--aux",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="also time the step with each auxiliary signal alone and all together (tools/bench_aux.py's arms)",
+    )
+    ap.add_argument(
         "--encoders",
         action=argparse.BooleanOptionalAction,
         default=True,
@@ -489,6 +514,11 @@ def main() -> int:
                 _failed(rows, "cudarl step_benchmark" + label, exc)
     if args.encoders and not why:
         encoder_arms(args, rows, extra)
+    if args.aux:
+        if why:
+            rows.append(row("aux signals", "skipped", why[:60], ""))
+        else:
+            aux_arms(args, rows, extra)
     torch_us: dict = {}
     if not args.no_torch:
         if not why:

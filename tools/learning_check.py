@@ -236,6 +236,9 @@ def run_one(
         "buy_and_hold_sharpe": test["buy_and_hold"]["sharpe"],
         **{f"test_{k}": v for k, v in _summary_row(tr.last_evaluation).items()},
     }
+    for k in ("features_used", "causal_sensitivity"):  # agent.aux selectivity's gates, causal's sensitivities
+        if k in test:
+            row[k] = test[k]
     # the same weights under other deployment rules: the mechanisms' on/off tables from one training
     views = {}
     for m in VIEW_MARGINS:

@@ -21,7 +21,7 @@ gradient to the step's, one launch: the bits of adding the step's to it, as when
 after the step's on the flat gradient). Observables: ``aux.causal.loss``, ``aux.causal.group`` (the index of the
 step's group in :attr:`Causal.groups`) and ``aux.causal.sensitivity.<group>``, the mean absolute
 change of Q the last time that group was intervened on (what ``docs/guide.md`` calls the measured
-sensitivity).
+sensitivity); each evaluation's ``summary.json`` lists them as ``causal_sensitivity`` (:func:`sensitivities`).
 """
 
 from __future__ import annotations
@@ -35,6 +35,17 @@ from ..reference import causal as ref
 from ..reference.window import N_POSITION_FEATURES
 from ..rules.c51 import support
 from .base import AuxBase, OwnBackward, SubBatch, read
+
+#: The metric keys of the sensitivities: ``aux.causal.sensitivity.<group>``.
+SENSITIVITY = "aux.causal.sensitivity."
+
+
+def sensitivities(observables: dict) -> dict:
+    """``{group: sensitivity}`` from a metrics row's causal observables (empty without ``causal``): each
+    group's mean absolute change of Q the last time it was intervened on (0 before its first). The
+    trainer's evaluation writes it into ``summary.json`` as ``causal_sensitivity``."""
+    return {k[len(SENSITIVITY) :]: float(v) for k, v in observables.items() if k.startswith(SENSITIVITY)}
+
 
 #: The groups an intervention can name: the feature-name test of their columns and the mode.
 GROUPS = {
@@ -145,7 +156,7 @@ class Causal(AuxBase):
     def observable(self) -> dict:
         s = read(self.state)
         out = {"aux.causal.loss": s[0], "aux.causal.group": s[1]}
-        out.update({f"aux.causal.sensitivity.{g}": s[2 + i] for i, g in enumerate(self.groups)})
+        out.update({f"{SENSITIVITY}{g}": s[2 + i] for i, g in enumerate(self.groups)})
         return out
 
     def state_dict(self) -> dict:

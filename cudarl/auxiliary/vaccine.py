@@ -24,6 +24,18 @@ becomes ``full + c (full - aux)``, the rest ``full``). The target cosine ``phi_h
 memory (``state[0]``), read and moved by the control kernel inside the graph; it is checkpointed.
 Observables: ``aux.vaccine.cos`` (phi), ``aux.vaccine.target`` (phi_hat after the step),
 ``aux.vaccine.coef`` (c), ``aux.vaccine.norm_main``, ``aux.vaccine.norm_aux``.
+
+What is kept in device memory between steps: the target cosine ``phi_hat`` (``state[0]``), and nothing
+else. No gradient of a previous step is kept. Issue 19 (item 5) says "keep the previous step's gradient
+in a device buffer, inside the graph"; that wording follows the seed system, whose vaccine read a
+snapshot of the previous update's gradient (``prev_grad_buf``, taken after Adam) instead of running a
+pass of its own. Wang et al. compare the tasks' gradients of the same parameters at the same step, and
+what they carry across steps is the EMA of the cosine (their eq. 5): that is the state this phase keeps.
+A previous step's gradient is the sum of both losses' gradients at the previous weights, neither
+task's gradient now, so its cosine with this step's auxiliary gradient would not be the paper's ``phi``.
+We pay for the same-step gradients with the second backward (with ``vaccine_scope = "last"`` it stops
+after one layer). The other buffers of the phase (``ExtraBackward.saved``: this step's full gradient;
+``partial``; ``state[1:]``: this step's phi, c and norms) are rewritten every step before they are read.
 """
 
 from __future__ import annotations

@@ -145,6 +145,13 @@ class HeadRule(Protocol):
         ``buffers.q_act``, the device epsilon and the epsilon-greedy ``env.actions`` (``eps_args``:
         ``cudarl.ops.agent.act_*``'s schedule arguments)."""
 
+    def act_mean(self):
+        """Host float64 ``[n_envs, A]``: the mean of each action's return distribution as the latest
+        :meth:`act` forward left it in ``buffers.ws_act``, or None where that forward does not hold it
+        (``agent.act_by = "mean"``, where ``buffers.q_act`` is the mean; IQN's CVaR, whose acting
+        fractions lie in ``[0, alpha)``). A host read, outside any capture: the acting observables
+        (:meth:`cudarl.agent.Agent.acting_observables`)."""
+
     def expected_q(self, out, obs) -> None:
         """Expected Q of the online network for ``obs [n, obs_dim]`` (n <= n_envs) into ``out [n, A]``."""
 
@@ -187,9 +194,16 @@ def acting_risk(cfg) -> tuple[int, float, float]:
 class RuleBase:
     """What every rule shares: :meth:`allocate` is the constructor, and no state of its own."""
 
+    #: the head output of the latest act forward the rule keeps for :meth:`act_mean` (a view of
+    #: ``buffers.ws_act``), or None
+    act_out = None
+
     @classmethod
     def allocate(cls, buffers: LearnerBuffers):
         return cls(buffers)
+
+    def act_mean(self):
+        return None
 
     def state_dict(self) -> dict:
         return {}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import losses
-from ..backend import family
+from ..backend import family, to_numpy
 from ..nn.heads import C51Head
 from ..popart import targets_loss_kwargs
 from .base import LearnerBuffers, Phase, RuleBase, acting_risk
@@ -113,9 +113,18 @@ class C51Rule(RuleBase):
             args = (env.actions, buf.q_act, va, self.support, env.state.count, env.seed)
             self.agent_ops.act_c51_dueling(*args, *eps_args)
         else:
-            logits = buf.online.forward(env.obs, buf.ws_act, heads=heads)["q"]
+            logits = self.act_out = buf.online.forward(env.obs, buf.ws_act, heads=heads)["q"]
             args = (env.actions, buf.q_act, logits, self.support, env.state.count, env.seed, *risk)
             self.agent_ops.act_c51_risk(*args, *eps_args)
+
+    def act_mean(self):
+        """The expected Q ``sum_k softmax(logits)_k z_k`` of the risk act's logits, in float64 (None with
+        ``agent.act_by = "mean"``: its act keeps only ``va`` and ``buffers.q_act`` is the mean)."""
+        if self.act_out is None:
+            return None
+        x = to_numpy(self.act_out).astype(np.float64)
+        p = np.exp(x - x.max(axis=-1, keepdims=True))
+        return (p / p.sum(axis=-1, keepdims=True)) @ to_numpy(self.support).astype(np.float64)
 
     def forward(self, batch) -> None:
         # the head's raw outputs va [B, (1 + A) K]: targets_loss combines them itself. Three forwards

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import losses
-from ..backend import family
+from ..backend import family, to_numpy
 from .base import LearnerBuffers, Phase, RuleBase, acting_risk
 
 
@@ -118,6 +118,13 @@ class QuantileRule(RuleBase):
         else:
             args = (env.actions, buf.q_act, theta, env.state.count, env.seed, *values.head_risk)
             self.agent_ops.act_quantile_risk(*args, *eps_args)
+        # the quantiles of an undistorted risk act hold the mean (act_mean); IQN's CVaR ones do not
+        self.act_out = theta if values.risk[0] != 0 and values.distort is None else None
+
+    def act_mean(self):
+        """The mean over the risk act's quantiles (``quantile_mean`` in float64), or None (``agent.act_by =
+        "mean"``; IQN's CVaR: its acting fractions lie in ``[0, alpha)``)."""
+        return None if self.act_out is None else to_numpy(self.act_out).astype(np.float64).mean(axis=1)
 
     def popart_step(self) -> None:
         """PopArt's two halves before the forward: the statistics follow the batch's n-step returns

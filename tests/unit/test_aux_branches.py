@@ -120,6 +120,48 @@ def test_causals_own_backward_added_is_the_backward_on_the_flat_gradient_bit_for
     np.testing.assert_array_equal(_bits(seen["sum"]), _bits(np.add(seen["old"], seen["step"], dtype=np.float32)))
 
 
+def test_denoises_pass_is_a_branch_of_its_own_touching_nothing_the_steps_backward_does():
+    """Denoise's pass forks onto a side stream no other work of the step uses, its loss phase before the
+    step's backward and its SGD phase (which joins it) after the backward and before Adam. Watched through
+    one update: the pass leaves the online net's parameters and flat gradient as they were (it writes its
+    own gradient, workspace and loss), and the step's backward leaves the pass's gradients as they were,
+    so the two need no order between them (the GPU test reads that they have none)."""
+    t = _trainer(agent={"aux": ["horizons", "risk", "denoise"]})
+    agent, buf = t.agent, t.agent.buffers
+    den = agent.aux[2]
+    others = [buf.side, buf.side_next, buf.side_small, buf.side_stats, buf.side_aux, agent.side_priorities]
+    others += [*agent.grad_sides, buf.ws.extras_side]
+    others += [v for s in agent.aux if s is not den for v in vars(s).values() if isinstance(v, SideStream)]
+    assert isinstance(den.side, SideStream) and all(den.side is not o for o in others)
+    phases = [n for n, _ in t.train_graph.phases]
+    order = ["aux_denoise", "backward", "aux_denoise_sgd", "adam"]
+    assert [phases.index(n) for n in order] == sorted(phases.index(n) for n in order)
+    online, seen = agent.online, {}
+
+    def watch(name, what):
+        inner = dict(t.train_graph.phases)[name]
+
+        def spy():
+            seen[f"{name}:before"] = [a.copy() for a in what()]
+            inner()
+            seen[f"{name}:after"] = [a.copy() for a in what()]
+
+        return spy
+
+    spies = {
+        "aux_denoise": watch("aux_denoise", lambda: (online.params, online.grads, den.grads)),
+        "backward": watch("backward", lambda: (den.grads, den.dec_grads, den.out)),
+    }
+    t.train_graph.phases = [(n, spies.get(n, f)) for n, f in t.train_graph.phases]
+    t.run(t.cfg.agent.learning_starts // t.cfg.env.n_envs + 1)
+    (p0, g0, d0), (p1, g1, d1) = seen["aux_denoise:before"], seen["aux_denoise:after"]
+    np.testing.assert_array_equal(_bits(p1), _bits(p0))
+    np.testing.assert_array_equal(_bits(g1), _bits(g0))
+    assert np.any(d1 != d0)  # the pass wrote its own gradient
+    for before, after in zip(seen["backward:before"], seen["backward:after"], strict=True):
+        np.testing.assert_array_equal(_bits(after), _bits(before))
+
+
 def test_the_twin_shares_the_parameters_and_only_the_parameters():
     net = QNetwork(12, 3, hidden=(16, 8), extra_heads={"probe": _extra}, spectral=("enc.1",), max_batch=4)
     twin = net.twin()
@@ -195,3 +237,24 @@ def test_gpu_causals_backward_runs_beside_the_steps_and_its_grad_phase_adds_it(h
     (add,) = [n["id"] for n in nodes if n["phase"] == "causal"]  # one launch: the sum
     assert nodes[add]["name"] == "cudarl_util_add_f32" and mine <= ancestors(nodes, add)
     assert set(steps) <= ancestors(nodes, add)
+
+
+@pytest.mark.gpu
+def test_gpu_denoises_pass_runs_beside_the_steps_backward_and_the_losses_and_its_sgd_waits_for_it():
+    nodes, t = traced_train_graph({"agent": {"aux": ["horizons", "risk", "denoise"]}})
+    den = t.agent.aux[2]
+    mine = {n["id"] for n in nodes if n["phase"] == "aux_denoise"}
+    steps = [n["id"] for n in nodes if n["phase"] == "backward"]
+    assert mine and steps
+    assert den.side.stream.ptr in {nodes[i]["stream"] for i in mine}
+    assert t.stream.ptr not in {nodes[i]["stream"] for i in mine}  # none of it on the main chain
+    assert not any(mine & ancestors(nodes, i) for i in steps)  # the step's backward waits for none of it
+    assert not any(set(steps) & ancestors(nodes, i) for i in mine)  # nor it for the step's
+    losses = [next(n["id"] for n in nodes if n["name"] == f"cudarl_{s}_loss") for s in ("horizons", "risk")]
+    assert not any(mine & ancestors(nodes, i) for i in losses)  # beside the other signals' losses
+    assert not any(set(losses) & ancestors(nodes, i) for i in mine)
+    sgd = [n["id"] for n in nodes if n["phase"] == "aux_denoise_sgd"]
+    assert [nodes[i]["name"] for i in sgd] == ["cudarl_auxsgd_step"] * 2  # the encoder's, the decoder's
+    assert mine | set(steps) <= ancestors(nodes, sgd[0])  # it joins the pass, after the backward
+    first_adam = next(n["id"] for n in nodes if n["phase"] == "adam")
+    assert set(sgd) <= ancestors(nodes, first_adam)  # Adam reads the parameters the steps moved

@@ -138,6 +138,11 @@ def test_causal_on_quantile_heads_reports_every_group_it_can_intervene_on(head):
     assert t.agent.aux[0].groups == ["calendar", "offset"]
     assert obs["aux.causal.sensitivity.calendar"] > 0 and obs["aux.causal.sensitivity.offset"] > 0
     assert "aux.causal.sensitivity.level" not in obs
+    # the evaluation's summary.json reports the measured sensitivity per group (issue 19 item 6)
+    summary = t.evaluate("val", write=False)
+    want = {g: obs[f"aux.causal.sensitivity.{g}"] for g in ("calendar", "offset")}
+    assert summary["causal_sensitivity"] == want
+    assert "causal_sensitivity" not in _trainer().evaluate("val", write=False)
 
 
 def test_causal_with_level_features_rotates_through_three_groups():

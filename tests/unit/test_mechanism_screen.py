@@ -69,6 +69,20 @@ def test_the_risk_screen_runs_and_pairs_each_measure_with_the_mean(tmp_path, mon
     assert {e["variant"] for e in json.loads(out.read_text())["table"]} == {"mean", "cvar 0.1", "cvar 0.5"}
 
 
+def test_a_runs_row_carries_causals_sensitivities_and_selectivitys_gates(monkeypatch):
+    """Issue 19 (items 4 and 6): a screen row of a run with ``causal`` or ``selectivity`` carries what its test
+    evaluation's summary reports, each group's measured sensitivity and the features the agent uses."""
+    import learning_check
+
+    _tiny_regime(monkeypatch)
+    row = learning_check.run_one("regime", "c51", 0, "cpu", True, {"agent": {"aux": ["causal", "selectivity"]}})
+    assert list(row["causal_sensitivity"]) == ["calendar"] and row["causal_sensitivity"]["calendar"] > 0
+    assert len(row["features_used"]) > 1 and all(0 < gate < 1 for _, gate in row["features_used"])
+    json.dumps(row)
+    plain = learning_check.run_one("regime", "c51", 0, "cpu", True, {})
+    assert "causal_sensitivity" not in plain and "features_used" not in plain
+
+
 def test_the_workers_go_to_the_runs_there_are():
     """Online rows alone get every worker (at 3795f4e they got one of nine, and the aux screen ran one
     run at a time); with the offline chain beside them, it gets a quarter."""

@@ -144,6 +144,38 @@ def test_act_by_changes_training_and_mean_is_the_default():
     assert not np.array_equal(runs["cvar"][1], runs["mean"][1])
 
 
+def test_the_acting_observables_are_in_the_metrics_and_cvar_moves_them(tmp_path):
+    """``act.value`` and ``act.disagreement`` (Agent.acting_observables) are in every step row of
+    metrics.jsonl. With "mean" the disagreement is 0 by definition; CVaR at alpha 0.05 chooses otherwise
+    than the mean in some environments and values its greedy action below the mean run's (the tail of a
+    barely trained C51 distribution sits near v_min). An evaluation's forward over the acting workspace
+    leaves the disagreement unknown (None) until the next collect step."""
+    import json
+
+    rows = {}
+    for measure, alpha in (("mean", 0.25), ("cvar", 0.05)):
+        over = {"eps_start": 0.2, "eps_end": 0.2, "act_alpha": alpha}
+        t = Trainer(
+            small(agent={"act_by": measure, **over}, run={"log_every": 10}),
+            run_dir=tmp_path / measure,
+            echo=lambda m: None,
+        )
+        t.run(30)
+        lines = (tmp_path / measure / "metrics.jsonl").read_text().splitlines()
+        rows[measure] = [r for r in map(json.loads, lines) if "loss" in r]
+        assert [r["step"] for r in rows[measure]] == [10, 20, 30]
+    assert all(r["act.disagreement"] == 0.0 for r in rows["mean"])
+    assert any(r["act.disagreement"] > 0 for r in rows["cvar"])
+    assert all(0 <= r["act.disagreement"] <= 1 for r in rows["cvar"])
+    assert all(c["act.value"] < m["act.value"] for c, m in zip(rows["cvar"], rows["mean"], strict=True))
+    obs = t.env.obs.copy()
+    t.agent.q_values(obs, np.zeros((len(obs), t.env.n_actions), np.float32))
+    assert t.agent.acting_observables()["act.disagreement"] is None
+    t.collect_graph.replay()
+    t.agent.collected()
+    assert t.agent.acting_observables()["act.disagreement"] is not None
+
+
 def test_act_by_is_validated():
     from cudarl.config import ConfigError, from_dict
 
