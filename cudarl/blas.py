@@ -23,7 +23,11 @@ fail inside a capture, so a key first met inside one raises :class:`BlasError`.
 :func:`gemm_lt_batched` runs P such GEMMs (a population's members, issue 23) as one strided-batched
 cuBLASLt call: the layouts carry the batch count and strides, the descriptor the bias's batch stride,
 and the algorithm is the one the single GEMM's plan chose, so entry ``i`` keeps the bits of the single
-GEMM of entry ``i``. Its key is the single key plus the batch; a batch of 1 is the single key.
+GEMM of entry ``i``. Its key is the single key plus the batch and the batched algorithm choice
+(:data:`BATCHED_ALGOS`); a batch of 1 is the single key. Under ``algo="probe"`` the plan also asks the
+heuristic for the batched problem's own candidates and adopts the first whose output on random inputs is
+bitwise the single algorithm's (a probe run once, when the plan is made); :func:`batched_plan_info` says
+what each batched plan chose.
 """
 
 from __future__ import annotations
@@ -63,6 +67,31 @@ LT_ACTS = ("identity", "relu")
 #: The operand alignment (bytes) plans assume at most: a CuPy allocation, or a view starting at a
 #: multiple of 4 floats. Less-aligned operands get plans of their own (a key of their own).
 LT_ALIGN = 16
+#: How a batched plan gets its algorithm (``net.batched_algo``): ``single``, the single GEMM's plan's;
+#: ``probe``, the first of the batched problem's heuristic candidates whose output on random inputs is
+#: bitwise the single algorithm's (else the single one).
+BATCHED_ALGOS = ("single", "probe")
+#: Candidates the heuristic is asked for under ``probe``.
+PROBE_CANDIDATES = 8
+_PROBE_SEED = 20261204
+# cublasLtMatmulAlgoConfigAttributes_t: (name, value, ctypes type), cublasLt.h (cuBLAS 12/13)
+_ALGO_CONFIG = (
+    ("algo_id", 0, ctypes.c_int32),
+    ("tile", 1, ctypes.c_uint32),
+    ("splitk", 2, ctypes.c_uint32),
+    ("reduction", 3, ctypes.c_uint32),
+    ("swizzle", 4, ctypes.c_uint32),
+    ("custom", 5, ctypes.c_uint32),
+    ("stages", 6, ctypes.c_uint32),
+    ("inner_shape", 7, ctypes.c_uint16),
+    ("cluster_shape", 8, ctypes.c_uint16),
+)
+#: cublasLtMatmulTile_t 0..35 (cublasLt.h); a later id prints as ``tile#<id>``
+_TILES = (
+    "undefined 8x8 8x16 16x8 8x32 16x16 32x8 8x64 16x32 32x16 64x8 32x32 32x64 64x32 32x128 64x64 128x32 "
+    "64x128 128x64 64x256 128x128 256x64 64x512 128x256 256x128 512x64 64x96 96x64 96x128 128x160 160x128 "
+    "192x128 128x192 128x96 32x256 256x32"
+).split()
 
 
 class BlasError(RuntimeError):
@@ -199,6 +228,7 @@ def gemm_lt_batched(
     trans_a: bool = False,
     trans_b: bool = False,
     tf32: bool = False,
+    algo: str = "single",
     stream=None,
 ) -> None:
     """``out[i] = act(op(a[i]) @ op(b[i]) + bias[i])`` for every entry ``i`` of a batch, in float32,
@@ -212,6 +242,9 @@ def gemm_lt_batched(
             the GPU every entry's address must be a multiple of 16 bytes.
         act: ``"identity"`` or ``"relu"``, applied after the bias.
         tf32: allow TF32 tensor-core math (GPU only; ~1e-3 relative error).
+        algo: the batch's algorithm (:data:`BATCHED_ALGOS`): ``"single"``, the single GEMM's plan's;
+            ``"probe"``, a batched candidate of the heuristic's whose output a probe found bitwise equal
+            to the single algorithm's, else the single one (:class:`_LtPlan`; :func:`batched_plan_info`).
         stream: CuPy stream (default: the current stream).
 
     Each entry is a C-contiguous matrix; the leading axis may have any stride of at least 0 elements
@@ -229,14 +262,24 @@ def gemm_lt_batched(
     NumPy math of :func:`gemm_lt` entry by entry.
     """
     P, m, n, k, strides = _batched_shapes(a, b, out, bias, act, trans_a, trans_b)
+    _check_algo(algo, "gemm_lt_batched")
     if isinstance(out, np.ndarray):
         for i in range(P):
             _lt_numpy(a[i], b[i], out[i], None if bias is None else bias[i], act, trans_a, trans_b)
         return
-    _lt_device("gemm_lt_batched", (m, n, k), a, b, out, bias, act, trans_a, trans_b, tf32, False, stream, P, strides)
+    _lt_device(
+        "gemm_lt_batched", (m, n, k), a, b, out, bias, act, trans_a, trans_b, tf32, False, stream, P, strides, algo
+    )
 
 
-def _lt_device(what, mnk, a, b, out, bias, act, trans_a, trans_b, tf32, split_k, stream, batch=1, strides=None):
+def _check_algo(algo: str, what: str) -> None:
+    if algo not in BATCHED_ALGOS:
+        raise BlasError(f"{what}: algo must be one of {BATCHED_ALGOS}, got {algo!r}")
+
+
+def _lt_device(
+    what, mnk, a, b, out, bias, act, trans_a, trans_b, tf32, split_k, stream, batch=1, strides=None, algo="single"
+):
     """The GPU side of :func:`gemm_lt` (``batch`` 1) and :func:`gemm_lt_batched`: the stream's workspace,
     the trace, the plan of the key (made now outside a capture), one ``cublasLtMatmul``."""
     import cupy
@@ -253,7 +296,7 @@ def _lt_device(what, mnk, a, b, out, bias, act, trans_a, trans_b, tf32, split_k,
     key = _lt_key(m, n, k, trans_a, trans_b, bias_ptr, act, tf32, *ptrs, split_k)
     if batch != 1:
         _check_entry_alignment(key, ptrs + (bias_ptr,), strides, batch)
-        key = _batch_key(key, batch, strides)
+        key = _batch_key(key, batch, strides, algo)
     _lt_run(_lt_plan(key, bias_ptr, s), *ptrs, bias_ptr, h.workspace.data.ptr, s.ptr)
 
 
@@ -270,6 +313,7 @@ def gemm_lt_prepare(
     split_k: bool = True,
     batch: int = 1,
     strides: tuple[int, int, int] | None = None,
+    algo: str = "single",
     stream=None,
 ) -> None:
     """Make the :func:`gemm_lt` plan of a ``[M, K] x [K, N]`` key before any capture (GPU), or with
@@ -279,8 +323,10 @@ def gemm_lt_prepare(
     ``[N]``, ``[batch, N]`` for a batch, or ``None``): if the key has no plan yet, runs the GEMM once on
     scratch operands (so the chosen kernel has also run once outside a capture) and synchronises
     ``stream``. A batch takes ``strides = (a, b, out)``, each entry's offset in elements (default: packed,
-    ``M*K, K*N, M*N``), the bias's from ``bias`` itself, and ``split_k=False`` (its only algorithms).
+    ``M*K, K*N, M*N``), the bias's from ``bias`` itself, ``split_k=False`` (its only algorithms) and
+    ``algo`` (:data:`BATCHED_ALGOS`; ``"probe"`` runs its probe now).
     """
+    _check_algo(algo, "gemm_lt_prepare")
     import cupy
 
     if act not in LT_ACTS:
@@ -298,7 +344,7 @@ def gemm_lt_prepare(
     strides = tuple(strides) if strides is not None else (m * k, k * n, m * n)
     if batched:
         bias_stride = 0 if bias is None or bias.ndim != 2 else bias.strides[0] // bias.itemsize
-        key = _batch_key(key, batch, strides + (bias_stride,))
+        key = _batch_key(key, batch, strides + (bias_stride,), algo)
     if key in _plans:
         return
     if s.is_capturing():
@@ -307,7 +353,8 @@ def gemm_lt_prepare(
     shapes = ((k, m) if trans_a else (m, k), (n, k) if trans_b else (k, n), (m, n))
     kw = dict(bias=bias, act=act, trans_a=trans_a, trans_b=trans_b, tf32=tf32, stream=s)
     if batched:
-        gemm_lt_batched(*(_strided(cupy, sh, batch, st) for sh, st in zip(shapes, strides, strict=True)), **kw)
+        operands = (_strided(cupy, sh, batch, st) for sh, st in zip(shapes, strides, strict=True))
+        gemm_lt_batched(*operands, algo=algo, **kw)
     else:
         gemm_lt(*(cupy.zeros(sh, dtype=np.float32) for sh in shapes), split_k=split_k, **kw)
     s.synchronize()  # the scratch operands outlive the GEMM
@@ -326,19 +373,21 @@ def plan_key(
     split_k: bool = True,
     batch: int = 1,
     strides: tuple[int, int, int, int] | None = None,
+    algo: str = "single",
 ) -> tuple:
     """The key of the :func:`gemm_lt` plan of a ``[M, K] x [K, N]`` GEMM on operands aligned to
     :data:`LT_ALIGN` bytes, with a bias whose address is a multiple of ``bias_align`` bytes (0: no
     bias): what :func:`gemm_lt_prepare` makes for a layer's forward, named without a device. With
     ``batch`` > 1, the :func:`gemm_lt_batched` plan of that many entries ``strides = (a, b, out, bias)``
-    elements apart (``split_k=False``, the batch's only algorithms)."""
+    elements apart (``split_k=False``, the batch's only algorithms) and its ``algo`` (:data:`BATCHED_ALGOS`)."""
+    _check_algo(algo, "plan_key")
     if act not in LT_ACTS:
         raise BlasError(f"plan_key: act must be one of {LT_ACTS}, got {act!r}")
     if batch != 1 and (strides is None or split_k):
         raise BlasError("plan_key: a batch needs its strides (a, b, out, bias) and split_k=False")
     bias_ptr = bias_align  # an address with exactly that alignment (up to the 256 the key counts)
     key = _lt_key(m, n, k, trans_a, trans_b, bias_ptr, act, tf32, LT_ALIGN, LT_ALIGN, LT_ALIGN, split_k)
-    return key if batch == 1 else _batch_key(key, batch, strides)
+    return key if batch == 1 else _batch_key(key, batch, strides, algo)
 
 
 def warm_plans(keys) -> None:
@@ -352,33 +401,71 @@ def warm_plans(keys) -> None:
     keys = [key for key in dict.fromkeys(k for key in keys for k in (key[:_BASE_KEY], key)) if key not in _plans]
     if not keys:
         return
-    cu = ctypes.CDLL("libcuda.so.1")
-    cu.cuMemAlloc_v2.argtypes = [ctypes.POINTER(ctypes.c_uint64), ctypes.c_size_t]
-    cu.cuMemsetD8_v2.argtypes = [ctypes.c_uint64, ctypes.c_ubyte, ctypes.c_size_t]
-    cu.cuMemFree_v2.argtypes = [ctypes.c_uint64]
-    scratch = []
-
-    def alloc(nbytes: int) -> int:
-        p = ctypes.c_uint64()
-        if cu.cuMemAlloc_v2(ctypes.byref(p), max(int(nbytes), 4)) != 0:
-            raise BlasError(f"warm_plans: cuMemAlloc of {nbytes} bytes failed")
-        scratch.append(p.value)
-        cu.cuMemsetD8_v2(p.value, 0, max(int(nbytes), 4))
-        return p.value
-
-    try:
+    cu = _cu()
+    with _DeviceScratch("warm_plans") as scratch:
         extents = [_extents(key) for key in keys]  # elements of a, b, out and bias
         # cuMemAlloc's addresses are 256-byte aligned at least
-        a, b, out, bias = (alloc(4 * max(e[i] for e in extents)) for i in range(4))
-        work = alloc(WORKSPACE_BYTES)
+        a, b, out, bias = (scratch.zeros(4 * max(e[i] for e in extents)) for i in range(4))
+        work = scratch.zeros(WORKSPACE_BYTES)
         for key in keys:
             bias_ptr = bias if _EPILOGUE_HAS_BIAS[key[5]] else 0
             plan = _plans[key] = _LtPlan(key, bias_ptr)
             _lt_run(plan, a, b, out, bias_ptr, work, 0)
-        cu.cuCtxSynchronize()
-    finally:
-        for p in scratch:
-            cu.cuMemFree_v2(p)
+        _cu_check(cu.cuCtxSynchronize(), "cuCtxSynchronize")
+
+
+def _cu():
+    """The CUDA driver library, its few functions that warm_plans and the probes call declared."""
+    if _cu_cache:
+        return _cu_cache[0]
+    cu = ctypes.CDLL("libcuda.so.1")
+    u64, sz, vp = ctypes.c_uint64, ctypes.c_size_t, ctypes.c_void_p
+    for name, argtypes in {
+        "cuMemAlloc_v2": [ctypes.POINTER(u64), sz],
+        "cuMemsetD8_v2": [u64, ctypes.c_ubyte, sz],
+        "cuMemsetD32Async": [u64, ctypes.c_uint, sz, vp],
+        "cuMemFree_v2": [u64],
+        "cuMemcpyHtoDAsync_v2": [u64, vp, sz, vp],
+        "cuMemcpyDtoHAsync_v2": [vp, u64, sz, vp],
+        "cuStreamSynchronize": [vp],
+        "cuStreamIsCapturing": [vp, ctypes.POINTER(ctypes.c_int)],
+        "cuCtxSynchronize": [],
+    }.items():
+        fn = getattr(cu, name)
+        fn.argtypes, fn.restype = argtypes, ctypes.c_int
+    _cu_cache.append(cu)
+    return cu
+
+
+def _cu_check(status: int, what: str) -> None:
+    if status != 0:
+        raise BlasError(f"{what} returned CUDA driver error {status}")
+
+
+class _DeviceScratch:
+    """Device buffers allocated through the driver (no CuPy) and freed together at the ``with``'s end."""
+
+    def __init__(self, what: str):
+        self.what, self.ptrs = what, []
+
+    def alloc(self, nbytes: int) -> int:
+        p = ctypes.c_uint64()
+        _cu_check(_cu().cuMemAlloc_v2(ctypes.byref(p), max(int(nbytes), 4)), f"{self.what}: cuMemAlloc({nbytes})")
+        self.ptrs.append(p.value)
+        return p.value
+
+    def zeros(self, nbytes: int) -> int:
+        p = self.alloc(nbytes)
+        _cu_check(_cu().cuMemsetD8_v2(p, 0, max(int(nbytes), 4)), f"{self.what}: cuMemsetD8")
+        return p
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        cu = _cu()
+        while self.ptrs:
+            cu.cuMemFree_v2(self.ptrs.pop())
 
 
 def _check_lt_args(a, b, out, bias, act: str, n: int, k: int, what: str = "gemm_lt") -> None:
@@ -462,20 +549,22 @@ def _check_entry_alignment(key: tuple, ptrs: tuple, strides: tuple, batch: int) 
             )
 
 
-#: the length of a batch-1 plan key (_lt_key); a batched key appends (batch, strides of a, b, out, bias)
+#: the length of a batch-1 plan key (_lt_key); a batched key appends (batch, strides of a, b, out, bias,
+#: its algorithm choice of BATCHED_ALGOS)
 _BASE_KEY = 12
 
 
-def _batch_key(key: tuple, batch: int, strides: tuple) -> tuple:
-    """The plan key of ``batch`` GEMMs of ``key`` with leading ``strides`` (a, b, out, bias; elements).
-    A batch of 1 is the single GEMM's own key: the same plan, the same call."""
-    return key if batch == 1 else key + (int(batch),) + tuple(int(x) for x in strides)
+def _batch_key(key: tuple, batch: int, strides: tuple, algo: str = "single") -> tuple:
+    """The plan key of ``batch`` GEMMs of ``key`` with leading ``strides`` (a, b, out, bias; elements)
+    and the algorithm choice ``algo``. A batch of 1 is the single GEMM's own key: the same plan, the same
+    call."""
+    return key if batch == 1 else key + (int(batch),) + tuple(int(x) for x in strides) + (str(algo),)
 
 
 def _extents(key: tuple) -> tuple[int, int, int, int]:
     """Elements that a plan's a, b, out and bias span (a batch: the last entry's offset plus an entry)."""
     m, n, k = key[:3]
-    batch, *strides = key[_BASE_KEY:] or (1, 0, 0, 0, 0)
+    batch, *strides = key[_BASE_KEY : _BASE_KEY + 5] or (1, 0, 0, 0, 0)
     return tuple(size + stride * (batch - 1) for size, stride in zip((m * k, k * n, m * n, n), strides, strict=True))
 
 
@@ -499,13 +588,14 @@ def _lt_plan(key: tuple, bias_ptr: int, stream) -> _LtPlan:
             )
         if len(key) > _BASE_KEY:
             _lt_plan(key[:_BASE_KEY], bias_ptr, stream)
-        plan = _plans[key] = _LtPlan(key, bias_ptr)
+        plan = _plans[key] = _LtPlan(key, bias_ptr, stream.ptr)
     return plan
 
 
-def _lt_run(plan: _LtPlan, a: int, b: int, out: int, bias: int, workspace: int, stream: int) -> None:
+def _lt_run(plan: _LtPlan, a: int, b: int, out: int, bias: int, workspace: int, stream: int, algo=None) -> None:
     """One ``cublasLtMatmul`` of ``plan`` on device addresses (``bias`` 0: none; ``stream`` 0: the legacy
-    default stream). The bias pointer is a descriptor attribute, written here for this call."""
+    default stream), with the plan's algorithm or ``algo`` (a probe's candidate). The bias pointer is a
+    descriptor attribute, written here for this call."""
     lib = _lt_lib()
     if bias:
         _set_attr(
@@ -531,7 +621,7 @@ def _lt_run(plan: _LtPlan, a: int, b: int, out: int, bias: int, workspace: int, 
             plan.layout_d,
             d,
             plan.layout_d,
-            ctypes.byref(plan.algo),
+            ctypes.byref(plan.algo if algo is None else algo),
             ctypes.c_void_p(workspace),
             WORKSPACE_BYTES,
             ctypes.c_void_p(stream),
@@ -562,8 +652,8 @@ def _describe(key: tuple) -> str:
     m, n, k, ta, tb, epi, tf32, al_a, al_b, al_out, al_bias, split_k = key[:_BASE_KEY]
     batch = ""
     if len(key) > _BASE_KEY:
-        count, *strides = key[_BASE_KEY:]
-        batch = f", batch {count} with strides a/b/out/bias {'/'.join(map(str, strides))} elements"
+        count, *strides, algo = key[_BASE_KEY:]
+        batch = f", batch {count} with strides a/b/out/bias {'/'.join(map(str, strides))} elements, algo {algo}"
     return (
         f"[{m}x{k}] x [{k}x{n}] (trans_a={ta}, trans_b={tb}, epilogue {epi}, tf32={tf32}, "
         f"alignment a/b/out/bias {al_a}/{al_b}/{al_out}/{al_bias} bytes, split_k={split_k}{batch})"
@@ -578,6 +668,7 @@ _handles: dict[int, _Handle] = {}
 _lt_cache = []
 _lt_handles: list = []
 _plans: dict[tuple, _LtPlan] = {}
+_cu_cache: list = []
 
 
 def _check(status: int, what: str) -> None:
@@ -811,6 +902,86 @@ class _LtHeuristicResult(ctypes.Structure):
     ]
 
 
+def _heuristic(lib, desc, layouts: tuple, aligns: tuple, split_k: bool, count: int) -> list:
+    """``cublasLtMatmulAlgoGetHeuristic``'s first ``count`` algorithms (:class:`_LtHeuristicResult`, in its
+    order, those with a success state) for the problem of ``desc`` and ``layouts`` (A, B, C, D), operands
+    aligned to ``aligns`` = (a, b, out) bytes of the row-major call, within :data:`WORKSPACE_BYTES` and,
+    without ``split_k``, one-kernel algorithms only (no reduction scheme). The single plans' choice
+    (``count`` 1) and a batched plan's candidates (:meth:`_LtPlan._probe`) both ask here."""
+    pref = ctypes.c_void_p()
+    _check(lib.cublasLtMatmulPreferenceCreate(ctypes.byref(pref)), "cublasLtMatmulPreferenceCreate")
+    results, returned = (_LtHeuristicResult * count)(), ctypes.c_int(0)
+    try:
+        al_a, al_b, al_out = aligns
+        settings = [
+            (_PREF_MAX_WORKSPACE_BYTES, ctypes.c_uint64(WORKSPACE_BYTES), "MAX_WORKSPACE_BYTES"),
+            (_PREF_MIN_ALIGNMENT_A, ctypes.c_uint32(al_b), "MIN_ALIGNMENT_A_BYTES"),  # cuBLASLt's A is b
+            (_PREF_MIN_ALIGNMENT_B, ctypes.c_uint32(al_a), "MIN_ALIGNMENT_B_BYTES"),
+            (_PREF_MIN_ALIGNMENT_C, ctypes.c_uint32(al_out), "MIN_ALIGNMENT_C_BYTES"),
+            (_PREF_MIN_ALIGNMENT_D, ctypes.c_uint32(al_out), "MIN_ALIGNMENT_D_BYTES"),
+        ]
+        if not split_k:  # only algorithms with no reduction scheme: one kernel, K not split
+            settings.append((_PREF_REDUCTION_SCHEME_MASK, ctypes.c_uint32(0), "REDUCTION_SCHEME_MASK"))
+        for a, v, name in settings:
+            _set_attr(
+                lib.cublasLtMatmulPreferenceSetAttribute, pref, a, v, f"cublasLtMatmulPreferenceSetAttribute({name})"
+            )
+        _check(
+            lib.cublasLtMatmulAlgoGetHeuristic(
+                _lt_handle(),
+                desc,
+                *layouts,
+                pref,
+                count,
+                ctypes.cast(results, ctypes.POINTER(_LtHeuristicResult)),
+                ctypes.byref(returned),
+            ),
+            "cublasLtMatmulAlgoGetHeuristic",
+        )
+    finally:
+        lib.cublasLtMatmulPreferenceDestroy(pref)
+    return [r for r in results[: max(0, min(returned.value, count))] if r.state == 0]
+
+
+def _algo_config(algo: _LtAlgo) -> dict:
+    """A readable ``cublasLtMatmulAlgo_t``: its id, tile (by name), stages and the other configuration
+    attributes (``cublasLtMatmulAlgoConfigGetAttribute``, each checked)."""
+    lib, out = _lt_lib(), {}
+    for name, attr, ctype in _ALGO_CONFIG:
+        value, written = ctype(0), ctypes.c_size_t(0)
+        _check(
+            lib.cublasLtMatmulAlgoConfigGetAttribute(
+                ctypes.byref(algo), attr, ctypes.byref(value), ctypes.sizeof(value), ctypes.byref(written)
+            ),
+            f"cublasLtMatmulAlgoConfigGetAttribute({name})",
+        )
+        out[name] = int(value.value)
+    out["tile_name"] = _TILES[out["tile"]] if out["tile"] < len(_TILES) else f"tile#{out['tile']}"
+    return out
+
+
+def batched_plan_info() -> dict:
+    """Per batched plan made in this process (its key, :func:`plan_key`'s form): a record of what it
+    chose: ``shape`` (``"[MxK] x [KxN]"``), ``m n k trans_a trans_b epilogue tf32``, ``batch``, ``mode``
+    (:data:`BATCHED_ALGOS`), ``single`` and ``chosen`` (the single plan's algorithm and the batch's:
+    ``algo_id``, ``tile``, ``tile_name``, ``stages``, ``splitk``, ``reduction``, ``swizzle``, ``custom``,
+    ``inner_shape``, ``cluster_shape``), ``candidates`` (algorithms the heuristic returned for the batch,
+    ``probe`` only), ``probed`` (those run against the single one), ``equal`` (each probe's verdict, in
+    order) and ``changed`` (the batch runs another algorithm than the single one, found bitwise equal).
+    Copies: changing them changes no plan. The algorithms are read here, not when the plans are made (a
+    plan under ``single`` makes no call it did not make before)."""
+    return {
+        key: {
+            **p.info,
+            "equal": list(p.info["equal"]),
+            "single": _algo_config(p.single_algo),
+            "chosen": _algo_config(p.algo),
+        }
+        for key, p in _plans.items()
+        if p.info is not None
+    }
+
+
 def _lt_lib():
     if _lt_cache:
         return _lt_cache[0]
@@ -846,6 +1017,8 @@ def _lt_lib():
             ],
             # handle, desc, Adesc, Bdesc, Cdesc, Ddesc, algo, result
             "cublasLtMatmulAlgoCheck": [vp] * 6 + [ctypes.POINTER(_LtAlgo), ctypes.POINTER(_LtHeuristicResult)],
+            # algo, attribute, buffer, its size, bytes written
+            "cublasLtMatmulAlgoConfigGetAttribute": [ctypes.POINTER(_LtAlgo), ci, vp, sz, ctypes.POINTER(sz)],
             # handle, desc, alpha, A, Adesc, B, Bdesc, beta, C, Cdesc, D, Ddesc, algo, workspace, its size, stream
             "cublasLtMatmul": [vp] * 14 + [sz, vp],
         },
@@ -867,31 +1040,40 @@ class _LtPlan:
     """The matmul descriptor, the three matrix layouts and the algorithm of one :func:`gemm_lt` key, or
     of a :func:`gemm_lt_batched` key: its layouts carry the batch, and its algorithm is the one its
     batch-1 key's plan chose (made first: :func:`_lt_plan`), so entry ``i`` runs the single GEMM's kernel
-    configuration. The heuristic is not asked again for the batch: for another problem it may pick
-    another algorithm, and the entries would lose the single GEMM's bits."""
+    configuration. Under ``algo="single"`` the heuristic is not asked again for the batch: for another
+    problem it may pick another algorithm, and the entries would lose the single GEMM's bits. Under
+    ``algo="probe"`` it is asked, and a candidate is adopted only where a probe found its output bitwise
+    the single algorithm's (:meth:`_probe`). ``stream``: where a probe runs (0: the legacy default stream).
+    A batched plan's :attr:`info` is its :func:`batched_plan_info` record."""
 
-    def __init__(self, key: tuple, bias_ptr: int):
+    def __init__(self, key: tuple, bias_ptr: int, stream: int = 0):
         m, n, k, trans_a, trans_b, epilogue, tf32, al_a, al_b, al_out, _, split_k = key[:_BASE_KEY]
         lib = _lt_lib()
         self.desc = ctypes.c_void_p()
         self.layout_a, self.layout_b, self.layout_d = ctypes.c_void_p(), ctypes.c_void_p(), ctypes.c_void_p()
         self.alpha, self.beta = ctypes.c_float(1.0), ctypes.c_float(0.0)
         self.algo = _LtAlgo()
+        self.info: dict | None = None
         try:
             self._describe_problem(lib, m, n, k, trans_a, trans_b, epilogue, tf32, bias_ptr)
             if len(key) > _BASE_KEY:
-                self._batch(lib, key)
+                self._batch(lib, key, stream)
             else:
                 self._choose(lib, m, n, k, epilogue, tf32, (al_a, al_b, al_out), split_k)
         except BaseException:
             self.destroy()
             raise
 
-    def _batch(self, lib, key: tuple) -> None:
+    def _layouts(self) -> tuple:
+        """cuBLASLt's A, B, C and D layouts (C is D: beta is 0)."""
+        return self.layout_a, self.layout_b, self.layout_d, self.layout_d
+
+    def _batch(self, lib, key: tuple, stream: int) -> None:
         """Give the layouts the batch count and strides (cuBLASLt's A is the row-major b, its B the
         row-major a), the descriptor the bias's batch stride, and take the batch-1 plan's algorithm once
-        ``cublasLtMatmulAlgoCheck`` accepts it for the batch (and its workspace fits)."""
-        count, stride_a, stride_b, stride_out, stride_bias = key[_BASE_KEY:]
+        ``cublasLtMatmulAlgoCheck`` accepts it for the batch (and its workspace fits); under ``probe``, a
+        batched candidate instead where :meth:`_probe` finds one with the same bits."""
+        count, stride_a, stride_b, stride_out, stride_bias, algo = key[_BASE_KEY:]
         for lay, stride in ((self.layout_a, stride_b), (self.layout_b, stride_a), (self.layout_d, stride_out)):
             for attr, value, name in (
                 (_LAYOUT_BATCH_COUNT, ctypes.c_int32(count), "BATCH_COUNT"),
@@ -911,14 +1093,7 @@ class _LtPlan:
         single = _plans[key[:_BASE_KEY]]
         result = _LtHeuristicResult()
         status = lib.cublasLtMatmulAlgoCheck(
-            _lt_handle(),
-            self.desc,
-            self.layout_a,
-            self.layout_b,
-            self.layout_d,
-            self.layout_d,
-            ctypes.byref(single.algo),
-            ctypes.byref(result),
+            _lt_handle(), self.desc, *self._layouts(), ctypes.byref(single.algo), ctypes.byref(result)
         )
         if status != 0 or result.workspaceSize > WORKSPACE_BYTES:
             raise BlasError(
@@ -927,6 +1102,78 @@ class _LtPlan:
                 f"{WORKSPACE_BYTES}); another algorithm would not keep each entry's bits"
             )
         self.algo = _LtAlgo.from_buffer_copy(single.algo)
+        self.single_algo = _LtAlgo.from_buffer_copy(single.algo)  # what batched_plan_info compares with
+        m, n, k, trans_a, trans_b, epilogue, tf32 = key[:7]
+        self.info = {
+            "shape": f"[{m}x{k}] x [{k}x{n}]",
+            "m": m, "n": n, "k": k, "trans_a": trans_a, "trans_b": trans_b, "epilogue": epilogue, "tf32": tf32,
+            "batch": count, "mode": algo,
+            "candidates": 0, "probed": 0, "equal": [], "changed": False,
+        }  # fmt: skip
+        if algo == "probe":
+            self._probe(lib, key, stream)
+
+    def _probe(self, lib, key: tuple, stream: int) -> None:
+        """Ask the heuristic for up to :data:`PROBE_CANDIDATES` one-kernel algorithms of the batched problem;
+        in its order, run each that is not the single plan's algorithm on the same random inputs of the
+        key's shapes, strides, alignments and epilogue as the single algorithm, and adopt the first whose
+        whole output is bitwise the single algorithm's (none: keep the single one). Outside any capture
+        only (plans are made before capture); the buffers are allocated once here and freed at the end."""
+        cu = _cu()
+        capturing = ctypes.c_int(0)
+        status = cu.cuStreamIsCapturing(ctypes.c_void_p(stream), ctypes.byref(capturing))
+        if kernels.current_context() != kernels.UNGRAPHED or status != 0 or capturing.value != 0:
+            raise BlasError(
+                f"gemm_lt_batched: the probe of {_describe(key)} cannot run inside a stream capture "
+                f"(cuStreamIsCapturing status {status}, capture status {capturing.value}): make batched plans "
+                "before capture (gemm_lt_prepare, or an eager step first)"
+            )
+        aligns = key[7:10]
+        found = _heuristic(lib, self.desc, self._layouts(), aligns, False, PROBE_CANDIDATES)
+        others = [r.algo for r in found if bytes(r.algo) != bytes(self.algo)]
+        self.info["candidates"] = len(found)
+        if not others:
+            return
+        al_a, al_b, al_out, al_bias = key[7:11]
+        ext_a, ext_b, ext_out, ext_bias = _extents(key)
+        rng = np.random.default_rng(_PROBE_SEED)
+        k = key[2]
+        host = {
+            "a": rng.standard_normal(ext_a, dtype=np.float32),
+            "b": (rng.standard_normal(ext_b) / np.sqrt(k)).astype(np.float32),
+            "bias": rng.standard_normal(ext_bias, dtype=np.float32) if al_bias else None,
+        }
+        s = ctypes.c_void_p(stream)
+        with _DeviceScratch("gemm_lt_batched probe") as scratch:
+
+            def upload(x: np.ndarray, align: int) -> int:
+                # the key's alignment exactly: a 256-byte aligned allocation plus ``align`` bytes (below 256)
+                p = scratch.alloc(x.nbytes + 256) + (align % 256)
+                _cu_check(cu.cuMemcpyHtoDAsync_v2(p, x.ctypes.data, x.nbytes, s), "probe: cuMemcpyHtoDAsync")
+                return p
+
+            a, b = upload(host["a"], al_a), upload(host["b"], al_b)
+            bias = upload(host["bias"], al_bias) if al_bias else 0
+            outs = [scratch.alloc(4 * ext_out + 256) + (al_out % 256) for _ in range(2)]
+            work = scratch.alloc(WORKSPACE_BYTES)
+
+            def run(out: int, algo) -> np.ndarray:
+                _cu_check(cu.cuMemsetD32Async(out, 0x7FC00001, ext_out, s), "probe: cuMemsetD32Async")  # a NaN
+                _lt_run(self, a, b, out, bias, work, stream, algo)
+                got = np.empty(ext_out, np.uint32)
+                _cu_check(cu.cuMemcpyDtoHAsync_v2(got.ctypes.data, out, got.nbytes, s), "probe: cuMemcpyDtoHAsync")
+                _cu_check(cu.cuStreamSynchronize(s), "probe: cuStreamSynchronize")
+                return got
+
+            want = run(outs[0], self.algo)
+            for cand in others:
+                equal = bool(np.array_equal(run(outs[1], cand), want))
+                self.info["probed"] += 1
+                self.info["equal"].append(equal)
+                if equal:
+                    self.algo = _LtAlgo.from_buffer_copy(cand)
+                    self.info["changed"] = True
+                    return
 
     def _describe_problem(self, lib, m, n, k, trans_a, trans_b, epilogue, tf32, bias_ptr) -> None:
         """The matmul descriptor and the column-major layouts of one GEMM."""
@@ -957,56 +1204,13 @@ class _LtPlan:
 
     def _choose(self, lib, m, n, k, epilogue, tf32, aligns, split_k) -> None:
         """The heuristic's first algorithm for the operands' alignments (one-kernel only without split_k)."""
-        pref = ctypes.c_void_p()
-        _check(lib.cublasLtMatmulPreferenceCreate(ctypes.byref(pref)), "cublasLtMatmulPreferenceCreate")
-        try:
-            al_a, al_b, al_out = aligns
-            for a, v, name in (
-                (_PREF_MAX_WORKSPACE_BYTES, ctypes.c_uint64(WORKSPACE_BYTES), "MAX_WORKSPACE_BYTES"),
-                (_PREF_MIN_ALIGNMENT_A, ctypes.c_uint32(al_b), "MIN_ALIGNMENT_A_BYTES"),  # cuBLASLt's A is b
-                (_PREF_MIN_ALIGNMENT_B, ctypes.c_uint32(al_a), "MIN_ALIGNMENT_B_BYTES"),
-                (_PREF_MIN_ALIGNMENT_C, ctypes.c_uint32(al_out), "MIN_ALIGNMENT_C_BYTES"),
-                (_PREF_MIN_ALIGNMENT_D, ctypes.c_uint32(al_out), "MIN_ALIGNMENT_D_BYTES"),
-            ):
-                _set_attr(
-                    lib.cublasLtMatmulPreferenceSetAttribute,
-                    pref,
-                    a,
-                    v,
-                    f"cublasLtMatmulPreferenceSetAttribute({name})",
-                )
-            if not split_k:  # only algorithms with no reduction scheme: one kernel, K not split
-                _set_attr(
-                    lib.cublasLtMatmulPreferenceSetAttribute,
-                    pref,
-                    _PREF_REDUCTION_SCHEME_MASK,
-                    ctypes.c_uint32(0),
-                    "cublasLtMatmulPreferenceSetAttribute(REDUCTION_SCHEME_MASK)",
-                )
-            result, count = _LtHeuristicResult(), ctypes.c_int(0)
-            _check(
-                lib.cublasLtMatmulAlgoGetHeuristic(
-                    _lt_handle(),
-                    self.desc,
-                    self.layout_a,
-                    self.layout_b,
-                    self.layout_d,
-                    self.layout_d,
-                    pref,
-                    1,
-                    ctypes.byref(result),
-                    ctypes.byref(count),
-                ),
-                "cublasLtMatmulAlgoGetHeuristic",
-            )
-        finally:
-            lib.cublasLtMatmulPreferenceDestroy(pref)
-        if count.value < 1 or result.state != 0:
+        found = _heuristic(lib, self.desc, self._layouts(), aligns, split_k, 1)
+        if not found:
             raise BlasError(
-                f"cublasLtMatmulAlgoGetHeuristic found no algorithm (count {count.value}, state {result.state}) "
-                f"for [{m}x{k}] x [{k}x{n}], epilogue {epilogue}, tf32={tf32}"
+                f"cublasLtMatmulAlgoGetHeuristic found no algorithm for [{m}x{k}] x [{k}x{n}], "
+                f"epilogue {epilogue}, tf32={tf32}"
             )
-        self.algo = _LtAlgo.from_buffer_copy(result.algo)
+        self.algo = _LtAlgo.from_buffer_copy(found[0].algo)
 
     def destroy(self) -> None:
         lib = _lt_lib()

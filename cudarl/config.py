@@ -349,9 +349,20 @@ class NetConfig:
     setting. The trade, predicted from the dW GEMMs timed alone (docs/perf-notes.md, "The agent axis, in
     stages"): ``one_kernel`` costs one agent a little and saves a population much. The NumPy backend
     computes the same product either way."""
+    batched_algo: str = "single"
+    """The algorithm of a joined population's strided-batched cuBLASLt GEMMs (``run.population = "joined"``;
+    GPU; ``cudarl.blas.BATCHED_ALGOS``): ``single`` runs the algorithm the single agent's plan chose for one
+    member (every member bit for bit the agent alone, by construction); ``probe`` asks cuBLASLt's heuristic
+    for the batched problem's own candidates when each batched plan is made (before capture) and adopts the
+    first whose output on random inputs of the real shapes is bitwise the single algorithm's, else keeps the
+    single one (``cudarl.blas.batched_plan_info`` says what each plan chose). The batch-1 algorithm picks
+    tiles for one member's GEMM, small for P of them (docs/perf-notes.md, "Batched GEMM algorithms").
+    A probe is evidence of equal bits on its inputs, not a proof for every input. The NumPy backend and a
+    single agent ignore it."""
 
     def __post_init__(self):
         s = "net"
+        from .blas import BATCHED_ALGOS
         from .nn.encoders import ENCODERS
         from .nn.layers import DW_GEMMS, GEMMS
         from .rules import HEAD_RULES
@@ -378,6 +389,11 @@ class NetConfig:
         _in(s, "n_cos", self.n_cos, 1, 1024, integer=True)
         _need(s, self.gemm in GEMMS, f"gemm must be one of {list(GEMMS)}, got {self.gemm!r}")
         _need(s, self.dw_gemm in DW_GEMMS, f"dw_gemm must be one of {list(DW_GEMMS)}, got {self.dw_gemm!r}")
+        _need(
+            s,
+            self.batched_algo in BATCHED_ALGOS,
+            f"batched_algo must be one of {list(BATCHED_ALGOS)}, got {self.batched_algo!r}",
+        )
         self._check_window_encoder(s)
 
     def _check_window_encoder(self, s: str) -> None:

@@ -153,6 +153,8 @@ class StackedQNetwork:
         self._sides = None  # a side stream per layer for the weight gradients (set_side_stream)
         #: the weight gradients as one batched GEMM a layer (``net.dw_gemm = "one_kernel"``), else per member
         self.dw_batched = net.dw_gemm == "one_kernel"
+        #: the batched GEMMs' algorithm choice (``net.batched_algo``, :data:`cudarl.blas.BATCHED_ALGOS`)
+        self.batched_algo = net.batched_algo
         self.ws = self.new_workspace(max_batch) if max_batch is not None else None
 
     def views(self, buf) -> dict:
@@ -214,7 +216,7 @@ class StackedQNetwork:
             if dx is not None:
                 W, dy = self.P[f"{lin.name}.weight"], ws.rows(f"{lin.name}.dout", B)
                 strides = (_elems(dy), _elems(W), _elems(dx))
-                opts = {"batch": self.members, "tf32": lin.tf32, "split_k": False}
+                opts = {"batch": self.members, "tf32": lin.tf32, "split_k": False, "algo": self.batched_algo}
                 blas.gemm_lt_prepare(B, lin.n_in, lin.n_out, trans_b=True, strides=strides, **opts)
 
     def _prepare_forward(self, lin: Linear, x, y) -> None:
@@ -222,7 +224,7 @@ class StackedQNetwork:
         W, bias = self.P[f"{lin.name}.weight"], self.P[f"{lin.name}.bias"]
         blas.gemm_lt_prepare(
             x.shape[1], lin.n_out, lin.n_in, bias=bias, act=lin.lt_act, strides=(_elems(x), _elems(W), _elems(y)),
-            batch=self.members, tf32=lin.tf32, split_k=False,
+            batch=self.members, tf32=lin.tf32, split_k=False, algo=self.batched_algo,
         )  # fmt: skip
 
     def _prepare_dw(self, lin: Linear, x, ws: StackedWorkspace) -> None:
@@ -233,8 +235,9 @@ class StackedQNetwork:
         B, gw = x.shape[1], self.G[f"{lin.name}.weight"]
         strides = (_elems(x), _elems(ws.rows(f"{lin.name}.dout", B)), _elems(gw))
         blas.gemm_lt_prepare(
-            lin.n_in, lin.n_out, B, trans_a=True, strides=strides, batch=self.members, tf32=lin.tf32, split_k=False
-        )
+            lin.n_in, lin.n_out, B, trans_a=True, strides=strides, batch=self.members, tf32=lin.tf32, split_k=False,
+            algo=self.batched_algo,
+        )  # fmt: skip
 
     def prepare_input(self, x, ws: StackedWorkspace | None = None, backward: bool = False) -> None:
         """Make the plan of a forward over ``ws`` from the input ``x`` float32 ``[P, B, n_in]`` whose member
@@ -263,7 +266,7 @@ class StackedQNetwork:
         for lin in self.linears:
             y = ws.rows(f"{lin.name}.out")
             W, bias = self.P[f"{lin.name}.weight"], self.P[f"{lin.name}.bias"]
-            blas.gemm_lt_batched(h, W, y, bias=bias, act=lin.lt_act, tf32=lin.tf32)
+            blas.gemm_lt_batched(h, W, y, bias=bias, act=lin.lt_act, tf32=lin.tf32, algo=self.batched_algo)
             h = y
         if raw_head:
             return h
@@ -307,13 +310,14 @@ class StackedQNetwork:
                 if below is None:
                     self.ops.bias_act_backward(dy, y, dy, gb, IDENTITY)
             if below is not None:
-                blas.gemm_lt_batched(dy, self.P[f"{lin.name}.weight"], below, trans_b=True, tf32=lin.tf32)
+                W = self.P[f"{lin.name}.weight"]
+                blas.gemm_lt_batched(dy, W, below, trans_b=True, tf32=lin.tf32, algo=self.batched_algo)
 
     def _dw(self, lin: Linear, x, dy, gw) -> None:
         """The weight gradients ``gw[i] = x[i]^T dy[i]``: the single network's GEMM (``net.dw_gemm``), as one
         batched one-kernel GEMM for every member, or for each member in turn (cuBLAS's split-K)."""
         if self.dw_batched:
-            blas.gemm_lt_batched(x, dy, gw, trans_a=True, tf32=lin.tf32)
+            blas.gemm_lt_batched(x, dy, gw, trans_a=True, tf32=lin.tf32, algo=self.batched_algo)
             return
         for i in range(self.members):
             matmul(x[i], dy[i], gw[i], trans_a=True, tf32=lin.tf32)

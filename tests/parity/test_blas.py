@@ -571,14 +571,47 @@ def test_batched_plan_keys_extend_the_single_key():
     strides = (512 * 64, 64 * 256, 512 * 256, 256)
     assert blas._batch_key(single, 1, strides) == single
     batched = blas.plan_key(512, 256, 64, bias_align=256, act="relu", split_k=False, batch=64, strides=strides)
-    assert batched == single + (64,) + strides
+    assert batched == single + (64,) + strides + ("single",)
     assert blas._extents(batched) == (512 * 64 * 64, 64 * 256 * 64, 512 * 256 * 64, 256 * 63 + 256)
     assert blas._extents(single) == (512 * 64, 64 * 256, 512 * 256, 256)
-    assert "batch 64 with strides a/b/out/bias 32768/16384/131072/256 elements" in blas._describe(batched)
+    assert "batch 64 with strides a/b/out/bias 32768/16384/131072/256 elements, algo single" in blas._describe(batched)
     with pytest.raises(blas.BlasError, match="a batch needs its strides"):
         blas.plan_key(512, 256, 64, bias_align=256, batch=64, split_k=False)
     with pytest.raises(blas.BlasError, match="split_k=False"):
         blas.plan_key(512, 256, 64, bias_align=256, batch=64, strides=strides)
+
+
+def test_batched_plan_keys_carry_the_algo_choice_and_numpy_ignores_it(rng):
+    """net.batched_algo's values (blas.BATCHED_ALGOS) are the last element of a batched key, so a "probe"
+    plan is a plan of its own beside the "single" one; a batch of 1 is the single key whatever the choice;
+    an unknown choice is refused by name; NumPy runs the same math under either."""
+    strides = (512 * 64, 64 * 256, 512 * 256, 256)
+    kw = dict(bias_align=256, act="relu", split_k=False, batch=64, strides=strides)
+    single, probe = (blas.plan_key(512, 256, 64, algo=algo, **kw) for algo in ("single", "probe"))
+    assert blas.BATCHED_ALGOS == ("single", "probe")
+    assert single[:-1] == probe[:-1] and (single[-1], probe[-1]) == ("single", "probe")
+    assert blas.plan_key(512, 256, 64, **kw) == single  # the default
+    assert blas._extents(probe) == blas._extents(single)
+    assert "algo probe" in blas._describe(probe)
+    base = blas.plan_key(512, 256, 64, bias_align=256, act="relu", split_k=False)
+    assert blas._batch_key(base, 1, strides, "probe") == base
+    with pytest.raises(blas.BlasError, match=r"plan_key: algo must be one of \('single', 'probe'\), got 'best'"):
+        blas.plan_key(512, 256, 64, algo="best", **kw)
+    a, b, bias, out = _batched_operands(np, rng, 3, 7, 13, 5, False, True, True)
+    want = out.copy()
+    blas.gemm_lt_batched(a, b, want, bias=bias, act="relu", trans_b=True)
+    blas.gemm_lt_batched(a, b, out, bias=bias, act="relu", trans_b=True, algo="probe")
+    assert_bitwise(out, want, what="NumPy under algo='probe'")
+    with pytest.raises(blas.BlasError, match="gemm_lt_batched: algo must be one of"):
+        blas.gemm_lt_batched(a, b, out, algo="fast", trans_b=True)
+    with pytest.raises(blas.BlasError, match="gemm_lt_prepare: algo must be one of"):
+        blas.gemm_lt_prepare(7, 13, 5, batch=3, split_k=False, algo="fast")
+
+
+def test_algorithm_records_read_the_tile_table():
+    """batched_plan_info's tile names: cublasLtMatmulTile_t's 36 values of cublasLt.h by index."""
+    assert len(blas._TILES) == 36 and blas._TILES[0] == "undefined" and blas._TILES[20] == "128x128"
+    assert blas._TILES[35] == "256x32" and blas._TILES[15] == "64x64"
 
 
 def test_batched_strides_must_keep_each_entry_in_entry_0s_alignment_class():
@@ -666,3 +699,86 @@ def test_gpu_gemm_lt_batched_refuses_strides_that_would_change_an_entrys_plan(cp
         blas.gemm_lt_batched(a, b, out, bias=cp.zeros((P, n), np.float32))
     with pytest.raises(blas.BlasError, match="all be NumPy arrays or all CuPy arrays"):
         blas.gemm_lt_batched(a, np.zeros((P, k, n), np.float32), out)
+
+
+# --- net.batched_algo = "probe": a batched candidate adopted only where its bits are the single algorithm's --
+#: the reference MLP's GEMMs at 512 rows (13 -> 256 -> 256 -> 204: forwards with and without their
+#: epilogues, dx, dW) beside the reference step's (bench_gemm.STEP_GEMMS)
+PROBE_GEMMS = [
+    ("fwd 13->256", 512, 256, 13, False, False, "relu", True),
+    ("fwd 13->256 plain", 512, 256, 13, False, False, "identity", False),
+    ("fwd 256->256 relu only", 512, 256, 256, False, False, "relu", False),
+    ("fwd 256->204 bias only", 512, 204, 256, False, False, "identity", True),
+    ("dx 13<-256", 512, 13, 256, False, True, "identity", False),
+    ("dW 13x256", 13, 256, 512, True, False, "identity", False),
+    *STEP_GEMMS,
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tf32", [False, True])
+@pytest.mark.parametrize("P", [8, 64])
+@pytest.mark.parametrize("name,m,n,k,ta,tb,act,with_bias", PROBE_GEMMS, ids=[g[0] for g in PROBE_GEMMS])
+def test_gpu_batched_probe_plan_is_bitwise_the_single_plan(cp, rng, name, m, n, k, ta, tb, act, with_bias, P, tf32):
+    """A batched plan under algo="probe" (its own key: the heuristic's batched candidates, the first whose
+    probe output is bitwise the single algorithm's) gives the same bits as the plan under "single" on
+    other random operands than the probe's, entry by entry; what it chose is in batched_plan_info."""
+    a, b, bias, out = _batched_operands(cp, rng, P, m, n, k, ta, tb, with_bias)
+    kw = dict(bias=bias, act=act, trans_a=ta, trans_b=tb, tf32=tf32)
+    got = {}
+    for algo in ("single", "probe"):
+        poison(out)
+        blas.gemm_lt_batched(a, b, out, algo=algo, **kw)
+        got[algo] = out.get()
+    for i in range(P):
+        assert_bitwise(got["probe"][i], got["single"][i], what=f"{name}: entry {i} of {P}, probe vs single")
+    records = [r for r in blas.batched_plan_info().values() if r["mode"] == "probe" and r["batch"] == P]
+    mine = [r for r in records if (r["m"], r["n"], r["k"], r["tf32"]) == (m, n, k, tf32)]
+    assert mine, f"{name}: no batched_plan_info record of the probe plan"
+
+
+@pytest.mark.gpu
+def test_gpu_batched_plan_info_probe_records_say_what_each_plan_chose(cp, rng):
+    """batched_plan_info(): per batched key, shape, batch, the single plan's algorithm and the chosen one
+    (id, tile, stages, ...), the candidates the heuristic returned, how many were probed and each verdict;
+    a plan "changed" exactly when the last probe was equal (the one adopted) and none before it."""
+    P, m, n, k = 8, 512, 256, 13  # the reference MLP's first layer
+    a, b, bias, out = _batched_operands(cp, rng, P, m, n, k, False, False, True)
+    for algo in ("single", "probe"):
+        blas.gemm_lt_batched(a, b, out, bias=bias, act="relu", algo=algo)
+    info = blas.batched_plan_info()
+    keys = {algo: blas._batch_key(blas._lt_key(m, n, k, False, False, bias.data.ptr, "relu", False,
+            a.data.ptr, b.data.ptr, out.data.ptr, False), P, (m * k, k * n, m * n, _padded(n)), algo)
+            for algo in ("single", "probe")}  # fmt: skip
+    fields = {"shape", "m", "n", "k", "trans_a", "trans_b", "epilogue", "tf32", "batch", "mode", "single",
+              "chosen", "candidates", "probed", "equal", "changed"}  # fmt: skip
+    algo_fields = {"algo_id", "tile", "tile_name", "stages", "splitk", "reduction", "swizzle", "custom"}
+    for algo, key in keys.items():
+        r = info[key]
+        assert fields <= set(r), f"{algo}: fields {sorted(fields - set(r))} missing"
+        assert algo_fields <= set(r["single"]) and algo_fields <= set(r["chosen"])
+        assert (r["shape"], r["batch"], r["mode"]) == (f"[{m}x{k}] x [{k}x{n}]", P, algo)
+        assert r["probed"] == len(r["equal"]) <= r["candidates"] <= blas.PROBE_CANDIDATES
+        assert r["single"]["splitk"] <= 1 and r["chosen"]["splitk"] <= 1, "a batch runs one-kernel algorithms"
+    single, probe = info[keys["single"]], info[keys["probe"]]
+    assert single["probed"] == single["candidates"] == 0 and not single["changed"]
+    assert single["chosen"] == single["single"] == probe["single"]
+    assert probe["candidates"] >= 1, "the heuristic returned no candidate for the batched problem"
+    if probe["changed"]:
+        assert probe["equal"][-1] and not any(probe["equal"][:-1]) and probe["chosen"] != probe["single"]
+    else:
+        assert not any(probe["equal"]) and probe["chosen"] == probe["single"]
+    print(f"probe record: {probe}")
+
+
+@pytest.mark.gpu
+def test_gpu_batched_probe_is_refused_inside_a_capture(cp):
+    """A probe plan first met inside a capture is refused (plans, and their probes, are made before)."""
+    from cudarl.graph import StepGraph
+
+    P, m, n, k = 3, 40, 24, 12  # a shape no other test plans
+    a, b, out = cp.zeros((P, m, k), np.float32), cp.zeros((P, k, n), np.float32), cp.zeros((P, m, n), np.float32)
+    blas.gemm_lt(a[0], b[0], out[0], split_k=False)  # the single plan exists; the batched one does not
+    g = StepGraph("probe_in_capture", [("gemm", lambda: blas.gemm_lt_batched(a, b, out, algo="probe"))], xp=cp)
+    with pytest.raises(Exception, match="inside a capture"):
+        g.capture()
