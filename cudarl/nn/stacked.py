@@ -117,6 +117,10 @@ class StackedQNetwork:
     member in turn. Either way member ``i`` keeps the bits of the single network with the same
     ``dw_gemm``. What each costs: ``tools/bench_stacked.py`` (dW per member and batched, alone) and
     ``tools/bench_step.py`` (the single step under each; docs/perf-notes.md, "The agent axis, in stages").
+
+    Every batched GEMM and batched plan takes ``net.batched_algo`` (:data:`cudarl.blas.BATCHED_ALGOS`):
+    ``"single"`` runs the single network's algorithm; ``"probe"`` a batched candidate of cuBLASLt's that a
+    probe found bitwise equal to it when the plan was made (:func:`cudarl.blas.batched_plan_info`).
     """
 
     def __init__(

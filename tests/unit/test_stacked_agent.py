@@ -228,6 +228,54 @@ def test_members_are_single_agents_bitwise_with_one_kernel_weight_gradients(rng,
     assert calls == {"gemm_lt_batched": updates * layers, "gemm_lt": updates * layers * P}
 
 
+def test_batched_algo_is_validated_and_single_by_default():
+    """net.batched_algo: "single" (the default, the batch-1 plan's algorithm) or "probe", named when wrong."""
+    from cudarl.config import ConfigError, NetConfig
+
+    assert NetConfig().batched_algo == "single" and _config().net.batched_algo == "single"
+    assert _config(net={"batched_algo": "probe"}).net.batched_algo == "probe"
+    with pytest.raises(ConfigError, match=r"net: batched_algo must be one of \['single', 'probe'\], got 'fast'"):
+        _config(net={"batched_algo": "fast"})
+
+
+@pytest.mark.parametrize("dw_gemm", ["split_k", "one_kernel"])
+def test_batched_algo_probe_reaches_every_batched_gemm_and_plan_and_numpy_is_unaffected(rng, monkeypatch, dw_gemm):
+    """net.batched_algo = "probe" through the learner: its stacked networks pass it to every batched GEMM
+    (forwards, dx, and dW under one_kernel) and every batched plan they make (gemm_lt_prepare's options,
+    so the plan key ends with it); on NumPy the members still equal the single agents bit for bit."""
+    from cudarl import blas
+
+    algos = []
+    batched = blas.gemm_lt_batched
+
+    def spy(*args, **kw):
+        algos.append(kw.get("algo"))
+        return batched(*args, **kw)
+
+    monkeypatch.setattr(blas, "gemm_lt_batched", spy)
+    cfg = _config(net={"batched_algo": "probe", "dw_gemm": dw_gemm})
+    learner = _run_and_compare(np, cfg, 3, _seeds(rng, 3), [0, 1, 2], rng, updates=3)
+    assert learner.online.batched_algo == learner.target.batched_algo == "probe"
+    layers = len(learner.online.linears)
+    assert set(algos) == {"probe"} and len(algos) >= 3 * (2 * layers - 1), algos
+    # the plans a GPU workspace makes (StackedQNetwork._prepare, called on the GPU only): recorded here
+    made = []
+    monkeypatch.setattr(blas, "gemm_lt_prepare", lambda m, n, k, **kw: made.append(((m, n, k), kw)))
+    net = learner.online
+    net._prepare(net.ws, 8)
+    expect = 2 * layers - 1 + (layers if dw_gemm == "one_kernel" else 0)  # forwards, dx (not the input's), dW
+    assert len(made) == expect + 1, made  # and the input's dx
+    for (m, n, k), kw in made:
+        assert kw["algo"] == "probe" and kw["batch"] == 3 and kw["split_k"] is False
+        bias = kw.get("bias")
+        key = blas.plan_key(
+            m, n, k, bias_align=0 if bias is None else 256, act=kw.get("act", "identity"),
+            trans_a=kw.get("trans_a", False), trans_b=kw.get("trans_b", False), tf32=kw["tf32"], split_k=False,
+            batch=3, strides=(*kw["strides"], 0), algo=kw["algo"],
+        )  # fmt: skip
+        assert key[-1] == "probe"
+
+
 def test_members_with_a_window_of_bars_and_n_step_one(rng):
     cfg = _config(replay={"n_step": 1}, net={"window": 3, "hidden": [16]})
     _run_and_compare(np, cfg, 3, _seeds(rng, 3), [0, 1, 2], rng, updates=4, window=3)
@@ -438,3 +486,42 @@ def test_gpu_stacked_step_graphed_equals_eager(cp, P, dw_gemm):
             ("sum trees", rg.bufs.tree, re.bufs.tree),
         ):
             assert_bitwise(x, y, what=f"update {step}: {name}, graphed against eager")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("P", [8, 64])
+def test_gpu_batched_algo_probe_trains_bitwise_as_single(cp, P):
+    """net.batched_algo = "probe" against "single" (net.dw_gemm = "one_kernel", so the forwards, dx and dW
+    are all batched GEMMs): two learners of the same seeds and rows, both captured before any eager run;
+    every member buffer equal after each update, bit for bit; batched_plan_info lists the probe plans."""
+    from cudarl import blas
+
+    seeds = _seeds(np.random.default_rng(13), P)
+    runs = []
+    for algo in ("single", "probe"):
+        cfg = _reference_cfg(net={"dw_gemm": "one_kernel", "batched_algo": algo})
+        learner, replay, _, _, win = _build(cp, cfg, P, seeds, [], np.random.default_rng(7), features=64)
+        graph = StepGraph(f"train_stacked_{P}_{algo}", learner.train_phases(replay, win), xp=cp)
+        graph.capture()
+        runs.append((learner, replay, graph))
+    for step in range(1, 5):
+        for learner, _, g in runs:
+            g.replay()
+            learner.between_updates(step, g.stream)
+        cp.cuda.Device().synchronize()
+        (ls, rs, _), (lp, rp, _) = runs
+        for name, x, y in (
+            ("parameters", ls.online.params, lp.online.params),
+            ("gradients", ls.online.grads, lp.online.grads),
+            ("target", ls.target.params, lp.target.params),
+            ("Adam m", ls.adam.m, lp.adam.m),
+            ("Adam v", ls.adam.v, lp.adam.v),
+            ("loss", ls.loss, lp.loss),
+            ("priorities", ls.priority, lp.priority),
+            ("sum trees", rs.bufs.tree, rp.bufs.tree),
+        ):
+            assert_bitwise(x, y, what=f"update {step}: {name}, batched_algo probe against single")
+    records = [r for r in blas.batched_plan_info().values() if r["mode"] == "probe" and r["batch"] == P]
+    assert records, "no probe plan was made"
+    changed = sum(r["changed"] for r in records)
+    print(f"P={P}: {changed} of {len(records)} batched plans took another algorithm than the single one")
