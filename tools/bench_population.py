@@ -5,7 +5,7 @@ single-agent graphs one after another and against PyTorch vectorised over the ag
 Reference workload per agent (DESIGN.md): observation 66 floats, MLP 256-256, dueling C51 51 atoms x 3
 actions, batch 512, replay 1M rows with PER, n-step 3, 4,096 environments. Agent ``i`` has seed ``i``.
 
-Arms (``--arms``, default every one: ``vmap,branches,joined,joined-onekernel``), at each P of
+Arms (``--arms``, default every one but ``joined-probe``: ``vmap,branches,joined,joined-onekernel``), at each P of
 ``--sizes`` (default 1, 8, 64, 256; a size whose measured memory does not fit the free device memory is
 skipped, saying so):
 
@@ -29,6 +29,14 @@ skipped, saying so):
   equal single agents of that setting), as cases ``cudarl joined (agent axis), one-kernel dW, <prec>``;
   beside the joined arm, its speed-up over it (``split-K dW / one-kernel dW``). Its ratio against P x the
   single agent uses the single agent of the default ``split_k`` (the branches arm's).
+* cudarl joined, probed batched algorithms (``joined-probe``, opt-in): the ``joined-onekernel`` arm with
+  ``net.batched_algo = "probe"`` (each batched GEMM's plan adopts the first of cuBLASLt's candidates for the
+  batched problem whose probe output is bitwise the single algorithm's), as cases ``cudarl joined (agent
+  axis), one-kernel dW, probed batched algorithms, <prec>``; rows ``P=<P>: batched plans on another
+  algorithm`` (how many of the step's batched plans took another algorithm than the single one) and one row
+  per such plan (its shape, the two tiles, candidates probed), the records of
+  :func:`cudarl.blas.batched_plan_info` in the JSON (``batched_plans``); beside the ``joined-onekernel`` arm,
+  its speed-up over it (``single / probed batched algorithms``).
 * cudarl population (``branches``): :class:`cudarl.population.Population`, every member's train phases on a parallel
   branch of ONE graph; median us per replay (CUDA events), agent-updates per second summed over the
   agents (P / step time), achieved GFLOP/s and its fraction of the FP32 peak, memory per agent (the
@@ -274,19 +282,28 @@ CPU_SIZES = (1, 3)
 GPU_BARS = 20_000
 
 
-def joined_config(device: str, tf32: bool = False, grid_barrier: bool = True, dw_gemm: str = "split_k", **over):
+def joined_config(
+    device: str,
+    tf32: bool = False,
+    grid_barrier: bool = True,
+    dw_gemm: str = "split_k",
+    batched_algo: str | None = None,
+    **over,
+):
     """The joined arm's config: the reference workload on the GPU, :data:`CPU_WORKLOAD` on the CPU, with
-    ``net.tf32``, ``net.dw_gemm`` and ``run.grid_barrier`` as given and ``over``'s sections on top
-    (``tools/profile_step.py --graph joined`` passes its ``--set`` overrides so)."""
+    ``net.tf32``, ``net.dw_gemm``, ``net.batched_algo`` (None: ``over``'s, else the default) and
+    ``run.grid_barrier`` as given and ``over``'s sections on top (``tools/profile_step.py --graph joined``
+    passes its ``--set`` overrides so)."""
     from cudarl.bench import reference_config
 
     run = {"grid_barrier": grid_barrier, **over.pop("run", {})}
+    fixed = {"tf32": tf32, "dw_gemm": dw_gemm} | ({} if batched_algo is None else {"batched_algo": batched_algo})
     if device == "gpu":
-        net = {**over.pop("net", {}), "tf32": tf32, "dw_gemm": dw_gemm}
+        net = {**over.pop("net", {}), **fixed}
         return reference_config("gpu", net=net, run=run, **over)
     w = CPU_WORKLOAD
     sections = {k: {**w[k], **over.pop(k, {})} for k in ("net", "agent", "env")}
-    sections["net"].update(tf32=tf32, dw_gemm=dw_gemm)
+    sections["net"].update(fixed)
     return reference_config("cpu", capacity=w["replay"]["capacity"], run=run, **sections, **over)
 
 
@@ -417,6 +434,8 @@ def joined_size(
     rows.append(row(case, f"P={P}: optimiser", forms["adam"], ""))
     dw = "one batched GEMM a layer" if learner.online.dw_batched else "a GEMM per member a layer"
     rows.append(row(case, f"P={P}: weight gradients (net.dw_gemm)", f"{cfg.net.dw_gemm}: {dw}", ""))
+    if cfg.net.batched_algo == "probe":
+        rows.extend(probe_rows(case, P, cfg.net.tf32, ext))
     loss = np.asarray(learner.loss.get() if gpu else learner.loss)
     rows.append(row(case, f"P={P}: every member's loss finite", bool(np.all(np.isfinite(loss))), ""))
     ext.setdefault("step_us", {})[P] = us
@@ -433,24 +452,68 @@ def joined_size(
     return us
 
 
-#: The joined arms: ``--arms`` name -> (``net.dw_gemm``, the label its cases and JSON carry).
-JOINED_ARMS = {"joined": ("split_k", ""), "joined-onekernel": ("one_kernel", "one-kernel dW")}
+def probe_rows(case: str, P: int, tf32: bool, ext: dict) -> list[dict]:
+    """What the batched plans of P members chose under ``net.batched_algo = "probe"``
+    (:func:`cudarl.blas.batched_plan_info`'s records of batch P and this precision; none on NumPy): a row
+    counting those on another algorithm than the single plan's, one row per such plan, and the records in
+    ``ext["batched_plans"][P]``."""
+    from cudarl import blas
+
+    records = [
+        r for r in blas.batched_plan_info().values() if r["mode"] == "probe" and r["batch"] == P and r["tf32"] == tf32
+    ]
+    ext.setdefault("batched_plans", {})[P] = records
+    changed = [r for r in records if r["changed"]]
+    out = [row(case, f"P={P}: batched plans on another algorithm", f"{len(changed)} of {len(records)}", "")]
+    for r in records:
+        s, c = r["single"], r["chosen"]
+        what = f"{s['tile_name']} (algo {s['algo_id']}) -> {c['tile_name']} (algo {c['algo_id']})"
+        if r["changed"]:
+            what += f", after {r['probed']} probe(s) of {r['candidates']} candidate(s)"
+        else:
+            what += f": kept, {r['probed']} probed of {r['candidates']}, none bitwise equal"
+        out.append(row(case, f"P={P}: batched plan {r['shape']} epilogue {r['epilogue']}", what, ""))
+    print(f"{case}: P={P}: {len(changed)} of {len(records)} batched plans on another algorithm")
+    return out
 
 
-def joined_arm(tf32: bool, sizes, args, rows, extra, peak, device: str = "gpu", dw_gemm: str = "split_k") -> dict:
+#: The joined arms: ``--arms`` name -> (``net.dw_gemm``, ``net.batched_algo``, the label its cases carry).
+JOINED_ARMS = {
+    "joined": ("split_k", "single", ""),
+    "joined-onekernel": ("one_kernel", "single", "one-kernel dW"),
+    "joined-probe": ("one_kernel", "probe", "one-kernel dW, probed batched algorithms"),
+}
+
+
+def joined_arm(
+    tf32: bool,
+    sizes,
+    args,
+    rows,
+    extra,
+    peak,
+    device: str = "gpu",
+    dw_gemm: str = "split_k",
+    batched_algo: str = "single",
+) -> dict:
     """The joined population at ``sizes`` (:func:`joined_size`, a fresh learner per size); ``{P: us}``.
-    ``dw_gemm``: its ``net.dw_gemm`` (``"one_kernel"``: cases ``cudarl joined (agent axis), one-kernel dW,
-    <prec>``, JSON ``joined_onekernel_<prec>``).
+    ``dw_gemm`` and ``batched_algo``: its ``net.dw_gemm`` and ``net.batched_algo``, one of
+    :data:`JOINED_ARMS` (``"one_kernel"``: cases ``cudarl joined (agent axis), one-kernel dW, <prec>``, JSON
+    ``joined_onekernel_<prec>``; with ``"probe"``, ``..., one-kernel dW, probed batched algorithms, <prec>``
+    and ``joined_probe_<prec>``).
 
     A size the learner refuses is a row ``refused: <reason>``; with ``run.grid_barrier`` on (the one-launch
     loss and optimiser where each member gets the single agent's blocks, the barrier-free forms otherwise)
     the size is tried again with it off (the barrier-free forms at every P, the same bits), as its own case.
     A size whose memory (per agent at the last size built, times P) does not fit is skipped."""
     prec = "TF32" if tf32 else "FP32"
-    one = dw_gemm == "one_kernel"
-    case = f"cudarl joined (agent axis){', one-kernel dW' if one else ''}, {prec}"
+    arms = {(d, b): (name, label) for name, (d, b, label) in JOINED_ARMS.items()}
+    if (dw_gemm, batched_algo) not in arms:
+        raise ValueError(f"joined_arm: no arm of dw_gemm {dw_gemm!r} and batched_algo {batched_algo!r}")
+    arm, label = arms[dw_gemm, batched_algo]
+    case = f"cudarl joined (agent axis){', ' + label if label else ''}, {prec}"
     target = {TARGET_P: f"<= {TARGET_TF32_US if tf32 else TARGET_FP32_US:g} us"}
-    ext = extra.setdefault(f"joined{'_onekernel' if one else ''}_{prec.lower()}", {})
+    ext = extra.setdefault(f"{arm.replace('-', '_')}_{prec.lower()}", {})
     out: dict = {}
     need = 0.0
     for P in sorted(sizes):
@@ -464,7 +527,7 @@ def joined_arm(tf32: bool, sizes, args, rows, extra, peak, device: str = "gpu", 
         for grid_barrier in (True, False):
             c = case if grid_barrier else f"{case}, run.grid_barrier = false"
             try:
-                cfg = joined_config(device, tf32, grid_barrier, dw_gemm)
+                cfg = joined_config(device, tf32, grid_barrier, dw_gemm, batched_algo)
                 prof = P in (args.profile or ())
                 out[P] = joined_size(cfg, P, device, args.repeats, c, peak, target.get(P, ""), rows, ext, prof)
                 need = ext["memory_per_agent_bytes"][P]  # the shared workspaces weigh less as P grows
@@ -522,15 +585,25 @@ def ratio_rows(
 def dw_rows(prec: str, split_k: dict, one_kernel: dict) -> list[dict]:
     """The joined step with one-kernel dW against the joined step with split-K dW, at each P both ran
     (``{P: us}``)."""
-    return [
-        row(
-            f"cudarl joined, one-kernel dW vs split-K dW, {prec}",
-            f"P={P}: speed-up (split-K dW / one-kernel dW)",
-            split_k[P] / one_kernel[P],
-            "x",
-        )
-        for P in sorted(set(split_k) & set(one_kernel))
-    ]
+    return pair_rows(
+        f"cudarl joined, one-kernel dW vs split-K dW, {prec}", "split-K dW / one-kernel dW", split_k, one_kernel
+    )
+
+
+def probe_vs_rows(prec: str, single: dict, probe: dict) -> list[dict]:
+    """The joined step with probed batched algorithms against the ``joined-onekernel`` step (both one-kernel
+    dW), at each P both ran (``{P: us}``)."""
+    return pair_rows(
+        f"cudarl joined, probed vs single batched algorithms, {prec}",
+        "single / probed batched algorithms",
+        single,
+        probe,
+    )
+
+
+def pair_rows(case: str, ratio: str, base: dict, other: dict) -> list[dict]:
+    """``base[P] / other[P]`` at each P both ran, rows ``P=<P>: speed-up (<ratio>)``."""
+    return [row(case, f"P={P}: speed-up ({ratio})", base[P] / other[P], "x") for P in sorted(set(base) & set(other))]
 
 
 # --- PyTorch vmap ----------------------------------------------------------------------------------------
@@ -744,8 +817,9 @@ def _sizes(text: str) -> tuple[int, ...]:
 
 
 ARMS = ("vmap", "branches", *JOINED_ARMS)
-#: The arms a plain run takes: every one, so one run holds the ratio rows of both dW settings.
-DEFAULT_ARMS = ARMS
+#: The arms a plain run takes: every one but the opt-in ``joined-probe``, so one run holds the ratio rows of
+#: both dW settings.
+DEFAULT_ARMS = tuple(a for a in ARMS if a != "joined-probe")
 
 
 def _arms(text: str) -> tuple[str, ...]:
@@ -768,7 +842,8 @@ def main(argv=None) -> int:
         default=DEFAULT_ARMS,
         help="arms to run, comma-separated: vmap (PyTorch), branches (cudarl.population.Population, the "
         "sequential graphs and the single agent), joined (StackedLearner), joined-onekernel (StackedLearner "
-        "with net.dw_gemm = one_kernel); default vmap,branches,joined",
+        "with net.dw_gemm = one_kernel), joined-probe (joined-onekernel with net.batched_algo = probe); default "
+        "vmap,branches,joined,joined-onekernel",
     )
     ap.add_argument(
         "--device",
@@ -834,17 +909,18 @@ def main(argv=None) -> int:
                     rows.append(row(f"cudarl vs PyTorch vmap, {prec}", f"P={P}: speed-up", theirs / us, "x", target))
         single_us = extra.get(f"cudarl_{prec.lower()}", {}).get("single_agent_us")
         joined_us: dict = {}
-        for arm, (dw_gemm, label) in JOINED_ARMS.items():
+        for arm, (dw_gemm, batched_algo, label) in JOINED_ARMS.items():
             if arm not in arms:
                 continue
             try:
-                joined_us[arm] = joined_arm(tf32, sizes, args, rows, extra, peak, args.device, dw_gemm)
+                joined_us[arm] = joined_arm(tf32, sizes, args, rows, extra, peak, args.device, dw_gemm, batched_algo)
             except Exception as exc:
                 _failed(rows, f"cudarl joined{', ' + label if label else ''}, {prec}", exc)
                 joined_us[arm] = {}
             others = (branches_us.get(tf32, {}), torch_us.get(tf32, {}), single_us)
             rows += ratio_rows(prec, joined_us[arm], *others, label)
         rows += dw_rows(prec, joined_us.get("joined", {}), joined_us.get("joined-onekernel", {}))
+        rows += probe_vs_rows(prec, joined_us.get("joined-onekernel", {}), joined_us.get("joined-probe", {}))
         print(f"cudarl {prec} done at {time.perf_counter() - t_start:.0f} s")
     extra["wall_s"] = time.perf_counter() - t_start
     report("bench_population", rows, args.out, extra)

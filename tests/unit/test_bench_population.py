@@ -86,6 +86,52 @@ def test_joined_onekernel_arm_rows_on_numpy():
     ]
 
 
+def test_joined_probe_arm_rows_on_numpy(monkeypatch):
+    """The joined-probe arm: net.batched_algo = "probe" with one-kernel dW, cases and JSON of their own, a
+    row counting the batched plans on another algorithm (none on NumPy, which makes no plan) and a row per
+    plan from blas.batched_plan_info (here a fake record), and its speed-up over the joined-onekernel arm;
+    opt-in (not among the default arms)."""
+    from cudarl import blas
+
+    rows, extra = [], {}
+    args = argparse.Namespace(repeats=1, profile=None)
+    got = bp.joined_arm(False, (3,), args, rows, extra, None, device="cpu", dw_gemm="one_kernel", batched_algo="probe")
+    case = "cudarl joined (agent axis), one-kernel dW, probed batched algorithms, FP32"
+    sizes = _by_size(rows, case)
+    assert sorted(got) == sorted(sizes) == [3]
+    want = {**JOINED_ROWS, "batched plans on another algorithm": ""}
+    assert {m: r["unit"] for m, r in sizes[3].items()} == want
+    assert sizes[3]["batched plans on another algorithm"]["value"] == "0 of 0"
+    assert extra["joined_probe_fp32"]["batched_plans"] == {3: []} and "joined_onekernel_fp32" not in extra
+    algo = {"algo_id": 21, "tile_name": "64x64"}
+    record = {"mode": "probe", "batch": 3, "tf32": False, "changed": True, "probed": 2, "candidates": 8,
+              "shape": "[512x256] x [256x256]", "epilogue": 6, "single": algo,
+              "chosen": {**algo, "tile_name": "128x128"}}  # fmt: skip
+    monkeypatch.setattr(blas, "batched_plan_info", lambda: {("key",): record})
+    ext: dict = {}
+    extra_rows = bp.probe_rows(case, 3, False, ext)
+    assert [(r["metric"], r["value"]) for r in extra_rows] == [
+        ("P=3: batched plans on another algorithm", "1 of 1"),
+        (
+            "P=3: batched plan [512x256] x [256x256] epilogue 6",
+            "64x64 (algo 21) -> 128x128 (algo 21), after 2 probe(s) of 8 candidate(s)",
+        ),
+    ]
+    assert ext["batched_plans"] == {3: [record]}
+    vs = bp.probe_vs_rows("FP32", {64: 3000.0, 8: 1.0}, {64: 1500.0})
+    assert [(r["case"], r["metric"], r["value"]) for r in vs] == [
+        (
+            "cudarl joined, probed vs single batched algorithms, FP32",
+            "P=64: speed-up (single / probed batched algorithms)",
+            2.0,
+        )
+    ]
+    assert "joined-probe" in bp.ARMS and "joined-probe" not in bp.DEFAULT_ARMS
+    assert bp._arms("joined-onekernel,joined-probe") == ("joined-onekernel", "joined-probe")
+    with pytest.raises(ValueError, match="no arm of dw_gemm 'split_k' and batched_algo 'probe'"):
+        bp.joined_arm(False, (1,), args, [], {}, None, device="cpu", batched_algo="probe")
+
+
 def test_joined_arm_rows_say_which_form_ran(monkeypatch):
     """The loss's and the optimiser's rows name the form the learner took: on a device of 3 resident
     blocks (the learner's limit patched; NumPy runs either form), P = 1 takes both one launches and P = 3
