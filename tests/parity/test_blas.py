@@ -705,12 +705,13 @@ def test_gpu_gemm_lt_batched_refuses_strides_that_would_change_an_entrys_plan(cp
 #: the reference MLP's GEMMs at 512 rows (13 -> 256 -> 256 -> 204: forwards with and without their
 #: epilogues, dx, dW) beside the reference step's (bench_gemm.STEP_GEMMS)
 PROBE_GEMMS = [
-    ("fwd 13->256", 512, 256, 13, False, False, "relu", True),
-    ("fwd 13->256 plain", 512, 256, 13, False, False, "identity", False),
-    ("fwd 256->256 relu only", 512, 256, 256, False, False, "relu", False),
-    ("fwd 256->204 bias only", 512, 204, 256, False, False, "identity", True),
-    ("dx 13<-256", 512, 13, 256, False, True, "identity", False),
-    ("dW 13x256", 13, 256, 512, True, False, "identity", False),
+    *(
+        (f"fwd {k}->{n} {act}{' + bias' if bias else ''}", 512, n, k, False, False, act, bias)
+        for k, n in ((13, 256), (256, 256), (256, 204))
+        for act, bias in LT_EPILOGUES
+    ),
+    *((f"dx {n}<-{k}", 512, n, k, False, True, "identity", False) for n, k in ((13, 256),)),
+    *((f"dW {m}x{n}", m, n, 512, True, False, "identity", False) for m, n in ((13, 256),)),
     *STEP_GEMMS,
 ]
 

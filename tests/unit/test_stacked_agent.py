@@ -473,19 +473,25 @@ def test_gpu_stacked_step_graphed_equals_eager(cp, P, dw_gemm):
             (g.replay if k == 0 else g.run_eager)()
             learner.between_updates(step, g.stream)
         cp.cuda.Device().synchronize()
-        (lg, rg, _), (le, re, _) = runs
-        for name, x, y in (
-            ("parameters", lg.online.params, le.online.params),
-            ("target", lg.target.params, le.target.params),
-            ("Adam m", lg.adam.m, le.adam.m),
-            ("Adam v", lg.adam.v, le.adam.v),
-            ("loss", lg.loss, le.loss),
-            ("priorities", lg.priority, le.priority),
-            ("PopArt", lg.popart.state, le.popart.state),
-            ("statistics", lg.stats, le.stats),
-            ("sum trees", rg.bufs.tree, re.bufs.tree),
-        ):
-            assert_bitwise(x, y, what=f"update {step}: {name}, graphed against eager")
+        _assert_learners_bitwise(runs, f"update {step}", "graphed against eager")
+
+
+def _assert_learners_bitwise(runs, when: str, what: str) -> None:
+    """Two ``(learner, replay, graph)`` runs: every member buffer of both learners and replays, bit for bit."""
+    (la, ra, _), (lb, rb, _) = runs
+    for name, x, y in (
+        ("parameters", la.online.params, lb.online.params),
+        ("gradients", la.online.grads, lb.online.grads),
+        ("target", la.target.params, lb.target.params),
+        ("Adam m", la.adam.m, lb.adam.m),
+        ("Adam v", la.adam.v, lb.adam.v),
+        ("loss", la.loss, lb.loss),
+        ("priorities", la.priority, lb.priority),
+        ("PopArt", la.popart.state, lb.popart.state),
+        ("statistics", la.stats, lb.stats),
+        ("sum trees", ra.bufs.tree, rb.bufs.tree),
+    ):
+        assert_bitwise(x, y, what=f"{when}: {name}, {what}")
 
 
 @pytest.mark.gpu
@@ -509,18 +515,7 @@ def test_gpu_batched_algo_probe_trains_bitwise_as_single(cp, P):
             g.replay()
             learner.between_updates(step, g.stream)
         cp.cuda.Device().synchronize()
-        (ls, rs, _), (lp, rp, _) = runs
-        for name, x, y in (
-            ("parameters", ls.online.params, lp.online.params),
-            ("gradients", ls.online.grads, lp.online.grads),
-            ("target", ls.target.params, lp.target.params),
-            ("Adam m", ls.adam.m, lp.adam.m),
-            ("Adam v", ls.adam.v, lp.adam.v),
-            ("loss", ls.loss, lp.loss),
-            ("priorities", ls.priority, lp.priority),
-            ("sum trees", rs.bufs.tree, rp.bufs.tree),
-        ):
-            assert_bitwise(x, y, what=f"update {step}: {name}, batched_algo probe against single")
+        _assert_learners_bitwise(runs, f"update {step}", "batched_algo probe against single")
     records = [r for r in blas.batched_plan_info().values() if r["mode"] == "probe" and r["batch"] == P]
     assert records, "no probe plan was made"
     changed = sum(r["changed"] for r in records)
