@@ -252,9 +252,10 @@ def gemm_lt_batched(
     not overlap. The batch count and the four leading strides are the GEMM's batch layout.
 
     Entry ``i`` equals ``gemm_lt(a[i], b[i], out[i], bias=bias[i], act=act, trans_a=trans_a,
-    trans_b=trans_b, tf32=tf32, split_k=False)`` bit for bit by design: the batch runs the algorithm
-    that call's plan chose (a one-kernel algorithm, no split-K reduction), checked for the batch
-    layout by ``cublasLtMatmulAlgoCheck``. So every entry must have the alignment class of entry 0
+    trans_b=trans_b, tf32=tf32, split_k=False)`` bit for bit by design under ``algo="single"``: the batch
+    runs the algorithm that call's plan chose (a one-kernel algorithm, no split-K reduction), checked for
+    the batch layout by ``cublasLtMatmulAlgoCheck`` (under ``"probe"``, another one-kernel algorithm only
+    where the plan's probe found the same bits). So every entry must have the alignment class of entry 0
     (with 16-byte aligned operands and 256-byte aligned biases: strides in bytes that are multiples of
     16 and 256), else entry ``i`` alone could get another plan; a stride that breaks it is refused.
     A batch of 1 is exactly that single call (same plan key, same plan). Plans are made outside any
@@ -1130,7 +1131,9 @@ class _LtPlan:
             )
         aligns = key[7:10]
         found = _heuristic(lib, self.desc, self._layouts(), aligns, False, PROBE_CANDIDATES)
-        others = [r.algo for r in found if bytes(r.algo) != bytes(self.algo)]
+        # a candidate of the single algorithm's configuration (id, tile, stages, ...) is the single one
+        mine = _algo_config(self.algo)
+        others = [r.algo for r in found if bytes(r.algo) != bytes(self.algo) and _algo_config(r.algo) != mine]
         self.info["candidates"] = len(found)
         if not others:
             return
