@@ -339,6 +339,34 @@ def test_joined_population_is_the_branches_population():
     assert all(np.isfinite(sharpes)) and sharpes == [e["policy"]["sharpe"] for e in evals_b]
 
 
+def test_joined_population_runs_every_batched_gemm_under_net_batched_algo(monkeypatch):
+    """net.batched_algo = "probe" through the trainer's joined mode: the learner's stacked networks pass it to
+    every batched GEMM (a GPU plan then probes the batched problem's algorithms); on NumPy the members'
+    losses and weights are the default's, bit for bit."""
+    from cudarl import blas
+
+    algos = []
+    batched = blas.gemm_lt_batched
+
+    def spy(*args, **kw):
+        algos.append(kw.get("algo"))
+        return batched(*args, **kw)
+
+    monkeypatch.setattr(blas, "gemm_lt_batched", spy)
+    configs = joined_variants(small())[:2]
+    probe = joined([from_dict({"net": {"batched_algo": "probe"}}, base=c) for c in configs])
+    a = Population(probe, run_dirs=[False] * 2, **QUIET)
+    a.run(STEPS // 2)
+    assert a.learner.online.batched_algo == "probe" and algos and set(algos) == {"probe"}
+    algos.clear()
+    b = Population(configs, run_dirs=[False] * 2, **QUIET)
+    b.run(STEPS // 2)
+    assert set(algos) == {"single"}
+    for i, (x, y) in enumerate(zip(a.members, b.members, strict=True)):
+        assert x.losses == y.losses and len(x.losses) > 0
+        np.testing.assert_array_equal(a.learner.online.params[i], b.learner.online.params[i])
+
+
 @pytest.mark.parametrize(
     "over, match",
     [
