@@ -1,4 +1,5 @@
-"""Fixtures shared by the kernel loader's tests (tests/unit/test_kernel_cache.py, test_compile_units.py)."""
+"""Fixtures shared by the kernel loader's tests (tests/unit/test_kernel_cache.py, test_compile_units.py), and a
+recorder of the batched GEMMs' ``algo`` (test_stacked_agent.py, test_population.py)."""
 
 import hashlib
 import shutil
@@ -57,3 +58,20 @@ def cuda_tree(tmp_path, monkeypatch) -> Path:
     monkeypatch.setattr(kernels, "SRC_DIR", src)
     monkeypatch.setattr(kernels, "INCLUDE_DIR", src / "include")
     return src
+
+
+@pytest.fixture
+def batched_algos(monkeypatch) -> list:
+    """The ``algo`` keyword (``net.batched_algo``) of every :func:`cudarl.blas.gemm_lt_batched` call from now
+    on, in order (None where a call passed none); the calls still run."""
+    from cudarl import blas
+
+    algos = []
+    batched = blas.gemm_lt_batched
+
+    def spy(*args, **kw):
+        algos.append(kw.get("algo"))
+        return batched(*args, **kw)
+
+    monkeypatch.setattr(blas, "gemm_lt_batched", spy)
+    return algos

@@ -339,20 +339,11 @@ def test_joined_population_is_the_branches_population():
     assert all(np.isfinite(sharpes)) and sharpes == [e["policy"]["sharpe"] for e in evals_b]
 
 
-def test_joined_population_runs_every_batched_gemm_under_net_batched_algo(monkeypatch):
+def test_joined_population_runs_every_batched_gemm_under_net_batched_algo(batched_algos):
     """net.batched_algo = "probe" through the trainer's joined mode: the learner's stacked networks pass it to
     every batched GEMM (a GPU plan then probes the batched problem's algorithms); on NumPy the members'
     losses and weights are the default's, bit for bit."""
-    from cudarl import blas
-
-    algos = []
-    batched = blas.gemm_lt_batched
-
-    def spy(*args, **kw):
-        algos.append(kw.get("algo"))
-        return batched(*args, **kw)
-
-    monkeypatch.setattr(blas, "gemm_lt_batched", spy)
+    algos = batched_algos
     configs = joined_variants(small())[:2]
     probe = joined([from_dict({"net": {"batched_algo": "probe"}}, base=c) for c in configs])
     a = Population(probe, run_dirs=[False] * 2, **QUIET)

@@ -239,20 +239,15 @@ def test_batched_algo_is_validated_and_single_by_default():
 
 
 @pytest.mark.parametrize("dw_gemm", ["split_k", "one_kernel"])
-def test_batched_algo_probe_reaches_every_batched_gemm_and_plan_and_numpy_is_unaffected(rng, monkeypatch, dw_gemm):
+def test_batched_algo_probe_reaches_every_batched_gemm_and_plan_and_numpy_is_unaffected(
+    rng, monkeypatch, batched_algos, dw_gemm
+):
     """net.batched_algo = "probe" through the learner: its stacked networks pass it to every batched GEMM
     (forwards, dx, and dW under one_kernel) and every batched plan they make (gemm_lt_prepare's options,
     so the plan key ends with it); on NumPy the members still equal the single agents bit for bit."""
     from cudarl import blas
 
-    algos = []
-    batched = blas.gemm_lt_batched
-
-    def spy(*args, **kw):
-        algos.append(kw.get("algo"))
-        return batched(*args, **kw)
-
-    monkeypatch.setattr(blas, "gemm_lt_batched", spy)
+    algos = batched_algos
     cfg = _config(net={"batched_algo": "probe", "dw_gemm": dw_gemm})
     learner = _run_and_compare(np, cfg, 3, _seeds(rng, 3), [0, 1, 2], rng, updates=3)
     assert learner.online.batched_algo == learner.target.batched_algo == "probe"
