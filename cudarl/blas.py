@@ -74,6 +74,7 @@ BATCHED_ALGOS = ("single", "probe")
 #: Candidates the heuristic is asked for under ``probe``.
 PROBE_CANDIDATES = 8
 _PROBE_SEED = 20261204
+_CUDA_ERROR_OUT_OF_MEMORY = 2  # CUresult
 # cublasLtMatmulAlgoConfigAttributes_t: (name, value, ctypes type), cublasLt.h (cuBLAS 12/13)
 _ALGO_CONFIG = (
     ("algo_id", 0, ctypes.c_int32),
@@ -451,7 +452,12 @@ class _DeviceScratch:
 
     def alloc(self, nbytes: int) -> int:
         p = ctypes.c_uint64()
-        _cu_check(_cu().cuMemAlloc_v2(ctypes.byref(p), max(int(nbytes), 4)), f"{self.what}: cuMemAlloc({nbytes})")
+        status = _cu().cuMemAlloc_v2(ctypes.byref(p), max(int(nbytes), 4))
+        cupy = sys.modules.get("cupy")
+        if status == _CUDA_ERROR_OUT_OF_MEMORY and cupy is not None:  # CuPy's pool may hold the memory, unused
+            cupy.get_default_memory_pool().free_all_blocks()
+            status = _cu().cuMemAlloc_v2(ctypes.byref(p), max(int(nbytes), 4))
+        _cu_check(status, f"{self.what}: cuMemAlloc({nbytes})")
         self.ptrs.append(p.value)
         return p.value
 
