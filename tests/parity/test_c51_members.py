@@ -155,8 +155,8 @@ def _np_args(P: int, B: int, A: int, K: int, popart: bool) -> dict:
 
 def test_launchers_refuse_a_broken_member_axis(monkeypatch):
     """Every array with the member axis or none; each row family one stride, members not overlapping;
-    the device scalars ``[P]``, the PopArt state ``[P, 8]``; more members than resident blocks refused
-    with the grid barrier."""
+    the device scalars ``[P]``, the PopArt state ``[P, 8]``; more members than resident blocks take the
+    form without the grid barrier (``targets_loss_popart_one_launch``), not a refusal."""
     from cudarl import kernels
     from cudarl.ops import c51 as ops
 
@@ -180,8 +180,8 @@ def test_launchers_refuse_a_broken_member_axis(monkeypatch):
     with pytest.raises(ValueError, match="out_y and out_r_norm"):
         ops.targets_loss_popart(**dict(b, out_y=np.zeros(B, np.float32), out_r_norm=np.zeros(B, np.float32)))
     monkeypatch.setattr(kernels, "resident_grid_limit", lambda: 2)
-    with pytest.raises(ValueError, match="3 members need 3 resident blocks"):
-        ops.targets_loss_popart(**b)
+    # more members than resident blocks: no refusal, the launcher picks the two launches without the barrier
+    assert ops.targets_loss_popart_one_launch(1, B) and not ops.targets_loss_popart_one_launch(P, B)
     with pytest.raises(ValueError, match=r"gamma has shape \(1,\), expected \[3\]"):
         ops.n_step(
             np.zeros((P, B, 2), np.float32),
