@@ -316,6 +316,10 @@ class StackedLearner:
             *([getattr(m, k) for m in per] for k in ("tau_start", "tau_end", "tau_period")),
             xp=xp,
         )
+        #: tests and benchmarks: ``{"targets_loss": bool, "adam": bool}`` forces each form (True: the one launch
+        #: even where it squeezes the members, the launchers' ``grid_barrier="always"``; False: the launches
+        #: without the barrier) in place of the launchers' choice; None (default): the launchers choose
+        self.force_forms: dict | None = None
         #: per operation with a grid-barrier form, whether its launcher takes its one launch: ``{"targets_loss":
         #: bool, "adam": bool}`` (:meth:`one_launch_forms`; False: the launches without the barrier, the same bits)
         self.one_launch = self.one_launch_forms()
@@ -351,12 +355,26 @@ class StackedLearner:
         :func:`cudarl.kernels.resident_grid_limit`); this asks them, for the reports. One member always
         fits; ``False`` everywhere with ``run.grid_barrier`` off. The loss without PopArt is one launch with
         no grid barrier whatever this says. NumPy, ``limit`` not given: one launch (the twins have no
-        residency)."""
-        gb, c51 = self.cfg.run.grid_barrier, family("c51", self.xp)
+        residency). :attr:`force_forms`, when set, is what the launchers are told (:meth:`force`)."""
+        c51 = family("c51", self.xp)
         return {
-            "targets_loss": c51.targets_loss_popart_one_launch(self.members, self.batch_size, gb, limit),
-            "adam": self.adam.one_launch(gb, limit),
+            "targets_loss": c51.targets_loss_popart_one_launch(
+                self.members, self.batch_size, self._grid_barrier("targets_loss"), limit
+            ),
+            "adam": self.adam.one_launch(self._grid_barrier("adam"), limit),
         }
+
+    def force(self, forms: dict | None) -> None:
+        """Force each operation's form (:attr:`force_forms`; None: the launchers choose again) and refresh
+        :attr:`one_launch`."""
+        self.force_forms = None if forms is None else dict(forms)
+        self.one_launch = self.one_launch_forms()
+
+    def _grid_barrier(self, op: str) -> bool | str:
+        """What ``op``'s launcher is told: ``run.grid_barrier``, or the form :attr:`force_forms` forces."""
+        if self.force_forms is None:
+            return self.cfg.run.grid_barrier
+        return "always" if self.force_forms[op] else False
 
     def forms(self) -> dict:
         """What :meth:`train_phases` launches for the loss and the optimiser, in words (benchmark rows):
@@ -460,7 +478,7 @@ class StackedLearner:
                 cfg.agent.priority,
                 **popart,
                 out=self.out,
-                grid_barrier=cfg.run.grid_barrier,  # the launcher picks the form (self.one_launch reports it)
+                grid_barrier=self._grid_barrier("targets_loss"),  # the launcher picks (self.one_launch reports it)
             )
 
         def q_stats():
@@ -480,7 +498,7 @@ class StackedLearner:
                 side.join()
 
         def adam():  # one launch or two, as the launcher picks (self.one_launch["adam"] reports it)
-            self.adam.clip_update_publish(self.soft, self.ring, self.loss, PUBLISH_SLOTS, cfg.run.grid_barrier)
+            self.adam.clip_update_publish(self.soft, self.ring, self.loss, PUBLISH_SLOTS, self._grid_barrier("adam"))
 
         def publish():
             self.side_stats.join()

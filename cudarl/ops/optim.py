@@ -337,16 +337,18 @@ def _base_ptr(a) -> int:
     return a.data.ptr if hasattr(a.data, "ptr") else a.__array_interface__["data"][0]
 
 
-def clip_adam_soft_one_launch(P: int, n: int, grid_barrier: bool = True, limit: int | None = None) -> bool:
+def clip_adam_soft_one_launch(P: int, n: int, grid_barrier: bool | str = True, limit: int | None = None) -> bool:
     """The form :func:`clip_adam_soft` takes for ``P`` members of ``n`` parameters: True its one launch
     with a grid barrier, False its two launches without (:func:`grad_norm_partial`, then
     :func:`finish_adam_soft`; the same bits). The one launch where ``grid_barrier`` permits it and every
     member gets the blocks the single launch gets alone (:func:`cudarl.kernels.barrier_grid_fits` of
     :func:`~cudarl.reference.optim.clip_adam_soft_blocks` ``(n)`` over ``limit`` resident blocks, default
     :func:`cudarl.kernels.resident_grid_limit`): one member always; past that the barrier would squeeze each
-    member onto fewer blocks, while the two launches give each its full grid with no residency limit."""
-    if not grid_barrier:
-        return False
+    member onto fewer blocks, while the two launches give each its full grid with no residency limit.
+    ``grid_barrier="always"`` (tests and benchmarks of the squeezed form): the one launch at any ``P`` up to
+    the resident grid."""
+    if grid_barrier == "always" or not grid_barrier:
+        return bool(grid_barrier)
     limit = kernels.resident_grid_limit() if limit is None else int(limit)
     return kernels.barrier_grid_fits(P, clip_adam_soft_blocks(n), limit)
 
@@ -378,7 +380,7 @@ def clip_adam_soft(
     eps: float,
     wd: float,
     grid: int | None = None,
-    grid_barrier: bool = True,
+    grid_barrier: bool | str = True,
 ) -> None:
     """:func:`grad_norm` (``done``), :func:`adam_update_soft` with ``clip = scale`` and agent's ``publish``
     of ``(loss[0], norm[0])`` into ring slot ``step[0] % slots``, with the same bits, in the form
@@ -389,9 +391,10 @@ def clip_adam_soft(
     grid barrier's counter and the last block's ticket; the two launches leave them untouched).
     ``ring``: float32 ``[2 * slots]``; ``loss``, ``norm``, ``scale``, ``tau`` float32 ``[1]``; ``step``
     int64 ``[1]``. ``grid_barrier=False``: the two launches (a GPU shared with other processes,
-    ``run.grid_barrier``). ``grid``: forces the one launch on that many blocks a member (tests and
-    benchmarks of the squeezed form; any grid gives the same bits), at most
-    ``resident_grid_limit() // P``; refused with ``grid_barrier=False``.
+    ``run.grid_barrier``); ``"always"``: the one launch even where it squeezes the members (tests and
+    benchmarks), at most :func:`cudarl.kernels.resident_grid_limit` members. ``grid``: forces the one
+    launch on that many blocks a member (any grid gives the same bits), at most ``resident_grid_limit() // P``;
+    refused with ``grid_barrier=False``.
 
     Members: p, g, m, v, mask, target ``[P, n]``, partial ``[P, GN_BLOCKS]``, ring ``[P, 2 * slots]``,
     the scalars and both counters ``[P]``.
@@ -403,7 +406,7 @@ def clip_adam_soft(
 
 def clip_adam_soft_members(
     p, g, m, v, mask, target, partial, norm, scale, max_norm, done, barrier, lr, m_scale, bc1, bc2, tau, ring, loss,
-    step, slots: int, beta1, beta2, eps, wd, grid: int | None = None, grid_barrier: bool = True,
+    step, slots: int, beta1, beta2, eps, wd, grid: int | None = None, grid_barrier: bool | str = True,
 ) -> None:  # fmt: skip
     """:func:`clip_adam_soft` over P members each with its own clip norm and Adam constants: ``max_norm``,
     ``beta1``, ``beta2``, ``eps``, ``wd`` float32 ``[P]`` (member ``i``'s at ``i``), the rest as its member
@@ -505,9 +508,14 @@ def _clip_adam_soft(op, consts, p, g, m, v, mask, target, partial, norm, scale, 
                           checked)  # fmt: skip
         return
     limit = kernels.resident_grid_limit()
+    if P > limit:
+        raise ValueError(
+            f"{w}: {P} members need {P} resident blocks at least for the one launch, more than {limit} (one per "
+            "multiprocessor); leave grid unset and grid_barrier True or False (two launches, the same bits)"
+        )
     if grid is None:
         grid = min(limit // P, clip_adam_soft_blocks(n))
-    elif not grid_barrier or P > limit or not 1 <= int(grid) <= limit // P:
+    elif not grid_barrier or not 1 <= int(grid) <= limit // P:
         raise ValueError(
             f"{w}: grid (the one launch forced) must be in [1, {limit // P}] (one block per multiprocessor at "
             f"most, for {P} member(s)) with grid_barrier on, got {grid} (grid_barrier={grid_barrier})"

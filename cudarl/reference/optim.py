@@ -237,14 +237,16 @@ def clip_adam_soft(
     agent.publish(ring, loss, norm, step, slots)
 
 
-def clip_adam_soft_one_launch(P: int, n: int, grid_barrier: bool = True, limit: int | None = None) -> bool:
+def clip_adam_soft_one_launch(P: int, n: int, grid_barrier: bool | str = True, limit: int | None = None) -> bool:
     """The form ``cudarl.ops.optim.clip_adam_soft`` takes (True: one launch with a grid barrier; False: two,
     the same bits): ``grid_barrier`` and :func:`cudarl.kernels.barrier_grid_fits` of
     :func:`clip_adam_soft_blocks` ``(n)`` over ``limit`` resident blocks; ``limit`` not given, the twin has
-    no residency: ``grid_barrier``."""
+    no residency: ``grid_barrier``; ``"always"``: True."""
     from ..kernels import barrier_grid_fits
 
-    return bool(grid_barrier) and (limit is None or barrier_grid_fits(P, clip_adam_soft_blocks(n), limit))
+    if grid_barrier == "always" or not grid_barrier:
+        return bool(grid_barrier)
+    return limit is None or barrier_grid_fits(P, clip_adam_soft_blocks(n), limit)
 
 
 @members(
