@@ -99,7 +99,8 @@ def test_joined_arm_rows_say_which_form_ran(monkeypatch):
     sizes = _by_size(rows)
     got = {P: (m["loss"]["value"], m["optimiser"]["value"]) for P, m in sizes.items()}
     one = "one launch (grid barrier)"
-    assert got == {1: (one, one), 3: ("two launches (no grid barrier)", "two launches (partials; norm, update, publish)")}
+    two = ("two launches (no grid barrier)", "two launches (partials; norm, update, publish)")
+    assert got == {1: (one, one), 3: two}
     assert extra["joined_fp32"]["one_launch"][3] == {"targets_loss": False, "adam": False}
     assert all(m["every member's loss finite"]["value"] is True for m in sizes.values())
     phases = {m.removeprefix("phase ") for m in sizes[3] if m.startswith("phase ")}
