@@ -580,7 +580,9 @@ def test_adam_clip_update_publish_equals_the_three_calls_on_numpy():
     assert len(set(a["ring"][:, 1::2].ravel().tolist())) > 3  # the published norms moved
 
 
-def test_clip_adam_soft_refuses_bad_arguments_before_launching(rng):
+@pytest.mark.parametrize("op", ["clip_adam_soft", "finish_adam_soft"])
+def test_clip_adam_soft_refuses_bad_arguments_before_launching(rng, op):
+    """clip_adam_soft and its second barrier-free launch, finish_adam_soft (the same checks, no counters)."""
     from cudarl.ops import optim as ops
 
     host = _cas_inputs(rng, 9, "clips")
@@ -588,17 +590,21 @@ def test_clip_adam_soft_refuses_bad_arguments_before_launching(rng):
 
     def call(**change):
         b = dict(_host_copy(host), **{k: v for k, v in change.items() if k not in ("done", "barrier")})
-        ops.clip_adam_soft(*_cas_args(b, change.get("done", done), change.get("barrier", barrier)))
+        if op == "finish_adam_soft":
+            ops.finish_adam_soft(*_finish_args(b))
+        else:
+            ops.clip_adam_soft(*_cas_args(b, change.get("done", done), change.get("barrier", barrier)))
 
     with pytest.raises(ValueError, match="ring"):
         call(ring=np.zeros(2 * _CAS_SLOTS + 1, np.float32))
-    with pytest.raises(ValueError, match="two counters"):
-        call(barrier=done)
-    with pytest.raises(ValueError, match="barrier must be a uint32"):
-        call(barrier=np.zeros(2, np.uint32))
+    if op == "clip_adam_soft":
+        with pytest.raises(ValueError, match="two counters"):
+            call(barrier=done)
+        with pytest.raises(ValueError, match="barrier must be a uint32"):
+            call(barrier=np.zeros(2, np.uint32))
     with pytest.raises(ValueError, match="partial"):
         call(partial=np.zeros(ref.GN_BLOCKS - 1))
-    with pytest.raises(ValueError, match="clip_adam_soft: target must be flat"):
+    with pytest.raises(ValueError, match=f"{op}: target must be flat"):
         call(target=np.zeros(8, np.float32))
     p = host["p"].copy()
     with pytest.raises(ValueError, match="buffer of its own"):
@@ -618,15 +624,22 @@ def _cas_device(cp, host: dict) -> dict:
     return b
 
 
-def _cas_gpu(cp, host: dict, fused: bool, grid=None, done=None, barrier=None) -> dict:
-    """One clip_adam_soft (``fused``) or the three launches on fresh device copies of ``host``; NumPy results."""
+def _cas_gpu(cp, host: dict, fused, grid=None, done=None, barrier=None) -> dict:
+    """One clip_adam_soft (``fused`` True), its two launches without the barrier (``"two"``: through its
+    launcher; ``"two_direct"``: grad_norm_partial and finish_adam_soft) or the three launches (False) on fresh
+    device copies of ``host``; NumPy results."""
     from cudarl.ops import agent as agent_ops
     from cudarl.ops import optim as ops
 
     b = _cas_device(cp, host)
     done = cp.zeros(1, cp.uint32) if done is None else done
     barrier = cp.zeros(1, cp.uint32) if barrier is None else barrier
-    if fused:
+    if fused == "two":  # the two launches through the launcher
+        ops.clip_adam_soft(*_cas_args(b, done, barrier), grid_barrier=False)
+    elif fused == "two_direct":  # the two launched directly
+        ops.grad_norm_partial(b["g"], b["partial"])
+        ops.finish_adam_soft(*_finish_args(b))
+    elif fused:
         ops.clip_adam_soft(*_cas_args(b, done, barrier), grid=grid)
     else:
         _three_calls(ops, agent_ops, b, done)
@@ -727,43 +740,6 @@ def test_clip_adam_soft_form_is_the_barrier_rule():
     assert ref.clip_adam_soft_one_launch(64, n) and not ref.clip_adam_soft_one_launch(64, n, False)
 
 
-def test_finish_adam_soft_refuses_bad_arguments_before_launching(rng):
-    from cudarl.ops import optim as ops
-
-    host = _cas_inputs(rng, 9, "clips")
-
-    def call(**change):
-        ops.finish_adam_soft(*_finish_args(dict(_host_copy(host), **change)))
-
-    with pytest.raises(ValueError, match="ring"):
-        call(ring=np.zeros(2 * _CAS_SLOTS + 1, np.float32))
-    with pytest.raises(ValueError, match="partial"):
-        call(partial=np.zeros(ref.GN_BLOCKS - 1))
-    with pytest.raises(ValueError, match="finish_adam_soft: target must be flat"):
-        call(target=np.zeros(8, np.float32))
-    p = host["p"].copy()
-    with pytest.raises(ValueError, match="buffer of its own"):
-        call(p=p, target=p)
-
-
-def _two_gpu(cp, host: dict, direct: bool) -> dict:
-    """clip_adam_soft's two launches on fresh device copies of ``host``: through its launcher
-    (``grid_barrier=False``) or launched directly (grad_norm_partial, finish_adam_soft); NumPy results."""
-    from cudarl.ops import optim as ops
-
-    b = _cas_device(cp, host)
-    done, barrier = cp.zeros(1, cp.uint32), cp.zeros(1, cp.uint32)
-    if direct:
-        ops.grad_norm_partial(b["g"], b["partial"])
-        ops.finish_adam_soft(*_finish_args(b))
-    else:
-        ops.clip_adam_soft(*_cas_args(b, done, barrier), grid_barrier=False)
-    cp.cuda.Device().synchronize()
-    out = {k: b[k].get() for k in _CAS_STATE + _CAS_OUT}
-    out["done"], out["barrier"] = done.get(), barrier.get()
-    return out
-
-
 @pytest.mark.gpu
 @pytest.mark.parametrize("n", [1, 257, 135_000, 1_000_003])
 @pytest.mark.parametrize("clip", ["clips", "below", "off"])
@@ -774,10 +750,10 @@ def test_gpu_clip_adam_soft_two_launches_are_the_one_and_the_three_bitwise(cp, r
     host = _cas_inputs(rng, n, clip)
     one = _cas_gpu(cp, host, fused=True)
     three = _cas_gpu(cp, host, fused=False)
-    for direct in (False, True):
-        two = _two_gpu(cp, host, direct)
-        _assert_cas_equal(two, one, f"two launches (direct={direct}) against one")
-        _assert_cas_equal(two, three, f"two launches (direct={direct}) against three")
+    for form in ("two", "two_direct"):
+        two = _cas_gpu(cp, host, fused=form)
+        _assert_cas_equal(two, one, f"{form} against one launch")
+        _assert_cas_equal(two, three, f"{form} against three")
         assert int(two["done"][0]) == 0 and int(two["barrier"][0]) == 0
     twin = _host_copy(host)
     ref.grad_norm_partial(twin["g"], twin["partial"])

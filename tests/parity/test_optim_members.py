@@ -70,6 +70,19 @@ def _cases(b: dict) -> list:
     S = lambda *names: [(SCALAR, k) for k in names]  # noqa: E731
     adam = [*R("p", "g", "m", "v", "mask"), *S("lr", "m_scale", "bc1", "bc2", "clip")]
     sched = (ref.COSINE_RESTARTS, 1e-3, 1e-5, 3, 5, 2, 0.5, B1, B2)
+    cas = [
+        *R("p", "g", "m", "v", "mask", "target", "partial"),
+        *S("norm", "scale"),
+        b["max_norm"],
+        *S("done", "barrier", "lr", "m_scale", "bc1", "bc2", "tau"),
+        *R("ring"),
+        *S("loss", "step"),
+        SLOTS,
+        B1,
+        B2,
+        EPS,
+        WD,
+    ]
     return [
         ("grad_norm_partial", R("g", "partial")),
         ("grad_norm_finalize", [*R("partial"), *S("norm", "scale"), b["max_norm"]]),
@@ -79,38 +92,8 @@ def _cases(b: dict) -> list:
         ("soft_update", [*R("target", "online"), *S("tau")]),
         ("adam_update", [*adam, B1, B2, EPS, WD]),
         ("adam_update_soft", [*adam[:5], *R("target"), *adam[5:], *S("tau"), B1, B2, EPS, WD]),
-        (
-            "clip_adam_soft",
-            [
-                *R("p", "g", "m", "v", "mask", "target", "partial"),
-                *S("norm", "scale"),
-                b["max_norm"],
-                *S("done", "barrier", "lr", "m_scale", "bc1", "bc2", "tau"),
-                *R("ring"),
-                *S("loss", "step"),
-                SLOTS,
-                B1,
-                B2,
-                EPS,
-                WD,
-            ],
-        ),
-        (
-            "finish_adam_soft",
-            [
-                *R("p", "g", "m", "v", "mask", "target", "partial"),
-                *S("norm", "scale"),
-                b["max_norm"],
-                *S("lr", "m_scale", "bc1", "bc2", "tau"),
-                *R("ring"),
-                *S("loss", "step"),
-                SLOTS,
-                B1,
-                B2,
-                EPS,
-                WD,
-            ],
-        ),
+        ("clip_adam_soft", cas),
+        ("finish_adam_soft", [a for a in cas if a not in S("done", "barrier")]),  # clip_adam_soft's, no counters
     ]
 
 
