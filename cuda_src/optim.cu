@@ -85,11 +85,50 @@ __device__ __forceinline__ void gn_finish(double total, float* norm, float* scal
 
 }  // namespace
 
+static_assert(GN_THREADS == 256, "tree_gn spells out the levels of a 256-slot tree");
+
+namespace {
+
+// The pairs of cudarl::block_tree_sum(s, GN_THREADS) over s[0 .. GN_THREADS), in this thread's slot
+// t: levels 128 and 64 in shared memory, level 32 and the levels 16 .. 1 in registers of the first
+// warp (lane t adds lane t + o: the tree's pair, and IEEE + is commutative), so three
+// __syncthreads instead of nine and the same bits. The sum is returned in t == 0 (other threads
+// get partial sums or 0). Call from every thread of the block (threads with t >= GN_THREADS only
+// synchronise); before s is written again, __syncthreads (the first warp reads s[0 .. 64) last).
+__device__ __forceinline__ double tree_gn(double* s, int t) {
+  for (int o = GN_THREADS / 2; o > 32; o >>= 1) {
+    __syncthreads();
+    if (t < o) s[t] += s[t + o];
+  }
+  __syncthreads();
+  double x = 0.0;
+  if (t < 32) {
+    x = s[t] + s[t + 32];
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) x += __shfl_down_sync(cudarl::kFullWarp, x, o);
+  }
+  return x;
+}
+
+}  // namespace
+
+// grad_norm_partial's blocks reduce with tree_gn (three __syncthreads and warp shuffles: the pairs of
+// gn_block_partial's block_tree_sum, the same bits), not gn_block_partial's nine-barrier tree: the first
+// of clip_adam_soft's two launches without a grid barrier (32,768 blocks at P = 64, each squaring about
+// one element, were bound by the tree's barriers: docs/perf-notes.md, grad_norm_members at 453 GB/s).
 extern "C" __global__ __launch_bounds__(GN_THREADS) void cudarl_optim_grad_norm_partial(const float* g, double* partial, i64 n,
                                                                                        i64 s) {
   __shared__ double sh[GN_THREADS];
   const i64 mb = blockIdx.y;  // the member
-  gn_block_partial(g + mb * s, partial + mb * GN_BLOCKS, n, sh);
+  g += mb * s;
+  double acc = 0.0;
+  for (i64 i = (i64)blockIdx.x * GN_THREADS + threadIdx.x; i < n; i += (i64)GN_BLOCKS * GN_THREADS) {
+    const double x = (double)g[i];
+    acc += x * x;
+  }
+  sh[threadIdx.x] = acc;
+  const double sum = tree_gn(sh, (int)threadIdx.x);
+  if (threadIdx.x == 0) partial[mb * GN_BLOCKS + blockIdx.x] = sum;
 }
 
 // ---- grad_norm_finalize ---------------------------------------------------------------------
@@ -423,32 +462,6 @@ extern "C" __global__ void cudarl_optim_adam_update_soft_members(const AdamUpdat
 #define CAS_THREADS 1024
 #define CAS_GROUPS (CAS_THREADS / GN_THREADS)
 static_assert(GN_BLOCKS % CAS_GROUPS == 0, "a round of virtual blocks never straddles GN_BLOCKS");
-static_assert(GN_THREADS == 256, "tree_gn spells out the levels of a 256-slot tree");
-
-namespace {
-
-// The pairs of cudarl::block_tree_sum(s, GN_THREADS) over s[0 .. GN_THREADS), in this thread's slot
-// t: levels 128 and 64 in shared memory, level 32 and the levels 16 .. 1 in registers of the first
-// warp (lane t adds lane t + o: the tree's pair, and IEEE + is commutative), so three
-// __syncthreads instead of nine and the same bits. The sum is returned in t == 0 (other threads
-// get partial sums or 0). Call from every thread of the block (threads with t >= GN_THREADS only
-// synchronise); before s is written again, __syncthreads (the first warp reads s[0 .. 64) last).
-__device__ __forceinline__ double tree_gn(double* s, int t) {
-  for (int o = GN_THREADS / 2; o > 32; o >>= 1) {
-    __syncthreads();
-    if (t < o) s[t] += s[t + o];
-  }
-  __syncthreads();
-  double x = 0.0;
-  if (t < 32) {
-    x = s[t] + s[t + 32];
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) x += __shfl_down_sync(cudarl::kFullWarp, x, o);
-  }
-  return x;
-}
-
-}  // namespace
 
 // The pieces of clip_adam_soft (and _members) and of finish_adam_soft (and _members), one text for all four
 // (max_norm, beta1, beta2, eps and wd: by-value in the single kernels, element blockIdx.y of the _members
