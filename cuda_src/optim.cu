@@ -85,11 +85,50 @@ __device__ __forceinline__ void gn_finish(double total, float* norm, float* scal
 
 }  // namespace
 
+static_assert(GN_THREADS == 256, "tree_gn spells out the levels of a 256-slot tree");
+
+namespace {
+
+// The pairs of cudarl::block_tree_sum(s, GN_THREADS) over s[0 .. GN_THREADS), in this thread's slot
+// t: levels 128 and 64 in shared memory, level 32 and the levels 16 .. 1 in registers of the first
+// warp (lane t adds lane t + o: the tree's pair, and IEEE + is commutative), so three
+// __syncthreads instead of nine and the same bits. The sum is returned in t == 0 (other threads
+// get partial sums or 0). Call from every thread of the block (threads with t >= GN_THREADS only
+// synchronise); before s is written again, __syncthreads (the first warp reads s[0 .. 64) last).
+__device__ __forceinline__ double tree_gn(double* s, int t) {
+  for (int o = GN_THREADS / 2; o > 32; o >>= 1) {
+    __syncthreads();
+    if (t < o) s[t] += s[t + o];
+  }
+  __syncthreads();
+  double x = 0.0;
+  if (t < 32) {
+    x = s[t] + s[t + 32];
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) x += __shfl_down_sync(cudarl::kFullWarp, x, o);
+  }
+  return x;
+}
+
+}  // namespace
+
+// grad_norm_partial's blocks reduce with tree_gn (three __syncthreads and warp shuffles: the pairs of
+// gn_block_partial's block_tree_sum, the same bits), not gn_block_partial's nine-barrier tree: the first
+// of clip_adam_soft's two launches without a grid barrier (32,768 blocks at P = 64, each squaring about
+// one element, were bound by the tree's barriers: docs/perf-notes.md, grad_norm_members at 453 GB/s).
 extern "C" __global__ __launch_bounds__(GN_THREADS) void cudarl_optim_grad_norm_partial(const float* g, double* partial, i64 n,
                                                                                        i64 s) {
   __shared__ double sh[GN_THREADS];
   const i64 mb = blockIdx.y;  // the member
-  gn_block_partial(g + mb * s, partial + mb * GN_BLOCKS, n, sh);
+  g += mb * s;
+  double acc = 0.0;
+  for (i64 i = (i64)blockIdx.x * GN_THREADS + threadIdx.x; i < n; i += (i64)GN_BLOCKS * GN_THREADS) {
+    const double x = (double)g[i];
+    acc += x * x;
+  }
+  sh[threadIdx.x] = acc;
+  const double sum = tree_gn(sh, (int)threadIdx.x);
+  if (threadIdx.x == 0) partial[mb * GN_BLOCKS + blockIdx.x] = sum;
 }
 
 // ---- grad_norm_finalize ---------------------------------------------------------------------
@@ -423,37 +462,13 @@ extern "C" __global__ void cudarl_optim_adam_update_soft_members(const AdamUpdat
 #define CAS_THREADS 1024
 #define CAS_GROUPS (CAS_THREADS / GN_THREADS)
 static_assert(GN_BLOCKS % CAS_GROUPS == 0, "a round of virtual blocks never straddles GN_BLOCKS");
-static_assert(GN_THREADS == 256, "tree_gn spells out the levels of a 256-slot tree");
 
-namespace {
-
-// The pairs of cudarl::block_tree_sum(s, GN_THREADS) over s[0 .. GN_THREADS), in this thread's slot
-// t: levels 128 and 64 in shared memory, level 32 and the levels 16 .. 1 in registers of the first
-// warp (lane t adds lane t + o: the tree's pair, and IEEE + is commutative), so three
-// __syncthreads instead of nine and the same bits. The sum is returned in t == 0 (other threads
-// get partial sums or 0). Call from every thread of the block (threads with t >= GN_THREADS only
-// synchronise); before s is written again, __syncthreads (the first warp reads s[0 .. 64) last).
-__device__ __forceinline__ double tree_gn(double* s, int t) {
-  for (int o = GN_THREADS / 2; o > 32; o >>= 1) {
-    __syncthreads();
-    if (t < o) s[t] += s[t + o];
-  }
-  __syncthreads();
-  double x = 0.0;
-  if (t < 32) {
-    x = s[t] + s[t + 32];
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) x += __shfl_down_sync(cudarl::kFullWarp, x, o);
-  }
-  return x;
-}
-
-}  // namespace
-
-// The body of clip_adam_soft and clip_adam_soft_members, one text for both (max_norm, beta1, beta2, eps and
-// wd: by-value in both, clip_adam_soft's arguments, clip_adam_soft_members' element blockIdx.y of theirs): a
-// macro, so clip_adam_soft's text and PTX stay as they were.
-#define CLIP_ADAM_SOFT_BODY \
+// The pieces of clip_adam_soft (and _members) and of finish_adam_soft (and _members), one text for all four
+// (max_norm, beta1, beta2, eps and wd: by-value in the single kernels, element blockIdx.y of the _members
+// kernels' arrays): macros, so clip_adam_soft's text and PTX stay as they were.
+// CAS_MEMBER(COUNTERS): the member's rows, partials, ring slots and scalars (COUNTERS: the statements that
+// offset the counters, clip_adam_soft's done and barrier).
+#define CAS_MEMBER(COUNTERS) \
   __shared__ double sh[CAS_THREADS];                                                                                 \
   __shared__ float sh_clip;                                                                                          \
   {  /* the member's rows, partials, ring slots and scalars (member 0: the pointers as given) */                     \
@@ -475,9 +490,11 @@ __device__ __forceinline__ double tree_gn(double* s, int t) {
     tau += mb;                                                                                                       \
     loss += mb;                                                                                                      \
     step += mb;                                                                                                      \
-    done += mb;                                                                                                      \
-    barrier += mb;                                                                                                   \
-  }                                                                                                                  \
+    COUNTERS                                                                                                         \
+  }
+
+// CAS_PRELOAD: everything the update reads but the clip scale (each thread's first element).
+#define CAS_PRELOAD \
   const int tid = (int)threadIdx.x, group = tid / GN_THREADS, t = tid % GN_THREADS;                                  \
   const i64 i0 = (i64)blockIdx.x * CAS_THREADS + tid;                                                                \
                                                                                                                      \
@@ -498,8 +515,10 @@ __device__ __forceinline__ double tree_gn(double* s, int t) {
   if (blockIdx.x == 0 && tid == 0) {                                                                                 \
     loss0 = loss[0];                                                                                                 \
     step0 = step[0];                                                                                                 \
-  }                                                                                                                  \
-                                                                                                                     \
+  }
+
+// CAS_PARTIALS: stages 1 and 2 of clip_adam_soft (the partials, the grid barrier, the counters reset).
+#define CAS_PARTIALS \
 /* 1. grad_norm's partials, CAS_GROUPS virtual blocks per round. */                                                  \
   const i64 span = (i64)GN_BLOCKS * GN_THREADS;                                                                      \
   const int kv = (int)(((n < span ? n : span) + GN_THREADS - 1) / GN_THREADS);  /* virtual blocks with an element */ \
@@ -528,8 +547,10 @@ __device__ __forceinline__ double tree_gn(double* s, int t) {
                                                                                                                      \
 /* 2. Every partial is written; the block last_block picks resets the barrier's counter. */                          \
   cudarl::grid_barrier(barrier);                                                                                     \
-  if (cudarl::last_block(done) && tid == 0) *barrier = 0u;                                                           \
-                                                                                                                     \
+  if (cudarl::last_block(done) && tid == 0) *barrier = 0u;
+
+// CAS_NORM_PUBLISH: stage 3 (every block's norm and clip scale from the partials; block 0 publishes).
+#define CAS_NORM_PUBLISH \
 /* 3. The norm and the clip scale in every block, in grad_norm's order; block 0 publishes. */                        \
   if (tid < GN_THREADS) sh[tid] = cudarl::load_l2(partial + tid) + cudarl::load_l2(partial + tid + GN_THREADS);      \
   const double total = tree_gn(sh, tid);                                                                             \
@@ -546,8 +567,10 @@ __device__ __forceinline__ double tree_gn(double* s, int t) {
     }                                                                                                                \
   }                                                                                                                  \
   __syncthreads();                                                                                                   \
-  const float cl = sh_clip;                                                                                          \
-                                                                                                                     \
+  const float cl = sh_clip;
+
+// CAS_UPDATE: stage 4 (adam_update_soft's elements, grid-stride from i0).
+#define CAS_UPDATE \
 /* 4. adam_update_soft's elements. */                                                                                \
   const i64 stride = (i64)gridDim.x * CAS_THREADS;                                                                   \
   i64 i = i0;                                                                                                        \
@@ -563,6 +586,8 @@ __device__ __forceinline__ double tree_gn(double* s, int t) {
     const float pi = adam_elem(p, g, m, v, mask, i, lr_, ms, c1, c2, cl, beta1, beta2, eps, wd);                     \
     target[i] = soft_elem(ta, u, pi, target[i]);                                                                     \
   }
+
+#define CLIP_ADAM_SOFT_BODY CAS_MEMBER(done += mb; barrier += mb;) CAS_PRELOAD CAS_PARTIALS CAS_NORM_PUBLISH CAS_UPDATE
 
 extern "C" __global__ __launch_bounds__(CAS_THREADS, 1) void cudarl_optim_clip_adam_soft(
     float* p, const float* g, float* m, float* v, const unsigned char* mask, float* target, i64 n, i64 s,
@@ -587,6 +612,50 @@ extern "C" __global__ __launch_bounds__(CAS_THREADS, 1) void cudarl_optim_clip_a
 }
 
 #undef CLIP_ADAM_SOFT_BODY
+
+// ---- finish_adam_soft ---------------------------------------------------------------------------
+// The second of clip_adam_soft's two launches without a grid barrier (the first: grad_norm_partial,
+// whose GN_BLOCKS partials a member this reads): grad_norm_finalize, adam_update_soft with
+// clip = scale and agent's publish, with the bits of the three (and so of clip_adam_soft).
+// grid = G blocks a member (any G: the update is elementwise; the launcher takes
+// clip_adam_soft_blocks(n), one element a thread), block = CAS_THREADS. No block waits for another:
+// every block reduces its member's partials itself in grad_norm's last-block order (partial[t] +
+// partial[t + 256], then the 256-slot tree, which is grad_norm_finalize's 512-slot tree from its
+// second level: the same bits), takes the clip scale, and updates its slice; block 0 thread 0
+// writes norm[0] and scale[0] and publishes (loss[0], norm[0]) to ring slot step[0] % slots.
+// Each thread's first element is loaded before the reduction, so its reads overlap the tree.
+// Members (grid.y = P) as clip_adam_soft's, without counters: no residency limit.
+// Reads 21*n + 8*GN_BLOCKS*G bytes (the partials from L2) + scalars, writes 16*n + 16.
+#define FINISH_ADAM_SOFT_BODY \
+  CAS_MEMBER() CAS_PRELOAD (void)group; /* stage 1's, unused here */ \
+  (void)t; CAS_NORM_PUBLISH CAS_UPDATE
+
+extern "C" __global__ __launch_bounds__(CAS_THREADS) void cudarl_optim_finish_adam_soft(
+    float* p, const float* g, float* m, float* v, const unsigned char* mask, float* target, i64 n, i64 s,
+    const double* partial, float* norm, float* scale, float max_norm, const float* lr, const float* m_scale,
+    const float* bc1, const float* bc2, const float* tau, float* ring, const float* loss, const i64* step, int slots,
+    float beta1, float beta2, float eps, float wd) {
+  FINISH_ADAM_SOFT_BODY
+}
+
+// finish_adam_soft_members: finish_adam_soft whose members each have their own clip norm and Adam constants
+// (as clip_adam_soft_members'): the bits of finish_adam_soft launched alone with them.
+extern "C" __global__ __launch_bounds__(CAS_THREADS) void cudarl_optim_finish_adam_soft_members(
+    float* p, const float* g, float* m, float* v, const unsigned char* mask, float* target, i64 n, i64 s,
+    const double* partial, float* norm, float* scale, const float* max_norms, const float* lr, const float* m_scale,
+    const float* bc1, const float* bc2, const float* tau, float* ring, const float* loss, const i64* step, int slots,
+    const float* beta1s, const float* beta2s, const float* epss, const float* wds) {
+  const int mb_ = blockIdx.y;
+  const float max_norm = max_norms[mb_], beta1 = beta1s[mb_], beta2 = beta2s[mb_], eps = epss[mb_], wd = wds[mb_];
+  FINISH_ADAM_SOFT_BODY
+}
+
+#undef FINISH_ADAM_SOFT_BODY
+#undef CAS_MEMBER
+#undef CAS_PRELOAD
+#undef CAS_PARTIALS
+#undef CAS_NORM_PUBLISH
+#undef CAS_UPDATE
 
 // ---- tau_schedule -----------------------------------------------------------------------------
 // One thread per member (block (0, mb)): count += 1; tau = tau_end + (tau_start - tau_end)(1 + cos(pi min(c, T) / T)) / 2, c = count - 1.

@@ -102,7 +102,8 @@ class RunConfig:
     wait for. ``true`` permits the one launches: the single agent takes them; a joined population
     (``run.population = "joined"``) takes each only where every member still gets the blocks one agent
     gets alone, ``SMs // P >= min(full grid, SMs)`` (:func:`cudarl.kernels.barrier_grid_fits`; the
-    reference sizes: P = 1 only), and the barrier-free launches otherwise."""
+    reference sizes: P = 1 only), and the barrier-free launches otherwise, two each (the launchers choose:
+    ``c51.targets_loss_popart_one_launch``, ``optim.clip_adam_soft_one_launch``)."""
     population: str = "branches"
     """How :class:`cudarl.population.Population` (sweeps) trains its members. ``branches``: each member's own
     train and collect phases on a parallel branch of one graph (any configuration; P times the nodes).

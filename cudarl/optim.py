@@ -248,12 +248,14 @@ class Adam:
             *consts,
         )
 
-    def clip_update_publish(self, soft: SoftUpdate, ring, loss, slots: int) -> None:
+    def clip_update_publish(self, soft: SoftUpdate, ring, loss, slots: int, grid_barrier: bool = True) -> None:
         """:meth:`clip_step`, :meth:`update_step` ``(soft)`` and the publish of ``(loss[0], grad norm)``
         into slot ``step % slots`` of ``ring`` (float32 ``[2 * slots]``, e.g. a ``PinnedReadback.device``;
         step: this optimiser's counter, advanced by :meth:`schedule_step`), as
-        ``cudarl.reference.agent.publish`` does. On the GPU one launch (``optim.clip_adam_soft``) with the
-        bits of the three; on NumPy the three twins."""
+        ``cudarl.reference.agent.publish`` does. On the GPU ``optim.clip_adam_soft`` with the bits of the
+        three: one launch with a grid barrier, or two without where ``grid_barrier`` is off (or, for
+        members, where the barrier would squeeze them: ``optim.clip_adam_soft_one_launch``); on NumPy the
+        three twins."""
         if soft.online is not self.params:
             raise ValueError(
                 "Adam.clip_update_publish: soft must average toward these parameters (soft.online is params)"
@@ -285,6 +287,7 @@ class Adam:
             self.beta2,
             self.eps,
             self.weight_decay,
+            grid_barrier=grid_barrier,
         )
 
     def step(self) -> None:
@@ -396,10 +399,11 @@ class StackedAdam(Adam):
     with its values; ``decay_mask`` ``[n]`` (every member's) or ``[P, n]``; ``grad_norm_out`` float32 ``[P]``.
 
     :meth:`clip_update_publish` takes a :class:`StackedSoftUpdate`, a ring ``[P, 2 * slots]`` and the
-    losses ``[P]``; its one launch holds a grid barrier, so it serves at most
-    :func:`cudarl.kernels.resident_grid_limit` members (one block each at least) and gives each member
-    ``resident_grid_limit() // P`` blocks; :meth:`clip_step`, ``agent.publish`` and :meth:`update_step` are
-    the same bits with no such limit (which to take: :meth:`cudarl.stacked_agent.StackedLearner.one_launch_forms`).
+    losses ``[P]``, at any P: its launcher (``optim.clip_adam_soft``) takes the one launch with a grid barrier
+    where every member still gets the blocks one agent gets alone, and otherwise two launches without it
+    (the partials, then every block's norm, update and publish: ``optim.finish_adam_soft``), the same bits;
+    :meth:`one_launch` says which. :meth:`clip_step`, ``agent.publish`` and :meth:`update_step` are the same
+    bits again in three launches.
     """
 
     _RANK, _FORM = 2, "[P, n]"
@@ -515,8 +519,9 @@ class StackedAdam(Adam):
             *consts,
         )  # fmt: skip
 
-    def clip_update_publish(self, soft: SoftUpdate, ring, loss, slots: int) -> None:
-        """:meth:`Adam.clip_update_publish` of every member with its own constants (one launch)."""
+    def clip_update_publish(self, soft: SoftUpdate, ring, loss, slots: int, grid_barrier: bool = True) -> None:
+        """:meth:`Adam.clip_update_publish` of every member with its own constants, in the form
+        ``optim.clip_adam_soft_one_launch`` picks (:meth:`one_launch`): one launch or two, the same bits."""
         if soft.online is not self.params:
             raise ValueError(
                 "Adam.clip_update_publish: soft must average toward these parameters (soft.online is params)"
@@ -526,8 +531,14 @@ class StackedAdam(Adam):
             self.params, self.grads, self.m, self.v, self.mask, soft.target, self.partial, self.grad_norm_out,
             sc.view("clip_scale"), *self._consts("max_norm"), self.gn_done, self.gn_barrier, sc.view("lr"),
             sc.view("m_scale"), sc.view("bc1"), sc.view("bc2"), soft.scalars.view("tau"), ring, loss,
-            sc.view("step"), slots, *self._consts("beta1", "beta2", "eps", "wd"),
+            sc.view("step"), slots, *self._consts("beta1", "beta2", "eps", "wd"), grid_barrier=grid_barrier,
         )  # fmt: skip
+
+    def one_launch(self, grid_barrier: bool = True, limit: int | None = None) -> bool:
+        """Whether :meth:`clip_update_publish` ``(grid_barrier=grid_barrier)`` is one launch with a grid barrier
+        (True) or two without (False): the launcher's choice, ``optim.clip_adam_soft_one_launch`` of P and a
+        member's parameters (``limit``: the resident grid it assumes; default the device's, NumPy none)."""
+        return self.ops.clip_adam_soft_one_launch(self.members, self.params.shape[-1], grid_barrier, limit)
 
     def _new_scalars(self, spec: dict, xp, initial: dict):
         return MemberScalars(spec, self.params.shape[0], xp, initial=initial)

@@ -14,15 +14,16 @@ pieces of stages 0-5 instead of one agent's::
     priorities    StackedPrioritizedReplay.update_priorities (a branch to the end)
     backward      StackedQNetwork.backward (dW by net.dw_gemm: see below)
     adam          StackedAdam.clip_update_publish (norm, clip, update, soft update, the publish of
-                  loss and norm to a [P, 2 slots] ring, one launch with a grid barrier), or
-                  clip_step, the publish (one launch), update_step(soft): below
+                  loss and norm to a [P, 2 slots] ring): one launch with a grid barrier, or two
+                  without (the partials; every block's norm, update and publish): below
     publish       the Q statistics of every member to their pinned ring (one publish_row launch)
 
 The forms of the PopArt loss and the optimiser (:meth:`StackedLearner.one_launch_forms`): each has one
-launch whose blocks wait for one another (``cudarl::grid_barrier``) and a form in two or three launches
-without it, the same bits. The barrier needs every block of the launch resident at once, so the launch
-has at most :func:`cudarl.kernels.resident_grid_limit` blocks (one per multiprocessor) for all P members.
-With ``run.grid_barrier`` on each operation takes its one launch only where every member still gets the
+launch whose blocks wait for one another (``cudarl::grid_barrier``) and a form in two launches without
+it, the same bits. The barrier needs every block of the launch resident at once, so the launch has at
+most :func:`cudarl.kernels.resident_grid_limit` blocks (one per multiprocessor) for all P members. The
+launchers pick the form (``c51.targets_loss_popart_one_launch``, ``optim.clip_adam_soft_one_launch``):
+with ``run.grid_barrier`` on each operation takes its one launch only where every member still gets the
 blocks the single agent gets alone (:func:`cudarl.kernels.barrier_grid_fits`): P = 1 always (a population
 of one launches what the single agent does); in the reference configuration on an H200 (132 blocks; the
 single agent's loss takes 128 of them, its optimiser all 132) no P above 1, since a member given fewer
@@ -72,7 +73,6 @@ from .agent import PUBLISH_SLOTS
 from .backend import family
 from .config import Config
 from .graph import SideStream
-from .kernels import barrier_grid_fits, resident_grid_limit
 from .nn.params import stacked_zeros
 from .nn.stacked import StackedQNetwork, _reference_network
 from .optim import StackedAdam, StackedSoftUpdate, shrink_perturb
@@ -316,8 +316,12 @@ class StackedLearner:
             *([getattr(m, k) for m in per] for k in ("tau_start", "tau_end", "tau_period")),
             xp=xp,
         )
-        #: per operation with a grid-barrier form, whether it takes its one launch: ``{"targets_loss": bool,
-        #: "adam": bool}`` (:meth:`one_launch_forms`; False: the launches without the barrier, the same bits)
+        #: tests and benchmarks: ``{"targets_loss": bool, "adam": bool}`` forces each form (True: the one launch
+        #: even where it squeezes the members, the launchers' ``grid_barrier="always"``; False: the launches
+        #: without the barrier) in place of the launchers' choice; None (default): the launchers choose
+        self.force_forms: dict | None = None
+        #: per operation with a grid-barrier form, whether its launcher takes its one launch: ``{"targets_loss":
+        #: bool, "adam": bool}`` (:meth:`one_launch_forms`; False: the launches without the barrier, the same bits)
         self.one_launch = self.one_launch_forms()
         self.agent_ops, self.nn_ops = family("agent", xp), family("nn", xp)
         #: branches as the single agent's: the target net's forward, the online net's at s', small kernels
@@ -340,31 +344,37 @@ class StackedLearner:
 
     def one_launch_forms(self, limit: int | None = None) -> dict:
         """Which form each operation with a grid barrier takes: ``{"targets_loss": bool, "adam": bool}``,
-        True for its one launch (``c51.targets_loss_popart`` phase 0; ``StackedAdam.clip_update_publish``),
-        False for the launches without the barrier (the PopArt loss's two, the optimiser's clip, publish and
-        update), the same bits either way.
+        True for its one launch (``c51.targets_loss_popart`` phase 0; ``optim.clip_adam_soft``'s barrier
+        launch), False for its launches without the barrier (the PopArt loss's two; the optimiser's two,
+        ``optim.grad_norm_partial`` and ``optim.finish_adam_soft``), the same bits either way.
 
-        With ``run.grid_barrier`` on, an operation takes its one launch where every member gets the blocks
-        the single agent gets alone (:func:`cudarl.kernels.barrier_grid_fits` over ``limit`` resident blocks,
-        default :func:`cudarl.kernels.resident_grid_limit`; the loss's full grid
-        :func:`cudarl.reference.c51.targets_loss_blocks` of the batch, the optimiser's
-        :func:`cudarl.reference.optim.clip_adam_soft_blocks` of a member's parameters): the barrier caps the
-        whole launch at the resident grid, so past that each member's work runs on fewer blocks, one after
-        another. One member always fits (a population of one is the single agent's launches); ``False``
-        everywhere with ``run.grid_barrier`` off. The loss without PopArt is one launch with no grid
-        barrier whatever this says. NumPy, ``limit`` not given: one launch (the twins have no residency)."""
-        if not self.cfg.run.grid_barrier:
-            return {"targets_loss": False, "adam": False}
-        if limit is None:
-            if isinstance(self.online.params, np.ndarray):
-                return {"targets_loss": True, "adam": True}
-            limit = resident_grid_limit()
-        c51, optim = family("c51", self.xp), family("optim", self.xp)
-        full = {
-            "targets_loss": c51.targets_loss_blocks(self.batch_size),
-            "adam": optim.clip_adam_soft_blocks(self.adam.params.shape[-1]),
+        The launchers decide (``c51.targets_loss_popart_one_launch``, ``optim.clip_adam_soft_one_launch``,
+        given ``run.grid_barrier``, P, and the batch or a member's parameters): the one launch where
+        ``run.grid_barrier`` permits it and every member gets the blocks the single agent gets alone
+        (:func:`cudarl.kernels.barrier_grid_fits` over ``limit`` resident blocks, default
+        :func:`cudarl.kernels.resident_grid_limit`); this asks them, for the reports. One member always
+        fits; ``False`` everywhere with ``run.grid_barrier`` off. The loss without PopArt is one launch with
+        no grid barrier whatever this says. NumPy, ``limit`` not given: one launch (the twins have no
+        residency). :attr:`force_forms`, when set, is what the launchers are told (:meth:`force`)."""
+        c51 = family("c51", self.xp)
+        return {
+            "targets_loss": c51.targets_loss_popart_one_launch(
+                self.members, self.batch_size, self._grid_barrier("targets_loss"), limit
+            ),
+            "adam": self.adam.one_launch(self._grid_barrier("adam"), limit),
         }
-        return {op: barrier_grid_fits(self.members, g, limit) for op, g in full.items()}
+
+    def force(self, forms: dict | None) -> None:
+        """Force each operation's form (:attr:`force_forms`; None: the launchers choose again) and refresh
+        :attr:`one_launch`."""
+        self.force_forms = None if forms is None else dict(forms)
+        self.one_launch = self.one_launch_forms()
+
+    def _grid_barrier(self, op: str) -> bool | str:
+        """What ``op``'s launcher is told: ``run.grid_barrier``, or the form :attr:`force_forms` forces."""
+        if self.force_forms is None:
+            return self.cfg.run.grid_barrier
+        return "always" if self.force_forms[op] else False
 
     def forms(self) -> dict:
         """What :meth:`train_phases` launches for the loss and the optimiser, in words (benchmark rows):
@@ -374,7 +384,7 @@ class StackedLearner:
             loss = "one launch (no grid barrier)"
         else:
             loss = "one launch (grid barrier)" if one["targets_loss"] else "two launches (no grid barrier)"
-        adam = "one launch (grid barrier)" if one["adam"] else "clip, publish per member, update"
+        adam = "one launch (grid barrier)" if one["adam"] else "two launches (partials; norm, update, publish)"
         return {"targets_loss": loss, "adam": adam}
 
     # --- collect -------------------------------------------------------------------------------
@@ -468,7 +478,7 @@ class StackedLearner:
                 cfg.agent.priority,
                 **popart,
                 out=self.out,
-                grid_barrier=self.one_launch["targets_loss"],
+                grid_barrier=self._grid_barrier("targets_loss"),  # the launcher picks (self.one_launch reports it)
             )
 
         def q_stats():
@@ -487,15 +497,8 @@ class StackedLearner:
             for side in self.grad_sides:  # the weight gradients, before anything reads them
                 side.join()
 
-        def adam():
-            if self.one_launch["adam"]:
-                self.adam.clip_update_publish(self.soft, self.ring, self.loss, PUBLISH_SLOTS)
-                return
-            self.adam.clip_step()
-            with self.side_small.fork():  # every member's loss and norm, one launch (agent.publish's member axis)
-                step = self.adam.scalars.view("step")
-                self.agent_ops.publish(self.ring, self.loss, self.grad_norm, step, PUBLISH_SLOTS)
-            self.adam.update_step(soft=self.soft)
+        def adam():  # one launch or two, as the launcher picks (self.one_launch["adam"] reports it)
+            self.adam.clip_update_publish(self.soft, self.ring, self.loss, PUBLISH_SLOTS, self._grid_barrier("adam"))
 
         def publish():
             self.side_stats.join()

@@ -17,10 +17,11 @@ skipped, saying so):
   values); a fresh learner per size, timed as the other arms; memory per agent by CuPy's pool and by the
   device's free-memory drop, and the replay's bytes per agent. The learner runs ``run.grid_barrier`` on:
   the PopArt loss and the optimiser each take their one launch with a grid barrier where every member gets
-  the blocks the single agent gets alone, and their two- or three-launch forms (the same bits) otherwise
-  (:meth:`cudarl.stacked_agent.StackedLearner.one_launch_forms`); rows ``P=<P>: loss`` and ``P=<P>:
-  optimiser`` say which form ran. A size it refuses is a row ``refused: <reason>`` and is tried again with
-  ``run.grid_barrier = false`` (the barrier-free forms) as a case of its own. Beside it, at each
+  the blocks the single agent gets alone, and their two-launch forms (the same bits) otherwise, as
+  their launchers choose (:meth:`cudarl.stacked_agent.StackedLearner.one_launch_forms`; ``--forms one|two``
+  forces either); rows ``P=<P>: loss`` and ``P=<P>: optimiser`` say which form ran. A size it refuses is
+  a row ``refused: <reason>`` and is tried again with ``run.grid_barrier = false`` (the barrier-free forms)
+  as a case of its own. Beside it, at each
   P the other arms ran: its speed-up over the branches, over the PyTorch vmap arm (target at P = 64) and
   over P x the single agent. Its weight gradients are ``net.dw_gemm``'s default, ``split_k``: P cuBLAS
   split-K GEMMs a layer (a row ``weight gradients (net.dw_gemm)`` says which).
@@ -350,14 +351,16 @@ class JoinedStep(NamedTuple):
     graph: object  #: :class:`cudarl.graph.StepGraph` of the train phases, captured
 
 
-def build_joined(cfg, P: int, device: str) -> JoinedStep:
+def build_joined(cfg, P: int, device: str, forms: str | None = None) -> JoinedStep:
     """The joined arm's train step of P members (seeds 0..P-1), ready to replay: a
     :class:`cudarl.stacked_agent.StackedLearner` of ``cfg``, its stacked replay filled with random rows
     (:func:`fill_stacked_replay`) over a random feature matrix (:data:`GPU_BARS` bars x the reference
     observation's 64 features on the GPU, :data:`CPU_WORKLOAD`'s on the CPU), and its train phases
     captured as one :class:`cudarl.graph.StepGraph`. What :func:`joined_size` times and
     ``tools/profile_step.py --graph joined`` profiles kernel by kernel. The learner's and launchers'
-    refusals raise (ValueError)."""
+    refusals raise (ValueError). ``forms``: ``"one"`` or ``"two"`` forces the loss's and the optimiser's
+    one launch (grid barrier, squeezed past the fit) or their two launches
+    (:meth:`cudarl.stacked_agent.StackedLearner.force`); None: the launchers choose."""
     from cudarl.graph import StepGraph
     from cudarl.stacked_agent import StackedLearner, stacked_replay
     from cudarl.window import Windows
@@ -373,6 +376,8 @@ def build_joined(cfg, P: int, device: str) -> JoinedStep:
     win = Windows(xp.asarray(feats), xp.ones(n_features, np.float32), cfg.net.window, xp)
     seeds, A_, Bsz = list(range(P)), cfg.env.n_actions, cfg.agent.batch_size
     learner = StackedLearner(cfg, win.width, A_, seeds, xp)
+    if forms is not None:
+        learner.force({"targets_loss": forms == "one", "adam": forms == "one"})
     replay = stacked_replay(cfg, cfg.env.n_envs, seeds, backend="cupy" if gpu else "numpy")
     fill_stacked_replay(xp, replay, n_bars, A_, Bsz, seed=P)
     graph = StepGraph("train", learner.train_phases(replay, win), xp=xp)
@@ -383,14 +388,24 @@ def build_joined(cfg, P: int, device: str) -> JoinedStep:
 
 
 def joined_size(
-    cfg, P: int, device: str, repeats: int, case: str, peak, target: str, rows, ext, profile: bool = False
+    cfg,
+    P: int,
+    device: str,
+    repeats: int,
+    case: str,
+    peak,
+    target: str,
+    rows,
+    ext,
+    profile: bool = False,
+    forms: str | None = None,
 ) -> float:
     """One :class:`cudarl.stacked_agent.StackedLearner` of P members (seeds 0..P-1) and its stacked replay,
     filled; its train step captured as one graph (:func:`build_joined`, its memory counted here) and
     replayed (timed as the other arms); its rows. Returns the median us per replay. The learner's and
     launchers' refusals raise (ValueError). ``profile``: also each phase captured alone and timed
     (:meth:`cudarl.graph.StepGraph.profile`; a phase's side branches are joined at its end, so a phase's
-    time includes the branches it forks), rows ``P=<P>: phase <name>``."""
+    time includes the branches it forks), rows ``P=<P>: phase <name>``. ``forms``: :func:`build_joined`'s."""
     gpu = device == "gpu"
     if gpu:
         import cupy as xp
@@ -407,7 +422,7 @@ def joined_size(
         held0 = tracemalloc.get_traced_memory()[0]
     t0 = time.perf_counter()
     try:
-        learner, replay, win, graph = build_joined(cfg, P, device)
+        learner, replay, win, graph = build_joined(cfg, P, device, forms)
     finally:
         if not gpu:
             held = tracemalloc.get_traced_memory()[0] - held0
@@ -529,7 +544,8 @@ def joined_arm(
             try:
                 cfg = joined_config(device, tf32, grid_barrier, dw_gemm, batched_algo)
                 prof = P in (args.profile or ())
-                out[P] = joined_size(cfg, P, device, args.repeats, c, peak, target.get(P, ""), rows, ext, prof)
+                forms = getattr(args, "forms", None)
+                out[P] = joined_size(cfg, P, device, args.repeats, c, peak, target.get(P, ""), rows, ext, prof, forms)
                 need = ext["memory_per_agent_bytes"][P]  # the shared workspaces weigh less as P grows
                 break
             except Exception as exc:
@@ -857,6 +873,14 @@ def main(argv=None) -> int:
         type=_sizes,
         default=None,
         help="joined arms: at these sizes also time each train phase captured alone (rows 'P=<P>: phase <name>')",
+    )
+    ap.add_argument(
+        "--forms",
+        choices=("one", "two"),
+        default=None,
+        help="joined arms: force the PopArt loss's and the optimiser's form at every size (one: the grid-barrier "
+        "launch, squeezed where it does not fit; two: the launches without the barrier); default: the launchers "
+        "choose (rows 'P=<P>: loss' and 'P=<P>: optimiser' say which ran)",
     )
     args = ap.parse_args(argv)
     cpu = args.device == "cpu"

@@ -17,8 +17,8 @@ Modes:
   exactly as ``tools/bench_population.py``'s joined arm builds it (``bench_population.build_joined``: the
   learner, its stacked replay filled with random rows, the step captured as one graph), then replayed 10
   times and once between ``cudaProfilerStart``/``Stop``. ``--set`` overrides go on top of the arm's
-  config: ``--set net.dw_gemm=one_kernel`` (the ``joined-onekernel`` arm), ``--set net.tf32=true``; P
-  above the SM count needs ``--set run.grid_barrier=false`` (the arm's fallback, which it takes itself).
+  config: ``--set net.dw_gemm=one_kernel`` (the ``joined-onekernel`` arm), ``--set net.tf32=true``; at any P
+  the launchers pick the grid-barrier forms that fit (``--set run.grid_barrier=false``: the barrier-free ones).
   ``GRAPHS=joined MEMBERS=64 bash tools/gpu_profile.sh --set net.dw_gemm=one_kernel`` runs it.
 
 * ``--summarize train.csv [collect.csv ...]``: one table per file, the kernels in launch order with

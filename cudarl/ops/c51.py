@@ -234,6 +234,21 @@ def targets_loss(
     )
 
 
+def targets_loss_popart_one_launch(P: int, B: int, grid_barrier: bool | str = True, limit: int | None = None) -> bool:
+    """The form :func:`targets_loss_popart` takes for ``P`` members of batch ``B``: True its one launch with a
+    grid barrier (phase 0), False its two launches without (phases 1 and 2; the same bits). The one launch
+    where ``grid_barrier`` permits it and every member gets the blocks the single launch gets alone
+    (:func:`cudarl.kernels.barrier_grid_fits` of :func:`~cudarl.reference.c51.targets_loss_blocks` ``(B)``
+    over ``limit`` resident blocks, default :func:`cudarl.kernels.resident_grid_limit`).
+    ``grid_barrier="always"`` (tests and benchmarks of the squeezed form): the one launch at any ``P`` up to
+    the resident grid."""
+    from ..kernels import barrier_grid_fits, resident_grid_limit
+
+    if grid_barrier == "always" or not grid_barrier:
+        return bool(grid_barrier)
+    return barrier_grid_fits(P, targets_loss_blocks(B), resident_grid_limit() if limit is None else int(limit))
+
+
 def targets_loss_popart(
     va_tm1,
     va_online_tp1,
@@ -272,9 +287,10 @@ def targets_loss_popart(
 
     Members: the module's docstring (``state``, ``scratch`` ``[P, 8]``; ``beta``, ``out_loss``, ``done``,
     ``barrier`` ``[P]``; ``out_y``, ``out_r_norm`` ``[P, B]`` in the per-sample family). With the grid
-    barrier every member's blocks must be resident at once: each member gets at most
-    ``resident_grid_limit() // P`` blocks (any grid gives the same bits), and ``P`` above the limit (the
-    multiprocessor count) is refused; ``grid_barrier=False`` has no such limit."""
+    barrier every member's blocks must be resident at once, so the launcher takes the one launch only where
+    each member still gets the blocks the single launch gets alone (:func:`targets_loss_popart_one_launch`)
+    and the two launches otherwise, at any ``P`` (the same bits); ``grid_barrier=False``: the two always;
+    ``"always"``: the one launch, at most :func:`cudarl.kernels.resident_grid_limit` members."""
     from ..kernels import resident_grid_limit
 
     w = "c51.targets_loss_popart"
@@ -315,11 +331,11 @@ def targets_loss_popart(
         e.update(ey)
         st = dict.fromkeys(TL_PER_SAMPLE[:-2], strides[2]) | sty
         family_stride(w, P, e, st, TL_PER_SAMPLE)
-    limit = resident_grid_limit() if grid_barrier else 0
-    if grid_barrier and P > limit:
+    one = targets_loss_popart_one_launch(P, B, grid_barrier)
+    if one and P > resident_grid_limit():
         raise ValueError(
-            f"{w}: {P} members need {P} resident blocks at least, more than {limit} (one per multiprocessor); "
-            "use grid_barrier=False (two launches, the same bits)"
+            f"{w}: {P} members need {P} resident blocks at least for the one launch, more than "
+            f"{resident_grid_limit()} (one per multiprocessor); use grid_barrier True or False (the same bits)"
         )
     if barrier.data.ptr == done.data.ptr or scratch.data.ptr == state.data.ptr:
         raise ValueError(f"{w}: barrier and done must be two counters, scratch and state two buffers")
@@ -342,11 +358,11 @@ def targets_loss_popart(
         1.0 / B,
         float(sigma_min),
     )
-    for phase in (0,) if grid_barrier else (1, 2):
+    for phase in (0,) if one else (1, 2):
         launch(
             "c51",
             f"targets_loss_popart_{variant}",
-            (min(grid, limit // P) if grid_barrier else grid, P),
+            (min(grid, resident_grid_limit() // P) if one else grid, P),
             32 * TL_WARPS,
             (*args, phase, *strides),
             stream=stream,

@@ -7,8 +7,8 @@ refuses to run inside a capture) can be captured.
 
 The member axis (a population's agents, :class:`cudarl.optim.StackedAdam`): ``grad_norm_partial``,
 ``grad_norm_finalize``, ``grad_norm``, ``lr_schedule``, ``adam_update``, ``adam_update_soft``,
-``clip_adam_soft``, ``tau_schedule`` and ``soft_update`` also take their arrays with a leading axis of
-``P`` members: the element buffers ``[P, n]`` (each member's row C-contiguous, every buffer the same
+``clip_adam_soft``, ``finish_adam_soft``, ``tau_schedule`` and ``soft_update`` also take their arrays with a
+leading axis of ``P`` members: the element buffers ``[P, n]`` (each member's row C-contiguous, every buffer the same
 member stride in elements), the partials ``[P, GN_BLOCKS]`` and a ring ``[P, 2 * slots]`` C-contiguous,
 and each device scalar ``[P]``. One launch whose ``blockIdx.y`` is the member gets each member the bits
 of a single launch on its rows; arrays without the member axis are the single launch (``gridDim.y`` 1,
@@ -337,6 +337,22 @@ def _base_ptr(a) -> int:
     return a.data.ptr if hasattr(a.data, "ptr") else a.__array_interface__["data"][0]
 
 
+def clip_adam_soft_one_launch(P: int, n: int, grid_barrier: bool | str = True, limit: int | None = None) -> bool:
+    """The form :func:`clip_adam_soft` takes for ``P`` members of ``n`` parameters: True its one launch
+    with a grid barrier, False its two launches without (:func:`grad_norm_partial`, then
+    :func:`finish_adam_soft`; the same bits). The one launch where ``grid_barrier`` permits it and every
+    member gets the blocks the single launch gets alone (:func:`cudarl.kernels.barrier_grid_fits` of
+    :func:`~cudarl.reference.optim.clip_adam_soft_blocks` ``(n)`` over ``limit`` resident blocks, default
+    :func:`cudarl.kernels.resident_grid_limit`): one member always; past that the barrier would squeeze each
+    member onto fewer blocks, while the two launches give each its full grid with no residency limit.
+    ``grid_barrier="always"`` (tests and benchmarks of the squeezed form): the one launch at any ``P`` up to
+    the resident grid."""
+    if grid_barrier == "always" or not grid_barrier:
+        return bool(grid_barrier)
+    limit = kernels.resident_grid_limit() if limit is None else int(limit)
+    return kernels.barrier_grid_fits(P, clip_adam_soft_blocks(n), limit)
+
+
 def clip_adam_soft(
     p,
     g,
@@ -364,94 +380,153 @@ def clip_adam_soft(
     eps: float,
     wd: float,
     grid: int | None = None,
+    grid_barrier: bool | str = True,
 ) -> None:
     """:func:`grad_norm` (``done``), :func:`adam_update_soft` with ``clip = scale`` and agent's ``publish``
-    of ``(loss[0], norm[0])`` into ring slot ``step[0] % slots``, in one launch, with the same bits.
+    of ``(loss[0], norm[0])`` into ring slot ``step[0] % slots``, with the same bits, in the form
+    :func:`clip_adam_soft_one_launch` picks: one launch whose blocks wait for one another (a grid barrier),
+    or two without (:func:`grad_norm_partial`, then :func:`finish_adam_soft`), either at any ``P``.
 
     ``done`` and ``barrier``: two distinct uint32 ``[1]`` counters, 0 at launch and left 0 (the
-    grid barrier's counter and the last block's ticket). ``ring``: float32 ``[2 * slots]``;
-    ``loss``, ``norm``, ``scale``, ``tau`` float32 ``[1]``; ``step`` int64 ``[1]``.
-    ``grid``: at most :func:`cudarl.kernels.resident_grid_limit` blocks (default: that limit, or
-    fewer when ``n`` needs fewer blocks of ``CAS_THREADS``); any grid gives the same bits.
+    grid barrier's counter and the last block's ticket; the two launches leave them untouched).
+    ``ring``: float32 ``[2 * slots]``; ``loss``, ``norm``, ``scale``, ``tau`` float32 ``[1]``; ``step``
+    int64 ``[1]``. ``grid_barrier=False``: the two launches (a GPU shared with other processes,
+    ``run.grid_barrier``); ``"always"``: the one launch even where it squeezes the members (tests and
+    benchmarks), at most :func:`cudarl.kernels.resident_grid_limit` members. ``grid``: forces the one
+    launch on that many blocks a member (any grid gives the same bits), at most ``resident_grid_limit() // P``;
+    refused with ``grid_barrier=False``.
 
     Members: p, g, m, v, mask, target ``[P, n]``, partial ``[P, GN_BLOCKS]``, ring ``[P, 2 * slots]``,
-    the scalars and both counters ``[P]``; ``grid`` is then the blocks of each member, and all
-    ``grid * P`` blocks must be resident at once (at most ``resident_grid_limit()``, so ``P`` at most
-    the multiprocessor count; default ``grid``: the limit's share of each member).
+    the scalars and both counters ``[P]``.
     """
     _clip_adam_soft("clip_adam_soft", _by_value, p, g, m, v, mask, target, partial, norm, scale, max_norm,
                     done, barrier, lr, m_scale, bc1, bc2, tau, ring, loss, step, slots, beta1, beta2, eps, wd,
-                    grid)  # fmt: skip
+                    grid, grid_barrier)  # fmt: skip
 
 
 def clip_adam_soft_members(
     p, g, m, v, mask, target, partial, norm, scale, max_norm, done, barrier, lr, m_scale, bc1, bc2, tau, ring, loss,
-    step, slots: int, beta1, beta2, eps, wd, grid: int | None = None,
+    step, slots: int, beta1, beta2, eps, wd, grid: int | None = None, grid_barrier: bool | str = True,
 ) -> None:  # fmt: skip
     """:func:`clip_adam_soft` over P members each with its own clip norm and Adam constants: ``max_norm``,
     ``beta1``, ``beta2``, ``eps``, ``wd`` float32 ``[P]`` (member ``i``'s at ``i``), the rest as its member
-    axis: member ``i`` the bits of :func:`clip_adam_soft` with its constants."""
+    axis: member ``i`` the bits of :func:`clip_adam_soft` with its constants (either form)."""
     _clip_adam_soft("clip_adam_soft_members", _per_member, p, g, m, v, mask, target, partial, norm, scale, max_norm,
                     done, barrier, lr, m_scale, bc1, bc2, tau, ring, loss, step, slots, beta1, beta2, eps, wd,
-                    grid)  # fmt: skip
+                    grid, grid_barrier)  # fmt: skip
 
 
-def _clip_adam_soft(op, consts, p, g, m, v, mask, target, partial, norm, scale, max_norm, done, barrier, lr, m_scale,
-                    bc1, bc2, tau, ring, loss, step, slots, beta1, beta2, eps, wd, grid) -> None:  # fmt: skip
-    w = f"optim.{op}"
+def finish_adam_soft(
+    p, g, m, v, mask, target, partial, norm, scale, max_norm: float, lr, m_scale, bc1, bc2, tau, ring, loss, step,
+    slots: int, beta1: float, beta2: float, eps: float, wd: float,
+) -> None:  # fmt: skip
+    """:func:`grad_norm_finalize` of ``partial [GN_BLOCKS]`` (float64, :func:`grad_norm_partial`'s of ``g``),
+    :func:`adam_update_soft` with ``clip = scale`` and agent's ``publish`` of ``(loss[0], norm[0])`` into ring
+    slot ``step[0] % slots``, in one launch with no grid barrier (every block reduces the partials itself),
+    with the bits of the three: :func:`clip_adam_soft`'s second launch without the barrier. Arguments and
+    member axis as :func:`clip_adam_soft`'s (no counters); grid: :func:`clip_adam_soft_blocks` ``(n)`` a
+    member, one element a thread."""
+    _finish_adam_soft("finish_adam_soft", _by_value, p, g, m, v, mask, target, partial, norm, scale, max_norm, lr,
+                      m_scale, bc1, bc2, tau, ring, loss, step, slots, beta1, beta2, eps, wd)  # fmt: skip
+
+
+def finish_adam_soft_members(
+    p, g, m, v, mask, target, partial, norm, scale, max_norm, lr, m_scale, bc1, bc2, tau, ring, loss, step,
+    slots: int, beta1, beta2, eps, wd,
+) -> None:  # fmt: skip
+    """:func:`finish_adam_soft` over P members each with its own clip norm and Adam constants (float32 ``[P]``,
+    as :func:`clip_adam_soft_members`'): member ``i`` the bits of :func:`finish_adam_soft` with its constants."""
+    _finish_adam_soft("finish_adam_soft_members", _per_member, p, g, m, v, mask, target, partial, norm, scale,
+                      max_norm, lr, m_scale, bc1, bc2, tau, ring, loss, step, slots, beta1, beta2, eps, wd)  # fmt: skip
+
+
+def _cas_checks(w, p, g, m, v, mask, target, partial, norm, scale, lr, m_scale, bc1, bc2, tau, ring, loss, step,
+                slots) -> tuple:  # fmt: skip
+    """The checks :func:`clip_adam_soft` and :func:`finish_adam_soft` share: ``(P, entries, n, s, partial row 0,
+    ring row 0)``."""
     P, e, n, s = _adam_checks(w, p, g, m, v, mask, lr, m_scale, bc1, bc2, scale, target=target)
     partial = _member_table(w, P, "partial", partial, GN_BLOCKS)
     _member_scalars(w, P, norm=norm, tau=tau, loss=loss, step=step)
     if int(slots) < 1 or ring.ndim not in (1, 2) or ring.shape[-1] != 2 * int(slots):
         raise ValueError(f"{w}: ring must be flat [2 * slots] with slots >= 1, got {ring.shape} for slots={slots}")
     ring = _member_table(w, P, "ring", ring, 2 * int(slots))
+    if _base_ptr(target) == _base_ptr(p):
+        raise ValueError(f"{w}: target must be a buffer of its own, not the parameters")
+    return P, e, n, s, partial, ring
+
+
+def _finish_adam_soft(op, consts, p, g, m, v, mask, target, partial, norm, scale, max_norm, lr, m_scale, bc1, bc2,
+                      tau, ring, loss, step, slots, beta1, beta2, eps, wd, checked=None) -> None:  # fmt: skip
+    w = f"optim.{op}"
+    P, e, n, s, partial, ring = checked or _cas_checks(
+        w, p, g, m, v, mask, target, partial, norm, scale, lr, m_scale, bc1, bc2, tau, ring, loss, step, slots
+    )
+    args = (norm, scale, max_norm, lr, m_scale, bc1, bc2, tau, loss, step, slots, beta1, beta2, eps, wd)
+    kernel_args = _cas_kernel_args(w, P, consts, e, n, s, partial, ring, *args)
+    launch("optim", op, (clip_adam_soft_blocks(n), P), CAS_THREADS, kernel_args)
+
+
+def _cas_kernel_args(w, P, consts, e, n, s, partial, ring, norm, scale, max_norm, lr, m_scale, bc1, bc2, tau, loss,
+                     step, slots, beta1, beta2, eps, wd, counters=()) -> tuple:  # fmt: skip
+    """The arguments of ``clip_adam_soft[_members]`` (``counters``: its ``done`` and ``barrier``) and of
+    ``finish_adam_soft[_members]`` (none), in the kernels' order; ``partial`` and ``ring``: row 0."""
+    return (
+        *(e[k] for k in ("p", "g", "m", "v", "mask", "target")),
+        n,
+        s,
+        partial,
+        norm,
+        scale,
+        *consts(w, P, max_norm=max_norm),
+        lr,
+        m_scale,
+        bc1,
+        bc2,
+        tau,
+        ring,
+        loss,
+        step,
+        int(slots),
+        *counters,
+        *consts(w, P, beta1=beta1, beta2=beta2, eps=eps, wd=wd),
+    )
+
+
+def _clip_adam_soft(op, consts, p, g, m, v, mask, target, partial, norm, scale, max_norm, done, barrier, lr, m_scale,
+                    bc1, bc2, tau, ring, loss, step, slots, beta1, beta2, eps, wd, grid,
+                    grid_barrier) -> None:  # fmt: skip
+    w = f"optim.{op}"
+    checked = _cas_checks(w, p, g, m, v, mask, target, partial, norm, scale, lr, m_scale, bc1, bc2, tau, ring, loss,
+                          step, slots)  # fmt: skip
+    P, e, n, s, partial_row, ring_row = checked
     for name, c in (("done", done), ("barrier", barrier)):
         if c.dtype != np.uint32 or c.shape != (P,):
             raise ValueError(f"{w}: {name} must be a uint32 [{P}] counter, got {c.dtype} {c.shape}")
     if _base_ptr(done) == _base_ptr(barrier):
         raise ValueError(f"{w}: done and barrier must be two counters, not one buffer")
-    if _base_ptr(target) == _base_ptr(p):
-        raise ValueError(f"{w}: target must be a buffer of its own, not the parameters")
+    if grid is None and not clip_adam_soft_one_launch(P, n, grid_barrier):
+        # the two launches: the partials, then every block's norm, update and (block 0) publish
+        launch("optim", "grad_norm_partial", (GN_BLOCKS, P), GN_THREADS, (e["g"], partial_row, n, s))
+        _finish_adam_soft(op.replace("clip_", "finish_"), consts, p, g, m, v, mask, target, partial, norm, scale,
+                          max_norm, lr, m_scale, bc1, bc2, tau, ring, loss, step, slots, beta1, beta2, eps, wd,
+                          checked)  # fmt: skip
+        return
     limit = kernels.resident_grid_limit()
     if P > limit:
         raise ValueError(
-            f"{w}: {P} members need {P} resident blocks at least, more than {limit} (one per multiprocessor); "
-            "use grad_norm and adam_update_soft (no grid barrier)"
+            f"{w}: {P} members need {P} resident blocks at least for the one launch, more than {limit} (one per "
+            "multiprocessor); leave grid unset and grid_barrier True or False (two launches, the same bits)"
         )
     if grid is None:
         grid = min(limit // P, clip_adam_soft_blocks(n))
-    elif not 1 <= int(grid) <= limit // P:
+    elif not grid_barrier or not 1 <= int(grid) <= limit // P:
         raise ValueError(
-            f"{w}: grid must be in [1, {limit // P}] (one block per multiprocessor at most, for {P} member(s)), "
-            f"got {grid}"
+            f"{w}: grid (the one launch forced) must be in [1, {limit // P}] (one block per multiprocessor at "
+            f"most, for {P} member(s)) with grid_barrier on, got {grid} (grid_barrier={grid_barrier})"
         )
-    launch(
-        "optim",
-        op,
-        (int(grid), P),
-        CAS_THREADS,
-        (
-            *(e[k] for k in ("p", "g", "m", "v", "mask", "target")),
-            n,
-            s,
-            partial,
-            norm,
-            scale,
-            *consts(w, P, max_norm=max_norm),
-            lr,
-            m_scale,
-            bc1,
-            bc2,
-            tau,
-            ring,
-            loss,
-            step,
-            int(slots),
-            done,
-            barrier,
-            *consts(w, P, beta1=beta1, beta2=beta2, eps=eps, wd=wd),
-        ),
-    )
+    args = (norm, scale, max_norm, lr, m_scale, bc1, bc2, tau, loss, step, slots, beta1, beta2, eps, wd)
+    kernel_args = _cas_kernel_args(w, P, consts, e, n, s, partial_row, ring_row, *args, counters=(done, barrier))
+    launch("optim", op, (int(grid), P), CAS_THREADS, kernel_args)
 
 
 def tau_schedule(count, tau, tau_start: float, tau_end: float, period: int) -> None:

@@ -66,6 +66,18 @@ def targets_loss(va_tm1, va_online_tp1, va_target_tp1, a_tm1, weights, support, 
     return m, probs, a_star, out["loss_per"], out["loss"], out["priority"], out["dva"]
 
 
+def targets_loss_popart_one_launch(P: int, B: int, grid_barrier: bool | str = True, limit: int | None = None) -> bool:
+    """The form ``cudarl.ops.c51.targets_loss_popart`` takes (True: one launch with a grid barrier; False: two,
+    the same bits): ``grid_barrier`` and :func:`cudarl.kernels.barrier_grid_fits` of :func:`targets_loss_blocks`
+    ``(B)`` over ``limit`` resident blocks; ``limit`` not given, the twin has no residency: ``grid_barrier``;
+    ``"always"``: True."""
+    from ..kernels import barrier_grid_fits
+
+    if grid_barrier == "always" or not grid_barrier:
+        return bool(grid_barrier)
+    return limit is None or barrier_grid_fits(P, targets_loss_blocks(B), limit)
+
+
 @members(shared=("support",), **_TL_RANKS, state=1, beta=0)
 def targets_loss_popart(
     va_tm1,

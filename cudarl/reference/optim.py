@@ -221,15 +221,49 @@ def clip_adam_soft(
     eps: float,
     wd: float,
     grid=None,
+    grid_barrier: bool = True,
 ) -> None:
     """:func:`grad_norm`, :func:`adam_update_soft` with ``clip = scale``, then ``cudarl.reference.agent.publish``
-    of ``(loss[0], norm[0])`` into ``ring`` slot ``step[0] % slots`` (the GPU does the three in one launch).
+    of ``(loss[0], norm[0])`` into ``ring`` slot ``step[0] % slots`` (the GPU does the three in one launch, or
+    in two: :func:`grad_norm_partial`, then :func:`finish_adam_soft`; :func:`clip_adam_soft_one_launch`).
 
-    ``done``, ``barrier`` (the launch's counters) and ``grid`` (its block count) are unused here.
+    ``done``, ``barrier`` (the launch's counters), ``grid`` (its block count) and ``grid_barrier`` (its form)
+    are unused here.
     """
     from . import agent
 
     grad_norm(g, partial, norm, scale, max_norm, done)
+    adam_update_soft(p, g, m, v, mask, target, lr, m_scale, bc1, bc2, scale, tau, beta1, beta2, eps, wd)
+    agent.publish(ring, loss, norm, step, slots)
+
+
+def clip_adam_soft_one_launch(P: int, n: int, grid_barrier: bool | str = True, limit: int | None = None) -> bool:
+    """The form ``cudarl.ops.optim.clip_adam_soft`` takes (True: one launch with a grid barrier; False: two,
+    the same bits): ``grid_barrier`` and :func:`cudarl.kernels.barrier_grid_fits` of
+    :func:`clip_adam_soft_blocks` ``(n)`` over ``limit`` resident blocks; ``limit`` not given, the twin has
+    no residency: ``grid_barrier``; ``"always"``: True."""
+    from ..kernels import barrier_grid_fits
+
+    if grid_barrier == "always" or not grid_barrier:
+        return bool(grid_barrier)
+    return limit is None or barrier_grid_fits(P, clip_adam_soft_blocks(n), limit)
+
+
+@members(
+    rows=("p", "g", "m", "v", "mask", "target", "partial", "ring"),
+    scalars=("norm", "scale", "lr", "m_scale", "bc1", "bc2", "tau", "loss", "step"),
+)
+def finish_adam_soft(
+    p, g, m, v, mask, target, partial, norm, scale, max_norm: float, lr, m_scale, bc1, bc2, tau, ring, loss, step,
+    slots: int, beta1: float, beta2: float, eps: float, wd: float,
+) -> None:  # fmt: skip
+    """:func:`grad_norm_finalize` of ``partial`` (:func:`grad_norm_partial`'s of ``g``), :func:`adam_update_soft`
+    with ``clip = scale``, then ``cudarl.reference.agent.publish`` of ``(loss[0], norm[0])`` into ``ring`` slot
+    ``step[0] % slots``: :func:`clip_adam_soft`'s second launch without the grid barrier (the GPU does the three
+    in one launch, every block reducing the partials itself)."""
+    from . import agent
+
+    grad_norm_finalize(partial, norm, scale, max_norm)
     adam_update_soft(p, g, m, v, mask, target, lr, m_scale, bc1, bc2, scale, tau, beta1, beta2, eps, wd)
     agent.publish(ring, loss, norm, step, slots)
 
@@ -283,13 +317,25 @@ def adam_update_soft_members(p, g, m, v, mask, target, lr, m_scale, bc1, bc2, cl
 
 def clip_adam_soft_members(
     p, g, m, v, mask, target, partial, norm, scale, max_norm, done, barrier, lr, m_scale, bc1, bc2, tau, ring, loss,
-    step, slots, beta1, beta2, eps, wd, grid=None,
+    step, slots, beta1, beta2, eps, wd, grid=None, grid_barrier=True,
 ) -> None:  # fmt: skip
     """:func:`clip_adam_soft` over P members each with its own max_norm, beta1, beta2, eps and wd (``[P]``)."""
     _each_member(
         clip_adam_soft, p.shape[0], dict(p=p, g=g, m=m, v=v, mask=mask, target=target, partial=partial, ring=ring),
         dict(norm=norm, scale=scale, done=done, barrier=barrier, lr=lr, m_scale=m_scale, bc1=bc1, bc2=bc2, tau=tau,
              loss=loss, step=step),
+        dict(max_norm=max_norm, beta1=beta1, beta2=beta2, eps=eps, wd=wd), slots=slots,
+    )  # fmt: skip
+
+
+def finish_adam_soft_members(
+    p, g, m, v, mask, target, partial, norm, scale, max_norm, lr, m_scale, bc1, bc2, tau, ring, loss, step, slots,
+    beta1, beta2, eps, wd,
+) -> None:  # fmt: skip
+    """:func:`finish_adam_soft` over P members each with its own max_norm, beta1, beta2, eps and wd (``[P]``)."""
+    _each_member(
+        finish_adam_soft, p.shape[0], dict(p=p, g=g, m=m, v=v, mask=mask, target=target, partial=partial, ring=ring),
+        dict(norm=norm, scale=scale, lr=lr, m_scale=m_scale, bc1=bc1, bc2=bc2, tau=tau, loss=loss, step=step),
         dict(max_norm=max_norm, beta1=beta1, beta2=beta2, eps=eps, wd=wd), slots=slots,
     )  # fmt: skip
 

@@ -155,8 +155,8 @@ def _np_args(P: int, B: int, A: int, K: int, popart: bool) -> dict:
 
 def test_launchers_refuse_a_broken_member_axis(monkeypatch):
     """Every array with the member axis or none; each row family one stride, members not overlapping;
-    the device scalars ``[P]``, the PopArt state ``[P, 8]``; more members than resident blocks refused
-    with the grid barrier."""
+    the device scalars ``[P]``, the PopArt state ``[P, 8]``; more members than resident blocks take the
+    form without the grid barrier (``targets_loss_popart_one_launch``), not a refusal."""
     from cudarl import kernels
     from cudarl.ops import c51 as ops
 
@@ -180,8 +180,8 @@ def test_launchers_refuse_a_broken_member_axis(monkeypatch):
     with pytest.raises(ValueError, match="out_y and out_r_norm"):
         ops.targets_loss_popart(**dict(b, out_y=np.zeros(B, np.float32), out_r_norm=np.zeros(B, np.float32)))
     monkeypatch.setattr(kernels, "resident_grid_limit", lambda: 2)
-    with pytest.raises(ValueError, match="3 members need 3 resident blocks"):
-        ops.targets_loss_popart(**b)
+    # more members than resident blocks: no refusal, the launcher picks the two launches without the barrier
+    assert ops.targets_loss_popart_one_launch(1, B) and not ops.targets_loss_popart_one_launch(P, B)
     with pytest.raises(ValueError, match=r"gamma has shape \(1,\), expected \[3\]"):
         ops.n_step(
             np.zeros((P, B, 2), np.float32),
@@ -239,7 +239,7 @@ def _single_device(cp, one: dict, popart: bool) -> tuple[dict, dict]:
     return dev, outs
 
 
-def _launch(dev: dict, outs: dict, popart: bool, grid_barrier: bool) -> None:
+def _launch(dev: dict, outs: dict, popart: bool, grid_barrier) -> None:
     from cudarl.ops import c51 as ops
 
     args = tuple(dev[k] for k in INPUTS)
@@ -264,14 +264,14 @@ def _launch(dev: dict, outs: dict, popart: bool, grid_barrier: bool) -> None:
 @pytest.mark.gpu
 @pytest.mark.parametrize("P", [1, 3, 64])
 @pytest.mark.parametrize("B,A,K", MEMBER_CASES)
-@pytest.mark.parametrize("popart,grid_barrier", [(False, True), (True, True), (True, False)])
+@pytest.mark.parametrize("popart,grid_barrier", [(False, True), (True, True), (True, "always"), (True, False)])
 @pytest.mark.parametrize("padded,own_support", [(True, False), (False, True)])
 def test_gpu_targets_loss_member_is_a_single_launch(cp, rng, P, B, A, K, popart, grid_barrier, padded, own_support):
     """Member ``i`` of one stacked launch equals one single launch on copies of member ``i``'s inputs:
     every output, the PopArt state, and the counters left 0."""
     from cudarl.kernels import resident_grid_limit
 
-    if popart and grid_barrier and P > resident_grid_limit():
+    if popart and grid_barrier == "always" and P > resident_grid_limit():
         pytest.skip(f"{P} members need more resident blocks than this GPU has")
     h = _host(rng, P, B, A, K, own_support)
     if B >= 7:

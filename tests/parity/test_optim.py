@@ -580,7 +580,9 @@ def test_adam_clip_update_publish_equals_the_three_calls_on_numpy():
     assert len(set(a["ring"][:, 1::2].ravel().tolist())) > 3  # the published norms moved
 
 
-def test_clip_adam_soft_refuses_bad_arguments_before_launching(rng):
+@pytest.mark.parametrize("op", ["clip_adam_soft", "finish_adam_soft"])
+def test_clip_adam_soft_refuses_bad_arguments_before_launching(rng, op):
+    """clip_adam_soft and its second barrier-free launch, finish_adam_soft (the same checks, no counters)."""
     from cudarl.ops import optim as ops
 
     host = _cas_inputs(rng, 9, "clips")
@@ -588,17 +590,21 @@ def test_clip_adam_soft_refuses_bad_arguments_before_launching(rng):
 
     def call(**change):
         b = dict(_host_copy(host), **{k: v for k, v in change.items() if k not in ("done", "barrier")})
-        ops.clip_adam_soft(*_cas_args(b, change.get("done", done), change.get("barrier", barrier)))
+        if op == "finish_adam_soft":
+            ops.finish_adam_soft(*_finish_args(b))
+        else:
+            ops.clip_adam_soft(*_cas_args(b, change.get("done", done), change.get("barrier", barrier)))
 
     with pytest.raises(ValueError, match="ring"):
         call(ring=np.zeros(2 * _CAS_SLOTS + 1, np.float32))
-    with pytest.raises(ValueError, match="two counters"):
-        call(barrier=done)
-    with pytest.raises(ValueError, match="barrier must be a uint32"):
-        call(barrier=np.zeros(2, np.uint32))
+    if op == "clip_adam_soft":
+        with pytest.raises(ValueError, match="two counters"):
+            call(barrier=done)
+        with pytest.raises(ValueError, match="barrier must be a uint32"):
+            call(barrier=np.zeros(2, np.uint32))
     with pytest.raises(ValueError, match="partial"):
         call(partial=np.zeros(ref.GN_BLOCKS - 1))
-    with pytest.raises(ValueError, match="clip_adam_soft: target must be flat"):
+    with pytest.raises(ValueError, match=f"{op}: target must be flat"):
         call(target=np.zeros(8, np.float32))
     p = host["p"].copy()
     with pytest.raises(ValueError, match="buffer of its own"):
@@ -618,15 +624,22 @@ def _cas_device(cp, host: dict) -> dict:
     return b
 
 
-def _cas_gpu(cp, host: dict, fused: bool, grid=None, done=None, barrier=None) -> dict:
-    """One clip_adam_soft (``fused``) or the three launches on fresh device copies of ``host``; NumPy results."""
+def _cas_gpu(cp, host: dict, fused, grid=None, done=None, barrier=None) -> dict:
+    """One clip_adam_soft (``fused`` True), its two launches without the barrier (``"two"``: through its
+    launcher; ``"two_direct"``: grad_norm_partial and finish_adam_soft) or the three launches (False) on fresh
+    device copies of ``host``; NumPy results."""
     from cudarl.ops import agent as agent_ops
     from cudarl.ops import optim as ops
 
     b = _cas_device(cp, host)
     done = cp.zeros(1, cp.uint32) if done is None else done
     barrier = cp.zeros(1, cp.uint32) if barrier is None else barrier
-    if fused:
+    if fused == "two":  # the two launches through the launcher
+        ops.clip_adam_soft(*_cas_args(b, done, barrier), grid_barrier=False)
+    elif fused == "two_direct":  # the two launched directly
+        ops.grad_norm_partial(b["g"], b["partial"])
+        ops.finish_adam_soft(*_finish_args(b))
+    elif fused:
         ops.clip_adam_soft(*_cas_args(b, done, barrier), grid=grid)
     else:
         _three_calls(ops, agent_ops, b, done)
@@ -678,6 +691,80 @@ def test_gpu_clip_adam_soft_bits_do_not_depend_on_the_grid(cp, rng, n):
         assert int(got["done"][0]) == 0 and int(got["barrier"][0]) == 0, f"grid {grid}: a counter was not left 0"
 
 
+def _finish_args(b: dict) -> tuple:
+    """finish_adam_soft's positional arguments from the buffers ``b`` (clip_adam_soft's without the counters)."""
+    a = _cas_args(b, None, None)
+    return a[:10] + a[12:]
+
+
+@pytest.mark.parametrize("n", [1, 257, 70_001])
+@pytest.mark.parametrize("clip", ["clips", "below", "off"])
+def test_reference_partials_then_finish_adam_soft_is_clip_adam_soft(rng, n, clip):
+    """The two launches without the barrier (grad_norm_partial, finish_adam_soft) compose to the one launch's
+    twin, bit for bit; finish_adam_soft is grad_norm_finalize + adam_update_soft + publish."""
+    from cudarl.reference import agent as ref_agent
+
+    host = _cas_inputs(rng, n, clip)
+    one, two, three = _host_copy(host), _host_copy(host), _host_copy(host)
+    ref.clip_adam_soft(*_cas_args(one, np.zeros(1, np.uint32), np.zeros(1, np.uint32)))
+    ref.grad_norm_partial(two["g"], two["partial"])
+    ref.finish_adam_soft(*_finish_args(two))
+    ref.grad_norm_partial(three["g"], three["partial"])
+    ref.grad_norm_finalize(three["partial"], three["norm"], three["scale"], three["max_norm"])
+    ref.adam_update_soft(*(three[k] for k in ("p", "g", "m", "v", "mask", "target", "lr", "m_scale", "bc1", "bc2",
+                                              "scale", "tau")), B1, B2, _CAS_EPS, _CAS_WD)  # fmt: skip
+    ref_agent.publish(three["ring"], three["loss"], three["norm"], three["step"], _CAS_SLOTS)
+    for k in _CAS_STATE + _CAS_OUT:
+        assert_bitwise(two[k], one[k], what=f"two launches against one: {k}")
+        assert_bitwise(two[k], three[k], what=f"finish_adam_soft against its three twins: {k}")
+
+
+def test_clip_adam_soft_form_is_the_barrier_rule():
+    """ops.clip_adam_soft_one_launch (the launcher's pick) and its twin: the one launch where grid_barrier
+    permits it and barrier_grid_fits over the given resident grid; "always" forces it, False never; the twin
+    without a limit has no residency (grid_barrier)."""
+    from cudarl.kernels import barrier_grid_fits
+    from cudarl.ops import optim as ops
+
+    limit, n = 132, 135_000  # an H200; the reference network's parameters: 132 blocks of 1024 a member
+    full = ref.clip_adam_soft_blocks(n)
+    for mod in (ops, ref):
+        for P in (1, 2, 3, 8, 64, 256):
+            want = barrier_grid_fits(P, full, limit)
+            assert mod.clip_adam_soft_one_launch(P, n, True, limit) == want, (mod.__name__, P)
+            assert mod.clip_adam_soft_one_launch(P, n, "always", limit) is True
+            assert mod.clip_adam_soft_one_launch(P, n, False, limit) is False
+        assert mod.clip_adam_soft_one_launch(16, 8 * 1024, True, limit)  # 132 // 16 = 8 blocks each: fits
+        assert not mod.clip_adam_soft_one_launch(17, 8 * 1024, True, limit)
+    assert [ops.clip_adam_soft_one_launch(P, n, True, limit) for P in (1, 2)] == [True, False]
+    assert ref.clip_adam_soft_one_launch(64, n) and not ref.clip_adam_soft_one_launch(64, n, False)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n", [1, 257, 135_000, 1_000_003])
+@pytest.mark.parametrize("clip", ["clips", "below", "off"])
+def test_gpu_clip_adam_soft_two_launches_are_the_one_and_the_three_bitwise(cp, rng, n, clip):
+    """grad_norm_partial + finish_adam_soft (every block reducing the partials itself): p, m, v, target, the
+    partials, norm, scale and the ring bit for bit those of the one launch (grid barrier) and of the three
+    (grad_norm, adam_update_soft, publish); the counters untouched; the twin within rounding."""
+    host = _cas_inputs(rng, n, clip)
+    one = _cas_gpu(cp, host, fused=True)
+    three = _cas_gpu(cp, host, fused=False)
+    for form in ("two", "two_direct"):
+        two = _cas_gpu(cp, host, fused=form)
+        _assert_cas_equal(two, one, f"{form} against one launch")
+        _assert_cas_equal(two, three, f"{form} against three")
+        assert int(two["done"][0]) == 0 and int(two["barrier"][0]) == 0
+    twin = _host_copy(host)
+    ref.grad_norm_partial(twin["g"], twin["partial"])
+    ref.finish_adam_soft(*_finish_args(twin))
+    for k in ("p", "m", "v", "target", "norm", "scale"):
+        assert_parity(two[k], twin[k], rtol=1e-6, what=k)
+    assert_parity(two["partial"], twin["partial"], kind="float64", what="partials")
+    assert two["ring"][2] == host["loss"][0] and two["ring"][3] == two["norm"][0]
+    assert np.array_equal(two["ring"][[0, 1, 4, 5]], host["ring"][[0, 1, 4, 5]])
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("n", [257, 135_000])
 def test_gpu_clip_adam_soft_leaves_its_counters_zero_and_reruns_bitwise(cp, rng, n):
@@ -710,7 +797,8 @@ def test_gpu_clip_adam_soft_leaves_its_counters_zero_and_reruns_bitwise(cp, rng,
 def test_gpu_clip_update_publish_graphed_equals_eager_and_the_three_launches(cp):
     """Adam + SoftUpdate + the publish into a pinned ring over 25 steps (gradients and loss new each
     step, warm-up and restarts crossed): graphed == eager == schedule, clip_step, update_step(soft),
-    publish, bit for bit, the ring after every step."""
+    publish, bit for bit, the ring after every step; clip_update_publish in its one launch and in its two
+    (grid_barrier=False: grad_norm_partial + finish_adam_soft)."""
     from cudarl.graph import StepGraph
     from cudarl.ops import agent as agent_ops
     from cudarl.pinned import PinnedReadback
@@ -721,7 +809,7 @@ def test_gpu_clip_update_publish_graphed_equals_eager_and_the_three_launches(cp)
     t0 = (rng.standard_normal(n) * 0.1).astype(np.float32)
     mask = (rng.uniform(size=n) < 0.8).astype(np.uint8)
     twins = {}
-    for name in ("cas_eager", "cas_graphed", "cas_three"):
+    for name in ("cas_eager", "cas_graphed", "cas_two_eager", "cas_two_graphed", "cas_three"):
         p, g, target, loss = cp.asarray(p0), cp.zeros(n, cp.float32), cp.asarray(t0), cp.zeros(1, cp.float32)
         adam = Adam(
             p,
@@ -736,10 +824,10 @@ def test_gpu_clip_update_publish_graphed_equals_eager_and_the_three_launches(cp)
         ring = PinnedReadback(2, np.float32, cp, slots=slots)
         ring.device.fill(-1.0)
 
-        def fused(adam=adam, soft=soft, ring=ring, loss=loss):
+        def fused(adam=adam, soft=soft, ring=ring, loss=loss, barrier="two" not in name):
             adam.schedule_step()
             soft.schedule_step()
-            adam.clip_update_publish(soft, ring.device, loss, slots)
+            adam.clip_update_publish(soft, ring.device, loss, slots, grid_barrier=barrier)
 
         def three(adam=adam, soft=soft, ring=ring, loss=loss):
             adam.schedule_step()
@@ -752,6 +840,7 @@ def test_gpu_clip_update_publish_graphed_equals_eager_and_the_three_launches(cp)
         twins[name] = dict(p=p, g=g, target=target, loss=loss, adam=adam, soft=soft, ring=ring, graph=graph)
     cp.cuda.Device().synchronize()
     twins["cas_graphed"]["graph"].capture()
+    twins["cas_two_graphed"]["graph"].capture()
     clipped = set()
     for k in range(steps):
         g = cp.asarray((rng.standard_normal(n) * (0.1 + k % 3 * 0.2)).astype(np.float32))  # clips on some steps
@@ -760,17 +849,17 @@ def test_gpu_clip_update_publish_graphed_equals_eager_and_the_three_launches(cp)
             tw["loss"][...] = 1.0 / (k + 1)
         cp.cuda.Device().synchronize()
         for name, tw in twins.items():
-            tw["graph"].replay() if name == "cas_graphed" else tw["graph"].run_eager()
+            tw["graph"].replay() if name.endswith("graphed") else tw["graph"].run_eager()
         for tw in twins.values():
             tw["graph"].synchronize()
         want = twins["cas_three"]["ring"].device
-        for name in ("cas_eager", "cas_graphed"):
+        for name in ("cas_eager", "cas_graphed", "cas_two_eager", "cas_two_graphed"):
             assert_bitwise(twins[name]["ring"].device, want, what=f"step {k}: {name} ring")
         clipped.add(bool(twins["cas_three"]["adam"].scalars.get("clip_scale") < 1))
     assert clipped == {True, False}, "want steps that clip and steps that do not"
     ref3 = twins["cas_three"]
     assert ref3["adam"].scalars.get("step") == steps
-    for name in ("cas_eager", "cas_graphed"):
+    for name in ("cas_eager", "cas_graphed", "cas_two_eager", "cas_two_graphed"):
         tw = twins[name]
         for what, a, b in (
             ("params", tw["p"], ref3["p"]),

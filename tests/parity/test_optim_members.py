@@ -70,6 +70,19 @@ def _cases(b: dict) -> list:
     S = lambda *names: [(SCALAR, k) for k in names]  # noqa: E731
     adam = [*R("p", "g", "m", "v", "mask"), *S("lr", "m_scale", "bc1", "bc2", "clip")]
     sched = (ref.COSINE_RESTARTS, 1e-3, 1e-5, 3, 5, 2, 0.5, B1, B2)
+    cas = [
+        *R("p", "g", "m", "v", "mask", "target", "partial"),
+        *S("norm", "scale"),
+        b["max_norm"],
+        *S("done", "barrier", "lr", "m_scale", "bc1", "bc2", "tau"),
+        *R("ring"),
+        *S("loss", "step"),
+        SLOTS,
+        B1,
+        B2,
+        EPS,
+        WD,
+    ]
     return [
         ("grad_norm_partial", R("g", "partial")),
         ("grad_norm_finalize", [*R("partial"), *S("norm", "scale"), b["max_norm"]]),
@@ -79,22 +92,8 @@ def _cases(b: dict) -> list:
         ("soft_update", [*R("target", "online"), *S("tau")]),
         ("adam_update", [*adam, B1, B2, EPS, WD]),
         ("adam_update_soft", [*adam[:5], *R("target"), *adam[5:], *S("tau"), B1, B2, EPS, WD]),
-        (
-            "clip_adam_soft",
-            [
-                *R("p", "g", "m", "v", "mask", "target", "partial"),
-                *S("norm", "scale"),
-                b["max_norm"],
-                *S("done", "barrier", "lr", "m_scale", "bc1", "bc2", "tau"),
-                *R("ring"),
-                *S("loss", "step"),
-                SLOTS,
-                B1,
-                B2,
-                EPS,
-                WD,
-            ],
-        ),
+        ("clip_adam_soft", cas),
+        ("finish_adam_soft", [a for a in cas if a not in S("done", "barrier")]),  # clip_adam_soft's, no counters
     ]
 
 
@@ -251,11 +250,18 @@ def _objects(xp, P: int, n: int, seed: int, own: bool = False, swap=None):
     return stacked, singles
 
 
-def _step(o: dict, fused: bool) -> None:
+#: ``fused`` of :func:`_step` -> ``clip_update_publish``'s ``grid_barrier`` (True: the launcher picks; "one": its
+#: one launch forced; "two": its two launches without the barrier)
+_FORMS = {True: True, "one": "always", "two": False}
+
+
+def _step(o: dict, fused) -> None:
+    """One step: ``fused`` False, the three calls (clip_step, update_step, no publish); else
+    ``clip_update_publish`` in the form :data:`_FORMS` says."""
     o["adam"].schedule_step()
     o["soft"].schedule_step()
     if fused:
-        o["adam"].clip_update_publish(o["soft"], o["ring"], o["loss"], SLOTS)
+        o["adam"].clip_update_publish(o["soft"], o["ring"], o["loss"], SLOTS, _FORMS[fused])
     else:
         o["adam"].clip_step()
         o["adam"].update_step(soft=o["soft"])
@@ -277,7 +283,7 @@ def _train_members(xp, P, n, steps, fused, seed=3, sync=lambda: None, run=None, 
         sync()
         (run or (lambda o: _step(o, fused)))(stacked)
         for s in singles:
-            _step(s, fused)
+            _step(s, bool(fused))  # the singles' own forms: one launch (fused) or the three calls
         sync()
         for i, s in enumerate(singles):
             if fused:
@@ -298,7 +304,7 @@ def _train_members(xp, P, n, steps, fused, seed=3, sync=lambda: None, run=None, 
     return stacked
 
 
-@pytest.mark.parametrize("fused", [True, False])
+@pytest.mark.parametrize("fused", [True, "two", False])
 def test_stacked_adam_is_p_single_adams_on_numpy(fused):
     _train_members(np, 3, 1_001, 12, fused)
 
@@ -457,8 +463,9 @@ def test_gpu_member_axis_is_single_launches_bitwise_and_the_twin(cp, rng, P, n, 
 @pytest.mark.gpu
 @pytest.mark.parametrize("P", [2, 5])
 def test_gpu_clip_adam_soft_members_bits_do_not_depend_on_the_grid(cp, rng, P):
-    """Each member's blocks from 1 to its share of the resident limit give the same bits; more members
-    than the limit are refused before a launch."""
+    """Each member's blocks from 1 to its share of the resident limit give the same bits, and so do the two
+    launches without the barrier (finish_adam_soft); more members than the limit are refused the one launch
+    (forced) before a launch, and take the two launches otherwise."""
     from cudarl.kernels import resident_grid_limit
     from cudarl.ops import optim as ops
 
@@ -475,41 +482,52 @@ def test_gpu_clip_adam_soft_members_bits_do_not_depend_on_the_grid(cp, rng, P):
     for o in outs[1:]:
         for k in o:
             assert_bitwise(o[k], outs[0][k], what=f"clip_adam_soft {k} across grids")
-    with pytest.raises(ValueError, match="grid must be"):
+    for form in (False, True):  # the two launches without the barrier (True: the launcher's pick at P > 1)
+        b = {k: (cp.asarray(v) if isinstance(v, np.ndarray) else v) for k, v in host.items()}
+        ops.clip_adam_soft(*_stacked_args(b, spec), grid_barrier=form)
+        cp.cuda.Device().synchronize()
+        for k, want in outs[0].items():
+            assert_bitwise(b[k].get(), want, what=f"clip_adam_soft {k}: two launches (grid_barrier={form})")
+    with pytest.raises(ValueError, match="grid .*must be"):
         ops.clip_adam_soft(*_stacked_args(b, spec), grid=limit // P + 1)
     big = _buffers(cp, rng, limit + 1, 1, False)
     with pytest.raises(ValueError, match="members need"):
-        ops.clip_adam_soft(*_stacked_args(big, dict(_cases(big))["clip_adam_soft"]))
+        ops.clip_adam_soft(*_stacked_args(big, dict(_cases(big))["clip_adam_soft"]), grid_barrier="always")
+    ops.clip_adam_soft(*_stacked_args(big, dict(_cases(big))["clip_adam_soft"]))  # no refusal: the two launches
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("P", [1, 3, 64])
-@pytest.mark.parametrize("fused", [True, False])
+@pytest.mark.parametrize("fused", [True, "one", "two", False])
 def test_gpu_stacked_adam_is_p_single_adams(cp, P, fused):
     """StackedAdam + StackedSoftUpdate over P members of the reference network's size, 12 steps (warm-up and
     restarts crossed, steps that clip and steps that do not): every member's parameters, target, moments,
-    scalars and published ring equal P single Adam + SoftUpdate, bit for bit."""
+    scalars and published ring equal P single Adam + SoftUpdate, bit for bit. ``fused``: the launcher's pick,
+    the one launch forced ("one", squeezed at P > 1), the two launches ("two": grad_norm_partial +
+    finish_adam_soft), each against single Adams' one launch; or the three calls."""
     _train_members(cp, P, 135_000, 12, fused, sync=cp.cuda.Device().synchronize)
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("P", [3, 64])
-def test_gpu_stacked_adam_graphed_equals_eager_and_singles(cp, P):
-    """The stacked schedule + clip_update_publish captured once and replayed 12 times gives P single
-    eager optimisers' bits (so the eager stacked step's, by the test above)."""
+@pytest.mark.parametrize("form", ["one", "two"])
+def test_gpu_stacked_adam_graphed_equals_eager_and_singles(cp, P, form):
+    """The stacked schedule + clip_update_publish (its one launch forced, or its two launches) captured once
+    and replayed 12 times gives P single eager optimisers' bits (so the eager stacked step's, by the test
+    above)."""
     from cudarl.graph import StepGraph
 
     holder = {}
 
     def run(stacked):
         if "graph" not in holder:
-            holder["graph"] = StepGraph(f"stacked_adam_{P}", [("adam", lambda: _step(stacked, True))], xp=cp)
+            holder["graph"] = StepGraph(f"stacked_adam_{P}", [("adam", lambda: _step(stacked, form))], xp=cp)
             cp.cuda.Device().synchronize()
             holder["graph"].capture()
         holder["graph"].replay()
         holder["graph"].synchronize()
 
-    _train_members(cp, P, 135_000, 12, True, sync=cp.cuda.Device().synchronize, run=run)
+    _train_members(cp, P, 135_000, 12, form, sync=cp.cuda.Device().synchronize, run=run)
 
 
 @pytest.mark.gpu
@@ -562,7 +580,7 @@ def test_gpu_member_schedule_kernels_are_single_launches_bitwise(cp, P):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("P", [3, 64])
-@pytest.mark.parametrize("fused", [True, False])
+@pytest.mark.parametrize("fused", ["one", "two", False])
 def test_gpu_stacked_adam_members_with_their_own_schedules(cp, P, fused):
     """StackedAdam + StackedSoftUpdate whose members each run their own learning-rate and tau schedules and
     Adam constants (the _members kernels: lr_schedule, tau_schedule, grad_norm, adam_update_soft,

@@ -132,6 +132,18 @@ def test_joined_probe_arm_rows_on_numpy(monkeypatch):
         bp.joined_arm(False, (1,), args, [], {}, None, device="cpu", batched_algo="probe")
 
 
+@pytest.mark.parametrize("forms", ["one", "two"])
+def test_joined_arm_forms_flag_forces_the_form(forms):
+    """--forms one|two: every size takes that form of the loss and the optimiser, and its rows say so."""
+    rows, extra = [], {}
+    args = argparse.Namespace(repeats=1, profile=None, forms=forms)
+    bp.joined_arm(False, (1, 3), args, rows, extra, None, device="cpu")
+    one = ("one launch (grid barrier)", "one launch (grid barrier)")
+    two = ("two launches (no grid barrier)", "two launches (partials; norm, update, publish)")
+    got = {P: (m["loss"]["value"], m["optimiser"]["value"]) for P, m in _by_size(rows).items()}
+    assert got == {P: one if forms == "one" else two for P in (1, 3)}
+
+
 def test_joined_arm_rows_say_which_form_ran(monkeypatch):
     """The loss's and the optimiser's rows name the form the learner took: on a device of 3 resident
     blocks (the learner's limit patched; NumPy runs either form), P = 1 takes both one launches and P = 3
@@ -145,7 +157,8 @@ def test_joined_arm_rows_say_which_form_ran(monkeypatch):
     sizes = _by_size(rows)
     got = {P: (m["loss"]["value"], m["optimiser"]["value"]) for P, m in sizes.items()}
     one = "one launch (grid barrier)"
-    assert got == {1: (one, one), 3: ("two launches (no grid barrier)", "clip, publish per member, update")}
+    two = ("two launches (no grid barrier)", "two launches (partials; norm, update, publish)")
+    assert got == {1: (one, one), 3: two}
     assert extra["joined_fp32"]["one_launch"][3] == {"targets_loss": False, "adam": False}
     assert all(m["every member's loss finite"]["value"] is True for m in sizes.values())
     phases = {m.removeprefix("phase ") for m in sizes[3] if m.startswith("phase ")}
