@@ -103,7 +103,7 @@ class QuantileRule(RuleBase):
 
     # --- the rule ---------------------------------------------------------------------------------
     def expected_q(self, out, obs) -> None:
-        self.values(out, obs, self.buf.ws_act)
+        self.values(out, obs, self.buf.query_workspace())
 
     def act(self, env, eps_args: tuple) -> None:
         """The online forward over ``env.obs``, then one kernel (``act_iqn``): the quantile mean into

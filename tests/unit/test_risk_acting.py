@@ -148,8 +148,8 @@ def test_the_acting_observables_are_in_the_metrics_and_cvar_moves_them(tmp_path)
     """``act.value`` and ``act.disagreement`` (Agent.acting_observables) are in every step row of
     metrics.jsonl. With "mean" the disagreement is 0 by definition; CVaR at alpha 0.05 chooses otherwise
     than the mean in some environments and values its greedy action below the mean run's (the tail of a
-    barely trained C51 distribution sits near v_min). An evaluation's forward over the acting workspace
-    leaves the disagreement unknown (None) until the next collect step."""
+    barely trained C51 distribution sits near v_min). An evaluation's forward runs over its own
+    workspace: the observables still describe the latest act."""
     import json
 
     rows = {}
@@ -168,12 +168,27 @@ def test_the_acting_observables_are_in_the_metrics_and_cvar_moves_them(tmp_path)
     assert any(r["act.disagreement"] > 0 for r in rows["cvar"])
     assert all(0 <= r["act.disagreement"] <= 1 for r in rows["cvar"])
     assert all(c["act.value"] < m["act.value"] for c, m in zip(rows["cvar"], rows["mean"], strict=True))
+    before = t.agent.acting_observables()
+    assert before["act.disagreement"] is not None
     obs = t.env.obs.copy()
     t.agent.q_values(obs, np.zeros((len(obs), t.env.n_actions), np.float32))
-    assert t.agent.acting_observables()["act.disagreement"] is None
-    t.collect_graph.replay()
-    t.agent.collected()
-    assert t.agent.acting_observables()["act.disagreement"] is not None
+    assert t.agent.acting_observables() == before
+
+
+def test_the_acting_observables_follow_the_act_counter():
+    """Empty until the agent acts (its act's step counter, the device scalars' ``collect_steps``, moved
+    since it was made or loaded), with no call from the trainer: a made agent, one that loaded a
+    checkpoint of an agent that acted; a collect step's replay alone makes them."""
+    t = _trainer("c51", "cvar")
+    assert t.agent.acting_observables() == {}
+    _collect_once(t)
+    row = t.agent.acting_observables()
+    assert set(row) == {"act.value", "act.disagreement"} and 0 <= row["act.disagreement"] <= 1
+    u = _trainer("c51", "cvar")
+    u.agent.load_state_dict(t.agent.state_dict())
+    assert u.agent.acting_observables() == {}
+    _collect_once(u)
+    assert u.agent.acting_observables() == row  # the same weights, state and env: the same act
 
 
 def test_act_by_is_validated():
