@@ -344,18 +344,16 @@ class Agent:
         * ``act.value``: the mean over the environments of ``max_a q_act``, the value ``agent.act_by``'s
           measure gives its greedy action (the expected Q with ``mean``; CVaR or mean - lambda std);
         * ``act.disagreement``: the share of environments whose greedy action by that measure is not the
-          mean's (first maximum, as the act kernels; 0 with ``mean`` by definition); None where the
-          mean is not at hand (IQN's CVaR).
+          mean's (first maximum, as the act kernels; 0 with ``mean`` by definition).
 
         Empty until this agent has acted (made or loaded, its act's step counter, ``collect_steps`` of
         the device scalars, has not moved since: no collect step ran; an offline run never acts)."""
         if int(self.scalars.get("collect_steps")) == self._acts_from:
             return {}
         q = to_numpy(self.buffers.q_act).astype(np.float64)
-        out = {"act.value": float(q.max(axis=1).mean()), "act.disagreement": None}
-        if self.cfg.agent.act_by == "mean":
-            out["act.disagreement"] = 0.0
-        elif (mean := self.rule.act_mean()) is not None:
+        out = {"act.value": float(q.max(axis=1).mean()), "act.disagreement": 0.0}
+        if self.cfg.agent.act_by != "mean":
+            mean = self.rule.act_mean()
             out["act.disagreement"] = float(np.mean(mean.argmax(axis=1) != q.argmax(axis=1)))
         return out
 

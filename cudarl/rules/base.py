@@ -158,10 +158,10 @@ class HeadRule(Protocol):
 
     def act_mean(self):
         """Host float64 ``[n_envs, A]``: the mean of each action's return distribution as the latest
-        :meth:`act` forward left it in ``buffers.ws_act``, or None where that forward does not hold it
-        (``agent.act_by = "mean"``, where ``buffers.q_act`` is the mean; IQN's CVaR, whose acting
-        fractions lie in ``[0, alpha)``). A host read, outside any capture: the acting observables
-        (:meth:`cudarl.agent.Agent.acting_observables`)."""
+        :meth:`act` forward left it (in ``buffers.ws_act``; IQN's CVaR, whose acting fractions lie in
+        ``[0, alpha)``, a second forward of the act at the same fractions before the distortion), or
+        None with ``agent.act_by = "mean"`` (``buffers.q_act`` is the mean). A host read, outside any
+        capture: the acting observables (:meth:`cudarl.agent.Agent.acting_observables`)."""
 
     def expected_q(self, out, obs) -> None:
         """Expected Q of the online network for ``obs [n, obs_dim]`` (n <= n_envs) into ``out [n, A]``."""
