@@ -64,6 +64,42 @@ __device__ __forceinline__ void staged_sums(const float4* stage, int K, int ia, 
   for (; j < K; ++j) add_share(stage[j], ia, ib, acc_a, acc_b);
 }
 
+// staged_sums' sum for one target atom i, visiting only the j whose share can land on i. Requires
+// l_j nondecreasing in j (staged_monotone): then the j with l_j in {i - 1, i} (the only ones
+// add_share adds to atom i) are one run, from the first j with l_j >= i - 1 (a binary search)
+// up to the first with l_j > i, and the run adds them in staged_sums' order: the same additions
+// of the same values, so the same bits, in about log2 K + 3 shared loads instead of K.
+__device__ __forceinline__ float staged_sum_run(const float4* stage, int K, int i) {
+  int lo = 0, hi = K;  // the first j with l_j >= i - 1
+  while (lo < hi) {
+    const int mid = (lo + hi) >> 1;
+    if (__float_as_int(stage[mid].x) < i - 1) lo = mid + 1;
+    else hi = mid;
+  }
+  float acc = 0.f;
+  for (int j = lo; j < K; ++j) {
+    const float4 s4 = stage[j];
+    const int l = __float_as_int(s4.x);
+    if (l > i) break;
+    if (l == i) acc += s4.y;
+    else if (l + 1 == i) acc += s4.z;
+  }
+  return acc;
+}
+
+// Is l_j nondecreasing over the staged j < K (K <= 64; every lane gets the answer)? It is whenever
+// d >= 0 and the support increases (tz, then g, then floor are monotone in z_j), so for every
+// C51 target; a negative discount (or any other order) takes staged_sums instead.
+__device__ __forceinline__ bool staged_monotone(const float4* stage, int K, int lane) {
+  bool ok = true;
+#pragma unroll
+  for (int c = 0; c < 2; ++c) {
+    const int j = lane + C51_WARP * c;
+    if (j + 1 < K) ok = ok && __float_as_int(stage[j].x) <= __float_as_int(stage[j + 1].x);
+  }
+  return __all_sync(0xffffffffu, ok);
+}
+
 // project_row with the shares staged in shared memory instead of shuffled: lane j % 32 computes
 // source atom j's share once into stage[j] = (l_j, lo_j, hi_j) (float4s: the warp's own K-entry
 // scratch, 16-byte aligned), then every lane walks j = 0..K-1 with broadcast reads, adding the
@@ -455,7 +491,12 @@ __device__ __forceinline__ void targets_loss_regs(const TlArgs& t, const pa::Sta
       if (ok0) stage_share(stage, lane, h0);
       if (ok1) stage_share(stage, lane + C51_WARP, h1);
       __syncwarp();
-      staged_sums(stage, K, lane, lane + C51_WARP, m0, m1);
+      if (staged_monotone(stage, K, lane)) {  // every C51 target: a run of shares an atom (same bits)
+        m0 = staged_sum_run(stage, K, lane);
+        m1 = ok1 ? staged_sum_run(stage, K, lane + C51_WARP) : 0.f;  // m1 is read only where ok1
+      } else {
+        staged_sums(stage, K, lane, lane + C51_WARP, m0, m1);
+      }
       __syncwarp();  // every lane is done with stage before the next sample
     }
     float* mb = t.target + (long long)b * K;

@@ -51,20 +51,54 @@ __device__ double schedule_lr(i64 s, int kind, double lr_max, double lr_min, i64
 }  // namespace
 
 // ---- grad_norm_partial ----------------------------------------------------------------------
-// grid = (GN_BLOCKS, members), block = GN_THREADS. Thread (k, t) sums g[i]^2 in double over
-// i = k*256 + t + j*GN_BLOCKS*256 (j ascending), then a fixed tree per block -> partial[k].
+// grid = (GN_BLOCKS / F, members), block = GN_THREADS, F = GN_BLOCKS / gridDim.x in 1 .. GN_FOLD
+// (the launchers take F = GN_FOLD; any power of two up to it gives the same bits). The bits are
+// those of GN_BLOCKS "virtual blocks": thread t of virtual block k sums g[i]^2 in double over
+// i = k*256 + t + j*GN_BLOCKS*256 (j ascending), then the pairs of block_tree_sum(., GN_THREADS)
+// -> partial[k]. Block x runs virtual blocks k = x*F + f, f < F, side by side: thread t keeps F
+// sums (F independent loads in flight, where one block a virtual block had one, ~1 element a
+// thread at P = 64), levels 128, 64, 32 of the F trees share one __syncthreads() each, and warp f
+// does tree f's levels 16 .. 1 in registers (cudarl::warp_tree_sum). The launch's fixed costs (a
+// block's start, its barriers, grad_norm's ticket) are paid once for F virtual blocks: ncu at
+// a75a02b, P = 64, F = 1: 78.3 us for 37 MB, Stall Barrier on top.
 // Reads 4*n bytes, writes 8*GN_BLOCKS (a member).
+#define GN_FOLD 8
+static_assert(GN_FOLD * 32 <= GN_THREADS, "a warp for each virtual block's last levels");
+static_assert(GN_BLOCKS % GN_FOLD == 0, "the launchers' grid, GN_BLOCKS / GN_FOLD, covers every virtual block");
 namespace {
 
+// sh: GN_FOLD * GN_THREADS doubles. Call from every thread of the block.
 __device__ __forceinline__ void gn_block_partial(const float* g, double* partial, i64 n, double* sh) {
-  double acc = 0.0;
-  for (i64 i = (i64)blockIdx.x * GN_THREADS + threadIdx.x; i < n; i += (i64)GN_BLOCKS * GN_THREADS) {
-    const double x = (double)g[i];
-    acc += x * x;
+  const int t = (int)threadIdx.x, F = GN_BLOCKS / (int)gridDim.x;
+  const i64 span = (i64)GN_BLOCKS * GN_THREADS;
+  double acc[GN_FOLD];
+#pragma unroll
+  for (int f = 0; f < GN_FOLD; ++f) acc[f] = 0.0;
+  // virtual block k's element j is i0 + f*256 with i0 = x*F*256 + t + j*span: i0 >= n ends them all
+  for (i64 i0 = (i64)blockIdx.x * F * GN_THREADS + t; i0 < n; i0 += span) {
+#pragma unroll
+    for (int f = 0; f < GN_FOLD; ++f) {
+      const i64 i = i0 + (i64)f * GN_THREADS;
+      if (f < F && i < n) {
+        const double x = (double)g[i];
+        acc[f] += x * x;
+      }
+    }
   }
-  sh[threadIdx.x] = acc;
-  cudarl::block_tree_sum(sh, GN_THREADS);
-  if (threadIdx.x == 0) partial[blockIdx.x] = sh[0];
+#pragma unroll
+  for (int f = 0; f < GN_FOLD; ++f)
+    if (f < F) sh[f * GN_THREADS + t] = acc[f];
+  for (int o = GN_THREADS / 2; o >= 32; o >>= 1) {  // block_tree_sum's shared levels, F trees at once
+    __syncthreads();
+    if (t < o)
+      for (int f = 0; f < F; ++f) sh[f * GN_THREADS + t] += sh[f * GN_THREADS + t + o];
+  }
+  __syncthreads();
+  const int w = t >> 5, lane = t & 31;
+  if (w < F) {
+    const double v = cudarl::warp_tree_sum(sh[w * GN_THREADS + lane]);
+    if (lane == 0) partial[blockIdx.x * F + w] = v;
+  }
 }
 
 // norm = sqrt(total); scale = max_norm / (norm + 1e-6) when that is below 1 and max_norm > 0, else 1.
@@ -118,7 +152,7 @@ __device__ __forceinline__ double tree_gn(double* s, int t) {
 // one element, were bound by the tree's barriers: docs/perf-notes.md, grad_norm_members at 453 GB/s).
 extern "C" __global__ __launch_bounds__(GN_THREADS) void cudarl_optim_grad_norm_partial(const float* g, double* partial, i64 n,
                                                                                        i64 s) {
-  __shared__ double sh[GN_THREADS];
+  __shared__ double sh[GN_FOLD * GN_THREADS];
   const i64 mb = blockIdx.y;  // the member
   g += mb * s;
   double acc = 0.0;
@@ -147,7 +181,7 @@ extern "C" __global__ __launch_bounds__(GN_BLOCKS) void cudarl_optim_grad_norm_f
 }
 
 // ---- grad_norm (both stages, one launch) ------------------------------------------------------
-// grid = GN_BLOCKS, block = GN_THREADS: grad_norm_partial's blocks, then the block that finishes
+// grid = GN_BLOCKS / GN_FOLD, block = GN_THREADS: grad_norm_partial's blocks, then the block that finishes
 // last (cudarl::last_block on the ticket *done, 0 at launch and left 0) reduces the partials as
 // grad_norm_finalize does: thread t adds partial[t] and partial[t + GN_THREADS], which is the
 // first level of finalize's GN_BLOCKS-slot tree, and the tree goes on over GN_THREADS slots: the
@@ -156,7 +190,7 @@ extern "C" __global__ __launch_bounds__(GN_BLOCKS) void cudarl_optim_grad_norm_f
 // The body of grad_norm and grad_norm_members, one text for both (max_norm: by-value in both, grad_norm's
 // argument, grad_norm_members' max_norms[blockIdx.y]): a macro, so grad_norm's text and PTX stay as they were.
 #define GRAD_NORM_BODY \
-  __shared__ double sh[GN_THREADS];                                                       \
+  __shared__ double sh[GN_FOLD * GN_THREADS];                                             \
   const i64 mb = blockIdx.y;                                                              \
   g += mb * s;                                                                            \
   partial += mb * GN_BLOCKS;                                                              \

@@ -352,7 +352,11 @@ extern "C" __global__ __launch_bounds__(COMMIT_THREADS, 1) void cudarl_replay_in
 __device__ __forceinline__ i64 search_one(const i64* tree, const i64* levels, const i64* step, int* indices, i64* qsel,
                                           i64* status, i64 j, i64 B, int depth, u64 seed, unsigned int stream_id,
                                           int lane) {
-  const u64 T = (u64)tree[levels[depth]];
+  // levels[0 .. depth] in registers (lane k holds levels[k]; depth < 32 for any tree that fits in
+  // memory), so each level's tree load waits on one load, not two: the same offsets, the same leaf.
+  const i64 lv = lane <= depth ? levels[lane] : 0;
+  const auto level = [&](int k) { return depth < 32 ? (i64)__shfl_sync(0xffffffffu, lv, k) : levels[k]; };
+  const u64 T = (u64)tree[level(depth)];
   if (T == 0) {
     if (lane == 0) {
       indices[j] = 0;
@@ -369,7 +373,7 @@ __device__ __forceinline__ i64 search_one(const i64* tree, const i64* levels, co
   u64 t = lo + __umul64hi(r, hi - lo);
   i64 p = 0;
   for (int k = depth; k >= 1; --k) {
-    const u64 v = (u64)tree[levels[k - 1] + p * FANOUT + lane];
+    const u64 v = (u64)tree[level(k - 1) + p * FANOUT + lane];
     u64 incl = v;
 #pragma unroll
     for (int o = 1; o < 32; o <<= 1) {
@@ -503,11 +507,16 @@ __device__ __forceinline__ void gather_one(const float* s_obs, const int* s_acti
   obs_out[e] = s_obs[s * D + c];
   next_obs_out[e] = s_next[nxt * D + c];
   if (c == 0) {
+    // row = (s + k n_envs) mod C, stepped: s < C and inc = n_envs mod C < C, so one subtraction keeps
+    // it in [0, C) (the same rows as the modulo per k, one 64-bit division in all instead of n_step).
+    const i64 inc = n_step > 1 ? n_envs % C : 0;
     float G = 0.0f, g = 1.0f;
+    i64 row = s;
     for (int k = 0; k < n_step; ++k) {
-      const i64 row = (s + (i64)k * n_envs) % C;
       G = __fadd_rn(G, __fmul_rn(g, s_reward[row]));
       g = __fmul_rn(g, s_discount[row]);
+      row += inc;
+      if (row >= C) row -= C;
     }
     action_out[j] = s_action[s];
     return_out[j] = G;
@@ -619,7 +628,12 @@ extern "C" __global__ void cudarl_replay_sample_search_gather(
 // rows, as window.gather of them would). One node fewer on the train step's chain (the window
 // gather was the launch after the search). Threads: a warp per sample; lanes over the window's
 // window * (F + 2) floats, twice. Reads the rows from the ring (not the outputs just written).
-extern "C" __global__ void cudarl_replay_sample_search_gather_windows(
+// Blocks of SW_THREADS (the launcher's 32 * _WARPS_PER_BLOCK), at most 40 registers a thread (ptxas
+// at sm_90: no spill), so six blocks (48 warps) an SM instead of four: each warp is a chain of
+// dependent loads (the tree levels, the row, the features), and more warps hide more of it
+// (ncu at a75a02b, P = 64: 89.0 us against a 13.2 us floor). Registers change no bit.
+#define SW_THREADS 256
+extern "C" __global__ __launch_bounds__(SW_THREADS, 6) void cudarl_replay_sample_search_gather_windows(
     const i64* tree, const i64* levels, const i64* step, int* indices, i64* qsel, i64* status, i64 B, int depth,
     const u64* seed, unsigned int stream_id, const float* s_obs, const int* s_action, const float* s_reward,
     const float* s_discount, const float* s_next, float* obs_out, float* next_obs_out, int* action_out,
@@ -646,11 +660,17 @@ extern "C" __global__ void cudarl_replay_sample_search_gather_windows(
   }
   const int bar_width = n_features + 2;
   const i64 row_width = (i64)window * bar_width;
+  // (w, col) = divmod(e, bar_width), stepped with e (no 64-bit division per element)
+  int w = lane / bar_width, col = lane % bar_width;
   for (i64 e = lane; e < row_width; e += 32) {
-    const int w = (int)(e / bar_width), col = (int)(e - (i64)w * bar_width);
     obs_win[j * row_width + e] = cudarl::window_value(r0, r1, r2, r3, features, sign, w, col, window, n_features, n_bars);
     next_win[j * row_width + e] =
         cudarl::window_value(n0, n1, n2, n3, features, sign, w, col, window, n_features, n_bars);
+    col += 32;
+    while (col >= bar_width) {
+      col -= bar_width;
+      ++w;
+    }
   }
 }
 

@@ -23,7 +23,7 @@ import numpy as np
 
 from .. import kernels
 from ..kernels import blocks_for, launch
-from ..reference.optim import CAS_THREADS, GN_BLOCKS, GN_THREADS, clip_adam_soft_blocks
+from ..reference.optim import CAS_THREADS, GN_BLOCKS, GN_FOLD, GN_THREADS, clip_adam_soft_blocks
 
 _T = 256
 _MAX_GRID = 8192
@@ -101,7 +101,7 @@ def grad_norm_partial(g, partial) -> None:
     w = "optim.grad_norm_partial"
     P, e, n, s = _rows(w, g=g)
     partial = _member_table(w, P, "partial", partial, GN_BLOCKS)
-    launch("optim", "grad_norm_partial", (GN_BLOCKS, P), GN_THREADS, (e["g"], partial, n, s))
+    launch("optim", "grad_norm_partial", (GN_BLOCKS // GN_FOLD, P), GN_THREADS, (e["g"], partial, n, s))
 
 
 def grad_norm_finalize(partial, norm, scale, max_norm: float) -> None:
@@ -142,7 +142,7 @@ def grad_norm(g, partial, norm, scale, max_norm: float, done=None) -> None:
     launch(
         "optim",
         "grad_norm",
-        (GN_BLOCKS, P),
+        (GN_BLOCKS // GN_FOLD, P),
         GN_THREADS,
         (e["g"], partial, norm, scale, float(max_norm), done, n, s),
     )
@@ -161,7 +161,11 @@ def grad_norm_members(g, partial, norm, scale, max_norms, done) -> None:
     if done.dtype != np.uint32 or done.shape != (P,):
         raise ValueError(f"{w}: done must be a uint32 [{P}] ticket, got {done.dtype} {done.shape}")
     launch(
-        "optim", "grad_norm_members", (GN_BLOCKS, P), GN_THREADS, (e["g"], partial, norm, scale, max_norms, done, n, s)
+        "optim",
+        "grad_norm_members",
+        (GN_BLOCKS // GN_FOLD, P),
+        GN_THREADS,
+        (e["g"], partial, norm, scale, max_norms, done, n, s),
     )
 
 

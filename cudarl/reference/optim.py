@@ -21,6 +21,9 @@ from ._members import over_members
 
 #: Blocks of the first stage of the gradient norm; block k owns elements i with (i // 256) % GN_BLOCKS == k.
 GN_BLOCKS, GN_THREADS = 512, 256
+#: Virtual blocks a grad_norm block runs side by side (GN_FOLD in optim.cu): its launches take GN_BLOCKS / GN_FOLD
+#: blocks; the partials and their bits are the GN_BLOCKS blocks' whatever the fold.
+GN_FOLD = 8
 #: Threads of a clip_adam_soft block (CAS_THREADS in optim.cu): CAS_THREADS / GN_THREADS virtual blocks of grad_norm.
 CAS_THREADS = 1024
 CONSTANT, COSINE, COSINE_RESTARTS = 0, 1, 2

@@ -385,6 +385,24 @@ def test_gpu_targets_loss_is_bitwise_the_launch_chain_it_replaces(cp, rng, B, A,
     host, dev, outs = _tl_buffers(cp, rng, B, A, K, popart)
     if B >= 7:
         dev["a"][3] = A  # an action out of range: NaN loss and priority, zero gradient, in both
+    _assert_targets_loss_is_the_chain(cp, host, dev, outs, popart, grid_barrier)
+    if B >= 7:
+        assert np.isnan(outs["per"].get()[3]) and not outs["dva"].get()[3].any()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("popart,grid_barrier", [(False, True), (True, False)])
+def test_gpu_targets_loss_with_negative_discounts_is_bitwise_the_chain(cp, rng, popart, grid_barrier):
+    """A negative discount turns the shares' order around (l_j decreasing in j): the register path's
+    projection takes its every-j loop (staged_sums) for those samples instead of the runs of shares
+    (staged_sum_run), and every output must still be the chain's bits."""
+    host, dev, outs = _tl_buffers(cp, rng, 64, 3, 51, popart)
+    dev["d"][::3] = np.float32(-0.5)
+    _assert_targets_loss_is_the_chain(cp, host, dev, outs, popart, grid_barrier)
+
+
+def _assert_targets_loss_is_the_chain(cp, host, dev, outs, popart, grid_barrier):
+    """targets_loss (the launcher's form for grid_barrier) against the launch chain on dev, bit for bit."""
     chain = {k: empty(cp, v.shape, v.dtype) for k, v in outs.items()}
     _gpu_launch_chain(cp, dev, chain, popart)
     chain_state = dev["state"].copy()
@@ -398,8 +416,6 @@ def test_gpu_targets_loss_is_bitwise_the_launch_chain_it_replaces(cp, rng, B, A,
     if popart:
         assert not np.array_equal(dev["state"].get(), host["state"]), "the PopArt statistics did not move"
     assert int(dev["done"].get()[0]) == 0 and int(dev["barrier"].get()[0]) == 0, "counters must be left at 0"
-    if B >= 7:
-        assert np.isnan(outs["per"].get()[3]) and not outs["dva"].get()[3].any()
 
 
 @pytest.mark.gpu

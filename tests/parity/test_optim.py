@@ -272,6 +272,24 @@ def test_gpu_grad_norm_matches_and_is_bitwise_repeatable(cp, rng, n):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("n", [1, 300, 131_075, 1_000_003])
+def test_gpu_grad_norm_partial_bits_do_not_depend_on_the_fold(cp, rng, n):
+    """grad_norm_partial with GN_BLOCKS / F blocks, F = 1, 2, 4, GN_FOLD virtual blocks a block (the
+    launchers take GN_FOLD): the same partials, bit for bit, as GN_BLOCKS blocks of one."""
+    from cudarl.kernels import launch
+
+    g = cp.asarray((rng.standard_normal(n) * rng.uniform(0.1, 10, n)).astype(np.float32))
+    outs = []
+    for fold in (1, 2, 4, ref.GN_FOLD):
+        partial = cp.zeros(ref.GN_BLOCKS)
+        poison(partial)
+        launch("optim", "grad_norm_partial", (ref.GN_BLOCKS // fold, 1), ref.GN_THREADS, (g, partial, n, n))
+        outs.append(partial.get())
+    for fold, o in zip((2, 4, ref.GN_FOLD), outs[1:], strict=True):
+        assert_bitwise(o, outs[0], what=f"partials with {fold} virtual blocks a block")
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("kind", ["constant", "cosine", "cosine_restarts"])
 def test_gpu_lr_schedule_matches_reference(cp, kind):
     sched = Schedule(kind, lr=3e-4, lr_min=1e-5, warmup=7, period=23, mult=2, restart_m_scale=0.3)

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from cudarl.reference import regularizers as ref
-from cudarl.testing import assert_parity, finite_difference, poison
+from cudarl.testing import assert_bitwise, assert_parity, finite_difference, poison
 
 
 def test_cql_hand_case_equal_q_values_cost_log_a():
@@ -100,3 +100,30 @@ def test_gpu_mean_matches_reference(cp, rng, n):
     out = _e(cp, (1,))
     ops.mean(cp.asarray(x), out, 0.3)
     assert_parity(out, np.float32([ref.mean(x, 0.3, np.float64)]), what="mean")
+
+
+def _block_tree_sum_f32(x: np.ndarray, N: int = 256) -> np.float32:
+    """cudarl_regularizers_mean's order in float32: slot t sums x[t], x[t + N], ... in order, then
+    block_tree_sum's pairs (slot t += slot t + s for s = N/2, ..., 1); IEEE adds, so the GPU's bits."""
+    sh = np.zeros(N, np.float32)
+    for lo in range(0, x.size, N):
+        part = x[lo : lo + N]
+        sh[: part.size] = sh[: part.size] + part
+    s = N // 2
+    while s:
+        sh[:s] = sh[:s] + sh[s : 2 * s]
+        s //= 2
+    return sh[0]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n", [1, 255, 257, 5000])
+def test_gpu_mean_is_the_fixed_tree_bit_for_bit(cp, rng, n):
+    """The one-block mean is its documented order exactly (cudarl/reduce.cuh's block_tree_sum, whose last
+    five levels are warp shuffles adding the same pairs): a float32 emulation of that order is its bits."""
+    from cudarl.ops import regularizers as ops
+
+    x = (rng.normal(size=n) * rng.uniform(0.1, 100, n)).astype(np.float32)
+    out = _e(cp, (1,))
+    ops.mean(cp.asarray(x), out, 0.3)
+    assert_bitwise(out, np.float32([np.float32(0.3) * _block_tree_sum_f32(x)]), what="mean")

@@ -902,8 +902,12 @@ def _windowed(xp, backend, rng_seed, C, n, E, store_next, t_n, f_n, window, add_
     r = PrioritizedReplay(C, 4, n_step=n, n_envs=E, store_next_obs=store_next, seed=17, backend=backend)
     rows = _state_rows(rng, add_rows, t_n)
     _, a, rew, d = _rows(rng, add_rows, 4)
-    kw = {"next_obs": xp.asarray(_state_rows(rng, add_rows, t_n))} if store_next else {}
-    r.add(xp.asarray(rows), xp.asarray(a), xp.asarray(rew), xp.asarray(d), **kw)
+    nxt = _state_rows(rng, add_rows, t_n) if store_next else None
+    step = C - C % E  # at most C rows an add: more than C wraps the ring over several adds
+    for lo in range(0, add_rows, step):
+        sl = slice(lo, lo + step)
+        kw = {"next_obs": xp.asarray(nxt[sl])} if store_next else {}
+        r.add(xp.asarray(rows[sl]), xp.asarray(a[sl]), xp.asarray(rew[sl]), xp.asarray(d[sl]), **kw)
     return r, Windows(xp.asarray(feats), xp.asarray(sign), window, xp)
 
 
@@ -959,6 +963,7 @@ def _gather_scalars(xp, B):
         (1000, 3, 4, False, 500, 7, 3, 33, 600),  # odd batch, windows reaching before bar 0
         (1000, 1, 4, True, 500, 64, 1, 512, 1000),  # the reference: 66-float windows, stored next rows
         ((1 << 16) + 3, 3, 64, False, 4000, 30, 40, 100, 20_000),  # a 1280-float window
+        (50, 3, 2, False, 200, 5, 2, 40, 130),  # a wrapped ring: n-step rows past slot C - 1 wrap to 0
     ],
 )
 def test_gpu_sample_with_windows_equals_the_twin_and_the_unfused_launches(

@@ -7,10 +7,16 @@
 //   warp_sum(v)             xor butterfly over the 32 lanes; every lane gets the same bits
 //                           (IEEE + is commutative, so lanes i and i^o add the same pair).
 //   warp_max / warp_min(v)  the same butterfly with max (fmaxf for float) or min.
-//   block_tree_sum(sh, n)   in place over sh[0 .. n): sh[t] += sh[t + s] for s = n/2, ..., 1,
-//                           a __syncthreads() before each level and after the last; the
-//                           sum is in sh[0], visible to every thread.
+//   block_tree_sum(sh, n)   the pairs sh[t] += sh[t + s] for s = n/2, ..., 1 over sh[0 .. n):
+//                           levels s >= 32 in shared memory, a __syncthreads() before each;
+//                           when blockDim.x >= 32 and n >= 32, levels 16 .. 1 in registers of
+//                           the first warp (warp_tree_sum: lane t adds lane t + s, the same
+//                           pair), so five barriers instead of nine at n = 256. The sum is in
+//                           sh[0], visible to every thread (a __syncthreads() after); sh[1 ..)
+//                           hold partial sums the caller must not rely on.
 //   block_tree_sum2(a, b, n) the same tree over two arrays, one barrier a level for both.
+//   warp_tree_sum(v)        lane 0 gets sum_l v_l by the pairs of a 32-slot tree (lane t adds
+//                           lane t + s for s = 16, ..., 1; other lanes: partial sums).
 //   block_sum(v, sh, n)     every thread contributes v (n == blockDim.x); the tree above;
 //                           returns the sum to every thread (safe to call back to back on sh).
 //   block_weighted_sum<N>(values, w, n, sh)
@@ -42,7 +48,7 @@
 //                           spinning): the block that last_block() picks at the end of the
 //                           launch, when every block is past the barrier, sets it back to 0.
 //
-// Call warp helpers with all 32 lanes active; call block helpers from every thread of the
+// Call warp helpers with all 32 lanes active; call block helpers from every thread of a 1-D
 // block (they synchronise), with n a power of two, n <= blockDim.x (block_sum: n == blockDim.x;
 // block_weighted_sum: any blockDim.x).
 #pragma once
@@ -82,22 +88,47 @@ __device__ __forceinline__ unsigned long long warp_min(unsigned long long v) {
   return v;
 }
 
+// The pairs of a 32-slot tree, slot t in lane t: at level s, lane t < s adds lane t + s (which holds
+// what slot t + s held after the level before, since t + s < 2s), so lane 0 ends with the bits of
+// sh[0] after block_tree_sum's levels 16 .. 1 (IEEE + is commutative: v + w is w + v). Lanes >= s
+// add what __shfl_down_sync gives them (partial sums or their own value): never read.
+template <typename T>
+__device__ __forceinline__ T warp_tree_sum(T v) {
+#pragma unroll
+  for (int s = 16; s > 0; s >>= 1) v += __shfl_down_sync(kFullWarp, v, s);
+  return v;
+}
+
+// Levels s >= 32 in shared memory; the last five in the first warp's registers when the first warp
+// is whole (blockDim.x >= 32: the shuffles need all 32 lanes) and holds 32 slots (n >= 32); else
+// every level in shared memory, as before. Both give the same bits (the same pairs in the same order).
 template <typename T>
 __device__ __forceinline__ void block_tree_sum(T* sh, int n) {
   const int t = (int)threadIdx.x;
-  for (int s = n >> 1; s > 0; s >>= 1) {
+  const bool warp_tail = n >= 32 && blockDim.x >= 32;
+  const int last = warp_tail ? 32 : 1;  // the smallest level done in shared memory
+  for (int s = n >> 1; s >= last; s >>= 1) {
     __syncthreads();
     if (t < s) sh[t] += sh[t + s];
   }
   __syncthreads();
+  if (warp_tail) {
+    if (t < 32) {
+      const T v = warp_tree_sum(sh[t]);
+      if (t == 0) sh[0] = v;
+    }
+    __syncthreads();
+  }
 }
 
 // block_tree_sum over two arrays at once: the same pairs in each (the same bits as two calls),
-// one __syncthreads() per level for both.
+// one __syncthreads() per level for both, the last five levels in the first warp as there.
 template <typename T>
 __device__ __forceinline__ void block_tree_sum2(T* sh1, T* sh2, int n) {
   const int t = (int)threadIdx.x;
-  for (int s = n >> 1; s > 0; s >>= 1) {
+  const bool warp_tail = n >= 32 && blockDim.x >= 32;
+  const int last = warp_tail ? 32 : 1;
+  for (int s = n >> 1; s >= last; s >>= 1) {
     __syncthreads();
     if (t < s) {
       sh1[t] += sh1[t + s];
@@ -105,6 +136,16 @@ __device__ __forceinline__ void block_tree_sum2(T* sh1, T* sh2, int n) {
     }
   }
   __syncthreads();
+  if (warp_tail) {
+    if (t < 32) {
+      const T v1 = warp_tree_sum(sh1[t]), v2 = warp_tree_sum(sh2[t]);
+      if (t == 0) {
+        sh1[0] = v1;
+        sh2[0] = v2;
+      }
+    }
+    __syncthreads();
+  }
 }
 
 template <typename T>
