@@ -146,23 +146,14 @@ __device__ __forceinline__ double tree_gn(double* s, int t) {
 
 }  // namespace
 
-// grad_norm_partial's blocks reduce with tree_gn (three __syncthreads and warp shuffles: the pairs of
-// gn_block_partial's block_tree_sum, the same bits), not gn_block_partial's nine-barrier tree: the first
-// of clip_adam_soft's two launches without a grid barrier (32,768 blocks at P = 64, each squaring about
-// one element, were bound by the tree's barriers: docs/perf-notes.md, grad_norm_members at 453 GB/s).
+// grad_norm_partial: gn_block_partial's GN_FOLD virtual blocks a block (the first of clip_adam_soft's two
+// launches without a grid barrier, and the two-launch grad_norm's first): 32,768 one-element blocks at
+// P = 64 were bound by their trees' barriers (docs/perf-notes.md, grad_norm_members at 453 GB/s).
 extern "C" __global__ __launch_bounds__(GN_THREADS) void cudarl_optim_grad_norm_partial(const float* g, double* partial, i64 n,
                                                                                        i64 s) {
   __shared__ double sh[GN_FOLD * GN_THREADS];
   const i64 mb = blockIdx.y;  // the member
-  g += mb * s;
-  double acc = 0.0;
-  for (i64 i = (i64)blockIdx.x * GN_THREADS + threadIdx.x; i < n; i += (i64)GN_BLOCKS * GN_THREADS) {
-    const double x = (double)g[i];
-    acc += x * x;
-  }
-  sh[threadIdx.x] = acc;
-  const double sum = tree_gn(sh, (int)threadIdx.x);
-  if (threadIdx.x == 0) partial[mb * GN_BLOCKS + blockIdx.x] = sum;
+  gn_block_partial(g + mb * s, partial + mb * GN_BLOCKS, n, sh);
 }
 
 // ---- grad_norm_finalize ---------------------------------------------------------------------

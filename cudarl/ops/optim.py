@@ -510,7 +510,7 @@ def _clip_adam_soft(op, consts, p, g, m, v, mask, target, partial, norm, scale, 
         raise ValueError(f"{w}: done and barrier must be two counters, not one buffer")
     if grid is None and not clip_adam_soft_one_launch(P, n, grid_barrier):
         # the two launches: the partials, then every block's norm, update and (block 0) publish
-        launch("optim", "grad_norm_partial", (GN_BLOCKS, P), GN_THREADS, (e["g"], partial_row, n, s))
+        launch("optim", "grad_norm_partial", (GN_BLOCKS // GN_FOLD, P), GN_THREADS, (e["g"], partial_row, n, s))
         _finish_adam_soft(op.replace("clip_", "finish_"), consts, p, g, m, v, mask, target, partial, norm, scale,
                           max_norm, lr, m_scale, bc1, bc2, tau, ring, loss, step, slots, beta1, beta2, eps, wd,
                           checked)  # fmt: skip
