@@ -258,3 +258,19 @@ def test_gpu_denoises_pass_runs_beside_the_steps_backward_and_the_losses_and_its
     assert mine | set(steps) <= ancestors(nodes, sgd[0])  # it joins the pass, after the backward
     first_adam = next(n["id"] for n in nodes if n["phase"] == "adam")
     assert set(sgd) <= ancestors(nodes, first_adam)  # Adam reads the parameters the steps moved
+
+
+@pytest.mark.gpu
+def test_gpu_homeostatics_phase_runs_beside_the_chain_and_the_backward_waits_for_it():
+    """The homeostatic regulariser's five launches sit on a branch of their own: nothing on the main stream
+    after q_stats waits for them but the backward, which joins them (issue 19, the MLP's critical path)."""
+    nodes, t = traced_train_graph({"agent": {"aux": ["horizons", "homeostatic", "causal"]}})
+    homeo = t.agent.aux[1]
+    mine = {n["id"] for n in nodes if n["phase"] == "aux_homeostatic"}
+    assert len(mine) == 5 and {nodes[i]["stream"] for i in mine} == {homeo.side.stream.ptr}
+    causal = {n["id"] for n in nodes if n["phase"] == "aux_causal"}
+    assert causal and not any(mine & ancestors(nodes, i) for i in causal)  # beside causal's pass
+    first_backward = next(n["id"] for n in nodes if n["phase"] == "backward")
+    assert mine <= ancestors(nodes, first_backward)
+    q_stats = {n["id"] for n in nodes if n["phase"] == "q_stats" and n["stream"] == t.stream.ptr}
+    assert q_stats and q_stats <= set().union(*(ancestors(nodes, i) for i in mine))  # it reads the logits at s
