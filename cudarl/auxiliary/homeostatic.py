@@ -11,7 +11,8 @@ Phase ``aux_homeostatic`` (after ``q_stats``, whose logits at ``s`` it reads): p
 grad - dueling backward (added), on a branch of its own beside the other signals' losses (the backward
 joins it through ``buffers.side_aux``). It adds onto the head's raw gradient after the rule's loss, CQL and
 the plan head wrote theirs (their phases run on the main stream before it forks), and nothing reads or
-writes that gradient before the backward joins it: the same sum, in the same order, as on the main stream. Observables: ``aux.homeostatic.utilisation`` (u),
+writes that gradient before the backward joins it: the same sum, in the same order, as on the main stream.
+Observables: ``aux.homeostatic.utilisation`` (u),
 ``aux.homeostatic.entropy`` (H, nats) and ``aux.homeostatic.loss``. C51 only: a head without atoms has
 no utilisation.
 """
