@@ -41,6 +41,9 @@ class AuxBase:
     def update_phases(self) -> list:
         return []
 
+    def beside_forward(self) -> None:
+        return None
+
     def beside_backward(self) -> None:
         return None
 
@@ -136,7 +139,9 @@ class SubBatch:
         self._pairs.append((src.reshape(self.B, -1), dst.reshape(self.rows, -1)))
         return dst
 
-    def gather(self) -> None:
-        """Copy the sub-batch rows of every buffer :meth:`of` was given (none when R == B)."""
+    def gather(self, *which) -> None:
+        """Copy the sub-batch rows of every buffer :meth:`of` was given (none when R == B), or with
+        ``which`` of those of its sub-batches only (buffers :meth:`of` returned)."""
         for src, dst in self._pairs:
-            self.ops.spread_rows(dst, src)
+            if not which or any(dst is w for w in which):
+                self.ops.spread_rows(dst, src)
