@@ -136,12 +136,12 @@ class SubBatch:
         if self.whole:
             return src
         dst = self.xp.zeros((self.rows, *src.shape[1:]), np.float32)
-        self._pairs.append((src.reshape(self.B, -1), dst.reshape(self.rows, -1)))
+        self._pairs.append((src.reshape(self.B, -1), dst.reshape(self.rows, -1), dst))
         return dst
 
     def gather(self, *which) -> None:
         """Copy the sub-batch rows of every buffer :meth:`of` was given (none when R == B), or with
         ``which`` of those of its sub-batches only (buffers :meth:`of` returned)."""
-        for src, dst in self._pairs:
-            if not which or any(dst is w for w in which):
+        for src, dst, mine in self._pairs:
+            if not which or any(mine is w for w in which):
                 self.ops.spread_rows(dst, src)
