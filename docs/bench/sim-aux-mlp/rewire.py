@@ -99,8 +99,10 @@ def main():
         "aux-mlp-causal (and causal's forward early)": path(rewire(copy.deepcopy(events), True), us),
     }
     for k, r in res.items():
-        print(f"{k}: {r['path_nodes']} nodes on the path of {r['nodes']}, {r['path_kernel_us']} us of kernels, "
-              f"{r['path_us_with_c']} us with c")
+        print(
+            f"{k}: {r['path_nodes']} nodes on the path of {r['nodes']}, {r['path_kernel_us']} us of kernels, "
+            f"{r['path_us_with_c']} us with c"
+        )
     (Path(__file__).parent / "result.json").write_text(json.dumps(res, indent=1))
 
 
