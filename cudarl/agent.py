@@ -238,8 +238,6 @@ class Agent:
 
         def forward():
             self.rule.forward(self.batch)
-            for s in self.aux:  # work of theirs beside the learn phases (causal's intervened forward)
-                s.beside_forward()
 
         def backward():
             self.backward()

@@ -71,13 +71,6 @@ class AuxSignal(Protocol):
         gradient of the backward it ran on its loss branch, into a buffer of its own
         (:class:`cudarl.auxiliary.base.OwnBackward`), beside the step's."""
 
-    def beside_forward(self) -> None:
-        """Work forked right after the rule's forward (the agent's ``forward`` phase), beside the learn
-        phases and ``q_stats``: it may read the batch, the forward's inputs (IQN's taus at s) and the
-        parameters, and writes only its own buffers (causal intervention's forward over the intervened
-        batch); its loss phase continues on the same branch. Most signals have none
-        (:class:`cudarl.auxiliary.base.AuxBase`'s default)."""
-
     def beside_backward(self) -> None:
         """Work forked beside the step's backward, enqueued by the agent's ``backward`` phase once the loss
         branches are joined and before the step's backward (a backward over the forward at s of its own,

@@ -41,9 +41,6 @@ class AuxBase:
     def update_phases(self) -> list:
         return []
 
-    def beside_forward(self) -> None:
-        return None
-
     def beside_backward(self) -> None:
         return None
 
@@ -136,12 +133,10 @@ class SubBatch:
         if self.whole:
             return src
         dst = self.xp.zeros((self.rows, *src.shape[1:]), np.float32)
-        self._pairs.append((src.reshape(self.B, -1), dst.reshape(self.rows, -1), dst))
+        self._pairs.append((src.reshape(self.B, -1), dst.reshape(self.rows, -1)))
         return dst
 
-    def gather(self, *which) -> None:
-        """Copy the sub-batch rows of every buffer :meth:`of` was given (none when R == B), or with
-        ``which`` of those of its sub-batches only (buffers :meth:`of` returned)."""
-        for src, dst, mine in self._pairs:
-            if not which or any(mine is w for w in which):
-                self.ops.spread_rows(dst, src)
+    def gather(self) -> None:
+        """Copy the sub-batch rows of every buffer :meth:`of` was given (none when R == B)."""
+        for src, dst in self._pairs:
+            self.ops.spread_rows(dst, src)

@@ -13,13 +13,10 @@ of the same sample; the swap interventions draw the other sample from the sub-ba
 the sensitivity are means over its rows. Its workspace and GEMM plans are made for that many rows;
 ``aux_batch = 1`` reads the whole batch in place.
 
-Where it runs: a branch of its own, forked twice. Right after the rule's forward
-(:meth:`Causal.beside_forward`, in the agent's ``forward`` phase, beside the learn phases and ``q_stats``):
-the sub-batch's rows of s (and the taus) - intervene - the online forward over the intervened batch in
-a workspace of its own. Then phase ``aux_causal`` (the same branch, forked again once ``q_s`` is written;
-beside the other loss phases and the step's backward): the sub-batch's rows of ``q_s`` - penalty -
-reduce - a backward over that forward into a gradient buffer of its own,
-:class:`cudarl.auxiliary.base.OwnBackward`. After the backward, ``causal`` (join - add that
+Phases: ``aux_causal`` (on a branch of its own, beside the other loss phases and the step's backward:
+the sub-batch's rows - intervene - the online forward over the intervened batch in a workspace of its
+own - penalty - reduce - a backward over that forward into a gradient buffer of its own,
+:class:`cudarl.auxiliary.base.OwnBackward`) and, after the backward, ``causal`` (join - add that
 gradient to the step's, one launch: the bits of adding the step's to it, as when this backward ran
 after the step's on the flat gradient). Observables: ``aux.causal.loss``, ``aux.causal.group`` (the index of the
 step's group in :attr:`Causal.groups`) and ``aux.causal.sensitivity.<group>``, the mean absolute
@@ -121,14 +118,13 @@ class Causal(AuxBase):
     def grad_phases(self) -> list:
         return [("causal", self._grad)]
 
-    def beside_forward(self) -> None:
-        buf, W, obs = self.buf, self.cfg.net.window, self.obs
-        # forked once the rule's forward is enqueued, beside the learn phases and q_stats (issue 19, the
-        # MLP's critical path): it reads the batch's s, the taus at s (drawn by that forward) and the online
-        # parameters (no step moves them before the grad phase joins it), and writes only its own buffers
-        # and workspace
+    def _penalty(self) -> None:
+        buf, W, obs, q_s = self.buf, self.cfg.net.window, self.obs, self.q_s
+        # beside the other loss phases and the step's backward: it reads the batch's s, the taus at s and
+        # q_s (written before this fork) and the online parameters (no step moves them before the grad
+        # phase joins it), and writes only its own buffers, workspace and gradient buffer
         with self.side.fork():
-            self.sub.gather(*(b for b in (self.obs, self.taus) if b is not None))
+            self.sub.gather()
             kw = {} if self.taus is None else {"tau": self.taus}
             if self.numpy:
                 self.x[...] = ref.intervene(obs, self.mask, self.mode, self.counter, self.offset, W)
@@ -136,15 +132,7 @@ class Causal(AuxBase):
                 self.ops.intervene(obs, self.x, self.mask, self.mode, self.counter, self.offset, W)
             # every extra head, though only "q" is read: its own backward runs theirs too (from their
             # zero gradient rows), as it always has, so the gradient it adds keeps its bits (signed zeros)
-            self.out = buf.online.forward(self.x, self.ws, heads="all", **kw)["q"]
-
-    def _penalty(self) -> None:
-        buf, q_s = self.buf, self.q_s
-        # the same branch, forked again once q_s is written (after q_stats): beside the other loss phases
-        # and the step's backward; it writes only its own buffers, workspace and gradient buffer
-        with self.side.fork():
-            self.sub.gather(q_s)
-            out = self.out
+            out = buf.online.forward(self.x, self.ws, heads="all", **kw)["q"]
             grad = buf.online.grad_outputs(self.ws)["q"]
             if self.numpy:
                 if self.c51:

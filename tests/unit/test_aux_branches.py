@@ -369,21 +369,3 @@ def test_gpu_vaccines_backward_runs_beside_the_steps_and_its_grad_phase_waits_fo
     grad = [n for n in nodes if n["phase"] == "vaccine"]
     assert [n["name"] for n in grad] == ["cudarl_vaccine_dots", "cudarl_vaccine_control", "cudarl_vaccine_apply"]
     assert mine | set(steps) <= ancestors(nodes, grad[0]["id"])
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("head", ["c51", "iqn"])
-def test_gpu_causals_intervened_forward_runs_beside_the_learn_phases_and_its_penalty_waits_for_q_s(head):
-    """Causal's branch forks right after the rule's forward: its intervention and forward wait for none of
-    the learn phases or ``q_stats``, and its penalty (in ``aux_causal``) waits for ``q_stats``'s ``q_s``."""
-    nodes, t = traced_train_graph({"net": {"head": head}, "agent": {"aux": HEADS_AND_CAUSAL}})
-    (intervene,) = [n["id"] for n in nodes if n["name"] == "cudarl_causal_intervene"]
-    assert nodes[intervene]["phase"] == "forward"
-    main = t.stream.ptr
-    learn = [n["id"] for n in nodes if n["stream"] == main and n["phase"] not in ("schedules", "sample", "forward")]
-    first_learn, q_stats = learn[0], [n["id"] for n in nodes if n["phase"] == "q_stats" and n["stream"] == main]
-    assert first_learn not in ancestors(nodes, intervene) and q_stats
-    assert not set(q_stats) & ancestors(nodes, intervene)
-    penalty = next(n["id"] for n in nodes if n["name"].startswith("cudarl_causal_penalty"))
-    assert nodes[penalty]["phase"] == "aux_causal" and set(q_stats) <= ancestors(nodes, penalty)
-    assert intervene in ancestors(nodes, penalty)
