@@ -72,9 +72,9 @@ extern "C" __global__ void cudarl_vaccine_control(const float* __restrict__ part
 
 // ---------------------------------------------------------------------------------------------
 // cudarl_vaccine_apply: grads[i] = full[i] + c (full[i] - aux[i]) on [lo, hi), full[i] elsewhere
-// (c = state[2]; grads may be aux: each element is read, then written, by one thread).
+// (c = state[2]; grads may be full or aux: each element is read, then written, by one thread).
 // Threads: grid-stride. Reads 8n bytes; writes 4n.
-extern "C" __global__ void cudarl_vaccine_apply(const float* __restrict__ full, const float* aux, float* grads,
+extern "C" __global__ void cudarl_vaccine_apply(const float* full, const float* aux, float* grads,
                                                 const float* __restrict__ state, long long n, long long lo,
                                                 long long hi) {
   const float c = state[2];

@@ -16,11 +16,12 @@ that :class:`cudarl.graph.StepGraph` captures (GPU) or runs in order (NumPy)::
              - cql (agent.cql_alpha) - plan (net.plan: cudarl.plan) - the auxiliary signals' loss
              phases (on their branch, joined by the backward) - priorities (a parallel branch to the end) -
              backward (dx chain | weight gradients, in parallel; joins the auxiliary branches) - the
-             auxiliary signals' grad phases (Gradient Vaccine's backward; the causal penalty's gradient,
-             from a backward on its branch beside this one, added: they read and rewrite the flat
-             gradient, the auxiliary heads' included) - the auxiliary signals' own
-             optimiser steps (agent.aux "risk": aux_risk_sgd; "denoise": aux_denoise_sgd; after the grad
-             phases so that those see the heads' gradients before a step clears them) - adam (one launch: the
+             auxiliary signals' grad phases (Gradient Vaccine's correction, from the auxiliary heads'
+             backward on its branch beside this one; the causal penalty's gradient, from a backward on its
+             branch beside this one, added: they read and rewrite the flat gradient, the auxiliary heads'
+             included) - the auxiliary signals' own optimiser steps (agent.aux "risk": aux_risk_sgd; "denoise":
+             aux_denoise_sgd; after the grad phases so that those see the heads' gradients before a step clears
+             them) - adam (one launch: the
              gradient norm and clip, the update with the target net's soft update and the publish of loss
              and gradient norm to the host ring; three launches with run.grid_barrier = false) -
              spectral (net.spectral: a power iteration and W_sn of both nets) - publish (the
@@ -209,6 +210,8 @@ class Agent:
         """Gradients of the online net from the s half of the rule's forward (``buffers.ws``)."""
         buf = self.buffers
         buf.side_aux.join()  # the auxiliary signals' loss branch wrote their heads' gradients
+        for s in self.aux:  # work of theirs beside this backward (Gradient Vaccine's backward)
+            s.beside_backward()
         buf.ws.set_batch(self.batch_size)
         self.online.backward(self.batch.obs, buf.ws)
         for side in self.grad_sides:  # the weight gradients, before anything reads them

@@ -66,9 +66,16 @@ class AuxSignal(Protocol):
     def grad_phases(self) -> list[Phase]:
         """Its phase(s) after the backward and before the optimiser: they may read and rewrite the
         step's flat gradient (``buffers.online.grads``); most signals have none
-        (:class:`cudarl.auxiliary.base.AuxBase`'s default). Gradient Vaccine runs a backward of its own
-        here; causal intervention adds the gradient of the backward it ran on its loss branch, into a
-        buffer of its own (:class:`cudarl.auxiliary.base.OwnBackward`), beside the step's."""
+        (:class:`cudarl.auxiliary.base.AuxBase`'s default). Gradient Vaccine corrects it with the backward
+        of its own it ran beside the step's (:meth:`beside_backward`); causal intervention adds the
+        gradient of the backward it ran on its loss branch, into a buffer of its own
+        (:class:`cudarl.auxiliary.base.OwnBackward`), beside the step's."""
+
+    def beside_backward(self) -> None:
+        """Work forked beside the step's backward, enqueued by the agent's ``backward`` phase once the loss
+        branches are joined and before the step's backward (a backward over the forward at s of its own,
+        into its own buffers: Gradient Vaccine's), and joined by its grad phase; most signals have none
+        (:class:`cudarl.auxiliary.base.AuxBase`'s default)."""
 
     def update_phases(self) -> list[Phase]:
         """Its optimiser step(s) of its own, after every grad phase and before the shared Adam: they read

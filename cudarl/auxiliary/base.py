@@ -1,8 +1,7 @@
 """What the built-in auxiliary signals share: :class:`AuxBase` (the protocol's defaults),
-:class:`ExtraBackward` (a backward of the online net of a signal's own, kept out of the step's gradient
-until the signal recombines it), :class:`OwnBackward` (one into a gradient buffer of its own, which runs
-beside the step's backward) and :class:`SubBatch` (the rows ``agent.aux_batch`` gives the denoise and
-causal passes)."""
+:class:`OwnBackward` (a backward of the online net of a signal's own, into a gradient buffer of its own,
+which runs beside the step's backward: causal intervention's and Gradient Vaccine's) and :class:`SubBatch`
+(the rows ``agent.aux_batch`` gives the denoise and causal passes)."""
 
 from __future__ import annotations
 
@@ -42,6 +41,9 @@ class AuxBase:
     def update_phases(self) -> list:
         return []
 
+    def beside_backward(self) -> None:
+        return None
+
     def observable(self) -> dict:
         return {}
 
@@ -63,36 +65,6 @@ def read(state) -> np.ndarray:
     return np.asarray(to_numpy(state), np.float64)
 
 
-class ExtraBackward:
-    """A second backward of ``online`` in the same step, on the flat gradient (Gradient Vaccine's, which
-    needs the step's gradient anyway; :class:`OwnBackward` is one beside the step's).
-    :meth:`QNetwork.backward` overwrites the flat gradient, so :meth:`save` copies the step's gradient
-    into :attr:`saved` first; :meth:`run` then runs the backward over a workspace and joins the layers'
-    weight-gradient branches (the agent's :meth:`cudarl.agent.Agent.backward` does the same), leaving that
-    backward's gradient in ``online.grads``; :meth:`add_saved` puts the step's gradient back on top of it."""
-
-    def __init__(self, online, xp):
-        self.online = online
-        self.saved = xp.zeros_like(online.grads)
-        self.copy_ops, self.util = family("auxgrad", xp), family("util", xp)
-
-    def save(self) -> None:
-        self.copy_ops.copy(self.saved, self.online.grads)
-
-    def run(self, x, ws, rows: int, last_layer: bool = False) -> None:
-        """The backward over ``rows`` of ``ws`` (``last_layer``: the encoder's stops after its last layer,
-        :meth:`cudarl.nn.QNetwork.backward`)."""
-        ws.set_batch(rows)
-        self.online.backward(x, ws, last_layer=last_layer)
-        sides = {id(lin.side): lin.side for lin in self.online.linears.values() if lin.side is not None}
-        for side in sides.values():
-            side.join()
-
-    def add_saved(self) -> None:
-        g = self.online.grads
-        self.util.add_f32(g, g, self.saved)
-
-
 class OwnBackward:
     """A second backward of ``online`` in the same step that writes a gradient buffer of its own,
     :attr:`grads` (through :attr:`net`, ``online.twin()``: the same parameters, its own gradient views),
@@ -100,26 +72,34 @@ class OwnBackward:
     :meth:`run` runs it over a workspace of one of ``online``'s forwards, its layers' weight gradients on
     branches of their own (:attr:`sides`, joined before it returns), and :meth:`add_into` adds it to the
     step's gradient: ``grads[i] = grads[i] + own[i]`` (one launch; IEEE addition is commutative, so this is
-    bit for bit :class:`ExtraBackward`'s ``own + saved``).
+    bit for bit the backward on the flat gradient plus the saved step's gradient, as causal's grad phase
+    once computed it).
 
     ``rows``: the largest batch :meth:`run` is given (its cuBLASLt plans are made here, before any
-    capture). Hazards: :meth:`run` reads ``online``'s parameters (and spectral state) and the workspace's
-    forward, and writes only :attr:`grads` and the workspace's gradient rows; nothing may write those
-    parameters (an optimiser step) before it is joined."""
+    capture). ``branches``: ``"layer"``, a side stream per layer for the weight gradients (beside each other
+    and the dx chain), or ``"one"``, one side stream for all of them (a backward of a few small layers:
+    one cuBLAS workspace instead of one a layer). Hazards: :meth:`run` reads ``online``'s parameters (and
+    spectral state) and the workspace's forward, and writes only :attr:`grads` and the workspace's gradient rows;
+    nothing may write those parameters (an optimiser step) before it is joined."""
 
-    def __init__(self, online, xp, rows: int):
+    def __init__(self, online, xp, rows: int, branches: str = "layer"):
         self.net = online.twin()
         self.grads = self.net.grads
         self.net.prepare_backward(rows)
-        self.sides = [SideStream(xp) for _ in self.net.linears]
-        self.net.set_side_stream(self.sides)
+        if branches not in ("layer", "one"):
+            raise ValueError(f'OwnBackward: branches "layer" or "one", got {branches!r}')
+        n = len(self.net.linears) if branches == "layer" else 1
+        self.sides = [SideStream(xp) for _ in range(n)]
+        self.net.set_side_stream(self.sides if branches == "layer" else self.sides[0])
         self.util = family("util", xp)
 
-    def run(self, x, ws, rows: int) -> None:
+    def run(self, x, ws, rows: int, last_layer: bool = False) -> None:
         """The backward over ``rows`` of ``ws`` (a workspace of the online net's forward of ``x``) into
-        :attr:`grads`, on the current stream and :attr:`sides`, joined back into it."""
+        :attr:`grads`, on the current stream and :attr:`sides`, joined back into it (``last_layer``: the
+        encoder's stops after its last layer, :meth:`cudarl.nn.QNetwork.backward`; the other entries of
+        :attr:`grads` are left as they were)."""
         ws.set_batch(rows)
-        self.net.backward(x, ws)
+        self.net.backward(x, ws, last_layer=last_layer)
         for side in self.sides:
             side.join()
 

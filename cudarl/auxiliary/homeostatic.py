@@ -8,7 +8,11 @@ its smooth twin, the effective share of atoms ``u = exp(H(m)) / K`` of the batch
 through the dueling combine into the head's raw gradient, beside the C51 loss's (as CQL's does).
 
 Phase ``aux_homeostatic`` (after ``q_stats``, whose logits at ``s`` it reads): probs - mass - control -
-grad - dueling backward (added). Observables: ``aux.homeostatic.utilisation`` (u),
+grad - dueling backward (added), on a branch of its own beside the other signals' losses (the backward
+joins it through ``buffers.side_aux``). It adds onto the head's raw gradient after the rule's loss, CQL and
+the plan head wrote theirs (their phases run on the main stream before it forks), and nothing reads or
+writes that gradient before the backward joins it: the same sum, in the same order, as on the main stream.
+Observables: ``aux.homeostatic.utilisation`` (u),
 ``aux.homeostatic.entropy`` (H, nats) and ``aux.homeostatic.loss``. C51 only: a head without atoms has
 no utilisation.
 """
@@ -18,6 +22,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..backend import family
+from ..graph import SideStream
 from ..reference import homeostatic as ref
 from .base import AuxBase, read
 
@@ -39,6 +44,7 @@ class Homeostatic(AuxBase):
         self.state = xp.zeros(3, np.float32)
         self.dlogits = xp.zeros((B, A, K), np.float32)
         self.ops, self.nn_ops = family("homeostatic", xp), family("nn", xp)
+        self.side = SideStream(xp)
 
     def phases(self) -> list:
         return [("aux_homeostatic", self._phase)]
@@ -50,6 +56,13 @@ class Homeostatic(AuxBase):
         # the logits at s the q_stats phase combined from the head's raw output (same workspace rows)
         logits = buf.ws.rows(f"{head.name}.logits", B).reshape(-1, K)
         grad2d = self.dlogits.reshape(-1, K)
+        raw = buf.train_grad(raw=True)
+        # off the main chain (issue 19, the MLP's critical path): it reads the logits at s (written before
+        # this fork) and writes its own buffers and, last, adds onto the raw gradient the backward reads
+        with buf.aux_branch(self.side):
+            self._launch(logits, grad2d, raw)
+
+    def _launch(self, logits, grad2d, raw) -> None:
         if self.numpy:
             self.p[...] = ref.probs(logits)
             self.m[...] = ref.mass(self.p)
@@ -60,7 +73,7 @@ class Homeostatic(AuxBase):
             self.ops.mass(self.p, self.m)
             self.ops.control(self.m, self.g, self.state, self.target, self.weight)
             self.ops.grad(self.p, self.g, grad2d)
-        self.nn_ops.dueling_backward(self.dlogits, buf.train_grad(raw=True), accumulate=True)
+        self.nn_ops.dueling_backward(self.dlogits, raw, accumulate=True)
 
     def observable(self) -> dict:
         loss, u, h = read(self.state)

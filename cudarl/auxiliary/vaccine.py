@@ -17,11 +17,19 @@ per-layer granularity, the one psi comes out of. With ``last`` the auxiliary-onl
 that layer's parameter gradients (:meth:`cudarl.nn.QNetwork.backward`'s ``last_layer``): the heads'
 backward and one layer's, not the whole encoder's.
 
-Phase ``vaccine`` after the backward, before the optimiser (:meth:`grad_phases`): save the full gradient
-- zero the main outputs' gradients in the workspace - a backward with only the auxiliary heads'
-(``aux``; through the scope's parameters) - dots - control - apply (the scope's slice ``[lo, hi)``
-becomes ``full + c (full - aux)``, the rest ``full``). The target cosine ``phi_hat`` is an EMA in device
-memory (``state[0]``), read and moved by the control kernel inside the graph; it is checkpointed.
+Where it runs (issue 19, the MLP's critical path): its backward with only the auxiliary heads' gradients
+(``aux``; through the scope's parameters) runs on a branch of its own beside the step's backward
+(:meth:`beside_backward`, forked once the loss branches are joined), into a gradient buffer of its own
+(:class:`cudarl.auxiliary.base.OwnBackward`) over a workspace that shares the step's forward at s and has
+its own copy of every buffer that backward writes (:meth:`cudarl.nn.params.Workspace.shadow` of
+:meth:`cudarl.nn.QNetwork.backward_writes`), in which the main outputs' gradients are zero. Phase
+``vaccine`` after the backward, before the optimiser (:meth:`grad_phases`): join that branch - dots -
+control - apply (the flat gradient, in place: the scope's slice ``[lo, hi)`` becomes
+``full + c (full - aux)``, the rest stays ``full``). ``full`` is the flat gradient as the backward and the
+grad phases before this one left it, as before; ``aux`` is the same kernels over the same inputs as the
+backward this phase once ran on the flat gradient after saving it, so every bit is as it was. The
+target cosine ``phi_hat`` is an EMA in device memory (``state[0]``), read and moved by the control kernel
+inside the graph; it is checkpointed.
 Observables: ``aux.vaccine.cos`` (phi), ``aux.vaccine.target`` (phi_hat after the step),
 ``aux.vaccine.coef`` (c), ``aux.vaccine.norm_main``, ``aux.vaccine.norm_aux``.
 
@@ -34,8 +42,9 @@ what they carry across steps is the EMA of the cosine (their eq. 5): that is the
 A previous step's gradient is the sum of both losses' gradients at the previous weights, neither
 task's gradient now, so its cosine with this step's auxiliary gradient would not be the paper's ``phi``.
 We pay for the same-step gradients with the second backward (with ``vaccine_scope = "last"`` it stops
-after one layer). The other buffers of the phase (``ExtraBackward.saved``: this step's full gradient;
-``partial``; ``state[1:]``: this step's phi, c and norms) are rewritten every step before they are read.
+after one layer). The other buffers of the phase (``OwnBackward.grads`` on ``[lo, hi)``: this step's
+auxiliary gradient; ``partial``; ``state[1:]``: this step's phi, c and norms) are rewritten every step
+before they are read.
 """
 
 from __future__ import annotations
@@ -43,8 +52,9 @@ from __future__ import annotations
 import numpy as np
 
 from ..backend import family
+from ..graph import SideStream
 from ..reference import vaccine as ref
-from .base import AuxBase, ExtraBackward, read
+from .base import AuxBase, OwnBackward, read
 
 KEYS = ("target", "cos", "coef", "norm_main", "norm_aux")
 
@@ -82,7 +92,24 @@ class Vaccine(AuxBase):
         self.last_layer = self.scope == "last"
         scope = online.encoder.last_layer if self.last_layer else None
         self.lo, self.hi = encoder_slice(online.layout, names=scope)
-        self.extra = ExtraBackward(online, xp)
+        B, ws = buffers.batch_size, buffers.ws
+        # its own backward beside the step's: a gradient buffer of its own, a workspace sharing the forward
+        # at s with its own gradient rows (those it zeroes, those the backward writes); the auxiliary
+        # heads' gradient rows are the step's, which neither backward writes (checked here)
+        # (the step's backward writes what the full one writes; this one, what its scope's writes)
+        head = online.head
+        zeroed = {head.grad_name, *(online.extras[n].grad_name for n in self.main_extras)}
+        try:  # C51's raw output too (dL/dva: what the rule's loss writes)
+            zeroed.add(head.raw_grad_name())
+        except ValueError:
+            pass
+        written = online.backward_writes() | online.backward_writes(last_layer=True)
+        aux_rows = {online.extras[n].grad_name for n in self.aux_heads}
+        self.need(not aux_rows & written, f"a backward writes the heads' gradient rows {sorted(aux_rows & written)}")
+        self.ws = ws.shadow(zeroed | written)
+        self.zeroed = sorted(zeroed)
+        self.extra = OwnBackward(online, xp, B, branches="one")
+        self.side = SideStream(xp)
         self.partial = xp.zeros((ref.blocks(self.hi - self.lo), 3), np.float32)
         self.state = xp.zeros(ref.STATE, np.float32)  # phi_hat_0 = 0 (the paper's initial target)
         self.ops, self.util = family("vaccine", xp), family("util", xp)
@@ -90,24 +117,29 @@ class Vaccine(AuxBase):
     def grad_phases(self) -> list:
         return [("vaccine", self._phase)]
 
+    def beside_backward(self) -> None:
+        # forked when the step's backward begins (the loss branches joined): it reads the forward at s and
+        # the auxiliary heads' gradient rows, which the step's backward only reads, and the parameters
+        # (nothing moves them before the grad phase joins it); it writes its own rows and gradient only
+        buf, B, ws, mine = self.buf, self.buf.batch_size, self.buf.ws, self.ws
+        mine.x, mine.raw_head, mine.heads = ws.x, ws.raw_head, ws.heads
+        with self.side.fork():
+            mine.set_batch(B)
+            for name in self.zeroed:  # only the auxiliary heads' gradients reach psi
+                self.util.fill_u32(mine.rows(name, B).view(np.uint32), 0)
+            self.extra.run(buf.batch.obs, mine, B, last_layer=self.last_layer)
+
     def _phase(self) -> None:
-        buf, online = self.buf, self.buf.online
-        B, ws = buf.batch_size, buf.ws
-        self.extra.save()
-        ws.set_batch(B)
-        outs = online.grad_outputs(ws, raw_head=ws.raw_head)
-        for name in ("q", *self.main_extras):  # only the auxiliary heads' gradients stay
-            self.util.fill_u32(outs[name].view(np.uint32), 0)
-        self.extra.run(buf.batch.obs, ws, B, last_layer=self.last_layer)
-        full, aux = self.extra.saved, online.grads
+        self.side.join()
+        full, aux = self.buf.online.grads, self.extra.grads
         if self.numpy:
             self.partial[...] = ref.dots(full, aux, self.lo, self.hi)
             self.state[...] = ref.control(self.partial, self.state, self.beta)
-            aux[...] = ref.apply(full, aux, self.state, self.lo, self.hi)
+            full[...] = ref.apply(full, aux, self.state, self.lo, self.hi)
         else:
             self.ops.dots(full, aux, self.partial, self.lo, self.hi)
             self.ops.control(self.partial, self.state, self.beta)
-            self.ops.apply(full, aux, aux, self.state, self.lo, self.hi)
+            self.ops.apply(full, aux, full, self.state, self.lo, self.hi)
 
     def observable(self) -> dict:
         return {f"aux.vaccine.{k}": v for k, v in zip(KEYS, read(self.state), strict=True)}

@@ -177,6 +177,37 @@ class QNetwork:
             dtype=self.dtype, max_batch=None, params_of=self,
         )  # fmt: skip
 
+    def backward_writes(self, last_layer: bool = False) -> frozenset:
+        """The names of the workspace buffers a :meth:`backward` (with ``last_layer``) writes, found by
+        running one on a NumPy network of this structure over 2 random rows (raw and not, where the head
+        has a raw output) and comparing every buffer before and after: the buffers a second backward over
+        the same forward needs of its own to run beside this network's
+        (:meth:`cudarl.nn.params.Workspace.shadow`). A buffer written with the values it held is not
+        found (running beside, both sides then read and write the same bits)."""
+        extra_heads, input_gate = self._makers
+        net = QNetwork(
+            self.n_in, self.n_actions, self.config, extra_heads=extra_heads, input_gate=input_gate, xp=np,
+            max_batch=2, seed=1,
+        )  # fmt: skip
+        rng = np.random.default_rng(0)
+        written = set()
+        for raw in (False, True):
+            try:
+                self.head._no_raw(raw)
+            except ValueError:
+                continue
+            ws = net.new_workspace(2)
+            for buf in ws.bufs.values():
+                buf[...] = rng.normal(size=buf.shape).astype(buf.dtype) if buf.dtype.kind == "f" else buf
+            x = rng.normal(size=(2, self.n_in)).astype(self.dtype)
+            net.forward(x, ws, raw_head=raw, heads="all")
+            for g in net.grad_outputs(ws, raw_head=raw).values():
+                g[...] = rng.normal(size=g.shape).astype(g.dtype)
+            before = {k: v.copy() for k, v in ws.bufs.items()}
+            net.backward(x, ws, last_layer=last_layer)
+            written |= {k for k, v in ws.bufs.items() if not np.array_equal(v, before[k], equal_nan=True)}
+        return frozenset(written)
+
     def new_workspace(self, max_batch: int) -> Workspace:
         """A workspace for batches up to ``max_batch`` (one per concurrent forward, e.g. s and s').
 

@@ -185,6 +185,18 @@ class Workspace:
         """A new zero buffer of ``shape`` (what :meth:`add` allocates)."""
         return self.xp.zeros(shape, dtype=dtype)
 
+    def shadow(self, own) -> Workspace:
+        """A workspace over this one's buffers but for the names in ``own``, which get zero buffers of their
+        own (allocated here): a second backward over this workspace's forward that writes only ``own``
+        (:meth:`cudarl.nn.QNetwork.backward_writes`) can run beside one over this workspace. The last
+        forward's input, raw flag and heads are copied; no extra heads' branch."""
+        ws = Workspace(self.xp, self.dtype, self.max_batch)
+        for name, buf in self.bufs.items():
+            ws.bufs[name] = self._zeros(buf.shape, buf.dtype) if name in own else buf
+            ws._merge[name] = self._merge[name]
+        ws.batch, ws.x, ws.raw_head, ws.heads = self.batch, self.x, self.raw_head, self.heads
+        return ws
+
     def rows(self, name: str, B: int | None = None):
         B = self.batch if B is None else B
         v = self.bufs[name][:B]

@@ -40,7 +40,7 @@ def control(partial, state, beta: float, stream=None) -> None:
 
 
 def apply(full, aux, grads, state, lo: int, hi: int, stream=None) -> None:
-    """``grads = full + c (full - aux)`` on ``[lo, hi)``, ``full`` elsewhere (``grads`` may be ``aux``)."""
+    """``grads = full + c (full - aux)`` on ``[lo, hi)``, ``full`` elsewhere (``grads`` may be ``full`` or ``aux``)."""
     (n,) = full.shape
     _range("vaccine.apply", n, lo, hi)
     for name, a in (("full", full), ("aux", aux), ("grads", grads)):

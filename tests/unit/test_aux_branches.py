@@ -19,6 +19,7 @@ from test_windows import ENCODER_NETS
 from cudarl.graph import SideStream
 from cudarl.nn import QNetwork
 from cudarl.nn.layers import Linear
+from cudarl.reference import vaccine as vref
 from cudarl.trainer import Trainer
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
@@ -118,6 +119,66 @@ def test_causals_own_backward_added_is_the_backward_on_the_flat_gradient_bit_for
     assert np.any(seen["own"] != 0) and causal.extra.grads is not online.grads
     np.testing.assert_array_equal(_bits(seen["own"]), _bits(seen["old"]))
     np.testing.assert_array_equal(_bits(seen["sum"]), _bits(np.add(seen["old"], seen["step"], dtype=np.float32)))
+
+
+@pytest.mark.parametrize(
+    "net,scope",
+    [
+        ({"head": "c51"}, "last"),
+        ({"head": "c51"}, "encoder"),
+        ({"head": "iqn"}, "last"),
+        ({"head": "qrdqn", "spectral": ("enc.1",)}, "last"),
+        ({"head": "c51", **ENCODER_NETS["ssm"]}, "last"),
+        ({"head": "iqn", **ENCODER_NETS["attention"]}, "encoder"),
+    ],
+)
+def test_vaccines_own_backward_is_the_backward_it_ran_on_the_flat_gradient_bit_for_bit(net, scope):
+    """One update, watched: Gradient Vaccine's backward (begun in the step's backward phase, into its own
+    buffer over a shadow of the forward's workspace) equals, on its scope, the backward its grad phase once
+    ran on the flat gradient after the step's (the main outputs' gradient rows zeroed in the step's
+    workspace), and the gradient its grad phase leaves is the paper's correction of the flat gradient by
+    that one: every bit."""
+    aux = ["horizons", "risk", "selectivity", "causal", "vaccine"]
+    over = {"aux": aux, "vaccine_beta": 0.2, "vaccine_scope": scope, "causal_groups": ["calendar", "offset"]}
+    t = _trainer(net=net, agent=over)
+    online, buf, vac = t.agent.online, t.agent.buffers, t.agent.aux[4]
+    seen = {}
+
+    def after(name, fn, before=None):
+        def spy(inner=dict(t.train_graph.phases)[name]):
+            if before is not None:
+                before()
+            inner()
+            fn()
+
+        return spy
+
+    def old_way():  # the former grad phase's backward, on the flat gradient over the step's workspace
+        step = online.grads.copy()
+        ws, B = buf.ws, buf.batch_size
+        ws.set_batch(B)
+        outs = online.grad_outputs(ws, raw_head=ws.raw_head)
+        for name in ("q", *vac.main_extras):
+            outs[name][...] = 0
+        online.backward(buf.batch.obs, ws, last_layer=scope == "last")
+        seen["old"] = online.grads.copy()
+        online.grads[...] = step
+
+    def before_vaccine():
+        seen["full"] = online.grads.copy()
+        old_way()
+
+    spies = {
+        "backward": after("backward", lambda: seen.update(own=vac.extra.grads.copy())),
+        "vaccine": after("vaccine", lambda: seen.update(out=online.grads.copy()), before=before_vaccine),
+    }
+    t.train_graph.phases = [(n, spies.get(n, f)) for n, f in t.train_graph.phases]
+    t.run(t.cfg.agent.learning_starts // t.cfg.env.n_envs + 2)
+    lo, hi = vac.lo, vac.hi
+    assert np.any(seen["own"][lo:hi] != 0) and vac.extra.grads is not online.grads
+    np.testing.assert_array_equal(_bits(seen["own"][lo:hi]), _bits(seen["old"][lo:hi]))
+    want = vref.apply(seen["full"], seen["old"], vac.state, lo, hi)
+    np.testing.assert_array_equal(_bits(seen["out"]), _bits(want))
 
 
 def test_denoises_pass_is_a_branch_of_its_own_touching_nothing_the_steps_backward_does():
@@ -258,3 +319,53 @@ def test_gpu_denoises_pass_runs_beside_the_steps_backward_and_the_losses_and_its
     assert mine | set(steps) <= ancestors(nodes, sgd[0])  # it joins the pass, after the backward
     first_adam = next(n["id"] for n in nodes if n["phase"] == "adam")
     assert set(sgd) <= ancestors(nodes, first_adam)  # Adam reads the parameters the steps moved
+
+
+@pytest.mark.gpu
+def test_gpu_homeostatics_phase_runs_beside_the_chain_and_the_backward_waits_for_it():
+    """The homeostatic regulariser's five launches sit on a branch of their own: nothing on the main stream
+    after q_stats waits for them but the backward, which joins them (issue 19, the MLP's critical path)."""
+    nodes, t = traced_train_graph({"agent": {"aux": ["horizons", "homeostatic", "causal"]}})
+    homeo = t.agent.aux[1]
+    mine = {n["id"] for n in nodes if n["phase"] == "aux_homeostatic"}
+    assert len(mine) == 5 and {nodes[i]["stream"] for i in mine} == {homeo.side.stream.ptr}
+    causal = {n["id"] for n in nodes if n["phase"] == "aux_causal"}
+    assert causal and not any(mine & ancestors(nodes, i) for i in causal)  # beside causal's pass
+    first_backward = next(n["id"] for n in nodes if n["phase"] == "backward")
+    assert mine <= ancestors(nodes, first_backward)
+    q_stats = {n["id"] for n in nodes if n["phase"] == "q_stats" and n["stream"] == t.stream.ptr}
+    assert q_stats and q_stats <= set().union(*(ancestors(nodes, i) for i in mine))  # it reads the logits at s
+
+
+def test_a_shadow_workspace_shares_the_forward_and_owns_what_a_backward_writes(rng):
+    """``QNetwork.backward_writes`` finds the gradient rows a backward writes (the last layer's: fewer),
+    never the forward's activations, and ``Workspace.shadow`` gives exactly those buffers of its own."""
+    net = QNetwork(12, 3, hidden=(16, 8), extra_heads={"probe": _extra}, max_batch=4)
+    full, last = net.backward_writes(), net.backward_writes(last_layer=True)
+    assert last < full and "enc.1.dout" in last and "enc.0.dout" in full - last
+    assert not {n for n in full if n.endswith(".out") or n.endswith(".logits")}
+    assert "aux.probe.dout" not in full  # an identity head's gradient rows are only read
+    sh = net.ws.shadow(full)
+    assert set(sh.bufs) == set(net.ws.bufs)
+    for name, b in sh.bufs.items():
+        assert (b is not net.ws.bufs[name]) == (name in full)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("head", ["c51", "iqn"])
+def test_gpu_vaccines_backward_runs_beside_the_steps_and_its_grad_phase_waits_for_both(head):
+    """Gradient Vaccine's backward (launched in the backward phase, on its own branch) and the step's
+    backward wait for none of each other; the grad phase (dots, control, apply: three launches, no copy of
+    the gradient) waits for both."""
+    nodes, t = traced_train_graph({"net": {"head": head}, "agent": {"aux": ["horizons", "risk", "vaccine"]}})
+    vac = t.agent.aux[2]
+    mine_streams = {vac.side.stream.ptr, *(s.stream.ptr for s in vac.extra.sides)}
+    backward = [n for n in nodes if n["phase"] == "backward"]
+    mine = {n["id"] for n in backward if n["stream"] in mine_streams}
+    steps = [n["id"] for n in backward if n["stream"] not in mine_streams]
+    assert mine and steps
+    assert not any(mine & ancestors(nodes, i) for i in steps)  # the step's backward waits for none of it
+    assert not any(set(steps) & ancestors(nodes, i) for i in mine)  # nor it for the step's
+    grad = [n for n in nodes if n["phase"] == "vaccine"]
+    assert [n["name"] for n in grad] == ["cudarl_vaccine_dots", "cudarl_vaccine_control", "cudarl_vaccine_apply"]
+    assert mine | set(steps) <= ancestors(nodes, grad[0]["id"])
