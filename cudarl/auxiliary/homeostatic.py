@@ -7,8 +7,12 @@ its smooth twin, the effective share of atoms ``u = exp(H(m)) / K`` of the batch
 ``agent.homeostatic_weight * (u - agent.homeostatic_target)^2``. Its gradient on the logits goes
 through the dueling combine into the head's raw gradient, beside the C51 loss's (as CQL's does).
 
-Phase ``aux_homeostatic`` (after ``q_stats``, whose logits at ``s`` it reads): probs - mass - control -
-grad - dueling backward (added). Observables: ``aux.homeostatic.utilisation`` (u),
+Phase ``aux_homeostatic`` (after ``q_stats``, whose logits at ``s`` it reads), on a branch of its own that
+the backward joins through ``buffers.side_aux`` (:meth:`cudarl.rules.base.LearnerBuffers.aux_branch`):
+probs - mass - control - grad - dueling backward (added into the head's raw gradient, after the rule's loss
+and CQL, which wrote it on the main stream before the fork; nothing on the main stream touches it again
+before the backward, which reads it after the join). Off the main stream, the phases after it (causal's
+penalty) need not wait for its five kernels; the backward still does, as it reads what they add. Observables: ``aux.homeostatic.utilisation`` (u),
 ``aux.homeostatic.entropy`` (H, nats) and ``aux.homeostatic.loss``. C51 only: a head without atoms has
 no utilisation.
 """
@@ -18,6 +22,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..backend import family
+from ..graph import SideStream
 from ..reference import homeostatic as ref
 from .base import AuxBase, read
 
@@ -39,6 +44,7 @@ class Homeostatic(AuxBase):
         self.state = xp.zeros(3, np.float32)
         self.dlogits = xp.zeros((B, A, K), np.float32)
         self.ops, self.nn_ops = family("homeostatic", xp), family("nn", xp)
+        self.side = SideStream(xp)
 
     def phases(self) -> list:
         return [("aux_homeostatic", self._phase)]
@@ -50,17 +56,18 @@ class Homeostatic(AuxBase):
         # the logits at s the q_stats phase combined from the head's raw output (same workspace rows)
         logits = buf.ws.rows(f"{head.name}.logits", B).reshape(-1, K)
         grad2d = self.dlogits.reshape(-1, K)
-        if self.numpy:
-            self.p[...] = ref.probs(logits)
-            self.m[...] = ref.mass(self.p)
-            self.g[...], self.state[...] = ref.control(self.m, self.target, self.weight)
-            grad2d[...] = ref.grad(self.p, self.g)
-        else:
-            self.ops.probs(logits, self.p)
-            self.ops.mass(self.p, self.m)
-            self.ops.control(self.m, self.g, self.state, self.target, self.weight)
-            self.ops.grad(self.p, self.g, grad2d)
-        self.nn_ops.dueling_backward(self.dlogits, buf.train_grad(raw=True), accumulate=True)
+        with buf.aux_branch(self.side):
+            if self.numpy:
+                self.p[...] = ref.probs(logits)
+                self.m[...] = ref.mass(self.p)
+                self.g[...], self.state[...] = ref.control(self.m, self.target, self.weight)
+                grad2d[...] = ref.grad(self.p, self.g)
+            else:
+                self.ops.probs(logits, self.p)
+                self.ops.mass(self.p, self.m)
+                self.ops.control(self.m, self.g, self.state, self.target, self.weight)
+                self.ops.grad(self.p, self.g, grad2d)
+            self.nn_ops.dueling_backward(self.dlogits, buf.train_grad(raw=True), accumulate=True)
 
     def observable(self) -> dict:
         loss, u, h = read(self.state)
