@@ -15,18 +15,19 @@ the sensitivity are means over its rows. Its workspace and GEMM plans are made f
 
 Phases (:class:`cudarl.auxiliary.base.OwnBackward`: the backward of its own, into a gradient buffer of
 its own, on the branch beside the step's backward): with C51, ``aux_causal_do`` right after ``sample``
-(:meth:`AuxSignal.early_phases`: it forks the branch - the sub-batch's observation rows - intervene - the
-online forward over the intervened batch in a workspace of its own - beside the step's forward, the rule's
-learn phases and ``q_stats``: it reads only the batch's s and the online parameters, which nothing moves
-before Adam) and ``aux_causal`` among the loss phases (the branch waits for the main stream there, as
-``q_s`` is written: the sub-batch's ``q_s`` rows - penalty - reduce - the backward); with a quantile head
-the whole pass is ``aux_causal`` (its forward at s draws the taus the intervened forward reads, and PopArt
-rescales ``head.out`` in that phase, so the pass cannot start before it). After the backward, ``causal``
-(join - add that gradient to the step's, one launch: the bits of adding the step's to it, as when this
-backward ran after the step's on the flat gradient). Observables: ``aux.causal.loss``, ``aux.causal.group`` (the index of the
-step's group in :attr:`Causal.groups`) and ``aux.causal.sensitivity.<group>``, the mean absolute
-change of Q the last time that group was intervened on (what ``docs/guide.md`` calls the measured
-sensitivity); each evaluation's ``summary.json`` lists them as ``causal_sensitivity`` (:func:`sensitivities`).
+(:meth:`AuxSignal.early_phases`: it forks the branch - the sub-batch's observation rows - intervene -
+the online forward over the intervened batch in a workspace of its own - beside the step's forward, the
+rule's learn phases and ``q_stats``: it reads only the batch's s and the online parameters, which
+nothing moves before Adam) and ``aux_causal`` among the loss phases (the branch waits for the main
+stream there, as ``q_s`` is written: the sub-batch's ``q_s`` rows - penalty - reduce - the backward);
+with a quantile head the whole pass is ``aux_causal`` (its forward at s draws the taus the intervened
+forward reads, and PopArt rescales ``head.out`` in that phase, so the pass cannot start before it).
+After the backward, ``causal`` (join - add that gradient to the step's, one launch: the bits of adding
+the step's to it, as when this backward ran after the step's on the flat gradient). Observables:
+``aux.causal.loss``, ``aux.causal.group`` (the index of the step's group in :attr:`Causal.groups`) and
+``aux.causal.sensitivity.<group>``, the mean absolute change of Q the last time that group was
+intervened on (what ``docs/guide.md`` calls the measured sensitivity); each evaluation's
+``summary.json`` lists them as ``causal_sensitivity`` (:func:`sensitivities`).
 """
 
 from __future__ import annotations

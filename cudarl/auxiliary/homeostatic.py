@@ -7,14 +7,15 @@ its smooth twin, the effective share of atoms ``u = exp(H(m)) / K`` of the batch
 ``agent.homeostatic_weight * (u - agent.homeostatic_target)^2``. Its gradient on the logits goes
 through the dueling combine into the head's raw gradient, beside the C51 loss's (as CQL's does).
 
-Phase ``aux_homeostatic`` (after ``q_stats``, whose logits at ``s`` it reads), on a branch of its own that
-the backward joins through ``buffers.side_aux`` (:meth:`cudarl.rules.base.LearnerBuffers.aux_branch`):
-probs - mass - control - grad - dueling backward (added into the head's raw gradient, after the rule's loss
-and CQL, which wrote it on the main stream before the fork; nothing on the main stream touches it again
-before the backward, which reads it after the join). Off the main stream, the phases after it (causal's
-penalty) need not wait for its five kernels; the backward still does, as it reads what they add. Observables: ``aux.homeostatic.utilisation`` (u),
-``aux.homeostatic.entropy`` (H, nats) and ``aux.homeostatic.loss``. C51 only: a head without atoms has
-no utilisation.
+Phase ``aux_homeostatic`` (after ``q_stats``, whose logits at ``s`` it reads), on a branch of its own
+that the backward joins through ``buffers.side_aux``
+(:meth:`cudarl.rules.base.LearnerBuffers.aux_branch`): probs - mass - control - grad - dueling backward
+(added into the head's raw gradient, after the rule's loss and CQL, which wrote it on the main stream
+before the fork; nothing on the main stream touches it again before the backward, which reads it after
+the join). Off the main stream, the phases after it (causal's penalty) need not wait for its five
+kernels; the backward still does, as it reads what they add. Observables:
+``aux.homeostatic.utilisation`` (u), ``aux.homeostatic.entropy`` (H, nats) and ``aux.homeostatic.loss``.
+C51 only: a head without atoms has no utilisation.
 """
 
 from __future__ import annotations
