@@ -274,6 +274,21 @@ def test_the_signals_state_rides_in_the_checkpoint(tmp_path):
 
 
 # ---- GPU ------------------------------------------------------------------------------------
+def _graphed_equals_eager(**over) -> Trainer:
+    """A ``gpu_small(**over)`` trainer run 30 steps graphed, and its twin eager: the same losses, parameters
+    and observables, every bit. Returns the graphed one."""
+    g = Trainer(gpu_small(**over), run_dir=False, echo=lambda m: None)
+    e = Trainer(gpu_small(**over), run_dir=False, echo=lambda m: None)
+    e.collect_graph.replay = e.collect_graph.run_eager
+    e.train_graph.replay = e.train_graph.run_eager
+    g.run(30)
+    e.run(30)
+    assert g.losses == e.losses
+    assert np.array_equal(g.agent.online.params.get(), e.agent.online.params.get())
+    assert g.agent.observables() == e.agent.observables()
+    return g
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("encoder", ["mlp", "ssm", "attention"])
 @pytest.mark.parametrize(
@@ -288,16 +303,7 @@ def test_the_signals_state_rides_in_the_checkpoint(tmp_path):
     ],
 )
 def test_gpu_graphed_step_with_the_signal_equals_eager_step(aux, encoder):
-    net = {k: v for k, v in ENCODER_NETS[encoder].items()}
-    g = Trainer(gpu_small(agent={"aux": aux}, net=net), run_dir=False, echo=lambda m: None)
-    e = Trainer(gpu_small(agent={"aux": aux}, net=net), run_dir=False, echo=lambda m: None)
-    e.collect_graph.replay = e.collect_graph.run_eager
-    e.train_graph.replay = e.train_graph.run_eager
-    g.run(30)
-    e.run(30)
-    assert g.losses == e.losses
-    assert np.array_equal(g.agent.online.params.get(), e.agent.online.params.get())
-    assert g.agent.observables() == e.agent.observables()
+    g = _graphed_equals_eager(agent={"aux": aux}, net=dict(ENCODER_NETS[encoder]))
     obs = g.agent.observables()
     assert obs and all(np.isfinite(v) for v in obs.values())
 
@@ -306,16 +312,7 @@ def test_gpu_graphed_step_with_the_signal_equals_eager_step(aux, encoder):
 @pytest.mark.parametrize("head", ["iqn", "qrdqn"])
 def test_gpu_graphed_step_with_causal_on_a_quantile_head_equals_eager_step(head):
     """Causal's pass in its loss phase (a quantile head: no early phase), graphed and eager, bit for bit."""
-    over = {"agent": {"aux": ["horizons", "causal"], "causal_weight": 1.0}, "net": {"head": head}}
-    g = Trainer(gpu_small(**over), run_dir=False, echo=lambda m: None)
-    e = Trainer(gpu_small(**over), run_dir=False, echo=lambda m: None)
-    e.collect_graph.replay = e.collect_graph.run_eager
-    e.train_graph.replay = e.train_graph.run_eager
-    g.run(30)
-    e.run(30)
-    assert g.losses == e.losses
-    assert np.array_equal(g.agent.online.params.get(), e.agent.online.params.get())
-    assert g.agent.observables() == e.agent.observables()
+    _graphed_equals_eager(agent={"aux": ["horizons", "causal"], "causal_weight": 1.0}, net={"head": head})
 
 
 @pytest.mark.gpu
