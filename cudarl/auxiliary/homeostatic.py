@@ -45,7 +45,7 @@ class Homeostatic(AuxBase):
         self.state = xp.zeros(3, np.float32)
         self.dlogits = xp.zeros((B, A, K), np.float32)
         self.ops, self.nn_ops = family("homeostatic", xp), family("nn", xp)
-        self.side = SideStream(xp)
+        self.side = SideStream(xp, gemms=False)  # no GEMM on its branch: no cuBLAS workspace
 
     def phases(self) -> list:
         return [("aux_homeostatic", self._phase)]

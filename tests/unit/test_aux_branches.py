@@ -286,15 +286,18 @@ def test_gpu_causals_intervened_forward_runs_beside_the_steps_forward_and_homeos
     early = {n["id"] for n in nodes if n["phase"] == "aux_causal_do"}
     assert early and {nodes[i]["name"] for i in early} >= {"cudarl_causal_intervene"}
     sample = next(n["id"] for n in nodes if n["name"] == "cudarl_replay_sample_search_gather_windows")
-    later = {n["id"] for n in nodes if n["phase"] in ("forward", "targets_loss", "q_stats")}
-    for i in early:
-        assert sample in ancestors(nodes, i) or i == sample
-        assert not later & ancestors(nodes, i)  # beside the step's forward and loss
+    assert all(sample in ancestors(nodes, i) for i in early)  # it reads the batch sample gathered
+    later = [n["id"] for n in nodes if n["phase"] in ("forward", "targets_loss", "q_stats")]
+    assert later and not any(early & ancestors(nodes, i) for i in later)  # none of the step's waits for it
     (pen,) = [n["id"] for n in nodes if n["name"] == "cudarl_causal_penalty_c51"]
     q_stats = {n["id"] for n in nodes if n["phase"] == "q_stats" and n["stream"] == t.stream.ptr}
     assert q_stats and q_stats <= ancestors(nodes, pen) and early <= ancestors(nodes, pen)
     homeo = {n["id"] for n in nodes if n["phase"] == "aux_homeostatic"}
     assert len(homeo) == 5 and t.stream.ptr not in {nodes[i]["stream"] for i in homeo}
+    from cudarl import blas
+
+    side = t.agent.aux[ALL.index("homeostatic")].side.stream.ptr
+    assert {nodes[i]["stream"] for i in homeo} == {side} and side not in blas.prepared()  # no GEMM, no workspace
     assert not homeo & ancestors(nodes, pen)  # the penalty no longer waits for homeostatic
     first_backward = next(n["id"] for n in nodes if n["phase"] == "backward")
     assert homeo <= ancestors(nodes, first_backward)  # the backward reads what homeostatic added
