@@ -299,7 +299,6 @@ def _graphed_equals_eager(**over) -> Trainer:
         ["selectivity"],
         ["horizons", "vaccine"],
         ["horizons", "risk", "selectivity", "causal", "vaccine"],
-        ["horizons", "risk", "denoise", "homeostatic", "causal", "selectivity", "vaccine"],
     ],
 )
 def test_gpu_graphed_step_with_the_signal_equals_eager_step(aux, encoder):
