@@ -275,6 +275,7 @@ class Agent:
             buf.side_stats.join()
             self.stats.publish(self.adam.scalars.view("step"))
 
+        early = [phase for s in self.aux for phase in s.early_phases()]  # branches beside the forward
         aux = [phase for s in self.aux for phase in s.phases()]
         aux_grad = [phase for s in self.aux for phase in s.grad_phases()]  # on the flat gradient
         aux_update = [phase for s in self.aux for phase in s.update_phases()]  # own optimiser steps
@@ -283,6 +284,7 @@ class Agent:
         return [
             ("schedules", schedules),
             ("sample", sample),
+            *early,
             ("forward", forward),
             *self.rule.learn_phases(),
             ("q_stats", self.q_stats),

@@ -269,7 +269,9 @@ class SideStream:
     edges, so the body becomes a parallel branch of the graph. Every fork must be joined before a
     capture ends; :class:`StepGraph` joins open side streams after its last phase.
 
-    The side stream gets its own cuBLAS handle and workspace at construction (before any capture).
+    The side stream gets its own cuBLAS handle and workspace at construction (before any capture), unless
+    ``gemms=False``: a branch that launches no GEMM (homeostatic's) then holds no 32 MiB workspace; a GEMM
+    on it outside a capture would make one then, and inside one raises :class:`cudarl.blas.BlasError`.
     On the NumPy backend the body runs in place and both calls are no-ops.
 
     Hazards are the caller's: the body must not write what the main stream reads or writes before
@@ -278,7 +280,7 @@ class SideStream:
 
     _open: list = []
 
-    def __init__(self, xp=None):
+    def __init__(self, xp=None, *, gemms: bool = True):
         self.xp = xp if xp is not None else _backend.get().xp
         self.stream = None
         self._pending = False
@@ -290,7 +292,8 @@ class SideStream:
             self.stream = cupy.cuda.Stream(non_blocking=True)
             self._forked = cupy.cuda.Event(disable_timing=True)
             self._done = cupy.cuda.Event(disable_timing=True)
-            blas.prepare(self.stream)
+            if gemms:
+                blas.prepare(self.stream)
             blas.release_with(self, self.stream)
 
     @contextmanager

@@ -18,7 +18,8 @@ method of :class:`AuxSignal` a default, and every built-in signal subclasses it.
   features or bars).
 
 Where each kind of phase sits in the train graph (:meth:`cudarl.agent.Agent.phases`; docs/architecture.md):
-the loss phases (:meth:`AuxSignal.phases`, most forked onto ``buffers.side_aux`` or a branch of their
+the early phases (:meth:`AuxSignal.early_phases`, right after ``sample``: branches beside the step's
+forward) - the loss phases (:meth:`AuxSignal.phases`, most forked onto ``buffers.side_aux`` or a branch of their
 own) - the backward (joins those branches) - the grad phases (:meth:`AuxSignal.grad_phases`: vaccine,
 causal) - the update phases (:meth:`AuxSignal.update_phases`: risk's and denoise's SGD) - Adam. The grad
 phases come first so that they see the whole gradient the backward wrote, the auxiliary heads' included
@@ -58,6 +59,16 @@ class AuxSignal(Protocol):
 
     def allocate(self, buffers: LearnerBuffers) -> None:
         """Make every buffer the loss phase and the observable use (before any capture)."""
+
+    def early_phases(self) -> list[Phase]:
+        """Its phase(s) right after the ``sample`` phase, before the step's forward: work that reads only
+        the batch (``buffers.batch``, as sample wrote it) and the online parameters (nothing moves them
+        before Adam), forked onto a branch of the signal's own so that it runs beside the forward, the
+        rule's learn phases and ``q_stats``; a later phase of the signal forks that branch again
+        (:meth:`cudarl.graph.SideStream.fork`: the branch then also waits for what the main stream has
+        done by then) before it reads the step's forward. Most signals have none
+        (:class:`cudarl.auxiliary.base.AuxBase`'s default); causal intervention's intervened forward is
+        one (C51)."""
 
     def phases(self) -> list[Phase]:
         """Its loss phase(s) in the train graph, after the head rule's learn phases: they read this step's

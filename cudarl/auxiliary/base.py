@@ -32,6 +32,9 @@ class AuxBase:
         self.buf, self.xp = buffers, buffers.xp
         self.numpy = is_numpy(buffers.xp)
 
+    def early_phases(self) -> list:
+        return []
+
     def phases(self) -> list:
         return []
 

@@ -13,15 +13,21 @@ of the same sample; the swap interventions draw the other sample from the sub-ba
 the sensitivity are means over its rows. Its workspace and GEMM plans are made for that many rows;
 ``aux_batch = 1`` reads the whole batch in place.
 
-Phases: ``aux_causal`` (on a branch of its own, beside the other loss phases and the step's backward:
-the sub-batch's rows - intervene - the online forward over the intervened batch in a workspace of its
-own - penalty - reduce - a backward over that forward into a gradient buffer of its own,
-:class:`cudarl.auxiliary.base.OwnBackward`) and, after the backward, ``causal`` (join - add that
-gradient to the step's, one launch: the bits of adding the step's to it, as when this backward ran
-after the step's on the flat gradient). Observables: ``aux.causal.loss``, ``aux.causal.group`` (the index of the
-step's group in :attr:`Causal.groups`) and ``aux.causal.sensitivity.<group>``, the mean absolute
-change of Q the last time that group was intervened on (what ``docs/guide.md`` calls the measured
-sensitivity); each evaluation's ``summary.json`` lists them as ``causal_sensitivity`` (:func:`sensitivities`).
+Phases (:class:`cudarl.auxiliary.base.OwnBackward`: the backward of its own, into a gradient buffer of
+its own, on the branch beside the step's backward): with C51, ``aux_causal_do`` right after ``sample``
+(:meth:`AuxSignal.early_phases`: it forks the branch - the sub-batch's observation rows - intervene -
+the online forward over the intervened batch in a workspace of its own - beside the step's forward, the
+rule's learn phases and ``q_stats``: it reads only the batch's s and the online parameters, which
+nothing moves before Adam) and ``aux_causal`` among the loss phases (the branch waits for the main
+stream there, as ``q_s`` is written: the sub-batch's ``q_s`` rows - penalty - reduce - the backward);
+with a quantile head the whole pass is ``aux_causal`` (its forward at s draws the taus the intervened
+forward reads, and PopArt rescales ``head.out`` in that phase, so the pass cannot start before it).
+After the backward, ``causal`` (join - add that gradient to the step's, one launch: the bits of adding
+the step's to it, as when this backward ran after the step's on the flat gradient). Observables:
+``aux.causal.loss``, ``aux.causal.group`` (the index of the step's group in :attr:`Causal.groups`) and
+``aux.causal.sensitivity.<group>``, the mean absolute change of Q the last time that group was
+intervened on (what ``docs/guide.md`` calls the measured sensitivity); each evaluation's
+``summary.json`` lists them as ``causal_sensitivity`` (:func:`sensitivities`).
 """
 
 from __future__ import annotations
@@ -84,7 +90,9 @@ class Causal(AuxBase):
     def allocate(self, buffers) -> None:
         super().allocate(buffers)
         xp, online, cfg = self.xp, buffers.online, self.cfg
-        self.sub = SubBatch(cfg, xp)
+        # the pass's rows of the batch's s (and IQN's taus), gathered when it forks, and of q_s, gathered once
+        # the penalty's wait for the main stream has q_s written
+        self.sub, self.sub_q = SubBatch(cfg, xp), SubBatch(cfg, xp)
         B, W = self.sub.rows, cfg.net.window  # the pass's rows (agent.aux_rows)
         self.need(online.n_in % W == 0, f"observation width {online.n_in} is not window {W} times a row")
         F = online.n_in // W - N_POSITION_FEATURES
@@ -104,13 +112,20 @@ class Causal(AuxBase):
         self.support = xp.asarray(support(cfg.net)) if self.c51 else None
         # the same rows of the batch's s and of the clean Q (and of the taus below): row r compares
         # Q(do(x_r)) with Q(x_r)
-        self.obs, self.q_s = self.sub.of(buffers.batch.obs), self.sub.of(buffers.q_s)
+        self.obs, self.q_s = self.sub.of(buffers.batch.obs), self.sub_q.of(buffers.q_s)
         # IQN: the intervened forward uses the taus of the online forward at s (the same quantiles of Q)
         taus = buffers.ws.rows(f"{head.name}.tau", buffers.batch_size) if isinstance(head, IQNHead) else None
         self.taus = None if taus is None else self.sub.of(taus)
+        #: the intervened forward in its early phase (C51); a quantile head's forward phase draws the taus
+        #: and rescales head.out (PopArt), so there the whole pass is the loss phase
+        self.early = self.c51
+        self.out = None  # the intervened forward's "q" (set by the pass, read by its penalty)
         self.extra = OwnBackward(online, xp, B)
         self.side = SideStream(xp)
         self.ops, self.util = family("causal", xp), family("util", xp)
+
+    def early_phases(self) -> list:
+        return [("aux_causal_do", self._fork_intervened)] if self.early else []
 
     def phases(self) -> list:
         return [("aux_causal", self._penalty)]
@@ -118,21 +133,37 @@ class Causal(AuxBase):
     def grad_phases(self) -> list:
         return [("causal", self._grad)]
 
-    def _penalty(self) -> None:
-        buf, W, obs, q_s = self.buf, self.cfg.net.window, self.obs, self.q_s
-        # beside the other loss phases and the step's backward: it reads the batch's s, the taus at s and
-        # q_s (written before this fork) and the online parameters (no step moves them before the grad
-        # phase joins it), and writes only its own buffers, workspace and gradient buffer
+    def _intervened(self) -> None:
+        """The sub-batch's rows of s (and taus) - intervene - the online forward of the intervened batch
+        (on the branch: the caller forked it)."""
+        W, obs = self.cfg.net.window, self.obs
+        self.sub.gather()
+        kw = {} if self.taus is None else {"tau": self.taus}
+        if self.numpy:
+            self.x[...] = ref.intervene(obs, self.mask, self.mode, self.counter, self.offset, W)
+        else:
+            self.ops.intervene(obs, self.x, self.mask, self.mode, self.counter, self.offset, W)
+        # every extra head, though only "q" is read: its own backward runs theirs too (from their
+        # zero gradient rows), as it always has, so the gradient it adds keeps its bits (signed zeros)
+        self.out = self.buf.online.forward(self.x, self.ws, heads="all", **kw)["q"]
+
+    def _fork_intervened(self) -> None:
+        # C51, right after sample: the branch reads the batch's s (sample wrote it) and the online
+        # parameters (nothing moves them before Adam, which comes after the grad phase joins it) and
+        # writes only its own buffers and workspace; the group counter it reads moves in its reduce
         with self.side.fork():
-            self.sub.gather()
-            kw = {} if self.taus is None else {"tau": self.taus}
-            if self.numpy:
-                self.x[...] = ref.intervene(obs, self.mask, self.mode, self.counter, self.offset, W)
-            else:
-                self.ops.intervene(obs, self.x, self.mask, self.mode, self.counter, self.offset, W)
-            # every extra head, though only "q" is read: its own backward runs theirs too (from their
-            # zero gradient rows), as it always has, so the gradient it adds keeps its bits (signed zeros)
-            out = buf.online.forward(self.x, self.ws, heads="all", **kw)["q"]
+            self._intervened()
+
+    def _penalty(self) -> None:
+        buf, q_s = self.buf, self.q_s
+        # the branch (forked again: it now also waits for the main stream, which has q_s written) beside
+        # the other loss phases and the step's backward; it writes only its own buffers, workspace and
+        # gradient buffer
+        with self.side.fork():
+            if not self.early:
+                self._intervened()
+            self.sub_q.gather()
+            out = self.out
             grad = buf.online.grad_outputs(self.ws)["q"]
             if self.numpy:
                 if self.c51:

@@ -7,14 +7,15 @@ its smooth twin, the effective share of atoms ``u = exp(H(m)) / K`` of the batch
 ``agent.homeostatic_weight * (u - agent.homeostatic_target)^2``. Its gradient on the logits goes
 through the dueling combine into the head's raw gradient, beside the C51 loss's (as CQL's does).
 
-Phase ``aux_homeostatic`` (after ``q_stats``, whose logits at ``s`` it reads): probs - mass - control -
-grad - dueling backward (added), on a branch of its own beside the other signals' losses (the backward
-joins it through ``buffers.side_aux``). It adds onto the head's raw gradient after the rule's loss, CQL and
-the plan head wrote theirs (their phases run on the main stream before it forks), and nothing reads or
-writes that gradient before the backward joins it: the same sum, in the same order, as on the main stream.
-Observables: ``aux.homeostatic.utilisation`` (u),
-``aux.homeostatic.entropy`` (H, nats) and ``aux.homeostatic.loss``. C51 only: a head without atoms has
-no utilisation.
+Phase ``aux_homeostatic`` (after ``q_stats``, whose logits at ``s`` it reads), on a branch of its own
+that the backward joins through ``buffers.side_aux``
+(:meth:`cudarl.rules.base.LearnerBuffers.aux_branch`): probs - mass - control - grad - dueling backward
+(added into the head's raw gradient, after the rule's loss and CQL, which wrote it on the main stream
+before the fork; nothing on the main stream touches it again before the backward, which reads it after
+the join). Off the main stream, the phases after it (causal's penalty) need not wait for its five
+kernels; the backward still does, as it reads what they add. Observables:
+``aux.homeostatic.utilisation`` (u), ``aux.homeostatic.entropy`` (H, nats) and ``aux.homeostatic.loss``.
+C51 only: a head without atoms has no utilisation.
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ class Homeostatic(AuxBase):
         self.state = xp.zeros(3, np.float32)
         self.dlogits = xp.zeros((B, A, K), np.float32)
         self.ops, self.nn_ops = family("homeostatic", xp), family("nn", xp)
-        self.side = SideStream(xp)
+        self.side = SideStream(xp, gemms=False)  # no GEMM on its branch: no cuBLAS workspace
 
     def phases(self) -> list:
         return [("aux_homeostatic", self._phase)]
@@ -56,24 +57,18 @@ class Homeostatic(AuxBase):
         # the logits at s the q_stats phase combined from the head's raw output (same workspace rows)
         logits = buf.ws.rows(f"{head.name}.logits", B).reshape(-1, K)
         grad2d = self.dlogits.reshape(-1, K)
-        raw = buf.train_grad(raw=True)
-        # off the main chain (issue 19, the MLP's critical path): it reads the logits at s (written before
-        # this fork) and writes its own buffers and, last, adds onto the raw gradient the backward reads
         with buf.aux_branch(self.side):
-            self._launch(logits, grad2d, raw)
-
-    def _launch(self, logits, grad2d, raw) -> None:
-        if self.numpy:
-            self.p[...] = ref.probs(logits)
-            self.m[...] = ref.mass(self.p)
-            self.g[...], self.state[...] = ref.control(self.m, self.target, self.weight)
-            grad2d[...] = ref.grad(self.p, self.g)
-        else:
-            self.ops.probs(logits, self.p)
-            self.ops.mass(self.p, self.m)
-            self.ops.control(self.m, self.g, self.state, self.target, self.weight)
-            self.ops.grad(self.p, self.g, grad2d)
-        self.nn_ops.dueling_backward(self.dlogits, raw, accumulate=True)
+            if self.numpy:
+                self.p[...] = ref.probs(logits)
+                self.m[...] = ref.mass(self.p)
+                self.g[...], self.state[...] = ref.control(self.m, self.target, self.weight)
+                grad2d[...] = ref.grad(self.p, self.g)
+            else:
+                self.ops.probs(logits, self.p)
+                self.ops.mass(self.p, self.m)
+                self.ops.control(self.m, self.g, self.state, self.target, self.weight)
+                self.ops.grad(self.p, self.g, grad2d)
+            self.nn_ops.dueling_backward(self.dlogits, buf.train_grad(raw=True), accumulate=True)
 
     def observable(self) -> dict:
         loss, u, h = read(self.state)

@@ -181,6 +181,43 @@ def test_vaccines_own_backward_is_the_backward_it_ran_on_the_flat_gradient_bit_f
     np.testing.assert_array_equal(_bits(seen["out"]), _bits(want))
 
 
+ALL = ["horizons", "risk", "denoise", "homeostatic", "causal", "selectivity", "vaccine"]
+
+
+def test_causals_intervened_forward_is_an_early_phase_with_c51_and_not_with_a_quantile_head():
+    names = [n for n, _ in _trainer(agent={"aux": ALL}).train_graph.phases]
+    assert names[names.index("sample") + 1 : names.index("forward")] == ["aux_causal_do"]  # the only early one
+    assert names.index("q_stats") < names.index("aux_homeostatic") < names.index("aux_causal") < names.index("backward")
+    for head in ("iqn", "qrdqn"):  # the forward phase draws the taus and rescales head.out (PopArt)
+        t = _trainer(net={"head": head}, agent={"aux": ["causal"]})
+        names = [n for n, _ in t.train_graph.phases]
+        assert "aux_causal_do" not in names and not t.agent.aux[0].early
+        assert names.index("q_stats") < names.index("aux_causal") < names.index("backward")
+
+
+@pytest.mark.parametrize("aux_batch", [1.0, 0.125])
+def test_the_early_causal_pass_trains_bit_for_bit_as_the_whole_pass_in_its_loss_phase(aux_batch):
+    """The intervened forward moved from causal's loss phase to right after sample (and homeostatic onto a
+    branch): the same kernels on the same inputs, so a few updates with all seven signals give every bit
+    of the run with the pass where it was (the early phase dropped, the loss phase running the whole
+    pass as it does with a quantile head)."""
+    groups = ["calendar", "offset"]
+    over = {"agent": {"aux": ALL, "causal_weight": 1.0, "causal_groups": groups, "aux_batch": aux_batch}}
+    new, old = _trainer(**over), _trainer(**over)
+    causal = old.agent.aux[ALL.index("causal")]
+    causal.early = False  # the pass in aux_causal, after q_stats and homeostatic: today's order before
+    old.train_graph.phases = [(n, f) for n, f in old.train_graph.phases if n != "aux_causal_do"]
+    assert [n for n, _ in new.train_graph.phases if n != "aux_causal_do"] == [n for n, _ in old.train_graph.phases]
+    steps = new.cfg.agent.learning_starts // new.cfg.env.n_envs + 4
+    new.run(steps)
+    old.run(steps)
+    assert new.losses and new.losses == old.losses
+    np.testing.assert_array_equal(_bits(new.agent.online.params), _bits(old.agent.online.params))
+    np.testing.assert_array_equal(_bits(new.agent.adam.m), _bits(old.agent.adam.m))
+    assert new.agent.observables() == old.agent.observables()
+    assert new.agent.observables()["aux.causal.loss"] != 0
+
+
 def test_denoises_pass_is_a_branch_of_its_own_touching_nothing_the_steps_backward_does():
     """Denoise's pass forks onto a side stream no other work of the step uses, its loss phase before the
     step's backward and its SGD phase (which joins it) after the backward and before Adam. Watched through
@@ -298,6 +335,42 @@ def test_gpu_causals_backward_runs_beside_the_steps_and_its_grad_phase_adds_it(h
     (add,) = [n["id"] for n in nodes if n["phase"] == "causal"]  # one launch: the sum
     assert nodes[add]["name"] == "cudarl_util_add_f32" and mine <= ancestors(nodes, add)
     assert set(steps) <= ancestors(nodes, add)
+
+
+@pytest.mark.gpu
+def test_gpu_causals_intervened_forward_runs_beside_the_steps_forward_and_homeostatic_beside_the_penalty():
+    """C51 with all seven: the early phase's nodes (sub-batch rows, intervene, the intervened forward) wait
+    for sample only, not for the step's forward, the rule's loss or q_stats; the penalty waits for q_stats
+    (it reads q_s) but not for homeostatic's kernels, which run on a branch of their own that the step's
+    backward waits for (it reads the gradient they add)."""
+    nodes, t = traced_train_graph({"agent": {"aux": ALL, "causal_groups": ["calendar", "offset"]}})
+    early = {n["id"] for n in nodes if n["phase"] == "aux_causal_do"}
+    assert early and {nodes[i]["name"] for i in early} >= {"cudarl_causal_intervene"}
+    sample = next(n["id"] for n in nodes if n["name"] == "cudarl_replay_sample_search_gather_windows")
+    assert all(sample in ancestors(nodes, i) for i in early)  # it reads the batch sample gathered
+    later = [n["id"] for n in nodes if n["phase"] in ("forward", "targets_loss", "q_stats")]
+    assert later and not any(early & ancestors(nodes, i) for i in later)  # none of the step's waits for it
+    (pen,) = [n["id"] for n in nodes if n["name"] == "cudarl_causal_penalty_c51"]
+    q_stats = {n["id"] for n in nodes if n["phase"] == "q_stats" and n["stream"] == t.stream.ptr}
+    assert q_stats and q_stats <= ancestors(nodes, pen) and early <= ancestors(nodes, pen)
+    homeo = {n["id"] for n in nodes if n["phase"] == "aux_homeostatic"}
+    assert len(homeo) == 5 and t.stream.ptr not in {nodes[i]["stream"] for i in homeo}
+    from cudarl import blas
+
+    side = t.agent.aux[ALL.index("homeostatic")].side.stream.ptr
+    assert {nodes[i]["stream"] for i in homeo} == {side} and side not in blas.prepared()  # no GEMM, no workspace
+    assert not homeo & ancestors(nodes, pen)  # the penalty no longer waits for homeostatic
+    first_backward = next(n["id"] for n in nodes if n["phase"] == "backward")
+    assert homeo <= ancestors(nodes, first_backward)  # the backward reads what homeostatic added
+
+
+@pytest.mark.gpu
+def test_gpu_causals_pass_with_iqn_waits_for_the_forward_that_drew_its_taus():
+    nodes, t = traced_train_graph({"net": {"head": "iqn"}, "agent": {"aux": HEADS_AND_CAUSAL}})
+    assert not any(n["phase"] == "aux_causal_do" for n in nodes)
+    mine = [n["id"] for n in nodes if n["phase"] == "aux_causal"]
+    fwd = {n["id"] for n in nodes if n["phase"] == "forward" and n["stream"] == t.stream.ptr}
+    assert mine and fwd and fwd <= ancestors(nodes, mine[0])
 
 
 @pytest.mark.gpu

@@ -274,6 +274,21 @@ def test_the_signals_state_rides_in_the_checkpoint(tmp_path):
 
 
 # ---- GPU ------------------------------------------------------------------------------------
+def _graphed_equals_eager(**over) -> Trainer:
+    """A ``gpu_small(**over)`` trainer run 30 steps graphed, and its twin eager: the same losses, parameters
+    and observables, every bit. Returns the graphed one."""
+    g = Trainer(gpu_small(**over), run_dir=False, echo=lambda m: None)
+    e = Trainer(gpu_small(**over), run_dir=False, echo=lambda m: None)
+    e.collect_graph.replay = e.collect_graph.run_eager
+    e.train_graph.replay = e.train_graph.run_eager
+    g.run(30)
+    e.run(30)
+    assert g.losses == e.losses
+    assert np.array_equal(g.agent.online.params.get(), e.agent.online.params.get())
+    assert g.agent.observables() == e.agent.observables()
+    return g
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("encoder", ["mlp", "ssm", "attention"])
 @pytest.mark.parametrize(
@@ -287,27 +302,25 @@ def test_the_signals_state_rides_in_the_checkpoint(tmp_path):
     ],
 )
 def test_gpu_graphed_step_with_the_signal_equals_eager_step(aux, encoder):
-    net = {k: v for k, v in ENCODER_NETS[encoder].items()}
-    g = Trainer(gpu_small(agent={"aux": aux}, net=net), run_dir=False, echo=lambda m: None)
-    e = Trainer(gpu_small(agent={"aux": aux}, net=net), run_dir=False, echo=lambda m: None)
-    e.collect_graph.replay = e.collect_graph.run_eager
-    e.train_graph.replay = e.train_graph.run_eager
-    g.run(30)
-    e.run(30)
-    assert g.losses == e.losses
-    assert np.array_equal(g.agent.online.params.get(), e.agent.online.params.get())
-    assert g.agent.observables() == e.agent.observables()
+    g = _graphed_equals_eager(agent={"aux": aux}, net=dict(ENCODER_NETS[encoder]))
     obs = g.agent.observables()
     assert obs and all(np.isfinite(v) for v in obs.values())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("head", ["iqn", "qrdqn"])
+def test_gpu_graphed_step_with_causal_on_a_quantile_head_equals_eager_step(head):
+    """Causal's pass in its loss phase (a quantile head: no early phase), graphed and eager, bit for bit."""
+    _graphed_equals_eager(agent={"aux": ["horizons", "causal"], "causal_weight": 1.0}, net={"head": head})
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("head", ["c51", "iqn"])
 @pytest.mark.parametrize("aux", [["homeostatic"], ["causal"], ["selectivity"], ["ret", "vaccine"]])
 def test_gpu_learn_step_with_the_signal_matches_the_numpy_backend(monkeypatch, rng, aux, head):
-    """One learn step (forward, the rule's loss, q_stats, the signal's phases, the backward, its grad
-    phases) on the GPU and on the NumPy backend from the same batch and weights: the flat gradient and
-    the observables to float32 rounding (FP32 GEMMs)."""
+    """One learn step (the signal's early phases, forward, the rule's loss, q_stats, the signal's phases,
+    the backward, its grad phases) on the GPU and on the NumPy backend from the same batch and weights:
+    the flat gradient and the observables to float32 rounding (FP32 GEMMs)."""
     import cupy as cp
 
     from cudarl.agent import Agent
@@ -331,6 +344,9 @@ def test_gpu_learn_step_with_the_signal_matches_the_numpy_backend(monkeypatch, r
         agent.online.params[...] = agent.xp.asarray(params)
         agent.target.params[...] = agent.xp.asarray(params)
         fill(agent)
+        for s in agent.aux:  # causal's intervened forward (C51), beside the step's on the GPU
+            for _, phase in s.early_phases():
+                phase()
         agent.rule.forward(agent.batch)
         for _, phase in agent.rule.learn_phases():
             phase()
