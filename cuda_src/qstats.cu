@@ -52,7 +52,7 @@ __device__ __forceinline__ void q_moments(const float* __restrict__ q, float* __
 // cudarl_qstats_per_sample: p = softmax(logits[b, a]);
 //   q[b, a] = sum_k p_k z_k;  ent[b] = (1/A) sum_a -sum_k p_k log p_k;  mass[b, k] = (1/A) sum_a p_k
 // Threads: one warp per sample, lanes over atoms; grid.y = members. Reads A*K + K floats; writes
-// A + 1 + K (a sample). K <= 64: logits, support and mass in registers (each read or written once).
+// A + 1 + K (a sample).
 extern "C" __global__ void cudarl_qstats_per_sample(const float* __restrict__ logits, const float* __restrict__ support,
                                                     float* __restrict__ q, float* __restrict__ ent,
                                                     float* __restrict__ mass, int B, int A, int K, long long s_l,
@@ -67,45 +67,17 @@ extern "C" __global__ void cudarl_qstats_per_sample(const float* __restrict__ lo
   ent += mb * s_e;
   mass += mb * s_m;
   float h_sum = 0.f;
-  float* mass_b = mass + (long long)b * K;
-  if (K <= 2 * QS_WARP) {
-    // The register path (K <= 64: lane l owns atoms l and l + 32): the logits, the support and the
-    // mass sums live in registers, each logit loaded once (the generic path below reads a logit up
-    // to three times and read-modify-writes mass in memory once per action). The same statements
-    // in the same order on the same values: the same bits.
-    const bool ok0 = lane < K, ok1 = lane + QS_WARP < K;
-    const float z0 = ok0 ? support[lane] : 0.f, z1 = ok1 ? support[lane + QS_WARP] : 0.f;
-    float m0 = 0.f, m1 = 0.f;  // mass at atoms lane, lane + 32
-    for (int a = 0; a < A; ++a) {
-      const float* row = logits + ((long long)b * A + a) * K;
-      const float x0 = ok0 ? row[lane] : 0.f, x1 = ok1 ? row[lane + QS_WARP] : 0.f;
-      float qa = 0.f, ha = 0.f;
-      cudarl::warp_softmax_visit_at([&](int k) { return k == lane ? x0 : x1; }, K, lane, [&](int k, float lp, float p) {
-        const bool first = k == lane;
-        qa += p * (first ? z0 : z1);  // agent.act_c51's statement: the same bits
-        ha -= p * lp;
-        if (first) m0 += p / (float)A;
-        else m1 += p / (float)A;
-      });
-      qa = warp_sum(qa);
-      h_sum += warp_sum(ha);
-      if (lane == 0) q[(long long)b * A + a] = qa;
-    }
-    if (ok0) mass_b[lane] = m0;
-    if (ok1) mass_b[lane + QS_WARP] = m1;
-  } else {
-    for (int k = lane; k < K; k += QS_WARP) mass_b[k] = 0.f;
-    for (int a = 0; a < A; ++a) {
-      float qa = 0.f, ha = 0.f;
-      cudarl::warp_softmax_visit(logits + ((long long)b * A + a) * K, K, lane, [&](int k, float lp, float p) {
-        qa += p * support[k];  // agent.act_c51 computes q with this same statement: the same bits
-        ha -= p * lp;
-        mass_b[k] += p / (float)A;  // each element owned by one lane: no race
-      });
-      qa = warp_sum(qa);
-      h_sum += warp_sum(ha);
-      if (lane == 0) q[(long long)b * A + a] = qa;
-    }
+  for (int k = lane; k < K; k += QS_WARP) mass[(long long)b * K + k] = 0.f;
+  for (int a = 0; a < A; ++a) {
+    float qa = 0.f, ha = 0.f;
+    cudarl::warp_softmax_visit(logits + ((long long)b * A + a) * K, K, lane, [&](int k, float lp, float p) {
+      qa += p * support[k];  // agent.act_c51 computes q with this same statement: the same bits
+      ha -= p * lp;
+      mass[(long long)b * K + k] += p / (float)A;  // each element owned by one lane: no race
+    });
+    qa = warp_sum(qa);
+    h_sum += warp_sum(ha);
+    if (lane == 0) q[(long long)b * A + a] = qa;
   }
   if (lane == 0) ent[b] = h_sum / (float)A;
 }

@@ -174,32 +174,3 @@ def test_gpu_expected_q_is_per_samples_q_bitwise(cp, rng, B, A, K):
     ops.per_sample(logits, z, q2, cp.empty(B, np.float32), cp.empty((B, K), np.float32))
     assert_bitwise(q1, q2, what="expected_q vs per_sample")
     assert_parity(q1, ref.expected_q(logits.get(), z.get()), what="expected Q")
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("B,A,K", [(1, 3, 11), (33, 3, 51), (512, 3, 51), (70, 5, 64), (9, 1, 33)])
-def test_gpu_per_sample_register_path_is_the_generic_paths_bits(cp, rng, B, A, K):
-    """per_sample at K <= 64 (logits, support and mass in registers) against the generic path (K > 64)
-    on the same rows padded with 64 atoms of logit -1e30: their exp is exactly 0, so every sum (the
-    softmax's, Q's, the entropy's, the mass's) only adds exact zeros and the first K atoms' q, entropy
-    and mass must be the same bits."""
-    from cudarl.ops import qstats as ops
-
-    logits = _concentrated_logits(rng, B, A, K)
-    z = np.linspace(-10, 10, K, dtype=np.float32)
-    pad = 64
-    logits_p = np.concatenate([logits, np.full((B, A, pad), -1e30, np.float32)], axis=2)
-    z_p = np.concatenate([z, np.linspace(10.5, 20, pad, dtype=np.float32)])
-    outs = []
-    for lg, zz in ((logits, z), (logits_p, z_p)):
-        k = lg.shape[2]
-        q, ent, mass = cp.empty((B, A), np.float32), cp.empty(B, np.float32), cp.empty((B, k), np.float32)
-        for x in (q, ent, mass):
-            poison(x)
-        ops.per_sample(cp.asarray(lg), cp.asarray(zz), q, ent, mass)
-        outs.append((q, ent, mass[:, :K]))
-    (q1, e1, m1), (q2, e2, m2) = outs
-    assert_bitwise(q1, q2, what="expected Q, register path vs generic")
-    assert_bitwise(e1, e2, what="entropy, register path vs generic")
-    assert_bitwise(m1, m2, what="atom mass, register path vs generic")
-    assert_parity(m1, ref.per_sample(logits, z)[2], what="atom mass")
