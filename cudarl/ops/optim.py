@@ -393,9 +393,10 @@ def _base_ptr(a) -> int:
 def clip_adam_soft_one_launch(P: int, n: int, grid_barrier: bool | str = True, limit: int | None = None) -> bool:
     """The form :func:`clip_adam_soft` takes for ``P`` members of ``n`` parameters: True its one launch
     with a grid barrier, False its two launches without (:func:`grad_norm_publish`, then
-    :func:`adam_update_soft` with ``clip = scale``; the same bits). The one launch where ``grid_barrier`` permits it and every
-    member gets the blocks the single launch gets alone (:func:`cudarl.kernels.barrier_grid_fits` of
-    :func:`~cudarl.reference.optim.clip_adam_soft_blocks` ``(n)`` over ``limit`` resident blocks, default
+    :func:`adam_update_soft` with ``clip = scale``; the same bits). The one launch where ``grid_barrier``
+    permits it and every member gets the blocks the single launch gets alone
+    (:func:`cudarl.kernels.barrier_grid_fits` of :func:`~cudarl.reference.optim.clip_adam_soft_blocks` ``(n)``
+    over ``limit`` resident blocks, default
     :func:`cudarl.kernels.resident_grid_limit`): one member always; past that the barrier would squeeze each
     member onto fewer blocks, while the two launches give each its full grid with no residency limit.
     ``grid_barrier="always"`` (tests and benchmarks of the squeezed form): the one launch at any ``P`` up to
@@ -524,8 +525,9 @@ def _clip_adam_soft(op, consts, p, g, m, v, mask, target, partial, norm, scale, 
     if grid is None and not clip_adam_soft_one_launch(P, n, grid_barrier):
         # the two launches: the norm (its last block finishing it and publishing), then the update and soft target
         members = op.endswith("_members")
-        _launch_grad_norm_publish(w, "grad_norm_publish_members" if members else "grad_norm_publish", consts, P, e,
-                                  n, s, partial_row, norm, scale, max_norm, done, ring_row, loss, step, slots)  # fmt: skip
+        gn_op = "grad_norm_publish_members" if members else "grad_norm_publish"
+        _launch_grad_norm_publish(w, gn_op, consts, P, e, n, s, partial_row, norm, scale, max_norm, done, ring_row,
+                                  loss, step, slots)  # fmt: skip
         c = consts(w, P, beta1=beta1, beta2=beta2, eps=eps, wd=wd)
         launch(
             "optim",

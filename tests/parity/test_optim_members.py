@@ -93,8 +93,10 @@ def _cases(b: dict) -> list:
         ("adam_update", [*adam, B1, B2, EPS, WD]),
         ("adam_update_soft", [*adam[:5], *R("target"), *adam[5:], *S("tau"), B1, B2, EPS, WD]),
         ("clip_adam_soft", cas),
-        ("grad_norm_publish", [*R("g", "partial"), *S("norm", "scale"), b["max_norm"], *S("done"), *R("ring"),
-                               *S("loss", "step"), SLOTS]),
+        (
+            "grad_norm_publish",
+            [*R("g", "partial"), *S("norm", "scale"), b["max_norm"], *S("done"), *R("ring"), *S("loss", "step"), SLOTS],
+        ),
     ]
 
 
