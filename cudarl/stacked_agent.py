@@ -384,7 +384,7 @@ class StackedLearner:
             loss = "one launch (no grid barrier)"
         else:
             loss = "one launch (grid barrier)" if one["targets_loss"] else "two launches (no grid barrier)"
-        adam = "one launch (grid barrier)" if one["adam"] else "two launches (partials; norm, update, publish)"
+        adam = "one launch (grid barrier)" if one["adam"] else "two launches (norm and publish; update)"
         return {"targets_loss": loss, "adam": adam}
 
     # --- collect -------------------------------------------------------------------------------
