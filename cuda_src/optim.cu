@@ -5,20 +5,21 @@
 // schedule kernels advance counters on the device, so a replayed graph sees the new values.
 // The gradient norm is a two-stage, fixed-order reduction in double: bitwise reproducible.
 // clip_adam_soft does grad_norm, adam_update_soft and the publish of (loss, norm) in one launch
-// (a grid barrier between the partials and the update), with the bits of the three.
+// (a grid barrier between the partials and the update), with the bits of the three; without the
+// barrier in two (grad_norm_publish: the norm, its last block publishing; then adam_update_soft).
 //
 // The member axis (a population's agents, docs/perf-notes.md "The agent axis, in stages", stage 3):
-// grad_norm_partial, grad_norm_finalize, grad_norm, lr_schedule, adam_update, adam_update_soft,
-// clip_adam_soft, tau_schedule and soft_update take blockIdx.y as the member mb. The element buffers
-// (g, p, m, v, mask, target, online) are [P, s] rows: each advances by mb * s elements (the argument
+// grad_norm_partial, grad_norm_finalize, grad_norm, grad_norm_publish, lr_schedule, adam_update,
+// adam_update_soft, clip_adam_soft, tau_schedule and soft_update take blockIdx.y as the member mb. The
+// element buffers (g, p, m, v, mask, target, online) are [P, s] rows: each advances by mb * s elements (the argument
 // s, one stride for all of them); the partials by mb * GN_BLOCKS, a ring by mb * 2 * slots, and each
 // device scalar (step, lr, m_scale, bc1, bc2, clip/scale, norm, tau, count, loss, the counters done
 // and barrier) by mb: [P] arrays. The x grid, the block and each thread's work and reduction order
 // are the single launch's, so member mb gets the bits of a single launch on its rows. One member
 // (gridDim.y = 1, mb = 0: every offset zero) is the single launch. The by-value constants (betas,
 // eps, wd, max_norm) are one value for every member of a launch; the _members kernels (lr_schedule,
-// tau_schedule, grad_norm, adam_update, adam_update_soft, clip_adam_soft) take each member's as [P] arrays
-// of the by-value types (members whose optimiser settings differ: docs/perf-notes.md, "The agent axis, in
+// tau_schedule, grad_norm, grad_norm_publish, adam_update, adam_update_soft, clip_adam_soft) take each
+// member's as [P] arrays of the by-value types (members whose optimiser settings differ: docs/perf-notes.md, "The agent axis, in
 // stages", 6c).
 #include <cudarl/philox.cuh>
 #include <cudarl/reduce.cuh>
@@ -146,9 +147,8 @@ __device__ __forceinline__ double tree_gn(double* s, int t) {
 
 }  // namespace
 
-// grad_norm_partial: gn_block_partial's GN_FOLD virtual blocks a block (the first of clip_adam_soft's two
-// launches without a grid barrier, and the two-launch grad_norm's first): 32,768 one-element blocks at
-// P = 64 were bound by their trees' barriers (docs/perf-notes.md, grad_norm_members at 453 GB/s).
+// grad_norm_partial: gn_block_partial's GN_FOLD virtual blocks a block (the two-launch grad_norm's first):
+// 32,768 one-element blocks at P = 64 were bound by their trees' barriers (docs/perf-notes.md, grad_norm_members at 453 GB/s).
 extern "C" __global__ __launch_bounds__(GN_THREADS) void cudarl_optim_grad_norm_partial(const float* g, double* partial, i64 n,
                                                                                        i64 s) {
   __shared__ double sh[GN_FOLD * GN_THREADS];
@@ -178,9 +178,11 @@ extern "C" __global__ __launch_bounds__(GN_BLOCKS) void cudarl_optim_grad_norm_f
 // first level of finalize's GN_BLOCKS-slot tree, and the tree goes on over GN_THREADS slots: the
 // same bits as the two launches, one graph node fewer on the train step's chain.
 // Reads 4*n + 8*GN_BLOCKS bytes, writes 8*GN_BLOCKS + 8.
-// The body of grad_norm and grad_norm_members, one text for both (max_norm: by-value in both, grad_norm's
-// argument, grad_norm_members' max_norms[blockIdx.y]): a macro, so grad_norm's text and PTX stay as they were.
-#define GRAD_NORM_BODY \
+// The body of grad_norm, grad_norm_members, grad_norm_publish and grad_norm_publish_members, one text for
+// all four (max_norm: by-value in grad_norm and grad_norm_publish, max_norms[blockIdx.y] in the _members
+// kernels; PUBLISH: what thread 0 of the last block does after gn_finish, empty in grad_norm): a macro, so
+// grad_norm's text and PTX stay as they were.
+#define GRAD_NORM_BODY(PUBLISH) \
   __shared__ double sh[GN_FOLD * GN_THREADS];                                             \
   const i64 mb = blockIdx.y;                                                              \
   g += mb * s;                                                                            \
@@ -193,13 +195,16 @@ extern "C" __global__ __launch_bounds__(GN_BLOCKS) void cudarl_optim_grad_norm_f
     const int t = (int)threadIdx.x;                                                       \
     sh[t] = cudarl::load_l2(partial + t) + cudarl::load_l2(partial + t + GN_THREADS);     \
     cudarl::block_tree_sum(sh, GN_THREADS);                                               \
-    if (t == 0) gn_finish(sh[0], norm, scale, max_norm);                                  \
+    if (t == 0) {                                                                         \
+      gn_finish(sh[0], norm, scale, max_norm);                                            \
+      PUBLISH                                                                             \
+    }                                                                                     \
   }
 
 extern "C" __global__ __launch_bounds__(GN_THREADS) void cudarl_optim_grad_norm(const float* g, double* partial, float* norm,
                                                                                float* scale, float max_norm,
                                                                                unsigned int* done, i64 n, i64 s) {
-  GRAD_NORM_BODY
+  GRAD_NORM_BODY()
 }
 
 // grad_norm_members: grad_norm whose members each clip at their own norm (max_norms [P], float as
@@ -210,9 +215,43 @@ extern "C" __global__ __launch_bounds__(GN_THREADS) void cudarl_optim_grad_norm_
                                                                                        unsigned int* done, i64 n,
                                                                                        i64 s) {
   const float max_norm = max_norms[blockIdx.y];
-  GRAD_NORM_BODY
+  GRAD_NORM_BODY()
 }
 
+// ---- grad_norm_publish ------------------------------------------------------------------------
+// grad_norm whose last block also publishes: thread 0, after writing norm[0] and scale[0], writes
+// ring[2 sl] = loss[0] and ring[2 sl + 1] = norm[0], sl = step[0] % slots (cudarl_agent_publish's
+// store; step is Adam's counter, already advanced by lr_schedule). The first of clip_adam_soft's two
+// launches without a grid barrier (the second: adam_update_soft with clip = scale): the norm in
+// grad_norm's last-block order, which is clip_adam_soft's (partial[t] + partial[t + 256], then the
+// 256-slot tree: tree_gn and block_tree_sum(., 256) add the same pairs), so the same bits as the
+// one launch and as the three (grad_norm, adam_update_soft, publish). Members: ring [P, 2 * slots]
+// (row mb), loss and step [P], as clip_adam_soft's. Reads 4*n + 8*GN_BLOCKS + 12 bytes, writes
+// 8*GN_BLOCKS + 16 (a member).
+#define GN_PUBLISH \
+  {                                                                                 \
+    const i64 sl = step[mb] % slots;                                                \
+    float* r = ring + mb * 2 * (i64)slots;                                          \
+    r[2 * sl] = loss[mb];                                                           \
+    r[2 * sl + 1] = norm[0];                                                        \
+  }
+
+extern "C" __global__ __launch_bounds__(GN_THREADS) void cudarl_optim_grad_norm_publish(
+    const float* g, double* partial, float* norm, float* scale, float max_norm, unsigned int* done, i64 n, i64 s,
+    float* ring, const float* loss, const i64* step, int slots) {
+  GRAD_NORM_BODY(GN_PUBLISH)
+}
+
+// grad_norm_publish_members: grad_norm_publish whose members each clip at their own norm (max_norms [P], as
+// grad_norm_members'): the bits of grad_norm_publish launched alone with it.
+extern "C" __global__ __launch_bounds__(GN_THREADS) void cudarl_optim_grad_norm_publish_members(
+    const float* g, double* partial, float* norm, float* scale, const float* max_norms, unsigned int* done, i64 n,
+    i64 s, float* ring, const float* loss, const i64* step, int slots) {
+  const float max_norm = max_norms[blockIdx.y];
+  GRAD_NORM_BODY(GN_PUBLISH)
+}
+
+#undef GN_PUBLISH
 #undef GRAD_NORM_BODY
 
 // ---- lr_schedule ------------------------------------------------------------------------------
@@ -488,9 +527,9 @@ extern "C" __global__ void cudarl_optim_adam_update_soft_members(const AdamUpdat
 #define CAS_GROUPS (CAS_THREADS / GN_THREADS)
 static_assert(GN_BLOCKS % CAS_GROUPS == 0, "a round of virtual blocks never straddles GN_BLOCKS");
 
-// The pieces of clip_adam_soft (and _members) and of finish_adam_soft (and _members), one text for all four
-// (max_norm, beta1, beta2, eps and wd: by-value in the single kernels, element blockIdx.y of the _members
-// kernels' arrays): macros, so clip_adam_soft's text and PTX stay as they were.
+// The pieces of clip_adam_soft and clip_adam_soft_members, one text for both (max_norm, beta1, beta2, eps and
+// wd: by-value in the single kernel, element blockIdx.y of the _members kernel's arrays): macros, so
+// clip_adam_soft's text and PTX stay as they were.
 // CAS_MEMBER(COUNTERS): the member's rows, partials, ring slots and scalars (COUNTERS: the statements that
 // offset the counters, clip_adam_soft's done and barrier).
 #define CAS_MEMBER(COUNTERS) \
@@ -638,44 +677,6 @@ extern "C" __global__ __launch_bounds__(CAS_THREADS, 1) void cudarl_optim_clip_a
 
 #undef CLIP_ADAM_SOFT_BODY
 
-// ---- finish_adam_soft ---------------------------------------------------------------------------
-// The second of clip_adam_soft's two launches without a grid barrier (the first: grad_norm_partial,
-// whose GN_BLOCKS partials a member this reads): grad_norm_finalize, adam_update_soft with
-// clip = scale and agent's publish, with the bits of the three (and so of clip_adam_soft).
-// grid = G blocks a member (any G: the update is elementwise; the launcher takes
-// clip_adam_soft_blocks(n), one element a thread), block = CAS_THREADS. No block waits for another:
-// every block reduces its member's partials itself in grad_norm's last-block order (partial[t] +
-// partial[t + 256], then the 256-slot tree, which is grad_norm_finalize's 512-slot tree from its
-// second level: the same bits), takes the clip scale, and updates its slice; block 0 thread 0
-// writes norm[0] and scale[0] and publishes (loss[0], norm[0]) to ring slot step[0] % slots.
-// Each thread's first element is loaded before the reduction, so its reads overlap the tree.
-// Members (grid.y = P) as clip_adam_soft's, without counters: no residency limit.
-// Reads 21*n + 8*GN_BLOCKS*G bytes (the partials from L2) + scalars, writes 16*n + 16.
-#define FINISH_ADAM_SOFT_BODY \
-  CAS_MEMBER() CAS_PRELOAD (void)group; /* stage 1's, unused here */ \
-  (void)t; CAS_NORM_PUBLISH CAS_UPDATE
-
-extern "C" __global__ __launch_bounds__(CAS_THREADS) void cudarl_optim_finish_adam_soft(
-    float* p, const float* g, float* m, float* v, const unsigned char* mask, float* target, i64 n, i64 s,
-    const double* partial, float* norm, float* scale, float max_norm, const float* lr, const float* m_scale,
-    const float* bc1, const float* bc2, const float* tau, float* ring, const float* loss, const i64* step, int slots,
-    float beta1, float beta2, float eps, float wd) {
-  FINISH_ADAM_SOFT_BODY
-}
-
-// finish_adam_soft_members: finish_adam_soft whose members each have their own clip norm and Adam constants
-// (as clip_adam_soft_members'): the bits of finish_adam_soft launched alone with them.
-extern "C" __global__ __launch_bounds__(CAS_THREADS) void cudarl_optim_finish_adam_soft_members(
-    float* p, const float* g, float* m, float* v, const unsigned char* mask, float* target, i64 n, i64 s,
-    const double* partial, float* norm, float* scale, const float* max_norms, const float* lr, const float* m_scale,
-    const float* bc1, const float* bc2, const float* tau, float* ring, const float* loss, const i64* step, int slots,
-    const float* beta1s, const float* beta2s, const float* epss, const float* wds) {
-  const int mb_ = blockIdx.y;
-  const float max_norm = max_norms[mb_], beta1 = beta1s[mb_], beta2 = beta2s[mb_], eps = epss[mb_], wd = wds[mb_];
-  FINISH_ADAM_SOFT_BODY
-}
-
-#undef FINISH_ADAM_SOFT_BODY
 #undef CAS_MEMBER
 #undef CAS_PRELOAD
 #undef CAS_PARTIALS

@@ -401,7 +401,8 @@ class StackedAdam(Adam):
     :meth:`clip_update_publish` takes a :class:`StackedSoftUpdate`, a ring ``[P, 2 * slots]`` and the
     losses ``[P]``, at any P: its launcher (``optim.clip_adam_soft``) takes the one launch with a grid barrier
     where every member still gets the blocks one agent gets alone, and otherwise two launches without it
-    (the partials, then every block's norm, update and publish: ``optim.finish_adam_soft``), the same bits;
+    (the norm, its last block publishing: ``optim.grad_norm_publish``; then ``optim.adam_update_soft``), the
+    same bits;
     :meth:`one_launch` says which. :meth:`clip_step`, ``agent.publish`` and :meth:`update_step` are the same
     bits again in three launches.
     """

@@ -346,7 +346,7 @@ class StackedLearner:
         """Which form each operation with a grid barrier takes: ``{"targets_loss": bool, "adam": bool}``,
         True for its one launch (``c51.targets_loss_popart`` phase 0; ``optim.clip_adam_soft``'s barrier
         launch), False for its launches without the barrier (the PopArt loss's two; the optimiser's two,
-        ``optim.grad_norm_partial`` and ``optim.finish_adam_soft``), the same bits either way.
+        ``optim.grad_norm_publish`` and ``optim.adam_update_soft``), the same bits either way.
 
         The launchers decide (``c51.targets_loss_popart_one_launch``, ``optim.clip_adam_soft_one_launch``,
         given ``run.grid_barrier``, P, and the batch or a member's parameters): the one launch where
@@ -384,7 +384,7 @@ class StackedLearner:
             loss = "one launch (no grid barrier)"
         else:
             loss = "one launch (grid barrier)" if one["targets_loss"] else "two launches (no grid barrier)"
-        adam = "one launch (grid barrier)" if one["adam"] else "two launches (partials; norm, update, publish)"
+        adam = "one launch (grid barrier)" if one["adam"] else "two launches (norm and publish; update)"
         return {"targets_loss": loss, "adam": adam}
 
     # --- collect -------------------------------------------------------------------------------

@@ -6,15 +6,15 @@ synchronises or reads a device value, so every launcher but :func:`shrink_pertur
 refuses to run inside a capture) can be captured.
 
 The member axis (a population's agents, :class:`cudarl.optim.StackedAdam`): ``grad_norm_partial``,
-``grad_norm_finalize``, ``grad_norm``, ``lr_schedule``, ``adam_update``, ``adam_update_soft``,
-``clip_adam_soft``, ``finish_adam_soft``, ``tau_schedule`` and ``soft_update`` also take their arrays with a
+``grad_norm_finalize``, ``grad_norm``, ``grad_norm_publish``, ``lr_schedule``, ``adam_update``,
+``adam_update_soft``, ``clip_adam_soft``, ``tau_schedule`` and ``soft_update`` also take their arrays with a
 leading axis of ``P`` members: the element buffers ``[P, n]`` (each member's row C-contiguous, every buffer the same
 member stride in elements), the partials ``[P, GN_BLOCKS]`` and a ring ``[P, 2 * slots]`` C-contiguous,
 and each device scalar ``[P]``. One launch whose ``blockIdx.y`` is the member gets each member the bits
 of a single launch on its rows; arrays without the member axis are the single launch (``gridDim.y`` 1,
 stride 0). The by-value constants are one value for every member; the ``_members`` launchers
-(``lr_schedule``, ``tau_schedule``, ``grad_norm``, ``adam_update``, ``adam_update_soft``, ``clip_adam_soft``)
-take each member's as ``[P]`` arrays instead.
+(``lr_schedule``, ``tau_schedule``, ``grad_norm``, ``grad_norm_publish``, ``adam_update``, ``adam_update_soft``,
+``clip_adam_soft``) take each member's as ``[P]`` arrays instead.
 """
 
 from __future__ import annotations
@@ -166,6 +166,55 @@ def grad_norm_members(g, partial, norm, scale, max_norms, done) -> None:
         (GN_BLOCKS // GN_FOLD, P),
         GN_THREADS,
         (e["g"], partial, norm, scale, max_norms, done, n, s),
+    )
+
+
+def grad_norm_publish(g, partial, norm, scale, max_norm: float, done, ring, loss, step, slots: int) -> None:
+    """:func:`grad_norm` (one launch, ``done``) whose last block also publishes ``(loss[0], norm[0])`` into
+    ``ring`` slot ``step[0] % slots`` (agent's ``publish``), with the bits of the two: the first of
+    :func:`clip_adam_soft`'s two launches without a grid barrier. ``ring`` float32 ``[2 * slots]``, ``loss``
+    float32 and ``step`` int64 ``[1]``; members: ring ``[P, 2 * slots]``, loss and step ``[P]``, the rest as
+    :func:`grad_norm`'s."""
+    _grad_norm_publish("grad_norm_publish", _by_value, g, partial, norm, scale, max_norm, done, ring, loss, step,
+                       slots)  # fmt: skip
+
+
+def grad_norm_publish_members(g, partial, norm, scale, max_norms, done, ring, loss, step, slots: int) -> None:
+    """:func:`grad_norm_publish` over P members each clipping at its own norm: ``max_norms`` float32 ``[P]``
+    (as :func:`grad_norm_members`'), the rest as its member axis."""
+    _grad_norm_publish("grad_norm_publish_members", _per_member, g, partial, norm, scale, max_norms, done, ring, loss,
+                       step, slots)  # fmt: skip
+
+
+def _grad_norm_publish(op, consts, g, partial, norm, scale, max_norm, done, ring, loss, step, slots) -> None:
+    w = f"optim.{op}"
+    if g.ndim not in (1, 2):
+        raise ValueError(f"{w}: g must be flat (or [P, n]), got {g.shape}")
+    P, e, n, s = _rows(w, g=g)
+    partial = _member_table(w, P, "partial", partial, GN_BLOCKS)
+    _member_scalars(w, P, norm=norm, scale=scale, loss=loss, step=step)
+    if done.dtype != np.uint32 or done.shape != (P,):
+        raise ValueError(f"{w}: done must be a uint32 [{P}] ticket, got {done.dtype} {done.shape}")
+    ring = _ring_row(w, P, ring, slots)
+    _launch_grad_norm_publish(w, op, consts, P, e, n, s, partial, norm, scale, max_norm, done, ring, loss, step, slots)
+
+
+def _ring_row(w: str, P: int, ring, slots: int):
+    """Row 0 of a ring ``[2 * slots]`` (members: ``[P, 2 * slots]``), checked."""
+    if int(slots) < 1 or ring.ndim not in (1, 2) or ring.shape[-1] != 2 * int(slots):
+        raise ValueError(f"{w}: ring must be flat [2 * slots] with slots >= 1, got {ring.shape} for slots={slots}")
+    return _member_table(w, P, "ring", ring, 2 * int(slots))
+
+
+def _launch_grad_norm_publish(w, op, consts, P, e, n, s, partial, norm, scale, max_norm, done, ring, loss, step,
+                              slots) -> None:  # fmt: skip
+    """The launch of ``grad_norm_publish[_members]`` on checked arguments (``partial``, ``ring``: row 0)."""
+    launch(
+        "optim",
+        op,
+        (GN_BLOCKS // GN_FOLD, P),
+        GN_THREADS,
+        (e["g"], partial, norm, scale, *consts(w, P, max_norm=max_norm), done, n, s, ring, loss, step, int(slots)),
     )
 
 
@@ -343,10 +392,11 @@ def _base_ptr(a) -> int:
 
 def clip_adam_soft_one_launch(P: int, n: int, grid_barrier: bool | str = True, limit: int | None = None) -> bool:
     """The form :func:`clip_adam_soft` takes for ``P`` members of ``n`` parameters: True its one launch
-    with a grid barrier, False its two launches without (:func:`grad_norm_partial`, then
-    :func:`finish_adam_soft`; the same bits). The one launch where ``grid_barrier`` permits it and every
-    member gets the blocks the single launch gets alone (:func:`cudarl.kernels.barrier_grid_fits` of
-    :func:`~cudarl.reference.optim.clip_adam_soft_blocks` ``(n)`` over ``limit`` resident blocks, default
+    with a grid barrier, False its two launches without (:func:`grad_norm_publish`, then
+    :func:`adam_update_soft` with ``clip = scale``; the same bits). The one launch where ``grid_barrier``
+    permits it and every member gets the blocks the single launch gets alone
+    (:func:`cudarl.kernels.barrier_grid_fits` of :func:`~cudarl.reference.optim.clip_adam_soft_blocks` ``(n)``
+    over ``limit`` resident blocks, default
     :func:`cudarl.kernels.resident_grid_limit`): one member always; past that the barrier would squeeze each
     member onto fewer blocks, while the two launches give each its full grid with no residency limit.
     ``grid_barrier="always"`` (tests and benchmarks of the squeezed form): the one launch at any ``P`` up to
@@ -389,10 +439,12 @@ def clip_adam_soft(
     """:func:`grad_norm` (``done``), :func:`adam_update_soft` with ``clip = scale`` and agent's ``publish``
     of ``(loss[0], norm[0])`` into ring slot ``step[0] % slots``, with the same bits, in the form
     :func:`clip_adam_soft_one_launch` picks: one launch whose blocks wait for one another (a grid barrier),
-    or two without (:func:`grad_norm_partial`, then :func:`finish_adam_soft`), either at any ``P``.
+    or two without (:func:`grad_norm_publish`, then :func:`adam_update_soft` with ``clip = scale``), either at
+    any ``P``.
 
     ``done`` and ``barrier``: two distinct uint32 ``[1]`` counters, 0 at launch and left 0 (the
-    grid barrier's counter and the last block's ticket; the two launches leave them untouched).
+    grid barrier's counter and the last block's ticket; the two launches take ``done`` as grad_norm_publish's
+    ticket, left 0, and leave ``barrier`` untouched).
     ``ring``: float32 ``[2 * slots]``; ``loss``, ``norm``, ``scale``, ``tau`` float32 ``[1]``; ``step``
     int64 ``[1]``. ``grid_barrier=False``: the two launches (a GPU shared with other processes,
     ``run.grid_barrier``); ``"always"``: the one launch even where it squeezes the members (tests and
@@ -420,60 +472,22 @@ def clip_adam_soft_members(
                     grid, grid_barrier)  # fmt: skip
 
 
-def finish_adam_soft(
-    p, g, m, v, mask, target, partial, norm, scale, max_norm: float, lr, m_scale, bc1, bc2, tau, ring, loss, step,
-    slots: int, beta1: float, beta2: float, eps: float, wd: float,
-) -> None:  # fmt: skip
-    """:func:`grad_norm_finalize` of ``partial [GN_BLOCKS]`` (float64, :func:`grad_norm_partial`'s of ``g``),
-    :func:`adam_update_soft` with ``clip = scale`` and agent's ``publish`` of ``(loss[0], norm[0])`` into ring
-    slot ``step[0] % slots``, in one launch with no grid barrier (every block reduces the partials itself),
-    with the bits of the three: :func:`clip_adam_soft`'s second launch without the barrier. Arguments and
-    member axis as :func:`clip_adam_soft`'s (no counters); grid: :func:`clip_adam_soft_blocks` ``(n)`` a
-    member, one element a thread."""
-    _finish_adam_soft("finish_adam_soft", _by_value, p, g, m, v, mask, target, partial, norm, scale, max_norm, lr,
-                      m_scale, bc1, bc2, tau, ring, loss, step, slots, beta1, beta2, eps, wd)  # fmt: skip
-
-
-def finish_adam_soft_members(
-    p, g, m, v, mask, target, partial, norm, scale, max_norm, lr, m_scale, bc1, bc2, tau, ring, loss, step,
-    slots: int, beta1, beta2, eps, wd,
-) -> None:  # fmt: skip
-    """:func:`finish_adam_soft` over P members each with its own clip norm and Adam constants (float32 ``[P]``,
-    as :func:`clip_adam_soft_members`'): member ``i`` the bits of :func:`finish_adam_soft` with its constants."""
-    _finish_adam_soft("finish_adam_soft_members", _per_member, p, g, m, v, mask, target, partial, norm, scale,
-                      max_norm, lr, m_scale, bc1, bc2, tau, ring, loss, step, slots, beta1, beta2, eps, wd)  # fmt: skip
-
-
 def _cas_checks(w, p, g, m, v, mask, target, partial, norm, scale, lr, m_scale, bc1, bc2, tau, ring, loss, step,
                 slots) -> tuple:  # fmt: skip
-    """The checks :func:`clip_adam_soft` and :func:`finish_adam_soft` share: ``(P, entries, n, s, partial row 0,
-    ring row 0)``."""
+    """:func:`clip_adam_soft`'s checks of its buffers and scalars: ``(P, entries, n, s, partial row 0, ring row 0)``."""
     P, e, n, s = _adam_checks(w, p, g, m, v, mask, lr, m_scale, bc1, bc2, scale, target=target)
     partial = _member_table(w, P, "partial", partial, GN_BLOCKS)
     _member_scalars(w, P, norm=norm, tau=tau, loss=loss, step=step)
-    if int(slots) < 1 or ring.ndim not in (1, 2) or ring.shape[-1] != 2 * int(slots):
-        raise ValueError(f"{w}: ring must be flat [2 * slots] with slots >= 1, got {ring.shape} for slots={slots}")
-    ring = _member_table(w, P, "ring", ring, 2 * int(slots))
+    ring = _ring_row(w, P, ring, slots)
     if _base_ptr(target) == _base_ptr(p):
         raise ValueError(f"{w}: target must be a buffer of its own, not the parameters")
     return P, e, n, s, partial, ring
 
 
-def _finish_adam_soft(op, consts, p, g, m, v, mask, target, partial, norm, scale, max_norm, lr, m_scale, bc1, bc2,
-                      tau, ring, loss, step, slots, beta1, beta2, eps, wd, checked=None) -> None:  # fmt: skip
-    w = f"optim.{op}"
-    P, e, n, s, partial, ring = checked or _cas_checks(
-        w, p, g, m, v, mask, target, partial, norm, scale, lr, m_scale, bc1, bc2, tau, ring, loss, step, slots
-    )
-    args = (norm, scale, max_norm, lr, m_scale, bc1, bc2, tau, loss, step, slots, beta1, beta2, eps, wd)
-    kernel_args = _cas_kernel_args(w, P, consts, e, n, s, partial, ring, *args)
-    launch("optim", op, (clip_adam_soft_blocks(n), P), CAS_THREADS, kernel_args)
-
-
 def _cas_kernel_args(w, P, consts, e, n, s, partial, ring, norm, scale, max_norm, lr, m_scale, bc1, bc2, tau, loss,
                      step, slots, beta1, beta2, eps, wd, counters=()) -> tuple:  # fmt: skip
-    """The arguments of ``clip_adam_soft[_members]`` (``counters``: its ``done`` and ``barrier``) and of
-    ``finish_adam_soft[_members]`` (none), in the kernels' order; ``partial`` and ``ring``: row 0."""
+    """The arguments of ``clip_adam_soft[_members]`` (``counters``: its ``done`` and ``barrier``), in the kernels'
+    order; ``partial`` and ``ring``: row 0."""
     return (
         *(e[k] for k in ("p", "g", "m", "v", "mask", "target")),
         n,
@@ -509,11 +523,19 @@ def _clip_adam_soft(op, consts, p, g, m, v, mask, target, partial, norm, scale, 
     if _base_ptr(done) == _base_ptr(barrier):
         raise ValueError(f"{w}: done and barrier must be two counters, not one buffer")
     if grid is None and not clip_adam_soft_one_launch(P, n, grid_barrier):
-        # the two launches: the partials, then every block's norm, update and (block 0) publish
-        launch("optim", "grad_norm_partial", (GN_BLOCKS // GN_FOLD, P), GN_THREADS, (e["g"], partial_row, n, s))
-        _finish_adam_soft(op.replace("clip_", "finish_"), consts, p, g, m, v, mask, target, partial, norm, scale,
-                          max_norm, lr, m_scale, bc1, bc2, tau, ring, loss, step, slots, beta1, beta2, eps, wd,
-                          checked)  # fmt: skip
+        # the two launches: the norm (its last block finishing it and publishing), then the update and soft target
+        members = op.endswith("_members")
+        gn_op = "grad_norm_publish_members" if members else "grad_norm_publish"
+        _launch_grad_norm_publish(w, gn_op, consts, P, e, n, s, partial_row, norm, scale, max_norm, done, ring_row,
+                                  loss, step, slots)  # fmt: skip
+        c = consts(w, P, beta1=beta1, beta2=beta2, eps=eps, wd=wd)
+        launch(
+            "optim",
+            "adam_update_soft_members" if members else "adam_update_soft",
+            (_grid(n), P),
+            _T,
+            (*(e[k] for k in ("p", "g", "m", "v", "mask", "target")), n, s, lr, m_scale, bc1, bc2, scale, tau, *c),
+        )
         return
     limit = kernels.resident_grid_limit()
     if P > limit:

@@ -88,6 +88,17 @@ def grad_norm(g, partial, norm, scale, max_norm: float, done=None) -> None:
     grad_norm_finalize(partial, norm, scale, max_norm)
 
 
+@members(rows=("g", "partial", "ring"), scalars=("norm", "scale", "done", "loss", "step"))
+def grad_norm_publish(g, partial, norm, scale, max_norm: float, done, ring, loss, step, slots: int) -> None:
+    """:func:`grad_norm`, then ``cudarl.reference.agent.publish`` of ``(loss[0], norm[0])`` into ``ring`` slot
+    ``step[0] % slots`` (the GPU does both in one launch, its last block publishing: the first of
+    :func:`clip_adam_soft`'s two launches without a grid barrier; ``done``: its ticket, unused here)."""
+    from . import agent
+
+    grad_norm(g, partial, norm, scale, max_norm, done)
+    agent.publish(ring, loss, norm, step, slots)
+
+
 def schedule_lr(
     s: int, kind: int, lr_max: float, lr_min: float, warmup: int, period: int, mult: int
 ) -> tuple[float, bool]:
@@ -228,7 +239,7 @@ def clip_adam_soft(
 ) -> None:
     """:func:`grad_norm`, :func:`adam_update_soft` with ``clip = scale``, then ``cudarl.reference.agent.publish``
     of ``(loss[0], norm[0])`` into ``ring`` slot ``step[0] % slots`` (the GPU does the three in one launch, or
-    in two: :func:`grad_norm_partial`, then :func:`finish_adam_soft`; :func:`clip_adam_soft_one_launch`).
+    in two: :func:`grad_norm_publish`, then :func:`adam_update_soft`; :func:`clip_adam_soft_one_launch`).
 
     ``done``, ``barrier`` (the launch's counters), ``grid`` (its block count) and ``grid_barrier`` (its form)
     are unused here.
@@ -250,25 +261,6 @@ def clip_adam_soft_one_launch(P: int, n: int, grid_barrier: bool | str = True, l
     if grid_barrier == "always" or not grid_barrier:
         return bool(grid_barrier)
     return limit is None or barrier_grid_fits(P, clip_adam_soft_blocks(n), limit)
-
-
-@members(
-    rows=("p", "g", "m", "v", "mask", "target", "partial", "ring"),
-    scalars=("norm", "scale", "lr", "m_scale", "bc1", "bc2", "tau", "loss", "step"),
-)
-def finish_adam_soft(
-    p, g, m, v, mask, target, partial, norm, scale, max_norm: float, lr, m_scale, bc1, bc2, tau, ring, loss, step,
-    slots: int, beta1: float, beta2: float, eps: float, wd: float,
-) -> None:  # fmt: skip
-    """:func:`grad_norm_finalize` of ``partial`` (:func:`grad_norm_partial`'s of ``g``), :func:`adam_update_soft`
-    with ``clip = scale``, then ``cudarl.reference.agent.publish`` of ``(loss[0], norm[0])`` into ``ring`` slot
-    ``step[0] % slots``: :func:`clip_adam_soft`'s second launch without the grid barrier (the GPU does the three
-    in one launch, every block reducing the partials itself)."""
-    from . import agent
-
-    grad_norm_finalize(partial, norm, scale, max_norm)
-    adam_update_soft(p, g, m, v, mask, target, lr, m_scale, bc1, bc2, scale, tau, beta1, beta2, eps, wd)
-    agent.publish(ring, loss, norm, step, slots)
 
 
 @members(scalars=("count", "tau"))
@@ -301,6 +293,13 @@ def grad_norm_members(g, partial, norm, scale, max_norms, done) -> None:
                  dict(max_norm=max_norms))  # fmt: skip
 
 
+def grad_norm_publish_members(g, partial, norm, scale, max_norms, done, ring, loss, step, slots) -> None:
+    """:func:`grad_norm_publish` over P members each clipping at its own ``max_norms[i]`` (``[P]``)."""
+    _each_member(grad_norm_publish, g.shape[0], dict(g=g, partial=partial, ring=ring),
+                 dict(norm=norm, scale=scale, done=done, loss=loss, step=step), dict(max_norm=max_norms),
+                 slots=slots)  # fmt: skip
+
+
 def adam_update_members(p, g, m, v, mask, lr, m_scale, bc1, bc2, clip, beta1, beta2, eps, wd) -> None:
     """:func:`adam_update` over P members each with its own beta1, beta2, eps and wd (``[P]``)."""
     _each_member(
@@ -327,18 +326,6 @@ def clip_adam_soft_members(
         clip_adam_soft, p.shape[0], dict(p=p, g=g, m=m, v=v, mask=mask, target=target, partial=partial, ring=ring),
         dict(norm=norm, scale=scale, done=done, barrier=barrier, lr=lr, m_scale=m_scale, bc1=bc1, bc2=bc2, tau=tau,
              loss=loss, step=step),
-        dict(max_norm=max_norm, beta1=beta1, beta2=beta2, eps=eps, wd=wd), slots=slots,
-    )  # fmt: skip
-
-
-def finish_adam_soft_members(
-    p, g, m, v, mask, target, partial, norm, scale, max_norm, lr, m_scale, bc1, bc2, tau, ring, loss, step, slots,
-    beta1, beta2, eps, wd,
-) -> None:  # fmt: skip
-    """:func:`finish_adam_soft` over P members each with its own max_norm, beta1, beta2, eps and wd (``[P]``)."""
-    _each_member(
-        finish_adam_soft, p.shape[0], dict(p=p, g=g, m=m, v=v, mask=mask, target=target, partial=partial, ring=ring),
-        dict(norm=norm, scale=scale, lr=lr, m_scale=m_scale, bc1=bc1, bc2=bc2, tau=tau, loss=loss, step=step),
         dict(max_norm=max_norm, beta1=beta1, beta2=beta2, eps=eps, wd=wd), slots=slots,
     )  # fmt: skip
 

@@ -509,6 +509,12 @@ def _cas_args(b: dict, done, barrier) -> tuple:
 def _three_calls(optim_ops, agent_ops, b: dict, done) -> None:
     """The sequence clip_adam_soft stands for: grad_norm (one launch, ``done``), adam_update_soft, publish."""
     optim_ops.grad_norm(b["g"], b["partial"], b["norm"], b["scale"], b["max_norm"], done=done)
+    _update_soft(optim_ops, b)
+    agent_ops.publish(b["ring"], b["loss"], b["norm"], b["step"], _CAS_SLOTS)
+
+
+def _update_soft(optim_ops, b: dict) -> None:
+    """adam_update_soft of the buffers ``b`` with ``clip = scale`` (clip_adam_soft's update)."""
     optim_ops.adam_update_soft(
         b["p"],
         b["g"],
@@ -527,7 +533,12 @@ def _three_calls(optim_ops, agent_ops, b: dict, done) -> None:
         _CAS_EPS,
         _CAS_WD,
     )
-    agent_ops.publish(b["ring"], b["loss"], b["norm"], b["step"], _CAS_SLOTS)
+
+
+def _publish_args(b: dict, done) -> tuple:
+    """grad_norm_publish's positional arguments from the buffers ``b``."""
+    return (b["g"], b["partial"], b["norm"], b["scale"], b["max_norm"], done, b["ring"], b["loss"], b["step"],
+            _CAS_SLOTS)  # fmt: skip
 
 
 def _host_copy(host: dict) -> dict:
@@ -598,9 +609,7 @@ def test_adam_clip_update_publish_equals_the_three_calls_on_numpy():
     assert len(set(a["ring"][:, 1::2].ravel().tolist())) > 3  # the published norms moved
 
 
-@pytest.mark.parametrize("op", ["clip_adam_soft", "finish_adam_soft"])
-def test_clip_adam_soft_refuses_bad_arguments_before_launching(rng, op):
-    """clip_adam_soft and its second barrier-free launch, finish_adam_soft (the same checks, no counters)."""
+def test_clip_adam_soft_refuses_bad_arguments_before_launching(rng):
     from cudarl.ops import optim as ops
 
     host = _cas_inputs(rng, 9, "clips")
@@ -608,21 +617,17 @@ def test_clip_adam_soft_refuses_bad_arguments_before_launching(rng, op):
 
     def call(**change):
         b = dict(_host_copy(host), **{k: v for k, v in change.items() if k not in ("done", "barrier")})
-        if op == "finish_adam_soft":
-            ops.finish_adam_soft(*_finish_args(b))
-        else:
-            ops.clip_adam_soft(*_cas_args(b, change.get("done", done), change.get("barrier", barrier)))
+        ops.clip_adam_soft(*_cas_args(b, change.get("done", done), change.get("barrier", barrier)))
 
     with pytest.raises(ValueError, match="ring"):
         call(ring=np.zeros(2 * _CAS_SLOTS + 1, np.float32))
-    if op == "clip_adam_soft":
-        with pytest.raises(ValueError, match="two counters"):
-            call(barrier=done)
-        with pytest.raises(ValueError, match="barrier must be a uint32"):
-            call(barrier=np.zeros(2, np.uint32))
+    with pytest.raises(ValueError, match="two counters"):
+        call(barrier=done)
+    with pytest.raises(ValueError, match="barrier must be a uint32"):
+        call(barrier=np.zeros(2, np.uint32))
     with pytest.raises(ValueError, match="partial"):
         call(partial=np.zeros(ref.GN_BLOCKS - 1))
-    with pytest.raises(ValueError, match=f"{op}: target must be flat"):
+    with pytest.raises(ValueError, match="clip_adam_soft: target must be flat"):
         call(target=np.zeros(8, np.float32))
     p = host["p"].copy()
     with pytest.raises(ValueError, match="buffer of its own"):
@@ -644,7 +649,7 @@ def _cas_device(cp, host: dict) -> dict:
 
 def _cas_gpu(cp, host: dict, fused, grid=None, done=None, barrier=None) -> dict:
     """One clip_adam_soft (``fused`` True), its two launches without the barrier (``"two"``: through its
-    launcher; ``"two_direct"``: grad_norm_partial and finish_adam_soft) or the three launches (False) on fresh
+    launcher; ``"two_direct"``: grad_norm_publish and adam_update_soft) or the three launches (False) on fresh
     device copies of ``host``; NumPy results."""
     from cudarl.ops import agent as agent_ops
     from cudarl.ops import optim as ops
@@ -655,8 +660,8 @@ def _cas_gpu(cp, host: dict, fused, grid=None, done=None, barrier=None) -> dict:
     if fused == "two":  # the two launches through the launcher
         ops.clip_adam_soft(*_cas_args(b, done, barrier), grid_barrier=False)
     elif fused == "two_direct":  # the two launched directly
-        ops.grad_norm_partial(b["g"], b["partial"])
-        ops.finish_adam_soft(*_finish_args(b))
+        ops.grad_norm_publish(*_publish_args(b, done))
+        _update_soft(ops, b)
     elif fused:
         ops.clip_adam_soft(*_cas_args(b, done, barrier), grid=grid)
     else:
@@ -709,32 +714,43 @@ def test_gpu_clip_adam_soft_bits_do_not_depend_on_the_grid(cp, rng, n):
         assert int(got["done"][0]) == 0 and int(got["barrier"][0]) == 0, f"grid {grid}: a counter was not left 0"
 
 
-def _finish_args(b: dict) -> tuple:
-    """finish_adam_soft's positional arguments from the buffers ``b`` (clip_adam_soft's without the counters)."""
-    a = _cas_args(b, None, None)
-    return a[:10] + a[12:]
-
-
 @pytest.mark.parametrize("n", [1, 257, 70_001])
 @pytest.mark.parametrize("clip", ["clips", "below", "off"])
-def test_reference_partials_then_finish_adam_soft_is_clip_adam_soft(rng, n, clip):
-    """The two launches without the barrier (grad_norm_partial, finish_adam_soft) compose to the one launch's
-    twin, bit for bit; finish_adam_soft is grad_norm_finalize + adam_update_soft + publish."""
+def test_reference_grad_norm_publish_then_adam_update_soft_is_clip_adam_soft(rng, n, clip):
+    """The two launches without the barrier (grad_norm_publish, adam_update_soft with clip = scale) compose to
+    the one launch's twin, bit for bit; grad_norm_publish is grad_norm + publish."""
     from cudarl.reference import agent as ref_agent
 
     host = _cas_inputs(rng, n, clip)
     one, two, three = _host_copy(host), _host_copy(host), _host_copy(host)
     ref.clip_adam_soft(*_cas_args(one, np.zeros(1, np.uint32), np.zeros(1, np.uint32)))
-    ref.grad_norm_partial(two["g"], two["partial"])
-    ref.finish_adam_soft(*_finish_args(two))
-    ref.grad_norm_partial(three["g"], three["partial"])
-    ref.grad_norm_finalize(three["partial"], three["norm"], three["scale"], three["max_norm"])
-    ref.adam_update_soft(*(three[k] for k in ("p", "g", "m", "v", "mask", "target", "lr", "m_scale", "bc1", "bc2",
-                                              "scale", "tau")), B1, B2, _CAS_EPS, _CAS_WD)  # fmt: skip
+    ref.grad_norm_publish(*_publish_args(two, np.zeros(1, np.uint32)))
+    _update_soft(ref, two)
+    ref.grad_norm(three["g"], three["partial"], three["norm"], three["scale"], three["max_norm"])
+    _update_soft(ref, three)
     ref_agent.publish(three["ring"], three["loss"], three["norm"], three["step"], _CAS_SLOTS)
     for k in _CAS_STATE + _CAS_OUT:
         assert_bitwise(two[k], one[k], what=f"two launches against one: {k}")
-        assert_bitwise(two[k], three[k], what=f"finish_adam_soft against its three twins: {k}")
+        assert_bitwise(two[k], three[k], what=f"grad_norm_publish + adam_update_soft against three twins: {k}")
+
+
+def test_grad_norm_publish_refuses_bad_arguments_before_launching(rng):
+    from cudarl.ops import optim as ops
+
+    host = _cas_inputs(rng, 9, "clips")
+
+    def call(done=None, **change):
+        b = dict(_host_copy(host), **change)
+        ops.grad_norm_publish(*_publish_args(b, np.zeros(1, np.uint32) if done is None else done))
+
+    with pytest.raises(ValueError, match="grad_norm_publish: ring"):
+        call(ring=np.zeros(2 * _CAS_SLOTS + 1, np.float32))
+    with pytest.raises(ValueError, match="grad_norm_publish: partial"):
+        call(partial=np.zeros(ref.GN_BLOCKS - 1))
+    with pytest.raises(ValueError, match="grad_norm_publish: done must be a uint32"):
+        call(done=np.zeros(1, np.int32))
+    with pytest.raises(ValueError, match="grad_norm_publish: step must be"):
+        call(step=np.zeros(2, np.int64))
 
 
 def test_clip_adam_soft_form_is_the_barrier_rule():
@@ -762,9 +778,10 @@ def test_clip_adam_soft_form_is_the_barrier_rule():
 @pytest.mark.parametrize("n", [1, 257, 135_000, 1_000_003])
 @pytest.mark.parametrize("clip", ["clips", "below", "off"])
 def test_gpu_clip_adam_soft_two_launches_are_the_one_and_the_three_bitwise(cp, rng, n, clip):
-    """grad_norm_partial + finish_adam_soft (every block reducing the partials itself): p, m, v, target, the
-    partials, norm, scale and the ring bit for bit those of the one launch (grid barrier) and of the three
-    (grad_norm, adam_update_soft, publish); the counters untouched; the twin within rounding."""
+    """grad_norm_publish (the ticket's last block finishing the norm and publishing) + adam_update_soft with
+    clip = scale: p, m, v, target, the partials, norm, scale and the ring bit for bit those of the one launch
+    (grid barrier) and of the three (grad_norm, adam_update_soft, publish); the counters left 0; the twin
+    within rounding."""
     host = _cas_inputs(rng, n, clip)
     one = _cas_gpu(cp, host, fused=True)
     three = _cas_gpu(cp, host, fused=False)
@@ -774,8 +791,8 @@ def test_gpu_clip_adam_soft_two_launches_are_the_one_and_the_three_bitwise(cp, r
         _assert_cas_equal(two, three, f"{form} against three")
         assert int(two["done"][0]) == 0 and int(two["barrier"][0]) == 0
     twin = _host_copy(host)
-    ref.grad_norm_partial(twin["g"], twin["partial"])
-    ref.finish_adam_soft(*_finish_args(twin))
+    ref.grad_norm_publish(*_publish_args(twin, np.zeros(1, np.uint32)))
+    _update_soft(ref, twin)
     for k in ("p", "m", "v", "target", "norm", "scale"):
         assert_parity(two[k], twin[k], rtol=1e-6, what=k)
     assert_parity(two["partial"], twin["partial"], kind="float64", what="partials")
@@ -787,7 +804,8 @@ def test_gpu_clip_adam_soft_two_launches_are_the_one_and_the_three_bitwise(cp, r
 @pytest.mark.parametrize("n", [257, 135_000])
 def test_gpu_clip_adam_soft_leaves_its_counters_zero_and_reruns_bitwise(cp, rng, n):
     """One pair of counters for every launch: a second launch from the same inputs gives the first's
-    bits, and five launches back to back (no host sync between) the bits of five three-launch steps."""
+    bits, and five launches back to back (no host sync between), in the one-launch form and the two-launch
+    form sharing the counters, the bits of five three-launch steps."""
     from cudarl.ops import agent as agent_ops
     from cudarl.ops import optim as ops
 
@@ -798,17 +816,19 @@ def test_gpu_clip_adam_soft_leaves_its_counters_zero_and_reruns_bitwise(cp, rng,
     again = _cas_gpu(cp, host, fused=True, done=done, barrier=barrier)  # the same counters, fresh inputs
     _assert_cas_equal(again, first, "second launch on the same counters")
     _assert_cas_equal(_cas_gpu(cp, host, fused=True), first, "fresh counters")
-    fb, tb = _cas_device(cp, host), _cas_device(cp, host)
+    fb, wb, tb = _cas_device(cp, host), _cas_device(cp, host), _cas_device(cp, host)
     tdone = cp.zeros(1, cp.uint32)
     for k in range(5):  # the state moves: each launch reads what the last one wrote
-        fb["step"][...] = k
-        tb["step"][...] = k
+        for b in (fb, wb, tb):
+            b["step"][...] = k
         ops.clip_adam_soft(*_cas_args(fb, done, barrier))
+        ops.clip_adam_soft(*_cas_args(wb, done, barrier), grid_barrier=False)  # the two launches, the same counters
         _three_calls(ops, agent_ops, tb, tdone)
     cp.cuda.Device().synchronize()
     assert int(done.get()[0]) == 0 and int(barrier.get()[0]) == 0
     for k in _CAS_STATE + _CAS_OUT:
         assert_bitwise(fb[k], tb[k], what=f"five launches: {k}")
+        assert_bitwise(wb[k], tb[k], what=f"five two-launch steps: {k}")
 
 
 @pytest.mark.gpu
@@ -816,7 +836,7 @@ def test_gpu_clip_update_publish_graphed_equals_eager_and_the_three_launches(cp)
     """Adam + SoftUpdate + the publish into a pinned ring over 25 steps (gradients and loss new each
     step, warm-up and restarts crossed): graphed == eager == schedule, clip_step, update_step(soft),
     publish, bit for bit, the ring after every step; clip_update_publish in its one launch and in its two
-    (grid_barrier=False: grad_norm_partial + finish_adam_soft)."""
+    (grid_barrier=False: grad_norm_publish + adam_update_soft)."""
     from cudarl.graph import StepGraph
     from cudarl.ops import agent as agent_ops
     from cudarl.pinned import PinnedReadback

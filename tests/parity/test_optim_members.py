@@ -93,7 +93,10 @@ def _cases(b: dict) -> list:
         ("adam_update", [*adam, B1, B2, EPS, WD]),
         ("adam_update_soft", [*adam[:5], *R("target"), *adam[5:], *S("tau"), B1, B2, EPS, WD]),
         ("clip_adam_soft", cas),
-        ("finish_adam_soft", [a for a in cas if a not in S("done", "barrier")]),  # clip_adam_soft's, no counters
+        (
+            "grad_norm_publish",
+            [*R("g", "partial"), *S("norm", "scale"), b["max_norm"], *S("done"), *R("ring"), *S("loss", "step"), SLOTS],
+        ),
     ]
 
 
@@ -348,7 +351,8 @@ def test_stacked_adam_plain_step_with_each_members_constants_on_numpy():
 
 def test_member_schedule_launchers_pass_their_kernels_c_parameters(monkeypatch):
     """The _members launchers' arguments (recorded, not launched) are what the kernels declare; the grid's y
-    is P. (clip_adam_soft_members asks the device for its grid: its arguments are the GPU tests'.)"""
+    is P. (clip_adam_soft_members' one launch asks the device for its grid: its arguments are the GPU tests';
+    its two launches without the barrier are recorded here.)"""
     from cudarl.ops import optim as ops
     from cudarl.testing import assert_launch_args
 
@@ -363,12 +367,15 @@ def test_member_schedule_launchers_pass_their_kernels_c_parameters(monkeypatch):
     adam.clip_step()
     adam.update_step(soft=soft)
     adam.update_step()
+    adam.clip_update_publish(soft, stacked["ring"], stacked["loss"], SLOTS, grid_barrier=False)  # the two launches
     assert [(op, grid[1]) for op, grid, _ in launched] == [
         ("lr_schedule_members", 4),
         ("tau_schedule_members", 4),
         ("grad_norm_members", 4),
         ("adam_update_soft_members", 4),
         ("adam_update_members", 4),
+        ("grad_norm_publish_members", 4),
+        ("adam_update_soft_members", 4),
     ]
     for op, _, args in launched:
         assert_launch_args("optim", op, args)
@@ -464,8 +471,8 @@ def test_gpu_member_axis_is_single_launches_bitwise_and_the_twin(cp, rng, P, n, 
 @pytest.mark.parametrize("P", [2, 5])
 def test_gpu_clip_adam_soft_members_bits_do_not_depend_on_the_grid(cp, rng, P):
     """Each member's blocks from 1 to its share of the resident limit give the same bits, and so do the two
-    launches without the barrier (finish_adam_soft); more members than the limit are refused the one launch
-    (forced) before a launch, and take the two launches otherwise."""
+    launches without the barrier (grad_norm_publish, adam_update_soft); more members than the limit are refused
+    the one launch (forced) before a launch, and take the two launches otherwise."""
     from cudarl.kernels import resident_grid_limit
     from cudarl.ops import optim as ops
 
@@ -503,8 +510,8 @@ def test_gpu_stacked_adam_is_p_single_adams(cp, P, fused):
     """StackedAdam + StackedSoftUpdate over P members of the reference network's size, 12 steps (warm-up and
     restarts crossed, steps that clip and steps that do not): every member's parameters, target, moments,
     scalars and published ring equal P single Adam + SoftUpdate, bit for bit. ``fused``: the launcher's pick,
-    the one launch forced ("one", squeezed at P > 1), the two launches ("two": grad_norm_partial +
-    finish_adam_soft), each against single Adams' one launch; or the three calls."""
+    the one launch forced ("one", squeezed at P > 1), the two launches ("two": grad_norm_publish +
+    adam_update_soft), each against single Adams' one launch; or the three calls."""
     _train_members(cp, P, 135_000, 12, fused, sync=cp.cuda.Device().synchronize)
 
 

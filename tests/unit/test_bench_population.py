@@ -139,7 +139,7 @@ def test_joined_arm_forms_flag_forces_the_form(forms):
     args = argparse.Namespace(repeats=1, profile=None, forms=forms)
     bp.joined_arm(False, (1, 3), args, rows, extra, None, device="cpu")
     one = ("one launch (grid barrier)", "one launch (grid barrier)")
-    two = ("two launches (no grid barrier)", "two launches (partials; norm, update, publish)")
+    two = ("two launches (no grid barrier)", "two launches (norm and publish; update)")
     got = {P: (m["loss"]["value"], m["optimiser"]["value"]) for P, m in _by_size(rows).items()}
     assert got == {P: one if forms == "one" else two for P in (1, 3)}
 
@@ -157,7 +157,7 @@ def test_joined_arm_rows_say_which_form_ran(monkeypatch):
     sizes = _by_size(rows)
     got = {P: (m["loss"]["value"], m["optimiser"]["value"]) for P, m in sizes.items()}
     one = "one launch (grid barrier)"
-    two = ("two launches (no grid barrier)", "two launches (partials; norm, update, publish)")
+    two = ("two launches (no grid barrier)", "two launches (norm and publish; update)")
     assert got == {1: (one, one), 3: two}
     assert extra["joined_fp32"]["one_launch"][3] == {"targets_loss": False, "adam": False}
     assert all(m["every member's loss finite"]["value"] is True for m in sizes.values())

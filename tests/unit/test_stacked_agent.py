@@ -314,7 +314,7 @@ def test_the_learner_takes_each_one_launch_only_where_every_member_gets_its_grid
     learners[2].one_launch = learners[2].one_launch_forms(limit)
     assert learners[2].forms() == {
         "targets_loss": "two launches (no grid barrier)",
-        "adam": "two launches (partials; norm, update, publish)",
+        "adam": "two launches (norm and publish; update)",
     }
     no_popart = StackedLearner(_config(agent={"popart": False}), 7, 3, [1, 2], np)
     assert no_popart.forms()["targets_loss"] == "one launch (no grid barrier)"
