@@ -440,7 +440,6 @@ def _cu():
         "cuEventCreate": [ctypes.POINTER(vp), ctypes.c_uint],
         "cuEventRecord": [vp, vp],
         "cuEventSynchronize": [vp],
-        "cuEventElapsedTime": [ctypes.POINTER(ctypes.c_float), vp, vp],
         "cuEventDestroy_v2": [vp],
         "cuStreamCreate": [ctypes.POINTER(vp), ctypes.c_uint],
         "cuStreamDestroy_v2": [vp],
@@ -453,6 +452,11 @@ def _cu():
     }.items():
         fn = getattr(cu, name)
         fn.argtypes, fn.restype = argtypes, ctypes.c_int
+    # CUDA 12.8+ drivers export cuEventElapsedTime_v2 (cuda.h's name for it since CUDA 13), the same
+    # signature; older ones only the first version
+    elapsed = getattr(cu, "cuEventElapsedTime_v2", None) or cu.cuEventElapsedTime
+    elapsed.argtypes, elapsed.restype = [ctypes.POINTER(ctypes.c_float), vp, vp], ctypes.c_int
+    cu.event_elapsed_time = elapsed
     _cu_cache.append(cu)
     return cu
 
@@ -1099,7 +1103,7 @@ class _EventTimer:
                 _cu_check(cu.cuGraphLaunch(exe, s), "probe: cuGraphLaunch")
                 _cu_check(cu.cuEventRecord(end, s), "probe: cuEventRecord")
                 _cu_check(cu.cuEventSynchronize(end), "probe: cuEventSynchronize")
-                _cu_check(cu.cuEventElapsedTime(ctypes.byref(ms), start, end), "probe: cuEventElapsedTime")
+                _cu_check(cu.event_elapsed_time(ctypes.byref(ms), start, end), "probe: cuEventElapsedTime")
                 if i >= PROBE_WARMUP:
                     times.append(ms.value * 1e3 / PROBE_REPEATS)
             return float(np.median(times))
