@@ -633,6 +633,41 @@ def test_batched_plan_info_copies_the_probe_records(monkeypatch):
     assert probes[1]["us"] == 7.0 and info["equal"] == [False, True]
 
 
+def test_probe_timer_times_a_graph_of_repeats_and_takes_the_median(monkeypatch):
+    """_EventTimer against a fake driver (no GPU): launch() runs PROBE_REPEATS times inside one capture on
+    the timer's own stream, the graph is replayed 2 * PROBE_WARMUP + 2 times, the warm-up replays are not
+    counted, the result is the median timed replay over PROBE_REPEATS (us), and everything is freed."""
+    calls, elapsed = [], iter([99.0] * blas.PROBE_WARMUP + [3.0, 1.5, 6.0, 1.5, 3.0])  # ms per replay
+
+    class FakeDriver:
+        def __getattr__(self, name):
+            def fn(*args):
+                calls.append(name)
+                if name in ("cuStreamCreate", "cuEventCreate", "cuStreamEndCapture", "cuGraphInstantiateWithFlags"):
+                    out = next(a for a in args if hasattr(a, "_obj"))  # the handle, written through its pointer
+                    out._obj.value = 0x1000 + len(calls)
+                return 0
+
+            return fn
+
+        def event_elapsed_time(self, ms, start, end):
+            ms._obj.value = next(elapsed)
+            return 0
+
+    monkeypatch.setattr(blas, "_cu", lambda: FakeDriver())
+    timer = blas._EventTimer()
+    streams = []
+    us = timer.median_us(lambda t: (streams.append(t), calls.append("launch")))
+    assert us == pytest.approx(3.0 * 1e3 / blas.PROBE_REPEATS, rel=1e-6)
+    assert streams == [timer.stream.value] * blas.PROBE_REPEATS and timer.stream.value
+    begin, end = calls.index("cuStreamBeginCapture_v2"), calls.index("cuStreamEndCapture")
+    assert calls[begin + 1 : end] == ["launch"] * blas.PROBE_REPEATS
+    assert calls.count("cuGraphLaunch") == 2 * blas.PROBE_WARMUP + 2
+    assert calls.count("cuGraphExecDestroy") == calls.count("cuGraphDestroy") == 1
+    timer.destroy()
+    assert calls.count("cuEventDestroy_v2") == 2 and calls.count("cuStreamDestroy_v2") == 1
+
+
 def test_batched_strides_must_keep_each_entry_in_entry_0s_alignment_class():
     """Entry i alone must get entry 0's plan: a stride of 204 floats (816 bytes) between 256-byte aligned
     biases would put entry 1 at 16-byte alignment, a plan key of its own, maybe another algorithm."""
