@@ -25,8 +25,9 @@ cuBLASLt call: the layouts carry the batch count and strides, the descriptor the
 and the algorithm is the one the single GEMM's plan chose, so entry ``i`` keeps the bits of the single
 GEMM of entry ``i``. Its key is the single key plus the batch and the batched algorithm choice
 (:data:`BATCHED_ALGOS`); a batch of 1 is the single key. Under ``algo="probe"`` the plan also asks the
-heuristic for the batched problem's own candidates and adopts the first whose output on random inputs is
-bitwise the single algorithm's (a probe run once, when the plan is made); :func:`batched_plan_info` says
+heuristic for the batched problem's own candidates and adopts the fastest of the single algorithm and
+those whose output on random inputs is bitwise the single algorithm's (a probe run once, when the plan is
+made, timing each equal one and the single one); :func:`batched_plan_info` says
 what each batched plan chose.
 """
 
@@ -68,12 +69,16 @@ LT_ACTS = ("identity", "relu")
 #: multiple of 4 floats. Less-aligned operands get plans of their own (a key of their own).
 LT_ALIGN = 16
 #: How a batched plan gets its algorithm (``net.batched_algo``): ``single``, the single GEMM's plan's;
-#: ``probe``, the first of the batched problem's heuristic candidates whose output on random inputs is
-#: bitwise the single algorithm's (else the single one).
+#: ``probe``, the fastest (timed on the probe's buffers) of the single algorithm and those of the batched
+#: problem's heuristic candidates whose output on random inputs is bitwise the single algorithm's.
 BATCHED_ALGOS = ("single", "probe")
 #: Candidates the heuristic is asked for under ``probe``.
 PROBE_CANDIDATES = 8
+#: A probe's timing of each algorithm it may adopt (:class:`_EventTimer`): a CUDA graph of PROBE_REPEATS
+#: launches, replayed PROBE_WARMUP times, then the median of PROBE_WARMUP + 2 timed replays.
+PROBE_WARMUP, PROBE_REPEATS = 3, 15
 _PROBE_SEED = 20261204
+_CAPTURE_MODE_RELAXED = 2  # CUstreamCaptureMode: a probe's timing capture, on its own stream
 _CUDA_ERROR_OUT_OF_MEMORY = 2  # CUresult
 # cublasLtMatmulAlgoConfigAttributes_t: (name, value, ctypes type), cublasLt.h (cuBLAS 12/13)
 _ALGO_CONFIG = (
@@ -432,9 +437,26 @@ def _cu():
         "cuStreamSynchronize": [vp],
         "cuStreamIsCapturing": [vp, ctypes.POINTER(ctypes.c_int)],
         "cuCtxSynchronize": [],
+        "cuEventCreate": [ctypes.POINTER(vp), ctypes.c_uint],
+        "cuEventRecord": [vp, vp],
+        "cuEventSynchronize": [vp],
+        "cuEventDestroy_v2": [vp],
+        "cuStreamCreate": [ctypes.POINTER(vp), ctypes.c_uint],
+        "cuStreamDestroy_v2": [vp],
+        "cuStreamBeginCapture_v2": [vp, ctypes.c_int],
+        "cuStreamEndCapture": [vp, ctypes.POINTER(vp)],
+        "cuGraphInstantiateWithFlags": [ctypes.POINTER(vp), vp, ctypes.c_ulonglong],
+        "cuGraphLaunch": [vp, vp],
+        "cuGraphExecDestroy": [vp],
+        "cuGraphDestroy": [vp],
     }.items():
         fn = getattr(cu, name)
         fn.argtypes, fn.restype = argtypes, ctypes.c_int
+    # CUDA 12.8+ drivers export cuEventElapsedTime_v2 (cuda.h's name for it since CUDA 13), the same
+    # signature; older ones only the first version
+    elapsed = getattr(cu, "cuEventElapsedTime_v2", None) or cu.cuEventElapsedTime
+    elapsed.argtypes, elapsed.restype = [ctypes.POINTER(ctypes.c_float), vp, vp], ctypes.c_int
+    cu.event_elapsed_time = elapsed
     _cu_cache.append(cu)
     return cu
 
@@ -974,13 +996,18 @@ def batched_plan_info() -> dict:
     ``algo_id``, ``tile``, ``tile_name``, ``stages``, ``splitk``, ``reduction``, ``swizzle``, ``custom``,
     ``inner_shape``, ``cluster_shape``), ``candidates`` (algorithms the heuristic returned for the batch,
     ``probe`` only), ``probed`` (those run against the single one), ``equal`` (each probe's verdict, in
-    order) and ``changed`` (the batch runs another algorithm than the single one, found bitwise equal).
-    Copies: changing them changes no plan. The algorithms are read here, not when the plans are made (a
+    order), ``probes`` (per probed candidate, in order: its ``algo_id``, ``tile_name``, ``stages``, ``equal``
+    and ``us``, the median time of one batched GEMM on the probe's buffers, None where not equal, so not
+    timed), ``single_us`` (the single algorithm's time there; None where no candidate was equal or under
+    ``single``), ``chosen_index`` (the index in ``probes`` of the adopted candidate, None: the single one)
+    and ``changed`` (the batch runs another algorithm than the single one: a bitwise equal candidate
+    faster than it). Copies: changing them changes no plan. The algorithms are read here, not when the plans are made (a
     plan under ``single`` makes no call it did not make before)."""
     return {
         key: {
             **p.info,
             "equal": list(p.info["equal"]),
+            "probes": [dict(c) for c in p.info["probes"]],
             "single": _algo_config(p.single_algo),
             "chosen": _algo_config(p.algo),
         }
@@ -1043,6 +1070,59 @@ def _lt_handle():
     return _lt_handles[0]
 
 
+class _EventTimer:
+    """A probe's timer: a stream of its own (non-blocking) and two CUDA events on it. :meth:`median_us`
+    captures :data:`PROBE_REPEATS` back-to-back launches into a CUDA graph (so the host's launch cost is
+    not timed, as in the joined step's graph), replays it :data:`PROBE_WARMUP` times, then times
+    :data:`PROBE_WARMUP` + 2 replays: the median replay's time over the launches in it."""
+
+    def __init__(self):
+        cu, self.events = _cu(), []
+        self.stream = ctypes.c_void_p()
+        _cu_check(cu.cuStreamCreate(ctypes.byref(self.stream), 1), "probe: cuStreamCreate")  # NON_BLOCKING
+        for _ in range(2):
+            e = ctypes.c_void_p()
+            _cu_check(cu.cuEventCreate(ctypes.byref(e), 0), "probe: cuEventCreate")
+            self.events.append(e)
+
+    def median_us(self, launch) -> float:
+        """The time (us) of one ``launch(stream)`` (on the timer's stream), as above."""
+        cu, (start, end), s = _cu(), self.events, self.stream
+        graph, exe = ctypes.c_void_p(), ctypes.c_void_p()
+        _cu_check(cu.cuStreamBeginCapture_v2(s, _CAPTURE_MODE_RELAXED), "probe: cuStreamBeginCapture")
+        try:
+            for _ in range(PROBE_REPEATS):
+                launch(s.value or 0)
+        finally:
+            _cu_check(cu.cuStreamEndCapture(s, ctypes.byref(graph)), "probe: cuStreamEndCapture")
+        try:
+            _cu_check(cu.cuGraphInstantiateWithFlags(ctypes.byref(exe), graph, 0), "probe: cuGraphInstantiate")
+            times, ms = [], ctypes.c_float(0.0)
+            for i in range(2 * PROBE_WARMUP + 2):
+                _cu_check(cu.cuEventRecord(start, s), "probe: cuEventRecord")
+                _cu_check(cu.cuGraphLaunch(exe, s), "probe: cuGraphLaunch")
+                _cu_check(cu.cuEventRecord(end, s), "probe: cuEventRecord")
+                _cu_check(cu.cuEventSynchronize(end), "probe: cuEventSynchronize")
+                _cu_check(cu.event_elapsed_time(ctypes.byref(ms), start, end), "probe: cuEventElapsedTime")
+                if i >= PROBE_WARMUP:
+                    times.append(ms.value * 1e3 / PROBE_REPEATS)
+            return float(np.median(times))
+        finally:
+            if exe.value:
+                cu.cuGraphExecDestroy(exe)
+            if graph.value:
+                cu.cuGraphDestroy(graph)
+
+    def destroy(self) -> None:
+        cu = _cu()
+        for e in self.events:
+            cu.cuEventDestroy_v2(e)
+        if self.stream.value:
+            cu.cuStreamSynchronize(self.stream)
+            cu.cuStreamDestroy_v2(self.stream)
+        self.events, self.stream = [], ctypes.c_void_p()
+
+
 class _LtPlan:
     """The matmul descriptor, the three matrix layouts and the algorithm of one :func:`gemm_lt` key, or
     of a :func:`gemm_lt_batched` key: its layouts carry the batch, and its algorithm is the one its
@@ -1050,8 +1130,8 @@ class _LtPlan:
     configuration. Under ``algo="single"`` the heuristic is not asked again for the batch: for another
     problem it may pick another algorithm, and the entries would lose the single GEMM's bits. Under
     ``algo="probe"`` it is asked, and a candidate is adopted only where a probe found its output bitwise
-    the single algorithm's (:meth:`_probe`). ``stream``: where a probe runs (0: the legacy default stream).
-    A batched plan's :attr:`info` is its :func:`batched_plan_info` record."""
+    the single algorithm's and its time shorter (:meth:`_probe`). ``stream``: where a probe runs (0: the
+    legacy default stream). A batched plan's :attr:`info` is its :func:`batched_plan_info` record."""
 
     def __init__(self, key: tuple, bias_ptr: int, stream: int = 0):
         m, n, k, trans_a, trans_b, epilogue, tf32, al_a, al_b, al_out, _, split_k = key[:_BASE_KEY]
@@ -1079,7 +1159,7 @@ class _LtPlan:
         """Give the layouts the batch count and strides (cuBLASLt's A is the row-major b, its B the
         row-major a), the descriptor the bias's batch stride, and take the batch-1 plan's algorithm once
         ``cublasLtMatmulAlgoCheck`` accepts it for the batch (and its workspace fits); under ``probe``, a
-        batched candidate instead where :meth:`_probe` finds one with the same bits."""
+        batched candidate instead where :meth:`_probe` finds one with the same bits that runs faster."""
         count, stride_a, stride_b, stride_out, stride_bias, algo = key[_BASE_KEY:]
         for lay, stride in ((self.layout_a, stride_b), (self.layout_b, stride_a), (self.layout_d, stride_out)):
             for attr, value, name in (
@@ -1115,7 +1195,8 @@ class _LtPlan:
             "shape": f"[{m}x{k}] x [{k}x{n}]",
             "m": m, "n": n, "k": k, "trans_a": trans_a, "trans_b": trans_b, "epilogue": epilogue, "tf32": tf32,
             "batch": count, "mode": algo,
-            "candidates": 0, "probed": 0, "equal": [], "changed": False,
+            "candidates": 0, "probed": 0, "equal": [], "probes": [], "single_us": None, "chosen_index": None,
+            "changed": False,
         }  # fmt: skip
         if algo == "probe":
             self._probe(lib, key, stream)
@@ -1123,9 +1204,14 @@ class _LtPlan:
     def _probe(self, lib, key: tuple, stream: int) -> None:
         """Ask the heuristic for up to :data:`PROBE_CANDIDATES` one-kernel algorithms of the batched problem;
         in its order, run each that is not the single plan's algorithm on the same random inputs of the
-        key's shapes, strides, alignments and epilogue as the single algorithm, and adopt the first whose
-        whole output is bitwise the single algorithm's (none: keep the single one). Outside any capture
-        only (plans are made before capture); the buffers are allocated once here and freed at the end."""
+        key's shapes, strides, alignments and epilogue as the single algorithm, and keep those whose whole
+        output is bitwise the single algorithm's. Time the single algorithm and each kept one on the same
+        buffers (:class:`_EventTimer`: a CUDA graph of :data:`PROBE_REPEATS` launches on a stream of the
+        timer's own, CUDA events) and adopt the fastest; the single one where it is fastest (ties included) or none is
+        equal. Outside any capture only (plans are made before capture); the buffers are allocated once
+        here and freed at the end. The added build time: a run per candidate, and per equal candidate and
+        the single one a graph capture and instantiation and ``2 * PROBE_WARMUP + 2`` replays of
+        :data:`PROBE_REPEATS` GEMMs of a few to a few hundred microseconds each."""
         cu = _cu()
         capturing = ctypes.c_int(0)
         status = cu.cuStreamIsCapturing(ctypes.c_void_p(stream), ctypes.byref(capturing))
@@ -1175,14 +1261,33 @@ class _LtPlan:
                 return got
 
             want = run(outs[0], self.algo)
+            equal_ones = []
             for cand in others:
                 equal = bool(np.array_equal(run(outs[1], cand), want))
+                cfg = _algo_config(cand)
                 self.info["probed"] += 1
                 self.info["equal"].append(equal)
+                self.info["probes"].append(
+                    {"algo_id": cfg["algo_id"], "tile_name": cfg["tile_name"], "stages": cfg["stages"],
+                     "equal": equal, "us": None}
+                )  # fmt: skip
                 if equal:
-                    self.algo = _LtAlgo.from_buffer_copy(cand)
-                    self.info["changed"] = True
-                    return
+                    equal_ones.append((len(self.info["probes"]) - 1, cand))
+            if not equal_ones:
+                return
+            timer = _EventTimer()
+            try:
+                self.info["single_us"] = best = timer.median_us(lambda t: _lt_run(self, a, b, outs[0], bias, work, t))
+                for i, cand in equal_ones:
+                    us = timer.median_us(lambda t, c=cand: _lt_run(self, a, b, outs[1], bias, work, t, c))
+                    self.info["probes"][i]["us"] = us
+                    if us < best:
+                        best, self.info["chosen_index"] = us, i
+            finally:
+                timer.destroy()
+            if self.info["chosen_index"] is not None:
+                self.algo = _LtAlgo.from_buffer_copy(dict(equal_ones)[self.info["chosen_index"]])
+                self.info["changed"] = True
 
     def _describe_problem(self, lib, m, n, k, trans_a, trans_b, epilogue, tf32, bias_ptr) -> None:
         """The matmul descriptor and the column-major layouts of one GEMM."""

@@ -354,9 +354,10 @@ class NetConfig:
     """The algorithm of a joined population's strided-batched cuBLASLt GEMMs (``run.population = "joined"``;
     GPU; ``cudarl.blas.BATCHED_ALGOS``): ``single`` runs the algorithm the single agent's plan chose for one
     member (every member bit for bit the agent alone, by construction); ``probe`` asks cuBLASLt's heuristic
-    for the batched problem's own candidates when each batched plan is made (before capture) and adopts the
-    first whose output on random inputs of the real shapes is bitwise the single algorithm's, else keeps the
-    single one (``cudarl.blas.batched_plan_info`` says what each plan chose). The batch-1 algorithm picks
+    for the batched problem's own candidates when each batched plan is made (before capture), keeps those
+    whose output on random inputs of the real shapes is bitwise the single algorithm's, times them and the
+    single one there and adopts the fastest (the single one when it is fastest or none is equal;
+    ``cudarl.blas.batched_plan_info`` says what each plan probed, timed and chose). The batch-1 algorithm picks
     tiles for one member's GEMM, small for P of them (docs/perf-notes.md, "Batched GEMM algorithms").
     A probe is evidence of equal bits on its inputs, not a proof for every input. The NumPy backend and a
     single agent ignore it."""

@@ -31,11 +31,13 @@ skipped, saying so):
   beside the joined arm, its speed-up over it (``split-K dW / one-kernel dW``). Its ratio against P x the
   single agent uses the single agent of the default ``split_k`` (the branches arm's).
 * cudarl joined, probed batched algorithms (``joined-probe``, opt-in): the ``joined-onekernel`` arm with
-  ``net.batched_algo = "probe"`` (each batched GEMM's plan adopts the first of cuBLASLt's candidates for the
-  batched problem whose probe output is bitwise the single algorithm's), as cases ``cudarl joined (agent
+  ``net.batched_algo = "probe"`` (each batched GEMM's plan adopts the fastest, timed by its probe, of the
+  single algorithm and cuBLASLt's candidates for the batched problem whose probe output is bitwise the
+  single algorithm's), as cases ``cudarl joined (agent
   axis), one-kernel dW, probed batched algorithms, <prec>``; rows ``P=<P>: batched plans on another
   algorithm`` (how many of the step's batched plans took another algorithm than the single one) and one row
-  per such plan (its shape, the two tiles, candidates probed), the records of
+  per such plan (its shape, the two tiles, candidates probed, the probe's times of the single algorithm
+  and of each bitwise-equal candidate, the adopted one starred), the records of
   :func:`cudarl.blas.batched_plan_info` in the JSON (``batched_plans``); beside the ``joined-onekernel`` arm,
   its speed-up over it (``single / probed batched algorithms``).
 * cudarl population (``branches``): :class:`cudarl.population.Population`, every member's train phases on a parallel
@@ -481,15 +483,25 @@ def probe_rows(case: str, P: int, tf32: bool, ext: dict) -> list[dict]:
     changed = [r for r in records if r["changed"]]
     out = [row(case, f"P={P}: batched plans on another algorithm", f"{len(changed)} of {len(records)}", "")]
     for r in records:
-        s, c = r["single"], r["chosen"]
-        what = f"{s['tile_name']} (algo {s['algo_id']}) -> {c['tile_name']} (algo {c['algo_id']})"
-        if r["changed"]:
-            what += f", after {r['probed']} probe(s) of {r['candidates']} candidate(s)"
-        else:
-            what += f": kept, {r['probed']} probed of {r['candidates']}, none bitwise equal"
-        out.append(row(case, f"P={P}: batched plan {r['shape']} epilogue {r['epilogue']}", what, ""))
+        out.append(row(case, f"P={P}: batched plan {r['shape']} epilogue {r['epilogue']}", probe_summary(r), ""))
     print(f"{case}: P={P}: {len(changed)} of {len(records)} batched plans on another algorithm")
     return out
+
+
+def probe_summary(r: dict) -> str:
+    """One batched plan's probe in words: the single tile -> the chosen one, the candidates probed, and the
+    times (us, median on the probe's buffers) of the single algorithm and of each bitwise-equal candidate
+    (``!=``: a candidate whose bits differ, not timed; ``*``: the one adopted)."""
+    s, c = r["single"], r["chosen"]
+    what = f"{s['tile_name']} (algo {s['algo_id']}) -> {c['tile_name']} (algo {c['algo_id']})"
+    what += f"{'' if r['changed'] else ': kept'}, {r['probed']} probed of {r['candidates']}"
+    if r.get("single_us") is None:
+        return what + ", none bitwise equal" if r["probed"] else what
+    times = [f"single {r['single_us']:.1f}{'' if r['changed'] else '*'}"]
+    for i, p in enumerate(r.get("probes", [])):
+        mark = "*" if i == r.get("chosen_index") else ""
+        times.append(f"{p['tile_name']} {p['us']:.1f}{mark}" if p["equal"] else f"{p['tile_name']} !=")
+    return what + "; us: " + ", ".join(times)
 
 
 #: The joined arms: ``--arms`` name -> (``net.dw_gemm``, ``net.batched_algo``, the label its cases carry).

@@ -119,8 +119,9 @@ class StackedQNetwork:
     ``tools/bench_step.py`` (the single step under each; docs/perf-notes.md, "The agent axis, in stages").
 
     Every batched GEMM and batched plan takes ``net.batched_algo`` (:data:`cudarl.blas.BATCHED_ALGOS`):
-    ``"single"`` runs the single network's algorithm; ``"probe"`` a batched candidate of cuBLASLt's that a
-    probe found bitwise equal to it when the plan was made (:func:`cudarl.blas.batched_plan_info`).
+    ``"single"`` runs the single network's algorithm; ``"probe"`` the fastest of it and the batched
+    candidates of cuBLASLt's that a probe found bitwise equal to it when the plan was made (each timed
+    there; :func:`cudarl.blas.batched_plan_info`).
     """
 
     def __init__(

@@ -2,6 +2,7 @@
 
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -614,6 +615,59 @@ def test_algorithm_records_read_the_tile_table():
     assert blas._TILES[35] == "256x32" and blas._TILES[15] == "64x64"
 
 
+def test_batched_plan_info_copies_the_probe_records(monkeypatch):
+    """batched_plan_info's record of a probe plan (a fake plan here, no GPU): every probed candidate's
+    equal verdict and time, the single's time and the chosen index, as copies (changing them changes no
+    plan); the algorithms read through _algo_config."""
+    probes = [{"algo_id": 21, "tile_name": "256x128", "stages": 3, "equal": False, "us": None},
+              {"algo_id": 21, "tile_name": "128x128", "stages": 3, "equal": True, "us": 7.0}]  # fmt: skip
+    info = {"shape": "[512x13] x [13x256]", "batch": 8, "mode": "probe", "candidates": 3, "probed": 2,
+            "equal": [False, True], "probes": probes, "single_us": 9.0, "chosen_index": 1, "changed": True}  # fmt: skip
+    plan = SimpleNamespace(info=info, single_algo="single", algo="chosen")
+    monkeypatch.setitem(blas._plans, ("fake",), plan)
+    monkeypatch.setattr(blas, "_algo_config", lambda algo: {"tile_name": algo})
+    r = blas.batched_plan_info()[("fake",)]
+    assert (r["single"], r["chosen"]) == ({"tile_name": "single"}, {"tile_name": "chosen"})
+    assert r["probes"] == probes and r["equal"] == [False, True] and (r["single_us"], r["chosen_index"]) == (9.0, 1)
+    r["probes"][1]["us"], r["equal"][0] = 1.0, True
+    assert probes[1]["us"] == 7.0 and info["equal"] == [False, True]
+
+
+def test_probe_timer_times_a_graph_of_repeats_and_takes_the_median(monkeypatch):
+    """_EventTimer against a fake driver (no GPU): launch() runs PROBE_REPEATS times inside one capture on
+    the timer's own stream, the graph is replayed 2 * PROBE_WARMUP + 2 times, the warm-up replays are not
+    counted, the result is the median timed replay over PROBE_REPEATS (us), and everything is freed."""
+    calls, elapsed = [], iter([99.0] * blas.PROBE_WARMUP + [3.0, 1.5, 6.0, 1.5, 3.0])  # ms per replay
+
+    class FakeDriver:
+        def __getattr__(self, name):
+            def fn(*args):
+                calls.append(name)
+                if name in ("cuStreamCreate", "cuEventCreate", "cuStreamEndCapture", "cuGraphInstantiateWithFlags"):
+                    out = next(a for a in args if hasattr(a, "_obj"))  # the handle, written through its pointer
+                    out._obj.value = 0x1000 + len(calls)
+                return 0
+
+            return fn
+
+        def event_elapsed_time(self, ms, start, end):
+            ms._obj.value = next(elapsed)
+            return 0
+
+    monkeypatch.setattr(blas, "_cu", lambda: FakeDriver())
+    timer = blas._EventTimer()
+    streams = []
+    us = timer.median_us(lambda t: (streams.append(t), calls.append("launch")))
+    assert us == pytest.approx(3.0 * 1e3 / blas.PROBE_REPEATS, rel=1e-6)
+    assert streams == [timer.stream.value] * blas.PROBE_REPEATS and timer.stream.value
+    begin, end = calls.index("cuStreamBeginCapture_v2"), calls.index("cuStreamEndCapture")
+    assert calls[begin + 1 : end] == ["launch"] * blas.PROBE_REPEATS
+    assert calls.count("cuGraphLaunch") == 2 * blas.PROBE_WARMUP + 2
+    assert calls.count("cuGraphExecDestroy") == calls.count("cuGraphDestroy") == 1
+    timer.destroy()
+    assert calls.count("cuEventDestroy_v2") == 2 and calls.count("cuStreamDestroy_v2") == 1
+
+
 def test_batched_strides_must_keep_each_entry_in_entry_0s_alignment_class():
     """Entry i alone must get entry 0's plan: a stride of 204 floats (816 bytes) between 256-byte aligned
     biases would put entry 1 at 16-byte alignment, a plan key of its own, maybe another algorithm."""
@@ -721,9 +775,10 @@ PROBE_GEMMS = [
 @pytest.mark.parametrize("P", [8, 64])
 @pytest.mark.parametrize("name,m,n,k,ta,tb,act,with_bias", PROBE_GEMMS, ids=[g[0] for g in PROBE_GEMMS])
 def test_gpu_batched_probe_plan_is_bitwise_the_single_plan(cp, rng, name, m, n, k, ta, tb, act, with_bias, P, tf32):
-    """A batched plan under algo="probe" (its own key: the heuristic's batched candidates, the first whose
-    probe output is bitwise the single algorithm's) gives the same bits as the plan under "single" on
-    other random operands than the probe's, entry by entry; what it chose is in batched_plan_info."""
+    """A batched plan under algo="probe" (its own key: the fastest of the single algorithm and the
+    heuristic's batched candidates whose probe output is bitwise the single algorithm's) gives the same
+    bits as the plan under "single" on other random operands than the probe's, entry by entry; what it
+    chose is in batched_plan_info, the fastest of its recorded times."""
     a, b, bias, out = _batched_operands(cp, rng, P, m, n, k, ta, tb, with_bias)
     kw = dict(bias=bias, act=act, trans_a=ta, trans_b=tb, tf32=tf32)
     got = {}
@@ -736,13 +791,16 @@ def test_gpu_batched_probe_plan_is_bitwise_the_single_plan(cp, rng, name, m, n, 
     records = [r for r in blas.batched_plan_info().values() if r["mode"] == "probe" and r["batch"] == P]
     mine = [r for r in records if (r["m"], r["n"], r["k"], r["tf32"]) == (m, n, k, tf32)]
     assert mine, f"{name}: no batched_plan_info record of the probe plan"
+    for r in mine:
+        _assert_probe_chose_the_fastest(r)
 
 
 @pytest.mark.gpu
 def test_gpu_batched_plan_info_probe_records_say_what_each_plan_chose(cp, rng):
     """batched_plan_info(): per batched key, shape, batch, the single plan's algorithm and the chosen one
-    (id, tile, stages, ...), the candidates the heuristic returned, how many were probed and each verdict;
-    a plan "changed" exactly when the last probe was equal (the one adopted) and none before it."""
+    (id, tile, stages, ...), the candidates the heuristic returned, how many were probed and each verdict
+    and time (equal ones timed, others not); the single's time where any was equal; a plan "changed"
+    exactly when an equal candidate's time is below the single's, the chosen one the fastest."""
     P, m, n, k = 8, 512, 256, 13  # the reference MLP's first layer
     a, b, bias, out = _batched_operands(cp, rng, P, m, n, k, False, False, True)
     for algo in ("single", "probe"):
@@ -752,7 +810,7 @@ def test_gpu_batched_plan_info_probe_records_say_what_each_plan_chose(cp, rng):
             a.data.ptr, b.data.ptr, out.data.ptr, False), P, (m * k, k * n, m * n, _padded(n)), algo)
             for algo in ("single", "probe")}  # fmt: skip
     fields = {"shape", "m", "n", "k", "trans_a", "trans_b", "epilogue", "tf32", "batch", "mode", "single",
-              "chosen", "candidates", "probed", "equal", "changed"}  # fmt: skip
+              "chosen", "candidates", "probed", "equal", "probes", "single_us", "chosen_index", "changed"}  # fmt: skip
     algo_fields = {"algo_id", "tile", "tile_name", "stages", "splitk", "reduction", "swizzle", "custom"}
     for algo, key in keys.items():
         r = info[key]
@@ -765,11 +823,32 @@ def test_gpu_batched_plan_info_probe_records_say_what_each_plan_chose(cp, rng):
     assert single["probed"] == single["candidates"] == 0 and not single["changed"]
     assert single["chosen"] == single["single"] == probe["single"]
     assert probe["candidates"] >= 1, "the heuristic returned no candidate for the batched problem"
-    if probe["changed"]:
-        assert probe["equal"][-1] and not any(probe["equal"][:-1]) and probe["chosen"] != probe["single"]
-    else:
-        assert not any(probe["equal"]) and probe["chosen"] == probe["single"]
+    assert single["probes"] == [] and single["single_us"] is None and single["chosen_index"] is None
+    _assert_probe_chose_the_fastest(probe)
     print(f"probe record: {probe}")
+
+
+def _assert_probe_chose_the_fastest(r: dict) -> None:
+    """A probe record's choice is the fastest of its recorded times: the single algorithm unless an equal
+    candidate's time is below the single's, then the fastest such candidate (the first of equal times)."""
+    assert len(r["probes"]) == r["probed"] == len(r["equal"]) <= r["candidates"]
+    assert [p["equal"] for p in r["probes"]] == r["equal"]
+    for p in r["probes"]:
+        assert (p["us"] is not None) == p["equal"], f"{r['shape']}: only the equal candidates are timed: {p}"
+        assert p["us"] is None or p["us"] > 0
+    timed = [(p["us"], i) for i, p in enumerate(r["probes"]) if p["equal"]]
+    if not timed:
+        assert r["single_us"] is None and r["chosen_index"] is None and not r["changed"]
+        assert r["chosen"] == r["single"]
+        return
+    assert r["single_us"] > 0
+    best_us, best_i = min(timed)
+    if best_us < r["single_us"]:
+        assert r["changed"] and r["chosen_index"] == best_i, f"{r['shape']}: not the fastest: {r}"
+        p = r["probes"][best_i]
+        assert (r["chosen"]["algo_id"], r["chosen"]["tile_name"]) == (p["algo_id"], p["tile_name"])
+    else:
+        assert not r["changed"] and r["chosen_index"] is None and r["chosen"] == r["single"]
 
 
 @pytest.mark.gpu

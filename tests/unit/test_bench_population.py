@@ -104,20 +104,37 @@ def test_joined_probe_arm_rows_on_numpy(monkeypatch):
     assert sizes[3]["batched plans on another algorithm"]["value"] == "0 of 0"
     assert extra["joined_probe_fp32"]["batched_plans"] == {3: []} and "joined_onekernel_fp32" not in extra
     algo = {"algo_id": 21, "tile_name": "64x64"}
-    record = {"mode": "probe", "batch": 3, "tf32": False, "changed": True, "probed": 2, "candidates": 8,
-              "shape": "[512x256] x [256x256]", "epilogue": 6, "single": algo,
+    probes = [{"algo_id": 21, "tile_name": "256x128", "stages": 3, "equal": False, "us": None},
+              {"algo_id": 21, "tile_name": "128x128", "stages": 3, "equal": True, "us": 7.25},
+              {"algo_id": 21, "tile_name": "128x64", "stages": 3, "equal": True, "us": 9.5}]  # fmt: skip
+    record = {"mode": "probe", "batch": 3, "tf32": False, "changed": True, "probed": 3, "candidates": 8,
+              "shape": "[512x256] x [256x256]", "epilogue": 6, "single": algo, "equal": [False, True, True],
+              "probes": probes, "single_us": 12.0, "chosen_index": 1,
               "chosen": {**algo, "tile_name": "128x128"}}  # fmt: skip
-    monkeypatch.setattr(blas, "batched_plan_info", lambda: {("key",): record})
+    kept = {**record, "shape": "[512x13] x [13x256]", "changed": False, "chosen": algo, "chosen_index": None,
+            "single_us": 5.0, "probes": [{**probes[1], "us": 6.0}], "probed": 1, "equal": [True]}  # fmt: skip
+    none_equal = {**kept, "shape": "[512x256] x [256x204]", "single_us": None, "probes": [probes[0]],
+                  "equal": [False]}  # fmt: skip
+    monkeypatch.setattr(blas, "batched_plan_info", lambda: {("a",): record, ("b",): kept, ("c",): none_equal})
     ext: dict = {}
     extra_rows = bp.probe_rows(case, 3, False, ext)
     assert [(r["metric"], r["value"]) for r in extra_rows] == [
-        ("P=3: batched plans on another algorithm", "1 of 1"),
+        ("P=3: batched plans on another algorithm", "1 of 3"),
         (
             "P=3: batched plan [512x256] x [256x256] epilogue 6",
-            "64x64 (algo 21) -> 128x128 (algo 21), after 2 probe(s) of 8 candidate(s)",
+            "64x64 (algo 21) -> 128x128 (algo 21), 3 probed of 8; us: single 12.0, 256x128 !=, 128x128 7.2*, "
+            "128x64 9.5",
+        ),
+        (
+            "P=3: batched plan [512x13] x [13x256] epilogue 6",
+            "64x64 (algo 21) -> 64x64 (algo 21): kept, 1 probed of 8; us: single 5.0*, 128x128 6.0",
+        ),
+        (
+            "P=3: batched plan [512x256] x [256x204] epilogue 6",
+            "64x64 (algo 21) -> 64x64 (algo 21): kept, 1 probed of 8, none bitwise equal",
         ),
     ]
-    assert ext["batched_plans"] == {3: [record]}
+    assert ext["batched_plans"] == {3: [record, kept, none_equal]}
     vs = bp.probe_vs_rows("FP32", {64: 3000.0, 8: 1.0}, {64: 1500.0})
     assert [(r["case"], r["metric"], r["value"]) for r in vs] == [
         (

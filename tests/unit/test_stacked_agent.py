@@ -495,7 +495,8 @@ def _assert_learners_bitwise(runs, when: str, what: str) -> None:
 def test_gpu_batched_algo_probe_trains_bitwise_as_single(cp, P):
     """net.batched_algo = "probe" against "single" (net.dw_gemm = "one_kernel", so the forwards, dx and dW
     are all batched GEMMs): two learners of the same seeds and rows, both captured before any eager run;
-    every member buffer equal after each update, bit for bit; batched_plan_info lists the probe plans."""
+    every member buffer equal after each update, bit for bit; batched_plan_info lists the probe plans,
+    each choosing the fastest of its recorded times."""
     from cudarl import blas
 
     seeds = _seeds(np.random.default_rng(13), P)
@@ -516,3 +517,16 @@ def test_gpu_batched_algo_probe_trains_bitwise_as_single(cp, P):
     assert records, "no probe plan was made"
     changed = sum(r["changed"] for r in records)
     print(f"P={P}: {changed} of {len(records)} batched plans took another algorithm than the single one")
+    for r in records:  # the choice is the fastest of the recorded times (the single one on a tie)
+        timed = {i: p["us"] for i, p in enumerate(r["probes"]) if p["equal"]}
+        assert all(p["us"] is None for p in r["probes"] if not p["equal"]), r
+        if not timed:
+            assert r["chosen_index"] is None and not r["changed"], r
+            continue
+        best = min(timed, key=lambda i: (timed[i], i))
+        want = best if timed[best] < r["single_us"] else None
+        assert r["chosen_index"] == want and r["changed"] == (want is not None), r
+        print(
+            f"  {r['shape']} epilogue {r['epilogue']}: single {r['single_us']:.1f} us, chosen {r['chosen_index']}, "
+            f"{[(p['tile_name'], p['us']) for p in r['probes']]}"
+        )
