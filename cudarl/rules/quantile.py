@@ -112,14 +112,13 @@ class QuantileRule(RuleBase):
         """The online forward over ``env.obs``, then one kernel (``act_iqn``): the quantile mean into
         ``buffers.q_act``, the device epsilon and the epsilon-greedy ``env.actions``. With
         ``agent.act_by``: :class:`QuantileValues`' fractions and measure (``act_quantile_risk``). IQN's
-        CVaR also runs, on a branch beside the act (joined at its end: the env step then writes
-        ``env.obs``), the forward at the same fractions before their distortion (the draw of the same
-        counter, into ``ws_mean``): its quantile mean is the mean the acting observables compare the
-        CVaR's greedy action with (:meth:`act_mean`)."""
+        CVaR also runs, on a branch beside the act, the forward at the same fractions before their
+        distortion (the draw of the same counter, into ``ws_mean``): its quantile mean is the mean the
+        acting observables compare the CVaR's greedy action with (:meth:`act_mean`)."""
         buf, values = self.buf, self.values
         n = env.obs.shape[0]
         if values.distort is not None:
-            with self.side_mean.fork():  # beside the act's forward and kernel; joined at the act's end
+            with self.side_mean.fork():  # joined by the collect graph's end; nothing in the step reads it
                 values.draw_taus(self.ws_mean, n)
                 self.act_out = buf.online.forward(env.obs, self.ws_mean, heads="none")["q"]
         values.draw(buf.ws_act, n)
@@ -132,8 +131,6 @@ class QuantileRule(RuleBase):
             self.agent_ops.act_quantile_risk(*args, *eps_args)
         if values.distort is None:  # the quantiles of an undistorted risk act hold the mean (act_mean)
             self.act_out = theta if values.risk[0] != 0 else None
-        else:  # the mean forward read env.obs, which the env step writes next
-            self.side_mean.join()
 
     def act_mean(self):
         """The mean over the risk act's quantiles (``quantile_mean`` in float64; IQN's CVaR: over those of

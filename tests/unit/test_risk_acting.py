@@ -276,20 +276,3 @@ def test_gpu_iqn_cvar_act_mean_in_the_collect_graph():
     np.testing.assert_allclose(got, q_mean, rtol=1e-5, atol=1e-5)
     row = t.agent.acting_observables()
     assert 0 <= row["act.disagreement"] <= 1 and row["act.value"] == pytest.approx(q.max(axis=1).mean())
-
-
-@pytest.mark.gpu
-def test_gpu_acting_observables_follow_the_act_counter():
-    """On the GPU: empty before the captured collect step first acts (the device counter read on the
-    host), then the act's values; an evaluation's forward (its own workspace) leaves them as they were."""
-    import cupy as cp
-
-    t = _trainer("c51", "cvar", cfg=gpu_small)
-    t._capture()
-    assert t.agent.acting_observables() == {}
-    _, q, obs = _collect_once(t)
-    row = t.agent.acting_observables()
-    assert row["act.value"] == pytest.approx(q.max(axis=1).mean()) and 0 <= row["act.disagreement"] <= 1
-    t.agent.q_values(obs, cp.zeros((len(obs), t.env.n_actions), cp.float32))
-    t.synchronize()
-    assert t.agent.acting_observables() == row
