@@ -87,9 +87,9 @@ class Agent:
     ):
         self.cfg, self.xp, self.n_envs = cfg, xp, int(n_envs)
         self._eval_rows = None  # (eval_rows(),) once made: row_exact_q may be None
-        # acting_observables: the act's step counter (scalars' collect_steps, which every act advances on
-        # the device) when this agent was made or loaded; it has acted since iff the counter is past it
-        self._acts_from = 0
+        # acting_observables: a collect step has acted (collected); no forward of q_values has written the
+        # acting workspace since the last one
+        self._acted = self._act_ws_fresh = False
         self.batch_size = B = cfg.agent.batch_size
         a, o = cfg.agent, cfg.optim
         rule_cls = HEAD_RULES[cfg.net.head]
@@ -316,8 +316,8 @@ class Agent:
 
     # --- what the host reads ---------------------------------------------------------------------
     def q_values(self, obs, out) -> None:
-        """Expected Q of the online network for ``obs [n, obs_dim]`` (n <= n_envs) into ``out [n, A]`` (over
-        ``buffers.query_workspace()``: the acting workspace keeps the latest act's forward)."""
+        """Expected Q of the online network for ``obs [n, obs_dim]`` (n <= n_envs) into ``out [n, A]``."""
+        self._act_ws_fresh = False  # its forward runs over the acting workspace
         self.rule.expected_q(out, obs)
 
     def eval_rows(self):
@@ -332,7 +332,7 @@ class Agent:
 
     def plan_scale(self, obs, out) -> None:
         """The plan head's gate (``out [n]``) of the forward :meth:`q_values` just ran on ``obs`` (net.plan)."""
-        gate(self.online, self.buffers.query_workspace(), obs.shape[0], out)
+        gate(self.online, self.buffers.ws_act, obs.shape[0], out)
 
     def observables(self) -> dict:
         """The auxiliary signals' values for a metrics row (host reads: outside any capture)."""
@@ -341,24 +341,30 @@ class Agent:
             out.update(s.observable())
         return out
 
+    def collected(self) -> None:
+        """A collect step ran (the trainer replayed the collect graph): ``buffers.q_act`` and the acting
+        workspace hold its act, which :meth:`acting_observables` reads."""
+        self._acted = self._act_ws_fresh = True
+
     def acting_observables(self) -> dict:
-        """The latest collect step's act, for a metrics row (host reads of the act's step counter,
-        ``buffers.q_act`` and the rule's :meth:`cudarl.rules.HeadRule.act_mean`, outside any capture;
-        nothing is launched):
+        """The latest collect step's act, for a metrics row (host reads of ``buffers.q_act`` and the rule's
+        :meth:`cudarl.rules.HeadRule.act_mean`, outside any capture; nothing is launched):
 
         * ``act.value``: the mean over the environments of ``max_a q_act``, the value ``agent.act_by``'s
           measure gives its greedy action (the expected Q with ``mean``; CVaR or mean - lambda std);
         * ``act.disagreement``: the share of environments whose greedy action by that measure is not the
-          mean's (first maximum, as the act kernels; 0 with ``mean`` by definition).
+          mean's (first maximum, as the act kernels; 0 with ``mean`` by definition); None where the
+          mean is not at hand (IQN's CVaR; the acting workspace overwritten by :meth:`q_values` since
+          the last collect step).
 
-        Empty until this agent has acted (made or loaded, its act's step counter, ``collect_steps`` of
-        the device scalars, has not moved since: no collect step ran; an offline run never acts)."""
-        if int(self.scalars.get("collect_steps")) == self._acts_from:
+        Empty before any collect step (:meth:`collected`; an offline run never acts)."""
+        if not self._acted:
             return {}
         q = to_numpy(self.buffers.q_act).astype(np.float64)
-        out = {"act.value": float(q.max(axis=1).mean()), "act.disagreement": 0.0}
-        if self.cfg.agent.act_by != "mean":
-            mean = self.rule.act_mean()
+        out = {"act.value": float(q.max(axis=1).mean()), "act.disagreement": None}
+        if self.cfg.agent.act_by == "mean":
+            out["act.disagreement"] = 0.0
+        elif self._act_ws_fresh and (mean := self.rule.act_mean()) is not None:
             out["act.disagreement"] = float(np.mean(mean.argmax(axis=1) != q.argmax(axis=1)))
         return out
 
@@ -391,7 +397,6 @@ class Agent:
         self.adam.load_state_dict(s["adam"])
         self.soft.load_state_dict(s["soft"])
         self.scalars.load_state_dict(s["scalars"])
-        self._acts_from = int(self.scalars.get("collect_steps"))  # the loaded act is not this agent's
         if self.popart is not None:
             self.popart.load_state_dict(s["popart"])
             self._popart_live = not self.popart.frozen

@@ -325,6 +325,7 @@ class Trainer:
         while self._ready_rows() < need and not stop:
             self.collect_graph.replay()
             self.collect_steps += 1
+            self.agent.collected()
         sw.lap("prime_collect")
 
     def advance(self, collect_steps: int) -> None:
@@ -343,6 +344,7 @@ class Trainer:
         if self.experience is None and self.step % self.cfg.agent.updates_per_collect == 0:
             self.collect_graph.replay()
             self.collect_steps += 1
+            self.agent.collected()
         # learn
         self.train_graph.replay()
         self.step += 1

@@ -24,8 +24,7 @@ class LearnerBuffers:
         cfg: the run's :class:`cudarl.config.Config`; xp: ``numpy`` or ``cupy``.
         batch_size, n_envs, n_actions: B, the acting rows, A.
         online, target: the :class:`cudarl.nn.QNetwork` pair; ws: see above (default ``online.ws``);
-            ws_act: the acting workspace (``n_envs`` rows), written only by the collect step's act (the
-            host's queries run over :meth:`query_workspace`).
+            ws_act: the acting workspace (``n_envs`` rows).
         pair, batch: float32 ``[2B, obs_dim]`` and the :class:`cudarl.replay.Batch` the replay gathers
             into, whose ``obs`` and ``next_obs`` are the two halves of ``pair``.
         loss: float32 ``[1]``, the step's loss (published to the host); loss_per, priority: float32
@@ -59,7 +58,6 @@ class LearnerBuffers:
         self.online, self.target = online, target
         self.ws = online.ws
         self.ws_act = online.new_workspace(self.n_envs)
-        self._ws_query = None  # query_workspace(): made on the first query
         self.pair, self.batch = pair, batch
         B = self.batch_size
         self.loss = xp.zeros(1, np.float32)
@@ -96,15 +94,6 @@ class LearnerBuffers:
             yield
         with self.side_aux.fork():
             side.join()
-
-    def query_workspace(self):
-        """The workspace (``n_envs`` rows) of the host's forwards between steps (the expected Q of
-        :meth:`cudarl.agent.Agent.q_values`, an evaluation's; the plan head's gate of that forward),
-        apart from :attr:`ws_act` so the latest act's forward stays there for the acting observables.
-        Made on the first call (outside any capture: an evaluation's), then the same."""
-        if self._ws_query is None:
-            self._ws_query = self.online.new_workspace(self.n_envs)
-        return self._ws_query
 
     def importance_weights(self):
         """The batch's importance weights, once the branch computing them (and the schedules, forked
@@ -158,10 +147,10 @@ class HeadRule(Protocol):
 
     def act_mean(self):
         """Host float64 ``[n_envs, A]``: the mean of each action's return distribution as the latest
-        :meth:`act` forward left it (in ``buffers.ws_act``; IQN's CVaR, whose acting fractions lie in
-        ``[0, alpha)``, a second forward of the act at the same fractions before the distortion), or
-        None with ``agent.act_by = "mean"`` (``buffers.q_act`` is the mean). A host read, outside any
-        capture: the acting observables (:meth:`cudarl.agent.Agent.acting_observables`)."""
+        :meth:`act` forward left it in ``buffers.ws_act``, or None where that forward does not hold it
+        (``agent.act_by = "mean"``, where ``buffers.q_act`` is the mean; IQN's CVaR, whose acting
+        fractions lie in ``[0, alpha)``). A host read, outside any capture: the acting observables
+        (:meth:`cudarl.agent.Agent.acting_observables`)."""
 
     def expected_q(self, out, obs) -> None:
         """Expected Q of the online network for ``obs [n, obs_dim]`` (n <= n_envs) into ``out [n, A]``."""

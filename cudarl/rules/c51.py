@@ -99,7 +99,7 @@ class C51Rule(RuleBase):
         self.nn_ops = family("nn", xp)
 
     def expected_q(self, out, obs) -> None:
-        self.values(out, obs, self.buf.query_workspace())
+        self.values(out, obs, self.buf.ws_act)
 
     def act(self, env, eps_args: tuple) -> None:
         """The online forward over ``env.obs`` up to the head's raw output, then one kernel: the dueling

@@ -5,7 +5,6 @@ from __future__ import annotations
 import numpy as np
 
 from ..backend import family
-from ..graph import SideStream
 from ..nn.heads import IQNHead
 from ..pinned import DeviceScalars
 from .base import LearnerBuffers
@@ -29,8 +28,6 @@ class IQNRule(QuantileRule):
         # the online fractions at s: the first B rows of the pair forward's taus
         self.taus = buf.ws.rows(f"{buf.online.head.name}.tau", buf.batch_size)
         self.values = self.greedy_values(buf.online, buf.cfg, self.counters)
-        if self.values.distort is not None:  # CVaR: the act's mean forward (QuantileRule.act)
-            self.ws_mean, self.side_mean = buf.online.new_workspace(buf.n_envs), SideStream(buf.xp)
 
     @classmethod
     def acting_taus(cls, net, cfg, counters):

@@ -92,9 +92,6 @@ class QuantileRule(RuleBase):
         self.theta = self.online_next = self.target_next = None  # the forward's outputs (workspace views)
         self.agent_ops = family("agent", xp)
         self.values = None  # greedy_values: made by the subclass, once its counters exist
-        # IQN's CVaR (values.distort): the act's mean forward at the undistorted fractions (act_mean),
-        # its workspace and branch; made by the subclass with its values
-        self.ws_mean = self.side_mean = None
 
     # --- what IQN and QR-DQN do differently ------------------------------------------------------
     def draw_taus(self, net, ws, rows: int, stream_id: int) -> None:
@@ -106,22 +103,14 @@ class QuantileRule(RuleBase):
 
     # --- the rule ---------------------------------------------------------------------------------
     def expected_q(self, out, obs) -> None:
-        self.values(out, obs, self.buf.query_workspace())
+        self.values(out, obs, self.buf.ws_act)
 
     def act(self, env, eps_args: tuple) -> None:
         """The online forward over ``env.obs``, then one kernel (``act_iqn``): the quantile mean into
         ``buffers.q_act``, the device epsilon and the epsilon-greedy ``env.actions``. With
-        ``agent.act_by``: :class:`QuantileValues`' fractions and measure (``act_quantile_risk``). IQN's
-        CVaR also runs, on a branch beside the act, the forward at the same fractions before their
-        distortion (the draw of the same counter, into ``ws_mean``): its quantile mean is the mean the
-        acting observables compare the CVaR's greedy action with (:meth:`act_mean`)."""
+        ``agent.act_by``: :class:`QuantileValues`' fractions and measure (``act_quantile_risk``)."""
         buf, values = self.buf, self.values
-        n = env.obs.shape[0]
-        if values.distort is not None:
-            with self.side_mean.fork():  # joined by the collect graph's end; nothing in the step reads it
-                values.draw_taus(self.ws_mean, n)
-                self.act_out = buf.online.forward(env.obs, self.ws_mean, heads="none")["q"]
-        values.draw(buf.ws_act, n)
+        values.draw(buf.ws_act, env.obs.shape[0])
         # the plan head's gate (net.plan) reads this forward: the acting heads, no others
         theta = buf.online.forward(env.obs, buf.ws_act, heads=buf.online.acting_heads)["q"]
         if values.head_risk[0] == 0:
@@ -129,12 +118,12 @@ class QuantileRule(RuleBase):
         else:
             args = (env.actions, buf.q_act, theta, env.state.count, env.seed, *values.head_risk)
             self.agent_ops.act_quantile_risk(*args, *eps_args)
-        if values.distort is None:  # the quantiles of an undistorted risk act hold the mean (act_mean)
-            self.act_out = theta if values.risk[0] != 0 else None
+        # the quantiles of an undistorted risk act hold the mean (act_mean); IQN's CVaR ones do not
+        self.act_out = theta if values.risk[0] != 0 and values.distort is None else None
 
     def act_mean(self):
-        """The mean over the risk act's quantiles (``quantile_mean`` in float64; IQN's CVaR: over those of
-        the forward at the act's fractions before the distortion), or None (``agent.act_by = "mean"``)."""
+        """The mean over the risk act's quantiles (``quantile_mean`` in float64), or None (``agent.act_by =
+        "mean"``; IQN's CVaR: its acting fractions lie in ``[0, alpha)``)."""
         return None if self.act_out is None else to_numpy(self.act_out).astype(np.float64).mean(axis=1)
 
     def popart_step(self) -> None:

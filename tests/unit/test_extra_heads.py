@@ -66,7 +66,6 @@ def _steps(t: Trainer, n: int) -> list:
 def _roles(t: Trainer) -> dict:
     buf = t.agent.buffers
     roles = {id(buf.ws): "s", id(t.agent.target.ws): "s'", id(buf.ws_act): "act"}
-    roles[id(buf.query_workspace())] = "act"  # an evaluation's forwards: acting, over their own workspace
     if isinstance(t.agent.rule, C51Rule):  # (and c51+iqn): the online net at s' has a workspace of its own
         roles[id(t.agent.rule.ws_next)] = "s'"
     for s in t.agent.aux:

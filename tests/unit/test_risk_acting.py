@@ -148,8 +148,8 @@ def test_the_acting_observables_are_in_the_metrics_and_cvar_moves_them(tmp_path)
     """``act.value`` and ``act.disagreement`` (Agent.acting_observables) are in every step row of
     metrics.jsonl. With "mean" the disagreement is 0 by definition; CVaR at alpha 0.05 chooses otherwise
     than the mean in some environments and values its greedy action below the mean run's (the tail of a
-    barely trained C51 distribution sits near v_min). An evaluation's forward runs over its own
-    workspace: the observables still describe the latest act."""
+    barely trained C51 distribution sits near v_min). An evaluation's forward over the acting workspace
+    leaves the disagreement unknown (None) until the next collect step."""
     import json
 
     rows = {}
@@ -168,50 +168,12 @@ def test_the_acting_observables_are_in_the_metrics_and_cvar_moves_them(tmp_path)
     assert any(r["act.disagreement"] > 0 for r in rows["cvar"])
     assert all(0 <= r["act.disagreement"] <= 1 for r in rows["cvar"])
     assert all(c["act.value"] < m["act.value"] for c, m in zip(rows["cvar"], rows["mean"], strict=True))
-    before = t.agent.acting_observables()
-    assert before["act.disagreement"] is not None
     obs = t.env.obs.copy()
     t.agent.q_values(obs, np.zeros((len(obs), t.env.n_actions), np.float32))
-    assert t.agent.acting_observables() == before
-
-
-def test_the_acting_observables_follow_the_act_counter():
-    """Empty until the agent acts (its act's step counter, the device scalars' ``collect_steps``, moved
-    since it was made or loaded), with no call from the trainer: a made agent, one that loaded a
-    checkpoint of an agent that acted; a collect step's replay alone makes them."""
-    t = _trainer("c51", "cvar")
-    assert t.agent.acting_observables() == {}
-    _collect_once(t)
-    row = t.agent.acting_observables()
-    assert set(row) == {"act.value", "act.disagreement"} and 0 <= row["act.disagreement"] <= 1
-    u = _trainer("c51", "cvar")
-    u.agent.load_state_dict(t.agent.state_dict())
-    assert u.agent.acting_observables() == {}
-    _collect_once(u)
-    assert u.agent.acting_observables() == row  # the same weights, state and env: the same act
-
-
-@pytest.mark.parametrize("alpha", [0.05, 0.3])
-def test_iqn_cvar_disagreement_is_against_the_mean_at_the_undistorted_fractions(alpha):
-    """IQN's CVaR acts on quantiles at fractions in [0, alpha): its act's mean is the quantile mean of a
-    second forward of the same obs at the same draws before the distortion (what ``act_by = "mean"``
-    would have acted on), so ``act.disagreement`` means what it means for C51 and QR-DQN."""
-    t = _trainer("iqn", "cvar", agent={"act_alpha": alpha})
-    actions, q, obs = _collect_once(t)
-    rule, n = t.agent.rule, t.env.n_envs
-    tau_act = be.to_numpy(t.agent.buffers.ws_act.rows("head.tau", n))
-    tau_mean = be.to_numpy(rule.ws_mean.rows("head.tau", n))
-    np.testing.assert_array_equal(tau_act, tau_mean * np.float32(alpha))
-    assert tau_mean.max() > 0.5
-    theta = be.to_numpy(t.agent.online.forward(obs, rule.ws_mean)["q"])  # at the undistorted taus
-    np.testing.assert_array_equal(rule.act_mean(), theta.astype(np.float64).mean(axis=1))
-    mean = _trainer("iqn", "mean")
-    _, q_mean, _ = _collect_once(mean)  # the mean's act: the same weights, draws and obs
-    np.testing.assert_allclose(rule.act_mean(), q_mean, rtol=1e-5, atol=1e-6)
-    row = t.agent.acting_observables()
-    want = np.mean(q_mean.argmax(axis=1) != q.argmax(axis=1))
-    assert row["act.disagreement"] == pytest.approx(want)
-    assert row["act.value"] == pytest.approx(q.max(axis=1).mean())
+    assert t.agent.acting_observables()["act.disagreement"] is None
+    t.collect_graph.replay()
+    t.agent.collected()
+    assert t.agent.acting_observables()["act.disagreement"] is not None
 
 
 def test_act_by_is_validated():
@@ -254,25 +216,3 @@ def test_gpu_risk_acting_in_the_collect_graph(head, measure):
     p = Policy(PolicyState.of_trainer(t), device="gpu")
     if head != "iqn":  # (IQN's policy draws its own acting taus from the saved counter)
         np.testing.assert_array_equal(p.q_values(obs).get(), q)
-
-
-@pytest.mark.gpu
-def test_gpu_iqn_cvar_act_mean_in_the_collect_graph():
-    """On the GPU the captured collect step's mean forward (IQN's CVaR, on its branch) draws the act's
-    fractions before the distortion and leaves the quantiles whose mean ``act_mean`` reads: the same
-    bits as a forward of the acting obs at those fractions, and the mean's act within rounding."""
-    t = _trainer("iqn", "cvar", cfg=gpu_small, agent={"act_alpha": 0.25})
-    _, q, obs = _collect_once(t)
-    rule, n = t.agent.rule, t.env.n_envs
-    tau_act = be.to_numpy(t.agent.buffers.ws_act.rows("head.tau", n))
-    tau_mean = be.to_numpy(rule.ws_mean.rows("head.tau", n))
-    np.testing.assert_array_equal(tau_act, tau_mean * np.float32(0.25))
-    got = rule.act_mean()
-    theta = be.to_numpy(t.agent.online.forward(obs, rule.ws_mean)["q"])
-    t.synchronize()
-    np.testing.assert_array_equal(got, theta.astype(np.float64).mean(axis=1))
-    mean = _trainer("iqn", "mean", cfg=gpu_small)
-    _, q_mean, _ = _collect_once(mean)
-    np.testing.assert_allclose(got, q_mean, rtol=1e-5, atol=1e-5)
-    row = t.agent.acting_observables()
-    assert 0 <= row["act.disagreement"] <= 1 and row["act.value"] == pytest.approx(q.max(axis=1).mean())
