@@ -13,7 +13,8 @@
 # node by node with its bytes and FLOPs, and the floor model's bounds ($OUT/critical_<graph>.json).
 # GRAPHS=joined (alone or beside the others, GRAPHS="train joined"): the joined population's train graph
 # of MEMBERS=<P> members (default profile_step's, 64; tools/profile_step.py --graph joined, built as
-# tools/bench_population.py's joined arm builds it), the --set arguments on top of that arm's config:
+# tools/bench_population.py's joined arm builds it: tools/bench_joined.py's build_joined), the --set
+# arguments on top of that arm's config:
 #   GRAPHS=joined MEMBERS=64 OUT=<dir> bash tools/gpu_profile.sh --set net.dw_gemm=one_kernel [--set net.tf32=true]
 # writes $OUT/ncu_joined.csv and $OUT/trace_joined.json. NCU_TIMEOUT=<s> sets the limit of each graph's
 # ncu pass (default 150 s); the joined graph's pass was not timed when this was written, so with

@@ -14,7 +14,7 @@ Modes:
 
 * ``--graph joined --members P`` (under ``ncu``, as above): the joined population's train step of P
   members (default 64, issue 23's target size; :class:`cudarl.stacked_agent.StackedLearner`) built
-  exactly as ``tools/bench_population.py``'s joined arm builds it (``bench_population.build_joined``: the
+  exactly as ``tools/bench_population.py``'s joined arm builds it (``bench_joined.build_joined``: the
   learner, its stacked replay filled with random rows, the step captured as one graph), then replayed 10
   times and once between ``cudaProfilerStart``/``Stop``. ``--set`` overrides go on top of the arm's
   config: ``--set net.dw_gemm=one_kernel`` (the ``joined-onekernel`` arm), ``--set net.tf32=true``; at any P
@@ -80,12 +80,12 @@ def _num(r: dict, key: str) -> float:
 
 def joined_graph(sets: list[str], members: int, device: str = "gpu"):
     """The joined population's train step of ``members`` members, captured, over its filled stacked replay:
-    ``tools/bench_population.py``'s joined arm (:func:`bench_population.build_joined` of
-    :func:`bench_population.joined_config`) with the ``--set`` overrides on top; ``net.tf32``,
+    ``tools/bench_population.py``'s joined arm (:func:`bench_joined.build_joined` of
+    :func:`bench_joined.joined_config`) with the ``--set`` overrides on top; ``net.tf32``,
     ``net.dw_gemm`` and ``run.grid_barrier`` default as that arm's (false, ``split_k``, true). Returns the
-    :class:`bench_population.JoinedStep` (learner, replay, windows, graph). ``device="cpu"``: the arm's
+    :class:`bench_joined.JoinedStep` (learner, replay, windows, graph). ``device="cpu"``: the arm's
     NumPy smoke workload (the tests)."""
-    from bench_population import build_joined, joined_config
+    from bench_joined import build_joined, joined_config
     from learning_check import _overrides
 
     over = _overrides(sets)
@@ -217,7 +217,7 @@ def summarize(paths: list[Path], out: Path | None) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from bench_population import TARGET_P  # --members' default: the size of issue 23's targets
+    from bench_joined import TARGET_P  # --members' default: the size of issue 23's targets
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--graph", choices=GRAPHS)

@@ -1,7 +1,7 @@
-"""tools/bench_population.py's joined arm (issue 23's agent axis, :class:`cudarl.stacked_agent.StackedLearner`)
-on the NumPy backend at tiny sizes: its rows (names and units; no timing is asserted), a size the learner
-refuses recorded as rows in both forms instead of a crash, the speed-up rows against the other arms, and
-``--device cpu`` end to end (the table and the JSON)."""
+"""tools/bench_population.py's joined arm (its code in tools/bench_joined.py; issue 23's agent axis,
+:class:`cudarl.stacked_agent.StackedLearner`) on the NumPy backend at tiny sizes: its rows (names and units; no
+timing is asserted), a size the learner refuses recorded as rows in both forms instead of a crash, the speed-up
+rows against the other arms, and ``--device cpu`` end to end (the table and the JSON)."""
 
 import argparse
 import json
@@ -14,6 +14,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tools"))
+import bench_joined as bj  # noqa: E402
 import bench_population as bp  # noqa: E402
 
 CASE = "cudarl joined (agent axis), FP32"
@@ -45,7 +46,7 @@ def _by_size(rows, case=CASE) -> dict:
 
 def test_joined_arm_rows_on_numpy():
     rows, extra = [], {}
-    got = bp.joined_arm(False, (1, 3), argparse.Namespace(repeats=1, profile=None), rows, extra, None, device="cpu")
+    got = bj.joined_arm(False, (1, 3), argparse.Namespace(repeats=1, profile=None), rows, extra, None, device="cpu")
     assert sorted(got) == [1, 3] and all(us > 0 for us in got.values())
     sizes = _by_size(rows)
     assert sorted(sizes) == [1, 3]
@@ -70,7 +71,7 @@ def test_joined_onekernel_arm_rows_on_numpy():
     speed-up over the split-K arm."""
     rows, extra = [], {}
     args = argparse.Namespace(repeats=1, profile=None)
-    got = bp.joined_arm(False, (1, 3), args, rows, extra, None, device="cpu", dw_gemm="one_kernel")
+    got = bj.joined_arm(False, (1, 3), args, rows, extra, None, device="cpu", dw_gemm="one_kernel")
     case = "cudarl joined (agent axis), one-kernel dW, FP32"
     sizes = _by_size(rows, case)
     assert sorted(got) == sorted(sizes) == [1, 3]
@@ -80,7 +81,7 @@ def test_joined_onekernel_arm_rows_on_numpy():
         assert metrics["weight gradients (net.dw_gemm)"]["value"] == "one_kernel: one batched GEMM a layer"
         assert metrics["every member's loss finite"]["value"] is True
     assert sorted(extra["joined_onekernel_fp32"]["step_us"]) == [1, 3] and "joined_fp32" not in extra
-    dw = bp.dw_rows("FP32", {1: 30.0, 64: 3000.0}, {64: 1500.0, 8: 5.0})
+    dw = bj.dw_rows("FP32", {1: 30.0, 64: 3000.0}, {64: 1500.0, 8: 5.0})
     assert [(r["case"], r["metric"], r["value"]) for r in dw] == [
         ("cudarl joined, one-kernel dW vs split-K dW, FP32", "P=64: speed-up (split-K dW / one-kernel dW)", 2.0)
     ]
@@ -95,7 +96,7 @@ def test_joined_probe_arm_rows_on_numpy(monkeypatch):
 
     rows, extra = [], {}
     args = argparse.Namespace(repeats=1, profile=None)
-    got = bp.joined_arm(False, (3,), args, rows, extra, None, device="cpu", dw_gemm="one_kernel", batched_algo="probe")
+    got = bj.joined_arm(False, (3,), args, rows, extra, None, device="cpu", dw_gemm="one_kernel", batched_algo="probe")
     case = "cudarl joined (agent axis), one-kernel dW, probed batched algorithms, FP32"
     sizes = _by_size(rows, case)
     assert sorted(got) == sorted(sizes) == [3]
@@ -117,7 +118,7 @@ def test_joined_probe_arm_rows_on_numpy(monkeypatch):
                   "equal": [False]}  # fmt: skip
     monkeypatch.setattr(blas, "batched_plan_info", lambda: {("a",): record, ("b",): kept, ("c",): none_equal})
     ext: dict = {}
-    extra_rows = bp.probe_rows(case, 3, False, ext)
+    extra_rows = bj.probe_rows(case, 3, False, ext)
     assert [(r["metric"], r["value"]) for r in extra_rows] == [
         ("P=3: batched plans on another algorithm", "1 of 3"),
         (
@@ -135,7 +136,7 @@ def test_joined_probe_arm_rows_on_numpy(monkeypatch):
         ),
     ]
     assert ext["batched_plans"] == {3: [record, kept, none_equal]}
-    vs = bp.probe_vs_rows("FP32", {64: 3000.0, 8: 1.0}, {64: 1500.0})
+    vs = bj.probe_vs_rows("FP32", {64: 3000.0, 8: 1.0}, {64: 1500.0})
     assert [(r["case"], r["metric"], r["value"]) for r in vs] == [
         (
             "cudarl joined, probed vs single batched algorithms, FP32",
@@ -146,7 +147,7 @@ def test_joined_probe_arm_rows_on_numpy(monkeypatch):
     assert "joined-probe" in bp.ARMS and "joined-probe" not in bp.DEFAULT_ARMS
     assert bp._arms("joined-onekernel,joined-probe") == ("joined-onekernel", "joined-probe")
     with pytest.raises(ValueError, match="no arm of dw_gemm 'split_k' and batched_algo 'probe'"):
-        bp.joined_arm(False, (1,), args, [], {}, None, device="cpu", batched_algo="probe")
+        bj.joined_arm(False, (1,), args, [], {}, None, device="cpu", batched_algo="probe")
 
 
 @pytest.mark.parametrize("forms", ["one", "two"])
@@ -154,7 +155,7 @@ def test_joined_arm_forms_flag_forces_the_form(forms):
     """--forms one|two: every size takes that form of the loss and the optimiser, and its rows say so."""
     rows, extra = [], {}
     args = argparse.Namespace(repeats=1, profile=None, forms=forms)
-    bp.joined_arm(False, (1, 3), args, rows, extra, None, device="cpu")
+    bj.joined_arm(False, (1, 3), args, rows, extra, None, device="cpu")
     one = ("one launch (grid barrier)", "one launch (grid barrier)")
     two = ("two launches (no grid barrier)", "two launches (norm and publish; update)")
     got = {P: (m["loss"]["value"], m["optimiser"]["value"]) for P, m in _by_size(rows).items()}
@@ -170,7 +171,7 @@ def test_joined_arm_rows_say_which_form_ran(monkeypatch):
     forms = StackedLearner.one_launch_forms
     monkeypatch.setattr(StackedLearner, "one_launch_forms", lambda self, limit=None: forms(self, limit or 3))
     rows, extra = [], {}
-    bp.joined_arm(False, (1, 3), argparse.Namespace(repeats=1, profile=(3,)), rows, extra, None, device="cpu")
+    bj.joined_arm(False, (1, 3), argparse.Namespace(repeats=1, profile=(3,)), rows, extra, None, device="cpu")
     sizes = _by_size(rows)
     got = {P: (m["loss"]["value"], m["optimiser"]["value"]) for P, m in sizes.items()}
     one = "one launch (grid barrier)"
@@ -184,10 +185,10 @@ def test_joined_arm_rows_say_which_form_ran(monkeypatch):
 
 def test_joined_arm_records_a_refusal_as_rows(monkeypatch):
     """A config the learner refuses (CQL: not the reference step) is a row per form, with the reason."""
-    config = bp.joined_config
-    monkeypatch.setattr(bp, "joined_config", lambda *a: config(*a, agent={"cql_alpha": 0.1}))
+    config = bj.joined_config
+    monkeypatch.setattr(bj, "joined_config", lambda *a: config(*a, agent={"cql_alpha": 0.1}))
     rows, extra = [], {}
-    got = bp.joined_arm(False, (2,), argparse.Namespace(repeats=1, profile=None), rows, extra, None, device="cpu")
+    got = bj.joined_arm(False, (2,), argparse.Namespace(repeats=1, profile=None), rows, extra, None, device="cpu")
     assert got == {}
     refused = [(r["case"], r["metric"], r["value"]) for r in rows]
     assert [(c, m) for c, m, _ in refused] == [(CASE, "P=2: step"), (f"{CASE}, run.grid_barrier = false", "P=2: step")]
@@ -196,7 +197,7 @@ def test_joined_arm_records_a_refusal_as_rows(monkeypatch):
 
 
 def test_ratio_rows_against_the_other_arms():
-    rows = bp.ratio_rows("FP32", {1: 10.0, 64: 100.0}, {64: 300.0}, {64: 400.0}, 20.0)
+    rows = bj.ratio_rows("FP32", {1: 10.0, 64: 100.0}, {64: 300.0}, {64: 400.0}, 20.0)
     got = {(r["case"], r["metric"]): (r["value"], r["unit"], r["target"]) for r in rows}
     assert got == {
         ("cudarl joined vs the single agent, FP32", "P=1: speed-up (P x single / joined)"): (2.0, "x", ""),
@@ -204,9 +205,9 @@ def test_ratio_rows_against_the_other_arms():
         ("cudarl joined vs PyTorch vmap, FP32", "P=64: speed-up (vmap / joined)"): (4.0, "x", ">= 2.5x"),
         ("cudarl joined vs the single agent, FP32", "P=64: speed-up (P x single / joined)"): (12.8, "x", ""),
     }
-    tf32 = bp.ratio_rows("TF32", {64: 100.0}, {}, {64: 400.0}, None)
+    tf32 = bj.ratio_rows("TF32", {64: 100.0}, {}, {64: 400.0}, None)
     assert [(r["metric"], r["target"]) for r in tf32] == [("P=64: speed-up (vmap / joined)", "")]
-    one = bp.ratio_rows("FP32", {64: 100.0}, {64: 300.0}, {}, None, "one-kernel dW")
+    one = bj.ratio_rows("FP32", {64: 100.0}, {64: 300.0}, {}, None, "one-kernel dW")
     assert [r["case"] for r in one] == ["cudarl joined, one-kernel dW vs branches, FP32"]
 
 
@@ -218,7 +219,7 @@ def test_bench_population_cpu_runs_the_joined_arm(tmp_path):
     rep = json.loads(out.read_text())
     assert rep["benchmark"] == "bench_population" and rep["arms"] == ["joined", "joined-onekernel"]
     sizes = _by_size(rep["rows"])
-    assert sorted(sizes) == list(bp.CPU_SIZES)
+    assert sorted(sizes) == list(bj.CPU_SIZES)
     assert all({m: x["unit"] for m, x in metrics.items()} == JOINED_ROWS for metrics in sizes.values())
     assert {(x["case"], x["value"]) for x in rep["rows"] if x["metric"] == "skipped"} == {
         ("branches", "GPU only"),

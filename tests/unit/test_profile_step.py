@@ -1,5 +1,5 @@
-"""tools/profile_step.py without a GPU or ncu: ``--graph joined`` parses and its build (the joined arm of
-tools/bench_population.py, ``build_joined``) builds a tiny joined graph on the NumPy backend with the
+"""tools/profile_step.py without a GPU or ncu: ``--graph joined`` parses and its build (the joined arm's
+``build_joined``, tools/bench_joined.py) builds a tiny joined graph on the NumPy backend with the
 ``--set`` overrides on top; ``--summarize`` keeps cuBLASLt's kernels of different algorithms apart and
 groups the ``_members`` kernels; tools/gpu_profile.sh passes ``--members`` to the joined graph only."""
 
@@ -15,14 +15,14 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tools"))
-import bench_population as bp  # noqa: E402
+import bench_joined as bj  # noqa: E402
 import profile_step as ps  # noqa: E402
 
 
 def test_joined_graph_option_parses():
     args = ps.build_parser().parse_args(["--graph", "joined", "--members", "3", "--set", "net.tf32=true"])
     assert (args.graph, args.members, args.set) == ("joined", 3, ["net.tf32=true"])
-    assert ps.build_parser().parse_args(["--graph", "joined"]).members == bp.TARGET_P
+    assert ps.build_parser().parse_args(["--graph", "joined"]).members == bj.TARGET_P
     assert ps.build_parser().parse_args(["--graph", "train"]).graph == "train"
     with pytest.raises(SystemExit):
         ps.main(["--graph", "joined", "--members", "0"])
@@ -31,13 +31,13 @@ def test_joined_graph_option_parses():
 def test_joined_graph_builds_the_joined_arm_on_numpy():
     """The bench's joined arm (its CPU workload) with the overrides on top, captured and replayable."""
     step = ps.joined_graph(["net.dw_gemm=one_kernel", "agent.batch_size=8"], 3, device="cpu")
-    assert step.learner.cfg == bp.joined_config("cpu", dw_gemm="one_kernel", agent={"batch_size": 8})
+    assert step.learner.cfg == bj.joined_config("cpu", dw_gemm="one_kernel", agent={"batch_size": 8})
     assert step.learner.online.dw_batched and step.graph.captured
     step.graph.replay()
     loss = np.asarray(step.learner.loss)
     assert loss.shape == (3,) and np.all(np.isfinite(loss))
     plain = ps.joined_graph(["run.grid_barrier=false"], 2, device="cpu")  # the arm's defaults otherwise
-    assert plain.learner.cfg == bp.joined_config("cpu", grid_barrier=False)
+    assert plain.learner.cfg == bj.joined_config("cpu", grid_barrier=False)
     assert not plain.learner.online.dw_batched and not plain.learner.cfg.net.tf32
 
 
