@@ -527,12 +527,10 @@ extern "C" __global__ void cudarl_optim_adam_update_soft_members(const AdamUpdat
 #define CAS_GROUPS (CAS_THREADS / GN_THREADS)
 static_assert(GN_BLOCKS % CAS_GROUPS == 0, "a round of virtual blocks never straddles GN_BLOCKS");
 
-// The pieces of clip_adam_soft and clip_adam_soft_members, one text for both (max_norm, beta1, beta2, eps and
-// wd: by-value in the single kernel, element blockIdx.y of the _members kernel's arrays): macros, so
-// clip_adam_soft's text and PTX stay as they were.
-// CAS_MEMBER(COUNTERS): the member's rows, partials, ring slots and scalars (COUNTERS: the statements that
-// offset the counters, clip_adam_soft's done and barrier).
-#define CAS_MEMBER(COUNTERS) \
+// The body of clip_adam_soft and clip_adam_soft_members, one text for both (max_norm, beta1, beta2, eps and
+// wd: by-value in both, clip_adam_soft's arguments, clip_adam_soft_members' element blockIdx.y of theirs): a
+// macro, so clip_adam_soft's text and PTX stay as they were.
+#define CLIP_ADAM_SOFT_BODY \
   __shared__ double sh[CAS_THREADS];                                                                                 \
   __shared__ float sh_clip;                                                                                          \
   {  /* the member's rows, partials, ring slots and scalars (member 0: the pointers as given) */                     \
@@ -554,11 +552,9 @@ static_assert(GN_BLOCKS % CAS_GROUPS == 0, "a round of virtual blocks never stra
     tau += mb;                                                                                                       \
     loss += mb;                                                                                                      \
     step += mb;                                                                                                      \
-    COUNTERS                                                                                                         \
-  }
-
-// CAS_PRELOAD: everything the update reads but the clip scale (each thread's first element).
-#define CAS_PRELOAD \
+    done += mb;                                                                                                      \
+    barrier += mb;                                                                                                   \
+  }                                                                                                                  \
   const int tid = (int)threadIdx.x, group = tid / GN_THREADS, t = tid % GN_THREADS;                                  \
   const i64 i0 = (i64)blockIdx.x * CAS_THREADS + tid;                                                                \
                                                                                                                      \
@@ -579,10 +575,8 @@ static_assert(GN_BLOCKS % CAS_GROUPS == 0, "a round of virtual blocks never stra
   if (blockIdx.x == 0 && tid == 0) {                                                                                 \
     loss0 = loss[0];                                                                                                 \
     step0 = step[0];                                                                                                 \
-  }
-
-// CAS_PARTIALS: stages 1 and 2 of clip_adam_soft (the partials, the grid barrier, the counters reset).
-#define CAS_PARTIALS \
+  }                                                                                                                  \
+                                                                                                                     \
 /* 1. grad_norm's partials, CAS_GROUPS virtual blocks per round. */                                                  \
   const i64 span = (i64)GN_BLOCKS * GN_THREADS;                                                                      \
   const int kv = (int)(((n < span ? n : span) + GN_THREADS - 1) / GN_THREADS);  /* virtual blocks with an element */ \
@@ -611,10 +605,8 @@ static_assert(GN_BLOCKS % CAS_GROUPS == 0, "a round of virtual blocks never stra
                                                                                                                      \
 /* 2. Every partial is written; the block last_block picks resets the barrier's counter. */                          \
   cudarl::grid_barrier(barrier);                                                                                     \
-  if (cudarl::last_block(done) && tid == 0) *barrier = 0u;
-
-// CAS_NORM_PUBLISH: stage 3 (every block's norm and clip scale from the partials; block 0 publishes).
-#define CAS_NORM_PUBLISH \
+  if (cudarl::last_block(done) && tid == 0) *barrier = 0u;                                                           \
+                                                                                                                     \
 /* 3. The norm and the clip scale in every block, in grad_norm's order; block 0 publishes. */                        \
   if (tid < GN_THREADS) sh[tid] = cudarl::load_l2(partial + tid) + cudarl::load_l2(partial + tid + GN_THREADS);      \
   const double total = tree_gn(sh, tid);                                                                             \
@@ -631,10 +623,8 @@ static_assert(GN_BLOCKS % CAS_GROUPS == 0, "a round of virtual blocks never stra
     }                                                                                                                \
   }                                                                                                                  \
   __syncthreads();                                                                                                   \
-  const float cl = sh_clip;
-
-// CAS_UPDATE: stage 4 (adam_update_soft's elements, grid-stride from i0).
-#define CAS_UPDATE \
+  const float cl = sh_clip;                                                                                          \
+                                                                                                                     \
 /* 4. adam_update_soft's elements. */                                                                                \
   const i64 stride = (i64)gridDim.x * CAS_THREADS;                                                                   \
   i64 i = i0;                                                                                                        \
@@ -650,8 +640,6 @@ static_assert(GN_BLOCKS % CAS_GROUPS == 0, "a round of virtual blocks never stra
     const float pi = adam_elem(p, g, m, v, mask, i, lr_, ms, c1, c2, cl, beta1, beta2, eps, wd);                     \
     target[i] = soft_elem(ta, u, pi, target[i]);                                                                     \
   }
-
-#define CLIP_ADAM_SOFT_BODY CAS_MEMBER(done += mb; barrier += mb;) CAS_PRELOAD CAS_PARTIALS CAS_NORM_PUBLISH CAS_UPDATE
 
 extern "C" __global__ __launch_bounds__(CAS_THREADS, 1) void cudarl_optim_clip_adam_soft(
     float* p, const float* g, float* m, float* v, const unsigned char* mask, float* target, i64 n, i64 s,
@@ -676,12 +664,6 @@ extern "C" __global__ __launch_bounds__(CAS_THREADS, 1) void cudarl_optim_clip_a
 }
 
 #undef CLIP_ADAM_SOFT_BODY
-
-#undef CAS_MEMBER
-#undef CAS_PRELOAD
-#undef CAS_PARTIALS
-#undef CAS_NORM_PUBLISH
-#undef CAS_UPDATE
 
 // ---- tau_schedule -----------------------------------------------------------------------------
 // One thread per member (block (0, mb)): count += 1; tau = tau_end + (tau_start - tau_end)(1 + cos(pi min(c, T) / T)) / 2, c = count - 1.
