@@ -528,14 +528,8 @@ def _clip_adam_soft(op, consts, p, g, m, v, mask, target, partial, norm, scale, 
         gn_op = "grad_norm_publish_members" if members else "grad_norm_publish"
         _launch_grad_norm_publish(w, gn_op, consts, P, e, n, s, partial_row, norm, scale, max_norm, done, ring_row,
                                   loss, step, slots)  # fmt: skip
-        c = consts(w, P, beta1=beta1, beta2=beta2, eps=eps, wd=wd)
-        launch(
-            "optim",
-            "adam_update_soft_members" if members else "adam_update_soft",
-            (_grid(n), P),
-            _T,
-            (*(e[k] for k in ("p", "g", "m", "v", "mask", "target")), n, s, lr, m_scale, bc1, bc2, scale, tau, *c),
-        )
+        _adam_update_soft("adam_update_soft_members" if members else "adam_update_soft", consts, p, g, m, v, mask,
+                          target, lr, m_scale, bc1, bc2, scale, tau, beta1, beta2, eps, wd)  # fmt: skip
         return
     limit = kernels.resident_grid_limit()
     if P > limit:
