@@ -15,7 +15,7 @@ pieces of stages 0-5 instead of one agent's::
     backward      StackedQNetwork.backward (dW by net.dw_gemm: see below)
     adam          StackedAdam.clip_update_publish (norm, clip, update, soft update, the publish of
                   loss and norm to a [P, 2 slots] ring): one launch with a grid barrier, or two
-                  without (the partials; every block's norm, update and publish): below
+                  without (the norm, its last block publishing; the update): below
     publish       the Q statistics of every member to their pinned ring (one publish_row launch)
 
 The forms of the PopArt loss and the optimiser (:meth:`StackedLearner.one_launch_forms`): each has one

@@ -9,14 +9,6 @@ from ..kernels import blocks_for, launch
 from ._arrays import check
 
 
-def copy(dst, src, stream=None) -> None:
-    """``dst[:] = src`` over float32 ``[n]``."""
-    (n,) = src.shape
-    check("auxgrad.copy", "src", src, np.float32, (n,))
-    check("auxgrad.copy", "dst", dst, np.float32, (n,))
-    launch("auxgrad", "copy", min(blocks_for(n), 4096), 256, (dst, src, n), stream=stream)
-
-
 def spread_rows(dst, src, stream=None) -> None:
     """``dst [R, n]`` = the rows ``floor(r B / R)`` of ``src [B, n]`` (float32, ``1 <= R <= B``)."""
     B, n = src.shape

@@ -1,21 +1,11 @@
-"""Copies for the auxiliary signals' own passes: twin of ``cuda_src/auxgrad.cu``.
+"""The sub-batch rows of the auxiliary signals' own passes: twin of ``cuda_src/auxgrad.cu``.
 
-* :func:`copy`: a signal's extra backward overwrites the network's gradient buffer
-  (:meth:`cudarl.nn.QNetwork.backward`), so the step's gradient is saved first and recombined after
-  (:mod:`cudarl.auxiliary.base`).
 * :func:`spread_rows`: the sub-batch the ``denoise`` and ``causal`` passes read (``agent.aux_batch``),
   ``R`` of the batch's ``B`` rows spread evenly over it (:func:`spread`)."""
 
 from __future__ import annotations
 
 import numpy as np
-
-
-def copy(dst, src) -> None:
-    """``dst[:] = src`` over float32 ``[n]``."""
-    if dst.size != src.size:
-        raise ValueError(f"auxgrad.copy: sizes {dst.size} and {src.size} differ")
-    np.copyto(dst, src)
 
 
 def spread(R: int, B: int) -> np.ndarray:
