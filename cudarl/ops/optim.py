@@ -484,32 +484,6 @@ def _cas_checks(w, p, g, m, v, mask, target, partial, norm, scale, lr, m_scale, 
     return P, e, n, s, partial, ring
 
 
-def _cas_kernel_args(w, P, consts, e, n, s, partial, ring, norm, scale, max_norm, lr, m_scale, bc1, bc2, tau, loss,
-                     step, slots, beta1, beta2, eps, wd, counters=()) -> tuple:  # fmt: skip
-    """The arguments of ``clip_adam_soft[_members]`` (``counters``: its ``done`` and ``barrier``), in the kernels'
-    order; ``partial`` and ``ring``: row 0."""
-    return (
-        *(e[k] for k in ("p", "g", "m", "v", "mask", "target")),
-        n,
-        s,
-        partial,
-        norm,
-        scale,
-        *consts(w, P, max_norm=max_norm),
-        lr,
-        m_scale,
-        bc1,
-        bc2,
-        tau,
-        ring,
-        loss,
-        step,
-        int(slots),
-        *counters,
-        *consts(w, P, beta1=beta1, beta2=beta2, eps=eps, wd=wd),
-    )
-
-
 def _clip_adam_soft(op, consts, p, g, m, v, mask, target, partial, norm, scale, max_norm, done, barrier, lr, m_scale,
                     bc1, bc2, tau, ring, loss, step, slots, beta1, beta2, eps, wd, grid,
                     grid_barrier) -> None:  # fmt: skip
@@ -544,9 +518,33 @@ def _clip_adam_soft(op, consts, p, g, m, v, mask, target, partial, norm, scale, 
             f"{w}: grid (the one launch forced) must be in [1, {limit // P}] (one block per multiprocessor at "
             f"most, for {P} member(s)) with grid_barrier on, got {grid} (grid_barrier={grid_barrier})"
         )
-    args = (norm, scale, max_norm, lr, m_scale, bc1, bc2, tau, loss, step, slots, beta1, beta2, eps, wd)
-    kernel_args = _cas_kernel_args(w, P, consts, e, n, s, partial_row, ring_row, *args, counters=(done, barrier))
-    launch("optim", op, (int(grid), P), CAS_THREADS, kernel_args)
+    launch(
+        "optim",
+        op,
+        (int(grid), P),
+        CAS_THREADS,
+        (
+            *(e[k] for k in ("p", "g", "m", "v", "mask", "target")),
+            n,
+            s,
+            partial_row,
+            norm,
+            scale,
+            *consts(w, P, max_norm=max_norm),
+            lr,
+            m_scale,
+            bc1,
+            bc2,
+            tau,
+            ring_row,
+            loss,
+            step,
+            int(slots),
+            done,
+            barrier,
+            *consts(w, P, beta1=beta1, beta2=beta2, eps=eps, wd=wd),
+        ),
+    )
 
 
 def tau_schedule(count, tau, tau_start: float, tau_end: float, period: int) -> None:
