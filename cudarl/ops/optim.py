@@ -472,25 +472,16 @@ def clip_adam_soft_members(
                     grid, grid_barrier)  # fmt: skip
 
 
-def _cas_checks(w, p, g, m, v, mask, target, partial, norm, scale, lr, m_scale, bc1, bc2, tau, ring, loss, step,
-                slots) -> tuple:  # fmt: skip
-    """:func:`clip_adam_soft`'s checks of its buffers and scalars: ``(P, entries, n, s, partial row 0, ring row 0)``."""
-    P, e, n, s = _adam_checks(w, p, g, m, v, mask, lr, m_scale, bc1, bc2, scale, target=target)
-    partial = _member_table(w, P, "partial", partial, GN_BLOCKS)
-    _member_scalars(w, P, norm=norm, tau=tau, loss=loss, step=step)
-    ring = _ring_row(w, P, ring, slots)
-    if _base_ptr(target) == _base_ptr(p):
-        raise ValueError(f"{w}: target must be a buffer of its own, not the parameters")
-    return P, e, n, s, partial, ring
-
-
 def _clip_adam_soft(op, consts, p, g, m, v, mask, target, partial, norm, scale, max_norm, done, barrier, lr, m_scale,
                     bc1, bc2, tau, ring, loss, step, slots, beta1, beta2, eps, wd, grid,
                     grid_barrier) -> None:  # fmt: skip
     w = f"optim.{op}"
-    checked = _cas_checks(w, p, g, m, v, mask, target, partial, norm, scale, lr, m_scale, bc1, bc2, tau, ring, loss,
-                          step, slots)  # fmt: skip
-    P, e, n, s, partial_row, ring_row = checked
+    P, e, n, s = _adam_checks(w, p, g, m, v, mask, lr, m_scale, bc1, bc2, scale, target=target)
+    partial_row = _member_table(w, P, "partial", partial, GN_BLOCKS)
+    _member_scalars(w, P, norm=norm, tau=tau, loss=loss, step=step)
+    ring_row = _ring_row(w, P, ring, slots)
+    if _base_ptr(target) == _base_ptr(p):
+        raise ValueError(f"{w}: target must be a buffer of its own, not the parameters")
     for name, c in (("done", done), ("barrier", barrier)):
         if c.dtype != np.uint32 or c.shape != (P,):
             raise ValueError(f"{w}: {name} must be a uint32 [{P}] counter, got {c.dtype} {c.shape}")
