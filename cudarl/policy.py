@@ -570,13 +570,6 @@ class BlockQ(Protocol):
 
 #: Most rows of one block of the NumPy host walk (:class:`RowExactQ`).
 CPU_BLOCK_ROWS = 1024
-#: Rows of every GEMM of the NumPy host walk's forward (:class:`RowExactQ`): a block's rows go through
-#: it in chunks of this many (the last one's spare rows hold zeros or earlier blocks' finite values),
-#: so every GEMM has one shape whatever the block, and a row's bits do not depend on it. (A one-row
-#: GEMM is a BLAS's GEMV, which sums in another order, and costs more a row: on the 2-core x86-64
-#: development box at cbb1ee2, a 13-256-256-204 MLP took 5.9 us a row as one-row GEMMs and 2.0 us as
-#: 64-row ones; the evaluation bench's 13-64-64-204 walk went from 0.25 to 0.22 s.)
-CPU_Q_ROWS = 64
 #: What one more row of a NumPy block costs, as a share of a block's fixed cost (its NumPy calls and
 #: the walk's Python): from timing the walk's blocks on a 2-core x86-64 host (an estimate the block
 #: planner weighs rows with; the walk's actions do not depend on it).
@@ -584,21 +577,23 @@ CPU_ROW_COST = 1 / 30
 
 
 class RowExactQ:
-    """The NumPy backend's block Q: ``q(obs [k, obs_dim]) -> Q [k, A]`` (float32, host) whose every GEMM
-    runs at :data:`CPU_Q_ROWS` rows (``matmul`` of a ``[c, CPU_Q_ROWS, n]`` stack: one BLAS GEMM of that
-    shape for each chunk), so a row's Q is bit for bit the same whatever the other rows hold and
-    wherever it sits, in a block of one bar as of a thousand (a test holds it, on the machine it runs
-    on). A bar's Q on the NumPy host walk is defined as its row of this forward, as :class:`PaddedQ`
-    defines it on the GPU; :meth:`Policy.q_values <cudarl.policy.Policy.q_values>` goes through it too.
-    ``of_states(rows [k, STATE_DIM], windows)`` gathers the state rows' observations first.
+    """The NumPy backend's block Q: ``q(obs [k, obs_dim]) -> Q [k, A]`` (float32, host) whose every matrix
+    product is an :class:`ExactGemm`: a GEMM whose result is exact in float64 whatever order the BLAS
+    sums in, so a row's Q is a function of that row alone, bit for bit the same whatever the other rows
+    hold and wherever it sits, in a block of one bar as of a thousand, on any BLAS (a test holds it on
+    the machine it runs on). A bar's Q on the NumPy host walk is defined as its row of this forward, as
+    :class:`PaddedQ` defines it on the GPU; :meth:`Policy.q_values <cudarl.policy.Policy.q_values>` goes
+    through it too. ``of_states(rows [k, STATE_DIM], windows)`` gathers the state rows' observations
+    first.
 
-    Every other op works row by row: the selectivity gate, bias, activation, LayerNorm and dueling twins
-    (``cudarl.reference``), then the C51 expectation ``sum(e z) / sum(e)`` with ``e = exp(logits - max)``
-    (both sums one fixed-shape GEMM), or the risk measure's twin with ``agent.act_by``. These bits are
-    not the trainer's ``qstats.per_sample`` Q (the same value within float32 rounding; a test holds both).
-    :meth:`reference` is that composition in plain NumPy; ``__call__`` does the same operations in the
-    same order into buffers made once (a walk runs over a thousand blocks of a few dozen rows, where
-    NumPy's temporaries and calls are most of the cost), and a test holds the two bit for bit equal."""
+    Every other op works element by element or row by row: the selectivity gate, bias, activation,
+    LayerNorm and dueling twins (``cudarl.reference``), then the C51 expectation ``sum(e z) / sum(e)``
+    with ``e = exp(logits - max)`` (both sums NumPy's row-by-row reductions), or the risk
+    measure's twin with ``agent.act_by``. These bits are not the trainer's ``qstats.per_sample`` Q (the
+    same value within float32 rounding; a test holds both). :meth:`reference` is that composition in
+    plain NumPy; ``__call__`` does the same operations in the same order into buffers made once (a walk
+    runs over a thousand blocks of a few dozen rows, where NumPy's temporaries and calls are most of the
+    cost), and a test holds the two bit for bit equal."""
 
     max_rows = CPU_BLOCK_ROWS
     row_cost = CPU_ROW_COST
@@ -612,23 +607,25 @@ class RowExactQ:
         self.gate = net.gate  # the selectivity signal's input gate, before the encoder (None without)
         self.layers = [(layer, isinstance(layer, Linear)) for layer in net.encoder.children]
         self.va = net.head.va  # the dueling head's linear layer, folded by begin()
-        # zeros, not empty: a chunk's spare rows must be finite (earlier rows' values after the first)
         self.obs = np.zeros((self.max_rows, net.n_in), np.float32)
         # each layer's output rows, and the head's logits and their softmax's work, as [max_rows, ...]
         self.outs = [
             np.zeros((self.max_rows, layer.n_out if linear else layer.n), np.float32) for layer, linear in self.layers
         ]
+        #: each linear layer's exact GEMM (its weights set by begin()), None for a LayerNorm
+        self.gemms = [
+            ExactGemm(layer.n_in, layer.n_out, self.max_rows) if linear else None for layer, linear in self.layers
+        ]
         a_n, k_n = self.head.n_actions, self.head.atoms
         #: the head's weights and bias with the dueling combine folded in: logits = h @ w_fold + b_fold
         self.w_fold = np.empty((self.va.n_in, a_n * k_n), np.float32)
         self.b_fold = np.empty(a_n * k_n, np.float32)
+        self.head_gemm = ExactGemm(self.va.n_in, a_n * k_n, self.max_rows)
         self.logits = np.empty((self.max_rows, a_n, k_n), np.float32)
         self.work = np.empty((self.max_rows, a_n, k_n), np.float32)
         self.rmax = np.empty((self.max_rows, a_n, 1), np.float32)
-        self.moments = np.empty((self.max_rows * a_n, 2), np.float32)  # sum exp * z, sum exp
+        self.moments = np.empty((2, self.max_rows, a_n), np.float32)  # sum exp * z, sum exp
         self.q = np.empty((self.max_rows, a_n), np.float32)
-        #: [K, 2]: the support and ones, the right side of the expectation's GEMM
-        self.z1 = np.ascontiguousarray(np.stack([self.support, np.ones_like(self.support)], axis=1), np.float32)
         self.stats = np.empty((2, self.max_rows), np.float32)  # a LayerNorm's mean and rstd
         self.risky = values.risk[0] != 0  # agent.act_by other than the mean
         for layer, linear in [*self.layers, (self.va, True)]:  # the MLP's: __call__ restates these two only
@@ -636,8 +633,13 @@ class RowExactQ:
                 raise ValueError(f"RowExactQ: {layer.name}'s activation {layer.act} is neither identity nor ReLU")
 
     def begin(self) -> None:
-        """Fold the dueling combine into the head's current weights (:func:`fold_dueling`)."""
+        """Fold the dueling combine into the head's current weights (:func:`fold_dueling`) and split every
+        layer's current weights for its :class:`ExactGemm`."""
         fold_dueling(self.va.weight(), self.P[f"{self.va.name}.bias"], self.head.n_actions, self.w_fold, self.b_fold)
+        self.head_gemm.set(self.w_fold)
+        for (layer, _), gemm in zip(self.layers, self.gemms, strict=True):
+            if gemm is not None:
+                gemm.set(layer.weight())
 
     def into(self, obs, out) -> None:
         """``out [n, A] = Q(obs [n, obs_dim])`` for any ``n``, with the weights as they are now, a block of
@@ -668,7 +670,7 @@ class RowExactQ:
         P, head, h = self.P, self.head, self._gated(obs)
         for layer, linear in self.layers:
             if linear:
-                y = _chunked_matmul(h, layer.weight())
+                y = exact_matmul(h, layer.weight())
                 ref.bias_act_forward(y, P[f"{layer.name}.bias"], y, layer.act)
             else:  # LayerNorm
                 y, stats = np.empty_like(h), np.empty((2, len(h)), h.dtype)
@@ -679,12 +681,11 @@ class RowExactQ:
         w = np.empty((self.va.n_in, a_n * k_n), np.float32)
         b = np.empty(a_n * k_n, np.float32)
         fold_dueling(self.va.weight(), P[f"{self.va.name}.bias"], a_n, w, b)
-        logits = (_chunked_matmul(h, w) + b).reshape(len(h), a_n, k_n)
+        logits = (exact_matmul(h, w) + b).reshape(len(h), a_n, k_n)
         if self.risky:
             return self._risk_q(logits)
         e = np.exp(logits - logits.max(axis=-1, keepdims=True))
-        moments = _chunked_matmul(e.reshape(-1, k_n), self.z1, rows=CPU_Q_ROWS * a_n)
-        return (moments[:, 0] / moments[:, 1]).reshape(len(h), a_n)
+        return (e * self.support).sum(axis=-1) / e.sum(axis=-1)
 
     def _risk_q(self, logits) -> np.ndarray:
         """agent.act_by's risk measure of ``logits [k, A, K]``: the twin C51Values runs, row by row."""
@@ -704,40 +705,40 @@ class RowExactQ:
         from .reference import nn as ref
 
         P = self.P
-        c = -(-k // CPU_Q_ROWS) * CPU_Q_ROWS  # the rows of whole chunks
-        h = self._gated(self.obs[:c])
-        for (layer, linear), out in zip(self.layers, self.outs, strict=True):
-            y = out[:c]
+        h = self._gated(self.obs[:k])
+        for (layer, linear), gemm, out in zip(self.layers, self.gemms, self.outs, strict=True):
+            y = out[:k]
             if linear:  # ref.bias_act_forward: act(y + bias), in place
-                np.matmul(
-                    h.reshape(-1, CPU_Q_ROWS, h.shape[1]), layer.weight(), out=y.reshape(-1, CPU_Q_ROWS, y.shape[1])
-                )
+                gemm(h, y)
                 np.add(y, P[f"{layer.name}.bias"], out=y)
                 if layer.act == ref.RELU:
                     np.maximum(y, np.float32(0), out=y)
             else:
                 g, b = P[f"{layer.name}.gamma"], P[f"{layer.name}.beta"]
-                ref.layernorm_forward(h, g, b, y, self.stats[0, :c], self.stats[1, :c], layer.eps, layer.act)
+                ref.layernorm_forward(h, g, b, y, self.stats[0, :k], self.stats[1, :k], layer.eps, layer.act)
             h = y
-        # the head, its dueling combine folded in (begin): logits = h @ w_fold + b_fold, on the chunks' rows
+        # the head, its dueling combine folded in (begin): logits = h @ w_fold + b_fold
         a_n, k_n = self.head.n_actions, self.head.atoms
-        logits = self.logits[:c]
-        flat = logits.reshape(c, a_n * k_n)
-        np.matmul(h.reshape(-1, CPU_Q_ROWS, h.shape[1]), self.w_fold, out=flat.reshape(-1, CPU_Q_ROWS, a_n * k_n))
+        logits = self.logits[:k]
+        flat = logits.reshape(k, a_n * k_n)
+        self.head_gemm(h, flat)
         np.add(flat, self.b_fold, out=flat)
-        return self._risk_q(logits[:k]) if self.risky else self._expected(logits)[:k]
+        return self._risk_q(logits) if self.risky else self._expected(logits)
 
     def _expected(self, logits) -> np.ndarray:
-        """The C51 expectation ``sum_j p_j z_j`` of ``logits [c, A, K]`` (``c`` whole chunks), ``p =
-        softmax``: ``sum_j e_j z_j / sum_j e_j`` with ``e = exp(logits - max)``, both sums one GEMM of
-        fixed shape per chunk (``e [CPU_Q_ROWS * A, K] @ [z, 1]``)."""
-        c, a_n, k_n = logits.shape
-        m, e, mo, q = self.rmax[:c], self.work[:c], self.moments[: c * a_n], self.q[:c]
+        """The C51 expectation ``sum_j p_j z_j`` of ``logits [k, A, K]``, ``p = softmax``: ``sum_j e_j z_j /
+        sum_j e_j`` with ``e = exp(logits - max)``, each sum NumPy's reduction along the contiguous last
+        axis (one C loop a row whose order depends on ``K`` alone: no BLAS)."""
+        k, a_n, k_n = logits.shape
+        m, e, ez, q = self.rmax[:k], self.work[:k], self.logits[:k], self.q[:k]
         np.maximum.reduce(logits, axis=-1, keepdims=True, out=m)
         np.subtract(logits, m, out=e)
         np.exp(e, out=e)
-        np.matmul(e.reshape(-1, CPU_Q_ROWS * a_n, k_n), self.z1, out=mo.reshape(-1, CPU_Q_ROWS * a_n, 2))
-        np.divide(mo[:, 0], mo[:, 1], out=q.reshape(-1))
+        np.multiply(e, self.support, out=ez)  # the logits are not needed any more
+        num, den = self.moments[:, :k]
+        np.add.reduce(ez, axis=-1, out=num)
+        np.add.reduce(e, axis=-1, out=den)
+        np.divide(num, den, out=q)
         return q
 
 
@@ -755,12 +756,72 @@ def fold_dueling(w, b, n_actions: int, w_out, b_out) -> None:
         np.add(out, val[..., None, :], out=out)
 
 
-def _chunked_matmul(x, w, rows: int = CPU_Q_ROWS) -> np.ndarray:
-    """``x [k, n] @ w [n, m]`` as GEMMs of ``rows`` rows (``x`` zero-padded to whole chunks), float32 ``[k, m]``."""
-    c = -(-len(x) // rows) * rows
-    padded = np.zeros((c, x.shape[1]), x.dtype)
-    padded[: len(x)] = x
-    return np.matmul(padded.reshape(-1, rows, x.shape[1]), w).reshape(c, -1)[: len(x)]
+class ExactGemm:
+    """``out [k, M] = x [k, K] @ w [K, M]`` (float32) as a function of each row of ``x`` alone, on any BLAS.
+
+    A float32 SGEMM's row is not: OpenBLAS 0.3.31 (DYNAMIC_ARCH, on an AMD EPYC) sums a row of a 64-row
+    GEMM in one of three orders by its place in the block (docs/perf-notes.md), and any BLAS may tile
+    rows differently by shape and place. Here the sums are made exact, so their order cannot matter:
+
+    * each column of ``w`` (:meth:`set`, once a walk) is rounded to a multiple of ``2^gw``, a power of
+      two ``bw`` binades below the one just above the column's largest magnitude (``|w| <= 2^(gw + bw)``);
+    * each row of ``x`` likewise to a multiple of ``2^gx``, ``bx`` binades below its largest magnitude's
+      (``|x| <= 2^(gx + bx)``), in float64;
+    * one float64 GEMM of the two: every product in column ``j`` is an integer times ``2^(gx + gw_j)``,
+      and with ``bx + bw + ceil(log2 K) <= 52`` every partial sum is an integer of at most 52 bits
+      times it: exact in float64 in any order, with or without FMA, so the BLAS's tiling, threads and
+      kernels cannot change a bit (the one assumption: its float64 GEMM is IEEE sums of products, not
+      Strassen's algorithm or reduced precision, and keeps no denormal flushed: the grids are at least
+      ``2^-298``);
+    * the exact sum is rounded once to float32.
+
+    Every step is a function of the row and the (set) weights alone, so a row's bits are too. They are
+    not a float32 GEMM's bits: the rounding of ``x`` and ``w`` to ``bx`` and ``bw`` (22 to 24) bits below
+    their row's and column's largest magnitude moves an output by at most ``2^-bx max|x_row| sum_k |w_kj|
+    + 2^-bw max|w_j| sum_k |x_k|`` (and the rounding of ``x``'s to ``w``'s), about a float32 GEMM's own
+    rounding."""
+
+    def __init__(self, k_in: int, m: int, rows: int):
+        budget = 52 - max(1, int(k_in - 1).bit_length())  # 52 - ceil(log2 K)
+        self.bw = budget // 2
+        self.bx = budget - self.bw
+        self.w = np.empty((k_in, m), np.float64)  # w rounded to its columns' grids
+        self.xq = np.empty((rows, k_in), np.float64)  # x rounded to its rows' grids
+        self.y = np.empty((rows, m), np.float64)
+        self.amax = np.empty(rows, np.float32)
+        self.magic = np.empty((rows, 1), np.float64)  # 1.5 * 2^(gx + 52) of each row
+
+    def set(self, w) -> None:
+        """Round the right side ``w [K, M]`` (float32) to its columns' grids for the calls that follow."""
+        _, e = np.frexp(np.abs(w).max(axis=0))  # |w| < 2^e in each column (0 for a zero column)
+        grid = np.ldexp(1.0, e - self.bw)
+        np.rint(w / grid, out=self.w)  # a power of two's quotient is exact
+        np.multiply(self.w, grid, out=self.w)
+
+    def __call__(self, x, out) -> None:
+        """``out [k, M] (float32) = x [k, K] (float32) @ w``."""
+        k = len(x)
+        xq, y, amax, magic = self.xq[:k], self.y[:k], self.amax[:k], self.magic[:k]
+        np.maximum.reduce(np.abs(x), axis=1, out=amax)
+        # 2^E <= amax < 2^(E+1): amax's exponent bits (at least the smallest normal float32's)
+        bits = amax.view(np.int32)
+        np.bitwise_and(bits, 0x7F800000, out=bits)
+        np.maximum(bits, 0x00800000, out=bits)
+        # gx = E + 1 - bx; adding and taking away 1.5 * 2^(gx + 52) rounds to a multiple of 2^gx (|x| < 2^51 of it)
+        np.multiply(amax[:, None], 1.5 * 2.0 ** (53 - self.bx), out=magic, dtype=np.float64)  # exact
+        np.add(x, magic, out=xq)
+        np.subtract(xq, magic, out=xq)  # exact
+        np.matmul(xq, self.w, out=y)  # exact in any order
+        out[...] = y  # rounded once to float32
+
+
+def exact_matmul(x, w) -> np.ndarray:
+    """``x [k, K] @ w [K, M]`` (float32) by a fresh :class:`ExactGemm`: float32 ``[k, M]``."""
+    gemm = ExactGemm(w.shape[0], w.shape[1], len(x))
+    gemm.set(w)
+    out = np.empty((len(x), w.shape[1]), np.float32)
+    gemm(x, out)
+    return out
 
 
 #: Rows of every evaluation forward of a GPU host walk (:class:`PaddedQ`). One forward costs about the

@@ -377,11 +377,13 @@ def random_policy(rng, normaliser=None, agent=None, **net) -> Policy:
 @pytest.mark.parametrize("layernorm,act_by", [(False, "mean"), (True, "mean"), (False, "cvar")])
 def test_q_rows_gives_every_row_bit_for_bit_as_that_row_alone(rng, layernorm, act_by):
     """The block walk's Q of k bars at once equals the Q of each bar alone, to the bit, wherever it sits
-    in the block: every GEMM runs at CPU_Q_ROWS rows (a one-row GEMM is a GEMV, which sums in another
-    order), so this holds the BLAS of the machine it runs on to it. Its forward into buffers made once
+    in the block: every matrix product is an ExactGemm (exact in float64, so no BLAS's summation order or
+    tiling by row position can show; a float32 SGEMM's can: OpenBLAS 0.3.31 on an AMD EPYC sums a row of a
+    64-row block in one of three orders by its place), and this holds the BLAS of the machine it runs on
+    to it. Its forward into buffers made once
     is also the composition of the twins it restates (``reference``), and the policy's q_values go
     through it, for one row as for many."""
-    from cudarl.policy import CPU_Q_ROWS, RowExactQ
+    from cudarl.policy import RowExactQ
     from cudarl.reference.nn import SIGMOID
 
     p = random_policy(rng, layernorm=layernorm, agent={"act_by": act_by})
@@ -398,11 +400,11 @@ def test_q_rows_gives_every_row_bit_for_bit_as_that_row_alone(rng, layernorm, ac
         RowExactQ(q_rows.net, q_rows.values)
     first.act = act
     alone = np.concatenate([q_rows(obs[i : i + 1]).copy() for i in range(300)])
-    for k in (1, 2, 7, CPU_Q_ROWS, CPU_Q_ROWS + 1, 300):
+    for k in (1, 2, 7, 12, 64, 65, 300):
         got = q_rows(obs[:k]).copy()
         np.testing.assert_array_equal(got.view(np.int32), q_rows.reference(obs[:k]).view(np.int32))
         np.testing.assert_array_equal(got.view(np.int32), alone[:k].view(np.int32))
-    for shift in (1, 37):  # the same rows at other places of their chunks, after other rows
+    for shift in (1, 6, 37):  # the same rows at other places of the block, after other rows
         shifted = q_rows(np.concatenate([obs[300 : 300 + shift], obs[:300]])).copy()
         np.testing.assert_array_equal(shifted[shift:].view(np.int32), alone.view(np.int32))
     via_policy = p.q_values(obs)
@@ -413,6 +415,58 @@ def test_q_rows_gives_every_row_bit_for_bit_as_that_row_alone(rng, layernorm, ac
 
     for head in ("iqn", "qrdqn"):  # the bar-by-bar walk (IQN's acting taus depend on the batch)
         assert random_policy(rng, head=head)._q_rows() is None
+
+
+@pytest.mark.parametrize("k_in,m", [(13, 256), (66, 256), (256, 256), (256, 204), (51, 2), (1000, 7)])
+def test_exact_gemm_is_exact_and_a_function_of_each_row_alone(rng, k_in, m):
+    """ExactGemm: its float64 GEMM of the split rows and columns is exact (the same bits as an exact
+    integer sum done in Python), each row's output is the same bits at every place of every block size
+    (BLASes tile rows by place: OpenBLAS 0.3.31 on an AMD EPYC takes three summation orders in a 64-row
+    SGEMM), and the result is within float32 rounding of the float64 product of the float32 inputs."""
+
+    from cudarl.policy import ExactGemm
+
+    w = (rng.standard_normal((k_in, m)) * np.exp2(rng.integers(-12, 4, (k_in, m)))).astype(np.float32)
+    x = (rng.standard_normal((70, k_in)) * np.exp2(rng.integers(-20, 8, (70, k_in)))).astype(np.float32)
+    x[3] = 0  # a zero row
+    x[4, 0] = 3e38  # a row near float32's largest
+    x[5, : k_in // 2] = 0
+    g = ExactGemm(k_in, m, 256)
+    g.set(w)
+    assert g.bx + g.bw + int(k_in - 1).bit_length() <= 52
+    block = np.empty((70, m), np.float32)
+    g(x, block)
+    xq = g.xq[:70]  # the rows rounded to their grids, and the columns to theirs
+    gx = np.ldexp(1.0, np.frexp(np.abs(x).max(axis=1))[1] - g.bx)[:, None]
+    gx[3] = np.ldexp(1.0, -126 + 1 - g.bx)  # the zero row's: the smallest normal's
+    gw = np.ldexp(1.0, np.frexp(np.abs(w).max(axis=0))[1] - g.bw)
+    xi, wi = xq / gx, g.w / gw
+    assert np.array_equal(xi, np.rint(xi)) and np.array_equal(wi, np.rint(wi))
+    assert np.abs(xi).max() <= 2**g.bx and np.abs(wi).max() <= 2**g.bw
+    assert np.array_equal(xq, np.rint(x / gx) * gx)
+    y = xq @ g.w  # the call's float64 GEMM, again: its bits are an exact integer sum's
+    for i in (0, 5, 69):
+        for j in (0, m - 1):
+            assert int(y[i, j] / (gx[i, 0] * gw[j])) == sum(
+                int(a) * int(b) for a, b in zip(xi[i], wi[:, j], strict=True)
+            )
+    # the documented bound: x and w rounded to bx and bw bits below their largest, the result once
+    ref = x.astype(np.float64) @ w.astype(np.float64)
+    ax, aw = np.abs(x).astype(np.float64), np.abs(w).astype(np.float64)
+    tol = 2.0**-g.bx * ax.max(axis=1, keepdims=True) * aw.sum(axis=0) + 2.0**-g.bw * aw.max(axis=0) * ax.sum(
+        axis=1, keepdims=True
+    )
+    ok = np.arange(70) != 4  # row 4 overflows float32 (its bits are still its own: below)
+    assert np.all((np.abs(block - ref) <= tol + 2.0**-24 * np.abs(ref))[ok])
+    for rows in (1, 4, 12, 64, 200):
+        for place in (0, 5, 6, rows - 1):
+            if 0 <= place < rows:
+                other = rng.standard_normal((rows, k_in)).astype(np.float32)
+                for i in (0, 1, 3, 4, 5, 17, 69):
+                    other[place] = x[i]
+                    got = np.empty((rows, m), np.float32)
+                    g(other, got)
+                    np.testing.assert_array_equal(got[place].view(np.int32), block[i].view(np.int32))
 
 
 @pytest.mark.parametrize("n_actions", [2, 3, 5])
