@@ -789,6 +789,7 @@ class ExactGemm:
         self.xq = np.empty((rows, k_in), np.float64)  # x rounded to its rows' grids
         self.y = np.empty((rows, m), np.float64)
         self.amax = np.empty(rows, np.float32)
+        self.exp = np.empty(rows, np.int32)
         self.magic = np.empty((rows, 1), np.float64)  # 1.5 * 2^(gx + 52) of each row
 
     def set(self, w) -> None:
@@ -801,14 +802,11 @@ class ExactGemm:
     def __call__(self, x, out) -> None:
         """``out [k, M] (float32) = x [k, K] (float32) @ w``."""
         k = len(x)
-        xq, y, amax, magic = self.xq[:k], self.y[:k], self.amax[:k], self.magic[:k]
+        xq, y, amax, exp, magic = self.xq[:k], self.y[:k], self.amax[:k], self.exp[:k], self.magic[:k]
         np.maximum.reduce(np.abs(x), axis=1, out=amax)
-        # 2^E <= amax < 2^(E+1): amax's exponent bits (at least the smallest normal float32's)
-        bits = amax.view(np.int32)
-        np.bitwise_and(bits, 0x7F800000, out=bits)
-        np.maximum(bits, 0x00800000, out=bits)
-        # gx = E + 1 - bx; adding and taking away 1.5 * 2^(gx + 52) rounds to a multiple of 2^gx (|x| < 2^51 of it)
-        np.multiply(amax[:, None], 1.5 * 2.0 ** (53 - self.bx), out=magic, dtype=np.float64)  # exact
+        np.frexp(amax, out=(amax, exp))  # |x| < 2^exp in each row (0 for a zero row)
+        # with gx = exp - bx, adding and taking away 1.5 * 2^(gx + 52) rounds x to a multiple of 2^gx
+        np.ldexp(1.5 * 2.0 ** (52 - self.bx), exp[:, None], out=magic)
         np.add(x, magic, out=xq)
         np.subtract(xq, magic, out=xq)  # exact
         np.matmul(xq, self.w, out=y)  # exact in any order
