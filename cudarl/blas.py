@@ -42,7 +42,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import kernels
+from . import kernels, probe_cache
 
 WORKSPACE_BYTES = 32 * 1024 * 1024  # cuBLAS's recommendation for Hopper
 _CUBLAS_OP_N, _CUBLAS_OP_T = 0, 1
@@ -999,10 +999,12 @@ def batched_plan_info() -> dict:
     order), ``probes`` (per probed candidate, in order: its ``algo_id``, ``tile_name``, ``stages``, ``equal``
     and ``us``, the median time of one batched GEMM on the probe's buffers, None where not equal, so not
     timed), ``single_us`` (the single algorithm's time there; None where no candidate was equal or under
-    ``single``), ``chosen_index`` (the index in ``probes`` of the adopted candidate, None: the single one)
-    and ``changed`` (the batch runs another algorithm than the single one: a bitwise equal candidate
-    faster than it). Copies: changing them changes no plan. The algorithms are read here, not when the plans are made (a
-    plan under ``single`` makes no call it did not make before)."""
+    ``single``), ``chosen_index`` (the index in ``probes`` of the adopted candidate, None: the single one),
+    ``changed`` (the batch runs another algorithm than the single one: a bitwise equal candidate faster
+    than it) and ``cached`` (``probe``: the verdict, and these fields, were an earlier process's, read from
+    :mod:`cudarl.probe_cache` instead of probing again). Copies: changing them changes no plan. The
+    algorithms are read here, not when the plans are made (a plan under ``single`` makes no call it did
+    not make before)."""
     return {
         key: {
             **p.info,
@@ -1068,6 +1070,19 @@ def _lt_handle():
         _check(_lt_lib().cublasLtCreate(ctypes.byref(h)), "cublasLtCreate")
         _lt_handles.append(h)
     return _lt_handles[0]
+
+
+def _probe_context() -> tuple[str, int, int]:
+    """What besides the key decides a probe's verdict: the GPU model and compute capability, cuBLASLt's
+    version and the driver's (:mod:`cudarl.probe_cache`'s entry name)."""
+    import cupy
+
+    dev = cupy.cuda.Device()
+    name = cupy.cuda.runtime.getDeviceProperties(dev.id)["name"]
+    name = name.decode() if isinstance(name, bytes) else str(name)
+    version = _lt_lib().cublasLtGetVersion
+    version.argtypes, version.restype = [], ctypes.c_size_t
+    return f"{name} sm_{dev.compute_capability}", int(version()), int(cupy.cuda.runtime.driverGetVersion())
 
 
 class _EventTimer:
@@ -1196,10 +1211,47 @@ class _LtPlan:
             "m": m, "n": n, "k": k, "trans_a": trans_a, "trans_b": trans_b, "epilogue": epilogue, "tf32": tf32,
             "batch": count, "mode": algo,
             "candidates": 0, "probed": 0, "equal": [], "probes": [], "single_us": None, "chosen_index": None,
-            "changed": False,
+            "changed": False, "cached": False,
         }  # fmt: skip
         if algo == "probe":
-            self._probe(lib, key, stream)
+            self._probe_or_recall(lib, key, stream)
+
+    def _probe_or_recall(self, lib, key: tuple, stream: int) -> None:
+        """:meth:`_probe`, or its verdict for the same key, single algorithm, GPU model, cuBLASLt build and
+        probe settings from an earlier process (:mod:`cudarl.probe_cache`), taken where
+        ``cublasLtMatmulAlgoCheck`` still accepts its algorithm; a probe run here is kept for the next."""
+        verdicts = probe_cache.ProbeVerdicts()
+        name = verdicts.name(*_probe_context(), repr(key), bytes(self.single_algo).hex(), PROBE_CANDIDATES,
+                             PROBE_WARMUP, PROBE_REPEATS, _PROBE_SEED)  # fmt: skip
+        record = verdicts.load(name, repr(key))
+        if record is not None and self._recall(lib, record):
+            return
+        self._probe(lib, key, stream)
+        chosen = bytes(self.algo).hex() if self.info["changed"] else None
+        verdicts.store(name, repr(key), {"algo": chosen, "info": self.info})
+
+    def _recall(self, lib, record: dict) -> bool:
+        """Adopt a kept verdict (``record``: ``algo``, the adopted algorithm's bytes in hex or None for the
+        single one, and the probe's ``info``); False where it does not fit this plan."""
+        info, chosen = record.get("info"), record.get("algo")
+        if not isinstance(info, dict) or set(info) != set(self.info):
+            return False
+        if chosen is not None:
+            try:
+                raw = bytes.fromhex(chosen)
+            except (TypeError, ValueError):
+                return False
+            if len(raw) != ctypes.sizeof(_LtAlgo):
+                return False
+            algo, result = _LtAlgo.from_buffer_copy(raw), _LtHeuristicResult()
+            status = lib.cublasLtMatmulAlgoCheck(
+                _lt_handle(), self.desc, *self._layouts(), ctypes.byref(algo), ctypes.byref(result)
+            )
+            if status != 0 or result.workspaceSize > WORKSPACE_BYTES:
+                return False
+            self.algo = algo
+        self.info = {**info, "cached": True}
+        return True
 
     def _probe(self, lib, key: tuple, stream: int) -> None:
         """Ask the heuristic for up to :data:`PROBE_CANDIDATES` one-kernel algorithms of the batched problem;

@@ -359,8 +359,10 @@ class NetConfig:
     single one there and adopts the fastest (the single one when it is fastest or none is equal;
     ``cudarl.blas.batched_plan_info`` says what each plan probed, timed and chose). The batch-1 algorithm picks
     tiles for one member's GEMM, small for P of them (docs/perf-notes.md, "Batched GEMM algorithms").
-    A probe is evidence of equal bits on its inputs, not a proof for every input. The NumPy backend and a
-    single agent ignore it."""
+    A probe is evidence of equal bits on its inputs, not a proof for every input. Its verdict is kept on
+    disk (``$CUDARL_CACHE_DIR/probes``, ``cudarl.probe_cache``), keyed by the problem, the single algorithm,
+    the GPU model and the cuBLASLt and driver versions, so a later run takes it without probing again. The
+    NumPy backend and a single agent ignore it."""
 
     def __post_init__(self):
         s = "net"

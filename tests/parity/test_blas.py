@@ -796,6 +796,38 @@ def test_gpu_batched_probe_plan_is_bitwise_the_single_plan(cp, rng, name, m, n, 
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("tf32", [False, True])
+def test_gpu_a_probe_verdict_kept_on_disk_is_taken_by_the_next_build(cp, rng, monkeypatch, tmp_path, tf32):
+    """A probe's verdict is written under $CUDARL_CACHE_DIR/probes; the same plan made again (as a new
+    process would: the plan dropped) takes it without probing (``cached``), adopts the same algorithm and
+    gives the same bits as the single algorithm, entry by entry; another folder probes again."""
+    P, m, n, k = 64, 512, 256, 256  # the reference MLP's hidden layer, a population of 64
+    a, b, bias, out = _batched_operands(cp, rng, P, m, n, k, False, False, True)
+    kw = dict(bias=bias, act="relu", tf32=tf32)
+    poison(out)
+    blas.gemm_lt_batched(a, b, out, algo="single", **kw)
+    want = out.get()
+
+    def build(folder):
+        monkeypatch.setenv("CUDARL_CACHE_DIR", str(folder))
+        for key in [key for key, r in blas.batched_plan_info().items() if r["mode"] == "probe" and r["batch"] == P]:
+            blas._plans.pop(key).destroy()  # as a new process: no plan of this key yet
+        poison(out)
+        blas.gemm_lt_batched(a, b, out, algo="probe", **kw)
+        for i in range(P):
+            assert_bitwise(out[i].get(), want[i], what=f"entry {i} of {P}, probe vs single")
+        (r,) = [r for r in blas.batched_plan_info().values() if r["mode"] == "probe" and r["batch"] == P]
+        return r
+
+    first = build(tmp_path / "a")
+    assert not first["cached"] and len(list((tmp_path / "a" / "probes").glob("*.json"))) == 1
+    second = build(tmp_path / "a")
+    assert second["cached"], "the kept verdict was not taken"
+    assert second["chosen"] == first["chosen"] and second["probes"] == first["probes"]
+    assert not build(tmp_path / "b")["cached"]
+
+
+@pytest.mark.gpu
 def test_gpu_batched_plan_info_probe_records_say_what_each_plan_chose(cp, rng):
     """batched_plan_info(): per batched key, shape, batch, the single plan's algorithm and the chosen one
     (id, tile, stages, ...), the candidates the heuristic returned, how many were probed and each verdict
