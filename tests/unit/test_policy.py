@@ -417,6 +417,48 @@ def test_q_rows_gives_every_row_bit_for_bit_as_that_row_alone(rng, layernorm, ac
         assert random_policy(rng, head=head)._q_rows() is None
 
 
+def _openblas_kernel_families() -> tuple:
+    """OpenBLAS kernel families OPENBLAS_CORETYPE can pick for NumPy's BLAS, () where it cannot (another BLAS, or
+    an OpenBLAS built for one CPU)."""
+    blas = np.__config__.CONFIG.get("Build Dependencies", {}).get("blas", {})
+    if "openblas" not in str(blas.get("name", "")) or "DYNAMIC_ARCH" not in str(blas.get("openblas configuration")):
+        return ()
+    return ("Sandybridge", "Haswell", "Zen", "Prescott")
+
+
+_Q_BITS = """
+import hashlib, sys
+import numpy as np
+sys.path[:0] = sys.argv[1:]
+from test_policy import random_policy
+for layernorm in (False, True):
+    p = random_policy(np.random.default_rng(3), layernorm=layernorm)
+    obs = np.random.default_rng(4).standard_normal((700, p.obs_dim)).astype(np.float32)
+    print(hashlib.sha256(p._q_rows()(obs).tobytes()).hexdigest())
+"""
+
+
+@pytest.mark.skipif(not _openblas_kernel_families(), reason="NumPy's BLAS is not an OpenBLAS with DYNAMIC_ARCH")
+def test_the_cpu_walks_q_is_the_same_bits_under_every_openblas_kernel_family():
+    """The NumPy walk's Q (RowExactQ: exact float64 sums, rounded once) is a function of the weights and the
+    row alone, not of the BLAS: the same bits in processes whose OpenBLAS runs its Sandybridge, Haswell, Zen or
+    Prescott kernels (which tile and sum a float32 GEMM's rows differently)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    here = Path(__file__).resolve().parent
+    paths = [str(here), str(here.parent), str(here.parents[1])]
+    got = {}
+    for family in _openblas_kernel_families():
+        env = {**os.environ, "OPENBLAS_CORETYPE": family}
+        run = subprocess.run([sys.executable, "-c", _Q_BITS, *paths], env=env, capture_output=True, text=True)
+        assert run.returncode == 0, run.stderr
+        got[family] = run.stdout.split()
+    assert len({tuple(v) for v in got.values()}) == 1, got
+
+
 @pytest.mark.parametrize("k_in,m", [(13, 256), (66, 256), (256, 256), (256, 204), (51, 2), (1000, 7)])
 def test_exact_gemm_is_exact_and_a_function_of_each_row_alone(rng, k_in, m):
     """ExactGemm: its float64 GEMM of the split rows and columns is exact (the same bits as an exact
