@@ -130,7 +130,10 @@ class QuantileRule(RuleBase):
         """PopArt's two halves before the forward: the statistics follow the batch's n-step returns
         (``r_norm`` = (r - (1 - d) mu) / s with the new ones, one launch), then each net's last layer
         is rescaled so its unnormalised output at fixed weights does not move (a no-op once the
-        statistics are frozen, ``agent.popart_warmup``)."""
+        statistics are frozen, ``agent.popart_warmup``). A departure from van Hasselt et al. (2016), whose
+        statistics track the targets ``Y = R + gamma^n (s theta' + mu)``: both halves must precede the
+        forward (the loss's gradient flows through the rescaled weights) and ``Y`` needs the target net's
+        forward, so they track ``R`` (docs/guide.md, PopArt). C51 tracks ``Y``."""
         buf, batch = self.buf, self.buf.batch
         buf.popart.update_normalize_rewards(batch.ret, batch.ret, batch.discount, out=self.r_norm)
         for net in (buf.online, buf.target):
