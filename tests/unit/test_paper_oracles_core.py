@@ -184,7 +184,7 @@ def test_c51_gradient_is_the_derivative_of_the_papers_loss():
         hi, lo = base.copy(), base.copy()
         hi[i] += h
         lo[i] -= h
-        num[i] = (_c51_oracle(hi, va_on, va_tg, a, wts, z, R, d)[1] - _c51_oracle(lo, va_on, va_tg, a, wts, z, R, d)[1])
+        num[i] = _c51_oracle(hi, va_on, va_tg, a, wts, z, R, d)[1] - _c51_oracle(lo, va_on, va_tg, a, wts, z, R, d)[1]
         num[i] /= 2 * h
     np.testing.assert_allclose(dva, num, rtol=0, atol=2e-6)
 
@@ -237,6 +237,37 @@ def test_prioritized_replay_samples_p_alpha_and_weights_by_the_batch_max_with_an
     chi2 = ((counts[1:] - expected) ** 2 / expected).sum()
     dof = C - 2
     assert chi2 < dof + 5 * math.sqrt(2 * dof), chi2
+
+
+def test_replay_gathers_the_n_step_return_and_gamma_n_per_environment():
+    """The n-step target's inputs as the learner gets them from the replay (Hessel et al. 2018, eq. 2:
+    ``R = sum_{k<n} gamma^k r_{t+k}``, bootstrap ``gamma^n`` from ``s_{t+n}``; Sutton 1988), for
+    environments interleaved time-major, an episode end inside the window cutting the return and the
+    bootstrap, and the state ``s_{t+n}`` of the same environment. Twin: ``PrioritizedReplay.gather`` on
+    NumPy (``cudarl/reference/replay/nstep.py``)."""
+    C, E, n, gamma, T = 64, 3, 3, 0.97, 12
+    rng = np.random.default_rng(1988)
+    rb = PrioritizedReplay(C, 2, n_step=n, n_envs=E, backend="numpy")
+    r = rng.normal(size=(T, E)).astype(np.float32)
+    end = rng.uniform(size=(T, E)) < 0.2  # the episode ended after this step
+    obs = rng.normal(size=(T, E, 2)).astype(np.float32)
+    act = rng.integers(0, 3, (T, E)).astype(np.int32)
+    rb.add(obs.reshape(-1, 2), act.reshape(-1), r.reshape(-1), np.where(end, 0.0, gamma).astype(np.float32).reshape(-1))
+    rows = np.arange((T - n) * E, dtype=np.int32)  # the ready ones
+    batch = rb.gather(rows)
+    for a in rows:
+        t, e = divmod(int(a), E)
+        R, disc = 0.0, gamma**n
+        for k in range(n):
+            R += gamma**k * float(r[t + k, e])
+            if end[t + k, e]:
+                disc = 0.0
+                break
+        assert float(batch.ret[a]) == pytest.approx(R, rel=1e-6, abs=1e-6)
+        assert float(batch.discount[a]) == pytest.approx(disc, rel=1e-6)
+        np.testing.assert_array_equal(batch.obs[a], obs[t, e])
+        np.testing.assert_array_equal(batch.next_obs[a], obs[t + n, e])
+        assert int(batch.action[a]) == act[t, e]
 
 
 # --- 3. IQN -----------------------------------------------------------------------------------------------------
@@ -424,7 +455,9 @@ def test_sharpe_psr_dsr_and_drawdown_follow_sharpe_and_bailey_lopez_de_prado():
     for trials, variance in ((1, None), (20, None), (20, 4e-4), (1000, 1e-3)):
         st = return_statistics(r, 252.0, trials=trials, trial_variance=variance, resamples=20)
         V = 1.0 / (n - 1) if variance is None else variance
-        sr0 = 0.0 if trials == 1 else math.sqrt(V) * ((1 - g) * Zinv(1 - 1 / trials) + g * Zinv(1 - 1 / (trials * math.e)))
+        sr0 = 0.0
+        if trials > 1:
+            sr0 = math.sqrt(V) * ((1 - g) * Zinv(1 - 1 / trials) + g * Zinv(1 - 1 / (trials * math.e)))
         assert st["sharpe"] == pytest.approx(sr * math.sqrt(252), rel=1e-12)
         assert (st["skew"], st["kurtosis"]) == pytest.approx((g3, g4), rel=1e-10)
         assert st["psr"] == pytest.approx(psr(0.0), rel=1e-10)
