@@ -366,6 +366,53 @@ def test_popart_statistics_and_output_preserving_rescale_follow_van_hasselt_2016
             state, mu, sigma = new, float(new[popart_ref.MU]), float(new[popart_ref.SIGMA])
 
 
+def test_c51_targets_with_popart_are_the_normalised_td_target_projected():
+    """The C51 targets as the agent builds them with PopArt on (the default): van Hasselt et al. (2016), sec. 2,
+    statistics of the TD targets ``Y = R + gamma^n (s v + mu)`` (``v = sum_k p_k z_k`` of the target net at
+    the double-DQN action, the statistics before the step), then Bellemare et al. (2017) Algorithm 1 applied
+    to ``(Y - mu') / s'`` with the atoms read in the new coordinates: ``T z_j = (R - (1 - gamma^n) mu') / s' +
+    gamma^n z_j``. Documented variant (``cudarl/reference/c51_chain.py``, ``targets``; docs/guide.md): the
+    update moves the statistics with this step's targets before they normalise the rewards, bias-corrected as
+    in :func:`test_popart_statistics_and_output_preserving_rescale_follow_van_hasselt_2016`, and the C51
+    head's last layer is not rescaled (its statistics freeze after a warm-up instead)."""
+    rng = np.random.default_rng(99)
+    B, A, K, n, gamma, beta, scale = 24, 3, 51, 3, 0.99, 0.02, 10 / 3
+    z, (va_tm1, va_on, va_tg), rewards, terminal, a, wts = _c51_inputs(rng, B, A, K, n, gamma)
+    rewards *= 0.1  # returns near the statistics' scale
+    R, d = _n_step_oracle(rewards, terminal, gamma)
+    R32, d32 = R.astype(np.float32), d.astype(np.float32)
+    state = popart_ref.init_state(scale)
+    state = popart_ref.update(rng.normal(0.5, 2.0, 64).astype(np.float32), state, 0.1)  # statistics that moved
+    m1, m2, decay = (float(state[i]) for i in (popart_ref.M1, popart_ref.M2, popart_ref.DECAY))
+    mu, s = float(state[popart_ref.MU]), float(state[popart_ref.SIGMA]) / scale
+
+    z64 = z.astype(np.float64)
+    q_on = (_softmax64(_dueling_oracle(va_on, A, K)) * z64).sum(-1)
+    a_star = q_on.argmax(1)
+    p = _softmax64(_dueling_oracle(va_tg, A, K))[np.arange(B), a_star]
+    Y = R32 + d32 * (s * (p @ z64) + mu)
+    m1, m2, decay = (1 - beta) * m1 + beta * Y.mean(), (1 - beta) * m2 + beta * (Y * Y).mean(), decay * (1 - beta)
+    mu2 = m1 / (1 - decay)
+    s2 = math.sqrt(max(m2 / (1 - decay) - mu2 * mu2, 1e-8)) / scale
+    r_norm = (R32 - (1 - d32) * mu2) / s2
+    m = np.array([_project_oracle(p[b], r_norm[b], d32[b], z64) for b in range(B)])
+    logits = _dueling_oracle(va_tm1, A, K)[np.arange(B), a]
+    logp = logits - logits.max(1, keepdims=True)
+    logp -= np.log(np.exp(logp).sum(1, keepdims=True))
+    ce = -(m * logp).sum(1)
+
+    out = c51_ref.targets_loss_popart(va_tm1, va_on, va_tg, a, wts, z, R32, d32, state, np.float32(beta))
+    m_tw, _, a_tw, y_tw, r_norm_tw, state_tw, loss_per = out[:7]
+    np.testing.assert_array_equal(a_tw, a_star)
+    np.testing.assert_allclose(y_tw, Y, rtol=1e-5, atol=1e-5)
+    assert float(state_tw[popart_ref.MU]) == pytest.approx(mu2, rel=1e-5)
+    assert float(state_tw[popart_ref.SIGMA]) / scale == pytest.approx(s2, rel=1e-4)
+    np.testing.assert_allclose(r_norm_tw, r_norm, rtol=1e-5, atol=1e-5)
+    tol = 8 * K * 2.0**-24  # float32's grid position, as in the test without PopArt, and r_norm's error / dz
+    np.testing.assert_allclose(m_tw, m, rtol=0, atol=tol)
+    np.testing.assert_allclose(loss_per, ce, rtol=1e-5, atol=20 * tol)
+
+
 # --- 5. Adam(W), clipping, Polyak ---------------------------------------------------------------------------------
 def test_adamw_with_global_norm_clipping_and_polyak_target_follow_the_papers():
     """Kingma & Ba (2015), Algorithm 1 (moments, bias corrections ``1 - beta^t``, ``alpha m^ / (sqrt(v^) +
