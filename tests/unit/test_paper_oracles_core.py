@@ -478,12 +478,10 @@ def test_sharpe_psr_dsr_and_drawdown_follow_sharpe_and_bailey_lopez_de_prado():
     n = 757
     r = 0.0006 + 0.01 * rng.standard_t(4, n) + 0.004 * (rng.exponential(1.0, n) - 1.0)
     Phi, Zinv, g = NormalDist().cdf, NormalDist().inv_cdf, 0.5772156649015329
-    mean = sum(r) / n
-    sd = math.sqrt(sum((x - mean) ** 2 for x in r) / (n - 1))
-    m2 = sum((x - mean) ** 2 for x in r) / n
-    g3 = sum((x - mean) ** 3 for x in r) / n / m2**1.5
-    g4 = sum((x - mean) ** 4 for x in r) / n / m2**2
-    sr = mean / sd
+    mean = math.fsum(r) / n
+    central = {k: math.fsum((x - mean) ** k for x in r) / n for k in (2, 3, 4)}  # the moments m_k of the paper
+    sr = mean / math.sqrt(central[2] * n / (n - 1))  # the sample sd, ddof 1
+    g3, g4 = central[3] / central[2] ** 1.5, central[4] / central[2] ** 2  # skewness, non-excess kurtosis
     assert abs(g3) > 0.1 and g4 > 3.5
 
     def psr(benchmark):
