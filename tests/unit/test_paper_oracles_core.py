@@ -323,6 +323,48 @@ def test_iqn_quantile_huber_loss_is_dabney_eq_3_and_10():
     np.testing.assert_allclose(cos, want, rtol=0, atol=1e-7)
 
 
+def test_risk_acting_cvar_is_the_mean_of_the_quantile_function_below_alpha():
+    """CVaR_alpha = (1 / alpha) int_0^alpha F^-1(u) du (Rockafellar & Uryasev 2000; Acerbi & Tasche 2002), the
+    risk measure Dabney et al. (2018, sec. 3.1) act on, and the mean - lambda sd measure: the oracle integrates
+    each distribution's quantile function numerically on a grid of 2^16 midpoints (the categorical one from its
+    sorted atoms and cumulative mass; QR-DQN's quantile n standing for fractions [n/N, (n+1)/N) as the twin's
+    docstring says), so it shares no formula with the twin. IQN's CVaR maps its fractions tau -> alpha tau
+    (Dabney et al. 2018, sec. 3.1). Twins: ``cudarl.reference.agent.c51_risk``, ``quantile_risk``,
+    ``cvar_taus``."""
+    from cudarl.reference import agent as agent_ref
+
+    rng = np.random.default_rng(2000)
+    n, A, K, N, lam = 5, 3, 11, 8, 0.7
+    z = np.linspace(-2, 2, K).astype(np.float32)
+    logits = (rng.normal(size=(n, A, K)) * 2).astype(np.float32)
+    theta = rng.normal(size=(n, N, A)).astype(np.float32)
+    u = (np.arange(1 << 16) + 0.5) / (1 << 16)
+    p = _softmax64(logits)
+    for alpha in (0.05, 0.25, 0.6, 1.0):
+        q_c51, q_qr = np.empty((n, A), np.float32), np.empty((n, A), np.float32)
+        agent_ref.c51_risk(q_c51, logits, z, agent_ref.CVAR, alpha, 0.0)
+        agent_ref.quantile_risk(q_qr, theta, agent_ref.CVAR, alpha, 0.0)
+        tail = u[u < alpha]
+        for b in range(n):
+            for a in range(A):
+                cdf = np.cumsum(p[b, a])
+                inv = z.astype(np.float64)[np.minimum(np.searchsorted(cdf, tail, side="right"), K - 1)]
+                assert q_c51[b, a] == pytest.approx(inv.sum() / tail.size, abs=2e-4)
+                inv_qr = theta[b, :, a].astype(np.float64)[np.minimum((tail * N).astype(int), N - 1)]
+                assert q_qr[b, a] == pytest.approx(inv_qr.sum() / tail.size, abs=2e-4)
+    q = np.empty((n, A), np.float32)
+    agent_ref.c51_risk(q, logits, z, agent_ref.MEAN_STD, 0.0, lam)
+    mu = (p * z).sum(-1)
+    np.testing.assert_allclose(q, mu - lam * np.sqrt((p * (z - mu[..., None]) ** 2).sum(-1)), rtol=1e-5, atol=1e-6)
+    agent_ref.quantile_risk(q, theta, agent_ref.MEAN_STD, 0.0, lam)
+    t64 = theta.astype(np.float64)
+    np.testing.assert_allclose(q, t64.mean(1) - lam * t64.std(1), rtol=1e-5, atol=1e-6)
+    tau = rng.uniform(size=(4, N)).astype(np.float32)
+    scaled = tau.copy()
+    agent_ref.cvar_taus(scaled, 0.3)
+    np.testing.assert_allclose(scaled, 0.3 * tau.astype(np.float64), rtol=1e-7)
+
+
 # --- 4. PopArt --------------------------------------------------------------------------------------------------
 def test_popart_statistics_and_output_preserving_rescale_follow_van_hasselt_2016():
     """van Hasselt, Guez, Hessel, Mnih & Silver (2016), sec. 2 and Algorithm 1: ``mu_t = (1 - beta) mu_{t-1} +
