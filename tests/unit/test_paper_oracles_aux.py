@@ -1,0 +1,230 @@
+"""Oracles written from the papers, in float64, for the auxiliary signals, the temporal encoders and
+risk-sensitive acting: each test implements the published equation on its own (it never calls the twin
+it checks, nor the twin's helpers) and compares the NumPy twin (the CPU backend and every kernel's
+parity oracle) with it on random and edge inputs, at tolerances fitting the twin's float32.
+
+Where a twin documents a choice of its own (its docstring states and justifies it), the oracle encodes
+that documented variant and says so in the test's docstring.
+"""
+
+import numpy as np
+import pytest
+
+from cudarl.nn.encoders import AttentionEncoder, SSMEncoder, Standalone
+from cudarl.reference import agent as ref_agent
+from cudarl.reference import attention as ref_attention
+from cudarl.reference import causal as ref_causal
+from cudarl.reference import denoise as ref_denoise
+from cudarl.reference import env as ref_env
+from cudarl.reference import homeostatic as ref_homeo
+from cudarl.reference import horizons as ref_horizons
+from cudarl.reference import nn as ref_nn
+from cudarl.reference import quantile as ref_quantile
+from cudarl.reference import risk as ref_risk
+from cudarl.reference import selectivity as ref_sel
+from cudarl.reference import seq as ref_seq
+from cudarl.reference import vaccine as ref_vaccine
+
+F64 = np.float64
+F32 = np.float32
+
+
+# --- small float64 building blocks, from their definitions -------------------------------------------
+def _softmax64(x):
+    x = np.asarray(x, F64)
+    e = np.exp(x - x.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def _sigmoid64(x):
+    return 1.0 / (1.0 + np.exp(-np.asarray(x, F64)))
+
+
+def _silu64(x):
+    x = np.asarray(x, F64)
+    return x * _sigmoid64(x)
+
+
+def _softplus64(x):
+    return np.logaddexp(0.0, np.asarray(x, F64))
+
+
+def _rmsnorm64(x, w, eps):
+    """Zhang & Sennrich 2019, eq. 4: ``x / RMS(x) * g`` with ``RMS(x) = sqrt(1/n sum x_i^2)`` (eps inside
+    the square root, as every implementation that cites it)."""
+    x = np.asarray(x, F64)
+    return x / np.sqrt((x * x).mean(axis=-1, keepdims=True) + eps) * np.asarray(w, F64)
+
+
+def _fd(f, x, h=1e-6):
+    """Central differences of a scalar function of the float64 array x (x is restored)."""
+    g = np.empty_like(x)
+    for i in range(x.size):
+        old = x.flat[i]
+        x.flat[i] = old + h
+        p = f()
+        x.flat[i] = old - h
+        m = f()
+        x.flat[i] = old
+        g.flat[i] = (p - m) / (2 * h)
+    return g
+
+
+# === 1. risk-sensitive acting ========================================================================
+def _cvar_rockafellar_uryasev(z, p, alpha):
+    """CVaR of the lower tail of a discrete return distribution (atoms z, masses p), float64, by the
+    Rockafellar & Uryasev (2000) variational formula written for rewards (the lower tail):
+    ``CVaR_alpha(Z) = max_t { t - E[(t - Z)^+] / alpha }``; the objective is concave and piecewise linear
+    in t with its kinks at the atoms, so the maximum is at an atom (the alpha-quantile). For discrete
+    distributions this is Acerbi & Tasche (2002)'s expected shortfall, the boundary atom counted with
+    the part of its mass below alpha."""
+    z, p = np.asarray(z, F64), np.asarray(p, F64)
+    t = z[:, None]
+    obj = z - (p[None, :] * np.maximum(t - z[None, :], 0.0)).sum(axis=1) / alpha
+    return obj.max()
+
+
+def _cvar_quantile_function(theta, alpha):
+    """``(1/alpha) int_0^alpha F^-1(u) du`` for the step quantile function that is ``theta_n`` on
+    ``[n/N, (n+1)/N)`` (QR-DQN's quantiles at their fixed fractions; Dabney et al. 2018 act on the
+    quantile function as learned, unsorted), integrated exactly."""
+    N = theta.shape[0]
+    lo = np.arange(N) / N
+    hi = (np.arange(N) + 1) / N
+    length = np.clip(np.minimum(hi, alpha) - lo, 0.0, None)
+    return float((length * theta).sum() / alpha)
+
+
+@pytest.mark.parametrize("alpha", [0.01, 0.05, 0.1, 0.25, 0.37, 0.5, 0.9, 1.0])
+def test_c51_cvar_and_mean_std_are_rockafellar_uryasevs_and_the_moments(alpha, rng):
+    """C51 acting by CVaR_alpha (Rockafellar & Uryasev 2000; Acerbi & Tasche 2002, the fractional boundary
+    atom) and by mean - lambda std, against the float64 definitions; at alpha = 1 CVaR is the mean."""
+    n, A, K = 7, 3, 51
+    z = np.linspace(-10, 10, K).astype(F32)
+    logits = (rng.standard_normal((n, A, K)) * 2.0).astype(F32)
+    logits[0, 0] = -40.0  # a point mass and a two-atom case: the tail ends inside an atom
+    logits[0, 0, 20] = 0.0
+    logits[0, 1] = -40.0
+    logits[0, 1, [3, 40]] = [np.log(0.3), np.log(0.7)]
+    p = _softmax64(logits)
+    got = np.empty((n, A), F32)
+    ref_agent.c51_risk(got, logits, z, ref_agent.CVAR, alpha, 0.0)
+    want = np.array([[_cvar_rockafellar_uryasev(z, p[i, a], alpha) for a in range(A)] for i in range(n)])
+    # float32 masses summed in order, divided by alpha: the error grows like 1/alpha
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=2e-6 * 10 / alpha)
+    np.testing.assert_allclose(got[0, 0], z[20], rtol=1e-6)  # a point mass: every CVaR is the atom
+    want_two = -10 + 20 * 3 / 50 if alpha <= 0.3 else (0.3 * z[3] + (alpha - 0.3) * z[40]) / alpha
+    np.testing.assert_allclose(got[0, 1], want_two, rtol=1e-5, atol=1e-5)
+    mean = (p * z).sum(-1)
+    if alpha == 1.0:
+        np.testing.assert_allclose(got, mean, rtol=1e-5, atol=2e-5)
+    for lam in (0.0, 0.5, 2.0):
+        ref_agent.c51_risk(got, logits, z, ref_agent.MEAN_STD, alpha, lam)
+        std = np.sqrt((p * (z - mean[..., None]) ** 2).sum(-1))
+        np.testing.assert_allclose(got, mean - lam * std, rtol=1e-5, atol=3e-5)
+
+
+@pytest.mark.parametrize("alpha", [0.05, 0.1, 0.33, 0.5, 1.0])
+def test_quantile_cvar_iqn_distortion_and_greedy_ties(alpha, rng):
+    """Quantile heads (Dabney et al. 2018, "Implicit Quantile Networks", section 3.1, the distortion
+    beta(tau) = alpha tau for CVaR): QR-DQN's fixed quantiles give (1/alpha) int_0^alpha of their step
+    quantile function; IQN's fractions tau ~ U[0, 1) mapped to alpha tau, the mean of F^-1 there estimates
+    CVaR_alpha (checked on a known F^-1 with a z-test at 5 sigma). Greedy ties: the first maximum."""
+    B, N, A = 4, 20, 3
+    theta = rng.standard_normal((B, N, A)).astype(F32)
+    got = np.empty((B, A), F32)
+    ref_agent.quantile_risk(got, theta, ref_agent.CVAR, alpha, 0.0)
+    want = np.array([[_cvar_quantile_function(theta[b, :, a].astype(F64), alpha) for a in range(A)] for b in range(B)])
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 / alpha)
+    ref_agent.quantile_risk(got, theta, ref_agent.MEAN_STD, alpha, 1.5)
+    th = theta.astype(F64)
+    np.testing.assert_allclose(got, th.mean(1) - 1.5 * th.std(1), rtol=1e-5, atol=1e-5)
+    # IQN: F^-1(u) = u^2 (a known quantile function): CVaR_alpha = (1/alpha) int_0^alpha u^2 du = alpha^2 / 3
+    n = 20000
+    tau = ref_quantile.sample_taus(7, 3, 0x1A3, (1, n))
+    ref_agent.cvar_taus(tau, alpha)
+    assert tau.min() >= 0 and tau.max() < alpha
+    q = np.empty((1, 1), F32)
+    ref_agent.quantile_mean(q, (tau.astype(F64) ** 2).astype(F32)[:, :, None])
+    sd = np.sqrt(alpha**4 / 5 - alpha**4 / 9) / np.sqrt(n)  # std of U^2 alpha^2, U ~ U[0, 1)
+    assert abs(float(q[0, 0]) - alpha**2 / 3) < 5 * sd
+    # the greedy action: the first of tied maxima (env.act, epsilon 0)
+    qv = np.array([[1.0, 3.0, 3.0], [2.0, 2.0, 2.0], [-1.0, 0.0, 0.0]], F32)
+    actions = np.full(3, -1, np.int32)
+    ref_env.act(actions, qv, np.zeros(1, F32), np.zeros(3, np.uint64), np.ones(1, np.uint64))
+    np.testing.assert_array_equal(actions, [1, 0, 1])
+
+
+# === 2. Gradient Vaccine ==============================================================================
+def _gradvac_step(g_main, g_aux, phi_hat, beta):
+    """Wang, Tsvetkov, Firat & Cao (ICLR 2021), Algorithm 1 for the pair (i = aux, j = main), float64:
+    phi = cos(g_i, g_j); if phi < phi_hat: g_i += |g_i| (phi_hat sqrt(1 - phi^2) - phi sqrt(1 - phi_hat^2))
+    / (|g_j| sqrt(1 - phi_hat^2)) g_j; then phi_hat <- (1 - beta) phi_hat + beta phi (eq. 5). The sum of
+    the (altered) task gradients is the update."""
+    gi, gj = np.asarray(g_aux, F64), np.asarray(g_main, F64)
+    ni, nj = np.linalg.norm(gi), np.linalg.norm(gj)
+    phi = gi @ gj / (ni * nj)
+    new = gi
+    if phi < phi_hat:
+        coef = ni * (phi_hat * np.sqrt(1 - phi**2) - phi * np.sqrt(1 - phi_hat**2)) / (nj * np.sqrt(1 - phi_hat**2))
+        new = gi + coef * gj
+    return gj + new, (1 - beta) * phi_hat + beta * phi, phi
+
+
+def test_gradient_vaccine_is_algorithm_1_over_steps(rng):
+    """Gradient Vaccine (Wang et al. 2021, Algorithm 1, eq. 4 and the EMA of eq. 5) over a sequence of
+    steps, phi_hat_0 = 0: the twin's dots - control - apply on the flat gradient (documented choice: only
+    the auxiliary gradient is altered, toward the main one, over one slice of the parameters) gives the
+    oracle's update and target cosine at every step, including a step already above the target."""
+    n, lo, hi, beta = 9000, 100, 8900, 0.3
+    state = np.zeros(ref_vaccine.STATE, F32)
+    phi_hat = 0.0
+    for step in range(6):
+        gm = rng.standard_normal(n)
+        ga = (-0.6 if step % 2 == 0 else 0.9) * gm + rng.standard_normal(n)  # conflicting, then aligned
+        full, aux = (gm + ga).astype(F32), ga.astype(F32)
+        part = ref_vaccine.dots(full, aux, lo, hi)
+        state[...] = ref_vaccine.control(part, state, beta)
+        out = ref_vaccine.apply(full, aux, state, lo, hi)
+        gm32, ga32 = full.astype(F64) - aux.astype(F64), aux.astype(F64)
+        want, new_hat, phi = _gradvac_step(gm32[lo:hi], ga32[lo:hi], phi_hat, beta)
+        np.testing.assert_allclose(state[1], phi, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(state[0], new_hat, rtol=1e-5, atol=1e-6)
+        scale = np.abs(want).max()
+        np.testing.assert_allclose(out[lo:hi], want, rtol=1e-4, atol=1e-5 * scale)
+        np.testing.assert_array_equal(out[:lo], full[:lo])
+        np.testing.assert_array_equal(out[hi:], full[hi:])
+        if phi >= phi_hat:
+            assert state[2] == 0
+        phi_hat = new_hat
+    # a zero gradient: no correction, and the target moves by the EMA toward phi = 0
+    st = ref_vaccine.control(ref_vaccine.dots(np.ones(8, F32), np.zeros(8, F32), 0, 8), np.float32([0.5, 0, 0, 0, 0]), 0.5)
+    assert st[2] == 0 and np.isclose(st[0], 0.25)
+
+
+# === 5. RMSNorm and LayerNorm =========================================================================
+def test_rmsnorm_and_layernorm_put_eps_inside_the_root_and_use_the_biased_variance(rng):
+    """RMSNorm (Zhang & Sennrich 2019, eq. 4) and LayerNorm (Ba, Kiros & Hinton 2016, eq. 4: mean and
+    variance over the n units, 1/n), with eps inside the square root: a large eps tells that apart from
+    ``/(sigma + eps)``, and a row of 3 units tells 1/n from 1/(n - 1). Also Mamba2's gated RMSNorm
+    (Dao & Gu 2024), ``RMSNorm(y silu(z))``."""
+    R, n = 5, 3
+    x = (rng.standard_normal((R, n)) * 2 + 0.7).astype(F32)
+    w, b = rng.standard_normal(n).astype(F32), rng.standard_normal(n).astype(F32)
+    for eps in (1e-5, 0.5):
+        out, rstd = np.empty_like(x), np.empty(R, F32)
+        ref_seq.rmsnorm_forward(x, w, out, rstd, eps)
+        np.testing.assert_allclose(out, _rmsnorm64(x, w, eps), rtol=2e-6, atol=1e-6)
+        out, mean, rstd = np.empty_like(x), np.empty(R, F32), np.empty(R, F32)
+        ref_nn.layernorm_forward(x, w, b, out, mean, rstd, eps, 0)
+        x64 = x.astype(F64)
+        mu = x64.sum(1, keepdims=True) / n
+        var = ((x64 - mu) ** 2).sum(1, keepdims=True) / n
+        np.testing.assert_allclose(out, (x64 - mu) / np.sqrt(var + eps) * w + b, rtol=2e-6, atol=2e-6)
+    E = 6
+    y = rng.standard_normal((R, E)).astype(F32)
+    zx = rng.standard_normal((R, E + 4)).astype(F32)
+    g = rng.standard_normal(E).astype(F32)
+    out, rstd = np.empty_like(y), np.empty(R, F32)
+    ref_seq.gated_rmsnorm_forward(y, zx, g, out, rstd, 1e-5)
+    np.testing.assert_allclose(out, _rmsnorm64(y * _silu64(zx[:, :E]), g, 1e-5), rtol=2e-6, atol=1e-6)
