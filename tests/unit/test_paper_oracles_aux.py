@@ -198,7 +198,8 @@ def test_gradient_vaccine_is_algorithm_1_over_steps(rng):
             assert state[2] == 0
         phi_hat = new_hat
     # a zero gradient: no correction, and the target moves by the EMA toward phi = 0
-    st = ref_vaccine.control(ref_vaccine.dots(np.ones(8, F32), np.zeros(8, F32), 0, 8), np.float32([0.5, 0, 0, 0, 0]), 0.5)
+    part = ref_vaccine.dots(np.ones(8, F32), np.zeros(8, F32), 0, 8)
+    st = ref_vaccine.control(part, np.float32([0.5, 0, 0, 0, 0]), 0.5)
     assert st[2] == 0 and np.isclose(st[0], 0.25)
 
 
@@ -228,3 +229,156 @@ def test_rmsnorm_and_layernorm_put_eps_inside_the_root_and_use_the_biased_varian
     out, rstd = np.empty_like(y), np.empty(R, F32)
     ref_seq.gated_rmsnorm_forward(y, zx, g, out, rstd, 1e-5)
     np.testing.assert_allclose(out, _rmsnorm64(y * _silu64(zx[:, :E]), g, 1e-5), rtol=2e-6, atol=1e-6)
+
+
+# === 3. Mamba2 (SSD) and 4. causal attention with RoPE: whole encoders ===============================
+EPS_NORM = 1e-5
+
+
+def _P64(standalone):
+    return {k: np.asarray(v, F64) for k, v in standalone.P.items()}
+
+
+def _causal_conv_silu(inp, conv):
+    """A causal depthwise Conv1d with K taps and a bias (PyTorch's cross-correlation, left padding K - 1,
+    as Mamba's causal_conv1d), then SiLU. inp ``[W, C]``; conv ``[K + 1, C]`` (K taps, then the bias)."""
+    K = conv.shape[0] - 1
+    W, C = inp.shape
+    pad = np.concatenate([np.zeros((K - 1, C)), inp], axis=0)
+    out = np.empty((W, C))
+    for t in range(W):
+        out[t] = conv[K] + sum(conv[k] * pad[t + k] for k in range(K))
+    return _silu64(out)
+
+
+def _mamba2_psi(P, x, name, L, E, H, N, G, K, norm_groups=1):
+    """Mamba2 (Dao & Gu 2024, section 7 and its listing) on one window, float64, sequentially:
+    h_0 = x W_e + b_e; per block, u = RMSNorm(h); [z | x | B | C | dt] = u W_in + b_in; [x | B | C] =
+    silu(causal_conv([x | B | C])); dt = softplus(dt + dt_bias); A = -exp(A_log) (a scalar per head);
+    S_t = exp(dt_t A) S_{t-1} + dt_t x_t B_t^T, y_t = S_t C_t + D x_t (head h reads group h // (H / G));
+    y = RMSNorm(y silu(z)) (over ``norm_groups`` groups of channels); h += y W_out + b_out.
+    psi = RMSNorm(h_{W-1}). x ``[W, F]``."""
+    W = x.shape[0]
+    Pd, GN, Cc = E // H, G * N, E + 2 * G * N
+    h = x @ P[f"{name}.embed.weight"] + P[f"{name}.embed.bias"]
+    for i in range(L):
+        p = f"{name}.{i}"
+        u = _rmsnorm64(h, P[f"{p}.norm.weight"], EPS_NORM)
+        zx = u @ P[f"{p}.in_proj.weight"] + P[f"{p}.in_proj.bias"]
+        z, dt_raw = zx[:, :E], zx[:, E + Cc :]
+        xbc = _causal_conv_silu(zx[:, E : E + Cc], P[f"{p}.conv"])
+        xs = xbc[:, :E].reshape(W, H, Pd)
+        Bg, Cg = xbc[:, E : E + GN].reshape(W, G, N), xbc[:, E + GN :].reshape(W, G, N)
+        A_log, D, dt_bias = P[f"{p}.head"]
+        dt = _softplus64(dt_raw + dt_bias)
+        A = -np.exp(A_log)
+        y = np.empty((W, H, Pd))
+        for hd in range(H):
+            g = hd // (H // G)
+            S = np.zeros((Pd, N))
+            for t in range(W):
+                S = np.exp(dt[t, hd] * A[hd]) * S + dt[t, hd] * np.outer(xs[t, hd], Bg[t, g])
+                y[t, hd] = S @ Cg[t, g] + D[hd] * xs[t, hd]
+        gated = (y.reshape(W, E) * _silu64(z)).reshape(W, norm_groups, E // norm_groups)
+        w = P[f"{p}.gnorm.weight"].reshape(norm_groups, E // norm_groups)
+        yn = _rmsnorm64(gated, w, EPS_NORM).reshape(W, E)
+        h = h + yn @ P[f"{p}.out_proj.weight"] + P[f"{p}.out_proj.bias"]
+    return _rmsnorm64(h[-1], P[f"{name}.norm_f.weight"], EPS_NORM)
+
+
+def _rope_matrix(m, Dh, base=10000.0):
+    """RoFormer (Su et al. 2021), eq. 15: the block-diagonal rotation R^d_{Theta, m}, blocks
+    [[cos m theta_i, -sin m theta_i], [sin m theta_i, cos m theta_i]] on the pairs (x_{2i}, x_{2i+1}),
+    theta_i = base^(-2 i / d), i = 0 .. d/2 - 1 (the interleaved pairs of the paper)."""
+    R = np.zeros((Dh, Dh))
+    for i in range(Dh // 2):
+        a = m * base ** (-2.0 * i / Dh)
+        R[2 * i : 2 * i + 2, 2 * i : 2 * i + 2] = [[np.cos(a), -np.sin(a)], [np.sin(a), np.cos(a)]]
+    return R
+
+
+def _transformer_psi(P, x, name, L, H):
+    """A pre-norm causal transformer with RoPE, float64: h_0 = x W_e + b_e; per block
+    qkv = RMSNorm(h) W_qkv + b; per head q'_t = R_t q_t, k'_s = R_s k_s (RoFormer eq. 15-16),
+    a_t = sum_{s <= t} softmax_s(q'_t . k'_s / sqrt(Dh)) v_s (Vaswani et al. 2017, causal);
+    h1 = h + a W_o + b_o; h' = h1 + relu(RMSNorm(h1) W_1 + b_1) W_2 + b_2. psi = RMSNorm(h_{W-1})."""
+    W = x.shape[0]
+    h = x @ P[f"{name}.embed.weight"] + P[f"{name}.embed.bias"]
+    d = h.shape[1]
+    Dh = d // H
+    R = [_rope_matrix(m, Dh) for m in range(W)]
+    for i in range(L):
+        p = f"{name}.{i}"
+        qkv = _rmsnorm64(h, P[f"{p}.norm1.weight"], EPS_NORM) @ P[f"{p}.qkv.weight"] + P[f"{p}.qkv.bias"]
+        q, k, v = (qkv[:, j * d : (j + 1) * d].reshape(W, H, Dh) for j in range(3))
+        o = np.empty((W, H, Dh))
+        for hd in range(H):
+            qr = np.stack([R[t] @ q[t, hd] for t in range(W)])
+            kr = np.stack([R[s] @ k[s, hd] for s in range(W)])
+            for t in range(W):
+                s = qr[t] @ kr[: t + 1].T / np.sqrt(Dh)
+                e = np.exp(s - s.max())
+                o[t, hd] = (e / e.sum()) @ v[: t + 1, hd]
+        h1 = h + o.reshape(W, d) @ P[f"{p}.attn_out.weight"] + P[f"{p}.attn_out.bias"]
+        m = np.maximum(_rmsnorm64(h1, P[f"{p}.norm2.weight"], EPS_NORM) @ P[f"{p}.fc1.weight"] + P[f"{p}.fc1.bias"], 0)
+        h = h1 + m @ P[f"{p}.fc2.weight"] + P[f"{p}.fc2.bias"]
+    return _rmsnorm64(h[-1], P[f"{name}.norm_f.weight"], EPS_NORM)
+
+
+def _ssm(window, chunk, groups):
+    return SSMEncoder(
+        "enc", 3, window=window, d_model=8, layers=2, expand=2, d_state=3, headdim=4, groups=groups,
+        conv_kernel=4, chunk=chunk,
+    )  # fmt: skip
+
+
+def _encoder_case(make, oracle, rng, B=3, W=7):
+    """The twin's windowed forward (float64 and float32) and its one-bar acting path at every bar t
+    (from a reset state, after bars 0..t), each against the oracle over the same bars."""
+    x = rng.standard_normal((B, W, 3))
+    s64 = Standalone(make(W), np, F64, seed=5, noise=0.3)
+    for dtype, tol in ((F64, 1e-10), (F32, 3e-5)):
+        s = Standalone(make(W), np, dtype, params=s64.params)
+        P = _P64(s)
+        psi = s.enc.forward(x.astype(dtype), s.workspace(B))
+        want = np.stack([oracle(P, x[b].astype(dtype).astype(F64), W) for b in range(B)])
+        err = np.linalg.norm(psi - want) / np.linalg.norm(want)
+        assert err <= tol, f"{dtype.__name__} windowed forward vs oracle: {err:.1e}"
+        state = s.enc.new_state(B)
+        for t in range(W):
+            got = s.enc.step(state, np.ascontiguousarray(x[:, t].astype(dtype))).copy()
+            want = np.stack([oracle(P, x[b, : t + 1].astype(dtype).astype(F64), t + 1) for b in range(B)])
+            err = np.linalg.norm(got - want) / np.linalg.norm(want)
+            assert err <= tol, f"{dtype.__name__} acting step at bar {t} vs oracle: {err:.1e}"
+
+
+@pytest.mark.parametrize("chunk,groups", [(3, 1), (7, 1), (1, 1), (3, 2)])
+def test_mamba2_ssd_chunked_and_recurrent_forms_are_the_sequential_recurrence(chunk, groups, rng):
+    """Mamba2 SSD (Dao & Gu 2024, "Transformers are SSMs", the selective SSM recurrence of section 3 with
+    a scalar A per head, section 7's block: conv, softplus dt with bias, D skip, y silu(z) then RMSNorm,
+    residual): the plain sequential recurrence in float64 against the twin's chunked training forward
+    (chunks that do and do not divide the window) and its one-bar acting form. With groups > 1 the gated
+    RMSNorm normalises over all E channels (the paper allows any norm there; mamba_ssm's reference code
+    normalises per group of E / G channels): the oracle follows the twin, as its docstring now states."""
+    _encoder_case(
+        lambda W: _ssm(W, min(chunk, W), groups),
+        lambda P, x, W: _mamba2_psi(P, x, "enc", L=2, E=16, H=4, N=3, G=groups, K=4),
+        rng,
+    )
+
+
+def test_causal_attention_with_rope_is_roformers(rng):
+    """Causal self-attention with rotary positions (Su et al. 2021, RoFormer, eq. 15-16: interleaved
+    pairs (2i, 2i + 1), theta_i = 10000^(-2i/d)), 1/sqrt(d_head) scale, softmax over past positions only,
+    pre-norm blocks with a ReLU MLP: windowed forward and the key/value-cache acting step (bars < W)."""
+    _encoder_case(
+        lambda W: AttentionEncoder("enc", 3, window=W, d_model=8, layers=2, heads=2, mlp_ratio=2),
+        lambda P, x, W: _transformer_psi(P, x, "enc", L=2, H=2),
+        rng,
+    )
+    # RoPE's defining property (RoFormer eq. 16): the score depends on positions through m - n only
+    q, k = rng.standard_normal(8), rng.standard_normal(8)
+    cos, sin = ref_attention.rope_angles(np.arange(12), 8, 10000.0)
+    qr, kr = ref_attention.rope(np.stack([q] * 12), cos, sin), ref_attention.rope(np.stack([k] * 12), cos, sin)
+    np.testing.assert_allclose(qr[9] @ kr[4], qr[5] @ kr[0], rtol=1e-12)
+    np.testing.assert_allclose(qr[9], _rope_matrix(9, 8) @ q, rtol=1e-12, atol=1e-14)
