@@ -382,3 +382,220 @@ def test_causal_attention_with_rope_is_roformers(rng):
     qr, kr = ref_attention.rope(np.stack([q] * 12), cos, sin), ref_attention.rope(np.stack([k] * 12), cos, sin)
     np.testing.assert_allclose(qr[9] @ kr[4], qr[5] @ kr[0], rtol=1e-12)
     np.testing.assert_allclose(qr[9], _rope_matrix(9, 8) @ q, rtol=1e-12, atol=1e-14)
+
+
+# === 6. the remaining auxiliaries =====================================================================
+def _prices(rng, T):
+    """Open and close prices of T bars (a positive random walk with large moves, so mirrored returns
+    are far from the float32 noise)."""
+    o = 100 * np.exp(np.cumsum(rng.normal(0, 0.02, T)))
+    c = o * np.exp(rng.normal(0, 0.01, T))
+    return o.astype(F32), c.astype(F32)
+
+
+def _rows(ts, mirror):
+    rows = np.zeros((len(ts), 4), F32)  # (bar, mirror, position, hold): cudarl.reference.window
+    rows[:, 0], rows[:, 1] = ts, mirror
+    return rows
+
+
+def _future_log_path(o, t, k, mirror):
+    """The log equity of a unit position entered at the first fill after decision bar t (open[t + 1]),
+    over the next k bars: ``E_j = sum_{i < j} log(1 + s r_i)``, r_i = open[t+2+i] / open[t+1+i] - 1,
+    s = -1 in the mirrored market; E_0 = 0. Only prices after the decision are read."""
+    o = np.asarray(o, F64)
+    r = o[t + 2 : t + 2 + k] / o[t + 1 : t + 1 + k] - 1.0
+    return np.concatenate([[0.0], np.cumsum(np.log(1.0 + (-r if mirror else r)))])
+
+
+def test_multi_horizon_targets_are_future_log_returns_after_the_decision(rng):
+    """Multi-horizon returns (UNREAL-style auxiliary prediction, Jaderberg et al. 2017; several horizons,
+    Fedus et al. 2019): the target for horizon k is the log return from the first fill after the decision
+    bar to k bars later, scaled by 1 / (sigma sqrt(k)) (documented), in the mirrored market for a mirror
+    row; a horizon whose last price is past the split's end is masked; loss = w / (B H) sum e^2 and its
+    gradient. The oracle reads prices directly (not the env's bar returns)."""
+    T, t_end, sigma, w = 60, 50, 0.02, 0.7
+    o, c = _prices(rng, T)
+    up, down = ref_horizons.future_log_returns(ref_env.bar_returns(o, c, "open"))
+    horizons = np.array([1, 3, 8], np.int32)
+    hscale = (1.0 / (sigma * np.sqrt(horizons))).astype(F32)
+    ts = np.array([0, 5, 17, 40, 41, 44, 46, 47, 48, 30, 12], F32)
+    mirror = np.array([0, 1, 0, 1, 0, 1, 0, 0, 1, 1, 0], F32)
+    B, H = len(ts), len(horizons)
+    pred = rng.standard_normal((B, H)).astype(F32)
+    loss_per, valid_per, grad, out = np.empty(B, F32), np.empty(B, F32), np.empty((B, H), F32), np.empty(2, F32)
+    ref_horizons.loss(pred, _rows(ts, mirror), up, down, horizons, hscale, t_end, w, loss_per, valid_per, grad, out)
+    e = np.zeros((B, H))
+    for b in range(B):
+        t = int(ts[b])
+        for h, k in enumerate(horizons):
+            if t + 1 + k <= t_end - 1:  # open[t + 1 + k] inside the split
+                y = _future_log_path(o, t, int(k), mirror[b])[k] / (sigma * np.sqrt(k))
+                e[b, h] = pred[b, h] - y
+    np.testing.assert_allclose(grad, 2 * w / (B * H) * e, rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(loss_per, w / (B * H) * (e**2).sum(1), rtol=1e-4, atol=1e-7)
+    np.testing.assert_allclose(valid_per, (e != 0).mean(1), rtol=1e-6)
+    np.testing.assert_allclose(out, [w / (B * H) * (e**2).sum(), (e != 0).mean()], rtol=1e-4)
+
+
+def test_risk_targets_are_realised_volatility_and_max_drawdown_of_the_next_k_bars(rng):
+    """The risk head's targets over the next k bars after the decision (documented variant): realised
+    volatility as the root mean square of the k log returns (not demeaned) / sigma, and the maximum
+    drawdown of the log-equity path that starts at 0 at the fill (peak-to-trough of log equity, i.e.
+    -log(1 - the fractional drawdown)) / (sigma sqrt(k)); masked when the k bars run past the split;
+    loss = w / B sum |e|^2. Includes a path that only rises (drawdown 0) and one that falls from the start."""
+    T, t_end, k, sigma, w = 60, 55, 6, 0.02, 1.3
+    o, c = _prices(rng, T)
+    o[11:19] = 100 * 1.01 ** np.arange(8)  # bar 10: prices after the fill only rise
+    o[31:39] = 100 * 0.99 ** np.arange(8)  # bar 30: they only fall
+    up, down = ref_horizons.future_log_returns(ref_env.bar_returns(o, c, "open"))
+    ts = np.array([10, 10, 30, 30, 3, 22, 47, 48, 49, 53], F32)
+    mirror = np.array([0, 1, 0, 1, 0, 1, 0, 1, 0, 0], F32)
+    B = len(ts)
+    pred = rng.standard_normal((B, 2)).astype(F32)
+    loss_per, valid_per, grad, out = np.empty(B, F32), np.empty(B, F32), np.empty((B, 2), F32), np.empty(2, F32)
+    ref_risk.loss(pred, _rows(ts, mirror), up, down, k, t_end, 1 / sigma, w, loss_per, valid_per, grad, out)
+    e = np.zeros((B, 2))
+    for b in range(B):
+        t = int(ts[b])
+        if t + 1 + k > t_end - 1:
+            continue
+        E = _future_log_path(o, t, k, mirror[b])
+        vol = np.sqrt(np.mean(np.diff(E) ** 2)) / sigma
+        dd = max(max(E[: j + 1]) - E[j] for j in range(k + 1)) / (sigma * np.sqrt(k))
+        e[b] = pred[b] - [vol, dd]
+        if t == 10:
+            assert (dd == 0) == (mirror[b] == 0)
+    np.testing.assert_allclose(grad, 2 * w / B * e, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(loss_per, w / B * (e**2).sum(1), rtol=1e-4, atol=1e-6)
+    np.testing.assert_array_equal(valid_per, (e != 0).any(1))
+
+
+def test_denoise_is_masking_noise_and_squared_reconstruction_error(rng):
+    """Denoising autoencoder (Vincent, Larochelle, Bengio & Manzagol 2008), documented variant of the
+    masking noise: each element zeroed independently with probability p (the paper zeroes a fixed number
+    p d of the d components per example; the same expected fraction). Masked elements are 0, the others
+    untouched; the masked share is binomial (5-sigma bound) and every update draws a new mask; the loss
+    is the mean squared reconstruction error 1 / (B m) sum (x^ - x)^2 with gradient 2 / (B m) (x^ - x)."""
+    B, m, p = 64, 150, 0.3
+    x = (rng.standard_normal((B, m)) + 3.0).astype(F32)  # no zeros in the clean input
+    counter = np.array([5], np.int64)
+    out1, out2 = np.empty_like(x), np.empty_like(x)
+    ref_denoise.corrupt(x, out1, counter, p, 123, 0xDE)
+    kept = out1 != 0
+    np.testing.assert_array_equal(out1[kept], x[kept])
+    n = x.size
+    assert abs((~kept).mean() - p) < 5 * np.sqrt(p * (1 - p) / n)
+    recon = rng.standard_normal((B, m)).astype(F32)
+    grad, loss_per = np.empty_like(x), np.empty(B, F32)
+    ref_denoise.loss(recon, x, grad, loss_per, counter, 1.0 / (B * m))
+    assert counter[0] == 6
+    ref_denoise.corrupt(x, out2, counter, p, 123, 0xDE)
+    assert (out2 != out1).any()
+    r64 = recon.astype(F64) - x.astype(F64)
+    np.testing.assert_allclose(loss_per.sum(), (r64**2).mean(), rtol=1e-5)
+    np.testing.assert_allclose(grad, 2 * r64 / (B * m), rtol=1e-5, atol=1e-12)
+
+
+@pytest.mark.parametrize("over", ["features", "positions"])
+def test_selectivity_gates_and_their_l1_penalty(over, rng):
+    """Selectivity: x'[b, w, c] = sigmoid(l_j) x[b, w, c] with j the feature c (or the bar w), the two
+    position columns never gated; penalty lambda (1/J) sum_j sigmoid(l_j), an L1 on the non-negative gates
+    (Louizos et al. 2018's relaxed gates, deterministic; documented). The logits' gradient of
+    L = sum(R x') + penalty against float64 central differences."""
+    B, W, F, l1 = 4, 5, 3, 0.8
+    C = F + 2
+    J = F if over == "features" else W
+    x = rng.standard_normal((B, W * C))
+    logit = rng.standard_normal(J)
+    R = rng.standard_normal((B, W * C))
+
+    def gated(lg):
+        s = _sigmoid64(lg)
+        v = x.reshape(B, W, C).copy()
+        for w_ in range(W):
+            for c_ in range(F):
+                v[:, w_, c_] *= s[c_] if over == "features" else s[w_]
+        return v.reshape(B, W * C)
+
+    np.testing.assert_allclose(ref_sel.forward(x, logit, W, C, F, over, F64), gated(logit), rtol=1e-13)
+    np.testing.assert_allclose(ref_sel.forward(x, logit, W, C, F, over), gated(logit), rtol=1e-6, atol=1e-6)
+    assert np.isclose(ref_sel.penalty(logit, l1), l1 * _sigmoid64(logit).sum() / J)
+    lg = logit.copy()
+    fd = _fd(lambda: float((R * gated(lg)).sum() + l1 * _sigmoid64(lg).sum() / J), lg)
+    np.testing.assert_allclose(ref_sel.backward(x, R, logit, W, C, F, over, l1, F64), fd, rtol=1e-7, atol=1e-9)
+
+
+def test_homeostatic_utilisation_is_the_perplexity_share_of_the_batch_mean_atoms(rng):
+    """Homeostatic regulariser (documented statistic): u = exp(H(m)) / K, the perplexity (Hill number of
+    order 1) of the batch-mean atom distribution m = mean_r softmax(logits_r) over K atoms; 1 for uniform
+    use, 1/K for one atom; loss = w (u - u*)^2. The twin's float32 chain (probs - mass - control - grad)
+    against the float64 loss and its central-difference gradient."""
+    R, K, target, w = 6, 11, 0.8, 2.0
+    logits = rng.standard_normal((R, K)) * 1.5
+
+    def loss64(lg):
+        m = _softmax64(lg).mean(0)
+        u = np.exp(-(m * np.log(m)).sum()) / K
+        return w * (u - target) ** 2, u
+
+    p = ref_homeo.probs(logits.astype(F32))
+    g, state = ref_homeo.control(ref_homeo.mass(p), target, w)
+    grad = ref_homeo.grad(p, g)
+    want_loss, want_u = loss64(logits.astype(F32).astype(F64))
+    np.testing.assert_allclose(state[:2], [want_loss, want_u], rtol=1e-5)
+    lg = logits.astype(F32).astype(F64)
+    fd = _fd(lambda: loss64(lg)[0], lg)
+    np.testing.assert_allclose(grad, fd, rtol=1e-4, atol=1e-6 * np.abs(fd).max())
+    _, s_uniform = ref_homeo.control(ref_homeo.mass(ref_homeo.probs(np.zeros((3, K), F32))), target, w)
+    one = np.full((3, K), -200.0, F32)
+    one[:, 4] = 0.0
+    _, s_one = ref_homeo.control(ref_homeo.mass(ref_homeo.probs(one)), target, w)
+    np.testing.assert_allclose([s_uniform[1], s_one[1]], [1.0, 1.0 / K], rtol=1e-6)
+
+
+def test_causal_intervention_groups_and_the_penalty_on_the_change_in_q(rng):
+    """Causal intervention (documented: Peters et al. 2016 / Arjovsky et al. 2019's invariance, applied as
+    a consistency penalty, Mitrovic et al. 2021): do(X_G) swaps the group's columns of every bar with the
+    next sample's (mode swap) or adds an offset to them (mode offset), other columns untouched, one group
+    a step by a rotating counter; the penalty w mean_{b, a} (Q(x') - Q(x))^2 with Q the C51 expectation
+    and the clean Q held fixed: its logits' gradient against float64 central differences; the group's
+    sensitivity mean |d|."""
+    B, W, C = 5, 4, 6
+    x = rng.standard_normal((B, W * C)).astype(F32)
+    mask = np.array([[0, 1, 1, 0, 0, 0], [1, 1, 1, 1, 0, 0]], np.int32)
+    mode = np.array([ref_causal.SWAP, ref_causal.OFFSET], np.int32)
+    v = x.reshape(B, W, C).astype(F64)
+    for step, off in ((0, 0.0), (1, 0.25), (2, 0.0)):
+        counter = np.array([step], np.int64)
+        got = ref_causal.intervene(x, mask, mode, counter, off, W).reshape(B, W, C)
+        g = step % 2
+        want = v.copy()
+        for b in range(B):
+            for c_ in np.flatnonzero(mask[g]):
+                want[b, :, c_] = v[(b + 1) % B, :, c_] if mode[g] == ref_causal.SWAP else v[b, :, c_] + off
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
+    A, K, w = 3, 9, 0.6
+    z = np.linspace(-2, 2, K)
+    logits = rng.standard_normal((B, A, K))
+    q_clean = rng.standard_normal((B, A))
+
+    def loss64(lg):
+        return w * np.mean(((_softmax64(lg) * z).sum(-1) - q_clean) ** 2)
+
+    d, grad = ref_causal.penalty_c51(logits.astype(F32), q_clean.astype(F32), z.astype(F32), w)
+    lg = logits.astype(F32).astype(F64)
+    np.testing.assert_allclose(d, (_softmax64(lg) * z).sum(-1) - q_clean.astype(F32), rtol=1e-5, atol=1e-6)
+    fd = _fd(lambda: loss64(lg), lg)
+    np.testing.assert_allclose(grad, fd, rtol=1e-4, atol=1e-6 * np.abs(fd).max())
+    state, counter = np.zeros(2 + 2, F32), np.array([3], np.int64)
+    ref_causal.reduce(d, state, counter, w)
+    np.testing.assert_allclose(state, [w * np.mean(d.astype(F64) ** 2), 1, 0, np.abs(d.astype(F64)).mean()], rtol=1e-6)
+    assert counter[0] == 4
+    # quantile heads: Q = mean_n theta (the IQN / QR-DQN expectation), the same penalty
+    N = 7
+    theta = rng.standard_normal((B, N, A))
+    d, grad = ref_causal.penalty_quantile(theta.astype(F32), q_clean.astype(F32), w)
+    th = theta.astype(F32).astype(F64)
+    fd = _fd(lambda: w * np.mean((th.mean(1) - q_clean.astype(F32)) ** 2), th)
+    np.testing.assert_allclose(grad, fd, rtol=1e-4, atol=1e-6 * np.abs(fd).max())
