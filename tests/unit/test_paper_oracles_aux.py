@@ -10,6 +10,7 @@ that documented variant and says so in the test's docstring.
 import numpy as np
 import pytest
 
+from cudarl.auxiliary import causal as causal_groups
 from cudarl.nn.encoders import AttentionEncoder, SSMEncoder, Standalone
 from cudarl.reference import agent as ref_agent
 from cudarl.reference import attention as ref_attention
@@ -95,7 +96,7 @@ def _cvar_quantile_function(theta, alpha):
     return float((length * theta).sum() / alpha)
 
 
-@pytest.mark.parametrize("alpha", [0.01, 0.05, 0.1, 0.25, 0.37, 0.5, 0.9, 1.0])
+@pytest.mark.parametrize("alpha", [0.01, 0.05, 0.1, 0.25, 0.3, 0.37, 0.5, 0.9, 1.0])
 def test_c51_cvar_and_mean_std_are_rockafellar_uryasevs_and_the_moments(alpha, rng):
     """C51 acting by CVaR_alpha (Rockafellar & Uryasev 2000; Acerbi & Tasche 2002, the fractional boundary
     atom) and by mean - lambda std, against the float64 definitions; at alpha = 1 CVaR is the mean."""
@@ -561,6 +562,13 @@ def test_causal_intervention_groups_and_the_penalty_on_the_change_in_q(rng):
     a step by a rotating counter; the penalty w mean_{b, a} (Q(x') - Q(x))^2 with Q the C51 expectation
     and the clean Q held fixed: its logits' gradient against float64 central differences; the group's
     sensitivity mean |d|."""
+    # the groups' columns by feature name; the two position columns are never intervened on
+    names = ["ret_1", "dow_0", "dow_1", "level_0", "hod_2"]
+    kept, masks, modes = causal_groups.group_masks(names, ["calendar", "level", "offset"])
+    assert kept == ["calendar", "level", "offset"]
+    np.testing.assert_array_equal(masks, [[0, 1, 1, 0, 1, 0, 0], [0, 0, 0, 1, 0, 0, 0], [1, 1, 1, 1, 1, 0, 0]])
+    np.testing.assert_array_equal(modes, [ref_causal.SWAP, ref_causal.SWAP, ref_causal.OFFSET])
+    assert causal_groups.group_masks(["ret_1"], ["calendar", "level"])[0] == []
     B, W, C = 5, 4, 6
     x = rng.standard_normal((B, W * C)).astype(F32)
     mask = np.array([[0, 1, 1, 0, 0, 0], [1, 1, 1, 1, 0, 0]], np.int32)
