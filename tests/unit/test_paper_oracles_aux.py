@@ -25,6 +25,7 @@ from cudarl.reference import risk as ref_risk
 from cudarl.reference import selectivity as ref_sel
 from cudarl.reference import seq as ref_seq
 from cudarl.reference import vaccine as ref_vaccine
+from cudarl.testing import finite_difference
 
 F64 = np.float64
 F32 = np.float32
@@ -55,20 +56,6 @@ def _rmsnorm64(x, w, eps):
     the square root, as every implementation that cites it)."""
     x = np.asarray(x, F64)
     return x / np.sqrt((x * x).mean(axis=-1, keepdims=True) + eps) * np.asarray(w, F64)
-
-
-def _fd(f, x, h=1e-6):
-    """Central differences of a scalar function of the float64 array x (x is restored)."""
-    g = np.empty_like(x)
-    for i in range(x.size):
-        old = x.flat[i]
-        x.flat[i] = old + h
-        p = f()
-        x.flat[i] = old - h
-        m = f()
-        x.flat[i] = old
-        g.flat[i] = (p - m) / (2 * h)
-    return g
 
 
 # === 1. risk-sensitive acting ========================================================================
@@ -522,8 +509,7 @@ def test_selectivity_gates_and_their_l1_penalty(over, rng):
     np.testing.assert_allclose(ref_sel.forward(x, logit, W, C, F, over, F64), gated(logit), rtol=1e-13)
     np.testing.assert_allclose(ref_sel.forward(x, logit, W, C, F, over), gated(logit), rtol=1e-6, atol=1e-6)
     assert np.isclose(ref_sel.penalty(logit, l1), l1 * _sigmoid64(logit).sum() / J)
-    lg = logit.copy()
-    fd = _fd(lambda: float((R * gated(lg)).sum() + l1 * _sigmoid64(lg).sum() / J), lg)
+    fd = finite_difference(lambda v: float((R * gated(v)).sum() + l1 * _sigmoid64(v).sum() / J), logit.copy())
     np.testing.assert_allclose(ref_sel.backward(x, R, logit, W, C, F, over, l1, F64), fd, rtol=1e-7, atol=1e-9)
 
 
@@ -546,7 +532,7 @@ def test_homeostatic_utilisation_is_the_perplexity_share_of_the_batch_mean_atoms
     want_loss, want_u = loss64(logits.astype(F32).astype(F64))
     np.testing.assert_allclose(state[:2], [want_loss, want_u], rtol=1e-5)
     lg = logits.astype(F32).astype(F64)
-    fd = _fd(lambda: loss64(lg)[0], lg)
+    fd = finite_difference(lambda v: loss64(v)[0], lg)
     np.testing.assert_allclose(grad, fd, rtol=1e-4, atol=1e-6 * np.abs(fd).max())
     _, s_uniform = ref_homeo.control(ref_homeo.mass(ref_homeo.probs(np.zeros((3, K), F32))), target, w)
     one = np.full((3, K), -200.0, F32)
@@ -594,7 +580,7 @@ def test_causal_intervention_groups_and_the_penalty_on_the_change_in_q(rng):
     d, grad = ref_causal.penalty_c51(logits.astype(F32), q_clean.astype(F32), z.astype(F32), w)
     lg = logits.astype(F32).astype(F64)
     np.testing.assert_allclose(d, (_softmax64(lg) * z).sum(-1) - q_clean.astype(F32), rtol=1e-5, atol=1e-6)
-    fd = _fd(lambda: loss64(lg), lg)
+    fd = finite_difference(loss64, lg)
     np.testing.assert_allclose(grad, fd, rtol=1e-4, atol=1e-6 * np.abs(fd).max())
     state, counter = np.zeros(2 + 2, F32), np.array([3], np.int64)
     ref_causal.reduce(d, state, counter, w)
@@ -605,5 +591,5 @@ def test_causal_intervention_groups_and_the_penalty_on_the_change_in_q(rng):
     theta = rng.standard_normal((B, N, A))
     d, grad = ref_causal.penalty_quantile(theta.astype(F32), q_clean.astype(F32), w)
     th = theta.astype(F32).astype(F64)
-    fd = _fd(lambda: w * np.mean((th.mean(1) - q_clean.astype(F32)) ** 2), th)
+    fd = finite_difference(lambda v: w * np.mean((v.mean(1) - q_clean.astype(F32)) ** 2), th)
     np.testing.assert_allclose(grad, fd, rtol=1e-4, atol=1e-6 * np.abs(fd).max())
