@@ -2,7 +2,8 @@
 
 A denoising autoencoder (Vincent, Larochelle, Bengio & Manzagol 2008, "Extracting and Composing Robust
 Features with Denoising Autoencoders"): the encoder reads a corrupted observation window and a linear
-decoder on its output reconstructs the clean window. The corruption is the paper's masking noise::
+decoder on its output reconstructs the clean window. The corruption is masking noise (our variant of the
+paper's, below)::
 
     u_i   = draw i of the Philox stream (seed, counter, STREAM)          (uniform in [0, 1))
     x~_i  = 0 if u_i < p else x_i                                         (p = agent.aux_denoise_mask)
@@ -10,6 +11,11 @@ decoder on its output reconstructs the clean window. The corruption is the paper
     loss  = 1 / (B m) sum_{b, j} (x^_bj - x_bj)^2,   dloss / dx^ = 2 / (B m) (x^ - x)
 
 The counter lives in device memory and :func:`loss` advances it, so every update draws a new mask.
+
+Our variant of the masking noise: Vincent et al. zero a fixed number ``p m`` of the ``m`` components of
+each example, chosen at random; here each element is zeroed independently with probability ``p`` (one
+Philox draw per element, no per-row selection in the kernel), the same expected share with a binomial
+count per row (tests/unit/test_paper_oracles_aux.py).
 """
 
 from __future__ import annotations

@@ -88,6 +88,12 @@ def gated_rmsnorm_forward(y, zx, w, out, rstd, eps: float) -> None:
     """Mamba2's gated RMSNorm (Dao & Gu 2024): ``g = y silu(z)``, ``out = g rstd w``,
     ``rstd = 1 / sqrt(mean g^2 + eps)``.
 
+    The mean runs over all E channels of a row, whatever the SSM's groups G: the paper leaves the norm
+    before the output projection open (LayerNorm, GroupNorm or RMSNorm); mamba_ssm's ``RMSNormGated``
+    normalises each group of E / G channels on its own (``group_size = d_ssm // ngroups``), the same as
+    this with G = 1 (``net.ssm_groups``' default) and not with G > 1. One RMS per row keeps the kernel
+    one reduction a row (tests/unit/test_paper_oracles_aux.py holds the whole-row variant).
+
     y, out ``[R, E]``; ``z = zx[:, :E]`` (zx ``[R, ld]``: z is the first E columns of the in-projection);
     w ``[E]``; rstd ``[R]``.
     """

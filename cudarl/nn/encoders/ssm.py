@@ -7,7 +7,8 @@ One block, pre-norm and residual (``zx = [z | x | B | C | dt_raw]``, see :mod:`c
     xbc = silu(causal_conv_K([x | B | C]))               ssm.conv_forward     [B W, E + 2GN]
     y   = SSD(x, dt = softplus(dt_raw + dt_bias), A = -exp(A_log), B, C) + D x
                                                          ssm.ssd_forward      [B W, E], chunked
-    yn  = RMSNorm(y silu(z))                             seq.gated_rmsnorm_forward
+    yn  = RMSNorm(y silu(z))                             seq.gated_rmsnorm_forward (over all E channels,
+                                                         also with G > 1; mamba_ssm's is per group)
     h'  = h + yn W_out + b_out                           Linear, seq.residual_add
 
 Acting advances, per environment and layer, the conv state (the last K - 1 inputs) and the scan
