@@ -72,12 +72,16 @@ def ar_forecast(R, phi, lead: int = 1) -> np.ndarray:
     (returns before the first bar taken as 0)."""
     R = np.asarray(R, dtype=np.float64)
     phi = np.asarray(phi, dtype=np.float64)
-    k, T = phi.size, len(R)
-    # hist[j] holds the (forecast of the) return j steps from t, j = 1 - k .. lead
-    hist = {j: np.concatenate([np.zeros(-j), R[: T + j]]) if j < 0 else R.copy() for j in range(1 - k, 1)}
-    for j in range(1, lead + 1):
-        hist[j] = sum(phi[i] * hist[j - 1 - i] for i in range(k))
-    return hist[lead]
+    T = len(R)
+    terms = np.flatnonzero(phi).tolist()  # a zero coefficient adds +0.0: skipping it keeps every bit
+
+    @functools.cache
+    def hist(j: int) -> np.ndarray:  # the (forecast of the) return j steps from t, [T]
+        if j <= 0:  # known: R shifted by -j bars, zeros before the first (even when -j > T)
+            return np.concatenate([np.zeros(min(-j, T)), R[: max(T + j, 0)]])
+        return sum((phi[i] * hist(j - 1 - i) for i in terms), np.zeros(T))
+
+    return hist(lead)
 
 
 # --- Markov chains and the dynamic programme ---------------------------------------------------------
