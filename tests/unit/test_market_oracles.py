@@ -509,3 +509,21 @@ def test_default_markets_are_bit_for_bit_unchanged(name):
     if not (np.__version__.startswith("2.4.") and scipy.__version__.startswith("1.17.")):
         pytest.skip(f"digests recorded with numpy 2.4 and scipy 1.17, not {np.__version__}, {scipy.__version__}")
     assert default_digest(name) == DEFAULT_DIGESTS[name]
+
+
+def test_data_synth_takes_the_model_parameters(tmp_path):
+    """``cudarl-train data synth 'lag?lag=2&phi=0.2'`` writes the bars of ``builtin:lag?lag=2&phi=0.2``; a bad
+    parameter is refused with its range."""
+    from typer.testing import CliRunner
+
+    from cudarl.cli import app
+
+    r = CliRunner().invoke(app, ["data", "synth", "lag?lag=2&phi=0.2", str(tmp_path / "lag.csv"), "--n", "300"])
+    assert r.exit_code == 0, r.output
+    assert "builtin:lag?n=300&seed=0&lag=2&phi=0.2" in r.output
+    back = load(str(tmp_path / "lag.csv"), extra_columns=["drift"])
+    want = ds.resolve("builtin:lag?n=300&lag=2&phi=0.2")
+    np.testing.assert_allclose(back.close, want.close, rtol=1e-12)
+    np.testing.assert_allclose(back.extra["drift"], want.extra["drift"], rtol=1e-12, atol=1e-18)
+    r = CliRunner().invoke(app, ["data", "synth", "ou?kappa=2", str(tmp_path / "ou.csv")])
+    assert r.exit_code != 0 and "kappa must be in (0, 1)" in r.output
