@@ -131,6 +131,7 @@ def test_env_and_evaluation_pay_what_the_oracle_pays(name, fill):
     ev = evaluate_positions(bars, pos, sp, cost_bps=3.0, slippage_bps=1.5, fill=fill, resamples=10)
     np.testing.assert_allclose(ev.net, want, rtol=0, atol=1e-15)
     ppy = ev.summary["periods_per_year"]
+    assert name == "sp500" or ppy == bars.periods_per_year == float(ds.parse(bars.source)[1]["periods_per_year"])
     assert ev.summary["policy"]["sharpe"] == pytest.approx(oracle_sharpe(want, ppy), rel=1e-9)
     feats = compute(bars)
     env = TradingEnv(
