@@ -152,6 +152,38 @@ def test_env_and_evaluation_pay_what_the_oracle_pays(name, fill):
         assert np.max(np.abs(want - ideal.net)) > 1e-3
 
 
+def test_population_env_pays_each_member_what_the_oracle_pays():
+    """The stacked (population) environment, whose members differ in costs, fill and levels: member i is
+    paid the oracle's net return of its own positions with its own rate and fill (sp500: real opens)."""
+    from cudarl.stacked_env import StackedTradingEnv
+
+    bars = load("builtin:sp500")
+    sp = test_split(bars)
+    n = len(sp) - 2
+    base = EnvConfig(n_envs=1, episode_len=n, stagger=False)
+    configs = [
+        base,
+        EnvConfig(n_envs=1, episode_len=n, stagger=False, fill="close", cost_bps=3.0, slippage_bps=1.5),
+        EnvConfig(n_envs=1, episode_len=n, stagger=False, cost_bps=0.0, levels=(-1.0, 0.0, 0.5)),
+    ]
+    feats = compute(bars)
+    env = StackedTradingEnv(
+        3, bars.open, bars.close, feats.values, return_sign(feats.names), base, seeds=[1, 2, 3], configs=configs,
+        t_begin=sp.start, t_end=sp.stop, backend="numpy",
+    )  # fmt: skip
+    rng = np.random.default_rng(5)
+    actions = np.stack([random_actions(rng, n, 3) for _ in range(3)])  # [P, n]
+    paid = []
+    for k in range(n):
+        env.step(actions[:, k : k + 1].astype(np.int32))
+        paid.append(np.asarray(env.reward)[:, 0].astype(np.float64))
+    paid = np.array(paid).T
+    for i, c in enumerate(configs):
+        pos = c.position_levels()[actions[i]].astype(np.float64)
+        rate = (c.cost_bps + c.slippage_bps) * 1e-4
+        np.testing.assert_allclose(paid[i], oracle_net(bars.open, bars.close, pos, sp.start, c.fill, rate), atol=5e-7)
+
+
 @pytest.mark.parametrize("fill", ["open", "close"])
 @pytest.mark.parametrize("name", WITH_REFERENCES)
 def test_reported_reference_sharpe_is_the_oracles_sharpe_of_its_positions(name, fill):
