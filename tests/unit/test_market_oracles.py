@@ -110,6 +110,24 @@ def random_actions(rng, n, n_actions):
     return np.array(out, np.int32)
 
 
+def env_rewards(bars, sp, cfg, actions, backend):
+    """float64 [n]: the rewards of one :class:`cudarl.TradingEnv` over ``sp`` taking ``actions`` [n] in turn."""
+    from cudarl.backend import to_numpy
+
+    feats = compute(bars)
+    env = TradingEnv(
+        bars.open, bars.close, feats.values, return_sign(feats.names), cfg, t_begin=sp.start, t_end=sp.stop,
+        backend=backend,
+    )  # fmt: skip
+    assert int(to_numpy(env.state.t)[0]) == sp.start  # the first decision is at the split's first bar
+    xp = env.xp
+    paid = []
+    for a in actions:
+        env.step(xp.asarray(np.array([a], np.int32)))
+        paid.append(float(to_numpy(env.reward)[0]))
+    return np.array(paid)
+
+
 # --- the accounting ------------------------------------------------------------------------------
 @pytest.mark.parametrize("fill", ["open", "close"])
 @pytest.mark.parametrize("name", sorted(OTHER) + ["sp500"])
@@ -133,23 +151,28 @@ def test_env_and_evaluation_pay_what_the_oracle_pays(name, fill):
     ppy = ev.summary["periods_per_year"]
     assert name == "sp500" or ppy == bars.periods_per_year == float(ds.parse(bars.source)[1]["periods_per_year"])
     assert ev.summary["policy"]["sharpe"] == pytest.approx(oracle_sharpe(want, ppy), rel=1e-9)
-    feats = compute(bars)
-    env = TradingEnv(
-        bars.open, bars.close, feats.values, return_sign(feats.names), cfg, t_begin=sp.start, t_end=sp.stop,
-        backend="numpy",
-    )  # fmt: skip
-    assert int(env.state.t[0]) == sp.start  # the first decision is at the split's first bar
-    paid = []
-    for a in actions:
-        env.step(np.array([a], np.int32))
-        paid.append(float(env.reward[0]))
     # float32 prices round each return by ~1e-7; a bar of timing off would miss by ~sigma
-    np.testing.assert_allclose(paid, want, rtol=0, atol=5e-7)
+    np.testing.assert_allclose(env_rewards(bars, sp, cfg, actions, "numpy"), want, rtol=0, atol=5e-7)
     # the idealised evaluation (no fill): close[t] to close[t+1]
     ideal = evaluate_positions(bars, pos, (sp.start, sp.stop - 1), cost_bps=4.5, fill=None, resamples=10)
     np.testing.assert_allclose(ideal.net, oracle_net(bars.open, bars.close, pos, sp.start, None, rate), atol=1e-15)
     if name == "sp500":  # the check can fail: the fills differ on real bars
         assert np.max(np.abs(want - ideal.net)) > 1e-3
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fill", ["open", "close"])
+@pytest.mark.parametrize("name", ["lag", "ou", "sp500"])
+def test_gpu_env_pays_what_the_oracle_pays(name, fill):
+    """The CUDA environment (cuda_src/env.cu) against the same oracle as the NumPy twin above."""
+    bars = load(OTHER.get(name, "builtin:sp500"))
+    sp = test_split(bars)
+    n = len(sp) - 2
+    cfg = EnvConfig(n_envs=1, episode_len=n, stagger=False, fill=fill, n_actions=5, cost_bps=3.0, slippage_bps=1.5)
+    actions = random_actions(np.random.default_rng(len(name) + len(fill)), n, 5)
+    pos = cfg.position_levels()[actions].astype(np.float64)
+    want = oracle_net(bars.open, bars.close, pos, sp.start, fill, 4.5e-4)
+    np.testing.assert_allclose(env_rewards(bars, sp, cfg, actions, "cupy"), want, rtol=0, atol=5e-7)
 
 
 def test_population_env_pays_each_member_what_the_oracle_pays():
