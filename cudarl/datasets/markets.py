@@ -27,10 +27,10 @@ from cudarl.data.bars import Bars
 from .calendar import bar_times
 
 DAILY = {"periods_per_year": 252.0, "bar_minutes": 0}
+HOURLY = {"periods_per_year": 8760.0, "bar_minutes": 60}  # around the clock, 24 x 365
 #: The most coefficients of ``ar`` and the longest ``lag``: the stationarity check takes the
 #: eigenvalues of a ``p x p`` companion matrix, and the burn-in is ``50 p + 500`` bars.
 MAX_LAG = 1000
-HOURLY = {"periods_per_year": 8760.0, "bar_minutes": 60}  # around the clock, 24 x 365
 
 
 def spec(name: str, params: dict) -> str:
