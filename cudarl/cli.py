@@ -104,13 +104,17 @@ def validate(
 
 @data_app.command("synth")
 def synth(
-    name: str = typer.Argument(..., help="regime, ar, lag, ou, noise, randomwalk or canary"),
+    name: str = typer.Argument(
+        ..., help="regime, ar, lag, ou, noise, randomwalk or canary, with model parameters if any: 'lag?lag=2&phi=0.2'"
+    ),
     out: Path = typer.Argument(..., help="the CSV file to write"),
     seed: int = typer.Option(0, "--seed"),
     n: int = typer.Option(5000, "--n", min=2, help="number of bars"),
     force: bool = typer.Option(False, "--force", help="overwrite OUT if it exists"),
 ):
-    """Write a synthetic bar set (see docs/data.md for the models)."""
+    """Write a synthetic bar set (see docs/data.md for the models and their parameters; parameters in
+    NAME's query string take precedence over --seed and --n)."""
+    name, _, query = name.partition("?")
     if name not in SYNTHETIC:
         fail(f"no synthetic set {name!r}; choose one of {', '.join(SYNTHETIC)}", 2)
     if out.exists() and not force:
@@ -118,11 +122,11 @@ def synth(
     from cudarl.datasets import resolve
 
     try:
-        bars = resolve(f"builtin:{name}?seed={seed}&n={n}")
+        bars = resolve(f"builtin:{name}?seed={seed}&n={n}" + (f"&{query}" if query else ""))
         write_csv(bars, out)
     except (DataError, OSError, ValueError) as e:
         fail(str(e))
-    typer.echo(f"wrote {len(bars)} bars of builtin:{name} (seed {seed}) to {out}")
+    typer.echo(f"wrote {len(bars)} bars of {bars.source} to {out}")
 
 
 # --- training, evaluation, configuration --------------------------------------------------------

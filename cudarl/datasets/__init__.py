@@ -92,7 +92,8 @@ def parse(spec: str) -> tuple[str, dict]:
         try:
             out[key] = _value(defaults[key], value)
         except ValueError:
-            kind = "a comma list of numbers" if isinstance(defaults[key], tuple) else "a number"
+            d = defaults[key]
+            kind = {tuple: "a comma list of numbers", int: "an integer"}.get(type(d), "a number")
             raise DataError(spec, [Problem("bad_builtin", f"parameter {key}={value!r} is not {kind}")]) from None
     return name, out
 

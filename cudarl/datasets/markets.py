@@ -28,6 +28,9 @@ from .calendar import bar_times
 
 DAILY = {"periods_per_year": 252.0, "bar_minutes": 0}
 HOURLY = {"periods_per_year": 8760.0, "bar_minutes": 60}  # around the clock, 24 x 365
+#: The most coefficients of ``ar`` and the longest ``lag``: the stationarity check takes the
+#: eigenvalues of a ``p x p`` companion matrix, and the burn-in is ``50 p + 500`` bars.
+MAX_LAG = 1000
 
 
 def spec(name: str, params: dict) -> str:
@@ -86,11 +89,41 @@ def _need(ok: bool, msg: str) -> None:
         raise ValueError(msg)
 
 
+def _finite(x) -> bool:
+    return isinstance(x, (int, float, np.integer, np.floating)) and math.isfinite(float(x))
+
+
+def _integer(x) -> bool:
+    return _finite(x) and float(x).is_integer()
+
+
+def _in(market: str, name: str, value, ok: bool, allowed: str) -> None:
+    """``ValueError("<market>: <name> must be <allowed>, got <value>")`` unless ``ok``."""
+    if not ok:
+        raise ValueError(f"{market}: {name} must be {allowed}, got {value!r}")
+
+
+def _check_common(market: str, n, seed, periods_per_year, bar_minutes) -> None:
+    """The parameters every synthetic market takes (``bar_minutes``' bound on ``n`` is checked by
+    :func:`cudarl.datasets.calendar.bar_times`)."""
+    _in(market, "n", n, _integer(n) and n >= 2, "an integer >= 2")
+    _in(market, "seed", seed, _integer(seed) and seed >= 0, "an integer >= 0")
+    _in(market, "periods_per_year", periods_per_year, _finite(periods_per_year) and periods_per_year > 0, "> 0")
+    _in(market, "bar_minutes", bar_minutes, _integer(bar_minutes) and bar_minutes >= 0, "an integer >= 0")
+
+
+def _check_sigma(market: str, sigma) -> None:
+    _in(market, "sigma", sigma, _finite(sigma) and sigma > 0, "> 0 (and finite)")
+
+
 # --- the markets ------------------------------------------------------------------------------------
 def regime(n=5000, seed=0, mu=0.002, sigma=0.01, p=0.02, periods_per_year=252.0, bar_minutes=0) -> Bars:
     """Hidden two-state drift: ``s_t`` in {-1, +1} flips with probability ``p`` per bar and
     ``R_{t+1} = mu s_t + sigma eps_{t+1}``. Answer column ``regime`` = ``s_t``."""
-    _need(0.0 < p < 1.0 and sigma > 0 and n >= 2, "regime needs 0 < p < 1, sigma > 0, n >= 2")
+    _check_common("regime", n, seed, periods_per_year, bar_minutes)
+    _in("regime", "mu", mu, _finite(mu), "finite")
+    _check_sigma("regime", sigma)
+    _in("regime", "p", p, _finite(p) and 0.0 < p < 1.0, "in (0, 1)")
     params = dict(locals())  # every parameter, in order (no other local exists yet)
     rng = np.random.default_rng([int(seed), 0x5EED])
     flips = np.where(rng.random(n) < p, -1.0, 1.0)
@@ -107,6 +140,8 @@ def ar_coefficients_ok(phi) -> bool:
     phi = np.asarray(phi, dtype=np.float64)
     if phi.size == 0 or not np.all(np.isfinite(phi)):
         return False
+    if np.count_nonzero(phi) <= 1:  # z^p = phi_i z^(p-i): roots 0 and the i-th roots of phi_i (no eig of p x p)
+        return bool(np.max(np.abs(phi)) < 1.0)
     comp = np.zeros((phi.size, phi.size))
     comp[0] = phi
     comp[1:, :-1] = np.eye(phi.size - 1)
@@ -133,6 +168,14 @@ def ar(n=5000, seed=0, phi=(0.1,), sigma=0.01, periods_per_year=252.0, bar_minut
     """AR(p) simple returns ``R_{t+1} = sum_i phi_i R_{t+1-i} + sigma eps_{t+1}`` (``phi`` as a
     comma list: ``builtin:ar?phi=0.1,-0.05``). Answer column ``drift``."""
     phi = tuple(float(v) for v in np.atleast_1d(phi))
+    _check_common("ar", n, seed, periods_per_year, bar_minutes)
+    _in("ar", "phi", list(phi), 1 <= len(phi) <= MAX_LAG, f"a list of 1 to {MAX_LAG} coefficients")
+    _need(
+        ar_coefficients_ok(phi),
+        f"ar: phi={list(phi)} is not stationary: every root of 1 - sum_i phi_i z^i must lie outside the "
+        "unit circle (one coefficient: |phi| < 1)",
+    )
+    _check_sigma("ar", sigma)
     params = dict(locals())  # every parameter, in order (no other local exists yet)
     r, drift, rng = _ar_path(n, seed, 0xA12, phi, sigma)
     return bars_from_returns("ar", r, rng, params, extra={"drift": drift})
@@ -150,7 +193,10 @@ def lag(n=5000, seed=0, lag=5, phi=0.15, sigma=0.01, periods_per_year=252.0, bar
     ``ret_<h>`` features sum the last ``h`` returns, so none of them isolates it (with the
     default horizons 1, 4, 16, 64 and ``lag = 5`` it is 1/16 of ``ret_16``). Answer column ``drift``.
     """
-    _need(int(lag) >= 1, f"lag must be >= 1, got {lag}")
+    _check_common("lag", n, seed, periods_per_year, bar_minutes)
+    _in("lag", "lag", lag, _integer(lag) and 1 <= lag <= MAX_LAG, f"an integer in [1, {MAX_LAG}]")
+    _in("lag", "phi", phi, _finite(phi) and abs(phi) < 1.0, "in (-1, 1) (stationary)")
+    _check_sigma("lag", sigma)
     params = dict(locals())  # every parameter, in order (no other local exists yet)
     r, drift, rng = _ar_path(n, seed, 0x1A6, lag_coefficients(lag, phi), sigma)
     return bars_from_returns("lag", r, rng, params, extra={"drift": drift})
@@ -161,7 +207,10 @@ def ou(n=5000, seed=0, kappa=0.05, sigma=0.002, level=100.0, periods_per_year=87
     ``x_{t+1} = x_t + kappa (theta - x_t) + sigma eps_{t+1}``, ``close_t = exp(x_t)``, ``theta = log(level)``,
     ``x_0`` drawn from the stationary law. Answer columns ``deviation`` = ``x_t - theta`` and
     ``drift`` = ``E[R_{t+1} | x_t] = exp(-kappa d_t + sigma^2 / 2) - 1``."""
-    _need(0.0 < kappa < 1.0 and sigma > 0 and level > 0 and n >= 2, "ou needs 0 < kappa < 1, sigma > 0, level > 0")
+    _check_common("ou", n, seed, periods_per_year, bar_minutes)
+    _in("ou", "kappa", kappa, _finite(kappa) and 0.0 < kappa < 1.0, "in (0, 1)")
+    _check_sigma("ou", sigma)
+    _in("ou", "level", level, _finite(level) and level > 0, "> 0 (and finite)")
     params = dict(locals())  # every parameter, in order (no other local exists yet)
     rng = np.random.default_rng([int(seed), 0x0B5])
     e = rng.standard_normal(n)
@@ -180,9 +229,12 @@ def noise(n=5000, seed=0, sigma=0.01, alpha=0.05, beta=0.90, df=5.0, periods_per
     so ``sigma`` is the unconditional volatility), ``z`` Student-t with ``df`` degrees of freedom
     scaled to unit variance (``df = 0``: normal). ``E[R_{t+1} | past] = 0``: no policy has an edge
     before costs. Answer column ``vol`` = ``sqrt(h_{t+1})``."""
-    _need(sigma > 0 and n >= 2, "noise needs sigma > 0, n >= 2")
-    _need(alpha >= 0 and beta >= 0 and alpha + beta < 1, "noise needs alpha, beta >= 0 and alpha + beta < 1")
-    _need(df == 0 or df > 2, f"noise needs df > 2 (or 0 for normal draws), got {df}")
+    _check_common("noise", n, seed, periods_per_year, bar_minutes)
+    _check_sigma("noise", sigma)
+    _in("noise", "alpha", alpha, _finite(alpha) and alpha >= 0, ">= 0 (and alpha + beta < 1)")
+    _in("noise", "beta", beta, _finite(beta) and beta >= 0, ">= 0 (and alpha + beta < 1)")
+    _in("noise", "alpha + beta", alpha + beta, alpha + beta < 1, "< 1 (a stationary variance)")
+    _in("noise", "df", df, _finite(df) and (df == 0 or df > 2), "> 2, or 0 for normal draws")
     params = dict(locals())  # every parameter, in order (no other local exists yet)
     rng = np.random.default_rng([int(seed), 0x401E])
     z = rng.standard_t(df, size=n) * math.sqrt((df - 2.0) / df) if df else rng.standard_normal(n)
@@ -197,7 +249,8 @@ def noise(n=5000, seed=0, sigma=0.01, alpha=0.05, beta=0.90, df=5.0, periods_per
 
 def randomwalk(n=5000, seed=0, sigma=0.01, periods_per_year=252.0, bar_minutes=0) -> Bars:
     """A driftless walk in simple returns, ``R_t = sigma * eps_t`` (i.i.d. normal); no answer columns."""
-    _need(sigma > 0 and n >= 2, "randomwalk needs sigma > 0, n >= 2")
+    _check_common("randomwalk", n, seed, periods_per_year, bar_minutes)
+    _check_sigma("randomwalk", sigma)
     params = dict(locals())  # every parameter, in order (no other local exists yet)
     rng = np.random.default_rng([int(seed), 0xAA1C])
     r = np.empty(n)
@@ -211,6 +264,9 @@ def canary(n=5000, seed=0, sigma=0.01, periods_per_year=252.0, fill_close=0, bar
     at close[t] earns in the environment (open[t+1] to open[t+2] for ``fill_close = 0``; close to
     close for 1), divided by ``sigma``. A learner given it (``features.extra = ["next_return"]``)
     must exploit it; one that does not has a bug (tools/learning_check.py)."""
+    _check_common("canary", n, seed, periods_per_year, bar_minutes)
+    _check_sigma("canary", sigma)
+    _in("canary", "fill_close", fill_close, fill_close in (0, 1), "0 (fills at the open) or 1 (at the close)")
     params = dict(locals())  # every parameter, in order (no other local exists yet)
     walk = randomwalk(n=n, seed=seed, sigma=sigma, periods_per_year=periods_per_year, bar_minutes=bar_minutes)
     px = np.asarray(walk.close if fill_close else walk.open, dtype=np.float64)

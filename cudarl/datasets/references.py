@@ -19,7 +19,8 @@ How each is computed:
 - ``ar`` with more lags and ``lag``: the state is the last ``p`` returns; both references are the best
   *no-trade-band rule* on the conditional mean ``m_t = E[R_{t+1} | past]`` (enter long when
   ``m_t > enter``, hold it while ``m_t > hold``, symmetric for short, flat between), with ``(enter, hold)``
-  chosen on a long path simulated from the model (not the data). For one lag the band rule and the
+  chosen on a long path simulated from the model (not the data), scored by the expected return ``m_t``
+  each position earns (not the noisy realised one), or flat when no band earns its costs. For one lag the band rule and the
   dynamic programme agree (tests/unit/test_references.py).
 - ``noise``, ``randomwalk``: ``E[R_{t+1} | past] = 0``, so every trade loses its cost: both are flat.
 
@@ -72,12 +73,16 @@ def ar_forecast(R, phi, lead: int = 1) -> np.ndarray:
     (returns before the first bar taken as 0)."""
     R = np.asarray(R, dtype=np.float64)
     phi = np.asarray(phi, dtype=np.float64)
-    k, T = phi.size, len(R)
-    # hist[j] holds the (forecast of the) return j steps from t, j = 1 - k .. lead
-    hist = {j: np.concatenate([np.zeros(-j), R[: T + j]]) if j < 0 else R.copy() for j in range(1 - k, 1)}
-    for j in range(1, lead + 1):
-        hist[j] = sum(phi[i] * hist[j - 1 - i] for i in range(k))
-    return hist[lead]
+    T = len(R)
+    terms = np.flatnonzero(phi).tolist()  # a zero coefficient adds +0.0: skipping it keeps every bit
+
+    @functools.cache
+    def hist(j: int) -> np.ndarray:  # the (forecast of the) return j steps from t, [T]
+        if j <= 0:  # known: R shifted by -j bars, zeros before the first (even when -j > T)
+            return np.concatenate([np.zeros(min(-j, T)), R[: max(T + j, 0)]])
+        return sum((phi[i] * hist(j - 1 - i) for i in terms), np.zeros(T))
+
+    return hist(lead)
 
 
 # --- Markov chains and the dynamic programme ---------------------------------------------------------
@@ -209,8 +214,10 @@ class BandPolicy:
 
 def band_search(m, r_next, cost_rate: float) -> BandPolicy:
     """The band rule with the highest mean net return on a path: signal ``m`` [T] known at ``t``,
-    ``r_next`` [T] the return a position taken at ``t`` earns. ``enter`` over quantiles of ``|m|``;
-    ``hold`` from ``-enter`` to ``enter``."""
+    ``r_next`` [T] the return a position taken at ``t`` earns (or its expectation given ``t``: the same
+    mean in expectation, without the noise of the realised returns). ``enter`` over quantiles of ``|m|``;
+    ``hold`` from ``-enter`` to ``enter``; and staying flat (``enter = hold = inf``) when no band earns
+    more than nothing."""
     m, r_next = np.asarray(m, dtype=np.float64), np.asarray(r_next, dtype=np.float64)
     levels = np.quantile(np.abs(m), np.linspace(0.0, 0.9, 13))
     fr = np.linspace(-1.0, 1.0, 9)
@@ -220,6 +227,8 @@ def band_search(m, r_next, cost_rate: float) -> BandPolicy:
     prev = np.vstack([np.zeros((1, enter.size)), pos[:-1]])
     net = (pos * r_next[:, None] - cost_rate * np.abs(pos - prev)).mean(axis=0)
     k = int(np.argmax(net))
+    if not net[k] > 0.0:  # flat earns 0: every band loses its costs
+        return BandPolicy(math.inf, math.inf)
     return BandPolicy(float(enter[k]), float(hold[k]))
 
 
@@ -284,9 +293,8 @@ def _ar_policy(name, phi, sigma, cost_rate, levels, lead):
         return _dp(grid, P, a * grid, levels, cost_rate, lead)
     _check_levels(levels, "band")
     R, _, _ = markets._ar_path(50_000, 2**31 - 1, 0x5117, phi, sigma)  # a path of the model, not of the data
-    m = ar_forecast(R, phi, lead)
-    r_next = np.concatenate([R[lead:], np.zeros(lead)])
-    return band_search(m[:-lead], r_next[:-lead], cost_rate)
+    m = ar_forecast(R, phi, lead)  # E[R_(t+lead) | R_(<=t)]: scored on it, not on the noisy realised R_(t+lead)
+    return band_search(m[:-lead], m[:-lead], cost_rate)
 
 
 def reference_positions(bars: Bars, start: int, n: int, *, cost_rate: float, levels=LEVELS, fill: str = "open") -> dict:
@@ -329,10 +337,9 @@ def reference_positions(bars: Bars, start: int, n: int, *, cost_rate: float, lev
             z, how = R, "dp: last return"
         else:
             full_z = ar_forecast(R, phi, lead) if lead > 1 else bars.extra["drift"]
-            z, how = (
-                ar_forecast(R, phi, lead),
-                f"band rule enter={pol.enter:.3g}, hold={pol.hold:.3g} on E[R_(t+{lead})]",
-            )
+            band = f"band rule enter={pol.enter:.3g}, hold={pol.hold:.3g}"
+            band = band if pol.enter < math.inf else "flat (no band earns its costs)"
+            z, how = ar_forecast(R, phi, lead), f"{band} on E[R_(t+{lead})]"
         return {
             "full_information": pol.positions(full_z, start, n),
             "causal": pol.positions(z, start, n),

@@ -75,7 +75,7 @@ def test_parameters_are_checked_and_lists_parse():
     assert ds.parse("builtin:ar?phi=0.1,-0.05")[1]["phi"] == (0.1, -0.05)
     with pytest.raises(DataError, match="not stationary"):
         load("builtin:ar?phi=1.2")
-    with pytest.raises(DataError, match="alpha \\+ beta < 1"):
+    with pytest.raises(DataError, match="alpha \\+ beta must be < 1"):
         load("builtin:noise?alpha=0.5&beta=0.6")
     with pytest.raises(DataError, match="not a number"):
         load("builtin:ou?kappa=fast")
