@@ -13,6 +13,10 @@ t earns (the env's ``bar_returns``: filled at the next open). Then, fitted on th
   scaled to unit variance, ``agent.batch_size`` rows drawn uniformly per update, ``run.steps`` updates:
   the number of updates and the batch of the agent's learner, on the one target every action's value
   shares. Evaluated at every tenth of the budget.
+- ``ssm`` and ``attention`` (PyTorch, ``--body``): the same fit with the temporal encoder's PyTorch twin
+  (tools/torch_encoders.py; ``net.d_model``, ``net.layers`` and the encoder's ``ssm_*`` / ``attn_*`` fields,
+  cudarl's initial parameters of the seed) reading the window as ``[window, F + 2]`` bars, psi -> one
+  linear output: can the encoder extract the signal, or does it memorise, at the agent's budget?
 
 Each fit reports the correlation of its forecast with the return on train (how much of the training
 noise it has memorised: the best causal forecast's is about the signal's own, ``phi`` on ``builtin:lag``)
@@ -22,6 +26,7 @@ the env's costs and fills), beside the causal reference's on the same bars when 
     python3 tools/probe_window.py --source "builtin:lag?n=20000" --window 64            # GPU defaults
     python3 tools/probe_window.py --source "builtin:lag?n=20000" --window 64 --cpu      # CPU defaults
     python3 tools/probe_window.py ... --set optim.weight_decay=1.0 --seeds 2 --jsonl out.jsonl
+    python3 tools/probe_window.py ... --body ssm --body attention --threads 1   # the temporal encoders
 """
 
 from __future__ import annotations
