@@ -13,6 +13,10 @@ t earns (the env's ``bar_returns``: filled at the next open). Then, fitted on th
   scaled to unit variance, ``agent.batch_size`` rows drawn uniformly per update, ``run.steps`` updates:
   the number of updates and the batch of the agent's learner, on the one target every action's value
   shares. Evaluated at every tenth of the budget.
+- ``ssm`` and ``attention`` (PyTorch, ``--body``): the same fit with the temporal encoder's PyTorch twin
+  (tools/torch_encoders.py; ``net.d_model``, ``net.layers`` and the encoder's ``ssm_*`` / ``attn_*`` fields,
+  cudarl's initial parameters of the seed) reading the window as ``[window, F + 2]`` bars, psi -> one
+  linear output: can the encoder extract the signal, or does it memorise, at the agent's budget?
 
 Each fit reports the correlation of its forecast with the return on train (how much of the training
 noise it has memorised: the best causal forecast's is about the signal's own, ``phi`` on ``builtin:lag``)
@@ -22,6 +26,7 @@ the env's costs and fills), beside the causal reference's on the same bars when 
     python3 tools/probe_window.py --source "builtin:lag?n=20000" --window 64            # GPU defaults
     python3 tools/probe_window.py --source "builtin:lag?n=20000" --window 64 --cpu      # CPU defaults
     python3 tools/probe_window.py ... --set optim.weight_decay=1.0 --seeds 2 --jsonl out.jsonl
+    python3 tools/probe_window.py ... --body ssm --body attention --threads 1   # the temporal encoders
 """
 
 from __future__ import annotations
@@ -86,28 +91,74 @@ def corr(a, b) -> float:
     return float(np.corrcoef(a, b)[0, 1]) if np.std(a) > 0 else float("nan")
 
 
-def mlp_curve(cfg, data: dict, seed: int, points: int = 10) -> list[dict]:
-    """The MLP twin (module docstring) trained on ``data["train"]``; a row at every ``1 / points`` of the
-    budget: the update, the train and validation correlations, and the validation forecast."""
+#: The supervised bodies: the agent's MLP over the flat window, and the PyTorch twins of the temporal encoders.
+BODIES = ("mlp", "ssm", "attention")
+
+
+def body(cfg, bar: int, kind: str, seed: int):
+    """``(net, decayed)``: ``kind``'s body over a window of ``cfg.net.window`` bars ``bar`` wide, flat rows
+    in, one linear output, and the parameters weight decay applies to. ``mlp``: ``net.hidden`` with ReLU,
+    PyTorch's initialisation (seeded); ``ssm`` and ``attention``: the encoder's PyTorch twin
+    (tools/torch_encoders.py) of ``net.d_model``, ``net.layers`` and its own ``ssm_*`` / ``attn_*`` fields,
+    initialised as cudarl initialises that encoder with ``seed`` (its decay flags too), reading the flat
+    row as ``[window, bar]`` bars, oldest first, as cudarl's encoders do; psi -> the output."""
     import torch
 
     torch.manual_seed(seed)
+    net, W = cfg.net, cfg.net.window
+    if kind == "mlp":
+        layers, width = [], W * bar
+        for h in net.hidden:
+            layers += [torch.nn.Linear(width, h), torch.nn.ReLU()]
+            width = h
+        model = torch.nn.Sequential(*layers, torch.nn.Linear(width, 1))
+        return model, [p for p in model.parameters() if p.ndim > 1]
+    import torch_encoders as te
+
+    from cudarl.nn.encoders import ENCODERS, Standalone
+
+    enc = ENCODERS[kind]("enc", W * bar, net)
+    own = (
+        dict(expand=net.ssm_expand, d_state=net.ssm_state, headdim=net.ssm_headdim, groups=net.ssm_groups,
+             conv_kernel=net.ssm_conv, chunk=net.ssm_chunk)
+        if kind == "ssm" else dict(heads=net.attn_heads, mlp_ratio=net.attn_mlp_ratio)
+    )  # fmt: skip
+    make = te.ssm_encoder if kind == "ssm" else te.attention_encoder
+    twin = make(bar, window=W, d_model=net.d_model, layers=net.layers, **own)
+    s = Standalone(enc, np, np.float64, seed=seed)
+    te.load_cudarl_params(twin, s.P)
+    decays = {e.name for e in s.layout.entries if e.decay}
+    decayed = [p for p, name, _ in te._pairs(twin) if name in decays]
+    model = torch.nn.Sequential(torch.nn.Unflatten(1, (W, bar)), twin, torch.nn.Linear(net.d_model, 1))
+    return model, decayed + [model[2].weight]
+
+
+def forecast(net, x, rows: int = 256) -> np.ndarray:
+    """float64 [S]: the body's output on x [S, D], ``rows`` at a time (no gradient)."""
+    import torch
+
+    with torch.no_grad():
+        return np.concatenate([net(torch.from_numpy(x[i : i + rows]))[:, 0].numpy() for i in range(0, len(x), rows)])
+
+
+def fit_curve(cfg, data: dict, seed: int, kind: str = "mlp", points: int = 10) -> list[dict]:
+    """The supervised twin of ``kind``'s body (module docstring; :func:`body`) trained on ``data["train"]``;
+    a row at every ``1 / points`` of the budget: the update, the train and validation correlations, and the
+    validation forecast."""
+    import torch
+
     x, y = data["train"]
     X, Y = torch.tensor(x), torch.tensor(y / y.std(), dtype=torch.float32)
-    layers, width = [], x.shape[1]
-    for h in cfg.net.hidden:
-        layers += [torch.nn.Linear(width, h), torch.nn.ReLU()]
-        width = h
-    net = torch.nn.Sequential(*layers, torch.nn.Linear(width, 1))
-    weights = [p for p in net.parameters() if p.ndim > 1]
-    biases = [p for p in net.parameters() if p.ndim == 1]
+    net, decayed = body(cfg, x.shape[1] // cfg.net.window, kind, seed)
+    ids = {id(p) for p in decayed}
     opt = torch.optim.AdamW(
-        [{"params": weights, "weight_decay": cfg.optim.weight_decay}, {"params": biases, "weight_decay": 0.0}],
+        [{"params": decayed, "weight_decay": cfg.optim.weight_decay},
+         {"params": [p for p in net.parameters() if id(p) not in ids], "weight_decay": 0.0}],
         lr=cfg.optim.lr,
-    )
+    )  # fmt: skip
     gen = torch.Generator().manual_seed(seed)
     steps, batch = cfg.run.steps, cfg.agent.batch_size
-    out = []
+    out, t0 = [], time.perf_counter()
     for k in range(1, steps + 1):
         i = torch.randint(0, len(X), (batch,), generator=gen)
         loss = ((net(X[i])[:, 0] - Y[i]) ** 2).mean()
@@ -115,13 +166,29 @@ def mlp_curve(cfg, data: dict, seed: int, points: int = 10) -> list[dict]:
         loss.backward()
         opt.step()
         if k % max(steps // points, 1) == 0 or k == steps:
-            with torch.no_grad():
-                f = {s: net(torch.tensor(v[0]))[:, 0].numpy().astype(np.float64) for s, v in data.items()}
+            f = {s: forecast(net, v[0]).astype(np.float64) for s, v in data.items()}
             out.append({"update": k, **{f"{s}_corr": corr(f[s], data[s][1]) for s in data}, "forecast": f})
+            c = out[-1]
+            print(f"{kind} seed {seed}: update {k}, corr train {c['train_corr']:.3f} val {c['val_corr']:.3f} "
+                  f"({time.perf_counter() - t0:.0f} s)", file=sys.stderr, flush=True)  # fmt: skip
     return out
 
 
-def probe(cfg, seeds, use_mlp: bool) -> list[dict]:
+#: The config fields (``net.*``) each body's row records.
+WIDTHS = {
+    "mlp": ("hidden",),
+    "ssm": ("d_model", "layers", "ssm_expand", "ssm_state", "ssm_headdim", "ssm_groups", "ssm_conv", "ssm_chunk"),
+    "attention": ("d_model", "layers", "attn_heads", "attn_mlp_ratio"),
+}
+
+
+def body_fields(cfg, kind: str) -> dict:
+    """The row's record of a body's widths (:data:`WIDTHS`)."""
+    return {f: list(v) if isinstance(v := getattr(cfg.net, f), tuple) else v for f in WIDTHS[kind]}
+
+
+def probe(cfg, seeds, bodies=("mlp",)) -> list[dict]:
+    """The linear probes' rows, then one row per body in ``bodies`` (:data:`BODIES`) and seed."""
     from cudarl.prepare import prepare_data
 
     p = prepare_data(cfg)
@@ -143,14 +210,14 @@ def probe(cfg, seeds, use_mlp: bool) -> list[dict]:
             {**base, "fit": name, "penalty": penalty, **{f"{s}_corr": corr(f[s], data[s][1]) for s in data},
              "test_sign_sharpe": sign_sharpe(p, test, f["test"], cfg.env)}
         )  # fmt: skip
-    if use_mlp:
+    for kind in bodies:
         for seed in seeds:
             t0 = time.perf_counter()
-            curve = mlp_curve(cfg, data, seed)
+            curve = fit_curve(cfg, data, seed, kind)
             for r in curve:
                 r["test_sign_sharpe"] = sign_sharpe(p, test, r.pop("forecast")["test"], cfg.env)
             rows.append(
-                {**base, "fit": "mlp", "seed": seed, "hidden": list(cfg.net.hidden), "lr": cfg.optim.lr,
+                {**base, "fit": kind, "seed": seed, **body_fields(cfg, kind), "lr": cfg.optim.lr,
                  "batch": cfg.agent.batch_size, "updates": cfg.run.steps, "weight_decay": cfg.optim.weight_decay,
                  "curve": curve, "wall_s": time.perf_counter() - t0}
             )  # fmt: skip
@@ -166,11 +233,12 @@ def show(rows) -> None:
     print(f"{rows[0]['source']}, window {rows[0]['window']} ({rows[0]['inputs']} inputs, "
           f"{rows[0]['train_rows']} training rows); causal reference's test Sharpe {_f(ref, '.2f')}")  # fmt: skip
     for r in rows:
-        if r["fit"] != "mlp":
+        if r["fit"] not in BODIES:
             print(f"  {r['fit']:5} corr train {_f(r['train_corr'])} val {_f(r['val_corr'])} "
                   f"test {_f(r['test_corr'])}; sign test Sharpe {_f(r['test_sign_sharpe'], '.2f')}")  # fmt: skip
             continue
-        print(f"  mlp {r['hidden']} lr {r['lr']:g} batch {r['batch']} wd {r['weight_decay']:g} seed {r['seed']} "
+        widths = " ".join(f"{f}={r[f]}" for f in WIDTHS[r["fit"]])
+        print(f"  {r['fit']} {widths} lr {r['lr']:g} batch {r['batch']} wd {r['weight_decay']:g} seed {r['seed']} "
               f"({r['wall_s']:.0f} s): update, corr train / val / test, sign test Sharpe")  # fmt: skip
         for c in r["curve"]:
             print(f"    {c['update']:6d}  {_f(c['train_corr'])} / {_f(c['val_corr'])} / {_f(c['test_corr'])}  "
@@ -184,7 +252,16 @@ def main() -> int:
     ap.add_argument("--cpu", action="store_true", help="the CPU defaults (config.CPU_DEFAULTS), not the GPU ones")
     ap.add_argument("--set", action="append", default=[], help="SECTION.FIELD=VALUE")
     ap.add_argument("--seeds", type=int, default=1)
+    ap.add_argument("--first-seed", type=int, default=0, help="the seeds are first-seed .. first-seed + seeds - 1")
+    ap.add_argument(
+        "--body",
+        action="append",
+        choices=BODIES,
+        default=None,
+        help="a supervised body to fit (repeat for several; default: mlp)",
+    )
     ap.add_argument("--no-mlp", action="store_true", help="the linear probes only (no PyTorch)")
+    ap.add_argument("--threads", type=int, default=0, help="torch's CPU threads (0: its default)")
     ap.add_argument("--jsonl", type=Path, default=None, help="append the rows here")
     a = ap.parse_args()
 
@@ -196,7 +273,11 @@ def main() -> int:
         sec, field, value = parse_override(s)
         over.setdefault(sec, {})[field] = value
     cfg = resolve_for_backend(from_dict(over), not a.cpu, over)
-    rows = probe(cfg, range(a.seeds), not a.no_mlp)
+    if a.threads:
+        import torch
+
+        torch.set_num_threads(a.threads)
+    rows = probe(cfg, range(a.first_seed, a.first_seed + a.seeds), () if a.no_mlp else (a.body or ["mlp"]))
     show(rows)
     if a.jsonl is not None:
         with a.jsonl.open("a") as fh:

@@ -167,12 +167,43 @@ def test_probe_window_reports_every_fit():
     use_mlp = probe_window_has_torch()
     cfg = from_dict({"data": {"source": "builtin:lag?n=3000"}, "net": {"window": 4, "hidden": [8]},
                      "run": {"steps": 20}, "agent": {"batch_size": 16}})  # fmt: skip
-    rows = probe_window.probe(cfg, [0], use_mlp)
+    rows = probe_window.probe(cfg, [0], ["mlp"] * use_mlp)
     assert [r["fit"] for r in rows] == ["ols", "ridge"] + ["mlp"] * use_mlp
     assert rows[0]["inputs"] == 4 * (len(prepare_data(cfg).names) + 2) and rows[0]["reference_test_sharpe"] > 0
     assert all(np.isfinite(r["val_corr"]) for r in rows[:2])
     if use_mlp:
         assert [c["update"] for c in rows[2]["curve"]] == list(range(2, 21, 2))
+
+
+@pytest.mark.parametrize("kind", ["ssm", "attention"])
+def test_probe_window_fits_the_temporal_encoders(kind):
+    """tools/probe_window.py's ``ssm`` and ``attention`` bodies (the encoders' PyTorch twins, one linear
+    output) end to end on a tiny market: a row per seed with the widths of the config and a finite curve
+    at every tenth of the budget, and the body starts from cudarl's initial parameters of that seed."""
+    torch = pytest.importorskip("torch", reason="the encoder probes run the PyTorch twins; torch is not installed")
+    import probe_window
+    import torch_encoders as te
+
+    from cudarl.config import from_dict
+    from cudarl.nn.encoders import ENCODERS, Standalone
+
+    cfg = from_dict({"data": {"source": "builtin:lag?n=3000"}, "run": {"steps": 10}, "agent": {"batch_size": 8},
+                     "net": {**ENCODER_NETS[kind], "window": 8}})  # fmt: skip
+    rows = probe_window.probe(cfg, [1], [kind])
+    assert [r["fit"] for r in rows] == ["ols", "ridge", kind]
+    r = rows[2]
+    assert {f: r[f] for f in probe_window.WIDTHS[kind]} == {f: getattr(cfg.net, f) for f in probe_window.WIDTHS[kind]}
+    assert (r["seed"], r["updates"], r["batch"]) == (1, 10, 8)
+    assert [c["update"] for c in r["curve"]] == list(range(1, 11))
+    for c in r["curve"]:
+        assert set(c) == {"update", "train_corr", "val_corr", "test_corr", "test_sign_sharpe"}
+        assert all(np.isfinite(c[k]) for k in ("train_corr", "val_corr", "test_corr"))
+    net, _ = probe_window.body(cfg, r["inputs"] // 8, kind, seed=1)
+    enc = ENCODERS[kind]("enc", r["inputs"], cfg.net)
+    want = te.cudarl_grads_like(net[1], Standalone(enc, np, np.float64, seed=1).P)
+    for p, w in zip(net[1].parameters(), want, strict=True):
+        np.testing.assert_allclose(p.detach().numpy(), w, rtol=1e-6)
+    assert torch.is_tensor(net(torch.zeros(2, r["inputs"])))
 
 
 def probe_window_has_torch() -> bool:
