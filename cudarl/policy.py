@@ -314,7 +314,9 @@ class Policy:
         # On a backend not yet started, CuPy's import, the device's start and this policy's network and
         # walk plans on it are made in a background thread while the caller works on the host (reading
         # the bars, their features: evaluate), and the first use of the device waits for them; the
-        # walk's GEMM plans and their kernels' first run are made in the driver's thread, without CuPy
+        # walk's GEMM plans and their kernels' first run are made in the driver's thread, without CuPy.
+        # None first: the thread may ask _device() before warm_up returns and this line assigns it
+        self._warm_up = None
         self._warm_up = _backend.warm_up(self._request, then=lambda be: self._q_rows(), on_context=self._warm_plans)
 
     def _warm_plans(self) -> None:

@@ -128,11 +128,15 @@ def test_load_policy_gives_the_trainers_greedy_evaluation(tmp_path, head):
     np.testing.assert_array_equal(p.act(obs), got.argmax(1))
 
 
-def test_a_policy_makes_its_device_side_in_the_warm_up_once(tmp_path, monkeypatch):
+@pytest.mark.parametrize("late", [False, True])
+def test_a_policy_makes_its_device_side_in_the_warm_up_once(tmp_path, monkeypatch, late):
     """On a backend not started yet, Policy makes its network and walk in the backend's warm-up thread
     (beside the caller's host work) and the first use waits for them: one network, made there, and the
     same evaluation as a policy made without a warm-up. (The "GPU" here is NumPy under another name:
-    the thread and the waiting are what is tested; the GPU's own test is the walk tests above.)"""
+    the thread and the waiting are what is tested; the GPU's own test is the walk tests above.) ``late``:
+    the thread asks for the network before warm_up has returned it to the policy (a busy machine's
+    schedule: the thread's first use read an attribute not yet assigned, failed, and the caller made the
+    network again in its own thread)."""
     import threading
     import time
 
@@ -163,6 +167,18 @@ def test_a_policy_makes_its_device_side_in_the_warm_up_once(tmp_path, monkeypatc
         return q_rows(*a)
 
     monkeypatch.setattr(policy_module, "row_exact_q", slow_rows)
+    if late:
+        warm_up = backend.warm_up
+
+        def late_warm_up(*a, **k):  # returns once the thread is inside its first use of the policy
+            t = warm_up(*a, **k)
+            for _ in range(500):
+                if rows:
+                    break
+                time.sleep(0.01)
+            return t
+
+        monkeypatch.setattr(backend, "warm_up", late_warm_up)
     p = load_policy(path, device="gpu")
     ev = p.evaluate(split="test")
     assert made == rows == ["cudarl-backend-warm-up"] and p.be.device == "pretend cupy"
