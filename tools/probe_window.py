@@ -27,6 +27,7 @@ the env's costs and fills), beside the causal reference's on the same bars when 
     python3 tools/probe_window.py --source "builtin:lag?n=20000" --window 64 --cpu      # CPU defaults
     python3 tools/probe_window.py ... --set optim.weight_decay=1.0 --seeds 2 --jsonl out.jsonl
     python3 tools/probe_window.py ... --body ssm --body attention --threads 1   # the temporal encoders
+    python3 tools/probe_window.py ... --body ssm --device cuda --seeds 3        # the agent's whole budget, on a GPU
 """
 
 from __future__ import annotations
@@ -133,23 +134,26 @@ def body(cfg, bar: int, kind: str, seed: int):
     return model, decayed + [model[2].weight]
 
 
-def forecast(net, x, rows: int = 256) -> np.ndarray:
-    """float64 [S]: the body's output on x [S, D], ``rows`` at a time (no gradient)."""
+def forecast(net, x, rows: int = 256, device: str = "cpu") -> np.ndarray:
+    """float64 [S]: the body's output on x [S, D], ``rows`` at a time (no gradient), on ``device``."""
     import torch
 
     with torch.no_grad():
-        return np.concatenate([net(torch.from_numpy(x[i : i + rows]))[:, 0].numpy() for i in range(0, len(x), rows)])
+        parts = [net(torch.from_numpy(x[i : i + rows]).to(device))[:, 0].cpu().numpy() for i in range(0, len(x), rows)]
+    return np.concatenate(parts)
 
 
-def fit_curve(cfg, data: dict, seed: int, kind: str = "mlp", points: int = 10) -> list[dict]:
-    """The supervised twin of ``kind``'s body (module docstring; :func:`body`) trained on ``data["train"]``;
-    a row at every ``1 / points`` of the budget: the update, the train and validation correlations, and the
-    validation forecast."""
+def fit_curve(cfg, data: dict, seed: int, kind: str = "mlp", points: int = 10, device: str = "cpu") -> list[dict]:
+    """The supervised twin of ``kind``'s body (module docstring; :func:`body`) trained on ``data["train"]``
+    on ``device`` (torch's name: ``cpu``, ``cuda``; the batches' rows are drawn on the CPU either way, so a
+    seed draws the same rows on both); a row at every ``1 / points`` of the budget: the update, the train
+    and validation correlations, and the validation forecast."""
     import torch
 
     x, y = data["train"]
-    X, Y = torch.tensor(x), torch.tensor(y / y.std(), dtype=torch.float32)
+    X, Y = torch.tensor(x, device=device), torch.tensor(y / y.std(), dtype=torch.float32, device=device)
     net, decayed = body(cfg, x.shape[1] // cfg.net.window, kind, seed)
+    net.to(device)  # in place: decayed still names its parameters
     ids = {id(p) for p in decayed}
     opt = torch.optim.AdamW(
         [{"params": decayed, "weight_decay": cfg.optim.weight_decay},
@@ -160,13 +164,13 @@ def fit_curve(cfg, data: dict, seed: int, kind: str = "mlp", points: int = 10) -
     steps, batch = cfg.run.steps, cfg.agent.batch_size
     out, t0 = [], time.perf_counter()
     for k in range(1, steps + 1):
-        i = torch.randint(0, len(X), (batch,), generator=gen)
+        i = torch.randint(0, len(X), (batch,), generator=gen).to(device)
         loss = ((net(X[i])[:, 0] - Y[i]) ** 2).mean()
         opt.zero_grad()
         loss.backward()
         opt.step()
         if k % max(steps // points, 1) == 0 or k == steps:
-            f = {s: forecast(net, v[0]).astype(np.float64) for s, v in data.items()}
+            f = {s: forecast(net, v[0], device=device).astype(np.float64) for s, v in data.items()}
             out.append({"update": k, **{f"{s}_corr": corr(f[s], data[s][1]) for s in data}, "forecast": f})
             c = out[-1]
             print(f"{kind} seed {seed}: update {k}, corr train {c['train_corr']:.3f} val {c['val_corr']:.3f} "
@@ -187,8 +191,9 @@ def body_fields(cfg, kind: str) -> dict:
     return {f: list(v) if isinstance(v := getattr(cfg.net, f), tuple) else v for f in WIDTHS[kind]}
 
 
-def probe(cfg, seeds, bodies=("mlp",)) -> list[dict]:
-    """The linear probes' rows, then one row per body in ``bodies`` (:data:`BODIES`) and seed."""
+def probe(cfg, seeds, bodies=("mlp",), device: str = "cpu") -> list[dict]:
+    """The linear probes' rows, then one row per body in ``bodies`` (:data:`BODIES`) and seed, fitted on
+    ``device``."""
     from cudarl.prepare import prepare_data
 
     p = prepare_data(cfg)
@@ -213,13 +218,13 @@ def probe(cfg, seeds, bodies=("mlp",)) -> list[dict]:
     for kind in bodies:
         for seed in seeds:
             t0 = time.perf_counter()
-            curve = fit_curve(cfg, data, seed, kind)
+            curve = fit_curve(cfg, data, seed, kind, device=device)
             for r in curve:
                 r["test_sign_sharpe"] = sign_sharpe(p, test, r.pop("forecast")["test"], cfg.env)
             rows.append(
                 {**base, "fit": kind, "seed": seed, **body_fields(cfg, kind), "lr": cfg.optim.lr,
                  "batch": cfg.agent.batch_size, "updates": cfg.run.steps, "weight_decay": cfg.optim.weight_decay,
-                 "curve": curve, "wall_s": time.perf_counter() - t0}
+                 "device": device, "curve": curve, "wall_s": time.perf_counter() - t0}
             )  # fmt: skip
     return rows
 
@@ -262,6 +267,7 @@ def main() -> int:
     )
     ap.add_argument("--no-mlp", action="store_true", help="the linear probes only (no PyTorch)")
     ap.add_argument("--threads", type=int, default=0, help="torch's CPU threads (0: its default)")
+    ap.add_argument("--device", default="cpu", help="where the bodies train: torch's device name (cpu, cuda)")
     ap.add_argument("--jsonl", type=Path, default=None, help="append the rows here")
     a = ap.parse_args()
 
@@ -277,7 +283,7 @@ def main() -> int:
         import torch
 
         torch.set_num_threads(a.threads)
-    rows = probe(cfg, range(a.first_seed, a.first_seed + a.seeds), () if a.no_mlp else (a.body or ["mlp"]))
+    rows = probe(cfg, range(a.first_seed, a.first_seed + a.seeds), () if a.no_mlp else (a.body or ["mlp"]), a.device)
     show(rows)
     if a.jsonl is not None:
         with a.jsonl.open("a") as fh:
