@@ -436,10 +436,20 @@ def test_q_rows_gives_every_row_bit_for_bit_as_that_row_alone(rng, layernorm, ac
 def _openblas_kernel_families() -> tuple:
     """OpenBLAS kernel families OPENBLAS_CORETYPE can pick for NumPy's BLAS, () where it cannot (another BLAS, or
     an OpenBLAS built for one CPU)."""
+    import platform
+    from pathlib import Path
+
     blas = np.__config__.CONFIG.get("Build Dependencies", {}).get("blas", {})
     if "openblas" not in str(blas.get("name", "")) or "DYNAMIC_ARCH" not in str(blas.get("openblas configuration")):
         return ()
-    return ("Sandybridge", "Haswell", "Zen", "Prescott")
+    if platform.machine() not in ("x86_64", "AMD64") or not Path("/proc/cpuinfo").exists():
+        return ()
+    flags = set(Path("/proc/cpuinfo").read_text().split())
+    # each family's kernels run only where the CPU has their instructions (else: an illegal instruction;
+    # SSE3 is "pni" in /proc/cpuinfo)
+    need = {"Prescott": {"pni"}, "Sandybridge": {"avx"}, "Haswell": {"avx2", "fma"}, "Zen": {"avx2", "fma"}}
+    families = tuple(f for f, n in need.items() if n <= flags)
+    return families if len(families) > 1 else ()  # one family compares nothing
 
 
 _Q_BITS = """
