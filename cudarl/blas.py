@@ -1059,6 +1059,7 @@ def _lt_lib():
             "cublasLtMatmul": [vp] * 14 + [sz, vp],
         },
     )
+    lib.cublasLtGetVersion.argtypes, lib.cublasLtGetVersion.restype = [], sz  # a version, not a status
     _lt_cache.append(lib)
     return lib
 
@@ -1080,9 +1081,11 @@ def _probe_context() -> tuple[str, int, int]:
     dev = cupy.cuda.Device()
     name = cupy.cuda.runtime.getDeviceProperties(dev.id)["name"]
     name = name.decode() if isinstance(name, bytes) else str(name)
-    version = _lt_lib().cublasLtGetVersion
-    version.argtypes, version.restype = [], ctypes.c_size_t
-    return f"{name} sm_{dev.compute_capability}", int(version()), int(cupy.cuda.runtime.driverGetVersion())
+    return (
+        f"{name} sm_{dev.compute_capability}",
+        int(_lt_lib().cublasLtGetVersion()),
+        int(cupy.cuda.runtime.driverGetVersion()),
+    )
 
 
 class _EventTimer:

@@ -37,9 +37,11 @@ class ProbeVerdicts:
     holds this :data:`FORMAT` and exactly ``key`` (the plan key's ``repr``: a hash collision or a stale
     file is a miss)."""
 
+    #: the folders a store failed in, this process (each is warned about once, whichever instance found it)
+    _unwritable: set = set()
+
     def __init__(self, root: Path | str | None = None):
         self.root = Path(root) if root is not None else default_dir()
-        self._warned = False
 
     @staticmethod
     def name(*parts) -> str:
@@ -66,7 +68,7 @@ class ProbeVerdicts:
         return record if isinstance(record, dict) else None
 
     def store(self, name: str, key: str, record: dict) -> bool:
-        """Write the entry; False (and one warning per instance) where the folder is not writable."""
+        """Write the entry; False (and one warning per folder and process) where the folder is not writable."""
         from .atomic import atomic_open
 
         try:
@@ -74,8 +76,8 @@ class ProbeVerdicts:
                 json.dump({"format": FORMAT, "key": key, "record": record}, fh, indent=1, sort_keys=True)
             return True
         except OSError as exc:
-            if not self._warned:
-                self._warned = True
+            if self.root not in self._unwritable:
+                self._unwritable.add(self.root)
                 warnings.warn(
                     f"probe verdicts cannot be kept in {self.root} ({exc}); each process probes again "
                     f"(set {CACHE_ENV} to a writable folder to keep them)",
