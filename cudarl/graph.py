@@ -100,6 +100,7 @@ class StepGraph:
         self._graph = None
         self._captured = False
         self._phase = None
+        self._after = None  # event: the caller's stream's work so far, which run_eager and replay follow
 
     @property
     def captured(self) -> bool:
@@ -120,6 +121,7 @@ class StepGraph:
             return
         if self.stream.is_capturing():
             raise GraphError(f"graph {self.name!r}: run_eager while its stream is capturing")
+        self._follow_caller()
         with self.stream, kernels.use_context(kernels.UNGRAPHED):
             self._run(self.phases)
 
@@ -201,7 +203,26 @@ class StepGraph:
         if not self.is_gpu:
             self._run(self.phases)
             return
+        self._follow_caller()
         self._graph.launch(self.stream)
+
+    def _follow_caller(self) -> None:
+        """Order :attr:`stream` after the work already issued on the caller's current stream.
+
+        The graph's stream is non-blocking, so without this a buffer the caller just wrote on the
+        default stream (``cp.zeros``, ``a[...] = 0``, a host-to-device copy) could be read before the
+        write lands: seen on the H200 as ``test_causal``'s eager run reading a pooled counter's stale
+        value. One event record and one wait, no host synchronisation.
+        """
+        import cupy
+
+        caller = cupy.cuda.get_current_stream()
+        if caller.ptr == self.stream.ptr:
+            return
+        if self._after is None:
+            self._after = cupy.cuda.Event(block=False, disable_timing=True, interprocess=False)
+        self._after.record(caller)
+        self.stream.wait_event(self._after)
 
     def synchronize(self) -> None:
         """Wait for the graph's stream (a no-op on the NumPy backend)."""

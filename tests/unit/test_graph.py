@@ -128,6 +128,30 @@ def test_gpu_graphed_equals_eager_bitwise(cp):
 
 
 @pytest.mark.gpu
+def test_gpu_eager_runs_and_replays_follow_the_callers_stream(cp):
+    """A write still running on the caller's (default) stream is seen by the next run_eager and replay:
+    the graph's non-blocking stream waits for it (test_causal's eager run once read a stale counter)."""
+    late = cp.RawKernel(
+        r"""extern "C" __global__ void late_write(long long* c, long long v, long long cycles) {
+          const long long t0 = clock64();
+          while (clock64() - t0 < cycles) {}
+          c[0] = v;
+        }""",
+        "late_write",
+    )
+    counter, seen = cp.zeros(1, np.int64), cp.zeros(1, np.int64)
+    g = StepGraph("follows", [("copy", lambda: seen.__setitem__(Ellipsis, counter))])
+    g.run_eager()
+    g.capture()
+    cp.cuda.Device().synchronize()
+    for k, run in enumerate((g.run_eager, g.replay), start=1):
+        late((1,), (1,), (counter, np.int64(k), np.int64(40_000_000)))  # ~20 ms on the default stream
+        run()
+        g.synchronize()
+        assert int(seen.get()[0]) == k, f"{run.__name__} read the counter before the caller's write landed"
+
+
+@pytest.mark.gpu
 def test_gpu_size_read_from_device_memory(cp):
     """Captured at size N1, replayed after the host sets N2: the kernel sees N2 (no baked sizes)."""
     from cudarl.ops import testing
