@@ -288,7 +288,8 @@ def probe_rows(case: str, P: int, tf32: bool, ext: dict) -> list[dict]:
     """What the batched plans of P members chose under ``net.batched_algo = "probe"``
     (:func:`cudarl.blas.batched_plan_info`'s records of batch P and this precision; none on NumPy): a row
     counting those on another algorithm than the single plan's, one row per such plan, and the records in
-    ``ext["batched_plans"][P]``."""
+    ``ext["batched_plans"][P]``; a row counting the verdicts recalled from disk (:mod:`cudarl.probe_cache`:
+    the build then ran no probe, so its ``build + fill + capture`` row is the cached build's)."""
     from cudarl import blas
 
     records = [
@@ -296,10 +297,17 @@ def probe_rows(case: str, P: int, tf32: bool, ext: dict) -> list[dict]:
     ]
     ext.setdefault("batched_plans", {})[P] = records
     changed = [r for r in records if r["changed"]]
-    out = [row(case, f"P={P}: batched plans on another algorithm", f"{len(changed)} of {len(records)}", "")]
+    cached = [r for r in records if r["cached"]]
+    out = [
+        row(case, f"P={P}: batched plans on another algorithm", f"{len(changed)} of {len(records)}", ""),
+        row(case, f"P={P}: probe verdicts recalled from disk", f"{len(cached)} of {len(records)}", ""),
+    ]
     for r in records:
         out.append(row(case, f"P={P}: batched plan {r['shape']} epilogue {r['epilogue']}", probe_summary(r), ""))
-    print(f"{case}: P={P}: {len(changed)} of {len(records)} batched plans on another algorithm")
+    print(
+        f"{case}: P={P}: {len(changed)} of {len(records)} batched plans on another algorithm, "
+        f"{len(cached)} verdicts recalled from disk"
+    )
     return out
 
 
