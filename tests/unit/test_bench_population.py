@@ -100,9 +100,10 @@ def test_joined_probe_arm_rows_on_numpy(monkeypatch):
     case = "cudarl joined (agent axis), one-kernel dW, probed batched algorithms, FP32"
     sizes = _by_size(rows, case)
     assert sorted(got) == sorted(sizes) == [3]
-    want = {**JOINED_ROWS, "batched plans on another algorithm": ""}
+    want = {**JOINED_ROWS, "batched plans on another algorithm": "", "probe verdicts recalled from disk": ""}
     assert {m: r["unit"] for m, r in sizes[3].items()} == want
     assert sizes[3]["batched plans on another algorithm"]["value"] == "0 of 0"
+    assert sizes[3]["probe verdicts recalled from disk"]["value"] == "0 of 0"
     assert extra["joined_probe_fp32"]["batched_plans"] == {3: []} and "joined_onekernel_fp32" not in extra
     algo = {"algo_id": 21, "tile_name": "64x64"}
     probes = [{"algo_id": 21, "tile_name": "256x128", "stages": 3, "equal": False, "us": None},
@@ -111,9 +112,10 @@ def test_joined_probe_arm_rows_on_numpy(monkeypatch):
     record = {"mode": "probe", "batch": 3, "tf32": False, "changed": True, "probed": 3, "candidates": 8,
               "shape": "[512x256] x [256x256]", "epilogue": 6, "single": algo, "equal": [False, True, True],
               "probes": probes, "single_us": 12.0, "chosen_index": 1,
-              "chosen": {**algo, "tile_name": "128x128"}}  # fmt: skip
+              "chosen": {**algo, "tile_name": "128x128"}, "cached": False}  # fmt: skip
     kept = {**record, "shape": "[512x13] x [13x256]", "changed": False, "chosen": algo, "chosen_index": None,
-            "single_us": 5.0, "probes": [{**probes[1], "us": 6.0}], "probed": 1, "equal": [True]}  # fmt: skip
+            "cached": True, "single_us": 5.0, "probes": [{**probes[1], "us": 6.0}], "probed": 1,
+            "equal": [True]}  # fmt: skip
     none_equal = {**kept, "shape": "[512x256] x [256x204]", "single_us": None, "probes": [probes[0]],
                   "equal": [False]}  # fmt: skip
     monkeypatch.setattr(blas, "batched_plan_info", lambda: {("a",): record, ("b",): kept, ("c",): none_equal})
@@ -121,6 +123,7 @@ def test_joined_probe_arm_rows_on_numpy(monkeypatch):
     extra_rows = bj.probe_rows(case, 3, False, ext)
     assert [(r["metric"], r["value"]) for r in extra_rows] == [
         ("P=3: batched plans on another algorithm", "1 of 3"),
+        ("P=3: probe verdicts recalled from disk", "2 of 3"),
         (
             "P=3: batched plan [512x256] x [256x256] epilogue 6",
             "64x64 (algo 21) -> 128x128 (algo 21), 3 probed of 8; us: single 12.0, 256x128 !=, 128x128 7.2*, "
