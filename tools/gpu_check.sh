@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # On a GPU host: run the GPU-marked tests and every benchmark, write docs/gpu-report.md.
 #   CUDARL_COMMIT=<sha> OUT=<dir> bash tools/gpu_check.sh [--torch-compile] [--only-tests]
-# Optional: TEST_PATHS (default tests; the test files under it), PARALLEL (default 4 test processes), BENCHES (default tools/bench_*.py), PYTEST_ARGS, DEADLINE_S (seconds
+# Optional: TEST_PATHS (default tests; the test files under it), PARALLEL (default 4 test processes), BENCHES (default tools/bench_*.py),
+# BENCH_ARGS (appended to every benchmark's command line; e.g. BENCHES=tools/bench_step.py BENCH_ARGS="--no-encoders --no-epoch
+# --no-net-variants --no-dw-variants" for the single step and its PyTorch arms in about a minute), PYTEST_ARGS, DEADLINE_S (seconds
 # from the start by which the benchmarks must end, so the report is still written inside a device call's
 # limit: each benchmark gets at most what is left, less 20 s for the report; one with under 20 s left is
 # skipped and says so).
@@ -50,7 +52,7 @@ if [ "$ONLY_TESTS" = 0 ]; then
       if [ "$limit" -lt 20 ]; then echo "== $name: skipped, ${limit} s left before DEADLINE_S" | tee -a "$OUT/bench.log"; continue; fi
     fi
     echo "== $name (limit ${limit} s)" | tee -a "$OUT/bench.log"
-    timeout "$limit" python3 "$b" --out "$BENCH_DIR/$name.json" $EXTRA 2>&1 | tee -a "$OUT/bench.log" | tail -n 30
+    timeout "$limit" python3 "$b" --out "$BENCH_DIR/$name.json" $EXTRA ${BENCH_ARGS:-} 2>&1 | tee -a "$OUT/bench.log" | tail -n 30
   done
 fi
 python3 tools/gpu_report.py --commit "$COMMIT" --junit "$OUT/junit.xml" --bench-dir "$BENCH_DIR" \
