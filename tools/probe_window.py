@@ -129,7 +129,7 @@ def body(cfg, bar: int, kind: str, seed: int):
     s = Standalone(enc, np, np.float64, seed=seed)
     te.load_cudarl_params(twin, s.P)
     decays = {e.name for e in s.layout.entries if e.decay}
-    decayed = [p for p, name, _ in te._pairs(twin) if name in decays]
+    decayed = [p for p, name, _ in te.param_pairs(twin) if name in decays]
     model = torch.nn.Sequential(torch.nn.Unflatten(1, (W, bar)), twin, torch.nn.Linear(net.d_model, 1))
     return model, decayed + [model[2].weight]
 
@@ -265,11 +265,19 @@ def main() -> int:
         default=None,
         help="a supervised body to fit (repeat for several; default: mlp)",
     )
-    ap.add_argument("--no-mlp", action="store_true", help="the linear probes only (no PyTorch)")
+    ap.add_argument(
+        "--linear-only",
+        "--no-mlp",
+        dest="linear_only",
+        action="store_true",
+        help="the linear probes only, no PyTorch body (--no-mlp: its former name); refused with --body",
+    )
     ap.add_argument("--threads", type=int, default=0, help="torch's CPU threads (0: its default)")
     ap.add_argument("--device", default="cpu", help="where the bodies train: torch's device name (cpu, cuda)")
     ap.add_argument("--jsonl", type=Path, default=None, help="append the rows here")
     a = ap.parse_args()
+    if a.linear_only and a.body:
+        ap.error("--linear-only (--no-mlp) fits no body: drop it, or drop --body")
 
     from cudarl.config import from_dict, parse_override, resolve_for_backend
     from cudarl.evaluate import json_safe
@@ -283,7 +291,8 @@ def main() -> int:
         import torch
 
         torch.set_num_threads(a.threads)
-    rows = probe(cfg, range(a.first_seed, a.first_seed + a.seeds), () if a.no_mlp else (a.body or ["mlp"]), a.device)
+    bodies = () if a.linear_only else (a.body or ["mlp"])
+    rows = probe(cfg, range(a.first_seed, a.first_seed + a.seeds), bodies, a.device)
     show(rows)
     if a.jsonl is not None:
         with a.jsonl.open("a") as fh:

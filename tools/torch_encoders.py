@@ -145,7 +145,7 @@ def attention_encoder(n_features: int, *, window: int, d_model: int, layers: int
     return _stack(n_features, d, layers, Block)
 
 
-def _pairs(model, prefix: str = "enc"):
+def param_pairs(model, prefix: str = "enc"):
     """(torch parameter, cudarl name, is a Linear weight) in ``model.parameters()`` order."""
     out = []
     for name, p in model.named_parameters():
@@ -167,7 +167,7 @@ def load_cudarl_params(model, P: dict, prefix: str = "enc") -> None:
     from cudarl.backend import to_numpy
 
     with torch.no_grad():
-        for p, name, linear in _pairs(model, prefix):
+        for p, name, linear in param_pairs(model, prefix):
             v = to_numpy(P[name])
             p.copy_(torch.from_numpy(np.ascontiguousarray(v.T if linear else v)).to(p.dtype))
 
@@ -176,4 +176,4 @@ def cudarl_grads_like(model, G: dict, prefix: str = "enc") -> list:
     """cudarl's gradient views ``G`` as NumPy arrays in the order and layout of ``model.parameters()``."""
     from cudarl.backend import to_numpy
 
-    return [to_numpy(G[name]).T if linear else to_numpy(G[name]) for _, name, linear in _pairs(model, prefix)]
+    return [to_numpy(G[name]).T if linear else to_numpy(G[name]) for _, name, linear in param_pairs(model, prefix)]

@@ -336,10 +336,11 @@ def reference_positions(bars: Bars, start: int, n: int, *, cost_rate: float, lev
             full_z = bars.extra["drift"] / phi[0] if phi[0] else R
             z, how = R, "dp: last return"
         else:
-            full_z = ar_forecast(R, phi, lead) if lead > 1 else bars.extra["drift"]
+            z = ar_forecast(R, phi, lead)
+            full_z = z if lead > 1 else bars.extra["drift"]  # beyond one bar the model's forecast is all there is
             band = f"band rule enter={pol.enter:.3g}, hold={pol.hold:.3g}"
             band = band if pol.enter < math.inf else "flat (no band earns its costs)"
-            z, how = ar_forecast(R, phi, lead), f"{band} on E[R_(t+{lead})]"
+            how = f"{band} on E[R_(t+{lead})]"
         return {
             "full_information": pol.positions(full_z, start, n),
             "causal": pol.positions(z, start, n),
