@@ -23,7 +23,8 @@ import numpy as np
 
 from cudarl.data.bars import Bars, DataError, Problem
 
-from .calendar import START, bar_times, business_days
+from .calendar import START as START  # re-exported: the first bar's date
+from .calendar import bar_times, business_days
 from .markets import MARKETS, ar, canary, lag, noise, ou, randomwalk, regime
 
 HERE = Path(__file__).resolve().parent

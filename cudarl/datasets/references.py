@@ -20,8 +20,8 @@ How each is computed:
   *no-trade-band rule* on the conditional mean ``m_t = E[R_{t+1} | past]`` (enter long when
   ``m_t > enter``, hold it while ``m_t > hold``, symmetric for short, flat between), with ``(enter, hold)``
   chosen on a long path simulated from the model (not the data), scored by the expected return ``m_t``
-  each position earns (not the noisy realised one), or flat when no band earns its costs. For one lag the band rule and the
-  dynamic programme agree (tests/unit/test_references.py).
+  each position earns (not the noisy realised one), or flat when no band earns its costs. For one lag the
+  band rule and the dynamic programme agree (tests/unit/test_references.py).
 - ``noise``, ``randomwalk``: ``E[R_{t+1} | past] = 0``, so every trade loses its cost: both are flat.
 
 The dynamic programme (:func:`solve_positions`) is policy iteration on the discounted criterion with
