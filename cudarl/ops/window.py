@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..kernels import blocks_for, launch
-from ..reference.window import STATE_DIM, width
+from ..reference.window import NOISE_STREAM, STATE_DIM, width
 from ._arrays import check
 
 _THREADS = 256
@@ -34,3 +34,24 @@ def gather(rows, features, sign, out, window: int) -> None:
         _THREADS,
         (rows, features, sign, out, n, int(window), f_n, t_n),
     )
+
+
+def noise(x, counter, window: int, n_features: int, scale, seed: int, stream_id: int = NOISE_STREAM) -> None:
+    """Zero-mean noise into the feature columns of the windows ``x [n, window * (F + 2)]`` (in place), drawn
+    from the Philox stream ``(seed, counter[0], stream_id)`` (see the reference). 1 launch."""
+    where = "window.noise"
+    if x.ndim != 2 or int(window) < 1 or int(n_features) < 1:
+        raise ValueError(f"{where}: x [n, window * (F + 2)] with window, F >= 1, got {x.shape}, {window}, {n_features}")
+    n, m = x.shape[0], x.shape[0] * int(window) * int(n_features)
+    check(where, "x", x, np.float32, (n, width(n_features, window)))
+    check(where, "counter", counter, np.int64, (1,))
+    if m >= 1 << 32:
+        raise ValueError(f"{where}: {m} feature elements; Philox blocks are indexed by uint32")
+    launch(
+        "window",
+        "noise",
+        min(blocks_for(max(m, 1), _THREADS), _MAX_BLOCKS),
+        _THREADS,
+        (x, counter, n, int(window), int(n_features), float(scale), int(seed) & 0xFFFFFFFFFFFFFFFF,
+         int(stream_id) & 0xFFFFFFFF),
+    )  # fmt: skip

@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from . import philox
+
 #: The columns of a state row, in order.
 STATE_COLUMNS = ("bar", "mirror", "position", "hold")
 STATE_DIM = len(STATE_COLUMNS)
@@ -67,3 +69,44 @@ def gather(rows, features, sign, out, window: int) -> None:
     view[:, :, f_n:] = 0
     view[:, -1, f_n] = rows[:, POSITION]
     view[:, -1, f_n + 1] = rows[:, HOLD]
+
+
+#: Philox stream id of :func:`noise`'s draws ("noise").
+NOISE_STREAM = 0x6E6F6973
+#: sqrt(3): the sum of four uniforms on [0, 1) has variance 1/3.
+_SQRT3 = 1.7320508075688772
+
+
+def noise_scale(std: float) -> np.float32:
+    """The float32 factor :func:`noise` multiplies its centred sum of four uniforms by, for noise of
+    standard deviation ``std`` (one rounding, on the host, shared by both faces)."""
+    return np.float32(float(std) * _SQRT3)
+
+
+def noise(x, counter, window: int, n_features: int, scale, seed: int, stream_id: int = NOISE_STREAM) -> None:
+    """Zero-mean noise added in place to the feature columns of observation windows (the position columns
+    are left alone): for feature element ``e`` (row-major over ``[n, window, n_features]``)::
+
+        u = the 4 uniforms of Philox block e of the stream (seed, counter[0], stream_id)
+        x[e] += scale * (((u0 + u1) + (u2 + u3)) - 2)
+
+    The sum of four uniforms (Irwin-Hall) has mean 2 and variance 1/3, so :func:`noise_scale` (std)
+    gives noise of that standard deviation, bell-shaped on ``+-2 sqrt(3) std``. Float32, round to nearest
+    at each step, no transcendental function: the kernel equals this bit for bit. Training on inputs
+    with zero-mean noise of variance s^2 is, to second order, Tikhonov regularisation with weight s^2
+    (Bishop 1995, "Training with noise is equivalent to Tikhonov regularization"); for a linear body on
+    standardised inputs it is ridge regression with penalty ``N s^2``.
+
+    Args:
+        x: float32 ``[n, window * (n_features + 2)]``, the gathered windows (:func:`gather`), written.
+        counter: int64 ``[1]``, read (the draws are fresh whenever it moves: the learner's step).
+        scale: float32, :func:`noise_scale` of the standard deviation.
+    """
+    n, f_n = x.shape[0], int(n_features)
+    m = n * int(window) * f_n
+    if m >= 1 << 32:
+        raise ValueError(f"window.noise: {m} feature elements; Philox blocks are indexed by uint32")
+    u = philox.to_uniform(philox.blocks(int(seed), int(counter[0]), int(stream_id), np.arange(m, dtype=np.uint64)))
+    z = ((u[:, 0] + u[:, 1]) + (u[:, 2] + u[:, 3])) - np.float32(2)
+    feats = x.reshape(n, int(window), f_n + N_POSITION_FEATURES)[:, :, :f_n]
+    feats += (np.float32(scale) * z).reshape(n, int(window), f_n)

@@ -1,8 +1,10 @@
-"""window family: observation windows gathered from state rows and the feature matrix.
+"""window family: observation windows gathered from state rows and the feature matrix, and the input noise
+added to them (agent.input_noise).
 
 CPU: the twin by hand (a window of one bar is the env's former observation, the position features only on
-the newest bar, zeros before the first bar, the mirror's sign flip, nothing after the observed bar).
-GPU: the kernel against the twin bit for bit over random rows and awkward shapes, eager and graphed.
+the newest bar, zeros before the first bar, the mirror's sign flip, nothing after the observed bar); the
+noise from the Philox stream's draws in order, its moments, the position columns untouched.
+GPU: the kernels against the twin bit for bit over random rows and awkward shapes, eager and graphed.
 """
 
 import numpy as np
@@ -77,6 +79,79 @@ def test_no_window_reads_a_bar_after_the_one_it_observes(rng):
     assert not np.array_equal(gather(rows, feats, sign, 7), before)
 
 
+def test_noise_is_the_centred_sum_of_the_streams_four_draws_per_feature_element(rng):
+    """Feature element e (row-major over [n, window, F]) adds scale * (draws 4e..4e+3 summed - 2) of the
+    stream: checked against philox.uniform's draws in order (not the twin's block indexing)."""
+    from cudarl.reference import philox
+
+    n, window, f_n, seed, ctr = 5, 3, 4, 11, 7
+    x = rng.standard_normal((n, ref.width(f_n, window))).astype(F32)
+    before = x.copy()
+    scale = ref.noise_scale(0.3)
+    ref.noise(x, np.array([ctr], np.int64), window, f_n, scale, seed)
+    u = philox.uniform(seed, ctr, ref.NOISE_STREAM, 4 * n * window * f_n).reshape(-1, 4)
+    z = ((u[:, 0] + u[:, 1]) + (u[:, 2] + u[:, 3])) - F32(2)
+    want = before.reshape(n, window, f_n + 2).copy()
+    want[:, :, :f_n] += (scale * z).reshape(n, window, f_n)
+    np.testing.assert_array_equal(x, want.reshape(x.shape))
+    assert scale == F32(0.3 * np.sqrt(3))
+
+
+def test_noise_has_the_asked_moments_spares_the_position_columns_and_moves_with_the_counter(rng):
+    n, window, f_n = 2000, 4, 6
+    clean = rng.standard_normal((n, ref.width(f_n, window))).astype(F32)
+    draws = []
+    for ctr in (0, 0, 1):
+        x = clean.copy()
+        ref.noise(x, np.array([ctr], np.int64), window, f_n, ref.noise_scale(0.7), seed=3)
+        draws.append((x - clean).reshape(n, window, f_n + 2))
+    assert np.array_equal(draws[0], draws[1])  # the same counter, the same draws
+    d = draws[0][:, :, :f_n].astype(np.float64)
+    assert abs(d.mean()) < 0.01 and abs(d.std() - 0.7) < 0.01
+    assert abs(d.max()) <= 2 * np.sqrt(3) * 0.7 + 1e-6  # four uniforms: bounded
+    assert np.all(draws[0][:, :, f_n:] == 0)
+    assert np.corrcoef(d.ravel(), draws[2][:, :, :f_n].ravel())[0, 1] < 0.01  # a new counter, new draws
+    x = clean.copy()
+    ref.noise(x, np.array([0], np.int64), window, f_n, F32(0), seed=3)
+    assert np.array_equal(x, clean)  # scale 0: the windows as they were
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n,window,f_n", [(1, 1, 1), (7, 3, 5), (512, 64, 11), (4096, 2, 66)])
+def test_gpu_noise_matches_reference(cp, rng, n, window, f_n):
+    from cudarl.ops import window as ops
+    from cudarl.testing import assert_bitwise
+
+    x = rng.standard_normal((n, ref.width(f_n, window))).astype(F32)
+    counter = np.array([2**33 + 5], np.int64)  # both halves of the counter in the key
+    d = cp.asarray(x)
+    ops.noise(d, cp.asarray(counter), window, f_n, ref.noise_scale(0.5), seed=2**40 + 9)
+    ref.noise(x, counter, window, f_n, ref.noise_scale(0.5), seed=2**40 + 9)
+    assert_bitwise(d, x, what="noisy windows")
+
+
+@pytest.mark.gpu
+def test_gpu_noise_graphed_reads_the_counter_at_replay_time(cp, rng):
+    from cudarl.graph import StepGraph
+    from cudarl.ops import window as ops
+    from cudarl.testing import assert_bitwise
+
+    x = rng.standard_normal((64, ref.width(9, 8))).astype(F32)
+    d, counter = cp.asarray(x), cp.zeros(1, np.int64)
+    scale = ref.noise_scale(1.0)
+    g = StepGraph("noise_test", [("noise", lambda: ops.noise(d, counter, 8, 9, scale, 5))], xp=cp)
+    g.capture()
+    for ctr in (3, 4):
+        d[...] = cp.asarray(x)
+        counter[...] = ctr
+        cp.cuda.Device().synchronize()
+        g.replay()
+        cp.cuda.Device().synchronize()
+        want = x.copy()
+        ref.noise(want, np.array([ctr], np.int64), 8, 9, scale, 5)
+        assert_bitwise(d, want, what=f"replay at counter {ctr}")
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("n,t_n,f_n,window", [(1, 1, 1, 1), (7, 33, 5, 1), (513, 200, 13, 64), (4096, 1000, 66, 3)])
 def test_gpu_gather_matches_reference(cp, rng, n, t_n, f_n, window):
@@ -120,3 +195,7 @@ def test_gpu_launcher_checks_shapes(cp):
         ops.gather(rows, feats, sign, cp.zeros((3, 7), F32), 2)
     with pytest.raises(ValueError, match="rows"):
         ops.gather(cp.zeros((3, 3), F32), feats, sign, cp.zeros((3, 8), F32), 2)
+    with pytest.raises(ValueError, match="x has shape"):
+        ops.noise(cp.zeros((3, 7), F32), cp.zeros(1, np.int64), 2, 2, 1.0, 0)
+    with pytest.raises(ValueError, match="counter"):
+        ops.noise(cp.zeros((3, 8), F32), cp.zeros(1, np.int32), 2, 2, 1.0, 0)
