@@ -9,7 +9,8 @@ that :class:`cudarl.graph.StepGraph` captures (GPU) or runs in order (NumPy)::
              transitions, their discounts, step, reset ended episodes, the next windows) - replay_insert
     train:   schedules (lr and tau: a parallel branch, joined by the first learn phase) - sample (the
              search, the gather of the state rows and the observation windows of s and s' from the
-             feature matrix in one launch; the importance weights on that branch) - forward
+             feature matrix in one launch; the importance weights on that branch) - input_noise
+             (agent.input_noise: joins that branch, then noise into the windows of s, one launch) - forward
              (the rule's; the extra heads run at s only, on a branch of their own) - the rule's
              learn phases (C51: targets_loss, one launch; IQN, QR-DQN: targets - loss) - q_stats (the
              expected Q at s; the statistics' reduction on a branch; joins the extra heads at s)
@@ -52,7 +53,7 @@ from .optim import Adam, SoftUpdate, shrink_perturb
 from .pinned import DeviceScalars, PinnedReadback
 from .plan import PlanLoss, gate
 from .popart import PopArt
-from .reference.window import STATE_DIM
+from .reference.window import STATE_DIM, noise_scale
 from .replay import Batch
 from .rules import HEAD_RULES, LearnerBuffers
 from .stats import StepStats
@@ -236,6 +237,17 @@ class Agent:
                 self.batch_size, side=buf.side_small, out=self.rows_batch, windows=windows, windows_out=self.pair
             )
 
+        def input_noise():
+            # agent.input_noise: into the s half of the windows before anything reads them; keyed by the
+            # optimiser's step, which the schedules branch advances: joined first (with the importance
+            # weights, which the forward would otherwise overlap)
+            buf.side_small.join()
+            noise = family("window", self.xp)
+            noise.noise(
+                self.batch.obs, self.adam.scalars.view("step"), windows.window, windows.n_features,
+                noise_scale(self.cfg.agent.input_noise), self.cfg.run.seed,
+            )  # fmt: skip
+
         def forward():
             self.rule.forward(self.batch)
 
@@ -284,6 +296,7 @@ class Agent:
         return [
             ("schedules", schedules),
             ("sample", sample),
+            *([("input_noise", input_noise)] if self.cfg.agent.input_noise > 0 else []),
             *early,
             ("forward", forward),
             *self.rule.learn_phases(),

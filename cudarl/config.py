@@ -560,6 +560,15 @@ class AgentConfig:
     """Extra cost per unit of position change charged in the training environments' reward only (added
     to ``env.slippage_bps`` there; evaluation keeps the true costs): a turnover penalty against trading
     on noise. 0: the training reward is the evaluation's."""
+    input_noise: float = 0.0
+    """Standard deviation of zero-mean noise added to the feature columns (not the position columns) of
+    the sampled observation windows ``s`` of every train step, in normalised feature units; everything
+    the learner computes at ``s`` reads the noisy windows (the forward, its backward, the auxiliary
+    signals), while ``s'``, acting and evaluation read clean ones. The draws are fresh each update (keyed
+    by the optimiser's step: a resumed run draws the same). Training with input noise of variance
+    ``s^2`` is Tikhonov regularisation of weight ``s^2`` (Bishop 1995): on standardised inputs a linear
+    body's ridge with a penalty of ``s^2`` per training row. Against an encoder memorising a weak signal
+    (docs/results.md, issue 22's supervised twins). 0: off (no launch)."""
     act_by: str = "mean"
     """The risk measure of the learned return distribution the agent acts on, in the collect step, in
     evaluation and in a policy file: ``mean`` (expected Q), ``cvar`` (the mean of the lower
@@ -672,6 +681,7 @@ class AgentConfig:
         _in(s, "plan_hurdle", self.plan_hurdle, 0, 100)
         _in(s, "cql_alpha", self.cql_alpha, 0, 1e6)
         _in(s, "train_cost_bps", self.train_cost_bps, 0, 1e4)
+        _in(s, "input_noise", self.input_noise, 0, 10)
         hz = self.aux_horizons
         _need(s, len(hz) >= 1, "aux_horizons: at least one horizon")
         for k in hz:

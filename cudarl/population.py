@@ -10,7 +10,7 @@ bitwise equal to it by construction (the tests check it, P = 1 and P = 3, on the
 
 What members may differ in: everything that does not change the loop they share (seed, learning
 rate and its schedule, gamma, tau, the epsilon schedule, PER alpha and beta, costs, reward options,
-guard, evaluation and logging intervals: :data:`MAY_DIFFER`), not the replay's n-step, which sets the
+input noise, guard, evaluation and logging intervals: :data:`MAY_DIFFER`), not the replay's n-step, which sets the
 update the shared loop starts learning at (:data:`cudarl.stacked_agent.NOT_MEMBER_SETTINGS`);
 :func:`can_share` says whether two configs may be members of one population. They share the bars, the
 prepared features and the device feature matrix (one copy, not P).
@@ -85,6 +85,7 @@ MAY_DIFFER = {
         "cql_alpha",
         "plan_hurdle",
         "train_cost_bps",
+        "input_noise",
     },
     "replay": {"alpha", "beta0", "beta_final", "beta_steps", "eps"},
     "env": {"cost_bps", "slippage_bps", "hold_cap", "seed", "fill", "levels"},

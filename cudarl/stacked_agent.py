@@ -85,13 +85,15 @@ from .rules.c51 import C51Rule, support
 
 def reference_config(cfg: Config) -> None:
     """Refuse a configuration whose train step :class:`StackedLearner` does not build: the reference
-    network's (:class:`cudarl.nn.StackedQNetwork`'s refusals) without auxiliary signals or CQL."""
+    network's (:class:`cudarl.nn.StackedQNetwork`'s refusals) without auxiliary signals, CQL or input noise."""
     _reference_network(cfg.net)
     a = cfg.agent
-    bad = sorted(k for k, v in {"agent.aux": bool(a.aux), "agent.cql_alpha": a.cql_alpha > 0}.items() if v)
+    flags = {"agent.aux": bool(a.aux), "agent.cql_alpha": a.cql_alpha > 0, "agent.input_noise": a.input_noise > 0}
+    bad = sorted(k for k, v in flags.items() if v)
     if bad:
         raise ValueError(
-            f"StackedLearner builds the reference train step only (no auxiliary signals, no CQL); not {bad}"
+            "StackedLearner builds the reference train step only (no auxiliary signals, no CQL, no input "
+            f"noise); not {bad}"
         )
 
 

@@ -1,6 +1,6 @@
 """Every mechanism through the trainer (issue 18, DESIGN rule 8): its observable moves when it is on and
 stays put when it is off. PopArt's two halves, the Q statistics and the guard's collapse rule, the
-plan head, the offline regularisers, spectral norm, shrink-and-perturb. GPU tests (graphed == eager,
+plan head, the offline regularisers, spectral norm, shrink-and-perturb, input noise. GPU tests (graphed == eager,
 bit for bit) are marked and run by tools/gpu_check.sh."""
 
 import json
@@ -320,3 +320,51 @@ def test_gpu_plan_spectral_shrink_and_cql_graphed_equal_eager(head):
     _assert_same_bits(g, e)
     assert np.array_equal(g.env.scale.get(), e.env.scale.get())
     assert g.monitor.last_stats["cql_loss"] > 0 and 0 <= g.monitor.last_stats["plan_ready"] <= 1
+
+
+# --- input noise (agent.input_noise) -----------------------------------------------------------------
+def _windows_of(t: Trainer, rows):
+    return t.env.windows.of(np.asarray(rows))
+
+
+@pytest.mark.parametrize("window", [1, 4])
+def test_input_noise_moves_the_windows_of_s_by_the_twins_draws_and_leaves_s_prime_clean(window):
+    """After a run, the learner's last batch: the windows of s are the clean windows of its state rows plus
+    the twin's noise keyed by the optimiser's step (feature columns only), the windows of s' are clean;
+    off, no phase runs and s is clean."""
+    from cudarl.reference import window as wref
+
+    t = trainer(agent={"input_noise": 0.5}, net={"window": window})
+    t.run(60)
+    a, B = t.agent, t.agent.batch_size
+    assert "input_noise" in [n for n, _ in t.train_graph.phases]
+    step = int(a.adam.scalars.view("step")[0])
+    assert step > 0
+    want = _windows_of(t, a.rows_pair[:B])
+    wref.noise(want, np.array([step]), window, t.env.windows.n_features, wref.noise_scale(0.5), t.cfg.run.seed)
+    assert np.array_equal(a.pair[:B], want)
+    assert np.array_equal(a.pair[B:], _windows_of(t, a.rows_pair[B:]))
+    moved = (a.pair[:B] - _windows_of(t, a.rows_pair[:B])).reshape(B, window, -1)
+    f = t.env.windows.n_features
+    assert np.all(moved[:, :, f:] == 0) and 0.4 < float(moved[:, :, :f].std()) < 0.6
+
+    off = trainer(net={"window": window})
+    off.run(60)
+    assert "input_noise" not in [n for n, _ in off.train_graph.phases]
+    assert np.array_equal(off.agent.pair[:B], _windows_of(off, off.agent.rows_pair[:B]))
+    assert off.losses[:1] != t.losses[:1] or off.losses != t.losses
+
+
+def test_input_noise_resumes_exactly(tmp_path):
+    """The draws are keyed by the optimiser's step, which a checkpoint keeps: a resumed run draws the same."""
+    resumed_and_uninterrupted(small(agent={"input_noise": 0.5}), tmp_path)
+
+
+@pytest.mark.gpu
+def test_gpu_input_noise_graphed_equals_eager():
+    """agent.input_noise in the captured train step (after the join of the schedules' branch), graphed and
+    eager, bit for bit."""
+    g, e = _graphed_and_eager(agent={"input_noise": 0.5}, net={"window": 4})
+    g.run(40)
+    e.run(40)
+    _assert_same_bits(g, e)

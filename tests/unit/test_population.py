@@ -19,14 +19,15 @@ QUIET = dict(echo=lambda m: None)
 
 def variants(base):
     """Three members that differ in seed, learning rate, gamma, tau, epsilon, PER alpha and beta, cost,
-    shrink-and-perturb and PopArt's warm-up (the last two: work the host launches between updates)."""
+    shrink-and-perturb and PopArt's warm-up (the last two: work the host launches between updates), and
+    input noise (a phase only one member's step has)."""
     over = [
         {},
         {"run": {"seed": 7}, "optim": {"lr": 3e-4}, "agent": {"gamma": 0.95, "tau_start": 0.01, "tau_end": 0.01}},
         {
             "run": {"seed": 11},
             "optim": {"lr": 5e-5, "shrink_every": 15},  # host-driven work between updates
-            "agent": {"eps_start": 0.5, "eps_steps": 100, "popart_warmup": 20},
+            "agent": {"eps_start": 0.5, "eps_steps": 100, "popart_warmup": 20, "input_noise": 0.5},
             "replay": {"alpha": 0.4, "beta0": 0.6},
             "env": {"cost_bps": 3.0},
         },
@@ -364,6 +365,7 @@ def test_joined_population_runs_every_batched_gemm_under_net_batched_algo(batche
         ({"net": {"layernorm": True}}, r'run.population = "joined".*layernorm'),
         ({"agent": {"act_by": "cvar"}}, "act_by"),
         ({"agent": {"aux": ["horizons"]}}, "agent.aux"),
+        ({"agent": {"input_noise": 0.5}}, "agent.input_noise"),
         ({"run": {"record": "x.safetensors"}}, "run.record"),
     ],
 )
