@@ -143,16 +143,49 @@ def forecast(net, x, rows: int = 256, device: str = "cpu") -> np.ndarray:
     return np.concatenate(parts)
 
 
-def fit_curve(cfg, data: dict, seed: int, kind: str = "mlp", points: int = 10, device: str = "cpu") -> list[dict]:
+def corrupt(xb, gen, noise: float, dropout: float, bar: int, update: int = 0, seed: int = 0):
+    """The training batch's inputs corrupted (float32 [B, W * bar]; the feature columns of each bar only, the
+    two position columns kept). ``noise``: the agent's own input noise (``agent.input_noise``:
+    :func:`cudarl.reference.window.noise`, zero-mean, that standard deviation, keyed by ``update`` and
+    ``seed``); then ``dropout``: each feature kept with probability ``1 - dropout`` and scaled by
+    ``1 / (1 - dropout)`` (inverted dropout; not a library mechanism). For a linear body on standardised
+    inputs both are ridge in expectation: noise of variance s^2 adds ``N s^2 |b|^2`` (Bishop 1995), dropout
+    ``N p / (1 - p) |b|^2`` (Wager et al. 2013), so ``noise = 1`` or ``dropout = 0.5`` is this tool's ridge
+    penalty of one per row."""
+    import torch
+
+    from cudarl.reference import window
+
+    if noise == 0 and dropout == 0:
+        return xb
+    b = xb.shape[0]
+    if noise:
+        x = xb.detach().cpu().numpy().copy()
+        window.noise(x, np.array([update], np.int64), x.shape[1] // bar, bar - 2, window.noise_scale(noise), seed)
+        xb = torch.from_numpy(x).to(xb.device)
+    x = xb.reshape(b, -1, bar).clone()
+    if dropout:
+        f = x[:, :, : bar - 2]
+        keep = (torch.rand(f.shape, generator=gen) >= dropout).to(x.device, x.dtype)
+        f *= keep / (1.0 - dropout)
+    return x.reshape(b, -1)
+
+
+def fit_curve(
+    cfg, data: dict, seed: int, kind: str = "mlp", points: int = 10, device: str = "cpu",
+    noise: float = 0.0, dropout: float = 0.0,
+) -> list[dict]:  # fmt: skip
     """The supervised twin of ``kind``'s body (module docstring; :func:`body`) trained on ``data["train"]``
     on ``device`` (torch's name: ``cpu``, ``cuda``; the batches' rows are drawn on the CPU either way, so a
-    seed draws the same rows on both); a row at every ``1 / points`` of the budget: the update, the train
-    and validation correlations, and the validation forecast."""
+    seed draws the same rows on both), its batches' inputs corrupted by :func:`corrupt`; a row at every
+    ``1 / points`` of the budget: the update, the train and validation correlations, and the validation
+    forecast."""
     import torch
 
     x, y = data["train"]
     X, Y = torch.tensor(x, device=device), torch.tensor(y / y.std(), dtype=torch.float32, device=device)
-    net, decayed = body(cfg, x.shape[1] // cfg.net.window, kind, seed)
+    bar = x.shape[1] // cfg.net.window
+    net, decayed = body(cfg, bar, kind, seed)
     net.to(device)  # in place: decayed still names its parameters
     ids = {id(p) for p in decayed}
     opt = torch.optim.AdamW(
@@ -165,7 +198,7 @@ def fit_curve(cfg, data: dict, seed: int, kind: str = "mlp", points: int = 10, d
     out, t0 = [], time.perf_counter()
     for k in range(1, steps + 1):
         i = torch.randint(0, len(X), (batch,), generator=gen).to(device)
-        loss = ((net(X[i])[:, 0] - Y[i]) ** 2).mean()
+        loss = ((net(corrupt(X[i], gen, noise, dropout, bar, k, seed))[:, 0] - Y[i]) ** 2).mean()
         opt.zero_grad()
         loss.backward()
         opt.step()
@@ -191,9 +224,9 @@ def body_fields(cfg, kind: str) -> dict:
     return {f: list(v) if isinstance(v := getattr(cfg.net, f), tuple) else v for f in WIDTHS[kind]}
 
 
-def probe(cfg, seeds, bodies=("mlp",), device: str = "cpu") -> list[dict]:
+def probe(cfg, seeds, bodies=("mlp",), device: str = "cpu", noise: float = 0.0, dropout: float = 0.0) -> list[dict]:
     """The linear probes' rows, then one row per body in ``bodies`` (:data:`BODIES`) and seed, fitted on
-    ``device``."""
+    ``device`` with its training inputs corrupted (:func:`corrupt`)."""
     from cudarl.prepare import prepare_data
 
     p = prepare_data(cfg)
@@ -218,13 +251,14 @@ def probe(cfg, seeds, bodies=("mlp",), device: str = "cpu") -> list[dict]:
     for kind in bodies:
         for seed in seeds:
             t0 = time.perf_counter()
-            curve = fit_curve(cfg, data, seed, kind, device=device)
+            curve = fit_curve(cfg, data, seed, kind, device=device, noise=noise, dropout=dropout)
             for r in curve:
                 r["test_sign_sharpe"] = sign_sharpe(p, test, r.pop("forecast")["test"], cfg.env)
             rows.append(
                 {**base, "fit": kind, "seed": seed, **body_fields(cfg, kind), "lr": cfg.optim.lr,
                  "batch": cfg.agent.batch_size, "updates": cfg.run.steps, "weight_decay": cfg.optim.weight_decay,
-                 "device": device, "curve": curve, "wall_s": time.perf_counter() - t0}
+                 "input_noise": noise, "input_dropout": dropout, "device": device, "curve": curve,
+                 "wall_s": time.perf_counter() - t0}
             )  # fmt: skip
     return rows
 
@@ -243,7 +277,8 @@ def show(rows) -> None:
                   f"test {_f(r['test_corr'])}; sign test Sharpe {_f(r['test_sign_sharpe'], '.2f')}")  # fmt: skip
             continue
         widths = " ".join(f"{f}={r[f]}" for f in WIDTHS[r["fit"]])
-        print(f"  {r['fit']} {widths} lr {r['lr']:g} batch {r['batch']} wd {r['weight_decay']:g} seed {r['seed']} "
+        print(f"  {r['fit']} {widths} lr {r['lr']:g} batch {r['batch']} wd {r['weight_decay']:g} "
+              f"noise {r.get('input_noise', 0):g} dropout {r.get('input_dropout', 0):g} seed {r['seed']} "
               f"({r['wall_s']:.0f} s): update, corr train / val / test, sign test Sharpe")  # fmt: skip
         for c in r["curve"]:
             print(f"    {c['update']:6d}  {_f(c['train_corr'])} / {_f(c['val_corr'])} / {_f(c['test_corr'])}  "
@@ -274,6 +309,8 @@ def main() -> int:
     )
     ap.add_argument("--threads", type=int, default=0, help="torch's CPU threads (0: its default)")
     ap.add_argument("--device", default="cpu", help="where the bodies train: torch's device name (cpu, cuda)")
+    ap.add_argument("--input-noise", type=float, default=0.0, help="agent.input_noise's std on training features")
+    ap.add_argument("--input-dropout", type=float, default=0.0, help="share of the training batches' features zeroed")
     ap.add_argument("--jsonl", type=Path, default=None, help="append the rows here")
     a = ap.parse_args()
     if a.linear_only and a.body:
@@ -292,7 +329,9 @@ def main() -> int:
 
         torch.set_num_threads(a.threads)
     bodies = () if a.linear_only else (a.body or ["mlp"])
-    rows = probe(cfg, range(a.first_seed, a.first_seed + a.seeds), bodies, a.device)
+    if a.input_noise < 0 or not 0 <= a.input_dropout < 1:
+        ap.error("--input-noise must be >= 0 and --input-dropout in [0, 1)")
+    rows = probe(cfg, range(a.first_seed, a.first_seed + a.seeds), bodies, a.device, a.input_noise, a.input_dropout)
     show(rows)
     if a.jsonl is not None:
         with a.jsonl.open("a") as fh:

@@ -206,6 +206,32 @@ def test_probe_window_fits_the_temporal_encoders(kind):
     assert torch.is_tensor(net(torch.zeros(2, r["inputs"])))
 
 
+def test_probe_window_corrupts_the_features_of_training_batches_only_and_keeps_their_scale():
+    """``corrupt`` (the probe's ``--input-noise`` and ``--input-dropout``): the two position columns of every bar
+    untouched; the features moved by the agent's own input noise (the twin's draws for that update and seed),
+    or zeroed at the asked rate and the rest scaled by ``1 / (1 - p)`` so each input keeps its mean; nothing
+    asked, the batch itself."""
+    torch = pytest.importorskip("torch", reason="the probe's bodies are PyTorch; torch is not installed")
+    import probe_window
+
+    from cudarl.reference import window as wref
+
+    bar, window, b = 5, 6, 4000
+    x = torch.ones(b, window * bar)
+    gen = torch.Generator().manual_seed(0)
+    assert probe_window.corrupt(x, gen, 0.0, 0.0, bar) is x
+    noisy = probe_window.corrupt(x, gen, 0.5, 0.0, bar, update=3, seed=9)
+    want = np.ones((b, window * bar), np.float32)
+    wref.noise(want, np.array([3]), window, bar - 2, wref.noise_scale(0.5), 9)
+    assert np.array_equal(noisy.numpy(), want)
+    dropped = probe_window.corrupt(x, gen, 0.0, 0.25, bar).reshape(b, window, bar)
+    assert torch.equal(dropped[:, :, bar - 2 :], torch.ones(b, window, 2))
+    f = dropped[:, :, : bar - 2]
+    assert torch.unique(f).tolist() == [0.0, np.float32(1 / 0.75)]
+    assert abs(float((f == 0).float().mean()) - 0.25) < 0.01 and abs(float(f.mean()) - 1.0) < 0.02
+    assert torch.equal(x, torch.ones(b, window * bar))  # the batch itself is not written
+
+
 def probe_window_has_torch() -> bool:
     try:
         import torch  # noqa: F401
