@@ -15,19 +15,26 @@ typedef long long i64;
 
 #define STATE_DIM 4
 
+// Element e of a row-major [n, window, width] array as (i, w, c).
+__device__ __forceinline__ void split_index(i64 e, int window, int width, i64& i, int& w, int& c) {
+  const i64 row = (i64)window * width;
+  i = e / row;
+  const int r = (int)(e - i * row);
+  w = r / width;
+  c = r - w * width;
+}
+
 // gather: one thread per output float, grid-stride over n * window * (F + 2). Reads 16 bytes of its
 // state row (cached: a row's threads are adjacent) and at most one feature and one sign per thread;
 // writes 4 bytes, coalesced.
 extern "C" __global__ void cudarl_window_gather(const float* __restrict__ rows, const float* __restrict__ features,
                                                 const float* __restrict__ sign, float* __restrict__ out, i64 n,
                                                 int window, int n_features, i64 n_bars) {
-  const int bar_width = n_features + 2;
-  const i64 row_width = (i64)window * bar_width;
-  const i64 total = n * row_width;
+  const i64 total = n * window * (n_features + 2);
   for (i64 e = (i64)blockIdx.x * blockDim.x + threadIdx.x; e < total; e += (i64)gridDim.x * blockDim.x) {
-    const i64 i = e / row_width;
-    const int r = (int)(e - i * row_width);
-    const int w = r / bar_width, c = r - w * bar_width;
+    i64 i;
+    int w, c;
+    split_index(e, window, n_features + 2, i, w, c);
     const float* row = rows + i * STATE_DIM;
     const float v = cudarl::window_value(row[0], row[1], row[2], row[3], features, sign, w, c, window, n_features,
                                          n_bars);
@@ -45,12 +52,11 @@ extern "C" __global__ void cudarl_window_noise(float* __restrict__ x, const i64*
                                                int window, int n_features, float scale, unsigned long long seed,
                                                unsigned int stream_id) {
   const unsigned long long ctr = (unsigned long long)counter[0];
-  const i64 row_feats = (i64)window * n_features;
-  const i64 total = n * row_feats;
+  const i64 total = n * window * n_features;
   for (i64 e = (i64)blockIdx.x * blockDim.x + threadIdx.x; e < total; e += (i64)gridDim.x * blockDim.x) {
-    const i64 i = e / row_feats;
-    const int r = (int)(e - i * row_feats);
-    const int w = r / n_features, c = r - w * n_features;
+    i64 i;
+    int w, c;
+    split_index(e, window, n_features, i, w, c);
     const uint4 u = cudarl::philox_block(seed, ctr, stream_id, (unsigned int)e);
     const float s = __fadd_rn(__fadd_rn(cudarl::u32_to_uniform(u.x), cudarl::u32_to_uniform(u.y)),
                               __fadd_rn(cudarl::u32_to_uniform(u.z), cudarl::u32_to_uniform(u.w)));
