@@ -17,6 +17,8 @@
 # of about 330 s:
 #   ENCODERS="ssm attention" SEED_LIST=0 WORKERS=2 ENCODERS_LIMIT_S=540 bash tools/gpu_encoders.sh
 #   ENCODERS="ssm attention" SEED_LIST=1 WORKERS=2 FROM=<first call's jsonl> bash tools/gpu_encoders.sh
+# ssm-noise and attention-noise: the same encoders with agent.input_noise = NOISE (default 1.0: the
+# supervised twin's ridge-like setting, docs/results.md), e.g. ENCODERS="ssm ssm-noise".
 #
 # No run loses its work when the time limit cuts it: every run has a run directory under RUN_ROOT (default
 # .runs/encoders, inside the working tree and git-ignored, so a warm device machine keeps it between chained
@@ -42,7 +44,8 @@ for e in ${ENCODERS:-mlp mlp-w64 ssm attention}; do
     mlp) V+=(--variant "mlp:net.encoder=mlp") ;;
     mlp-w64) V+=(--variant "mlp-w64:net.encoder=mlp,$W") ;;
     ssm|attention) V+=(--variant "$e:net.encoder=$e,$W") ;;
-    *) echo "ENCODERS: unknown variant $e (mlp, mlp-w64, ssm, attention)"; exit 2 ;;
+    ssm-noise|attention-noise) V+=(--variant "$e:net.encoder=${e%-noise},$W,agent.input_noise=${NOISE:-1.0}") ;;
+    *) echo "ENCODERS: unknown variant $e (mlp, mlp-w64, ssm, attention, ssm-noise, attention-noise)"; exit 2 ;;
   esac
 done
 SEEDS_ARG=(--seeds "${SEEDS:-3}"); [ -n "${SEED_LIST:-}" ] && SEEDS_ARG=(--seed-list "$SEED_LIST")
