@@ -237,15 +237,16 @@ class Agent:
                 self.batch_size, side=buf.side_small, out=self.rows_batch, windows=windows, windows_out=self.pair
             )
 
+        window_ops, noise = family("window", self.xp), noise_scale(self.cfg.agent.input_noise)
+
         def input_noise():
             # agent.input_noise: into the s half of the windows before anything reads them; keyed by the
             # optimiser's step, which the schedules branch advances: joined first (with the importance
             # weights, which the forward would otherwise overlap)
             buf.side_small.join()
-            noise = family("window", self.xp)
-            noise.noise(
-                self.batch.obs, self.adam.scalars.view("step"), windows.window, windows.n_features,
-                noise_scale(self.cfg.agent.input_noise), self.cfg.run.seed,
+            window_ops.noise(
+                self.batch.obs, self.adam.scalars.view("step"), windows.window, windows.n_features, noise,
+                self.cfg.run.seed,
             )  # fmt: skip
 
         def forward():
