@@ -18,7 +18,8 @@
 #   ENCODERS="ssm attention" SEED_LIST=0 WORKERS=2 ENCODERS_LIMIT_S=540 bash tools/gpu_encoders.sh
 #   ENCODERS="ssm attention" SEED_LIST=1 WORKERS=2 FROM=<first call's jsonl> bash tools/gpu_encoders.sh
 # ssm-noise and attention-noise: the same encoders with agent.input_noise = NOISE (default 1.0: the
-# supervised twin's ridge-like setting, docs/results.md), e.g. ENCODERS="ssm ssm-noise".
+# supervised twin's ridge-like setting, docs/results.md), e.g. ENCODERS="ssm ssm-noise"; their rows are
+# named with the value (ssm-noise1.0, ssm-noise2).
 #
 # No run loses its work when the time limit cuts it: every run has a run directory under RUN_ROOT (default
 # .runs/encoders, inside the working tree and git-ignored, so a warm device machine keeps it between chained
@@ -44,7 +45,8 @@ for e in ${ENCODERS:-mlp mlp-w64 ssm attention}; do
     mlp) V+=(--variant "mlp:net.encoder=mlp") ;;
     mlp-w64) V+=(--variant "mlp-w64:net.encoder=mlp,$W") ;;
     ssm|attention) V+=(--variant "$e:net.encoder=$e,$W") ;;
-    ssm-noise|attention-noise) V+=(--variant "$e:net.encoder=${e%-noise},$W,agent.input_noise=${NOISE:-1.0}") ;;
+    ssm-noise|attention-noise)  # named with the value, so runs of two NOISE values never share rows
+      V+=(--variant "$e${NOISE:-1.0}:net.encoder=${e%-noise},$W,agent.input_noise=${NOISE:-1.0}") ;;
     *) echo "ENCODERS: unknown variant $e (mlp, mlp-w64, ssm, attention, ssm-noise, attention-noise)"; exit 2 ;;
   esac
 done
