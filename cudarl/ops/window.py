@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..kernels import blocks_for, launch
-from ..reference.window import NOISE_STREAM, STATE_DIM, width
+from ..reference.window import NOISE_STREAM, STATE_DIM, noise_elements, width
 from ._arrays import check
 
 _THREADS = 256
@@ -42,11 +42,10 @@ def noise(x, counter, window: int, n_features: int, scale, seed: int, stream_id:
     where = "window.noise"
     if x.ndim != 2 or int(window) < 1 or int(n_features) < 1:
         raise ValueError(f"{where}: x [n, window * (F + 2)] with window, F >= 1, got {x.shape}, {window}, {n_features}")
-    n, m = x.shape[0], x.shape[0] * int(window) * int(n_features)
+    n = x.shape[0]
     check(where, "x", x, np.float32, (n, width(n_features, window)))
     check(where, "counter", counter, np.int64, (1,))
-    if m >= 1 << 32:
-        raise ValueError(f"{where}: {m} feature elements; Philox blocks are indexed by uint32")
+    m = noise_elements(n, window, n_features)
     launch(
         "window",
         "noise",

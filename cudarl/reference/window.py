@@ -83,6 +83,15 @@ def noise_scale(std: float) -> np.float32:
     return np.float32(float(std) * _SQRT3)
 
 
+def noise_elements(n: int, window: int, n_features: int) -> int:
+    """The feature elements :func:`noise` draws for (one Philox block each), refused past uint32's range
+    (both faces index the blocks by a uint32)."""
+    m = int(n) * int(window) * int(n_features)
+    if m >= 1 << 32:
+        raise ValueError(f"window.noise: {m} feature elements; Philox blocks are indexed by uint32")
+    return m
+
+
 def noise(x, counter, window: int, n_features: int, scale, seed: int, stream_id: int = NOISE_STREAM) -> None:
     """Zero-mean noise added in place to the feature columns of observation windows (the position columns
     are left alone): for feature element ``e`` (row-major over ``[n, window, n_features]``)::
@@ -103,9 +112,7 @@ def noise(x, counter, window: int, n_features: int, scale, seed: int, stream_id:
         scale: float32, :func:`noise_scale` of the standard deviation.
     """
     n, f_n = x.shape[0], int(n_features)
-    m = n * int(window) * f_n
-    if m >= 1 << 32:
-        raise ValueError(f"window.noise: {m} feature elements; Philox blocks are indexed by uint32")
+    m = noise_elements(n, window, f_n)
     u = philox.to_uniform(philox.blocks(int(seed), int(counter[0]), int(stream_id), np.arange(m, dtype=np.uint64)))
     z = ((u[:, 0] + u[:, 1]) + (u[:, 2] + u[:, 3])) - np.float32(2)
     feats = x.reshape(n, int(window), f_n + N_POSITION_FEATURES)[:, :, :f_n]

@@ -116,6 +116,13 @@ def test_noise_has_the_asked_moments_spares_the_position_columns_and_moves_with_
     assert np.array_equal(x, clean)  # scale 0: the windows as they were
 
 
+def test_noise_refuses_more_feature_elements_than_uint32_indexes():
+    """Both faces index the Philox blocks by a uint32: the shared count refuses 2**32 elements and more."""
+    assert ref.noise_elements(2**10, 2**11, 2**11 - 1) == 2**32 - 2**21
+    with pytest.raises(ValueError, match="uint32"):
+        ref.noise_elements(2**10, 2**11, 2**11)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("n,window,f_n", [(1, 1, 1), (7, 3, 5), (512, 64, 11), (4096, 2, 66)])
 def test_gpu_noise_matches_reference(cp, rng, n, window, f_n):
