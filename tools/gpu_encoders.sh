@@ -20,6 +20,10 @@
 # ssm-noise and attention-noise: the same encoders with agent.input_noise = NOISE (default 1.0: the
 # supervised twin's ridge-like setting, docs/results.md), e.g. ENCODERS="ssm ssm-noise"; their rows are
 # named with the value (ssm-noise1.0, ssm-noise2).
+# GAMMA sets agent.gamma on every variant of the call and names its rows with it (ssm-noise1.0-g0.5): on
+# `lag` the per-bar echo makes the best action depend on the next bar alone, and on the CPU (docs/results.md,
+# fourteenth session) the windowed MLP with input noise went from 34% of the causal reference at the default
+# 0.99 to 55% at 0.5, e.g. ENCODERS="ssm-noise attention-noise" GAMMA=0.5.
 #
 # No run loses its work when the time limit cuts it: every run has a run directory under RUN_ROOT (default
 # .runs/encoders, inside the working tree and git-ignored, so a warm device machine keeps it between chained
@@ -39,14 +43,15 @@ export PYTHONPATH=. PYTHONFAULTHANDLER=1
 . tools/mps.sh
 mps_start
 W="net.window=64"
+G=""; GN=""; [ -n "${GAMMA:-}" ] && G=",agent.gamma=$GAMMA" && GN="-g$GAMMA"
 V=()
 for e in ${ENCODERS:-mlp mlp-w64 ssm attention}; do
   case "$e" in
-    mlp) V+=(--variant "mlp:net.encoder=mlp") ;;
-    mlp-w64) V+=(--variant "mlp-w64:net.encoder=mlp,$W") ;;
-    ssm|attention) V+=(--variant "$e:net.encoder=$e,$W") ;;
+    mlp) V+=(--variant "mlp$GN:net.encoder=mlp$G") ;;
+    mlp-w64) V+=(--variant "mlp-w64$GN:net.encoder=mlp,$W$G") ;;
+    ssm|attention) V+=(--variant "$e$GN:net.encoder=$e,$W$G") ;;
     ssm-noise|attention-noise)  # named with the value, so runs of two NOISE values never share rows
-      V+=(--variant "$e${NOISE:-1.0}:net.encoder=${e%-noise},$W,agent.input_noise=${NOISE:-1.0}") ;;
+      V+=(--variant "$e${NOISE:-1.0}$GN:net.encoder=${e%-noise},$W,agent.input_noise=${NOISE:-1.0}$G") ;;
     *) echo "ENCODERS: unknown variant $e (mlp, mlp-w64, ssm, attention, ssm-noise, attention-noise)"; exit 2 ;;
   esac
 done
