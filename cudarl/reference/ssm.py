@@ -19,7 +19,7 @@ The training forward evaluates the scan chunk by chunk (chunk length Q): inside 
 ``cum_t = sum_{r <= t} a_r`` (within the chunk) and ``u_s = dt_s x_s``,
 ``y_t = sum_{s <= t} (C_t . B_s) exp(cum_t - cum_s) u_s + exp(cum_t) S_in C_t + D x_t`` and
 ``S_out = exp(cum_end) S_in + sum_s exp(cum_end - cum_s) u_s B_s^T``: the same numbers as the
-recurrence up to rounding (tests/unit/test_ssm_ref.py). ``states [B, H, n_chunks, P, N]`` keeps
+recurrence up to rounding (tests/parity/test_ssm.py). ``states [B, H, n_chunks, P, N]`` keeps
 ``S_out`` of every chunk for the backward; the last is the state after the window.
 
 Every function writes into the buffers it is given and computes in their dtype (float64 buffers
@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .seq import _chunk_sums
+from .seq import _chunk_sums, _contract
 
 #: softplus(v) = v above this (PyTorch's threshold), log(1 + exp(v)) below.
 SOFTPLUS_THRESHOLD = 20.0
@@ -188,15 +188,15 @@ def ssd_forward(xbc, zx, head, y, dt, states, window: int, chunk: int) -> None:
     for c in range(nc):
         sl = slice(c * chunk, min((c + 1) * chunk, window))
         cum = np.cumsum(dtv[:, sl] * A, axis=1)  # [B, Q, H]
-        M = np.einsum("bthn,bshn->bhts", Cm[:, sl], Bm[:, sl]) * _decay(cum)
+        M = _contract("bthn,bshn->bhts", Cm[:, sl], Bm[:, sl]) * _decay(cum)
         u = dtv[:, sl, :, None] * x[:, sl]
         yv[:, sl] = (
-            np.einsum("bhts,bshp->bthp", M, u)
-            + np.exp(cum)[..., None] * np.einsum("bhpn,bthn->bthp", S, Cm[:, sl])
+            _contract("bhts,bshp->bthp", M, u)
+            + np.exp(cum)[..., None] * _contract("bhpn,bthn->bthp", S, Cm[:, sl])
             + D[:, None] * x[:, sl]
         )
         f = np.exp(cum[:, -1:] - cum)  # exp(cum_end - cum_s) [B, Q, H]
-        S = np.exp(cum[:, -1])[:, :, None, None] * S + np.einsum("bsh,bshp,bshn->bhpn", f, u, Bm[:, sl])
+        S = np.exp(cum[:, -1])[:, :, None, None] * S + _contract("bsh,bshp,bshn->bhpn", f, u, Bm[:, sl])
         states[:, :, c] = S
     y[...] = yv.reshape(-1, E)
 
@@ -228,26 +228,26 @@ def ssd_backward(dy, xbc, zx, dt, head, states, dxbc, dzx, dbc_part, dhead_part,
         xs, Bs, Cs, dys, dts = x[:, sl], Bm[:, sl], Cm[:, sl], dyv[:, sl], dtv[:, sl]
         cum = np.cumsum(dts * A, axis=1)
         L = _decay(cum)
-        CB = np.einsum("bthn,bshn->bhts", Cs, Bs)
+        CB = _contract("bthn,bshn->bhts", Cs, Bs)
         M = CB * L
         u = dts[..., None] * xs
         e = np.exp(cum)  # [B, Q, H]
         f = np.exp(cum[:, -1:] - cum)
         # intra-chunk
-        dM = np.einsum("bthp,bshp->bhts", dys, u)  # above the diagonal it meets only zeros of L and M
+        dM = _contract("bthp,bshp->bhts", dys, u)  # above the diagonal it meets only zeros of L and M
         dCB = dM * L
         Z = dM * M
-        du = np.einsum("bhts,bthp->bshp", M, dys)
-        dCs = np.einsum("bhts,bshn->bthn", dCB, Bs)
-        dBs = np.einsum("bhts,bthn->bshn", dCB, Cs)
+        du = _contract("bhts,bthp->bshp", M, dys)
+        dCs = _contract("bhts,bshn->bthn", dCB, Bs)
+        dBs = _contract("bhts,bthn->bshn", dCB, Cs)
         dcum = Z.sum(axis=3).transpose(0, 2, 1) - Z.sum(axis=2).transpose(0, 2, 1)  # rows minus columns
         # the incoming state
-        dCs += e[..., None] * np.einsum("bhpn,bthp->bthn", S_in, dys)
-        dcum += e * np.einsum("bthp,bhpn,bthn->bth", dys, S_in, Cs)
+        dCs += e[..., None] * _contract("bhpn,bthp->bthn", S_in, dys)
+        dcum += e * _contract("bthp,bhpn,bthn->bth", dys, S_in, Cs)
         # the outgoing state
-        wS = np.einsum("bhpn,bshn->bshp", dS, Bs)  # dS_out B_s
+        wS = _contract("bhpn,bshn->bshp", dS, Bs)  # dS_out B_s
         du += f[..., None] * wS
-        dBs += f[..., None] * np.einsum("bhpn,bshp->bshn", dS, u)
+        dBs += f[..., None] * _contract("bhpn,bshp->bshn", dS, u)
         q = f * (u * wS).sum(axis=3)
         dcum -= q
         dcum[:, -1] += np.exp(cum[:, -1]) * (dS * S_in).sum(axis=(2, 3)) + q.sum(axis=1)
@@ -256,7 +256,7 @@ def ssd_backward(dy, xbc, zx, dt, head, states, dxbc, dzx, dbc_part, dhead_part,
         ddt[:, sl] = (xs * du).sum(axis=3) + da * A
         dA += (da * dts).sum(axis=1)
         dB[:, sl], dC[:, sl] = dBs, dCs
-        dS = np.exp(cum[:, -1])[:, :, None, None] * dS + np.einsum("bth,bthp,bthn->bhpn", e, dys, Cs)
+        dS = np.exp(cum[:, -1])[:, :, None, None] * dS + _contract("bth,bthp,bthn->bhpn", e, dys, Cs)
     draw = ddt * softplus_grad(v)
     dxbc[:, :E] = dx.reshape(-1, E)
     dzx[:, d["dt"] :] = draw.reshape(-1, H)
@@ -295,4 +295,4 @@ def ssd_step(xbc_t, zx_t, head, state, y_t) -> None:
     A = -np.exp(head[0])
     x, Bm, Cm = x[:, 0], Bm[:, 0], Cm[:, 0]
     state[...] = np.exp(dtv * A)[:, :, None, None] * state + (dtv[..., None] * x)[..., None] * Bm[:, :, None, :]
-    y_t[...] = (np.einsum("bhpn,bhn->bhp", state, Cm) + head[1][:, None] * x).reshape(Bn, E)
+    y_t[...] = (_contract("bhpn,bhn->bhp", state, Cm) + head[1][:, None] * x).reshape(Bn, E)
