@@ -157,3 +157,23 @@ def test_sweep_resume_runs_only_the_seeds_and_runs_an_earlier_call_left(tmp_path
         assert sweep.main() == 0
     assert ran == [("ssm", 0), ("attention", 0), ("ssm", 1), ("attention", 1)]  # seed 0 not run twice
     assert md.read_text() == repr([("attention", 0), ("attention", 1), ("ssm", 0), ("ssm", 1)])
+
+
+def test_pool_workers_share_the_cpus_out_for_their_blas_threads(monkeypatch):
+    """learning_check's pool (tools/sweep.py --workers N): each spawned worker's BLAS gets cpus // N
+    threads unless the caller chose; the parent's environment is left as it was."""
+    import multiprocessing as mp
+    import os
+
+    import learning_check
+
+    for v in learning_check.BLAS_THREAD_VARS:
+        monkeypatch.delenv(v, raising=False)
+    monkeypatch.setenv("MKL_NUM_THREADS", "7")
+    monkeypatch.setattr(os, "cpu_count", lambda: 8)
+    with learning_check._blas_threads(3), mp.get_context("spawn").Pool(1) as pool:
+        seen = {v: pool.apply(os.getenv, (v,)) for v in learning_check.BLAS_THREAD_VARS}
+    assert seen == {"OPENBLAS_NUM_THREADS": "2", "OMP_NUM_THREADS": "2", "MKL_NUM_THREADS": "7"}
+    assert "OPENBLAS_NUM_THREADS" not in os.environ and os.environ["MKL_NUM_THREADS"] == "7"
+    with learning_check._blas_threads(16):  # more workers than CPUs: one thread each
+        assert os.environ["OMP_NUM_THREADS"] == "1"
