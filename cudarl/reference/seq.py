@@ -40,9 +40,10 @@ def _chunk_sums(v: np.ndarray, part: np.ndarray) -> None:
 
 def _contract(spec: str, *operands):
     """``np.einsum(spec, *operands)`` through NumPy's contraction planner (``optimize=True``), which hands
-    batched products to BLAS: 5-25x faster than the plain loop at the temporal encoders' widths on the
-    CPU (batch 64, window 64, heads of 16), which made their NumPy agents impractical. The same sums in
-    BLAS's order: rounding differs from the plain loop, the float64 oracle does not move beyond it."""
+    batched products to BLAS: 5-11x faster a contraction than the plain loop at the temporal encoders'
+    CPU widths (batch 64, window 64, heads of 16; the ssd scan 2.8x forward, 2.6x backward), where the
+    loop made their NumPy agents impractical. The same sums in BLAS's order: rounding differs from the
+    plain loop's (float32 outputs by about 2.5e-6 relative)."""
     return np.einsum(spec, *operands, optimize=True)
 
 
