@@ -21,8 +21,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from .seq import _contract
-
 
 def rope_angles(positions, Dh: int, base: float):
     """cos and sin ``[T, Dh / 2]`` (float64) of ``p theta_i`` for the integer ``positions [T]``."""
@@ -60,7 +58,7 @@ def _scores(qkv, B, W, H, base):
     Dh = q.shape[-1]
     cos, sin = rope_angles(np.arange(W), Dh, base)
     qr, kr = rope(q, cos, sin), rope(k, cos, sin)
-    S = _contract("bhtd,bhsd->bhts", qr, kr) / np.sqrt(qkv.dtype.type(Dh))
+    S = np.einsum("bhtd,bhsd->bhts", qr, kr) / np.sqrt(qkv.dtype.type(Dh))
     S = np.where(np.tril(np.ones((W, W), dtype=bool)), S, -np.inf)
     return qr, kr, v, S, cos, sin
 
@@ -73,7 +71,7 @@ def forward(qkv, o, lse, rope_base: float) -> None:
     p = np.exp(S - m)
     l = p.sum(axis=-1, keepdims=True)  # noqa: E741
     lse[...] = (m + np.log(l))[..., 0]
-    o[...] = _merge(_contract("bhts,bhsd->bhtd", p / l, v))
+    o[...] = _merge(np.einsum("bhts,bhsd->bhtd", p / l, v))
 
 
 def backward(do, qkv, o, lse, dqkv, rope_base: float) -> None:
@@ -84,11 +82,11 @@ def backward(do, qkv, o, lse, dqkv, rope_base: float) -> None:
     P = np.exp(S - lse[..., None])
     dov = do.reshape(B, W, H, Dh).transpose(0, 2, 1, 3)
     ov = o.reshape(B, W, H, Dh).transpose(0, 2, 1, 3)
-    dv = _contract("bhts,bhtd->bhsd", P, dov)
-    dP = _contract("bhtd,bhsd->bhts", dov, v)
+    dv = np.einsum("bhts,bhtd->bhsd", P, dov)
+    dP = np.einsum("bhtd,bhsd->bhts", dov, v)
     dS = P * (dP - (dov * ov).sum(axis=-1, keepdims=True)) / np.sqrt(do.dtype.type(Dh))
-    dq = rope(_contract("bhts,bhsd->bhtd", dS, kr), cos, sin, -1)
-    dk = rope(_contract("bhts,bhtd->bhsd", dS, qr), cos, sin, -1)
+    dq = rope(np.einsum("bhts,bhsd->bhtd", dS, kr), cos, sin, -1)
+    dk = rope(np.einsum("bhts,bhtd->bhsd", dS, qr), cos, sin, -1)
     d = o.shape[1]
     dqkv[:, :d], dqkv[:, d : 2 * d], dqkv[:, 2 * d :] = _merge(dq), _merge(dk), _merge(dv)
 
@@ -117,9 +115,9 @@ def step(qkv_t, kcache, vcache, pos, o_t, rope_base: float) -> None:
         vcache[b, :, p % W] = v[b]
         qr = rope(q[b][:, None], cos, sin)[:, 0]  # [H, Dh]
         slots = [s % W for s in range(max(0, p - W + 1), p + 1)]  # oldest first
-        S = _contract("hd,hsd->hs", qr, kcache[b][:, slots]) / np.sqrt(qkv_t.dtype.type(Dh))
+        S = np.einsum("hd,hsd->hs", qr, kcache[b][:, slots]) / np.sqrt(qkv_t.dtype.type(Dh))
         e = np.exp(S - S.max(axis=-1, keepdims=True))
-        o_t[b] = _contract("hs,hsd->hd", e / e.sum(axis=-1, keepdims=True), vcache[b][:, slots]).reshape(d)
+        o_t[b] = np.einsum("hs,hsd->hd", e / e.sum(axis=-1, keepdims=True), vcache[b][:, slots]).reshape(d)
 
 
 def advance(pos) -> None:
