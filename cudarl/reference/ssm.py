@@ -295,4 +295,4 @@ def ssd_step(xbc_t, zx_t, head, state, y_t) -> None:
     A = -np.exp(head[0])
     x, Bm, Cm = x[:, 0], Bm[:, 0], Cm[:, 0]
     state[...] = np.exp(dtv * A)[:, :, None, None] * state + (dtv[..., None] * x)[..., None] * Bm[:, :, None, :]
-    y_t[...] = (_contract("bhpn,bhn->bhp", state, Cm) + head[1][:, None] * x).reshape(Bn, E)
+    y_t[...] = (np.einsum("bhpn,bhn->bhp", state, Cm) + head[1][:, None] * x).reshape(Bn, E)
