@@ -53,7 +53,9 @@ struct Scan {
 // out(i, j, v) with v = sum_k a(i, k) b(k, j), k ascending, for i < M, j < Nn: the block's threads each
 // own a TM x TN tile of rows i0 .. i0 + TM and strided columns j0, j0 + J, ... (J = ceil(Nn / TN) column
 // groups; consecutive threads take consecutive columns, so b's loads are conflict-free and a's are
-// broadcasts). TM + TN shared loads feed TM TN multiply-adds. The scan's [P x N] products.
+// broadcasts). TM + TN shared loads feed TM TN multiply-adds. The scan's [P x N] products take 4 x 4
+// tiles (256 of them for P = N = 64, a thread each); its [Q x P] and [Q x N] products 2 x 4 (256 tiles
+// for Q = 32, where 4 x 4 left half the block idle). The tile shape does not change any sum's order.
 template <int TM, int TN, typename FA, typename FB, typename FO>
 __device__ __forceinline__ void tile_gemm(int M, int Nn, int K, FA a, FB b, FO out) {
   const int J = (Nn + TN - 1) / TN, tiles = ((M + TM - 1) / TM) * J;
@@ -250,19 +252,12 @@ extern "C" __global__ __launch_bounds__(SCAN_THREADS) void cudarl_ssm_ssd_forwar
     }
     __syncthreads();
     chunk_cumsum(dts, cum, Qc, A);
-    for (int i = tid; i < Qc * Qc; i += nt) {
-      const int t = i / Qc, s = i % Qc;
-      float m = 0.f;
-      if (s <= t) {
-        float cb = 0.f;
-        for (int n = 0; n < N; ++n) cb += Cs[t * N1 + n] * Bs[s * N1 + n];
-        m = cb * expf(cum[t] - cum[s]) * dts[s];
-      }
-      M[t * Q1 + s] = m;
-    }
+    tile_gemm<2, 2>(  // M[t][s] = (C_t . B_s) exp(cum_t - cum_s) dt_s for s <= t, else 0
+        Qc, Qc, N, [&](int t, int n) { return Cs[t * N1 + n]; }, [&](int n, int s) { return Bs[s * N1 + n]; },
+        [&](int t, int s, float cb) { M[t * Q1 + s] = s <= t ? cb * expf(cum[t] - cum[s]) * dts[s] : 0.f; });
     for (int s = tid; s < Qc; s += nt) fs[s] = expf(cum[Qc - 1] - cum[s]) * dts[s];
     __syncthreads();
-    tile_gemm<4, 4>(  // y_t = sum_{s <= t} M[t][s] x_s + exp(cum_t) (S C_t) + D x_t
+    tile_gemm<2, 4>(  // y_t = sum_{s <= t} M[t][s] x_s + exp(cum_t) (S C_t) + D x_t
         Qc, P, N, [&](int t, int n) { return Cs[t * N1 + n]; }, [&](int n, int p) { return S[p * N1 + n]; },
         [&](int t, int p, float off) {
           float acc = 0.f;
@@ -296,8 +291,10 @@ extern "C" __global__ __launch_bounds__(SCAN_THREADS) void cudarl_ssm_ssd_forwar
 //   dS <- exp(cum_end) dS + sum_t e_t dy_t C_t^T
 // Writes dx into dxbc's x columns, d dt_raw into dzx's dt column, dB | dC per head into
 // dbc_part [B W, H, 2N], and (dA_log, dD, ddt_bias) summed over this sample's bars into
-// dhead_part [B, 3, H]. Shared (floats): x, dy, wS, du, yoff Q*P each; B, C Q*(N+1); S_in, dS P*(N+1);
-// M, dCB, Z Q*(Q+1); 6 Q vectors; SCAN_THREADS for block sums.
+// dhead_part [B, 3, H]. Shared (floats): x Q*(P+1); dy, wS, du, yoff Q*P each; B, C Q*(N+1); S_in, dS
+// P*(N+1); M, dCB, Z Q*(Q+1); 6 Q vectors; SCAN_THREADS for block sums. x's rows are padded by one
+// because dM[t][s] = dy_t . u_s is read by a warp of 32 bars s at one channel p: with rows of P = 64
+// floats every lane hit one bank (a 32-way conflict, most of this kernel's time on the H200 at bf6ed31).
 extern "C" __global__ __launch_bounds__(SCAN_THREADS) void cudarl_ssm_ssd_backward(
     const float* dy, const float* xbc, const float* zx, const float* dt, const float* head, const float* states,
     float* dxbc, float* dzx, float* dbc_part, float* dhead_part, int W, int H, int P, int N, int G, int Q) {
@@ -305,9 +302,9 @@ extern "C" __global__ __launch_bounds__(SCAN_THREADS) void cudarl_ssm_ssd_backwa
   const Scan sc(W, H, P, N, G, Q);
   const i64 b = blockIdx.x / H;
   const int h = blockIdx.x % H, tid = threadIdx.x, nt = blockDim.x;
-  const int N1 = N + 1, Q1 = Q + 1, QP = Q * P;
-  float* xs = sh;
-  float* dys = xs + QP;
+  const int N1 = N + 1, Q1 = Q + 1, QP = Q * P, P1 = P + 1;
+  float* xs = sh;  // x_s at xs[s * P1 + p]
+  float* dys = xs + Q * P1;
   float* wS = dys + QP;
   float* du = wS + QP;
   float* yoff = du + QP;
@@ -332,7 +329,7 @@ extern "C" __global__ __launch_bounds__(SCAN_THREADS) void cudarl_ssm_ssd_backwa
     const int t0 = c * Q, Qc = min(Q, W - t0);
     const i64 row0 = b * W + t0;
     for (int i = tid; i < Qc * P; i += nt) {
-      xs[i] = xbc[(row0 + i / P) * sc.Cc + h * P + i % P];
+      xs[(i / P) * P1 + i % P] = xbc[(row0 + i / P) * sc.Cc + h * P + i % P];
       dys[i] = dy[(row0 + i / P) * sc.E + h * P + i % P];
     }
     load_bc(xbc, sc, h, row0, Qc, Bs, Cs);
@@ -345,26 +342,29 @@ extern "C" __global__ __launch_bounds__(SCAN_THREADS) void cudarl_ssm_ssd_backwa
       es[t] = expf(cum[t]);
       fs[t] = expf(cum[Qc - 1] - cum[t]);
     }
-    for (int i = tid; i < Qc * Qc; i += nt) {
-      const int t = i / Qc, s = i % Qc;
-      float m = 0.f, dcb = 0.f, z = 0.f;
-      if (s <= t) {
-        float cb = 0.f, dm = 0.f;
-        for (int n = 0; n < N; ++n) cb += Cs[t * N1 + n] * Bs[s * N1 + n];
-        for (int p = 0; p < P; ++p) dm += dys[t * P + p] * (dts[s] * xs[s * P + p]);
-        const float L = expf(cum[t] - cum[s]);
-        m = cb * L;
-        dcb = dm * L;
-        z = dm * m;
-      }
-      M[t * Q1 + s] = m;
-      dCB[t * Q1 + s] = dcb;
-      Z[t * Q1 + s] = z;
-    }
-    tile_gemm<4, 4>(  // wS_s = dS B_s
+    // CB[t][s] = C_t . B_s into M, then dM[t][s] = dy_t . u_s; the two products have one tile mapping,
+    // so the thread that wrote CB[t][s] is the one that reads it (no barrier between them).
+    tile_gemm<2, 2>(
+        Qc, Qc, N, [&](int t, int n) { return Cs[t * N1 + n]; }, [&](int n, int s) { return Bs[s * N1 + n]; },
+        [&](int t, int s, float cb) { M[t * Q1 + s] = cb; });
+    tile_gemm<2, 2>(  // M = CB L, dCB = dM L, Z = dM M with L = exp(cum_t - cum_s), for s <= t (else 0)
+        Qc, Qc, P, [&](int t, int p) { return dys[t * P + p]; }, [&](int p, int s) { return dts[s] * xs[s * P1 + p]; },
+        [&](int t, int s, float dm) {
+          float m = 0.f, dcb = 0.f, z = 0.f;
+          if (s <= t) {
+            const float L = expf(cum[t] - cum[s]);
+            m = M[t * Q1 + s] * L;
+            dcb = dm * L;
+            z = dm * m;
+          }
+          M[t * Q1 + s] = m;
+          dCB[t * Q1 + s] = dcb;
+          Z[t * Q1 + s] = z;
+        });
+    tile_gemm<2, 4>(  // wS_s = dS B_s
         Qc, P, N, [&](int s, int n) { return Bs[s * N1 + n]; }, [&](int n, int p) { return dS[p * N1 + n]; },
         [&](int s, int p, float v) { wS[s * P + p] = v; });
-    tile_gemm<4, 4>(  // yoff_t = S_in C_t
+    tile_gemm<2, 4>(  // yoff_t = S_in C_t
         Qc, P, N, [&](int t, int n) { return Cs[t * N1 + n]; }, [&](int n, int p) { return Sin[p * N1 + n]; },
         [&](int t, int p, float v) { yoff[t * P + p] = v; });
     __syncthreads();
@@ -377,15 +377,15 @@ extern "C" __global__ __launch_bounds__(SCAN_THREADS) void cudarl_ssm_ssd_backwa
       dxbc[(row0 + s) * sc.Cc + h * P + p] = dts[s] * d + D * dys[i];
     }
     float* dbc = dbc_part + (row0 * H + h) * 2 * (i64)N;
-    tile_gemm<4, 4>(  // dC_t = sum_{s <= t} dCB[t][s] B_s + e_t S_in^T dy_t
+    tile_gemm<2, 4>(  // dC_t = sum_{s <= t} dCB[t][s] B_s + e_t S_in^T dy_t
         Qc, N, P, [&](int t, int p) { return dys[t * P + p]; }, [&](int p, int n) { return Sin[p * N1 + n]; },
         [&](int t, int n, float sc_in) {
           float dc = 0.f;
           for (int s = 0; s <= t; ++s) dc += dCB[t * Q1 + s] * Bs[s * N1 + n];
           dbc[(i64)t * H * 2 * N + N + n] = dc + es[t] * sc_in;
         });
-    tile_gemm<4, 4>(  // dB_s = sum_{t >= s} dCB[t][s] C_t + f_s dS^T u_s
-        Qc, N, P, [&](int s, int p) { return dts[s] * xs[s * P + p]; }, [&](int p, int n) { return dS[p * N1 + n]; },
+    tile_gemm<2, 4>(  // dB_s = sum_{t >= s} dCB[t][s] C_t + f_s dS^T u_s
+        Qc, N, P, [&](int s, int p) { return dts[s] * xs[s * P1 + p]; }, [&](int p, int n) { return dS[p * N1 + n]; },
         [&](int s, int n, float sc_out) {
           float db = 0.f;
           for (int t2 = s; t2 < Qc; ++t2) db += dCB[t2 * Q1 + s] * Cs[t2 * N1 + n];
@@ -400,7 +400,7 @@ extern "C" __global__ __launch_bounds__(SCAN_THREADS) void cudarl_ssm_ssd_backwa
       for (int t2 = t + 1 + lane; t2 < Qc; t2 += 32) zc += Z[t2 * Q1 + t];
       for (int p = lane; p < P; p += 32) {
         yo += dys[t * P + p] * yoff[t * P + p];
-        q += (dts[t] * xs[t * P + p]) * wS[t * P + p];
+        q += (dts[t] * xs[t * P1 + p]) * wS[t * P + p];
       }
       zr = cudarl::warp_sum(zr);
       zc = cudarl::warp_sum(zc);
@@ -414,7 +414,7 @@ extern "C" __global__ __launch_bounds__(SCAN_THREADS) void cudarl_ssm_ssd_backwa
     // <dS, S_in> and sum dy . x of the chunk (block sums, fixed tree)
     float part_ss = 0.f, part_dd = 0.f;
     for (int i = tid; i < P * N; i += nt) part_ss += dS[(i / N) * N1 + i % N] * Sin[(i / N) * N1 + i % N];
-    for (int i = tid; i < Qc * P; i += nt) part_dd += dys[i] * xs[i];
+    for (int i = tid; i < Qc * P; i += nt) part_dd += dys[i] * xs[(i / P) * P1 + i % P];
     const float ss = cudarl::block_sum(part_ss, red, SCAN_THREADS);
     const float dd = cudarl::block_sum(part_dd, red, SCAN_THREADS);
     if (tid == 0) {
@@ -432,7 +432,7 @@ extern "C" __global__ __launch_bounds__(SCAN_THREADS) void cudarl_ssm_ssd_backwa
     for (int t = tid >> 5; t < Qc; t += nt >> 5) {  // ddt, one warp per bar
       const int lane = tid & 31;
       float xdu = 0.f;
-      for (int p = lane; p < P; p += 32) xdu += xs[t * P + p] * du[t * P + p];
+      for (int p = lane; p < P; p += 32) xdu += xs[t * P1 + p] * du[t * P + p];
       xdu = cudarl::warp_sum(xdu);
       if (lane == 0) {
         const float v = zx[(row0 + t) * sc.ld + sc.E + sc.Cc + h] + dtb;

@@ -51,7 +51,7 @@ def forward_shared(Q: int, P: int, N: int) -> int:
 
 def backward_shared(Q: int, P: int, N: int) -> int:
     """Floats of shared memory an ssd_backward block uses (ssm.cu's banner)."""
-    return 5 * Q * P + 2 * Q * (N + 1) + 2 * P * (N + 1) + 3 * Q * (Q + 1) + 6 * Q + SCAN_THREADS
+    return Q * (P + 1) + 4 * Q * P + 2 * Q * (N + 1) + 2 * P * (N + 1) + 3 * Q * (Q + 1) + 6 * Q + SCAN_THREADS
 
 
 def softplus(v):
