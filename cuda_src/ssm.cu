@@ -35,6 +35,27 @@ __device__ __forceinline__ float conv_pre(const float* win, const float* conv, i
   return pre;
 }
 
+// Channel c's taps and bias in registers, w[k] = conv[k, c] (k < K) and w[CONV_MAX_K] = the bias, for
+// the kernels that walk a window: the same operands as conv_pre reads, loaded once, not once a bar.
+__device__ __forceinline__ void conv_taps(const float* conv, int K, int Cc, int c, float* w) {
+#pragma unroll
+  for (int k = 0; k < CONV_MAX_K; ++k) w[k] = k < K ? conv[(i64)k * Cc + c] : 0.f;
+  w[CONV_MAX_K] = conv[(i64)K * Cc + c];
+}
+
+// conv_pre over register taps (conv_taps): the same sum in the same order.
+__device__ __forceinline__ float conv_pre_taps(const float* win, const float* w, int K) {
+  float pre = w[CONV_MAX_K];
+#pragma unroll
+  for (int k = 0; k < CONV_MAX_K; ++k)
+    if (k < K) pre += w[k] * win[k];
+  return pre;
+}
+
+// Bars a window-walking kernel loads ahead: the loads of a batch go out before its stores, so a thread
+// waits for one round trip per batch rather than per bar (the walks were latency-bound).
+#define CONV_BATCH 8
+
 // The shapes of a scan, and where a (sample, head) block's operands live.
 struct Scan {
   int W, H, P, N, G, Q, nc;
@@ -120,18 +141,26 @@ extern "C" __global__ void cudarl_ssm_conv_forward(const float* zx, const float*
   const int c = blockIdx.x * blockDim.x + threadIdx.x;
   if (c >= Cc) return;
   const i64 b = blockIdx.y;
-  float win[CONV_MAX_K];
+  float win[CONV_MAX_K], w[CONV_MAX_K + 1];
+  conv_taps(conv, K, Cc, c, w);
 #pragma unroll
   for (int k = 0; k < CONV_MAX_K; ++k) win[k] = 0.f;
-  for (int t = 0; t < W; ++t) {
+  for (int t0 = 0; t0 < W; t0 += CONV_BATCH) {
+    float in[CONV_BATCH];
 #pragma unroll
-    for (int k = 0; k < CONV_MAX_K - 1; ++k) win[k] = win[k + 1];  // win[K - 1] is in[t] after the shift below
-    const float in = zx[(b * W + t) * ld + E + c];
+    for (int u = 0; u < CONV_BATCH; ++u) in[u] = t0 + u < W ? zx[(b * W + t0 + u) * ld + E + c] : 0.f;
 #pragma unroll
-    for (int k = 0; k < CONV_MAX_K; ++k)
-      if (k == K - 1) win[k] = in;
-    const float pre = conv_pre(win, conv, K, Cc, c);
-    xbc[(b * W + t) * Cc + c] = pre * sigmoidf_(pre);
+    for (int u = 0; u < CONV_BATCH; ++u) {
+      const int t = t0 + u;
+      if (t >= W) break;
+#pragma unroll
+      for (int k = 0; k < CONV_MAX_K - 1; ++k) win[k] = win[k + 1];  // win[K - 1] is in[t] after the shift below
+#pragma unroll
+      for (int k = 0; k < CONV_MAX_K; ++k)
+        if (k == K - 1) win[k] = in[u];
+      const float pre = conv_pre_taps(win, w, K);
+      xbc[(b * W + t) * Cc + c] = pre * sigmoidf_(pre);
+    }
   }
 }
 
@@ -149,7 +178,10 @@ extern "C" __global__ void cudarl_ssm_conv_backward(const float* dxbc, const flo
   const i64 chunk = (B + parts - 1) / parts;
   const i64 b0 = (i64)blockIdx.y * chunk;
   const i64 b1 = b0 + chunk < B ? b0 + chunk : B;
-  float dw[CONV_MAX_K + 1];
+  float dw[CONV_MAX_K + 1], w[CONV_MAX_K + 1], wr[CONV_MAX_K];  // wr[j] = w[K - 1 - j] (din's taps)
+  conv_taps(conv, K, Cc, c, w);
+#pragma unroll
+  for (int j = 0; j < CONV_MAX_K; ++j) wr[j] = j < K ? conv[(i64)(K - 1 - j) * Cc + c] : 0.f;
 #pragma unroll
   for (int k = 0; k <= CONV_MAX_K; ++k) dw[k] = 0.f;
   for (i64 b = b0; b < b1; ++b) {
@@ -161,26 +193,37 @@ extern "C" __global__ void cudarl_ssm_conv_backward(const float* dxbc, const flo
       win[k] = (k < K && s >= 0) ? in[(i64)s * ld] : 0.f;
       gwin[k] = 0.f;
     }
-    for (int t = W - 1; t >= 0; --t) {
-      const float pre = conv_pre(win, conv, K, Cc, c);
-      const float s = sigmoidf_(pre);
-      const float g = dxbc[(b * W + t) * Cc + c] * (s * (1.f + pre * (1.f - s)));
+    for (int t0 = W - 1; t0 >= 0; t0 -= CONV_BATCH) {
+      float dx[CONV_BATCH], nx[CONV_BATCH];  // bar t = t0 - u's dxbc, and the input win[0] takes after it
 #pragma unroll
-      for (int j = CONV_MAX_K - 1; j > 0; --j) gwin[j] = gwin[j - 1];
-      gwin[0] = g;
-      float din = 0.f;  // sum_k w[k] g[t + K - 1 - k], as j = K - 1 - k ascending (registers need fixed indices)
+      for (int u = 0; u < CONV_BATCH; ++u) {
+        const int t = t0 - u, s0 = t - 1 - (K - 1);
+        dx[u] = t >= 0 ? dxbc[(b * W + t) * Cc + c] : 0.f;
+        nx[u] = (t >= 0 && s0 >= 0) ? in[(i64)s0 * ld] : 0.f;
+      }
 #pragma unroll
-      for (int j = 0; j < CONV_MAX_K; ++j)
-        if (j < K) din += conv[(i64)(K - 1 - j) * Cc + c] * gwin[j];
+      for (int u = 0; u < CONV_BATCH; ++u) {
+        const int t = t0 - u;
+        if (t < 0) break;
+        const float pre = conv_pre_taps(win, w, K);
+        const float s = sigmoidf_(pre);
+        const float g = dx[u] * (s * (1.f + pre * (1.f - s)));
 #pragma unroll
-      for (int k = 0; k < CONV_MAX_K; ++k)
-        if (k < K) dw[k] += g * win[k];
-      dw[CONV_MAX_K] += g;
-      dzx[(b * W + t) * ld + E + c] = din;
+        for (int j = CONV_MAX_K - 1; j > 0; --j) gwin[j] = gwin[j - 1];
+        gwin[0] = g;
+        float din = 0.f;  // sum_k w[k] g[t + K - 1 - k], as j = K - 1 - k ascending (registers need fixed indices)
 #pragma unroll
-      for (int k = CONV_MAX_K - 1; k > 0; --k) win[k] = win[k - 1];
-      const int s0 = t - 1 - (K - 1);
-      win[0] = s0 >= 0 ? in[(i64)s0 * ld] : 0.f;
+        for (int j = 0; j < CONV_MAX_K; ++j)
+          if (j < K) din += wr[j] * gwin[j];
+#pragma unroll
+        for (int k = 0; k < CONV_MAX_K; ++k)
+          if (k < K) dw[k] += g * win[k];
+        dw[CONV_MAX_K] += g;
+        dzx[(b * W + t) * ld + E + c] = din;
+#pragma unroll
+        for (int k = CONV_MAX_K - 1; k > 0; --k) win[k] = win[k - 1];
+        win[0] = nx[u];
+      }
     }
   }
   float* out = part + (i64)blockIdx.y * (K + 1) * Cc + c;
