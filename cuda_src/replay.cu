@@ -622,14 +622,18 @@ extern "C" __global__ void cudarl_replay_sample_search_gather(
 }
 
 // sample_search_gather_windows: sample_search_gather, then the observation windows of the two state
-// rows (D = 4: bar, mirror, position, hold) the warp has just gathered, in the same launch:
+// rows (D = 4: bar, mirror, position, hold) the search has just gathered, in the same launch:
 //   obs_win[j] = window of obs_out[j], next_win[j] = window of next_obs_out[j]
 // (cudarl::window_value: window.gather's bits; a bad index's zero rows give the windows of zero
 // rows, as window.gather of them would). One node fewer on the train step's chain (the window
-// gather was the launch after the search). Threads: a warp per sample; lanes over the window's
-// window * (F + 2) floats, twice. Reads the rows from the ring (not the outputs just written).
-// Blocks of SW_THREADS (the launcher's 32 * _WARPS_PER_BLOCK), at most 40 registers a thread (ptxas
-// at sm_90: no spill), so six blocks (48 warps) an SM instead of four: each warp is a chain of
+// gather was the launch after the search). Threads: a group of `wps` warps per sample (wps divides
+// SW_THREADS / 32; the launcher's choice from the window's size): the group's first warp searches and
+// gathers, hands the slot to the others through shared memory, and the group's lanes split the
+// window's window * (F + 2) floats, twice. Reads the rows from the ring (not the outputs just written).
+// At window 64 one warp a sample wrote 544 floats a lane, the step's longest serial chain after the
+// scans (148 us of the SSM train step at bf6ed31); eight warps write 68. The writer of an element
+// changes no bit. Blocks of SW_THREADS (the launcher's 32 * _WARPS_PER_BLOCK), at most 40 registers a
+// thread (ptxas at sm_90: no spill), so six blocks (48 warps) an SM: each search is a chain of
 // dependent loads (the tree levels, the row, the features), and more warps hide more of it
 // (ncu at a75a02b, P = 64: 89.0 us against a 13.2 us floor). Registers change no bit.
 #define SW_THREADS 256
@@ -640,17 +644,24 @@ extern "C" __global__ __launch_bounds__(SW_THREADS, 6) void cudarl_replay_sample
     float* return_out, float* discount_out, i64 D, i64 C, i64 n_envs, int n_step, i64 lag,
     const float* __restrict__ features, const float* __restrict__ sign, float* __restrict__ obs_win,
     float* __restrict__ next_win, int window, int n_features, i64 n_bars, i64 st, i64 sv, i64 sx, i64 sr, i64 sc,
-    i64 sw) {
-  const i64 j = ((i64)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
-  if (j >= B) return;  // whole warps exit together (blockDim is a multiple of 32)
+    i64 sw, int wps) {
+  __shared__ i64 slot[SW_THREADS / 32];  // a group's slot, at its first warp's index
+  const int warp = (int)(threadIdx.x >> 5), lane = (int)(threadIdx.x & 31);
+  const int k = warp % wps, lead = warp - k;  // this warp's place in its group, and the group's first warp
+  const i64 j = ((i64)blockIdx.x * blockDim.x + threadIdx.x) / (32 * wps);
   SEARCH_MEMBER();
   GATHER_MEMBER();
   obs_win += mb * sw;
   next_win += mb * sw;
-  const int lane = (int)(threadIdx.x & 31);
-  const i64 s = search_gather_warp(tree, levels, step, indices, qsel, status, B, depth, seed[0], stream_id, s_obs,
-                                   s_action, s_reward, s_discount, s_next, obs_out, next_obs_out, action_out,
-                                   return_out, discount_out, D, C, n_envs, n_step, lag, j, lane);
+  if (k == 0 && j < B) {
+    const i64 s = search_gather_warp(tree, levels, step, indices, qsel, status, B, depth, seed[0], stream_id, s_obs,
+                                     s_action, s_reward, s_discount, s_next, obs_out, next_obs_out, action_out,
+                                     return_out, discount_out, D, C, n_envs, n_step, lag, j, lane);
+    if (lane == 0) slot[warp] = s;
+  }
+  __syncthreads();  // every warp of the block reaches it (no early return above)
+  if (j >= B) return;
+  const i64 s = slot[lead];
   float r0 = 0.0f, r1 = 0.0f, r2 = 0.0f, r3 = 0.0f, n0 = 0.0f, n1 = 0.0f, n2 = 0.0f, n3 = 0.0f;
   if (s >= 0 && s < C) {  // the values gather_one copied (every lane reads them: one cached line each)
     const float* r = s_obs + s * D;
@@ -658,15 +669,15 @@ extern "C" __global__ __launch_bounds__(SW_THREADS, 6) void cudarl_replay_sample
     r0 = r[0], r1 = r[1], r2 = r[2], r3 = r[3];
     n0 = nr[0], n1 = nr[1], n2 = nr[2], n3 = nr[3];
   }
-  const int bar_width = n_features + 2;
+  const int bar_width = n_features + 2, stride = 32 * wps, e0 = 32 * k + lane;
   const i64 row_width = (i64)window * bar_width;
   // (w, col) = divmod(e, bar_width), stepped with e (no 64-bit division per element)
-  int w = lane / bar_width, col = lane % bar_width;
-  for (i64 e = lane; e < row_width; e += 32) {
+  int w = e0 / bar_width, col = e0 % bar_width;
+  for (i64 e = e0; e < row_width; e += stride) {
     obs_win[j * row_width + e] = cudarl::window_value(r0, r1, r2, r3, features, sign, w, col, window, n_features, n_bars);
     next_win[j * row_width + e] =
         cudarl::window_value(n0, n1, n2, n3, features, sign, w, col, window, n_features, n_bars);
-    col += 32;
+    col += stride;
     while (col >= bar_width) {
       col -= bar_width;
       ++w;

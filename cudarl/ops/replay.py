@@ -457,13 +457,25 @@ def sample_search_gather_windows(
     _need("sign", sign, (f_n,), np.float32)
     w, sw = _family(bufs, obs_win=(obs_win, (B, W), np.float32), next_win=(next_win, (B, W), np.float32))
     threads = 32 * _WARPS_PER_BLOCK
+    wps = window_warps(W)
     launch(
         "replay",
         "sample_search_gather_windows",
-        (blocks_for(32 * B, threads), _members(bufs)),
+        (blocks_for(32 * wps * B, threads), _members(bufs)),
         threads,
-        args + (features, sign, w["obs_win"], w["next_win"], int(window), f_n, t_n) + strides + (sw,),
+        args + (features, sign, w["obs_win"], w["next_win"], int(window), f_n, t_n) + strides + (sw, wps),
     )
+
+
+def window_warps(width: int) -> int:
+    """Warps that write one sample's two windows of ``width`` floats in ``sample_search_gather_windows``: a
+    power of two up to ``_WARPS_PER_BLOCK``, about one warp per 512 floats (1 for the one-bar window of the
+    MLP, where more warps would only add blocks; 8 at window 64)."""
+    want = -(-int(width) // 512)
+    wps = 1
+    while wps < min(want, _WARPS_PER_BLOCK):
+        wps *= 2
+    return wps
 
 
 def update_priorities(spec: ReplaySpec, bufs: ReplayBuffers, indices, td) -> None:
