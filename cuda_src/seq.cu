@@ -6,7 +6,7 @@
 // butterfly of reduce.cuh. The backward kernels also write the partial sums of their weight's
 // gradient: block k of `parts` owns rows [k c, (k + 1) c), c = ceil(rows / parts), its 8 warps take
 // the chunk's rows in turn and add into a per-warp shared row, and the block writes the sum of the
-// 8 warp rows (warp 0 first) to part[k]. colsum then adds the parts in ascending order. No float
+// 8 warp rows (warp 0 first) to part[k]. colsum then adds the parts in a fixed order (slices, then their sums). No float
 // atomics: bitwise reproducible for a given shape and `parts`.
 #include <cudarl/reduce.cuh>
 
@@ -180,23 +180,35 @@ extern "C" __global__ void cudarl_seq_residual_add(const float* a, const float* 
 }
 
 // ---- colsum ---------------------------------------------------------------------------------------
-// out[j] = sum_k part[k, j], k ascending: the second stage of the ordered reductions. One thread per
-// column. The loads go out COLSUM_BATCH at a time before their adds (the same order): one round trip
-// to L2 per batch, not per part (512 parts one at a time took 26 us on the H200 at bf6ed31).
-// Reads 4*parts*n bytes, writes 4n.
+// out[j] = sum over the COLSUM_SLICES slices of the parts (slice g: parts [g c, (g + 1) c), c =
+// ceil(parts / COLSUM_SLICES), each summed in ascending order), the non-empty slices' sums added in
+// ascending order: the twin's colsum. Block (32 columns, COLSUM_SLICES slices), the slices' sums in
+// shared memory; a slice's loads go out COLSUM_BATCH at a time before their adds. One thread a column
+// over 512 parts was latency-bound (17-21 us on the H200 at 8bd35a5). Reads 4*parts*n bytes, writes 4n.
+#define COLSUM_SLICES 8
 #define COLSUM_BATCH 16
 extern "C" __global__ void cudarl_seq_colsum(const float* part, float* out, int parts, i64 n) {
-  const i64 j = blockIdx.x * (i64)blockDim.x + threadIdx.x;
-  if (j >= n) return;
-  float s = part[j];
-  int k = 1;
-  for (; k + COLSUM_BATCH <= parts; k += COLSUM_BATCH) {
-    float v[COLSUM_BATCH];
+  __shared__ float slice_sum[COLSUM_SLICES][32];
+  const i64 j = blockIdx.x * (i64)32 + threadIdx.x;
+  const int g = threadIdx.y, c = (parts + COLSUM_SLICES - 1) / COLSUM_SLICES;
+  const int k0 = g * c, k1 = min(k0 + c, parts);
+  if (j < n && k0 < k1) {
+    float s = part[(i64)k0 * n + j];
+    int k = k0 + 1;
+    for (; k + COLSUM_BATCH <= k1; k += COLSUM_BATCH) {
+      float v[COLSUM_BATCH];
 #pragma unroll
-    for (int u = 0; u < COLSUM_BATCH; ++u) v[u] = part[(i64)(k + u) * n + j];
+      for (int u = 0; u < COLSUM_BATCH; ++u) v[u] = part[(i64)(k + u) * n + j];
 #pragma unroll
-    for (int u = 0; u < COLSUM_BATCH; ++u) s += v[u];
+      for (int u = 0; u < COLSUM_BATCH; ++u) s += v[u];
+    }
+    for (; k < k1; ++k) s += part[(i64)k * n + j];
+    slice_sum[g][threadIdx.x] = s;
   }
-  for (; k < parts; ++k) s += part[(i64)k * n + j];
-  out[j] = s;
+  __syncthreads();
+  if (g == 0 && j < n) {
+    float s = slice_sum[0][threadIdx.x];  // slice 0 is never empty (parts >= 1)
+    for (int h = 1; h < COLSUM_SLICES && h * c < parts; ++h) s += slice_sum[h][threadIdx.x];
+    out[j] = s;
+  }
 }

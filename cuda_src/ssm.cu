@@ -300,8 +300,8 @@ extern "C" __global__ __launch_bounds__(SCAN_THREADS) void cudarl_ssm_ssd_forwar
         [&](int t, int s, float cb) { M[t * Q1 + s] = s <= t ? cb * expf(cum[t] - cum[s]) * dts[s] : 0.f; });
     for (int s = tid; s < Qc; s += nt) fs[s] = expf(cum[Qc - 1] - cum[s]) * dts[s];
     __syncthreads();
-    tile_gemm<2, 4>(  // y_t = sum_{s <= t} M[t][s] x_s + exp(cum_t) (S C_t) + D x_t
-        Qc, P, N, [&](int t, int n) { return Cs[t * N1 + n]; }, [&](int n, int p) { return S[p * N1 + n]; },
+    tile_gemm<2, 4>(  // y_t = sum_{s <= t} M[t][s] x_s + exp(cum_t) (S C_t) + D x_t; S = 0 in chunk 0 (K = 0)
+        Qc, P, c > 0 ? N : 0, [&](int t, int n) { return Cs[t * N1 + n]; }, [&](int n, int p) { return S[p * N1 + n]; },
         [&](int t, int p, float off) {
           float acc = 0.f;
           for (int s = 0; s <= t; ++s) acc += M[t * Q1 + s] * xs[s * P + p];
@@ -404,11 +404,14 @@ extern "C" __global__ __launch_bounds__(SCAN_THREADS) void cudarl_ssm_ssd_backwa
           dCB[t * Q1 + s] = dcb;
           Z[t * Q1 + s] = z;
         });
+    // A zero operand's product is skipped (K = 0 gives +0, the bits its sum of +0 products had): dS is
+    // zero in the last chunk (the first one walked), S_in in the first.
+    const int kS = c < sc.nc - 1 ? 1 : 0, kSin = c > 0 ? 1 : 0;
     tile_gemm<2, 4>(  // wS_s = dS B_s
-        Qc, P, N, [&](int s, int n) { return Bs[s * N1 + n]; }, [&](int n, int p) { return dS[p * N1 + n]; },
+        Qc, P, kS * N, [&](int s, int n) { return Bs[s * N1 + n]; }, [&](int n, int p) { return dS[p * N1 + n]; },
         [&](int s, int p, float v) { wS[s * P + p] = v; });
     tile_gemm<2, 4>(  // yoff_t = S_in C_t
-        Qc, P, N, [&](int t, int n) { return Cs[t * N1 + n]; }, [&](int n, int p) { return Sin[p * N1 + n]; },
+        Qc, P, kSin * N, [&](int t, int n) { return Cs[t * N1 + n]; }, [&](int n, int p) { return Sin[p * N1 + n]; },
         [&](int t, int p, float v) { yoff[t * P + p] = v; });
     __syncthreads();
     for (int i = tid; i < Qc * P; i += nt) {
@@ -421,14 +424,14 @@ extern "C" __global__ __launch_bounds__(SCAN_THREADS) void cudarl_ssm_ssd_backwa
     }
     float* dbc = dbc_part + (row0 * H + h) * 2 * (i64)N;
     tile_gemm<2, 4>(  // dC_t = sum_{s <= t} dCB[t][s] B_s + e_t S_in^T dy_t
-        Qc, N, P, [&](int t, int p) { return dys[t * P + p]; }, [&](int p, int n) { return Sin[p * N1 + n]; },
+        Qc, N, kSin * P, [&](int t, int p) { return dys[t * P + p]; }, [&](int p, int n) { return Sin[p * N1 + n]; },
         [&](int t, int n, float sc_in) {
           float dc = 0.f;
           for (int s = 0; s <= t; ++s) dc += dCB[t * Q1 + s] * Bs[s * N1 + n];
           dbc[(i64)t * H * 2 * N + N + n] = dc + es[t] * sc_in;
         });
     tile_gemm<2, 4>(  // dB_s = sum_{t >= s} dCB[t][s] C_t + f_s dS^T u_s
-        Qc, N, P, [&](int s, int p) { return dts[s] * xs[s * P1 + p]; }, [&](int p, int n) { return dS[p * N1 + n]; },
+        Qc, N, kS * P, [&](int s, int p) { return dts[s] * xs[s * P1 + p]; }, [&](int p, int n) { return dS[p * N1 + n]; },
         [&](int s, int n, float sc_out) {
           float db = 0.f;
           for (int t2 = s; t2 < Qc; ++t2) db += dCB[t2 * Q1 + s] * Cs[t2 * N1 + n];
@@ -492,9 +495,10 @@ extern "C" __global__ __launch_bounds__(SCAN_THREADS) void cudarl_ssm_ssd_backwa
       }
     }
     const float decay = expf(cum[Qc - 1]);
-    tile_gemm<4, 4>(  // dS for the chunk before (every read of dS is done): exp(cum_end) dS + sum_t e_t dy_t C_t^T
-        P, N, Qc, [&](int p, int t) { return es[t] * dys[t * P + p]; }, [&](int t, int n) { return Cs[t * N1 + n]; },
-        [&](int p, int n, float acc) { dS[p * N1 + n] = decay * dS[p * N1 + n] + acc; });
+    if (c > 0)  // dS for the chunk before (every read of dS is done; chunk 0 has none before it)
+      tile_gemm<4, 4>(  // exp(cum_end) dS + sum_t e_t dy_t C_t^T
+          P, N, Qc, [&](int p, int t) { return es[t] * dys[t * P + p]; }, [&](int t, int n) { return Cs[t * N1 + n]; },
+          [&](int p, int n, float acc) { dS[p * N1 + n] = decay * dS[p * N1 + n] + acc; });
     __syncthreads();
   }
   if (tid == 0) {

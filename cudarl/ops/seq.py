@@ -7,6 +7,7 @@ the buffers it is given, and never allocates or synchronises: safe inside a capt
 from __future__ import annotations
 
 from ..kernels import blocks_for, launch
+from ..reference.seq import COLSUM_SLICES
 
 _T = 256
 _WARPS = 8  # seq.cu SEQ_WARPS: rows per block of the row kernels
@@ -143,8 +144,9 @@ def residual_add(a, b, out) -> None:
 
 
 def colsum(part, out) -> None:
-    """out (n elements, any shape) = sum of part's K rows ``[K, n]``, ascending."""
+    """out (n elements, any shape) = sum of part's K rows ``[K, n]`` in the twin's order (slices of the rows,
+    then the slices' sums; ``reference.seq.colsum``)."""
     K, n = part.shape
     if out.size != n:
         raise ValueError(f"seq.colsum: out has {out.size} elements, part has rows of {n}")
-    launch("seq", "colsum", blocks_for(n, _T), _T, (part, out, K, n))
+    launch("seq", "colsum", blocks_for(n, 32), (32, COLSUM_SLICES), (part, out, K, n))

@@ -8,7 +8,7 @@ the finite-difference oracle.
 
 Parameter gradients are two-stage and ordered (DESIGN.md rule 3): a backward writes one partial row
 per row chunk (``part [K, n]``, chunk ``k`` is rows ``[k c, (k + 1) c)`` with ``c = ceil(R / K)``,
-:func:`chunk_rows`), then :func:`colsum` adds the K rows in ascending order. The kernels use the
+:func:`chunk_rows`), then :func:`colsum` adds the K rows in a fixed order (:data:`COLSUM_SLICES`). The kernels use the
 same chunks, so the partials mean the same on both backends.
 """
 
@@ -140,10 +140,22 @@ def residual_add(a, b, out) -> None:
     out[...] = a + b
 
 
+#: Slices of colsum's rows: each slice summed in ascending order, then the slices' sums (a block of 32 columns
+#: x COLSUM_SLICES threads on the GPU, so 512 parts are 8 chains of 64 adds rather than one of 512).
+COLSUM_SLICES = 8
+
+
 def colsum(part, out) -> None:
-    """``out[j] = sum_k part[k, j]``, k ascending (the second stage of every reduction). part ``[K, n]``; out n elements
-    (any shape: a parameter view such as the conv's ``[K + 1, C]``)."""
-    acc = part[0].copy()
-    for k in range(1, part.shape[0]):
-        acc = acc + part[k]
-    out[...] = acc.reshape(out.shape)
+    """``out[j] = sum_k part[k, j]`` (the second stage of every reduction), in a fixed order: the K rows in
+    COLSUM_SLICES slices of ``c = ceil(K / COLSUM_SLICES)`` rows, each slice's rows added in ascending order,
+    then the non-empty slices' sums in ascending order. part ``[K, n]``; out n elements (any shape: a
+    parameter view such as the conv's ``[K + 1, C]``)."""
+    K = part.shape[0]
+    c = -(-K // COLSUM_SLICES)
+    total = None
+    for k0 in range(0, K, c):
+        acc = part[k0].copy()
+        for k in range(k0 + 1, min(k0 + c, K)):
+            acc = acc + part[k]
+        total = acc if total is None else total + acc
+    out[...] = total.reshape(out.shape)

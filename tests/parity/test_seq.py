@@ -42,6 +42,30 @@ def test_partials_then_colsum_do_not_depend_on_the_chunking(rng):
     np.testing.assert_allclose(got[2], got[0], rtol=1e-13)
 
 
+@pytest.mark.parametrize("K", [1, 3, 8, 9, 512, 517])
+def test_colsum_adds_slices_then_their_sums(rng, K):
+    """colsum's order (the kernel's): slices of ceil(K / COLSUM_SLICES) rows in ascending order, then the slices'
+    sums; in float64 it is the plain sum."""
+    part = rng.standard_normal((K, 7)).astype(np.float32)
+    got = np.empty(7, np.float32)
+    ref.colsum(part, got)
+    c = -(-K // ref.COLSUM_SLICES)
+    slices = []
+    for k0 in range(0, K, c):
+        s = part[k0].copy()
+        for k in range(k0 + 1, min(k0 + c, K)):
+            s = s + part[k]
+        slices.append(s)
+    want = slices[0]
+    for s in slices[1:]:
+        want = want + s
+    assert len(slices) <= ref.COLSUM_SLICES
+    np.testing.assert_array_equal(got, want)
+    got64 = np.empty(7)
+    ref.colsum(part.astype(np.float64), got64)
+    np.testing.assert_allclose(got64, part.astype(np.float64).sum(axis=0), rtol=1e-12, atol=1e-12)
+
+
 def test_rmsnorm_of_a_constant_row_is_the_weight():
     x = np.full((2, 4), 3.0)
     out, rstd = np.empty((2, 4)), np.empty(2)
@@ -228,11 +252,12 @@ def test_gpu_residual_add_and_colsum(cp, rng, n):
     poison(out)
     ops.residual_add(cp.asarray(a), cp.asarray(b), out)
     assert_bitwise(out, a + b, what="a + b")  # one rounding per element on both sides
-    K, m = 7, max(1, n // 1000)
-    part = rng.standard_normal((K, m)).astype(np.float32)
-    got = cp.empty(m, np.float32)
-    poison(got)
-    ops.colsum(cp.asarray(part), got)
-    want = np.empty(m, np.float32)
-    ref.colsum(part, want)
-    assert_bitwise(got, want, what="colsum")  # the same ascending order on both sides
+    m = max(1, n // 1000)
+    for K in (1, 7, 9, 512, 517):  # fewer parts than slices, uneven slices, the SSM step's 512
+        part = rng.standard_normal((K, m)).astype(np.float32)
+        got = cp.empty(m, np.float32)
+        poison(got)
+        ops.colsum(cp.asarray(part), got)
+        want = np.empty(m, np.float32)
+        ref.colsum(part, want)
+        assert_bitwise(got, want, what=f"colsum of {K} parts")  # the same slices and order on both sides
