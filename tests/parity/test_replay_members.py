@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from cudarl.backend import to_numpy
+from cudarl.ops.replay import window_warps
 from cudarl.reference import replay as ref
 from cudarl.replay import Batch, PrioritizedReplay
 from cudarl.stacked_replay import StackedPrioritizedReplay
@@ -389,15 +390,16 @@ def test_launchers_pass_the_member_axis_and_strides(monkeypatch, rng, store_next
     for op, (grid, args) in launched.items():
         assert_launch_args("replay", op, args)
         assert grid[1] == P, op
-    *_, st, sv, sx, sr, sc, sw = launched["sample_search_gather_windows"][1]
+    *_, st, sv, sx, sr, sc, sw, wps = launched["sample_search_gather_windows"][1]
     assert (st, sv, sx, sr, sc, sw) == (nodes, B, B * 4, C * 4, C, 2 * B * W)
+    assert wps == window_warps(W)  # the warps a sample's windows take (1 at this small window)
     assert launched["update_priorities"][1][-3:] == (B, nodes, C)
     one = _recorded(monkeypatch, singles[0].spec, singles[0].bufs, 1, rng, single=True)
     assert one.keys() == launched.keys()
     for op, (grid, args) in one.items():
         assert grid[1] == 1, op
         assert_launch_args("replay", op, args)
-    assert one["sample_search_gather_windows"][1][-6:] == (0,) * 6
+    assert one["sample_search_gather_windows"][1][-7:] == (0,) * 6 + (window_warps(W),)
     assert one["update_priorities"][1][-3:] == (0, 0, 0)
 
 
