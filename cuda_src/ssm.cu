@@ -25,25 +25,16 @@ __device__ __forceinline__ float softplus(float v) { return v > SOFTPLUS_THRESHO
 
 __device__ __forceinline__ float softplus_grad(float v) { return v > SOFTPLUS_THRESHOLD ? 1.f : sigmoidf_(v); }
 
-// The conv's pre-activation: bias, then the taps k ascending over win[k] = in[t - (K - 1) + k]
-// (the twin's order; a tap before the window reads 0).
-__device__ __forceinline__ float conv_pre(const float* win, const float* conv, int K, int Cc, int c) {
-  float pre = conv[(i64)K * Cc + c];
-#pragma unroll
-  for (int k = 0; k < CONV_MAX_K; ++k)
-    if (k < K) pre += conv[(i64)k * Cc + c] * win[k];
-  return pre;
-}
-
-// Channel c's taps and bias in registers, w[k] = conv[k, c] (k < K) and w[CONV_MAX_K] = the bias, for
-// the kernels that walk a window: the same operands as conv_pre reads, loaded once, not once a bar.
+// Channel c's taps and bias in registers, w[k] = conv[k, c] (k < K) and w[CONV_MAX_K] = the bias: loaded
+// once, not once a bar, by the kernels that walk a window.
 __device__ __forceinline__ void conv_taps(const float* conv, int K, int Cc, int c, float* w) {
 #pragma unroll
   for (int k = 0; k < CONV_MAX_K; ++k) w[k] = k < K ? conv[(i64)k * Cc + c] : 0.f;
   w[CONV_MAX_K] = conv[(i64)K * Cc + c];
 }
 
-// conv_pre over register taps (conv_taps): the same sum in the same order.
+// The conv's pre-activation over conv_taps' registers: bias, then the taps k ascending over
+// win[k] = in[t - (K - 1) + k] (the twin's order; a tap before the window reads 0).
 __device__ __forceinline__ float conv_pre_taps(const float* win, const float* w, int K) {
   float pre = w[CONV_MAX_K];
 #pragma unroll
@@ -250,7 +241,9 @@ extern "C" __global__ void cudarl_ssm_conv_step(const float* zx, const float* co
 #pragma unroll
   for (int k = 0; k < CONV_MAX_K; ++k)
     if (k == K - 1) win[k] = in;
-  const float pre = conv_pre(win, conv, K, Cc, c);
+  float w[CONV_MAX_K + 1];
+  conv_taps(conv, K, Cc, c, w);
+  const float pre = conv_pre_taps(win, w, K);
 #pragma unroll
   for (int k = 0; k < CONV_MAX_K - 1; ++k)
     if (k < K - 1) st[(i64)k * Cc] = win[k + 1];
