@@ -220,6 +220,16 @@ def units(family: str, src_dir: Path | None = None) -> list[str | None]:
     return list(dict.fromkeys(_units(str(src_dir), family).values())) or [None]
 
 
+def define(family: str, name: str, src_dir: Path | None = None) -> int:
+    """The integer value of ``#define name`` in ``cuda_src/<family>.cu``: for the tests that hold a Python
+    constant a launcher or twin mirrors (a block shape, a slice count) equal to the kernel's."""
+    path = _src_dir(src_dir) / f"{family}.cu"
+    macros = _macros(strip_comments(path.read_text()))
+    if name not in macros:
+        raise SignatureError(f"cuda_src/{family}.cu has no #define {name}")
+    return int(macros[name], 0)
+
+
 def _slot(field) -> np.dtype:
     """A struct field's storage: a device pointer is a 64-bit address."""
     return np.dtype(np.uint64) if field[2] else field[1]

@@ -140,8 +140,8 @@ def residual_add(a, b, out) -> None:
     out[...] = a + b
 
 
-#: Slices of colsum's rows: each slice summed in ascending order, then the slices' sums (a block of 32 columns
-#: x COLSUM_SLICES threads on the GPU, so 512 parts are 8 chains of 64 adds rather than one of 512).
+#: Slices of colsum's rows (seq.cu COLSUM_SLICES): each slice summed in ascending order, then the slices'
+#: sums (32 columns x COLSUM_SLICES threads a block on the GPU, so 512 parts are 8 chains of 64 adds, not one of 512).
 COLSUM_SLICES = 8
 
 

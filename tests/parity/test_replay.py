@@ -33,6 +33,19 @@ def _filled_skewed(rng, C=10_000, alpha=0.6):
     return r, q
 
 
+def test_window_warps_fit_the_kernels_block():
+    """sample_search_gather_windows' groups: a power of two of warps that divides the kernel's SW_THREADS block
+    (its shared slots, one a warp), which is the launcher's block; 1 warp for a one-bar window."""
+    from cudarl import signatures
+    from cudarl.ops import replay as ops
+
+    warps = signatures.define("replay", "SW_THREADS") // 32
+    assert warps == ops._WARPS_PER_BLOCK
+    got = {w: ops.window_warps(w) for w in (1, 66, 512, 513, 68 * 16, 68 * 64, 68 * 128)}
+    assert got[1] == got[66] == got[512] == 1 and got[513] == 2 and got[68 * 64] == warps
+    assert all(warps % v == 0 and v & (v - 1) == 0 for v in got.values())
+
+
 # --- layout and invariants ----------------------------------------------------------------------
 @pytest.mark.parametrize(
     "C, sizes", [(1, [32, 1]), (32, [32, 1]), (33, [64, 32, 1]), (1 << 20, [1 << 20, 1 << 15, 1 << 10, 32, 1])]

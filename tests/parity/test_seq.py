@@ -42,6 +42,15 @@ def test_partials_then_colsum_do_not_depend_on_the_chunking(rng):
     np.testing.assert_allclose(got[2], got[0], rtol=1e-13)
 
 
+def test_the_launchers_constants_are_the_kernels():
+    """seq.cu's block shapes and slice count, which the launchers and the twin mirror in Python."""
+    from cudarl import signatures
+    from cudarl.ops import seq as ops
+
+    assert signatures.define("seq", "COLSUM_SLICES") == ref.COLSUM_SLICES  # the twin's colsum order
+    assert signatures.define("seq", "SEQ_WARPS") == ops._WARPS
+
+
 @pytest.mark.parametrize("K", [1, 3, 8, 9, 512, 517])
 def test_colsum_adds_slices_then_their_sums(rng, K):
     """colsum's order (the kernel's): slices of ceil(K / COLSUM_SLICES) rows in ascending order, then the slices'

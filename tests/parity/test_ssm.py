@@ -116,6 +116,13 @@ def test_softplus_threshold_and_gradient():
     assert g[4] == 1.0 and g[5] == 1.0 and g[1] == 0.5 and 0 < g[0] < 1e-12
 
 
+def test_the_scan_block_is_the_kernels():
+    """ssm.cu's scan block, which the twin's shared-memory sizes (and so config's check) count."""
+    from cudarl import signatures
+
+    assert signatures.define("ssm", "SCAN_THREADS") == ref.SCAN_THREADS
+
+
 def test_launchers_check_shapes_before_launching():
     from cudarl.ops import ssm as ops
 
