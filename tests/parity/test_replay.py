@@ -975,6 +975,7 @@ def _gather_scalars(xp, B):
         (50, 1, 1, False, 20, 1, 1, 1, 30),  # one sample, a 3-float window
         (1000, 3, 4, False, 500, 7, 3, 33, 600),  # odd batch, windows reaching before bar 0
         (1000, 1, 4, True, 500, 64, 1, 512, 1000),  # the reference: 66-float windows, stored next rows
+        (1000, 1, 4, True, 500, 7, 64, 100, 1000),  # stored next rows (counterfactual runs), 64-bar windows
         ((1 << 16) + 3, 3, 64, False, 4000, 30, 40, 100, 20_000),  # a 1280-float window
         (50, 3, 2, False, 200, 5, 2, 40, 130),  # a wrapped ring: n-step rows past slot C - 1 wrap to 0
     ],
