@@ -227,7 +227,11 @@ def define(family: str, name: str, src_dir: Path | None = None) -> int:
     macros = _macros(strip_comments(path.read_text()))
     if name not in macros:
         raise SignatureError(f"cuda_src/{family}.cu has no #define {name}")
-    return int(macros[name], 0)
+    try:
+        return int(macros[name], 0)
+    except ValueError:
+        body = macros[name]
+        raise SignatureError(f"cuda_src/{family}.cu: #define {name} is {body!r}, not an integer literal") from None
 
 
 def _slot(field) -> np.dtype:

@@ -49,16 +49,17 @@ export PYTHONPATH=. PYTHONFAULTHANDLER=1
 . tools/mps.sh
 mps_start
 W="net.window=64"
-G=""; GN=""; [ -n "${GAMMA:-}" ] && G=",agent.gamma=$GAMMA" && GN="-g$GAMMA"
-[ -n "${CF:-}" ] && G="$G,env.counterfactual=true,env.mirror=true,replay.n_step=1" && GN="$GN-cfm"
+# every variant's shared settings (SETS) and the suffix that names its rows with them (TAG)
+SETS=""; TAG=""; [ -n "${GAMMA:-}" ] && SETS=",agent.gamma=$GAMMA" && TAG="-g$GAMMA"
+[ -n "${CF:-}" ] && SETS="$SETS,env.counterfactual=true,env.mirror=true,replay.n_step=1" && TAG="$TAG-cfm"
 V=()
 for e in ${ENCODERS:-mlp mlp-w64 ssm attention}; do
   case "$e" in
-    mlp) V+=(--variant "mlp$GN:net.encoder=mlp$G") ;;
-    mlp-w64) V+=(--variant "mlp-w64$GN:net.encoder=mlp,$W$G") ;;
-    ssm|attention) V+=(--variant "$e$GN:net.encoder=$e,$W$G") ;;
+    mlp) V+=(--variant "mlp$TAG:net.encoder=mlp$SETS") ;;
+    mlp-w64) V+=(--variant "mlp-w64$TAG:net.encoder=mlp,$W$SETS") ;;
+    ssm|attention) V+=(--variant "$e$TAG:net.encoder=$e,$W$SETS") ;;
     ssm-noise|attention-noise)  # named with the value, so runs of two NOISE values never share rows
-      V+=(--variant "$e${NOISE:-1.0}$GN:net.encoder=${e%-noise},$W,agent.input_noise=${NOISE:-1.0}$G") ;;
+      V+=(--variant "$e${NOISE:-1.0}$TAG:net.encoder=${e%-noise},$W,agent.input_noise=${NOISE:-1.0}$SETS") ;;
     *) echo "ENCODERS: unknown variant $e (mlp, mlp-w64, ssm, attention, ssm-noise, attention-noise)"; exit 2 ;;
   esac
 done

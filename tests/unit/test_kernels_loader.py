@@ -205,3 +205,14 @@ def test_struct_layouts_are_the_c_compilers():
         size, *offsets = (int(v) for v in line.split())
         assert size == sig.struct.itemsize, f"{name}: C says {size} bytes, the dtype {sig.struct.itemsize}"
         assert offsets == [sig.struct.fields[f][1] for f in sig.struct.names], f"{name}: field offsets differ"
+
+
+def test_define_reads_an_integer_and_names_the_file_otherwise(tmp_path):
+    from cudarl import signatures
+
+    (tmp_path / "f.cu").write_text("#define A 0x20  // a block\n#define B (A * 2)\n")
+    assert signatures.define("f", "A", src_dir=tmp_path) == 32
+    with pytest.raises(signatures.SignatureError, match=r"cuda_src/f.cu: #define B is '\(A \* 2\)', not an integer"):
+        signatures.define("f", "B", src_dir=tmp_path)
+    with pytest.raises(signatures.SignatureError, match="cuda_src/f.cu has no #define C"):
+        signatures.define("f", "C", src_dir=tmp_path)
