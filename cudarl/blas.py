@@ -1001,8 +1001,10 @@ def batched_plan_info() -> dict:
     timed), ``single_us`` (the single algorithm's time there; None where no candidate was equal or under
     ``single``), ``chosen_index`` (the index in ``probes`` of the adopted candidate, None: the single one),
     ``changed`` (the batch runs another algorithm than the single one: a bitwise equal candidate faster
-    than it) and ``cached`` (``probe``: the verdict, and these fields, were an earlier process's, read from
-    :mod:`cudarl.probe_cache` instead of probing again). Copies: changing them changes no plan. The
+    than it), ``cached`` (``probe``: the verdict, and these fields, were an earlier process's, read from
+    :mod:`cudarl.probe_cache` instead of probing again) and ``recall`` (``probe``: ``entry``, the kept
+    verdict's file stem, and ``outcome``: ``taken``, ``no entry`` or why the entry was not taken; None under
+    ``single``). Copies: changing them changes no plan. The
     algorithms are read here, not when the plans are made (a plan under ``single`` makes no call it did
     not make before)."""
     return {
@@ -1012,6 +1014,7 @@ def batched_plan_info() -> dict:
             "probes": [dict(c) for c in p.info["probes"]],
             "single": _algo_config(p.single_algo),
             "chosen": _algo_config(p.algo),
+            "recall": dict(p.recall) if p.recall is not None else None,
         }
         for key, p in _plans.items()
         if p.info is not None
@@ -1159,6 +1162,7 @@ class _LtPlan:
         self.alpha, self.beta = ctypes.c_float(1.0), ctypes.c_float(0.0)
         self.algo = _LtAlgo()
         self.info: dict | None = None
+        self.recall: dict | None = None  # probe only: the kept verdict asked for, and what came of it
         try:
             self._describe_problem(lib, m, n, k, trans_a, trans_b, epilogue, tf32, bias_ptr)
             if len(key) > _BASE_KEY:
@@ -1222,39 +1226,42 @@ class _LtPlan:
     def _probe_or_recall(self, lib, key: tuple, stream: int) -> None:
         """:meth:`_probe`, or its verdict for the same key, single algorithm, GPU model, cuBLASLt build and
         probe settings from an earlier process (:mod:`cudarl.probe_cache`), taken where
-        ``cublasLtMatmulAlgoCheck`` still accepts its algorithm; a probe run here is kept for the next."""
+        ``cublasLtMatmulAlgoCheck`` still accepts its algorithm; a probe run here is kept for the next.
+        :attr:`recall` says which entry was asked for and what came of it (``batched_plan_info``)."""
         verdicts = probe_cache.ProbeVerdicts()
         name = verdicts.name(*_probe_context(), repr(key), bytes(self.single_algo).hex(), PROBE_CANDIDATES,
                              PROBE_WARMUP, PROBE_REPEATS, _PROBE_SEED)  # fmt: skip
         record = verdicts.load(name, repr(key))
-        if record is not None and self._recall(lib, record):
+        why = "no entry" if record is None else self._recall(lib, record)
+        self.recall = {"entry": name, "outcome": why or "taken"}
+        if why is None:
             return
         self._probe(lib, key, stream)
         chosen = bytes(self.algo).hex() if self.info["changed"] else None
         verdicts.store(name, repr(key), {"algo": chosen, "info": self.info})
 
-    def _recall(self, lib, record: dict) -> bool:
+    def _recall(self, lib, record: dict) -> str | None:
         """Adopt a kept verdict (``record``: ``algo``, the adopted algorithm's bytes in hex or None for the
-        single one, and the probe's ``info``); False where it does not fit this plan."""
+        single one, and the probe's ``info``): None, or why it does not fit this plan."""
         info, chosen = record.get("info"), record.get("algo")
         if not isinstance(info, dict) or set(info) != set(self.info):
-            return False
+            return "fields differ"
         if chosen is not None:
             try:
                 raw = bytes.fromhex(chosen)
             except (TypeError, ValueError):
-                return False
+                return "algorithm not hex"
             if len(raw) != ctypes.sizeof(_LtAlgo):
-                return False
+                return f"algorithm of {len(raw)} bytes, not {ctypes.sizeof(_LtAlgo)}"
             algo, result = _LtAlgo.from_buffer_copy(raw), _LtHeuristicResult()
             status = lib.cublasLtMatmulAlgoCheck(
                 _lt_handle(), self.desc, *self._layouts(), ctypes.byref(algo), ctypes.byref(result)
             )
             if status != 0 or result.workspaceSize > WORKSPACE_BYTES:
-                return False
+                return f"refused by cublasLtMatmulAlgoCheck: status {status}, workspace {result.workspaceSize} bytes"
             self.algo = algo
         self.info = {**info, "cached": True}
-        return True
+        return None
 
     def _probe(self, lib, key: tuple, stream: int) -> None:
         """Ask the heuristic for up to :data:`PROBE_CANDIDATES` one-kernel algorithms of the batched problem;

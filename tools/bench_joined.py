@@ -314,9 +314,12 @@ def probe_rows(case: str, P: int, tf32: bool, ext: dict) -> list[dict]:
 def probe_summary(r: dict) -> str:
     """One batched plan's probe in words: the single tile -> the chosen one, the candidates probed, and the
     times (us, median on the probe's buffers) of the single algorithm and of each bitwise-equal candidate
-    (``!=``: a candidate whose bits differ, not timed; ``*``: the one adopted)."""
+    (``!=``: a candidate whose bits differ, not timed; ``*``: the one adopted), and the kept verdict's fate
+    (``recall``: taken, or why not, with the entry's first 12 hex digits)."""
     s, c = r["single"], r["chosen"]
     what = f"{s['tile_name']} (algo {s['algo_id']}) -> {c['tile_name']} (algo {c['algo_id']})"
+    if r.get("recall"):
+        what = f"[verdict {r['recall']['entry'][:12]}: {r['recall']['outcome']}] " + what
     what += f"{'' if r['changed'] else ': kept'}, {r['probed']} probed of {r['candidates']}"
     if r.get("single_us") is None:
         return what + ", none bitwise equal" if r["probed"] else what

@@ -71,6 +71,7 @@ def _fake_plan(single: int = 1) -> blas._LtPlan:
     plan.desc = ctypes.c_void_p()
     plan.layout_a, plan.layout_b, plan.layout_d = ctypes.c_void_p(), ctypes.c_void_p(), ctypes.c_void_p()
     plan.algo, plan.single_algo = _algo(single), _algo(single)
+    plan.recall = None
     plan.info = {"shape": "[512x13] x [13x256]", "batch": 64, "mode": "probe", "candidates": 0, "probed": 0,
                  "equal": [], "probes": [], "single_us": None, "chosen_index": None, "changed": False,
                  "cached": False}  # fmt: skip
@@ -114,6 +115,8 @@ def test_a_second_build_takes_the_first_builds_verdict_without_probing(fakes):
     second = _fake_plan()
     second._probe_or_recall(fakes.lib, ("key",), 0)
     assert fakes.calls == {"probe": 1, "check": 1}, "recalled, and its algorithm checked for this plan"
+    assert first.recall["outcome"] == "no entry" and second.recall == {**first.recall, "outcome": "taken"}
+    assert (fakes.root / f"{second.recall['entry']}.json").is_file()
     assert bytes(second.algo) == bytes(first.algo)
     assert second.info == {**first.info, "cached": True}
 
@@ -138,6 +141,9 @@ def test_a_verdict_the_check_refuses_is_probed_again_and_rewritten(fakes, status
     again = _fake_plan()
     again._probe_or_recall(fakes.lib, ("key",), 0)
     assert fakes.calls["probe"] == 2 and not again.info["cached"]
+    assert (
+        again.recall["outcome"] == f"refused by cublasLtMatmulAlgoCheck: status {status}, workspace {workspace} bytes"
+    )
 
 
 def test_another_key_or_single_algorithm_is_another_verdict(fakes):
@@ -150,10 +156,13 @@ def test_a_damaged_verdict_is_probed_again(fakes):
     _fake_plan()._probe_or_recall(fakes.lib, ("key",), 0)
     (path,) = fakes.root.glob("*.json")
     entry = json.loads(path.read_text())
+    outcomes = []
     for bad in ({"algo": "zz", "info": entry["record"]["info"]}, {"algo": "00", "info": entry["record"]["info"]},
                 {"algo": None, "info": {"changed": False}}):  # fmt: skip
         path.write_text(json.dumps({**entry, "record": bad}))
         plan = _fake_plan()
         plan._probe_or_recall(fakes.lib, ("key",), 0)
         assert not plan.info["cached"]
+        outcomes.append(plan.recall["outcome"])
     assert fakes.calls["probe"] == 4
+    assert outcomes == ["algorithm not hex", "algorithm of 1 bytes, not 64", "fields differ"]
