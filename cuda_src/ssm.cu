@@ -62,6 +62,30 @@ struct Scan {
   __device__ int ccol(int h) const { return E + G * N + group(h) * N; }  // C's first column in xbc
 };
 
+// acc[u][v] += sum_{k in [k0, k1)} a(i0 + u, k) b(k, j0 + v J), k ascending: one thread's TM x TN tile of
+// rows i0 .. i0 + TM and strided columns j0, j0 + J, ... (rows >= M and columns >= Nn read as 0).
+template <int TM, int TN, typename FA, typename FB>
+__device__ __forceinline__ void tile_acc(float (&acc)[TM][TN], int i0, int j0, int J, int M, int Nn, int k0, int k1,
+                                         FA a, FB b) {
+  for (int k = k0; k < k1; ++k) {
+    float av[TM], bv[TN];
+#pragma unroll
+    for (int u = 0; u < TM; ++u) av[u] = i0 + u < M ? a(i0 + u, k) : 0.f;
+#pragma unroll
+    for (int v = 0; v < TN; ++v) bv[v] = j0 + v * J < Nn ? b(k, j0 + v * J) : 0.f;
+#pragma unroll
+    for (int u = 0; u < TM; ++u)
+#pragma unroll
+      for (int v = 0; v < TN; ++v) acc[u][v] += av[u] * bv[v];
+  }
+}
+
+// The k range of a tile's second product in tile_gemm2 when its a is triangular: LOWER (a(i, k) = 0 for
+// k > i) stops after the tile's last row, UPPER (a(i, k) = 0 for k < i) starts at its first, FULL takes
+// every k. A skipped product is an exact zero added to the sum's start (+0) or end, so the sum keeps the
+// bits of the untrimmed one (finite operands).
+enum Tri { FULL, LOWER, UPPER };
+
 // out(i, j, v) with v = sum_k a(i, k) b(k, j), k ascending, for i < M, j < Nn: the block's threads each
 // own a TM x TN tile of rows i0 .. i0 + TM and strided columns j0, j0 + J, ... (J = ceil(Nn / TN) column
 // groups; consecutive threads take consecutive columns, so b's loads are conflict-free and a's are
@@ -73,27 +97,35 @@ __device__ __forceinline__ void tile_gemm(int M, int Nn, int K, FA a, FB b, FO o
   const int J = (Nn + TN - 1) / TN, tiles = ((M + TM - 1) / TM) * J;
   for (int tile = threadIdx.x; tile < tiles; tile += blockDim.x) {
     const int i0 = (tile / J) * TM, j0 = tile % J;
-    float acc[TM][TN];
-#pragma unroll
-    for (int u = 0; u < TM; ++u)
-#pragma unroll
-      for (int v = 0; v < TN; ++v) acc[u][v] = 0.f;
-    for (int k = 0; k < K; ++k) {
-      float av[TM], bv[TN];
-#pragma unroll
-      for (int u = 0; u < TM; ++u) av[u] = i0 + u < M ? a(i0 + u, k) : 0.f;
-#pragma unroll
-      for (int v = 0; v < TN; ++v) bv[v] = j0 + v * J < Nn ? b(k, j0 + v * J) : 0.f;
-#pragma unroll
-      for (int u = 0; u < TM; ++u)
-#pragma unroll
-        for (int v = 0; v < TN; ++v) acc[u][v] += av[u] * bv[v];
-    }
+    float acc[TM][TN] = {};
+    tile_acc<TM, TN>(acc, i0, j0, J, M, Nn, 0, K, a, b);
 #pragma unroll
     for (int u = 0; u < TM; ++u)
 #pragma unroll
       for (int v = 0; v < TN; ++v)
         if (i0 + u < M && j0 + v * J < Nn) out(i0 + u, j0 + v * J, acc[u][v]);
+  }
+}
+
+// Two products on one tile mapping, each its own sum: out(i, j, v1, v2) with v1 = sum_{k < K1} a1(i, k)
+// b1(k, j) and v2 = sum_{k < K2} a2(i, k) b2(k, j), both k ascending; a2 triangular as T2 says (Tri). For
+// the scan's "sum over s <= t" terms, which ran as one serial loop per output (a dependent chain of up to
+// Q multiply-adds with two shared loads each, the block waiting on its longest rows): as a tile, TM + TN
+// loads feed TM TN independent multiply-adds, with the same sums.
+template <int TM, int TN, Tri T2, typename FA1, typename FB1, typename FA2, typename FB2, typename FO>
+__device__ __forceinline__ void tile_gemm2(int M, int Nn, int K1, FA1 a1, FB1 b1, int K2, FA2 a2, FB2 b2, FO out) {
+  const int J = (Nn + TN - 1) / TN, tiles = ((M + TM - 1) / TM) * J;
+  for (int tile = threadIdx.x; tile < tiles; tile += blockDim.x) {
+    const int i0 = (tile / J) * TM, j0 = tile % J;
+    float acc1[TM][TN] = {}, acc2[TM][TN] = {};
+    tile_acc<TM, TN>(acc1, i0, j0, J, M, Nn, 0, K1, a1, b1);
+    const int k0 = T2 == UPPER ? min(i0, K2) : 0, k1 = T2 == LOWER ? min(i0 + TM, K2) : K2;
+    tile_acc<TM, TN>(acc2, i0, j0, J, M, Nn, k0, k1, a2, b2);
+#pragma unroll
+    for (int u = 0; u < TM; ++u)
+#pragma unroll
+      for (int v = 0; v < TN; ++v)
+        if (i0 + u < M && j0 + v * J < Nn) out(i0 + u, j0 + v * J, acc1[u][v], acc2[u][v]);
   }
 }
 
@@ -293,11 +325,10 @@ extern "C" __global__ __launch_bounds__(SCAN_THREADS) void cudarl_ssm_ssd_forwar
         [&](int t, int s, float cb) { M[t * Q1 + s] = s <= t ? cb * expf(cum[t] - cum[s]) * dts[s] : 0.f; });
     for (int s = tid; s < Qc; s += nt) fs[s] = expf(cum[Qc - 1] - cum[s]) * dts[s];
     __syncthreads();
-    tile_gemm<2, 4>(  // y_t = sum_{s <= t} M[t][s] x_s + exp(cum_t) (S C_t) + D x_t; S = 0 in chunk 0 (K = 0)
+    tile_gemm2<2, 4, LOWER>(  // y_t = sum_{s <= t} M[t][s] x_s + exp(cum_t) (S C_t) + D x_t; S = 0 in chunk 0
         Qc, P, c > 0 ? N : 0, [&](int t, int n) { return Cs[t * N1 + n]; }, [&](int n, int p) { return S[p * N1 + n]; },
-        [&](int t, int p, float off) {
-          float acc = 0.f;
-          for (int s = 0; s <= t; ++s) acc += M[t * Q1 + s] * xs[s * P + p];
+        Qc, [&](int t, int s) { return M[t * Q1 + s]; }, [&](int s, int p) { return xs[s * P + p]; },
+        [&](int t, int p, float off, float acc) {
           y[(row0 + t) * sc.E + h * P + p] = acc + expf(cum[t]) * off + D * xs[t * P + p];
         });
     __syncthreads();  // every y read S before it moves on
@@ -407,29 +438,23 @@ extern "C" __global__ __launch_bounds__(SCAN_THREADS) void cudarl_ssm_ssd_backwa
         Qc, P, kSin * N, [&](int t, int n) { return Cs[t * N1 + n]; }, [&](int n, int p) { return Sin[p * N1 + n]; },
         [&](int t, int p, float v) { yoff[t * P + p] = v; });
     __syncthreads();
-    for (int i = tid; i < Qc * P; i += nt) {
-      const int s = i / P, p = i % P;
-      float acc = 0.f;
-      for (int t = s; t < Qc; ++t) acc += M[t * Q1 + s] * dys[t * P + p];
-      const float d = acc + fs[s] * wS[i];
-      du[i] = d;
-      dxbc[(row0 + s) * sc.Cc + h * P + p] = dts[s] * d + D * dys[i];
-    }
+    tile_gemm2<2, 4, UPPER>(  // du_s = sum_{t >= s} M[t][s] dy_t + f_s wS_s; dx = dt du + D dy
+        Qc, P, 0, [&](int, int) { return 0.f; }, [&](int, int) { return 0.f; },
+        Qc, [&](int s, int t) { return M[t * Q1 + s]; }, [&](int t, int p) { return dys[t * P + p]; },
+        [&](int s, int p, float, float acc) {
+          const float d = acc + fs[s] * wS[s * P + p];
+          du[s * P + p] = d;
+          dxbc[(row0 + s) * sc.Cc + h * P + p] = dts[s] * d + D * dys[s * P + p];
+        });
     float* dbc = dbc_part + (row0 * H + h) * 2 * (i64)N;
-    tile_gemm<2, 4>(  // dC_t = sum_{s <= t} dCB[t][s] B_s + e_t S_in^T dy_t
+    tile_gemm2<2, 4, LOWER>(  // dC_t = sum_{s <= t} dCB[t][s] B_s + e_t S_in^T dy_t
         Qc, N, kSin * P, [&](int t, int p) { return dys[t * P + p]; }, [&](int p, int n) { return Sin[p * N1 + n]; },
-        [&](int t, int n, float sc_in) {
-          float dc = 0.f;
-          for (int s = 0; s <= t; ++s) dc += dCB[t * Q1 + s] * Bs[s * N1 + n];
-          dbc[(i64)t * H * 2 * N + N + n] = dc + es[t] * sc_in;
-        });
-    tile_gemm<2, 4>(  // dB_s = sum_{t >= s} dCB[t][s] C_t + f_s dS^T u_s
+        Qc, [&](int t, int s) { return dCB[t * Q1 + s]; }, [&](int s, int n) { return Bs[s * N1 + n]; },
+        [&](int t, int n, float sc_in, float dc) { dbc[(i64)t * H * 2 * N + N + n] = dc + es[t] * sc_in; });
+    tile_gemm2<2, 4, UPPER>(  // dB_s = sum_{t >= s} dCB[t][s] C_t + f_s dS^T u_s
         Qc, N, kS * P, [&](int s, int p) { return dts[s] * xs[s * P1 + p]; }, [&](int p, int n) { return dS[p * N1 + n]; },
-        [&](int s, int n, float sc_out) {
-          float db = 0.f;
-          for (int t2 = s; t2 < Qc; ++t2) db += dCB[t2 * Q1 + s] * Cs[t2 * N1 + n];
-          dbc[(i64)s * H * 2 * N + n] = db + fs[s] * sc_out;
-        });
+        Qc, [&](int s, int t) { return dCB[t * Q1 + s]; }, [&](int t, int n) { return Cs[t * N1 + n]; },
+        [&](int s, int n, float sc_out, float db) { dbc[(i64)s * H * 2 * N + n] = db + fs[s] * sc_out; });
     __syncthreads();  // du is complete
     // dcum and q: one warp per bar t
     for (int t = tid >> 5; t < Qc; t += nt >> 5) {
