@@ -628,8 +628,7 @@ extern "C" __global__ void cudarl_replay_sample_search_gather(
 // rows, as window.gather of them would). One node fewer on the train step's chain (the window
 // gather was the launch after the search). Threads: a group of `wps` warps per sample (wps divides
 // SW_THREADS / 32; the launcher's choice from the window's size): the group's first warp searches and
-// gathers, hands the slot to the others through shared memory (at wps = 1, the MLP's one bar, the warp
-// keeps its slot: no barrier, which cost the MLP's sample phase about 1 us at 8bd35a5), and the group's lanes split the
+// gathers, hands the slot to the others through shared memory, and the group's lanes split the
 // window's window * (F + 2) floats, twice. Reads the rows from the ring (not the outputs just written).
 // At window 64 one warp a sample wrote 544 floats a lane, the step's longest serial chain after the
 // scans (148 us of the SSM train step at bf6ed31); eight warps write 68. The writer of an element
@@ -654,23 +653,15 @@ extern "C" __global__ __launch_bounds__(SW_THREADS, 6) void cudarl_replay_sample
   GATHER_MEMBER();
   obs_win += mb * sw;
   next_win += mb * sw;
-  i64 s = -1;
-  if (wps == 1) {  // uniform over the grid: each warp is its own group; no hand-over, no barrier
-    if (j >= B) return;
-    s = search_gather_warp(tree, levels, step, indices, qsel, status, B, depth, seed[0], stream_id, s_obs, s_action,
-                           s_reward, s_discount, s_next, obs_out, next_obs_out, action_out, return_out, discount_out,
-                           D, C, n_envs, n_step, lag, j, lane);
-  } else {
-    if (k == 0 && j < B) {
-      const i64 g = search_gather_warp(tree, levels, step, indices, qsel, status, B, depth, seed[0], stream_id, s_obs,
-                                       s_action, s_reward, s_discount, s_next, obs_out, next_obs_out, action_out,
-                                       return_out, discount_out, D, C, n_envs, n_step, lag, j, lane);
-      if (lane == 0) slot[warp] = g;
-    }
-    __syncthreads();  // every warp of the block reaches it (no early return above)
-    if (j >= B) return;
-    s = slot[lead];
+  if (k == 0 && j < B) {
+    const i64 s = search_gather_warp(tree, levels, step, indices, qsel, status, B, depth, seed[0], stream_id, s_obs,
+                                     s_action, s_reward, s_discount, s_next, obs_out, next_obs_out, action_out,
+                                     return_out, discount_out, D, C, n_envs, n_step, lag, j, lane);
+    if (lane == 0) slot[warp] = s;
   }
+  __syncthreads();  // every warp of the block reaches it (no early return above)
+  if (j >= B) return;
+  const i64 s = slot[lead];
   float r0 = 0.0f, r1 = 0.0f, r2 = 0.0f, r3 = 0.0f, n0 = 0.0f, n1 = 0.0f, n2 = 0.0f, n3 = 0.0f;
   if (s >= 0 && s < C) {  // the values gather_one copied (every lane reads them: one cached line each)
     const float* r = s_obs + s * D;
