@@ -617,20 +617,26 @@ def test_algorithm_records_read_the_tile_table():
 
 def test_batched_plan_info_copies_the_probe_records(monkeypatch):
     """batched_plan_info's record of a probe plan (a fake plan here, no GPU): every probed candidate's
-    equal verdict and time, the single's time and the chosen index, as copies (changing them changes no
-    plan); the algorithms read through _algo_config."""
+    equal verdict and time, the single's time, the chosen index and the kept verdict's recall, as copies
+    (changing them changes no plan); the algorithms read through _algo_config; a plan that was never
+    probed against the cache (recall None) says None."""
     probes = [{"algo_id": 21, "tile_name": "256x128", "stages": 3, "equal": False, "us": None},
               {"algo_id": 21, "tile_name": "128x128", "stages": 3, "equal": True, "us": 7.0}]  # fmt: skip
     info = {"shape": "[512x13] x [13x256]", "batch": 8, "mode": "probe", "candidates": 3, "probed": 2,
             "equal": [False, True], "probes": probes, "single_us": 9.0, "chosen_index": 1, "changed": True}  # fmt: skip
-    plan = SimpleNamespace(info=info, single_algo="single", algo="chosen")
+    recall = {"entry": "stem", "outcome": "taken"}
+    plan = SimpleNamespace(info=info, single_algo="single", algo="chosen", recall=recall)
     monkeypatch.setitem(blas._plans, ("fake",), plan)
+    unrecalled = SimpleNamespace(info=dict(info), single_algo="s", algo="s", recall=None)
+    monkeypatch.setitem(blas._plans, ("unrecalled",), unrecalled)
     monkeypatch.setattr(blas, "_algo_config", lambda algo: {"tile_name": algo})
-    r = blas.batched_plan_info()[("fake",)]
+    info_all = blas.batched_plan_info()
+    r = info_all[("fake",)]
     assert (r["single"], r["chosen"]) == ({"tile_name": "single"}, {"tile_name": "chosen"})
     assert r["probes"] == probes and r["equal"] == [False, True] and (r["single_us"], r["chosen_index"]) == (9.0, 1)
-    r["probes"][1]["us"], r["equal"][0] = 1.0, True
-    assert probes[1]["us"] == 7.0 and info["equal"] == [False, True]
+    assert r["recall"] == recall and info_all[("unrecalled",)]["recall"] is None
+    r["probes"][1]["us"], r["equal"][0], r["recall"]["outcome"] = 1.0, True, "no entry"
+    assert probes[1]["us"] == 7.0 and info["equal"] == [False, True] and recall["outcome"] == "taken"
 
 
 def test_probe_timer_times_a_graph_of_repeats_and_takes_the_median(monkeypatch):
