@@ -57,31 +57,56 @@ def assert_oracle(actual, ref32, ref64, *, floor: float = 1e-5, what: str = "out
     return assert_parity(actual, np.asarray(ref64, dtype=np.float32), rtol=tol, what=what)
 
 
+def bitwise_difference(actual, expected, what: str = "output") -> str | None:
+    """None where two arrays are identical bit for bit, else what differs: shapes or dtypes, or how many
+    bytes and where (with the values for arrays of at most four elements, e.g. a scalar statistic)."""
+    a, e = np.ascontiguousarray(to_numpy(actual)), np.ascontiguousarray(to_numpy(expected))
+    if a.shape != e.shape or a.dtype != e.dtype:
+        return f"{what}: {a.shape}/{a.dtype} vs {e.shape}/{e.dtype}"
+    bad = np.flatnonzero(a.reshape(-1).view(np.uint8) != e.reshape(-1).view(np.uint8))
+    if bad.size == 0:
+        return None
+    values = f": {a.ravel().tolist()} vs {e.ravel().tolist()}" if a.size <= 4 else ""
+    return f"{what}: {bad.size} bytes differ (first at byte {bad[0]}){values}"
+
+
 def assert_bitwise(actual, expected, what: str = "output") -> None:
     """Assert two arrays are identical bit for bit (graphed vs eager, repeated runs)."""
-    a, e = np.ascontiguousarray(to_numpy(actual)), np.ascontiguousarray(to_numpy(expected))
-    assert a.shape == e.shape and a.dtype == e.dtype, f"{what}: {a.shape}/{a.dtype} vs {e.shape}/{e.dtype}"
-    ab, eb = a.view(np.uint8), e.view(np.uint8)
-    bad = np.flatnonzero(ab != eb)
-    assert bad.size == 0, f"{what}: {bad.size} bytes differ (first at byte {bad[0]})"
+    diff = bitwise_difference(actual, expected, what)
+    assert diff is None, diff
+
+
+def state_differences(actual, expected, what: str = "state") -> list[str]:
+    """Every difference between two state trees (nested dicts, as ``state_dict()`` returns), one line per
+    leaf, in ``expected``'s key order: keys missing or extra at a level, a leaf's type, an array's or NumPy
+    scalar's dtype, shape or bits (:func:`bitwise_difference`), a plain value (ints, floats, strings,
+    layouts as lists of tuples; NaN equals NaN). Empty: the same state."""
+    if isinstance(expected, dict):
+        if not isinstance(actual, dict):
+            return [f"{what}: {type(actual).__name__}, expected a dict"]
+        out = (
+            []
+            if sorted(actual) == sorted(expected)
+            else [f"{what}: keys {sorted(actual)}, expected {sorted(expected)}"]
+        )
+        for k in expected:
+            if k in actual:
+                out += state_differences(actual[k], expected[k], f"{what}/{k}")
+        return out
+    if type(actual) is not type(expected):
+        return [f"{what}: {type(actual).__name__}, expected {type(expected).__name__}"]
+    if isinstance(expected, (np.ndarray, np.generic)) or type(expected).__module__.startswith("cupy"):
+        diff = bitwise_difference(actual, expected, what)
+        return [] if diff is None else [diff]
+    nan = isinstance(expected, float) and expected != expected and actual != actual
+    return [] if nan or actual == expected else [f"{what}: {actual!r}, expected {expected!r}"]
 
 
 def assert_state_bitwise(actual, expected, what: str = "state") -> None:
-    """Assert two state trees (nested dicts, as ``state_dict()`` returns) are the same: the same keys at
-    every level, arrays and NumPy scalars of one type, dtype and shape equal bit for bit, and plain values
-    (ints, floats, strings, layouts as lists of tuples) of one type and equal (NaN equal to NaN)."""
-    if isinstance(expected, dict):
-        assert isinstance(actual, dict), f"{what}: {type(actual).__name__}, expected a dict"
-        assert sorted(actual) == sorted(expected), f"{what}: keys {sorted(actual)}, expected {sorted(expected)}"
-        for k in expected:
-            assert_state_bitwise(actual[k], expected[k], f"{what}/{k}")
-        return
-    assert type(actual) is type(expected), f"{what}: {type(actual).__name__}, expected {type(expected).__name__}"
-    if isinstance(expected, (np.ndarray, np.generic)) or type(expected).__module__.startswith("cupy"):
-        assert_bitwise(actual, expected, what)
-        return
-    nan = isinstance(expected, float) and expected != expected and actual != actual
-    assert nan or actual == expected, f"{what}: {actual!r}, expected {expected!r}"
+    """Assert two state trees are the same (:func:`state_differences`); the message lists every differing
+    leaf (the first 20), not only the first, so one failing run says how far a difference spread."""
+    diffs = state_differences(actual, expected, what)
+    assert not diffs, f"{len(diffs)} differing leaves:\n" + "\n".join(diffs[:20])
 
 
 def finite_difference(f, x: np.ndarray, eps: float = 1e-6) -> np.ndarray:

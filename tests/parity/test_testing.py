@@ -93,3 +93,25 @@ def test_gpu_fma(cp, rng, n, iters):
     ops.fma(d, 0.75, 0.125, iters)
     ref.fma(x, 0.75, 0.125, iters)
     assert_parity(d, x)
+
+
+def test_state_differences_lists_every_differing_leaf_and_the_assert_names_them():
+    """Two state trees that differ in a scalar statistic, an array, a plain value and a key: every one is a
+    line (the scalar with its values), in the expected tree's order, and assert_state_bitwise's message
+    carries them all; equal trees (NaN equal to NaN) have none."""
+    from cudarl.testing import assert_state_bitwise, state_differences
+
+    want = {"trainer": {"best": np.float64(1.5), "step": 7, "nan": float("nan")}, "w": np.arange(6, dtype=np.float32)}
+    assert state_differences(want, want) == []
+    w = want["w"].copy()
+    w[4] = -1.0
+    got = {"trainer": {"best": np.float64(1.25), "step": 8, "nan": float("nan"), "extra": 0}, "w": w}
+    diffs = state_differences(got, want)
+    assert len(diffs) == 4
+    assert diffs[0].startswith("state/trainer: keys ['best', 'extra', 'nan', 'step']")
+    assert diffs[1] == "state/trainer/best: 1 bytes differ (first at byte 6): [1.25] vs [1.5]"
+    assert diffs[2] == "state/trainer/step: 8, expected 7"
+    assert diffs[3] == "state/w: 1 bytes differ (first at byte 19)"  # 4.0 -> -1.0: the sign byte
+    with pytest.raises(AssertionError, match=r"4 differing leaves:(.|\n)*trainer/step: 8(.|\n)*state/w: 1 bytes"):
+        assert_state_bitwise(got, want)
+    assert state_differences({"w": w.astype(np.float64)}, {"w": w})[0] == "state/w: (6,)/float64 vs (6,)/float32"
