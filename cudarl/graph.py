@@ -207,22 +207,10 @@ class StepGraph:
         self._graph.launch(self.stream)
 
     def _follow_caller(self) -> None:
-        """Order :attr:`stream` after the work already issued on the caller's current stream.
-
-        The graph's stream is non-blocking, so without this a buffer the caller just wrote on the
-        default stream (``cp.zeros``, ``a[...] = 0``, a host-to-device copy) could be read before the
-        write lands: seen on the H200 as ``test_causal``'s eager run reading a pooled counter's stale
-        value. One event record and one wait, no host synchronisation.
-        """
-        import cupy
-
-        caller = cupy.cuda.get_current_stream()
-        if caller.ptr == self.stream.ptr:
-            return
-        if self._after is None:
-            self._after = cupy.cuda.Event(block=False, disable_timing=True, interprocess=False)
-        self._after.record(caller)
-        self.stream.wait_event(self._after)
+        """Order :attr:`stream` after the work already issued on the caller's current stream
+        (:func:`follow_caller`; seen on the H200 as ``test_causal``'s eager run reading a pooled
+        counter's stale value)."""
+        self._after = follow_caller(self.stream, self._after)
 
     def synchronize(self) -> None:
         """Wait for the graph's stream (a no-op on the NumPy backend)."""
@@ -269,6 +257,30 @@ class StepGraph:
         if self._captured:
             out["total"] = time_graph(self._graph)
         return out
+
+
+def follow_caller(stream, event=None):
+    """Order ``stream`` after the work already issued on the caller's current stream; returns the event it
+    recorded (pass it back to reuse it), or ``event`` when there is nothing to order (``stream`` None: the
+    NumPy backend, or the caller already on ``stream``).
+
+    Our streams are non-blocking, so the legacy default stream, current wherever no ``with stream:`` is
+    active, does not wait for them nor they for it: without this, a buffer the caller just made or wrote
+    there (``cp.zeros``, ``a[...] = 0``, a host-to-device copy) could be read on ``stream`` before the
+    write lands. It lands first unless the GPU is busy (another process's time slice), so such a race
+    shows only under load. One event record and one wait, no host synchronisation."""
+    if stream is None:
+        return event
+    import cupy
+
+    caller = cupy.cuda.get_current_stream()
+    if caller.ptr == stream.ptr:
+        return event
+    if event is None:
+        event = cupy.cuda.Event(block=False, disable_timing=True, interprocess=False)
+    event.record(caller)
+    stream.wait_event(event)
+    return event
 
 
 def capture_all(graphs: Sequence[StepGraph]) -> None:

@@ -45,6 +45,7 @@ from ._driver import DEVICE_BACKENDS
 from .checkpoint import CheckpointError
 from .config import Config, from_dict
 from .features import Normaliser
+from .graph import follow_caller
 
 FORMAT = "cudarl-policy"
 #: ``device`` of :func:`load_policy` -> the backend it asks for
@@ -962,6 +963,9 @@ def greedy_walk(
     synchronisation per bar, but about ten launches a bar: 0.9 ms a bar on an H200 at 3447ac3).
     """
     xp = env.xp
+    # the walk's buffers and the env may have been made on the caller's stream (an evaluation's first
+    # walk builds its env and block Q there): the walk, on ``stream``, follows that work
+    follow_caller(stream)
     one_episode = env.n_envs == 1 and env.params.n_starts == 1 and not env.params.stagger
     if scale is not None:
         q_rows = None  # the plan head's gate: one bar at a time

@@ -39,7 +39,7 @@ from .data import report as data_report
 from .env import TradingEnv
 from .evaluate import json_safe, write_outputs
 from .features import Normaliser
-from .graph import StepGraph, capture_all
+from .graph import StepGraph, capture_all, follow_caller
 from .monitor import StepMonitor
 from .policy import EVAL_ENVS, PolicyState, deployment, eval_env, evaluate_split, greedy_walk, is_policy_file
 from .prepare import Prepared, prepare_data
@@ -682,6 +682,9 @@ class Trainer:
         if self.average is not None:  # a checkpoint without one (written before) starts it from the weights
             src = s["average"]["params"] if "average" in s else _backend.to_numpy(self.agent.online.params)
             self.average[...] = self.xp.asarray(src)
+        # the writes above ran on the caller's stream; the graphs follow it at their next replay, an
+        # evaluation straight after a load (a run resumed at its end) would not without this
+        follow_caller(self.stream)
 
     def _learning_state(self) -> dict:
         """``{"agent", "replay", "env"}``: the states of what the graphs train (a joined population's member

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from cudarl import kernels
-from cudarl.graph import GraphCaptureError, GraphError, SideStream, StepGraph
+from cudarl.graph import GraphCaptureError, GraphError, SideStream, StepGraph, follow_caller
 
 
 def test_cpu_replay_requires_capture_and_runs_phases_in_order():
@@ -327,3 +327,65 @@ def test_gpu_branch_closes_the_side_streams_its_body_left_open(cp):
         g.synchronize()
         for i, (x, y) in enumerate(outs):
             assert float(x[-1]) == 10 * k and float(y[-1]) == (i + 2) * k
+
+
+def test_follow_caller_orders_a_stream_after_the_callers_work(monkeypatch):
+    """follow_caller(stream): an event recorded on the caller's current stream, which ``stream`` waits for
+    (our streams are non-blocking: the legacy default stream's writes would otherwise race the reads on
+    ``stream``); reused when passed back; nothing for the caller's own stream or the NumPy backend (None).
+    A fake ``cupy`` records the calls."""
+    import sys
+    from types import SimpleNamespace
+
+    log = []
+
+    class Stream:
+        def __init__(self, name, ptr):
+            self.name, self.ptr = name, ptr
+
+        def wait_event(self, e):
+            log.append(("wait", self.name, e.n))
+
+    class Event:
+        made = 0
+
+        def __init__(self, **kw):
+            Event.made += 1
+            self.n = Event.made
+            assert kw == {"block": False, "disable_timing": True, "interprocess": False}
+
+        def record(self, stream):
+            log.append(("record", stream.name, self.n))
+
+    caller, mine = Stream("caller", 1), Stream("mine", 2)
+    fake = SimpleNamespace(cuda=SimpleNamespace(get_current_stream=lambda: caller, Event=Event))
+    monkeypatch.setitem(sys.modules, "cupy", fake)
+    assert follow_caller(None) is None
+    e = follow_caller(mine)
+    assert log == [("record", "caller", 1), ("wait", "mine", 1)]
+    assert follow_caller(mine, e) is e and log[2:] == [("record", "caller", 1), ("wait", "mine", 1)]
+    assert follow_caller(caller, e) is e and len(log) == 4  # already on it: nothing to order
+
+
+def test_evaluation_and_a_loaded_state_follow_the_callers_stream(monkeypatch, tmp_path):
+    """The trainer's work that reads what the caller's stream just wrote follows it (follow_caller): an
+    evaluation's walk (its env and block Q are made on the caller's stream at the first evaluation) and
+    what runs after load_state_dict (its writes run on the caller's stream; the graphs follow at their
+    next replay, an evaluation straight after would not). On the NumPy backend the stream is None; the
+    test holds that both call it (either call removed fails it)."""
+    from test_trainer import small
+
+    from cudarl import policy, trainer
+
+    calls = []
+    record = lambda stream, event=None: calls.append(stream) or event  # noqa: E731
+    monkeypatch.setattr(policy, "follow_caller", record)
+    monkeypatch.setattr(trainer, "follow_caller", record)
+    t = trainer.Trainer(small(tmp_path), run_dir=False, echo=lambda m: None)
+    t.run(20)
+    calls.clear()
+    t.evaluate("val")
+    assert calls == [t.stream]
+    calls.clear()
+    t.load_state_dict(t.state_dict())
+    assert calls == [t.stream]
