@@ -1,0 +1,102 @@
+"""cudarl.hazards: cross-stream hazards of a step graph, found on the NumPy backend.
+
+The checker must see a side branch that writes what the main stream reads before the join, must not
+see one once the join orders them, must tell a member's rows from another's in an interleaved view,
+and finds none in the reference train and collect graphs, alone and in a joined population.
+"""
+
+import numpy as np
+import pytest
+
+from cudarl import blas
+from cudarl.graph import SideStream, StepGraph
+from cudarl.hazards import find_hazards
+
+RNG = np.random.default_rng(0)
+
+
+def _graph(phases):
+    g = StepGraph("toy", phases, xp=np)
+    g.capture()
+    return g
+
+
+def _mats(n=3):
+    return [RNG.standard_normal((8, 8)).astype(np.float32) for _ in range(n)]
+
+
+@pytest.mark.parametrize("join", [False, True])
+def test_a_side_write_read_on_main_before_the_join_is_a_hazard(join):
+    a, b, mid, out = _mats(4)
+    side = SideStream(np)
+
+    def phase():
+        with side.fork():
+            blas.gemm(a, b, mid)  # writes mid on the side
+        if join:
+            side.join()
+        blas.gemm(mid, b, out)  # reads mid on the main stream
+
+    found = find_hazards(_graph([("p", phase)]))
+    if join:
+        assert found == []
+    else:
+        assert [h.kind() for h in found] == ["write-read"]
+        assert found[0].first.stream != "main" and found[0].second.stream == "main"
+        assert "blas.gemm" in found[0].message()
+
+
+def test_a_main_write_of_what_a_side_reads_after_the_fork_is_a_hazard():
+    """The fork orders the side after the main stream's work so far, not after what follows it."""
+    a, b, c, out = _mats(4)
+    side = SideStream(np)
+
+    def phase():
+        blas.gemm(a, b, c)  # before the fork: ordered
+        with side.fork():
+            blas.gemm(c, b, out)  # reads c
+        blas.gemm(a, a, c)  # rewrites c while the side may still read it
+
+    found = find_hazards(_graph([("p", phase)]))
+    assert [h.kind() for h in found] == ["read-write"]
+
+
+def test_interleaved_rows_of_two_views_are_told_apart():
+    """Two views of one buffer whose byte bounds overlap but whose runs do not (two layers' rows of a
+    population's ``[P, n_params]`` gradients) are no hazard; views sharing bytes are."""
+    a = RNG.standard_normal((3, 8, 8)).astype(np.float32)
+    s1, s2 = SideStream(np), SideStream(np)
+
+    def hazards(lo):
+        # a fresh buffer each time: a write of the values already there is not seen (module docstring)
+        flat = np.zeros((3, 200), np.float32)
+        view = lambda at: flat[:, at : at + 64].reshape(3, 8, 8)  # noqa: E731  member i's rows at..at+63
+
+        def phase():
+            with s1.fork():
+                blas.gemm_lt_batched(a, a, view(0))
+            with s2.fork():
+                blas.gemm_lt_batched(a, a, view(lo))
+
+        return [h.kind() for h in find_hazards(_graph([("p", phase)]))]
+
+    assert hazards(100) == []
+    assert hazards(32) == ["write-write"]
+
+
+def test_the_checker_leaves_the_ops_and_side_streams_as_they_were():
+    before = (blas.gemm, SideStream.fork, SideStream.join)
+    find_hazards(_graph([("p", lambda: None)]))
+    assert (blas.gemm, SideStream.fork, SideStream.join) == before
+
+
+@pytest.mark.parametrize("argv", [[], ["--members", "3"]], ids=["trainer", "joined-population"])
+def test_the_reference_step_graphs_have_no_hazard(argv, capsys):
+    import sys
+
+    sys.path.insert(0, "tools")
+    import stream_hazards
+
+    assert stream_hazards.main(["--updates", "2", *argv]) == 0
+    out = capsys.readouterr().out
+    assert "train:" in out and "collect:" in out
