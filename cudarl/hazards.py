@@ -10,14 +10,17 @@ process's time slice or a different schedule reorders them (the run-to-run diffe
 On the NumPy backend a fork's body runs in place, so the order of the kernel calls and of the forks and
 joins is the GPU's capture order. :func:`find_hazards` replays a graph's phases with every kernel family
 op (``cudarl.reference.*``) and every GEMM (``cudarl.blas``) wrapped: each call's array arguments are
-regions of memory (NumPy's ``byte_bounds``); the arguments whose bytes the call changed are its writes, all
-of them its reads (conservative: an output-only argument counts as read). Each logical stream keeps a
-vector clock (Lamport 1978; Fidge 1988): a fork orders the side after the forking stream's work so far, a
-join the joining stream after the side's. Two accesses to overlapping regions from different streams, at
-least one a write, neither ordered before the other, are a hazard.
+regions of memory (its contiguous byte runs); the arguments whose bytes the call changed are its writes, all
+of them its reads (conservative: an output-only argument counts as read). A ticket counter (an argument
+named in :data:`TICKETS`: 0 before the launch and left 0, so its bytes never change) counts as written:
+on the GPU every block of a ticketed launch increments it, so two launches that share one must be ordered.
+Each logical stream keeps a vector clock (Lamport 1978; Fidge 1988): a fork orders the side after the
+forking stream's work so far, a join the joining stream after the side's. Two accesses to overlapping
+regions from different streams, at least one a write, neither ordered before the other, are a hazard.
 
 What it cannot see: work that is not a family op or a GEMM (NumPy expressions written in a phase), a
-write of the values already there, and kernels whose GPU launcher touches memory its twin does not (a
+write of the values already there, an array made inside a phase whose memory a later one reuses (the
+phases of a captured graph allocate nothing), and kernels whose GPU launcher touches memory its twin does not (a
 scratch buffer the twin never uses). A clean report is evidence, not proof.
 """
 
@@ -26,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import importlib
+import inspect
 import pkgutil
 import traceback
 from dataclasses import dataclass, field
@@ -87,6 +91,16 @@ def _merge(into: dict, other: dict) -> None:
     for k, v in other.items():
         if into.get(k, -1) < v:
             into[k] = v
+
+
+#: Names of the ticket counters of kernels that finish with ``cudarl::last_block`` or wait at a grid
+#: barrier (``cudarl.ops._arrays.check_counter``): written by every launch, though left as they were.
+TICKETS = frozenset({"done", "barrier"})
+
+
+def _is_ticket(a) -> bool:
+    """A uint32 ``[1]`` (or ``[P]``) counter: another argument of the same name (an episode's done flags) is not."""
+    return isinstance(a, np.ndarray) and a.dtype == np.uint32 and a.ndim == 1
 
 
 #: A strided view of more contiguous runs than this is taken as its byte bounds (conservative).
@@ -198,6 +212,11 @@ class _Checker:
     # --- accesses -----------------------------------------------------------------------------------
     def wrap(self, module, fname: str, label: str):
         fn = getattr(module, fname)
+        try:
+            sig = inspect.signature(fn)
+        except (TypeError, ValueError):
+            sig = None
+        tickets = sig is not None and bool(TICKETS & set(sig.parameters))
 
         @functools.wraps(fn)
         def recorded(*args, **kwargs):
@@ -207,18 +226,22 @@ class _Checker:
             arrays: list = []
             _arrays(args, arrays)
             _arrays(kwargs, arrays)
+            forced: set = set()
+            if tickets:
+                bound = sig.bind_partial(*args, **kwargs).arguments
+                forced = {id(bound[n]) for n in TICKETS if _is_ticket(bound.get(n))}
             before = [a.copy() for a in arrays]
             s.depth += 1
             try:
                 return fn(*args, **kwargs)
             finally:
                 s.depth -= 1
-                self._record(label, arrays, before)
+                self._record(label, arrays, before, forced)
 
         setattr(module, fname, recorded)
         self.patched.append((module, fname, fn))
 
-    def _record(self, label: str, arrays: list, before: list) -> None:
+    def _record(self, label: str, arrays: list, before: list, forced: set) -> None:
         s = self.s
         here = s.current[-1]
         clock = s.clocks[here]
@@ -227,7 +250,7 @@ class _Checker:
         for a, b in zip(arrays, before, strict=True):
             lo, hi = _byte_bounds(a)
             raw = lambda x: np.ascontiguousarray(x).reshape(-1).view(np.uint8)  # noqa: E731
-            wrote = not np.array_equal(raw(a), raw(b))  # bits, so NaN payloads and -0.0 count
+            wrote = id(a) in forced or not np.array_equal(raw(a), raw(b))  # bits: NaN payloads and -0.0 count
             acc = Access(lo, hi, *_runs(a), wrote, here, snap, label, s.phase, where)
             for o in s.accesses:
                 if o.stream != here and (o.write or wrote) and not _ordered_before(o, snap) and _overlap(o, acc):

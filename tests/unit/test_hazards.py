@@ -84,6 +84,28 @@ def test_interleaved_rows_of_two_views_are_told_apart():
     assert hazards(32) == ["write-write"]
 
 
+@pytest.mark.parametrize("shared", [True, False])
+def test_two_branches_sharing_a_ticket_counter_are_a_hazard(shared):
+    """A ticketed launch's counter is left 0, so its bytes never change; it counts as written all the same:
+    two unordered launches sharing one would mix their blocks' tickets on the GPU."""
+    from cudarl.reference import optim
+    from cudarl.reference.optim import GN_BLOCKS
+
+    sides = SideStream(np), SideStream(np)
+    tickets = [np.zeros(1, np.uint32) for _ in range(2)]
+    z = lambda n: np.zeros(n, np.float32)  # noqa: E731
+    bufs = [(RNG.standard_normal(1000).astype(np.float32), z(GN_BLOCKS), z(1), z(1)) for _ in range(2)]
+
+    def phase():
+        for k, side in enumerate(sides):
+            g, partial, norm, scale = bufs[k]
+            with side.fork():
+                optim.grad_norm(g, partial, norm, scale, 1.0, tickets[0 if shared else k])
+
+    kinds = [h.kind() for h in find_hazards(_graph([("p", phase)]))]
+    assert kinds == (["write-write"] if shared else [])
+
+
 def test_the_checker_leaves_the_ops_and_side_streams_as_they_were():
     before = (blas.gemm, SideStream.fork, SideStream.join)
     find_hazards(_graph([("p", lambda: None)]))
