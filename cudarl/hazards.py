@@ -9,19 +9,21 @@ process's time slice or a different schedule reorders them (the run-to-run diffe
 
 On the NumPy backend a fork's body runs in place, so the order of the kernel calls and of the forks and
 joins is the GPU's capture order. :func:`find_hazards` replays a graph's phases with every kernel family
-op (``cudarl.reference.*``) and every GEMM (``cudarl.blas``) wrapped: each call's array arguments are
-regions of memory (its contiguous byte runs); the arguments whose bytes the call changed are its writes, all
-of them its reads (conservative: an output-only argument counts as read). A ticket counter (an argument
-named in :data:`TICKETS`: 0 before the launch and left 0, so its bytes never change) counts as written:
-on the GPU every block of a ticketed launch increments it, so two launches that share one must be ordered.
+op (``cudarl.reference.*``) and every GEMM (``cudarl.blas``) wrapped. Reads: each call's array arguments,
+as the contiguous byte runs of each view (conservative: an output argument counts as read too). Writes:
+the bytes of every array reachable from the phases that changed between two boundaries (an op's start and
+end, a fork, a join, a phase), on the stream current between them: an op's own writes, and those of the
+NumPy expressions after it (a twin that returns its output leaves the write to its caller). A ticket
+counter (an argument named in :data:`TICKETS`: 0 before the launch and left 0) counts as written: on the
+GPU every block of a ticketed launch increments it, so two launches that share one must be ordered.
 Each logical stream keeps a vector clock (Lamport 1978; Fidge 1988): a fork orders the side after the
 forking stream's work so far, a join the joining stream after the side's. Two accesses to overlapping
-regions from different streams, at least one a write, neither ordered before the other, are a hazard.
+bytes from different streams, at least one a write, neither ordered before the other, are a hazard.
 
-What it cannot see: work that is not a family op or a GEMM (NumPy expressions written in a phase), a
-write of the values already there, an array made inside a phase whose memory a later one reuses (the
-phases of a captured graph allocate nothing), and kernels whose GPU launcher touches memory its twin does not (a
-scratch buffer the twin never uses). A clean report is evidence, not proof.
+What it cannot see: reads by NumPy expressions in a phase (only ops' arguments are reads), a write of the
+values already there, arrays made inside a phase (the phases of a captured graph allocate nothing), and
+memory a GPU launcher touches that its twin does not take (workspaces, scratch). A clean report is
+evidence, not proof.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ import importlib
 import inspect
 import pkgutil
 import traceback
+import types
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -85,6 +88,7 @@ class _State:
     hazards: list = field(default_factory=list)
     phase: str = ""
     depth: int = 0
+    last_op: str = ""  # the op before the writes a boundary finds (a returning twin's caller writes after it)
 
 
 def _merge(into: dict, other: dict) -> None:
@@ -160,10 +164,111 @@ def _caller() -> str:
     return "?"
 
 
+class _Owner:
+    """An array that owns its memory, as bytes, with the copy the last boundary saw."""
+
+    def __init__(self, a: np.ndarray):
+        self.ptr = a.__array_interface__["data"][0]
+        self.bytes = a.reshape(-1, order="A").view(np.uint8)
+        self.seen = self.bytes.copy()
+
+
+def _root(a: np.ndarray):
+    """The array that owns ``a``'s memory (None if that is not a NumPy array)."""
+    while isinstance(a.base, np.ndarray):
+        a = a.base
+    return a if a.base is None else None
+
+
+def _owners(roots) -> dict:
+    """The writable, contiguous NumPy arrays owning memory reachable from ``roots`` (the graph's phases:
+    their closures, bound objects and those objects' attributes, containers followed), by address."""
+    out, seen, todo = {}, set(), list(roots)
+    while todo:
+        o = todo.pop()
+        if id(o) in seen or isinstance(o, (type, types.ModuleType, str, bytes, int, float)):
+            continue
+        seen.add(id(o))
+        if isinstance(o, np.ndarray):
+            r = _root(o)
+            if r is not None and r.nbytes and r.flags.writeable and (r.flags.c_contiguous or r.flags.f_contiguous):
+                out.setdefault(r.__array_interface__["data"][0], _Owner(r))
+            continue
+        if isinstance(o, dict):
+            todo += o.values()
+        elif isinstance(o, (list, tuple, set, frozenset)):
+            todo += o
+        elif isinstance(o, types.MethodType):
+            todo += [o.__self__, o.__func__]
+        elif isinstance(o, types.FunctionType):
+            todo += [c.cell_contents for c in o.__closure__ or () if _filled(c)]
+        elif isinstance(o, functools.partial):
+            todo += [o.func, o.args, o.keywords]
+        else:
+            todo += getattr(o, "__dict__", {}).values()
+            todo += [getattr(o, k) for k in getattr(type(o), "__slots__", ()) if hasattr(o, k)]
+    return out
+
+
+def _filled(cell) -> bool:
+    try:
+        _ = cell.cell_contents
+    except ValueError:
+        return False
+    return True
+
+
+#: Unchanged gaps up to this many bytes inside a changed stretch belong to it (a float whose first bytes
+#: kept their value was still written).
+GAP = 16
+
+
 class _Checker:
-    def __init__(self):
+    def __init__(self, owners: dict):
         self.s = _State()
         self.patched: list = []
+        self.owners = owners  # address -> _Owner
+
+    def discover(self, arrays: list) -> None:
+        """Owners of op arguments the walk from the phases missed (seen from their first op on)."""
+        for a in arrays:
+            r = _root(a)
+            if r is not None and r.nbytes and r.flags.writeable and (r.flags.c_contiguous or r.flags.f_contiguous):
+                self.owners.setdefault(r.__array_interface__["data"][0], _Owner(r))
+
+    def boundary(self) -> None:
+        """Attribute the bytes changed since the last boundary to the stream current since then: the writes
+        of the op just run, or of the NumPy expressions after it (a returning twin's caller's)."""
+        s = self.s
+        if not s.phase:
+            return
+        for o in self.owners.values():
+            if np.array_equal(o.bytes, o.seen):
+                continue
+            idx = np.flatnonzero(o.bytes != o.seen)
+            cut = np.flatnonzero(np.diff(idx) > GAP)
+            starts = o.ptr + idx[np.r_[0, cut + 1]].astype(np.int64)
+            ends = o.ptr + idx[np.r_[cut, len(idx) - 1]].astype(np.int64) + 1
+            what = f"writes after {s.last_op}" if s.last_op else "writes"
+            self._access(int(starts[0]), int(ends[-1]), starts, ends, True, what, _caller())
+            o.seen[...] = o.bytes
+        s.last_op = ""
+
+    def settle(self) -> None:
+        """Take the owners' bytes as they are now, recording nothing."""
+        for o in self.owners.values():
+            o.seen[...] = o.bytes
+        self.s.last_op = ""
+
+    def _access(self, lo, hi, starts, ends, write: bool, label: str, where: str) -> None:
+        s = self.s
+        here = s.current[-1]
+        s.clocks[here][here] += 1
+        acc = Access(lo, hi, starts, ends, write, here, dict(s.clocks[here]), label, s.phase, where)
+        for o in s.accesses:
+            if o.stream != here and (o.write or write) and not _ordered_before(o, acc.clock) and _overlap(o, acc):
+                s.hazards.append(Hazard(o, acc))
+        s.accesses.append(acc)
 
     # --- streams ------------------------------------------------------------------------------------
     def _name(self, side) -> str:
@@ -175,6 +280,7 @@ class _Checker:
     @contextlib.contextmanager
     def fork(self, side):
         s = self.s
+        self.boundary()
         name, here = self._name(side), s.current[-1]
         clock = s.clocks.setdefault(name, {name: 0})
         _merge(clock, s.clocks[here])  # the side waits for the forking stream's work so far
@@ -184,6 +290,7 @@ class _Checker:
         try:
             yield
         finally:
+            self.boundary()
             s.current.pop()
 
     @contextlib.contextmanager
@@ -199,6 +306,7 @@ class _Checker:
 
     def _join(self, name: str, into: str) -> None:
         s = self.s
+        self.boundary()
         if name not in s.clocks:
             return
         _merge(s.clocks[into], s.clocks[name])
@@ -230,32 +338,23 @@ class _Checker:
             if tickets:
                 bound = sig.bind_partial(*args, **kwargs).arguments
                 forced = {id(bound[n]) for n in TICKETS if _is_ticket(bound.get(n))}
-            before = [a.copy() for a in arrays]
+            self.boundary()  # what ran before this op is not its doing
+            self.discover(arrays)
+            where = _caller()
+            for a in arrays:
+                lo, hi = _byte_bounds(a)
+                self._access(lo, hi, *_runs(a), id(a) in forced, label, where)
             s.depth += 1
             try:
                 return fn(*args, **kwargs)
             finally:
                 s.depth -= 1
-                self._record(label, arrays, before, forced)
+                s.last_op = label
+                self.boundary()  # the op's own writes
+                s.last_op = label  # and its caller's, until the next op (a returning twin's outputs)
 
         setattr(module, fname, recorded)
         self.patched.append((module, fname, fn))
-
-    def _record(self, label: str, arrays: list, before: list, forced: set) -> None:
-        s = self.s
-        here = s.current[-1]
-        clock = s.clocks[here]
-        clock[here] += 1
-        snap, where = dict(clock), _caller()
-        for a, b in zip(arrays, before, strict=True):
-            lo, hi = _byte_bounds(a)
-            raw = lambda x: np.ascontiguousarray(x).reshape(-1).view(np.uint8)  # noqa: E731
-            wrote = id(a) in forced or not np.array_equal(raw(a), raw(b))  # bits: NaN payloads and -0.0 count
-            acc = Access(lo, hi, *_runs(a), wrote, here, snap, label, s.phase, where)
-            for o in s.accesses:
-                if o.stream != here and (o.write or wrote) and not _ordered_before(o, snap) and _overlap(o, acc):
-                    s.hazards.append(Hazard(o, acc))
-            s.accesses.append(acc)
 
 
 try:
@@ -273,12 +372,12 @@ def _twin_modules():
 
 def find_hazards(graph, replays: int = 1) -> list[Hazard]:
     """Replay ``graph`` (a NumPy-backend :class:`cudarl.graph.StepGraph`) ``replays`` times with every
-    twin op and GEMM recorded (module docstring); the hazards found, each once per (ops, phases, kind)."""
+    twin op and GEMM recorded (module docstring); the hazards found, one per pair of call sites."""
     if graph.is_gpu:
         raise ValueError("find_hazards runs on the NumPy backend (run.device = 'cpu')")
     from . import blas
 
-    chk = _Checker()
+    chk = _Checker(_owners([fn for _, fn in graph.phases]))
     for mod in _twin_modules():
         for name in dir(mod):
             obj = getattr(mod, name)
@@ -297,20 +396,23 @@ def find_hazards(graph, replays: int = 1) -> list[Hazard]:
     try:
         for _ in range(replays):
             chk.s.accesses.clear()
+            chk.settle()  # what changed before the replay (the host's work between updates) is not its
             for pname, fn in graph.phases:
+                chk.boundary()  # the last phase's trailing writes, on the stream they ran on
                 chk.s.phase = pname
                 fn()
-            chk.s.phase = ""
             chk.join_all()
+            chk.s.phase = ""
     finally:
         SS.fork, SS.branch, SS.join = saved[:3]
         SS.join_all = saved[3]
         for module, fname, fn in reversed(chk.patched):
             setattr(module, fname, fn)
-    seen, out = set(), []
-    for h in chk.s.hazards:
-        key = (h.first.op, h.first.where, h.second.op, h.second.where, h.kind())
-        if key not in seen:
-            seen.add(key)
-            out.append(h)
-    return out
+    rank = {"write-write": 0, "write-read": 1, "read-write": 2}
+    out: dict = {}
+    for h in chk.s.hazards:  # one per pair of call sites: the write-write one where there is one
+        key = (h.first.op.removeprefix("writes after "), h.first.where, h.second.op.removeprefix("writes after "),
+               h.second.where)  # fmt: skip
+        if key not in out or rank[h.kind()] < rank[out[key].kind()]:
+            out[key] = h
+    return list(out.values())

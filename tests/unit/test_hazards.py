@@ -46,6 +46,22 @@ def test_a_side_write_read_on_main_before_the_join_is_a_hazard(join):
         assert "blas.gemm" in found[0].message()
 
 
+def test_a_write_by_a_numpy_expression_on_a_side_is_seen():
+    """A twin that returns its output leaves the write to its caller (``buf[...] = twin(...)``): the bytes
+    changed between two boundaries are the writes of the stream they ran on."""
+    a, b, mid, out = _mats(4)
+    side = SideStream(np)
+
+    def phase():
+        with side.fork():
+            mid[...] = a @ b  # no op: a NumPy expression in the phase
+        blas.gemm(mid, b, out)
+
+    found = find_hazards(_graph([("p", phase)]))
+    assert [h.kind() for h in found] == ["write-read"]
+    assert found[0].first.op == "writes"
+
+
 def test_a_main_write_of_what_a_side_reads_after_the_fork_is_a_hazard():
     """The fork orders the side after the main stream's work so far, not after what follows it."""
     a, b, c, out = _mats(4)
