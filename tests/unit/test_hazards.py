@@ -128,8 +128,21 @@ def test_the_checker_leaves_the_ops_and_side_streams_as_they_were():
     assert (blas.gemm, SideStream.fork, SideStream.join) == before
 
 
-@pytest.mark.parametrize("argv", [[], ["--members", "3"]], ids=["trainer", "joined-population"])
-def test_the_reference_step_graphs_have_no_hazard(argv, capsys):
+AUX = "agent.aux=[horizons,risk,denoise,selectivity,vaccine,causal,homeostatic]"
+GRAPHS = {
+    "trainer": [],
+    "joined-population": ["--members", "3"],
+    "every-signal": ["--set", AUX],
+    "ssm-every-signal": ["--set", "net.encoder=ssm", "--set", "net.window=8", "--set", AUX],
+    "attention-c51+iqn": ["--set", "net.encoder=attention", "--set", "net.window=8", "--set", "net.head=c51+iqn"],
+    "c51+iqn-heads": ["--set", "net.head=c51+iqn", "--set", "agent.aux=[horizons,risk,denoise,selectivity]"],
+}
+
+
+@pytest.mark.parametrize("argv", GRAPHS.values(), ids=GRAPHS.keys())
+def test_the_step_graphs_have_no_hazard(argv, capsys):
+    """The train and collect graphs of the reference step and of the configurations with the most side
+    branches: a new branch that breaks the fork/join rule fails here, on the CPU."""
     import sys
 
     sys.path.insert(0, "tools")
