@@ -44,8 +44,9 @@ from . import graph as _graph
 
 @dataclass
 class Access:
-    """One kernel call's access to one argument: its region ``[lo, hi)`` in bytes, whether it wrote
-    it, the logical stream and that stream's vector clock at the call, and where the call was made."""
+    """One access: an op's read of an argument (or write of a ticket), or the writes a boundary found in one
+    array. Its bytes (bounds ``[lo, hi)`` and the sorted, disjoint runs ``[starts, ends)``), whether it
+    wrote, the logical stream and that stream's vector clock then, the op, the phase and the call site."""
 
     lo: int
     hi: int
@@ -130,7 +131,8 @@ def _runs(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _overlap(a: Access, b: Access) -> bool:
-    """Whether two accesses' runs share a byte (runs of one access have one length: ends sort as starts)."""
+    """Whether two accesses' runs share a byte (an access's runs are sorted and disjoint, or of one length:
+    either way their ends sort as their starts)."""
     if not (a.lo < b.hi and b.lo < a.hi):
         return False
     i = np.searchsorted(a.starts, b.ends, side="left") - 1  # a's last run starting before each of b's ends
