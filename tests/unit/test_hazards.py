@@ -1,8 +1,9 @@
 """cudarl.hazards: cross-stream hazards of a step graph, found on the NumPy backend.
 
-The checker must see a side branch that writes what the main stream reads before the join, must not
-see one once the join orders them, must tell a member's rows from another's in an interleaved view,
-and finds none in the reference train and collect graphs, alone and in a joined population.
+The checker must see a side branch that writes what the main stream reads before the join (by an op or by a
+NumPy expression), a main write of what a side reads after the fork, and two branches sharing a ticket; must
+not see them once a join orders them or the bytes differ (a member's rows from another's in an interleaved
+view); and finds none in the train and collect graphs of the configurations with the most branches.
 """
 
 import numpy as np
