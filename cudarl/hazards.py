@@ -45,11 +45,9 @@ from . import graph as _graph
 @dataclass
 class Access:
     """One access: an op's read of an argument (or write of a ticket), or the writes a boundary found in one
-    array. Its bytes (bounds ``[lo, hi)`` and the sorted, disjoint runs ``[starts, ends)``), whether it
-    wrote, the logical stream and that stream's vector clock then, the op, the phase and the call site."""
+    array. Its bytes (the sorted runs ``[starts, ends)``), whether it wrote, the logical stream and that
+    stream's vector clock then, the op, the phase and the call site."""
 
-    lo: int
-    hi: int
     starts: np.ndarray
     ends: np.ndarray
     write: bool
@@ -133,7 +131,7 @@ def _runs(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 def _overlap(a: Access, b: Access) -> bool:
     """Whether two accesses' runs share a byte (an access's runs are sorted and disjoint, or of one length:
     either way their ends sort as their starts)."""
-    if not (a.lo < b.hi and b.lo < a.hi):
+    if not (a.starts[0] < b.ends[-1] and b.starts[0] < a.ends[-1]):  # the bounds first
         return False
     i = np.searchsorted(a.starts, b.ends, side="left") - 1  # a's last run starting before each of b's ends
     ok = i >= 0
@@ -182,6 +180,13 @@ def _root(a: np.ndarray):
     return a if a.base is None else None
 
 
+def _add_owner(owners: dict, a: np.ndarray) -> None:
+    """Track the array owning ``a``'s memory (if it is a writable, contiguous NumPy array), by address."""
+    r = _root(a)
+    if r is not None and r.nbytes and r.flags.writeable and (r.flags.c_contiguous or r.flags.f_contiguous):
+        owners.setdefault(r.__array_interface__["data"][0], _Owner(r))
+
+
 def _owners(roots) -> dict:
     """The writable, contiguous NumPy arrays owning memory reachable from ``roots`` (the graph's phases:
     their closures, bound objects and those objects' attributes, containers followed), by address."""
@@ -192,9 +197,7 @@ def _owners(roots) -> dict:
             continue
         seen.add(id(o))
         if isinstance(o, np.ndarray):
-            r = _root(o)
-            if r is not None and r.nbytes and r.flags.writeable and (r.flags.c_contiguous or r.flags.f_contiguous):
-                out.setdefault(r.__array_interface__["data"][0], _Owner(r))
+            _add_owner(out, o)
             continue
         if isinstance(o, dict):
             todo += o.values()
@@ -234,9 +237,7 @@ class _Checker:
     def discover(self, arrays: list) -> None:
         """Owners of op arguments the walk from the phases missed (seen from their first op on)."""
         for a in arrays:
-            r = _root(a)
-            if r is not None and r.nbytes and r.flags.writeable and (r.flags.c_contiguous or r.flags.f_contiguous):
-                self.owners.setdefault(r.__array_interface__["data"][0], _Owner(r))
+            _add_owner(self.owners, a)
 
     def boundary(self) -> None:
         """Attribute the bytes changed since the last boundary to the stream current since then: the writes
@@ -252,7 +253,7 @@ class _Checker:
             starts = o.ptr + idx[np.r_[0, cut + 1]].astype(np.int64)
             ends = o.ptr + idx[np.r_[cut, len(idx) - 1]].astype(np.int64) + 1
             what = f"writes after {s.last_op}" if s.last_op else "writes"
-            self._access(int(starts[0]), int(ends[-1]), starts, ends, True, what, _caller())
+            self._access(starts, ends, True, what, _caller())
             o.seen[...] = o.bytes
         s.last_op = ""
 
@@ -262,11 +263,11 @@ class _Checker:
             o.seen[...] = o.bytes
         self.s.last_op = ""
 
-    def _access(self, lo, hi, starts, ends, write: bool, label: str, where: str) -> None:
+    def _access(self, starts, ends, write: bool, label: str, where: str) -> None:
         s = self.s
         here = s.current[-1]
         s.clocks[here][here] += 1
-        acc = Access(lo, hi, starts, ends, write, here, dict(s.clocks[here]), label, s.phase, where)
+        acc = Access(starts, ends, write, here, dict(s.clocks[here]), label, s.phase, where)
         for o in s.accesses:
             if o.stream != here and (o.write or write) and not _ordered_before(o, acc.clock) and _overlap(o, acc):
                 s.hazards.append(Hazard(o, acc))
@@ -344,8 +345,7 @@ class _Checker:
             self.discover(arrays)
             where = _caller()
             for a in arrays:
-                lo, hi = _byte_bounds(a)
-                self._access(lo, hi, *_runs(a), id(a) in forced, label, where)
+                self._access(*_runs(a), id(a) in forced, label, where)
             s.depth += 1
             try:
                 return fn(*args, **kwargs)

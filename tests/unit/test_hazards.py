@@ -6,12 +6,17 @@ not see them once a join orders them or the bytes differ (a member's rows from a
 view); and finds none in the train and collect graphs of the configurations with the most branches.
 """
 
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 
 from cudarl import blas
 from cudarl.graph import SideStream, StepGraph
 from cudarl.hazards import find_hazards
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
 
 RNG = np.random.default_rng(0)
 
@@ -144,9 +149,6 @@ GRAPHS = {
 def test_the_step_graphs_have_no_hazard(argv, capsys):
     """The train and collect graphs of the reference step and of the configurations with the most side
     branches: a new branch that breaks the fork/join rule fails here, on the CPU."""
-    import sys
-
-    sys.path.insert(0, "tools")
     import stream_hazards
 
     assert stream_hazards.main(["--updates", "2", *argv]) == 0
