@@ -78,18 +78,20 @@ extern "C" __global__ void cudarl_seq_rmsnorm_forward(const float* x, const floa
 // ---- rmsnorm_backward -----------------------------------------------------------------------------
 // dx = dres + rstd (g - xhat mean(g xhat)), g = dout w, xhat = x rstd; part[k] = the chunk's sum of
 // dout xhat (banner). grid = parts, block = 256, shared 4 * SEQ_WARPS * n bytes. dx may alias dres.
-// Reads 16*rows*n bytes, writes 4*rows*n + 4*parts*n.
+// dres has rows / k rows: the residual gradient of the last row of each group of k (the others have none;
+// k = 1: every row's). Reads 16*rows*n bytes, writes 4*rows*n + 4*parts*n.
 extern "C" __global__ void cudarl_seq_rmsnorm_backward(const float* dout, const float* x, const float* w,
                                                        const float* rstd, const float* dres, float* dx, float* part,
-                                                       i64 rows, int n, int parts) {
+                                                       i64 rows, int n, int parts, int k) {
   extern __shared__ float acc[];
   partial_rows(acc, n, rows, parts, part, [&](i64 r, int lane, float* acc_w) {
     const i64 o = r * n;
     const float rs = rstd[r];
     const float m = row_mean_gx(n, lane, [&](int j) { return dout[o + j] * w[j]; }, [&](int j) { return x[o + j] * rs; });
+    const float* dr = r % k == k - 1 ? dres + (r / k) * n : nullptr;
     for (int j = lane; j < n; j += 32) {
       const float xh = x[o + j] * rs, d = dout[o + j];
-      dx[o + j] = dres[o + j] + rs * (d * w[j] - xh * m);
+      dx[o + j] = (dr ? dr[j] : 0.f) + rs * (d * w[j] - xh * m);
       acc_w[j] += d * xh;
     }
   });
@@ -133,15 +135,16 @@ extern "C" __global__ void cudarl_seq_last_rmsnorm_backward(const float* dout, c
 
 // ---- gated_rmsnorm_forward ------------------------------------------------------------------------
 // Mamba2's gated norm: g = y silu(z), out = g rstd w, rstd = 1 / sqrt(mean g^2 + eps); z is the
-// first n columns of zx [rows, ld]. One warp per row. Reads 8*rows*n + 4*n bytes, writes 4*rows*(n + 1).
+// first n columns of zx [k rows, ld] (row r's z: zx's row r k + k - 1, the last of its group; k = 1 for
+// row r). One warp per row. Reads 8*rows*n + 4*n bytes, writes 4*rows*(n + 1).
 extern "C" __global__ void cudarl_seq_gated_rmsnorm_forward(const float* y, const float* zx, const float* w,
                                                             float* out, float* rstd, i64 rows, int n, i64 ld,
-                                                            float eps) {
+                                                            float eps, int k) {
   const int lane = threadIdx.x & 31;
   const i64 r = (i64)blockIdx.x * SEQ_WARPS + (threadIdx.x >> 5);
   if (r >= rows) return;
   const float* yr = y + r * n;
-  const float* zr = zx + r * ld;
+  const float* zr = zx + (r * k + k - 1) * ld;
   const float rs = row_rstd(n, lane, eps, [&](int j) { return yr[j] * silu(zr[j]); });
   if (lane == 0) rstd[r] = rs;
   for (int j = lane; j < n; j += 32) out[r * n + j] = yr[j] * silu(zr[j]) * rs * w[j];
@@ -150,14 +153,14 @@ extern "C" __global__ void cudarl_seq_gated_rmsnorm_forward(const float* y, cons
 // ---- gated_rmsnorm_backward -----------------------------------------------------------------------
 // With s = sigmoid(z), ghat = y z s rstd: dg = rstd (dout w - ghat mean(dout w ghat)), dy = dg z s,
 // dz = dg y s (1 + z (1 - s)) into zx's first n columns of dzx (no other column touched); part: the
-// chunk's sums of dout ghat. grid = parts, block = 256, shared 4 * SEQ_WARPS * n.
-// Reads 16*rows*n bytes, writes 8*rows*n + 4*parts*n.
+// chunk's sums of dout ghat; zx and dzx [k rows, ld] as the forward's. grid = parts, block = 256, shared
+// 4 * SEQ_WARPS * n. Reads 16*rows*n bytes, writes 8*rows*n + 4*parts*n.
 extern "C" __global__ void cudarl_seq_gated_rmsnorm_backward(const float* dout, const float* y, const float* zx,
                                                              const float* w, const float* rstd, float* dy, float* dzx,
-                                                             float* part, i64 rows, int n, i64 ld, int parts) {
+                                                             float* part, i64 rows, int n, i64 ld, int parts, int k) {
   extern __shared__ float acc[];
   partial_rows(acc, n, rows, parts, part, [&](i64 r, int lane, float* acc_w) {
-    const i64 o = r * n, oz = r * ld;
+    const i64 o = r * n, oz = (r * k + k - 1) * ld;
     const float rs = rstd[r];
     const float m = row_mean_gx(
         n, lane, [&](int j) { return dout[o + j] * w[j]; }, [&](int j) { return y[o + j] * silu(zx[oz + j]) * rs; });
@@ -174,9 +177,11 @@ extern "C" __global__ void cudarl_seq_gated_rmsnorm_backward(const float* dout, 
 }
 
 // ---- residual_add ---------------------------------------------------------------------------------
-// out = a + b, one thread per element, grid-stride. out may alias a or b. Reads 8n bytes, writes 4n.
-extern "C" __global__ void cudarl_seq_residual_add(const float* a, const float* b, float* out, i64 n) {
-  for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < n; i += (i64)gridDim.x * blockDim.x) out[i] = a[i] + b[i];
+// out = a + b, one thread per element, grid-stride. out may alias a or b. a may have k rows of `cols` for
+// each of out's: its last of each group is added (k = 1: a is out's shape). Reads 8n bytes, writes 4n.
+extern "C" __global__ void cudarl_seq_residual_add(const float* a, const float* b, float* out, i64 n, i64 cols, int k) {
+  for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < n; i += (i64)gridDim.x * blockDim.x)
+    out[i] = a[k == 1 ? i : ((i / cols) * k + k - 1) * cols + i % cols] + b[i];
 }
 
 // ---- colsum ---------------------------------------------------------------------------------------

@@ -527,6 +527,152 @@ extern "C" __global__ __launch_bounds__(SCAN_THREADS) void cudarl_ssm_ssd_backwa
   }
 }
 
+// ---- ssd_last_forward / ssd_last_backward ---------------------------------------------------------
+// The scan's output at the last bar only, for the top block of an encoder whose heads read psi = the last
+// bar (the twin's ssd_last_forward: y_T = sum_s m_s x_s + D x_T, m_s = (C_T . B_s) e_s dt_s, e_s =
+// exp(suf_s), suf_s = sum_{r > s} a_r). One block per (sample, head), LAST_THREADS threads; a thread
+// per bar for the W-long sums (m, the dot products), a thread per channel for the sums over bars, and
+// the two prefix sums by thread 0 in the twin's order. Shared: the window's dt, suf / e, cb, m, g, da
+// ([6 W]), C_T [N] and dy_T [P]. No float atomics.
+#define LAST_THREADS 128
+
+namespace {
+
+// dt of every bar (computed and written to dt_out when it is set; read from dt_in otherwise), C_T, and suf_s
+// in se[] (thread 0 adds from the last bar down, as the twin's flipped cumsum). Ends with a barrier.
+__device__ __forceinline__ void last_setup(const Scan& sc, const float* xbc, const float* zx, const float* head,
+                                           const float* dt_in, float* dt_out, i64 b, int h, float* sdt, float* se,
+                                           float* cT) {
+  const i64 row0 = b * sc.W;
+  const float A = -expf(head[h]);
+  for (int t = threadIdx.x; t < sc.W; t += blockDim.x) {
+    const i64 r = row0 + t;
+    if (dt_out) {
+      const float d = softplus(zx[r * sc.ld + sc.E + sc.Cc + h] + head[2 * sc.H + h]);
+      dt_out[r * sc.H + h] = d;
+      sdt[t] = d;
+    } else {
+      sdt[t] = dt_in[r * sc.H + h];
+    }
+  }
+  for (int n = threadIdx.x; n < sc.N; n += blockDim.x) cT[n] = xbc[(row0 + sc.W - 1) * sc.Cc + sc.ccol(h) + n];
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float acc = 0.f;
+    se[sc.W - 1] = 0.f;
+    for (int t = sc.W - 1; t > 0; --t) {
+      acc += sdt[t] * A;
+      se[t - 1] = acc;
+    }
+  }
+  __syncthreads();
+}
+
+// cb_s = C_T . B_s (n ascending) into cb[], e_s = exp(suf_s) over se[] in place, m_s = cb_s e_s dt_s into m[].
+__device__ __forceinline__ void last_terms(const Scan& sc, const float* xbc, i64 b, int h, const float* sdt, float* se,
+                                           const float* cT, float* cb, float* m) {
+  for (int t = threadIdx.x; t < sc.W; t += blockDim.x) {
+    const float* Bt = xbc + (b * sc.W + t) * sc.Cc + sc.bcol(h);
+    float acc = 0.f;
+    for (int n = 0; n < sc.N; ++n) acc += cT[n] * Bt[n];
+    const float e = expf(se[t]);
+    se[t] = e;
+    cb[t] = acc;
+    m[t] = acc * e * sdt[t];
+  }
+}
+
+}  // namespace
+
+// y [B, E] (the last bar's), dt [B W, H] (every bar's). grid B H, block LAST_THREADS, shared 4 (4 W + N).
+extern "C" __global__ __launch_bounds__(LAST_THREADS) void cudarl_ssm_ssd_last_forward(
+    const float* xbc, const float* zx, const float* head, float* y, float* dt, int W, int H, int P, int N, int G) {
+  extern __shared__ float sh[];
+  const Scan sc(W, H, P, N, G, W);
+  const i64 b = blockIdx.x / H;
+  const int h = blockIdx.x % H;
+  float *sdt = sh, *se = sdt + W, *cb = se + W, *m = cb + W, *cT = m + W;
+  last_setup(sc, xbc, zx, head, nullptr, dt, b, h, sdt, se, cT);
+  last_terms(sc, xbc, b, h, sdt, se, cT, cb, m);
+  __syncthreads();
+  const float D = head[H + h];
+  const float* x0 = xbc + b * W * (i64)sc.Cc + h * P;
+  for (int p = threadIdx.x; p < P; p += blockDim.x) {
+    float acc = 0.f;
+    for (int t = 0; t < W; ++t) acc += m[t] * x0[t * (i64)sc.Cc + p];
+    y[b * sc.E + h * P + p] = acc + D * x0[(W - 1) * (i64)sc.Cc + p];
+  }
+}
+
+// The twin's ssd_last_backward: dy [B, E] (the last bar's gradient); dx into dxbc's x columns and d dt_raw
+// into dzx's dt columns for every bar, dbc_part [B W, H, 2 N] (dC zero before the last bar), dhead_part
+// [B, 3, H]. grid B H, block LAST_THREADS, shared 4 (6 W + N + P).
+extern "C" __global__ __launch_bounds__(LAST_THREADS) void cudarl_ssm_ssd_last_backward(
+    const float* dy, const float* xbc, const float* zx, const float* dt, const float* head, float* dxbc, float* dzx,
+    float* dbc_part, float* dhead_part, int W, int H, int P, int N, int G) {
+  extern __shared__ float sh[];
+  const Scan sc(W, H, P, N, G, W);
+  const i64 b = blockIdx.x / H;
+  const int h = blockIdx.x % H;
+  float *sdt = sh, *se = sdt + W, *cb = se + W, *m = cb + W, *g = m + W, *da = g + W, *cT = da + W, *dyT = cT + N;
+  const float* dyb = dy + b * sc.E + h * P;
+  for (int p = threadIdx.x; p < P; p += blockDim.x) dyT[p] = dyb[p];
+  last_setup(sc, xbc, zx, head, dt, nullptr, b, h, sdt, se, cT);
+  last_terms(sc, xbc, b, h, sdt, se, cT, cb, m);
+  const i64 row0 = b * W;
+  const float* x0 = xbc + row0 * sc.Cc + h * P;
+  for (int t = threadIdx.x; t < W; t += blockDim.x) {  // g_s = x_s . dy_T, p ascending
+    float acc = 0.f;
+    for (int p = 0; p < P; ++p) acc += x0[t * (i64)sc.Cc + p] * dyT[p];
+    g[t] = acc;
+  }
+  __syncthreads();
+  const float A = -expf(head[h]), D = head[H + h];
+  if (threadIdx.x == 0) {  // da_s = sum_{r < s} g_r m_r; dA = sum_s da_s dt_s; dD = x_T . dy_T
+    float acc = 0.f, dA = 0.f, dD = 0.f;
+    for (int t = 0; t < W; ++t) {
+      da[t] = acc;
+      dA += acc * sdt[t];
+      acc += g[t] * m[t];
+    }
+    for (int p = 0; p < P; ++p) dD += dyT[p] * x0[(W - 1) * (i64)sc.Cc + p];
+    dhead_part[(b * 3 + 0) * H + h] = dA * A;
+    dhead_part[(b * 3 + 1) * H + h] = dD;
+  }
+  __syncthreads();
+  for (int t = threadIdx.x; t < W; t += blockDim.x) {  // d dt_raw; da[] becomes it, for the sum below
+    const i64 r = row0 + t;
+    const float v = zx[r * sc.ld + sc.E + sc.Cc + h] + head[2 * H + h];
+    const float draw = (g[t] * cb[t] * se[t] + da[t] * A) * softplus_grad(v);
+    dzx[r * sc.ld + sc.E + sc.Cc + h] = draw;
+    da[t] = draw;
+    g[t] = g[t] * se[t] * sdt[t];  // g[] becomes dcb_s = g_s e_s dt_s
+  }
+  for (int i = threadIdx.x; i < W * P; i += blockDim.x) {  // dx_s = m_s dy_T (+ D dy_T at the last bar)
+    const int t = i / P, p = i % P;
+    const float v = m[t] * dyT[p];
+    dxbc[(row0 + t) * sc.Cc + h * P + p] = t == W - 1 ? v + D * dyT[p] : v;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float acc = 0.f;
+    for (int t = 0; t < W; ++t) acc += da[t];
+    dhead_part[(b * 3 + 2) * H + h] = acc;
+  }
+  const i64 N2 = 2 * (i64)N;
+  for (int i = threadIdx.x; i < W * N; i += blockDim.x) {  // dB_s = dcb_s C_T; dC zero before the last bar
+    const int t = i / N, n = i % N;
+    float* o = dbc_part + ((row0 + t) * H + h) * N2;
+    o[n] = g[t] * cT[n];
+    if (t < W - 1) o[N + n] = 0.f;
+  }
+  for (int n = threadIdx.x; n < N; n += blockDim.x) {  // dC_T = sum_s dcb_s B_s, s ascending
+    float acc = 0.f;
+    for (int t = 0; t < W; ++t) acc += g[t] * xbc[(row0 + t) * sc.Cc + sc.bcol(h) + n];
+    dbc_part[((row0 + W - 1) * H + h) * N2 + N + n] = acc;
+  }
+}
+
 // ---- bc_reduce ------------------------------------------------------------------------------------
 // dxbc's B and C columns = the sums over each group's heads (ascending) of dbc_part [R, H, 2N].
 // Thread per (row, column of the 2GN). Reads 4*R*H*2N bytes, writes 4*R*2GN.

@@ -16,7 +16,9 @@ Workload (issue 22): window 64, d_model 128, 2 layers, batch 512; ssm: expand 2,
 * FLOPs: the forward's multiply-adds counted from the shapes (the GEMMs, the conv, the chunked scan as the
   kernels run it, the attention), x2; the step counts the backward as twice its forward (a convention,
   said in the row); TFLOP/s = FLOPs / measured time, and its fraction of the FP32 peak (SMs x 128 lanes x 2
-  x the clock the device reports).
+  x the clock the device reports). The full stack's count (every bar of every layer: the issue's floor, and
+  what the PyTorch twin runs) and cudarl's count as run: its top block computes the last bar only
+  (``cudarl.nn.encoders``), and cudarl's achieved TFLOP/s divides that count.
 
 Every arm is timed with CUDA events (median of ``--repeats`` intervals); a failing arm prints its reason and
 the others still run. ``--small`` runs tiny shapes (a smoke test, on the CPU too for the PyTorch arms).
@@ -56,8 +58,9 @@ def make_encoder(kind: str, F: int, **kw):
     return {"ssm": SSMEncoder, "attention": AttentionEncoder}[kind]("enc", F, **kw)
 
 
-def forward_flops(kind: str, F: int, a: dict) -> float:
-    """Multiply-adds x 2 of one forward over one window, from the shapes (module docstring)."""
+def forward_flops(kind: str, F: int, a: dict, as_run: bool = False) -> float:
+    """Multiply-adds x 2 of one forward over one window, from the shapes (module docstring); ``as_run``: the
+    top block at the last bar only, as cudarl runs it."""
     W, d, L = a["window"], a["d_model"], a["layers"]
     fl = 2 * W * F * d
     if kind == "ssm":
@@ -66,9 +69,15 @@ def forward_flops(kind: str, F: int, a: dict) -> float:
         tri = Q * (Q + 1) / 2  # the pairs s <= t of a chunk
         per_chunk = H * (tri * N + tri * P + 2 * Q * P * N)  # C.B, M x, S C, the state update
         layer = W * (d * (E + Cc + H) + E * d + K * Cc) + per_chunk * (W / Q)
+        if as_run:  # the top block: in-projection and conv over the window; C_T.B_s and m x; one out-projection row
+            top = W * (d * (E + Cc + H) + K * Cc) + E * d + H * W * (N + P)
+            return fl + 2 * ((L - 1) * layer + top)
     else:
         ff = a["mlp_ratio"] * d
         layer = W * (d * 3 * d + d * d + 2 * d * ff) + d * W * (W + 1)  # projections, MLP, q.k and p.v
+        if as_run:  # the top block: QKV over the window; the last query's q.k and p.v; one row of the rest
+            top = W * d * 3 * d + 2 * d * W + d * d + 2 * d * ff
+            return fl + 2 * ((L - 1) * layer + top)
     return fl + 2 * L * layer
 
 
@@ -239,6 +248,9 @@ def main() -> int:
         fwd = forward_flops(kind, s["F"], a) * s["B"]
         step_flops = fwd * 5  # forward + backward (2 forwards' worth, the convention) + two more forwards
         rows.append(row(kind, "step FLOPs (forward from shapes, x5)", step_flops / 1e9, "GFLOP"))
+        run_flops = forward_flops(kind, s["F"], a, as_run=True) * s["B"] * 5
+        if run_flops != step_flops:
+            rows.append(row(kind, "step FLOPs as cudarl runs it (top block: last bar)", run_flops / 1e9, "GFLOP"))
         ours, P, first = {}, None, None
         if not why:
             for tf32 in (False, True):
@@ -246,7 +258,7 @@ def main() -> int:
                     r, replay, f, online = cudarl_step(kind, s, x_np, x1_np, dpsi_np, tf32, args)
                     rows += r
                     ours[tf32] = replay
-                    tflops = step_flops / (replay * 1e-6) / 1e12
+                    tflops = run_flops / (replay * 1e-6) / 1e12
                     tag = f"cudarl {kind} {'tf32' if tf32 else 'fp32'}"
                     rows.append(row(tag, "achieved (step)", tflops, "TFLOP/s", f"{tflops / peak:.1%} of FP32 peak"))
                     if not tf32:

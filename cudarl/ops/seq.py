@@ -47,10 +47,12 @@ def rmsnorm_forward(x, w, out, rstd, eps: float) -> None:
 
 
 def rmsnorm_backward(dout, x, w, rstd, dres, dx, dw_part) -> None:
-    """dx = dres + RMSNorm'^T dout; dw partials ``[K, n]`` (see the twin). dx may alias dres."""
+    """dx = dres + RMSNorm'^T dout; dw partials ``[K, n]`` (see the twin). dx may alias dres; dres ``[R, n]`` or
+    ``[R / k, n]`` (the last row of each group of k)."""
     where = "seq.rmsnorm_backward"
     R, n = x.shape
-    check_shapes(where, ("dout", dout, (R, n)), ("w", w, (n,)), ("rstd", rstd, (R,)), ("dres", dres, (R, n)))
+    g = _groups(where, "dres", dres, R)
+    check_shapes(where, ("dout", dout, (R, n)), ("w", w, (n,)), ("rstd", rstd, (R,)), ("dres", dres, (R // g, n)))
     check_shape(where, "dx", dx, (R, n))
     k = _parts(where, dw_part, R, n)
     launch(
@@ -58,7 +60,7 @@ def rmsnorm_backward(dout, x, w, rstd, dres, dx, dw_part) -> None:
         "rmsnorm_backward",
         k,
         _T,
-        (dout, x, w, rstd, dres, dx, dw_part, R, n, k),
+        (dout, x, w, rstd, dres, dx, dw_part, R, n, k, g),
         shared_mem=4 * _WARPS * n,
     )
 
@@ -92,32 +94,44 @@ def last_rmsnorm_backward(dout, h, w, rstd, dh, dw_part) -> None:
     )
 
 
-def _zx(where: str, zx, R: int, n: int) -> int:
-    if zx.ndim != 2 or zx.shape[0] != R or zx.shape[1] < n:
-        raise ValueError(f"{where}: zx must be [{R}, >= {n}], got {tuple(zx.shape)}")
-    return zx.shape[1]
+def _groups(where: str, name: str, a, rows: int) -> int:
+    """k of an operand ``a`` of ``k R'`` rows against R' (or of R' rows against k R'): the last row of each group
+    of k stands for one (``reference.seq.last_rows``)."""
+    big, small = max(a.shape[0], rows), min(a.shape[0], rows)
+    if a.ndim < 1 or small < 1 or big % small:
+        raise ValueError(f"{where}: {name} has {a.shape[0] if a.ndim else 0} rows, not whole groups of {rows} rows")
+    return big // small
+
+
+def _zx(where: str, zx, R: int, n: int) -> tuple[int, int]:
+    """(ld, k) of zx ``[k R, ld >= n]``."""
+    if zx.ndim != 2 or zx.shape[0] < R or zx.shape[0] % R or zx.shape[1] < n:
+        raise ValueError(f"{where}: zx must be [k {R}, >= {n}], got {tuple(zx.shape)}")
+    return zx.shape[1], zx.shape[0] // R
 
 
 def gated_rmsnorm_forward(y, zx, w, out, rstd, eps: float) -> None:
-    """out = RMSNorm(y silu(z)) w, z = zx[:, :E]. y, out ``[R, E]``; zx ``[R, ld]``; rstd ``[R]``."""
+    """out = RMSNorm(y silu(z)) w, z = zx[:, :E]. y, out ``[R, E]``; zx ``[k R, ld]`` (z of the last row of each
+    group of k); rstd ``[R]``."""
     where = "seq.gated_rmsnorm_forward"
     R, n = y.shape
-    ld = _zx(where, zx, R, n)
+    ld, g = _zx(where, zx, R, n)
     check_shapes(where, ("w", w, (n,)), ("out", out, (R, n)), ("rstd", rstd, (R,)))
     launch(
         "seq",
         "gated_rmsnorm_forward",
         blocks_for(R, _WARPS),
         _T,
-        (y, zx, w, out, rstd, R, n, ld, float(eps)),
+        (y, zx, w, out, rstd, R, n, ld, float(eps), g),
     )
 
 
 def gated_rmsnorm_backward(dout, y, zx, w, rstd, dy, dzx, dw_part) -> None:
-    """dy ``[R, E]``; dz into ``dzx[:, :E]`` (nothing else of dzx); dw partials ``[K, E]``."""
+    """dy ``[R, E]``; dz into ``dzx[:, :E]`` (nothing else of dzx; zx and dzx ``[k R, ld]``: only the last row of
+    each group of k); dw partials ``[K, E]``."""
     where = "seq.gated_rmsnorm_backward"
     R, n = y.shape
-    ld = _zx(where, zx, R, n)
+    ld, g = _zx(where, zx, R, n)
     check_shapes(where, ("dout", dout, (R, n)), ("w", w, (n,)), ("rstd", rstd, (R,)), ("dy", dy, (R, n)))
     check_shape(where, "dzx", dzx, zx.shape)
     k = _parts(where, dw_part, R, n)
@@ -126,20 +140,23 @@ def gated_rmsnorm_backward(dout, y, zx, w, rstd, dy, dzx, dw_part) -> None:
         "gated_rmsnorm_backward",
         k,
         _T,
-        (dout, y, zx, w, rstd, dy, dzx, dw_part, R, n, ld, k),
+        (dout, y, zx, w, rstd, dy, dzx, dw_part, R, n, ld, k, g),
         shared_mem=4 * _WARPS * n,
     )
 
 
 def residual_add(a, b, out) -> None:
-    """out = a + b, all the same shape (out may alias a or b)."""
-    check_shapes("seq.residual_add", ("b", b, a.shape), ("out", out, a.shape))
+    """out = a + b, all the same shape (out may alias a or b), or a ``[k R, n]`` against b, out ``[R, n]``: a's
+    last row of each group of k."""
+    where = "seq.residual_add"
+    g = _groups(where, "a", a, out.shape[0] if out.ndim else 0)
+    check_shapes(where, ("b", b, out.shape), ("a", a, (g * out.shape[0],) + tuple(out.shape[1:])))
     launch(
         "seq",
         "residual_add",
-        min(blocks_for(a.size, _T), _MAX_GRID),
+        min(blocks_for(out.size, _T), _MAX_GRID),
         _T,
-        (a, b, out, a.size),
+        (a, b, out, out.size, out.size // max(out.shape[0], 1), g),
     )
 
 

@@ -14,6 +14,7 @@ from .seq import check_shape, check_shapes
 __all__ = ["CONV_MAX_K", "MAX_SHARED", "backward_shared", "forward_shared"]  # the limits, re-exported
 _CONV_THREADS = 128
 _STEP_THREADS = 128
+_LAST_THREADS = 128  # ssm.cu LAST_THREADS
 
 
 def _rows(where: str, name: str, a, rows: int) -> None:
@@ -140,6 +141,56 @@ def ssd_backward(dy, xbc, zx, dt, head, states, dxbc, dzx, dbc_part, dhead_part,
         _SCAN_THREADS,
         (dy, xbc, zx, dt, head, states, dxbc, dzx, dbc_part, dhead_part, window, H, P, N, G, chunk),
         shared_mem=_shared(where, backward_shared(chunk, P, N)),
+    )
+
+
+def _last_dims(where: str, xbc, zx, head, E: int, N: int, B: int, window: int) -> tuple:
+    """(H, P, N, G) of a last-bar scan over ``B`` windows, checked as :func:`_scan_dims`."""
+    H = head.shape[1] if head.ndim == 2 else 0
+    if H < 1 or E % H or int(N) < 1:
+        raise ValueError(f"{where}: head must be [3, H] with H dividing E={E} and N={N} >= 1, got {tuple(head.shape)}")
+    _rows(where, "xbc", xbc, B * window)
+    _, H, P, N, G = _scan_dims(where, xbc, zx, head, E, (B, H, 1, E // H, int(N)))
+    return H, P, N, G
+
+
+def ssd_last_forward(xbc, zx, head, y, dt, window: int, d_state: int) -> None:
+    """The last bar's scan output: y ``[B, E]``, dt ``[B W, H]`` (every bar's) written."""
+    where = "ssm.ssd_last_forward"
+    B, E = y.shape
+    H, P, N, G = _last_dims(where, xbc, zx, head, E, d_state, B, window)
+    check_shape(where, "dt", dt, (B * window, H))
+    launch(
+        "ssm",
+        "ssd_last_forward",
+        B * H,
+        _LAST_THREADS,
+        (xbc, zx, head, y, dt, window, H, P, N, G),
+        shared_mem=4 * (4 * window + N),
+    )
+
+
+def ssd_last_backward(dy, xbc, zx, dt, head, dxbc, dzx, dbc_part, dhead_part, window: int) -> None:
+    """Backward of :func:`ssd_last_forward` from dy ``[B, E]``: what :func:`ssd_backward` writes."""
+    where = "ssm.ssd_last_backward"
+    B, E = dy.shape
+    N2 = dbc_part.shape[2] if dbc_part.ndim == 3 else 0
+    H, P, N, G = _last_dims(where, xbc, zx, head, E, N2 // 2, B, window)
+    check_shapes(
+        where,
+        ("dt", dt, (B * window, H)),
+        ("dxbc", dxbc, xbc.shape),
+        ("dzx", dzx, zx.shape),
+        ("dbc_part", dbc_part, (B * window, H, 2 * N)),
+        ("dhead_part", dhead_part, (B, 3, H)),
+    )
+    launch(
+        "ssm",
+        "ssd_last_backward",
+        B * H,
+        _LAST_THREADS,
+        (dy, xbc, zx, dt, head, dxbc, dzx, dbc_part, dhead_part, window, H, P, N, G),
+        shared_mem=4 * (6 * window + N + P),
     )
 
 

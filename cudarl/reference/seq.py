@@ -77,11 +77,36 @@ def rmsnorm_backward(dout, x, w, rstd, dres, dx, dw_part) -> None:
 
     ``xhat = x rstd``, ``g = dout w``: ``dx = dres + rstd (g - xhat mean_j(g xhat))``, where ``dres``
     is the gradient the residual path brings to ``x``; ``dw = sum_rows dout xhat`` as partials
-    ``dw_part [K, n]`` (reduce with :func:`colsum`). dout, x, dres, dx ``[R, n]`` (dx may alias dres).
+    ``dw_part [K, n]`` (reduce with :func:`colsum`). dout, x, dx ``[R, n]``; dres ``[R, n]`` (dx may alias it)
+    or ``[R / k, n]``: the residual gradient of the last row of each group of k rows (the others have none,
+    :func:`last_rows`).
     """
     xhat = x * rstd[:, None]
-    dx[...] = dres + _rms_dx(dout * w, xhat, rstd)
+    dx[...] = _spread(dres, x.shape[0]) + _rms_dx(dout * w, xhat, rstd)
     _chunk_sums(dout * xhat, dw_part)
+
+
+def last_rows(a, rows: int):
+    """The rows of ``a [k R', ...]`` that stand for the R' rows of another operand: every k-th row from the
+    k-th (the last bar of each window of k bars); k = 1 is ``a`` itself. This is how an encoder's top block
+    meets the window below it when it computes the last bar only (``cudarl.nn.encoders``)."""
+    k = _groups(a.shape[0], rows)
+    return a if k == 1 else a[k - 1 :: k]
+
+
+def _groups(big: int, small: int) -> int:
+    if small < 1 or big % small:
+        raise ValueError(f"{big} rows are not whole groups of the {small} rows they stand for")
+    return big // small
+
+
+def _spread(a, rows: int):
+    """``a [R', n]`` as ``[rows, n]``: a's rows at the last of each group of ``rows / R'``, zero elsewhere."""
+    if a.shape[0] == rows:
+        return a
+    out = np.zeros((rows,) + a.shape[1:], a.dtype)
+    out[_groups(rows, a.shape[0]) - 1 :: _groups(rows, a.shape[0])] = a
+    return out
 
 
 def last_rmsnorm_forward(h, w, out, rstd, eps: float) -> None:
@@ -109,11 +134,11 @@ def gated_rmsnorm_forward(y, zx, w, out, rstd, eps: float) -> None:
     this with G = 1 (``net.ssm_groups``' default) and not with G > 1. One RMS per row keeps the kernel
     one reduction a row (tests/unit/test_paper_oracles_aux.py holds the whole-row variant).
 
-    y, out ``[R, E]``; ``z = zx[:, :E]`` (zx ``[R, ld]``: z is the first E columns of the in-projection);
-    w ``[E]``; rstd ``[R]``.
+    y, out ``[R, E]``; ``z = zx[:, :E]`` (zx ``[R, ld]``: z is the first E columns of the in-projection,
+    or ``[k R, ld]``: the last row of each group of k, :func:`last_rows`); w ``[E]``; rstd ``[R]``.
     """
     E = y.shape[1]
-    g = y * _silu(zx[:, :E])
+    g = y * _silu(last_rows(zx, y.shape[0])[:, :E])
     rmsnorm_forward(g, w, out, rstd, eps)
 
 
@@ -121,23 +146,25 @@ def gated_rmsnorm_backward(dout, y, zx, w, rstd, dy, dzx, dw_part) -> None:
     """Backward of :func:`gated_rmsnorm_forward`. With ``s = sigmoid(z)``, ``g = y z s``, ``ghat = g rstd``:
     ``dg = rstd (dout w - ghat mean(dout w ghat))``, ``dy = dg z s``, ``dz = dg y s (1 + z (1 - s))``.
 
-    dy ``[R, E]``; dz goes to ``dzx[:, :E]`` (no other column of dzx is touched); dw partials ``[K, E]``.
+    dy ``[R, E]``; dz goes to ``dzx[:, :E]`` (no other column of dzx is touched; with zx ``[k R, ld]`` only
+    the rows :func:`last_rows` picks); dw partials ``[K, E]``.
     """
     E = y.shape[1]
-    z = zx[:, :E]
+    z = last_rows(zx, y.shape[0])[:, :E]
     one = z.dtype.type(1)
     s = one / (one + np.exp(-z))
     g = y * (z * s)
     ghat = g * rstd[:, None]
     dg = _rms_dx(dout * w, ghat, rstd)
     dy[...] = dg * (z * s)
-    dzx[:, :E] = dg * y * (s * (one + z * (one - s)))
+    last_rows(dzx, y.shape[0])[:, :E] = dg * y * (s * (one + z * (one - s)))
     _chunk_sums(dout * ghat, dw_part)
 
 
 def residual_add(a, b, out) -> None:
-    """``out = a + b`` (the residual stream). All ``[R, n]``; out may alias a or b."""
-    out[...] = a + b
+    """``out = a + b`` (the residual stream). All ``[R, n]`` (out may alias a or b), or a ``[k R, n]``: its
+    last row of each group of k (:func:`last_rows`) plus b."""
+    out[...] = last_rows(a, out.shape[0]) + b
 
 
 #: Slices of colsum's rows (seq.cu COLSUM_SLICES): each slice summed in ascending order, then the slices'

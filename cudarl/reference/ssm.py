@@ -267,6 +267,69 @@ def ssd_backward(dy, xbc, zx, dt, head, states, dxbc, dzx, dbc_part, dhead_part,
     dhead_part[:, 2] = draw.sum(axis=1)
 
 
+def _last_terms(x, Bm, Cm, dtv, A):
+    """The last bar's terms of the scan over the whole window: ``suf_s = sum_{r > s} a_r`` (added from the
+    last bar down), ``e_s = exp(suf_s)`` (the decay from s to the last bar), ``cb_s = C_T . B_s`` and
+    ``m_s = cb_s e_s dt_s``, all ``[B, W, H]``."""
+    a = dtv * A
+    suf = np.zeros_like(a)
+    suf[:, :-1] = np.flip(np.cumsum(np.flip(a[:, 1:], axis=1), axis=1), axis=1)
+    e = np.exp(suf)
+    cb = _contract("bhn,bshn->bsh", Cm[:, -1], Bm)
+    return e, cb, cb * e * dtv
+
+
+def ssd_last_forward(xbc, zx, head, y, dt, window: int, d_state: int) -> None:
+    """The scan's output at the last bar only: ``y_T = sum_{s <= T} (C_T . B_s) exp(sum_{s < r <= T} a_r)
+    dt_s x_s + D x_T``, the last row of :func:`ssd_forward`'s y (the same numbers up to rounding), without
+    its states: the top block of an encoder whose heads read only the last bar (psi) runs this, not the
+    chunked scan. xbc ``[B W, C_c]``; zx ``[B W, ld]``; head ``[3, H]``; y ``[B, E]`` written; dt ``[B W, H]``
+    written (every bar's: the backward needs them); d_state = N."""
+    E = y.shape[1]
+    H = head.shape[1]
+    d, x, Bm, Cm, v = _split(xbc, zx, head, E, H, int(d_state), window)
+    dtv = softplus(v)
+    dt[...] = dtv.reshape(-1, H)
+    _, _, m = _last_terms(x, Bm, Cm, dtv, -np.exp(head[0]))
+    y[...] = (_contract("bsh,bshp->bhp", m, x) + head[1][:, None] * x[:, -1]).reshape(-1, E)
+
+
+def ssd_last_backward(dy, xbc, zx, dt, head, dxbc, dzx, dbc_part, dhead_part, window: int) -> None:
+    """Backward of :func:`ssd_last_forward`, dy ``[B, E]`` the gradient of the last bar's y (the window's other
+    bars have none). With ``g_s = x_s . dy_T`` per head: ``dx_s = m_s dy_T`` (``+ D dy_T`` at T);
+    ``dB_s = g_s e_s dt_s C_T``; ``dC_T = sum_s g_s e_s dt_s B_s`` (zero at the other bars);
+    ``d dt_s = g_s cb_s e_s + A sum_{r < s} g_r m_r`` (a_s scales the decay of every earlier bar);
+    ``dA = sum_s dt_s sum_{r < s} g_r m_r``; ``dD = x_T . dy_T``. Writes what :func:`ssd_backward` writes:
+    ``dxbc[:, :E]``, ``dzx``'s dt columns, ``dbc_part [B W, H, 2 N]`` and ``dhead_part [B, 3, H]``."""
+    E = dy.shape[1]
+    H, N = head.shape[1], dbc_part.shape[2] // 2
+    d, x, Bm, Cm, v = _split(xbc, zx, head, E, H, N, window)
+    Bn = x.shape[0]
+    dtv = dt.reshape(Bn, window, H)
+    A = -np.exp(head[0])
+    D = head[1]
+    e, cb, m = _last_terms(x, Bm, Cm, dtv, A)
+    dyv = dy.reshape(Bn, H, -1)
+    g = _contract("bshp,bhp->bsh", x, dyv)
+    dx = m[..., None] * dyv[:, None]
+    dx[:, -1] += D[:, None] * dyv
+    dcb = g * e * dtv
+    dB = dcb[..., None] * Cm[:, -1][:, None]
+    dC = np.zeros_like(dB)
+    dC[:, -1] = _contract("bsh,bshn->bhn", dcb, Bm)
+    z = g * m
+    da = np.zeros_like(z)  # da_s = sum_{r < s} z_r
+    da[:, 1:] = np.cumsum(z, axis=1)[:, :-1]
+    draw = (g * cb * e + da * A) * softplus_grad(v)
+    dxbc[:, :E] = dx.reshape(-1, E)
+    dzx[:, d["dt"] :] = draw.reshape(-1, H)
+    dbc_part[:, :, :N] = dB.reshape(-1, H, N)
+    dbc_part[:, :, N:] = dC.reshape(-1, H, N)
+    dhead_part[:, 0] = (da * dtv).sum(axis=1) * A
+    dhead_part[:, 1] = (dyv * x[:, -1]).sum(axis=2)
+    dhead_part[:, 2] = draw.sum(axis=1)
+
+
 def bc_reduce(dbc_part, dxbc, d_inner: int) -> None:
     """``dxbc[:, B columns of group g] = sum over g's heads (ascending) of dbc_part[:, h, :N]``, the same for C.
     dbc_part ``[R, H, 2 N]``; dxbc ``[R, C_c]`` (only its B and C columns are written)."""

@@ -270,3 +270,111 @@ def test_gpu_residual_add_and_colsum(cp, rng, n):
         want = np.empty(m, np.float32)
         ref.colsum(part, want)
         assert_bitwise(got, want, what=f"colsum of {K} parts")  # the same slices and order on both sides
+
+
+# --- the last row of each group of k (an encoder's top block that computes the last bar only) --------------
+def test_ops_on_last_rows_are_the_ops_on_those_rows(rng):
+    """With a k-times longer operand, gated_rmsnorm (zx, dzx), residual_add (a) and rmsnorm_backward (dres, the
+    other way round) are the plain ops on ``last_rows`` (and on dres spread with zeros), float64."""
+    R, k, n, ld = 5, 4, 6, 15
+    y, w, d = rng.standard_normal((R, n)), rng.standard_normal(n), rng.standard_normal((R, n))
+    zx = rng.standard_normal((k * R, ld))
+    zl = np.ascontiguousarray(ref.last_rows(zx, R))
+    np.testing.assert_array_equal(zl, zx[k - 1 :: k])
+    o1, r1, o2, r2 = np.empty((R, n)), np.empty(R), np.empty((R, n)), np.empty(R)
+    ref.gated_rmsnorm_forward(y, zx, w, o1, r1, EPS)
+    ref.gated_rmsnorm_forward(y, zl, w, o2, r2, EPS)
+    np.testing.assert_array_equal(o1, o2)
+    dzx, dzl = np.full((k * R, ld), 7.0), np.full((R, ld), 7.0)
+    dy1, dy2, p1, p2 = np.empty((R, n)), np.empty((R, n)), np.empty((2, n)), np.empty((2, n))
+    ref.gated_rmsnorm_backward(d, y, zx, w, r1, dy1, dzx, p1)
+    ref.gated_rmsnorm_backward(d, y, zl, w, r2, dy2, dzl, p2)
+    np.testing.assert_array_equal(dzx[k - 1 :: k], dzl)
+    np.testing.assert_array_equal(np.delete(dzx, np.s_[k - 1 :: k], axis=0), 7.0)  # the other rows untouched
+    np.testing.assert_array_equal(dy1, dy2)
+    a, b = rng.standard_normal((k * R, n)), rng.standard_normal((R, n))
+    out = np.empty((R, n))
+    ref.residual_add(a, b, out)
+    np.testing.assert_array_equal(out, a[k - 1 :: k] + b)
+    x, dout, dres = rng.standard_normal((k * R, n)), rng.standard_normal((k * R, n)), rng.standard_normal((R, n))
+    rstd = rng.uniform(0.5, 2, k * R)
+    full = np.zeros((k * R, n))
+    full[k - 1 :: k] = dres
+    dx1, dx2, q1, q2 = np.empty((k * R, n)), np.empty((k * R, n)), np.empty((3, n)), np.empty((3, n))
+    ref.rmsnorm_backward(dout, x, w, rstd, dres, dx1, q1)
+    ref.rmsnorm_backward(dout, x, w, rstd, full, dx2, q2)
+    np.testing.assert_array_equal(dx1, dx2)
+    np.testing.assert_array_equal(q1, q2)
+    with pytest.raises(ValueError, match="not whole groups"):
+        ref.residual_add(rng.standard_normal((7, n)), b, out)
+
+
+def test_launchers_check_the_groups():
+    from cudarl.ops import seq as ops
+
+    f = np.float32
+    with pytest.raises(ValueError, match=r"zx must be \[k 5, >= 6\]"):
+        ops.gated_rmsnorm_forward(
+            np.zeros((5, 6), f), np.zeros((12, 9), f), np.zeros(6, f), np.zeros((5, 6), f), np.zeros(5, f), EPS
+        )
+    with pytest.raises(ValueError, match="residual_add: a has 7 rows, not whole groups of 5"):
+        ops.residual_add(np.zeros((7, 3), f), np.zeros((5, 3), f), np.zeros((5, 3), f))
+    with pytest.raises(ValueError, match="rmsnorm_backward: dres has 3 rows, not whole groups of 8"):
+        z = np.zeros((8, 4), f)
+        ops.rmsnorm_backward(z, z, np.zeros(4, f), np.zeros(8, f), np.zeros((3, 4), f), z, np.zeros((1, 4), f))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("R,k,n", [(1, 1, 5), (3, 7, 33), (512, 64, 128), (512, 64, 256)])
+def test_gpu_ops_on_last_rows(cp, rng, R, k, n):
+    """gated_rmsnorm with zx [k R, ld], residual_add with a [k R, n], rmsnorm_backward with dres [R, n] over
+    [k R, n] rows: against the float64 twin, dzx's other rows untouched, reruns bitwise."""
+    from cudarl.ops import seq as ops
+
+    ld = 2 * n + 5
+    y, zx, w, d = (rng.standard_normal(s).astype(np.float32) for s in ((R, n), (k * R, ld), (n,), (R, n)))
+    K = ref.n_parts(R)
+    want = {}
+    for name, cast in (("32", np.float32), ("64", np.float64)):
+        a = [np.asarray(v, cast) for v in (y, zx, w, d)]
+        o, r = np.empty((R, n), cast), np.empty(R, cast)
+        ref.gated_rmsnorm_forward(a[0], a[1], a[2], o, r, EPS)
+        dy, dzx, part = np.empty((R, n), cast), np.full((k * R, ld), 7.0, cast), np.empty((K, n), cast)
+        ref.gated_rmsnorm_backward(a[3], a[0], a[1], a[2], r.astype(cast), dy, dzx, part)
+        want[name] = dict(out=o, rstd=r, dy=dy, dz=dzx[k - 1 :: k, :n].copy(), part=part)
+    gy, gzx, gw, gd = (cp.asarray(a) for a in (y, zx, w, d))
+    go, gr, gdy, gpart = (cp.empty(s, np.float32) for s in ((R, n), (R,), (R, n), (K, n)))
+    gdzx = cp.full((k * R, ld), 7.0, np.float32)
+    for a in (go, gr, gdy, gpart):
+        poison(a)
+    ops.gated_rmsnorm_forward(gy, gzx, gw, go, gr, EPS)
+    ops.gated_rmsnorm_backward(gd, gy, gzx, gw, gr, gdy, gdzx, gpart)
+    got = dict(out=go, rstd=gr, dy=gdy, dz=gdzx[k - 1 :: k, :n], part=gpart)
+    for key, v in got.items():
+        assert_oracle(v, want["32"][key], want["64"][key], what=f"gated {key}")
+    keep = np.ones(k * R, bool)
+    keep[k - 1 :: k] = False
+    assert bool((gdzx[cp.asarray(keep)] == 7.0).all()) and bool((gdzx[k - 1 :: k, n:] == 7.0).all())
+    a, b = rng.standard_normal((k * R, n)).astype(np.float32), rng.standard_normal((R, n)).astype(np.float32)
+    out = cp.empty((R, n), np.float32)
+    poison(out)
+    ops.residual_add(cp.asarray(a), cp.asarray(b), out)
+    assert_bitwise(out, a[k - 1 :: k] + b, what="a's last rows + b")
+    x, dout = (rng.standard_normal((k * R, n)).astype(np.float32) for _ in range(2))
+    rstd, dres = rng.uniform(0.5, 2, k * R).astype(np.float32), rng.standard_normal((R, n)).astype(np.float32)
+    Kx = ref.n_parts(k * R)
+    bw = {}
+    for name, cast in (("32", np.float32), ("64", np.float64)):
+        dx, part = np.empty((k * R, n), cast), np.empty((Kx, n), cast)
+        ref.rmsnorm_backward(*(np.asarray(v, cast) for v in (dout, x, w, rstd, dres)), dx, part)
+        bw[name] = (dx, part)
+    gdx, gp = cp.empty((k * R, n), np.float32), cp.empty((Kx, n), np.float32)
+    poison(gdx)
+    poison(gp)
+    args = [cp.asarray(v) for v in (dout, x, w, rstd, dres)]
+    ops.rmsnorm_backward(*args, gdx, gp)
+    assert_oracle(gdx, bw["32"][0], bw["64"][0], what="dx with dres at the last rows")
+    assert_oracle(gp, bw["32"][1], bw["64"][1], what="dw partials")
+    first = gdx.get()
+    ops.rmsnorm_backward(*args, gdx, gp)
+    assert_bitwise(gdx, first, what="rerun")

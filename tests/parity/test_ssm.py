@@ -99,6 +99,43 @@ def test_one_channel_scan_by_hand():
     assert dt[3, 0] == 25.1
 
 
+def last_scan(c, xbc, B, W, H, N, dtype=np.float64):
+    """ssd_last_forward of a :func:`case` on its xbc; returns y ``[B, E]`` and dt."""
+    y, dt = np.empty((B, c["E"]), dtype), np.empty((B * W, H), dtype)
+    ref.ssd_last_forward(xbc, c["zx"], c["head"], y, dt, W, N)
+    return y, dt
+
+
+def last_backward(c, xbc, dt, dy, B, W, H, N):
+    """ssd_last_backward plus bc_reduce; returns what :func:`scan_backward` returns."""
+    dxbc, dzx = np.full(xbc.shape, np.nan, xbc.dtype), np.full(c["zx"].shape, np.nan, xbc.dtype)
+    dbc, dhead = np.empty((B * W, H, 2 * N), xbc.dtype), np.empty((B, 3, H), xbc.dtype)
+    ref.ssd_last_backward(dy, xbc, c["zx"], dt, c["head"], dxbc, dzx, dbc, dhead, W)
+    ref.bc_reduce(dbc, dxbc, c["E"])
+    return dxbc, dzx[:, c["E"] + c["Cc"] :], dhead
+
+
+@pytest.mark.parametrize("B,W,H,P,N,G,K", [(2, 7, 4, 3, 5, 2, 3), (3, 10, 2, 2, 3, 1, 4), (1, 1, 1, 1, 1, 1, 2)])
+def test_last_bar_scan_is_the_chunked_scans_last_row(rng, B, W, H, P, N, G, K):
+    """ssd_last_forward's y is the chunked scan's y at the last bar, and its backward from dy_T is the chunked
+    backward from a dy that is zero before the last bar (float64, every gradient)."""
+    c = case(rng, B, W, H, P, N, G, K)
+    xbc, y, dt, st = scan(c, B, W, H, P, N, 3)
+    yl, dtl = last_scan(c, xbc, B, W, H, N)
+    np.testing.assert_allclose(yl, y.reshape(B, W, -1)[:, -1], rtol=1e-12, atol=1e-14)
+    assert_bitwise(dtl, dt, what="dt of every bar")
+    dyl = rng.standard_normal((B, c["E"]))
+    dy = np.zeros((B * W, c["E"]))
+    dy.reshape(B, W, -1)[:, -1] = dyl
+    for got, want, name in zip(
+        last_backward(c, xbc, dtl, dyl, B, W, H, N),
+        scan_backward(c, xbc, dt, st, dy, B, W, H, N, 3),
+        ("dxbc", "d dt_raw", "dhead"),
+        strict=True,
+    ):
+        np.testing.assert_allclose(got, want, rtol=1e-11, atol=1e-13, err_msg=name)
+
+
 def test_bc_reduce_sums_a_groups_heads(rng):
     R, H, N, G, E = 3, 4, 2, 2, 5
     part = rng.standard_normal((R, H, 2 * N))
@@ -142,6 +179,17 @@ def test_launchers_check_shapes_before_launching():
             np.zeros((2, 2, 3, 3, 2), f),  # a window of 7 in chunks of 4 has 2 chunks
             7,
             4,
+        )
+    with pytest.raises(ValueError, match=r"ssd_last_forward: dt must have shape \(14, 2\)"):
+        ops.ssd_last_forward(
+            np.zeros((14, 10), f), zx, np.zeros((3, 2), f), np.zeros((2, 6), f), np.zeros((2, 2), f), 7, 2
+        )
+    with pytest.raises(ValueError, match="ssd_last_backward: E=6, H=2, P=3, N=3 do not fit xbc with 10 columns"):
+        ops.ssd_last_backward(
+            *(np.zeros(s, f) for s in ((2, 6), (14, 10), (14, 18), (14, 2), (3, 2), (14, 10), (14, 18))),
+            np.zeros((14, 2, 6), f),  # N = 3, but xbc's B and C columns are G N = 2 wide
+            np.zeros((2, 3, 2), f),
+            7,
         )
     assert 4 * ops.backward_shared(32, 64, 64) <= ops.MAX_SHARED  # the benchmark's chunk fits
     with pytest.raises(ValueError, match="use a shorter chunk"):
@@ -249,6 +297,50 @@ def test_gpu_conv_and_scan_backward(cp, rng, B, W, H, P, N, G, K, chunk):
     ops.ssd_backward(cp.asarray(dy), gxbc, g["zx"], gdt, g["head"], gst, gdxbc, gdzx, gdbc, gdhead, W, chunk)
     ops.bc_reduce(gdbc, gdxbc, E)
     for k in ("dx", "dbc", "ddt", "dhead"):
+        assert_bitwise(got[k], first[k], what=f"rerun {k}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("B,W,H,P,N,G,K,chunk", GPU_CASES)
+def test_gpu_last_bar_scan(cp, rng, B, W, H, P, N, G, K, chunk):
+    """ssd_last_forward and ssd_last_backward on the GPU's conv output against the float64 twin (poisoned
+    outputs; nothing of dzx but the dt columns written), the last row of the GPU's chunked scan, and a rerun
+    bitwise."""
+    from cudarl.ops import ssm as ops
+
+    c32 = case(rng, B, W, H, P, N, G, K, np.float32)
+    g, gxbc, gy, gdt_full, _ = _gpu_scan(cp, c32, W, H, P, N, chunk, B)
+    E, Cc = c32["E"], c32["Cc"]
+    gyl, gdt = cp.empty((B, E), np.float32), cp.empty((B * W, H), np.float32)
+    poison(gyl)
+    poison(gdt)
+    ops.ssd_last_forward(gxbc, g["zx"], g["head"], gyl, gdt, W, N)
+    xbc = gxbc.get()
+    dy = rng.standard_normal((B, E)).astype(np.float32)
+    want = {}
+    for name, cast in (("32", np.float32), ("64", np.float64)):
+        cc = {k: (np.asarray(v, cast) if isinstance(v, np.ndarray) else v) for k, v in c32.items()}
+        y, dt = last_scan(cc, xbc.astype(cast), B, W, H, N, cast)
+        dxbc, ddt, dhead = last_backward(cc, xbc.astype(cast), gdt.get().astype(cast), dy.astype(cast), B, W, H, N)
+        want[name] = dict(y=y, dt=dt, dx=dxbc[:, :E], dbc=dxbc[:, E:], ddt=ddt, dhead=dhead)
+    assert_oracle(gyl, want["32"]["y"], want["64"]["y"], what="y at the last bar")
+    assert_oracle(gdt, want["32"]["dt"], want["64"]["dt"], what="dt")
+    assert_bitwise(gdt, gdt_full, what="dt as ssd_forward's")
+    assert rel_error(gyl, gy.reshape(B, W, E)[:, -1]) <= 1e-5, "last-bar y vs the chunked scan's last row"
+    gdxbc, gdzx = cp.empty((B * W, Cc), np.float32), cp.full(c32["zx"].shape, np.nan, np.float32)
+    gdbc, gdhead = cp.empty((B * W, H, 2 * N), np.float32), cp.empty((B, 3, H), np.float32)
+    for a in (gdxbc, gdbc, gdhead):
+        poison(a)
+    ops.ssd_last_backward(cp.asarray(dy), gxbc, g["zx"], gdt, g["head"], gdxbc, gdzx, gdbc, gdhead, W)
+    ops.bc_reduce(gdbc, gdxbc, E)
+    got = dict(dx=gdxbc[:, :E], dbc=gdxbc[:, E:], ddt=gdzx[:, E + Cc :], dhead=gdhead)
+    assert bool(cp.isnan(gdzx[:, : E + Cc]).all()), "ssd_last_backward wrote outside the dt columns of dzx"
+    for k, v in got.items():
+        assert_oracle(v, want["32"][k], want["64"][k], what=k)
+    first = {k: v.get() for k, v in got.items()}
+    ops.ssd_last_backward(cp.asarray(dy), gxbc, g["zx"], gdt, g["head"], gdxbc, gdzx, gdbc, gdhead, W)
+    ops.bc_reduce(gdbc, gdxbc, E)
+    for k in first:
         assert_bitwise(got[k], first[k], what=f"rerun {k}")
 
 

@@ -103,16 +103,18 @@ def test_step_equals_the_windowed_forward_at_every_bar(kind, dtype, tol, rng):
 
 def test_ssm_window_states_are_the_recurrent_states(rng):
     """The training forward keeps S_out of every chunk; the last is the state the acting path reaches
-    after the window's bars (a windowed forward can hand its state to recurrent acting)."""
+    after the window's bars (a windowed forward can hand its state to recurrent acting). The top block
+    computes the last bar only and keeps no states."""
     B, W = 2, 8
-    enc = make("ssm", W, chunk=3)
+    enc = make("ssm", W, chunk=3, layers=3)
     _, _, _, ws = build(enc, B, np.float64)
     x = rng.standard_normal((B, W, F))
     enc.forward(x, ws)
     state = enc.new_state(B)
     for t in range(W):
         enc.step(state, np.ascontiguousarray(x[:, t]))
-    for p in enc.blocks:
+    assert f"{enc.top}.states" not in ws.bufs and len(enc.blocks) == 3
+    for p in enc.blocks[:-1]:
         got = ws.rows(f"{p}.states")[:, :, -1]
         np.testing.assert_allclose(got, state.bufs[f"{p}.ssm_state"], rtol=1e-12, atol=1e-14)
         assert np.abs(got).max() > 1e-3
@@ -127,11 +129,14 @@ def test_bars_after_t_do_not_move_the_first_t_positions(kind, rng):
     _, _, _, ws = build(enc, B, np.float64)
     x = rng.standard_normal((B, W, F))
     enc.forward(x, ws)
-    before = {p: ws.rows(f"{p}.h").reshape(B, W, -1)[:, :t].copy() for p in enc.blocks}
+    # the blocks that compute every bar (not an ssm top block, which computes the last bar only)
+    every = [p for p in enc.blocks if ws.rows(f"{p}.h").shape[0] == B * W]
+    assert every and len(every) >= len(enc.blocks) - 1
+    before = {p: ws.rows(f"{p}.h").reshape(B, W, -1)[:, :t].copy() for p in every}
     x2 = x.copy()
     x2[:, t:] = rng.standard_normal((B, W - t, F))
     enc.forward(x2, ws)
-    for p in enc.blocks:
+    for p in every:
         np.testing.assert_array_equal(ws.rows(f"{p}.h").reshape(B, W, -1)[:, :t], before[p])
 
 

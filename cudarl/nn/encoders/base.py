@@ -175,7 +175,8 @@ class SequenceEncoder(Module):
         h = self._blocks_forward(h, ws, B)
         psi = ws.rows(f"{self.out_name}.out", B)
         w = self.P[f"{self.out_name}.weight"]
-        self.seq.last_rmsnorm_forward(h.reshape(B, self.W, self.d), w, psi, ws.rows(f"{self.out_name}.rstd", B), EPS)
+        # h_L [B, W', d]: W' = W, or 1 where the top block computes the last bar only
+        self.seq.last_rmsnorm_forward(h.reshape(B, -1, self.d), w, psi, ws.rows(f"{self.out_name}.rstd", B), EPS)
         return psi
 
     def backward(self, x, ws: Workspace, dx=None) -> None:
@@ -209,10 +210,10 @@ class SequenceEncoder(Module):
         part = self.part(ws, n_parts(B), self.d)
         self.seq.last_rmsnorm_backward(
             ws.rows(f"{self.out_name}.dout", B),
-            self.top_h(ws, B).reshape(B, self.W, self.d),
+            self.top_h(ws, B).reshape(B, -1, self.d),
             self.P[wname],
             ws.rows(f"{self.out_name}.rstd", B),
-            top.reshape(B, self.W, self.d),
+            top.reshape(B, -1, self.d),
             part,
         )
         self.seq.colsum(part, self.G[wname])
@@ -255,7 +256,7 @@ class SequenceEncoder(Module):
         raise NotImplementedError
 
     def top_h(self, ws: Workspace, B: int):
-        """h_L ``[B W, d]``."""
+        """h_L ``[B W', d]`` (W' = 1 where the top block computes the last bar only)."""
         raise NotImplementedError
 
     def last_linear(self, ws: Workspace | None, B: int):

@@ -11,6 +11,13 @@ One block, pre-norm and residual (``zx = [z | x | B | C | dt_raw]``, see :mod:`c
                                                          also with G > 1; mamba_ssm's is per group)
     h'  = h + yn W_out + b_out                           Linear, seq.residual_add
 
+The top block computes the last bar only: psi reads nothing else of it. Its in-projection and conv still run
+over the window (the scan's B, C, dt and x of every bar feed the last bar's state), but the scan gives y at the
+last bar only (ssm.ssd_last_forward: one row of the chunked scan's triangle, no states), and the gated norm, the
+out-projection and the residual add run on one row a sample (their seq ops take the window's last rows). The
+blocks below run every bar: the block above reads them all. The numbers are the full stack's last bar up to
+rounding (tests/unit/test_encoders.py); the work the top block skips is most of its scan and a W-th of the rest.
+
 Acting advances, per environment and layer, the conv state (the last K - 1 inputs) and the scan
 state ``[H, P, N]`` one bar at a time (ssm.conv_step, ssm.ssd_step): O(1) per bar, and from zero
 state over W bars the same psi as the windowed forward, to rounding (tests/unit/test_encoders.py).
@@ -86,10 +93,11 @@ class SSMEncoder(SequenceEncoder):
         self.n_proj = self.Cc + self.E + self.H
         self.nc = n_chunks(self.W, self.Q)
         self.blocks = [f"{name}.{i}" for i in range(self.L)]
+        self.top = self.blocks[-1]  # computes the last bar only (module docstring)
         for p in self.blocks:
             self.children += [
                 self.linear(f"{p}.in_proj", self.d, self.n_proj),
-                self.linear(f"{p}.out_proj", self.E, self.d),
+                self.linear(f"{p}.out_proj", self.E, self.d, rows=1 if p == self.top else None),
             ]
         self.ssm = None
 
@@ -110,22 +118,24 @@ class SSMEncoder(SequenceEncoder):
             layout.add(f"{p}.head", (3, H), ("values", head_init(H)))
             layout.add(f"{p}.gnorm.weight", (E,), ("const", 1.0))
             lin_out.declare(layout, ws_spec)
+            Wy = 1 if p == self.top else W  # bars of the scan's output and what follows it
             for buf, row in (
                 ("u", (W, d)),
                 ("rstd", (W,)),
                 ("xbc", (W, self.Cc)),
                 ("dt", (W, H)),
-                ("y", (W, E)),
-                ("yn", (W, E)),
-                ("yrstd", (W,)),
-                ("h", (W, d)),
+                ("y", (Wy, E)),
+                ("yn", (Wy, E)),
+                ("yrstd", (Wy,)),
+                ("h", (Wy, d)),
                 ("du", (W, d)),
-                ("dyn", (W, E)),
-                ("dy", (W, E)),
+                ("dyn", (Wy, E)),
+                ("dy", (Wy, E)),
                 ("dxbc", (W, self.Cc)),
             ):
                 ws_spec.append((f"{p}.{buf}", row, True))
-            ws_spec.append((f"{p}.states", (H, self.nc, self.Ph, self.N), False))
+            if p != self.top:
+                ws_spec.append((f"{p}.states", (H, self.nc, self.Ph, self.N), False))
         ws_spec.append((f"{self.name}.dbc_part", (W, H, 2 * self.N), True))  # one layer's at a time
 
     def top_dout(self) -> str:
@@ -154,9 +164,12 @@ class SSMEncoder(SequenceEncoder):
         for p in self.blocks:
 
             def mix(zx, xbc, y, p=p):
-                dt, states = ws.rows(f"{p}.dt", B), ws.rows(f"{p}.states", B)
+                dt, head = ws.rows(f"{p}.dt", B), self.P[f"{p}.head"]
                 self.ssm.conv_forward(zx, self.P[f"{p}.conv"], xbc, self.W, self.E)
-                self.ssm.ssd_forward(xbc, zx, self.P[f"{p}.head"], y, dt, states, self.W, self.Q)
+                if p == self.top:
+                    self.ssm.ssd_last_forward(xbc, zx, head, y, dt, self.W, self.N)
+                else:
+                    self.ssm.ssd_forward(xbc, zx, head, y, dt, ws.rows(f"{p}.states", B), self.W, self.Q)
 
             h = self._block(p, h, ws, None, mix)
         return h
@@ -173,7 +186,7 @@ class SSMEncoder(SequenceEncoder):
             lin_in, lin_out = self._block_linears(p)
             zx, dzx = ws.rows(f"{p}.in_proj.out", B), ws.rows(f"{p}.in_proj.dout", B)
             lin_out.backward(r("yn"), ws, r("dyn"))  # dL/dh' is out_proj's dout
-            part = self.part(ws, n_parts(B * self.W), self.E)
+            part = self.part(ws, n_parts(r("y").shape[0]), self.E)
             seq.gated_rmsnorm_backward(
                 r("dyn"), r("y"), zx, self.P[f"{p}.gnorm.weight"], r("yrstd"), r("dy"), dzx, part
             )
@@ -181,9 +194,12 @@ class SSMEncoder(SequenceEncoder):
             dbc = ws.rows(f"{self.name}.dbc_part", B)
             dhead = self.part(ws, B, 3 * self.H).reshape(B, 3, self.H)
             head = self.P[f"{p}.head"]
-            ssm.ssd_backward(
-                r("dy"), r("xbc"), zx, r("dt"), head, r("states"), r("dxbc"), dzx, dbc, dhead, self.W, self.Q
-            )
+            if p == self.top:  # dzx's z columns of the other bars stay the zeros the workspace was made with
+                ssm.ssd_last_backward(r("dy"), r("xbc"), zx, r("dt"), head, r("dxbc"), dzx, dbc, dhead, self.W)
+            else:
+                ssm.ssd_backward(
+                    r("dy"), r("xbc"), zx, r("dt"), head, r("states"), r("dxbc"), dzx, dbc, dhead, self.W, self.Q
+                )
             ssm.bc_reduce(dbc, r("dxbc"), self.E)
             seq.colsum(dhead.reshape(B, 3 * self.H), self.G[f"{p}.head"])
             part = self.part(ws, n_parts(B), (self.K + 1) * self.Cc)
