@@ -16,9 +16,9 @@ Workload (issue 22): window 64, d_model 128, 2 layers, batch 512; ssm: expand 2,
 * FLOPs: the forward's multiply-adds counted from the shapes (the GEMMs, the conv, the chunked scan as the
   kernels run it, the attention), x2; the step counts the backward as twice its forward (a convention,
   said in the row); TFLOP/s = FLOPs / measured time, and its fraction of the FP32 peak (SMs x 128 lanes x 2
-  x the clock the device reports). The full stack's count (every bar of every layer: the issue's floor, and
-  what the PyTorch twin runs) and cudarl's count as run: its top block computes the last bar only
-  (``cudarl.nn.encoders``), and cudarl's achieved TFLOP/s divides that count.
+  x the clock the device reports). The full stack's count (every bar of every layer: the issue's floor) and
+  the count as run: the top block computes the last bar only (``cudarl.nn.encoders``; the PyTorch twin's
+  too, ``tools/torch_encoders.py``, so both sides do the same work), and the achieved TFLOP/s divides it.
 
 Every arm is timed with CUDA events (median of ``--repeats`` intervals); a failing arm prints its reason and
 the others still run. ``--small`` runs tiny shapes (a smoke test, on the CPU too for the PyTorch arms).
@@ -250,7 +250,7 @@ def main() -> int:
         rows.append(row(kind, "step FLOPs (forward from shapes, x5)", step_flops / 1e9, "GFLOP"))
         run_flops = forward_flops(kind, s["F"], a, as_run=True) * s["B"] * 5
         if run_flops != step_flops:
-            rows.append(row(kind, "step FLOPs as cudarl runs it (top block: last bar)", run_flops / 1e9, "GFLOP"))
+            rows.append(row(kind, "step FLOPs as run (top block: last bar)", run_flops / 1e9, "GFLOP"))
         ours, P, first = {}, None, None
         if not why:
             for tf32 in (False, True):

@@ -23,14 +23,16 @@ def rms(x, w, eps: float = 1e-5):
 
 
 def _stack(n_features: int, d: int, layers: int, block):
-    """embed, ``layers`` blocks made by ``block()``, and psi = RMSNorm of the last bar (cudarl's SequenceEncoder)."""
+    """embed, ``layers`` blocks made by ``block(top)``, and psi = RMSNorm of the last bar (cudarl's
+    SequenceEncoder). The top block (``top=True``) computes the last bar only, as cudarl's does: the same
+    numbers at the last bar, and the same work, so the timings compare like with like."""
     import torch
 
     class Encoder(torch.nn.Module):
         def __init__(self):
             super().__init__()
             self.embed = torch.nn.Linear(n_features, d)
-            self.blocks = torch.nn.ModuleList(block() for _ in range(layers))
+            self.blocks = torch.nn.ModuleList(block(i == layers - 1) for i in range(layers))
             self.norm_f = torch.nn.Parameter(torch.ones(d))
 
         def forward(self, x):
@@ -53,8 +55,9 @@ def ssm_encoder(n_features: int, *, window: int, d_model: int, layers: int, expa
     Cc = E + 2 * G * N
 
     class Block(torch.nn.Module):
-        def __init__(self):
+        def __init__(self, top: bool):
             super().__init__()
+            self.top = top
             self.norm = torch.nn.Parameter(torch.ones(d))
             self.in_proj = torch.nn.Linear(d, E + Cc + H)
             self.conv = torch.nn.Parameter(torch.zeros(K + 1, Cc))  # K taps, then the bias (cudarl's layout)
@@ -98,6 +101,12 @@ def ssm_encoder(n_features: int, *, window: int, d_model: int, layers: int, expa
             rep = lambda t: t.reshape(Bn, W, G, N).repeat_interleave(H // G, dim=2)  # noqa: E731
             dt = Fn.softplus(dt_raw + self.head[2])
             x = x.reshape(Bn, W, H, P)
+            if self.top:  # the last bar only: y_T = sum_s (C_T . B_s) exp(sum_{s<r<=T} a_r) dt_s x_s + D x_T
+                a = dt * -torch.exp(self.head[0])  # [B, W, H]
+                suf = torch.flip(torch.cumsum(torch.flip(a, [1]), 1), [1]) - a  # sum_{r > s} a_r
+                m = torch.einsum("bhn,bshn->bsh", rep(Cg)[:, -1], rep(Bg)) * torch.exp(suf) * dt
+                y = (torch.einsum("bsh,bshp->bhp", m, x) + self.head[1][:, None] * x[:, -1]).reshape(Bn, 1, E)
+                return h[:, -1:] + self.out_proj(rms(y * Fn.silu(z[:, -1:]), self.gnorm))
             y = self.scan(x, dt, rep(Bg), rep(Cg)) + self.head[1][:, None] * x
             y = y.reshape(Bn, W, E)
             return h + self.out_proj(rms(y * Fn.silu(z), self.gnorm))
@@ -118,8 +127,9 @@ def attention_encoder(n_features: int, *, window: int, d_model: int, layers: int
     cos, sin = rope_angles(np.arange(window), Dh, rope_base)
 
     class Block(torch.nn.Module):
-        def __init__(self):
+        def __init__(self, top: bool):
             super().__init__()
+            self.top = top
             self.norm1 = torch.nn.Parameter(torch.ones(d))
             self.qkv = torch.nn.Linear(d, 3 * d)
             self.attn_out = torch.nn.Linear(d, d)
@@ -138,6 +148,11 @@ def attention_encoder(n_features: int, *, window: int, d_model: int, layers: int
         def forward(self, h):
             Bn, W, _ = h.shape
             q, k, v = self.qkv(rms(h, self.norm1)).reshape(Bn, W, 3, H, Dh).permute(2, 0, 3, 1, 4)
+            if self.top:  # the last query over every key, and one row a sample after it
+                q = self.rope(q)[:, :, -1:]
+                o = Fn.scaled_dot_product_attention(q, self.rope(k), v)
+                h = h[:, -1:] + self.attn_out(o.transpose(1, 2).reshape(Bn, 1, d))
+                return h + self.fc2(torch.relu(self.fc1(rms(h, self.norm2))))
             o = Fn.scaled_dot_product_attention(self.rope(q), self.rope(k), v, is_causal=True)
             h = h + self.attn_out(o.transpose(1, 2).reshape(Bn, W, d))
             return h + self.fc2(torch.relu(self.fc1(rms(h, self.norm2))))
