@@ -153,14 +153,16 @@ extern "C" __global__ void cudarl_seq_gated_rmsnorm_forward(const float* y, cons
 // ---- gated_rmsnorm_backward -----------------------------------------------------------------------
 // With s = sigmoid(z), ghat = y z s rstd: dg = rstd (dout w - ghat mean(dout w ghat)), dy = dg z s,
 // dz = dg y s (1 + z (1 - s)) into zx's first n columns of dzx (no other column touched); part: the
-// chunk's sums of dout ghat; zx and dzx [k rows, ld] as the forward's. grid = parts, block = 256, shared
-// 4 * SEQ_WARPS * n. Reads 16*rows*n bytes, writes 8*rows*n + 4*parts*n.
+// chunk's sums of dout ghat; zx and dzx [k rows, ld] as the forward's, and the other k - 1 rows of each group
+// get dz = 0 (the whole gradient w.r.t. z). grid = parts, block = 256, shared 4 * SEQ_WARPS * n.
+// Reads 16*rows*n bytes, writes 8*rows*n + 4*(k - 1)*rows*n + 4*parts*n.
 extern "C" __global__ void cudarl_seq_gated_rmsnorm_backward(const float* dout, const float* y, const float* zx,
                                                              const float* w, const float* rstd, float* dy, float* dzx,
                                                              float* part, i64 rows, int n, i64 ld, int parts, int k) {
   extern __shared__ float acc[];
   partial_rows(acc, n, rows, parts, part, [&](i64 r, int lane, float* acc_w) {
     const i64 o = r * n, oz = (r * k + k - 1) * ld;
+    for (i64 i = lane; i < (i64)(k - 1) * n; i += 32) dzx[(r * k + i / n) * ld + i % n] = 0.f;
     const float rs = rstd[r];
     const float m = row_mean_gx(
         n, lane, [&](int j) { return dout[o + j] * w[j]; }, [&](int j) { return y[o + j] * silu(zx[oz + j]) * rs; });

@@ -127,8 +127,8 @@ def gated_rmsnorm_forward(y, zx, w, out, rstd, eps: float) -> None:
 
 
 def gated_rmsnorm_backward(dout, y, zx, w, rstd, dy, dzx, dw_part) -> None:
-    """dy ``[R, E]``; dz into ``dzx[:, :E]`` (nothing else of dzx; zx and dzx ``[k R, ld]``: only the last row of
-    each group of k); dw partials ``[K, E]``."""
+    """dy ``[R, E]``; dz into ``dzx[:, :E]`` (nothing else of dzx; zx and dzx ``[k R, ld]``: the last row of each
+    group of k, 0 in the others); dw partials ``[K, E]``."""
     where = "seq.gated_rmsnorm_backward"
     R, n = y.shape
     ld, g = _zx(where, zx, R, n)

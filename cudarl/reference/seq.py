@@ -146,8 +146,9 @@ def gated_rmsnorm_backward(dout, y, zx, w, rstd, dy, dzx, dw_part) -> None:
     """Backward of :func:`gated_rmsnorm_forward`. With ``s = sigmoid(z)``, ``g = y z s``, ``ghat = g rstd``:
     ``dg = rstd (dout w - ghat mean(dout w ghat))``, ``dy = dg z s``, ``dz = dg y s (1 + z (1 - s))``.
 
-    dy ``[R, E]``; dz goes to ``dzx[:, :E]`` (no other column of dzx is touched; with zx ``[k R, ld]`` only
-    the rows :func:`last_rows` picks); dw partials ``[K, E]``.
+    dy ``[R, E]``; dz goes to ``dzx[:, :E]`` (no other column of dzx is touched); with zx ``[k R, ld]``, to the
+    rows :func:`last_rows` picks, and the other rows' z columns are written 0 (the whole gradient w.r.t. z, as
+    :func:`last_rmsnorm_backward` writes dh); dw partials ``[K, E]``.
     """
     E = y.shape[1]
     z = last_rows(zx, y.shape[0])[:, :E]
@@ -157,6 +158,8 @@ def gated_rmsnorm_backward(dout, y, zx, w, rstd, dy, dzx, dw_part) -> None:
     ghat = g * rstd[:, None]
     dg = _rms_dx(dout * w, ghat, rstd)
     dy[...] = dg * (z * s)
+    if dzx.shape[0] != y.shape[0]:
+        dzx[:, :E] = 0
     last_rows(dzx, y.shape[0])[:, :E] = dg * y * (s * (one + z * (one - s)))
     _chunk_sums(dout * ghat, dw_part)
 

@@ -290,7 +290,9 @@ def test_ops_on_last_rows_are_the_ops_on_those_rows(rng):
     ref.gated_rmsnorm_backward(d, y, zx, w, r1, dy1, dzx, p1)
     ref.gated_rmsnorm_backward(d, y, zl, w, r2, dy2, dzl, p2)
     np.testing.assert_array_equal(dzx[k - 1 :: k], dzl)
-    np.testing.assert_array_equal(np.delete(dzx, np.s_[k - 1 :: k], axis=0), 7.0)  # the other rows untouched
+    others = np.delete(dzx, np.s_[k - 1 :: k], axis=0)
+    np.testing.assert_array_equal(others[:, :n], 0.0)  # the other rows' z: no gradient, written 0
+    np.testing.assert_array_equal(others[:, n:], 7.0)  # the other columns untouched
     np.testing.assert_array_equal(dy1, dy2)
     a, b = rng.standard_normal((k * R, n)), rng.standard_normal((R, n))
     out = np.empty((R, n))
@@ -354,7 +356,9 @@ def test_gpu_ops_on_last_rows(cp, rng, R, k, n):
         assert_oracle(v, want["32"][key], want["64"][key], what=f"gated {key}")
     keep = np.ones(k * R, bool)
     keep[k - 1 :: k] = False
-    assert bool((gdzx[cp.asarray(keep)] == 7.0).all()) and bool((gdzx[k - 1 :: k, n:] == 7.0).all())
+    others = gdzx[cp.asarray(keep)]
+    assert bool((others[:, :n] == 0).all()), "the other rows' z columns must be written 0"
+    assert bool((others[:, n:] == 7.0).all()) and bool((gdzx[k - 1 :: k, n:] == 7.0).all()), "wrote outside z"
     a, b = rng.standard_normal((k * R, n)).astype(np.float32), rng.standard_normal((R, n)).astype(np.float32)
     out = cp.empty((R, n), np.float32)
     poison(out)

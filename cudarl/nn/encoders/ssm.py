@@ -194,7 +194,7 @@ class SSMEncoder(SequenceEncoder):
             dbc = ws.rows(f"{self.name}.dbc_part", B)
             dhead = self.part(ws, B, 3 * self.H).reshape(B, 3, self.H)
             head = self.P[f"{p}.head"]
-            if p == self.top:  # dzx's z columns of the other bars stay the zeros the workspace was made with
+            if p == self.top:  # (the gated norm's backward wrote the other bars' z columns of dzx 0)
                 ssm.ssd_last_backward(r("dy"), r("xbc"), zx, r("dt"), head, r("dxbc"), dzx, dbc, dhead, self.W)
             else:
                 ssm.ssd_backward(
