@@ -533,8 +533,11 @@ extern "C" __global__ __launch_bounds__(SCAN_THREADS) void cudarl_ssm_ssd_backwa
 // exp(suf_s), suf_s = sum_{r > s} a_r). One block per (sample, head), LAST_THREADS threads; a thread
 // per bar for the W-long sums (m, the dot products), a thread per channel for the sums over bars, and
 // the two prefix sums by thread 0 in the twin's order. Shared: the window's dt, suf / e, cb, m, g, da
-// ([6 W]), C_T [N] and dy_T [P]. No float atomics.
+// ([6 W]), C_T and dy_T, each padded to a multiple of 4 floats (PAD4): the compiler reads a dot product's
+// left-over elements at once, up to 3 floats past the last (unused; memcheck flagged it at 13421b4 where C_T
+// ended the allocation). No float atomics.
 #define LAST_THREADS 128
+#define PAD4(n) (((n) + 3) & ~3)
 
 namespace {
 
@@ -584,7 +587,7 @@ __device__ __forceinline__ void last_terms(const Scan& sc, const float* xbc, i64
 
 }  // namespace
 
-// y [B, E] (the last bar's), dt [B W, H] (every bar's). grid B H, block LAST_THREADS, shared 4 (4 W + N).
+// y [B, E] (the last bar's), dt [B W, H] (every bar's). grid B H, block LAST_THREADS, shared 4 (4 W + PAD4(N)).
 extern "C" __global__ __launch_bounds__(LAST_THREADS) void cudarl_ssm_ssd_last_forward(
     const float* xbc, const float* zx, const float* head, float* y, float* dt, int W, int H, int P, int N, int G) {
   extern __shared__ float sh[];
@@ -606,7 +609,7 @@ extern "C" __global__ __launch_bounds__(LAST_THREADS) void cudarl_ssm_ssd_last_f
 
 // The twin's ssd_last_backward: dy [B, E] (the last bar's gradient); dx into dxbc's x columns and d dt_raw
 // into dzx's dt columns for every bar, dbc_part [B W, H, 2 N] (dC zero before the last bar), dhead_part
-// [B, 3, H]. grid B H, block LAST_THREADS, shared 4 (6 W + N + P).
+// [B, 3, H]. grid B H, block LAST_THREADS, shared 4 (6 W + PAD4(N) + PAD4(P)).
 extern "C" __global__ __launch_bounds__(LAST_THREADS) void cudarl_ssm_ssd_last_backward(
     const float* dy, const float* xbc, const float* zx, const float* dt, const float* head, float* dxbc, float* dzx,
     float* dbc_part, float* dhead_part, int W, int H, int P, int N, int G) {
@@ -614,7 +617,7 @@ extern "C" __global__ __launch_bounds__(LAST_THREADS) void cudarl_ssm_ssd_last_b
   const Scan sc(W, H, P, N, G, W);
   const i64 b = blockIdx.x / H;
   const int h = blockIdx.x % H;
-  float *sdt = sh, *se = sdt + W, *cb = se + W, *m = cb + W, *g = m + W, *da = g + W, *cT = da + W, *dyT = cT + N;
+  float *sdt = sh, *se = sdt + W, *cb = se + W, *m = cb + W, *g = m + W, *da = g + W, *cT = da + W, *dyT = cT + PAD4(N);
   const float* dyb = dy + b * sc.E + h * P;
   for (int p = threadIdx.x; p < P; p += blockDim.x) dyT[p] = dyb[p];
   last_setup(sc, xbc, zx, head, dt, nullptr, b, h, sdt, se, cT);

@@ -144,6 +144,11 @@ def ssd_backward(dy, xbc, zx, dt, head, states, dxbc, dzx, dbc_part, dhead_part,
     )
 
 
+def _pad4(n: int) -> int:
+    """ssm.cu PAD4: a shared row that may end the allocation, rounded up to 4 floats (the kernels' banner)."""
+    return (int(n) + 3) & ~3
+
+
 def _last_dims(where: str, xbc, zx, head, E: int, N: int, B: int, window: int) -> tuple:
     """(H, P, N, G) of a last-bar scan over ``B`` windows, checked as :func:`_scan_dims`."""
     H = head.shape[1] if head.ndim == 2 else 0
@@ -166,7 +171,7 @@ def ssd_last_forward(xbc, zx, head, y, dt, window: int, d_state: int) -> None:
         B * H,
         _LAST_THREADS,
         (xbc, zx, head, y, dt, window, H, P, N, G),
-        shared_mem=4 * (4 * window + N),
+        shared_mem=4 * (4 * window + _pad4(N)),
     )
 
 
@@ -190,7 +195,7 @@ def ssd_last_backward(dy, xbc, zx, dt, head, dxbc, dzx, dbc_part, dhead_part, wi
         B * H,
         _LAST_THREADS,
         (dy, xbc, zx, dt, head, dxbc, dzx, dbc_part, dhead_part, window, H, P, N, G),
-        shared_mem=4 * (6 * window + N + P),
+        shared_mem=4 * (6 * window + _pad4(N) + _pad4(P)),
     )
 
 
