@@ -1,5 +1,7 @@
 # The attention encoder's gradients on the GPU against the float64 twin, per parameter (test_encoder_parity's
-# 512 x 64 case): run from a tree's root (the new code, or .gpu_base: 8d1f246).
+# 512 x 64 case), for the failure of the last-bar attention top block at 13421b4 (docs/perf-notes.md, twentieth
+# session): run it from the root of main (every bar) and of a tree with 3070d5e reverted (the last-bar top block),
+# on one machine:  python3 docs/bench/diag_att.py tests/parity [seed]
 import sys
 
 import numpy as np
