@@ -104,8 +104,9 @@ def _spread(a, rows: int):
     """``a [R', n]`` as ``[rows, n]``: a's rows at the last of each group of ``rows / R'``, zero elsewhere."""
     if a.shape[0] == rows:
         return a
+    k = _groups(rows, a.shape[0])
     out = np.zeros((rows,) + a.shape[1:], a.dtype)
-    out[_groups(rows, a.shape[0]) - 1 :: _groups(rows, a.shape[0])] = a
+    out[k - 1 :: k] = a
     return out
 
 
