@@ -95,9 +95,11 @@ def _scan_dims(where: str, xbc, zx, head, E: int, states_shape: tuple) -> tuple:
     return B, H, P, N, GN2 // (2 * N)
 
 
-def _shared(where: str, floats: int) -> int:
+def _shared(where: str, floats: int, shorter: str = "chunk") -> int:
     if 4 * floats > MAX_SHARED:
-        raise ValueError(f"{where}: needs {4 * floats} bytes of shared memory (> {MAX_SHARED}); use a shorter chunk")
+        raise ValueError(
+            f"{where}: needs {4 * floats} bytes of shared memory (> {MAX_SHARED}); use a shorter {shorter}"
+        )
     return 4 * floats
 
 
@@ -171,7 +173,7 @@ def ssd_last_forward(xbc, zx, head, y, dt, window: int, d_state: int) -> None:
         B * H,
         _LAST_THREADS,
         (xbc, zx, head, y, dt, window, H, P, N, G),
-        shared_mem=4 * (4 * window + _pad4(N)),
+        shared_mem=_shared(where, 4 * window + _pad4(N), "window"),
     )
 
 
@@ -195,7 +197,7 @@ def ssd_last_backward(dy, xbc, zx, dt, head, dxbc, dzx, dbc_part, dhead_part, wi
         B * H,
         _LAST_THREADS,
         (dy, xbc, zx, dt, head, dxbc, dzx, dbc_part, dhead_part, window, H, P, N, G),
-        shared_mem=4 * (6 * window + _pad4(N) + _pad4(P)),
+        shared_mem=_shared(where, 6 * window + _pad4(N) + _pad4(P), "window"),
     )
 
 

@@ -191,6 +191,14 @@ def test_launchers_check_shapes_before_launching():
             np.zeros((2, 3, 2), f),
             7,
         )
+    W = 10_000  # the last-bar scan holds six rows of the window: too long a window is refused, not launched
+    with pytest.raises(ValueError, match="ssd_last_backward: needs .* use a shorter window"):
+        ops.ssd_last_backward(
+            *(np.zeros(s, f) for s in ((1, 6), (W, 10), (W, 18), (W, 2), (3, 2), (W, 10), (W, 18))),
+            np.zeros((W, 2, 4), f),
+            np.zeros((1, 3, 2), f),
+            W,
+        )
     assert 4 * ops.backward_shared(32, 64, 64) <= ops.MAX_SHARED  # the benchmark's chunk fits
     with pytest.raises(ValueError, match="use a shorter chunk"):
         ops.ssd_backward(
