@@ -3,7 +3,7 @@
 # code (with the PyTorch twin, eager and one graph) and over 8d1f246's (.gpu_base, cudarl only), same machine.
 # .gpu_base was made here with `mkdir .gpu_base && git archive 8d1f246 cudarl cuda_src tools | tar -x -C .gpu_base`,
 # ignored through .git/info/exclude and sent with the call's carry. (B as it ran first had bench_encoders
-# without the PyTorch arms, with shorter timeouts; the command is in the session note.)
+# without the PyTorch arms, with shorter timeouts: docs/bench/gpu-13421b4/README.md has it.)
 T0=$(date +%s); t() { echo "== $1 t=$(( $(date +%s) - T0 ))"; }
 if [ "$1" = A ]; then
 export CUDARL_COMMIT=$2; PARALLEL=6 BENCHES=tools/bench_step.py BENCH_ARGS="--no-epoch --no-net-variants --no-dw-variants" DEADLINE_S=330 OUT=/tmp/gc BENCH_DIR=/tmp/bench bash tools/gpu_check.sh > $OUT/gc.log 2>&1; cp docs/gpu-report.md /tmp/gc/pytest.log $OUT/; grep -E "^(FAILED|ERROR)|passed|failed" /tmp/gc/pytest.log | tail -12; grep -E "train step \(graph|collect step|speed-up" docs/gpu-report.md
