@@ -127,7 +127,7 @@ def attention_encoder(n_features: int, *, window: int, d_model: int, layers: int
     cos, sin = rope_angles(np.arange(window), Dh, rope_base)
 
     class Block(torch.nn.Module):
-        def __init__(self, top: bool):  # every bar at every block, as cudarl's attention encoder
+        def __init__(self):
             super().__init__()
             self.norm1 = torch.nn.Parameter(torch.ones(d))
             self.qkv = torch.nn.Linear(d, 3 * d)
@@ -151,7 +151,7 @@ def attention_encoder(n_features: int, *, window: int, d_model: int, layers: int
             h = h + self.attn_out(o.transpose(1, 2).reshape(Bn, W, d))
             return h + self.fc2(torch.relu(self.fc1(rms(h, self.norm2))))
 
-    return _stack(n_features, d, layers, Block)
+    return _stack(n_features, d, layers, lambda top: Block())  # every bar in every block, as cudarl's
 
 
 def param_pairs(model, prefix: str = "enc"):

@@ -51,7 +51,7 @@ def rmsnorm_backward(dout, x, w, rstd, dres, dx, dw_part) -> None:
     ``[R / k, n]`` (the last row of each group of k)."""
     where = "seq.rmsnorm_backward"
     R, n = x.shape
-    g = _groups(where, "dres", dres, R)
+    g = _groups(where, "dres", R, dres.shape[0] if dres.ndim else 0)
     check_shapes(where, ("dout", dout, (R, n)), ("w", w, (n,)), ("rstd", rstd, (R,)), ("dres", dres, (R // g, n)))
     check_shape(where, "dx", dx, (R, n))
     k = _parts(where, dw_part, R, n)
@@ -94,20 +94,19 @@ def last_rmsnorm_backward(dout, h, w, rstd, dh, dw_part) -> None:
     )
 
 
-def _groups(where: str, name: str, a, rows: int) -> int:
-    """k of an operand ``a`` of ``k R'`` rows against R' (or of R' rows against k R'): the last row of each group
-    of k stands for one (``reference.seq.last_rows``)."""
-    big, small = max(a.shape[0], rows), min(a.shape[0], rows)
-    if a.ndim < 1 or small < 1 or big % small:
-        raise ValueError(f"{where}: {name} has {a.shape[0] if a.ndim else 0} rows, not whole groups of {rows} rows")
+def _groups(where: str, name: str, big: int, small: int) -> int:
+    """k = big / small where ``big`` rows are k rows for each of ``small`` (the last of each group of k stands for
+    one: ``reference.seq.last_rows``); ``name`` is the operand whose rows are checked."""
+    if small < 1 or big < small or big % small:
+        raise ValueError(f"{where}: {name}: {big} rows are not k rows for each of {small}")
     return big // small
 
 
 def _zx(where: str, zx, R: int, n: int) -> tuple[int, int]:
     """(ld, k) of zx ``[k R, ld >= n]``."""
-    if zx.ndim != 2 or zx.shape[0] < R or zx.shape[0] % R or zx.shape[1] < n:
+    if zx.ndim != 2 or zx.shape[1] < n:
         raise ValueError(f"{where}: zx must be [k {R}, >= {n}], got {tuple(zx.shape)}")
-    return zx.shape[1], zx.shape[0] // R
+    return zx.shape[1], _groups(where, "zx", zx.shape[0], R)
 
 
 def gated_rmsnorm_forward(y, zx, w, out, rstd, eps: float) -> None:
@@ -149,7 +148,7 @@ def residual_add(a, b, out) -> None:
     """out = a + b, all the same shape (out may alias a or b), or a ``[k R, n]`` against b, out ``[R, n]``: a's
     last row of each group of k."""
     where = "seq.residual_add"
-    g = _groups(where, "a", a, out.shape[0] if out.ndim else 0)
+    g = _groups(where, "a", a.shape[0] if a.ndim else 0, out.shape[0] if out.ndim else 0)
     check_shapes(where, ("b", b, out.shape), ("a", a, (g * out.shape[0],) + tuple(out.shape[1:])))
     launch(
         "seq",

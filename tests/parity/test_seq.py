@@ -315,13 +315,19 @@ def test_launchers_check_the_groups():
     from cudarl.ops import seq as ops
 
     f = np.float32
-    with pytest.raises(ValueError, match=r"zx must be \[k 5, >= 6\]"):
+    with pytest.raises(ValueError, match="gated_rmsnorm_forward: zx: 12 rows are not k rows for each of 5"):
         ops.gated_rmsnorm_forward(
             np.zeros((5, 6), f), np.zeros((12, 9), f), np.zeros(6, f), np.zeros((5, 6), f), np.zeros(5, f), EPS
         )
-    with pytest.raises(ValueError, match="residual_add: a has 7 rows, not whole groups of 5"):
+    with pytest.raises(ValueError, match=r"gated_rmsnorm_forward: zx must be \[k 5, >= 6\]"):
+        ops.gated_rmsnorm_forward(
+            np.zeros((5, 6), f), np.zeros((10, 4), f), np.zeros(6, f), np.zeros((5, 6), f), np.zeros(5, f), EPS
+        )
+    with pytest.raises(ValueError, match="residual_add: a: 3 rows are not k rows for each of 5"):  # fewer rows
+        ops.residual_add(np.zeros((3, 3), f), np.zeros((5, 3), f), np.zeros((5, 3), f))
+    with pytest.raises(ValueError, match="residual_add: a: 7 rows are not k rows for each of 5"):
         ops.residual_add(np.zeros((7, 3), f), np.zeros((5, 3), f), np.zeros((5, 3), f))
-    with pytest.raises(ValueError, match="rmsnorm_backward: dres has 3 rows, not whole groups of 8"):
+    with pytest.raises(ValueError, match="rmsnorm_backward: dres: 8 rows are not k rows for each of 3"):
         z = np.zeros((8, 4), f)
         ops.rmsnorm_backward(z, z, np.zeros(4, f), np.zeros(8, f), np.zeros((3, 4), f), z, np.zeros((1, 4), f))
 

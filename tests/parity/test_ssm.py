@@ -158,6 +158,9 @@ def test_the_scan_block_is_the_kernels():
     from cudarl import signatures
 
     assert signatures.define("ssm", "SCAN_THREADS") == ref.SCAN_THREADS
+    from cudarl.ops import ssm as ops
+
+    assert signatures.define("ssm", "LAST_THREADS") == ops._LAST_THREADS  # the last-bar scan's launch bounds
 
 
 def test_launchers_check_shapes_before_launching():
