@@ -286,10 +286,11 @@ extern "C" __global__ void cudarl_ssm_conv_step(const float* zx, const float* co
 // The chunked scan (twin's docstring). Block per (sample, head) = blockIdx.x / H, % H; SCAN_THREADS.
 // Per chunk: x, B, C, dt into shared; cum; M[t][s] = (C_t . B_s) exp(cum_t - cum_s) dt_s (s <= t);
 // y_t = sum_s M[t][s] x_s + exp(cum_t) S C_t + D x_t; S = exp(cum_end) S + sum_s exp(cum_end - cum_s) dt_s x_s B_s^T,
-// written to states[b, h, chunk]. Shared (floats): x Q*P, B and C Q*(N+1) each, S P*(N+1),
+// written to states[b, h, chunk] for every chunk but the last (the state entering the next chunk; the state
+// after the window is not computed: the backward reads only S_in). Shared (floats): x Q*P, B and C Q*(N+1) each, S P*(N+1),
 // M Q*(Q+1), dt, cum, f 3Q (rows padded by one against bank conflicts).
 // A block reads its head's x, its group's B and C and its dt_raw over the window (4*W*(P + 2N + 1)
-// bytes) and writes y, dt and the chunk states (4*W*(P + 1) + 4*nc*P*N bytes).
+// bytes) and writes y, dt and the chunk states (4*W*(P + 1) + 4*(nc - 1)*P*N bytes).
 extern "C" __global__ __launch_bounds__(SCAN_THREADS) void cudarl_ssm_ssd_forward(
     const float* xbc, const float* zx, const float* head, float* y, float* dt_out, float* states, int W, int H, int P,
     int N, int G, int Q) {
@@ -332,8 +333,9 @@ extern "C" __global__ __launch_bounds__(SCAN_THREADS) void cudarl_ssm_ssd_forwar
           y[(row0 + t) * sc.E + h * P + p] = acc + expf(cum[t]) * off + D * xs[t * P + p];
         });
     __syncthreads();  // every y read S before it moves on
+    if (c + 1 == sc.nc) break;  // the state after the window: nothing in training reads it
     const float decay = expf(cum[Qc - 1]);
-    float* st = states + ((b * H + h) * sc.nc + c) * (i64)P * N;
+    float* st = states + ((b * H + h) * (sc.nc - 1) + c) * (i64)P * N;
     tile_gemm<4, 4>(  // S = exp(cum_end) S + sum_s f_s x_s B_s^T
         P, N, Qc, [&](int p, int s) { return fs[s] * xs[s * P + p]; }, [&](int s, int n) { return Bs[s * N1 + n]; },
         [&](int p, int n, float acc) {
@@ -400,7 +402,7 @@ extern "C" __global__ __launch_bounds__(SCAN_THREADS) void cudarl_ssm_ssd_backwa
       dys[i] = dy[(row0 + i / P) * sc.E + h * P + i % P];
     }
     load_bc(xbc, sc, h, row0, Qc, Bs, Cs);
-    const float* sin_g = states + ((b * H + h) * sc.nc + (c - 1)) * (i64)P * N;
+    const float* sin_g = states + ((b * H + h) * (sc.nc - 1) + (c - 1)) * (i64)P * N;
     for (int i = tid; i < P * N; i += nt) Sin[(i / N) * N1 + i % N] = c > 0 ? sin_g[i] : 0.f;
     for (int t = tid; t < Qc; t += nt) dts[t] = dt[(row0 + t) * H + h];
     __syncthreads();

@@ -3,7 +3,8 @@
 PyTorch twin (tools/torch_encoders.py) on the same GPU, in the same run.
 
 Workload (issue 22): window 64, d_model 128, 2 layers, batch 512; ssm: expand 2, state 64, head dim 64
-(4 heads), 1 group, conv 4, chunk 32; attention: 4 heads of 32, MLP 4 d_model. Input 66 features a bar.
+(4 heads), 1 group, conv 4, chunk ``--chunk`` (default net.ssm_chunk's); attention: 4 heads of 32, MLP 4
+d_model. Input 66 features a bar.
 
 * encoder step: what a train step asks of the encoder: forward and backward on s (the loss gradient
   dL/dpsi fixed), forward on s' with the online weights and with the target weights (three passes over
@@ -37,6 +38,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import numpy as np  # noqa: E402
 from benchlib import cuda_time_us, fp32_peak_tflops, parser, report, row  # noqa: E402
 
+from cudarl.config import Config  # noqa: E402
+
 FULL = dict(F=66, W=64, d=128, L=2, B=512, envs=4096)
 SMALL = dict(F=5, W=9, d=16, L=2, B=8, envs=16)
 
@@ -47,7 +50,7 @@ def shapes(kind: str, s: dict) -> dict:
     if kind == "ssm":
         hd = 64 if s["d"] >= 64 else 8
         return dict(base, expand=2, d_state=64 if s["d"] >= 64 else 4, headdim=hd, groups=1, conv_kernel=4,
-                    chunk=32 if s["W"] >= 32 else 4)  # fmt: skip
+                    chunk=min(s["chunk"], s["W"]) if s["W"] >= 32 else 4)  # fmt: skip
     return dict(base, heads=4, mlp_ratio=4)
 
 
@@ -66,9 +69,11 @@ def forward_flops(kind: str, F: int, a: dict, as_run: bool = False) -> float:
     if kind == "ssm":
         E, N, P, G, K, Q = 2 * d, a["d_state"], a["headdim"], a["groups"], a["conv_kernel"], a["chunk"]
         H, Cc = E // P, E + 2 * G * N
-        tri = Q * (Q + 1) / 2  # the pairs s <= t of a chunk
-        per_chunk = H * (tri * N + tri * P + 2 * Q * P * N)  # C.B, M x, S C, the state update
-        layer = W * (d * (E + Cc + H) + E * d + K * Cc) + per_chunk * (W / Q)
+        tri, nc = Q * (Q + 1) / 2, W / Q  # the pairs s <= t of a chunk; chunks
+        # C.B and M x in every chunk; S_in C after the first (S_in = 0 there) and the state update before the
+        # last (nothing reads the state after the window): the products the kernels run
+        scan = H * (nc * tri * (N + P) + 2 * (nc - 1) * Q * P * N)
+        layer = W * (d * (E + Cc + H) + E * d + K * Cc) + scan
         if as_run:  # the top block: in-projection and conv over the window; C_T.B_s and m x; one out-projection row
             top = W * (d * (E + Cc + H) + K * Cc) + E * d + H * W * (N + P)
             return fl + 2 * ((L - 1) * layer + top)
@@ -225,8 +230,9 @@ def main() -> int:
     ap.add_argument("--kind", choices=["ssm", "attention", "both"], default="both")
     ap.add_argument("--small", action="store_true", help="tiny shapes: a smoke run")
     ap.add_argument("--no-torch", action="store_true", help="skip the PyTorch arms and the check")
+    ap.add_argument("--chunk", type=int, default=Config().net.ssm_chunk, help="ssm: the training scan's chunk")
     args = ap.parse_args()
-    s = SMALL if args.small else FULL
+    s = dict(SMALL if args.small else FULL, chunk=args.chunk)
     rng = np.random.default_rng(0)
     x_np, x1_np = (rng.standard_normal((s["B"], s["W"], s["F"])).astype(np.float32) for _ in range(2))
     dpsi_np = (rng.standard_normal((s["B"], s["d"])) / s["B"]).astype(np.float32)

@@ -7,7 +7,7 @@ the buffers it is given, and never allocates or synchronises: safe inside a capt
 from __future__ import annotations
 
 from ..kernels import blocks_for, launch
-from ..reference.ssm import CONV_MAX_K, MAX_SHARED, backward_shared, forward_shared, n_chunks
+from ..reference.ssm import CONV_MAX_K, MAX_SHARED, backward_shared, forward_shared, n_states
 from ..reference.ssm import SCAN_THREADS as _SCAN_THREADS
 from .seq import check_shape, check_shapes
 
@@ -104,12 +104,13 @@ def _shared(where: str, floats: int, shorter: str = "chunk") -> int:
 
 
 def ssd_forward(xbc, zx, head, y, dt, states, window: int, chunk: int) -> None:
-    """The chunked scan: y ``[B W, E]``, dt ``[B W, H]``, states ``[B, H, n_chunks, P, N]`` written."""
+    """The chunked scan: y ``[B W, E]``, dt ``[B W, H]``, states ``[B, H, n_states, P, N]`` (the state entering
+    each chunk after the first) written."""
     where = "ssm.ssd_forward"
     R, E = y.shape
     B, H, P, N, G = _scan_dims(where, xbc, zx, head, E, states.shape)
     _rows(where, "xbc", xbc, B * window)
-    check_shapes(where, ("dt", dt, (R, H)), ("states", states, (B, H, n_chunks(window, chunk), P, N)))
+    check_shapes(where, ("dt", dt, (R, H)), ("states", states, (B, H, n_states(window, chunk), P, N)))
     launch(
         "ssm",
         "ssd_forward",
@@ -130,7 +131,7 @@ def ssd_backward(dy, xbc, zx, dt, head, states, dxbc, dzx, dbc_part, dhead_part,
     check_shapes(
         where,
         ("dt", dt, (R, H)),
-        ("states", states, (B, H, n_chunks(window, chunk), P, N)),
+        ("states", states, (B, H, n_states(window, chunk), P, N)),
         ("dxbc", dxbc, xbc.shape),
         ("dzx", dzx, zx.shape),
         ("dbc_part", dbc_part, (R, H, 2 * N)),

@@ -19,8 +19,10 @@ The training forward evaluates the scan chunk by chunk (chunk length Q): inside 
 ``cum_t = sum_{r <= t} a_r`` (within the chunk) and ``u_s = dt_s x_s``,
 ``y_t = sum_{s <= t} (C_t . B_s) exp(cum_t - cum_s) u_s + exp(cum_t) S_in C_t + D x_t`` and
 ``S_out = exp(cum_end) S_in + sum_s exp(cum_end - cum_s) u_s B_s^T``: the same numbers as the
-recurrence up to rounding (tests/parity/test_ssm.py). ``states [B, H, n_chunks, P, N]`` keeps
-``S_out`` of every chunk for the backward; the last is the state after the window.
+recurrence up to rounding (tests/parity/test_ssm.py). ``states [B, H, n_chunks - 1, P, N]`` keeps
+``S_out`` of every chunk but the last for the backward (its ``S_in``); the state after the window is not
+computed (nothing in training reads it; acting keeps its own by the recurrence), which saves the last chunk's
+``[P, N]`` product and its store: all of it when one chunk covers the window.
 
 Every function writes into the buffers it is given and computes in their dtype (float64 buffers
 are the finite-difference oracle). Parameter gradients are per-sample partials reduced by
@@ -86,6 +88,11 @@ def dims(zx_cols: int, d_inner: int, heads: int, d_state: int) -> dict:
 
 def n_chunks(window: int, chunk: int) -> int:
     return -(-int(window) // int(chunk))
+
+
+def n_states(window: int, chunk: int) -> int:
+    """Chunk states :func:`ssd_forward` keeps: one entering each chunk after the first."""
+    return n_chunks(window, chunk) - 1
 
 
 # --- the convolution --------------------------------------------------------------------------------
@@ -171,12 +178,15 @@ def _decay(cum):
 
 def ssd_forward(xbc, zx, head, y, dt, states, window: int, chunk: int) -> None:
     """The chunked SSD scan (module docstring). xbc ``[B W, C_c]``; zx ``[B W, ld]`` (dt_raw columns);
-    head ``[3, H]``; y ``[B W, E]`` and dt ``[B W, H]`` written; states ``[B, H, n_chunks, P, N]`` written."""
+    head ``[3, H]``; y ``[B W, E]`` and dt ``[B W, H]`` written; states ``[B, H, n_states, P, N]`` written
+    (:func:`n_states`: the state entering each chunk after the first)."""
     E = y.shape[1]
-    Bn, H, nc, P, N = states.shape
-    if nc != n_chunks(window, chunk):
+    Bn, H, ns, P, N = states.shape
+    nc = n_chunks(window, chunk)
+    if ns != nc - 1:
         raise ValueError(
-            f"states has {nc} chunks; a window of {window} in chunks of {chunk} has {n_chunks(window, chunk)}"
+            f"states has {ns} chunk states; a window of {window} in chunks of {chunk} has {nc - 1} "
+            "(one entering each chunk after the first)"
         )
     d, x, Bm, Cm, v = _split(xbc, zx, head, E, H, N, window)
     dtv = softplus(v)
@@ -195,6 +205,8 @@ def ssd_forward(xbc, zx, head, y, dt, states, window: int, chunk: int) -> None:
             + np.exp(cum)[..., None] * _contract("bhpn,bthn->bthp", S, Cm[:, sl])
             + D[:, None] * x[:, sl]
         )
+        if c + 1 == nc:
+            break  # the state after the window (module docstring)
         f = np.exp(cum[:, -1:] - cum)  # exp(cum_end - cum_s) [B, Q, H]
         S = np.exp(cum[:, -1])[:, :, None, None] * S + _contract("bsh,bshp,bshn->bhpn", f, u, Bm[:, sl])
         states[:, :, c] = S
@@ -210,7 +222,8 @@ def ssd_backward(dy, xbc, zx, dt, head, states, dxbc, dzx, dbc_part, dhead_part,
     reduce with ``seq.colsum``). No other column of dxbc or dzx is touched.
     """
     E = dy.shape[1]
-    Bn, H, nc, P, N = states.shape
+    Bn, H, _, P, N = states.shape
+    nc = n_chunks(window, chunk)
     d, x, Bm, Cm, v = _split(xbc, zx, head, E, H, N, window)
     dtv = dt.reshape(Bn, window, H)
     A = -np.exp(head[0])

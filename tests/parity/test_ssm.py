@@ -30,7 +30,7 @@ def scan(c, B, W, H, P, N, chunk, dtype=np.float64):
     xbc = np.empty((B * W, c["Cc"]), dtype)
     ref.conv_forward(c["zx"], c["conv"], xbc, W, c["E"])
     y, dt = np.empty((B * W, c["E"]), dtype), np.empty((B * W, H), dtype)
-    st = np.empty((B, H, ref.n_chunks(W, chunk), P, N), dtype)
+    st = np.empty((B, H, ref.n_states(W, chunk), P, N), dtype)
     ref.ssd_forward(xbc, c["zx"], c["head"], y, dt, st, W, chunk)
     return xbc, y, dt, st
 
@@ -59,18 +59,20 @@ def test_chunked_scan_equals_the_recurrence(rng, B, W, H, P, N, G, K):
         assert_bitwise(xt, xbc.reshape(B, W, -1)[:, t], what=f"conv_step at bar {t}")  # the same sum order
         ref.ssd_step(xt, zt, c["head"], ss, yt)
         np.testing.assert_allclose(yt, y.reshape(B, W, -1)[:, t], rtol=1e-12, atol=1e-13)
-    np.testing.assert_allclose(ss, st[:, :, -1], rtol=1e-12, atol=1e-14)
+        if (t + 1) % 3 == 0 and t + 1 < W:  # the state entering the next chunk
+            np.testing.assert_allclose(ss, st[:, :, (t + 1) // 3 - 1], rtol=1e-12, atol=1e-14)
+    assert st.shape[2] == (W - 1) // 3  # one state entering each chunk after the first, none after the window
 
 
 def test_chunk_length_changes_nothing_but_rounding(rng):
-    """Chunks of 1, 2, 3, 7 (the window) and 16 (longer than it): the same y, states' last entry and gradients."""
+    """Chunks of 1, 2, 3, 7 (the window) and 16 (longer than it): the same y and gradients."""
     B, W, H, P, N, G, K = 2, 7, 2, 3, 4, 2, 4
     c = case(rng, B, W, H, P, N, G, K)
     dy = rng.standard_normal((B * W, c["E"]))
     base = None
     for chunk in (1, 2, 3, 7, 16):
         xbc, y, dt, st = scan(c, B, W, H, P, N, chunk)
-        got = (y, st[:, :, -1], *scan_backward(c, xbc, dt, st, dy, B, W, H, N, chunk))
+        got = (y, *scan_backward(c, xbc, dt, st, dy, B, W, H, N, chunk))
         if base is None:
             base = got
         for a, b in zip(got, base, strict=True):
@@ -86,7 +88,7 @@ def test_one_channel_scan_by_hand():
     xbc = np.stack([x, Bv, Cv], axis=1)
     zx = np.concatenate([np.zeros((W, 1)), xbc, dt_raw[:, None]], axis=1)
     head = np.array([[A_log], [D], [dt_bias]])
-    y, dt, st = np.empty((W, 1)), np.empty((W, 1)), np.empty((1, 1, 2, 1, 1))
+    y, dt, st = np.empty((W, 1)), np.empty((W, 1)), np.empty((1, 1, 1, 1, 1))
     ref.ssd_forward(xbc, zx, head, y, dt, st, W, 2)
     S, want = 0.0, []
     for t in range(W):
@@ -179,7 +181,7 @@ def test_launchers_check_shapes_before_launching():
             np.zeros((3, 2), f),
             np.zeros((14, 6), f),
             np.zeros((14, 2), f),
-            np.zeros((2, 2, 3, 3, 2), f),  # a window of 7 in chunks of 4 has 2 chunks
+            np.zeros((2, 2, 2, 3, 2), f),  # a window of 7 in chunks of 4 has 2 chunks: 1 state between them
             7,
             4,
         )
@@ -202,7 +204,7 @@ def test_launchers_check_shapes_before_launching():
             np.zeros((1, 3, 2), f),
             W,
         )
-    assert 4 * ops.backward_shared(32, 64, 64) <= ops.MAX_SHARED  # the benchmark's chunk fits
+    assert 4 * ops.backward_shared(64, 64, 64) <= ops.MAX_SHARED  # the benchmark's window in one chunk fits
     with pytest.raises(ValueError, match="use a shorter chunk"):
         ops.ssd_backward(
             np.zeros((128, 64), f),
@@ -210,7 +212,7 @@ def test_launchers_check_shapes_before_launching():
             np.zeros((128, 257), f),
             np.zeros((128, 1), f),
             np.zeros((3, 1), f),
-            np.zeros((1, 1, 1, 64, 64), f),
+            np.zeros((1, 1, 0, 64, 64), f),  # one chunk: no states
             np.zeros((128, 192), f),
             np.zeros((128, 257), f),
             np.zeros((128, 1, 128), f),
@@ -226,6 +228,8 @@ GPU_CASES = [  # B, W, H, P, N, G, K, chunk
     (3, 9, 4, 3, 5, 2, 3, 4),
     (2, 33, 2, 16, 16, 2, 4, 32),
     (7, 64, 4, 64, 64, 1, 4, 16),
+    (2, 16, 2, 8, 8, 1, 4, 16),  # one chunk covers the window: no states
+    (5, 64, 4, 64, 64, 1, 4, 64),  # the benchmark's layer in one chunk (Q = W = 64; 201 KB of shared memory)
     (512, 64, 4, 64, 64, 1, 4, 32),  # the benchmark's layer: d_model 128, expand 2, state 64
 ]
 
@@ -236,7 +240,7 @@ def _gpu_scan(cp, c, W, H, P, N, chunk, B):
     g = {k: cp.asarray(np.asarray(c[k], np.float32)) for k in ("zx", "conv", "head")}
     xbc = cp.empty((B * W, c["Cc"]), np.float32)
     y, dt = cp.empty((B * W, c["E"]), np.float32), cp.empty((B * W, H), np.float32)
-    st = cp.empty((B, H, ref.n_chunks(W, chunk), P, N), np.float32)
+    st = cp.empty((B, H, ref.n_states(W, chunk), P, N), np.float32)
     for a in (xbc, y, dt, st):
         poison(a)
     ops.conv_forward(g["zx"], g["conv"], xbc, W, c["E"])
@@ -251,12 +255,12 @@ def test_gpu_conv_and_scan_forward(cp, rng, B, W, H, P, N, G, K, chunk):
     c64 = {k: (np.asarray(v, np.float64) if isinstance(v, np.ndarray) else v) for k, v in c32.items()}
     _, gxbc, gy, gdt, gst = _gpu_scan(cp, c32, W, H, P, N, chunk, B)
     r32, r64 = scan(c32, B, W, H, P, N, chunk, np.float32), scan(c64, B, W, H, P, N, chunk)
-    for k, name in enumerate(("xbc", "y", "dt", "states")):
+    for k, name in enumerate(("xbc", "y", "dt", "states")[: 4 if gst.size else 3]):  # one chunk: no states
         assert_oracle((gxbc, gy, gdt, gst)[k], r32[k], r64[k], what=name)
     # the scan on the GPU's own conv output (what the encoder runs), against the twin on it
     xbc = gxbc.get().astype(np.float64)
     y, dt = np.empty((B * W, c32["E"])), np.empty((B * W, H))
-    st = np.empty((B, H, ref.n_chunks(W, chunk), P, N))
+    st = np.empty((B, H, ref.n_states(W, chunk), P, N))
     ref.ssd_forward(xbc, c64["zx"], c64["head"], y, dt, st, W, chunk)
     assert_oracle(gy, r32[1], y, what="y on the GPU's xbc")
 

@@ -105,22 +105,25 @@ def test_step_equals_the_windowed_forward_at_every_bar(kind, dtype, tol, rng):
 
 
 def test_ssm_window_states_are_the_recurrent_states(rng):
-    """The training forward keeps S_out of every chunk; the last is the state the acting path reaches
-    after the window's bars (a windowed forward can hand its state to recurrent acting). The top block
-    computes the last bar only and keeps no states."""
+    """The training forward keeps S_out of every chunk but the last: the states the acting path reaches
+    at the chunks' ends (bars 2 and 5 of 8 in chunks of 3). The top block computes the last bar only and
+    keeps no states."""
     B, W = 2, 8
     enc = make("ssm", W, chunk=3, layers=3)
     _, _, _, ws = build(enc, B, np.float64)
     x = rng.standard_normal((B, W, F))
     enc.forward(x, ws)
     state = enc.new_state(B)
+    assert f"{enc.top}.states" not in ws.bufs and len(enc.blocks) == 3
     for t in range(W):
         enc.step(state, np.ascontiguousarray(x[:, t]))
-    assert f"{enc.top}.states" not in ws.bufs and len(enc.blocks) == 3
-    for p in enc.blocks[:-1]:
-        got = ws.rows(f"{p}.states")[:, :, -1]
-        np.testing.assert_allclose(got, state.bufs[f"{p}.ssm_state"], rtol=1e-12, atol=1e-14)
-        assert np.abs(got).max() > 1e-3
+        if (t + 1) % 3 or t + 1 == W:
+            continue
+        for p in enc.blocks[:-1]:
+            got = ws.rows(f"{p}.states")[:, :, (t + 1) // 3 - 1]
+            np.testing.assert_allclose(got, state.bufs[f"{p}.ssm_state"], rtol=1e-12, atol=1e-14)
+            assert np.abs(got).max() > 1e-3
+    assert ws.rows(f"{enc.blocks[0]}.states").shape[1:3] == (enc.H, 2)  # 3 chunks: 2 states between them
 
 
 @pytest.mark.parametrize("kind", ["ssm", "attention"])

@@ -36,7 +36,7 @@ import numpy as np
 
 from ...backend import family
 from ...reference.seq import n_parts
-from ...reference.ssm import n_chunks
+from ...reference.ssm import n_states
 from ..params import ParamLayout, Workspace
 from .base import EPS, SequenceEncoder
 
@@ -91,7 +91,7 @@ class SSMEncoder(SequenceEncoder):
         self.H = self.E // self.Ph  # (self.P is the parameter views, as in every Module)
         self.Cc = self.E + 2 * self.G * self.N
         self.n_proj = self.Cc + self.E + self.H
-        self.nc = n_chunks(self.W, self.Q)
+        self.ns = n_states(self.W, self.Q)
         self.blocks = [f"{name}.{i}" for i in range(self.L)]
         self.top = self.blocks[-1]  # computes the last bar only (module docstring)
         for p in self.blocks:
@@ -135,7 +135,7 @@ class SSMEncoder(SequenceEncoder):
             ):
                 ws_spec.append((f"{p}.{buf}", row, True))
             if p != self.top:
-                ws_spec.append((f"{p}.states", (H, self.nc, self.Ph, self.N), False))
+                ws_spec.append((f"{p}.states", (H, self.ns, self.Ph, self.N), False))
         ws_spec.append((f"{self.name}.dbc_part", (W, H, 2 * self.N), True))  # one layer's at a time
 
     def top_dout(self) -> str:
