@@ -1,19 +1,29 @@
-# Session 21's first call.  OUT=$OUT bash docs/bench/gpu1_s21.sh <sha>
-# 1. diag_att.py (the attention encoder's per-parameter gradient errors on the GPU against float64) over main
-#    (every bar in every block) and over .gpu_att (main with 3070d5e reverted: the last-bar top block), seeds 0-2.
-#    .gpu_att was made with `git archive <main + revert of 3070d5e> cudarl cuda_src tools tests docs/bench`,
-#    ignored through .git/info/exclude and sent with the call's carry.
-# 2. compute-sanitizer memcheck on the last-bar kernels' tests (49f4539's padding, not checked before).
-# 3. gpu_check at <sha> (the report).
+# Session 21's calls.  OUT=$OUT bash docs/bench/gpu1_s21.sh A|B <sha>
+# A: 1. diag_att.py (the attention encoder's per-parameter gradient errors on the GPU against float64) over this
+#       tree (every bar in every block) and over .gpu_att (main at af9602a with 3070d5e reverted: the last-bar top
+#       block), seeds 0-2, and .gpu_att's attention parity tests.
+#    2. The SSM scan's GPU tests (states for chunks 2..n only; one chunk over the window), compute-sanitizer
+#       memcheck on them and the last-bar kernels (49f4539's padding).
+#    3. bench_encoders --kind ssm --no-torch: this tree at chunk 32 and 64, and .gpu_base (main at af9602a) at 32.
+#    .gpu_att and .gpu_base were made with `git archive <commit> cudarl cuda_src tools [tests docs/bench]`, ignored
+#    through .git/info/exclude and sent with the call's carry.
+# B: gpu_check at <sha> (the report).
 T0=$(date +%s); t() { echo "== $1 t=$(( $(date +%s) - T0 ))"; }
 nvidia-smi --query-gpu=name --format=csv,noheader
+if [ "$1" = A ]; then
 for s in 0 1 2; do
-  t "diag main seed $s"; PYTHONPATH=. timeout 60 python3 docs/bench/diag_att.py tests/parity $s 2>&1 | tail -6
-  t "diag lastbar seed $s"; (cd .gpu_att && PYTHONPATH=. timeout 60 python3 docs/bench/diag_att.py tests/parity $s 2>&1 | tail -6)
+  t "diag every-bar seed $s"; PYTHONPATH=. timeout 60 python3 docs/bench/diag_att.py tests/parity $s 2>&1 | tail -6
+  t "diag last-bar seed $s"; (cd .gpu_att && PYTHONPATH=. timeout 60 python3 docs/bench/diag_att.py tests/parity $s 2>&1 | tail -6)
 done
-t "lastbar attention parity"; (cd .gpu_att && timeout 90 python3 -m pytest -m gpu -q -p no:cacheprovider tests/parity/test_encoder_parity.py tests/parity/test_attention.py 2>&1 | grep -E "^(FAILED|ERROR)|passed|failed|rel|error" | tail -8)
-K="(last_bar_scan or last_rows) and not 512 and not 4096"
-t memcheck; timeout 90 compute-sanitizer --tool memcheck --print-limit 3 python3 -m pytest -m gpu -q -p no:cacheprovider tests/parity/test_ssm.py tests/parity/test_seq.py -k "$K" 2>&1 | grep -E "ERROR SUMMARY|Invalid|passed|failed" | tail -4
-t gpu_check
-export CUDARL_COMMIT=$1; PARALLEL=6 BENCHES=tools/bench_step.py BENCH_ARGS="--no-epoch --no-net-variants --no-dw-variants" DEADLINE_S=300 OUT=/tmp/gc BENCH_DIR=/tmp/bench bash tools/gpu_check.sh > $OUT/gc.log 2>&1; cp docs/gpu-report.md /tmp/gc/pytest.log $OUT/; grep -E "^(FAILED|ERROR)|passed|failed" /tmp/gc/pytest.log | tail -12; grep -E "train step \(graph|collect step|speed-up" docs/gpu-report.md
+t "last-bar attention parity"; (cd .gpu_att && timeout 90 python3 -m pytest -m gpu -q -p no:cacheprovider tests/parity/test_encoder_parity.py tests/parity/test_attention.py 2>&1 | grep -E "^(FAILED|ERROR|E  )|passed|failed" | tail -8)
+t "ssm tests"; timeout 120 python3 -m pytest -m gpu -q -p no:cacheprovider tests/parity/test_ssm.py tests/parity/test_encoder_parity.py tests/unit/test_encoders.py 2>&1 | grep -E "^(FAILED|ERROR|E  )|passed|failed" | tail -8
+K="(last_bar_scan or conv_and_scan) and not 512 and not 4096"
+t memcheck; timeout 100 compute-sanitizer --tool memcheck --print-limit 3 python3 -m pytest -m gpu -q -p no:cacheprovider tests/parity/test_ssm.py -k "$K" 2>&1 | grep -E "ERROR SUMMARY|Invalid|passed|failed" | tail -4
+for q in 32 64; do
+  t "bench chunk $q"; PYTHONPATH=. timeout 90 python3 tools/bench_encoders.py --kind ssm --no-torch --chunk $q --out $OUT/enc_q$q.json > $OUT/enc_q$q.log 2>&1; grep -E "step|acting" $OUT/enc_q$q.log | tail -12
+done
+t "bench base"; (cd .gpu_base && PYTHONPATH=. timeout 90 python3 tools/bench_encoders.py --kind ssm --no-torch --out $OUT/enc_base.json > $OUT/enc_base.log 2>&1; grep -E "step|acting" $OUT/enc_base.log | tail -12)
+else
+export CUDARL_COMMIT=$2; PARALLEL=6 BENCHES=tools/bench_step.py BENCH_ARGS="--no-epoch --no-net-variants --no-dw-variants" DEADLINE_S=330 OUT=/tmp/gc BENCH_DIR=/tmp/bench bash tools/gpu_check.sh > $OUT/gc.log 2>&1; cp docs/gpu-report.md /tmp/gc/pytest.log $OUT/; grep -E "^(FAILED|ERROR)|passed|failed" /tmp/gc/pytest.log | tail -12; grep -E "train step \(graph|collect step|speed-up" docs/gpu-report.md
+fi
 t end
