@@ -477,16 +477,21 @@ def loaded() -> dict[tuple[str, str | None, str], object]:
 
 
 # --- arguments and the launch helper ----------------------------------------------------------
-def check_args(where: str, params: tuple, args: tuple) -> tuple:
+def check_args(where: str, params: tuple, args: tuple, empty_ok: tuple[str, ...] = ()) -> tuple:
     """Validate ``args`` against a kernel's C parameters (``signatures.of(...).params``: ``(name, dtype,
     is_pointer)``); return them with scalars cast to their C types.
 
     Pointers must be CuPy arrays of the declared dtype, C-contiguous, non-empty, with a
-    non-null address (DESIGN.md rule 5: a disabled feature gets no launch, not a null pointer).
+    non-null address (DESIGN.md rule 5: a disabled feature gets no launch, not a null pointer), except
+    those the launcher names in ``empty_ok``: an array a kernel reads only when its shape gives it rows
+    (the scan's chunk states when one chunk covers the window), which may then be empty.
     """
     if len(args) != len(params):
         text = ", ".join(n for n, _, _ in params)
         raise KernelError(f"{where}: expected {len(params)} arguments ({text}), got {len(args)}")
+    unknown = set(empty_ok) - {n for n, _, p in params if p}
+    if unknown:
+        raise KernelError(f"{where}: empty_ok names {sorted(unknown)}, which are not pointer arguments")
     out = []
     for (name, dtype, is_ptr), a in zip(params, args, strict=True):
         if is_ptr:
@@ -496,7 +501,7 @@ def check_args(where: str, params: tuple, args: tuple) -> tuple:
                 raise KernelError(f"{where}: argument {name!r} has dtype {a.dtype}, expected {dtype}")
             if not a.flags.c_contiguous:
                 raise KernelError(f"{where}: argument {name!r} is not C-contiguous")
-            if a.size == 0 or a.data.ptr == 0:
+            if (a.size == 0 or a.data.ptr == 0) and not (a.size == 0 and name in empty_ok):
                 raise KernelError(
                     f"{where}: argument {name!r} is empty or a null pointer; a disabled feature must not be launched"
                 )
@@ -531,7 +536,17 @@ def _is_capturing(stream) -> bool:
 _DEFAULT_SMEM = 48 * 1024
 
 
-def launch(family: str, op: str, grid, block, args: tuple, *legacy, stream=None, shared_mem: int = 0) -> None:
+def launch(
+    family: str,
+    op: str,
+    grid,
+    block,
+    args: tuple,
+    *legacy,
+    stream=None,
+    shared_mem: int = 0,
+    empty_ok: tuple[str, ...] = (),
+) -> None:
     """Launch ``cudarl_<family>_<op>`` with ``args`` on ``stream`` (default: CuPy's current stream).
 
     ``args`` are checked against the kernel's ``extern "C"`` parameters as ``cuda_src/<family>.cu``
@@ -546,7 +561,7 @@ def launch(family: str, op: str, grid, block, args: tuple, *legacy, stream=None,
     import cupy
 
     sig = signatures.of(family, op)
-    checked = check_args(where, sig.params, tuple(args))
+    checked = check_args(where, sig.params, tuple(args), empty_ok)
     if sig.struct is not None:
         checked = (pack_struct(sig, checked),)
     grid = (grid,) if isinstance(grid, int) else tuple(grid)

@@ -1,4 +1,4 @@
-# Session 21's calls.  OUT=$OUT bash docs/bench/gpu1_s21.sh A|B <sha>
+# Session 21's calls.  OUT=$OUT bash docs/bench/gpu1_s21.sh A|A2|B <sha>
 # A: 1. diag_att.py (the attention encoder's per-parameter gradient errors on the GPU against float64) over this
 #       tree (every bar in every block) and over .gpu_att (main at af9602a with 3070d5e reverted: the last-bar top
 #       block), seeds 0-2, and .gpu_att's attention parity tests.
@@ -10,7 +10,7 @@
 # B: gpu_check at <sha> (the report).
 T0=$(date +%s); t() { echo "== $1 t=$(( $(date +%s) - T0 ))"; }
 nvidia-smi --query-gpu=name --format=csv,noheader
-if [ "$1" = A ]; then
+if [ "$1" = A ]; then  # as it ran first (4a90fb5)
 for s in 0 1 2; do
   t "diag every-bar seed $s"; PYTHONPATH=. timeout 60 python3 docs/bench/diag_att.py tests/parity $s 2>&1 | tail -6
   t "diag last-bar seed $s"; (cd .gpu_att && PYTHONPATH=. timeout 60 python3 docs/bench/diag_att.py tests/parity $s 2>&1 | tail -6)
@@ -23,6 +23,16 @@ for q in 32 64; do
   t "bench chunk $q"; PYTHONPATH=. timeout 90 python3 tools/bench_encoders.py --kind ssm --no-torch --chunk $q --out $OUT/enc_q$q.json > $OUT/enc_q$q.log 2>&1; grep -E "step|acting" $OUT/enc_q$q.log | tail -12
 done
 t "bench base"; (cd .gpu_base && PYTHONPATH=. timeout 90 python3 tools/bench_encoders.py --kind ssm --no-torch --out $OUT/enc_base.json > $OUT/enc_base.log 2>&1; grep -E "step|acting" $OUT/enc_base.log | tail -12)
+elif [ "$1" = A2 ]; then  # after A: the failing test's own data, with and without a poisoned pool; the SSM's fixes
+for tree in . .gpu_att; do for pz in "" poison; do
+  t "diag $tree test-data $pz"; (cd $tree && PYTHONPATH=. timeout 60 python3 docs/bench/diag_att.py tests/parity test $pz 2>&1 | tail -7)
+done; done
+t "ssm tests"; timeout 150 python3 -m pytest -m gpu -q -p no:cacheprovider tests/parity/test_ssm.py tests/parity/test_encoder_parity.py tests/unit/test_encoders.py tests/unit/test_kernels_loader.py 2>&1 | grep -E "^(FAILED|ERROR|E  )|passed|failed" | tail -12
+K="(last_bar_scan or conv_and_scan or steps_match) and not 512 and not 4096"
+t memcheck; timeout 100 compute-sanitizer --tool memcheck --print-limit 3 python3 -m pytest -m gpu -q -p no:cacheprovider tests/parity/test_ssm.py -k "$K" 2>&1 | grep -E "ERROR SUMMARY|Invalid|passed|failed" | tail -4
+for q in 64 32; do
+  t "bench chunk $q"; PYTHONPATH=. timeout 90 python3 tools/bench_encoders.py --kind ssm --no-torch --chunk $q --out $OUT/enc_q$q.json > $OUT/enc_q$q.log 2>&1; grep -E "step|acting|failed" $OUT/enc_q$q.log | tail -12
+done
 else
 export CUDARL_COMMIT=$2; PARALLEL=6 BENCHES=tools/bench_step.py BENCH_ARGS="--no-epoch --no-net-variants --no-dw-variants" DEADLINE_S=330 OUT=/tmp/gc BENCH_DIR=/tmp/bench bash tools/gpu_check.sh > $OUT/gc.log 2>&1; cp docs/gpu-report.md /tmp/gc/pytest.log $OUT/; grep -E "^(FAILED|ERROR)|passed|failed" /tmp/gc/pytest.log | tail -12; grep -E "train step \(graph|collect step|speed-up" docs/gpu-report.md
 fi

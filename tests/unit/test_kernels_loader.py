@@ -117,6 +117,23 @@ def test_check_args_refuses_host_arrays_and_bad_scalars():
     assert isinstance(v, np.float32)
 
 
+def test_check_args_lets_through_only_the_empty_arrays_a_launcher_names():
+    """An empty array (address 0) is refused unless the launcher names it in ``empty_ok`` (the scan's chunk
+    states when one chunk covers the window); a null address of a non-empty array never passes, and a name
+    that is not a pointer argument is an error."""
+    xs = _params("float* x, float* states, int n")
+    x, empty = _Device(np.zeros(3, np.float32), 64), _Device(np.zeros(0, np.float32), 0)
+    with pytest.raises(kernels.KernelError, match="argument 'states' is empty or a null pointer"):
+        kernels.check_args("k", xs, (x, empty, 3))
+    assert kernels.check_args("k", xs, (x, empty, 3), ("states",))[1] is empty
+    with pytest.raises(kernels.KernelError, match="argument 'x' is empty or a null pointer"):
+        kernels.check_args("k", xs, (empty, x, 3), ("states",))
+    with pytest.raises(kernels.KernelError, match="argument 'states' is empty or a null pointer"):
+        kernels.check_args("k", xs, (x, _Device(np.zeros(2, np.float32), 0), 3), ("states",))
+    with pytest.raises(kernels.KernelError, match=r"empty_ok names \['n'\]"):
+        kernels.check_args("k", xs, (x, empty, 3), ("n",))
+
+
 def test_struct_arguments_are_packed_field_by_field():
     sig = _sigs(
         "struct KArgs {\n  const float* x;\n  int n;\n  double scale;\n  unsigned int* done;\n};\n"
