@@ -1,4 +1,4 @@
-# Session 21's calls.  OUT=$OUT bash docs/bench/gpu1_s21.sh A|A2|B <sha>
+# Session 21's calls.  OUT=$OUT bash docs/bench/gpu1_s21.sh A|A2|A3|B <sha>
 # A: 1. diag_att.py (the attention encoder's per-parameter gradient errors on the GPU against float64) over this
 #       tree (every bar in every block) and over .gpu_att (main at af9602a with 3070d5e reverted: the last-bar top
 #       block), seeds 0-2, and .gpu_att's attention parity tests.
@@ -33,6 +33,13 @@ t memcheck; timeout 100 compute-sanitizer --tool memcheck --print-limit 3 python
 for q in 64 32; do
   t "bench chunk $q"; PYTHONPATH=. timeout 90 python3 tools/bench_encoders.py --kind ssm --no-torch --chunk $q --out $OUT/enc_q$q.json > $OUT/enc_q$q.log 2>&1; grep -E "step|acting|failed" $OUT/enc_q$q.log | tail -12
 done
+elif [ "$1" = A3 ]; then  # after A2: every parameter on the test's data; the test itself in the last-bar tree
+# (.gpu_att now holds pyproject.toml, so its node ids, and the rng fixture's seeds, are the main tree's); chunk 16
+for tree in . .gpu_att; do
+  t "diag $tree test-data"; (cd $tree && PYTHONPATH=. timeout 60 python3 docs/bench/diag_att.py tests/parity test 2>&1 | tail -30)
+done
+t "last-bar attention tests"; (cd .gpu_att && timeout 120 python3 -m pytest -m gpu -q -p no:cacheprovider tests/parity/test_encoder_parity.py tests/parity/test_attention.py tests/unit/test_encoders.py 2>&1 | grep -E "^(FAILED|ERROR|E  )|passed|failed" | tail -12)
+t "bench chunk 16"; PYTHONPATH=. timeout 90 python3 tools/bench_encoders.py --kind ssm --no-torch --chunk 16 --out $OUT/enc_q16.json > $OUT/enc_q16.log 2>&1; grep -E "step|acting|failed" $OUT/enc_q16.log | tail -12
 else
 export CUDARL_COMMIT=$2; PARALLEL=6 BENCHES=tools/bench_step.py BENCH_ARGS="--no-epoch --no-net-variants --no-dw-variants" DEADLINE_S=330 OUT=/tmp/gc BENCH_DIR=/tmp/bench bash tools/gpu_check.sh > $OUT/gc.log 2>&1; cp docs/gpu-report.md /tmp/gc/pytest.log $OUT/; grep -E "^(FAILED|ERROR)|passed|failed" /tmp/gc/pytest.log | tail -12; grep -E "train step \(graph|collect step|speed-up" docs/gpu-report.md
 fi
