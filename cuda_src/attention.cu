@@ -51,6 +51,37 @@ __device__ __forceinline__ void load_head(const float* qkv, i64 row0, int W, int
   for (int i = threadIdx.x; i < W * Dh; i += blockDim.x) vs[(i / Dh) * ld + i % Dh] = qkv[(row0 + i / Dh) * 3 * (i64)d + 2 * d + h * Dh + i % Dh];
 }
 
+// One warp's query row t over the shared rotated q, k and v (rows of ld floats): the scores of s <= t by
+// lanes (dot over Dh, / sqrt(Dh)) into p, max and sum by the butterfly, then out[c] = sum_s p_s v_s[c] / l
+// by lanes over c, s ascending, and *lse = m + log l (lane 0).
+__device__ __forceinline__ void attend_row(const float* qs, const float* ks, const float* vs, int ld, int Dh, int t,
+                                           float* p, int lane, float* out, float* lse) {
+  const float scale = sqrtf((float)Dh);
+  float m = ATT_NEG_INF;
+  for (int s = lane; s <= t; s += 32) {
+    float dot = 0.f;
+    for (int c = 0; c < Dh; ++c) dot += qs[t * ld + c] * ks[s * ld + c];
+    p[s] = dot / scale;
+    m = fmaxf(m, p[s]);
+  }
+  m = warp_max(m);
+  float l = 0.f;
+  for (int s = lane; s <= t; s += 32) {
+    const float e = expf(p[s] - m);
+    p[s] = e;
+    l += e;
+  }
+  l = warp_sum(l);
+  __syncwarp();
+  for (int c = lane; c < Dh; c += 32) {
+    float acc = 0.f;
+    for (int s = 0; s <= t; ++s) acc += p[s] * vs[s * ld + c];
+    out[c] = acc / l;
+  }
+  if (lane == 0) *lse = m + logf(l);
+  __syncwarp();  // p is reused by the warp's next row
+}
+
 }  // namespace
 
 // ---- forward --------------------------------------------------------------------------------------
@@ -72,33 +103,8 @@ extern "C" __global__ __launch_bounds__(ATT_THREADS) void cudarl_attention_forwa
   const i64 row0 = b * W;
   load_head(qkv, row0, W, d, h, Dh, base, qs, ks, vs, ld);
   __syncthreads();
-  const float scale = sqrtf((float)Dh);
-  float* p = pr + warp * W;
-  for (int t = warp; t < W; t += ATT_THREADS / 32) {
-    float m = ATT_NEG_INF;
-    for (int s = lane; s <= t; s += 32) {
-      float dot = 0.f;
-      for (int c = 0; c < Dh; ++c) dot += qs[t * ld + c] * ks[s * ld + c];
-      p[s] = dot / scale;
-      m = fmaxf(m, p[s]);
-    }
-    m = warp_max(m);
-    float l = 0.f;
-    for (int s = lane; s <= t; s += 32) {
-      const float e = expf(p[s] - m);
-      p[s] = e;
-      l += e;
-    }
-    l = warp_sum(l);
-    __syncwarp();
-    for (int c = lane; c < Dh; c += 32) {
-      float acc = 0.f;
-      for (int s = 0; s <= t; ++s) acc += p[s] * vs[s * ld + c];
-      o[(row0 + t) * d + h * Dh + c] = acc / l;
-    }
-    if (lane == 0) lse[(b * H + h) * W + t] = m + logf(l);
-    __syncwarp();  // p is reused by the warp's next row
-  }
+  for (int t = warp; t < W; t += ATT_THREADS / 32)
+    attend_row(qs, ks, vs, ld, Dh, t, pr + warp * W, lane, o + (row0 + t) * d + h * Dh, lse + (b * H + h) * W + t);
 }
 
 // ---- backward -------------------------------------------------------------------------------------
@@ -179,6 +185,81 @@ extern "C" __global__ __launch_bounds__(ATT_THREADS) void cudarl_attention_backw
     float* r = dqkv + (row0 + t) * 3 * (i64)d + h * Dh + 2 * j;
     rotate(q0, q1, c, -s, &r[0], &r[1]);
     rotate(k0, k1, c, -s, &r[d], &r[d + 1]);
+  }
+}
+
+// ---- last_forward / last_backward -----------------------------------------------------------------
+// The last position only (the twin's last_forward / last_backward), for the top block of an encoder whose
+// heads read the last bar: block per (sample, head), ATT_THREADS; the forward is the forward kernel's row
+// W - 1 (attend_row, warp 0): the same numbers as that kernel's last row. The backward from do_T: P_s =
+// exp(S[T][s] - lse_T), dv_s = P_s do_T, dS_s = P_s (do_T . v_s - do_T . o_T) / sqrt(Dh), d rope(q)_T =
+// sum_s dS_s rope(k)_s and d rope(k)_s = dS_s rope(q)_T, rotated back; dq zero before T. Shared (floats):
+// q, k, v W*(Dh+1) each; the forward W more (the scores), the backward do_T Dh and dS W.
+extern "C" __global__ __launch_bounds__(ATT_THREADS) void cudarl_attention_last_forward(const float* qkv, float* o,
+                                                                                        float* lse, int W, int H,
+                                                                                        int Dh, double base) {
+  extern __shared__ float sh[];
+  const int ld = Dh + 1, d = H * Dh;
+  float *qs = sh, *ks = qs + W * ld, *vs = ks + W * ld, *pr = vs + W * ld;
+  const i64 b = blockIdx.x / H;
+  const int h = blockIdx.x % H;
+  load_head(qkv, b * W, W, d, h, Dh, base, qs, ks, vs, ld);
+  __syncthreads();
+  if (threadIdx.x < 32) attend_row(qs, ks, vs, ld, Dh, W - 1, pr, threadIdx.x, o + b * d + h * Dh, lse + b * H + h);
+}
+
+extern "C" __global__ __launch_bounds__(ATT_THREADS) void cudarl_attention_last_backward(
+    const float* dout, const float* qkv, const float* o, const float* lse, float* dqkv, int W, int H, int Dh,
+    double base) {
+  extern __shared__ float sh[];
+  const int ld = Dh + 1, d = H * Dh, half = Dh / 2, T = W - 1;
+  float *qs = sh, *ks = qs + W * ld, *vs = ks + W * ld, *dos = vs + W * ld, *dS = dos + Dh;
+  __shared__ float Dv;
+  const i64 b = blockIdx.x / H;
+  const int h = blockIdx.x % H, tid = threadIdx.x;
+  const i64 row0 = b * W;
+  load_head(qkv, row0, W, d, h, Dh, base, qs, ks, vs, ld);
+  for (int c = tid; c < Dh; c += blockDim.x) dos[c] = dout[b * d + h * Dh + c];
+  if (tid < 32) {  // D = do_T . o_T, lanes then the butterfly (the backward kernel's order)
+    float acc = 0.f;
+    for (int c = tid; c < Dh; c += 32) acc += dout[b * d + h * Dh + c] * o[b * d + h * Dh + c];
+    acc = warp_sum(acc);
+    if (tid == 0) Dv = acc;
+  }
+  __syncthreads();
+  const float scale = sqrtf((float)Dh), l = lse[b * H + h];
+  for (int s = tid; s < W; s += blockDim.x) {
+    float dot = 0.f, dp = 0.f;
+    for (int c = 0; c < Dh; ++c) dot += qs[T * ld + c] * ks[s * ld + c];
+    const float pv = expf(dot / scale - l);
+    for (int c = 0; c < Dh; ++c) dp += dos[c] * vs[s * ld + c];
+    dS[s] = pv * (dp - Dv) / scale;
+    vs[s * ld + Dh] = pv;  // P_s in the padding column, for dv below
+  }
+  __syncthreads();
+  for (int i = tid; i < W * Dh; i += blockDim.x) {  // dv_s = P_s do_T
+    const int s = i / Dh, c = i % Dh;
+    dqkv[(row0 + s) * 3 * (i64)d + 2 * d + h * Dh + c] = vs[s * ld + Dh] * dos[c];
+  }
+  for (int i = tid; i < W * half; i += blockDim.x) {  // dk_s, and dq (zero before T), a pair per thread
+    const int t = i / half, j = i % half;
+    float q0 = 0.f, q1 = 0.f;
+    if (t == T) {
+      for (int s = 0; s < W; ++s) {
+        q0 += dS[s] * ks[s * ld + 2 * j];
+        q1 += dS[s] * ks[s * ld + 2 * j + 1];
+      }
+    }
+    float c, s;
+    rope_cs(t, j, Dh, base, &c, &s);
+    float* r = dqkv + (row0 + t) * 3 * (i64)d + h * Dh + 2 * j;
+    if (t == T) {
+      rotate(q0, q1, c, -s, &r[0], &r[1]);
+    } else {
+      r[0] = 0.f;
+      r[1] = 0.f;
+    }
+    rotate(dS[t] * qs[T * ld + 2 * j], dS[t] * qs[T * ld + 2 * j + 1], c, -s, &r[d], &r[d + 1]);
   }
 }
 

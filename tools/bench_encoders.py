@@ -18,8 +18,8 @@ d_model. Input 66 features a bar.
   kernels run it, the attention), x2; the step counts the backward as twice its forward (a convention,
   said in the row); TFLOP/s = FLOPs / measured time, and its fraction of the FP32 peak (SMs x 128 lanes x 2
   x the clock the device reports). The full stack's count (every bar of every layer: the issue's floor) and
-  the count as run: the SSM's top block computes the last bar only (``cudarl.nn.encoders.ssm``; the PyTorch
-  twin's too, ``tools/torch_encoders.py``, so both sides do the same work), and the achieved TFLOP/s divides it.
+  the count as run: the top block computes the last bar only (``cudarl.nn.encoders``; the PyTorch twin's
+  too, ``tools/torch_encoders.py``, so both sides do the same work), and the achieved TFLOP/s divides it.
 
 Every arm is timed with CUDA events (median of ``--repeats`` intervals); a failing arm prints its reason and
 the others still run. ``--small`` runs tiny shapes (a smoke test, on the CPU too for the PyTorch arms).
@@ -63,7 +63,7 @@ def make_encoder(kind: str, F: int, **kw):
 
 def forward_flops(kind: str, F: int, a: dict, as_run: bool = False) -> float:
     """Multiply-adds x 2 of one forward over one window, from the shapes (module docstring); ``as_run``: the
-    SSM's top block at the last bar only, as cudarl runs it."""
+    top block at the last bar only, as cudarl runs it."""
     W, d, L = a["window"], a["d_model"], a["layers"]
     fl = 2 * W * F * d
     if kind == "ssm":
@@ -80,6 +80,9 @@ def forward_flops(kind: str, F: int, a: dict, as_run: bool = False) -> float:
     else:
         ff = a["mlp_ratio"] * d
         layer = W * (d * 3 * d + d * d + 2 * d * ff) + d * W * (W + 1)  # projections, MLP, q.k and p.v
+        if as_run:  # the top block: QKV over the window; the last query's q.k and p.v; one row of the rest
+            top = W * d * 3 * d + 2 * d * W + d * d + 2 * d * ff
+            return fl + 2 * ((L - 1) * layer + top)
     return fl + 2 * L * layer
 
 

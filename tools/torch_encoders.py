@@ -24,7 +24,7 @@ def rms(x, w, eps: float = 1e-5):
 
 def _stack(n_features: int, d: int, layers: int, block):
     """embed, ``layers`` blocks made by ``block(top)``, and psi = RMSNorm of the last bar (cudarl's
-    SequenceEncoder). The SSM's top block (``top=True``) computes the last bar only, as cudarl's does: the same
+    SequenceEncoder). The top block (``top=True``) computes the last bar only, as cudarl's does: the same
     numbers at the last bar, and the same work, so the timings compare like with like."""
     import torch
 
@@ -127,8 +127,9 @@ def attention_encoder(n_features: int, *, window: int, d_model: int, layers: int
     cos, sin = rope_angles(np.arange(window), Dh, rope_base)
 
     class Block(torch.nn.Module):
-        def __init__(self):
+        def __init__(self, top: bool):
             super().__init__()
+            self.top = top
             self.norm1 = torch.nn.Parameter(torch.ones(d))
             self.qkv = torch.nn.Linear(d, 3 * d)
             self.attn_out = torch.nn.Linear(d, d)
@@ -147,11 +148,16 @@ def attention_encoder(n_features: int, *, window: int, d_model: int, layers: int
         def forward(self, h):
             Bn, W, _ = h.shape
             q, k, v = self.qkv(rms(h, self.norm1)).reshape(Bn, W, 3, H, Dh).permute(2, 0, 3, 1, 4)
+            if self.top:  # the last query over every key, and one row a sample after it
+                q = self.rope(q)[:, :, -1:]
+                o = Fn.scaled_dot_product_attention(q, self.rope(k), v)
+                h = h[:, -1:] + self.attn_out(o.transpose(1, 2).reshape(Bn, 1, d))
+                return h + self.fc2(torch.relu(self.fc1(rms(h, self.norm2))))
             o = Fn.scaled_dot_product_attention(self.rope(q), self.rope(k), v, is_causal=True)
             h = h + self.attn_out(o.transpose(1, 2).reshape(Bn, W, d))
             return h + self.fc2(torch.relu(self.fc1(rms(h, self.norm2))))
 
-    return _stack(n_features, d, layers, lambda top: Block())  # every bar in every block, as cudarl's
+    return _stack(n_features, d, layers, Block)
 
 
 def param_pairs(model, prefix: str = "enc"):

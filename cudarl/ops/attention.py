@@ -71,6 +71,44 @@ def backward(do, qkv, o, lse, dqkv, rope_base: float) -> None:
     )
 
 
+def _last_dims(where: str, qkv, o, lse) -> tuple[int, int, int, int]:
+    """(B, H, W, Dh) of a last-position call: o ``[B, d]``, lse ``[B, H]``, qkv ``[B W, 3 d]``."""
+    B, d = o.shape
+    H = lse.shape[1] if lse.ndim == 2 else 0
+    W = qkv.shape[0] // B if qkv.ndim == 2 and B else 0
+    Dh = _dims(where, d, H, W)
+    check_shapes(where, ("lse", lse, (B, H)), ("qkv", qkv, (B * W, 3 * d)))
+    return B, H, W, Dh
+
+
+def last_forward(qkv, o, lse, rope_base: float) -> None:
+    """The last position's attention: qkv ``[B W, 3 d]``; o ``[B, d]`` and lse ``[B, H]`` written."""
+    B, H, W, Dh = _last_dims("attention.last_forward", qkv, o, lse)
+    launch(
+        "attention",
+        "last_forward",
+        B * H,
+        _ATT_THREADS,
+        (qkv, o, lse, W, H, Dh, float(rope_base)),
+        shared_mem=4 * (3 * W * (Dh + 1) + W),
+    )
+
+
+def last_backward(do, qkv, o, lse, dqkv, rope_base: float) -> None:
+    """Backward of :func:`last_forward` from do ``[B, d]``: dqkv ``[B W, 3 d]`` written (dq zero before the last)."""
+    where = "attention.last_backward"
+    B, H, W, Dh = _last_dims(where, qkv, o, lse)
+    check_shapes(where, ("do", do, o.shape), ("dqkv", dqkv, qkv.shape))
+    launch(
+        "attention",
+        "last_backward",
+        B * H,
+        _ATT_THREADS,
+        (do, qkv, o, lse, dqkv, W, H, Dh, float(rope_base)),
+        shared_mem=4 * (3 * W * (Dh + 1) + Dh + W),
+    )
+
+
 def step(qkv_t, kcache, vcache, pos, o_t, rope_base: float) -> None:
     """One bar over the cache ``[B, H, W, Dh]`` at positions ``pos`` int64 ``[B]`` (read only); o_t ``[B, d]``."""
     where = "attention.step"

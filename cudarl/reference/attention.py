@@ -91,6 +91,49 @@ def backward(do, qkv, o, lse, dqkv, rope_base: float) -> None:
     dqkv[:, :d], dqkv[:, d : 2 * d], dqkv[:, 2 * d :] = _merge(dq), _merge(dk), _merge(dv)
 
 
+def _last_scores(qkv, B, W, H, base):
+    """The last position's query against every key: rope(q_T) ``[B, H, Dh]``, rope(k) and v ``[B, H, W, Dh]``,
+    S ``[B, H, W]``, and the angles."""
+    q, k, v = _heads(qkv, B, W, H)
+    Dh = q.shape[-1]
+    cos, sin = rope_angles(np.arange(W), Dh, base)
+    qr = rope(q[:, :, -1:], cos[-1:], sin[-1:])[:, :, 0]
+    kr = rope(k, cos, sin)
+    S = np.einsum("bhd,bhsd->bhs", qr, kr) / np.sqrt(qkv.dtype.type(Dh))
+    return qr, kr, v, S, cos, sin
+
+
+def last_forward(qkv, o, lse, rope_base: float) -> None:
+    """:func:`forward`'s last position only (the top block of an encoder whose heads read the last bar): the
+    last query attends to the whole window. qkv ``[B W, 3 d]``; o ``[B, d]`` and lse ``[B, H]`` written."""
+    B, H = lse.shape
+    _, _, v, S, _, _ = _last_scores(qkv, B, qkv.shape[0] // B, H, rope_base)
+    m = S.max(axis=-1, keepdims=True)
+    p = np.exp(S - m)
+    l = p.sum(axis=-1, keepdims=True)  # noqa: E741
+    lse[...] = (m + np.log(l))[..., 0]
+    o[...] = np.einsum("bhs,bhsd->bhd", p / l, v).reshape(B, -1)
+
+
+def last_backward(do, qkv, o, lse, dqkv, rope_base: float) -> None:
+    """Backward of :func:`last_forward`: :func:`backward` with do zero before the last position. do, o ``[B, d]``;
+    lse ``[B, H]``; dqkv ``[B W, 3 d]`` written (dq zero before the last position)."""
+    B, H = lse.shape
+    W = qkv.shape[0] // B
+    qr, kr, v, S, cos, sin = _last_scores(qkv, B, W, H, rope_base)
+    Dh = qr.shape[-1]
+    P = np.exp(S - lse[..., None])
+    dov, ov = do.reshape(B, H, Dh), o.reshape(B, H, Dh)
+    dv = P[..., None] * dov[:, :, None]
+    dP = np.einsum("bhd,bhsd->bhs", dov, v)
+    dS = P * (dP - (dov * ov).sum(axis=-1, keepdims=True)) / np.sqrt(do.dtype.type(Dh))
+    dq = np.zeros_like(kr)
+    dq[:, :, -1] = rope(np.einsum("bhs,bhsd->bhd", dS, kr)[:, :, None], cos[-1:], sin[-1:], -1)[:, :, 0]
+    dk = rope(dS[..., None] * qr[:, :, None], cos, sin, -1)
+    d = o.shape[1]
+    dqkv[:, :d], dqkv[:, d : 2 * d], dqkv[:, 2 * d :] = _merge(dq), _merge(dk), _merge(dv)
+
+
 def step(qkv_t, kcache, vcache, pos, o_t, rope_base: float) -> None:
     """One bar of causal attention over a key/value cache (acting).
 

@@ -47,6 +47,26 @@ def test_one_bar_attends_to_itself(rng):
     assert np.abs(dq[:, : 2 * H * Dh]).max() < 1e-14  # one key: the softmax is constant, no q or k gradient
 
 
+@pytest.mark.parametrize("B,W,H,Dh", [(2, 6, 2, 4), (3, 1, 1, 2), (1, 9, 3, 6)])
+def test_last_position_is_the_windows_last_row(rng, B, W, H, Dh):
+    """last_forward is forward's last row (o and lse); last_backward from do_T is backward from a do that is zero
+    before the last position (float64, every gradient)."""
+    d = H * Dh
+    qkv = rng.standard_normal((B * W, 3 * d))
+    o, lse = fwd(qkv, B, W, H)
+    ol, ll = np.empty((B, d)), np.empty((B, H))
+    ref.last_forward(qkv, ol, ll, BASE)
+    np.testing.assert_allclose(ol, o.reshape(B, W, d)[:, -1], rtol=1e-12, atol=1e-14)
+    np.testing.assert_allclose(ll, lse[..., -1], rtol=1e-12)
+    dol = rng.standard_normal((B, d))
+    do = np.zeros((B * W, d))
+    do.reshape(B, W, d)[:, -1] = dol
+    full, last = np.empty_like(qkv), np.full_like(qkv, np.nan)
+    ref.backward(do, qkv, o, lse, full, BASE)
+    ref.last_backward(dol, qkv, ol, ll, last, BASE)
+    np.testing.assert_allclose(last, full, rtol=1e-11, atol=1e-13)
+
+
 def test_later_bars_do_not_change_earlier_rows(rng):
     B, W, H, Dh, t = 2, 6, 2, 4, 3
     qkv = rng.standard_normal((B * W, 3 * H * Dh))
@@ -148,6 +168,47 @@ def test_gpu_forward_backward(cp, rng, B, W, H, Dh):
         assert_oracle(gd[:, sl], want["32"][:, sl], want["64"][:, sl], what=name)
     first = gd.get()
     ops.backward(cp.asarray(do), gqkv, go, gl, gd, BASE)
+    assert_bitwise(gd, first, what="rerun")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("B,W,H,Dh", GPU_CASES)
+def test_gpu_last_position(cp, rng, B, W, H, Dh):
+    """last_forward and last_backward against the float64 twin (poisoned outputs), the forward kernel's last row
+    bit for bit (the same row code), and a rerun bitwise."""
+    from cudarl.ops import attention as ops
+
+    d = H * Dh
+    qkv = rng.standard_normal((B * W, 3 * d)).astype(np.float32)
+    dol = rng.standard_normal((B, d)).astype(np.float32)
+    gqkv = cp.asarray(qkv)
+    go, gl = cp.empty((B, d), np.float32), cp.empty((B, H), np.float32)
+    poison(go)
+    poison(gl)
+    ops.last_forward(gqkv, go, gl, BASE)
+    want = {}
+    for name, cast in (("32", np.float32), ("64", np.float64)):
+        o, lse = np.empty((B, d), cast), np.empty((B, H), cast)
+        ref.last_forward(qkv.astype(cast), o, lse, BASE)
+        dq = np.empty(qkv.shape, cast)
+        ref.last_backward(*(np.asarray(a, cast) for a in (dol, qkv, go.get(), gl.get())), dq, BASE)
+        want[name] = dict(o=o, lse=lse, dqkv=dq)
+    assert_oracle(go, want["32"]["o"], want["64"]["o"], what="o at the last position")
+    assert_oracle(gl, want["32"]["lse"], want["64"]["lse"], what="lse at the last position")
+    fo, fl = cp.empty((B * W, d), np.float32), cp.empty((B, H, W), np.float32)
+    ops.forward(gqkv, fo, fl, BASE)
+    assert_bitwise(go, fo.reshape(B, W, d)[:, -1], what="the forward kernel's last row")
+    gd = cp.empty(qkv.shape, np.float32)
+    poison(gd)
+    ops.last_backward(cp.asarray(dol), gqkv, go, gl, gd, BASE)
+    for name, sl in (("dq", slice(0, d)), ("dk", slice(d, 2 * d)), ("dv", slice(2 * d, 3 * d))):
+        if W == 1 and name != "dv":
+            assert float(cp.abs(gd[:, sl]).max()) < 1e-6, name
+            continue
+        assert_oracle(gd[:, sl], want["32"]["dqkv"][:, sl], want["64"]["dqkv"][:, sl], what=name)
+    assert bool((gd.reshape(B, W, 3 * d)[:, :-1, :d] == 0).all()), "dq before the last position must be written 0"
+    first = gd.get()
+    ops.last_backward(cp.asarray(dol), gqkv, go, gl, gd, BASE)
     assert_bitwise(gd, first, what="rerun")
 
 

@@ -9,7 +9,10 @@ One block (d = H heads of Dh channels, an MLP of width ``mlp_ratio * d``):
     h'  = h1 + m
 
 The fused attention kernel holds one (sample, head)'s whole window in shared memory (W <= 128,
-Dh <= 64). Acting keeps a key/value cache of the last W bars per environment and layer
+Dh <= 64). The top block computes the last bar only (psi reads nothing else of it): its QKV projection runs
+over the window (every bar's key and value), the last query attends to them (attention.last_forward), and
+the output projection, the MLP and both residual adds run on one row a sample (the seq ops take the window's
+last rows). Acting keeps a key/value cache of the last W bars per environment and layer
 (attention.step): O(W) per bar instead of re-encoding the window's W bars.
 
 Parameters per block ``<name>.<l>``: ``norm1.weight``, ``qkv.{weight,bias}``, ``attn_out.{weight,bias}``,
@@ -62,13 +65,15 @@ class AttentionEncoder(SequenceEncoder):
                 f"mlp_ratio >= 1"
             )
         self.blocks = [f"{name}.{i}" for i in range(self.L)]
+        self.top = self.blocks[-1]  # computes the last bar only (module docstring)
         d = self.d
         for p in self.blocks:
+            rows = 1 if p == self.top else None  # the Linears after the attention: one row a sample at the top
             self.children += [
                 self.linear(f"{p}.qkv", d, 3 * d),
-                self.linear(f"{p}.attn_out", d, d),
-                self.linear(f"{p}.fc1", d, self.ff, act="relu"),
-                self.linear(f"{p}.fc2", self.ff, d),
+                self.linear(f"{p}.attn_out", d, d, rows=rows),
+                self.linear(f"{p}.fc1", d, self.ff, act="relu", rows=rows),
+                self.linear(f"{p}.fc2", self.ff, d, rows=rows),
             ]
         self.attn = None
 
@@ -89,19 +94,22 @@ class AttentionEncoder(SequenceEncoder):
             layout.add(f"{p}.norm2.weight", (d,), ("const", 1.0))
             fc1.declare(layout, ws_spec)
             fc2.declare(layout, ws_spec)
+            Wo = 1 if p == self.top else W  # bars of the attention's output and what follows it
             for buf, row in (
                 ("u1", (W, d)),
                 ("rstd1", (W,)),
-                ("o", (W, d)),
-                ("h1", (W, d)),
-                ("u2", (W, d)),
-                ("rstd2", (W,)),
-                ("h", (W, d)),
+                ("o", (Wo, d)),
+                ("h1", (Wo, d)),
+                ("u2", (Wo, d)),
+                ("rstd2", (Wo,)),
+                ("h", (Wo, d)),
                 ("du", (W, d)),
-                ("do", (W, d)),
+                ("do", (Wo, d)),
             ):
                 ws_spec.append((f"{p}.{buf}", row, True))
-            ws_spec.append((f"{p}.lse", (self.H, W), False))
+            if p == self.top:  # the MLP's input gradient: du's rows are the window's, the top's MLP has one
+                ws_spec.append((f"{p}.du2", (1, d), True))
+            ws_spec.append((f"{p}.lse", (self.H, W) if p != self.top else (self.H,), False))
 
     def top_dout(self) -> str:
         return f"{self.blocks[-1]}.fc2.dout"
@@ -127,9 +135,8 @@ class AttentionEncoder(SequenceEncoder):
 
     def _blocks_forward(self, h, ws: Workspace, B: int):
         for p in self.blocks:
-            h = self._block(
-                p, h, ws, None, lambda qkv, o, p=p: self.attn.forward(qkv, o, ws.rows(f"{p}.lse", B), ROPE_BASE)
-            )
+            run = self.attn.last_forward if p == self.top else self.attn.forward
+            h = self._block(p, h, ws, None, lambda qkv, o, p=p, run=run: run(qkv, o, ws.rows(f"{p}.lse", B), ROPE_BASE))
         return h
 
     def _blocks_backward(self, ws: Workspace, B: int) -> None:
@@ -140,10 +147,12 @@ class AttentionEncoder(SequenceEncoder):
             dout = lambda lin: ws.rows(f"{lin.name}.dout", B)  # noqa: E731
             qkv, ao, fc1, fc2 = self._lins(p)
             fc2.backward(o(fc1), ws, dout(fc1))  # dL/dh' is fc2's dout
-            fc1.backward(r("u2"), ws, r("du"))
-            self.norm_backward(r("du"), r("h1"), f"{p}.norm2.weight", r("rstd2"), dout(fc2), dout(ao), ws)
+            du2 = r("du2") if p == self.top else r("du")
+            fc1.backward(r("u2"), ws, du2)
+            self.norm_backward(du2, r("h1"), f"{p}.norm2.weight", r("rstd2"), dout(fc2), dout(ao), ws)
             ao.backward(r("o"), ws, r("do"))  # dL/dh1 is attn_out's dout
-            self.attn.backward(r("do"), o(qkv), r("o"), r("lse"), dout(qkv), ROPE_BASE)
+            run = self.attn.last_backward if p == self.top else self.attn.backward
+            run(r("do"), o(qkv), r("o"), r("lse"), dout(qkv), ROPE_BASE)
             qkv.backward(r("u1"), ws, r("du"))
             h_in = ws.rows(f"{self.blocks[i - 1]}.h" if i else f"{self.embed.name}.out", B)
             below = ws.rows(f"{self.blocks[i - 1]}.fc2.dout" if i else f"{self.embed.name}.dout", B)
