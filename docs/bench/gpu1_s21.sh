@@ -7,7 +7,7 @@
 #    3. bench_encoders --kind ssm --no-torch: this tree at chunk 32 and 64, and .gpu_base (main at af9602a) at 32.
 #    .gpu_att and .gpu_base were made with `git archive <commit> cudarl cuda_src tools [tests docs/bench]`, ignored
 #    through .git/info/exclude and sent with the call's carry.
-# B: gpu_check at <sha> (the report).
+# B: gpu_check at <sha> (the report), then bench_encoders --kind both with the PyTorch twin (eager and one graph).
 T0=$(date +%s); t() { echo "== $1 t=$(( $(date +%s) - T0 ))"; }
 nvidia-smi --query-gpu=name --format=csv,noheader
 if [ "$1" = A ]; then  # as it ran first (4a90fb5)
@@ -42,5 +42,6 @@ t "last-bar attention tests"; (cd .gpu_att && timeout 120 python3 -m pytest -m g
 t "bench chunk 16"; PYTHONPATH=. timeout 90 python3 tools/bench_encoders.py --kind ssm --no-torch --chunk 16 --out $OUT/enc_q16.json > $OUT/enc_q16.log 2>&1; grep -E "step|acting|failed" $OUT/enc_q16.log | tail -12
 else
 export CUDARL_COMMIT=$2; PARALLEL=6 BENCHES=tools/bench_step.py BENCH_ARGS="--no-epoch --no-net-variants --no-dw-variants" DEADLINE_S=330 OUT=/tmp/gc BENCH_DIR=/tmp/bench bash tools/gpu_check.sh > $OUT/gc.log 2>&1; cp docs/gpu-report.md /tmp/gc/pytest.log $OUT/; grep -E "^(FAILED|ERROR)|passed|failed" /tmp/gc/pytest.log | tail -12; grep -E "train step \(graph|collect step|speed-up" docs/gpu-report.md
+t "bench_encoders both, with the PyTorch twin"; PYTHONPATH=. timeout 200 python3 tools/bench_encoders.py --kind both --out $OUT/enc_both.json > $OUT/enc_both.log 2>&1; grep -E "step|acting|check|rel|x " $OUT/enc_both.log | tail -45
 fi
 t end
