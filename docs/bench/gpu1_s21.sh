@@ -1,4 +1,4 @@
-# Session 21's calls.  OUT=$OUT bash docs/bench/gpu1_s21.sh A|A2|A3|B <sha>
+# Session 21's calls.  OUT=$OUT bash docs/bench/gpu1_s21.sh A|A2|A3|B|B2 <sha>
 # A: 1. diag_att.py (the attention encoder's per-parameter gradient errors on the GPU against float64) over this
 #       tree (every bar in every block) and over .gpu_att (main at af9602a with 3070d5e reverted: the last-bar top
 #       block), seeds 0-2, and .gpu_att's attention parity tests.
@@ -7,7 +7,7 @@
 #    3. bench_encoders --kind ssm --no-torch: this tree at chunk 32 and 64, and .gpu_base (main at af9602a) at 32.
 #    .gpu_att and .gpu_base were made with `git archive <commit> cudarl cuda_src tools [tests docs/bench]`, ignored
 #    through .git/info/exclude and sent with the call's carry.
-# B: gpu_check at <sha> (the report), then bench_encoders --kind both with the PyTorch twin (eager and one graph).
+# B: gpu_check at <sha> (the report). B2: the SSM train graph under ncu with the scans' stall reasons.
 T0=$(date +%s); t() { echo "== $1 t=$(( $(date +%s) - T0 ))"; }
 nvidia-smi --query-gpu=name --format=csv,noheader
 if [ "$1" = A ]; then  # as it ran first (4a90fb5)
@@ -40,8 +40,11 @@ for tree in . .gpu_att; do
 done
 t "last-bar attention tests"; (cd .gpu_att && timeout 120 python3 -m pytest -m gpu -q -p no:cacheprovider tests/parity/test_encoder_parity.py tests/parity/test_attention.py tests/unit/test_encoders.py 2>&1 | grep -E "^(FAILED|ERROR|E  )|passed|failed" | tail -12)
 t "bench chunk 16"; PYTHONPATH=. timeout 90 python3 tools/bench_encoders.py --kind ssm --no-torch --chunk 16 --out $OUT/enc_q16.json > $OUT/enc_q16.log 2>&1; grep -E "step|acting|failed" $OUT/enc_q16.log | tail -12
-else
+elif [ "$1" = B ]; then
 export CUDARL_COMMIT=$2; PARALLEL=6 BENCHES=tools/bench_step.py BENCH_ARGS="--no-epoch --no-net-variants --no-dw-variants" DEADLINE_S=330 OUT=/tmp/gc BENCH_DIR=/tmp/bench bash tools/gpu_check.sh > $OUT/gc.log 2>&1; cp docs/gpu-report.md /tmp/gc/pytest.log $OUT/; grep -E "^(FAILED|ERROR)|passed|failed" /tmp/gc/pytest.log | tail -12; grep -E "train step \(graph|collect step|speed-up" docs/gpu-report.md
-t "bench_encoders both, with the PyTorch twin"; PYTHONPATH=. timeout 200 python3 tools/bench_encoders.py --kind both --out $OUT/enc_both.json > $OUT/enc_both.log 2>&1; grep -E "step|acting|check|rel|x " $OUT/enc_both.log | tail -45
+elif [ "$1" = B2 ]; then  # after B, on the warm machine: the SSM train graph's kernels under ncu, and the scans'
+# stall reasons (NCU_DETAIL), at issue 22's workload
+S="--set net.encoder=ssm --set net.window=64 --set net.d_model=128 --set net.layers=2 --set net.ssm_expand=2 --set net.ssm_state=64 --set net.ssm_headdim=64"
+GRAPHS=train NCU_DETAIL='ssd_' NCU_TIMEOUT=200 OUT=$OUT/prof bash tools/gpu_profile.sh $S > $OUT/prof.log 2>&1; grep -A40 "by kernel name" $OUT/prof/profile.txt | head -40
 fi
 t end
