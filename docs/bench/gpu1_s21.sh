@@ -42,9 +42,10 @@ t "last-bar attention tests"; (cd .gpu_att && timeout 120 python3 -m pytest -m g
 t "bench chunk 16"; PYTHONPATH=. timeout 90 python3 tools/bench_encoders.py --kind ssm --no-torch --chunk 16 --out $OUT/enc_q16.json > $OUT/enc_q16.log 2>&1; grep -E "step|acting|failed" $OUT/enc_q16.log | tail -12
 elif [ "$1" = B ]; then
 export CUDARL_COMMIT=$2; PARALLEL=6 BENCHES=tools/bench_step.py BENCH_ARGS="--no-epoch --no-net-variants --no-dw-variants" DEADLINE_S=330 OUT=/tmp/gc BENCH_DIR=/tmp/bench bash tools/gpu_check.sh > $OUT/gc.log 2>&1; cp docs/gpu-report.md /tmp/gc/pytest.log $OUT/; grep -E "^(FAILED|ERROR)|passed|failed" /tmp/gc/pytest.log | tail -12; grep -E "train step \(graph|collect step|speed-up" docs/gpu-report.md
-elif [ "$1" = B2 ]; then  # after B, on the warm machine: the SSM train graph's kernels under ncu, and the scans'
-# stall reasons (NCU_DETAIL), at issue 22's workload
+elif [ "$1" = B2 ]; then  # after B, on the warm machine, as it ran (two commands): the SSM train graph's kernels
+# under ncu, then a detail pass (stall reasons) over the scan kernels, at issue 22's workload
 S="--set net.encoder=ssm --set net.window=64 --set net.d_model=128 --set net.layers=2 --set net.ssm_expand=2 --set net.ssm_state=64 --set net.ssm_headdim=64"
-GRAPHS=train NCU_DETAIL='ssd_' NCU_TIMEOUT=200 OUT=$OUT/prof bash tools/gpu_profile.sh $S > $OUT/prof.log 2>&1; grep -A40 "by kernel name" $OUT/prof/profile.txt | head -40
+GRAPHS=train NCU_TIMEOUT=170 OUT=$OUT/prof timeout 190 bash tools/gpu_profile.sh $S > $OUT/prof.log 2>&1; tail -45 $OUT/prof/profile.txt
+GRAPHS=train NCU_DETAIL='ssd_forward|ssd_backward|ssd_last' NCU_TIMEOUT=60 OUT=$OUT/prof timeout 170 bash tools/gpu_profile.sh $S > $OUT/prof.log 2>&1
 fi
 t end

@@ -126,6 +126,26 @@ def test_ssm_window_states_are_the_recurrent_states(rng):
     assert ws.rows(f"{enc.blocks[0]}.states").shape[1:3] == (enc.H, 2)  # 3 chunks: 2 states between them
 
 
+def test_ssm_in_one_chunk_keeps_no_states_and_computes_the_same(rng):
+    """net.ssm_chunk >= net.window: the scan runs one chunk, its states buffer is empty (the GPU launchers pass
+    it under empty_ok), and psi and every gradient are those of chunks of 3, to rounding (float64)."""
+    B, W = 2, 8
+    x = rng.standard_normal((B, W, F))
+    dpsi = rng.standard_normal((B, 8))
+    out = []
+    for chunk in (3, W):
+        enc = make("ssm", W, chunk=chunk)
+        _, params, grads, ws = build(enc, B, np.float64, params=out[0][2] if out else None)
+        psi = enc.forward(x, ws).copy()
+        ws.rows(f"{enc.out_name}.dout")[...] = dpsi
+        enc.backward(x, ws)
+        out.append((psi, grads.copy(), params.copy(), ws.rows(f"{enc.blocks[0]}.states").shape))
+    assert out[0][3][2] == 2 and out[1][3][2] == 0
+    assert np.abs(out[0][1]).max() > 1e-3 and np.abs(out[0][0]).max() > 1e-3
+    np.testing.assert_allclose(out[1][0], out[0][0], rtol=1e-11, atol=1e-12)
+    np.testing.assert_allclose(out[1][1], out[0][1], rtol=1e-10, atol=1e-12)
+
+
 @pytest.mark.parametrize("kind", ["ssm", "attention"])
 def test_bars_after_t_do_not_move_the_first_t_positions(kind, rng):
     """Causality: with the window's later bars changed, every block's output at the earlier
