@@ -125,6 +125,20 @@ def finite_difference(f, x: np.ndarray, eps: float = 1e-6) -> np.ndarray:
     return num
 
 
+def poison_pool(cupy, nbytes: int = 1 << 30) -> None:
+    """Empty CuPy's memory pool and hand it back one block of ``nbytes`` 0xFF bytes (NaN as floats, -1 as
+    integers): the next allocations on the default stream are carved from it, so a kernel that reads what
+    nothing wrote shows it. A fresh pool is mostly zeros, and a test process's pool holds whatever the tests
+    before left, so such a read otherwise passes or fails with the test's neighbours (tests/conftest.py's
+    ``cp`` fixture calls this under ``CUDARL_POISON_POOL=1``; ``tools/gpu_check.sh --poison``)."""
+    cupy.cuda.Device().synchronize()
+    cupy.get_default_memory_pool().free_all_blocks()
+    block = cupy.empty(nbytes, dtype=cupy.uint8)
+    block.fill(0xFF)
+    cupy.cuda.Device().synchronize()
+    del block
+
+
 def poison(arr) -> None:
     """Fill an output buffer with NaN (floats) or 0xA5 bytes (integers) before a launch."""
     if arr.dtype.kind == "f":

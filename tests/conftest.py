@@ -1,8 +1,10 @@
 """GPU tests carry ``@pytest.mark.gpu`` and are skipped, with the reason shown, without a GPU."""
 
+import os
+
 import pytest
 
-from cudarl.testing import gpu_skip_reason
+from cudarl.testing import gpu_skip_reason, poison_pool
 
 
 def pytest_collection_modifyitems(config, items):
@@ -22,9 +24,12 @@ def pytest_report_header(config):
 
 @pytest.fixture
 def cp():
-    """The cupy module, for GPU tests."""
+    """The cupy module, for GPU tests; with ``CUDARL_POISON_POOL=1`` its memory pool poisoned first
+    (:func:`cudarl.testing.poison_pool`)."""
     import cupy
 
+    if os.environ.get("CUDARL_POISON_POOL") == "1":
+        poison_pool(cupy)
     return cupy
 
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # On a GPU host: run the GPU-marked tests and every benchmark, write docs/gpu-report.md.
-#   CUDARL_COMMIT=<sha> OUT=<dir> bash tools/gpu_check.sh [--torch-compile] [--only-tests]
+#   CUDARL_COMMIT=<sha> OUT=<dir> bash tools/gpu_check.sh [--torch-compile] [--only-tests] [--poison]
 # Optional: TEST_PATHS (default tests; the test files under it), PARALLEL (default 4 test processes), BENCHES (default tools/bench_*.py),
 # BENCH_ARGS (appended to every benchmark's command line; e.g. BENCHES=tools/bench_step.py BENCH_ARGS="--no-encoders --no-epoch
 # --no-net-variants --no-dw-variants" for the single step and its PyTorch arms in about a minute), PYTEST_ARGS, DEADLINE_S (seconds
@@ -21,6 +21,7 @@ for a in "$@"; do
   case "$a" in
     --torch-compile) EXTRA="--torch-compile" ;;
     --only-tests) ONLY_TESTS=1 ;;
+    --poison) export CUDARL_POISON_POOL=1 ;;  # each GPU test's memory pool filled with 0xFF first (cudarl.testing.poison_pool)
   esac
 done
 start=$(date +%s)
