@@ -2,14 +2,14 @@
 # C: test_gpu_members_are_single_agents_checkpoints failed in gpu_check at 25cd9b3 (member 2 exported through a
 #    file and loaded into a fresh agent: its first update differs from the member's, every leaf; passed at
 #    fb169ad, where the test files were dealt to other processes). Is it a read of memory nothing wrote
-#    (depends on the pool the tests before left) or a race (depends on load)? The test alone, twice plain
-#    and twice with the pool poisoned (CUDARL_POISON_POOL=1); its gpu_check process again (the same files
+#    (depends on the pool the tests before left) or a race (depends on load)? The test file alone, plain
+#    and with the pool poisoned (CUDARL_POISON_POOL=1); its gpu_check process again (the same files
 #    in one process); then the whole GPU suite poisoned (gpu_check --only-tests --poison).
 T0=$(date +%s); t() { echo "== $1 t=$(( $(date +%s) - T0 ))"; }
 nvidia-smi --query-gpu=name --format=csv,noheader
 if [ "$1" = C ]; then
 T=tests/unit/test_stacked_checkpoint.py
-for p in 0 0 1 1; do  # the first also compiles the kernels
+for p in 0 1; do  # the first also compiles the kernels
   t "alone poison=$p"; CUDARL_POISON_POOL=$p timeout 150 python3 -m pytest -m gpu -q -p no:cacheprovider $T 2>&1 | grep -E "^E  .*(leaves|differ)|passed|failed" | head -8
 done
 mapfile -t F < <(find tests -name 'test_*.py' | sort); G=()
