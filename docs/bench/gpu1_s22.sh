@@ -1,4 +1,4 @@
-# Session 22's calls.  OUT=$OUT bash docs/bench/gpu1_s22.sh C|... <sha>
+# Session 22's calls.  OUT=$OUT bash docs/bench/gpu1_s22.sh C|D <sha>
 # C: test_gpu_members_are_single_agents_checkpoints failed in gpu_check at 25cd9b3 (member 2 exported through a
 #    file and loaded into a fresh agent: its first update differs from the member's, every leaf; passed at
 #    fb169ad, where the test files were dealt to other processes). Is it a read of memory nothing wrote
@@ -17,5 +17,15 @@ for i in "${!F[@]}"; do (( i % 6 == 1 )) && G+=("${F[$i]}"); done
 t "group 1 of 6 as gpu_check dealt it"; timeout 200 python3 -m pytest -m gpu -q -p no:cacheprovider "${G[@]}" 2>&1 | grep -E "^E  .*(leaves|differ)|^FAILED|passed|failed" | head -12
 t "suite poisoned"; CUDARL_COMMIT=$2 PARALLEL=6 OUT=$OUT/poison BENCH_DIR=/tmp/bench timeout 280 bash tools/gpu_check.sh --only-tests --poison > $OUT/poison.log 2>&1
 grep -E "^(FAILED|ERROR)|GPU tests:" $OUT/poison.log | head -30
+elif [ "$1" = D ]; then  # after C (every run passed, the poisoned suite too): a race, under load?
+t warm; timeout 120 python3 docs/bench/diag_ckpt.py $OUT/d_warm.json
+python3 -c "import cupy as cp,time;a=cp.ones((8192,8192),cp.float32);t=time.time()
+while time.time()-t<100: a@a" & LOAD=$!
+for round in 1 2; do
+  t "round $round: 12 copies side by side, a GEMM loop beside them"
+  for k in $(seq 1 12); do timeout 120 python3 docs/bench/diag_ckpt.py $OUT/d_${round}_$k.json & done; wait $(jobs -p | grep -v $LOAD)
+done
+kill $LOAD 2>/dev/null
+t compare; python3 docs/bench/diag_ckpt_compare.py $OUT/d_*.json
 fi
 t end

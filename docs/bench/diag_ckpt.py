@@ -1,0 +1,82 @@
+# test_gpu_members_are_single_agents_checkpoints's body (tests/unit/test_stacked_checkpoint.py) with its
+# asserts replaced by records: after each update, a SHA-1 of every leaf of member 2's state (learner, stacked
+# replay) and of the single agent's (updates 1-3: the agent built with member 2's seed; 4-6: the agent loaded
+# from member 2's file). Many copies run side by side (each the others' GPU load, as in gpu_check's parallel
+# processes); comparing their JSON says which side's bits move from run to run. From the repository root:
+#   python3 docs/bench/diag_ckpt.py OUT.json [--poison | --cpu]
+import hashlib
+import json
+import sys
+import tempfile
+import zlib
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, ".")
+sys.path.insert(0, "tests/unit")
+from test_stacked_agent import _build, _reference_cfg, _seeds  # noqa: E402
+from test_stacked_checkpoint import _graph, _single, _through_file, _update, _update_single  # noqa: E402
+
+from cudarl.testing import poison_pool  # noqa: E402
+
+NODE = "tests/unit/test_stacked_checkpoint.py::test_gpu_members_are_single_agents_checkpoints"
+
+
+def leaves(tree, pre=""):
+    if isinstance(tree, dict):
+        out = {}
+        for k, v in tree.items():
+            out.update(leaves(v, f"{pre}/{k}"))
+        return out
+    if isinstance(tree, (np.ndarray, np.generic)):
+        return {pre: hashlib.sha1(np.ascontiguousarray(tree).tobytes()).hexdigest()[:12]}
+    return {pre: repr(tree)}
+
+
+if "--cpu" in sys.argv:
+    xp, backend, sync = np, "numpy", lambda: None
+else:
+    import cupy as xp
+
+    backend, sync = "cupy", xp.cuda.Device().synchronize
+if "--poison" in sys.argv:
+    poison_pool(xp)
+rng = np.random.default_rng(zlib.crc32(NODE.encode()))
+P = 3
+cfg, seeds = _reference_cfg(), _seeds(rng, P)
+learner, replay, singles, replays, win = _build(xp, cfg, P, seeds, [2], rng, features=64)
+g, ga = _graph(xp, "stacked", learner, replay, win), _graph(xp, "alone_2", singles[0], replays[0], win)
+rec = {}
+
+
+def note(step, agent, single):
+    rec[step] = {
+        "learner": leaves(learner.member_state_dict(2)),
+        "agent": leaves(agent.state_dict()),
+        "replay": leaves(replay.member_state_dict(2)),
+        "single": leaves(single.state_dict()),
+    }
+
+
+for step in range(1, 4):
+    _update(learner, g, step, sync)
+    _update_single(singles[0], ga, step)
+    sync()
+    note(step, singles[0], replays[0])
+with tempfile.TemporaryDirectory() as tmp:
+    exported = _through_file(
+        Path(tmp), "member2", {"agent": learner.member_state_dict(2), "replay": replay.member_state_dict(2)}
+    )
+agent, single = _single(xp, cfg, seeds[2], win, backend)
+agent.load_state_dict(exported["agent"])
+single.load_state_dict(exported["replay"])
+sync()
+rec["loaded"] = {"agent": leaves(agent.state_dict()), "single": leaves(single.state_dict())}
+ge = _graph(xp, "exported", agent, single, win)
+for step in range(4, 7):
+    _update(learner, g, step, sync)
+    _update_single(agent, ge, step)
+    sync()
+    note(step, agent, single)
+Path(sys.argv[1]).write_text(json.dumps(rec))
