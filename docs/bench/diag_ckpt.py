@@ -4,6 +4,9 @@
 # from member 2's file). Many copies run side by side (each the others' GPU load, as in gpu_check's parallel
 # processes); comparing their JSON says which side's bits move from run to run. From the repository root:
 #   python3 docs/bench/diag_ckpt.py OUT.json [--poison | --cpu]
+# Where member 2 and the agent differ after an update, OUT.json.npz keeps both sides' online and target
+# parameters of the first such update, and the JSON the differing layout entries with their largest
+# difference, and both sides' small leaves (scalars, PopArt's state) as values.
 import hashlib
 import json
 import sys
@@ -50,13 +53,52 @@ g, ga = _graph(xp, "stacked", learner, replay, win), _graph(xp, "alone_2", singl
 rec = {}
 
 
+def small(tree, pre=""):
+    """Every leaf of at most 16 values, as a list of floats (scalars, PopArt's state)."""
+    if isinstance(tree, dict):
+        out = {}
+        for k, v in tree.items():
+            out.update(small(v, f"{pre}/{k}"))
+        return out
+    if isinstance(tree, (np.ndarray, np.generic)) and np.size(tree) <= 16:
+        return {pre: np.asarray(tree, np.float64).ravel().tolist()}
+    return {}
+
+
+def where_differ(a, b, layout):
+    """The layout entries of two flat parameter vectors that differ: {name: (count, largest |a - b|)}."""
+    out = {}
+    for name, off, shape in layout:
+        n = int(np.prod(shape))
+        x, y = a[int(off) : int(off) + n], b[int(off) : int(off) + n]
+        if x.tobytes() != y.tobytes():
+            d = np.abs(x.astype(np.float64) - y)
+            out[name] = (int(np.count_nonzero(x != y)), float(d.max()))
+    return out
+
+
 def note(step, agent, single):
+    mine, theirs = learner.member_state_dict(2), agent.state_dict()
     rec[step] = {
-        "learner": leaves(learner.member_state_dict(2)),
-        "agent": leaves(agent.state_dict()),
+        "learner": leaves(mine),
+        "agent": leaves(theirs),
         "replay": leaves(replay.member_state_dict(2)),
         "single": leaves(single.state_dict()),
     }
+    if "detail" not in rec and rec[step]["learner"] != rec[step]["agent"]:
+        layout = theirs["online"]["layout"]
+        rec["detail"] = {
+            "step": step,
+            "online": where_differ(mine["online"]["params"], theirs["online"]["params"], layout),
+            "target": where_differ(mine["target"]["params"], theirs["target"]["params"], layout),
+            "learner_small": small(mine),
+            "agent_small": small(theirs),
+        }
+        np.savez(
+            sys.argv[1] + ".npz",
+            learner_online=mine["online"]["params"], agent_online=theirs["online"]["params"],
+            learner_target=mine["target"]["params"], agent_target=theirs["target"]["params"],
+        )  # fmt: skip
 
 
 for step in range(1, 4):

@@ -13,8 +13,14 @@ for p, r in zip(sys.argv[1:], runs, strict=True):
         bad += [f"{step}:agent{k}" for k in s["agent"] if s["learner"].get(k) != s["agent"][k]]
         bad += [f"{step}:replay{k}" for k in s["single"] if s["replay"].get(k) != s["single"][k]]
     print(p, "member 2 != single at:", bad[:8] or "nowhere")
+    if "detail" in r:
+        d = r["detail"]
+        print(f"  first at update {d['step']}: online {d['online']}; target {d['target']}")
+        for k, v in d["agent_small"].items():
+            if d["learner_small"].get(k) != v:
+                print(f"  {k}: member {d['learner_small'].get(k)} agent {v}")
 moving = defaultdict(set)
-for step in runs[0]:
+for step in map(str, range(1, 7)):
     for side in runs[0][step]:
         for k in runs[0][step][side]:
             vals = {r[step][side].get(k) for r in runs}

@@ -1,4 +1,4 @@
-# Session 22's calls.  OUT=$OUT bash docs/bench/gpu1_s22.sh C|D <sha>
+# Session 22's calls.  OUT=$OUT bash docs/bench/gpu1_s22.sh C|D <sha>  (D ran first without the tgz, at 50aaa21)
 # C: test_gpu_members_are_single_agents_checkpoints failed in gpu_check at 25cd9b3 (member 2 exported through a
 #    file and loaded into a fresh agent: its first update differs from the member's, every leaf; passed at
 #    fb169ad, where the test files were dealt to other processes). Is it a read of memory nothing wrote
@@ -27,5 +27,6 @@ for round in 1 2; do
 done
 kill $LOAD 2>/dev/null
 t compare; python3 docs/bench/diag_ckpt_compare.py $OUT/d_*.json
+cd $OUT && tar czf diag.tgz d_*.json* && rm -f d_*.json*; cd - >/dev/null
 fi
 t end
