@@ -111,14 +111,30 @@ with tempfile.TemporaryDirectory() as tmp:
         Path(tmp), "member2", {"agent": learner.member_state_dict(2), "replay": replay.member_state_dict(2)}
     )
 agent, single = _single(xp, cfg, seeds[2], win, backend)
+want_mask = np.asarray(agent.online.layout.decay_mask(), np.uint8)
+rec["mask"] = {"ptr": int(getattr(agent.adam.mask, "data", None).ptr) if backend == "cupy" else 0, "seen": []}
+
+
+def mask_seen(when):
+    """Where the agent's weight-decay mask (Adam.mask) differs from its layout's, when (synchronised first)."""
+    sync()
+    got = np.asarray(xp.asnumpy(agent.adam.mask) if backend == "cupy" else agent.adam.mask, np.uint8)
+    bad = np.nonzero(got != want_mask)[0]
+    rec["mask"]["seen"].append([when, int(bad.size), int(bad[0]) if bad.size else -1, int(bad[-1]) if bad.size else -1])
+
+
+mask_seen("built")
 agent.load_state_dict(exported["agent"])
 single.load_state_dict(exported["replay"])
-sync()
+mask_seen("loaded")
 rec["loaded"] = {"agent": leaves(agent.state_dict()), "single": leaves(single.state_dict())}
 ge = _graph(xp, "exported", agent, single, win)
+mask_seen("captured")
 for step in range(4, 7):
     _update(learner, g, step, sync)
+    mask_seen(f"member update {step}")
     _update_single(agent, ge, step)
     sync()
+    mask_seen(f"agent update {step}")
     note(step, agent, single)
 Path(sys.argv[1]).write_text(json.dumps(rec))

@@ -13,6 +13,8 @@ for p, r in zip(sys.argv[1:], runs, strict=True):
         bad += [f"{step}:agent{k}" for k in s["agent"] if s["learner"].get(k) != s["agent"][k]]
         bad += [f"{step}:replay{k}" for k in s["single"] if s["replay"].get(k) != s["single"][k]]
     print(p, "member 2 != single at:", bad[:8] or "nowhere")
+    if "mask" in r and any(n for _, n, _, _ in r["mask"]["seen"]):
+        print(f"  Adam.mask at {r['mask']['ptr']:#x}: (when, bytes wrong, first, last)", r["mask"]["seen"])
     if "detail" in r:
         d = r["detail"]
         print(f"  first at update {d['step']}: online {d['online']}; target {d['target']}")

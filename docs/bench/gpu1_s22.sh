@@ -21,7 +21,7 @@ elif [ "$1" = D ]; then  # after C (every run passed, the poisoned suite too): a
 t warm; timeout 120 python3 docs/bench/diag_ckpt.py $OUT/d_warm.json
 python3 -c "import cupy as cp,time;a=cp.ones((8192,8192),cp.float32);t=time.time()
 while time.time()-t<100: a@a" & LOAD=$!
-for round in 1 2; do
+for round in 1 2 3; do
   t "round $round: 12 copies side by side, a GEMM loop beside them"
   for k in $(seq 1 12); do timeout 120 python3 docs/bench/diag_ckpt.py $OUT/d_${round}_$k.json & done; wait $(jobs -p | grep -v $LOAD)
 done
