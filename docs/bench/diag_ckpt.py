@@ -9,18 +9,23 @@
 # difference, and both sides' small leaves (scalars, PopArt's state) as values.
 import hashlib
 import json
+import os
 import sys
 import tempfile
 import zlib
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 
 sys.path.insert(0, ".")
 sys.path.insert(0, "tests/unit")
-from test_stacked_agent import _build, _reference_cfg, _seeds  # noqa: E402
-from test_stacked_checkpoint import _graph, _single, _through_file, _update, _update_single  # noqa: E402
+from test_stacked_agent import E, _build, _reference_cfg, _seeds  # noqa: E402
+from test_stacked_checkpoint import _graph, _through_file, _update, _update_single  # noqa: E402
 
+from cudarl.agent import Agent  # noqa: E402
+from cudarl.optim import Adam  # noqa: E402
+from cudarl.replay import PrioritizedReplay  # noqa: E402
 from cudarl.testing import poison_pool  # noqa: E402
 
 NODE = "tests/unit/test_stacked_checkpoint.py::test_gpu_members_are_single_agents_checkpoints"
@@ -110,19 +115,44 @@ with tempfile.TemporaryDirectory() as tmp:
     exported = _through_file(
         Path(tmp), "member2", {"agent": learner.member_state_dict(2), "replay": replay.member_state_dict(2)}
     )
-agent, single = _single(xp, cfg, seeds[2], win, backend)
-want_mask = np.asarray(agent.online.layout.decay_mask(), np.uint8)
-rec["mask"] = {"ptr": int(getattr(agent.adam.mask, "data", None).ptr) if backend == "cupy" else 0, "seen": []}
+rec["mask"] = {"seen": []}
+adams = []  # the Adams made from here on: the agent's is the first
 
 
-def mask_seen(when):
+def mask_seen(when, adam=None):
     """Where the agent's weight-decay mask (Adam.mask) differs from its layout's, when (synchronised first)."""
     sync()
-    got = np.asarray(xp.asnumpy(agent.adam.mask) if backend == "cupy" else agent.adam.mask, np.uint8)
-    bad = np.nonzero(got != want_mask)[0]
+    adam = adam or adams[0]
+    got = np.asarray(xp.asnumpy(adam.mask) if backend == "cupy" else adam.mask, np.uint8).ravel()
+    bad = np.nonzero(got != adam.want_mask)[0]
     rec["mask"]["seen"].append([when, int(bad.size), int(bad[0]) if bad.size else -1, int(bad[-1]) if bad.size else -1])
 
 
+_adam_init = Adam.__init__
+
+
+def adam_init(self, params, *args, decay_mask=None, **kw):
+    """Adam.__init__, then (optionally synchronised first: the fill's own bits) the mask checked."""
+    _adam_init(self, params, *args, decay_mask=decay_mask, **kw)
+    self.want_mask = np.asarray(decay_mask, np.uint8).ravel()
+    adams.append(self)
+    if backend == "cupy":
+        rec["mask"]["ptr"] = int(self.mask.data.ptr)
+        rec["mask"]["stream"] = int(xp.cuda.get_current_stream().ptr)
+    if os.environ.get("DIAG_SYNC_AT_ADAM") == "1":
+        mask_seen("Adam made", self)
+
+
+Adam.__init__ = adam_init
+r = cfg.replay
+agent = Agent(replace(cfg, run=replace(cfg.run, seed=int(seeds[2]))), win.width, 3, E, xp)
+mask_seen("Agent made")
+single = PrioritizedReplay(
+    r.capacity, 4, n_step=r.n_step, n_envs=E, alpha=r.alpha, eps=r.eps, beta0=r.beta0,
+    beta_final=r.beta_final, beta_steps=r.beta_steps, seed=int(seeds[2]), backend=backend,
+)  # fmt: skip
+mask_seen("replay made")
+single.reserve(cfg.agent.batch_size)
 mask_seen("built")
 agent.load_state_dict(exported["agent"])
 single.load_state_dict(exported["replay"])

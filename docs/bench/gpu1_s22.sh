@@ -23,7 +23,8 @@ python3 -c "import cupy as cp,time;a=cp.ones((8192,8192),cp.float32);t=time.time
 while time.time()-t<100: a@a" & LOAD=$!
 for round in 1 2 3; do
   t "round $round: 12 copies side by side, a GEMM loop beside them"
-  for k in $(seq 1 12); do timeout 120 python3 docs/bench/diag_ckpt.py $OUT/d_${round}_$k.json & done; wait $(jobs -p | grep -v $LOAD)
+  for k in $(seq 1 12); do DIAG_SYNC_AT_ADAM=$(( round % 2 )) timeout 120 python3 docs/bench/diag_ckpt.py $OUT/d_${round}_$k.json & done
+  wait $(jobs -p | grep -v $LOAD)
 done
 kill $LOAD 2>/dev/null
 t compare; python3 docs/bench/diag_ckpt_compare.py $OUT/d_*.json
