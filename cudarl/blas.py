@@ -360,10 +360,14 @@ def gemm_lt_prepare(
     shapes = ((k, m) if trans_a else (m, k), (n, k) if trans_b else (k, n), (m, n))
     kw = dict(bias=bias, act=act, trans_a=trans_a, trans_b=trans_b, tf32=tf32, stream=s)
     if batched:
-        operands = (_strided(cupy, sh, batch, st) for sh, st in zip(shapes, strides, strict=True))
+        operands = [_strided(cupy, sh, batch, st) for sh, st in zip(shapes, strides, strict=True)]
+    else:
+        operands = [cupy.zeros(sh, dtype=np.float32) for sh in shapes]
+    _after_caller(s)  # the operands' blocks and fills are the caller's stream's
+    if batched:
         gemm_lt_batched(*operands, algo=algo, **kw)
     else:
-        gemm_lt(*(cupy.zeros(sh, dtype=np.float32) for sh in shapes), split_k=split_k, **kw)
+        gemm_lt(*operands, split_k=split_k, **kw)
     s.synchronize()  # the scratch operands outlive the GEMM
 
 
@@ -786,6 +790,7 @@ class _Handle:
 
         self.stream = stream
         self.workspace = cupy.empty(WORKSPACE_BYTES, dtype=np.uint8)
+        _after_caller(stream)  # the workspace's block came from the caller's stream
         self.ptr = None  # the cuBLAS handle, once made
 
     def cublas(self) -> ctypes.c_void_p:
@@ -807,6 +812,7 @@ class _Handle:
         # cuBLAS initialises lazily at its first GEMM on a handle, which fails inside a capture
         # (seen on an H200: CUBLAS_STATUS_EXECUTION_FAILED); so run one of each math mode now.
         x, y = cupy.ones((8, 8), dtype=np.float32), cupy.empty((8, 8), dtype=np.float32)
+        _after_caller(self.stream)  # x's fill, and whatever last used y's block, before the GEMMs write y
         with self.stream:
             for tf32 in (False, True):
                 _check(lib.cublasSetMathMode(h, _TF32_MATH if tf32 else _DEFAULT_MATH), "cublasSetMathMode")
@@ -846,6 +852,19 @@ def prepare(stream) -> None:
         if h is None:
             h = _handles[stream.ptr] = _Handle(stream)
         h.cublas()
+
+
+def _after_caller(stream) -> None:
+    """Order ``stream`` after the work issued so far on the caller's current stream, before a GEMM on
+    ``stream`` writes memory just allocated on the caller's stream. CuPy's pool hands a block freed on a
+    stream back out on that stream at once (stream order makes it safe there), so the block may be one
+    that the caller's pending work still reads: a temporary whose copy kernel has not run yet. Seen on
+    an H100 and an H200 under load as 64 to 256 zero bytes in an agent's weight-decay mask
+    (``Adam.mask[...] = xp.asarray(mask)``'s source, overwritten by the next SideStream's warm-up GEMM
+    output): weight decay skipped on one row of the first layer (docs/bench/gpu1_s22.sh D)."""
+    from .graph import follow_caller
+
+    follow_caller(stream)
 
 
 def prepared() -> set[int]:

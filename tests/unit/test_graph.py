@@ -127,11 +127,9 @@ def test_gpu_graphed_equals_eager_bitwise(cp):
     assert not np.array_equal(outs[0], outs[1]), "the device counter must change the draws between replays"
 
 
-@pytest.mark.gpu
-def test_gpu_eager_runs_and_replays_follow_the_callers_stream(cp):
-    """A write still running on the caller's (default) stream is seen by the next run_eager and replay:
-    the graph's non-blocking stream waits for it (test_causal's eager run once read a stale counter)."""
-    late = cp.RawKernel(
+def _late_write(cp):
+    """A one-thread kernel ``(c, v, cycles)``: spins ``cycles`` clock ticks, then writes ``c[0] = v`` (int64)."""
+    return cp.RawKernel(
         r"""extern "C" __global__ void late_write(long long* c, long long v, long long cycles) {
           const long long t0 = clock64();
           while (clock64() - t0 < cycles) {}
@@ -139,6 +137,13 @@ def test_gpu_eager_runs_and_replays_follow_the_callers_stream(cp):
         }""",
         "late_write",
     )
+
+
+@pytest.mark.gpu
+def test_gpu_eager_runs_and_replays_follow_the_callers_stream(cp):
+    """A write still running on the caller's (default) stream is seen by the next run_eager and replay:
+    the graph's non-blocking stream waits for it (test_causal's eager run once read a stale counter)."""
+    late = _late_write(cp)
     counter, seen = cp.zeros(1, np.int64), cp.zeros(1, np.int64)
     g = StepGraph("follows", [("copy", lambda: seen.__setitem__(Ellipsis, counter))])
     g.run_eager()
@@ -149,6 +154,32 @@ def test_gpu_eager_runs_and_replays_follow_the_callers_stream(cp):
         run()
         g.synchronize()
         assert int(seen.get()[0]) == k, f"{run.__name__} read the counter before the caller's write landed"
+
+
+@pytest.mark.gpu
+def test_gpu_a_new_streams_cublas_warm_up_waits_for_the_callers_pending_work(cp):
+    """blas.prepare on a new stream while a copy on the default stream has yet to read a temporary just
+    freed: the warm-up GEMMs' operands are carved from that block (CuPy reuses it in the default stream's
+    order), so the GEMMs must wait for the copy. Without the wait the copy read the GEMM's output: an
+    agent's weight-decay mask had 256 wrong bytes under load (docs/bench/gpu1_s22.sh D)."""
+    from cudarl import blas
+
+    cp.cuda.Device().synchronize()
+    cp.get_default_memory_pool().free_all_blocks()  # the temporary's block is the only free one
+    want = np.arange(1, 257, dtype=np.float32)  # 1 KiB: the warm-up's x and y, 512 bytes each
+    dst, dummy = cp.zeros(256, np.float32), cp.zeros(1, np.int64)
+    tmp = cp.asarray(want)
+    _late_write(cp)((1,), (1,), (dummy, np.int64(1), np.int64(200_000_000)))  # ~100 ms on the default stream
+    dst[...] = tmp  # queued behind the spin
+    del tmp
+    stream = cp.cuda.Stream(non_blocking=True)
+    try:
+        blas.prepare(stream)
+        cp.cuda.Device().synchronize()
+        got = dst.get()
+        assert np.array_equal(got, want), f"{int(np.count_nonzero(got != want))} of 256 values overwritten"
+    finally:
+        blas.release(stream.ptr)
 
 
 @pytest.mark.gpu
