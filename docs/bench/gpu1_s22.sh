@@ -31,3 +31,11 @@ t compare; python3 docs/bench/diag_ckpt_compare.py $OUT/d_*.json
 cd $OUT && tar czf diag.tgz d_*.json* && rm -f d_*.json*; cd - >/dev/null
 fi
 t end
+# E (after D found it, at the fix): the new GPU test here and over .gpu_base (this tree with cudarl/blas.py
+#    as it was at 3cce583: it must fail there), then D's rounds here (no failure expected in 36 runs).
+if [ "$1" = E ]; then
+N="tests/unit/test_graph.py::test_gpu_a_new_streams_cublas_warm_up_waits_for_the_callers_pending_work"
+t "new test, fixed"; timeout 120 python3 -m pytest -m gpu -q -p no:cacheprovider $N tests/unit/test_graph.py tests/parity/test_gemm.py 2>&1 | grep -E "^E  .*overwritten|^FAILED|passed|failed" | tail -4
+t "new test, blas as it was"; (cd .gpu_base && timeout 120 python3 -m pytest -m gpu -q -p no:cacheprovider $N 2>&1 | grep -E "^E  .*overwritten|passed|failed" | tail -3)
+bash "$0" D "$2" | grep -E "Adam.mask|runs:|== "
+fi
