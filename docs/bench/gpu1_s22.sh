@@ -39,3 +39,14 @@ t "new test, fixed"; timeout 120 python3 -m pytest -m gpu -q -p no:cacheprovider
 t "new test, blas as it was"; (cd .gpu_base && timeout 120 python3 -m pytest -m gpu -q -p no:cacheprovider $N 2>&1 | grep -E "^E  .*overwritten|passed|failed" | tail -3)
 bash "$0" D "$2" | grep -E "Adam.mask|runs:|== "
 fi
+# F: the GPU test made to fail without the fix (E's passed over .gpu_base too: earlier owners' queued handle
+#    releases, each a cublasDestroy, can synchronise inside prepare; now released before the spin), over
+#    .gpu_base and here, then gpu_check at <sha>.
+if [ "$1" = F ]; then
+N="tests/unit/test_graph.py::test_gpu_a_new_streams_cublas_warm_up_waits_for_the_callers_pending_work"
+for tree in .gpu_base .; do
+  t "new test in $tree"; (cd $tree && timeout 100 python3 -m pytest -m gpu -q -p no:cacheprovider tests/unit/test_graph.py 2>&1 | grep -E "^E  .*overwritten|^FAILED|passed|failed" | tail -3)
+done
+t gpu_check; export CUDARL_COMMIT=$2; PARALLEL=6 BENCHES=tools/bench_step.py BENCH_ARGS="--no-epoch --no-net-variants --no-dw-variants" DEADLINE_S=330 OUT=$OUT/gc BENCH_DIR=/tmp/bench bash tools/gpu_check.sh > $OUT/gc.log 2>&1
+grep -E "GPU tests:|^FAILED" $OUT/gc.log | head; cp docs/gpu-report.md $OUT/
+fi

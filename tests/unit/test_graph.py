@@ -162,14 +162,18 @@ def test_gpu_a_new_streams_cublas_warm_up_waits_for_the_callers_pending_work(cp)
     freed: the warm-up GEMMs' operands are carved from that block (CuPy reuses it in the default stream's
     order), so the GEMMs must wait for the copy. Without the wait the copy read the GEMM's output: an
     agent's weight-decay mask had 256 wrong bytes under load (docs/bench/gpu1_s22.sh D)."""
+    import gc
+
     from cudarl import blas
 
+    gc.collect()
+    blas.release_queued()  # earlier owners' handles: their cublasDestroy would synchronise inside prepare
     cp.cuda.Device().synchronize()
     cp.get_default_memory_pool().free_all_blocks()  # the temporary's block is the only free one
     want = np.arange(1, 257, dtype=np.float32)  # 1 KiB: the warm-up's x and y, 512 bytes each
     dst, dummy = cp.zeros(256, np.float32), cp.zeros(1, np.int64)
     tmp = cp.asarray(want)
-    _late_write(cp)((1,), (1,), (dummy, np.int64(1), np.int64(200_000_000)))  # ~100 ms on the default stream
+    _late_write(cp)((1,), (1,), (dummy, np.int64(1), np.int64(400_000_000)))  # ~200 ms on the default stream
     dst[...] = tmp  # queued behind the spin
     del tmp
     stream = cp.cuda.Stream(non_blocking=True)
