@@ -56,7 +56,7 @@ if [ "$ONLY_TESTS" = 0 ]; then
     timeout "$limit" python3 "$b" --out "$BENCH_DIR/$name.json" $EXTRA ${BENCH_ARGS:-} 2>&1 | tee -a "$OUT/bench.log" | tail -n 30
   done
 fi
-python3 tools/gpu_report.py --commit "$COMMIT" --junit "$OUT/junit.xml" --bench-dir "$BENCH_DIR" \
+python3 tools/gpu_report.py --commit "$COMMIT" --junit "$OUT/junit.xml" --bench-dir "$BENCH_DIR" $([ "${CUDARL_POISON_POOL:-}" = 1 ] && echo --poisoned) \
   --gpu-file "$OUT/gpu.txt" --seconds $(( $(date +%s) - start )) --out "$OUT/gpu-report.md" --bench-json "$OUT/bench.json"
 cp "$OUT/gpu-report.md" docs/gpu-report.md 2>/dev/null || true
 echo "== summary"

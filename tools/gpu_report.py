@@ -73,6 +73,7 @@ def main() -> int:
     ap.add_argument("--out", type=Path)
     ap.add_argument("--bench-json", type=Path)
     ap.add_argument("--summary-only", action="store_true")
+    ap.add_argument("--poisoned", action="store_true", help="the tests ran over a poisoned pool (gpu_check --poison)")
     a = ap.parse_args()
     c = read_junit(a.junit)
     failed = c["failed"] + c["errors"] + c["collection_errors"]
@@ -95,6 +96,7 @@ def main() -> int:
         f"- GPU: {gpu}",
         "- versions: " + ", ".join(f"{k} {val}" for k, val in v.items()),
         f"- wall time of the check: {a.seconds} s",
+        *(["- memory pool: poisoned before every GPU test (`gpu_check --poison`, CUDARL_POISON_POOL=1)"] * a.poisoned),
         "",
         "## GPU tests (`pytest -m gpu`)",
         "",

@@ -16,6 +16,7 @@ if [ "${NO_LOAD:-0}" != 1 ] && python3 -c "import cupy; cupy.cuda.runtime.getDev
 a = cp.ones((8192, 8192), cp.float32); t = time.time()
 while time.time() - t < 3600: a @ a; cp.cuda.Device().synchronize()" &
   LOAD=$!
+  trap 'kill "$LOAD" 2>/dev/null' EXIT  # an interrupted run leaves no GEMM loop behind
 fi
 failed=0
 for ((round = 1; round <= ROUNDS; round++)); do
@@ -32,6 +33,5 @@ for ((round = 1; round <= ROUNDS; round++)); do
   echo "round $round: $((COPIES - bad)) of $COPIES copies passed$([ -n "$LOAD" ] && echo ", a GEMM loop beside them")"
   failed=$((failed + bad))
 done
-[ -n "$LOAD" ] && kill "$LOAD" 2>/dev/null
 echo "stress: $failed failing copies in $((COPIES * ROUNDS))"
 [ "$failed" -eq 0 ]
