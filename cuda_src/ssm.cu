@@ -129,14 +129,32 @@ __device__ __forceinline__ void tile_gemm2(int M, int Nn, int K1, FA1 a1, FB1 b1
   }
 }
 
+// The row and column (r, c) of a flat index i = r w + c that a thread walks as i = i0, i0 + step, ...: one
+// division at the start, none a step (a division by a width known only at run time is a few dozen
+// instructions; the loaders below made one or two per element). The same (r, c) as i / w and i % w.
+struct RowCol {
+  int r, c;
+  const int w, dr, dc;
+  __device__ RowCol(int i0, int step, int w_) : r(i0 / w_), c(i0 % w_), w(w_), dr(step / w_), dc(step % w_) {}
+  __device__ void next() {
+    r += dr;
+    c += dc;
+    if (c >= w) {
+      c -= w;
+      ++r;
+    }
+  }
+};
+
 // A chunk's B and C rows of head h's group into shared rows of N + 1 floats (bars row0 .. row0 + Qc).
 __device__ __forceinline__ void load_bc(const float* xbc, const Scan& sc, int h, i64 row0, int Qc, float* Bs,
                                         float* Cs) {
   const int N = sc.N, N1 = sc.N + 1, bc = sc.bcol(h), cc = sc.ccol(h);
-  for (int i = threadIdx.x; i < Qc * N; i += blockDim.x) {
-    const i64 r = (row0 + i / N) * sc.Cc;
-    Bs[(i / N) * N1 + i % N] = xbc[r + bc + i % N];
-    Cs[(i / N) * N1 + i % N] = xbc[r + cc + i % N];
+  RowCol rc(threadIdx.x, blockDim.x, N);
+  for (int i = threadIdx.x; i < Qc * N; i += blockDim.x, rc.next()) {
+    const i64 r = (row0 + rc.r) * sc.Cc;
+    Bs[rc.r * N1 + rc.c] = xbc[r + bc + rc.c];
+    Cs[rc.r * N1 + rc.c] = xbc[r + cc + rc.c];
   }
 }
 
@@ -308,11 +326,17 @@ extern "C" __global__ __launch_bounds__(SCAN_THREADS) void cudarl_ssm_ssd_forwar
   float* cum = dts + Q;
   float* fs = cum + Q;
   const float A = -expf(head[h]), D = head[H + h], dtb = head[2 * H + h];
-  for (int i = tid; i < P * N; i += nt) S[(i / N) * N1 + i % N] = 0.f;
+  {
+    RowCol rc(tid, nt, N);
+    for (int i = tid; i < P * N; i += nt, rc.next()) S[rc.r * N1 + rc.c] = 0.f;
+  }
   for (int c = 0; c < sc.nc; ++c) {
     const int t0 = c * Q, Qc = min(Q, W - t0);
     const i64 row0 = b * W + t0;
-    for (int i = tid; i < Qc * P; i += nt) xs[i] = xbc[(row0 + i / P) * sc.Cc + h * P + i % P];
+    {
+      RowCol rc(tid, nt, P);
+      for (int i = tid; i < Qc * P; i += nt, rc.next()) xs[i] = xbc[(row0 + rc.r) * sc.Cc + h * P + rc.c];
+    }
     load_bc(xbc, sc, h, row0, Qc, Bs, Cs);
     for (int t = tid; t < Qc; t += nt) {
       const float d = softplus(zx[(row0 + t) * sc.ld + sc.E + sc.Cc + h] + dtb);
@@ -393,17 +417,26 @@ extern "C" __global__ __launch_bounds__(SCAN_THREADS) void cudarl_ssm_ssd_backwa
   float* red = vq + Q;   // SCAN_THREADS floats for block sums
   const float A = -expf(head[h]), D = head[H + h], dtb = head[2 * H + h];
   float dA = 0.f, dD = 0.f, dbias = 0.f;  // this sample's parameter sums (thread 0 keeps them)
-  for (int i = tid; i < P * N; i += nt) dS[(i / N) * N1 + i % N] = 0.f;
+  {
+    RowCol rc(tid, nt, N);
+    for (int i = tid; i < P * N; i += nt, rc.next()) dS[rc.r * N1 + rc.c] = 0.f;
+  }
   for (int c = sc.nc - 1; c >= 0; --c) {
     const int t0 = c * Q, Qc = min(Q, W - t0);
     const i64 row0 = b * W + t0;
-    for (int i = tid; i < Qc * P; i += nt) {
-      xs[(i / P) * P1 + i % P] = xbc[(row0 + i / P) * sc.Cc + h * P + i % P];
-      dys[i] = dy[(row0 + i / P) * sc.E + h * P + i % P];
+    {
+      RowCol rc(tid, nt, P);
+      for (int i = tid; i < Qc * P; i += nt, rc.next()) {
+        xs[rc.r * P1 + rc.c] = xbc[(row0 + rc.r) * sc.Cc + h * P + rc.c];
+        dys[i] = dy[(row0 + rc.r) * sc.E + h * P + rc.c];
+      }
     }
     load_bc(xbc, sc, h, row0, Qc, Bs, Cs);
     const float* sin_g = states + ((b * H + h) * (sc.nc - 1) + (c - 1)) * (i64)P * N;
-    for (int i = tid; i < P * N; i += nt) Sin[(i / N) * N1 + i % N] = c > 0 ? sin_g[i] : 0.f;
+    {
+      RowCol rc(tid, nt, N);
+      for (int i = tid; i < P * N; i += nt, rc.next()) Sin[rc.r * N1 + rc.c] = c > 0 ? sin_g[i] : 0.f;
+    }
     for (int t = tid; t < Qc; t += nt) dts[t] = dt[(row0 + t) * H + h];
     __syncthreads();
     chunk_cumsum(dts, cum, Qc, A);
@@ -479,8 +512,14 @@ extern "C" __global__ __launch_bounds__(SCAN_THREADS) void cudarl_ssm_ssd_backwa
     }
     // <dS, S_in> and sum dy . x of the chunk (block sums, fixed tree)
     float part_ss = 0.f, part_dd = 0.f;
-    for (int i = tid; i < P * N; i += nt) part_ss += dS[(i / N) * N1 + i % N] * Sin[(i / N) * N1 + i % N];
-    for (int i = tid; i < Qc * P; i += nt) part_dd += dys[i] * xs[(i / P) * P1 + i % P];
+    {
+      RowCol rc(tid, nt, N);
+      for (int i = tid; i < P * N; i += nt, rc.next()) part_ss += dS[rc.r * N1 + rc.c] * Sin[rc.r * N1 + rc.c];
+    }
+    {
+      RowCol rc(tid, nt, P);
+      for (int i = tid; i < Qc * P; i += nt, rc.next()) part_dd += dys[i] * xs[rc.r * P1 + rc.c];
+    }
     const float ss = cudarl::block_sum(part_ss, red, SCAN_THREADS);
     const float dd = cudarl::block_sum(part_dd, red, SCAN_THREADS);
     if (tid == 0) {
@@ -653,8 +692,9 @@ extern "C" __global__ __launch_bounds__(LAST_THREADS) void cudarl_ssm_ssd_last_b
     da[t] = draw;
     g[t] = g[t] * se[t] * sdt[t];  // g[] becomes dcb_s = g_s e_s dt_s
   }
-  for (int i = threadIdx.x; i < W * P; i += blockDim.x) {  // dx_s = m_s dy_T (+ D dy_T at the last bar)
-    const int t = i / P, p = i % P;
+  RowCol tp(threadIdx.x, blockDim.x, P);
+  for (int i = threadIdx.x; i < W * P; i += blockDim.x, tp.next()) {  // dx_s = m_s dy_T (+ D dy_T at the last bar)
+    const int t = tp.r, p = tp.c;
     const float v = m[t] * dyT[p];
     dxbc[(row0 + t) * sc.Cc + h * P + p] = t == W - 1 ? v + D * dyT[p] : v;
   }
@@ -665,8 +705,9 @@ extern "C" __global__ __launch_bounds__(LAST_THREADS) void cudarl_ssm_ssd_last_b
     dhead_part[(b * 3 + 2) * H + h] = acc;
   }
   const i64 N2 = 2 * (i64)N;
-  for (int i = threadIdx.x; i < W * N; i += blockDim.x) {  // dB_s = dcb_s C_T; dC zero before the last bar
-    const int t = i / N, n = i % N;
+  RowCol tn(threadIdx.x, blockDim.x, N);
+  for (int i = threadIdx.x; i < W * N; i += blockDim.x, tn.next()) {  // dB_s = dcb_s C_T; dC zero before the last bar
+    const int t = tn.r, n = tn.c;
     float* o = dbc_part + ((row0 + t) * H + h) * N2;
     o[n] = g[t] * cT[n];
     if (t < W - 1) o[N + n] = 0.f;
