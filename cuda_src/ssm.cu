@@ -80,6 +80,54 @@ __device__ __forceinline__ void tile_acc(float (&acc)[TM][TN], int i0, int j0, i
   }
 }
 
+// Operands stored along k: a(i, k) = p[i ld + k] (RowsK) and b(k, j) = p[j ld + k] (ColsK): the scan's C B^T and
+// C S^T. tile_acc takes them four k at a time through 16-byte shared loads where every row starts on 16 bytes
+// (ld and the range a multiple of 4, p aligned: ssd_forward's rows of N + 4 floats), else one at a time.
+struct RowsK {
+  const float* p;
+  int ld;
+  __device__ float operator()(int i, int k) const { return p[i * ld + k]; }
+};
+struct ColsK {
+  const float* p;
+  int ld;
+  __device__ float operator()(int k, int j) const { return p[j * ld + k]; }
+};
+
+__device__ __forceinline__ bool rows_of_16_bytes(const float* p, int ld) {
+  return ld % 4 == 0 && (reinterpret_cast<unsigned long long>(p) & 15) == 0;
+}
+
+// tile_acc for RowsK x ColsK: the same multiply-adds in the same order (k ascending for every acc[u][v]), so the
+// same sums, with TM + TN 16-byte loads feeding 4 TM TN multiply-adds where the rows allow.
+template <int TM, int TN>
+__device__ __forceinline__ void tile_acc(float (&acc)[TM][TN], int i0, int j0, int J, int M, int Nn, int k0, int k1,
+                                         RowsK a, ColsK b) {
+  if (k0 % 4 != 0 || (k1 - k0) % 4 != 0 || !rows_of_16_bytes(a.p, a.ld) || !rows_of_16_bytes(b.p, b.ld)) {
+    tile_acc<TM, TN, RowsK, ColsK>(acc, i0, j0, J, M, Nn, k0, k1, a, b);  // the generic form
+    return;
+  }
+  const float4 zero = {0.f, 0.f, 0.f, 0.f};
+  for (int k = k0; k < k1; k += 4) {
+    float4 av[TM], bv[TN];
+#pragma unroll
+    for (int u = 0; u < TM; ++u)
+      av[u] = i0 + u < M ? *reinterpret_cast<const float4*>(a.p + (i0 + u) * a.ld + k) : zero;
+#pragma unroll
+    for (int v = 0; v < TN; ++v)
+      bv[v] = j0 + v * J < Nn ? *reinterpret_cast<const float4*>(b.p + (j0 + v * J) * b.ld + k) : zero;
+#pragma unroll
+    for (int u = 0; u < TM; ++u)
+#pragma unroll
+      for (int v = 0; v < TN; ++v) {
+        acc[u][v] += av[u].x * bv[v].x;
+        acc[u][v] += av[u].y * bv[v].y;
+        acc[u][v] += av[u].z * bv[v].z;
+        acc[u][v] += av[u].w * bv[v].w;
+      }
+  }
+}
+
 // The k range of a tile's second product in tile_gemm2 when its a is triangular: LOWER (a(i, k) = 0 for
 // k > i) stops after the tile's last row, UPPER (a(i, k) = 0 for k < i) starts at its first, FULL takes
 // every k. A skipped product is an exact zero added to the sum's start (+0) or end, so the sum keeps the
@@ -146,10 +194,10 @@ struct RowCol {
   }
 };
 
-// A chunk's B and C rows of head h's group into shared rows of N + 1 floats (bars row0 .. row0 + Qc).
+// A chunk's B and C rows of head h's group into shared rows of N1 floats (bars row0 .. row0 + Qc).
 __device__ __forceinline__ void load_bc(const float* xbc, const Scan& sc, int h, i64 row0, int Qc, float* Bs,
-                                        float* Cs) {
-  const int N = sc.N, N1 = sc.N + 1, bc = sc.bcol(h), cc = sc.ccol(h);
+                                        float* Cs, int N1) {
+  const int N = sc.N, bc = sc.bcol(h), cc = sc.ccol(h);
   RowCol rc(threadIdx.x, blockDim.x, N);
   for (int i = threadIdx.x; i < Qc * N; i += blockDim.x, rc.next()) {
     const i64 r = (row0 + rc.r) * sc.Cc;
@@ -305,8 +353,10 @@ extern "C" __global__ void cudarl_ssm_conv_step(const float* zx, const float* co
 // Per chunk: x, B, C, dt into shared; cum; M[t][s] = (C_t . B_s) exp(cum_t - cum_s) dt_s (s <= t);
 // y_t = sum_s M[t][s] x_s + exp(cum_t) S C_t + D x_t; S = exp(cum_end) S + sum_s exp(cum_end - cum_s) dt_s x_s B_s^T,
 // written to states[b, h, chunk] for every chunk but the last (the state entering the next chunk; the state
-// after the window is not computed: the backward reads only S_in). Shared (floats): x Q*P, B and C Q*(N+1) each, S P*(N+1),
-// M Q*(Q+1), dt, cum, f 3Q (rows padded by one against bank conflicts).
+// after the window is not computed: the backward reads only S_in). Shared (floats): x Q*P, B and C Q*N1 each, S P*N1,
+// M Q*(Q+1), dt, cum, f 3Q, with N1 = N + 4 where N and Q*P are multiples of 4 (B, C and S rows on 16 bytes: the
+// C B^T and C S^T products read them 16 bytes a load, RowsK/ColsK; a warp's quarter reads 8 rows 68 floats apart,
+// 32 distinct banks), else N + 1 (rows padded by one against bank conflicts). reference.ssm.forward_shared's size.
 // A block reads its head's x, its group's B and C and its dt_raw over the window (4*W*(P + 2N + 1)
 // bytes) and writes y, dt and the chunk states (4*W*(P + 1) + 4*(nc - 1)*P*N bytes).
 extern "C" __global__ __launch_bounds__(SCAN_THREADS) void cudarl_ssm_ssd_forward(
@@ -316,7 +366,7 @@ extern "C" __global__ __launch_bounds__(SCAN_THREADS) void cudarl_ssm_ssd_forwar
   const Scan sc(W, H, P, N, G, Q);
   const i64 b = blockIdx.x / H;
   const int h = blockIdx.x % H, tid = threadIdx.x, nt = blockDim.x;
-  const int N1 = N + 1, Q1 = Q + 1;
+  const int N1 = N % 4 == 0 && (Q * P) % 4 == 0 ? N + 4 : N + 1, Q1 = Q + 1;
   float* xs = sh;
   float* Bs = xs + Q * P;
   float* Cs = Bs + Q * N1;
@@ -337,7 +387,7 @@ extern "C" __global__ __launch_bounds__(SCAN_THREADS) void cudarl_ssm_ssd_forwar
       RowCol rc(tid, nt, P);
       for (int i = tid; i < Qc * P; i += nt, rc.next()) xs[i] = xbc[(row0 + rc.r) * sc.Cc + h * P + rc.c];
     }
-    load_bc(xbc, sc, h, row0, Qc, Bs, Cs);
+    load_bc(xbc, sc, h, row0, Qc, Bs, Cs, N1);
     for (int t = tid; t < Qc; t += nt) {
       const float d = softplus(zx[(row0 + t) * sc.ld + sc.E + sc.Cc + h] + dtb);
       dts[t] = d;
@@ -346,13 +396,12 @@ extern "C" __global__ __launch_bounds__(SCAN_THREADS) void cudarl_ssm_ssd_forwar
     __syncthreads();
     chunk_cumsum(dts, cum, Qc, A);
     tile_gemm<2, 2>(  // M[t][s] = (C_t . B_s) exp(cum_t - cum_s) dt_s for s <= t, else 0
-        Qc, Qc, N, [&](int t, int n) { return Cs[t * N1 + n]; }, [&](int n, int s) { return Bs[s * N1 + n]; },
+        Qc, Qc, N, RowsK{Cs, N1}, ColsK{Bs, N1},
         [&](int t, int s, float cb) { M[t * Q1 + s] = s <= t ? cb * expf(cum[t] - cum[s]) * dts[s] : 0.f; });
     for (int s = tid; s < Qc; s += nt) fs[s] = expf(cum[Qc - 1] - cum[s]) * dts[s];
     __syncthreads();
     tile_gemm2<2, 4, LOWER>(  // y_t = sum_{s <= t} M[t][s] x_s + exp(cum_t) (S C_t) + D x_t; S = 0 in chunk 0
-        Qc, P, c > 0 ? N : 0, [&](int t, int n) { return Cs[t * N1 + n]; }, [&](int n, int p) { return S[p * N1 + n]; },
-        Qc, [&](int t, int s) { return M[t * Q1 + s]; }, [&](int s, int p) { return xs[s * P + p]; },
+        Qc, P, c > 0 ? N : 0, RowsK{Cs, N1}, ColsK{S, N1}, Qc, [&](int t, int s) { return M[t * Q1 + s]; }, [&](int s, int p) { return xs[s * P + p]; },
         [&](int t, int p, float off, float acc) {
           y[(row0 + t) * sc.E + h * P + p] = acc + expf(cum[t]) * off + D * xs[t * P + p];
         });
@@ -431,7 +480,7 @@ extern "C" __global__ __launch_bounds__(SCAN_THREADS) void cudarl_ssm_ssd_backwa
         dys[i] = dy[(row0 + rc.r) * sc.E + h * P + rc.c];
       }
     }
-    load_bc(xbc, sc, h, row0, Qc, Bs, Cs);
+    load_bc(xbc, sc, h, row0, Qc, Bs, Cs, N1);
     const float* sin_g = states + ((b * H + h) * (sc.nc - 1) + (c - 1)) * (i64)P * N;
     {
       RowCol rc(tid, nt, N);
