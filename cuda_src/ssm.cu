@@ -80,6 +80,54 @@ __device__ __forceinline__ void tile_acc(float (&acc)[TM][TN], int i0, int j0, i
   }
 }
 
+// Operands stored along k: a(i, k) = p[i ld + k] (RowsK) and b(k, j) = p[j ld + k] (ColsK): the scan's C B^T and
+// C S^T. tile_acc takes them four k at a time through 16-byte shared loads where every row starts on 16 bytes
+// (ld and the range a multiple of 4, p aligned: ssd_forward's rows of N + 4 floats), else one at a time.
+struct RowsK {
+  const float* p;
+  int ld;
+  __device__ float operator()(int i, int k) const { return p[i * ld + k]; }
+};
+struct ColsK {
+  const float* p;
+  int ld;
+  __device__ float operator()(int k, int j) const { return p[j * ld + k]; }
+};
+
+__device__ __forceinline__ bool rows_of_16_bytes(const float* p, int ld) {
+  return ld % 4 == 0 && (reinterpret_cast<unsigned long long>(p) & 15) == 0;
+}
+
+// tile_acc for RowsK x ColsK: the same multiply-adds in the same order (k ascending for every acc[u][v]), so the
+// same sums, with TM + TN 16-byte loads feeding 4 TM TN multiply-adds where the rows allow.
+template <int TM, int TN>
+__device__ __forceinline__ void tile_acc(float (&acc)[TM][TN], int i0, int j0, int J, int M, int Nn, int k0, int k1,
+                                         RowsK a, ColsK b) {
+  if (k0 % 4 != 0 || (k1 - k0) % 4 != 0 || !rows_of_16_bytes(a.p, a.ld) || !rows_of_16_bytes(b.p, b.ld)) {
+    tile_acc<TM, TN, RowsK, ColsK>(acc, i0, j0, J, M, Nn, k0, k1, a, b);  // the generic form
+    return;
+  }
+  const float4 zero = {0.f, 0.f, 0.f, 0.f};
+  for (int k = k0; k < k1; k += 4) {
+    float4 av[TM], bv[TN];
+#pragma unroll
+    for (int u = 0; u < TM; ++u)
+      av[u] = i0 + u < M ? *reinterpret_cast<const float4*>(a.p + (i0 + u) * a.ld + k) : zero;
+#pragma unroll
+    for (int v = 0; v < TN; ++v)
+      bv[v] = j0 + v * J < Nn ? *reinterpret_cast<const float4*>(b.p + (j0 + v * J) * b.ld + k) : zero;
+#pragma unroll
+    for (int u = 0; u < TM; ++u)
+#pragma unroll
+      for (int v = 0; v < TN; ++v) {
+        acc[u][v] += av[u].x * bv[v].x;
+        acc[u][v] += av[u].y * bv[v].y;
+        acc[u][v] += av[u].z * bv[v].z;
+        acc[u][v] += av[u].w * bv[v].w;
+      }
+  }
+}
+
 // The k range of a tile's second product in tile_gemm2 when its a is triangular: LOWER (a(i, k) = 0 for
 // k > i) stops after the tile's last row, UPPER (a(i, k) = 0 for k < i) starts at its first, FULL takes
 // every k. A skipped product is an exact zero added to the sum's start (+0) or end, so the sum keeps the
@@ -129,14 +177,32 @@ __device__ __forceinline__ void tile_gemm2(int M, int Nn, int K1, FA1 a1, FB1 b1
   }
 }
 
-// A chunk's B and C rows of head h's group into shared rows of N + 1 floats (bars row0 .. row0 + Qc).
+// The row and column (r, c) of a flat index i = r w + c that a thread walks as i = i0, i0 + step, ...: one
+// division at the start, none a step (a division by a width known only at run time is a few dozen
+// instructions; the loaders below made one or two per element). The same (r, c) as i / w and i % w.
+struct RowCol {
+  int r, c;
+  const int w, dr, dc;
+  __device__ RowCol(int i0, int step, int w_) : r(i0 / w_), c(i0 % w_), w(w_), dr(step / w_), dc(step % w_) {}
+  __device__ void next() {
+    r += dr;
+    c += dc;
+    if (c >= w) {
+      c -= w;
+      ++r;
+    }
+  }
+};
+
+// A chunk's B and C rows of head h's group into shared rows of N1 floats (bars row0 .. row0 + Qc).
 __device__ __forceinline__ void load_bc(const float* xbc, const Scan& sc, int h, i64 row0, int Qc, float* Bs,
-                                        float* Cs) {
-  const int N = sc.N, N1 = sc.N + 1, bc = sc.bcol(h), cc = sc.ccol(h);
-  for (int i = threadIdx.x; i < Qc * N; i += blockDim.x) {
-    const i64 r = (row0 + i / N) * sc.Cc;
-    Bs[(i / N) * N1 + i % N] = xbc[r + bc + i % N];
-    Cs[(i / N) * N1 + i % N] = xbc[r + cc + i % N];
+                                        float* Cs, int N1) {
+  const int N = sc.N, bc = sc.bcol(h), cc = sc.ccol(h);
+  RowCol rc(threadIdx.x, blockDim.x, N);
+  for (int i = threadIdx.x; i < Qc * N; i += blockDim.x, rc.next()) {
+    const i64 r = (row0 + rc.r) * sc.Cc;
+    Bs[rc.r * N1 + rc.c] = xbc[r + bc + rc.c];
+    Cs[rc.r * N1 + rc.c] = xbc[r + cc + rc.c];
   }
 }
 
@@ -287,8 +353,10 @@ extern "C" __global__ void cudarl_ssm_conv_step(const float* zx, const float* co
 // Per chunk: x, B, C, dt into shared; cum; M[t][s] = (C_t . B_s) exp(cum_t - cum_s) dt_s (s <= t);
 // y_t = sum_s M[t][s] x_s + exp(cum_t) S C_t + D x_t; S = exp(cum_end) S + sum_s exp(cum_end - cum_s) dt_s x_s B_s^T,
 // written to states[b, h, chunk] for every chunk but the last (the state entering the next chunk; the state
-// after the window is not computed: the backward reads only S_in). Shared (floats): x Q*P, B and C Q*(N+1) each, S P*(N+1),
-// M Q*(Q+1), dt, cum, f 3Q (rows padded by one against bank conflicts).
+// after the window is not computed: the backward reads only S_in). Shared (floats): x Q*P, B and C Q*N1 each, S P*N1,
+// M Q*(Q+1), dt, cum, f 3Q, with N1 = N + 4 where N and Q*P are multiples of 4 (B, C and S rows on 16 bytes: the
+// C B^T and C S^T products read them 16 bytes a load, RowsK/ColsK; a warp's quarter reads 8 rows 68 floats apart,
+// 32 distinct banks), else N + 1 (rows padded by one against bank conflicts). reference.ssm.forward_shared's size.
 // A block reads its head's x, its group's B and C and its dt_raw over the window (4*W*(P + 2N + 1)
 // bytes) and writes y, dt and the chunk states (4*W*(P + 1) + 4*(nc - 1)*P*N bytes).
 extern "C" __global__ __launch_bounds__(SCAN_THREADS) void cudarl_ssm_ssd_forward(
@@ -298,7 +366,7 @@ extern "C" __global__ __launch_bounds__(SCAN_THREADS) void cudarl_ssm_ssd_forwar
   const Scan sc(W, H, P, N, G, Q);
   const i64 b = blockIdx.x / H;
   const int h = blockIdx.x % H, tid = threadIdx.x, nt = blockDim.x;
-  const int N1 = N + 1, Q1 = Q + 1;
+  const int N1 = N % 4 == 0 && (Q * P) % 4 == 0 ? N + 4 : N + 1, Q1 = Q + 1;
   float* xs = sh;
   float* Bs = xs + Q * P;
   float* Cs = Bs + Q * N1;
@@ -308,12 +376,18 @@ extern "C" __global__ __launch_bounds__(SCAN_THREADS) void cudarl_ssm_ssd_forwar
   float* cum = dts + Q;
   float* fs = cum + Q;
   const float A = -expf(head[h]), D = head[H + h], dtb = head[2 * H + h];
-  for (int i = tid; i < P * N; i += nt) S[(i / N) * N1 + i % N] = 0.f;
+  {
+    RowCol rc(tid, nt, N);
+    for (int i = tid; i < P * N; i += nt, rc.next()) S[rc.r * N1 + rc.c] = 0.f;
+  }
   for (int c = 0; c < sc.nc; ++c) {
     const int t0 = c * Q, Qc = min(Q, W - t0);
     const i64 row0 = b * W + t0;
-    for (int i = tid; i < Qc * P; i += nt) xs[i] = xbc[(row0 + i / P) * sc.Cc + h * P + i % P];
-    load_bc(xbc, sc, h, row0, Qc, Bs, Cs);
+    {
+      RowCol rc(tid, nt, P);
+      for (int i = tid; i < Qc * P; i += nt, rc.next()) xs[i] = xbc[(row0 + rc.r) * sc.Cc + h * P + rc.c];
+    }
+    load_bc(xbc, sc, h, row0, Qc, Bs, Cs, N1);
     for (int t = tid; t < Qc; t += nt) {
       const float d = softplus(zx[(row0 + t) * sc.ld + sc.E + sc.Cc + h] + dtb);
       dts[t] = d;
@@ -322,13 +396,12 @@ extern "C" __global__ __launch_bounds__(SCAN_THREADS) void cudarl_ssm_ssd_forwar
     __syncthreads();
     chunk_cumsum(dts, cum, Qc, A);
     tile_gemm<2, 2>(  // M[t][s] = (C_t . B_s) exp(cum_t - cum_s) dt_s for s <= t, else 0
-        Qc, Qc, N, [&](int t, int n) { return Cs[t * N1 + n]; }, [&](int n, int s) { return Bs[s * N1 + n]; },
+        Qc, Qc, N, RowsK{Cs, N1}, ColsK{Bs, N1},
         [&](int t, int s, float cb) { M[t * Q1 + s] = s <= t ? cb * expf(cum[t] - cum[s]) * dts[s] : 0.f; });
     for (int s = tid; s < Qc; s += nt) fs[s] = expf(cum[Qc - 1] - cum[s]) * dts[s];
     __syncthreads();
     tile_gemm2<2, 4, LOWER>(  // y_t = sum_{s <= t} M[t][s] x_s + exp(cum_t) (S C_t) + D x_t; S = 0 in chunk 0
-        Qc, P, c > 0 ? N : 0, [&](int t, int n) { return Cs[t * N1 + n]; }, [&](int n, int p) { return S[p * N1 + n]; },
-        Qc, [&](int t, int s) { return M[t * Q1 + s]; }, [&](int s, int p) { return xs[s * P + p]; },
+        Qc, P, c > 0 ? N : 0, RowsK{Cs, N1}, ColsK{S, N1}, Qc, [&](int t, int s) { return M[t * Q1 + s]; }, [&](int s, int p) { return xs[s * P + p]; },
         [&](int t, int p, float off, float acc) {
           y[(row0 + t) * sc.E + h * P + p] = acc + expf(cum[t]) * off + D * xs[t * P + p];
         });
@@ -393,17 +466,26 @@ extern "C" __global__ __launch_bounds__(SCAN_THREADS) void cudarl_ssm_ssd_backwa
   float* red = vq + Q;   // SCAN_THREADS floats for block sums
   const float A = -expf(head[h]), D = head[H + h], dtb = head[2 * H + h];
   float dA = 0.f, dD = 0.f, dbias = 0.f;  // this sample's parameter sums (thread 0 keeps them)
-  for (int i = tid; i < P * N; i += nt) dS[(i / N) * N1 + i % N] = 0.f;
+  {
+    RowCol rc(tid, nt, N);
+    for (int i = tid; i < P * N; i += nt, rc.next()) dS[rc.r * N1 + rc.c] = 0.f;
+  }
   for (int c = sc.nc - 1; c >= 0; --c) {
     const int t0 = c * Q, Qc = min(Q, W - t0);
     const i64 row0 = b * W + t0;
-    for (int i = tid; i < Qc * P; i += nt) {
-      xs[(i / P) * P1 + i % P] = xbc[(row0 + i / P) * sc.Cc + h * P + i % P];
-      dys[i] = dy[(row0 + i / P) * sc.E + h * P + i % P];
+    {
+      RowCol rc(tid, nt, P);
+      for (int i = tid; i < Qc * P; i += nt, rc.next()) {
+        xs[rc.r * P1 + rc.c] = xbc[(row0 + rc.r) * sc.Cc + h * P + rc.c];
+        dys[i] = dy[(row0 + rc.r) * sc.E + h * P + rc.c];
+      }
     }
-    load_bc(xbc, sc, h, row0, Qc, Bs, Cs);
+    load_bc(xbc, sc, h, row0, Qc, Bs, Cs, N1);
     const float* sin_g = states + ((b * H + h) * (sc.nc - 1) + (c - 1)) * (i64)P * N;
-    for (int i = tid; i < P * N; i += nt) Sin[(i / N) * N1 + i % N] = c > 0 ? sin_g[i] : 0.f;
+    {
+      RowCol rc(tid, nt, N);
+      for (int i = tid; i < P * N; i += nt, rc.next()) Sin[rc.r * N1 + rc.c] = c > 0 ? sin_g[i] : 0.f;
+    }
     for (int t = tid; t < Qc; t += nt) dts[t] = dt[(row0 + t) * H + h];
     __syncthreads();
     chunk_cumsum(dts, cum, Qc, A);
@@ -479,8 +561,14 @@ extern "C" __global__ __launch_bounds__(SCAN_THREADS) void cudarl_ssm_ssd_backwa
     }
     // <dS, S_in> and sum dy . x of the chunk (block sums, fixed tree)
     float part_ss = 0.f, part_dd = 0.f;
-    for (int i = tid; i < P * N; i += nt) part_ss += dS[(i / N) * N1 + i % N] * Sin[(i / N) * N1 + i % N];
-    for (int i = tid; i < Qc * P; i += nt) part_dd += dys[i] * xs[(i / P) * P1 + i % P];
+    {
+      RowCol rc(tid, nt, N);
+      for (int i = tid; i < P * N; i += nt, rc.next()) part_ss += dS[rc.r * N1 + rc.c] * Sin[rc.r * N1 + rc.c];
+    }
+    {
+      RowCol rc(tid, nt, P);
+      for (int i = tid; i < Qc * P; i += nt, rc.next()) part_dd += dys[i] * xs[rc.r * P1 + rc.c];
+    }
     const float ss = cudarl::block_sum(part_ss, red, SCAN_THREADS);
     const float dd = cudarl::block_sum(part_dd, red, SCAN_THREADS);
     if (tid == 0) {
@@ -653,8 +741,9 @@ extern "C" __global__ __launch_bounds__(LAST_THREADS) void cudarl_ssm_ssd_last_b
     da[t] = draw;
     g[t] = g[t] * se[t] * sdt[t];  // g[] becomes dcb_s = g_s e_s dt_s
   }
-  for (int i = threadIdx.x; i < W * P; i += blockDim.x) {  // dx_s = m_s dy_T (+ D dy_T at the last bar)
-    const int t = i / P, p = i % P;
+  RowCol tp(threadIdx.x, blockDim.x, P);
+  for (int i = threadIdx.x; i < W * P; i += blockDim.x, tp.next()) {  // dx_s = m_s dy_T (+ D dy_T at the last bar)
+    const int t = tp.r, p = tp.c;
     const float v = m[t] * dyT[p];
     dxbc[(row0 + t) * sc.Cc + h * P + p] = t == W - 1 ? v + D * dyT[p] : v;
   }
@@ -665,8 +754,9 @@ extern "C" __global__ __launch_bounds__(LAST_THREADS) void cudarl_ssm_ssd_last_b
     dhead_part[(b * 3 + 2) * H + h] = acc;
   }
   const i64 N2 = 2 * (i64)N;
-  for (int i = threadIdx.x; i < W * N; i += blockDim.x) {  // dB_s = dcb_s C_T; dC zero before the last bar
-    const int t = i / N, n = i % N;
+  RowCol tn(threadIdx.x, blockDim.x, N);
+  for (int i = threadIdx.x; i < W * N; i += blockDim.x, tn.next()) {  // dB_s = dcb_s C_T; dC zero before the last bar
+    const int t = tn.r, n = tn.c;
     float* o = dbc_part + ((row0 + t) * H + h) * N2;
     o[n] = g[t] * cT[n];
     if (t < W - 1) o[N + n] = 0.f;

@@ -47,8 +47,10 @@ MAX_SHARED = 227 * 1024
 
 
 def forward_shared(Q: int, P: int, N: int) -> int:
-    """Floats of shared memory an ssd_forward block uses (ssm.cu's banner)."""
-    return Q * P + 2 * Q * (N + 1) + P * (N + 1) + Q * (Q + 1) + 3 * Q
+    """Floats of shared memory an ssd_forward block uses (ssm.cu's banner): its B, C and S rows are N + 4 floats
+    where N and Q P are multiples of 4 (rows on 16 bytes), else N + 1."""
+    n1 = N + 4 if N % 4 == 0 and (Q * P) % 4 == 0 else N + 1
+    return Q * P + 2 * Q * n1 + P * n1 + Q * (Q + 1) + 3 * Q
 
 
 def backward_shared(Q: int, P: int, N: int) -> int:
