@@ -58,7 +58,6 @@ def make_encoder(kind: str, F: int, **kw):
     """The encoder ``kind`` over ``F`` features a bar, with constructor arguments ``kw``."""
     from cudarl.nn.encoders import AttentionEncoder, SSMEncoder
 
-    kw.setdefault("gemm", Config().net.gemm)  # the agent's linear layers' GEMMs (the encoders' own default: cublas)
     return {"ssm": SSMEncoder, "attention": AttentionEncoder}[kind]("enc", F, **kw)
 
 
