@@ -31,15 +31,33 @@ from cudarl.testing import poison_pool  # noqa: E402
 NODE = "tests/unit/test_stacked_checkpoint.py::test_gpu_members_are_single_agents_checkpoints"
 
 
-def leaves(tree, pre=""):
+def flat(tree, leaf, pre=""):
+    """``{path: leaf(value)}`` over a state tree's leaves (``leaf`` None: the leaf is left out)."""
     if isinstance(tree, dict):
         out = {}
         for k, v in tree.items():
-            out.update(leaves(v, f"{pre}/{k}"))
+            out.update(flat(v, leaf, f"{pre}/{k}"))
         return out
-    if isinstance(tree, (np.ndarray, np.generic)):
-        return {pre: hashlib.sha1(np.ascontiguousarray(tree).tobytes()).hexdigest()[:12]}
-    return {pre: repr(tree)}
+    v = leaf(tree)
+    return {} if v is None else {pre: v}
+
+
+def digest(v):
+    """An array's SHA-1 (12 hex digits), anything else's repr."""
+    if isinstance(v, (np.ndarray, np.generic)):
+        return hashlib.sha1(np.ascontiguousarray(v).tobytes()).hexdigest()[:12]
+    return repr(v)
+
+
+def few(v):
+    """A leaf of at most 16 values as a list of floats (scalars, PopArt's state), else None."""
+    if isinstance(v, (np.ndarray, np.generic)) and np.size(v) <= 16:
+        return np.asarray(v, np.float64).ravel().tolist()
+    return None
+
+
+def leaves(tree):
+    return flat(tree, digest)
 
 
 if "--cpu" in sys.argv:
@@ -56,18 +74,6 @@ cfg, seeds = _reference_cfg(), _seeds(rng, P)
 learner, replay, singles, replays, win = _build(xp, cfg, P, seeds, [2], rng, features=64)
 g, ga = _graph(xp, "stacked", learner, replay, win), _graph(xp, "alone_2", singles[0], replays[0], win)
 rec = {}
-
-
-def small(tree, pre=""):
-    """Every leaf of at most 16 values, as a list of floats (scalars, PopArt's state)."""
-    if isinstance(tree, dict):
-        out = {}
-        for k, v in tree.items():
-            out.update(small(v, f"{pre}/{k}"))
-        return out
-    if isinstance(tree, (np.ndarray, np.generic)) and np.size(tree) <= 16:
-        return {pre: np.asarray(tree, np.float64).ravel().tolist()}
-    return {}
 
 
 def where_differ(a, b, layout):
@@ -96,8 +102,8 @@ def note(step, agent, single):
             "step": step,
             "online": where_differ(mine["online"]["params"], theirs["online"]["params"], layout),
             "target": where_differ(mine["target"]["params"], theirs["target"]["params"], layout),
-            "learner_small": small(mine),
-            "agent_small": small(theirs),
+            "learner_small": flat(mine, few),
+            "agent_small": flat(theirs, few),
         }
         np.savez(
             sys.argv[1] + ".npz",
