@@ -368,10 +368,10 @@ def gemm_lt_prepare(
     # scratch operands: CuPy allocations are 256-byte aligned
     shapes = ((k, m) if trans_a else (m, k), (n, k) if trans_b else (k, n), (m, n))
     kw = dict(bias=bias, act=act, trans_a=trans_a, trans_b=trans_b, tf32=tf32, stream=s)
-    if batched:
-        operands = [_strided(cupy, sh, batch, st) for sh, st in zip(shapes, strides, strict=True)]
-    else:
-        operands = [cupy.zeros(sh, dtype=np.float32) for sh in shapes]
+    operands = [
+        _strided(cupy, sh, batch, st) if batched else cupy.zeros(sh, dtype=np.float32)
+        for sh, st in zip(shapes, strides, strict=True)
+    ]
     _after_caller(s)  # the operands' blocks and fills are the caller's stream's
     if batched:
         gemm_lt_batched(*operands, algo=algo, **kw)
