@@ -70,7 +70,9 @@ LT_ACTS = ("identity", "relu")
 LT_ALIGN = 16
 #: How a batched plan gets its algorithm (``net.batched_algo``): ``single``, the single GEMM's plan's;
 #: ``probe``, the fastest (timed on the probe's buffers) of the single algorithm and those of the batched
-#: problem's heuristic candidates whose output on random inputs is bitwise the single algorithm's.
+#: problem's heuristic candidates whose output on random inputs is bitwise the single algorithm's. A
+#: single one-kernel GEMM takes the same choice (``gemm_lt(algo=...)``, ``net.gemm_algo``): ``single`` is the
+#: heuristic's first algorithm, ``probe`` a batch of 1 probed against it.
 BATCHED_ALGOS = ("single", "probe")
 #: Candidates the heuristic is asked for under ``probe``.
 PROBE_CANDIDATES = 8
@@ -195,6 +197,7 @@ def gemm_lt(
     trans_b: bool = False,
     tf32: bool = False,
     split_k: bool = True,
+    algo: str = "single",
     stream=None,
 ) -> None:
     """``out = act(op(a) @ op(b) + bias)`` in float32, row-major, through cuBLASLt's epilogue.
@@ -209,6 +212,10 @@ def gemm_lt(
         tf32: allow TF32 tensor-core math (GPU only; ~1e-3 relative error).
         split_k: let the heuristic pick an algorithm that splits K (partial sums, then a reduction
             kernel of its own); ``False`` asks for one-kernel algorithms only (no reduction scheme).
+        algo: :data:`BATCHED_ALGOS`: ``"single"``, the heuristic's first algorithm; ``"probe"`` (with
+            ``split_k=False``), the fastest of it and the heuristic's other one-kernel candidates whose
+            output a probe on random inputs of the key's shapes found bitwise equal to it (the plan of a
+            batch of 1 under :func:`gemm_lt_batched`'s ``probe``; :func:`batched_plan_info`).
         stream: CuPy stream (default: the current stream).
 
     On the GPU the first call of a key (shape, transposes, epilogue, TF32, operand alignment) makes
@@ -218,10 +225,11 @@ def gemm_lt(
     """
     m, n, k = _shapes(a, b, out, trans_a, trans_b, "gemm_lt")
     _check_lt_args(a, b, out, bias, act, n, k)
+    _check_algo(algo, "gemm_lt", split_k)
     if isinstance(out, np.ndarray):
         _lt_numpy(a, b, out, bias, act, trans_a, trans_b)
         return
-    _lt_device("gemm_lt", (m, n, k), a, b, out, bias, act, trans_a, trans_b, tf32, split_k, stream)
+    _lt_device("gemm_lt", (m, n, k), a, b, out, bias, act, trans_a, trans_b, tf32, split_k, stream, algo=algo)
 
 
 def gemm_lt_batched(
@@ -279,9 +287,11 @@ def gemm_lt_batched(
     )
 
 
-def _check_algo(algo: str, what: str) -> None:
+def _check_algo(algo: str, what: str, split_k: bool = False) -> None:
     if algo not in BATCHED_ALGOS:
         raise BlasError(f"{what}: algo must be one of {BATCHED_ALGOS}, got {algo!r}")
+    if algo == "probe" and split_k:
+        raise BlasError(f"{what}: algo='probe' compares one-kernel algorithms: pass split_k=False")
 
 
 def _lt_device(
@@ -303,7 +313,7 @@ def _lt_device(
     key = _lt_key(m, n, k, trans_a, trans_b, bias_ptr, act, tf32, *ptrs, split_k)
     if batch != 1:
         _check_entry_alignment(key, ptrs + (bias_ptr,), strides, batch)
-        key = _batch_key(key, batch, strides, algo)
+    key = _batch_key(key, batch, strides, algo)
     _lt_run(_lt_plan(key, bias_ptr, s), *ptrs, bias_ptr, h.workspace.data.ptr, s.ptr)
 
 
@@ -331,9 +341,9 @@ def gemm_lt_prepare(
     scratch operands (so the chosen kernel has also run once outside a capture) and synchronises
     ``stream``. A batch takes ``strides = (a, b, out)``, each entry's offset in elements (default: packed,
     ``M*K, K*N, M*N``), the bias's from ``bias`` itself, ``split_k=False`` (its only algorithms) and
-    ``algo`` (:data:`BATCHED_ALGOS`; ``"probe"`` runs its probe now).
+    ``algo`` (:data:`BATCHED_ALGOS`; ``"probe"`` runs its probe now, for one GEMM too).
     """
-    _check_algo(algo, "gemm_lt_prepare")
+    _check_algo(algo, "gemm_lt_prepare", split_k)
     import cupy
 
     if act not in LT_ACTS:
@@ -349,9 +359,8 @@ def gemm_lt_prepare(
     bias_ptr = 0 if bias is None else bias.data.ptr
     key = _lt_key(m, n, k, trans_a, trans_b, bias_ptr, act, tf32, LT_ALIGN, LT_ALIGN, LT_ALIGN, split_k)
     strides = tuple(strides) if strides is not None else (m * k, k * n, m * n)
-    if batched:
-        bias_stride = 0 if bias is None or bias.ndim != 2 else bias.strides[0] // bias.itemsize
-        key = _batch_key(key, batch, strides + (bias_stride,), algo)
+    bias_stride = 0 if bias is None or bias.ndim != 2 else bias.strides[0] // bias.itemsize
+    key = _batch_key(key, batch, strides + (bias_stride,), algo)
     if key in _plans:
         return
     if s.is_capturing():
@@ -359,15 +368,15 @@ def gemm_lt_prepare(
     # scratch operands: CuPy allocations are 256-byte aligned
     shapes = ((k, m) if trans_a else (m, k), (n, k) if trans_b else (k, n), (m, n))
     kw = dict(bias=bias, act=act, trans_a=trans_a, trans_b=trans_b, tf32=tf32, stream=s)
-    if batched:
-        operands = [_strided(cupy, sh, batch, st) for sh, st in zip(shapes, strides, strict=True)]
-    else:
-        operands = [cupy.zeros(sh, dtype=np.float32) for sh in shapes]
+    operands = [
+        _strided(cupy, sh, batch, st) if batched else cupy.zeros(sh, dtype=np.float32)
+        for sh, st in zip(shapes, strides, strict=True)
+    ]
     _after_caller(s)  # the operands' blocks and fills are the caller's stream's
     if batched:
         gemm_lt_batched(*operands, algo=algo, **kw)
     else:
-        gemm_lt(*operands, split_k=split_k, **kw)
+        gemm_lt(*operands, split_k=split_k, algo=algo, **kw)
     s.synchronize()  # the scratch operands outlive the GEMM
 
 
@@ -391,14 +400,14 @@ def plan_key(
     bias): what :func:`gemm_lt_prepare` makes for a layer's forward, named without a device. With
     ``batch`` > 1, the :func:`gemm_lt_batched` plan of that many entries ``strides = (a, b, out, bias)``
     elements apart (``split_k=False``, the batch's only algorithms) and its ``algo`` (:data:`BATCHED_ALGOS`)."""
-    _check_algo(algo, "plan_key")
+    _check_algo(algo, "plan_key", split_k)
     if act not in LT_ACTS:
         raise BlasError(f"plan_key: act must be one of {LT_ACTS}, got {act!r}")
     if batch != 1 and (strides is None or split_k):
         raise BlasError("plan_key: a batch needs its strides (a, b, out, bias) and split_k=False")
     bias_ptr = bias_align  # an address with exactly that alignment (up to the 256 the key counts)
     key = _lt_key(m, n, k, trans_a, trans_b, bias_ptr, act, tf32, LT_ALIGN, LT_ALIGN, LT_ALIGN, split_k)
-    return key if batch == 1 else _batch_key(key, batch, strides, algo)
+    return _batch_key(key, batch, strides, algo)
 
 
 def warm_plans(keys) -> None:
@@ -587,11 +596,14 @@ def _check_entry_alignment(key: tuple, ptrs: tuple, strides: tuple, batch: int) 
 _BASE_KEY = 12
 
 
-def _batch_key(key: tuple, batch: int, strides: tuple, algo: str = "single") -> tuple:
+def _batch_key(key: tuple, batch: int, strides: tuple | None, algo: str = "single") -> tuple:
     """The plan key of ``batch`` GEMMs of ``key`` with leading ``strides`` (a, b, out, bias; elements)
-    and the algorithm choice ``algo``. A batch of 1 is the single GEMM's own key: the same plan, the same
-    call."""
-    return key if batch == 1 else key + (int(batch),) + tuple(int(x) for x in strides) + (str(algo),)
+    and the algorithm choice ``algo``. A batch of 1 under ``single`` is the single GEMM's own key: the same
+    plan, the same call; under ``probe`` a key of its own (no strides), whose plan probes the heuristic's
+    other candidates against the single one's."""
+    if batch == 1:
+        return key if algo == "single" else key + (1, 0, 0, 0, 0, str(algo))
+    return key + (int(batch),) + tuple(int(x) for x in strides) + (str(algo),)
 
 
 def _extents(key: tuple) -> tuple[int, int, int, int]:
@@ -1009,7 +1021,8 @@ def _algo_config(algo: _LtAlgo) -> dict:
 
 
 def batched_plan_info() -> dict:
-    """Per batched plan made in this process (its key, :func:`plan_key`'s form): a record of what it
+    """Per batched plan made in this process, and per probed single GEMM (``gemm_lt(algo="probe")``: a batch
+    of 1), keyed by :func:`plan_key`'s form: a record of what it
     chose: ``shape`` (``"[MxK] x [KxN]"``), ``m n k trans_a trans_b epilogue tf32``, ``batch``, ``mode``
     (:data:`BATCHED_ALGOS`), ``single`` and ``chosen`` (the single plan's algorithm and the batch's:
     ``algo_id``, ``tile``, ``tile_name``, ``stages``, ``splitk``, ``reduction``, ``swizzle``, ``custom``,
@@ -1202,7 +1215,8 @@ class _LtPlan:
         ``cublasLtMatmulAlgoCheck`` accepts it for the batch (and its workspace fits); under ``probe``, a
         batched candidate instead where :meth:`_probe` finds one with the same bits that runs faster."""
         count, stride_a, stride_b, stride_out, stride_bias, algo = key[_BASE_KEY:]
-        for lay, stride in ((self.layout_a, stride_b), (self.layout_b, stride_a), (self.layout_d, stride_out)):
+        batch_layouts = ((self.layout_a, stride_b), (self.layout_b, stride_a), (self.layout_d, stride_out))
+        for lay, stride in batch_layouts if count > 1 else ():  # a probed single GEMM keeps its layouts
             for attr, value, name in (
                 (_LAYOUT_BATCH_COUNT, ctypes.c_int32(count), "BATCH_COUNT"),
                 (_LAYOUT_STRIDED_BATCH_OFFSET, ctypes.c_int64(stride), "STRIDED_BATCH_OFFSET"),

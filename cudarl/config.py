@@ -350,6 +350,16 @@ class NetConfig:
     setting. The trade, predicted from the dW GEMMs timed alone (docs/perf-notes.md, "The agent axis, in
     stages"): ``one_kernel`` costs one agent a little and saves a population much. The NumPy backend
     computes the same product either way."""
+    gemm_algo: str = "heuristic"
+    """The algorithm of the linear layers' one-kernel cuBLASLt GEMMs (GPU: the forward and input-gradient
+    GEMMs under ``gemm = "cublaslt_nosplit"`` or ``"cudarl"``, the weight gradients' under
+    ``dw_gemm = "one_kernel"``): ``heuristic`` runs cuBLASLt's heuristic's first one-kernel algorithm;
+    ``probe``, when each plan is made (before capture), asks the heuristic for its other one-kernel
+    candidates, keeps those whose output on random inputs of the plan's shapes is bitwise the first's,
+    times them and the first there and adopts the fastest (``cudarl.blas.gemm_lt(algo="probe")``, the
+    probe of ``batched_algo = "probe"`` for a batch of one; ``cudarl.blas.batched_plan_info`` says what each
+    plan chose). Same bits as ``heuristic`` wherever the probe's evidence holds (it is evidence on its
+    inputs, not a proof); its verdicts are kept on disk as ``batched_algo``'s. The NumPy backend ignores it."""
     batched_algo: str = "single"
     """The algorithm of a joined population's strided-batched cuBLASLt GEMMs (``run.population = "joined"``;
     GPU; ``cudarl.blas.BATCHED_ALGOS``): ``single`` runs the algorithm the single agent's plan chose for one
@@ -368,7 +378,7 @@ class NetConfig:
         s = "net"
         from .blas import BATCHED_ALGOS
         from .nn.encoders import ENCODERS
-        from .nn.layers import DW_GEMMS, GEMMS
+        from .nn.layers import DW_GEMMS, GEMM_ALGOS, GEMMS
         from .rules import HEAD_RULES
 
         _need(s, self.encoder in ENCODERS, f"encoder must be one of {sorted(ENCODERS)}, got {self.encoder!r}")
@@ -393,6 +403,7 @@ class NetConfig:
         _in(s, "n_cos", self.n_cos, 1, 1024, integer=True)
         _need(s, self.gemm in GEMMS, f"gemm must be one of {list(GEMMS)}, got {self.gemm!r}")
         _need(s, self.dw_gemm in DW_GEMMS, f"dw_gemm must be one of {list(DW_GEMMS)}, got {self.dw_gemm!r}")
+        _need(s, self.gemm_algo in GEMM_ALGOS, f"gemm_algo must be one of {list(GEMM_ALGOS)}, got {self.gemm_algo!r}")
         _need(
             s,
             self.batched_algo in BATCHED_ALGOS,

@@ -58,7 +58,6 @@ def make_encoder(kind: str, F: int, **kw):
     """The encoder ``kind`` over ``F`` features a bar, with constructor arguments ``kw``."""
     from cudarl.nn.encoders import AttentionEncoder, SSMEncoder
 
-    kw.setdefault("gemm", Config().net.gemm)  # the agent's linear layers' GEMMs (the encoders' own default: cublas)
     return {"ssm": SSMEncoder, "attention": AttentionEncoder}[kind]("enc", F, **kw)
 
 
@@ -94,18 +93,23 @@ def _failed(rows, case: str, exc: BaseException) -> None:
 
 
 # --- cudarl ----------------------------------------------------------------------------------------------
-def cudarl_step(kind: str, s: dict, x_np, x1_np, dpsi_np, tf32: bool, args):
-    """Rows of cudarl's encoder step and acting, the step's replay time, and (psi, grads) of one eager step."""
+def cudarl_step(kind: str, s: dict, x_np, x1_np, dpsi_np, tf32: bool, args, algo: str = "heuristic"):
+    """Rows of cudarl's encoder step and acting, the step's replay time, and (psi, grads) of one eager step;
+    ``algo``: the linear layers' one-kernel GEMM choice (``net.gemm_algo``)."""
     import cupy as cp
 
     from cudarl.graph import StepGraph
     from cudarl.nn.encoders import Standalone
+    from cudarl.nn.layers import GEMM_ALGOS
 
     a = shapes(kind, s)
     mk = lambda: make_encoder(kind, s["F"], tf32=tf32, **a)  # noqa: E731
     online = Standalone(mk(), cp, np.float32, seed=0)
     target = Standalone(mk(), cp, np.float32, params=online.params.get())
     enc, tenc = online.enc, target.enc
+    for lin in (*enc.linears, *tenc.linears):  # before the workspaces make the plans
+        lin.lt_algo = GEMM_ALGOS[algo]
+    suffix = "" if algo == "heuristic" else f"_{algo}"
     ws, ws1, wt = online.workspace(s["B"]), online.workspace(s["B"]), target.workspace(s["B"])
     x, x1, dpsi = cp.asarray(x_np), cp.asarray(x1_np), cp.asarray(dpsi_np)
 
@@ -115,7 +119,7 @@ def cudarl_step(kind: str, s: dict, x_np, x1_np, dpsi_np, tf32: bool, args):
         enc.backward(x, ws)
 
     g = StepGraph(
-        f"bench_{kind}{'_tf32' if tf32 else ''}",
+        f"bench_{kind}{'_tf32' if tf32 else ''}{suffix}",
         [
             ("online_s", online_s),
             ("online_s1", lambda: enc.forward(x1, ws1)),
@@ -126,7 +130,7 @@ def cudarl_step(kind: str, s: dict, x_np, x1_np, dpsi_np, tf32: bool, args):
     g.run_eager()
     g.synchronize()
     first = (ws.rows(f"{enc.out_name}.out").get(), online.grads.get())
-    tag = f"cudarl {kind} {'tf32' if tf32 else 'fp32'}"
+    tag = f"cudarl {kind} {'tf32' if tf32 else 'fp32'}{suffix.replace('_', ' ')}"
     rows = [row(tag, "encoder step eager", cuda_time_us(g.run_eager, g.stream, args.repeats), "us")]
     g.capture()
     replay = cuda_time_us(g.replay, g.stream, args.repeats)
@@ -138,14 +142,18 @@ def cudarl_step(kind: str, s: dict, x_np, x1_np, dpsi_np, tf32: bool, args):
     state = enc.new_state(s["envs"])
     gen = np.random.default_rng(1)
     bar = cp.asarray(gen.standard_normal((s["envs"], s["F"])).astype(np.float32))
-    act = StepGraph(f"bench_{kind}_act{'_tf32' if tf32 else ''}", [("act", lambda: enc.step(state, bar))], xp=cp)
+    act = StepGraph(
+        f"bench_{kind}_act{'_tf32' if tf32 else ''}{suffix}", [("act", lambda: enc.step(state, bar))], xp=cp
+    )
     act.capture()
     one_bar = cuda_time_us(act.replay, act.stream, args.repeats)
     rows.append(row(tag, f"acting, {s['envs']} envs, one bar over the recurrent state (graph replay)", one_bar, "us"))
     ws_act = online.workspace(s["envs"])
     windows = cp.asarray(gen.standard_normal((s["envs"], s["W"] * s["F"])).astype(np.float32))
     act = StepGraph(
-        f"bench_{kind}_window{'_tf32' if tf32 else ''}", [("act", lambda: enc.forward(windows, ws_act))], xp=cp
+        f"bench_{kind}_window{'_tf32' if tf32 else ''}{suffix}",
+        [("act", lambda: enc.forward(windows, ws_act))],
+        xp=cp,
     )
     act.capture()
     reencode = cuda_time_us(act.replay, act.stream, args.repeats)
@@ -153,6 +161,28 @@ def cudarl_step(kind: str, s: dict, x_np, x1_np, dpsi_np, tf32: bool, args):
         row(tag, f"acting, {s['envs']} envs, re-encoding the {s['W']}-bar window (graph replay)", reencode, "us")
     )
     return rows, replay, first, online
+
+
+def probe_rows(kind: str, tf32: bool, by_algo: dict) -> list:
+    """``net.gemm_algo = "probe"`` against ``"heuristic"``: the step's speed-up, whether psi and the gradients
+    of the first eager step are the same bits, and how many probed plans run another algorithm."""
+    from cudarl import blas
+
+    (t_h, f_h), (t_p, f_p) = by_algo["heuristic"], by_algo["probe"]
+    same = all(np.array_equal(a.view(np.uint32), b.view(np.uint32)) for a, b in zip(f_h, f_p, strict=True))
+    probed = [p for p in blas.batched_plan_info().values() if p["batch"] == 1 and p["tf32"] == tf32]
+    tag = f"cudarl {kind} {'tf32' if tf32 else 'fp32'}, probe vs heuristic"
+    return [
+        row(tag, "encoder step (graph replay) speed-up", t_h / t_p, "x"),
+        row(tag, "psi and gradients bitwise equal", int(same), "", "1"),
+        row(
+            tag,
+            "probed plans (all kinds so far) / on another algorithm",
+            len(probed),
+            "",
+            f"{sum(p['changed'] for p in probed)} changed",
+        ),
+    ]
 
 
 # --- PyTorch -------------------------------------------------------------------------------------------
@@ -235,6 +265,12 @@ def main() -> int:
     ap.add_argument("--small", action="store_true", help="tiny shapes: a smoke run")
     ap.add_argument("--no-torch", action="store_true", help="skip the PyTorch arms and the check")
     ap.add_argument("--chunk", type=int, default=Config().net.ssm_chunk, help="ssm: the training scan's chunk")
+    ap.add_argument(
+        "--gemm-algo",
+        choices=["heuristic", "probe", "both"],
+        default=Config().net.gemm_algo,
+        help="net.gemm_algo of cudarl's arms; both: each, with the probe's speed-up and whether its bits are the same",
+    )
     args = ap.parse_args()
     s = dict(SMALL if args.small else FULL, chunk=args.chunk)
     rng = np.random.default_rng(0)
@@ -259,20 +295,26 @@ def main() -> int:
         if run_flops != step_flops:
             rows.append(row(kind, "step FLOPs as run (top block: last bar)", run_flops / 1e9, "GFLOP"))
         ours, P, first = {}, None, None
-        if not why:
-            for tf32 in (False, True):
+        algos = ("heuristic", "probe") if args.gemm_algo == "both" else (args.gemm_algo,)
+        for tf32 in (False, True) if not why else ():
+            by_algo = {}
+            for algo in algos:
+                tag = f"cudarl {kind} {'tf32' if tf32 else 'fp32'}{'' if algo == 'heuristic' else ' ' + algo}"
                 try:
-                    r, replay, f, online = cudarl_step(kind, s, x_np, x1_np, dpsi_np, tf32, args)
+                    r, replay, f, online = cudarl_step(kind, s, x_np, x1_np, dpsi_np, tf32, args, algo)
                     rows += r
-                    ours[tf32] = replay
+                    by_algo[algo] = (replay, f)
                     tflops = run_flops / (replay * 1e-6) / 1e12
-                    tag = f"cudarl {kind} {'tf32' if tf32 else 'fp32'}"
                     rows.append(row(tag, "achieved (step)", tflops, "TFLOP/s", f"{tflops / peak:.1%} of FP32 peak"))
-                    if not tf32:
+                    if algo == algos[0]:
+                        ours[tf32] = replay
+                    if not tf32 and algo == algos[0]:
                         P, first = online.P, f
                         online_layout = online.layout
                 except Exception as exc:
-                    _failed(rows, f"cudarl {kind} {'tf32' if tf32 else 'fp32'}", exc)
+                    _failed(rows, tag, exc)
+            if len(by_algo) == 2:
+                rows += probe_rows(kind, tf32, by_algo)
         if args.no_torch:
             continue
         if P is None:  # no GPU: the twin on cudarl's initial weights (NumPy)

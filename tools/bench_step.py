@@ -312,27 +312,27 @@ def encoder_arms(args, rows, extra) -> None:
     from cudarl.bench import ENCODER_WORKLOAD, encoder_config, step_benchmark
 
     extra["encoder_workload"] = ENCODER_WORKLOAD
-    for encoder in ("ssm", "attention"):
-        for tf32 in (False, True):
-            label = f", net.encoder={encoder}{', net.tf32' if tf32 else ''}"
-            try:
-                got = step_benchmark(
-                    repeats=max(20, args.repeats // 4),
-                    cfg=encoder_config(encoder, tf32=tf32),
-                    phases=not tf32,  # the phase profile once per encoder
-                    label=label,
-                )
-                for r in got:
-                    if r["metric"] == "train step (graph replay)":
-                        r["target"] = "<= 600 us" if tf32 else "<= 2500 us"
-                    if r["metric"].startswith("collect step"):
-                        r["target"] = ""
-                rows += got
-                extra.setdefault("encoder_steps_us", {})[label.lstrip(", ")] = {
-                    r["metric"]: r["value"] for r in got if r["unit"] == "us"
-                }
-            except Exception as exc:
-                _failed(rows, "cudarl step_benchmark" + label, exc)
+    algos = ("heuristic", "probe") if args.gemm_algo_arms else ("heuristic",)
+    for encoder, tf32, algo in ((e, t, a) for e in ("ssm", "attention") for t in (False, True) for a in algos):
+        label = f", net.encoder={encoder}{', net.tf32' if tf32 else ''}{', net.gemm_algo=probe' * (algo == 'probe')}"
+        try:
+            got = step_benchmark(
+                repeats=max(20, args.repeats // 4),
+                cfg=encoder_config(encoder, tf32=tf32, gemm_algo=algo),
+                phases=not tf32 and algo == "heuristic",  # the phase profile once per encoder
+                label=label,
+            )
+            for r in got:
+                if r["metric"] == "train step (graph replay)":
+                    r["target"] = "<= 600 us" if tf32 else "<= 2500 us"
+                if r["metric"].startswith("collect step"):
+                    r["target"] = ""
+            rows += got
+            extra.setdefault("encoder_steps_us", {})[label.lstrip(", ")] = {
+                r["metric"]: r["value"] for r in got if r["unit"] == "us"
+            }
+        except Exception as exc:
+            _failed(rows, "cudarl step_benchmark" + label, exc)
 
 
 def aux_arms(args, rows, extra, device: str = "gpu") -> None:
@@ -453,6 +453,11 @@ def main() -> int:
         help="also time the step with the other GEMM options (net.gemm, net.tf32)",
     )
     ap.add_argument(
+        "--gemm-algo-arms",
+        action="store_true",
+        help="also time the encoder arms under net.gemm_algo = probe (the MLP's is among --net-variants)",
+    )
+    ap.add_argument(
         "--dw-variants",
         action=argparse.BooleanOptionalAction,
         default=True,
@@ -499,7 +504,10 @@ def main() -> int:
             from cudarl.nn.layers import GEMMS  # every net.gemm option, so a new one is timed too
 
             default_gemm = reference_config().net.gemm
+            from cudarl.nn.layers import GEMM_ALGOS  # and every net.gemm_algo option
+
             variants += [{"gemm": g} for g in GEMMS if g != default_gemm] + [{"tf32": True}]
+            variants += [{"gemm_algo": a} for a in GEMM_ALGOS if a != reference_config().net.gemm_algo]
         if args.dw_variants:
             from cudarl.nn.layers import DW_GEMMS  # every net.dw_gemm option
 

@@ -37,7 +37,7 @@ from ..backend import family, to_numpy
 from ..graph import SideStream
 from ..nn.encoders import ENCODERS
 from ..nn.layers import Linear
-from ..nn.network import _walk
+from ..nn.network import _walk, configure_linear
 from ..nn.params import ParamLayout, Workspace
 from .base import AuxBase, SubBatch
 from .future import host_values, param_span
@@ -84,7 +84,7 @@ class Denoise(AuxBase):
             self.ws.add(name, row, merge=merge)
         for lin in _walk([self.enc, self.dec]):
             if isinstance(lin, Linear):
-                lin.dw_gemm = cfg.dw_gemm  # as the network's layers (QNetwork sets theirs)
+                configure_linear(lin, cfg)  # as the network's layers
                 lin.prepare(B)
                 lin.prepare_backward(B)
         lo, hi = param_span(net, "enc.")

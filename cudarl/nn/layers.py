@@ -40,6 +40,8 @@ GEMMS = ("cublas", "cublaslt", "cublaslt_nosplit", "cudarl")
 #: The weight gradients' GEMM algorithm (``net.dw_gemm``, docs/config.md): cuBLAS with its split-K, or
 #: one-kernel cuBLASLt (``blas.gemm_lt(split_k=False)``, what a batch of members reproduces).
 DW_GEMMS = ("split_k", "one_kernel")
+#: ``net.gemm_algo`` -> the one-kernel cuBLASLt GEMMs' algorithm choice (:data:`cudarl.blas.BATCHED_ALGOS`).
+GEMM_ALGOS = {"heuristic": "single", "probe": "probe"}
 _LT_ACTS = {IDENTITY: "identity", RELU: "relu"}  # the activations cuBLASLt's epilogue applies
 
 
@@ -119,6 +121,9 @@ class Linear(Module):
         #: take the shapes (K, N multiples of 4, aligned, at most panel.MAX_ROWS rows), else as
         #: ``cublaslt_nosplit``.
         self.lt_all = gemm in ("cublaslt_nosplit", "cudarl")
+        #: The one-kernel cuBLASLt GEMMs' algorithm choice (:data:`cudarl.blas.BATCHED_ALGOS`; QNetwork sets it
+        #: from ``net.gemm_algo``): ``single``, the heuristic's first; ``probe``, a bitwise-equal faster one.
+        self.lt_algo = "single"
         self.panel = gemm == "cudarl" and self.act in _LT_ACTS and not tf32  # the panel kernels are fp32
 
     def alloc_state(self, xp, dtype, seed: int, stream_id: int) -> None:
@@ -187,8 +192,12 @@ class Linear(Module):
             batch * self.rows,
             self.n_out,
             self.n_in,
-            {"act": self.lt_act, "tf32": self.tf32, "split_k": not self.lt_all},
+            {"act": self.lt_act, "tf32": self.tf32, "split_k": not self.lt_all, "algo": self._algo(not self.lt_all)},
         )
+
+    def _algo(self, split_k: bool) -> str:
+        """The algorithm choice of a cuBLASLt GEMM of this layer: :attr:`lt_algo` for a one-kernel one."""
+        return "single" if split_k else self.lt_algo
 
     def forward_plan_key(self, batch: int):
         """The :func:`cudarl.blas.plan_key` of the plan :meth:`prepare` makes for ``batch`` samples, or
@@ -211,11 +220,11 @@ class Linear(Module):
         backward inside a capture needs them made."""
         if isinstance(self.P[f"{self.name}.bias"], np.ndarray):
             return
-        m = batch * self.rows
+        m, one_kernel = batch * self.rows, {"tf32": self.tf32, "split_k": False, "algo": self.lt_algo}
         if self.lt_all:
-            blas.gemm_lt_prepare(m, self.n_in, self.n_out, trans_b=True, tf32=self.tf32, split_k=False)
+            blas.gemm_lt_prepare(m, self.n_in, self.n_out, trans_b=True, **one_kernel)
         if self.dw_gemm == "one_kernel":
-            blas.gemm_lt_prepare(self.n_in, self.n_out, m, trans_a=True, tf32=self.tf32, split_k=False)
+            blas.gemm_lt_prepare(self.n_in, self.n_out, m, trans_a=True, **one_kernel)
 
     def forward(self, x, ws: Workspace):
         y = ws.rows(f"{self.name}.out", x.shape[0] // self.rows)
@@ -229,7 +238,10 @@ class Linear(Module):
                 panel.nn_bias_act(x, W, bias, y, self.act)
                 return y
         if self.lt_act is not None and not isinstance(y, np.ndarray) and x.data.ptr % blas.LT_ALIGN == 0:
-            blas.gemm_lt(x, self.weight(), y, bias=bias, act=self.lt_act, tf32=self.tf32, split_k=not self.lt_all)
+            split = not self.lt_all
+            blas.gemm_lt(
+                x, self.weight(), y, bias=bias, act=self.lt_act, tf32=self.tf32, split_k=split, algo=self._algo(split)
+            )
             return y
         matmul(x, self.weight(), y, tf32=self.tf32)
         self.ops.bias_act_forward(y, bias, y, self.act)
@@ -248,7 +260,7 @@ class Linear(Module):
                 panel.nt(dz, W, dx)
                 return
         if self.lt_all and gpu_overwrite and all(t.data.ptr % blas.LT_ALIGN == 0 for t in (dz, W, dx)):
-            blas.gemm_lt(dz, W, dx, trans_b=True, tf32=self.tf32, split_k=False)
+            blas.gemm_lt(dz, W, dx, trans_b=True, tf32=self.tf32, split_k=False, algo=self.lt_algo)
             return
         matmul(dz, W, dx, trans_b=True, beta=1.0 if accumulate else 0.0, tf32=self.tf32)
 
@@ -260,7 +272,7 @@ class Linear(Module):
         5.5 + 2.5 for the split pair (ncu on an H200 at 3707fef), so it stays the default."""
         if self.dw_gemm == "one_kernel" and out.dtype == np.float32:
             if isinstance(out, np.ndarray) or all(t.data.ptr % blas.LT_ALIGN == 0 for t in (x, dz, out)):
-                blas.gemm_lt(x, dz, out, trans_a=True, tf32=self.tf32, split_k=False)
+                blas.gemm_lt(x, dz, out, trans_a=True, tf32=self.tf32, split_k=False, algo=self.lt_algo)
                 return
         matmul(x, dz, out, trans_a=True, tf32=self.tf32)
 

@@ -11,7 +11,7 @@ from ..config import NetConfig
 from ..graph import SideStream
 from .encoders import ENCODERS
 from .heads import PlanHead
-from .layers import Linear
+from .layers import GEMM_ALGOS, Linear
 from .params import ParamLayout, Workspace
 
 
@@ -68,8 +68,16 @@ def forward_plan_keys(
     .new_workspace(batch)`` makes, without making the network (for :func:`cudarl.blas.warm_plans` before
     the device is up)."""
     mods = _in_order(*_modules(int(n_in), int(n_actions), net, extra_heads, input_gate))
-    keys = (lin.forward_plan_key(batch) for lin in _walk(mods) if isinstance(lin, Linear))
+    keys = (configure_linear(lin, net).forward_plan_key(batch) for lin in _walk(mods) if isinstance(lin, Linear))
     return [k for k in keys if k is not None]
+
+
+def configure_linear(lin: Linear, net: NetConfig) -> Linear:
+    """``lin`` with the GEMM choices of ``net`` that every linear layer takes, whichever module built it (an
+    auxiliary head's too): ``net.dw_gemm`` and ``net.gemm_algo``."""
+    lin.dw_gemm = net.dw_gemm
+    lin.lt_algo = GEMM_ALGOS[net.gemm_algo]
+    return lin
 
 
 class QNetwork:
@@ -146,8 +154,8 @@ class QNetwork:
         for m in self.modules:
             m.bind(self.P, self.G, xp)
         self.linears = {lin.name: lin for lin in _walk(self.modules) if isinstance(lin, Linear)}
-        for lin in self.linears.values():  # whichever module built the layer (an auxiliary head's too)
-            lin.dw_gemm = net.dw_gemm
+        for lin in self.linears.values():
+            configure_linear(lin, net)
         self._branched: list[Workspace] = []  # the workspaces whose extra heads run on a branch
         unknown = set(net.spectral) - set(self.linears)
         if unknown:

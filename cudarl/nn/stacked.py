@@ -30,7 +30,7 @@ from ..config import NetConfig
 from ..pinned import member_index
 from ..reference.nn import IDENTITY
 from .layers import Linear
-from .network import QNetwork, _declare, _modules, _walk
+from .network import QNetwork, _declare, _modules, _walk, configure_linear
 from .params import Workspace, matmul, member_view, stacked_zeros
 
 #: The one ``net.gemm`` whose GEMMs a batch can reproduce: the forward and dx as one-kernel cuBLASLt GEMMs.
@@ -149,7 +149,7 @@ class StackedQNetwork:
         #: describe the shapes and GEMM options
         self.linears = [m for m in _walk([self.encoder, self.head]) if isinstance(m, Linear)]
         for lin in self.linears:  # as QNetwork sets its layers'
-            lin.dw_gemm = net.dw_gemm
+            configure_linear(lin, net)
         host = np.stack([self.layout.init_host(s, np.float32) for s in seeds])
         self.params = xp.asarray(host)
         self.grads = xp.zeros_like(self.params)

@@ -50,3 +50,11 @@ done
 t gpu_check; export CUDARL_COMMIT=$2; PARALLEL=6 BENCHES=tools/bench_step.py BENCH_ARGS="--no-epoch --no-net-variants --no-dw-variants" DEADLINE_S=330 OUT=$OUT/gc BENCH_DIR=/tmp/bench bash tools/gpu_check.sh > $OUT/gc.log 2>&1
 grep -E "GPU tests:|^FAILED" $OUT/gc.log | head; cp docs/gpu-report.md $OUT/
 fi
+# G (branch gemm-probe): net.gemm_algo = "probe" (the linear layers' one-kernel cuBLASLt GEMMs probed as a batch of
+#    one): its GPU tests (each probed GEMM bitwise the heuristic's, trainers bit for bit), the batched probe's
+#    tests, then bench_encoders with both choices (speed-up, bits, plans changed).
+if [ "$1" = G ]; then
+t tests; timeout 150 python3 -m pytest -m gpu -q -p no:cacheprovider -s tests/unit/test_gemm_algo.py tests/parity/test_blas.py -k "probe or plan" 2>&1 | grep -E "^E  |^FAILED|probed, equal|passed|failed" | tail -30
+t bench; PYTHONPATH=. timeout 170 python3 tools/bench_encoders.py --kind both --no-torch --gemm-algo both --out $OUT/enc_probe.json > $OUT/enc_probe.log 2>&1
+grep -E "step \(graph|probe vs|failed" $OUT/enc_probe.log | tail -24
+fi

@@ -584,8 +584,9 @@ def test_batched_plan_keys_extend_the_single_key():
 
 def test_batched_plan_keys_carry_the_algo_choice_and_numpy_ignores_it(rng):
     """net.batched_algo's values (blas.BATCHED_ALGOS) are the last element of a batched key, so a "probe"
-    plan is a plan of its own beside the "single" one; a batch of 1 is the single key whatever the choice;
-    an unknown choice is refused by name; NumPy runs the same math under either."""
+    plan is a plan of its own beside the "single" one; a batch of 1 is the single key under "single" and a
+    probed single GEMM's key of its own under "probe" (one-kernel only); an unknown choice is refused by
+    name; NumPy runs the same math under either."""
     strides = (512 * 64, 64 * 256, 512 * 256, 256)
     kw = dict(bias_align=256, act="relu", split_k=False, batch=64, strides=strides)
     single, probe = (blas.plan_key(512, 256, 64, algo=algo, **kw) for algo in ("single", "probe"))
@@ -595,7 +596,12 @@ def test_batched_plan_keys_carry_the_algo_choice_and_numpy_ignores_it(rng):
     assert blas._extents(probe) == blas._extents(single)
     assert "algo probe" in blas._describe(probe)
     base = blas.plan_key(512, 256, 64, bias_align=256, act="relu", split_k=False)
-    assert blas._batch_key(base, 1, strides, "probe") == base
+    assert blas._batch_key(base, 1, strides, "single") == base
+    one = blas.plan_key(512, 256, 64, bias_align=256, act="relu", split_k=False, algo="probe")
+    assert blas._batch_key(base, 1, strides, "probe") == one == base + (1, 0, 0, 0, 0, "probe")
+    assert blas._extents(one) == blas._extents(base) and "batch 1" in blas._describe(one)
+    with pytest.raises(blas.BlasError, match="algo='probe' compares one-kernel algorithms"):
+        blas.plan_key(512, 256, 64, bias_align=256, algo="probe")  # split_k defaults to True
     with pytest.raises(blas.BlasError, match=r"plan_key: algo must be one of \('single', 'probe'\), got 'best'"):
         blas.plan_key(512, 256, 64, algo="best", **kw)
     a, b, bias, out = _batched_operands(np, rng, 3, 7, 13, 5, False, True, True)

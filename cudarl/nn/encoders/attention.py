@@ -24,6 +24,7 @@ from __future__ import annotations
 import numpy as np
 
 from ...backend import family
+from ...config import NetConfig as _NET
 from ..params import ParamLayout, Workspace
 from .base import SequenceEncoder
 
@@ -52,7 +53,7 @@ class AttentionEncoder(SequenceEncoder):
         heads: int,
         mlp_ratio: int,
         tf32: bool = False,
-        gemm: str = "cublas",
+        gemm: str = _NET.gemm,
     ):
         super().__init__(name, n_features, window=window, d_model=d_model, layers=layers, tf32=tf32, gemm=gemm)
         self.H = int(heads)

@@ -35,6 +35,7 @@ import math
 import numpy as np
 
 from ...backend import family
+from ...config import NetConfig as _NET
 from ...reference.seq import n_parts
 from ...reference.ssm import n_states
 from ..params import ParamLayout, Workspace
@@ -79,7 +80,7 @@ class SSMEncoder(SequenceEncoder):
         conv_kernel: int,
         chunk: int,
         tf32: bool = False,
-        gemm: str = "cublas",
+        gemm: str = _NET.gemm,
     ):
         super().__init__(name, n_features, window=window, d_model=d_model, layers=layers, tf32=tf32, gemm=gemm)
         self.E, self.N, self.Ph, self.G = int(expand) * self.d, int(d_state), int(headdim), int(groups)
