@@ -80,42 +80,55 @@ __device__ __forceinline__ void tile_acc(float (&acc)[TM][TN], int i0, int j0, i
   }
 }
 
-// Operands stored along k: a(i, k) = p[i ld + k] (RowsK) and b(k, j) = p[j ld + k] (ColsK): the scan's C B^T and
-// C S^T. tile_acc takes them four k at a time through 16-byte shared loads where every row starts on 16 bytes
-// (ld and the range a multiple of 4, p aligned: ssd_forward's rows of N + 4 floats), else one at a time.
+// Operands stored along k: a(i, k) = p[i ld + k] (RowsK), b(k, j) = p[j ld + k] (ColsK) and b(k, j) = s[j] p[j ld + k]
+// (ScaledColsK): the scan's C B^T, C S^T, B dS^T and dy (dt x)^T. tile_acc takes them four k at a time through
+// 16-byte shared loads where every row starts on 16 bytes (ld and the range a multiple of 4, p aligned: the scans'
+// rows of N + 4 and P + 4 floats), else one at a time. load4 gives the four values at k .. k + 3 of row i (or
+// column j) as one would read them one at a time (ScaledColsK: the same products s[j] p[...]).
 struct RowsK {
   const float* p;
   int ld;
   __device__ float operator()(int i, int k) const { return p[i * ld + k]; }
+  __device__ float4 load4(int i, int k) const { return *reinterpret_cast<const float4*>(p + i * ld + k); }
 };
 struct ColsK {
   const float* p;
   int ld;
   __device__ float operator()(int k, int j) const { return p[j * ld + k]; }
+  __device__ float4 load4(int j, int k) const { return *reinterpret_cast<const float4*>(p + j * ld + k); }
+};
+struct ScaledColsK {
+  const float* p;
+  int ld;
+  const float* s;
+  __device__ float operator()(int k, int j) const { return s[j] * p[j * ld + k]; }
+  __device__ float4 load4(int j, int k) const {
+    const float4 v = *reinterpret_cast<const float4*>(p + j * ld + k);
+    const float c = s[j];
+    return {c * v.x, c * v.y, c * v.z, c * v.w};
+  }
 };
 
 __device__ __forceinline__ bool rows_of_16_bytes(const float* p, int ld) {
   return ld % 4 == 0 && (reinterpret_cast<unsigned long long>(p) & 15) == 0;
 }
 
-// tile_acc for RowsK x ColsK: the same multiply-adds in the same order (k ascending for every acc[u][v]), so the
-// same sums, with TM + TN 16-byte loads feeding 4 TM TN multiply-adds where the rows allow.
-template <int TM, int TN>
-__device__ __forceinline__ void tile_acc(float (&acc)[TM][TN], int i0, int j0, int J, int M, int Nn, int k0, int k1,
-                                         RowsK a, ColsK b) {
+// tile_acc for RowsK x (Scaled)ColsK: the same multiply-adds in the same order (k ascending for every acc[u][v]),
+// so the same sums, with TM + TN 16-byte loads feeding 4 TM TN multiply-adds where the rows allow.
+template <int TM, int TN, typename FB>
+__device__ __forceinline__ void tile_acc_k4(float (&acc)[TM][TN], int i0, int j0, int J, int M, int Nn, int k0,
+                                            int k1, RowsK a, FB b) {
   if (k0 % 4 != 0 || (k1 - k0) % 4 != 0 || !rows_of_16_bytes(a.p, a.ld) || !rows_of_16_bytes(b.p, b.ld)) {
-    tile_acc<TM, TN, RowsK, ColsK>(acc, i0, j0, J, M, Nn, k0, k1, a, b);  // the generic form
+    tile_acc<TM, TN, RowsK, FB>(acc, i0, j0, J, M, Nn, k0, k1, a, b);  // the generic form
     return;
   }
   const float4 zero = {0.f, 0.f, 0.f, 0.f};
   for (int k = k0; k < k1; k += 4) {
     float4 av[TM], bv[TN];
 #pragma unroll
-    for (int u = 0; u < TM; ++u)
-      av[u] = i0 + u < M ? *reinterpret_cast<const float4*>(a.p + (i0 + u) * a.ld + k) : zero;
+    for (int u = 0; u < TM; ++u) av[u] = i0 + u < M ? a.load4(i0 + u, k) : zero;
 #pragma unroll
-    for (int v = 0; v < TN; ++v)
-      bv[v] = j0 + v * J < Nn ? *reinterpret_cast<const float4*>(b.p + (j0 + v * J) * b.ld + k) : zero;
+    for (int v = 0; v < TN; ++v) bv[v] = j0 + v * J < Nn ? b.load4(j0 + v * J, k) : zero;
 #pragma unroll
     for (int u = 0; u < TM; ++u)
 #pragma unroll
@@ -126,6 +139,16 @@ __device__ __forceinline__ void tile_acc(float (&acc)[TM][TN], int i0, int j0, i
         acc[u][v] += av[u].w * bv[v].w;
       }
   }
+}
+template <int TM, int TN>
+__device__ __forceinline__ void tile_acc(float (&acc)[TM][TN], int i0, int j0, int J, int M, int Nn, int k0, int k1,
+                                         RowsK a, ColsK b) {
+  tile_acc_k4<TM, TN>(acc, i0, j0, J, M, Nn, k0, k1, a, b);
+}
+template <int TM, int TN>
+__device__ __forceinline__ void tile_acc(float (&acc)[TM][TN], int i0, int j0, int J, int M, int Nn, int k0, int k1,
+                                         RowsK a, ScaledColsK b) {
+  tile_acc_k4<TM, TN>(acc, i0, j0, J, M, Nn, k0, k1, a, b);
 }
 
 // The k range of a tile's second product in tile_gemm2 when its a is triangular: LOWER (a(i, k) = 0 for
@@ -433,10 +456,13 @@ extern "C" __global__ __launch_bounds__(SCAN_THREADS) void cudarl_ssm_ssd_forwar
 //   dS <- exp(cum_end) dS + sum_t e_t dy_t C_t^T
 // Writes dx into dxbc's x columns, d dt_raw into dzx's dt column, dB | dC per head into
 // dbc_part [B W, H, 2N], and (dA_log, dD, ddt_bias) summed over this sample's bars into
-// dhead_part [B, 3, H]. Shared (floats): x Q*(P+1); dy, wS, du, yoff Q*P each; B, C Q*(N+1); S_in, dS
-// P*(N+1); M, dCB, Z Q*(Q+1); 6 Q vectors; SCAN_THREADS for block sums. x's rows are padded by one
-// because dM[t][s] = dy_t . u_s is read by a warp of 32 bars s at one channel p: with rows of P = 64
-// floats every lane hit one bank (a 32-way conflict, most of this kernel's time on the H200 at bf6ed31).
+// dhead_part [B, 3, H]. Shared (floats): x Q*P1; dy, wS, du, yoff Q*P each; B, C Q*N1; S_in, dS P*N1;
+// M, dCB, Z Q*(Q+1); 6 Q vectors; SCAN_THREADS for block sums. With N and P multiples of 4, N1 = N + 4 and
+// P1 = P + 4: rows on 16 bytes, so C B^T, dy u^T, B dS^T and C S_in^T read them 16 bytes a load (RowsK,
+// (Scaled)ColsK; a warp's quarter reads 8 rows 68 floats apart, 32 distinct banks). Else N + 1 and P + 1:
+// padded by one because dM[t][s] = dy_t . u_s, read one float at a time, is read by a warp of 32 bars s at one
+// channel p: with rows of P = 64 floats every lane hit one bank (a 32-way conflict, most of this kernel's time on
+// the H200 at bf6ed31). reference.ssm.backward_shared's size.
 extern "C" __global__ __launch_bounds__(SCAN_THREADS) void cudarl_ssm_ssd_backward(
     const float* dy, const float* xbc, const float* zx, const float* dt, const float* head, const float* states,
     float* dxbc, float* dzx, float* dbc_part, float* dhead_part, int W, int H, int P, int N, int G, int Q) {
@@ -444,7 +470,8 @@ extern "C" __global__ __launch_bounds__(SCAN_THREADS) void cudarl_ssm_ssd_backwa
   const Scan sc(W, H, P, N, G, Q);
   const i64 b = blockIdx.x / H;
   const int h = blockIdx.x % H, tid = threadIdx.x, nt = blockDim.x;
-  const int N1 = N + 1, Q1 = Q + 1, QP = Q * P, P1 = P + 1;
+  const bool k4 = N % 4 == 0 && P % 4 == 0;  // rows of 16 bytes (the banner)
+  const int N1 = k4 ? N + 4 : N + 1, Q1 = Q + 1, QP = Q * P, P1 = k4 ? P + 4 : P + 1;
   float* xs = sh;  // x_s at xs[s * P1 + p]
   float* dys = xs + Q * P1;
   float* wS = dys + QP;
@@ -495,12 +522,9 @@ extern "C" __global__ __launch_bounds__(SCAN_THREADS) void cudarl_ssm_ssd_backwa
     }
     // CB[t][s] = C_t . B_s into M, then dM[t][s] = dy_t . u_s; the two products have one tile mapping,
     // so the thread that wrote CB[t][s] is the one that reads it (no barrier between them).
-    tile_gemm<2, 2>(
-        Qc, Qc, N, [&](int t, int n) { return Cs[t * N1 + n]; }, [&](int n, int s) { return Bs[s * N1 + n]; },
-        [&](int t, int s, float cb) { M[t * Q1 + s] = cb; });
+    tile_gemm<2, 2>(Qc, Qc, N, RowsK{Cs, N1}, ColsK{Bs, N1}, [&](int t, int s, float cb) { M[t * Q1 + s] = cb; });
     tile_gemm<2, 2>(  // M = CB L, dCB = dM L, Z = dM M with L = exp(cum_t - cum_s), for s <= t (else 0)
-        Qc, Qc, P, [&](int t, int p) { return dys[t * P + p]; }, [&](int p, int s) { return dts[s] * xs[s * P1 + p]; },
-        [&](int t, int s, float dm) {
+        Qc, Qc, P, RowsK{dys, P}, ScaledColsK{xs, P1, dts}, [&](int t, int s, float dm) {
           float m = 0.f, dcb = 0.f, z = 0.f;
           if (s <= t) {
             const float L = expf(cum[t] - cum[s]);
@@ -516,11 +540,9 @@ extern "C" __global__ __launch_bounds__(SCAN_THREADS) void cudarl_ssm_ssd_backwa
     // zero in the last chunk (the first one walked), S_in in the first.
     const int kS = c < sc.nc - 1 ? 1 : 0, kSin = c > 0 ? 1 : 0;
     tile_gemm<2, 4>(  // wS_s = dS B_s
-        Qc, P, kS * N, [&](int s, int n) { return Bs[s * N1 + n]; }, [&](int n, int p) { return dS[p * N1 + n]; },
-        [&](int s, int p, float v) { wS[s * P + p] = v; });
+        Qc, P, kS * N, RowsK{Bs, N1}, ColsK{dS, N1}, [&](int s, int p, float v) { wS[s * P + p] = v; });
     tile_gemm<2, 4>(  // yoff_t = S_in C_t
-        Qc, P, kSin * N, [&](int t, int n) { return Cs[t * N1 + n]; }, [&](int n, int p) { return Sin[p * N1 + n]; },
-        [&](int t, int p, float v) { yoff[t * P + p] = v; });
+        Qc, P, kSin * N, RowsK{Cs, N1}, ColsK{Sin, N1}, [&](int t, int p, float v) { yoff[t * P + p] = v; });
     __syncthreads();
     tile_gemm2<2, 4, UPPER>(  // du_s = sum_{t >= s} M[t][s] dy_t + f_s wS_s; dx = dt du + D dy
         Qc, P, 0, [&](int, int) { return 0.f; }, [&](int, int) { return 0.f; },

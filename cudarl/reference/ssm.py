@@ -54,8 +54,10 @@ def forward_shared(Q: int, P: int, N: int) -> int:
 
 
 def backward_shared(Q: int, P: int, N: int) -> int:
-    """Floats of shared memory an ssd_backward block uses (ssm.cu's banner)."""
-    return Q * (P + 1) + 4 * Q * P + 2 * Q * (N + 1) + 2 * P * (N + 1) + 3 * Q * (Q + 1) + 6 * Q + SCAN_THREADS
+    """Floats of shared memory an ssd_backward block uses (ssm.cu's banner): its x rows are P + 4 floats and its
+    B, C, S_in and dS rows N + 4 where N and P are multiples of 4 (rows on 16 bytes), else P + 1 and N + 1."""
+    pad = 4 if N % 4 == 0 and P % 4 == 0 else 1
+    return Q * (P + pad) + 4 * Q * P + 2 * Q * (N + pad) + 2 * P * (N + pad) + 3 * Q * (Q + 1) + 6 * Q + SCAN_THREADS
 
 
 def softplus(v):
