@@ -1,0 +1,20 @@
+# Session 23's GPU calls after the first two (next_call_s23.sh on gemm-probe, next_call_s23_scan.sh on scan-vec).
+#   A: the backward's 16-byte rows (a215948) against main before it (765a20e, in .gpu_base by carry):
+#      mkdir .gpu_base && git archive 765a20e cudarl cuda_src tools tests pyproject.toml | tar -x -C .gpu_base
+#      OUT=$OUT bash docs/bench/gpu1_s23.sh A
+#      the SSM GPU tests, memcheck and racecheck on the scans' small cases, bench_encoders on both trees, and
+#      the SSM train graph's kernels under ncu at issue 22's workload.
+T0=$(date +%s); t() { echo "== $1 t=$(( $(date +%s) - T0 ))"; }
+nvidia-smi --query-gpu=name --format=csv,noheader
+S="--set net.encoder=ssm --set net.window=64 --set net.d_model=128 --set net.layers=2 --set net.ssm_expand=2 --set net.ssm_state=64 --set net.ssm_headdim=64"
+if [ "$1" = A ]; then
+t tests; timeout 150 python3 -m pytest -m gpu -q -p no:cacheprovider tests/parity/test_ssm.py tests/parity/test_encoder_parity.py tests/unit/test_encoders.py 2>&1 | grep -E "^(FAILED|ERROR|E  )|passed|failed" | tail -8
+for tool in memcheck racecheck; do
+  t $tool; timeout 120 compute-sanitizer --tool $tool --print-limit 3 python3 -m pytest -m gpu -q -p no:cacheprovider tests/parity/test_ssm.py -k "conv_and_scan and not 512 and not 4096" 2>&1 | grep -E "ERROR SUMMARY|RACECHECK SUMMARY|Invalid|hazard|passed|failed" | tail -4
+done
+for tree in .gpu_base .; do
+  t "bench $tree"; (cd $tree && PYTHONPATH=. timeout 90 python3 tools/bench_encoders.py --kind ssm --no-torch --out $OUT/enc_$(basename $tree).json > $OUT/enc_$(basename $tree).log 2>&1; grep -E "step \(graph" $OUT/enc_$(basename $tree).log | tail -2)
+done
+t profile; GRAPHS=train NCU_TIMEOUT=170 OUT=$OUT/prof timeout 190 bash tools/gpu_profile.sh $S > $OUT/prof.log 2>&1; grep -E "ncu_train|ssd_|conv_" $OUT/prof/profile.txt | head -30
+fi
+t end
