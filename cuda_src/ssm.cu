@@ -245,33 +245,44 @@ __device__ __forceinline__ void chunk_cumsum(const float* dts, float* cum, int Q
 }  // namespace
 
 // ---- conv_forward ---------------------------------------------------------------------------------
-// xbc[b, t, c] = silu(conv_pre) over in = zx[:, E + c]. Thread per (sample, channel) walks t with a
-// register window of the last K inputs. grid (ceil(C_c / 128), B), block 128.
-// Reads 4*B*W*C_c + 4*(K+1)*C_c bytes, writes 4*B*W*C_c.
+// xbc[b, t, c] = silu(conv_pre) over in = zx[:, E + c]. Thread per (sample, channel, segment of CONV_SEG bars):
+// it loads its segment's bars and the K - 1 before it at once, then walks them with a register window of
+// the last K inputs (the same window values and taps as one walk over the whole window: the same bits).
+// grid (ceil(C_c / 128) S, B), block 128: block x = segment * ceil(C_c / 128) + channel block (a sample's
+// segments side by side, so a segment's K - 1 earlier bars, loaded by its neighbour too, are L2 hits);
+// a thread takes segments s, s + S, ... so any S covers the window. One thread a window walked it in
+// batches of CONV_BATCH bars, a memory round trip each (8 for W = 64): latency-bound, 58 us a call at
+// issue 22's workload (ncu, H100, a215948) against 34 us to move its bytes.
+// Reads 4*B*W*C_c (+ the halos, L2) + 4*(K+1)*C_c bytes, writes 4*B*W*C_c.
+#define CONV_SEG 16
 extern "C" __global__ void cudarl_ssm_conv_forward(const float* zx, const float* conv, float* xbc, int W, int E, int Cc,
                                                    i64 ld, int K) {
-  const int c = blockIdx.x * blockDim.x + threadIdx.x;
+  const int nb = (Cc + blockDim.x - 1) / blockDim.x, S = gridDim.x / nb;
+  const int c = (blockIdx.x % nb) * blockDim.x + threadIdx.x;
   if (c >= Cc) return;
   const i64 b = blockIdx.y;
-  float win[CONV_MAX_K], w[CONV_MAX_K + 1];
-  conv_taps(conv, K, Cc, c, w);
+  // The taps right-aligned, wr[CONV_MAX_K - K + k] = conv[k, c], so bar t's window is in[] at fixed offsets
+  // (a register array indexed by the run-time K went to local memory).
+  float wr[CONV_MAX_K];
 #pragma unroll
-  for (int k = 0; k < CONV_MAX_K; ++k) win[k] = 0.f;
-  for (int t0 = 0; t0 < W; t0 += CONV_BATCH) {
-    float in[CONV_BATCH];
+  for (int k = 0; k < CONV_MAX_K; ++k) wr[k] = k >= CONV_MAX_K - K ? conv[(i64)(k - (CONV_MAX_K - K)) * Cc + c] : 0.f;
+  const float bias = conv[(i64)K * Cc + c];
+  constexpr int L = CONV_MAX_K - 1 + CONV_SEG;  // in[j] is bar t0 - (CONV_MAX_K - 1) + j
+  for (int t0 = (blockIdx.x / nb) * CONV_SEG; t0 < W; t0 += S * CONV_SEG) {
+    float in[L];
 #pragma unroll
-    for (int u = 0; u < CONV_BATCH; ++u) in[u] = t0 + u < W ? zx[(b * W + t0 + u) * ld + E + c] : 0.f;
+    for (int j = 0; j < L; ++j) {  // 0 before bar 0 and past W; the bars before the first tap's are not read
+      const int t = t0 - (CONV_MAX_K - 1) + j;
+      in[j] = t >= 0 && t < W && t >= t0 - (K - 1) ? zx[(b * W + t) * ld + E + c] : 0.f;
+    }
 #pragma unroll
-    for (int u = 0; u < CONV_BATCH; ++u) {
-      const int t = t0 + u;
-      if (t >= W) break;
-#pragma unroll
-      for (int k = 0; k < CONV_MAX_K - 1; ++k) win[k] = win[k + 1];  // win[K - 1] is in[t] after the shift below
+    for (int u = 0; u < CONV_SEG; ++u) {
+      if (t0 + u >= W) break;
+      float pre = bias;  // conv_pre_taps' sum: bias, then taps k ascending over bars t - (K - 1) + k
 #pragma unroll
       for (int k = 0; k < CONV_MAX_K; ++k)
-        if (k == K - 1) win[k] = in[u];
-      const float pre = conv_pre_taps(win, w, K);
-      xbc[(b * W + t) * Cc + c] = pre * sigmoidf_(pre);
+        if (k >= CONV_MAX_K - K) pre += wr[k] * in[u + k];
+      xbc[(b * W + t0 + u) * Cc + c] = pre * sigmoidf_(pre);
     }
   }
 }

@@ -13,6 +13,7 @@ from .seq import check_shape, check_shapes
 
 __all__ = ["CONV_MAX_K", "MAX_SHARED", "backward_shared", "forward_shared"]  # the limits, re-exported
 _CONV_THREADS = 128
+_CONV_SEG = 16  # bars a conv_forward thread takes (ssm.cu CONV_SEG; any count of segments covers the window)
 _STEP_THREADS = 128
 _LAST_THREADS = 128  # ssm.cu LAST_THREADS
 
@@ -43,7 +44,7 @@ def conv_forward(zx, conv, xbc, window: int, d_inner: int) -> None:
     launch(
         "ssm",
         "conv_forward",
-        (blocks_for(Cc, _CONV_THREADS), R // window),
+        (blocks_for(Cc, _CONV_THREADS) * -(-window // _CONV_SEG), R // window),
         _CONV_THREADS,
         (zx, conv, xbc, window, d_inner, Cc, ld, K),
     )
