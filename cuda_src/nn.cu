@@ -67,11 +67,45 @@ extern "C" __global__ void cudarl_nn_bias_act_forward(const float* y, const floa
 // whose threads each walked 16 rows, and as dz may alias dout every row was a dependent memory
 // round trip (5.5-8 us); here 32 blocks, 4 rows a thread, all loads of a thread before its stores.
 // A warp reads 4 rows x 8 columns: four whole 32-byte sectors per access.
+// A thread's rows go in chunks of BAB_CHUNK (every load of a chunk before its stores), or of
+// BAB_TALL_CHUNK from BAB_TALL_ROWS rows on: the encoders' projections (32,768 rows, 16 and 81 blocks)
+// walked 64 chunks a thread, a round trip each (40 and 48 us, ncu H100 at a215948). The chunk only
+// batches the loads: a thread adds its rows in the same order either way (the same bits).
 // With the identity (act 0) and dz == dout nothing is stored (dz already is dout): the kernel then
 // only reads, so it may run beside other readers of dout (cudarl/nn/layers.py, Linear.backward).
 #define BAB_TX 8
 #define BAB_TY 128
 #define BAB_CHUNK 4
+#define BAB_TALL_CHUNK 16
+#define BAB_TALL_ROWS (BAB_TY * BAB_TALL_CHUNK * 2)
+
+namespace {
+
+template <int CHUNK>
+__device__ __forceinline__ float bias_act_rows(const float* dout, const float* out, float* dz, i64 rows, i64 cols,
+                                               i64 c, int ty, int act, bool store) {
+  float acc = 0.f;
+  for (i64 r0 = ty; r0 < rows; r0 += BAB_TY * CHUNK) {
+    float g[CHUNK];
+#pragma unroll
+    for (int u = 0; u < CHUNK; ++u) {  // every load of the chunk before its stores (dz may alias dout)
+      const i64 r = r0 + BAB_TY * u;
+      g[u] = r < rows ? act_bwd(dout[r * cols + c], out[r * cols + c], act) : 0.f;
+    }
+#pragma unroll
+    for (int u = 0; u < CHUNK; ++u) {
+      const i64 r = r0 + BAB_TY * u;
+      if (r < rows) {
+        if (store) dz[r * cols + c] = g[u];
+        acc += g[u];
+      }
+    }
+  }
+  return acc;
+}
+
+}  // namespace
+
 extern "C" __global__ __launch_bounds__(BAB_TX * BAB_TY) void cudarl_nn_bias_act_backward(
     const float* dout, const float* out, float* dz, float* dbias, i64 rows, i64 cols, int act, i64 s_dout,
     i64 s_out, i64 s_dz, i64 s_dbias) {
@@ -85,24 +119,9 @@ extern "C" __global__ __launch_bounds__(BAB_TX * BAB_TY) void cudarl_nn_bias_act
   const i64 c = (i64)blockIdx.x * BAB_TX + tx;
   const bool store = !(act == 0 && dz == dout);
   float acc = 0.f;
-  if (c < cols) {
-    for (i64 r0 = ty; r0 < rows; r0 += BAB_TY * BAB_CHUNK) {
-      float g[BAB_CHUNK];
-#pragma unroll
-      for (int u = 0; u < BAB_CHUNK; ++u) {  // every load of the chunk before its stores (dz may alias dout)
-        const i64 r = r0 + BAB_TY * u;
-        g[u] = r < rows ? act_bwd(dout[r * cols + c], out[r * cols + c], act) : 0.f;
-      }
-#pragma unroll
-      for (int u = 0; u < BAB_CHUNK; ++u) {
-        const i64 r = r0 + BAB_TY * u;
-        if (r < rows) {
-          if (store) dz[r * cols + c] = g[u];
-          acc += g[u];
-        }
-      }
-    }
-  }
+  if (c < cols)
+    acc = rows >= BAB_TALL_ROWS ? bias_act_rows<BAB_TALL_CHUNK>(dout, out, dz, rows, cols, c, ty, act, store)
+                                : bias_act_rows<BAB_CHUNK>(dout, out, dz, rows, cols, c, ty, act, store);
   sh[ty][tx] = acc;
   column_tree<BAB_TY, BAB_TX + 1>(sh);
   if (ty == 0 && c < cols) dbias[c] = sh[0][tx];

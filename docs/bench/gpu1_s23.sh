@@ -5,7 +5,9 @@
 #      the SSM GPU tests, memcheck and racecheck on the scans' small cases, bench_encoders on both trees, and
 #      the SSM train graph's kernels under ncu at issue 22's workload.
 #   B: conv_forward in segments of 16 bars against a215948 (.gpu_base = git archive a215948 ...): tests, memcheck,
-#      its bits against the old kernel's (docs/bench/conv_bits.py), bench_encoders on both, the profile again.
+#      its bits against the old kernel's (docs/bench/op_bits.py), bench_encoders on both, the profile again.
+#   C: bias_act_backward's tall chunks against 238e9dd: tests, bits, bench_encoders (both encoders) on both, and
+#      the SSM train and collect graphs' kernels under ncu.
 T0=$(date +%s); t() { echo "== $1 t=$(( $(date +%s) - T0 ))"; }
 nvidia-smi --query-gpu=name --format=csv,noheader
 S="--set net.encoder=ssm --set net.window=64 --set net.d_model=128 --set net.layers=2 --set net.ssm_expand=2 --set net.ssm_state=64 --set net.ssm_headdim=64"
@@ -21,10 +23,17 @@ t profile; GRAPHS=train NCU_TIMEOUT=170 OUT=$OUT/prof timeout 190 bash tools/gpu
 elif [ "$1" = B ]; then  # conv_forward in segments against a215948 (in .gpu_base by carry)
 t tests; timeout 150 python3 -m pytest -m gpu -q -p no:cacheprovider tests/parity/test_ssm.py tests/parity/test_encoder_parity.py tests/unit/test_encoders.py 2>&1 | grep -E "^(FAILED|ERROR|E  )|passed|failed" | tail -8
 t memcheck; timeout 120 compute-sanitizer --tool memcheck --print-limit 3 python3 -m pytest -m gpu -q -p no:cacheprovider tests/parity/test_ssm.py -k "conv_and_scan and not 512 and not 4096" 2>&1 | grep -E "ERROR SUMMARY|Invalid|passed|failed" | tail -4
-t bits; (cd .gpu_base && PYTHONPATH=. python3 ../docs/bench/conv_bits.py $OUT/conv_base.npz); PYTHONPATH=. python3 docs/bench/conv_bits.py $OUT/conv_new.npz; python3 docs/bench/conv_bits.py --compare $OUT/conv_base.npz $OUT/conv_new.npz
+t bits; (cd .gpu_base && PYTHONPATH=. python3 ../docs/bench/op_bits.py $OUT/conv_base.npz); PYTHONPATH=. python3 docs/bench/op_bits.py $OUT/conv_new.npz; python3 docs/bench/op_bits.py --compare $OUT/conv_base.npz $OUT/conv_new.npz
 for tree in .gpu_base .; do
   t "bench $tree"; (cd $tree && PYTHONPATH=. timeout 90 python3 tools/bench_encoders.py --kind ssm --no-torch --out $OUT/enc_$(basename $tree).json > $OUT/enc_$(basename $tree).log 2>&1; grep -E "step \(graph|acting" $OUT/enc_$(basename $tree).log | tail -6)
 done
 t profile; GRAPHS=train NCU_TIMEOUT=170 OUT=$OUT/prof timeout 190 bash tools/gpu_profile.sh $S > $OUT/prof.log 2>&1; grep -E "x  cudarl_ssm|ncu_train" $OUT/prof/profile.txt | head -12
+elif [ "$1" = C ]; then  # bias_act_backward's tall chunks against 238e9dd (in .gpu_base by carry)
+t tests; timeout 150 python3 -m pytest -m gpu -q -p no:cacheprovider tests/parity/test_nn.py tests/parity/test_ssm.py tests/unit/test_encoders.py 2>&1 | grep -E "^(FAILED|ERROR|E  )|passed|failed" | tail -8
+t bits; (cd .gpu_base && PYTHONPATH=. python3 ../docs/bench/op_bits.py $OUT/bits_base.npz); PYTHONPATH=. python3 docs/bench/op_bits.py $OUT/bits_new.npz; python3 docs/bench/op_bits.py --compare $OUT/bits_base.npz $OUT/bits_new.npz; rm -f $OUT/bits_*.npz
+for tree in .gpu_base .; do
+  t "bench $tree"; (cd $tree && PYTHONPATH=. timeout 90 python3 tools/bench_encoders.py --no-torch --out $OUT/enc_$(basename $tree).json > $OUT/enc_$(basename $tree).log 2>&1; grep -E "step \(graph|acting" $OUT/enc_$(basename $tree).log | tail -12)
+done
+t profile; GRAPHS="train collect" NCU_TIMEOUT=170 OUT=$OUT/prof timeout 380 bash tools/gpu_profile.sh $S > $OUT/prof.log 2>&1; grep -E "x  |ncu_" $OUT/prof/profile.txt | head -60
 fi
 t end

@@ -300,7 +300,7 @@ def _f32(a):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("B,N", [(1, 1), (7, 33), (512, 256), (4096, 51)])
+@pytest.mark.parametrize("B,N", [(1, 1), (7, 33), (512, 256), (4096, 51), (9001, 20)])
 @pytest.mark.parametrize("act", [0, 1, 2])
 def test_gpu_bias_act(cp, rng, B, N, act):
     from cudarl.ops import nn as ops
