@@ -160,9 +160,17 @@ extern "C" __global__ void cudarl_seq_gated_rmsnorm_backward(const float* dout, 
                                                              const float* w, const float* rstd, float* dy, float* dzx,
                                                              float* part, i64 rows, int n, i64 ld, int parts, int k) {
   extern __shared__ float acc[];
+  {  // dz = 0 on the other k - 1 rows of each group of this block's rows, by all its warps, a row a warp at a time
+    // (one warp a group, an i64 division an element, was 70 us of the SSM step's top block: ncu H100, 76e1a80)
+    const i64 c = (rows + parts - 1) / parts, r0 = (i64)blockIdx.x * c, r1 = r0 + c < rows ? r0 + c : rows;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    for (i64 g = r0 * (k - 1) + warp; g < r1 * (k - 1); g += SEQ_WARPS) {  // g = (r, q), q < k - 1
+      float* zrow = dzx + ((g / (k - 1)) * k + g % (k - 1)) * ld;
+      for (int j = lane; j < n; j += 32) zrow[j] = 0.f;
+    }
+  }
   partial_rows(acc, n, rows, parts, part, [&](i64 r, int lane, float* acc_w) {
     const i64 o = r * n, oz = (r * k + k - 1) * ld;
-    for (i64 i = lane; i < (i64)(k - 1) * n; i += 32) dzx[(r * k + i / n) * ld + i % n] = 0.f;
     const float rs = rstd[r];
     const float m = row_mean_gx(
         n, lane, [&](int j) { return dout[o + j] * w[j]; }, [&](int j) { return y[o + j] * silu(zx[oz + j]) * rs; });

@@ -333,7 +333,7 @@ def test_launchers_check_the_groups():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("R,k,n", [(1, 1, 5), (3, 7, 33), (512, 64, 128), (512, 64, 256)])
+@pytest.mark.parametrize("R,k,n", [(1, 1, 5), (3, 7, 33), (1000, 3, 40), (512, 64, 128), (512, 64, 256)])
 def test_gpu_ops_on_last_rows(cp, rng, R, k, n):
     """gated_rmsnorm with zx [k R, ld], residual_add with a [k R, n], rmsnorm_backward with dres [R, n] over
     [k R, n] rows: against the float64 twin, dzx's other rows untouched, reruns bitwise."""
