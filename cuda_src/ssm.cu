@@ -151,6 +151,102 @@ __device__ __forceinline__ void tile_acc(float (&acc)[TM][TN], int i0, int j0, i
   tile_acc_k4<TM, TN>(acc, i0, j0, J, M, Nn, k0, k1, a, b);
 }
 
+// b(k, j) = p[k ld + j] (RowsJ), stored along j: the backward's B, C, S_in, dS and dy as the right operand of
+// its k-major products (dC, dB, du, dS). Under tile_gemm's C4 mapping (a thread's TN = 4 columns side by side)
+// tile_acc reads a thread's four b values of a k in one 16-byte load where the row allows (ld a multiple of 4,
+// p + j0 on 16 bytes, all four columns in range), and with a RowsK or ScaledRowsK a, four k at a time through
+// 16-byte loads of a too. The multiply-adds are the generic form's, in its order (k ascending for every
+// acc[u][v]): the same sums. ScaledRowsK: a(i, k) = s[i] p[i ld + k] (the backward's u = dt x).
+struct RowsJ {
+  const float* p;
+  int ld;
+  __device__ float operator()(int k, int j) const { return p[k * ld + j]; }
+  __device__ float4 load4(int k, int j) const { return *reinterpret_cast<const float4*>(p + k * ld + j); }
+};
+struct ScaledRowsK {
+  const float* p;
+  int ld;
+  const float* s;
+  __device__ float operator()(int i, int k) const { return s[i] * p[i * ld + k]; }
+  __device__ float4 load4(int i, int k) const {
+    const float4 v = *reinterpret_cast<const float4*>(p + i * ld + k);
+    const float c = s[i];
+    return {c * v.x, c * v.y, c * v.z, c * v.w};
+  }
+};
+
+__device__ __forceinline__ void fma4(float (&acc)[4], float a, float4 b) {
+  acc[0] += a * b.x;
+  acc[1] += a * b.y;
+  acc[2] += a * b.z;
+  acc[3] += a * b.w;
+}
+
+// Whether a thread's b columns j0 .. j0 + 3 take 16-byte loads (the C4 mapping: J = 1).
+template <int TN>
+__device__ __forceinline__ bool cols_of_16_bytes(RowsJ b, int j0, int J, int Nn) {
+  return TN == 4 && J == 1 && j0 + 3 < Nn && rows_of_16_bytes(b.p + j0, b.ld);
+}
+
+// FA x RowsJ, a read one k at a time.
+template <int TM, int TN, typename FA>
+__device__ __forceinline__ void tile_acc(float (&acc)[TM][TN], int i0, int j0, int J, int M, int Nn, int k0, int k1,
+                                         FA a, RowsJ b) {
+  if constexpr (TN != 4) {
+    tile_acc<TM, TN, FA, RowsJ>(acc, i0, j0, J, M, Nn, k0, k1, a, b);  // the generic form
+  } else {
+    if (!cols_of_16_bytes<TN>(b, j0, J, Nn)) {
+      tile_acc<TM, TN, FA, RowsJ>(acc, i0, j0, J, M, Nn, k0, k1, a, b);
+      return;
+    }
+    for (int k = k0; k < k1; ++k) {
+      float av[TM];
+#pragma unroll
+      for (int u = 0; u < TM; ++u) av[u] = i0 + u < M ? a(i0 + u, k) : 0.f;
+      const float4 bv = b.load4(k, j0);
+#pragma unroll
+      for (int u = 0; u < TM; ++u) fma4(acc[u], av[u], bv);
+    }
+  }
+}
+
+// (Scaled)RowsK x RowsJ: four k at a time where a's rows allow, else as above.
+template <int TM, int TN, typename FA>
+__device__ __forceinline__ void tile_acc_k4j4(float (&acc)[TM][TN], int i0, int j0, int J, int M, int Nn, int k0,
+                                              int k1, FA a, RowsJ b) {
+  if (TN != 4 || k0 % 4 != 0 || (k1 - k0) % 4 != 0 || !rows_of_16_bytes(a.p, a.ld) ||
+      !cols_of_16_bytes<TN>(b, j0, J, Nn)) {
+    tile_acc<TM, TN, FA>(acc, i0, j0, J, M, Nn, k0, k1, a, b);
+    return;
+  }
+  if constexpr (TN == 4) {
+    const float4 zero = {0.f, 0.f, 0.f, 0.f};
+    for (int k = k0; k < k1; k += 4) {
+      float4 av[TM];
+#pragma unroll
+      for (int u = 0; u < TM; ++u) av[u] = i0 + u < M ? a.load4(i0 + u, k) : zero;
+      const float4 b0 = b.load4(k, j0), b1 = b.load4(k + 1, j0), b2 = b.load4(k + 2, j0), b3 = b.load4(k + 3, j0);
+#pragma unroll
+      for (int u = 0; u < TM; ++u) {  // per acc[u][v]: k, k + 1, k + 2, k + 3
+        fma4(acc[u], av[u].x, b0);
+        fma4(acc[u], av[u].y, b1);
+        fma4(acc[u], av[u].z, b2);
+        fma4(acc[u], av[u].w, b3);
+      }
+    }
+  }
+}
+template <int TM, int TN>
+__device__ __forceinline__ void tile_acc(float (&acc)[TM][TN], int i0, int j0, int J, int M, int Nn, int k0, int k1,
+                                         RowsK a, RowsJ b) {
+  tile_acc_k4j4<TM, TN>(acc, i0, j0, J, M, Nn, k0, k1, a, b);
+}
+template <int TM, int TN>
+__device__ __forceinline__ void tile_acc(float (&acc)[TM][TN], int i0, int j0, int J, int M, int Nn, int k0, int k1,
+                                         ScaledRowsK a, RowsJ b) {
+  tile_acc_k4j4<TM, TN>(acc, i0, j0, J, M, Nn, k0, k1, a, b);
+}
+
 // The k range of a tile's second product in tile_gemm2 when its a is triangular: LOWER (a(i, k) = 0 for
 // k > i) stops after the tile's last row, UPPER (a(i, k) = 0 for k < i) starts at its first, FULL takes
 // every k. A skipped product is an exact zero added to the sum's start (+0) or end, so the sum keeps the
@@ -163,18 +259,20 @@ enum Tri { FULL, LOWER, UPPER };
 // broadcasts). TM + TN shared loads feed TM TN multiply-adds. The scan's [P x N] products take 4 x 4
 // tiles (256 of them for P = N = 64, a thread each); its [Q x P] and [Q x N] products 2 x 4 (256 tiles
 // for Q = 32, where 4 x 4 left half the block idle). The tile shape does not change any sum's order.
-template <int TM, int TN, typename FA, typename FB, typename FO>
+// C4: a thread's columns side by side instead (j0 = TN g, j0 + 1, ...: RowsJ's 16-byte loads, consecutive
+// threads on consecutive 16 bytes of a row); the same sums, other threads.
+template <int TM, int TN, bool C4 = false, typename FA, typename FB, typename FO>
 __device__ __forceinline__ void tile_gemm(int M, int Nn, int K, FA a, FB b, FO out) {
-  const int J = (Nn + TN - 1) / TN, tiles = ((M + TM - 1) / TM) * J;
+  const int J = (Nn + TN - 1) / TN, tiles = ((M + TM - 1) / TM) * J, Js = C4 ? 1 : J;
   for (int tile = threadIdx.x; tile < tiles; tile += blockDim.x) {
-    const int i0 = (tile / J) * TM, j0 = tile % J;
+    const int i0 = (tile / J) * TM, j0 = C4 ? (tile % J) * TN : tile % J;
     float acc[TM][TN] = {};
-    tile_acc<TM, TN>(acc, i0, j0, J, M, Nn, 0, K, a, b);
+    tile_acc<TM, TN>(acc, i0, j0, Js, M, Nn, 0, K, a, b);
 #pragma unroll
     for (int u = 0; u < TM; ++u)
 #pragma unroll
       for (int v = 0; v < TN; ++v)
-        if (i0 + u < M && j0 + v * J < Nn) out(i0 + u, j0 + v * J, acc[u][v]);
+        if (i0 + u < M && j0 + v * Js < Nn) out(i0 + u, j0 + v * Js, acc[u][v]);
   }
 }
 
@@ -183,20 +281,21 @@ __device__ __forceinline__ void tile_gemm(int M, int Nn, int K, FA a, FB b, FO o
 // the scan's "sum over s <= t" terms, which ran as one serial loop per output (a dependent chain of up to
 // Q multiply-adds with two shared loads each, the block waiting on its longest rows): as a tile, TM + TN
 // loads feed TM TN independent multiply-adds, with the same sums.
-template <int TM, int TN, Tri T2, typename FA1, typename FB1, typename FA2, typename FB2, typename FO>
+template <int TM, int TN, Tri T2, bool C4 = false, typename FA1, typename FB1, typename FA2, typename FB2,
+          typename FO>
 __device__ __forceinline__ void tile_gemm2(int M, int Nn, int K1, FA1 a1, FB1 b1, int K2, FA2 a2, FB2 b2, FO out) {
-  const int J = (Nn + TN - 1) / TN, tiles = ((M + TM - 1) / TM) * J;
+  const int J = (Nn + TN - 1) / TN, tiles = ((M + TM - 1) / TM) * J, Js = C4 ? 1 : J;  // C4: as tile_gemm's
   for (int tile = threadIdx.x; tile < tiles; tile += blockDim.x) {
-    const int i0 = (tile / J) * TM, j0 = tile % J;
+    const int i0 = (tile / J) * TM, j0 = C4 ? (tile % J) * TN : tile % J;
     float acc1[TM][TN] = {}, acc2[TM][TN] = {};
-    tile_acc<TM, TN>(acc1, i0, j0, J, M, Nn, 0, K1, a1, b1);
+    tile_acc<TM, TN>(acc1, i0, j0, Js, M, Nn, 0, K1, a1, b1);
     const int k0 = T2 == UPPER ? min(i0, K2) : 0, k1 = T2 == LOWER ? min(i0 + TM, K2) : K2;
-    tile_acc<TM, TN>(acc2, i0, j0, J, M, Nn, k0, k1, a2, b2);
+    tile_acc<TM, TN>(acc2, i0, j0, Js, M, Nn, k0, k1, a2, b2);
 #pragma unroll
     for (int u = 0; u < TM; ++u)
 #pragma unroll
       for (int v = 0; v < TN; ++v)
-        if (i0 + u < M && j0 + v * J < Nn) out(i0 + u, j0 + v * J, acc1[u][v], acc2[u][v]);
+        if (i0 + u < M && j0 + v * Js < Nn) out(i0 + u, j0 + v * Js, acc1[u][v], acc2[u][v]);
   }
 }
 
@@ -555,22 +654,22 @@ extern "C" __global__ __launch_bounds__(SCAN_THREADS) void cudarl_ssm_ssd_backwa
     tile_gemm<2, 4>(  // yoff_t = S_in C_t
         Qc, P, kSin * N, RowsK{Cs, N1}, ColsK{Sin, N1}, [&](int t, int p, float v) { yoff[t * P + p] = v; });
     __syncthreads();
-    tile_gemm2<2, 4, UPPER>(  // du_s = sum_{t >= s} M[t][s] dy_t + f_s wS_s; dx = dt du + D dy
+    tile_gemm2<2, 4, UPPER, true>(  // du_s = sum_{t >= s} M[t][s] dy_t + f_s wS_s; dx = dt du + D dy
         Qc, P, 0, [&](int, int) { return 0.f; }, [&](int, int) { return 0.f; },
-        Qc, [&](int s, int t) { return M[t * Q1 + s]; }, [&](int t, int p) { return dys[t * P + p]; },
+        Qc, [&](int s, int t) { return M[t * Q1 + s]; }, RowsJ{dys, P},
         [&](int s, int p, float, float acc) {
           const float d = acc + fs[s] * wS[s * P + p];
           du[s * P + p] = d;
           dxbc[(row0 + s) * sc.Cc + h * P + p] = dts[s] * d + D * dys[s * P + p];
         });
     float* dbc = dbc_part + (row0 * H + h) * 2 * (i64)N;
-    tile_gemm2<2, 4, LOWER>(  // dC_t = sum_{s <= t} dCB[t][s] B_s + e_t S_in^T dy_t
-        Qc, N, kSin * P, [&](int t, int p) { return dys[t * P + p]; }, [&](int p, int n) { return Sin[p * N1 + n]; },
-        Qc, [&](int t, int s) { return dCB[t * Q1 + s]; }, [&](int s, int n) { return Bs[s * N1 + n]; },
+    tile_gemm2<2, 4, LOWER, true>(  // dC_t = sum_{s <= t} dCB[t][s] B_s + e_t S_in^T dy_t
+        Qc, N, kSin * P, RowsK{dys, P}, RowsJ{Sin, N1},
+        Qc, [&](int t, int s) { return dCB[t * Q1 + s]; }, RowsJ{Bs, N1},
         [&](int t, int n, float sc_in, float dc) { dbc[(i64)t * H * 2 * N + N + n] = dc + es[t] * sc_in; });
-    tile_gemm2<2, 4, UPPER>(  // dB_s = sum_{t >= s} dCB[t][s] C_t + f_s dS^T u_s
-        Qc, N, kS * P, [&](int s, int p) { return dts[s] * xs[s * P1 + p]; }, [&](int p, int n) { return dS[p * N1 + n]; },
-        Qc, [&](int s, int t) { return dCB[t * Q1 + s]; }, [&](int t, int n) { return Cs[t * N1 + n]; },
+    tile_gemm2<2, 4, UPPER, true>(  // dB_s = sum_{t >= s} dCB[t][s] C_t + f_s dS^T u_s
+        Qc, N, kS * P, ScaledRowsK{xs, P1, dts}, RowsJ{dS, N1},
+        Qc, [&](int s, int t) { return dCB[t * Q1 + s]; }, RowsJ{Cs, N1},
         [&](int s, int n, float sc_out, float db) { dbc[(i64)s * H * 2 * N + n] = db + fs[s] * sc_out; });
     __syncthreads();  // du is complete
     // dcum and q: one warp per bar t
@@ -637,8 +736,8 @@ extern "C" __global__ __launch_bounds__(SCAN_THREADS) void cudarl_ssm_ssd_backwa
     }
     const float decay = expf(cum[Qc - 1]);
     if (c > 0)  // dS for the chunk before (every read of dS is done; chunk 0 has none before it)
-      tile_gemm<4, 4>(  // exp(cum_end) dS + sum_t e_t dy_t C_t^T
-          P, N, Qc, [&](int p, int t) { return es[t] * dys[t * P + p]; }, [&](int t, int n) { return Cs[t * N1 + n]; },
+      tile_gemm<4, 4, true>(  // exp(cum_end) dS + sum_t e_t dy_t C_t^T
+          P, N, Qc, [&](int p, int t) { return es[t] * dys[t * P + p]; }, RowsJ{Cs, N1},
           [&](int p, int n, float acc) { dS[p * N1 + n] = decay * dS[p * N1 + n] + acc; });
     __syncthreads();
   }

@@ -8,6 +8,8 @@
 #      its bits against the old kernel's (docs/bench/op_bits.py), bench_encoders on both, the profile again.
 #   C: bias_act_backward's tall chunks against 238e9dd: tests, bits, bench_encoders (both encoders) on both, and
 #      the SSM train and collect graphs' kernels under ncu.
+#   D: ssd_backward's RowsJ (C4) products and gated_rmsnorm_backward's zero rows against 76e1a80: tests, memcheck
+#      and racecheck, the scans' bits against 76e98b2's (op_bits), bench_encoders ssm on both, the profile.
 T0=$(date +%s); t() { echo "== $1 t=$(( $(date +%s) - T0 ))"; }
 nvidia-smi --query-gpu=name --format=csv,noheader
 S="--set net.encoder=ssm --set net.window=64 --set net.d_model=128 --set net.layers=2 --set net.ssm_expand=2 --set net.ssm_state=64 --set net.ssm_headdim=64"
@@ -35,5 +37,15 @@ for tree in .gpu_base .; do
   t "bench $tree"; (cd $tree && PYTHONPATH=. timeout 90 python3 tools/bench_encoders.py --no-torch --out $OUT/enc_$(basename $tree).json > $OUT/enc_$(basename $tree).log 2>&1; grep -E "step \(graph|acting" $OUT/enc_$(basename $tree).log | tail -12)
 done
 t profile; GRAPHS="train collect" NCU_TIMEOUT=170 OUT=$OUT/prof timeout 380 bash tools/gpu_profile.sh $S > $OUT/prof.log 2>&1; grep -E "x  |ncu_" $OUT/prof/profile.txt | head -60
+elif [ "$1" = D ]; then  # ssd_backward's RowsJ products and the gated norm's zero rows against 76e1a80 (.gpu_base)
+t tests; timeout 200 python3 -m pytest -m gpu -q -p no:cacheprovider tests/parity/test_ssm.py tests/parity/test_seq.py tests/parity/test_encoder_parity.py tests/unit/test_encoders.py 2>&1 | grep -E "^(FAILED|ERROR|E  )|passed|failed" | tail -8
+for tool in memcheck racecheck; do
+  t $tool; timeout 120 compute-sanitizer --tool $tool --print-limit 3 python3 -m pytest -m gpu -q -p no:cacheprovider tests/parity/test_ssm.py -k "conv_and_scan_backward and not 512 and not 4096" 2>&1 | grep -E "ERROR SUMMARY|RACECHECK SUMMARY|Invalid|hazard|passed|failed" | tail -4
+done
+t bits; (cd .gpu_base && PYTHONPATH=. python3 ../docs/bench/op_bits.py $OUT/bits_base.npz); PYTHONPATH=. python3 docs/bench/op_bits.py $OUT/bits_new.npz; python3 docs/bench/op_bits.py --compare $OUT/bits_base.npz $OUT/bits_new.npz 2>&1 | grep -v "same bits"; echo "bits rc=$?"; rm -f $OUT/bits_*.npz
+for tree in .gpu_base .; do
+  t "bench $tree"; (cd $tree && PYTHONPATH=. timeout 90 python3 tools/bench_encoders.py --kind ssm --no-torch --out $OUT/enc_$(basename $tree).json > $OUT/enc_$(basename $tree).log 2>&1; grep -E "step \(graph" $OUT/enc_$(basename $tree).log | tail -2)
+done
+t profile; GRAPHS=train NCU_TIMEOUT=170 OUT=$OUT/prof timeout 190 bash tools/gpu_profile.sh $S > $OUT/prof.log 2>&1; grep -E "x  cudarl_(ssm|seq)|ncu_train" $OUT/prof/profile.txt | head -20
 fi
 t end

@@ -1,6 +1,6 @@
 """Writes the output bits of kernels changed without changing their sums (session 23: ssm conv_forward in segments
-of bars, nn bias_act_backward's tall chunks) for a few shapes to an .npz (argv[1]), from the cudarl tree this runs
-in, so two trees' outputs can be compared bit for bit.
+of bars, nn bias_act_backward's tall chunks, ssm ssd_backward's 16-byte operand loads) for a few shapes to an .npz
+(argv[1]), from the cudarl tree this runs in, so two trees' outputs can be compared bit for bit.
 Usage, on a GPU host from each tree: PYTHONPATH=. python3 docs/bench/op_bits.py OUT.npz; then --compare A B."""
 
 import sys
@@ -15,6 +15,7 @@ BIAS = [
     (512, 256, 1),
     (4096, 51, 2),
 ]  # bias_act_backward: rows, cols, act
+SCANS = [(64, 64, 4, 64, 64, 32), (3, 33, 2, 16, 16, 32), (2, 20, 2, 6, 8, 8), (2, 9, 4, 3, 5, 4)]  # B, W, H, P, N, Q
 
 
 def run(path):
@@ -38,6 +39,21 @@ def run(path):
         dz, db = cp.full((R, N), np.nan, np.float32), cp.full(N, np.nan, np.float32)
         nn.bias_act_backward(d, y, dz, db, act)
         out[f"b{i}"], out[f"z{i}"] = db.get(), dz.get()
+    for i, (B, W, H, P, N, Q) in enumerate(SCANS):  # forward then backward, one group, conv of 4 taps
+        rng = np.random.default_rng(200 + i)
+        E, Cc = H * P, H * P + 2 * N
+        f = lambda *s, scale=1.0, g=rng: cp.asarray((scale * g.standard_normal(s)).astype(np.float32))  # noqa: E731
+        zx, conv = f(B * W, E + Cc + H, scale=0.5), f(5, Cc, scale=0.3)
+        head = cp.asarray(np.stack([np.log(rng.uniform(1, 4, H)), np.ones(H), np.full(H, -2.0)]).astype(np.float32))
+        xbc, y, dt = (cp.empty((B * W, n), np.float32) for n in (Cc, E, H))
+        st = cp.empty((B, H, -(-W // Q) - 1, P, N), np.float32)  # a state entering each chunk but the first
+        ops.conv_forward(zx, conv, xbc, W, E)
+        ops.ssd_forward(xbc, zx, head, y, dt, st, W, Q)
+        dxbc, dzx = cp.full((B * W, Cc), np.nan, np.float32), cp.full(zx.shape, np.nan, np.float32)
+        dbc, dhead = cp.empty((B * W, H, 2 * N), np.float32), cp.empty((B, 3, H), np.float32)
+        ops.ssd_backward(f(B * W, E), xbc, zx, dt, head, st, dxbc, dzx, dbc, dhead, W, Q)
+        out[f"y{i}"], out[f"x{i}"], out[f"d{i}"] = y.get(), dxbc[:, :E].get(), dzx[:, E + Cc :].get()
+        out[f"c{i}"], out[f"h{i}"] = dbc.get(), dhead.get()
     np.savez(path, **out)
 
 
@@ -46,7 +62,7 @@ def compare(a, b):
     bad = 0
     for k in a.files:
         same = np.array_equal(a[k].view(np.uint32), b[k].view(np.uint32))
-        shape = (SHAPES if k[0] == "s" else BIAS)[int(k[1:])]
+        shape = (SHAPES if k[0] == "s" else BIAS if k[0] in "bz" else SCANS)[int(k[1:])]
         print(f"{k} {shape}: {'same bits' if same else 'DIFFERENT'}; NaN left {int(np.isnan(b[k]).sum())}")
         bad += not same
     sys.exit(1 if bad else 0)
