@@ -10,6 +10,7 @@
 #      the SSM train and collect graphs' kernels under ncu.
 #   D: ssd_backward's RowsJ (C4) products and gated_rmsnorm_backward's zero rows against 76e1a80: tests, memcheck
 #      and racecheck, the scans' bits against 76e98b2's (op_bits), bench_encoders ssm on both, the profile.
+#   E: OUT=$OUT bash docs/bench/gpu1_s23.sh E <sha>: gpu_check at <sha> (the report of record).
 T0=$(date +%s); t() { echo "== $1 t=$(( $(date +%s) - T0 ))"; }
 nvidia-smi --query-gpu=name --format=csv,noheader
 S="--set net.encoder=ssm --set net.window=64 --set net.d_model=128 --set net.layers=2 --set net.ssm_expand=2 --set net.ssm_state=64 --set net.ssm_headdim=64"
@@ -47,5 +48,8 @@ for tree in .gpu_base .; do
   t "bench $tree"; (cd $tree && PYTHONPATH=. timeout 90 python3 tools/bench_encoders.py --kind ssm --no-torch --out $OUT/enc_$(basename $tree).json > $OUT/enc_$(basename $tree).log 2>&1; grep -E "step \(graph" $OUT/enc_$(basename $tree).log | tail -2)
 done
 t profile; GRAPHS=train NCU_TIMEOUT=170 OUT=$OUT/prof timeout 190 bash tools/gpu_profile.sh $S > $OUT/prof.log 2>&1; grep -E "x  cudarl_(ssm|seq)|ncu_train" $OUT/prof/profile.txt | head -20
+elif [ "$1" = E ]; then  # gpu_check at $2 (the session's last GPU-path commit), the report copied out
+t gpu_check; export CUDARL_COMMIT=$2; PARALLEL=6 BENCHES=tools/bench_step.py BENCH_ARGS="--no-epoch --no-net-variants --no-dw-variants" DEADLINE_S=330 OUT=$OUT/gc BENCH_DIR=/tmp/bench bash tools/gpu_check.sh > $OUT/gc.log 2>&1
+cp docs/gpu-report.md $OUT/; grep -E "^(FAILED|ERROR)|passed|failed" $OUT/gc/pytest.log | tail -12; grep -E "train step \(graph|collect step|speed-up" docs/gpu-report.md | head -24
 fi
 t end
