@@ -9,7 +9,7 @@
 #   C: bias_act_backward's tall chunks against 238e9dd: tests, bits, bench_encoders (both encoders) on both, and
 #      the SSM train and collect graphs' kernels under ncu.
 #   D: ssd_backward's RowsJ (C4) products and gated_rmsnorm_backward's zero rows against 76e1a80: tests, memcheck
-#      and racecheck, the scans' bits against 76e98b2's (op_bits), bench_encoders ssm on both, the profile.
+#      and racecheck, the scans' bits against 76e1a80's (op_bits), bench_encoders ssm on both, the profile.
 #   E: OUT=$OUT bash docs/bench/gpu1_s23.sh E <sha>: gpu_check at <sha> (the report of record).
 T0=$(date +%s); t() { echo "== $1 t=$(( $(date +%s) - T0 ))"; }
 nvidia-smi --query-gpu=name --format=csv,noheader
