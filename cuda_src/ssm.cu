@@ -80,33 +80,39 @@ __device__ __forceinline__ void tile_acc(float (&acc)[TM][TN], int i0, int j0, i
   }
 }
 
+// A row-major shared array read by (its row, column), and the same with row r scaled by s[r]; the operand
+// types below differ only in which of tile_acc's indices is the array's row.
+struct Pitched {
+  const float* p;
+  int ld;
+  __device__ float at(int r, int c) const { return p[r * ld + c]; }
+  __device__ float4 load4(int r, int c) const { return *reinterpret_cast<const float4*>(p + r * ld + c); }
+};
+struct ScaledPitched {
+  const float* p;
+  int ld;
+  const float* s;
+  __device__ float at(int r, int c) const { return s[r] * p[r * ld + c]; }
+  __device__ float4 load4(int r, int c) const {
+    const float4 v = *reinterpret_cast<const float4*>(p + r * ld + c);
+    const float f = s[r];
+    return {f * v.x, f * v.y, f * v.z, f * v.w};
+  }
+};
+
 // Operands stored along k: a(i, k) = p[i ld + k] (RowsK), b(k, j) = p[j ld + k] (ColsK) and b(k, j) = s[j] p[j ld + k]
 // (ScaledColsK): the scan's C B^T, C S^T, B dS^T and dy (dt x)^T. tile_acc takes them four k at a time through
 // 16-byte shared loads where every row starts on 16 bytes (ld and the range a multiple of 4, p aligned: the scans'
 // rows of N + 4 and P + 4 floats), else one at a time. load4 gives the four values at k .. k + 3 of row i (or
 // column j) as one would read them one at a time (ScaledColsK: the same products s[j] p[...]).
-struct RowsK {
-  const float* p;
-  int ld;
-  __device__ float operator()(int i, int k) const { return p[i * ld + k]; }
-  __device__ float4 load4(int i, int k) const { return *reinterpret_cast<const float4*>(p + i * ld + k); }
+struct RowsK : Pitched {
+  __device__ float operator()(int i, int k) const { return at(i, k); }
 };
-struct ColsK {
-  const float* p;
-  int ld;
-  __device__ float operator()(int k, int j) const { return p[j * ld + k]; }
-  __device__ float4 load4(int j, int k) const { return *reinterpret_cast<const float4*>(p + j * ld + k); }
+struct ColsK : Pitched {
+  __device__ float operator()(int k, int j) const { return at(j, k); }
 };
-struct ScaledColsK {
-  const float* p;
-  int ld;
-  const float* s;
-  __device__ float operator()(int k, int j) const { return s[j] * p[j * ld + k]; }
-  __device__ float4 load4(int j, int k) const {
-    const float4 v = *reinterpret_cast<const float4*>(p + j * ld + k);
-    const float c = s[j];
-    return {c * v.x, c * v.y, c * v.z, c * v.w};
-  }
+struct ScaledColsK : ScaledPitched {
+  __device__ float operator()(int k, int j) const { return at(j, k); }
 };
 
 __device__ __forceinline__ bool rows_of_16_bytes(const float* p, int ld) {
@@ -157,22 +163,11 @@ __device__ __forceinline__ void tile_acc(float (&acc)[TM][TN], int i0, int j0, i
 // p + j0 on 16 bytes, all four columns in range), and with a RowsK or ScaledRowsK a, four k at a time through
 // 16-byte loads of a too. The multiply-adds are the generic form's, in its order (k ascending for every
 // acc[u][v]): the same sums. ScaledRowsK: a(i, k) = s[i] p[i ld + k] (the backward's u = dt x).
-struct RowsJ {
-  const float* p;
-  int ld;
-  __device__ float operator()(int k, int j) const { return p[k * ld + j]; }
-  __device__ float4 load4(int k, int j) const { return *reinterpret_cast<const float4*>(p + k * ld + j); }
+struct RowsJ : Pitched {
+  __device__ float operator()(int k, int j) const { return at(k, j); }
 };
-struct ScaledRowsK {
-  const float* p;
-  int ld;
-  const float* s;
-  __device__ float operator()(int i, int k) const { return s[i] * p[i * ld + k]; }
-  __device__ float4 load4(int i, int k) const {
-    const float4 v = *reinterpret_cast<const float4*>(p + i * ld + k);
-    const float c = s[i];
-    return {c * v.x, c * v.y, c * v.z, c * v.w};
-  }
+struct ScaledRowsK : ScaledPitched {
+  __device__ float operator()(int i, int k) const { return at(i, k); }
 };
 
 __device__ __forceinline__ void fma4(float (&acc)[4], float a, float4 b) {
