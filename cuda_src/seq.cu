@@ -134,6 +134,10 @@ extern "C" __global__ void cudarl_seq_last_rmsnorm_backward(const float* dout, c
 }
 
 // ---- gated_rmsnorm_forward ------------------------------------------------------------------------
+// Rows of at most 32 GATED_CACHE columns keep each lane's g in registers between the sum of squares and the
+// output (the issue-22 SSM's E = 256: 8 a lane), where the loop form loaded y and z and took silu twice (the
+// same operations in the same order: the same bits).
+#define GATED_CACHE 8
 // Mamba2's gated norm: g = y silu(z), out = g rstd w, rstd = 1 / sqrt(mean g^2 + eps); z is the
 // first n columns of zx [k rows, ld] (row r's z: zx's row r k + k - 1, the last of its group; k = 1 for
 // row r). One warp per row. Reads 8*rows*n + 4*n bytes, writes 4*rows*(n + 1).
@@ -145,6 +149,24 @@ extern "C" __global__ void cudarl_seq_gated_rmsnorm_forward(const float* y, cons
   if (r >= rows) return;
   const float* yr = y + r * n;
   const float* zr = zx + (r * k + k - 1) * ld;
+  if (n <= 32 * GATED_CACHE) {  // g kept in registers between the two passes: one load and one silu an element
+    float g[GATED_CACHE];
+    float ss = 0.f;
+#pragma unroll
+    for (int u = 0; u < GATED_CACHE; ++u) {
+      const int j = lane + 32 * u;
+      g[u] = j < n ? yr[j] * silu(zr[j]) : 0.f;
+      if (j < n) ss += g[u] * g[u];
+    }
+    const float rs = 1.f / sqrtf(warp_sum(ss) / (float)n + eps);  // row_rstd's sum, in its order
+    if (lane == 0) rstd[r] = rs;
+#pragma unroll
+    for (int u = 0; u < GATED_CACHE; ++u) {
+      const int j = lane + 32 * u;
+      if (j < n) out[r * n + j] = g[u] * rs * w[j];
+    }
+    return;
+  }
   const float rs = row_rstd(n, lane, eps, [&](int j) { return yr[j] * silu(zr[j]); });
   if (lane == 0) rstd[r] = rs;
   for (int j = lane; j < n; j += 32) out[r * n + j] = yr[j] * silu(zr[j]) * rs * w[j];

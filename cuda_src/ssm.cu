@@ -537,8 +537,8 @@ extern "C" __global__ __launch_bounds__(SCAN_THREADS) void cudarl_ssm_ssd_forwar
     if (c + 1 == sc.nc) break;  // the state after the window: nothing in training reads it
     const float decay = expf(cum[Qc - 1]);
     float* st = states + ((b * H + h) * (sc.nc - 1) + c) * (i64)P * N;
-    tile_gemm<4, 4>(  // S = exp(cum_end) S + sum_s f_s x_s B_s^T
-        P, N, Qc, [&](int p, int s) { return fs[s] * xs[s * P + p]; }, [&](int s, int n) { return Bs[s * N1 + n]; },
+    tile_gemm<4, 4, true>(  // S = exp(cum_end) S + sum_s f_s x_s B_s^T
+        P, N, Qc, [&](int p, int s) { return fs[s] * xs[s * P + p]; }, RowsJ{Bs, N1},
         [&](int p, int n, float acc) {
           const float v = decay * S[p * N1 + n] + acc;
           S[p * N1 + n] = v;

@@ -1,6 +1,7 @@
 """Writes the output bits of kernels changed without changing their sums (session 23: ssm conv_forward in segments
-of bars, nn bias_act_backward's tall chunks, ssm ssd_backward's 16-byte operand loads) for a few shapes to an .npz
-(argv[1]), from the cudarl tree this runs in, so two trees' outputs can be compared bit for bit.
+of bars, nn bias_act_backward's tall chunks, ssm ssd_backward's 16-byte operand loads, seq gated_rmsnorm_forward's
+cached rows) for a few shapes to an .npz (argv[1]), from the cudarl tree this runs in, so two trees' outputs can be
+compared bit for bit.
 Usage, on a GPU host from each tree: PYTHONPATH=. python3 docs/bench/op_bits.py OUT.npz; then --compare A B."""
 
 import sys
@@ -15,6 +16,7 @@ BIAS = [
     (512, 256, 1),
     (4096, 51, 2),
 ]  # bias_act_backward: rows, cols, act
+GATED = [(32768, 1, 256), (512, 64, 256), (100, 3, 300), (7, 2, 40)]  # gated_rmsnorm_forward: rows, k, n
 SCANS = [(64, 64, 4, 64, 64, 32), (3, 33, 2, 16, 16, 32), (2, 20, 2, 6, 8, 8), (2, 9, 4, 3, 5, 4)]  # B, W, H, P, N, Q
 
 
@@ -54,6 +56,14 @@ def run(path):
         ops.ssd_backward(f(B * W, E), xbc, zx, dt, head, st, dxbc, dzx, dbc, dhead, W, Q)
         out[f"y{i}"], out[f"x{i}"], out[f"d{i}"] = y.get(), dxbc[:, :E].get(), dzx[:, E + Cc :].get()
         out[f"c{i}"], out[f"h{i}"] = dbc.get(), dhead.get()
+    from cudarl.ops import seq
+
+    for i, (R, k, n) in enumerate(GATED):  # zx [k R, 2 n + 5]: z its first n columns, the last row of each group
+        rng = np.random.default_rng(300 + i)
+        y, zx, w = (cp.asarray(rng.standard_normal(s).astype(np.float32)) for s in ((R, n), (k * R, 2 * n + 5), (n,)))
+        o, r = cp.full((R, n), np.nan, np.float32), cp.full(R, np.nan, np.float32)
+        seq.gated_rmsnorm_forward(y, zx, w, o, r, 1e-5)
+        out[f"g{i}"], out[f"r{i}"] = o.get(), r.get()
     np.savez(path, **out)
 
 
@@ -62,7 +72,7 @@ def compare(a, b):
     bad = 0
     for k in a.files:
         same = np.array_equal(a[k].view(np.uint32), b[k].view(np.uint32))
-        shape = (SHAPES if k[0] == "s" else BIAS if k[0] in "bz" else SCANS)[int(k[1:])]
+        shape = (SHAPES if k[0] == "s" else BIAS if k[0] in "bz" else GATED if k[0] in "gr" else SCANS)[int(k[1:])]
         print(f"{k} {shape}: {'same bits' if same else 'DIFFERENT'}; NaN left {int(np.isnan(b[k]).sum())}")
         bad += not same
     sys.exit(1 if bad else 0)
