@@ -330,11 +330,15 @@ class SplitLinear(Linear):
             raise ValueError(f"{name}: head must be 1 to {self.n_out - 1} of the {self.n_out} columns, got {head}")
         self.head = int(head)
 
+    def _splittable(self) -> bool:
+        """The shapes and options allow the split: head, n_in and n_out multiples of 4 put every view's rows
+        and the tail's bias on 16 bytes (the plans prepare makes assume it; cuBLASLt's bias epilogue needs it)."""
+        return not self.spectral and self.rows > 1 and not (self.head % 4 or self.n_in % 4 or self.n_out % 4)
+
     def _split(self, y) -> bool:
-        # head % 4: the views' rows and the tail's bias on 16 bytes, as cuBLASLt's bias epilogue needs
-        if self.spectral or self.rows < 2 or y.dtype != np.float32 or self.head % 4:
-            return False
-        return isinstance(y, np.ndarray) or self.lt_act is not None
+        """Whether a pass over ``y`` (an array of the layer's backend and dtype) splits: float32, on the CPU
+        or through cuBLASLt."""
+        return self._splittable() and y.dtype == np.float32 and (isinstance(y, np.ndarray) or self.lt_act is not None)
 
     def _parts(self, x, y, W, bias):
         """``(a, w, b, out)`` of the two GEMMs: every row x the tail columns, the last rows x the head columns."""
@@ -348,7 +352,7 @@ class SplitLinear(Linear):
 
     def forward_plan_keys(self, batch: int) -> list:
         g = self._forward_gemm(batch)
-        if g is None or self.spectral or self.rows < 2 or self.head % 4:
+        if g is None or not self._splittable():
             return super().forward_plan_keys(batch)
         tail_align = min(PARAM_ALIGN_BYTES, (4 * self.head) & -(4 * self.head))  # bias[head:]'s
         return [

@@ -70,8 +70,12 @@ def test_split_linear_takes_every_column_where_it_cannot_split(rng):
     split, full, (ws_s, ws_f), x, *_ = _pair(np, rng, np.float64)
     assert not split._split(ws_s.rows("p.out"))
     np.testing.assert_array_equal(split.forward(x, ws_s), full.forward(x, ws_f))
-    assert not SplitLinear("q", D, N, head=6, rows=R)._split(np.zeros((1, 1), np.float32))  # 6 % 4
-    assert not SplitLinear("q", D, N, head=H, rows=1)._split(np.zeros((1, 1), np.float32))
+    f32 = np.zeros((1, 1), np.float32)
+    assert not SplitLinear("q", D, N, head=6, rows=R)._split(f32)  # 6 % 4: views off 16 bytes
+    assert not SplitLinear("q", D + 2, N, head=H, rows=R)._split(f32)  # every R-th row of x off 16 bytes
+    assert not SplitLinear("q", D, N + 2, head=H, rows=R)._split(f32)
+    assert not SplitLinear("q", D, N, head=H, rows=1)._split(f32)
+    assert SplitLinear("q", D, N, head=H, rows=R)._split(f32)
     with pytest.raises(ValueError, match="head must be 1 to 19"):
         SplitLinear("q", D, N, head=N, rows=R)
     assert split.act == IDENTITY
