@@ -106,13 +106,34 @@ class BlasError(RuntimeError):
     """A cuBLAS call failed or a GEMM was asked with inconsistent arguments."""
 
 
-def _shapes(a, b, out, trans_a: bool, trans_b: bool, what: str = "gemm") -> tuple[int, int, int]:
+def _row_pitch(x) -> int:
+    """The elements from one row of a 2-D float32 matrix to the next, its leading dimension: a C-contiguous
+    matrix's width, or the parent's row length for a column block ``w[:, j0:j1]`` or every k-th row
+    ``x[k - 1 :: k]``; 0 where its rows are not each contiguous and evenly spaced, ascending."""
+    item = x.itemsize
+    if x.shape[0] <= 1 or x.shape[1] == 0:  # one row, or nothing to read: any pitch from the row length
+        return max(1, x.shape[1])
+    if x.shape[1] > 1 and x.strides[1] != item:
+        return 0
+    pitch = x.strides[0]
+    return pitch // item if pitch % item == 0 and pitch >= x.shape[1] * item else 0
+
+
+def _shapes(a, b, out, trans_a: bool, trans_b: bool, what: str = "gemm", pitched: bool = True):
+    """``(m, n, k)`` of ``out = op(a) @ op(b)``, checked. Operands are row-major float32 matrices whose rows are
+    each contiguous and evenly spaced (:func:`_row_pitch`: C-contiguous, or a view such as a column block);
+    ``pitched=False`` asks for C-contiguous ones."""
     for name, x in (("a", a), ("b", b), ("out", out)):
         if x.ndim != 2:
             raise BlasError(f"{what}: {name} must be 2-D, got shape {x.shape}")
         if x.dtype != np.float32:
             raise BlasError(f"{what}: {name} must be float32, got {x.dtype}")
-        if not x.flags.c_contiguous:
+        if pitched and not _row_pitch(x):
+            raise BlasError(
+                f"{what}: {name} must be C-contiguous or a view of rows each contiguous and evenly spaced "
+                f"(strides {x.strides})"
+            )
+        if not pitched and not x.flags.c_contiguous:
             raise BlasError(f"{what}: {name} must be C-contiguous")
     m, k = (a.shape[1], a.shape[0]) if trans_a else a.shape
     kb, n = (b.shape[1], b.shape[0]) if trans_b else b.shape
@@ -143,6 +164,9 @@ def gemm(
         out: float32 ``[M, N]``, written in place (read too when ``beta != 0``).
         tf32: allow TF32 tensor-op math (GPU only; ~1e-3 relative error).
         stream: CuPy stream (default: the current stream).
+
+    An operand may be a view whose rows are contiguous and evenly spaced (a column block ``w[:, j0:j1]``,
+    every k-th row ``x[k - 1 :: k]``): its row pitch is the GEMM's leading dimension.
     """
     m, n, k = _shapes(a, b, out, trans_a, trans_b)
     if isinstance(out, np.ndarray):
@@ -175,12 +199,12 @@ def gemm(
             k,
             ctypes.byref(al),
             ctypes.c_void_p(b.data.ptr),
-            b.shape[1],
+            _row_pitch(b),
             ctypes.c_void_p(a.data.ptr),
-            a.shape[1],
+            _row_pitch(a),
             ctypes.byref(be),
             ctypes.c_void_p(out.data.ptr),
-            n,
+            _row_pitch(out),
         ),
         "cublasSgemm_v2",
     )
@@ -218,8 +242,11 @@ def gemm_lt(
             batch of 1 under :func:`gemm_lt_batched`'s ``probe``; :func:`batched_plan_info`).
         stream: CuPy stream (default: the current stream).
 
-    On the GPU the first call of a key (shape, transposes, epilogue, TF32, operand alignment) makes
-    its plan and must run outside any capture (or call :func:`gemm_lt_prepare` first); later calls
+    An operand may be a view whose rows are contiguous and evenly spaced, as :func:`gemm`'s: its row pitch is
+    the layout's leading dimension, part of the plan's key.
+
+    On the GPU the first call of a key (shape, transposes, epilogue, TF32, operand alignment, leading
+    dimensions) makes its plan and must run outside any capture (or call :func:`gemm_lt_prepare` first); later calls
     of that key allocate nothing and never synchronise, so they can be captured. NumPy arrays take
     the same math with ``np.matmul``.
     """
@@ -310,7 +337,8 @@ def _lt_device(
     kernels.trace(event if batch == 1 else {**event, "batch": batch})
     bias_ptr = _bias_ptr(bias, what)
     ptrs = (a.data.ptr, b.data.ptr, out.data.ptr)
-    key = _lt_key(m, n, k, trans_a, trans_b, bias_ptr, act, tf32, *ptrs, split_k)
+    lds = None if batch != 1 else tuple(_row_pitch(x) for x in (a, b, out))  # a batch's entries are packed
+    key = _lt_key(m, n, k, trans_a, trans_b, bias_ptr, act, tf32, *ptrs, split_k, lds)
     if batch != 1:
         _check_entry_alignment(key, ptrs + (bias_ptr,), strides, batch)
     key = _batch_key(key, batch, strides, algo)
@@ -331,6 +359,7 @@ def gemm_lt_prepare(
     batch: int = 1,
     strides: tuple[int, int, int] | None = None,
     algo: str = "single",
+    lds: tuple[int, int, int] | None = None,
     stream=None,
 ) -> None:
     """Make the :func:`gemm_lt` plan of a ``[M, K] x [K, N]`` key before any capture (GPU), or with
@@ -341,7 +370,8 @@ def gemm_lt_prepare(
     scratch operands (so the chosen kernel has also run once outside a capture) and synchronises
     ``stream``. A batch takes ``strides = (a, b, out)``, each entry's offset in elements (default: packed,
     ``M*K, K*N, M*N``), the bias's from ``bias`` itself, ``split_k=False`` (its only algorithms) and
-    ``algo`` (:data:`BATCHED_ALGOS`; ``"probe"`` runs its probe now, for one GEMM too).
+    ``algo`` (:data:`BATCHED_ALGOS`; ``"probe"`` runs its probe now, for one GEMM too). ``lds``: the row pitches
+    (leading dimensions) of a, b and out for a single GEMM on views (default: packed).
     """
     _check_algo(algo, "gemm_lt_prepare", split_k)
     import cupy
@@ -353,11 +383,14 @@ def gemm_lt_prepare(
         raise BlasError("gemm_lt_prepare: a batched GEMM runs one-kernel algorithms only: pass split_k=False")
     if batch < 1:
         raise BlasError(f"gemm_lt_prepare: batch must be at least 1, got {batch}")
+    if batched and lds is not None:
+        raise BlasError("gemm_lt_prepare: a batch's entries are packed: lds is for a single GEMM")
     s = stream if stream is not None else cupy.cuda.get_current_stream()
     if m == 0 or n == 0:
         return
     bias_ptr = 0 if bias is None else bias.data.ptr
-    key = _lt_key(m, n, k, trans_a, trans_b, bias_ptr, act, tf32, LT_ALIGN, LT_ALIGN, LT_ALIGN, split_k)
+    key = _lt_key(m, n, k, trans_a, trans_b, bias_ptr, act, tf32, LT_ALIGN, LT_ALIGN, LT_ALIGN, split_k, lds)
+    lds = key[_BASE_KEY - 3 : _BASE_KEY]
     strides = tuple(strides) if strides is not None else (m * k, k * n, m * n)
     bias_stride = 0 if bias is None or bias.ndim != 2 else bias.strides[0] // bias.itemsize
     key = _batch_key(key, batch, strides + (bias_stride,), algo)
@@ -365,12 +398,12 @@ def gemm_lt_prepare(
         return
     if s.is_capturing():
         raise BlasError("gemm_lt_prepare inside a capture: plans must be made before capture")
-    # scratch operands: CuPy allocations are 256-byte aligned
+    # scratch operands: CuPy allocations are 256-byte aligned; a single GEMM's rows ``ld`` elements apart
     shapes = ((k, m) if trans_a else (m, k), (n, k) if trans_b else (k, n), (m, n))
     kw = dict(bias=bias, act=act, trans_a=trans_a, trans_b=trans_b, tf32=tf32, stream=s)
     operands = [
-        _strided(cupy, sh, batch, st) if batched else cupy.zeros(sh, dtype=np.float32)
-        for sh, st in zip(shapes, strides, strict=True)
+        _strided(cupy, sh, batch, st) if batched else cupy.zeros((sh[0], ld), dtype=np.float32)[:, : sh[1]]
+        for sh, st, ld in zip(shapes, strides, lds, strict=True)
     ]
     _after_caller(s)  # the operands' blocks and fills are the caller's stream's
     if batched:
@@ -394,19 +427,21 @@ def plan_key(
     batch: int = 1,
     strides: tuple[int, int, int, int] | None = None,
     algo: str = "single",
+    lds: tuple[int, int, int] | None = None,
 ) -> tuple:
     """The key of the :func:`gemm_lt` plan of a ``[M, K] x [K, N]`` GEMM on operands aligned to
     :data:`LT_ALIGN` bytes, with a bias whose address is a multiple of ``bias_align`` bytes (0: no
     bias): what :func:`gemm_lt_prepare` makes for a layer's forward, named without a device. With
     ``batch`` > 1, the :func:`gemm_lt_batched` plan of that many entries ``strides = (a, b, out, bias)``
-    elements apart (``split_k=False``, the batch's only algorithms) and its ``algo`` (:data:`BATCHED_ALGOS`)."""
+    elements apart (``split_k=False``, the batch's only algorithms) and its ``algo`` (:data:`BATCHED_ALGOS`).
+    ``lds``: a single GEMM's row pitches of a, b and out (default: packed)."""
     _check_algo(algo, "plan_key", split_k)
     if act not in LT_ACTS:
         raise BlasError(f"plan_key: act must be one of {LT_ACTS}, got {act!r}")
     if batch != 1 and (strides is None or split_k):
         raise BlasError("plan_key: a batch needs its strides (a, b, out, bias) and split_k=False")
     bias_ptr = bias_align  # an address with exactly that alignment (up to the 256 the key counts)
-    key = _lt_key(m, n, k, trans_a, trans_b, bias_ptr, act, tf32, LT_ALIGN, LT_ALIGN, LT_ALIGN, split_k)
+    key = _lt_key(m, n, k, trans_a, trans_b, bias_ptr, act, tf32, LT_ALIGN, LT_ALIGN, LT_ALIGN, split_k, lds)
     return _batch_key(key, batch, strides, algo)
 
 
@@ -562,7 +597,7 @@ def _batched_shapes(a, b, out, bias, act: str, trans_a: bool, trans_b: bool):
     P = out.shape[0]
     if P < 1:
         raise BlasError(f"{what}: the batch must have at least 1 entry, out has shape {out.shape}")
-    m, n, k = _shapes(a[0], b[0], out[0], trans_a, trans_b, what)
+    m, n, k = _shapes(a[0], b[0], out[0], trans_a, trans_b, what, pitched=False)
     _check_lt_args(a[0], b[0], out[0], None if bias is None else bias[0], act, n, k, what)
     if P > 1 and out.strides[0] < m * n * out.itemsize:
         raise BlasError(
@@ -591,9 +626,9 @@ def _check_entry_alignment(key: tuple, ptrs: tuple, strides: tuple, batch: int) 
             )
 
 
-#: the length of a batch-1 plan key (_lt_key); a batched key appends (batch, strides of a, b, out, bias,
-#: its algorithm choice of BATCHED_ALGOS)
-_BASE_KEY = 12
+#: the length of a batch-1 plan key (_lt_key: its last three the row pitches of a, b and out); a batched key
+#: appends (batch, strides of a, b, out, bias, its algorithm choice of BATCHED_ALGOS)
+_BASE_KEY = 15
 
 
 def _batch_key(key: tuple, batch: int, strides: tuple | None, algo: str = "single") -> tuple:
@@ -607,10 +642,14 @@ def _batch_key(key: tuple, batch: int, strides: tuple | None, algo: str = "singl
 
 
 def _extents(key: tuple) -> tuple[int, int, int, int]:
-    """Elements that a plan's a, b, out and bias span (a batch: the last entry's offset plus an entry)."""
-    m, n, k = key[:3]
+    """Elements that a plan's a, b, out and bias span (a batch: the last entry's offset plus an entry; a single
+    GEMM on views: the last row's offset plus a row)."""
+    m, n, k, trans_a, trans_b = key[:5]
+    lda, ldb, ldc = key[_BASE_KEY - 3 : _BASE_KEY]
+    (ra, ca), (rb, cb) = ((k, m) if trans_a else (m, k)), ((n, k) if trans_b else (k, n))
+    sizes = ((ra - 1) * lda + ca, (rb - 1) * ldb + cb, (m - 1) * ldc + n, n)
     batch, *strides = key[_BASE_KEY : _BASE_KEY + 5] or (1, 0, 0, 0, 0)
-    return tuple(size + stride * (batch - 1) for size, stride in zip((m * k, k * n, m * n, n), strides, strict=True))
+    return tuple(size + stride * (batch - 1) for size, stride in zip(sizes, strides, strict=True))
 
 
 def _strided(xp, shape: tuple[int, int], batch: int, stride: int):
@@ -680,28 +719,38 @@ def _alignment(ptr: int, cap: int) -> int:
     return min(cap, ptr & -ptr) if ptr else cap
 
 
-def _lt_key(m, n, k, trans_a, trans_b, bias_ptr, act, tf32, a_ptr, b_ptr, out_ptr, split_k: bool = True) -> tuple:
+def _lt_key(
+    m, n, k, trans_a, trans_b, bias_ptr, act, tf32, a_ptr, b_ptr, out_ptr, split_k: bool = True, lds=None
+) -> tuple:
     """A plan's key. Operands count by alignment up to LT_ALIGN (a plan assumes that much); the bias
     (at least LT_ALIGN-aligned on the GPU) by its alignment up to 256, because the heuristic reads
-    the bias pointer to learn it."""
+    the bias pointer to learn it. ``lds``: the row pitches (leading dimensions) of a, b and out, packed by
+    default (the layouts carry them; cuBLASLt reads a row's alignment from them)."""
+    packed = (m if trans_a else k, k if trans_b else n, n)
+    lds = tuple(int(x) for x in (packed if lds is None else lds))
+    if any(ld < w for ld, w in zip(lds, packed, strict=True)):
+        raise BlasError(f"gemm_lt: row pitches {lds} shorter than the rows {packed} of a, b and out")
     al = tuple(_alignment(p, LT_ALIGN) for p in (a_ptr, b_ptr, out_ptr))
     bias_al = _alignment(bias_ptr, 256) if bias_ptr else 0
     return (
         (int(m), int(n), int(k), bool(trans_a), bool(trans_b), _EPILOGUES[(bool(bias_ptr), act)], bool(tf32))
         + al
         + (bias_al, bool(split_k))
+        + lds
     )
 
 
 def _describe(key: tuple) -> str:
-    m, n, k, ta, tb, epi, tf32, al_a, al_b, al_out, al_bias, split_k = key[:_BASE_KEY]
+    m, n, k, ta, tb, epi, tf32, al_a, al_b, al_out, al_bias, split_k, *lds = key[:_BASE_KEY]
+    packed = [m if ta else k, k if tb else n, n]
+    pitch = "" if lds == packed else f", row pitches a/b/out {'/'.join(map(str, lds))} elements"
     batch = ""
     if len(key) > _BASE_KEY:
         count, *strides, algo = key[_BASE_KEY:]
         batch = f", batch {count} with strides a/b/out/bias {'/'.join(map(str, strides))} elements, algo {algo}"
     return (
         f"[{m}x{k}] x [{k}x{n}] (trans_a={ta}, trans_b={tb}, epilogue {epi}, tf32={tf32}, "
-        f"alignment a/b/out/bias {al_a}/{al_b}/{al_out}/{al_bias} bytes, split_k={split_k}{batch})"
+        f"alignment a/b/out/bias {al_a}/{al_b}/{al_out}/{al_bias} bytes, split_k={split_k}{pitch}{batch})"
     )
 
 
@@ -1187,7 +1236,7 @@ class _LtPlan:
     legacy default stream). A batched plan's :attr:`info` is its :func:`batched_plan_info` record."""
 
     def __init__(self, key: tuple, bias_ptr: int, stream: int = 0):
-        m, n, k, trans_a, trans_b, epilogue, tf32, al_a, al_b, al_out, _, split_k = key[:_BASE_KEY]
+        m, n, k, trans_a, trans_b, epilogue, tf32, al_a, al_b, al_out, _, split_k, *lds = key[:_BASE_KEY]
         lib = _lt_lib()
         self.desc = ctypes.c_void_p()
         self.layout_a, self.layout_b, self.layout_d = ctypes.c_void_p(), ctypes.c_void_p(), ctypes.c_void_p()
@@ -1196,7 +1245,7 @@ class _LtPlan:
         self.info: dict | None = None
         self.recall: dict | None = None  # probe only: the kept verdict asked for, and what came of it
         try:
-            self._describe_problem(lib, m, n, k, trans_a, trans_b, epilogue, tf32, bias_ptr)
+            self._describe_problem(lib, m, n, k, trans_a, trans_b, epilogue, tf32, bias_ptr, lds)
             if len(key) > _BASE_KEY:
                 self._batch(lib, key, stream)
             else:
@@ -1384,8 +1433,9 @@ class _LtPlan:
                 self.algo = _LtAlgo.from_buffer_copy(dict(equal_ones)[self.info["chosen_index"]])
                 self.info["changed"] = True
 
-    def _describe_problem(self, lib, m, n, k, trans_a, trans_b, epilogue, tf32, bias_ptr) -> None:
-        """The matmul descriptor and the column-major layouts of one GEMM."""
+    def _describe_problem(self, lib, m, n, k, trans_a, trans_b, epilogue, tf32, bias_ptr, lds) -> None:
+        """The matmul descriptor and the column-major layouts of one GEMM (``lds``: the row pitches of the
+        row-major a, b and out)."""
         compute = _COMPUTE_32F_FAST_TF32 if tf32 else _COMPUTE_32F
         _check(lib.cublasLtMatmulDescCreate(ctypes.byref(self.desc), compute, _CUDA_R_32F), "cublasLtMatmulDescCreate")
 
@@ -1398,16 +1448,17 @@ class _LtPlan:
         if bias_ptr:  # the heuristic reads its alignment; each call sets its own pointer
             attr(_DESC_BIAS_POINTER, ctypes.c_void_p(bias_ptr), "BIAS_POINTER")
         # Column-major layouts (rows, cols, ld) of the row-major buffers: b [K, N] (or [N, K]) is the
-        # column-major [N, K] (or [K, N]) with ld = its row length; likewise a; out [M, N] is D = [N, M].
+        # column-major [N, K] (or [K, N]) with ld = its row pitch; likewise a; out [M, N] is D = [N, M].
         b_rows, b_cols = (n, k) if trans_b else (k, n)
         a_rows, a_cols = (k, m) if trans_a else (m, k)
-        for lay, rows, cols in (
-            (self.layout_a, b_cols, b_rows),
-            (self.layout_b, a_cols, a_rows),
-            (self.layout_d, n, m),
+        lda, ldb, ldc = lds
+        for lay, rows, cols, ld in (
+            (self.layout_a, b_cols, b_rows, ldb),
+            (self.layout_b, a_cols, a_rows, lda),
+            (self.layout_d, n, m, ldc),
         ):
             _check(
-                lib.cublasLtMatrixLayoutCreate(ctypes.byref(lay), _CUDA_R_32F, rows, cols, rows),
+                lib.cublasLtMatrixLayoutCreate(ctypes.byref(lay), _CUDA_R_32F, rows, cols, ld),
                 "cublasLtMatrixLayoutCreate",
             )
 

@@ -199,11 +199,11 @@ class Linear(Module):
         """The algorithm choice of a cuBLASLt GEMM of this layer: :attr:`lt_algo` for a one-kernel one."""
         return "single" if split_k else self.lt_algo
 
-    def forward_plan_key(self, batch: int):
-        """The :func:`cudarl.blas.plan_key` of the plan :meth:`prepare` makes for ``batch`` samples, or
-        None (no cuBLASLt forward); needs no binding and no device."""
+    def forward_plan_keys(self, batch: int) -> list:
+        """The :func:`cudarl.blas.plan_key` of each plan :meth:`prepare` makes for ``batch`` samples (none
+        without a cuBLASLt forward); needs no binding and no device."""
         g = self._forward_gemm(batch)
-        return None if g is None else blas.plan_key(g[0], g[1], g[2], bias_align=PARAM_ALIGN_BYTES, **g[3])
+        return [] if g is None else [blas.plan_key(g[0], g[1], g[2], bias_align=PARAM_ALIGN_BYTES, **g[3])]
 
     def prepare(self, batch: int) -> None:
         """Make the cuBLASLt plan of a forward over ``batch`` samples (GPU, ``gemm="cublaslt"``); a
@@ -308,6 +308,115 @@ class Linear(Module):
             sn = self.sn
             self.optim_ops.spectral_dot_partial(sn["dw"], sn["w"], sn["partial"])
             self.optim_ops.spectral_backward(sn["dw"], sn["u"], sn["v"], sn["sigma"], sn["partial"], gw)
+
+
+class SplitLinear(Linear):
+    """A :class:`Linear` over ``rows`` rows a sample whose first ``head`` output columns are read at each
+    sample's last row only: the top SSM block's in-projection, whose z columns (the first E) only its gated
+    norm reads, at the last bar (docs/perf-notes.md, session 23). Those columns are computed at the last rows
+    only, the others at every row: two GEMMs on views of the weight, the bias and ``.out`` (row pitches:
+    :func:`cudarl.blas.gemm_lt`), instead of one over every column; ``.out``'s head columns at the other rows
+    are left as they were. The backward reads ``.dout``'s head columns at the last rows only for dW and dx;
+    its bias gradient sums every row of ``.dout``, whose head columns at the other rows must hold 0 (the gated
+    norm's backward writes them so). Same parameters and buffers as a Linear.
+
+    The split runs for float32 on the CPU and, on the GPU, where the forward is a cuBLASLt GEMM (not
+    ``gemm="cublas"``), without spectral norm and with ``rows > 1``; elsewhere the layer is a Linear (the same
+    function: a float64 gradient check takes every column)."""
+
+    def __init__(self, name: str, n_in: int, n_out: int, *, head: int, **kw):
+        super().__init__(name, n_in, n_out, act="identity", **kw)  # (a projection: no activation to split)
+        if not 0 < int(head) < self.n_out:
+            raise ValueError(f"{name}: head must be 1 to {self.n_out - 1} of the {self.n_out} columns, got {head}")
+        self.head = int(head)
+
+    def _splittable(self) -> bool:
+        """The shapes and options allow the split: head, n_in and n_out multiples of 4 put every view's rows
+        and the tail's bias on 16 bytes (the plans prepare makes assume it; cuBLASLt's bias epilogue needs it)."""
+        return not self.spectral and self.rows > 1 and not (self.head % 4 or self.n_in % 4 or self.n_out % 4)
+
+    def _split(self, y) -> bool:
+        """Whether a pass over ``y`` (an array of the layer's backend and dtype) splits: float32, on the CPU
+        or through cuBLASLt."""
+        return self._splittable() and y.dtype == np.float32 and (isinstance(y, np.ndarray) or self.lt_act is not None)
+
+    def _parts(self, x, y, W, bias):
+        """``(a, w, b, out)`` of the two GEMMs: every row x the tail columns, the last rows x the head columns."""
+        h, last = self.head, slice(self.rows - 1, None, self.rows)
+        return (x, W[:, h:], bias[h:], y[:, h:]), (x[last], W[:, :h], bias[:h], y[last, :h])
+
+    def _forward_gemms(self, batch: int) -> list:
+        """``(m, n, k, lds)`` of the forward's two GEMMs over ``batch`` samples (row pitches of x, W, out)."""
+        h, r, n = self.head, self.rows, self.n_out
+        return [(batch * r, n - h, self.n_in, (self.n_in, n, n)), (batch, h, self.n_in, (r * self.n_in, n, r * n))]
+
+    def forward_plan_keys(self, batch: int) -> list:
+        g = self._forward_gemm(batch)
+        if g is None or not self._splittable():
+            return super().forward_plan_keys(batch)
+        tail_align = min(PARAM_ALIGN_BYTES, (4 * self.head) & -(4 * self.head))  # bias[head:]'s
+        return [
+            blas.plan_key(m, n, k, bias_align=al, lds=lds, **g[3])
+            for (m, n, k, lds), al in zip(self._forward_gemms(batch), (tail_align, PARAM_ALIGN_BYTES), strict=True)
+        ]
+
+    def prepare(self, batch: int) -> None:
+        bias = self.P[f"{self.name}.bias"]
+        g = self._forward_gemm(batch)
+        if g is None or not self._split(bias) or isinstance(bias, np.ndarray):
+            return super().prepare(batch)
+        for (m, n, k, lds), part in zip(
+            self._forward_gemms(batch), (bias[self.head :], bias[: self.head]), strict=True
+        ):
+            blas.gemm_lt_prepare(m, n, k, bias=part, lds=lds, **g[3])
+
+    def prepare_backward(self, batch: int) -> None:
+        bias = self.P[f"{self.name}.bias"]
+        if not self._split(bias) or isinstance(bias, np.ndarray):
+            return super().prepare_backward(batch)
+        h, r, n, k = self.head, self.rows, self.n_out, self.n_in
+        one_kernel = {"tf32": self.tf32, "split_k": False, "algo": self.lt_algo}
+        if self.lt_all:  # dx = dz[:, h:] W[:, h:]^T (the head part accumulates through cuBLAS)
+            blas.gemm_lt_prepare(batch * r, k, n - h, trans_b=True, lds=(n, n, k), **one_kernel)
+        if self.dw_gemm == "one_kernel":
+            blas.gemm_lt_prepare(k, n - h, batch * r, trans_a=True, lds=(k, n, n), **one_kernel)
+            blas.gemm_lt_prepare(k, h, batch, trans_a=True, lds=(r * k, r * n, n), **one_kernel)
+
+    def forward(self, x, ws: Workspace):
+        y = ws.rows(f"{self.name}.out", x.shape[0] // self.rows)
+        if not self._split(y) or (not isinstance(y, np.ndarray) and x.data.ptr % blas.LT_ALIGN):
+            return super().forward(x, ws)
+        split = not self.lt_all
+        for a, w, b, out in self._parts(x, y, self.weight(), self.P[f"{self.name}.bias"]):
+            blas.gemm_lt(a, w, out, bias=b, act="identity", tf32=self.tf32, split_k=split, algo=self._algo(split))
+        return y
+
+    def backward(self, x, ws: Workspace, dx=None, accumulate: bool = False) -> None:
+        B = x.shape[0] // self.rows
+        y, dy = ws.rows(f"{self.name}.out", B), ws.rows(f"{self.name}.dout", B)
+        if not self._split(y):
+            return super().backward(x, ws, dx, accumulate)
+        h, last = self.head, slice(self.rows - 1, None, self.rows)
+        gb, gw, W = self.G[f"{self.name}.bias"], self.G[f"{self.name}.weight"], self.weight()
+
+        def grads() -> None:  # the bias sums every row (the head columns' other rows hold 0), then dW by parts
+            self.ops.bias_act_backward(dy, y, dy, gb, IDENTITY)
+            self._dw(x, dy[:, h:], gw[:, h:])
+            self._dw(x[last], dy[last, :h], gw[:, :h])
+
+        if self.side is not None:
+            with self.side.fork():
+                grads()
+        else:
+            grads()
+        if dx is None:
+            return
+        tail, w_tail = dy[:, h:], W[:, h:]
+        if not isinstance(dx, np.ndarray) and self.lt_all and not accumulate:
+            blas.gemm_lt(tail, w_tail, dx, trans_b=True, tf32=self.tf32, split_k=False, algo=self.lt_algo)
+        else:
+            matmul(tail, w_tail, dx, trans_b=True, beta=1.0 if accumulate else 0.0, tf32=self.tf32)
+        matmul(dy[last, :h], W[:, :h], dx[last], trans_b=True, beta=1.0, tf32=self.tf32)  # the head's, at last rows
 
 
 class LayerNorm(Module):

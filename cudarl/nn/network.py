@@ -68,8 +68,12 @@ def forward_plan_keys(
     .new_workspace(batch)`` makes, without making the network (for :func:`cudarl.blas.warm_plans` before
     the device is up)."""
     mods = _in_order(*_modules(int(n_in), int(n_actions), net, extra_heads, input_gate))
-    keys = (configure_linear(lin, net).forward_plan_key(batch) for lin in _walk(mods) if isinstance(lin, Linear))
-    return [k for k in keys if k is not None]
+    return [
+        key
+        for lin in _walk(mods)
+        if isinstance(lin, Linear)
+        for key in configure_linear(lin, net).forward_plan_keys(batch)
+    ]
 
 
 def configure_linear(lin: Linear, net: NetConfig) -> Linear:

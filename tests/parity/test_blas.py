@@ -209,7 +209,7 @@ def test_gemm_lt_argument_errors():
 
 def test_gemm_lt_plan_keys_count_alignment_up_to_16_bytes_and_the_bias_up_to_256():
     key = blas._lt_key(7, 5, 3, False, True, 0x1000, "relu", True, 0x1004, 0x2008, 0x3100)
-    assert key == (7, 5, 3, False, True, 6, True, 4, 8, 16, 256, True)
+    assert key == (7, 5, 3, False, True, 6, True, 4, 8, 16, 256, True, 3, 3, 5)  # packed row pitches last
     assert blas._lt_key(7, 5, 3, False, False, 0, "identity", False, 0x100, 0x100, 0x100)[5] == 1  # no bias: DEFAULT
     assert blas._lt_key(7, 5, 3, False, False, 0x1010, "identity", False, 0x100, 0x100, 0x100)[5:] == (
         4,
@@ -219,8 +219,63 @@ def test_gemm_lt_plan_keys_count_alignment_up_to_16_bytes_and_the_bias_up_to_256
         16,
         16,
         True,
+        3,
+        5,
+        5,
     )
-    assert blas._lt_key(7, 5, 3, False, True, 0x1000, "relu", True, 0x1004, 0x2008, 0x3100, split_k=False)[-1] is False
+    assert blas._lt_key(7, 5, 3, False, True, 0x1000, "relu", True, 0x1004, 0x2008, 0x3100, split_k=False)[11] is False
+
+
+def test_gemm_lt_plan_keys_carry_row_pitches():
+    """A GEMM on views (a column block, every k-th row) gets a key of its own: its row pitches are the layouts'
+    leading dimensions; packed pitches given are the default key's; a pitch shorter than its row is refused."""
+    packed = blas._lt_key(8, 388, 128, False, False, 0x100, "identity", False, 0x100, 0x100, 0x100)
+    assert (
+        blas._lt_key(8, 388, 128, False, False, 0x100, "identity", False, 0x100, 0x100, 0x100, lds=(128, 388, 388))
+        == packed
+    )
+    viewed = blas._lt_key(
+        8, 388, 128, False, False, 0x100, "identity", False, 0x100, 0x100, 0x100, lds=(8192, 644, 644)
+    )
+    assert viewed[:12] == packed[:12] and viewed[12:] == (8192, 644, 644) and viewed != packed
+    assert blas.plan_key(8, 388, 128, bias_align=256, lds=(8192, 644, 644))[12:15] == (8192, 644, 644)
+    assert "row pitches a/b/out 8192/644/644" in blas._describe(viewed) and "row pitches" not in blas._describe(packed)
+    # a [8, 128] rows 8192 apart, b [128, 388] rows 644 apart, out [8, 388] rows 644 apart
+    assert blas._extents(viewed) == (7 * 8192 + 128, 127 * 644 + 388, 7 * 644 + 388, 388)
+    assert blas._extents(packed) == (8 * 128, 128 * 388, 8 * 388, 388)
+    with pytest.raises(blas.BlasError, match="row pitches"):
+        blas._lt_key(8, 388, 128, False, False, 0, "identity", False, 0x100, 0x100, 0x100, lds=(128, 300, 388))
+
+
+def test_row_pitch_of_views():
+    w = np.zeros((128, 644), np.float32)
+    x = np.zeros((64 * 8, 128), np.float32)
+    assert blas._row_pitch(w) == 644 and blas._row_pitch(w[:, 256:]) == 644 and blas._row_pitch(w[:, :256]) == 644
+    assert blas._row_pitch(x[63::64]) == 64 * 128  # the last row of each group of 64
+    assert blas._row_pitch(w[:1, 3:]) == 641 and blas._row_pitch(np.zeros((5, 0), np.float32)) == 1
+    assert blas._row_pitch(w.T) == 0 and blas._row_pitch(w[::-1]) == 0 and blas._row_pitch(w[:, ::2]) == 0
+
+
+@pytest.mark.parametrize("trans", [(False, False), (True, False), (False, True)])
+def test_gemm_and_gemm_lt_take_views_of_rows_on_numpy(rng, trans):
+    """The NumPy side of a GEMM on views: the values of the same GEMM on packed copies, out's other columns
+    and rows untouched (the top SSM block's column blocks of one projection, and its last bars)."""
+    ta, tb = trans
+    m, n, k = 10, 5, 7
+    big, wide = rng.standard_normal((40, 30)).astype(np.float32), rng.standard_normal((12, 20)).astype(np.float32)
+    a = big[3::4, 2 : 2 + k] if not ta else big[3 : 3 + k, 2 : 2 + m]  # every 4th row, or a column block
+    b = wide[:k, 4 : 4 + n] if not tb else wide[:n, 4 : 4 + k]
+    host = np.full((m + 3, n + 6), 7.0, np.float32)
+    for fn, kw in ((blas.gemm, {}), (blas.gemm_lt, {"bias": np.arange(n, dtype=np.float32), "act": "relu"})):
+        out = host.copy()
+        view = out[1 : 1 + m, 2 : 2 + n]
+        fn(a, b, view, trans_a=ta, trans_b=tb, **kw)
+        want = np.empty((m, n), np.float32)
+        fn(np.ascontiguousarray(a), np.ascontiguousarray(b), want, trans_a=ta, trans_b=tb, **kw)
+        np.testing.assert_array_equal(view, want)
+        keep = np.ones(out.shape, bool)
+        keep[1 : 1 + m, 2 : 2 + n] = False
+        assert (out[keep] == 7.0).all(), f"{fn.__name__} wrote outside its view"
 
 
 # GPU: shapes of the reference model (batch 512 and 2x512, 64 features, 256 hidden, 3x51 = 204 C51
@@ -266,6 +321,56 @@ def test_gpu_gemm_lt_without_split_k_against_float64(cp, rng, m, n, k, ta, tb):
     poison(out)
     blas.gemm_lt(cp.asarray(a), cp.asarray(b), out, trans_a=ta, trans_b=tb, split_k=False)
     assert_parity(out, ref.astype(np.float32), **_lt_kind(False), what="gemm_lt, no split-K")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("ta,tb", TRANS)
+@pytest.mark.parametrize("tf32", [False, True])
+def test_gpu_gemm_and_gemm_lt_on_views_of_rows(cp, rng, ta, tb, tf32):
+    """GEMMs on views whose rows are pitched (the SSM top block's shapes at a small batch: every 64th row of
+    u, column blocks of the in-projection's weight and output): cuBLAS and cuBLASLt (bias and ReLU epilogue,
+    split-K or not) against float64, nothing outside the view written, a plan prepared with the pitches used
+    inside a capture, and its replay the eager call's bits."""
+    from cudarl.graph import StepGraph
+
+    W, d, ncol, E = 64, 128, 644, 256
+    m, n, k = 8, ncol - E, d  # 8 samples' last bars x the xBC and dt columns
+    u = cp.asarray(rng.standard_normal((m * W, d)).astype(np.float32))
+    w = cp.asarray((rng.standard_normal((d, ncol)) / np.sqrt(d)).astype(np.float32))
+    bias = cp.asarray(rng.standard_normal(ncol).astype(np.float32))
+    a = u[W - 1 :: W] if not ta else cp.ascontiguousarray(u[W - 1 :: W].T)[:, :]  # a^T stored [k, m]
+    b = w[:, E:] if not tb else cp.ascontiguousarray(w[:, E:].T)  # b^T stored [n, k] packed
+    a64 = cp.asnumpy(a).astype(np.float64)
+    b64 = cp.asnumpy(b).astype(np.float64)
+    ref = (a64.T if ta else a64) @ (b64.T if tb else b64)
+    ref_lt = np.maximum(ref + cp.asnumpy(bias[E:]).astype(np.float64), 0.0)
+    kind = "tf32" if tf32 else "float32"
+    host = cp.full((m + 2, ncol), np.nan, np.float32)
+    out = host[1 : 1 + m, E:]  # rows of 644 floats, the last 388 columns
+    blas.gemm(a, b, out, trans_a=ta, trans_b=tb, tf32=tf32)
+    assert_parity(out, ref.astype(np.float32), kind=kind, what="gemm on views")
+    for split_k in (True, False):
+        host[...] = np.nan
+        blas.gemm_lt_prepare(
+            m, n, k, bias=bias[E:], act="relu", trans_a=ta, trans_b=tb, tf32=tf32, split_k=split_k,
+            lds=tuple(blas._row_pitch(x) for x in (a, b, out)),
+        )  # fmt: skip
+        blas.gemm_lt(a, b, out, bias=bias[E:], act="relu", trans_a=ta, trans_b=tb, tf32=tf32, split_k=split_k)
+        assert_parity(out, ref_lt.astype(np.float32), **_lt_kind(tf32), what=f"gemm_lt on views, split_k={split_k}")
+        rest = cp.asnumpy(host).copy()
+        rest[1 : 1 + m, E:] = np.nan
+        assert np.isnan(rest).all(), "gemm_lt wrote outside its view"
+        eager = out.copy()
+        g = StepGraph(
+            "views",
+            [("gemm_lt", lambda s=split_k: blas.gemm_lt(a, b, out, bias=bias[E:], act="relu", trans_a=ta,
+                                                          trans_b=tb, tf32=tf32, split_k=s))],
+        )  # fmt: skip
+        out[...] = np.nan
+        g.capture()
+        g.replay()
+        g.synchronize()
+        assert_bitwise(out, eager, what=f"captured gemm_lt on views, split_k={split_k}")
 
 
 @pytest.mark.gpu

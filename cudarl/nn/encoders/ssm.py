@@ -12,7 +12,8 @@ One block, pre-norm and residual (``zx = [z | x | B | C | dt_raw]``, see :mod:`c
     h'  = h + yn W_out + b_out                           Linear, seq.residual_add
 
 The top block computes the last bar only: psi reads nothing else of it. Its in-projection and conv still run
-over the window (the scan's B, C, dt and x of every bar feed the last bar's state), but the scan gives y at the
+over the window (the scan's B, C, dt and x of every bar feed the last bar's state; the in-projection's z columns,
+read by the gated norm only, at the last bar: cudarl.nn.SplitLinear), but the scan gives y at the
 last bar only (ssm.ssd_last_forward: one row of the chunked scan's triangle, no states), and the gated norm, the
 out-projection and the residual add run on one row a sample (their seq ops take the window's last rows). The
 blocks below run every bar: the block above reads them all. The numbers are the full stack's last bar up to
@@ -38,6 +39,7 @@ from ...backend import family
 from ...config import NetConfig as _NET
 from ...reference.seq import n_parts
 from ...reference.ssm import n_states
+from ..layers import SplitLinear
 from ..params import ParamLayout, Workspace
 from .base import EPS, SequenceEncoder
 
@@ -97,7 +99,10 @@ class SSMEncoder(SequenceEncoder):
         self.top = self.blocks[-1]  # computes the last bar only (module docstring)
         for p in self.blocks:
             self.children += [
-                self.linear(f"{p}.in_proj", self.d, self.n_proj),
+                # the top block reads z at the last bar only (its gated norm): SplitLinear computes z there only
+                SplitLinear(f"{p}.in_proj", self.d, self.n_proj, head=self.E, tf32=tf32, rows=self.W, gemm=gemm)
+                if p == self.top
+                else self.linear(f"{p}.in_proj", self.d, self.n_proj),
                 self.linear(f"{p}.out_proj", self.E, self.d, rows=1 if p == self.top else None),
             ]
         self.ssm = None
