@@ -915,35 +915,44 @@ extern "C" __global__ void cudarl_ssm_bc_reduce(const float* dbc_part, float* dx
 
 // ---- ssd_step -------------------------------------------------------------------------------------
 // One bar of the recurrence: S = exp(dt A) S + (dt x) B^T, y = S C + D x. Block per (env, head),
-// 128 threads; shared x P, B and C N, y partials. Reads/writes 8*B*H*P*N bytes of state.
+// 128 threads; shared x P, B and C N, and the state S [P, N] staged with rows of N + 1 floats. The
+// arithmetic is a thread per row of S, summing y_p over n in order; the staging makes the global
+// reads and writes of S (8*B*H*P*N bytes, the step's whole cost) whole lines, where a thread walking its
+// own row in global memory made each warp access touch 32 lines 4 bytes at a time. The padded rows keep
+// the row-per-thread reads of shared memory free of bank conflicts.
 extern "C" __global__ void cudarl_ssm_ssd_step(const float* xbc, const float* zx, const float* head, float* state,
                                                float* y, int H, int P, int N, int G) {
   extern __shared__ float sh[];
   const Scan sc(1, H, P, N, G, 1);
   const i64 b = blockIdx.x / H;
-  const int h = blockIdx.x % H, tid = threadIdx.x, nt = blockDim.x;
+  const int h = blockIdx.x % H, tid = threadIdx.x, nt = blockDim.x, ld = N + 1, PN = P * N;
   float* xs = sh;
   float* Bv = xs + P;
   float* Cv = Bv + N;
+  float* St = Cv + N;
   const float* row = xbc + b * sc.Cc;
   for (int i = tid; i < P; i += nt) xs[i] = row[h * P + i];
   for (int i = tid; i < N; i += nt) {
     Bv[i] = row[sc.bcol(h) + i];
     Cv[i] = row[sc.ccol(h) + i];
   }
+  float* S = state + (b * H + h) * (i64)PN;
+  for (int i = tid; i < PN; i += nt) St[(i / N) * ld + i % N] = S[i];
   __syncthreads();
   const float A = -expf(head[h]);
   const float d = softplus(zx[b * sc.ld + sc.E + sc.Cc + h] + head[2 * H + h]);
   const float decay = expf(d * A);
-  float* S = state + (b * H + h) * (i64)P * N;
   for (int p = tid; p < P; p += nt) {  // a thread owns a row of S: y_p sums n in order
     const float u = d * xs[p];
+    float* Sp = St + p * ld;
     float acc = 0.f;
     for (int n = 0; n < N; ++n) {
-      const float v = decay * S[p * N + n] + u * Bv[n];
-      S[p * N + n] = v;
+      const float v = decay * Sp[n] + u * Bv[n];
+      Sp[n] = v;
       acc += v * Cv[n];
     }
     y[b * sc.E + h * P + p] = acc + head[H + h] * xs[p];
   }
+  __syncthreads();
+  for (int i = tid; i < PN; i += nt) S[i] = St[(i / N) * ld + i % N];
 }

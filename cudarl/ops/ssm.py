@@ -235,5 +235,5 @@ def ssd_step(xbc_t, zx_t, head, state, y_t) -> None:
         B * H,
         _STEP_THREADS,
         (xbc_t, zx_t, head, state, y_t, H, P, N, G),
-        shared_mem=4 * (P + 2 * N),
+        shared_mem=4 * (P + 2 * N + P * (N + 1)),  # x, B, C, and the state tile with padded rows
     )

@@ -1,7 +1,7 @@
 """Writes the output bits of kernels changed without changing their sums (session 23: ssm conv_forward in segments
 of bars, nn bias_act_backward's tall chunks, ssm ssd_backward's 16-byte operand loads, seq gated_rmsnorm_forward's
-cached rows) for a few shapes to an .npz (argv[1]), from the cudarl tree this runs in, so two trees' outputs can be
-compared bit for bit.
+cached rows; session 24: ssm ssd_step's staged state) for a few shapes to an .npz (argv[1]), from the cudarl tree
+this runs in, so two trees' outputs can be compared bit for bit.
 Usage, on a GPU host from each tree: PYTHONPATH=. python3 docs/bench/op_bits.py OUT.npz; then --compare A B."""
 
 import sys
@@ -56,6 +56,11 @@ def run(path):
         ops.ssd_backward(f(B * W, E), xbc, zx, dt, head, st, dxbc, dzx, dbc, dhead, W, Q)
         out[f"y{i}"], out[f"x{i}"], out[f"d{i}"] = y.get(), dxbc[:, :E].get(), dzx[:, E + Cc :].get()
         out[f"c{i}"], out[f"h{i}"] = dbc.get(), dhead.get()
+        ss, yt = cp.zeros((B, H, P, N), np.float32), cp.empty((B, E), np.float32)  # four bars of the recurrence
+        zx3, xbc3 = zx.reshape(B, W, -1), xbc.reshape(B, W, -1)
+        for t in range(min(W, 4)):
+            ops.ssd_step(cp.ascontiguousarray(xbc3[:, t]), cp.ascontiguousarray(zx3[:, t]), head, ss, yt)
+        out[f"u{i}"], out[f"v{i}"] = yt.get(), ss.get()
     from cudarl.ops import seq
 
     for i, (R, k, n) in enumerate(GATED):  # zx [k R, 2 n + 5]: z its first n columns, the last row of each group
