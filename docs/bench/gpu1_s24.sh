@@ -6,9 +6,9 @@
 #      the three trees (main, + fwd-rowsj, + top-z), fwd-rowsj's kernels' bits against main's (op_bits; top-z
 #      changes GEMM shapes, so other bits: its parity tests check it), memcheck and racecheck on the forward
 #      scan's small cases (fwd-rowsj rewrote its state update).
-#   L: OUT=$OUT bash docs/bench/gpu1_s24.sh L <sha>: issue 22 point 6 at 18,000 updates, seeds 0-2, ssm and
-#      attention (tools/gpu_encoders.sh; six runs side by side; a chained call on the warm machine resumes the
-#      runs from their checkpoints).
+#   L: OUT=$OUT bash docs/bench/gpu1_s24.sh L <sha>: issue 22 point 6 at 18,000 updates, seeds 0-2, attention
+#      then ssm (tools/gpu_encoders.sh; three runs side by side, attention's first: the lower at 10,000 updates;
+#      a chained call on the warm machine resumes the runs from their checkpoints).
 T0=$(date +%s); t() { echo "== $1 t=$(( $(date +%s) - T0 ))"; }
 nvidia-smi --query-gpu=name --format=csv,noheader
 if [ "$1" = A ]; then
@@ -23,6 +23,6 @@ for tool in memcheck racecheck; do
   t $tool; timeout 90 compute-sanitizer --tool $tool --print-limit 3 python3 -m pytest -m gpu -q -p no:cacheprovider tests/parity/test_ssm.py -k "conv_and_scan_forward and not 512 and not 4096" 2>&1 | grep -E "ERROR SUMMARY|RACECHECK SUMMARY|Invalid|hazard|passed|failed" | tail -4
 done
 elif [ "$1" = L ]; then
-t learning; ENCODERS="ssm-noise attention-noise" GAMMA=0.5 CF=1 STEPS=18000 SEED_LIST=0,1,2 WORKERS=6 ENCODERS_LIMIT_S=${LIMIT_S:-540} CUDARL_COMMIT=$2 OUT=$OUT bash tools/gpu_encoders.sh
+t learning; ENCODERS="attention-noise ssm-noise" GAMMA=0.5 CF=1 STEPS=18000 SEED_LIST=0,1,2 WORKERS=3 ENCODERS_LIMIT_S=${LIMIT_S:-540} CUDARL_COMMIT=$2 OUT=$OUT bash tools/gpu_encoders.sh
 fi
 t end
