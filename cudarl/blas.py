@@ -321,6 +321,15 @@ def _check_algo(algo: str, what: str, split_k: bool = False) -> None:
         raise BlasError(f"{what}: algo='probe' compares one-kernel algorithms: pass split_k=False")
 
 
+def _lds(a, b, out) -> tuple[int, int, int] | None:
+    """The row pitches of a single GEMM's 2-D operands (:func:`_row_pitch`), or ``None`` (packed) for a batch's
+    ``[P, rows, cols]`` entries, whatever ``P``: a batch of one's 3-D arrays have no 2-D row pitch, and its key
+    must be the single GEMM's packed key (its entry runs the single plan's algorithm)."""
+    if a.ndim == b.ndim == out.ndim == 2:
+        return tuple(_row_pitch(x) for x in (a, b, out))
+    return None
+
+
 def _lt_device(
     what, mnk, a, b, out, bias, act, trans_a, trans_b, tf32, split_k, stream, batch=1, strides=None, algo="single"
 ):
@@ -337,7 +346,7 @@ def _lt_device(
     kernels.trace(event if batch == 1 else {**event, "batch": batch})
     bias_ptr = _bias_ptr(bias, what)
     ptrs = (a.data.ptr, b.data.ptr, out.data.ptr)
-    lds = None if batch != 1 else tuple(_row_pitch(x) for x in (a, b, out))  # a batch's entries are packed
+    lds = _lds(a, b, out)
     key = _lt_key(m, n, k, trans_a, trans_b, bias_ptr, act, tf32, *ptrs, split_k, lds)
     if batch != 1:
         _check_entry_alignment(key, ptrs + (bias_ptr,), strides, batch)

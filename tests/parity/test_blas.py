@@ -256,6 +256,16 @@ def test_row_pitch_of_views():
     assert blas._row_pitch(w.T) == 0 and blas._row_pitch(w[::-1]) == 0 and blas._row_pitch(w[:, ::2]) == 0
 
 
+def test_a_batch_of_one_has_the_packed_key():
+    """gemm_lt_batched's [P, rows, cols] operands are packed entries for every P, 1 too: no 2-D row pitch is read
+    from them (a batch of one's pitches once came from its 3-D shape, [1, 512, 64] read as 512, and every
+    population of one failed on the GPU), and a single GEMM's 2-D operands give theirs."""
+    a, b, out = np.zeros((1, 512, 64), np.float32), np.zeros((1, 64, 256), np.float32), np.zeros((1, 512, 256))
+    assert blas._lds(a, b, out) is None
+    assert blas._lds(a[0], b[0], out[0]) == (64, 256, 256)
+    assert blas._lds(a[0, :, 8:], b[0, 1::2], out[0]) == (64, 512, 256)
+
+
 @pytest.mark.parametrize("trans", [(False, False), (True, False), (False, True)])
 def test_gemm_and_gemm_lt_take_views_of_rows_on_numpy(rng, trans):
     """The NumPy side of a GEMM on views: the values of the same GEMM on packed copies, out's other columns
