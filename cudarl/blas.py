@@ -728,6 +728,11 @@ def _alignment(ptr: int, cap: int) -> int:
     return min(cap, ptr & -ptr) if ptr else cap
 
 
+def _packed_lds(m: int, n: int, k: int, trans_a: bool, trans_b: bool) -> tuple[int, int, int]:
+    """The row pitches of packed (C-contiguous) a, b and out: their row lengths."""
+    return (m if trans_a else k, k if trans_b else n, n)
+
+
 def _lt_key(
     m, n, k, trans_a, trans_b, bias_ptr, act, tf32, a_ptr, b_ptr, out_ptr, split_k: bool = True, lds=None
 ) -> tuple:
@@ -735,7 +740,7 @@ def _lt_key(
     (at least LT_ALIGN-aligned on the GPU) by its alignment up to 256, because the heuristic reads
     the bias pointer to learn it. ``lds``: the row pitches (leading dimensions) of a, b and out, packed by
     default (the layouts carry them; cuBLASLt reads a row's alignment from them)."""
-    packed = (m if trans_a else k, k if trans_b else n, n)
+    packed = _packed_lds(m, n, k, trans_a, trans_b)
     lds = tuple(int(x) for x in (packed if lds is None else lds))
     if any(ld < w for ld, w in zip(lds, packed, strict=True)):
         raise BlasError(f"gemm_lt: row pitches {lds} shorter than the rows {packed} of a, b and out")
@@ -751,8 +756,8 @@ def _lt_key(
 
 def _describe(key: tuple) -> str:
     m, n, k, ta, tb, epi, tf32, al_a, al_b, al_out, al_bias, split_k, *lds = key[:_BASE_KEY]
-    packed = [m if ta else k, k if tb else n, n]
-    pitch = "" if lds == packed else f", row pitches a/b/out {'/'.join(map(str, lds))} elements"
+    packed = tuple(lds) == _packed_lds(m, n, k, ta, tb)
+    pitch = "" if packed else f", row pitches a/b/out {'/'.join(map(str, lds))} elements"
     batch = ""
     if len(key) > _BASE_KEY:
         count, *strides, algo = key[_BASE_KEY:]

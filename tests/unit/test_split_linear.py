@@ -107,3 +107,15 @@ def test_gpu_split_linear_is_a_linear_where_read(cp, rng):
         lin.backward(x, ws, dx)
     np.testing.assert_allclose(dx_s.get(), dx_f.get(), rtol=1e-4, atol=1e-5)
     np.testing.assert_allclose(gs.get(), gl.get(), rtol=1e-4, atol=1e-5)
+
+
+def test_the_ssm_encoders_top_in_projection_is_the_split_one():
+    """The trainer's path reaches SplitLinear: the SSM encoder builds its top block's in-projection as one (z, its
+    first E columns, at the last bar), every other block's as a plain Linear."""
+    from cudarl.nn import QNetwork
+
+    net = QNetwork(64 * 6, 3, encoder="ssm", window=64, d_model=32, layers=3, ssm_state=16, ssm_headdim=16)
+    in_proj = {lin.name: lin for lin in net.encoder.linears if lin.name.endswith("in_proj")}
+    top = f"{net.encoder.top}.in_proj"
+    assert isinstance(in_proj[top], SplitLinear) and in_proj[top].head == net.encoder.E
+    assert all(type(lin) is Linear for name, lin in in_proj.items() if name != top) and len(in_proj) == 3

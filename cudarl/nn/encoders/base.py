@@ -29,7 +29,7 @@ import numpy as np
 
 from ...backend import family
 from ...reference.seq import n_parts
-from ..layers import Linear, Module, param_names
+from ..layers import Linear, Module, SplitLinear, param_names
 from ..params import ParamLayout, Workspace
 
 #: RMSNorm's epsilon in every encoder norm (Mamba2's and most pre-norm transformers' value).
@@ -101,9 +101,15 @@ class SequenceEncoder(Module):
         self.seq = self.xp = None  # the seq kernel family and the array module, set by bind
 
     # --- construction --------------------------------------------------------------------------------
-    def linear(self, name: str, n_in: int, n_out: int, act: str = "identity", rows: int | None = None) -> Linear:
-        """A Linear over the window's bars (``rows`` = W per sample unless given)."""
-        return Linear(name, n_in, n_out, act=act, tf32=self.tf32, rows=self.W if rows is None else rows, gemm=self.gemm)
+    def linear(
+        self, name: str, n_in: int, n_out: int, act: str = "identity", rows: int | None = None, head: int | None = None
+    ) -> Linear:
+        """A Linear over the window's bars (``rows`` = W per sample unless given); with ``head``, a
+        :class:`SplitLinear` whose first ``head`` columns are computed at each sample's last bar only."""
+        kw = {"tf32": self.tf32, "rows": self.W if rows is None else rows, "gemm": self.gemm}
+        if head is not None:
+            return SplitLinear(name, n_in, n_out, head=head, **kw)  # a projection: no activation
+        return Linear(name, n_in, n_out, act=act, **kw)
 
     @property
     def out_name(self) -> str:

@@ -39,7 +39,6 @@ from ...backend import family
 from ...config import NetConfig as _NET
 from ...reference.seq import n_parts
 from ...reference.ssm import n_states
-from ..layers import SplitLinear
 from ..params import ParamLayout, Workspace
 from .base import EPS, SequenceEncoder
 
@@ -100,9 +99,7 @@ class SSMEncoder(SequenceEncoder):
         for p in self.blocks:
             self.children += [
                 # the top block reads z at the last bar only (its gated norm): SplitLinear computes z there only
-                SplitLinear(f"{p}.in_proj", self.d, self.n_proj, head=self.E, tf32=tf32, rows=self.W, gemm=gemm)
-                if p == self.top
-                else self.linear(f"{p}.in_proj", self.d, self.n_proj),
+                self.linear(f"{p}.in_proj", self.d, self.n_proj, head=self.E if p == self.top else None),
                 self.linear(f"{p}.out_proj", self.E, self.d, rows=1 if p == self.top else None),
             ]
         self.ssm = None
