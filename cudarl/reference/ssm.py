@@ -180,10 +180,11 @@ def _decay(cum):
     return L.transpose(0, 3, 1, 2)
 
 
-def ssd_forward(xbc, zx, head, y, dt, states, window: int, chunk: int) -> None:
+def ssd_forward(xbc, zx, head, y, dt, states, window: int, chunk: int, *, tf32: bool = False) -> None:
     """The chunked SSD scan (module docstring). xbc ``[B W, C_c]``; zx ``[B W, ld]`` (dt_raw columns);
     head ``[3, H]``; y ``[B W, E]`` and dt ``[B W, H]`` written; states ``[B, H, n_states, P, N]`` written
-    (:func:`n_states`: the state entering each chunk after the first)."""
+    (:func:`n_states`: the state entering each chunk after the first). ``tf32`` is the launcher's (the GPU's
+    tensor-core kernel); the twin computes in its buffers' dtype either way: it is the oracle of both."""
     E = y.shape[1]
     Bn, H, ns, P, N = states.shape
     nc = n_chunks(window, chunk)
@@ -217,8 +218,11 @@ def ssd_forward(xbc, zx, head, y, dt, states, window: int, chunk: int) -> None:
     y[...] = yv.reshape(-1, E)
 
 
-def ssd_backward(dy, xbc, zx, dt, head, states, dxbc, dzx, dbc_part, dhead_part, window: int, chunk: int) -> None:
-    """Backward of :func:`ssd_forward`, chunk by chunk from the last (module docstring for the forward).
+def ssd_backward(
+    dy, xbc, zx, dt, head, states, dxbc, dzx, dbc_part, dhead_part, window: int, chunk: int, *, tf32: bool = False
+) -> None:
+    """Backward of :func:`ssd_forward`, chunk by chunk from the last (module docstring for the forward);
+    ``tf32`` as there (ignored: the twin computes in its buffers' dtype).
 
     Writes ``dxbc[:, :E]`` (dx, with the D skip), ``dzx[:, dt columns]`` (d dt_raw), the per-head
     gradients of B and C ``dbc_part [B W, H, 2 N]`` (dB then dC; :func:`bc_reduce` sums a group's
