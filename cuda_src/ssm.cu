@@ -324,6 +324,12 @@ __device__ __forceinline__ void tile_gemm2(int M, int Nn, int K1, FA1 a1, FB1 b1
 #define TC_N 8   // its columns
 #define TC_K 8   // its k
 
+// A shared row of n floats as the _tc scans pad it: n' >= n with n' = 4 (mod 8). The rows r0 + g (g < 8) then
+// start in 8 distinct groups of 4 banks, so a fragment's 8 rows x 4 consecutive columns (A's a_i; B's b_i where
+// B is stored along k, ColsK) are 32 distinct banks, and its 4 rows x 8 columns (B stored along j, RowsJ; A read
+// transposed) at most two per bank. (Rows of 64 floats put all 8 rows in one bank: an 8-way conflict a load.)
+__device__ __forceinline__ int tc_pad(int n) { return n + (12 - n % 8) % 8; }
+
 // v rounded to TF32 (its float32 bits with the low 13 mantissa bits clear), as the mma reads a .tf32 register.
 __device__ __forceinline__ unsigned tf32_bits(float v) {
 #if SSM_TF32_MMA
@@ -665,7 +671,8 @@ extern "C" __global__ void cudarl_ssm_conv_step(const float* zx, const float* co
 // A block reads its head's x, its group's B and C and its dt_raw over the window (4*W*(P + 2N + 1)
 // bytes) and writes y, dt and the chunk states (4*W*(P + 1) + 4*(nc - 1)*P*N bytes).
 // cudarl_ssm_ssd_forward (TC false) and cudarl_ssm_ssd_forward_tc (TC: the products on TF32 tensor cores, the
-// shared layout, the sums' other terms and everything between the products as the FP32 kernel's).
+// shared rows they read padded by tc_pad; the sums' other terms and everything between the products as the FP32
+// kernel's).
 namespace {
 template <bool TC>
 __device__ __forceinline__ void ssd_forward_body(const float* xbc, const float* zx, const float* head, float* y,
@@ -675,9 +682,11 @@ __device__ __forceinline__ void ssd_forward_body(const float* xbc, const float* 
   const Scan sc(W, H, P, N, G, Q);
   const i64 b = blockIdx.x / H;
   const int h = blockIdx.x % H, tid = threadIdx.x, nt = blockDim.x;
-  const int N1 = N % 4 == 0 && (Q * P) % 4 == 0 ? N + 4 : N + 1, Q1 = Q + 1;
+  // TC: the rows of x (XP), B, C, S (N1) and M (Q1) as tc_pad says (the fragments' loads), x's unpadded otherwise
+  const int N1 = TC ? tc_pad(N) : N % 4 == 0 && (Q * P) % 4 == 0 ? N + 4 : N + 1, Q1 = TC ? tc_pad(Q) : Q + 1;
+  const int XP = TC ? tc_pad(P) : P;
   float* xs = sh;
-  float* Bs = xs + Q * P;
+  float* Bs = xs + Q * XP;
   float* Cs = Bs + Q * N1;
   float* S = Cs + Q * N1;
   float* M = S + P * N1;
@@ -694,7 +703,8 @@ __device__ __forceinline__ void ssd_forward_body(const float* xbc, const float* 
     const i64 row0 = b * W + t0;
     {
       RowCol rc(tid, nt, P);
-      for (int i = tid; i < Qc * P; i += nt, rc.next()) xs[i] = xbc[(row0 + rc.r) * sc.Cc + h * P + rc.c];
+      for (int i = tid; i < Qc * P; i += nt, rc.next())
+        xs[TC ? rc.r * XP + rc.c : i] = xbc[(row0 + rc.r) * sc.Cc + h * P + rc.c];
     }
     load_bc(xbc, sc, h, row0, Qc, Bs, Cs, N1);
     for (int t = tid; t < Qc; t += nt) {
@@ -710,16 +720,16 @@ __device__ __forceinline__ void ssd_forward_body(const float* xbc, const float* 
     for (int s = tid; s < Qc; s += nt) fs[s] = expf(cum[Qc - 1] - cum[s]) * dts[s];
     __syncthreads();
     scan_gemm2<TC, 2, 2, 4, LOWER>(  // y_t = sum_{s <= t} M[t][s] x_s + exp(cum_t) (S C_t) + D x_t; S = 0 in chunk 0
-        Qc, P, c > 0 ? N : 0, RowsK{Cs, N1}, ColsK{S, N1}, Qc, [&](int t, int s) { return M[t * Q1 + s]; }, [&](int s, int p) { return xs[s * P + p]; },
+        Qc, P, c > 0 ? N : 0, RowsK{Cs, N1}, ColsK{S, N1}, Qc, [&](int t, int s) { return M[t * Q1 + s]; }, [&](int s, int p) { return xs[s * XP + p]; },
         [&](int t, int p, float off, float acc) {
-          y[(row0 + t) * sc.E + h * P + p] = acc + expf(cum[t]) * off + D * xs[t * P + p];
+          y[(row0 + t) * sc.E + h * P + p] = acc + expf(cum[t]) * off + D * xs[t * XP + p];
         });
     __syncthreads();  // every y read S before it moves on
     if (c + 1 == sc.nc) break;  // the state after the window: nothing in training reads it
     const float decay = expf(cum[Qc - 1]);
     float* st = states + ((b * H + h) * (sc.nc - 1) + c) * (i64)P * N;
     scan_gemm<TC, 4, 4, 4, true>(  // S = exp(cum_end) S + sum_s f_s x_s B_s^T
-        P, N, Qc, [&](int p, int s) { return fs[s] * xs[s * P + p]; }, RowsJ{Bs, N1},
+        P, N, Qc, [&](int p, int s) { return fs[s] * xs[s * XP + p]; }, RowsJ{Bs, N1},
         [&](int p, int n, float acc) {
           const float v = decay * S[p * N1 + n] + acc;
           S[p * N1 + n] = v;
@@ -758,7 +768,8 @@ extern "C" __global__ __launch_bounds__(SCAN_THREADS) void cudarl_ssm_ssd_forwar
 // padded by one because dM[t][s] = dy_t . u_s, read one float at a time, is read by a warp of 32 bars s at one
 // channel p: with rows of P = 64 floats every lane hit one bank (a 32-way conflict, most of this kernel's time on
 // the H200 at bf6ed31). reference.ssm.backward_shared's size.
-// cudarl_ssm_ssd_backward (TC false) and cudarl_ssm_ssd_backward_tc (TC: as ssd_forward_body's).
+// cudarl_ssm_ssd_backward (TC false) and cudarl_ssm_ssd_backward_tc (TC: as ssd_forward_body's; dy's rows padded
+// too, unpadded in the FP32 kernel).
 namespace {
 template <bool TC>
 __device__ __forceinline__ void ssd_backward_body(const float* dy, const float* xbc, const float* zx, const float* dt,
@@ -770,10 +781,12 @@ __device__ __forceinline__ void ssd_backward_body(const float* dy, const float* 
   const i64 b = blockIdx.x / H;
   const int h = blockIdx.x % H, tid = threadIdx.x, nt = blockDim.x;
   const bool k4 = N % 4 == 0 && P % 4 == 0;  // rows of 16 bytes (the banner)
-  const int N1 = k4 ? N + 4 : N + 1, Q1 = Q + 1, QP = Q * P, P1 = k4 ? P + 4 : P + 1;
+  // TC: the rows of x (P1), dy (PY), B, C, S_in, dS (N1) and M, dCB, Z (Q1) as tc_pad says; dy's unpadded otherwise
+  const int N1 = TC ? tc_pad(N) : k4 ? N + 4 : N + 1, Q1 = TC ? tc_pad(Q) : Q + 1, QP = Q * P;
+  const int P1 = TC ? tc_pad(P) : k4 ? P + 4 : P + 1, PY = TC ? tc_pad(P) : P;
   float* xs = sh;  // x_s at xs[s * P1 + p]
-  float* dys = xs + Q * P1;
-  float* wS = dys + QP;
+  float* dys = xs + Q * P1;  // dy_t at dys[t * PY + p]
+  float* wS = dys + Q * PY;
   float* du = wS + QP;
   float* yoff = du + QP;
   float* Bs = yoff + QP;
@@ -803,7 +816,7 @@ __device__ __forceinline__ void ssd_backward_body(const float* dy, const float* 
       RowCol rc(tid, nt, P);
       for (int i = tid; i < Qc * P; i += nt, rc.next()) {
         xs[rc.r * P1 + rc.c] = xbc[(row0 + rc.r) * sc.Cc + h * P + rc.c];
-        dys[i] = dy[(row0 + rc.r) * sc.E + h * P + rc.c];
+        dys[TC ? rc.r * PY + rc.c : i] = dy[(row0 + rc.r) * sc.E + h * P + rc.c];
       }
     }
     load_bc(xbc, sc, h, row0, Qc, Bs, Cs, N1);
@@ -823,7 +836,7 @@ __device__ __forceinline__ void ssd_backward_body(const float* dy, const float* 
     // so the thread that wrote CB[t][s] is the one that reads it (no barrier between them).
     scan_gemm<TC, 1, 2, 2>(Qc, Qc, N, RowsK{Cs, N1}, ColsK{Bs, N1}, [&](int t, int s, float cb) { M[t * Q1 + s] = cb; });
     scan_gemm<TC, 1, 2, 2>(  // M = CB L, dCB = dM L, Z = dM M with L = exp(cum_t - cum_s), for s <= t (else 0)
-        Qc, Qc, P, RowsK{dys, P}, ScaledColsK{xs, P1, dts}, [&](int t, int s, float dm) {
+        Qc, Qc, P, RowsK{dys, PY}, ScaledColsK{xs, P1, dts}, [&](int t, int s, float dm) {
           float m = 0.f, dcb = 0.f, z = 0.f;
           if (s <= t) {
             const float L = expf(cum[t] - cum[s]);
@@ -845,15 +858,15 @@ __device__ __forceinline__ void ssd_backward_body(const float* dy, const float* 
     __syncthreads();
     scan_gemm2<TC, 2, 2, 4, UPPER, true>(  // du_s = sum_{t >= s} M[t][s] dy_t + f_s wS_s; dx = dt du + D dy
         Qc, P, 0, [&](int, int) { return 0.f; }, [&](int, int) { return 0.f; },
-        Qc, [&](int s, int t) { return M[t * Q1 + s]; }, RowsJ{dys, P},
+        Qc, [&](int s, int t) { return M[t * Q1 + s]; }, RowsJ{dys, PY},
         [&](int s, int p, float, float acc) {
           const float d = acc + fs[s] * wS[s * P + p];
           du[s * P + p] = d;
-          dxbc[(row0 + s) * sc.Cc + h * P + p] = dts[s] * d + D * dys[s * P + p];
+          dxbc[(row0 + s) * sc.Cc + h * P + p] = dts[s] * d + D * dys[s * PY + p];
         });
     float* dbc = dbc_part + (row0 * H + h) * 2 * (i64)N;
     scan_gemm2<TC, 2, 2, 4, LOWER, true>(  // dC_t = sum_{s <= t} dCB[t][s] B_s + e_t S_in^T dy_t
-        Qc, N, kSin * P, RowsK{dys, P}, RowsJ{Sin, N1},
+        Qc, N, kSin * P, RowsK{dys, PY}, RowsJ{Sin, N1},
         Qc, [&](int t, int s) { return dCB[t * Q1 + s]; }, RowsJ{Bs, N1},
         [&](int t, int n, float sc_in, float dc) { dbc[(i64)t * H * 2 * N + N + n] = dc + es[t] * sc_in; });
     scan_gemm2<TC, 2, 2, 4, UPPER, true>(  // dB_s = sum_{t >= s} dCB[t][s] C_t + f_s dS^T u_s
@@ -868,7 +881,7 @@ __device__ __forceinline__ void ssd_backward_body(const float* dy, const float* 
       for (int s = lane; s < t; s += 32) zr += Z[t * Q1 + s];
       for (int t2 = t + 1 + lane; t2 < Qc; t2 += 32) zc += Z[t2 * Q1 + t];
       for (int p = lane; p < P; p += 32) {
-        yo += dys[t * P + p] * yoff[t * P + p];
+        yo += dys[t * PY + p] * yoff[t * P + p];
         q += (dts[t] * xs[t * P1 + p]) * wS[t * P + p];
       }
       zr = cudarl::warp_sum(zr);
@@ -888,7 +901,7 @@ __device__ __forceinline__ void ssd_backward_body(const float* dy, const float* 
     }
     {
       RowCol rc(tid, nt, P);
-      for (int i = tid; i < Qc * P; i += nt, rc.next()) part_dd += dys[i] * xs[rc.r * P1 + rc.c];
+      for (int i = tid; i < Qc * P; i += nt, rc.next()) part_dd += dys[TC ? rc.r * PY + rc.c : i] * xs[rc.r * P1 + rc.c];
     }
     const float ss = cudarl::block_sum(part_ss, red, SCAN_THREADS);
     const float dd = cudarl::block_sum(part_dd, red, SCAN_THREADS);
@@ -926,7 +939,7 @@ __device__ __forceinline__ void ssd_backward_body(const float* dy, const float* 
     const float decay = expf(cum[Qc - 1]);
     if (c > 0)  // dS for the chunk before (every read of dS is done; chunk 0 has none before it)
       scan_gemm<TC, 4, 4, 4, true>(  // exp(cum_end) dS + sum_t e_t dy_t C_t^T
-          P, N, Qc, [&](int p, int t) { return es[t] * dys[t * P + p]; }, RowsJ{Cs, N1},
+          P, N, Qc, [&](int p, int t) { return es[t] * dys[t * PY + p]; }, RowsJ{Cs, N1},
           [&](int p, int n, float acc) { dS[p * N1 + n] = decay * dS[p * N1 + n] + acc; });
     __syncthreads();
   }
@@ -1166,9 +1179,11 @@ extern "C" __global__ void cudarl_ssm_ssd_step(const float* xbc, const float* zx
 // ---- ssd_forward_tc / ssd_backward_tc ---------------------------------------------------------------
 // ssd_forward and ssd_backward with their products on TF32 tensor cores (tile_gemm_tc, tile_gemm2_tc): the
 // scans of net.tf32. Everything else as the FP32 kernels: the grid, block, shared layout and size, and every
-// sum outside the products. ssd_forward_tc is bounded to 64 registers (4 blocks of 256 threads an SM; its
-// shared 47.6 KB a block at issue 22's shapes allow 4): 108 unbounded, 2 blocks, with no spills either way
-// (nvcc 13.0, sm_90). ssd_backward_tc's 108 KB of shared memory allow 2 blocks an SM, which its 96 do.
+// sum outside the products, but the shared rows the products read padded by tc_pad (x, dy, B, C, the states
+// and M, dCB, Z: reference.ssm.forward_shared / backward_shared with tf32; at issue 22's shapes 48.5 and 109.8 KB
+// a block against 47.6 and 108.2). ssd_forward_tc is bounded to 64 registers (4 blocks of 256 threads an SM,
+// which its shared memory allows): about 108 unbounded, 2 blocks, no spills either way (nvcc 13.0, sm_90).
+// ssd_backward_tc's shared memory allows 2 blocks an SM, which its 123 registers do.
 #if CUDARL_UNIT_IS(tf32)
 extern "C" __global__ __launch_bounds__(SCAN_THREADS, 4) void cudarl_ssm_ssd_forward_tc(
     const float* xbc, const float* zx, const float* head, float* y, float* dt_out, float* states, int W, int H, int P,

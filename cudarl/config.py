@@ -435,7 +435,7 @@ class NetConfig:
                 f"ssm_expand * d_model = {inner} channels must split into heads of ssm_headdim = {self.ssm_headdim}, "
                 f"their number a multiple of ssm_groups = {self.ssm_groups}",
             )
-            smem = 4 * backward_shared(self.ssm_chunk, self.ssm_headdim, self.ssm_state)
+            smem = 4 * backward_shared(self.ssm_chunk, self.ssm_headdim, self.ssm_state, self.tf32)
             _need(
                 s,
                 smem <= MAX_SHARED,

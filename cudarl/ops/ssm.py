@@ -17,9 +17,10 @@ _CONV_SEG = 16  # bars a conv_forward thread takes (ssm.cu CONV_SEG; any count o
 _STEP_THREADS = 128
 _LAST_THREADS = 128  # ssm.cu LAST_THREADS
 #: The scans' second kernels (cuda_src/ssm.cu): ``cudarl_ssm_<op>_tc``, the products on TF32 tensor cores, launched
-#: by ``tf32=True`` (``net.tf32``); the same parameters, grid, block and shared memory as ``cudarl_ssm_<op>``, sums
-#: to about 1e-3 rather than the twin's float32 rounding (tests/parity/test_ssm.py). One launcher and one twin
-#: serve both (``tools/check_faces.py`` reads this literal).
+#: by ``tf32=True`` (``net.tf32``); the same parameters, grid and block as ``cudarl_ssm_<op>``, a little more shared
+#: memory (rows padded for the fragments' loads: ``forward_shared`` / ``backward_shared`` with ``tf32``), sums to
+#: about 1e-3 rather than the twin's float32 rounding (tests/parity/test_ssm.py). One launcher and one twin serve
+#: both (``tools/check_faces.py`` reads this literal).
 KERNEL_VARIANTS = {"ssd_forward": ("tc",), "ssd_backward": ("tc",)}
 
 
@@ -123,7 +124,7 @@ def ssd_forward(xbc, zx, head, y, dt, states, window: int, chunk: int, *, tf32: 
         B * H,
         _SCAN_THREADS,
         (xbc, zx, head, y, dt, states, window, H, P, N, G, chunk),
-        shared_mem=_shared(where, forward_shared(chunk, P, N)),
+        shared_mem=_shared(where, forward_shared(chunk, P, N, tf32)),
         empty_ok=("states",),  # one chunk over the window: no states (read only entering chunk 2 on)
     )
 
@@ -153,7 +154,7 @@ def ssd_backward(
         B * H,
         _SCAN_THREADS,
         (dy, xbc, zx, dt, head, states, dxbc, dzx, dbc_part, dhead_part, window, H, P, N, G, chunk),
-        shared_mem=_shared(where, backward_shared(chunk, P, N)),
+        shared_mem=_shared(where, backward_shared(chunk, P, N, tf32)),
         empty_ok=("states",),  # one chunk over the window: no states (read only entering chunk 2 on)
     )
 

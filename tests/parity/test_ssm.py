@@ -205,6 +205,7 @@ def test_launchers_check_shapes_before_launching():
             W,
         )
     assert 4 * ops.backward_shared(64, 64, 64) <= ops.MAX_SHARED  # the benchmark's window in one chunk fits
+    assert 4 * ops.backward_shared(64, 64, 64, tf32=True) <= ops.MAX_SHARED  # its _tc kernel too
     with pytest.raises(ValueError, match="use a shorter chunk"):
         ops.ssd_backward(
             np.zeros((128, 64), f),
@@ -431,8 +432,9 @@ def test_tf32_operands_in_the_twin_stay_within_the_tc_bound(rng, monkeypatch, B,
 
 def test_the_tf32_flag_picks_the_tc_kernels_with_the_same_launch(monkeypatch):
     """ssd_forward / ssd_backward launch cudarl_ssm_<op> by default and cudarl_ssm_<op>_tc with ``tf32=True``,
-    with the same grid, block, shared memory and arguments (as the kernels declare them); every other op of the
-    family has no tf32 form (the last-bar scans are matrix-vector products)."""
+    with the same grid, block and arguments (as the kernels declare them) and the _tc kernels' shared memory
+    (rows padded by tc_pad); every other op of the family has no tf32 form (the last-bar scans are
+    matrix-vector products). The kernels are two compile units: fp32 (every FP32 kernel) and tf32."""
     from cudarl import testing
     from cudarl.ops import ssm as ops
 
@@ -480,8 +482,12 @@ def test_the_tf32_flag_picks_the_tc_kernels_with_the_same_launch(monkeypatch):
         "ssd_backward_tc",
         "ssd_forward",
     )
-    for plain, tc in ((f0, f1), (b0, b1)):
-        assert plain[1:3] == tc[1:3] and plain[4] == tc[4]
+    for plain, tc, smem in ((f0, f1, ref.forward_shared), (b0, b1, ref.backward_shared)):
+        assert plain[1:3] == tc[1:3]
+        assert plain[4]["shared_mem"] == 4 * smem(Q, P, N) and tc[4]["shared_mem"] == 4 * smem(Q, P, N, True)
+        assert {k: v for k, v in plain[4].items() if k != "shared_mem"} == {
+            k: v for k, v in tc[4].items() if k != "shared_mem"
+        }
         assert len(plain[3]) == len(tc[3]) and all(a is b for a, b in zip(plain[3], tc[3], strict=True))
         testing.assert_launch_args("ssm", tc[0], tc[3])
     assert ops.KERNEL_VARIANTS == {"ssd_forward": ("tc",), "ssd_backward": ("tc",)}
@@ -491,6 +497,24 @@ def test_the_tf32_flag_picks_the_tc_kernels_with_the_same_launch(monkeypatch):
     assert {kernels.unit_of("ssm", op) for op in ("ssd_forward", "ssd_backward", "conv_forward", "ssd_step")} == {
         "fp32"
     }
+
+
+def test_the_tc_scans_pad_their_rows_and_the_config_counts_it():
+    """tc_pad (ssm.cu's): rows of n' >= n floats, n' = 4 mod 8, so a fragment's 8 rows start in 8 distinct groups
+    of 4 banks; the _tc kernels' shared memory counts them, and net.tf32 with an SSM encoder is checked against
+    the _tc backward's size (a chunk that fits the FP32 kernel can miss the _tc one by the padding)."""
+    from cudarl.config import ConfigError, NetConfig
+
+    for n in range(1, 200):
+        m = ref.tc_pad(n)
+        assert n <= m < n + 8 and m % 8 == 4
+        assert len({(g * m) % 32 // 4 for g in range(8)}) == 8
+    assert [ref.tc_pad(n) for n in (3, 16, 32, 64)] == [4, 20, 36, 68]
+    assert 4 * ref.forward_shared(32, 64, 64, True) == 48512 and 4 * ref.backward_shared(32, 64, 64, True) == 109824
+    kw = dict(encoder="ssm", window=64, d_model=128, ssm_expand=2, ssm_headdim=64, ssm_state=128, ssm_chunk=53)
+    NetConfig(**kw)  # FP32: 228,880 bytes of the backward's
+    with pytest.raises(ConfigError, match="needs 233544 bytes of shared memory"):
+        NetConfig(**kw, tf32=True)
 
 
 def _gpu_tc_scan(cp, rng, B, W, H, P, N, G, K, chunk):
