@@ -1,6 +1,6 @@
 # Prepared for the next session (branch scan-tc; NOT RUN ON A GPU when written): one device call, from a checkout of
-# scan-tc with s24's tree in .gpu_base (sent by carry):
-#   mkdir .gpu_base && git archive s24 cudarl cuda_src tools tests pyproject.toml | tar -x -C .gpu_base
+# scan-tc with main's tree in .gpu_base (sent by carry):
+#   mkdir .gpu_base && git archive main cudarl cuda_src tools tests pyproject.toml | tar -x -C .gpu_base
 #   OUT=$OUT bash docs/bench/next_call_s25_tc.sh
 # scan-tc: under net.tf32 the SSM chunked scan and its backward run their matrix products on TF32 tensor cores
 # (cudarl_ssm_ssd_forward_tc / ssd_backward_tc, mma.sync m16n8k8); the FP32 kernels are unchanged (the same
