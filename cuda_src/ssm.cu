@@ -8,8 +8,11 @@
 // ld = E + C_c + H. A scan block owns one (sample, head) and walks the window's chunks of Q bars
 // with everything of a chunk in shared memory. Every sum has one fixed order (no float atomics):
 // the B and C gradients are per head (bc_reduce adds a group's heads in ascending order) and the
-// parameter gradients per sample (seq.colsum adds the samples).
+// parameter gradients per sample (seq.colsum adds the samples). The chunked scan and its backward have a
+// second kernel each, ssd_forward_tc and ssd_backward_tc (net.tf32): their matrix products on TF32 tensor
+// cores, the rest as the FP32 kernels (tile_gemm_tc below).
 #include <cudarl/reduce.cuh>
+#include <cudarl/units.cuh>
 
 typedef long long i64;
 
@@ -294,6 +297,180 @@ __device__ __forceinline__ void tile_gemm2(int M, int Nn, int K1, FA1 a1, FB1 b1
   }
 }
 
+// ---- the products on TF32 tensor cores (the _tc scans: net.tf32) -----------------------------------
+// tile_gemm and tile_gemm2 as warp-level mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32: every operand value
+// rounded to TF32 (cvt.rna: to nearest, ties away from zero, 10 mantissa bits), the products summed in float32
+// in the tensor core's order: the FP32 form's sums to about 1e-3 (tests/parity/test_ssm.py derives the bound),
+// not its bits. A warp owns a 16 x 8 NF tile of out (rows i0 .. i0 + 16, columns j0 .. j0 + 8 NF; the block's
+// warps take the tiles in turn, so every lane of a warp runs every mma) and walks k over [k0, k1) 8 at a time.
+// The operands are the FP32 form's functors, read a value at a time; one at a row >= M, a column >= Nn or a
+// k >= k1 is 0, never read (shared memory past an operand may hold anything, NaN too, and 0 * NaN is NaN).
+// A thread stores the out(i, j, v) of its own fragment elements: for given M, Nn and NF one thread owns one
+// (i, j) in every product, as tile_gemm's tiles do (ssd_backward's CB then dM relies on it).
+//
+// Fragments (PTX ISA 9.7.14.5.7 "Matrix Fragments for mma.m16n8k8", Figures 72, 75 and 77: .tf32 A and B,
+// .f32 C and D), g = lane >> 2, t = lane % 4:
+//   A [16 x 8], row:  a0 = A[g][t]   a1 = A[g + 8][t]   a2 = A[g][t + 4]   a3 = A[g + 8][t + 4]
+//   B [8 x 8], col:   b0 = B[t][g]   b1 = B[t + 4][g]
+//   C, D [16 x 8]:    c0 = C[g][2t]  c1 = C[g][2t + 1]  c2 = C[g + 8][2t]  c3 = C[g + 8][2t + 1]
+// tests/unit/test_ssm_fragments.py replays this mapping in NumPy over the 32 lanes. TF32 mma needs sm_80: below
+// it the _tc kernels run the FP32 form (as cuBLAS does TF32 GEMMs without TF32 tensor cores).
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
+#define SSM_TF32_MMA 1
+#else
+#define SSM_TF32_MMA 0
+#endif
+#define TC_M 16  // rows of an mma tile
+#define TC_N 8   // its columns
+#define TC_K 8   // its k
+
+// A shared row of n floats as the _tc scans pad it: n' >= n with n' = 4 (mod 8). The rows r0 + g (g < 8) then
+// start in 8 distinct groups of 4 banks, so a fragment's 8 rows x 4 consecutive columns (A's a_i; B's b_i where
+// B is stored along k, ColsK) are 32 distinct banks, and its 4 rows x 8 columns (B stored along j, RowsJ; A read
+// transposed) at most two per bank. (Rows of 64 floats put all 8 rows in one bank: an 8-way conflict a load.)
+__device__ __forceinline__ int tc_pad(int n) { return n + (12 - n % 8) % 8; }
+
+// v rounded to TF32 (its float32 bits with the low 13 mantissa bits clear), as the mma reads a .tf32 register.
+__device__ __forceinline__ unsigned tf32_bits(float v) {
+#if SSM_TF32_MMA
+  unsigned r;
+  asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(v));
+  return r;
+#else
+  __trap();  // not reached: scan_gemm takes the FP32 form below sm_80
+  return 0u;
+#endif
+}
+
+// d += A B over one 16 x 8 x 8 step, the fragments as the banner says.
+__device__ __forceinline__ void mma_tf32(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {
+#if SSM_TF32_MMA
+  asm volatile(
+      "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#else
+  __trap();
+#endif
+}
+
+// A lane's place in a warp's tile at (i0, j0): its A rows r[0] = i0 + g, r[1] = i0 + g + 8 (a0 / a2, a1 / a3;
+// also its accumulators' rows, c0 / c1 and c2 / c3), its B column c[f] = j0 + 8 f + g in fragment f, and which
+// of them are in range; its accumulator columns are col(f, e).
+template <int NF>
+struct TcLane {
+  int j0, t, r[2], c[NF];
+  bool r_ok[2], c_ok[NF];
+  __device__ TcLane(int i0, int j0_, int M, int Nn) : j0(j0_) {
+    const int lane = threadIdx.x & 31, g = lane >> 2;
+    t = lane & 3;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      r[h] = i0 + g + 8 * h;
+      r_ok[h] = r[h] < M;
+    }
+#pragma unroll
+    for (int f = 0; f < NF; ++f) {
+      c[f] = j0 + TC_N * f + g;
+      c_ok[f] = c[f] < Nn;
+    }
+  }
+  __device__ int col(int f, int e) const { return j0 + TC_N * f + 2 * t + (e & 1); }  // of c_e in fragment f
+};
+
+// acc[f] += A[i0 .. i0 + 16, k .. k + 8] B[k .. k + 8, j0 + 8 f ..] for f < NF. KCHECK: the step may pass k1 (a
+// range's last step when its length is not a multiple of 8); else every k of it is in range.
+template <int NF, bool KCHECK, typename FA, typename FB>
+__device__ __forceinline__ void tc_step(float (&acc)[NF][4], const TcLane<NF>& l, int k, int k1, FA a, FB b) {
+  const int ka = k + l.t, kb = ka + 4;  // the lane's k of a0, a1, b0 and of a2, a3, b1
+  const bool ka_ok = !KCHECK || ka < k1, kb_ok = !KCHECK || kb < k1;
+  const unsigned af[4] = {
+      tf32_bits(l.r_ok[0] && ka_ok ? a(l.r[0], ka) : 0.f), tf32_bits(l.r_ok[1] && ka_ok ? a(l.r[1], ka) : 0.f),
+      tf32_bits(l.r_ok[0] && kb_ok ? a(l.r[0], kb) : 0.f), tf32_bits(l.r_ok[1] && kb_ok ? a(l.r[1], kb) : 0.f)};
+#pragma unroll
+  for (int f = 0; f < NF; ++f) {
+    const unsigned bf[2] = {tf32_bits(l.c_ok[f] && ka_ok ? b(ka, l.c[f]) : 0.f),
+                            tf32_bits(l.c_ok[f] && kb_ok ? b(kb, l.c[f]) : 0.f)};
+    mma_tf32(acc[f], af, bf);
+  }
+}
+
+// acc += the products over k in [k0, k1), 8 k a step, the last one checked (none when k1 <= k0).
+template <int NF, typename FA, typename FB>
+__device__ __forceinline__ void tc_acc(float (&acc)[NF][4], const TcLane<NF>& l, int k0, int k1, FA a, FB b) {
+  int k = k0;
+  for (; k + TC_K <= k1; k += TC_K) tc_step<NF, false>(acc, l, k, k1, a, b);
+  if (k < k1) tc_step<NF, true>(acc, l, k, k1, a, b);
+}
+
+// The warp tiles of an M x Nn product, 16 x 8 NF each, J of them across: tile w at rows 16 (w / J) ..,
+// columns 8 NF (w % J) ..; a warp takes w = warp, warp + warps, ... (uniform over its lanes).
+template <int NF>
+__device__ __forceinline__ int tc_tiles(int M, int Nn, int& J) {
+  J = (Nn + TC_N * NF - 1) / (TC_N * NF);
+  return ((M + TC_M - 1) / TC_M) * J;
+}
+
+// tile_gemm's out(i, j, v), v = sum_{k < K} a(i, k) b(k, j), on tensor cores (the banner).
+template <int NF, typename FA, typename FB, typename FO>
+__device__ __forceinline__ void tile_gemm_tc(int M, int Nn, int K, FA a, FB b, FO out) {
+  int J;
+  const int tiles = tc_tiles<NF>(M, Nn, J);
+  for (int w = threadIdx.x >> 5; w < tiles; w += blockDim.x >> 5) {
+    const TcLane<NF> l((w / J) * TC_M, (w % J) * TC_N * NF, M, Nn);
+    float acc[NF][4] = {};
+    tc_acc<NF>(acc, l, 0, K, a, b);
+#pragma unroll
+    for (int f = 0; f < NF; ++f)
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        if (l.r_ok[e >> 1] && l.col(f, e) < Nn) out(l.r[e >> 1], l.col(f, e), acc[f][e]);
+  }
+}
+
+// tile_gemm2's out(i, j, v1, v2) on tensor cores: v1 over k < K1, v2 over a2's k range as T2 says (Tri) for the
+// warp tile's rows: LOWER stops after its last row, UPPER starts at its first (a multiple of 16, so the steps
+// keep their alignment). The k skipped are products with a2 = 0 exactly.
+template <int NF, Tri T2, typename FA1, typename FB1, typename FA2, typename FB2, typename FO>
+__device__ __forceinline__ void tile_gemm2_tc(int M, int Nn, int K1, FA1 a1, FB1 b1, int K2, FA2 a2, FB2 b2,
+                                              FO out) {
+  int J;
+  const int tiles = tc_tiles<NF>(M, Nn, J);
+  for (int w = threadIdx.x >> 5; w < tiles; w += blockDim.x >> 5) {
+    const int i0 = (w / J) * TC_M;
+    const TcLane<NF> l(i0, (w % J) * TC_N * NF, M, Nn);
+    float acc1[NF][4] = {}, acc2[NF][4] = {};
+    tc_acc<NF>(acc1, l, 0, K1, a1, b1);
+    const int k0 = T2 == UPPER ? min(i0, K2) : 0, k1 = T2 == LOWER ? min(i0 + TC_M, K2) : K2;
+    tc_acc<NF>(acc2, l, k0, k1, a2, b2);
+#pragma unroll
+    for (int f = 0; f < NF; ++f)
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        if (l.r_ok[e >> 1] && l.col(f, e) < Nn) out(l.r[e >> 1], l.col(f, e), acc1[f][e], acc2[f][e]);
+  }
+}
+
+// The scans' products: tile_gemm / tile_gemm2 (TC false: the FP32 kernels, whose code this leaves as it was) or
+// their tensor-core forms (TC: the _tc kernels) with NF fragments a warp tile. TM, TN and C4 shape the FP32
+// form, NF the TF32 one; each call site picks both for the benchmark's shapes (a tile a thread, a tile a warp).
+template <bool TC, int NF, int TM, int TN, bool C4 = false, typename FA, typename FB, typename FO>
+__device__ __forceinline__ void scan_gemm(int M, int Nn, int K, FA a, FB b, FO out) {
+  if constexpr (TC && SSM_TF32_MMA)
+    tile_gemm_tc<NF>(M, Nn, K, a, b, out);
+  else
+    tile_gemm<TM, TN, C4>(M, Nn, K, a, b, out);
+}
+template <bool TC, int NF, int TM, int TN, Tri T2, bool C4 = false, typename FA1, typename FB1, typename FA2,
+          typename FB2, typename FO>
+__device__ __forceinline__ void scan_gemm2(int M, int Nn, int K1, FA1 a1, FB1 b1, int K2, FA2 a2, FB2 b2, FO out) {
+  if constexpr (TC && SSM_TF32_MMA)
+    tile_gemm2_tc<NF, T2>(M, Nn, K1, a1, b1, K2, a2, b2, out);
+  else
+    tile_gemm2<TM, TN, T2, C4>(M, Nn, K1, a1, b1, K2, a2, b2, out);
+}
+
 // The row and column (r, c) of a flat index i = r w + c that a thread walks as i = i0, i0 + step, ...: one
 // division at the start, none a step (a division by a width known only at run time is a few dozen
 // instructions; the loaders below made one or two per element). The same (r, c) as i / w and i % w.
@@ -338,6 +515,10 @@ __device__ __forceinline__ void chunk_cumsum(const float* dts, float* cum, int Q
 
 }  // namespace
 
+// Two compile units (cudarl/units.cuh): fp32, every kernel but the _tc scans, and tf32, the _tc scans (at the end of
+// the file), so an FP32 start-up does not compile the tensor-core forms (about 2 s of NVRTC) and a TF32 one
+// compiles both side by side.
+#if CUDARL_UNIT_IS(fp32)
 // ---- conv_forward ---------------------------------------------------------------------------------
 // xbc[b, t, c] = silu(conv_pre) over in = zx[:, E + c]. Thread per (sample, channel, segment of CONV_SEG bars):
 // it loads its segment's bars and the K - 1 before it at once, then walks them with a register window of
@@ -476,6 +657,8 @@ extern "C" __global__ void cudarl_ssm_conv_step(const float* zx, const float* co
   xbc[b * Cc + c] = pre * sigmoidf_(pre);
 }
 
+#endif  // fp32
+
 // ---- ssd_forward ----------------------------------------------------------------------------------
 // The chunked scan (twin's docstring). Block per (sample, head) = blockIdx.x / H, % H; SCAN_THREADS.
 // Per chunk: x, B, C, dt into shared; cum; M[t][s] = (C_t . B_s) exp(cum_t - cum_s) dt_s (s <= t);
@@ -487,16 +670,23 @@ extern "C" __global__ void cudarl_ssm_conv_step(const float* zx, const float* co
 // 32 distinct banks), else N + 1 (rows padded by one against bank conflicts). reference.ssm.forward_shared's size.
 // A block reads its head's x, its group's B and C and its dt_raw over the window (4*W*(P + 2N + 1)
 // bytes) and writes y, dt and the chunk states (4*W*(P + 1) + 4*(nc - 1)*P*N bytes).
-extern "C" __global__ __launch_bounds__(SCAN_THREADS) void cudarl_ssm_ssd_forward(
-    const float* xbc, const float* zx, const float* head, float* y, float* dt_out, float* states, int W, int H, int P,
-    int N, int G, int Q) {
+// cudarl_ssm_ssd_forward (TC false) and cudarl_ssm_ssd_forward_tc (TC: the products on TF32 tensor cores, the
+// shared rows they read padded by tc_pad; the sums' other terms and everything between the products as the FP32
+// kernel's).
+namespace {
+template <bool TC>
+__device__ __forceinline__ void ssd_forward_body(const float* xbc, const float* zx, const float* head, float* y,
+                                                 float* dt_out, float* states, int W, int H, int P, int N, int G,
+                                                 int Q) {
   extern __shared__ float sh[];
   const Scan sc(W, H, P, N, G, Q);
   const i64 b = blockIdx.x / H;
   const int h = blockIdx.x % H, tid = threadIdx.x, nt = blockDim.x;
-  const int N1 = N % 4 == 0 && (Q * P) % 4 == 0 ? N + 4 : N + 1, Q1 = Q + 1;
+  // TC: the rows of x (XP), B, C, S (N1) and M (Q1) as tc_pad says (the fragments' loads), x's unpadded otherwise
+  const int N1 = TC ? tc_pad(N) : N % 4 == 0 && (Q * P) % 4 == 0 ? N + 4 : N + 1, Q1 = TC ? tc_pad(Q) : Q + 1;
+  const int XP = TC ? tc_pad(P) : P;
   float* xs = sh;
-  float* Bs = xs + Q * P;
+  float* Bs = xs + Q * XP;
   float* Cs = Bs + Q * N1;
   float* S = Cs + Q * N1;
   float* M = S + P * N1;
@@ -513,7 +703,8 @@ extern "C" __global__ __launch_bounds__(SCAN_THREADS) void cudarl_ssm_ssd_forwar
     const i64 row0 = b * W + t0;
     {
       RowCol rc(tid, nt, P);
-      for (int i = tid; i < Qc * P; i += nt, rc.next()) xs[i] = xbc[(row0 + rc.r) * sc.Cc + h * P + rc.c];
+      for (int i = tid; i < Qc * P; i += nt, rc.next())
+        xs[TC ? rc.r * XP + rc.c : i] = xbc[(row0 + rc.r) * sc.Cc + h * P + rc.c];
     }
     load_bc(xbc, sc, h, row0, Qc, Bs, Cs, N1);
     for (int t = tid; t < Qc; t += nt) {
@@ -523,22 +714,22 @@ extern "C" __global__ __launch_bounds__(SCAN_THREADS) void cudarl_ssm_ssd_forwar
     }
     __syncthreads();
     chunk_cumsum(dts, cum, Qc, A);
-    tile_gemm<2, 2>(  // M[t][s] = (C_t . B_s) exp(cum_t - cum_s) dt_s for s <= t, else 0
+    scan_gemm<TC, 1, 2, 2>(  // M[t][s] = (C_t . B_s) exp(cum_t - cum_s) dt_s for s <= t, else 0
         Qc, Qc, N, RowsK{Cs, N1}, ColsK{Bs, N1},
         [&](int t, int s, float cb) { M[t * Q1 + s] = s <= t ? cb * expf(cum[t] - cum[s]) * dts[s] : 0.f; });
     for (int s = tid; s < Qc; s += nt) fs[s] = expf(cum[Qc - 1] - cum[s]) * dts[s];
     __syncthreads();
-    tile_gemm2<2, 4, LOWER>(  // y_t = sum_{s <= t} M[t][s] x_s + exp(cum_t) (S C_t) + D x_t; S = 0 in chunk 0
-        Qc, P, c > 0 ? N : 0, RowsK{Cs, N1}, ColsK{S, N1}, Qc, [&](int t, int s) { return M[t * Q1 + s]; }, [&](int s, int p) { return xs[s * P + p]; },
+    scan_gemm2<TC, 2, 2, 4, LOWER>(  // y_t = sum_{s <= t} M[t][s] x_s + exp(cum_t) (S C_t) + D x_t; S = 0 in chunk 0
+        Qc, P, c > 0 ? N : 0, RowsK{Cs, N1}, ColsK{S, N1}, Qc, [&](int t, int s) { return M[t * Q1 + s]; }, [&](int s, int p) { return xs[s * XP + p]; },
         [&](int t, int p, float off, float acc) {
-          y[(row0 + t) * sc.E + h * P + p] = acc + expf(cum[t]) * off + D * xs[t * P + p];
+          y[(row0 + t) * sc.E + h * P + p] = acc + expf(cum[t]) * off + D * xs[t * XP + p];
         });
     __syncthreads();  // every y read S before it moves on
     if (c + 1 == sc.nc) break;  // the state after the window: nothing in training reads it
     const float decay = expf(cum[Qc - 1]);
     float* st = states + ((b * H + h) * (sc.nc - 1) + c) * (i64)P * N;
-    tile_gemm<4, 4, true>(  // S = exp(cum_end) S + sum_s f_s x_s B_s^T
-        P, N, Qc, [&](int p, int s) { return fs[s] * xs[s * P + p]; }, RowsJ{Bs, N1},
+    scan_gemm<TC, 4, 4, 4, true>(  // S = exp(cum_end) S + sum_s f_s x_s B_s^T
+        P, N, Qc, [&](int p, int s) { return fs[s] * xs[s * XP + p]; }, RowsJ{Bs, N1},
         [&](int p, int n, float acc) {
           const float v = decay * S[p * N1 + n] + acc;
           S[p * N1 + n] = v;
@@ -547,6 +738,15 @@ extern "C" __global__ __launch_bounds__(SCAN_THREADS) void cudarl_ssm_ssd_forwar
     __syncthreads();
   }
 }
+}  // namespace
+
+#if CUDARL_UNIT_IS(fp32)
+extern "C" __global__ __launch_bounds__(SCAN_THREADS) void cudarl_ssm_ssd_forward(
+    const float* xbc, const float* zx, const float* head, float* y, float* dt_out, float* states, int W, int H, int P,
+    int N, int G, int Q) {
+  ssd_forward_body<false>(xbc, zx, head, y, dt_out, states, W, H, P, N, G, Q);
+}
+#endif  // fp32
 
 // ---- ssd_backward ---------------------------------------------------------------------------------
 // The scan's backward, chunk by chunk from the last, carrying dS = dL/dS_out (twin for the
@@ -568,18 +768,25 @@ extern "C" __global__ __launch_bounds__(SCAN_THREADS) void cudarl_ssm_ssd_forwar
 // padded by one because dM[t][s] = dy_t . u_s, read one float at a time, is read by a warp of 32 bars s at one
 // channel p: with rows of P = 64 floats every lane hit one bank (a 32-way conflict, most of this kernel's time on
 // the H200 at bf6ed31). reference.ssm.backward_shared's size.
-extern "C" __global__ __launch_bounds__(SCAN_THREADS) void cudarl_ssm_ssd_backward(
-    const float* dy, const float* xbc, const float* zx, const float* dt, const float* head, const float* states,
-    float* dxbc, float* dzx, float* dbc_part, float* dhead_part, int W, int H, int P, int N, int G, int Q) {
+// cudarl_ssm_ssd_backward (TC false) and cudarl_ssm_ssd_backward_tc (TC: as ssd_forward_body's; dy's rows padded
+// too, unpadded in the FP32 kernel).
+namespace {
+template <bool TC>
+__device__ __forceinline__ void ssd_backward_body(const float* dy, const float* xbc, const float* zx, const float* dt,
+                                                  const float* head, const float* states, float* dxbc, float* dzx,
+                                                  float* dbc_part, float* dhead_part, int W, int H, int P, int N, int G,
+                                                  int Q) {
   extern __shared__ float sh[];
   const Scan sc(W, H, P, N, G, Q);
   const i64 b = blockIdx.x / H;
   const int h = blockIdx.x % H, tid = threadIdx.x, nt = blockDim.x;
   const bool k4 = N % 4 == 0 && P % 4 == 0;  // rows of 16 bytes (the banner)
-  const int N1 = k4 ? N + 4 : N + 1, Q1 = Q + 1, QP = Q * P, P1 = k4 ? P + 4 : P + 1;
+  // TC: the rows of x (P1), dy (PY), B, C, S_in, dS (N1) and M, dCB, Z (Q1) as tc_pad says; dy's unpadded otherwise
+  const int N1 = TC ? tc_pad(N) : k4 ? N + 4 : N + 1, Q1 = TC ? tc_pad(Q) : Q + 1, QP = Q * P;
+  const int P1 = TC ? tc_pad(P) : k4 ? P + 4 : P + 1, PY = TC ? tc_pad(P) : P;
   float* xs = sh;  // x_s at xs[s * P1 + p]
-  float* dys = xs + Q * P1;
-  float* wS = dys + QP;
+  float* dys = xs + Q * P1;  // dy_t at dys[t * PY + p]
+  float* wS = dys + Q * PY;
   float* du = wS + QP;
   float* yoff = du + QP;
   float* Bs = yoff + QP;
@@ -609,7 +816,7 @@ extern "C" __global__ __launch_bounds__(SCAN_THREADS) void cudarl_ssm_ssd_backwa
       RowCol rc(tid, nt, P);
       for (int i = tid; i < Qc * P; i += nt, rc.next()) {
         xs[rc.r * P1 + rc.c] = xbc[(row0 + rc.r) * sc.Cc + h * P + rc.c];
-        dys[i] = dy[(row0 + rc.r) * sc.E + h * P + rc.c];
+        dys[TC ? rc.r * PY + rc.c : i] = dy[(row0 + rc.r) * sc.E + h * P + rc.c];
       }
     }
     load_bc(xbc, sc, h, row0, Qc, Bs, Cs, N1);
@@ -627,9 +834,9 @@ extern "C" __global__ __launch_bounds__(SCAN_THREADS) void cudarl_ssm_ssd_backwa
     }
     // CB[t][s] = C_t . B_s into M, then dM[t][s] = dy_t . u_s; the two products have one tile mapping,
     // so the thread that wrote CB[t][s] is the one that reads it (no barrier between them).
-    tile_gemm<2, 2>(Qc, Qc, N, RowsK{Cs, N1}, ColsK{Bs, N1}, [&](int t, int s, float cb) { M[t * Q1 + s] = cb; });
-    tile_gemm<2, 2>(  // M = CB L, dCB = dM L, Z = dM M with L = exp(cum_t - cum_s), for s <= t (else 0)
-        Qc, Qc, P, RowsK{dys, P}, ScaledColsK{xs, P1, dts}, [&](int t, int s, float dm) {
+    scan_gemm<TC, 1, 2, 2>(Qc, Qc, N, RowsK{Cs, N1}, ColsK{Bs, N1}, [&](int t, int s, float cb) { M[t * Q1 + s] = cb; });
+    scan_gemm<TC, 1, 2, 2>(  // M = CB L, dCB = dM L, Z = dM M with L = exp(cum_t - cum_s), for s <= t (else 0)
+        Qc, Qc, P, RowsK{dys, PY}, ScaledColsK{xs, P1, dts}, [&](int t, int s, float dm) {
           float m = 0.f, dcb = 0.f, z = 0.f;
           if (s <= t) {
             const float L = expf(cum[t] - cum[s]);
@@ -644,25 +851,25 @@ extern "C" __global__ __launch_bounds__(SCAN_THREADS) void cudarl_ssm_ssd_backwa
     // A zero operand's product is skipped (K = 0 gives +0, the bits its sum of +0 products had): dS is
     // zero in the last chunk (the first one walked), S_in in the first.
     const int kS = c < sc.nc - 1 ? 1 : 0, kSin = c > 0 ? 1 : 0;
-    tile_gemm<2, 4>(  // wS_s = dS B_s
+    scan_gemm<TC, 2, 2, 4>(  // wS_s = dS B_s
         Qc, P, kS * N, RowsK{Bs, N1}, ColsK{dS, N1}, [&](int s, int p, float v) { wS[s * P + p] = v; });
-    tile_gemm<2, 4>(  // yoff_t = S_in C_t
+    scan_gemm<TC, 2, 2, 4>(  // yoff_t = S_in C_t
         Qc, P, kSin * N, RowsK{Cs, N1}, ColsK{Sin, N1}, [&](int t, int p, float v) { yoff[t * P + p] = v; });
     __syncthreads();
-    tile_gemm2<2, 4, UPPER, true>(  // du_s = sum_{t >= s} M[t][s] dy_t + f_s wS_s; dx = dt du + D dy
+    scan_gemm2<TC, 2, 2, 4, UPPER, true>(  // du_s = sum_{t >= s} M[t][s] dy_t + f_s wS_s; dx = dt du + D dy
         Qc, P, 0, [&](int, int) { return 0.f; }, [&](int, int) { return 0.f; },
-        Qc, [&](int s, int t) { return M[t * Q1 + s]; }, RowsJ{dys, P},
+        Qc, [&](int s, int t) { return M[t * Q1 + s]; }, RowsJ{dys, PY},
         [&](int s, int p, float, float acc) {
           const float d = acc + fs[s] * wS[s * P + p];
           du[s * P + p] = d;
-          dxbc[(row0 + s) * sc.Cc + h * P + p] = dts[s] * d + D * dys[s * P + p];
+          dxbc[(row0 + s) * sc.Cc + h * P + p] = dts[s] * d + D * dys[s * PY + p];
         });
     float* dbc = dbc_part + (row0 * H + h) * 2 * (i64)N;
-    tile_gemm2<2, 4, LOWER, true>(  // dC_t = sum_{s <= t} dCB[t][s] B_s + e_t S_in^T dy_t
-        Qc, N, kSin * P, RowsK{dys, P}, RowsJ{Sin, N1},
+    scan_gemm2<TC, 2, 2, 4, LOWER, true>(  // dC_t = sum_{s <= t} dCB[t][s] B_s + e_t S_in^T dy_t
+        Qc, N, kSin * P, RowsK{dys, PY}, RowsJ{Sin, N1},
         Qc, [&](int t, int s) { return dCB[t * Q1 + s]; }, RowsJ{Bs, N1},
         [&](int t, int n, float sc_in, float dc) { dbc[(i64)t * H * 2 * N + N + n] = dc + es[t] * sc_in; });
-    tile_gemm2<2, 4, UPPER, true>(  // dB_s = sum_{t >= s} dCB[t][s] C_t + f_s dS^T u_s
+    scan_gemm2<TC, 2, 2, 4, UPPER, true>(  // dB_s = sum_{t >= s} dCB[t][s] C_t + f_s dS^T u_s
         Qc, N, kS * P, ScaledRowsK{xs, P1, dts}, RowsJ{dS, N1},
         Qc, [&](int s, int t) { return dCB[t * Q1 + s]; }, RowsJ{Cs, N1},
         [&](int s, int n, float sc_out, float db) { dbc[(i64)s * H * 2 * N + n] = db + fs[s] * sc_out; });
@@ -674,7 +881,7 @@ extern "C" __global__ __launch_bounds__(SCAN_THREADS) void cudarl_ssm_ssd_backwa
       for (int s = lane; s < t; s += 32) zr += Z[t * Q1 + s];
       for (int t2 = t + 1 + lane; t2 < Qc; t2 += 32) zc += Z[t2 * Q1 + t];
       for (int p = lane; p < P; p += 32) {
-        yo += dys[t * P + p] * yoff[t * P + p];
+        yo += dys[t * PY + p] * yoff[t * P + p];
         q += (dts[t] * xs[t * P1 + p]) * wS[t * P + p];
       }
       zr = cudarl::warp_sum(zr);
@@ -694,7 +901,7 @@ extern "C" __global__ __launch_bounds__(SCAN_THREADS) void cudarl_ssm_ssd_backwa
     }
     {
       RowCol rc(tid, nt, P);
-      for (int i = tid; i < Qc * P; i += nt, rc.next()) part_dd += dys[i] * xs[rc.r * P1 + rc.c];
+      for (int i = tid; i < Qc * P; i += nt, rc.next()) part_dd += dys[TC ? rc.r * PY + rc.c : i] * xs[rc.r * P1 + rc.c];
     }
     const float ss = cudarl::block_sum(part_ss, red, SCAN_THREADS);
     const float dd = cudarl::block_sum(part_dd, red, SCAN_THREADS);
@@ -731,8 +938,8 @@ extern "C" __global__ __launch_bounds__(SCAN_THREADS) void cudarl_ssm_ssd_backwa
     }
     const float decay = expf(cum[Qc - 1]);
     if (c > 0)  // dS for the chunk before (every read of dS is done; chunk 0 has none before it)
-      tile_gemm<4, 4, true>(  // exp(cum_end) dS + sum_t e_t dy_t C_t^T
-          P, N, Qc, [&](int p, int t) { return es[t] * dys[t * P + p]; }, RowsJ{Cs, N1},
+      scan_gemm<TC, 4, 4, 4, true>(  // exp(cum_end) dS + sum_t e_t dy_t C_t^T
+          P, N, Qc, [&](int p, int t) { return es[t] * dys[t * PY + p]; }, RowsJ{Cs, N1},
           [&](int p, int n, float acc) { dS[p * N1 + n] = decay * dS[p * N1 + n] + acc; });
     __syncthreads();
   }
@@ -743,7 +950,18 @@ extern "C" __global__ __launch_bounds__(SCAN_THREADS) void cudarl_ssm_ssd_backwa
     out[2 * H] = dbias;
   }
 }
+}  // namespace
 
+#if CUDARL_UNIT_IS(fp32)
+extern "C" __global__ __launch_bounds__(SCAN_THREADS) void cudarl_ssm_ssd_backward(
+    const float* dy, const float* xbc, const float* zx, const float* dt, const float* head, const float* states,
+    float* dxbc, float* dzx, float* dbc_part, float* dhead_part, int W, int H, int P, int N, int G, int Q) {
+  ssd_backward_body<false>(dy, xbc, zx, dt, head, states, dxbc, dzx, dbc_part, dhead_part, W, H, P, N, G, Q);
+}
+
+#endif  // fp32
+
+#if CUDARL_UNIT_IS(fp32)
 // ---- ssd_last_forward / ssd_last_backward ---------------------------------------------------------
 // The scan's output at the last bar only, for the top block of an encoder whose heads read psi = the last
 // bar (the twin's ssd_last_forward: y_T = sum_s m_s x_s + D x_T, m_s = (C_T . B_s) e_s dt_s, e_s =
@@ -956,3 +1174,25 @@ extern "C" __global__ void cudarl_ssm_ssd_step(const float* xbc, const float* zx
   __syncthreads();
   for (int i = tid; i < PN; i += nt) S[i] = St[(i / N) * ld + i % N];
 }
+#endif  // fp32
+
+// ---- ssd_forward_tc / ssd_backward_tc ---------------------------------------------------------------
+// ssd_forward and ssd_backward with their products on TF32 tensor cores (tile_gemm_tc, tile_gemm2_tc): the
+// scans of net.tf32. Everything else as the FP32 kernels: the grid, block, shared layout and size, and every
+// sum outside the products, but the shared rows the products read padded by tc_pad (x, dy, B, C, the states
+// and M, dCB, Z: reference.ssm.forward_shared / backward_shared with tf32; at issue 22's shapes 48.5 and 109.8 KB
+// a block against 47.6 and 108.2). ssd_forward_tc is bounded to 64 registers (4 blocks of 256 threads an SM,
+// which its shared memory allows): about 108 unbounded, 2 blocks, no spills either way (nvcc 13.0, sm_90).
+// ssd_backward_tc's shared memory allows 2 blocks an SM, which its 123 registers do.
+#if CUDARL_UNIT_IS(tf32)
+extern "C" __global__ __launch_bounds__(SCAN_THREADS, 4) void cudarl_ssm_ssd_forward_tc(
+    const float* xbc, const float* zx, const float* head, float* y, float* dt_out, float* states, int W, int H, int P,
+    int N, int G, int Q) {
+  ssd_forward_body<true>(xbc, zx, head, y, dt_out, states, W, H, P, N, G, Q);
+}
+extern "C" __global__ __launch_bounds__(SCAN_THREADS) void cudarl_ssm_ssd_backward_tc(
+    const float* dy, const float* xbc, const float* zx, const float* dt, const float* head, const float* states,
+    float* dxbc, float* dzx, float* dbc_part, float* dhead_part, int W, int H, int P, int N, int G, int Q) {
+  ssd_backward_body<true>(dy, xbc, zx, dt, head, states, dxbc, dzx, dbc_part, dhead_part, W, H, P, N, G, Q);
+}
+#endif  // tf32

@@ -328,7 +328,9 @@ class NetConfig:
     action is scaled by conviction (fractional env positions, in training and evaluation); elsewhere the
     gate returns exactly 1, so an untrained head changes nothing (docs/guide.md)."""
     tf32: bool = False
-    """Let cuBLAS use TF32 tensor cores for the network's GEMMs (GPU; ~1e-3 relative error)."""
+    """Let cuBLAS use TF32 tensor cores for the network's GEMMs, and with ``encoder = "ssm"`` run the chunked
+    scan's matrix products on them too (``ssm.ssd_forward_tc`` / ``ssd_backward_tc``; docs/encoders.md) (GPU;
+    ~1e-3 relative error)."""
     gemm: str = "cublaslt_nosplit"
     """GEMMs of the linear layers (GPU): ``cublas`` (cuBLAS, then the bias/activation kernel),
     ``cublaslt`` (the forward as one cuBLASLt GEMM with the bias and ReLU fused into its epilogue;
@@ -433,7 +435,7 @@ class NetConfig:
                 f"ssm_expand * d_model = {inner} channels must split into heads of ssm_headdim = {self.ssm_headdim}, "
                 f"their number a multiple of ssm_groups = {self.ssm_groups}",
             )
-            smem = 4 * backward_shared(self.ssm_chunk, self.ssm_headdim, self.ssm_state)
+            smem = 4 * backward_shared(self.ssm_chunk, self.ssm_headdim, self.ssm_state, self.tf32)
             _need(
                 s,
                 smem <= MAX_SHARED,

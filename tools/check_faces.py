@@ -5,9 +5,10 @@ For each cuda_src/<family>.cu: every kernel is named cudarl_<family>_<op>; cudar
 and cudarl/ops/<family>.py exist and define a function named <op> for every kernel op; and
 tests/parity/test_<family>.py exists. An op may have several kernels, ``cudarl_<family>_<op>_<variant>``,
 where cudarl/ops/<family>.py declares them (``KERNEL_VARIANTS = {op: (variant, ...)}``: one launcher and
-one twin for the op, the launcher choosing the kernel): every declared variant must exist, and the
-variants of an op must take the same parameters. Every kernel's ``extern "C"`` parameters can be read
-(cudarl.signatures: the one source of a signature, which kernels.launch checks arguments against),
+one twin for the op, the launcher choosing the kernel; the op's own kernel ``cudarl_<family>_<op>`` may be
+one of them too): every declared variant must exist, and the kernels of an op must take the same parameters.
+Every kernel's ``extern "C"`` parameters can be read (cudarl.signatures: the one source of a signature,
+which kernels.launch checks arguments against),
 a family split into compile units (cuda_src/include/cudarl/units.cuh) has every kernel in exactly one,
 and every ``launch(family, op, grid, block, args)`` in cudarl/ops names a kernel that exists, passes no
 signature string, and (where ``args`` is a tuple written out) as many arguments as the kernel takes.
@@ -102,7 +103,7 @@ def problems() -> list[str]:
         except signatures.SignatureError as exc:
             out.append(str(exc))
         for op, vs in variants.items():
-            params = {sigs[f"{op}_{v}"].params for v in vs if f"{op}_{v}" in sigs}
+            params = {sigs[k].params for k in [op] + [f"{op}_{v}" for v in vs] if k in sigs}
             if len(params) > 1:
                 out.append(f"cuda_src/{fam}.cu: the kernels of {op} ({', '.join(vs)}) take different parameters")
         out += signatures.forwarding_problems(cu)
@@ -113,9 +114,13 @@ def problems() -> list[str]:
 
 def launch_ops(op: ast.expr, variants: dict) -> list[str] | None:
     """The kernel ops a launch's ``op`` argument names: a string; ``f"<op>_{variant}"`` for an op with
-    declared variants, every variant; ``None`` for anything else (kernels.launch checks it when it runs)."""
+    declared variants, every variant; ``a if cond else b``, those of both; ``None`` for anything else
+    (kernels.launch checks it when it runs)."""
     if isinstance(op, ast.Constant) and isinstance(op.value, str):
         return [op.value]
+    if isinstance(op, ast.IfExp):
+        both = launch_ops(op.body, variants), launch_ops(op.orelse, variants)
+        return None if None in both else both[0] + both[1]
     if isinstance(op, ast.JoinedStr) and len(op.values) == 2:
         head, tail = op.values
         if isinstance(head, ast.Constant) and isinstance(tail, ast.FormattedValue) and head.value.endswith("_"):

@@ -16,6 +16,12 @@ _CONV_THREADS = 128
 _CONV_SEG = 16  # bars a conv_forward thread takes (ssm.cu CONV_SEG; any count of segments covers the window)
 _STEP_THREADS = 128
 _LAST_THREADS = 128  # ssm.cu LAST_THREADS
+#: The scans' second kernels (cuda_src/ssm.cu): ``cudarl_ssm_<op>_tc``, the products on TF32 tensor cores, launched
+#: by ``tf32=True`` (``net.tf32``); the same parameters, grid and block as ``cudarl_ssm_<op>``, a little more shared
+#: memory (rows padded for the fragments' loads: ``forward_shared`` / ``backward_shared`` with ``tf32``), sums to
+#: about 1e-3 rather than the twin's float32 rounding (tests/parity/test_ssm.py). One launcher and one twin serve
+#: both (``tools/check_faces.py`` reads this literal).
+KERNEL_VARIANTS = {"ssd_forward": ("tc",), "ssd_backward": ("tc",)}
 
 
 def _rows(where: str, name: str, a, rows: int) -> None:
@@ -104,9 +110,9 @@ def _shared(where: str, floats: int, shorter: str = "chunk") -> int:
     return 4 * floats
 
 
-def ssd_forward(xbc, zx, head, y, dt, states, window: int, chunk: int) -> None:
+def ssd_forward(xbc, zx, head, y, dt, states, window: int, chunk: int, *, tf32: bool = False) -> None:
     """The chunked scan: y ``[B W, E]``, dt ``[B W, H]``, states ``[B, H, n_states, P, N]`` (the state entering
-    each chunk after the first) written."""
+    each chunk after the first) written. ``tf32``: its matrix products on TF32 tensor cores (``ssd_forward_tc``)."""
     where = "ssm.ssd_forward"
     R, E = y.shape
     B, H, P, N, G = _scan_dims(where, xbc, zx, head, E, states.shape)
@@ -114,18 +120,21 @@ def ssd_forward(xbc, zx, head, y, dt, states, window: int, chunk: int) -> None:
     check_shapes(where, ("dt", dt, (R, H)), ("states", states, (B, H, n_states(window, chunk), P, N)))
     launch(
         "ssm",
-        "ssd_forward",
+        "ssd_forward_tc" if tf32 else "ssd_forward",
         B * H,
         _SCAN_THREADS,
         (xbc, zx, head, y, dt, states, window, H, P, N, G, chunk),
-        shared_mem=_shared(where, forward_shared(chunk, P, N)),
+        shared_mem=_shared(where, forward_shared(chunk, P, N, tf32)),
         empty_ok=("states",),  # one chunk over the window: no states (read only entering chunk 2 on)
     )
 
 
-def ssd_backward(dy, xbc, zx, dt, head, states, dxbc, dzx, dbc_part, dhead_part, window: int, chunk: int) -> None:
+def ssd_backward(
+    dy, xbc, zx, dt, head, states, dxbc, dzx, dbc_part, dhead_part, window: int, chunk: int, *, tf32: bool = False
+) -> None:
     """The scan's backward: dx into dxbc's x columns, d dt_raw into dzx's dt columns, dbc_part
-    ``[B W, H, 2 N]``, dhead_part ``[B, 3, H]``."""
+    ``[B W, H, 2 N]``, dhead_part ``[B, 3, H]``. ``tf32``: its matrix products on TF32 tensor cores
+    (``ssd_backward_tc``)."""
     where = "ssm.ssd_backward"
     R, E = dy.shape
     B, H, P, N, G = _scan_dims(where, xbc, zx, head, E, states.shape)
@@ -141,11 +150,11 @@ def ssd_backward(dy, xbc, zx, dt, head, states, dxbc, dzx, dbc_part, dhead_part,
     )
     launch(
         "ssm",
-        "ssd_backward",
+        "ssd_backward_tc" if tf32 else "ssd_backward",
         B * H,
         _SCAN_THREADS,
         (dy, xbc, zx, dt, head, states, dxbc, dzx, dbc_part, dhead_part, window, H, P, N, G, chunk),
-        shared_mem=_shared(where, backward_shared(chunk, P, N)),
+        shared_mem=_shared(where, backward_shared(chunk, P, N, tf32)),
         empty_ok=("states",),  # one chunk over the window: no states (read only entering chunk 2 on)
     )
 

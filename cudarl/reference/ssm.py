@@ -46,16 +46,28 @@ SCAN_THREADS = 256  # ssm.cu SCAN_THREADS: threads of a scan block
 MAX_SHARED = 227 * 1024
 
 
-def forward_shared(Q: int, P: int, N: int) -> int:
+def tc_pad(n: int) -> int:
+    """ssm.cu tc_pad: a shared row of n floats in the _tc scans, padded to n' >= n with n' = 4 (mod 8)."""
+    return n + (12 - n % 8) % 8
+
+
+def forward_shared(Q: int, P: int, N: int, tf32: bool = False) -> int:
     """Floats of shared memory an ssd_forward block uses (ssm.cu's banner): its B, C and S rows are N + 4 floats
-    where N and Q P are multiples of 4 (rows on 16 bytes), else N + 1."""
+    where N and Q P are multiples of 4 (rows on 16 bytes), else N + 1. ``tf32`` (ssd_forward_tc): its x, B, C, S
+    and M rows padded by :func:`tc_pad`."""
+    if tf32:
+        return Q * tc_pad(P) + 2 * Q * tc_pad(N) + P * tc_pad(N) + Q * tc_pad(Q) + 3 * Q
     n1 = N + 4 if N % 4 == 0 and (Q * P) % 4 == 0 else N + 1
     return Q * P + 2 * Q * n1 + P * n1 + Q * (Q + 1) + 3 * Q
 
 
-def backward_shared(Q: int, P: int, N: int) -> int:
+def backward_shared(Q: int, P: int, N: int, tf32: bool = False) -> int:
     """Floats of shared memory an ssd_backward block uses (ssm.cu's banner): its x rows are P + 4 floats and its
-    B, C, S_in and dS rows N + 4 where N and P are multiples of 4 (rows on 16 bytes), else P + 1 and N + 1."""
+    B, C, S_in and dS rows N + 4 where N and P are multiples of 4 (rows on 16 bytes), else P + 1 and N + 1.
+    ``tf32`` (ssd_backward_tc): its x, dy, B, C, S_in, dS, M, dCB and Z rows padded by :func:`tc_pad`."""
+    if tf32:
+        p1, n1, q1 = tc_pad(P), tc_pad(N), tc_pad(Q)
+        return 2 * Q * p1 + 3 * Q * P + 2 * Q * n1 + 2 * P * n1 + 3 * Q * q1 + 6 * Q + SCAN_THREADS
     pad = 4 if N % 4 == 0 and P % 4 == 0 else 1
     return Q * (P + pad) + 4 * Q * P + 2 * Q * (N + pad) + 2 * P * (N + pad) + 3 * Q * (Q + 1) + 6 * Q + SCAN_THREADS
 
@@ -180,10 +192,11 @@ def _decay(cum):
     return L.transpose(0, 3, 1, 2)
 
 
-def ssd_forward(xbc, zx, head, y, dt, states, window: int, chunk: int) -> None:
+def ssd_forward(xbc, zx, head, y, dt, states, window: int, chunk: int, *, tf32: bool = False) -> None:
     """The chunked SSD scan (module docstring). xbc ``[B W, C_c]``; zx ``[B W, ld]`` (dt_raw columns);
     head ``[3, H]``; y ``[B W, E]`` and dt ``[B W, H]`` written; states ``[B, H, n_states, P, N]`` written
-    (:func:`n_states`: the state entering each chunk after the first)."""
+    (:func:`n_states`: the state entering each chunk after the first). ``tf32`` is the launcher's (the GPU's
+    tensor-core kernel); the twin computes in its buffers' dtype either way: it is the oracle of both."""
     E = y.shape[1]
     Bn, H, ns, P, N = states.shape
     nc = n_chunks(window, chunk)
@@ -217,8 +230,11 @@ def ssd_forward(xbc, zx, head, y, dt, states, window: int, chunk: int) -> None:
     y[...] = yv.reshape(-1, E)
 
 
-def ssd_backward(dy, xbc, zx, dt, head, states, dxbc, dzx, dbc_part, dhead_part, window: int, chunk: int) -> None:
-    """Backward of :func:`ssd_forward`, chunk by chunk from the last (module docstring for the forward).
+def ssd_backward(
+    dy, xbc, zx, dt, head, states, dxbc, dzx, dbc_part, dhead_part, window: int, chunk: int, *, tf32: bool = False
+) -> None:
+    """Backward of :func:`ssd_forward`, chunk by chunk from the last (module docstring for the forward);
+    ``tf32`` as there (ignored: the twin computes in its buffers' dtype).
 
     Writes ``dxbc[:, :E]`` (dx, with the D skip), ``dzx[:, dt columns]`` (d dt_raw), the per-head
     gradients of B and C ``dbc_part [B W, H, 2 N]`` (dB then dC; :func:`bc_reduce` sums a group's

@@ -11,7 +11,7 @@ import pytest
 
 from cudarl.reference import seq as rseq
 from cudarl.reference import ssm as ref
-from cudarl.testing import assert_bitwise, assert_oracle, poison, rel_error
+from cudarl.testing import assert_bitwise, assert_oracle, assert_parity, poison, rel_error
 
 
 def case(rng, B, W, H, P, N, G, K, dtype=np.float64):
@@ -205,6 +205,7 @@ def test_launchers_check_shapes_before_launching():
             W,
         )
     assert 4 * ops.backward_shared(64, 64, 64) <= ops.MAX_SHARED  # the benchmark's window in one chunk fits
+    assert 4 * ops.backward_shared(64, 64, 64, tf32=True) <= ops.MAX_SHARED  # its _tc kernel too
     with pytest.raises(ValueError, match="use a shorter chunk"):
         ops.ssd_backward(
             np.zeros((128, 64), f),
@@ -395,3 +396,273 @@ def test_gpu_steps_match_the_twin_and_the_window(cp, rng, B, W, H, P, N, G, K, c
     assert_oracle(gss, ss["32"], ss["64"], what="state after W bars")
     assert_bitwise(gxt, gxbc.reshape(B, W, Cc)[:, -1], what="conv_step vs conv_forward")
     assert rel_error(gyt, gy.reshape(B, W, E)[:, -1]) <= 1e-5, "recurrent vs chunked y at the last bar"
+
+
+# --- the _tc scans (net.tf32): the products on TF32 tensor cores ----------------------------------------
+#: TF32's unit roundoff: 10 explicit mantissa bits, operands rounded to nearest (cvt.rna.tf32.f32).
+U_TF32 = 2.0**-11
+#: The _tc scans' bound on ||gpu - twin64|| / ||twin64|| (derivation: :func:`test_gpu_tc_scans_match_the_float64_twin`).
+TC_TOL = 4 * U_TF32
+
+
+def _tf32(a):
+    """``a`` rounded to TF32 as cvt.rna does (to nearest, ties away from zero; finite values), as float64."""
+    f = np.asarray(a, np.float32)
+    bits = ((f.view(np.uint32).astype(np.uint64) + 0x1000) & 0xFFFFE000).astype(np.uint32)
+    return np.where(np.isfinite(f), bits.view(np.float32), f).astype(np.float64)
+
+
+@pytest.mark.parametrize("B,W,H,P,N,G,K,chunk", [(3, 9, 4, 3, 5, 2, 3, 4), (2, 20, 2, 6, 8, 1, 4, 8)])
+def test_tf32_operands_in_the_twin_stay_within_the_tc_bound(rng, monkeypatch, B, W, H, P, N, G, K, chunk):
+    """The rounding model behind :data:`TC_TOL`, on the CPU: the float64 twin with every operand of its matrix
+    contractions rounded to TF32 (as the _tc kernels' products read theirs; the rest in float64) stays within
+    TC_TOL of the exact twin on every output, and moves (the rounding is there to bound)."""
+    c = case(rng, B, W, H, P, N, G, K)
+    dy = rng.standard_normal((B * W, c["E"]))
+    xbc, y, dt, st = scan(c, B, W, H, P, N, chunk)
+    want = (y, st, *scan_backward(c, xbc, dt, st, dy, B, W, H, N, chunk))
+    exact = ref._contract
+    monkeypatch.setattr(ref, "_contract", lambda spec, *ops: exact(spec, *(_tf32(o) for o in ops)))
+    _, y_tc, _, st_tc = scan(c, B, W, H, P, N, chunk)
+    got = (y_tc, st_tc, *scan_backward(c, xbc, dt, st, dy, B, W, H, N, chunk))
+    for g, w, name in zip(got, want, ("y", "states", "dxbc", "d dt_raw", "dhead"), strict=True):
+        err = rel_error(g, w)
+        assert U_TF32 / 100 < err <= TC_TOL, f"{name}: {err:.2e}"
+
+
+def test_the_tf32_flag_picks_the_tc_kernels_with_the_same_launch(monkeypatch):
+    """ssd_forward / ssd_backward launch cudarl_ssm_<op> by default and cudarl_ssm_<op>_tc with ``tf32=True``,
+    with the same grid, block and arguments (as the kernels declare them) and the _tc kernels' shared memory
+    (rows padded by tc_pad); every other op of the family has no tf32 form (the last-bar scans are
+    matrix-vector products). The kernels are two compile units: fp32 (every FP32 kernel) and tf32."""
+    from cudarl import testing
+    from cudarl.ops import ssm as ops
+
+    calls = []
+    monkeypatch.setattr(
+        ops, "launch", lambda fam, op, grid, block, args, **kw: calls.append((op, grid, block, args, kw))
+    )
+    f = np.float32
+    B, W, H, P, N, Q = 2, 7, 2, 3, 4, 4
+    E, Cc = H * P, H * P + 2 * N
+    ns = ref.n_states(W, Q)
+    fwd = (
+        np.zeros((B * W, Cc), f),
+        np.zeros((B * W, E + Cc + H), f),
+        np.zeros((3, H), f),
+        np.zeros((B * W, E), f),
+        np.zeros((B * W, H), f),
+        np.zeros((B, H, ns, P, N), f),
+        W,
+        Q,
+    )
+    bwd = (
+        np.zeros((B * W, E), f),
+        fwd[0],
+        fwd[1],
+        fwd[4],
+        fwd[2],
+        fwd[5],
+        np.zeros((B * W, Cc), f),
+        np.zeros((B * W, E + Cc + H), f),
+        np.zeros((B * W, H, 2 * N), f),
+        np.zeros((B, 3, H), f),
+        W,
+        Q,
+    )
+    for tf32 in (False, True):
+        ops.ssd_forward(*fwd, tf32=tf32)
+        ops.ssd_backward(*bwd, tf32=tf32)
+    ops.ssd_forward(*fwd)
+    (f0, b0, f1, b1, fd) = calls
+    assert (f0[0], b0[0], f1[0], b1[0], fd[0]) == (
+        "ssd_forward",
+        "ssd_backward",
+        "ssd_forward_tc",
+        "ssd_backward_tc",
+        "ssd_forward",
+    )
+    for plain, tc, smem in ((f0, f1, ref.forward_shared), (b0, b1, ref.backward_shared)):
+        assert plain[1:3] == tc[1:3]
+        assert plain[4]["shared_mem"] == 4 * smem(Q, P, N) and tc[4]["shared_mem"] == 4 * smem(Q, P, N, True)
+        assert {k: v for k, v in plain[4].items() if k != "shared_mem"} == {
+            k: v for k, v in tc[4].items() if k != "shared_mem"
+        }
+        assert len(plain[3]) == len(tc[3]) and all(a is b for a, b in zip(plain[3], tc[3], strict=True))
+        testing.assert_launch_args("ssm", tc[0], tc[3])
+    assert ops.KERNEL_VARIANTS == {"ssd_forward": ("tc",), "ssd_backward": ("tc",)}
+    from cudarl import kernels
+
+    assert kernels.unit_of("ssm", "ssd_forward_tc") == kernels.unit_of("ssm", "ssd_backward_tc") == "tf32"
+    assert {kernels.unit_of("ssm", op) for op in ("ssd_forward", "ssd_backward", "conv_forward", "ssd_step")} == {
+        "fp32"
+    }
+
+
+def test_the_tc_scans_pad_their_rows_and_the_config_counts_it():
+    """tc_pad (ssm.cu's): rows of n' >= n floats, n' = 4 mod 8, so a fragment's 8 rows start in 8 distinct groups
+    of 4 banks; the _tc kernels' shared memory counts them, and net.tf32 with an SSM encoder is checked against
+    the _tc backward's size (a chunk that fits the FP32 kernel can miss the _tc one by the padding)."""
+    from cudarl.config import ConfigError, NetConfig
+
+    for n in range(1, 200):
+        m = ref.tc_pad(n)
+        assert n <= m < n + 8 and m % 8 == 4
+        assert len({(g * m) % 32 // 4 for g in range(8)}) == 8
+    assert [ref.tc_pad(n) for n in (3, 16, 32, 64)] == [4, 20, 36, 68]
+    assert 4 * ref.forward_shared(32, 64, 64, True) == 48512 and 4 * ref.backward_shared(32, 64, 64, True) == 109824
+    kw = dict(encoder="ssm", window=64, d_model=128, ssm_expand=2, ssm_headdim=64, ssm_state=128, ssm_chunk=53)
+    NetConfig(**kw)  # FP32: 228,880 bytes of the backward's
+    with pytest.raises(ConfigError, match="needs 233544 bytes of shared memory"):
+        NetConfig(**kw, tf32=True)
+
+
+def _gpu_tc_scan(cp, rng, B, W, H, P, N, G, K, chunk):
+    """Inputs on the GPU (conv_forward's xbc), the _tc forward and backward on them (poisoned outputs), and the
+    float64 twin on the same xbc and, for the backward, on the GPU forward's dt and states."""
+    from cudarl.ops import ssm as ops
+
+    c32 = case(rng, B, W, H, P, N, G, K, np.float32)
+    E, Cc = c32["E"], c32["Cc"]
+    g, gxbc, gy32, gdt32, gst32 = _gpu_scan(cp, c32, W, H, P, N, chunk, B)  # the FP32 kernel's, for comparisons
+    gy, gdt = cp.empty((B * W, E), np.float32), cp.empty((B * W, H), np.float32)
+    gst = cp.empty((B, H, ref.n_states(W, chunk), P, N), np.float32)
+    for a in (gy, gdt, gst):
+        poison(a)
+    ops.ssd_forward(gxbc, g["zx"], g["head"], gy, gdt, gst, W, chunk, tf32=True)
+    dy = cp.asarray(rng.standard_normal((B * W, E)).astype(np.float32))
+    gdxbc, gdzx = cp.empty((B * W, Cc), np.float32), cp.full(c32["zx"].shape, np.nan, np.float32)
+    gdbc, gdhead = cp.empty((B * W, H, 2 * N), np.float32), cp.empty((B, 3, H), np.float32)
+    for a in (gdxbc, gdbc, gdhead):
+        poison(a)
+    ops.ssd_backward(dy, gxbc, g["zx"], gdt, g["head"], gst, gdxbc, gdzx, gdbc, gdhead, W, chunk, tf32=True)
+    ops.bc_reduce(gdbc, gdxbc, E)
+    xbc = gxbc.get().astype(np.float64)
+    c64 = {k: (np.asarray(v, np.float64) if isinstance(v, np.ndarray) else v) for k, v in c32.items()}
+    y, dt = np.empty((B * W, E)), np.empty((B * W, H))
+    st = np.empty((B, H, ref.n_states(W, chunk), P, N))
+    ref.ssd_forward(xbc, c64["zx"], c64["head"], y, dt, st, W, chunk)
+    dxbc, ddt, dhead = scan_backward(
+        c64,
+        xbc,
+        gdt.get().astype(np.float64),
+        gst.get().astype(np.float64),
+        dy.get().astype(np.float64),
+        B,
+        W,
+        H,
+        N,
+        chunk,
+    )
+    gpu = dict(y=gy, states=gst, dx=gdxbc[:, :E], dbc=gdxbc[:, E:], ddt=gdzx[:, E + Cc :], dhead=gdhead)
+    twin = dict(y=y, states=st, dx=dxbc[:, :E], dbc=dxbc[:, E:], ddt=ddt, dhead=dhead)
+    fp32 = dict(y=gy32, dt=gdt32, states=gst32)
+    return dict(gpu=gpu, twin=twin, fp32=fp32, dt=gdt, dzx=gdzx, g=g, gxbc=gxbc, dy=dy, bufs=(gdxbc, gdbc, gdhead))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("B,W,H,P,N,G,K,chunk", GPU_CASES)
+def test_gpu_tc_scans_match_the_float64_twin(cp, rng, B, W, H, P, N, G, K, chunk):
+    """ssd_forward_tc and ssd_backward_tc against the float64 twin: ``||gpu - twin|| / ||twin|| <= TC_TOL = 4u``,
+    u = 2^-11.
+
+    Derivation. A _tc product rounds each operand value to TF32 once (relative error at most u: 10 explicit
+    mantissa bits, rounded to nearest) and sums the exact products (a TF32 product fits a float32) in float32
+    (relative error about K 2^-24 <= 4e-6 for the scans' K <= 64: negligible). The deepest chain of products is
+    two: y = C (S) with S = sum f x B^T; M x with M from C B^T; du = M^T dy; dC from dCB = (dy u^T) L; dB and
+    wS from dS = sum e dy C^T. So a term of any output carries at most four roundings, relative error at most
+    (1 + u)^4 - 1 ~ 4u, and an output whose terms do not cancel is within 4u of the twin. Where terms cancel the
+    worst case grows with sum|terms| / |sum terms|, but the roundings are independent and of either sign, so the
+    expected error is about sqrt(4/3) u ~ 0.56e-3 whatever the sum's length: 4u leaves a factor of about 3.5
+    for cancellation (:func:`test_tf32_operands_in_the_twin_stay_within_the_tc_bound` measures the twin with
+    TF32 operands at 1e-4 .. 7e-4 on these shapes). The elementwise float32 work between the products adds the
+    float32 twin's own error, about 1e-6. dt is the FP32 kernel's code: bit for bit its dt.
+
+    Also: nothing of dzx but its dt columns is written, a rerun is bitwise the same, and where the sums are
+    long enough to show rounding, y differs from the FP32 kernel's (the products did run on tensor cores)."""
+    r = _gpu_tc_scan(cp, rng, B, W, H, P, N, G, K, chunk)
+    for k, v in r["gpu"].items():
+        if k == "states" and not v.size:
+            continue  # one chunk over the window: no states
+        assert_parity(v, np.asarray(r["twin"][k], np.float32), rtol=TC_TOL, what=f"{k} (tc)")
+    assert_bitwise(r["dt"], r["fp32"]["dt"], what="dt as the FP32 kernel's")
+    E, Cc = r["gpu"]["y"].shape[1], r["gxbc"].shape[1]
+    assert bool(cp.isnan(r["dzx"][:, : E + Cc]).all()), "ssd_backward_tc wrote outside the dt columns of dzx"
+    if N * P >= 64:
+        assert not np.array_equal(r["gpu"]["y"].get(), r["fp32"]["y"].get()), "y is the FP32 kernel's, bit for bit"
+    from cudarl.ops import ssm as ops
+
+    first = {k: v.get() for k, v in r["gpu"].items()}
+    gdxbc, gdbc, gdhead = r["bufs"]
+    ops.ssd_backward(
+        r["dy"],
+        r["gxbc"],
+        r["g"]["zx"],
+        r["dt"],
+        r["g"]["head"],
+        r["gpu"]["states"],
+        gdxbc,
+        r["dzx"],
+        gdbc,
+        gdhead,
+        W,
+        chunk,
+        tf32=True,
+    )
+    ops.bc_reduce(gdbc, gdxbc, E)
+    for k in ("dx", "dbc", "ddt", "dhead"):
+        assert_bitwise(r["gpu"][k], first[k], what=f"rerun {k}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("B,W,H,P,N,G,K,chunk", [(7, 64, 4, 64, 64, 1, 4, 16), (3, 9, 4, 3, 5, 2, 3, 4)])
+def test_gpu_tc_scans_graphed_equal_eager_bitwise(cp, rng, B, W, H, P, N, G, K, chunk):
+    """The _tc forward and backward captured in one graph replay their eager run bit for bit (twice: replay,
+    then eager again), from modules of the graph's own context."""
+    from cudarl import kernels
+    from cudarl.graph import StepGraph
+    from cudarl.ops import ssm as ops
+    from cudarl.testing import assert_reruns_bitwise
+
+    c32 = case(rng, B, W, H, P, N, G, K, np.float32)
+    g, gxbc, _, _, _ = _gpu_scan(cp, c32, W, H, P, N, chunk, B)
+    E, Cc = c32["E"], c32["Cc"]
+    out = dict(
+        y=cp.empty((B * W, E), np.float32),
+        dt=cp.empty((B * W, H), np.float32),
+        states=cp.empty((B, H, ref.n_states(W, chunk), P, N), np.float32),
+        dxbc=cp.empty((B * W, Cc), np.float32),
+        dzx=cp.empty(c32["zx"].shape, np.float32),
+        dbc=cp.empty((B * W, H, 2 * N), np.float32),
+        dhead=cp.empty((B, 3, H), np.float32),
+    )
+    dy = cp.asarray(rng.standard_normal((B * W, E)).astype(np.float32))
+
+    def scans():
+        ops.ssd_forward(gxbc, g["zx"], g["head"], out["y"], out["dt"], out["states"], W, chunk, tf32=True)
+        ops.ssd_backward(
+            dy,
+            gxbc,
+            g["zx"],
+            out["dt"],
+            g["head"],
+            out["states"],
+            out["dxbc"],
+            out["dzx"],
+            out["dbc"],
+            out["dhead"],
+            W,
+            chunk,
+            tf32=True,
+        )
+        ops.bc_reduce(out["dbc"], out["dxbc"], E)
+
+    graph = StepGraph("ssm_tc_parity", [("scans", scans)], xp=cp)
+    for v in out.values():
+        v.fill(0)  # dzx's other columns are not written: zero in every attempt
+    graph.run_eager()
+    graph.synchronize()
+    want = {k: v.get() for k, v in out.items()}
+    graph.capture()
+    assert ("ssm", "tf32", "ssm_tc_parity") in kernels.loaded()
+    assert_reruns_bitwise(graph, out, want, reset=lambda: out["dzx"].fill(0))

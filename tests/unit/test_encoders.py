@@ -10,6 +10,7 @@ import pytest
 
 from cudarl.nn import ParamLayout
 from cudarl.nn.encoders import ENCODERS, AttentionEncoder, SSMEncoder, Standalone
+from cudarl.testing import assert_bitwise
 
 H = 1e-6
 TOL = 1e-6
@@ -144,6 +145,45 @@ def test_ssm_in_one_chunk_keeps_no_states_and_computes_the_same(rng):
     assert np.abs(out[0][1]).max() > 1e-3 and np.abs(out[0][0]).max() > 1e-3
     np.testing.assert_allclose(out[1][0], out[0][0], rtol=1e-11, atol=1e-12)
     np.testing.assert_allclose(out[1][1], out[0][1], rtol=1e-10, atol=1e-12)
+
+
+def test_ssm_passes_its_tf32_flag_to_the_chunked_scans(rng):
+    """net.tf32 reaches the scans: the SSM encoder calls ssm.ssd_forward and ssd_backward (the blocks below the
+    top; the top block's last-bar scans have no tensor-core form) with ``tf32`` = its own flag, which on the GPU
+    launches their _tc kernels, in the train step and in acting (the act phase is this forward). On the NumPy
+    backend the twin ignores the flag: psi and every gradient are bit for bit the tf32=False encoder's."""
+    B, W = 2, 7
+    x = rng.standard_normal((B, W, F)).astype(np.float32)
+    dpsi = rng.standard_normal((B, 8)).astype(np.float32)
+    out, seen = [], []
+
+    class Recording:
+        def __init__(self, family):
+            self.family = family
+
+        def __getattr__(self, op):
+            fn = getattr(self.family, op)
+            if op not in ("ssd_forward", "ssd_backward"):
+                return fn
+
+            def call(*args, **kw):
+                seen.append((op, kw.get("tf32")))
+                return fn(*args, **kw)
+
+            return call
+
+    for tf32 in (False, True):
+        enc = make("ssm", W, layers=3, tf32=tf32)
+        _, params, grads, ws = build(enc, B, np.float32, params=out[0][2] if out else None)
+        enc.ssm = Recording(enc.ssm)
+        psi = enc.forward(x, ws).copy()
+        ws.rows(f"{enc.out_name}.dout")[...] = dpsi
+        enc.backward(x, ws)
+        out.append((psi, grads.copy(), params.copy()))
+        assert seen == [("ssd_forward", tf32)] * 2 + [("ssd_backward", tf32)] * 2, seen
+        seen.clear()
+    assert_bitwise(out[1][0], out[0][0], what="psi")
+    assert_bitwise(out[1][1], out[0][1], what="gradients")
 
 
 @pytest.mark.parametrize("kind", ["ssm", "attention"])

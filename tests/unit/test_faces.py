@@ -119,6 +119,36 @@ def test_an_ops_kernel_variants_share_its_faces_and_its_signature(tmp_path, monk
     assert len(found) == 2 and all("2 arguments for cudarl_demo_scale_" in f for f in found), found
 
 
+_BASE_AND_VARIANT_LAUNCHER = """from ..kernels import launch
+
+KERNEL_VARIANTS = {{"scale": ("tc",)}}
+
+
+def scale(x, scale, tf32=False):
+    launch("demo", "scale_tc" if tf32 else "scale", 1, 256, {args})
+"""
+
+
+def test_an_ops_own_kernel_and_its_variant_are_checked_together(tmp_path, monkeypatch):
+    """``cudarl_demo_scale`` and ``cudarl_demo_scale_tc`` (declared ``{"scale": ("tc",)}``, as ssm's scans): one
+    op; the two must take the same parameters, and a launch choosing between them by ``a if c else b`` is
+    checked against both."""
+    tool = _tool()
+    _demo_family(tmp_path, _BASE_AND_VARIANT_LAUNCHER.format(args="(x, x.size, scale)"))
+    cu = tmp_path / "cuda_src" / "demo.cu"
+    variant = 'extern "C" __global__ void cudarl_demo_scale_tc(float* __restrict__ x, long long n, float scale) {}\n'
+    cu.write_text(cu.read_text() + variant)
+    monkeypatch.setattr(tool, "ROOT", tmp_path)
+    assert tool.problems() == []
+    cu.write_text(cu.read_text().replace("float scale) {}\n", "int scale) {}\n", 1))
+    assert tool.problems() == ["cuda_src/demo.cu: the kernels of scale (tc) take different parameters"]
+    cu.write_text(cu.read_text().replace("int scale", "float scale"))
+    (tmp_path / "cudarl" / "ops" / "demo.py").write_text(_BASE_AND_VARIANT_LAUNCHER.format(args="(x, scale)"))
+    found = tool.problems()
+    assert len(found) == 2 and all("2 arguments for cudarl_demo_scale" in f for f in found), found
+    assert any("cudarl_demo_scale_tc" in f for f in found)
+
+
 def test_config_reference_is_current():
     """docs/config.md is generated from the dataclasses; a changed default must regenerate it."""
     mod = _load_tool("gen_config_reference")

@@ -19,6 +19,11 @@ out-projection and the residual add run on one row a sample (their seq ops take 
 blocks below run every bar: the block above reads them all. The numbers are the full stack's last bar up to
 rounding (tests/unit/test_encoders.py); the work the top block skips is most of its scan and a W-th of the rest.
 
+With ``tf32`` (``net.tf32``) the chunked scan and its backward run their matrix products on TF32 tensor
+cores (ssm.ssd_forward / ssd_backward ``tf32=True``: the ``_tc`` kernels), in the train step and in acting (the
+act phase runs the same windowed forward), as the Linears' GEMMs do; the last-bar scans (matrix-vector
+products), the one-bar steps and the NumPy twin stay float32 (the twin computes in its dtype).
+
 Acting advances, per environment and layer, the conv state (the last K - 1 inputs) and the scan
 state ``[H, P, N]`` one bar at a time (ssm.conv_step, ssm.ssd_step): O(1) per bar, and from zero
 state over W bars the same psi as the windowed forward, to rounding (tests/unit/test_encoders.py).
@@ -172,7 +177,8 @@ class SSMEncoder(SequenceEncoder):
                 if p == self.top:
                     self.ssm.ssd_last_forward(xbc, zx, head, y, dt, self.W, self.N)
                 else:
-                    self.ssm.ssd_forward(xbc, zx, head, y, dt, ws.rows(f"{p}.states", B), self.W, self.Q)
+                    states = ws.rows(f"{p}.states", B)
+                    self.ssm.ssd_forward(xbc, zx, head, y, dt, states, self.W, self.Q, tf32=self.tf32)
 
             h = self._block(p, h, ws, None, mix)
         return h
@@ -200,9 +206,8 @@ class SSMEncoder(SequenceEncoder):
             if p == self.top:  # (the gated norm's backward wrote the other bars' z columns of dzx 0)
                 ssm.ssd_last_backward(r("dy"), r("xbc"), zx, r("dt"), head, r("dxbc"), dzx, dbc, dhead, self.W)
             else:
-                ssm.ssd_backward(
-                    r("dy"), r("xbc"), zx, r("dt"), head, r("states"), r("dxbc"), dzx, dbc, dhead, self.W, self.Q
-                )
+                args = (r("dy"), r("xbc"), zx, r("dt"), head, r("states"), r("dxbc"), dzx, dbc, dhead, self.W, self.Q)
+                ssm.ssd_backward(*args, tf32=self.tf32)
             ssm.bc_reduce(dbc, r("dxbc"), self.E)
             seq.colsum(dhead.reshape(B, 3 * self.H), self.G[f"{p}.head"])
             part = self.part(ws, n_parts(B), (self.K + 1) * self.Cc)
