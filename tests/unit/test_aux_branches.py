@@ -362,7 +362,7 @@ def test_gpu_causals_intervened_forward_runs_beside_the_steps_forward_and_homeos
     (add,) = [n["id"] for n in nodes if n["phase"] == "causal"]
     assert early <= ancestors(nodes, add)  # every early node before its gradient is added to the step's
     homeo = {n["id"] for n in nodes if n["phase"] == "aux_homeostatic"}
-    assert len(homeo) == 5 and t.stream.ptr not in {nodes[i]["stream"] for i in homeo}
+    assert len(homeo) == 2 and t.stream.ptr not in {nodes[i]["stream"] for i in homeo}
     from cudarl import blas
 
     side = t.agent.aux[ALL.index("homeostatic")].side.stream.ptr
@@ -404,12 +404,19 @@ def test_gpu_denoises_pass_runs_beside_the_steps_backward_and_the_losses_and_its
 
 @pytest.mark.gpu
 def test_gpu_homeostatics_phase_runs_beside_the_chain_and_the_backward_waits_for_it():
-    """The homeostatic regulariser's five launches sit on a branch of their own: nothing on the main stream
-    after q_stats waits for them but the backward, which joins them (issue 19, the MLP's critical path)."""
+    """The homeostatic regulariser's two launches (probs_control, then grad_dueling, which waits for it: it
+    reads g) sit on a branch of their own: nothing on the main stream after q_stats waits for them but the
+    backward, which joins them (issue 19, the MLP's critical path)."""
     nodes, t = traced_train_graph({"agent": {"aux": ["horizons", "homeostatic", "causal"]}})
     homeo = t.agent.aux[1]
     mine = {n["id"] for n in nodes if n["phase"] == "aux_homeostatic"}
-    assert len(mine) == 5 and {nodes[i]["stream"] for i in mine} == {homeo.side.stream.ptr}
+    assert len(mine) == 2 and {nodes[i]["stream"] for i in mine} == {homeo.side.stream.ptr}
+    control, grad = sorted(mine, key=lambda i: nodes[i]["name"] != "cudarl_homeostatic_probs_control")
+    assert [nodes[control]["name"], nodes[grad]["name"]] == [
+        "cudarl_homeostatic_probs_control",
+        "cudarl_homeostatic_grad_dueling",
+    ]
+    assert control in ancestors(nodes, grad)
     causal = {n["id"] for n in nodes if n["phase"] == "aux_causal"}
     assert causal and not any(mine & ancestors(nodes, i) for i in causal)  # beside causal's pass
     first_backward = next(n["id"] for n in nodes if n["phase"] == "backward")
