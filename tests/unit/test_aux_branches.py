@@ -232,7 +232,7 @@ def test_denoises_pass_is_a_branch_of_its_own_touching_nothing_the_steps_backwar
     others += [v for s in agent.aux if s is not den for v in vars(s).values() if isinstance(v, SideStream)]
     assert isinstance(den.side, SideStream) and all(den.side is not o for o in others)
     phases = [n for n, _ in t.train_graph.phases]
-    order = ["aux_denoise", "backward", "aux_denoise_sgd", "adam"]
+    order = ["aux_denoise", "backward", "aux_sgd", "adam"]
     assert [phases.index(n) for n in order] == sorted(phases.index(n) for n in order)
     online, seen = agent.online, {}
 
@@ -395,8 +395,9 @@ def test_gpu_denoises_pass_runs_beside_the_steps_backward_and_the_losses_and_its
     losses = [next(n["id"] for n in nodes if n["name"] == f"cudarl_{s}_loss") for s in ("horizons", "risk")]
     assert not any(mine & ancestors(nodes, i) for i in losses)  # beside the other signals' losses
     assert not any(set(losses) & ancestors(nodes, i) for i in mine)
-    sgd = [n["id"] for n in nodes if n["phase"] == "aux_denoise_sgd"]
-    assert [nodes[i]["name"] for i in sgd] == ["cudarl_auxsgd_step"] * 2  # the encoder's, the decoder's
+    # one launch steps risk's head, the encoder and the decoder (issue 19: one node where three were)
+    sgd = [n["id"] for n in nodes if n["phase"] == "aux_sgd"]
+    assert [nodes[i]["name"] for i in sgd] == ["cudarl_auxsgd_steps"] and nodes[sgd[0]]["stream"] == t.stream.ptr
     assert mine | set(steps) <= ancestors(nodes, sgd[0])  # it joins the pass, after the backward
     first_adam = next(n["id"] for n in nodes if n["phase"] == "adam")
     assert set(sgd) <= ancestors(nodes, first_adam)  # Adam reads the parameters the steps moved

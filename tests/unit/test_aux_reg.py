@@ -225,7 +225,7 @@ def test_vaccine_aligns_the_aux_heads_gradient_and_its_observables_move(tmp_path
     after vaccine's grad phase)."""
     on = _trainer(tmp_path, agent={"aux": [*heads, "vaccine"], "vaccine_beta": 0.2})
     names = [n for n, _ in on.train_graph.phases]
-    own = ["aux_risk_sgd"] if "risk" in heads else []
+    own = ["aux_sgd"] if "risk" in heads else []
     assert names[names.index("backward") : names.index("adam") + 1] == ["backward", "vaccine", *own, "adam"]
     assert on.agent.aux[-1].aux_heads == heads
     on.run(20)
