@@ -20,9 +20,10 @@ that :class:`cudarl.graph.StepGraph` captures (GPU) or runs in order (NumPy)::
              auxiliary signals' grad phases (Gradient Vaccine's correction, from the auxiliary heads'
              backward on its branch beside this one; the causal penalty's gradient, from a backward on its
              branch beside this one, added: they read and rewrite the flat gradient, the auxiliary heads'
-             included) - the auxiliary signals' own optimiser steps (agent.aux "risk": aux_risk_sgd; "denoise":
-             aux_denoise_sgd; after the grad phases so that those see the heads' gradients before a step clears
-             them) - adam (one launch: the
+             included) - aux_sgd (the auxiliary signals' own SGD steps, agent.aux "risk": its head;
+             "denoise": the encoder and its decoder, joining its branch; every span in one launch, after
+             the grad phases so that those see the heads' gradients before a step clears them) - adam
+             (one launch: the
              gradient norm and clip, the update with the target net's soft update and the publish of loss
              and gradient norm to the host ring; three launches with run.grid_barrier = false) -
              spectral (net.spectral: a power iteration and W_sn of both nets) - publish (the
@@ -45,6 +46,7 @@ from contextlib import nullcontext
 import numpy as np
 
 from .auxiliary import AUX_SIGNALS, input_gate
+from .auxiliary.base import AuxSgd
 from .backend import family, to_numpy
 from .config import Config
 from .graph import SideStream
@@ -291,7 +293,8 @@ class Agent:
         early = [phase for s in self.aux for phase in s.early_phases()]  # branches beside the forward
         aux = [phase for s in self.aux for phase in s.phases()]
         aux_grad = [phase for s in self.aux for phase in s.grad_phases()]  # on the flat gradient
-        aux_update = [phase for s in self.aux for phase in s.update_phases()]  # own optimiser steps
+        sgd = [span for s in self.aux for span in s.sgd_spans()]  # their own SGD steps: one launch
+        aux_sgd = [("aux_sgd", AuxSgd(sgd, self.xp).step)] if sgd else []
         plan = [] if self.plan is None else [("plan", self.plan.phase)]
         cql = [("cql", self.rule.cql)] if self.cfg.agent.cql_alpha > 0 else []
         return [
@@ -308,7 +311,7 @@ class Agent:
             ("priorities", priorities),
             ("backward", backward),
             *aux_grad,
-            *aux_update,
+            *aux_sgd,
             ("adam", adam),
             *([("spectral", spectral)] if self.cfg.net.spectral else []),
             ("publish", publish),

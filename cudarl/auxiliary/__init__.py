@@ -21,10 +21,11 @@ Where each kind of phase sits in the train graph (:meth:`cudarl.agent.Agent.phas
 the early phases (:meth:`AuxSignal.early_phases`, right after ``sample``: branches beside the step's
 forward) - the loss phases (:meth:`AuxSignal.phases`, most forked onto ``buffers.side_aux`` or a branch of their
 own) - the backward (joins those branches) - the grad phases (:meth:`AuxSignal.grad_phases`: vaccine,
-causal) - the update phases (:meth:`AuxSignal.update_phases`: risk's and denoise's SGD) - Adam. The grad
+causal) - ``aux_sgd`` (every signal's own plain-SGD spans, :meth:`AuxSignal.sgd_spans`: risk's head,
+denoise's encoder and decoder, in one launch, :class:`cudarl.auxiliary.base.AuxSgd`) - Adam. The grad
 phases come first so that they see the whole gradient the backward wrote, the auxiliary heads' included
-(an update phase clears its head's gradient once it has stepped on it), and every update phase steps on
-the gradient as the grad phases left it: Gradient Vaccine copies the heads' gradients back outside the
+(the SGD step clears a span's gradient once it has stepped on it), and the SGD step steps on the
+gradient as the grad phases left it: Gradient Vaccine copies the heads' gradients back outside the
 encoder, so risk's SGD reads the same values either way today, but a grad phase that rewrote a head's
 gradient would be lost if that head had already stepped.
 """
@@ -34,6 +35,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from ..rules.base import LearnerBuffers, Phase
+from .base import SgdSpan
 
 
 class AuxSignal(Protocol):
@@ -88,11 +90,14 @@ class AuxSignal(Protocol):
         into its own buffers: Gradient Vaccine's), and joined by its grad phase; most signals have none
         (:class:`cudarl.auxiliary.base.AuxBase`'s default)."""
 
-    def update_phases(self) -> list[Phase]:
-        """Its optimiser step(s) of its own, after every grad phase and before the shared Adam: they read
-        the gradient the backward (and the grad phases) left for their parameters, step them and clear it
-        so Adam leaves them alone; most signals have none (:class:`cudarl.auxiliary.base.AuxBase`'s
-        default)."""
+    def sgd_spans(self) -> list[SgdSpan]:
+        """The spans of parameters its own optimiser step moves by plain SGD
+        (:class:`cudarl.auxiliary.base.SgdSpan`: parameters, gradient, rate, clear, the branch to join
+        first). The agent's ``aux_sgd`` phase, after every grad phase and before the shared Adam, steps
+        every signal's spans in one launch (:class:`cudarl.auxiliary.base.AuxSgd`): it reads the gradient
+        the backward (and the grad phases, or the signal's own branch) left, steps the parameters and
+        clears it so Adam leaves them alone. Most signals have none
+        (:class:`cudarl.auxiliary.base.AuxBase`'s default)."""
 
     def observable(self) -> dict[str, float]:
         """Host values for ``metrics.jsonl`` (keys ``aux.<name>.<what>``), read when a row is logged,

@@ -1,15 +1,20 @@
 """What the built-in auxiliary signals share: :class:`AuxBase` (the protocol's defaults),
 :class:`OwnBackward` (a backward of the online net of a signal's own, into a gradient buffer of its own,
-which runs beside the step's backward: causal intervention's and Gradient Vaccine's) and :class:`SubBatch`
-(the rows ``agent.aux_batch`` gives the denoise and causal passes)."""
+which runs beside the step's backward: causal intervention's and Gradient Vaccine's), :class:`SubBatch`
+(the rows ``agent.aux_batch`` gives the denoise and causal passes), and :class:`SgdSpan` /
+:class:`AuxSgd` (the signals' own plain-SGD steps, every span in one launch: risk's head, denoise's
+encoder and decoder)."""
 
 from __future__ import annotations
+
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from ..backend import family, is_numpy, to_numpy
 from ..config import ConfigError
 from ..graph import SideStream
+from ..reference.auxsgd import MAX_SPANS
 
 
 class AuxBase:
@@ -41,7 +46,7 @@ class AuxBase:
     def grad_phases(self) -> list:
         return []
 
-    def update_phases(self) -> list:
+    def sgd_spans(self) -> list:
         return []
 
     def beside_backward(self) -> None:
@@ -143,3 +148,39 @@ class SubBatch:
         """Copy the sub-batch rows of every buffer :meth:`of` was given (none when R == B)."""
         for src, dst in self._pairs:
             self.ops.spread_rows(dst, src)
+
+
+class SgdSpan(NamedTuple):
+    """A span of parameters a signal steps by plain SGD of its own (:meth:`cudarl.auxiliary.AuxSignal.sgd_spans`):
+    ``params`` and ``grads`` (float32 ``[n]`` contiguous views, apart from every other span's), the rate
+    ``lr``, whether the step then clears ``grads`` (``clear``), and ``after``, the branch (a
+    :class:`cudarl.graph.SideStream`) that writes ``grads`` and must be joined first, or None (the main
+    stream's backward wrote them)."""
+
+    params: Any
+    grads: Any
+    lr: float
+    clear: bool = True
+    after: SideStream | None = None
+
+
+class AuxSgd:
+    """The agent's ``aux_sgd`` phase: every signal's :class:`SgdSpan` stepped by ``p -= lr g`` (then
+    ``g = 0`` where ``clear``) in one ``auxsgd.steps`` launch (up to
+    :data:`cudarl.reference.auxsgd.MAX_SPANS` spans a launch, more take more), after joining each span's
+    branch. Where a launch a signal ran back to back on the main stream before Adam (risk's head,
+    denoise's encoder and decoder: three graph nodes on the MLP step's chain, issue 19), one: the same
+    arithmetic on every element, so the same bits. Built before any capture; :meth:`step` allocates and
+    reads nothing on the host (the span table goes to the kernel by value)."""
+
+    def __init__(self, spans, xp):
+        self.spans = list(spans)
+        self.sides = list({id(s.after): s.after for s in self.spans if s.after is not None}.values())
+        self._table = [(s.params, s.grads, s.lr, s.clear) for s in self.spans]
+        self.ops = family("auxsgd", xp)
+
+    def step(self) -> None:
+        for side in self.sides:  # the branches that wrote the spans' gradients
+            side.join()
+        for i in range(0, len(self._table), MAX_SPANS):
+            self.ops.steps(self._table[i : i + MAX_SPANS])

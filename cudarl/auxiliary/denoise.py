@@ -23,10 +23,10 @@ What we chose:
   batch, read in place.
 
 Train graph: ``aux_denoise`` forks its whole pass (the sub-batch's rows, corrupt, encoder and decoder
-forward, loss, backward)
-onto a branch of its own beside the main chain (it reads the batch and the parameters, writes only its
-own buffers); ``aux_denoise_sgd`` after the backward joins it and takes the steps. Observable:
-``aux.denoise.loss`` (the reconstruction's mean squared error on the corrupted sub-batch).
+forward, loss, backward) onto a branch of its own beside the main chain (it reads the batch and the
+parameters, writes only its own buffers); the agent's ``aux_sgd`` after the backward joins it and takes
+the steps (two spans of its one launch, :meth:`sgd_spans`). Observable: ``aux.denoise.loss`` (the
+reconstruction's mean squared error on the corrupted sub-batch).
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from ..nn.encoders import ENCODERS
 from ..nn.layers import Linear
 from ..nn.network import _walk, configure_linear
 from ..nn.params import ParamLayout, Workspace
-from .base import AuxBase, SubBatch
+from .base import AuxBase, SgdSpan, SubBatch
 from .future import host_values, param_span
 
 #: Philox stream id of the masking draws.
@@ -95,13 +95,17 @@ class Denoise(AuxBase):
         self.counter = xp.zeros(1, np.int64)
         self.scale = float(np.float32(1.0 / (B * m)))
         self.side = SideStream(xp)
-        self.ops, self.sgd = family("denoise", xp), family("auxsgd", xp)
+        self.ops = family("denoise", xp)
 
     def phases(self) -> list:
         return [("aux_denoise", self._pass)]
 
-    def update_phases(self) -> list:
-        return [("aux_denoise_sgd", self._step)]
+    def sgd_spans(self) -> list:
+        # the encoder (the online net's parameters) and the decoder, from the gradients its branch wrote
+        return [
+            SgdSpan(self.enc_params, self.enc_grads, self.lr, after=self.side),
+            SgdSpan(self.dec_params, self.dec_grads, self.lr, after=self.side),
+        ]
 
     def _pass(self) -> None:
         ws, B, clean = self.ws, self.sub.rows, self.clean
@@ -115,11 +119,6 @@ class Denoise(AuxBase):
             self.ops.total(self.loss_per, self.out, 1.0)
             self.dec.backward(psi, ws, ws.rows(f"{self.enc.out_name}.dout", B))
             self.enc.backward(self.corrupted, ws)
-
-    def _step(self) -> None:
-        self.side.join()
-        self.sgd.step(self.enc_params, self.enc_grads, self.lr, clear=True)
-        self.sgd.step(self.dec_params, self.dec_grads, self.lr, clear=True)
 
     def observable(self) -> dict:
         return {"aux.denoise.loss": float(host_values(self.out)[0])}

@@ -9,11 +9,14 @@ through the dueling combine into the head's raw gradient, beside the C51 loss's 
 
 Phase ``aux_homeostatic`` (after ``q_stats``, whose logits at ``s`` it reads), on a branch of its own
 that the backward joins through ``buffers.side_aux``
-(:meth:`cudarl.rules.base.LearnerBuffers.aux_branch`): probs - mass - control - grad - dueling backward
-(added into the head's raw gradient, after the rule's loss and CQL, which wrote it on the main stream
-before the fork; nothing on the main stream touches it again before the backward, which reads it after
-the join). Off the main stream, the phases after it (causal's penalty) need not wait for its five
-kernels; the backward still does, as it reads what they add. Observables:
+(:meth:`cudarl.rules.base.LearnerBuffers.aux_branch`): two launches, ``probs_control`` (the softmax
+rows, the batch-mean masses and the control ``g``; the last block to finish takes the batch-wide steps)
+and ``grad_dueling`` (the gradient through the dueling combine, added into the head's raw gradient, after
+the rule's loss and CQL, which wrote it on the main stream before the fork; nothing on the main stream
+touches it again before the backward, which reads it after the join). Off the main stream, the phases
+after it (causal's penalty) need not wait for it; the backward still does, as it reads what it adds
+(with causal's forward forked early it is on the MLP step's critical path through that join: two
+nodes, where five kernels were, issue 19). Observables:
 ``aux.homeostatic.utilisation`` (u), ``aux.homeostatic.entropy`` (H, nats) and ``aux.homeostatic.loss``.
 C51 only: a head without atoms has no utilisation.
 """
@@ -40,11 +43,12 @@ class Homeostatic(AuxBase):
     def allocate(self, buffers) -> None:
         super().allocate(buffers)
         xp, B, A, K = self.xp, buffers.batch_size, buffers.n_actions, self.cfg.net.atoms
-        self.p = xp.zeros((B * A, K), np.float32)
+        self.p = xp.zeros((B, A, K), np.float32)
+        self.part = xp.zeros((ref.partials(B * A), K), np.float32)  # the blocks' column sums of p
         self.m, self.g = xp.zeros(K, np.float32), xp.zeros(K, np.float32)
         self.state = xp.zeros(3, np.float32)
-        self.dlogits = xp.zeros((B, A, K), np.float32)
-        self.ops, self.nn_ops = family("homeostatic", xp), family("nn", xp)
+        self.done = xp.zeros(1, np.uint32)  # probs_control's ticket: 0, and left 0 by every launch
+        self.ops = family("homeostatic", xp)
         self.side = SideStream(xp, gemms=False)  # no GEMM on its branch: no cuBLAS workspace
 
     def phases(self) -> list:
@@ -56,19 +60,12 @@ class Homeostatic(AuxBase):
         head = buf.online.head
         # the logits at s the q_stats phase combined from the head's raw output (same workspace rows)
         logits = buf.ws.rows(f"{head.name}.logits", B).reshape(-1, K)
-        grad2d = self.dlogits.reshape(-1, K)
         with buf.aux_branch(self.side):
-            if self.numpy:
-                self.p[...] = ref.probs(logits)
-                self.m[...] = ref.mass(self.p)
-                self.g[...], self.state[...] = ref.control(self.m, self.target, self.weight)
-                grad2d[...] = ref.grad(self.p, self.g)
-            else:
-                self.ops.probs(logits, self.p)
-                self.ops.mass(self.p, self.m)
-                self.ops.control(self.m, self.g, self.state, self.target, self.weight)
-                self.ops.grad(self.p, self.g, grad2d)
-            self.nn_ops.dueling_backward(self.dlogits, buf.train_grad(raw=True), accumulate=True)
+            self.ops.probs_control(
+                logits, self.p.reshape(-1, K), self.part, self.m, self.g, self.state, self.done, self.target,
+                self.weight,
+            )  # fmt: skip
+            self.ops.grad_dueling(self.p, self.g, buf.train_grad(raw=True))
 
     def observable(self) -> dict:
         loss, u, h = read(self.state)

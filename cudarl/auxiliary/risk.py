@@ -7,21 +7,22 @@ the realised volatility and drawdown of the ``agent.aux_risk_bars`` bars after e
 prediction tasks on a shared encoder (Jaderberg et al. 2017, UNREAL).
 
 Its own optimiser step (the seed's "risk SGD"; what we chose): the head's parameters are stepped by
-plain SGD (:mod:`cudarl.reference.auxsgd`, rate ``agent.aux_risk_lr``) in the phase ``aux_risk_sgd``
-between the backward and the shared Adam, which clears their gradient, so Adam (its moments zero there)
-leaves the head alone and the gradient-norm clip does not see it. The encoder gets the risk loss's
-``dL/dpsi`` scaled by ``agent.aux_risk_weight`` through the shared Adam. (The alternative, a loss weight
-alone with the head under Adam, is ``horizons``'s design; a separate optimiser keeps a probe head's
-scale from moving Adam's statistics and makes its rate a knob of its own.)
+plain SGD (:mod:`cudarl.reference.auxsgd`, rate ``agent.aux_risk_lr``) in the agent's phase ``aux_sgd``
+(one span of it, :meth:`sgd_spans`) between the backward and the shared Adam, which clears their
+gradient, so Adam (its moments zero there) leaves the head alone and the gradient-norm clip does not
+see it. The encoder gets the risk loss's ``dL/dpsi`` scaled by ``agent.aux_risk_weight`` through the
+shared Adam. (The alternative, a loss weight alone with the head under Adam, is ``horizons``'s design; a
+separate optimiser keeps a probe head's scale from moving Adam's statistics and makes its rate a knob of
+its own.)
 
 Train graph: ``aux_risk`` (the loss, on a branch of its own, joined by the backward through
-``buffers.side_aux``), then ``aux_risk_sgd`` after the backward.
+``buffers.side_aux``), then its span of ``aux_sgd`` after the backward.
 Observables: ``aux.risk.loss`` and ``aux.risk.valid`` (the share of the batch whose k bars fit).
 """
 
 from __future__ import annotations
 
-from ..backend import family
+from .base import SgdSpan
 from .future import FutureHead, param_span
 
 
@@ -38,10 +39,11 @@ class Risk(FutureHead):
         super().allocate(buffers)
         lo, hi = param_span(buffers.online, f"{self.head_name}.")
         self.params, self.grads = buffers.online.params[lo:hi], buffers.online.grads[lo:hi]
-        self.sgd = family("auxsgd", buffers.xp)
 
-    def update_phases(self) -> list:
-        return [("aux_risk_sgd", self._step)]
+    def sgd_spans(self) -> list:
+        # the head's own step from the gradient the backward just wrote (dout carried the weight: divided
+        # out, so the head's rate is aux_risk_lr); clearing it leaves Adam nothing there
+        return [SgdSpan(self.params, self.grads, self.lr / self.weight)]
 
     def launch(self, pred, grad) -> None:
         fut = self.future
@@ -49,8 +51,3 @@ class Risk(FutureHead):
             pred, self.buf.rows, fut.up, fut.down, self.k, fut.t_end, fut.inv_sigma, self.weight,
             self.loss_per, self.valid_per, grad, self.out, self.done,
         )  # fmt: skip
-
-    def _step(self) -> None:
-        # the head's own step from the gradient the backward just wrote (dout carried the weight: divided
-        # out, so the head's rate is aux_risk_lr); clearing it leaves Adam nothing there
-        self.sgd.step(self.params, self.grads, self.lr / self.weight, clear=True)

@@ -45,13 +45,50 @@ def test_the_phases_of_all_seven_sit_in_the_documented_order():
         "backward",
         "causal",
         "vaccine",
-        "aux_risk_sgd",
-        "aux_denoise_sgd",
+        "aux_sgd",
         "adam",
     ]
     loss = names[: names.index("backward")]
     assert all(p in loss for p in ("aux_horizons", "aux_risk", "aux_denoise", "aux_homeostatic", "aux_causal"))
     assert t.agent.aux[-1].aux_heads == ["horizons", "risk"]  # vaccine aligns the two heads
+
+
+def test_the_own_sgd_steps_of_all_seven_are_one_launch_over_three_spans(monkeypatch):
+    """Issue 19's MLP chain: ``aux_sgd``, the one phase between the grad phases and Adam that steps the
+    signals' own parameters, is one call of ``auxsgd.steps`` (the family's only kernel; NumPy twins here,
+    the phase code the GPU runs) over risk's head, the encoder (from denoise's own gradient) and denoise's
+    decoder, in that order, at their rates; each span moves by ``-lr g`` and its gradient is cleared."""
+    from cudarl import kernels, signatures
+    from cudarl.reference import auxsgd as ref
+
+    assert set(signatures.parse_source(kernels.SRC_DIR / "auxsgd.cu", "auxsgd")) == {"steps"}
+    calls, real = [], ref.steps
+
+    def spy(spans):
+        before = [(p.copy(), g.copy()) for p, g, _, _ in spans]
+        real(spans)
+        calls.append((spans, before, [(p.copy(), g.copy()) for p, g, _, _ in spans]))  # Adam moves the encoder
+
+    monkeypatch.setattr(ref, "steps", spy)
+    t = Trainer(_cfg(None, "mlp"), run_dir=False, echo=lambda m: None)
+    risk, den = t.agent.aux[ALL.index("risk")], t.agent.aux[ALL.index("denoise")]
+    inner, per_phase = dict(t.train_graph.phases)["aux_sgd"], []
+
+    def phase():
+        n = len(calls)
+        inner()
+        per_phase.append(len(calls) - n)
+
+    t.train_graph.phases = [(n, phase if n == "aux_sgd" else f) for n, f in t.train_graph.phases]
+    t.run(t.cfg.agent.learning_starts // t.cfg.env.n_envs + 3)
+    assert len(per_phase) >= 2 and set(per_phase) == {1}
+    want = [(risk.params, risk.grads), (den.enc_params, den.enc_grads), (den.dec_params, den.dec_grads)]
+    for spans, before, after in calls:
+        assert len(spans) == 3 and all(p is wp and g is wg for (p, g, _, _), (wp, wg) in zip(spans, want, strict=True))
+        assert [lr for _, _, lr, _ in spans] == [risk.lr / risk.weight, den.lr, den.lr]
+        for (_, _, lr, clear), (p0, g0), (p1, g1) in zip(spans, before, after, strict=True):
+            assert clear and g0.any() and not g1.any()
+            np.testing.assert_array_equal(p1, p0 - np.float32(lr) * g0)
 
 
 @pytest.mark.parametrize("encoder", ["mlp", "ssm"])

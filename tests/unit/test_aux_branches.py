@@ -232,7 +232,7 @@ def test_denoises_pass_is_a_branch_of_its_own_touching_nothing_the_steps_backwar
     others += [v for s in agent.aux if s is not den for v in vars(s).values() if isinstance(v, SideStream)]
     assert isinstance(den.side, SideStream) and all(den.side is not o for o in others)
     phases = [n for n, _ in t.train_graph.phases]
-    order = ["aux_denoise", "backward", "aux_denoise_sgd", "adam"]
+    order = ["aux_denoise", "backward", "aux_sgd", "adam"]
     assert [phases.index(n) for n in order] == sorted(phases.index(n) for n in order)
     online, seen = agent.online, {}
 
@@ -362,7 +362,7 @@ def test_gpu_causals_intervened_forward_runs_beside_the_steps_forward_and_homeos
     (add,) = [n["id"] for n in nodes if n["phase"] == "causal"]
     assert early <= ancestors(nodes, add)  # every early node before its gradient is added to the step's
     homeo = {n["id"] for n in nodes if n["phase"] == "aux_homeostatic"}
-    assert len(homeo) == 5 and t.stream.ptr not in {nodes[i]["stream"] for i in homeo}
+    assert len(homeo) == 2 and t.stream.ptr not in {nodes[i]["stream"] for i in homeo}
     from cudarl import blas
 
     side = t.agent.aux[ALL.index("homeostatic")].side.stream.ptr
@@ -395,8 +395,9 @@ def test_gpu_denoises_pass_runs_beside_the_steps_backward_and_the_losses_and_its
     losses = [next(n["id"] for n in nodes if n["name"] == f"cudarl_{s}_loss") for s in ("horizons", "risk")]
     assert not any(mine & ancestors(nodes, i) for i in losses)  # beside the other signals' losses
     assert not any(set(losses) & ancestors(nodes, i) for i in mine)
-    sgd = [n["id"] for n in nodes if n["phase"] == "aux_denoise_sgd"]
-    assert [nodes[i]["name"] for i in sgd] == ["cudarl_auxsgd_step"] * 2  # the encoder's, the decoder's
+    # one launch steps risk's head, the encoder and the decoder (issue 19: one node where three were)
+    sgd = [n["id"] for n in nodes if n["phase"] == "aux_sgd"]
+    assert [nodes[i]["name"] for i in sgd] == ["cudarl_auxsgd_steps"] and nodes[sgd[0]]["stream"] == t.stream.ptr
     assert mine | set(steps) <= ancestors(nodes, sgd[0])  # it joins the pass, after the backward
     first_adam = next(n["id"] for n in nodes if n["phase"] == "adam")
     assert set(sgd) <= ancestors(nodes, first_adam)  # Adam reads the parameters the steps moved
@@ -404,12 +405,19 @@ def test_gpu_denoises_pass_runs_beside_the_steps_backward_and_the_losses_and_its
 
 @pytest.mark.gpu
 def test_gpu_homeostatics_phase_runs_beside_the_chain_and_the_backward_waits_for_it():
-    """The homeostatic regulariser's five launches sit on a branch of their own: nothing on the main stream
-    after q_stats waits for them but the backward, which joins them (issue 19, the MLP's critical path)."""
+    """The homeostatic regulariser's two launches (probs_control, then grad_dueling, which waits for it: it
+    reads g) sit on a branch of their own: nothing on the main stream after q_stats waits for them but the
+    backward, which joins them (issue 19, the MLP's critical path)."""
     nodes, t = traced_train_graph({"agent": {"aux": ["horizons", "homeostatic", "causal"]}})
     homeo = t.agent.aux[1]
     mine = {n["id"] for n in nodes if n["phase"] == "aux_homeostatic"}
-    assert len(mine) == 5 and {nodes[i]["stream"] for i in mine} == {homeo.side.stream.ptr}
+    assert len(mine) == 2 and {nodes[i]["stream"] for i in mine} == {homeo.side.stream.ptr}
+    control, grad = sorted(mine, key=lambda i: nodes[i]["name"] != "cudarl_homeostatic_probs_control")
+    assert [nodes[control]["name"], nodes[grad]["name"]] == [
+        "cudarl_homeostatic_probs_control",
+        "cudarl_homeostatic_grad_dueling",
+    ]
+    assert control in ancestors(nodes, grad)
     causal = {n["id"] for n in nodes if n["phase"] == "aux_causal"}
     assert causal and not any(mine & ancestors(nodes, i) for i in causal)  # beside causal's pass
     first_backward = next(n["id"] for n in nodes if n["phase"] == "backward")

@@ -72,11 +72,11 @@ def test_the_signal_moves_the_encoder(name):
 
 
 def test_the_risk_head_steps_by_its_own_sgd_and_adam_leaves_it_alone():
-    """The risk head moves by aux_risk_sgd only: Adam's moments on its span stay zero, a rate of 0 freezes
-    it, and its gradient is spent (zero) when Adam runs; the horizons head, on Adam, has moments."""
+    """The risk head moves by its span of aux_sgd only: Adam's moments on its span stay zero, a rate of 0
+    freezes it, and its gradient is spent (zero) when Adam runs; the horizons head, on Adam, has moments."""
     t = trainer(agent={"aux": ["risk", "horizons"]})
     phases = [p for p, _ in t.train_graph.phases]
-    assert phases.index("backward") < phases.index("aux_risk_sgd") < phases.index("adam")
+    assert phases.index("backward") < phases.index("aux_sgd") < phases.index("adam")
     w0 = t.agent.online.P["aux.risk.weight"].copy()
     t.run(30)
     lo, hi = param_span(t.agent.online, "aux.risk.")

@@ -125,6 +125,41 @@ def test_homeostatic_pulls_atom_utilisation_toward_its_set_point():
     assert u[0.05] < u[0.95], u
 
 
+def test_homeostatic_runs_as_its_two_launches_and_adds_onto_the_raw_gradient(monkeypatch):
+    """Through the trainer (NumPy twins, the phase code the GPU runs): each update's homeostatic phase is
+    the family's two ops, probs_control then grad_dueling (the kernel's only two: no other path is left),
+    on the signal's buffers, and the second adds the loss's gradient onto the head's raw gradient."""
+    from cudarl import kernels, signatures
+    from cudarl.reference import homeostatic as ref
+
+    assert set(signatures.parse_source(kernels.SRC_DIR / "homeostatic.cu", "homeostatic")) == {
+        "probs_control",
+        "grad_dueling",
+    }
+    calls = []
+    for op in ("probs_control", "grad_dueling"):
+        real = getattr(ref, op)
+        monkeypatch.setattr(ref, op, lambda *a, _op=op, _f=real: (calls.append((_op, a)), _f(*a))[1])
+    t = _trainer(agent={"aux": ["homeostatic", "causal"]})
+    homeo, buf, seen = t.agent.aux[0], t.agent.buffers, []
+    inner = dict(t.train_graph.phases)["aux_homeostatic"]
+
+    def spy():
+        before, n = buf.train_grad(raw=True).copy(), len(calls)
+        inner()
+        seen.append(([op for op, _ in calls[n:]], buf.train_grad(raw=True) - before, calls[n:]))
+
+    t.train_graph.phases = [(n, spy if n == "aux_homeostatic" else f) for n, f in t.train_graph.phases]
+    t.run(t.cfg.agent.learning_starts // t.cfg.env.n_envs + 3)
+    assert len(seen) >= 2
+    for ops, added, args in seen:
+        assert ops == ["probs_control", "grad_dueling"]
+        (_, (_, p, part, m, g, state, done, *_)), (_, (p3, g2, dva)) = args
+        assert p3 is homeo.p and g2 is homeo.g and g is homeo.g and part is homeo.part and done is homeo.done
+        assert np.shares_memory(p, homeo.p) and m is homeo.m and state is homeo.state
+        assert np.any(added != 0) and np.all(np.isfinite(added))
+
+
 def test_homeostatic_needs_atoms():
     with pytest.raises(ConfigError, match="homeostatic: needs net.head = c51"):
         _trainer(net={"head": "iqn"}, agent={"aux": ["homeostatic"]})
@@ -190,7 +225,7 @@ def test_vaccine_aligns_the_aux_heads_gradient_and_its_observables_move(tmp_path
     after vaccine's grad phase)."""
     on = _trainer(tmp_path, agent={"aux": [*heads, "vaccine"], "vaccine_beta": 0.2})
     names = [n for n, _ in on.train_graph.phases]
-    own = ["aux_risk_sgd"] if "risk" in heads else []
+    own = ["aux_sgd"] if "risk" in heads else []
     assert names[names.index("backward") : names.index("adam") + 1] == ["backward", "vaccine", *own, "adam"]
     assert on.agent.aux[-1].aux_heads == heads
     on.run(20)
