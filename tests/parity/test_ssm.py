@@ -163,6 +163,20 @@ def test_the_scan_block_is_the_kernels():
     from cudarl.ops import ssm as ops
 
     assert signatures.define("ssm", "LAST_THREADS") == ops._LAST_THREADS  # the last-bar scan's launch bounds
+    assert signatures.define("ssm", "LAST_TILE") == ops._LAST_TILE  # the bars it stages at a time
+
+
+def test_last_bar_scans_shared_memory():
+    """The last-bar scans' shared memory (ssm.cu's banner): at the benchmark's layer (W = P = N = 64) a tile of the
+    whole window, under the 48 KiB a launch gets without opting in; a longer window adds its arrays, not rows."""
+    from cudarl.ops import ssm as ops
+
+    tile = 64 * (64 + 4 + 64 + 4)
+    assert ops._last_shared(64, 64, 64, False) == 64 + 64 + 4 * 64 + tile
+    assert ops._last_shared(64, 64, 64, True) == 3 * 64 + 6 * 64 + tile
+    assert 4 * ops._last_shared(64, 64, 64, True) <= 48 * 1024
+    assert ops._last_shared(1000, 64, 64, True) - ops._last_shared(64, 64, 64, True) == 6 * (1000 - 64)
+    assert ops._last_shared(9, 3, 5, False) == 8 + 4 + 4 * 9 + 9 * (5 + 4 + 3 + 4)  # rows sized for + 4 either way
 
 
 def test_launchers_check_shapes_before_launching():
