@@ -513,6 +513,30 @@ __device__ __forceinline__ void chunk_cumsum(const float* dts, float* cum, int Q
   __syncthreads();
 }
 
+// 16 or 4 bytes from global to shared memory with cp.async, done for this thread at cp_async_wait_all (sm_80 on;
+// below it, a plain copy). Here, outside the compile units, because a unit holds no #if (cudarl/kernels.py).
+__device__ __forceinline__ void cp_async16(float* s, const float* g) {
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
+  const unsigned int a = (unsigned int)__cvta_generic_to_shared(s);
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(a), "l"(g) : "memory");
+#else
+  *reinterpret_cast<float4*>(s) = *reinterpret_cast<const float4*>(g);
+#endif
+}
+__device__ __forceinline__ void cp_async4(float* s, const float* g) {
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
+  const unsigned int a = (unsigned int)__cvta_generic_to_shared(s);
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(a), "l"(g) : "memory");
+#else
+  *s = *g;
+#endif
+}
+__device__ __forceinline__ void cp_async_wait_all() {
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_all;\n" ::: "memory");
+#endif
+}
+
 }  // namespace
 
 // Two compile units (cudarl/units.cuh): fp32, every kernel but the _tc scans, and tf32, the _tc scans (at the end of
@@ -967,14 +991,100 @@ extern "C" __global__ __launch_bounds__(SCAN_THREADS) void cudarl_ssm_ssd_backwa
 // bar (the twin's ssd_last_forward: y_T = sum_s m_s x_s + D x_T, m_s = (C_T . B_s) e_s dt_s, e_s =
 // exp(suf_s), suf_s = sum_{r > s} a_r). One block per (sample, head), LAST_THREADS threads; a thread
 // per bar for the W-long sums (m, the dot products), a thread per channel for the sums over bars, and
-// the two prefix sums by thread 0 in the twin's order. Shared: the window's dt, suf / e, cb, m, g, da
-// ([6 W]), C_T and dy_T, each padded to a multiple of 4 floats (PAD4): the compiler reads a dot product's
-// left-over elements at once, up to 3 floats past the last (unused; memcheck flagged it at 13421b4 where C_T
-// ended the allocation). No float atomics.
+// the prefix sums by thread 0 in the twin's order.
+// The sums read the window's B rows (head h's group) and x rows (head h) from shared memory, a tile of up to
+// LAST_TILE bars at a time (issue 22's W = 64 in one; a longer window tile by tile, the sums over bars carried
+// from tile to tile in bar order), copied with cp.async: every copy of a tile goes out before the first is
+// waited for, so a tile costs one memory round trip, and the first tile's overlaps last_setup's loads and
+// prefix sum. Why: at 963c627 a thread per channel read its W x values from global memory, each load issued
+// after the multiply-add before it (the SASS): W dependent round trips a block; and a thread per bar read its
+// own B row (a warp's load touching 32 rows). ncu had both kernels stalled on those loads (0.07 and 0.27
+// instructions issued a scheduler a cycle; 93 and 136 us on an H100, fb169ad). The staged branch of session 21
+// (docs/bench/ssd-last-shared.patch) copied the rows a load then a store an element, one load an iteration in
+// its SASS: 64 round trips a thread again, with fewer blocks an SM, and was slower (103 and 152 us).
+// Copies and the dot products' reads are 16 bytes where N and P are multiples of 4 and xbc is on 16 bytes (rows
+// of N + 4 and P + 4 floats: at multiples of 8, a quarter warp's float4 reads of 8 rows fall in 32 distinct
+// banks), else 4 (rows of N + 1 and P + 1, in the same space). Every sum keeps its operands, its order and its
+// expression (acc += a * b, one multiply-add a term), so the outputs keep their bits (docs/bench/op_bits.py
+// compares two trees). The sums over bars and over n leave half the block idle at P = N = 64: splitting one
+// channel's sum between threads would change its order, and the SM's other blocks (6 at the workload, as many
+// as shared memory allows) fill the gap.
+// Shared, every part on 16 bytes: C_T and the per-channel sums carried from tile to tile (y's; the backward's
+// dy_T and dC_T's), PAD4 each (the compiler reads a dot product's left-over elements at once, up to 3 floats
+// past the last: memcheck flagged it at 13421b4 where C_T ended the allocation); the window's dt, suf / e, cb,
+// m (g, da) [4 W (PAD4(6 W))]; the tile [min(W, LAST_TILE) (N + 4 + P + 4)] (ops.ssm._last_shared). No float
+// atomics.
 #define LAST_THREADS 128
+#define LAST_TILE 64  // bars of the window staged at a time
 #define PAD4(n) (((n) + 3) & ~3)
 
 namespace {
+
+// This thread's copies done (cp_async_wait_all), then the block's (a barrier).
+__device__ __forceinline__ void last_wait() {
+  cp_async_wait_all();
+  __syncthreads();
+}
+
+// The staged tile: bars t0 .. t0 + n of the sample's B rows (head h's group) in sb, rows of NB floats, and its x
+// rows (head h) in sx, rows of XP floats, at s (on 16 bytes); v4: 16-byte copies and reads (the banner).
+struct LastTile {
+  const float *Bg, *xg;  // bar 0's B and x columns in xbc, rows Cc floats apart
+  i64 Cc;
+  int N, P, tw, NB, XP;
+  bool v4;
+  float *sb, *sx;
+  __device__ LastTile(const Scan& sc, const float* xbc, i64 b, int h, float* s)
+      : Bg(xbc + b * sc.W * (i64)sc.Cc + sc.bcol(h)),
+        xg(xbc + b * sc.W * (i64)sc.Cc + h * sc.P),
+        Cc(sc.Cc),
+        N(sc.N),
+        P(sc.P),
+        tw(min(sc.W, LAST_TILE)) {
+    v4 = N % 4 == 0 && P % 4 == 0 && rows_of_16_bytes(xbc, sc.Cc);  // then B's and x's first columns are on 16 too
+    NB = v4 ? N + 4 : N + 1;
+    XP = v4 ? P + 4 : P + 1;
+    sb = s;
+    sx = s + tw * (N + 4);  // sized for rows of N + 4 either way
+  }
+  __device__ const float* B(int t) const { return sb + t * NB; }
+  __device__ const float* x(int t) const { return sx + t * XP; }
+  // Issues the copies of bars t0 .. t0 + n: their B rows, and their x rows with x (coalesced: consecutive threads
+  // on consecutive 16 or 4 bytes of a row).
+  __device__ void load(int t0, int n, bool x) const {
+    rows(sb, NB, Bg + t0 * Cc, n, N);
+    if (x) rows(sx, XP, xg + t0 * Cc, n, P);
+  }
+  __device__ void rows(float* s, int ld, const float* g, int n, int w) const {
+    if (v4) {
+      RowCol rc(threadIdx.x, blockDim.x, w / 4);
+      for (int i = threadIdx.x; i < n * (w / 4); i += blockDim.x, rc.next())
+        cp_async16(s + rc.r * ld + 4 * rc.c, g + rc.r * Cc + 4 * rc.c);
+    } else {
+      RowCol rc(threadIdx.x, blockDim.x, w);
+      for (int i = threadIdx.x; i < n * w; i += blockDim.x, rc.next())
+        cp_async4(s + rc.r * ld + rc.c, g + rc.r * Cc + rc.c);
+    }
+  }
+};
+
+// sum_k a[k] b[k], k ascending, each term one multiply-add into the sum (acc += a[k] * b[k]); v4: a and b on 16
+// bytes and n a multiple of 4, read 16 bytes a load (the same terms in the same order).
+__device__ __forceinline__ float last_dot(const float* a, const float* b, int n, bool v4) {
+  float acc = 0.f;
+  if (v4) {
+    for (int k = 0; k < n; k += 4) {
+      const float4 u = *reinterpret_cast<const float4*>(a + k), v = *reinterpret_cast<const float4*>(b + k);
+      acc += u.x * v.x;
+      acc += u.y * v.y;
+      acc += u.z * v.z;
+      acc += u.w * v.w;
+    }
+  } else {
+    for (int k = 0; k < n; ++k) acc += a[k] * b[k];
+  }
+  return acc;
+}
 
 // dt of every bar (computed and written to dt_out when it is set; read from dt_in otherwise), C_T, and suf_s
 // in se[] (thread 0 adds from the last bar down, as the twin's flipped cumsum). Ends with a barrier.
@@ -1006,45 +1116,61 @@ __device__ __forceinline__ void last_setup(const Scan& sc, const float* xbc, con
   __syncthreads();
 }
 
-// cb_s = C_T . B_s (n ascending) into cb[], e_s = exp(suf_s) over se[] in place, m_s = cb_s e_s dt_s into m[].
-__device__ __forceinline__ void last_terms(const Scan& sc, const float* xbc, i64 b, int h, const float* sdt, float* se,
-                                           const float* cT, float* cb, float* m) {
-  for (int t = threadIdx.x; t < sc.W; t += blockDim.x) {
-    const float* Bt = xbc + (b * sc.W + t) * sc.Cc + sc.bcol(h);
-    float acc = 0.f;
-    for (int n = 0; n < sc.N; ++n) acc += cT[n] * Bt[n];
+// For the bars t0 .. t0 + n of the staged tile: cb_s = C_T . B_s (n ascending) into cb[], e_s = exp(suf_s) over se[]
+// in place, m_s = cb_s e_s dt_s into m[]; with dyT, also g_s = x_s . dy_T (p ascending) into g[].
+__device__ __forceinline__ void last_terms(const LastTile& tl, int t0, int n, const float* sdt, float* se,
+                                           const float* cT, float* cb, float* m, const float* dyT, float* g) {
+  for (int i = threadIdx.x; i < n; i += blockDim.x) {
+    const int t = t0 + i;
+    const float acc = last_dot(cT, tl.B(i), tl.N, tl.v4);
     const float e = expf(se[t]);
     se[t] = e;
     cb[t] = acc;
     m[t] = acc * e * sdt[t];
+    if (dyT) g[t] = last_dot(tl.x(i), dyT, tl.P, tl.v4);
   }
 }
 
 }  // namespace
 
-// y [B, E] (the last bar's), dt [B W, H] (every bar's). grid B H, block LAST_THREADS, shared 4 (4 W + PAD4(N)).
+// y [B, E] (the last bar's), dt [B W, H] (every bar's). grid B H, block LAST_THREADS, shared 4 (PAD4(N) + PAD4(P)
+// + 4 W + min(W, LAST_TILE) (N + P + 8)).
 extern "C" __global__ __launch_bounds__(LAST_THREADS) void cudarl_ssm_ssd_last_forward(
     const float* xbc, const float* zx, const float* head, float* y, float* dt, int W, int H, int P, int N, int G) {
   extern __shared__ float sh[];
   const Scan sc(W, H, P, N, G, W);
   const i64 b = blockIdx.x / H;
   const int h = blockIdx.x % H;
-  float *sdt = sh, *se = sdt + W, *cb = se + W, *m = cb + W, *cT = m + W;
+  float *cT = sh, *ya = cT + PAD4(N), *sdt = ya + PAD4(P), *se = sdt + W, *cb = se + W, *m = cb + W;
+  const LastTile tl(sc, xbc, b, h, m + W);
+  const int tiles = (W + tl.tw - 1) / tl.tw;
+  tl.load(0, tl.tw, true);  // in flight through last_setup
   last_setup(sc, xbc, zx, head, nullptr, dt, b, h, sdt, se, cT);
-  last_terms(sc, xbc, b, h, sdt, se, cT, cb, m);
-  __syncthreads();
   const float D = head[H + h];
-  const float* x0 = xbc + b * W * (i64)sc.Cc + h * P;
-  for (int p = threadIdx.x; p < P; p += blockDim.x) {
-    float acc = 0.f;
-    for (int t = 0; t < W; ++t) acc += m[t] * x0[t * (i64)sc.Cc + p];
-    y[b * sc.E + h * P + p] = acc + D * x0[(W - 1) * (i64)sc.Cc + p];
+  for (int k = 0; k < tiles; ++k) {
+    const int t0 = k * tl.tw, bars = min(tl.tw, W - t0);
+    if (k > 0) {
+      __syncthreads();  // every read of the tile before
+      tl.load(t0, bars, true);
+    }
+    last_wait();
+    last_terms(tl, t0, bars, sdt, se, cT, cb, m, nullptr, nullptr);
+    __syncthreads();
+    for (int p = threadIdx.x; p < P; p += blockDim.x) {  // y_T = sum_s m_s x_s (s ascending, tile after tile) + D x_T
+      float acc = k == 0 ? 0.f : ya[p];
+      for (int t = 0; t < bars; ++t) acc += m[t0 + t] * tl.x(t)[p];
+      if (k + 1 < tiles)
+        ya[p] = acc;
+      else
+        y[b * sc.E + h * P + p] = acc + D * tl.x(bars - 1)[p];
+    }
   }
 }
 
 // The twin's ssd_last_backward: dy [B, E] (the last bar's gradient); dx into dxbc's x columns and d dt_raw
 // into dzx's dt columns for every bar, dbc_part [B W, H, 2 N] (dC zero before the last bar), dhead_part
-// [B, 3, H]. grid B H, block LAST_THREADS, shared 4 (6 W + PAD4(N) + PAD4(P)).
+// [B, 3, H]. grid B H, block LAST_THREADS, shared 4 (2 PAD4(N) + PAD4(P) + PAD4(6 W) + min(W, LAST_TILE) (N + P +
+// 8)). With one tile (W <= LAST_TILE) the B rows staged for cb are still there for dC_T; else dC_T stages them again.
 extern "C" __global__ __launch_bounds__(LAST_THREADS) void cudarl_ssm_ssd_last_backward(
     const float* dy, const float* xbc, const float* zx, const float* dt, const float* head, float* dxbc, float* dzx,
     float* dbc_part, float* dhead_part, int W, int H, int P, int N, int G) {
@@ -1052,28 +1178,35 @@ extern "C" __global__ __launch_bounds__(LAST_THREADS) void cudarl_ssm_ssd_last_b
   const Scan sc(W, H, P, N, G, W);
   const i64 b = blockIdx.x / H;
   const int h = blockIdx.x % H;
-  float *sdt = sh, *se = sdt + W, *cb = se + W, *m = cb + W, *g = m + W, *da = g + W, *cT = da + W, *dyT = cT + PAD4(N);
+  float *cT = sh, *dyT = cT + PAD4(N), *dcs = dyT + PAD4(P), *sdt = dcs + PAD4(N), *se = sdt + W, *cb = se + W,
+        *m = cb + W, *g = m + W, *da = g + W;
+  const LastTile tl(sc, xbc, b, h, sdt + PAD4(6 * W));
+  const int tiles = (W + tl.tw - 1) / tl.tw;
   const float* dyb = dy + b * sc.E + h * P;
   for (int p = threadIdx.x; p < P; p += blockDim.x) dyT[p] = dyb[p];
+  tl.load(0, tl.tw, true);  // in flight through last_setup
   last_setup(sc, xbc, zx, head, dt, nullptr, b, h, sdt, se, cT);
-  last_terms(sc, xbc, b, h, sdt, se, cT, cb, m);
-  const i64 row0 = b * W;
-  const float* x0 = xbc + row0 * sc.Cc + h * P;
-  for (int t = threadIdx.x; t < W; t += blockDim.x) {  // g_s = x_s . dy_T, p ascending
-    float acc = 0.f;
-    for (int p = 0; p < P; ++p) acc += x0[t * (i64)sc.Cc + p] * dyT[p];
-    g[t] = acc;
+  for (int k = 0; k < tiles; ++k) {  // cb, e, m and g_s = x_s . dy_T of every bar
+    const int t0 = k * tl.tw, bars = min(tl.tw, W - t0);
+    if (k > 0) {
+      __syncthreads();  // every read of the tile before
+      tl.load(t0, bars, true);
+    }
+    last_wait();
+    last_terms(tl, t0, bars, sdt, se, cT, cb, m, dyT, g);
   }
   __syncthreads();
+  const i64 row0 = b * W;
   const float A = -expf(head[h]), D = head[H + h];
   if (threadIdx.x == 0) {  // da_s = sum_{r < s} g_r m_r; dA = sum_s da_s dt_s; dD = x_T . dy_T
+    const float* xT = tl.x(W - 1 - (tiles - 1) * tl.tw);  // the last tile's last row
     float acc = 0.f, dA = 0.f, dD = 0.f;
     for (int t = 0; t < W; ++t) {
       da[t] = acc;
       dA += acc * sdt[t];
       acc += g[t] * m[t];
     }
-    for (int p = 0; p < P; ++p) dD += dyT[p] * x0[(W - 1) * (i64)sc.Cc + p];
+    for (int p = 0; p < P; ++p) dD += dyT[p] * xT[p];
     dhead_part[(b * 3 + 0) * H + h] = dA * A;
     dhead_part[(b * 3 + 1) * H + h] = dD;
   }
@@ -1106,10 +1239,21 @@ extern "C" __global__ __launch_bounds__(LAST_THREADS) void cudarl_ssm_ssd_last_b
     o[n] = g[t] * cT[n];
     if (t < W - 1) o[N + n] = 0.f;
   }
-  for (int n = threadIdx.x; n < N; n += blockDim.x) {  // dC_T = sum_s dcb_s B_s, s ascending
-    float acc = 0.f;
-    for (int t = 0; t < W; ++t) acc += g[t] * xbc[(row0 + t) * sc.Cc + sc.bcol(h) + n];
-    dbc_part[((row0 + W - 1) * H + h) * N2 + N + n] = acc;
+  for (int k = 0; k < tiles; ++k) {  // dC_T = sum_s dcb_s B_s, s ascending (tile after tile)
+    const int t0 = k * tl.tw, bars = min(tl.tw, W - t0);
+    if (tiles > 1) {  // one tile: its B rows are still staged
+      __syncthreads();  // every read of the tile before
+      tl.load(t0, bars, false);
+      last_wait();
+    }
+    for (int n = threadIdx.x; n < N; n += blockDim.x) {
+      float acc = k == 0 ? 0.f : dcs[n];
+      for (int t = 0; t < bars; ++t) acc += g[t0 + t] * tl.B(t)[n];
+      if (k + 1 < tiles)
+        dcs[n] = acc;
+      else
+        dbc_part[((row0 + W - 1) * H + h) * N2 + N + n] = acc;
+    }
   }
 }
 

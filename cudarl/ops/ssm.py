@@ -16,6 +16,7 @@ _CONV_THREADS = 128
 _CONV_SEG = 16  # bars a conv_forward thread takes (ssm.cu CONV_SEG; any count of segments covers the window)
 _STEP_THREADS = 128
 _LAST_THREADS = 128  # ssm.cu LAST_THREADS
+_LAST_TILE = 64  # ssm.cu LAST_TILE: bars of the window a last-bar scan block stages at a time
 #: The scans' second kernels (cuda_src/ssm.cu): ``cudarl_ssm_<op>_tc``, the products on TF32 tensor cores, launched
 #: by ``tf32=True`` (``net.tf32``); the same parameters, grid and block as ``cudarl_ssm_<op>``, a little more shared
 #: memory (rows padded for the fragments' loads: ``forward_shared`` / ``backward_shared`` with ``tf32``), sums to
@@ -164,6 +165,16 @@ def _pad4(n: int) -> int:
     return (int(n) + 3) & ~3
 
 
+def _last_shared(window: int, P: int, N: int, backward: bool) -> int:
+    """Floats of shared memory a last-bar scan block uses (ssm.cu's banner): C_T and the sums carried from tile to
+    tile (y's; the backward's dC_T's, and dy_T), each padded by :func:`_pad4`; the window's 4 (backward: 6) arrays;
+    and a tile of up to ``_LAST_TILE`` bars' B and x rows, ``N + 4`` and ``P + 4`` floats each."""
+    tile = min(int(window), _LAST_TILE) * (int(N) + 4 + int(P) + 4)
+    if backward:
+        return 2 * _pad4(N) + _pad4(P) + _pad4(6 * window) + tile
+    return _pad4(N) + _pad4(P) + 4 * int(window) + tile
+
+
 def _last_dims(where: str, xbc, zx, head, E: int, N: int, B: int, window: int) -> tuple:
     """(H, P, N, G) of a last-bar scan over ``B`` windows, checked as :func:`_scan_dims`."""
     H = head.shape[1] if head.ndim == 2 else 0
@@ -186,7 +197,7 @@ def ssd_last_forward(xbc, zx, head, y, dt, window: int, d_state: int) -> None:
         B * H,
         _LAST_THREADS,
         (xbc, zx, head, y, dt, window, H, P, N, G),
-        shared_mem=_shared(where, 4 * window + _pad4(N), "window"),
+        shared_mem=_shared(where, _last_shared(window, P, N, False), "window"),
     )
 
 
@@ -210,7 +221,7 @@ def ssd_last_backward(dy, xbc, zx, dt, head, dxbc, dzx, dbc_part, dhead_part, wi
         B * H,
         _LAST_THREADS,
         (dy, xbc, zx, dt, head, dxbc, dzx, dbc_part, dhead_part, window, H, P, N, G),
-        shared_mem=_shared(where, 6 * window + _pad4(N) + _pad4(P), "window"),
+        shared_mem=_shared(where, _last_shared(window, P, N, True), "window"),
     )
 
 

@@ -1,7 +1,8 @@
 """Writes the output bits of kernels changed without changing their sums (session 23: ssm conv_forward in segments
 of bars, nn bias_act_backward's tall chunks, ssm ssd_backward's 16-byte operand loads, seq gated_rmsnorm_forward's
-cached rows; session 24: ssm ssd_step's staged state) for a few shapes to an .npz (argv[1]), from the cudarl tree
-this runs in, so two trees' outputs can be compared bit for bit.
+cached rows; session 24: ssm ssd_step's staged state; session 25: ssm ssd_last_forward / ssd_last_backward's staged
+tiles) for a few shapes to an .npz (argv[1]), from the cudarl tree this runs in, so two trees' outputs can be compared
+bit for bit.
 Usage, on a GPU host from each tree: PYTHONPATH=. python3 docs/bench/op_bits.py OUT.npz; then --compare A B."""
 
 import sys
@@ -18,6 +19,13 @@ BIAS = [
 ]  # bias_act_backward: rows, cols, act
 GATED = [(32768, 1, 256), (512, 64, 256), (100, 3, 300), (7, 2, 40)]  # gated_rmsnorm_forward: rows, k, n
 SCANS = [(64, 64, 4, 64, 64, 32), (3, 33, 2, 16, 16, 32), (2, 20, 2, 6, 8, 8), (2, 9, 4, 3, 5, 4)]  # B, W, H, P, N, Q
+LAST = [  # the last-bar scans: B, W, H, P, N, G, xbc 4 bytes past 16 (the 4-byte copies on this branch)
+    (512, 64, 4, 64, 64, 1, 0),
+    (64, 64, 4, 64, 64, 1, 1),
+    (3, 9, 4, 3, 5, 2, 0),
+    (2, 20, 2, 6, 8, 1, 0),
+    (3, 100, 2, 16, 8, 1, 0),
+]
 
 
 def run(path):
@@ -61,6 +69,23 @@ def run(path):
         for t in range(min(W, 4)):
             ops.ssd_step(cp.ascontiguousarray(xbc3[:, t]), cp.ascontiguousarray(zx3[:, t]), head, ss, yt)
         out[f"u{i}"], out[f"v{i}"] = yt.get(), ss.get()
+    for i, (B, W, H, P, N, G, moved) in enumerate(LAST):  # conv, then the last bar's scan forward and backward
+        rng = np.random.default_rng(400 + i)
+        E, Cc = H * P, H * P + 2 * G * N
+        f = lambda *s, scale=1.0, g=rng: cp.asarray((scale * g.standard_normal(s)).astype(np.float32))  # noqa: E731
+        zx, conv = f(B * W, E + Cc + H, scale=0.5), f(5, Cc, scale=0.3)
+        head = cp.asarray(np.stack([np.log(rng.uniform(1, 4, H)), np.ones(H), np.full(H, -2.0)]).astype(np.float32))
+        xbc = cp.empty((B * W, Cc), np.float32)
+        ops.conv_forward(zx, conv, xbc, W, E)
+        if moved:
+            xbc = cp.concatenate([cp.zeros(1, np.float32), xbc.ravel()])[1:].reshape(B * W, Cc)
+        y, dt = cp.full((B, E), np.nan, np.float32), cp.full((B * W, H), np.nan, np.float32)
+        ops.ssd_last_forward(xbc, zx, head, y, dt, W, N)
+        dxbc, dzx = cp.full((B * W, Cc), np.nan, np.float32), cp.full(zx.shape, np.nan, np.float32)
+        dbc, dhead = cp.full((B * W, H, 2 * N), np.nan, np.float32), cp.full((B, 3, H), np.nan, np.float32)
+        ops.ssd_last_backward(f(B, E), xbc, zx, dt, head, dxbc, dzx, dbc, dhead, W)
+        out[f"Ly{i}"], out[f"Lt{i}"], out[f"Lx{i}"] = y.get(), dt.get(), dxbc[:, :E].get()
+        out[f"Ld{i}"], out[f"Lc{i}"], out[f"Lh{i}"] = dzx[:, E + Cc :].get(), dbc.get(), dhead.get()
     from cudarl.ops import seq
 
     for i, (R, k, n) in enumerate(GATED):  # zx [k R, 2 n + 5]: z its first n columns, the last row of each group
@@ -77,7 +102,10 @@ def compare(a, b):
     bad = 0
     for k in a.files:
         same = np.array_equal(a[k].view(np.uint32), b[k].view(np.uint32))
-        shape = (SHAPES if k[0] == "s" else BIAS if k[0] in "bz" else GATED if k[0] in "gr" else SCANS)[int(k[1:])]
+        if k[0] == "L":
+            shape = LAST[int(k[2:])]
+        else:
+            shape = (SHAPES if k[0] == "s" else BIAS if k[0] in "bz" else GATED if k[0] in "gr" else SCANS)[int(k[1:])]
         print(f"{k} {shape}: {'same bits' if same else 'DIFFERENT'}; NaN left {int(np.isnan(b[k]).sum())}")
         bad += not same
     sys.exit(1 if bad else 0)

@@ -163,6 +163,20 @@ def test_the_scan_block_is_the_kernels():
     from cudarl.ops import ssm as ops
 
     assert signatures.define("ssm", "LAST_THREADS") == ops._LAST_THREADS  # the last-bar scan's launch bounds
+    assert signatures.define("ssm", "LAST_TILE") == ops._LAST_TILE  # the bars it stages at a time
+
+
+def test_last_bar_scans_shared_memory():
+    """The last-bar scans' shared memory (ssm.cu's banner): at the benchmark's layer (W = P = N = 64) a tile of the
+    whole window, under the 48 KiB a launch gets without opting in; a longer window adds its arrays, not rows."""
+    from cudarl.ops import ssm as ops
+
+    tile = 64 * (64 + 4 + 64 + 4)
+    assert ops._last_shared(64, 64, 64, False) == 64 + 64 + 4 * 64 + tile
+    assert ops._last_shared(64, 64, 64, True) == 3 * 64 + 6 * 64 + tile
+    assert 4 * ops._last_shared(64, 64, 64, True) <= 48 * 1024
+    assert ops._last_shared(1000, 64, 64, True) - ops._last_shared(64, 64, 64, True) == 6 * (1000 - 64)
+    assert ops._last_shared(9, 3, 5, False) == 8 + 4 + 4 * 9 + 9 * (5 + 4 + 3 + 4)  # rows sized for + 4 either way
 
 
 def test_launchers_check_shapes_before_launching():
@@ -318,7 +332,10 @@ def test_gpu_conv_and_scan_backward(cp, rng, B, W, H, P, N, G, K, chunk):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("B,W,H,P,N,G,K,chunk", GPU_CASES)
+@pytest.mark.parametrize(
+    "B,W,H,P,N,G,K,chunk",
+    GPU_CASES + [(3, 100, 2, 16, 8, 1, 4, 32), (2, 129, 4, 64, 64, 1, 4, 32)],  # windows of 2 and 3 staged tiles
+)
 def test_gpu_last_bar_scan(cp, rng, B, W, H, P, N, G, K, chunk):
     """ssd_last_forward and ssd_last_backward on the GPU's conv output against the float64 twin (poisoned
     outputs; nothing of dzx but the dt columns written), the last row of the GPU's chunked scan, and a rerun
@@ -359,6 +376,38 @@ def test_gpu_last_bar_scan(cp, rng, B, W, H, P, N, G, K, chunk):
     ops.bc_reduce(gdbc, gdxbc, E)
     for k in first:
         assert_bitwise(got[k], first[k], what=f"rerun {k}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("B,W,H,P,N", [(4, 64, 4, 64, 64), (3, 100, 2, 16, 8)])
+def test_gpu_last_bar_scan_stages_16_or_4_bytes_alike(cp, rng, B, W, H, P, N):
+    """The last-bar scans copy xbc's rows 16 bytes at a time where N and P are multiples of 4 and xbc is on 16
+    bytes, else 4 (ssm.cu's banner): the same xbc 4 bytes past a 16-byte boundary takes the second path, and every
+    output keeps its bits (the same sums in the same order)."""
+    from cudarl.ops import ssm as ops
+
+    c = case(rng, B, W, H, P, N, 1, 4, np.float32)
+    E, Cc = c["E"], c["Cc"]
+    g = {k: cp.asarray(c[k]) for k in ("zx", "conv", "head")}
+    xbc = cp.empty((B * W, Cc), np.float32)
+    ops.conv_forward(g["zx"], g["conv"], xbc, W, E)
+    moved = cp.empty(xbc.size + 1, np.float32)[1:].reshape(xbc.shape)
+    moved[...] = xbc
+    assert xbc.data.ptr % 16 == 0 and moved.data.ptr % 16 == 4
+    dy = cp.asarray(rng.standard_normal((B, E)).astype(np.float32))
+    outs = []
+    for x in (xbc, moved):
+        y, dt = cp.empty((B, E), np.float32), cp.empty((B * W, H), np.float32)
+        dxbc, dzx = cp.empty(x.shape, np.float32), cp.full(g["zx"].shape, np.nan, np.float32)
+        dbc, dhead = cp.empty((B * W, H, 2 * N), np.float32), cp.empty((B, 3, H), np.float32)
+        for a in (y, dt, dxbc, dbc, dhead):
+            poison(a)
+        ops.ssd_last_forward(x, g["zx"], g["head"], y, dt, W, N)
+        ops.ssd_last_backward(dy, x, g["zx"], dt, g["head"], dxbc, dzx, dbc, dhead, W)
+        outs.append((y, dt, dxbc[:, :E], dzx[:, E + Cc :], dbc, dhead))
+    for a, b, name in zip(*outs, ("y", "dt", "dx", "d dt_raw", "dbc_part", "dhead_part"), strict=True):
+        assert not bool(cp.isnan(a).any()), f"{name} left unwritten"
+        assert_bitwise(b, a, what=f"{name}, 4-byte copies against 16")
 
 
 @pytest.mark.gpu
