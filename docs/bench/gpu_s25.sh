@@ -7,6 +7,7 @@
 #      sessions changed without changing its sums, the last-bar scans among them: "same bits"), bench_encoders --kind
 #      ssm (fp32 rows: last-stage; tf32 rows: last-stage and scan-tc), bench_aux --encoder mlp --no-whole (aux-fuse),
 #      memcheck and racecheck on the new kernels' small cases, ncu of the last-bar kernels on both trees.
+#   P: OUT=$OUT bash docs/bench/gpu_s25.sh P: ncu of the SSM train graph under net.tf32 (what the TF32 step is made of now).
 # Predictions (written before the call; perf-notes): the TF32 SSM step 3.66 -> about 3.3 ms (scan-tc);
 # ssd_last_forward 93 -> 20-30 us a call, ssd_last_backward 133 -> 55-65 (last-stage: about 0.25-0.3 ms off the SSM
 # step, FP32 and TF32); the MLP step with all seven signals 199.3 -> 183-187 us (aux-fuse).
@@ -38,5 +39,8 @@ for k in p.read_csv(Path(os.environ["N"])): print(p.kernel_key(k["name"]) + ": %
     n=new; [ "$tree" = .gpu_base ] && n=base
     t "ncu $n"; (cd $tree && PYTHONPATH=. timeout $(left 50) ncu --clock-control none --cache-control none --csv --page raw --print-units base --metrics $M -k regex:ssd_last -c 2 python3 $R/docs/bench/op_bits.py /tmp/ncu_bits.npz > /tmp/ncu_$n.csv 2> /tmp/ncu_$n.err); N=/tmp/ncu_$n.csv python3 -c "$SHOW"
   done
+elif [ "$1" = P ]; then  # what is left of the TF32 SSM train step after the merges: ncu's kernels (serialised)
+  S="--set net.encoder=ssm --set net.window=64 --set net.d_model=128 --set net.layers=2 --set net.ssm_expand=2 --set net.ssm_state=64 --set net.ssm_headdim=64 --set net.tf32=true"
+  t profile; GRAPHS=train NCU_TIMEOUT=170 OUT=/tmp/prof timeout 190 bash tools/gpu_profile.sh $S > /tmp/prof.log 2>&1; cp /tmp/prof/profile.txt $OUT/ssm_tf32_train_profile.txt; grep -E "ncu_train|x  " /tmp/prof/profile.txt | head -40
 fi
 t end
