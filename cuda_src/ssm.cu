@@ -1055,6 +1055,17 @@ struct LastTile {
     rows(sb, NB, Bg + t0 * Cc, n, N);
     if (x) rows(sx, XP, xg + t0 * Cc, n, P);
   }
+  // Tile k's bars t0 = k tw .. t0 + bars staged and waited for, bars returned: tile 0's copies went out before
+  // last_setup (load(0, tw, true)); a later tile's go out after the block's barrier (every read of the one before).
+  __device__ int stage(int k, int W) const {
+    const int t0 = k * tw, bars = min(tw, W - t0);
+    if (k > 0) {
+      __syncthreads();
+      load(t0, bars, true);
+    }
+    last_wait();
+    return bars;
+  }
   __device__ void rows(float* s, int ld, const float* g, int n, int w) const {
     if (v4) {
       RowCol rc(threadIdx.x, blockDim.x, w / 4);
@@ -1148,12 +1159,7 @@ extern "C" __global__ __launch_bounds__(LAST_THREADS) void cudarl_ssm_ssd_last_f
   last_setup(sc, xbc, zx, head, nullptr, dt, b, h, sdt, se, cT);
   const float D = head[H + h];
   for (int k = 0; k < tiles; ++k) {
-    const int t0 = k * tl.tw, bars = min(tl.tw, W - t0);
-    if (k > 0) {
-      __syncthreads();  // every read of the tile before
-      tl.load(t0, bars, true);
-    }
-    last_wait();
+    const int t0 = k * tl.tw, bars = tl.stage(k, W);
     last_terms(tl, t0, bars, sdt, se, cT, cb, m, nullptr, nullptr);
     __syncthreads();
     for (int p = threadIdx.x; p < P; p += blockDim.x) {  // y_T = sum_s m_s x_s (s ascending, tile after tile) + D x_T
@@ -1187,12 +1193,7 @@ extern "C" __global__ __launch_bounds__(LAST_THREADS) void cudarl_ssm_ssd_last_b
   tl.load(0, tl.tw, true);  // in flight through last_setup
   last_setup(sc, xbc, zx, head, dt, nullptr, b, h, sdt, se, cT);
   for (int k = 0; k < tiles; ++k) {  // cb, e, m and g_s = x_s . dy_T of every bar
-    const int t0 = k * tl.tw, bars = min(tl.tw, W - t0);
-    if (k > 0) {
-      __syncthreads();  // every read of the tile before
-      tl.load(t0, bars, true);
-    }
-    last_wait();
+    const int t0 = k * tl.tw, bars = tl.stage(k, W);
     last_terms(tl, t0, bars, sdt, se, cT, cb, m, dyT, g);
   }
   __syncthreads();
