@@ -742,6 +742,11 @@ def _lt_key(
     default (the layouts carry them; cuBLASLt reads a row's alignment from them)."""
     packed = _packed_lds(m, n, k, trans_a, trans_b)
     lds = tuple(int(x) for x in (packed if lds is None else lds))
+    # an operand of one row has no pitch to read (_row_pitch gives its row length): the key a call on such a
+    # view computes, so a key named from shapes (prepare, plan_key) says the same (the top SSM block's z GEMM
+    # over one sample: x[W - 1 :: W] and out's head columns at the last rows, one row each)
+    rows = (k if trans_a else m, n if trans_b else k, m)
+    lds = tuple(w if r <= 1 else ld for ld, w, r in zip(lds, packed, rows, strict=True))
     if any(ld < w for ld, w in zip(lds, packed, strict=True)):
         raise BlasError(f"gemm_lt: row pitches {lds} shorter than the rows {packed} of a, b and out")
     al = tuple(_alignment(p, LT_ALIGN) for p in (a_ptr, b_ptr, out_ptr))

@@ -5,6 +5,7 @@ against the same, and its forward plans made before a capture."""
 import numpy as np
 import pytest
 
+from cudarl import blas
 from cudarl.nn import Linear, ParamLayout, SplitLinear, Workspace
 from cudarl.reference.nn import IDENTITY
 
@@ -86,6 +87,21 @@ def test_split_linear_plan_keys_name_its_views():
     assert [k[:3] for k in keys] == [(512 * 64, 388, 128), (512, 256, 128)]
     assert [k[12:15] for k in keys] == [(128, 644, 644), (64 * 128, 644, 64 * 644)]
     assert Linear("p", 128, 644, act="identity", rows=64, gemm="cublas").forward_plan_keys(512) == []
+
+
+def test_split_linear_plan_keys_over_one_sample_are_the_calls_keys():
+    """Over one sample (acting with env.n_envs = 1, a batch of 1) the head GEMM's x[W - 1 :: W] and out rows are one
+    row each, whose pitch a call reads as the row length (blas._row_pitch): the keys prepare names must be those,
+    or a capture meets a plan it was not given (found in session 25: they named the sample's pitch)."""
+    lin = SplitLinear("p", 128, 644, head=256, rows=64, gemm="cublaslt_nosplit")
+    x, w, y = np.zeros((64, 128), np.float32), np.zeros((128, 644), np.float32), np.zeros((64, 644), np.float32)
+    last = slice(63, None, 64)
+    keys = lin.forward_plan_keys(1)
+    assert [k[12:15] for k in keys] == [
+        blas._lds(x, w[:, 256:], y[:, 256:]),
+        blas._lds(x[last], w[:, :256], y[last, :256]),
+    ]
+    assert keys[1][12:15] == (128, 644, 256)
 
 
 @pytest.mark.gpu
