@@ -312,6 +312,33 @@ def test_gpu_encoder_graphed_equals_eager_and_params_move(name):
     assert all(not np.array_equal(P0[k], P1[k]) for k in P1 if k.startswith("enc."))
 
 
+ONE_SAMPLE = [({"n_envs": 1}, {"batch_size": 64, "learning_starts": 200}), ({}, {"batch_size": 1})]
+
+
+def _one_sample_config(make, env, agent):
+    return make(net=ENCODER_NETS["ssm"], env=env, agent=agent)
+
+
+@pytest.mark.parametrize("env,agent", ONE_SAMPLE)
+def test_ssm_trains_and_acts_over_one_sample(env, agent):
+    """One environment (the collect step's windowed forward over one sample) and a batch of one (the train step's):
+    the top block's split in-projection over one row a GEMM, on NumPy (its GPU twin below)."""
+    t = Trainer(_one_sample_config(small, env, agent), run_dir=False, echo=quiet)
+    t.run(5)
+    assert t.losses and np.all(np.isfinite(t.losses))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("env,agent", ONE_SAMPLE)
+def test_gpu_ssm_trains_and_acts_over_one_sample(env, agent):
+    """The same on the GPU, through the captured graphs: the top block's split in-projection over one sample has
+    one-row operands, whose plan keys prepare must name as the calls do (a row's length for its pitch, blas._lt_key,
+    session 25: it named the sample's pitch, and a capture met a plan it was not given)."""
+    t = Trainer(_one_sample_config(gpu_small, env, agent), run_dir=False, echo=quiet)
+    t.run(20)
+    assert t.losses and np.all(np.isfinite(t.losses))
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", ["ssm", "attention"])
 def test_gpu_act_path_matches_the_numpy_windowed_forward(name):
