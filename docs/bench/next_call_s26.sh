@@ -13,7 +13,7 @@
 T0=$(date +%s); t() { echo "== $1 t=$(( $(date +%s) - T0 ))"; }
 left() { local l=$(( 540 - ($(date +%s) - T0) )); [ "$l" -lt 1 ] && l=1; [ "$l" -lt "$1" ] && echo "$l" || echo "$1"; }
 nvidia-smi --query-gpu=name --format=csv,noheader
-TESTS="tests/parity/test_homeostatic.py tests/unit/test_aux_reg.py"
+TESTS="tests/parity/test_homeostatic.py tests/unit/test_aux_reg.py tests/unit/test_windows.py"  # test_windows: the one-sample SSM runs (9d37812)
 [ -n "${RES:-}" ] && TESTS="$TESTS tests/parity/test_blas.py tests/unit/test_residual_linear.py tests/parity/test_encoder_parity.py tests/unit/test_split_linear.py tests/parity/test_seq.py tests/unit/test_windows.py tests/unit/test_c51_iqn.py tests/unit/test_gemm_algo.py tests/unit/test_probe_cache.py tests/unit/test_policy.py"
 t tests; timeout $(left 200) python3 -m pytest -m gpu -q -p no:cacheprovider $TESTS > /tmp/tests.log 2>&1; grep -E "^(FAILED|ERROR|E  )|passed|failed" /tmp/tests.log | tail -12
 for tree in .gpu_base .; do
