@@ -89,19 +89,23 @@ def test_split_linear_plan_keys_name_its_views():
     assert Linear("p", 128, 644, act="identity", rows=64, gemm="cublas").forward_plan_keys(512) == []
 
 
-def test_split_linear_plan_keys_over_one_sample_are_the_calls_keys():
-    """Over one sample (acting with env.n_envs = 1, a batch of 1) the head GEMM's x[W - 1 :: W] and out rows are one
-    row each, whose pitch a call reads as the row length (blas._row_pitch): the keys prepare names must be those,
-    or a capture meets a plan it was not given (found in session 25: they named the sample's pitch)."""
+@pytest.mark.parametrize("batch", [1, 2, 5])
+def test_split_linear_plan_keys_are_the_calls_keys(batch):
+    """The row pitches prepare names are those a call reads from its views (blas._lds), at every batch. Over one
+    sample (acting with env.n_envs = 1, a batch of 1) the head GEMM's x[W - 1 :: W] and out rows are one row each,
+    whose pitch a call reads as the row length (blas._row_pitch): a key naming the sample's pitch there made a
+    capture meet a plan it was not given (found in session 25)."""
     lin = SplitLinear("p", 128, 644, head=256, rows=64, gemm="cublaslt_nosplit")
-    x, w, y = np.zeros((64, 128), np.float32), np.zeros((128, 644), np.float32), np.zeros((64, 644), np.float32)
+    x = np.zeros((batch * 64, 128), np.float32)
+    w, y = np.zeros((128, 644), np.float32), np.zeros((batch * 64, 644), np.float32)
     last = slice(63, None, 64)
-    keys = lin.forward_plan_keys(1)
+    keys = lin.forward_plan_keys(batch)
     assert [k[12:15] for k in keys] == [
         blas._lds(x, w[:, 256:], y[:, 256:]),
         blas._lds(x[last], w[:, :256], y[last, :256]),
     ]
-    assert keys[1][12:15] == (128, 644, 256)
+    if batch == 1:
+        assert keys[1][12:15] == (128, 644, 256)
 
 
 @pytest.mark.gpu
