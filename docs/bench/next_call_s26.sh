@@ -1,6 +1,7 @@
 # Prepared for the next session (NOT RUN ON A GPU when written): one device call, from a checkout of main with the
-# prepared branches merged (homeo-batch; res-epilogue if its report says it is ready), main's tree before them in
-# .gpu_base (ignored; sent by carry):
+# prepared branches merged (local branches homeo-batch, then res-epilogue on top of it; or the patches in order:
+# git am docs/bench/homeo-batch.patch docs/bench/res-epilogue.patch), main's tree before them in .gpu_base
+# (ignored; sent by carry):
 #   rm -rf .gpu_base && mkdir .gpu_base && git archive main cudarl cuda_src tools tests pyproject.toml | tar -x -C .gpu_base
 #   OUT=$OUT bash docs/bench/next_call_s26.sh
 # then, chained on the warm machine, gpu_check at the merged commit (docs/bench/gpu_s25.sh G <sha>). In order of what a
