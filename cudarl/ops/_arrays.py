@@ -20,6 +20,12 @@ def check(where: str, name: str, a, dtype, shape: tuple) -> None:
         raise ValueError(f"{where}: {name} must be C-contiguous")
 
 
+def address(a) -> int:
+    """The address of ``a``'s first element: a CuPy array's device pointer, a NumPy array's host address (the
+    launchers that compare buffers: the same buffer, or spans that must not overlap)."""
+    return a.__array_interface__["data"][0] if isinstance(a, np.ndarray) else a.data.ptr
+
+
 def check_counter(where: str, name: str, a, members: int = 1) -> None:
     """A uint32 ``[1]`` ticket counter of a kernel that finishes with ``cudarl::last_block`` (``[P]``,
     one a member, for a launch over ``members`` P): it must hold 0 before the launch (allocate it

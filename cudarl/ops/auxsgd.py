@@ -6,7 +6,7 @@ import numpy as np
 
 from ..kernels import blocks_for, launch
 from ..reference.auxsgd import MAX_SPANS
-from ._arrays import check
+from ._arrays import address, check
 
 _THREADS = 256
 _MAX_BLOCKS = 1024
@@ -39,11 +39,7 @@ def steps(spans) -> None:
 
 def _apart(where: str, arrays: list) -> None:
     """Raise unless the arrays' byte ranges are pairwise disjoint (one launch steps them all at once)."""
-    runs = sorted((_ptr(a), _ptr(a) + a.nbytes) for a in arrays)
+    runs = sorted((address(a), address(a) + a.nbytes) for a in arrays)
     for (_, end), (start, _) in zip(runs[:-1], runs[1:], strict=True):
         if start < end:
             raise ValueError(f"{where}: the spans' parameters and gradients must not overlap")
-
-
-def _ptr(a) -> int:
-    return a.data.ptr if hasattr(a.data, "ptr") else a.__array_interface__["data"][0]

@@ -24,6 +24,7 @@ import numpy as np
 from .. import kernels
 from ..kernels import blocks_for, launch
 from ..reference.optim import CAS_THREADS, GN_BLOCKS, GN_FOLD, GN_THREADS, clip_adam_soft_blocks
+from ._arrays import address
 
 _T = 256
 _MAX_GRID = 8192
@@ -374,7 +375,7 @@ def _adam_update_soft(op, consts, p, g, m, v, mask, target, lr, m_scale, bc1, bc
     w = f"optim.{op}"
     P, e, n, s = _adam_checks(w, p, g, m, v, mask, lr, m_scale, bc1, bc2, clip, target=target)
     _member_scalars(w, P, tau=tau)
-    if _base_ptr(target) == _base_ptr(p):
+    if address(target) == address(p):
         raise ValueError(f"{w}: target must be a buffer of its own, not the parameters")
     c = consts(w, P, beta1=beta1, beta2=beta2, eps=eps, wd=wd)
     launch(
@@ -384,10 +385,6 @@ def _adam_update_soft(op, consts, p, g, m, v, mask, target, lr, m_scale, bc1, bc
         _T,
         (*(e[k] for k in ("p", "g", "m", "v", "mask", "target")), n, s, lr, m_scale, bc1, bc2, clip, tau, *c),
     )
-
-
-def _base_ptr(a) -> int:
-    return a.data.ptr if hasattr(a.data, "ptr") else a.__array_interface__["data"][0]
 
 
 def clip_adam_soft_one_launch(P: int, n: int, grid_barrier: bool | str = True, limit: int | None = None) -> bool:
@@ -480,12 +477,12 @@ def _clip_adam_soft(op, consts, p, g, m, v, mask, target, partial, norm, scale, 
     partial_row = _member_table(w, P, "partial", partial, GN_BLOCKS)
     _member_scalars(w, P, norm=norm, tau=tau, loss=loss, step=step)
     ring_row = _ring_row(w, P, ring, slots)
-    if _base_ptr(target) == _base_ptr(p):
+    if address(target) == address(p):
         raise ValueError(f"{w}: target must be a buffer of its own, not the parameters")
     for name, c in (("done", done), ("barrier", barrier)):
         if c.dtype != np.uint32 or c.shape != (P,):
             raise ValueError(f"{w}: {name} must be a uint32 [{P}] counter, got {c.dtype} {c.shape}")
-    if _base_ptr(done) == _base_ptr(barrier):
+    if address(done) == address(barrier):
         raise ValueError(f"{w}: done and barrier must be two counters, not one buffer")
     if grid is None and not clip_adam_soft_one_launch(P, n, grid_barrier):
         # the two launches: the norm (its last block finishing it and publishing), then the update and soft target

@@ -45,27 +45,33 @@ def _encoders(cp, kind: str, W: int, **kw):
     )
 
 
+def _psi_and_grads(s, x, dpsi):
+    """One Standalone's psi and flat parameter gradient (host copies) for windows ``x [B, W, F]`` and dL/dpsi
+    ``[B, D]``: its gradients poisoned (a gradient not written shows), the forward, the backward from dpsi."""
+    from cudarl.backend import to_numpy
+
+    ws = s.workspace(x.shape[0])
+    xs = s.xp.asarray(x.astype(s.dtype))
+    poison(s.grads)
+    psi = s.enc.forward(xs, ws)
+    ws.rows(f"{s.enc.out_name}.dout")[...] = s.xp.asarray(dpsi.astype(s.dtype))
+    s.enc.backward(xs, ws)
+    return to_numpy(psi).copy(), to_numpy(s.grads).copy()
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("kind", ["ssm", "attention"])
 @pytest.mark.parametrize("B,W,chunk", [(1, 1, 8), (7, 13, 8), (512, 64, 32)])
 def test_gpu_encoder_matches_numpy(cp, rng, kind, B, W, chunk):
     """psi and every parameter's gradient against the NumPy encoder (float32 and float64 twins), and the
     acting path after W bars against the windowed forward."""
-    from cudarl.backend import to_numpy
-
     nets = _encoders(cp, kind, W, chunk=chunk)
     x = rng.standard_normal((B, W, F)).astype(np.float32)
     dpsi = rng.standard_normal((B, D)).astype(np.float32)
     res = []
     for s in nets:
-        ws = s.workspace(B)
-        xs = s.xp.asarray(x.astype(s.dtype))
-        poison(s.grads)
-        psi = s.enc.forward(xs, ws)
-        ws.rows(f"{s.enc.out_name}.dout")[...] = s.xp.asarray(dpsi.astype(s.dtype))
-        s.enc.backward(xs, ws)
-        g = to_numpy(s.grads)
-        res.append((to_numpy(psi).copy(), {e.name: g[e.offset : e.offset + e.size] for e in s.layout.entries}))
+        psi, g = _psi_and_grads(s, x, dpsi)
+        res.append((psi, {e.name: g[e.offset : e.offset + e.size] for e in s.layout.entries}))
     (gp, gg), (p32, g32), (p64, g64) = res
     assert_oracle(gp, p32, p64, what="psi")
     for name in gg:
@@ -144,22 +150,11 @@ def test_gpu_ssm_encoder_in_tf32_stays_near_the_float64_twin(cp, rng):
     value (tests/parity/test_ssm.py derives the scans' 4 * 2^-11, DESIGN.md gives TF32 GEMMs 1e-3), and psi is
     about eight products deep (embedding, two blocks of in-projection, scan and out-projection); the norms
     normalise rather than amplify. The kernels one by one hold their own bounds."""
-    from cudarl.backend import to_numpy
-
     B, W = 64, 16
     nets = _encoders(cp, "ssm", W, tf32=True)
     x = rng.standard_normal((B, W, F)).astype(np.float32)
     dpsi = rng.standard_normal((B, D)).astype(np.float32)
-    res = []
-    for s in (nets[0], nets[2]):
-        ws = s.workspace(B)
-        xs = s.xp.asarray(x.astype(s.dtype))
-        poison(s.grads)
-        psi = s.enc.forward(xs, ws)
-        ws.rows(f"{s.enc.out_name}.dout")[...] = s.xp.asarray(dpsi.astype(s.dtype))
-        s.enc.backward(xs, ws)
-        res.append((to_numpy(psi).copy(), to_numpy(s.grads).copy()))
-    (gp, gg), (p64, g64) = res
+    (gp, gg), (p64, g64) = (_psi_and_grads(s, x, dpsi) for s in (nets[0], nets[2]))
     assert rel_error(gp, p64) <= 1e-2, f"psi {rel_error(gp, p64):.2e}"
     for e in nets[0].layout.entries:
         err = rel_error(gg[e.offset : e.offset + e.size], g64[e.offset : e.offset + e.size])
