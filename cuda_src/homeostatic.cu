@@ -17,6 +17,25 @@
 
 static_assert(HS_ROWS * HS_WARP == HS_THREADS, "probs_control: one warp a row");
 
+// sum_{i = first, first + step, ... < end} base[i * stride], read from L2 (cudarl::load_l2), added in that order.
+// The loads go out HS_BATCH at a time before their adds: load_l2 is volatile asm, kept in program order, and a loop
+// of `acc += load_l2(...)` waited for each load before issuing the next (about 39 dependent L2 round trips a thread
+// in the last block at the MLP's 192 blocks: homeostatic alone measured 5 us slower than its four launches, H100,
+// 87a1f0f). The same terms in the same order: the same bits.
+#define HS_BATCH 8
+__device__ __forceinline__ float hs_sum_l2(const float* base, long long stride, int first, int end, int step) {
+  float acc = 0.f;
+  for (int i = first; i < end; i += HS_BATCH * step) {
+    float v[HS_BATCH];
+#pragma unroll
+    for (int u = 0; u < HS_BATCH; ++u) v[u] = i + u * step < end ? cudarl::load_l2(base + (i + u * step) * stride) : 0.f;
+#pragma unroll
+    for (int u = 0; u < HS_BATCH; ++u)
+      if (i + u * step < end) acc += v[u];
+  }
+  return acc;
+}
+
 // ---------------------------------------------------------------------------------------------
 // cudarl_homeostatic_probs_control: the forward and the control in one launch.
 //   p[r, :] = softmax(logits[r, :])                                   (a warp a row, as qstats)
@@ -46,8 +65,13 @@ extern "C" __global__ void cudarl_homeostatic_probs_control(const float* __restr
   __syncthreads();  // the block's rows of p, each written by its warp, seen by every thread of the block
   const int rows = min(HS_ROWS, R - r0);
   for (int k = threadIdx.x; k < K; k += HS_THREADS) {
+    float v[HS_ROWS];  // the rows' loads all in flight before the first add (the adds in row order)
+#pragma unroll
+    for (int j = 0; j < HS_ROWS; ++j) v[j] = j < rows ? p[(long long)(r0 + j) * K + k] : 0.f;
     float acc = 0.f;
-    for (int j = 0; j < rows; ++j) acc += p[(long long)(r0 + j) * K + k];
+#pragma unroll
+    for (int j = 0; j < HS_ROWS; ++j)
+      if (j < rows) acc += v[j];
     part[(long long)blockIdx.x * K + k] = acc;
   }
   if (!cudarl::last_block(done)) return;
@@ -59,16 +83,13 @@ extern "C" __global__ void cudarl_homeostatic_probs_control(const float* __restr
   if (S == 1) {
     for (int k = threadIdx.x; k < K; k += HS_THREADS) {
       float acc = 0.f;
-      for (int i = 0; i < nb; ++i) acc += cudarl::load_l2(part + (long long)i * K + k);
-      m[k] = acc / fr;
+      m[k] = hs_sum_l2(part + k, K, 0, nb, 1) / fr;
     }
   } else {  // S * K <= HS_THREADS: thread c = q K + k sums slice q of column k
     const int c = threadIdx.x;
     if (c < S * K) {
       const int q = c / K, k = c % K;
-      float acc = 0.f;
-      for (int i = q; i < nb; i += S) acc += cudarl::load_l2(part + (long long)i * K + k);
-      sh[c] = acc;
+      sh[c] = hs_sum_l2(part + k, K, q, nb, S);
     }
     __syncthreads();
     if (c < K) {
