@@ -1,5 +1,6 @@
 """Capture-safe row-major SGEMM: ``out = alpha * op(a) @ op(b) + beta * out``, and the same GEMM
-through cuBLASLt with the bias and ReLU fused into its epilogue: ``out = act(op(a) @ op(b) + bias)``.
+through cuBLASLt with the bias and ReLU fused into its epilogue: ``out = act(op(a) @ op(b) + bias)``, or
+with a residual operand read in the same kernel: ``out = op(a) @ op(b) + bias + c``.
 
 ``cupy.matmul`` raises NotImplementedError inside stream capture (CuPy refuses cuBLAS
 there). This module calls the cuBLAS C API of the library CuPy already loaded, through its
@@ -19,6 +20,17 @@ once per key (shape, transposes, epilogue, TF32, operand alignment) outside any 
 cached; a call passes its own pointers (the bias pointer is a descriptor attribute set per call,
 a host-side write that a capture sees as the launch's argument). cuBLASLt's heuristic query can
 fail inside a capture, so a key first met inside one raises :class:`BlasError`.
+
+The residual (:func:`gemm_lt`'s ``c``, issue 22: an encoder block's ``h' = h + x W + b``) is cuBLASLt's C
+matrix with ``beta = 1`` (``D = alpha op(A) op(B) + beta C``, then the epilogue's bias): a matrix layout of
+its own, whose leading dimension may differ from D's (the cuBLAS documentation of ``cublasLtMatmul``:
+out of place, C and D of the same type, shape and order, any ldc), so the top block reads the last bar of
+each sample's window in place (``h[W - 1 :: W]``). A plan with C is another plan (beta 1, its own C layout,
+its alignment and row pitch in the key). The documentation gives the bias as "added before applying the
+final postprocessing" and does not say in which order the kernel adds C and the bias; the NumPy twin adds
+the bias, then C (``(a @ b + bias) + c``, each sum rounded to float32), the order of the unfused path (the
+GEMM with its bias epilogue, then ``seq.residual_add``), so the CPU backend keeps its bits and the GPU
+matches it to rounding, as every GEMM does.
 
 :func:`gemm_lt_batched` runs P such GEMMs (a population's members, issue 23) as one strided-batched
 cuBLASLt call: the layouts carry the batch count and strides, the descriptor the bias's batch stride,
@@ -216,6 +228,7 @@ def gemm_lt(
     out,
     *,
     bias=None,
+    c=None,
     act: str = "identity",
     trans_a: bool = False,
     trans_b: bool = False,
@@ -224,7 +237,8 @@ def gemm_lt(
     algo: str = "single",
     stream=None,
 ) -> None:
-    """``out = act(op(a) @ op(b) + bias)`` in float32, row-major, through cuBLASLt's epilogue.
+    """``out = act(op(a) @ op(b) + bias)`` in float32, row-major, through cuBLASLt's epilogue; with ``c``,
+    ``out = op(a) @ op(b) + bias + c`` (cuBLASLt's C with ``beta = 1``).
 
     Args:
         a: float32 ``[M, K]`` (``[K, M]`` if ``trans_a``).
@@ -232,6 +246,14 @@ def gemm_lt(
         out: float32 ``[M, N]``, overwritten.
         bias: float32 ``[N]``, added to every row of ``out`` (``None``: no bias); on the GPU its
             address must be a multiple of 16 bytes (cuBLASLt's bias epilogue).
+        c: float32 ``[M, N]``, the residual added to the product and the bias (``None``: none): read only, in
+            the same kernel; a view whose rows are contiguous and evenly spaced, as the other operands (its row
+            pitch is C's leading dimension: ``h[W - 1 :: W]``, the last of each group of W rows). It may not
+            overlap ``out`` (cuBLASLt documents C == D only in place, with D's very layout, which no caller
+            needs; a partial overlap would read C where the kernel already wrote D). Only with
+            ``act="identity"``: cuBLASLt would apply a ReLU after adding C, which is not ``c + relu(...)``.
+            The NumPy twin adds the bias first, then ``c`` (module docstring: the order cuBLASLt leaves
+            open, chosen to keep the unfused path's bits).
         act: ``"identity"`` or ``"relu"``, applied after the bias.
         tf32: allow TF32 tensor-core math (GPU only; ~1e-3 relative error).
         split_k: let the heuristic pick an algorithm that splits K (partial sums, then a reduction
@@ -246,17 +268,18 @@ def gemm_lt(
     the layout's leading dimension, part of the plan's key.
 
     On the GPU the first call of a key (shape, transposes, epilogue, TF32, operand alignment, leading
-    dimensions) makes its plan and must run outside any capture (or call :func:`gemm_lt_prepare` first); later calls
-    of that key allocate nothing and never synchronise, so they can be captured. NumPy arrays take
-    the same math with ``np.matmul``.
+    dimensions, and ``c``'s alignment and row pitch) makes its plan and must run outside any capture (or call
+    :func:`gemm_lt_prepare` first); later calls of that key allocate nothing and never synchronise, so they can
+    be captured. NumPy arrays take the same math with ``np.matmul``.
     """
     m, n, k = _shapes(a, b, out, trans_a, trans_b, "gemm_lt")
     _check_lt_args(a, b, out, bias, act, n, k)
+    _check_c(c, out, act)
     _check_algo(algo, "gemm_lt", split_k)
     if isinstance(out, np.ndarray):
-        _lt_numpy(a, b, out, bias, act, trans_a, trans_b)
+        _lt_numpy(a, b, out, bias, act, trans_a, trans_b, c)
         return
-    _lt_device("gemm_lt", (m, n, k), a, b, out, bias, act, trans_a, trans_b, tf32, split_k, stream, algo=algo)
+    _lt_device("gemm_lt", (m, n, k), a, b, out, bias, act, trans_a, trans_b, tf32, split_k, stream, algo=algo, c=c)
 
 
 def gemm_lt_batched(
@@ -331,10 +354,25 @@ def _lds(a, b, out) -> tuple[int, int, int] | None:
 
 
 def _lt_device(
-    what, mnk, a, b, out, bias, act, trans_a, trans_b, tf32, split_k, stream, batch=1, strides=None, algo="single"
+    what,
+    mnk,
+    a,
+    b,
+    out,
+    bias,
+    act,
+    trans_a,
+    trans_b,
+    tf32,
+    split_k,
+    stream,
+    batch=1,
+    strides=None,
+    algo="single",
+    c=None,
 ):
-    """The GPU side of :func:`gemm_lt` (``batch`` 1) and :func:`gemm_lt_batched`: the stream's workspace,
-    the trace, the plan of the key (made now outside a capture), one ``cublasLtMatmul``."""
+    """The GPU side of :func:`gemm_lt` (``batch`` 1; ``c``, its residual) and :func:`gemm_lt_batched`: the
+    stream's workspace, the trace, the plan of the key (made now outside a capture), one ``cublasLtMatmul``."""
     import cupy
 
     m, n, k = mnk
@@ -342,16 +380,18 @@ def _lt_device(
     h = _handle_for(s)  # the stream's workspace
     if m == 0 or n == 0:
         return
-    event = {"kind": "library", "name": "cublaslt_matmul", "stream": s.ptr, "m": m, "n": n, "k": k, "beta": 0.0}
+    beta = 0.0 if c is None else 1.0
+    event = {"kind": "library", "name": "cublaslt_matmul", "stream": s.ptr, "m": m, "n": n, "k": k, "beta": beta}
     kernels.trace(event if batch == 1 else {**event, "batch": batch})
     bias_ptr = _bias_ptr(bias, what)
     ptrs = (a.data.ptr, b.data.ptr, out.data.ptr)
     lds = _lds(a, b, out)
-    key = _lt_key(m, n, k, trans_a, trans_b, bias_ptr, act, tf32, *ptrs, split_k, lds)
+    c_ptr, c_ld = (None, None) if c is None else (c.data.ptr, _row_pitch(c))
+    key = _lt_key(m, n, k, trans_a, trans_b, bias_ptr, act, tf32, *ptrs, split_k, lds, c_ptr=c_ptr, c_ld=c_ld)
     if batch != 1:
         _check_entry_alignment(key, ptrs + (bias_ptr,), strides, batch)
     key = _batch_key(key, batch, strides, algo)
-    _lt_run(_lt_plan(key, bias_ptr, s), *ptrs, bias_ptr, h.workspace.data.ptr, s.ptr)
+    _lt_run(_lt_plan(key, bias_ptr, s), *ptrs, bias_ptr, h.workspace.data.ptr, s.ptr, c=c_ptr or 0)
 
 
 def gemm_lt_prepare(
@@ -369,6 +409,7 @@ def gemm_lt_prepare(
     strides: tuple[int, int, int] | None = None,
     algo: str = "single",
     lds: tuple[int, int, int] | None = None,
+    c_ld: int | None = None,
     stream=None,
 ) -> None:
     """Make the :func:`gemm_lt` plan of a ``[M, K] x [K, N]`` key before any capture (GPU), or with
@@ -380,7 +421,8 @@ def gemm_lt_prepare(
     ``stream``. A batch takes ``strides = (a, b, out)``, each entry's offset in elements (default: packed,
     ``M*K, K*N, M*N``), the bias's from ``bias`` itself, ``split_k=False`` (its only algorithms) and
     ``algo`` (:data:`BATCHED_ALGOS`; ``"probe"`` runs its probe now, for one GEMM too). ``lds``: the row pitches
-    (leading dimensions) of a, b and out for a single GEMM on views (default: packed).
+    (leading dimensions) of a, b and out for a single GEMM on views (default: packed). ``c_ld``: the row pitch
+    of a residual ``c`` (:func:`gemm_lt`'s; ``N`` for a packed one), for a single GEMM (default: no ``c``).
     """
     _check_algo(algo, "gemm_lt_prepare", split_k)
     import cupy
@@ -392,14 +434,17 @@ def gemm_lt_prepare(
         raise BlasError("gemm_lt_prepare: a batched GEMM runs one-kernel algorithms only: pass split_k=False")
     if batch < 1:
         raise BlasError(f"gemm_lt_prepare: batch must be at least 1, got {batch}")
-    if batched and lds is not None:
-        raise BlasError("gemm_lt_prepare: a batch's entries are packed: lds is for a single GEMM")
+    if batched and (lds is not None or c_ld is not None):
+        raise BlasError(
+            "gemm_lt_prepare: a batch's entries are packed and have no c: lds and c_ld are for a single GEMM"
+        )
+    _check_c_act(c_ld is not None, act, "gemm_lt_prepare")
     s = stream if stream is not None else cupy.cuda.get_current_stream()
     if m == 0 or n == 0:
         return
     bias_ptr = 0 if bias is None else bias.data.ptr
-    key = _lt_key(m, n, k, trans_a, trans_b, bias_ptr, act, tf32, LT_ALIGN, LT_ALIGN, LT_ALIGN, split_k, lds)
-    lds = key[_BASE_KEY - 3 : _BASE_KEY]
+    key = _aligned_key(m, n, k, trans_a, trans_b, bias_ptr, act, tf32, split_k, lds, c_ld)
+    lds = key[_LDS]
     strides = tuple(strides) if strides is not None else (m * k, k * n, m * n)
     bias_stride = 0 if bias is None or bias.ndim != 2 else bias.strides[0] // bias.itemsize
     key = _batch_key(key, batch, strides + (bias_stride,), algo)
@@ -414,11 +459,12 @@ def gemm_lt_prepare(
         _strided(cupy, sh, batch, st) if batched else cupy.zeros((sh[0], ld), dtype=np.float32)[:, : sh[1]]
         for sh, st, ld in zip(shapes, strides, lds, strict=True)
     ]
+    c = None if c_ld is None else cupy.zeros((m, key[_C][1]), dtype=np.float32)[:, :n]
     _after_caller(s)  # the operands' blocks and fills are the caller's stream's
     if batched:
         gemm_lt_batched(*operands, algo=algo, **kw)
     else:
-        gemm_lt(*operands, split_k=split_k, algo=algo, **kw)
+        gemm_lt(*operands, c=c, split_k=split_k, algo=algo, **kw)
     s.synchronize()  # the scratch operands outlive the GEMM
 
 
@@ -437,20 +483,23 @@ def plan_key(
     strides: tuple[int, int, int, int] | None = None,
     algo: str = "single",
     lds: tuple[int, int, int] | None = None,
+    c_ld: int | None = None,
 ) -> tuple:
     """The key of the :func:`gemm_lt` plan of a ``[M, K] x [K, N]`` GEMM on operands aligned to
     :data:`LT_ALIGN` bytes, with a bias whose address is a multiple of ``bias_align`` bytes (0: no
     bias): what :func:`gemm_lt_prepare` makes for a layer's forward, named without a device. With
     ``batch`` > 1, the :func:`gemm_lt_batched` plan of that many entries ``strides = (a, b, out, bias)``
     elements apart (``split_k=False``, the batch's only algorithms) and its ``algo`` (:data:`BATCHED_ALGOS`).
-    ``lds``: a single GEMM's row pitches of a, b and out (default: packed)."""
+    ``lds``: a single GEMM's row pitches of a, b and out (default: packed); ``c_ld``: the row pitch of its
+    residual ``c``, aligned to :data:`LT_ALIGN` bytes (default: no ``c``)."""
     _check_algo(algo, "plan_key", split_k)
     if act not in LT_ACTS:
         raise BlasError(f"plan_key: act must be one of {LT_ACTS}, got {act!r}")
-    if batch != 1 and (strides is None or split_k):
-        raise BlasError("plan_key: a batch needs its strides (a, b, out, bias) and split_k=False")
+    if batch != 1 and (strides is None or split_k or c_ld is not None):
+        raise BlasError("plan_key: a batch needs its strides (a, b, out, bias) and split_k=False, and has no c")
+    _check_c_act(c_ld is not None, act, "plan_key")
     bias_ptr = bias_align  # an address with exactly that alignment (up to the 256 the key counts)
-    key = _lt_key(m, n, k, trans_a, trans_b, bias_ptr, act, tf32, LT_ALIGN, LT_ALIGN, LT_ALIGN, split_k, lds)
+    key = _aligned_key(m, n, k, trans_a, trans_b, bias_ptr, act, tf32, split_k, lds, c_ld)
     return _batch_key(key, batch, strides, algo)
 
 
@@ -467,14 +516,14 @@ def warm_plans(keys) -> None:
         return
     cu = _cu()
     with _DeviceScratch("warm_plans") as scratch:
-        extents = [_extents(key) for key in keys]  # elements of a, b, out and bias
+        extents = [_extents(key) for key in keys]  # elements of a, b, out, bias and c
         # cuMemAlloc's addresses are 256-byte aligned at least
-        a, b, out, bias = (scratch.zeros(4 * max(e[i] for e in extents)) for i in range(4))
+        a, b, out, bias, c = (scratch.zeros(4 * max(e[i] for e in extents)) for i in range(5))
         work = scratch.zeros(WORKSPACE_BYTES)
         for key in keys:
             bias_ptr = bias if _EPILOGUE_HAS_BIAS[key[5]] else 0
             plan = _plans[key] = _LtPlan(key, bias_ptr)
-            _lt_run(plan, a, b, out, bias_ptr, work, 0)
+            _lt_run(plan, a, b, out, bias_ptr, work, 0, c=c if key[_C][1] else 0)
         _cu_check(cu.cuCtxSynchronize(), "cuCtxSynchronize")
 
 
@@ -567,11 +616,52 @@ def _check_lt_args(a, b, out, bias, act: str, n: int, k: int, what: str = "gemm_
             raise BlasError(f"{what}: bias must be a contiguous float32 [{n}], got {bias.dtype} {bias.shape}")
 
 
-def _lt_numpy(a, b, out, bias, act: str, trans_a: bool, trans_b: bool) -> None:
-    """:func:`gemm_lt`'s math on NumPy arrays (one entry of :func:`gemm_lt_batched`'s too)."""
+def _check_c_act(has_c: bool, act: str, what: str) -> None:
+    if has_c and act != "identity":
+        raise BlasError(
+            f"{what}: a residual c takes act='identity' only (cuBLASLt would apply {act!r} after adding C, "
+            "which is not c + act(a @ b + bias))"
+        )
+
+
+def _span(x) -> tuple[int, int]:
+    """The bytes ``[first, end)`` a 2-D float32 view with a row pitch (:func:`_row_pitch`) reaches, by address."""
+    ptr = x.ctypes.data if isinstance(x, np.ndarray) else x.data.ptr
+    if x.size == 0:
+        return ptr, ptr
+    return ptr, ptr + ((x.shape[0] - 1) * _row_pitch(x) + x.shape[1]) * x.itemsize
+
+
+def _check_c(c, out, act: str) -> None:
+    """:func:`gemm_lt`'s residual: out's shape and backend, float32, rows each contiguous and evenly spaced, an
+    identity epilogue, and no byte of out's span in its span (module docstring: why no overlap)."""
+    if c is None:
+        return
+    what = "gemm_lt"
+    if isinstance(c, np.ndarray) != isinstance(out, np.ndarray):
+        raise BlasError(f"{what}: c and out must both be NumPy arrays or both CuPy arrays")
+    if c.ndim != 2 or c.shape != out.shape or c.dtype != np.float32:
+        raise BlasError(f"{what}: c must be a float32 {tuple(out.shape)} like out, got {c.dtype} {c.shape}")
+    if not _row_pitch(c):
+        raise BlasError(f"{what}: c must be C-contiguous or a view of rows each contiguous and evenly spaced")
+    _check_c_act(True, act, what)
+    (c0, c1), (o0, o1) = _span(c), _span(out)
+    if c0 < o1 and o0 < c1:
+        raise BlasError(
+            f"{what}: c overlaps out (bytes {c0:#x}-{c1:#x} and {o0:#x}-{o1:#x}): the kernel reads C while it "
+            "writes D tile by tile, and cuBLASLt documents C == D only in place with D's very layout, which no "
+            "caller needs"
+        )
+
+
+def _lt_numpy(a, b, out, bias, act: str, trans_a: bool, trans_b: bool, c=None) -> None:
+    """:func:`gemm_lt`'s math on NumPy arrays (one entry of :func:`gemm_lt_batched`'s too): the bias, then ``c``,
+    each added in float32 (the unfused path's order: the GEMM's bias epilogue, then seq.residual_add)."""
     res = np.matmul(a.T if trans_a else a, b.T if trans_b else b)
     if bias is not None:
         res += bias
+    if c is not None:
+        res += c
     if act == "relu":
         np.maximum(res, np.float32(0), out=res)
     out[...] = res
@@ -635,9 +725,11 @@ def _check_entry_alignment(key: tuple, ptrs: tuple, strides: tuple, batch: int) 
             )
 
 
-#: the length of a batch-1 plan key (_lt_key: its last three the row pitches of a, b and out); a batched key
-#: appends (batch, strides of a, b, out, bias, its algorithm choice of BATCHED_ALGOS)
-_BASE_KEY = 15
+#: the length of a batch-1 plan key (_lt_key: the row pitches of a, b and out at _LDS, then the residual c's
+#: alignment and row pitch at _C, (0, 0) without one); a batched key appends (batch, strides of a, b, out, bias,
+#: its algorithm choice of BATCHED_ALGOS)
+_BASE_KEY = 17
+_LDS, _C = slice(12, 15), slice(15, 17)
 
 
 def _batch_key(key: tuple, batch: int, strides: tuple | None, algo: str = "single") -> tuple:
@@ -650,15 +742,17 @@ def _batch_key(key: tuple, batch: int, strides: tuple | None, algo: str = "singl
     return key + (int(batch),) + tuple(int(x) for x in strides) + (str(algo),)
 
 
-def _extents(key: tuple) -> tuple[int, int, int, int]:
-    """Elements that a plan's a, b, out and bias span (a batch: the last entry's offset plus an entry; a single
-    GEMM on views: the last row's offset plus a row)."""
+def _extents(key: tuple) -> tuple[int, int, int, int, int]:
+    """Elements that a plan's a, b, out, bias and c span (a batch: the last entry's offset plus an entry; a
+    single GEMM on views: the last row's offset plus a row; c: 0 without one, never batched)."""
     m, n, k, trans_a, trans_b = key[:5]
-    lda, ldb, ldc = key[_BASE_KEY - 3 : _BASE_KEY]
+    lda, ldb, ldc = key[_LDS]
     (ra, ca), (rb, cb) = ((k, m) if trans_a else (m, k)), ((n, k) if trans_b else (k, n))
     sizes = ((ra - 1) * lda + ca, (rb - 1) * ldb + cb, (m - 1) * ldc + n, n)
     batch, *strides = key[_BASE_KEY : _BASE_KEY + 5] or (1, 0, 0, 0, 0)
-    return tuple(size + stride * (batch - 1) for size, stride in zip(sizes, strides, strict=True))
+    c_ld = key[_C][1]
+    c_size = (m - 1) * c_ld + n if c_ld else 0
+    return tuple(size + stride * (batch - 1) for size, stride in zip(sizes, strides, strict=True)) + (c_size,)
 
 
 def _strided(xp, shape: tuple[int, int], batch: int, stride: int):
@@ -685,10 +779,13 @@ def _lt_plan(key: tuple, bias_ptr: int, stream) -> _LtPlan:
     return plan
 
 
-def _lt_run(plan: _LtPlan, a: int, b: int, out: int, bias: int, workspace: int, stream: int, algo=None) -> None:
+def _lt_run(
+    plan: _LtPlan, a: int, b: int, out: int, bias: int, workspace: int, stream: int, algo=None, c: int = 0
+) -> None:
     """One ``cublasLtMatmul`` of ``plan`` on device addresses (``bias`` 0: none; ``stream`` 0: the legacy
-    default stream), with the plan's algorithm or ``algo`` (a probe's candidate). The bias pointer is a
-    descriptor attribute, written here for this call."""
+    default stream; ``c``: the residual of a plan with one, else 0: C is D, read with beta 0), with the plan's
+    algorithm or ``algo`` (a probe's candidate). The bias pointer is a descriptor attribute, written here for
+    this call."""
     lib = _lt_lib()
     if bias:
         _set_attr(
@@ -699,7 +796,8 @@ def _lt_run(plan: _LtPlan, a: int, b: int, out: int, bias: int, workspace: int, 
             "cublasLtMatmulDescSetAttribute(BIAS_POINTER)",
         )
     d = ctypes.c_void_p(out)
-    # cuBLASLt's A is the row-major b (read as b^T), its B the row-major a: D = C^T = op(b)^T op(a)^T.
+    _, _, layout_c, _ = plan._layouts()
+    # cuBLASLt's A is the row-major b (read as b^T), its B the row-major a: D = op(b)^T op(a)^T (+ beta C).
     _check(
         lib.cublasLtMatmul(
             _lt_handle(),
@@ -710,8 +808,8 @@ def _lt_run(plan: _LtPlan, a: int, b: int, out: int, bias: int, workspace: int, 
             ctypes.c_void_p(a),
             plan.layout_b,
             ctypes.byref(plan.beta),
-            d,
-            plan.layout_d,
+            ctypes.c_void_p(c) if c else d,
+            layout_c,
             d,
             plan.layout_d,
             ctypes.byref(plan.algo if algo is None else algo),
@@ -728,18 +826,40 @@ def _alignment(ptr: int, cap: int) -> int:
     return min(cap, ptr & -ptr) if ptr else cap
 
 
+def _aligns(key: tuple) -> tuple[int, int, int, int]:
+    """The alignments in bytes of a key's a, b, out and C (the residual's, else out's: C is D)."""
+    al_a, al_b, al_out = key[7:10]
+    return al_a, al_b, al_out, key[_C][0] or al_out
+
+
 def _packed_lds(m: int, n: int, k: int, trans_a: bool, trans_b: bool) -> tuple[int, int, int]:
     """The row pitches of packed (C-contiguous) a, b and out: their row lengths."""
     return (m if trans_a else k, k if trans_b else n, n)
 
 
 def _lt_key(
-    m, n, k, trans_a, trans_b, bias_ptr, act, tf32, a_ptr, b_ptr, out_ptr, split_k: bool = True, lds=None
+    m,
+    n,
+    k,
+    trans_a,
+    trans_b,
+    bias_ptr,
+    act,
+    tf32,
+    a_ptr,
+    b_ptr,
+    out_ptr,
+    split_k: bool = True,
+    lds=None,
+    *,
+    c_ptr: int | None = None,
+    c_ld: int | None = None,
 ) -> tuple:
     """A plan's key. Operands count by alignment up to LT_ALIGN (a plan assumes that much); the bias
     (at least LT_ALIGN-aligned on the GPU) by its alignment up to 256, because the heuristic reads
     the bias pointer to learn it. ``lds``: the row pitches (leading dimensions) of a, b and out, packed by
-    default (the layouts carry them; cuBLASLt reads a row's alignment from them)."""
+    default (the layouts carry them; cuBLASLt reads a row's alignment from them). ``c_ptr`` and ``c_ld``: the
+    residual c's address (its alignment) and row pitch, the key's last two fields; ``(0, 0)`` without one."""
     packed = _packed_lds(m, n, k, trans_a, trans_b)
     lds = tuple(int(x) for x in (packed if lds is None else lds))
     # an operand of one row has no pitch to read (_row_pitch gives its row length): the key a call on such a
@@ -749,6 +869,12 @@ def _lt_key(
     lds = tuple(w if r <= 1 else ld for ld, w, r in zip(lds, packed, rows, strict=True))
     if any(ld < w for ld, w in zip(lds, packed, strict=True)):
         raise BlasError(f"gemm_lt: row pitches {lds} shorter than the rows {packed} of a, b and out")
+    c = (0, 0)
+    if c_ptr is not None:
+        c_ld = int(n if c_ld is None else c_ld)
+        if c_ld < n:
+            raise BlasError(f"gemm_lt: c's row pitch {c_ld} is shorter than its rows of {n}")
+        c = (_alignment(c_ptr, LT_ALIGN), c_ld)
     al = tuple(_alignment(p, LT_ALIGN) for p in (a_ptr, b_ptr, out_ptr))
     bias_al = _alignment(bias_ptr, 256) if bias_ptr else 0
     return (
@@ -756,13 +882,25 @@ def _lt_key(
         + al
         + (bias_al, bool(split_k))
         + lds
+        + c
     )
 
 
+def _aligned_key(m, n, k, trans_a, trans_b, bias_ptr, act, tf32, split_k, lds, c_ld) -> tuple:
+    """:func:`_lt_key` for a, b, out (and c, if ``c_ld`` is not None) aligned to :data:`LT_ALIGN` bytes: the key
+    of a plan made before its operands exist (:func:`gemm_lt_prepare`, :func:`plan_key`)."""
+    c_ptr = None if c_ld is None else LT_ALIGN
+    al = (LT_ALIGN,) * 3
+    return _lt_key(m, n, k, trans_a, trans_b, bias_ptr, act, tf32, *al, split_k, lds, c_ptr=c_ptr, c_ld=c_ld)
+
+
 def _describe(key: tuple) -> str:
-    m, n, k, ta, tb, epi, tf32, al_a, al_b, al_out, al_bias, split_k, *lds = key[:_BASE_KEY]
+    m, n, k, ta, tb, epi, tf32, al_a, al_b, al_out, al_bias, split_k = key[:12]
+    lds, (al_c, c_ld) = key[_LDS], key[_C]
     packed = tuple(lds) == _packed_lds(m, n, k, ta, tb)
     pitch = "" if packed else f", row pitches a/b/out {'/'.join(map(str, lds))} elements"
+    if c_ld:
+        pitch += f", residual c aligned to {al_c} bytes with row pitch {c_ld}"
     batch = ""
     if len(key) > _BASE_KEY:
         count, *strides, algo = key[_BASE_KEY:]
@@ -1033,19 +1171,20 @@ class _LtHeuristicResult(ctypes.Structure):
 def _heuristic(lib, desc, layouts: tuple, aligns: tuple, split_k: bool, count: int) -> list:
     """``cublasLtMatmulAlgoGetHeuristic``'s first ``count`` algorithms (:class:`_LtHeuristicResult`, in its
     order, those with a success state) for the problem of ``desc`` and ``layouts`` (A, B, C, D), operands
-    aligned to ``aligns`` = (a, b, out) bytes of the row-major call, within :data:`WORKSPACE_BYTES` and,
-    without ``split_k``, one-kernel algorithms only (no reduction scheme). The single plans' choice
+    aligned to ``aligns`` = (a, b, out, c) bytes of the row-major call (:func:`_aligns`), within
+    :data:`WORKSPACE_BYTES` and, without ``split_k``, one-kernel algorithms only (no reduction scheme). The single
+    plans' choice
     (``count`` 1) and a batched plan's candidates (:meth:`_LtPlan._probe`) both ask here."""
     pref = ctypes.c_void_p()
     _check(lib.cublasLtMatmulPreferenceCreate(ctypes.byref(pref)), "cublasLtMatmulPreferenceCreate")
     results, returned = (_LtHeuristicResult * count)(), ctypes.c_int(0)
     try:
-        al_a, al_b, al_out = aligns
+        al_a, al_b, al_out, al_c = aligns
         settings = [
             (_PREF_MAX_WORKSPACE_BYTES, ctypes.c_uint64(WORKSPACE_BYTES), "MAX_WORKSPACE_BYTES"),
             (_PREF_MIN_ALIGNMENT_A, ctypes.c_uint32(al_b), "MIN_ALIGNMENT_A_BYTES"),  # cuBLASLt's A is b
             (_PREF_MIN_ALIGNMENT_B, ctypes.c_uint32(al_a), "MIN_ALIGNMENT_B_BYTES"),
-            (_PREF_MIN_ALIGNMENT_C, ctypes.c_uint32(al_out), "MIN_ALIGNMENT_C_BYTES"),
+            (_PREF_MIN_ALIGNMENT_C, ctypes.c_uint32(al_c), "MIN_ALIGNMENT_C_BYTES"),
             (_PREF_MIN_ALIGNMENT_D, ctypes.c_uint32(al_out), "MIN_ALIGNMENT_D_BYTES"),
         ]
         if not split_k:  # only algorithms with no reduction scheme: one kernel, K not split
@@ -1252,30 +1391,34 @@ class _LtPlan:
     problem it may pick another algorithm, and the entries would lose the single GEMM's bits. Under
     ``algo="probe"`` it is asked, and a candidate is adopted only where a probe found its output bitwise
     the single algorithm's and its time shorter (:meth:`_probe`). ``stream``: where a probe runs (0: the
-    legacy default stream). A batched plan's :attr:`info` is its :func:`batched_plan_info` record."""
+    legacy default stream). A batched plan's :attr:`info` is its :func:`batched_plan_info` record.
+
+    A key with a residual c (its ``_C`` fields) has a C layout of its own (c's row pitch) and ``beta = 1``;
+    without one, C is D and ``beta = 0``."""
 
     def __init__(self, key: tuple, bias_ptr: int, stream: int = 0):
-        m, n, k, trans_a, trans_b, epilogue, tf32, al_a, al_b, al_out, _, split_k, *lds = key[:_BASE_KEY]
+        m, n, k, trans_a, trans_b, epilogue, tf32, _, _, _, _, split_k = key[:12]
         lib = _lt_lib()
         self.desc = ctypes.c_void_p()
         self.layout_a, self.layout_b, self.layout_d = ctypes.c_void_p(), ctypes.c_void_p(), ctypes.c_void_p()
-        self.alpha, self.beta = ctypes.c_float(1.0), ctypes.c_float(0.0)
+        self.layout_c = ctypes.c_void_p()  # a residual's (NULL without one: C is D)
+        self.alpha, self.beta = ctypes.c_float(1.0), ctypes.c_float(1.0 if key[_C][1] else 0.0)
         self.algo = _LtAlgo()
         self.info: dict | None = None
         self.recall: dict | None = None  # probe only: the kept verdict asked for, and what came of it
         try:
-            self._describe_problem(lib, m, n, k, trans_a, trans_b, epilogue, tf32, bias_ptr, lds)
+            self._describe_problem(lib, m, n, k, trans_a, trans_b, epilogue, tf32, bias_ptr, key[_LDS], key[_C][1])
             if len(key) > _BASE_KEY:
                 self._batch(lib, key, stream)
             else:
-                self._choose(lib, m, n, k, epilogue, tf32, (al_a, al_b, al_out), split_k)
+                self._choose(lib, m, n, k, epilogue, tf32, _aligns(key), split_k)
         except BaseException:
             self.destroy()
             raise
 
     def _layouts(self) -> tuple:
-        """cuBLASLt's A, B, C and D layouts (C is D: beta is 0)."""
-        return self.layout_a, self.layout_b, self.layout_d, self.layout_d
+        """cuBLASLt's A, B, C and D layouts (C is D where the plan has no residual: beta is 0)."""
+        return self.layout_a, self.layout_b, self.layout_c if self.layout_c.value else self.layout_d, self.layout_d
 
     def _batch(self, lib, key: tuple, stream: int) -> None:
         """Give the layouts the batch count and strides (cuBLASLt's A is the row-major b, its B the
@@ -1384,8 +1527,7 @@ class _LtPlan:
                 f"(cuStreamIsCapturing status {status}, capture status {capturing.value}): make batched plans "
                 "before capture (gemm_lt_prepare, or an eager step first)"
             )
-        aligns = key[7:10]
-        found = _heuristic(lib, self.desc, self._layouts(), aligns, False, PROBE_CANDIDATES)
+        found = _heuristic(lib, self.desc, self._layouts(), _aligns(key), False, PROBE_CANDIDATES)
         # a candidate of the single algorithm's configuration (id, tile, stages, ...) is the single one
         mine = _algo_config(self.algo)
         others = [r.algo for r in found if bytes(r.algo) != bytes(self.algo) and _algo_config(r.algo) != mine]
@@ -1393,13 +1535,15 @@ class _LtPlan:
         if not others:
             return
         al_a, al_b, al_out, al_bias = key[7:11]
-        ext_a, ext_b, ext_out, ext_bias = _extents(key)
+        al_c = key[_C][0]
+        ext_a, ext_b, ext_out, ext_bias, ext_c = _extents(key)
         rng = np.random.default_rng(_PROBE_SEED)
         k = key[2]
         host = {
             "a": rng.standard_normal(ext_a, dtype=np.float32),
             "b": (rng.standard_normal(ext_b) / np.sqrt(k)).astype(np.float32),
             "bias": rng.standard_normal(ext_bias, dtype=np.float32) if al_bias else None,
+            "c": rng.standard_normal(ext_c, dtype=np.float32) if ext_c else None,
         }
         s = ctypes.c_void_p(stream)
         with _DeviceScratch("gemm_lt_batched probe") as scratch:
@@ -1412,12 +1556,13 @@ class _LtPlan:
 
             a, b = upload(host["a"], al_a), upload(host["b"], al_b)
             bias = upload(host["bias"], al_bias) if al_bias else 0
+            c = upload(host["c"], al_c) if ext_c else 0
             outs = [scratch.alloc(4 * ext_out + 256) + (al_out % 256) for _ in range(2)]
             work = scratch.alloc(WORKSPACE_BYTES)
 
             def run(out: int, algo) -> np.ndarray:
                 _cu_check(cu.cuMemsetD32Async(out, 0x7FC00001, ext_out, s), "probe: cuMemsetD32Async")  # a NaN
-                _lt_run(self, a, b, out, bias, work, stream, algo)
+                _lt_run(self, a, b, out, bias, work, stream, algo, c=c)
                 got = np.empty(ext_out, np.uint32)
                 _cu_check(cu.cuMemcpyDtoHAsync_v2(got.ctypes.data, out, got.nbytes, s), "probe: cuMemcpyDtoHAsync")
                 _cu_check(cu.cuStreamSynchronize(s), "probe: cuStreamSynchronize")
@@ -1440,9 +1585,11 @@ class _LtPlan:
                 return
             timer = _EventTimer()
             try:
-                self.info["single_us"] = best = timer.median_us(lambda t: _lt_run(self, a, b, outs[0], bias, work, t))
+                self.info["single_us"] = best = timer.median_us(
+                    lambda t: _lt_run(self, a, b, outs[0], bias, work, t, c=c)
+                )
                 for i, cand in equal_ones:
-                    us = timer.median_us(lambda t, c=cand: _lt_run(self, a, b, outs[1], bias, work, t, c))
+                    us = timer.median_us(lambda t, al=cand: _lt_run(self, a, b, outs[1], bias, work, t, al, c=c))
                     self.info["probes"][i]["us"] = us
                     if us < best:
                         best, self.info["chosen_index"] = us, i
@@ -1452,9 +1599,9 @@ class _LtPlan:
                 self.algo = _LtAlgo.from_buffer_copy(dict(equal_ones)[self.info["chosen_index"]])
                 self.info["changed"] = True
 
-    def _describe_problem(self, lib, m, n, k, trans_a, trans_b, epilogue, tf32, bias_ptr, lds) -> None:
+    def _describe_problem(self, lib, m, n, k, trans_a, trans_b, epilogue, tf32, bias_ptr, lds, c_ld: int) -> None:
         """The matmul descriptor and the column-major layouts of one GEMM (``lds``: the row pitches of the
-        row-major a, b and out)."""
+        row-major a, b and out; ``c_ld``: the residual c's, 0 without one)."""
         compute = _COMPUTE_32F_FAST_TF32 if tf32 else _COMPUTE_32F
         _check(lib.cublasLtMatmulDescCreate(ctypes.byref(self.desc), compute, _CUDA_R_32F), "cublasLtMatmulDescCreate")
 
@@ -1471,10 +1618,12 @@ class _LtPlan:
         b_rows, b_cols = (n, k) if trans_b else (k, n)
         a_rows, a_cols = (k, m) if trans_a else (m, k)
         lda, ldb, ldc = lds
+        # c [M, N] with its own row pitch is a column-major [N, M] C beside D (out of place, any ldc)
         for lay, rows, cols, ld in (
             (self.layout_a, b_cols, b_rows, ldb),
             (self.layout_b, a_cols, a_rows, lda),
             (self.layout_d, n, m, ldc),
+            *(((self.layout_c, n, m, c_ld),) if c_ld else ()),
         ):
             _check(
                 lib.cublasLtMatrixLayoutCreate(ctypes.byref(lay), _CUDA_R_32F, rows, cols, ld),
@@ -1482,7 +1631,8 @@ class _LtPlan:
             )
 
     def _choose(self, lib, m, n, k, epilogue, tf32, aligns, split_k) -> None:
-        """The heuristic's first algorithm for the operands' alignments (one-kernel only without split_k)."""
+        """The heuristic's first algorithm for the operands' alignments (:func:`_aligns`; one-kernel only without
+        split_k)."""
         found = _heuristic(lib, self.desc, self._layouts(), aligns, split_k, 1)
         if not found:
             raise BlasError(
@@ -1493,7 +1643,7 @@ class _LtPlan:
 
     def destroy(self) -> None:
         lib = _lt_lib()
-        for lay in (self.layout_a, self.layout_b, self.layout_d):
+        for lay in (self.layout_a, self.layout_b, self.layout_c, self.layout_d):
             if lay.value:
                 lib.cublasLtMatrixLayoutDestroy(lay)
         if self.desc.value:

@@ -209,7 +209,7 @@ def test_gemm_lt_argument_errors():
 
 def test_gemm_lt_plan_keys_count_alignment_up_to_16_bytes_and_the_bias_up_to_256():
     key = blas._lt_key(7, 5, 3, False, True, 0x1000, "relu", True, 0x1004, 0x2008, 0x3100)
-    assert key == (7, 5, 3, False, True, 6, True, 4, 8, 16, 256, True, 3, 3, 5)  # packed row pitches last
+    assert key == (7, 5, 3, False, True, 6, True, 4, 8, 16, 256, True, 3, 3, 5, 0, 0)  # packed pitches, no c
     assert blas._lt_key(7, 5, 3, False, False, 0, "identity", False, 0x100, 0x100, 0x100)[5] == 1  # no bias: DEFAULT
     assert blas._lt_key(7, 5, 3, False, False, 0x1010, "identity", False, 0x100, 0x100, 0x100)[5:] == (
         4,
@@ -222,6 +222,8 @@ def test_gemm_lt_plan_keys_count_alignment_up_to_16_bytes_and_the_bias_up_to_256
         3,
         5,
         5,
+        0,
+        0,
     )
     assert blas._lt_key(7, 5, 3, False, True, 0x1000, "relu", True, 0x1004, 0x2008, 0x3100, split_k=False)[11] is False
 
@@ -237,12 +239,12 @@ def test_gemm_lt_plan_keys_carry_row_pitches():
     viewed = blas._lt_key(
         8, 388, 128, False, False, 0x100, "identity", False, 0x100, 0x100, 0x100, lds=(8192, 644, 644)
     )
-    assert viewed[:12] == packed[:12] and viewed[12:] == (8192, 644, 644) and viewed != packed
+    assert viewed[:12] == packed[:12] and viewed[12:15] == (8192, 644, 644) and viewed != packed
     assert blas.plan_key(8, 388, 128, bias_align=256, lds=(8192, 644, 644))[12:15] == (8192, 644, 644)
     assert "row pitches a/b/out 8192/644/644" in blas._describe(viewed) and "row pitches" not in blas._describe(packed)
     # a [8, 128] rows 8192 apart, b [128, 388] rows 644 apart, out [8, 388] rows 644 apart
-    assert blas._extents(viewed) == (7 * 8192 + 128, 127 * 644 + 388, 7 * 644 + 388, 388)
-    assert blas._extents(packed) == (8 * 128, 128 * 388, 8 * 388, 388)
+    assert blas._extents(viewed) == (7 * 8192 + 128, 127 * 644 + 388, 7 * 644 + 388, 388, 0)
+    assert blas._extents(packed) == (8 * 128, 128 * 388, 8 * 388, 388, 0)
     with pytest.raises(blas.BlasError, match="row pitches"):
         blas._lt_key(8, 388, 128, False, False, 0, "identity", False, 0x100, 0x100, 0x100, lds=(128, 300, 388))
 
@@ -286,6 +288,91 @@ def test_gemm_and_gemm_lt_take_views_of_rows_on_numpy(rng, trans):
         keep = np.ones(out.shape, bool)
         keep[1 : 1 + m, 2 : 2 + n] = False
         assert (out[keep] == 7.0).all(), f"{fn.__name__} wrote outside its view"
+
+
+# --- the residual c (cuBLASLt's C, beta = 1): h' = h + x W + b -----------------------------------------------
+def _residual_operands(xp, rng, m, n, k, with_bias, group: int = 1):
+    """a [m, k], b [k, n], the bias, the residual's parent h [group m, n] and its view c = h[group - 1 :: group]
+    (the top block's last bar of each window; ``group`` 1: h itself), and the float64 reference."""
+    a = rng.standard_normal((m, k)).astype(np.float32)
+    b = (rng.standard_normal((k, n)) / np.sqrt(k)).astype(np.float32)
+    bias = rng.standard_normal(n).astype(np.float32) if with_bias else None
+    h = rng.standard_normal((group * m, n)).astype(np.float32)
+    c = h[group - 1 :: group]
+    ref = a.astype(np.float64) @ b.astype(np.float64) + c.astype(np.float64)
+    if with_bias:
+        ref += bias.astype(np.float64)
+    a, b, bias, h = (None if x is None else xp.asarray(x) for x in (a, b, bias, h))
+    return a, b, bias, h, h[group - 1 :: group], ref
+
+
+@pytest.mark.parametrize("m,n,k", [(1, 5, 3), (7, 13, 5), (64, 32, 17)])
+@pytest.mark.parametrize("with_bias", [False, True])
+@pytest.mark.parametrize("group", [1, 4])
+def test_numpy_gemm_lt_with_a_residual_is_the_unfused_path_bitwise(rng, m, n, k, with_bias, group):
+    """out = a b + bias + c: against float64, and bit for bit the unfused path's order (the GEMM with its bias,
+    then seq.residual_add), the order the twin documents; c packed or every group-th row of h (its row pitch)."""
+    from cudarl.reference import seq
+
+    a, b, bias, h, c, ref = _residual_operands(np, rng, m, n, k, with_bias, group)
+    out = np.full((m, n), np.nan, np.float32)
+    blas.gemm_lt(a, b, out, bias=bias, c=c)
+    assert_parity(out, ref.astype(np.float32), what=f"gemm_lt with c, bias={with_bias}, group={group}")
+    branch = np.empty((m, n), np.float32)
+    blas.gemm_lt(a, b, branch, bias=bias)
+    unfused = np.empty((m, n), np.float32)
+    seq.residual_add(h, branch, unfused)  # the last row of each group of h, plus the branch
+    assert_bitwise(out, unfused, what="gemm_lt with c vs the GEMM then seq.residual_add")
+
+
+def test_gemm_lt_residual_argument_errors(rng):
+    """c: out's shape, float32, the same backend, rows evenly spaced, an identity epilogue, and no overlap with
+    out (cuBLASLt documents C == D only in place, with D's layout)."""
+    a, b, out = np.zeros((3, 4), np.float32), np.zeros((4, 5), np.float32), np.zeros((3, 5), np.float32)
+    with pytest.raises(blas.BlasError, match=r"c must be a float32 \(3, 5\) like out"):
+        blas.gemm_lt(a, b, out, c=np.zeros((3, 4), np.float32))
+    with pytest.raises(blas.BlasError, match="c must be a float32"):
+        blas.gemm_lt(a, b, out, c=np.zeros((3, 5), np.float64))
+    with pytest.raises(blas.BlasError, match="c must be C-contiguous or a view"):
+        blas.gemm_lt(a, b, out, c=np.zeros((5, 3), np.float32).T)
+    with pytest.raises(blas.BlasError, match="takes act='identity' only"):
+        blas.gemm_lt(a, b, out, c=np.zeros((3, 5), np.float32), act="relu")
+    with pytest.raises(blas.BlasError, match="c overlaps out"):
+        blas.gemm_lt(a, b, out, c=out)
+    big = np.zeros((4, 5), np.float32)
+    with pytest.raises(blas.BlasError, match="c overlaps out"):
+        blas.gemm_lt(a, b, big[1:], c=big[:3])  # two rows shared
+    wide = np.zeros((3, 10), np.float32)
+    with pytest.raises(blas.BlasError, match="c overlaps out"):  # interleaved column blocks: the spans overlap
+        blas.gemm_lt(a, b, wide[:, :5], c=wide[:, 5:])
+    side = np.zeros((6, 5), np.float32)
+    blas.gemm_lt(a, b, side[:3], c=side[3:])  # adjacent, not overlapping: taken
+    with pytest.raises(blas.BlasError, match="takes act='identity' only"):
+        blas.plan_key(8, 8, 8, bias_align=0, act="relu", c_ld=8)
+    with pytest.raises(blas.BlasError, match="has no c"):
+        blas.plan_key(8, 8, 8, bias_align=0, split_k=False, batch=2, strides=(64, 64, 64, 0), c_ld=8)
+    with pytest.raises(blas.BlasError, match="c's row pitch 7 is shorter than its rows of 8"):
+        blas.plan_key(8, 8, 8, bias_align=0, c_ld=7)
+
+
+def test_gemm_lt_plan_keys_carry_the_residual():
+    """A GEMM with c is a plan of its own (beta 1, a C layout): its key's last two fields are c's alignment (up
+    to 16 bytes) and row pitch, (0, 0) without c; the extents and the description name it."""
+    plain = blas.plan_key(512, 128, 256, bias_align=256, split_k=False)
+    packed = blas.plan_key(512, 128, 256, bias_align=256, split_k=False, c_ld=128)
+    pitched = blas.plan_key(512, 128, 256, bias_align=256, split_k=False, c_ld=64 * 128)
+    assert plain[15:] == (0, 0) and packed[15:] == (16, 128) and pitched[15:] == (16, 64 * 128)
+    assert plain[:15] == packed[:15] == pitched[:15] and len({plain, packed, pitched}) == 3
+    viewed = blas._lt_key(512, 128, 256, False, False, 0x100, "identity", False, 0x100, 0x100, 0x100,
+                          c_ptr=0x2008, c_ld=8192)  # fmt: skip
+    assert viewed[15:] == (8, 8192)
+    assert blas._lt_key(512, 128, 256, False, False, 0, "identity", False, 16, 16, 16, c_ptr=0x100)[15:] == (16, 128)
+    assert blas._extents(pitched)[4] == 511 * 64 * 128 + 128 and blas._extents(packed)[4] == 512 * 128
+    assert "residual c aligned to 16 bytes with row pitch 8192" in blas._describe(pitched)
+    assert "residual" not in blas._describe(plain)
+    assert blas._aligns(viewed) == (16, 16, 16, 8) and blas._aligns(plain) == (16, 16, 16, 16)
+    probe = blas.plan_key(512, 128, 256, bias_align=256, split_k=False, c_ld=128, algo="probe")
+    assert probe == packed + (1, 0, 0, 0, 0, "probe")  # a probed single GEMM with its residual
 
 
 # GPU: shapes of the reference model (batch 512 and 2x512, 64 features, 256 hidden, 3x51 = 204 C51
@@ -381,6 +468,87 @@ def test_gpu_gemm_and_gemm_lt_on_views_of_rows(cp, rng, ta, tb, tf32):
         g.replay()
         g.synchronize()
         assert_bitwise(out, eager, what=f"captured gemm_lt on views, split_k={split_k}")
+
+
+# the encoders' fused residual GEMMs at small batches (SSM out-projection 256 -> 128, attention fc2 512 -> 128, the
+# top block's one row a sample) and odd shapes; group 64: c is the last of each window's 64 rows
+RESIDUAL_SHAPES = [(2048, 128, 256), (2048, 128, 512), (32, 128, 256), (7, 13, 5), (1, 8, 4)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m,n,k", RESIDUAL_SHAPES)
+@pytest.mark.parametrize("with_bias", [False, True])
+@pytest.mark.parametrize("group", [1, 64])
+@pytest.mark.parametrize("tf32", [False, True])
+def test_gpu_gemm_lt_with_a_residual_against_float64_graphed_equals_eager(cp, rng, m, n, k, with_bias, group, tf32):
+    """out = a b + bias + c through cuBLASLt's C (beta 1), split-K or not: against float64 (fp32 1e-5, TF32
+    5e-3) and the NumPy twin to rounding, every element of out written, h (c's parent) untouched, a plan
+    prepared with c's row pitch used inside a capture, its replay the eager call's bits, and a replay after new
+    contents of h reads them."""
+    from cudarl.graph import StepGraph
+
+    a, b, bias, h, c, ref = _residual_operands(cp, rng, m, n, k, with_bias, group)
+    twin = np.empty((m, n), np.float32)
+    blas.gemm_lt(cp.asnumpy(a), cp.asnumpy(b), twin, bias=None if bias is None else cp.asnumpy(bias), c=cp.asnumpy(c))
+    h_host = cp.asnumpy(h)
+    for split_k in (True, False):
+        kw = dict(bias=bias, tf32=tf32, split_k=split_k)
+        blas.gemm_lt_prepare(m, n, k, c_ld=group * n, **kw)
+        out = cp.empty((m, n), np.float32)
+        poison(out)
+        blas.gemm_lt(a, b, out, c=c, **kw)
+        what = f"gemm_lt with c, bias={with_bias}, group={group}, split_k={split_k}"
+        assert_parity(out, ref.astype(np.float32), **_lt_kind(tf32), what=what)
+        assert_parity(out, twin, **_lt_kind(tf32), what=f"{what}, vs the NumPy twin")
+        assert_bitwise(h, h_host, what="h, c's parent (read only)")
+        eager = out.copy()
+        cap = cp.empty((m, n), np.float32)
+        g = StepGraph("residual", [("gemm_lt", lambda kw=kw, cap=cap: blas.gemm_lt(a, b, cap, c=c, **kw))], xp=cp)
+        g.capture()
+        poison(cap)
+        cp.cuda.Device().synchronize()
+        g.replay()
+        g.synchronize()
+        assert_bitwise(cap, eager, what=f"{what}: graphed vs eager")
+        h[...] = cp.asarray(rng.standard_normal(h.shape).astype(np.float32))
+        blas.gemm_lt(a, b, eager, c=c, **kw)
+        poison(cap)
+        cp.cuda.Device().synchronize()
+        g.replay()
+        g.synchronize()
+        assert_bitwise(cap, eager, what=f"{what}: graphed vs eager, new contents of h")
+        h[...] = cp.asarray(h_host)
+
+
+@pytest.mark.gpu
+def test_gpu_gemm_lt_residual_plans_warm_probe_and_refuse_overlap(cp, rng):
+    """warm_plans makes a residual key's plan through the driver (a capture then needs no eager call); the
+    probe of a one-kernel residual GEMM adopts only an algorithm with its single plan's bits; c overlapping
+    out is refused on the GPU too."""
+    from cudarl.graph import StepGraph
+
+    m, n, k, group = 96, 20, 36, 3  # shapes no other test plans
+    a, b, bias, h, c, ref = _residual_operands(cp, rng, m, n, k, True, group)
+    key = blas.plan_key(m, n, k, bias_align=256, split_k=False, c_ld=group * n)
+    assert key not in blas._plans
+    cp.cuda.Device().synchronize()
+    blas.warm_plans([key])
+    assert key in blas._plans
+    out = cp.empty((m, n), np.float32)
+    g = StepGraph("residual_warm", [("gemm_lt", lambda: blas.gemm_lt(a, b, out, bias=bias, c=c, split_k=False))])
+    g.capture()  # no eager call first: the warmed plan
+    poison(out)
+    cp.cuda.Device().synchronize()
+    g.replay()
+    g.synchronize()
+    assert_parity(out, ref.astype(np.float32), what="a warmed residual plan, captured")
+    single = cp.empty((m, n), np.float32)
+    blas.gemm_lt(a, b, single, bias=bias, c=c, split_k=False)
+    probed = cp.empty((m, n), np.float32)
+    blas.gemm_lt(a, b, probed, bias=bias, c=c, split_k=False, algo="probe")
+    assert_bitwise(probed, single, what="probed residual GEMM vs its single plan")
+    with pytest.raises(blas.BlasError, match="c overlaps out"):
+        blas.gemm_lt(a, b, out, bias=bias, c=out)
 
 
 @pytest.mark.gpu
@@ -688,8 +856,8 @@ def test_batched_plan_keys_extend_the_single_key():
     assert blas._batch_key(single, 1, strides) == single
     batched = blas.plan_key(512, 256, 64, bias_align=256, act="relu", split_k=False, batch=64, strides=strides)
     assert batched == single + (64,) + strides + ("single",)
-    assert blas._extents(batched) == (512 * 64 * 64, 64 * 256 * 64, 512 * 256 * 64, 256 * 63 + 256)
-    assert blas._extents(single) == (512 * 64, 64 * 256, 512 * 256, 256)
+    assert blas._extents(batched) == (512 * 64 * 64, 64 * 256 * 64, 512 * 256 * 64, 256 * 63 + 256, 0)
+    assert blas._extents(single) == (512 * 64, 64 * 256, 512 * 256, 256, 0)
     assert "batch 64 with strides a/b/out/bias 32768/16384/131072/256 elements, algo single" in blas._describe(batched)
     with pytest.raises(blas.BlasError, match="a batch needs its strides"):
         blas.plan_key(512, 256, 64, bias_align=256, batch=64, split_k=False)

@@ -70,6 +70,7 @@ def _fake_plan(single: int = 1) -> blas._LtPlan:
     plan = blas._LtPlan.__new__(blas._LtPlan)
     plan.desc = ctypes.c_void_p()
     plan.layout_a, plan.layout_b, plan.layout_d = ctypes.c_void_p(), ctypes.c_void_p(), ctypes.c_void_p()
+    plan.layout_c = ctypes.c_void_p()  # no residual: C is D
     plan.algo, plan.single_algo = _algo(single), _algo(single)
     plan.recall = None
     plan.info = {"shape": "[512x13] x [13x256]", "batch": 64, "mode": "probe", "candidates": 0, "probed": 0,
