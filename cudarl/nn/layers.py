@@ -15,6 +15,12 @@ Linear's forward is a cuBLAS GEMM followed by the bias/activation kernel (``gemm
 or, with ``gemm="cublaslt"`` on the GPU and ``act`` in {identity, relu}, one cuBLASLt GEMM whose
 epilogue adds the bias and applies the ReLU (:func:`cudarl.blas.gemm_lt`). Both write the same
 ``out``, so the backward is the same. The NumPy backend ignores the option (the same math).
+
+A Linear built with ``residual_rows`` adds a residual stream to its output: ``forward(x, ws, residual=h,
+out=...)`` writes ``h + x W + b`` (an encoder block's ``h' = h + f(h)``), through cuBLASLt's C operand where the
+forward is a cuBLASLt GEMM (:func:`cudarl.blas.gemm_lt`'s ``c``: no separate residual-add launch, no re-read of
+the branch's output), else as the GEMM then ``seq.residual_add``: the same sums in the same order on the NumPy
+backend, the same to rounding on the GPU.
 """
 
 from __future__ import annotations
@@ -82,6 +88,13 @@ class Linear(Module):
     or ``"one_kernel"`` (cuBLASLt without split-K on the GPU for 16-byte aligned float32 operands, else
     cuBLAS); :meth:`prepare_backward` makes its plan. :class:`cudarl.nn.QNetwork` sets the attribute of
     every layer it holds from ``net.dw_gemm``, whichever module built the layer.
+
+    ``residual_rows = k`` makes :meth:`forward` add a residual ``[k R, n_out]`` (its last row of each group of
+    k: the top encoder block's last bar of each window; k = 1, every row) to its ``R`` output rows: one cuBLASLt
+    GEMM reading it as C where the forward is cuBLASLt's (identity activation, float32, 16-byte aligned
+    operands: :meth:`fuses_residual`; the plans :meth:`prepare` makes are the residual ones), else the GEMM
+    (cuBLAS, cuBLASLt with a ReLU, or the panel kernel) then ``seq.residual_add``. The backward is the
+    Linear's: the residual's gradient is the identity, ``dout`` itself, which the caller reads from there.
     """
 
     def __init__(
@@ -98,6 +111,7 @@ class Linear(Module):
         spectral: bool = False,
         gemm: str = _NET.gemm,
         dw_gemm: str = _NET.dw_gemm,
+        residual_rows: int | None = None,
     ):
         if act not in ACTS:
             raise ValueError(f"{name}: activation {act!r} not in {sorted(ACTS)}")
@@ -125,6 +139,10 @@ class Linear(Module):
         #: from ``net.gemm_algo``): ``single``, the heuristic's first; ``probe``, a bitwise-equal faster one.
         self.lt_algo = "single"
         self.panel = gemm == "cudarl" and self.act in _LT_ACTS and not tf32  # the panel kernels are fp32
+        if residual_rows is not None and int(residual_rows) < 1:
+            raise ValueError(f"{name}: residual_rows must be at least 1, got {residual_rows}")
+        #: Rows of the residual per output row that :meth:`forward` adds (None: it takes no residual).
+        self.residual_rows = None if residual_rows is None else int(residual_rows)
 
     def alloc_state(self, xp, dtype, seed: int, stream_id: int) -> None:
         """Spectral-norm state (call after :meth:`bind`): u ``[n_in]`` (a random unit vector from Philox,
@@ -183,17 +201,30 @@ class Linear(Module):
         row = (self.n_out,) if self.rows == 1 else (self.rows, self.n_out)
         ws_spec += [(f"{self.name}.out", row, self.rows > 1), (f"{self.name}.dout", row, self.rows > 1)]
 
+    def fuses_residual(self) -> bool:
+        """Whether the residual is cuBLASLt's C in the forward's GEMM (float32 on the GPU with 16-byte aligned
+        operands, else the twin's same sums; the panel kernel, where ``gemm="cudarl"`` takes the shape, adds it
+        after): a layer with ``residual_rows`` whose forward is a cuBLASLt GEMM with the identity (cuBLASLt would
+        apply a ReLU after adding C)."""
+        return self.residual_rows is not None and self.lt_act == "identity"
+
     def _forward_gemm(self, batch: int):
         """``(m, n, k, options)`` of the forward's cuBLASLt GEMM over ``batch`` samples (with the bias in
-        its epilogue), or None where the forward has none (``gemm="cublas"``, a sigmoid layer)."""
+        its epilogue, and the residual's row pitch ``c_ld`` where :meth:`fuses_residual`), or None where the
+        forward has none (``gemm="cublas"``, a sigmoid layer)."""
         if self.lt_act is None:
             return None
-        return (
-            batch * self.rows,
-            self.n_out,
-            self.n_in,
-            {"act": self.lt_act, "tf32": self.tf32, "split_k": not self.lt_all, "algo": self._algo(not self.lt_all)},
-        )
+        options = {
+            "act": self.lt_act,
+            "tf32": self.tf32,
+            "split_k": not self.lt_all,
+            "algo": self._algo(not self.lt_all),
+        }
+        m = batch * self.rows
+        if self.fuses_residual():  # a packed [k R, n_out] residual's every k-th row, k n_out floats apart (a
+            # single row's pitch is its length: blas._row_pitch)
+            options["c_ld"] = (self.residual_rows if m > 1 else 1) * self.n_out
+        return m, self.n_out, self.n_in, options
 
     def _algo(self, split_k: bool) -> str:
         """The algorithm choice of a cuBLASLt GEMM of this layer: :attr:`lt_algo` for a one-kernel one."""
@@ -206,8 +237,9 @@ class Linear(Module):
         return [] if g is None else [blas.plan_key(g[0], g[1], g[2], bias_align=PARAM_ALIGN_BYTES, **g[3])]
 
     def prepare(self, batch: int) -> None:
-        """Make the cuBLASLt plan of a forward over ``batch`` samples (GPU, ``gemm="cublaslt"``); a
-        forward inside a capture needs the plan of its batch size already made (:func:`cudarl.blas.gemm_lt`)."""
+        """Make the cuBLASLt plan of a forward over ``batch`` samples (GPU, ``gemm="cublaslt"``; with its residual
+        where :meth:`fuses_residual`); a forward inside a capture needs the plan of its batch size already made
+        (:func:`cudarl.blas.gemm_lt`)."""
         bias = self.P[f"{self.name}.bias"]
         g = self._forward_gemm(batch)
         if g is not None and not isinstance(bias, np.ndarray):
@@ -226,25 +258,63 @@ class Linear(Module):
         if self.dw_gemm == "one_kernel":
             blas.gemm_lt_prepare(self.n_in, self.n_out, m, trans_a=True, **one_kernel)
 
-    def forward(self, x, ws: Workspace):
-        y = ws.rows(f"{self.name}.out", x.shape[0] // self.rows)
+    def forward(self, x, ws: Workspace, residual=None, out=None):
+        """``out = act(x W + b)``, or with ``residual`` (a layer built with ``residual_rows = k``)
+        ``out = residual[k - 1 :: k] + x W + b`` (class docstring: one GEMM reading it as C where
+        :meth:`fuses_residual`, else the GEMM then ``seq.residual_add``).
+
+        x ``[R, n_in]`` (``R = B rows``); residual ``[k R, n_out]``, read only, not overlapping ``out``; out
+        ``[R, n_out]``, written (default ``ws[<name>.out]``). Returns ``out``."""
+        if out is not None and out.shape != (x.shape[0], self.n_out):
+            raise ValueError(f"{self.name}: out must be [{x.shape[0]}, {self.n_out}], got {tuple(out.shape)}")
+        y = ws.rows(f"{self.name}.out", x.shape[0] // self.rows) if out is None else out
+        c = self._residual(residual, y)
         if self.spectral and self.sn_in_forward:
             self.spectral_step(self.sn_update)
         bias = self.P[f"{self.name}.bias"]
-        if self.panel and not isinstance(y, np.ndarray):
+        gpu = not isinstance(y, np.ndarray)
+        if self.panel and gpu:
             panel = family("gemm", self.xp)
             W = self.weight()
             if x.shape[0] <= panel.MAX_ROWS and panel.eligible(x, W, bias, y, K=self.n_in, N=self.n_out):
                 panel.nn_bias_act(x, W, bias, y, self.act)
+                return self._add_residual(residual, y)
+        split = not self.lt_all
+        opts = {"tf32": self.tf32, "split_k": split, "algo": self._algo(split)}
+        if c is not None and self.fuses_residual() and y.dtype == np.float32:
+            if not gpu or all(t.data.ptr % blas.LT_ALIGN == 0 for t in (x, c, y)):  # the plan prepare made
+                blas.gemm_lt(x, self.weight(), y, bias=bias, c=c, **opts)
                 return y
-        if self.lt_act is not None and not isinstance(y, np.ndarray) and x.data.ptr % blas.LT_ALIGN == 0:
-            split = not self.lt_all
-            blas.gemm_lt(
-                x, self.weight(), y, bias=bias, act=self.lt_act, tf32=self.tf32, split_k=split, algo=self._algo(split)
-            )
-            return y
+        elif self.lt_act is not None and gpu and x.data.ptr % blas.LT_ALIGN == 0:
+            blas.gemm_lt(x, self.weight(), y, bias=bias, act=self.lt_act, **opts)
+            return self._add_residual(residual, y)
         matmul(x, self.weight(), y, tf32=self.tf32)
         self.ops.bias_act_forward(y, bias, y, self.act)
+        return self._add_residual(residual, y)
+
+    def _residual(self, residual, y):
+        """The residual's rows that :meth:`forward` adds to ``y`` (its last row of each group of
+        ``residual_rows``), or None without one; checks that it is given exactly when the layer was built with
+        ``residual_rows`` (its plans are the residual ones)."""
+        if (residual is None) != (self.residual_rows is None):
+            raise ValueError(
+                f"{self.name}: built with residual_rows={self.residual_rows}, so its forward takes "
+                f"{'no residual' if self.residual_rows is None else 'a residual'}"
+            )
+        if residual is None:
+            return None
+        k = self.residual_rows
+        if residual.shape != (k * y.shape[0], self.n_out):
+            raise ValueError(
+                f"{self.name}: the residual must be [{k * y.shape[0]}, {self.n_out}] ({k} rows for each of the "
+                f"{y.shape[0]} outputs), got {tuple(residual.shape)}"
+            )
+        return residual if k == 1 else residual[k - 1 :: k]
+
+    def _add_residual(self, residual, y):
+        """``y += residual`` (its last row of each group) where the GEMM did not add it: seq.residual_add."""
+        if residual is not None:
+            family("seq", self.xp).residual_add(residual, y, y)
         return y
 
     def _dx(self, dz, dx, accumulate: bool) -> None:
@@ -325,6 +395,8 @@ class SplitLinear(Linear):
     function: a float64 gradient check takes every column)."""
 
     def __init__(self, name: str, n_in: int, n_out: int, *, head: int, **kw):
+        if kw.get("residual_rows") is not None:
+            raise ValueError(f"{name}: a SplitLinear takes no residual (its head columns are read at the last rows)")
         super().__init__(name, n_in, n_out, act="identity", **kw)  # (a projection: no activation to split)
         if not 0 < int(head) < self.n_out:
             raise ValueError(f"{name}: head must be 1 to {self.n_out - 1} of the {self.n_out} columns, got {head}")

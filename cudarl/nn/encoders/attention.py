@@ -3,10 +3,9 @@
 One block (d = H heads of Dh channels, an MLP of width ``mlp_ratio * d``):
 
     qkv = RMSNorm(h) W_qkv + b_qkv                       seq.rmsnorm_forward, Linear   [B W, 3 d]
-    a   = attention(qkv) W_o + b_o                       attention.forward (fused, RoPE), Linear
-    h1  = h + a                                          seq.residual_add
-    m   = relu(RMSNorm(h1) W_1 + b_1) W_2 + b_2          Linear (ReLU in its epilogue), Linear
-    h'  = h1 + m
+    h1  = h + attention(qkv) W_o + b_o                   attention.forward (fused, RoPE), Linear with the
+                                                         residual (cuBLASLt's C operand: Linear.forward)
+    h'  = h1 + relu(RMSNorm(h1) W_1 + b_1) W_2 + b_2     Linear (ReLU in its epilogue), Linear with the residual
 
 The fused attention kernel holds one (sample, head)'s whole window in shared memory (W <= 128,
 Dh <= 64). The top block computes the last bar only (psi reads nothing else of it): its QKV projection runs
@@ -70,11 +69,13 @@ class AttentionEncoder(SequenceEncoder):
         d = self.d
         for p in self.blocks:
             rows = 1 if p == self.top else None  # the Linears after the attention: one row a sample at the top
+            # attn_out and fc2 add the residual stream in their GEMMs; at the top, attn_out adds the last bar of
+            # h's window of W rows a sample
             self.children += [
                 self.linear(f"{p}.qkv", d, 3 * d),
-                self.linear(f"{p}.attn_out", d, d, rows=rows),
+                self.linear(f"{p}.attn_out", d, d, rows=rows, residual_rows=self.W if p == self.top else 1),
                 self.linear(f"{p}.fc1", d, self.ff, act="relu", rows=rows),
-                self.linear(f"{p}.fc2", self.ff, d, rows=rows),
+                self.linear(f"{p}.fc2", self.ff, d, rows=rows, residual_rows=1),
             ]
         self.attn = None
 
@@ -129,10 +130,9 @@ class AttentionEncoder(SequenceEncoder):
         qkv, ao, fc1, fc2 = self._lins(p, lins)
         self.norm_forward(h, f"{p}.norm1.weight", r("u1"), r("rstd1"))
         attend(qkv.forward(r("u1"), ws), r("o"))
-        self.seq.residual_add(h, ao.forward(r("o"), ws), r("h1"))
-        self.norm_forward(r("h1"), f"{p}.norm2.weight", r("u2"), r("rstd2"))
-        self.seq.residual_add(r("h1"), fc2.forward(fc1.forward(r("u2"), ws), ws), r("h"))
-        return r("h")
+        h1 = ao.forward(r("o"), ws, residual=h, out=r("h1"))
+        self.norm_forward(h1, f"{p}.norm2.weight", r("u2"), r("rstd2"))
+        return fc2.forward(fc1.forward(r("u2"), ws), ws, residual=h1, out=r("h"))
 
     def _blocks_forward(self, h, ws: Workspace, B: int):
         for p in self.blocks:

@@ -15,7 +15,10 @@ with dL/dpsi expected in ``ws[<out_name>.dout]``; it overwrites its parameter gr
 The residual stream's gradient lives in the ``dout`` buffers of the Linear layers whose outputs are added
 to it (their identity backward leaves ``dout`` as it is): the gradient w.r.t. ``h + f(h)`` is the ``dout``
 of f's last Linear, and a pre-norm's backward adds its own part to it while writing the ``dout`` of the
-Linear below (``seq.rmsnorm_backward``'s ``dres``).
+Linear below (``seq.rmsnorm_backward``'s ``dres``). That last Linear adds the residual itself (built with
+``residual_rows``, ``forward(x, ws, residual=h, out=ws[<block>.h])``): where its forward is a cuBLASLt GEMM,
+``h`` is the GEMM's C operand and the block's output is written once (no ``seq.residual_add``, no re-read of the
+branch); either way its own ``.out`` buffer is not written (its identity backward needs no value of it).
 
 Acting (:meth:`SequenceEncoder.new_state` and ``step``) runs one bar at a time over a state the
 subclass keeps (SSM: the conv and scan states; attention: a key/value cache). The one-bar Linears are
@@ -102,14 +105,23 @@ class SequenceEncoder(Module):
 
     # --- construction --------------------------------------------------------------------------------
     def linear(
-        self, name: str, n_in: int, n_out: int, act: str = "identity", rows: int | None = None, head: int | None = None
+        self,
+        name: str,
+        n_in: int,
+        n_out: int,
+        act: str = "identity",
+        rows: int | None = None,
+        head: int | None = None,
+        residual_rows: int | None = None,
     ) -> Linear:
         """A Linear over the window's bars (``rows`` = W per sample unless given); with ``head``, a
-        :class:`SplitLinear` whose first ``head`` columns are computed at each sample's last bar only."""
+        :class:`SplitLinear` whose first ``head`` columns are computed at each sample's last bar only; with
+        ``residual_rows``, one whose forward adds the residual stream (``residual_rows`` rows of it for each
+        output row: :class:`cudarl.nn.layers.Linear`), in its cuBLASLt GEMM where the forward is one."""
         kw = {"tf32": self.tf32, "rows": self.W if rows is None else rows, "gemm": self.gemm}
         if head is not None:
             return SplitLinear(name, n_in, n_out, head=head, **kw)  # a projection: no activation
-        return Linear(name, n_in, n_out, act=act, **kw)
+        return Linear(name, n_in, n_out, act=act, residual_rows=residual_rows, **kw)
 
     @property
     def out_name(self) -> str:
@@ -144,7 +156,8 @@ class SequenceEncoder(Module):
         self.seq = family("seq", xp)
         self._bind_families(xp)
         for lin in self.linears:
-            one = self.linear(lin.name, lin.n_in, lin.n_out, act=_act_name(lin), rows=1)
+            res = None if lin.residual_rows is None else 1  # one bar: the stream has one row an environment
+            one = self.linear(lin.name, lin.n_in, lin.n_out, act=_act_name(lin), rows=1, residual_rows=res)
             one.bind(P, G, xp)
             self.steps[lin.name] = one
 

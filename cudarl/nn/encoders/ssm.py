@@ -9,7 +9,8 @@ One block, pre-norm and residual (``zx = [z | x | B | C | dt_raw]``, see :mod:`c
                                                          ssm.ssd_forward      [B W, E], chunked
     yn  = RMSNorm(y silu(z))                             seq.gated_rmsnorm_forward (over all E channels,
                                                          also with G > 1; mamba_ssm's is per group)
-    h'  = h + yn W_out + b_out                           Linear, seq.residual_add
+    h'  = h + yn W_out + b_out                           Linear with the residual (cuBLASLt's C operand,
+                                                         or the GEMM then seq.residual_add: Linear.forward)
 
 The top block computes the last bar only: psi reads nothing else of it. Its in-projection and conv still run
 over the window (the scan's B, C, dt and x of every bar feed the last bar's state; the in-projection's z columns,
@@ -102,10 +103,15 @@ class SSMEncoder(SequenceEncoder):
         self.blocks = [f"{name}.{i}" for i in range(self.L)]
         self.top = self.blocks[-1]  # computes the last bar only (module docstring)
         for p in self.blocks:
+            top = p == self.top
             self.children += [
                 # the top block reads z at the last bar only (its gated norm): SplitLinear computes z there only
-                self.linear(f"{p}.in_proj", self.d, self.n_proj, head=self.E if p == self.top else None),
-                self.linear(f"{p}.out_proj", self.E, self.d, rows=1 if p == self.top else None),
+                self.linear(f"{p}.in_proj", self.d, self.n_proj, head=self.E if top else None),
+                # h' = h + yn W_out + b_out, the residual in the out-projection's GEMM (at the top: the last bar
+                # of each sample's W rows of h)
+                self.linear(
+                    f"{p}.out_proj", self.E, self.d, rows=1 if top else None, residual_rows=self.W if top else 1
+                ),
             ]
         self.ssm = None
 
@@ -165,8 +171,7 @@ class SSMEncoder(SequenceEncoder):
         zx = lin_in.forward(r("u"), ws)
         mix(zx, r("xbc"), r("y"))
         self.seq.gated_rmsnorm_forward(r("y"), zx, self.P[f"{p}.gnorm.weight"], r("yn"), r("yrstd"), EPS)
-        self.seq.residual_add(h, lin_out.forward(r("yn"), ws), r("h"))
-        return r("h")
+        return lin_out.forward(r("yn"), ws, residual=h, out=r("h"))
 
     def _blocks_forward(self, h, ws: Workspace, B: int):
         for p in self.blocks:
