@@ -859,7 +859,9 @@ def _lt_key(
     (at least LT_ALIGN-aligned on the GPU) by its alignment up to 256, because the heuristic reads
     the bias pointer to learn it. ``lds``: the row pitches (leading dimensions) of a, b and out, packed by
     default (the layouts carry them; cuBLASLt reads a row's alignment from them). ``c_ptr`` and ``c_ld``: the
-    residual c's address (its alignment) and row pitch, the key's last two fields; ``(0, 0)`` without one."""
+    residual c's address (its alignment) and row pitch, the key's last two fields; ``(0, 0)`` without one. A
+    single row's pitch is its length (what :func:`_row_pitch` reads from a one-row view, whatever its parent),
+    so a plan made for ``M = 1`` with any ``c_ld`` is the one its call finds."""
     packed = _packed_lds(m, n, k, trans_a, trans_b)
     lds = tuple(int(x) for x in (packed if lds is None else lds))
     # an operand of one row has no pitch to read (_row_pitch gives its row length): the key a call on such a
@@ -871,7 +873,7 @@ def _lt_key(
         raise BlasError(f"gemm_lt: row pitches {lds} shorter than the rows {packed} of a, b and out")
     c = (0, 0)
     if c_ptr is not None:
-        c_ld = int(n if c_ld is None else c_ld)
+        c_ld = int(n if c_ld is None or m == 1 else c_ld)
         if c_ld < n:
             raise BlasError(f"gemm_lt: c's row pitch {c_ld} is shorter than its rows of {n}")
         c = (_alignment(c_ptr, LT_ALIGN), c_ld)

@@ -220,11 +220,9 @@ class Linear(Module):
             "split_k": not self.lt_all,
             "algo": self._algo(not self.lt_all),
         }
-        m = batch * self.rows
-        if self.fuses_residual():  # a packed [k R, n_out] residual's every k-th row, k n_out floats apart (a
-            # single row's pitch is its length: blas._row_pitch)
-            options["c_ld"] = (self.residual_rows if m > 1 else 1) * self.n_out
-        return m, self.n_out, self.n_in, options
+        if self.fuses_residual():  # a packed [k R, n_out] residual's every k-th row: k n_out floats apart
+            options["c_ld"] = self.residual_rows * self.n_out
+        return batch * self.rows, self.n_out, self.n_in, options
 
     def _algo(self, split_k: bool) -> str:
         """The algorithm choice of a cuBLASLt GEMM of this layer: :attr:`lt_algo` for a one-kernel one."""

@@ -368,6 +368,8 @@ def test_gemm_lt_plan_keys_carry_the_residual():
     assert viewed[15:] == (8, 8192)
     assert blas._lt_key(512, 128, 256, False, False, 0, "identity", False, 16, 16, 16, c_ptr=0x100)[15:] == (16, 128)
     assert blas._extents(pitched)[4] == 511 * 64 * 128 + 128 and blas._extents(packed)[4] == 512 * 128
+    one = blas.plan_key(1, 128, 256, bias_align=256, split_k=False, c_ld=64 * 128)
+    assert one[15:] == (16, 128)  # one row: its pitch is its length, as blas._row_pitch reads a one-row view
     assert "residual c aligned to 16 bytes with row pitch 8192" in blas._describe(pitched)
     assert "residual" not in blas._describe(plain)
     assert blas._aligns(viewed) == (16, 16, 16, 8) and blas._aligns(plain) == (16, 16, 16, 16)
