@@ -363,6 +363,12 @@ def evaluate(
     split: str = typer.Option("test", "--split", help="train, val or test"),
     out: Path | None = typer.Option(None, "--out", help="output directory (default: <run>/eval/<split>-<step>)"),
     device: str = typer.Option("auto", "--device", help="auto, gpu or cpu"),
+    weights: str = typer.Option(
+        "deployed",
+        "--weights",
+        help="deployed (what the run deploys), last (the online weights) or average (their moving average, "
+        "eval.average_halflife); last and average from checkpoints/latest.npz, which holds both",
+    ),
 ):
     """Evaluate a policy's greedy actions on a split: summary.json, equity.csv, trades.csv, equity.png.
 
@@ -373,15 +379,17 @@ def evaluate(
         _driver.start_early(device)  # the GPU's start, beside the imports below and the file's read
     from cudarl import rundir
     from cudarl.evaluate import json_safe, write_outputs
-    from cudarl.policy import load_policy
+    from cudarl.policy import WEIGHTS, load_policy
     from cudarl.trainer import NO_PLOT
 
     if split not in ("train", "val", "test"):
         fail(f"--split takes train, val or test, got {split!r}", 2)
     if device not in ("auto", "gpu", "cpu"):
         fail(f"--device takes auto, gpu or cpu, got {device!r}", 2)
+    if weights not in WEIGHTS:
+        fail(f"--weights takes {', '.join(WEIGHTS)}, got {weights!r}", 2)
     try:
-        policy = load_policy(checkpoint, device=device)
+        policy = load_policy(checkpoint, device=device, weights=weights)
         run = rundir.run_dir_of(checkpoint)
         if out is None and run is None:
             fail(f"{checkpoint} is not in the checkpoints folder of a cudarl run directory; pass --out DIR")

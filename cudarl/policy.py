@@ -113,14 +113,26 @@ class PolicyState:
         )
 
     @classmethod
-    def of_checkpoint(cls, path) -> PolicyState:
-        """The policy inside a resume checkpoint (``latest.npz``); its replay buffer is not read."""
+    def of_checkpoint(cls, path, weights: str = "deployed") -> PolicyState:
+        """The policy inside a resume checkpoint (``latest.npz``); its replay buffer is not read.
+
+        ``weights`` (:data:`WEIGHTS`): ``deployed``, what the run deploys (the moving average of the weights
+        with ``eval.average_halflife``, else the last weights); ``last``, the online network's own weights;
+        ``average``, the moving average (a run without one is refused). The checkpoint holds both, so one
+        run compares them on the same training."""
         from . import checkpoint as ckpt
 
+        _check_weights(weights)
         state, info = ckpt.load(path, only=("agent/online/", "agent/iqn/", "normaliser/", "trainer/", "average/"))
         t = state["trainer"]
         online = state["agent"]["online"]
-        if "average" in state:  # eval.average_halflife: the moving average is what is deployed
+        if weights == "average" and "average" not in state:
+            raise CheckpointError(
+                f"{path}: this run kept no moving average of its weights (eval.average_halflife = 0); "
+                "take weights 'last' or 'deployed'"
+            )
+        averaged = "average" in state and weights != "last"
+        if averaged:  # eval.average_halflife: the moving average is what is deployed
             online = {**online, "params": state["average"]["params"]}
         best_step = int(t.get("best_step", -1))
         return cls(
@@ -128,7 +140,7 @@ class PolicyState:
             weights=_split_params(online),
             normaliser=Normaliser.from_state_dict(state["normaliser"]),
             step=int(info.get("step", t["step"])),
-            weights_kind="moving average" if "average" in state else "last",
+            weights_kind="moving average" if averaged else "last",
             tau_counter=_tau(state["agent"]),
             spectral=state["agent"]["online"].get("spectral") or None,
             best=None if best_step < 0 else {"step": best_step, "sharpe": float(t["best_sharpe"])},
@@ -262,16 +274,37 @@ def save_policy(path, trainer, best=None) -> Path:
     return PolicyState.of_trainer(trainer, best).save(path)
 
 
-def load_policy(path, device: str = "auto") -> Policy:
+#: Which weights :func:`load_policy` takes: what the run deploys, the last weights, or their moving average.
+WEIGHTS = ("deployed", "last", "average")
+_KIND = {"last": "last", "average": "moving average"}
+
+
+def _check_weights(weights: str) -> None:
+    if weights not in WEIGHTS:
+        raise ValueError(f"weights takes {', '.join(WEIGHTS)}, got {weights!r}")
+
+
+def load_policy(path, device: str = "auto", weights: str = "deployed") -> Policy:
     """A :class:`Policy` from a policy file (``best``/``step-N``) or a resume checkpoint (``latest.npz``).
 
-    ``device``: ``auto`` (the GPU when usable), ``gpu`` or ``cpu``. Refuses NaN or infinite weights,
-    naming the tensor.
+    ``device``: ``auto`` (the GPU when usable), ``gpu`` or ``cpu``. ``weights`` (:data:`WEIGHTS`):
+    ``deployed`` (the default), ``last`` or ``average`` (:meth:`PolicyState.of_checkpoint`); a policy
+    file holds one set of weights, so it takes only ``deployed`` or the kind it holds. Refuses NaN or
+    infinite weights, naming the tensor.
     """
     path = Path(path)
+    _check_weights(weights)
     if not path.is_file():
         raise CheckpointError(f"{path}: no such policy or checkpoint file")
-    state = PolicyState.read(path) if is_policy_file(path) else PolicyState.of_checkpoint(path)
+    if is_policy_file(path):
+        state = PolicyState.read(path)
+        if weights != "deployed" and _KIND[weights] != state.weights_kind:
+            raise CheckpointError(
+                f"{path}: a policy file holds one set of weights (the {state.weights_kind} weights), not the "
+                f"{_KIND[weights]} ones; the run's checkpoints/latest.npz holds both"
+            )
+    else:
+        state = PolicyState.of_checkpoint(path, weights)
     state.check_finite(path)
     return Policy(state, device=device, source=str(path))
 

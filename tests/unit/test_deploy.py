@@ -6,6 +6,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
+from cudarl.checkpoint import CheckpointError
 from cudarl.config import EvalConfig, from_dict, resolve_for_backend
 from cudarl.trainer import Trainer
 
@@ -141,6 +142,73 @@ def test_the_moving_average_of_the_weights_is_what_evaluation_deploys(tmp_path):
     tr.save()
     back = Trainer.resume(tmp_path / "run" / "checkpoints" / "latest.npz", echo=lambda m: None)
     np.testing.assert_array_equal(np.array(back.average), avg)
+
+
+def test_a_checkpoint_evaluates_its_last_weights_or_their_moving_average(tmp_path):
+    """``load_policy(latest.npz, weights=...)`` and ``cudarl-train evaluate --weights``: one run's checkpoint
+    holds the last weights and their moving average, so both are evaluated on the same training; the default
+    is what the run deploys (the average), a policy file holds one kind and refuses the other, and a run
+    without an average refuses ``average``."""
+    from typer.testing import CliRunner
+
+    from cudarl.cli import app
+    from cudarl.policy import _split_params, load_policy, save_policy
+
+    over = {
+        "run": {"device": "cpu", "steps": 60, "eval_every": 0, "checkpoint_every": 0},
+        "data": {"source": "builtin:ar?n=900"},
+        "env": {"n_envs": 4, "episode_len": 64},
+        "agent": {"learning_starts": 64, "batch_size": 32},
+        "eval": {"average_halflife": 20},
+    }
+    tr = Trainer(resolve_for_backend(from_dict(over), False, over), run_dir=tmp_path / "run", echo=lambda m: None)
+    tr.run()
+    latest = tr.save()
+    layout = tr.agent.state_dict()["online"]["layout"]
+    own = _split_params({"params": np.array(tr.agent.online.params), "layout": layout})
+    avg = _split_params({"params": np.array(tr.average), "layout": layout})
+    assert any(not np.array_equal(own[k], avg[k]) for k in own)
+    for weights, want, kind in (
+        ("deployed", avg, "moving average"),
+        ("average", avg, "moving average"),
+        ("last", own, "last"),
+    ):
+        pol = load_policy(latest, device="cpu", weights=weights)
+        assert pol.state.weights_kind == kind and list(pol.state.weights) == list(want)
+        for k, v in want.items():
+            np.testing.assert_array_equal(pol.state.weights[k], v)
+    file = save_policy(tmp_path / "avg.safetensors", tr)
+    assert load_policy(file, device="cpu", weights="average").state.weights_kind == "moving average"
+    with pytest.raises(CheckpointError, match="one set of weights .*moving average.*latest.npz holds both"):
+        load_policy(file, device="cpu", weights="last")
+    with pytest.raises(ValueError, match="weights takes deployed, last, average"):
+        load_policy(latest, device="cpu", weights="best")
+    runner = CliRunner()
+    r = runner.invoke(
+        app,
+        [
+            "evaluate",
+            str(latest),
+            "--weights",
+            "last",
+            "--split",
+            "val",
+            "--device",
+            "cpu",
+            "--out",
+            str(tmp_path / "ev_last"),
+        ],
+    )
+    assert r.exit_code == 0, r.output
+    summary = json.loads((tmp_path / "ev_last" / "summary.json").read_text())
+    assert summary["deployment"]["weights"] == "last"
+    r = runner.invoke(app, ["evaluate", str(latest), "--weights", "newest", "--device", "cpu"])
+    assert r.exit_code == 2 and "--weights takes deployed, last, average" in r.output
+    plain = Trainer(replace(tr.cfg, eval=EvalConfig()), run_dir=tmp_path / "plain", echo=lambda m: None)
+    plain.run()
+    with pytest.raises(CheckpointError, match="kept no moving average"):
+        load_policy(plain.save(), device="cpu", weights="average")
+    assert load_policy(plain.save(), device="cpu", weights="last").state.weights_kind == "last"
 
 
 @pytest.mark.gpu
