@@ -33,6 +33,9 @@
 # STEPS sets run.steps (the updates of each run; default the GPU budget's 10,000) and names the rows with
 # it (-u18000): on the CPU (docs/bench/learning/att12k-fb169ad/) attention's two lowest seeds at 12,000
 # updates rose from 43% and 38% of the causal reference to 99% and 80% at 18,000, e.g. STEPS=18000.
+# AVG sets eval.average_halflife (validation, test and the deployed policy use the moving average of the
+# weights, Polyak averaging) and names the rows with it (-avg1000): at the GPU widths `ssm`'s validation Sharpe
+# swings by 0.3-0.8 between its last evaluations (docs/results.md, twenty-fifth session), e.g. AVG=1000.
 #
 # No run loses its work when the time limit cuts it: every run has a run directory under RUN_ROOT (default
 # .runs/encoders, inside the working tree and git-ignored, so a warm device machine keeps it between chained
@@ -56,6 +59,7 @@ W="net.window=64"
 SETS=""; TAG=""; [ -n "${GAMMA:-}" ] && SETS=",agent.gamma=$GAMMA" && TAG="-g$GAMMA"
 [ -n "${CF:-}" ] && SETS="$SETS,env.counterfactual=true,env.mirror=true,replay.n_step=1" && TAG="$TAG-cfm"
 [ -n "${STEPS:-}" ] && SETS="$SETS,run.steps=$STEPS" && TAG="$TAG-u$STEPS"
+[ -n "${AVG:-}" ] && SETS="$SETS,eval.average_halflife=$AVG" && TAG="$TAG-avg$AVG"
 V=()
 for e in ${ENCODERS:-mlp mlp-w64 ssm attention}; do
   case "$e" in

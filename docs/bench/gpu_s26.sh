@@ -1,0 +1,27 @@
+# Session 26's device calls after the merge of homeo-batch and res-epilogue (20a3871; its gpu_check and the A/B
+# against a5e3713: docs/bench/gpu-20a3871/README.md).
+#   P: OUT=$OUT bash docs/bench/gpu_s26.sh P: where the time goes now: (1) the MLP train graph with all seven
+#      signals, ncu and its launch trace, and its critical path (tools/critical_path.py with this machine's
+#      bench_floor.json): issue 19's step was last traced at a75a02b, eleven sessions ago; (2) ncu of the attention
+#      FP32 train graph, against docs/bench/gpu-87a1f0f/attention_fp32_train_profile.txt (res-epilogue: the FP32
+#      train step did not get shorter: which GEMMs did the fused residual change?).
+#   L: OUT=$OUT bash docs/bench/gpu_s26.sh L: ssm at issue 22's widths on lag, 10,000 updates, seeds 0-2, with
+#      eval.average_halflife = 1000 (chosen before the run: the value measured on ar and regime before); against
+#      the same runs without it (84, 79, 76% of the causal reference: docs/results.md).
+set -f  # the --set lists are not globs
+T0=$(date +%s); t() { echo "== $1 t=$(( $(date +%s) - T0 ))"; }
+nvidia-smi --query-gpu=name --format=csv,noheader
+if [ "$1" = P ]; then
+  t floor; PYTHONPATH=. timeout 60 python3 tools/bench_floor.py --out /tmp/floor.json > /tmp/floor.log 2>&1; tail -3 /tmp/floor.log; cp /tmp/floor.json $OUT/bench_floor.json
+  A="--set agent.aux=[horizons,risk,denoise,homeostatic,causal,selectivity,vaccine] --set agent.causal_groups=[calendar,offset]"
+  t aux_profile; FLOOR=/tmp/floor.json GRAPHS=train NCU_TIMEOUT=150 OUT=/tmp/paux timeout 200 bash tools/gpu_profile.sh $A > /tmp/paux.log 2>&1
+  cp /tmp/paux/profile.txt $OUT/aux_mlp_train_profile.txt; cp /tmp/paux/critical_train.json $OUT/aux_mlp_critical.json; cp /tmp/paux/trace_train.json $OUT/aux_mlp_trace.json
+  grep -A60 "critical path" /tmp/paux/profile.txt | head -70
+  t att_profile; GRAPHS=train NCU_TIMEOUT=120 OUT=/tmp/patt timeout 140 bash tools/gpu_profile.sh --set net.encoder=attention --set net.window=64 --set net.d_model=128 --set net.layers=2 > /tmp/patt.log 2>&1
+  cp /tmp/patt/profile.txt $OUT/attention_fp32_train_profile.txt; grep -E "x  " /tmp/patt/profile.txt | head -30
+elif [ "$1" = L ]; then
+  t learning; ENCODERS=ssm-noise GAMMA=0.5 CF=1 AVG=1000 SEED_LIST=0,1,2 WORKERS=3 ENCODERS_LIMIT_S=520 OUT=$OUT/enc bash tools/gpu_encoders.sh 2>&1 | tail -20
+  # the paired control is in each row: tools/learning_check.py's view "last weights" (the same run's last
+  # weights, ungated; the average never touches training) beside "margin=0" (the average, ungated)
+fi
+t end
