@@ -23,5 +23,11 @@ elif [ "$1" = L ]; then
   t learning; ENCODERS=ssm-noise GAMMA=0.5 CF=1 AVG=1000 SEED_LIST=0,1,2 WORKERS=3 ENCODERS_LIMIT_S=520 OUT=$OUT/enc bash tools/gpu_encoders.sh 2>&1 | tail -20
   # the paired control is in each row: tools/learning_check.py's view "last weights" (the same run's last
   # weights, ungated; the average never touches training) beside "margin=0" (the average, ungated)
+elif [ "$1" = F ]; then  # at 20a3871's library code: start-up (last measured at 2664cc6) and the signals' cost on the
+  # temporal encoders (21.5% on the SSM step at 2664cc6, when the step was 10.5 ms; it is about 4.1 ms now)
+  t startup; PYTHONPATH=. timeout 120 python3 tools/bench_startup.py --device gpu --out $OUT/bench_startup.json > /tmp/su.log 2>&1; grep -E "first update|compile|cold|warm" /tmp/su.log | head -14
+  for e in ssm attention; do
+    t "bench_aux $e"; PYTHONPATH=. timeout 170 python3 tools/bench_aux.py --encoder $e --no-whole --repeats 20 --out $OUT/aux_$e.json > /tmp/aux_$e.log 2>&1; grep -E "train step|added to" /tmp/aux_$e.log | head -20
+  done
 fi
 t end
