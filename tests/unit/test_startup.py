@@ -1,6 +1,7 @@
 """Start-up: the stopwatch behind ``Trainer.timings``, tools/bench_startup.py, and the set-up cuts
 (features and the normaliser in row blocks, the fit in place) that must keep every bit."""
 
+import importlib.util
 import json
 import subprocess
 import sys
@@ -142,3 +143,8 @@ def test_bench_startup_reports_each_stage_on_the_cpu(tmp_path):
         assert rows[(case, "import")] > 0 and rows[(case, "first_update")] > 0 and rows[(case, "compile")] == 0
     (run,) = rep["runs"]["cpu"]["warm"]
     assert run["backend"] == "numpy" and run["families_compiled"] == 0
+    # the children imported byte-compiled modules (a host with PYTHONDONTWRITEBYTECODE and a fresh tree
+    # would otherwise compile every module in every child)
+    assert rep["bytecode"] == "compiled before the runs (compileall)"
+    src = ROOT / "cudarl" / "trainer.py"
+    assert Path(importlib.util.cache_from_source(str(src))).stat().st_mtime >= src.stat().st_mtime
