@@ -29,5 +29,16 @@ elif [ "$1" = F ]; then  # at 20a3871's library code: start-up (last measured at
   for e in ssm attention; do
     t "bench_aux $e"; PYTHONPATH=. timeout 170 python3 tools/bench_aux.py --encoder $e --no-whole --repeats 20 --out $OUT/aux_$e.json > /tmp/aux_$e.log 2>&1; grep -E "train step|added to" /tmp/aux_$e.log | head -20
   done
+elif [ "$1" = S ]; then  # branch units (compile units for optim, nn, replay, agent; bench_startup byte-compiles): start-up, then
+  # gpu_check at <sha> (S <sha>): the report of record if the branch merges
+  t startup; PYTHONPATH=. timeout 90 python3 tools/bench_startup.py --device gpu --out $OUT/bench_startup.json > /tmp/su.log 2>&1
+  python3 -c "import json, sys; d = json.load(open(sys.argv[1])); print(d.get('bytecode'))
+for st in ('warm', 'cold'):
+    rs = sorted(d['runs']['gpu'][st], key=lambda r: r['total_s']); m = rs[len(rs) // 2]
+    print(st, [round(r['total_s'], 2) for r in rs], {k: round(v, 2) for k, v in m['stages_s'].items() if v > 0.03}, m['families_compiled'], sorted(((round(v, 2), k) for k, v in m['nvrtc_s'].items()), reverse=True)[:6])" $OUT/bench_startup.json
+  t gpu_check; export CUDARL_COMMIT=$2
+  PARALLEL=8 BENCHES=tools/bench_step.py BENCH_ARGS="--no-epoch --no-net-variants --no-dw-variants" DEADLINE_S=230 OUT=/tmp/gc BENCH_DIR=/tmp/bench bash tools/gpu_check.sh > /tmp/gc.log 2>&1
+  cp docs/gpu-report.md $OUT/report.md; grep -hE "^(FAILED|ERROR)" /tmp/gc/pytest.log | head -30 > $OUT/failures.txt
+  grep -E "passed|failed" /tmp/gc/pytest.log | tail -8; head -30 $OUT/failures.txt; grep -E "train step \(graph|collect step|speed-up" docs/gpu-report.md | head -12
 fi
 t end
