@@ -630,7 +630,8 @@ class AgentConfig:
     passes runs the encoder once more, forward and backward, so its cost grows with its rows; its loss
     is a mean over the sub-batch (the same expectation as over the whole batch, with about ``B / R``
     times the variance). 0.125 (32 rows of the default 256): on an H200 at 2664cc6 all seven signals
-    then add 21.5% to the SSM encoder's train step, against 46.8% at 0.25 (issue 19's bound is 40%),
+    then add 21.5% to the SSM encoder's train step, against 46.8% at 0.25 (issue 19's bound is 40%;
+    22.9% on an H100 at 20a3871, whose SSM step is 2.5 times shorter),
     while the main Q loss, which the signals only shape, keeps every row; ``tools/bench_aux.py``
     measures it against 1 (every row, the cost and the bits of the passes before this field)."""
     homeostatic_target: float = 0.5
