@@ -104,17 +104,21 @@ def test_the_turnover_penalty_is_charged_in_training_only():
     np.testing.assert_allclose(rewards[0] - rewards[1], 50e-4, rtol=1e-4)
 
 
+#: a short CPU run that keeps the moving average of its weights (eval.average_halflife)
+AVERAGED = {
+    "run": {"device": "cpu", "steps": 60, "eval_every": 0, "checkpoint_every": 0},
+    "data": {"source": "builtin:ar?n=900"},
+    "env": {"n_envs": 4, "episode_len": 64},
+    "agent": {"learning_starts": 64, "batch_size": 32},
+    "eval": {"average_halflife": 20},
+}
+
+
 def test_the_moving_average_of_the_weights_is_what_evaluation_deploys(tmp_path):
     """``eval.average_halflife``: the trainer keeps an exponential moving average of the online weights
     (every 10 updates), evaluation acts with it, the online weights come back bit for bit, and a
     checkpoint carries it."""
-    over = {
-        "run": {"device": "cpu", "steps": 60, "eval_every": 0, "checkpoint_every": 0},
-        "data": {"source": "builtin:ar?n=900"},
-        "env": {"n_envs": 4, "episode_len": 64},
-        "agent": {"learning_starts": 64, "batch_size": 32},
-        "eval": {"average_halflife": 20},
-    }
+    over = AVERAGED
     cfg = resolve_for_backend(from_dict(over), False, over)
     tr = Trainer(cfg, run_dir=tmp_path / "run", echo=lambda m: None)
     init = np.array(tr.agent.online.params)
@@ -154,13 +158,7 @@ def test_a_checkpoint_evaluates_its_last_weights_or_their_moving_average(tmp_pat
     from cudarl.cli import app
     from cudarl.policy import _split_params, load_policy, save_policy
 
-    over = {
-        "run": {"device": "cpu", "steps": 60, "eval_every": 0, "checkpoint_every": 0},
-        "data": {"source": "builtin:ar?n=900"},
-        "env": {"n_envs": 4, "episode_len": 64},
-        "agent": {"learning_starts": 64, "batch_size": 32},
-        "eval": {"average_halflife": 20},
-    }
+    over = AVERAGED
     tr = Trainer(resolve_for_backend(from_dict(over), False, over), run_dir=tmp_path / "run", echo=lambda m: None)
     tr.run()
     latest = tr.save()

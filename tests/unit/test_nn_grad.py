@@ -7,8 +7,9 @@ parameter and the input, to a relative error of at most 1e-6.
 
 import numpy as np
 import pytest
+from test_split_linear import workspace
 
-from cudarl.nn import MLP, C51Head, IQNHead, LayerNorm, Linear, ParamLayout, PlanHead, QNetwork, Workspace
+from cudarl.nn import MLP, C51Head, IQNHead, LayerNorm, Linear, ParamLayout, PlanHead, QNetwork
 
 H = 1e-6
 TOL = 1e-6
@@ -25,11 +26,7 @@ def build(module, B, rng):
     params += 0.1 * rng.standard_normal(params.shape)  # biases and gammas away from 0 and 1
     grads = np.zeros_like(params)
     module.bind(layout.views(params), layout.views(grads), np)
-    ws = Workspace(np, np.float64, B)
-    for name, row, merge in spec:
-        ws.add(name, row, merge=merge)
-    ws.set_batch(B)
-    return params, grads, ws
+    return params, grads, workspace(np, np.float64, B, spec)
 
 
 def fd_in_place(buf: np.ndarray, flat_idx, loss) -> np.ndarray:

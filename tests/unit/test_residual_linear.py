@@ -6,9 +6,10 @@ order), and the encoders, through QNetwork, take it under the default net.gemm; 
 
 import numpy as np
 import pytest
+from test_split_linear import workspace
 
 from cudarl import blas
-from cudarl.nn import Linear, ParamLayout, SplitLinear, Workspace
+from cudarl.nn import Linear, ParamLayout, SplitLinear
 from cudarl.reference import seq
 from cudarl.testing import assert_bitwise, assert_parity, poison
 
@@ -24,14 +25,9 @@ def _pair(xp, rng, k: int, act: str = "identity", dtype=np.float32, gemm: str = 
     params = layout.init_host(3, np.float64)
     params = xp.asarray((params + 0.1 * rng.standard_normal(params.shape)).astype(dtype))  # biases away from 0
     grads = [xp.zeros(params.shape, dtype) for _ in lins]
-    spaces = []
     for lin, g in zip(lins, grads, strict=True):
         lin.bind(layout.views(params), layout.views(g), xp)
-        ws = Workspace(xp, dtype, B)
-        for name, row, merge in spec:
-            ws.add(name, row, merge=merge)
-        ws.set_batch(B)
-        spaces.append(ws)
+    spaces = [workspace(xp, dtype, B, spec) for _ in lins]
     x = xp.asarray(rng.standard_normal((B * R, D)).astype(dtype))
     h = xp.asarray(rng.standard_normal((k * B * R, N)).astype(dtype))
     return lins, spaces, grads, x, h

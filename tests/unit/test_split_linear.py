@@ -12,6 +12,15 @@ from cudarl.reference.nn import IDENTITY
 R, D, N, H, B = 6, 8, 20, 8, 3  # rows a sample, inputs, outputs, head columns, samples
 
 
+def workspace(xp, dtype, B: int, spec: list) -> Workspace:
+    """A workspace of ``B`` samples holding every buffer a module's ``declare`` put in ``spec``."""
+    ws = Workspace(xp, dtype, B)
+    for name, row, merge in spec:
+        ws.add(name, row, merge=merge)
+    ws.set_batch(B)
+    return ws
+
+
 def _pair(xp, rng, dtype=np.float32):
     """A SplitLinear and a Linear on one set of parameters, their workspaces, and an input [B R, D]."""
     layout, spec = ParamLayout(), []
@@ -23,13 +32,7 @@ def _pair(xp, rng, dtype=np.float32):
     full = Linear("p", D, N, act="identity", rows=R)
     split.bind(layout.views(p), layout.views(gs), xp)
     full.bind(layout.views(p), layout.views(gl), xp)
-    spaces = []
-    for _ in range(2):
-        ws = Workspace(xp, dtype, B)
-        for name, row, merge in spec:
-            ws.add(name, row, merge=merge)
-        ws.set_batch(B)
-        spaces.append(ws)
+    spaces = [workspace(xp, dtype, B, spec) for _ in range(2)]
     x = xp.asarray(rng.standard_normal((B * R, D)).astype(dtype))
     return split, full, spaces, x, layout, gs, gl
 

@@ -74,11 +74,11 @@ def rewire(events, causal_early: bool):
     return out
 
 
-def path(events, us):
+def path(events, us, c: float = C):
     nodes = cp.build_graph(events)
     for n in nodes:
         n["us"] = us[n["orig"]]
-    kern, p = cp.longest_path(nodes, lambda n: n["us"] + C)
+    kern, p = cp.longest_path(nodes, lambda n: n["us"] + c)
     return {
         "path_nodes": len(p),
         "path_us_with_c": round(kern, 2),

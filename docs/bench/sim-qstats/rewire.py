@@ -16,9 +16,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT / "tools"))
 sys.path.insert(0, str(ROOT / "docs/bench/sim-aux-mlp"))
-import critical_path as cp  # noqa: E402
 from profile_step import read_csv  # noqa: E402
-from rewire import weigh  # noqa: E402  (the same matching of launches to ncu rows)
+from rewire import path, weigh  # noqa: E402  (the same matching of launches to ncu rows, the same path)
 
 REC = ROOT / "docs/bench/gpu-2664cc6/profile/prof"
 QS = 1  # the new stream
@@ -41,19 +40,6 @@ def rewire(events: list) -> list:
             out.append({"kind": "join", "from": QS, "to": main})
         out.append(e)
     return out
-
-
-def path(events: list, us: dict, c: float) -> dict:
-    nodes = cp.build_graph(events)
-    for n in nodes:
-        n["us"] = us[n["orig"]]
-    with_c, p = cp.longest_path(nodes, lambda n: n["us"] + c)
-    return {
-        "path_nodes": len(p),
-        "path_us_with_c": round(with_c, 2),
-        "path_kernel_us": round(sum(nodes[i]["us"] for i in p), 2),
-        "path": [f"{nodes[i]['phase']}: {nodes[i]['name']} {nodes[i]['us']:.2f}" for i in p],
-    }
 
 
 def main() -> None:
