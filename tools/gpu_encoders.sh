@@ -35,7 +35,9 @@
 # updates rose from 43% and 38% of the causal reference to 99% and 80% at 18,000, e.g. STEPS=18000.
 # AVG sets eval.average_halflife (validation, test and the deployed policy use the moving average of the
 # weights, Polyak averaging) and names the rows with it (-avg1000): at the GPU widths `ssm`'s validation Sharpe
-# swings by 0.3-0.8 between its last evaluations (docs/results.md, twenty-fifth session), e.g. AVG=1000.
+# swings by 0.3-0.8 between its last evaluations (docs/results.md, twenty-fifth session), e.g. AVG=1000
+# (measured in the twenty-sixth session, seeds 0-2: 64% of the causal reference against the same runs' last
+# weights' 72%, each row's view "last weights": worse on every seed).
 #
 # No run loses its work when the time limit cuts it: every run has a run directory under RUN_ROOT (default
 # .runs/encoders, inside the working tree and git-ignored, so a warm device machine keeps it between chained

@@ -155,6 +155,7 @@ def test_a_checkpoint_evaluates_its_last_weights_or_their_moving_average(tmp_pat
     without an average refuses ``average``."""
     from typer.testing import CliRunner
 
+    import cudarl
     from cudarl.cli import app
     from cudarl.policy import _split_params, load_policy, save_policy
 
@@ -175,6 +176,7 @@ def test_a_checkpoint_evaluates_its_last_weights_or_their_moving_average(tmp_pat
         assert pol.state.weights_kind == kind and list(pol.state.weights) == list(want)
         for k, v in want.items():
             np.testing.assert_array_equal(pol.state.weights[k], v)
+    assert cudarl.load_policy(latest, device="cpu", weights="last").state.weights_kind == "last"  # the public name
     file = save_policy(tmp_path / "avg.safetensors", tr)
     assert load_policy(file, device="cpu", weights="average").state.weights_kind == "moving average"
     with pytest.raises(CheckpointError, match="one set of weights .*moving average.*latest.npz holds both"):
