@@ -8,6 +8,10 @@
 # Predictions (docs/perf-notes.md, twenty-sixth session): units: cold start 6.57 -> about 3.0-3.6 s, warm 1.80 ->
 # about 1.1-1.2 s (bench_startup's bytecode, on main already, gives the warm part); qstats-beside: the reference
 # train step about 8-12 us shorter (the path 124.0 -> 111.6 us at 2664cc6's trace), the same bits.
+# Then, if device time is left (issue 22, point 6): attention at issue 22's widths and 18,000 updates on the GPU,
+# seeds 0-2 (fixed before the run: the 10,000-update GPU runs' seeds, 69/86/50%; on the CPU 18,000 updates lifted
+# attention's mean from 73% to 85%), in two calls of about 540 s (the second resumes from the checkpoints):
+#   ENCODERS=attention-noise GAMMA=0.5 CF=1 STEPS=18000 SEED_LIST=0,1,2 WORKERS=3 OUT=$OUT bash tools/gpu_encoders.sh
 T0=$(date +%s); t() { echo "== $1 t=$(( $(date +%s) - T0 ))"; }
 left() { local l=$(( 540 - ($(date +%s) - T0) )); [ "$l" -lt 1 ] && l=1; [ "$l" -lt "$1" ] && echo "$l" || echo "$1"; }
 nvidia-smi --query-gpu=name --format=csv,noheader
