@@ -223,7 +223,15 @@ def test_nvrtc_each_unit_emits_its_kernels_with_the_whole_familys_machine_code(f
         want = {f"cudarl_{family}_{op}" for op, u in where.items() if u == unit}
         assert set(got) == want, f"{family}.{unit}"
         for k, b in got.items():
-            assert b == whole[k], f"{k}: its machine code in unit {unit} differs from the whole family's"
+            if b != whole[k]:  # keep both for a look (cuobjdump, nvdisasm): it failed once in ~20 runs (note 26)
+                (cache.parent / f"{k}.{unit}.text").write_bytes(b)
+                (cache.parent / f"{k}.whole.text").write_bytes(whole[k])
+                pairs = enumerate(zip(b, whole[k], strict=False))
+                first = next((i for i, (x, y) in pairs if x != y), min(len(b), len(whole[k])))
+            assert b == whole[k], (
+                f"{k}: its machine code in unit {unit} differs from the whole family's ({len(b)} and "
+                f"{len(whole[k])} bytes, the first difference at byte {first}; both kept in {cache.parent})"
+            )
 
 
 def test_get_function_loads_the_module_of_the_kernels_unit(fake_nvrtc, monkeypatch):
