@@ -81,10 +81,7 @@ extern "C" __global__ void cudarl_homeostatic_probs_control(const float* __restr
   const int S = max(1, HS_THREADS / K);
   const float fr = (float)R;
   if (S == 1) {
-    for (int k = threadIdx.x; k < K; k += HS_THREADS) {
-      float acc = 0.f;
-      m[k] = hs_sum_l2(part + k, K, 0, nb, 1) / fr;
-    }
+    for (int k = threadIdx.x; k < K; k += HS_THREADS) m[k] = hs_sum_l2(part + k, K, 0, nb, 1) / fr;
   } else {  // S * K <= HS_THREADS: thread c = q K + k sums slice q of column k
     const int c = threadIdx.x;
     if (c < S * K) {
