@@ -55,7 +55,6 @@ from pathlib import Path
 import numpy as np
 
 from . import kernels, probe_cache
-from .ops._arrays import address
 
 WORKSPACE_BYTES = 32 * 1024 * 1024  # cuBLAS's recommendation for Hopper
 _CUBLAS_OP_N, _CUBLAS_OP_T = 0, 1
@@ -627,7 +626,7 @@ def _check_c_act(has_c: bool, act: str, what: str) -> None:
 
 def _span(x) -> tuple[int, int]:
     """The bytes ``[first, end)`` a 2-D float32 view with a row pitch (:func:`_row_pitch`) reaches, by address."""
-    ptr = address(x)
+    ptr = x.ctypes.data if isinstance(x, np.ndarray) else x.data.ptr
     if x.size == 0:
         return ptr, ptr
     return ptr, ptr + ((x.shape[0] - 1) * _row_pitch(x) + x.shape[1]) * x.itemsize
