@@ -16,6 +16,7 @@
 // value for every member of a launch; act_c51_dueling_members takes each member's epsilon schedule as
 // [P] arrays (ACT_SCHEDULE_TABLE_PARAMS).
 #include <cudarl/act.cuh>
+#include <cudarl/units.cuh>
 #include <cudarl/dueling.cuh>
 #include <cudarl/softmax.cuh>
 
@@ -29,26 +30,31 @@ __device__ __forceinline__ float quantile_mean_at(const float* __restrict__ thet
 // quantile_mean: q[b, a] = (1/N) sum_n theta[b, n, a], the expected Q of IQN quantiles, summed
 // in order n = 0..N-1 (so the float32 result matches the twin's sequential sum). One thread per
 // (b, a). Reads B*N*A floats, writes B*A.
+#if CUDARL_UNIT_IS(quantile_mean)
 extern "C" __global__ void cudarl_agent_quantile_mean(float* __restrict__ q, const float* __restrict__ theta,
                                                       int B, int N, int A) {
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= B * A) return;
   q[i] = quantile_mean_at(theta, i / A, i % A, N, A);
 }
+#endif  // quantile_mean
 
 // discount: out[i] = gamma * (1 - done[i]), gamma read from device memory (a device scalar the
 // host may move between replays). One thread per row; reads 4n+4 bytes, writes 4n.
+#if CUDARL_UNIT_IS(discount)
 extern "C" __global__ void cudarl_agent_discount(float* __restrict__ out, const float* __restrict__ done,
                                                  const float* __restrict__ gamma, long long n) {
   const float g = *gamma;
   for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
     out[i] = g * (1.0f - done[i]);
 }
+#endif  // discount
 
 // epsilon: the linear exploration schedule on the device. With c = *count:
 //   eps = start + (end - start) * min(c, steps) / steps;  then *count = c + 1.
 // One thread a member (block (0, mb): eps and count [P]); computed in double and rounded once, like
 // the twin (cudarl::epsilon_at, act.cuh).
+#if CUDARL_UNIT_IS(epsilon)
 extern "C" __global__ void cudarl_agent_epsilon(float* __restrict__ eps, long long* __restrict__ count,
                                                 double start, double end, long long steps) {
   if (blockIdx.x != 0 || threadIdx.x != 0) return;
@@ -58,6 +64,7 @@ extern "C" __global__ void cudarl_agent_epsilon(float* __restrict__ eps, long lo
   *eps = cudarl::epsilon_at(c, start, end, steps);
   *count = c + 1;
 }
+#endif  // epsilon
 
 // The tail of the fused act kernels: the block that arrives last (cudarl::last_block on the
 // integer ticket *arrivals, 0 at launch and left 0) advances the epsilon schedule, *eps_out = eps
@@ -126,6 +133,7 @@ __device__ __forceinline__ void act_c51_env(int* __restrict__ actions, float* __
 // qstats.per_sample, epsilon, env.act). With c = *count and eps = epsilon_at(c): act_c51_env over
 // logits [n, A, K], then advance_epsilon. Thread mapping: a warp per env. Reads A*K + K floats and
 // 8 bytes per env, 8 bytes of count; writes 4A + 4 bytes.
+#if CUDARL_UNIT_IS(act_c51)
 extern "C" __global__ void cudarl_agent_act_c51(int* __restrict__ actions, float* __restrict__ q,
                                                 const float* __restrict__ logits, const float* __restrict__ support,
                                                 const unsigned long long* __restrict__ env_count, int n, int A, int K,
@@ -140,6 +148,7 @@ extern "C" __global__ void cudarl_agent_act_c51(int* __restrict__ actions, float
   }
   advance_epsilon(eps, c, eps_out, count, arrivals);
 }
+#endif  // act_c51
 
 // act_c51_dueling: act_c51 from the dueling head's raw output va [n, (1 + A) K] (V, then Adv), the
 // combine done on the fly: logit(a, k) = dueling_logit(va[i], dueling_mean(va[i], k), a, k), the
@@ -163,6 +172,7 @@ __device__ __forceinline__ void act_c51_dueling_impl(int* __restrict__ actions, 
   advance_epsilon(eps, c, eps_out, count, arrivals);
 }
 
+#if CUDARL_UNIT_IS(act_c51_dueling)
 extern "C" __global__ void cudarl_agent_act_c51_dueling(int* __restrict__ actions, float* __restrict__ q,
                                                         const float* __restrict__ va,
                                                         const float* __restrict__ support,
@@ -171,11 +181,13 @@ extern "C" __global__ void cudarl_agent_act_c51_dueling(int* __restrict__ action
   act_c51_dueling_impl(actions, q, va, support, env_count, n, A, K, sz, eps_out, count, arrivals, start, end, steps,
                        seed, sn, sq, sl);
 }
+#endif  // act_c51_dueling
 
 // act_c51_dueling_members: act_c51_dueling whose members each run their own epsilon schedule: start,
 // end (double) and steps (long long) are [P] arrays, member mb reading element mb (act_c51_dueling's
 // by-value types), so member mb gets the bits of act_c51_dueling launched alone with its schedule.
 // Reads 24 bytes a member more.
+#if CUDARL_UNIT_IS(act_c51_dueling_members)
 extern "C" __global__ void cudarl_agent_act_c51_dueling_members(int* __restrict__ actions, float* __restrict__ q,
                                                                 const float* __restrict__ va,
                                                                 const float* __restrict__ support,
@@ -186,11 +198,13 @@ extern "C" __global__ void cudarl_agent_act_c51_dueling_members(int* __restrict_
   act_c51_dueling_impl(actions, q, va, support, env_count, n, A, K, sz, eps_out, count, arrivals, start[mb], end[mb],
                        steps[mb], seed, sn, sq, sl);
 }
+#endif  // act_c51_dueling_members
 
 // act_iqn: an IQN agent's act phase after the online forward, in one launch (it was three:
 // quantile_mean, epsilon, env.act): q[i, a] = quantile_mean_at(theta, i, a) (the bits of
 // quantile_mean), actions[i] = epsilon_greedy(q[i], eps, env_count[i]), then advance_epsilon.
 // Thread mapping: a thread per env. Reads N*A floats and 8 bytes per env; writes 4A + 4 bytes.
+#if CUDARL_UNIT_IS(act_iqn)
 extern "C" __global__ void cudarl_agent_act_iqn(int* __restrict__ actions, float* __restrict__ q,
                                                 const float* __restrict__ theta,
                                                 const unsigned long long* __restrict__ env_count, int n, int N, int A,
@@ -203,6 +217,7 @@ extern "C" __global__ void cudarl_agent_act_iqn(int* __restrict__ actions, float
   }
   advance_epsilon(eps, c, eps_out, count, arrivals);
 }
+#endif  // act_iqn
 
 // --- risk-sensitive acting (agent.act_by: cudarl.config.ACT_BY) -----------------------------------
 // mode 1 (cvar): the mean of the lower alpha tail of the return distribution; mode 2 (mean_std): its
@@ -277,6 +292,7 @@ __device__ __forceinline__ float quantile_risk_at(const float* __restrict__ thet
 
 // c51_risk: q[i, a] = c51_risk_at(logits[i, a]) (mode 1 or 2), the values evaluation and a policy act
 // on. A warp per row i, lanes over atoms. Reads A*K + K floats a row, writes 4A bytes.
+#if CUDARL_UNIT_IS(c51_risk)
 extern "C" __global__ void cudarl_agent_c51_risk(float* __restrict__ q, const float* __restrict__ logits,
                                                  const float* __restrict__ support, int n, int A, int K, int mode,
                                                  float alpha, float lam) {
@@ -288,26 +304,32 @@ extern "C" __global__ void cudarl_agent_c51_risk(float* __restrict__ q, const fl
     if (lane == 0) q[i * A + a] = v;
   }
 }
+#endif  // c51_risk
 
 // quantile_risk: q[b, a] = quantile_risk_at(theta, b, a) (mode 1 or 2). One thread per (b, a); reads
 // N floats, writes 4 bytes.
+#if CUDARL_UNIT_IS(quantile_risk)
 extern "C" __global__ void cudarl_agent_quantile_risk(float* __restrict__ q, const float* __restrict__ theta, int B,
                                                       int N, int A, int mode, float alpha, float lam) {
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= B * A) return;
   q[i] = quantile_risk_at(theta, i / A, i % A, N, A, mode, alpha, lam);
 }
+#endif  // quantile_risk
 
 // cvar_taus: tau[i] = alpha * tau[i], IQN's acting fractions drawn uniform in [0, 1) mapped into
 // [0, alpha) (the CVaR distortion of Dabney et al. 2018): the mean of the quantiles at them is a sample
 // estimate of CVaR_alpha. Grid-stride; reads and writes 4 bytes an element.
+#if CUDARL_UNIT_IS(cvar_taus)
 extern "C" __global__ void cudarl_agent_cvar_taus(float* __restrict__ tau, float alpha, long long n) {
   for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
     tau[i] = alpha * tau[i];
 }
+#endif  // cvar_taus
 
 // act_c51_risk: act_c51 with q = c51_risk's (mode 1 or 2): the same bits as c51_risk, then
 // epsilon_greedy and advance_epsilon as act_c51. A warp per env.
+#if CUDARL_UNIT_IS(act_c51_risk)
 extern "C" __global__ void cudarl_agent_act_c51_risk(int* __restrict__ actions, float* __restrict__ q,
                                                      const float* __restrict__ logits,
                                                      const float* __restrict__ support,
@@ -327,8 +349,10 @@ extern "C" __global__ void cudarl_agent_act_c51_risk(int* __restrict__ actions, 
   }
   advance_epsilon(eps, c, eps_out, count, arrivals);
 }
+#endif  // act_c51_risk
 
 // act_quantile_risk: act_iqn with q = quantile_risk's (mode 1 or 2). A thread per env.
+#if CUDARL_UNIT_IS(act_quantile_risk)
 extern "C" __global__ void cudarl_agent_act_quantile_risk(int* __restrict__ actions, float* __restrict__ q,
                                                           const float* __restrict__ theta,
                                                           const unsigned long long* __restrict__ env_count, int n,
@@ -342,11 +366,13 @@ extern "C" __global__ void cudarl_agent_act_quantile_risk(int* __restrict__ acti
   }
   advance_epsilon(eps, c, eps_out, count, arrivals);
 }
+#endif  // act_quantile_risk
 
 // publish: copy this step's loss and gradient norm into slot (*step % slots) of a pinned ring
 // (mapped host memory), so the host reads step t - 1 from one slot while step t writes another.
 // One thread a member (block (0, mb): its ring [2 * slots] of a C-contiguous [P, 2 * slots], loss,
 // grad_norm and step [P]); reads 16 bytes, writes 8 bytes over the bus.
+#if CUDARL_UNIT_IS(publish)
 extern "C" __global__ void cudarl_agent_publish(float* __restrict__ ring, const float* __restrict__ loss,
                                                 const float* __restrict__ grad_norm, const long long* __restrict__ step,
                                                 int slots) {
@@ -360,12 +386,14 @@ extern "C" __global__ void cudarl_agent_publish(float* __restrict__ ring, const 
   ring[2 * s] = *loss;
   ring[2 * s + 1] = *grad_norm;
 }
+#endif  // publish
 
 // publish_row: copy this step's n observables (cudarl.stats.StepStats: the Q statistics, the plan
 // head's, the offline regularisers' losses) into slot (*step % slots) of a pinned ring, as publish
 // does for the loss. One block a member (block (0, mb): its ring [slots * n] of a C-contiguous
 // [P, slots * n], its values sv apart, its step), a thread per value; reads 4n + 8 bytes, writes 4n
 // over the bus.
+#if CUDARL_UNIT_IS(publish_row)
 extern "C" __global__ void cudarl_agent_publish_row(float* __restrict__ ring, const float* __restrict__ values, int n,
                                                     const long long* __restrict__ step, int slots, long long sv) {
   const long long mb = blockIdx.y;
@@ -375,3 +403,4 @@ extern "C" __global__ void cudarl_agent_publish_row(float* __restrict__ ring, co
   const long long s = *step % slots;
   for (int i = threadIdx.x; i < n; i += blockDim.x) ring[s * n + i] = values[i];
 }
+#endif  // publish_row

@@ -13,6 +13,7 @@
 // exactly what a single launch on its slices would. One member (gridDim.y = 1, strides unused) is the
 // single network's launch.
 #include <cudarl/dueling.cuh>
+#include <cudarl/units.cuh>
 #include <cudarl/philox.cuh>
 #include <cudarl/reduce.cuh>
 
@@ -51,12 +52,14 @@ __device__ __forceinline__ void column_tree(float (*sh)[LD]) {
 // ---- bias_act_forward ---------------------------------------------------------------------
 // out[r, c] = act(y[r, c] + bias[c]). One thread per element, grid-stride.
 // Reads 4*rows*cols + 4*cols bytes, writes 4*rows*cols. out may alias y.
+#if CUDARL_UNIT_IS(bias_act_forward)
 extern "C" __global__ void cudarl_nn_bias_act_forward(const float* y, const float* bias, float* out,
                                                       i64 rows, i64 cols, int act) {
   const i64 n = rows * cols;
   for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < n; i += (i64)gridDim.x * blockDim.x)
     out[i] = act_fwd(y[i] + bias[i % cols], act);
 }
+#endif  // bias_act_forward
 
 // ---- bias_act_backward --------------------------------------------------------------------
 // dz = dout * act'(out); dbias[c] = sum_r dz[r, c].
@@ -106,6 +109,7 @@ __device__ __forceinline__ float bias_act_rows(const float* dout, const float* o
 
 }  // namespace
 
+#if CUDARL_UNIT_IS(bias_act_backward)
 extern "C" __global__ __launch_bounds__(BAB_TX * BAB_TY) void cudarl_nn_bias_act_backward(
     const float* dout, const float* out, float* dz, float* dbias, i64 rows, i64 cols, int act, i64 s_dout,
     i64 s_out, i64 s_dz, i64 s_dbias) {
@@ -126,6 +130,7 @@ extern "C" __global__ __launch_bounds__(BAB_TX * BAB_TY) void cudarl_nn_bias_act
   column_tree<BAB_TY, BAB_TX + 1>(sh);
   if (ty == 0 && c < cols) dbias[c] = sh[0][tx];
 }
+#endif  // bias_act_backward
 
 // ---- act_backward -------------------------------------------------------------------------
 // dz = dout * act'(out), elementwise (bias_act_backward's dz without its column sums): on the
@@ -134,6 +139,7 @@ extern "C" __global__ __launch_bounds__(BAB_TX * BAB_TY) void cudarl_nn_bias_act
 // which only reads: the same dz and dbias bits as one bias_act_backward, and a 4-us node on the
 // chain becomes a ~2-us one (ncu, docs/perf-notes.md). One thread per element, grid-stride;
 // grid.y = members. dz may alias dout. Reads 8*n bytes, writes 4*n (a member).
+#if CUDARL_UNIT_IS(act_backward)
 extern "C" __global__ void cudarl_nn_act_backward(const float* dout, const float* out, float* dz, i64 n, int act,
                                                   i64 s_dout, i64 s_out, i64 s_dz) {
   const i64 m = blockIdx.y;
@@ -143,11 +149,13 @@ extern "C" __global__ void cudarl_nn_act_backward(const float* dout, const float
   for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < n; i += (i64)gridDim.x * blockDim.x)
     dz[i] = act_bwd(dout[i], out[i], act);
 }
+#endif  // act_backward
 
 // ---- layernorm_forward --------------------------------------------------------------------
 // One warp per row (8 rows per 256-thread block). Two passes over the row (mean, then
 // variance of the centred values), then out = act((x - mu) * rstd * gamma + beta).
 // Reads 4*rows*cols*3 + 8*cols bytes, writes 4*rows*cols + 8*rows.
+#if CUDARL_UNIT_IS(layernorm_forward)
 extern "C" __global__ void cudarl_nn_layernorm_forward(const float* x, const float* gamma, const float* beta,
                                                        float* out, float* mean, float* rstd, i64 rows, i64 cols,
                                                        float eps, int act) {
@@ -165,10 +173,12 @@ extern "C" __global__ void cudarl_nn_layernorm_forward(const float* x, const flo
   if (lane == 0) { mean[r] = mu; rstd[r] = rs; }
   for (i64 c = lane; c < cols; c += 32) out[r * cols + c] = act_fwd((xr[c] - mu) * rs * gamma[c] + beta[c], act);
 }
+#endif  // layernorm_forward
 
 // ---- layernorm_backward (input part) -------------------------------------------------------
 // One warp per row: dy = dout * act'(out), g = dy * gamma, xhat = (x - mu) rstd,
 // dx = rstd (g - mean(g) - xhat mean(g xhat)). Reads 4*rows*cols*3 + 4*cols + 8*rows, writes 4*rows*cols.
+#if CUDARL_UNIT_IS(layernorm_backward_input)
 extern "C" __global__ void cudarl_nn_layernorm_backward_input(const float* dout, const float* out, const float* x,
                                                               const float* gamma, const float* mean, const float* rstd,
                                                               float* dx, i64 rows, i64 cols, int act) {
@@ -191,10 +201,12 @@ extern "C" __global__ void cudarl_nn_layernorm_backward_input(const float* dout,
     dx[base + c] = rs * (g - mg - xh * mgx);
   }
 }
+#endif  // layernorm_backward_input
 
 // ---- layernorm_backward (parameter part) ---------------------------------------------------
 // dgamma[c] = sum_r dy xhat, dbeta[c] = sum_r dy. Same mapping as bias_act_backward.
 // Reads 4*rows*cols*3 + 8*rows bytes, writes 8*cols.
+#if CUDARL_UNIT_IS(layernorm_backward_params)
 extern "C" __global__ void cudarl_nn_layernorm_backward_params(const float* dout, const float* out, const float* x,
                                                                const float* mean, const float* rstd, float* dgamma,
                                                                float* dbeta, i64 rows, i64 cols, int act) {
@@ -217,11 +229,13 @@ extern "C" __global__ void cudarl_nn_layernorm_backward_params(const float* dout
   column_tree<32, 33>(sb);
   if (ty == 0 && c < cols) { dgamma[c] = sg[0][tx]; dbeta[c] = sb[0][tx]; }
 }
+#endif  // layernorm_backward_params
 
 // ---- dueling_forward / dueling_backward -----------------------------------------------------
 // va [B, (1 + A) Z] = (V [B, Z], Adv [B, A, Z]); logits [B, A, Z] = (V + Adv) - sum_a Adv / A.
 // One thread per (b, z), actions summed in ascending order; grid.y = members. Reads/writes
 // 4*B*(1+A)*Z bytes (a member).
+#if CUDARL_UNIT_IS(dueling_forward)
 extern "C" __global__ void cudarl_nn_dueling_forward(const float* va, float* logits, i64 B, int A, int Z, i64 s_va,
                                                      i64 s_logits) {
   va += blockIdx.y * s_va;
@@ -235,9 +249,11 @@ extern "C" __global__ void cudarl_nn_dueling_forward(const float* va, float* log
     for (int a = 0; a < A; ++a) logits[(b * A + a) * Z + z] = cudarl::dueling_logit(row, m, a, Z, z);
   }
 }
+#endif  // dueling_forward
 
 // dV[b, z] = sum_a dL[b, a, z]; dAdv[b, a, z] = dL[b, a, z] - dV[b, z] / A; accumulate = 1 adds them
 // into dva (a second loss's gradient on the logits, e.g. CQL's beside the C51 loss's dva).
+#if CUDARL_UNIT_IS(dueling_backward)
 extern "C" __global__ void cudarl_nn_dueling_backward(const float* dlogits, float* dva, i64 B, int A, int Z,
                                                       int accumulate, i64 s_dlogits, i64 s_dva) {
   dlogits += blockIdx.y * s_dlogits;
@@ -249,10 +265,12 @@ extern "C" __global__ void cudarl_nn_dueling_backward(const float* dlogits, floa
                                   accumulate != 0);
   }
 }
+#endif  // dueling_backward
 
 // ---- iqn_sample_tau -------------------------------------------------------------------------
 // tau[j] = uniform draw j of Philox stream (seed, counter[0], stream_id). One thread per
 // Philox block (4 draws). Reads 8 bytes, writes 4*n.
+#if CUDARL_UNIT_IS(iqn_sample_tau)
 extern "C" __global__ void cudarl_nn_iqn_sample_tau(float* tau, const unsigned long long* counter, i64 n,
                                                     unsigned long long seed, unsigned int stream_id) {
   const i64 nb = (n + 3) / 4;
@@ -265,11 +283,13 @@ extern "C" __global__ void cudarl_nn_iqn_sample_tau(float* tau, const unsigned l
       if (4 * t + k < n) tau[4 * t + k] = cudarl::u32_to_uniform(lanes[k]);
   }
 }
+#endif  // iqn_sample_tau
 
 // ---- iqn_cos_embed --------------------------------------------------------------------------
 // cos[r, i] = cos(pi * i * tau[r]), in double then rounded once (matches the twin to the last
 // bit except where two correctly-rounded-ish libms disagree). One thread per output.
 // Reads 4*rows bytes, writes 4*rows*C.
+#if CUDARL_UNIT_IS(iqn_cos_embed)
 extern "C" __global__ void cudarl_nn_iqn_cos_embed(const float* tau, float* cos_out, i64 rows, int C) {
   const i64 n = rows * C;
   for (i64 k = blockIdx.x * (i64)blockDim.x + threadIdx.x; k < n; k += (i64)gridDim.x * blockDim.x) {
@@ -278,9 +298,11 @@ extern "C" __global__ void cudarl_nn_iqn_cos_embed(const float* tau, float* cos_
     cos_out[k] = (float)cos((3.141592653589793 * (double)i) * (double)tau[r]);
   }
 }
+#endif  // iqn_cos_embed
 
 // ---- iqn_mix_forward / iqn_mix_backward -------------------------------------------------------
 // h[b, n, d] = psi[b, d] * phi[b, n, d]. One thread per output. Reads 8*B*N*D, writes 4*B*N*D.
+#if CUDARL_UNIT_IS(iqn_mix_forward)
 extern "C" __global__ void cudarl_nn_iqn_mix_forward(const float* psi, const float* phi, float* h, i64 B, int N, int D) {
   const i64 total = B * N * (i64)D;
   for (i64 k = blockIdx.x * (i64)blockDim.x + threadIdx.x; k < total; k += (i64)gridDim.x * blockDim.x) {
@@ -289,9 +311,11 @@ extern "C" __global__ void cudarl_nn_iqn_mix_forward(const float* psi, const flo
     h[k] = phi[k] * psi[b * D + d];
   }
 }
+#endif  // iqn_mix_forward
 
 // dphi = dh * psi[b]; dpsi[b, d] = sum_n dh[b, n, d] phi[b, n, d] (n ascending).
 // One thread per (b, d). Reads 8*B*N*D + 4*B*D bytes, writes 4*B*N*D + 4*B*D.
+#if CUDARL_UNIT_IS(iqn_mix_backward)
 extern "C" __global__ void cudarl_nn_iqn_mix_backward(const float* dh, const float* psi, const float* phi,
                                                       float* dpsi, float* dphi, i64 B, int N, int D) {
   const i64 total = B * (i64)D;
@@ -310,15 +334,18 @@ extern "C" __global__ void cudarl_nn_iqn_mix_backward(const float* dh, const flo
     dpsi[k] = acc;
   }
 }
+#endif  // iqn_mix_backward
 
 // ---- plan_gate / plan_loss ---------------------------------------------------------------------
 // plan [B, 2] = (conviction, readiness). scale[b] = readiness >= threshold ? conviction : 1
 // exactly (the gate: no effect until ready, so conviction can never shrink every position at
 // init, the seed's bug). One thread per row. Reads 8*B bytes, writes 4*B.
+#if CUDARL_UNIT_IS(plan_gate)
 extern "C" __global__ void cudarl_nn_plan_gate(const float* plan, float* scale, i64 B, float threshold) {
   for (i64 b = blockIdx.x * (i64)blockDim.x + threadIdx.x; b < B; b += (i64)gridDim.x * blockDim.x)
     scale[b] = plan[2 * b + 1] >= threshold ? plan[2 * b] : 1.f;
 }
+#endif  // plan_gate
 
 #define PLAN_THREADS 256
 namespace {
@@ -345,6 +372,7 @@ __device__ __forceinline__ bool plan_row(const float* q, const int* actions, con
 // stats[0] = share of the batch with r >= threshold (the gate open), stats[1] = mean gate scale.
 // One block of PLAN_THREADS: strided per-thread sums, block_sum (fixed order). Reads 8B + 4AB + 8B + 4A;
 // writes 8B + 8 bytes.
+#if CUDARL_UNIT_IS(plan_loss)
 extern "C" __global__ void cudarl_nn_plan_loss(const float* plan, const float* q, const int* actions, const float* ret,
                                                const float* levels, float* dplan, float* stats, int B, int A,
                                                float hurdle, float threshold) {
@@ -376,3 +404,4 @@ extern "C" __global__ void cudarl_nn_plan_loss(const float* plan, const float* q
   }
   if (t == 0) { stats[0] = ready / (float)B; stats[1] = scale / (float)B; }
 }
+#endif  // plan_loss

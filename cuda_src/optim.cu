@@ -23,6 +23,7 @@
 // stages", 6c).
 #include <cudarl/philox.cuh>
 #include <cudarl/reduce.cuh>
+#include <cudarl/units.cuh>
 
 typedef long long i64;
 
@@ -149,16 +150,19 @@ __device__ __forceinline__ double tree_gn(double* s, int t) {
 
 // grad_norm_partial: gn_block_partial's GN_FOLD virtual blocks a block (the two-launch grad_norm's first):
 // 32,768 one-element blocks at P = 64 were bound by their trees' barriers (docs/perf-notes.md, grad_norm_members at 453 GB/s).
+#if CUDARL_UNIT_IS(grad_norm)
 extern "C" __global__ __launch_bounds__(GN_THREADS) void cudarl_optim_grad_norm_partial(const float* g, double* partial, i64 n,
                                                                                        i64 s) {
   __shared__ double sh[GN_FOLD * GN_THREADS];
   const i64 mb = blockIdx.y;  // the member
   gn_block_partial(g + mb * s, partial + mb * GN_BLOCKS, n, sh);
 }
+#endif  // grad_norm
 
 // ---- grad_norm_finalize ---------------------------------------------------------------------
 // One block of GN_BLOCKS threads per member: fixed tree over the partials, then gn_finish.
 // Reads 8*GN_BLOCKS bytes, writes 8 (a member).
+#if CUDARL_UNIT_IS(grad_norm)
 extern "C" __global__ __launch_bounds__(GN_BLOCKS) void cudarl_optim_grad_norm_finalize(const double* partial, float* norm,
                                                                                        float* scale, float max_norm) {
   __shared__ double sh[GN_BLOCKS];
@@ -170,6 +174,7 @@ extern "C" __global__ __launch_bounds__(GN_BLOCKS) void cudarl_optim_grad_norm_f
   cudarl::block_tree_sum(sh, GN_BLOCKS);
   if (threadIdx.x == 0) gn_finish(sh[0], norm, scale, max_norm);
 }
+#endif  // grad_norm
 
 // ---- grad_norm (both stages, one launch) ------------------------------------------------------
 // grid = GN_BLOCKS / GN_FOLD, block = GN_THREADS: grad_norm_partial's blocks, then the block that finishes
@@ -201,14 +206,17 @@ extern "C" __global__ __launch_bounds__(GN_BLOCKS) void cudarl_optim_grad_norm_f
     }                                                                                     \
   }
 
+#if CUDARL_UNIT_IS(grad_norm)
 extern "C" __global__ __launch_bounds__(GN_THREADS) void cudarl_optim_grad_norm(const float* g, double* partial, float* norm,
                                                                                float* scale, float max_norm,
                                                                                unsigned int* done, i64 n, i64 s) {
   GRAD_NORM_BODY()
 }
+#endif  // grad_norm
 
 // grad_norm_members: grad_norm whose members each clip at their own norm (max_norms [P], float as
 // grad_norm's by-value max_norm; member mb reads max_norms[mb]): the bits of grad_norm launched alone with it.
+#if CUDARL_UNIT_IS(grad_norm)
 extern "C" __global__ __launch_bounds__(GN_THREADS) void cudarl_optim_grad_norm_members(const float* g, double* partial,
                                                                                        float* norm, float* scale,
                                                                                        const float* max_norms,
@@ -217,6 +225,7 @@ extern "C" __global__ __launch_bounds__(GN_THREADS) void cudarl_optim_grad_norm_
   const float max_norm = max_norms[blockIdx.y];
   GRAD_NORM_BODY()
 }
+#endif  // grad_norm
 
 // ---- grad_norm_publish ------------------------------------------------------------------------
 // grad_norm whose last block also publishes: thread 0, after writing norm[0] and scale[0], writes
@@ -236,20 +245,24 @@ extern "C" __global__ __launch_bounds__(GN_THREADS) void cudarl_optim_grad_norm_
     r[2 * sl + 1] = norm[0];                                                        \
   }
 
+#if CUDARL_UNIT_IS(grad_norm)
 extern "C" __global__ __launch_bounds__(GN_THREADS) void cudarl_optim_grad_norm_publish(
     const float* g, double* partial, float* norm, float* scale, float max_norm, unsigned int* done, i64 n, i64 s,
     float* ring, const float* loss, const i64* step, int slots) {
   GRAD_NORM_BODY(GN_PUBLISH)
 }
+#endif  // grad_norm
 
 // grad_norm_publish_members: grad_norm_publish whose members each clip at their own norm (max_norms [P], as
 // grad_norm_members'): the bits of grad_norm_publish launched alone with it.
+#if CUDARL_UNIT_IS(grad_norm)
 extern "C" __global__ __launch_bounds__(GN_THREADS) void cudarl_optim_grad_norm_publish_members(
     const float* g, double* partial, float* norm, float* scale, const float* max_norms, unsigned int* done, i64 n,
     i64 s, float* ring, const float* loss, const i64* step, int slots) {
   const float max_norm = max_norms[blockIdx.y];
   GRAD_NORM_BODY(GN_PUBLISH)
 }
+#endif  // grad_norm
 
 #undef GN_PUBLISH
 #undef GRAD_NORM_BODY
@@ -275,6 +288,7 @@ __device__ __forceinline__ void lr_schedule_one(i64* step, float* lr, float* m_s
 
 }  // namespace
 
+#if CUDARL_UNIT_IS(lr_schedule)
 extern "C" __global__ void cudarl_optim_lr_schedule(i64* step, float* lr, float* m_scale, float* bc1, float* bc2,
                                                     int kind, float lr_max, float lr_min, i64 warmup, i64 period, i64 mult,
                                                     float restart_m_scale, float beta1, float beta2) {
@@ -283,12 +297,14 @@ extern "C" __global__ void cudarl_optim_lr_schedule(i64* step, float* lr, float*
   lr_schedule_one(step + mb, lr + mb, m_scale + mb, bc1 + mb, bc2 + mb, kind, lr_max, lr_min, warmup, period, mult,
                   restart_m_scale, beta1, beta2);
 }
+#endif  // lr_schedule
 
 // ---- lr_schedule_members ----------------------------------------------------------------------
 // lr_schedule with each member's own schedule: kind, lr_max, lr_min, warmup, period, mult and
 // restart_m_scale, and Adam's beta1 and beta2 (the bias corrections') are [P] arrays (lr_schedule's
 // by-value types), member mb reading element mb, so its scalars get the bits of lr_schedule launched alone
 // with its values. Reads 44 bytes a member, writes 24.
+#if CUDARL_UNIT_IS(lr_schedule_members)
 extern "C" __global__ void cudarl_optim_lr_schedule_members(i64* step, float* lr, float* m_scale, float* bc1,
                                                             float* bc2, const int* kind, const float* lr_max,
                                                             const float* lr_min, const i64* warmup, const i64* period,
@@ -299,6 +315,7 @@ extern "C" __global__ void cudarl_optim_lr_schedule_members(i64* step, float* lr
   lr_schedule_one(step + mb, lr + mb, m_scale + mb, bc1 + mb, bc2 + mb, kind[mb], lr_max[mb], lr_min[mb], warmup[mb],
                   period[mb], mult[mb], restart_m_scale[mb], beta1[mb], beta2[mb]);
 }
+#endif  // lr_schedule_members
 
 // ---- adam_update ------------------------------------------------------------------------------
 // One thread per element, grid-stride. g' = clip*g; m = b1*(m_scale*m) + (1-b1)*g';
@@ -381,11 +398,13 @@ __device__ __forceinline__ void adam_update_impl(float* p, const float* g, float
     adam_elem(p, g, m, v, mask, i, lr_, ms, c1, c2, cl, beta1, beta2, eps, wd);
 }
 
+#if CUDARL_UNIT_IS(adam_update)
 extern "C" __global__ void cudarl_optim_adam_update(const AdamUpdateArgs a) {
   const i64 mb = blockIdx.y, o = mb * a.s;
   adam_update_impl(a.p + o, a.g + o, a.m + o, a.v + o, a.mask + o, a.n, a.lr + mb, a.m_scale + mb, a.bc1 + mb,
                    a.bc2 + mb, a.clip + mb, a.beta1, a.beta2, a.eps, a.wd);
 }
+#endif  // adam_update
 
 // adam_update_members: adam_update whose members each have their own beta1, beta2, eps and wd ([P] arrays
 // of adam_update's by-value float; member mb reads element mb): the bits of adam_update alone with them.
@@ -409,11 +428,13 @@ struct AdamUpdateMembersArgs {
   const float* wd;
 };
 
+#if CUDARL_UNIT_IS(adam_update_members)
 extern "C" __global__ void cudarl_optim_adam_update_members(const AdamUpdateMembersArgs a) {
   const i64 mb = blockIdx.y, o = mb * a.s;
   adam_update_impl(a.p + o, a.g + o, a.m + o, a.v + o, a.mask + o, a.n, a.lr + mb, a.m_scale + mb, a.bc1 + mb,
                    a.bc2 + mb, a.clip + mb, a.beta1[mb], a.beta2[mb], a.eps[mb], a.wd[mb]);
 }
+#endif  // adam_update_members
 
 // ---- adam_update_soft ---------------------------------------------------------------------------
 // adam_update, then soft_update of target toward the new p in the same pass:
@@ -456,12 +477,14 @@ __device__ __forceinline__ void adam_update_soft_impl(float* p, const float* g, 
   }
 }
 
+#if CUDARL_UNIT_IS(adam_update_soft)
 extern "C" __global__ void cudarl_optim_adam_update_soft(const AdamUpdateSoftArgs a) {
   const i64 mb = blockIdx.y, o = mb * a.s;
   adam_update_soft_impl(a.p + o, a.g + o, a.m + o, a.v + o, a.mask + o, a.target + o, a.n, a.lr + mb,
                         a.m_scale + mb, a.bc1 + mb, a.bc2 + mb, a.clip + mb, a.tau + mb, a.beta1, a.beta2, a.eps,
                         a.wd);
 }
+#endif  // adam_update_soft
 
 // adam_update_soft_members: adam_update_soft whose members each have their own beta1, beta2, eps and wd
 // ([P] arrays of its by-value float; member mb reads element mb): the bits of adam_update_soft alone with them.
@@ -487,12 +510,14 @@ struct AdamUpdateSoftMembersArgs {
   const float* wd;
 };
 
+#if CUDARL_UNIT_IS(adam_update_soft_members)
 extern "C" __global__ void cudarl_optim_adam_update_soft_members(const AdamUpdateSoftMembersArgs a) {
   const i64 mb = blockIdx.y, o = mb * a.s;
   adam_update_soft_impl(a.p + o, a.g + o, a.m + o, a.v + o, a.mask + o, a.target + o, a.n, a.lr + mb,
                         a.m_scale + mb, a.bc1 + mb, a.bc2 + mb, a.clip + mb, a.tau + mb, a.beta1[mb], a.beta2[mb],
                         a.eps[mb], a.wd[mb]);
 }
+#endif  // adam_update_soft_members
 
 // ---- clip_adam_soft -----------------------------------------------------------------------------
 // grad_norm (with its ticket), adam_update_soft and agent's publish in ONE launch, with their bits:
@@ -641,6 +666,7 @@ static_assert(GN_BLOCKS % CAS_GROUPS == 0, "a round of virtual blocks never stra
     target[i] = soft_elem(ta, u, pi, target[i]);                                                                     \
   }
 
+#if CUDARL_UNIT_IS(clip_adam_soft)
 extern "C" __global__ __launch_bounds__(CAS_THREADS, 1) void cudarl_optim_clip_adam_soft(
     float* p, const float* g, float* m, float* v, const unsigned char* mask, float* target, i64 n, i64 s,
     double* partial, float* norm, float* scale, float max_norm, const float* lr, const float* m_scale,
@@ -648,10 +674,12 @@ extern "C" __global__ __launch_bounds__(CAS_THREADS, 1) void cudarl_optim_clip_a
     unsigned int* done, unsigned int* barrier, float beta1, float beta2, float eps, float wd) {
   CLIP_ADAM_SOFT_BODY
 }
+#endif  // clip_adam_soft
 
 // clip_adam_soft_members: clip_adam_soft whose members each have their own clip norm and Adam constants
 // (max_norms, beta1s, beta2s, epss, wds: [P] arrays of its by-value float; member mb reads element mb): the
 // bits of clip_adam_soft launched alone with them.
+#if CUDARL_UNIT_IS(clip_adam_soft_members)
 extern "C" __global__ __launch_bounds__(CAS_THREADS, 1) void cudarl_optim_clip_adam_soft_members(
     float* p, const float* g, float* m, float* v, const unsigned char* mask, float* target, i64 n, i64 s,
     double* partial, float* norm, float* scale, const float* max_norms, const float* lr, const float* m_scale,
@@ -662,6 +690,7 @@ extern "C" __global__ __launch_bounds__(CAS_THREADS, 1) void cudarl_optim_clip_a
   const float max_norm = max_norms[mb_], beta1 = beta1s[mb_], beta2 = beta2s[mb_], eps = epss[mb_], wd = wds[mb_];
   CLIP_ADAM_SOFT_BODY
 }
+#endif  // clip_adam_soft_members
 
 #undef CLIP_ADAM_SOFT_BODY
 
@@ -680,25 +709,30 @@ __device__ __forceinline__ void tau_schedule_one(i64* count, float* tau, float t
 
 }  // namespace
 
+#if CUDARL_UNIT_IS(tau_schedule)
 extern "C" __global__ void cudarl_optim_tau_schedule(i64* count, float* tau, float tau_start, float tau_end, i64 period) {
   if (blockIdx.x != 0 || threadIdx.x != 0) return;
   tau_schedule_one(count + blockIdx.y, tau + blockIdx.y, tau_start, tau_end, period);
 }
+#endif  // tau_schedule
 
 // ---- tau_schedule_members ---------------------------------------------------------------------
 // tau_schedule with each member's own schedule: tau_start, tau_end and period are [P] arrays
 // (tau_schedule's by-value types), member mb reading element mb: the bits of tau_schedule alone with
 // its values. Reads 24 bytes a member, writes 12.
+#if CUDARL_UNIT_IS(tau_schedule_members)
 extern "C" __global__ void cudarl_optim_tau_schedule_members(i64* count, float* tau, const float* tau_start,
                                                              const float* tau_end, const i64* period) {
   if (blockIdx.x != 0 || threadIdx.x != 0) return;
   const int mb = blockIdx.y;
   tau_schedule_one(count + mb, tau + mb, tau_start[mb], tau_end[mb], period[mb]);
 }
+#endif  // tau_schedule_members
 
 // ---- soft_update ------------------------------------------------------------------------------
 // target = tau*online + (1 - tau)*target, one thread per element; grid.y = members. Reads 8*n + 4,
 // writes 4*n (a member).
+#if CUDARL_UNIT_IS(soft_update)
 extern "C" __global__ void cudarl_optim_soft_update(float* target, const float* online, i64 n, const float* tau, i64 s) {
   const i64 mb = blockIdx.y;
   target += mb * s;
@@ -707,11 +741,13 @@ extern "C" __global__ void cudarl_optim_soft_update(float* target, const float* 
   for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < n; i += (i64)gridDim.x * blockDim.x)
     target[i] = soft_elem(t, u, online[i], target[i]);
 }
+#endif  // soft_update
 
 // ---- shrink_perturb ---------------------------------------------------------------------------
 // theta = lam*theta + sigma*z, z ~ N(0,1) by Box-Muller in double from Philox (seed, counter,
 // stream_id): one thread per Philox block k, elements 2k (lanes 0, 1) and 2k+1 (lanes 2, 3).
 // Launched ungraphed, at epoch boundaries. Reads and writes 4*n bytes.
+#if CUDARL_UNIT_IS(shrink_perturb)
 extern "C" __global__ void cudarl_optim_shrink_perturb(float* theta, i64 n, float lam, float sigma,
                                                        unsigned long long seed, unsigned long long counter,
                                                        unsigned int stream_id) {
@@ -729,6 +765,7 @@ extern "C" __global__ void cudarl_optim_shrink_perturb(float* theta, i64 n, floa
     }
   }
 }
+#endif  // shrink_perturb
 
 // ======== spectral normalisation (Miyato et al. 2018), an option on chosen linear layers ========
 // W [rows, cols] is the raw weight; the layer uses W_sn = W / sigma with sigma = u^T W v.
@@ -740,6 +777,7 @@ extern "C" __global__ void cudarl_optim_shrink_perturb(float* theta, i64 n, floa
 // v = normalize(W^T u) (thread per column, i ascending), wv = W v (warp per row, xor tree),
 // u = wv / ||wv||; without it u and v are kept. Always sigma = u . wv (fixed tree, double).
 // Reads 8*rows*cols bytes at most, writes 4*(2*rows + cols + 1).
+#if CUDARL_UNIT_IS(spectral_power_iter)
 extern "C" __global__ __launch_bounds__(1024) void cudarl_optim_spectral_power_iter(const float* W, float* u, float* v,
                                                                                    float* wv, float* sigma, i64 rows,
                                                                                    i64 cols, int iterate) {
@@ -783,16 +821,20 @@ extern "C" __global__ __launch_bounds__(1024) void cudarl_optim_spectral_power_i
   cudarl::block_tree_sum(sh, 1024);
   if (t == 0) sigma[0] = (float)sh[0];
 }
+#endif  // spectral_power_iter
 
 // ---- spectral_scale ---------------------------------------------------------------------------
 // w_sn = W / sigma, one thread per element. Reads 4*n + 4, writes 4*n.
+#if CUDARL_UNIT_IS(spectral_scale)
 extern "C" __global__ void cudarl_optim_spectral_scale(const float* W, const float* sigma, float* w_sn, i64 n) {
   const float s = sigma[0];
   for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < n; i += (i64)gridDim.x * blockDim.x) w_sn[i] = W[i] / s;
 }
+#endif  // spectral_scale
 
 // ---- spectral_dot_partial -----------------------------------------------------------------------
 // Stage 1 of <dW_sn, W_sn>: same mapping as grad_norm_partial. Reads 8*n, writes 8*GN_BLOCKS.
+#if CUDARL_UNIT_IS(spectral_dot_partial)
 extern "C" __global__ __launch_bounds__(GN_THREADS) void cudarl_optim_spectral_dot_partial(const float* a, const float* b,
                                                                                           double* partial, i64 n) {
   __shared__ double sh[GN_THREADS];
@@ -803,11 +845,13 @@ extern "C" __global__ __launch_bounds__(GN_THREADS) void cudarl_optim_spectral_d
   cudarl::block_tree_sum(sh, GN_THREADS);
   if (threadIdx.x == 0) partial[blockIdx.x] = sh[0];
 }
+#endif  // spectral_dot_partial
 
 // ---- spectral_backward ------------------------------------------------------------------------
 // Every block reduces the GN_BLOCKS partials with one fixed tree (so all blocks agree), then
 // dW[i, j] = (dW_sn[i, j] - (c u[i]) v[j]) / sigma over a grid-stride loop. block = GN_THREADS.
 // Reads 4*n + 8*GN_BLOCKS per block + 4*(rows + cols + 1), writes 4*n.
+#if CUDARL_UNIT_IS(spectral_backward)
 extern "C" __global__ __launch_bounds__(GN_THREADS) void cudarl_optim_spectral_backward(const float* dw_sn, const float* u,
                                                                                        const float* v, const float* sigma,
                                                                                        const double* partial, float* dW,
@@ -822,3 +866,4 @@ extern "C" __global__ __launch_bounds__(GN_THREADS) void cudarl_optim_spectral_b
     dW[k] = (dw_sn[k] - (c * u[i]) * v[j]) / s;
   }
 }
+#endif  // spectral_backward

@@ -28,6 +28,7 @@
 // stream_id, the shapes) are one value for every member of a launch; sample_weights_members and
 // update_priorities_members take each member's beta schedule, alpha and eps as [P] arrays.
 #include <cudarl/philox.cuh>
+#include <cudarl/units.cuh>
 #include <cudarl/reduce.cuh>
 #include <cudarl/window.cuh>
 
@@ -122,17 +123,21 @@ __device__ __forceinline__ void check_batch(const float* obs, const float* next_
   }
 }
 
+#if CUDARL_UNIT_IS(insert_check)
 extern "C" __global__ void cudarl_replay_insert_check(const float* obs, const int* action, const float* reward,
                                                       const float* discount, i64* flag, i64* status, i64 B, i64 D,
                                                       i64 sx, i64 sv) {
   check_batch<false>(obs, nullptr, action, reward, discount, flag, status, B, D, sx, sv);  // next_obs: never read
 }
+#endif  // insert_check
 
+#if CUDARL_UNIT_IS(insert_check_next)
 extern "C" __global__ void cudarl_replay_insert_check_next(const float* obs, const float* next_obs, const int* action,
                                                            const float* reward, const float* discount, i64* flag,
                                                            i64* status, i64 B, i64 D, i64 sx, i64 sv) {
   check_batch<true>(obs, next_obs, action, reward, discount, flag, status, B, D, sx, sv);
 }
+#endif  // insert_check_next
 
 // The nodes of one tree level (shift = 5 * level) whose subtree holds a slot of the ring range
 // [s_lo, s_lo + R) mod C (0 <= s_lo < C, 1 <= R <= C): nodes lo .. lo+n1-1, then 0 .. n2-1 for the
@@ -290,11 +295,13 @@ __device__ __forceinline__ void insert_commit_impl(
                       st);  // next_obs: never touched
 }
 
+#if CUDARL_UNIT_IS(insert_commit)
 extern "C" __global__ __launch_bounds__(COMMIT_THREADS, 1) void cudarl_replay_insert_commit(const InsertCommitArgs a) {
   insert_commit_impl(a.obs, a.action, a.reward, a.discount, a.s_obs, a.s_action, a.s_reward, a.s_discount, a.tree,
                      a.levels, a.flag, a.added, a.max_q, a.B, a.D, a.C, a.lag, a.depth, a.row_blocks, a.sx, a.sv,
                      a.sr, a.sc, a.st);
 }
+#endif  // insert_commit
 
 // The parameters of cudarl_replay_insert_commit_next, passed as one value (cudarl.signatures reads them here).
 struct InsertCommitNextArgs {
@@ -335,12 +342,14 @@ __device__ __forceinline__ void insert_commit_next_impl(
                      levels, flag, added, max_q, B, D, C, lag, depth, row_blocks, sx, sv, sr, sc, st);
 }
 
+#if CUDARL_UNIT_IS(insert_commit_next)
 extern "C" __global__ __launch_bounds__(COMMIT_THREADS, 1) void cudarl_replay_insert_commit_next(
     const InsertCommitNextArgs a) {
   insert_commit_next_impl(a.obs, a.next_obs, a.action, a.reward, a.discount, a.s_obs, a.s_next_obs, a.s_action,
                           a.s_reward, a.s_discount, a.tree, a.levels, a.flag, a.added, a.max_q, a.B, a.D, a.C, a.lag,
                           a.depth, a.row_blocks, a.sx, a.sv, a.sr, a.sc, a.st);
 }
+#endif  // insert_commit_next
 
 // ---------------------------------------------------------------------------------------------
 // sample_search: one warp per sample j (8 warps per block). Each lane computes the target
@@ -410,6 +419,7 @@ __device__ __forceinline__ i64 search_one(const i64* tree, const i64* levels, co
   status += mb;              \
   seed += mb
 
+#if CUDARL_UNIT_IS(sample_search)
 extern "C" __global__ void cudarl_replay_sample_search(const i64* tree, const i64* levels, const i64* step,
                                                        int* indices, i64* qsel, i64* status, i64 B, int depth,
                                                        const u64* seed, unsigned int stream_id, i64 st, i64 sv) {
@@ -418,6 +428,7 @@ extern "C" __global__ void cudarl_replay_sample_search(const i64* tree, const i6
   SEARCH_MEMBER();
   search_one(tree, levels, step, indices, qsel, status, j, B, depth, seed[0], stream_id, (int)(threadIdx.x & 31));
 }
+#endif  // sample_search
 
 // sample_weights: one block of 1024 threads (a member). Reads qsel [B] and step; writes
 // weights[j] = (q_min / q_j)^beta (float64 pow, rounded to float32), beta[0], then step += 1.
@@ -455,6 +466,7 @@ __device__ __forceinline__ void sample_weights_one(const i64* qsel, float* weigh
 
 }  // namespace
 
+#if CUDARL_UNIT_IS(sample_weights)
 extern "C" __global__ void cudarl_replay_sample_weights(const i64* qsel, float* weights, i64* step, double* beta_out,
                                                         i64 B, double beta0, double beta_final, i64 beta_steps,
                                                         i64 sv) {
@@ -463,10 +475,12 @@ extern "C" __global__ void cudarl_replay_sample_weights(const i64* qsel, float* 
   sample_weights_one(qsel + mb * sv, weights + mb * sv, step + mb, beta_out + mb, B, beta0, beta_final, beta_steps,
                      smin);
 }
+#endif  // sample_weights
 
 // sample_weights_members: sample_weights whose members each run their own beta schedule: beta0,
 // beta_final (double) and beta_steps (i64) are [P] arrays (sample_weights' by-value types), member mb
 // reading element mb, so it gets the bits of sample_weights launched alone with its schedule.
+#if CUDARL_UNIT_IS(sample_weights_members)
 extern "C" __global__ void cudarl_replay_sample_weights_members(const i64* qsel, float* weights, i64* step,
                                                                 double* beta_out, i64 B, const double* beta0,
                                                                 const double* beta_final, const i64* beta_steps,
@@ -476,6 +490,7 @@ extern "C" __global__ void cudarl_replay_sample_weights_members(const i64* qsel,
   sample_weights_one(qsel + mb * sv, weights + mb * sv, step + mb, beta_out + mb, B, beta0[mb], beta_final[mb],
                      beta_steps[mb], smin);
 }
+#endif  // sample_weights_members
 
 // ---------------------------------------------------------------------------------------------
 // gather: thread per (sample j, column c < D), B*D threads. Reads 2 obs rows of D floats and
@@ -579,11 +594,13 @@ __device__ __forceinline__ void gather_impl(const float* s_obs, const int* s_act
              return_out, discount_out, status, D, C, n_envs, n_step, lag);
 }
 
+#if CUDARL_UNIT_IS(gather)
 extern "C" __global__ void cudarl_replay_gather(const GatherArgs a) {
   gather_impl(a.s_obs, a.s_action, a.s_reward, a.s_discount, a.s_next, a.indices, a.obs_out, a.next_obs_out,
               a.action_out, a.return_out, a.discount_out, a.status, a.B, a.D, a.C, a.n_envs, a.n_step, a.lag, a.sv,
               a.sx, a.sr, a.sc);
 }
+#endif  // gather
 
 // One warp's sample j of sample_search_gather (all 32 lanes): the search, then the gather of the
 // slot found (lanes over the D columns). Returns the slot (every lane).
@@ -606,6 +623,7 @@ __device__ __forceinline__ i64 search_gather_warp(const i64* tree, const i64* le
 // slot gathers it (lanes over the D columns, lane 0 the action and n-step targets): the same
 // writes, so the same bits, as sample_search then gather, one graph node fewer on the train
 // step's chain. Threads: one warp per sample, as sample_search.
+#if CUDARL_UNIT_IS(sample_search_gather)
 extern "C" __global__ void cudarl_replay_sample_search_gather(
     const i64* tree, const i64* levels, const i64* step, int* indices, i64* qsel, i64* status, i64 B, int depth,
     const u64* seed, unsigned int stream_id, const float* s_obs, const int* s_action, const float* s_reward,
@@ -620,6 +638,7 @@ extern "C" __global__ void cudarl_replay_sample_search_gather(
                      s_discount, s_next, obs_out, next_obs_out, action_out, return_out, discount_out, D, C, n_envs,
                      n_step, lag, j, (int)(threadIdx.x & 31));
 }
+#endif  // sample_search_gather
 
 // sample_search_gather_windows: sample_search_gather, then the observation windows of the two state
 // rows (D = 4: bar, mirror, position, hold) the search has just gathered, in the same launch:
@@ -637,6 +656,7 @@ extern "C" __global__ void cudarl_replay_sample_search_gather(
 // dependent loads (the tree levels, the row, the features), and more warps hide more of it
 // (ncu at a75a02b, P = 64: 89.0 us against a 13.2 us floor). Registers change no bit.
 #define SW_THREADS 256
+#if CUDARL_UNIT_IS(sample_search_gather_windows)
 extern "C" __global__ __launch_bounds__(SW_THREADS, 6) void cudarl_replay_sample_search_gather_windows(
     const i64* tree, const i64* levels, const i64* step, int* indices, i64* qsel, i64* status, i64 B, int depth,
     const u64* seed, unsigned int stream_id, const float* s_obs, const int* s_action, const float* s_reward,
@@ -684,6 +704,7 @@ extern "C" __global__ __launch_bounds__(SW_THREADS, 6) void cudarl_replay_sample
     }
   }
 }
+#endif  // sample_search_gather_windows
 
 // ---------------------------------------------------------------------------------------------
 // update_priorities: one block of 1024 threads (a member), three phases over the batch:
@@ -744,6 +765,7 @@ __device__ __forceinline__ void update_priorities_one(const int* indices, const 
 
 }  // namespace
 
+#if CUDARL_UNIT_IS(update_priorities)
 extern "C" __global__ void cudarl_replay_update_priorities(const int* indices, const float* td, i64* tree,
                                                            const i64* levels, int* owner, i64* max_q, i64* status,
                                                            i64 B, i64 C, int depth, double alpha, double eps,
@@ -754,10 +776,12 @@ extern "C" __global__ void cudarl_replay_update_priorities(const int* indices, c
   update_priorities_one(indices + mb * sv, td + mb * sv, tree + mb * st, levels, owner + mb * sc, max_q + mb,
                         status + mb, B, C, depth, alpha, eps, smax, &sflags);
 }
+#endif  // update_priorities
 
 // update_priorities_members: update_priorities whose members each have their own alpha and eps ([P]
 // arrays of update_priorities' by-value type, double), member mb reading element mb: the bits of
 // update_priorities launched alone with its constants.
+#if CUDARL_UNIT_IS(update_priorities_members)
 extern "C" __global__ void cudarl_replay_update_priorities_members(const int* indices, const float* td, i64* tree,
                                                                    const i64* levels, int* owner, i64* max_q,
                                                                    i64* status, i64 B, i64 C, int depth,
@@ -769,10 +793,12 @@ extern "C" __global__ void cudarl_replay_update_priorities_members(const int* in
   update_priorities_one(indices + mb * sv, td + mb * sv, tree + mb * st, levels, owner + mb * sc, max_q + mb,
                         status + mb, B, C, depth, alpha[mb], eps[mb], smax, &sflags);
 }
+#endif  // update_priorities_members
 
 // ---------------------------------------------------------------------------------------------
 // tree_level: thread p < n_dst sums the 32 children of node p: reads 256 bytes, writes 8.
 // Launched once per level, bottom up, to rebuild the tree after a state is loaded.
+#if CUDARL_UNIT_IS(tree_level)
 extern "C" __global__ void cudarl_replay_tree_level(i64* tree, i64 src_off, i64 dst_off, i64 n_dst, i64 st) {
   const i64 p = (i64)blockIdx.x * blockDim.x + threadIdx.x;
   if (p >= n_dst) return;
@@ -781,3 +807,4 @@ extern "C" __global__ void cudarl_replay_tree_level(i64* tree, i64 src_off, i64 
   for (int c = 0; c < FANOUT; ++c) s += tree[src_off + p * FANOUT + c];
   tree[dst_off + p] = s;
 }
+#endif  // tree_level
