@@ -13,7 +13,9 @@ that :class:`cudarl.graph.StepGraph` captures (GPU) or runs in order (NumPy)::
              (agent.input_noise: joins that branch, then noise into the windows of s, one launch) - forward
              (the rule's; the extra heads run at s only, on a branch of their own) - the rule's
              learn phases (C51: targets_loss, one launch; IQN, QR-DQN: targets - loss) - q_stats (the
-             expected Q at s; the statistics' reduction on a branch; joins the extra heads at s)
+             expected Q at s; the statistics' reduction on a branch; joins the extra heads at s; where
+             no later phase reads it, no CQL, plan head, causal or homeostatic, on a branch beside the
+             backward, joined by publish)
              - cql (agent.cql_alpha) - plan (net.plan: cudarl.plan) - the auxiliary signals' loss
              phases (on their branch, joined by the backward) - priorities (a parallel branch to the end) -
              backward (dx chain | weight gradients, in parallel; joins the auxiliary branches) - the
@@ -166,6 +168,10 @@ class Agent:
         #: column sums) run beside each other and beside the dx chain, not one after another
         self.grad_sides = [SideStream(xp) for _ in self.online.linears]
         self.online.set_side_stream(self.grad_sides)
+        #: whether a phase before the backward reads what q_stats writes (q_s, the logits at s): CQL, the
+        #: plan head, a signal that declares it (AuxSignal.reads_q_stats); otherwise q_stats runs beside
+        #: the backward (the reference step: its two launches off the critical path)
+        self.q_stats_read = a.cql_alpha > 0 or self.plan is not None or any(s.reads_q_stats for s in self.aux)
 
     # --- collect -------------------------------------------------------------------------------
     def collect_phases(self, env, replay, transitions, discount) -> list:
@@ -205,9 +211,20 @@ class Agent:
         """The rule's ``q_stats`` phase, then the join of the extra heads' branch of the forward at s
         (:meth:`cudarl.nn.QNetwork.branch_extras`): the phases after it (CQL, the plan head, the
         auxiliary signals' losses) may read their outputs. They ran beside the head's forward, the
-        rule's learn phases and this one."""
-        self.rule.q_stats()
-        self.online.join_extras(self.buffers.ws)
+        rule's learn phases and this one.
+
+        Where no phase before the step's end reads what the rule's ``q_stats`` writes
+        (:attr:`q_stats_read`), it runs on ``buffers.side_qstats``, beside the backward and the optimiser,
+        and the ``publish`` phase joins it: it reads the head's raw output at s and writes only ``q_s``,
+        the logits rows of the workspace and the statistics, which nothing else in the step touches. The
+        same kernels on the same inputs: the same bits; two launches fewer on the step's critical path."""
+        buf = self.buffers
+        if self.q_stats_read:
+            self.rule.q_stats()
+        else:
+            with buf.side_qstats.fork():
+                self.rule.q_stats()
+        self.online.join_extras(buf.ws)
 
     def backward(self) -> None:
         """Gradients of the online net from the s half of the rule's forward (``buffers.ws``)."""
@@ -286,7 +303,8 @@ class Agent:
 
         def publish():
             # after the optimiser (whose step counter names the ring slot the host marks) and every
-            # producer: the statistics' branch is joined here
+            # producer: the statistics' branches are joined here (q_stats' own, where it ran beside)
+            buf.side_qstats.join()
             buf.side_stats.join()
             self.stats.publish(self.adam.scalars.view("step"))
 

@@ -43,6 +43,10 @@ class AuxSignal(Protocol):
     allocated after :meth:`allocate` (graph capture, DESIGN.md rule 9)."""
 
     name: str
+    #: Whether a phase of it before the backward reads what the ``q_stats`` phase writes (``buffers.q_s``,
+    #: the Q head's logits at ``s``): then ``q_stats`` runs on the main stream before it; when no phase
+    #: reads them before the step's end, ``q_stats`` runs beside the backward (:meth:`cudarl.agent.Agent.q_stats`).
+    reads_q_stats: bool
 
     def make_head(self, d: int):
         """Its head on ``psi [B, d]`` (a :class:`cudarl.nn.Module` named ``aux.<name>``, with a

@@ -22,6 +22,7 @@ class AuxBase:
     :attr:`name` and overrides what it uses; :meth:`allocate` keeps the buffers as :attr:`buf`."""
 
     name = ""
+    reads_q_stats = False
 
     def __init__(self, cfg):
         self.cfg = cfg

@@ -80,6 +80,7 @@ def group_masks(names, groups) -> tuple[list, np.ndarray, np.ndarray]:
 
 class Causal(AuxBase):
     name = "causal"
+    reads_q_stats = True  # q_s, the clean expected Q its penalty holds fixed
 
     def __init__(self, cfg):
         super().__init__(cfg)

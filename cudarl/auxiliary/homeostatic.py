@@ -33,6 +33,7 @@ from .base import AuxBase, read
 
 class Homeostatic(AuxBase):
     name = "homeostatic"
+    reads_q_stats = True  # the logits at s
 
     def __init__(self, cfg):
         super().__init__(cfg)

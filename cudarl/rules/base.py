@@ -45,7 +45,8 @@ class LearnerBuffers:
             None; market: the :class:`cudarl.env.TradingEnv` the replay's rows come from, or None (the
             auxiliary signals that read future bars need both); side_aux: the auxiliary signals' loss
             branch, joined by the backward before it reads their heads' gradients (a signal's own loss
-            branch joins into it: :meth:`aux_branch`).
+            branch joins into it: :meth:`aux_branch`); side_qstats: the ``q_stats`` phase's branch where
+            no phase before the step's end reads what it writes (:meth:`cudarl.agent.Agent.q_stats`).
     """
 
     def __init__(
@@ -70,6 +71,7 @@ class LearnerBuffers:
         self.side, self.side_next, self.side_small = SideStream(xp), SideStream(xp), SideStream(xp)
         self.side_stats = SideStream(xp)
         self.side_aux = SideStream(xp)
+        self.side_qstats = SideStream(xp, gemms=False)  # the q_stats kernels launch no GEMM
         self.rows, self.market = rows, market
         self.idx = None
         self.weights = None

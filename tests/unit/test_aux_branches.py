@@ -426,6 +426,50 @@ def test_gpu_homeostatics_phase_runs_beside_the_chain_and_the_backward_waits_for
     assert q_stats and q_stats <= set().union(*(ancestors(nodes, i) for i in mine))  # it reads the logits at s
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("head", ["c51", "iqn"])
+def test_gpu_q_stats_runs_beside_the_backward_where_nothing_before_it_reads_them(head):
+    """The reference step (no CQL, plan head, causal or homeostatic): the q_stats phase's launches sit on
+    ``buffers.side_qstats``, which neither the backward nor Adam waits for, and publish joins (issue 20:
+    two launches off the critical path). With CQL, which reads the logits at s, they stay on the main
+    stream before it."""
+    nodes, t = traced_train_graph({"net": {"head": head}})
+    side = t.agent.buffers.side_qstats.stream.ptr
+    assert not t.agent.q_stats_read
+    mine = {n["id"] for n in nodes if n["phase"] == "q_stats"}
+    rows = {i for i in mine if nodes[i]["stream"] == side}
+    assert rows and {nodes[i]["stream"] for i in mine} <= {side, t.agent.buffers.side_stats.stream.ptr}
+    first_backward = next(n["id"] for n in nodes if n["phase"] == "backward")
+    first_adam = next(n["id"] for n in nodes if n["phase"] == "adam")
+    assert not mine & (ancestors(nodes, first_backward) | ancestors(nodes, first_adam))
+    last_publish = max(n["id"] for n in nodes if n["phase"] == "publish")
+    assert mine <= ancestors(nodes, last_publish)
+    nodes, t = traced_train_graph({"net": {"head": head}, "agent": {"cql_alpha": 1.0}})
+    assert t.agent.q_stats_read
+    main = {n["id"] for n in nodes if n["phase"] == "q_stats" and n["stream"] == t.stream.ptr}
+    first_cql = next(n["id"] for n in nodes if n["phase"] == "cql")
+    assert main and main <= ancestors(nodes, first_cql)
+
+
+@pytest.mark.parametrize(
+    "over, read",
+    [
+        ({}, False),
+        ({"net": {"head": "iqn"}}, False),
+        ({"agent": {"aux": ["horizons", "risk", "denoise", "selectivity", "vaccine"]}}, False),
+        ({"agent": {"cql_alpha": 1.0}}, True),
+        ({"net": {"plan": True}}, True),
+        ({"agent": {"aux": ["causal"]}}, True),
+        ({"agent": {"aux": ["homeostatic"]}}, True),
+    ],
+)
+def test_q_stats_stays_on_the_main_stream_only_for_a_phase_that_reads_it(over, read):
+    """``Agent.q_stats_read``: CQL, the plan head and the signals that declare ``reads_q_stats`` (causal's
+    q_s, homeostatic's logits) read q_stats' outputs before the backward; otherwise it runs beside the
+    backward (the GPU placement: the trace test below; the hazards of both: tests/unit/test_hazards.py)."""
+    assert _trainer(**over).agent.q_stats_read is read
+
+
 def test_a_shadow_workspace_shares_the_forward_and_owns_what_a_backward_writes(rng):
     """``QNetwork.backward_writes`` finds the gradient rows a backward writes (the last layer's: fewer),
     never the forward's activations, and ``Workspace.shadow`` gives exactly those buffers of its own."""

@@ -142,6 +142,13 @@ GRAPHS = {
     "ssm-every-signal": ["--set", "net.encoder=ssm", "--set", "net.window=8", "--set", AUX],
     "attention-c51+iqn": ["--set", "net.encoder=attention", "--set", "net.window=8", "--set", "net.head=c51+iqn"],
     "c51+iqn-heads": ["--set", "net.head=c51+iqn", "--set", "agent.aux=[horizons,risk,denoise,selectivity]"],
+    "iqn": ["--set", "net.head=iqn"],  # q_stats beside the backward (the quantile rule's)
+    "qrdqn": ["--set", "net.head=qrdqn"],
+    # q_stats' readers before the backward keep it on the main stream (Agent.q_stats_read)
+    "cql": ["--set", "agent.cql_alpha=1.0"],
+    "plan": ["--set", "net.plan=true"],
+    "causal": ["--set", "agent.aux=[causal]"],
+    "homeostatic": ["--set", "agent.aux=[homeostatic]"],
 }
 
 
