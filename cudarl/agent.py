@@ -11,14 +11,14 @@ that :class:`cudarl.graph.StepGraph` captures (GPU) or runs in order (NumPy)::
              search, the gather of the state rows and the observation windows of s and s' from the
              feature matrix in one launch; the importance weights on that branch) - input_noise
              (agent.input_noise: joins that branch, then noise into the windows of s, one launch) - forward
-             (the rule's; the extra heads run at s only, on a branch of their own) - the rule's
-             learn phases (C51: targets_loss, one launch; IQN, QR-DQN: targets - loss) - q_stats (the
-             expected Q at s; the statistics' reduction on a branch; joins the extra heads at s; where
-             no later phase reads it, no CQL, plan head, causal or homeostatic, on a branch beside the
-             backward, joined by publish)
-             - cql (agent.cql_alpha) - plan (net.plan: cudarl.plan) - the auxiliary signals' loss
-             phases (on their branch, joined by the backward) - priorities (a parallel branch to the end) -
-             backward (dx chain | weight gradients, in parallel; joins the auxiliary branches) - the
+             (the rule's; the extra heads run at s only, on a branch of their own) - q_stats (the
+             expected Q at s and the statistics, on a branch beside the learn phases) - the rule's learn
+             phases (C51: targets_loss, one launch; IQN, QR-DQN: targets - loss) - q_stats_join (joins
+             q_stats' branch where a later phase reads it, CQL, the plan head, causal or homeostatic,
+             else publish joins it; joins the extra heads at s) - cql (agent.cql_alpha) - plan (net.plan:
+             cudarl.plan) - the auxiliary signals' loss phases (on their branch, joined by the backward) -
+             priorities (a parallel branch to the end) - backward (dx chain | weight gradients, in
+             parallel; joins the auxiliary branches) - the
              auxiliary signals' grad phases (Gradient Vaccine's correction, from the auxiliary heads'
              backward on its branch beside this one; the causal penalty's gradient, from a backward on its
              branch beside this one, added: they read and rewrite the flat gradient, the auxiliary heads'
@@ -208,23 +208,23 @@ class Agent:
 
     # --- train ---------------------------------------------------------------------------------
     def q_stats(self) -> None:
-        """The rule's ``q_stats`` phase, then the join of the extra heads' branch of the forward at s
-        (:meth:`cudarl.nn.QNetwork.branch_extras`): the phases after it (CQL, the plan head, the
-        auxiliary signals' losses) may read their outputs. They ran beside the head's forward, the
-        rule's learn phases and this one.
-
-        Where no phase before the step's end reads what the rule's ``q_stats`` writes
-        (:attr:`q_stats_read`), it runs on ``buffers.side_qstats``, beside the backward and the optimiser,
-        and the ``publish`` phase joins it: it reads the head's raw output at s and writes only ``q_s``,
-        the logits rows of the workspace and the statistics, which nothing else in the step touches. The
-        same kernels on the same inputs: the same bits; two launches fewer on the step's critical path."""
-        buf = self.buffers
-        if self.q_stats_read:
+        """The rule's ``q_stats`` phase, right after the forward at s, on ``buffers.side_qstats``: it reads
+        only the head's raw output at s and writes only ``q_s``, the logits rows of the workspace and the
+        statistics, which the rule's learn phases neither read nor write. So it runs beside them (a
+        phase that reads it waits in :meth:`q_stats_join`), and where nothing before the step's end
+        reads it (:attr:`q_stats_read`) beside the backward and the optimiser too, joined by ``publish``.
+        The same kernels on the same inputs: the same bits; its two launches off the critical path."""
+        with self.buffers.side_qstats.fork():
             self.rule.q_stats()
-        else:
-            with buf.side_qstats.fork():
-                self.rule.q_stats()
-        self.online.join_extras(buf.ws)
+
+    def q_stats_join(self) -> None:
+        """After the rule's learn phases: where a later phase reads what q_stats wrote (CQL, the plan
+        head, a signal with ``reads_q_stats``), the main stream waits for its branch here; then the join of
+        the extra heads' branch of the forward at s (:meth:`cudarl.nn.QNetwork.branch_extras`), which ran
+        beside the head's forward and the learn phases: the phases after this one may read their outputs."""
+        if self.q_stats_read:
+            self.buffers.side_qstats.join()
+        self.online.join_extras(self.buffers.ws)
 
     def backward(self) -> None:
         """Gradients of the online net from the s half of the rule's forward (``buffers.ws``)."""
@@ -321,8 +321,9 @@ class Agent:
             *([("input_noise", input_noise)] if self.cfg.agent.input_noise > 0 else []),
             *early,
             ("forward", forward),
-            *self.rule.learn_phases(),
             ("q_stats", self.q_stats),
+            *self.rule.learn_phases(),
+            ("q_stats_join", self.q_stats_join),
             *cql,
             *plan,
             *aux,

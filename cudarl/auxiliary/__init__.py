@@ -44,8 +44,9 @@ class AuxSignal(Protocol):
 
     name: str
     #: Whether a phase of it before the backward reads what the ``q_stats`` phase writes (``buffers.q_s``,
-    #: the Q head's logits at ``s``): then ``q_stats`` runs on the main stream before it; when no phase
-    #: reads them before the step's end, ``q_stats`` runs beside the backward (:meth:`cudarl.agent.Agent.q_stats`).
+    #: the Q head's logits at ``s``): then the main stream joins ``q_stats``' branch (beside the rule's learn
+    #: phases) before it; when no phase reads them before the step's end, that branch runs beside the
+    #: backward too (:meth:`cudarl.agent.Agent.q_stats`, :meth:`cudarl.agent.Agent.q_stats_join`).
     reads_q_stats: bool
 
     def make_head(self, d: int):
@@ -55,7 +56,7 @@ class AuxSignal(Protocol):
         runs every extra head, its forwards at s' and acting none but the plan head) and the gradient
         the loss phase writes is ``online.grad_outputs(ws)[name]``; the backward adds its dL/dpsi to the
         head's. In the train step the extra heads run on a branch beside the Q head's forward, which the
-        agent's ``q_stats`` phase joins (:meth:`cudarl.nn.QNetwork.branch_extras`): a loss phase reads the
+        agent's ``q_stats_join`` phase joins (:meth:`cudarl.nn.QNetwork.branch_extras`): a loss phase reads the
         output as it is."""
 
     def make_input_gate(self, n_in: int):

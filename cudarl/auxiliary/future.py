@@ -111,7 +111,7 @@ class FutureHead(AuxBase):
 
     def _loss(self) -> None:
         buf, B = self.buf, self.buf.batch_size
-        # its own branch: it reads the head's outputs at s (joined by q_stats) and writes only its head's
+        # its own branch: it reads the head's outputs at s (joined by q_stats_join) and writes only its head's
         # gradient rows and its own buffers; the backward joins it through side_aux
         with buf.aux_branch(self.side):
             self.launch(buf.ws.rows(f"{self.head_name}.out", B), buf.ws.rows(f"{self.head_name}.dout", B))

@@ -7,8 +7,8 @@ its smooth twin, the effective share of atoms ``u = exp(H(m)) / K`` of the batch
 ``agent.homeostatic_weight * (u - agent.homeostatic_target)^2``. Its gradient on the logits goes
 through the dueling combine into the head's raw gradient, beside the C51 loss's (as CQL's does).
 
-Phase ``aux_homeostatic`` (after ``q_stats``, whose logits at ``s`` it reads), on a branch of its own
-that the backward joins through ``buffers.side_aux``
+Phase ``aux_homeostatic`` (after ``q_stats_join``, which joins the branch that wrote the logits at ``s``
+it reads), on a branch of its own that the backward joins through ``buffers.side_aux``
 (:meth:`cudarl.rules.base.LearnerBuffers.aux_branch`): two launches, ``probs_control`` (the softmax
 rows, the batch-mean masses and the control ``g``; the last block to finish takes the batch-wide steps)
 and ``grad_dueling`` (the gradient through the dueling combine, added into the head's raw gradient, after

@@ -45,8 +45,8 @@ class LearnerBuffers:
             None; market: the :class:`cudarl.env.TradingEnv` the replay's rows come from, or None (the
             auxiliary signals that read future bars need both); side_aux: the auxiliary signals' loss
             branch, joined by the backward before it reads their heads' gradients (a signal's own loss
-            branch joins into it: :meth:`aux_branch`); side_qstats: the ``q_stats`` phase's branch where
-            no phase before the step's end reads what it writes (:meth:`cudarl.agent.Agent.q_stats`).
+            branch joins into it: :meth:`aux_branch`); side_qstats: the ``q_stats`` phase's branch, beside the
+            learn phases (:meth:`cudarl.agent.Agent.q_stats`).
     """
 
     def __init__(
@@ -79,7 +79,7 @@ class LearnerBuffers:
     def step_workspace(self, net, rows: int):
         """A workspace of ``rows`` for a forward of the train step (``net.new_workspace``) that runs extra
         heads, on a branch of their own (:meth:`cudarl.nn.QNetwork.branch_extras`): nothing in the step
-        reads them before that branch is joined (the agent's ``q_stats`` phase for :attr:`ws`, the
+        reads them before that branch is joined (the agent's ``q_stats_join`` phase for :attr:`ws`, the
         backward over the workspace for the others). A forward that runs none (``heads="none"``: the
         forwards at s') needs only ``net.new_workspace``."""
         ws = net.new_workspace(rows)
@@ -167,7 +167,8 @@ class HeadRule(Protocol):
         ``priority`` and dL/d(head output) in ``buffers.ws`` (:meth:`LearnerBuffers.train_grad`)."""
 
     def q_stats(self) -> None:
-        """The train step's ``q_stats`` phase, after the learn phases: ``buffers.q_s`` (the online net's
+        """The train step's ``q_stats`` phase, right after :meth:`forward` (on a branch beside the learn
+        phases, which must neither read nor write what it does): ``buffers.q_s`` (the online net's
         expected Q at the batch's ``s``, from this step's forward) on the current stream, then the
         ``q`` block of ``buffers.stats`` on ``buffers.side_stats`` (the step's last phase joins it)."""
 

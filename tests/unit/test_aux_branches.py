@@ -43,7 +43,7 @@ def test_the_step_forwards_that_run_extra_heads_branch_them_and_the_others_do_no
     at_s_next = [agent.target.ws] + ([agent.rule.ws_next] if head == "c51" else [])
     assert all(ws.extras_side is None for ws in [*at_s_next, buf.ws_act])
     phases = [n for n, _ in t.train_graph.phases]
-    assert phases.index("q_stats") < phases.index("aux_horizons")  # q_stats joins the branch at s
+    assert phases.index("q_stats_join") < phases.index("aux_horizons")  # it joins the branch at s
 
 
 def test_nothing_is_branched_without_extra_heads():
@@ -352,7 +352,8 @@ def test_gpu_causals_intervened_forward_runs_beside_the_steps_forward_and_homeos
     later = [n["id"] for n in nodes if n["phase"] in ("forward", "targets_loss", "q_stats")]
     assert later and not any(early & ancestors(nodes, i) for i in later)  # none of the step's waits for it
     (pen,) = [n["id"] for n in nodes if n["name"] == "cudarl_causal_penalty_c51"]
-    q_stats = {n["id"] for n in nodes if n["phase"] == "q_stats" and n["stream"] == t.stream.ptr}
+    side = t.agent.buffers.side_qstats.stream.ptr
+    q_stats = {n["id"] for n in nodes if n["phase"] == "q_stats" and n["stream"] == side}
     assert q_stats and q_stats <= ancestors(nodes, pen)
     # the penalty reads the intervened forward's Q head; the extra heads that forward ran on their own
     # branches (QNetwork.branch_extras) are joined by causal's own backward, which reads them, not by the
@@ -422,17 +423,18 @@ def test_gpu_homeostatics_phase_runs_beside_the_chain_and_the_backward_waits_for
     assert causal and not any(mine & ancestors(nodes, i) for i in causal)  # beside causal's pass
     first_backward = next(n["id"] for n in nodes if n["phase"] == "backward")
     assert mine <= ancestors(nodes, first_backward)
-    q_stats = {n["id"] for n in nodes if n["phase"] == "q_stats" and n["stream"] == t.stream.ptr}
+    side = t.agent.buffers.side_qstats.stream.ptr
+    q_stats = {n["id"] for n in nodes if n["phase"] == "q_stats" and n["stream"] == side}
     assert q_stats and q_stats <= set().union(*(ancestors(nodes, i) for i in mine))  # it reads the logits at s
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("head", ["c51", "iqn"])
-def test_gpu_q_stats_runs_beside_the_backward_where_nothing_before_it_reads_them(head):
-    """The reference step (no CQL, plan head, causal or homeostatic): the q_stats phase's launches sit on
-    ``buffers.side_qstats``, which neither the backward nor Adam waits for, and publish joins (issue 20:
-    two launches off the critical path). With CQL, which reads the logits at s, they stay on the main
-    stream before it."""
+def test_gpu_q_stats_runs_beside_the_learn_phases_and_beside_the_backward_where_nothing_reads_them(head):
+    """The q_stats phase's launches sit on ``buffers.side_qstats``, forked after the forward at s: the rule's
+    learn phases do not wait for them (issue 20: two launches off the critical path). In the reference step
+    (no CQL, plan head, causal or homeostatic) neither the backward nor Adam waits for them either, and
+    publish joins them; with CQL, which reads the logits at s, the first CQL launch waits for them."""
     nodes, t = traced_train_graph({"net": {"head": head}})
     side = t.agent.buffers.side_qstats.stream.ptr
     assert not t.agent.q_stats_read
@@ -444,11 +446,16 @@ def test_gpu_q_stats_runs_beside_the_backward_where_nothing_before_it_reads_them
     assert not mine & (ancestors(nodes, first_backward) | ancestors(nodes, first_adam))
     last_publish = max(n["id"] for n in nodes if n["phase"] == "publish")
     assert mine <= ancestors(nodes, last_publish)
+    forward = {n["id"] for n in nodes if n["phase"] == "forward" and n["stream"] == t.stream.ptr}
+    assert forward <= set().union(*(ancestors(nodes, i) for i in rows))  # it reads the forward at s
     nodes, t = traced_train_graph({"net": {"head": head}, "agent": {"cql_alpha": 1.0}})
     assert t.agent.q_stats_read
-    main = {n["id"] for n in nodes if n["phase"] == "q_stats" and n["stream"] == t.stream.ptr}
+    side = t.agent.buffers.side_qstats.stream.ptr
+    rows = {n["id"] for n in nodes if n["phase"] == "q_stats" and n["stream"] == side}
     first_cql = next(n["id"] for n in nodes if n["phase"] == "cql")
-    assert main and main <= ancestors(nodes, first_cql)
+    assert rows and rows <= ancestors(nodes, first_cql)
+    learn = [n["id"] for n in nodes if n["phase"] in ("targets_loss", "targets", "loss")]
+    assert learn and not any(rows & ancestors(nodes, i) for i in learn)  # beside the learn phases
 
 
 @pytest.mark.parametrize(

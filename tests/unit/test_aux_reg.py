@@ -383,9 +383,10 @@ def test_gpu_learn_step_with_the_signal_matches_the_numpy_backend(monkeypatch, r
             for _, phase in s.early_phases():
                 phase()
         agent.rule.forward(agent.batch)
+        agent.q_stats()  # the rule's, on its branch beside the learn phases
         for _, phase in agent.rule.learn_phases():
             phase()
-        agent.q_stats()  # the rule's, then the join of the extra heads' branch the signals' losses read
+        agent.q_stats_join()  # its branch and the extra heads' branch, which the signals' losses read
         for s in agent.aux:
             for _, phase in s.phases():
                 phase()

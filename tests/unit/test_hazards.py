@@ -144,11 +144,14 @@ GRAPHS = {
     "c51+iqn-heads": ["--set", "net.head=c51+iqn", "--set", "agent.aux=[horizons,risk,denoise,selectivity]"],
     "iqn": ["--set", "net.head=iqn"],  # q_stats beside the backward (the quantile rule's)
     "qrdqn": ["--set", "net.head=qrdqn"],
-    # q_stats' readers before the backward keep it on the main stream (Agent.q_stats_read)
+    # q_stats' readers before the backward join its branch after the learn phases (Agent.q_stats_read)
     "cql": ["--set", "agent.cql_alpha=1.0"],
     "plan": ["--set", "net.plan=true"],
     "causal": ["--set", "agent.aux=[causal]"],
     "homeostatic": ["--set", "agent.aux=[homeostatic]"],
+    # PopArt's learn phases move its statistics beside q_stats' branch
+    "popart-cql": ["--set", "agent.popart=true", "--set", "agent.cql_alpha=1.0"],
+    "iqn-popart-cql": ["--set", "net.head=iqn", "--set", "agent.popart=true", "--set", "agent.cql_alpha=1.0"],
 }
 
 

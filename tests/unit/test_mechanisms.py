@@ -225,7 +225,7 @@ def test_readiness_is_trained_and_an_untrained_gate_is_exactly_one():
     assert not np.array_equal(w0[:, 1], w[:, 1]) and not np.array_equal(w0[:, 0], w[:, 0])
     assert np.all(t.env.scale == 1.0) and t.monitor.last_stats["plan_ready"] == 0.0
     names = [n for n, _ in t.train_graph.phases]
-    assert names.index("plan") == names.index("q_stats") + 1
+    assert names.index("plan") == names.index("q_stats_join") + 1
 
 
 def test_the_plan_head_off_builds_nothing_and_changes_no_bit():
