@@ -12,8 +12,9 @@ Inputs, all made by other tools on the GPU host:
 * ``--ncu train.csv``: the ncu CSV of one replay (``tools/gpu_profile.sh``, ``profile_step.METRICS``):
   each kernel's time (alone, serialised), DRAM bytes and FP32 FLOPs (2 FFMA + FADD + FMUL). cudarl's
   kernels are matched by name (the k-th launch of a name to the k-th row of it); the other rows are
-  library kernels, matched in order to the library calls (a split-K reduction row joins the GEMM
-  before it).
+  library kernels (a split-K reduction row joins the GEMM before it), paired with the library calls by
+  their FP32 FLOPs and, between calls of one shape, their order (:func:`align_library`): ncu's order is not
+  the capture order across streams, and a profile may hold a kernel group no traced call made.
 * ``--floor bench_floor.json``: ``tools/bench_floor.py``'s model: ``node_us`` (an empty node on a
   chain), ``memory_gbps`` and ``fp32_tflops`` (achieved rates).
 
@@ -29,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import re
 import sys
 from collections import defaultdict
@@ -60,6 +62,44 @@ def build_graph(events: list[dict]) -> list[dict]:
     return nodes
 
 
+#: :func:`align_library`: the tile edges a GEMM's FP32 FLOP count may be padded to (ncu counts the padded
+#: tiles' FFMAs: a 512 x 4 x 256 GEMM at 32 x 32 tiles counts as 512 x 32 x 256), the cost of a pair whose
+#: FLOPs are unknown (tensor-core kernels count none), the weight of a pair's distance in order, and the
+#: largest FLOP cost a pair may have (a factor of 2.5) before it is left out.
+PADS, UNKNOWN_COST, ORDER_WEIGHT, MAX_FLOP_COST = (1, 8, 32, 64, 128), 0.3, 0.5, math.log(2.5)
+
+
+def _flop_cost(m: int, n: int, k: int, got: float) -> float:
+    """``|ln(got / expected)|`` at the padding of ``m``, ``n`` (to one of :data:`PADS`) and ``k`` (to 1 or 8)
+    that fits best, at most 3; :data:`UNKNOWN_COST` when ``got`` is 0."""
+    if got <= 0:
+        return UNKNOWN_COST
+    pad = lambda x, t: -(-x // t) * t  # noqa: E731
+    return min(
+        3.0,
+        min(abs(math.log(got / (2.0 * pad(m, a) * pad(n, b) * pad(k, c)))) for a in PADS for b in PADS for c in (1, 8)),
+    )
+
+
+def align_library(calls: list[tuple[int, int, int]], got: list[float]) -> list[tuple[int, int]]:
+    """Pairs ``(call, group)`` of the trace's library calls (``calls``: each GEMM's ``(m, n, k)``, in capture
+    order) and the profile's library kernel groups (``got``: their FP32 FLOPs from ncu's counters, in the
+    profile's order, which across streams need not be the capture order), at the least total cost
+    (``scipy.optimize.linear_sum_assignment``): each pair's :func:`_flop_cost` plus :data:`ORDER_WEIGHT`
+    times the distance of their places in the two orders (0 to 1), which decides between calls of one
+    shape. A pair whose FLOPs differ by more than :data:`MAX_FLOP_COST` is left out. Sorted by call."""
+    import numpy as np
+    from scipy.optimize import linear_sum_assignment
+
+    L, G = len(calls), len(got)
+    if not L or not G:
+        return []
+    flop = np.array([[_flop_cost(*c, g) for g in got] for c in calls])
+    where = np.abs(np.arange(L)[:, None] / max(L - 1, 1) - np.arange(G)[None, :] / max(G - 1, 1))
+    rows, cols = linear_sum_assignment(flop + ORDER_WEIGHT * where)
+    return sorted((int(i), int(j)) for i, j in zip(rows, cols, strict=True) if flop[i, j] <= MAX_FLOP_COST)
+
+
 def attach_profile(nodes: list[dict], rows: list[dict]) -> list[str]:
     """Give each node ``us``, ``bytes``, ``flops`` from its ncu rows; return warnings."""
     warnings = []
@@ -74,10 +114,15 @@ def attach_profile(nodes: list[dict], rows: list[dict]) -> list[str]:
             groups.append([r])
     seen = defaultdict(int)
     libs = [n for n in nodes if n["kind"] == "library"]
-    if len(libs) != len(groups):
-        warnings.append(f"{len(libs)} library calls in the trace, {len(groups)} library kernel groups in the profile")
-    for n, g in zip(libs, groups, strict=False):
-        n["rows"] = g
+    pairs = align_library([(n["m"], n["n"], n["k"]) for n in libs], [sum(r["flops"] for r in g) for g in groups])
+    if len(libs) != len(groups) or len(pairs) != len(libs):
+        warnings.append(
+            f"{len(libs)} library calls in the trace, {len(groups)} library kernel groups in the profile: "
+            f"{len(pairs)} paired by FP32 FLOPs and order, {len(libs) - len(pairs)} call(s) and "
+            f"{len(groups) - len(pairs)} group(s) left out"
+        )
+    for i, j in pairs:
+        libs[i]["rows"] = groups[j]
     for n in nodes:
         if n["kind"] == "kernel":
             k = seen[n["name"]]

@@ -151,3 +151,30 @@ def test_gpu_a_capture_traces_its_launches_forks_and_joins(cp):
     g.replay()
     g.synchronize()
     assert float(x[0]) == 2.0 and float(y[0]) == 3.0 and float(c[0, 0]) == 8.0
+
+
+def test_library_groups_are_paired_with_calls_by_flops_whatever_their_order():
+    """Library kernel groups are paired with the traced calls by their FP32 FLOPs (a tile's padding allowed),
+    also where ncu's order is not the capture order, and a group no traced call made (here an epilogue pass)
+    is left out and reported."""
+    big, small = (512, 256, 256), (512, 4, 256)  # (m, n, k): a 256 -> 4 head's forward
+    fbig, fsmall = 2 * 512 * 256 * 256, 2 * 512 * 32 * 256  # the small one at 32 x 32 tiles: n padded to 32
+    assert cpath.align_library([big, small], [fbig * 1.01, 3e4, fsmall]) == [(0, 0), (1, 2)]
+    assert cpath.align_library([big, small], [fsmall, fbig]) == [(0, 1), (1, 0)]  # another order
+    assert cpath.align_library([big, big], [fbig, fbig]) == [(0, 0), (1, 1)]  # one shape: in order
+    assert cpath.align_library([big, small], [0.0, 0.0]) == [(0, 0), (1, 1)]  # tensor cores: in order
+    events = [
+        {"kind": "phase", "name": "a"},
+        {"kind": "library", "name": "cublas_sgemm", "stream": MAIN, "m": 512, "n": 256, "k": 256, "beta": 0.0},
+        {"kind": "library", "name": "cublas_sgemm", "stream": SIDE, "m": 512, "n": 4, "k": 256, "beta": 0.0},
+    ]
+    rows = [
+        {"name": n, "us": us, "bytes": 0.0, "flops": f, "grid": "", "block": "", "regs": "", "id": i}
+        for i, (n, us, f) in enumerate(
+            [("gemv", 2.0, fsmall), ("epilogue_globalKernel", 20.0, 3e4), ("gemm", 7.0, fbig)]
+        )
+    ]
+    nodes = cpath.build_graph(events)
+    warnings = cpath.attach_profile(nodes, rows)
+    assert [(n["n"], n["us"]) for n in nodes] == [(256, 7.0), (4, 2.0)]  # the epilogue group belongs to no call
+    assert len(warnings) == 1 and "0 call(s) and 1 group(s) left out" in warnings[0]
