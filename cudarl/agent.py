@@ -7,29 +7,25 @@ that :class:`cudarl.graph.StepGraph` captures (GPU) or runs in order (NumPy)::
              epsilon and epsilon-greedy; C51 combines the dueling head in that kernel; with net.plan
              the plan head's gate into env.scale) - env_step (one launch, env.record_step: record the
              transitions, their discounts, step, reset ended episodes, the next windows) - replay_insert
-    train:   schedules (lr and tau: a parallel branch, joined by the first learn phase) - sample (the
-             search, the gather of the state rows and the observation windows of s and s' from the
-             feature matrix in one launch; the importance weights on that branch) - input_noise
-             (agent.input_noise: joins that branch, then noise into the windows of s, one launch) - forward
-             (the rule's; the extra heads run at s only, on a branch of their own) - q_stats (the
-             expected Q at s and the statistics, on a branch beside the learn phases) - the rule's learn
-             phases (C51: targets_loss, one launch; IQN, QR-DQN: targets - loss) - q_stats_join (joins
-             q_stats' branch where a later phase reads it, CQL, the plan head, causal or homeostatic,
-             else publish joins it; joins the extra heads at s) - cql (agent.cql_alpha) - plan (net.plan:
-             cudarl.plan) - the auxiliary signals' loss phases (on their branch, joined by the backward) -
-             priorities (a parallel branch to the end) - backward (dx chain | weight gradients, in
-             parallel; joins the auxiliary branches) - the
-             auxiliary signals' grad phases (Gradient Vaccine's correction, from the auxiliary heads'
-             backward on its branch beside this one; the causal penalty's gradient, from a backward on its
-             branch beside this one, added: they read and rewrite the flat gradient, the auxiliary heads'
-             included) - aux_sgd (the auxiliary signals' own SGD steps, agent.aux "risk": its head;
-             "denoise": the encoder and its decoder, joining its branch; every span in one launch, after
-             the grad phases so that those see the heads' gradients before a step clears them) - adam
-             (one launch: the
-             gradient norm and clip, the update with the target net's soft update and the publish of loss
-             and gradient norm to the host ring; three launches with run.grid_barrier = false) -
-             spectral (net.spectral: a power iteration and W_sn of both nets) - publish (the
-             step's observables, :class:`cudarl.stats.StepStats`, to their host ring)
+    train:   schedules (lr and tau: a parallel branch, joined by the first learn phase) - sample (the search, the
+             gather of the state rows and the observation windows of s and s' from the feature matrix in one launch;
+             the importance weights on that branch) - input_noise (agent.input_noise: joins that branch, then noise
+             into the windows of s, one launch) - forward (the rule's; the extra heads run at s only, on a branch of
+             their own) - q_stats (the expected Q at s and the statistics, on a branch beside the learn phases) -
+             the rule's learn phases (C51: targets_loss, one launch; IQN, QR-DQN: targets - loss) - q_stats_join
+             (joins q_stats' branch where a later phase reads it, CQL, the plan head, causal or homeostatic, else
+             publish joins it; joins the extra heads at s) - cql (agent.cql_alpha) - plan (net.plan: cudarl.plan) -
+             the auxiliary signals' loss phases (on their branch, joined by the backward) - priorities (a parallel
+             branch to the end) - backward (dx chain | weight gradients, in parallel; joins the auxiliary branches)
+             - the auxiliary signals' grad phases (Gradient Vaccine's correction, from the auxiliary heads' backward
+             on its branch beside this one; the causal penalty's gradient, from a backward on its branch beside this
+             one, added: they read and rewrite the flat gradient, the auxiliary heads' included) - aux_sgd (the
+             auxiliary signals' own SGD steps, agent.aux "risk": its head; "denoise": the encoder and its decoder,
+             joining its branch; every span in one launch, after the grad phases so that those see the heads'
+             gradients before a step clears them) - adam (one launch: the gradient norm and clip, the update with
+             the target net's soft update and the publish of loss and gradient norm to the host ring; three launches
+             with run.grid_barrier = false) - spectral (net.spectral: a power iteration and W_sn of both nets) -
+             publish (the step's observables, :class:`cudarl.stats.StepStats`, to their host ring)
 
 On the GPU "in parallel" means a :class:`cudarl.graph.SideStream`: a branch of the captured graph
 that runs beside the main chain (same kernels and inputs, so the same bits as one stream).
@@ -169,8 +165,8 @@ class Agent:
         self.grad_sides = [SideStream(xp) for _ in self.online.linears]
         self.online.set_side_stream(self.grad_sides)
         #: whether a phase before the backward reads what q_stats writes (q_s, the logits at s): CQL, the
-        #: plan head, a signal that declares it (AuxSignal.reads_q_stats); otherwise q_stats runs beside
-        #: the backward (the reference step: its two launches off the critical path)
+        #: plan head, a signal that declares it (AuxSignal.reads_q_stats); then q_stats_join waits for its
+        #: branch, otherwise publish does (the reference step: its two launches off the critical path)
         self.q_stats_read = a.cql_alpha > 0 or self.plan is not None or any(s.reads_q_stats for s in self.aux)
 
     # --- collect -------------------------------------------------------------------------------
