@@ -5,7 +5,7 @@
 #      kernels with calls by their FP32 FLOPs, which the CSV holds); then bench_aux --encoder mlp. What it is for:
 #      where issue 19's all-seven path (23 nodes, 170.4 us at 90539af on an H200) and issue 20's reference path
 #      really spend their time, node by node.
-#   Also prepared: docs/bench/call_extras_early.sh (branch extras-early: the extra heads' backward off the all-seven
+#   Also prepared: docs/bench/call_branches_s28.sh (branch extras-early: the extra heads' backward off the all-seven
 #      MLP step's chain; its GPU tests and bench_aux against main, its prediction in the script).
 #   L: OUT=$OUT bash docs/bench/next_call_s28.sh L (about 550 s on an H200; on an H100 the runs are cut before
 #      their last evaluation and a second call on the warm machine resumes them): issue 22 point 6, attention at
