@@ -69,20 +69,18 @@ def build_graph(events: list[dict]) -> list[dict]:
 PADS, UNKNOWN_COST, ORDER_WEIGHT, MAX_FLOP_COST = (1, 8, 32, 64, 128), 0.3, 0.5, math.log(2.5)
 
 
-def _flop_cost(m: int, n: int, k: int, got: float) -> float:
-    """``|ln(got / expected)|`` at the padding of ``m``, ``n`` (to one of :data:`PADS`) and ``k`` (to 1 or 8)
-    that fits best, at most 3; :data:`UNKNOWN_COST` when ``got`` is 0."""
+def _flop_cost(m: int, n: int, k: int, batch: int, got: float) -> float:
+    """``|ln(got / expected)|`` for ``batch`` GEMMs of ``m x n x k`` at the padding of ``m``, ``n`` (to one of
+    :data:`PADS`) and ``k`` (to 1 or 8) that fits best, at most 3; :data:`UNKNOWN_COST` when ``got`` is 0."""
     if got <= 0:
         return UNKNOWN_COST
     pad = lambda x, t: -(-x // t) * t  # noqa: E731
-    return min(
-        3.0,
-        min(abs(math.log(got / (2.0 * pad(m, a) * pad(n, b) * pad(k, c)))) for a in PADS for b in PADS for c in (1, 8)),
-    )
+    want = [2.0 * batch * pad(m, a) * pad(n, b) * pad(k, c) for a in PADS for b in PADS for c in (1, 8)]
+    return min(3.0, min(abs(math.log(got / w)) for w in want))
 
 
-def align_library(calls: list[tuple[int, int, int]], got: list[float]) -> list[tuple[int, int]]:
-    """Pairs ``(call, group)`` of the trace's library calls (``calls``: each GEMM's ``(m, n, k)``, in capture
+def align_library(calls: list[tuple[int, int, int, int]], got: list[float]) -> list[tuple[int, int]]:
+    """Pairs ``(call, group)`` of the trace's library calls (``calls``: each GEMM's ``(m, n, k, batch)``, in capture
     order) and the profile's library kernel groups (``got``: their FP32 FLOPs from ncu's counters, in the
     profile's order, which across streams need not be the capture order), at the least total cost
     (``scipy.optimize.linear_sum_assignment``): each pair's :func:`_flop_cost` plus :data:`ORDER_WEIGHT`
@@ -114,7 +112,8 @@ def attach_profile(nodes: list[dict], rows: list[dict]) -> list[str]:
             groups.append([r])
     seen = defaultdict(int)
     libs = [n for n in nodes if n["kind"] == "library"]
-    pairs = align_library([(n["m"], n["n"], n["k"]) for n in libs], [sum(r["flops"] for r in g) for g in groups])
+    calls = [(n["m"], n["n"], n["k"], n.get("batch", 1)) for n in libs]  # a strided-batched GEMM names its batch
+    pairs = align_library(calls, [sum(r["flops"] for r in g) for g in groups])
     if len(libs) != len(groups) or len(pairs) != len(libs):
         warnings.append(
             f"{len(libs)} library calls in the trace, {len(groups)} library kernel groups in the profile: "
@@ -136,7 +135,7 @@ def attach_profile(nodes: list[dict], rows: list[dict]) -> list[str]:
         n["bytes"] = sum(r.get("bytes", 0.0) for r in rs)
         n["flops"] = sum(r.get("flops", 0.0) for r in rs)
         if n["kind"] == "library":  # tensor-core math is not in the FP32 counters: the GEMM's own count
-            n["flops"] = max(n["flops"], 2.0 * n["m"] * n["n"] * n["k"])
+            n["flops"] = max(n["flops"], 2.0 * n.get("batch", 1) * n["m"] * n["n"] * n["k"])
         n["kernels"] = [r["name"][:60] for r in rs]
     for name, rs in by_name.items():
         if seen[name] < len(rs):

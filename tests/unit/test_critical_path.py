@@ -157,12 +157,14 @@ def test_library_groups_are_paired_with_calls_by_flops_whatever_their_order():
     """Library kernel groups are paired with the traced calls by their FP32 FLOPs (a tile's padding allowed),
     also where ncu's order is not the capture order, and a group no traced call made (here an epilogue pass)
     is left out and reported."""
-    big, small = (512, 256, 256), (512, 4, 256)  # (m, n, k): a 256 -> 4 head's forward
+    big, small = (512, 256, 256, 1), (512, 4, 256, 1)  # (m, n, k, batch): a 256 -> 4 head's forward
     fbig, fsmall = 2 * 512 * 256 * 256, 2 * 512 * 32 * 256  # the small one at 32 x 32 tiles: n padded to 32
     assert cpath.align_library([big, small], [fbig * 1.01, 3e4, fsmall]) == [(0, 0), (1, 2)]
     assert cpath.align_library([big, small], [fsmall, fbig]) == [(0, 1), (1, 0)]  # another order
     assert cpath.align_library([big, big], [fbig, fbig]) == [(0, 0), (1, 1)]  # one shape: in order
     assert cpath.align_library([big, small], [0.0, 0.0]) == [(0, 0), (1, 1)]  # tensor cores: in order
+    batched = (512, 256, 256, 64)  # a population's strided-batched GEMM: 64 members' FLOPs
+    assert cpath.align_library([big, batched], [64 * fbig, fbig]) == [(0, 1), (1, 0)]
     events = [
         {"kind": "phase", "name": "a"},
         {"kind": "library", "name": "cublas_sgemm", "stream": MAIN, "m": 512, "n": 256, "k": 256, "beta": 0.0},
