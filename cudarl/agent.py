@@ -15,17 +15,19 @@ that :class:`cudarl.graph.StepGraph` captures (GPU) or runs in order (NumPy)::
              the rule's learn phases (C51: targets_loss, one launch; IQN, QR-DQN: targets - loss) - q_stats_join
              (joins q_stats' branch where a later phase reads it, CQL, the plan head, causal or homeostatic, else
              publish joins it; joins the extra heads at s) - cql (agent.cql_alpha) - plan (net.plan: cudarl.plan) -
-             the auxiliary signals' loss phases (on their branch, joined by the backward) - priorities (a parallel
-             branch to the end) - backward (dx chain | weight gradients, in parallel; joins the auxiliary branches)
-             - the auxiliary signals' grad phases (Gradient Vaccine's correction, from the auxiliary heads' backward
-             on its branch beside this one; the causal penalty's gradient, from a backward on its branch beside this
-             one, added: they read and rewrite the flat gradient, the auxiliary heads' included) - aux_sgd (the
-             auxiliary signals' own SGD steps, agent.aux "risk": its head; "denoise": the encoder and its decoder,
-             joining its branch; every span in one launch, after the grad phases so that those see the heads'
-             gradients before a step clears them) - adam (one launch: the gradient norm and clip, the update with
-             the target net's soft update and the publish of loss and gradient norm to the host ring; three launches
-             with run.grid_barrier = false) - spectral (net.spectral: a power iteration and W_sn of both nets) -
-             publish (the step's observables, :class:`cudarl.stats.StepStats`, to their host ring)
+             the auxiliary signals' loss phases (on their branch, joined by the backward) - extras_backward (C51
+             with an auxiliary head: the extra heads' backward on the auxiliary branch, beside homeostatic's, joined
+             by the backward, which adds the Q head's dL/dpsi) - priorities (a parallel branch to the end) -
+             backward (dx chain | weight gradients, in parallel; joins the auxiliary branches) - the auxiliary
+             signals' grad phases (Gradient Vaccine's correction, from the auxiliary heads' backward on its branch
+             beside this one; the causal penalty's gradient, from a backward on its branch beside this one, added:
+             they read and rewrite the flat gradient, the auxiliary heads' included) - aux_sgd (the auxiliary
+             signals' own SGD steps, agent.aux "risk": its head; "denoise": the encoder and its decoder, joining its
+             branch; every span in one launch, after the grad phases so that those see the heads' gradients before a
+             step clears them) - adam (one launch: the gradient norm and clip, the update with the target net's soft
+             update and the publish of loss and gradient norm to the host ring; three launches with run.grid_barrier
+             = false) - spectral (net.spectral: a power iteration and W_sn of both nets) - publish (the step's
+             observables, :class:`cudarl.stats.StepStats`, to their host ring)
 
 On the GPU "in parallel" means a :class:`cudarl.graph.SideStream`: a branch of the captured graph
 that runs beside the main chain (same kernels and inputs, so the same bits as one stream).
@@ -167,6 +169,12 @@ class Agent:
         #: whether a phase before the backward reads what q_stats writes (q_s, the logits at s): CQL, the
         #: plan head, a signal that declares it (AuxSignal.reads_q_stats); then q_stats_join waits for its
         #: branch, otherwise publish does (the reference step: its two launches off the critical path)
+        #: whether the step's forward at s runs extra heads that write dL/dpsi (auxiliary heads) and the Q head's
+        #: backward can add into dL/dpsi (Head.accumulates_dpsi: not IQN's): the extra heads' backward then
+        #: runs in the extras_backward phase, on the auxiliary branch, before the step's backward
+        self.extras_early = (
+            any(h.writes_dpsi for h in self.online.extras.values()) and self.online.head.accumulates_dpsi
+        )
         self.q_stats_read = a.cql_alpha > 0 or self.plan is not None or any(s.reads_q_stats for s in self.aux)
 
     # --- collect -------------------------------------------------------------------------------
@@ -225,11 +233,12 @@ class Agent:
     def backward(self) -> None:
         """Gradients of the online net from the s half of the rule's forward (``buffers.ws``)."""
         buf = self.buffers
-        buf.side_aux.join()  # the auxiliary signals' loss branch wrote their heads' gradients
+        buf.side_aux.join()  # the auxiliary heads' losses and the extra heads' backward (extras_backward)
+        buf.side_qgrad.join()  # the branches that add into the Q head's gradient (homeostatic's)
         for s in self.aux:  # work of theirs beside this backward (Gradient Vaccine's backward)
             s.beside_backward()
         buf.ws.set_batch(self.batch_size)
-        self.online.backward(self.batch.obs, buf.ws)
+        self.online.backward(self.batch.obs, buf.ws, extras_done=self.extras_early)
         for side in self.grad_sides:  # the weight gradients, before anything reads them
             side.join()
 
@@ -285,6 +294,14 @@ class Agent:
                 )
             self.adam.update_step(soft=self.soft)
 
+        def extras_backward():
+            # the extra heads' backward (their parameter gradients and their sum of dL/dpsi) on the branch
+            # their losses joined (buffers.side_aux), once every loss phase is enqueued: beside the rule's
+            # phases after the loss (homeostatic's, on buffers.side_qgrad), off the step's chain; the
+            # backward joins it and adds the Q head's dL/dpsi (QNetwork.backward_extras)
+            with buf.side_aux.fork():
+                self.online.backward_extras(buf.ws, self.batch_size)
+
         def priorities():
             # beside the backward pass and the optimiser: it reads the learn phases' priorities and
             # writes only the replay's tree, which nothing else in this step touches
@@ -323,6 +340,7 @@ class Agent:
             *cql,
             *plan,
             *aux,
+            *([("extras_backward", extras_backward)] if self.extras_early else []),
             ("priorities", priorities),
             ("backward", backward),
             *aux_grad,

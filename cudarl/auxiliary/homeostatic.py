@@ -61,7 +61,7 @@ class Homeostatic(AuxBase):
         head = buf.online.head
         # the logits at s the q_stats phase combined from the head's raw output (same workspace rows)
         logits = buf.ws.rows(f"{head.name}.logits", B).reshape(-1, K)
-        with buf.aux_branch(self.side):
+        with buf.aux_branch(self.side, q_grad=True):  # it adds into the Q head's raw gradient
             self.ops.probs_control(
                 logits, self.p.reshape(-1, K), self.part, self.m, self.g, self.state, self.done, self.target,
                 self.weight,

@@ -53,6 +53,8 @@ class C51IQNHead(Head):
         """The C51 head's dueling combine of ``va`` (:meth:`cudarl.nn.heads.C51Head.logits_of`)."""
         return self.c51.logits_of(va, ws)
 
+    accumulates_dpsi = False
+
     def backward(self, psi, ws: Workspace, dpsi=None, accumulate: bool = False, raw: bool = False) -> None:
         """Both heads' parameter gradients, and dpsi = IQN's + C51's dL/dpsi (IQN's backward overwrites
         dpsi, so it runs first and the sum is not an accumulation into a caller's buffer)."""

@@ -21,6 +21,9 @@ class Head(Module):
     (C51's ``va``, before the dueling combine) accepts ``raw=True``; the others raise."""
 
     n_actions: int
+    #: Whether ``backward(..., accumulate=True)`` adds its dL/dpsi into ``dpsi`` (IQN's mixing kernel
+    #: overwrites it: False there and in the two-head C51 + IQN head, whose backward runs it first).
+    accumulates_dpsi: bool = True
 
     def output_shape(self, B: int) -> tuple:
         """The shape of ``forward``'s output for ``B`` samples."""
@@ -151,6 +154,8 @@ class IQNHead(Head):
         q = self.out.forward(h, ws)
         return q.reshape(B, N, self.n_actions)
 
+    accumulates_dpsi = False
+
     def backward(self, psi, ws: Workspace, dpsi=None, accumulate: bool = False, raw: bool = False) -> None:
         self._no_raw(raw)
         if dpsi is None or accumulate:
@@ -216,6 +221,7 @@ class PlanHead(Module):
     """
 
     THRESHOLD = 0.5
+    writes_dpsi = False  # a probe of psi: its backward leaves dpsi alone
 
     def __init__(
         self,

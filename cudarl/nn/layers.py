@@ -55,6 +55,9 @@ class Module:
     """Base: holds the parameter/gradient views and the op tables of the backend once bound."""
 
     name: str
+    #: For a head on psi: whether ``backward(psi, ws, dpsi, accumulate)`` writes dL/dpsi (overwrites it, or with
+    #: ``accumulate`` adds to it). False for a probe that leaves the encoder alone (the plan head).
+    writes_dpsi: bool = True
 
     def bind(self, P: dict, G: dict, xp) -> None:
         """Take the parameter and gradient views of the network's flat buffers, and the ``nn``

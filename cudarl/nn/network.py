@@ -348,9 +348,40 @@ class QNetwork:
         """The shape of ``forward()["q"]`` for ``B`` samples (the head's)."""
         return self.head.output_shape(B)
 
-    def backward(self, x=None, ws: Workspace | None = None, dx=None, last_layer: bool = False) -> None:
+    def backward_extras(self, ws: Workspace | None = None, rows: int | None = None) -> bool:
+        """The first part of :meth:`backward` over ``ws``, alone: the extra heads' backward (those the last
+        forward on ``ws`` ran, in that order) over its first ``rows`` (default ``ws.batch``), writing their
+        parameter gradients and overwriting dL/dpsi with the sum of those that write it
+        (``Module.writes_dpsi``: not the plan head, a probe); :meth:`backward` with ``extras_done`` then adds
+        the Q head's. So it can run earlier, on another stream, once the extra heads' output
+        gradients are written (the agent's ``extras_backward`` phase: on the auxiliary signals' branch,
+        beside the rule's loss, so that their GEMMs leave the step's chain). dL/dpsi is then
+        ``Q + (E_1 + E_2 + ...)`` where :meth:`backward` alone sums ``((Q + E_1) + E_2) + ...``: the same to
+        float32 rounding. Whether an extra head wrote dL/dpsi (False: none did, and the Q head's
+        backward overwrites it as without this call)."""
+        ws = ws or self.ws
+        if not ws.heads:
+            return False
+        self.join_extras(ws)
+        batch = ws.batch
+        B = ws.set_batch(batch if rows is None else rows)  # the rows the backward runs over (IQN's: s of s, s')
+        psi = ws.rows(f"{self.encoder.out_name}.out", B)
+        dpsi = ws.rows(f"{self.encoder.out_name}.dout", B)
+        wrote = False
+        for name in ws.heads:
+            head = self.extras[name]
+            head.backward(psi, ws, dpsi, accumulate=wrote)
+            wrote = wrote or head.writes_dpsi
+        ws.set_batch(batch)
+        return wrote
+
+    def backward(
+        self, x=None, ws: Workspace | None = None, dx=None, last_layer: bool = False, extras_done: bool = False
+    ) -> None:
         """Overwrite :attr:`grads` from the gradients in :meth:`grad_outputs` (last forward on ``ws``,
         raw or not as that forward was; the extra heads that forward ran, :meth:`forward`'s ``heads``).
+        ``extras_done``: :meth:`backward_extras` has run the extra heads' part over these rows (their
+        parameter gradients and their sum of dL/dpsi): the Q head's dL/dpsi is added to it.
 
         ``last_layer``: the heads' backward, then the encoder's stops after its last layer's parameter
         gradients (:meth:`Encoder.backward_last`, ``encoder.last_layer``); the other encoder parameters'
@@ -361,8 +392,9 @@ class QNetwork:
         x = ws.x if x is None else x
         psi = ws.rows(f"{self.encoder.out_name}.out")
         dpsi = ws.rows(f"{self.encoder.out_name}.dout")
-        self.head.backward(psi, ws, dpsi, accumulate=False, raw=ws.raw_head)
-        for name in ws.heads:
+        early = extras_done and any(self.extras[name].writes_dpsi for name in ws.heads)
+        self.head.backward(psi, ws, dpsi, accumulate=early, raw=ws.raw_head)
+        for name in () if early else ws.heads:
             self.extras[name].backward(psi, ws, dpsi, accumulate=True)
         if last_layer:
             if dx is not None:

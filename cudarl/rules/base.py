@@ -43,9 +43,11 @@ class LearnerBuffers:
             buffers of the replay); read the weights with :meth:`importance_weights`.
         rows: float32 ``[B, STATE_DIM]``, the state rows of the batch's ``s`` (their bar indices), or
             None; market: the :class:`cudarl.env.TradingEnv` the replay's rows come from, or None (the
-            auxiliary signals that read future bars need both); side_aux: the auxiliary signals' loss
+            auxiliary signals that read future bars need both); side_aux: the auxiliary heads' loss
             branch, joined by the backward before it reads their heads' gradients (a signal's own loss
-            branch joins into it: :meth:`aux_branch`); side_qstats: the ``q_stats`` phase's branch, beside the
+            branch joins into it: :meth:`aux_branch`; the agent's ``extras_backward`` runs on it);
+            side_qgrad: the branch of the signals that add into the Q head's gradient (homeostatic's),
+            joined by the backward; side_qstats: the ``q_stats`` phase's branch, beside the
             learn phases (:meth:`cudarl.agent.Agent.q_stats`).
     """
 
@@ -71,6 +73,7 @@ class LearnerBuffers:
         self.side, self.side_next, self.side_small = SideStream(xp), SideStream(xp), SideStream(xp)
         self.side_stats = SideStream(xp)
         self.side_aux = SideStream(xp)
+        self.side_qgrad = SideStream(xp, gemms=False)
         self.side_qstats = SideStream(xp, gemms=False)  # the q_stats kernels launch no GEMM
         self.rows, self.market = rows, market
         self.idx = None
@@ -87,14 +90,16 @@ class LearnerBuffers:
         return ws
 
     @contextmanager
-    def aux_branch(self, side):
+    def aux_branch(self, side, q_grad: bool = False):
         """``with buffers.aux_branch(side):`` the body on ``side`` (a :class:`cudarl.graph.SideStream` of an
         auxiliary signal's own, forked from the current stream), which is then joined into
-        :attr:`side_aux`: the backward, joining :attr:`side_aux`, waits for it, and the signals' loss
-        branches run beside each other."""
+        :attr:`side_aux` (a loss that writes its extra head's output gradient, which the extra heads'
+        backward reads there: the agent's ``extras_backward`` phase) or, with ``q_grad``, into
+        :attr:`side_qgrad` (one that adds into the Q head's gradient, which only the step's backward
+        reads). The backward joins both, and the signals' loss branches run beside each other."""
         with side.fork():
             yield
-        with self.side_aux.fork():
+        with (self.side_qgrad if q_grad else self.side_aux).fork():
             side.join()
 
     def importance_weights(self):

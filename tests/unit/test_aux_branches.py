@@ -509,3 +509,24 @@ def test_gpu_vaccines_backward_runs_beside_the_steps_and_its_grad_phase_waits_fo
     grad = [n for n in nodes if n["phase"] == "vaccine"]
     assert [n["name"] for n in grad] == ["cudarl_vaccine_dots", "cudarl_vaccine_control", "cudarl_vaccine_apply"]
     assert mine | set(steps) <= ancestors(nodes, grad[0]["id"])
+
+
+@pytest.mark.gpu
+def test_gpu_the_extra_heads_backward_runs_beside_homeostatic_and_the_backward_waits_for_it():
+    """C51 with horizons, risk and homeostatic: the extras_backward phase's launches (the heads' dW and their
+    dL/dpsi GEMMs) sit on ``buffers.side_aux``, after both heads' losses; homeostatic's kernels (on
+    ``buffers.side_qgrad``'s side of the graph) do not wait for them nor they for homeostatic's; the step's
+    first backward launch waits for both (issue 19: the heads' GEMMs off the step's chain)."""
+    nodes, t = traced_train_graph({"agent": {"aux": ["horizons", "risk", "homeostatic"]}})
+    assert t.agent.extras_early
+    mine = {n["id"] for n in nodes if n["phase"] == "extras_backward"}
+    assert mine and t.stream.ptr not in {nodes[i]["stream"] for i in mine}
+    losses = [next(n["id"] for n in nodes if n["name"] == f"cudarl_{s}_loss") for s in ("horizons", "risk")]
+    assert all(set(losses) <= ancestors(nodes, i) for i in mine)
+    homeo = {n["id"] for n in nodes if n["phase"] == "aux_homeostatic"}
+    assert homeo and not any(mine & ancestors(nodes, i) for i in homeo)
+    assert not any(homeo & ancestors(nodes, i) for i in mine)
+    # the dL/dpsi chain on side_aux (the heads' dW run on their layers' branches, joined before Adam)
+    chain = {i for i in mine if nodes[i]["stream"] == t.agent.buffers.side_aux.stream.ptr}
+    first_backward = next(n["id"] for n in nodes if n["phase"] == "backward")
+    assert chain and chain | homeo <= ancestors(nodes, first_backward)

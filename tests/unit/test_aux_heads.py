@@ -41,7 +41,13 @@ def rows_of(tmp_path) -> list:
 def test_each_signal_runs_in_the_train_graph_and_its_observable_moves(tmp_path, head, name):
     t = trainer(tmp_path, net={"head": head}, agent={"aux": [name]}, run={"log_every": 10})
     phases = [p for p, _ in t.train_graph.phases]
-    assert phases.index(f"aux_{name}") == phases.index("priorities") - 1
+    # then the extra heads' backward on the auxiliary branch (a signal with a head, C51: Agent.extras_early;
+    # IQN's mixing kernel overwrites dL/dpsi), then the priorities
+    early = head == "c51" and bool(t.agent.online.extras)
+    assert t.agent.extras_early is early and (name == "denoise" or t.agent.online.extras)
+    after = ["extras_backward"] if early else []
+    i = phases.index(f"aux_{name}")
+    assert phases[i + 1 : i + 2 + len(after)] == [*after, "priorities"]
     w0 = own_params(t, name)
     t.run(40)
     seen = [r for r in rows_of(tmp_path) if f"aux.{name}.loss" in r]

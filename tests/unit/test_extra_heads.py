@@ -170,3 +170,34 @@ def test_a_forward_runs_the_heads_it_names_and_the_backward_those_it_ran(rng):
     net.forward(x, heads="none")
     net.backward()
     assert np.all(net.G["aux.probe.weight"] == 7.0) and not np.any(net.G["enc.0.weight"] == 7.0)
+
+
+@pytest.mark.parametrize("plan", [False, True])
+def test_the_extra_heads_backward_run_first_gives_the_one_backwards_gradient(plan):
+    """``QNetwork.backward_extras`` then ``backward(extras_done=True)`` (the agent's ``extras_backward`` phase,
+    on the auxiliary branch, then the step's backward) gives the gradient of ``backward`` alone to float32
+    rounding (dL/dpsi summed as Q + (E_1 + E_2) against (Q + E_1) + E_2), with the plan head, a probe that
+    leaves dL/dpsi alone, among the heads or not; and the trainer's agent takes that order for C51 with a
+    head signal (``Agent.extras_early``), not for IQN, whose mixing kernel overwrites dL/dpsi."""
+    t = Trainer(small(net={"head": "c51", "plan": plan}, agent={"aux": HEADS}), run_dir=False, echo=lambda m: None)
+    assert t.agent.extras_early and "extras_backward" in dict(t.train_graph.phases)
+    net, rng = t.agent.online, np.random.default_rng(0)
+    ws = net.new_workspace(64)
+    x = rng.standard_normal((64, net.n_in)).astype(np.float32)
+    net.forward(x, ws, raw_head=True, heads="all")
+    outs = {k: rng.standard_normal(g.shape).astype(np.float32) for k, g in net.grad_outputs(ws, raw_head=True).items()}
+
+    def set_outputs():  # a backward may rewrite an output gradient in place (dz = dout * act')
+        for k, g in net.grad_outputs(ws, raw_head=True).items():
+            g[...] = outs[k]
+        net.grads[...] = 0.0
+
+    set_outputs()
+    net.backward(x, ws)
+    one = net.grads.copy()
+    set_outputs()
+    assert net.backward_extras(ws) is True
+    net.backward(x, ws, extras_done=True)
+    np.testing.assert_allclose(net.grads, one, rtol=2e-5, atol=1e-6)  # the sum's order differs: not the bits
+    iqn = Trainer(small(net={"head": "iqn"}, agent={"aux": HEADS}), run_dir=False, echo=lambda m: None)
+    assert not iqn.agent.extras_early and "extras_backward" not in dict(iqn.train_graph.phases)

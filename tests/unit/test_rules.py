@@ -266,7 +266,11 @@ def test_a_registered_aux_signal_runs_in_the_train_graph_and_its_observable_move
     cfg = small(tmp_path, net={"head": head}, agent={"aux": ["ret"]}, run={"log_every": 10})
     t = quiet(cfg, run_dir=tmp_path / "run")
     names = [name for name, _ in t.train_graph.phases]
-    assert names.index("aux_ret") == names.index("priorities") - 1  # after the rule's, before the backward
+    # after the rule's, before the backward (with C51 the extra heads' backward between: Agent.extras_early)
+    after = ["extras_backward"] if head == "c51" else []
+    assert t.agent.extras_early is (head == "c51")
+    i = names.index("aux_ret")
+    assert names[i + 1 : i + 2 + len(after)] == [*after, "priorities"]
     w0 = t.agent.online.P["aux.ret.weight"].copy()
     t.run(40)
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
