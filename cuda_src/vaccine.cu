@@ -1,7 +1,8 @@
 // Gradient Vaccine (Wang et al., ICLR 2021) between the main and the auxiliary gradients on the
 // encoder (agent.aux = [..., "vaccine"]). Twin: cudarl/reference/vaccine.py (the equations and our
-// choices). Launchers: cudarl/ops/vaccine.py. Three launches, no atomics, fixed-order sums:
-// dots (a block a VC_CHUNK chunk), control (one block), apply (grid-stride).
+// choices). Launchers: cudarl/ops/vaccine.py. Two launches, no float atomics, fixed-order sums:
+// dots_control (a block a VC_CHUNK chunk; the last block to finish, by an integer ticket, the control
+// step), apply (grid-stride).
 
 #include <cudarl/reduce.cuh>
 
@@ -10,45 +11,17 @@
 #define VC_PHI_MAX (1.0f - 1e-6f)
 
 // ---------------------------------------------------------------------------------------------
-// cudarl_vaccine_dots: over chunk p of [lo, hi), with g_m = full - aux and g_a = aux:
-//   partial[p] = (sum g_m g_a, sum g_m^2, sum g_a^2). Threads: one VC_THREADS block per chunk,
-//   elements strided per thread in order, then the block's tree. Reads 8 (hi - lo) bytes; writes 12/block.
-extern "C" __global__ void cudarl_vaccine_dots(const float* __restrict__ full, const float* __restrict__ aux,
-                                               float* __restrict__ partial, long long lo, long long hi) {
-  __shared__ float sh[VC_THREADS];
-  const long long start = lo + (long long)blockIdx.x * VC_CHUNK;
-  const long long stop = min(start + VC_CHUNK, hi);
-  float mg = 0.f, mm = 0.f, aa = 0.f;
-  for (long long i = start + threadIdx.x; i < stop; i += VC_THREADS) {
-    const float a = aux[i];
-    const float m = full[i] - a;
-    mg += m * a;
-    mm += m * m;
-    aa += a * a;
-  }
-  mg = cudarl::block_sum(mg, sh, VC_THREADS);
-  mm = cudarl::block_sum(mm, sh, VC_THREADS);
-  aa = cudarl::block_sum(aa, sh, VC_THREADS);
-  if (threadIdx.x == 0) {
-    partial[3 * blockIdx.x + 0] = mg;
-    partial[3 * blockIdx.x + 1] = mm;
-    partial[3 * blockIdx.x + 2] = aa;
-  }
-}
-
-// ---------------------------------------------------------------------------------------------
-// cudarl_vaccine_control: sums the P partials (strided then a tree), phi = cosine, the coefficient c
-// of the paper's eq. 4 against phi_hat = state[0] (read before it moves), then the EMA
-// phi_hat <- (1 - beta) phi_hat + beta phi; state = [phi_hat, phi, c, |g_m|, |g_a|].
-// Threads: one VC_THREADS block. Reads 3P + 1 floats; writes 5.
-extern "C" __global__ void cudarl_vaccine_control(const float* __restrict__ partial, float* __restrict__ state, int P,
-                                                  float beta) {
-  __shared__ float sh[VC_THREADS];
+// The control step (one block, thread 0 writes): sums the P partials (strided then a tree), phi = cosine,
+// the coefficient c of the paper's eq. 4 against phi_hat = state[0] (read before it moves), then the EMA
+// phi_hat <- (1 - beta) phi_hat + beta phi; state = [phi_hat, phi, c, |g_m|, |g_a|]. The partials were
+// written by other blocks of the launch before their tickets: read from L2.
+__device__ __forceinline__ void vc_control(const float* partial, float* __restrict__ state, int P, float beta,
+                                           float* sh) {
   float mg = 0.f, mm = 0.f, aa = 0.f;
   for (int p = threadIdx.x; p < P; p += VC_THREADS) {
-    mg += partial[3 * p + 0];
-    mm += partial[3 * p + 1];
-    aa += partial[3 * p + 2];
+    mg += __ldcg(partial + 3 * p + 0);
+    mm += __ldcg(partial + 3 * p + 1);
+    aa += __ldcg(partial + 3 * p + 2);
   }
   mg = cudarl::block_sum(mg, sh, VC_THREADS);
   mm = cudarl::block_sum(mm, sh, VC_THREADS);
@@ -68,6 +41,41 @@ extern "C" __global__ void cudarl_vaccine_control(const float* __restrict__ part
   state[2] = c;
   state[3] = nm;
   state[4] = na;
+}
+
+// ---------------------------------------------------------------------------------------------
+// cudarl_vaccine_dots_control: over chunk p of [lo, hi), with g_m = full - aux and g_a = aux:
+//   partial[p] = (sum g_m g_a, sum g_m^2, sum g_a^2) (elements strided per thread in order, then the
+//   block's tree); the block that finishes last (cudarl::last_block on the integer ticket *done, 0 at
+//   launch and left 0) then takes the control step over the P = gridDim.x partials. One launch where
+//   dots and a one-block control kernel were two (issue 19: one node fewer on the MLP step's path),
+//   the same arithmetic in the same order: the same bits.
+// Threads: one VC_THREADS block per chunk. Reads 8 (hi - lo) + 12 P bytes; writes 12 P + 20.
+extern "C" __global__ void cudarl_vaccine_dots_control(const float* __restrict__ full, const float* __restrict__ aux,
+                                                       float* partial, float* __restrict__ state,
+                                                       unsigned int* __restrict__ done, long long lo, long long hi,
+                                                       float beta) {
+  __shared__ float sh[VC_THREADS];
+  const long long start = lo + (long long)blockIdx.x * VC_CHUNK;
+  const long long stop = min(start + VC_CHUNK, hi);
+  float mg = 0.f, mm = 0.f, aa = 0.f;
+  for (long long i = start + threadIdx.x; i < stop; i += VC_THREADS) {
+    const float a = aux[i];
+    const float m = full[i] - a;
+    mg += m * a;
+    mm += m * m;
+    aa += a * a;
+  }
+  mg = cudarl::block_sum(mg, sh, VC_THREADS);
+  mm = cudarl::block_sum(mm, sh, VC_THREADS);
+  aa = cudarl::block_sum(aa, sh, VC_THREADS);
+  if (threadIdx.x == 0) {
+    partial[3 * blockIdx.x + 0] = mg;
+    partial[3 * blockIdx.x + 1] = mm;
+    partial[3 * blockIdx.x + 2] = aa;
+  }
+  if (!cudarl::last_block(done)) return;
+  vc_control(partial, state, (int)gridDim.x, beta, sh);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -23,12 +23,13 @@ Where it runs (issue 19, the MLP's critical path): its backward with only the au
 (:class:`cudarl.auxiliary.base.OwnBackward`) over a workspace that shares the step's forward at s and has
 its own copy of every buffer that backward writes (:meth:`cudarl.nn.params.Workspace.shadow` of
 :meth:`cudarl.nn.QNetwork.backward_writes`), in which the main outputs' gradients are zero. Phase
-``vaccine`` after the backward, before the optimiser (:meth:`grad_phases`): join that branch - dots -
-control - apply (the flat gradient, in place: the scope's slice ``[lo, hi)`` becomes
-``full + c (full - aux)``, the rest stays ``full``). ``full`` is the flat gradient as the backward and the
-grad phases before this one left it, as before; ``aux`` is the same kernels over the same inputs as the
+``vaccine`` after the backward, before the optimiser (:meth:`grad_phases`): join that branch -
+dots_control (one launch: the partial dots, then its last block the control step) - apply (the flat
+gradient, in place: the scope's slice ``[lo, hi)`` becomes ``full + c (full - aux)``, the rest stays
+``full``). ``full`` is the flat gradient as the backward and the grad phases before this one left it, as
+before; ``aux`` is the same kernels over the same inputs as the
 backward this phase once ran on the flat gradient after saving it, so every bit is as it was. The
-target cosine ``phi_hat`` is an EMA in device memory (``state[0]``), read and moved by the control kernel
+target cosine ``phi_hat`` is an EMA in device memory (``state[0]``), read and moved by the control step
 inside the graph; it is checkpointed.
 Observables: ``aux.vaccine.cos`` (phi), ``aux.vaccine.target`` (phi_hat after the step),
 ``aux.vaccine.coef`` (c), ``aux.vaccine.norm_main``, ``aux.vaccine.norm_aux``.
@@ -112,6 +113,7 @@ class Vaccine(AuxBase):
         self.side = SideStream(xp)
         self.partial = xp.zeros((ref.blocks(self.hi - self.lo), 3), np.float32)
         self.state = xp.zeros(ref.STATE, np.float32)  # phi_hat_0 = 0 (the paper's initial target)
+        self.done = xp.zeros(1, np.uint32)  # dots_control's ticket: 0, and left 0 by every launch
         self.ops, self.util = family("vaccine", xp), family("util", xp)
 
     def grad_phases(self) -> list:
@@ -133,12 +135,11 @@ class Vaccine(AuxBase):
         self.side.join()
         full, aux = self.buf.online.grads, self.extra.grads
         if self.numpy:
-            self.partial[...] = ref.dots(full, aux, self.lo, self.hi)
-            self.state[...] = ref.control(self.partial, self.state, self.beta)
+            self.partial[...], self.state[...] = ref.dots_control(full, aux, self.state, self.lo, self.hi, self.beta)
             full[...] = ref.apply(full, aux, self.state, self.lo, self.hi)
         else:
-            self.ops.dots(full, aux, self.partial, self.lo, self.hi)
-            self.ops.control(self.partial, self.state, self.beta)
+            args = (self.partial, self.state, self.done, self.lo, self.hi, self.beta)
+            self.ops.dots_control(full, aux, *args)  # one launch: its last block the control step
             self.ops.apply(full, aux, full, self.state, self.lo, self.hi)
 
     def observable(self) -> dict:

@@ -20,23 +20,20 @@ def _range(where: str, n: int, lo: int, hi: int) -> None:
         raise ValueError(f"{where}: the encoder's slice [{lo}, {hi}) is not inside [0, {n})")
 
 
-def dots(full, aux, partial, lo: int, hi: int, stream=None) -> None:
-    """``partial [blocks(hi - lo), 3]``: per chunk, ``(g_m . g_a, |g_m|^2, |g_a|^2)`` over ``[lo, hi)``."""
+def dots_control(full, aux, partial, state, done, lo: int, hi: int, beta: float, stream=None) -> None:
+    """One launch: ``partial [blocks(hi - lo), 3]``, per chunk of ``[lo, hi)``, ``(g_m . g_a, |g_m|^2, |g_a|^2)``;
+    then the last block to finish (the integer ticket ``done [1]`` uint32, 0 before and left 0) the cosine,
+    the coefficient and the target's EMA into ``state [5]`` (read, then written)."""
     (n,) = full.shape
-    _range("vaccine.dots", n, lo, hi)
-    check("vaccine.dots", "full", full, F32, (n,))
-    check("vaccine.dots", "aux", aux, F32, (n,))
+    _range("vaccine.dots_control", n, lo, hi)
+    check("vaccine.dots_control", "full", full, F32, (n,))
+    check("vaccine.dots_control", "aux", aux, F32, (n,))
     P = blocks(hi - lo)
-    check("vaccine.dots", "partial", partial, F32, (P, 3))
-    launch("vaccine", "dots", P, THREADS, (full, aux, partial, int(lo), int(hi)), stream=stream)
-
-
-def control(partial, state, beta: float, stream=None) -> None:
-    """The cosine, the coefficient and the target's EMA into ``state [5]`` (read, then written)."""
-    P = partial.shape[0]
-    check("vaccine.control", "partial", partial, F32, (P, 3))
-    check("vaccine.control", "state", state, F32, (STATE,))
-    launch("vaccine", "control", 1, THREADS, (partial, state, P, float(beta)), stream=stream)
+    check("vaccine.dots_control", "partial", partial, F32, (P, 3))
+    check("vaccine.dots_control", "state", state, F32, (STATE,))
+    check("vaccine.dots_control", "done", done, np.uint32, (1,))
+    args = (full, aux, partial, state, done, int(lo), int(hi), float(beta))
+    launch("vaccine", "dots_control", P, THREADS, args, stream=stream)
 
 
 def apply(full, aux, grads, state, lo: int, hi: int, stream=None) -> None:

@@ -21,9 +21,10 @@ the encoder's slice ``[lo, hi)`` of the flat parameters::
 
     g_m = full - aux,   grads = full + c g_m   (elsewhere grads = full)
 
-Stages (the kernel launches): :func:`dots` (per-block partial sums of ``g_m . g_a``, ``|g_m|^2``,
-``|g_a|^2``), :func:`control` (the cosine, ``c``, the EMA: ``state = [phi_hat, phi, c, |g_m|, |g_a|]``;
-``phi_hat`` is read before it is moved) and :func:`apply`.
+Stages: :func:`dots` (per-block partial sums of ``g_m . g_a``, ``|g_m|^2``, ``|g_a|^2``), :func:`control`
+(the cosine, ``c``, the EMA: ``state = [phi_hat, phi, c, |g_m|, |g_a|]``; ``phi_hat`` is read before it is
+moved) and :func:`apply`. The kernel's launches: :func:`dots_control` (the first two: its last block takes
+the control step) and :func:`apply`.
 """
 
 from __future__ import annotations
@@ -68,6 +69,12 @@ def control(partial, state, beta, compute_dtype=np.float32):
         c = na * (target * np.sqrt(max(1.0 - phi * phi, 0.0)) - phi * st) / (nm * st)
     new = (1.0 - float(beta)) * target + float(beta) * phi
     return np.array([new, phi, c, nm, na], dtype=compute_dtype)
+
+
+def dots_control(full, aux, state, lo: int, hi: int, beta, compute_dtype=np.float32):
+    """The kernel's first launch: ``(partial, state')`` = :func:`dots` then :func:`control`."""
+    partial = dots(full, aux, lo, hi, compute_dtype)
+    return partial, control(partial, state, beta, compute_dtype)
 
 
 def apply(full, aux, state, lo: int, hi: int, compute_dtype=np.float32):

@@ -73,12 +73,11 @@ def test_gpu_matches_reference(cp, rng, n, lo, hi):
     part, grads = cp.empty((P, 3), np.float32), cp.empty(n, np.float32)
     poison(part)
     poison(grads)
-    state = cp.asarray(np.float32([0.3, 0, 0, 0, 0]))
-    ops.dots(cp.asarray(full), cp.asarray(aux), part, lo, hi)
-    ops.control(part, state, 0.05)
+    state, done = cp.asarray(np.float32([0.3, 0, 0, 0, 0])), cp.zeros(1, np.uint32)
+    ops.dots_control(cp.asarray(full), cp.asarray(aux), part, state, done, lo, hi, 0.05)
+    assert int(done.get()[0]) == 0  # the ticket is left ready for the next launch
     ops.apply(cp.asarray(full), cp.asarray(aux), grads, state, lo, hi)
-    r_part = ref.dots(full, aux, lo, hi)
-    r_state = ref.control(r_part, np.float32([0.3, 0, 0, 0, 0]), 0.05)
+    r_part, r_state = ref.dots_control(full, aux, np.float32([0.3, 0, 0, 0, 0]), lo, hi, 0.05)
     assert_parity(part, r_part, rtol=1e-5, what="partial sums")
     assert_parity(state, r_state, rtol=1e-5, what="state")
     assert_parity(grads, ref.apply(full, aux, r_state, lo, hi), rtol=1e-5, what="grads")
@@ -99,10 +98,10 @@ def test_gpu_graphed_equals_eager_bitwise_and_the_target_moves_each_replay(cp, r
         cp.zeros(n, np.float32),
         cp.zeros(5, np.float32),
     )
+    done = cp.zeros(1, np.uint32)
 
     def phase():
-        ops.dots(full, aux, part, lo, hi)
-        ops.control(part, state, 0.1)
+        ops.dots_control(full, aux, part, state, done, lo, hi, 0.1)
         ops.apply(full, aux, grads, state, lo, hi)
 
     g = StepGraph("vaccine_parity", [("v", phase)], xp=cp)
