@@ -318,22 +318,35 @@ class Linear(Module):
             family("seq", self.xp).residual_add(residual, y, y)
         return y
 
-    def _dx(self, dz, dx, accumulate: bool) -> None:
+    def _dx(self, dz, dx, accumulate: bool, below=None) -> bool:
         """dx (+)= dz W^T: the panel kernel under ``cudarl`` where it can take the call (GPU, no
         accumulate), else cuBLASLt without split-K under ``cublaslt_nosplit`` (GPU, no accumulate,
         operands aligned as the plan :meth:`prepare_backward` made), else :func:`matmul`. (dW is
-        :meth:`_dw`'s, by ``dw_gemm``.)"""
+        :meth:`_dw`'s, by ``dw_gemm``.)
+
+        ``below``: ``(y, act)``, the output and activation code of the layer whose ``dout`` dx is. Under
+        ``cublaslt_nosplit`` or ``cudarl`` in float32 on the GPU, where the panel kernel can take the call,
+        its ``nt_act`` writes that layer's dz = act'(dz W^T; y) in one launch (the mask kernel's bits from
+        the panel product) and this returns True: the layer below then skips its activation backward.
+        Elsewhere False (dx as above)."""
         W = self.weight()
         gpu_overwrite = not accumulate and not isinstance(dx, np.ndarray)
+        if below is not None and self.lt_all and not self.tf32 and gpu_overwrite:
+            panel = family("gemm", self.xp)
+            y, act = below
+            if dz.shape[0] <= panel.MAX_ROWS and panel.eligible(dz, W, y, dx, K=self.n_out, N=self.n_in, trans_b=True):
+                panel.nt_act(dz, W, y, dx, act)
+                return True
         if self.panel and gpu_overwrite:
             panel = family("gemm", self.xp)
             if dz.shape[0] <= panel.MAX_ROWS and panel.eligible(dz, W, dx, K=self.n_out, N=self.n_in, trans_b=True):
                 panel.nt(dz, W, dx)
-                return
+                return False
         if self.lt_all and gpu_overwrite and all(t.data.ptr % blas.LT_ALIGN == 0 for t in (dz, W, dx)):
             blas.gemm_lt(dz, W, dx, trans_b=True, tf32=self.tf32, split_k=False, algo=self.lt_algo)
-            return
+            return False
         matmul(dz, W, dx, trans_b=True, beta=1.0 if accumulate else 0.0, tf32=self.tf32)
+        return False
 
     def _dw(self, x, dz, out) -> None:
         """out = x^T dz. ``dw_gemm="one_kernel"``: cuBLASLt without split-K for float32 operands (on the GPU
@@ -347,14 +360,19 @@ class Linear(Module):
                 return
         matmul(x, dz, out, trans_a=True, tf32=self.tf32)
 
-    def backward(self, x, ws: Workspace, dx=None, accumulate: bool = False) -> None:
+    def backward(self, x, ws: Workspace, dx=None, accumulate: bool = False, below=None, dz_ready: bool = False) -> bool:
+        """The parameters' gradients from ``ws[<name>.dout]``, and ``dx`` (+)= dz W^T when given.
+        ``dz_ready``: the layer above already applied this layer's activation backward to ``dout`` (its
+        dx GEMM's epilogue: :meth:`_dx`'s ``below``), so ``dout`` is dz. ``below``: ``(y, act)`` of the layer
+        whose ``dout`` ``dx`` is, for that epilogue. Returns whether it applied it."""
         B = x.shape[0] // self.rows
         y, dy = ws.rows(f"{self.name}.out", B), ws.rows(f"{self.name}.dout", B)
         gb = self.G[f"{self.name}.bias"]
         side = self.side is not None and not self.spectral
         gw = self.G[f"{self.name}.weight"]
+        act = IDENTITY if dz_ready else self.act
         if not side:
-            self.ops.bias_act_backward(dy, y, dy, gb, self.act)
+            self.ops.bias_act_backward(dy, y, dy, gb, act)
             self._dw(x, dy, self.sn["dw"] if self.spectral else gw)
         else:
             # The dx chain only waits for dz: the activation's backward in place (act_backward;
@@ -365,20 +383,20 @@ class Linear(Module):
             # GEMM holds the chain, else (the first layer) it runs on the chain beside dW. The
             # branch reads x and dz, which the main stream only reads from here on (the caller joins
             # before Adam).
-            if self.act != IDENTITY:
-                self.ops.act_backward(dy, y, dy, self.act)
+            if act != IDENTITY:
+                self.ops.act_backward(dy, y, dy, act)
             with self.side.fork():
                 self._dw(x, dy, gw)
                 if dx is not None:
                     self.ops.bias_act_backward(dy, y, dy, gb, IDENTITY)
             if dx is None:
                 self.ops.bias_act_backward(dy, y, dy, gb, IDENTITY)
-        if dx is not None:
-            self._dx(dy, dx, accumulate)
+        fused = dx is not None and self._dx(dy, dx, accumulate, below)
         if self.spectral:
             sn = self.sn
             self.optim_ops.spectral_dot_partial(sn["dw"], sn["w"], sn["partial"])
             self.optim_ops.spectral_backward(sn["dw"], sn["u"], sn["v"], sn["sigma"], sn["partial"], gw)
+        return fused
 
 
 class SplitLinear(Linear):
@@ -607,13 +625,21 @@ class MLP(Module):
         """The children's backward from the last down to ``stop``; the one at ``stop`` writes ``dx`` if
         ``stop`` is 0, else nothing below it."""
         B = x.shape[0]
+        ready = False  # the child's dout is already its dz (the layer above's dx epilogue applied its ReLU)
         for i in range(len(self.children) - 1, stop - 1, -1):
             c = self.children[i]
             inp = x if i == 0 else ws.rows(f"{self.children[i - 1].name}.out", B)
             below = (
                 None if i == stop and stop > 0 else dx if i == 0 else ws.rows(f"{self.children[i - 1].name}.dout", B)
             )
-            c.backward(inp, ws, below)
+            if not isinstance(c, Linear):
+                c.backward(inp, ws, below)
+                ready = False
+                continue
+            # a Linear below with an activation: its backward can ride on this dx GEMM (Linear._dx)
+            prev = self.children[i - 1] if i > 0 and below is not None else None
+            act_below = (inp, prev.act) if isinstance(prev, Linear) and prev.act != IDENTITY else None
+            ready = c.backward(inp, ws, below, below=act_below, dz_ready=ready)
 
 
 def param_names(modules) -> tuple:

@@ -104,3 +104,25 @@ def nt(a, bt, out) -> None:
         (a, bt, out, M, N, K),
         shared_mem=smem_bytes(K, True),
     )
+
+
+def nt_act(a, bt, y, out, act: int) -> None:
+    """``out [M, N] = act'(a [M, K] @ bt [N, K]^T; y [M, N])``: :func:`nt` with the activation backward of the
+    layer below (its output ``y``, its code ``act``: 0 identity, 1 ReLU, 2 sigmoid) in the epilogue: the
+    bits of :func:`nt` then ``nn.act_backward``."""
+    w = "gemm.nt_act"
+    M, K = a.shape
+    N = bt.shape[0]
+    _check(
+        w,
+        bt.shape == (N, K) and out.shape == (M, N) and y.shape == (M, N),
+        f"shapes a {a.shape}, bt {bt.shape}, y {y.shape}, out {out.shape} disagree",
+    )
+    _check(w, int(act) in (0, 1, 2), f"activation code must be 0, 1 or 2, got {act}")
+    _check(
+        w,
+        eligible(a, bt, y, out, K=K, N=N, trans_b=True),
+        "needs float32 operands, K and N multiples of 4, "
+        f"16-byte alignment and panels within {MAX_SMEM} bytes (see eligible)",
+    )
+    launch("gemm", "nt_act", _grid(M, N), THREADS, (a, bt, y, out, M, N, K, int(act)), shared_mem=smem_bytes(K, True))

@@ -21,3 +21,12 @@ def nn_bias_act(a: np.ndarray, b: np.ndarray, bias: np.ndarray, out: np.ndarray,
 def nt(a: np.ndarray, bt: np.ndarray, out: np.ndarray) -> None:
     """``out = a @ bt.T``: a ``[M, K]``, bt ``[N, K]``, out ``[M, N]``."""
     out[...] = a @ bt.T
+
+
+def nt_act(a: np.ndarray, bt: np.ndarray, y: np.ndarray, out: np.ndarray, act: int) -> None:
+    """``out = act'(a @ bt.T; y)``: :func:`nt`, then the activation backward of the layer whose output is
+    ``y [M, N]`` (:func:`cudarl.reference.nn.act_backward`, act 0 identity, 1 ReLU, 2 sigmoid)."""
+    from .nn import act_backward
+
+    nt(a, bt, out)
+    act_backward(out, y, out, act)

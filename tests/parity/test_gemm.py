@@ -84,6 +84,47 @@ def test_gpu_nt_matches_float64_and_cublas(cp, rng, M, N, K):
     np.testing.assert_allclose(out.get(), cub.get(), rtol=1e-4, atol=1e-4 * float(np.abs(want).max()))
 
 
+def test_reference_nt_act_is_nt_then_the_activations_backward(rng):
+    """The twin of the dx GEMM with the layer below's activation backward in its epilogue: the ReLU's mask
+    (0 where y <= 0) and the sigmoid's y (1 - y) on nt's product."""
+    a, bt = rng.standard_normal((6, 8)).astype(np.float32), rng.standard_normal((4, 8)).astype(np.float32)
+    y = np.maximum(rng.standard_normal((6, 4)), 0).astype(np.float32)
+    prod, out = np.empty((6, 4), np.float32), np.empty((6, 4), np.float32)
+    ref.nt(a, bt, prod)
+    ref.nt_act(a, bt, y, out, 1)
+    np.testing.assert_array_equal(out, np.where(y > 0, prod, np.float32(0)))
+    s = np.float32(1) / (np.float32(1) + np.exp(-rng.standard_normal((6, 4)).astype(np.float32)))
+    ref.nt_act(a, bt, s, out, 2)
+    np.testing.assert_array_equal(out, prod * (s * (np.float32(1) - s)))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("M,N,K", [(7, 36, 68), (512, 256, 256), (512, 256, 204), (1024, 256, 204)])
+@pytest.mark.parametrize("act", [1, 2])
+def test_gpu_nt_act_is_nt_then_act_backward_bitwise(cp, rng, M, N, K, act):
+    """One launch of nt_act gives the bits of nt then nn's act_backward (the two launches it replaces) and
+    the twin's to float32 rounding."""
+    from cudarl.ops import gemm as ops
+    from cudarl.ops import nn as nn_ops
+    from cudarl.reference import nn as nn_ref
+
+    a, b, _, ga, gb, _ = _operands(cp, rng, M, N, K)
+    bt = cp.ascontiguousarray(gb.T)
+    z = rng.standard_normal((M, N)).astype(np.float32)
+    y = np.maximum(z, 0) if act == 1 else 1 / (1 + np.exp(-z))
+    gy = cp.asarray(y.astype(np.float32))
+    out, two = cp.empty((M, N), np.float32), cp.empty((M, N), np.float32)
+    poison(out)
+    ops.nt_act(ga, bt, gy, out, act)
+    ops.nt(ga, bt, two)
+    nn_ops.act_backward(two, gy, two, act)
+    assert_bitwise(out, two, what="nt_act against nt then act_backward")
+    want = np.empty((M, N), np.float32)
+    ref.nt(a, b.T.copy(), want)
+    nn_ref.act_backward(want, y.astype(np.float32), want, act)
+    assert_parity(out, want, what="nt_act against the twin")
+
+
 @pytest.mark.gpu
 def test_gpu_gemm_graphed_equals_eager(cp, rng):
     from cudarl.graph import StepGraph

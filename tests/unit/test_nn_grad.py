@@ -249,3 +249,65 @@ def test_forward_plan_keys_name_the_plans_of_a_workspace_without_a_network():
     made = blas._lt_key(m, n, k, False, False, 0x7F0000000200, "relu", False, 512, 512, 512, False)
     assert made == keys[0] == blas.plan_key(m, n, k, bias_align=256, act="relu", split_k=False)
     assert blas.plan_key(m, n, k, bias_align=0)[5] == 1  # no bias: cuBLASLt's DEFAULT epilogue
+
+
+def test_a_dx_gemm_that_applies_the_layer_belows_relu_backward_leaves_every_gradient_as_it_was(monkeypatch):
+    """The MLP's backward when a dx GEMM takes the ReLU backward of the layer below in its epilogue
+    (``Linear._dx``'s ``below``: the GPU's ``gemm.nt_act``, here its twin forced on the NumPy backend, float32):
+    that layer skips its own (``dz_ready``), and every gradient is the plain backward's, bit for bit."""
+    from cudarl.reference import gemm as gref
+
+    def grads(fused: bool):
+        rng = np.random.default_rng(1)
+        mlp = MLP("enc", 12, hidden=(16, 16, 8))
+        layout, spec = ParamLayout(), []
+        mlp.declare(layout, spec)
+        params = layout.init_host(7, np.float32)
+        grads = np.zeros_like(params)
+        mlp.bind(layout.views(params), layout.views(grads), np)
+        ws = workspace(np, np.float32, 32, spec)
+        x = rng.standard_normal((32, 12)).astype(np.float32)
+        mlp.forward(x, ws)
+        ws.rows(f"{mlp.out_name}.dout", 32)[...] = rng.standard_normal((32, 8))
+        calls = []
+        if fused:
+            plain = Linear._dx
+
+            def dx_with_epilogue(self, dz, dx, accumulate, below=None):
+                if below is None:
+                    return plain(self, dz, dx, accumulate)
+                calls.append(self.name)
+                gref.nt_act(dz, self.weight(), below[0], dx, below[1])
+                return True
+
+            monkeypatch.setattr(Linear, "_dx", dx_with_epilogue)
+        ops, acts = mlp.children[0].ops, []
+        plain_bab = ops.bias_act_backward
+
+        def bias_act_backward(dout, out, dz, db, act):  # the activation each layer's backward applies
+            acts.append(int(act))
+            return plain_bab(dout, out, dz, db, act)
+
+        monkeypatch.setattr(ops, "bias_act_backward", bias_act_backward)
+        dx = np.zeros((32, 12), np.float32)
+        mlp.backward(x, ws, dx)
+        monkeypatch.undo()
+        return np.concatenate([grads, dx.ravel()]), calls, acts
+
+    want, _, acts_plain = grads(False)
+    got, calls, acts = grads(True)
+    assert calls == ["enc.2", "enc.1"]  # the dx GEMMs above a ReLU layer; enc.0's dx (the input's) has none
+    assert acts_plain == [1, 1, 1] and acts == [1, 0, 0]  # enc.1 and enc.0 skip the ReLU their dz already has
+    np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.gpu
+def test_gpu_the_reference_backward_applies_the_hidden_relu_in_the_dx_gemm():
+    """The reference MLP step (two hidden ReLU layers): the second layer's dx GEMM writes the first layer's dz
+    (``gemm.nt_act``: the ReLU backward in its epilogue), so one ReLU mask kernel is left in the backward, the
+    one below the head (issue 20: one node fewer on the step's dx chain)."""
+    from test_aux_branches import traced_train_graph
+
+    nodes, t = traced_train_graph({})
+    back = [n["name"] for n in nodes if n["phase"] == "backward"]
+    assert back.count("cudarl_gemm_nt_act") == 1 and back.count("cudarl_nn_act_backward") == 1, back
