@@ -3,8 +3,9 @@
 //
 //   nn_bias_act:  out[M, N] = act(a[M, K] @ b[K, N] + bias[N])   (a Linear's forward; act 0 identity, 1 ReLU)
 //   nt:           out[M, N] = a[M, K] @ bt[N, K]^T                (a Linear's dx = dz W^T)
-//   nt_act:       out[M, N] = act'(a @ bt^T; y[M, N])              (that dx, then the layer below's
-//                 activation backward, act_bwd of activation.cuh: its dz, the mask kernel's bits)
+//   nt_act:       out[M, N] = act'(a @ bt^T (+ out); y[M, N])      (that dx, or with accumulate that dx
+//                 added onto out, then the layer below's activation backward, act_bwd of activation.cuh:
+//                 its dz, the mask kernel's bits)
 // Row-major, dense; K, N multiples of 4 and every pointer 16-byte aligned (the launchers check).
 //
 // Why (ncu on an H200, docs/perf-notes.md): cuBLAS(Lt) ran these shapes (M = 512..4096, N, K <= 256)
@@ -243,13 +244,16 @@ extern "C" __global__ __launch_bounds__(GEMM_THREADS) void cudarl_gemm_nt(const 
 // ---- nt_act ------------------------------------------------------------------------------------
 // out = act_bwd(a @ bt^T, y, act): nt, with the activation backward of the layer below in the epilogue
 // (y its output, act its code): the dz that nn's act_backward would make from nt's output, in one
-// launch (issue 20: the ReLU mask kernel and its node leave the backward's dx chain). Grid, block and
-// shared memory as nt. Reads nt's bytes + 4 M N (y), writes 4 M N.
+// launch (issue 20: the ReLU mask kernel and its node leave the backward's dx chain). accumulate != 0:
+// out = act_bwd(a @ bt^T + out, y, act), the product added onto what out holds (other consumers' dx,
+// summed before: the Q head's dL/dpsi onto the extra heads') before the mask, which must see the whole
+// sum. Each out element is read and written by the one thread that owns it. Grid, block and shared
+// memory as nt. Reads nt's bytes + 4 M N (y) (+ 4 M N: out, with accumulate), writes 4 M N.
 extern "C" __global__ __launch_bounds__(GEMM_THREADS) void cudarl_gemm_nt_act(const float* __restrict__ a,
                                                                           const float* __restrict__ bt,
                                                                           const float* __restrict__ y,
                                                                           float* __restrict__ out, i64 M, i64 N,
-                                                                          int K, int act) {
+                                                                          int K, int act, int accumulate) {
   float acc[4][4];
   i64 m0, n0;
   block_tile<true>(acc, a, bt, M, N, K, m0, n0);
@@ -261,6 +265,13 @@ extern "C" __global__ __launch_bounds__(GEMM_THREADS) void cudarl_gemm_nt_act(co
     for (int i = 0; i < 4; ++i) {
       const i64 m = m0 + 4 * ty + i;
       if (m >= M) continue;
+      if (accumulate) {  // the product + out: one rounded add each, the twin's (and nt, then an add)
+        const float4 ov = *reinterpret_cast<const float4*>(out + m * N + n);
+        acc[i][0] += ov.x;
+        acc[i][1] += ov.y;
+        acc[i][2] += ov.z;
+        acc[i][3] += ov.w;
+      }
       const float4 yv = *reinterpret_cast<const float4*>(y + m * N + n);
       acc[i][0] = cudarl::act_bwd(acc[i][0], yv.x, act);
       acc[i][1] = cudarl::act_bwd(acc[i][1], yv.y, act);

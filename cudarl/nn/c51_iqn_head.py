@@ -55,10 +55,11 @@ class C51IQNHead(Head):
 
     accumulates_dpsi = False
 
-    def backward(self, psi, ws: Workspace, dpsi=None, accumulate: bool = False, raw: bool = False) -> None:
+    def backward(self, psi, ws: Workspace, dpsi=None, accumulate: bool = False, raw: bool = False, below=None) -> bool:
         """Both heads' parameter gradients, and dpsi = IQN's + C51's dL/dpsi (IQN's backward overwrites
-        dpsi, so it runs first and the sum is not an accumulation into a caller's buffer)."""
+        dpsi, so it runs first and the sum is not an accumulation into a caller's buffer). ``below``
+        (:meth:`cudarl.nn.heads.Head.backward`) rides on C51's dx GEMM, the last to add into dpsi."""
         if dpsi is None or accumulate:
             raise ValueError(f"{self.name}: the two-head backward overwrites dpsi; give it a buffer of its own")
         self.iqn.backward(psi, ws, dpsi)
-        self.c51.backward(psi, ws, dpsi, accumulate=True, raw=raw)
+        return self.c51.backward(psi, ws, dpsi, accumulate=True, raw=raw, below=below)

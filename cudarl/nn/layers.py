@@ -326,17 +326,19 @@ class Linear(Module):
 
         ``below``: ``(y, act)``, the output and activation code of the layer whose ``dout`` dx is. Under
         ``cublaslt_nosplit`` or ``cudarl`` in float32 on the GPU, where the panel kernel can take the call,
-        its ``nt_act`` writes that layer's dz = act'(dz W^T; y) in one launch (the mask kernel's bits from
-        the panel product) and this returns True: the layer below then skips its activation backward.
-        Elsewhere False (dx as above)."""
+        its ``nt_act`` writes that layer's dz = act'(dz W^T (+ dx with ``accumulate``); y) in one launch (the
+        mask kernel's bits from the panel product, and the sum) and this returns True: the layer below then
+        skips its activation backward. Elsewhere False (dx as above). The caller gives ``below`` only where
+        this dx is the last to be written into that ``dout`` (the mask needs the whole sum)."""
         W = self.weight()
-        gpu_overwrite = not accumulate and not isinstance(dx, np.ndarray)
-        if below is not None and self.lt_all and not self.tf32 and gpu_overwrite:
+        gpu = not isinstance(dx, np.ndarray)
+        if below is not None and self.lt_all and not self.tf32 and gpu:
             panel = family("gemm", self.xp)
             y, act = below
             if dz.shape[0] <= panel.MAX_ROWS and panel.eligible(dz, W, y, dx, K=self.n_out, N=self.n_in, trans_b=True):
-                panel.nt_act(dz, W, y, dx, act)
+                panel.nt_act(dz, W, y, dx, act, accumulate=accumulate)
                 return True
+        gpu_overwrite = gpu and not accumulate
         if self.panel and gpu_overwrite:
             panel = family("gemm", self.xp)
             if dz.shape[0] <= panel.MAX_ROWS and panel.eligible(dz, W, dx, K=self.n_out, N=self.n_in, trans_b=True):
@@ -603,9 +605,19 @@ class MLP(Module):
             h = c.forward(h, ws)
         return h
 
-    def backward(self, x, ws: Workspace, dx=None) -> None:
-        """Gradient of the output expected in ``ws[<out_name>.dout]``; ``dx`` optional ``[B, n_in]``."""
-        self._backward(x, ws, 0, dx)
+    @property
+    def out_act(self) -> int | None:
+        """The activation code of the top layer when it is a Linear with an activation (the ReLU of every
+        hidden layer without LayerNorm), else None (LayerNorm's ReLU is inside its backward kernel):
+        :class:`cudarl.nn.encoders.Encoder`'s ``out_act``."""
+        top = self.children[-1]
+        return top.act if isinstance(top, Linear) and top.act != IDENTITY else None
+
+    def backward(self, x, ws: Workspace, dx=None, dz_ready: bool = False) -> None:
+        """Gradient of the output expected in ``ws[<out_name>.dout]``; ``dx`` optional ``[B, n_in]``.
+        ``dz_ready``: that ``dout`` is already the top layer's dz (:attr:`out_act`'s backward applied by the
+        head's dx GEMM), so the top layer skips its activation backward."""
+        self._backward(x, ws, 0, dx, dz_ready)
 
     def _last(self) -> int:
         """The index of the last Linear among :attr:`children` (the last layer begins there)."""
@@ -616,16 +628,18 @@ class MLP(Module):
         """The parameters of the last layer: the last Linear's weight and bias (and its LayerNorm's)."""
         return param_names(self.children[self._last() :])
 
-    def backward_last(self, x, ws: Workspace) -> None:
+    def backward_last(self, x, ws: Workspace, dz_ready: bool = False) -> None:
         """:meth:`backward` of the last layer only: overwrite its parameters' gradients (:attr:`last_layer`)
-        and stop (the other layers' gradients are left as they are; no dx)."""
-        self._backward(x, ws, self._last(), None)
+        and stop (the other layers' gradients are left as they are; no dx). ``dz_ready`` as :meth:`backward`."""
+        self._backward(x, ws, self._last(), None, dz_ready)
 
-    def _backward(self, x, ws: Workspace, stop: int, dx) -> None:
+    def _backward(self, x, ws: Workspace, stop: int, dx, dz_ready: bool) -> None:
         """The children's backward from the last down to ``stop``; the one at ``stop`` writes ``dx`` if
-        ``stop`` is 0, else nothing below it."""
+        ``stop`` is 0, else nothing below it. ``dz_ready``: the top child's dout is already its dz."""
+        if dz_ready and self.out_act is None:
+            raise ValueError(f"{self.name}: dz_ready, but the top layer has no activation backward to skip")
         B = x.shape[0]
-        ready = False  # the child's dout is already its dz (the layer above's dx epilogue applied its ReLU)
+        ready = dz_ready  # the child's dout is already its dz (the dx epilogue above applied its activation's)
         for i in range(len(self.children) - 1, stop - 1, -1):
             c = self.children[i]
             inp = x if i == 0 else ws.rows(f"{self.children[i - 1].name}.out", B)

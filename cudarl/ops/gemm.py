@@ -106,10 +106,12 @@ def nt(a, bt, out) -> None:
     )
 
 
-def nt_act(a, bt, y, out, act: int) -> None:
+def nt_act(a, bt, y, out, act: int, accumulate: bool = False) -> None:
     """``out [M, N] = act'(a [M, K] @ bt [N, K]^T; y [M, N])``: :func:`nt` with the activation backward of the
     layer below (its output ``y``, its code ``act``: 0 identity, 1 ReLU, 2 sigmoid) in the epilogue: the
-    bits of :func:`nt` then ``nn.act_backward``."""
+    bits of :func:`nt` then ``nn.act_backward``. ``accumulate``: ``out = act'(a @ bt^T + out; y)``, the
+    product added onto what ``out`` holds before the activation backward (the bits of :func:`nt`, an add,
+    then ``nn.act_backward``)."""
     w = "gemm.nt_act"
     M, K = a.shape
     N = bt.shape[0]
@@ -125,4 +127,11 @@ def nt_act(a, bt, y, out, act: int) -> None:
         "needs float32 operands, K and N multiples of 4, "
         f"16-byte alignment and panels within {MAX_SMEM} bytes (see eligible)",
     )
-    launch("gemm", "nt_act", _grid(M, N), THREADS, (a, bt, y, out, M, N, K, int(act)), shared_mem=smem_bytes(K, True))
+    launch(
+        "gemm",
+        "nt_act",
+        _grid(M, N),
+        THREADS,
+        (a, bt, y, out, M, N, K, int(act), int(bool(accumulate))),
+        shared_mem=smem_bytes(K, True),
+    )

@@ -96,32 +96,42 @@ def test_reference_nt_act_is_nt_then_the_activations_backward(rng):
     s = np.float32(1) / (np.float32(1) + np.exp(-rng.standard_normal((6, 4)).astype(np.float32)))
     ref.nt_act(a, bt, s, out, 2)
     np.testing.assert_array_equal(out, prod * (s * (np.float32(1) - s)))
+    old = rng.standard_normal((6, 4)).astype(np.float32)  # accumulate: the product added onto out, then the mask
+    out[...] = old
+    ref.nt_act(a, bt, y, out, 1, accumulate=True)
+    np.testing.assert_array_equal(out, np.where(y > 0, old + prod, np.float32(0)))
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("M,N,K", [(7, 36, 68), (512, 256, 256), (512, 256, 204), (1024, 256, 204)])
 @pytest.mark.parametrize("act", [1, 2])
-def test_gpu_nt_act_is_nt_then_act_backward_bitwise(cp, rng, M, N, K, act):
-    """One launch of nt_act gives the bits of nt then nn's act_backward (the two launches it replaces) and
-    the twin's to float32 rounding."""
+@pytest.mark.parametrize("accumulate", [False, True])
+def test_gpu_nt_act_is_nt_then_act_backward_bitwise(cp, rng, M, N, K, act, accumulate):
+    """One launch of nt_act gives the bits of nt then nn's act_backward (the two launches it replaces; with
+    ``accumulate``, nt, the add onto out's values, then act_backward: the Q head's dx onto the extra heads' sum)
+    and the twin's to float32 rounding."""
     from cudarl.ops import gemm as ops
     from cudarl.ops import nn as nn_ops
-    from cudarl.reference import nn as nn_ref
 
     a, b, _, ga, gb, _ = _operands(cp, rng, M, N, K)
     bt = cp.ascontiguousarray(gb.T)
     z = rng.standard_normal((M, N)).astype(np.float32)
     y = np.maximum(z, 0) if act == 1 else 1 / (1 + np.exp(-z))
     gy = cp.asarray(y.astype(np.float32))
+    old = rng.standard_normal((M, N)).astype(np.float32)
     out, two = cp.empty((M, N), np.float32), cp.empty((M, N), np.float32)
-    poison(out)
-    ops.nt_act(ga, bt, gy, out, act)
+    if accumulate:
+        out[...] = cp.asarray(old)
+    else:
+        poison(out)
+    ops.nt_act(ga, bt, gy, out, act, accumulate=accumulate)
     ops.nt(ga, bt, two)
+    if accumulate:
+        two += cp.asarray(old)
     nn_ops.act_backward(two, gy, two, act)
     assert_bitwise(out, two, what="nt_act against nt then act_backward")
-    want = np.empty((M, N), np.float32)
-    ref.nt(a, b.T.copy(), want)
-    nn_ref.act_backward(want, y.astype(np.float32), want, act)
+    want = old.copy() if accumulate else np.empty((M, N), np.float32)
+    ref.nt_act(a, b.T.copy(), y.astype(np.float32), want, act, accumulate=accumulate)
     assert_parity(out, want, what="nt_act against the twin")
 
 

@@ -251,11 +251,50 @@ def test_forward_plan_keys_name_the_plans_of_a_workspace_without_a_network():
     assert blas.plan_key(m, n, k, bias_align=0)[5] == 1  # no bias: cuBLASLt's DEFAULT epilogue
 
 
+def force_dx_epilogue(monkeypatch) -> list:
+    """``Linear._dx`` takes the GPU's epilogue path wherever its caller gives ``below`` (``gemm.nt_act``, here its
+    twin on the NumPy backend, float32; the GPU takes it under ``cublaslt_nosplit`` and ``cudarl``), and returns
+    True as it does there. Returns the list each such dx appends ``(layer, accumulate)`` to."""
+    from cudarl.reference import gemm as gref
+
+    calls, plain = [], Linear._dx
+
+    def dx_with_epilogue(self, dz, dx, accumulate, below=None):
+        if below is None:
+            return plain(self, dz, dx, accumulate)
+        calls.append((self.name, accumulate))
+        gref.nt_act(dz, self.weight(), below[0], dx, below[1], accumulate=accumulate)
+        return True
+
+    monkeypatch.setattr(Linear, "_dx", dx_with_epilogue)
+    return calls
+
+
+def record_activation_backwards(monkeypatch, ops, outs: dict) -> list:
+    """Wrap the ``nn`` ops' ``bias_act_backward`` and ``act_backward`` (a layer's backward applies its activation's
+    backward in one of them): returns the list each call appends ``(layer, act)`` to, the layer the one of
+    ``outs`` (``{name: its .out buffer}``) whose output the call reads."""
+    acts = []
+
+    def layer(out) -> str:
+        return next(name for name, buf in outs.items() if np.may_share_memory(out, buf))
+
+    def wrap(op):
+        def recorded(dout, out, dz, *rest):
+            acts.append((layer(out), int(rest[-1])))
+            return op(dout, out, dz, *rest)
+
+        return recorded
+
+    monkeypatch.setattr(ops, "bias_act_backward", wrap(ops.bias_act_backward))
+    monkeypatch.setattr(ops, "act_backward", wrap(ops.act_backward))
+    return acts
+
+
 def test_a_dx_gemm_that_applies_the_layer_belows_relu_backward_leaves_every_gradient_as_it_was(monkeypatch):
     """The MLP's backward when a dx GEMM takes the ReLU backward of the layer below in its epilogue
     (``Linear._dx``'s ``below``: the GPU's ``gemm.nt_act``, here its twin forced on the NumPy backend, float32):
     that layer skips its own (``dz_ready``), and every gradient is the plain backward's, bit for bit."""
-    from cudarl.reference import gemm as gref
 
     def grads(fused: bool):
         rng = np.random.default_rng(1)
@@ -269,26 +308,9 @@ def test_a_dx_gemm_that_applies_the_layer_belows_relu_backward_leaves_every_grad
         x = rng.standard_normal((32, 12)).astype(np.float32)
         mlp.forward(x, ws)
         ws.rows(f"{mlp.out_name}.dout", 32)[...] = rng.standard_normal((32, 8))
-        calls = []
-        if fused:
-            plain = Linear._dx
-
-            def dx_with_epilogue(self, dz, dx, accumulate, below=None):
-                if below is None:
-                    return plain(self, dz, dx, accumulate)
-                calls.append(self.name)
-                gref.nt_act(dz, self.weight(), below[0], dx, below[1])
-                return True
-
-            monkeypatch.setattr(Linear, "_dx", dx_with_epilogue)
-        ops, acts = mlp.children[0].ops, []
-        plain_bab = ops.bias_act_backward
-
-        def bias_act_backward(dout, out, dz, db, act):  # the activation each layer's backward applies
-            acts.append(int(act))
-            return plain_bab(dout, out, dz, db, act)
-
-        monkeypatch.setattr(ops, "bias_act_backward", bias_act_backward)
+        calls = force_dx_epilogue(monkeypatch) if fused else []
+        outs = {c.name: ws.bufs[f"{c.name}.out"] for c in mlp.children}
+        acts = record_activation_backwards(monkeypatch, mlp.children[0].ops, outs)
         dx = np.zeros((32, 12), np.float32)
         mlp.backward(x, ws, dx)
         monkeypatch.undo()
@@ -296,18 +318,216 @@ def test_a_dx_gemm_that_applies_the_layer_belows_relu_backward_leaves_every_grad
 
     want, _, acts_plain = grads(False)
     got, calls, acts = grads(True)
-    assert calls == ["enc.2", "enc.1"]  # the dx GEMMs above a ReLU layer; enc.0's dx (the input's) has none
-    assert acts_plain == [1, 1, 1] and acts == [1, 0, 0]  # enc.1 and enc.0 skip the ReLU their dz already has
+    # the dx GEMMs above a ReLU layer; enc.0's dx (the input's) has none
+    assert calls == [("enc.2", False), ("enc.1", False)]
+    assert acts_plain == [("enc.2", 1), ("enc.1", 1), ("enc.0", 1)]
+    assert acts == [("enc.2", 1), ("enc.1", 0), ("enc.0", 0)]  # enc.1 and enc.0 skip the ReLU their dz already has
     np.testing.assert_array_equal(got, want)
 
 
+def _backward_with_and_without_the_epilogue(monkeypatch, net, ws, backward) -> list:
+    """``backward()`` (a :class:`QNetwork` backward over ``ws``, returning dx or None) from ``ws``'s buffers as they
+    are now, without and then with the dx epilogue forced (:func:`force_dx_epilogue`): for each,
+    ``(every gradient and dx, the dx GEMMs that took it, the activation backwards the layers applied)``."""
+    saved = {k: v.copy() for k, v in ws.bufs.items()}
+    outs = {name: ws.bufs[f"{name}.out"] for name in net.linears}
+    ops = next(iter(net.linears.values())).ops
+    runs = []
+    for fused in (False, True):
+        for k, v in saved.items():
+            ws.bufs[k][...] = v
+        net.grads[...] = 0.0
+        calls = force_dx_epilogue(monkeypatch) if fused else []
+        acts = record_activation_backwards(monkeypatch, ops, outs)
+        dx = backward()
+        monkeypatch.undo()
+        dx = np.zeros(0, net.grads.dtype) if dx is None else dx.ravel()
+        runs.append((np.concatenate([net.grads, dx]), calls, acts))
+    return runs
+
+
+def _seeded(ws, rng) -> None:
+    """Every float buffer of ``ws`` random: what the forward leaves alone holds values too (IQN's taus, the
+    two-head backward's IQN activations, which its rule's forward would write)."""
+    for buf in ws.bufs.values():
+        buf[...] = rng.standard_normal(buf.shape).astype(buf.dtype) if buf.dtype.kind == "f" else buf
+
+
+def _masks(acts: list, layer: str) -> int:
+    """How many activation backwards other than the identity's were applied to ``layer``'s dout."""
+    return sum(1 for name, a in acts if name == layer and a != 0)
+
+
+@pytest.mark.parametrize(
+    "head, raw, head_dx",
+    [
+        ("c51", False, [("head.va", False)]),  # the reference head: dL/dpsi is va's dx, which overwrites dpsi
+        ("c51", True, [("head.va", False)]),  # from dL/dva (the fused C51 loss's)
+        ("qrdqn", False, [("head.out", False)]),
+        ("iqn", False, []),  # the mixing kernel writes dL/dpsi: no GEMM to carry the mask
+        ("c51+iqn", False, [("head.va", True)]),  # C51's dx adds onto IQN's, the last write: the mask on the sum
+    ],
+)
+def test_the_q_heads_dx_gemm_applies_the_encoders_top_relu_and_every_gradient_is_as_it_was(
+    monkeypatch, head, raw, head_dx
+):
+    """Across the head -> encoder boundary: ``QNetwork.backward`` gives the Q head ``below = (psi, enc.out_act)``
+    (``Head.backward``), its dx GEMM writes the encoder's top layer's dz (the twin of ``gemm.nt_act``, forced on
+    NumPy, float32), and that layer skips its ReLU's backward (``dz_ready``); every gradient and dx is the plain
+    backward's, bit for bit. IQN's head reports it did not, and the encoder applies the ReLU itself."""
+    rng = np.random.default_rng(2)
+    net = QNetwork(12, 3, hidden=(16, 8), head=head, atoms=5, n_quantiles=4, n_cos=6, max_batch=6, seed=4)
+    ws = net.ws
+    assert net.encoder.out_act == 1  # the MLP's top layer: Linear + ReLU
+    _seeded(ws, rng)
+    x = rng.standard_normal((6, 12)).astype(np.float32)
+    net.forward(x, ws, raw_head=raw)
+    for g in net.grad_outputs(ws, raw_head=raw).values():
+        g[...] = rng.standard_normal(g.shape).astype(np.float32)
+
+    def backward():
+        dx = np.zeros_like(x)
+        net.backward(x, ws, dx)
+        return dx
+
+    (want, _, acts_plain), (got, calls, acts) = _backward_with_and_without_the_epilogue(monkeypatch, net, ws, backward)
+    assert calls == [*head_dx, ("enc.1", False)]  # and the MLP's own: enc.1's dx carries enc.0's ReLU
+    assert _masks(acts_plain, "enc.1") == 1
+    assert _masks(acts, "enc.1") == (0 if head_dx else 1)
+    np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize(
+    "aux, heads, early, last_layer, head_dx",
+    [
+        (["horizons", "risk"], "all", False, False, None),  # they add into dL/dpsi after the Q head: no mask there
+        (["horizons", "risk"], "all", True, False, True),  # their sum first (extras_backward): Q's dx adds, masks
+        (["horizons", "risk"], ("plan",), False, False, False),  # the plan head, a probe, writes no dL/dpsi
+        (["selectivity"], "all", False, False, False),  # through the input gate
+        (["selectivity"], "all", False, True, False),  # the last layer's backward only
+    ],
+)
+def test_the_network_gives_the_q_head_the_encoders_relu_only_where_its_dx_is_the_last_write(
+    monkeypatch, aux, heads, early, last_layer, head_dx
+):
+    """The agent's online network (C51, the plan head, the auxiliary signals' heads or input gate, the layers'
+    weight gradients on side streams): the Q head's dx GEMM takes the encoder's top ReLU (twin forced on NumPy)
+    only where nothing adds into dL/dpsi after it (``head_dx``: None, it is not given ``below``; False, it
+    overwrites dpsi; True, it adds onto the extra heads' sum, ``QNetwork.backward_extras`` having run first),
+    and every gradient is the plain backward's, bit for bit."""
+    from test_trainer import small
+
+    from cudarl.trainer import Trainer
+
+    t = Trainer(small(net={"head": "c51", "plan": True}, agent={"aux": aux}), run_dir=False, echo=lambda m: None)
+    net, rng = t.agent.online, np.random.default_rng(3)
+    ws = net.new_workspace(16)
+    _seeded(ws, rng)
+    x = rng.standard_normal((16, net.n_in)).astype(np.float32)
+    net.forward(x, ws, heads=heads)
+    for g in net.grad_outputs(ws).values():
+        g[...] = rng.standard_normal(g.shape).astype(np.float32)
+
+    def backward():
+        if early:
+            assert net.backward_extras(ws) is True
+        net.backward(x, ws, last_layer=last_layer, extras_done=early)
+
+    (want, _, acts_plain), (got, calls, acts) = _backward_with_and_without_the_epilogue(monkeypatch, net, ws, backward)
+    top = net.encoder.out_name
+    assert calls == ([] if head_dx is None else [("head.va", head_dx)]) + ([] if last_layer else [(top, False)])
+    assert _masks(acts_plain, top) == 1  # on the side streams: act_backward, then the bias sums as the identity's
+    assert _masks(acts, top) == (1 if head_dx is None else 0)
+    np.testing.assert_array_equal(got, want)
+
+
+def test_an_encoder_without_a_separate_activation_backward_declares_none_and_refuses_dz_ready():
+    """``Encoder.out_act`` is None where psi's layer has no activation backward of its own for a head to take
+    (an MLP with LayerNorm: the ReLU is in its kernel; the windowed encoders' final RMSNorm), and their backward
+    refuses ``dz_ready`` rather than skip nothing."""
+    x = np.ones((2, 64), np.float32)
+    ln = QNetwork(64, 3, hidden=(8, 8), layernorm=True, max_batch=2)
+    ssm = QNetwork(64, 3, encoder="ssm", window=4, d_model=32, layers=1, ssm_state=16, ssm_headdim=16, max_batch=2)
+    attn = QNetwork(64, 3, encoder="attention", window=4, d_model=32, layers=1, max_batch=2)
+    assert ln.encoder.out_act is None and ssm.encoder.out_act is None and attn.encoder.out_act is None
+    assert QNetwork(64, 3, hidden=(8, 8), max_batch=2).encoder.out_act == 1
+    for net in (ln, ssm, attn):
+        net.forward(x)
+        for backward in (net.encoder.backward, net.encoder.backward_last):
+            with pytest.raises(ValueError, match="dz_ready"):
+                backward(x, net.ws, dz_ready=True)
+
+
 @pytest.mark.gpu
-def test_gpu_the_reference_backward_applies_the_hidden_relu_in_the_dx_gemm():
-    """The reference MLP step (two hidden ReLU layers): the second layer's dx GEMM writes the first layer's dz
-    (``gemm.nt_act``: the ReLU backward in its epilogue), so one ReLU mask kernel is left in the backward, the
-    one below the head (issue 20: one node fewer on the step's dx chain)."""
+def test_gpu_the_reference_backward_applies_the_hidden_relus_in_the_dx_gemms():
+    """The reference step (C51 on an MLP of two hidden ReLU layers): the head's dx GEMM writes the top layer's
+    dz and that layer's dx GEMM the first layer's (``gemm.nt_act``: the ReLU backward in their epilogues), so no
+    ReLU mask kernel is left in the backward (issue 20: two nodes fewer on the step's dx chain)."""
     from test_aux_branches import traced_train_graph
 
     nodes, t = traced_train_graph({})
     back = [n["name"] for n in nodes if n["phase"] == "backward"]
-    assert back.count("cudarl_gemm_nt_act") == 1 and back.count("cudarl_nn_act_backward") == 1, back
+    assert back.count("cudarl_gemm_nt_act") == 2 and back.count("cudarl_nn_act_backward") == 0, back
+
+
+@pytest.mark.gpu
+def test_gpu_with_head_signals_the_q_heads_dx_adds_onto_their_sum_and_applies_the_relu():
+    """C51 with head signals (``Agent.extras_early``: their backward first, on the auxiliary branch): the Q head's
+    dx GEMM adds onto their dL/dpsi and applies the top layer's ReLU (``gemm.nt_act`` with ``accumulate``), so
+    the step's backward has no ReLU mask kernel either."""
+    from test_aux_branches import traced_train_graph
+
+    nodes, t = traced_train_graph({"agent": {"aux": ["horizons", "risk"]}})
+    assert t.agent.extras_early
+    back = [n["name"] for n in nodes if n["phase"] == "backward"]
+    assert back.count("cudarl_gemm_nt_act") == 2 and back.count("cudarl_nn_act_backward") == 0, back
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("aux", [False, True])
+def test_gpu_the_q_heads_relu_epilogue_gives_the_gradients_of_the_mask_kernel(cp, monkeypatch, aux):
+    """A float32 GPU network under ``gemm="cudarl"`` (the reference widths, batch 512): its backward with the
+    encoder's top ReLU in the Q head's dx GEMM against the same network's with ``below`` dropped (the panel's
+    ``nt`` then the mask kernel: the same bits, the parity test of ``nt_act``), every gradient bit for bit; with
+    an extra head summed first (``aux``) the plain path adds through cuBLAS, so to float32 rounding only."""
+    from cudarl.ops import gemm as panel
+    from cudarl.testing import assert_bitwise, assert_parity
+
+    rng = np.random.default_rng(5)
+    extra = {"probe": lambda d: Linear("aux.probe", d, 4, act="identity", gemm="cudarl")} if aux else None
+    net = QNetwork(64, 3, hidden=(256, 256), gemm="cudarl", extra_heads=extra, xp=cp, max_batch=512)
+    net.prepare_backward(512)
+    x = cp.asarray(rng.standard_normal((512, 64)).astype(np.float32))
+    net.forward(x)
+    outs = {k: rng.standard_normal(g.shape).astype(np.float32) for k, g in net.grad_outputs().items()}
+    plain, panel_nt_act, launched = Linear._dx, panel.nt_act, []
+
+    def dx_without_the_heads_epilogue(self, dz, dx, accumulate, below=None):  # the MLP's own dx GEMMs keep theirs
+        return plain(self, dz, dx, accumulate, None if self.name.startswith("head.") else below)
+
+    def nt_act(a, bt, y, out, act, accumulate=False):
+        launched.append((tuple(a.shape), accumulate))
+        panel_nt_act(a, bt, y, out, act, accumulate=accumulate)
+
+    def grads(fused: bool):
+        for k, g in net.grad_outputs().items():
+            g[...] = cp.asarray(outs[k])
+        monkeypatch.setattr(panel, "nt_act", nt_act)
+        if not fused:
+            monkeypatch.setattr(Linear, "_dx", dx_without_the_heads_epilogue)
+        if aux:
+            net.backward_extras()
+        net.backward(x, extras_done=aux)
+        monkeypatch.undo()
+        cp.cuda.Device().synchronize()
+        return net.grads.get()
+
+    want = grads(False)
+    assert launched == [((512, 256), False)]  # enc.1's dx into enc.0's dz only
+    launched.clear()
+    got = grads(True)
+    assert launched == [((512, 204), aux), ((512, 256), False)]  # the head's dx (dva [512, 4 * 51]) first
+    if aux:
+        assert_parity(got, want, rtol=1e-5, what="gradients, the Q head's dx added by the panel and by cuBLAS")
+    else:
+        assert_bitwise(got, want, what="gradients")
