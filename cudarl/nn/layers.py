@@ -28,7 +28,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import blas
-from ..backend import family
+from ..backend import family, get_array_module
 from ..config import NetConfig as _NET
 from ..reference import philox
 from ..reference.nn import ACTS, IDENTITY, RELU
@@ -325,20 +325,17 @@ class Linear(Module):
         :meth:`_dw`'s, by ``dw_gemm``.)
 
         ``below``: ``(y, act)``, the output and activation code of the layer whose ``dout`` dx is. Under
-        ``cublaslt_nosplit`` or ``cudarl`` in float32 on the GPU, where the panel kernel can take the call,
-        its ``nt_act`` writes that layer's dz = act'(dz W^T (+ dx with ``accumulate``); y) in one launch (the
-        mask kernel's bits from the panel product, and the sum) and this returns True: the layer below then
-        skips its activation backward. Elsewhere False (dx as above). The caller gives ``below`` only where
-        this dx is the last to be written into that ``dout`` (the mask needs the whole sum)."""
+        ``cublaslt_nosplit`` or ``cudarl`` in float32 on the GPU, where the panel kernel can take the call
+        (:meth:`dx_epilogue`), its ``nt_act`` writes that layer's dz = act'(dz W^T (+ dx with ``accumulate``);
+        y) in one launch (the mask kernel's bits from the panel product, and the sum) and this returns True:
+        the layer below then skips its activation backward. Elsewhere False (dx as above). The caller gives
+        ``below`` only where this dx is the last to be written into that ``dout`` (the mask needs the whole
+        sum)."""
         W = self.weight()
-        gpu = not isinstance(dx, np.ndarray)
-        if below is not None and self.lt_all and not self.tf32 and gpu:
-            panel = family("gemm", self.xp)
-            y, act = below
-            if dz.shape[0] <= panel.MAX_ROWS and panel.eligible(dz, W, y, dx, K=self.n_out, N=self.n_in, trans_b=True):
-                panel.nt_act(dz, W, y, dx, act, accumulate=accumulate)
-                return True
-        gpu_overwrite = gpu and not accumulate
+        if below is not None and self.dx_epilogue(dz, W, below[0], dx):
+            family("gemm", self.xp).nt_act(dz, W, below[0], dx, below[1], accumulate=accumulate)
+            return True
+        gpu_overwrite = not isinstance(dx, np.ndarray) and not accumulate
         if self.panel and gpu_overwrite:
             panel = family("gemm", self.xp)
             if dz.shape[0] <= panel.MAX_ROWS and panel.eligible(dz, W, dx, K=self.n_out, N=self.n_in, trans_b=True):
@@ -349,6 +346,20 @@ class Linear(Module):
             return False
         matmul(dz, W, dx, trans_b=True, beta=1.0 if accumulate else 0.0, tf32=self.tf32)
         return False
+
+    def dx_epilogue(self, dz, W, y, dx) -> bool:
+        """Whether this layer's dx GEMM ``dx = dz W^T`` applies the activation backward of the layer below (its
+        output ``y``) in its epilogue, ``gemm.nt_act`` (:meth:`_dx`'s ``below``): under ``cublaslt_nosplit`` or
+        ``cudarl``, without TF32, on the GPU, over at most ``gemm.MAX_ROWS`` rows, with operands the panel kernel
+        takes (float32, aligned, K = n_out and N = n_in multiples of 4). dz ``[R, n_out]``, W ``[n_in, n_out]``, y
+        and dx ``[R, n_in]``; or each with a leading member axis (:class:`cudarl.nn.StackedQNetwork`, whose members
+        share one shape and alignment: the decision of each member's single network)."""
+        if not self.lt_all or self.tf32 or isinstance(dx, np.ndarray):
+            return False
+        panel = family("gemm", get_array_module(dx))
+        return dz.shape[-2] <= panel.MAX_ROWS and panel.eligible(
+            dz, W, y, dx, K=self.n_out, N=self.n_in, trans_b=True, members=dz.ndim == 3
+        )
 
     def _dw(self, x, dz, out) -> None:
         """out = x^T dz. ``dw_gemm="one_kernel"``: cuBLASLt without split-K for float32 operands (on the GPU

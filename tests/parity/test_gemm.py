@@ -135,6 +135,91 @@ def test_gpu_nt_act_is_nt_then_act_backward_bitwise(cp, rng, M, N, K, act, accum
     assert_parity(out, want, what="nt_act against the twin")
 
 
+def _member_operands(xp, rng, P, M, N, K, act, tight):
+    """``nt_act``'s operands with the member axis, float32: a ``[P, M, K]``, bt ``[P, N, K]``, y (the layer below's
+    output: ReLU or sigmoid values) and out ``[P, M, N]`` (random: what ``accumulate`` adds onto), each member's
+    entry C-contiguous. ``tight``: members one entry apart (``xp.zeros``), else a population's layout
+    (:func:`cudarl.nn.params.stacked_zeros`: each entry padded to 256 bytes)."""
+    from cudarl.nn.params import stacked_zeros
+
+    z = rng.standard_normal((P, M, N)).astype(np.float32)
+    host = {
+        "a": rng.standard_normal((P, M, K)).astype(np.float32),
+        "bt": (rng.standard_normal((P, N, K)) / np.sqrt(K)).astype(np.float32),
+        "y": (np.maximum(z, 0) if act == 1 else 1 / (1 + np.exp(-z))).astype(np.float32),
+        "out": rng.standard_normal((P, M, N)).astype(np.float32),
+    }
+    ops = {}
+    for k, v in host.items():
+        ops[k] = xp.zeros(v.shape, np.float32) if tight else stacked_zeros(xp, P, v.shape[1:])
+        ops[k][...] = xp.asarray(v)
+    return host, ops
+
+
+@pytest.mark.parametrize("tight", [False, True])
+@pytest.mark.parametrize("accumulate", [False, True])
+def test_reference_nt_act_with_members_is_each_members_call(rng, tight, accumulate):
+    """The twin's member axis (a population's dx GEMMs, :class:`cudarl.nn.StackedQNetwork`): member i of one call
+    is the single call on member i's entries, bit for bit, over padded and tight member strides; arrays with and
+    without the axis are refused together."""
+    P, M, N, K = 3, 7, 12, 8
+    host, op = _member_operands(np, rng, P, M, N, K, 1, tight)
+    want = host["out"].copy()
+    for i in range(P):
+        ref.nt_act(host["a"][i], host["bt"][i], host["y"][i], want[i], 1, accumulate=accumulate)
+    ref.nt_act(op["a"], op["bt"], op["y"], op["out"], 1, accumulate=accumulate)
+    assert_bitwise(op["out"], want, what="the members' call against each member's")
+    with pytest.raises(ValueError, match="member axis"):
+        ref.nt_act(op["a"], op["bt"][0], op["y"], op["out"], 1)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("P,M,N,K", [(1, 512, 256, 256), (3, 7, 36, 68), (3, 512, 256, 204), (64, 512, 256, 256)])
+@pytest.mark.parametrize("act", [1, 2])
+@pytest.mark.parametrize("tight", [False, True])
+@pytest.mark.parametrize("accumulate", [False, True])
+def test_gpu_nt_act_with_members_is_p_single_launches_bitwise(cp, rng, P, M, N, K, act, tight, accumulate):
+    """One launch over P members (``blockIdx.z``; the single launch's block code on each member's entries)
+    against P single launches on those entries, bit for bit (so member i of a stacked network's dx gets its
+    single network's bits); and against the twin's member axis to float32 rounding."""
+    from cudarl.ops import gemm as ops
+
+    host, op = _member_operands(cp, rng, P, M, N, K, act, tight)
+    singles = [op["out"][i].copy() for i in range(P)]  # out's values: what accumulate adds onto
+    for i in range(P):
+        if not accumulate:
+            poison(singles[i])
+        ops.nt_act(op["a"][i], op["bt"][i], op["y"][i], singles[i], act, accumulate=accumulate)
+    if not accumulate:
+        poison(op["out"])
+    ops.nt_act(op["a"], op["bt"], op["y"], op["out"], act, accumulate=accumulate)
+    for i in range(P):
+        assert_bitwise(op["out"][i], singles[i], what=f"member {i} of {P} against its single launch")
+    want = host["out"].copy()
+    ref.nt_act(host["a"], host["bt"], host["y"], want, act, accumulate=accumulate)
+    assert_parity(op["out"], want, what="nt_act over members against the twin")
+
+
+@pytest.mark.gpu
+def test_gpu_nt_act_refuses_members_the_kernel_cannot_take(cp):
+    """The member axis on every array or none; member strides a multiple of 16 bytes (each member as aligned as
+    member 0: :func:`cudarl.ops.gemm.eligible` with ``members``); members of out that do not overlap."""
+    from cudarl.nn.params import member_view
+    from cudarl.ops import gemm as ops
+
+    P, M, N, K = 3, 8, 8, 8
+    a, bt, y, out = (cp.zeros(s, np.float32) for s in ((P, M, K), (P, N, K), (P, M, N), (P, M, N)))
+    assert ops.eligible(a, bt, y, out, K=K, N=N, trans_b=True, members=True)
+    with pytest.raises(ValueError, match="member axis"):
+        ops.nt_act(a, bt[0], y, out, 1)
+    odd = member_view(cp, cp.zeros((P, M * K + 1), np.float32), 0, (M, K))  # members 4 bytes past 16
+    assert not ops.eligible(odd, bt, y, out, K=K, N=N, trans_b=True, members=True)
+    with pytest.raises(ValueError, match="16-byte"):
+        ops.nt_act(odd, bt, y, out, 1)
+    with pytest.raises(ValueError, match="overlap"):
+        ops.nt_act(a, bt, y, cp.broadcast_to(out[0], (P, M, N)), 1)
+
+
 @pytest.mark.gpu
 def test_gpu_gemm_graphed_equals_eager(cp, rng):
     from cudarl.graph import StepGraph
