@@ -3,9 +3,6 @@
 //
 //   nn_bias_act:  out[M, N] = act(a[M, K] @ b[K, N] + bias[N])   (a Linear's forward; act 0 identity, 1 ReLU)
 //   nt:           out[M, N] = a[M, K] @ bt[N, K]^T                (a Linear's dx = dz W^T)
-//   nt_act:       out[M, N] = act'(a @ bt^T (+ out); y[M, N])      (that dx, or with accumulate that dx
-//                 added onto out, then the layer below's activation backward, act_bwd of activation.cuh:
-//                 its dz, the mask kernel's bits); for each of gridDim.z members (a population's agents)
 // Row-major, dense; K, N multiples of 4 and every pointer 16-byte aligned (the launchers check).
 //
 // Why (ncu on an H200, docs/perf-notes.md): cuBLAS(Lt) ran these shapes (M = 512..4096, N, K <= 256)
@@ -26,7 +23,6 @@
 // Shared memory: 4 * 64 lda(K) bytes (nt) or 4 (32 lda(K) + 36 K) (nn), at least the groups' sums'
 // 12 KiB (they overlay the panels): about 67 KB at K = 256, past 48 KiB, so the launch opts in
 // (cudarl.kernels.launch).
-#include <cudarl/activation.cuh>
 #include <cudarl/reduce.cuh>
 
 typedef long long i64;
@@ -238,53 +234,5 @@ extern "C" __global__ __launch_bounds__(GEMM_THREADS) void cudarl_gemm_nt(const 
   i64 m0, n0;
   block_tile<true>(acc, a, bt, M, N, K, m0, n0);
   if (threadIdx.x >= GEMM_GROUP) return;
-  store_tile(out, acc, M, N, m0, n0);
-}
-
-// ---- nt_act ------------------------------------------------------------------------------------
-// out = act_bwd(a @ bt^T, y, act): nt, with the activation backward of the layer below in the epilogue
-// (y its output, act its code): the dz that nn's act_backward would make from nt's output, in one
-// launch (issue 20: the ReLU mask kernel and its node leave the backward's dx chain). accumulate != 0:
-// out = act_bwd(a @ bt^T + out, y, act), the product added onto what out holds (other consumers' dx,
-// summed before: the Q head's dL/dpsi onto the extra heads') before the mask, which must see the whole
-// sum. Each out element is read and written by the one thread that owns it. Grid (ceil(N / 32),
-// ceil(M / 32), members), block and shared memory as nt. Reads nt's bytes + 4 M N (y) (+ 4 M N: out,
-// with accumulate), writes 4 M N, a member.
-// The member axis (cudarl/nn/stacked.py, as nn.cu's): blockIdx.z is the member, and each pointer
-// advances by member * its s_ stride (elements) before the single launch's block code, so member p gets
-// the bits of a single launch on its entries. One member (gridDim.z = 1, strides 0) is the single call.
-extern "C" __global__ __launch_bounds__(GEMM_THREADS) void cudarl_gemm_nt_act(const float* __restrict__ a,
-                                                                          const float* __restrict__ bt,
-                                                                          const float* __restrict__ y,
-                                                                          float* __restrict__ out, i64 M, i64 N,
-                                                                          int K, int act, int accumulate, i64 s_a,
-                                                                          i64 s_bt, i64 s_y, i64 s_out) {
-  float acc[4][4];
-  i64 m0, n0;
-  block_tile<true>(acc, a + blockIdx.z * s_a, bt + blockIdx.z * s_bt, M, N, K, m0, n0);
-  if (threadIdx.x >= GEMM_GROUP) return;
-  y += blockIdx.z * s_y;
-  out += blockIdx.z * s_out;
-  const int tx = threadIdx.x % (GEMM_T / 4), ty = threadIdx.x / (GEMM_T / 4);
-  const i64 n = n0 + 4 * tx;
-  if (n < N) {
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const i64 m = m0 + 4 * ty + i;
-      if (m >= M) continue;
-      if (accumulate) {  // the product + out: one rounded add each, the twin's (and nt, then an add)
-        const float4 ov = *reinterpret_cast<const float4*>(out + m * N + n);
-        acc[i][0] += ov.x;
-        acc[i][1] += ov.y;
-        acc[i][2] += ov.z;
-        acc[i][3] += ov.w;
-      }
-      const float4 yv = *reinterpret_cast<const float4*>(y + m * N + n);
-      acc[i][0] = cudarl::act_bwd(acc[i][0], yv.x, act);
-      acc[i][1] = cudarl::act_bwd(acc[i][1], yv.y, act);
-      acc[i][2] = cudarl::act_bwd(acc[i][2], yv.z, act);
-      acc[i][3] = cudarl::act_bwd(acc[i][3], yv.w, act);
-    }
-  }
   store_tile(out, acc, M, N, m0, n0);
 }

@@ -12,7 +12,6 @@
 // elements), and the x grid, block and per-thread work are the single launch's, so member m computes
 // exactly what a single launch on its slices would. One member (gridDim.y = 1, strides unused) is the
 // single network's launch.
-#include <cudarl/activation.cuh>
 #include <cudarl/dueling.cuh>
 #include <cudarl/units.cuh>
 #include <cudarl/philox.cuh>
@@ -22,8 +21,17 @@ typedef long long i64;
 
 namespace {
 
-using cudarl::act_bwd;  // activation.cuh: the dx GEMM's epilogue (gemm.cu) applies the same
-using cudarl::act_fwd;
+__device__ __forceinline__ float act_fwd(float z, int act) {
+  if (act == 1) return z > 0.f ? z : 0.f;
+  if (act == 2) return 1.f / (1.f + expf(-z));
+  return z;
+}
+
+__device__ __forceinline__ float act_bwd(float dout, float y, int act) {
+  if (act == 1) return y > 0.f ? dout : 0.f;
+  if (act == 2) return dout * (y * (1.f - y));
+  return dout;
+}
 
 using cudarl::warp_sum;  // xor butterfly: every lane ends with the same, order-fixed sum
 

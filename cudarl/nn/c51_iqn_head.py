@@ -55,11 +55,10 @@ class C51IQNHead(Head):
 
     accumulates_dpsi = False
 
-    def backward(self, psi, ws: Workspace, dpsi=None, accumulate: bool = False, raw: bool = False, below=None) -> bool:
+    def backward(self, psi, ws: Workspace, dpsi=None, accumulate: bool = False, raw: bool = False) -> None:
         """Both heads' parameter gradients, and dpsi = IQN's + C51's dL/dpsi (IQN's backward overwrites
-        dpsi, so it runs first and the sum is not an accumulation into a caller's buffer). ``below``
-        (:meth:`cudarl.nn.heads.Head.backward`) rides on C51's dx GEMM, the last to add into dpsi."""
+        dpsi, so it runs first and the sum is not an accumulation into a caller's buffer)."""
         if dpsi is None or accumulate:
             raise ValueError(f"{self.name}: the two-head backward overwrites dpsi; give it a buffer of its own")
         self.iqn.backward(psi, ws, dpsi)
-        return self.c51.backward(psi, ws, dpsi, accumulate=True, raw=raw, below=below)
+        self.c51.backward(psi, ws, dpsi, accumulate=True, raw=raw)

@@ -5,8 +5,7 @@ gradient of the head's output into the buffer named by :meth:`grad_name`, and
 ``backward(psi, ws, dpsi, accumulate)`` overwrites the head's parameter gradients and writes
 (or adds into) ``dpsi``. A distributional head (:class:`Head`) also says its output's shape, so
 :class:`cudarl.nn.QNetwork` needs no branch per head; which head a run builds is its rule's choice
-(``make_head`` of the :class:`cudarl.rules.HeadRule` registered under ``net.head``). Its backward can also
-apply the activation backward of psi's layer in its dx GEMM (``below``) and says whether it did.
+(``make_head`` of the :class:`cudarl.rules.HeadRule` registered under ``net.head``).
 """
 
 from __future__ import annotations
@@ -28,17 +27,6 @@ class Head(Module):
 
     def output_shape(self, B: int) -> tuple:
         """The shape of ``forward``'s output for ``B`` samples."""
-        raise NotImplementedError
-
-    def backward(self, psi, ws: Workspace, dpsi=None, accumulate: bool = False, raw: bool = False, below=None) -> bool:
-        """Overwrite the head's parameter gradients from ``ws[grad_name]`` (with ``raw``, from the raw output's
-        gradient) and write dL/dpsi ``[B, d]`` into ``dpsi`` (``accumulate``: add it to what ``dpsi`` holds).
-
-        ``below``: ``(psi, act)``, psi's layer's output and activation code (the encoder's ``out_act``), given
-        only where this is the last write into ``dpsi``: the head may then write that layer's dz,
-        ``act'(dL/dpsi; psi)``, instead (its dx GEMM's epilogue: :meth:`cudarl.nn.Linear.backward`'s ``below``).
-        Returns whether it did (the encoder then skips that activation backward: ``dz_ready``); a head whose
-        dL/dpsi is not one Linear's dx (IQN's mixing kernel) returns False and leaves ``dpsi`` as without it."""
         raise NotImplementedError
 
     def raw_grad_name(self) -> str:
@@ -93,13 +81,12 @@ class C51Head(Head):
         """The buffer of dL/dva ``[B, (1 + A) atoms]`` a ``raw`` backward starts from."""
         return f"{self.va.name}.dout"
 
-    def backward(self, psi, ws: Workspace, dpsi=None, accumulate: bool = False, raw: bool = False, below=None) -> bool:
-        """From dL/dlogits in :attr:`grad_name`, or with ``raw`` from dL/dva in :meth:`raw_grad_name`
-        (:meth:`Head.backward`; ``below`` rides on ``va``'s dx GEMM)."""
+    def backward(self, psi, ws: Workspace, dpsi=None, accumulate: bool = False, raw: bool = False) -> None:
+        """From dL/dlogits in :attr:`grad_name`, or with ``raw`` from dL/dva in :meth:`raw_grad_name`."""
         B = psi.shape[0]
         if not raw:
             self.ops.dueling_backward(ws.rows(self.grad_name, B), ws.rows(self.raw_grad_name(), B))
-        return self.va.backward(psi, ws, dpsi, accumulate, below=below)
+        self.va.backward(psi, ws, dpsi, accumulate)
 
 
 class IQNHead(Head):
@@ -169,9 +156,7 @@ class IQNHead(Head):
 
     accumulates_dpsi = False
 
-    def backward(self, psi, ws: Workspace, dpsi=None, accumulate: bool = False, raw: bool = False, below=None) -> bool:
-        """:meth:`Head.backward`; dL/dpsi is the mixing kernel's (it overwrites ``dpsi``), not a GEMM's: no
-        epilogue for ``below``, so it returns False."""
+    def backward(self, psi, ws: Workspace, dpsi=None, accumulate: bool = False, raw: bool = False) -> None:
         self._no_raw(raw)
         if dpsi is None or accumulate:
             raise ValueError(f"{self.name}: IQN backward overwrites dpsi; give it a buffer and run it first")
@@ -181,7 +166,6 @@ class IQNHead(Head):
         phi = ws.rows(f"{self.phi.name}.out", B)
         self.ops.iqn_mix_backward(dh, psi, phi, dpsi, ws.rows(f"{self.phi.name}.dout", B))
         self.phi.backward(ws.rows(f"{self.name}.cos", B), ws, None)
-        return False
 
 
 class QRHead(Head):
@@ -216,10 +200,9 @@ class QRHead(Head):
         self._no_raw(raw)
         return self.out.forward(psi, ws).reshape(self.output_shape(psi.shape[0]))
 
-    def backward(self, psi, ws: Workspace, dpsi=None, accumulate: bool = False, raw: bool = False, below=None) -> bool:
-        """:meth:`Head.backward` (``below`` rides on ``out``'s dx GEMM)."""
+    def backward(self, psi, ws: Workspace, dpsi=None, accumulate: bool = False, raw: bool = False) -> None:
         self._no_raw(raw)
-        return self.out.backward(psi, ws, dpsi, accumulate, below=below)
+        self.out.backward(psi, ws, dpsi, accumulate)
 
 
 class PlanHead(Module):

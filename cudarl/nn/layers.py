@@ -28,7 +28,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import blas
-from ..backend import family, get_array_module
+from ..backend import family
 from ..config import NetConfig as _NET
 from ..reference import philox
 from ..reference.nn import ACTS, IDENTITY, RELU
@@ -318,48 +318,22 @@ class Linear(Module):
             family("seq", self.xp).residual_add(residual, y, y)
         return y
 
-    def _dx(self, dz, dx, accumulate: bool, below=None) -> bool:
+    def _dx(self, dz, dx, accumulate: bool) -> None:
         """dx (+)= dz W^T: the panel kernel under ``cudarl`` where it can take the call (GPU, no
         accumulate), else cuBLASLt without split-K under ``cublaslt_nosplit`` (GPU, no accumulate,
         operands aligned as the plan :meth:`prepare_backward` made), else :func:`matmul`. (dW is
-        :meth:`_dw`'s, by ``dw_gemm``.)
-
-        ``below``: ``(y, act)``, the output and activation code of the layer whose ``dout`` dx is. Under
-        ``cublaslt_nosplit`` or ``cudarl`` in float32 on the GPU, where the panel kernel can take the call
-        (:meth:`dx_epilogue`), its ``nt_act`` writes that layer's dz = act'(dz W^T (+ dx with ``accumulate``);
-        y) in one launch (the mask kernel's bits from the panel product, and the sum) and this returns True:
-        the layer below then skips its activation backward. Elsewhere False (dx as above). The caller gives
-        ``below`` only where this dx is the last to be written into that ``dout`` (the mask needs the whole
-        sum)."""
+        :meth:`_dw`'s, by ``dw_gemm``.)"""
         W = self.weight()
-        if below is not None and self.dx_epilogue(dz, W, below[0], dx):
-            family("gemm", self.xp).nt_act(dz, W, below[0], dx, below[1], accumulate=accumulate)
-            return True
-        gpu_overwrite = not isinstance(dx, np.ndarray) and not accumulate
+        gpu_overwrite = not accumulate and not isinstance(dx, np.ndarray)
         if self.panel and gpu_overwrite:
             panel = family("gemm", self.xp)
             if dz.shape[0] <= panel.MAX_ROWS and panel.eligible(dz, W, dx, K=self.n_out, N=self.n_in, trans_b=True):
                 panel.nt(dz, W, dx)
-                return False
+                return
         if self.lt_all and gpu_overwrite and all(t.data.ptr % blas.LT_ALIGN == 0 for t in (dz, W, dx)):
             blas.gemm_lt(dz, W, dx, trans_b=True, tf32=self.tf32, split_k=False, algo=self.lt_algo)
-            return False
+            return
         matmul(dz, W, dx, trans_b=True, beta=1.0 if accumulate else 0.0, tf32=self.tf32)
-        return False
-
-    def dx_epilogue(self, dz, W, y, dx) -> bool:
-        """Whether this layer's dx GEMM ``dx = dz W^T`` applies the activation backward of the layer below (its
-        output ``y``) in its epilogue, ``gemm.nt_act`` (:meth:`_dx`'s ``below``): under ``cublaslt_nosplit`` or
-        ``cudarl``, without TF32, on the GPU, over at most ``gemm.MAX_ROWS`` rows, with operands the panel kernel
-        takes (float32, aligned, K = n_out and N = n_in multiples of 4). dz ``[R, n_out]``, W ``[n_in, n_out]``, y
-        and dx ``[R, n_in]``; or each with a leading member axis (:class:`cudarl.nn.StackedQNetwork`, whose members
-        share one shape and alignment: the decision of each member's single network)."""
-        if not self.lt_all or self.tf32 or isinstance(dx, np.ndarray):
-            return False
-        panel = family("gemm", get_array_module(dx))
-        return dz.shape[-2] <= panel.MAX_ROWS and panel.eligible(
-            dz, W, y, dx, K=self.n_out, N=self.n_in, trans_b=True, members=dz.ndim == 3
-        )
 
     def _dw(self, x, dz, out) -> None:
         """out = x^T dz. ``dw_gemm="one_kernel"``: cuBLASLt without split-K for float32 operands (on the GPU
@@ -373,19 +347,14 @@ class Linear(Module):
                 return
         matmul(x, dz, out, trans_a=True, tf32=self.tf32)
 
-    def backward(self, x, ws: Workspace, dx=None, accumulate: bool = False, below=None, dz_ready: bool = False) -> bool:
-        """The parameters' gradients from ``ws[<name>.dout]``, and ``dx`` (+)= dz W^T when given.
-        ``dz_ready``: the layer above already applied this layer's activation backward to ``dout`` (its
-        dx GEMM's epilogue: :meth:`_dx`'s ``below``), so ``dout`` is dz. ``below``: ``(y, act)`` of the layer
-        whose ``dout`` ``dx`` is, for that epilogue. Returns whether it applied it."""
+    def backward(self, x, ws: Workspace, dx=None, accumulate: bool = False) -> None:
         B = x.shape[0] // self.rows
         y, dy = ws.rows(f"{self.name}.out", B), ws.rows(f"{self.name}.dout", B)
         gb = self.G[f"{self.name}.bias"]
         side = self.side is not None and not self.spectral
         gw = self.G[f"{self.name}.weight"]
-        act = IDENTITY if dz_ready else self.act
         if not side:
-            self.ops.bias_act_backward(dy, y, dy, gb, act)
+            self.ops.bias_act_backward(dy, y, dy, gb, self.act)
             self._dw(x, dy, self.sn["dw"] if self.spectral else gw)
         else:
             # The dx chain only waits for dz: the activation's backward in place (act_backward;
@@ -396,20 +365,20 @@ class Linear(Module):
             # GEMM holds the chain, else (the first layer) it runs on the chain beside dW. The
             # branch reads x and dz, which the main stream only reads from here on (the caller joins
             # before Adam).
-            if act != IDENTITY:
-                self.ops.act_backward(dy, y, dy, act)
+            if self.act != IDENTITY:
+                self.ops.act_backward(dy, y, dy, self.act)
             with self.side.fork():
                 self._dw(x, dy, gw)
                 if dx is not None:
                     self.ops.bias_act_backward(dy, y, dy, gb, IDENTITY)
             if dx is None:
                 self.ops.bias_act_backward(dy, y, dy, gb, IDENTITY)
-        fused = dx is not None and self._dx(dy, dx, accumulate, below)
+        if dx is not None:
+            self._dx(dy, dx, accumulate)
         if self.spectral:
             sn = self.sn
             self.optim_ops.spectral_dot_partial(sn["dw"], sn["w"], sn["partial"])
             self.optim_ops.spectral_backward(sn["dw"], sn["u"], sn["v"], sn["sigma"], sn["partial"], gw)
-        return fused
 
 
 class SplitLinear(Linear):
@@ -616,19 +585,9 @@ class MLP(Module):
             h = c.forward(h, ws)
         return h
 
-    @property
-    def out_act(self) -> int | None:
-        """The activation code of the top layer when it is a Linear with an activation (the ReLU of every
-        hidden layer without LayerNorm), else None (LayerNorm's ReLU is inside its backward kernel):
-        :class:`cudarl.nn.encoders.Encoder`'s ``out_act``."""
-        top = self.children[-1]
-        return top.act if isinstance(top, Linear) and top.act != IDENTITY else None
-
-    def backward(self, x, ws: Workspace, dx=None, dz_ready: bool = False) -> None:
-        """Gradient of the output expected in ``ws[<out_name>.dout]``; ``dx`` optional ``[B, n_in]``.
-        ``dz_ready``: that ``dout`` is already the top layer's dz (:attr:`out_act`'s backward applied by the
-        head's dx GEMM), so the top layer skips its activation backward."""
-        self._backward(x, ws, 0, dx, dz_ready)
+    def backward(self, x, ws: Workspace, dx=None) -> None:
+        """Gradient of the output expected in ``ws[<out_name>.dout]``; ``dx`` optional ``[B, n_in]``."""
+        self._backward(x, ws, 0, dx)
 
     def _last(self) -> int:
         """The index of the last Linear among :attr:`children` (the last layer begins there)."""
@@ -639,32 +598,22 @@ class MLP(Module):
         """The parameters of the last layer: the last Linear's weight and bias (and its LayerNorm's)."""
         return param_names(self.children[self._last() :])
 
-    def backward_last(self, x, ws: Workspace, dz_ready: bool = False) -> None:
+    def backward_last(self, x, ws: Workspace) -> None:
         """:meth:`backward` of the last layer only: overwrite its parameters' gradients (:attr:`last_layer`)
-        and stop (the other layers' gradients are left as they are; no dx). ``dz_ready`` as :meth:`backward`."""
-        self._backward(x, ws, self._last(), None, dz_ready)
+        and stop (the other layers' gradients are left as they are; no dx)."""
+        self._backward(x, ws, self._last(), None)
 
-    def _backward(self, x, ws: Workspace, stop: int, dx, dz_ready: bool) -> None:
+    def _backward(self, x, ws: Workspace, stop: int, dx) -> None:
         """The children's backward from the last down to ``stop``; the one at ``stop`` writes ``dx`` if
-        ``stop`` is 0, else nothing below it. ``dz_ready``: the top child's dout is already its dz."""
-        if dz_ready and self.out_act is None:
-            raise ValueError(f"{self.name}: dz_ready, but the top layer has no activation backward to skip")
+        ``stop`` is 0, else nothing below it."""
         B = x.shape[0]
-        ready = dz_ready  # the child's dout is already its dz (the dx epilogue above applied its activation's)
         for i in range(len(self.children) - 1, stop - 1, -1):
             c = self.children[i]
             inp = x if i == 0 else ws.rows(f"{self.children[i - 1].name}.out", B)
             below = (
                 None if i == stop and stop > 0 else dx if i == 0 else ws.rows(f"{self.children[i - 1].name}.dout", B)
             )
-            if not isinstance(c, Linear):
-                c.backward(inp, ws, below)
-                ready = False
-                continue
-            # a Linear below with an activation: its backward can ride on this dx GEMM (Linear._dx)
-            prev = self.children[i - 1] if i > 0 and below is not None else None
-            act_below = (inp, prev.act) if isinstance(prev, Linear) and prev.act != IDENTITY else None
-            ready = c.backward(inp, ws, below, below=act_below, dz_ready=ready)
+            c.backward(inp, ws, below)
 
 
 def param_names(modules) -> tuple:

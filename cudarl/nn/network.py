@@ -386,37 +386,27 @@ class QNetwork:
         ``last_layer``: the heads' backward, then the encoder's stops after its last layer's parameter
         gradients (:meth:`Encoder.backward_last`, ``encoder.last_layer``); the other encoder parameters'
         and the input gate's gradients are left as they were (no ``dx``). The extra heads' branch of
-        that forward (:meth:`branch_extras`) is joined first.
-
-        Where the Q head's dL/dpsi is the last written into dpsi (no extra head adds after it: none ran, they
-        write none, or :meth:`backward_extras` summed theirs before) and the encoder's top layer has an
-        activation (``encoder.out_act``), the head is given ``below = (psi, out_act)``: its dx GEMM may apply
-        that activation's backward to the whole sum (:meth:`cudarl.nn.heads.Head.backward`), and where it did
-        the encoder's backward skips it (``dz_ready``): one mask kernel fewer on the dx chain (GPU)."""
+        that forward (:meth:`branch_extras`) is joined first."""
         ws = ws or self.ws
         self.join_extras(ws)
         x = ws.x if x is None else x
         psi = ws.rows(f"{self.encoder.out_name}.out")
         dpsi = ws.rows(f"{self.encoder.out_name}.dout")
         early = extras_done and any(self.extras[name].writes_dpsi for name in ws.heads)
-        after = () if early else ws.heads  # the extra heads whose backward runs after the Q head's
-        last = not any(self.extras[name].writes_dpsi for name in after)
-        act = self.encoder.out_act
-        below = (psi, act) if last and act is not None else None
-        ready = self.head.backward(psi, ws, dpsi, accumulate=early, raw=ws.raw_head, below=below)
-        for name in after:
+        self.head.backward(psi, ws, dpsi, accumulate=early, raw=ws.raw_head)
+        for name in () if early else ws.heads:
             self.extras[name].backward(psi, ws, dpsi, accumulate=True)
         if last_layer:
             if dx is not None:
                 raise ValueError("QNetwork.backward: no input gradient with last_layer")
-            self.encoder.backward_last(x if self.gate is None else ws.rows("sel.x", ws.batch), ws, dz_ready=ready)
+            self.encoder.backward_last(x if self.gate is None else ws.rows("sel.x", ws.batch), ws)
             return
         if self.gate is None:
-            self.encoder.backward(x, ws, dx, dz_ready=ready)
+            self.encoder.backward(x, ws, dx)
             return
         if dx is not None:
             raise ValueError("QNetwork.backward: no input gradient through the input gate")
-        self.encoder.backward(ws.rows("sel.x", ws.batch), ws, ws.rows("sel.dx", ws.batch), dz_ready=ready)
+        self.encoder.backward(ws.rows("sel.x", ws.batch), ws, ws.rows("sel.dx", ws.batch))
         self.gate.backward(x, ws)
 
     # --- checkpoints ------------------------------------------------------------------------

@@ -10,11 +10,9 @@ stride, ``padded_size`` elements, is a multiple of :data:`cudarl.nn.params.ALIGN
 which :func:`cudarl.blas.gemm_lt_batched` asks of a batch so every entry keeps entry 0's plan.
 
 A forward or backward runs every member at once: each Linear's forward is one strided-batched cuBLASLt
-GEMM with its bias and activation in the epilogue, each dx one batched GEMM (or, where the single network's
-dx GEMM is the panel's ``gemm.nt_act`` with the ReLU backward of the layer below in its epilogue,
-:meth:`cudarl.nn.Linear.dx_epilogue`, one ``nt_act`` launch with the member as ``blockIdx.z``), each dW one
-batched GEMM under ``net.dw_gemm = "one_kernel"`` (a GEMM per member under ``"split_k"``), and the
-bias/activation backward and dueling kernels one launch with the member as ``blockIdx.y`` (``cuda_src/nn.cu``). Member
+GEMM with its bias and activation in the epilogue, each dx one batched GEMM, each dW one batched GEMM
+under ``net.dw_gemm = "one_kernel"`` (a GEMM per member under ``"split_k"``), and the bias/activation
+backward and dueling kernels one launch with the member as ``blockIdx.y`` (``cuda_src/nn.cu``). Member
 ``i`` of a forward or backward equals the single network of the same configuration with member ``i``'s
 parameters, bit for bit: each batched operation is P copies of the single operation (the NumPy twins
 loop over members).
@@ -294,51 +292,31 @@ class StackedQNetwork:
         layout's is made at its first eager call, outside any capture). Consumes the ``dout``
         rows of ``ws``. Per layer, from the head down: the bias/activation backward (one launch for every
         member), the weight gradients (one batched GEMM, or one per member: ``net.dw_gemm``, see the class
-        docstring), dx (:meth:`_dx`: one batched GEMM, or with the activation backward of the layer below in
-        its epilogue, which that layer then skips, as each member's single network does)."""
+        docstring), dx as one batched GEMM."""
         ws = ws or self.ws
         if not ws.raw_head:
             self.ops.dueling_backward(ws.rows(self.head.grad_name), ws.rows(self.head.raw_grad_name()))
         sides = self._sides or [None] * len(self.linears)
-        layers = self.layer_rows(ws, ws.x, dx)
-        ready = False  # the layer's dout is already its dz (the dx GEMM above applied its activation's backward)
-        for j in reversed(range(len(layers))):
-            (lin, x, below), side = layers[j], sides[j]
+        for (lin, x, below), side in reversed(list(zip(self.layer_rows(ws, ws.x, dx), sides, strict=True))):
             y, dy = ws.rows(f"{lin.name}.out"), ws.rows(f"{lin.name}.dout")
             gb, gw = self.G[f"{lin.name}.bias"], self.G[f"{lin.name}.weight"]
-            act = IDENTITY if ready else lin.act  # as Linear.backward's dz_ready
             if side is None:
-                self.ops.bias_act_backward(dy, y, dy, gb, act)
+                self.ops.bias_act_backward(dy, y, dy, gb, lin.act)
                 self._dw(lin, x, dy, gw)
             else:
                 # as Linear.backward on its side branch: the activation's backward on the chain, dW and
                 # the bias sums (the identity's bias_act_backward, the same bits as one) beside it
-                if act != IDENTITY:
-                    self.ops.act_backward(dy, y, dy, act)
+                if lin.act != IDENTITY:
+                    self.ops.act_backward(dy, y, dy, lin.act)
                 with side.fork():
                     self._dw(lin, x, dy, gw)
                     if below is not None:
                         self.ops.bias_act_backward(dy, y, dy, gb, IDENTITY)
                 if below is None:
                     self.ops.bias_act_backward(dy, y, dy, gb, IDENTITY)
-            # the layer below, whose dout this dx is (the input's gradient has no activation): its output is x
-            prev = self.linears[j - 1] if j > 0 else None
-            act_below = (x, prev.act) if prev is not None and prev.act != IDENTITY else None
-            ready = below is not None and self._dx(lin, dy, below, act_below)
-
-    def _dx(self, lin: Linear, dy, dx, below) -> bool:
-        """``dx[i] = dy[i] W[i]^T`` for every member, as each member's single network's ``Linear._dx``:
-        ``below`` ``(y, act)`` of the layer whose dout ``dx`` is (its output ``[P, B, n_in]``, its activation
-        code; None: none to apply, the input's gradient). Where :meth:`cudarl.nn.Linear.dx_epilogue` takes the
-        call (the single network's condition, on the members' shapes), one ``gemm.nt_act`` over every member
-        writes that layer's dz = act'(dy W^T; y) and this returns True (the layer skips its activation
-        backward); else one batched cuBLASLt GEMM (the single network's one-kernel cuBLASLt dx), False."""
-        W = self.P[f"{lin.name}.weight"]
-        if below is not None and lin.dx_epilogue(dy, W, below[0], dx):
-            family("gemm", self.xp).nt_act(dy, W, below[0], dx, below[1])
-            return True
-        blas.gemm_lt_batched(dy, W, dx, trans_b=True, tf32=lin.tf32, algo=self.batched_algo)
-        return False
+            if below is not None:
+                W = self.P[f"{lin.name}.weight"]
+                blas.gemm_lt_batched(dy, W, below, trans_b=True, tf32=lin.tf32, algo=self.batched_algo)
 
     def _dw(self, lin: Linear, x, dy, gw) -> None:
         """The weight gradients ``gw[i] = x[i]^T dy[i]``: the single network's GEMM (``net.dw_gemm``), as one

@@ -10,7 +10,6 @@ from __future__ import annotations
 import numpy as np
 
 from ..kernels import launch
-from .nn import _members  # the member axis's checks, as nn's launchers take it
 
 TILE, GROUP, KG = 32, 64, 4  # GEMM_T, GEMM_GROUP, GEMM_KG in cuda_src/gemm.cu
 THREADS = GROUP * KG
@@ -35,15 +34,9 @@ def smem_bytes(K: int, trans_b: bool) -> int:
 MAX_ROWS = 1024
 
 
-def eligible(*arrays, K: int, N: int, trans_b: bool = False, members: bool = False) -> bool:
+def eligible(*arrays, K: int, N: int, trans_b: bool = False) -> bool:
     """Can a GEMM with these operands (CuPy, float32, C-contiguous) take the panel kernels? K and N
-    multiples of 4, every pointer 16-byte aligned, the panels within :data:`MAX_SMEM`. ``members``: every
-    array has a leading member axis (:func:`nt_act`'s, a population's), each member's entry as above: entry
-    0 and member strides of a multiple of 16 bytes (every member as aligned as member 0)."""
-    if members:
-        return all(a.strides[0] >= 0 and a.strides[0] % 16 == 0 for a in arrays) and eligible(
-            *(a[0] for a in arrays), K=K, N=N, trans_b=trans_b
-        )
+    multiples of 4, every pointer 16-byte aligned, the panels within :data:`MAX_SMEM`."""
     return (
         K % 4 == 0
         and N % 4 == 0
@@ -109,44 +102,5 @@ def nt(a, bt, out) -> None:
         _grid(M, N),
         THREADS,
         (a, bt, out, M, N, K),
-        shared_mem=smem_bytes(K, True),
-    )
-
-
-def nt_act(a, bt, y, out, act: int, accumulate: bool = False) -> None:
-    """``out [M, N] = act'(a [M, K] @ bt [N, K]^T; y [M, N])``: :func:`nt` with the activation backward of the
-    layer below (its output ``y``, its code ``act``: 0 identity, 1 ReLU, 2 sigmoid) in the epilogue: the
-    bits of :func:`nt` then ``nn.act_backward``. ``accumulate``: ``out = act'(a @ bt^T + out; y)``, the
-    product added onto what ``out`` holds before the activation backward (the bits of :func:`nt`, an add,
-    then ``nn.act_backward``).
-
-    With the member axis (:class:`cudarl.nn.StackedQNetwork`'s dx): a ``[P, M, K]``, bt ``[P, N, K]``, y and
-    out ``[P, M, N]``, each member's entry C-contiguous, members a multiple of 16 bytes apart (``out``'s not
-    overlapping): one launch whose ``blockIdx.z`` is the member, so member ``i`` gets the bits of this call on
-    its entries."""
-    w = "gemm.nt_act"
-    P, (a0, bt0, y0, out0), strides = _members(w, (a, 2), (bt, 2), (y, 2), (out, 2))
-    M, K = a0.shape
-    N = bt0.shape[0]
-    _check(
-        w,
-        bt0.shape == (N, K) and out0.shape == (M, N) and y0.shape == (M, N),
-        f"shapes a {a.shape}, bt {bt.shape}, y {y.shape}, out {out.shape} disagree",
-    )
-    _check(w, int(act) in (0, 1, 2), f"activation code must be 0, 1 or 2, got {act}")
-    _check(
-        w,
-        eligible(a, bt, y, out, K=K, N=N, trans_b=True, members=a.ndim == 3),
-        "needs float32 operands, K and N multiples of 4, "
-        f"16-byte alignment (and member strides) and panels within {MAX_SMEM} bytes (see eligible)",
-    )
-    s_a, s_bt, s_y, s_out = strides
-    _check(w, P == 1 or s_out >= M * N, f"out's members must not overlap (member stride {s_out}, {M * N} elements)")
-    launch(
-        "gemm",
-        "nt_act",
-        (*_grid(M, N), P),
-        THREADS,
-        (a0, bt0, y0, out0, M, N, K, int(act), int(bool(accumulate)), s_a, s_bt, s_y, s_out),
         shared_mem=smem_bytes(K, True),
     )

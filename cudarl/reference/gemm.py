@@ -8,9 +8,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from .nn import act_backward as _act_backward  # the epilogue: the nn twin's (one act_bwd in both kernels)
-from .nn import members
-
 
 def nn_bias_act(a: np.ndarray, b: np.ndarray, bias: np.ndarray, out: np.ndarray, act: int) -> None:
     """``out = act(a @ b + bias)``: a ``[M, K]``, b ``[K, N]``, bias ``[N]``, out ``[M, N]``;
@@ -24,17 +21,3 @@ def nn_bias_act(a: np.ndarray, b: np.ndarray, bias: np.ndarray, out: np.ndarray,
 def nt(a: np.ndarray, bt: np.ndarray, out: np.ndarray) -> None:
     """``out = a @ bt.T``: a ``[M, K]``, bt ``[N, K]``, out ``[M, N]``."""
     out[...] = a @ bt.T
-
-
-@members(2, 2, 2, 2)
-def nt_act(a: np.ndarray, bt: np.ndarray, y: np.ndarray, out: np.ndarray, act: int, accumulate: bool = False) -> None:
-    """``out = act'(a @ bt.T; y)``: :func:`nt`, then the activation backward of the layer whose output is
-    ``y [M, N]`` (:func:`cudarl.reference.nn.act_backward`, act 0 identity, 1 ReLU, 2 sigmoid). ``accumulate``:
-    ``out = act'(a @ bt.T + out; y)``, the product added onto ``out`` first (one rounded add an element).
-    With the member axis (a ``[P, M, K]``, bt ``[P, N, K]``, y and out ``[P, M, N]``): this on each member's
-    entries in turn (:func:`cudarl.reference.nn.members`)."""
-    if accumulate:
-        out += a @ bt.T
-    else:
-        nt(a, bt, out)
-    _act_backward(out, y, out, act)

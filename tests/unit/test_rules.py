@@ -200,8 +200,7 @@ def test_gpu_qrdqn_matches_the_numpy_backend_for_a_step(rng):
 
 # --- an encoder is one registration -----------------------------------------------------------------
 class _Linear1:
-    """A test encoder: one linear layer with ReLU (the MLP's conventions, so the network needs nothing else;
-    its ReLU's backward may ride on the head's dx GEMM: ``out_act`` and ``dz_ready``)."""
+    """A test encoder: one linear layer with ReLU (the MLP's conventions, so the network needs nothing else)."""
 
     def __init__(self, name, n_in, net):
         self.name, self.n_in, self.n_out = name, n_in, 16
@@ -221,12 +220,8 @@ class _Linear1:
     def forward(self, x, ws):
         return self.layer.forward(x, ws)
 
-    @property
-    def out_act(self):
-        return self.layer.act
-
-    def backward(self, x, ws, dx=None, dz_ready=False):
-        self.layer.backward(x, ws, dx, dz_ready=dz_ready)
+    def backward(self, x, ws, dx=None):
+        self.layer.backward(x, ws, dx)
 
 
 def test_a_registered_encoder_is_reached_from_config(monkeypatch):

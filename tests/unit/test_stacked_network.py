@@ -156,84 +156,6 @@ def test_members_stay_single_networks_over_a_second_batch(rng):
     _assert_members_are_singles(np, rng, stacked, singles, B=1)
 
 
-def _spy_dx_epilogues(monkeypatch, xp, accept=None) -> dict:
-    """Record, for the single networks' backward and the stacked network's alike: each
-    :meth:`cudarl.nn.Linear.dx_epilogue` decision ``(stacked, layer, taken)``, each ``gemm.nt_act`` launch
-    ``(stacked, its dx's width)``, and each activation backward of the ``nn`` ops ``(stacked, its dz's width, act)``
-    (``bias_act_backward``, ``act_backward``), ``stacked`` whether the arrays have the member axis. ``accept``: the
-    layers whose dx GEMM the decision gives the epilogue (forcing the GPU's condition, float32 under
-    ``cublaslt_nosplit`` on operands the panel takes, on NumPy, where the twin of ``nt_act`` runs), None: the real
-    decision."""
-    from cudarl.backend import family
-    from cudarl.nn import Linear
-
-    rec = {"decided": [], "nt_act": [], "acts": []}
-    decide, gemm, nn = Linear.dx_epilogue, family("gemm", xp), family("nn", xp)
-    nt_act = gemm.nt_act
-
-    def decided(self, dz, W, y, dx):
-        taken = decide(self, dz, W, y, dx) if accept is None else self.name in accept
-        rec["decided"].append((dz.ndim == 3, self.name, taken))
-        return taken
-
-    def launched(a, bt, y, out, act, accumulate=False):
-        rec["nt_act"].append((a.ndim == 3, out.shape[-1]))
-        nt_act(a, bt, y, out, act, accumulate=accumulate)
-
-    def recorded(op):
-        def run(dout, out, dz, *rest):
-            rec["acts"].append((dout.ndim == 3, dout.shape[-1], int(rest[-1])))
-            return op(dout, out, dz, *rest)
-
-        return run
-
-    monkeypatch.setattr(Linear, "dx_epilogue", decided)
-    monkeypatch.setattr(gemm, "nt_act", launched)
-    for name in ("bias_act_backward", "act_backward"):
-        monkeypatch.setattr(nn, name, recorded(getattr(nn, name)))
-    return rec
-
-
-def _of(calls: list, stacked: bool) -> list:
-    """The recorded calls of the stacked network (``stacked``) or of the single networks, without the flag."""
-    return [c[1:] for c in calls if c[0] == stacked]
-
-
-@pytest.mark.parametrize("accept", [("head.va", "enc.1"), ("head.va",), ("enc.1",), ()])
-@pytest.mark.parametrize("with_dx", [False, True])
-@pytest.mark.parametrize("branches", [False, True])
-def test_the_dx_gemms_apply_the_relu_below_exactly_where_each_single_network_does(
-    rng, monkeypatch, accept, with_dx, branches
-):
-    """The dx GEMM with the ReLU backward of the layer below in its epilogue (``gemm.nt_act``; the GPU's condition
-    :meth:`cudarl.nn.Linear.dx_epilogue` forced on NumPy for the layers in ``accept``): the stacked backward asks it
-    at the same layers as each single network (the head's dx into the top layer, the 16-wide layer's into the
-    first; never the input's), launches one ``nt_act`` over every member where it is taken, and skips the same
-    layers' ReLU backward (``dz_ready``), on one stream and with a branch per layer (``set_side_stream``); every
-    member still equals its single network bit for bit."""
-    from cudarl.graph import SideStream
-
-    P = 3
-    stacked, singles = _stacked_and_singles(np, P, 10, 9, SMALL)
-    sides = ()
-    if branches:
-        sides = [SideStream(np) for _ in stacked.linears]
-        stacked.set_side_stream(sides)
-        for net in singles:
-            net.set_side_stream([SideStream(np) for _ in net.linears])
-    rec = _spy_dx_epilogues(monkeypatch, np, accept)
-    _assert_members_are_singles(np, rng, stacked, singles, B=7, raw_head=branches, with_dx=with_dx, sides=sides)
-    decided = [("head.va", "head.va" in accept), ("enc.1", "enc.1" in accept)]  # the backward's order
-    assert _of(rec["decided"], False) == decided * P and _of(rec["decided"], True) == decided
-    widths = {"head.va": 16, "enc.1": 32}  # the dx's: the layer below's width (enc.1 16, enc.0 32)
-    launched = [(widths[name],) for name in ("head.va", "enc.1") if name in accept]
-    assert _of(rec["nt_act"], False) == launched * P and _of(rec["nt_act"], True) == launched
-    acts = _of(rec["acts"], True)
-    assert _of(rec["acts"], False) == acts * P
-    masks = {w: sum(1 for width, a in acts if width == w and a != 0) for w in (44, 16, 32)}
-    assert masks == {44: 0, 16: 0 if "head.va" in accept else 1, 32: 0 if "enc.1" in accept else 1}
-
-
 @pytest.mark.parametrize(
     "fields",
     [{"layernorm": True}, {"head": "iqn"}, {"spectral": ("enc.0",)}, {"plan": True}, {"gemm": "cublas"}],
@@ -278,26 +200,6 @@ def test_gpu_members_equal_single_networks_bitwise(cp, rng, P, B, tf32, dw_gemm)
     _assert_members_are_singles(cp, rng, stacked, singles, B=B)
     if P == 3 and B == 512 and not tf32:
         _assert_members_are_singles(cp, rng, stacked, singles, B=B, raw_head=True, with_dx=False)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("B,tf32", [(512, False), (7, False), (512, True)])
-def test_gpu_the_dx_gemms_are_the_single_networks(cp, rng, monkeypatch, B, tf32):
-    """The reference network on the GPU (P = 3): :meth:`cudarl.nn.Linear.dx_epilogue` decides the same at the same
-    layers for the stacked network and each single network, and where it takes the epilogue (float32: the head's
-    dx into the top layer's dz, the 256 x 256 layer's into the first's) the stacked backward launches one
-    ``gemm.nt_act`` over its members; with TF32 none does (cuBLASLt, then the mask kernel); member i bit for bit."""
-    P = 3
-    stacked, singles = _stacked_and_singles(cp, P, 66, 512, {**REFERENCE, "tf32": tf32})
-    rec = _spy_dx_epilogues(monkeypatch, cp)
-    _assert_members_are_singles(cp, rng, stacked, singles, B=B)
-    decided = [("head.va", not tf32), ("enc.1", not tf32)]
-    assert _of(rec["decided"], False) == decided * P and _of(rec["decided"], True) == decided
-    launched = [] if tf32 else [(256,), (256,)]
-    assert _of(rec["nt_act"], False) == launched * P and _of(rec["nt_act"], True) == launched
-    acts = _of(rec["acts"], True)
-    assert _of(rec["acts"], False) == acts * P
-    assert sum(1 for _, a in acts if a != 0) == (2 if tf32 else 0)  # the ReLU masks left as kernels
 
 
 @pytest.mark.gpu

@@ -65,28 +65,17 @@ class Encoder(Protocol):
     def forward(self, x, ws: Workspace):
         """``psi [B, n_out]`` from ``x [B, n_in]``, into the workspace (no allocation)."""
 
-    @property
-    def out_act(self) -> int | None:
-        """The activation code of the layer psi comes out of, where that layer is a Linear whose backward
-        applies the activation's backward to dL/dpsi as a step of its own (the MLP's top ReLU layer): a head's
-        dx GEMM can apply it instead, in its epilogue, from ``(psi, out_act)`` (:meth:`cudarl.nn.Linear.backward`'s
-        ``below``; psi is that layer's output). None where there is no such step (an MLP with LayerNorm, the
-        windowed encoders' final RMSNorm)."""
-
-    def backward(self, x, ws: Workspace, dx=None, dz_ready: bool = False) -> None:
-        """Overwrite the encoder's parameter gradients from ``ws[<out_name>.dout]``; write ``dx`` if given.
-        ``dz_ready``: that ``dout`` already holds dL/dz of psi's layer (a head's dx GEMM applied :attr:`out_act`'s
-        backward), so that layer skips its activation backward; only where :attr:`out_act` is not None."""
+    def backward(self, x, ws: Workspace, dx=None) -> None:
+        """Overwrite the encoder's parameter gradients from ``ws[<out_name>.dout]``; write ``dx`` if given."""
 
     @property
     def last_layer(self) -> tuple:
         """The names of the last layer's parameters, the layer psi comes out of (contiguous in the layout,
         the encoder's last): Gradient Vaccine's ``agent.vaccine_scope = "last"``."""
 
-    def backward_last(self, x, ws: Workspace, dz_ready: bool = False) -> None:
+    def backward_last(self, x, ws: Workspace) -> None:
         """:meth:`backward` of :attr:`last_layer` only: overwrite those parameters' gradients from
-        ``ws[<out_name>.dout]`` and stop, leaving every other gradient as it is (no dx). ``dz_ready`` as
-        :meth:`backward`."""
+        ``ws[<out_name>.dout]`` and stop, leaving every other gradient as it is (no dx)."""
 
 
 def bar_width(n_in: int, net) -> int:

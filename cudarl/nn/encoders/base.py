@@ -198,19 +198,9 @@ class SequenceEncoder(Module):
         self.seq.last_rmsnorm_forward(h.reshape(B, -1, self.d), w, psi, ws.rows(f"{self.out_name}.rstd", B), EPS)
         return psi
 
-    #: psi is the final RMSNorm's output, whose backward is one kernel with the norm's: nothing for a head's
-    #: dx GEMM to take (:class:`cudarl.nn.encoders.Encoder`'s ``out_act``).
-    out_act = None
-
-    def _no_dz_ready(self, dz_ready: bool) -> None:
-        if dz_ready:
-            raise ValueError(f"{self.name}: dz_ready, but psi's layer (an RMSNorm) has no activation backward to skip")
-
-    def backward(self, x, ws: Workspace, dx=None, dz_ready: bool = False) -> None:
+    def backward(self, x, ws: Workspace, dx=None) -> None:
         """Overwrite this encoder's parameter gradients from dL/dpsi in ``ws[<out_name>.dout]`` (the last
-        forward on ``ws``); ``dx`` optional ``[B, W, F]`` or ``[B, W F]``. ``dz_ready`` must be False
-        (:attr:`out_act` is None)."""
-        self._no_dz_ready(dz_ready)
+        forward on ``ws``); ``dx`` optional ``[B, W, F]`` or ``[B, W F]``."""
         B = ws.batch
         self._final_norm_backward(ws, B)
         self._blocks_backward(ws, B)
@@ -223,11 +213,10 @@ class SequenceEncoder(Module):
         lin, _ = self.last_linear(None, 0)
         return (*param_names([lin]), f"{self.out_name}.weight")
 
-    def backward_last(self, x, ws: Workspace, dz_ready: bool = False) -> None:
+    def backward_last(self, x, ws: Workspace) -> None:
         """:meth:`backward` of :attr:`last_layer` only: the final norm's backward, then the last block's
         output projection's weight and bias gradients, and stop (no dx of that projection, nothing of
-        the blocks below; their gradients are left as they are). ``dz_ready`` must be False."""
-        self._no_dz_ready(dz_ready)
+        the blocks below; their gradients are left as they are)."""
         B = ws.batch
         self._final_norm_backward(ws, B)
         lin, inp = self.last_linear(ws, B)
