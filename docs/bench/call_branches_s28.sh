@@ -1,3 +1,4 @@
+# NOT RUN as written: superseded by call_branches_s28b.sh, then by call_s28c.sh (the one call this session got).
 # Prepared in the twenty-seventh session, NOT RUN (the session's device time ran out: 318 s left, refused as less
 # than a start). Branches extras-early, vaccine-fuse and dx-relu (docs/bench/*.patch, in this order) against main in
 # .gpu_base, one call:

@@ -1,3 +1,4 @@
+# NOT RUN as written: eleven failed starts left room for one call, docs/bench/call_s28c.sh (gpu_check, then the merged tree against 82c5e12 only).
 # Twenty-eighth session, call 1: five branches merged on main (9935cf3) against main before them (82c5e12, .gpu_base)
 # and the first three alone (02ba8a5, .gpu_mid); carry .gpu_base and .gpu_mid:
 #   rm -rf .gpu_base && mkdir .gpu_base && git archive 82c5e12 cudarl cuda_src tools tests pyproject.toml | tar -x -C .gpu_base
