@@ -1,13 +1,14 @@
-# Prepared in the twenty-seventh session for the next (NOT RUN: this session's device time went on failed starts).
-#   P: OUT=$OUT bash docs/bench/next_call_s28.sh P (about 120 s): the MLP train graph with all seven signals and the
+# Prepared in the twenty-seventh session (as next_call_s28.sh) and NOT RUN in the twenty-seventh or twenty-eighth
+# (both sessions' device time went on failed starts; the twenty-eighth's one call was call_s28c.sh). First in the
+# twenty-ninth: gpu_check at main (OUT=$OUT bash docs/bench/gpu_s25.sh G <sha>), since the report is at c4c8b34,
+# whose tree held the three commits 55907ba reverted.
+#   P: OUT=$OUT bash docs/bench/next_call_s29.sh P (about 120 s): the MLP train graph with all seven signals and the
 #      reference train graph under ncu, their launch traces and critical paths, with the ncu CSVs kept (the
 #      twenty-seventh session's profile kept only the printed table, and tools/critical_path.py now pairs library
 #      kernels with calls by their FP32 FLOPs, which the CSV holds); then bench_aux --encoder mlp. What it is for:
 #      where issue 19's all-seven path (23 nodes, 170.4 us at 90539af on an H200) and issue 20's reference path
 #      really spend their time, node by node.
-#   Also prepared: docs/bench/call_branches_s28.sh (branch extras-early: the extra heads' backward off the all-seven
-#      MLP step's chain; its GPU tests and bench_aux against main, its prediction in the script).
-#   L: OUT=$OUT bash docs/bench/next_call_s28.sh L (about 550 s on an H200; on an H100 the runs are cut before
+#   L: OUT=$OUT bash docs/bench/next_call_s29.sh L (about 550 s on an H200; on an H100 the runs are cut before
 #      their last evaluation and a second call on the warm machine resumes them): issue 22 point 6, attention at
 #      issue 22's widths and 18,000 updates on the GPU, seeds 0-2 (fixed before the run: the 10,000-update GPU
 #      runs' seeds, 69/86/50%; on the CPU 18,000 updates lifted attention's mean from 73% to 85%).
