@@ -166,15 +166,13 @@ class Agent:
         #: column sums) run beside each other and beside the dx chain, not one after another
         self.grad_sides = [SideStream(xp) for _ in self.online.linears]
         self.online.set_side_stream(self.grad_sides)
+        #: whether the extra heads' backward runs in the extras_backward phase, on the auxiliary branch,
+        #: before the step's backward (QNetwork.extras_first: an auxiliary head writes dL/dpsi, and the Q
+        #: head's backward adds onto it, not IQN's)
+        self.extras_early = self.online.extras_first
         #: whether a phase before the backward reads what q_stats writes (q_s, the logits at s): CQL, the
         #: plan head, a signal that declares it (AuxSignal.reads_q_stats); then q_stats_join waits for its
         #: branch, otherwise publish does (the reference step: its two launches off the critical path)
-        #: whether the step's forward at s runs extra heads that write dL/dpsi (auxiliary heads) and the Q head's
-        #: backward can add into dL/dpsi (Head.accumulates_dpsi: not IQN's): the extra heads' backward then
-        #: runs in the extras_backward phase, on the auxiliary branch, before the step's backward
-        self.extras_early = (
-            any(h.writes_dpsi for h in self.online.extras.values()) and self.online.head.accumulates_dpsi
-        )
         self.q_stats_read = a.cql_alpha > 0 or self.plan is not None or any(s.reads_q_stats for s in self.aux)
 
     # --- collect -------------------------------------------------------------------------------

@@ -348,6 +348,13 @@ class QNetwork:
         """The shape of ``forward()["q"]`` for ``B`` samples (the head's)."""
         return self.head.output_shape(B)
 
+    @property
+    def extras_first(self) -> bool:
+        """Whether :meth:`backward_extras` can run before :meth:`backward`: an extra head writes dL/dpsi
+        (``Module.writes_dpsi``) and the Q head's backward adds its own onto it (``Head.accumulates_dpsi``:
+        not IQN's, whose mixing kernel overwrites dL/dpsi)."""
+        return self.head.accumulates_dpsi and any(h.writes_dpsi for h in self.extras.values())
+
     def backward_extras(self, ws: Workspace | None = None, rows: int | None = None) -> bool:
         """The first part of :meth:`backward` over ``ws``, alone: the extra heads' backward (those the last
         forward on ``ws`` ran, in that order) over its first ``rows`` (default ``ws.batch``), writing their
@@ -358,7 +365,13 @@ class QNetwork:
         beside the rule's loss, so that their GEMMs leave the step's chain). dL/dpsi is then
         ``Q + (E_1 + E_2 + ...)`` where :meth:`backward` alone sums ``((Q + E_1) + E_2) + ...``: the same to
         float32 rounding. Whether an extra head wrote dL/dpsi (False: none did, and the Q head's
-        backward overwrites it as without this call)."""
+        backward overwrites it as without this call). Refused where the Q head's backward cannot add
+        (:attr:`extras_first`)."""
+        if not self.head.accumulates_dpsi:
+            raise ValueError(
+                f"QNetwork.backward_extras: the {type(self.head).__name__}'s backward overwrites dL/dpsi, so the "
+                "extra heads' part cannot run first (extras_first is False)"
+            )
         ws = ws or self.ws
         if not ws.heads:
             return False

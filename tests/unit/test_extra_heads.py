@@ -201,3 +201,6 @@ def test_the_extra_heads_backward_run_first_gives_the_one_backwards_gradient(pla
     np.testing.assert_allclose(net.grads, one, rtol=2e-5, atol=1e-6)  # the sum's order differs: not the bits
     iqn = Trainer(small(net={"head": "iqn"}, agent={"aux": HEADS}), run_dir=False, echo=lambda m: None)
     assert not iqn.agent.extras_early and "extras_backward" not in dict(iqn.train_graph.phases)
+    assert not iqn.agent.online.extras_first
+    with pytest.raises(ValueError, match="overwrites dL/dpsi"):  # the network refuses, not only the agent
+        iqn.agent.online.backward_extras()
