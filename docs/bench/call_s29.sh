@@ -1,5 +1,5 @@
 # Session 29's first device call (one start for all of it), from a checkout of main with the tree of branch
-# drelu (5c7b51f) in .gpu_mid (ignored; sent by carry):
+# drelu in .gpu_mid (ignored; sent by carry):
 #   rm -rf .gpu_mid && mkdir .gpu_mid && git archive drelu cudarl cuda_src tools tests docs/bench pyproject.toml | tar -x -C .gpu_mid
 #   A: OUT=$OUT bash docs/bench/call_s29.sh A <main sha>: gpu_check at main (the report of record; few files back),
 #      then lt_drelu_probe (does cuBLASLt offer FP32 RELU_AUX_BIAS / DRELU for the reference shapes, and at
@@ -7,8 +7,9 @@
 #      cublaslt_drelu, the trainer's) and the reference step under cublaslt_nosplit and cublaslt_drelu,
 #      interleaved (ABAB).
 # Predictions (written before the call; docs/perf-notes.md): the probe offers FP32 algorithms for all three
-# epilogues with the same tile as the plain GEMM; the reference train step 2-4 us shorter under cublaslt_drelu
-# (one ReLU kernel, about 2 us, off the backward's chain; the forward's mask write costs well under 1 us).
+# epilogues with the same tile as the plain GEMM; the reference train step 3-6 us shorter under cublaslt_drelu
+# (two ReLU kernels, about 2 us each, off the backward's chain: the encoder's and the one below the C51 head;
+# the forwards' mask writes cost well under 1 us).
 R=$(pwd); T0=$(date +%s); t() { echo "== $1 t=$(( $(date +%s) - T0 ))"; }
 left() { local l=$(( 580 - ($(date +%s) - T0) )); [ "$l" -lt 1 ] && l=1; [ "$l" -lt "$1" ] && echo "$l" || echo "$1"; }
 nvidia-smi --query-gpu=name --format=csv,noheader
