@@ -23,7 +23,7 @@ from cudarl.bench import reference_config, step_benchmark
 for rnd in range(2):
     for gemm in ("cublaslt_nosplit", "cublaslt_drelu"):
         rows = step_benchmark(repeats=200, cfg=reference_config("gpu", net={"gemm": gemm}), phases=False, label=f", {gemm}")
-        print(rnd, gemm, "; ".join(f"{r['metric']}: {r['value']}" for r in rows if "train step" in r["metric"]))
+        print(rnd, gemm, "; ".join(f"{r['metric']}: {r['value']}" for r in rows if "step" in r["metric"]))
 PY
   cd "$R"
 fi
