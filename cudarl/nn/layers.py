@@ -611,6 +611,7 @@ class MLP(Module):
         if gemm == "cublaslt_drelu" and not layernorm:  # each hidden ReLU with a Linear above (Linear.mask_out)
             for lower, upper in zip(self.children[:-1], self.children[1:], strict=True):
                 lower.mask_out = upper.dx_drelu = True
+            self.children[-1].mask_out = True  # psi's, for the Q head's dx GEMM (top_mask)
 
     @property
     def out_name(self) -> str:
@@ -626,9 +627,15 @@ class MLP(Module):
             h = c.forward(h, ws)
         return h
 
-    def backward(self, x, ws: Workspace, dx=None) -> None:
-        """Gradient of the output expected in ``ws[<out_name>.dout]``; ``dx`` optional ``[B, n_in]``."""
-        self._backward(x, ws, 0, dx)
+    def backward(self, x, ws: Workspace, dx=None, top_ready: bool = False) -> None:
+        """Gradient of the output expected in ``ws[<out_name>.dout]``; ``dx`` optional ``[B, n_in]``.
+        ``top_ready``: the head's dx GEMM applied :meth:`top_mask` (that dout is the last layer's dz)."""
+        self._backward(x, ws, 0, dx, top_ready)
+
+    def top_mask(self, ws: Workspace, B: int):
+        """The last layer's ReLU mask (:meth:`Linear.mask`; ``cublaslt_drelu`` without LayerNorm), else None."""
+        last = self.children[-1]
+        return last.mask(ws, B) if isinstance(last, Linear) else None
 
     def _last(self) -> int:
         """The index of the last Linear among :attr:`children` (the last layer begins there)."""
@@ -644,11 +651,11 @@ class MLP(Module):
         and stop (the other layers' gradients are left as they are; no dx)."""
         self._backward(x, ws, self._last(), None)
 
-    def _backward(self, x, ws: Workspace, stop: int, dx) -> None:
+    def _backward(self, x, ws: Workspace, stop: int, dx, top_ready: bool = False) -> None:
         """The children's backward from the last down to ``stop``; the one at ``stop`` writes ``dx`` if
-        ``stop`` is 0, else nothing below it."""
+        ``stop`` is 0, else nothing below it. ``top_ready``: the last child's dout is its dz already."""
         B = x.shape[0]
-        ready = False  # the child's dout is its dz already (the dx GEMM above applied its ReLU mask)
+        ready = top_ready  # the child's dout is its dz already (the dx GEMM above applied its ReLU mask)
         for i in range(len(self.children) - 1, stop - 1, -1):
             c = self.children[i]
             inp = x if i == 0 else ws.rows(f"{self.children[i - 1].name}.out", B)

@@ -688,13 +688,11 @@ def test_gemm_option_reaches_every_linear_and_numpy_ignores_it(rng, gemm):
         lt.prepare_backward(3)  # nothing to make on NumPy
         assert lt.config.gemm == gemm and base.config.gemm == "cublas"
         assert {lin.lt_all for lin in lt.linears.values()} == {gemm in ("cublaslt_nosplit", "cudarl", "cublaslt_drelu")}
-        # cublaslt_drelu: the encoder's first ReLU layer writes its mask, the second's dx GEMM applies it
-        assert {n for n, lin in lt.linears.items() if lin.mask_out} == (
-            {"enc.0"} if gemm == "cublaslt_drelu" else set()
-        )
-        assert {n for n, lin in lt.linears.items() if lin.dx_drelu} == (
-            {"enc.1"} if gemm == "cublaslt_drelu" else set()
-        )
+        # cublaslt_drelu: the encoder's ReLU layers write their masks, the second's dx GEMM applies the first's
+        # (and the C51 head's dx the second's: QNetwork.backward)
+        drelu = gemm == "cublaslt_drelu"
+        assert {n for n, lin in lt.linears.items() if lin.mask_out} == ({"enc.0", "enc.1"} if drelu else set())
+        assert {n for n, lin in lt.linears.items() if lin.dx_drelu} == ({"enc.1"} if drelu else set())
         assert {lin.panel for lin in lt.linears.values() if lin.lt_act is not None} == {gemm == "cudarl"}
         acts = {n: lin.lt_act for n, lin in lt.linears.items()}
         want = {
@@ -959,15 +957,17 @@ def test_gpu_trainer_with_cublaslt_captures_and_is_reproducible():
 
 
 def test_cublaslt_drelu_moves_each_hidden_relu_backward_into_the_dx_gemm_above(rng, monkeypatch):
-    """net.gemm = "cublaslt_drelu" on NumPy (the twins of cuBLASLt's mask epilogues): each hidden ReLU layer below
-    another writes its mask in the forward (act="relu_mask"), the dx GEMM above applies it (act="drelu"), and that
-    layer's backward runs no ReLU kernel; every gradient is cublaslt_nosplit's bit for bit. A float64 network
-    (gradient checks) writes no mask and keeps the kernels."""
+    """net.gemm = "cublaslt_drelu" on NumPy (the twins of cuBLASLt's mask epilogues): each hidden ReLU layer writes
+    its mask in the forward (act="relu_mask"), the dx GEMM above it applies it (act="drelu": the next layer's, and
+    for the top layer the C51 head's, the one writer of dL/dpsi), and no layer's backward runs a ReLU kernel; every
+    gradient is cublaslt_nosplit's bit for bit. The IQN head (takes_mask False) leaves the top layer its kernel.
+    A float64 network (gradient checks) writes no mask and keeps the kernels."""
     from cudarl import blas
     from cudarl.nn import QNetwork
 
-    def run(gemm: str, dtype=np.float32):
-        net = QNetwork(8, 3, hidden=(6, 5, 4), atoms=5, max_batch=3, seed=4, gemm=gemm, dtype=dtype)
+    def run(gemm: str, dtype=np.float32, head="c51"):
+        kw = dict(hidden=(6, 5, 4), atoms=5, n_quantiles=4, n_cos=8, max_batch=3, seed=4, head=head)
+        net = QNetwork(8, 3, gemm=gemm, dtype=dtype, **kw)
         calls, acts, gemm_lt, ops = [], [], blas.gemm_lt, net.linears["enc.0"].ops
         plain_ab, plain_bab = ops.act_backward, ops.bias_act_backward
 
@@ -988,7 +988,7 @@ def test_cublaslt_drelu_moves_each_hidden_relu_backward_into_the_dx_gemm_above(r
         monkeypatch.setattr(ops, "act_backward", act_backward)
         monkeypatch.setattr(ops, "bias_act_backward", bias_act_backward)
         x = rng.standard_normal((3, 8)).astype(dtype)
-        net.forward(x)
+        net.forward(x, **({"tau": rng.uniform(size=(3, 4)).astype(dtype)} if head == "iqn" else {}))
         net.grad_outputs()["q"][...] = rng.standard_normal(net.forward_shape(3)).astype(dtype)
         net.backward()
         monkeypatch.undo()
@@ -999,9 +999,17 @@ def test_cublaslt_drelu_moves_each_hidden_relu_backward_into_the_dx_gemm_above(r
     rng.bit_generator.state = base_rng
     fused, calls, acts = run("cublaslt_drelu")
     assert plain_calls == [] and plain_acts == [1, 1, 1]  # enc.2, enc.1, enc.0: a ReLU kernel each
-    assert calls == [("relu_mask", (3, 6)), ("relu_mask", (3, 5)), ("drelu", (3, 5)), ("drelu", (3, 6))]
-    assert acts == [1]  # enc.2's, whose dout the head's dx GEMM writes (the head is not the MLP's)
+    masks = [("relu_mask", (3, 6)), ("relu_mask", (3, 5)), ("relu_mask", (3, 4))]
+    assert calls == masks + [("drelu", (3, 4)), ("drelu", (3, 5)), ("drelu", (3, 6))]  # head.va's, enc.2's, enc.1's
+    assert acts == []
     assert_bitwise(fused.grads, plain.grads, what="cublaslt_drelu vs cublaslt_nosplit gradients on NumPy")
+    rng.bit_generator.state = base_rng
+    iqn_plain, _, acts_iqn_plain = run("cublaslt_nosplit", head="iqn")
+    rng.bit_generator.state = base_rng
+    iqn, calls_iqn, acts_iqn = run("cublaslt_drelu", head="iqn")
+    assert calls_iqn[3:] == [("drelu", (3, 5)), ("drelu", (3, 6))]
+    assert acts_iqn_plain == [1, 1, 1, 1] and acts_iqn == [1, 1]  # head.phi's and enc.2's kernels stay
+    assert_bitwise(iqn.grads, iqn_plain.grads, what="cublaslt_drelu vs cublaslt_nosplit, IQN head")
     rng.bit_generator.state = base_rng
     f64, calls64, acts64 = run("cublaslt_drelu", np.float64)
     assert calls64 == [] and acts64 == [1, 1, 1] and np.all(np.isfinite(f64.grads))

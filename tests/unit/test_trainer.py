@@ -367,7 +367,7 @@ def test_resume_checkpoint_says_when_latest_npz_is_written(tmp_path, when):
 
 def test_cublaslt_drelu_trains_the_same_bits_on_the_cpu():
     """net.gemm = "cublaslt_drelu" through the trainer on the CPU (the twins of cuBLASLt's mask epilogues: the
-    encoder's first ReLU layer writes its mask, the second's dx GEMM applies it): the same losses and parameters
+    encoder's ReLU layers write their masks, the dx GEMM above each applies it): the same losses and parameters
     as cublaslt_nosplit, bit for bit, over 60 updates."""
     runs = {}
     for gemm in ("cublaslt_nosplit", "cublaslt_drelu"):
@@ -382,10 +382,10 @@ def test_cublaslt_drelu_trains_the_same_bits_on_the_cpu():
 
 @pytest.mark.gpu
 def test_gpu_cublaslt_drelu_takes_a_relu_kernel_off_the_backward_and_trains_alike():
-    """The train graph under net.gemm = "cublaslt_drelu" (the MLP 64-64): the backward has one ReLU kernel fewer
-    than cublaslt_nosplit's and one DRELU GEMM (the second layer's dx applying the first layer's mask; its
-    forward at s writes the mask, RELU_AUX_BIAS), and 40 updates give the same losses to rel. 1e-4 (the GEMMs
-    may take other algorithms: not the same bits)."""
+    """The train graph under net.gemm = "cublaslt_drelu" (the MLP 64-64, the C51 head): the backward has two ReLU
+    kernels fewer than cublaslt_nosplit's and two DRELU GEMMs (the head's dx applying the second layer's mask, the
+    second layer's dx the first's; the forward at s writes them, RELU_AUX_BIAS), and 40 updates give the same
+    losses to rel. 1e-4 (the GEMMs may take other algorithms: not the same bits)."""
     from test_aux_branches import traced_train_graph
 
     def backward(nodes):
@@ -397,7 +397,7 @@ def test_gpu_cublaslt_drelu_takes_a_relu_kernel_off_the_backward_and_trains_alik
         nodes, _ = traced_train_graph({"net": {"gemm": gemm}})
         counts[gemm] = backward(nodes)
     (relu_plain, acts_plain), (relu_fused, acts_fused) = counts["cublaslt_nosplit"], counts["cublaslt_drelu"]
-    assert relu_fused == relu_plain - 1 and acts_fused.count("drelu") == 1 and "drelu" not in acts_plain
+    assert relu_fused == relu_plain - 2 and acts_fused.count("drelu") == 2 and "drelu" not in acts_plain
     runs = {}
     for gemm in ("cublaslt_nosplit", "cublaslt_drelu"):
         t = Trainer(gpu_small(net={"gemm": gemm}), run_dir=False, echo=lambda m: None)
