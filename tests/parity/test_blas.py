@@ -1191,3 +1191,151 @@ def test_gpu_batched_probe_is_refused_inside_a_capture(cp):
     g = StepGraph("probe_in_capture", [("gemm", lambda: blas.gemm_lt_batched(a, b, out, algo="probe"))], xp=cp)
     with pytest.raises(Exception, match="inside a capture"):
         g.capture()
+
+
+# --- the ReLU mask epilogues: relu_mask (RELU_AUX / RELU_AUX_BIAS) writes it, drelu (DRELU) applies it ---------
+MASK_SHAPES = [(7, 13, 5), (64, 200, 17), (512, 256, 256)]
+
+
+def _mask_operands(rng, m, n, k, xp=np):
+    """x [m, k], W [k, n], bias [n] (the forward: about half its outputs positive), dz [m, k'] and W2 [n, k']
+    (the layer above, k' = 9: dx = dz W2^T is [m, n], the shape of the forward's out)."""
+    x, W = rng.standard_normal((m, k)).astype(np.float32), rng.standard_normal((k, n)).astype(np.float32)
+    bias = rng.standard_normal(n).astype(np.float32)
+    dz, W2 = rng.standard_normal((m, 9)).astype(np.float32), rng.standard_normal((n, 9)).astype(np.float32)
+    return tuple(xp.asarray(t) for t in (x, W, bias, dz, W2))
+
+
+def test_relu_mask_layout_is_bit_j_of_word_j_over_32():
+    """Row i of a mask holds out[i, j] > 0 at bit j % 32 of word j // 32, the bits past N 0, and rows of
+    N = 129 take 256 bits (cuBLASLt's leading dimension is a multiple of 128)."""
+    keep = np.zeros((2, 129), bool)
+    keep[0, 0] = keep[0, 33] = keep[1, 128] = True
+    assert blas.relu_mask_shape(2, 129) == (2, 8) and blas.relu_mask_shape(5, 128) == (5, 4)
+    aux = blas.pack_mask(keep, 8)
+    assert aux.dtype == np.uint32 and aux.shape == (2, 8)
+    assert aux[0].tolist() == [1, 2, 0, 0, 0, 0, 0, 0] and aux[1].tolist() == [0, 0, 0, 0, 1, 0, 0, 0]
+    np.testing.assert_array_equal(blas.unpack_mask(aux, 129), keep)
+
+
+@pytest.mark.parametrize("m,n,k", MASK_SHAPES)
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_numpy_relu_mask_writes_the_relu_outputs_mask_and_drelu_applies_it(rng, m, n, k, with_bias):
+    """relu_mask's out is act="relu"'s bit for bit and its mask is ``out > 0``; drelu's out is the plain
+    product where the mask is 1 and exactly 0 elsewhere (the ReLU backward's select: +0, never -0)."""
+    x, W, bias, dz, W2 = _mask_operands(rng, m, n, k)
+    bias = bias if with_bias else None
+    out, want = np.full((m, n), np.nan, np.float32), np.full((m, n), np.nan, np.float32)
+    aux = np.full(blas.relu_mask_shape(m, n), 0xFFFFFFFF, np.uint32)
+    blas.gemm_lt(x, W, out, bias=bias, act="relu_mask", aux=aux)
+    blas.gemm_lt(x, W, want, bias=bias, act="relu")
+    assert_bitwise(out, want, what="relu_mask's out vs relu's")
+    assert 0 < (out > 0).mean() < 1
+    np.testing.assert_array_equal(aux, blas.pack_mask(out > 0, aux.shape[1]))
+    dx, plain = np.full((m, n), np.nan, np.float32), np.full((m, n), np.nan, np.float32)
+    blas.gemm_lt(dz, W2, dx, act="drelu", aux=aux, trans_b=True)
+    blas.gemm_lt(dz, W2, plain, trans_b=True)
+    want_dx = np.where(out > 0, plain, np.float32(0))
+    assert_bitwise(dx, want_dx, what="drelu vs the product, then the ReLU backward")
+    assert not np.signbit(dx[out <= 0]).any()
+
+
+def test_relu_mask_argument_errors():
+    x, W, out = np.zeros((3, 4), np.float32), np.zeros((4, 5), np.float32), np.zeros((3, 5), np.float32)
+    aux = np.zeros(blas.relu_mask_shape(3, 5), np.uint32)
+    with pytest.raises(blas.BlasError, match="act='relu_mask' takes a mask"):
+        blas.gemm_lt(x, W, out, act="relu_mask")
+    with pytest.raises(blas.BlasError, match="act='relu' takes no mask"):
+        blas.gemm_lt(x, W, out, act="relu", aux=aux)
+    with pytest.raises(blas.BlasError, match=r"aux must be a contiguous uint32 \(3, 4\)"):
+        blas.gemm_lt(x, W, out, act="drelu", aux=np.zeros((3, 2), np.uint32))
+    with pytest.raises(blas.BlasError, match="aux must be"):
+        blas.gemm_lt(x, W, out, act="drelu", aux=aux.astype(np.int32))
+    with pytest.raises(blas.BlasError, match="drelu' takes no bias"):
+        blas.gemm_lt(x, W, out, act="drelu", aux=aux, bias=np.zeros(5, np.float32))
+    with pytest.raises(blas.BlasError, match="drelu' takes no bias"):
+        blas.plan_key(3, 5, 4, bias_align=256, act="drelu")
+    with pytest.raises(blas.BlasError, match="for a single GEMM"):
+        blas.gemm_lt_batched(x[None], W[None], out[None], act="relu_mask")
+    with pytest.raises(blas.BlasError, match="no mask"):
+        blas.plan_key(3, 5, 4, bias_align=0, act="drelu", batch=2, strides=(12, 20, 15, 0), split_k=False)
+    # cuBLASLt's RELU_AUX_BIAS, RELU_AUX and DRELU epilogues
+    assert blas.plan_key(3, 5, 4, bias_align=256, act="relu_mask")[5] == 134
+    assert blas.plan_key(3, 5, 4, bias_align=0, act="relu_mask")[5] == 130
+    assert blas.plan_key(3, 5, 4, bias_align=0, act="drelu", trans_b=True)[5] == 136
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m,n,k", [(512, 256, 256), (1024, 256, 66), (7, 204, 64), (33, 3, 256)])
+@pytest.mark.parametrize("tf32", [False, True])
+def test_gpu_relu_mask_and_drelu_match_the_twin_and_replay_bitwise(cp, rng, m, n, k, tf32):
+    """cuBLASLt's mask is the twin's layout, bit for bit the ``out > 0`` of its own out; relu_mask's out matches
+    float64 (parity) and drelu's is the same call's product times that mask: 0 where the bit is 0, and where it
+    is 1 the product of the identity epilogue's plan to rounding (bit for bit where both plans run one
+    algorithm). A captured pair replays bit for bit like the eager one and reads the mask it was given at
+    capture (each graph its own, as the bias)."""
+    from cudarl.graph import StepGraph
+
+    x, W, bias, dz, W2 = _mask_operands(rng, m, n, k, cp)
+    kw = dict(tf32=tf32, split_k=False)
+    out, aux = cp.empty((m, n), np.float32), cp.full(blas.relu_mask_shape(m, n), 0xFFFFFFFF, np.uint32)
+    blas.gemm_lt(x, W, out, bias=bias, act="relu_mask", aux=aux, **kw)
+    ref = np.maximum(x.get().astype(np.float64) @ W.get().astype(np.float64) + bias.get(), 0.0)
+    assert_parity(out, ref.astype(np.float32), **_lt_kind(tf32), what="relu_mask vs float64")
+    h_out, h_aux = out.get(), aux.get()
+    np.testing.assert_array_equal(h_aux, blas.pack_mask(h_out > 0, h_aux.shape[1]), err_msg="cuBLASLt's mask")
+    dx, plain = cp.empty((m, n), np.float32), cp.empty((m, n), np.float32)
+    blas.gemm_lt(dz, W2, dx, act="drelu", aux=aux, trans_b=True, **kw)
+    blas.gemm_lt(dz, W2, plain, trans_b=True, **kw)
+    h_dx, keep = dx.get(), h_out > 0
+    assert (h_dx[~keep] == 0).all() and not np.signbit(h_dx[~keep]).any()
+    assert_parity(h_dx[keep], plain.get()[keep], **_lt_kind(tf32), what="drelu vs the identity plan's product")
+    out2, aux2, dx2 = cp.empty_like(out), cp.zeros_like(aux), cp.empty_like(dx)
+
+    def step():
+        blas.gemm_lt(x, W, out2, bias=bias, act="relu_mask", aux=aux2, **kw)
+        blas.gemm_lt(dz, W2, dx2, act="drelu", aux=aux2, trans_b=True, **kw)
+
+    g = StepGraph("relu_mask_drelu", [("pair", step)], xp=cp)
+    g.capture()
+    for buf in (out2, dx2):
+        poison(buf)
+    aux2.fill(0)
+    cp.cuda.Device().synchronize()
+    g.replay()
+    g.synchronize()
+    assert_bitwise(out2, out, what="graphed relu_mask vs eager")
+    assert_bitwise(aux2, aux, what="graphed mask vs eager")
+    assert_bitwise(dx2, dx, what="graphed drelu vs eager")
+
+
+@pytest.mark.gpu
+def test_gpu_mask_plans_are_made_by_prepare_and_warm_plans_and_refuse_a_misaligned_mask(cp, rng):
+    """gemm_lt_prepare and warm_plans make the mask epilogues' plans (running each once on a scratch mask), so
+    their first real call can be captured; a mask not at a multiple of 256 bytes is refused."""
+    from cudarl.graph import StepGraph
+
+    m, n, k = 21, 131, 27  # shapes no other test plans
+    x, W, bias, dz, W2 = _mask_operands(rng, m, n, k, cp)
+    blas.gemm_lt_prepare(m, n, k, bias=bias, act="relu_mask", split_k=False)
+    blas.warm_plans([blas.plan_key(m, n, 9, bias_align=0, act="drelu", trans_b=True, split_k=False)])
+    out, aux, dx = (
+        cp.empty((m, n), np.float32),
+        cp.zeros(blas.relu_mask_shape(m, n), np.uint32),
+        cp.empty((m, n), np.float32),
+    )
+
+    def step():
+        blas.gemm_lt(x, W, out, bias=bias, act="relu_mask", aux=aux, split_k=False)
+        blas.gemm_lt(dz, W2, dx, act="drelu", aux=aux, trans_b=True, split_k=False)
+
+    g = StepGraph("mask_prepared", [("pair", step)], xp=cp)
+    g.capture()  # no eager run first
+    g.replay()
+    g.synchronize()
+    keep = out.get() > 0
+    np.testing.assert_array_equal(aux.get(), blas.pack_mask(keep, aux.shape[1]))
+    assert (dx.get()[~keep] == 0).all()
+    wide = cp.zeros(aux.size + 64, np.uint32)
+    with pytest.raises(blas.BlasError, match="mask must start at a multiple of 256 bytes"):
+        blas.gemm_lt(x, W, out, bias=bias, act="relu_mask", aux=wide[4 : 4 + aux.size].reshape(aux.shape))
