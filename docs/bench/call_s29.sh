@@ -8,7 +8,7 @@
 # shorter under cublaslt_drelu (two ReLU kernels, about 2 us each, off the backward's chain: the encoder's and
 # the one below the C51 head; the forwards' mask writes cost well under 1 us); collect unchanged within 1 us.
 R=$(pwd); T0=$(date +%s); t() { echo "== $1 t=$(( $(date +%s) - T0 ))"; }
-left() { local l=$(( 580 - ($(date +%s) - T0) )); [ "$l" -lt 1 ] && l=1; [ "$l" -lt "$1" ] && echo "$l" || echo "$1"; }
+left() { local l=$(( ${LIMIT:-580} - ($(date +%s) - T0) )); [ "$l" -lt 1 ] && l=1; [ "$l" -lt "$1" ] && echo "$l" || echo "$1"; }
 nvidia-smi --query-gpu=name --format=csv,noheader
 if [ "$1" = A ]; then
   t gpu_check; OUT=$OUT bash docs/bench/gpu_s25.sh G "$2" 2>&1 | tail -12
