@@ -41,23 +41,11 @@ heuristic for the batched problem's own candidates and adopts the fastest of the
 those whose output on random inputs is bitwise the single algorithm's (a probe run once, when the plan is
 made, timing each equal one and the single one); :func:`batched_plan_info` says
 what each batched plan chose.
-
-The ReLU's mask (issue 20: the ReLU backward in the next layer's input-gradient GEMM instead of a kernel on
-the backward's chain): ``act="relu_mask"`` is the forward's ReLU (cuBLASLt's ``RELU_AUX`` / ``RELU_AUX_BIAS``)
-that also writes ``aux``, a bit-mask of ``out > 0``; ``act="drelu"`` (``DRELU``) multiplies a GEMM's product by
-such a mask: ``out = (op(a) @ op(b)) * mask``, which is ``dz = (dy W^T) * (y > 0)`` of the layer below, the
-product's bits unchanged where the mask is 1 and 0 where it is 0 (cuBLASLt's documentation: "apply ReLu
-gradient to matmul output"). The mask of ``out [M, N]`` is :func:`relu_mask_shape`'s ``uint32 [M, W]``, row
-``i`` the bits of ``out``'s row ``i`` from the least significant bit of word 0 up, ``32 W`` bits a row
-(cuBLASLt's auxiliary leading dimension, a multiple of 128 bits), the twin's layout and cuBLASLt's (the GPU's
-parity test compares the two). A plan with a mask sets the leading dimension once and its address per call,
-as the bias's.
 """
 
 from __future__ import annotations
 
 import ctypes
-import math
 import re
 import sys
 import threading
@@ -78,31 +66,17 @@ _CUDA_R_32F = 0
 _COMPUTE_32F, _COMPUTE_32F_FAST_TF32 = 68, 77  # cublasComputeType_t
 _DESC_TRANSA, _DESC_TRANSB, _DESC_EPILOGUE, _DESC_BIAS_POINTER = 3, 4, 7, 8  # cublasLtMatmulDescAttributes_t
 _DESC_BIAS_BATCH_STRIDE = 10  # cublasLtMatmulDescAttributes_t, int64_t elements (cublasLt.h, CUDA 12.6)
-_DESC_AUX_POINTER, _DESC_AUX_LD = 11, 12  # cublasLtMatmulDescAttributes_t: the epilogue's mask, its ld in bits
 _LAYOUT_BATCH_COUNT, _LAYOUT_STRIDED_BATCH_OFFSET = 5, 6  # cublasLtMatrixLayoutAttribute_t: int32_t, int64_t
 _PREF_MAX_WORKSPACE_BYTES, _PREF_REDUCTION_SCHEME_MASK = (
     1,
     3,
 )  # cublasLtMatmulPreferenceAttributes_t, then MIN_ALIGNMENT_{A,B,C,D}_BYTES:
 _PREF_MIN_ALIGNMENT_A, _PREF_MIN_ALIGNMENT_B, _PREF_MIN_ALIGNMENT_C, _PREF_MIN_ALIGNMENT_D = 5, 6, 7, 8
-#: cublasLtEpilogue_t by (has bias, activation): DEFAULT 1, RELU 2, BIAS 4, RELU_BIAS 6, RELU_AUX 130,
-#: RELU_AUX_BIAS 134, DRELU 136 (no bias: its bias would be the bias gradient, DRELU_BGRAD's).
-_EPILOGUES = {
-    (False, "identity"): 1,
-    (False, "relu"): 2,
-    (True, "identity"): 4,
-    (True, "relu"): 6,
-    (False, "relu_mask"): 130,
-    (True, "relu_mask"): 134,
-    (False, "drelu"): 136,
-}
+#: cublasLtEpilogue_t by (has bias, activation): DEFAULT 1, RELU 2, BIAS 4, RELU_BIAS 6.
+_EPILOGUES = {(False, "identity"): 1, (False, "relu"): 2, (True, "identity"): 4, (True, "relu"): 6}
 _EPILOGUE_HAS_BIAS = {e: has_bias for (has_bias, _), e in _EPILOGUES.items()}
-#: The activations :func:`gemm_lt` fuses; those that write or read a ReLU mask (``aux``).
-LT_ACTS = ("identity", "relu", "relu_mask", "drelu")
-MASK_ACTS = ("relu_mask", "drelu")
-_EPILOGUE_HAS_AUX = {e for (_, act), e in _EPILOGUES.items() if act in MASK_ACTS}
-#: A mask's address must be a multiple of this (bytes): every plan assumes it (a Workspace row's start).
-MASK_ALIGN = 256
+#: The activations :func:`gemm_lt` fuses.
+LT_ACTS = ("identity", "relu")
 #: The operand alignment (bytes) plans assume at most: a CuPy allocation, or a view starting at a
 #: multiple of 4 floats. Less-aligned operands get plans of their own (a key of their own).
 LT_ALIGN = 16
@@ -256,7 +230,6 @@ def gemm_lt(
     bias=None,
     c=None,
     act: str = "identity",
-    aux=None,
     trans_a: bool = False,
     trans_b: bool = False,
     tf32: bool = False,
@@ -281,12 +254,7 @@ def gemm_lt(
             ``act="identity"``: cuBLASLt would apply a ReLU after adding C, which is not ``c + relu(...)``.
             The NumPy twin adds the bias first, then ``c`` (module docstring: the order cuBLASLt leaves
             open, chosen to keep the unfused path's bits).
-        act: ``"identity"`` or ``"relu"``, applied after the bias; ``"relu_mask"``, the ReLU that also writes
-            ``aux``; ``"drelu"`` (no bias), ``out = (op(a) @ op(b)) * mask`` with the mask ``aux`` (module
-            docstring).
-        aux: the ReLU mask of ``out``, :func:`relu_mask_shape` ``(M, N)`` uint32, C-contiguous (on the GPU at a
-            multiple of :data:`MASK_ALIGN` bytes): written under ``"relu_mask"``, read under ``"drelu"``, else
-            ``None``.
+        act: ``"identity"`` or ``"relu"``, applied after the bias.
         tf32: allow TF32 tensor-core math (GPU only; ~1e-3 relative error).
         split_k: let the heuristic pick an algorithm that splits K (partial sums, then a reduction
             kernel of its own); ``False`` asks for one-kernel algorithms only (no reduction scheme).
@@ -306,37 +274,12 @@ def gemm_lt(
     """
     m, n, k = _shapes(a, b, out, trans_a, trans_b, "gemm_lt")
     _check_lt_args(a, b, out, bias, act, n, k)
-    _check_mask(aux, act, m, n, out)
     _check_c(c, out, act)
     _check_algo(algo, "gemm_lt", split_k)
     if isinstance(out, np.ndarray):
-        _lt_numpy(a, b, out, bias, act, trans_a, trans_b, c, aux)
+        _lt_numpy(a, b, out, bias, act, trans_a, trans_b, c)
         return
-    _lt_device(
-        "gemm_lt", (m, n, k), a, b, out, bias, act, trans_a, trans_b, tf32, split_k, stream, algo=algo, c=c, aux=aux
-    )
-
-
-def relu_mask_shape(m: int, n: int) -> tuple[int, int]:
-    """The ``uint32`` shape of the ReLU mask of a ``[M, N]`` output (``act="relu_mask"`` / ``"drelu"``): ``N``
-    bits a row rounded up to a multiple of 128 (cuBLASLt's auxiliary leading dimension), 32 a word."""
-    return int(m), -(-int(n) // 128) * 4
-
-
-def _check_mask(aux, act: str, m: int, n: int, out, what: str = "gemm_lt") -> None:
-    """A mask exactly with the acts that write or read one: ``relu_mask_shape(m, n)`` uint32, C-contiguous,
-    out's backend, on the GPU aligned to :data:`MASK_ALIGN` bytes."""
-    if (aux is None) != (act not in MASK_ACTS):
-        raise BlasError(f"{what}: act={act!r} takes {'a mask (aux)' if aux is None else 'no mask (aux=None)'}")
-    if aux is None:
-        return
-    shape = relu_mask_shape(m, n)
-    if aux.shape != shape or aux.dtype != np.uint32 or not aux.flags.c_contiguous:
-        raise BlasError(f"{what}: aux must be a contiguous uint32 {shape}, got {aux.dtype} {tuple(aux.shape)}")
-    if isinstance(aux, np.ndarray) != isinstance(out, np.ndarray):
-        raise BlasError(f"{what}: aux and out must both be NumPy arrays or both CuPy arrays")
-    if not isinstance(aux, np.ndarray) and aux.data.ptr % MASK_ALIGN:
-        raise BlasError(f"{what}: the mask must start at a multiple of {MASK_ALIGN} bytes (address {aux.data.ptr:#x})")
+    _lt_device("gemm_lt", (m, n, k), a, b, out, bias, act, trans_a, trans_b, tf32, split_k, stream, algo=algo, c=c)
 
 
 def gemm_lt_batched(
@@ -385,8 +328,6 @@ def gemm_lt_batched(
     """
     P, m, n, k, strides = _batched_shapes(a, b, out, bias, act, trans_a, trans_b)
     _check_algo(algo, "gemm_lt_batched")
-    if act in MASK_ACTS:
-        raise BlasError(f"gemm_lt_batched: act={act!r} (a ReLU mask) is for a single GEMM")
     if isinstance(out, np.ndarray):
         for i in range(P):
             _lt_numpy(a[i], b[i], out[i], None if bias is None else bias[i], act, trans_a, trans_b)
@@ -429,11 +370,9 @@ def _lt_device(
     strides=None,
     algo="single",
     c=None,
-    aux=None,
 ):
-    """The GPU side of :func:`gemm_lt` (``batch`` 1; ``c``, its residual; ``aux``, its mask) and
-    :func:`gemm_lt_batched`: the stream's workspace, the trace, the plan of the key (made now outside a
-    capture), one ``cublasLtMatmul``."""
+    """The GPU side of :func:`gemm_lt` (``batch`` 1; ``c``, its residual) and :func:`gemm_lt_batched`: the
+    stream's workspace, the trace, the plan of the key (made now outside a capture), one ``cublasLtMatmul``."""
     import cupy
 
     m, n, k = mnk
@@ -443,8 +382,6 @@ def _lt_device(
         return
     beta = 0.0 if c is None else 1.0
     event = {"kind": "library", "name": "cublaslt_matmul", "stream": s.ptr, "m": m, "n": n, "k": k, "beta": beta}
-    if act in MASK_ACTS:
-        event["act"] = act
     kernels.trace(event if batch == 1 else {**event, "batch": batch})
     bias_ptr = _bias_ptr(bias, what)
     ptrs = (a.data.ptr, b.data.ptr, out.data.ptr)
@@ -454,8 +391,7 @@ def _lt_device(
     if batch != 1:
         _check_entry_alignment(key, ptrs + (bias_ptr,), strides, batch)
     key = _batch_key(key, batch, strides, algo)
-    aux_ptr = 0 if aux is None else aux.data.ptr
-    _lt_run(_lt_plan(key, bias_ptr, s), *ptrs, bias_ptr, h.workspace.data.ptr, s.ptr, c=c_ptr or 0, aux=aux_ptr)
+    _lt_run(_lt_plan(key, bias_ptr, s), *ptrs, bias_ptr, h.workspace.data.ptr, s.ptr, c=c_ptr or 0)
 
 
 def gemm_lt_prepare(
@@ -493,16 +429,14 @@ def gemm_lt_prepare(
 
     if act not in LT_ACTS:
         raise BlasError(f"gemm_lt_prepare: act must be one of {LT_ACTS}, got {act!r}")
-    _check_act_bias(act, bias is not None, "gemm_lt_prepare")
     batched = batch != 1 or strides is not None or (bias is not None and bias.ndim == 2)
     if batched and split_k:
         raise BlasError("gemm_lt_prepare: a batched GEMM runs one-kernel algorithms only: pass split_k=False")
     if batch < 1:
         raise BlasError(f"gemm_lt_prepare: batch must be at least 1, got {batch}")
-    if batched and (lds is not None or c_ld is not None or act in MASK_ACTS):
+    if batched and (lds is not None or c_ld is not None):
         raise BlasError(
-            "gemm_lt_prepare: a batch's entries are packed and have no c and no mask: lds, c_ld and "
-            f"act={act!r} are for a single GEMM"
+            "gemm_lt_prepare: a batch's entries are packed and have no c: lds and c_ld are for a single GEMM"
         )
     _check_c_act(c_ld is not None, act, "gemm_lt_prepare")
     s = stream if stream is not None else cupy.cuda.get_current_stream()
@@ -526,12 +460,11 @@ def gemm_lt_prepare(
         for sh, st, ld in zip(shapes, strides, lds, strict=True)
     ]
     c = None if c_ld is None else cupy.zeros((m, key[_C][1]), dtype=np.float32)[:, :n]
-    aux = cupy.zeros(relu_mask_shape(m, n), dtype=np.uint32) if act in MASK_ACTS else None
     _after_caller(s)  # the operands' blocks and fills are the caller's stream's
     if batched:
         gemm_lt_batched(*operands, algo=algo, **kw)
     else:
-        gemm_lt(*operands, c=c, aux=aux, split_k=split_k, algo=algo, **kw)
+        gemm_lt(*operands, c=c, split_k=split_k, algo=algo, **kw)
     s.synchronize()  # the scratch operands outlive the GEMM
 
 
@@ -562,11 +495,8 @@ def plan_key(
     _check_algo(algo, "plan_key", split_k)
     if act not in LT_ACTS:
         raise BlasError(f"plan_key: act must be one of {LT_ACTS}, got {act!r}")
-    _check_act_bias(act, bool(bias_align), "plan_key")
-    if batch != 1 and (strides is None or split_k or c_ld is not None or act in MASK_ACTS):
-        raise BlasError(
-            "plan_key: a batch needs its strides (a, b, out, bias) and split_k=False, and has no c and no mask"
-        )
+    if batch != 1 and (strides is None or split_k or c_ld is not None):
+        raise BlasError("plan_key: a batch needs its strides (a, b, out, bias) and split_k=False, and has no c")
     _check_c_act(c_ld is not None, act, "plan_key")
     bias_ptr = bias_align  # an address with exactly that alignment (up to the 256 the key counts)
     key = _aligned_key(m, n, k, trans_a, trans_b, bias_ptr, act, tf32, split_k, lds, c_ld)
@@ -589,13 +519,11 @@ def warm_plans(keys) -> None:
         extents = [_extents(key) for key in keys]  # elements of a, b, out, bias and c
         # cuMemAlloc's addresses are 256-byte aligned at least
         a, b, out, bias, c = (scratch.zeros(4 * max(e[i] for e in extents)) for i in range(5))
-        aux = scratch.zeros(4 * max(math.prod(relu_mask_shape(key[0], key[1])) for key in keys))
         work = scratch.zeros(WORKSPACE_BYTES)
         for key in keys:
             bias_ptr = bias if _EPILOGUE_HAS_BIAS[key[5]] else 0
             plan = _plans[key] = _LtPlan(key, bias_ptr)
-            has_aux = key[5] in _EPILOGUE_HAS_AUX
-            _lt_run(plan, a, b, out, bias_ptr, work, 0, c=c if key[_C][1] else 0, aux=aux if has_aux else 0)
+            _lt_run(plan, a, b, out, bias_ptr, work, 0, c=c if key[_C][1] else 0)
         _cu_check(cu.cuCtxSynchronize(), "cuCtxSynchronize")
 
 
@@ -686,12 +614,6 @@ def _check_lt_args(a, b, out, bias, act: str, n: int, k: int, what: str = "gemm_
     if bias is not None:
         if bias.shape != (n,) or bias.dtype != np.float32 or not bias.flags.c_contiguous:
             raise BlasError(f"{what}: bias must be a contiguous float32 [{n}], got {bias.dtype} {bias.shape}")
-    _check_act_bias(act, bias is not None, what)
-
-
-def _check_act_bias(act: str, has_bias: bool, what: str) -> None:
-    if act == "drelu" and has_bias:
-        raise BlasError(f"{what}: act='drelu' takes no bias (cuBLASLt's would be the bias gradient, an output)")
 
 
 def _check_c_act(has_c: bool, act: str, what: str) -> None:
@@ -732,36 +654,17 @@ def _check_c(c, out, act: str) -> None:
         )
 
 
-def _lt_numpy(a, b, out, bias, act: str, trans_a: bool, trans_b: bool, c=None, aux=None) -> None:
+def _lt_numpy(a, b, out, bias, act: str, trans_a: bool, trans_b: bool, c=None) -> None:
     """:func:`gemm_lt`'s math on NumPy arrays (one entry of :func:`gemm_lt_batched`'s too): the bias, then ``c``,
-    each added in float32 (the unfused path's order: the GEMM's bias epilogue, then seq.residual_add); the
-    ReLU mask written (``relu_mask``) or applied (``drelu``: the product where the bit is 1, else 0)."""
+    each added in float32 (the unfused path's order: the GEMM's bias epilogue, then seq.residual_add)."""
     res = np.matmul(a.T if trans_a else a, b.T if trans_b else b)
     if bias is not None:
         res += bias
     if c is not None:
         res += c
-    if act in ("relu", "relu_mask"):
+    if act == "relu":
         np.maximum(res, np.float32(0), out=res)
-    if act == "relu_mask":
-        aux[...] = pack_mask(res > 0, aux.shape[1])
-    if act == "drelu":
-        res = np.where(unpack_mask(aux, res.shape[1]), res, np.float32(0))
     out[...] = res
-
-
-def pack_mask(keep: np.ndarray, words: int) -> np.ndarray:
-    """A ``bool [M, N]`` as a ReLU mask ``uint32 [M, words]`` (module docstring: bit ``j`` of a row is word
-    ``j // 32``'s bit ``j % 32``; the bits past ``N`` 0)."""
-    bits = np.zeros((keep.shape[0], 32 * words), dtype=bool)
-    bits[:, : keep.shape[1]] = keep
-    return np.packbits(bits, axis=1, bitorder="little").view("<u4").astype(np.uint32)
-
-
-def unpack_mask(aux: np.ndarray, n: int) -> np.ndarray:
-    """The ``bool [M, n]`` a ReLU mask holds (:func:`pack_mask`'s inverse on its first ``n`` bits a row)."""
-    words = np.ascontiguousarray(aux, dtype="<u4").view(np.uint8)
-    return np.unpackbits(words, axis=1, bitorder="little")[:, :n].astype(bool)
 
 
 def _bias_ptr(bias, what: str) -> int:
@@ -877,30 +780,13 @@ def _lt_plan(key: tuple, bias_ptr: int, stream) -> _LtPlan:
 
 
 def _lt_run(
-    plan: _LtPlan,
-    a: int,
-    b: int,
-    out: int,
-    bias: int,
-    workspace: int,
-    stream: int,
-    algo=None,
-    c: int = 0,
-    aux: int = 0,
+    plan: _LtPlan, a: int, b: int, out: int, bias: int, workspace: int, stream: int, algo=None, c: int = 0
 ) -> None:
     """One ``cublasLtMatmul`` of ``plan`` on device addresses (``bias`` 0: none; ``stream`` 0: the legacy
     default stream; ``c``: the residual of a plan with one, else 0: C is D, read with beta 0), with the plan's
     algorithm or ``algo`` (a probe's candidate). The bias pointer is a descriptor attribute, written here for
-    this call, and so is the mask's (``aux``, 0: none)."""
+    this call."""
     lib = _lt_lib()
-    if aux:
-        _set_attr(
-            lib.cublasLtMatmulDescSetAttribute,
-            plan.desc,
-            _DESC_AUX_POINTER,
-            ctypes.c_void_p(aux),
-            "cublasLtMatmulDescSetAttribute(EPILOGUE_AUX_POINTER)",
-        )
     if bias:
         _set_attr(
             lib.cublasLtMatmulDescSetAttribute,
@@ -1729,9 +1615,6 @@ class _LtPlan:
         attr(_DESC_EPILOGUE, ctypes.c_uint32(epilogue), "EPILOGUE")
         if bias_ptr:  # the heuristic reads its alignment; each call sets its own pointer
             attr(_DESC_BIAS_POINTER, ctypes.c_void_p(bias_ptr), "BIAS_POINTER")
-        if epilogue in _EPILOGUE_HAS_AUX:  # the mask: N bits a column of D, in 128s; an aligned placeholder address
-            attr(_DESC_AUX_LD, ctypes.c_int64(32 * relu_mask_shape(m, n)[1]), "EPILOGUE_AUX_LD")
-            attr(_DESC_AUX_POINTER, ctypes.c_void_p(MASK_ALIGN), "EPILOGUE_AUX_POINTER")
         # Column-major layouts (rows, cols, ld) of the row-major buffers: b [K, N] (or [N, K]) is the
         # column-major [N, K] (or [K, N]) with ld = its row pitch; likewise a; out [M, N] is D = [N, M].
         b_rows, b_cols = (n, k) if trans_b else (k, n)

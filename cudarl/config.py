@@ -337,12 +337,8 @@ class NetConfig:
     sigmoid layers keep the kernel), ``cublaslt_nosplit`` (``cublaslt``, and the forward and the
     input-gradient GEMMs limited to one-kernel algorithms, no split-K reduction kernels; the weight
     gradients are ``dw_gemm``'s) or ``cudarl`` (the panel GEMMs of ``cuda_src/gemm.cu`` for the
-    forward and input gradients where they take the shape, else ``cublaslt_nosplit``) or ``cublaslt_drelu``
-    (``cublaslt_nosplit``, and each hidden ReLU of the MLP encoder below another layer has its backward in that
-    layer's input-gradient GEMM: the forward's cuBLASLt ``RELU_AUX_BIAS`` epilogue writes the ReLU's bit-mask,
-    the dx GEMM's ``DRELU`` applies it, so the backward has one ReLU kernel fewer a hidden layer; elsewhere it
-    is ``cublaslt_nosplit``; the NumPy backend runs the twins of both epilogues). Same math to float32
-    rounding. The train step on an H200 at 8550a3d: 100.7 us with ``cublaslt_nosplit``,
+    forward and input gradients where they take the shape, else ``cublaslt_nosplit``). Same math to
+    float32 rounding. The train step on an H200 at 8550a3d: 100.7 us with ``cublaslt_nosplit``,
     107.8 ``cudarl``, 120.0 ``cublaslt``, 126.1 ``cublas`` (``tools/bench_step.py``; docs/gpu-report.md)."""
     dw_gemm: str = "split_k"
     """The algorithm of the linear layers' weight-gradient GEMMs ``dW = x^T dz`` (GPU), under every ``gemm``:

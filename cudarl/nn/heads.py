@@ -24,9 +24,6 @@ class Head(Module):
     #: Whether ``backward(..., accumulate=True)`` adds its dL/dpsi into ``dpsi`` (IQN's mixing kernel
     #: overwrites it: False there and in the two-head C51 + IQN head, whose backward runs it first).
     accumulates_dpsi: bool = True
-    #: Whether ``backward(..., below=mask)`` can apply the encoder's top ReLU mask to the dL/dpsi it overwrites
-    #: (its dx is one GEMM: cuBLASLt's DRELU, ``net.gemm = "cublaslt_drelu"``) and returns whether it did.
-    takes_mask: bool = False
 
     def output_shape(self, B: int) -> tuple:
         """The shape of ``forward``'s output for ``B`` samples."""
@@ -84,15 +81,12 @@ class C51Head(Head):
         """The buffer of dL/dva ``[B, (1 + A) atoms]`` a ``raw`` backward starts from."""
         return f"{self.va.name}.dout"
 
-    takes_mask = True
-
-    def backward(self, psi, ws: Workspace, dpsi=None, accumulate: bool = False, raw: bool = False, below=None) -> bool:
-        """From dL/dlogits in :attr:`grad_name`, or with ``raw`` from dL/dva in :meth:`raw_grad_name`; ``below``:
-        the encoder's top ReLU mask for the dx GEMM (:attr:`Head.takes_mask`). Returns whether it applied it."""
+    def backward(self, psi, ws: Workspace, dpsi=None, accumulate: bool = False, raw: bool = False) -> None:
+        """From dL/dlogits in :attr:`grad_name`, or with ``raw`` from dL/dva in :meth:`raw_grad_name`."""
         B = psi.shape[0]
         if not raw:
             self.ops.dueling_backward(ws.rows(self.grad_name, B), ws.rows(self.raw_grad_name(), B))
-        return self.va.backward(psi, ws, dpsi, accumulate, below=below)
+        self.va.backward(psi, ws, dpsi, accumulate)
 
 
 class IQNHead(Head):

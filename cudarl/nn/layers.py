@@ -41,9 +41,8 @@ PARAM_ALIGN_BYTES = ALIGN * np.dtype(np.float32).itemsize
 
 #: Linear's GEMMs (``net.gemm``, docs/config.md): cuBLAS then the bias/activation kernel; cuBLASLt with
 #: the bias and ReLU in its epilogue; the same limited to one-kernel algorithms for the forward and dx;
-#: or the panel GEMMs of cuda_src/gemm.cu where they take the shape; or ``cublaslt_nosplit`` with the MLP's hidden
-#: ReLU backward in the dx GEMM above it (cuBLASLt's mask epilogues: :attr:`Linear.mask_out`).
-GEMMS = ("cublas", "cublaslt", "cublaslt_nosplit", "cudarl", "cublaslt_drelu")
+#: or the panel GEMMs of cuda_src/gemm.cu where they take the shape.
+GEMMS = ("cublas", "cublaslt", "cublaslt_nosplit", "cudarl")
 #: The weight gradients' GEMM algorithm (``net.dw_gemm``, docs/config.md): cuBLAS with its split-K, or
 #: one-kernel cuBLASLt (``blas.gemm_lt(split_k=False)``, what a batch of members reproduces).
 DW_GEMMS = ("split_k", "one_kernel")
@@ -138,14 +137,7 @@ class Linear(Module):
         #: ``cudarl``: the forward and dx through the panel GEMMs of cuda_src/gemm.cu where they can
         #: take the shapes (K, N multiples of 4, aligned, at most panel.MAX_ROWS rows), else as
         #: ``cublaslt_nosplit``.
-        self.lt_all = gemm in ("cublaslt_nosplit", "cudarl", "cublaslt_drelu")
-        #: ``cublaslt_drelu``, set by the MLP on a hidden ReLU layer with a Linear above: its float32 forward
-        #: writes the ReLU's mask (``ws[<name>.mask]``, cuBLASLt's ``RELU_AUX_BIAS``; the twin's on NumPy), and
-        #: the layer above's dx GEMM applies it (``DRELU``: :meth:`_dx`'s ``below``), so this layer's backward
-        #: has no ReLU kernel (issue 20: one node fewer on the backward's chain).
-        self.mask_out = False
-        #: Set by the MLP on the Linear above a :attr:`mask_out` layer: its dx GEMM applies that mask (``DRELU``).
-        self.dx_drelu = False
+        self.lt_all = gemm in ("cublaslt_nosplit", "cudarl")
         #: The one-kernel cuBLASLt GEMMs' algorithm choice (:data:`cudarl.blas.BATCHED_ALGOS`; QNetwork sets it
         #: from ``net.gemm_algo``): ``single``, the heuristic's first; ``probe``, a bitwise-equal faster one.
         self.lt_algo = "single"
@@ -211,16 +203,6 @@ class Linear(Module):
         layout.add(f"{self.name}.bias", (self.n_out,), binit)
         row = (self.n_out,) if self.rows == 1 else (self.rows, self.n_out)
         ws_spec += [(f"{self.name}.out", row, self.rows > 1), (f"{self.name}.dout", row, self.rows > 1)]
-        if self.mask_out:  # the mask's uint32 words, held in a float32 buffer (the workspace's dtype) of as many
-            words = blas.relu_mask_shape(1, self.n_out)[1]
-            ws_spec.append((f"{self.name}.mask", (words,) if self.rows == 1 else (self.rows, words), self.rows > 1))
-
-    def mask(self, ws: Workspace, B: int):
-        """The ReLU mask the last float32 forward over ``ws`` wrote (:attr:`mask_out`): ``uint32 [B rows, words]``
-        (:func:`cudarl.blas.relu_mask_shape`), or None where this layer writes none or ``ws`` is not float32."""
-        if not self.mask_out or ws.dtype != np.float32:
-            return None
-        return ws.rows(f"{self.name}.mask", B).view(np.uint32)
 
     def fuses_residual(self) -> bool:
         """Whether the residual is cuBLASLt's C in the forward's GEMM (float32 on the GPU with 16-byte aligned
@@ -236,7 +218,7 @@ class Linear(Module):
         if self.lt_act is None:
             return None
         options = {
-            "act": "relu_mask" if self.mask_out else self.lt_act,
+            "act": self.lt_act,
             "tf32": self.tf32,
             "split_k": not self.lt_all,
             "algo": self._algo(not self.lt_all),
@@ -273,8 +255,7 @@ class Linear(Module):
             return
         m, one_kernel = batch * self.rows, {"tf32": self.tf32, "split_k": False, "algo": self.lt_algo}
         if self.lt_all:
-            act = "drelu" if self.dx_drelu else "identity"
-            blas.gemm_lt_prepare(m, self.n_in, self.n_out, act=act, trans_b=True, **one_kernel)
+            blas.gemm_lt_prepare(m, self.n_in, self.n_out, trans_b=True, **one_kernel)
         if self.dw_gemm == "one_kernel":
             blas.gemm_lt_prepare(self.n_in, self.n_out, m, trans_a=True, **one_kernel)
 
@@ -305,10 +286,6 @@ class Linear(Module):
             if not gpu or all(t.data.ptr % blas.LT_ALIGN == 0 for t in (x, c, y)):  # the plan prepare made
                 blas.gemm_lt(x, self.weight(), y, bias=bias, c=c, **opts)
                 return y
-        elif self.mask_out and y.dtype == np.float32:  # always: the layer above's dx reads the mask (Linear.mask)
-            mask = ws.rows(f"{self.name}.mask", y.shape[0] // self.rows).view(np.uint32)
-            blas.gemm_lt(x, self.weight(), y, bias=bias, act="relu_mask", aux=mask, **opts)
-            return self._add_residual(residual, y)
         elif self.lt_act is not None and gpu and x.data.ptr % blas.LT_ALIGN == 0:
             blas.gemm_lt(x, self.weight(), y, bias=bias, act=self.lt_act, **opts)
             return self._add_residual(residual, y)
@@ -341,32 +318,22 @@ class Linear(Module):
             family("seq", self.xp).residual_add(residual, y, y)
         return y
 
-    def _dx(self, dz, dx, accumulate: bool, below=None) -> bool:
+    def _dx(self, dz, dx, accumulate: bool) -> None:
         """dx (+)= dz W^T: the panel kernel under ``cudarl`` where it can take the call (GPU, no
         accumulate), else cuBLASLt without split-K under ``cublaslt_nosplit`` (GPU, no accumulate,
         operands aligned as the plan :meth:`prepare_backward` made), else :func:`matmul`. (dW is
-        :meth:`_dw`'s, by ``dw_gemm``.)
-
-        ``below``: the ReLU mask of the layer whose ``dout`` dx is (:meth:`mask`), or None. With one (and no
-        accumulate) dx is that layer's dz, ``(dz W^T) * mask``, in one cuBLASLt GEMM (``act="drelu"``; the twin's
-        on NumPy), and this returns True: the layer below then skips its ReLU backward. Else False."""
+        :meth:`_dw`'s, by ``dw_gemm``.)"""
         W = self.weight()
-        if below is not None and not accumulate:
-            blas.gemm_lt(
-                dz, W, dx, act="drelu", aux=below, trans_b=True, tf32=self.tf32, split_k=False, algo=self.lt_algo
-            )
-            return True
         gpu_overwrite = not accumulate and not isinstance(dx, np.ndarray)
         if self.panel and gpu_overwrite:
             panel = family("gemm", self.xp)
             if dz.shape[0] <= panel.MAX_ROWS and panel.eligible(dz, W, dx, K=self.n_out, N=self.n_in, trans_b=True):
                 panel.nt(dz, W, dx)
-                return False
+                return
         if self.lt_all and gpu_overwrite and all(t.data.ptr % blas.LT_ALIGN == 0 for t in (dz, W, dx)):
             blas.gemm_lt(dz, W, dx, trans_b=True, tf32=self.tf32, split_k=False, algo=self.lt_algo)
-            return False
+            return
         matmul(dz, W, dx, trans_b=True, beta=1.0 if accumulate else 0.0, tf32=self.tf32)
-        return False
 
     def _dw(self, x, dz, out) -> None:
         """out = x^T dz. ``dw_gemm="one_kernel"``: cuBLASLt without split-K for float32 operands (on the GPU
@@ -380,19 +347,14 @@ class Linear(Module):
                 return
         matmul(x, dz, out, trans_a=True, tf32=self.tf32)
 
-    def backward(self, x, ws: Workspace, dx=None, accumulate: bool = False, below=None, dz_ready: bool = False) -> bool:
-        """The parameters' gradients from ``ws[<name>.dout]``, and ``dx`` (+)= dz W^T when given. ``dz_ready``:
-        the layer above already applied this layer's ReLU backward to ``dout`` (its dx GEMM's ``DRELU``), so
-        ``dout`` is dz. ``below``: the ReLU mask of the layer whose ``dout`` ``dx`` is (:meth:`_dx`). Returns
-        whether dx is that layer's dz (it applied the mask)."""
+    def backward(self, x, ws: Workspace, dx=None, accumulate: bool = False) -> None:
         B = x.shape[0] // self.rows
         y, dy = ws.rows(f"{self.name}.out", B), ws.rows(f"{self.name}.dout", B)
         gb = self.G[f"{self.name}.bias"]
         side = self.side is not None and not self.spectral
         gw = self.G[f"{self.name}.weight"]
-        act = IDENTITY if dz_ready else self.act
         if not side:
-            self.ops.bias_act_backward(dy, y, dy, gb, act)
+            self.ops.bias_act_backward(dy, y, dy, gb, self.act)
             self._dw(x, dy, self.sn["dw"] if self.spectral else gw)
         else:
             # The dx chain only waits for dz: the activation's backward in place (act_backward;
@@ -403,20 +365,20 @@ class Linear(Module):
             # GEMM holds the chain, else (the first layer) it runs on the chain beside dW. The
             # branch reads x and dz, which the main stream only reads from here on (the caller joins
             # before Adam).
-            if act != IDENTITY:
-                self.ops.act_backward(dy, y, dy, act)
+            if self.act != IDENTITY:
+                self.ops.act_backward(dy, y, dy, self.act)
             with self.side.fork():
                 self._dw(x, dy, gw)
                 if dx is not None:
                     self.ops.bias_act_backward(dy, y, dy, gb, IDENTITY)
             if dx is None:
                 self.ops.bias_act_backward(dy, y, dy, gb, IDENTITY)
-        fused = dx is not None and self._dx(dy, dx, accumulate, below)
+        if dx is not None:
+            self._dx(dy, dx, accumulate)
         if self.spectral:
             sn = self.sn
             self.optim_ops.spectral_dot_partial(sn["dw"], sn["w"], sn["partial"])
             self.optim_ops.spectral_backward(sn["dw"], sn["u"], sn["v"], sn["sigma"], sn["partial"], gw)
-        return fused
 
 
 class SplitLinear(Linear):
@@ -608,10 +570,6 @@ class MLP(Module):
                 self.children.append(Linear(f"{name}.{i}", d, h, act="relu", tf32=tf32, gemm=gemm))
             d = h
         self.n_out = d
-        if gemm == "cublaslt_drelu" and not layernorm:  # each hidden ReLU with a Linear above (Linear.mask_out)
-            for lower, upper in zip(self.children[:-1], self.children[1:], strict=True):
-                lower.mask_out = upper.dx_drelu = True
-            self.children[-1].mask_out = True  # psi's, for the Q head's dx GEMM (top_mask)
 
     @property
     def out_name(self) -> str:
@@ -627,15 +585,9 @@ class MLP(Module):
             h = c.forward(h, ws)
         return h
 
-    def backward(self, x, ws: Workspace, dx=None, top_ready: bool = False) -> None:
-        """Gradient of the output expected in ``ws[<out_name>.dout]``; ``dx`` optional ``[B, n_in]``.
-        ``top_ready``: the head's dx GEMM applied :meth:`top_mask` (that dout is the last layer's dz)."""
-        self._backward(x, ws, 0, dx, top_ready)
-
-    def top_mask(self, ws: Workspace, B: int):
-        """The last layer's ReLU mask (:meth:`Linear.mask`; ``cublaslt_drelu`` without LayerNorm), else None."""
-        last = self.children[-1]
-        return last.mask(ws, B) if isinstance(last, Linear) else None
+    def backward(self, x, ws: Workspace, dx=None) -> None:
+        """Gradient of the output expected in ``ws[<out_name>.dout]``; ``dx`` optional ``[B, n_in]``."""
+        self._backward(x, ws, 0, dx)
 
     def _last(self) -> int:
         """The index of the last Linear among :attr:`children` (the last layer begins there)."""
@@ -651,24 +603,17 @@ class MLP(Module):
         and stop (the other layers' gradients are left as they are; no dx)."""
         self._backward(x, ws, self._last(), None)
 
-    def _backward(self, x, ws: Workspace, stop: int, dx, top_ready: bool = False) -> None:
+    def _backward(self, x, ws: Workspace, stop: int, dx) -> None:
         """The children's backward from the last down to ``stop``; the one at ``stop`` writes ``dx`` if
-        ``stop`` is 0, else nothing below it. ``top_ready``: the last child's dout is its dz already."""
+        ``stop`` is 0, else nothing below it."""
         B = x.shape[0]
-        ready = top_ready  # the child's dout is its dz already (the dx GEMM above applied its ReLU mask)
         for i in range(len(self.children) - 1, stop - 1, -1):
             c = self.children[i]
             inp = x if i == 0 else ws.rows(f"{self.children[i - 1].name}.out", B)
             below = (
                 None if i == stop and stop > 0 else dx if i == 0 else ws.rows(f"{self.children[i - 1].name}.dout", B)
             )
-            if not isinstance(c, Linear):
-                c.backward(inp, ws, below)
-                ready = False
-                continue
-            prev = self.children[i - 1] if i > 0 and below is not None else None
-            mask = prev.mask(ws, B) if isinstance(prev, Linear) else None
-            ready = c.backward(inp, ws, below, below=mask, dz_ready=ready)
+            c.backward(inp, ws, below)
 
 
 def param_names(modules) -> tuple:

@@ -405,12 +405,8 @@ class QNetwork:
         x = ws.x if x is None else x
         psi = ws.rows(f"{self.encoder.out_name}.out")
         dpsi = ws.rows(f"{self.encoder.out_name}.dout")
-        extra_dpsi = any(self.extras[name].writes_dpsi for name in ws.heads)
-        early = extras_done and extra_dpsi
-        # psi's ReLU mask in the Q head's dx GEMM where that GEMM alone writes dL/dpsi (net.gemm = "cublaslt_drelu")
-        mask = None if extra_dpsi or last_layer or not self.head.takes_mask else self.encoder.top_mask(ws, ws.batch)
-        kw = {"below": mask} if self.head.takes_mask else {}
-        top_ready = bool(self.head.backward(psi, ws, dpsi, accumulate=early, raw=ws.raw_head, **kw))
+        early = extras_done and any(self.extras[name].writes_dpsi for name in ws.heads)
+        self.head.backward(psi, ws, dpsi, accumulate=early, raw=ws.raw_head)
         for name in () if early else ws.heads:
             self.extras[name].backward(psi, ws, dpsi, accumulate=True)
         if last_layer:
@@ -419,11 +415,11 @@ class QNetwork:
             self.encoder.backward_last(x if self.gate is None else ws.rows("sel.x", ws.batch), ws)
             return
         if self.gate is None:
-            self.encoder.backward(x, ws, dx, top_ready=top_ready)
+            self.encoder.backward(x, ws, dx)
             return
         if dx is not None:
             raise ValueError("QNetwork.backward: no input gradient through the input gate")
-        self.encoder.backward(ws.rows("sel.x", ws.batch), ws, ws.rows("sel.dx", ws.batch), top_ready=top_ready)
+        self.encoder.backward(ws.rows("sel.x", ws.batch), ws, ws.rows("sel.dx", ws.batch))
         self.gate.backward(x, ws)
 
     # --- checkpoints ------------------------------------------------------------------------

@@ -675,7 +675,7 @@ def test_two_workspaces_keep_their_own_forward(rng):
 
 
 # --- net.gemm options: cuBLASLt with its bias/ReLU epilogue, one-kernel algorithms, panel GEMMs --------
-@pytest.mark.parametrize("gemm", ["cublaslt", "cublaslt_nosplit", "cudarl", "cublaslt_drelu"])
+@pytest.mark.parametrize("gemm", ["cublaslt", "cublaslt_nosplit", "cudarl"])
 def test_gemm_option_reaches_every_linear_and_numpy_ignores_it(rng, gemm):
     """On NumPy the option changes nothing (same math); the fused GEMM is asked for the identity and
     ReLU layers only (the plan head's sigmoid keeps the bias/activation kernel)."""
@@ -687,12 +687,7 @@ def test_gemm_option_reaches_every_linear_and_numpy_ignores_it(rng, gemm):
         lt, base = QNetwork(8, 3, gemm=gemm, **kw), QNetwork(8, 3, gemm="cublas", **kw)
         lt.prepare_backward(3)  # nothing to make on NumPy
         assert lt.config.gemm == gemm and base.config.gemm == "cublas"
-        assert {lin.lt_all for lin in lt.linears.values()} == {gemm in ("cublaslt_nosplit", "cudarl", "cublaslt_drelu")}
-        # cublaslt_drelu: the encoder's ReLU layers write their masks, the second's dx GEMM applies the first's
-        # (and the C51 head's dx the second's: QNetwork.backward)
-        drelu = gemm == "cublaslt_drelu"
-        assert {n for n, lin in lt.linears.items() if lin.mask_out} == ({"enc.0", "enc.1"} if drelu else set())
-        assert {n for n, lin in lt.linears.items() if lin.dx_drelu} == ({"enc.1"} if drelu else set())
+        assert {lin.lt_all for lin in lt.linears.values()} == {gemm in ("cublaslt_nosplit", "cudarl")}
         assert {lin.panel for lin in lt.linears.values() if lin.lt_act is not None} == {gemm == "cudarl"}
         acts = {n: lin.lt_act for n, lin in lt.linears.items()}
         want = {
@@ -815,7 +810,7 @@ def _gemm_pair(cp, head, layernorm, B, spectral=(), seed=3, gemm="cublaslt"):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("gemm", ["cublaslt", "cublaslt_nosplit", "cudarl", "cublaslt_drelu"])
+@pytest.mark.parametrize("gemm", ["cublaslt", "cublaslt_nosplit", "cudarl"])
 @pytest.mark.parametrize("B", [1, 7, 512, 4096])
 @pytest.mark.parametrize("head,layernorm,spectral", [("c51", False, ()), ("c51", True, ("enc.1",)), ("iqn", False, ())])
 def test_gpu_qnetwork_gemm_option_matches_the_default_network(cp, rng, B, head, layernorm, spectral, gemm):
@@ -843,8 +838,7 @@ def test_gpu_qnetwork_gemm_option_matches_the_default_network(cp, rng, B, head, 
     _set_grad_outputs(lt, gq, gp)
     lt.backward()
     for name, buf in lt.ws.bufs.items():
-        if name in base.ws.bufs:  # not cublaslt_drelu's masks: the default network's ReLU kernels read the outs
-            cp.copyto(base.ws.bufs[name], buf)
+        cp.copyto(base.ws.bufs[name], buf)
     _set_grad_outputs(base, gq, gp)
     base.backward()
     for e in lt.layout.entries:
@@ -853,7 +847,7 @@ def test_gpu_qnetwork_gemm_option_matches_the_default_network(cp, rng, B, head, 
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("gemm", ["cublaslt", "cublaslt_nosplit", "cudarl", "cublaslt_drelu"])
+@pytest.mark.parametrize("gemm", ["cublaslt", "cublaslt_nosplit", "cudarl"])
 @pytest.mark.parametrize("head,layernorm", [("c51", False), ("c51", True), ("iqn", False)])
 def test_gpu_qnetwork_gemm_option_captures_before_any_eager_run(cp, rng, head, layernorm, gemm):
     """The trainer captures its step without running it eagerly first: a network's workspace with
@@ -954,62 +948,3 @@ def test_gpu_trainer_with_cublaslt_captures_and_is_reproducible():
     assert len(a) == 30 and np.all(np.isfinite(a))
     assert a == b, "two cuBLASLt runs differ"
     assert abs(a[0] - ref[0]) <= 1e-3 * abs(ref[0]), f"first loss {a[0]} (cuBLASLt) vs {ref[0]} (cuBLAS)"
-
-
-def test_cublaslt_drelu_moves_each_hidden_relu_backward_into_the_dx_gemm_above(rng, monkeypatch):
-    """net.gemm = "cublaslt_drelu" on NumPy (the twins of cuBLASLt's mask epilogues): each hidden ReLU layer writes
-    its mask in the forward (act="relu_mask"), the dx GEMM above it applies it (act="drelu": the next layer's, and
-    for the top layer the C51 head's, the one writer of dL/dpsi), and no layer's backward runs a ReLU kernel; every
-    gradient is cublaslt_nosplit's bit for bit. The IQN head (takes_mask False) leaves the top layer its kernel.
-    A float64 network (gradient checks) writes no mask and keeps the kernels."""
-    from cudarl import blas
-    from cudarl.nn import QNetwork
-
-    def run(gemm: str, dtype=np.float32, head="c51"):
-        kw = dict(hidden=(6, 5, 4), atoms=5, n_quantiles=4, n_cos=8, max_batch=3, seed=4, head=head)
-        net = QNetwork(8, 3, gemm=gemm, dtype=dtype, **kw)
-        calls, acts, gemm_lt, ops = [], [], blas.gemm_lt, net.linears["enc.0"].ops
-        plain_ab, plain_bab = ops.act_backward, ops.bias_act_backward
-
-        def spy(a, b, out, **kw):
-            if kw.get("act") in blas.MASK_ACTS:
-                calls.append((kw["act"], tuple(out.shape)))
-            return gemm_lt(a, b, out, **kw)
-
-        def act_backward(dout, out, dz, act):
-            acts.append(int(act))
-            return plain_ab(dout, out, dz, act)
-
-        def bias_act_backward(dout, out, dz, db, act):
-            acts.append(int(act))
-            return plain_bab(dout, out, dz, db, act)
-
-        monkeypatch.setattr(blas, "gemm_lt", spy)
-        monkeypatch.setattr(ops, "act_backward", act_backward)
-        monkeypatch.setattr(ops, "bias_act_backward", bias_act_backward)
-        x = rng.standard_normal((3, 8)).astype(dtype)
-        net.forward(x, **({"tau": rng.uniform(size=(3, 4)).astype(dtype)} if head == "iqn" else {}))
-        net.grad_outputs()["q"][...] = rng.standard_normal(net.forward_shape(3)).astype(dtype)
-        net.backward()
-        monkeypatch.undo()
-        return net, calls, [a for a in acts if a != 0]  # the activation backwards a layer applied (0: identity)
-
-    base_rng = rng.bit_generator.state
-    plain, plain_calls, plain_acts = run("cublaslt_nosplit")
-    rng.bit_generator.state = base_rng
-    fused, calls, acts = run("cublaslt_drelu")
-    assert plain_calls == [] and plain_acts == [1, 1, 1]  # enc.2, enc.1, enc.0: a ReLU kernel each
-    masks = [("relu_mask", (3, 6)), ("relu_mask", (3, 5)), ("relu_mask", (3, 4))]
-    assert calls == masks + [("drelu", (3, 4)), ("drelu", (3, 5)), ("drelu", (3, 6))]  # head.va's, enc.2's, enc.1's
-    assert acts == []
-    assert_bitwise(fused.grads, plain.grads, what="cublaslt_drelu vs cublaslt_nosplit gradients on NumPy")
-    rng.bit_generator.state = base_rng
-    iqn_plain, _, acts_iqn_plain = run("cublaslt_nosplit", head="iqn")
-    rng.bit_generator.state = base_rng
-    iqn, calls_iqn, acts_iqn = run("cublaslt_drelu", head="iqn")
-    assert calls_iqn[3:] == [("drelu", (3, 5)), ("drelu", (3, 6))]
-    assert acts_iqn_plain == [1, 1, 1, 1] and acts_iqn == [1, 1]  # head.phi's and enc.2's kernels stay
-    assert_bitwise(iqn.grads, iqn_plain.grads, what="cublaslt_drelu vs cublaslt_nosplit, IQN head")
-    rng.bit_generator.state = base_rng
-    f64, calls64, acts64 = run("cublaslt_drelu", np.float64)
-    assert calls64 == [] and acts64 == [1, 1, 1] and np.all(np.isfinite(f64.grads))

@@ -152,9 +152,6 @@ GRAPHS = {
     # PopArt's learn phases move its statistics beside q_stats' branch
     "popart-cql": ["--set", "agent.popart=true", "--set", "agent.cql_alpha=1.0"],
     "iqn-popart-cql": ["--set", "net.head=iqn", "--set", "agent.popart=true", "--set", "agent.cql_alpha=1.0"],
-    # the ReLU masks: written by the forwards (the one at s on its branch), read by the backward's dx GEMMs
-    "drelu": ["--set", "net.gemm=cublaslt_drelu"],
-    "drelu-every-signal": ["--set", "net.gemm=cublaslt_drelu", "--set", AUX],
 }
 
 

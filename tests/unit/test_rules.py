@@ -220,11 +220,8 @@ class _Linear1:
     def forward(self, x, ws):
         return self.layer.forward(x, ws)
 
-    def backward(self, x, ws, dx=None, top_ready=False):
-        self.layer.backward(x, ws, dx, dz_ready=top_ready)
-
-    def top_mask(self, ws, B):
-        return None  # psi's ReLU has no mask for the head to apply (net.gemm = "cublaslt_drelu" only)
+    def backward(self, x, ws, dx=None):
+        self.layer.backward(x, ws, dx)
 
 
 def test_a_registered_encoder_is_reached_from_config(monkeypatch):

@@ -273,7 +273,7 @@ def test_gpu_fused_launches_equal_the_launches_they_replace():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("gemm", ["cublaslt_nosplit", "cudarl", "cublaslt_drelu"])
+@pytest.mark.parametrize("gemm", ["cublaslt_nosplit", "cudarl"])
 def test_gpu_grid_barrier_off_gives_the_same_bits(gemm):
     """run.grid_barrier = false (a GPU shared with other processes): the C51 targets-and-loss with
     PopArt in two launches and the optimiser in three, no launch waiting for all its blocks; the same
@@ -363,44 +363,3 @@ def test_resume_checkpoint_says_when_latest_npz_is_written(tmp_path, when):
     written = cut.run_dir / "checkpoints" / "latest.npz"
     assert written.is_file() == (when != "never")
     assert ("no checkpoint written (run.resume_checkpoint = never)" in str(e.value)) == (when == "never")
-
-
-def test_cublaslt_drelu_trains_the_same_bits_on_the_cpu():
-    """net.gemm = "cublaslt_drelu" through the trainer on the CPU (the twins of cuBLASLt's mask epilogues: the
-    encoder's ReLU layers write their masks, the dx GEMM above each applies it): the same losses and parameters
-    as cublaslt_nosplit, bit for bit, over 60 updates."""
-    runs = {}
-    for gemm in ("cublaslt_nosplit", "cublaslt_drelu"):
-        t = Trainer(small(net={"gemm": gemm}), run_dir=False, echo=lambda m: None)
-        t.run(60)
-        runs[gemm] = t
-    a, b = runs["cublaslt_nosplit"], runs["cublaslt_drelu"]
-    assert b.agent.online.linears["enc.0"].mask_out and b.agent.online.linears["enc.1"].dx_drelu
-    assert a.losses == b.losses and len(a.losses) > 0
-    assert np.array_equal(a.agent.online.params, b.agent.online.params)
-
-
-@pytest.mark.gpu
-def test_gpu_cublaslt_drelu_takes_a_relu_kernel_off_the_backward_and_trains_alike():
-    """The train graph under net.gemm = "cublaslt_drelu" (the MLP 64-64, the C51 head): the backward has two ReLU
-    kernels fewer than cublaslt_nosplit's and two DRELU GEMMs (the head's dx applying the second layer's mask, the
-    second layer's dx the first's; the forward at s writes them, RELU_AUX_BIAS), and 40 updates give the same
-    losses to rel. 1e-4 (the GEMMs may take other algorithms: not the same bits)."""
-    from test_aux_branches import traced_train_graph
-
-    def backward(nodes):
-        back = [n for n in nodes if n["phase"] == "backward"]
-        return [n["name"] for n in back].count("cudarl_nn_act_backward"), [n.get("act") for n in back]
-
-    counts = {}
-    for gemm in ("cublaslt_nosplit", "cublaslt_drelu"):
-        nodes, _ = traced_train_graph({"net": {"gemm": gemm}})
-        counts[gemm] = backward(nodes)
-    (relu_plain, acts_plain), (relu_fused, acts_fused) = counts["cublaslt_nosplit"], counts["cublaslt_drelu"]
-    assert relu_fused == relu_plain - 2 and acts_fused.count("drelu") == 2 and "drelu" not in acts_plain
-    runs = {}
-    for gemm in ("cublaslt_nosplit", "cublaslt_drelu"):
-        t = Trainer(gpu_small(net={"gemm": gemm}), run_dir=False, echo=lambda m: None)
-        t.run(40)
-        runs[gemm] = np.array(t.losses)
-    np.testing.assert_allclose(runs["cublaslt_drelu"], runs["cublaslt_nosplit"], rtol=1e-4)

@@ -65,14 +65,8 @@ class Encoder(Protocol):
     def forward(self, x, ws: Workspace):
         """``psi [B, n_out]`` from ``x [B, n_in]``, into the workspace (no allocation)."""
 
-    def backward(self, x, ws: Workspace, dx=None, top_ready: bool = False) -> None:
-        """Overwrite the encoder's parameter gradients from ``ws[<out_name>.dout]``; write ``dx`` if given.
-        ``top_ready``: the head's dx GEMM applied :meth:`top_mask` to that dout (it is the top layer's dz)."""
-
-    def top_mask(self, ws: Workspace, B: int):
-        """The ReLU bit-mask of psi that the last float32 forward on ``ws`` wrote (``uint32``,
-        :func:`cudarl.blas.relu_mask_shape`), for the Q head's dx GEMM to apply (``net.gemm = "cublaslt_drelu"``:
-        :attr:`cudarl.nn.heads.Head.takes_mask`), or None where psi has none."""
+    def backward(self, x, ws: Workspace, dx=None) -> None:
+        """Overwrite the encoder's parameter gradients from ``ws[<out_name>.dout]``; write ``dx`` if given."""
 
     @property
     def last_layer(self) -> tuple:

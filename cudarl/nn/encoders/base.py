@@ -198,20 +198,13 @@ class SequenceEncoder(Module):
         self.seq.last_rmsnorm_forward(h.reshape(B, -1, self.d), w, psi, ws.rows(f"{self.out_name}.rstd", B), EPS)
         return psi
 
-    def backward(self, x, ws: Workspace, dx=None, top_ready: bool = False) -> None:
+    def backward(self, x, ws: Workspace, dx=None) -> None:
         """Overwrite this encoder's parameter gradients from dL/dpsi in ``ws[<out_name>.dout]`` (the last
-        forward on ``ws``); ``dx`` optional ``[B, W, F]`` or ``[B, W F]``. psi is a norm's output, with no ReLU
-        mask (:meth:`top_mask`): ``top_ready`` must be False."""
-        if top_ready:
-            raise ValueError(f"{self.name}: psi has no ReLU mask for a head to apply (top_ready)")
+        forward on ``ws``); ``dx`` optional ``[B, W, F]`` or ``[B, W F]``."""
         B = ws.batch
         self._final_norm_backward(ws, B)
         self._blocks_backward(ws, B)
         self.embed.backward(self.flat(x, B), ws, None if dx is None else dx.reshape(B * self.W, self.F))
-
-    def top_mask(self, ws: Workspace, B: int):
-        """None: psi is the final RMSNorm's output, not a ReLU's."""
-        return None
 
     @property
     def last_layer(self) -> tuple:
