@@ -1,4 +1,5 @@
-# Session 29's device call (one start for all of it), from a checkout of main with branch drelu merged:
+# Session 29's device call (one start for all of it), from a checkout of main with branch drelu merged. Ran once,
+# at 3093831 on an H100 (docs/bench/gpu-89eb67b/README.md: the step's A/B failed on the branch's missing plan):
 #   A: OUT=$OUT bash docs/bench/call_s29.sh A <sha>: gpu_check at <sha> (the report of record, the drelu branch's
 #      GPU tests among every other; few files back), then lt_drelu_probe (does cuBLASLt offer FP32
 #      RELU_AUX_BIAS / DRELU for the reference shapes, and at what cost), then the reference step under
