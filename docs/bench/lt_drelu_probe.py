@@ -76,7 +76,7 @@ def main() -> None:
     rng = np.random.default_rng(0)
     ws = cp.zeros(blas.WORKSPACE_BYTES // 4, np.float32)
     timer = blas._EventTimer()
-    rows = []
+    rows, probs = [], []
     print(f"cuBLASLt {blas._lt_lib().cublasLtGetVersion()}, {cp.cuda.runtime.getDeviceProperties(0)['name'].decode()}")
     print(f"{'case':34s} {'algos':>5s} {'us':>7s}  check")
     for m, n, k in ((512, 256, 256), (1024, 256, 256), (256, 256, 256)):
@@ -103,6 +103,7 @@ def main() -> None:
                 (dz, W2, dx_relu, gb),
             ),
         }
+        probs += [prob for prob, _ in cases.values()]
         for name, (prob, (a_, b_, o_, bias_)) in cases.items():
             row = {"m": m, "n": n, "k": k, "case": name, "algos": len(prob.found), "config": prob.config()}
             if prob.found:
@@ -138,6 +139,9 @@ def main() -> None:
             else:
                 print(f"{m}x{n}x{k} {name:24s} {0:5d}       -  no FP32 algorithm offered")
             rows.append(row)
+    for prob in probs:
+        prob.plan.destroy()  # the descriptors and layouts each Problem made
+    timer.destroy()
     with open(args.out, "w") as f:
         json.dump(rows, f, indent=1)
     print(f"wrote {args.out}")

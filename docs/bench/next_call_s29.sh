@@ -1,7 +1,7 @@
-# Prepared in the twenty-seventh session (as next_call_s28.sh) and NOT RUN in the twenty-seventh or twenty-eighth
-# (both sessions' device time went on failed starts; the twenty-eighth's one call was call_s28c.sh). First in the
-# twenty-ninth: gpu_check at main (OUT=$OUT bash docs/bench/gpu_s25.sh G <sha>), since the report is at c4c8b34,
-# whose tree held the three commits 55907ba reverted.
+# Prepared in the twenty-seventh session (as next_call_s28.sh) and NOT RUN in the twenty-seventh, twenty-eighth or
+# twenty-ninth (their device time went on failed starts; the twenty-eighth's one call was call_s28c.sh, the
+# twenty-ninth's call_s29.sh and the gpu_check at 89eb67b, whose report is main's GPU code). First in the next
+# session with a machine: P, then L.
 #   P: OUT=$OUT bash docs/bench/next_call_s29.sh P (about 120 s): the MLP train graph with all seven signals and the
 #      reference train graph under ncu, their launch traces and critical paths, with the ncu CSVs kept (the
 #      twenty-seventh session's profile kept only the printed table, and tools/critical_path.py now pairs library
