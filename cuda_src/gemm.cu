@@ -55,24 +55,47 @@ __device__ __forceinline__ void cp_async_wait() {
 __device__ __forceinline__ int srow(int r) { return (r & 3) * 8 + (r >> 2); }
 __device__ __forceinline__ int lda(int K) { return K + ((36 - K % 32) % 32); }
 
-// Copy rows [r0, r0 + GEMM_T) x columns [k0, k1) of a row-major [rows, ld] matrix into
-// sh[srow(r)][k] (row length lda(K) floats), zero rows at or past `rows`. k0, k1, ld multiples of 4.
-__device__ __forceinline__ void stage_rows(float* sh, int K, const float* g, i64 rows, i64 ld, i64 r0, int k0, int k1) {
-  const int q = (k1 - k0) / 4;  // float4s a row
+__device__ __forceinline__ void cp_async4(float* smem, const float* gmem, bool valid) {
+  const unsigned int s = (unsigned int)__cvta_generic_to_shared(smem);
+  const int n = valid ? 4 : 0;  // 0: write a zero, read nothing
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(s), "l"(gmem), "r"(n) : "memory");
+}
+
+// K rounded up to a multiple of 4: the panel width a product over K columns stages (the columns
+// past K zero, so the sums are the K-column ones: a product 0 * 0 adds nothing).
+__device__ __forceinline__ int kpad(int K) { return (K + 3) & ~3; }
+
+// Copy rows [r0, r0 + GEMM_T) x columns [k0, k1) of a row-major [rows, ld] matrix of K columns into
+// sh[srow(r)][k] (row length lda(kpad(K)) floats), zero rows at or past `rows` and columns at or past
+// K. vec: K, ld and k0 multiples of 4 and g 16-byte aligned (float4 copies); else one float a copy
+// (the chain's first layer over an observation row of any width).
+__device__ __forceinline__ void stage_rows(float* sh, int K, const float* g, i64 rows, i64 ld, i64 r0, int k0, int k1,
+                                           bool vec = true) {
+  const int L = lda(kpad(K));
+  if (vec) {
+    const int q = (k1 - k0) / 4;  // float4s a row
+    for (int e = threadIdx.x; e < GEMM_T * q; e += GEMM_THREADS) {
+      const int r = e / q, k = k0 + 4 * (e - r * q);
+      const bool ok = r0 + r < rows;
+      cp_async16(sh + srow(r) * L + k, g + (ok ? (r0 + r) * ld + k : 0), ok);
+    }
+    return;
+  }
+  const int q = k1 - k0;
   for (int e = threadIdx.x; e < GEMM_T * q; e += GEMM_THREADS) {
-    const int r = e / q, k = k0 + 4 * (e - r * q);
-    const bool ok = r0 + r < rows;
-    cp_async16(sh + srow(r) * lda(K) + k, g + (ok ? (r0 + r) * ld + k : 0), ok);
+    const int r = e / q, k = k0 + (e - r * q);
+    const bool ok = r0 + r < rows && k < K;
+    cp_async4(sh + srow(r) * L + k, g + (ok ? (r0 + r) * ld + k : 0), ok);
   }
 }
 
 // Copy rows [k0, k1) x columns [n0, n0 + GEMM_T) of b [K, N] into sh[k][n] (row length
-// GEMM_T + 4), zero columns at or past N (N a multiple of 4).
-__device__ __forceinline__ void stage_cols(float* sh, const float* b, i64 N, i64 n0, int k0, int k1) {
+// GEMM_T + 4), zero columns at or past N (N a multiple of 4) and rows at or past K.
+__device__ __forceinline__ void stage_cols(float* sh, const float* b, i64 N, i64 n0, int k0, int k1, int K) {
   constexpr int q = GEMM_T / 4;
   for (int e = threadIdx.x; e < (k1 - k0) * q; e += GEMM_THREADS) {
     const int k = k0 + e / q, c = 4 * (e % q);
-    const bool ok = n0 + c < N;
+    const bool ok = n0 + c < N && k < K;
     cp_async16(sh + k * (GEMM_T + 4) + c, b + (ok ? k * N + n0 + c : 0), ok);
   }
 }
@@ -127,18 +150,22 @@ __device__ __forceinline__ void mma_range(float (&acc)[4][4], const float* sa, c
 // GEMM_CHUNK of K computed as soon as it lands, then the rest; each of the GEMM_KG groups of 64
 // threads sums its own k blocks, then group 0 adds groups 1, 2, 3's sums in that order through
 // shared memory (red, GEMM_KG - 1 tiles of 16 x 64 floats, over the panels once they are read): a
-// fixed order, the same bits every run.
+// fixed order, the same bits every run. a is [M, K] with row pitch lda_a (vec: see stage_rows); K
+// need not be a multiple of 4 where !vec (the panels are kpad(K) wide, the columns past K zero, and
+// the sums the same k blocks in the same order as a product over kpad(K) columns).
 template <bool kTransB>
 __device__ __forceinline__ void tile_product(float (&acc)[4][4], float* sa, float* sb, float* red, const float* a,
-                                             const float* b, i64 M, i64 N, int K, i64 m0, i64 n0) {
-  const int split = K < GEMM_CHUNK ? K : GEMM_CHUNK;
-  stage_rows(sa, K, a, M, K, m0, 0, split);
+                                             const float* b, i64 M, i64 N, int K, i64 m0, i64 n0, i64 lda_a,
+                                             bool vec) {
+  const int Kp = kpad(K);
+  const int split = Kp < GEMM_CHUNK ? Kp : GEMM_CHUNK;
+  stage_rows(sa, K, a, M, lda_a, m0, 0, split, vec);
   if (kTransB) stage_rows(sb, K, b, N, K, n0, 0, split);
-  else stage_cols(sb, b, N, n0, 0, split);
+  else stage_cols(sb, b, N, n0, 0, split, K);
   cp_async_commit();
-  stage_rows(sa, K, a, M, K, m0, split, K);
-  if (kTransB) stage_rows(sb, K, b, N, K, n0, split, K);
-  else stage_cols(sb, b, N, n0, split, K);
+  stage_rows(sa, K, a, M, lda_a, m0, split, Kp, vec);
+  if (kTransB) stage_rows(sb, K, b, N, K, n0, split, Kp);
+  else stage_cols(sb, b, N, n0, split, Kp, K);
   cp_async_commit();
   const int t = threadIdx.x % GEMM_GROUP, g = threadIdx.x / GEMM_GROUP;
   const int tx = t % (GEMM_T / 4), ty = t / (GEMM_T / 4);
@@ -148,10 +175,10 @@ __device__ __forceinline__ void tile_product(float (&acc)[4][4], float* sa, floa
     for (int j = 0; j < 4; ++j) acc[i][j] = 0.f;
   cp_async_wait<1>();
   __syncthreads();
-  mma_range<kTransB>(acc, sa, sb, K, 0, split, ty, tx, g);
+  mma_range<kTransB>(acc, sa, sb, Kp, 0, split, ty, tx, g);
   cp_async_wait<0>();
   __syncthreads();
-  mma_range<kTransB>(acc, sa, sb, K, split, K, ty, tx, g);
+  mma_range<kTransB>(acc, sa, sb, Kp, split, Kp, ty, tx, g);
   __syncthreads();  // red may overlay the panels: every group is done reading them
   if (g > 0) {
 #pragma unroll
@@ -178,7 +205,7 @@ __device__ __forceinline__ void block_tile(float (&acc)[4][4], const float* a, c
   float* sa = reinterpret_cast<float*>(gemm_smem4);
   m0 = (i64)blockIdx.y * GEMM_T;
   n0 = (i64)blockIdx.x * GEMM_T;
-  tile_product<kTransB>(acc, sa, sa + GEMM_T * lda(K), sa, a, b, M, N, K, m0, n0);
+  tile_product<kTransB>(acc, sa, sa + GEMM_T * lda(K), sa, a, b, M, N, K, m0, n0, K, true);
 }
 
 // Store the thread's 4 x 4 block (group 0; rows past M, columns past N skipped; N a multiple of 4).
@@ -191,6 +218,26 @@ __device__ __forceinline__ void store_tile(float* out, const float (&v)[4][4], i
     const i64 m = m0 + 4 * ty + i;
     if (m < M) *reinterpret_cast<float4*>(out + m * N + n) = make_float4(v[i][0], v[i][1], v[i][2], v[i][3]);
   }
+}
+
+// The bias added after the K sum, then ReLU (act 1): cuBLASLt's RELU_BIAS epilogue order; then
+// store_tile (group 0's threads).
+__device__ __forceinline__ void store_bias_act(float* out, float (&acc)[4][4], const float* bias, i64 M, i64 N, i64 m0,
+                                               i64 n0, int act) {
+  const int tx = threadIdx.x % (GEMM_T / 4);
+  const i64 n = n0 + 4 * tx;
+  if (n < N) {
+    const float4 bv = *reinterpret_cast<const float4*>(bias + n);
+    const float bb[4] = {bv.x, bv.y, bv.z, bv.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const float v = acc[i][j] + bb[j];
+        acc[i][j] = act == 1 ? (v > 0.f ? v : 0.f) : v;
+      }
+  }
+  store_tile(out, acc, M, N, m0, n0);
 }
 
 }  // namespace
@@ -208,20 +255,7 @@ extern "C" __global__ __launch_bounds__(GEMM_THREADS) void cudarl_gemm_nn_bias_a
   i64 m0, n0;
   block_tile<false>(acc, a, b, M, N, K, m0, n0);
   if (threadIdx.x >= GEMM_GROUP) return;
-  const int tx = threadIdx.x % (GEMM_T / 4);
-  const i64 n = n0 + 4 * tx;
-  if (n < N) {
-    const float4 bv = *reinterpret_cast<const float4*>(bias + n);
-    const float bb[4] = {bv.x, bv.y, bv.z, bv.w};
-#pragma unroll
-    for (int i = 0; i < 4; ++i)
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const float v = acc[i][j] + bb[j];
-        acc[i][j] = act == 1 ? (v > 0.f ? v : 0.f) : v;
-      }
-  }
-  store_tile(out, acc, M, N, m0, n0);
+  store_bias_act(out, acc, bias, M, N, m0, n0, act);
 }
 
 // ---- nt ----------------------------------------------------------------------------------------
@@ -235,4 +269,69 @@ extern "C" __global__ __launch_bounds__(GEMM_THREADS) void cudarl_gemm_nt(const 
   block_tile<true>(acc, a, bt, M, N, K, m0, n0);
   if (threadIdx.x >= GEMM_GROUP) return;
   store_tile(out, acc, M, N, m0, n0);
+}
+
+// ---- chain -------------------------------------------------------------------------------------
+// A chain of up to GEMM_CHAIN_LAYERS Linears in one launch: y_0 = act_0(x @ w_0 + b_0), then
+// y_l = act_l(y_{l-1} @ w_l + b_l), every y_l [M, n_l] written (the backward reads them). Each layer
+// is nn_bias_act's tile product and epilogue, so y_l is bit for bit what nn_bias_act gives from
+// y_{l-1} (and from x where K0 and ldx are multiples of 4 and x is 16-byte aligned; otherwise x is
+// staged a float at a time, its panel kpad(K0) wide with zero columns past K0: any observation width).
+//
+// Why (docs/perf-notes.md, "The MLP as one chain"): the train step's forwards were a GEMM node a
+// layer on the chain, each 32 x 32 tiles over 128 blocks, most of a node's time its launch, tail
+// and round trip through L2. Here a thread block cluster of GEMM_CHAIN_CLUSTER blocks owns 32 rows:
+// block x computes columns [32 x, 32 x + 32) of every layer, and the cluster's barrier (release,
+// then acquire: the layer's rows, stored to global memory, visible to the other blocks, which stage
+// them with cp.async.cg from L2) separates the layers. A layer with fewer columns leaves the
+// blocks past them idle until the barrier.
+// grid (GEMM_CHAIN_CLUSTER, ceil(M / 32)), block GEMM_THREADS, clusters (GEMM_CHAIN_CLUSTER, 1, 1);
+// dynamic shared memory the largest layer's nn_bias_act panels (4 (32 lda(kpad(K)) + 36 kpad(K))
+// bytes). n_l multiples of 4, at most 32 GEMM_CHAIN_CLUSTER; w_l, b_l, y_l 16-byte aligned (the
+// launcher checks). sm_90 and later (clusters); elsewhere it traps, and the launcher refuses it.
+#define GEMM_CHAIN_LAYERS 4
+#define GEMM_CHAIN_CLUSTER 8
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define GEMM_CHAIN_DIMS __cluster_dims__(GEMM_CHAIN_CLUSTER, 1, 1)
+#else
+#define GEMM_CHAIN_DIMS
+#endif
+extern "C" __global__ __launch_bounds__(GEMM_THREADS) void GEMM_CHAIN_DIMS cudarl_gemm_chain(
+    const float* __restrict__ x, i64 M, int K0, i64 ldx, int layers, const float* w0, const float* b0, float* y0,
+    int n0, int act0, const float* w1, const float* b1, float* y1, int n1, int act1, const float* w2, const float* b2,
+    float* y2, int n2, int act2, const float* w3, const float* b3, float* y3, int n3, int act3) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  extern __shared__ float4 gemm_smem4[];
+  float* sa = reinterpret_cast<float*>(gemm_smem4);
+  const i64 m0 = (i64)blockIdx.y * GEMM_T, c0 = (i64)blockIdx.x * GEMM_T;
+  const float* ws[GEMM_CHAIN_LAYERS] = {w0, w1, w2, w3};
+  const float* bs[GEMM_CHAIN_LAYERS] = {b0, b1, b2, b3};
+  float* ys[GEMM_CHAIN_LAYERS] = {y0, y1, y2, y3};
+  const int ns[GEMM_CHAIN_LAYERS] = {n0, n1, n2, n3}, acts[GEMM_CHAIN_LAYERS] = {act0, act1, act2, act3};
+  const float* in = x;
+  int K = K0;
+  i64 ld = ldx;
+  bool vec = K0 % 4 == 0 && ldx % 4 == 0 && reinterpret_cast<unsigned long long>(x) % 16 == 0;
+#pragma unroll
+  for (int l = 0; l < GEMM_CHAIN_LAYERS; ++l) {
+    if (l >= layers) break;
+    const i64 N = ns[l];
+    if (c0 < N) {  // uniform over the block: tile_product's barriers are the block's
+      float acc[4][4];
+      tile_product<false>(acc, sa, sa + GEMM_T * lda(kpad(K)), sa, in, ws[l], M, N, K, m0, c0, ld, vec);
+      if (threadIdx.x < GEMM_GROUP) store_bias_act(ys[l], acc, bs[l], M, N, m0, c0, acts[l]);
+    }
+    if (l + 1 < layers) {  // every block of the cluster: layer l's rows stored before any block stages them,
+      // and this block's reads of its shared memory (the groups' sums) done before the next staging
+      asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory");
+      asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+    }
+    in = ys[l];
+    K = (int)N;
+    ld = N;
+    vec = true;
+  }
+#else
+  __trap();
+#endif
 }

@@ -336,9 +336,13 @@ class NetConfig:
     ``cublaslt`` (the forward as one cuBLASLt GEMM with the bias and ReLU fused into its epilogue;
     sigmoid layers keep the kernel), ``cublaslt_nosplit`` (``cublaslt``, and the forward and the
     input-gradient GEMMs limited to one-kernel algorithms, no split-K reduction kernels; the weight
-    gradients are ``dw_gemm``'s) or ``cudarl`` (the panel GEMMs of ``cuda_src/gemm.cu`` for the
-    forward and input gradients where they take the shape, else ``cublaslt_nosplit``). Same math to
-    float32 rounding. The train step on an H200 at 8550a3d: 100.7 us with ``cublaslt_nosplit``,
+    gradients are ``dw_gemm``'s), ``cudarl`` (the panel GEMMs of ``cuda_src/gemm.cu`` for the
+    forward and input gradients where they take the shape, else ``cublaslt_nosplit``) or ``chain``
+    (``cublaslt_nosplit``, except that the forward of an ``mlp`` encoder's layers, and of the C51 head's
+    first, is one launch of ``cuda_src/gemm.cu``'s chain where it takes them: float32, no TF32, layernorm,
+    spectral norm or input gate, widths multiples of 4 up to 256, compute capability 9.0 or later; each
+    layer's output the panel GEMM's bits). Same math to float32 rounding. The train step on an H200 at
+    8550a3d: 100.7 us with ``cublaslt_nosplit``,
     107.8 ``cudarl``, 120.0 ``cublaslt``, 126.1 ``cublas`` (``tools/bench_step.py``; docs/gpu-report.md)."""
     dw_gemm: str = "split_k"
     """The algorithm of the linear layers' weight-gradient GEMMs ``dW = x^T dz`` (GPU), under every ``gemm``:

@@ -43,7 +43,9 @@ C_TYPES = {
 #: Short names of the dtypes (``f32``, ``u64``, ...), for messages.
 _SHORT = {np.dtype(t): f"{np.dtype(t).kind}{np.dtype(t).itemsize * 8}" for t in set(C_TYPES.values())}
 _QUALIFIERS = ("const", "__restrict__", "volatile")
-_KERNEL_RE = re.compile(r'extern\s+"C"\s+__global__\s+(?:__launch_bounds__\([^)]*\)\s+)?void\s+(\w+)\s*\(([^)]*)\)')
+_KERNEL_RE = re.compile(
+    r'extern\s+"C"\s+__global__\s+(?:__launch_bounds__\([^)]*\)\s+)?void\s+(?:[A-Z][A-Z0-9_]*\s+)?(\w+)\s*\(([^)]*)\)'
+)
 _STRUCT_RE = re.compile(r"\bstruct\s+(\w+)\s*\{([^}]*)\}\s*;")
 _DEFINE_RE = re.compile(r"^[ \t]*#[ \t]*define[ \t]+(\w+)(?![\w(])[ \t]*(.*)$", re.M)
 

@@ -24,6 +24,13 @@ class Head(Module):
     #: Whether ``backward(..., accumulate=True)`` adds its dL/dpsi into ``dpsi`` (IQN's mixing kernel
     #: overwrites it: False there and in the two-head C51 + IQN head, whose backward runs it first).
     accumulates_dpsi: bool = True
+    #: The head's first layer where it is one Linear on psi that :meth:`forward_from` finishes from (the
+    #: encoder's chain then runs it too, ``net.gemm = "chain"``), else None.
+    chain_linear: Linear | None = None
+
+    def forward_from(self, out, ws: Workspace, raw: bool = False):
+        """``forward``'s result from :attr:`chain_linear`'s output ``out`` (written by the chain)."""
+        raise NotImplementedError(f"{type(self).__name__} has no chain_linear")
 
     def output_shape(self, B: int) -> tuple:
         """The shape of ``forward``'s output for ``B`` samples."""
@@ -51,6 +58,7 @@ class C51Head(Head):
         self.name, self.d, self.n_actions, self.atoms = name, int(d), int(n_actions), int(atoms)
         self.va = Linear(f"{name}.va", d, (1 + n_actions) * atoms, act="identity", init="xavier", tf32=tf32, gemm=gemm)
         self.children = [self.va]
+        self.chain_linear = self.va
 
     def declare(self, layout: ParamLayout, ws_spec: list) -> None:
         self.va.declare(layout, ws_spec)
@@ -67,7 +75,10 @@ class C51Head(Head):
     def forward(self, psi, ws: Workspace, raw: bool = False):
         """Logits ``[B, A, atoms]``; with ``raw`` the head's output before the dueling combine,
         ``va [B, (1 + A) atoms]`` (for a loss that combines it itself: losses.c51_targets_loss)."""
-        va = self.va.forward(psi, ws)
+        return self.forward_from(self.va.forward(psi, ws), ws, raw)
+
+    def forward_from(self, va, ws: Workspace, raw: bool = False):
+        """:meth:`forward` from the head's raw output ``va`` ``[B, (1 + A) atoms]``, already written."""
         return va if raw else self.logits_of(va, ws)
 
     def logits_of(self, va, ws: Workspace):

@@ -41,8 +41,9 @@ PARAM_ALIGN_BYTES = ALIGN * np.dtype(np.float32).itemsize
 
 #: Linear's GEMMs (``net.gemm``, docs/config.md): cuBLAS then the bias/activation kernel; cuBLASLt with
 #: the bias and ReLU in its epilogue; the same limited to one-kernel algorithms for the forward and dx;
-#: or the panel GEMMs of cuda_src/gemm.cu where they take the shape.
-GEMMS = ("cublas", "cublaslt", "cublaslt_nosplit", "cudarl")
+#: the panel GEMMs of cuda_src/gemm.cu where they take the shape; or ``cublaslt_nosplit`` with the MLP
+#: encoder's layers (and the C51 head's) as one chain launch (:class:`cudarl.nn.QNetwork`).
+GEMMS = ("cublas", "cublaslt", "cublaslt_nosplit", "cudarl", "chain")
 #: The weight gradients' GEMM algorithm (``net.dw_gemm``, docs/config.md): cuBLAS with its split-K, or
 #: one-kernel cuBLASLt (``blas.gemm_lt(split_k=False)``, what a batch of members reproduces).
 DW_GEMMS = ("split_k", "one_kernel")
@@ -137,7 +138,9 @@ class Linear(Module):
         #: ``cudarl``: the forward and dx through the panel GEMMs of cuda_src/gemm.cu where they can
         #: take the shapes (K, N multiples of 4, aligned, at most panel.MAX_ROWS rows), else as
         #: ``cublaslt_nosplit``.
-        self.lt_all = gemm in ("cublaslt_nosplit", "cudarl")
+        #: ``chain``: as ``cublaslt_nosplit`` layer by layer; the network runs its chain of layers in one
+        #: launch where it takes them (:meth:`cudarl.nn.QNetwork.forward`).
+        self.lt_all = gemm in ("cublaslt_nosplit", "cudarl", "chain")
         #: The one-kernel cuBLASLt GEMMs' algorithm choice (:data:`cudarl.blas.BATCHED_ALGOS`; QNetwork sets it
         #: from ``net.gemm_algo``): ``single``, the heuristic's first; ``probe``, a bitwise-equal faster one.
         self.lt_algo = "single"
@@ -574,6 +577,11 @@ class MLP(Module):
     @property
     def out_name(self) -> str:
         return self.children[-1].name
+
+    def chain_linears(self) -> tuple:
+        """The layers from x to psi as one chain of Linears (each reading the one before), or () where a
+        LayerNorm sits between them (the encoders' interface: :meth:`cudarl.nn.QNetwork.forward`)."""
+        return tuple(self.children) if all(isinstance(c, Linear) for c in self.children) else ()
 
     def declare(self, layout: ParamLayout, ws_spec: list) -> None:
         for c in self.children:

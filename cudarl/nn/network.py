@@ -6,7 +6,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from ..backend import is_numpy, to_numpy
+from ..backend import family, is_numpy, to_numpy
 from ..config import NetConfig
 from ..graph import SideStream
 from .encoders import ENCODERS
@@ -172,7 +172,38 @@ class QNetwork:
                 self.linears[name].alloc_state(xp, self.dtype, seed, 1000 + k)
             else:
                 self.linears[name].share_state(params_of.linears[name])
+        self._chain = self._chain_of(net)
         self.ws = self.new_workspace(max_batch) if max_batch is not None else None
+
+    def _chain_of(self, net: NetConfig) -> tuple:
+        """The Linears ``net.gemm = "chain"`` runs as one launch on the GPU: the encoder's
+        (:meth:`Encoder.chain_linears`), then the head's first (:attr:`Head.chain_linear`) where the encoder's
+        chain reaches psi; () under any other ``gemm``, with an input gate, on the NumPy backend, or where
+        a layer is spectrally normalised, TF32, has rows per sample or an activation but identity and ReLU
+        (the chain's epilogues)."""
+        if net.gemm != "chain" or self.gate is not None or is_numpy(self.xp):
+            return ()
+        lins = self.encoder.chain_linears()
+        if lins and self.head.chain_linear is not None:
+            lins = (*lins, self.head.chain_linear)
+        plain = all(
+            not lin.spectral and not lin.tf32 and lin.rows == 1 and lin.residual_rows is None and lin.act in (0, 1)
+            for lin in lins
+        )
+        return tuple(lins) if plain else ()
+
+    def _run_chain(self, x, ws: Workspace) -> bool:
+        """The chain's layers (:meth:`_chain_of`) over ``x`` in one launch (cuda_src/gemm.cu's chain), each
+        layer's output in its workspace buffer as its own forward writes it. False where the launch cannot
+        take these operands (``chain_eligible``; the layers then run one by one), else True."""
+        ops = family("gemm", self.xp)
+        B = x.shape[0]
+        P = self.P
+        layers = [(lin.weight(), P[f"{lin.name}.bias"], ws.rows(f"{lin.name}.out", B), lin.act) for lin in self._chain]
+        if not ops.chain_eligible(x, layers):
+            return False
+        ops.chain(x, layers)
+        return True
 
     def twin(self) -> QNetwork:
         """A network over these parameters (the same buffer, which it only reads) with a gradient buffer
@@ -320,13 +351,21 @@ class QNetwork:
         ws.x = x  # the input of this workspace's forward, for backward
         ws.raw_head = bool(raw_head)
         ws.heads = names
-        psi = self.encoder.forward(x if self.gate is None else self.gate.forward(x, ws), ws)
+        chained = bool(self._chain) and self._run_chain(x, ws)
+        if chained:  # the chain wrote every encoder layer's output (and the head's first layer's, if it holds it)
+            psi = ws.rows(f"{self.encoder.out_name}.out", x.shape[0])
+        else:
+            psi = self.encoder.forward(x if self.gate is None else self.gate.forward(x, ws), ws)
         extras, side = {}, ws.extras_side if names else None
         if side is not None:
             with side.fork():  # each extra head reads psi and writes its own rows only
                 for name in names:
                     extras[name] = self.extras[name].forward(psi, ws)
-        q = self.head.forward(psi, ws, raw=raw_head, **head_kw)
+        head_lin = self.head.chain_linear
+        if chained and self._chain[-1] is head_lin:
+            q = self.head.forward_from(ws.rows(f"{head_lin.name}.out", x.shape[0]), ws, raw=raw_head)
+        else:
+            q = self.head.forward(psi, ws, raw=raw_head, **head_kw)
         if side is None:
             for name in names:
                 extras[name] = self.extras[name].forward(psi, ws)

@@ -104,3 +104,79 @@ def nt(a, bt, out) -> None:
         (a, bt, out, M, N, K),
         shared_mem=smem_bytes(K, True),
     )
+
+
+#: cuda_src/gemm.cu's GEMM_CHAIN_LAYERS and GEMM_CHAIN_CLUSTER: the most layers a chain launch takes, and
+#: the blocks of a cluster (so the widest layer, CHAIN_CLUSTER tiles of 32 columns).
+CHAIN_LAYERS, CHAIN_CLUSTER = 4, 8
+CHAIN_MAX_N = CHAIN_CLUSTER * TILE
+
+
+def chain_smem_bytes(widths) -> int:
+    """Shared memory of a chain launch over layer inputs of ``widths`` (K of each layer): the largest
+    layer's :func:`smem_bytes` at K rounded up to 4 (the first layer's panel over any observation width)."""
+    return max(smem_bytes(-(-int(K) // 4) * 4, False) for K in widths)
+
+
+def chain_eligible(x, layers) -> bool:
+    """Can :func:`chain` run ``layers`` (``[(w [K, N], b [N], y [M, N], act), ...]``) from ``x [M, K0]``?
+    CuPy float32 operands, a device with thread block clusters (compute capability 9.0 or later), 1 to
+    :data:`CHAIN_LAYERS` layers whose widths are multiples of 4 and at most :data:`CHAIN_MAX_N`, weights,
+    biases and outputs C-contiguous and 16-byte aligned, x with unit column stride (any row pitch and
+    width), and the panels within :data:`MAX_SMEM`."""
+    if not 1 <= len(layers) <= CHAIN_LAYERS or x.ndim != 2 or x.dtype != np.float32 or x.strides[1] != 4:
+        return False
+    if x.strides[0] % 4 or _compute_capability() < 90:
+        return False
+    K = x.shape[1]
+    widths = []
+    for w, b, y, _act in layers:
+        N = w.shape[1] if w.ndim == 2 else -1
+        if w.shape != (K, N) or b.shape != (N,) or y.shape != (x.shape[0], N) or N % 4 or not 0 < N <= CHAIN_MAX_N:
+            return False
+        if not all(t.dtype == np.float32 and t.flags.c_contiguous and t.data.ptr % 16 == 0 for t in (w, b, y)):
+            return False
+        widths.append(K)
+        K = N
+    return chain_smem_bytes(widths) <= MAX_SMEM
+
+
+def _compute_capability() -> int:
+    import cupy
+
+    return int(cupy.cuda.Device().compute_capability)
+
+
+def chain(x, layers) -> None:
+    """``y_0 = act_0(x @ w_0 + b_0)``, then ``y_l = act_l(y_{l-1} @ w_l + b_l)``, in one launch (thread block
+    clusters of :data:`CHAIN_CLUSTER` blocks a 32-row slab, cuda_src/gemm.cu): x ``[M, K0]``; ``layers``
+    ``[(w [K_l, N_l], b [N_l], y [M, N_l], act_l), ...]``, act 0 identity or 1 ReLU. Every ``y_l`` is
+    written: bit for bit :func:`nn_bias_act` of the layer's input (from x too where K0 is a multiple of 4
+    and x 16-byte aligned). See :func:`chain_eligible`."""
+    w = "gemm.chain"
+    _check(w, all(int(a) in (0, 1) for *_, a in layers), "activation codes must be 0 or 1")
+    _check(
+        w,
+        chain_eligible(x, layers),
+        f"needs 1 to {CHAIN_LAYERS} float32 layers chained by shape, widths multiples of 4 up to "
+        f"{CHAIN_MAX_N}, aligned contiguous weights, biases and outputs, and a device with clusters "
+        "(compute capability 9.0 or later; see chain_eligible)",
+    )
+    M, K0 = x.shape
+    widths = [K0] + [w_.shape[1] for w_, *_ in layers[:-1]]
+    slots = []
+    for i in range(CHAIN_LAYERS):
+        if i < len(layers):
+            w_, b_, y_, a_ = layers[i]
+            slots += [w_, b_, y_, w_.shape[1], int(a_)]
+        else:  # an unused layer: never read (layers stops the loop)
+            wl, bl, yl, *_ = layers[-1]
+            slots += [wl, bl, yl, 0, 0]
+    launch(
+        "gemm",
+        "chain",
+        (CHAIN_CLUSTER, max(1, (M + TILE - 1) // TILE)),
+        THREADS,
+        (x, M, K0, x.strides[0] // 4, len(layers), *slots),
+        shared_mem=chain_smem_bytes(widths),
+    )

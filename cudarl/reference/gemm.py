@@ -21,3 +21,13 @@ def nn_bias_act(a: np.ndarray, b: np.ndarray, bias: np.ndarray, out: np.ndarray,
 def nt(a: np.ndarray, bt: np.ndarray, out: np.ndarray) -> None:
     """``out = a @ bt.T``: a ``[M, K]``, bt ``[N, K]``, out ``[M, N]``."""
     out[...] = a @ bt.T
+
+
+def chain(x: np.ndarray, layers) -> None:
+    """``y_0 = act_0(x @ w_0 + b_0)``, then ``y_l = act_l(y_{l-1} @ w_l + b_l)``: the composition of
+    :func:`nn_bias_act` over ``layers`` ``[(w [K_l, N_l], b [N_l], y [M, N_l], act_l), ...]``, every ``y_l``
+    written (x ``[M, K0]``)."""
+    h = x
+    for w, b, y, act in layers:
+        nn_bias_act(h, w, b, y, act)
+        h = y

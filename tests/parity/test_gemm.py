@@ -119,6 +119,137 @@ def test_gpu_launchers_refuse_what_the_kernels_cannot_take(cp):
     assert not ops.eligible(x, K=64, N=8)
 
 
+# --- chain: the MLP's layers in one launch (clusters of 8 blocks a 32-row slab) -------------------
+# (M, widths): the reference MLP and head at the train and acting batches, ragged rows, narrow layers,
+# one layer, four layers, a layer of exactly 256 columns after one of 4
+CHAINS = [
+    (512, (64, 256, 256, 204)),
+    (4096, (64, 256, 256, 204)),
+    (1, (64, 256, 256, 204)),
+    (33, (8, 36, 4)),
+    (100, (256, 256)),
+    (7, (4, 256, 12, 8, 256)),
+]
+
+
+def _chain_operands(xp, rng, M, widths, acts=None):
+    x = rng.standard_normal((M, widths[0])).astype(np.float32)
+    layers = []
+    for i, (K, N) in enumerate(zip(widths[:-1], widths[1:], strict=True)):
+        w = (rng.standard_normal((K, N)) / np.sqrt(K)).astype(np.float32)
+        b = (0.1 * rng.standard_normal(N)).astype(np.float32)
+        act = (1 if i < len(widths) - 2 else 0) if acts is None else acts[i]
+        layers.append((xp.asarray(w), xp.asarray(b), xp.empty((M, N), np.float32), act))
+    return xp.asarray(x), layers
+
+
+def test_reference_chain_is_nn_bias_act_layer_by_layer(rng):
+    x, layers = _chain_operands(np, rng, 9, (8, 12, 4, 8))
+    ref.chain(x, layers)
+    h = x
+    for w, b, y, act in layers:
+        want = np.empty_like(y)
+        ref.nn_bias_act(h, w, b, want, act)
+        assert_bitwise(y, want)
+        h = y
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("M,widths", CHAINS, ids=[f"{m}x{'-'.join(map(str, w))}" for m, w in CHAINS])
+def test_gpu_chain_is_nn_bias_act_layer_by_layer_bitwise(cp, rng, M, widths):
+    """Every layer's output is bit for bit the panel nn_bias_act of the layer's input (the launch's
+    tiles are nn_bias_act's), and within float32 rounding of the float64 twin."""
+    from cudarl.ops import gemm as ops
+
+    x, layers = _chain_operands(cp, rng, M, widths)
+    assert ops.chain_eligible(x, layers)
+    for *_, y, _ in layers:
+        poison(y)
+    ops.chain(x, layers)
+    h = x
+    want64 = [np.empty((M, w_.shape[1])) for w_, *_ in layers]
+    ref.chain(
+        x.get().astype(np.float64),
+        [
+            (w.get().astype(np.float64), b.get().astype(np.float64), o, a)
+            for (w, b, _, a), o in zip(layers, want64, strict=True)
+        ],
+    )
+    for i, ((w, b, y, act), w64) in enumerate(zip(layers, want64, strict=True)):
+        one = cp.empty_like(y)
+        poison(one)
+        ops.nn_bias_act(h, w, b, one, act)
+        assert_bitwise(y, one, what=f"layer {i} vs nn_bias_act")
+        assert_parity(y, w64.astype(np.float32), what=f"layer {i} vs float64")
+        h = y
+
+
+@pytest.mark.gpu
+def test_gpu_chain_takes_any_observation_width_as_zero_padded_columns(cp, rng):
+    """An observation of 66 columns in rows of 70 floats (a float at a time): the same bits as the chain
+    over those columns padded with zeros to 68 (and the first weight with zero rows), the vectorised path;
+    and a row's outputs do not depend on the other rows (1 row = that row of 517)."""
+    from cudarl.ops import gemm as ops
+
+    M = 517
+    wide = cp.asarray(rng.standard_normal((M, 70)).astype(np.float32))
+    x = wide[:, 1:67]  # row pitch 70, 4-byte aligned
+    _, layers = _chain_operands(cp, rng, M, (66, 256, 256, 204))
+    assert ops.chain_eligible(x, layers) and not ops.eligible(x, K=66, N=256)
+    ops.chain(x, layers)
+    got = [y.copy() for *_, y, _ in layers]
+    xp68 = cp.zeros((M, 68), np.float32)
+    xp68[:, :66] = x
+    w0, b0, _, a0 = layers[0]
+    w68 = cp.zeros((68, 256), np.float32)
+    w68[:66] = w0
+    ops.chain(xp68, [(w68, b0, layers[0][2], a0), *layers[1:]])
+    for i, (g, (*_, y, _)) in enumerate(zip(got, layers, strict=True)):
+        assert_bitwise(g, y, what=f"layer {i}: 66 columns vs 68 zero-padded")
+    h = x.get().astype(np.float64)
+    for w, b, _, act in layers:
+        out = np.empty((M, w.shape[1]))
+        ref.nn_bias_act(h, w.get().astype(np.float64), b.get().astype(np.float64), out, act)
+        h = out
+    assert_parity(got[-1], h.astype(np.float32), what="66 columns vs float64")
+    one = [(w, b, cp.empty((1, w.shape[1]), np.float32), a) for w, b, _, a in layers]
+    ops.chain(x[200:201], one)
+    assert_bitwise(one[-1][2], got[-1][200:201], what="row 200 alone vs in the batch")
+
+
+@pytest.mark.gpu
+def test_gpu_chain_graphed_equals_eager(cp, rng):
+    from cudarl.graph import StepGraph
+    from cudarl.ops import gemm as ops
+
+    x, layers = _chain_operands(cp, rng, 512, (64, 256, 256, 204))
+    g = StepGraph("gemm_chain_parity", [("chain", lambda: ops.chain(x, layers))], xp=cp)
+    g.run_eager()
+    g.synchronize()
+    outs = {f"y{i}": y for i, (*_, y, _) in enumerate(layers)}
+    want = {k: v.get() for k, v in outs.items()}
+    g.capture()
+    assert_reruns_bitwise(g, outs, want, ("graphed", "graphed", "eager"))
+
+
+@pytest.mark.gpu
+def test_gpu_chain_refuses_what_it_cannot_take(cp, rng):
+    from cudarl.ops import gemm as ops
+
+    x, layers = _chain_operands(cp, rng, 8, (64, 256, 256, 204))
+    assert not ops.chain_eligible(x, layers * 2)  # 6 layers, and they do not chain by shape
+    assert not ops.chain_eligible(x, [])
+    _, wide = _chain_operands(cp, rng, 8, (64, 260))  # wider than 8 tiles of 32
+    assert not ops.chain_eligible(x, wide)
+    _, odd = _chain_operands(cp, rng, 8, (64, 6))  # N not a multiple of 4
+    assert not ops.chain_eligible(x, odd)
+    assert not ops.chain_eligible(x, layers[1:])  # the first weight does not take x's 64 columns
+    with pytest.raises(ValueError, match="gemm.chain: activation codes"):
+        ops.chain(x, [(*layers[0][:3], 2)])
+    with pytest.raises(ValueError, match="gemm.chain: needs"):
+        ops.chain(x, wide)
+
+
 # --- tools/bench_gemm.py's batched arm (issue 23): smoke on the CPU ---------------------------------
 def test_bench_gemm_batched_arm_operands_on_numpy(rng):
     """The batched arm's cases on the NumPy backend (P = 2): every step GEMM's stacked operands fit

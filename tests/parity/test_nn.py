@@ -675,7 +675,7 @@ def test_two_workspaces_keep_their_own_forward(rng):
 
 
 # --- net.gemm options: cuBLASLt with its bias/ReLU epilogue, one-kernel algorithms, panel GEMMs --------
-@pytest.mark.parametrize("gemm", ["cublaslt", "cublaslt_nosplit", "cudarl"])
+@pytest.mark.parametrize("gemm", ["cublaslt", "cublaslt_nosplit", "cudarl", "chain"])
 def test_gemm_option_reaches_every_linear_and_numpy_ignores_it(rng, gemm):
     """On NumPy the option changes nothing (same math); the fused GEMM is asked for the identity and
     ReLU layers only (the plan head's sigmoid keeps the bias/activation kernel)."""
@@ -687,7 +687,8 @@ def test_gemm_option_reaches_every_linear_and_numpy_ignores_it(rng, gemm):
         lt, base = QNetwork(8, 3, gemm=gemm, **kw), QNetwork(8, 3, gemm="cublas", **kw)
         lt.prepare_backward(3)  # nothing to make on NumPy
         assert lt.config.gemm == gemm and base.config.gemm == "cublas"
-        assert {lin.lt_all for lin in lt.linears.values()} == {gemm in ("cublaslt_nosplit", "cudarl")}
+        assert {lin.lt_all for lin in lt.linears.values()} == {gemm in ("cublaslt_nosplit", "cudarl", "chain")}
+        assert lt._chain == ()  # the chain is a GPU launch: NumPy runs the layers one by one
         assert {lin.panel for lin in lt.linears.values() if lin.lt_act is not None} == {gemm == "cudarl"}
         acts = {n: lin.lt_act for n, lin in lt.linears.items()}
         want = {
@@ -810,7 +811,7 @@ def _gemm_pair(cp, head, layernorm, B, spectral=(), seed=3, gemm="cublaslt"):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("gemm", ["cublaslt", "cublaslt_nosplit", "cudarl"])
+@pytest.mark.parametrize("gemm", ["cublaslt", "cublaslt_nosplit", "cudarl", "chain"])
 @pytest.mark.parametrize("B", [1, 7, 512, 4096])
 @pytest.mark.parametrize("head,layernorm,spectral", [("c51", False, ()), ("c51", True, ("enc.1",)), ("iqn", False, ())])
 def test_gpu_qnetwork_gemm_option_matches_the_default_network(cp, rng, B, head, layernorm, spectral, gemm):
@@ -847,7 +848,42 @@ def test_gpu_qnetwork_gemm_option_matches_the_default_network(cp, rng, B, head, 
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("gemm", ["cublaslt", "cublaslt_nosplit", "cudarl"])
+@pytest.mark.parametrize("B", [1, 7, 512, 1024])
+@pytest.mark.parametrize("head", ["c51", "iqn"])
+def test_gpu_chain_network_is_the_panel_network_bitwise(cp, rng, B, head):
+    """net.gemm = "chain": the encoder's two layers (and the C51 head's va) in one chain launch, whose every
+    activation and output is bit for bit the network under "cudarl" (the panel GEMM a layer, at these
+    shapes: 64 input columns, at most 1024 rows); the backward is cublaslt_nosplit's under both."""
+    from cudarl import kernels
+
+    chain, _ = _gemm_pair(cp, head, False, B, gemm="chain")
+    panel, _ = _gemm_pair(cp, head, False, B, gemm="cudarl")
+    want = ("enc.0", "enc.1", "head.va") if head == "c51" else ("enc.0", "enc.1")
+    assert tuple(lin.name for lin in chain._chain) == want
+    x = cp.asarray(rng.standard_normal((B, 64)).astype(np.float32))
+    kw = {"tau": cp.asarray(rng.uniform(size=(B, 32)).astype(np.float32))} if head == "iqn" else {}
+    for name in chain.ws.bufs:
+        if name.endswith(".out"):
+            poison(chain.ws.bufs[name])
+    with kernels.tracing() as events:
+        o_chain = chain.forward(x, **kw)
+    launched = [e["name"] for e in events if e.get("kind") == "kernel"]
+    assert launched.count("cudarl_gemm_chain") == 1 and "cudarl_gemm_nn_bias_act" not in launched, launched
+    o_panel = panel.forward(x, **kw)
+    assert_bitwise(o_chain["plan"], o_panel["plan"], what="forward plan")
+    if head == "c51":
+        assert_bitwise(o_chain["q"], o_panel["q"], what="forward q")
+    else:  # the IQN head's layers are cuBLASLt's under "chain", the panel's under "cudarl" where they fit
+        assert_parity(o_chain["q"], o_panel["q"].get(), rtol=1e-5, what="forward q")
+    for name in want:
+        assert_bitwise(chain.ws.rows(f"{name}.out"), panel.ws.rows(f"{name}.out"), what=f"activation {name}")
+    raw = chain.forward(x, raw_head=True, **kw)["q"] if head == "c51" else None
+    if raw is not None:
+        assert_bitwise(raw, panel.forward(x, raw_head=True)["q"], what="raw va")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("gemm", ["cublaslt", "cublaslt_nosplit", "cudarl", "chain"])
 @pytest.mark.parametrize("head,layernorm", [("c51", False), ("c51", True), ("iqn", False)])
 def test_gpu_qnetwork_gemm_option_captures_before_any_eager_run(cp, rng, head, layernorm, gemm):
     """The trainer captures its step without running it eagerly first: a network's workspace with
@@ -922,9 +958,11 @@ def test_gpu_dw_gemm_is_the_weight_gradients_gemm_and_captures_before_any_eager_
 
 
 @pytest.mark.gpu
-def test_gpu_trainer_with_cublaslt_captures_and_is_reproducible():
-    """A training run with net.gemm = "cublaslt" (the trainer captures without an eager step):
-    two runs give the same losses bit for bit, and the first loss matches the cuBLAS run's."""
+@pytest.mark.parametrize("gemm", ["cublaslt", "chain"])
+def test_gpu_trainer_with_cublaslt_captures_and_is_reproducible(gemm):
+    """A training run with net.gemm = "cublaslt" or "chain" (the trainer captures without an eager step):
+    two runs give the same losses bit for bit, and the first loss matches the cuBLAS run's. Under "chain"
+    the captured forwards are chain launches (traced)."""
     from cudarl.config import from_dict
     from cudarl.trainer import Trainer
 
@@ -944,7 +982,13 @@ def test_gpu_trainer_with_cublaslt_captures_and_is_reproducible():
         t.run(30)
         return t.losses
 
-    a, b, ref = losses("cublaslt"), losses("cublaslt"), losses("cublas")
+    from cudarl import kernels
+
+    with kernels.tracing() as events:
+        a = losses(gemm)
+    b, ref = losses(gemm), losses("cublas")
+    chains = [e for e in events if e.get("name") == "cudarl_gemm_chain"]
+    assert bool(chains) == (gemm == "chain"), f"{len(chains)} chain launches under net.gemm = {gemm!r}"
     assert len(a) == 30 and np.all(np.isfinite(a))
-    assert a == b, "two cuBLASLt runs differ"
-    assert abs(a[0] - ref[0]) <= 1e-3 * abs(ref[0]), f"first loss {a[0]} (cuBLASLt) vs {ref[0]} (cuBLAS)"
+    assert a == b, f"two {gemm} runs differ"
+    assert abs(a[0] - ref[0]) <= 1e-3 * abs(ref[0]), f"first loss {a[0]} ({gemm}) vs {ref[0]} (cuBLAS)"

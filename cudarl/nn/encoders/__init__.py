@@ -59,6 +59,11 @@ class Encoder(Protocol):
     def declare(self, layout: ParamLayout, ws_spec: list) -> None:
         """Add the parameters to ``layout`` and the activations to ``ws_spec`` (``(name, row_shape, merge)``)."""
 
+    def chain_linears(self) -> tuple:
+        """The Linears from x to psi, each reading the one before (``net.gemm = "chain"`` runs them, and the
+        head's :attr:`cudarl.nn.heads.Head.chain_linear`, as one launch), or () where the encoder is not such
+        a chain."""
+
     def bind(self, P: dict, G: dict, xp) -> None:
         """Take the parameter and gradient views ``P``, ``G`` of the flat buffers and the backend ``xp``."""
 

@@ -123,6 +123,10 @@ class SequenceEncoder(Module):
             return SplitLinear(name, n_in, n_out, head=head, **kw)  # a projection: no activation
         return Linear(name, n_in, n_out, act=act, residual_rows=residual_rows, **kw)
 
+    def chain_linears(self) -> tuple:
+        """None of its layers chain (:meth:`cudarl.nn.layers.MLP.chain_linears`): () ."""
+        return ()
+
     @property
     def out_name(self) -> str:
         return f"{self.name}.norm_f"
