@@ -27,7 +27,10 @@ sys.path.insert(0, str(ROOT))
 
 from cudarl import signatures  # noqa: E402 (the checkout's, not an installed one)
 
-KERNEL_RE = re.compile(r'extern\s+"C"\s+__global__\s+(?:__launch_bounds__\([^)]*\)\s+)?void\s+(\w+)\s*\(')
+# an attribute macro may stand between void and the name (gemm.cu's GEMM_CHAIN_DIMS), as cudarl.signatures reads it
+KERNEL_RE = re.compile(
+    r'extern\s+"C"\s+__global__\s+(?:__launch_bounds__\([^)]*\)\s+)?void\s+(?:[A-Z][A-Z0-9_]*\s+)?(\w+)\s*\('
+)
 
 
 def functions(path: Path) -> set[str]:

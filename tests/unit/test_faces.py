@@ -29,13 +29,15 @@ def test_the_checker_catches_a_missing_face(tmp_path, monkeypatch):
     (tmp_path / "cuda_src").mkdir()
     (tmp_path / "cuda_src" / "demo.cu").write_text(
         'extern "C" __global__ void cudarl_demo_op(float* x) {}\nextern "C" __global__ void wrong(float* x) {}\n'
+        '#define DEMO_DIMS\n'
+        'extern "C" __global__ __launch_bounds__(256) void DEMO_DIMS cudarl_demo_clustered(float* x) {}\n'
     )
     (tmp_path / "cudarl" / "reference").mkdir(parents=True)
     (tmp_path / "cudarl" / "reference" / "demo.py").write_text("def other():\n    pass\n")
     monkeypatch.setattr(tool, "ROOT", tmp_path)
     found = "\n".join(tool.problems())
     assert "kernel wrong is not named cudarl_demo_<op>" in found
-    assert "cudarl/reference/demo.py: no function for op(s) op" in found
+    assert "cudarl/reference/demo.py: no function for op(s) clustered, op" in found  # an attribute macro too
     assert "cudarl/ops/demo.py: missing" in found
     assert "tests/parity/test_demo.py: missing" in found
 
