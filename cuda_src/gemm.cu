@@ -3,6 +3,8 @@
 //
 //   nn_bias_act:  out[M, N] = act(a[M, K] @ b[K, N] + bias[N])   (a Linear's forward; act 0 identity, 1 ReLU)
 //   nt:           out[M, N] = a[M, K] @ bt[N, K]^T                (a Linear's dx = dz W^T)
+//   chain:          up to 4 Linears' nn_bias_act in one launch     (thread block clusters; below)
+//   chain_backward: their dx chain, nt then the ReLU mask a step, in one launch
 // Row-major, dense; K, N multiples of 4 and every pointer 16-byte aligned (the launchers check).
 //
 // Why (ncu on an H200, docs/perf-notes.md): cuBLAS(Lt) ran these shapes (M = 512..4096, N, K <= 256)
@@ -293,6 +295,39 @@ extern "C" __global__ __launch_bounds__(GEMM_THREADS) void cudarl_gemm_nt(const 
 #define GEMM_CHAIN_CLUSTER 8
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 #define GEMM_CHAIN_DIMS __cluster_dims__(GEMM_CHAIN_CLUSTER, 1, 1)
+
+namespace {
+
+// Every block of the cluster, between two steps of a chain: the step's rows, stored to global memory,
+// visible to the other blocks (release, then acquire), which stage them with cp.async.cg from L2; and
+// this block's reads of its shared memory (the groups' sums) done before the next step's staging.
+__device__ __forceinline__ void cluster_barrier() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory");
+  asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
+
+// The ReLU mask of the layer below (act 1: y > 0 ? v : 0, the exact expression of nn.cu's act_bwd, so
+// the stored bits are nt's then act_backward's), or none (act 0); then store_tile (group 0's threads).
+// y [M, N] is the output of the layer below, read at the tile's own elements.
+__device__ __forceinline__ void store_act_grad(float* out, float (&acc)[4][4], const float* y, i64 M, i64 N, i64 m0,
+                                               i64 n0, int act) {
+  const int tx = threadIdx.x % (GEMM_T / 4), ty = threadIdx.x / (GEMM_T / 4);
+  const i64 n = n0 + 4 * tx;
+  if (act == 1 && n < N) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const i64 m = m0 + 4 * ty + i;
+      if (m >= M) continue;
+      const float4 yv = *reinterpret_cast<const float4*>(y + m * N + n);
+      const float yy[4] = {yv.x, yv.y, yv.z, yv.w};
+#pragma unroll
+      for (int j = 0; j < 4; ++j) acc[i][j] = yy[j] > 0.f ? acc[i][j] : 0.f;
+    }
+  }
+  store_tile(out, acc, M, N, m0, n0);
+}
+
+}  // namespace
 #else
 #define GEMM_CHAIN_DIMS
 #endif
@@ -321,15 +356,63 @@ extern "C" __global__ __launch_bounds__(GEMM_THREADS) void GEMM_CHAIN_DIMS cudar
       tile_product<false>(acc, sa, sa + GEMM_T * lda(kpad(K)), sa, in, ws[l], M, N, K, m0, c0, ld, vec);
       if (threadIdx.x < GEMM_GROUP) store_bias_act(ys[l], acc, bs[l], M, N, m0, c0, acts[l]);
     }
-    if (l + 1 < layers) {  // every block of the cluster: layer l's rows stored before any block stages them,
-      // and this block's reads of its shared memory (the groups' sums) done before the next staging
-      asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory");
-      asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
-    }
+    if (l + 1 < layers) cluster_barrier();  // every block of the cluster, its tile of layer l stored
     in = ys[l];
     K = (int)N;
     ld = N;
     vec = true;
+  }
+#else
+  __trap();
+#endif
+}
+
+// ---- chain_backward ----------------------------------------------------------------------------
+// The backward's dx chain of up to GEMM_CHAIN_LAYERS Linears in one launch: dx_0 = mask_0(d @ w_0^T),
+// then dx_i = mask_i(dx_{i-1} @ w_i^T), every dx_i [M, k_i] written (the weight gradients read them
+// as the layers' dz). d [M, n_top] is dz of the top layer; w_i [k_i, n_i] its weight, row-major
+// (n_0 = n_top, n_i = k_{i-1}), so d_i @ w_i^T is nt's product with bt = w_i; y_i [M, k_i] the output
+// of the layer below it, whose ReLU mask (act_i 1; 0: none) makes dx_i that layer's dz. Each step is
+// nt's tile product and the mask is act_backward's expression (store_act_grad), so dx_i is bit for bit
+// gemm.nt then nn.act_backward of dx_{i-1}.
+//
+// Why (docs/perf-notes.md, "The backward's dx chain"): under net.gemm = "chain" the backward's
+// critical path was a dx GEMM node and a ReLU node a layer, each a launch and a round trip through L2
+// for a few us of work. The cluster scheme is the forward chain's (cudarl_gemm_chain): a cluster of
+// GEMM_CHAIN_CLUSTER blocks a 32-row slab, block x computing columns [32 x, 32 x + 32) of every
+// step, the cluster's barrier between steps; a step with fewer columns leaves the blocks past them
+// idle until the barrier.
+// grid (GEMM_CHAIN_CLUSTER, ceil(M / 32)), block GEMM_THREADS, clusters (GEMM_CHAIN_CLUSTER, 1, 1);
+// dynamic shared memory the largest step's nt panels (4 * 64 lda(n_i) bytes, at least the groups'
+// sums). n_top and k_i multiples of 4, k_i at most 32 GEMM_CHAIN_CLUSTER; every pointer 16-byte
+// aligned; no dx_i overlapping another operand (the launcher checks). sm_90 and later (clusters);
+// elsewhere it traps, and the launcher refuses it.
+extern "C" __global__ __launch_bounds__(GEMM_THREADS) void GEMM_CHAIN_DIMS cudarl_gemm_chain_backward(
+    i64 M, int layers, const float* d, int n_top, const float* w0, const float* y0, float* dx0, int k0, int act0,
+    const float* w1, const float* y1, float* dx1, int k1, int act1, const float* w2, const float* y2, float* dx2,
+    int k2, int act2, const float* w3, const float* y3, float* dx3, int k3, int act3) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  extern __shared__ float4 gemm_smem4[];
+  float* sa = reinterpret_cast<float*>(gemm_smem4);
+  const i64 m0 = (i64)blockIdx.y * GEMM_T, c0 = (i64)blockIdx.x * GEMM_T;
+  const float* ws[GEMM_CHAIN_LAYERS] = {w0, w1, w2, w3};
+  const float* ys[GEMM_CHAIN_LAYERS] = {y0, y1, y2, y3};
+  float* dxs[GEMM_CHAIN_LAYERS] = {dx0, dx1, dx2, dx3};
+  const int ks[GEMM_CHAIN_LAYERS] = {k0, k1, k2, k3}, acts[GEMM_CHAIN_LAYERS] = {act0, act1, act2, act3};
+  const float* in = d;
+  int K = n_top;
+#pragma unroll
+  for (int l = 0; l < GEMM_CHAIN_LAYERS; ++l) {
+    if (l >= layers) break;
+    const i64 N = ks[l];
+    if (c0 < N) {  // uniform over the block: tile_product's barriers are the block's
+      float acc[4][4];
+      tile_product<true>(acc, sa, sa + GEMM_T * lda(K), sa, in, ws[l], M, N, K, m0, c0, K, true);
+      if (threadIdx.x < GEMM_GROUP) store_act_grad(dxs[l], acc, ys[l], M, N, m0, c0, acts[l]);
+    }
+    if (l + 1 < layers) cluster_barrier();  // every block of the cluster, its tile of step l stored
+    in = dxs[l];
+    K = (int)N;
   }
 #else
   __trap();

@@ -34,16 +34,15 @@ def smem_bytes(K: int, trans_b: bool) -> int:
 MAX_ROWS = 1024
 
 
+def _aligned(*arrays) -> bool:
+    """CuPy float32, C-contiguous and 16-byte aligned, every one."""
+    return all(t.dtype == np.float32 and t.flags.c_contiguous and t.data.ptr % 16 == 0 for t in arrays)
+
+
 def eligible(*arrays, K: int, N: int, trans_b: bool = False) -> bool:
     """Can a GEMM with these operands (CuPy, float32, C-contiguous) take the panel kernels? K and N
     multiples of 4, every pointer 16-byte aligned, the panels within :data:`MAX_SMEM`."""
-    return (
-        K % 4 == 0
-        and N % 4 == 0
-        and K > 0
-        and smem_bytes(K, trans_b) <= MAX_SMEM
-        and all(a.dtype == np.float32 and a.flags.c_contiguous and a.data.ptr % 16 == 0 for a in arrays)
-    )
+    return K % 4 == 0 and N % 4 == 0 and K > 0 and smem_bytes(K, trans_b) <= MAX_SMEM and _aligned(*arrays)
 
 
 def _grid(M: int, N: int) -> tuple:
@@ -134,7 +133,7 @@ def chain_eligible(x, layers) -> bool:
         N = w.shape[1] if w.ndim == 2 else -1
         if w.shape != (K, N) or b.shape != (N,) or y.shape != (x.shape[0], N) or N % 4 or not 0 < N <= CHAIN_MAX_N:
             return False
-        if not all(t.dtype == np.float32 and t.flags.c_contiguous and t.data.ptr % 16 == 0 for t in (w, b, y)):
+        if not _aligned(w, b, y):
             return False
         widths.append(K)
         K = N
@@ -145,6 +144,24 @@ def _compute_capability() -> int:
     import cupy
 
     return int(cupy.cuda.Device().compute_capability)
+
+
+def _chain_grid(M: int) -> tuple:
+    """A chain launch's grid: a cluster of :data:`CHAIN_CLUSTER` blocks a 32-row slab."""
+    return (CHAIN_CLUSTER, max(1, (M + TILE - 1) // TILE))
+
+
+def _chain_slots(layers, axis: int) -> list:
+    """A chain kernel's :data:`CHAIN_LAYERS` layer slots, each ``(three pointers, width, act)``: ``layers``'
+    ``(p0, p1, p2, act)`` with the width ``p0.shape[axis]`` (the step's output columns: p0 is its weight), then
+    the unused slots as the last layer's pointers with width and act 0 (never read: the kernel's ``layers``
+    stops its loop)."""
+    slots = []
+    for i in range(CHAIN_LAYERS):
+        *ptrs, act = layers[min(i, len(layers) - 1)]
+        used = i < len(layers)
+        slots += [*ptrs, ptrs[0].shape[axis] if used else 0, int(act) if used else 0]
+    return slots
 
 
 def chain(x, layers) -> None:
@@ -164,19 +181,76 @@ def chain(x, layers) -> None:
     )
     M, K0 = x.shape
     widths = [K0] + [w_.shape[1] for w_, *_ in layers[:-1]]
-    slots = []
-    for i in range(CHAIN_LAYERS):
-        if i < len(layers):
-            w_, b_, y_, a_ = layers[i]
-            slots += [w_, b_, y_, w_.shape[1], int(a_)]
-        else:  # an unused layer: never read (layers stops the loop)
-            wl, bl, yl, *_ = layers[-1]
-            slots += [wl, bl, yl, 0, 0]
     launch(
         "gemm",
         "chain",
-        (CHAIN_CLUSTER, max(1, (M + TILE - 1) // TILE)),
+        _chain_grid(M),
         THREADS,
-        (x, M, K0, x.strides[0] // 4, len(layers), *slots),
+        (x, M, K0, x.strides[0] // 4, len(layers), *_chain_slots(layers, axis=1)),
         shared_mem=chain_smem_bytes(widths),
+    )
+
+
+def _disjoint(outs, ins) -> bool:
+    """No array of ``outs`` overlaps another of ``outs`` or one of ``ins`` (byte ranges of C-contiguous arrays)."""
+    span = [(t.data.ptr, t.data.ptr + t.nbytes) for t in (*outs, *ins)]
+    return not any(a0 < b1 and b0 < a1 for i, (a0, a1) in enumerate(span[: len(outs)]) for b0, b1 in span[i + 1 :])
+
+
+def chain_backward_eligible(d, layers) -> bool:
+    """Can :func:`chain_backward` run ``layers`` (``[(w [k_i, n_i], y [M, k_i], dx [M, k_i], act), ...]``) from
+    ``d [M, n_top]``? CuPy float32 operands, C-contiguous and 16-byte aligned, a device with thread block
+    clusters (compute capability 9.0 or later), 1 to :data:`CHAIN_LAYERS` steps chained by shape (``n_0 =
+    n_top``, ``n_i = k_{i-1}``), n_top a multiple of 4, each k_i a multiple of 4 and at most
+    :data:`CHAIN_MAX_N`, no dx overlapping another operand, and the panels within :data:`MAX_SMEM`."""
+    if not 1 <= len(layers) <= CHAIN_LAYERS or d.ndim != 2 or not _aligned(d) or _compute_capability() < 90:
+        return False
+    M, N = d.shape
+    if N % 4 or N == 0:
+        return False
+    widths = []
+    for w, y, dx, _act in layers:
+        k = w.shape[0] if w.ndim == 2 else -1
+        if w.shape != (k, N) or y.shape != (M, k) or dx.shape != (M, k) or k % 4 or not 0 < k <= CHAIN_MAX_N:
+            return False
+        if not _aligned(w, y, dx):
+            return False
+        widths.append(N)
+        N = k
+    dxs = [dx for _, _, dx, _ in layers]
+    reads = [d, *(t for w, y, *_ in layers for t in (w, y))]
+    return chain_backward_smem_bytes(widths) <= MAX_SMEM and _disjoint(dxs, reads)
+
+
+def chain_backward_smem_bytes(widths) -> int:
+    """Shared memory of a :func:`chain_backward` launch over steps that sum over ``widths`` (n_i of each):
+    the largest step's nt panels (:func:`smem_bytes` with ``trans_b``)."""
+    return max(smem_bytes(int(n), True) for n in widths)
+
+
+def chain_backward(d, layers) -> None:
+    """The backward's dx chain in one launch (thread block clusters of :data:`CHAIN_CLUSTER` blocks a 32-row
+    slab, cuda_src/gemm.cu): ``dx_0 = mask_0(d @ w_0^T)``, then ``dx_i = mask_i(dx_{i-1} @ w_i^T)``. d
+    ``[M, n_top]`` is dz of the top layer; ``layers`` ``[(w [k_i, n_i], y [M, k_i], dx [M, k_i], act_i), ...]``:
+    the weight of the step's layer (``n_0 = n_top``, ``n_i = k_{i-1}``), the output of the layer below it, its
+    dz (written), act 1 the ReLU mask ``y > 0 ? v : 0`` or 0 none. Every ``dx_i`` is bit for bit :func:`nt`
+    of the step's input, then ``nn.act_backward``. See :func:`chain_backward_eligible`."""
+    w = "gemm.chain_backward"
+    _check(w, all(int(a) in (0, 1) for *_, a in layers), "activation codes must be 0 or 1")
+    _check(
+        w,
+        chain_backward_eligible(d, layers),
+        f"needs 1 to {CHAIN_LAYERS} float32 steps chained by shape, widths multiples of 4 (k_i up to "
+        f"{CHAIN_MAX_N}), aligned contiguous operands, outputs overlapping nothing, and a device with clusters "
+        "(compute capability 9.0 or later; see chain_backward_eligible)",
+    )
+    M, n_top = d.shape
+    widths = [n_top] + [w_.shape[0] for w_, *_ in layers[:-1]]
+    launch(
+        "gemm",
+        "chain_backward",
+        _chain_grid(M),
+        THREADS,
+        (M, len(layers), d, n_top, *_chain_slots(layers, axis=0)),
+        shared_mem=chain_backward_smem_bytes(widths),
     )

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from .nn import act_backward as _act_backward
+
 
 def nn_bias_act(a: np.ndarray, b: np.ndarray, bias: np.ndarray, out: np.ndarray, act: int) -> None:
     """``out = act(a @ b + bias)``: a ``[M, K]``, b ``[K, N]``, bias ``[N]``, out ``[M, N]``;
@@ -31,3 +33,17 @@ def chain(x: np.ndarray, layers) -> None:
     for w, b, y, act in layers:
         nn_bias_act(h, w, b, y, act)
         h = y
+
+
+def chain_backward(d: np.ndarray, layers) -> None:
+    """The backward's dx chain: ``dx_0 = mask_0(d @ w_0^T)``, then ``dx_i = mask_i(dx_{i-1} @ w_i^T)``, the
+    composition of :func:`nt` and the activation's backward (``cudarl.reference.nn.act_backward``: act 1 the
+    ReLU mask ``where(y > 0, v, 0)``, 0 none) over ``layers`` ``[(w [k_i, n_i], y [M, k_i], dx [M, k_i], act_i),
+    ...]``, every ``dx_i`` written (d ``[M, n_top]``, ``n_0 = n_top``, ``n_i = k_{i-1}``)."""
+    h = d
+    for w, y, dx, act in layers:
+        if act not in (0, 1):
+            raise ValueError(f"gemm.chain_backward: activation code must be 0 or 1, got {act}")
+        nt(h, w, dx)
+        _act_backward(dx, y, dx, act)
+        h = dx

@@ -250,6 +250,121 @@ def test_gpu_chain_refuses_what_it_cannot_take(cp, rng):
         ops.chain(x, wide)
 
 
+# --- chain_backward: the backward's dx chain in one launch (the forward chain's clusters) -------------
+# (M, widths, acts): widths (n_top, k_0, k_1, ...): the reference head's 204 columns down through the
+# 256-wide encoder at the train and acting batches and one row, narrow ragged steps, and four steps with
+# an unmasked one (act 0) and a 256-wide one after one of 4
+CHAINS_BWD = [
+    (512, (204, 256, 256), (1, 1)),
+    (4096, (204, 256, 256), (1, 1)),
+    (1, (204, 256, 256), (1, 1)),
+    (33, (4, 36, 8), (1, 1)),
+    (7, (12, 8, 4, 256, 16), (1, 0, 1, 1)),
+]
+
+
+def _chain_backward_operands(xp, rng, M, widths, acts):
+    """d [M, n_top] and the steps ``(w [k_i, n_i], y [M, k_i], dx [M, k_i], act_i)``; y a ReLU output (about
+    half exact zeros, which the mask y > 0 drops)."""
+    d = rng.standard_normal((M, widths[0])).astype(np.float32)
+    layers = []
+    for n, k, act in zip(widths[:-1], widths[1:], acts, strict=True):
+        w = (rng.standard_normal((k, n)) / np.sqrt(n)).astype(np.float32)
+        y = np.maximum(rng.standard_normal((M, k)), 0).astype(np.float32)
+        layers.append((xp.asarray(w), xp.asarray(y), xp.empty((M, k), np.float32), act))
+    return xp.asarray(d), layers
+
+
+def test_reference_chain_backward_is_nt_then_the_mask_step_by_step(rng):
+    from cudarl.reference import nn as ref_nn
+
+    d, layers = _chain_backward_operands(np, rng, 9, (8, 12, 4, 8), (1, 0, 1))
+    ref.chain_backward(d, layers)
+    h = d
+    for w, y, dx, act in layers:
+        want = np.empty_like(dx)
+        ref.nt(h, w, want)
+        assert_bitwise(dx, np.where(y > 0, want, 0) if act == 1 else want)
+        ref_nn.act_backward(want, y, want, act)
+        assert_bitwise(dx, want)
+        h = dx
+    with pytest.raises(ValueError, match="activation"):
+        ref.chain_backward(d, [(*layers[0][:3], 2)])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("M,widths,acts", CHAINS_BWD, ids=[f"{m}x{'-'.join(map(str, w))}" for m, w, _ in CHAINS_BWD])
+def test_gpu_chain_backward_is_nt_then_act_backward_step_by_step_bitwise(cp, rng, M, widths, acts):
+    """Every step's dx is bit for bit the panel nt of the step's input then nn.act_backward (in place, as the
+    layers run it), and within float32 rounding of the float64 twin."""
+    from cudarl.ops import gemm as ops
+    from cudarl.ops import nn as nn_ops
+
+    d, layers = _chain_backward_operands(cp, rng, M, widths, acts)
+    assert ops.chain_backward_eligible(d, layers)
+    for _, _, dx, _ in layers:
+        poison(dx)
+    ops.chain_backward(d, layers)
+    want64 = [np.empty(dx.shape) for _, _, dx, _ in layers]
+    ref.chain_backward(
+        d.get().astype(np.float64),
+        [
+            (w.get().astype(np.float64), y.get().astype(np.float64), o, a)
+            for (w, y, _, a), o in zip(layers, want64, strict=True)
+        ],
+    )
+    h = d
+    for i, ((w, y, dx, act), w64) in enumerate(zip(layers, want64, strict=True)):
+        one = cp.empty_like(dx)
+        poison(one)
+        ops.nt(h, w, one)
+        nn_ops.act_backward(one, y, one, act)
+        assert_bitwise(dx, one, what=f"step {i} vs nt then act_backward")
+        assert_parity(dx, w64.astype(np.float32), what=f"step {i} vs float64")
+        h = dx
+
+
+@pytest.mark.gpu
+def test_gpu_chain_backward_graphed_equals_eager(cp, rng):
+    from cudarl.graph import StepGraph
+    from cudarl.ops import gemm as ops
+
+    d, layers = _chain_backward_operands(cp, rng, 512, (204, 256, 256), (1, 1))
+    g = StepGraph("gemm_chain_backward_parity", [("chain_backward", lambda: ops.chain_backward(d, layers))], xp=cp)
+    g.run_eager()
+    g.synchronize()
+    outs = {f"dx{i}": dx for i, (_, _, dx, _) in enumerate(layers)}
+    want = {k: v.get() for k, v in outs.items()}
+    g.capture()
+    assert_reruns_bitwise(g, outs, want, ("graphed", "graphed", "eager"))
+
+
+@pytest.mark.gpu
+def test_gpu_chain_backward_refuses_what_it_cannot_take(cp, rng):
+    from cudarl.ops import gemm as ops
+
+    d, layers = _chain_backward_operands(cp, rng, 8, (204, 256, 256), (1, 1))
+    assert ops.chain_backward_eligible(d, layers)
+    assert not ops.chain_backward_eligible(d, layers * 3)  # 6 steps, and they do not chain by shape
+    assert not ops.chain_backward_eligible(d, [])
+    assert not ops.chain_backward_eligible(d, layers[1:])  # the first weight does not take d's 204 columns
+    _, wide = _chain_backward_operands(cp, rng, 8, (204, 260), (1,))  # wider than 8 tiles of 32
+    assert not ops.chain_backward_eligible(d, wide)
+    d6, odd = _chain_backward_operands(cp, rng, 8, (6, 8), (1,))  # n_top not a multiple of 4
+    assert not ops.chain_backward_eligible(d6, odd)
+    _, odd = _chain_backward_operands(cp, rng, 8, (204, 6), (1,))  # k not a multiple of 4
+    assert not ops.chain_backward_eligible(d, odd)
+    w0, y0, dx0, a0 = layers[0]
+    assert not ops.chain_backward_eligible(d, [(w0, y0, y0, a0)])  # dx over the mask it reads
+    assert not ops.chain_backward_eligible(d, [(w0, y0, dx0, a0), (layers[1][0], dx0, dx0, 1)])  # dx over dx
+    shifted = cp.zeros(8 * 256 + 1, np.float32)[1:].reshape(8, 256)  # 4-byte aligned only
+    assert not ops.chain_backward_eligible(d, [(w0, y0, shifted, a0)])
+    with pytest.raises(ValueError, match="gemm.chain_backward: activation codes"):
+        ops.chain_backward(d, [(w0, y0, dx0, 2)])
+    with pytest.raises(ValueError, match="gemm.chain_backward: needs"):
+        ops.chain_backward(d, wide)
+
+
 # --- tools/bench_gemm.py's batched arm (issue 23): smoke on the CPU ---------------------------------
 def test_bench_gemm_batched_arm_operands_on_numpy(rng):
     """The batched arm's cases on the NumPy backend (P = 2): every step GEMM's stacked operands fit
