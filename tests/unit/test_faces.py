@@ -29,7 +29,7 @@ def test_the_checker_catches_a_missing_face(tmp_path, monkeypatch):
     (tmp_path / "cuda_src").mkdir()
     (tmp_path / "cuda_src" / "demo.cu").write_text(
         'extern "C" __global__ void cudarl_demo_op(float* x) {}\nextern "C" __global__ void wrong(float* x) {}\n'
-        '#define DEMO_DIMS\n'
+        "#define DEMO_DIMS\n"
         'extern "C" __global__ __launch_bounds__(256) void DEMO_DIMS cudarl_demo_clustered(float* x) {}\n'
     )
     (tmp_path / "cudarl" / "reference").mkdir(parents=True)
