@@ -350,32 +350,50 @@ class Linear(Module):
                 return
         matmul(x, dz, out, trans_a=True, tf32=self.tf32)
 
+    def backward_grads(self, x, ws: Workspace, bias_beside: bool = False) -> None:
+        """The parameter gradients from dz already in ``ws[<name>.dout]`` (the activation's derivative
+        applied: by :meth:`backward`, or by the network's dx chain, ``gemm.chain_backward``): dW = x^T dz
+        (x ``[B rows, n_in]``), and the bias gradient, a column sum of dz, as the identity's
+        ``bias_act_backward``, which only reads dz (it skips its stores when dz is dout). On the layer's
+        side branch (:attr:`side`, forked here) where it has one, the bias gradient after dW there, or with
+        ``bias_beside`` on the current stream beside it (the first layer, whose bias is all that is left on
+        the chain); else both on the current stream, the bias first. Not for a spectrally normalised layer
+        (its dW goes through W_sn's backward: :meth:`backward` only)."""
+        if self.spectral:
+            raise ValueError(f"{self.name}: a spectrally normalised layer's gradients are backward()'s only")
+        B = x.shape[0] // self.rows
+        y, dy = ws.rows(f"{self.name}.out", B), ws.rows(f"{self.name}.dout", B)
+        gb, gw = self.G[f"{self.name}.bias"], self.G[f"{self.name}.weight"]
+        if self.side is None:
+            self.ops.bias_act_backward(dy, y, dy, gb, IDENTITY)
+            self._dw(x, dy, gw)
+            return
+        # The branch reads x and dz, which the main stream only reads from here on (the caller joins
+        # before Adam).
+        with self.side.fork():
+            self._dw(x, dy, gw)
+            if not bias_beside:
+                self.ops.bias_act_backward(dy, y, dy, gb, IDENTITY)
+        if bias_beside:
+            self.ops.bias_act_backward(dy, y, dy, gb, IDENTITY)
+
     def backward(self, x, ws: Workspace, dx=None, accumulate: bool = False) -> None:
         B = x.shape[0] // self.rows
         y, dy = ws.rows(f"{self.name}.out", B), ws.rows(f"{self.name}.dout", B)
-        gb = self.G[f"{self.name}.bias"]
-        side = self.side is not None and not self.spectral
         gw = self.G[f"{self.name}.weight"]
-        if not side:
-            self.ops.bias_act_backward(dy, y, dy, gb, self.act)
+        if self.side is None or self.spectral:
+            self.ops.bias_act_backward(dy, y, dy, self.G[f"{self.name}.bias"], self.act)
             self._dw(x, dy, self.sn["dw"] if self.spectral else gw)
         else:
             # The dx chain only waits for dz: the activation's backward in place (act_backward;
             # nothing with the identity). dW = x^T dz feeds nothing until the optimiser, so it runs
-            # on the layer's side branch, and the bias gradient, a column sum of dz, is the
-            # identity's bias_act_backward, which only reads dz (it skips its stores when dz is
-            # dout): the same bits as one bias_act_backward. It follows dW on the branch when a dx
-            # GEMM holds the chain, else (the first layer) it runs on the chain beside dW. The
-            # branch reads x and dz, which the main stream only reads from here on (the caller joins
-            # before Adam).
+            # on the layer's side branch (backward_grads), and the bias gradient, the identity's
+            # bias_act_backward of dz: the same bits as one bias_act_backward. It follows dW on the
+            # branch when a dx GEMM holds the chain, else (the first layer) it runs on the chain
+            # beside dW.
             if self.act != IDENTITY:
                 self.ops.act_backward(dy, y, dy, self.act)
-            with self.side.fork():
-                self._dw(x, dy, gw)
-                if dx is not None:
-                    self.ops.bias_act_backward(dy, y, dy, gb, IDENTITY)
-            if dx is None:
-                self.ops.bias_act_backward(dy, y, dy, gb, IDENTITY)
+            self.backward_grads(x, ws, bias_beside=dx is None)
         if dx is not None:
             self._dx(dy, dx, accumulate)
         if self.spectral:
