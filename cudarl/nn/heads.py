@@ -32,6 +32,11 @@ class Head(Module):
         """``forward``'s result from :attr:`chain_linear`'s output ``out`` (written by the chain)."""
         raise NotImplementedError(f"{type(self).__name__} has no chain_linear")
 
+    def backward_to(self, ws: Workspace, B: int, raw: bool = False) -> None:
+        """``backward``'s part above :attr:`chain_linear` over ``B`` samples: dL/d(its output) into its
+        ``dout``, from the head's output gradient (the network's dx chain then runs the rest)."""
+        raise NotImplementedError(f"{type(self).__name__} has no chain_linear")
+
     def output_shape(self, B: int) -> tuple:
         """The shape of ``forward``'s output for ``B`` samples."""
         raise NotImplementedError
@@ -94,10 +99,14 @@ class C51Head(Head):
 
     def backward(self, psi, ws: Workspace, dpsi=None, accumulate: bool = False, raw: bool = False) -> None:
         """From dL/dlogits in :attr:`grad_name`, or with ``raw`` from dL/dva in :meth:`raw_grad_name`."""
-        B = psi.shape[0]
+        self.backward_to(ws, psi.shape[0], raw)
+        self.va.backward(psi, ws, dpsi, accumulate)
+
+    def backward_to(self, ws: Workspace, B: int, raw: bool = False) -> None:
+        """dL/dva into :meth:`raw_grad_name`: the dueling backward of dL/dlogits, or with ``raw`` nothing (the
+        loss wrote dL/dva there)."""
         if not raw:
             self.ops.dueling_backward(ws.rows(self.grad_name, B), ws.rows(self.raw_grad_name(), B))
-        self.va.backward(psi, ws, dpsi, accumulate)
 
 
 class IQNHead(Head):

@@ -9,6 +9,7 @@ import numpy as np
 from ..backend import family, is_numpy, to_numpy
 from ..config import NetConfig
 from ..graph import SideStream
+from ..reference.nn import IDENTITY
 from .encoders import ENCODERS
 from .heads import PlanHead
 from .layers import GEMM_ALGOS, Linear
@@ -205,6 +206,40 @@ class QNetwork:
         ops.chain(x, layers)
         return True
 
+    def _backward_chained(self, x, ws: Workspace) -> bool:
+        """The backward of a forward that ran the chain through the head's first layer (:meth:`_run_chain`,
+        :attr:`Head.chain_linear`) with its dx chain as one launch (cuda_src/gemm.cu's chain_backward): the
+        head's part above that layer (:meth:`Head.backward_to`: C51's dueling backward), the layer's parameter
+        gradients (:meth:`Linear.backward_grads`), then one launch writing dL/dpsi and every encoder layer's dz
+        below it, each step the panel dx GEMM's bits then the ReLU mask's (``gemm.nt``, ``nn.act_backward``);
+        then the extra heads' backward (none of which writes dL/dpsi), then the encoder layers' parameter
+        gradients, top to bottom. False, with nothing run, where the forward did not chain through the head,
+        an extra head it ran writes dL/dpsi (it would add to the chain's dL/dpsi), or the launch cannot take
+        the operands (``chain_backward_eligible``): :meth:`backward` then runs layer by layer."""
+        lins = self._chain
+        if not ws.chained or lins[-1] is not self.head.chain_linear or lins[-1].act != IDENTITY:
+            return False  # (the launch starts from the head's layer's dz: its dout, where it has no activation)
+        if any(self.extras[name].writes_dpsi for name in ws.heads):
+            return False
+        ops = family("gemm", self.xp)
+        d = ws.rows(f"{lins[-1].name}.dout")
+        steps = [
+            (top.weight(), ws.rows(f"{below.name}.out"), ws.rows(f"{below.name}.dout"), below.act)
+            for top, below in zip(lins[:0:-1], lins[-2::-1], strict=True)
+        ]  # from the head's layer down: its weight, then the mask and dz of the layer below
+        if not ops.chain_backward_eligible(d, steps):
+            return False
+        psi = ws.rows(f"{self.encoder.out_name}.out")
+        self.head.backward_to(ws, ws.batch, raw=ws.raw_head)
+        lins[-1].backward_grads(psi, ws)
+        ops.chain_backward(d, steps)
+        dpsi = ws.rows(f"{self.encoder.out_name}.dout")
+        for name in ws.heads:  # probes of psi (writes_dpsi False): their own parameters' gradients only
+            self.extras[name].backward(psi, ws, dpsi, accumulate=True)
+        for i in range(len(lins) - 2, -1, -1):  # the first layer's bias beside its dW, as Linear.backward's
+            lins[i].backward_grads(x if i == 0 else ws.rows(f"{lins[i - 1].name}.out"), ws, bias_beside=i == 0)
+        return True
+
     def twin(self) -> QNetwork:
         """A network over these parameters (the same buffer, which it only reads) with a gradient buffer
         of its own and modules of its own bound to both: its :meth:`backward` over a workspace of this
@@ -351,7 +386,7 @@ class QNetwork:
         ws.x = x  # the input of this workspace's forward, for backward
         ws.raw_head = bool(raw_head)
         ws.heads = names
-        chained = bool(self._chain) and self._run_chain(x, ws)
+        ws.chained = chained = bool(self._chain) and self._run_chain(x, ws)
         if chained:  # the chain wrote every encoder layer's output (and the head's first layer's, if it holds it)
             psi = ws.rows(f"{self.encoder.out_name}.out", x.shape[0])
         else:
@@ -438,10 +473,17 @@ class QNetwork:
         ``last_layer``: the heads' backward, then the encoder's stops after its last layer's parameter
         gradients (:meth:`Encoder.backward_last`, ``encoder.last_layer``); the other encoder parameters'
         and the input gate's gradients are left as they were (no ``dx``). The extra heads' branch of
-        that forward (:meth:`branch_extras`) is joined first."""
+        that forward (:meth:`branch_extras`) is joined first.
+
+        After a forward that ran the chain (``net.gemm = "chain"``) through the C51 head's first layer, with no
+        ``dx``, not ``last_layer`` and no extra head that writes dL/dpsi, the dx chain from dL/dva down to the
+        first layer's dz is one launch where it takes the operands (:meth:`_backward_chained`): the same bits
+        as the panel GEMM and the ReLU kernel a layer (``net.gemm = "cudarl"``)."""
         ws = ws or self.ws
         self.join_extras(ws)
         x = ws.x if x is None else x
+        if dx is None and not last_layer and self._backward_chained(x, ws):
+            return
         psi = ws.rows(f"{self.encoder.out_name}.out")
         dpsi = ws.rows(f"{self.encoder.out_name}.dout")
         early = extras_done and any(self.extras[name].writes_dpsi for name in ws.heads)

@@ -170,6 +170,7 @@ class Workspace:
         self.x = None  # the input of the last forward over this workspace
         self.raw_head = False  # whether that forward gave the head's raw output (C51's va)
         self.heads: tuple = ()  # the names of the extra heads that forward ran (QNetwork.forward's heads)
+        self.chained = False  # whether that forward ran the network's chain launch (net.gemm = "chain")
         #: the :class:`cudarl.graph.SideStream` the extra heads of a forward over this workspace run on
         #: (:meth:`cudarl.nn.QNetwork.branch_extras`), or None: on the forward's own stream
         self.extras_side = None
@@ -189,12 +190,12 @@ class Workspace:
         """A workspace over this one's buffers but for the names in ``own``, which get zero buffers of their
         own (allocated here): a second backward over this workspace's forward that writes only ``own``
         (:meth:`cudarl.nn.QNetwork.backward_writes`) can run beside one over this workspace. The last
-        forward's input, raw flag and heads are copied; no extra heads' branch."""
+        forward's input, raw flag, heads and chain flag are copied; no extra heads' branch."""
         ws = Workspace(self.xp, self.dtype, self.max_batch)
         for name, buf in self.bufs.items():
             ws.bufs[name] = self._zeros(buf.shape, buf.dtype) if name in own else buf
             ws._merge[name] = self._merge[name]
-        ws.batch, ws.x, ws.raw_head, ws.heads = self.batch, self.x, self.raw_head, self.heads
+        ws.batch, ws.x, ws.raw_head, ws.heads, ws.chained = self.batch, self.x, self.raw_head, self.heads, self.chained
         return ws
 
     def rows(self, name: str, B: int | None = None):

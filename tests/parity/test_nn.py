@@ -715,6 +715,61 @@ def test_gemm_option_reaches_every_linear_and_numpy_ignores_it(rng, gemm):
         Linear("l", 4, 3, gemm="cutlass")
 
 
+@pytest.mark.parametrize("raw", [False, True])
+@pytest.mark.parametrize("hidden", [(8,), (12, 8), (12, 8, 16)])
+@pytest.mark.parametrize("aux", [False, True])
+def test_chained_backward_on_numpy_is_the_layer_by_layer_backward(rng, monkeypatch, raw, hidden, aux):
+    """QNetwork's chained backward (net.gemm = "chain" on the GPU) run on NumPy, the launches replaced by
+    their twins (gemm.chain, gemm.chain_backward) and their eligibility taken as given: the gradients and
+    every dz buffer bit for bit the layer-by-layer backward's, through one chain_backward from the head's
+    layer down to the first layer's dz (the plan head, a probe, beside it). With an extra head that writes
+    dL/dpsi (``aux``) the chained backward declines and the layers run one by one."""
+    from cudarl.nn import QNetwork
+    from cudarl.nn.layers import Linear
+    from cudarl.reference import gemm as twin
+
+    monkeypatch.setattr(twin, "chain_eligible", lambda x, layers: True, raising=False)
+    monkeypatch.setattr(twin, "chain_backward_eligible", lambda d, layers: True, raising=False)
+    calls, chain_backward = [], twin.chain_backward
+
+    def spy(d, layers):
+        calls.append([tuple(w.shape) for w, *_ in layers])
+        chain_backward(d, layers)
+
+    monkeypatch.setattr(twin, "chain_backward", spy)
+    extra = {"aux": lambda d: Linear("aux", d, 4, act="identity")} if aux else None
+    kw = dict(hidden=hidden, plan=True, atoms=5, max_batch=6, seed=7, extra_heads=extra)
+    chained, plain = QNetwork(8, 3, gemm="chain", **kw), QNetwork(8, 3, **kw)
+    chained._chain = (*chained.encoder.chain_linears(), chained.head.chain_linear)  # the GPU's (NumPy's is ())
+    x = rng.standard_normal((6, 8)).astype(np.float32)
+    for net in (chained, plain):
+        net.forward(x, raw_head=raw)
+    assert chained.ws.chained and not plain.ws.chained
+    grads = {k: rng.standard_normal(g.shape).astype(np.float32) for k, g in plain.grad_outputs(raw_head=raw).items()}
+    for net in (chained, plain):
+        for k, g in net.grad_outputs(raw_head=raw).items():
+            g[...] = grads[k]
+        net.backward()
+    want = [] if aux else [[(hidden[-1], 20)] + [(hidden[i - 1], hidden[i]) for i in range(len(hidden) - 1, 0, -1)]]
+    assert calls == want, "one chain_backward: va's weight, then the encoder's from the top down to enc.1's"
+    assert_bitwise(chained.grads, plain.grads, what="gradients")
+    for name in chained.ws.bufs:
+        if name.endswith(".dout"):
+            assert_bitwise(chained.ws.rows(name), plain.ws.rows(name), what=name)
+
+
+def test_backward_grads_refuses_a_spectral_layer(rng):
+    """Linear.backward_grads (the chained backward's parameter gradients from dz in dout) is no spectral
+    layer's: W_sn's backward is Linear.backward's only (a spectral layer never chains)."""
+    from cudarl.nn import QNetwork
+
+    net = QNetwork(8, 3, hidden=(6, 5), atoms=5, max_batch=2, spectral=("enc.1",))
+    x = rng.standard_normal((2, 8)).astype(np.float32)
+    net.forward(x)
+    with pytest.raises(ValueError, match="enc.1: a spectrally normalised layer"):
+        net.linears["enc.1"].backward_grads(net.ws.rows("enc.0.out"), net.ws)
+
+
 def test_agent_builds_its_networks_with_the_configured_gemm():
     from cudarl.agent import Agent
     from cudarl.config import from_dict
@@ -853,7 +908,7 @@ def test_gpu_qnetwork_gemm_option_matches_the_default_network(cp, rng, B, head, 
 def test_gpu_chain_network_is_the_panel_network_bitwise(cp, rng, B, head):
     """net.gemm = "chain": the encoder's two layers (and the C51 head's va) in one chain launch, whose every
     activation and output is bit for bit the network under "cudarl" (the panel GEMM a layer, at these
-    shapes: 64 input columns, at most 1024 rows); the backward is cublaslt_nosplit's under both."""
+    shapes: 64 input columns, at most 1024 rows); the backward: the test below."""
     from cudarl import kernels
 
     chain, _ = _gemm_pair(cp, head, False, B, gemm="chain")
@@ -880,6 +935,43 @@ def test_gpu_chain_network_is_the_panel_network_bitwise(cp, rng, B, head):
     raw = chain.forward(x, raw_head=True, **kw)["q"] if head == "c51" else None
     if raw is not None:
         assert_bitwise(raw, panel.forward(x, raw_head=True)["q"], what="raw va")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("B", [1, 7, 512, 1024])
+@pytest.mark.parametrize("raw", [False, True])
+def test_gpu_chain_network_backward_is_the_panel_networks_bitwise(cp, rng, B, raw):
+    """net.gemm = "chain" with the C51 head: the backward's dx chain, dL/dva through the encoder down to
+    enc.0's dz, is one chain_backward launch (no dx GEMM and no ReLU-mask kernel), and from bitwise-equal
+    forwards every gradient and dz buffer is bit for bit the network's under "cudarl" (the panel nt then
+    act_backward a layer, at these shapes); the weight gradients are the same cuBLAS GEMMs of the same dz."""
+    from cudarl import kernels
+
+    chain, _ = _gemm_pair(cp, "c51", False, B, gemm="chain")
+    panel, _ = _gemm_pair(cp, "c51", False, B, gemm="cudarl")
+    x = cp.asarray(rng.standard_normal((B, 64)).astype(np.float32))
+    for net in (chain, panel):
+        net.forward(x, raw_head=raw)
+    assert chain.ws.chained and not panel.ws.chained
+    outs = panel.grad_outputs(raw_head=raw)
+    grads = {k: cp.asarray(rng.standard_normal(g.shape).astype(np.float32)) for k, g in outs.items()}
+    for net in (chain, panel):
+        for k, g in net.grad_outputs(raw_head=raw).items():
+            g[...] = grads[k]
+    for e in chain.layout.entries:
+        poison(chain.G[e.name])
+    for name in ("enc.0.dout", "enc.1.dout"):
+        poison(chain.ws.bufs[name])
+    with kernels.tracing() as events:
+        chain.backward()
+    launched = [e["name"] for e in events if e.get("kind") in ("kernel", "library")]
+    assert launched.count("cudarl_gemm_chain_backward") == 1, launched
+    assert not {"cudarl_nn_act_backward", "cudarl_gemm_nt", "cublaslt_matmul"} & set(launched), launched
+    panel.backward()
+    for e in chain.layout.entries:
+        assert_bitwise(chain.G[e.name], panel.G[e.name], what=f"grad {e.name}")
+    for name in ("head.va.dout", "enc.1.dout", "enc.0.dout"):
+        assert_bitwise(chain.ws.rows(name), panel.ws.rows(name), what=name)
 
 
 @pytest.mark.gpu
@@ -962,7 +1054,7 @@ def test_gpu_dw_gemm_is_the_weight_gradients_gemm_and_captures_before_any_eager_
 def test_gpu_trainer_with_cublaslt_captures_and_is_reproducible(gemm):
     """A training run with net.gemm = "cublaslt" or "chain" (the trainer captures without an eager step):
     two runs give the same losses bit for bit, and the first loss matches the cuBLAS run's. Under "chain"
-    the captured forwards are chain launches (traced)."""
+    the captured forwards are chain launches and the backward's dx chain one chain_backward (traced)."""
     from cudarl.config import from_dict
     from cudarl.trainer import Trainer
 
@@ -987,8 +1079,9 @@ def test_gpu_trainer_with_cublaslt_captures_and_is_reproducible(gemm):
     with kernels.tracing() as events:
         a = losses(gemm)
     b, ref = losses(gemm), losses("cublas")
-    chains = [e for e in events if e.get("name") == "cudarl_gemm_chain"]
-    assert bool(chains) == (gemm == "chain"), f"{len(chains)} chain launches under net.gemm = {gemm!r}"
+    for kernel in ("cudarl_gemm_chain", "cudarl_gemm_chain_backward"):
+        chains = [e for e in events if e.get("name") == kernel]
+        assert bool(chains) == (gemm == "chain"), f"{len(chains)} {kernel} launches under net.gemm = {gemm!r}"
     assert len(a) == 30 and np.all(np.isfinite(a))
     assert a == b, f"two {gemm} runs differ"
     assert abs(a[0] - ref[0]) <= 1e-3 * abs(ref[0]), f"first loss {a[0]} ({gemm}) vs {ref[0]} (cuBLAS)"
