@@ -42,7 +42,8 @@ PARAM_ALIGN_BYTES = ALIGN * np.dtype(np.float32).itemsize
 #: Linear's GEMMs (``net.gemm``, docs/config.md): cuBLAS then the bias/activation kernel; cuBLASLt with
 #: the bias and ReLU in its epilogue; the same limited to one-kernel algorithms for the forward and dx;
 #: the panel GEMMs of cuda_src/gemm.cu where they take the shape; or ``cublaslt_nosplit`` with the MLP
-#: encoder's layers (and the C51 head's) as one chain launch (:class:`cudarl.nn.QNetwork`).
+#: encoder's layers (and the C51 head's) as one chain launch, and their dx chain as another
+#: (:class:`cudarl.nn.QNetwork`).
 GEMMS = ("cublas", "cublaslt", "cublaslt_nosplit", "cudarl", "chain")
 #: The weight gradients' GEMM algorithm (``net.dw_gemm``, docs/config.md): cuBLAS with its split-K, or
 #: one-kernel cuBLASLt (``blas.gemm_lt(split_k=False)``, what a batch of members reproduces).
@@ -139,7 +140,8 @@ class Linear(Module):
         #: take the shapes (K, N multiples of 4, aligned, at most panel.MAX_ROWS rows), else as
         #: ``cublaslt_nosplit``.
         #: ``chain``: as ``cublaslt_nosplit`` layer by layer; the network runs its chain of layers in one
-        #: launch where it takes them (:meth:`cudarl.nn.QNetwork.forward`).
+        #: launch where it takes them (:meth:`cudarl.nn.QNetwork.forward`), and their dx chain in another
+        #: (:meth:`cudarl.nn.QNetwork.backward`).
         self.lt_all = gemm in ("cublaslt_nosplit", "cudarl", "chain")
         #: The one-kernel cuBLASLt GEMMs' algorithm choice (:data:`cudarl.blas.BATCHED_ALGOS`; QNetwork sets it
         #: from ``net.gemm_algo``): ``single``, the heuristic's first; ``probe``, a bitwise-equal faster one.
