@@ -942,9 +942,10 @@ def test_gpu_chain_network_is_the_panel_network_bitwise(cp, rng, B, head):
 @pytest.mark.parametrize("raw", [False, True])
 def test_gpu_chain_network_backward_is_the_panel_networks_bitwise(cp, rng, B, raw):
     """net.gemm = "chain" with the C51 head: the backward's dx chain, dL/dva through the encoder down to
-    enc.0's dz, is one chain_backward launch (no dx GEMM and no ReLU-mask kernel), and from bitwise-equal
-    forwards every gradient and dz buffer is bit for bit the network's under "cudarl" (the panel nt then
-    act_backward a layer, at these shapes); the weight gradients are the same cuBLAS GEMMs of the same dz."""
+    enc.0's dz, is one chain_backward launch (no dx GEMM and no ReLU-mask kernel), and over the same
+    activations (the chain network's, copied: the forwards' own equality is the test above) every gradient
+    and dz buffer is bit for bit the network's under "cudarl" (the panel nt then act_backward a layer, at
+    these shapes); the weight gradients are the same cuBLAS GEMMs of the same dz."""
     from cudarl import kernels
 
     chain, _ = _gemm_pair(cp, "c51", False, B, gemm="chain")
@@ -953,6 +954,9 @@ def test_gpu_chain_network_backward_is_the_panel_networks_bitwise(cp, rng, B, ra
     for net in (chain, panel):
         net.forward(x, raw_head=raw)
     assert chain.ws.chained and not panel.ws.chained
+    for name, buf in chain.ws.bufs.items():
+        if name.endswith(".out"):
+            cp.copyto(panel.ws.bufs[name], buf)
     outs = panel.grad_outputs(raw_head=raw)
     grads = {k: cp.asarray(rng.standard_normal(g.shape).astype(np.float32)) for k, g in outs.items()}
     for net in (chain, panel):
