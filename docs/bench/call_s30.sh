@@ -3,9 +3,11 @@
 #      -k chain: the kernel layer by layer against nn_bias_act bit for bit, the 66-column input, graphed ==
 #      eager, the network under "chain" against "cudarl" bit for bit, the trainer reproducible), memcheck and
 #      racecheck on the kernel's small cases, then the reference step under cublaslt_nosplit (the default)
-#      and chain, interleaved (ABAB), train and collect, then the per-phase profile under chain.
-# Predictions (written before the call; docs/perf-notes.md, thirtieth session): train 80-88 us under chain
-# against 95-102 under cublaslt_nosplit in the same call; collect 55-65 against 76-80.
+#      and chain, interleaved (ABAB), train and collect, then the per-phase profile under both (forward and
+#      backward phases: the forward chain's and the backward's dx chain's shares of the difference).
+# Predictions (written before the call; docs/perf-notes.md, thirtieth session): the forward chain alone, train
+# 80-88 us against 95-102 under cublaslt_nosplit; with the backward's dx chain (merged before the call, branch
+# chain-bwd) a further 8-15 us: train 65-80 us under chain; collect 55-65 against 76-80.
 R=$(pwd); T0=$(date +%s); t() { echo "== $1 t=$(( $(date +%s) - T0 ))"; }
 left() { local l=$(( ${LIMIT:-580} - ($(date +%s) - T0) )); [ "$l" -lt 1 ] && l=1; [ "$l" -lt "$1" ] && echo "$l" || echo "$1"; }
 nvidia-smi --query-gpu=name --format=csv,noheader
@@ -22,8 +24,9 @@ for rnd in range(2):
     for gemm in ("cublaslt_nosplit", "chain"):
         rows = step_benchmark(repeats=200, cfg=reference_config("gpu", net={"gemm": gemm}), phases=False, label=f", {gemm}")
         print(rnd, gemm, "; ".join(f"{r['metric']}: {r['value']:.1f}" for r in rows if "step" in r["metric"]))
-rows = step_benchmark(repeats=200, cfg=reference_config("gpu", net={"gemm": "chain"}), phases=True, label=", chain")
-print("phases chain:", "; ".join(f"{r['metric']}: {r['value']:.1f}" for r in rows))
+for gemm in ("cublaslt_nosplit", "chain"):
+    rows = step_benchmark(repeats=200, cfg=reference_config("gpu", net={"gemm": gemm}), phases=True, label=f", {gemm}")
+    print("phases", gemm, "; ".join(f"{r['metric']}: {r['value']:.1f}" for r in rows if "phase" in r["metric"]))
 PY
 fi
 t end
