@@ -309,10 +309,24 @@ __device__ __forceinline__ void cluster_barrier() {
 // The ReLU mask of the layer below (act 1: y > 0 ? v : 0, the exact expression of nn.cu's act_bwd, so
 // the stored bits are nt's then act_backward's), or none (act 0); then store_tile (group 0's threads).
 // y [M, N] is the output of the layer below, read at the tile's own elements.
+// With add, out's old values are added to the product first (acc + old: a plain float add, the order of
+// a GEMM with beta = 1 adding C after the sum), then the mask.
 __device__ __forceinline__ void store_act_grad(float* out, float (&acc)[4][4], const float* y, i64 M, i64 N, i64 m0,
-                                               i64 n0, int act) {
+                                               i64 n0, int act, bool add) {
   const int tx = threadIdx.x % (GEMM_T / 4), ty = threadIdx.x / (GEMM_T / 4);
   const i64 n = n0 + 4 * tx;
+  if (add && n < N) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const i64 m = m0 + 4 * ty + i;
+      if (m >= M) continue;
+      const float4 ov = *reinterpret_cast<const float4*>(out + m * N + n);
+      acc[i][0] += ov.x;
+      acc[i][1] += ov.y;
+      acc[i][2] += ov.z;
+      acc[i][3] += ov.w;
+    }
+  }
   if (act == 1 && n < N) {
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
@@ -374,7 +388,8 @@ extern "C" __global__ __launch_bounds__(GEMM_THREADS) void GEMM_CHAIN_DIMS cudar
 // (n_0 = n_top, n_i = k_{i-1}), so d_i @ w_i^T is nt's product with bt = w_i; y_i [M, k_i] the output
 // of the layer below it, whose ReLU mask (act_i 1; 0: none) makes dx_i that layer's dz. Each step is
 // nt's tile product and the mask is act_backward's expression (store_act_grad), so dx_i is bit for bit
-// gemm.nt then nn.act_backward of dx_{i-1}.
+// gemm.nt then nn.act_backward of dx_{i-1}. acc_top: dx_0's old values are added to the first step's
+// product before its mask (dL/dpsi that the auxiliary heads wrote first: QNetwork.backward_extras).
 //
 // Why (docs/perf-notes.md, "The backward's dx chain"): under net.gemm = "chain" the backward's
 // critical path was a dx GEMM node and a ReLU node a layer, each a launch and a round trip through L2
@@ -388,7 +403,7 @@ extern "C" __global__ __launch_bounds__(GEMM_THREADS) void GEMM_CHAIN_DIMS cudar
 // aligned; no dx_i overlapping another operand (the launcher checks). sm_90 and later (clusters);
 // elsewhere it traps, and the launcher refuses it.
 extern "C" __global__ __launch_bounds__(GEMM_THREADS) void GEMM_CHAIN_DIMS cudarl_gemm_chain_backward(
-    i64 M, int layers, const float* d, int n_top, const float* w0, const float* y0, float* dx0, int k0, int act0,
+    i64 M, int layers, const float* d, int n_top, int acc_top, const float* w0, const float* y0, float* dx0, int k0, int act0,
     const float* w1, const float* y1, float* dx1, int k1, int act1, const float* w2, const float* y2, float* dx2,
     int k2, int act2, const float* w3, const float* y3, float* dx3, int k3, int act3) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -408,7 +423,7 @@ extern "C" __global__ __launch_bounds__(GEMM_THREADS) void GEMM_CHAIN_DIMS cudar
     if (c0 < N) {  // uniform over the block: tile_product's barriers are the block's
       float acc[4][4];
       tile_product<true>(acc, sa, sa + GEMM_T * lda(K), sa, in, ws[l], M, N, K, m0, c0, K, true);
-      if (threadIdx.x < GEMM_GROUP) store_act_grad(dxs[l], acc, ys[l], M, N, m0, c0, acts[l]);
+      if (threadIdx.x < GEMM_GROUP) store_act_grad(dxs[l], acc, ys[l], M, N, m0, c0, acts[l], l == 0 && acc_top);
     }
     if (l + 1 < layers) cluster_barrier();  // every block of the cluster, its tile of step l stored
     in = dxs[l];

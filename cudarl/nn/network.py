@@ -206,20 +206,24 @@ class QNetwork:
         ops.chain(x, layers)
         return True
 
-    def _backward_chained(self, x, ws: Workspace) -> bool:
+    def _backward_chained(self, x, ws: Workspace, extras_done: bool = False) -> bool:
         """The backward of a forward that ran the chain through the head's first layer (:meth:`_run_chain`,
         :attr:`Head.chain_linear`) with its dx chain as one launch (cuda_src/gemm.cu's chain_backward): the
         head's part above that layer (:meth:`Head.backward_to`: C51's dueling backward), the layer's parameter
         gradients (:meth:`Linear.backward_grads`), then one launch writing dL/dpsi and every encoder layer's dz
         below it, each step the panel dx GEMM's bits then the ReLU mask's (``gemm.nt``, ``nn.act_backward``);
         then the extra heads' backward (none of which writes dL/dpsi), then the encoder layers' parameter
-        gradients, top to bottom. False, with nothing run, where the forward did not chain through the head,
-        an extra head it ran writes dL/dpsi (it would add to the chain's dL/dpsi), or the launch cannot take
-        the operands (``chain_backward_eligible``): :meth:`backward` then runs layer by layer."""
+        gradients, top to bottom. With ``extras_done`` (:meth:`backward_extras` wrote dL/dpsi first), the launch's
+        first step adds the Q head's part to it before the mask (the order of :meth:`backward`'s accumulating dx
+        GEMM: the product, then plus dL/dpsi) and the extra heads' backward is not run again. False, with
+        nothing run, where the forward did not chain through the head, an extra head it ran writes dL/dpsi
+        without ``extras_done`` (it would add after the mask), or the launch cannot take the operands
+        (``chain_backward_eligible``): :meth:`backward` then runs layer by layer."""
         lins = self._chain
         if not ws.chained or lins[-1] is not self.head.chain_linear or lins[-1].act != IDENTITY:
             return False  # (the launch starts from the head's layer's dz: its dout, where it has no activation)
-        if any(self.extras[name].writes_dpsi for name in ws.heads):
+        early = any(self.extras[name].writes_dpsi for name in ws.heads)
+        if early and not extras_done:
             return False
         ops = family("gemm", self.xp)
         d = ws.rows(f"{lins[-1].name}.dout")
@@ -232,9 +236,9 @@ class QNetwork:
         psi = ws.rows(f"{self.encoder.out_name}.out")
         self.head.backward_to(ws, ws.batch, raw=ws.raw_head)
         lins[-1].backward_grads(psi, ws)
-        ops.chain_backward(d, steps)
+        ops.chain_backward(d, steps, accumulate=early)
         dpsi = ws.rows(f"{self.encoder.out_name}.dout")
-        for name in ws.heads:  # probes of psi (writes_dpsi False): their own parameters' gradients only
+        for name in () if early else ws.heads:  # probes of psi (writes_dpsi False): their parameters' gradients
             self.extras[name].backward(psi, ws, dpsi, accumulate=True)
         for i in range(len(lins) - 2, -1, -1):  # the first layer's bias beside its dW, as Linear.backward's
             lins[i].backward_grads(x if i == 0 else ws.rows(f"{lins[i - 1].name}.out"), ws, bias_beside=i == 0)
@@ -476,13 +480,14 @@ class QNetwork:
         that forward (:meth:`branch_extras`) is joined first.
 
         After a forward that ran the chain (``net.gemm = "chain"``) through the C51 head's first layer, with no
-        ``dx``, not ``last_layer`` and no extra head that writes dL/dpsi, the dx chain from dL/dva down to the
-        first layer's dz is one launch where it takes the operands (:meth:`_backward_chained`): the same bits
-        as the panel GEMM and the ReLU kernel a layer (``net.gemm = "cudarl"``)."""
+        ``dx``, not ``last_layer`` and no extra head that writes dL/dpsi unless ``extras_done``, the dx chain
+        from dL/dva down to the first layer's dz is one launch where it takes the operands
+        (:meth:`_backward_chained`): the same bits as the panel GEMM and the ReLU kernel a layer (``net.gemm =
+        "cudarl"``)."""
         ws = ws or self.ws
         self.join_extras(ws)
         x = ws.x if x is None else x
-        if dx is None and not last_layer and self._backward_chained(x, ws):
+        if dx is None and not last_layer and self._backward_chained(x, ws, extras_done):
             return
         psi = ws.rows(f"{self.encoder.out_name}.out")
         dpsi = ws.rows(f"{self.encoder.out_name}.dout")

@@ -228,13 +228,14 @@ def chain_backward_smem_bytes(widths) -> int:
     return max(smem_bytes(int(n), True) for n in widths)
 
 
-def chain_backward(d, layers) -> None:
+def chain_backward(d, layers, accumulate: bool = False) -> None:
     """The backward's dx chain in one launch (thread block clusters of :data:`CHAIN_CLUSTER` blocks a 32-row
     slab, cuda_src/gemm.cu): ``dx_0 = mask_0(d @ w_0^T)``, then ``dx_i = mask_i(dx_{i-1} @ w_i^T)``. d
     ``[M, n_top]`` is dz of the top layer; ``layers`` ``[(w [k_i, n_i], y [M, k_i], dx [M, k_i], act_i), ...]``:
     the weight of the step's layer (``n_0 = n_top``, ``n_i = k_{i-1}``), the output of the layer below it, its
     dz (written), act 1 the ReLU mask ``y > 0 ? v : 0`` or 0 none. Every ``dx_i`` is bit for bit :func:`nt`
-    of the step's input, then ``nn.act_backward``. See :func:`chain_backward_eligible`."""
+    of the step's input, then ``nn.act_backward``. ``accumulate``: the first step adds ``dx_0``'s old values to
+    its product before the mask (``mask_0(d @ w_0^T + dx_0)``). See :func:`chain_backward_eligible`."""
     w = "gemm.chain_backward"
     _check(w, all(int(a) in (0, 1) for *_, a in layers), "activation codes must be 0 or 1")
     _check(
@@ -251,6 +252,6 @@ def chain_backward(d, layers) -> None:
         "chain_backward",
         _chain_grid(M),
         THREADS,
-        (M, len(layers), d, n_top, *_chain_slots(layers, axis=0)),
+        (M, len(layers), d, n_top, int(bool(accumulate)), *_chain_slots(layers, axis=0)),
         shared_mem=chain_backward_smem_bytes(widths),
     )

@@ -35,15 +35,19 @@ def chain(x: np.ndarray, layers) -> None:
         h = y
 
 
-def chain_backward(d: np.ndarray, layers) -> None:
+def chain_backward(d: np.ndarray, layers, accumulate: bool = False) -> None:
     """The backward's dx chain: ``dx_0 = mask_0(d @ w_0^T)``, then ``dx_i = mask_i(dx_{i-1} @ w_i^T)``, the
     composition of :func:`nt` and the activation's backward (``cudarl.reference.nn.act_backward``: act 1 the
     ReLU mask ``where(y > 0, v, 0)``, 0 none) over ``layers`` ``[(w [k_i, n_i], y [M, k_i], dx [M, k_i], act_i),
-    ...]``, every ``dx_i`` written (d ``[M, n_top]``, ``n_0 = n_top``, ``n_i = k_{i-1}``)."""
+    ...]``, every ``dx_i`` written (d ``[M, n_top]``, ``n_0 = n_top``, ``n_i = k_{i-1}``). ``accumulate``: the
+    first step's product plus ``dx_0``'s old values, then its mask."""
     h = d
-    for w, y, dx, act in layers:
+    for i, (w, y, dx, act) in enumerate(layers):
         if act not in (0, 1):
             raise ValueError(f"gemm.chain_backward: activation code must be 0 or 1, got {act}")
-        nt(h, w, dx)
+        if accumulate and i == 0:
+            dx[...] = (h @ w.T) + dx
+        else:
+            nt(h, w, dx)
         _act_backward(dx, y, dx, act)
         h = dx

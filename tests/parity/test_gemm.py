@@ -325,6 +325,37 @@ def test_gpu_chain_backward_is_nt_then_act_backward_step_by_step_bitwise(cp, rng
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("M", [1, 33, 512])
+def test_gpu_chain_backward_accumulate_adds_the_old_dx_before_the_mask(cp, rng, M):
+    """accumulate: the first step is nt's product plus dx_0's old values (an elementwise float add), then the
+    mask, bit for bit; the later steps as without it; and the twin agrees within float32 rounding."""
+    from cudarl.ops import gemm as ops
+    from cudarl.ops import nn as nn_ops
+
+    d, layers = _chain_backward_operands(cp, rng, M, (204, 256, 256), (1, 1))
+    old = cp.asarray(rng.standard_normal(layers[0][2].shape).astype(np.float32))
+    layers[0][2][...] = old
+    ops.chain_backward(d, layers, accumulate=True)
+    w0, y0, dx0, a0 = layers[0]
+    one = cp.empty_like(dx0)
+    ops.nt(d, w0, one)
+    one += old
+    nn_ops.act_backward(one, y0, one, a0)
+    assert_bitwise(dx0, one, what="step 0: nt + old, then the mask")
+    two = cp.empty_like(layers[1][2])
+    ops.nt(dx0, layers[1][0], two)
+    nn_ops.act_backward(two, layers[1][1], two, layers[1][3])
+    assert_bitwise(layers[1][2], two, what="step 1 as without accumulate")
+    host = [
+        (w.get(), y.get(), o, a)
+        for (w, y, _, a), o in zip(layers, [old.get(), np.empty(two.shape, np.float32)], strict=True)
+    ]
+    ref.chain_backward(d.get(), host, accumulate=True)
+    for i, ((*_, dx, _), (*_, o, _)) in enumerate(zip(layers, host, strict=True)):
+        assert_parity(dx, o, what=f"step {i} vs the twin")
+
+
+@pytest.mark.gpu
 def test_gpu_chain_backward_graphed_equals_eager(cp, rng):
     from cudarl.graph import StepGraph
     from cudarl.ops import gemm as ops

@@ -717,13 +717,15 @@ def test_gemm_option_reaches_every_linear_and_numpy_ignores_it(rng, gemm):
 
 @pytest.mark.parametrize("raw", [False, True])
 @pytest.mark.parametrize("hidden", [(8,), (12, 8), (12, 8, 16)])
-@pytest.mark.parametrize("aux", [False, True])
+@pytest.mark.parametrize("aux", ["none", "after", "early"])
 def test_chained_backward_on_numpy_is_the_layer_by_layer_backward(rng, monkeypatch, raw, hidden, aux):
     """QNetwork's chained backward (net.gemm = "chain" on the GPU) run on NumPy, the launches replaced by
     their twins (gemm.chain, gemm.chain_backward) and their eligibility taken as given: the gradients and
     every dz buffer bit for bit the layer-by-layer backward's, through one chain_backward from the head's
     layer down to the first layer's dz (the plan head, a probe, beside it). With an extra head that writes
-    dL/dpsi (``aux``) the chained backward declines and the layers run one by one."""
+    dL/dpsi: run after the Q head's backward (``after``), the chained backward declines and the layers run
+    one by one; run first (``early``: ``backward_extras``, then ``backward(extras_done=True)``, the agent's
+    order), the chain's first step adds the Q head's part to its dL/dpsi before the mask."""
     from cudarl.nn import QNetwork
     from cudarl.nn.layers import Linear
     from cudarl.reference import gemm as twin
@@ -732,12 +734,12 @@ def test_chained_backward_on_numpy_is_the_layer_by_layer_backward(rng, monkeypat
     monkeypatch.setattr(twin, "chain_backward_eligible", lambda d, layers: True, raising=False)
     calls, chain_backward = [], twin.chain_backward
 
-    def spy(d, layers):
-        calls.append([tuple(w.shape) for w, *_ in layers])
-        chain_backward(d, layers)
+    def spy(d, layers, accumulate=False):
+        calls.append(([tuple(w.shape) for w, *_ in layers], accumulate))
+        chain_backward(d, layers, accumulate)
 
     monkeypatch.setattr(twin, "chain_backward", spy)
-    extra = {"aux": lambda d: Linear("aux", d, 4, act="identity")} if aux else None
+    extra = {"aux": lambda d: Linear("aux", d, 4, act="identity")} if aux != "none" else None
     kw = dict(hidden=hidden, plan=True, atoms=5, max_batch=6, seed=7, extra_heads=extra)
     chained, plain = QNetwork(8, 3, gemm="chain", **kw), QNetwork(8, 3, **kw)
     chained._chain = (*chained.encoder.chain_linears(), chained.head.chain_linear)  # the GPU's (NumPy's is ())
@@ -749,8 +751,11 @@ def test_chained_backward_on_numpy_is_the_layer_by_layer_backward(rng, monkeypat
     for net in (chained, plain):
         for k, g in net.grad_outputs(raw_head=raw).items():
             g[...] = grads[k]
-        net.backward()
-    want = [] if aux else [[(hidden[-1], 20)] + [(hidden[i - 1], hidden[i]) for i in range(len(hidden) - 1, 0, -1)]]
+        if aux == "early":
+            assert net.backward_extras()
+        net.backward(extras_done=aux == "early")
+    shapes = [(hidden[-1], 20)] + [(hidden[i - 1], hidden[i]) for i in range(len(hidden) - 1, 0, -1)]
+    want = [] if aux == "after" else [(shapes, aux == "early")]
     assert calls == want, "one chain_backward: va's weight, then the encoder's from the top down to enc.1's"
     assert_bitwise(chained.grads, plain.grads, what="gradients")
     for name in chained.ws.bufs:
