@@ -1,4 +1,6 @@
 # Session 30's device call (one start for all of it), from a checkout of main with net.gemm = "chain":
+#   A: OUT=$OUT bash docs/bench/call_s30.sh A <sha>: chain_ab.py (below), memcheck and racecheck, then gpu_check at
+#      <sha> with bench_step's net.gemm variants (the report of record), in one start.
 #   C: OUT=$OUT bash docs/bench/call_s30.sh C: the chain's GPU tests (tests/parity/test_gemm.py and test_nn.py,
 #      -k chain: the kernel layer by layer against nn_bias_act bit for bit, the 66-column input, graphed ==
 #      eager, the network under "chain" against "cudarl" bit for bit, the trainer reproducible), memcheck and
@@ -13,27 +15,24 @@
 R=$(pwd); T0=$(date +%s); t() { echo "== $1 t=$(( $(date +%s) - T0 ))"; }
 left() { local l=$(( ${LIMIT:-580} - ($(date +%s) - T0) )); [ "$l" -lt 1 ] && l=1; [ "$l" -lt "$1" ] && echo "$l" || echo "$1"; }
 nvidia-smi --query-gpu=name --format=csv,noheader
-if [ "$1" = C ]; then
+if [ "$1" = A ]; then  # one start for all of it: the A/B first, the sanitizers, then gpu_check at <sha> (the report;
+  # every GPU test, the chain's among them; bench_step with the net.gemm variants, chain's row among them)
+  t bench; PYTHONPATH=. timeout $(left 200) python3 docs/bench/chain_ab.py 2>&1 | tail -14
+  KS="chain and not 4096 and not 512"
+  for tool in memcheck racecheck; do
+    t $tool; PYTHONPATH=. timeout $(left 60) compute-sanitizer --tool $tool --print-limit 3 python3 -m pytest -m gpu -q -p no:cacheprovider tests/parity/test_gemm.py -k "$KS" 2>&1 | grep -E "ERROR SUMMARY|RACECHECK SUMMARY|Invalid|hazard|passed|failed" | tail -4
+  done
+  t gpu_check; export CUDARL_COMMIT=$2; D=$(( ${LIMIT:-580} - ($(date +%s) - T0) - 15 ))
+  PARALLEL=6 BENCHES=tools/bench_step.py BENCH_ARGS="--no-epoch --no-dw-variants" DEADLINE_S=$D OUT=/tmp/gc BENCH_DIR=/tmp/bench bash tools/gpu_check.sh > /tmp/gc.log 2>&1
+  cp docs/gpu-report.md $OUT/report.md; grep -hE "^(FAILED|ERROR)" /tmp/gc/pytest.log | head -30 > $OUT/failures.txt
+  grep -E "passed|failed" /tmp/gc/pytest.log | tail -8; head -30 $OUT/failures.txt; grep -E "train step \(graph|collect step|speed-up" docs/gpu-report.md | head -24
+elif [ "$1" = C ]; then
   t tests; PYTHONPATH=. timeout $(left 240) python3 -m pytest -q -p no:cacheprovider -rf tests/parity/test_gemm.py tests/parity/test_nn.py -k "chain or gemm_graphed or nn_bias_act" > /tmp/t.log 2>&1
   grep -E "^(FAILED|ERROR)|passed|failed" /tmp/t.log | head -30; cp /tmp/t.log $OUT/tests.log
   KS="chain and not 4096 and not 512x"
   for tool in memcheck racecheck; do
     t $tool; PYTHONPATH=. timeout $(left 90) compute-sanitizer --tool $tool --print-limit 3 python3 -m pytest -m gpu -q -p no:cacheprovider tests/parity/test_gemm.py -k "$KS" 2>&1 | grep -E "ERROR SUMMARY|RACECHECK SUMMARY|Invalid|hazard|passed|failed" | tail -4
   done
-  t bench; PYTHONPATH=. timeout $(left 260) python3 - <<'PY' 2>&1 | tail -12
-from cudarl.bench import reference_config, step_benchmark
-for rnd in range(2):
-    for gemm in ("cublaslt_nosplit", "chain"):
-        rows = step_benchmark(repeats=200, cfg=reference_config("gpu", net={"gemm": gemm}), phases=False, label=f", {gemm}")
-        print(rnd, gemm, "; ".join(f"{r['metric']}: {r['value']:.1f}" for r in rows if "step" in r["metric"]))
-for gemm in ("cublaslt_nosplit", "chain"):
-    rows = step_benchmark(repeats=200, cfg=reference_config("gpu", net={"gemm": gemm}), phases=True, label=f", {gemm}")
-    print("phases", gemm, "; ".join(f"{r['metric']}: {r['value']:.1f}" for r in rows if "phase" in r["metric"]))
-AUX = {"aux": ["horizons", "risk", "denoise", "homeostatic", "causal", "selectivity", "vaccine"], "causal_groups": ["calendar", "offset"]}
-for gemm in ("cublaslt_nosplit", "chain"):  # issue 19: the MLP's all-seven step (capacity 100k as bench_aux)
-    cfg = reference_config("gpu", capacity=100_000, net={"gemm": gemm}, agent=AUX)
-    rows = step_benchmark(repeats=200, cfg=cfg, phases=False, label=f", all seven, {gemm}")
-    print("aux all seven", gemm, "; ".join(f"{r['metric']}: {r['value']:.1f}" for r in rows if "train step" in r["metric"]))
-PY
+  t bench; PYTHONPATH=. timeout $(left 260) python3 docs/bench/chain_ab.py 2>&1 | tail -14
 fi
 t end
