@@ -26,6 +26,10 @@ if [ "$1" = A ]; then  # one start for all of it: the A/B first, the sanitizers,
   PARALLEL=6 BENCHES=tools/bench_step.py BENCH_ARGS="--no-epoch --no-dw-variants" DEADLINE_S=$D OUT=/tmp/gc BENCH_DIR=/tmp/bench bash tools/gpu_check.sh > /tmp/gc.log 2>&1
   cp docs/gpu-report.md $OUT/report.md; grep -hE "^(FAILED|ERROR)" /tmp/gc/pytest.log | head -30 > $OUT/failures.txt
   grep -E "passed|failed" /tmp/gc/pytest.log | tail -8; head -30 $OUT/failures.txt; grep -E "train step \(graph|collect step|speed-up" docs/gpu-report.md | head -24
+elif [ "$1" = B ]; then  # a shorter window: the A/B (train and collect, phases; no aux arms), then the chain's tests
+  t bench; NO_AUX=1 PYTHONPATH=. timeout $(left 150) python3 docs/bench/chain_ab.py 2>&1 | tail -10
+  t tests; PYTHONPATH=. timeout $(left 150) python3 -m pytest -q -p no:cacheprovider -rf tests/parity/test_gemm.py tests/parity/test_nn.py -k "chain" > /tmp/t.log 2>&1
+  grep -E "^(FAILED|ERROR)|passed|failed" /tmp/t.log | head -30; cp /tmp/t.log $OUT/tests.log
 elif [ "$1" = C ]; then
   t tests; PYTHONPATH=. timeout $(left 240) python3 -m pytest -q -p no:cacheprovider -rf tests/parity/test_gemm.py tests/parity/test_nn.py -k "chain or gemm_graphed or nn_bias_act" > /tmp/t.log 2>&1
   grep -E "^(FAILED|ERROR)|passed|failed" /tmp/t.log | head -30; cp /tmp/t.log $OUT/tests.log
