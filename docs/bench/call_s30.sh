@@ -20,7 +20,7 @@ if [ "$1" = A ]; then  # one start for all of it: the A/B first, the sanitizers,
   t bench; PYTHONPATH=. timeout $(left 200) python3 docs/bench/chain_ab.py 2>&1 | tail -14
   KS="chain and not 4096 and not 512"
   for tool in memcheck racecheck; do
-    t $tool; PYTHONPATH=. timeout $(left 60) compute-sanitizer --tool $tool --print-limit 3 python3 -m pytest -m gpu -q -p no:cacheprovider tests/parity/test_gemm.py -k "$KS" 2>&1 | grep -E "ERROR SUMMARY|RACECHECK SUMMARY|Invalid|hazard|passed|failed" | tail -4
+    t $tool; PYTHONPATH=. timeout $(left 50) compute-sanitizer --tool $tool --print-limit 3 python3 -m pytest -m gpu -q -p no:cacheprovider tests/parity/test_gemm.py -k "$KS" 2>&1 | grep -E "ERROR SUMMARY|RACECHECK SUMMARY|Invalid|hazard|passed|failed" | tail -4
   done
   t gpu_check; export CUDARL_COMMIT=$2; D=$(( ${LIMIT:-580} - ($(date +%s) - T0) - 15 ))
   PARALLEL=6 BENCHES=tools/bench_step.py BENCH_ARGS="--no-epoch --no-dw-variants" DEADLINE_S=$D OUT=/tmp/gc BENCH_DIR=/tmp/bench bash tools/gpu_check.sh > /tmp/gc.log 2>&1
