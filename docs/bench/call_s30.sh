@@ -1,6 +1,8 @@
 # Session 30's device call (one start for all of it), from a checkout of main with net.gemm = "chain":
 #   A: OUT=$OUT bash docs/bench/call_s30.sh A <sha>: chain_ab.py (below), memcheck and racecheck, then gpu_check at
 #      <sha> with bench_step's net.gemm variants (the report of record), in one start.
+#   G: OUT=$OUT bash docs/bench/call_s30.sh G <sha>: gpu_check alone, with bench_step's net.gemm variants (chain's row).
+#   B: the A/B without the aux arms, then the chain's tests (a shorter window).
 #   C: OUT=$OUT bash docs/bench/call_s30.sh C: the chain's GPU tests (tests/parity/test_gemm.py and test_nn.py,
 #      -k chain: the kernel layer by layer against nn_bias_act bit for bit, the 66-column input, graphed ==
 #      eager, the network under "chain" against "cudarl" bit for bit, the trainer reproducible), memcheck and
@@ -26,6 +28,12 @@ if [ "$1" = A ]; then  # one start for all of it: the A/B first, the sanitizers,
   PARALLEL=6 BENCHES=tools/bench_step.py BENCH_ARGS="--no-epoch --no-dw-variants" DEADLINE_S=$D OUT=/tmp/gc BENCH_DIR=/tmp/bench bash tools/gpu_check.sh > /tmp/gc.log 2>&1
   cp docs/gpu-report.md $OUT/report.md; grep -hE "^(FAILED|ERROR)" /tmp/gc/pytest.log | head -30 > $OUT/failures.txt
   grep -E "passed|failed" /tmp/gc/pytest.log | tail -8; head -30 $OUT/failures.txt; grep -E "train step \(graph|collect step|speed-up" docs/gpu-report.md | head -24
+elif [ "$1" = G ]; then  # the least device time: gpu_check at <sha> alone (every GPU test, the chain's among them;
+  # bench_step with the net.gemm variants: chain's train and collect rows beside the default's, in one run)
+  t gpu_check; export CUDARL_COMMIT=$2; D=$(( ${LIMIT:-580} - ($(date +%s) - T0) - 15 ))
+  PARALLEL=6 BENCHES=tools/bench_step.py BENCH_ARGS="--no-epoch --no-dw-variants" DEADLINE_S=$D OUT=/tmp/gc BENCH_DIR=/tmp/bench bash tools/gpu_check.sh > /tmp/gc.log 2>&1
+  cp docs/gpu-report.md $OUT/report.md; cp /tmp/bench/bench_step.json $OUT/ 2>/dev/null; grep -hE "^(FAILED|ERROR)" /tmp/gc/pytest.log | head -30 > $OUT/failures.txt
+  grep -E "passed|failed" /tmp/gc/pytest.log | tail -8; head -30 $OUT/failures.txt; grep -E "train step|collect step|speed-up" docs/gpu-report.md | head -40
 elif [ "$1" = B ]; then  # a shorter window: the A/B (train and collect, phases; no aux arms), then the chain's tests
   t bench; NO_AUX=1 PYTHONPATH=. timeout $(left 150) python3 docs/bench/chain_ab.py 2>&1 | tail -10
   t tests; PYTHONPATH=. timeout $(left 150) python3 -m pytest -q -p no:cacheprovider -rf tests/parity/test_gemm.py tests/parity/test_nn.py -k "chain" > /tmp/t.log 2>&1
