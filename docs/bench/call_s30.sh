@@ -34,10 +34,10 @@ elif [ "$1" = G ]; then  # the least device time: gpu_check at <sha> alone (ever
   PARALLEL=6 BENCHES=tools/bench_step.py BENCH_ARGS="--no-epoch --no-dw-variants" DEADLINE_S=$D OUT=/tmp/gc BENCH_DIR=/tmp/bench bash tools/gpu_check.sh > /tmp/gc.log 2>&1
   cp docs/gpu-report.md $OUT/report.md; cp /tmp/bench/bench_step.json $OUT/ 2>/dev/null; grep -hE "^(FAILED|ERROR)" /tmp/gc/pytest.log | head -30 > $OUT/failures.txt
   grep -E "passed|failed" /tmp/gc/pytest.log | tail -8; head -30 $OUT/failures.txt; grep -E "train step|collect step|speed-up" docs/gpu-report.md | head -40
-elif [ "$1" = B ]; then  # a shorter window: the A/B (train and collect, phases; no aux arms), then the chain's tests
+elif [ "$1" = B ]; then  # a shorter window: the chain's kernel and network tests, then the A/B (no aux arms)
+  t tests; PYTHONPATH=. timeout $(left 70) python3 -m pytest -q -p no:cacheprovider -rf tests/parity/test_gemm.py tests/parity/test_nn.py -k "chain_network or chain_is or chain_takes or chain_backward_is or chain_backward_acc or chain_graphed or chain_backward_graphed or chain_ref or chain_backward_ref" > /tmp/t.log 2>&1
+  grep -E "^(FAILED|ERROR)|passed|failed" /tmp/t.log | head -20; cp /tmp/t.log $OUT/tests.log
   t bench; NO_AUX=1 PYTHONPATH=. timeout $(left 150) python3 docs/bench/chain_ab.py 2>&1 | tail -10
-  t tests; PYTHONPATH=. timeout $(left 150) python3 -m pytest -q -p no:cacheprovider -rf tests/parity/test_gemm.py tests/parity/test_nn.py -k "chain" > /tmp/t.log 2>&1
-  grep -E "^(FAILED|ERROR)|passed|failed" /tmp/t.log | head -30; cp /tmp/t.log $OUT/tests.log
 elif [ "$1" = C ]; then
   t tests; PYTHONPATH=. timeout $(left 240) python3 -m pytest -q -p no:cacheprovider -rf tests/parity/test_gemm.py tests/parity/test_nn.py -k "chain or gemm_graphed or nn_bias_act" > /tmp/t.log 2>&1
   grep -E "^(FAILED|ERROR)|passed|failed" /tmp/t.log | head -30; cp /tmp/t.log $OUT/tests.log
