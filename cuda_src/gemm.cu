@@ -68,13 +68,14 @@ __device__ __forceinline__ void cp_async4(float* smem, const float* gmem, bool v
 __device__ __forceinline__ int kpad(int K) { return (K + 3) & ~3; }
 
 // Copy rows [r0, r0 + GEMM_T) x columns [k0, k1) of a row-major [rows, ld] matrix of K columns into
-// sh[srow(r)][k] (row length lda(kpad(K)) floats), zero rows at or past `rows` and columns at or past
-// K. vec: K, ld and k0 multiples of 4 and g 16-byte aligned (float4 copies); else one float a copy
-// (the chain's first layer over an observation row of any width).
-__device__ __forceinline__ void stage_rows(float* sh, int K, const float* g, i64 rows, i64 ld, i64 r0, int k0, int k1,
-                                           bool vec = true) {
+// sh[srow(r)][k] (row length lda(kpad(K)) floats), zero rows at or past `rows`. !kAny: K, ld and k0
+// multiples of 4 and g 16-byte aligned (float4 copies); kAny: one float a copy, columns at or past K
+// zero (the chain's first layer over an observation row of any width). A template parameter, so the
+// panel kernels' code is what it was before the chain (tools/compare_kernels.py).
+template <bool kAny = false>
+__device__ __forceinline__ void stage_rows(float* sh, int K, const float* g, i64 rows, i64 ld, i64 r0, int k0, int k1) {
   const int L = lda(kpad(K));
-  if (vec) {
+  if (!kAny) {
     const int q = (k1 - k0) / 4;  // float4s a row
     for (int e = threadIdx.x; e < GEMM_T * q; e += GEMM_THREADS) {
       const int r = e / q, k = k0 + 4 * (e - r * q);
@@ -92,12 +93,13 @@ __device__ __forceinline__ void stage_rows(float* sh, int K, const float* g, i64
 }
 
 // Copy rows [k0, k1) x columns [n0, n0 + GEMM_T) of b [K, N] into sh[k][n] (row length
-// GEMM_T + 4), zero columns at or past N (N a multiple of 4) and rows at or past K.
+// GEMM_T + 4), zero columns at or past N (N a multiple of 4) and, kAny, rows at or past K.
+template <bool kAny = false>
 __device__ __forceinline__ void stage_cols(float* sh, const float* b, i64 N, i64 n0, int k0, int k1, int K) {
   constexpr int q = GEMM_T / 4;
   for (int e = threadIdx.x; e < (k1 - k0) * q; e += GEMM_THREADS) {
     const int k = k0 + e / q, c = 4 * (e % q);
-    const bool ok = n0 + c < N && k < K;
+    const bool ok = n0 + c < N && (!kAny || k < K);
     cp_async16(sh + k * (GEMM_T + 4) + c, b + (ok ? k * N + n0 + c : 0), ok);
   }
 }
@@ -152,22 +154,21 @@ __device__ __forceinline__ void mma_range(float (&acc)[4][4], const float* sa, c
 // GEMM_CHUNK of K computed as soon as it lands, then the rest; each of the GEMM_KG groups of 64
 // threads sums its own k blocks, then group 0 adds groups 1, 2, 3's sums in that order through
 // shared memory (red, GEMM_KG - 1 tiles of 16 x 64 floats, over the panels once they are read): a
-// fixed order, the same bits every run. a is [M, K] with row pitch lda_a (vec: see stage_rows); K
-// need not be a multiple of 4 where !vec (the panels are kpad(K) wide, the columns past K zero, and
+// fixed order, the same bits every run. a is [M, K] with row pitch lda_a; kAny: K need not be a
+// multiple of 4 nor a aligned (stage_rows; the panels are kpad(K) wide, the columns past K zero, and
 // the sums the same k blocks in the same order as a product over kpad(K) columns).
-template <bool kTransB>
+template <bool kTransB, bool kAny = false>
 __device__ __forceinline__ void tile_product(float (&acc)[4][4], float* sa, float* sb, float* red, const float* a,
-                                             const float* b, i64 M, i64 N, int K, i64 m0, i64 n0, i64 lda_a,
-                                             bool vec) {
+                                             const float* b, i64 M, i64 N, int K, i64 m0, i64 n0, i64 lda_a) {
   const int Kp = kpad(K);
   const int split = Kp < GEMM_CHUNK ? Kp : GEMM_CHUNK;
-  stage_rows(sa, K, a, M, lda_a, m0, 0, split, vec);
+  stage_rows<kAny>(sa, K, a, M, lda_a, m0, 0, split);
   if (kTransB) stage_rows(sb, K, b, N, K, n0, 0, split);
-  else stage_cols(sb, b, N, n0, 0, split, K);
+  else stage_cols<kAny>(sb, b, N, n0, 0, split, K);
   cp_async_commit();
-  stage_rows(sa, K, a, M, lda_a, m0, split, Kp, vec);
+  stage_rows<kAny>(sa, K, a, M, lda_a, m0, split, Kp);
   if (kTransB) stage_rows(sb, K, b, N, K, n0, split, Kp);
-  else stage_cols(sb, b, N, n0, split, Kp, K);
+  else stage_cols<kAny>(sb, b, N, n0, split, Kp, K);
   cp_async_commit();
   const int t = threadIdx.x % GEMM_GROUP, g = threadIdx.x / GEMM_GROUP;
   const int tx = t % (GEMM_T / 4), ty = t / (GEMM_T / 4);
@@ -207,7 +208,7 @@ __device__ __forceinline__ void block_tile(float (&acc)[4][4], const float* a, c
   float* sa = reinterpret_cast<float*>(gemm_smem4);
   m0 = (i64)blockIdx.y * GEMM_T;
   n0 = (i64)blockIdx.x * GEMM_T;
-  tile_product<kTransB>(acc, sa, sa + GEMM_T * lda(K), sa, a, b, M, N, K, m0, n0, K, true);
+  tile_product<kTransB>(acc, sa, sa + GEMM_T * lda(K), sa, a, b, M, N, K, m0, n0, K);
 }
 
 // Store the thread's 4 x 4 block (group 0; rows past M, columns past N skipped; N a multiple of 4).
@@ -367,7 +368,9 @@ extern "C" __global__ __launch_bounds__(GEMM_THREADS) void GEMM_CHAIN_DIMS cudar
     const i64 N = ns[l];
     if (c0 < N) {  // uniform over the block: tile_product's barriers are the block's
       float acc[4][4];
-      tile_product<false>(acc, sa, sa + GEMM_T * lda(kpad(K)), sa, in, ws[l], M, N, K, m0, c0, ld, vec);
+      float* sb = sa + GEMM_T * lda(kpad(K));
+      if (vec) tile_product<false>(acc, sa, sb, sa, in, ws[l], M, N, K, m0, c0, ld);
+      else tile_product<false, true>(acc, sa, sb, sa, in, ws[l], M, N, K, m0, c0, ld);
       if (threadIdx.x < GEMM_GROUP) store_bias_act(ys[l], acc, bs[l], M, N, m0, c0, acts[l]);
     }
     if (l + 1 < layers) cluster_barrier();  // every block of the cluster, its tile of layer l stored
@@ -422,7 +425,7 @@ extern "C" __global__ __launch_bounds__(GEMM_THREADS) void GEMM_CHAIN_DIMS cudar
     const i64 N = ks[l];
     if (c0 < N) {  // uniform over the block: tile_product's barriers are the block's
       float acc[4][4];
-      tile_product<true>(acc, sa, sa + GEMM_T * lda(K), sa, in, ws[l], M, N, K, m0, c0, K, true);
+      tile_product<true>(acc, sa, sa + GEMM_T * lda(K), sa, in, ws[l], M, N, K, m0, c0, K);
       if (threadIdx.x < GEMM_GROUP) store_act_grad(dxs[l], acc, ys[l], M, N, m0, c0, acts[l], l == 0 && acc_top);
     }
     if (l + 1 < layers) cluster_barrier();  // every block of the cluster, its tile of step l stored
