@@ -74,7 +74,7 @@ __device__ __forceinline__ int kpad(int K) { return (K + 3) & ~3; }
 // panel kernels' code is what it was before the chain (tools/compare_kernels.py).
 template <bool kAny = false>
 __device__ __forceinline__ void stage_rows(float* sh, int K, const float* g, i64 rows, i64 ld, i64 r0, int k0, int k1) {
-  const int L = lda(kpad(K));
+  const int L = lda(kAny ? kpad(K) : K);
   if (!kAny) {
     const int q = (k1 - k0) / 4;  // float4s a row
     for (int e = threadIdx.x; e < GEMM_T * q; e += GEMM_THREADS) {
@@ -160,7 +160,7 @@ __device__ __forceinline__ void mma_range(float (&acc)[4][4], const float* sa, c
 template <bool kTransB, bool kAny = false>
 __device__ __forceinline__ void tile_product(float (&acc)[4][4], float* sa, float* sb, float* red, const float* a,
                                              const float* b, i64 M, i64 N, int K, i64 m0, i64 n0, i64 lda_a) {
-  const int Kp = kpad(K);
+  const int Kp = kAny ? kpad(K) : K;
   const int split = Kp < GEMM_CHUNK ? Kp : GEMM_CHUNK;
   stage_rows<kAny>(sa, K, a, M, lda_a, m0, 0, split);
   if (kTransB) stage_rows(sb, K, b, N, K, n0, 0, split);
