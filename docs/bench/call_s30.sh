@@ -1,5 +1,5 @@
 # Session 30's device call (one start for all of it), from a checkout of main with net.gemm = "chain". NOT RUN in
-# the thirtieth session (fifteen starts failed; the device time ran out): first in the next session with a
+# the thirtieth session (fourteen starts failed; the device time ran out): first in the next session with a
 # machine, `LIMIT=575 OUT=$OUT bash docs/bench/call_s30.sh A <sha>` (or G, then B, in a shorter window).
 #   A: OUT=$OUT bash docs/bench/call_s30.sh A <sha>: chain_ab.py (below), memcheck and racecheck, then gpu_check at
 #      <sha> with bench_step's net.gemm variants (the report of record), in one start.
