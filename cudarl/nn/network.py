@@ -9,7 +9,7 @@ import numpy as np
 from ..backend import family, is_numpy, to_numpy
 from ..config import NetConfig
 from ..graph import SideStream
-from ..reference.nn import IDENTITY
+from ..reference.nn import IDENTITY, RELU
 from .encoders import ENCODERS
 from .heads import PlanHead
 from .layers import GEMM_ALGOS, Linear
@@ -187,8 +187,9 @@ class QNetwork:
         lins = self.encoder.chain_linears()
         if lins and self.head.chain_linear is not None:
             lins = (*lins, self.head.chain_linear)
+        acts = (IDENTITY, RELU)  # the chain's epilogues
         plain = all(
-            not lin.spectral and not lin.tf32 and lin.rows == 1 and lin.residual_rows is None and lin.act in (0, 1)
+            not (lin.spectral or lin.tf32) and lin.rows == 1 and lin.residual_rows is None and lin.act in acts
             for lin in lins
         )
         return tuple(lins) if plain else ()
