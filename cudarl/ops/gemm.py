@@ -121,8 +121,8 @@ def chain_eligible(x, layers) -> bool:
     """Can :func:`chain` run ``layers`` (``[(w [K, N], b [N], y [M, N], act), ...]``) from ``x [M, K0]``?
     CuPy float32 operands, a device with thread block clusters (compute capability 9.0 or later), 1 to
     :data:`CHAIN_LAYERS` layers whose widths are multiples of 4 and at most :data:`CHAIN_MAX_N`, weights,
-    biases and outputs C-contiguous and 16-byte aligned, x with unit column stride (any row pitch and
-    width), and the panels within :data:`MAX_SMEM`."""
+    biases and outputs C-contiguous and 16-byte aligned, no output overlapping another operand, x with unit
+    column stride (any row pitch and width), and the panels within :data:`MAX_SMEM`."""
     if not 1 <= len(layers) <= CHAIN_LAYERS or x.ndim != 2 or x.dtype != np.float32 or x.strides[1] != 4:
         return False
     if x.strides[0] % 4 or _compute_capability() < 90:
@@ -137,7 +137,9 @@ def chain_eligible(x, layers) -> bool:
             return False
         widths.append(K)
         K = N
-    return chain_smem_bytes(widths) <= MAX_SMEM
+    ys = [y for _, _, y, _ in layers]
+    reads = [x, *(t for w, b, *_ in layers for t in (w, b))]
+    return chain_smem_bytes(widths) <= MAX_SMEM and _disjoint(ys, reads)
 
 
 def _compute_capability() -> int:
@@ -157,7 +159,7 @@ def _chain_slots(layers, axis: int) -> list:
     the unused slots as the last layer's pointers with width and act 0 (never read: the kernel's ``layers``
     stops its loop)."""
     slots = []
-    for i in range(CHAIN_LAYERS):
+    for i in range(CHAIN_LAYERS if layers else 0):  # (no layers: the launcher refuses them after this)
         *ptrs, act = layers[min(i, len(layers) - 1)]
         used = i < len(layers)
         slots += [*ptrs, ptrs[0].shape[axis] if used else 0, int(act) if used else 0]
@@ -170,30 +172,44 @@ def chain(x, layers) -> None:
     ``[(w [K_l, N_l], b [N_l], y [M, N_l], act_l), ...]``, act 0 identity or 1 ReLU. Every ``y_l`` is
     written: bit for bit :func:`nn_bias_act` of the layer's input (from x too where K0 is a multiple of 4
     and x 16-byte aligned). See :func:`chain_eligible`."""
-    w = "gemm.chain"
+    M, K0 = x.shape
+    _launch_chain(
+        "chain",
+        layers,
+        chain_eligible(x, layers),
+        f"float32 layers chained by shape, widths multiples of 4 up to {CHAIN_MAX_N}, aligned contiguous "
+        "weights, biases and outputs overlapping nothing",
+        M,
+        (x, M, K0, x.strides[0] // 4, len(layers), *_chain_slots(layers, axis=1)),
+        chain_smem_bytes([K0] + [w_.shape[1] for w_, *_ in layers[:-1]]),
+    )
+
+
+def _launch_chain(op: str, layers, eligible: bool, needs: str, M: int, args: tuple, smem: int) -> None:
+    """The chain launchers' shared tail: the activation codes checked, the launcher's eligibility (``needs``
+    says what it asks), then ``gemm.<op>`` over ``M`` rows (:func:`_chain_grid`) with ``args``."""
+    w = f"gemm.{op}"
     _check(w, all(int(a) in (0, 1) for *_, a in layers), "activation codes must be 0 or 1")
     _check(
         w,
-        chain_eligible(x, layers),
-        f"needs 1 to {CHAIN_LAYERS} float32 layers chained by shape, widths multiples of 4 up to "
-        f"{CHAIN_MAX_N}, aligned contiguous weights, biases and outputs, and a device with clusters "
-        "(compute capability 9.0 or later; see chain_eligible)",
+        eligible,
+        f"needs 1 to {CHAIN_LAYERS} {needs}, and a device with clusters (compute capability 9.0 or later; see "
+        f"{op}_eligible)",
     )
-    M, K0 = x.shape
-    widths = [K0] + [w_.shape[1] for w_, *_ in layers[:-1]]
-    launch(
-        "gemm",
-        "chain",
-        _chain_grid(M),
-        THREADS,
-        (x, M, K0, x.strides[0] // 4, len(layers), *_chain_slots(layers, axis=1)),
-        shared_mem=chain_smem_bytes(widths),
-    )
+    launch("gemm", op, _chain_grid(M), THREADS, args, shared_mem=smem)
+
+
+def _span(t) -> tuple:
+    """The byte range ``[first, past last)`` a 2-D (or contiguous) array with non-negative strides touches."""
+    if t.size == 0:
+        return t.data.ptr, t.data.ptr
+    last = sum((n - 1) * st for n, st in zip(t.shape, t.strides, strict=True))
+    return t.data.ptr, t.data.ptr + last + t.itemsize
 
 
 def _disjoint(outs, ins) -> bool:
-    """No array of ``outs`` overlaps another of ``outs`` or one of ``ins`` (byte ranges of C-contiguous arrays)."""
-    span = [(t.data.ptr, t.data.ptr + t.nbytes) for t in (*outs, *ins)]
+    """No array of ``outs`` overlaps another of ``outs`` or one of ``ins`` (their byte ranges, :func:`_span`)."""
+    span = [_span(t) for t in (*outs, *ins)]
     return not any(a0 < b1 and b0 < a1 for i, (a0, a1) in enumerate(span[: len(outs)]) for b0, b1 in span[i + 1 :])
 
 
@@ -236,22 +252,14 @@ def chain_backward(d, layers, accumulate: bool = False) -> None:
     dz (written), act 1 the ReLU mask ``y > 0 ? v : 0`` or 0 none. Every ``dx_i`` is bit for bit :func:`nt`
     of the step's input, then ``nn.act_backward``. ``accumulate``: the first step adds ``dx_0``'s old values to
     its product before the mask (``mask_0(d @ w_0^T + dx_0)``). See :func:`chain_backward_eligible`."""
-    w = "gemm.chain_backward"
-    _check(w, all(int(a) in (0, 1) for *_, a in layers), "activation codes must be 0 or 1")
-    _check(
-        w,
-        chain_backward_eligible(d, layers),
-        f"needs 1 to {CHAIN_LAYERS} float32 steps chained by shape, widths multiples of 4 (k_i up to "
-        f"{CHAIN_MAX_N}), aligned contiguous operands, outputs overlapping nothing, and a device with clusters "
-        "(compute capability 9.0 or later; see chain_backward_eligible)",
-    )
     M, n_top = d.shape
-    widths = [n_top] + [w_.shape[0] for w_, *_ in layers[:-1]]
-    launch(
-        "gemm",
+    _launch_chain(
         "chain_backward",
-        _chain_grid(M),
-        THREADS,
+        layers,
+        chain_backward_eligible(d, layers),
+        f"float32 steps chained by shape, widths multiples of 4 (k_i up to {CHAIN_MAX_N}), aligned contiguous "
+        "operands, outputs overlapping nothing",
+        M,
         (M, len(layers), d, n_top, int(bool(accumulate)), *_chain_slots(layers, axis=0)),
-        shared_mem=chain_backward_smem_bytes(widths),
+        chain_backward_smem_bytes([n_top] + [w_.shape[0] for w_, *_ in layers[:-1]]),
     )

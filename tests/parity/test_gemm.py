@@ -244,6 +244,11 @@ def test_gpu_chain_refuses_what_it_cannot_take(cp, rng):
     _, odd = _chain_operands(cp, rng, 8, (64, 6))  # N not a multiple of 4
     assert not ops.chain_eligible(x, odd)
     assert not ops.chain_eligible(x, layers[1:])  # the first weight does not take x's 64 columns
+    w0, b0, y0, a0 = layers[0]
+    assert not ops.chain_eligible(y0[:, :64], [(w0, b0, y0, a0)])  # an output over the input it reads
+    assert not ops.chain_eligible(x, [(w0, b0, y0, a0), (*layers[1][:2], y0, 1)])  # an output over another
+    with pytest.raises(ValueError, match="gemm.chain: needs"):
+        ops.chain(x, [])
     with pytest.raises(ValueError, match="gemm.chain: activation codes"):
         ops.chain(x, [(*layers[0][:3], 2)])
     with pytest.raises(ValueError, match="gemm.chain: needs"):
