@@ -5,6 +5,10 @@
 //   nt:           out[M, N] = a[M, K] @ bt[N, K]^T                (a Linear's dx = dz W^T)
 //   chain:          up to 4 Linears' nn_bias_act in one launch     (thread block clusters; below)
 //   chain_backward: their dx chain, nt then the ReLU mask a step, in one launch
+// Two compile units (cudarl/units.cuh): panel (nn_bias_act, nt) and chain (chain, chain_backward). The
+// chain's kernels take five times the panel kernels' NVRTC time (3.65 s against 0.69 s for the whole
+// family on this project's 2-core machine), and only net.gemm = "chain" launches them: a start-up under
+// the default does not wait for them.
 // Row-major, dense; K, N multiples of 4 and every pointer 16-byte aligned (the launchers check).
 //
 // Why (ncu on an H200, docs/perf-notes.md): cuBLAS(Lt) ran these shapes (M = 512..4096, N, K <= 256)
@@ -26,6 +30,7 @@
 // 12 KiB (they overlay the panels): about 67 KB at K = 256, past 48 KiB, so the launch opts in
 // (cudarl.kernels.launch).
 #include <cudarl/reduce.cuh>
+#include <cudarl/units.cuh>
 
 typedef long long i64;
 
@@ -245,6 +250,7 @@ __device__ __forceinline__ void store_bias_act(float* out, float (&acc)[4][4], c
 
 }  // namespace
 
+#if CUDARL_UNIT_IS(panel)
 // ---- nn_bias_act -------------------------------------------------------------------------------
 // out = act(a @ b + bias): grid (ceil(N / 32), ceil(M / 32)), block GEMM_THREADS; dynamic shared
 // memory 4 (32 lda(K) + 36 K) bytes, at least the groups' sums. The bias is added after the K sum, then ReLU (act 1): cuBLASLt's
@@ -273,6 +279,7 @@ extern "C" __global__ __launch_bounds__(GEMM_THREADS) void cudarl_gemm_nt(const 
   if (threadIdx.x >= GEMM_GROUP) return;
   store_tile(out, acc, M, N, m0, n0);
 }
+#endif  // panel
 
 // ---- chain -------------------------------------------------------------------------------------
 // A chain of up to GEMM_CHAIN_LAYERS Linears in one launch: y_0 = act_0(x @ w_0 + b_0), then
@@ -342,15 +349,11 @@ __device__ __forceinline__ void store_act_grad(float* out, float (&acc)[4][4], c
   store_tile(out, acc, M, N, m0, n0);
 }
 
-}  // namespace
-#else
-#define GEMM_CHAIN_DIMS
-#endif
-extern "C" __global__ __launch_bounds__(GEMM_THREADS) void GEMM_CHAIN_DIMS cudarl_gemm_chain(
+// cudarl_gemm_chain's body (a function, so that the unit holds no #if: cudarl/units.cuh).
+__device__ __forceinline__ void chain_forward(
     const float* __restrict__ x, i64 M, int K0, i64 ldx, int layers, const float* w0, const float* b0, float* y0,
     int n0, int act0, const float* w1, const float* b1, float* y1, int n1, int act1, const float* w2, const float* b2,
     float* y2, int n2, int act2, const float* w3, const float* b3, float* y3, int n3, int act3) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   extern __shared__ float4 gemm_smem4[];
   float* sa = reinterpret_cast<float*>(gemm_smem4);
   const i64 m0 = (i64)blockIdx.y * GEMM_T, c0 = (i64)blockIdx.x * GEMM_T;
@@ -379,9 +382,59 @@ extern "C" __global__ __launch_bounds__(GEMM_THREADS) void GEMM_CHAIN_DIMS cudar
     ld = N;
     vec = true;
   }
+}
+
+// cudarl_gemm_chain_backward's body.
+__device__ __forceinline__ void chain_dx(
+    i64 M, int layers, const float* d, int n_top, int acc_top, const float* w0, const float* y0, float* dx0, int k0, int act0,
+    const float* w1, const float* y1, float* dx1, int k1, int act1, const float* w2, const float* y2, float* dx2,
+    int k2, int act2, const float* w3, const float* y3, float* dx3, int k3, int act3) {
+  extern __shared__ float4 gemm_smem4[];
+  float* sa = reinterpret_cast<float*>(gemm_smem4);
+  const i64 m0 = (i64)blockIdx.y * GEMM_T, c0 = (i64)blockIdx.x * GEMM_T;
+  const float* ws[GEMM_CHAIN_LAYERS] = {w0, w1, w2, w3};
+  const float* ys[GEMM_CHAIN_LAYERS] = {y0, y1, y2, y3};
+  float* dxs[GEMM_CHAIN_LAYERS] = {dx0, dx1, dx2, dx3};
+  const int ks[GEMM_CHAIN_LAYERS] = {k0, k1, k2, k3}, acts[GEMM_CHAIN_LAYERS] = {act0, act1, act2, act3};
+  const float* in = d;
+  int K = n_top;
+#pragma unroll
+  for (int l = 0; l < GEMM_CHAIN_LAYERS; ++l) {
+    if (l >= layers) break;
+    const i64 N = ks[l];
+    if (c0 < N) {  // uniform over the block: tile_product's barriers are the block's
+      float acc[4][4];
+      tile_product<true>(acc, sa, sa + GEMM_T * lda(K), sa, in, ws[l], M, N, K, m0, c0, K);
+      if (threadIdx.x < GEMM_GROUP) store_act_grad(dxs[l], acc, ys[l], M, N, m0, c0, acts[l], l == 0 && acc_top);
+    }
+    if (l + 1 < layers) cluster_barrier();  // every block of the cluster, its tile of step l stored
+    in = dxs[l];
+    K = (int)N;
+  }
+}
+
+}  // namespace
 #else
+#define GEMM_CHAIN_DIMS
+namespace {  // no clusters before sm_90: the kernels trap (the launchers refuse such a device)
+template <class... A>
+__device__ void chain_forward(A...) {
   __trap();
+}
+template <class... A>
+__device__ void chain_dx(A...) {
+  __trap();
+}
+}  // namespace
 #endif
+
+#if CUDARL_UNIT_IS(chain)
+extern "C" __global__ __launch_bounds__(GEMM_THREADS) void GEMM_CHAIN_DIMS cudarl_gemm_chain(
+    const float* __restrict__ x, i64 M, int K0, i64 ldx, int layers, const float* w0, const float* b0, float* y0,
+    int n0, int act0, const float* w1, const float* b1, float* y1, int n1, int act1, const float* w2, const float* b2,
+    float* y2, int n2, int act2, const float* w3, const float* b3, float* y3, int n3, int act3) {
+  chain_forward(x, M, K0, ldx, layers, w0, b0, y0, n0, act0, w1, b1, y1, n1, act1, w2, b2, y2, n2, act2, w3, b3, y3,
+                n3, act3);
 }
 
 // ---- chain_backward ----------------------------------------------------------------------------
@@ -409,30 +462,7 @@ extern "C" __global__ __launch_bounds__(GEMM_THREADS) void GEMM_CHAIN_DIMS cudar
     i64 M, int layers, const float* d, int n_top, int acc_top, const float* w0, const float* y0, float* dx0, int k0, int act0,
     const float* w1, const float* y1, float* dx1, int k1, int act1, const float* w2, const float* y2, float* dx2,
     int k2, int act2, const float* w3, const float* y3, float* dx3, int k3, int act3) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  extern __shared__ float4 gemm_smem4[];
-  float* sa = reinterpret_cast<float*>(gemm_smem4);
-  const i64 m0 = (i64)blockIdx.y * GEMM_T, c0 = (i64)blockIdx.x * GEMM_T;
-  const float* ws[GEMM_CHAIN_LAYERS] = {w0, w1, w2, w3};
-  const float* ys[GEMM_CHAIN_LAYERS] = {y0, y1, y2, y3};
-  float* dxs[GEMM_CHAIN_LAYERS] = {dx0, dx1, dx2, dx3};
-  const int ks[GEMM_CHAIN_LAYERS] = {k0, k1, k2, k3}, acts[GEMM_CHAIN_LAYERS] = {act0, act1, act2, act3};
-  const float* in = d;
-  int K = n_top;
-#pragma unroll
-  for (int l = 0; l < GEMM_CHAIN_LAYERS; ++l) {
-    if (l >= layers) break;
-    const i64 N = ks[l];
-    if (c0 < N) {  // uniform over the block: tile_product's barriers are the block's
-      float acc[4][4];
-      tile_product<true>(acc, sa, sa + GEMM_T * lda(K), sa, in, ws[l], M, N, K, m0, c0, K);
-      if (threadIdx.x < GEMM_GROUP) store_act_grad(dxs[l], acc, ys[l], M, N, m0, c0, acts[l], l == 0 && acc_top);
-    }
-    if (l + 1 < layers) cluster_barrier();  // every block of the cluster, its tile of step l stored
-    in = dxs[l];
-    K = (int)N;
-  }
-#else
-  __trap();
-#endif
+  chain_dx(M, layers, d, n_top, acc_top, w0, y0, dx0, k0, act0, w1, y1, dx1, k1, act1, w2, y2, dx2, k2, act2, w3, y3,
+           dx3, k3, act3);
 }
+#endif  // chain
