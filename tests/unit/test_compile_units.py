@@ -8,6 +8,7 @@ same bytes in its unit as in the whole family, so no GPU bit can move.
 
 import sys
 import types
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -207,12 +208,29 @@ def _texts(path: Path) -> dict[str, bytes]:
     return {n[len(".text.") :]: b for n, b in elf_sections(path.read_bytes()).items() if n.startswith(".text.")}
 
 
+def _recompiled_text(family: str, unit: str, kernel: str, cc: int) -> bytes:
+    """``kernel``'s ``.text`` from one more compile of ``unit``'s program, alone (no other compile beside it)."""
+    arch, kind = kernels.target(cc)
+    opts = kernels.compile_options() + (arch,)
+    data = nvrtc.compile_source(kernels.program(family, unit), f"{family}.cu", opts, kind)
+    return {n[len(".text.") :]: b for n, b in elf_sections(data).items() if n.startswith(".text.")}[kernel]
+
+
 @pytest.mark.slow
 @needs_nvrtc
 @pytest.mark.parametrize("family", split_families())
 def test_nvrtc_each_unit_emits_its_kernels_with_the_whole_familys_machine_code(family, cache):
     """Each unit's cubin holds exactly its own kernels (plus never-launched helpers that are not
-    ``cudarl_`` kernels), and each kernel's ``.text`` is byte-identical to the whole family's."""
+    ``cudarl_`` kernels), and each kernel's ``.text`` is byte-identical to the whole family's.
+
+    NVRTC itself is not a function of its input: about once in 70 compiles of the ssm fp32 unit's
+    unchanged program (NVRTC 13.5, three compiles side by side) it emits another register allocation
+    of cudarl_ssm_ssd_last_backward (the same length and opcodes but two more LDS for two NOPs; 2047
+    of 3616 instruction words differ; no relocation touches .text). A unit whose kernel differs from
+    the whole family's is therefore compiled once more, alone: the promise holds if its program
+    emits the whole family's exact bytes, and fails if it does not (a split that changed the
+    kernel's code does so every time). Both first sections are kept, and the variance is warned of.
+    """
     cc = 90
     futures = kernels.prefetch([family], cc)  # the units side by side
     whole = _texts(kernels.binary(family, cc))
@@ -223,14 +241,21 @@ def test_nvrtc_each_unit_emits_its_kernels_with_the_whole_familys_machine_code(f
         want = {f"cudarl_{family}_{op}" for op, u in where.items() if u == unit}
         assert set(got) == want, f"{family}.{unit}"
         for k, b in got.items():
-            if b != whole[k]:  # keep both for a look (cuobjdump, nvdisasm): it failed once in ~20 runs (note 26)
-                (cache.parent / f"{k}.{unit}.text").write_bytes(b)
-                (cache.parent / f"{k}.whole.text").write_bytes(whole[k])
-                pairs = enumerate(zip(b, whole[k], strict=False))
-                first = next((i for i, (x, y) in pairs if x != y), min(len(b), len(whole[k])))
-            assert b == whole[k], (
-                f"{k}: its machine code in unit {unit} differs from the whole family's ({len(b)} and "
+            if b == whole[k]:
+                continue
+            (cache.parent / f"{k}.{unit}.text").write_bytes(b)  # for a look (cuobjdump, nvdisasm)
+            (cache.parent / f"{k}.whole.text").write_bytes(whole[k])
+            pairs = enumerate(zip(b, whole[k], strict=False))
+            first = next((i for i, (x, y) in pairs if x != y), min(len(b), len(whole[k])))
+            again = _recompiled_text(family, unit, k, cc)
+            assert again == whole[k], (
+                f"{k}: its machine code in unit {unit} differs from the whole family's twice ({len(b)} and "
                 f"{len(whole[k])} bytes, the first difference at byte {first}; both kept in {cache.parent})"
+            )
+            warnings.warn(
+                f"NVRTC emitted another machine code for {k} in unit {unit} once (first difference at byte "
+                f"{first}; kept in {cache.parent}); compiled again, it is the whole family's",
+                stacklevel=1,
             )
 
 
