@@ -229,7 +229,9 @@ def test_nvrtc_each_unit_emits_its_kernels_with_the_whole_familys_machine_code(f
     of 3616 instruction words differ; no relocation touches .text). A unit whose kernel differs from
     the whole family's is therefore compiled once more, alone: the promise holds if its program
     emits the whole family's exact bytes, and fails if it does not (a split that changed the
-    kernel's code does so every time). Both first sections are kept, and the variance is warned of.
+    kernel's code does so every time); if the unit's compiles agree with each other, the whole family
+    is compiled once more, alone, and must give them. Both first sections are kept, and the variance
+    is warned of.
     """
     cc = 90
     futures = kernels.prefetch([family], cc)  # the units side by side
@@ -248,13 +250,15 @@ def test_nvrtc_each_unit_emits_its_kernels_with_the_whole_familys_machine_code(f
             pairs = enumerate(zip(b, whole[k], strict=False))
             first = next((i for i, (x, y) in pairs if x != y), min(len(b), len(whole[k])))
             again = _recompiled_text(family, unit, k, cc)
-            assert again == whole[k], (
+            # the odd one may be the whole family's compile: then the unit's two agree, and the whole
+            # family compiled again, alone, must give them
+            assert again == whole[k] or (again == b and _recompiled_text(family, None, k, cc) == b), (
                 f"{k}: its machine code in unit {unit} differs from the whole family's twice ({len(b)} and "
                 f"{len(whole[k])} bytes, the first difference at byte {first}; both kept in {cache.parent})"
             )
             warnings.warn(
-                f"NVRTC emitted another machine code for {k} in unit {unit} once (first difference at byte "
-                f"{first}; kept in {cache.parent}); compiled again, it is the whole family's",
+                f"NVRTC emitted another machine code for {k} in unit {unit} or the whole family once (first "
+                f"difference at byte {first}; kept in {cache.parent}); compiled again, they agree",
                 stacklevel=1,
             )
 
