@@ -8,7 +8,7 @@
 // Two compile units (cudarl/units.cuh): panel (nn_bias_act, nt) and chain (chain, chain_backward). The
 // chain's kernels take five times the panel kernels' NVRTC time (3.65 s against 0.69 s for the whole
 // family on this project's 2-core machine), and only net.gemm = "chain" launches them: a start-up under
-// the default does not wait for them.
+// net.gemm = "cudarl" does not wait for them.
 // Row-major, dense; K, N multiples of 4 and every pointer 16-byte aligned (the launchers check).
 //
 // Why (ncu on an H200, docs/perf-notes.md): cuBLAS(Lt) ran these shapes (M = 512..4096, N, K <= 256)
