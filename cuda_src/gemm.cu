@@ -295,10 +295,14 @@ extern "C" __global__ __launch_bounds__(GEMM_THREADS) void cudarl_gemm_nt(const 
 // then acquire: the layer's rows, stored to global memory, visible to the other blocks, which stage
 // them with cp.async.cg from L2) separates the layers. A layer with fewer columns leaves the
 // blocks past them idle until the barrier.
-// grid (GEMM_CHAIN_CLUSTER, ceil(M / 32)), block GEMM_THREADS, clusters (GEMM_CHAIN_CLUSTER, 1, 1);
+// Members (a population, cudarl/nn/stacked.py): P chains of the same shapes in one launch, member
+// blockIdx.z's operands sx (x), sp (every w_l and b_l: one stacked parameter buffer) and sy_l (y_l)
+// elements past member 0's; each member's y_l the single chain's bits (P = 1: the strides unused).
+// grid (GEMM_CHAIN_CLUSTER, ceil(M / 32), P), block GEMM_THREADS, clusters (GEMM_CHAIN_CLUSTER, 1, 1);
 // dynamic shared memory the largest layer's nn_bias_act panels (4 (32 lda(kpad(K)) + 36 kpad(K))
-// bytes). n_l multiples of 4, at most 32 GEMM_CHAIN_CLUSTER; w_l, b_l, y_l 16-byte aligned (the
-// launcher checks). sm_90 and later (clusters); elsewhere it traps, and the launcher refuses it.
+// bytes). n_l multiples of 4, at most 32 GEMM_CHAIN_CLUSTER; w_l, b_l, y_l 16-byte aligned in every
+// member (sp, sy_l multiples of 4; the launcher checks). sm_90 and later (clusters); elsewhere it traps,
+// and the launcher refuses it.
 #define GEMM_CHAIN_LAYERS 4
 #define GEMM_CHAIN_CLUSTER 8
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -350,16 +354,20 @@ __device__ __forceinline__ void store_act_grad(float* out, float (&acc)[4][4], c
 }
 
 // cudarl_gemm_chain's body (a function, so that the unit holds no #if: cudarl/units.cuh).
+// The member blockIdx.z reads and writes its operands sx (x), sp (every weight and bias) and sy_l (y_l)
+// elements past member 0's; the rest is the single chain's code.
 __device__ __forceinline__ void chain_forward(
-    const float* __restrict__ x, i64 M, int K0, i64 ldx, int layers, const float* w0, const float* b0, float* y0,
-    int n0, int act0, const float* w1, const float* b1, float* y1, int n1, int act1, const float* w2, const float* b2,
-    float* y2, int n2, int act2, const float* w3, const float* b3, float* y3, int n3, int act3) {
+    const float* __restrict__ x, i64 sx, i64 M, int K0, i64 ldx, int layers, i64 sp, const float* w0, const float* b0,
+    float* y0, i64 sy0, int n0, int act0, const float* w1, const float* b1, float* y1, i64 sy1, int n1, int act1,
+    const float* w2, const float* b2, float* y2, i64 sy2, int n2, int act2, const float* w3, const float* b3,
+    float* y3, i64 sy3, int n3, int act3) {
   extern __shared__ float4 gemm_smem4[];
   float* sa = reinterpret_cast<float*>(gemm_smem4);
-  const i64 m0 = (i64)blockIdx.y * GEMM_T, c0 = (i64)blockIdx.x * GEMM_T;
-  const float* ws[GEMM_CHAIN_LAYERS] = {w0, w1, w2, w3};
-  const float* bs[GEMM_CHAIN_LAYERS] = {b0, b1, b2, b3};
-  float* ys[GEMM_CHAIN_LAYERS] = {y0, y1, y2, y3};
+  const i64 m0 = (i64)blockIdx.y * GEMM_T, c0 = (i64)blockIdx.x * GEMM_T, z = blockIdx.z;
+  x += z * sx;
+  const float* ws[GEMM_CHAIN_LAYERS] = {w0 + z * sp, w1 + z * sp, w2 + z * sp, w3 + z * sp};
+  const float* bs[GEMM_CHAIN_LAYERS] = {b0 + z * sp, b1 + z * sp, b2 + z * sp, b3 + z * sp};
+  float* ys[GEMM_CHAIN_LAYERS] = {y0 + z * sy0, y1 + z * sy1, y2 + z * sy2, y3 + z * sy3};
   const int ns[GEMM_CHAIN_LAYERS] = {n0, n1, n2, n3}, acts[GEMM_CHAIN_LAYERS] = {act0, act1, act2, act3};
   const float* in = x;
   int K = K0;
@@ -385,18 +393,20 @@ __device__ __forceinline__ void chain_forward(
 }
 
 // cudarl_gemm_chain_backward's body.
+// The member blockIdx.z: sd (d), sp (every weight) and s_i (y_i and dx_i) elements past member 0's.
 __device__ __forceinline__ void chain_dx(
-    i64 M, int layers, const float* d, int n_top, int acc_top, const float* w0, const float* y0, float* dx0, int k0, int act0,
-    const float* w1, const float* y1, float* dx1, int k1, int act1, const float* w2, const float* y2, float* dx2,
-    int k2, int act2, const float* w3, const float* y3, float* dx3, int k3, int act3) {
+    i64 M, int layers, const float* d, i64 sd, int n_top, int acc_top, i64 sp, const float* w0, const float* y0,
+    float* dx0, i64 s0, int k0, int act0, const float* w1, const float* y1, float* dx1, i64 s1, int k1, int act1,
+    const float* w2, const float* y2, float* dx2, i64 s2, int k2, int act2, const float* w3, const float* y3,
+    float* dx3, i64 s3, int k3, int act3) {
   extern __shared__ float4 gemm_smem4[];
   float* sa = reinterpret_cast<float*>(gemm_smem4);
-  const i64 m0 = (i64)blockIdx.y * GEMM_T, c0 = (i64)blockIdx.x * GEMM_T;
-  const float* ws[GEMM_CHAIN_LAYERS] = {w0, w1, w2, w3};
-  const float* ys[GEMM_CHAIN_LAYERS] = {y0, y1, y2, y3};
-  float* dxs[GEMM_CHAIN_LAYERS] = {dx0, dx1, dx2, dx3};
+  const i64 m0 = (i64)blockIdx.y * GEMM_T, c0 = (i64)blockIdx.x * GEMM_T, z = blockIdx.z;
+  const float* ws[GEMM_CHAIN_LAYERS] = {w0 + z * sp, w1 + z * sp, w2 + z * sp, w3 + z * sp};
+  const float* ys[GEMM_CHAIN_LAYERS] = {y0 + z * s0, y1 + z * s1, y2 + z * s2, y3 + z * s3};
+  float* dxs[GEMM_CHAIN_LAYERS] = {dx0 + z * s0, dx1 + z * s1, dx2 + z * s2, dx3 + z * s3};
   const int ks[GEMM_CHAIN_LAYERS] = {k0, k1, k2, k3}, acts[GEMM_CHAIN_LAYERS] = {act0, act1, act2, act3};
-  const float* in = d;
+  const float* in = d + z * sd;
   int K = n_top;
 #pragma unroll
   for (int l = 0; l < GEMM_CHAIN_LAYERS; ++l) {
@@ -430,11 +440,12 @@ __device__ void chain_dx(A...) {
 
 #if CUDARL_UNIT_IS(chain)
 extern "C" __global__ __launch_bounds__(GEMM_THREADS) void GEMM_CHAIN_DIMS cudarl_gemm_chain(
-    const float* __restrict__ x, i64 M, int K0, i64 ldx, int layers, const float* w0, const float* b0, float* y0,
-    int n0, int act0, const float* w1, const float* b1, float* y1, int n1, int act1, const float* w2, const float* b2,
-    float* y2, int n2, int act2, const float* w3, const float* b3, float* y3, int n3, int act3) {
-  chain_forward(x, M, K0, ldx, layers, w0, b0, y0, n0, act0, w1, b1, y1, n1, act1, w2, b2, y2, n2, act2, w3, b3, y3,
-                n3, act3);
+    const float* __restrict__ x, i64 sx, i64 M, int K0, i64 ldx, int layers, i64 sp, const float* w0, const float* b0,
+    float* y0, i64 sy0, int n0, int act0, const float* w1, const float* b1, float* y1, i64 sy1, int n1, int act1,
+    const float* w2, const float* b2, float* y2, i64 sy2, int n2, int act2, const float* w3, const float* b3,
+    float* y3, i64 sy3, int n3, int act3) {
+  chain_forward(x, sx, M, K0, ldx, layers, sp, w0, b0, y0, sy0, n0, act0, w1, b1, y1, sy1, n1, act1, w2, b2, y2, sy2,
+                n2, act2, w3, b3, y3, sy3, n3, act3);
 }
 
 // ---- chain_backward ----------------------------------------------------------------------------
@@ -452,17 +463,19 @@ extern "C" __global__ __launch_bounds__(GEMM_THREADS) void GEMM_CHAIN_DIMS cudar
 // for a few us of work. The cluster scheme is the forward chain's (cudarl_gemm_chain): a cluster of
 // GEMM_CHAIN_CLUSTER blocks a 32-row slab, block x computing columns [32 x, 32 x + 32) of every
 // step, the cluster's barrier between steps; a step with fewer columns leaves the blocks past them
-// idle until the barrier.
-// grid (GEMM_CHAIN_CLUSTER, ceil(M / 32)), block GEMM_THREADS, clusters (GEMM_CHAIN_CLUSTER, 1, 1);
+// idle until the barrier. Members as the forward chain's: member blockIdx.z's d, w_i and (y_i, dx_i)
+// sd, sp and s_i elements past member 0's (a layer's out and dout rows are laid out alike).
+// grid (GEMM_CHAIN_CLUSTER, ceil(M / 32), P), block GEMM_THREADS, clusters (GEMM_CHAIN_CLUSTER, 1, 1);
 // dynamic shared memory the largest step's nt panels (4 * 64 lda(n_i) bytes, at least the groups'
 // sums). n_top and k_i multiples of 4, k_i at most 32 GEMM_CHAIN_CLUSTER; every pointer 16-byte
-// aligned; no dx_i overlapping another operand (the launcher checks). sm_90 and later (clusters);
-// elsewhere it traps, and the launcher refuses it.
+// aligned in every member; no dx_i overlapping another operand (the launcher checks). sm_90 and later
+// (clusters); elsewhere it traps, and the launcher refuses it.
 extern "C" __global__ __launch_bounds__(GEMM_THREADS) void GEMM_CHAIN_DIMS cudarl_gemm_chain_backward(
-    i64 M, int layers, const float* d, int n_top, int acc_top, const float* w0, const float* y0, float* dx0, int k0, int act0,
-    const float* w1, const float* y1, float* dx1, int k1, int act1, const float* w2, const float* y2, float* dx2,
-    int k2, int act2, const float* w3, const float* y3, float* dx3, int k3, int act3) {
-  chain_dx(M, layers, d, n_top, acc_top, w0, y0, dx0, k0, act0, w1, y1, dx1, k1, act1, w2, y2, dx2, k2, act2, w3, y3,
-           dx3, k3, act3);
+    i64 M, int layers, const float* d, i64 sd, int n_top, int acc_top, i64 sp, const float* w0, const float* y0,
+    float* dx0, i64 s0, int k0, int act0, const float* w1, const float* y1, float* dx1, i64 s1, int k1, int act1,
+    const float* w2, const float* y2, float* dx2, i64 s2, int k2, int act2, const float* w3, const float* y3,
+    float* dx3, i64 s3, int k3, int act3) {
+  chain_dx(M, layers, d, sd, n_top, acc_top, sp, w0, y0, dx0, s0, k0, act0, w1, y1, dx1, s1, k1, act1, w2, y2, dx2, s2,
+           k2, act2, w3, y3, dx3, s3, k3, act3);
 }
 #endif  // chain
