@@ -401,6 +401,220 @@ def test_gpu_chain_backward_refuses_what_it_cannot_take(cp, rng):
         ops.chain_backward(d, wide)
 
 
+# --- the chain's member axis: P networks' chains in one launch (a population, cudarl/nn/stacked.py) -------
+def _stacked(xp, P: int, shape: tuple, pad: int = 0, fill=None):
+    """A ``[P, *shape]`` float32 view whose members are ``prod(shape) + pad`` floats apart (a stacked
+    buffer's layout: :func:`cudarl.nn.params.stacked_zeros` pads each member to 64 floats)."""
+    size = int(np.prod(shape))
+    flat = xp.zeros((P, size + pad), np.float32)
+    view = flat[:, :size].reshape((P, *shape))
+    if fill is not None:
+        view[...] = xp.asarray(fill)
+    return view
+
+
+def _chain_members(xp, rng, P, M, widths, x_pad=0):
+    """x ``[P, M, K0]`` and the layers ``(w [P, K, N], b [P, N], y [P, M, N], act)``, every weight and bias in
+    one ``[P, ...]`` parameter stack (one member stride) as StackedQNetwork's views are, outputs padded apart."""
+    sizes = [K * N + N for K, N in zip(widths[:-1], widths[1:], strict=True)]
+    params = xp.asarray((rng.standard_normal((P, sum(sizes) + 4)) / 8).astype(np.float32))
+    x = _stacked(xp, P, (M, widths[0]), pad=x_pad, fill=rng.standard_normal((P, M, widths[0])))
+    layers, off = [], 0
+    for i, (K, N) in enumerate(zip(widths[:-1], widths[1:], strict=True)):
+        w = params[:, off : off + K * N].reshape(P, K, N)
+        b = params[:, off + K * N : off + K * N + N]
+        off += K * N + N
+        layers.append((w, b, _stacked(xp, P, (M, N), pad=64), 1 if i < len(widths) - 2 else 0))
+    return x, layers
+
+
+def _chain_backward_members(xp, rng, P, M, widths, acts):
+    """d ``[P, M, n_top]`` and the steps ``(w [P, k, n], y [P, M, k], dx [P, M, k], act)``, the weights one stack."""
+    d = _stacked(xp, P, (M, widths[0]), pad=12, fill=rng.standard_normal((P, M, widths[0])))
+    sizes = [n * k for n, k in zip(widths[:-1], widths[1:], strict=True)]
+    params = xp.asarray((rng.standard_normal((P, sum(sizes))) / 8).astype(np.float32))
+    layers, off = [], 0
+    for n, k, act in zip(widths[:-1], widths[1:], acts, strict=True):
+        w = params[:, off : off + k * n].reshape(P, k, n)
+        off += k * n
+        y = _stacked(xp, P, (M, k), pad=4, fill=np.maximum(rng.standard_normal((P, M, k)), 0))
+        layers.append((w, y, _stacked(xp, P, (M, k), pad=4), act))
+    return d, layers
+
+
+@pytest.mark.parametrize("P", [1, 3])
+def test_reference_chain_members_are_the_single_chain(rng, P):
+    """The twins with a member axis: member i of the outputs is the single twin over the operands' [i], bit
+    for bit (forward, backward, backward with accumulate); an operand without the axis is refused."""
+    x, layers = _chain_members(np, rng, P, 9, (6, 12, 4, 8))
+    ref.chain(x, layers)
+    for i in range(P):
+        one = [(w[i], b[i], np.full_like(y[i], np.nan), a) for w, b, y, a in layers]
+        ref.chain(x[i], one)
+        for k, ((*_, y, _), (*_, o, _)) in enumerate(zip(layers, one, strict=True)):
+            assert_bitwise(y[i], o, what=f"member {i}, layer {k}")
+    for accumulate in (False, True):
+        d, steps = _chain_backward_members(np, rng, P, 9, (8, 12, 4, 8), (1, 0, 1))
+        old = [dx.copy() for *_, dx, _ in steps]
+        steps[0][2][...] = rng.standard_normal(steps[0][2].shape)
+        old[0] = steps[0][2].copy()
+        ref.chain_backward(d, steps, accumulate)
+        for i in range(P):
+            one = [(w[i], y[i], o[i].copy(), a) for (w, y, _, a), o in zip(steps, old, strict=True)]
+            ref.chain_backward(d[i], one, accumulate)
+            for k, ((*_, dx, _), (*_, o, _)) in enumerate(zip(steps, one, strict=True)):
+                assert_bitwise(dx[i], o, what=f"member {i}, step {k}, accumulate {accumulate}")
+    w0, b0, y0, a0 = layers[0]
+    with pytest.raises(ValueError, match="gemm.chain: layer 0's operands .* lack the member axis"):
+        ref.chain(x, [(w0[0], b0, y0, a0)])
+    with pytest.raises(ValueError, match="gemm.chain_backward: layer 0's operands"):
+        ref.chain_backward(d, [(steps[0][0], steps[0][1][0], steps[0][2], 1)])
+
+
+def _capture_launch(monkeypatch):
+    """ops.gemm's launches recorded (name -> argument by the kernel's C parameter names), on a device of
+    compute capability 9.0: the launchers' argument layout checked on the CPU with NumPy operands."""
+    from cudarl import signatures
+    from cudarl.ops import gemm as ops
+
+    seen = []
+
+    def launch(family, op, grid, block, args, shared_mem=0):
+        names = [n for n, _, _ in signatures.of(family, op).params]
+        assert len(args) == len(names), f"{op}: {len(args)} arguments for {names}"
+        seen.append((op, grid, dict(zip(names, args, strict=True))))
+
+    monkeypatch.setattr(ops, "launch", launch)
+    monkeypatch.setattr(ops, "_compute_capability", lambda: 90)
+    return ops, seen
+
+
+@pytest.mark.parametrize("P", [1, 5])
+def test_chain_launchers_pass_member_zero_and_the_member_strides(rng, monkeypatch, P):
+    """The launch of P members: grid (8, ceil(M / 32), P); member 0's pointers; x's member stride, one stride
+    for every weight and bias, each output's; the widths and activations per slot, the unused slots' stride,
+    width and act 0. A single call (no member axis) passes the strides 0 and a grid z of 1."""
+    ops, seen = _capture_launch(monkeypatch)
+    M = 40
+    x, layers = _chain_members(np, rng, P, M, (6, 12, 8), x_pad=3)
+    ops.chain(x, layers)
+    d, steps = _chain_backward_members(np, rng, P, M, (8, 12, 4), (1, 0))
+    ops.chain_backward(d, steps, accumulate=True)
+    ops.chain(x[0], [(w[0], b[0], y[0], a) for w, b, y, a in layers])
+    (_, grid, a), (_, grid_b, b), (_, grid_1, one) = seen
+    apart = (lambda t: t.strides[0] // 4) if P > 1 else (lambda t: 0)
+    assert grid == grid_b == (8, 2, P) and grid_1 == (8, 2, 1)
+    assert (a["sx"], a["sp"], a["M"], a["K0"], a["ldx"], a["layers"]) == (apart(x), apart(layers[0][0]), M, 6, 6, 2)
+    assert a["x"].ctypes.data == x.ctypes.data and a["w1"].ctypes.data == layers[1][0].ctypes.data
+    assert [(a[f"sy{i}"], a[f"n{i}"], a[f"act{i}"]) for i in range(4)] == [
+        (apart(layers[0][2]), 12, 1), (apart(layers[1][2]), 8, 0), (0, 0, 0), (0, 0, 0)
+    ]  # fmt: skip
+    assert (b["sd"], b["sp"], b["n_top"], b["acc_top"], b["layers"]) == (apart(d), apart(steps[0][0]), 8, 1, 2)
+    assert [(b[f"s{i}"], b[f"k{i}"], b[f"act{i}"]) for i in range(4)] == [
+        (apart(steps[0][2]), 12, 1), (apart(steps[1][2]), 4, 0), (0, 0, 0), (0, 0, 0)
+    ]  # fmt: skip
+    assert (one["sx"], one["sp"], one["sy0"]) == (0, 0, 0)
+
+
+def test_chain_launchers_say_what_they_refuse(rng, monkeypatch):
+    """The member layouts the kernels cannot take, each named: operands with and without the member axis,
+    weights and biases of several member strides (one stacked buffer has one), members of an output
+    overlapping (stride 0), y and dx of a step apart by other strides, a member stride that breaks the
+    16-byte alignment, a device without clusters."""
+    ops, _ = _capture_launch(monkeypatch)
+    P, M = 3, 8
+    x, layers = _chain_members(np, rng, P, M, (6, 12, 8))
+    d, steps = _chain_backward_members(np, rng, P, M, (8, 12, 4), (1, 0))
+    assert ops._chain_refusal(x, layers, 90) is None and ops._chain_backward_refusal(d, steps, 90) is None
+    w0, b0, y0, a0 = layers[0]
+    bias_apart = _stacked(np, P, (12,), pad=4, fill=b0)
+    shared = np.broadcast_to(np.zeros((M, 12), np.float32), (P, M, 12))  # every member the same rows
+    odd = _stacked(np, P, (M, 12), pad=2)  # members 8 bytes out of 16-byte step
+    refused = {
+        "chain": [
+            ((x[0], layers), "layer 0's operands of other dimensions"),
+            ((x, [(w0, bias_apart, y0, a0), layers[1]]), "weights of several member strides"),
+            ((x, [(w0, b0, shared, a0), layers[1]]), "overlapping another operand, or its own other members"),
+            ((x, [(w0, b0, odd, a0), layers[1]]), "layer 0's operands not float32, dense and 16-byte aligned"),
+            ((x, [(w0[:, :4], b0, y0, a0)]), r"layer 0's w \(3, 4, 12\)"),
+        ],
+        "chain_backward": [
+            ((d, [(steps[0][0], steps[0][1], _stacked(np, P, (M, 12), pad=8), 1)]), "y and dx of member strides"),
+            ((d, [(steps[0][0], steps[0][1], steps[0][1], 1)]), "overlapping another operand"),
+        ],
+    }
+    for op, cases in refused.items():
+        for args, why in cases:
+            assert not getattr(ops, f"{op}_eligible")(*args), why
+            with pytest.raises(ValueError, match=f"gemm.{op}: needs .*; got .*{why}"):
+                getattr(ops, op)(*args)
+    assert ops._chain_refusal(x, layers, 80) == "a device of compute capability 8.0"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("P", [1, 3, 8])
+@pytest.mark.parametrize("M,widths", [(512, (66, 256, 256, 204)), (7, (8, 36, 4)), (33, (64, 256, 12, 8, 256))])
+def test_gpu_chain_members_are_each_single_chain_bitwise(cp, rng, P, M, widths):
+    """P members in one launch (grid z), their operands a stacked network's layouts (x member-strided with a
+    padded row pitch at 66 columns, the parameters one stack, the outputs padded apart): member i of every
+    output is bit for bit the single launch over its operands [i]; forward, then the backward's dx chain
+    over those outputs (with accumulate too)."""
+    from cudarl.ops import gemm as ops
+
+    x, layers = _chain_members(cp, rng, P, M, widths, x_pad=2 if widths[0] % 4 else 0)
+    assert ops.chain_eligible(x, layers)
+    for *_, y, _ in layers:
+        poison(y)
+    ops.chain(x, layers)
+    for i in range(P):
+        one = [(w[i], b[i], cp.empty_like(y[i]), a) for w, b, y, a in layers]
+        ops.chain(x[i], one)
+        for k, ((*_, y, _), (*_, o, _)) in enumerate(zip(layers, one, strict=True)):
+            assert_bitwise(y[i], o, what=f"P = {P}, member {i}, layer {k}")
+    # the dx chain down the same layers: d the top layer's output's shape, y the layers' own outputs
+    d = _stacked(cp, P, (M, widths[-1]), pad=8, fill=rng.standard_normal((P, M, widths[-1])))
+    steps = [
+        (layers[k][0], layers[k - 1][2], _stacked(cp, P, layers[k - 1][2].shape[1:], pad=64), 1)
+        for k in range(len(layers) - 1, 0, -1)
+    ]
+    for accumulate in (False, True):
+        steps[0][2][...] = cp.asarray(rng.standard_normal(steps[0][2].shape).astype(np.float32))
+        old = steps[0][2].copy()
+        for *_, dx, _ in steps[1:]:
+            poison(dx)
+        ops.chain_backward(d, steps, accumulate=accumulate)
+        for i in range(P):
+            one = [(w[i], y[i], (old[i] if k == 0 else cp.empty_like(dx[i])).copy(), a) for k, (w, y, dx, a) in
+                   enumerate(steps)]  # fmt: skip
+            ops.chain_backward(d[i], one, accumulate=accumulate)
+            for k, ((*_, dx, _), (*_, o, _)) in enumerate(zip(steps, one, strict=True)):
+                assert_bitwise(dx[i], o, what=f"P = {P}, member {i}, step {k}, accumulate {accumulate}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("P", [3, 8])
+def test_gpu_chain_members_graphed_equal_eager(cp, rng, P):
+    from cudarl.graph import StepGraph
+    from cudarl.ops import gemm as ops
+
+    x, layers = _chain_members(cp, rng, P, 512, (66, 256, 256, 204), x_pad=2)
+    d = _stacked(cp, P, (512, 204), pad=8, fill=rng.standard_normal((P, 512, 204)))
+    steps = [(layers[2][0], layers[1][2], _stacked(cp, P, (512, 256), pad=64), 1),
+             (layers[1][0], layers[0][2], _stacked(cp, P, (512, 256), pad=64), 1)]  # fmt: skip
+
+    def step():
+        ops.chain(x, layers)
+        ops.chain_backward(d, steps)
+
+    g = StepGraph(f"gemm_chain_members_{P}", [("chain", step)], xp=cp)
+    g.run_eager()
+    g.synchronize()
+    outs = {**{f"y{i}": y for i, (*_, y, _) in enumerate(layers)}, **{f"dx{i}": s[2] for i, s in enumerate(steps)}}
+    want = {k: v.get() for k, v in outs.items()}
+    g.capture()
+    assert_reruns_bitwise(g, outs, want, ("graphed", "graphed", "eager"))
+
+
 # --- tools/bench_gemm.py's batched arm (issue 23): smoke on the CPU ---------------------------------
 def test_bench_gemm_batched_arm_operands_on_numpy(rng):
     """The batched arm's cases on the NumPy backend (P = 2): every step GEMM's stacked operands fit
