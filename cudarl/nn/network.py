@@ -77,6 +77,26 @@ def forward_plan_keys(
     ]
 
 
+def chain_of(encoder, head, net: NetConfig, xp, gated: bool = False) -> tuple:
+    """The Linears ``net.gemm = "chain"`` runs as one launch on the GPU: the encoder's
+    (:meth:`Encoder.chain_linears`), then the head's first (:attr:`Head.chain_linear`) where the encoder's
+    chain reaches psi; () under any other ``gemm``, with an input gate (``gated``), on the NumPy backend, or
+    where a layer is spectrally normalised, TF32, has rows per sample or an activation but identity and ReLU
+    (the chain's epilogues). One function for :class:`QNetwork` and its population form
+    (:class:`cudarl.nn.StackedQNetwork`), so both chain the same layers."""
+    if net.gemm != "chain" or gated or is_numpy(xp):
+        return ()
+    lins = encoder.chain_linears()
+    if lins and head.chain_linear is not None:
+        lins = (*lins, head.chain_linear)
+    acts = (IDENTITY, RELU)  # the chain's epilogues
+    plain = all(
+        not (lin.spectral or lin.tf32) and lin.rows == 1 and lin.residual_rows is None and lin.act in acts
+        for lin in lins
+    )
+    return tuple(lins) if plain else ()
+
+
 def configure_linear(lin: Linear, net: NetConfig) -> Linear:
     """``lin`` with the GEMM choices of ``net`` that every linear layer takes, whichever module built it (an
     auxiliary head's too): ``net.dw_gemm`` and ``net.gemm_algo``."""
@@ -177,22 +197,8 @@ class QNetwork:
         self.ws = self.new_workspace(max_batch) if max_batch is not None else None
 
     def _chain_of(self, net: NetConfig) -> tuple:
-        """The Linears ``net.gemm = "chain"`` runs as one launch on the GPU: the encoder's
-        (:meth:`Encoder.chain_linears`), then the head's first (:attr:`Head.chain_linear`) where the encoder's
-        chain reaches psi; () under any other ``gemm``, with an input gate, on the NumPy backend, or where
-        a layer is spectrally normalised, TF32, has rows per sample or an activation but identity and ReLU
-        (the chain's epilogues)."""
-        if net.gemm != "chain" or self.gate is not None or is_numpy(self.xp):
-            return ()
-        lins = self.encoder.chain_linears()
-        if lins and self.head.chain_linear is not None:
-            lins = (*lins, self.head.chain_linear)
-        acts = (IDENTITY, RELU)  # the chain's epilogues
-        plain = all(
-            not (lin.spectral or lin.tf32) and lin.rows == 1 and lin.residual_rows is None and lin.act in acts
-            for lin in lins
-        )
-        return tuple(lins) if plain else ()
+        """The Linears ``net.gemm = "chain"`` runs as one launch on the GPU (:func:`chain_of`)."""
+        return chain_of(self.encoder, self.head, net, self.xp, gated=self.gate is not None)
 
     def _run_chain(self, x, ws: Workspace) -> bool:
         """The chain's layers (:meth:`_chain_of`) over ``x`` in one launch (cuda_src/gemm.cu's chain), each

@@ -1,18 +1,22 @@
 """``StackedQNetwork``: P members of the reference network with a leading member axis on every buffer.
 
 The reference network is an MLP encoder (``net.hidden``, no LayerNorm) and the dueling C51 head, with
-``net.gemm = "cublaslt_nosplit"``. Its population form (issue 23, docs/perf-notes.md, "The agent axis,
-in stages", stage 2) stacks P members' flat parameter and gradient buffers as one ``[P, padded_size]``
-array: row ``i`` is exactly the flat buffer of a :class:`cudarl.nn.QNetwork` of the same configuration
-(the same :class:`cudarl.nn.params.ParamLayout`), so a member is copied to or from a single network
-bit for bit (:meth:`StackedQNetwork.load_member`, :meth:`StackedQNetwork.store_member`). The member
-stride, ``padded_size`` elements, is a multiple of :data:`cudarl.nn.params.ALIGN` floats (256 bytes),
-which :func:`cudarl.blas.gemm_lt_batched` asks of a batch so every entry keeps entry 0's plan.
+``net.gemm`` one of :data:`STACKED_GEMMS` (``"cublaslt_nosplit"``, ``"chain"``). Its population form (issue
+23, docs/perf-notes.md, "The agent axis, in stages", stage 2) stacks P members' flat parameter and gradient
+buffers as one ``[P, padded_size]`` array: row ``i`` is exactly the flat buffer of a
+:class:`cudarl.nn.QNetwork` of the same configuration (the same :class:`cudarl.nn.params.ParamLayout`), so a
+member is copied to or from a single network bit for bit (:meth:`StackedQNetwork.load_member`,
+:meth:`StackedQNetwork.store_member`). The member stride, ``padded_size`` elements, is a multiple of
+:data:`cudarl.nn.params.ALIGN` floats (256 bytes), which :func:`cudarl.blas.gemm_lt_batched` asks of a batch
+so every entry keeps entry 0's plan.
 
 A forward or backward runs every member at once: each Linear's forward is one strided-batched cuBLASLt
 GEMM with its bias and activation in the epilogue, each dx one batched GEMM, each dW one batched GEMM
 under ``net.dw_gemm = "one_kernel"`` (a GEMM per member under ``"split_k"``), and the bias/activation
-backward and dueling kernels one launch with the member as ``blockIdx.y`` (``cuda_src/nn.cu``). Member
+backward and dueling kernels one launch with the member as ``blockIdx.y`` (``cuda_src/nn.cu``). Under
+``net.gemm = "chain"``, where the single network chains (:func:`cudarl.nn.network.chain_of`, the launch's
+eligibility), every Linear's forward is one ``gemm.chain`` launch for all members and the backward's dx
+chain one ``gemm.chain_backward`` (the member as ``blockIdx.z``); the weight gradients as above. Member
 ``i`` of a forward or backward equals the single network of the same configuration with member ``i``'s
 parameters, bit for bit: each batched operation is P copies of the single operation (the NumPy twins
 loop over members).
@@ -30,11 +34,16 @@ from ..config import NetConfig
 from ..pinned import member_index
 from ..reference.nn import IDENTITY
 from .layers import Linear
-from .network import QNetwork, _declare, _modules, _walk, configure_linear
+from .network import QNetwork, _declare, _modules, _walk, chain_of, configure_linear
 from .params import Workspace, matmul, member_view, stacked_zeros
 
-#: The one ``net.gemm`` whose GEMMs a batch can reproduce: the forward and dx as one-kernel cuBLASLt GEMMs.
-STACKED_GEMM = "cublaslt_nosplit"
+#: The ``net.gemm`` choices whose GEMMs P members in one launch reproduce bit for bit, member ``i`` the single
+#: network alone: ``cublaslt_nosplit`` (the forward and dx as one-kernel cuBLASLt GEMMs, which a
+#: strided-batched GEMM repeats per member) and ``chain`` (the Linears as one ``gemm.chain`` launch and the dx
+#: chain as one ``gemm.chain_backward``, whose member axis is ``blockIdx.z`` over the same tile code; where the
+#: single network falls back to ``cublaslt_nosplit`` layer by layer, so does the population). Not ``cublas`` or
+#: ``cublaslt``, whose split-K heuristics a batched GEMM does not repeat, nor ``cudarl`` (no batched panel GEMM).
+STACKED_GEMMS = ("cublaslt_nosplit", "chain")
 
 
 def _elems(a) -> int:
@@ -74,13 +83,13 @@ def _reference_network(net: NetConfig) -> None:
         "layernorm": net.layernorm,
         "spectral": bool(net.spectral),
         "plan": net.plan,
-        "gemm": net.gemm != STACKED_GEMM,
+        "gemm": net.gemm not in STACKED_GEMMS,
     }
     bad = sorted(k for k, v in unsupported.items() if v)
     if bad:
         raise ValueError(
             f"StackedQNetwork builds the reference network only (encoder 'mlp' without layernorm, head 'c51', "
-            f"no spectral norm, no plan head, gemm {STACKED_GEMM!r}: the GEMMs a batch reproduces); not {bad}"
+            f"no spectral norm, no plan head, gemm one of {STACKED_GEMMS}: the GEMMs a batch reproduces); not {bad}"
         )
 
 
@@ -92,7 +101,7 @@ class StackedQNetwork:
         n_actions: actions.
         net: the :class:`cudarl.config.NetConfig` (keyword ``fields`` override it, as for
             :class:`cudarl.nn.QNetwork`); the reference network only (``encoder="mlp"``, no
-            ``layernorm``, ``head="c51"``, no ``spectral``, no ``plan``, ``gemm="cublaslt_nosplit"``).
+            ``layernorm``, ``head="c51"``, no ``spectral``, no ``plan``, ``gemm`` one of :data:`STACKED_GEMMS`).
         members: P.
         xp: backend (float32 only).
         max_batch: rows per member of the default workspace :attr:`ws` (None: none).
@@ -150,6 +159,9 @@ class StackedQNetwork:
         self.linears = [m for m in _walk([self.encoder, self.head]) if isinstance(m, Linear)]
         for lin in self.linears:  # as QNetwork sets its layers'
             configure_linear(lin, net)
+        #: the Linears the forward runs as one ``gemm.chain`` launch (the single network's choice,
+        #: :func:`cudarl.nn.network.chain_of`: under ``net.gemm = "chain"`` on the GPU all of them), else ()
+        self._chain = chain_of(self.encoder, self.head, net, xp)
         host = np.stack([self.layout.init_host(s, np.float32) for s in seeds])
         self.params = xp.asarray(host)
         self.grads = xp.zeros_like(self.params)
@@ -267,8 +279,9 @@ class StackedQNetwork:
         ws = ws or self.ws
         ws.set_batch(x.shape[1])
         ws.x, ws.raw_head = x, bool(raw_head)
-        h = x
-        for lin in self.linears:
+        ws.chained = bool(self._chain) and self._run_chain(x, ws)
+        h = ws.rows(f"{self._chain[-1].name}.out") if ws.chained else x
+        for lin in self.linears[len(self._chain) if ws.chained else 0 :]:
             y = ws.rows(f"{lin.name}.out")
             W, bias = self.P[f"{lin.name}.weight"], self.P[f"{lin.name}.bias"]
             blas.gemm_lt_batched(h, W, y, bias=bias, act=lin.lt_act, tf32=lin.tf32, algo=self.batched_algo)
@@ -278,6 +291,20 @@ class StackedQNetwork:
         logits = ws.rows(f"{self.head.name}.logits")
         self.ops.dueling_forward(h, logits)
         return logits
+
+    def _run_chain(self, x, ws: StackedWorkspace) -> bool:
+        """The chain's layers over ``x`` ``[P, B, n_in]`` in one ``gemm.chain`` launch for every member, each
+        layer's output in its ``out`` rows, as :meth:`cudarl.nn.QNetwork._run_chain` for one network. False
+        where the launch cannot take these operands (``chain_eligible``; the layers then run one by one)."""
+        ops = family("gemm", self.xp)
+        layers = [
+            (self.P[f"{lin.name}.weight"], self.P[f"{lin.name}.bias"], ws.rows(f"{lin.name}.out"), lin.act)
+            for lin in self._chain
+        ]
+        if not ops.chain_eligible(x, layers):
+            return False
+        ops.chain(x, layers)
+        return True
 
     def grad_output(self, ws: StackedWorkspace | None = None, raw_head: bool = False):
         """The buffer the loss writes dL/dlogits into, ``[P, B, A, atoms]`` (``raw_head``: dL/dva
@@ -297,26 +324,71 @@ class StackedQNetwork:
         if not ws.raw_head:
             self.ops.dueling_backward(ws.rows(self.head.grad_name), ws.rows(self.head.raw_grad_name()))
         sides = self._sides or [None] * len(self.linears)
-        for (lin, x, below), side in reversed(list(zip(self.layer_rows(ws, ws.x, dx), sides, strict=True))):
-            y, dy = ws.rows(f"{lin.name}.out"), ws.rows(f"{lin.name}.dout")
-            gb, gw = self.G[f"{lin.name}.bias"], self.G[f"{lin.name}.weight"]
+        rows = list(zip(self.layer_rows(ws, ws.x, dx), sides, strict=True))
+        if dx is None and self._backward_chained(ws, rows):
+            return
+        for (lin, x, below), side in reversed(rows):
             if side is None:
-                self.ops.bias_act_backward(dy, y, dy, gb, lin.act)
-                self._dw(lin, x, dy, gw)
+                y, dy = ws.rows(f"{lin.name}.out"), ws.rows(f"{lin.name}.dout")
+                self.ops.bias_act_backward(dy, y, dy, self.G[f"{lin.name}.bias"], lin.act)
+                self._dw(lin, x, dy, self.G[f"{lin.name}.weight"])
             else:
-                # as Linear.backward on its side branch: the activation's backward on the chain, dW and
-                # the bias sums (the identity's bias_act_backward, the same bits as one) beside it
+                # as Linear.backward on its side branch: the activation's backward on the chain, then the
+                # parameter gradients beside it (_param_grads)
                 if lin.act != IDENTITY:
-                    self.ops.act_backward(dy, y, dy, lin.act)
-                with side.fork():
-                    self._dw(lin, x, dy, gw)
-                    if below is not None:
-                        self.ops.bias_act_backward(dy, y, dy, gb, IDENTITY)
-                if below is None:
-                    self.ops.bias_act_backward(dy, y, dy, gb, IDENTITY)
+                    dy = ws.rows(f"{lin.name}.dout")
+                    self.ops.act_backward(dy, ws.rows(f"{lin.name}.out"), dy, lin.act)
+                self._param_grads(lin, x, ws, side, bias_beside=below is None)
             if below is not None:
-                W = self.P[f"{lin.name}.weight"]
+                W, dy = self.P[f"{lin.name}.weight"], ws.rows(f"{lin.name}.dout")
                 blas.gemm_lt_batched(dy, W, below, trans_b=True, tf32=lin.tf32, algo=self.batched_algo)
+
+    def _backward_chained(self, ws: StackedWorkspace, rows: list) -> bool:
+        """The backward of a forward that ran the chain through the C51 head's ``va`` (:meth:`_run_chain`) with
+        its dx chain as one ``gemm.chain_backward`` launch for every member, as
+        :meth:`cudarl.nn.QNetwork._backward_chained` for one network (dL/dva already in ``va``'s ``dout``):
+        ``va``'s parameter gradients, then one launch writing every encoder layer's dz (each member the panel
+        dx GEMM's bits then the ReLU mask's), then the encoder layers' parameter gradients, top to bottom.
+        ``rows``: :meth:`backward`'s ``((layer, its input, its dx rows), side stream)`` in forward order. False,
+        with nothing run, where the forward did not chain through ``va`` or the launch cannot take the
+        operands (``chain_backward_eligible``): :meth:`backward` then runs layer by layer, as the single
+        network does."""
+        lins = self._chain
+        if not ws.chained or lins[-1] is not self.head.chain_linear or lins[-1].act != IDENTITY:
+            return False
+        d = ws.rows(f"{lins[-1].name}.dout")
+        steps = [
+            (self.P[f"{top.name}.weight"], ws.rows(f"{below.name}.out"), ws.rows(f"{below.name}.dout"), below.act)
+            for top, below in zip(lins[:0:-1], lins[-2::-1], strict=True)
+        ]  # from the head's layer down: its weight, then the mask and dz of the layer below
+        ops = family("gemm", self.xp)
+        if not ops.chain_backward_eligible(d, steps):
+            return False
+        (top, psi, _), top_side = rows[len(lins) - 1]
+        self._param_grads(top, psi, ws, top_side)
+        ops.chain_backward(d, steps)
+        for i in range(len(lins) - 2, -1, -1):  # the first layer's bias beside its dW, as Linear.backward's
+            (lin, x, _), side = rows[i]
+            self._param_grads(lin, x, ws, side, bias_beside=i == 0)
+        return True
+
+    def _param_grads(self, lin: Linear, x, ws: StackedWorkspace, side, bias_beside: bool = False) -> None:
+        """``lin``'s parameter gradients from dz already in its ``dout`` rows (the activation's derivative
+        applied), as :meth:`cudarl.nn.Linear.backward_grads`: dW (:meth:`_dw`) and the bias sums (the identity's
+        ``bias_act_backward``, which only reads dz); on ``side`` (forked here) where given, the bias after dW
+        there, or with ``bias_beside`` on the current stream beside it; else both here, the bias first."""
+        y, dy = ws.rows(f"{lin.name}.out"), ws.rows(f"{lin.name}.dout")
+        gb, gw = self.G[f"{lin.name}.bias"], self.G[f"{lin.name}.weight"]
+        if side is None:
+            self.ops.bias_act_backward(dy, y, dy, gb, IDENTITY)
+            self._dw(lin, x, dy, gw)
+            return
+        with side.fork():
+            self._dw(lin, x, dy, gw)
+            if not bias_beside:
+                self.ops.bias_act_backward(dy, y, dy, gb, IDENTITY)
+        if bias_beside:
+            self.ops.bias_act_backward(dy, y, dy, gb, IDENTITY)
 
     def _dw(self, lin: Linear, x, dy, gw) -> None:
         """The weight gradients ``gw[i] = x[i]^T dy[i]``: the single network's GEMM (``net.dw_gemm``), as one

@@ -25,21 +25,17 @@ def nt(a: np.ndarray, bt: np.ndarray, out: np.ndarray) -> None:
     out[...] = a @ bt.T
 
 
-def _members(lead: np.ndarray, layers, ranks: tuple, where: str) -> int:
-    """P of a chain call whose first operand ``lead`` (x or d) has a member axis (3 dimensions), else 0 (a
-    single call); every layer's operands must then have it too (``ranks``: their dimensions with it)."""
+def _members(lead: np.ndarray, layers, ranks: tuple, where: str) -> list:
+    """The calls of one network a chain call holds, ``[(lead_i, layers_i), ...]``: member ``i``'s entries where
+    its first operand ``lead`` (x or d) has a member axis (3 dimensions), which every layer's operands must
+    then have too (``ranks``: their dimensions with it); else the call itself."""
     if lead.ndim != 3:
-        return 0
+        return [(lead, layers)]
     P = lead.shape[0]
     for i, (*ts, _act) in enumerate(layers):
         if tuple(t.ndim for t in ts) != ranks or any(t.shape[0] != P for t in ts):
             raise ValueError(f"{where}: layer {i}'s operands {[t.shape for t in ts]} lack the member axis of {P}")
-    return P
-
-
-def _member(layers, i: int) -> list:
-    """Member ``i``'s layers of a stacked chain call: every operand's entry ``i``."""
-    return [(*(t[i] for t in ts), act) for *ts, act in layers]
+    return [(lead[i], [(*(t[i] for t in ts), act) for *ts, act in layers]) for i in range(P)]
 
 
 def chain(x: np.ndarray, layers) -> None:
@@ -47,11 +43,12 @@ def chain(x: np.ndarray, layers) -> None:
     :func:`nn_bias_act` over ``layers`` ``[(w [K_l, N_l], b [N_l], y [M, N_l], act_l), ...]``, every ``y_l``
     written (x ``[M, K0]``). With a leading member axis on every operand (x ``[P, M, K0]``, w
     ``[P, K_l, N_l]``, b ``[P, N_l]``, y ``[P, M, N_l]``), member ``i`` is this over its entries ``[i]``."""
-    P = _members(x, layers, (3, 2, 3), "gemm.chain")
-    for i in range(P):
-        chain(x[i], _member(layers, i))
-    if P:
-        return
+    for x_i, layers_i in _members(x, layers, (3, 2, 3), "gemm.chain"):
+        _chain(x_i, layers_i)
+
+
+def _chain(x: np.ndarray, layers) -> None:
+    """:func:`chain` of one network."""
     h = x
     for w, b, y, act in layers:
         nn_bias_act(h, w, b, y, act)
@@ -66,11 +63,12 @@ def chain_backward(d: np.ndarray, layers, accumulate: bool = False) -> None:
     first step's product plus ``dx_0``'s old values, then its mask. With a leading member axis on every operand
     (d ``[P, M, n_top]``, w ``[P, k_i, n_i]``, y and dx ``[P, M, k_i]``), member ``i`` is this over its entries
     ``[i]``."""
-    P = _members(d, layers, (3, 3, 3), "gemm.chain_backward")
-    for i in range(P):
-        chain_backward(d[i], _member(layers, i), accumulate)
-    if P:
-        return
+    for d_i, layers_i in _members(d, layers, (3, 3, 3), "gemm.chain_backward"):
+        _chain_backward(d_i, layers_i, accumulate)
+
+
+def _chain_backward(d: np.ndarray, layers, accumulate: bool) -> None:
+    """:func:`chain_backward` of one network."""
     h = d
     for i, (w, y, dx, act) in enumerate(layers):
         if act not in (0, 1):
