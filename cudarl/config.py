@@ -110,7 +110,7 @@ class RunConfig:
     ``joined``: one launch per operation for every member (issue 23's agent axis: the stacked network,
     optimiser, loss, replay and environments; docs/perf-notes.md, "The agent axis, in stages"), member
     ``i`` bitwise the agent alone. ``joined`` takes the reference configuration only (MLP encoder without
-    LayerNorm, dueling C51, ``net.gemm = "cublaslt_nosplit"``, no spectral norm, plan head, auxiliary
+    LayerNorm, dueling C51, ``net.gemm`` ``"cublaslt_nosplit"`` or ``"chain"``, no spectral norm, plan head, auxiliary
     signals or CQL, acting by the mean), members that differ in seeds, host-side settings and the per-member
     settings of ``cudarl.stacked_agent.MEMBER_SETTINGS`` (learning-rate schedule, Adam's constants, gamma,
     tau and epsilon schedules, PER alpha, eps and beta, costs, hold cap, fill, levels, PopArt's beta and
@@ -343,7 +343,8 @@ class NetConfig:
     spectral norm or input gate, widths multiples of 4 up to 256, compute capability 9.0 or later; each
     layer's output the panel GEMM's bits), and where that launch held the C51 head's first layer (and no
     extra head writes dL/dpsi) the backward's dx chain, from dL/dva down to the first layer's dz, is one
-    launch too (each step the panel GEMM's and the ReLU mask's bits). Same math to float32 rounding. The
+    launch too (each step the panel GEMM's and the ReLU mask's bits); a joined population's members run theirs as
+    one launch each for all members (``cudarl.nn.StackedQNetwork``). Same math to float32 rounding. The
     train step on an H200 at 8550a3d: 100.7 us with ``cublaslt_nosplit``, 107.8 ``cudarl``, 120.0
     ``cublaslt``, 126.1 ``cublas`` (``tools/bench_step.py``; docs/gpu-report.md)."""
     dw_gemm: str = "split_k"

@@ -2,7 +2,7 @@
 
 Issue 23's agent axis, stage 6a (docs/perf-notes.md, "The agent axis, in stages"): the phases of
 :meth:`cudarl.agent.Agent.train_phases` for the reference configuration (MLP encoder, dueling C51,
-``net.gemm = "cublaslt_nosplit"``, PopArt on or off, no auxiliary signals), composed from the stacked
+``net.gemm`` ``"cublaslt_nosplit"`` or ``"chain"``, PopArt on or off, no auxiliary signals), composed from the stacked
 pieces of stages 0-5 instead of one agent's::
 
     schedules     StackedAdam.schedule_step, StackedSoftUpdate.schedule_step    (a branch, as alone)

@@ -7,12 +7,13 @@ rings and the sum trees.
 
 CPU (NumPy backend): P = 1 and 3, PopArt on and off, one launch and three for the optimiser and the
 PopArt loss (``run.grid_barrier``), each operation in the other form than the agents', a clip that acts,
-shrink-and-perturb, and ``net.dw_gemm = "one_kernel"`` (read by the learner and the agents alike); which
-form the learner takes at which P (``StackedLearner.one_launch_forms``, ``kernels.barrier_grid_fits``).
+shrink-and-perturb, ``net.dw_gemm = "one_kernel"`` (read by the learner and the agents alike) and
+``net.gemm = "chain"`` (the GPU's chain set, the launches' twins); which form the learner takes at which P
+(``StackedLearner.one_launch_forms``, ``kernels.barrier_grid_fits``).
 GPU (marked): the reference sizes (66 inputs, 256-256, 51 atoms, batch 512) at P = 1, 3, 64 (at 64,
 three members against singles) in the forms the learner takes and in the one-launch forms at P = 3, 64,
-under each ``net.dw_gemm`` at P = 3 and 64, the forms it takes on the device, and a captured step against
-the eager one, bit for bit.
+under each ``net.dw_gemm`` at P = 3 and 64, under ``net.gemm = "chain"`` at P = 1, 3, 8, the forms it takes
+on the device, and a captured step against the eager one, bit for bit (``chain`` at P = 1, 3, 8 too).
 """
 
 from dataclasses import replace
@@ -227,6 +228,43 @@ def test_members_are_single_agents_bitwise_with_one_kernel_weight_gradients(rng,
     learner = _run_and_compare(np, cfg, P, _seeds(rng, P), list(range(P)), rng, updates=updates)
     layers = len(learner.online.linears)
     assert calls == {"gemm_lt_batched": updates * layers, "gemm_lt": updates * layers * P}
+
+
+@pytest.mark.parametrize("P", [1, 3])
+def test_members_are_single_agents_bitwise_under_chain(rng, monkeypatch, P):
+    """net.gemm = "chain" for the learner and the agents, run on NumPy as on the GPU: the networks' chain set
+    the GPU's (cudarl.nn.network.chain_of with a device backend; NumPy's is ()), the launches the twins with
+    their eligibility taken as given. Each update the learner's three forwards (target and online at s',
+    online at s) are one gemm.chain each for every member and its backward's dx chain one
+    gemm.chain_backward, as each agent's are for itself; member i still equals agent i bit for bit."""
+    from cudarl.nn import network, stacked
+    from cudarl.reference import gemm as twin
+
+    def gpu_chain_of(encoder, head, net, xp, gated=False):
+        return network_chain_of(encoder, head, net, "cupy", gated)  # any backend but NumPy's
+
+    network_chain_of = network.chain_of
+    monkeypatch.setattr(network, "chain_of", gpu_chain_of)
+    monkeypatch.setattr(stacked, "chain_of", gpu_chain_of)
+    monkeypatch.setattr(twin, "chain_eligible", lambda x, layers: True, raising=False)
+    monkeypatch.setattr(twin, "chain_backward_eligible", lambda d, layers: True, raising=False)
+    calls = []
+
+    def spy(op, f):
+        def counted(lead, *args, **kw):
+            calls.append((op, lead.ndim))
+            return f(lead, *args, **kw)
+
+        return counted
+
+    for op in ("chain", "chain_backward"):
+        monkeypatch.setattr(twin, op, spy(op, getattr(twin, op)))
+    updates = 4
+    learner = _run_and_compare(np, _config(net={"gemm": "chain"}), P, _seeds(rng, P), list(range(P)), rng, updates)
+    assert len(learner.online._chain) == len(learner.online.linears) and learner.ws.chained
+    for ndim, times in ((3, 1), (2, P)):  # the learner's launches (a member axis), the agents'
+        assert calls.count(("chain", ndim)) == 3 * updates * times
+        assert calls.count(("chain_backward", ndim)) == updates * times
 
 
 def test_batched_algo_is_validated_and_single_by_default():
@@ -452,16 +490,36 @@ def test_gpu_members_are_single_agents_bitwise_with_one_kernel_weight_gradients(
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("P", [3, 64])
+@pytest.mark.parametrize("P, members", [(1, [0]), (3, [0, 1, 2]), (8, [0, 5, 7])])
 @pytest.mark.parametrize("dw_gemm", ["split_k", "one_kernel"])
-def test_gpu_stacked_step_graphed_equals_eager(cp, P, dw_gemm):
+def test_gpu_members_are_single_agents_bitwise_under_chain(cp, rng, P, members, dw_gemm):
+    """net.gemm = "chain" for the learner and the agents: the learner's forwards one gemm.chain launch each
+    for every member (grid z) and its dx chain one gemm.chain_backward, each agent's its own; every graph
+    captured before any eager run; member ``i`` against its agent after each update."""
+    from cudarl import kernels
+
+    sync = cp.cuda.Device().synchronize
+    cfg = _reference_cfg(net={"gemm": "chain", "dw_gemm": dw_gemm})
+    with kernels.tracing() as events:
+        learner = _run_and_compare(cp, cfg, P, _seeds(rng, P), members, rng, 4, features=64, sync=sync)
+    assert learner.online._chain and learner.ws.chained
+    launched = [e["name"] for e in events if e.get("kind") == "kernel"]
+    assert "cudarl_gemm_chain" in launched and "cudarl_gemm_chain_backward" in launched, sorted(set(launched))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "P, gemm", [(3, "cublaslt_nosplit"), (64, "cublaslt_nosplit"), (1, "chain"), (3, "chain"), (8, "chain")]
+)
+@pytest.mark.parametrize("dw_gemm", ["split_k", "one_kernel"])
+def test_gpu_stacked_step_graphed_equals_eager(cp, P, gemm, dw_gemm):
     """Two learners of the same seeds and rows: one captured before any eager run and replayed, one run
     eagerly; every member buffer equal after each update, bit for bit."""
-    cfg, seeds = _reference_cfg(net={"dw_gemm": dw_gemm}), _seeds(np.random.default_rng(11), P)
+    cfg, seeds = _reference_cfg(net={"dw_gemm": dw_gemm, "gemm": gemm}), _seeds(np.random.default_rng(11), P)
     runs = []
     for _ in range(2):
         learner, replay, _, _, win = _build(cp, cfg, P, seeds, [], np.random.default_rng(5), features=64)
-        graph = StepGraph(f"train_stacked_{P}_{dw_gemm}", learner.train_phases(replay, win), xp=cp)
+        graph = StepGraph(f"train_stacked_{P}_{gemm}_{dw_gemm}", learner.train_phases(replay, win), xp=cp)
         runs.append((learner, replay, graph))
     runs[0][2].capture()
     for step in range(1, 6):
