@@ -275,7 +275,8 @@ class StackedQNetwork:
         """x float32 ``[P, B, n_in]`` (each member's rows C-contiguous; on the GPU members a multiple of 16
         bytes apart, e.g. :meth:`input`) -> logits ``[P, B, A, atoms]`` in ``ws`` (``raw_head``: the head's
         ``va [P, B, (1 + A) atoms]`` before the dueling combine; :meth:`backward` then starts from dL/dva).
-        Writes every layer's ``out`` rows of ``ws``."""
+        Writes every layer's ``out`` rows of ``ws``: each a batched cuBLASLt GEMM, or under ``net.gemm =
+        "chain"`` the chain's layers one ``gemm.chain`` launch where it takes them (:meth:`_run_chain`)."""
         ws = ws or self.ws
         ws.set_batch(x.shape[1])
         ws.x, ws.raw_head = x, bool(raw_head)
@@ -319,7 +320,8 @@ class StackedQNetwork:
         layout's is made at its first eager call, outside any capture). Consumes the ``dout``
         rows of ``ws``. Per layer, from the head down: the bias/activation backward (one launch for every
         member), the weight gradients (one batched GEMM, or one per member: ``net.dw_gemm``, see the class
-        docstring), dx as one batched GEMM."""
+        docstring), dx as one batched GEMM; after a chained forward, without ``dx``, the dx chain is one
+        ``gemm.chain_backward`` launch where it takes the operands (:meth:`_backward_chained`)."""
         ws = ws or self.ws
         if not ws.raw_head:
             self.ops.dueling_backward(ws.rows(self.head.grad_name), ws.rows(self.head.raw_grad_name()))
