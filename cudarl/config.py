@@ -341,12 +341,13 @@ class NetConfig:
     (``cublaslt_nosplit``, except that the forward of an ``mlp`` encoder's layers, and of the C51 head's
     first, is one launch of ``cuda_src/gemm.cu``'s chain where it takes them: float32, no TF32, layernorm,
     spectral norm or input gate, widths multiples of 4 up to 256, compute capability 9.0 or later; each
-    layer's output the panel GEMM's bits), and where that launch held the C51 head's first layer (and no
-    extra head writes dL/dpsi) the backward's dx chain, from dL/dva down to the first layer's dz, is one
-    launch too (each step the panel GEMM's and the ReLU mask's bits); a joined population's members run theirs as
-    one launch each for all members (``cudarl.nn.StackedQNetwork``). Same math to float32 rounding. The
-    train step on an H200 at 8550a3d: 100.7 us with ``cublaslt_nosplit``, 107.8 ``cudarl``, 120.0
-    ``cublaslt``, 126.1 ``cublas`` (``tools/bench_step.py``; docs/gpu-report.md)."""
+    layer's output the panel GEMM's bits), and where that launch held the C51 head's first layer (an extra
+    head that writes dL/dpsi first is added in, before the mask) the backward's dx chain, from dL/dva down to
+    the first layer's dz, is one launch too (each step the panel GEMM's and the ReLU mask's bits); a joined
+    population's members run theirs as one launch each for all members (``cudarl.nn.StackedQNetwork``). Same
+    math to float32 rounding. The train step on an H100 at 01da88f: 97.8 us with ``cublaslt_nosplit``, 107.8
+    ``cudarl``, 121.2 ``cublaslt``, 125.4 ``cublas``, 129.3 ``chain`` (slower: docs/perf-notes.md,
+    thirty-first session) (``tools/bench_step.py``; docs/gpu-report.md)."""
     dw_gemm: str = "split_k"
     """The algorithm of the linear layers' weight-gradient GEMMs ``dW = x^T dz`` (GPU), under every ``gemm``:
     ``split_k`` (cuBLAS, whose heuristic splits K, the batch, into partial sums and a reduction kernel) or
