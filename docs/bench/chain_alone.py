@@ -1,6 +1,6 @@
 """Session 31: the chain kernel alone against the panel GEMMs layer by layer, at the reference MLP's shapes
-(66 -> 256 -> 256 -> 204, ReLU, ReLU, identity), 512 and 4,096 rows; 20 calls captured in a CUDA
-graph, replayed 20 times. Answers why the step under net.gemm = "chain" measured slower (docs/perf-notes.md,
+(66 -> 256 -> 256 -> 204, ReLU, ReLU, identity), 512 and 4,096 rows; 20 calls captured in a cudarl
+StepGraph, replayed 200 times. Answers why the step under net.gemm = "chain" measured slower (docs/perf-notes.md,
 thirty-first session)."""
 
 import cupy as cp
@@ -10,24 +10,23 @@ from cudarl.ops import gemm
 WIDTHS, ACTS = (66, 256, 256, 204), (1, 1, 0)
 
 
-def timed(fn, n=20, reps=20):
-    """Median-free mean us a call: ``n`` calls captured in one CUDA graph (no host launch cost), replayed
-    ``reps`` times after a warm-up."""
-    s = cp.cuda.Stream(non_blocking=True)
-    with s:
-        fn()  # compile, load, plan outside the capture
-        s.begin_capture()
-        for _ in range(n):
-            fn()
-        g = s.end_capture()
-        g.launch()
-        s.synchronize()
-        a, b = cp.cuda.Event(), cp.cuda.Event()
-        a.record()
-        for _ in range(reps):
-            g.launch()
-        b.record()
-        b.synchronize()
+def timed(fn, n=20, reps=200):
+    """Mean us a call: ``n`` calls captured in one cudarl StepGraph (no host launch cost; kernels refuse a
+    capture outside cudarl.graph), ``reps`` replays after an eager run."""
+    from cudarl.graph import StepGraph
+
+    g = StepGraph("chain_alone", [("calls", lambda: [fn() for _ in range(n)])], xp=cp)
+    g.run_eager()
+    g.synchronize()
+    g.capture()
+    g.replay()
+    g.synchronize()
+    a, b = cp.cuda.Event(), cp.cuda.Event()
+    a.record(g.stream)
+    for _ in range(reps):
+        g.replay()
+    b.record(g.stream)
+    b.synchronize()
     return cp.cuda.get_elapsed_time(a, b) * 1e3 / (n * reps)
 
 
