@@ -1,4 +1,4 @@
-# Run in session 31 (H100, 17cf625): chain_alone.py failed (a capture outside cudarl.graph; since rewritten
+# Run in session 31 (H100, 1a17634): chain_alone.py failed (a capture outside cudarl.graph; since rewritten
 # over StepGraph, not run), racecheck ran past its 150 s (a smaller -k ran after: 0 hazards), ncu printed the
 # chain's launch statistics (docs/perf-notes.md, thirty-first session).
 # Session 31's second device call (the first was `call_s30.sh A 01da88f`): why the chain is slower.
