@@ -97,6 +97,22 @@ def chain_of(encoder, head, net: NetConfig, xp, gated: bool = False) -> tuple:
     return tuple(lins) if plain else ()
 
 
+def chain_backward_operands(lins: tuple, head, ws, weight) -> tuple | None:
+    """``(d, steps)`` of the dx chain (``gemm.chain_backward``) after a forward that ran the chain ``lins``
+    (:func:`chain_of`) through the head's first layer: ``d`` that layer's dz (its ``dout`` rows, where it has
+    no activation), ``steps`` from it down, each ``(weight(top), the layer below's out rows, its dout rows,
+    its act)``; ``weight(lin)`` the layer's weight (one network's, or a population's stacked ones). None where
+    the forward did not chain (``ws.chained``) or not through the head's layer, or that layer has an
+    activation. One rule for :class:`QNetwork` and :class:`cudarl.nn.StackedQNetwork`."""
+    if not ws.chained or lins[-1] is not head.chain_linear or lins[-1].act != IDENTITY:
+        return None
+    steps = [
+        (weight(top), ws.rows(f"{below.name}.out"), ws.rows(f"{below.name}.dout"), below.act)
+        for top, below in zip(lins[:0:-1], lins[-2::-1], strict=True)
+    ]  # from the head's layer down: its weight, then the mask and dz of the layer below
+    return ws.rows(f"{lins[-1].name}.dout"), steps
+
+
 def configure_linear(lin: Linear, net: NetConfig) -> Linear:
     """``lin`` with the GEMM choices of ``net`` that every linear layer takes, whichever module built it (an
     auxiliary head's too): ``net.dw_gemm`` and ``net.gemm_algo``."""
@@ -227,17 +243,14 @@ class QNetwork:
         without ``extras_done`` (it would add after the mask), or the launch cannot take the operands
         (``chain_backward_eligible``): :meth:`backward` then runs layer by layer."""
         lins = self._chain
-        if not ws.chained or lins[-1] is not self.head.chain_linear or lins[-1].act != IDENTITY:
-            return False  # (the launch starts from the head's layer's dz: its dout, where it has no activation)
+        operands = chain_backward_operands(lins, self.head, ws, lambda lin: lin.weight())
+        if operands is None:
+            return False
         early = any(self.extras[name].writes_dpsi for name in ws.heads)
         if early and not extras_done:
             return False
         ops = family("gemm", self.xp)
-        d = ws.rows(f"{lins[-1].name}.dout")
-        steps = [
-            (top.weight(), ws.rows(f"{below.name}.out"), ws.rows(f"{below.name}.dout"), below.act)
-            for top, below in zip(lins[:0:-1], lins[-2::-1], strict=True)
-        ]  # from the head's layer down: its weight, then the mask and dz of the layer below
+        d, steps = operands
         if not ops.chain_backward_eligible(d, steps):
             return False
         psi = ws.rows(f"{self.encoder.out_name}.out")

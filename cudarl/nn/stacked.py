@@ -34,7 +34,7 @@ from ..config import NetConfig
 from ..pinned import member_index
 from ..reference.nn import IDENTITY
 from .layers import Linear
-from .network import QNetwork, _declare, _modules, _walk, chain_of, configure_linear
+from .network import QNetwork, _declare, _modules, _walk, chain_backward_operands, chain_of, configure_linear
 from .params import Workspace, matmul, member_view, stacked_zeros
 
 #: The ``net.gemm`` choices whose GEMMs P members in one launch reproduce bit for bit, member ``i`` the single
@@ -356,14 +356,11 @@ class StackedQNetwork:
         operands (``chain_backward_eligible``): :meth:`backward` then runs layer by layer, as the single
         network does."""
         lins = self._chain
-        if not ws.chained or lins[-1] is not self.head.chain_linear or lins[-1].act != IDENTITY:
+        operands = chain_backward_operands(lins, self.head, ws, lambda lin: self.P[f"{lin.name}.weight"])
+        if operands is None:
             return False
-        d = ws.rows(f"{lins[-1].name}.dout")
-        steps = [
-            (self.P[f"{top.name}.weight"], ws.rows(f"{below.name}.out"), ws.rows(f"{below.name}.dout"), below.act)
-            for top, below in zip(lins[:0:-1], lins[-2::-1], strict=True)
-        ]  # from the head's layer down: its weight, then the mask and dz of the layer below
         ops = family("gemm", self.xp)
+        d, steps = operands
         if not ops.chain_backward_eligible(d, steps):
             return False
         (top, psi, _), top_side = rows[len(lins) - 1]
