@@ -1,0 +1,28 @@
+# Session 32's first device call: `LIMIT=590 OUT=$OUT bash docs/bench/call_s32.sh A <sha>`.
+#   A: gpu_check at <sha> (the report of record; bench_step with its net.gemm variants), then the critical
+#      paths of the reference train graph and of the MLP train graph with all seven signals (ncu, traces,
+#      tools/critical_path.py over bench_floor.json: next_call_s29.sh P, never run before), then bench_aux
+#      --encoder mlp if time is left.
+# Predictions (written before the call): the reference path is sample (11-16 us), the three forward GEMMs
+# (30-34 us), targets_loss (13-16), the backward's dx chain and first-layer dW (33-37), adam (8-10) and the
+# publish (2-3), 95-115 us of serialised kernel time; the all-seven path adds causal's and vaccine's extra
+# backwards and homeostatic's kernels, 180-230 us of serialised kernel time.
+set -f
+R=$(pwd); T0=$(date +%s); t() { echo "== $1 t=$(( $(date +%s) - T0 ))"; }
+left() { local l=$(( ${LIMIT:-580} - ($(date +%s) - T0) )); [ "$l" -lt 1 ] && l=1; [ "$l" -lt "$1" ] && echo "$l" || echo "$1"; }
+nvidia-smi --query-gpu=name --format=csv,noheader
+if [ "$1" = A ]; then
+  t gpu_check; export CUDARL_COMMIT=$2
+  PARALLEL=6 BENCHES=tools/bench_step.py BENCH_ARGS="--no-epoch --no-dw-variants" DEADLINE_S=$(left 300) OUT=/tmp/gc BENCH_DIR=/tmp/bench bash tools/gpu_check.sh > /tmp/gc.log 2>&1
+  cp docs/gpu-report.md $OUT/report.md; cp /tmp/bench/bench_step.json $OUT/ 2>/dev/null; grep -hE "^(FAILED|ERROR)" /tmp/gc/pytest.log | head -30 > $OUT/failures.txt
+  grep -E "passed|failed" /tmp/gc/pytest.log | tail -4; head -30 $OUT/failures.txt; grep -E "train step \(graph|collect step|speed-up" docs/gpu-report.md | head -12
+  t floor; PYTHONPATH=. timeout $(left 60) python3 tools/bench_floor.py --out $OUT/bench_floor.json > /tmp/floor.log 2>&1; tail -2 /tmp/floor.log
+  t pref; FLOOR=$OUT/bench_floor.json GRAPHS=train NCU_TIMEOUT=$(left 90) OUT=$OUT/pref timeout $(left 120) bash tools/gpu_profile.sh > $OUT/pref.log 2>&1
+  grep -A34 "critical path" $OUT/pref/profile.txt | tail -34
+  A="--set agent.aux=[horizons,risk,denoise,homeostatic,causal,selectivity,vaccine] --set agent.causal_groups=[calendar,offset]"
+  t paux; FLOOR=$OUT/bench_floor.json GRAPHS=train NCU_TIMEOUT=$(left 120) OUT=$OUT/paux timeout $(left 150) bash tools/gpu_profile.sh $A > $OUT/paux.log 2>&1
+  grep -A60 "critical path" $OUT/paux/profile.txt | tail -60
+  t aux; PYTHONPATH=. timeout $(left 70) python3 tools/bench_aux.py --encoder mlp --no-whole --out $OUT/aux.json > /tmp/aux.log 2>&1
+  grep -E "train step" /tmp/aux.log | head -12; rm -f $OUT/*/ncu_*.err
+fi
+t end
