@@ -522,6 +522,9 @@ class OptimConfig:
 ACT_BY = {"mean": 0, "cvar": 1, "mean_std": 2}
 #: Gradient Vaccine's parameter scopes (``agent.vaccine_scope``).
 VACCINE_SCOPES = ("encoder", "last")
+#: ``agent.aux_gemm``: ``net`` (the network's ``net.gemm``) or one of ``net.gemm``'s layer-by-layer choices
+#: (``chain`` is a whole network's forward in one launch, not a choice for a pass's layers).
+AUX_GEMMS = ("net", "cublas", "cublaslt", "cublaslt_nosplit", "cudarl")
 
 
 @dataclass(frozen=True)
@@ -642,6 +645,16 @@ class AgentConfig:
     22.9% on an H100 at 20a3871, whose SSM step is 2.5 times shorter),
     while the main Q loss, which the signals only shape, keeps every row; ``tools/bench_aux.py``
     measures it against 1 (every row, the cost and the bits of the passes before this field)."""
+    aux_gemm: str = "net"
+    """GEMMs of the ``denoise`` and ``causal`` passes over their :attr:`aux_rows` rows (GPU): ``net`` (as the
+    network's, ``net.gemm``), or one of ``net.gemm``'s other choices for those passes only, e.g. ``cudarl``
+    (the panel GEMMs, which stage the whole K panel at once) or ``cublaslt`` (cuBLASLt, free to split K).
+    Why: at the reference's 64 rows a one-kernel cuBLASLt GEMM runs 16 blocks of 32 x 32 tiles through 32
+    steps of K, and its dx GEMMs took 21 us each on an H100 at 54dfb5d (ncu), the longest nodes of the
+    causal pass, which is the critical path of the train step with all seven signals
+    (docs/perf-notes.md, thirty-second session). The main step's GEMMs, the vaccine's backward (over the
+    whole batch) and a population's stacked networks keep ``net.gemm``. Same math to float32 rounding,
+    not the same bits; each choice is deterministic. The NumPy backend ignores it."""
     homeostatic_target: float = 0.5
     """Set point of the effective share of atoms ``exp(H(m)) / K`` (``m`` the batch-mean atom distribution)
     that ``agent.aux = ["homeostatic"]`` holds C51's atom utilisation at (cudarl.reference.homeostatic)."""
@@ -716,6 +729,7 @@ class AgentConfig:
         _in(s, "aux_denoise_mask", self.aux_denoise_mask, 0, 1, hi_open=True)
         _in(s, "aux_denoise_lr", self.aux_denoise_lr, 0, 10)
         _in(s, "aux_batch", self.aux_batch, 0, 1, lo_open=True)
+        _need(s, self.aux_gemm in AUX_GEMMS, f"aux_gemm must be one of {list(AUX_GEMMS)}, got {self.aux_gemm!r}")
         _need(s, self.act_by in ACT_BY, f"act_by must be one of {list(ACT_BY)}, got {self.act_by!r}")
         _in(s, "act_alpha", self.act_alpha, 0, 1, lo_open=True)
         _in(s, "act_lambda", self.act_lambda, 0, 1e6)

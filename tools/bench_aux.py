@@ -12,10 +12,11 @@ always has one), in every arm that has it.
 
 The two choices that cut the cost (docs/guide.md, "Auxiliary signals"): the arms run with
 ``agent.aux_batch`` (the share of the batch the denoise and causal passes read) and
-``agent.vaccine_scope`` at ``--aux-batch`` and ``--vaccine-scope`` (default: the configuration's
-defaults). The arms marked ``(whole)`` run denoise, causal, vaccine and all seven as they ran before
-those fields (``aux_batch = 1``, ``vaccine_scope = "encoder"``), so one run shows each signal's cost both
-ways; ``--no-whole`` leaves them out.
+``agent.vaccine_scope`` at ``--aux-batch`` and ``--vaccine-scope``, and ``agent.aux_gemm`` (the denoise and
+causal passes' GEMMs) at ``--aux-gemm`` (default: the configuration's defaults); ``--arms all,causal`` runs
+those arms (and ``none``) only. The arms marked ``(whole)`` run denoise, causal, vaccine and all seven as
+they ran before those fields (``aux_batch = 1``, ``vaccine_scope = "encoder"``), so one run shows each
+signal's cost both ways; ``--no-whole`` leaves them out.
 
 Each arm is :func:`cudarl.bench.step_benchmark` (CUDA events, median of ``--repeats`` replays; replay
 capacity 100k, which the train step does not depend on), with the device memory each arm's trainer holds
@@ -39,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchlib import parser, report, row, skipped_without_gpu  # noqa: E402
 
-from cudarl.config import VACCINE_SCOPES, AgentConfig  # noqa: E402
+from cudarl.config import AUX_GEMMS, VACCINE_SCOPES, AgentConfig  # noqa: E402
 
 AGENT = AgentConfig()
 
@@ -69,15 +70,18 @@ def run_arms(
     aux_batch: float = AGENT.aux_batch,
     vaccine_scope: str = AGENT.vaccine_scope,
     whole: bool = True,
+    aux_gemm: str = AGENT.aux_gemm,
+    only: tuple = (),
 ) -> tuple[list, dict]:
     """``(rows, meta)`` for :func:`benchlib.report`: every arm's train step and device memory, each
-    signal's added us and share of the step (``whole``: with the ``(whole)`` arms). What :func:`main` runs
-    from its flags, and ``tools/bench_step.py --aux`` at these defaults."""
+    signal's added us and share of the step (``whole``: with the ``(whole)`` arms; ``only``: those arms
+    alone, and ``none``). What :func:`main` runs from its flags, and ``tools/bench_step.py --aux`` at these
+    defaults."""
     from cudarl.bench import DEVICE_MEMORY, ENCODER_WORKLOAD, reference_config, step_benchmark
 
     net = {} if encoder == "mlp" else {"encoder": encoder, **ENCODER_WORKLOAD}
-    mine = {"aux_batch": aux_batch, "vaccine_scope": vaccine_scope}
-    runs = arms(whole)
+    mine = {"aux_batch": aux_batch, "vaccine_scope": vaccine_scope, "aux_gemm": aux_gemm}
+    runs = {a: v for a, v in arms(whole).items() if not only or a in (*only, "none")}
     first = ("none", "all", "denoise", "causal", "vaccine")  # the costly signals first: a run cut short has them
 
     def rank(arm: str) -> int:
@@ -128,12 +132,15 @@ def main() -> int:
     ap.add_argument("--aux-batch", type=float, default=AGENT.aux_batch, help="agent.aux_batch of the arms")
     ap.add_argument("--vaccine-scope", default=AGENT.vaccine_scope, choices=VACCINE_SCOPES)
     ap.add_argument("--no-whole", action="store_true", help="leave out the (whole) arms (aux_batch 1, encoder)")
+    ap.add_argument("--aux-gemm", default=AGENT.aux_gemm, choices=AUX_GEMMS, help="agent.aux_gemm of the arms")
+    ap.add_argument("--arms", default="", help="comma-separated arms to run (with none); default every arm")
     args = ap.parse_args()
     if args.device == "gpu" and skipped_without_gpu("bench_aux", "aux signals", args.out):
         return 0
     rows, meta = run_arms(
-        args.encoder, args.device, args.repeats, args.aux_batch, args.vaccine_scope, whole=not args.no_whole
-    )
+        args.encoder, args.device, args.repeats, args.aux_batch, args.vaccine_scope, whole=not args.no_whole,
+        aux_gemm=args.aux_gemm, only=tuple(a for a in args.arms.split(",") if a),
+    )  # fmt: skip
     report("bench_aux", rows, args.out, meta)
     return 0
 

@@ -7,6 +7,7 @@ encoder and decoder)."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -69,6 +70,14 @@ class AuxBase:
             raise ConfigError(f"agent.aux: {self.name}: {msg}")
 
 
+def sub_batch_net(cfg):
+    """The :class:`cudarl.config.NetConfig` of a pass over the sub-batch (``agent.aux_rows`` rows: denoise's,
+    causal's): ``cfg.net`` with ``net.gemm = agent.aux_gemm`` unless that is ``"net"`` (the GEMM choice is the
+    only difference, so the layers and their parameters are the network's)."""
+    gemm = cfg.agent.aux_gemm
+    return cfg.net if gemm == "net" else dataclasses.replace(cfg.net, gemm=gemm)
+
+
 def read(state) -> np.ndarray:
     """A host copy of a small device state vector (an observable: outside any capture)."""
     return np.asarray(to_numpy(state), np.float64)
@@ -87,12 +96,14 @@ class OwnBackward:
     ``rows``: the largest batch :meth:`run` is given (its cuBLASLt plans are made here, before any
     capture). ``branches``: ``"layer"``, a side stream per layer for the weight gradients (beside each other
     and the dx chain), or ``"one"``, one side stream for all of them (a backward of a few small layers:
-    one cuBLAS workspace instead of one a layer). Hazards: :meth:`run` reads ``online``'s parameters (and
-    spectral state) and the workspace's forward, and writes only :attr:`grads` and the workspace's gradient rows;
-    nothing may write those parameters (an optimiser step) before it is joined."""
+    one cuBLAS workspace instead of one a layer). ``net``: the twin's :class:`cudarl.config.NetConfig` where
+    its GEMM choices differ from ``online``'s (:func:`sub_batch_net`; None: ``online``'s). Hazards: :meth:`run`
+    reads ``online``'s parameters (and spectral state) and the workspace's forward, and writes only :attr:`grads`
+    and the workspace's gradient rows; nothing may write those parameters (an optimiser step) before it is
+    joined."""
 
-    def __init__(self, online, xp, rows: int, branches: str = "layer"):
-        self.net = online.twin()
+    def __init__(self, online, xp, rows: int, branches: str = "layer", net=None):
+        self.net = online.twin(net)
         self.grads = self.net.grads
         self.net.prepare_backward(rows)
         if branches not in ("layer", "one"):

@@ -40,7 +40,7 @@ from ..nn.heads import C51Head, IQNHead
 from ..reference import causal as ref
 from ..reference.window import N_POSITION_FEATURES
 from ..rules.c51 import support
-from .base import AuxBase, OwnBackward, SubBatch, read
+from .base import AuxBase, OwnBackward, SubBatch, read, sub_batch_net
 
 #: The metric keys of the sensitivities: ``aux.causal.sensitivity.<group>``.
 SENSITIVITY = "aux.causal.sensitivity."
@@ -121,7 +121,7 @@ class Causal(AuxBase):
         #: and rescales head.out (PopArt), so there the whole pass is the loss phase
         self.early = self.c51
         self.out = None  # the intervened forward's "q" (set by the pass, read by its penalty)
-        self.extra = OwnBackward(online, xp, B)
+        self.extra = OwnBackward(online, xp, B, net=sub_batch_net(cfg))  # its GEMMs: agent.aux_gemm
         self.side = SideStream(xp)
         self.ops, self.util = family("causal", xp), family("util", xp)
 

@@ -39,7 +39,7 @@ from ..nn.encoders import ENCODERS
 from ..nn.layers import Linear
 from ..nn.network import _walk, configure_linear
 from ..nn.params import ParamLayout, Workspace
-from .base import AuxBase, SgdSpan, SubBatch
+from .base import AuxBase, SgdSpan, SubBatch, sub_batch_net
 from .future import host_values, param_span
 
 #: Philox stream id of the masking draws.
@@ -58,7 +58,7 @@ class Denoise(AuxBase):
 
     def allocate(self, buffers) -> None:
         super().allocate(buffers)
-        net, cfg, xp = buffers.online, self.cfg.net, buffers.xp
+        net, cfg, xp = buffers.online, sub_batch_net(self.cfg), buffers.xp  # its GEMMs: agent.aux_gemm
         self.sub = SubBatch(self.cfg, xp)
         B = self.sub.rows  # the pass's rows (agent.aux_rows)
         if cfg.spectral:

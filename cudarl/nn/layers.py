@@ -120,18 +120,31 @@ class Linear(Module):
     ):
         if act not in ACTS:
             raise ValueError(f"{name}: activation {act!r} not in {sorted(ACTS)}")
-        if gemm not in GEMMS:
-            raise ValueError(f"{name}: gemm {gemm!r} not in {GEMMS}")
         self.name, self.n_in, self.n_out, self.act = name, int(n_in), int(n_out), ACTS[act]
         self.init = init or ("he" if act == "relu" else "xavier")
         self.gain, self.bias_init, self.tf32 = gain, bias_init, tf32
         self.rows = int(rows)  # input rows per sample: IQN's layers see [B * N, n_in]
         self.spectral, self.sn, self.sn_update, self.sn_in_forward = bool(spectral), None, True, True
         self.side = None  # a cudarl.graph.SideStream for the weight gradients (QNetwork.set_side_stream)
-        self.gemm = gemm
         if dw_gemm not in DW_GEMMS:
             raise ValueError(f"{name}: dw_gemm {dw_gemm!r} not in {DW_GEMMS}")
         self.dw_gemm = dw_gemm
+        #: The one-kernel cuBLASLt GEMMs' algorithm choice (:data:`cudarl.blas.BATCHED_ALGOS`; QNetwork sets it
+        #: from ``net.gemm_algo``): ``single``, the heuristic's first; ``probe``, a bitwise-equal faster one.
+        self.lt_algo = "single"
+        self.set_gemm(gemm)
+        if residual_rows is not None and int(residual_rows) < 1:
+            raise ValueError(f"{name}: residual_rows must be at least 1, got {residual_rows}")
+        #: Rows of the residual per output row that :meth:`forward` adds (None: it takes no residual).
+        self.residual_rows = None if residual_rows is None else int(residual_rows)
+
+    def set_gemm(self, gemm: str) -> None:
+        """The forward's and dx's GEMMs (``net.gemm``, :data:`GEMMS`) and what follows from them; before any
+        plan is made (:meth:`prepare`). :func:`cudarl.nn.network.configure_linear` sets it on every layer a
+        network holds, whichever module built it."""
+        if gemm not in GEMMS:
+            raise ValueError(f"{self.name}: gemm {gemm!r} not in {GEMMS}")
+        self.gemm = gemm
         #: The cuBLASLt activation name when the forward can be one fused GEMM, else None.
         self.lt_act = _LT_ACTS.get(self.act) if gemm != "cublas" else None
         #: ``cublaslt_nosplit``: the forward and dx GEMMs through cuBLASLt with one-kernel algorithms
@@ -143,14 +156,7 @@ class Linear(Module):
         #: launch where it takes them (:meth:`cudarl.nn.QNetwork.forward`), and their dx chain in another
         #: (:meth:`cudarl.nn.QNetwork.backward`).
         self.lt_all = gemm in ("cublaslt_nosplit", "cudarl", "chain")
-        #: The one-kernel cuBLASLt GEMMs' algorithm choice (:data:`cudarl.blas.BATCHED_ALGOS`; QNetwork sets it
-        #: from ``net.gemm_algo``): ``single``, the heuristic's first; ``probe``, a bitwise-equal faster one.
-        self.lt_algo = "single"
-        self.panel = gemm == "cudarl" and self.act in _LT_ACTS and not tf32  # the panel kernels are fp32
-        if residual_rows is not None and int(residual_rows) < 1:
-            raise ValueError(f"{name}: residual_rows must be at least 1, got {residual_rows}")
-        #: Rows of the residual per output row that :meth:`forward` adds (None: it takes no residual).
-        self.residual_rows = None if residual_rows is None else int(residual_rows)
+        self.panel = gemm == "cudarl" and self.act in _LT_ACTS and not self.tf32  # the panel kernels are fp32
 
     def alloc_state(self, xp, dtype, seed: int, stream_id: int) -> None:
         """Spectral-norm state (call after :meth:`bind`): u ``[n_in]`` (a random unit vector from Philox,

@@ -115,7 +115,9 @@ def chain_backward_operands(lins: tuple, head, ws, weight) -> tuple | None:
 
 def configure_linear(lin: Linear, net: NetConfig) -> Linear:
     """``lin`` with the GEMM choices of ``net`` that every linear layer takes, whichever module built it (an
-    auxiliary head's too): ``net.dw_gemm`` and ``net.gemm_algo``."""
+    auxiliary head's too): ``net.gemm`` (a twin's may differ from its network's: ``agent.aux_gemm``),
+    ``net.dw_gemm`` and ``net.gemm_algo``."""
+    lin.set_gemm(net.gemm)
     lin.dw_gemm = net.dw_gemm
     lin.lt_algo = GEMM_ALGOS[net.gemm_algo]
     return lin
@@ -264,18 +266,26 @@ class QNetwork:
             lins[i].backward_grads(x if i == 0 else ws.rows(f"{lins[i - 1].name}.out"), ws, bias_beside=i == 0)
         return True
 
-    def twin(self) -> QNetwork:
+    def twin(self, config=None) -> QNetwork:
         """A network over these parameters (the same buffer, which it only reads) with a gradient buffer
         of its own and modules of its own bound to both: its :meth:`backward` over a workspace of this
         network's forward writes the twin's :attr:`grads`, bit for bit what this network's backward would
         write into its own, and nothing this network's backward writes, so the two can run beside each
         other (a second backward of the step on a branch: :class:`cudarl.auxiliary.base.OwnBackward`).
+        ``config``: a :class:`cudarl.config.NetConfig` that differs from this network's in its GEMM choices
+        only (``gemm``, ``dw_gemm``, ``gemm_algo``: ``agent.aux_gemm``); the twin's sums are then its GEMMs'
+        (the same math to float32 rounding, not those bits). None: this network's.
         Spectrally normalised layers read this network's u, v, sigma and ``W_sn`` (moved only by this
         network's :meth:`spectral_step`) and have their own scratch. No default workspace; its weight
         gradients run on the current stream until :meth:`set_side_stream`."""
         extra_heads, input_gate = self._makers
+        if config is None:
+            config = self.config
+        gemms = ("gemm", "dw_gemm", "gemm_algo")
+        if replace(config, **{k: getattr(self.config, k) for k in gemms}) != self.config:
+            raise ValueError("QNetwork.twin: the config may differ from the network's in its GEMM choices only")
         return QNetwork(
-            self.n_in, self.n_actions, self.config, extra_heads=extra_heads, input_gate=input_gate, xp=self.xp,
+            self.n_in, self.n_actions, config, extra_heads=extra_heads, input_gate=input_gate, xp=self.xp,
             dtype=self.dtype, max_batch=None, params_of=self,
         )  # fmt: skip
 

@@ -26,3 +26,27 @@ if [ "$1" = A ]; then
   grep -E "train step" /tmp/aux.log | head -12; rm -f $OUT/*/ncu_*.err
 fi
 t end
+# B (second call): `LIMIT=560 OUT=$OUT bash docs/bench/call_s32.sh B`: agent.aux_gemm (the denoise and causal
+#    passes' GEMMs over their 64 rows) measured: bench_gemm's panel arm with the 64-row shapes and a split-K
+#    cuBLASLt column; the new GPU tests and the signals' graphed == eager tests; bench_aux (none, all, causal,
+#    denoise) under aux_gemm = net, cudarl and cublaslt; the all-seven critical path under cudarl.
+#    Predictions (written before the call): at 64 rows the one-kernel cuBLASLt dx GEMM (64x256x256) about
+#    15-21 us in the graph of 20, the panel 5-9 us, split-K cuBLASLt 6-10 us (two kernels); under cudarl
+#    the causal arm's added cost 13.7 -> 5-9 us, denoise's 32.4 -> 18-25 us, all seven 208.8 -> 170-185 us
+#    (+66-81% of none); the causal pass's path of 86.7 us of serialised kernels -> 55-65 us, and the
+#    all-seven critical path no longer through the aux_causal phase's GEMMs alone.
+if [ "$1" = B ]; then
+  t gemm; PYTHONPATH=. timeout $(left 70) python3 tools/bench_gemm.py --arms panel --out $OUT/bench_gemm.json > /tmp/gemm.log 2>&1
+  grep -E "64x|512x256x256" /tmp/gemm.log | head -40
+  t tests; PYTHONPATH=. timeout $(left 200) python3 -m pytest -m gpu -q -p no:cacheprovider -rf tests/unit/test_aux_gemm.py tests/unit/test_aux_all.py tests/unit/test_aux_cost.py tests/unit/test_aux_branches.py > /tmp/t.log 2>&1
+  grep -E "^(FAILED|ERROR)|passed|failed" /tmp/t.log | head -20; cp /tmp/t.log $OUT/tests.log
+  for g in net cudarl cublaslt; do
+    t aux_$g; PYTHONPATH=. timeout $(left 80) python3 tools/bench_aux.py --encoder mlp --no-whole --arms all,causal,denoise --aux-gemm $g --out $OUT/aux_$g.json > /tmp/aux_$g.log 2>&1
+    grep -E "train step|added to" /tmp/aux_$g.log | head -8
+  done
+  A="--set agent.aux=[horizons,risk,denoise,homeostatic,causal,selectivity,vaccine] --set agent.causal_groups=[calendar,offset] --set agent.aux_gemm=cudarl"
+  t paux; PYTHONPATH=. timeout $(left 30) python3 tools/bench_floor.py --out $OUT/bench_floor.json > /tmp/floor.log 2>&1
+  FLOOR=$OUT/bench_floor.json GRAPHS=train NCU_TIMEOUT=$(left 90) OUT=$OUT/paux timeout $(left 110) bash tools/gpu_profile.sh $A > $OUT/paux.log 2>&1
+  grep -A40 "critical path" $OUT/paux/profile.txt | tail -40; cp $OUT/paux/critical_train.json $OUT/critical_aux_cudarl.json 2>/dev/null
+  t end
+fi
