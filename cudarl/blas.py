@@ -249,8 +249,10 @@ def gemm_lt(
         c: float32 ``[M, N]``, the residual added to the product and the bias (``None``: none): read only, in
             the same kernel; a view whose rows are contiguous and evenly spaced, as the other operands (its row
             pitch is C's leading dimension: ``h[W - 1 :: W]``, the last of each group of W rows). It may not
-            overlap ``out`` (cuBLASLt documents C == D only in place, with D's very layout, which no caller
-            needs; a partial overlap would read C where the kernel already wrote D). Only with
+            overlap ``out`` unless it is ``out`` exactly (the same bytes and row pitch): cuBLASLt documents
+            C == D in place with D's very layout, ``out += op(a) @ op(b)`` (a layer's dx added to a gradient
+            already there, :meth:`cudarl.nn.Linear.backward`); a partial overlap would read C where the
+            kernel already wrote D. Only with
             ``act="identity"``: cuBLASLt would apply a ReLU after adding C, which is not ``c + relu(...)``.
             The NumPy twin adds the bias first, then ``c`` (module docstring: the order cuBLASLt leaves
             open, chosen to keep the unfused path's bits).
@@ -646,11 +648,13 @@ def _check_c(c, out, act: str) -> None:
         raise BlasError(f"{what}: c must be C-contiguous or a view of rows each contiguous and evenly spaced")
     _check_c_act(True, act, what)
     (c0, c1), (o0, o1) = _span(c), _span(out)
+    if (c0, c1) == (o0, o1) and _row_pitch(c) == _row_pitch(out):
+        return  # C == D in place, D's very layout: out += op(a) @ op(b) (+ bias), which cuBLASLt documents
     if c0 < o1 and o0 < c1:
         raise BlasError(
             f"{what}: c overlaps out (bytes {c0:#x}-{c1:#x} and {o0:#x}-{o1:#x}): the kernel reads C while it "
-            "writes D tile by tile, and cuBLASLt documents C == D only in place with D's very layout, which no "
-            "caller needs"
+            "writes D tile by tile, and cuBLASLt documents C == D only in place with D's very layout (pass c=out "
+            "for that)"
         )
 
 

@@ -51,6 +51,8 @@ DW_GEMMS = ("split_k", "one_kernel")
 #: ``net.gemm_algo`` -> the one-kernel cuBLASLt GEMMs' algorithm choice (:data:`cudarl.blas.BATCHED_ALGOS`).
 GEMM_ALGOS = {"heuristic": "single", "probe": "probe"}
 _LT_ACTS = {IDENTITY: "identity", RELU: "relu"}  # the activations cuBLASLt's epilogue applies
+#: A dx GEMM that adds into dx (C == D): the heuristic's one-kernel algorithm under any ``gemm_algo``
+_IN_PLACE = {"algo": "single"}
 
 
 class Module:
@@ -267,6 +269,8 @@ class Linear(Module):
         m, one_kernel = batch * self.rows, {"tf32": self.tf32, "split_k": False, "algo": self.lt_algo}
         if self.lt_all:
             blas.gemm_lt_prepare(m, self.n_in, self.n_out, trans_b=True, **one_kernel)
+            # dx added in place (C == D): the heuristic's algorithm, not a probed one (a plan a layer)
+            blas.gemm_lt_prepare(m, self.n_in, self.n_out, trans_b=True, c_ld=self.n_in, **one_kernel | _IN_PLACE)
         if self.dw_gemm == "one_kernel":
             blas.gemm_lt_prepare(self.n_in, self.n_out, m, trans_a=True, **one_kernel)
 
@@ -331,18 +335,22 @@ class Linear(Module):
 
     def _dx(self, dz, dx, accumulate: bool) -> None:
         """dx (+)= dz W^T: the panel kernel under ``cudarl`` where it can take the call (GPU, no
-        accumulate), else cuBLASLt without split-K under ``cublaslt_nosplit`` (GPU, no accumulate,
-        operands aligned as the plan :meth:`prepare_backward` made), else :func:`matmul`. (dW is
-        :meth:`_dw`'s, by ``dw_gemm``.)"""
+        accumulate), else cuBLASLt without split-K under ``cublaslt_nosplit`` (GPU, operands aligned as the
+        plans :meth:`prepare_backward` made; ``accumulate``: dx as C in place, one kernel, where cuBLAS's
+        ``beta = 1`` split K into a second, docs/perf-notes.md, thirty-second session), else :func:`matmul`.
+        (dW is :meth:`_dw`'s, by ``dw_gemm``.)"""
         W = self.weight()
-        gpu_overwrite = not accumulate and not isinstance(dx, np.ndarray)
-        if self.panel and gpu_overwrite:
+        gpu = not isinstance(dx, np.ndarray)
+        if self.panel and gpu and not accumulate:
             panel = family("gemm", self.xp)
             if dz.shape[0] <= panel.MAX_ROWS and panel.eligible(dz, W, dx, K=self.n_out, N=self.n_in, trans_b=True):
                 panel.nt(dz, W, dx)
                 return
-        if self.lt_all and gpu_overwrite and all(t.data.ptr % blas.LT_ALIGN == 0 for t in (dz, W, dx)):
-            blas.gemm_lt(dz, W, dx, trans_b=True, tf32=self.tf32, split_k=False, algo=self.lt_algo)
+        if self.lt_all and gpu and all(t.data.ptr % blas.LT_ALIGN == 0 for t in (dz, W, dx)):
+            if accumulate:
+                blas.gemm_lt(dz, W, dx, c=dx, trans_b=True, tf32=self.tf32, split_k=False, **_IN_PLACE)
+            else:
+                blas.gemm_lt(dz, W, dx, trans_b=True, tf32=self.tf32, split_k=False, algo=self.lt_algo)
             return
         matmul(dz, W, dx, trans_b=True, beta=1.0 if accumulate else 0.0, tf32=self.tf32)
 

@@ -50,3 +50,19 @@ if [ "$1" = B ]; then
   grep -A40 "critical path" $OUT/paux/profile.txt | tail -40; cp $OUT/paux/critical_train.json $OUT/critical_aux_cudarl.json 2>/dev/null
   t end
 fi
+# C (third call): `LIMIT=400 OUT=$OUT bash docs/bench/call_s32.sh C`: the Q head's dx added in place onto the
+#    extra heads' dL/dpsi (one cuBLASLt GEMM, C == D) where cuBLAS's beta = 1 ran split K and a reduction
+#    kernel (the second call's all-seven path: cublas_sgemm splitKreduce 10.6 us on the backward's head);
+#    its tests and the signals' GPU tests; bench_aux under aux_gemm = net and cudarl.
+#    Predictions (written before the call): the horizons arm 115.6 -> 111-114 us; all seven 206.5 -> 200-204
+#    (net) and 204.7 -> 198-202 (cudarl); none unchanged (no extra head: no accumulate).
+if [ "$1" = C ]; then
+  t tests; PYTHONPATH=. timeout $(left 200) python3 -m pytest -m gpu -q -p no:cacheprovider -rf tests/unit/test_aux_gemm.py tests/parity/test_nn.py tests/unit/test_aux_all.py tests/unit/test_extra_heads.py tests/unit/test_aux_branches.py tests/unit/test_aux_heads.py > /tmp/t.log 2>&1
+  PYTHONPATH=. timeout $(left 60) python3 -m pytest -m gpu -q -p no:cacheprovider -rf tests/parity/test_blas.py -k "residual or in_place" >> /tmp/t.log 2>&1
+  grep -E "^(FAILED|ERROR)|passed|failed" /tmp/t.log | head -20; cp /tmp/t.log $OUT/tests.log
+  for g in net cudarl; do
+    t aux_$g; PYTHONPATH=. timeout $(left 80) python3 tools/bench_aux.py --encoder mlp --no-whole --arms all,horizons,vaccine,causal,denoise --aux-gemm $g --out $OUT/aux_$g.json > /tmp/aux_$g.log 2>&1
+    grep -E "train step|added to" /tmp/aux_$g.log | head -14
+  done
+  t end
+fi

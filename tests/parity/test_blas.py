@@ -327,7 +327,7 @@ def test_numpy_gemm_lt_with_a_residual_is_the_unfused_path_bitwise(rng, m, n, k,
 
 def test_gemm_lt_residual_argument_errors(rng):
     """c: out's shape, float32, the same backend, rows evenly spaced, an identity epilogue, and no overlap with
-    out (cuBLASLt documents C == D only in place, with D's layout)."""
+    out unless it is out itself (cuBLASLt documents C == D only in place, with D's layout)."""
     a, b, out = np.zeros((3, 4), np.float32), np.zeros((4, 5), np.float32), np.zeros((3, 5), np.float32)
     with pytest.raises(blas.BlasError, match=r"c must be a float32 \(3, 5\) like out"):
         blas.gemm_lt(a, b, out, c=np.zeros((3, 4), np.float32))
@@ -337,8 +337,6 @@ def test_gemm_lt_residual_argument_errors(rng):
         blas.gemm_lt(a, b, out, c=np.zeros((5, 3), np.float32).T)
     with pytest.raises(blas.BlasError, match="takes act='identity' only"):
         blas.gemm_lt(a, b, out, c=np.zeros((3, 5), np.float32), act="relu")
-    with pytest.raises(blas.BlasError, match="c overlaps out"):
-        blas.gemm_lt(a, b, out, c=out)
     big = np.zeros((4, 5), np.float32)
     with pytest.raises(blas.BlasError, match="c overlaps out"):
         blas.gemm_lt(a, b, big[1:], c=big[:3])  # two rows shared
@@ -353,6 +351,24 @@ def test_gemm_lt_residual_argument_errors(rng):
         blas.plan_key(8, 8, 8, bias_align=0, split_k=False, batch=2, strides=(64, 64, 64, 0), c_ld=8)
     with pytest.raises(blas.BlasError, match="c's row pitch 7 is shorter than its rows of 8"):
         blas.plan_key(8, 8, 8, bias_align=0, c_ld=7)
+
+
+def test_gemm_lt_in_place_adds_the_product_to_out(rng):
+    """c = out (the same bytes and row pitch): out += a @ b (+ bias), the product's float32 sum then out added,
+    the order of the residual's twin; a view with out's very layout is in place too."""
+    a, b = rng.standard_normal((6, 8)).astype(np.float32), rng.standard_normal((8, 4)).astype(np.float32)
+    bias, was = rng.standard_normal(4).astype(np.float32), rng.standard_normal((6, 4)).astype(np.float32)
+    out = was.copy()
+    blas.gemm_lt(a, b, out, c=out, bias=bias)
+    want = np.matmul(a, b)
+    want += bias
+    want += was
+    np.testing.assert_array_equal(out, want)
+    wide = np.zeros((6, 9), np.float32)
+    wide[:, 2:6] = was
+    blas.gemm_lt(a, b, wide[:, 2:6], c=wide[:, 2:6], bias=bias)
+    np.testing.assert_array_equal(wide[:, 2:6], want)
+    assert not wide[:, :2].any() and not wide[:, 6:].any()
 
 
 def test_gemm_lt_plan_keys_carry_the_residual():
@@ -526,7 +542,7 @@ def test_gpu_gemm_lt_with_a_residual_against_float64_graphed_equals_eager(cp, rn
 def test_gpu_gemm_lt_residual_plans_warm_probe_and_refuse_overlap(cp, rng):
     """warm_plans makes a residual key's plan through the driver (a capture then needs no eager call); the
     probe of a one-kernel residual GEMM adopts only an algorithm with its single plan's bits; c overlapping
-    out is refused on the GPU too."""
+    out is refused on the GPU too, and c = out adds in place."""
     from cudarl.graph import StepGraph
 
     m, n, k, group = 96, 20, 36, 3  # shapes no other test plans
@@ -550,7 +566,13 @@ def test_gpu_gemm_lt_residual_plans_warm_probe_and_refuse_overlap(cp, rng):
     blas.gemm_lt(a, b, probed, bias=bias, c=c, split_k=False, algo="probe")
     assert_bitwise(probed, single, what="probed residual GEMM vs its single plan")
     with pytest.raises(blas.BlasError, match="c overlaps out"):
-        blas.gemm_lt(a, b, out, bias=bias, c=out)
+        blas.gemm_lt(a[1:], b, out[1:], bias=bias, c=out[:-1])
+    # in place (C == D, out's very layout): out += a @ b + bias, one kernel, to float32 rounding
+    was = out.copy()
+    blas.gemm_lt_prepare(m, n, k, bias=bias, split_k=False, c_ld=n)
+    blas.gemm_lt(a, b, out, bias=bias, c=out, split_k=False)
+    want = a.get().astype(np.float64) @ b.get().astype(np.float64) + bias.get() + was.get()
+    assert_parity(out, want.astype(np.float32), what="in place (c = out)")
 
 
 @pytest.mark.gpu

@@ -1094,3 +1094,39 @@ def test_gpu_trainer_with_cublaslt_captures_and_is_reproducible(gemm):
     assert len(a) == 30 and np.all(np.isfinite(a))
     assert a == b, f"two {gemm} runs differ"
     assert abs(a[0] - ref[0]) <= 1e-3 * abs(ref[0]), f"first loss {a[0]} ({gemm}) vs {ref[0]} (cuBLAS)"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("gemm", ["cublaslt_nosplit", "cudarl"])
+def test_gpu_linear_dx_accumulates_in_one_cublaslt_gemm(cp, rng, gemm):
+    """A Linear's dx that adds into a gradient already there (the Q head's onto the extra heads' dL/dpsi):
+    one cuBLASLt GEMM with dx as C in place (beta 1; before, cuBLAS's beta = 1 split K into a second
+    kernel), planned by prepare_backward, captured == eager bit for bit, and dx + dz W^T to rounding."""
+    from cudarl import kernels
+    from cudarl.graph import StepGraph
+    from cudarl.nn.layers import Linear
+    from cudarl.nn.params import ParamLayout
+
+    B, n_in, n_out = 96, 64, 36
+    lin = Linear("l", n_in, n_out, act="identity", gemm=gemm)
+    layout = ParamLayout()
+    lin.declare(layout, [])
+    params = cp.asarray(layout.init_host(3, np.float32))
+    lin.bind(layout.views(params), layout.views(cp.zeros_like(params)), cp)
+    lin.prepare_backward(B)
+    dz = cp.asarray(rng.standard_normal((B, n_out)).astype(np.float32))
+    was = cp.asarray(rng.standard_normal((B, n_in)).astype(np.float32))
+    eager, cap = was.copy(), cp.empty_like(was)
+    with kernels.tracing() as events:
+        lin._dx(dz, eager, accumulate=True)
+    gemms = [e for e in events if e["kind"] == "library"]
+    assert [(e["name"], e["beta"]) for e in gemms] == [("cublaslt_matmul", 1.0)]
+    want = was.get().astype(np.float64) + dz.get().astype(np.float64) @ lin.weight().get().astype(np.float64).T
+    assert_parity(eager, want.astype(np.float32), what="dx accumulated in place")
+    g = StepGraph("dx_accumulate", [("dx", lambda: lin._dx(dz, cap, accumulate=True))], xp=cp)
+    g.capture()  # the in-place plan prepare_backward made (a capture makes none)
+    cap[...] = was
+    cp.cuda.Device().synchronize()
+    g.replay()
+    g.synchronize()
+    assert_bitwise(cap, eager, what="dx accumulated, graphed vs eager")

@@ -110,23 +110,26 @@ def test_gpu_graphed_equal_eager_under_cudarl():
 
 @pytest.mark.gpu
 def test_gpu_the_passes_gradients_are_the_net_gemms_to_rounding():
-    """One update from the same weights and batch: causal's and denoise's own gradients under ``cudarl``
-    (the panel GEMMs) against ``net`` (cuBLASLt's): other sums, the same gradients to float32 rounding."""
+    """One update from the same weights and batch under ``cudarl`` (the panel GEMMs) against ``net``
+    (cuBLASLt's): causal's own gradient (its twin's backward), denoise's loss (its encoder's and decoder's
+    forward) and its decoder's SGD step (the gradient through that forward) are other sums, and the same
+    to float32 rounding."""
     from cudarl.backend import to_numpy
 
-    grads = {}
+    got = {}
     for aux_gemm in ("net", "cudarl"):
         t = Trainer(gpu_small(agent=OVER | {"aux_gemm": aux_gemm}), run_dir=False, echo=lambda m: None)
+        sig = {s.name: s for s in t.agent.aux}
+        dec0 = to_numpy(sig["denoise"].dec_params).astype(np.float64)
         t.run(1)
         t.synchronize()
-        sig = {s.name: s for s in t.agent.aux}
-        grads[aux_gemm] = {
-            "causal": to_numpy(sig["causal"].extra.grads).astype(np.float64),
-            "denoise": to_numpy(sig["denoise"].enc_grads).astype(np.float64),
-            "decoder": to_numpy(sig["denoise"].dec_grads).astype(np.float64),
+        got[aux_gemm] = {
+            "causal gradient": to_numpy(sig["causal"].extra.grads).astype(np.float64),
+            "decoder step": to_numpy(sig["denoise"].dec_params).astype(np.float64) - dec0,
+            "denoise loss": np.float64(t.agent.observables()["aux.denoise.loss"]),
         }
-    for name, want in grads["net"].items():
-        got, scale = grads["cudarl"][name], float(np.abs(want).max())
-        assert scale > 0, name  # the pass ran and wrote its gradient
-        assert not np.array_equal(got, want), name  # other sums: the option reached the pass
-        np.testing.assert_allclose(got, want, rtol=0, atol=1e-5 * scale, err_msg=name)
+    for name, want in got["net"].items():
+        mine, scale = got["cudarl"][name], float(np.abs(want).max())
+        assert scale > 0, name  # the pass ran and wrote it
+        assert not np.array_equal(mine, want), name  # other sums: the option reached the pass
+        np.testing.assert_allclose(mine, want, rtol=0, atol=1e-5 * scale, err_msg=name)
