@@ -55,6 +55,9 @@ ARMS["vaccine"] = (["horizons", "vaccine"], "horizons", False)
 ARMS["all"] = ([*HEADS, *REGULARISERS, "vaccine"], "none", False)
 #: the signals whose cost the two fields change, as they ran before them
 ARMS.update({f"{a} (whole)": (ARMS[a][0], ARMS[a][1], True) for a in ("denoise", "causal", "vaccine", "all")})
+#: "all but <s>": all seven less one (not run unless named in ``--arms``, or ``--arms ablation`` for every one):
+#: what ``s`` costs inside all seven (``all`` minus the arm), where the signals' branches overlap
+ABLATION = {f"all but {s}": ([a for a in ARMS["all"][0] if a != s], None, False) for s in ARMS["all"][0]}
 TRAIN = "train step (graph replay)"
 
 
@@ -81,7 +84,9 @@ def run_arms(
 
     net = {} if encoder == "mlp" else {"encoder": encoder, **ENCODER_WORKLOAD}
     mine = {"aux_batch": aux_batch, "vaccine_scope": vaccine_scope, "aux_gemm": aux_gemm}
-    runs = {a: v for a, v in arms(whole).items() if not only or a in (*only, "none")}
+    if "ablation" in only:
+        only = (*only, "all", *ABLATION)
+    runs = {a: v for a, v in {**arms(whole), **ABLATION}.items() if a in (*only, "none") or (not only and a in ARMS)}
     first = ("none", "all", "denoise", "causal", "vaccine")  # the costly signals first: a run cut short has them
 
     def rank(arm: str) -> int:
@@ -121,6 +126,9 @@ def run_arms(
             rows.append(row(case, f"added, share of the step{what}", 100 * added / us["none"], "%", target))
         if against == "none" and arm in mib and "none" in mib:
             rows.append(row(case, "added device memory", mib[arm] - mib["none"], "MiB"))
+    for arm in runs:
+        if arm in ABLATION and arm in us and "all" in us:
+            rows.append(row(f"{encoder}, aux {arm}", "removed from all seven", us["all"] - us[arm], "us"))
     meta = {"encoder": encoder, "target": "all signals <= +40% of the step", **mine, "whole": WHOLE}
     return rows, meta
 
@@ -133,7 +141,9 @@ def main() -> int:
     ap.add_argument("--vaccine-scope", default=AGENT.vaccine_scope, choices=VACCINE_SCOPES)
     ap.add_argument("--no-whole", action="store_true", help="leave out the (whole) arms (aux_batch 1, encoder)")
     ap.add_argument("--aux-gemm", default=AGENT.aux_gemm, choices=AUX_GEMMS, help="agent.aux_gemm of the arms")
-    ap.add_argument("--arms", default="", help="comma-separated arms to run (with none); default every arm")
+    ap.add_argument(
+        "--arms", default="", help="comma-separated arms to run (with none; 'ablation': all and each 'all but <s>')"
+    )
     args = ap.parse_args()
     if args.device == "gpu" and skipped_without_gpu("bench_aux", "aux signals", args.out):
         return 0

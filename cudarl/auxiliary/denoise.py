@@ -22,9 +22,10 @@ What we chose:
   inputs, and the workspace and the GEMM plans are made for that many rows. ``aux_batch = 1``: the whole
   batch, read in place.
 
-Train graph: ``aux_denoise`` forks its whole pass (the sub-batch's rows, corrupt, encoder and decoder
-forward, loss, backward) onto a branch of its own beside the main chain (it reads the batch and the
-parameters, writes only its own buffers); the agent's ``aux_sgd`` after the backward joins it and takes
+Train graph: ``aux_denoise``, an early phase right after ``sample``, forks its whole pass (the sub-batch's
+rows, corrupt, encoder and decoder forward, loss, backward) onto a branch of its own beside the main chain
+(it reads the batch and the parameters, writes only its own buffers); the agent's ``aux_sgd`` after the
+backward joins it and takes
 the steps (two spans of its one launch, :meth:`sgd_spans`). Observable: ``aux.denoise.loss`` (the
 reconstruction's mean squared error on the corrupted sub-batch).
 """
@@ -97,7 +98,11 @@ class Denoise(AuxBase):
         self.side = SideStream(xp)
         self.ops = family("denoise", xp)
 
-    def phases(self) -> list:
+    def early_phases(self) -> list:
+        # right after sample (and input noise): the pass reads only the batch's s and the encoder's
+        # parameters, which nothing moves before the aux_sgd and Adam phases that join it, so it forks
+        # there, beside the step's forward, loss and backward, and not after the rule's loss phases, where
+        # its dozen nodes outlasted the step's backward (docs/perf-notes.md, thirty-second session)
         return [("aux_denoise", self._pass)]
 
     def sgd_spans(self) -> list:

@@ -66,3 +66,15 @@ if [ "$1" = C ]; then
   done
   t end
 fi
+# D (fourth call): `LIMIT=300 OUT=$OUT bash docs/bench/call_s32.sh D`: denoise's pass as an early phase (forked
+#    right after sample, where it forked after the rule's loss phases: the same bits, by construction); the
+#    signals' GPU tests; bench_aux with the ablation arms (all seven less one each).
+#    Predictions (written before the call): the denoise arm 132.6 -> 105-112 us (+2-9 over none, from +29);
+#    all seven 187.7 -> 165-180 us; the ablation names the signals whose branches hold the step.
+if [ "$1" = D ]; then
+  t tests; PYTHONPATH=. timeout $(left 150) python3 -m pytest -m gpu -q -p no:cacheprovider -rf tests/unit/test_aux_all.py tests/unit/test_aux_branches.py tests/unit/test_aux_heads.py tests/unit/test_aux_cost.py tests/unit/test_aux_gemm.py > /tmp/t.log 2>&1
+  grep -E "^(FAILED|ERROR)|passed|failed" /tmp/t.log | head -20; cp /tmp/t.log $OUT/tests.log
+  t aux; PYTHONPATH=. timeout $(left 120) python3 tools/bench_aux.py --encoder mlp --no-whole --arms ablation,denoise,causal,horizons,vaccine,risk,homeostatic,selectivity --out $OUT/aux_ablation.json > /tmp/aux.log 2>&1
+  grep -E "train step|added to|removed" /tmp/aux.log | head -40
+  t end
+fi

@@ -49,7 +49,9 @@ def test_the_phases_of_all_seven_sit_in_the_documented_order():
         "adam",
     ]
     loss = names[: names.index("backward")]
-    assert all(p in loss for p in ("aux_horizons", "aux_risk", "aux_denoise", "aux_homeostatic", "aux_causal"))
+    assert all(p in loss for p in ("aux_horizons", "aux_risk", "aux_homeostatic", "aux_causal"))
+    # the passes that read only the batch's s and the parameters fork right after sample, before the forward
+    assert names[names.index("sample") + 1 : names.index("forward")] == ["aux_denoise", "aux_causal_do"]
     assert t.agent.aux[-1].aux_heads == ["horizons", "risk"]  # vaccine aligns the two heads
 
 

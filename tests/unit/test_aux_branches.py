@@ -186,7 +186,8 @@ ALL = ["horizons", "risk", "denoise", "homeostatic", "causal", "selectivity", "v
 
 def test_causals_intervened_forward_is_an_early_phase_with_c51_and_not_with_a_quantile_head():
     names = [n for n, _ in _trainer(agent={"aux": ALL}).train_graph.phases]
-    assert names[names.index("sample") + 1 : names.index("forward")] == ["aux_causal_do"]  # the only early one
+    # the early ones: denoise's whole pass and causal's intervened forward
+    assert names[names.index("sample") + 1 : names.index("forward")] == ["aux_denoise", "aux_causal_do"]
     assert names.index("q_stats") < names.index("aux_homeostatic") < names.index("aux_causal") < names.index("backward")
     for head in ("iqn", "qrdqn"):  # the forward phase draws the taus and rescales head.out (PopArt)
         t = _trainer(net={"head": head}, agent={"aux": ["causal"]})
@@ -383,7 +384,7 @@ def test_gpu_causals_pass_with_iqn_waits_for_the_forward_that_drew_its_taus():
 
 
 @pytest.mark.gpu
-def test_gpu_denoises_pass_runs_beside_the_steps_backward_and_the_losses_and_its_sgd_waits_for_it():
+def test_gpu_denoises_pass_runs_beside_the_steps_forward_backward_and_losses_and_its_sgd_waits_for_it():
     nodes, t = traced_train_graph({"agent": {"aux": ["horizons", "risk", "denoise"]}})
     den = t.agent.aux[2]
     mine = {n["id"] for n in nodes if n["phase"] == "aux_denoise"}
@@ -393,6 +394,8 @@ def test_gpu_denoises_pass_runs_beside_the_steps_backward_and_the_losses_and_its
     assert t.stream.ptr not in {nodes[i]["stream"] for i in mine}  # none of it on the main chain
     assert not any(mine & ancestors(nodes, i) for i in steps)  # the step's backward waits for none of it
     assert not any(set(steps) & ancestors(nodes, i) for i in mine)  # nor it for the step's
+    fwd = {n["id"] for n in nodes if n["phase"] == "forward"}
+    assert fwd and not any(fwd & ancestors(nodes, i) for i in mine)  # forked right after sample: nor the forward
     losses = [next(n["id"] for n in nodes if n["name"] == f"cudarl_{s}_loss") for s in ("horizons", "risk")]
     assert not any(mine & ancestors(nodes, i) for i in losses)  # beside the other signals' losses
     assert not any(set(losses) & ancestors(nodes, i) for i in mine)

@@ -38,3 +38,18 @@ def test_bench_step_without_a_gpu_says_the_aux_arms_were_skipped(tmp_path):
     subprocess.run([sys.executable, str(ROOT / "tools" / "bench_step.py"), *flags, "--out", str(out)], check=True)
     rows = json.loads(out.read_text())["rows"]
     assert [r["metric"] for r in rows if r["case"] == "aux signals"] == ["skipped"]
+
+
+def test_the_arms_flag_picks_arms_and_the_ablation_removes_one_signal_each():
+    """``--arms``: the named arms and none; ``ablation``: all seven and each "all but <s>", whose row says what
+    ``s`` costs inside all seven; ``--aux-gemm`` reaches the arms' configs (NumPy: no timing asserted)."""
+    assert set(ba.ABLATION) == {f"all but {s}" for s in ba.ARMS["all"][0]}
+    assert all(len(sig) == len(ba.ARMS["all"][0]) - 1 for sig, _, _ in ba.ABLATION.values())
+    rows, meta = ba.run_arms("mlp", "cpu", repeats=1, whole=False, only=("causal",), aux_gemm="cudarl")
+    assert {r["case"] for r in rows if r["metric"] == ba.TRAIN} == {"mlp, aux none", "mlp, aux causal"}
+    assert meta["aux_gemm"] == "cudarl"
+    rows, _ = ba.run_arms("mlp", "cpu", repeats=1, whole=False, only=("ablation",))
+    steps = {r["case"]: r["value"] for r in rows if r["metric"] == ba.TRAIN}
+    assert set(steps) == {"mlp, aux none", "mlp, aux all", *(f"mlp, aux {a}" for a in ba.ABLATION)}
+    removed = {r["case"]: r["value"] for r in rows if r["metric"] == "removed from all seven"}
+    assert removed == {f"mlp, aux {a}": steps["mlp, aux all"] - steps[f"mlp, aux {a}"] for a in ba.ABLATION}
