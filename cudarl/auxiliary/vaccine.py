@@ -108,7 +108,9 @@ class Vaccine(AuxBase):
         aux_rows = {online.extras[n].grad_name for n in self.aux_heads}
         self.need(not aux_rows & written, f"a backward writes the heads' gradient rows {sorted(aux_rows & written)}")
         self.ws = ws.shadow(zeroed | written)
-        self.zeroed = sorted(zeroed)
+        # the Q head's backward does not run in this pass (q_head=False): only the other extra heads' rows
+        # need zeros, so that the auxiliary heads' gradients alone reach psi
+        self.zeroed = sorted(online.extras[n].grad_name for n in self.main_extras)
         self.extra = OwnBackward(online, xp, B, branches="one")
         self.side = SideStream(xp)
         self.partial = xp.zeros((ref.blocks(self.hi - self.lo), 3), np.float32)
@@ -129,7 +131,9 @@ class Vaccine(AuxBase):
             mine.set_batch(B)
             for name in self.zeroed:  # only the auxiliary heads' gradients reach psi
                 self.util.fill_u32(mine.rows(name, B).view(np.uint32), 0)
-            self.extra.run(buf.batch.obs, mine, B, last_layer=self.last_layer)
+            # the Q head's part is zero here: its backward (a dueling backward and a dx GEMM over zero rows,
+            # on this branch's chain) is not run (docs/perf-notes.md, thirty-second session)
+            self.extra.run(buf.batch.obs, mine, B, last_layer=self.last_layer, q_head=False)
 
     def _phase(self) -> None:
         self.side.join()

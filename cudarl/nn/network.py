@@ -497,12 +497,24 @@ class QNetwork:
         return wrote
 
     def backward(
-        self, x=None, ws: Workspace | None = None, dx=None, last_layer: bool = False, extras_done: bool = False
+        self,
+        x=None,
+        ws: Workspace | None = None,
+        dx=None,
+        last_layer: bool = False,
+        extras_done: bool = False,
+        q_head: bool = True,
     ) -> None:
         """Overwrite :attr:`grads` from the gradients in :meth:`grad_outputs` (last forward on ``ws``,
         raw or not as that forward was; the extra heads that forward ran, :meth:`forward`'s ``heads``).
         ``extras_done``: :meth:`backward_extras` has run the extra heads' part over these rows (their
         parameter gradients and their sum of dL/dpsi): the Q head's dL/dpsi is added to it.
+
+        ``q_head=False``: the extra heads' part alone reaches psi (Gradient Vaccine's backward of the auxiliary
+        heads): the Q head's backward is not run (its parameter gradients are left as they were) and dL/dpsi is
+        the sum of the extra heads' that write it, the first overwriting it (at least one must), where running
+        the Q head's backward from zero gradient rows gave that sum plus zeros (the same values; a zero's sign
+        may differ) for a dueling backward and a dx GEMM more.
 
         ``last_layer``: the heads' backward, then the encoder's stops after its last layer's parameter
         gradients (:meth:`Encoder.backward_last`, ``encoder.last_layer``); the other encoder parameters'
@@ -517,14 +529,22 @@ class QNetwork:
         ws = ws or self.ws
         self.join_extras(ws)
         x = ws.x if x is None else x
-        if dx is None and not last_layer and self._backward_chained(x, ws, extras_done):
+        if q_head and dx is None and not last_layer and self._backward_chained(x, ws, extras_done):
             return
         psi = ws.rows(f"{self.encoder.out_name}.out")
         dpsi = ws.rows(f"{self.encoder.out_name}.dout")
-        early = extras_done and any(self.extras[name].writes_dpsi for name in ws.heads)
-        self.head.backward(psi, ws, dpsi, accumulate=early, raw=ws.raw_head)
-        for name in () if early else ws.heads:
-            self.extras[name].backward(psi, ws, dpsi, accumulate=True)
+        if not q_head:
+            if extras_done or not any(self.extras[name].writes_dpsi for name in ws.heads):
+                raise ValueError("QNetwork.backward(q_head=False): needs an extra head that writes dL/dpsi, not done")
+            wrote = False
+            for name in ws.heads:
+                self.extras[name].backward(psi, ws, dpsi, accumulate=wrote)
+                wrote = wrote or self.extras[name].writes_dpsi
+        else:
+            early = extras_done and any(self.extras[name].writes_dpsi for name in ws.heads)
+            self.head.backward(psi, ws, dpsi, accumulate=early, raw=ws.raw_head)
+            for name in () if early else ws.heads:
+                self.extras[name].backward(psi, ws, dpsi, accumulate=True)
         if last_layer:
             if dx is not None:
                 raise ValueError("QNetwork.backward: no input gradient with last_layer")

@@ -78,3 +78,15 @@ if [ "$1" = D ]; then
   grep -E "train step|added to|removed" /tmp/aux.log | head -40
   t end
 fi
+# E (fifth call): `LIMIT=300 OUT=$OUT bash docs/bench/call_s32.sh E`: Gradient Vaccine's own backward without
+#    the Q head's (QNetwork.backward(q_head=False): it ran the Q head's dueling backward and dx GEMM over zero
+#    rows, and two fills to zero them, on its branch's chain); the signals' GPU tests; bench_aux again.
+#    Predictions (written before the call): the vaccine arm (horizons + vaccine) 144.4 -> 125-135 us; all
+#    seven 183.1 -> 165-172 us; "all but vaccine" unchanged (146.3).
+if [ "$1" = E ]; then
+  t tests; PYTHONPATH=. timeout $(left 150) python3 -m pytest -m gpu -q -p no:cacheprovider -rf tests/unit/test_aux_all.py tests/unit/test_aux_branches.py tests/unit/test_aux_reg.py tests/unit/test_extra_heads.py tests/unit/test_aux_gemm.py > /tmp/t.log 2>&1
+  grep -E "^(FAILED|ERROR)|passed|failed" /tmp/t.log | head -20; cp /tmp/t.log $OUT/tests.log
+  t aux; PYTHONPATH=. timeout $(left 120) python3 tools/bench_aux.py --encoder mlp --no-whole --arms ablation,denoise,causal,horizons,vaccine,risk,homeostatic,selectivity --out $OUT/aux_ablation.json > /tmp/aux.log 2>&1
+  grep -E "train step|added to|removed" /tmp/aux.log | head -40
+  t end
+fi

@@ -158,10 +158,17 @@ def test_vaccines_own_backward_is_the_backward_it_ran_on_the_flat_gradient_bit_f
         ws, B = buf.ws, buf.batch_size
         ws.set_batch(B)
         outs = online.grad_outputs(ws, raw_head=ws.raw_head)
+        for name in vac.main_extras:
+            outs[name][...] = 0
+        online.backward(buf.batch.obs, ws, last_layer=scope == "last", q_head=False)
+        seen["old"] = online.grads.copy()
+        online.grads[...] = step
+        # the same values as the Q head's backward over zero rows, the extra heads' added to them (a zero's
+        # sign aside): what this pass ran before it skipped the Q head
         for name in ("q", *vac.main_extras):
             outs[name][...] = 0
         online.backward(buf.batch.obs, ws, last_layer=scope == "last")
-        seen["old"] = online.grads.copy()
+        np.testing.assert_array_equal(online.grads[vac.lo : vac.hi], seen["old"][vac.lo : vac.hi])
         online.grads[...] = step
 
     def before_vaccine():

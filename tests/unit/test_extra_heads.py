@@ -204,3 +204,40 @@ def test_the_extra_heads_backward_run_first_gives_the_one_backwards_gradient(pla
     assert not iqn.agent.online.extras_first
     with pytest.raises(ValueError, match="overwrites dL/dpsi"):  # the network refuses, not only the agent
         iqn.agent.online.backward_extras()
+
+
+@pytest.mark.parametrize("head", ["c51", "iqn"])
+def test_the_backward_without_the_q_head_is_the_extra_heads_part_alone(head):
+    """``backward(q_head=False)`` (Gradient Vaccine's pass): the Q head's parameter gradients are left as they
+    were, and every other gradient is the full backward's with the Q head's output gradient zeroed (the same
+    values; a zero's sign may differ); refused where no extra head writes dL/dpsi."""
+    t = Trainer(small(net={"head": head}, agent={"aux": HEADS}), run_dir=False, echo=lambda m: None)
+    net, rng = t.agent.online, np.random.default_rng(1)
+    ws = net.new_workspace(16)
+    x = rng.standard_normal((16, net.n_in)).astype(np.float32)
+    net.forward(x, ws, heads="all")
+    outs = {k: rng.standard_normal(g.shape).astype(np.float32) for k, g in net.grad_outputs(ws).items()}
+
+    def set_outputs(q_zero: bool):
+        for k, g in net.grad_outputs(ws).items():
+            g[...] = 0.0 if (k == "q" and q_zero) else outs[k]
+        net.grads[...] = 7.0
+
+    set_outputs(q_zero=True)
+    net.backward(x, ws)
+    want = net.grads.copy()
+    set_outputs(q_zero=False)  # its rows are not read
+    net.backward(x, ws, q_head=False)
+    mine = {e.name for e in net.layout.entries if e.name.startswith("head.")}
+    assert mine
+    for e in net.layout.entries:
+        got = net.grads[e.offset : e.offset + int(np.prod(e.shape))]
+        if e.name in mine:
+            assert np.all(got == 7.0), e.name
+        else:
+            np.testing.assert_array_equal(got, want[e.offset : e.offset + int(np.prod(e.shape))], err_msg=e.name)
+    plain = Trainer(small(net={"head": head}), run_dir=False, echo=lambda m: None).agent.online
+    pws = plain.new_workspace(16)
+    plain.forward(x, pws)
+    with pytest.raises(ValueError, match="needs an extra head that writes dL/dpsi"):
+        plain.backward(x, pws, q_head=False)
