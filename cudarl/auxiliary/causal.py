@@ -144,9 +144,10 @@ class Causal(AuxBase):
             self.x[...] = ref.intervene(obs, self.mask, self.mode, self.counter, self.offset, W)
         else:
             self.ops.intervene(obs, self.x, self.mask, self.mode, self.counter, self.offset, W)
-        # every extra head, though only "q" is read: its own backward runs theirs too (from their
-        # zero gradient rows), as it always has, so the gradient it adds keeps its bits (signed zeros)
-        self.out = self.buf.online.forward(self.x, self.ws, heads="all", **kw)["q"]
+        # no extra head: only "q" is read, and its own backward then runs only the Q head's (the extra heads'
+        # ran from zero gradient rows, two GEMMs on this branch's chain adding zeros to dL/dpsi and zero
+        # weight gradients: the same values, a zero's sign aside; docs/perf-notes.md, thirty-second session)
+        self.out = self.buf.online.forward(self.x, self.ws, heads="none", **kw)["q"]
 
     def _fork_intervened(self) -> None:
         # C51, right after sample: the branch reads the batch's s (sample wrote it) and the online

@@ -105,6 +105,8 @@ def test_causals_own_backward_added_is_the_backward_on_the_flat_gradient_bit_for
     def old_way():  # the step's gradient, then the former grad phase's backward, into the flat buffer
         seen["step"] = online.grads.copy()
         causal.ws.set_batch(causal.sub.rows)
+        assert causal.ws.heads == ()  # the intervened forward runs no extra head: their gradients stay 0
+        online.grads[...] = 0.0
         online.backward(causal.x, causal.ws)
         seen["old"] = online.grads.copy()
         online.grads[...] = seen["step"]
