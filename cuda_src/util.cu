@@ -1,4 +1,4 @@
-// util: whole-word fills, host-to-device scalar writes, device-side counter increments.
+// util: whole-word fills and copies, host-to-device scalar writes, device-side counter increments.
 // Twin: cudarl/reference/util.py. Launchers: cudarl/ops/util.py.
 #include <cudarl/philox.cuh>
 
@@ -10,6 +10,14 @@ using cudarl::u64;
 extern "C" __global__ void cudarl_util_fill_u32(u32* __restrict__ dst, long long n, u32 value) {
   for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
     dst[i] = value;
+}
+
+// copy_u32: dst[i] = src[i] for i < n, 32-bit words (a float32 buffer's bits, signed zeros and NaNs
+// kept). One thread per word. Reads 4n bytes, writes 4n; dst and src do not overlap. Gradient Vaccine's
+// copy of the extra heads' dL/dpsi before the step's backward adds the Q head's onto it.
+extern "C" __global__ void cudarl_util_copy_u32(u32* __restrict__ dst, const u32* __restrict__ src, long long n) {
+  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
+    dst[i] = src[i];
 }
 
 // set_u64: *dst = bits. One thread. Writes 8 bytes. Host updates of DeviceScalars go through

@@ -299,6 +299,8 @@ class Agent:
             # backward joins it and adds the Q head's dL/dpsi (QNetwork.backward_extras)
             with buf.side_aux.fork():
                 self.online.backward_extras(buf.ws, self.batch_size)
+                for s in self.aux:  # work of theirs from that sum of dL/dpsi (Gradient Vaccine's)
+                    s.beside_extras_backward()
 
         def priorities():
             # beside the backward pass and the optimiser: it reads the learn phases' priorities and

@@ -89,6 +89,13 @@ class AuxSignal(Protocol):
         gradient of the backward it ran on its loss branch, into a buffer of its own
         (:class:`cudarl.auxiliary.base.OwnBackward`), beside the step's."""
 
+    def beside_extras_backward(self) -> None:
+        """Work enqueued on the auxiliary branch right after the extra heads' backward (the agent's
+        ``extras_backward`` phase, where it has one: C51 with a head signal), which has written their sum of
+        dL/dpsi into ``buffers.ws``, before the step's backward (which joins that branch) adds the Q head's
+        onto it: Gradient Vaccine copies that sum there and forks the encoder's part of its backward; most
+        signals have none (:class:`cudarl.auxiliary.base.AuxBase`'s default)."""
+
     def beside_backward(self) -> None:
         """Work forked beside the step's backward, enqueued by the agent's ``backward`` phase once the loss
         branches are joined and before the step's backward (a backward over the forward at s of its own,

@@ -51,6 +51,9 @@ class AuxBase:
     def sgd_spans(self) -> list:
         return []
 
+    def beside_extras_backward(self) -> None:
+        return None
+
     def beside_backward(self) -> None:
         return None
 
@@ -113,13 +116,13 @@ class OwnBackward:
         self.net.set_side_stream(self.sides if branches == "layer" else self.sides[0])
         self.util = family("util", xp)
 
-    def run(self, x, ws, rows: int, last_layer: bool = False, q_head: bool = True) -> None:
+    def run(self, x, ws, rows: int, last_layer: bool = False, heads: str = "all") -> None:
         """The backward over ``rows`` of ``ws`` (a workspace of the online net's forward of ``x``) into
         :attr:`grads`, on the current stream and :attr:`sides`, joined back into it (``last_layer``: the
-        encoder's stops after its last layer; ``q_head=False``: the extra heads' part alone reaches psi;
+        encoder's stops after its last layer; ``heads``: which heads' part reaches psi;
         :meth:`cudarl.nn.QNetwork.backward`; the other entries of :attr:`grads` are left as they were)."""
         ws.set_batch(rows)
-        self.net.backward(x, ws, last_layer=last_layer, q_head=q_head)
+        self.net.backward(x, ws, last_layer=last_layer, heads=heads)
         for side in self.sides:
             side.join()
 

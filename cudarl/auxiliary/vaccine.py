@@ -18,11 +18,16 @@ that layer's parameter gradients (:meth:`cudarl.nn.QNetwork.backward`'s ``last_l
 backward and one layer's, not the whole encoder's.
 
 Where it runs (issue 19, the MLP's critical path): its backward with only the auxiliary heads' gradients
-(``aux``; through the scope's parameters) runs on a branch of its own beside the step's backward
-(:meth:`beside_backward`, forked once the loss branches are joined), into a gradient buffer of its own
-(:class:`cudarl.auxiliary.base.OwnBackward`) over a workspace that shares the step's forward at s and has
-its own copy of every buffer that backward writes (:meth:`cudarl.nn.params.Workspace.shadow` of
-:meth:`cudarl.nn.QNetwork.backward_writes`), in which the main outputs' gradients are zero. Phase
+(``aux``; through the scope's parameters) runs on a branch of its own beside the step's backward, into a
+gradient buffer of its own (:class:`cudarl.auxiliary.base.OwnBackward`) over a workspace that shares the
+step's forward at s and has its own copy of every buffer that backward writes
+(:meth:`cudarl.nn.params.Workspace.shadow` of :meth:`cudarl.nn.QNetwork.backward_writes`); the Q head's
+backward is not run there (its part of dL/dpsi is zero). Where the agent runs the extra heads' backward
+first (its ``extras_backward`` phase: C51 with a head signal), that backward's sum of dL/dpsi is copied
+into this workspace (:meth:`beside_extras_backward`, on the auxiliary branch, before the step's backward
+adds the Q head's part onto it) and the branch runs the encoder's part alone from there; else
+(:meth:`beside_backward`, forked once the loss branches are joined) it runs the extra heads' backward
+itself, the main extra heads' rows zeroed. Either way the same kernels over the same inputs. Phase
 ``vaccine`` after the backward, before the optimiser (:meth:`grad_phases`): join that branch -
 dots_control (one launch: the partial dots, then its last block the control step) - apply (the flat
 gradient, in place: the scope's slice ``[lo, hi)`` becomes ``full + c (full - aux)``, the rest stays
@@ -108,9 +113,15 @@ class Vaccine(AuxBase):
         aux_rows = {online.extras[n].grad_name for n in self.aux_heads}
         self.need(not aux_rows & written, f"a backward writes the heads' gradient rows {sorted(aux_rows & written)}")
         self.ws = ws.shadow(zeroed | written)
-        # the Q head's backward does not run in this pass (q_head=False): only the other extra heads' rows
+        # the Q head's backward does not run in this pass (heads="extras"): only the other extra heads' rows
         # need zeros, so that the auxiliary heads' gradients alone reach psi
         self.zeroed = sorted(online.extras[n].grad_name for n in self.main_extras)
+        #: Where the agent runs the extra heads' backward first (its extras_backward phase: C51 with a head
+        #: signal) and no other extra head writes dL/dpsi, that backward's sum of dL/dpsi is this pass's: it
+        #: copies it there and runs the encoder's part alone (beside_extras_backward); else its own backward
+        #: of the extra heads, forked with the step's backward (beside_backward)
+        self.after_extras = online.extras_first and not any(online.extras[n].writes_dpsi for n in self.main_extras)
+        self.dpsi = f"{online.encoder.out_name}.dout"
         self.extra = OwnBackward(online, xp, B, branches="one")
         self.side = SideStream(xp)
         self.partial = xp.zeros((ref.blocks(self.hi - self.lo), 3), np.float32)
@@ -121,19 +132,39 @@ class Vaccine(AuxBase):
     def grad_phases(self) -> list:
         return [("vaccine", self._phase)]
 
+    def beside_extras_backward(self) -> None:
+        # on the auxiliary branch right after the extra heads' backward (the agent's extras_backward phase),
+        # which wrote their sum of dL/dpsi: copied into this pass's own row before the step's backward adds
+        # the Q head's part onto it (the step's backward joins this branch), then, forked, the encoder's
+        # part alone: no dx GEMM of the heads again, and it starts before the step's backward
+        # (docs/perf-notes.md, thirty-second session); the same bits as the heads' own backward here
+        if not self.after_extras:
+            return
+        buf, B, ws, mine = self.buf, self.buf.batch_size, self.buf.ws, self._share_forward()
+        self.util.copy_u32(mine.rows(self.dpsi, B).view(np.uint32), ws.rows(self.dpsi, B).view(np.uint32))
+        with self.side.fork():
+            self.extra.run(buf.batch.obs, mine, B, last_layer=self.last_layer, heads="none")
+
     def beside_backward(self) -> None:
         # forked when the step's backward begins (the loss branches joined): it reads the forward at s and
         # the auxiliary heads' gradient rows, which the step's backward only reads, and the parameters
         # (nothing moves them before the grad phase joins it); it writes its own rows and gradient only
-        buf, B, ws, mine = self.buf, self.buf.batch_size, self.buf.ws, self.ws
-        mine.x, mine.raw_head, mine.heads = ws.x, ws.raw_head, ws.heads
+        if self.after_extras:
+            return
+        buf, B, mine = self.buf, self.buf.batch_size, self._share_forward()
         with self.side.fork():
-            mine.set_batch(B)
             for name in self.zeroed:  # only the auxiliary heads' gradients reach psi
                 self.util.fill_u32(mine.rows(name, B).view(np.uint32), 0)
             # the Q head's part is zero here: its backward (a dueling backward and a dx GEMM over zero rows,
             # on this branch's chain) is not run (docs/perf-notes.md, thirty-second session)
-            self.extra.run(buf.batch.obs, mine, B, last_layer=self.last_layer, q_head=False)
+            self.extra.run(buf.batch.obs, mine, B, last_layer=self.last_layer, heads="extras")
+
+    def _share_forward(self):
+        """This pass's workspace over the step's forward at s (its own gradient rows), at the batch's rows."""
+        ws, mine = self.buf.ws, self.ws
+        mine.x, mine.raw_head, mine.heads = ws.x, ws.raw_head, ws.heads
+        mine.set_batch(self.buf.batch_size)
+        return mine
 
     def _phase(self) -> None:
         self.side.join()

@@ -503,18 +503,19 @@ class QNetwork:
         dx=None,
         last_layer: bool = False,
         extras_done: bool = False,
-        q_head: bool = True,
+        heads: str = "all",
     ) -> None:
         """Overwrite :attr:`grads` from the gradients in :meth:`grad_outputs` (last forward on ``ws``,
         raw or not as that forward was; the extra heads that forward ran, :meth:`forward`'s ``heads``).
         ``extras_done``: :meth:`backward_extras` has run the extra heads' part over these rows (their
         parameter gradients and their sum of dL/dpsi): the Q head's dL/dpsi is added to it.
 
-        ``q_head=False``: the extra heads' part alone reaches psi (Gradient Vaccine's backward of the auxiliary
-        heads): the Q head's backward is not run (its parameter gradients are left as they were) and dL/dpsi is
-        the sum of the extra heads' that write it, the first overwriting it (at least one must), where running
-        the Q head's backward from zero gradient rows gave that sum plus zeros (the same values; a zero's sign
-        may differ) for a dueling backward and a dx GEMM more.
+        ``heads``: ``"all"``; ``"extras"``, the extra heads' part alone reaches psi (Gradient Vaccine's backward
+        of the auxiliary heads): the Q head's backward is not run (its parameter gradients are left as they
+        were) and dL/dpsi is the sum of the extra heads' that write it, the first overwriting it (at least one
+        must), where running the Q head's backward from zero gradient rows gave that sum plus zeros (the same
+        values; a zero's sign may differ) for a dueling backward and a dx GEMM more; ``"none"``, no head's
+        backward runs and dL/dpsi is what ``ws`` holds (Gradient Vaccine's copy of :meth:`backward_extras`'s).
 
         ``last_layer``: the heads' backward, then the encoder's stops after its last layer's parameter
         gradients (:meth:`Encoder.backward_last`, ``encoder.last_layer``); the other encoder parameters'
@@ -529,13 +530,17 @@ class QNetwork:
         ws = ws or self.ws
         self.join_extras(ws)
         x = ws.x if x is None else x
-        if q_head and dx is None and not last_layer and self._backward_chained(x, ws, extras_done):
+        if heads not in ("all", "extras", "none"):
+            raise ValueError(f'QNetwork.backward: heads "all", "extras" or "none", got {heads!r}')
+        if heads == "all" and dx is None and not last_layer and self._backward_chained(x, ws, extras_done):
             return
         psi = ws.rows(f"{self.encoder.out_name}.out")
         dpsi = ws.rows(f"{self.encoder.out_name}.dout")
-        if not q_head:
+        if heads == "none":
+            pass
+        elif heads == "extras":
             if extras_done or not any(self.extras[name].writes_dpsi for name in ws.heads):
-                raise ValueError("QNetwork.backward(q_head=False): needs an extra head that writes dL/dpsi, not done")
+                raise ValueError('QNetwork.backward(heads="extras"): needs an extra head that writes dL/dpsi, not done')
             wrote = False
             for name in ws.heads:
                 self.extras[name].backward(psi, ws, dpsi, accumulate=wrote)

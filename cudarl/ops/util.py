@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from ..kernels import blocks_for, launch
+from ..reference.util import check_copy
 
 
 def fill_u32(dst, value: int, stream=None) -> None:
@@ -15,6 +16,12 @@ def fill_u32(dst, value: int, stream=None) -> None:
         (dst, dst.size, int(value) & 0xFFFFFFFF),
         stream=stream,
     )
+
+
+def copy_u32(dst, src, stream=None) -> None:
+    """``dst[:] = src`` over uint32 words of one size (view float32 buffers as uint32: their bits)."""
+    check_copy(dst, src)
+    launch("util", "copy_u32", min(blocks_for(dst.size), 4096), 256, (dst, src, dst.size), stream=stream)
 
 
 def set_u64(dst, bits: int, stream=None) -> None:

@@ -10,6 +10,19 @@ def fill_u32(dst: np.ndarray, value: int) -> None:
     dst.view(np.uint32)[...] = np.uint32(int(value) & 0xFFFFFFFF)
 
 
+def check_copy(dst, src) -> None:
+    if dst.size != src.size or dst.dtype != np.uint32 or src.dtype != np.uint32:
+        raise ValueError(
+            f"util.copy_u32: uint32 buffers of one size, got {dst.dtype} {dst.size} and {src.dtype} {src.size}"
+        )
+
+
+def copy_u32(dst: np.ndarray, src: np.ndarray) -> None:
+    """``dst[:] = src`` over uint32 words of one size (their bits)."""
+    check_copy(dst, src)
+    dst[...] = src
+
+
 def set_u64(dst: np.ndarray, bits: int) -> None:
     """``dst[0] = bits`` for a 1-element uint64 array."""
     dst[0] = np.uint64(bits)

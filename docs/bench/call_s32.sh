@@ -90,3 +90,19 @@ if [ "$1" = E ]; then
   grep -E "train step|added to|removed" /tmp/aux.log | head -40
   t end
 fi
+# F (sixth call): `LIMIT=300 OUT=$OUT bash docs/bench/call_s32.sh F`: causal's intervened forward without the
+#    extra heads (its backward then runs only the Q head's); Gradient Vaccine's backward from a copy of the
+#    extras_backward phase's dL/dpsi (util.copy_u32, new), forked there, the encoder's part alone; the
+#    signals' and util's GPU tests, memcheck and racecheck on util's; bench_aux with the ablation.
+#    Predictions (written before the call): the causal arm 114.8 -> 108-112 us; the vaccine arm 128.9 ->
+#    118-124 us; all seven 165.3 -> 150-158 us.
+if [ "$1" = F ]; then
+  t tests; PYTHONPATH=. timeout $(left 170) python3 -m pytest -m gpu -q -p no:cacheprovider -rf tests/unit/test_aux_all.py tests/unit/test_aux_branches.py tests/unit/test_aux_reg.py tests/unit/test_extra_heads.py tests/parity/test_util.py tests/parity/test_causal.py tests/unit/test_aux_heads.py > /tmp/t.log 2>&1
+  grep -E "^(FAILED|ERROR)|passed|failed" /tmp/t.log | head -20; cp /tmp/t.log $OUT/tests.log
+  for tool in memcheck racecheck; do
+    t $tool; PYTHONPATH=. timeout $(left 40) compute-sanitizer --tool $tool --print-limit 3 python3 -m pytest -m gpu -q -p no:cacheprovider tests/parity/test_util.py -k copy 2>&1 | grep -E "ERROR SUMMARY|RACECHECK SUMMARY|Invalid|hazard|passed|failed" | tail -3
+  done
+  t aux; PYTHONPATH=. timeout $(left 120) python3 tools/bench_aux.py --encoder mlp --no-whole --arms ablation,denoise,causal,horizons,vaccine,risk,homeostatic,selectivity --out $OUT/aux_ablation.json > /tmp/aux.log 2>&1
+  grep -E "train step|added to|removed" /tmp/aux.log | head -40
+  t end
+fi

@@ -75,3 +75,30 @@ def test_reference_weighted_mean_is_the_float64_sum():
     got = ref.weighted_mean(v, w, 1 / 3)
     assert got.dtype == np.float32 and got == np.float32((0.5 + 0.5 - 4.0) / 3)
     assert ref.weighted_mean(v, w, 0.5, np.float64) == -1.5
+
+
+def test_reference_copy_u32_keeps_the_bits(rng):
+    src = np.array([-0.0, 1.5, np.nan, -np.inf], np.float32)
+    dst = np.ones(4, np.float32)
+    ref.copy_u32(dst.view(np.uint32), src.view(np.uint32))
+    assert np.array_equal(dst.view(np.uint32), src.view(np.uint32))
+    with pytest.raises(ValueError, match="one size"):
+        ref.copy_u32(dst.view(np.uint32), src[:3].view(np.uint32))
+    with pytest.raises(ValueError, match="uint32"):
+        ref.copy_u32(dst, src)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n", [1, 7, 257, 100_003])
+def test_gpu_copy_u32_matches_reference(cp, rng, n):
+    from cudarl.ops import util as ops
+    from cudarl.testing import assert_bitwise, poison
+
+    src = rng.standard_normal(n).astype(np.float32)
+    src[::5] = -0.0
+    out = cp.zeros(n, np.float32)
+    poison(out)
+    ops.copy_u32(out.view(np.uint32), cp.asarray(src).view(np.uint32))
+    want = np.zeros(n, np.float32)
+    ref.copy_u32(want.view(np.uint32), src.view(np.uint32))
+    assert_bitwise(out, want)

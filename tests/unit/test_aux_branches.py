@@ -162,7 +162,7 @@ def test_vaccines_own_backward_is_the_backward_it_ran_on_the_flat_gradient_bit_f
         outs = online.grad_outputs(ws, raw_head=ws.raw_head)
         for name in vac.main_extras:
             outs[name][...] = 0
-        online.backward(buf.batch.obs, ws, last_layer=scope == "last", q_head=False)
+        online.backward(buf.batch.obs, ws, last_layer=scope == "last", heads="extras")
         seen["old"] = online.grads.copy()
         online.grads[...] = step
         # the same values as the Q head's backward over zero rows, the extra heads' added to them (a zero's
@@ -506,18 +506,27 @@ def test_a_shadow_workspace_shares_the_forward_and_owns_what_a_backward_writes(r
 @pytest.mark.gpu
 @pytest.mark.parametrize("head", ["c51", "iqn"])
 def test_gpu_vaccines_backward_runs_beside_the_steps_and_its_grad_phase_waits_for_both(head):
-    """Gradient Vaccine's backward (launched in the backward phase, on its own branch) and the step's
-    backward wait for none of each other; the grad phase (dots, control, apply: three launches, no copy of
-    the gradient) waits for both."""
+    """Gradient Vaccine's backward (on its own branch: with C51, launched in the extras_backward phase from a
+    copy of the extra heads' dL/dpsi, which the step's backward waits for, before it adds the Q head's part;
+    with IQN, in the backward phase) and the step's backward wait for none of each other; the grad phase
+    (dots, control, apply: three launches, no copy of the gradient) waits for both."""
     nodes, t = traced_train_graph({"net": {"head": head}, "agent": {"aux": ["horizons", "risk", "vaccine"]}})
     vac = t.agent.aux[2]
+    assert vac.after_extras == (head == "c51")
     mine_streams = {vac.side.stream.ptr, *(s.stream.ptr for s in vac.extra.sides)}
-    backward = [n for n in nodes if n["phase"] == "backward"]
-    mine = {n["id"] for n in backward if n["stream"] in mine_streams}
-    steps = [n["id"] for n in backward if n["stream"] not in mine_streams]
+    phase = "extras_backward" if head == "c51" else "backward"
+    mine = {n["id"] for n in nodes if n["phase"] == phase and n["stream"] in mine_streams}
+    steps = [n["id"] for n in nodes if n["phase"] == "backward" and n["stream"] not in mine_streams]
     assert mine and steps
     assert not any(mine & ancestors(nodes, i) for i in steps)  # the step's backward waits for none of it
     assert not any(set(steps) & ancestors(nodes, i) for i in mine)  # nor it for the step's
+    if head == "c51":
+        copy = [n["id"] for n in nodes if n["name"] == "cudarl_util_copy_u32"]
+        assert (
+            len(copy) == 1
+            and copy[0] in ancestors(nodes, steps[0])
+            and all(copy[0] in ancestors(nodes, i) for i in mine)
+        )
     grad = [n for n in nodes if n["phase"] == "vaccine"]
     assert [n["name"] for n in grad] == ["cudarl_vaccine_dots_control", "cudarl_vaccine_apply"]
     assert mine | set(steps) <= ancestors(nodes, grad[0]["id"])

@@ -208,7 +208,7 @@ def test_the_extra_heads_backward_run_first_gives_the_one_backwards_gradient(pla
 
 @pytest.mark.parametrize("head", ["c51", "iqn"])
 def test_the_backward_without_the_q_head_is_the_extra_heads_part_alone(head):
-    """``backward(q_head=False)`` (Gradient Vaccine's pass): the Q head's parameter gradients are left as they
+    """``backward(heads="extras")`` (Gradient Vaccine's pass): the Q head's parameter gradients are left as they
     were, and every other gradient is the full backward's with the Q head's output gradient zeroed (the same
     values; a zero's sign may differ); refused where no extra head writes dL/dpsi."""
     t = Trainer(small(net={"head": head}, agent={"aux": HEADS}), run_dir=False, echo=lambda m: None)
@@ -227,7 +227,7 @@ def test_the_backward_without_the_q_head_is_the_extra_heads_part_alone(head):
     net.backward(x, ws)
     want = net.grads.copy()
     set_outputs(q_zero=False)  # its rows are not read
-    net.backward(x, ws, q_head=False)
+    net.backward(x, ws, heads="extras")
     mine = {e.name for e in net.layout.entries if e.name.startswith("head.")}
     assert mine
     for e in net.layout.entries:
@@ -240,4 +240,4 @@ def test_the_backward_without_the_q_head_is_the_extra_heads_part_alone(head):
     pws = plain.new_workspace(16)
     plain.forward(x, pws)
     with pytest.raises(ValueError, match="needs an extra head that writes dL/dpsi"):
-        plain.backward(x, pws, q_head=False)
+        plain.backward(x, pws, heads="extras")
