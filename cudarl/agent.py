@@ -297,7 +297,9 @@ class Agent:
             # their losses joined (buffers.side_aux), once every loss phase is enqueued: beside the rule's
             # phases after the loss (homeostatic's, on buffers.side_qgrad), off the step's chain; the
             # backward joins it and adds the Q head's dL/dpsi (QNetwork.backward_extras)
-            with buf.side_aux.fork():
+            # forked from the extra heads' branch (after_extras), where the heads' losses joined side_aux: it
+            # waits for them, not for the rule's phases on the main stream
+            with buf.after_extras(), buf.side_aux.fork():
                 self.online.backward_extras(buf.ws, self.batch_size)
                 for s in self.aux:  # work of theirs from that sum of dL/dpsi (Gradient Vaccine's)
                     s.beside_extras_backward()

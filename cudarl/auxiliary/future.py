@@ -111,9 +111,11 @@ class FutureHead(AuxBase):
 
     def _loss(self) -> None:
         buf, B = self.buf, self.buf.batch_size
-        # its own branch: it reads the head's outputs at s (joined by q_stats_join) and writes only its head's
-        # gradient rows and its own buffers; the backward joins it through side_aux
-        with buf.aux_branch(self.side):
+        # its own branch, forked from the extra heads' (after_extras): it reads the head's outputs at s, the
+        # batch's rows and the series, so it waits for that forward, not for the rule's loss on the main
+        # stream; it writes only its head's gradient rows and its own buffers; the backward joins it through
+        # side_aux
+        with buf.after_extras(), buf.aux_branch(self.side):
             self.launch(buf.ws.rows(f"{self.head_name}.out", B), buf.ws.rows(f"{self.head_name}.dout", B))
 
     def launch(self, pred, grad) -> None:

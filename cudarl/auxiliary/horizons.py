@@ -9,8 +9,9 @@ Its gradient joins the head's at ``psi``; the shared Adam steps the head and the
 discounts) and no blend of n-step targets across horizons into the Q target (the issue's optional
 part: not built).
 
-Train graph: the loss phase ``aux_horizons`` runs on a branch of its own (beside the main chain and the
-other signals' losses; the backward joins it through ``buffers.side_aux``). Observables:
+Train graph: the loss phase ``aux_horizons`` runs on a branch of its own forked from the extra heads'
+branch at s (``buffers.after_extras``: beside the rule's loss on the main chain and the other signals'
+losses; the backward joins it through ``buffers.side_aux``). Observables:
 ``aux.horizons.loss`` and ``aux.horizons.valid`` (the share of (sample, horizon) pairs whose horizon fits
 in the split).
 """

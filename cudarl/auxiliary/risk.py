@@ -15,8 +15,9 @@ shared Adam. (The alternative, a loss weight alone with the head under Adam, is 
 separate optimiser keeps a probe head's scale from moving Adam's statistics and makes its rate a knob of
 its own.)
 
-Train graph: ``aux_risk`` (the loss, on a branch of its own, joined by the backward through
-``buffers.side_aux``), then its span of ``aux_sgd`` after the backward.
+Train graph: ``aux_risk`` (the loss, on a branch of its own forked from the extra heads' branch at s,
+``buffers.after_extras``, joined by the backward through ``buffers.side_aux``), then its span of ``aux_sgd``
+after the backward.
 Observables: ``aux.risk.loss`` and ``aux.risk.valid`` (the share of the batch whose k bars fit).
 """
 

@@ -90,6 +90,20 @@ class LearnerBuffers:
         return ws
 
     @contextmanager
+    def after_extras(self):
+        """``with buffers.after_extras():`` the body enqueued on the extra heads' branch of the forward at s
+        (:attr:`ws`'s ``extras_side``, where it has one; else on the current stream), so that what it forks
+        waits for those heads' outputs and what came before them, not for the rule's phases on the main
+        stream since: the auxiliary heads' losses and the extra heads' backward read only those outputs,
+        the batch and the parameters (docs/perf-notes.md, thirty-second session)."""
+        side = self.ws.extras_side
+        if side is None or side.stream is None:
+            yield
+            return
+        with side.stream:
+            yield
+
+    @contextmanager
     def aux_branch(self, side, q_grad: bool = False):
         """``with buffers.aux_branch(side):`` the body on ``side`` (a :class:`cudarl.graph.SideStream` of an
         auxiliary signal's own, forked from the current stream), which is then joined into

@@ -106,3 +106,15 @@ if [ "$1" = F ]; then
   grep -E "train step|added to|removed" /tmp/aux.log | head -40
   t end
 fi
+# G (seventh call): `LIMIT=300 OUT=$OUT bash docs/bench/call_s32.sh G`: the auxiliary heads' losses and the
+#    extras_backward phase forked from the extra heads' branch at s (buffers.after_extras), no longer after
+#    the rule's loss on the main stream: the same kernels and bits; the signals' GPU tests; bench_aux.
+#    Predictions (written before the call): the horizons arm 113.6 -> 104-109 us, risk 111.8 -> 103-108;
+#    all seven 160.5 -> 147-155 us.
+if [ "$1" = G ]; then
+  t tests; PYTHONPATH=. timeout $(left 170) python3 -m pytest -m gpu -q -p no:cacheprovider -rf tests/unit/test_aux_all.py tests/unit/test_aux_branches.py tests/unit/test_aux_reg.py tests/unit/test_extra_heads.py tests/unit/test_aux_heads.py tests/unit/test_aux_gemm.py > /tmp/t.log 2>&1
+  grep -E "^(FAILED|ERROR)|passed|failed" /tmp/t.log | head -20; cp /tmp/t.log $OUT/tests.log
+  t aux; PYTHONPATH=. timeout $(left 120) python3 tools/bench_aux.py --encoder mlp --no-whole --arms ablation,denoise,causal,horizons,vaccine,risk,homeostatic,selectivity --out $OUT/aux_ablation.json > /tmp/aux.log 2>&1
+  grep -E "train step|added to|removed" /tmp/aux.log | head -40
+  t end
+fi

@@ -335,6 +335,28 @@ def test_gpu_the_horizons_and_risk_losses_run_beside_each_other_and_the_backward
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("head", ["c51", "iqn"])
+def test_gpu_the_heads_losses_and_their_backward_wait_for_the_heads_forward_not_the_rules_loss(head):
+    """The auxiliary heads' losses fork from the extra heads' branch (buffers.after_extras) and, with C51, the
+    extras_backward phase too: they wait for the extra heads' forward at s, not for the rule's loss phases
+    on the main stream, which run beside them; the step's backward waits for both."""
+    nodes, t = traced_train_graph({"net": {"head": head}, "agent": {"aux": ["horizons", "risk", "vaccine"]}})
+    main = t.stream.ptr
+    names = {name for name, _ in t.agent.rule.learn_phases()}  # C51: targets_loss; IQN: targets, loss
+    rule = {n["id"] for n in nodes if n["phase"] in names and n["stream"] == main}
+    losses = [next(n["id"] for n in nodes if n["name"] == f"cudarl_{s}_loss") for s in ("horizons", "risk")]
+    extras = [n["id"] for n in nodes if n["phase"] == "extras_backward"]
+    assert rule and losses and bool(extras) == (head == "c51")
+    assert not any(rule & ancestors(nodes, i) for i in losses + extras)
+    heads = {
+        n["id"] for n in nodes if n["phase"] == "forward" and n["stream"] == t.agent.buffers.ws.extras_side.stream.ptr
+    }
+    assert heads and all(heads <= ancestors(nodes, i) for i in losses)
+    first_backward = next(n["id"] for n in nodes if n["phase"] == "backward" and n["stream"] == main)
+    assert rule | set(losses) | set(extras) <= ancestors(nodes, first_backward)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("head", ["c51", "iqn"])
 def test_gpu_causals_backward_runs_beside_the_steps_and_its_grad_phase_adds_it(head):
     nodes, t = traced_train_graph({"net": {"head": head}, "agent": {"aux": HEADS_AND_CAUSAL}})
     mine = {n["id"] for n in nodes if n["phase"] == "aux_causal"}
