@@ -350,6 +350,20 @@ class SideStream:
             yield
 
     @contextmanager
+    def resume(self):
+        """``with side.resume():`` the body enqueued on the side stream itself, after the work forked onto it
+        so far (joined since or not), without waiting for the current stream: a :meth:`fork` in the body
+        then orders its branch after that side's work only, not after the current stream's (a branch that
+        reads what the side wrote and nothing the main stream wrote since). The body should only fork:
+        work launched on the side stream itself would be joined by nobody. On the NumPy backend the body
+        runs in place."""
+        if self.stream is None:
+            yield
+            return
+        with self.stream:
+            yield
+
+    @contextmanager
     def branch(self):
         """``with side.branch():`` a :meth:`fork` whose body is closed at its end: every side stream the
         body forked and left open is joined back into the stream it forked from, innermost first, so

@@ -297,6 +297,19 @@ class _Checker:
             s.current.pop()
 
     @contextlib.contextmanager
+    def resume(self, side):
+        s = self.s
+        self.boundary()
+        name = self._name(side)
+        s.clocks.setdefault(name, {name: 0})  # its own work so far only: nothing of the current stream's
+        s.current.append(name)
+        try:
+            yield
+        finally:
+            self.boundary()
+            s.current.pop()
+
+    @contextlib.contextmanager
     def branch(self, side):
         with self.fork(side):
             mark = len(self.s.open)
@@ -390,8 +403,9 @@ def find_hazards(graph, replays: int = 1) -> list[Hazard]:
     for name in ("gemm", "gemm_lt", "gemm_lt_batched"):
         chk.wrap(blas, name, f"blas.{name}")
     SS = _graph.SideStream
-    saved = (SS.fork, SS.branch, SS.join, SS.__dict__["join_all"])
+    saved = (SS.fork, SS.branch, SS.join, SS.__dict__["join_all"], SS.resume)
     SS.fork = lambda self: chk.fork(self)
+    SS.resume = lambda self: chk.resume(self)
     SS.branch = lambda self: chk.branch(self)
     SS.join = lambda self: chk.join(self)
     SS.join_all = classmethod(lambda cls: chk.join_all())
@@ -407,7 +421,7 @@ def find_hazards(graph, replays: int = 1) -> list[Hazard]:
             chk.s.phase = ""
     finally:
         SS.fork, SS.branch, SS.join = saved[:3]
-        SS.join_all = saved[3]
+        SS.join_all, SS.resume = saved[3], saved[4]
         for module, fname, fn in reversed(chk.patched):
             setattr(module, fname, fn)
     rank = {"write-write": 0, "write-read": 1, "read-write": 2}

@@ -80,7 +80,9 @@ def group_masks(names, groups) -> tuple[list, np.ndarray, np.ndarray]:
 
 class Causal(AuxBase):
     name = "causal"
-    reads_q_stats = True  # q_s, the clean expected Q its penalty holds fixed
+    # q_s, the clean expected Q its penalty holds fixed, is read on its branch forked from the q_stats branch
+    # (buffers.after_q_stats), not on the main stream: q_stats_join need not wait for it
+    reads_q_stats = False
 
     def __init__(self, cfg):
         super().__init__(cfg)
@@ -158,10 +160,10 @@ class Causal(AuxBase):
 
     def _penalty(self) -> None:
         buf, q_s = self.buf, self.q_s
-        # the branch (forked again: it now also waits for the main stream, which has q_s written) beside
-        # the other loss phases and the step's backward; it writes only its own buffers, workspace and
-        # gradient buffer
-        with self.side.fork():
+        # the branch (forked again, from the q_stats branch: it now also waits for q_s, not for the rule's
+        # learn phases on the main stream) beside the rule's and the other loss phases and the step's
+        # backward; it writes only its own buffers, workspace and gradient buffer
+        with buf.after_q_stats(), self.side.fork():
             if not self.early:
                 self._intervened()
             self.sub_q.gather()

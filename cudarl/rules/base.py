@@ -90,17 +90,26 @@ class LearnerBuffers:
         return ws
 
     @contextmanager
+    def after_q_stats(self):
+        """``with buffers.after_q_stats():`` the body enqueued on :attr:`side_qstats` (the agent's ``q_stats``
+        branch, right after the forward at s), so that what it forks waits for ``q_s`` and what came before
+        it, not for the rule's learn phases on the main stream since (causal's penalty, which reads ``q_s``
+        and its own forward only; docs/perf-notes.md, thirty-second session; :meth:`SideStream.resume`)."""
+        with self.side_qstats.resume():
+            yield
+
+    @contextmanager
     def after_extras(self):
         """``with buffers.after_extras():`` the body enqueued on the extra heads' branch of the forward at s
         (:attr:`ws`'s ``extras_side``, where it has one; else on the current stream), so that what it forks
         waits for those heads' outputs and what came before them, not for the rule's phases on the main
         stream since: the auxiliary heads' losses and the extra heads' backward read only those outputs,
-        the batch and the parameters (docs/perf-notes.md, thirty-second session)."""
+        the batch and the parameters (docs/perf-notes.md, thirty-second session; :meth:`SideStream.resume`)."""
         side = self.ws.extras_side
-        if side is None or side.stream is None:
+        if side is None:
             yield
             return
-        with side.stream:
+        with side.resume():
             yield
 
     @contextmanager

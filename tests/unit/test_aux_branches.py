@@ -352,7 +352,10 @@ def test_gpu_the_heads_losses_and_their_backward_wait_for_the_heads_forward_not_
     }
     assert heads and all(heads <= ancestors(nodes, i) for i in losses)
     first_backward = next(n["id"] for n in nodes if n["phase"] == "backward" and n["stream"] == main)
-    assert rule | set(losses) | set(extras) <= ancestors(nodes, first_backward)
+    # the dL/dpsi chain on side_aux (the heads' dW and vaccine's pass run on branches joined later)
+    chain = {i for i in extras if nodes[i]["stream"] == t.agent.buffers.side_aux.stream.ptr}
+    assert bool(chain) == (head == "c51")
+    assert rule | set(losses) | chain <= ancestors(nodes, first_backward)
 
 
 @pytest.mark.gpu
@@ -373,7 +376,8 @@ def test_gpu_causals_backward_runs_beside_the_steps_and_its_grad_phase_adds_it(h
 def test_gpu_causals_intervened_forward_runs_beside_the_steps_forward_and_homeostatic_beside_the_penalty():
     """C51 with all seven: the early phase's nodes (sub-batch rows, intervene, the intervened forward) wait
     for sample only, not for the step's forward, the rule's loss or q_stats; the penalty waits for q_stats
-    (it reads q_s) and the intervention, the causal gradient's add for every early node, but the penalty
+    (it reads q_s) and the intervention, not for the rule's loss, the causal gradient's add for every early
+    node, but the penalty
     not for homeostatic's kernels, which run on a branch of their own that the step's backward waits for
     (it reads the gradient they add)."""
     nodes, t = traced_train_graph({"agent": {"aux": ALL, "causal_groups": ["calendar", "offset"]}})
@@ -387,6 +391,9 @@ def test_gpu_causals_intervened_forward_runs_beside_the_steps_forward_and_homeos
     side = t.agent.buffers.side_qstats.stream.ptr
     q_stats = {n["id"] for n in nodes if n["phase"] == "q_stats" and n["stream"] == side}
     assert q_stats and q_stats <= ancestors(nodes, pen)
+    # forked from q_stats' branch (buffers.after_q_stats), not after the rule's loss on the main stream
+    learn = {n["id"] for n in nodes if n["phase"] == "targets_loss"}
+    assert learn and not learn & ancestors(nodes, pen)
     # the penalty reads the intervened forward's Q head; the extra heads that forward ran on their own
     # branches (QNetwork.branch_extras) are joined by causal's own backward, which reads them, not by the
     # penalty (the H200 at 25977c5: two early nodes were not the penalty's ancestors)
@@ -500,13 +507,14 @@ def test_gpu_q_stats_runs_beside_the_learn_phases_and_beside_the_backward_where_
         ({"agent": {"aux": ["horizons", "risk", "denoise", "selectivity", "vaccine"]}}, False),
         ({"agent": {"cql_alpha": 1.0}}, True),
         ({"net": {"plan": True}}, True),
-        ({"agent": {"aux": ["causal"]}}, True),
+        ({"agent": {"aux": ["causal"]}}, False),  # its penalty's branch forks from q_stats': after_q_stats
         ({"agent": {"aux": ["homeostatic"]}}, True),
     ],
 )
 def test_q_stats_stays_on_the_main_stream_only_for_a_phase_that_reads_it(over, read):
-    """``Agent.q_stats_read``: CQL, the plan head and the signals that declare ``reads_q_stats`` (causal's
-    q_s, homeostatic's logits) read q_stats' outputs before the backward; otherwise it runs beside the
+    """``Agent.q_stats_read``: CQL, the plan head and the signals that declare ``reads_q_stats`` (homeostatic's
+    logits; not causal, whose penalty reads q_s on a branch forked from q_stats') read q_stats' outputs before
+    the backward on the main stream; otherwise it runs beside the
     backward (the GPU placement: the trace test below; the hazards of both: tests/unit/test_hazards.py)."""
     assert _trainer(**over).agent.q_stats_read is read
 

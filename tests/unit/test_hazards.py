@@ -68,6 +68,30 @@ def test_a_write_by_a_numpy_expression_on_a_side_is_seen():
     assert found[0].first.op == "writes"
 
 
+@pytest.mark.parametrize("reads", ["the side's output", "the main stream's"])
+def test_a_branch_forked_from_a_resumed_side_waits_for_that_side_only(reads):
+    """``SideStream.resume``: a branch forked there is ordered after the resumed side's work (what it wrote is
+    safe to read), not after what the main stream did since that side forked (reading that is a hazard), as
+    buffers.after_extras and after_q_stats fork the heads' losses and causal's penalty."""
+    a, b, mid, late, out = _mats(5)
+    first, branch = SideStream(np), SideStream(np)
+
+    def phase():
+        with first.fork():
+            blas.gemm(a, b, mid)  # the side's output
+        blas.gemm(a, a, late)  # the main stream's, after the fork
+        with first.resume(), branch.fork():
+            blas.gemm(mid if reads == "the side's output" else late, b, out)
+        branch.join()
+        first.join()
+
+    found = find_hazards(_graph([("p", phase)]))
+    if reads == "the side's output":
+        assert found == []
+    else:
+        assert [h.kind() for h in found] == ["write-read"] and found[0].first.stream == "main"
+
+
 def test_a_main_write_of_what_a_side_reads_after_the_fork_is_a_hazard():
     """The fork orders the side after the main stream's work so far, not after what follows it."""
     a, b, c, out = _mats(4)
