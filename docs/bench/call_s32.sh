@@ -118,3 +118,22 @@ if [ "$1" = G ]; then
   grep -E "train step|added to|removed" /tmp/aux.log | head -40
   t end
 fi
+# H (the last call): `LIMIT=560 OUT=$OUT bash docs/bench/call_s32.sh H <sha>`: bench_aux on the MLP (the
+#    ablation and each signal alone) with causal's penalty forked from the q_stats branch; gpu_check at <sha>
+#    (the report of record); then, while time is left, bench_aux's none and all arms on the SSM and the
+#    attention encoders (issue 19's bound on the temporal encoders, last measured at 20a3871).
+#    Predictions (written before the call): the causal arm 115.6 -> 105-110 us; all seven 154.3 -> 143-150
+#    us (+41-48% of none); the SSM's and attention's all seven at most +30% (22.9% and 26.6% at 20a3871).
+if [ "$1" = H ]; then
+  t aux; PYTHONPATH=. timeout $(left 100) python3 tools/bench_aux.py --encoder mlp --no-whole --arms ablation,denoise,causal,horizons,vaccine,risk,homeostatic,selectivity --out $OUT/aux_mlp.json > /tmp/aux.log 2>&1
+  grep -E "train step|added|removed" /tmp/aux.log | head -44
+  t gpu_check; export CUDARL_COMMIT=$2
+  PARALLEL=6 BENCHES=tools/bench_step.py BENCH_ARGS="--no-epoch --no-dw-variants" DEADLINE_S=$(left 320) OUT=/tmp/gc BENCH_DIR=/tmp/bench bash tools/gpu_check.sh > /tmp/gc.log 2>&1
+  cp docs/gpu-report.md $OUT/report.md; cp /tmp/bench/bench_step.json $OUT/ 2>/dev/null; grep -hE "^(FAILED|ERROR)" /tmp/gc/pytest.log | head -30 > $OUT/failures.txt
+  grep -E "passed|failed" /tmp/gc/pytest.log | tail -4; head -30 $OUT/failures.txt; grep -E "train step \(graph|collect step" docs/gpu-report.md | head -4
+  for enc in ssm attention; do
+    t aux_$enc; PYTHONPATH=. timeout $(left 60) python3 tools/bench_aux.py --encoder $enc --no-whole --arms all --repeats 30 --out $OUT/aux_$enc.json > /tmp/aux_$enc.log 2>&1
+    grep -E "train step|share" /tmp/aux_$enc.log | head -4
+  done
+  t end
+fi
