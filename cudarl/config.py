@@ -649,11 +649,10 @@ class AgentConfig:
     """GEMMs of the ``denoise`` and ``causal`` passes over their :attr:`aux_rows` rows (GPU): ``net`` (as the
     network's, ``net.gemm``), or one of ``net.gemm``'s other choices for those passes only, e.g. ``cudarl``
     (the panel GEMMs, which stage the whole K panel at once) or ``cublaslt`` (cuBLASLt, free to split K).
-    Why: at the reference's 64 rows a one-kernel cuBLASLt GEMM runs 16 blocks of 32 x 32 tiles through 32
-    steps of K, and its dx GEMMs took 21 us each on an H100 at 54dfb5d (ncu), the longest nodes of the
-    causal pass, which is the critical path of the train step with all seven signals
-    (docs/perf-notes.md, thirty-second session). The main step's GEMMs, the vaccine's backward (over the
-    whole batch) and a population's stacked networks keep ``net.gemm``. Same math to float32 rounding,
+    Measured on an H100 (docs/perf-notes.md, thirty-second session): at 64 rows the panel GEMM takes 5.7 us
+    in a graph against cuBLASLt's 6.8, but the train step with the signals moved by -2.6 to +1.5 us, within
+    the spread of a run, so the default stays ``net``. The main step's GEMMs, the vaccine's backward (over
+    the whole batch) and a population's stacked networks keep ``net.gemm``. Same math to float32 rounding,
     not the same bits; each choice is deterministic. The NumPy backend ignores it."""
     homeostatic_target: float = 0.5
     """Set point of the effective share of atoms ``exp(H(m)) / K`` (``m`` the batch-mean atom distribution)
