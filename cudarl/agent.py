@@ -13,7 +13,7 @@ that :class:`cudarl.graph.StepGraph` captures (GPU) or runs in order (NumPy)::
              into the windows of s, one launch) - forward (the rule's; the extra heads run at s only, on a branch of
              their own) - q_stats (the expected Q at s and the statistics, on a branch beside the learn phases) -
              the rule's learn phases (C51: targets_loss, one launch; IQN, QR-DQN: targets - loss) - q_stats_join
-             (joins q_stats' branch where a later phase reads it, CQL, the plan head, causal or homeostatic, else
+             (joins q_stats' branch where a later phase reads it, CQL, the plan head or homeostatic, else
              publish joins it; joins the extra heads at s) - cql (agent.cql_alpha) - plan (net.plan: cudarl.plan) -
              the auxiliary signals' loss phases (on their branch, joined by the backward) - extras_backward (C51
              with an auxiliary head: the extra heads' backward on the auxiliary branch, beside homeostatic's, joined
