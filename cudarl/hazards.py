@@ -289,25 +289,26 @@ class _Checker:
         _merge(clock, s.clocks[here])  # the side waits for the forking stream's work so far
         if all(n != name for n, _ in s.open):
             s.open.append((name, here))
-        s.current.append(name)
-        try:
+        with self._on(name):
             yield
-        finally:
-            self.boundary()
-            s.current.pop()
 
     @contextlib.contextmanager
     def resume(self, side):
-        s = self.s
         self.boundary()
         name = self._name(side)
-        s.clocks.setdefault(name, {name: 0})  # its own work so far only: nothing of the current stream's
-        s.current.append(name)
+        self.s.clocks.setdefault(name, {name: 0})  # its own work so far only: nothing of the current stream's
+        with self._on(name):
+            yield
+
+    @contextlib.contextmanager
+    def _on(self, name: str):
+        """The body on logical stream ``name``, its trailing writes attributed to it."""
+        self.s.current.append(name)
         try:
             yield
         finally:
             self.boundary()
-            s.current.pop()
+            self.s.current.pop()
 
     @contextlib.contextmanager
     def branch(self, side):
