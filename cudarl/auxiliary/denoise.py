@@ -25,9 +25,8 @@ What we chose:
 Train graph: ``aux_denoise``, an early phase right after ``sample``, forks its whole pass (the sub-batch's
 rows, corrupt, encoder and decoder forward, loss, backward) onto a branch of its own beside the main chain
 (it reads the batch and the parameters, writes only its own buffers); the agent's ``aux_sgd`` after the
-backward joins it and takes
-the steps (two spans of its one launch, :meth:`sgd_spans`). Observable: ``aux.denoise.loss`` (the
-reconstruction's mean squared error on the corrupted sub-batch).
+backward joins it and takes the steps (two spans of its one launch, :meth:`sgd_spans`). Observable:
+``aux.denoise.loss`` (the reconstruction's mean squared error on the corrupted sub-batch).
 """
 
 from __future__ import annotations
