@@ -324,8 +324,8 @@ class _Checker:
     def _join(self, name: str, into: str) -> None:
         s = self.s
         self.boundary()
-        if name not in s.clocks:
-            return
+        if all(n != name for n, _ in s.open):  # SideStream.join: nothing pending (no fork since a join) orders
+            return  # nothing, wherever that earlier join went
         _merge(s.clocks[into], s.clocks[name])
         s.clocks[into][into] = s.clocks[into].get(into, 0) + 1
         s.open = [(n, m) for n, m in s.open if n != name]
