@@ -16,6 +16,7 @@ from test_trainer import gpu_small, small
 
 from cudarl.config import AUX_GEMMS, ConfigError, from_dict
 from cudarl.nn.layers import GEMMS, Linear
+from cudarl.nn.network import _walk
 from cudarl.trainer import Trainer
 
 SIGNALS = ["horizons", "denoise", "causal", "vaccine"]
@@ -24,13 +25,6 @@ OVER = {"aux": SIGNALS, "causal_groups": ["calendar", "offset"], "aux_denoise_lr
 
 def _trainer(cfg) -> Trainer:
     return Trainer(cfg, run_dir=False, echo=lambda m: None)
-
-
-def _layers(module) -> list:
-    """Every Linear under ``module`` (a network's, an encoder's)."""
-    if isinstance(module, Linear):
-        return [module]
-    return [lin for child in getattr(module, "children", ()) for lin in _layers(child)]
 
 
 def _gemms(t: Trainer) -> dict:
@@ -42,7 +36,7 @@ def _gemms(t: Trainer) -> dict:
         "target": {lin.gemm for lin in t.agent.target.linears.values()},
         "causal": {lin.gemm for lin in sig["causal"].extra.net.linears.values()},
         "vaccine": {lin.gemm for lin in sig["vaccine"].extra.net.linears.values()},
-        "denoise": {lin.gemm for lin in [*_layers(sig["denoise"].enc), sig["denoise"].dec]},
+        "denoise": {lin.gemm for lin in _walk([sig["denoise"].enc, sig["denoise"].dec]) if isinstance(lin, Linear)},
     }
 
 
