@@ -192,8 +192,8 @@ class AuxSgd:
 
     def __init__(self, spans, xp, side=None, after=()):
         self.spans = list(spans)
-        waits = [*(s.after for s in self.spans if s.after is not None), *after]
-        self.sides = list({id(w): w for w in waits}.values())
+        self.sides = list({id(s.after): s.after for s in self.spans if s.after is not None}.values())
+        self.after = list(after)  # waited for, not joined: their owners still join them (SideStream.wait)
         self._table = [(s.params, s.grads, s.lr, s.clear) for s in self.spans]
         self.ops = family("auxsgd", xp)
         #: A :class:`cudarl.graph.SideStream` the steps run on (forked where :meth:`step` is called, joined by
@@ -206,6 +206,8 @@ class AuxSgd:
         with self.side.fork() if self.side is not None else nullcontext():
             for side in self.sides:  # the branches that wrote the spans' gradients
                 side.join()
+            for side in self.after:
+                side.wait()
             for i in range(0, len(self._table), MAX_SPANS):
                 self.ops.steps(self._table[i : i + MAX_SPANS])
 
