@@ -47,7 +47,8 @@ import numpy as np
 
 from .auxiliary import AUX_SIGNALS, input_gate
 from .auxiliary.base import AuxSgd
-from .backend import family, to_numpy
+from .auxiliary.vaccine import encoder_slice
+from .backend import address, family, to_numpy
 from .config import Config
 from .graph import SideStream
 from .nn import QNetwork
@@ -278,6 +279,8 @@ class Agent:
             self.backward()
 
         def adam():
+            if own_sgd is not None:  # the own SGD steps' branch, where they ran beside a grad phase
+                own_sgd.join()
             # one launch: the gradient norm and clip, the update with the target's (lr, the bias
             # corrections and tau: the schedules, joined by the learn phases) and the publish of the
             # loss and gradient norm (self.grad_norm, Adam's grad_norm_out) to the host ring
@@ -325,9 +328,18 @@ class Agent:
 
         early = [phase for s in self.aux for phase in s.early_phases()]  # branches beside the forward
         aux = [phase for s in self.aux for phase in s.phases()]
-        aux_grad = [phase for s in self.aux for phase in s.grad_phases()]  # on the flat gradient
         sgd = [span for s in self.aux for span in s.sgd_spans()]  # their own SGD steps: one launch
-        aux_sgd = [("aux_sgd", AuxSgd(sgd, self.xp).step)] if sgd else []
+        # the grad phases on the flat gradient: those that touch only its encoder slice (and no parameter)
+        # may run beside the own SGD steps, whose spans lie outside that slice (the tail after the backward
+        # one node shorter: docs/perf-notes.md, thirty-second session); the others before them
+        beside = self._sgd_beside(sgd)
+        aux_grad = [phase for s in self.aux if s not in beside for phase in s.grad_phases()]
+        aux_grad_beside = [phase for s in beside for phase in s.grad_phases()]
+        own_sgd = None
+        if sgd:  # beside: after those signals' own branches too (vaccine's backward reads parameters)
+            side, after = (SideStream(self.xp), [s.side for s in beside]) if beside else (None, ())
+            own_sgd = AuxSgd(sgd, self.xp, side=side, after=after)
+        aux_sgd = [("aux_sgd", own_sgd.step)] if sgd else []
         plan = [] if self.plan is None else [("plan", self.plan.phase)]
         cql = [("cql", self.rule.cql)] if self.cfg.agent.cql_alpha > 0 else []
         return [
@@ -347,10 +359,28 @@ class Agent:
             ("backward", backward),
             *aux_grad,
             *aux_sgd,
+            *aux_grad_beside,
             ("adam", adam),
             *([("spectral", spectral)] if self.cfg.net.spectral else []),
             ("publish", publish),
         ]
+
+    def _sgd_beside(self, spans) -> list:
+        """The signals whose grad phases the own SGD steps (``spans``) may run beside: those that declare
+        they touch only the encoder's slice of the flat gradient (``AuxSignal.grads_encoder_only``), where no
+        span's gradient lies in that slice; none where there is no span."""
+        mine = [s for s in self.aux if s.grads_encoder_only and s.grad_phases()]
+        if not spans or not mine:
+            return []
+        grads = self.online.grads
+        lo, hi = encoder_slice(self.online.layout)
+        base, item = address(grads), grads.itemsize
+        enc = (base + lo * item, base + hi * item)
+        for span in spans:
+            g0 = address(span.grads)
+            if g0 < enc[1] and enc[0] < g0 + span.grads.size * item:
+                return []
+        return mine
 
     # --- between two updates ------------------------------------------------------------------------
     def between_updates(self, step: int, stream=None) -> None:

@@ -207,6 +207,11 @@ def family(name: str, xp) -> ModuleType:
     return importlib.import_module(f"cudarl.{'reference' if is_numpy(xp) else 'ops'}.{name}")
 
 
+def address(a) -> int:
+    """The address of ``a``'s first element (a NumPy or CuPy array): for comparing where views lie."""
+    return a.ctypes.data if isinstance(a, np.ndarray) else a.data.ptr
+
+
 def to_numpy(a) -> np.ndarray:
     """A host copy of ``a`` (NumPy passes through). Never call inside a capture."""
     if isinstance(a, np.ndarray):

@@ -388,6 +388,18 @@ class SideStream:
         self._pending = False
         SideStream._open[:] = [(s, m) for s, m in SideStream._open if s is not self]
 
+    def wait(self) -> None:
+        """The current stream waits for the side's work so far, which stays pending: its own :meth:`join` (into
+        the stream it forked from) still orders that stream after it. A :meth:`join` into another stream would
+        clear it, and the owner's join would then order nothing (a no-op where nothing is pending)."""
+        if self.stream is None or not self._pending:
+            return
+        import cupy
+
+        self._done.record(self.stream)
+        cupy.cuda.get_current_stream().wait_event(self._done)
+        kernels.trace({"kind": "join", "from": self.stream.ptr, "to": cupy.cuda.get_current_stream().ptr})
+
     @classmethod
     def abandon_all(cls) -> None:
         """Forget pending forks (a failed capture: its stream is out of capture, nothing to join)."""

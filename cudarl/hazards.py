@@ -326,9 +326,20 @@ class _Checker:
         self.boundary()
         if all(n != name for n, _ in s.open):  # SideStream.join: nothing pending (no fork since a join) orders
             return  # nothing, wherever that earlier join went
+        self._order(name, into)
+        s.open = [(n, m) for n, m in s.open if n != name]
+
+    def wait(self, side) -> None:
+        self.boundary()
+        name = self._name(side)
+        if any(n == name for n, _ in self.s.open):  # SideStream.wait: a no-op where nothing is pending
+            self._order(name, self.s.current[-1])
+
+    def _order(self, name: str, into: str) -> None:
+        """Stream ``into`` after ``name``'s work so far."""
+        s = self.s
         _merge(s.clocks[into], s.clocks[name])
         s.clocks[into][into] = s.clocks[into].get(into, 0) + 1
-        s.open = [(n, m) for n, m in s.open if n != name]
 
     def join_all(self) -> None:
         for name, main in reversed(list(self.s.open)):
@@ -404,9 +415,10 @@ def find_hazards(graph, replays: int = 1) -> list[Hazard]:
     for name in ("gemm", "gemm_lt", "gemm_lt_batched"):
         chk.wrap(blas, name, f"blas.{name}")
     SS = _graph.SideStream
-    saved = (SS.fork, SS.branch, SS.join, SS.__dict__["join_all"], SS.resume)
+    saved = (SS.fork, SS.branch, SS.join, SS.__dict__["join_all"], SS.resume, SS.wait)
     SS.fork = lambda self: chk.fork(self)
     SS.resume = lambda self: chk.resume(self)
+    SS.wait = lambda self: chk.wait(self)
     SS.branch = lambda self: chk.branch(self)
     SS.join = lambda self: chk.join(self)
     SS.join_all = classmethod(lambda cls: chk.join_all())
@@ -422,7 +434,7 @@ def find_hazards(graph, replays: int = 1) -> list[Hazard]:
             chk.s.phase = ""
     finally:
         SS.fork, SS.branch, SS.join = saved[:3]
-        SS.join_all, SS.resume = saved[3], saved[4]
+        SS.join_all, SS.resume, SS.wait = saved[3], saved[4], saved[5]
         for module, fname, fn in reversed(chk.patched):
             setattr(module, fname, fn)
     rank = {"write-write": 0, "write-read": 1, "read-write": 2}

@@ -48,6 +48,11 @@ class AuxSignal(Protocol):
     #: phases) before it; when no phase reads them before the step's end, that branch runs beside the
     #: backward too (:meth:`cudarl.agent.Agent.q_stats`, :meth:`cudarl.agent.Agent.q_stats_join`).
     reads_q_stats: bool
+    #: Whether its grad phases read and write only the encoder's slice of the flat gradient (and read no
+    #: parameter): the signals' own SGD steps (``aux_sgd``), whose spans lie outside that slice, then run
+    #: beside them, on a branch Adam joins, after the signal's own branch (its ``side``, which may read
+    #: parameters: Gradient Vaccine's backward; :meth:`cudarl.agent.Agent._sgd_beside`).
+    grads_encoder_only: bool
 
     def make_head(self, d: int):
         """Its head on ``psi [B, d]`` (a :class:`cudarl.nn.Module` named ``aux.<name>``, with a

@@ -8,6 +8,7 @@ encoder and decoder)."""
 from __future__ import annotations
 
 import dataclasses
+from contextlib import nullcontext
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -24,6 +25,7 @@ class AuxBase:
 
     name = ""
     reads_q_stats = False
+    grads_encoder_only = False
 
     def __init__(self, cfg):
         self.cfg = cfg
@@ -188,14 +190,28 @@ class AuxSgd:
     arithmetic on every element, so the same bits. Built before any capture; :meth:`step` allocates and
     reads nothing on the host (the span table goes to the kernel by value)."""
 
-    def __init__(self, spans, xp):
+    def __init__(self, spans, xp, side=None, after=()):
         self.spans = list(spans)
         self.sides = list({id(s.after): s.after for s in self.spans if s.after is not None}.values())
+        self.after = list(after)  # waited for, not joined: their owners still join them (SideStream.wait)
         self._table = [(s.params, s.grads, s.lr, s.clear) for s in self.spans]
         self.ops = family("auxsgd", xp)
+        #: A :class:`cudarl.graph.SideStream` the steps run on (forked where :meth:`step` is called, joined by
+        #: :meth:`join`, the agent's Adam phase), beside the grad phases that touch only the encoder's slice of
+        #: the flat gradient; None: on the current stream. ``after``: more branches the steps wait for (those
+        #: grad phases' own, which may read the parameters the steps move)
+        self.side = side
 
     def step(self) -> None:
-        for side in self.sides:  # the branches that wrote the spans' gradients
-            side.join()
-        for i in range(0, len(self._table), MAX_SPANS):
-            self.ops.steps(self._table[i : i + MAX_SPANS])
+        with self.side.fork() if self.side is not None else nullcontext():
+            for side in self.sides:  # the branches that wrote the spans' gradients
+                side.join()
+            for side in self.after:
+                side.wait()
+            for i in range(0, len(self._table), MAX_SPANS):
+                self.ops.steps(self._table[i : i + MAX_SPANS])
+
+    def join(self) -> None:
+        """The current stream waits for the steps (a no-op without :attr:`side`)."""
+        if self.side is not None:
+            self.side.join()

@@ -83,6 +83,8 @@ def encoder_slice(layout, prefix: str = "enc.", names=None) -> tuple[int, int]:
 
 class Vaccine(AuxBase):
     name = "vaccine"
+    # its grad phase reads and rewrites the flat gradient's [lo, hi) (an encoder slice) and reads no parameter
+    grads_encoder_only = True
 
     def __init__(self, cfg):
         super().__init__(cfg)
@@ -168,14 +170,18 @@ class Vaccine(AuxBase):
 
     def _phase(self) -> None:
         self.side.join()
-        full, aux = self.buf.online.grads, self.extra.grads
+        # the scope's slice of both gradients, nothing outside it (the own SGD steps may run beside this
+        # phase on the rest of the flat gradient: grads_encoder_only); the kernels index from the slice's
+        # start, so the bits are those of the whole arrays with [lo, hi)
+        lo, hi = self.lo, self.hi
+        full, aux, n = self.buf.online.grads[lo:hi], self.extra.grads[lo:hi], hi - lo
         if self.numpy:
-            self.partial[...], self.state[...] = ref.dots_control(full, aux, self.state, self.lo, self.hi, self.beta)
-            full[...] = ref.apply(full, aux, self.state, self.lo, self.hi)
+            self.partial[...], self.state[...] = ref.dots_control(full, aux, self.state, 0, n, self.beta)
+            full[...] = ref.apply(full, aux, self.state, 0, n)
         else:
-            args = (self.partial, self.state, self.done, self.lo, self.hi, self.beta)
+            args = (self.partial, self.state, self.done, 0, n, self.beta)
             self.ops.dots_control(full, aux, *args)  # one launch: its last block the control step
-            self.ops.apply(full, aux, full, self.state, self.lo, self.hi)
+            self.ops.apply(full, aux, full, self.state, 0, n)
 
     def observable(self) -> dict:
         return {f"aux.vaccine.{k}": v for k, v in zip(KEYS, read(self.state), strict=True)}

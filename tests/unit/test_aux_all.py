@@ -40,14 +40,16 @@ def test_the_phases_of_all_seven_sit_in_the_documented_order():
     t = Trainer(_cfg(None, "mlp"), run_dir=False, echo=lambda m: None)
     names = [n for n, _ in t.train_graph.phases]
     after = names[names.index("backward") :]
-    # the grad phases (vaccine, causal's backward) before the heads' own SGD steps, then Adam
+    # causal's grad phase (it adds over the whole flat gradient), then the heads' own SGD steps forked beside
+    # vaccine's (its encoder slice only: grads_encoder_only), then Adam, which joins them
     assert after[: after.index("adam") + 1] == [
         "backward",
         "causal",
-        "vaccine",
         "aux_sgd",
+        "vaccine",
         "adam",
     ]
+    assert t.agent.aux[-1].grads_encoder_only and not any(s.grads_encoder_only for s in t.agent.aux[:-1])
     loss = names[: names.index("backward")]
     assert all(p in loss for p in ("aux_horizons", "aux_risk", "aux_homeostatic", "aux_causal"))
     # the passes that read only the batch's s and the parameters fork right after sample, before the forward

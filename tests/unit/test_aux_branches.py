@@ -173,12 +173,15 @@ def test_vaccines_own_backward_is_the_backward_it_ran_on_the_flat_gradient_bit_f
         np.testing.assert_array_equal(online.grads[vac.lo : vac.hi], seen["old"][vac.lo : vac.hi])
         online.grads[...] = step
 
-    def before_vaccine():
-        seen["full"] = online.grads.copy()
+    def after_backward():  # the old way's backward from the weights the step's read (before any own SGD step)
+        seen.update(own=vac.extra.grads.copy())
         old_way()
 
+    def before_vaccine():
+        seen["full"] = online.grads.copy()
+
     spies = {
-        "backward": after("backward", lambda: seen.update(own=vac.extra.grads.copy())),
+        "backward": after("backward", after_backward),
         "vaccine": after("vaccine", lambda: seen.update(out=online.grads.copy()), before=before_vaccine),
     }
     t.train_graph.phases = [(n, spies.get(n, f)) for n, f in t.train_graph.phases]
@@ -581,3 +584,36 @@ def test_gpu_the_extra_heads_backward_runs_beside_homeostatic_and_the_backward_w
     chain = {i for i in mine if nodes[i]["stream"] == t.agent.buffers.side_aux.stream.ptr}
     first_backward = next(n["id"] for n in nodes if n["phase"] == "backward")
     assert chain and chain | homeo <= ancestors(nodes, first_backward)
+
+
+def test_the_own_sgd_steps_run_beside_vaccine_only_where_no_span_lies_in_the_encoder_slice():
+    """``Agent._sgd_beside``: vaccine's grad phase touches only the encoder slice of the flat gradient, so the
+    own SGD steps (risk's head, denoise's encoder and decoder, whose gradients lie outside it) run beside it;
+    a span whose gradient lay inside the slice would keep them after it."""
+    from cudarl.auxiliary.base import SgdSpan
+    from cudarl.auxiliary.vaccine import encoder_slice
+
+    t = _trainer(agent={"aux": ALL})
+    agent, vac = t.agent, t.agent.aux[-1]
+    spans = [span for s in agent.aux for span in s.sgd_spans()]
+    assert agent._sgd_beside(spans) == [vac]
+    lo, hi = encoder_slice(agent.online.layout)
+    inside = SgdSpan(agent.online.params[lo:hi], agent.online.grads[lo:hi], 0.1)
+    assert agent._sgd_beside([*spans, inside]) == []
+    assert agent._sgd_beside([]) == []
+
+
+@pytest.mark.gpu
+def test_gpu_the_own_sgd_steps_run_beside_vaccines_phase_after_causals():
+    nodes, t = traced_train_graph({"agent": {"aux": ALL, "causal_groups": ["calendar", "offset"]}})
+    (sgd,) = [n["id"] for n in nodes if n["phase"] == "aux_sgd"]
+    vac = [n["id"] for n in nodes if n["phase"] == "vaccine"]
+    (add,) = [n["id"] for n in nodes if n["phase"] == "causal"]
+    first_adam = next(n["id"] for n in nodes if n["phase"] == "adam")
+    assert nodes[sgd]["stream"] != t.stream.ptr and vac
+    assert add in ancestors(nodes, sgd)  # after causal's add over the whole flat gradient
+    assert not any(sgd in ancestors(nodes, i) for i in vac) and not set(vac) & ancestors(nodes, sgd)
+    assert {sgd, *vac} <= ancestors(nodes, first_adam)
+    # after vaccine's own backward, which reads the parameters the steps move
+    own = {n["id"] for n in nodes if n["stream"] == t.agent.aux[-1].side.stream.ptr}
+    assert own and own <= ancestors(nodes, sgd)

@@ -226,7 +226,8 @@ def test_vaccine_aligns_the_aux_heads_gradient_and_its_observables_move(tmp_path
     on = _trainer(tmp_path, agent={"aux": [*heads, "vaccine"], "vaccine_beta": 0.2})
     names = [n for n, _ in on.train_graph.phases]
     own = ["aux_sgd"] if "risk" in heads else []
-    assert names[names.index("backward") : names.index("adam") + 1] == ["backward", "vaccine", *own, "adam"]
+    # the own SGD steps (risk's head) forked before vaccine's phase: beside it, joined by Adam
+    assert names[names.index("backward") : names.index("adam") + 1] == ["backward", *own, "vaccine", "adam"]
     assert on.agent.aux[-1].aux_heads == heads
     on.run(20)
     rows = [r for r in _rows(tmp_path / "run") if "aux.vaccine.cos" in r]

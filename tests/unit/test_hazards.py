@@ -92,10 +92,11 @@ def test_a_branch_forked_from_a_resumed_side_waits_for_that_side_only(reads):
         assert [h.kind() for h in found] == ["write-read"] and found[0].first.stream == "main"
 
 
-def test_a_side_joined_elsewhere_first_orders_nothing_at_its_owners_join():
+@pytest.mark.parametrize("how", ["join", "wait"])
+def test_a_side_joined_elsewhere_first_orders_nothing_at_its_owners_join(how):
     """``SideStream.join`` clears the side's pending state wherever it joins: joined into another branch first,
-    its owner's later join is a no-op, so the main stream is not ordered after it (a hazard, as the GPU would
-    race: branch sgd-beside's first form, docs/perf-notes.md, thirty-second session)."""
+    its owner's later join is a no-op, so the main stream is not ordered after it (a hazard, as the GPU
+    would race). ``SideStream.wait`` orders the other branch and leaves it pending for its owner."""
     a, b, mid, out, other = _mats(5)
     side, third = SideStream(np), SideStream(np)
 
@@ -103,13 +104,17 @@ def test_a_side_joined_elsewhere_first_orders_nothing_at_its_owners_join():
         with side.fork():
             blas.gemm(a, b, mid)  # the side's output
         with third.fork():
-            side.join()
+            side.join() if how == "join" else side.wait()
             blas.gemm(a, a, other)
-        side.join()  # the owner's join: nothing pending, so no wait
+        side.join()  # the owner's join
         blas.gemm(mid, b, out)  # reads the side's output on the main stream
         third.join()
 
-    assert [h.kind() for h in find_hazards(_graph([("p", phase)]))] == ["write-read"]
+    found = find_hazards(_graph([("p", phase)]))
+    if how == "wait":
+        assert found == []
+    else:
+        assert [h.kind() for h in found] == ["write-read"]
 
 
 def test_a_main_write_of_what_a_side_reads_after_the_fork_is_a_hazard():
