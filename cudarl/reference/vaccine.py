@@ -25,6 +25,11 @@ Stages: :func:`dots` (per-block partial sums of ``g_m . g_a``, ``|g_m|^2``, ``|g
 (the cosine, ``c``, the EMA: ``state = [phi_hat, phi, c, |g_m|, |g_a|]``; ``phi_hat`` is read before it is
 moved) and :func:`apply`. The kernel's launches: :func:`dots_control` (the first two: its last block takes
 the control step) and :func:`apply`.
+
+:func:`dots_control_plus` and :func:`apply_plus` are the same over ``full + plus`` (``plus`` float32 ``[n]``,
+another signal's own gradient: causal intervention's, when its grad phase comes right before this one),
+that sum made element by element in float32 as causal's grad phase made it over the whole buffer: one
+pass over the flat gradient where there were two (``docs/perf-notes.md``, thirty-third session).
 """
 
 from __future__ import annotations
@@ -75,6 +80,21 @@ def dots_control(full, aux, state, lo: int, hi: int, beta, compute_dtype=np.floa
     """The kernel's first launch: ``(partial, state')`` = :func:`dots` then :func:`control`."""
     partial = dots(full, aux, lo, hi, compute_dtype)
     return partial, control(partial, state, beta, compute_dtype)
+
+
+def _plus(full, plus):
+    """``full + plus`` as float32 (the kernel's on-the-fly sum)."""
+    return (np.asarray(full, np.float32) + np.asarray(plus, np.float32)).astype(np.float32)
+
+
+def dots_control_plus(full, plus, aux, state, lo: int, hi: int, beta, compute_dtype=np.float32):
+    """:func:`dots_control` over ``full + plus``."""
+    return dots_control(_plus(full, plus), aux, state, lo, hi, beta, compute_dtype)
+
+
+def apply_plus(full, plus, aux, state, lo: int, hi: int, compute_dtype=np.float32):
+    """:func:`apply` over ``full + plus``: ``f + c (f - aux)`` on ``[lo, hi)``, ``f`` elsewhere, ``f = full + plus``."""
+    return apply(_plus(full, plus), aux, state, lo, hi, compute_dtype)
 
 
 def apply(full, aux, state, lo: int, hi: int, compute_dtype=np.float32):

@@ -47,6 +47,20 @@ def test_apply_changes_only_the_encoder_slice(rng):
     np.testing.assert_allclose(out[10:30], full[10:30] + 0.5 * (full[10:30] - aux[10:30]), rtol=1e-6)
 
 
+def test_the_plus_pair_is_the_pair_over_the_float32_sum(rng):
+    """``dots_control_plus`` / ``apply_plus`` (causal's gradient folded in) are the pair over ``full + plus``
+    summed in float32, as causal's grad phase summed them before vaccine's ran."""
+    n, lo, hi = 9000, 100, 8000
+    full, plus, aux = (rng.normal(size=n).astype(np.float32) for _ in range(3))
+    st = np.float32([0.6, 0, 0, 0, 0])
+    s32 = (full + plus).astype(np.float32)
+    p1, st1 = ref.dots_control_plus(full, plus, aux, st, lo, hi, 0.1)
+    p2, st2 = ref.dots_control(s32, aux, st, lo, hi, 0.1)
+    assert np.array_equal(p1, p2) and np.array_equal(st1, st2) and st1[2] > 0
+    out = ref.apply_plus(full, plus, aux, st1, lo, hi)
+    assert np.array_equal(out, ref.apply(s32, aux, st1, lo, hi)) and np.array_equal(out[:lo], s32[:lo])
+
+
 def test_dots_chunks_cover_the_slice_once(rng):
     n = 3 * ref.CHUNK + 17
     full, aux = rng.normal(size=n + 40), rng.normal(size=n + 40)
@@ -84,6 +98,38 @@ def test_gpu_matches_reference(cp, rng, n, lo, hi):
     inplace = cp.asarray(aux)
     ops.apply(cp.asarray(full), inplace, inplace, state, lo, hi)
     assert_bitwise(inplace, grads, what="in place (grads = aux)")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n,lo,hi", [(10, 0, 10), (70_001, 3, 65_537), (300_000, 1024, 299_999)])
+def test_gpu_plus_pair_matches_reference_and_is_the_pair_after_the_add_bitwise(cp, rng, n, lo, hi):
+    """The _plus kernels against their twins, and bit for bit the plain pair run after ``util.add_f32`` (causal's
+    grad phase's add, which the fold replaces)."""
+    from cudarl.backend import family
+    from cudarl.ops import vaccine as ops
+
+    full, aux = _case(rng, n)
+    plus = rng.normal(size=n).astype(np.float32)
+    P, st0 = ref.blocks(hi - lo), np.float32([0.3, 0, 0, 0, 0])
+    out = {}
+    for way in ("plus", "add"):
+        part, state, done = cp.empty((P, 3), np.float32), cp.asarray(st0), cp.zeros(1, np.uint32)
+        poison(part)
+        g = cp.asarray(full)
+        if way == "plus":
+            ops.dots_control_plus(g, cp.asarray(plus), cp.asarray(aux), part, state, done, lo, hi, 0.05)
+            ops.apply_plus(g, cp.asarray(plus), cp.asarray(aux), g, state, lo, hi)
+        else:
+            family("util", cp).add_f32(g, g, cp.asarray(plus))
+            ops.dots_control(g, cp.asarray(aux), part, state, done, lo, hi, 0.05)
+            ops.apply(g, cp.asarray(aux), g, state, lo, hi)
+        out[way] = (part, state, g)
+    r_part, r_state = ref.dots_control_plus(full, plus, aux, st0, lo, hi, 0.05)
+    assert_parity(out["plus"][0], r_part, rtol=1e-5, what="partial sums")
+    assert_parity(out["plus"][1], r_state, rtol=1e-5, what="state")
+    assert_parity(out["plus"][2], ref.apply_plus(full, plus, aux, r_state, lo, hi), rtol=1e-5, what="grads")
+    for a, b, what in zip(out["plus"], out["add"], ("partial", "state", "grads"), strict=True):
+        assert_bitwise(a, b, what=f"{what}: plus against add then the pair")
 
 
 @pytest.mark.gpu
