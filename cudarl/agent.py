@@ -47,7 +47,6 @@ import numpy as np
 
 from .auxiliary import AUX_SIGNALS, input_gate
 from .auxiliary.base import AuxSgd
-from .auxiliary.vaccine import encoder_slice
 from .backend import address, family, to_numpy
 from .config import Config
 from .graph import SideStream
@@ -329,15 +328,18 @@ class Agent:
         early = [phase for s in self.aux for phase in s.early_phases()]  # branches beside the forward
         aux = [phase for s in self.aux for phase in s.phases()]
         sgd = [span for s in self.aux for span in s.sgd_spans()]  # their own SGD steps: one launch
-        # the grad phases on the flat gradient: those that touch only its encoder slice (and no parameter)
-        # may run beside the own SGD steps, whose spans lie outside that slice (the tail after the backward
-        # one node shorter: docs/perf-notes.md, thirty-second session); the others before them
-        beside = self._sgd_beside(sgd)
-        aux_grad = [phase for s in self.aux if s not in beside for phase in s.grad_phases()]
+        # the grad phases on the flat gradient, in agent.aux order (causal's folded into vaccine's where it
+        # comes right before it: _grad_signals); the last of them that touch only a span of it no SGD span
+        # lies in (and no parameter) may run beside the own SGD steps (the tail after the backward one node
+        # shorter: docs/perf-notes.md, thirty-second session); the others before them
+        grad = self._grad_signals()
+        beside = self._sgd_beside(sgd, grad)
+        aux_grad = [phase for s in grad if s not in beside for phase in s.grad_phases()]
         aux_grad_beside = [phase for s in beside for phase in s.grad_phases()]
         own_sgd = None
-        if sgd:  # beside: after those signals' own branches too (vaccine's backward reads parameters)
-            side, after = (SideStream(self.xp), [s.side for s in beside]) if beside else (None, ())
+        if sgd:  # beside: after the branches those phases join too (vaccine's backward reads parameters)
+            after = [b for s in beside for b in s.grad_branches()]
+            side = SideStream(self.xp) if beside else None
             own_sgd = AuxSgd(sgd, self.xp, side=side, after=after)
         aux_sgd = [("aux_sgd", own_sgd.step)] if sgd else []
         plan = [] if self.plan is None else [("plan", self.plan.phase)]
@@ -365,22 +367,38 @@ class Agent:
             ("publish", publish),
         ]
 
-    def _sgd_beside(self, spans) -> list:
-        """The signals whose grad phases the own SGD steps (``spans``) may run beside: those that declare
-        they touch only the encoder's slice of the flat gradient (``AuxSignal.grads_encoder_only``), where no
-        span's gradient lies in that slice; none where there is no span."""
-        mine = [s for s in self.aux if s.grads_encoder_only and s.grad_phases()]
-        if not spans or not mine:
+    def _grad_signals(self) -> list:
+        """The signals whose grad phases run, in ``agent.aux`` order: a signal whose one grad phase only adds a
+        gradient of its own (:meth:`AuxSignal.grad_addend`: causal's) right before one that takes it
+        (:meth:`AuxSignal.takes_addend`: vaccine's, which then adds it in its own kernels) runs none."""
+        out = []
+        for s in (s for s in self.aux if s.grad_phases()):
+            addend = out[-1].grad_addend() if out else None
+            if addend is not None and s.takes_addend(addend):
+                out[-1] = s
+            else:
+                out.append(s)
+        return out
+
+    def _sgd_beside(self, spans, signals) -> list:
+        """The grad-phase ``signals`` the own SGD steps (``spans``) may run beside: the last of them, in order,
+        that declare the span of the flat gradient they touch (:meth:`AuxSignal.grad_span`), where no SGD span's
+        gradient lies in it (so the steps see every grad phase's effect on their spans, as after them: the
+        grad phases before these touch no span of theirs either way); none where there is no span."""
+        if not spans:
             return []
         grads = self.online.grads
-        lo, hi = encoder_slice(self.online.layout)
         base, item = address(grads), grads.itemsize
-        enc = (base + lo * item, base + hi * item)
-        for span in spans:
-            g0 = address(span.grads)
-            if g0 < enc[1] and enc[0] < g0 + span.grads.size * item:
-                return []
-        return mine
+        beside = []
+        for s in reversed(signals):
+            r = s.grad_span()
+            if r is None:
+                break
+            lo, hi = base + r[0] * item, base + r[1] * item
+            if any(address(sp.grads) < hi and lo < address(sp.grads) + sp.grads.size * item for sp in spans):
+                break
+            beside.insert(0, s)
+        return beside
 
     # --- between two updates ------------------------------------------------------------------------
     def between_updates(self, step: int, stream=None) -> None:

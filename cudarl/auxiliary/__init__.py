@@ -35,7 +35,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from ..rules.base import LearnerBuffers, Phase
-from .base import SgdSpan
+from .base import GradAddend, SgdSpan
 
 
 class AuxSignal(Protocol):
@@ -48,11 +48,6 @@ class AuxSignal(Protocol):
     #: phases) before it; when no phase reads them before the step's end, that branch runs beside the
     #: backward too (:meth:`cudarl.agent.Agent.q_stats`, :meth:`cudarl.agent.Agent.q_stats_join`).
     reads_q_stats: bool
-    #: Whether its grad phases read and write only the encoder's slice of the flat gradient (and read no
-    #: parameter): the signals' own SGD steps (``aux_sgd``), whose spans lie outside that slice, then run
-    #: beside them, on a branch Adam joins, after the signal's own branch (its ``side``, which may read
-    #: parameters: Gradient Vaccine's backward; :meth:`cudarl.agent.Agent._sgd_beside`).
-    grads_encoder_only: bool
 
     def make_head(self, d: int):
         """Its head on ``psi [B, d]`` (a :class:`cudarl.nn.Module` named ``aux.<name>``, with a
@@ -93,6 +88,29 @@ class AuxSignal(Protocol):
         of its own it ran beside the step's (:meth:`beside_backward`); causal intervention adds the
         gradient of the backward it ran on its loss branch, into a buffer of its own
         (:class:`cudarl.auxiliary.base.OwnBackward`), beside the step's."""
+
+    def grad_span(self) -> tuple[int, int] | None:
+        """The range ``[a, b)`` of the flat gradient its grad phases read and write, where they touch nothing
+        else of it and read no parameter: the signals' own SGD steps (``aux_sgd``), whose spans lie outside
+        it, may then run beside them, on a branch Adam joins, after :meth:`grad_branches`
+        (:meth:`cudarl.agent.Agent._sgd_beside`: Gradient Vaccine's, the encoder's slice). None (the
+        default): anything."""
+
+    def grad_branches(self) -> list:
+        """The branches (:class:`cudarl.graph.SideStream`) its grad phases join, which may read parameters
+        (Gradient Vaccine's own backward): the own SGD steps beside those phases wait for them."""
+
+    def grad_addend(self) -> GradAddend | None:
+        """Where its one grad phase only adds a gradient of its own onto the flat gradient (causal
+        intervention's :class:`cudarl.auxiliary.base.OwnBackward`), that gradient
+        (:class:`cudarl.auxiliary.base.GradAddend`), which the signal whose grad phase comes right after may
+        add inside its own kernels instead (:meth:`takes_addend`); None (the default) otherwise."""
+
+    def takes_addend(self, addend: GradAddend) -> bool:
+        """Offered the :meth:`grad_addend` of the signal whose grad phase comes right before its own: True, its
+        grad phase joins ``addend.side`` and adds ``addend.grads`` to the flat gradient in its own kernels
+        (the same float32 sums), and the agent does not run that signal's grad phase (one pass over the flat
+        gradient fewer: Gradient Vaccine takes causal's). The default declines."""
 
     def beside_extras_backward(self) -> None:
         """Work enqueued on the auxiliary branch right after the extra heads' backward (the agent's

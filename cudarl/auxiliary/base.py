@@ -25,7 +25,6 @@ class AuxBase:
 
     name = ""
     reads_q_stats = False
-    grads_encoder_only = False
 
     def __init__(self, cfg):
         self.cfg = cfg
@@ -55,6 +54,18 @@ class AuxBase:
 
     def beside_extras_backward(self) -> None:
         return None
+
+    def grad_span(self):
+        return None
+
+    def grad_branches(self) -> list:
+        return []
+
+    def grad_addend(self):
+        return None
+
+    def takes_addend(self, addend) -> bool:
+        return False
 
     def beside_backward(self) -> None:
         return None
@@ -165,6 +176,18 @@ class SubBatch:
         """Copy the sub-batch rows of every buffer :meth:`of` was given (none when R == B)."""
         for src, dst in self._pairs:
             self.ops.spread_rows(dst, src)
+
+
+class GradAddend(NamedTuple):
+    """A signal's own gradient that its one grad phase would add onto the flat gradient
+    (:meth:`cudarl.auxiliary.AuxSignal.grad_addend`): ``grads`` (float32 ``[n]``, the flat layout), ``side``
+    (the :class:`cudarl.graph.SideStream` that writes it: join it first) and ``stop``, where its nonzero
+    entries end (every entry at and after it is zero, never written: the extra heads', which the pass never
+    runs), so that adding it over ``[0, stop)`` is adding it everywhere (a zero's sign aside)."""
+
+    grads: Any
+    side: SideStream
+    stop: int
 
 
 class SgdSpan(NamedTuple):

@@ -23,7 +23,11 @@ stream there, as ``q_s`` is written: the sub-batch's ``q_s`` rows - penalty - re
 with a quantile head the whole pass is ``aux_causal`` (its forward at s draws the taus the intervened
 forward reads, and PopArt rescales ``head.out`` in that phase, so the pass cannot start before it).
 After the backward, ``causal`` (join - add that gradient to the step's, one launch: the bits of adding
-the step's to it, as when this backward ran after the step's on the flat gradient). Observables:
+the step's to it, as when this backward ran after the step's on the flat gradient); where Gradient
+Vaccine's grad phase comes right after (``vaccine`` listed after ``causal``), vaccine adds it inside its
+own two kernels instead and this phase is not run (:meth:`grad_addend`; the same sums, one pass over the
+flat gradient fewer; the extra heads' entries, which this pass leaves zero, are then not added: a zero's
+sign may differ there, nothing else). Observables:
 ``aux.causal.loss``, ``aux.causal.group`` (the index of the step's group in :attr:`Causal.groups`) and
 ``aux.causal.sensitivity.<group>``, the mean absolute change of Q the last time that group was
 intervened on (what ``docs/guide.md`` calls the measured sensitivity); each evaluation's
@@ -40,7 +44,7 @@ from ..nn.heads import C51Head, IQNHead
 from ..reference import causal as ref
 from ..reference.window import N_POSITION_FEATURES
 from ..rules.c51 import support
-from .base import AuxBase, OwnBackward, SubBatch, read, sub_batch_net
+from .base import AuxBase, GradAddend, OwnBackward, SubBatch, read, sub_batch_net
 
 #: The metric keys of the sensitivities: ``aux.causal.sensitivity.<group>``.
 SENSITIVITY = "aux.causal.sensitivity."
@@ -182,6 +186,19 @@ class Causal(AuxBase):
                     self.ops.penalty_quantile(out, q_s, self.weight, self.d, grad)
                 self.ops.reduce(self.d, self.state, self.counter, self.weight)
             self.extra.run(self.x, self.ws, self.sub.rows)
+
+    def grad_addend(self) -> GradAddend:
+        # its own gradient, zero from the extra heads' first entry on (its forward runs none of them, so its
+        # backward never writes their gradients); the layout puts them last (nn.network._in_order)
+        online = self.buf.online
+        mine = {f"{h.name}." for h in online.extras.values()}
+        tail = [e.offset for e in online.layout.entries if e.name.startswith(tuple(mine))]
+        stop = min(tail) if tail else online.grads.size
+        self.need(
+            all(e.name.startswith(tuple(mine)) for e in online.layout.entries if e.offset >= stop),
+            "the extra heads' parameters are not the layout's last",
+        )
+        return GradAddend(self.extra.grads, self.side, stop)
 
     def _grad(self) -> None:
         # the penalty's gradient onto the step's (and whatever a grad phase before this one left there)

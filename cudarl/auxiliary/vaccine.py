@@ -31,8 +31,11 @@ itself, the main extra heads' rows zeroed. Either way the same kernels over the 
 ``vaccine`` after the backward, before the optimiser (:meth:`grad_phases`): join that branch -
 dots_control (one launch: the partial dots, then its last block the control step) - apply (the flat
 gradient, in place: the scope's slice ``[lo, hi)`` becomes ``full + c (full - aux)``, the rest stays
-``full``). ``full`` is the flat gradient as the backward and the grad phases before this one left it, as
-before; ``aux`` is the same kernels over the same inputs as the
+``full``). Where causal intervention's grad phase comes right before this one, this phase takes its
+gradient (:meth:`takes_addend`): it joins causal's branch too, and both kernels read ``full`` plus causal's
+over ``[0, stop)``, every entry where causal's may be nonzero (``dots_control_plus``, ``apply_plus``: the
+sums causal's own phase made, one pass over the flat gradient fewer). ``full`` is the flat gradient as the
+backward and the grad phases before this one left it, as before; ``aux`` is the same kernels over the same inputs as the
 backward this phase once ran on the flat gradient after saving it, so every bit is as it was. The
 target cosine ``phi_hat`` is an EMA in device memory (``state[0]``), read and moved by the control step
 inside the graph; it is checkpointed.
@@ -83,8 +86,6 @@ def encoder_slice(layout, prefix: str = "enc.", names=None) -> tuple[int, int]:
 
 class Vaccine(AuxBase):
     name = "vaccine"
-    # its grad phase reads and rewrites the flat gradient's [lo, hi) (an encoder slice) and reads no parameter
-    grads_encoder_only = True
 
     def __init__(self, cfg):
         super().__init__(cfg)
@@ -130,9 +131,23 @@ class Vaccine(AuxBase):
         self.state = xp.zeros(ref.STATE, np.float32)  # phi_hat_0 = 0 (the paper's initial target)
         self.done = xp.zeros(1, np.uint32)  # dots_control's ticket: 0, and left 0 by every launch
         self.ops, self.util = family("vaccine", xp), family("util", xp)
+        self.addend = None  # causal's gradient, where this phase adds it (takes_addend)
 
     def grad_phases(self) -> list:
         return [("vaccine", self._phase)]
+
+    def takes_addend(self, addend) -> bool:
+        # the addend covers the scope's slice: [0, stop) holds [lo, hi) (the extra heads come last)
+        self.addend = addend if addend.stop >= self.hi else None
+        return self.addend is not None
+
+    def grad_span(self) -> tuple[int, int]:
+        # its kernels read and write the scope's slice, or with an addend every entry it may be nonzero at; no
+        # parameter (its own backward, which reads them, is its branch: grad_branches)
+        return (self.lo, self.hi) if self.addend is None else (0, self.addend.stop)
+
+    def grad_branches(self) -> list:
+        return [self.side] + ([] if self.addend is None else [self.addend.side])
 
     def beside_extras_backward(self) -> None:
         # on the auxiliary branch right after the extra heads' backward (the agent's extras_backward phase),
@@ -171,17 +186,33 @@ class Vaccine(AuxBase):
     def _phase(self) -> None:
         self.side.join()
         # the scope's slice of both gradients, nothing outside it (the own SGD steps may run beside this
-        # phase on the rest of the flat gradient: grads_encoder_only); the kernels index from the slice's
-        # start, so the bits are those of the whole arrays with [lo, hi)
-        lo, hi = self.lo, self.hi
-        full, aux, n = self.buf.online.grads[lo:hi], self.extra.grads[lo:hi], hi - lo
+        # phase on the rest of the flat gradient: grad_span); the kernels index from the view's start, so the
+        # bits are those of the whole arrays with [lo, hi). With causal's gradient (takes_addend): the view
+        # [0, stop), every entry where it may be nonzero, added on the fly by both kernels
+        a = self.addend
+        lo, hi = (0, self.hi - self.lo) if a is None else (self.lo, self.hi)
+        at = slice(self.lo, self.hi) if a is None else slice(0, a.stop)
+        full, aux = self.buf.online.grads[at], self.extra.grads[at]
+        if a is not None:
+            a.side.join()
+            plus = a.grads[at]
         if self.numpy:
-            self.partial[...], self.state[...] = ref.dots_control(full, aux, self.state, 0, n, self.beta)
-            full[...] = ref.apply(full, aux, self.state, 0, n)
+            if a is None:
+                self.partial[...], self.state[...] = ref.dots_control(full, aux, self.state, lo, hi, self.beta)
+                full[...] = ref.apply(full, aux, self.state, lo, hi)
+            else:
+                self.partial[...], self.state[...] = ref.dots_control_plus(
+                    full, plus, aux, self.state, lo, hi, self.beta
+                )
+                full[...] = ref.apply_plus(full, plus, aux, self.state, lo, hi)
         else:
-            args = (self.partial, self.state, self.done, 0, n, self.beta)
-            self.ops.dots_control(full, aux, *args)  # one launch: its last block the control step
-            self.ops.apply(full, aux, full, self.state, 0, n)
+            args = (self.partial, self.state, self.done, lo, hi, self.beta)
+            if a is None:  # one launch each: dots_control's last block takes the control step
+                self.ops.dots_control(full, aux, *args)
+                self.ops.apply(full, aux, full, self.state, lo, hi)
+            else:
+                self.ops.dots_control_plus(full, plus, aux, *args)
+                self.ops.apply_plus(full, plus, aux, full, self.state, lo, hi)
 
     def observable(self) -> dict:
         return {f"aux.vaccine.{k}": v for k, v in zip(KEYS, read(self.state), strict=True)}

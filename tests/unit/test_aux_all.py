@@ -40,16 +40,14 @@ def test_the_phases_of_all_seven_sit_in_the_documented_order():
     t = Trainer(_cfg(None, "mlp"), run_dir=False, echo=lambda m: None)
     names = [n for n, _ in t.train_graph.phases]
     after = names[names.index("backward") :]
-    # causal's grad phase (it adds over the whole flat gradient), then the heads' own SGD steps forked beside
-    # vaccine's (its encoder slice only: grads_encoder_only), then Adam, which joins them
-    assert after[: after.index("adam") + 1] == [
-        "backward",
-        "causal",
-        "aux_sgd",
-        "vaccine",
-        "adam",
-    ]
-    assert t.agent.aux[-1].grads_encoder_only and not any(s.grads_encoder_only for s in t.agent.aux[:-1])
+    # the heads' own SGD steps forked beside vaccine's grad phase (it touches only a span of the flat gradient
+    # no SGD span lies in: grad_span), then Adam, which joins them; causal's grad phase is not run: vaccine's
+    # kernels add its gradient (takes_addend)
+    assert after[: after.index("adam") + 1] == ["backward", "aux_sgd", "vaccine", "adam"]
+    causal, vac = t.agent.aux[ALL.index("causal")], t.agent.aux[-1]
+    assert vac.addend is not None and vac.addend.grads is causal.extra.grads and vac.addend.side is causal.side
+    assert vac.grad_span() == (0, vac.addend.stop) and vac.addend.stop > vac.hi
+    assert [s.grad_span() for s in t.agent.aux[:-1]] == [None] * 6
     loss = names[: names.index("backward")]
     assert all(p in loss for p in ("aux_horizons", "aux_risk", "aux_homeostatic", "aux_causal"))
     # the passes that read only the batch's s and the parameters fork right after sample, before the forward

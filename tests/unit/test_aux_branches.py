@@ -123,6 +123,39 @@ def test_causals_own_backward_added_is_the_backward_on_the_flat_gradient_bit_for
     np.testing.assert_array_equal(_bits(seen["sum"]), _bits(np.add(seen["old"], seen["step"], dtype=np.float32)))
 
 
+@pytest.mark.parametrize("net", [{"head": "c51"}, {"head": "iqn"}])
+def test_vaccine_folding_causals_gradient_trains_bit_for_bit_as_causals_add_then_vaccines(net):
+    """Causal listed before vaccine: vaccine's grad phase takes causal's gradient (``takes_addend``) and adds
+    it inside its two kernels (``dots_control_plus``, ``apply_plus``) where causal's grad phase added it over
+    the whole flat gradient first. Trained both ways from the same seed (the fold declined by a patched
+    ``takes_addend``), the losses, weights and every signal's state are the same bits; causal's gradient is
+    exactly zero from ``stop`` (the extra heads') on, the entries the folded kernels leave alone."""
+    from cudarl.auxiliary import Vaccine
+
+    aux = [s for s in ALL if net["head"] == "c51" or s != "homeostatic"]
+    over = {"aux": aux, "causal_weight": 1.0, "causal_groups": ["calendar", "offset"], "vaccine_beta": 0.2}
+    folded = _trainer(net=net, agent=over)
+    vac, causal = folded.agent.aux[-1], folded.agent.aux[aux.index("causal")]
+    assert vac.addend is not None and "causal" not in dict(folded.train_graph.phases)
+    take = Vaccine.takes_addend
+    try:
+        Vaccine.takes_addend = lambda self, addend: False
+        two = _trainer(net=net, agent=over)
+    finally:
+        Vaccine.takes_addend = take
+    assert two.agent.aux[-1].addend is None and "causal" in dict(two.train_graph.phases)
+    steps = folded.cfg.agent.learning_starts // folded.cfg.env.n_envs + 4
+    folded.run(steps)
+    two.run(steps)
+    assert np.any(causal.extra.grads[: vac.addend.stop] != 0) and not np.any(causal.extra.grads[vac.addend.stop :])
+    assert folded.losses == two.losses and len(folded.losses) >= 4
+    np.testing.assert_array_equal(_bits(folded.agent.online.params), _bits(two.agent.online.params))
+    np.testing.assert_array_equal(_bits(folded.agent.target.params), _bits(two.agent.target.params))
+    for a, b in zip(folded.agent.aux, two.agent.aux, strict=True):
+        for k, v in b.state_dict().items():
+            np.testing.assert_array_equal(a.state_dict()[k], v, err_msg=f"{b.name}.{k}")
+
+
 @pytest.mark.parametrize(
     "net,scope",
     [
@@ -189,7 +222,10 @@ def test_vaccines_own_backward_is_the_backward_it_ran_on_the_flat_gradient_bit_f
     lo, hi = vac.lo, vac.hi
     assert np.any(seen["own"][lo:hi] != 0) and vac.extra.grads is not online.grads
     np.testing.assert_array_equal(_bits(seen["own"][lo:hi]), _bits(seen["old"][lo:hi]))
-    want = vref.apply(seen["full"], seen["old"], vac.state, lo, hi)
+    full = seen["full"].copy()
+    assert vac.addend is not None  # causal's gradient, which vaccine's kernels add (takes_addend)
+    full[: vac.addend.stop] += vac.addend.grads[: vac.addend.stop]
+    want = vref.apply(full, seen["old"], vac.state, lo, hi)
     np.testing.assert_array_equal(_bits(seen["out"]), _bits(want))
 
 
@@ -586,34 +622,48 @@ def test_gpu_the_extra_heads_backward_runs_beside_homeostatic_and_the_backward_w
     assert chain and chain | homeo <= ancestors(nodes, first_backward)
 
 
-def test_the_own_sgd_steps_run_beside_vaccine_only_where_no_span_lies_in_the_encoder_slice():
-    """``Agent._sgd_beside``: vaccine's grad phase touches only the encoder slice of the flat gradient, so the
-    own SGD steps (risk's head, denoise's encoder and decoder, whose gradients lie outside it) run beside it;
-    a span whose gradient lay inside the slice would keep them after it."""
+def test_the_own_sgd_steps_run_beside_vaccine_only_where_no_span_lies_in_its_span():
+    """``Agent._sgd_beside``: vaccine's grad phase touches only a span of the flat gradient (with causal's
+    gradient folded in, every entry but the extra heads'), so the own SGD steps (risk's head, denoise's encoder
+    and decoder, whose gradients lie outside it) run beside it; a span whose gradient lay inside it would keep
+    them after it, and so would a grad phase after vaccine's that declares no span (causal's, listed after
+    vaccine: the order of the grad phases is agent.aux's)."""
     from cudarl.auxiliary.base import SgdSpan
-    from cudarl.auxiliary.vaccine import encoder_slice
 
     t = _trainer(agent={"aux": ALL})
     agent, vac = t.agent, t.agent.aux[-1]
     spans = [span for s in agent.aux for span in s.sgd_spans()]
-    assert agent._sgd_beside(spans) == [vac]
-    lo, hi = encoder_slice(agent.online.layout)
-    inside = SgdSpan(agent.online.params[lo:hi], agent.online.grads[lo:hi], 0.1)
-    assert agent._sgd_beside([*spans, inside]) == []
-    assert agent._sgd_beside([]) == []
+    grad = agent._grad_signals()
+    assert grad == [vac] and agent._sgd_beside(spans, grad) == [vac]
+    lo, hi = vac.grad_span()
+    assert lo == 0  # the input gate's logits (selectivity), which causal's gradient reaches
+    for at in (slice(lo, lo + 8), slice(hi - 8, hi)):
+        inside = SgdSpan(agent.online.params[at], agent.online.grads[at], 0.1)
+        assert agent._sgd_beside([*spans, inside], grad) == []
+    assert agent._sgd_beside([], grad) == []
+    causal = agent.aux[ALL.index("causal")]
+    assert agent._sgd_beside(spans, [vac, causal]) == []
+    t = _trainer(agent={"aux": [s for s in ALL if s != "causal"] + ["causal"]})  # causal after vaccine
+    agent, (vac, causal) = t.agent, t.agent.aux[-2:]
+    assert agent._grad_signals() == [vac, causal] and vac.addend is None
+    assert [n for n, _ in t.train_graph.phases][-6:-2] == ["backward", "vaccine", "causal", "aux_sgd"]
 
 
 @pytest.mark.gpu
-def test_gpu_the_own_sgd_steps_run_beside_vaccines_phase_after_causals():
+def test_gpu_the_own_sgd_steps_run_beside_vaccines_phase_after_causals_branch():
+    """All seven: vaccine's grad phase joins causal's branch and adds its gradient in its two kernels (no add
+    of its own); the own SGD steps run beside that phase, after both signals' branches (their backwards read
+    the parameters the steps move), and Adam waits for both."""
     nodes, t = traced_train_graph({"agent": {"aux": ALL, "causal_groups": ["calendar", "offset"]}})
     (sgd,) = [n["id"] for n in nodes if n["phase"] == "aux_sgd"]
     vac = [n["id"] for n in nodes if n["phase"] == "vaccine"]
-    (add,) = [n["id"] for n in nodes if n["phase"] == "causal"]
     first_adam = next(n["id"] for n in nodes if n["phase"] == "adam")
-    assert nodes[sgd]["stream"] != t.stream.ptr and vac
-    assert add in ancestors(nodes, sgd)  # after causal's add over the whole flat gradient
+    assert not [n for n in nodes if n["phase"] == "causal"]
+    assert [nodes[i]["name"] for i in vac] == ["cudarl_vaccine_dots_control_plus", "cudarl_vaccine_apply_plus"]
+    assert nodes[sgd]["stream"] != t.stream.ptr
     assert not any(sgd in ancestors(nodes, i) for i in vac) and not set(vac) & ancestors(nodes, sgd)
     assert {sgd, *vac} <= ancestors(nodes, first_adam)
-    # after vaccine's own backward, which reads the parameters the steps move
-    own = {n["id"] for n in nodes if n["stream"] == t.agent.aux[-1].side.stream.ptr}
-    assert own and own <= ancestors(nodes, sgd)
+    # after vaccine's own backward and causal's pass, which read the parameters the steps move
+    sides = {t.agent.aux[-1].side.stream.ptr, t.agent.aux[ALL.index("causal")].side.stream.ptr}
+    own = {n["id"] for n in nodes if n["stream"] in sides}
+    assert own and own <= ancestors(nodes, sgd) and own <= ancestors(nodes, vac[0])
