@@ -1,4 +1,6 @@
 # Session 33's device calls: `LIMIT=<s> OUT=$OUT bash docs/bench/call_s33.sh <X> [sha]`.
+# (A was first written as the signals' GPU tests alone; no machine came for four tries, so it now ends with
+# gpu_check, which runs every GPU test, those among them: one start fewer.)
 # A: main with branch sgd-beside merged (the own SGD steps beside vaccine's grad phase, waiting on vaccine's
 #    branch with SideStream.wait): the signals' GPU tests (the two trace tests that found the first form's race
 #    among them), compute-sanitizer memcheck on vaccine's parity tests (its kernels now take encoder slices),
@@ -14,14 +16,20 @@ set -f
 R=$(pwd); T0=$(date +%s); t() { echo "== $1 t=$(( $(date +%s) - T0 ))"; }
 left() { local l=$(( ${LIMIT:-300} - ($(date +%s) - T0) )); [ "$l" -lt 1 ] && l=1; [ "$l" -lt "$1" ] && echo "$l" || echo "$1"; }
 nvidia-smi --query-gpu=name --format=csv,noheader
-if [ "$1" = A ]; then
-  t tests; PYTHONPATH=. timeout $(left 150) python3 -m pytest -m gpu -q -p no:cacheprovider -rf tests/unit/test_aux_all.py tests/unit/test_aux_branches.py tests/unit/test_aux_reg.py tests/parity/test_vaccine.py tests/unit/test_hazards.py tests/unit/test_graph.py > /tmp/t.log 2>&1
-  grep -E "^(FAILED|ERROR)|passed|failed" /tmp/t.log | head -10; cp /tmp/t.log $OUT/tests.log
+if [ "$1" = A ]; then  # A <sha>: sanitizers, bench_aux, then gpu_check at <sha> (every GPU test: those above among them)
   t memcheck; PYTHONPATH=. timeout $(left 90) compute-sanitizer --tool memcheck --print-limit 5 python3 -m pytest -m gpu -q -p no:cacheprovider -x tests/parity/test_vaccine.py > /tmp/mc.log 2>&1
   grep -E "ERROR SUMMARY|passed|failed" /tmp/mc.log | tail -3; cp /tmp/mc.log $OUT/memcheck.log
   t racecheck; PYTHONPATH=. timeout $(left 60) compute-sanitizer --tool racecheck --print-limit 5 python3 -m pytest -m gpu -q -p no:cacheprovider -x tests/parity/test_vaccine.py -k plus > /tmp/rc.log 2>&1
   grep -E "ERROR SUMMARY|RACECHECK SUMMARY|passed|failed" /tmp/rc.log | tail -3; cp /tmp/rc.log $OUT/racecheck.log
   t aux; PYTHONPATH=. timeout $(left 90) python3 tools/bench_aux.py --encoder mlp --no-whole --arms ablation,vaccine,causal,denoise,risk --out $OUT/aux_mlp.json > /tmp/aux.log 2>&1
   grep -E "train step|removed" /tmp/aux.log | head -20
+  set -- G "$2"
+fi
+if [ "$1" = G ]; then  # G <sha>: gpu_check at <sha> (docs/gpu-report.md; bench_step without the epoch and dW variants)
+  t gpu_check; export CUDARL_COMMIT=$2; D=$(( ${LIMIT:-580} - ($(date +%s) - T0) - 15 ))
+  PARALLEL=6 BENCHES=tools/bench_step.py BENCH_ARGS="--no-epoch --no-dw-variants" DEADLINE_S=$D OUT=/tmp/gc BENCH_DIR=/tmp/bench bash tools/gpu_check.sh > /tmp/gc.log 2>&1
+  cp docs/gpu-report.md $OUT/report.md; cp /tmp/bench/bench_step.json $OUT/ 2>/dev/null; cp /tmp/gc/pytest.log $OUT/pytest.log 2>/dev/null
+  grep -hE "^(FAILED|ERROR)" /tmp/gc/pytest.log | head -30 > $OUT/failures.txt
+  grep -E "passed|failed" /tmp/gc/pytest.log | tail -4; head -30 $OUT/failures.txt; grep -E "train step \(graph|collect step|speed-up" docs/gpu-report.md | head -8
 fi
 t end
