@@ -415,8 +415,8 @@ def test_gpu_causals_backward_runs_beside_the_steps_and_its_grad_phase_adds_it(h
 def test_gpu_causals_intervened_forward_runs_beside_the_steps_forward_and_homeostatic_beside_the_penalty():
     """C51 with all seven: the early phase's nodes (sub-batch rows, intervene, the intervened forward) wait
     for sample only, not for the step's forward, the rule's loss or q_stats; the penalty waits for q_stats
-    (it reads q_s) and the intervention, not for the rule's loss, the causal gradient's add for every early
-    node, but the penalty
+    (it reads q_s) and the intervention, not for the rule's loss, the causal gradient's add (vaccine's first
+    kernel) for every early node, but the penalty
     not for homeostatic's kernels, which run on a branch of their own that the step's backward waits for
     (it reads the gradient they add)."""
     nodes, t = traced_train_graph({"agent": {"aux": ALL, "causal_groups": ["calendar", "offset"]}})
@@ -438,8 +438,11 @@ def test_gpu_causals_intervened_forward_runs_beside_the_steps_forward_and_homeos
     # penalty (the H200 at 25977c5: two early nodes were not the penalty's ancestors)
     (intervene,) = [i for i in early if nodes[i]["name"] == "cudarl_causal_intervene"]
     assert intervene in ancestors(nodes, pen)
-    (add,) = [n["id"] for n in nodes if n["phase"] == "causal"]
-    assert early <= ancestors(nodes, add)  # every early node before its gradient is added to the step's
+    # every early node before its gradient is added to the step's: by vaccine's first kernel, which adds it on
+    # the fly (takes_addend: no causal phase with all seven)
+    assert not [n for n in nodes if n["phase"] == "causal"]
+    add = next(n["id"] for n in nodes if n["phase"] == "vaccine")
+    assert nodes[add]["name"] == "cudarl_vaccine_dots_control_plus" and early <= ancestors(nodes, add)
     homeo = {n["id"] for n in nodes if n["phase"] == "aux_homeostatic"}
     assert len(homeo) == 2 and t.stream.ptr not in {nodes[i]["stream"] for i in homeo}
     from cudarl import blas
