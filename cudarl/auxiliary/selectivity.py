@@ -7,6 +7,19 @@ through them), so it changes what the agent sees everywhere, not only in the tra
 the encoder's input gradient (the encoder's backward writes ``dx`` into the workspace's ``sel.dx``)
 times the input, summed over each gate's columns, plus the penalty's.
 
+On the MLP encoder the gate is always folded into the first layer's weight (no setting: ``x' W1 = x (diag(s)
+W1)``, :mod:`cudarl.reference.selectivity`; the bits differ from the gate in front of the encoder by rounding),
+unless that layer is spectrally normalised (``net.spectral`` naming ``enc.0``); the windowed encoders (``ssm``,
+``attention``) keep the gate in front (:attr:`cudarl.nn.QNetwork.folded`). The folded weight
+``diag(s) W1`` is a buffer of each network (online, target, and each :meth:`cudarl.nn.QNetwork.twin`'s own),
+written from the parameters alone: in the train step by its ``fold`` phase, first, on a branch beside
+``sample`` that joins before any forward, for both nets; every forward of the step reads it (the step's
+parameters are moved only by Adam, the soft update and the own SGD steps, after its last forward); every other
+forward (the collect step's act, evaluation, a policy file, after a checkpoint load, the averaged-weights swap or
+shrink-and-perturb) folds first (:meth:`cudarl.nn.QNetwork.prefolded_forwards`), so none reads a fold of
+parameters that have moved since. The backward needs no input gradient: the first layer's dW GEMM over the
+ungated input, then :meth:`InputGate.fold_backward` on that layer's weight-gradient branch.
+
 ``agent.selectivity_over`` picks features or bars, ``agent.selectivity_l1`` the penalty's weight.
 Observables: ``aux.selectivity.gate.<feature>`` (or ``.gate.t-<k>``, the bar ``k`` before the
 decision) in ``[0, 1]``, ``aux.selectivity.mean`` and ``aux.selectivity.penalty``. An evaluation's
