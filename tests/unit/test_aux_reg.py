@@ -144,6 +144,15 @@ def test_the_folded_gate_moves_and_no_forward_reads_a_stale_fold(monkeypatch, ov
     np.testing.assert_array_equal(got, fresh.forward(obs, fresh.new_workspace(3))["q"])
 
 
+def test_a_spectrally_normalised_first_layer_keeps_the_gate_in_front_and_trains_it():
+    t = _trainer(net={"spectral": ["enc.0"]}, agent={"aux": ["selectivity"], "selectivity_l1": 0.5})
+    assert t.agent.online.folded is None and t.agent.side_fold is None
+    assert "fold" not in [n for n, _ in t.train_graph.phases]
+    before = t.agent.observables()["aux.selectivity.mean"]
+    t.run(10)
+    assert t.agent.observables()["aux.selectivity.mean"] != before
+
+
 @pytest.mark.parametrize("seed", [0, 1])
 def test_selectivity_names_the_canarys_leak_as_the_feature_the_agent_uses_most(seed):
     """On the canary (a random walk plus a column holding the next bar's return) the leak's gate ends
