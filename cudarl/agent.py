@@ -7,27 +7,28 @@ that :class:`cudarl.graph.StepGraph` captures (GPU) or runs in order (NumPy)::
              epsilon and epsilon-greedy; C51 combines the dueling head in that kernel; with net.plan
              the plan head's gate into env.scale) - env_step (one launch, env.record_step: record the
              transitions, their discounts, step, reset ended episodes, the next windows) - replay_insert
-    train:   schedules (lr and tau: a parallel branch, joined by the first learn phase) - sample (the search, the
-             gather of the state rows and the observation windows of s and s' from the feature matrix in one launch;
-             the importance weights on that branch) - input_noise (agent.input_noise: joins that branch, then noise
-             into the windows of s, one launch) - forward (the rule's; the extra heads run at s only, on a branch of
-             their own) - q_stats (the expected Q at s and the statistics, on a branch beside the learn phases) -
-             the rule's learn phases (C51: targets_loss, one launch; IQN, QR-DQN: targets - loss) - q_stats_join
-             (joins q_stats' branch where a later phase reads it, CQL, the plan head or homeostatic, else
-             publish joins it; joins the extra heads at s) - cql (agent.cql_alpha) - plan (net.plan: cudarl.plan) -
-             the auxiliary signals' loss phases (on their branch, joined by the backward) - extras_backward (C51
-             with an auxiliary head: the extra heads' backward on the auxiliary branch, beside homeostatic's, joined
-             by the backward, which adds the Q head's dL/dpsi) - priorities (a parallel branch to the end) -
-             backward (dx chain | weight gradients, in parallel; joins the auxiliary branches) - the auxiliary
-             signals' grad phases (Gradient Vaccine's correction, from the auxiliary heads' backward on its branch
-             beside this one; the causal penalty's gradient, from a backward on its branch beside this one, added:
-             they read and rewrite the flat gradient, the auxiliary heads' included) - aux_sgd (the auxiliary
-             signals' own SGD steps, agent.aux "risk": its head; "denoise": the encoder and its decoder, joining its
-             branch; every span in one launch, after the grad phases so that those see the heads' gradients before a
-             step clears them) - adam (one launch: the gradient norm and clip, the update with the target net's soft
-             update and the publish of loss and gradient norm to the host ring; three launches with run.grid_barrier
-             = false) - spectral (net.spectral: a power iteration and W_sn of both nets) - publish (the step's
-             observables, :class:`cudarl.stats.StepStats`, to their host ring)
+    train:   schedules (lr and tau: a parallel branch, joined by the first learn phase) - fold (agent.aux "selectivity"
+             over the MLP: both nets' gates folded into their first layers' weights, a branch joined at the end of
+             sample; every forward of the step reads it, QNetwork.prefolded_forwards) - sample (the search, the gather
+             of the state rows and the observation windows of s and s' from the feature matrix in one launch; the
+             importance weights on that branch) - input_noise (agent.input_noise: joins that branch, then noise into the
+             windows of s, one launch) - forward (the rule's; the extra heads run at s only, on a branch of their own) -
+             q_stats (the expected Q at s and the statistics, on a branch beside the learn phases) - the rule's learn
+             phases (C51: targets_loss, one launch; IQN, QR-DQN: targets - loss) - q_stats_join (joins q_stats' branch
+             where a later phase reads it, CQL, the plan head or homeostatic, else publish joins it; joins the extra
+             heads at s) - cql (agent.cql_alpha) - plan (net.plan: cudarl.plan) - the auxiliary signals' loss phases (on
+             their branch, joined by the backward) - extras_backward (C51 with an auxiliary head: the extra heads'
+             backward on the auxiliary branch, beside homeostatic's, joined by the backward, which adds the Q head's
+             dL/dpsi) - priorities (a parallel branch to the end) - backward (dx chain | weight gradients, in parallel;
+             joins the auxiliary branches) - the auxiliary signals' grad phases (Gradient Vaccine's correction, from the
+             auxiliary heads' backward on its branch beside this one; the causal penalty's gradient, from a backward on
+             its branch beside this one, added: they read and rewrite the flat gradient, the auxiliary heads' included)
+             - aux_sgd (the auxiliary signals' own SGD steps, agent.aux "risk": its head; "denoise": the encoder and its
+             decoder, joining its branch; every span in one launch, after the grad phases so that those see the heads'
+             gradients before a step clears them) - adam (one launch: the gradient norm and clip, the update with the
+             target net's soft update and the publish of loss and gradient norm to the host ring; three launches with
+             run.grid_barrier = false) - spectral (net.spectral: a power iteration and W_sn of both nets) - publish (the
+             step's observables, :class:`cudarl.stats.StepStats`, to their host ring)
 
 On the GPU "in parallel" means a :class:`cudarl.graph.SideStream`: a branch of the captured graph
 that runs beside the main chain (same kernels and inputs, so the same bits as one stream).
@@ -166,6 +167,8 @@ class Agent:
         #: column sums) run beside each other and beside the dx chain, not one after another
         self.grad_sides = [SideStream(xp) for _ in self.online.linears]
         self.online.set_side_stream(self.grad_sides)
+        #: the fold phase's branch (the selectivity gate folded into the first layers, QNetwork.folded), or None
+        self.side_fold = SideStream(xp, gemms=False) if self.online.folded is not None else None
         #: whether the extra heads' backward runs in the extras_backward phase, on the auxiliary branch,
         #: before the step's backward (QNetwork.extras_first: an auxiliary head writes dL/dpsi, and the Q
         #: head's backward adds onto it, not IQN's)
@@ -251,6 +254,17 @@ class Agent:
                 self.adam.schedule_step()
                 self.soft.schedule_step()
 
+        def fold():
+            # agent.aux "selectivity" over the MLP (QNetwork.folded): each net's folded first-layer weight
+            # diag(s) W1, from its parameters as the step finds them, which nothing moves before the last
+            # forward of the step (Adam, the soft update and the own SGD steps come after the backward). A
+            # branch beside sample, joined at its end, before any forward (the early phases' included) reads
+            # it; the step's forwards do not fold again (prefolded_forwards). Forwards outside the step (acting,
+            # evaluation) fold first, so none reads a fold older than the parameters
+            with self.side_fold.fork():
+                self.online.fold_gate()
+                self.target.fold_gate()
+
         def sample():
             # the state rows and the windows of s and s' (from the feature matrix: the replay stores no
             # windows) gathered by the search's launch; the importance weights beside the forward (the
@@ -258,6 +272,8 @@ class Agent:
             buf.idx, buf.weights = replay.sample(
                 self.batch_size, side=buf.side_small, out=self.rows_batch, windows=windows, windows_out=self.pair
             )
+            if self.side_fold is not None:  # the folded weights, before the first forward
+                self.side_fold.join()
 
         window_ops, noise = family("window", self.xp), noise_scale(self.cfg.agent.input_noise)
 
@@ -344,8 +360,9 @@ class Agent:
         aux_sgd = [("aux_sgd", own_sgd.step)] if sgd else []
         plan = [] if self.plan is None else [("plan", self.plan.phase)]
         cql = [("cql", self.rule.cql)] if self.cfg.agent.cql_alpha > 0 else []
-        return [
+        phases = [
             ("schedules", schedules),
+            *([("fold", fold)] if self.side_fold is not None else []),
             ("sample", sample),
             *([("input_noise", input_noise)] if self.cfg.agent.input_noise > 0 else []),
             *early,
@@ -366,6 +383,19 @@ class Agent:
             *([("spectral", spectral)] if self.cfg.net.spectral else []),
             ("publish", publish),
         ]
+        if self.side_fold is None:
+            return phases
+        return [(name, self._prefolded(fn)) for name, fn in phases]
+
+    def _prefolded(self, fn):
+        """The train phase ``fn`` with both nets' forwards reading the fold phase's folded weights
+        (:meth:`cudarl.nn.QNetwork.prefolded_forwards`)."""
+
+        def phase():
+            with self.online.prefolded_forwards(), self.target.prefolded_forwards():
+                fn()
+
+        return phase
 
     def _grad_signals(self) -> list:
         """The signals whose grad phases run, in ``agent.aux`` order: a signal whose one grad phase only adds a

@@ -671,7 +671,8 @@ class AgentConfig:
     """The ``offset`` intervention's shift, in normalised feature units."""
     selectivity_over: str = "features"
     """What ``agent.aux = ["selectivity"]`` gates: ``features`` (a gate per feature column, every bar) or
-    ``positions`` (a gate per bar of the window, every feature); the position columns are never gated."""
+    ``positions`` (a gate per bar of the window, every feature); the position columns are never gated. Either
+    way, on the MLP encoder the gate is folded into the first layer's weight (:mod:`cudarl.auxiliary.selectivity`)."""
     selectivity_l1: float = 1e-3
     """Weight of the selectivity gates' L1 penalty ``(1/J) sum_j sigmoid(l_j)`` (cudarl.reference.selectivity)."""
     vaccine_beta: float = 0.01

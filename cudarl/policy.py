@@ -669,8 +669,10 @@ class RowExactQ:
                 raise ValueError(f"RowExactQ: {layer.name}'s activation {layer.act} is neither identity nor ReLU")
 
     def begin(self) -> None:
-        """Fold the dueling combine into the head's current weights (:func:`fold_dueling`) and split every
-        layer's current weights for its :class:`ExactGemm`."""
+        """Fold the dueling combine into the head's current weights (:func:`fold_dueling`), the input gate into
+        the first layer's where the network folds it (:meth:`cudarl.nn.QNetwork.fold_gate`: the same function as
+        its forward's), and split every layer's current weights for its :class:`ExactGemm`."""
+        self.net.fold_gate()
         fold_dueling(self.va.weight(), self.P[f"{self.va.name}.bias"], self.head.n_actions, self.w_fold, self.b_fold)
         self.head_gemm.set(self.w_fold)
         for (layer, _), gemm in zip(self.layers, self.gemms, strict=True):
@@ -691,8 +693,9 @@ class RowExactQ:
         return self._forward(len(rows))
 
     def _gated(self, x) -> np.ndarray:
-        """The encoder's input: ``x`` through the input gate, if any (its twin, row by row)."""
-        if self.gate is None:
+        """The encoder's input: ``x`` through the input gate, if any and not folded into the first layer's
+        weight (:meth:`begin`; its twin, row by row)."""
+        if self.gate is None or self.net.folded is not None:
             return x
         from .reference import selectivity
 
@@ -703,6 +706,7 @@ class RowExactQ:
         """The composition of the reference twins that ``__call__`` computes (its test oracle)."""
         from .reference import nn as ref
 
+        self.net.fold_gate()  # the first layer's weight() with the gate folded in, as begin()
         P, head, h = self.P, self.head, self._gated(obs)
         for layer, linear in self.layers:
             if linear:

@@ -7,6 +7,19 @@ through them), so it changes what the agent sees everywhere, not only in the tra
 the encoder's input gradient (the encoder's backward writes ``dx`` into the workspace's ``sel.dx``)
 times the input, summed over each gate's columns, plus the penalty's.
 
+On the MLP encoder the gate is always folded into the first layer's weight (no setting: ``x' W1 = x (diag(s)
+W1)``, :mod:`cudarl.reference.selectivity`; the bits differ from the gate in front of the encoder by rounding),
+unless that layer is spectrally normalised (``net.spectral`` naming ``enc.0``); the windowed encoders (``ssm``,
+``attention``) keep the gate in front (:attr:`cudarl.nn.QNetwork.folded`). The folded weight
+``diag(s) W1`` is a buffer of each network (online, target, and each :meth:`cudarl.nn.QNetwork.twin`'s own),
+written from the parameters alone: in the train step by its ``fold`` phase, first, on a branch beside
+``sample`` that joins before any forward, for both nets; every forward of the step reads it (the step's
+parameters are moved only by Adam, the soft update and the own SGD steps, after its last forward); every other
+forward (the collect step's act, evaluation, a policy file, after a checkpoint load, the averaged-weights swap or
+shrink-and-perturb) folds first (:meth:`cudarl.nn.QNetwork.prefolded_forwards`), so none reads a fold of
+parameters that have moved since. The backward needs no input gradient: the first layer's dW GEMM over the
+ungated input, then :meth:`InputGate.fold_backward` on that layer's weight-gradient branch.
+
 ``agent.selectivity_over`` picks features or bars, ``agent.selectivity_l1`` the penalty's weight.
 Observables: ``aux.selectivity.gate.<feature>`` (or ``.gate.t-<k>``, the bar ``k`` before the
 decision) in ``[0, 1]``, ``aux.selectivity.mean`` and ``aux.selectivity.penalty``. An evaluation's
@@ -28,7 +41,13 @@ PREFIX = "aux.selectivity.gate."
 class InputGate:
     """The gate module ``sel`` on the network's input ``x [B, W * C]`` (``C = F + 2``): ``forward(x, ws)``
     writes and returns ``ws[sel.x]``; ``backward(x, ws)`` reads ``ws[sel.dx]`` (dL/dx', which the encoder's
-    backward wrote) and writes ``G[sel.logit]``."""
+    backward wrote) and writes ``G[sel.logit]``.
+
+    Folded (:meth:`fold_into` a Linear that reads the whole row ``x``: the MLP's first layer), it is no module
+    in front of the encoder: :meth:`fold` writes :attr:`weight` ``= diag(s_ext) W1`` from the parameters alone,
+    which that layer's GEMMs read over the ungated ``x``, and :meth:`fold_backward`, right after the layer's dW
+    GEMM (``dL/d weight``, on its branch), writes dL/dW1 in place and ``G[sel.logit]``
+    (:func:`cudarl.reference.selectivity.fold_backward`): no ``sel.x`` or ``sel.dx``, no input gradient."""
 
     name = "sel"
 
@@ -49,6 +68,27 @@ class InputGate:
         self.logit, self.dlogit, self.xp = P["sel.logit"], G["sel.logit"], xp
         self.numpy = xp.__name__ == "numpy"
         self.ops = family("selectivity", xp)
+
+    def fold_into(self, lin, xp) -> None:
+        """Fold the gate into ``lin`` (a bound :class:`cudarl.nn.Linear` over the whole input row, no spectral
+        norm): allocate :attr:`weight` (the network's buffer, not a parameter) and set ``lin.fold``."""
+        if lin.n_in != self.n_in or lin.rows != 1 or lin.spectral or lin.residual_rows is not None:
+            raise ValueError(
+                f"selectivity: the gate cannot fold into {lin.name} (n_in {lin.n_in}, spectral {lin.spectral})"
+            )
+        self.w1, self.dw1 = lin.P[f"{lin.name}.weight"], lin.G[f"{lin.name}.weight"]
+        #: ``diag(s_ext) W1 [n_in, H]``: what :meth:`fold` last wrote (the layer's GEMMs read it)
+        self.weight = xp.zeros_like(self.w1)
+        lin.fold = self
+
+    def fold(self) -> None:
+        """:attr:`weight` = ``diag(s_ext) W1`` of the current parameters (one launch)."""
+        self.ops.fold(self.w1, self.logit, self.weight, self.W, self.C, self.F, self.over)
+
+    def fold_backward(self) -> None:
+        """From ``G[W1]`` = dL/d(:attr:`weight`) (the layer's dW GEMM over the ungated input): dL/dW1 in place
+        and ``G[sel.logit]``, the penalty's gradient included (one launch, a block per gate)."""
+        self.ops.fold_backward(self.w1, self.logit, self.dw1, self.dlogit, self.W, self.C, self.F, self.over, self.l1)
 
     def forward(self, x, ws):
         out = ws.rows("sel.x", x.shape[0])

@@ -102,6 +102,13 @@ class Linear(Module):
     operands: :meth:`fuses_residual`; the plans :meth:`prepare` makes are the residual ones), else the GEMM
     (cuBLAS, cuBLASLt with a ReLU, or the panel kernel) then ``seq.residual_add``. The backward is the
     Linear's: the residual's gradient is the identity, ``dout`` itself, which the caller reads from there.
+
+    :attr:`fold`: an input gate folded into the weight's rows (the selectivity gate over the MLP's first layer,
+    :meth:`cudarl.auxiliary.selectivity.InputGate.fold_into`), or None. Then the GEMMs read the folded weight
+    ``fold.weight = diag(s) W`` (:meth:`weight`; the gate writes it, :meth:`QNetwork.forward
+    <cudarl.nn.QNetwork.forward>` says when), and right after the dW GEMM, which writes ``dL/d(fold.weight)``,
+    ``fold.fold_backward()`` turns it into dL/dW in place and writes the gate's gradient, on the same branch.
+    Never with spectral norm.
     """
 
     def __init__(
@@ -128,6 +135,7 @@ class Linear(Module):
         self.rows = int(rows)  # input rows per sample: IQN's layers see [B * N, n_in]
         self.spectral, self.sn, self.sn_update, self.sn_in_forward = bool(spectral), None, True, True
         self.side = None  # a cudarl.graph.SideStream for the weight gradients (QNetwork.set_side_stream)
+        self.fold = None  # an input gate folded into the weight's rows (class docstring)
         if dw_gemm not in DW_GEMMS:
             raise ValueError(f"{name}: dw_gemm {dw_gemm!r} not in {DW_GEMMS}")
         self.dw_gemm = dw_gemm
@@ -203,7 +211,10 @@ class Linear(Module):
         return f"{self.name}.dout"
 
     def weight(self):
-        """The weight the GEMMs use: ``W``, or ``W_sn`` (after this forward's power iteration)."""
+        """The weight the GEMMs use: ``W``, ``W_sn`` (after this forward's power iteration), or the folded
+        weight ``diag(s) W`` of an input gate folded into it (:attr:`fold`, as its last fold left it)."""
+        if self.fold is not None:
+            return self.fold.weight
         return self.sn["w"] if self.spectral else self.P[f"{self.name}.weight"]
 
     def declare(self, layout: ParamLayout, ws_spec: list) -> None:
@@ -366,6 +377,13 @@ class Linear(Module):
                 return
         matmul(x, dz, out, trans_a=True, tf32=self.tf32)
 
+    def _weight_grad(self, x, dz, gw) -> None:
+        """``gw`` = dL/dW: the dW GEMM (:meth:`_dw`), then, with a folded gate (:attr:`fold`), its backward
+        in place (the GEMM gave dL/d(the folded weight)) and the gate's gradient, on the same stream."""
+        self._dw(x, dz, gw)
+        if self.fold is not None:
+            self.fold.fold_backward()
+
     def backward_grads(self, x, ws: Workspace, bias_beside: bool = False) -> None:
         """The parameter gradients from dz already in ``ws[<name>.dout]`` (the activation's derivative
         applied: by :meth:`backward`, or by the network's dx chain, ``gemm.chain_backward``): dW = x^T dz
@@ -382,12 +400,12 @@ class Linear(Module):
         gb, gw = self.G[f"{self.name}.bias"], self.G[f"{self.name}.weight"]
         if self.side is None:
             self.ops.bias_act_backward(dy, y, dy, gb, IDENTITY)
-            self._dw(x, dy, gw)
+            self._weight_grad(x, dy, gw)
             return
         # The branch reads x and dz, which the main stream only reads from here on (the caller joins
-        # before Adam).
+        # before Adam); a folded gate's backward follows dW there (it reads only dW and parameters).
         with self.side.fork():
-            self._dw(x, dy, gw)
+            self._weight_grad(x, dy, gw)
             if not bias_beside:
                 self.ops.bias_act_backward(dy, y, dy, gb, IDENTITY)
         if bias_beside:
@@ -399,7 +417,10 @@ class Linear(Module):
         gw = self.G[f"{self.name}.weight"]
         if self.side is None or self.spectral:
             self.ops.bias_act_backward(dy, y, dy, self.G[f"{self.name}.bias"], self.act)
-            self._dw(x, dy, self.sn["dw"] if self.spectral else gw)
+            if self.spectral:
+                self._dw(x, dy, self.sn["dw"])
+            else:
+                self._weight_grad(x, dy, gw)
         else:
             # The dx chain only waits for dz: the activation's backward in place (act_backward;
             # nothing with the identity). dW = x^T dz feeds nothing until the optimiser, so it runs
@@ -616,6 +637,12 @@ class MLP(Module):
         """The layers from x to psi as one chain of Linears (each reading the one before), or () where a
         LayerNorm sits between them (the encoders' interface: :meth:`cudarl.nn.QNetwork.forward`)."""
         return tuple(self.children) if all(isinstance(c, Linear) for c in self.children) else ()
+
+    @property
+    def gate_linear(self) -> Linear:
+        """The first Linear: it reads the whole input row ``x [B, n_in]`` (weight row ``r`` for column ``r``), so
+        an input gate that scales x's columns folds into its weight's rows (the encoders' interface)."""
+        return self.children[0]
 
     def declare(self, layout: ParamLayout, ws_spec: list) -> None:
         for c in self.children:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import replace
 
 import numpy as np
@@ -139,7 +140,10 @@ class QNetwork:
         input_gate: ``make(n_in) -> module or None``, a module on the input before the encoder (the
             selectivity signal's gate, :class:`cudarl.auxiliary.selectivity.InputGate`): ``forward(x, ws)``
             returns the encoder's input, ``backward(x, ws)`` reads the encoder's input gradient from
-            ``ws[sel.dx]``. Available as :attr:`gate` (None without).
+            ``ws[sel.dx]``. Available as :attr:`gate` (None without). Where the encoder declares a first layer
+            over the whole input row (:attr:`Encoder.gate_linear <cudarl.nn.encoders.Encoder.gate_linear>`: the
+            MLP's) without spectral norm, the gate is folded into that layer's weight instead
+            (``gate.fold_into``; :attr:`folded`, :meth:`forward` says when the fold runs).
         ``net.spectral`` names linear layers to spectrally normalise (e.g. ``("enc.1",)``).
         xp, dtype: backend and float type (float64 only on NumPy, for gradient checks).
         max_batch: rows of the default workspace :attr:`ws` (``None``: no default workspace, ``ws`` is None).
@@ -211,8 +215,45 @@ class QNetwork:
                 self.linears[name].alloc_state(xp, self.dtype, seed, 1000 + k)
             else:
                 self.linears[name].share_state(params_of.linears[name])
+        #: the input gate folded into the encoder's first layer's weight (:meth:`fold_gate`), or None: no gate,
+        #: or the gate in front of the encoder (a windowed encoder, or spectral norm on that layer)
+        self.folded = self._fold_gate_into_encoder()
+        #: whether forwards read the folded weight as :meth:`fold_gate` last wrote it (:meth:`prefolded_forwards`)
+        #: rather than folding first
+        self.prefolded = False
         self._chain = self._chain_of(net)
         self.ws = self.new_workspace(max_batch) if max_batch is not None else None
+
+    def _fold_gate_into_encoder(self):
+        """The input gate, folded into :attr:`Encoder.gate_linear <cudarl.nn.encoders.Encoder.gate_linear>`
+        where the encoder declares one and it has no spectral norm (``W_sn`` is no row-scaled weight), else
+        None (the gate then runs in front of the encoder)."""
+        lin = None if self.gate is None else self.encoder.gate_linear
+        if lin is None or lin.spectral:
+            return None
+        self.gate.fold_into(lin, self.xp)
+        return self.gate
+
+    def fold_gate(self) -> None:
+        """The folded weight ``diag(s) W1`` of the current parameters (:attr:`folded`; none: a no-op). What a
+        forward does first unless :attr:`prefolded`: the train step does it once, on an early branch (the
+        agent's ``fold`` phase), for every forward of the step."""
+        if self.folded is not None:
+            self.folded.fold()
+
+    @contextmanager
+    def prefolded_forwards(self):
+        """``with net.prefolded_forwards():`` the forwards enqueued in the body read the folded weight as
+        :meth:`fold_gate` last wrote it, without folding first: the train step's phases, whose first folds
+        (beside sample, joined before any forward) from the parameters every forward of the step reads (only
+        the optimiser and the own SGD steps move them, after the last forward). Every other forward (acting,
+        evaluation, after a checkpoint load, a weight swap or a shrink) folds first, so none reads a fold of
+        parameters since moved."""
+        old, self.prefolded = self.prefolded, True
+        try:
+            yield
+        finally:
+            self.prefolded = old
 
     def _chain_of(self, net: NetConfig) -> tuple:
         """The Linears ``net.gemm = "chain"`` runs as one launch on the GPU (:func:`chain_of`)."""
@@ -413,7 +454,12 @@ class QNetwork:
         On a workspace :meth:`branch_extras` branched, the extra heads are enqueued first, on its
         branch, forked after psi; the head's forward follows on the current stream at once (the same
         kernels and inputs: the same bits). Read their outputs after :meth:`join_extras`. A forward that
-        runs none forks nothing."""
+        runs none forks nothing.
+
+        With the input gate folded into the encoder's first layer (:attr:`folded`), the encoder reads ``x``
+        ungated and that layer the folded weight ``diag(s) W1``, written first (one launch) unless
+        :attr:`prefolded` (:meth:`prefolded_forwards`: the train step's fold wrote it); ``(x s) W1`` and
+        ``x (s W1)`` round differently, so the bits differ from the gate in front of the encoder."""
         ws = ws or self.ws
         names = self.head_names(heads)
         ws.set_batch(x.shape[0])
@@ -423,6 +469,10 @@ class QNetwork:
         ws.chained = chained = bool(self._chain) and self._run_chain(x, ws)
         if chained:  # the chain wrote every encoder layer's output (and the head's first layer's, if it holds it)
             psi = ws.rows(f"{self.encoder.out_name}.out", x.shape[0])
+        elif self.folded is not None:
+            if not self.prefolded:
+                self.folded.fold()
+            psi = self.encoder.forward(x, ws)
         else:
             psi = self.encoder.forward(x if self.gate is None else self.gate.forward(x, ws), ws)
         extras, side = {}, ws.extras_side if names else None
@@ -520,7 +570,14 @@ class QNetwork:
         ``last_layer``: the heads' backward, then the encoder's stops after its last layer's parameter
         gradients (:meth:`Encoder.backward_last`, ``encoder.last_layer``); the other encoder parameters'
         and the input gate's gradients are left as they were (no ``dx``). The extra heads' branch of
-        that forward (:meth:`branch_extras`) is joined first.
+        that forward (:meth:`branch_extras`) is joined first. (With the gate folded into the first layer
+        (:attr:`folded`), a last layer that is the first, an MLP of one hidden layer, writes the gate's
+        gradient too: it comes with that layer's weight gradient, :meth:`Linear._weight_grad
+        <cudarl.nn.layers.Linear._weight_grad>`.)
+
+        With the gate folded, the first layer's dW GEMM over the ungated ``x`` gives dL/d(the folded weight),
+        which the gate's ``fold_backward`` turns into dL/dW1 and dL/d(gate logits) on that layer's branch: no
+        input gradient of the first layer and no ``sel.dx``.
 
         After a forward that ran the chain (``net.gemm = "chain"``) through the C51 head's first layer, with no
         ``dx``, not ``last_layer`` and no extra head that writes dL/dpsi unless ``extras_done``, the dx chain
@@ -553,13 +610,14 @@ class QNetwork:
         if last_layer:
             if dx is not None:
                 raise ValueError("QNetwork.backward: no input gradient with last_layer")
-            self.encoder.backward_last(x if self.gate is None else ws.rows("sel.x", ws.batch), ws)
+            gated = self.gate is not None and self.folded is None
+            self.encoder.backward_last(ws.rows("sel.x", ws.batch) if gated else x, ws)
             return
-        if self.gate is None:
+        if dx is not None and self.gate is not None:
+            raise ValueError("QNetwork.backward: no input gradient through the input gate")
+        if self.gate is None or self.folded is not None:
             self.encoder.backward(x, ws, dx)
             return
-        if dx is not None:
-            raise ValueError("QNetwork.backward: no input gradient through the input gate")
         self.encoder.backward(ws.rows("sel.x", ws.batch), ws, ws.rows("sel.dx", ws.batch))
         self.gate.backward(x, ws)
 

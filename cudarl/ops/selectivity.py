@@ -39,3 +39,29 @@ def backward(x, dxg, logit, dlogit, W: int, C: int, F: int, over: str, l1: float
     check("selectivity.backward", "dlogit", dlogit, F32, tuple(logit.shape))
     args = (x, dxg, logit, dlogit, B, int(W), int(C), int(F), OVER.index(over), float(l1))
     launch("selectivity", "backward", logit.shape[0], THREADS, args, stream=stream)
+
+
+def _fold_shape(where, w, logit, W, C, F, over) -> int:
+    if over not in OVER or w.ndim != 2 or w.shape[0] != W * C or not 0 < F <= C:
+        raise ValueError(f"{where}: over={over!r}, W={W}, C={C}, F={F} do not fit a weight of shape {tuple(w.shape)}")
+    check(where, "w", w, F32, tuple(w.shape))
+    check(where, "logit", logit, F32, (n_gates(W, F, over),))
+    return int(w.shape[1])
+
+
+def fold(w, logit, out, W: int, C: int, F: int, over: str, stream=None) -> None:
+    """``out [W C, H] = diag(s_ext) w``: the gate folded into the first layer's weight (written)."""
+    H = _fold_shape("selectivity.fold", w, logit, W, C, F, over)
+    check("selectivity.fold", "out", out, F32, tuple(w.shape))
+    args = (w, logit, out, int(W), int(C), int(F), OVER.index(over), H)
+    launch("selectivity", "fold", min(blocks_for(w.size), 4096), 256, args, stream=stream)
+
+
+def fold_backward(w, logit, dw, dlogit, W: int, C: int, F: int, over: str, l1: float, stream=None) -> None:
+    """From ``dw [W C, H]`` = dL/d(the folded weight): ``dlogit [J]`` (the L1 penalty's gradient included) and,
+    in place, ``dw`` = dL/dw (written)."""
+    H = _fold_shape("selectivity.fold_backward", w, logit, W, C, F, over)
+    check("selectivity.fold_backward", "dw", dw, F32, tuple(w.shape))
+    check("selectivity.fold_backward", "dlogit", dlogit, F32, tuple(logit.shape))
+    args = (w, logit, dw, dlogit, int(W), int(C), int(F), OVER.index(over), H, float(l1))
+    launch("selectivity", "fold_backward", logit.shape[0], THREADS, args, stream=stream)

@@ -670,3 +670,38 @@ def test_gpu_the_own_sgd_steps_run_beside_vaccines_phase_after_causals_branch():
     sides = {t.agent.aux[-1].side.stream.ptr, t.agent.aux[ALL.index("causal")].side.stream.ptr}
     own = {n["id"] for n in nodes if n["stream"] in sides}
     assert own and own <= ancestors(nodes, sgd) and own <= ancestors(nodes, vac[0])
+
+
+@pytest.mark.gpu
+def test_gpu_the_gate_folds_beside_sample_and_its_backward_follows_the_first_layers_dw():
+    """All seven on the MLP: the selectivity gate is folded into the first layers (QNetwork.folded). The train
+    graph has no gate forward or backward kernel; its two folds (online, target) run on the fold phase's branch
+    beside sample, and every forward (the step's and causal's intervened one) waits for both; the fold's backward
+    runs on the first layer's weight-gradient branch. The collect graph's act folds once, first."""
+    import critical_path as cpath
+
+    from cudarl import kernels
+
+    nodes, t = traced_train_graph({"agent": {"aux": ALL, "causal_groups": ["calendar", "offset"]}})
+    assert t.agent.online.folded is not None
+    assert not {n["name"] for n in nodes} & {"cudarl_selectivity_forward", "cudarl_selectivity_backward"}
+    folds = [n["id"] for n in nodes if n["name"] == "cudarl_selectivity_fold"]
+    assert len(folds) == 2
+    assert all(nodes[i]["phase"] == "fold" and nodes[i]["stream"] == t.agent.side_fold.stream.ptr for i in folds)
+    sample = next(n["id"] for n in nodes if n["name"] == "cudarl_replay_sample_search_gather_windows")
+    assert not any(sample in ancestors(nodes, i) or i in ancestors(nodes, sample) for i in folds)  # beside
+    forwards = [n["id"] for n in nodes if n["phase"] in ("forward", "aux_causal_do")]
+    assert forwards and all(set(folds) <= ancestors(nodes, i) for i in forwards)
+    # the step's own (causal's and vaccine's backwards have theirs, on their branches)
+    first_dw = t.agent.grad_sides[0].stream.ptr  # enc.0's weight-gradient branch
+    backs = [n["id"] for n in nodes if n["name"] == "cudarl_selectivity_fold_backward"]
+    (back,) = [i for i in backs if nodes[i]["stream"] == first_dw]
+    assert nodes[back]["phase"] == "backward"
+    assert all(nodes[i]["stream"] != t.stream.ptr for i in backs)  # none on the main chain
+    adam = next(n["id"] for n in nodes if n["phase"] == "adam")
+    assert back in ancestors(nodes, adam)
+    with kernels.tracing() as events:
+        t.collect_graph.capture()
+    t.synchronize()
+    acting = cpath.build_graph(events)
+    assert [n["phase"] for n in acting if n["name"].startswith("cudarl_selectivity_")] == ["act"]

@@ -96,6 +96,63 @@ def test_selectivity_gates_shrink_under_their_penalty_and_the_evaluation_lists_t
     assert not np.array_equal(plain, pol.q_values(obs.astype(np.float32)))
 
 
+@pytest.mark.parametrize("over", ["features", "positions"])
+def test_the_folded_gate_moves_and_no_forward_reads_a_stale_fold(monkeypatch, over):
+    """On the MLP the gate is folded into the first layer (QNetwork.folded): the train step folds both nets
+    once, in its fold phase, and its forwards read that; the collect step's act folds first (the step's fold
+    is older than Adam's update); the gates move with training, and acting after training reads the weights
+    as they are (a network that never folded, given the same parameters, acts with the same bits)."""
+    from cudarl.auxiliary.selectivity import InputGate
+    from cudarl.nn import QNetwork
+
+    t = _trainer(agent={"aux": ["selectivity"], "selectivity_over": over, "selectivity_l1": 0.5})
+    agent = t.agent
+    assert agent.online.folded is not None and agent.target.folded is not None
+    names = [n for n, _ in t.train_graph.phases]
+    assert names.index("schedules") < names.index("fold") < names.index("sample") < names.index("forward")
+    before = {k: v for k, v in agent.observables().items() if k.startswith("aux.selectivity.gate.")}
+    t.run(25)
+    after = agent.observables()
+    moved = [k for k, v in before.items() if after[k] != v]
+    assert len(moved) == len(before), "every gate moves with training"
+    calls, phase = [], [""]
+    fold = InputGate.fold
+
+    def counted(gate):
+        if gate is agent.online.folded or gate is agent.target.folded:
+            calls.append((phase[0], gate is agent.online.folded, gate is agent.target.folded))
+        fold(gate)
+
+    monkeypatch.setattr(InputGate, "fold", counted)
+    for phase[0], fn in t.train_graph.phases:
+        fn()
+    assert calls == [("fold", True, False), ("fold", False, True)]  # the step's forwards read it
+    assert not agent.online.prefolded and not agent.target.prefolded  # only inside the train phases
+    fresh = QNetwork(
+        agent.online.n_in, agent.online.n_actions, agent.cfg.net, input_gate=agent.online._makers[1], max_batch=8
+    )
+    fresh.params[...] = agent.online.params
+    fresh.fold_gate()
+    assert not np.array_equal(agent.online.folded.weight, fresh.folded.weight)  # it predates the step's update
+    for phase[0], fn in t.collect_graph.phases:
+        fn()
+    assert calls[2:] == [("act", True, False)]  # the act folds first
+    np.testing.assert_array_equal(agent.online.folded.weight, fresh.folded.weight)
+    obs = np.random.default_rng(0).normal(size=(3, agent.online.n_in)).astype(np.float32)
+    agent.online.folded.weight[...] = np.nan  # whatever it holds, a forward outside the step folds first
+    got = agent.online.forward(obs, agent.buffers.ws_act)["q"]
+    np.testing.assert_array_equal(got, fresh.forward(obs, fresh.new_workspace(3))["q"])
+
+
+def test_a_spectrally_normalised_first_layer_keeps_the_gate_in_front_and_trains_it():
+    t = _trainer(net={"spectral": ["enc.0"]}, agent={"aux": ["selectivity"], "selectivity_l1": 0.5})
+    assert t.agent.online.folded is None and t.agent.side_fold is None
+    assert "fold" not in [n for n, _ in t.train_graph.phases]
+    before = t.agent.observables()["aux.selectivity.mean"]
+    t.run(10)
+    assert t.agent.observables()["aux.selectivity.mean"] != before
+
+
 @pytest.mark.parametrize("seed", [0, 1])
 def test_selectivity_names_the_canarys_leak_as_the_feature_the_agent_uses_most(seed):
     """On the canary (a random walk plus a column holding the next bar's return) the leak's gate ends

@@ -64,6 +64,13 @@ class Encoder(Protocol):
         head's :attr:`cudarl.nn.heads.Head.chain_linear`, as one launch), or () where the encoder is not such
         a chain."""
 
+    @property
+    def gate_linear(self):
+        """The :class:`cudarl.nn.Linear` that reads the whole input row ``x [B, n_in]`` first (its weight's row
+        ``r`` for input column ``r``), into which an input gate that scales x's columns can be folded (the
+        selectivity gate: :class:`cudarl.nn.QNetwork`), or None where no layer reads x so (the windowed
+        encoders embed each bar: the gate stays a module in front of them)."""
+
     def bind(self, P: dict, G: dict, xp) -> None:
         """Take the parameter and gradient views ``P``, ``G`` of the flat buffers and the backend ``xp``."""
 

@@ -127,6 +127,10 @@ class SequenceEncoder(Module):
         """None of its layers chain (:meth:`cudarl.nn.layers.MLP.chain_linears`): () ."""
         return ()
 
+    #: No layer reads the whole input row (the embedding reads a bar at a time): an input gate is not folded
+    #: into a weight (:attr:`cudarl.nn.encoders.Encoder.gate_linear`).
+    gate_linear = None
+
     @property
     def out_name(self) -> str:
         return f"{self.name}.norm_f"
