@@ -35,8 +35,7 @@ fi
 #    bug); the selectivity removal row 10.0 -> 4-7 us; all seven 150.9 -> 145-148 us (none about 99-100:
 #    +45-49%), short of +40%.
 if [ "$1" = B ]; then
-  t tests; PYTHONPATH=. timeout $(left 120) python3 -m pytest -m gpu -q -p no:cacheprovider -rf tests/parity/test_selectivity.py tests/unit/test_aux_branches.py tests/unit/test_policy.py > /tmp/t.log 2>&1
-  grep -E "^(FAILED|ERROR)|passed|failed" /tmp/t.log | head -10; cp /tmp/t.log $OUT/tests.log
+  # (the fold's GPU tests run in gpu_check below: after four failed starts, no separate pass)
   for i in 1 2 3; do PYTHONPATH=. timeout $(left 30) python3 -m pytest -m gpu -q -p no:cacheprovider "tests/parity/test_encoder_parity.py::test_gpu_encoder_matches_numpy[512-64-32-attention]" 2>&1 | grep -E "relative error|passed|failed" | head -2; done
   t aux; PYTHONPATH=. timeout $(left 90) python3 tools/bench_aux.py --encoder mlp --no-whole --arms ablation,selectivity,vaccine,causal --out $OUT/aux_mlp.json > /tmp/aux.log 2>&1
   grep -E "train step|removed|added" /tmp/aux.log | head -24
