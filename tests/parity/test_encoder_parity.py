@@ -45,36 +45,18 @@ def _encoders(cp, kind: str, W: int, **kw):
     )
 
 
-def _psi_and_grads(s, x, dpsi, ws=None):
+def _psi_and_grads(s, x, dpsi):
     """One Standalone's psi and flat parameter gradient (host copies) for windows ``x [B, W, F]`` and dL/dpsi
-    ``[B, D]``: its gradients poisoned (a gradient not written shows), the forward, the backward from dpsi
-    (over ``ws``, default a new workspace)."""
+    ``[B, D]``: its gradients poisoned (a gradient not written shows), the forward, the backward from dpsi."""
     from cudarl.backend import to_numpy
 
-    ws = s.workspace(x.shape[0]) if ws is None else ws
+    ws = s.workspace(x.shape[0])
     xs = s.xp.asarray(x.astype(s.dtype))
     poison(s.grads)
     psi = s.enc.forward(xs, ws)
     ws.rows(f"{s.enc.out_name}.dout")[...] = s.xp.asarray(dpsi.astype(s.dtype))
     s.enc.backward(xs, ws)
     return to_numpy(psi).copy(), to_numpy(s.grads).copy()
-
-
-def embedding_bound(enc, ws64, x) -> float:
-    """The float32 rounding a sum of the embedding weight's gradient ``x^T dz`` over its K = B W tokens may
-    carry in any order of summation, relative and norm-wise: ``sqrt(K) u kappa``, with ``u = 2^-24`` and
-    ``kappa = || |x|^T |dz| || / || x^T dz ||`` (its terms' cancellation), both from the float64 twin's
-    forward and backward (``ws64``; dz = dL/d(the embedding's output)). The typical error of a recursive sum
-    (Higham, *Accuracy and Stability of Numerical Algorithms*, 2nd ed., sec. 4.2 and 4.6: sqrt(K) u for
-    random roundings, against K u at worst), which the GPU's GEMM and the float32 twin (a blocked, more
-    accurate BLAS order) need not share: the float32 twin's own error is no bound here. At B = 512, W = 64
-    kappa is about 48, and the GPU's error moved from under 2e-5 to 3.24e-5 between H100 hosts (the same
-    commit's GPU code, docs/perf-notes.md, thirty-third session) with its GEMM's order of summation."""
-    X = np.asarray(x, np.float64).reshape(-1, x.shape[-1])
-    dz = np.asarray(ws64.rows(f"{enc.embed.name}.dout", x.shape[0]), np.float64)  # the B samples' W tokens
-    dz = dz.reshape(X.shape[0], -1)
-    kappa = np.linalg.norm(np.abs(X).T @ np.abs(dz)) / np.linalg.norm(X.T @ dz)
-    return float(np.sqrt(X.shape[0]) * 2.0**-24 * kappa)
 
 
 @pytest.mark.gpu
@@ -86,16 +68,14 @@ def test_gpu_encoder_matches_numpy(cp, rng, kind, B, W, chunk):
     nets = _encoders(cp, kind, W, chunk=chunk)
     x = rng.standard_normal((B, W, F)).astype(np.float32)
     dpsi = rng.standard_normal((B, D)).astype(np.float32)
-    res, ws64 = [], nets[2].workspace(B)
+    res = []
     for s in nets:
-        psi, g = _psi_and_grads(s, x, dpsi, ws=ws64 if s is nets[2] else None)
+        psi, g = _psi_and_grads(s, x, dpsi)
         res.append((psi, {e.name: g[e.offset : e.offset + e.size] for e in s.layout.entries}))
     (gp, gg), (p32, g32), (p64, g64) = res
     assert_oracle(gp, p32, p64, what="psi")
-    embed = f"{nets[2].enc.embed.name}.weight"
     for name in gg:
-        floor = max(2e-5, embedding_bound(nets[2].enc, ws64, x)) if name == embed else 2e-5
-        assert_oracle(gg[name], g32[name], g64[name], floor=floor, what=f"grad {name}")
+        assert_oracle(gg[name], g32[name], g64[name], floor=2e-5, what=f"grad {name}")
     state = nets[0].enc.new_state(B)
     for t in range(W):
         psi_t = nets[0].enc.step(state, cp.asarray(np.ascontiguousarray(x[:, t])))
