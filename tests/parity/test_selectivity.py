@@ -51,30 +51,35 @@ def test_the_networks_gradient_through_the_gate_matches_finite_differences(rng, 
         **net_kw[encoder],
     )
     assert (net.folded is not None) == (encoder == "mlp")  # the MLP folds the gate into its first layer
+    _assert_gradients_match_finite_differences(net, rng, l1=0.2, samples=150)
+
+
+def _assert_gradients_match_finite_differences(net, rng, l1: float, samples: int) -> None:
+    """A float64 gated ``net``'s gradient of ``sum(q * R) + penalty(gate, l1)`` (its parameters perturbed) at
+    about ``samples`` parameters spread over the layout and every gate logit, against central differences."""
     net.params += 0.1 * rng.standard_normal(net.params.shape)
-    x = rng.normal(size=(4, W * (F + 2)))
+    x = rng.normal(size=(4, net.n_in))
     R = rng.normal(size=net.forward_shape(4))
 
     def loss():
-        return float((net.forward(x)["q"] * R).sum()) + ref.penalty(net.P["sel.logit"], 0.2)
+        return float((net.forward(x)["q"] * R).sum()) + ref.penalty(net.P["sel.logit"], l1)
 
     loss()
     net.grad_outputs()["q"][...] = R
     net.backward(x)
     an = net.grads.copy()
     idx = [e.offset + k for e in net.layout.entries for k in range(int(np.prod(e.shape)))]
-    idx = idx[:: max(1, len(idx) // 150)] + list(
-        range(net.layout["sel.logit"].offset, net.layout["sel.logit"].offset + F)
-    )
+    lo = net.layout["sel.logit"].offset
+    idx = sorted(set(idx[:: max(1, len(idx) // samples)]) | set(range(lo, lo + net.layout["sel.logit"].shape[0])))
     fd = np.zeros_like(an)
     for i in idx:
         old = net.params[i]
         net.params[i] = old + 1e-6
-        hi = loss()
+        up = loss()
         net.params[i] = old - 1e-6
-        lo = loss()
+        down = loss()
         net.params[i] = old
-        fd[i] = (hi - lo) / 2e-6
+        fd[i] = (up - down) / 2e-6
     np.testing.assert_allclose(an[idx], fd[idx], atol=1e-7, rtol=1e-5)
 
 
@@ -171,30 +176,7 @@ def test_the_folded_network_is_the_gated_network_to_rounding(rng, over, net_kw):
 @pytest.mark.parametrize("over", ["features", "positions"])
 def test_the_folded_networks_gradient_matches_finite_differences(rng, over):
     net = _gated_net(over, True, dtype=np.float64, hidden=(6,))
-    net.params += 0.1 * rng.standard_normal(net.params.shape)
-    x = rng.normal(size=(4, net.n_in))
-    R = rng.normal(size=net.forward_shape(4))
-
-    def loss():
-        return float((net.forward(x)["q"] * R).sum()) + ref.penalty(net.P["sel.logit"], 0.05)
-
-    loss()
-    net.grad_outputs()["q"][...] = R
-    net.backward(x)
-    an = net.grads.copy()
-    idx = [e.offset + k for e in net.layout.entries for k in range(int(np.prod(e.shape)))]
-    lo = net.layout["sel.logit"].offset
-    idx = sorted(set(idx[:: max(1, len(idx) // 120)]) | set(range(lo, lo + net.layout["sel.logit"].shape[0])))
-    fd = np.zeros_like(an)
-    for i in idx:
-        old = net.params[i]
-        net.params[i] = old + 1e-6
-        hi = loss()
-        net.params[i] = old - 1e-6
-        lo_ = loss()
-        net.params[i] = old
-        fd[i] = (hi - lo_) / 2e-6
-    np.testing.assert_allclose(an[idx], fd[idx], atol=1e-7, rtol=1e-5)
+    _assert_gradients_match_finite_differences(net, rng, l1=0.05, samples=120)
 
 
 def test_the_gate_folds_only_into_a_first_layer_without_spectral_norm():
