@@ -22,10 +22,12 @@ that :class:`cudarl.graph.StepGraph` captures (GPU) or runs in order (NumPy)::
              dL/dpsi) - priorities (a parallel branch to the end) - backward (dx chain | weight gradients, in parallel;
              joins the auxiliary branches) - the auxiliary signals' grad phases (Gradient Vaccine's correction, from the
              auxiliary heads' backward on its branch beside this one; the causal penalty's gradient, from a backward on
-             its branch beside this one, added: they read and rewrite the flat gradient, the auxiliary heads' included)
-             - aux_sgd (the auxiliary signals' own SGD steps, agent.aux "risk": its head; "denoise": the encoder and its
-             decoder, joining its branch; every span in one launch, after the grad phases so that those see the heads'
-             gradients before a step clears them) - adam (one launch: the gradient norm and clip, the update with the
+             its branch beside this one, added: they read and rewrite the flat gradient, the auxiliary heads' included;
+             in agent.aux order, causal's added inside vaccine's kernels where it comes right before it) - aux_sgd (the
+             auxiliary signals' own SGD steps, agent.aux "risk": its head; "denoise": the encoder and its decoder,
+             joining its branch; every span in one launch, after the grad phases so that those see the heads' gradients
+             before a step clears them, or beside the last of them where those touch no span's gradient, vaccine's) -
+             adam (one launch: the gradient norm and clip, the update with the
              target net's soft update and the publish of loss and gradient norm to the host ring; three launches with
              run.grid_barrier = false) - spectral (net.spectral: a power iteration and W_sn of both nets) - publish (the
              step's observables, :class:`cudarl.stats.StepStats`, to their host ring)
