@@ -20,14 +20,16 @@ method of :class:`AuxSignal` a default, and every built-in signal subclasses it.
 Where each kind of phase sits in the train graph (:meth:`cudarl.agent.Agent.phases`; docs/architecture.md):
 the early phases (:meth:`AuxSignal.early_phases`, right after ``sample``: branches beside the step's
 forward) - the loss phases (:meth:`AuxSignal.phases`, most forked onto ``buffers.side_aux`` or a branch of their
-own) - the backward (joins those branches) - the grad phases (:meth:`AuxSignal.grad_phases`: vaccine,
-causal) - ``aux_sgd`` (every signal's own plain-SGD spans, :meth:`AuxSignal.sgd_spans`: risk's head,
-denoise's encoder and decoder, in one launch, :class:`cudarl.auxiliary.base.AuxSgd`) - Adam. The grad
-phases come first so that they see the whole gradient the backward wrote, the auxiliary heads' included
-(the SGD step clears a span's gradient once it has stepped on it), and the SGD step steps on the
-gradient as the grad phases left it: Gradient Vaccine copies the heads' gradients back outside the
-encoder, so risk's SGD reads the same values either way today, but a grad phase that rewrote a head's
-gradient would be lost if that head had already stepped.
+own) - the backward (joins those branches) - the grad phases (:meth:`AuxSignal.grad_phases`, in ``agent.aux``
+order: causal, vaccine; causal's added inside vaccine's where it comes right before it,
+:meth:`AuxSignal.grad_addend`) - ``aux_sgd`` (every signal's own plain-SGD spans, :meth:`AuxSignal.sgd_spans`:
+risk's head, denoise's encoder and decoder, in one launch, :class:`cudarl.auxiliary.base.AuxSgd`) - Adam. The
+grad phases come first so that they see the whole gradient the backward wrote, the auxiliary heads' included
+(the SGD step clears a span's gradient once it has stepped on it), and the SGD step steps on the gradient as
+the grad phases left it; only the last grad phases that declare the span of the flat gradient they touch
+(:meth:`AuxSignal.grad_span`: vaccine's), where no SGD span lies, run beside the steps instead, which then
+see the same values. A grad phase that rewrote a head's gradient would be lost if that head had already
+stepped.
 """
 
 from __future__ import annotations
