@@ -220,9 +220,9 @@ class AuxSgd:
         self._table = [(s.params, s.grads, s.lr, s.clear) for s in self.spans]
         self.ops = family("auxsgd", xp)
         #: A :class:`cudarl.graph.SideStream` the steps run on (forked where :meth:`step` is called, joined by
-        #: :meth:`join`, the agent's Adam phase), beside the grad phases that touch only the encoder's slice of
-        #: the flat gradient; None: on the current stream. ``after``: more branches the steps wait for (those
-        #: grad phases' own, which may read the parameters the steps move)
+        #: :meth:`join`, the agent's Adam phase), beside the last grad phases, which touch only a span of the
+        #: flat gradient no SGD span lies in (AuxSignal.grad_span); None: on the current stream. ``after``: more
+        #: branches the steps wait for (those grad phases' own, which may read the parameters the steps move)
         self.side = side
 
     def step(self) -> None:
