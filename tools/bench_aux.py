@@ -18,6 +18,12 @@ those arms (and ``none``) only. The arms marked ``(whole)`` run denoise, causal,
 they ran before those fields (``aux_batch = 1``, ``vaccine_scope = "encoder"``), so one run shows each
 signal's cost both ways; ``--no-whole`` leaves them out.
 
+``--rounds N`` runs the arms N times, interleaved (every arm once a round, in the same order), and reports each
+arm's median over the rounds; for each arm measured against none, the share of the step in every round (that
+round's arm against that round's none) and their least and greatest: the none arm's own replay time moved by
+3.5 us between runs on one warm H100 (``docs/perf-notes.md``, thirty-third session), which is what a share
+read off one run carries.
+
 Each arm is :func:`cudarl.bench.step_benchmark` (CUDA events, median of ``--repeats`` replays; replay
 capacity 100k, which the train step does not depend on), with the device memory each arm's trainer holds
 in CuPy's pool and what each signal adds to it (its buffers and its streams' cuBLAS workspaces, 32 MiB
@@ -34,6 +40,8 @@ from __future__ import annotations
 import sys
 import traceback
 from pathlib import Path
+
+import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -75,11 +83,13 @@ def run_arms(
     whole: bool = True,
     aux_gemm: str = AGENT.aux_gemm,
     only: tuple = (),
+    rounds: int = 1,
 ) -> tuple[list, dict]:
     """``(rows, meta)`` for :func:`benchlib.report`: every arm's train step and device memory, each
     signal's added us and share of the step (``whole``: with the ``(whole)`` arms; ``only``: those arms
-    alone, and ``none``). What :func:`main` runs from its flags, and ``tools/bench_step.py --aux`` at these
-    defaults."""
+    alone, and ``none``; ``rounds``: the arms that many times, interleaved, each arm's row the median over
+    them, with each share's least and greatest over the rounds). What :func:`main` runs from its flags, and
+    ``tools/bench_step.py --aux`` at these defaults."""
     from cudarl.bench import DEVICE_MEMORY, ENCODER_WORKLOAD, reference_config, step_benchmark
 
     net = {} if encoder == "mlp" else {"encoder": encoder, **ENCODER_WORKLOAD}
@@ -94,26 +104,38 @@ def run_arms(
         return first.index(base) if base in first else len(first)
 
     runs = dict(sorted(runs.items(), key=lambda kv: rank(kv[0])))
-    rows, us, mib = [], {}, {}
+    if rounds < 1:
+        raise ValueError(f"bench_aux: rounds must be at least 1, got {rounds}")
+    rows, us, mib, seen = [], {}, {}, {a: [] for a in runs}
     if device == "gpu":  # not counted: what the process keeps after its first trainer (at 156104e about
         # 31 MiB, which the first arm's memory row held and the later arms' did not) is held before the arms
         step_benchmark(2, device, cfg=reference_config(device, capacity=100_000, net=net), phases=False)
-    for arm, (signals, _, whole) in runs.items():
-        case = f"{encoder}, aux {arm}"
-        try:
-            agent = {"aux": signals, "causal_groups": ["calendar", "offset"], **(WHOLE if whole else mine)}
-            cfg = reference_config(device, capacity=100_000, net=net, agent=agent)
-            got = step_benchmark(repeats, device, cfg=cfg, phases=False, label=f" aux {arm}")
-            us[arm] = next(r["value"] for r in got if r["metric"] == TRAIN)
-            rows.append(row(case, TRAIN, us[arm], "us"))
-            held = next((r["value"] for r in got if r["metric"] == DEVICE_MEMORY), None)
-            if held is not None:
-                mib[arm] = held
-                rows.append(row(case, DEVICE_MEMORY, held, "MiB"))
-            print(f"{case}: {us[arm]:.1f} us", flush=True)  # a run cut short still shows its arms
-        except Exception as exc:  # one failing arm says why; the others still run
-            traceback.print_exc()
-            rows.append(row(case, "failed", f"{type(exc).__name__}: {exc}"[:60], ""))
+    failed = set()
+    for r in range(rounds):
+        for arm, (signals, _, whole) in runs.items():
+            case = f"{encoder}, aux {arm}"
+            if arm in failed:
+                continue
+            try:
+                agent = {"aux": signals, "causal_groups": ["calendar", "offset"], **(WHOLE if whole else mine)}
+                cfg = reference_config(device, capacity=100_000, net=net, agent=agent)
+                got = step_benchmark(repeats, device, cfg=cfg, phases=False, label=f" aux {arm}")
+                seen[arm].append(next(g["value"] for g in got if g["metric"] == TRAIN))
+                held = next((g["value"] for g in got if g["metric"] == DEVICE_MEMORY), None)
+                if held is not None and r == 0:
+                    mib[arm] = held
+                # a run cut short still shows its arms
+                print(f"{case}: {seen[arm][-1]:.1f} us" + (f" (round {r + 1})" if rounds > 1 else ""), flush=True)
+            except Exception as exc:  # one failing arm says why; the others still run
+                traceback.print_exc()
+                failed.add(arm)
+                rows.append(row(case, "failed", f"{type(exc).__name__}: {exc}"[:60], ""))
+    for arm in runs:
+        if seen[arm] and arm not in failed:
+            us[arm] = float(np.median(seen[arm]))
+            rows.append(row(f"{encoder}, aux {arm}", TRAIN, us[arm], "us"))
+            if arm in mib:
+                rows.append(row(f"{encoder}, aux {arm}", DEVICE_MEMORY, mib[arm], "MiB"))
     for arm, (_, against, _) in runs.items():
         if against is None or arm not in us or "none" not in us or against not in us:
             continue
@@ -124,12 +146,16 @@ def run_arms(
             rows.append(row(case, f"added to the train step{what}", added, "us"))
             target = "<= 40%" if arm.startswith("all") else ""
             rows.append(row(case, f"added, share of the step{what}", 100 * added / us["none"], "%", target))
+        if against == "none" and rounds > 1:  # each round's arm against that round's none
+            shares = [100 * (a - n) / n for a, n in zip(seen[arm], seen["none"], strict=True)]
+            rows.append(row(case, "added, share of the step, least over the rounds", min(shares), "%"))
+            rows.append(row(case, "added, share of the step, greatest over the rounds", max(shares), "%"))
         if against == "none" and arm in mib and "none" in mib:
             rows.append(row(case, "added device memory", mib[arm] - mib["none"], "MiB"))
     for arm in runs:
         if arm in ABLATION and arm in us and "all" in us:
             rows.append(row(f"{encoder}, aux {arm}", "removed from all seven", us["all"] - us[arm], "us"))
-    meta = {"encoder": encoder, "target": "all signals <= +40% of the step", **mine, "whole": WHOLE}
+    meta = {"encoder": encoder, "target": "all signals <= +40% of the step", **mine, "whole": WHOLE, "rounds": rounds}
     return rows, meta
 
 
@@ -144,12 +170,15 @@ def main() -> int:
     ap.add_argument(
         "--arms", default="", help="comma-separated arms to run (with none; 'ablation': all and each 'all but <s>')"
     )
+    ap.add_argument(
+        "--rounds", type=int, default=1, help="run the arms this many times, interleaved: medians, the shares' range"
+    )
     args = ap.parse_args()
     if args.device == "gpu" and skipped_without_gpu("bench_aux", "aux signals", args.out):
         return 0
     rows, meta = run_arms(
         args.encoder, args.device, args.repeats, args.aux_batch, args.vaccine_scope, whole=not args.no_whole,
-        aux_gemm=args.aux_gemm, only=tuple(a for a in args.arms.split(",") if a),
+        aux_gemm=args.aux_gemm, only=tuple(a for a in args.arms.split(",") if a), rounds=args.rounds,
     )  # fmt: skip
     report("bench_aux", rows, args.out, meta)
     return 0

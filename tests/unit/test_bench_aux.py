@@ -53,3 +53,29 @@ def test_the_arms_flag_picks_arms_and_the_ablation_removes_one_signal_each():
     assert set(steps) == {"mlp, aux none", "mlp, aux all", *(f"mlp, aux {a}" for a in ba.ABLATION)}
     removed = {r["case"]: r["value"] for r in rows if r["metric"] == "removed from all seven"}
     assert removed == {f"mlp, aux {a}": steps["mlp, aux all"] - steps[f"mlp, aux {a}"] for a in ba.ABLATION}
+
+
+def test_rounds_interleave_the_arms_and_report_medians_and_each_rounds_share(monkeypatch):
+    """``--rounds``: every arm once a round, in the same order; an arm's row is its median over the rounds, and
+    the share of an arm measured against none is also given per round (that round's arm over that round's
+    none), its least and greatest (the timings come from a stub here: the arithmetic, not a GPU's)."""
+    import cudarl.bench as bench
+
+    times = iter([100.0, 150.0, 110.0, 140.0, 90.0, 130.0])  # none, all per round
+    calls = []
+
+    def fake(repeats, device, cfg, phases, label):
+        calls.append(label.strip())
+        return [{"metric": ba.TRAIN, "value": next(times)}]
+
+    monkeypatch.setattr(bench, "step_benchmark", fake)
+    rows, meta = ba.run_arms("mlp", "cpu", repeats=1, whole=False, only=("all",), rounds=3)
+    assert calls == ["aux none", "aux all"] * 3 and meta["rounds"] == 3
+    steps = {r["case"]: r["value"] for r in rows if r["metric"] == ba.TRAIN}
+    assert steps == {"mlp, aux none": 100.0, "mlp, aux all": 140.0}  # the medians
+    got = {r["metric"]: r["value"] for r in rows if r["case"] == "mlp, aux all"}
+    assert got["added, share of the step"] == pytest.approx(40.0)  # the medians' share
+    assert got["added, share of the step, least over the rounds"] == pytest.approx(100 * 30 / 110)
+    assert got["added, share of the step, greatest over the rounds"] == pytest.approx(100 * 50 / 100)
+    with pytest.raises(ValueError, match="rounds must be at least 1"):
+        ba.run_arms("mlp", "cpu", repeats=1, whole=False, only=("all",), rounds=0)
