@@ -208,7 +208,9 @@ def family(name: str, xp) -> ModuleType:
 
 
 def address(a) -> int:
-    """The address of ``a``'s first element (a NumPy or CuPy array): for comparing where views lie."""
+    """The address of ``a``'s first element: a CuPy array's device pointer, a NumPy array's host address (for
+    comparing where views lie: the same buffer, or spans that must not overlap; the launchers', cuBLAS's and
+    the agent's checks)."""
     return a.ctypes.data if isinstance(a, np.ndarray) else a.data.ptr
 
 

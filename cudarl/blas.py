@@ -55,6 +55,7 @@ from pathlib import Path
 import numpy as np
 
 from . import kernels, probe_cache
+from .backend import address
 
 WORKSPACE_BYTES = 32 * 1024 * 1024  # cuBLAS's recommendation for Hopper
 _CUBLAS_OP_N, _CUBLAS_OP_T = 0, 1
@@ -628,7 +629,7 @@ def _check_c_act(has_c: bool, act: str, what: str) -> None:
 
 def _span(x) -> tuple[int, int]:
     """The bytes ``[first, end)`` a 2-D float32 view with a row pitch (:func:`_row_pitch`) reaches, by address."""
-    ptr = x.ctypes.data if isinstance(x, np.ndarray) else x.data.ptr
+    ptr = address(x)
     if x.size == 0:
         return ptr, ptr
     return ptr, ptr + ((x.shape[0] - 1) * _row_pitch(x) + x.shape[1]) * x.itemsize

@@ -378,27 +378,23 @@ class SideStream:
 
     def join(self) -> None:
         """The current stream waits for every fork so far (no-op if nothing is pending)."""
-        if self.stream is None or not self._pending:
-            return
-        import cupy
+        if self.wait():
+            self._pending = False
+            SideStream._open[:] = [(s, m) for s, m in SideStream._open if s is not self]
 
-        self._done.record(self.stream)
-        cupy.cuda.get_current_stream().wait_event(self._done)
-        kernels.trace({"kind": "join", "from": self.stream.ptr, "to": cupy.cuda.get_current_stream().ptr})
-        self._pending = False
-        SideStream._open[:] = [(s, m) for s, m in SideStream._open if s is not self]
-
-    def wait(self) -> None:
+    def wait(self) -> bool:
         """The current stream waits for the side's work so far, which stays pending: its own :meth:`join` (into
         the stream it forked from) still orders that stream after it. A :meth:`join` into another stream would
-        clear it, and the owner's join would then order nothing (a no-op where nothing is pending)."""
+        clear it, and the owner's join would then order nothing (a no-op where nothing is pending). Returns
+        whether it waited (something was pending)."""
         if self.stream is None or not self._pending:
-            return
+            return False
         import cupy
 
         self._done.record(self.stream)
         cupy.cuda.get_current_stream().wait_event(self._done)
         kernels.trace({"kind": "join", "from": self.stream.ptr, "to": cupy.cuda.get_current_stream().ptr})
+        return True
 
     @classmethod
     def abandon_all(cls) -> None:

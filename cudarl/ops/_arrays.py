@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..backend import address  # noqa: F401 (the launchers' import; one definition, cudarl.backend)
+
 
 def check(where: str, name: str, a, dtype, shape: tuple) -> None:
     """Raise ``ValueError`` unless ``a`` has ``dtype`` and ``shape`` (``None`` entries match any)."""
@@ -18,12 +20,6 @@ def check(where: str, name: str, a, dtype, shape: tuple) -> None:
         raise ValueError(f"{where}: {name} has shape {tuple(a.shape)}, expected {want}")
     if not a.flags.c_contiguous:
         raise ValueError(f"{where}: {name} must be C-contiguous")
-
-
-def address(a) -> int:
-    """The address of ``a``'s first element: a CuPy array's device pointer, a NumPy array's host address (the
-    launchers that compare buffers: the same buffer, or spans that must not overlap)."""
-    return a.__array_interface__["data"][0] if isinstance(a, np.ndarray) else a.data.ptr
 
 
 def check_counter(where: str, name: str, a, members: int = 1) -> None:

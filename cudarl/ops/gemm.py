@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..backend import address
 from ..kernels import launch
 
 TILE, GROUP, KG = 32, 64, 4  # GEMM_T, GEMM_GROUP, GEMM_KG in cuda_src/gemm.cu
@@ -126,11 +127,6 @@ def chain_smem_bytes(widths) -> int:
     return max(smem_bytes(-(-int(K) // 4) * 4, False) for K in widths)
 
 
-def _ptr(t) -> int:
-    """The address of ``t``'s first element (CuPy, or NumPy where the checks run on the host)."""
-    return t.ctypes.data if isinstance(t, np.ndarray) else t.data.ptr
-
-
 def _lift(t, stacked: bool):
     """``t`` with its member axis: itself in a stacked call, else ``t[None]`` (one member)."""
     return t if stacked else t[None]
@@ -161,7 +157,7 @@ def _rows_dense(t) -> bool:
         dense &= n == 1 or st == want
         want *= n
     apart = t.shape[0] == 1 or t.strides[0] >= 0 and t.strides[0] % 16 == 0
-    return t.dtype == np.float32 and dense and _ptr(t) % 16 == 0 and apart
+    return t.dtype == np.float32 and dense and address(t) % 16 == 0 and apart
 
 
 def _members_apart(outs) -> bool:
@@ -309,9 +305,9 @@ def chain(x, layers) -> None:
 def _span(t) -> tuple:
     """The byte range ``[first, past last)`` an array with non-negative strides touches."""
     if t.size == 0:
-        return _ptr(t), _ptr(t)
+        return address(t), address(t)
     last = sum((n - 1) * st for n, st in zip(t.shape, t.strides, strict=True))
-    return _ptr(t), _ptr(t) + last + t.itemsize
+    return address(t), address(t) + last + t.itemsize
 
 
 def _disjoint(outs, ins) -> bool:
