@@ -48,6 +48,15 @@ if [ "$1" = C ]; then
   t tests; PYTHONPATH=. timeout $(left 90) python3 -m pytest -m gpu -q -p no:cacheprovider -rf tests/parity/test_encoder_parity.py > /tmp/t.log 2>&1
   grep -E "^(FAILED|ERROR)|passed|failed" /tmp/t.log | head -10; cp /tmp/t.log $OUT/tests.log
 fi
+# D (branch vc-fused, checked out detached; not merged; the device time left after C, about 166 s): the one-launch
+#    vaccine grad phase's GPU tests (parity and bit for bit against the two launches, graphed == eager, the trace
+#    tests), then bench_aux none/all twice. Prediction (docs/perf-notes.md, written before the call): all seven
+#    -2 to -3 us against 143.4-144.5 us at 4eeb11d; every test passes.
+if [ "$1" = D ]; then
+  t tests; PYTHONPATH=. timeout $(left 60) python3 -m pytest -m gpu -q -p no:cacheprovider -rf tests/parity/test_vaccine.py tests/unit/test_aux_branches.py -k "vaccine or one_launch or causals_intervened or sgd" > /tmp/t.log 2>&1
+  grep -E "^(FAILED|ERROR)|passed|failed" /tmp/t.log | head -10; cp /tmp/t.log $OUT/tests.log
+  for i in 1 2; do t aux$i; PYTHONPATH=. timeout $(left 30) python3 tools/bench_aux.py --encoder mlp --no-whole --arms all --out $OUT/aux_all_$i.json 2>&1 | grep -E "graph replay|share"; done
+fi
 if [ "$1" = G ]; then  # G <sha>: gpu_check at <sha> (docs/gpu-report.md; bench_step without the epoch and dW variants)
   t gpu_check; export CUDARL_COMMIT=$2; D=$(( ${LIMIT:-580} - ($(date +%s) - T0) - 15 ))
   PARALLEL=6 BENCHES=tools/bench_step.py BENCH_ARGS="--no-epoch --no-dw-variants" DEADLINE_S=$D OUT=/tmp/gc BENCH_DIR=/tmp/bench bash tools/gpu_check.sh > /tmp/gc.log 2>&1
