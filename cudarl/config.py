@@ -95,15 +95,17 @@ class RunConfig:
     """Train from the transitions recorded in this file (``run.record``) without collecting any (CLI
     ``--offline``); the replay buffer holds the recording's last ``replay.capacity`` rows. Empty: online."""
     grid_barrier: bool = True
-    """GPU: let the train step's C51 targets-and-loss (with PopArt) and its optimiser update each be one
-    launch whose blocks wait for one another (``cudarl::grid_barrier``; grid at most one block per SM).
-    ``false``: the same bits in two and three launches. Turn it off when other processes share the GPU
+    """GPU: let the train step's C51 targets-and-loss (with PopArt), its optimiser update and Gradient
+    Vaccine's grad phase (``agent.aux`` with ``vaccine``) each be one launch whose blocks wait for one another
+    (``cudarl::grid_barrier``; grid at most one block per SM). ``false``: the same bits in two and three
+    launches (vaccine's: two). Turn it off when other processes share the GPU
     at once (MPS, as ``tools/gpu_sweep.sh`` runs): their kernels may hold the SMs a launch's last blocks
     wait for. ``true`` permits the one launches: the single agent takes them; a joined population
     (``run.population = "joined"``) takes each only where every member still gets the blocks one agent
     gets alone, ``SMs // P >= min(full grid, SMs)`` (:func:`cudarl.kernels.barrier_grid_fits`; the
     reference sizes: P = 1 only), and the barrier-free launches otherwise, two each (the launchers choose:
-    ``c51.targets_loss_popart_one_launch``, ``optim.clip_adam_soft_one_launch``)."""
+    ``c51.targets_loss_popart_one_launch``, ``optim.clip_adam_soft_one_launch``; a joined population has no
+    auxiliary signals)."""
     population: str = "branches"
     """How :class:`cudarl.population.Population` (sweeps) trains its members. ``branches``: each member's own
     train and collect phases on a parallel branch of one graph (any configuration; P times the nodes).

@@ -29,12 +29,15 @@ adds the Q head's part onto it) and the branch runs the encoder's part alone fro
 (:meth:`beside_backward`, forked once the loss branches are joined) it runs the extra heads' backward
 itself, the main extra heads' rows zeroed. Either way the same kernels over the same inputs. Phase
 ``vaccine`` after the backward, before the optimiser (:meth:`grad_phases`): join that branch -
-dots_control (one launch: the partial dots, then its last block the control step) - apply (the flat
-gradient, in place: the scope's slice ``[lo, hi)`` becomes ``full + c (full - aux)``, the rest stays
-``full``). Where causal intervention's grad phase comes right before this one, this phase takes its
-gradient (:meth:`takes_addend`): it joins causal's branch too, and both kernels read ``full`` plus causal's
-over ``[0, stop)``, every entry where causal's may be nonzero (``dots_control_plus``, ``apply_plus``: the
-sums causal's own phase made, one pass over the flat gradient fewer). ``full`` is the flat gradient as the
+dots_control (the partial dots, then its last block the control step) - apply (the flat gradient, in
+place: the scope's slice ``[lo, hi)`` becomes ``full + c (full - aux)``, the rest stays ``full``), in ONE
+launch with ``run.grid_barrier`` (``dots_control_apply``: its blocks wait for one another at a grid barrier
+after the partials, then each takes the control step's sums itself and applies; one node fewer on the
+step's tail, issue 19) and in those two without it, the same bits. Where causal intervention's grad phase
+comes right before this one, this phase takes its gradient (:meth:`takes_addend`): it joins causal's branch
+too, and its kernels read ``full`` plus causal's over ``[0, stop)``, every entry where causal's may be
+nonzero (``dots_control_apply_plus``, or ``dots_control_plus`` and ``apply_plus``: the sums causal's own phase
+made, one pass over the flat gradient fewer). ``full`` is the flat gradient as the
 backward and the grad phases before this one left it, as before; ``aux`` is the same kernels over the same inputs as the
 backward this phase once ran on the flat gradient after saving it, so every bit is as it was. The
 target cosine ``phi_hat`` is an EMA in device memory (``state[0]``), read and moved by the control step
@@ -130,6 +133,7 @@ class Vaccine(AuxBase):
         self.partial = xp.zeros((ref.blocks(self.hi - self.lo), 3), np.float32)
         self.state = xp.zeros(ref.STATE, np.float32)  # phi_hat_0 = 0 (the paper's initial target)
         self.done = xp.zeros(1, np.uint32)  # dots_control's ticket: 0, and left 0 by every launch
+        self.barrier = xp.zeros(1, np.uint32)  # dots_control_apply's grid barrier: 0, and left 0 likewise
         self.ops, self.util = family("vaccine", xp), family("util", xp)
         self.addend = None  # causal's gradient, where this phase adds it (takes_addend)
 
@@ -193,26 +197,26 @@ class Vaccine(AuxBase):
         lo, hi = (0, self.hi - self.lo) if a is None else (self.lo, self.hi)
         at = slice(self.lo, self.hi) if a is None else slice(0, a.stop)
         full, aux = self.buf.online.grads[at], self.extra.grads[at]
+        fulls, o = (full,), self.ops  # the launchers, or on NumPy their twins (which return what they write)
         if a is not None:
             a.side.join()
-            plus = a.grads[at]
-        if self.numpy:
-            if a is None:
-                self.partial[...], self.state[...] = ref.dots_control(full, aux, self.state, lo, hi, self.beta)
-                full[...] = ref.apply(full, aux, self.state, lo, hi)
+            fulls = (full, a.grads[at])
+        one, dots_control, apply = (
+            (o.dots_control_apply, o.dots_control, o.apply)
+            if a is None
+            else (o.dots_control_apply_plus, o.dots_control_plus, o.apply_plus)
+        )
+        if self.cfg.run.grid_barrier:  # one launch: the partials, a grid barrier, the control step, the apply
+            if self.numpy:
+                self.partial[...], self.state[...], full[...] = one(*fulls, aux, self.state, lo, hi, self.beta)
             else:
-                self.partial[...], self.state[...] = ref.dots_control_plus(
-                    full, plus, aux, self.state, lo, hi, self.beta
-                )
-                full[...] = ref.apply_plus(full, plus, aux, self.state, lo, hi)
-        else:
-            args = (self.partial, self.state, self.done, lo, hi, self.beta)
-            if a is None:  # one launch each: dots_control's last block takes the control step
-                self.ops.dots_control(full, aux, *args)
-                self.ops.apply(full, aux, full, self.state, lo, hi)
-            else:
-                self.ops.dots_control_plus(full, plus, aux, *args)
-                self.ops.apply_plus(full, plus, aux, full, self.state, lo, hi)
+                one(*fulls, aux, full, self.partial, self.state, self.barrier, self.done, lo, hi, self.beta)
+        elif self.numpy:  # the same bits in two launches, none waiting for all its blocks
+            self.partial[...], self.state[...] = dots_control(*fulls, aux, self.state, lo, hi, self.beta)
+            full[...] = apply(*fulls, aux, self.state, lo, hi)
+        else:  # dots_control's last block takes the control step
+            dots_control(*fulls, aux, self.partial, self.state, self.done, lo, hi, self.beta)
+            apply(*fulls, aux, full, self.state, lo, hi)
 
     def observable(self) -> dict:
         return {f"aux.vaccine.{k}": v for k, v in zip(KEYS, read(self.state), strict=True)}

@@ -24,12 +24,14 @@ the encoder's slice ``[lo, hi)`` of the flat parameters::
 Stages: :func:`dots` (per-block partial sums of ``g_m . g_a``, ``|g_m|^2``, ``|g_a|^2``), :func:`control`
 (the cosine, ``c``, the EMA: ``state = [phi_hat, phi, c, |g_m|, |g_a|]``; ``phi_hat`` is read before it is
 moved) and :func:`apply`. The kernel's launches: :func:`dots_control` (the first two: its last block takes
-the control step) and :func:`apply`.
+the control step) and :func:`apply`; or all three in one, :func:`dots_control_apply` (its blocks wait for
+one another at a grid barrier, ``run.grid_barrier``), with the bits of the two.
 
-:func:`dots_control_plus` and :func:`apply_plus` are the same over ``full + plus`` (``plus`` float32 ``[n]``,
-another signal's own gradient: causal intervention's, when its grad phase comes right before this one),
-that sum made element by element in float32 as causal's grad phase made it over the whole buffer: one
-pass over the flat gradient where there were two (``docs/perf-notes.md``, thirty-third session).
+:func:`dots_control_plus`, :func:`apply_plus` and :func:`dots_control_apply_plus` are the same over
+``full + plus`` (``plus`` float32 ``[n]``, another signal's own gradient: causal intervention's, when its
+grad phase comes right before this one), that sum made element by element in float32 as causal's grad
+phase made it over the whole buffer: one pass over the flat gradient where there were two
+(``docs/perf-notes.md``, thirty-third session).
 """
 
 from __future__ import annotations
@@ -90,6 +92,18 @@ def _plus(full, plus):
 def dots_control_plus(full, plus, aux, state, lo: int, hi: int, beta, compute_dtype=np.float32):
     """:func:`dots_control` over ``full + plus``."""
     return dots_control(_plus(full, plus), aux, state, lo, hi, beta, compute_dtype)
+
+
+def dots_control_apply(full, aux, state, lo: int, hi: int, beta, compute_dtype=np.float32):
+    """The kernel's one launch: ``(partial, state', grads)`` = :func:`dots_control`, then :func:`apply` with
+    ``state'``."""
+    partial, new = dots_control(full, aux, state, lo, hi, beta, compute_dtype)
+    return partial, new, apply(full, aux, new, lo, hi, compute_dtype)
+
+
+def dots_control_apply_plus(full, plus, aux, state, lo: int, hi: int, beta, compute_dtype=np.float32):
+    """:func:`dots_control_apply` over ``full + plus``: :func:`dots_control_plus`, then :func:`apply_plus`."""
+    return dots_control_apply(_plus(full, plus), aux, state, lo, hi, beta, compute_dtype)
 
 
 def apply_plus(full, plus, aux, state, lo: int, hi: int, compute_dtype=np.float32):

@@ -61,6 +61,35 @@ def test_the_plus_pair_is_the_pair_over_the_float32_sum(rng):
     assert np.array_equal(out, ref.apply(s32, aux, st1, lo, hi)) and np.array_equal(out[:lo], s32[:lo])
 
 
+@pytest.mark.parametrize("with_plus", [False, True])
+def test_the_one_launchs_twins_are_the_pair(rng, with_plus):
+    """``dots_control_apply`` (``_plus``) is ``dots_control`` then ``apply`` (``_plus``) with the new state: the
+    twin of the one launch the GPU takes with ``run.grid_barrier``, the bits of the two launches."""
+    n, lo, hi = 3 * ref.CHUNK + 70, 33, 3 * ref.CHUNK + 9
+    full, plus, aux = (rng.normal(size=n).astype(np.float32) for _ in range(3))
+    fulls = (full, plus) if with_plus else (full,)
+    st = np.float32([0.6, 0, 0, 0, 0])
+    one = ref.dots_control_apply_plus if with_plus else ref.dots_control_apply
+    dc, ap = (ref.dots_control_plus, ref.apply_plus) if with_plus else (ref.dots_control, ref.apply)
+    part, state, grads = one(*fulls, aux, st, lo, hi, 0.1)
+    p2, st2 = dc(*fulls, aux, st, lo, hi, 0.1)
+    assert np.array_equal(part, p2) and np.array_equal(state, st2) and state[2] > 0
+    assert np.array_equal(grads, ap(*fulls, aux, st2, lo, hi)) and grads.dtype == np.float32
+    assert np.array_equal(st, np.float32([0.6, 0, 0, 0, 0]))  # the old state is read, not written
+
+
+def test_the_one_launch_refuses_one_buffer_as_both_counters(rng):
+    from cudarl.ops import vaccine as ops
+
+    n, lo, hi = 100, 0, 100
+    full, aux, grads = (np.zeros(n, np.float32) for _ in range(3))
+    part, state, counter = np.zeros((1, 3), np.float32), np.zeros(ref.STATE, np.float32), np.zeros(1, np.uint32)
+    with pytest.raises(ValueError, match="barrier and done must be counters of their own"):
+        ops.dots_control_apply(full, aux, grads, part, state, counter, counter, lo, hi, 0.1)
+    with pytest.raises(ValueError, match="done has dtype"):
+        ops.dots_control_apply(full, aux, grads, part, state, counter, np.zeros(1, np.int32), lo, hi, 0.1)
+
+
 def test_dots_chunks_cover_the_slice_once(rng):
     n = 3 * ref.CHUNK + 17
     full, aux = rng.normal(size=n + 40), rng.normal(size=n + 40)
@@ -165,3 +194,107 @@ def test_gpu_graphed_equals_eager_bitwise_and_the_target_moves_each_replay(cp, r
     g.replay()
     g.synchronize()
     assert state.get()[0] != want_s[0], "the target's EMA did not move on the second replay"
+
+
+# the cases of the tests above; 300_000 elements: P = 74 chunks; hi - lo = 600_000: P = 147, more than the
+# resident grid of an H100 or H200 (132 SMs), so blocks take two chunks
+ONE_LAUNCH_CASES = [
+    (10, 0, 10),
+    (5000, 3, 4999),
+    (70_001, 0, 65_537),
+    (70_001, 3, 65_537),
+    (300_000, 1024, 299_999),
+    (700_001, 50_000, 650_000),
+]
+
+
+def _one_and_pair(ops, with_plus):
+    if with_plus:
+        return ops.dots_control_apply_plus, ops.dots_control_plus, ops.apply_plus
+    return ops.dots_control_apply, ops.dots_control, ops.apply
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "with_plus,into", [(False, "grads"), (False, "full"), (False, "aux"), (True, "grads"), (True, "full")]
+)
+@pytest.mark.parametrize("n,lo,hi", ONE_LAUNCH_CASES)
+def test_gpu_one_launch_matches_reference_and_is_the_two_launches_bitwise(cp, rng, n, lo, hi, with_plus, into):
+    """``dots_control_apply`` (``_plus``: causal's gradient folded in): its twin within rounding, and bit for
+    bit ``dots_control`` then ``apply`` (the partials, the state, the gradient), into a buffer of its own or in
+    place (``full``, as the grad phase runs it; ``aux``); both counters 0 after the launch."""
+    from cudarl.ops import vaccine as ops
+
+    full, aux = _case(rng, n)
+    plus = rng.normal(size=n).astype(np.float32)
+    fulls_h = (full, plus) if with_plus else (full,)
+    P, st0 = ref.blocks(hi - lo), np.float32([0.3, 0, 0, 0, 0])
+    one, dots_control, apply = _one_and_pair(ops, with_plus)
+    out = {}
+    for way in ("one", "two"):
+        f, a = cp.asarray(full), cp.asarray(aux)
+        fulls = (f, cp.asarray(plus)) if with_plus else (f,)
+        grads = {"grads": cp.empty(n, np.float32), "full": f, "aux": a}[into]
+        if into == "grads":
+            poison(grads)
+        part, state = cp.empty((P, 3), np.float32), cp.asarray(st0)
+        barrier, done = cp.zeros(1, np.uint32), cp.zeros(1, np.uint32)
+        poison(part)
+        if way == "one":
+            one(*fulls, a, grads, part, state, barrier, done, lo, hi, 0.05)
+            assert barrier.get()[0] == 0 and done.get()[0] == 0, "the counters are left 0"
+        else:
+            dots_control(*fulls, a, part, state, done, lo, hi, 0.05)
+            apply(*fulls, a, grads, state, lo, hi)
+        out[way] = (part, state, grads)
+    twin = ref.dots_control_apply_plus if with_plus else ref.dots_control_apply
+    r_part, r_state, r_grads = twin(*fulls_h, aux, st0, lo, hi, 0.05)
+    assert_parity(out["one"][0], r_part, rtol=1e-5, what="partial sums")
+    assert_parity(out["one"][1], r_state, rtol=1e-5, what="state")
+    assert_parity(out["one"][2], r_grads, rtol=1e-5, what="grads")
+    for a, b, what in zip(out["one"], out["two"], ("partial", "state", "grads"), strict=True):
+        assert_bitwise(a, b, what=f"{what}: the one launch against the two")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("with_plus", [False, True])
+def test_gpu_one_launch_graphed_equals_eager_bitwise_and_the_target_moves_each_replay(cp, rng, with_plus):
+    """The one launch captured: its replay the bits of its eager run (state, partials, the gradient in place,
+    as the grad phase runs it), the counters left 0, and the target's EMA read and moved by each replay."""
+    from cudarl.graph import StepGraph
+    from cudarl.ops import vaccine as ops
+
+    n, lo, hi = 700_001, 3, 650_000  # P = 159 chunks, more than one a block
+    full0, aux = (cp.asarray(a) for a in _case(rng, n))
+    plus = cp.asarray(rng.normal(size=n).astype(np.float32))
+    full = full0.copy()
+    fulls = (full, plus) if with_plus else (full,)
+    part, state = cp.zeros((ref.blocks(hi - lo), 3), np.float32), cp.zeros(5, np.float32)
+    barrier, done = cp.zeros(1, np.uint32), cp.zeros(1, np.uint32)
+    one = _one_and_pair(ops, with_plus)[0]
+
+    def phase():
+        one(*fulls, aux, full, part, state, barrier, done, lo, hi, 0.1)
+
+    g = StepGraph("vaccine_one_parity", [("v", phase)], xp=cp)
+    g.run_eager()
+    g.synchronize()
+    want_g, want_s, want_p = full.get(), state.get(), part.get()
+    g.capture()
+    state[...] = 0  # the eager run moved the target and the gradient; the replay starts where it started
+    full[...] = full0
+    poison(part)
+    cp.cuda.Device().synchronize()
+    g.replay()
+    g.synchronize()
+    assert_bitwise(full, want_g, what="graphed grads")
+    assert_bitwise(state, want_s, what="graphed state")
+    assert_bitwise(part, want_p, what="graphed partials")
+    assert barrier.get()[0] == 0 and done.get()[0] == 0
+    full[...] = full0
+    g.replay()
+    g.synchronize()
+    moved = state.get()
+    assert moved[0] != want_s[0], "the target's EMA did not move on the second replay"
+    assert moved[2] != want_s[2], "the second replay's coefficient is not against the moved target"
+    assert barrier.get()[0] == 0 and done.get()[0] == 0

@@ -156,6 +156,37 @@ def test_vaccine_folding_causals_gradient_trains_bit_for_bit_as_causals_add_then
             np.testing.assert_array_equal(a.state_dict()[k], v, err_msg=f"{b.name}.{k}")
 
 
+@pytest.mark.parametrize("folded", [False, True])
+def test_vaccines_one_launch_and_its_two_train_bit_for_bit(folded, monkeypatch):
+    """``run.grid_barrier`` picks vaccine's grad phase's form: the one launch (``dots_control_apply``, ``_plus``
+    with causal's gradient folded in) or the two (``dots_control``, ``apply``); on NumPy their twins, the one
+    launch's called exactly when it is on. Trained both ways from the same seed, the losses, weights and every
+    signal's state are the same bits (the GPU's bits: tests/parity/test_vaccine.py)."""
+    aux = ["horizons", "causal", "vaccine"] if folded else ["horizons", "vaccine"]
+    over = {"aux": aux, "causal_weight": 1.0, "causal_groups": ["calendar", "offset"], "vaccine_beta": 0.2}
+    calls = []
+    for name in ("dots_control_apply", "dots_control_apply_plus"):
+        twin = getattr(vref, name)
+        monkeypatch.setattr(vref, name, lambda *a, _twin=twin, _name=name: (calls.append(_name), _twin(*a))[1])
+    runs = {}
+    for on in (True, False):
+        t = _trainer(agent=over, run={"grid_barrier": on})
+        assert t.cfg.run.grid_barrier == on and (t.agent.aux[-1].addend is not None) == folded
+        calls.clear()
+        t.run(t.cfg.agent.learning_starts // t.cfg.env.n_envs + 4)
+        one = "dots_control_apply_plus" if folded else "dots_control_apply"
+        assert calls.count(one) >= 4 if on else calls == []  # (the _plus twin calls the plain one inside)
+        runs[on] = t
+    barrier, split = runs[True], runs[False]
+    assert barrier.losses == split.losses and len(barrier.losses) >= 4
+    np.testing.assert_array_equal(_bits(barrier.agent.online.params), _bits(split.agent.online.params))
+    np.testing.assert_array_equal(_bits(barrier.agent.target.params), _bits(split.agent.target.params))
+    for a, b in zip(barrier.agent.aux, split.agent.aux, strict=True):
+        for k, v in b.state_dict().items():
+            np.testing.assert_array_equal(a.state_dict()[k], v, err_msg=f"{b.name}.{k}")
+    assert barrier.agent.aux[-1].state_dict()["state"][0] != 0  # the target moved: the phase ran
+
+
 @pytest.mark.parametrize(
     "net,scope",
     [
@@ -230,6 +261,11 @@ def test_vaccines_own_backward_is_the_backward_it_ran_on_the_flat_gradient_bit_f
 
 
 ALL = ["horizons", "risk", "denoise", "homeostatic", "causal", "selectivity", "vaccine"]
+#: vaccine's grad phase's kernels by run.grid_barrier (``_plus`` appended where causal's gradient is folded in)
+VACCINE_NODES = {
+    True: ("cudarl_vaccine_dots_control_apply",),
+    False: ("cudarl_vaccine_dots_control", "cudarl_vaccine_apply"),
+}
 
 
 def test_causals_intervened_forward_is_an_early_phase_with_c51_and_not_with_a_quantile_head():
@@ -442,7 +478,7 @@ def test_gpu_causals_intervened_forward_runs_beside_the_steps_forward_and_homeos
     # the fly (takes_addend: no causal phase with all seven)
     assert not [n for n in nodes if n["phase"] == "causal"]
     add = next(n["id"] for n in nodes if n["phase"] == "vaccine")
-    assert nodes[add]["name"] == "cudarl_vaccine_dots_control_plus" and early <= ancestors(nodes, add)
+    assert nodes[add]["name"] == VACCINE_NODES[t.cfg.run.grid_barrier][0] + "_plus" and early <= ancestors(nodes, add)
     homeo = {n["id"] for n in nodes if n["phase"] == "aux_homeostatic"}
     assert len(homeo) == 2 and t.stream.ptr not in {nodes[i]["stream"] for i in homeo}
     from cudarl import blas
@@ -581,7 +617,7 @@ def test_gpu_vaccines_backward_runs_beside_the_steps_and_its_grad_phase_waits_fo
     """Gradient Vaccine's backward (on its own branch: with C51, launched in the extras_backward phase from a
     copy of the extra heads' dL/dpsi, which the step's backward waits for, before it adds the Q head's part;
     with IQN, in the backward phase) and the step's backward wait for none of each other; the grad phase
-    (dots, control, apply: three launches, no copy of the gradient) waits for both."""
+    (dots, control, apply: one launch with run.grid_barrier, else two; no copy of the gradient) waits for both."""
     nodes, t = traced_train_graph({"net": {"head": head}, "agent": {"aux": ["horizons", "risk", "vaccine"]}})
     vac = t.agent.aux[2]
     assert vac.after_extras == (head == "c51")
@@ -600,7 +636,7 @@ def test_gpu_vaccines_backward_runs_beside_the_steps_and_its_grad_phase_waits_fo
             and all(copy[0] in ancestors(nodes, i) for i in mine)
         )
     grad = [n for n in nodes if n["phase"] == "vaccine"]
-    assert [n["name"] for n in grad] == ["cudarl_vaccine_dots_control", "cudarl_vaccine_apply"]
+    assert [n["name"] for n in grad] == list(VACCINE_NODES[t.cfg.run.grid_barrier])
     assert mine | set(steps) <= ancestors(nodes, grad[0]["id"])
 
 
@@ -654,15 +690,16 @@ def test_the_own_sgd_steps_run_beside_vaccine_only_where_no_span_lies_in_its_spa
 
 @pytest.mark.gpu
 def test_gpu_the_own_sgd_steps_run_beside_vaccines_phase_after_causals_branch():
-    """All seven: vaccine's grad phase joins causal's branch and adds its gradient in its two kernels (no add
-    of its own); the own SGD steps run beside that phase, after both signals' branches (their backwards read
-    the parameters the steps move), and Adam waits for both."""
+    """All seven: vaccine's grad phase joins causal's branch and adds its gradient in its kernels (no add
+    of its own; one launch with run.grid_barrier, its default, two without); the own SGD steps run beside that
+    phase, after both signals' branches (their backwards read the parameters the steps move), and Adam waits
+    for both."""
     nodes, t = traced_train_graph({"agent": {"aux": ALL, "causal_groups": ["calendar", "offset"]}})
     (sgd,) = [n["id"] for n in nodes if n["phase"] == "aux_sgd"]
     vac = [n["id"] for n in nodes if n["phase"] == "vaccine"]
     first_adam = next(n["id"] for n in nodes if n["phase"] == "adam")
     assert not [n for n in nodes if n["phase"] == "causal"]
-    assert [nodes[i]["name"] for i in vac] == ["cudarl_vaccine_dots_control_plus", "cudarl_vaccine_apply_plus"]
+    assert [nodes[i]["name"] for i in vac] == [f"{k}_plus" for k in VACCINE_NODES[t.cfg.run.grid_barrier]]
     assert nodes[sgd]["stream"] != t.stream.ptr
     assert not any(sgd in ancestors(nodes, i) for i in vac) and not set(vac) & ancestors(nodes, sgd)
     assert {sgd, *vac} <= ancestors(nodes, first_adam)
@@ -670,6 +707,30 @@ def test_gpu_the_own_sgd_steps_run_beside_vaccines_phase_after_causals_branch():
     sides = {t.agent.aux[-1].side.stream.ptr, t.agent.aux[ALL.index("causal")].side.stream.ptr}
     own = {n["id"] for n in nodes if n["stream"] in sides}
     assert own and own <= ancestors(nodes, sgd) and own <= ancestors(nodes, vac[0])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("grid_barrier", [True, False])
+def test_gpu_vaccines_grad_phase_is_one_launch_with_the_grid_barrier_and_two_without(grid_barrier):
+    """All seven on the MLP: vaccine's grad phase (causal's gradient folded in) is ONE node,
+    ``dots_control_apply_plus`` (a grid barrier between the partials and the control step), with
+    ``run.grid_barrier``; the two ``_plus`` nodes without it (the same bits: tests/parity/test_vaccine.py).
+    Either way it waits for both signals' own branches and the step's backward, and Adam waits for it."""
+    over = {"agent": {"aux": ALL, "causal_groups": ["calendar", "offset"]}, "run": {"grid_barrier": grid_barrier}}
+    nodes, t = traced_train_graph(over)
+    assert t.cfg.run.grid_barrier == grid_barrier
+    vac = [n["id"] for n in nodes if n["phase"] == "vaccine"]
+    one, two = (
+        ["cudarl_vaccine_dots_control_apply_plus"],
+        ["cudarl_vaccine_dots_control_plus", "cudarl_vaccine_apply_plus"],
+    )
+    assert [nodes[i]["name"] for i in vac] == (one if grid_barrier else two)
+    sides = {t.agent.aux[-1].side.stream.ptr, t.agent.aux[ALL.index("causal")].side.stream.ptr}
+    own = {n["id"] for n in nodes if n["stream"] in sides}
+    backward = {n["id"] for n in nodes if n["phase"] == "backward" and n["stream"] == t.stream.ptr}
+    assert own and backward and own | backward <= ancestors(nodes, vac[0])
+    first_adam = next(n["id"] for n in nodes if n["phase"] == "adam")
+    assert set(vac) <= ancestors(nodes, first_adam)
 
 
 @pytest.mark.gpu

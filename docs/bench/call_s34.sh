@@ -1,0 +1,32 @@
+# Prepared in session 33 for the next session's first device call, on branch next34 (main at 8e9cbd5 with the
+# unmerged branches vc-fused and parity-floor merged; checked out in the working tree the device tool copies):
+#   LIMIT=<s> OUT=$OUT bash docs/bench/call_s34.sh A <sha>
+# A: the branches' GPU tests first (vaccine's one launch: parity and bit for bit against the two launches,
+#    graphed == eager, its trace tests; the encoder parity tests under their per-gradient floors), memcheck and
+#    racecheck on the one launch, bench_aux all/none in five interleaved rounds and the ablation, then
+#    gpu_check at <sha> (every GPU test; docs/gpu-report.md).
+#    Predictions (written in session 33, before any call): every GPU test passes, the six encoder parity cases
+#    included (their errors at most 3.44e-5 against floors of 1.1e-4 to 3.9e-4 at 512 x 64); memcheck 0 errors,
+#    racecheck 0 hazards; the all-seven MLP step 2-3 us shorter than at 4eeb11d (143.4-144.5 us on an H100),
+#    its share of the step over the five rounds 40-44% (at 4eeb11d: 41.7-45.9%).
+set -f
+R=$(pwd); T0=$(date +%s); t() { echo "== $1 t=$(( $(date +%s) - T0 ))"; }
+left() { local l=$(( ${LIMIT:-500} - ($(date +%s) - T0) )); [ "$l" -lt 1 ] && l=1; [ "$l" -lt "$1" ] && echo "$l" || echo "$1"; }
+nvidia-smi --query-gpu=name --format=csv,noheader
+if [ "$1" = A ]; then
+  t tests; PYTHONPATH=. timeout $(left 120) python3 -m pytest -m gpu -q -p no:cacheprovider -rf tests/parity/test_vaccine.py tests/parity/test_encoder_parity.py tests/unit/test_aux_branches.py > /tmp/t.log 2>&1
+  grep -E "^(FAILED|ERROR)|^E .*relative|passed|failed" /tmp/t.log | head -12; cp /tmp/t.log $OUT/tests.log
+  t memcheck; PYTHONPATH=. timeout $(left 60) compute-sanitizer --tool memcheck --print-limit 5 python3 -m pytest -m gpu -q -p no:cacheprovider -x tests/parity/test_vaccine.py -k one_launch > /tmp/mc.log 2>&1
+  grep -E "ERROR SUMMARY|passed|failed" /tmp/mc.log | tail -3
+  t racecheck; PYTHONPATH=. timeout $(left 60) compute-sanitizer --tool racecheck --print-limit 5 python3 -m pytest -m gpu -q -p no:cacheprovider -x tests/parity/test_vaccine.py -k "one_launch and not graphed" > /tmp/rc.log 2>&1
+  grep -E "RACECHECK SUMMARY|passed|failed" /tmp/rc.log | tail -3
+  t rounds; PYTHONPATH=. timeout $(left 90) python3 tools/bench_aux.py --encoder mlp --no-whole --arms all --rounds 5 --out $OUT/aux_rounds.json > /tmp/aux.log 2>&1
+  grep -E "graph replay|share" /tmp/aux.log | grep -v round | head -8
+  t ablation; PYTHONPATH=. timeout $(left 90) python3 tools/bench_aux.py --encoder mlp --no-whole --arms ablation --out $OUT/aux_ablation.json > /tmp/abl.log 2>&1
+  grep -E "removed" /tmp/abl.log | head -8
+  t gpu_check; export CUDARL_COMMIT=$2; D=$(( ${LIMIT:-500} - ($(date +%s) - T0) - 15 ))
+  PARALLEL=6 BENCHES=tools/bench_step.py BENCH_ARGS="--no-epoch --no-dw-variants" DEADLINE_S=$D OUT=/tmp/gc BENCH_DIR=/tmp/bench bash tools/gpu_check.sh > /tmp/gc.log 2>&1
+  cp docs/gpu-report.md $OUT/report.md; cp /tmp/bench/bench_step.json $OUT/ 2>/dev/null; cp /tmp/gc/pytest.log $OUT/pytest.log 2>/dev/null
+  grep -E "passed|failed" /tmp/gc/pytest.log | tail -4; grep -hE "^(FAILED|ERROR)" /tmp/gc/pytest.log | head -20
+fi
+t end
