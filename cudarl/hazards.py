@@ -77,6 +77,30 @@ class Hazard:
         )
 
 
+@dataclass(frozen=True)
+class Node:
+    """One op on a chain of ops (:func:`longest_chain`): its label, phase and call site, the ops before it on
+    the chain (``prev``) and the chain's length in ops up to and including it."""
+
+    op: str
+    phase: str
+    where: str
+    prev: Node | None
+    length: int
+
+    def path(self) -> list:
+        """The chain's ops, first to last."""
+        out, n = [], self
+        while n is not None:
+            out.append(n)
+            n = n.prev
+        return out[::-1]
+
+
+def _longer(a: Node | None, b: Node | None) -> Node | None:
+    return b if a is None or (b is not None and b.length > a.length) else a
+
+
 @dataclass
 class _State:
     clocks: dict = field(default_factory=lambda: {"main": {"main": 0}})
@@ -88,6 +112,7 @@ class _State:
     phase: str = ""
     depth: int = 0
     last_op: str = ""  # the op before the writes a boundary finds (a returning twin's caller writes after it)
+    chain: dict = field(default_factory=dict)  # stream -> the longest chain of ops ending at its last (a Node)
 
 
 def _merge(into: dict, other: dict) -> None:
@@ -287,6 +312,7 @@ class _Checker:
         name, here = self._name(side), s.current[-1]
         clock = s.clocks.setdefault(name, {name: 0})
         _merge(clock, s.clocks[here])  # the side waits for the forking stream's work so far
+        s.chain[name] = _longer(s.chain.get(name), s.chain.get(here))
         if all(n != name for n, _ in s.open):
             s.open.append((name, here))
         with self._on(name):
@@ -340,6 +366,7 @@ class _Checker:
         s = self.s
         _merge(s.clocks[into], s.clocks[name])
         s.clocks[into][into] = s.clocks[into].get(into, 0) + 1
+        s.chain[into] = _longer(s.chain.get(into), s.chain.get(name))
 
     def join_all(self) -> None:
         for name, main in reversed(list(self.s.open)):
@@ -369,6 +396,8 @@ class _Checker:
             self.boundary()  # what ran before this op is not its doing
             self.discover(arrays)
             where = _caller()
+            here, prev = s.current[-1], s.chain.get(s.current[-1])
+            s.chain[here] = Node(label, s.phase, where, prev, (prev.length if prev else 0) + 1)
             for a in arrays:
                 self._access(*_runs(a), id(a) in forced, label, where)
             s.depth += 1
@@ -397,11 +426,11 @@ def _twin_modules():
         yield importlib.import_module(info.name)
 
 
-def find_hazards(graph, replays: int = 1) -> list[Hazard]:
-    """Replay ``graph`` (a NumPy-backend :class:`cudarl.graph.StepGraph`) ``replays`` times with every
-    twin op and GEMM recorded (module docstring); the hazards found, one per pair of call sites."""
+def _replay(graph, replays: int) -> _Checker:
+    """Replay ``graph``'s phases ``replays`` times with every twin op and GEMM recorded; the checker after
+    the last replay (its hazards from every replay, its chains from the last)."""
     if graph.is_gpu:
-        raise ValueError("find_hazards runs on the NumPy backend (run.device = 'cpu')")
+        raise ValueError("the stream checks run on the NumPy backend (run.device = 'cpu')")
     from . import blas
 
     chk = _Checker(_owners([fn for _, fn in graph.phases]))
@@ -425,6 +454,7 @@ def find_hazards(graph, replays: int = 1) -> list[Hazard]:
     try:
         for _ in range(replays):
             chk.s.accesses.clear()
+            chk.s.chain.clear()  # a replay's chains start at its first op
             chk.settle()  # what changed before the replay (the host's work between updates) is not its
             for pname, fn in graph.phases:
                 chk.boundary()  # the last phase's trailing writes, on the stream they ran on
@@ -437,6 +467,27 @@ def find_hazards(graph, replays: int = 1) -> list[Hazard]:
         SS.join_all, SS.resume, SS.wait = saved[3], saved[4], saved[5]
         for module, fname, fn in reversed(chk.patched):
             setattr(module, fname, fn)
+    return chk
+
+
+def longest_chain(graph) -> list:
+    """The longest chain of ops through one replay of ``graph`` (a NumPy-backend
+    :class:`cudarl.graph.StepGraph`), counted in ops (twin ops and GEMMs, each about one node of the GPU's
+    graph): a :class:`Node` list, first to last. An op follows the one before it on its stream, a fork's
+    first op the forking stream's last, and a join's (or wait's) next op the joined stream's last; so this
+    is the graph's critical path when every node costs the same, the launch-bound case of the small steps
+    (``docs/perf-notes.md``: an empty node on a chain costs about 2-3 us, most of these kernels little more)."""
+    chk = _replay(graph, 1)
+    end = None
+    for n in chk.s.chain.values():
+        end = _longer(end, n)
+    return end.path() if end is not None else []
+
+
+def find_hazards(graph, replays: int = 1) -> list[Hazard]:
+    """Replay ``graph`` (a NumPy-backend :class:`cudarl.graph.StepGraph`) ``replays`` times with every
+    twin op and GEMM recorded (module docstring); the hazards found, one per pair of call sites."""
+    chk = _replay(graph, replays)
     rank = {"write-write": 0, "write-read": 1, "read-write": 2}
     out: dict = {}
     for h in chk.s.hazards:  # one per pair of call sites: the write-write one where there is one

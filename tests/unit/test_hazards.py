@@ -14,7 +14,7 @@ import pytest
 
 from cudarl import blas
 from cudarl.graph import SideStream, StepGraph
-from cudarl.hazards import find_hazards
+from cudarl.hazards import find_hazards, longest_chain
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
 
@@ -213,3 +213,37 @@ def test_the_step_graphs_have_no_hazard(argv, capsys):
     assert stream_hazards.main(["--updates", "2", *argv]) == 0
     out = capsys.readouterr().out
     assert "train:" in out and "collect:" in out
+
+
+def test_the_longest_chain_goes_through_the_longer_branch_and_its_join():
+    """Two ops on a side beside one on the main stream, then one after the join: the chain is the side's two
+    ops then the one after the join (3), not the main's (2); without the join the side is no predecessor."""
+    a, b, c, d, e = _mats(5)
+    side = SideStream(np)
+
+    def phase(join):
+        def run():
+            with side.fork():
+                blas.gemm(a, b, c)
+                blas.gemm(c, b, d)
+            blas.gemm(a, a, e)
+            if join:
+                side.join()
+            blas.gemm(e, a, b)
+
+        return run
+
+    chain = longest_chain(_graph([("p", phase(True))]))
+    assert [n.length for n in chain] == [1, 2, 3]
+    assert all(n.op == "blas.gemm" and n.phase == "p" for n in chain)
+    unjoined = longest_chain(_graph([("p", phase(False))]))
+    assert len(unjoined) == 2
+
+
+def test_the_tool_prints_the_reference_train_graphs_chain(capsys):
+    import stream_hazards
+
+    assert stream_hazards.main(["--updates", "2", "--chain"]) == 0
+    out = capsys.readouterr().out
+    length = int(out.split("train: longest chain ", 1)[1].split()[0])
+    assert length > 10 and "per phase: " in out
