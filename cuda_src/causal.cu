@@ -11,31 +11,27 @@
 #define CI_THREADS 256
 
 // ---------------------------------------------------------------------------------------------
-// cudarl_causal_intervene: out[b, w, c] = x[b, w, c] off the group's columns; on them
-//   mode 0 (swap): x[(b + 1) % B, w, c]; mode 1 (offset): x[b, w, c] + offset.
-// g = counter[0] % G, mask [G, C] int32, mode [G] int32. Threads: grid-stride, one element each.
-// Reads about 4 B*W*C bytes; writes the same.
+// cudarl_causal_intervene: out[r, w, c] = x[s(r), w, c] off the group's columns; on them
+//   mode 0 (swap): x[s((r + 1) % R), w, c]; mode 1 (offset): x[s(r), w, c] + offset,
+// where s(r) = floor(r Bx / R) picks the sub-batch's rows of x (auxgrad.spread: out has R rows, x has Bx >= R;
+// R == Bx is every row, s(r) = r). Reading x through s folds the sub-batch's gather into this launch (one node
+// fewer on causal's chain). g = counter[0] % G, mask [G, C] int32, mode [G] int32. Threads: grid-stride, one
+// element of out each. Reads about 4 R*W*C bytes; writes the same.
 extern "C" __global__ void cudarl_causal_intervene(const float* __restrict__ x, float* __restrict__ out,
                                                    const int* __restrict__ mask, const int* __restrict__ mode,
-                                                   const long long* __restrict__ counter, int B, int W, int C, int G,
-                                                   float offset) {
+                                                   const long long* __restrict__ counter, int R, int Bx, int W, int C,
+                                                   int G, float offset) {
   const int g = (int)(counter[0] % (long long)G);
   const int md = mode[g];
-  const long long n = (long long)B * W * C;
+  const long long row = (long long)W * C;
+  const long long n = (long long)R * row;
   for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
-    const int c = (int)(i % C);
-    const float v = x[i];
-    float o = v;
-    if (mask[(long long)g * C + c]) {
-      if (md == 1) {
-        o = v + offset;
-      } else {
-        const long long b = i / ((long long)W * C);
-        const long long nb = (b + 1) % B;
-        o = x[i + (nb - b) * (long long)W * C];
-      }
-    }
-    out[i] = o;
+    const long long r = i / row, j = i - r * row;
+    const int c = (int)(j % C);
+    long long src = r * Bx / R;
+    if (mask[(long long)g * C + c] && md != 1) src = ((r + 1) % R) * Bx / R;  // swap: the next sub-batch row
+    const float v = x[src * row + j];
+    out[i] = (mask[(long long)g * C + c] && md == 1) ? v + offset : v;
   }
 }
 

@@ -15,11 +15,13 @@ the sensitivity are means over its rows. Its workspace and GEMM plans are made f
 
 Phases (:class:`cudarl.auxiliary.base.OwnBackward`: the backward of its own, into a gradient buffer of
 its own, on the branch beside the step's backward): with C51, ``aux_causal_do`` right after ``sample``
-(:meth:`AuxSignal.early_phases`: it forks the branch - the sub-batch's observation rows - intervene -
-the online forward over the intervened batch in a workspace of its own - beside the step's forward, the
-rule's learn phases and ``q_stats``: it reads only the batch's s and the online parameters, which
-nothing moves before Adam) and ``aux_causal`` among the loss phases (the branch waits for the main
-stream there, as ``q_s`` is written: the sub-batch's ``q_s`` rows - penalty - reduce - the backward);
+(:meth:`AuxSignal.early_phases`: it forks the branch - intervene, which reads the sub-batch's rows of the
+observations itself - the online forward over the intervened batch in a workspace of its own - beside the
+step's forward, the rule's learn phases and ``q_stats``: it reads only the batch's s and the online
+parameters, which nothing moves before Adam) and ``aux_causal`` among the loss phases (the branch waits for
+``q_stats``' branch there, as ``q_s`` is written, and for the sub-batch's ``q_s`` rows, gathered on a
+branch of their own forked from ``q_stats``' beside the intervened forward: penalty - the backward, with
+the reduce of the observables on a branch beside it);
 with a quantile head the whole pass is ``aux_causal`` (its forward at s draws the taus the intervened
 forward reads, and PopArt rescales ``head.out`` in that phase, so the pass cannot start before it).
 After the backward, ``causal`` (join - add that gradient to the step's, one launch: the bits of adding
@@ -97,8 +99,8 @@ class Causal(AuxBase):
     def allocate(self, buffers) -> None:
         super().allocate(buffers)
         xp, online, cfg = self.xp, buffers.online, self.cfg
-        # the pass's rows of the batch's s (and IQN's taus), gathered when it forks, and of q_s, gathered once
-        # the penalty's wait for the main stream has q_s written
+        # the pass's rows of IQN's taus, gathered when it forks, and of q_s, gathered on a branch of their own
+        # from q_stats' as soon as q_s is written (the batch's s is read through the same rows by intervene)
         self.sub, self.sub_q = SubBatch(cfg, xp), SubBatch(cfg, xp)
         B, W = self.sub.rows, cfg.net.window  # the pass's rows (agent.aux_rows)
         self.need(online.n_in % W == 0, f"observation width {online.n_in} is not window {W} times a row")
@@ -117,9 +119,10 @@ class Causal(AuxBase):
         head = online.head
         self.c51 = isinstance(head, C51Head)
         self.support = xp.asarray(support(cfg.net)) if self.c51 else None
-        # the same rows of the batch's s and of the clean Q (and of the taus below): row r compares
-        # Q(do(x_r)) with Q(x_r)
-        self.obs, self.q_s = self.sub.of(buffers.batch.obs), self.sub_q.of(buffers.q_s)
+        # the same rows of the batch's s (intervene reads them through SubBatch's spread: no gather, one node
+        # fewer on this pass's chain) and of the clean Q (and of the taus below): row r compares Q(do(x_r))
+        # with Q(x_r)
+        self.obs, self.q_s = buffers.batch.obs, self.sub_q.of(buffers.q_s)
         # IQN: the intervened forward uses the taus of the online forward at s (the same quantiles of Q)
         taus = buffers.ws.rows(f"{head.name}.tau", buffers.batch_size) if isinstance(head, IQNHead) else None
         self.taus = None if taus is None else self.sub.of(taus)
@@ -129,6 +132,10 @@ class Causal(AuxBase):
         self.out = None  # the intervened forward's "q" (set by the pass, read by its penalty)
         self.extra = OwnBackward(online, xp, B, net=sub_batch_net(cfg))  # its GEMMs: agent.aux_gemm
         self.side = SideStream(xp)
+        #: two branches off the pass's chain (each one node fewer on it): the gather of q_s's rows, forked
+        #: from q_stats' branch beside the intervened forward, and the reduce, beside the pass's backward
+        #: (it writes only the observables and the group counter, which nothing reads until the next step)
+        self.side_q, self.side_reduce = SideStream(xp, gemms=False), SideStream(xp, gemms=False)
         self.ops, self.util = family("causal", xp), family("util", xp)
 
     def early_phases(self) -> list:
@@ -141,13 +148,13 @@ class Causal(AuxBase):
         return [("causal", self._grad)]
 
     def _intervened(self) -> None:
-        """The sub-batch's rows of s (and taus) - intervene - the online forward of the intervened batch
-        (on the branch: the caller forked it)."""
+        """(IQN: the sub-batch's rows of the taus) - intervene on the sub-batch's rows of s - the online forward
+        of the intervened batch (on the branch: the caller forked it)."""
         W, obs = self.cfg.net.window, self.obs
         self.sub.gather()
         kw = {} if self.taus is None else {"tau": self.taus}
         if self.numpy:
-            self.x[...] = ref.intervene(obs, self.mask, self.mode, self.counter, self.offset, W)
+            self.x[...] = ref.intervene(obs, self.mask, self.mode, self.counter, self.offset, W, rows=self.sub.rows)
         else:
             self.ops.intervene(obs, self.x, self.mask, self.mode, self.counter, self.offset, W)
         # no extra head: only "q" is read, and its own backward then runs only the Q head's (the extra heads'
@@ -167,10 +174,13 @@ class Causal(AuxBase):
         # the branch (forked again, from the q_stats branch: it now also waits for q_s, not for the rule's
         # learn phases on the main stream) beside the rule's and the other loss phases and the step's
         # backward; it writes only its own buffers, workspace and gradient buffer
+        if not self.sub_q.whole:
+            with buf.after_q_stats(), self.side_q.fork():
+                self.sub_q.gather()
         with buf.after_q_stats(), self.side.fork():
             if not self.early:
                 self._intervened()
-            self.sub_q.gather()
+            self.side_q.join()  # q_s's rows (nothing pending with the whole batch)
             out = self.out
             grad = buf.online.grad_outputs(self.ws)["q"]
             if self.numpy:
@@ -178,14 +188,18 @@ class Causal(AuxBase):
                     self.d[...], grad[...] = ref.penalty_c51(out, q_s, self.support, self.weight)
                 else:
                     self.d[...], grad[...] = ref.penalty_quantile(out, q_s, self.weight)
-                ref.reduce(self.d, self.state, self.counter, self.weight)
             else:
                 if self.c51:
                     self.ops.penalty_c51(out, q_s, self.support, self.weight, self.d, grad)
                 else:
                     self.ops.penalty_quantile(out, q_s, self.weight, self.d, grad)
-                self.ops.reduce(self.d, self.state, self.counter, self.weight)
+            with self.side_reduce.fork():
+                if self.numpy:
+                    ref.reduce(self.d, self.state, self.counter, self.weight)
+                else:
+                    self.ops.reduce(self.d, self.state, self.counter, self.weight)
             self.extra.run(self.x, self.ws, self.sub.rows)
+            self.side_reduce.join()  # into the pass's branch, which the grad phase (or vaccine's) joins
 
     def grad_addend(self) -> GradAddend:
         # its own gradient, zero from the extra heads' first entry on (its forward runs none of them, so its

@@ -15,22 +15,27 @@ THREADS = 256  # must equal CI_THREADS
 
 
 def intervene(x, out, mask, mode, counter, offset: float, window: int, stream=None) -> None:
-    """``out [B, window * C]`` = ``x`` with group ``counter[0] % G`` intervened on (``mask [G, C]``)."""
-    B, width = x.shape
+    """``out [R, window * C]`` = the sub-batch's rows of ``x [Bx, window * C]`` (row ``r`` from row
+    ``floor(r Bx / R)``, :func:`cudarl.reference.auxgrad.spread`; ``R == Bx``: every row) with group
+    ``counter[0] % G`` intervened on (``mask [G, C]``)."""
+    Bx, width = x.shape
+    R = out.shape[0]
     G, C = mask.shape
     if width != window * C:
         raise ValueError(f"causal.intervene: width {width} != window {window} * columns {C}")
-    check("causal.intervene", "x", x, F32, (B, width))
-    check("causal.intervene", "out", out, F32, (B, width))
+    if not 1 <= R <= Bx:
+        raise ValueError(f"causal.intervene: out has {R} rows, x {Bx}: a sub-batch of 1 to {Bx} rows")
+    check("causal.intervene", "x", x, F32, (Bx, width))
+    check("causal.intervene", "out", out, F32, (R, width))
     check("causal.intervene", "mask", mask, I32, (G, C))
     check("causal.intervene", "mode", mode, I32, (G,))
     check("causal.intervene", "counter", counter, I64, (1,))
     launch(
         "causal",
         "intervene",
-        min(blocks_for(B * width), 4096),
+        min(blocks_for(R * width), 4096),
         256,
-        (x, out, mask, mode, counter, B, int(window), C, G, float(offset)),
+        (x, out, mask, mode, counter, R, Bx, int(window), C, G, float(offset)),
         stream=stream,
     )
 

@@ -32,18 +32,24 @@ from __future__ import annotations
 
 import numpy as np
 
+from .auxgrad import spread
 from .c51_chain import softmax
 
 #: Intervention modes (the ``mode`` table's values).
 SWAP, OFFSET = 0, 1
 
 
-def intervene(x, mask, mode, counter, offset: float, window: int):
-    """``out [B, window * C]``: ``x`` with group ``g = counter[0] % G`` intervened on (module docstring).
+def intervene(x, mask, mode, counter, offset: float, window: int, rows: int | None = None):
+    """``out [R, window * C]``: the sub-batch's rows of ``x`` with group ``g = counter[0] % G`` intervened on
+    (module docstring).
 
     ``x`` float32 ``[B, window * C]``; ``mask`` int32 ``[G, C]`` (1 on the group's columns of one bar);
-    ``mode`` int32 ``[G]``; ``counter`` int64 ``[1]``."""
+    ``mode`` int32 ``[G]``; ``counter`` int64 ``[1]``; ``rows``: R, the sub-batch's rows, row ``r`` of x's
+    row ``floor(r B / R)`` (:func:`cudarl.reference.auxgrad.spread`; None: every row); a swap draws the
+    next row of the sub-batch."""
     x = np.asarray(x, np.float32)
+    if rows is not None:
+        x = x[spread(rows, x.shape[0])]
     B = x.shape[0]
     G, C = mask.shape
     g = int(counter[0]) % G

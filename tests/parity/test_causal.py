@@ -37,6 +37,24 @@ def test_intervene_swaps_the_groups_columns_with_the_next_row_and_leaves_the_res
     assert np.array_equal(out[:, :, 5:], v[:, :, 5:])
 
 
+def test_intervene_reads_the_sub_batchs_rows_and_swaps_within_them(rng):
+    """``rows`` R of B: row r is batch row floor(r B / R) (auxgrad.spread), intervened on as if the sub-batch
+    were gathered first; a swap takes the next row of the sub-batch, not of the batch."""
+    from cudarl.reference.auxgrad import spread
+
+    B, R, W = 10, 4, 3
+    _, mask, mode = group_masks(NAMES, ("calendar", "level", "offset"))
+    x = _x(rng, B, W, mask.shape[1])
+    rows = spread(R, B)
+    assert rows.tolist() == [0, 2, 5, 7]
+    for step in (0, 2):  # swap, offset
+        got = ref.intervene(x, mask, mode, np.int64([step]), 0.5, W, rows=R)
+        assert got.shape == (R, x.shape[1])
+        assert np.array_equal(got, ref.intervene(x[rows], mask, mode, np.int64([step]), 0.5, W))
+    swapped = ref.intervene(x, mask, mode, np.int64([0]), 0.5, W, rows=R).reshape(R, W, -1)
+    assert np.array_equal(swapped[0, :, 1], x.reshape(B, W, -1)[2, :, 1])  # row 0 takes row 1 of the sub-batch
+
+
 def test_c51_penalty_gradient_matches_finite_differences(rng):
     B, A, K = 3, 2, 7
     x = rng.normal(size=(B, A, K))
@@ -117,6 +135,22 @@ def test_gpu_penalty_quantile_matches_reference(cp, rng, B, N, A):
     r_d, r_grad = ref.penalty_quantile(th, q, 0.3)
     assert_parity(d, r_d, what="d")
     assert_parity(grad, r_grad, what="grad")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "Bx,R,W,step", [(512, 64, 64, 0), (512, 64, 1, 2), (7, 3, 16, 1), (33, 33, 5, 0), (5, 1, 2, 0)]
+)
+def test_gpu_intervene_over_a_sub_batch_is_exact(cp, rng, Bx, R, W, step):
+    from cudarl.ops import causal as ops
+
+    _, mask, mode = group_masks(NAMES, ("calendar", "level", "offset"))
+    x = _x(rng, Bx, W, mask.shape[1])
+    out = cp.empty((R, x.shape[1]), np.float32)
+    poison(out)
+    counter = cp.asarray(np.int64([step]))
+    ops.intervene(cp.asarray(x), out, cp.asarray(mask), cp.asarray(mode), counter, 0.25, W)
+    assert_bitwise(out, ref.intervene(x, mask, mode, np.int64([step]), 0.25, W, rows=R))
 
 
 @pytest.mark.gpu

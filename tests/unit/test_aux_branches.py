@@ -358,6 +358,18 @@ def test_the_twin_shares_the_parameters_and_only_the_parameters():
 
 
 # --- GPU ---------------------------------------------------------------------------------------------
+def test_causals_gathers_and_reduce_are_not_on_the_longest_chain_of_the_all_seven_step():
+    """Counted in ops on the CPU (cudarl.hazards.longest_chain): neither the sub-batch's gathers nor causal's
+    reduce lie on the step's longest chain; with them on causal's branch (the earlier schedule) that branch
+    was the longest."""
+    from cudarl.hazards import longest_chain
+
+    t = _trainer(agent={"aux": ALL, "causal_groups": ["calendar", "offset"]})
+    t.run(t.cfg.agent.learning_starts // t.cfg.env.n_envs + 2)
+    ops = [n.op for n in longest_chain(t.train_graph)]
+    assert ops and "auxgrad.spread_rows" not in ops and "causal.reduce" not in ops
+
+
 def traced_train_graph(over: dict):
     """The captured train graph of a ``gpu_small(**over)`` trainer, captured again with tracing on: its
     nodes (``critical_path.build_graph``) and the trainer."""
@@ -488,6 +500,28 @@ def test_gpu_causals_intervened_forward_runs_beside_the_steps_forward_and_homeos
     assert not homeo & ancestors(nodes, pen)  # the penalty no longer waits for homeostatic
     first_backward = next(n["id"] for n in nodes if n["phase"] == "backward")
     assert homeo <= ancestors(nodes, first_backward)  # the backward reads what homeostatic added
+
+
+@pytest.mark.gpu
+def test_gpu_causals_gathers_and_reduce_are_off_its_chain():
+    """C51 with all seven over a sub-batch: intervene reads the batch's rows itself (no gather in the early
+    phase); q_s's rows are gathered beside the intervened forward (on a branch from q_stats') before the
+    penalty; the reduce runs beside the pass's backward, which waits for none of it, and vaccine's kernel,
+    which adds the pass's gradient, waits for it."""
+    nodes, t = traced_train_graph({"agent": {"aux": ALL, "causal_groups": ["calendar", "offset"]}})
+    assert t.cfg.agent.aux_rows < t.cfg.agent.batch_size
+    early = {n["id"] for n in nodes if n["phase"] == "aux_causal_do"}
+    assert early and not [i for i in early if nodes[i]["name"] == "cudarl_auxgrad_spread_rows"]
+    (intervene,) = [i for i in early if nodes[i]["name"] == "cudarl_causal_intervene"]
+    mine = [n["id"] for n in nodes if n["phase"] == "aux_causal"]
+    (gather,) = [i for i in mine if nodes[i]["name"] == "cudarl_auxgrad_spread_rows"]
+    (pen,) = [i for i in mine if nodes[i]["name"] == "cudarl_causal_penalty_c51"]
+    (red,) = [i for i in mine if nodes[i]["name"] == "cudarl_causal_reduce"]
+    assert intervene not in ancestors(nodes, gather) and gather in ancestors(nodes, pen)
+    after = [i for i in mine if pen in ancestors(nodes, i) and i != red]  # the pass's backward
+    assert after and not any(red in ancestors(nodes, i) for i in after)
+    add = next(n["id"] for n in nodes if n["phase"] == "vaccine")
+    assert red in ancestors(nodes, add)
 
 
 @pytest.mark.gpu
