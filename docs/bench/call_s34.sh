@@ -9,15 +9,22 @@
 #    included (their errors at most 3.44e-5 against floors of 1.1e-4 to 3.9e-4 at 512 x 64); memcheck 0 errors,
 #    racecheck 0 hazards; the all-seven MLP step 2-3 us shorter than at 4eeb11d (143.4-144.5 us on an H100),
 #    its share of the step over the five rounds 40-44% (at 4eeb11d: 41.7-45.9%).
+#    Session 34: the first try of A (at 69ca83a, next34 merged into main) got no machine; A then ran at 7b8ec24,
+#    which adds causal's three nodes off its branch (intervene reading the sub-batch's rows; q_s's gather and
+#    the reduce on branches of their own), with test_causal.py among the tests and intervene under memcheck.
+#    Predictions for that (session 34, before the call): all GPU tests pass; the all-seven MLP step 134-140 us
+#    with none at 98-102 (+36 to +40%); in the ablation causal's row from 9.0 us to 1-4 us.
 set -f
 R=$(pwd); T0=$(date +%s); t() { echo "== $1 t=$(( $(date +%s) - T0 ))"; }
 left() { local l=$(( ${LIMIT:-500} - ($(date +%s) - T0) )); [ "$l" -lt 1 ] && l=1; [ "$l" -lt "$1" ] && echo "$l" || echo "$1"; }
 nvidia-smi --query-gpu=name --format=csv,noheader
 if [ "$1" = A ]; then
-  t tests; PYTHONPATH=. timeout $(left 120) python3 -m pytest -m gpu -q -p no:cacheprovider -rf tests/parity/test_vaccine.py tests/parity/test_encoder_parity.py tests/unit/test_aux_branches.py > /tmp/t.log 2>&1
+  t tests; PYTHONPATH=. timeout $(left 120) python3 -m pytest -m gpu -q -p no:cacheprovider -rf tests/parity/test_vaccine.py tests/parity/test_encoder_parity.py tests/parity/test_causal.py tests/unit/test_aux_branches.py > /tmp/t.log 2>&1
   grep -E "^(FAILED|ERROR)|^E .*relative|passed|failed" /tmp/t.log | head -12; cp /tmp/t.log $OUT/tests.log
   t memcheck; PYTHONPATH=. timeout $(left 60) compute-sanitizer --tool memcheck --print-limit 5 python3 -m pytest -m gpu -q -p no:cacheprovider -x tests/parity/test_vaccine.py -k one_launch > /tmp/mc.log 2>&1
   grep -E "ERROR SUMMARY|passed|failed" /tmp/mc.log | tail -3
+  PYTHONPATH=. timeout $(left 45) compute-sanitizer --tool memcheck --print-limit 5 python3 -m pytest -m gpu -q -p no:cacheprovider -x tests/parity/test_causal.py -k intervene > /tmp/mc2.log 2>&1
+  grep -E "ERROR SUMMARY|passed|failed" /tmp/mc2.log | tail -3
   t racecheck; PYTHONPATH=. timeout $(left 60) compute-sanitizer --tool racecheck --print-limit 5 python3 -m pytest -m gpu -q -p no:cacheprovider -x tests/parity/test_vaccine.py -k "one_launch and not graphed" > /tmp/rc.log 2>&1
   grep -E "RACECHECK SUMMARY|passed|failed" /tmp/rc.log | tail -3
   t rounds; PYTHONPATH=. timeout $(left 90) python3 tools/bench_aux.py --encoder mlp --no-whole --arms all --rounds 5 --out $OUT/aux_rounds.json > /tmp/aux.log 2>&1
