@@ -117,9 +117,16 @@ class AuxSignal(Protocol):
     def beside_extras_backward(self) -> None:
         """Work enqueued on the auxiliary branch right after the extra heads' backward (the agent's
         ``extras_backward`` phase, where it has one: C51 with a head signal), which has written their sum of
-        dL/dpsi into ``buffers.ws``, before the step's backward (which joins that branch) adds the Q head's
-        onto it: Gradient Vaccine copies that sum there and forks the encoder's part of its backward; most
-        signals have none (:class:`cudarl.auxiliary.base.AuxBase`'s default)."""
+        dL/dpsi (into :meth:`extras_dpsi`, or ``buffers.ws``), before the step's backward (which joins that
+        branch) adds the Q head's part to it: Gradient Vaccine forks the encoder's part of its backward from
+        that sum; most signals have none (:class:`cudarl.auxiliary.base.AuxBase`'s default)."""
+
+    def extras_dpsi(self):
+        """A float32 ``[batch, d]`` buffer of its own where the agent's ``extras_backward`` phase writes the extra
+        heads' sum of dL/dpsi instead of ``buffers.ws``'s (:meth:`cudarl.nn.QNetwork.backward_extras`' ``dpsi``),
+        and which the step's backward then reads as its Q head's dx GEMM's addend, leaving it as it was
+        (:meth:`cudarl.nn.QNetwork.backward`'s ``extras_dpsi``): Gradient Vaccine's backward reads that sum
+        with no copy on the step's chain. At most one signal may ask; None (the default) asks nothing."""
 
     def beside_backward(self) -> None:
         """Work forked beside the step's backward, enqueued by the agent's ``backward`` phase once the loss

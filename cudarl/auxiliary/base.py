@@ -55,6 +55,9 @@ class AuxBase:
     def beside_extras_backward(self) -> None:
         return None
 
+    def extras_dpsi(self):
+        return None
+
     def grad_span(self):
         return None
 

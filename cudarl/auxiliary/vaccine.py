@@ -23,9 +23,11 @@ gradient buffer of its own (:class:`cudarl.auxiliary.base.OwnBackward`) over a w
 step's forward at s and has its own copy of every buffer that backward writes
 (:meth:`cudarl.nn.params.Workspace.shadow` of :meth:`cudarl.nn.QNetwork.backward_writes`); the Q head's
 backward is not run there (its part of dL/dpsi is zero). Where the agent runs the extra heads' backward
-first (its ``extras_backward`` phase: C51 with a head signal), that backward's sum of dL/dpsi is copied
-into this workspace (:meth:`beside_extras_backward`, on the auxiliary branch, before the step's backward
-adds the Q head's part onto it) and the branch runs the encoder's part alone from there; else
+first (its ``extras_backward`` phase: C51 with a head signal), that backward writes its sum of dL/dpsi into
+a buffer of this signal's (:meth:`extras_dpsi`), which the step's backward reads as its Q head's dx GEMM's
+addend and nothing writes again in the step, and the branch (:meth:`beside_extras_backward`, forked on the
+auxiliary branch) copies it into this workspace (its backward applies the activation's derivative there in
+place) and runs the encoder's part alone from there: the copy is on this branch, not the step's chain; else
 (:meth:`beside_backward`, forked once the loss branches are joined) it runs the extra heads' backward
 itself, the main extra heads' rows zeroed. Either way the same kernels over the same inputs. Phase
 ``vaccine`` after the backward, before the optimiser (:meth:`grad_phases`): join that branch -
@@ -124,10 +126,12 @@ class Vaccine(AuxBase):
         self.zeroed = sorted(online.extras[n].grad_name for n in self.main_extras)
         #: Where the agent runs the extra heads' backward first (its extras_backward phase: C51 with a head
         #: signal) and no other extra head writes dL/dpsi, that backward's sum of dL/dpsi is this pass's: it
-        #: copies it there and runs the encoder's part alone (beside_extras_backward); else its own backward
-        #: of the extra heads, forked with the step's backward (beside_backward)
+        #: writes it into extras_sum (extras_dpsi) and this pass copies it and runs the encoder's part alone
+        #: (beside_extras_backward); else its own backward of the extra heads, forked with the step's backward
+        #: (beside_backward)
         self.after_extras = online.extras_first and not any(online.extras[n].writes_dpsi for n in self.main_extras)
         self.dpsi = f"{online.encoder.out_name}.dout"
+        self.extras_sum = xp.zeros(self.ws.rows(self.dpsi, B).shape, np.float32) if self.after_extras else None
         self.extra = OwnBackward(online, xp, B, branches="one")
         self.side = SideStream(xp)
         self.partial = xp.zeros((ref.blocks(self.hi - self.lo), 3), np.float32)
@@ -153,17 +157,21 @@ class Vaccine(AuxBase):
     def grad_branches(self) -> list:
         return [self.side] + ([] if self.addend is None else [self.addend.side])
 
+    def extras_dpsi(self):
+        return self.extras_sum
+
     def beside_extras_backward(self) -> None:
         # on the auxiliary branch right after the extra heads' backward (the agent's extras_backward phase),
-        # which wrote their sum of dL/dpsi: copied into this pass's own row before the step's backward adds
-        # the Q head's part onto it (the step's backward joins this branch), then, forked, the encoder's
-        # part alone: no dx GEMM of the heads again, and it starts before the step's backward
-        # (docs/perf-notes.md, thirty-second session); the same bits as the heads' own backward here
+        # which wrote their sum of dL/dpsi into extras_sum (the step's backward reads it as its addend, and
+        # nothing writes it again this step); forked: copied into this pass's row (its backward's activation
+        # derivative goes there in place), then the encoder's part alone: no dx GEMM of the heads again, and
+        # it starts before the step's backward (docs/perf-notes.md, thirty-second session); the same bits as
+        # the heads' own backward here
         if not self.after_extras:
             return
-        buf, B, ws, mine = self.buf, self.buf.batch_size, self.buf.ws, self._share_forward()
-        self.util.copy_u32(mine.rows(self.dpsi, B).view(np.uint32), ws.rows(self.dpsi, B).view(np.uint32))
+        buf, B, mine = self.buf, self.buf.batch_size, self._share_forward()
         with self.side.fork():
+            self.util.copy_u32(mine.rows(self.dpsi, B).view(np.uint32), self.extras_sum.view(np.uint32))
             self.extra.run(buf.batch.obs, mine, B, last_layer=self.last_layer, heads="none")
 
     def beside_backward(self) -> None:

@@ -8,7 +8,8 @@ Conventions (every layer): ``forward(x, ws)`` writes ``ws[<name>.out]`` ``[B, n_
 the gradient of the loss w.r.t. that output is expected in ``ws[<name>.dout]`` (written by
 the layer above or the loss); ``backward(x, ws, dx)`` *overwrites* this layer's parameter
 gradients, consumes ``dout`` (it may be overwritten), and writes ``dx`` if one is given
-(``accumulate=True`` adds into it instead, for an input shared by two consumers).
+(``accumulate=True`` adds into it instead, for an input shared by two consumers; ``accumulate=<array>``
+writes ``dx = <the layer's dx> + <array>``, the addend left as it was: :func:`take_addend`).
 ReLU is fused into the epilogue of Linear and of LayerNorm (``act="relu"``).
 
 Linear's forward is a cuBLAS GEMM followed by the bias/activation kernel (``gemm="cublas"``),
@@ -53,6 +54,26 @@ GEMM_ALGOS = {"heuristic": "single", "probe": "probe"}
 _LT_ACTS = {IDENTITY: "identity", RELU: "relu"}  # the activations cuBLASLt's epilogue applies
 #: A dx GEMM that adds into dx (C == D): the heuristic's one-kernel algorithm under any ``gemm_algo``
 _IN_PLACE = {"algo": "single"}
+
+
+def take_addend(dx, accumulate):
+    """``(accumulate as a bool, the addend)`` of a backward's ``accumulate`` argument: ``False`` / ``True``
+    (add into ``dx`` in place) give themselves and None; an array ``a`` (``dx``'s shape, not overlapping it)
+    asks for ``dx = <dx of the layer> + a`` with ``a`` left as it was, so a branch can keep reading it (Gradient
+    Vaccine's copy of the extra heads' dL/dpsi, which the Q head's dx GEMM adds to: no copy node on the step's
+    chain): ``(True, a)``. A GEMM that can read it as C (cuBLASLt's, C != D) takes it; the other paths copy
+    it into ``dx`` first (:func:`copy_addend`) and add in place, the in-place sum's bits."""
+    if isinstance(accumulate, bool):
+        return accumulate, None
+    if accumulate.shape != dx.shape:
+        raise ValueError(f"backward: the addend is {tuple(accumulate.shape)}, dx {tuple(dx.shape)}")
+    return True, accumulate
+
+
+def copy_addend(xp, dx, addend) -> None:
+    """``dx = addend`` (float32, contiguous; one launch on the GPU): a backward that cannot read the addend
+    as its GEMM's C adds into ``dx`` in place after this."""
+    family("util", xp).copy_u32(dx.view(np.uint32), addend.view(np.uint32))
 
 
 class Module:
@@ -344,25 +365,30 @@ class Linear(Module):
             family("seq", self.xp).residual_add(residual, y, y)
         return y
 
-    def _dx(self, dz, dx, accumulate: bool) -> None:
-        """dx (+)= dz W^T: the panel kernel under ``cudarl`` where it can take the call (GPU, no
-        accumulate), else cuBLASLt without split-K under ``cublaslt_nosplit`` (GPU, operands aligned as the
-        plans :meth:`prepare_backward` made; ``accumulate``: dx as C in place, one kernel, where cuBLAS's
-        ``beta = 1`` split K into a second, docs/perf-notes.md, thirty-second session), else :func:`matmul`.
+    def _dx(self, dz, dx, accumulate) -> None:
+        """dx (+)= dz W^T (``accumulate`` an array: dx = dz W^T + it, :func:`take_addend`): the panel kernel
+        under ``cudarl`` where it can take the call (GPU, no accumulate), else cuBLASLt without split-K under
+        ``cublaslt_nosplit`` (GPU, operands aligned as the plans :meth:`prepare_backward` made; ``accumulate``:
+        dx as C in place, or the addend as C, one kernel, where cuBLAS's ``beta = 1`` split K into a second,
+        docs/perf-notes.md, thirty-second session), else :func:`matmul` (an addend copied into dx first).
         (dW is :meth:`_dw`'s, by ``dw_gemm``.)"""
         W = self.weight()
         gpu = not isinstance(dx, np.ndarray)
+        accumulate, addend = take_addend(dx, accumulate)
         if self.panel and gpu and not accumulate:
             panel = family("gemm", self.xp)
             if dz.shape[0] <= panel.MAX_ROWS and panel.eligible(dz, W, dx, K=self.n_out, N=self.n_in, trans_b=True):
                 panel.nt(dz, W, dx)
                 return
         if self.lt_all and gpu and all(t.data.ptr % blas.LT_ALIGN == 0 for t in (dz, W, dx)):
-            if accumulate:
-                blas.gemm_lt(dz, W, dx, c=dx, trans_b=True, tf32=self.tf32, split_k=False, **_IN_PLACE)
+            if accumulate:  # C == D in place, or the addend as C (the same kernel's sum)
+                c = dx if addend is None else addend
+                blas.gemm_lt(dz, W, dx, c=c, trans_b=True, tf32=self.tf32, split_k=False, **_IN_PLACE)
             else:
                 blas.gemm_lt(dz, W, dx, trans_b=True, tf32=self.tf32, split_k=False, algo=self.lt_algo)
             return
+        if addend is not None:
+            copy_addend(self.xp, dx, addend)
         matmul(dz, W, dx, trans_b=True, beta=1.0 if accumulate else 0.0, tf32=self.tf32)
 
     def _dw(self, x, dz, out) -> None:
@@ -411,7 +437,7 @@ class Linear(Module):
         if bias_beside:
             self.ops.bias_act_backward(dy, y, dy, gb, IDENTITY)
 
-    def backward(self, x, ws: Workspace, dx=None, accumulate: bool = False) -> None:
+    def backward(self, x, ws: Workspace, dx=None, accumulate=False) -> None:
         B = x.shape[0] // self.rows
         y, dy = ws.rows(f"{self.name}.out", B), ws.rows(f"{self.name}.dout", B)
         gw = self.G[f"{self.name}.weight"]
@@ -522,7 +548,7 @@ class SplitLinear(Linear):
             blas.gemm_lt(a, w, out, bias=b, act="identity", tf32=self.tf32, split_k=split, algo=self._algo(split))
         return y
 
-    def backward(self, x, ws: Workspace, dx=None, accumulate: bool = False) -> None:
+    def backward(self, x, ws: Workspace, dx=None, accumulate=False) -> None:
         B = x.shape[0] // self.rows
         y, dy = ws.rows(f"{self.name}.out", B), ws.rows(f"{self.name}.dout", B)
         if not self._split(y):
@@ -542,6 +568,9 @@ class SplitLinear(Linear):
             grads()
         if dx is None:
             return
+        accumulate, addend = take_addend(dx, accumulate)
+        if addend is not None:
+            copy_addend(self.xp, dx, addend)
         tail, w_tail = dy[:, h:], W[:, h:]
         if not isinstance(dx, np.ndarray) and self.lt_all and not accumulate:
             blas.gemm_lt(tail, w_tail, dx, trans_b=True, tf32=self.tf32, split_k=False, algo=self.lt_algo)
@@ -581,8 +610,8 @@ class LayerNorm(Module):
         )
         return out
 
-    def backward(self, x, ws: Workspace, dx=None, accumulate: bool = False) -> None:
-        if dx is None or accumulate:
+    def backward(self, x, ws: Workspace, dx=None, accumulate=False) -> None:
+        if dx is None or accumulate is not False:
             raise ValueError(f"{self.name}: LayerNorm backward writes dx (no accumulate); give it a buffer")
         B = x.shape[0]
         self.ops.layernorm_backward(

@@ -13,7 +13,7 @@ from ..graph import SideStream
 from ..reference.nn import IDENTITY, RELU
 from .encoders import ENCODERS
 from .heads import PlanHead
-from .layers import GEMM_ALGOS, Linear
+from .layers import GEMM_ALGOS, Linear, copy_addend
 from .params import ParamLayout, Workspace
 
 
@@ -272,7 +272,7 @@ class QNetwork:
         ops.chain(x, layers)
         return True
 
-    def _backward_chained(self, x, ws: Workspace, extras_done: bool = False) -> bool:
+    def _backward_chained(self, x, ws: Workspace, extras_done: bool = False, extras_dpsi=None) -> bool:
         """The backward of a forward that ran the chain through the head's first layer (:meth:`_run_chain`,
         :attr:`Head.chain_linear`) with its dx chain as one launch (cuda_src/gemm.cu's chain_backward): the
         head's part above that layer (:meth:`Head.backward_to`: C51's dueling backward), the layer's parameter
@@ -281,7 +281,8 @@ class QNetwork:
         then the extra heads' backward (none of which writes dL/dpsi), then the encoder layers' parameter
         gradients, top to bottom. With ``extras_done`` (:meth:`backward_extras` wrote dL/dpsi first), the launch's
         first step adds the Q head's part to it before the mask (the order of :meth:`backward`'s accumulating dx
-        GEMM: the product, then plus dL/dpsi) and the extra heads' backward is not run again. False, with
+        GEMM: the product, then plus dL/dpsi) and the extra heads' backward is not run again (``extras_dpsi``, where
+        that sum was written instead: copied into dL/dpsi first, :func:`cudarl.nn.layers.copy_addend`). False, with
         nothing run, where the forward did not chain through the head, an extra head it ran writes dL/dpsi
         without ``extras_done`` (it would add after the mask), or the launch cannot take the operands
         (``chain_backward_eligible``): :meth:`backward` then runs layer by layer."""
@@ -299,8 +300,10 @@ class QNetwork:
         psi = ws.rows(f"{self.encoder.out_name}.out")
         self.head.backward_to(ws, ws.batch, raw=ws.raw_head)
         lins[-1].backward_grads(psi, ws)
-        ops.chain_backward(d, steps, accumulate=early)
         dpsi = ws.rows(f"{self.encoder.out_name}.dout")
+        if early and extras_dpsi is not None:
+            copy_addend(self.xp, dpsi, extras_dpsi)
+        ops.chain_backward(d, steps, accumulate=early)
         for name in () if early else ws.heads:  # probes of psi (writes_dpsi False): their parameters' gradients
             self.extras[name].backward(psi, ws, dpsi, accumulate=True)
         for i in range(len(lins) - 2, -1, -1):  # the first layer's bias beside its dW, as Linear.backward's
@@ -513,7 +516,7 @@ class QNetwork:
         not IQN's, whose mixing kernel overwrites dL/dpsi)."""
         return self.head.accumulates_dpsi and any(h.writes_dpsi for h in self.extras.values())
 
-    def backward_extras(self, ws: Workspace | None = None, rows: int | None = None) -> bool:
+    def backward_extras(self, ws: Workspace | None = None, rows: int | None = None, dpsi=None) -> bool:
         """The first part of :meth:`backward` over ``ws``, alone: the extra heads' backward (those the last
         forward on ``ws`` ran, in that order) over its first ``rows`` (default ``ws.batch``), writing their
         parameter gradients and overwriting dL/dpsi with the sum of those that write it
@@ -524,7 +527,8 @@ class QNetwork:
         ``Q + (E_1 + E_2 + ...)`` where :meth:`backward` alone sums ``((Q + E_1) + E_2) + ...``: the same to
         float32 rounding. Whether an extra head wrote dL/dpsi (False: none did, and the Q head's
         backward overwrites it as without this call). Refused where the Q head's backward cannot add
-        (:attr:`extras_first`)."""
+        (:attr:`extras_first`). ``dpsi``: their sum written there instead (``[rows, d]``, not ``ws``'s), which
+        :meth:`backward` then reads as its ``extras_dpsi``."""
         if not self.head.accumulates_dpsi:
             raise ValueError(
                 f"QNetwork.backward_extras: the {type(self.head).__name__}'s backward overwrites dL/dpsi, so the "
@@ -537,7 +541,7 @@ class QNetwork:
         batch = ws.batch
         B = ws.set_batch(batch if rows is None else rows)  # the rows the backward runs over (IQN's: s of s, s')
         psi = ws.rows(f"{self.encoder.out_name}.out", B)
-        dpsi = ws.rows(f"{self.encoder.out_name}.dout", B)
+        dpsi = ws.rows(f"{self.encoder.out_name}.dout", B) if dpsi is None else dpsi
         wrote = False
         for name in ws.heads:
             head = self.extras[name]
@@ -554,11 +558,15 @@ class QNetwork:
         last_layer: bool = False,
         extras_done: bool = False,
         heads: str = "all",
+        extras_dpsi=None,
     ) -> None:
         """Overwrite :attr:`grads` from the gradients in :meth:`grad_outputs` (last forward on ``ws``,
         raw or not as that forward was; the extra heads that forward ran, :meth:`forward`'s ``heads``).
         ``extras_done``: :meth:`backward_extras` has run the extra heads' part over these rows (their
-        parameter gradients and their sum of dL/dpsi): the Q head's dL/dpsi is added to it.
+        parameter gradients and their sum of dL/dpsi): the Q head's dL/dpsi is added to it; ``extras_dpsi``:
+        where :meth:`backward_extras` wrote that sum instead (its ``dpsi``), read as the Q head's dx GEMM's
+        addend (``ws``'s dL/dpsi = the Q head's part + it; it is left as it was, for a branch that reads it:
+        Gradient Vaccine's backward; :func:`cudarl.nn.layers.take_addend`).
 
         ``heads``: ``"all"``; ``"extras"``, the extra heads' part alone reaches psi (Gradient Vaccine's backward
         of the auxiliary heads): the Q head's backward is not run (its parameter gradients are left as they
@@ -589,7 +597,9 @@ class QNetwork:
         x = ws.x if x is None else x
         if heads not in ("all", "extras", "none"):
             raise ValueError(f'QNetwork.backward: heads "all", "extras" or "none", got {heads!r}')
-        if heads == "all" and dx is None and not last_layer and self._backward_chained(x, ws, extras_done):
+        if extras_dpsi is not None and not extras_done:
+            raise ValueError("QNetwork.backward: extras_dpsi is backward_extras' sum, so it needs extras_done")
+        if heads == "all" and dx is None and not last_layer and self._backward_chained(x, ws, extras_done, extras_dpsi):
             return
         psi = ws.rows(f"{self.encoder.out_name}.out")
         dpsi = ws.rows(f"{self.encoder.out_name}.dout")
@@ -604,7 +614,8 @@ class QNetwork:
                 wrote = wrote or self.extras[name].writes_dpsi
         else:
             early = extras_done and any(self.extras[name].writes_dpsi for name in ws.heads)
-            self.head.backward(psi, ws, dpsi, accumulate=early, raw=ws.raw_head)
+            add = extras_dpsi if early and extras_dpsi is not None else early  # the sum as the dx GEMM's C
+            self.head.backward(psi, ws, dpsi, accumulate=add, raw=ws.raw_head)
             for name in () if early else ws.heads:
                 self.extras[name].backward(psi, ws, dpsi, accumulate=True)
         if last_layer:

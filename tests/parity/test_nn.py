@@ -1130,3 +1130,61 @@ def test_gpu_linear_dx_accumulates_in_one_cublaslt_gemm(cp, rng, gemm):
     g.replay()
     g.synchronize()
     assert_bitwise(cap, eager, what="dx accumulated, graphed vs eager")
+
+
+def _addend_linear(xp, gemm="cublaslt_nosplit", B=96, n_in=64, n_out=36, seed=3):
+    from cudarl.nn.layers import Linear
+    from cudarl.nn.params import ParamLayout
+
+    lin = Linear("l", n_in, n_out, act="identity", gemm=gemm)
+    layout = ParamLayout()
+    lin.declare(layout, [])
+    params = xp.asarray(layout.init_host(seed, np.float32))
+    lin.bind(layout.views(params), layout.views(xp.zeros_like(params)), xp)
+    lin.prepare_backward(B)
+    return lin
+
+
+def test_linear_dx_with_an_addend_is_the_in_place_sum_and_leaves_the_addend(rng):
+    """``accumulate=<array>`` (Gradient Vaccine's buffer of the extra heads' dL/dpsi): dx = dz W^T + it, bit
+    for bit the in-place sum over a copy of it, and the addend as it was."""
+    lin = _addend_linear(np)
+    dz = rng.standard_normal((96, 36)).astype(np.float32)
+    addend = rng.standard_normal((96, 64)).astype(np.float32)
+    kept, in_place, dx = addend.copy(), addend.copy(), np.full((96, 64), np.nan, np.float32)
+    lin._dx(dz, in_place, accumulate=True)
+    lin._dx(dz, dx, accumulate=addend)
+    assert_bitwise(dx, in_place, what="dx with an addend")
+    assert_bitwise(addend, kept, what="the addend")
+    with pytest.raises(ValueError, match="addend"):
+        lin._dx(dz, dx, accumulate=addend[:10])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("gemm", ["cublaslt_nosplit", "cublas"])
+def test_gpu_linear_dx_with_an_addend_is_the_in_place_sum_bit_for_bit(cp, rng, gemm):
+    """The addend as cuBLASLt's C (C != D, one GEMM, the in-place plan's kernel) or, under cuBLAS, copied
+    into dx first: the bits of the in-place sum, the addend unchanged, captured == eager."""
+    from cudarl import kernels
+    from cudarl.graph import StepGraph
+
+    lin = _addend_linear(cp, gemm)
+    dz = cp.asarray(rng.standard_normal((96, 36)).astype(np.float32))
+    addend = cp.asarray(rng.standard_normal((96, 64)).astype(np.float32))
+    kept, in_place, dx, cap = addend.copy(), addend.copy(), cp.empty_like(addend), cp.empty_like(addend)
+    for a in (dx, cap):
+        poison(a)
+    lin._dx(dz, in_place, accumulate=True)
+    with kernels.tracing() as events:
+        lin._dx(dz, dx, accumulate=addend)
+    if gemm == "cublaslt_nosplit":
+        gemms = [e for e in events if e["kind"] == "library"]
+        assert [(e["name"], e["beta"]) for e in gemms] == [("cublaslt_matmul", 1.0)]
+        assert not [e for e in events if e["kind"] != "library"]  # no copy
+    assert_bitwise(dx, in_place, what=f"dx with an addend ({gemm})")
+    assert_bitwise(addend, kept, what="the addend")
+    g = StepGraph("dx_addend", [("dx", lambda: lin._dx(dz, cap, accumulate=addend))], xp=cp)
+    g.capture()
+    g.replay()
+    g.synchronize()
+    assert_bitwise(cap, in_place, what="dx with an addend, graphed vs eager")

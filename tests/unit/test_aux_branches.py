@@ -525,6 +525,21 @@ def test_gpu_causals_gathers_and_reduce_are_off_its_chain():
 
 
 @pytest.mark.gpu
+def test_gpu_vaccines_copy_of_the_extra_heads_dpsi_is_on_its_branch_not_before_the_steps_backward():
+    """C51 with all seven: the extra heads' backward writes their sum of dL/dpsi into vaccine's buffer, which
+    the Q head's dx GEMM reads as its addend (C != D, no copy on the step's chain); vaccine's branch copies it
+    into its own row, and no node of the step's backward waits for that copy."""
+    nodes, t = traced_train_graph({"agent": {"aux": ALL, "causal_groups": ["calendar", "offset"]}})
+    vaccine = t.agent.aux[ALL.index("vaccine")]
+    assert vaccine.after_extras and t.agent.extras_dpsi() is vaccine.extras_sum
+    (copy,) = [n["id"] for n in nodes if n["phase"] == "extras_backward" and n["name"] == "cudarl_util_copy_u32"]
+    assert nodes[copy]["stream"] == vaccine.side.stream.ptr
+    steps = [n["id"] for n in nodes if n["phase"] == "backward" and n["stream"] == t.stream.ptr]
+    assert steps and not any(copy in ancestors(nodes, i) for i in steps)
+    assert not [n for n in nodes if n["phase"] == "backward" and n["name"] == "cudarl_util_copy_u32"]
+
+
+@pytest.mark.gpu
 def test_gpu_causals_pass_with_iqn_waits_for_the_forward_that_drew_its_taus():
     nodes, t = traced_train_graph({"net": {"head": "iqn"}, "agent": {"aux": HEADS_AND_CAUSAL}})
     assert not any(n["phase"] == "aux_causal_do" for n in nodes)
