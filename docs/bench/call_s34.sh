@@ -14,12 +14,17 @@
 #    the reduce on branches of their own), with test_causal.py among the tests and intervene under memcheck.
 #    Predictions for that (session 34, before the call): all GPU tests pass; the all-seven MLP step 134-140 us
 #    with none at 98-102 (+36 to +40%); in the ablation causal's row from 9.0 us to 1-4 us.
+#    That try got no machine either (five tries, each refused); A then runs at 749c754, which also moves
+#    vaccine's copy of the extra heads' dL/dpsi off the step's chain (the Q head's dx GEMM reads it as its
+#    addend, C != D), with test_nn.py -k addend among the tests. Predictions (before the call): all GPU tests
+#    pass; all seven 132-139 us, none 98-102 (+33 to +39%); the ablation's horizons row (2.8 us at 4eeb11d)
+#    1-3 us.
 set -f
 R=$(pwd); T0=$(date +%s); t() { echo "== $1 t=$(( $(date +%s) - T0 ))"; }
 left() { local l=$(( ${LIMIT:-500} - ($(date +%s) - T0) )); [ "$l" -lt 1 ] && l=1; [ "$l" -lt "$1" ] && echo "$l" || echo "$1"; }
 nvidia-smi --query-gpu=name --format=csv,noheader
 if [ "$1" = A ]; then
-  t tests; PYTHONPATH=. timeout $(left 120) python3 -m pytest -m gpu -q -p no:cacheprovider -rf tests/parity/test_vaccine.py tests/parity/test_encoder_parity.py tests/parity/test_causal.py tests/unit/test_aux_branches.py > /tmp/t.log 2>&1
+  t tests; PYTHONPATH=. timeout $(left 120) python3 -m pytest -m gpu -q -p no:cacheprovider -rf tests/parity/test_vaccine.py tests/parity/test_encoder_parity.py tests/parity/test_causal.py tests/unit/test_aux_branches.py "tests/parity/test_nn.py::test_gpu_linear_dx_with_an_addend_is_the_in_place_sum_bit_for_bit" > /tmp/t.log 2>&1
   grep -E "^(FAILED|ERROR)|^E .*relative|passed|failed" /tmp/t.log | head -12; cp /tmp/t.log $OUT/tests.log
   t memcheck; PYTHONPATH=. timeout $(left 60) compute-sanitizer --tool memcheck --print-limit 5 python3 -m pytest -m gpu -q -p no:cacheprovider -x tests/parity/test_vaccine.py -k one_launch > /tmp/mc.log 2>&1
   grep -E "ERROR SUMMARY|passed|failed" /tmp/mc.log | tail -3
