@@ -45,16 +45,17 @@ if [ "$1" = B ]; then
   # B: the same machine's all-seven MLP step at four commits, from trees under abtrees/ (untracked copies made
   # here by `git archive <sha>`; the device copies them with the working tree), HEAD from the root: a1c0380
   # (main at the session's start), d643c05 (+ vc-fused, parity-floor), 7b8ec24 (+ causal's three nodes),
-  # HEAD (+ vaccine's copy off the chain); a second pass HEAD then a1c0380; then gpu_check at <sha> (HEAD).
+  # HEAD (+ vaccine's copy off the chain), then a1c0380 and HEAD again; gpu_check at <sha> (HEAD) first.
   # Predictions (session 34, before the call): call A at e020b55 measured all seven 148.1 us, none 101.5, the
   # ablation's causal row 8.7 us (unchanged from 9.0): causal's gathers and reduce were not where its cost
   # lies, so the four trees' all-seven steps lie within 3 us of each other on this machine; the difference
   # from 4eeb11d's 143.4-144.5 is the machine's (its reference step 100.9 us against 98.27 then).
   ab() { local tree=$1 tag=$2; ( cd "$tree" && PYTHONPATH=. timeout $(left 60) python3 tools/bench_aux.py --encoder mlp --no-whole --arms all --rounds 5 --out $OUT/ab_$tag.json > /tmp/ab_$tag.log 2>&1 ); echo "$tag: $(grep -E "aux (none|all) +train step" /tmp/ab_$tag.log | awk '{print $3, $(NF-1)}' | tr '\n' ' ')"; }
-  t ab; ab abtrees/a1c0380 a1c0380_1; ab abtrees/d643c05 d643c05_1; ab abtrees/7b8ec24 7b8ec24_1; ab . head_1; ab . head_2; ab abtrees/a1c0380 a1c0380_2
-  t gpu_check; export CUDARL_COMMIT=$2; D=$(( ${LIMIT:-500} - ($(date +%s) - T0) - 15 ))
+  # gpu_check first (the report at the final commit matters more; it took 249 s at e020b55), then the A/B
+  t gpu_check; export CUDARL_COMMIT=$2; D=$(( ${GC_S:-300} ))
   PARALLEL=6 BENCHES=tools/bench_step.py BENCH_ARGS="--no-epoch --no-dw-variants" DEADLINE_S=$D OUT=/tmp/gc BENCH_DIR=/tmp/bench bash tools/gpu_check.sh > /tmp/gc.log 2>&1
   cp docs/gpu-report.md $OUT/report.md; cp /tmp/bench/bench_step.json $OUT/ 2>/dev/null; cp /tmp/gc/pytest.log $OUT/pytest.log 2>/dev/null
   grep -E "passed|failed" /tmp/gc/pytest.log | tail -4; grep -hE "^(FAILED|ERROR)" /tmp/gc/pytest.log | head -20
+  t ab; ab abtrees/a1c0380 a1c0380_1; ab . head_1; ab abtrees/d643c05 d643c05_1; ab abtrees/7b8ec24 7b8ec24_1; ab abtrees/a1c0380 a1c0380_2; ab . head_2
 fi
 t end
