@@ -58,4 +58,13 @@ if [ "$1" = B ]; then
   grep -E "passed|failed" /tmp/gc/pytest.log | tail -4; grep -hE "^(FAILED|ERROR)" /tmp/gc/pytest.log | head -20
   t ab; ab abtrees/a1c0380 a1c0380_1; ab . head_1; ab abtrees/d643c05 d643c05_1; ab abtrees/7b8ec24 7b8ec24_1; ab abtrees/a1c0380 a1c0380_2; ab . head_2
 fi
+if [ "$1" = C ]; then
+  # C: what 262 s of device time could still hold after B's starts failed: the two trace tests of vaccine's
+  # branch at <sha> (one failed at e020b55 on an assertion 749c754 made wrong), then B's A/B as time allows.
+  # Predictions: as B's (the trees within 3 us of each other); both tests pass.
+  t tests; PYTHONPATH=. timeout $(left 60) python3 -m pytest -m gpu -q -p no:cacheprovider tests/unit/test_aux_branches.py -k "vaccines_backward_runs_beside or vaccines_copy" > /tmp/t.log 2>&1
+  grep -E "^(FAILED|ERROR)|passed|failed" /tmp/t.log | head -5
+  ab() { local tree=$1 tag=$2; ( cd "$tree" && PYTHONPATH=. timeout $(left 40) python3 tools/bench_aux.py --encoder mlp --no-whole --arms all --rounds 5 --out $OUT/ab_$tag.json > /tmp/ab_$tag.log 2>&1 ); echo "$tag: $(grep -E "aux (none|all) +train step" /tmp/ab_$tag.log | awk '{print $3, $(NF-1)}' | tr '\n' ' ')"; }
+  t ab; ab abtrees/a1c0380 a1c0380_1; ab . head_1; ab abtrees/d643c05 d643c05_1; ab abtrees/7b8ec24 7b8ec24_1; ab abtrees/a1c0380 a1c0380_2; ab . head_2
+fi
 t end
