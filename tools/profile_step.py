@@ -32,6 +32,14 @@ Modes:
 * ``--graph train|collect|joined --trace trace.json`` (no ncu): the graph's launches in capture order with
   their streams, phases and side-stream forks and joins, for ``tools/critical_path.py``.
 
+* ``--graph train|collect|joined --timeline timeline.json [--replays N]`` (no ncu; CUPTI's Python bindings,
+  ``cupti-python``, importable): every kernel of N replays (default 20) as it ran, beside the others, from
+  CUPTI's concurrent-kernel activity records (start, end, stream, graph node): unlike ncu's serialised
+  times, these are the replay's own. Prints the median replay's span, its kernels' busy time, the kernels
+  by start with their gaps, and the chain walked back from the last kernel to end (:func:`timeline_summary`:
+  each kernel's latest-ending predecessor that ended before it started, the observed critical path).
+  Writes the records and the summary as JSON.
+
 * ``--metrics``: prints the comma list of the ncu metrics to collect for the table (:data:`METRICS`,
   the one list; ``tools/gpu_profile.sh`` passes it to ncu's ``--metrics``).
 
@@ -216,6 +224,96 @@ def summarize(paths: list[Path], out: Path | None) -> None:
         out.write_text(json.dumps(result, indent=1))
 
 
+def split_replays(records: list, gap_us: float = 20.0) -> list:
+    """The records of kernels (dicts with ``start`` and ``end`` in ns) split into replays: sorted by start,
+    a new replay wherever a kernel starts more than ``gap_us`` after every earlier one ended (the host
+    synchronises between replays; inside one, the graph's nodes follow each other within microseconds)."""
+    out, end = [], None
+    for r in sorted(records, key=lambda r: r["start"]):
+        if end is None or r["start"] > end + gap_us * 1e3:
+            out.append([])
+        out[-1].append(r)
+        end = r["end"] if end is None else max(end, r["end"])
+    return out
+
+
+def timeline_summary(replay: list) -> dict:
+    """One replay's kernels (dicts: ``name``, ``start``, ``end`` in ns, ``stream``): its span (first start to
+    last end), the kernels' summed time, the time some kernel runs (their union), each kernel's offset and
+    duration in us, and the observed chain: from the kernel that ends last, walking back to the kernel that
+    ended last before each one started (its likeliest predecessor: a dependency, or the node before it on
+    its stream), with the wait between them. The chain's kernel times plus its waits are the span."""
+    ks = sorted(replay, key=lambda r: r["start"])
+    t0 = ks[0]["start"]
+    span = max(r["end"] for r in ks) - t0
+    busy, cur_s, cur_e = 0, None, None
+    for r in ks:  # the union of the kernels' intervals
+        if cur_e is None or r["start"] > cur_e:
+            busy += 0 if cur_e is None else cur_e - cur_s
+            cur_s, cur_e = r["start"], r["end"]
+        else:
+            cur_e = max(cur_e, r["end"])
+    busy += cur_e - cur_s
+    chain, k = [], max(range(len(ks)), key=lambda i: ks[i]["end"])
+    while k is not None:
+        r = ks[k]
+        before = [i for i in range(len(ks)) if ks[i]["end"] <= r["start"]]
+        prev = max(before, key=lambda i: ks[i]["end"]) if before else None
+        wait = (r["start"] - ks[prev]["end"]) if prev is not None else r["start"] - t0
+        chain.append({"name": r["name"], "at_us": (r["start"] - t0) / 1e3, "us": (r["end"] - r["start"]) / 1e3,
+                      "wait_us": wait / 1e3, "stream": r["stream"]})  # fmt: skip
+        k = prev
+    us = lambda v: v / 1e3  # noqa: E731
+    return {
+        "span_us": us(span),
+        "kernel_us": us(sum(r["end"] - r["start"] for r in ks)),
+        "busy_us": us(busy),
+        "kernels": [
+            {"name": r["name"], "at_us": us(r["start"] - t0), "us": us(r["end"] - r["start"]), "stream": r["stream"]}
+            for r in ks
+        ],  # fmt: skip
+        "chain": chain[::-1],
+    }
+
+
+def timeline(graph_name: str, sets: list[str], out: Path, replays: int = 20, members: int = 0) -> None:
+    """Replay the graph ``replays`` times (after 10 unrecorded) with CUPTI recording every kernel, write the
+    records and the median replay's :func:`timeline_summary` to ``out`` and print that summary."""
+    from cupti import cupti
+
+    graph, synchronize = _primed(graph_name, sets, members)
+    for _ in range(10):
+        graph.replay()
+    synchronize()
+    records: list = []
+    K = cupti.ActivityKind.CONCURRENT_KERNEL
+
+    def completed(activities: list) -> None:
+        for a in activities:
+            if a.kind == K:
+                records.append({"name": a.name, "start": int(a.start), "end": int(a.end), "stream": int(a.stream_id),
+                                "node": int(a.graph_node_id)})  # fmt: skip
+
+    cupti.activity_enable(K)
+    cupti.activity_register_callbacks(lambda: (8 << 20, 0), completed)
+    for _ in range(replays):
+        graph.replay()
+        synchronize()
+    cupti.activity_flush_all(1)
+    cupti.activity_disable(K)
+    runs = split_replays(records)
+    summaries = sorted((timeline_summary(r) for r in runs), key=lambda s: s["span_us"])
+    mid = summaries[len(summaries) // 2]
+    print(f"{graph_name} {sets}: {len(runs)} replays, {len(records)} kernels; span (median replay) "
+          f"{mid['span_us']:.1f} us, kernel time {mid['kernel_us']:.1f}, busy {mid['busy_us']:.1f}")  # fmt: skip
+    print(f"spans over the replays: {[round(s['span_us'], 1) for s in summaries]}")
+    print("the observed chain (wait before, start, time, kernel):")
+    for c in mid["chain"]:
+        print(f"  {c['wait_us']:6.2f} {c['at_us']:8.2f} {c['us']:7.2f}  {c['stream']:>4}  {c['name'][:90]}")
+    out.write_text(json.dumps({"graph": graph_name, "set": sets, "median": mid, "records": records}, indent=1))
+    print(f"wrote {out}")
+
+
 def build_parser() -> argparse.ArgumentParser:
     from bench_joined import TARGET_P  # --members' default: the size of issue 23's targets
 
@@ -234,6 +332,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--out", type=Path)
     ap.add_argument("--metrics", action="store_true", help="print the ncu metrics to collect, comma-separated")
     ap.add_argument("--trace", type=Path, help="with --graph, no ncu: write the graph's launch trace JSON here")
+    ap.add_argument("--timeline", type=Path, help="with --graph, no ncu: CUPTI's record of N replays, JSON here")
+    ap.add_argument("--replays", type=int, default=20, help="--timeline: the replays recorded")
     return ap
 
 
@@ -244,6 +344,8 @@ def main(argv=None) -> int:
         ap.error(f"--members must be at least 1, got {args.members}")
     if args.trace and args.graph:
         trace(args.graph, args.set, args.trace, args.members)
+    elif args.timeline and args.graph:
+        timeline(args.graph, args.set, args.timeline, args.replays, args.members)
     elif args.metrics:
         print(",".join(METRICS))
     elif args.summarize:

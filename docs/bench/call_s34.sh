@@ -64,10 +64,14 @@ if [ "$1" = C ]; then
   # Predictions: as B's (the trees within 3 us of each other); both tests pass.
   t tests; PYTHONPATH=. timeout $(left 60) python3 -m pytest -m gpu -q -p no:cacheprovider tests/unit/test_aux_branches.py -k "vaccines_backward_runs_beside or vaccines_copy" > /tmp/t.log 2>&1
   grep -E "^(FAILED|ERROR)|passed|failed" /tmp/t.log | head -5
-  # a probe for the next session's timeline tool: can CUPTI's Python bindings (wheels carried in .whl) load here
+  # the replay's own timeline (tools/profile_step.py --timeline: CUPTI's concurrent-kernel records; the wheels
+  # of cupti-python carried in .whl): the all-seven MLP step, then none; predictions: the all-seven span near
+  # bench_aux's 148 us, none near 101; the observed chain, read after the call, says where the 47 us go
   t cupti; ls -d /usr/local/cuda*/extras/CUPTI/lib64/libcupti.so* 2>/dev/null | head -3
   timeout 30 python3 -m pip install -q --no-deps --target /tmp/cpt .whl/*.whl > /tmp/pip.log 2>&1; tail -2 /tmp/pip.log
-  PYTHONPATH=/tmp/cpt timeout 20 python3 -c "from cupti import cupti; print('cupti', cupti.get_version())" 2>&1 | tail -2
+  ALL7="agent.aux=[horizons,risk,denoise,homeostatic,causal,selectivity,vaccine]"
+  PYTHONPATH=.:/tmp/cpt timeout $(left 50) python3 tools/profile_step.py --graph train --timeline $OUT/timeline_all.json --set "$ALL7" --set "agent.causal_groups=[calendar,offset]" --set replay.capacity=100000 > /tmp/tl_all.log 2>&1; head -3 /tmp/tl_all.log; tail -3 /tmp/tl_all.log; cp /tmp/tl_all.log $OUT/
+  PYTHONPATH=.:/tmp/cpt timeout $(left 40) python3 tools/profile_step.py --graph train --timeline $OUT/timeline_none.json --set replay.capacity=100000 > /tmp/tl_none.log 2>&1; head -2 /tmp/tl_none.log; cp /tmp/tl_none.log $OUT/
   ab() { local tree=$1 tag=$2; ( cd "$tree" && PYTHONPATH=. timeout $(left 40) python3 tools/bench_aux.py --encoder mlp --no-whole --arms all --rounds 5 --out $OUT/ab_$tag.json > /tmp/ab_$tag.log 2>&1 ); echo "$tag: $(grep -E "aux (none|all) +train step" /tmp/ab_$tag.log | awk '{print $3, $(NF-1)}' | tr '\n' ' ')"; }
   t ab; ab abtrees/a1c0380 a1c0380_1; ab . head_1; ab abtrees/d643c05 d643c05_1; ab abtrees/7b8ec24 7b8ec24_1; ab abtrees/a1c0380 a1c0380_2; ab . head_2
 fi

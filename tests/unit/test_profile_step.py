@@ -116,3 +116,23 @@ def test_gpu_profile_passes_members_to_the_joined_graph_only(tmp_path):
         f"{tool} --graph joined --members 3 --trace {out}/trace_joined.json --set net.dw_gemm=one_kernel",
     ]
     assert "no kernel rows" in r.stdout  # the stand-in ncu wrote no table
+
+
+def test_timeline_splits_replays_at_gaps_and_walks_the_chain_back_from_the_last_kernel():
+    """Two replays 50 us apart; in each, a (stream 1, 0-10 us) then c (stream 1, 12-30) beside b (stream 2,
+    1-5): the chain is a then c (of the kernels that ended before c started, a ended last), the span 30 us,
+    the kernels' time 32, their union 28."""
+    import profile_step as ps
+
+    def k(name, s, e, stream):
+        return {"name": name, "start": int(s * 1e3), "end": int(e * 1e3), "stream": stream}
+
+    one = [k("a", 0, 10, 1), k("b", 1, 5, 2), k("c", 12, 30, 1)]
+    two = [dict(r, start=r["start"] + 80_000, end=r["end"] + 80_000) for r in one]
+    runs = ps.split_replays(two + one)
+    assert [[r["name"] for r in run] for run in runs] == [["a", "b", "c"], ["a", "b", "c"]]
+    s = ps.timeline_summary(runs[1])
+    assert s["span_us"] == 30 and s["kernel_us"] == 32 and s["busy_us"] == 28
+    assert [c["name"] for c in s["chain"]] == ["a", "c"] and [c["wait_us"] for c in s["chain"]] == [0, 2]
+    gapped = ps.timeline_summary([k("a", 0, 10, 1), k("c", 15, 20, 1)])
+    assert gapped["busy_us"] == 15 and gapped["span_us"] == 20
