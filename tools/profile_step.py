@@ -40,6 +40,11 @@ Modes:
   each kernel's latest-ending predecessor that ended before it started, the observed critical path).
   Writes the records and the summary as JSON.
 
+* ``--compare a.json b.json`` (two ``--timeline`` files: the step without and with some signals): each
+  kernel of the first, by name and its place among that name's launches in a replay, with its median time over
+  the replays in both (:func:`timeline_compare`): the shared kernels' growth is what the second step's other
+  kernels cost them by running beside them (SMs, L2, memory), the second's own kernels are listed apart.
+
 * ``--metrics``: prints the comma list of the ncu metrics to collect for the table (:data:`METRICS`,
   the one list; ``tools/gpu_profile.sh`` passes it to ncu's ``--metrics``).
 
@@ -276,6 +281,58 @@ def timeline_summary(replay: list) -> dict:
     }
 
 
+def _keyed_times(records: list) -> dict:
+    """``{(name, k): [us per replay]}``: each replay's k-th launch of a kernel name, over the replays."""
+    out: dict = defaultdict(list)
+    for run in split_replays(records):
+        seen: dict = defaultdict(int)
+        for r in sorted(run, key=lambda r: r["start"]):
+            out[(r["name"], seen[r["name"]])].append((r["end"] - r["start"]) / 1e3)
+            seen[r["name"]] += 1
+    return out
+
+
+def _median(v: list) -> float:
+    v = sorted(v)
+    n = len(v)
+    return v[n // 2] if n % 2 else (v[n // 2 - 1] + v[n // 2]) / 2
+
+
+def timeline_compare(a: list, b: list) -> dict:
+    """Two timelines' records (:func:`timeline`'s, ``a`` the step without, ``b`` with some work more): for each
+    kernel launch both have (name and its place among that name's launches in a replay), its median time in
+    each and the difference; the launches only ``b`` has, with their median times. Returns ``{"shared": [...],
+    "only_b": [...], "shared_delta_us": sum of the differences, "only_b_us": sum of b's own}``."""
+    ta, tb = _keyed_times(a), _keyed_times(b)
+    shared = [
+        {"name": n, "k": k, "a_us": _median(ta[(n, k)]), "b_us": _median(tb[(n, k)])} for n, k in ta if (n, k) in tb
+    ]
+    for r in shared:
+        r["delta_us"] = r["b_us"] - r["a_us"]
+    only = [{"name": n, "k": k, "b_us": _median(v)} for (n, k), v in tb.items() if (n, k) not in ta]
+    return {
+        "shared": sorted(shared, key=lambda r: -r["delta_us"]),
+        "only_b": sorted(only, key=lambda r: -r["b_us"]),
+        "shared_delta_us": sum(r["delta_us"] for r in shared),
+        "only_b_us": sum(r["b_us"] for r in only),
+    }
+
+
+def compare(paths: list, out: Path | None) -> None:
+    a, b = (json.loads(Path(p).read_text())["records"] for p in paths)
+    c = timeline_compare(a, b)
+    print(f"{paths[1]} against {paths[0]}: the shared kernels {c['shared_delta_us']:+.1f} us in all, "
+          f"its own {len(c['only_b'])} kernels {c['only_b_us']:.1f} us (medians over the replays, summed)")  # fmt: skip
+    print("shared, by growth (a, b, b - a us):")
+    for r in c["shared"][:25]:
+        print(f"  {r['a_us']:7.2f} {r['b_us']:7.2f} {r['delta_us']:+7.2f}  {r['name'][:80]} #{r['k']}")
+    print("its own, by time:")
+    for r in c["only_b"][:25]:
+        print(f"  {r['b_us']:7.2f}  {r['name'][:80]} #{r['k']}")
+    if out:
+        out.write_text(json.dumps(c, indent=1))
+
+
 def timeline(graph_name: str, sets: list[str], out: Path, replays: int = 20, members: int = 0) -> None:
     """Replay the graph ``replays`` times (after 10 unrecorded) with CUPTI recording every kernel, write the
     records and the median replay's :func:`timeline_summary` to ``out`` and print that summary."""
@@ -334,6 +391,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--trace", type=Path, help="with --graph, no ncu: write the graph's launch trace JSON here")
     ap.add_argument("--timeline", type=Path, help="with --graph, no ncu: CUPTI's record of N replays, JSON here")
     ap.add_argument("--replays", type=int, default=20, help="--timeline: the replays recorded")
+    ap.add_argument("--compare", nargs=2, type=Path, help="two --timeline files: the kernels' times side by side")
     return ap
 
 
@@ -344,6 +402,8 @@ def main(argv=None) -> int:
         ap.error(f"--members must be at least 1, got {args.members}")
     if args.trace and args.graph:
         trace(args.graph, args.set, args.trace, args.members)
+    elif args.compare:
+        compare(args.compare, args.out)
     elif args.timeline and args.graph:
         timeline(args.graph, args.set, args.timeline, args.replays, args.members)
     elif args.metrics:

@@ -59,6 +59,12 @@ if [ "$1" = B ]; then
   t ab; ab abtrees/a1c0380 a1c0380_1; ab . head_1; ab abtrees/d643c05 d643c05_1; ab abtrees/7b8ec24 7b8ec24_1; ab abtrees/a1c0380 a1c0380_2; ab . head_2
 fi
 if [ "$1" = C ]; then
+  # B and C need the A/B's trees made here before the call (untracked; remove them after):
+  #   for c in a1c0380 d643c05 7b8ec24; do mkdir -p abtrees/$c && git archive $c cudarl cuda_src tools pyproject.toml \
+  #     setup.cfg README.md LICENSE | tar -x -C abtrees/$c; done
+  # and C carries the cupti-python wheels (cupti-python 13.4.0, cuda-bindings 13.5.0, cuda-pathfinder, pyelftools
+  # for CPython 3.12, `pip download --no-deps`) in .whl: run(..., carry=[".whl"]).
+  # Session 34 could not run B or C (device time spent on starts that failed); C is the next session's first call.
   # C: what 262 s of device time could still hold after B's starts failed: the two trace tests of vaccine's
   # branch at <sha> (one failed at e020b55 on an assertion 749c754 made wrong), then B's A/B as time allows.
   # Predictions: as B's (the trees within 3 us of each other); both tests pass.
@@ -72,6 +78,7 @@ if [ "$1" = C ]; then
   ALL7="agent.aux=[horizons,risk,denoise,homeostatic,causal,selectivity,vaccine]"
   PYTHONPATH=.:/tmp/cpt timeout $(left 50) python3 tools/profile_step.py --graph train --timeline $OUT/timeline_all.json --set "$ALL7" --set "agent.causal_groups=[calendar,offset]" --set replay.capacity=100000 > /tmp/tl_all.log 2>&1; head -3 /tmp/tl_all.log; tail -3 /tmp/tl_all.log; cp /tmp/tl_all.log $OUT/
   PYTHONPATH=.:/tmp/cpt timeout $(left 40) python3 tools/profile_step.py --graph train --timeline $OUT/timeline_none.json --set replay.capacity=100000 > /tmp/tl_none.log 2>&1; head -2 /tmp/tl_none.log; cp /tmp/tl_none.log $OUT/
+  PYTHONPATH=. timeout 20 python3 tools/profile_step.py --compare $OUT/timeline_none.json $OUT/timeline_all.json --out $OUT/timeline_compare.json 2>&1 | head -4
   ab() { local tree=$1 tag=$2; ( cd "$tree" && PYTHONPATH=. timeout $(left 40) python3 tools/bench_aux.py --encoder mlp --no-whole --arms all --rounds 5 --out $OUT/ab_$tag.json > /tmp/ab_$tag.log 2>&1 ); echo "$tag: $(grep -E "aux (none|all) +train step" /tmp/ab_$tag.log | awk '{print $3, $(NF-1)}' | tr '\n' ' ')"; }
   t ab; ab abtrees/a1c0380 a1c0380_1; ab . head_1; ab abtrees/d643c05 d643c05_1; ab abtrees/7b8ec24 7b8ec24_1; ab abtrees/a1c0380 a1c0380_2; ab . head_2
 fi

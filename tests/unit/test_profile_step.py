@@ -136,3 +136,28 @@ def test_timeline_splits_replays_at_gaps_and_walks_the_chain_back_from_the_last_
     assert [c["name"] for c in s["chain"]] == ["a", "c"] and [c["wait_us"] for c in s["chain"]] == [0, 2]
     gapped = ps.timeline_summary([k("a", 0, 10, 1), k("c", 15, 20, 1)])
     assert gapped["busy_us"] == 15 and gapped["span_us"] == 20
+
+
+def test_timeline_compare_sets_the_shared_kernels_growth_apart_from_the_added_ones(tmp_path, capsys):
+    """Two replays each: without, a (10 us) and a second a (4); with, a 12 and 4, and x (3) beside them: the
+    shared launches matched by name and place (a #0 +2, a #1 0), x the second step's own; --compare prints
+    both and writes the JSON."""
+    import profile_step as ps
+
+    def run(at, kernels):
+        return [
+            {"name": n, "start": int((at + s) * 1e3), "end": int((at + e) * 1e3), "stream": 1} for n, s, e in kernels
+        ]
+
+    a = run(0, [("a", 0, 10), ("a", 11, 15)]) + run(100, [("a", 0, 10), ("a", 11, 15)])
+    b = run(0, [("a", 0, 12), ("x", 1, 4), ("a", 13, 17)]) + run(100, [("a", 0, 12), ("x", 1, 4), ("a", 13, 17)])
+    c = ps.timeline_compare(a, b)
+    assert [(r["name"], r["k"], r["delta_us"]) for r in c["shared"]] == [("a", 0, 2.0), ("a", 1, 0.0)]
+    assert [(r["name"], r["b_us"]) for r in c["only_b"]] == [("x", 3.0)]
+    assert c["shared_delta_us"] == 2.0 and c["only_b_us"] == 3.0
+    paths = []
+    for name, recs in (("a", a), ("b", b)):
+        paths.append(tmp_path / f"{name}.json")
+        paths[-1].write_text(json.dumps({"records": recs}))
+    assert ps.main(["--compare", *map(str, paths), "--out", str(tmp_path / "c.json")]) == 0
+    assert "+2.00" in capsys.readouterr().out and json.loads((tmp_path / "c.json").read_text())["only_b_us"] == 3.0
