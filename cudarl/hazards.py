@@ -475,8 +475,10 @@ def longest_chain(graph) -> list:
     :class:`cudarl.graph.StepGraph`), counted in ops (twin ops and GEMMs, each about one node of the GPU's
     graph): a :class:`Node` list, first to last. An op follows the one before it on its stream, a fork's
     first op the forking stream's last, and a join's (or wait's) next op the joined stream's last; so this
-    is the graph's critical path when every node costs the same, the launch-bound case of the small steps
-    (``docs/perf-notes.md``: an empty node on a chain costs about 2-3 us, most of these kernels little more)."""
+    is the graph's critical path if every node cost the same. On the GPU they do not (a GEMM takes several
+    times a small kernel), and kernels on parallel branches share the SMs: the count located nothing that
+    moved the all-seven MLP step in the thirty-fourth session (``docs/perf-notes.md``); the replay's own
+    timeline is ``tools/profile_step.py --timeline``."""
     chk = _replay(graph, 1)
     end = None
     for n in chk.s.chain.values():

@@ -59,12 +59,12 @@ _IN_PLACE = {"algo": "single"}
 def take_addend(dx, accumulate):
     """``(accumulate as a bool, the addend)`` of a backward's ``accumulate`` argument: ``False`` / ``True``
     (add into ``dx`` in place) give themselves and None; an array ``a`` (``dx``'s shape, not overlapping it)
-    asks for ``dx = <dx of the layer> + a`` with ``a`` left as it was, so a branch can keep reading it (Gradient
-    Vaccine's copy of the extra heads' dL/dpsi, which the Q head's dx GEMM adds to: no copy node on the step's
+    asks for ``dx = <dx of the layer> + a`` with ``a`` left as it was, so a branch can keep reading it (the extra
+    heads' dL/dpsi in Gradient Vaccine's buffer, which the Q head's dx GEMM adds to: no copy node on the step's
     chain): ``(True, a)``. A GEMM that can read it as C (cuBLASLt's, C != D) takes it; the other paths copy
     it into ``dx`` first (:func:`copy_addend`) and add in place, the in-place sum's bits."""
-    if isinstance(accumulate, bool):
-        return accumulate, None
+    if isinstance(accumulate, (bool, np.bool_)):
+        return bool(accumulate), None
     if accumulate.shape != dx.shape:
         raise ValueError(f"backward: the addend is {tuple(accumulate.shape)}, dx {tuple(dx.shape)}")
     return True, accumulate
