@@ -335,24 +335,31 @@ def compare(paths: list, out: Path | None) -> None:
 
 def timeline(graph_name: str, sets: list[str], out: Path, replays: int = 20, members: int = 0) -> None:
     """Replay the graph ``replays`` times (after 10 unrecorded) with CUPTI recording every kernel, write the
-    records and the median replay's :func:`timeline_summary` to ``out`` and print that summary."""
+    records and the median replay's :func:`timeline_summary` to ``out`` and print that summary. Recording is
+    on before the graph is captured and instantiated (CUPTI may instrument a graph's kernels when it is made);
+    the records of the build and the warm replays are dropped. Tracing adds its own time to each kernel:
+    compare the spans with ``tools/bench_step.py``'s replay time of the same graph before reading them."""
     from cupti import cupti
 
-    graph, synchronize = _primed(graph_name, sets, members)
-    for _ in range(10):
-        graph.replay()
-    synchronize()
     records: list = []
     K = cupti.ActivityKind.CONCURRENT_KERNEL
 
     def completed(activities: list) -> None:
         for a in activities:
             if a.kind == K:
-                records.append({"name": a.name, "start": int(a.start), "end": int(a.end), "stream": int(a.stream_id),
-                                "node": int(a.graph_node_id)})  # fmt: skip
+                records.append(
+                    {"name": a.name, "start": int(a.start), "end": int(a.end), "stream": int(a.stream_id),
+                     "node": int(a.graph_node_id)}
+                )  # fmt: skip
 
-    cupti.activity_enable(K)
     cupti.activity_register_callbacks(lambda: (8 << 20, 0), completed)
+    cupti.activity_enable(K)
+    graph, synchronize = _primed(graph_name, sets, members)
+    for _ in range(10):
+        graph.replay()
+    synchronize()
+    cupti.activity_flush_all(1)
+    records.clear()  # the build's and the warm replays'
     for _ in range(replays):
         graph.replay()
         synchronize()
