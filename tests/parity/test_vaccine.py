@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from cudarl.reference import vaccine as ref
-from cudarl.testing import assert_bitwise, assert_parity, poison
+from cudarl.testing import assert_bitwise, assert_parity, assert_reruns_bitwise, poison
 
 
 def _cos(a, b):
@@ -279,18 +279,19 @@ def test_gpu_one_launch_graphed_equals_eager_bitwise_and_the_target_moves_each_r
     g = StepGraph("vaccine_one_parity", [("v", phase)], xp=cp)
     g.run_eager()
     g.synchronize()
-    want_g, want_s, want_p = full.get(), state.get(), part.get()
+    want_s = state.get()
+    want = {"grads": full.get(), "state": want_s, "partials": part.get()}
     g.capture()
-    state[...] = 0  # the eager run moved the target and the gradient; the replay starts where it started
-    full[...] = full0
-    poison(part)
-    cp.cuda.Device().synchronize()
-    g.replay()
-    g.synchronize()
-    assert_bitwise(full, want_g, what="graphed grads")
-    assert_bitwise(state, want_s, what="graphed state")
-    assert_bitwise(part, want_p, what="graphed partials")
-    assert barrier.get()[0] == 0 and done.get()[0] == 0
+
+    def reset():  # the eager run moved the target and the gradient; the replay starts where it started
+        state[...] = 0
+        full[...] = full0
+
+    def counters_left_zero(_):
+        assert barrier.get()[0] == 0 and done.get()[0] == 0
+
+    outputs = {"grads": full, "state": state, "partials": part}
+    assert_reruns_bitwise(g, outputs, want, ("graphed",), reset=reset, check=counters_left_zero)
     full[...] = full0
     g.replay()
     g.synchronize()

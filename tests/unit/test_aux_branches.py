@@ -31,6 +31,17 @@ def _trainer(**over) -> Trainer:
     return Trainer(small(**over), run_dir=False, echo=lambda m: None)
 
 
+def _assert_trained_alike(a: Trainer, b: Trainer) -> None:
+    """Two trainers' runs are the same bits: losses (at least four), online and target weights, and every
+    auxiliary signal's state."""
+    assert a.losses == b.losses and len(a.losses) >= 4
+    np.testing.assert_array_equal(_bits(a.agent.online.params), _bits(b.agent.online.params))
+    np.testing.assert_array_equal(_bits(a.agent.target.params), _bits(b.agent.target.params))
+    for x, y in zip(a.agent.aux, b.agent.aux, strict=True):
+        for k, v in y.state_dict().items():
+            np.testing.assert_array_equal(x.state_dict()[k], v, err_msg=f"{y.name}.{k}")
+
+
 @pytest.mark.parametrize("head", ["c51", "iqn"])
 def test_the_step_forwards_that_run_extra_heads_branch_them_and_the_others_do_not(head):
     t = _trainer(net={"head": head}, agent={"aux": HEADS_AND_CAUSAL})
@@ -148,12 +159,7 @@ def test_vaccine_folding_causals_gradient_trains_bit_for_bit_as_causals_add_then
     folded.run(steps)
     two.run(steps)
     assert np.any(causal.extra.grads[: vac.addend.stop] != 0) and not np.any(causal.extra.grads[vac.addend.stop :])
-    assert folded.losses == two.losses and len(folded.losses) >= 4
-    np.testing.assert_array_equal(_bits(folded.agent.online.params), _bits(two.agent.online.params))
-    np.testing.assert_array_equal(_bits(folded.agent.target.params), _bits(two.agent.target.params))
-    for a, b in zip(folded.agent.aux, two.agent.aux, strict=True):
-        for k, v in b.state_dict().items():
-            np.testing.assert_array_equal(a.state_dict()[k], v, err_msg=f"{b.name}.{k}")
+    _assert_trained_alike(folded, two)
 
 
 @pytest.mark.parametrize("folded", [False, True])
@@ -178,12 +184,7 @@ def test_vaccines_one_launch_and_its_two_train_bit_for_bit(folded, monkeypatch):
         assert calls.count(one) >= 4 if on else calls == []  # (the _plus twin calls the plain one inside)
         runs[on] = t
     barrier, split = runs[True], runs[False]
-    assert barrier.losses == split.losses and len(barrier.losses) >= 4
-    np.testing.assert_array_equal(_bits(barrier.agent.online.params), _bits(split.agent.online.params))
-    np.testing.assert_array_equal(_bits(barrier.agent.target.params), _bits(split.agent.target.params))
-    for a, b in zip(barrier.agent.aux, split.agent.aux, strict=True):
-        for k, v in b.state_dict().items():
-            np.testing.assert_array_equal(a.state_dict()[k], v, err_msg=f"{b.name}.{k}")
+    _assert_trained_alike(barrier, split)
     assert barrier.agent.aux[-1].state_dict()["state"][0] != 0  # the target moved: the phase ran
 
 
