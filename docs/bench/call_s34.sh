@@ -14,11 +14,12 @@
 #    the reduce on branches of their own), with test_causal.py among the tests and intervene under memcheck.
 #    Predictions for that (session 34, before the call): all GPU tests pass; the all-seven MLP step 134-140 us
 #    with none at 98-102 (+36 to +40%); in the ablation causal's row from 9.0 us to 1-4 us.
-#    That try got no machine either (five tries, each refused); A then runs at 749c754, which also moves
+#    That try got no machine either (five tries, each refused); A then ran at e020b55 (749c754 and this script), which also moves
 #    vaccine's copy of the extra heads' dL/dpsi off the step's chain (the Q head's dx GEMM reads it as its
 #    addend, C != D), with test_nn.py -k addend among the tests. Predictions (before the call): all GPU tests
 #    pass; all seven 132-139 us, none 98-102 (+33 to +39%); the ablation's horizons row (2.8 us at 4eeb11d)
-#    1-3 us.
+#    1-3 us. Measured (an H100): 2,253 GPU tests passed, 1 failed (a trace test 749c754 made wrong); all seven
+#    148.1 us, none 101.5 (+46.0%): missed; causal's row 8.7 us: missed; horizons 2.1 us (docs/perf-notes.md).
 set -f
 R=$(pwd); T0=$(date +%s); t() { echo "== $1 t=$(( $(date +%s) - T0 ))"; }
 left() { local l=$(( ${LIMIT:-500} - ($(date +%s) - T0) )); [ "$l" -lt 1 ] && l=1; [ "$l" -lt "$1" ] && echo "$l" || echo "$1"; }
