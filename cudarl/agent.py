@@ -175,6 +175,16 @@ class Agent:
         #: before the step's backward (QNetwork.extras_first: an auxiliary head writes dL/dpsi, and the Q
         #: head's backward adds onto it, not IQN's)
         self.extras_early = self.online.extras_first
+        asked = [d for d in (s.extras_dpsi() for s in self.aux) if d is not None]
+        if len(asked) > 1 or (asked and not self.extras_early):
+            raise ValueError(
+                f"agent: {len(asked)} auxiliary signals ask for the extra heads' dL/dpsi (at most one may, and only "
+                "where those heads' backward runs before the Q head's)"
+            )
+        #: where the extras_backward phase writes the extra heads' sum of dL/dpsi, which the step's backward reads
+        #: as its addend: the one signal's buffer that asks (AuxSignal.extras_dpsi, Gradient Vaccine's), or None
+        #: (buffers.ws's, added to in place)
+        self.extras_dpsi = asked[0] if asked else None
         #: whether a phase before the backward reads what q_stats writes (q_s, the logits at s): CQL, the
         #: plan head, a signal that declares it (AuxSignal.reads_q_stats); then q_stats_join waits for its
         #: branch, otherwise publish does (the reference step: its two launches off the critical path)
@@ -233,17 +243,6 @@ class Agent:
             self.buffers.side_qstats.join()
         self.online.join_extras(self.buffers.ws)
 
-    def extras_dpsi(self):
-        """Where the extras_backward phase writes the extra heads' sum of dL/dpsi, which the step's backward
-        reads as its addend: the one signal's that asks (:meth:`cudarl.auxiliary.AuxSignal.extras_dpsi`,
-        Gradient Vaccine's), or None (``buffers.ws``'s, added to in place)."""
-        asked = [d for d in (s.extras_dpsi() for s in self.aux) if d is not None]
-        if len(asked) > 1:
-            raise ValueError(f"agent: {len(asked)} auxiliary signals ask for the extra heads' dL/dpsi; one may")
-        if asked and not self.extras_early:
-            raise ValueError("agent: a signal asks for the extra heads' dL/dpsi, but they run with the Q head's")
-        return asked[0] if asked else None
-
     def backward(self) -> None:
         """Gradients of the online net from the s half of the rule's forward (``buffers.ws``)."""
         buf = self.buffers
@@ -252,7 +251,7 @@ class Agent:
         for s in self.aux:  # work of theirs beside this backward (Gradient Vaccine's backward)
             s.beside_backward()
         buf.ws.set_batch(self.batch_size)
-        self.online.backward(self.batch.obs, buf.ws, extras_done=self.extras_early, extras_dpsi=self.extras_dpsi())
+        self.online.backward(self.batch.obs, buf.ws, extras_done=self.extras_early, extras_dpsi=self.extras_dpsi)
         for side in self.grad_sides:  # the weight gradients, before anything reads them
             side.join()
 
@@ -331,7 +330,7 @@ class Agent:
             # forked from the extra heads' branch (after_extras), where the heads' losses joined side_aux: it
             # waits for them, not for the rule's phases on the main stream
             with buf.after_extras(), buf.side_aux.fork():
-                self.online.backward_extras(buf.ws, self.batch_size, dpsi=self.extras_dpsi())
+                self.online.backward_extras(buf.ws, self.batch_size, dpsi=self.extras_dpsi)
                 for s in self.aux:  # work of theirs from that sum of dL/dpsi (Gradient Vaccine's)
                     s.beside_extras_backward()
 

@@ -371,6 +371,16 @@ def test_causals_gathers_and_reduce_are_not_on_the_longest_chain_of_the_all_seve
     assert ops and "auxgrad.spread_rows" not in ops and "causal.reduce" not in ops
 
 
+def test_vaccine_asks_for_the_extra_heads_dpsi_only_where_they_run_first():
+    """C51 with a head signal: the agent's extras_backward phase writes into vaccine's buffer (the step's
+    backward reads it as its addend); without vaccine, or with IQN (whose head overwrites dL/dpsi), nobody asks."""
+    t = _trainer(agent={"aux": ["horizons", "vaccine"]})
+    assert t.agent.extras_early and t.agent.extras_dpsi is t.agent.aux[1].extras_sum is not None
+    assert _trainer(agent={"aux": ["horizons"]}).agent.extras_dpsi is None
+    iqn = _trainer(net={"head": "iqn"}, agent={"aux": ["horizons", "vaccine"]}).agent
+    assert not iqn.extras_early and iqn.extras_dpsi is None and iqn.aux[1].extras_sum is None
+
+
 def traced_train_graph(over: dict):
     """The captured train graph of a ``gpu_small(**over)`` trainer, captured again with tracing on: its
     nodes (``critical_path.build_graph``) and the trainer."""
@@ -532,7 +542,7 @@ def test_gpu_vaccines_copy_of_the_extra_heads_dpsi_is_on_its_branch_not_before_t
     into its own row, and no node of the step's backward waits for that copy."""
     nodes, t = traced_train_graph({"agent": {"aux": ALL, "causal_groups": ["calendar", "offset"]}})
     vaccine = t.agent.aux[ALL.index("vaccine")]
-    assert vaccine.after_extras and t.agent.extras_dpsi() is vaccine.extras_sum
+    assert vaccine.after_extras and t.agent.extras_dpsi is vaccine.extras_sum
     (copy,) = [n["id"] for n in nodes if n["phase"] == "extras_backward" and n["name"] == "cudarl_util_copy_u32"]
     assert nodes[copy]["stream"] == vaccine.side.stream.ptr
     steps = [n["id"] for n in nodes if n["phase"] == "backward" and n["stream"] == t.stream.ptr]
