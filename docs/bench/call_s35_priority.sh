@@ -1,0 +1,28 @@
+# Prepared in session 35 for its second device call: agent.aux_priority (causal's and denoise's branches at
+# CUDA's least stream priority, the step's at its greatest; graphs instantiated with node priorities).
+#   LIMIT=<s> OUT=$OUT bash docs/bench/call_s35_priority.sh
+# Needs abtrees/62026c1 (git archive of the commit before the change; untracked, removed after) and .whl
+# (carry=[".whl"]) for the timeline.
+# Why: the first call's CUPTI timeline of the all-seven MLP step (docs/bench/gpu-62026c1/) shows the step's own
+# backward GEMMs at 2.3x their time without the signals (a dx GEMM 23.4 us against 10.1) while causal's and
+# denoise's GEMMs run beside them: the step's chain shares the SMs with work nothing waits for until the
+# backward ends. Priorities let the step's blocks be placed first.
+# Predictions (session 35, before the call):
+#  - the GPU tests pass (test_graph.py's, test_aux_branches.py's, the new one: least/greatest priorities on
+#    the streams, the graph instantiated with node priorities, same/low trained to the same bits);
+#  - bench_aux --arms all --rounds 5: "same" within 2 us of the commit before (62026c1) for all seven and
+#    within 1 us for none (the driver's instantiation changes no node); "low" 5-12 us under "same" for all
+#    seven (about 134-141 us against about 145 on an H100), none unchanged;
+#  - the timeline with "low": the step's backward GEMMs nearer their time without the signals.
+set -f
+T0=$(date +%s); t() { echo "== $1 t=$(( $(date +%s) - T0 ))"; }
+left() { local l=$(( ${LIMIT:-500} - ($(date +%s) - T0) )); [ "$l" -lt 1 ] && l=1; [ "$l" -lt "$1" ] && echo "$l" || echo "$1"; }
+nvidia-smi --query-gpu=name --format=csv,noheader
+t tests; PYTHONPATH=. timeout $(left 150) python3 -m pytest -m gpu -q -p no:cacheprovider -x tests/unit/test_graph.py tests/unit/test_aux_branches.py > /tmp/t.log 2>&1
+grep -E "^(FAILED|ERROR)|^E |passed|failed" /tmp/t.log | head -12; cp /tmp/t.log $OUT/tests.log
+ab() { local tree=$1 tag=$2 pr=$3; [ $(left 30) -lt 30 ] && { echo "$tag: no time"; return; }; ( cd "$tree" && PYTHONPATH=. timeout $(left 50) python3 tools/bench_aux.py --encoder mlp --no-whole --arms all --rounds 5 $pr --out $OUT/ab_$tag.json > /tmp/ab_$tag.log 2>&1 ); echo "$tag: $(grep -E "aux (none|all) +train step" /tmp/ab_$tag.log | awk '{print $3, $(NF-1)}' | tr '\n' ' ')"; tail -3 /tmp/ab_$tag.log | grep -i error; }
+t ab; ab abtrees/62026c1 old_1 ""; ab . same_1 "--aux-priority same"; ab . low_1 "--aux-priority low"; ab . same_2 "--aux-priority same"; ab . low_2 "--aux-priority low"; ab abtrees/62026c1 old_2 ""
+t timeline; set +f; timeout 30 python3 -m pip install -q --no-deps --target /tmp/cpt .whl/*.whl > /tmp/pip.log 2>&1; set -f; tail -1 /tmp/pip.log
+ALL7="agent.aux=[horizons,risk,denoise,homeostatic,causal,selectivity,vaccine]"
+PYTHONPATH=.:/tmp/cpt timeout $(left 50) python3 tools/profile_step.py --graph train --timeline $OUT/timeline_low.json --set "$ALL7" --set "agent.causal_groups=[calendar,offset]" --set replay.capacity=100000 --set agent.aux_priority=low > $OUT/tl_low.log 2>&1; head -2 $OUT/tl_low.log; tail -24 $OUT/tl_low.log
+t end
