@@ -229,12 +229,20 @@ def summarize(paths: list[Path], out: Path | None) -> None:
         out.write_text(json.dumps(result, indent=1))
 
 
-def split_replays(records: list, gap_us: float = 20.0) -> list:
-    """The records of kernels (dicts with ``start`` and ``end`` in ns) split into replays: sorted by start,
-    a new replay wherever a kernel starts more than ``gap_us`` after every earlier one ended (the host
-    synchronises between replays; inside one, the graph's nodes follow each other within microseconds)."""
+def split_replays(records: list, replays: int | None = None, gap_us: float = 20.0) -> list:
+    """The records of kernels (dicts with ``start`` and ``end`` in ns) split into replays, sorted by start:
+    with ``replays`` (the count recorded, each waited for before the next), that many runs of equal length
+    (every replay launches the same kernels); without, a new replay wherever a kernel starts more than
+    ``gap_us`` after every earlier one ended. The count is the sure way: under CUPTI, a replay's root
+    kernels ran 50-100 us before the rest of it (an H100, 62026c1), which the gaps cut off as replays."""
+    ordered = sorted(records, key=lambda r: r["start"])
+    if replays is not None:
+        if replays < 1 or len(ordered) % replays:
+            raise ValueError(f"split_replays: {len(ordered)} records are not {replays} replays of equal length")
+        n = len(ordered) // replays
+        return [ordered[i : i + n] for i in range(0, len(ordered), n)]
     out, end = [], None
-    for r in sorted(records, key=lambda r: r["start"]):
+    for r in ordered:
         if end is None or r["start"] > end + gap_us * 1e3:
             out.append([])
         out[-1].append(r)
@@ -281,10 +289,11 @@ def timeline_summary(replay: list) -> dict:
     }
 
 
-def _keyed_times(records: list) -> dict:
-    """``{(name, k): [us per replay]}``: each replay's k-th launch of a kernel name, over the replays."""
+def _keyed_times(records: list, replays: int | None = None) -> dict:
+    """``{(name, k): [us per replay]}``: each replay's k-th launch of a kernel name, over the replays
+    (:func:`split_replays`)."""
     out: dict = defaultdict(list)
-    for run in split_replays(records):
+    for run in split_replays(records, replays):
         seen: dict = defaultdict(int)
         for r in sorted(run, key=lambda r: r["start"]):
             out[(r["name"], seen[r["name"]])].append((r["end"] - r["start"]) / 1e3)
@@ -298,12 +307,13 @@ def _median(v: list) -> float:
     return v[n // 2] if n % 2 else (v[n // 2 - 1] + v[n // 2]) / 2
 
 
-def timeline_compare(a: list, b: list) -> dict:
+def timeline_compare(a: list, b: list, replays: tuple = (None, None)) -> dict:
     """Two timelines' records (:func:`timeline`'s, ``a`` the step without, ``b`` with some work more): for each
     kernel launch both have (name and its place among that name's launches in a replay), its median time in
     each and the difference; the launches only ``b`` has, with their median times. Returns ``{"shared": [...],
-    "only_b": [...], "shared_delta_us": sum of the differences, "only_b_us": sum of b's own}``."""
-    ta, tb = _keyed_times(a), _keyed_times(b)
+    "only_b": [...], "shared_delta_us": sum of the differences, "only_b_us": sum of b's own}``. ``replays``:
+    each one's count of replays, where known (:func:`split_replays`)."""
+    ta, tb = _keyed_times(a, replays[0]), _keyed_times(b, replays[1])
     shared = [
         {"name": n, "k": k, "a_us": _median(ta[(n, k)]), "b_us": _median(tb[(n, k)])} for n, k in ta if (n, k) in tb
     ]
@@ -319,8 +329,8 @@ def timeline_compare(a: list, b: list) -> dict:
 
 
 def compare(paths: list, out: Path | None) -> None:
-    a, b = (json.loads(Path(p).read_text())["records"] for p in paths)
-    c = timeline_compare(a, b)
+    a, b = (json.loads(Path(p).read_text()) for p in paths)
+    c = timeline_compare(a["records"], b["records"], (a.get("replays"), b.get("replays")))
     print(f"{paths[1]} against {paths[0]}: the shared kernels {c['shared_delta_us']:+.1f} us in all, "
           f"its own {len(c['only_b'])} kernels {c['only_b_us']:.1f} us (medians over the replays, summed)")  # fmt: skip
     print("shared, by growth (a, b, b - a us):")
@@ -365,7 +375,7 @@ def timeline(graph_name: str, sets: list[str], out: Path, replays: int = 20, mem
         synchronize()
     cupti.activity_flush_all(1)
     cupti.activity_disable(K)
-    runs = split_replays(records)
+    runs = split_replays(records, replays)
     summaries = sorted((timeline_summary(r) for r in runs), key=lambda s: s["span_us"])
     mid = summaries[len(summaries) // 2]
     print(f"{graph_name} {sets}: {len(runs)} replays, {len(records)} kernels; span (median replay) "
@@ -374,7 +384,9 @@ def timeline(graph_name: str, sets: list[str], out: Path, replays: int = 20, mem
     print("the observed chain (wait before, start, time, kernel):")
     for c in mid["chain"]:
         print(f"  {c['wait_us']:6.2f} {c['at_us']:8.2f} {c['us']:7.2f}  {c['stream']:>4}  {c['name'][:90]}")
-    out.write_text(json.dumps({"graph": graph_name, "set": sets, "median": mid, "records": records}, indent=1))
+    out.write_text(
+        json.dumps({"graph": graph_name, "set": sets, "replays": replays, "median": mid, "records": records}, indent=1)
+    )
     print(f"wrote {out}")
 
 

@@ -131,6 +131,13 @@ def test_timeline_splits_replays_at_gaps_and_walks_the_chain_back_from_the_last_
     two = [dict(r, start=r["start"] + 80_000, end=r["end"] + 80_000) for r in one]
     runs = ps.split_replays(two + one)
     assert [[r["name"] for r in run] for run in runs] == [["a", "b", "c"], ["a", "b", "c"]]
+    # a root kernel long before the rest of its replay (as under CUPTI): the gaps cut it off, the count does not
+    late = [one[0], *(dict(r, start=r["start"] + 60_000, end=r["end"] + 60_000) for r in one[1:])]
+    late2 = [dict(r, start=r["start"] + 200_000, end=r["end"] + 200_000) for r in late]
+    assert len(ps.split_replays(late + late2)) == 4
+    assert [[r["name"] for r in run] for run in ps.split_replays(late2 + late, replays=2)] == [["a", "b", "c"]] * 2
+    with pytest.raises(ValueError, match="not 4 replays"):
+        ps.split_replays(late + late2, replays=4)
     s = ps.timeline_summary(runs[1])
     assert s["span_us"] == 30 and s["kernel_us"] == 32 and s["busy_us"] == 28
     assert [c["name"] for c in s["chain"]] == ["a", "c"] and [c["wait_us"] for c in s["chain"]] == [0, 2]
