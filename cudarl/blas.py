@@ -570,6 +570,28 @@ def _cu():
     return cu
 
 
+#: cuGraphInstantiate's flag: a launch runs each kernel node at the priority its stream had when it was
+#: captured (the per-node attribute), not at the launch stream's
+GRAPH_USE_NODE_PRIORITY = 8
+
+
+def graph_instantiate(graph: int, flags: int) -> int:
+    """``cuGraphInstantiateWithFlags`` of the ``cudaGraph_t`` ``graph`` (the runtime's handle is the driver's):
+    the ``CUgraphExec`` handle. Free it with :func:`graph_exec_destroy`."""
+    exe = ctypes.c_void_p()
+    _cu_check(_cu().cuGraphInstantiateWithFlags(ctypes.byref(exe), ctypes.c_void_p(graph), flags), "cuGraphInstantiate")
+    return exe.value
+
+
+def graph_launch(exe: int, stream: int) -> None:
+    """``cuGraphLaunch`` of the executable graph ``exe`` on the stream ``stream`` (its handle)."""
+    _cu_check(_cu().cuGraphLaunch(ctypes.c_void_p(exe), ctypes.c_void_p(stream)), "cuGraphLaunch")
+
+
+def graph_exec_destroy(exe: int) -> None:
+    _cu().cuGraphExecDestroy(ctypes.c_void_p(exe))
+
+
 def _cu_check(status: int, what: str) -> None:
     if status != 0:
         raise BlasError(f"{what} returned CUDA driver error {status}")

@@ -17,6 +17,12 @@ capture must end joined).
 
 On the NumPy backend there are no graphs: :meth:`replay` runs the phases in order, with the
 same state machine (capture before replay), so the CPU path is the same program.
+
+Priorities: a graph's stream and its side streams are urgent (CUDA's greatest stream priority) unless made
+inside :func:`background` (the least); a captured graph is instantiated so that each kernel runs at its
+stream's priority, so where branches compete for the SMs a background branch's blocks (an auxiliary
+signal's, ``agent.aux_priority = "low"``) wait for the urgent ones' (the step's own chain) to be placed.
+Priorities order the blocks' placement only, never what a kernel computes: the same bits either way.
 """
 
 from __future__ import annotations
@@ -31,6 +37,59 @@ from . import backend as _backend
 from . import kernels
 
 Phase = tuple[str, Callable[[], None]]
+
+#: whether a side stream made now is urgent (the innermost :func:`background`'s choice)
+_URGENT = [True]
+
+
+def stream_priority(urgent: bool) -> int:
+    """CUDA's greatest stream priority on the current device (``urgent``) or its least (a stream's default)."""
+    import cupy
+
+    least, greatest = cupy.cuda.runtime.deviceGetStreamPriorityRange()
+    return greatest if urgent else least
+
+
+@contextmanager
+def background(on: bool = True):
+    """``with background():`` the :class:`SideStream` objects made in the body are background ones (least
+    priority), unless they say otherwise; ``on=False``: urgent, as outside any such block."""
+    _URGENT.append(not on)
+    try:
+        yield
+    finally:
+        _URGENT.pop()
+
+
+class _Instance:
+    """A captured CuPy graph instantiated through the driver with node priorities
+    (:data:`cudarl.blas.GRAPH_USE_NODE_PRIORITY`: each kernel node at the priority its stream had when
+    captured); a CuPy that keeps no ``cudaGraph_t`` after instantiating its own gets CuPy's launch (every
+    node at the launch stream's priority)."""
+
+    def __init__(self, graph):
+        from . import blas
+
+        self.graph = graph  # owns the cudaGraph_t, which the executable does not need after this
+        raw = getattr(graph, "graph", 0)
+        self.exe = blas.graph_instantiate(raw, blas.GRAPH_USE_NODE_PRIORITY) if raw else None
+
+    def launch(self, stream) -> None:
+        if self.exe is None:
+            self.graph.launch(stream)
+            return
+        from . import blas
+
+        blas.graph_launch(self.exe, stream.ptr)
+
+    def __del__(self):
+        if getattr(self, "exe", None):
+            try:
+                from . import blas
+
+                blas.graph_exec_destroy(self.exe)
+            except Exception:  # at interpreter exit the driver may be gone with the process
+                pass
 
 
 class GraphError(RuntimeError):
@@ -94,7 +153,7 @@ class StepGraph:
             if stream is None:
                 from . import blas
 
-                stream = cupy.cuda.Stream(non_blocking=True)
+                stream = cupy.cuda.Stream(non_blocking=True, priority=stream_priority(True))
                 blas.release_with(self, stream)  # its own stream: its handle goes with it
             self.stream = stream
         self._graph = None
@@ -174,7 +233,7 @@ class StepGraph:
         if not self.is_gpu:
             self._captured = True
             return
-        self._graph = self._capture(self.phases, self.name)
+        self._graph = _Instance(self._capture(self.phases, self.name))
         self._captured = True
 
     def kernel_ops(self) -> set[tuple[str, str]]:
@@ -302,6 +361,9 @@ class SideStream:
     edges, so the body becomes a parallel branch of the graph. Every fork must be joined before a
     capture ends; :class:`StepGraph` joins open side streams after its last phase.
 
+    ``urgent``: its kernels at CUDA's greatest stream priority, else at the least (None: urgent unless made
+    inside :func:`background`); :attr:`urgent` says which.
+
     The side stream gets its own cuBLAS handle and workspace at construction (before any capture), unless
     ``gemms=False``: a branch that launches no GEMM (homeostatic's) then holds no 32 MiB workspace; a GEMM
     on it outside a capture would make one then, and inside one raises :class:`cudarl.blas.BlasError`.
@@ -313,8 +375,9 @@ class SideStream:
 
     _open: list = []
 
-    def __init__(self, xp=None, *, gemms: bool = True):
+    def __init__(self, xp=None, *, gemms: bool = True, urgent: bool | None = None):
         self.xp = xp if xp is not None else _backend.get().xp
+        self.urgent = _URGENT[-1] if urgent is None else bool(urgent)
         self.stream = None
         self._pending = False
         if self.xp.__name__ == "cupy":
@@ -322,7 +385,7 @@ class SideStream:
 
             from . import blas
 
-            self.stream = cupy.cuda.Stream(non_blocking=True)
+            self.stream = cupy.cuda.Stream(non_blocking=True, priority=stream_priority(self.urgent))
             self._forked = cupy.cuda.Event(disable_timing=True)
             self._done = cupy.cuda.Event(disable_timing=True)
             if gemms:
