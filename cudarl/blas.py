@@ -545,6 +545,7 @@ def _cu():
         "cuMemcpyDtoHAsync_v2": [vp, u64, sz, vp],
         "cuStreamSynchronize": [vp],
         "cuStreamIsCapturing": [vp, ctypes.POINTER(ctypes.c_int)],
+        "cuCtxGetStreamPriorityRange": [ctypes.POINTER(ctypes.c_int), ctypes.POINTER(ctypes.c_int)],
         "cuCtxSynchronize": [],
         "cuEventCreate": [ctypes.POINTER(vp), ctypes.c_uint],
         "cuEventRecord": [vp, vp],
@@ -573,6 +574,15 @@ def _cu():
 #: cuGraphInstantiate's flag: a launch runs each kernel node at the priority its stream had when it was
 #: captured (the per-node attribute), not at the launch stream's
 GRAPH_USE_NODE_PRIORITY = 8
+
+
+def stream_priority_range() -> tuple[int, int]:
+    """``(least, greatest)`` stream priority of the current context (``cuCtxGetStreamPriorityRange``; CuPy
+    has no binding of it)."""
+    least, greatest = ctypes.c_int(), ctypes.c_int()
+    status = _cu().cuCtxGetStreamPriorityRange(ctypes.byref(least), ctypes.byref(greatest))
+    _cu_check(status, "cuCtxGetStreamPriorityRange")
+    return least.value, greatest.value
 
 
 def graph_instantiate(graph: int, flags: int) -> int:

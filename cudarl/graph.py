@@ -44,9 +44,9 @@ _URGENT = [True]
 
 def stream_priority(urgent: bool) -> int:
     """CUDA's greatest stream priority on the current device (``urgent``) or its least (a stream's default)."""
-    import cupy
+    from . import blas
 
-    least, greatest = cupy.cuda.runtime.deviceGetStreamPriorityRange()
+    least, greatest = blas.stream_priority_range()
     return greatest if urgent else least
 
 

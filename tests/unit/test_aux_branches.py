@@ -891,11 +891,10 @@ def test_gpu_background_branches_run_at_the_least_priority_in_a_graph_of_node_pr
     """On the GPU, ``aux_priority = "low"`` puts causal's and denoise's streams at CUDA's least priority and
     the step's at its greatest; the train graph is instantiated with node priorities; and both settings
     train to the same bits (priorities place blocks, they compute nothing)."""
-    import cupy
-
+    from cudarl import blas
     from cudarl.graph import stream_priority
 
-    least, greatest = cupy.cuda.runtime.deviceGetStreamPriorityRange()
+    least, greatest = blas.stream_priority_range()
     assert (stream_priority(False), stream_priority(True)) == (least, greatest) and least != greatest
     runs = {}
     for priority in ("same", "low"):
