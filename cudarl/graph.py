@@ -44,8 +44,11 @@ _URGENT = [True]
 
 def stream_priority(urgent: bool) -> int:
     """CUDA's greatest stream priority on the current device (``urgent``) or its least (a stream's default)."""
+    import cupy
+
     from . import blas
 
+    cupy.cuda.runtime.free(0)  # the runtime's primary context current (the driver's query needs one)
     least, greatest = blas.stream_priority_range()
     return greatest if urgent else least
 
