@@ -53,6 +53,14 @@ def stream_priority(urgent: bool) -> int:
     return greatest if urgent else least
 
 
+def urgent_stream():
+    """A new non-blocking CuPy stream at CUDA's greatest priority: a graph's (:class:`StepGraph`'s own, the
+    trainer's), so that the kernels captured on it outrank a background branch's."""
+    import cupy
+
+    return cupy.cuda.Stream(non_blocking=True, priority=stream_priority(True))
+
+
 @contextmanager
 def background(on: bool = True):
     """``with background():`` the :class:`SideStream` objects made in the body are background ones (least
@@ -137,7 +145,8 @@ class StepGraph:
     Args:
         name: the graph's name; also the kernel context of its captured launches.
         phases: ``[(phase_name, fn), ...]``, run in order.
-        stream: the CuPy stream to capture on (default: a new non-blocking stream).
+        stream: the CuPy stream to capture on (default: a new non-blocking one, :func:`urgent_stream`; the
+            kernels captured on it run at its priority).
         xp: ``numpy`` or ``cupy`` (default: the process backend).
     """
 
@@ -151,12 +160,10 @@ class StepGraph:
         self.is_gpu = self.xp.__name__ == "cupy"
         self.stream = None
         if self.is_gpu:
-            import cupy
-
             if stream is None:
                 from . import blas
 
-                stream = cupy.cuda.Stream(non_blocking=True, priority=stream_priority(True))
+                stream = urgent_stream()
                 blas.release_with(self, stream)  # its own stream: its handle goes with it
             self.stream = stream
         self._graph = None
