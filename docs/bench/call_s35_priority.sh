@@ -14,15 +14,25 @@
 #    within 1 us for none (the driver's instantiation changes no node); "low" 5-12 us under "same" for all
 #    seven (about 134-141 us against about 145 on an H100), none unchanged;
 #  - the timeline with "low": the step's backward GEMMs nearer their time without the signals.
+# The first two tries (16cdd81, 8865401) ran on a machine: CuPy binds no deviceGetStreamPriorityRange, and then
+# the trainer's own graph stream was at the default (least) priority, under every side stream (all seven
+# 150.4-152.5 us against 143.7-145.8 at 62026c1: inverted priorities cost 5-7 us). Added for the third: lowall
+# (every signal's streams background); prediction: within 2 us of low (homeostatic's and vaccine's nodes on
+# the chain then wait behind the step's own blocks, which they follow anyway).
 set -f
 T0=$(date +%s); t() { echo "== $1 t=$(( $(date +%s) - T0 ))"; }
 left() { local l=$(( ${LIMIT:-500} - ($(date +%s) - T0) )); [ "$l" -lt 1 ] && l=1; [ "$l" -lt "$1" ] && echo "$l" || echo "$1"; }
 nvidia-smi --query-gpu=name --format=csv,noheader
 t tests; PYTHONPATH=. timeout $(left 150) python3 -m pytest -m gpu -q -p no:cacheprovider -x tests/unit/test_graph.py tests/unit/test_aux_branches.py > /tmp/t.log 2>&1
 grep -E "^(FAILED|ERROR)|^E |passed|failed" /tmp/t.log | head -12; cp /tmp/t.log $OUT/tests.log
-ab() { local tree=$1 tag=$2 pr=$3; [ $(left 30) -lt 30 ] && { echo "$tag: no time"; return; }; ( cd "$tree" && PYTHONPATH=. timeout $(left 50) python3 tools/bench_aux.py --encoder mlp --no-whole --arms all --rounds 5 $pr --out $OUT/ab_$tag.json > /tmp/ab_$tag.log 2>&1 ); echo "$tag: $(grep -E "aux (none|all) +train step" /tmp/ab_$tag.log | awk '{print $3, $(NF-1)}' | tr '\n' ' ')"; tail -3 /tmp/ab_$tag.log | grep -i error; }
-t ab; ab abtrees/62026c1 old_1 ""; ab . same_1 "--aux-priority same"; ab . low_1 "--aux-priority low"; ab . same_2 "--aux-priority same"; ab . low_2 "--aux-priority low"; ab abtrees/62026c1 old_2 ""
+ab() { local tree=$1 tag=$2; shift 2; [ $(left 30) -lt 30 ] && { echo "$tag: no time"; return; }; ( cd "$tree" && PYTHONPATH=. timeout $(left 50) python3 "$@" --encoder mlp --no-whole --arms all --rounds 5 --out $OUT/ab_$tag.json > /tmp/ab_$tag.log 2>&1 ); echo "$tag: $(grep -E "aux (none|all) +train step" /tmp/ab_$tag.log | awk '{print $3, $(NF-1)}' | tr '\n' ' ')"; tail -3 /tmp/ab_$tag.log | grep -i error; }
+# lowall: every signal's own streams background (abtrees/bench_variant.py, untracked: the class attribute set
+# before the run), the extra heads' forward branch (the network's) still urgent
+V="abtrees/bench_variant.py horizons,risk,denoise,homeostatic,causal,selectivity,vaccine"
+t ab; for r in 1 2; do ab abtrees/62026c1 old_$r tools/bench_aux.py; ab . same_$r tools/bench_aux.py --aux-priority same; ab . low_$r tools/bench_aux.py --aux-priority low; ab . lowall_$r $V --aux-priority low; done
 t timeline; set +f; timeout 30 python3 -m pip install -q --no-deps --target /tmp/cpt .whl/*.whl > /tmp/pip.log 2>&1; set -f; tail -1 /tmp/pip.log
 ALL7="agent.aux=[horizons,risk,denoise,homeostatic,causal,selectivity,vaccine]"
 PYTHONPATH=.:/tmp/cpt timeout $(left 50) python3 tools/profile_step.py --graph train --timeline $OUT/timeline_low.json --set "$ALL7" --set "agent.causal_groups=[calendar,offset]" --set replay.capacity=100000 --set agent.aux_priority=low > $OUT/tl_low.log 2>&1; head -2 $OUT/tl_low.log; tail -24 $OUT/tl_low.log
+# one file back (a call returns at most 8)
+( cd $OUT && tar czf s35_priority.tgz *.json *.log && rm -f *.json *.log ); ls $OUT
 t end
