@@ -656,12 +656,13 @@ class AgentConfig:
     the spread of a run, so the default stays ``net``. The main step's GEMMs, the vaccine's backward (over
     the whole batch) and a population's stacked networks keep ``net.gemm``. Same math to float32 rounding,
     not the same bits; each choice is deterministic. The NumPy backend ignores it."""
-    aux_priority: str = "same"
+    aux_priority: str = "low"
     """Stream priority of the ``denoise`` and ``causal`` signals' branches (GPU), the ones whose results nothing
     in the step waits for before its backward ends (:attr:`cudarl.auxiliary.base.AuxBase.background`):
-    ``same`` (the step's, CUDA's greatest, as every branch) or ``low`` (CUDA's least: where branches compete
-    for the SMs, the step's own kernels are placed first and these take what is left;
-    :func:`cudarl.graph.background`). Scheduling only: the same bits either way. The NumPy backend ignores it."""
+    ``low`` (CUDA's least: where branches compete for the SMs, the step's own kernels are placed first and
+    these take what is left; :func:`cudarl.graph.background`) or ``same`` (the step's, CUDA's greatest, as
+    every other branch). Scheduling only: the same bits either way. The NumPy backend ignores it. Measured
+    with ``tools/bench_aux.py --aux-priority`` (docs/perf-notes.md, thirty-fifth session)."""
     homeostatic_target: float = 0.5
     """Set point of the effective share of atoms ``exp(H(m)) / K`` (``m`` the batch-mean atom distribution)
     that ``agent.aux = ["homeostatic"]`` holds C51's atom utilisation at (cudarl.reference.homeostatic)."""
