@@ -1,6 +1,6 @@
 # Prepared in session 35 for its second device call: agent.aux_priority (causal's and denoise's branches at
 # CUDA's least stream priority, the step's at its greatest; graphs instantiated with node priorities).
-#   LIMIT=<s> OUT=$OUT bash docs/bench/call_s35_priority.sh
+#   LIMIT=<s> OUT=$OUT bash docs/bench/call_s35_priority.sh [<sha>: then gpu_check at it, last]
 # Needs abtrees/62026c1 (git archive of the commit before the change; untracked, removed after) and .whl
 # (carry=[".whl"]) for the timeline.
 # Why: the first call's CUPTI timeline of the all-seven MLP step (docs/bench/gpu-62026c1/) shows the step's own
@@ -13,7 +13,8 @@
 #  - bench_aux --arms all --rounds 5: "same" within 2 us of the commit before (62026c1) for all seven and
 #    within 1 us for none (the driver's instantiation changes no node); "low" 5-12 us under "same" for all
 #    seven (about 134-141 us against about 145 on an H100), none unchanged;
-#  - the timeline with "low": the step's backward GEMMs nearer their time without the signals.
+#  - the timeline with "low": the step's backward GEMMs nearer their time without the signals;
+#  - gpu_check (the fourth try adds it, with low the default): every GPU test passes.
 # The first two tries (16cdd81, 8865401) ran on a machine: CuPy binds no deviceGetStreamPriorityRange, and then
 # the trainer's own graph stream was at the default (least) priority, under every side stream (all seven
 # 150.4-152.5 us against 143.7-145.8 at 62026c1: inverted priorities cost 5-7 us). Added for the third: lowall
@@ -33,6 +34,13 @@ t ab; for r in 1 2; do ab abtrees/62026c1 old_$r tools/bench_aux.py; ab . same_$
 t timeline; set +f; timeout 30 python3 -m pip install -q --no-deps --target /tmp/cpt .whl/*.whl > /tmp/pip.log 2>&1; set -f; tail -1 /tmp/pip.log
 ALL7="agent.aux=[horizons,risk,denoise,homeostatic,causal,selectivity,vaccine]"
 PYTHONPATH=.:/tmp/cpt timeout $(left 50) python3 tools/profile_step.py --graph train --timeline $OUT/timeline_low.json --set "$ALL7" --set "agent.causal_groups=[calendar,offset]" --set replay.capacity=100000 --set agent.aux_priority=low > $OUT/tl_low.log 2>&1; head -2 $OUT/tl_low.log; tail -24 $OUT/tl_low.log
+# gpu_check at <sha> ($1): every GPU test under the node priorities (agent.aux_priority's default low)
+if [ -n "$1" ]; then
+  t gpu_check; export CUDARL_COMMIT=$1
+  PARALLEL=6 BENCHES=tools/bench_step.py BENCH_ARGS="--no-epoch --no-dw-variants" DEADLINE_S=$(( $(left 600) - 10 )) OUT=/tmp/gc BENCH_DIR=/tmp/bench bash tools/gpu_check.sh > /tmp/gc.log 2>&1
+  cp docs/gpu-report.md $OUT/report.log; cp /tmp/bench/bench_step.json $OUT/ 2>/dev/null; cp /tmp/gc/pytest.log $OUT/pytest.log 2>/dev/null
+  grep -E "passed|failed" /tmp/gc/pytest.log | tail -6; grep -hE "^(FAILED|ERROR)" /tmp/gc/pytest.log | head -20
+fi
 # one file back (a call returns at most 8)
 ( cd $OUT && tar czf s35_priority.tgz *.json *.log && rm -f *.json *.log ); ls $OUT
 t end
