@@ -52,7 +52,7 @@ from .auxiliary import AUX_SIGNALS, input_gate
 from .auxiliary.base import AuxSgd
 from .backend import address, family, to_numpy
 from .config import Config
-from .graph import SideStream, background
+from .graph import SideStream
 from .nn import QNetwork
 from .optim import Adam, SoftUpdate, shrink_perturb
 from .pinned import DeviceScalars, PinnedReadback
@@ -149,9 +149,8 @@ class Agent:
         self.online.branch_extras(buf.ws)
         #: the plan head's loss (net.plan), or None
         self.plan = PlanLoss(buf, cfg.env.position_levels()) if cfg.net.plan else None
-        for s in self.aux:  # agent.aux_priority: a background signal's side streams at the least priority
-            with background(a.aux_priority == "low" and s.background):
-                s.allocate(buf)
+        for s in self.aux:
+            s.allocate(buf)
         self.loss, self.loss_per, self.priority = buf.loss, buf.loss_per, buf.priority
         self.readback = PinnedReadback(2, np.float32, xp, slots=PUBLISH_SLOTS)
         self.grad_norm = xp.zeros(1, np.float32)

@@ -545,7 +545,6 @@ def _cu():
         "cuMemcpyDtoHAsync_v2": [vp, u64, sz, vp],
         "cuStreamSynchronize": [vp],
         "cuStreamIsCapturing": [vp, ctypes.POINTER(ctypes.c_int)],
-        "cuCtxGetStreamPriorityRange": [ctypes.POINTER(ctypes.c_int), ctypes.POINTER(ctypes.c_int)],
         "cuCtxSynchronize": [],
         "cuEventCreate": [ctypes.POINTER(vp), ctypes.c_uint],
         "cuEventRecord": [vp, vp],
@@ -569,37 +568,6 @@ def _cu():
     cu.event_elapsed_time = elapsed
     _cu_cache.append(cu)
     return cu
-
-
-#: cuGraphInstantiate's flag: a launch runs each kernel node at the priority its stream had when it was
-#: captured (the per-node attribute), not at the launch stream's
-GRAPH_USE_NODE_PRIORITY = 8
-
-
-def stream_priority_range() -> tuple[int, int]:
-    """``(least, greatest)`` stream priority of the current context (``cuCtxGetStreamPriorityRange``; CuPy
-    has no binding of it)."""
-    least, greatest = ctypes.c_int(), ctypes.c_int()
-    status = _cu().cuCtxGetStreamPriorityRange(ctypes.byref(least), ctypes.byref(greatest))
-    _cu_check(status, "cuCtxGetStreamPriorityRange")
-    return least.value, greatest.value
-
-
-def graph_instantiate(graph: int, flags: int) -> int:
-    """``cuGraphInstantiateWithFlags`` of the ``cudaGraph_t`` ``graph`` (the runtime's handle is the driver's):
-    the ``CUgraphExec`` handle. Free it with :func:`graph_exec_destroy`."""
-    exe = ctypes.c_void_p()
-    _cu_check(_cu().cuGraphInstantiateWithFlags(ctypes.byref(exe), ctypes.c_void_p(graph), flags), "cuGraphInstantiate")
-    return exe.value
-
-
-def graph_launch(exe: int, stream: int) -> None:
-    """``cuGraphLaunch`` of the executable graph ``exe`` on the stream ``stream`` (its handle)."""
-    _cu_check(_cu().cuGraphLaunch(ctypes.c_void_p(exe), ctypes.c_void_p(stream)), "cuGraphLaunch")
-
-
-def graph_exec_destroy(exe: int) -> None:
-    _cu().cuGraphExecDestroy(ctypes.c_void_p(exe))
 
 
 def _cu_check(status: int, what: str) -> None:

@@ -656,13 +656,6 @@ class AgentConfig:
     the spread of a run, so the default stays ``net``. The main step's GEMMs, the vaccine's backward (over
     the whole batch) and a population's stacked networks keep ``net.gemm``. Same math to float32 rounding,
     not the same bits; each choice is deterministic. The NumPy backend ignores it."""
-    aux_priority: str = "low"
-    """Stream priority of the ``denoise`` and ``causal`` signals' branches (GPU), the ones whose results nothing
-    in the step waits for before its backward ends (:attr:`cudarl.auxiliary.base.AuxBase.background`):
-    ``low`` (CUDA's least: where branches compete for the SMs, the step's own kernels are placed first and
-    these take what is left; :func:`cudarl.graph.background`) or ``same`` (the step's, CUDA's greatest, as
-    every other branch). Scheduling only: the same bits either way. The NumPy backend ignores it. Measured
-    with ``tools/bench_aux.py --aux-priority`` (docs/perf-notes.md, thirty-fifth session)."""
     homeostatic_target: float = 0.5
     """Set point of the effective share of atoms ``exp(H(m)) / K`` (``m`` the batch-mean atom distribution)
     that ``agent.aux = ["homeostatic"]`` holds C51's atom utilisation at (cudarl.reference.homeostatic)."""
@@ -738,7 +731,6 @@ class AgentConfig:
         _in(s, "aux_denoise_mask", self.aux_denoise_mask, 0, 1, hi_open=True)
         _in(s, "aux_denoise_lr", self.aux_denoise_lr, 0, 10)
         _in(s, "aux_batch", self.aux_batch, 0, 1, lo_open=True)
-        _need(s, self.aux_priority in ("same", "low"), f"aux_priority must be same or low, got {self.aux_priority!r}")
         _need(s, self.aux_gemm in AUX_GEMMS, f"aux_gemm must be one of {list(AUX_GEMMS)}, got {self.aux_gemm!r}")
         _need(s, self.act_by in ACT_BY, f"act_by must be one of {list(ACT_BY)}, got {self.act_by!r}")
         _in(s, "act_alpha", self.act_alpha, 0, 1, lo_open=True)

@@ -17,12 +17,6 @@ capture must end joined).
 
 On the NumPy backend there are no graphs: :meth:`replay` runs the phases in order, with the
 same state machine (capture before replay), so the CPU path is the same program.
-
-Priorities: a graph's stream and its side streams are urgent (CUDA's greatest stream priority) unless made
-inside :func:`background` (the least); a captured graph is instantiated so that each kernel runs at its
-stream's priority, so where branches compete for the SMs a background branch's blocks (an auxiliary
-signal's, ``agent.aux_priority = "low"``) wait for the urgent ones' (the step's own chain) to be placed.
-Priorities order the blocks' placement only, never what a kernel computes: the same bits either way.
 """
 
 from __future__ import annotations
@@ -37,70 +31,6 @@ from . import backend as _backend
 from . import kernels
 
 Phase = tuple[str, Callable[[], None]]
-
-#: whether a side stream made now is urgent (the innermost :func:`background`'s choice)
-_URGENT = [True]
-
-
-def stream_priority(urgent: bool) -> int:
-    """CUDA's greatest stream priority on the current device (``urgent``) or its least (a stream's default)."""
-    import cupy
-
-    from . import blas
-
-    cupy.cuda.runtime.free(0)  # the runtime's primary context current (the driver's query needs one)
-    least, greatest = blas.stream_priority_range()
-    return greatest if urgent else least
-
-
-def urgent_stream():
-    """A new non-blocking CuPy stream at CUDA's greatest priority: a graph's (:class:`StepGraph`'s own, the
-    trainer's), so that the kernels captured on it outrank a background branch's."""
-    import cupy
-
-    return cupy.cuda.Stream(non_blocking=True, priority=stream_priority(True))
-
-
-@contextmanager
-def background(on: bool = True):
-    """``with background():`` the :class:`SideStream` objects made in the body are background ones (least
-    priority), unless they say otherwise; ``on=False``: urgent, as outside any such block."""
-    _URGENT.append(not on)
-    try:
-        yield
-    finally:
-        _URGENT.pop()
-
-
-class _Instance:
-    """A captured CuPy graph instantiated through the driver with node priorities
-    (:data:`cudarl.blas.GRAPH_USE_NODE_PRIORITY`: each kernel node at the priority its stream had when
-    captured); a CuPy that keeps no ``cudaGraph_t`` after instantiating its own gets CuPy's launch (every
-    node at the launch stream's priority)."""
-
-    def __init__(self, graph):
-        from . import blas
-
-        self.graph = graph  # owns the cudaGraph_t, which the executable does not need after this
-        raw = getattr(graph, "graph", 0)
-        self.exe = blas.graph_instantiate(raw, blas.GRAPH_USE_NODE_PRIORITY) if raw else None
-
-    def launch(self, stream) -> None:
-        if self.exe is None:
-            self.graph.launch(stream)
-            return
-        from . import blas
-
-        blas.graph_launch(self.exe, stream.ptr)
-
-    def __del__(self):
-        if getattr(self, "exe", None):
-            try:
-                from . import blas
-
-                blas.graph_exec_destroy(self.exe)
-            except Exception:  # at interpreter exit the driver may be gone with the process
-                pass
 
 
 class GraphError(RuntimeError):
@@ -145,8 +75,7 @@ class StepGraph:
     Args:
         name: the graph's name; also the kernel context of its captured launches.
         phases: ``[(phase_name, fn), ...]``, run in order.
-        stream: the CuPy stream to capture on (default: a new non-blocking one, :func:`urgent_stream`; the
-            kernels captured on it run at its priority).
+        stream: the CuPy stream to capture on (default: a new non-blocking stream).
         xp: ``numpy`` or ``cupy`` (default: the process backend).
     """
 
@@ -160,10 +89,12 @@ class StepGraph:
         self.is_gpu = self.xp.__name__ == "cupy"
         self.stream = None
         if self.is_gpu:
+            import cupy
+
             if stream is None:
                 from . import blas
 
-                stream = urgent_stream()
+                stream = cupy.cuda.Stream(non_blocking=True)
                 blas.release_with(self, stream)  # its own stream: its handle goes with it
             self.stream = stream
         self._graph = None
@@ -243,7 +174,7 @@ class StepGraph:
         if not self.is_gpu:
             self._captured = True
             return
-        self._graph = _Instance(self._capture(self.phases, self.name))
+        self._graph = self._capture(self.phases, self.name)
         self._captured = True
 
     def kernel_ops(self) -> set[tuple[str, str]]:
@@ -371,9 +302,6 @@ class SideStream:
     edges, so the body becomes a parallel branch of the graph. Every fork must be joined before a
     capture ends; :class:`StepGraph` joins open side streams after its last phase.
 
-    ``urgent``: its kernels at CUDA's greatest stream priority, else at the least (None: urgent unless made
-    inside :func:`background`); :attr:`urgent` says which.
-
     The side stream gets its own cuBLAS handle and workspace at construction (before any capture), unless
     ``gemms=False``: a branch that launches no GEMM (homeostatic's) then holds no 32 MiB workspace; a GEMM
     on it outside a capture would make one then, and inside one raises :class:`cudarl.blas.BlasError`.
@@ -385,9 +313,8 @@ class SideStream:
 
     _open: list = []
 
-    def __init__(self, xp=None, *, gemms: bool = True, urgent: bool | None = None):
+    def __init__(self, xp=None, *, gemms: bool = True):
         self.xp = xp if xp is not None else _backend.get().xp
-        self.urgent = _URGENT[-1] if urgent is None else bool(urgent)
         self.stream = None
         self._pending = False
         if self.xp.__name__ == "cupy":
@@ -395,7 +322,7 @@ class SideStream:
 
             from . import blas
 
-            self.stream = cupy.cuda.Stream(non_blocking=True, priority=stream_priority(self.urgent))
+            self.stream = cupy.cuda.Stream(non_blocking=True)
             self._forked = cupy.cuda.Event(disable_timing=True)
             self._done = cupy.cuda.Event(disable_timing=True)
             if gemms:

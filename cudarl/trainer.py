@@ -39,7 +39,7 @@ from .data import report as data_report
 from .env import TradingEnv
 from .evaluate import json_safe, write_outputs
 from .features import Normaliser
-from .graph import StepGraph, capture_all, follow_caller, urgent_stream
+from .graph import StepGraph, capture_all, follow_caller
 from .monitor import StepMonitor
 from .policy import EVAL_ENVS, PolicyState, deployment, eval_env, evaluate_split, greedy_walk, is_policy_file
 from .prepare import Prepared, prepare_data
@@ -197,9 +197,11 @@ class Trainer:
         if own:
             self.replay.reserve(cfg.agent.batch_size)
         if self.be.is_gpu and stream is None:
+            import cupy
+
             from . import blas
 
-            stream = urgent_stream()  # the step's own kernels at the greatest priority (agent.aux_priority)
+            stream = cupy.cuda.Stream(non_blocking=True)
             # its cuBLAS handle goes with the agent: every graph that captures on this stream (the two
             # below, a population's) runs the agent's phases, so none can replay once the agent is gone
             blas.release_with(self.agent, stream)

@@ -13,9 +13,8 @@ always has one), in every arm that has it.
 The two choices that cut the cost (docs/guide.md, "Auxiliary signals"): the arms run with
 ``agent.aux_batch`` (the share of the batch the denoise and causal passes read) and
 ``agent.vaccine_scope`` at ``--aux-batch`` and ``--vaccine-scope``, and ``agent.aux_gemm`` (the denoise and
-causal passes' GEMMs) at ``--aux-gemm``, ``agent.aux_priority`` (the denoise and causal branches' stream
-priority) at ``--aux-priority`` (default: the configuration's defaults); ``--arms all,causal`` runs those arms
-(and ``none``) only. The arms marked ``(whole)`` run denoise, causal, vaccine and all seven as
+causal passes' GEMMs) at ``--aux-gemm`` (default: the configuration's defaults); ``--arms all,causal`` runs
+those arms (and ``none``) only. The arms marked ``(whole)`` run denoise, causal, vaccine and all seven as
 they ran before those fields (``aux_batch = 1``, ``vaccine_scope = "encoder"``), so one run shows each
 signal's cost both ways; ``--no-whole`` leaves them out.
 
@@ -83,7 +82,6 @@ def run_arms(
     vaccine_scope: str = AGENT.vaccine_scope,
     whole: bool = True,
     aux_gemm: str = AGENT.aux_gemm,
-    aux_priority: str = AGENT.aux_priority,
     only: tuple = (),
     rounds: int = 1,
 ) -> tuple[list, dict]:
@@ -95,7 +93,7 @@ def run_arms(
     from cudarl.bench import DEVICE_MEMORY, ENCODER_WORKLOAD, reference_config, step_benchmark
 
     net = {} if encoder == "mlp" else {"encoder": encoder, **ENCODER_WORKLOAD}
-    mine = {"aux_batch": aux_batch, "vaccine_scope": vaccine_scope, "aux_gemm": aux_gemm, "aux_priority": aux_priority}
+    mine = {"aux_batch": aux_batch, "vaccine_scope": vaccine_scope, "aux_gemm": aux_gemm}
     if "ablation" in only:
         only = (*only, "all", *ABLATION)
     runs = {a: v for a, v in {**arms(whole), **ABLATION}.items() if a in (*only, "none") or (not only and a in ARMS)}
@@ -169,7 +167,6 @@ def main() -> int:
     ap.add_argument("--vaccine-scope", default=AGENT.vaccine_scope, choices=VACCINE_SCOPES)
     ap.add_argument("--no-whole", action="store_true", help="leave out the (whole) arms (aux_batch 1, encoder)")
     ap.add_argument("--aux-gemm", default=AGENT.aux_gemm, choices=AUX_GEMMS, help="agent.aux_gemm of the arms")
-    ap.add_argument("--aux-priority", default=AGENT.aux_priority, choices=("same", "low"), help="agent.aux_priority")
     ap.add_argument(
         "--arms", default="", help="comma-separated arms to run (with none; 'ablation': all and each 'all but <s>')"
     )
@@ -181,8 +178,7 @@ def main() -> int:
         return 0
     rows, meta = run_arms(
         args.encoder, args.device, args.repeats, args.aux_batch, args.vaccine_scope, whole=not args.no_whole,
-        aux_gemm=args.aux_gemm, aux_priority=args.aux_priority, only=tuple(a for a in args.arms.split(",") if a),
-        rounds=args.rounds,
+        aux_gemm=args.aux_gemm, only=tuple(a for a in args.arms.split(",") if a), rounds=args.rounds,
     )  # fmt: skip
     report("bench_aux", rows, args.out, meta)
     return 0

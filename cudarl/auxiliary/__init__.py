@@ -50,11 +50,6 @@ class AuxSignal(Protocol):
     #: phases) before it; when no phase reads them before the step's end, that branch runs beside the
     #: backward too (:meth:`cudarl.agent.Agent.q_stats`, :meth:`cudarl.agent.Agent.q_stats_join`).
     reads_q_stats: bool
-    #: whether nothing in the step waits for this signal's branches before the step's backward ends (its
-    #: gradient is taken only by a grad phase after it, or by its own SGD step): ``agent.aux_priority =
-    #: "low"`` then makes its side streams (all made in :meth:`allocate`) background ones
-    #: (:func:`cudarl.graph.background`), whose kernels take the SMs the step's own leave
-    background: bool
 
     def make_head(self, d: int):
         """Its head on ``psi [B, d]`` (a :class:`cudarl.nn.Module` named ``aux.<name>``, with a

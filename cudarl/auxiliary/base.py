@@ -25,7 +25,6 @@ class AuxBase:
 
     name = ""
     reads_q_stats = False
-    background = False
 
     def __init__(self, cfg):
         self.cfg = cfg

@@ -86,7 +86,6 @@ def group_masks(names, groups) -> tuple[list, np.ndarray, np.ndarray]:
 
 class Causal(AuxBase):
     name = "causal"
-    background = True  # its penalty's gradient is taken by vaccine's grad phase or its own, after the step's backward
     # q_s, the clean expected Q its penalty holds fixed, is read on its branch forked from the q_stats branch
     # (buffers.after_q_stats), not on the main stream: q_stats_join need not wait for it
     reads_q_stats = False

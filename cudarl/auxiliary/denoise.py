@@ -50,7 +50,6 @@ class Denoise(AuxBase):
     """No head of the Q-networks (:meth:`AuxBase.make_head`'s None): the decoder is this signal's own."""
 
     name = "denoise"
-    background = True  # its encoder and decoder move by its own SGD step, after the step's backward
     head_name = "aux.denoise"
 
     def __init__(self, cfg):

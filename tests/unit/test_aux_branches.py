@@ -16,7 +16,6 @@ import pytest
 from test_trainer import gpu_small, small
 from test_windows import ENCODER_NETS
 
-from cudarl.config import ConfigError
 from cudarl.graph import SideStream
 from cudarl.nn import QNetwork
 from cudarl.nn.layers import Linear
@@ -824,86 +823,3 @@ def test_gpu_the_gate_folds_beside_sample_and_its_backward_follows_the_first_lay
     t.synchronize()
     acting = cpath.build_graph(events)
     assert [n["phase"] for n in acting if n["name"].startswith("cudarl_selectivity_")] == ["act"]
-
-
-ALL_SEVEN = ["horizons", "risk", "denoise", "homeostatic", "causal", "selectivity", "vaccine"]
-ALL_SEVEN_OVER = {"aux": ALL_SEVEN, "causal_groups": ["calendar", "offset"]}
-
-
-def _own_side_streams(signal) -> list:
-    """The :class:`SideStream` objects a signal holds: its attributes', and those of the helpers it owns
-    (objects of cudarl.auxiliary's modules that are not themselves signals, lists of them), not another
-    signal's (vaccine holds causal's as its addend)."""
-    from cudarl.auxiliary.base import AuxBase
-
-    found, seen, todo = [], set(), [signal]
-    while todo:
-        obj = todo.pop()
-        if id(obj) in seen:
-            continue
-        seen.add(id(obj))
-        for v in vars(obj).values():
-            for x in v if type(v) in (list, tuple) else [v]:  # not a GradAddend (a named tuple of causal's)
-                if isinstance(x, SideStream):
-                    found.append(x)
-                elif (
-                    type(x).__module__.startswith("cudarl.auxiliary")
-                    and hasattr(x, "__dict__")
-                    and not isinstance(x, AuxBase)
-                ):
-                    todo.append(x)
-    return found
-
-
-@pytest.mark.parametrize("priority", ["same", "low"])
-def test_aux_priority_low_makes_causals_and_denoises_branches_background_and_no_others(priority):
-    """``agent.aux_priority = "low"``: the side streams of the signals nothing in the step waits for before
-    its backward ends (causal's, denoise's: ``background``) are background ones (least priority on the GPU);
-    every other signal's and the step's own stay urgent. ``same``: every stream urgent."""
-    t = _trainer(agent={**ALL_SEVEN_OVER, "aux_priority": priority})
-    assert t.cfg.agent.aux_priority == priority
-    assert {s.name for s in t.agent.aux if s.background} == {"causal", "denoise"}
-    for s in t.agent.aux:
-        sides = _own_side_streams(s)
-        if s.name in ("causal", "denoise", "homeostatic", "vaccine", "horizons", "risk"):
-            assert sides, s.name  # branches of its own: what the priority applies to
-        assert all(x.urgent == (priority == "same" or not s.background) for x in sides), s.name
-    buf = t.agent.buffers
-    step = [buf.side, buf.side_next, buf.side_small, buf.side_stats, buf.side_qstats, *t.agent.grad_sides]
-    assert all(x.urgent for x in step)
-
-
-def test_aux_priority_is_checked():
-    with pytest.raises(ConfigError, match="aux_priority must be same or low"):
-        _trainer(agent={"aux_priority": "high"})
-
-
-def _stream_priority(stream) -> int:
-    import ctypes
-
-    cu, p = ctypes.CDLL("libcuda.so.1"), ctypes.c_int(99)
-    assert cu.cuStreamGetPriority(ctypes.c_void_p(stream.ptr), ctypes.byref(p)) == 0
-    return p.value
-
-
-@pytest.mark.gpu
-def test_gpu_background_branches_run_at_the_least_priority_in_a_graph_of_node_priorities_and_train_alike():
-    """On the GPU, ``aux_priority = "low"`` puts causal's and denoise's streams at CUDA's least priority and
-    the step's at its greatest; the train graph is instantiated with node priorities; and both settings
-    train to the same bits (priorities place blocks, they compute nothing)."""
-    from cudarl import blas
-    from cudarl.graph import stream_priority
-
-    least, greatest = blas.stream_priority_range()
-    assert (stream_priority(False), stream_priority(True)) == (least, greatest) and least != greatest
-    runs = {}
-    for priority in ("same", "low"):
-        t = Trainer(gpu_small(agent={**ALL_SEVEN_OVER, "aux_priority": priority}), run_dir=False, echo=lambda m: None)
-        t.run(t.cfg.agent.learning_starts // t.cfg.env.n_envs + 4)
-        assert t.train_graph._graph.exe is not None  # instantiated through the driver, node priorities on
-        assert _stream_priority(t.train_graph.stream) == greatest
-        for s in t.agent.aux:
-            want = least if priority == "low" and s.background else greatest
-            assert {_stream_priority(x.stream) for x in _own_side_streams(s)} == {want}, s.name
-        runs[priority] = t
-    _assert_trained_alike(runs["same"], runs["low"])
