@@ -348,7 +348,10 @@ def timeline(graph_name: str, sets: list[str], out: Path, replays: int = 20, mem
     records and the median replay's :func:`timeline_summary` to ``out`` and print that summary. Recording is
     on before the graph is captured and instantiated (CUPTI may instrument a graph's kernels when it is made);
     the records of the build and the warm replays are dropped. Tracing adds its own time to each kernel:
-    compare the spans with ``tools/bench_step.py``'s replay time of the same graph before reading them."""
+    compare the spans with ``tools/bench_step.py``'s replay time of the same graph before reading them. On an
+    H100 (62026c1, cupti-python 13.4.0) a replay's root kernels (the schedules, the selectivity fold) ran
+    50-100 us before the rest of it, a wait the untraced replay does not have: the chain's first long wait,
+    which the span includes; read the step from the kernel after it (the train step's sample)."""
     from cupti import cupti
 
     records: list = []
