@@ -34,9 +34,9 @@ Modes:
 
 * ``--graph train|collect|joined --timeline timeline.json [--replays N]`` (no ncu; CUPTI's Python bindings,
   ``cupti-python``, importable): every kernel of N replays (default 20) as it ran, beside the others, from
-  CUPTI's concurrent-kernel activity records (start, end, stream, graph node): unlike ncu's serialised
-  times, these are the replay's own. Prints the median replay's span, its kernels' busy time, the kernels
-  by start with their gaps, and the chain walked back from the last kernel to end (:func:`timeline_summary`:
+  CUPTI's concurrent-kernel activity records (name, start, end, stream): unlike ncu's serialised times,
+  these are the replay's own. Prints the median replay's span, its kernels' summed and busy time, and the
+  chain walked back from the last kernel to end (:func:`timeline_summary`:
   each kernel's latest-ending predecessor that ended before it started, the observed critical path).
   Writes the records and the summary as JSON.
 
@@ -60,6 +60,7 @@ import json
 import sys
 from collections import defaultdict
 from pathlib import Path
+from statistics import median
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -301,12 +302,6 @@ def _keyed_times(records: list, replays: int | None = None) -> dict:
     return out
 
 
-def _median(v: list) -> float:
-    v = sorted(v)
-    n = len(v)
-    return v[n // 2] if n % 2 else (v[n // 2 - 1] + v[n // 2]) / 2
-
-
 def timeline_compare(a: list, b: list, replays: tuple = (None, None)) -> dict:
     """Two timelines' records (:func:`timeline`'s, ``a`` the step without, ``b`` with some work more): for each
     kernel launch both have (name and its place among that name's launches in a replay), its median time in
@@ -315,11 +310,11 @@ def timeline_compare(a: list, b: list, replays: tuple = (None, None)) -> dict:
     each one's count of replays, where known (:func:`split_replays`)."""
     ta, tb = _keyed_times(a, replays[0]), _keyed_times(b, replays[1])
     shared = [
-        {"name": n, "k": k, "a_us": _median(ta[(n, k)]), "b_us": _median(tb[(n, k)])} for n, k in ta if (n, k) in tb
+        {"name": n, "k": k, "a_us": median(ta[(n, k)]), "b_us": median(tb[(n, k)])} for n, k in ta if (n, k) in tb
     ]
     for r in shared:
         r["delta_us"] = r["b_us"] - r["a_us"]
-    only = [{"name": n, "k": k, "b_us": _median(v)} for (n, k), v in tb.items() if (n, k) not in ta]
+    only = [{"name": n, "k": k, "b_us": median(v)} for (n, k), v in tb.items() if (n, k) not in ta]
     return {
         "shared": sorted(shared, key=lambda r: -r["delta_us"]),
         "only_b": sorted(only, key=lambda r: -r["b_us"]),
@@ -360,10 +355,7 @@ def timeline(graph_name: str, sets: list[str], out: Path, replays: int = 20, mem
     def completed(activities: list) -> None:
         for a in activities:
             if a.kind == K:
-                records.append(
-                    {"name": a.name, "start": int(a.start), "end": int(a.end), "stream": int(a.stream_id),
-                     "node": int(a.graph_node_id)}
-                )  # fmt: skip
+                records.append({"name": a.name, "start": int(a.start), "end": int(a.end), "stream": int(a.stream_id)})
 
     cupti.activity_register_callbacks(lambda: (8 << 20, 0), completed)
     cupti.activity_enable(K)

@@ -16,6 +16,8 @@
 #    little), none's 100-106 us; the comparison shows the step's own kernels (the ones in both graphs) longer in
 #    all-seven by 10-20 us summed over the replay (the SM/L2-sharing reading) rather than their gaps;
 #  - the A/B: the three trees' all-seven steps within 3 us of each other, none within 1 us.
+# As it ran (62026c1): `set -f` below kept `.whl/*.whl` from expanding, so the wheels did not install and the
+# two timelines failed; they ran in a call of their own on the same machine. A rerun needs `set +f` around pip.
 set -f
 R=$(pwd); T0=$(date +%s); t() { echo "== $1 t=$(( $(date +%s) - T0 ))"; }
 left() { local l=$(( ${LIMIT:-500} - ($(date +%s) - T0) )); [ "$l" -lt 1 ] && l=1; [ "$l" -lt "$1" ] && echo "$l" || echo "$1"; }

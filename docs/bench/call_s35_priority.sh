@@ -20,6 +20,10 @@
 # 150.4-152.5 us against 143.7-145.8 at 62026c1: inverted priorities cost 5-7 us). Added for the third: lowall
 # (every signal's streams background); prediction: within 2 us of low (homeostatic's and vaccine's nodes on
 # the chain then wait behind the step's own blocks, which they follow anyway).
+# As it ran (d45b756): the final tarball step hit `set -f` (no glob) and failed, and the lowall arm needs
+# abtrees/bench_variant.py, an untracked helper deleted after the call (it set the named signals' class
+# attribute `background` to True, then ran tools/bench_aux.py); agent.aux_priority itself is reverted
+# (docs/bench/aux-priority.patch), so the script is a record, not a rerunnable call.
 set -f
 T0=$(date +%s); t() { echo "== $1 t=$(( $(date +%s) - T0 ))"; }
 left() { local l=$(( ${LIMIT:-500} - ($(date +%s) - T0) )); [ "$l" -lt 1 ] && l=1; [ "$l" -lt "$1" ] && echo "$l" || echo "$1"; }
