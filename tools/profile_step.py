@@ -40,6 +40,11 @@ Modes:
   each kernel's latest-ending predecessor that ended before it started, the observed critical path).
   Writes the records and the summary as JSON.
 
+* ``--graph train|collect --anatomy anatomy.json`` (no ncu, no CUPTI): the captured graph's nodes by type, its
+  edges, depth and forks (:func:`dot_summary` of CUDA's DOT of it, written beside as ``anatomy.dot``), and what
+  a replay costs the host to launch (idle, and with a replay in flight) against the replay's own time between
+  two events, alone and back to back (:func:`anatomy`).
+
 * ``--compare a.json b.json`` (two ``--timeline`` files: the step without and with some signals): each
   kernel of the first, by name and its place among that name's launches in a replay, with its median time over
   the replays in both (:func:`timeline_compare`): the shared kernels' growth is what the second step's other
@@ -385,6 +390,116 @@ def timeline(graph_name: str, sets: list[str], out: Path, replays: int = 20, mem
     print(f"wrote {out}")
 
 
+def dot_summary(dot: str) -> dict:
+    """A captured graph's DOT (``cudaGraphDebugDotPrint``'s, as ``cupy.cuda.Graph.debug_dot_str`` gives it)
+    read back: its nodes by type, its edges, its roots and leaves, its depth (the most nodes on one path) and
+    every node with more than two children (a fork) with the children's labels. A node's type is the first
+    of CUDA's type words in its label (``MEMSET``, ``MEMCPY``, ``EMPTY``, ``HOST``, ``EVENT_RECORD``,
+    ``WAIT_EVENT``, ``MEM_ALLOC``, ``MEM_FREE``, ``CONDITIONAL``, ``GRAPH``), else ``KERNEL``; its name is the
+    label's first word that is neither a number nor a type word. Returns ``{"types": {type: count}, "nodes":
+    n, "edges": n, "roots": [...], "leaves": n, "depth": n, "forks": [{"node", "name", "children"}]}``."""
+    import re
+
+    words = ("MEMSET", "MEMCPY", "EMPTY", "HOST", "EVENT_RECORD", "WAIT_EVENT", "MEM_ALLOC", "MEM_FREE",
+             "CONDITIONAL", "GRAPH")  # fmt: skip
+    nodes: dict = {}
+    for m in re.finditer(r'"([^"]+)"\s*\[(.*?)\];', dot, re.S):
+        attrs = m.group(2)
+        label = re.search(r'label\s*=\s*"((?:[^"\\]|\\.)*)"', attrs, re.S)
+        text = label.group(1) if label else ""
+        kind = next((w for w in words if re.search(rf"\b{w}\b", text.upper())), "KERNEL")
+        toks = [t for t in re.split(r"[\s\\|{}<>()]+", text) if t and not t.isdigit() and t.upper() not in (*words, "VOID")]
+        nodes[m.group(1)] = {"type": kind, "name": toks[0] if toks else ""}
+    edges = [(a, b) for a, b in re.findall(r'"([^"]+)"\s*->\s*"([^"]+)"', dot) if a in nodes and b in nodes]
+    kids: dict = defaultdict(list)
+    parents: dict = defaultdict(list)
+    for a, b in edges:
+        kids[a].append(b)
+        parents[b].append(a)
+    depth: dict = {}
+
+    def deep(n: str) -> int:  # iterative longest path, in nodes, ending at n
+        stack = [n]
+        while stack:
+            x = stack[-1]
+            todo = [p for p in parents[x] if p not in depth]
+            if todo:
+                stack.extend(todo)
+                continue
+            depth[x] = 1 + max((depth[p] for p in parents[x]), default=0)
+            stack.pop()
+        return depth[n]
+
+    types: dict = defaultdict(int)
+    for n, v in nodes.items():
+        types[v["type"]] += 1
+        deep(n)
+    forks = [{"node": n, "name": nodes[n]["name"], "children": [nodes[c]["name"] or nodes[c]["type"] for c in kids[n]]}
+             for n in nodes if len(kids[n]) > 2]  # fmt: skip
+    return {
+        "types": dict(sorted(types.items())),
+        "nodes": len(nodes),
+        "edges": len(edges),
+        "roots": [nodes[n]["name"] or nodes[n]["type"] for n in nodes if not parents[n]],
+        "leaves": sum(not kids[n] for n in nodes),
+        "depth": max(depth.values(), default=0),
+        "forks": forks,
+    }
+
+
+def anatomy(graph_name: str, sets: list[str], out: Path, repeats: int = 200) -> None:
+    """The captured graph's shape (:func:`dot_summary` of its DOT) and its launch costs, without CUPTI: the
+    host's time in one ``replay()`` call on an idle GPU and with replays queued, the replay's time between two
+    events (one replay, as ``tools/bench_step.py`` times it; and ``BACK_TO_BACK`` replays), medians over
+    ``repeats``. Where the host's time to launch approaches the replay's, the single replay's time holds launch
+    work the training loop overlaps. Writes the DOT beside the JSON (``out`` with ``.dot``)."""
+    import time
+
+    import cupy
+
+    from cudarl.bench import BACK_TO_BACK
+
+    graph, synchronize = _primed(graph_name, sets)
+    dot = graph._graph.debug_dot_str()
+    out.with_suffix(".dot").write_text(dot)
+    shape = dot_summary(dot)
+    for _ in range(10):
+        graph.replay()
+    synchronize()
+    s = graph.stream
+    start, end = cupy.cuda.Event(), cupy.cuda.Event()
+    idle, queued, one, b2b = [], [], [], []
+    for _ in range(repeats):
+        synchronize()
+        t0 = time.perf_counter()
+        graph.replay()
+        idle.append((time.perf_counter() - t0) * 1e6)
+        t0 = time.perf_counter()
+        graph.replay()  # the first still running
+        queued.append((time.perf_counter() - t0) * 1e6)
+        synchronize()
+        start.record(s)
+        graph.replay()
+        end.record(s)
+        end.synchronize()
+        one.append(cupy.cuda.get_elapsed_time(start, end) * 1e3)
+        start.record(s)
+        for _ in range(BACK_TO_BACK):
+            graph.replay()
+        end.record(s)
+        end.synchronize()
+        b2b.append(cupy.cuda.get_elapsed_time(start, end) * 1e3 / BACK_TO_BACK)
+    times = {"launch_idle_us": median(idle), "launch_queued_us": median(queued), "replay_us": median(one),
+             f"replay_{BACK_TO_BACK}_back_to_back_us": median(b2b)}  # fmt: skip
+    print(f"{graph_name} {sets}: {shape['nodes']} nodes {shape['types']}, {shape['edges']} edges, depth "
+          f"{shape['depth']}, {len(shape['roots'])} roots, {shape['leaves']} leaves")  # fmt: skip
+    print("  " + ", ".join(f"{k} {v:.1f}" for k, v in times.items()))
+    for f in shape["forks"]:
+        print(f"  fork {f['name'] or f['node']} -> {len(f['children'])}: {', '.join(f['children'])[:200]}")
+    out.write_text(json.dumps({"graph": graph_name, "set": sets, **times, **shape}, indent=1))
+    print(f"wrote {out} and {out.with_suffix('.dot')}")
+
+
 def build_parser() -> argparse.ArgumentParser:
     from bench_joined import TARGET_P  # --members' default: the size of issue 23's targets
 
@@ -405,6 +520,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--trace", type=Path, help="with --graph, no ncu: write the graph's launch trace JSON here")
     ap.add_argument("--timeline", type=Path, help="with --graph, no ncu: CUPTI's record of N replays, JSON here")
     ap.add_argument("--replays", type=int, default=20, help="--timeline: the replays recorded")
+    ap.add_argument(
+        "--anatomy", type=Path, help="with --graph train|collect, no ncu: its nodes, forks and launch costs, JSON here"
+    )
     ap.add_argument("--compare", nargs=2, type=Path, help="two --timeline files: the kernels' times side by side")
     return ap
 
@@ -416,6 +534,10 @@ def main(argv=None) -> int:
         ap.error(f"--members must be at least 1, got {args.members}")
     if args.trace and args.graph:
         trace(args.graph, args.set, args.trace, args.members)
+    elif args.anatomy and args.graph:
+        if args.graph == "joined":
+            ap.error("--anatomy takes --graph train or collect")
+        anatomy(args.graph, args.set, args.anatomy)
     elif args.compare:
         compare(args.compare, args.out)
     elif args.timeline and args.graph:

@@ -168,3 +168,44 @@ def test_timeline_compare_sets_the_shared_kernels_growth_apart_from_the_added_on
         paths[-1].write_text(json.dumps({"records": recs}))
     assert ps.main(["--compare", *map(str, paths), "--out", str(tmp_path / "c.json")]) == 0
     assert "+2.00" in capsys.readouterr().out and json.loads((tmp_path / "c.json").read_text())["only_b_us"] == 3.0
+
+
+DOT = """digraph dot {
+subgraph cluster_1 {
+label="graph_1" graph[style="dashed"];
+"graph_1_node_0"[style="solid" shape="rectangle" label="0
+cudarl_replay_gather
+\\<\\<\\<(4,1,1),(256,1,1),0\\>\\>\\>"];
+"graph_1_node_1"[style="solid" shape="rectangle" label="1
+void cutlass_gemm(Params)"];
+"graph_1_node_2"[style="solid" shape="invtrapezium" label="2
+MEMSET
+"];
+"graph_1_node_3"[style="solid" shape="rectangle" label="3
+cudarl_loss"];
+"graph_1_node_4"[style="solid" shape="ellipse" label="4
+EMPTY"];
+"graph_1_node_0" -> "graph_1_node_1";
+"graph_1_node_0" -> "graph_1_node_2";
+"graph_1_node_0" -> "graph_1_node_3";
+"graph_1_node_1" -> "graph_1_node_4";
+"graph_1_node_2" -> "graph_1_node_3";
+"graph_1_node_3" -> "graph_1_node_4";
+}
+}
+"""
+
+
+def test_dot_summary_counts_types_depth_and_forks():
+    """The anatomy's reading of CUDA's DOT: types from the label's type word (a kernel's label has none), the
+    kernel's name past ``void``, the longest path in nodes, and a node with three children listed as a fork."""
+    got = ps.dot_summary(DOT)
+    assert got["types"] == {"EMPTY": 1, "KERNEL": 3, "MEMSET": 1}
+    assert (got["nodes"], got["edges"], got["leaves"], got["depth"]) == (5, 6, 1, 4)
+    assert got["roots"] == ["cudarl_replay_gather"]
+    assert got["forks"] == [
+        {"node": "graph_1_node_0", "name": "cudarl_replay_gather", "children": ["cutlass_gemm", "MEMSET", "cudarl_loss"]}
+    ]
+    assert ps.build_parser().parse_args(["--graph", "train", "--anatomy", "a.json"]).anatomy == Path("a.json")
+    with pytest.raises(SystemExit):
+        ps.main(["--graph", "joined", "--anatomy", "a.json"])
