@@ -1,5 +1,5 @@
 # Session 36, first device call: the all-seven MLP train graph's anatomy against none's (issue 19, point 9).
-#   LIMIT=<s> OUT=$OUT bash docs/bench/call_s36.sh
+#   LIMIT=<s> OUT=$OUT bash docs/bench/call_s36.sh     (carry .whl: the cupti-python wheels, for the timelines)
 # Why: the session-35 timeline showed 9.2 us with no kernel running after the sample's gather in the all-seven
 # replay (1.1 us in none's), and the replay's root kernels 50-100 us ahead of the rest under CUPTI. Either the
 # graph holds nodes CUPTI's kernel records do not show (memsets, memcpys, empty nodes) on that path, or the
@@ -20,5 +20,8 @@ for g in none all collect; do
     collect) PYTHONPATH=. timeout $(left 60) python3 tools/profile_step.py --graph collect --set replay.capacity=100000 --anatomy $OUT/anat_collect.json ;;
   esac 2>&1 | tail -30
 done
+t timelines; python3 -m pip install -q --no-deps --target /tmp/cpt .whl/*.whl > /tmp/pip.log 2>&1 || tail -3 /tmp/pip.log
+PYTHONPATH=.:/tmp/cpt timeout $(left 40) python3 tools/profile_step.py --graph train --set "$ALL" --set "agent.causal_groups=[calendar,offset]" --set replay.capacity=100000 --timeline $OUT/tl_all.json 2>&1 | head -4
+PYTHONPATH=.:/tmp/cpt timeout $(left 40) python3 tools/profile_step.py --graph train --set replay.capacity=100000 --timeline $OUT/tl_none.json 2>&1 | head -4
 t bench_aux; PYTHONPATH=. timeout $(left 90) python3 tools/bench_aux.py --encoder mlp --no-whole --arms all --rounds 3 --out $OUT/aux_all.json > /tmp/aux.log 2>&1; grep -E "aux (none|all)" /tmp/aux.log | tail -8
 t end
