@@ -460,8 +460,12 @@ def anatomy(graph_name: str, sets: list[str], out: Path, repeats: int = 200) -> 
     from cudarl.bench import BACK_TO_BACK
 
     graph, synchronize = _primed(graph_name, sets)
-    dot = graph._graph.debug_dot_str()
-    out.with_suffix(".dot").write_text(dot)
+    g = graph._graph
+    if hasattr(g, "debug_dot_str"):
+        out.with_suffix(".dot").write_text(g.debug_dot_str())
+    else:  # a CuPy without the method: the runtime's call writes the file itself
+        cupy.cuda.runtime.graphDebugDotPrint(g.graph, str(out.with_suffix(".dot")), 0)
+    dot = out.with_suffix(".dot").read_text()
     shape = dot_summary(dot)
     for _ in range(10):
         graph.replay()
