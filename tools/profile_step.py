@@ -408,7 +408,8 @@ def dot_summary(dot: str) -> dict:
         label = re.search(r'label\s*=\s*"((?:[^"\\]|\\.)*)"', attrs, re.S)
         text = label.group(1) if label else ""
         kind = next((w for w in words if re.search(rf"\b{w}\b", text.upper())), "KERNEL")
-        toks = [t for t in re.split(r"[\s\\|{}<>()]+", text) if t and not t.isdigit() and t.upper() not in (*words, "VOID")]
+        skip = (*words, "VOID")
+        toks = [t for t in re.split(r"[\s\\|{}<>()]+", text) if t and not t.isdigit() and t.upper() not in skip]
         nodes[m.group(1)] = {"type": kind, "name": toks[0] if toks else ""}
     edges = [(a, b) for a, b in re.findall(r'"([^"]+)"\s*->\s*"([^"]+)"', dot) if a in nodes and b in nodes]
     kids: dict = defaultdict(list)
