@@ -361,6 +361,8 @@ class Agent:
         # lies in (and no parameter) may run beside the own SGD steps (the tail after the backward one node
         # shorter: docs/perf-notes.md, thirty-second session); the others before them
         grad = self._grad_signals()
+        for i, sig in enumerate(grad):  # the first's phases see the gradient as the backward left it
+            sig.first_after_backward(i == 0)
         beside = self._sgd_beside(sgd, grad)
         aux_grad = [phase for s in grad if s not in beside for phase in s.grad_phases()]
         aux_grad_beside = [phase for s in beside for phase in s.grad_phases()]

@@ -102,6 +102,13 @@ class AuxSignal(Protocol):
         """The branches (:class:`cudarl.graph.SideStream`) its grad phases join, which may read parameters
         (Gradient Vaccine's own backward): the own SGD steps beside those phases wait for them."""
 
+    def first_after_backward(self, first: bool) -> None:
+        """Told, before any capture, whether its grad phases come first after the step's backward (``first``:
+        nothing writes the flat gradient between the backward and them; the agent tells every signal with a
+        grad phase, in their order). Gradient Vaccine then forks its sums from the branch that writes the
+        last layer's gradients (:attr:`cudarl.nn.encoders.Encoder.last_layer_branch`), beside the rest of the
+        backward. The default ignores it."""
+
     def grad_addend(self) -> GradAddend | None:
         """Where its one grad phase only adds a gradient of its own onto the flat gradient (causal
         intervention's :class:`cudarl.auxiliary.base.OwnBackward`), that gradient

@@ -64,6 +64,9 @@ class AuxBase:
     def grad_branches(self) -> list:
         return []
 
+    def first_after_backward(self, first: bool) -> None:
+        return None
+
     def grad_addend(self):
         return None
 

@@ -35,8 +35,12 @@ dots_control (the partial dots, then its last block the control step) - apply (t
 place: the scope's slice ``[lo, hi)`` becomes ``full + c (full - aux)``, the rest stays ``full``), in ONE
 launch with ``run.grid_barrier`` (``dots_control_apply``: its blocks wait for one another at a grid barrier
 after the partials, then each takes the control step's sums itself and applies; one node fewer on the
-step's tail, issue 19) and in those two without it, the same bits. Where causal intervention's grad phase
-comes right before this one, this phase takes its gradient (:meth:`takes_addend`): it joins causal's branch
+step's tail, issue 19) and in those two without it, the same bits; where the scope's gradients are all written
+on one branch of the step's backward (``vaccine_scope = "last"`` on an MLP of two or more layers:
+:attr:`cudarl.nn.encoders.Encoder.last_layer_branch`) and this phase comes first after the backward, the two,
+with dots_control forked from that branch (after this signal's and causal's branches) beside the rest of the
+step's backward, and only the apply after it (:attr:`Vaccine.early`; the same bits). Where causal
+intervention's grad phase comes right before this one, this phase takes its gradient (:meth:`takes_addend`): it joins causal's branch
 too, and its kernels read ``full`` plus causal's over ``[0, stop)``, every entry where causal's may be
 nonzero (``dots_control_apply_plus``, or ``dots_control_plus`` and ``apply_plus``: the sums causal's own phase
 made, one pass over the flat gradient fewer). ``full`` is the flat gradient as the
@@ -140,6 +144,26 @@ class Vaccine(AuxBase):
         self.barrier = xp.zeros(1, np.uint32)  # dots_control_apply's grid barrier: 0, and left 0 likewise
         self.ops, self.util = family("vaccine", xp), family("util", xp)
         self.addend = None  # causal's gradient, where this phase adds it (takes_addend)
+        #: the sums' branch where they fork beside the rest of the step's backward (early)
+        self.dots_side = SideStream(xp, gemms=False) if self.last_layer else None
+        self.first = False
+
+    @property
+    def last_branch(self):
+        """The branch of the step's backward that writes every gradient of the scope (the last layer's, on the
+        MLP: :attr:`cudarl.nn.encoders.Encoder.last_layer_branch`, given once the agent has set the layers'
+        branches), or None."""
+        return self.buf.online.encoder.last_layer_branch if self.last_layer else None
+
+    @property
+    def early(self) -> bool:
+        """Whether the sums (``dots_control``) fork from :attr:`last_branch`, beside the rest of the step's
+        backward, and only the apply runs after it: the scope is one branch's gradients and nothing writes the
+        flat gradient between the backward and this phase (:meth:`first_after_backward`)."""
+        return self.first and self.last_branch is not None
+
+    def first_after_backward(self, first: bool) -> None:
+        self.first = bool(first)
 
     def grad_phases(self) -> list:
         return [("vaccine", self._phase)]
@@ -196,7 +220,6 @@ class Vaccine(AuxBase):
         return mine
 
     def _phase(self) -> None:
-        self.side.join()
         # the scope's slice of both gradients, nothing outside it (the own SGD steps may run beside this
         # phase on the rest of the flat gradient: grad_span); the kernels index from the view's start, so the
         # bits are those of the whole arrays with [lo, hi). With causal's gradient (takes_addend): the view
@@ -205,25 +228,52 @@ class Vaccine(AuxBase):
         lo, hi = (0, self.hi - self.lo) if a is None else (self.lo, self.hi)
         at = slice(self.lo, self.hi) if a is None else slice(0, a.stop)
         full, aux = self.buf.online.grads[at], self.extra.grads[at]
-        fulls, o = (full,), self.ops  # the launchers, or on NumPy their twins (which return what they write)
-        if a is not None:
-            a.side.join()
-            fulls = (full, a.grads[at])
+        fulls = (full,) if a is None else (full, a.grads[at])
+        o = self.ops  # the launchers, or on NumPy their twins (which return what they write)
         one, dots_control, apply = (
             (o.dots_control_apply, o.dots_control, o.apply)
             if a is None
             else (o.dots_control_apply_plus, o.dots_control_plus, o.apply_plus)
         )
-        if self.cfg.run.grid_barrier:  # one launch: the partials, a grid barrier, the control step, the apply
+        mine = [self.side] + ([] if a is None else [a.side])  # the branches that write aux (and causal's)
+        if self.early:
+            # the sums as soon as the scope's gradients are written (the last layer's branch of the step's
+            # backward), its own backward and causal's: beside the rest of the step's backward, where the one
+            # launch held the tail after it (issue 19); only the apply after it. The two launches' bits.
+            with self.last_branch.resume(), self.dots_side.fork():
+                for side in mine:
+                    side.wait()
+                self._dots_control(dots_control, fulls, aux, lo, hi)
+            self.dots_side.join()
+        for side in mine:
+            side.join()
+        if self.early:
+            self._apply(apply, fulls, aux, full, lo, hi)
+        elif self.cfg.run.grid_barrier:  # one launch: the partials, a grid barrier, the control step, the apply
             if self.numpy:
                 self.partial[...], self.state[...], full[...] = one(*fulls, aux, self.state, lo, hi, self.beta)
             else:
                 one(*fulls, aux, full, self.partial, self.state, self.barrier, self.done, lo, hi, self.beta)
-        elif self.numpy:  # the same bits in two launches, none waiting for all its blocks
+        else:  # the same bits in two launches, none waiting for all its blocks
+            self._dots_control(dots_control, fulls, aux, lo, hi)
+            self._apply(apply, fulls, aux, full, lo, hi)
+
+    def _dots_control(self, dots_control, fulls, aux, lo, hi) -> None:
+        """The partial sums, then (its last block) the control step: ``partial`` and ``state``. Over views of the
+        scope's slice alone (the chunks start at its first entry either way: the same bits), so that the branch
+        reads no entry the rest of the step's backward writes beside it."""
+        fulls, aux = tuple(f[lo:hi] for f in fulls), aux[lo:hi]
+        lo, hi = 0, hi - lo
+        if self.numpy:
             self.partial[...], self.state[...] = dots_control(*fulls, aux, self.state, lo, hi, self.beta)
-            full[...] = apply(*fulls, aux, self.state, lo, hi)
-        else:  # dots_control's last block takes the control step
+        else:
             dots_control(*fulls, aux, self.partial, self.state, self.done, lo, hi, self.beta)
+
+    def _apply(self, apply, fulls, aux, full, lo, hi) -> None:
+        """The flat gradient corrected in place from ``state``'s coefficient."""
+        if self.numpy:
+            full[...] = apply(*fulls, aux, self.state, lo, hi)
+        else:
             apply(*fulls, aux, full, self.state, lo, hi)
 
     def observable(self) -> dict:

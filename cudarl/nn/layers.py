@@ -696,6 +696,20 @@ class MLP(Module):
         """The parameters of the last layer: the last Linear's weight and bias (and its LayerNorm's)."""
         return param_names(self.children[self._last() :])
 
+    @property
+    def last_layer_branch(self):
+        """The branch on which :meth:`backward` writes every :attr:`last_layer` gradient and nothing after them:
+        the last Linear's weight-gradient side stream (its dW GEMM, then its bias's column sums), where that
+        Linear is the last child (no LayerNorm after it), has a side stream, is not spectrally normalised and
+        is not the first layer (whose bias gradient runs on the calling stream, beside its dW); else None. A
+        fork from it (:meth:`cudarl.graph.SideStream.resume`) follows those gradients and not the rest of the
+        backward (Gradient Vaccine's sums over ``vaccine_scope = "last"``)."""
+        i = self._last()
+        lin = self.children[i]
+        if i != len(self.children) - 1 or i == 0 or lin.side is None or lin.spectral:
+            return None
+        return lin.side
+
     def backward_last(self, x, ws: Workspace) -> None:
         """:meth:`backward` of the last layer only: overwrite its parameters' gradients (:attr:`last_layer`)
         and stop (the other layers' gradients are left as they are; no dx)."""

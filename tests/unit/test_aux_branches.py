@@ -163,29 +163,54 @@ def test_vaccine_folding_causals_gradient_trains_bit_for_bit_as_causals_add_then
 
 
 @pytest.mark.parametrize("folded", [False, True])
-def test_vaccines_one_launch_and_its_two_train_bit_for_bit(folded, monkeypatch):
-    """``run.grid_barrier`` picks vaccine's grad phase's form: the one launch (``dots_control_apply``, ``_plus``
-    with causal's gradient folded in) or the two (``dots_control``, ``apply``); on NumPy their twins, the one
-    launch's called exactly when it is on. Trained both ways from the same seed, the losses, weights and every
-    signal's state are the same bits (the GPU's bits: tests/parity/test_vaccine.py)."""
+def test_vaccines_early_sums_one_launch_and_two_launches_train_bit_for_bit(folded, monkeypatch):
+    """Vaccine's grad phase in its three forms: the sums forked early from the last layer's gradient branch and
+    the apply after the backward (``early``: the MLP's default with ``vaccine_scope = "last"``, ``dots_control``
+    then ``apply``, ``_plus`` with causal's gradient folded in), and at the tail after the backward, where
+    ``run.grid_barrier`` picks the one launch (``dots_control_apply``) or the two. On NumPy their twins, each
+    form's called exactly when it runs. Trained all three ways from the same seed, the losses, weights and
+    every signal's state are the same bits (the GPU's bits: tests/parity/test_vaccine.py)."""
+    from cudarl.nn.layers import MLP
+
     aux = ["horizons", "causal", "vaccine"] if folded else ["horizons", "vaccine"]
     over = {"aux": aux, "causal_weight": 1.0, "causal_groups": ["calendar", "offset"], "vaccine_beta": 0.2}
-    calls = []
-    for name in ("dots_control_apply", "dots_control_apply_plus"):
-        twin = getattr(vref, name)
-        monkeypatch.setattr(vref, name, lambda *a, _twin=twin, _name=name: (calls.append(_name), _twin(*a))[1])
+    plus = "_plus" if folded else ""
+    calls, depth = [], [0]  # the phase's own calls, not the twins' calls of one another
+
+    def counted(twin, name):
+        def call(*a):
+            if not depth[0]:
+                calls.append(name)
+            depth[0] += 1
+            try:
+                return twin(*a)
+            finally:
+                depth[0] -= 1
+
+        return call
+
+    for name in ("dots_control_apply", "dots_control", "apply"):
+        for nm in (name, name + "_plus"):
+            monkeypatch.setattr(vref, nm, counted(getattr(vref, nm), nm))
+    branch = MLP.last_layer_branch
     runs = {}
-    for on in (True, False):
-        t = _trainer(agent=over, run={"grid_barrier": on})
-        assert t.cfg.run.grid_barrier == on and (t.agent.aux[-1].addend is not None) == folded
+    for form in ("early", "one", "two"):
+        if form != "early":  # no branch holds the scope's gradients: the tail forms
+            monkeypatch.setattr(MLP, "last_layer_branch", property(lambda self: None))
+        t = _trainer(agent=over, run={"grid_barrier": form != "two"})
+        vac = t.agent.aux[-1]
+        assert (vac.addend is not None) == folded and vac.early == (form == "early")
         calls.clear()
         t.run(t.cfg.agent.learning_starts // t.cfg.env.n_envs + 4)
-        one = "dots_control_apply_plus" if folded else "dots_control_apply"
-        assert calls.count(one) >= 4 if on else calls == []  # (the _plus twin calls the plain one inside)
-        runs[on] = t
-    barrier, split = runs[True], runs[False]
-    _assert_trained_alike(barrier, split)
-    assert barrier.agent.aux[-1].state_dict()["state"][0] != 0  # the target moved: the phase ran
+        steps = calls.count(f"dots_control_apply{plus}") if form == "one" else calls.count(f"dots_control{plus}")
+        assert steps >= 4
+        each = [f"dots_control_apply{plus}"] if form == "one" else [f"dots_control{plus}", f"apply{plus}"]
+        assert calls == each * steps
+        runs[form] = t
+        monkeypatch.setattr(MLP, "last_layer_branch", branch)
+    for form in ("one", "two"):
+        _assert_trained_alike(runs["early"], runs[form])
+    assert runs["early"].agent.aux[-1].state_dict()["state"][0] != 0  # the target moved: the phase ran
 
 
 @pytest.mark.parametrize(
@@ -262,11 +287,17 @@ def test_vaccines_own_backward_is_the_backward_it_ran_on_the_flat_gradient_bit_f
 
 
 ALL = ["horizons", "risk", "denoise", "homeostatic", "causal", "selectivity", "vaccine"]
-#: vaccine's grad phase's kernels by run.grid_barrier (``_plus`` appended where causal's gradient is folded in)
+#: vaccine's grad phase's kernels (``_plus`` appended where causal's gradient is folded in): with its sums forked
+#: early (``Vaccine.early``: the MLP with vaccine_scope "last") two launches, else by run.grid_barrier
 VACCINE_NODES = {
     True: ("cudarl_vaccine_dots_control_apply",),
     False: ("cudarl_vaccine_dots_control", "cudarl_vaccine_apply"),
 }
+
+
+def vaccine_nodes(t) -> tuple:
+    """The names of the kernels of vaccine's grad phase in trainer ``t`` (no ``_plus``)."""
+    return VACCINE_NODES[t.cfg.run.grid_barrier and not t.agent.aux[-1].early]
 
 
 def test_causals_intervened_forward_is_an_early_phase_with_c51_and_not_with_a_quantile_head():
@@ -501,7 +532,7 @@ def test_gpu_causals_intervened_forward_runs_beside_the_steps_forward_and_homeos
     # the fly (takes_addend: no causal phase with all seven)
     assert not [n for n in nodes if n["phase"] == "causal"]
     add = next(n["id"] for n in nodes if n["phase"] == "vaccine")
-    assert nodes[add]["name"] == VACCINE_NODES[t.cfg.run.grid_barrier][0] + "_plus" and early <= ancestors(nodes, add)
+    assert nodes[add]["name"] == vaccine_nodes(t)[0] + "_plus" and early <= ancestors(nodes, add)
     homeo = {n["id"] for n in nodes if n["phase"] == "aux_homeostatic"}
     assert len(homeo) == 2 and t.stream.ptr not in {nodes[i]["stream"] for i in homeo}
     from cudarl import blas
@@ -693,8 +724,8 @@ def test_gpu_vaccines_backward_runs_beside_the_steps_and_its_grad_phase_waits_fo
         assert len(copy) == 1 and copy[0] in mine  # on vaccine's branch, the first of its nodes
         assert all(copy[0] in ancestors(nodes, i) for i in mine - set(copy))
     grad = [n for n in nodes if n["phase"] == "vaccine"]
-    assert [n["name"] for n in grad] == list(VACCINE_NODES[t.cfg.run.grid_barrier])
-    assert mine | set(steps) <= ancestors(nodes, grad[0]["id"])
+    assert [n["name"] for n in grad] == list(vaccine_nodes(t))
+    assert mine <= ancestors(nodes, grad[0]["id"]) and mine | set(steps) <= ancestors(nodes, grad[-1]["id"])
 
 
 @pytest.mark.gpu
@@ -756,7 +787,7 @@ def test_gpu_the_own_sgd_steps_run_beside_vaccines_phase_after_causals_branch():
     vac = [n["id"] for n in nodes if n["phase"] == "vaccine"]
     first_adam = next(n["id"] for n in nodes if n["phase"] == "adam")
     assert not [n for n in nodes if n["phase"] == "causal"]
-    assert [nodes[i]["name"] for i in vac] == [f"{k}_plus" for k in VACCINE_NODES[t.cfg.run.grid_barrier]]
+    assert [nodes[i]["name"] for i in vac] == [f"{k}_plus" for k in vaccine_nodes(t)]
     assert nodes[sgd]["stream"] != t.stream.ptr
     assert not any(sgd in ancestors(nodes, i) for i in vac) and not set(vac) & ancestors(nodes, sgd)
     assert {sgd, *vac} <= ancestors(nodes, first_adam)
@@ -768,26 +799,45 @@ def test_gpu_the_own_sgd_steps_run_beside_vaccines_phase_after_causals_branch():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("grid_barrier", [True, False])
-def test_gpu_vaccines_grad_phase_is_one_launch_with_the_grid_barrier_and_two_without(grid_barrier):
-    """All seven on the MLP: vaccine's grad phase (causal's gradient folded in) is ONE node,
-    ``dots_control_apply_plus`` (a grid barrier between the partials and the control step), with
-    ``run.grid_barrier``; the two ``_plus`` nodes without it (the same bits: tests/parity/test_vaccine.py).
-    Either way it waits for both signals' own branches and the step's backward, and Adam waits for it."""
+@pytest.mark.parametrize("early", [True, False])
+def test_gpu_vaccines_grad_phase_is_one_launch_with_the_grid_barrier_and_two_without(grid_barrier, early, monkeypatch):
+    """All seven on the MLP: vaccine's grad phase (causal's gradient folded in) at the tail after the step's
+    backward (``early`` off: no branch holds the scope's gradients) is ONE node, ``dots_control_apply_plus`` (a
+    grid barrier between the partials and the control step), with ``run.grid_barrier``; the two ``_plus``
+    nodes without it (the same bits: tests/parity/test_vaccine.py). Either way it waits for both signals' own
+    branches and the step's backward, and Adam waits for it. With its sums forked early (the MLP's default) it
+    is the two nodes whatever ``run.grid_barrier``: ``dots_control_plus`` waits for both signals' branches and
+    the last layer's weight-gradient branch and for none of the step's backward after it (the first layer's dW,
+    the gate's fold backward, the main stream's dx chain), and ``apply_plus`` waits for everything."""
+    from cudarl.nn.layers import MLP
+
+    if not early:
+        monkeypatch.setattr(MLP, "last_layer_branch", property(lambda self: None))
     over = {"agent": {"aux": ALL, "causal_groups": ["calendar", "offset"]}, "run": {"grid_barrier": grid_barrier}}
     nodes, t = traced_train_graph(over)
-    assert t.cfg.run.grid_barrier == grid_barrier
+    vaccine = t.agent.aux[-1]
+    assert t.cfg.run.grid_barrier == grid_barrier and vaccine.early == early
     vac = [n["id"] for n in nodes if n["phase"] == "vaccine"]
     one, two = (
         ["cudarl_vaccine_dots_control_apply_plus"],
         ["cudarl_vaccine_dots_control_plus", "cudarl_vaccine_apply_plus"],
     )
-    assert [nodes[i]["name"] for i in vac] == (one if grid_barrier else two)
-    sides = {t.agent.aux[-1].side.stream.ptr, t.agent.aux[ALL.index("causal")].side.stream.ptr}
+    assert [nodes[i]["name"] for i in vac] == (one if grid_barrier and not early else two)
+    sides = {vaccine.side.stream.ptr, t.agent.aux[ALL.index("causal")].side.stream.ptr}
     own = {n["id"] for n in nodes if n["stream"] in sides}
     backward = {n["id"] for n in nodes if n["phase"] == "backward" and n["stream"] == t.stream.ptr}
-    assert own and backward and own | backward <= ancestors(nodes, vac[0])
+    assert own and backward and own <= ancestors(nodes, vac[0]) and own | backward <= ancestors(nodes, vac[-1])
     first_adam = next(n["id"] for n in nodes if n["phase"] == "adam")
     assert set(vac) <= ancestors(nodes, first_adam)
+    if early:
+        last, first = vaccine.last_branch.stream.ptr, t.agent.grad_sides[0].stream.ptr
+        dots = ancestors(nodes, vac[0])
+        last_dw = {n["id"] for n in nodes if n["phase"] == "backward" and n["stream"] == last}
+        first_dw = {n["id"] for n in nodes if n["phase"] == "backward" and n["stream"] == first}
+        assert nodes[vac[0]]["stream"] == vaccine.dots_side.stream.ptr and last != first
+        assert last_dw and last_dw <= dots  # the scope's gradients are written
+        assert first_dw and not first_dw & dots  # the first layer's dW (and the fold's backward) still running
+        assert not backward <= dots  # nor the whole dx chain
 
 
 @pytest.mark.gpu

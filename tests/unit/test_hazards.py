@@ -188,6 +188,8 @@ GRAPHS = {
     "trainer": [],
     "joined-population": ["--members", "3"],
     "every-signal": ["--set", AUX],
+    # causal's gradient folded into vaccine's kernels, vaccine's sums forked from the last layer's dW branch
+    "every-signal-bench-order": ["--set", "agent.aux=[horizons,risk,denoise,homeostatic,causal,selectivity,vaccine]"],
     "ssm-every-signal": ["--set", "net.encoder=ssm", "--set", "net.window=8", "--set", AUX],
     "attention-c51+iqn": ["--set", "net.encoder=attention", "--set", "net.window=8", "--set", "net.head=c51+iqn"],
     "c51+iqn-heads": ["--set", "net.head=c51+iqn", "--set", "agent.aux=[horizons,risk,denoise,selectivity]"],

@@ -89,6 +89,13 @@ class Encoder(Protocol):
         """:meth:`backward` of :attr:`last_layer` only: overwrite those parameters' gradients from
         ``ws[<out_name>.dout]`` and stop, leaving every other gradient as it is (no dx)."""
 
+    @property
+    def last_layer_branch(self):
+        """The :class:`cudarl.graph.SideStream` on which :meth:`backward` writes every :attr:`last_layer` gradient,
+        none of them written again after that branch's work in the backward, or None where some are written on
+        the calling stream: a fork from it follows the last layer's gradients without waiting for the layers
+        below (Gradient Vaccine's sums with ``vaccine_scope = "last"``)."""
+
 
 def bar_width(n_in: int, net) -> int:
     """The width of one bar of the window, ``n_in / net.window`` (a ValueError when it does not divide)."""

@@ -221,6 +221,10 @@ class SequenceEncoder(Module):
         lin, _ = self.last_linear(None, 0)
         return (*param_names([lin]), f"{self.out_name}.weight")
 
+    #: None: the final norm's weight gradient is written on the calling stream (:meth:`_final_norm_backward`),
+    #: so no branch holds every :attr:`last_layer` gradient (:attr:`cudarl.nn.encoders.Encoder.last_layer_branch`)
+    last_layer_branch = None
+
     def backward_last(self, x, ws: Workspace) -> None:
         """:meth:`backward` of :attr:`last_layer` only: the final norm's backward, then the last block's
         output projection's weight and bias gradients, and stop (no dx of that projection, nothing of
