@@ -19,35 +19,34 @@ backward and one layer's, not the whole encoder's.
 
 Where it runs (issue 19, the MLP's critical path): its backward with only the auxiliary heads' gradients
 (``aux``; through the scope's parameters) runs on a branch of its own beside the step's backward, into a
-gradient buffer of its own (:class:`cudarl.auxiliary.base.OwnBackward`) over a workspace that shares the
-step's forward at s and has its own copy of every buffer that backward writes
-(:meth:`cudarl.nn.params.Workspace.shadow` of :meth:`cudarl.nn.QNetwork.backward_writes`); the Q head's
-backward is not run there (its part of dL/dpsi is zero). Where the agent runs the extra heads' backward
-first (its ``extras_backward`` phase: C51 with a head signal), that backward writes its sum of dL/dpsi into
-a buffer of this signal's (:meth:`extras_dpsi`), which the step's backward reads as its Q head's dx GEMM's
-addend and nothing writes again in the step, and the branch (:meth:`beside_extras_backward`, forked on the
-auxiliary branch) copies it into this workspace (its backward applies the activation's derivative there in
-place) and runs the encoder's part alone from there: the copy is on this branch, not the step's chain; else
-(:meth:`beside_backward`, forked once the loss branches are joined) it runs the extra heads' backward
-itself, the main extra heads' rows zeroed. Either way the same kernels over the same inputs. Phase
-``vaccine`` after the backward, before the optimiser (:meth:`grad_phases`): join that branch -
-dots_control (the partial dots, then its last block the control step) - apply (the flat gradient, in
-place: the scope's slice ``[lo, hi)`` becomes ``full + c (full - aux)``, the rest stays ``full``), in ONE
-launch with ``run.grid_barrier`` (``dots_control_apply``: its blocks wait for one another at a grid barrier
-after the partials, then each takes the control step's sums itself and applies; one node fewer on the
-step's tail, issue 19) and in those two without it, the same bits; where the scope's gradients are all written
-on one branch of the step's backward (``vaccine_scope = "last"`` on an MLP of two or more layers:
+gradient buffer of its own (:class:`cudarl.auxiliary.base.OwnBackward`) over a workspace that shares the step's
+forward at s and has its own copy of every buffer that backward writes
+(:meth:`cudarl.nn.params.Workspace.shadow` of :meth:`cudarl.nn.QNetwork.backward_writes`); the Q head's backward
+is not run there (its part of dL/dpsi is zero). Where the agent runs the extra heads' backward first (its
+``extras_backward`` phase: C51 with a head signal), that backward writes its sum of dL/dpsi into a buffer of
+this signal's (:meth:`extras_dpsi`), which the step's backward reads as its Q head's dx GEMM's addend and
+nothing writes again in the step, and the branch (:meth:`beside_extras_backward`, forked on the auxiliary
+branch) copies it into this workspace (its backward applies the activation's derivative there in place) and runs
+the encoder's part alone from there: the copy is on this branch, not the step's chain; else
+(:meth:`beside_backward`, forked once the loss branches are joined) it runs the extra heads' backward itself,
+the main extra heads' rows zeroed. Either way the same kernels over the same inputs. Phase ``vaccine`` after the
+backward, before the optimiser (:meth:`grad_phases`): join that branch - dots_control (the partial dots, then
+its last block the control step) - apply (the flat gradient, in place: the scope's slice ``[lo, hi)`` becomes
+``full + c (full - aux)``, the rest stays ``full``), in ONE launch with ``run.grid_barrier``
+(``dots_control_apply``: its blocks wait for one another at a grid barrier after the partials, then each takes
+the control step's sums itself and applies; one node fewer on the step's tail, issue 19) and in those two
+without it, the same bits; where the scope's gradients are all written on one branch of the step's backward
+(``vaccine_scope = "last"`` on an MLP of two or more layers:
 :attr:`cudarl.nn.encoders.Encoder.last_layer_branch`) and this phase comes first after the backward, the two,
 with dots_control forked from that branch (after this signal's and causal's branches) beside the rest of the
-step's backward, and only the apply after it (:attr:`Vaccine.early`; the same bits). Where causal
-intervention's grad phase comes right before this one, this phase takes its gradient (:meth:`takes_addend`): it
-joins causal's branch too, and its kernels read ``full`` plus causal's over ``[0, stop)``, every entry where
-causal's may be nonzero (``dots_control_apply_plus``, or ``dots_control_plus`` and ``apply_plus``: the sums causal's own phase
-made, one pass over the flat gradient fewer). ``full`` is the flat gradient as the
-backward and the grad phases before this one left it, as before; ``aux`` is the same kernels over the same inputs as the
-backward this phase once ran on the flat gradient after saving it, so every bit is as it was. The
-target cosine ``phi_hat`` is an EMA in device memory (``state[0]``), read and moved by the control step
-inside the graph; it is checkpointed.
+step's backward, and only the apply after it (:attr:`Vaccine.early`; the same bits). Where causal intervention's
+grad phase comes right before this one, this phase takes its gradient (:meth:`takes_addend`): it joins causal's
+branch too, and its kernels read ``full`` plus causal's over ``[0, stop)``, every entry where causal's may be
+nonzero (``dots_control_apply_plus``, or ``dots_control_plus`` and ``apply_plus``: the sums causal's own phase
+made, one pass over the flat gradient fewer). ``full`` is the flat gradient as the backward and the grad phases
+before this one left it, as before; ``aux`` is the same kernels over the same inputs as the backward this phase
+once ran on the flat gradient after saving it, so every bit is as it was. The target cosine ``phi_hat`` is an
+EMA in device memory (``state[0]``), read and moved by the control step inside the graph; it is checkpointed.
 Observables: ``aux.vaccine.cos`` (phi), ``aux.vaccine.target`` (phi_hat after the step),
 ``aux.vaccine.coef`` (c), ``aux.vaccine.norm_main``, ``aux.vaccine.norm_aux``.
 
