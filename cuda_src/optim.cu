@@ -24,6 +24,7 @@
 #include <cudarl/philox.cuh>
 #include <cudarl/reduce.cuh>
 #include <cudarl/units.cuh>
+#include <cudarl/vaccine.cuh>
 
 typedef long long i64;
 
@@ -355,16 +356,33 @@ __device__ __forceinline__ float soft_elem(float tau, float u, float o, float ta
   return __fmaf_rn(tau, o, __fmul_rn(u, target));
 }
 
-// Element i of the update; returns the new p[i] (also stored).
-__device__ __forceinline__ float adam_elem(float* p, const float* g, float* m, float* v, const unsigned char* mask, i64 i,
-                                           float lr_, float ms, float c1, float c2, float cl, float beta1, float beta2,
-                                           float eps, float wd) {
+// Element i of the update from its gradient gi; returns the new p[i] (also stored).
+__device__ __forceinline__ float adam_elem_g(float* p, float gi, float* m, float* v, const unsigned char* mask, i64 i,
+                                             float lr_, float ms, float c1, float c2, float cl, float beta1,
+                                             float beta2, float eps, float wd) {
   float mi = m[i], vi = v[i];
-  const float pi = adam_math(g[i], mi, vi, p[i], wd != 0.f && mask[i], lr_, ms, c1, c2, cl, beta1, beta2, eps, wd);
+  const float pi = adam_math(gi, mi, vi, p[i], wd != 0.f && mask[i], lr_, ms, c1, c2, cl, beta1, beta2, eps, wd);
   m[i] = mi;
   v[i] = vi;
   p[i] = pi;
   return pi;
+}
+
+// Element i of the update (its gradient g[i]); returns the new p[i] (also stored).
+__device__ __forceinline__ float adam_elem(float* p, const float* g, float* m, float* v, const unsigned char* mask, i64 i,
+                                           float lr_, float ms, float c1, float c2, float cl, float beta1, float beta2,
+                                           float eps, float wd) {
+  return adam_elem_g(p, g[i], m, v, mask, i, lr_, ms, c1, c2, cl, beta1, beta2, eps, wd);
+}
+
+// Element i of the flat gradient as clip_adam_soft_vaccine reads it: Gradient Vaccine's apply_plus on the fly,
+// f = g[i] + plus[i] where i < stop (causal's gradient; stop = 0 without it), then f + c (f - aux[i]) on
+// [lo, hi) (cudarl::vaccine_elem, vaccine.cu's text): the bits vaccine's apply would have stored in g[i].
+__device__ __forceinline__ float vaccine_grad(const float* g, const float* plus, const float* aux, float c, i64 i,
+                                              i64 lo, i64 hi, i64 stop) {
+  float f = g[i];
+  if (i < stop) f = f + plus[i];
+  return (i >= lo && i < hi) ? cudarl::vaccine_elem(f, aux[i], c) : f;
 }
 
 }  // namespace
@@ -588,7 +606,7 @@ static_assert(GN_BLOCKS % CAS_GROUPS == 0, "a round of virtual blocks never stra
   float g0 = 0.f, m0 = 0.f, v0 = 0.f, p0 = 0.f, tg0 = 0.f;                                                           \
   bool decay0 = false;                                                                                               \
   if (i0 < n) {                                                                                                      \
-    g0 = g[i0];                                                                                                      \
+    g0 = CAS_G(i0);                                                                                                  \
     m0 = m[i0];                                                                                                      \
     v0 = v[i0];                                                                                                      \
     p0 = p[i0];                                                                                                      \
@@ -619,7 +637,7 @@ static_assert(GN_BLOCKS % CAS_GROUPS == 0, "a round of virtual blocks never stra
       i += span;                                                                                                     \
     }                                                                                                                \
     for (; i < n; i += span) {                                                                                       \
-      const double x = (double)g[i];                                                                                 \
+      const double x = (double)CAS_G(i);                                                                             \
       acc += x * x;                                                                                                  \
     }                                                                                                                \
     __syncthreads();  /* the previous round's tree may still read sh */                                              \
@@ -654,6 +672,7 @@ static_assert(GN_BLOCKS % CAS_GROUPS == 0, "a round of virtual blocks never stra
   const i64 stride = (i64)gridDim.x * CAS_THREADS;                                                                   \
   i64 i = i0;                                                                                                        \
   if (i < n) {                                                                                                       \
+    CAS_PUT(i, g0);                                                                                                  \
     const float pi = adam_math(g0, m0, v0, p0, decay0, lr_, ms, c1, c2, cl, beta1, beta2, eps, wd);                  \
     m[i] = m0;                                                                                                       \
     v[i] = v0;                                                                                                       \
@@ -662,9 +681,15 @@ static_assert(GN_BLOCKS % CAS_GROUPS == 0, "a round of virtual blocks never stra
     i += stride;                                                                                                     \
   }                                                                                                                  \
   for (; i < n; i += stride) {                                                                                       \
-    const float pi = adam_elem(p, g, m, v, mask, i, lr_, ms, c1, c2, cl, beta1, beta2, eps, wd);                     \
+    const float gi = CAS_G(i);                                                                                       \
+    CAS_PUT(i, gi);                                                                                                  \
+    const float pi = adam_elem_g(p, gi, m, v, mask, i, lr_, ms, c1, c2, cl, beta1, beta2, eps, wd);                  \
     target[i] = soft_elem(ta, u, pi, target[i]);                                                                     \
   }
+
+// The gradient as clip_adam_soft and clip_adam_soft_members read it (g[i]) and store it (not at all).
+#define CAS_G(i) g[i]
+#define CAS_PUT(i, x)
 
 #if CUDARL_UNIT_IS(clip_adam_soft)
 extern "C" __global__ __launch_bounds__(CAS_THREADS, 1) void cudarl_optim_clip_adam_soft(
@@ -692,6 +717,33 @@ extern "C" __global__ __launch_bounds__(CAS_THREADS, 1) void cudarl_optim_clip_a
 }
 #endif  // clip_adam_soft_members
 
+#undef CAS_G
+#undef CAS_PUT
+
+// clip_adam_soft_vaccine: clip_adam_soft of Gradient Vaccine's corrected gradient, with vaccine's apply_plus (or
+// apply) folded in, one member: every read of g[i] is vaccine_grad's element (g[i] + plus[i] where i < stop,
+// then c (f - aux[i]) added on [lo, hi), c = vstate[2], which vaccine's dots_control wrote), and the update's
+// pass stores it into g[i], as the apply did (the element is read, then written, by one thread, after the
+// grid barrier: every read of g before it is the norm's). The bits of vaccine's apply (apply_plus) followed by
+// clip_adam_soft, one node fewer on the step's tail (issue 19). plus and aux: the flat layout (no member axis).
+// Reads about 12 n more bytes than clip_adam_soft (plus and aux, twice), writes 4 n more.
+#define CAS_G(i) vaccine_grad(g, plus, aux, vc, i, lo, hi, stop)
+#define CAS_PUT(i, x) g[i] = (x)
+
+#if CUDARL_UNIT_IS(clip_adam_soft_vaccine)
+extern "C" __global__ __launch_bounds__(CAS_THREADS, 1) void cudarl_optim_clip_adam_soft_vaccine(
+    float* p, float* g, float* m, float* v, const unsigned char* mask, float* target, i64 n, i64 s,
+    double* partial, float* norm, float* scale, float max_norm, const float* lr, const float* m_scale,
+    const float* bc1, const float* bc2, const float* tau, float* ring, const float* loss, const i64* step, int slots,
+    unsigned int* done, unsigned int* barrier, float beta1, float beta2, float eps, float wd, const float* plus,
+    const float* aux, const float* vstate, i64 lo, i64 hi, i64 stop) {
+  const float vc = vstate[2];
+  CLIP_ADAM_SOFT_BODY
+}
+#endif  // clip_adam_soft_vaccine
+
+#undef CAS_G
+#undef CAS_PUT
 #undef CLIP_ADAM_SOFT_BODY
 
 // ---- tau_schedule -----------------------------------------------------------------------------

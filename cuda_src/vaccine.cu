@@ -7,6 +7,7 @@
 // the flat gradient as full + plus (causal's own gradient folded in).
 
 #include <cudarl/reduce.cuh>
+#include <cudarl/vaccine.cuh>
 
 #define VC_THREADS 256
 #define VC_CHUNK 4096
@@ -107,7 +108,7 @@ __device__ __forceinline__ void vc_apply_c(const float* full, const float* plus,
                                            float c, long long n, long long lo, long long hi) {
   for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
     const float f = vc_full<PLUS>(full, plus, i);
-    grads[i] = (i >= lo && i < hi) ? f + c * (f - aux[i]) : f;
+    grads[i] = (i >= lo && i < hi) ? cudarl::vaccine_elem(f, aux[i], c) : f;
   }
 }
 

@@ -312,7 +312,9 @@ class Agent:
             # corrections and tau: the schedules, joined by the learn phases) and the publish of the
             # loss and gradient norm (self.grad_norm, Adam's grad_norm_out) to the host ring
             if self.cfg.run.grid_barrier:
-                self.adam.clip_update_publish(self.soft, self.readback.device, buf.loss, PUBLISH_SLOTS)
+                self.adam.clip_update_publish(
+                    self.soft, self.readback.device, buf.loss, PUBLISH_SLOTS, apply=folded[0] if folded else None
+                )
                 return
             # the same bits in three launches, none waiting for all its blocks (run.grid_barrier)
             self.adam.clip_step()
@@ -363,6 +365,9 @@ class Agent:
         grad = self._grad_signals()
         for i, sig in enumerate(grad):  # the first's phases see the gradient as the backward left it
             sig.first_after_backward(i == 0)
+        folded = [a for a in (s.adam_apply() for s in self.aux) if a is not None]  # read when adam() runs
+        if len(folded) > 1:
+            raise ValueError("agent.aux: more than one signal folds its gradient correction into Adam's launch")
         beside = self._sgd_beside(sgd, grad)
         aux_grad = [phase for s in grad if s not in beside for phase in s.grad_phases()]
         aux_grad_beside = [phase for s in beside for phase in s.grad_phases()]

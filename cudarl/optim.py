@@ -248,20 +248,27 @@ class Adam:
             *consts,
         )
 
-    def clip_update_publish(self, soft: SoftUpdate, ring, loss, slots: int, grid_barrier: bool = True) -> None:
+    def clip_update_publish(
+        self, soft: SoftUpdate, ring, loss, slots: int, grid_barrier: bool = True, apply: tuple | None = None
+    ) -> None:
         """:meth:`clip_step`, :meth:`update_step` ``(soft)`` and the publish of ``(loss[0], grad norm)``
         into slot ``step % slots`` of ``ring`` (float32 ``[2 * slots]``, e.g. a ``PinnedReadback.device``;
         step: this optimiser's counter, advanced by :meth:`schedule_step`), as
         ``cudarl.reference.agent.publish`` does. On the GPU ``optim.clip_adam_soft`` with the bits of the
         three: one launch with a grid barrier, or two without where ``grid_barrier`` is off (or, for
         members, where the barrier would squeeze them: ``optim.clip_adam_soft_one_launch``); on NumPy the
-        three twins."""
+        three twins. ``apply``: Gradient Vaccine's correction of the gradient, ``(plus, aux, state, lo, hi, stop)``
+        (:meth:`cudarl.auxiliary.AuxSignal.adam_apply`), applied on the fly in that one launch
+        (``optim.clip_adam_soft_vaccine``: the bits of vaccine's apply first; one member, grid barrier on)."""
         if soft.online is not self.params:
             raise ValueError(
                 "Adam.clip_update_publish: soft must average toward these parameters (soft.online is params)"
             )
         sc = self.scalars
-        self.ops.clip_adam_soft(
+        if apply is not None and not grid_barrier:
+            raise ValueError("Adam.clip_update_publish: a folded apply needs the one launch (grid_barrier on)")
+        op = self.ops.clip_adam_soft if apply is None else self.ops.clip_adam_soft_vaccine
+        op(
             self.params,
             self.grads,
             self.m,
@@ -287,7 +294,8 @@ class Adam:
             self.beta2,
             self.eps,
             self.weight_decay,
-            grid_barrier=grid_barrier,
+            *(() if apply is None else apply),
+            **({"grid_barrier": grid_barrier} if apply is None else {}),
         )
 
     def step(self) -> None:
@@ -520,7 +528,9 @@ class StackedAdam(Adam):
             *consts,
         )  # fmt: skip
 
-    def clip_update_publish(self, soft: SoftUpdate, ring, loss, slots: int, grid_barrier: bool = True) -> None:
+    def clip_update_publish(
+        self, soft: SoftUpdate, ring, loss, slots: int, grid_barrier: bool = True, apply: tuple | None = None
+    ) -> None:
         """:meth:`Adam.clip_update_publish` of every member with its own constants, in the form
         ``optim.clip_adam_soft_one_launch`` picks (:meth:`one_launch`): one launch or two, the same bits."""
         if soft.online is not self.params:

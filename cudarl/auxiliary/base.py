@@ -67,6 +67,9 @@ class AuxBase:
     def first_after_backward(self, first: bool) -> None:
         return None
 
+    def adam_apply(self):
+        return None
+
     def grad_addend(self):
         return None
 

@@ -164,6 +164,22 @@ class Vaccine(AuxBase):
     def first_after_backward(self, first: bool) -> None:
         self.first = bool(first)
 
+    @property
+    def folded(self) -> bool:
+        """Whether the apply is left to Adam's one launch (:meth:`adam_apply`): the sums forked early, and the
+        optimiser's one launch (``run.grid_barrier``, and its grid fits one member's parameters)."""
+        n = self.buf.online.params.size
+        return self.early and self.cfg.run.grid_barrier and family("optim", self.xp).clip_adam_soft_one_launch(1, n)
+
+    def adam_apply(self):
+        # causal's gradient over [0, stop) where folded in (aux, never read, stands for it otherwise), this signal's
+        # own over the scope [lo, hi), the coefficient in state[2]: the apply's arguments on the whole flat layout
+        if not self.folded:
+            return None
+        a = self.addend
+        plus, stop = (self.extra.grads, 0) if a is None else (a.grads, a.stop)
+        return (plus, self.extra.grads, self.state, self.lo, self.hi, stop)
+
     def grad_phases(self) -> list:
         return [("vaccine", self._phase)]
 
@@ -246,6 +262,8 @@ class Vaccine(AuxBase):
             self.dots_side.join()
         for side in mine:
             side.join()
+        if self.folded:
+            return  # Adam's one launch applies it (adam_apply)
         if self.early:
             self._apply(apply, fulls, aux, full, lo, hi)
         elif self.cfg.run.grid_barrier:  # one launch: the partials, a grid barrier, the control step, the apply

@@ -469,9 +469,39 @@ def clip_adam_soft_members(
                     grid, grid_barrier)  # fmt: skip
 
 
+def clip_adam_soft_vaccine(
+    p, g, m, v, mask, target, partial, norm, scale, max_norm: float, done, barrier, lr, m_scale, bc1, bc2, tau, ring,
+    loss, step, slots: int, beta1: float, beta2: float, eps: float, wd: float, plus, aux, vstate, lo: int, hi: int,
+    stop: int, grid: int | None = None,
+) -> None:  # fmt: skip
+    """:func:`clip_adam_soft` (its one launch, one member) of Gradient Vaccine's corrected gradient: every element of
+    ``g`` read as what vaccine's ``apply_plus`` (``stop > 0``) or ``apply`` (``stop = 0``; ``plus`` then not read)
+    stores, ``f = g + plus`` on ``[0, stop)`` (``g`` elsewhere), then ``f + c (f - aux)`` on ``[lo, hi)`` with
+    ``c = vstate[2]`` (vaccine's ``dots_control`` wrote it), and stored into ``g`` by the update's pass: the bits
+    of that apply followed by :func:`clip_adam_soft`, one launch fewer. ``plus``, ``aux``: float32 ``[n]`` (the
+    flat layout); ``vstate``: float32 ``[5]``, vaccine's state. Refused where the one launch does not fit (the
+    caller then runs the apply and :func:`clip_adam_soft`)."""
+    from ..reference.vaccine import STATE
+
+    w = "optim.clip_adam_soft_vaccine"
+    if g.ndim != 1:
+        raise ValueError(f"{w}: one member (flat [n] buffers), got g {tuple(g.shape)}")
+    n = g.shape[0]
+    _flat(w, n, plus=plus, aux=aux)
+    if vstate.shape != (STATE,) or vstate.dtype != np.float32:
+        raise ValueError(f"{w}: vstate must be vaccine's float32 [{STATE}] state, got {vstate.dtype} {vstate.shape}")
+    if not (0 <= lo <= hi <= n and 0 <= stop <= n):
+        raise ValueError(f"{w}: need 0 <= lo <= hi <= n and 0 <= stop <= n, got lo={lo} hi={hi} stop={stop} n={n}")
+    if grid is None and not clip_adam_soft_one_launch(1, n):
+        raise ValueError(f"{w}: the one launch does not fit; run vaccine's apply, then clip_adam_soft")
+    _clip_adam_soft("clip_adam_soft_vaccine", _by_value, p, g, m, v, mask, target, partial, norm, scale, max_norm,
+                    done, barrier, lr, m_scale, bc1, bc2, tau, ring, loss, step, slots, beta1, beta2, eps, wd,
+                    grid, True, extra=(plus, aux, vstate, int(lo), int(hi), int(stop)))  # fmt: skip
+
+
 def _clip_adam_soft(op, consts, p, g, m, v, mask, target, partial, norm, scale, max_norm, done, barrier, lr, m_scale,
                     bc1, bc2, tau, ring, loss, step, slots, beta1, beta2, eps, wd, grid,
-                    grid_barrier) -> None:  # fmt: skip
+                    grid_barrier, extra=()) -> None:  # fmt: skip
     w = f"optim.{op}"
     P, e, n, s = _adam_checks(w, p, g, m, v, mask, lr, m_scale, bc1, bc2, scale, target=target)
     partial_row = _member_table(w, P, "partial", partial, GN_BLOCKS)
@@ -531,6 +561,7 @@ def _clip_adam_soft(op, consts, p, g, m, v, mask, target, partial, norm, scale, 
             done,
             barrier,
             *consts(w, P, beta1=beta1, beta2=beta2, eps=eps, wd=wd),
+            *extra,
         ),
     )
 

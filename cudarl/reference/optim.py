@@ -251,6 +251,24 @@ def clip_adam_soft(
     agent.publish(ring, loss, norm, step, slots)
 
 
+def clip_adam_soft_vaccine(
+    p, g, m, v, mask, target, partial, norm, scale, max_norm: float, done, barrier, lr, m_scale, bc1, bc2, tau, ring,
+    loss, step, slots: int, beta1: float, beta2: float, eps: float, wd: float, plus, aux, vstate, lo: int, hi: int,
+    stop: int, grid=None,
+) -> None:  # fmt: skip
+    """Gradient Vaccine's apply into ``g`` (:func:`cudarl.reference.vaccine.apply_plus` over ``[0, stop)`` where
+    ``stop > 0``, else :func:`~cudarl.reference.vaccine.apply`; ``c = vstate[2]``), then :func:`clip_adam_soft`:
+    the GPU folds the apply into that one launch (one member). ``grid`` is unused here."""
+    from . import vaccine
+
+    if stop > 0:
+        g[:stop] = vaccine.apply_plus(g[:stop], plus[:stop], aux[:stop], vstate, lo, hi)
+    else:
+        g[...] = vaccine.apply(g, aux, vstate, lo, hi)
+    clip_adam_soft(p, g, m, v, mask, target, partial, norm, scale, max_norm, done, barrier, lr, m_scale, bc1, bc2,
+                   tau, ring, loss, step, slots, beta1, beta2, eps, wd)  # fmt: skip
+
+
 def clip_adam_soft_one_launch(P: int, n: int, grid_barrier: bool | str = True, limit: int | None = None) -> bool:
     """The form ``cudarl.ops.optim.clip_adam_soft`` takes (True: one launch with a grid barrier; False: two,
     the same bits): ``grid_barrier`` and :func:`cudarl.kernels.barrier_grid_fits` of

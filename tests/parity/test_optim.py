@@ -1061,3 +1061,115 @@ def test_gpu_train_step_graphed_equals_eager_bitwise(cp, rng):
         (n1.linears["enc.1"].sn["u"], n0.linears["enc.1"].sn["u"], "spectral u"),
     ):
         assert_bitwise(a, b, what=what)
+
+
+# --- clip_adam_soft_vaccine: Gradient Vaccine's apply folded into clip_adam_soft (issue 19) ---------
+def _vac_inputs(rng, n: int, plus: bool) -> tuple[dict, dict]:
+    """clip_adam_soft's inputs (clipping) and vaccine's: causal's gradient ``plus`` (nonzero on ``[0, stop)``,
+    zero past it, as causal's never-written extra heads' entries; ``stop`` 0 without it), the auxiliary gradient
+    ``aux``, the state with a coefficient ``c`` that moves the slice, and ``[lo, hi)`` inside ``[0, stop)``."""
+    host = _cas_inputs(rng, n, "clips")
+    stop = (n - n // 7) if plus else 0
+    lo, hi = n // 5, max(n // 5 + 1, (3 * n) // 5)
+    p = np.zeros(n, np.float32)
+    p[:stop] = rng.standard_normal(stop).astype(np.float32) * 0.3
+    vac = {
+        "plus": p,
+        "aux": rng.standard_normal(n).astype(np.float32) * 0.2,
+        "vstate": np.float32([0.3, -0.2, 0.75, 1.0, 1.0]),
+        "lo": lo,
+        "hi": hi,
+        "stop": stop,
+    }
+    return host, vac
+
+
+def _vac_args(vac: dict) -> tuple:
+    return vac["plus"], vac["aux"], vac["vstate"], vac["lo"], vac["hi"], vac["stop"]
+
+
+def _vac_apply(vops, g, vac: dict, launcher: bool = False) -> None:
+    """Vaccine's apply into ``g`` as its grad phase runs it: ``apply_plus`` over ``[0, stop)``, or ``apply`` over
+    the slice; the twin (returns what it writes) or, ``launcher``, the GPU's (writes its ``grads`` argument)."""
+    lo, hi, stop, state = vac["lo"], vac["hi"], vac["stop"], vac["vstate"]
+    if stop:
+        at, op, bounds = slice(0, stop), vops.apply_plus, (lo, hi)
+        args = (g[at], vac["plus"][at], vac["aux"][at])
+    else:
+        at, op, bounds = slice(lo, hi), vops.apply, (0, hi - lo)
+        args = (g[at], vac["aux"][at])
+    if launcher:
+        op(*args, g[at], state, *bounds)
+    else:
+        g[at] = op(*args, state, *bounds)
+
+
+@pytest.mark.parametrize("n", [1, 257, 70_001])
+@pytest.mark.parametrize("plus", [False, True])
+def test_reference_clip_adam_soft_vaccine_is_vaccines_apply_then_clip_adam_soft(rng, n, plus):
+    from cudarl.reference import vaccine as vref
+
+    host, vac = _vac_inputs(rng, n, plus)
+    fused, two = _host_copy(host), _host_copy(host)
+    z = lambda: np.zeros(1, np.uint32)  # noqa: E731
+    ref.clip_adam_soft_vaccine(*_cas_args(fused, z(), z()), *_vac_args(vac))
+    _vac_apply(vref, two["g"], vac)
+    ref.clip_adam_soft(*_cas_args(two, z(), z()))
+    for k in (*_CAS_STATE, *_CAS_OUT, "g"):
+        assert_bitwise(fused[k], two[k], what=k)
+    moved = slice(vac["lo"], vac["hi"]) if not plus else slice(0, vac["stop"])
+    assert n == 1 or not np.array_equal(fused["g"][moved], host["g"][moved])  # the gradient was corrected
+
+
+def test_clip_adam_soft_vaccine_refuses_bad_arguments_before_launching(rng):
+    from cudarl.ops import optim as ops
+
+    host, vac = _vac_inputs(rng, 9, True)
+    z = lambda: np.zeros(1, np.uint32)  # noqa: E731
+
+    def call(**change):
+        v = dict(vac, **change)
+        ops.clip_adam_soft_vaccine(*_cas_args(_host_copy(host), z(), z()), *_vac_args(v))
+
+    with pytest.raises(ValueError, match="vaccine's float32"):
+        call(vstate=np.zeros(4, np.float32))
+    with pytest.raises(ValueError, match="lo <= hi"):
+        call(lo=5, hi=3)
+    with pytest.raises(ValueError, match="stop <= n"):
+        call(stop=10)
+    with pytest.raises(ValueError, match="aux must be flat"):
+        call(aux=np.zeros(8, np.float32))
+    b = {k: np.stack([v, v]) if isinstance(v, np.ndarray) and v.shape == (9,) else v for k, v in host.items()}
+    with pytest.raises(ValueError, match="one member"):
+        ops.clip_adam_soft_vaccine(*_cas_args(b, z(), z()), *_vac_args(vac))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n", [257, 135_000, 1_000_003])
+@pytest.mark.parametrize("plus", [False, True])
+def test_gpu_clip_adam_soft_vaccine_is_vaccines_apply_then_clip_adam_soft_bitwise(cp, rng, n, plus):
+    """p, m, v, target, the partials, norm, scale, the ring and the corrected gradient g: the bits of vaccine's
+    apply (``apply_plus`` with causal's gradient) followed by clip_adam_soft, on grids of 1 block up to the
+    resident limit; both counters left 0; the twin within rounding."""
+    from cudarl.kernels import resident_grid_limit
+    from cudarl.ops import optim as ops
+    from cudarl.ops import vaccine as vops
+
+    host, vac = _vac_inputs(rng, n, plus)
+    dvac = {k: (cp.asarray(v) if isinstance(v, np.ndarray) else v) for k, v in vac.items()}
+    keys = (*_CAS_STATE, *_CAS_OUT, "g")
+    b = _cas_device(cp, host)
+    _vac_apply(vops, b["g"], dvac, launcher=True)
+    ops.clip_adam_soft(*_cas_args(b, cp.zeros(1, cp.uint32), cp.zeros(1, cp.uint32)))
+    want = {k: b[k].get() for k in keys}
+    for grid in sorted({None, 1, 7, resident_grid_limit()}, key=lambda g: g or 0):
+        b, done, barrier = _cas_device(cp, host), cp.zeros(1, cp.uint32), cp.zeros(1, cp.uint32)
+        ops.clip_adam_soft_vaccine(*_cas_args(b, done, barrier), *_vac_args(dvac), grid=grid)
+        cp.cuda.Device().synchronize()
+        for k in keys:
+            assert_bitwise(b[k].get(), want[k], what=f"grid {grid}: {k}")
+        assert int(done.get()[0]) == 0 and int(barrier.get()[0]) == 0, f"grid {grid}: a counter was not left 0"
+    twin = _host_copy(host)
+    ref.clip_adam_soft_vaccine(*_cas_args(twin, np.zeros(1, np.uint32), np.zeros(1, np.uint32)), *_vac_args(vac))
+    for k in ("p", "m", "v", "target", "g"):
+        assert_parity(want[k], twin[k], rtol=1e-5, what=k)

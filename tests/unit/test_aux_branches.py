@@ -164,12 +164,14 @@ def test_vaccine_folding_causals_gradient_trains_bit_for_bit_as_causals_add_then
 
 @pytest.mark.parametrize("folded", [False, True])
 def test_vaccines_early_sums_one_launch_and_two_launches_train_bit_for_bit(folded, monkeypatch):
-    """Vaccine's grad phase in its three forms: the sums forked early from the last layer's gradient branch and
-    the apply after the backward (``early``: the MLP's default with ``vaccine_scope = "last"``, ``dots_control``
-    then ``apply``, ``_plus`` with causal's gradient folded in), and at the tail after the backward, where
+    """Vaccine's grad phase in its four forms: the sums forked early from the last layer's gradient branch and the
+    apply in Adam's one launch (``adam``: the MLP's default with ``vaccine_scope = "last"``, ``dots_control``
+    then ``optim.clip_adam_soft_vaccine``, which applies it; ``_plus`` with causal's gradient folded in), or after
+    the backward without the grid barrier (``early``), and at the tail after the backward, where
     ``run.grid_barrier`` picks the one launch (``dots_control_apply``) or the two. On NumPy their twins, each
-    form's called exactly when it runs. Trained all three ways from the same seed, the losses, weights and
-    every signal's state are the same bits (the GPU's bits: tests/parity/test_vaccine.py)."""
+    form's called exactly when it runs (the apply through Adam's twin in ``adam``). Trained all four ways from the
+    same seed, the losses, weights and every signal's state are the same bits (the GPU's bits:
+    tests/parity/test_vaccine.py, tests/parity/test_optim.py)."""
     from cudarl.nn.layers import MLP
 
     aux = ["horizons", "causal", "vaccine"] if folded else ["horizons", "vaccine"]
@@ -194,12 +196,13 @@ def test_vaccines_early_sums_one_launch_and_two_launches_train_bit_for_bit(folde
             monkeypatch.setattr(vref, nm, counted(getattr(vref, nm), nm))
     branch = MLP.last_layer_branch
     runs = {}
-    for form in ("early", "one", "two"):
-        if form != "early":  # no branch holds the scope's gradients: the tail forms
+    for form in ("adam", "early", "one", "two"):
+        if form not in ("adam", "early"):  # no branch holds the scope's gradients: the tail forms
             monkeypatch.setattr(MLP, "last_layer_branch", property(lambda self: None))
-        t = _trainer(agent=over, run={"grid_barrier": form != "two"})
+        t = _trainer(agent=over, run={"grid_barrier": form in ("adam", "one")})
         vac = t.agent.aux[-1]
-        assert (vac.addend is not None) == folded and vac.early == (form == "early")
+        assert (vac.addend is not None) == folded and vac.early == (form in ("adam", "early"))
+        assert vac.folded == (form == "adam")  # the apply in Adam's launch: optim.clip_adam_soft_vaccine's twin
         calls.clear()
         t.run(t.cfg.agent.learning_starts // t.cfg.env.n_envs + 4)
         steps = calls.count(f"dots_control_apply{plus}") if form == "one" else calls.count(f"dots_control{plus}")
@@ -208,9 +211,9 @@ def test_vaccines_early_sums_one_launch_and_two_launches_train_bit_for_bit(folde
         assert calls == each * steps
         runs[form] = t
         monkeypatch.setattr(MLP, "last_layer_branch", branch)
-    for form in ("one", "two"):
-        _assert_trained_alike(runs["early"], runs[form])
-    assert runs["early"].agent.aux[-1].state_dict()["state"][0] != 0  # the target moved: the phase ran
+    for form in ("early", "one", "two"):
+        _assert_trained_alike(runs["adam"], runs[form])
+    assert runs["adam"].agent.aux[-1].state_dict()["state"][0] != 0  # the target moved: the phase ran
 
 
 @pytest.mark.parametrize(
@@ -270,10 +273,16 @@ def test_vaccines_own_backward_is_the_backward_it_ran_on_the_flat_gradient_bit_f
     def before_vaccine():
         seen["full"] = online.grads.copy()
 
-    spies = {
-        "backward": after("backward", after_backward),
-        "vaccine": after("vaccine", lambda: seen.update(out=online.grads.copy()), before=before_vaccine),
-    }
+    # the corrected gradient: after vaccine's phase, or where Adam's launch applies it (vaccine.folded) after
+    # Adam's phase, which stores it on [0, stop) (the own SGD steps between them change only their spans, past it)
+    def before_last():
+        seen["pre"] = online.grads.copy()
+        if not vac.folded:
+            before_vaccine()
+
+    last = "adam" if vac.folded else "vaccine"
+    spies = {"backward": after("backward", after_backward), "vaccine": after("vaccine", lambda: None, before_vaccine)}
+    spies[last] = after(last, lambda: seen.update(out=online.grads.copy()), before=before_last)
     t.train_graph.phases = [(n, spies.get(n, f)) for n, f in t.train_graph.phases]
     t.run(t.cfg.agent.learning_starts // t.cfg.env.n_envs + 2)
     lo, hi = vac.lo, vac.hi
@@ -281,9 +290,12 @@ def test_vaccines_own_backward_is_the_backward_it_ran_on_the_flat_gradient_bit_f
     np.testing.assert_array_equal(_bits(seen["own"][lo:hi]), _bits(seen["old"][lo:hi]))
     full = seen["full"].copy()
     assert vac.addend is not None  # causal's gradient, which vaccine's kernels add (takes_addend)
-    full[: vac.addend.stop] += vac.addend.grads[: vac.addend.stop]
+    stop = vac.addend.stop
+    full[:stop] += vac.addend.grads[:stop]
     want = vref.apply(full, seen["old"], vac.state, lo, hi)
-    np.testing.assert_array_equal(_bits(seen["out"]), _bits(want))
+    np.testing.assert_array_equal(_bits(seen["out"][:stop]), _bits(want[:stop]))
+    rest = seen["pre"] if vac.folded else want  # past stop: as the phases before left it
+    np.testing.assert_array_equal(_bits(seen["out"][stop:]), _bits(rest[stop:]))
 
 
 ALL = ["horizons", "risk", "denoise", "homeostatic", "causal", "selectivity", "vaccine"]
@@ -296,8 +308,21 @@ VACCINE_NODES = {
 
 
 def vaccine_nodes(t) -> tuple:
-    """The names of the kernels of vaccine's grad phase in trainer ``t`` (no ``_plus``)."""
-    return VACCINE_NODES[t.cfg.run.grid_barrier and not t.agent.aux[-1].early]
+    """The names of the kernels of vaccine's grad phase in trainer ``t`` (no ``_plus``): where Adam's launch
+    applies the correction (``Vaccine.folded``), dots_control alone."""
+    vac = t.agent.aux[-1]
+    if vac.folded:
+        return VACCINE_NODES[False][:1]
+    return VACCINE_NODES[t.cfg.run.grid_barrier and not vac.early]
+
+
+def applies(nodes: list, t) -> int:
+    """The id of the node that applies vaccine's correction to the flat gradient: its phase's last, or Adam's
+    one launch where it is folded in (``optim.clip_adam_soft_vaccine``)."""
+    if t.agent.aux[-1].folded:
+        (i,) = [n["id"] for n in nodes if n["phase"] == "adam" and n["name"] == "cudarl_optim_clip_adam_soft_vaccine"]
+        return i
+    return [n["id"] for n in nodes if n["phase"] == "vaccine"][-1]
 
 
 def test_causals_intervened_forward_is_an_early_phase_with_c51_and_not_with_a_quantile_head():
@@ -725,7 +750,7 @@ def test_gpu_vaccines_backward_runs_beside_the_steps_and_its_grad_phase_waits_fo
         assert all(copy[0] in ancestors(nodes, i) for i in mine - set(copy))
     grad = [n for n in nodes if n["phase"] == "vaccine"]
     assert [n["name"] for n in grad] == list(vaccine_nodes(t))
-    assert mine <= ancestors(nodes, grad[0]["id"]) and mine | set(steps) <= ancestors(nodes, grad[-1]["id"])
+    assert mine <= ancestors(nodes, grad[0]["id"]) and mine | set(steps) <= ancestors(nodes, applies(nodes, t))
 
 
 @pytest.mark.gpu
@@ -805,10 +830,11 @@ def test_gpu_vaccines_grad_phase_is_one_launch_with_the_grid_barrier_and_two_wit
     backward (``early`` off: no branch holds the scope's gradients) is ONE node, ``dots_control_apply_plus`` (a
     grid barrier between the partials and the control step), with ``run.grid_barrier``; the two ``_plus``
     nodes without it (the same bits: tests/parity/test_vaccine.py). Either way it waits for both signals' own
-    branches and the step's backward, and Adam waits for it. With its sums forked early (the MLP's default) it
-    is the two nodes whatever ``run.grid_barrier``: ``dots_control_plus`` waits for both signals' branches and
-    the last layer's weight-gradient branch and for none of the step's backward after it (the first layer's dW,
-    the gate's fold backward, the main stream's dx chain), and ``apply_plus`` waits for everything."""
+    branches and the step's backward, and Adam waits for it. With its sums forked early (the MLP's default)
+    ``dots_control_plus`` waits for both signals' branches and the last layer's weight-gradient branch and for
+    none of the step's backward after it (the first layer's dW, the gate's fold backward, the main stream's dx
+    chain); the apply, which waits for everything, is Adam's one launch with ``run.grid_barrier``
+    (``optim.clip_adam_soft_vaccine``: the phase is that one node) and ``apply_plus`` after it without."""
     from cudarl.nn.layers import MLP
 
     if not early:
@@ -822,11 +848,16 @@ def test_gpu_vaccines_grad_phase_is_one_launch_with_the_grid_barrier_and_two_wit
         ["cudarl_vaccine_dots_control_apply_plus"],
         ["cudarl_vaccine_dots_control_plus", "cudarl_vaccine_apply_plus"],
     )
-    assert [nodes[i]["name"] for i in vac] == (one if grid_barrier and not early else two)
+    assert vaccine.folded == (early and grid_barrier)
+    assert [nodes[i]["name"] for i in vac] == (two[:1] if vaccine.folded else one if grid_barrier else two)
+    adam = {n["name"] for n in nodes if n["phase"] == "adam"}
+    assert ("cudarl_optim_clip_adam_soft_vaccine" in adam) == vaccine.folded
     sides = {vaccine.side.stream.ptr, t.agent.aux[ALL.index("causal")].side.stream.ptr}
     own = {n["id"] for n in nodes if n["stream"] in sides}
     backward = {n["id"] for n in nodes if n["phase"] == "backward" and n["stream"] == t.stream.ptr}
-    assert own and backward and own <= ancestors(nodes, vac[0]) and own | backward <= ancestors(nodes, vac[-1])
+    assert (
+        own and backward and own <= ancestors(nodes, vac[0]) and own | backward <= ancestors(nodes, applies(nodes, t))
+    )
     first_adam = next(n["id"] for n in nodes if n["phase"] == "adam")
     assert set(vac) <= ancestors(nodes, first_adam)
     if early:

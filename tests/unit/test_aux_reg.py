@@ -326,12 +326,12 @@ def test_vaccine_changes_only_the_scopes_gradient_by_the_papers_rule(scope, enco
         run(*args, **kw)
         seen["aux"] = vac.extra.grads.astype(np.float64)
 
-    def spy_vaccine(inner=phases["vaccine"]):
-        inner()
+    def spy_adam(inner=phases["adam"]):  # the gradient Adam was given (where its one launch applies vaccine's
+        inner()  # correction, vaccine.folded, it stores it, as the apply did)
         seen["after"] = t.agent.online.grads.astype(np.float64)
 
     vac.extra.run = spy_run
-    spies = {"backward": spy_backward, "vaccine": spy_vaccine}
+    spies = {"backward": spy_backward, "adam": spy_adam}
     t.train_graph.phases = [(n, spies.get(n, f)) for n, f in t.train_graph.phases]
     t.run(1)
     lo, hi = vac.lo, vac.hi
