@@ -39,14 +39,16 @@ without it, the same bits; where the scope's gradients are all written on one br
 (``vaccine_scope = "last"`` on an MLP of two or more layers:
 :attr:`cudarl.nn.encoders.Encoder.last_layer_branch`) and this phase comes first after the backward, the two,
 with dots_control forked from that branch (after this signal's and causal's branches) beside the rest of the
-step's backward, and only the apply after it (:attr:`Vaccine.early`; the same bits). Where causal intervention's
-grad phase comes right before this one, this phase takes its gradient (:meth:`takes_addend`): it joins causal's
-branch too, and its kernels read ``full`` plus causal's over ``[0, stop)``, every entry where causal's may be
-nonzero (``dots_control_apply_plus``, or ``dots_control_plus`` and ``apply_plus``: the sums causal's own phase
-made, one pass over the flat gradient fewer). ``full`` is the flat gradient as the backward and the grad phases
-before this one left it, as before; ``aux`` is the same kernels over the same inputs as the backward this phase
-once ran on the flat gradient after saving it, so every bit is as it was. The target cosine ``phi_hat`` is an
-EMA in device memory (``state[0]``), read and moved by the control step inside the graph; it is checkpointed.
+step's backward, and only the apply after it (:attr:`Vaccine.early`; the same bits), which Adam's one launch
+takes with ``run.grid_barrier`` (:meth:`adam_apply`, ``optim.clip_adam_soft_vaccine``; the same bits). Where
+causal intervention's grad phase comes right before this one, this phase takes its gradient
+(:meth:`takes_addend`): it joins causal's branch too, and its kernels read ``full`` plus causal's over ``[0,
+stop)``, every entry where causal's may be nonzero (``dots_control_apply_plus``, or ``dots_control_plus`` and
+``apply_plus``: the sums causal's own phase made, one pass over the flat gradient fewer). ``full`` is the flat
+gradient as the backward and the grad phases before this one left it, as before; ``aux`` is the same kernels
+over the same inputs as the backward this phase once ran on the flat gradient after saving it, so every bit is
+as it was. The target cosine ``phi_hat`` is an EMA in device memory (``state[0]``), read and moved by the
+control step inside the graph; it is checkpointed.
 Observables: ``aux.vaccine.cos`` (phi), ``aux.vaccine.target`` (phi_hat after the step),
 ``aux.vaccine.coef`` (c), ``aux.vaccine.norm_main``, ``aux.vaccine.norm_aux``.
 
