@@ -1,3 +1,5 @@
+# NOT RUN: no device machine started for this script in session 36 (sixteen starts failed); the cut call
+# docs/bench/call_s36c.sh ran instead (records in docs/bench/gpu-4a64988/). Kept for its predictions.
 # Session 36, first device call: the all-seven MLP train graph's anatomy against none's (issue 19, point 9), and
 # vaccine's sums forked early (9268f1b) and its apply folded into Adam's launch (HEAD) against the tree before
 # them (6252826).

@@ -1,3 +1,5 @@
+# NOT RUN: no device machine started for this script in session 36 (sixteen starts failed); the cut call
+# docs/bench/call_s36c.sh ran instead (records in docs/bench/gpu-4a64988/). Kept for its predictions.
 # Session 36, the one device call (issue 19, point 9), after seven starts that failed: one call, as the session's
 # device time allows, holding what call_s36.sh held (its predictions stand) and the final gpu_check.
 #   LIMIT=<s> OUT=$OUT bash docs/bench/call_s36b.sh <sha>     (carry .whl; needs abtrees/6252826 and
