@@ -532,7 +532,10 @@ class StackedAdam(Adam):
         self, soft: SoftUpdate, ring, loss, slots: int, grid_barrier: bool = True, apply: tuple | None = None
     ) -> None:
         """:meth:`Adam.clip_update_publish` of every member with its own constants, in the form
-        ``optim.clip_adam_soft_one_launch`` picks (:meth:`one_launch`): one launch or two, the same bits."""
+        ``optim.clip_adam_soft_one_launch`` picks (:meth:`one_launch`): one launch or two, the same bits. No
+        ``apply`` (``optim.clip_adam_soft_vaccine`` is one member's launch): refused."""
+        if apply is not None:
+            raise ValueError("StackedAdam.clip_update_publish: no folded apply for a population (one member's launch)")
         if soft.online is not self.params:
             raise ValueError(
                 "Adam.clip_update_publish: soft must average toward these parameters (soft.online is params)"

@@ -440,6 +440,9 @@ def test_stacked_adam_takes_stacked_network_buffers_and_checkpoints():
         StackedAdam(net.params[0], net.grads[0])
     with pytest.raises(ValueError, match="flat"):
         Adam(net.params, net.grads)
+    # Gradient Vaccine's folded apply is one member's launch (optim.clip_adam_soft_vaccine): refused, not ignored
+    with pytest.raises(ValueError, match="no folded apply"):
+        adam.clip_update_publish(None, None, None, 2, apply=(net.grads,) * 3 + (0, 1, 0))
 
 
 # --- GPU -----------------------------------------------------------------------------------------------
