@@ -249,7 +249,7 @@ class Adam:
         )
 
     def clip_update_publish(
-        self, soft: SoftUpdate, ring, loss, slots: int, grid_barrier: bool = True, apply: tuple | None = None
+        self, soft: SoftUpdate, ring, loss, slots: int, grid_barrier: bool = True, apply=None
     ) -> None:
         """:meth:`clip_step`, :meth:`update_step` ``(soft)`` and the publish of ``(loss[0], grad norm)``
         into slot ``step % slots`` of ``ring`` (float32 ``[2 * slots]``, e.g. a ``PinnedReadback.device``;
@@ -257,8 +257,9 @@ class Adam:
         ``cudarl.reference.agent.publish`` does. On the GPU ``optim.clip_adam_soft`` with the bits of the
         three: one launch with a grid barrier, or two without where ``grid_barrier`` is off (or, for
         members, where the barrier would squeeze them: ``optim.clip_adam_soft_one_launch``); on NumPy the
-        three twins. ``apply``: Gradient Vaccine's correction of the gradient, ``(plus, aux, state, lo, hi, stop)``
-        (:meth:`cudarl.auxiliary.AuxSignal.adam_apply`), applied on the fly in that one launch
+        three twins. ``apply``: Gradient Vaccine's correction of the gradient
+        (:class:`cudarl.auxiliary.base.AdamApply`, :meth:`cudarl.auxiliary.AuxSignal.adam_apply`), applied on the fly
+        in that one launch
         (``optim.clip_adam_soft_vaccine``: the bits of vaccine's apply first; one member, grid barrier on)."""
         if soft.online is not self.params:
             raise ValueError(
@@ -529,7 +530,7 @@ class StackedAdam(Adam):
         )  # fmt: skip
 
     def clip_update_publish(
-        self, soft: SoftUpdate, ring, loss, slots: int, grid_barrier: bool = True, apply: tuple | None = None
+        self, soft: SoftUpdate, ring, loss, slots: int, grid_barrier: bool = True, apply=None
     ) -> None:
         """:meth:`Adam.clip_update_publish` of every member with its own constants, in the form
         ``optim.clip_adam_soft_one_launch`` picks (:meth:`one_launch`): one launch or two, the same bits. No

@@ -37,7 +37,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from ..rules.base import LearnerBuffers, Phase
-from .base import GradAddend, SgdSpan
+from .base import AdamApply, GradAddend, SgdSpan
 
 
 class AuxSignal(Protocol):
@@ -109,11 +109,12 @@ class AuxSignal(Protocol):
         last layer's gradients (:attr:`cudarl.nn.encoders.Encoder.last_layer_branch`), beside the rest of the
         backward. The default ignores it."""
 
-    def adam_apply(self) -> tuple | None:
+    def adam_apply(self) -> AdamApply | None:
         """An elementwise correction of the flat gradient its grad phase leaves to the optimiser's one launch, which
-        applies it on the fly as it reads the gradient (``optim.clip_adam_soft_vaccine``: Gradient Vaccine's
-        apply, ``(plus, aux, state, lo, hi, stop)``, where its sums forked early and ``run.grid_barrier`` is
-        on: one node fewer on the step's tail), or None (the default). At most one signal gives one."""
+        applies it on the fly as it reads the gradient (:class:`cudarl.auxiliary.base.AdamApply`,
+        ``optim.clip_adam_soft_vaccine``: Gradient Vaccine's apply, where its sums forked early and
+        ``run.grid_barrier`` is on: one node fewer on the step's tail), or None (the default). At most one signal
+        gives one."""
 
     def grad_addend(self) -> GradAddend | None:
         """Where its one grad phase only adds a gradient of its own onto the flat gradient (causal

@@ -187,6 +187,21 @@ class SubBatch:
             self.ops.spread_rows(dst, src)
 
 
+class AdamApply(NamedTuple):
+    """A signal's elementwise correction of the flat gradient that the optimiser's one launch applies as it reads
+    the gradient (:meth:`cudarl.auxiliary.AuxSignal.adam_apply`; ``optim.clip_adam_soft_vaccine``'s arguments after
+    Adam's own, in this order): Gradient Vaccine's ``f = g + plus`` on ``[0, stop)`` (``stop`` 0: ``plus`` not
+    read), then ``f + c (f - aux)`` on ``[lo, hi)`` with ``c = state[2]``. ``plus``, ``aux``: float32 ``[n]`` in
+    the flat layout; ``state``: vaccine's float32 state."""
+
+    plus: Any
+    aux: Any
+    state: Any
+    lo: int
+    hi: int
+    stop: int
+
+
 class GradAddend(NamedTuple):
     """A signal's own gradient that its one grad phase would add onto the flat gradient
     (:meth:`cudarl.auxiliary.AuxSignal.grad_addend`): ``grads`` (float32 ``[n]``, the flat layout), ``side``

@@ -73,7 +73,7 @@ import numpy as np
 from ..backend import family
 from ..graph import SideStream
 from ..reference import vaccine as ref
-from .base import AuxBase, OwnBackward, read
+from .base import AdamApply, AuxBase, OwnBackward, read
 
 KEYS = ("target", "cos", "coef", "norm_main", "norm_aux")
 
@@ -180,7 +180,7 @@ class Vaccine(AuxBase):
             return None
         a = self.addend
         plus, stop = (self.extra.grads, 0) if a is None else (a.grads, a.stop)
-        return (plus, self.extra.grads, self.state, self.lo, self.hi, stop)
+        return AdamApply(plus, self.extra.grads, self.state, self.lo, self.hi, stop)
 
     def grad_phases(self) -> list:
         return [("vaccine", self._phase)]

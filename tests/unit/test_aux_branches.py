@@ -203,6 +203,10 @@ def test_vaccines_early_sums_one_launch_and_two_launches_train_bit_for_bit(folde
         vac = t.agent.aux[-1]
         assert (vac.addend is not None) == folded and vac.early == (form in ("adam", "early"))
         assert vac.folded == (form == "adam")  # the apply in Adam's launch: optim.clip_adam_soft_vaccine's twin
+        fold = vac.adam_apply()
+        assert (fold is None) != (form == "adam")
+        if fold is not None:
+            assert (fold.lo, fold.hi, fold.stop, fold.state) == (vac.lo, vac.hi, folded and vac.addend.stop, vac.state)
         calls.clear()
         t.run(t.cfg.agent.learning_starts // t.cfg.env.n_envs + 4)
         steps = calls.count(f"dots_control_apply{plus}") if form == "one" else calls.count(f"dots_control{plus}")
