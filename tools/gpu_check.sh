@@ -3,7 +3,8 @@
 #   CUDARL_COMMIT=<sha> OUT=<dir> bash tools/gpu_check.sh [--torch-compile] [--only-tests] [--poison]
 # Optional: TEST_PATHS (default tests; the test files under it), PARALLEL (default 4 test processes), BENCHES (default tools/bench_*.py),
 # BENCH_ARGS (appended to every benchmark's command line; e.g. BENCHES=tools/bench_step.py BENCH_ARGS="--no-encoders --no-epoch
-# --no-net-variants --no-dw-variants" for the single step and its PyTorch arms in about a minute), PYTEST_ARGS, DEADLINE_S (seconds
+# --no-net-variants --no-dw-variants" for the single step and its PyTorch arms in about a minute; BENCH_ARGS_<name>, e.g.
+# BENCH_ARGS_bench_population="--sizes 64 --arms joined-probe,vmap", replaces it for that benchmark), PYTEST_ARGS, DEADLINE_S (seconds
 # from the start by which the benchmarks must end, so the report is still written inside a device call's
 # limit: each benchmark gets at most what is left, less 20 s for the report; one with under 20 s left is
 # skipped and says so).
@@ -53,7 +54,8 @@ if [ "$ONLY_TESTS" = 0 ]; then
       if [ "$limit" -lt 20 ]; then echo "== $name: skipped, ${limit} s left before DEADLINE_S" | tee -a "$OUT/bench.log"; continue; fi
     fi
     echo "== $name (limit ${limit} s)" | tee -a "$OUT/bench.log"
-    timeout "$limit" python3 "$b" --out "$BENCH_DIR/$name.json" $EXTRA ${BENCH_ARGS:-} 2>&1 | tee -a "$OUT/bench.log" | tail -n 30
+    own="BENCH_ARGS_$name"; args=${!own-${BENCH_ARGS:-}}  # a benchmark's own arguments, else the shared ones
+    timeout "$limit" python3 "$b" --out "$BENCH_DIR/$name.json" $EXTRA $args 2>&1 | tee -a "$OUT/bench.log" | tail -n 30
   done
 fi
 python3 tools/gpu_report.py --commit "$COMMIT" --junit "$OUT/junit.xml" --bench-dir "$BENCH_DIR" $([ "${CUDARL_POISON_POOL:-}" = 1 ] && echo --poisoned) \
