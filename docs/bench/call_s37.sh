@@ -1,3 +1,5 @@
+# NOT RUN: no device machine started in session 37 (two starts failed, then the device tool said no machine is lent
+# for the rest of the session). Ready as it is for the next session: LIMIT=560 OUT=$OUT bash docs/bench/call_s37.sh <sha>.
 # Session 37's first device call: the report at main's GPU code (784fb49's: the last commits changed no kernel),
 # issue 19's point 9 again on whatever card comes (an H200 would settle the issue's stated card), and the
 # all-seven step's timeline (CUPTI) to see which chain now holds its tail.
