@@ -457,7 +457,11 @@ class Policy:
 
         The gate reads the validation PSR the policy file recorded (:meth:`validation_psr`) when
         ``data`` is the training run's bars (same closes); otherwise it evaluates the validation split
-        of ``data`` now. ``deployment.validation_psr_from`` says which."""
+        of ``data`` now. ``deployment.validation_psr_from`` says which.
+
+        With ``agent.aux = ["selectivity"]`` the summary lists ``features_used``, the gates of these weights
+        largest first, as the trainer's evaluation does (:func:`cudarl.auxiliary.selectivity.features_used_of`)."""
+        from .auxiliary.selectivity import features_used_of
         from .prepare import prepare_data
 
         cfg = self.config
@@ -481,6 +485,9 @@ class Policy:
         ev.summary["deployment"] = {**dep, "margin": cfg.eval.margin, "weights": self.state.weights_kind}
         if "validation_psr" in dep:
             ev.summary["deployment"]["validation_psr_from"] = "policy file" if stored is not None else "recomputed"
+        used = features_used_of(self.state.weights, self.config, self.normaliser.names)
+        if used:  # agent.aux = ["selectivity"]: its gates, as the trainer's evaluation lists them
+            ev.summary["features_used"] = used
         return ev
 
     def validation_psr(self, recompute: bool = False) -> float:

@@ -23,7 +23,9 @@ ungated input, then :meth:`InputGate.fold_backward` on that layer's weight-gradi
 ``agent.selectivity_over`` picks features or bars, ``agent.selectivity_l1`` the penalty's weight.
 Observables: ``aux.selectivity.gate.<feature>`` (or ``.gate.t-<k>``, the bar ``k`` before the
 decision) in ``[0, 1]``, ``aux.selectivity.mean`` and ``aux.selectivity.penalty``. An evaluation's
-``summary.json`` lists the gates as ``features_used``, largest first (:func:`features_used`).
+``summary.json`` lists the gates as ``features_used``, largest first (:func:`features_used`): the
+trainer's and that of a policy file (:meth:`cudarl.policy.Policy.evaluate`, from its weights alone:
+:func:`features_used_of`).
 """
 
 from __future__ import annotations
@@ -124,17 +126,42 @@ class Selectivity(AuxBase):
         gate = buffers.online.gate
         names = tuple(buffers.feature_names) or tuple(f"f{j}" for j in range(gate.F))
         self.need(len(names) == gate.F, f"{len(names)} feature names for {gate.F} feature columns")
-        self.labels = list(names) if self.over == "features" else [f"t-{self.W - 1 - w}" for w in range(self.W)]
+        self.labels = gate_labels(names, self.over, self.W)
         self.logit = gate.logit
 
     def observable(self) -> dict:
-        s = 1.0 / (1.0 + np.exp(-read(self.logit)))
-        out = {f"{PREFIX}{k}": v for k, v in zip(self.labels, s, strict=True)}
-        out.update({"aux.selectivity.mean": float(s.mean()), "aux.selectivity.penalty": self.l1 * float(s.mean())})
-        return out
+        return gate_observables(self.logit, self.labels, self.l1)
+
+
+def gate_labels(names, over: str, window: int) -> list:
+    """The gates' labels: the feature names (``over = "features"``), else ``t-<k>`` for each bar of the
+    window, ``k`` bars before the decision (oldest first)."""
+    return list(names) if over == "features" else [f"t-{window - 1 - w}" for w in range(window)]
+
+
+def gate_observables(logit, labels, l1: float) -> dict:
+    """The observables of the gate logits ``logit`` (``sel.logit``: a device or host array), on the host in
+    float64: ``aux.selectivity.gate.<label>`` (``sigmoid(logit)``), ``aux.selectivity.mean`` and
+    ``aux.selectivity.penalty``. The trainer's metrics and the evaluations of the trainer and of a policy
+    file all read the gates through this."""
+    s = 1.0 / (1.0 + np.exp(-read(logit)))
+    out = {f"{PREFIX}{k}": v for k, v in zip(labels, s, strict=True)}
+    out.update({"aux.selectivity.mean": float(s.mean()), "aux.selectivity.penalty": l1 * float(s.mean())})
+    return out
 
 
 def features_used(observables: dict) -> list:
     """``[[name, gate], ...]``, largest gate first, from a metrics row's selectivity gates (empty without)."""
     gates = [(k[len(PREFIX) :], float(v)) for k, v in observables.items() if k.startswith(PREFIX)]
     return [[k, v] for k, v in sorted(gates, key=lambda kv: -kv[1])]
+
+
+def features_used_of(weights: dict, cfg, names) -> list:
+    """:func:`features_used` of a network's weights (``{parameter name: array}``, as a policy file holds
+    them) under ``cfg``, whose features are ``names``: the list the trainer's evaluation writes for the same
+    weights, computed on the host; empty when ``cfg.agent.aux`` has no ``selectivity``."""
+    if "selectivity" not in cfg.agent.aux:
+        return []
+    a = cfg.agent
+    labels = gate_labels(names, a.selectivity_over, cfg.net.window)
+    return features_used(gate_observables(weights["sel.logit"], labels, a.selectivity_l1))

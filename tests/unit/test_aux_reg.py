@@ -97,6 +97,35 @@ def test_selectivity_gates_shrink_under_their_penalty_and_the_evaluation_lists_t
 
 
 @pytest.mark.parametrize("over", ["features", "positions"])
+def test_a_policy_files_evaluation_lists_the_gates_the_trainers_evaluation_lists(tmp_path, over):
+    """Issue 19 point 4 through a policy file: ``Policy.evaluate`` and ``cudarl-train evaluate`` (its
+    summary.json) list ``features_used``, the same names and values as the trainer's evaluation of the same
+    weights at the same step, from the file's weights alone; a policy without selectivity lists none."""
+    from typer.testing import CliRunner
+
+    from cudarl.cli import app
+    from cudarl.policy import load_policy
+
+    agent = {"aux": ["selectivity"], "selectivity_over": over, "selectivity_l1": 0.5}
+    t = _trainer(tmp_path, net={"window": 4}, agent=agent)  # four bars: four gates over positions
+    t.run(20)
+    want = t.evaluate("val", write=False)
+    assert len(want["features_used"]) > 1 and len({v for _, v in want["features_used"]}) > 1
+    path = t.save_policy("gated")
+    got = load_policy(path, device="cpu").evaluate(split="val").summary
+    assert got["step"] == want["step"] == t.step
+    assert got["features_used"] == want["features_used"]
+    out = tmp_path / "ev"
+    r = CliRunner().invoke(app, ["evaluate", str(path), "--split", "val", "--device", "cpu", "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    assert json.loads((out / "summary.json").read_text())["features_used"] == want["features_used"]
+    plain = _trainer(tmp_path / "plain")
+    plain.run(5)
+    assert "features_used" not in plain.evaluate("val", write=False)
+    assert "features_used" not in load_policy(plain.save_policy("plain"), device="cpu").evaluate(split="val").summary
+
+
+@pytest.mark.parametrize("over", ["features", "positions"])
 def test_the_folded_gate_moves_and_no_forward_reads_a_stale_fold(monkeypatch, over):
     """On the MLP the gate is folded into the first layer (QNetwork.folded): the train step folds both nets
     once, in its fold phase, and its forwards read that; the collect step's act folds first (the step's fold
