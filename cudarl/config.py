@@ -60,7 +60,9 @@ class RunConfig:
     name: str = "cudarl"
     """Run name; the run directory is ``<out_dir>/<name>-<time>-<seed>`` (``-2``, ``-3``, ... if taken)."""
     seed: int = 0
-    """Seed of every Philox stream (initialisation, sampling, exploration, environments)."""
+    """Seed of every Philox stream (initialisation, sampling, exploration, environments). The environments'
+    streams are keyed by ``cudarl.env.stream_seed(run.seed, env.seed)``, which is ``env.seed`` at ``run.seed
+    = 0``."""
     steps: int = 10_000
     """Learner updates (train-graph replays). Measured on the GPU (docs/sweeps.md): over the 14,000
     training bars of ``builtin:regime?n=20000`` held-out Sharpe fell as updates grew from 5k to 50k

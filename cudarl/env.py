@@ -33,7 +33,20 @@ from .window import Windows
 
 F32 = np.float32
 
-__all__ = ["EnvConfig", "TradingEnv", "Transitions", "EnvState"]
+__all__ = ["EnvConfig", "TradingEnv", "Transitions", "EnvState", "stream_seed"]
+
+#: Weyl increment (2^64 / golden ratio) that spreads run seeds over the 64-bit Philox keys.
+_SEED_STRIDE = 0x9E3779B97F4A7C15
+
+
+def stream_seed(run_seed: int, env_seed: int) -> int:
+    """The Philox key of a run's environments: ``env_seed + run_seed * 0x9E3779B97F4A7C15 (mod 2**64)``.
+
+    ``run.seed`` is the seed of everything a run draws, the environments' episode starts and exploration
+    included (:class:`cudarl.trainer.Trainer` builds its environments with this key); ``env.seed`` shifts
+    the environments' streams alone. ``run_seed = 0`` gives ``env_seed`` itself, so every run of the default
+    seed keeps the bits it had when the environments read ``env.seed`` alone."""
+    return (int(env_seed) + int(run_seed) * _SEED_STRIDE) % 2**64
 
 
 @dataclass(frozen=True)
@@ -63,7 +76,9 @@ class EnvConfig:
     mirror: bool = False
     """``record`` writes the directional mirror row (needs antisymmetric levels)."""
     seed: int = 0
-    """Philox seed of resets, episode starts and exploration (0 <= seed < 2**64)."""
+    """Philox seed of resets, episode starts and exploration (0 <= seed < 2**64). A trainer's environments
+    combine it with ``run.seed`` (:func:`stream_seed`), so runs of different seeds draw different episodes
+    and exploration; this field shifts the environments' streams alone."""
 
     def __post_init__(self):
         def need(ok, msg):

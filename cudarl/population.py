@@ -331,7 +331,8 @@ class Population:
     def _build_joined(self) -> None:
         """Joined mode: the stacked env, replay and learner of every member, and the population's two graphs
         made of the learner's collect and train phases (one launch per operation for all members). Member
-        ``i``'s seeds: ``run.seed`` (network, replay) and its env's ``env.seed``; the market, features and
+        ``i``'s seeds: ``run.seed`` (network, replay) and its training env's key (``stream_seed`` of its
+        ``run.seed`` and ``env.seed``, as its Trainer made it); the market, features and
         splits are the first member's (they share them), its one device feature matrix too."""
         from .stacked_agent import StackedLearner, stacked_replay
         from .stacked_env import StackedTradingEnv

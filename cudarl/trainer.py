@@ -36,7 +36,7 @@ from .auxiliary.causal import sensitivities
 from .auxiliary.selectivity import features_used
 from .config import Config, from_dict
 from .data import report as data_report
-from .env import TradingEnv
+from .env import TradingEnv, stream_seed
 from .evaluate import json_safe, write_outputs
 from .features import Normaliser
 from .graph import StepGraph, capture_all, follow_caller
@@ -130,10 +130,11 @@ class Trainer:
         tr = self.data.splits.train
         b = self.data.bars
         # environments over the training split (their reward may carry the turnover penalty, evaluation
-        # never); their observations are net.window bars gathered from the features
-        train_env = cfg.env
+        # never); their observations are net.window bars gathered from the features; their episode starts
+        # and exploration drawn from run.seed's stream as well as env.seed's (stream_seed)
+        train_env = replace(cfg.env, seed=stream_seed(cfg.run.seed, cfg.env.seed))
         if cfg.agent.train_cost_bps:
-            train_env = replace(cfg.env, slippage_bps=cfg.env.slippage_bps + cfg.agent.train_cost_bps)
+            train_env = replace(train_env, slippage_bps=cfg.env.slippage_bps + cfg.agent.train_cost_bps)
         self.env = TradingEnv(
             b.open,
             b.close,

@@ -651,6 +651,14 @@ def test_stacked_env_refuses_bad_members_and_seeds(rng):
         StackedTradingEnv(2, *market, seeds=[1], backend="numpy")
     with pytest.raises(ValueError, match="seeds"):
         StackedTradingEnv(2, *market, seeds=[1, -1], backend="numpy")
+    with pytest.raises(ValueError, match="seeds"):
+        StackedTradingEnv(2, *market, seeds=[1, 2**64], backend="numpy")
+    # Python ints on both sides of 2**63 (a trainer's stream_seed keys) are taken exactly, as uint64
+    from cudarl.env import EnvConfig
+
+    small = EnvConfig(n_envs=2, episode_len=8)
+    big = StackedTradingEnv(2, *market, small, seeds=[0, 2**64 - 1], backend="numpy")
+    assert big.seed.dtype == np.uint64 and [int(s) for s in big.seed] == [0, 2**64 - 1]
 
 
 @pytest.mark.gpu

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from cudarl.config import from_dict, resolve_for_backend
+from cudarl.env import stream_seed
 from cudarl.guard import GuardStop
 from cudarl.interrupt import Interrupted
 from cudarl.trainer import Trainer
@@ -43,6 +44,19 @@ def test_same_seed_runs_are_bitwise_identical(tmp_path):
     c = Trainer(small(run={"seed": 1}), run_dir=False, echo=lambda m: None)
     c.run(40)
     assert c.losses != a.losses
+
+
+def test_run_seed_seeds_the_environments_too_and_seed_0_keeps_env_seeds_key(tmp_path):
+    # run.seed is the seed of every stream: runs of two seeds draw different episode starts and exploration;
+    # at run.seed = 0 the environments' key is env.seed itself (the bits every default run had before)
+    a, b = (Trainer(small(run={"seed": s}), run_dir=False, echo=lambda m: None) for s in (0, 1))
+    c = Trainer(small(run={"seed": 1}, env={"seed": 5}), run_dir=False, echo=lambda m: None)
+    assert int(a.env.seed[0]) == 0 == a.cfg.env.seed
+    assert int(b.env.seed[0]) == stream_seed(1, 0) != 0 and int(c.env.seed[0]) == stream_seed(1, 5)
+    assert len({int(t.env.seed[0]) for t in (a, b, c)}) == 3
+    starts = [np.asarray(t.env.state.t).copy() for t in (a, b)]  # each env's bar after the first reset
+    assert not np.array_equal(*starts)
+    assert stream_seed(0, 7) == 7 and stream_seed(2**63, 2**64 - 1) < 2**64
 
 
 def resumed_and_uninterrupted(cfg, tmp_path):
