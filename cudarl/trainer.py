@@ -591,6 +591,10 @@ class Trainer:
                 q_rows=self.agent.eval_rows(),
                 scale=self._plan_scale(),
             )
+            with self.stream if self.stream is not None else nullcontext():  # after the swap
+                used = features_used(self.agent.observables())  # selectivity's gates of the weights that act
+        if used:  # agent.aux = ["selectivity"]: the gates, largest first
+            ev.summary["features_used"] = used
         ev.summary["step"] = self.step
         ev.summary["deployment"] = {
             **dep,
@@ -606,9 +610,6 @@ class Trainer:
         rules of ``eval`` (gate, margin, moving average); writes ``eval/<split>-<step>/``."""
         ev = self._evaluation(split_name)
         observed = self.agent.observables()
-        used = features_used(observed)  # agent.aux = ["selectivity"]: its gates
-        if used:
-            ev.summary["features_used"] = used
         sensitivity = sensitivities(observed)  # agent.aux = ["causal"]: each group's measured sensitivity
         if sensitivity:
             ev.summary["causal_sensitivity"] = sensitivity

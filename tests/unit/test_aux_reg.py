@@ -97,7 +97,8 @@ def test_selectivity_gates_shrink_under_their_penalty_and_the_evaluation_lists_t
 
 
 @pytest.mark.parametrize("over", ["features", "positions"])
-def test_a_policy_files_evaluation_lists_the_gates_the_trainers_evaluation_lists(tmp_path, over):
+@pytest.mark.parametrize("avg", [0, 10])
+def test_a_policy_files_evaluation_lists_the_gates_the_trainers_evaluation_lists(tmp_path, over, avg):
     """Issue 19 point 4 through a policy file: ``Policy.evaluate`` and ``cudarl-train evaluate`` (its
     summary.json) list ``features_used``, the same names and values as the trainer's evaluation of the same
     weights at the same step, from the file's weights alone; a policy without selectivity lists none."""
@@ -107,10 +108,13 @@ def test_a_policy_files_evaluation_lists_the_gates_the_trainers_evaluation_lists
     from cudarl.policy import load_policy
 
     agent = {"aux": ["selectivity"], "selectivity_over": over, "selectivity_l1": 0.5}
-    t = _trainer(tmp_path, net={"window": 4}, agent=agent)  # four bars: four gates over positions
+    ev = {"average_halflife": avg}  # avg: the file and the trainer's evaluation deploy the moving average
+    t = _trainer(tmp_path, net={"window": 4}, agent=agent, eval=ev)  # four bars: four gates over positions
     t.run(20)
     want = t.evaluate("val", write=False)
     assert len(want["features_used"]) > 1 and len({v for _, v in want["features_used"]}) > 1
+    live = features_used(t.agent.observables())  # the last weights' gates
+    assert (live == want["features_used"]) == (avg == 0)  # with the average, its gates, not the live ones
     path = t.save_policy("gated")
     got = load_policy(path, device="cpu").evaluate(split="val").summary
     assert got["step"] == want["step"] == t.step
