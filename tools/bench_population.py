@@ -432,10 +432,12 @@ def _sizes(text: str) -> tuple[int, ...]:
     return out
 
 
-ARMS = ("vmap", "branches", *JOINED_ARMS)
-#: The arms a plain run takes: every one but the opt-in ``joined-probe``, so one run holds the ratio rows of
-#: both dW settings.
-DEFAULT_ARMS = tuple(a for a in ARMS if a != "joined-probe")
+ARMS = ("vmap", "branches", *JOINED_ARMS, "sweep-scaling")
+#: Arms a plain run leaves out: ``joined-probe`` and ``sweep-scaling`` run only when named.
+OPT_IN_ARMS = ("joined-probe", "sweep-scaling")
+#: The arms a plain run takes: every one but the opt-in ones, so one run holds the ratio rows of both dW
+#: settings.
+DEFAULT_ARMS = tuple(a for a in ARMS if a not in OPT_IN_ARMS)
 
 
 def _arms(text: str) -> tuple[str, ...]:
@@ -444,6 +446,26 @@ def _arms(text: str) -> tuple[str, ...]:
     if not got or bad:
         raise argparse.ArgumentTypeError(f"arms: comma-separated names of {', '.join(ARMS)}; got {text!r}")
     return got
+
+
+def sweep_scaling(args, cpu: bool, rows, extra) -> dict:
+    """The ``sweep-scaling`` arm (:func:`bench_sweep_scaling.sweep_scaling_arm`) at ``--workers`` G: the GPUs
+    of this host, or 2 CPU workers with ``--device cpu``."""
+    from bench_sweep_scaling import sweep_scaling_arm
+
+    workers = args.workers
+    if workers is None:
+        if cpu:
+            workers = 2
+        else:
+            import cupy
+
+            workers = cupy.cuda.runtime.getDeviceCount()
+    if workers < 1:
+        raise ValueError(f"--workers must be >= 1, got {workers}")
+    kw = {"trials": args.sweep_trials, "steps": args.sweep_steps, "population": args.sweep_population}
+    kw |= {"spec": args.sweep_spec, "out_dir": args.sweep_dir}
+    return sweep_scaling_arm(workers, not cpu, rows, extra, **kw)
 
 
 def main(argv=None) -> int:
@@ -458,8 +480,38 @@ def main(argv=None) -> int:
         default=DEFAULT_ARMS,
         help="arms to run, comma-separated: vmap (PyTorch), branches (cudarl.population.Population, the "
         "sequential graphs and the single agent), joined (StackedLearner), joined-onekernel (StackedLearner "
-        "with net.dw_gemm = one_kernel), joined-probe (joined-onekernel with net.batched_algo = probe); default "
+        "with net.dw_gemm = one_kernel), joined-probe (joined-onekernel with net.batched_algo = probe), "
+        "sweep-scaling (one sweep spec on a local Ray at 1 and at --workers workers); default "
         "vmap,branches,joined,joined-onekernel",
+    )
+    ap.add_argument(
+        "--workers",
+        type=int,
+        default=None,
+        help="sweep-scaling: G, the workers of the second run (default: the GPUs of this host; --device cpu: 2 CPU "
+        "workers)",
+    )
+    ap.add_argument("--sweep-trials", type=int, default=None, help="sweep-scaling: trials of its spec (default 4 x G)")
+    ap.add_argument(
+        "--sweep-steps", type=int, default=None, help="sweep-scaling: updates a trial (default 30; GPU: 300)"
+    )
+    ap.add_argument(
+        "--sweep-population",
+        type=int,
+        default=0,
+        help="sweep-scaling: most members a population (default 0: the sweep packs as it would, by the workers)",
+    )
+    ap.add_argument(
+        "--sweep-spec",
+        type=Path,
+        default=None,
+        help="sweep-scaling: run this SPEC.toml instead of the arm's tiny one (its out is not used)",
+    )
+    ap.add_argument(
+        "--sweep-dir",
+        type=Path,
+        default=None,
+        help="sweep-scaling: keep the two sweep directories here (default: a temporary directory, removed)",
     )
     ap.add_argument(
         "--device",
@@ -495,9 +547,9 @@ def main(argv=None) -> int:
     rows = [row("device", "FP32 peak (SMs x 128 x 2 x clock)", peak, "TFLOP/s")] if peak else []
     if cpu:  # the committed default file keeps its GPU numbers
         args.out = args.out or Path(tempfile.gettempdir()) / "bench_population_cpu.json"
-        for a in sorted(set(arms) - set(JOINED_ARMS)):
+        for a in sorted(set(arms) - set(JOINED_ARMS) - {"sweep-scaling"}):
             rows.append(row(a, "skipped", "GPU only", ""))
-        arms = [a for a in arms if a in JOINED_ARMS]
+        arms = [a for a in arms if a in JOINED_ARMS or a == "sweep-scaling"]
     extra: dict = {
         "workload": f"obs {OBS}, MLP {HIDDEN[0]}-{HIDDEN[1]}, dueling C51 {A}x{K}, batch {B}, replay {CAPACITY:,} "
         f"PER, n-step {N_STEP}, {N_ENVS} envs per agent",
@@ -546,6 +598,11 @@ def main(argv=None) -> int:
         rows += dw_rows(prec, joined_us.get("joined", {}), joined_us.get("joined-onekernel", {}))
         rows += probe_vs_rows(prec, joined_us.get("joined-onekernel", {}), joined_us.get("joined-probe", {}))
         print(f"cudarl {prec} done at {time.perf_counter() - t_start:.0f} s")
+    if "sweep-scaling" in arms:
+        try:
+            sweep_scaling(args, cpu, rows, extra)
+        except Exception as exc:
+            _failed(rows, "sweep scaling (Ray)", exc)
     extra["wall_s"] = time.perf_counter() - t_start
     report("bench_population", rows, args.out, extra)
     return 0
