@@ -5,7 +5,8 @@ single-agent graphs one after another and against PyTorch vectorised over the ag
 Reference workload per agent (DESIGN.md): observation 66 floats, MLP 256-256, dueling C51 51 atoms x 3
 actions, batch 512, replay 1M rows with PER, n-step 3, 4,096 environments. Agent ``i`` has seed ``i``.
 
-Arms (``--arms``, default every one but ``joined-probe``: ``vmap,branches,joined,joined-onekernel``), at each P of
+Arms (``--arms``, default every one but ``joined-probe`` and ``sweep-scaling``:
+``vmap,branches,joined,joined-onekernel``), at each P of
 ``--sizes`` (default 1, 8, 64, 256; a size whose measured memory does not fit the free device memory is
 skipped, saying so):
 
@@ -57,6 +58,24 @@ skipped, saying so):
   ``torch.cuda.CUDAGraph``. With ``--torch-compile`` also ``torch.compile`` of it (minutes; a failure
   is a row). Its replay is smaller than 1M rows when P x 1M rows do not fit (said in the row).
 
+* sweep scaling (``sweep-scaling``, opt-in; issue 21, point 2; ``tools/bench_sweep_scaling.py``): one sweep
+  spec (``--sweep-spec``, else a tiny one: ``--sweep-trials`` learning rates, default 4 x G, of
+  ``--sweep-steps`` updates, default 30, GPU 300) run twice through :func:`cudarl.sweep.run_sweep` with
+  :class:`cudarl.sweep.cluster.RayExecutor` on a fresh local Ray instance: with 1 worker, then with
+  ``--workers`` G (default the GPUs of this host, one actor a GPU; ``--device cpu``: 2 CPU actors on the
+  NumPy backend). Each run timed from submit to the last trial recorded: trials, wall, trials per hour, and
+  at the end the speed-up, the scaling efficiency (speed-up / G) and the speed-up counting Ray's start, the
+  actors' start and the data load; where the time went per run (Ray start, actors start, the driver before
+  the first hand-out, the bars put into the object store, time inside populations against the workers'
+  hand-out window, Ray round trips, the driver recording, the workers' idle tail from uneven packing,
+  members per population and populations per worker); and whether both runs' ``sweep.csv`` hold the same
+  numbers per trial (row ``per-trial numbers identical``). The populations are packed as the sweep packs
+  them for that many workers (``--sweep-population`` caps them); ``--sweep-dir`` keeps both sweep
+  directories. On a host with G GPUs::
+
+      python3 tools/bench_population.py --arms sweep-scaling --out /tmp/scaling.json        # G = every GPU
+      python3 tools/bench_population.py --arms sweep-scaling --device cpu --workers 2 --out /tmp/s.json
+
 Precisions: FP32 at every size; TF32 (``net.tf32``; ``allow_tf32`` for PyTorch) at ``--tf32-sizes``
 (default 64, the size of the target; building a second population of 256 costs minutes).
 
@@ -67,8 +86,8 @@ Targets (issue 23, H200): P = 64 in <= 1.2 ms FP32 and >= 2.5x the PyTorch vmap 
 Prints a table and writes JSON (``--out``, default ``docs/bench/bench_population.json``).
 
 ``--device cpu``: the joined arms alone on the NumPy backend at tiny sizes (:data:`CPU_WORKLOAD`, P = 1, 3;
-host-clock times, memory by ``tracemalloc``), a smoke run; its JSON goes to ``--out`` or the temporary
-directory, never over the GPU numbers.
+host-clock times, memory by ``tracemalloc``), and ``sweep-scaling`` on CPU actors, a smoke run; its JSON goes
+to ``--out`` or the temporary directory, never over the GPU numbers.
 """
 
 from __future__ import annotations
