@@ -249,7 +249,7 @@ def sweep_scaling_arm(
             row(c, "worker utilisation (inside / workers x hand-out window)", r["utilisation"], ""),
             row(c, "Ray round trips beyond the populations' time (summed)", r["ray_round_trip_s"], "s"),
             row(c, "driver recording results (summed)", r["recording_s"], "s"),
-            row(c, "workers idle after their last population (uneven packing)", r["idle_tail_s"], "s"),
+            row(c, "workers idle after their last population (uneven packing or speed)", r["idle_tail_s"], "s"),
             row(c, "after the last trial (summary, csv, json, plot)", r["after_last_s"], "s"),
         ]
     identical = same["same_keys"] and not same["differing"] and one["trials"] == many["trials"]
