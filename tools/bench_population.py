@@ -58,7 +58,7 @@ skipped, saying so):
   ``torch.cuda.CUDAGraph``. With ``--torch-compile`` also ``torch.compile`` of it (minutes; a failure
   is a row). Its replay is smaller than 1M rows when P x 1M rows do not fit (said in the row).
 
-* sweep scaling (``sweep-scaling``, opt-in; issue 21, point 2; ``tools/bench_sweep_scaling.py``): one sweep
+* sweep scaling (``sweep-scaling``, opt-in; issue 21, point 2; ``tools/sweep_scaling.py``): one sweep
   spec (``--sweep-spec``, else a tiny one: ``--sweep-trials`` learning rates, default 4 x G, of
   ``--sweep-steps`` updates, default 30, GPU 300) run twice through :func:`cudarl.sweep.run_sweep` with
   :class:`cudarl.sweep.cluster.RayExecutor` on a fresh local Ray instance: with 1 worker, then with
@@ -468,9 +468,9 @@ def _arms(text: str) -> tuple[str, ...]:
 
 
 def sweep_scaling(args, cpu: bool, rows, extra) -> dict:
-    """The ``sweep-scaling`` arm (:func:`bench_sweep_scaling.sweep_scaling_arm`) at ``--workers`` G: the GPUs
+    """The ``sweep-scaling`` arm (:func:`sweep_scaling.sweep_scaling_arm`) at ``--workers`` G: the GPUs
     of this host, or 2 CPU workers with ``--device cpu``."""
-    from bench_sweep_scaling import sweep_scaling_arm
+    from sweep_scaling import sweep_scaling_arm
 
     workers = args.workers
     if workers is None:

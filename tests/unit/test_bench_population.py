@@ -2,7 +2,7 @@
 :class:`cudarl.stacked_agent.StackedLearner`) on the NumPy backend at tiny sizes: its rows (names and units; no
 timing is asserted), a size the learner refuses recorded as rows in both forms instead of a crash, the speed-up
 rows against the other arms, and ``--device cpu`` end to end (the table and the JSON). And the ``sweep-scaling``
-arm (tools/bench_sweep_scaling.py) on a local Ray with 1 and 2 CPU workers."""
+arm (tools/sweep_scaling.py) on a local Ray with 1 and 2 CPU workers."""
 
 import argparse
 import csv
@@ -245,7 +245,7 @@ def test_sweep_scaling_arm_on_two_cpu_workers(tmp_path):
     """The sweep-scaling arm (issue 21, point 2) at a tiny size: one spec swept on a local Ray with 1 and with 2
     CPU workers; its rows, a finite positive efficiency, and the same numbers per trial in both sweep.csv."""
     pytest.importorskip("ray", reason="Ray is not installed (pip install 'cudarl[cluster]')")
-    import bench_sweep_scaling as bs
+    import sweep_scaling as bs
 
     assert "sweep-scaling" in bp.ARMS and "sweep-scaling" not in bp.DEFAULT_ARMS  # opt-in
     rows, extra = [], {}

@@ -1,4 +1,5 @@
-"""The ``sweep-scaling`` arm of ``tools/bench_population.py`` (issue 21, point 2): one sweep spec run twice
+"""The ``sweep-scaling`` arm of ``tools/bench_population.py`` (named outside ``bench_*.py``, so ``gpu_check.sh`` does
+not run it as a benchmark of its own) (issue 21, point 2): one sweep spec run twice
 through the real Ray path (:func:`cudarl.sweep.run_sweep` with :class:`cudarl.sweep.cluster.RayExecutor`),
 on a local Ray instance with 1 worker and then with G workers (one actor a GPU on a GPU host, CPU actors on
 the NumPy backend otherwise), each timed from submit (``run_sweep`` called) to the last trial recorded.
