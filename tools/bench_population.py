@@ -5,7 +5,8 @@ single-agent graphs one after another and against PyTorch vectorised over the ag
 Reference workload per agent (DESIGN.md): observation 66 floats, MLP 256-256, dueling C51 51 atoms x 3
 actions, batch 512, replay 1M rows with PER, n-step 3, 4,096 environments. Agent ``i`` has seed ``i``.
 
-Arms (``--arms``, default every one but ``joined-probe``: ``vmap,branches,joined,joined-onekernel``), at each P of
+Arms (``--arms``, default every one but ``joined-probe`` and ``sweep-scaling``:
+``vmap,branches,joined,joined-onekernel``), at each P of
 ``--sizes`` (default 1, 8, 64, 256; a size whose measured memory does not fit the free device memory is
 skipped, saying so):
 
@@ -57,6 +58,24 @@ skipped, saying so):
   ``torch.cuda.CUDAGraph``. With ``--torch-compile`` also ``torch.compile`` of it (minutes; a failure
   is a row). Its replay is smaller than 1M rows when P x 1M rows do not fit (said in the row).
 
+* sweep scaling (``sweep-scaling``, opt-in; issue 21, point 2; ``tools/sweep_scaling.py``): one sweep
+  spec (``--sweep-spec``, else a tiny one: ``--sweep-trials`` learning rates, default 4 x G, of
+  ``--sweep-steps`` updates, default 30, GPU 300) run twice through :func:`cudarl.sweep.run_sweep` with
+  :class:`cudarl.sweep.cluster.RayExecutor` on a fresh local Ray instance: with 1 worker, then with
+  ``--workers`` G (default the GPUs of this host, one actor a GPU; ``--device cpu``: 2 CPU actors on the
+  NumPy backend). Each run timed from submit to the last trial recorded: trials, wall, trials per hour, and
+  at the end the speed-up, the scaling efficiency (speed-up / G) and the speed-up counting Ray's start, the
+  actors' start and the data load; where the time went per run (Ray start, actors start, the driver before
+  the first hand-out, the bars put into the object store, time inside populations against the workers'
+  hand-out window, Ray round trips, the driver recording, the workers' idle tail from uneven packing,
+  members per population and populations per worker); and whether both runs' ``sweep.csv`` hold the same
+  numbers per trial (row ``per-trial numbers identical``). The populations are packed as the sweep packs
+  them for that many workers (``--sweep-population`` caps them); ``--sweep-dir`` keeps both sweep
+  directories. On a host with G GPUs::
+
+      python3 tools/bench_population.py --arms sweep-scaling --out /tmp/scaling.json        # G = every GPU
+      python3 tools/bench_population.py --arms sweep-scaling --device cpu --workers 2 --out /tmp/s.json
+
 Precisions: FP32 at every size; TF32 (``net.tf32``; ``allow_tf32`` for PyTorch) at ``--tf32-sizes``
 (default 64, the size of the target; building a second population of 256 costs minutes).
 
@@ -67,8 +86,8 @@ Targets (issue 23, H200): P = 64 in <= 1.2 ms FP32 and >= 2.5x the PyTorch vmap 
 Prints a table and writes JSON (``--out``, default ``docs/bench/bench_population.json``).
 
 ``--device cpu``: the joined arms alone on the NumPy backend at tiny sizes (:data:`CPU_WORKLOAD`, P = 1, 3;
-host-clock times, memory by ``tracemalloc``), a smoke run; its JSON goes to ``--out`` or the temporary
-directory, never over the GPU numbers.
+host-clock times, memory by ``tracemalloc``), and ``sweep-scaling`` on CPU actors, a smoke run; its JSON goes
+to ``--out`` or the temporary directory, never over the GPU numbers.
 """
 
 from __future__ import annotations
@@ -432,10 +451,12 @@ def _sizes(text: str) -> tuple[int, ...]:
     return out
 
 
-ARMS = ("vmap", "branches", *JOINED_ARMS)
-#: The arms a plain run takes: every one but the opt-in ``joined-probe``, so one run holds the ratio rows of
-#: both dW settings.
-DEFAULT_ARMS = tuple(a for a in ARMS if a != "joined-probe")
+ARMS = ("vmap", "branches", *JOINED_ARMS, "sweep-scaling")
+#: Arms a plain run leaves out: ``joined-probe`` and ``sweep-scaling`` run only when named.
+OPT_IN_ARMS = ("joined-probe", "sweep-scaling")
+#: The arms a plain run takes: every one but the opt-in ones, so one run holds the ratio rows of both dW
+#: settings.
+DEFAULT_ARMS = tuple(a for a in ARMS if a not in OPT_IN_ARMS)
 
 
 def _arms(text: str) -> tuple[str, ...]:
@@ -444,6 +465,26 @@ def _arms(text: str) -> tuple[str, ...]:
     if not got or bad:
         raise argparse.ArgumentTypeError(f"arms: comma-separated names of {', '.join(ARMS)}; got {text!r}")
     return got
+
+
+def sweep_scaling(args, cpu: bool, rows, extra) -> dict:
+    """The ``sweep-scaling`` arm (:func:`sweep_scaling.sweep_scaling_arm`) at ``--workers`` G: the GPUs
+    of this host, or 2 CPU workers with ``--device cpu``."""
+    from sweep_scaling import sweep_scaling_arm
+
+    workers = args.workers
+    if workers is None:
+        if cpu:
+            workers = 2
+        else:
+            import cupy
+
+            workers = cupy.cuda.runtime.getDeviceCount()
+    if workers < 1:
+        raise ValueError(f"--workers must be >= 1, got {workers}")
+    kw = {"trials": args.sweep_trials, "steps": args.sweep_steps, "population": args.sweep_population}
+    kw |= {"spec": args.sweep_spec, "out_dir": args.sweep_dir}
+    return sweep_scaling_arm(workers, not cpu, rows, extra, **kw)
 
 
 def main(argv=None) -> int:
@@ -458,8 +499,38 @@ def main(argv=None) -> int:
         default=DEFAULT_ARMS,
         help="arms to run, comma-separated: vmap (PyTorch), branches (cudarl.population.Population, the "
         "sequential graphs and the single agent), joined (StackedLearner), joined-onekernel (StackedLearner "
-        "with net.dw_gemm = one_kernel), joined-probe (joined-onekernel with net.batched_algo = probe); default "
+        "with net.dw_gemm = one_kernel), joined-probe (joined-onekernel with net.batched_algo = probe), "
+        "sweep-scaling (one sweep spec on a local Ray at 1 and at --workers workers); default "
         "vmap,branches,joined,joined-onekernel",
+    )
+    ap.add_argument(
+        "--workers",
+        type=int,
+        default=None,
+        help="sweep-scaling: G, the workers of the second run (default: the GPUs of this host; --device cpu: 2 CPU "
+        "workers)",
+    )
+    ap.add_argument("--sweep-trials", type=int, default=None, help="sweep-scaling: trials of its spec (default 4 x G)")
+    ap.add_argument(
+        "--sweep-steps", type=int, default=None, help="sweep-scaling: updates a trial (default 30; GPU: 300)"
+    )
+    ap.add_argument(
+        "--sweep-population",
+        type=int,
+        default=0,
+        help="sweep-scaling: most members a population (default 0: the sweep packs as it would, by the workers)",
+    )
+    ap.add_argument(
+        "--sweep-spec",
+        type=Path,
+        default=None,
+        help="sweep-scaling: run this SPEC.toml instead of the arm's tiny one (its out is not used)",
+    )
+    ap.add_argument(
+        "--sweep-dir",
+        type=Path,
+        default=None,
+        help="sweep-scaling: keep the two sweep directories here (default: a temporary directory, removed)",
     )
     ap.add_argument(
         "--device",
@@ -495,9 +566,9 @@ def main(argv=None) -> int:
     rows = [row("device", "FP32 peak (SMs x 128 x 2 x clock)", peak, "TFLOP/s")] if peak else []
     if cpu:  # the committed default file keeps its GPU numbers
         args.out = args.out or Path(tempfile.gettempdir()) / "bench_population_cpu.json"
-        for a in sorted(set(arms) - set(JOINED_ARMS)):
+        for a in sorted(set(arms) - set(JOINED_ARMS) - {"sweep-scaling"}):
             rows.append(row(a, "skipped", "GPU only", ""))
-        arms = [a for a in arms if a in JOINED_ARMS]
+        arms = [a for a in arms if a in JOINED_ARMS or a == "sweep-scaling"]
     extra: dict = {
         "workload": f"obs {OBS}, MLP {HIDDEN[0]}-{HIDDEN[1]}, dueling C51 {A}x{K}, batch {B}, replay {CAPACITY:,} "
         f"PER, n-step {N_STEP}, {N_ENVS} envs per agent",
@@ -546,6 +617,11 @@ def main(argv=None) -> int:
         rows += dw_rows(prec, joined_us.get("joined", {}), joined_us.get("joined-onekernel", {}))
         rows += probe_vs_rows(prec, joined_us.get("joined-onekernel", {}), joined_us.get("joined-probe", {}))
         print(f"cudarl {prec} done at {time.perf_counter() - t_start:.0f} s")
+    if "sweep-scaling" in arms:
+        try:
+            sweep_scaling(args, cpu, rows, extra)
+        except Exception as exc:
+            _failed(rows, "sweep scaling (Ray)", exc)
     extra["wall_s"] = time.perf_counter() - t_start
     report("bench_population", rows, args.out, extra)
     return 0

@@ -25,6 +25,12 @@ def sweep_dir_of(spec: SweepSpec, out=None) -> Path:
     return Path(out) if out is not None else spec.out / spec.name
 
 
+def sweep_bars(spec: SweepSpec):
+    """The bars a sweep of ``spec`` trains on (its driver loads them once; Ray actors get them through the
+    object store)."""
+    return load_bars(spec.base.data.source, min_bars=spec.base.env.episode_len + 3, **data_options(spec.base.data))
+
+
 def run_sweep(spec: SweepSpec, *, out=None, executor=None, optuna_rounds: int = 0, echo=print) -> dict:
     """Run (or resume) the sweep of ``spec``; returns the report written to ``sweep.json``.
 
@@ -39,7 +45,7 @@ def run_sweep(spec: SweepSpec, *, out=None, executor=None, optuna_rounds: int = 
     from .. import backend as _backend
 
     t0 = time.perf_counter()
-    bars = load_bars(spec.base.data.source, min_bars=spec.base.env.episode_len + 3, **data_options(spec.base.data))
+    bars = sweep_bars(spec)
     if executor is None:
         be = _backend.get({"auto": None, "gpu": "cupy", "cpu": "numpy"}[spec.base.run.device])
         executor = LocalExecutor(be.is_gpu)

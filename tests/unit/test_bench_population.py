@@ -1,9 +1,11 @@
 """tools/bench_population.py's joined arm (its code in tools/bench_joined.py; issue 23's agent axis,
 :class:`cudarl.stacked_agent.StackedLearner`) on the NumPy backend at tiny sizes: its rows (names and units; no
 timing is asserted), a size the learner refuses recorded as rows in both forms instead of a crash, the speed-up
-rows against the other arms, and ``--device cpu`` end to end (the table and the JSON)."""
+rows against the other arms, and ``--device cpu`` end to end (the table and the JSON). And the ``sweep-scaling``
+arm (tools/sweep_scaling.py) on a local Ray with 1 and 2 CPU workers."""
 
 import argparse
+import csv
 import json
 import subprocess
 import sys
@@ -237,3 +239,38 @@ def test_bench_population_cpu_runs_the_joined_arm(tmp_path):
 def test_arms_option(text):
     got = bp._arms(text)
     assert set(got) <= set(bp.ARMS) and len(got) == len(set(got))
+
+
+def test_sweep_scaling_arm_on_two_cpu_workers(tmp_path):
+    """The sweep-scaling arm (issue 21, point 2) at a tiny size: one spec swept on a local Ray with 1 and with 2
+    CPU workers; its rows, a finite positive efficiency, and the same numbers per trial in both sweep.csv."""
+    pytest.importorskip("ray", reason="Ray is not installed (pip install 'cudarl[cluster]')")
+    import sweep_scaling as bs
+
+    assert "sweep-scaling" in bp.ARMS and "sweep-scaling" not in bp.DEFAULT_ARMS  # opt-in
+    rows, extra = [], {}
+    ext = bs.sweep_scaling_arm(2, False, rows, extra, trials=4, steps=20, out_dir=tmp_path)
+    assert extra["sweep_scaling"] is ext and not [r for r in rows if r["metric"] in ("failed", "skipped")]
+    got = {(r["case"], r["metric"]): r["value"] for r in rows}
+    for n in (1, 2):
+        c = f"{bs.CASE}, {n} CPU (NumPy backend) worker(s)"
+        assert got[(c, "trials")] == 4
+        assert got[(c, "wall (submit -> all trials recorded)")] > 0
+        assert got[(c, "trials per hour")] == pytest.approx(3600 * 4 / got[(c, "wall (submit -> all trials recorded)")])
+        run = ext["runs"][str(n)]
+        assert run["workers"] == n and sum(run["populations"]) == 4 and len(run["populations_per_worker"]) == n
+        assert run["retried"] == 0 and 0 < run["utilisation"] <= 1
+    eff = got[(bs.CASE, "scaling efficiency (speed-up / 2)")]
+    assert np.isfinite(eff) and eff > 0 and eff == pytest.approx(got[(bs.CASE, "speed-up, 2 over 1 worker")] / 2)
+    assert got[(bs.CASE, "trials equal at 1 and at G workers")] is True
+    assert got[(bs.CASE, "per-trial numbers identical (sweep.csv by key)")] is True and ext["differing"] == {}
+    # the two sweep.csv files themselves: every trial once, the same numbers by key (not where it ran)
+    a, b = ({r["key"]: r for r in csv.DictReader((tmp_path / f"workers-{n}" / "sweep.csv").open())} for n in (1, 2))
+    assert len(a) == 4 and sorted(a) == sorted(b)
+    for k in a:
+        keep = [c for c in a[k] if c not in bs.PLACEMENT_COLUMNS]
+        assert [a[k][c] for c in keep] == [b[k][c] for c in keep], k
+        assert a[k]["val_sharpe"] and a[k]["weights_sha256"]
+    # the packing: one population of 4 on one worker; two of 2 on two workers, one each (no idle worker)
+    assert ext["runs"]["1"]["populations"] == [4] and ext["runs"]["2"]["populations"] == [2, 2]
+    assert ext["runs"]["2"]["populations_per_worker"] == [1, 1]
