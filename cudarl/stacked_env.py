@@ -68,10 +68,8 @@ class StackedTradingEnv(TradingEnv):
     ):
         if isinstance(members, bool) or not isinstance(members, (int, np.integer)) or int(members) < 1:
             raise ValueError(f"members: expected an integer >= 1, got {members!r}")
-        if not isinstance(seeds, np.ndarray) and all(type(s) is int for s in seeds):
-            # Python ints: uint64 where they fit (np.asarray makes float64 of ints on both sides of 2**63)
-            seeds = [int(s) for s in seeds]
-            seeds = np.array(seeds, np.uint64 if all(0 <= s < 2**64 for s in seeds) else object)
+        if not isinstance(seeds, np.ndarray) and all(type(s) is int and 0 <= s < 2**64 for s in seeds):
+            seeds = np.array(seeds, np.uint64)  # exactly: np.asarray makes float64 of ints on both sides of 2**63
         seeds = np.asarray(seeds)
         if (
             seeds.shape != (int(members),)

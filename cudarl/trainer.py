@@ -591,8 +591,10 @@ class Trainer:
                 q_rows=self.agent.eval_rows(),
                 scale=self._plan_scale(),
             )
-            with self.stream if self.stream is not None else nullcontext():  # after the swap
-                used = features_used(self.agent.observables())  # selectivity's gates of the weights that act
+            used = []
+            if "selectivity" in self.cfg.agent.aux:  # its gates, of the weights that act (after the swap)
+                with self.stream if self.stream is not None else nullcontext():
+                    used = features_used(self.agent.observables())
         if used:  # agent.aux = ["selectivity"]: the gates, largest first
             ev.summary["features_used"] = used
         ev.summary["step"] = self.step
