@@ -93,6 +93,7 @@ class Agent:
     ):
         self.cfg, self.xp, self.n_envs = cfg, xp, int(n_envs)
         self._eval_rows = None  # (eval_rows(),) once made: row_exact_q may be None
+        self._eval_ws = None  # eval_q_into's workspace where there is no block Q (grown to the most rows asked)
         # acting_observables: a collect step has acted (collected); no forward of q_values has written the
         # acting workspace since the last one
         self._acted = self._act_ws_fresh = False
@@ -478,6 +479,20 @@ class Agent:
 
             self._eval_rows = (row_exact_q(self.online, self.rule.values),)
         return self._eval_rows[0]
+
+    def eval_q_into(self, obs, out) -> None:
+        """The values the online network acts on (``agent.act_by``'s measure) of ``obs [n, obs_dim]``, any
+        ``n``, into ``out [n, A]``: through :meth:`eval_rows` where there is one (each row the bits the
+        evaluation walk acts on), else the rule's values over a workspace of its own (made outside any capture
+        at the first call of more rows than it has). :meth:`cudarl.policy.Policy.q_values_into` of these weights."""
+        block = self.eval_rows()
+        if block is not None:
+            block.into(obs, out)
+            return
+        n = obs.shape[0]
+        if self._eval_ws is None or self._eval_ws.max_batch < n:
+            self._eval_ws = self.online.new_workspace(n)
+        self.rule.values(out, obs, self._eval_ws)
 
     def plan_scale(self, obs, out) -> None:
         """The plan head's gate (``out [n]``) of the forward :meth:`q_values` just ran on ``obs`` (net.plan)."""

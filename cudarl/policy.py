@@ -460,7 +460,12 @@ class Policy:
         of ``data`` now. ``deployment.validation_psr_from`` says which.
 
         With ``agent.aux = ["selectivity"]`` the summary lists ``features_used``, the gates of these weights
-        largest first, as the trainer's evaluation does (:func:`cudarl.auxiliary.selectivity.features_used_of`)."""
+        largest first, as the trainer's evaluation does (:func:`cudarl.auxiliary.selectivity.features_used_of`);
+        with ``agent.aux = ["causal"]``, ``causal_sensitivity_heldout``, each feature group's mean absolute
+        change of Q over ``split`` under its intervention, as the trainer's evaluation does
+        (:func:`cudarl.auxiliary.causal_heldout.split_sensitivity`; the training-time ``causal_sensitivity``
+        is not in a policy file)."""
+        from .auxiliary.causal_heldout import split_sensitivity
         from .auxiliary.selectivity import features_used_of
         from .prepare import prepare_data
 
@@ -488,6 +493,9 @@ class Policy:
         used = features_used_of(self.state.weights, self.config, self.normaliser.names)
         if used:  # agent.aux = ["selectivity"]: its gates, as the trainer's evaluation lists them
             ev.summary["features_used"] = used
+        if "causal" in cfg.agent.aux:  # each group's sensitivity over the split, as the trainer's evaluation
+            sens = split_sensitivity(self.q_values_into, self.xp, self.n_actions, prepared, split, cfg)
+            ev.summary["causal_sensitivity_heldout"] = sens
         return ev
 
     def validation_psr(self, recompute: bool = False) -> float:

@@ -33,6 +33,7 @@ from . import checkpoint as ckpt
 from .agent import Agent
 from .atomic import atomic_open
 from .auxiliary.causal import sensitivities
+from .auxiliary.causal_heldout import split_sensitivity
 from .auxiliary.selectivity import features_used
 from .config import Config, from_dict
 from .data import report as data_report
@@ -566,10 +567,20 @@ class Trainer:
             self._val_psr = (self.step, ev.summary["statistics"]["psr"])
         return self._val_psr[1]
 
-    def _evaluation(self, split_name: str, gate: bool = True, margin: float | None = None, averaged: bool = True):
+    def _evaluation(
+        self,
+        split_name: str,
+        gate: bool = True,
+        margin: float | None = None,
+        averaged: bool = True,
+        heldout: bool = False,
+    ):
         """The deployed positions on a split evaluated with the env's fill and costs and the statistics of
         ``eval`` (:func:`cudarl.policy.evaluate_split`); ``gate`` False: the trained policy's own, whatever
-        the validation gate says; ``margin``, ``averaged``: see :meth:`greedy_positions`."""
+        the validation gate says; ``margin``, ``averaged``: see :meth:`greedy_positions`. ``heldout`` (with
+        ``agent.aux = ["causal"]``): the summary's ``causal_sensitivity_heldout`` too, of the same weights
+        (:func:`cudarl.auxiliary.causal_heldout.split_sensitivity`; a forward per group over the split, which
+        the validation PSR and other views of the same weights have no use for)."""
         split = getattr(self.data.splits, split_name)
         margin = self.cfg.eval.margin if margin is None else float(margin)
         dep = deployment(self.cfg.eval, split_name, self.validation_psr) if gate else {"gate": "not applied"}
@@ -591,12 +602,18 @@ class Trainer:
                 q_rows=self.agent.eval_rows(),
                 scale=self._plan_scale(),
             )
-            used = []
+            used, sens = [], None
             if "selectivity" in self.cfg.agent.aux:  # its gates, of the weights that act (after the swap)
                 with self.stream if self.stream is not None else nullcontext():
                     used = features_used(self.agent.observables())
+            if heldout and "causal" in self.cfg.agent.aux:  # each group's sensitivity over this split, likewise
+                with self.stream if self.stream is not None else nullcontext():
+                    q_into, n_actions = self.agent.eval_q_into, self.cfg.env.n_actions
+                    sens = split_sensitivity(q_into, self.xp, n_actions, self.data, split_name, self.cfg)
         if used:  # agent.aux = ["selectivity"]: the gates, largest first
             ev.summary["features_used"] = used
+        if sens is not None:
+            ev.summary["causal_sensitivity_heldout"] = sens
         ev.summary["step"] = self.step
         ev.summary["deployment"] = {
             **dep,
@@ -610,7 +627,7 @@ class Trainer:
     def evaluate(self, split_name: str = "val", write: bool = True) -> dict:
         """Greedy evaluation over a split with the env's fill and costs, the statistics and the deployment
         rules of ``eval`` (gate, margin, moving average); writes ``eval/<split>-<step>/``."""
-        ev = self._evaluation(split_name)
+        ev = self._evaluation(split_name, heldout=True)
         observed = self.agent.observables()
         sensitivity = sensitivities(observed)  # agent.aux = ["causal"]: each group's measured sensitivity
         if sensitivity:

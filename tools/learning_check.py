@@ -236,7 +236,8 @@ def run_one(
         "buy_and_hold_sharpe": test["buy_and_hold"]["sharpe"],
         **{f"test_{k}": v for k, v in _summary_row(tr.last_evaluation).items()},
     }
-    for k in ("features_used", "causal_sensitivity"):  # agent.aux selectivity's gates, causal's sensitivities
+    # agent.aux selectivity's gates, causal's sensitivities (training-time, and over this test split)
+    for k in ("features_used", "causal_sensitivity", "causal_sensitivity_heldout"):
         if k in test:
             row[k] = test[k]
     # the same weights under other deployment rules: the mechanisms' on/off tables from one training

@@ -33,7 +33,9 @@ sign may differ there, nothing else). Observables:
 ``aux.causal.loss``, ``aux.causal.group`` (the index of the step's group in :attr:`Causal.groups`) and
 ``aux.causal.sensitivity.<group>``, the mean absolute change of Q the last time that group was
 intervened on (what ``docs/guide.md`` calls the measured sensitivity); each evaluation's
-``summary.json`` lists them as ``causal_sensitivity`` (:func:`sensitivities`).
+``summary.json`` lists them as ``causal_sensitivity`` (:func:`sensitivities`), and beside them
+``causal_sensitivity_heldout``, the same interventions over the evaluated split
+(:mod:`cudarl.auxiliary.causal_heldout`).
 """
 
 from __future__ import annotations
