@@ -187,9 +187,10 @@ def step_check(agent, device, seed: int = 0) -> dict:
     cross-entropy, KL priorities, backward; on its backend) against :meth:`TorchC51Step.loss` with the
     agent's networks' PyTorch twins (:func:`torch_twins`) as ``online`` and ``target``, on ``device``: the same
     weights (the target's perturbed first, so double DQN matters) and the same random batch. The agent's
-    config must be the plain C51 step the PyTorch one computes: ``net.head`` c51 at ``ATOMS`` atoms on
+    config must be the plain C51 step the PyTorch one computes: ``net.head`` c51 at ``K`` atoms on
     ``[V_MIN, V_MAX]``, no PopArt. Returns the losses and the relative differences of the loss, the priorities
-    and the gradients (the norm of the difference over cudarl's)."""
+    and the gradients (the norm of the difference over cudarl's), overall and by parameter. Perturbs the
+    agent's target weights and turns PyTorch's TF32 off."""
     import torch
 
     from cudarl.backend import to_numpy
