@@ -13,7 +13,12 @@ d_model. Input 66 features a bar.
   ``torch.compile`` in one graph.
 * acting: 4096 environments, one bar. cudarl: the one-bar step over the recurrent state (SSM) or the key/value
   cache (attention), graph replay. PyTorch: the windowed forward of the last W bars (no gradient), eager and graph.
-* check: psi and the gradients of the cudarl step against the twin's on the same weights (fp32, TF32 off).
+* check: psi and the gradients of the cudarl step against the twin's on the same weights (fp32, TF32 off; with a
+  GPU). And the whole learner step (issue 22 point 5: "check the twin on the same weights: loss, priorities,
+  gradients"): cudarl's agent with ``net.encoder`` at these shapes (batch B; on the GPU, else NumPy) against
+  ``TorchC51Step.loss`` over the Q-network twins (``torch_encoders.q_network``; CUDA if torch sees it, else the
+  CPU), tools/bench_step.py's ``step_check``: the relative differences of the loss, the KL priorities and the
+  gradients (float32 on both sides).
 * FLOPs: the forward's multiply-adds counted from the shapes (the GEMMs, the conv, the chunked scan as the
   kernels run it, the attention), x2; the step counts the backward as twice its forward (a convention,
   said in the row); TFLOP/s = FLOPs / measured time, and its fraction of the FP32 peak (SMs x 128 lanes x 2
@@ -84,6 +89,13 @@ def forward_flops(kind: str, F: int, a: dict, as_run: bool = False) -> float:
             top = W * d * 3 * d + 2 * d * W + d * d + 2 * d * ff
             return fl + 2 * ((L - 1) * layer + top)
     return fl + 2 * L * layer
+
+
+#: The ``NetConfig`` field of each encoder constructor argument of :func:`shapes` (what
+#: ``cudarl.nn.encoders.ENCODERS`` reads), so the agent of the step check has the encoder the bench times.
+NET_FIELDS = {"window": "window", "d_model": "d_model", "layers": "layers", "expand": "ssm_expand",
+              "d_state": "ssm_state", "headdim": "ssm_headdim", "groups": "ssm_groups", "conv_kernel": "ssm_conv",
+              "chunk": "ssm_chunk", "heads": "attn_heads", "mlp_ratio": "attn_mlp_ratio"}  # fmt: skip
 
 
 def _failed(rows, case: str, exc: BaseException) -> None:
@@ -259,6 +271,27 @@ def torch_arms(kind: str, s: dict, x_np, x1_np, dpsi_np, P: dict, args, tf32: bo
     return rows, replay, first, tag
 
 
+# --- the whole step against the twin --------------------------------------------------------------------------
+def step_check(kind: str, s: dict, xp) -> dict:
+    """tools/bench_step.py's ``step_check`` of an agent with ``net.encoder = kind`` at :func:`shapes` of ``s``
+    (batch ``s["B"]``, ``s["F"]`` columns a bar, the reference workload's C51 head, no PopArt) on ``xp``, against
+    the PyTorch step over its Q-network twins on CUDA if torch sees it, else the CPU. Its result, with
+    ``cudarl`` and ``torch`` (where each ran)."""
+    import torch
+    from bench_step import A
+    from bench_step import step_check as check
+
+    from cudarl.agent import Agent
+    from cudarl.bench import reference_config
+
+    net = {"encoder": kind, **{NET_FIELDS[k]: v for k, v in shapes(kind, s).items()}}
+    gpu = xp.__name__ == "cupy"
+    cfg = reference_config("gpu" if gpu else "cpu", net=net, agent={"popart": False, "batch_size": s["B"]})
+    agent = Agent(cfg, s["W"] * s["F"], A, 1, xp)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    return {**check(agent, device), "cudarl": xp.__name__, "torch": device}
+
+
 def main() -> int:
     ap = parser(__doc__)
     ap.add_argument("--kind", choices=["ssm", "attention", "both"], default="both")
@@ -342,6 +375,16 @@ def main() -> int:
                     rows.append(row(f"check {kind}", "grads rel. error vs torch", (num / den) ** 0.5, "", "<= 1e-4"))
             except Exception as exc:
                 _failed(rows, f"pytorch {kind}", exc)
+        try:
+            from bench_step import check_rows
+
+            from cudarl.backend import select
+
+            got = step_check(kind, s, select("numpy" if why else "cupy").xp)
+            rows += check_rows(f"check {kind}", got)
+            extra.setdefault("step_check", {})[kind] = got
+        except Exception as exc:
+            _failed(rows, f"check {kind}, whole step", exc)
     report("bench_encoders", rows, args.out, extra)
     return 0
 

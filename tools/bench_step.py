@@ -162,32 +162,59 @@ class TorchC51Step:
         return (core or self.core)(u)
 
 
-def loss_check(xp, device, rows, extra, seed: int = 0) -> None:
-    """cudarl's agent (forward, targets, loss, backward; ``xp`` numpy or cupy) against
-    :meth:`TorchC51Step.loss` on ``device``: same weights, same batch."""
+def torch_twins(agent):
+    """``(online, target, grads)``: PyTorch twins (float32, CPU) of the agent's online and target networks on
+    their weights, and the agent's online gradients now (NumPy) laid out as ``online.parameters()``. The MLP's twin is
+    ``torch_c51.dueling_c51``; a windowed encoder's (``net.encoder`` ssm or attention),
+    ``torch_encoders.q_network``."""
+    if agent.cfg.net.encoder == "mlp":
+        import torch_c51 as tw
+
+        net = agent.cfg.net
+        build = lambda: tw.dueling_c51(agent.online.n_in, net.hidden, agent.online.n_actions, net.atoms)  # noqa: E731
+    else:
+        import torch_encoders as tw
+
+        build = lambda: tw.q_network(agent.online)  # noqa: E731
+    online, target = build(), build()
+    tw.load_cudarl_params(online, agent.online.P)
+    tw.load_cudarl_params(target, agent.target.P)
+    return online, target, tw.cudarl_grads_like(online, agent.online.G)
+
+
+def step_check(agent, device, seed: int = 0) -> dict:
+    """cudarl's learner pass on ``agent`` (forward, C51 targets with double DQN, projection, weighted
+    cross-entropy, KL priorities, backward; on its backend) against :meth:`TorchC51Step.loss` with the
+    agent's networks' PyTorch twins (:func:`torch_twins`) as ``online`` and ``target``, on ``device``: the same
+    weights (the target's perturbed first, so double DQN matters) and the same random batch. The agent's
+    config must be the plain C51 step the PyTorch one computes: ``net.head`` c51 at ``K`` atoms on
+    ``[V_MIN, V_MAX]``, no PopArt. Returns the losses and the relative differences of the loss, the priorities
+    and the gradients (the norm of the difference over cudarl's), overall and by parameter. Perturbs the
+    agent's target weights and turns PyTorch's TF32 off."""
     import torch
-    from torch_c51 import cudarl_grads_like
 
-    from cudarl.agent import Agent
     from cudarl.backend import to_numpy
-    from cudarl.bench import reference_config
 
-    # the plain C51 target (no PopArt reward normalisation): the equations of the PyTorch step
-    cfg = reference_config("gpu" if xp.__name__ == "cupy" else "cpu", agent={"popart": False})
-    agent = Agent(cfg, OBS, A, 1, xp)
+    cfg, xp = agent.cfg, agent.xp
+    net = cfg.net
+    if (net.head, net.atoms, net.v_min, net.v_max, cfg.agent.popart) != ("c51", K, V_MIN, V_MAX, False):
+        raise ValueError(f"step_check: the plain C51 step ({K} atoms on [{V_MIN}, {V_MAX}], no PopArt) only")
+    torch.backends.cuda.matmul.allow_tf32 = False  # the PyTorch arms may have left TF32 on
+    torch.backends.cudnn.allow_tf32 = False
     rng = np.random.default_rng(seed)
     p = to_numpy(agent.online.params)
     agent.target.params[...] = xp.asarray(
         (p + 0.1 * np.abs(p).mean() * rng.standard_normal(p.shape)).astype(np.float32)
     )
+    Bn, obs, n_actions = agent.batch_size, agent.online.n_in, agent.online.n_actions
     host = dict(
-        obs=rng.standard_normal((B, OBS)).astype(np.float32),
-        next_obs=rng.standard_normal((B, OBS)).astype(np.float32),
-        action=rng.integers(0, A, B).astype(np.int32),
-        ret=rng.uniform(-3, 3, B).astype(np.float32),
-        discount=np.where(rng.random(B) < 0.1, 0.0, GAMMA**N_STEP).astype(np.float32),
+        obs=rng.standard_normal((Bn, obs)).astype(np.float32),
+        next_obs=rng.standard_normal((Bn, obs)).astype(np.float32),
+        action=rng.integers(0, n_actions, Bn).astype(np.int32),
+        ret=rng.uniform(-3, 3, Bn).astype(np.float32),
+        discount=np.where(rng.random(Bn) < 0.1, 0.0, GAMMA**N_STEP).astype(np.float32),
     )
-    w = rng.uniform(0.1, 1.0, B).astype(np.float32)
+    w = rng.uniform(0.1, 1.0, Bn).astype(np.float32)
     w /= w.max()
     batch = agent.batch
     for k, v in host.items():
@@ -199,31 +226,63 @@ def loss_check(xp, device, rows, extra, seed: int = 0) -> None:
     agent.backward()
     loss_c, prio_c = float(to_numpy(agent.loss)[0]), to_numpy(agent.priority)
 
-    ts = TorchC51Step(device, agent.online.P, agent.target.P, capacity=16)
-    T = {k: torch.from_numpy(v).to(ts.dev) for k, v in host.items()}
+    online, target, grads_c = torch_twins(agent)
+    dev = torch.device(device)
+    online.to(dev)
+    target.to(dev).requires_grad_(False)
+    ts = TorchC51Step(device, capacity=16)  # its loss and constants (its own networks and replay unused)
+    T = {k: torch.from_numpy(v).to(dev) for k, v in host.items()}
     T["action"] = T["action"].long()
+    w_t = torch.from_numpy(w).to(dev)
     loss_t, prio_t = ts.loss(
-        T["obs"], T["next_obs"], T["action"], T["ret"], T["discount"], torch.from_numpy(w).to(ts.dev)
+        T["obs"], T["next_obs"], T["action"], T["ret"], T["discount"], w_t, online=online, target=target
     )
     loss_t.backward()
-    g_t = np.concatenate([q.grad.detach().cpu().numpy().ravel() for q in ts.params])
-    g_c = np.concatenate([g.ravel() for g in cudarl_grads_like(ts.online, agent.online.G)])
+    named = [
+        (n, q.grad.detach().cpu().numpy().ravel(), g.ravel())
+        for (n, q), g in zip(online.named_parameters(), grads_c, strict=True)
+    ]
+    g_t = np.concatenate([t for _, t, _ in named])
+    g_c = np.concatenate([c for _, _, c in named])
     prio_t = prio_t.cpu().numpy()
     loss_t = float(loss_t.detach())
-    d_loss = abs(loss_t - loss_c) / abs(loss_c)
-    d_prio = float(np.linalg.norm(prio_t - prio_c) / max(np.linalg.norm(prio_c), 1e-30))
-    d_grad = float(np.linalg.norm(g_t - g_c) / max(np.linalg.norm(g_c), 1e-30))
-    case = f"check (cudarl {xp.__name__} vs torch {device}, batch {B})"
-    rows.append(row(case, "loss rel. diff", d_loss, "", "<= 1e-5"))
-    rows.append(row(case, "KL priority rel. diff", d_prio, "", "<= 1e-4"))
-    rows.append(row(case, "gradient rel. diff", d_grad, "", "<= 1e-4"))
-    extra["check"] = {
+    return {
         "loss_cudarl": loss_c,
         "loss_torch": loss_t,
-        "loss_rel_diff": d_loss,
-        "priority_rel_diff": d_prio,
-        "grad_rel_diff": d_grad,
+        "loss_rel_diff": abs(loss_t - loss_c) / abs(loss_c),
+        "priority_rel_diff": float(np.linalg.norm(prio_t - prio_c) / max(np.linalg.norm(prio_c), 1e-30)),
+        "grad_rel_diff": float(np.linalg.norm(g_t - g_c) / max(np.linalg.norm(g_c), 1e-30)),
+        # each parameter's gradient: the norm of the difference over cudarl's, by the twin's parameter name
+        "grad_rel_diff_by_param": {
+            n: float(np.linalg.norm(t - c) / max(np.linalg.norm(c), 1e-30)) for n, t, c in named
+        },
     }
+
+
+#: The check's rows (metric, key of :func:`step_check`'s result, target): float32 on both sides.
+CHECK_ROWS = (
+    ("loss rel. diff", "loss_rel_diff", "<= 1e-5"),
+    ("KL priority rel. diff", "priority_rel_diff", "<= 1e-4"),
+    ("gradient rel. diff", "grad_rel_diff", "<= 1e-4"),
+)
+
+
+def check_rows(case: str, diffs: dict) -> list:
+    """The rows of :func:`step_check`'s differences (:data:`CHECK_ROWS`) under ``case``."""
+    return [row(case, metric, diffs[key], "", target) for metric, key, target in CHECK_ROWS]
+
+
+def loss_check(xp, device, rows, extra, seed: int = 0) -> None:
+    """:func:`step_check` of the reference agent (MLP; ``xp`` numpy or cupy) against the PyTorch step on
+    ``device``: rows and ``extra["check"]``."""
+    from cudarl.agent import Agent
+    from cudarl.bench import reference_config
+
+    # the plain C51 target (no PopArt reward normalisation): the equations of the PyTorch step
+    cfg = reference_config("gpu" if xp.__name__ == "cupy" else "cpu", agent={"popart": False})
+    diffs = step_check(Agent(cfg, OBS, A, 1, xp), device, seed)
+    rows += check_rows(f"check (cudarl {xp.__name__} vs torch {device}, batch {B})", diffs)
+    extra["check"] = diffs
 
 
 def torch_arms(args, rows, extra) -> dict:

@@ -26,11 +26,16 @@ def dueling_c51(n_in: int, hidden=(256, 256), n_actions: int = 3, atoms: int = 5
         def forward(self, x):
             for lin in self.enc:
                 x = torch.relu(lin(x))
-            va = self.va(x)
-            v, adv = va[:, :atoms].unsqueeze(1), va[:, atoms:].reshape(-1, n_actions, atoms)
-            return v + adv - adv.mean(1, keepdim=True)
+            return dueling(self.va(x), n_actions, atoms)
 
     return DuelingC51()
+
+
+def dueling(va, n_actions: int, atoms: int):
+    """The dueling combine of ``cudarl.nn.C51Head``: ``va = (V [atoms], Adv [A, atoms])`` a row,
+    ``[B, (1 + A) atoms]`` -> ``logits = V + Adv - mean_a Adv`` ``[B, A, atoms]``."""
+    v, adv = va[:, :atoms].unsqueeze(1), va[:, atoms:].reshape(-1, n_actions, atoms)
+    return v + adv - adv.mean(1, keepdim=True)
 
 
 def load_cudarl_params(model, P: dict) -> None:

@@ -8,6 +8,11 @@ over chunks), the attention is ``F.scaled_dot_product_attention`` with a causal 
 :func:`cudarl_grads_like` lays cudarl's gradients out as ``model.parameters()``; tests/unit/test_torch_encoders.py
 checks psi and every gradient against the NumPy encoders in float64.
 
+:func:`q_network` is the twin of a whole ``cudarl.nn.QNetwork`` over a windowed encoder: the encoder's twin
+(:func:`encoder_twin`, at that encoder's shapes) and the dueling C51 head (``torch_c51.dueling``); the same two
+helpers load and lay out its parameters (the head's are cudarl's ``head.va``). tools/bench_step.py's
+``step_check`` runs it against cudarl's whole learner pass (loss, KL priorities, gradients).
+
 torch is optional: it is imported inside the functions, so importing this module never needs it.
 """
 
@@ -160,11 +165,63 @@ def attention_encoder(n_features: int, *, window: int, d_model: int, layers: int
     return _stack(n_features, d, layers, Block)
 
 
+def encoder_twin(enc):
+    """The twin (:func:`ssm_encoder` or :func:`attention_encoder`) of the cudarl windowed encoder ``enc``
+    (an :class:`~cudarl.nn.encoders.SSMEncoder` or :class:`~cudarl.nn.encoders.AttentionEncoder`), at its shapes."""
+    from cudarl.nn.encoders import AttentionEncoder, SSMEncoder
+    from cudarl.nn.encoders.attention import ROPE_BASE
+
+    shared = dict(window=enc.W, d_model=enc.d, layers=enc.L)
+    if isinstance(enc, SSMEncoder):
+        groups = (enc.Cc - enc.E) // (2 * enc.N)  # Cc = E + 2 G N (enc.G is the gradient views once bound)
+        return ssm_encoder(enc.F, **shared, expand=enc.E // enc.d, d_state=enc.N, headdim=enc.Ph, groups=groups,
+                           conv_kernel=enc.K, chunk=enc.Q)  # fmt: skip
+    if isinstance(enc, AttentionEncoder):
+        return attention_encoder(enc.F, **shared, heads=enc.H, mlp_ratio=enc.ff // enc.d, rope_base=ROPE_BASE)
+    raise TypeError(f"encoder_twin: no twin of {type(enc).__name__} (the windowed encoders only)")
+
+
+def q_network(net):
+    """The twin of the cudarl ``QNetwork`` ``net`` over a windowed encoder with the dueling C51 head: the flat
+    observation ``x [B, W F]`` (oldest bar first, each bar its features and the position columns, as the
+    encoder reads it) -> ``psi = enc(x [B, W, F])`` -> ``va = psi W_va + b_va`` -> logits ``[B, A, atoms]``.
+    Nothing sits between psi and the head in cudarl's network (``QNetwork.forward``); an input gate, extra heads
+    on psi and spectral norm would, and are refused. Parameters ``enc.*`` and ``va.*`` (cudarl's ``enc.*`` and
+    ``head.va.*``); float32, on the CPU: :func:`load_cudarl_params` copies ``net.P`` in."""
+    import torch
+    from torch_c51 import dueling
+
+    from cudarl.nn.heads import C51Head
+
+    if not isinstance(net.head, C51Head):
+        raise ValueError(f"q_network: the C51 head only, not {type(net.head).__name__}")
+    if net.gate is not None or net.extras or any(lin.spectral for lin in net.linears.values()):
+        raise ValueError("q_network: no input gate, extra heads or spectral norm (the twin has none)")
+    enc, A, K = net.encoder, net.head.n_actions, net.head.atoms
+
+    class QNet(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.enc = encoder_twin(enc)
+            self.va = torch.nn.Linear(enc.d, (1 + A) * K)
+
+        def forward(self, x):
+            return dueling(self.va(self.enc(x.reshape(x.shape[0], enc.W, enc.F))), A, K)
+
+    return QNet()
+
+
 def param_pairs(model, prefix: str = "enc"):
-    """(torch parameter, cudarl name, is a Linear weight) in ``model.parameters()`` order."""
+    """(torch parameter, cudarl name, is a Linear weight) in ``model.parameters()`` order, of an encoder twin
+    (its names under ``prefix``) or of a :func:`q_network` (``enc.*`` under ``prefix``, ``va.*`` as ``head.va.*``)."""
     out = []
     for name, p in model.named_parameters():
         parts = name.split(".")
+        if parts[0] == "va":  # the Q-network twin's head
+            out.append((p, f"head.{name}", parts[-1] == "weight"))
+            continue
+        if parts[0] == "enc":  # the Q-network twin's encoder
+            parts = parts[1:]
         if parts[0] == "blocks":
             parts = parts[1:]  # blocks.<l>.<...> -> <l>.<...>
         cname = ".".join([prefix] + parts)
@@ -176,7 +233,8 @@ def param_pairs(model, prefix: str = "enc"):
 
 
 def load_cudarl_params(model, P: dict, prefix: str = "enc") -> None:
-    """Copy cudarl's parameter views ``P`` (NumPy or CuPy) into a twin of this module."""
+    """Copy cudarl's parameter views ``P`` (NumPy or CuPy) into a twin of this module; a shape that differs
+    raises (``copy_`` would broadcast it)."""
     import torch
 
     from cudarl.backend import to_numpy
@@ -184,7 +242,10 @@ def load_cudarl_params(model, P: dict, prefix: str = "enc") -> None:
     with torch.no_grad():
         for p, name, linear in param_pairs(model, prefix):
             v = to_numpy(P[name])
-            p.copy_(torch.from_numpy(np.ascontiguousarray(v.T if linear else v)).to(p.dtype))
+            v = v.T if linear else v
+            if tuple(v.shape) != tuple(p.shape):
+                raise ValueError(f"load_cudarl_params: {name} is {v.shape} in cudarl, {tuple(p.shape)} in the twin")
+            p.copy_(torch.from_numpy(np.ascontiguousarray(v)).to(p.dtype))
 
 
 def cudarl_grads_like(model, G: dict, prefix: str = "enc") -> list:

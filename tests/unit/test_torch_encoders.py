@@ -1,6 +1,8 @@
 """The PyTorch twins of the encoders (tools/torch_encoders.py, the benchmarks' PyTorch arms) against the NumPy
 encoders on the same weights, in float64: psi, and every parameter's and the input's gradient of
-``L = sum(psi R)``. Skipped without torch (it is not a test dependency; the GPU host has it)."""
+``L = sum(psi R)``. And the whole learner step (tools/bench_step.py's ``step_check``): cudarl's NumPy agent
+with a windowed encoder against ``TorchC51Step.loss`` over the Q-network twins (``torch_encoders.q_network``),
+in float32 (the agent is float32 only). Skipped without torch (it is not a test dependency; the GPU host has it)."""
 
 import sys
 from pathlib import Path
@@ -12,6 +14,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
 
 SSM = dict(window=9, d_model=8, layers=2, expand=2, d_state=3, headdim=4, groups=2, conv_kernel=4, chunk=4)
 ATT = dict(window=9, d_model=8, layers=2, heads=2, mlp_ratio=2)
+#: The same shapes as NetConfig fields (the agent's network)
+NET = {
+    "ssm": dict(window=9, d_model=8, layers=2, ssm_expand=2, ssm_state=3, ssm_headdim=4, ssm_groups=2, ssm_conv=4,
+                ssm_chunk=4),
+    "attention": dict(window=9, d_model=8, layers=2, attn_heads=2, attn_mlp_ratio=2),
+}  # fmt: skip
 
 
 @pytest.mark.parametrize("kind", ["ssm", "attention"])
@@ -43,3 +51,34 @@ def test_torch_twin_matches_the_numpy_encoder(kind, rng):
     for name, p, g in zip(names, twin.parameters(), want, strict=True):
         np.testing.assert_allclose(p.grad.numpy(), g, rtol=1e-10, atol=1e-12, err_msg=name)
     np.testing.assert_allclose(xt.grad.numpy(), dx, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("kind", ["ssm", "attention"])
+def test_whole_step_twin_matches_the_numpy_agent(kind):
+    """Loss, KL priorities and every parameter's gradient of cudarl's learner pass (forward, double-DQN C51
+    targets, projection, weighted cross-entropy, backward) with ``net.encoder = kind``, against the PyTorch step
+    on the twins of its online and (perturbed) target networks: float32 on both sides, so bench_step's check
+    tolerances (loss 1e-5, priorities and gradients 1e-4; measured about 1e-7 and 1e-6)."""
+    pytest.importorskip("torch", reason="the PyTorch twin needs torch (not a test dependency; the GPU host has it)")
+    import bench_step as bs
+    import torch_encoders as te
+
+    from cudarl.agent import Agent
+    from cudarl.bench import reference_config
+
+    F = 3
+    cfg = reference_config("cpu", net={"encoder": kind, **NET[kind]}, agent={"popart": False, "batch_size": 16})
+    agent = Agent(cfg, NET[kind]["window"] * F, bs.A, 1, np)
+    twin = te.q_network(agent.online)
+    shapes = SSM if kind == "ssm" else ATT  # the twin is built at the agent's encoder's shapes
+    want = (te.ssm_encoder if kind == "ssm" else te.attention_encoder)(F, **shapes)
+    assert [p.shape for p in twin.enc.parameters()] == [p.shape for p in want.parameters()]
+    assert len(list(twin.parameters())) == len(agent.online.layout.entries)  # every parameter is compared
+    for seed in range(3):
+        d = bs.step_check(agent, "cpu", seed)
+        assert d["loss_rel_diff"] <= 1e-5, d
+        assert d["priority_rel_diff"] <= 1e-4, d
+        assert d["grad_rel_diff"] <= 1e-4, d
+        by_param = d["grad_rel_diff_by_param"]
+        assert len(by_param) == len(agent.online.layout.entries)
+        assert max(by_param.values()) <= 1e-4, by_param
