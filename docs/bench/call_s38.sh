@@ -11,6 +11,9 @@
 #   (1.80 / 4.48 at the twenty-seventh session's commit);
 # - bench_aux, all seven over none, 2 rounds: +34% to +39% on an H100 (36.4-36.9% at 4a64988); on an H200
 #   +33% to +40% (its none is ~5% shorter, its branches as long), i.e. issue 19's 40% met there too;
+# - bench_encoders (added in session 38 with the whole-step check against the PyTorch twin, issue 22 point 5):
+#   the check's rows at the full workload within their bars (loss <= 1e-5, priorities and gradients <= 1e-4 rel.;
+#   at the CPU's tiny shapes 1e-7 to 1e-6); the SSM encoder step 4.0-4.3 ms FP32, attention 3.6-3.8 ms (H100);
 # - ncu detail of the reference step's chain kernels (Adam's one launch, the loss, the sample, the bias sums):
 #   a reading, no prediction; the timeline: from the gather to the publish 135-145 us (all seven), 95-100 (none); Adam follows the step's
 #   backward within 2 us (vaccine's sums done beside it), and the tail is the step's own backward (its dx GEMMs
@@ -25,6 +28,7 @@ PARALLEL=6 BENCHES="tools/bench_step.py tools/bench_startup.py tools/bench_popul
 tail -6 /tmp/gc.log; cp docs/gpu-report.md $OUT/report.md; cp /tmp/bench/bench_step.json /tmp/bench/bench_startup.json /tmp/bench/bench_population.json $R/ 2>/dev/null; cp /tmp/gc/pytest.log $R/pytest.log 2>/dev/null
 grep -E "^(FAILED|ERROR)" $R/pytest.log | head -10
 t aux; PYTHONPATH=. timeout $(left 150) python3 tools/bench_aux.py --encoder mlp --no-whole --arms all --rounds 2 --out $R/aux_mlp.json > $R/aux.log 2>&1; grep -E "aux (none|all) +train step|share|round" $R/aux.log | tail -8
+t encoders; PYTHONPATH=. timeout $(left 150) python3 tools/bench_encoders.py --out $R/bench_encoders.json > $R/enc.log 2>&1; grep -E "rel. diff|encoder step|acting" $R/enc.log | head -30
 t ncu_detail; GRAPHS=train NCU_TIMEOUT=$(left 110) NCU_DETAIL='clip_adam_soft|targets_loss|sample_search|bias_act_backward' OUT=$R/prof timeout $(left 130) bash tools/gpu_profile.sh > $R/prof.log 2>&1; tail -30 $R/prof/profile.txt 2>/dev/null; grep -E "Duration|Achieved Occupancy|Registers Per|One or More Eligible|Stall" $R/prof/ncu_detail.txt 2>/dev/null | head -40
 t timeline; [ $(left 40) -ge 40 ] && { python3 -m pip install -q --no-deps --target /tmp/cpt .whl/*.whl > /tmp/pip.log 2>&1 || tail -3 /tmp/pip.log
 PYTHONPATH=.:/tmp/cpt timeout $(left 40) python3 tools/profile_step.py --graph train --set "$ALL" --set "agent.causal_groups=[calendar,offset]" --set replay.capacity=100000 --timeline $R/tl_all.json > $R/tl_all.log 2>&1; tail -40 $R/tl_all.log; }
