@@ -1,8 +1,8 @@
-# Session 38's first device call (session 37's call_s37.sh as it was, which no machine ran): LIMIT=560 OUT=$OUT bash docs/bench/call_s38.sh <sha>.
+# Session 38's first device call (written for session 37, whose device calls never started; that copy, call_s37.sh, is folded into this one): LIMIT=560 OUT=$OUT bash docs/bench/call_s38.sh <sha>.
 # Written for session 37's first device call: the report at main's GPU code (784fb49's: the last commits changed no kernel),
 # issue 19's point 9 again on whatever card comes (an H200 would settle the issue's stated card), and the
 # all-seven step's timeline (CUPTI) to see which chain now holds its tail.
-#   LIMIT=<s> OUT=$OUT bash docs/bench/call_s37.sh <sha>      (carry .whl for the timeline)
+#   LIMIT=<s> OUT=$OUT bash docs/bench/call_s38.sh <sha>      (carry .whl for the timeline)
 # Predictions (written before the call):
 # - gpu_check: every GPU test passes (2,254 passed at 62026c1; more since: the fold's parity and placement tests);
 #   bench_step's train step 95-102 us on an H100 (89-95 on an H200), collect 74-79 (H100); bench_population's joined
