@@ -10,6 +10,23 @@ import numpy as np
 
 from .backend import cupy_unavailable_reason, to_numpy
 
+#: The ``[set]`` table of a tiny sweep trial, quick on either backend (a 16-wide network, 4 environments, 2,048
+#: replay rows, no evaluation during training): ``TINY_SWEEP_SET.format(device=..., steps=...)``. The sweep
+#: tests' specs and ``tools/sweep_scaling.py``'s share it.
+TINY_SWEEP_SET = """"run.device" = "{device}"
+"run.steps" = {steps}
+"run.eval_every" = 0
+"run.checkpoint_every" = 0
+"env.n_envs" = 4
+"env.episode_len" = 64
+"agent.learning_starts" = 64
+"agent.batch_size" = 32
+"eval.resamples" = 50
+"eval.gate_psr" = 0
+"net.hidden" = [16, 16]
+"replay.capacity" = 2048
+"""
+
 #: Relative-norm tolerances by kind (DESIGN.md: float32 1e-5 unless the math says otherwise).
 TOLERANCE = {"float64": 1e-12, "float32": 1e-5, "tf32": 2e-3}
 

@@ -28,6 +28,8 @@ from pathlib import Path
 
 from benchlib import row
 
+from cudarl.testing import TINY_SWEEP_SET
+
 ROOT = Path(__file__).resolve().parents[1]
 CASE = "sweep scaling (Ray)"
 #: The spec's trials: one configuration a learning rate, one seed; a tiny network (quick on either backend).
@@ -38,19 +40,7 @@ population = {population}
 out = "{out}"
 
 [set]
-"run.device" = "{device}"
-"run.steps" = {steps}
-"run.eval_every" = 0
-"run.checkpoint_every" = 0
-"env.n_envs" = 4
-"env.episode_len" = 64
-"agent.learning_starts" = 64
-"agent.batch_size" = 32
-"eval.resamples" = 50
-"eval.gate_psr" = 0
-"net.hidden" = [16, 16]
-"replay.capacity" = 2048
-
+{tiny_set}
 [grid]
 "optim.lr" = [{lrs}]
 """
@@ -61,9 +51,9 @@ PLACEMENT_COLUMNS = ("population", "worker_host")
 def write_spec(path: Path, trials: int, steps: int, device: str, population: int = 0) -> Path:
     """The arm's spec at ``path``: ``trials`` learning rates from 1e-4 to 1e-3 (one trial each)."""
     lrs = [1e-4 * 10 ** (i / max(1, trials - 1)) for i in range(trials)]
-    text = SPEC.format(
-        population=population, out=path.parent / "sweeps", device=device, steps=steps, lrs=", ".join(map(repr, lrs))
-    )
+    tiny_set = TINY_SWEEP_SET.format(device=device, steps=steps)
+    lr_list = ", ".join(map(repr, lrs))
+    text = SPEC.format(population=population, out=path.parent / "sweeps", tiny_set=tiny_set, lrs=lr_list)
     path.write_text(text)
     return path
 

@@ -16,23 +16,9 @@ from cudarl.cli import app
 from cudarl.config import ConfigError, from_dict
 from cudarl.sweep import SpecError, load_spec
 from cudarl.sweep.core import make_trials, pack, population_capacity
+from cudarl.testing import TINY_SWEEP_SET
 
 runner = CliRunner()
-
-TINY = """
-"run.device" = "cpu"
-"run.steps" = {steps}
-"run.eval_every" = 0
-"run.checkpoint_every" = 0
-"env.n_envs" = 4
-"env.episode_len" = 64
-"agent.learning_starts" = 64
-"agent.batch_size" = 32
-"eval.resamples" = 50
-"eval.gate_psr" = 0
-"net.hidden" = [16, 16]
-"replay.capacity" = 2048
-"""
 
 
 def write_spec(
@@ -42,7 +28,8 @@ def write_spec(
     its path."""
     p = tmp_path / f"{name}.toml"
     head = f'name = "{name}"\ndata = "{data}"\nseeds = {seeds}\npopulation = {population}\n{top}'
-    p.write_text(head + f'out = "{tmp_path / "sweeps"}"\n\n[set]\n' + TINY.format(steps=steps) + body)
+    tiny = TINY_SWEEP_SET.format(device="cpu", steps=steps)
+    p.write_text(head + f'out = "{tmp_path / "sweeps"}"\n\n[set]\n' + tiny + body)
     return p
 
 
